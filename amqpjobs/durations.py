@@ -1,0 +1,78 @@
+"""Duration strings ("30s", "5m", "1h30m", "250ms") and plain seconds.
+
+The Python API and the CLI take durations as seconds (``int``/``float``) or as
+duration strings; this module turns both into float seconds. Conversion to the
+milliseconds that AMQP arguments use happens in exactly one place:
+:func:`amqpjobs.wire.arguments.to_milliseconds`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str | float | int) -> float:
+    """Return a duration in seconds.
+
+    Args:
+        value: Seconds as ``int``/``float``, or a string made of one or more
+            ``<number><unit>`` parts with units ``ms``, ``s``, ``m``, ``h``, ``d``
+            (e.g. ``"30s"``, ``"5m"``, ``"1h30m"``, ``"1.5s"``, ``"250ms"``). A bare
+            number string (``"12"``) is read as seconds.
+
+    Returns:
+        The duration in seconds, a finite float > 0.
+
+    Raises:
+        ValueError: the value is not a duration, or is zero, negative, NaN or infinite.
+            The message shows the accepted forms.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        else:
+            pos = 0
+            seconds = 0.0
+            for match in _PART.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+                pos = match.end()
+            if pos != len(text) or not text:
+                raise ValueError(
+                    f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m'"
+                )
+    else:
+        raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{value!r} must be a positive, finite duration (e.g. '5s')")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Format seconds as the shortest duration string that states them exactly.
+
+    Used for retry tier names (``5.0`` → ``"5s"``, ``90`` → ``"90s"``, ``600`` → ``"10m"``,
+    ``0.25`` → ``"250ms"``, ``3600`` → ``"1h"``).
+
+    Args:
+        seconds: A positive duration in seconds.
+
+    Returns:
+        A string that :func:`parse_duration` reads back to the same number of
+        milliseconds.
+    """
+    ms = round(seconds * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

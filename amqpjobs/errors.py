@@ -1,0 +1,94 @@
+"""Every error amqpjobs raises, under one root.
+
+The tree::
+
+    AmqpJobsError
+    ├── ConfigurationError          bad settings or arguments given to the library
+    ├── TopologyError
+    │   ├── TopologyValidationError  topology files are invalid (carries each problem)
+    │   └── TopologyConflictError    live broker objects differ from the desired ones
+    └── BrokerError                  the broker or its management API failed us
+        ├── BrokerUnavailableError   cannot connect / connection lost
+        └── ManagementApiError       the HTTP management API answered with an error
+
+Broker and client library errors are translated into these at the wire boundary
+(``amqpjobs.wire``), once, with the original exception chained as ``__cause__``.
+This module imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class AmqpJobsError(Exception):
+    """Root of every error raised by amqpjobs."""
+
+
+class ConfigurationError(AmqpJobsError):
+    """Settings or arguments given to the library are wrong; the message says how to fix them."""
+
+
+class TopologyError(AmqpJobsError):
+    """A problem with the declared topology."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem found in a topology file.
+
+    Attributes:
+        file: Path of the file (as given) the problem is in, or ``"<topology>"`` for
+            problems that span files.
+        key_path: Dotted key path inside the file, e.g. ``job_queues[1].retry_tiers[0]``.
+        message: What is wrong.
+        fix: How to fix it.
+    """
+
+    file: str
+    key_path: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key_path}: {self.message} (fix: {self.fix})"
+
+
+class TopologyValidationError(TopologyError):
+    """Topology files are invalid. ``problems`` lists every problem found (never empty)."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid topology ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class TopologyConflictError(TopologyError):
+    """Live broker objects are inequivalent to the desired ones; nothing was declared.
+
+    ``report`` is the human-readable plan report naming every conflicting argument.
+    """
+
+    def __init__(self, report: str) -> None:
+        self.report = report
+        super().__init__(report)
+
+
+class BrokerError(AmqpJobsError):
+    """The broker, or talking to it, failed."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker cannot be reached (refused, timed out, authentication failed)."""
+
+
+class ManagementApiError(BrokerError):
+    """The RabbitMQ management HTTP API answered with an error status.
+
+    Attributes:
+        status: HTTP status code (0 when no answer came at all).
+    """
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message)

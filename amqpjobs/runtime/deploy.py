@@ -1,0 +1,107 @@
+"""Deploy-time topology operations: plan, apply, export (``amqpjobs topology ...``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiormq
+
+from amqpjobs.errors import ManagementApiError, TopologyConflictError
+from amqpjobs.topology.loader import LoadedTopology, load_topology
+from amqpjobs.topology.plan import Plan, make_plan
+from amqpjobs.wire.arguments import desired_state
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.declare import declare
+from amqpjobs.wire.definitions import export_definitions
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan and the topology it was made for.
+
+    Attributes:
+        loaded: The validated topology (with warnings).
+        plan: Desired vs live.
+        broker_version: The broker's version, e.g. ``(3, 10, 8)``.
+    """
+
+    loaded: LoadedTopology
+    plan: Plan
+    broker_version: tuple[int, ...]
+
+
+def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
+    """Validate the topology at ``path`` for the connected broker and compare it with the live vhost.
+
+    Only the management API is read; nothing is declared.
+
+    Raises:
+        TopologyValidationError: the files are invalid.
+        BrokerUnavailableError, ManagementApiError: the management API failed, or the
+            vhost does not exist.
+    """
+    with ManagementClient(settings) as mgmt:
+        version = mgmt.broker_version()
+        loaded = load_topology(path, broker_version=version)
+        try:
+            live = mgmt.live_state(settings.vhost)
+        except ManagementApiError as exc:
+            if exc.status == 404:
+                raise ManagementApiError(
+                    f"vhost {settings.vhost!r} does not exist on the broker: create it first "
+                    "(rabbitmqctl add_vhost) or fix the URL's path", 404
+                ) from exc
+            raise
+    desired = desired_state(loaded.topology.declarations())
+    return PlanResult(loaded, make_plan(desired, live), version)
+
+
+async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
+    """Declare the topology at ``path``, unless any live object conflicts with it.
+
+    Runs :func:`plan_topology` first; with any conflict nothing at all is declared, so
+    the broker never gets to close our channel with ``PRECONDITION_FAILED`` mid-apply.
+    A second apply of the same topology finds everything unchanged and declares nothing.
+
+    Returns:
+        The plan that was carried out (its ``creates`` are what was created).
+
+    Raises:
+        TopologyValidationError: the files are invalid (nothing declared).
+        TopologyConflictError: live objects differ (nothing declared); ``report`` names
+            each differing argument with both values and the remedy.
+        BrokerUnavailableError, ManagementApiError: the broker could not be reached.
+    """
+    result = plan_topology(path, settings)
+    if result.plan.conflicts:
+        raise TopologyConflictError(result.plan.report())
+    if not result.plan.creates:
+        return result
+    connection = await connect(settings)
+    try:
+        channel = await connection.channel()
+        try:
+            await declare(channel, result.loaded.topology.declarations())
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            # Someone created an inequivalent object between our plan and our declare.
+            raise TopologyConflictError(
+                f"the broker refused a declaration made after planning: {exc}; "
+                "run `amqpjobs topology plan` to see the conflict"
+            ) from exc
+    finally:
+        await connection.close()
+    return result
+
+
+def export_topology(path: str | Path, vhost: str = "/") -> dict[str, Any]:
+    """Definitions JSON for the topology at ``path``, every object in ``vhost``.
+
+    Raises:
+        TopologyValidationError: the files are invalid.
+    """
+    loaded = load_topology(path)
+    return export_definitions(loaded.topology.declarations(), vhost)

@@ -1,0 +1,320 @@
+"""Topology models: what the topology files say, and what the broker must hold.
+
+Two layers, both frozen pydantic models without I/O:
+
+* the *file* models (:class:`ExchangeSpec`, :class:`JobQueueSpec`, :class:`BindingSpec`,
+  :class:`TopologyFile`) mirror the TOML files in ``topology/`` key for key; unknown keys
+  are errors;
+* the *declarations* (:class:`ExchangeDecl`, :class:`QueueDecl`, :class:`BindingDecl`)
+  are the broker objects a :class:`Topology` expands into, by the naming scheme of
+  :mod:`amqpjobs.topology.naming`:
+
+  - each job queue's work queue (classic, optional ``x-max-priority``; or quorum with an
+    explicit delivery limit, ``at-least-once`` dead-lettering and ``reject-publish``
+    overflow, as RabbitMQ's "Quorum Queues → Dead Lettering" section requires);
+  - one delay queue per retry tier with a queue-level TTL that dead-letters back to the
+    work queue through the default exchange (queue-level, not per-message, TTL: RabbitMQ
+    "Time-To-Live and Expiration" → per-message TTL is only applied at the queue head);
+  - a fanout quarantine exchange and queue, which is the work queue's dead-letter
+    exchange, so every broker-side dead-letter (rejected, expired, maxlen,
+    delivery_limit) lands in quarantine instead of being dropped.
+
+Durations here are seconds (floats); milliseconds appear only in
+:mod:`amqpjobs.wire.arguments`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.topology import naming
+
+ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
+QueueType = Literal["classic", "quorum"]
+Overflow = Literal["reject-publish", "drop-head"]
+QueueRole = Literal["work", "tier", "quarantine"]
+
+#: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
+#: Seconds, read from a duration string ("30s", "5m") or a number of seconds.
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+#: Delivery limit given to quorum work queues whose file does not set one. Always sent
+#: explicitly: RabbitMQ 4.x would otherwise apply its own default of 20.
+DEFAULT_DELIVERY_LIMIT = 10
+#: Highest number of shards a job queue may have.
+MAX_SHARDS = 64
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExchangeSpec(_Frozen):
+    """An ``[[exchange]]`` entry: a durable exchange jobs are published to.
+
+    Attributes:
+        name: Exchange name (names starting ``amq.`` are reserved by RabbitMQ).
+        type: ``direct`` (default), ``topic``, ``fanout``, ``headers`` or
+            ``x-consistent-hash`` (plugin bundled with RabbitMQ).
+    """
+
+    name: Name
+    type: ExchangeType = "direct"
+
+
+class BindingSpec(_Frozen):
+    """A ``[[binding]]`` entry: an extra binding beyond the ones job queues make.
+
+    Attributes:
+        source: A declared exchange.
+        destination: A declared queue (any expanded name) or exchange.
+        destination_type: ``queue`` (default) or ``exchange``.
+        routing_key: Binding key, ``""`` by default.
+    """
+
+    source: Name
+    destination: Name
+    destination_type: Literal["queue", "exchange"] = "queue"
+    routing_key: str = ""
+
+
+class JobQueueSpec(_Frozen):
+    """A ``[[job_queue]]`` entry: one queue of jobs with its retry tiers and quarantine.
+
+    Attributes:
+        name: Base name; the naming scheme derives every object name from it.
+        exchange: The declared exchange jobs are published to.
+        routing_keys: Binding keys from ``exchange`` to the work queue; default ``[name]``.
+        type: ``classic`` (default) or ``quorum``.
+        max_priority: Classic only: ``x-max-priority``, 1–255 (keep it ≤ 10).
+        retry_tiers: Delay before each retry, strictly increasing (e.g. ``["5s", "1m"]``).
+        delivery_limit: Quorum only: ``x-delivery-limit``; default
+            :data:`DEFAULT_DELIVERY_LIMIT`, always sent explicitly.
+        max_length: Optional ``x-max-length`` (messages) of the work queue.
+        overflow: What ``max_length`` does: ``reject-publish`` (default; the publisher's
+            confirm is a nack) or ``drop-head`` (classic only; the oldest job is
+            dead-lettered into quarantine with reason ``maxlen``).
+        shards: Number of work queues the job queue is split into (1 = not sharded).
+    """
+
+    name: Name
+    exchange: Name
+    routing_keys: tuple[str, ...] | None = None
+    type: QueueType = "classic"
+    max_priority: int | None = Field(default=None, ge=1, le=255)
+    retry_tiers: tuple[Seconds, ...] = ()
+    delivery_limit: int | None = Field(default=None, ge=1)
+    max_length: int | None = Field(default=None, ge=1)
+    overflow: Overflow = "reject-publish"
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Binding keys from the exchange to the work queue(s)."""
+        return self.routing_keys if self.routing_keys is not None else (self.name,)
+
+
+class TopologyFile(_Frozen):
+    """One topology file: lists of ``[[exchange]]``, ``[[job_queue]]`` and ``[[binding]]``."""
+
+    exchange: tuple[ExchangeSpec, ...] = ()
+    job_queue: tuple[JobQueueSpec, ...] = ()
+    binding: tuple[BindingSpec, ...] = ()
+
+
+class ExchangeDecl(_Frozen):
+    """A durable exchange to declare."""
+
+    name: str
+    type: ExchangeType
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+
+
+class QueueDecl(_Frozen):
+    """A durable queue to declare, with its settings in our own units (seconds).
+
+    Attributes:
+        name: Queue name.
+        role: ``work``, ``tier`` (a delay queue) or ``quarantine``.
+        job_queue: Name of the job queue it belongs to.
+        queue_type: ``classic`` or ``quorum``.
+        max_priority: ``x-max-priority`` or None.
+        message_ttl: Queue-level TTL in seconds, or None.
+        dead_letter_exchange: ``x-dead-letter-exchange`` (``""`` is the default exchange).
+        dead_letter_routing_key: ``x-dead-letter-routing-key`` or None.
+        dead_letter_strategy: Quorum only, ``at-least-once`` or None.
+        delivery_limit: Quorum only, ``x-delivery-limit`` or None.
+        max_length: ``x-max-length`` or None.
+        overflow: ``x-overflow`` or None.
+    """
+
+    name: str
+    role: QueueRole
+    job_queue: str
+    queue_type: QueueType = "classic"
+    max_priority: int | None = None
+    message_ttl: float | None = None
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    dead_letter_strategy: Literal["at-least-once"] | None = None
+    delivery_limit: int | None = None
+    max_length: int | None = None
+    overflow: Overflow | None = None
+
+
+class BindingDecl(_Frozen):
+    """A binding to declare: ``source`` exchange → ``destination`` with ``routing_key``."""
+
+    source: str
+    destination: str
+    destination_type: Literal["queue", "exchange"] = "queue"
+    routing_key: str = ""
+
+
+class Declarations(_Frozen):
+    """Broker objects in dependency order: exchanges, then queues, then bindings."""
+
+    exchanges: tuple[ExchangeDecl, ...]
+    queues: tuple[QueueDecl, ...]
+    bindings: tuple[BindingDecl, ...]
+
+
+class JobQueueLayout(_Frozen):
+    """Where one job queue's messages live, for publishers and workers.
+
+    Attributes:
+        name: Job queue name.
+        exchange: Exchange jobs are published to.
+        routing_key: Routing key a publisher uses for an unsharded job queue.
+        work_queues: Work queue names (one, or one per shard in shard order).
+        shard_routing_keys: Routing key reaching each shard (same order as
+            ``work_queues``); empty when not sharded.
+        tiers: Retry delays in seconds, increasing.
+        tier_queues: For each work queue, its delay queue names in tier order.
+        quarantine_exchange: Fanout exchange into the quarantine queue.
+        quarantine_queue: Quarantine queue name.
+        queue_type: ``classic`` or ``quorum``.
+        max_priority: Work queue's ``x-max-priority`` or None.
+    """
+
+    name: str
+    exchange: str
+    routing_key: str
+    work_queues: tuple[str, ...]
+    shard_routing_keys: tuple[str, ...]
+    tiers: tuple[float, ...]
+    tier_queues: dict[str, tuple[str, ...]]
+    quarantine_exchange: str
+    quarantine_queue: str
+    queue_type: QueueType
+    max_priority: int | None
+
+
+class Topology(_Frozen):
+    """A validated topology (all files merged). Build it with :func:`load_topology`.
+
+    Attributes:
+        exchanges: Declared exchanges.
+        job_queues: Declared job queues.
+        bindings: Extra bindings.
+    """
+
+    exchanges: tuple[ExchangeSpec, ...] = ()
+    job_queues: tuple[JobQueueSpec, ...] = ()
+    bindings: tuple[BindingSpec, ...] = ()
+
+    def layout(self, job_queue: str) -> JobQueueLayout:
+        """Return the layout of job queue ``job_queue``.
+
+        Raises:
+            KeyError: no job queue of that name.
+        """
+        for spec in self.job_queues:
+            if spec.name == job_queue:
+                return _layout(spec)
+        raise KeyError(job_queue)
+
+    def layouts(self) -> tuple[JobQueueLayout, ...]:
+        """Layouts of every job queue, in file order."""
+        return tuple(_layout(spec) for spec in self.job_queues)
+
+    def declarations(self) -> Declarations:
+        """Expand into the broker objects to declare, in dependency order."""
+        exchanges: list[ExchangeDecl] = [ExchangeDecl(name=e.name, type=e.type) for e in self.exchanges]
+        queues: list[QueueDecl] = []
+        bindings: list[BindingDecl] = []
+        for spec in self.job_queues:
+            lay = _layout(spec)
+            exchanges.append(ExchangeDecl(name=lay.quarantine_exchange, type="fanout"))
+            queues.append(QueueDecl(name=lay.quarantine_queue, role="quarantine", job_queue=spec.name))
+            bindings.append(BindingDecl(source=lay.quarantine_exchange, destination=lay.quarantine_queue))
+            quorum = spec.type == "quorum"
+            for index, work in enumerate(lay.work_queues):
+                queues.append(
+                    QueueDecl(
+                        name=work,
+                        role="work",
+                        job_queue=spec.name,
+                        queue_type=spec.type,
+                        max_priority=spec.max_priority,
+                        dead_letter_exchange=lay.quarantine_exchange,
+                        dead_letter_strategy="at-least-once" if quorum else None,
+                        delivery_limit=(spec.delivery_limit or DEFAULT_DELIVERY_LIMIT) if quorum else None,
+                        max_length=spec.max_length,
+                        overflow="reject-publish" if quorum else (spec.overflow if spec.max_length else None),
+                    )
+                )
+                for ttl, tier in zip(lay.tiers, lay.tier_queues[work], strict=True):
+                    queues.append(
+                        QueueDecl(
+                            name=tier,
+                            role="tier",
+                            job_queue=spec.name,
+                            queue_type=spec.type,
+                            message_ttl=ttl,
+                            dead_letter_exchange="",
+                            dead_letter_routing_key=work,
+                            dead_letter_strategy="at-least-once" if quorum else None,
+                            overflow="reject-publish" if quorum else None,
+                        )
+                    )
+                keys = spec.keys if spec.shards == 1 else (lay.shard_routing_keys[index],)
+                bindings.extend(BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys)
+        bindings.extend(
+            BindingDecl(
+                source=b.source,
+                destination=b.destination,
+                destination_type=b.destination_type,
+                routing_key=b.routing_key,
+            )
+            for b in self.bindings
+        )
+        return Declarations(exchanges=tuple(exchanges), queues=tuple(queues), bindings=tuple(bindings))
+
+
+def _layout(spec: JobQueueSpec) -> JobQueueLayout:
+    if spec.shards == 1:
+        works: tuple[str, ...] = (naming.work_queue_name(spec.name),)
+        shard_keys: tuple[str, ...] = ()
+    else:
+        works = tuple(naming.work_queue_name(spec.name, i) for i in range(spec.shards))
+        shard_keys = tuple(naming.shard_routing_key(spec.keys[0], i) for i in range(spec.shards))
+    return JobQueueLayout(
+        name=spec.name,
+        exchange=spec.exchange,
+        routing_key=spec.keys[0] if spec.keys else spec.name,
+        work_queues=works,
+        shard_routing_keys=shard_keys,
+        tiers=spec.retry_tiers,
+        tier_queues={w: tuple(naming.tier_queue_name(w, t) for t in spec.retry_tiers) for w in works},
+        quarantine_exchange=naming.quarantine_exchange_name(spec.name),
+        quarantine_queue=naming.quarantine_queue_name(spec.name),
+        queue_type=spec.type,
+        max_priority=spec.max_priority,
+    )

@@ -1,0 +1,95 @@
+"""Connecting to the broker (aio-pika), and reading what the broker is.
+
+The first connect is retried with tenacity (a broker still starting refuses
+connections); after that, aio-pika's robust connection reconnects by itself
+(STYLE: "Reconnect is aio-pika's job").
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractRobustConnection
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.management import parse_version
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.wire")
+
+#: Errors that mean "the broker is not (yet) there" on connect.
+_CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What the connected broker says about itself (from ``connection.start``'s server properties).
+
+    Attributes:
+        product: e.g. ``"RabbitMQ"``.
+        version: e.g. ``(3, 10, 8)``.
+        version_text: The version as the broker wrote it.
+    """
+
+    product: str
+    version: tuple[int, ...]
+    version_text: str
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
+    """Read product and version from ``connection``'s server properties.
+
+    Raises:
+        BrokerUnavailableError: the connection is not open.
+    """
+    transport = connection.transport
+    if transport is None:
+        raise BrokerUnavailableError("not connected")
+    props = transport.connection.server_properties
+    version_text = _text(props.get("version", "0"))
+    return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
+
+
+async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
+    """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
+
+    Args:
+        settings: Broker settings.
+        wait: Seconds to keep retrying a refused first connect (0 = try once).
+        name: Connection name shown in the management UI.
+
+    Returns:
+        An open aio-pika robust connection (it reconnects by itself afterwards).
+
+    Raises:
+        BrokerUnavailableError: still unreachable after ``wait`` seconds, or the
+            credentials were refused. The message names the URL without its password.
+    """
+    try:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(_CONNECT_ERRORS),
+            stop=stop_after_delay(wait),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                return await aio_pika.connect_robust(
+                    settings.url, client_properties={"connection_name": name}
+                )
+    except aiormq.exceptions.ProbableAuthenticationError as exc:
+        raise BrokerUnavailableError(
+            f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
+        ) from exc
+    except _CONNECT_ERRORS as exc:
+        raise BrokerUnavailableError(
+            f"broker at {settings.safe_url} unreachable after {wait:g}s: {type(exc).__name__}: {exc}"
+        ) from exc
+    raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover

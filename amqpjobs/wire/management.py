@@ -1,0 +1,165 @@
+"""A small client for the RabbitMQ management HTTP API (RabbitMQ "Management Plugin" → "HTTP API").
+
+Used for what AMQP cannot tell: queue arguments and depths, vhosts, definitions. Errors
+are translated into :class:`~amqpjobs.errors.ManagementApiError` /
+:class:`~amqpjobs.errors.BrokerUnavailableError`; messages never contain credentials.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
+from amqpjobs.topology.plan import ObjectState
+from amqpjobs.wire.settings import BrokerSettings
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+class ManagementClient:
+    """Synchronous management API client for one broker.
+
+    Args:
+        settings: Broker settings (management URL and credentials).
+        timeout: Seconds to wait for each HTTP request.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
+        self.settings = settings
+        self._http = httpx.Client(
+            base_url=settings.management_url,
+            auth=(settings.username, settings.password),
+            timeout=timeout,
+        )
+
+    def __enter__(self) -> ManagementClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._http.close()
+
+    def request(self, method: str, path: str, json: Any = None, allow_404: bool = False) -> Any:
+        """Send one request to ``/api<path>`` and return the decoded JSON body (or None).
+
+        Raises:
+            BrokerUnavailableError: the management API cannot be reached.
+            ManagementApiError: it answered with an error status (404 only when not
+                ``allow_404``; then None is returned).
+        """
+        url = f"/api{path}"
+        try:
+            resp = self._http.request(method, url, json=json)
+        except httpx.HTTPError as exc:
+            raise BrokerUnavailableError(
+                f"management API at {self.settings.management_url} unreachable: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if resp.status_code == 404 and allow_404:
+            return None
+        if resp.status_code == 401:
+            raise ManagementApiError(
+                f"management API at {self.settings.management_url} refused user "
+                f"{self.settings.username!r} (401): check the credentials in the URL",
+                401,
+            )
+        if resp.status_code >= 400:
+            raise ManagementApiError(
+                f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code
+            )
+        if not resp.content:
+            return None
+        return resp.json()
+
+    def overview(self) -> dict[str, Any]:
+        """``GET /api/overview`` (versions, totals)."""
+        result: dict[str, Any] = self.request("GET", "/overview")
+        return result
+
+    def broker_version(self) -> tuple[int, ...]:
+        """The broker's version as a tuple, e.g. ``(3, 10, 8)``."""
+        return parse_version(str(self.overview().get("rabbitmq_version", "0")))
+
+    def create_vhost(self, vhost: str) -> None:
+        """Create ``vhost`` and give the client's user full permissions on it."""
+        self.request("PUT", f"/vhosts/{_q(vhost)}", json={})
+        self.request(
+            "PUT",
+            f"/permissions/{_q(vhost)}/{_q(self.settings.username)}",
+            json={"configure": ".*", "write": ".*", "read": ".*"},
+        )
+
+    def delete_vhost(self, vhost: str) -> None:
+        """Delete ``vhost`` and everything in it (no error when it does not exist)."""
+        self.request("DELETE", f"/vhosts/{_q(vhost)}", allow_404=True)
+
+    def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
+        """``GET /api/queues/<vhost>/<name>``, or None when there is no such queue."""
+        result: dict[str, Any] | None = self.request("GET", f"/queues/{_q(vhost)}/{_q(name)}", allow_404=True)
+        return result
+
+    def queues(self, vhost: str) -> list[dict[str, Any]]:
+        """Every queue of ``vhost`` as the management API describes it."""
+        result: list[dict[str, Any]] = self.request("GET", f"/queues/{_q(vhost)}")
+        return result
+
+    def exchanges(self, vhost: str) -> list[dict[str, Any]]:
+        """Every exchange of ``vhost``."""
+        result: list[dict[str, Any]] = self.request("GET", f"/exchanges/{_q(vhost)}")
+        return result
+
+    def bindings(self, vhost: str) -> list[dict[str, Any]]:
+        """Every binding of ``vhost``."""
+        result: list[dict[str, Any]] = self.request("GET", f"/bindings/{_q(vhost)}")
+        return result
+
+    def import_definitions(self, vhost: str, definitions: dict[str, Any]) -> None:
+        """``POST /api/definitions/<vhost>``: import a definitions document into ``vhost``."""
+        self.request("POST", f"/definitions/{_q(vhost)}", json=definitions)
+
+    def live_state(self, vhost: str) -> list[ObjectState]:
+        """Exchanges (except the default and ``amq.*`` ones), queues and bindings of ``vhost``."""
+        state: list[ObjectState] = []
+        for ex in self.exchanges(vhost):
+            name = ex["name"]
+            if not name or name.startswith("amq."):
+                continue
+            state.append(
+                ObjectState("exchange", name, ex["type"], bool(ex["durable"]), bool(ex["auto_delete"]),
+                            ex.get("arguments") or {})
+            )
+        for q in self.queues(vhost):
+            state.append(
+                ObjectState("queue", q["name"], q.get("type", "classic"), bool(q["durable"]),
+                            bool(q["auto_delete"]), q.get("arguments") or {}, q.get("messages"))
+            )
+        for b in self.bindings(vhost):
+            if not b["source"]:
+                continue
+            state.append(ObjectState("binding", f"{b['source']} -> {b['destination']} [{b['routing_key']}]"))
+        return state
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """Turn ``"3.10.8"`` (or ``"4.0.5+1.g0"``) into ``(3, 10, 8)``; unknown parts become 0."""
+    out = []
+    for part in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)

@@ -1,0 +1,107 @@
+"""Test fixtures: a real broker for every test that asks, each test in its own vhost.
+
+Where the broker comes from, in order:
+1. ``AMQP_URL`` (and optionally ``AMQP_MANAGEMENT_URL``) when set;
+2. a testcontainers RabbitMQ when a Docker engine answers ``docker info``;
+3. otherwise the project's local node, started by ``scripts/broker.sh up``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKER_SCRIPT = ROOT / "scripts" / "broker.sh"
+
+
+@dataclass(frozen=True)
+class BrokerRoot:
+    """The broker under test, at its default vhost."""
+
+    settings: BrokerSettings
+    source: str  # "env", "testcontainers" or "local"
+    version: tuple[int, ...]
+
+    def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run rabbitmqctl against the broker (local node only)."""
+        if self.source != "local":
+            pytest.skip("rabbitmqctl is only reachable for the project's local node")
+        return subprocess.run(
+            ["bash", str(BROKER_SCRIPT), "ctl", *args], capture_output=True, text=True, check=check, timeout=120
+        )
+
+
+def _docker_usable() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=5).returncode == 0
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def broker_root() -> Iterator[BrokerRoot]:
+    """The broker for the whole session (see the module docstring for where it comes from)."""
+    url = os.environ.get("AMQP_URL")
+    container = None
+    if url:
+        settings = broker_settings(url, os.environ.get("AMQP_MANAGEMENT_URL"))
+        source = "env"
+    elif _docker_usable():
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+        container = RabbitMqContainer("rabbitmq:4.1-management").with_exposed_ports(15672)
+        container.start()
+        host = container.get_container_host_ip()
+        settings = broker_settings(
+            f"amqp://guest:guest@{host}:{container.get_exposed_port(5672)}/",
+            f"http://{host}:{container.get_exposed_port(15672)}",
+        )
+        source = "testcontainers"
+    else:
+        out = subprocess.run(
+            ["bash", str(BROKER_SCRIPT), "up"], capture_output=True, text=True, timeout=600
+        )
+        if out.returncode != 0:
+            pytest.exit(f"scripts/broker.sh up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
+        amqp, mgmt = out.stdout.strip().splitlines()[-2:]
+        settings = broker_settings(amqp, mgmt)
+        source = "local"
+    with ManagementClient(settings) as mgmt_client:
+        version = mgmt_client.broker_version()
+    try:
+        yield BrokerRoot(settings, source, version)
+    finally:
+        if container is not None:
+            container.stop()
+
+
+@pytest.fixture
+def broker(broker_root: BrokerRoot, request: pytest.FixtureRequest) -> Iterator[BrokerSettings]:
+    """Settings for a fresh vhost of the test broker, deleted after the test."""
+    vhost = f"test-{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker_root.settings) as mgmt:
+        mgmt.create_vhost(vhost)
+        try:
+            yield broker_root.settings.with_vhost(vhost)
+        finally:
+            mgmt.delete_vhost(vhost)
+
+
+@pytest.fixture
+def mgmt(broker: BrokerSettings) -> Iterator[ManagementClient]:
+    """A management API client for the test's broker."""
+    with ManagementClient(broker) as client:
+        yield client

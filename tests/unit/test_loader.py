@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.errors import TopologyValidationError
+from amqpjobs.topology.loader import load_topology
+from tests.invalid_topologies import HEADER, INVALID, job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_topology_names_file_and_key_path(tmp_path: Path, case: str) -> None:
+    text, key_path, word = INVALID[case]
+    path = write(tmp_path, text)
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(path)
+    problems = info.value.problems
+    assert problems, "at least one problem"
+    matching = [p for p in problems if p.key_path == key_path]
+    assert matching, f"no problem at {key_path}: {[str(p) for p in problems]}"
+    assert all(p.file == str(path) for p in problems)
+    assert any(word.lower() in f"{p.message} {p.fix}".lower() for p in matching), [str(p) for p in matching]
+    assert all(p.fix for p in problems)
+
+
+def test_unknown_key_lists_allowed_keys(tmp_path: Path) -> None:
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, HEADER + job('retry_tier = ["5s"]')))
+    (problem,) = info.value.problems
+    assert "retry_tiers" in problem.fix
+
+
+def test_quorum_priority_fix_depends_on_broker_version(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + job('type = "quorum"\nmax_priority = 5'))
+    with pytest.raises(TopologyValidationError) as v3:
+        load_topology(path, broker_version=(3, 10, 8))
+    with pytest.raises(TopologyValidationError) as v4:
+        load_topology(path, broker_version=(4, 0, 5))
+    assert "before RabbitMQ 4.0" in v3.value.problems[0].fix
+    assert "two priority levels" in v4.value.problems[0].fix
+
+
+def test_priority_above_ten_warns(tmp_path: Path) -> None:
+    loaded = load_topology(write(tmp_path, HEADER + job("max_priority = 20")))
+    assert len(loaded.warnings) == 1
+    assert "job_queue[0].max_priority" in loaded.warnings[0]
+
+
+def test_all_problems_reported_at_once(tmp_path: Path) -> None:
+    text = HEADER + job('max_priority = 0\nretry_tiers = ["x"]\ncolour = "red"')
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, text))
+    paths = sorted(p.key_path for p in info.value.problems)
+    assert paths == ["job_queue[0].colour", "job_queue[0].max_priority", "job_queue[0].retry_tiers[0]"]
+
+
+def test_folder_merges_files_and_checks_across_them(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(HEADER)
+    (tmp_path / "b.toml").write_text(job())
+    loaded = load_topology(tmp_path)
+    assert [q.name for q in loaded.topology.job_queues] == ["work"]
+    (tmp_path / "c.toml").write_text(job())
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(tmp_path)
+    assert info.value.problems[0].file.endswith("c.toml")
+
+
+def test_missing_path_is_a_validation_error(tmp_path: Path) -> None:
+    with pytest.raises(TopologyValidationError, match="no such file"):
+        load_topology(tmp_path / "nope.toml")
+
+
+def test_shipped_example_topology_is_valid() -> None:
+    loaded = load_topology(ROOT / "topology")
+    assert [q.name for q in loaded.topology.job_queues] == ["urgent", "batch", "billing"]
+    assert loaded.warnings == ()
