@@ -77,8 +77,10 @@ def _settings(url: str | None, management_url: str | None) -> BrokerSettings:
 @click.option("-v", "--verbose", is_flag=True, help="Log debug details.")
 def main(verbose: bool) -> None:
     """Reliable background jobs on RabbitMQ."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 @main.group()
@@ -96,7 +98,7 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
     Exit 0 without conflicts, 1 with conflicts, 2 when PATH is invalid, 3 on broker errors.
     """
     settings = _settings(url, management_url)
-    result = plan_topology(path, settings)
+    result = asyncio.run(plan_topology(path, settings))
     for warning in result.loaded.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {settings.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
@@ -131,7 +133,9 @@ def topology_apply(path: str, url: str | None, management_url: str | None) -> No
 @topology.command("export")
 @click.argument("path", type=click.Path())
 @click.option("--vhost", default="/", show_default=True, help="Vhost written into every object.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout)."
+)
 @_errors_to_exit_codes
 def topology_export(path: str, vhost: str, output: str | None) -> None:
     """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`)."""

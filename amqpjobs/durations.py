@@ -30,6 +30,7 @@ def parse_duration(value: str | float | int) -> float:
     Raises:
         ValueError: the value is not a duration, or is zero, negative, NaN or infinite.
             The message shows the accepted forms.
+
     """
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
@@ -48,9 +49,7 @@ def parse_duration(value: str | float | int) -> float:
                 seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
                 pos = match.end()
             if pos != len(text) or not text:
-                raise ValueError(
-                    f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m'"
-                )
+                raise ValueError(f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m'")
     else:
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
     if not math.isfinite(seconds) or seconds <= 0:
@@ -70,6 +69,7 @@ def format_duration(seconds: float) -> str:
     Returns:
         A string that :func:`parse_duration` reads back to the same number of
         milliseconds.
+
     """
     ms = round(seconds * 1000)
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):

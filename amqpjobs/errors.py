@@ -43,6 +43,7 @@ class Problem:
         key_path: Dotted key path inside the file, e.g. ``job_queues[1].retry_tiers[0]``.
         message: What is wrong.
         fix: How to fix it.
+
     """
 
     file: str
@@ -87,6 +88,7 @@ class ManagementApiError(BrokerError):
 
     Attributes:
         status: HTTP status code (0 when no answer came at all).
+
     """
 
     def __init__(self, message: str, status: int = 0) -> None:

@@ -38,7 +38,11 @@ class BrokerRoot:
         if self.source != "local":
             pytest.skip("rabbitmqctl is only reachable for the project's local node")
         return subprocess.run(
-            ["bash", str(BROKER_SCRIPT), "ctl", *args], capture_output=True, text=True, check=check, timeout=120
+            ["bash", str(BROKER_SCRIPT), "ctl", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
         )
 
 
@@ -71,9 +75,7 @@ def broker_root() -> Iterator[BrokerRoot]:
         )
         source = "testcontainers"
     else:
-        out = subprocess.run(
-            ["bash", str(BROKER_SCRIPT), "up"], capture_output=True, text=True, timeout=600
-        )
+        out = subprocess.run(["bash", str(BROKER_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             pytest.exit(f"scripts/broker.sh up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
         amqp, mgmt = out.stdout.strip().splitlines()[-2:]

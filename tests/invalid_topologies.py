@@ -18,29 +18,49 @@ INVALID: dict[str, tuple[str, str, str]] = {
     "priority-zero": (HEADER + job("max_priority = 0"), "job_queue[0].max_priority", "greater than or equal"),
     "priority-256": (HEADER + job("max_priority = 256"), "job_queue[0].max_priority", "less than or equal"),
     "quorum-priority": (
-        HEADER + job('type = "quorum"\nmax_priority = 5'), "job_queue[0].max_priority", "classic-queue argument"
+        HEADER + job('type = "quorum"\nmax_priority = 5'),
+        "job_queue[0].max_priority",
+        "classic-queue argument",
     ),
     "quorum-drop-head": (
-        HEADER + job('type = "quorum"\nmax_length = 10\noverflow = "drop-head"'), "job_queue[0].overflow",
+        HEADER + job('type = "quorum"\nmax_length = 10\noverflow = "drop-head"'),
+        "job_queue[0].overflow",
         "reject-publish",
     ),
     "classic-delivery-limit": (HEADER + job("delivery_limit = 3"), "job_queue[0].delivery_limit", "quorum"),
     "duplicate-job-queue": (HEADER + job() + job(), "job_queue[1].name", "duplicate"),
     "duplicate-exchange": (HEADER + HEADER + job(), "exchange[1].name", "duplicate"),
     "expanded-name-collision": (
-        HEADER + job('retry_tiers = ["5s"]') + job(name="work.retry.5s"), "job_queue[1].name", "duplicate"
+        HEADER + job('retry_tiers = ["5s"]') + job(name="work.retry.5s"),
+        "job_queue[1].name",
+        "duplicate",
     ),
     "dangling-exchange": (
-        HEADER + '[[job_queue]]\nname = "w"\nexchange = "nope"\n', "job_queue[0].exchange", "not declared"
-    ),
-    "dangling-binding": (
-        HEADER + job() + '[[binding]]\nsource = "jobs"\ndestination = "ghost"\n', "binding[0].destination",
+        HEADER + '[[job_queue]]\nname = "w"\nexchange = "nope"\n',
+        "job_queue[0].exchange",
         "not declared",
     ),
-    "tiers-not-increasing": (HEADER + job('retry_tiers = ["1m", "30s"]'), "job_queue[0].retry_tiers[1]", "increase"),
-    "tiers-repeated": (HEADER + job('retry_tiers = ["60s", "1m"]'), "job_queue[0].retry_tiers[1]", "increase"),
+    "dangling-binding": (
+        HEADER + job() + '[[binding]]\nsource = "jobs"\ndestination = "ghost"\n',
+        "binding[0].destination",
+        "not declared",
+    ),
+    "tiers-not-increasing": (
+        HEADER + job('retry_tiers = ["1m", "30s"]'),
+        "job_queue[0].retry_tiers[1]",
+        "increase",
+    ),
+    "tiers-repeated": (
+        HEADER + job('retry_tiers = ["60s", "1m"]'),
+        "job_queue[0].retry_tiers[1]",
+        "increase",
+    ),
     "bad-queue-type": (HEADER + job('type = "stream"'), "job_queue[0].type", "classic"),
-    "bad-exchange-type": ('[[exchange]]\nname = "jobs"\ntype = "fan-out"\n' + job(), "exchange[0].type", "direct"),
+    "bad-exchange-type": (
+        '[[exchange]]\nname = "jobs"\ntype = "fan-out"\n' + job(),
+        "exchange[0].type",
+        "direct",
+    ),
     "wrong-value-type": (HEADER + job('shards = "four"'), "job_queue[0].shards", "integer"),
     "missing-name": ('[[exchange]]\ntype = "direct"\n', "exchange[0].name", "required"),
     "reserved-name": ('[[exchange]]\nname = "amq.jobs"\n', "exchange[0].name", "reserved"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import declare
+from amqpjobs.wire.declare import declare, queue_depths
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -27,6 +27,7 @@ class PlanResult:
         loaded: The validated topology (with warnings).
         plan: Desired vs live.
         broker_version: The broker's version, e.g. ``(3, 10, 8)``.
+
     """
 
     loaded: LoadedTopology
@@ -34,15 +35,18 @@ class PlanResult:
     broker_version: tuple[int, ...]
 
 
-def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
+async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
     """Validate the topology at ``path`` for the connected broker and compare it with the live vhost.
 
-    Only the management API is read; nothing is declared.
+    Arguments and types come from the management API; the depth of each conflicting
+    queue (for the remedy) from a passive declare on a throwaway channel, since the
+    management API's counts lag by its statistics interval. Nothing is declared.
 
     Raises:
         TopologyValidationError: the files are invalid.
         BrokerUnavailableError, ManagementApiError: the management API failed, or the
             vhost does not exist.
+
     """
     with ManagementClient(settings) as mgmt:
         version = mgmt.broker_version()
@@ -53,11 +57,18 @@ def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
             if exc.status == 404:
                 raise ManagementApiError(
                     f"vhost {settings.vhost!r} does not exist on the broker: create it first "
-                    "(rabbitmqctl add_vhost) or fix the URL's path", 404
+                    "(rabbitmqctl add_vhost) or fix the URL's path",
+                    404,
                 ) from exc
             raise
     desired = desired_state(loaded.topology.declarations())
-    return PlanResult(loaded, make_plan(desired, live), version)
+    plan = make_plan(desired, live)
+    conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
+    if conflicting:
+        depths = await queue_depths(settings, conflicting)
+        live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
+        plan = make_plan(desired, live)
+    return PlanResult(loaded, plan, version)
 
 
 async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
@@ -75,8 +86,9 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
         TopologyConflictError: live objects differ (nothing declared); ``report`` names
             each differing argument with both values and the remedy.
         BrokerUnavailableError, ManagementApiError: the broker could not be reached.
+
     """
-    result = plan_topology(path, settings)
+    result = await plan_topology(path, settings)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())
     if not result.plan.creates:
@@ -102,6 +114,7 @@ def export_topology(path: str | Path, vhost: str = "/") -> dict[str, Any]:
 
     Raises:
         TopologyValidationError: the files are invalid.
+
     """
     loaded = load_topology(path)
     return export_definitions(loaded.topology.declarations(), vhost)

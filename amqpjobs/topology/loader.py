@@ -36,7 +36,7 @@ _FIXES = {
     "int_parsing": "give a whole number",
     "bool_type": "give true or false",
     "string_type": "give a string",
-    "tuple_type": "give a list, e.g. [\"5s\", \"1m\"]",
+    "tuple_type": 'give a list, e.g. ["5s", "1m"]',
     "greater_than_equal": "raise the value to the minimum shown",
     "less_than_equal": "lower the value to the maximum shown",
     "string_too_short": "give a non-empty name",
@@ -54,6 +54,7 @@ class LoadedTopology:
         topology: The merged, validated topology.
         warnings: Human-readable warnings (e.g. ``x-max-priority`` above 10).
         files: The files read, in the order read.
+
     """
 
     topology: Topology
@@ -66,6 +67,7 @@ def topology_files(path: str | Path) -> list[Path]:
 
     Raises:
         TopologyValidationError: the path does not exist or holds no ``.toml`` file.
+
     """
     p = Path(path)
     if p.is_dir():
@@ -98,6 +100,7 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
             bad types or durations, priorities outside 1–255, quorum queues given
             classic-only settings, duplicate names (after expansion), references to
             undeclared exchanges or queues, retry tiers not strictly increasing.
+
     """
     files = topology_files(path)
     problems: list[Problem] = []
@@ -177,8 +180,12 @@ def _cross_checks(
         where = f"{file}: {path}"
         if name in table:
             problems.append(
-                Problem(file, path, f"duplicate {what} name {name!r} (also from {table[name]})",
-                        "give each exchange / job queue a unique name")
+                Problem(
+                    file,
+                    path,
+                    f"duplicate {what} name {name!r} (also from {table[name]})",
+                    "give each exchange / job queue a unique name",
+                )
             )
         else:
             table[name] = where
@@ -187,38 +194,73 @@ def _cross_checks(
         for i, ex in enumerate(tf.exchange):
             path = f"exchange[{i}].name"
             if ex.name.startswith("amq."):
-                problems.append(Problem(file, path, f"{ex.name!r}: names starting 'amq.' are reserved "
-                                        "by RabbitMQ", "choose another name"))
+                problems.append(
+                    Problem(
+                        file,
+                        path,
+                        f"{ex.name!r}: names starting 'amq.' are reserved by RabbitMQ",
+                        "choose another name",
+                    )
+                )
             claim(exchange_names, ex.name, file, path, "exchange")
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
             if jq.name.startswith("amq."):
-                problems.append(Problem(file, f"{base}.name", f"{jq.name!r}: names starting 'amq.' "
-                                        "are reserved by RabbitMQ", "choose another name"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"{base}.name",
+                        f"{jq.name!r}: names starting 'amq.' are reserved by RabbitMQ",
+                        "choose another name",
+                    )
+                )
             problems.extend(_queue_rules(file, base, jq, broker_version, warnings))
             topo = Topology(job_queues=(jq,))
             decls = topo.declarations()
             for q in decls.queues:
-                claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
+                claim(
+                    queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})"
+                )
             for ex_decl in decls.exchanges:
-                claim(exchange_names, ex_decl.name, file, f"{base}.name",
-                      f"exchange (expanded from job queue {jq.name!r})")
+                claim(
+                    exchange_names,
+                    ex_decl.name,
+                    file,
+                    f"{base}.name",
+                    f"exchange (expanded from job queue {jq.name!r})",
+                )
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             if jq.exchange not in exchange_names:
-                problems.append(Problem(file, f"job_queue[{i}].exchange",
-                                        f"exchange {jq.exchange!r} is not declared",
-                                        "declare it in an [[exchange]] entry or correct the name"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"job_queue[{i}].exchange",
+                        f"exchange {jq.exchange!r} is not declared",
+                        "declare it in an [[exchange]] entry or correct the name",
+                    )
+                )
         for i, b in enumerate(tf.binding):
             if b.source not in exchange_names:
-                problems.append(Problem(file, f"binding[{i}].source", f"exchange {b.source!r} is not declared",
-                                        "declare it in an [[exchange]] entry or correct the name"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"binding[{i}].source",
+                        f"exchange {b.source!r} is not declared",
+                        "declare it in an [[exchange]] entry or correct the name",
+                    )
+                )
             targets = queue_names if b.destination_type == "queue" else exchange_names
             if b.destination not in targets:
-                problems.append(Problem(file, f"binding[{i}].destination",
-                                        f"{b.destination_type} {b.destination!r} is not declared",
-                                        f"declare the {b.destination_type} or correct the name"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"binding[{i}].destination",
+                        f"{b.destination_type} {b.destination!r} is not declared",
+                        f"declare the {b.destination_type} or correct the name",
+                    )
+                )
     return problems
 
 
@@ -233,39 +275,83 @@ def _queue_rules(
     if jq.type == "quorum":
         if jq.max_priority is not None:
             if broker_version is not None and broker_version >= (4, 0):
-                fix = ("remove max_priority: on RabbitMQ 4.x quorum queues have two priority levels "
-                       "(0-4 normal, 5-255 high) without it; or use type = \"classic\"")
+                fix = (
+                    "remove max_priority: on RabbitMQ 4.x quorum queues have two priority levels "
+                    '(0-4 normal, 5-255 high) without it; or use type = "classic"'
+                )
             else:
-                fix = ("remove max_priority or use type = \"classic\": quorum queues have no "
-                       "priorities before RabbitMQ 4.0")
-            problems.append(Problem(file, f"{base}.max_priority",
-                                    "x-max-priority is a classic-queue argument; quorum queues refuse it", fix))
+                fix = (
+                    'remove max_priority or use type = "classic": quorum queues have no '
+                    "priorities before RabbitMQ 4.0"
+                )
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.max_priority",
+                    "x-max-priority is a classic-queue argument; quorum queues refuse it",
+                    fix,
+                )
+            )
         if jq.overflow == "drop-head":
-            problems.append(Problem(file, f"{base}.overflow",
-                                    "quorum job queues dead-letter at-least-once, which needs "
-                                    "overflow reject-publish", "remove overflow or set it to \"reject-publish\""))
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.overflow",
+                    "quorum job queues dead-letter at-least-once, which needs overflow reject-publish",
+                    'remove overflow or set it to "reject-publish"',
+                )
+            )
     elif jq.delivery_limit is not None:
-        problems.append(Problem(file, f"{base}.delivery_limit",
-                                "delivery_limit applies to quorum queues only",
-                                "remove it, or use type = \"quorum\""))
+        problems.append(
+            Problem(
+                file,
+                f"{base}.delivery_limit",
+                "delivery_limit applies to quorum queues only",
+                'remove it, or use type = "quorum"',
+            )
+        )
     if jq.max_priority is not None and jq.max_priority > PRIORITY_WARN_ABOVE:
-        warnings.append(f"{file}: {base}.max_priority: {jq.max_priority} priorities cost broker CPU "
-                        f"and memory; RabbitMQ recommends at most {PRIORITY_WARN_ABOVE}")
+        warnings.append(
+            f"{file}: {base}.max_priority: {jq.max_priority} priorities cost broker CPU "
+            f"and memory; RabbitMQ recommends at most {PRIORITY_WARN_ABOVE}"
+        )
     if jq.overflow == "drop-head" and jq.max_length is None:
-        problems.append(Problem(file, f"{base}.overflow", "overflow has no effect without max_length",
-                                "add max_length or remove overflow"))
+        problems.append(
+            Problem(
+                file,
+                f"{base}.overflow",
+                "overflow has no effect without max_length",
+                "add max_length or remove overflow",
+            )
+        )
     tiers = jq.retry_tiers
     for j in range(1, len(tiers)):
         if round(tiers[j] * 1000) <= round(tiers[j - 1] * 1000):
-            problems.append(Problem(file, f"{base}.retry_tiers[{j}]",
-                                    f"retry tiers must strictly increase ({tiers[j - 1]:g}s then {tiers[j]:g}s)",
-                                    "list tiers from shortest to longest, each once"))
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.retry_tiers[{j}]",
+                    f"retry tiers must strictly increase ({tiers[j - 1]:g}s then {tiers[j]:g}s)",
+                    "list tiers from shortest to longest, each once",
+                )
+            )
     for j, t in enumerate(tiers):
         if t < 0.001 or t * 1000 > 2**32 - 1:
-            problems.append(Problem(file, f"{base}.retry_tiers[{j}]",
-                                    f"{t:g}s is outside what x-message-ttl takes (1 ms to ~49 days)",
-                                    "use a delay between 1ms and 49d"))
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.retry_tiers[{j}]",
+                    f"{t:g}s is outside what x-message-ttl takes (1 ms to ~49 days)",
+                    "use a delay between 1ms and 49d",
+                )
+            )
     if jq.routing_keys is not None and not jq.routing_keys:
-        problems.append(Problem(file, f"{base}.routing_keys", "an empty list binds nothing",
-                                "remove routing_keys (defaults to the job queue name) or list keys"))
+        problems.append(
+            Problem(
+                file,
+                f"{base}.routing_keys",
+                "an empty list binds nothing",
+                "remove routing_keys (defaults to the job queue name) or list keys",
+            )
+        )
     return problems

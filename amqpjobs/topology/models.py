@@ -60,6 +60,7 @@ class ExchangeSpec(_Frozen):
         name: Exchange name (names starting ``amq.`` are reserved by RabbitMQ).
         type: ``direct`` (default), ``topic``, ``fanout``, ``headers`` or
             ``x-consistent-hash`` (plugin bundled with RabbitMQ).
+
     """
 
     name: Name
@@ -74,6 +75,7 @@ class BindingSpec(_Frozen):
         destination: A declared queue (any expanded name) or exchange.
         destination_type: ``queue`` (default) or ``exchange``.
         routing_key: Binding key, ``""`` by default.
+
     """
 
     source: Name
@@ -99,6 +101,7 @@ class JobQueueSpec(_Frozen):
             confirm is a nack) or ``drop-head`` (classic only; the oldest job is
             dead-lettered into quarantine with reason ``maxlen``).
         shards: Number of work queues the job queue is split into (1 = not sharded).
+
     """
 
     name: Name
@@ -152,6 +155,7 @@ class QueueDecl(_Frozen):
         delivery_limit: Quorum only, ``x-delivery-limit`` or None.
         max_length: ``x-max-length`` or None.
         overflow: ``x-overflow`` or None.
+
     """
 
     name: str
@@ -201,6 +205,7 @@ class JobQueueLayout(_Frozen):
         quarantine_queue: Quarantine queue name.
         queue_type: ``classic`` or ``quorum``.
         max_priority: Work queue's ``x-max-priority`` or None.
+
     """
 
     name: str
@@ -223,6 +228,7 @@ class Topology(_Frozen):
         exchanges: Declared exchanges.
         job_queues: Declared job queues.
         bindings: Extra bindings.
+
     """
 
     exchanges: tuple[ExchangeSpec, ...] = ()
@@ -234,6 +240,7 @@ class Topology(_Frozen):
 
         Raises:
             KeyError: no job queue of that name.
+
         """
         for spec in self.job_queues:
             if spec.name == job_queue:
@@ -285,7 +292,9 @@ class Topology(_Frozen):
                         )
                     )
                 keys = spec.keys if spec.shards == 1 else (lay.shard_routing_keys[index],)
-                bindings.extend(BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys)
+                bindings.extend(
+                    BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys
+                )
         bindings.extend(
             BindingDecl(
                 source=b.source,

@@ -52,6 +52,7 @@ class ObjectState:
         auto_delete: Auto-delete flag.
         arguments: AMQP arguments (milliseconds for durations).
         messages: Live queues only: messages in the queue, when known.
+
     """
 
     kind: ObjectKind
@@ -84,6 +85,7 @@ class Difference:
         setting: Argument name (e.g. ``x-max-priority``) or ``type``/``durable``/``auto_delete``.
         live: Live value, or None when the live object lacks it.
         desired: Desired value, or None when the topology does not set it.
+
     """
 
     setting: str
@@ -103,6 +105,7 @@ class PlanItem:
         action: create, unchanged or CONFLICT.
         differences: For a conflict, every differing setting.
         remedy: For a conflict, what the operator can do.
+
     """
 
     desired: ObjectState
@@ -142,9 +145,7 @@ class Plan:
             if item.remedy:
                 lines.append(f"            remedy: {item.remedy}")
         c = self.counts()
-        lines.append(
-            f"{c['create']} to create, {c['unchanged']} unchanged, {c['CONFLICT']} conflict(s)"
-        )
+        lines.append(f"{c['create']} to create, {c['unchanged']} unchanged, {c['CONFLICT']} conflict(s)")
         return "\n".join(lines)
 
 
@@ -157,6 +158,7 @@ def make_plan(desired: Sequence[ObjectState], live: Sequence[ObjectState]) -> Pl
 
     Returns:
         A :class:`Plan` with one item per desired object.
+
     """
     found = {obj.key: obj for obj in live}
     items = []

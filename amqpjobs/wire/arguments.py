@@ -25,6 +25,7 @@ def to_milliseconds(seconds: float) -> int:
 
     Raises:
         ValueError: ``seconds`` is negative.
+
     """
     if seconds < 0:
         raise ValueError(f"a duration can't be negative (got {seconds!r} s)")

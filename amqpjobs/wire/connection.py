@@ -33,6 +33,7 @@ class BrokerInfo:
         product: e.g. ``"RabbitMQ"``.
         version: e.g. ``(3, 10, 8)``.
         version_text: The version as the broker wrote it.
+
     """
 
     product: str
@@ -49,6 +50,7 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
 
     Raises:
         BrokerUnavailableError: the connection is not open.
+
     """
     transport = connection.transport
     if transport is None:
@@ -58,7 +60,9 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
-async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
+async def connect(
+    settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs"
+) -> AbstractRobustConnection:
     """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
 
     Args:
@@ -72,6 +76,7 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
     Raises:
         BrokerUnavailableError: still unreachable after ``wait`` seconds, or the
             credentials were refused. The message names the URL without its password.
+
     """
     try:
         async for attempt in AsyncRetrying(

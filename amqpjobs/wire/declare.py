@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel
 
 from amqpjobs.topology.models import Declarations
 from amqpjobs.wire.arguments import queue_arguments
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.settings import BrokerSettings
 
 
 async def declare(channel: AbstractChannel, declarations: Declarations) -> None:
@@ -18,11 +21,15 @@ async def declare(channel: AbstractChannel, declarations: Declarations) -> None:
 
     Raises:
         aio_pika.exceptions.AMQPError: the broker refused a declaration.
+
     """
     exchanges = {}
     for ex in declarations.exchanges:
         exchanges[ex.name] = await channel.declare_exchange(
-            ex.name, aio_pika.ExchangeType(ex.type), durable=ex.durable, auto_delete=ex.auto_delete,
+            ex.name,
+            aio_pika.ExchangeType(ex.type),
+            durable=ex.durable,
+            auto_delete=ex.auto_delete,
             internal=ex.internal,
         )
     queues = {}
@@ -33,3 +40,32 @@ async def declare(channel: AbstractChannel, declarations: Declarations) -> None:
             await queues[b.destination].bind(b.source, routing_key=b.routing_key)
         else:
             await exchanges[b.destination].bind(b.source, routing_key=b.routing_key)
+
+
+async def queue_depths(settings: BrokerSettings, names: list[str]) -> dict[str, int]:
+    """Exact message counts of queues, by passive declare, each on its own throwaway channel.
+
+    A passive declare of a missing queue fails with ``404 NOT_FOUND`` and closes its
+    channel (RabbitMQ "Queues" → "Passive Declaration"), hence one channel per probe.
+    Missing queues are left out of the result.
+
+    Raises:
+        BrokerUnavailableError: cannot connect.
+
+    """
+    depths: dict[str, int] = {}
+    connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
+    try:
+        for name in names:
+            channel = await connection.channel(publisher_confirms=False)
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+                depths[name] = declared.declaration_result.message_count or 0
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                continue
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+    finally:
+        await connection.close()
+    return depths

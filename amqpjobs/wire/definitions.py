@@ -25,6 +25,7 @@ def export_definitions(declarations: Declarations, vhost: str = "/") -> dict[str
         A JSON-serialisable dict with ``exchanges``, ``queues`` and ``bindings`` (and
         empty ``users``/``vhosts``/``permissions``/``policies``/``parameters`` so it
         never touches anything else on import).
+
     """
     return {
         "users": [],

@@ -30,6 +30,7 @@ class ManagementClient:
         timeout: Seconds to wait for each HTTP request.
 
     Use as a context manager, or call :meth:`close`.
+
     """
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
@@ -62,14 +63,14 @@ class ManagementClient:
             BrokerUnavailableError: the management API cannot be reached.
             ManagementApiError: it answered with an error status (404 only when not
                 ``allow_404``; then None is returned).
+
         """
         url = f"/api{path}"
         try:
             resp = self._http.request(method, url, json=json)
         except httpx.HTTPError as exc:
             raise BrokerUnavailableError(
-                f"management API at {self.settings.management_url} unreachable: "
-                f"{type(exc).__name__}: {exc}"
+                f"management API at {self.settings.management_url} unreachable: {type(exc).__name__}: {exc}"
             ) from exc
         if resp.status_code == 404 and allow_404:
             return None
@@ -141,13 +142,26 @@ class ManagementClient:
             if not name or name.startswith("amq."):
                 continue
             state.append(
-                ObjectState("exchange", name, ex["type"], bool(ex["durable"]), bool(ex["auto_delete"]),
-                            ex.get("arguments") or {})
+                ObjectState(
+                    "exchange",
+                    name,
+                    ex["type"],
+                    bool(ex["durable"]),
+                    bool(ex["auto_delete"]),
+                    ex.get("arguments") or {},
+                )
             )
         for q in self.queues(vhost):
             state.append(
-                ObjectState("queue", q["name"], q.get("type", "classic"), bool(q["durable"]),
-                            bool(q["auto_delete"]), q.get("arguments") or {}, q.get("messages"))
+                ObjectState(
+                    "queue",
+                    q["name"],
+                    q.get("type", "classic"),
+                    bool(q["durable"]),
+                    bool(q["auto_delete"]),
+                    q.get("arguments") or {},
+                    q.get("messages"),
+                )
             )
         for b in self.bindings(vhost):
             if not b["source"]:

@@ -44,6 +44,7 @@ class BrokerSettings:
         username: User for the management API (from the AMQP URL).
         password: Password for the management API (from the AMQP URL). Never printed.
         vhost: Virtual host from the URL path (``/`` when the path is empty).
+
     """
 
     url: str
@@ -75,19 +76,20 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
 
     Raises:
         ConfigurationError: no URL given, or the URL is not an ``amqp://``/``amqps://`` URL.
+
     """
     url = url or os.environ.get(URL_ENV)
     if not url:
-        raise ConfigurationError(f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)")
+        raise ConfigurationError(
+            f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise ConfigurationError(f"bad broker URL {redact(url)}: {exc}") from None
     if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-        raise ConfigurationError(
-            f"bad broker URL {redact(url)}: expected amqp://user:pass@host:port/vhost"
-        )
+        raise ConfigurationError(f"bad broker URL {redact(url)}: expected amqp://user:pass@host:port/vhost")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     management_url = management_url or os.environ.get(MANAGEMENT_URL_ENV)
     if not management_url:

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from amqpjobs.topology.models import JobQueueSpec, Topology, ExchangeSpec
-from amqpjobs.wire.arguments import queue_arguments, to_milliseconds
-from amqpjobs.durations import format_duration, parse_duration
-
 import pytest
+
+from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.topology.models import ExchangeSpec, JobQueueSpec, Topology
+from amqpjobs.wire.arguments import queue_arguments, to_milliseconds
 
 
 def topo(**kw: object) -> Topology:
@@ -76,7 +76,9 @@ def test_parse_duration_rejects(bad: object) -> None:
         parse_duration(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(5, "5s"), (90, "90s"), (600, "10m"), (0.25, "250ms"), (3600, "1h")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(5, "5s"), (90, "90s"), (600, "10m"), (0.25, "250ms"), (3600, "1h")]
+)
 def test_format_duration_round_trips(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert to_milliseconds(parse_duration(text)) == to_milliseconds(seconds)

@@ -1,0 +1,73 @@
+"""Helpers for integration tests: raw AMQP access that bypasses amqpjobs on purpose."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel
+from click.testing import CliRunner, Result
+
+from amqpjobs.cli import main
+from amqpjobs.wire.settings import BrokerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = ROOT / "topology"
+
+
+@asynccontextmanager
+async def raw_channel(settings: BrokerSettings) -> AsyncIterator[AbstractChannel]:
+    """A plain aio-pika channel on the test vhost."""
+    connection = await aio_pika.connect(settings.url)
+    try:
+        yield await connection.channel()
+    finally:
+        await connection.close()
+
+
+def cli(settings: BrokerSettings, *args: str) -> Result:
+    """Run the amqpjobs CLI in-process against the test vhost."""
+    env = {"AMQPJOBS_URL": settings.url, "AMQPJOBS_MANAGEMENT_URL": settings.management_url}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def cli_subprocess(
+    settings: BrokerSettings, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``amqpjobs`` console script as a user would."""
+    env = dict(os.environ, AMQPJOBS_URL=settings.url, AMQPJOBS_MANAGEMENT_URL=settings.management_url)
+    exe = Path(sys.executable).with_name("amqpjobs")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def queue_names(mgmt: Any, vhost: str) -> list[str]:
+    return sorted(q["name"] for q in mgmt.queues(vhost))
+
+
+def exchange_names(mgmt: Any, vhost: str) -> list[str]:
+    return sorted(e["name"] for e in mgmt.exchanges(vhost) if e["name"] and not e["name"].startswith("amq."))
+
+
+def write_json(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def binding_triples(mgmt: Any, vhost: str) -> Sequence[tuple[str, str, str]]:
+    return sorted(
+        (b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(vhost) if b["source"]
+    )
+
+
+async def depth(settings: BrokerSettings, queue: str) -> int:
+    """Exact number of ready messages in ``queue`` (passive declare; no stats lag)."""
+    async with raw_channel(settings) as ch:
+        declared = await ch.declare_queue(queue, passive=True)
+        return declared.declaration_result.message_count or 0
