@@ -17,13 +17,19 @@ from typing import Any, TypeVar
 import click
 
 from amqpjobs import __version__
+from amqpjobs.durations import parse_duration
 from amqpjobs.errors import (
     BrokerError,
     ConfigurationError,
+    InvalidPayloadError,
+    PublishError,
     TopologyConflictError,
     TopologyValidationError,
 )
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
+from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.worker import WorkerOptions, run_worker
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +53,9 @@ def _errors_to_exit_codes(func: F) -> F:
             click.echo("conflicts found: nothing was declared", err=True)
             sys.exit(EXIT_FOUND)
         except ConfigurationError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except (InvalidPayloadError, PublishError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except BrokerError as exc:
@@ -81,6 +90,53 @@ def main(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+@main.command()
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--queues", "-q", help="Comma-separated job queues to consume (default: all the app's jobs use).")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Slots per work queue; each holds at most one unacked delivery (prefetch 1).",
+)
+@click.option("--grace", default="30s", show_default=True, help="Time in-flight jobs get to finish on SIGTERM.")
+@click.option(
+    "--consumer-timeout",
+    default="30m",
+    show_default=True,
+    help="The broker's consumer_timeout; job timeouts above it are warned about.",
+)
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@_url_options
+@_errors_to_exit_codes
+def consume(
+    app_ref: str,
+    queues: str | None,
+    concurrency: int,
+    grace: str,
+    consumer_timeout: str,
+    log_json: bool,
+    url: str | None,
+    management_url: str | None,
+) -> None:
+    """Run a worker for the app MODULE:APP until SIGTERM/SIGINT (then drain and exit 0)."""
+    try:
+        options = WorkerOptions(
+            queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
+            concurrency=concurrency,
+            grace=parse_duration(grace),
+            consumer_timeout=parse_duration(consumer_timeout),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    configure_logging(json_lines=log_json)
+    app = load_app(app_ref)
+    settings = _settings(url, management_url)
+    sys.exit(asyncio.run(run_worker(app, settings, options)))
 
 
 @main.group()
@@ -133,9 +189,7 @@ def topology_apply(path: str, url: str | None, management_url: str | None) -> No
 @topology.command("export")
 @click.argument("path", type=click.Path())
 @click.option("--vhost", default="/", show_default=True, help="Vhost written into every object.")
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout)."
-)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
 @_errors_to_exit_codes
 def topology_export(path: str, vhost: str, output: str | None) -> None:
     """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`)."""

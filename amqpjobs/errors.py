@@ -4,6 +4,11 @@ The tree::
 
     AmqpJobsError
     ├── ConfigurationError          bad settings or arguments given to the library
+    ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
+    ├── PublishError                a publish was not confirmed by the broker
+    │   ├── UnroutableError          returned (mandatory): no queue is bound for it
+    │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
+    │   └── MessageTooLargeError     bigger than the broker's max_message_size
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
     │   └── TopologyConflictError    live broker objects differ from the desired ones
@@ -27,6 +32,41 @@ class AmqpJobsError(Exception):
 
 class ConfigurationError(AmqpJobsError):
     """Settings or arguments given to the library are wrong; the message says how to fix them."""
+
+
+class InvalidPayloadError(AmqpJobsError):
+    """A payload does not validate against its job's payload model; nothing was published.
+
+    Attributes:
+        job: The job name.
+        errors: Pydantic's error list (``loc``, ``msg``, ``type`` …).
+
+    """
+
+    def __init__(self, job: str, errors: list[dict[str, object]], message: str) -> None:
+        self.job = job
+        self.errors = errors
+        super().__init__(message)
+
+
+class PublishError(AmqpJobsError):
+    """The broker did not confirm a publish: the message may not have been stored."""
+
+
+class UnroutableError(PublishError):
+    """A ``mandatory`` publish came back (``basic.return``): no queue is bound for its routing key.
+
+    Usually the topology is not applied (``amqpjobs topology apply``) or the job names a
+    queue the topology lacks. Publishers never declare queues.
+    """
+
+
+class PublishNackedError(PublishError):
+    """The broker answered the publish with ``basic.nack`` (e.g. queue full with ``reject-publish``)."""
+
+
+class MessageTooLargeError(PublishError):
+    """The message exceeds the broker's ``max_message_size``; nothing was sent."""
 
 
 class TopologyError(AmqpJobsError):

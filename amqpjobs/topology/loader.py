@@ -73,9 +73,7 @@ def topology_files(path: str | Path) -> list[Path]:
     if p.is_dir():
         files = sorted(p.glob("*.toml"))
         if not files:
-            raise TopologyValidationError(
-                [Problem(str(p), "-", "folder holds no *.toml topology file", "add one")]
-            )
+            raise TopologyValidationError([Problem(str(p), "-", "folder holds no *.toml topology file", "add one")])
         return files
     if not p.is_file():
         raise TopologyValidationError(
@@ -219,9 +217,7 @@ def _cross_checks(
             topo = Topology(job_queues=(jq,))
             decls = topo.declarations()
             for q in decls.queues:
-                claim(
-                    queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})"
-                )
+                claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
             for ex_decl in decls.exchanges:
                 claim(
                     exchange_names,
@@ -281,8 +277,7 @@ def _queue_rules(
                 )
             else:
                 fix = (
-                    'remove max_priority or use type = "classic": quorum queues have no '
-                    "priorities before RabbitMQ 4.0"
+                    'remove max_priority or use type = "classic": quorum queues have no priorities before RabbitMQ 4.0'
                 )
             problems.append(
                 Problem(

@@ -292,9 +292,7 @@ class Topology(_Frozen):
                         )
                     )
                 keys = spec.keys if spec.shards == 1 else (lay.shard_routing_keys[index],)
-                bindings.extend(
-                    BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys
-                )
+                bindings.extend(BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys)
         bindings.extend(
             BindingDecl(
                 source=b.source,

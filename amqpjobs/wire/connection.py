@@ -60,9 +60,7 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
-async def connect(
-    settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs"
-) -> AbstractRobustConnection:
+async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
     """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
 
     Args:
@@ -86,9 +84,7 @@ async def connect(
             reraise=True,
         ):
             with attempt:
-                return await aio_pika.connect_robust(
-                    settings.url, client_properties={"connection_name": name}
-                )
+                return await aio_pika.connect_robust(settings.url, client_properties={"connection_name": name})
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"

@@ -81,9 +81,7 @@ class ManagementClient:
                 401,
             )
         if resp.status_code >= 400:
-            raise ManagementApiError(
-                f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code
-            )
+            raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code)
         if not resp.content:
             return None
         return resp.json()

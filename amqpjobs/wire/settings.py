@@ -80,9 +80,7 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     """
     url = url or os.environ.get(URL_ENV)
     if not url:
-        raise ConfigurationError(
-            f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)"
-        )
+        raise ConfigurationError(f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)")
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -38,9 +38,7 @@ def cli(settings: BrokerSettings, *args: str) -> Result:
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
-def cli_subprocess(
-    settings: BrokerSettings, *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
+def cli_subprocess(settings: BrokerSettings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the installed ``amqpjobs`` console script as a user would."""
     env = dict(os.environ, AMQPJOBS_URL=settings.url, AMQPJOBS_MANAGEMENT_URL=settings.management_url)
     exe = Path(sys.executable).with_name("amqpjobs")
@@ -61,9 +59,7 @@ def write_json(path: Path, doc: Any) -> Path:
 
 
 def binding_triples(mgmt: Any, vhost: str) -> Sequence[tuple[str, str, str]]:
-    return sorted(
-        (b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(vhost) if b["source"]
-    )
+    return sorted((b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(vhost) if b["source"])
 
 
 async def depth(settings: BrokerSettings, queue: str) -> int:

@@ -76,9 +76,7 @@ def test_parse_duration_rejects(bad: object) -> None:
         parse_duration(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("seconds", "text"), [(5, "5s"), (90, "90s"), (600, "10m"), (0.25, "250ms"), (3600, "1h")]
-)
+@pytest.mark.parametrize(("seconds", "text"), [(5, "5s"), (90, "90s"), (600, "10m"), (0.25, "250ms"), (3600, "1h")])
 def test_format_duration_round_trips(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert to_milliseconds(parse_duration(text)) == to_milliseconds(seconds)

@@ -1,0 +1,276 @@
+"""The wire format of a job message, as plain data (no client library).
+
+A job message is (README "Wire format"):
+
+* body: the payload as UTF-8 JSON (an object), ``content_type = application/json``,
+  no ``content_encoding``;
+* ``message_id`` = job id, ``type`` = job name, ``timestamp`` = enqueue time (seconds),
+  ``delivery_mode = 2`` (persistent), ``priority`` optional;
+* our headers, all named ``amqpjobs-*`` (never ``x-*``: since RabbitMQ 3.13 those belong
+  to the broker), listed in :data:`HEADERS`.
+
+Decoding is strict and never raises anything but :class:`DecodeError`, whose ``reason``
+says where a message that cannot be decoded goes (quarantine reason).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+CONTENT_TYPE: Final = "application/json"
+
+ATTEMPT: Final = "amqpjobs-attempt"
+JOB: Final = "amqpjobs-job"
+TENANT: Final = "amqpjobs-tenant"
+ENQUEUED_AT: Final = "amqpjobs-enqueued-at"
+FIRST_FAILURE_AT: Final = "amqpjobs-first-failure-at"
+ORIGINAL_EXCHANGE: Final = "amqpjobs-original-exchange"
+ORIGINAL_ROUTING_KEY: Final = "amqpjobs-original-routing-key"
+
+#: Our own headers and what they hold. Evidence headers are in :mod:`amqpjobs.jobs.evidence`.
+HEADERS: Final = {
+    ATTEMPT: "int: the attempt this delivery is (1 for a fresh job); missing = 1",
+    JOB: "str: job name when the 'type' property can't be set (the property wins)",
+    TENANT: "str: tenant key, optional",
+    ENQUEUED_AT: "str: first enqueue time, ISO-8601 UTC; kept across retries",
+    FIRST_FAILURE_AT: "str: time of the first failure, ISO-8601 UTC; set on retried copies",
+    ORIGINAL_EXCHANGE: "str: exchange the job was first published to; set on retried copies",
+    ORIGINAL_ROUTING_KEY: "str: routing key it was first published with; set on retried copies",
+}
+
+#: Headers the broker owns; stripped from every copy we republish (a copied ``x-death``
+#: is ignored by 3.13+ and can make older brokers drop the copy as a dead-letter cycle).
+BROKER_HEADER_PREFIXES: Final = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+
+#: Deepest JSON nesting accepted in a payload.
+MAX_JSON_DEPTH: Final = 64
+
+
+class DecodeError(Exception):
+    """A message body or property that can't be turned into a job.
+
+    Attributes:
+        reason: Quarantine reason: ``undecodable``, ``unsupported-content-type``,
+            ``invalid-payload`` or ``unknown-job``.
+        detail: What exactly was wrong.
+
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A job message, decoded from or ready for the wire.
+
+    Attributes:
+        job: Job name.
+        job_id: Job id (``message_id``).
+        payload: Decoded JSON object (dict).
+        attempt: Attempt number of this delivery (1-based).
+        tenant: Tenant key or None.
+        priority: AMQP priority or None.
+        headers: All other headers, as received.
+
+    """
+
+    job: str
+    job_id: str
+    payload: dict[str, Any]
+    attempt: int = 1
+    tenant: str | None = None
+    priority: int | None = None
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+
+def encode_payload(payload: Mapping[str, Any]) -> bytes:
+    """Encode a payload object as compact, strict UTF-8 JSON.
+
+    Raises:
+        ValueError: the payload holds NaN/Infinity or something JSON can't hold.
+
+    """
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _depth_ok(text: str) -> bool:
+    depth = 0
+    in_string = False
+    escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def decode_body(body: bytes, content_type: str | None, content_encoding: str | None) -> dict[str, Any]:
+    """Decode a job body into its JSON object.
+
+    Rules (README "Wire format" → "What the worker accepts"):
+
+    * ``content_type`` must be ``application/json`` (parameters such as ``; charset=utf-8``
+      allowed) or absent (then the body is read as JSON);
+    * ``content_encoding`` must be absent, ``identity`` or ``utf-8``;
+    * the body must be UTF-8 (a leading byte-order mark is accepted and skipped) and
+      strict JSON (no ``NaN``/``Infinity``), nested at most :data:`MAX_JSON_DEPTH` deep;
+    * the top level must be an object.
+
+    Raises:
+        DecodeError: ``unsupported-content-type``, ``undecodable`` or ``invalid-payload``.
+
+    """
+    if content_type is not None:
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != CONTENT_TYPE:
+            raise DecodeError(
+                "unsupported-content-type", f"content_type {content_type[:100]!r}; expected {CONTENT_TYPE!r}"
+            )
+    if content_encoding not in (None, "", "identity", "utf-8", "UTF-8"):
+        raise DecodeError("undecodable", f"content_encoding {content_encoding[:100]!r} is not supported")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError("undecodable", f"body is not UTF-8: {exc}") from None
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise DecodeError("undecodable", "body is empty")
+    if not _depth_ok(text):
+        raise DecodeError("undecodable", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise DecodeError("undecodable", f"body is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(value, dict):
+        raise DecodeError("invalid-payload", f"payload must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def parse_attempt(value: Any) -> int:
+    """Read our attempt header. Missing, non-integer or < 1 values count as attempt 1.
+
+    A publisher we don't control may send garbage here; the documented choice is to treat
+    the delivery as a first attempt (it still runs at most ``max_attempts`` times from
+    here on), never to crash.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        if (isinstance(value, float) and math.isfinite(value) and value.is_integer()) or (
+            isinstance(value, bytes | str) and value.strip().isdigit()
+        ):
+            value = int(value)
+        else:
+            return 1
+    return value if value >= 1 else 1
+
+
+def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
+    return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message to publish, in our own types (the wire turns it into an AMQP message).
+
+    Attributes:
+        body: Raw body bytes.
+        headers: Header table (str/int/bool/bytes/nested values).
+        content_type: ``content_type`` property or None.
+        content_encoding: ``content_encoding`` property or None.
+        message_id: ``message_id`` (job id) or None.
+        type: ``type`` (job name) or None.
+        timestamp: ``timestamp`` (seconds since the epoch) or None.
+        priority: ``priority`` or None.
+        correlation_id / reply_to / app_id: copied through when republishing.
+
+    """
+
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    content_type: str | None = CONTENT_TYPE
+    content_encoding: str | None = None
+    message_id: str | None = None
+    type: str | None = None
+    timestamp: float | None = None
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    app_id: str | None = "amqpjobs"
+
+
+def iso_utc(timestamp: float) -> str:
+    """Format seconds since the epoch as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def job_message(
+    job: str,
+    payload: Mapping[str, Any],
+    *,
+    job_id: str,
+    now: float,
+    priority: int | None = None,
+    tenant: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+) -> OutgoingMessage:
+    """Build a fresh job message (attempt 1) in the documented wire format.
+
+    Args:
+        job: Job name (``type``).
+        payload: JSON-ready payload object.
+        job_id: Job id (``message_id``).
+        now: Enqueue time, seconds since the epoch (``timestamp`` and ``amqpjobs-enqueued-at``).
+        priority: AMQP priority 0-255 or None.
+        tenant: Tenant key or None.
+        headers: Extra headers of the caller; names may not start with ``x-`` (the broker's)
+            or ``amqpjobs-`` (ours).
+
+    Raises:
+        ValueError: a reserved header name, a priority outside 0-255, an empty job id, or a
+            payload JSON can't hold (NaN, sets, ...).
+
+    """
+    extra = dict(headers or {})
+    for name in extra:
+        if name.lower().startswith(("x-", "amqpjobs-")):
+            raise ValueError(f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved")
+    if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
+        raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
+    if not job_id or len(job_id) > 255:
+        raise ValueError(f"job_id must have 1-255 characters (got {job_id!r})")
+    ours: dict[str, Any] = {ATTEMPT: 1, ENQUEUED_AT: iso_utc(now)}
+    if tenant is not None:
+        ours[TENANT] = tenant
+    return OutgoingMessage(
+        body=encode_payload(payload),
+        headers={**extra, **ours},
+        message_id=job_id,
+        type=job,
+        timestamp=now,
+        priority=priority,
+    )

@@ -1,0 +1,149 @@
+"""Evidence headers for quarantined jobs: what failed, where, when, how often, the traceback.
+
+Values are strings or integers, which every AMQP client decodes. The total stays under a
+byte budget however large the exception text: headers count against the connection's
+``frame_max`` (131072 bytes by default), and a bigger header frame breaks the connection
+(RabbitMQ "Connections" / AMQP 0-9-1 frame_max).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from amqpjobs.jobs.envelope import FIRST_FAILURE_AT, JOB, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, TENANT
+
+PREFIX: Final = "amqpjobs-"
+REASON: Final = "amqpjobs-reason"
+ERROR_TYPE: Final = "amqpjobs-error-type"
+ERROR_MESSAGE: Final = "amqpjobs-error-message"
+TRACEBACK: Final = "amqpjobs-traceback"
+ATTEMPTS: Final = "amqpjobs-attempts"
+LAST_FAILURE_AT: Final = "amqpjobs-last-failure-at"
+WORKER_HOST: Final = "amqpjobs-worker-host"
+WORKER_PID: Final = "amqpjobs-worker-pid"
+VERSION: Final = "amqpjobs-version"
+APP_VERSION: Final = "amqpjobs-app-version"
+ORIGINAL_QUEUE: Final = "amqpjobs-original-queue"
+JOB_ID: Final = "amqpjobs-job-id"
+
+#: Every evidence header (README "Quarantine evidence").
+EVIDENCE_HEADERS: Final = (
+    REASON, ERROR_TYPE, ERROR_MESSAGE, TRACEBACK, ATTEMPTS, FIRST_FAILURE_AT, LAST_FAILURE_AT,
+    WORKER_HOST, WORKER_PID, VERSION, APP_VERSION, ORIGINAL_EXCHANGE, ORIGINAL_QUEUE,
+    ORIGINAL_ROUTING_KEY, JOB, JOB_ID, TENANT,
+)  # fmt: skip
+
+__all__ = [
+    "APP_VERSION", "ATTEMPTS", "DEFAULT_BUDGET", "ERROR_MESSAGE", "ERROR_TYPE", "EVIDENCE_HEADERS",
+    "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
+    "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HOST", "WORKER_PID",
+    "Failure", "evidence_headers",
+]  # fmt: skip
+
+#: Default byte budget for all evidence headers together (names + values, UTF-8).
+DEFAULT_BUDGET: Final = 16 * 1024
+_MARK = "…[truncated]"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What we know about one failure, before it becomes headers.
+
+    Attributes:
+        reason: Quarantine reason (see :data:`amqpjobs.jobs.outcome.REASONS`).
+        error_type: Qualified exception class name, or a short label such as ``DecodeError``.
+        error_message: The exception text (any size; trimmed to the budget).
+        traceback: Formatted traceback, or ``""``.
+        attempts: Handler runs so far (0 when the job never ran).
+        first_failure_at / last_failure_at: ISO-8601 UTC times.
+        host / pid: Worker host name and process id.
+        version / app_version: amqpjobs version and the app's version (``""`` if not given).
+        exchange / queue / routing_key: Where the delivery came from.
+        job / job_id / tenant: The job, as far as known (``""`` when not).
+
+    """
+
+    reason: str
+    error_type: str
+    error_message: str
+    traceback: str
+    attempts: int
+    first_failure_at: str
+    last_failure_at: str
+    host: str
+    pid: int
+    version: str
+    app_version: str
+    exchange: str
+    queue: str
+    routing_key: str
+    job: str
+    job_id: str
+    tenant: str
+
+
+def _clean(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _size(headers: Mapping[str, str | int]) -> int:
+    return sum(len(k.encode()) + len(str(v).encode("utf-8")) + 8 for k, v in headers.items())
+
+
+def _trim_head(text: str, max_bytes: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    keep = max(0, max_bytes - len(_MARK.encode()))
+    return data[:keep].decode("utf-8", "ignore") + _MARK
+
+
+def _trim_tail(text: str, max_bytes: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    keep = max(0, max_bytes - len(_MARK.encode()))
+    return _MARK + data[len(data) - keep :].decode("utf-8", "ignore")
+
+
+def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str, str | int]:
+    """Build the evidence headers for ``failure``, at most ``budget`` bytes in all.
+
+    Short fields are each capped at 1 KiB; then the traceback (keeping its end, where the
+    error is) and the error message (keeping its start) share what the budget leaves.
+
+    Args:
+        failure: The failure to describe.
+        budget: Byte budget for names + values (UTF-8), default 16 KiB.
+
+    Returns:
+        Header name → ``str`` or ``int`` value, every name in :data:`EVIDENCE_HEADERS`.
+
+    """
+    f = failure
+    short: dict[str, str | int] = {
+        REASON: f.reason,
+        ERROR_TYPE: f.error_type,
+        ATTEMPTS: f.attempts,
+        FIRST_FAILURE_AT: f.first_failure_at,
+        LAST_FAILURE_AT: f.last_failure_at,
+        WORKER_HOST: f.host,
+        WORKER_PID: f.pid,
+        VERSION: f.version,
+        APP_VERSION: f.app_version,
+        ORIGINAL_EXCHANGE: f.exchange,
+        ORIGINAL_QUEUE: f.queue,
+        ORIGINAL_ROUTING_KEY: f.routing_key,
+        JOB: f.job,
+        JOB_ID: f.job_id,
+        TENANT: f.tenant,
+    }
+    short = {k: (_trim_head(_clean(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
+    room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})
+    message, tb = _clean(f.error_message), _clean(f.traceback)
+    msg_room = max(256, room // 4)
+    message = _trim_head(message, msg_room)
+    tb = _trim_tail(tb, max(0, room - len(message.encode("utf-8"))))
+    return {**short, ERROR_MESSAGE: message, TRACEBACK: tb}

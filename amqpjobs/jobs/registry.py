@@ -1,0 +1,184 @@
+"""The job registry: job definitions declared with a decorator (no I/O)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.retry import RetryPolicy
+
+Handler = Callable[[Any, "JobContext"], Awaitable[Any]] | Callable[[Any, "JobContext"], Any]
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a handler knows about the delivery it runs for.
+
+    Attributes:
+        job: Job name.
+        job_id: Job id (``message_id``; assigned by the worker when the publisher sent none).
+        attempt: This run's attempt number (1-based).
+        max_attempts: Attempts the job gets before quarantine.
+        tenant: Tenant key, or None.
+        queue: The work queue the delivery came from.
+        redelivered: The broker's ``redelivered`` flag (the delivery may have run before).
+        enqueued_at: When the job was first enqueued (UTC), when known.
+        headers: The message's headers as received.
+
+    """
+
+    job: str
+    job_id: str
+    attempt: int
+    max_attempts: int
+    tenant: str | None
+    queue: str
+    redelivered: bool
+    enqueued_at: datetime | None = None
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobDef:
+    """A registered job.
+
+    Attributes:
+        name: Job name (the message's ``type``).
+        queue: Name of the job queue (from the topology) its messages go to.
+        handler: ``async def handler(payload, ctx)`` or a plain function (run in a thread).
+        payload_model: Pydantic model the payload is validated against, or None for a
+            plain ``dict`` payload.
+        retry: Retry policy.
+        timeout: Seconds a run may take before it is cancelled (a transient failure with
+            reason ``timeout``), or None for no limit.
+
+    """
+
+    name: str
+    queue: str
+    handler: Callable[..., Any]
+    payload_model: type[BaseModel] | None
+    retry: RetryPolicy
+    timeout: float | None
+
+    @property
+    def is_async(self) -> bool:
+        """True when the handler is a coroutine function."""
+        return inspect.iscoroutinefunction(self.handler)
+
+    def validate(self, payload: Any) -> Any:
+        """Validate ``payload`` (dict or model instance) into what the handler receives.
+
+        Raises:
+            pydantic.ValidationError: the payload does not fit the model.
+
+        """
+        if self.payload_model is None:
+            if isinstance(payload, BaseModel):
+                return payload.model_dump(mode="json")
+            return payload
+        if isinstance(payload, self.payload_model):
+            return payload
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        return self.payload_model.model_validate(payload)
+
+    def to_json(self, payload: Any) -> dict[str, Any]:
+        """Validate ``payload`` and return its JSON-ready dict form."""
+        value = self.validate(payload)
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json")
+        if not isinstance(value, dict):
+            raise ConfigurationError(f"job {self.name!r}: payload must be a dict or a pydantic model")
+        return value
+
+
+class JobRegistry:
+    """Holds job definitions by name.
+
+    Args:
+        name: The application's name (used in logs and connection names).
+        app_version: Your application's version, written into evidence headers.
+
+    """
+
+    def __init__(self, name: str = "amqpjobs", *, app_version: str = "") -> None:
+        self.name = name
+        self.app_version = app_version
+        self._jobs: dict[str, JobDef] = {}
+
+    def job(
+        self,
+        name: str,
+        *,
+        queue: str,
+        payload: type[BaseModel] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | str | None = None,
+    ) -> Callable[[H], H]:
+        """Register the decorated function as job ``name``.
+
+        Args:
+            name: Job name, 1-255 characters (sent as the AMQP ``type`` property).
+            queue: Job queue name from the topology.
+            payload: Pydantic model for the payload; None accepts any JSON object.
+            retry: Retry policy; default :class:`RetryPolicy` ().
+            timeout: Seconds (or a duration string such as ``"30s"``) per run, or None.
+
+        Returns:
+            A decorator that registers the handler and returns it unchanged.
+
+        Raises:
+            ConfigurationError: a job of that name exists, or an argument is invalid.
+
+        """
+        if not name or len(name) > 255:
+            raise ConfigurationError(f"job name {name!r} must have 1-255 characters")
+        if name in self._jobs:
+            raise ConfigurationError(f"job {name!r} is registered twice")
+        try:
+            seconds = None if timeout is None else parse_duration(timeout)
+        except ValueError as exc:
+            raise ConfigurationError(f"job {name!r}: timeout: {exc}") from None
+
+        def register(handler: H) -> H:
+            self._jobs[name] = JobDef(name, queue, handler, payload, retry or RetryPolicy(), seconds)
+            return handler
+
+        return register
+
+    def get(self, name: str) -> JobDef | None:
+        """The job called ``name``, or None."""
+        return self._jobs.get(name)
+
+    def resolve(self, job: str | Callable[..., Any] | JobDef) -> JobDef:
+        """Find a job by name, by its handler function, or return a JobDef as is.
+
+        Raises:
+            ConfigurationError: no such job.
+
+        """
+        if isinstance(job, JobDef):
+            return job
+        if isinstance(job, str):
+            found = self._jobs.get(job)
+        else:
+            found = next((j for j in self._jobs.values() if j.handler is job), None)
+        if found is None:
+            raise ConfigurationError(f"no job {job!r} in app {self.name!r}; registered: {sorted(self._jobs)}")
+        return found
+
+    def __iter__(self) -> Iterator[JobDef]:
+        return iter(self._jobs.values())
+
+    def queues(self) -> list[str]:
+        """Job queue names used by the registered jobs, sorted."""
+        return sorted({j.queue for j in self._jobs.values()})

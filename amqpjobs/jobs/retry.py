@@ -1,0 +1,69 @@
+"""Retry policy and the retry decision: attempt + failure → retry tier N or quarantine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from amqpjobs.jobs.outcome import Decision, Quarantine, RetryLater
+
+FailureKind = Literal["error", "retry", "timeout", "permanent", "reject"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a job retries.
+
+    Attributes:
+        max_attempts: Handler runs before a job is quarantined as exhausted; None means
+            one more than the job queue's retry tiers (each tier used once). Above that,
+            the last tier is reused. Must be 1 when the job queue has no tiers.
+        permanent: Exception classes that quarantine at once (reason ``permanent``).
+        immediate_retries: Extra in-process runs (tenacity) within one attempt before the
+            attempt counts as failed; for blips worth retrying at once. Default 0.
+        immediate_wait: Seconds between immediate retries.
+
+    """
+
+    max_attempts: int | None = None
+    permanent: tuple[type[BaseException], ...] = ()
+    immediate_retries: int = 0
+    immediate_wait: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 (got {self.max_attempts})")
+        if self.immediate_retries < 0:
+            raise ValueError(f"immediate_retries must be >= 0 (got {self.immediate_retries})")
+
+    def attempts_for(self, tiers: tuple[float, ...]) -> int:
+        """Effective max attempts for a job queue with ``tiers`` (seconds)."""
+        return self.max_attempts if self.max_attempts is not None else len(tiers) + 1
+
+
+def decide(kind: FailureKind, attempt: int, max_attempts: int, tiers: tuple[float, ...]) -> Decision:
+    """Decide what happens after attempt ``attempt`` failed.
+
+    Every failure path counts the same way: raising, :class:`~amqpjobs.jobs.outcome.Retry`
+    and timeouts use one attempt each and go to the next tier while attempts remain.
+
+    Args:
+        kind: ``error`` (transient exception), ``retry`` (explicit signal), ``timeout``,
+            ``permanent`` (a permanent exception class) or ``reject``.
+        attempt: The attempt that failed (1-based).
+        max_attempts: Effective max attempts of the job.
+        tiers: The job queue's tier delays in seconds, increasing.
+
+    Returns:
+        :class:`RetryLater` into tier ``min(attempt, len(tiers)) - 1`` while attempts remain,
+        else :class:`Quarantine` (``exhausted``/``timeout``/``permanent``/``rejected``).
+
+    """
+    if kind == "permanent":
+        return Quarantine("permanent")
+    if kind == "reject":
+        return Quarantine("rejected")
+    if attempt >= max_attempts or not tiers:
+        return Quarantine("timeout" if kind == "timeout" else "exhausted")
+    tier = min(attempt, len(tiers)) - 1
+    return RetryLater(next_attempt=attempt + 1, tier=tier, delay=tiers[tier])

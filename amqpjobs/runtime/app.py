@@ -1,0 +1,242 @@
+"""The application object: registers jobs and enqueues them (async and sync)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aio_pika.abc import AbstractRobustConnection
+from pydantic import ValidationError
+
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError
+from amqpjobs.jobs.envelope import job_message
+from amqpjobs.jobs.registry import JobDef, JobRegistry
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.models import JobQueueLayout, Topology
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+
+T = TypeVar("T")
+JobRef = str | Callable[..., Any] | JobDef
+
+
+class App(JobRegistry):
+    """An amqpjobs application: its jobs, its topology, and a publisher.
+
+    Args:
+        name: Application name (connection names, logs).
+        topology: Path of the topology file or folder (read when first needed, never at
+            import), or a :class:`~amqpjobs.topology.models.Topology`.
+        app_version: Your application's version, written into evidence headers.
+        url: AMQP URL for enqueueing; default ``$AMQPJOBS_URL`` when first needed.
+
+    Example::
+
+        app = App("shop", topology="topology/")
+
+        @app.job("orders.confirm", queue="urgent", payload=OrderConfirm, timeout="30s")
+        async def confirm(payload: OrderConfirm, ctx: JobContext) -> None: ...
+
+        await app.enqueue("orders.confirm", OrderConfirm(order_id=17, to="a@example.com"))
+
+    """
+
+    def __init__(
+        self,
+        name: str = "amqpjobs",
+        *,
+        topology: str | Path | Topology = "topology",
+        app_version: str = "",
+        url: str | None = None,
+    ) -> None:
+        super().__init__(name, app_version=app_version)
+        self._topology_source = topology
+        self._topology: Topology | None = topology if isinstance(topology, Topology) else None
+        self._url = url
+        self._connection: AbstractRobustConnection | None = None
+        self._publisher: ConfirmedPublisher | None = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    def topology(self) -> Topology:
+        """The app's topology, loaded and validated on first use.
+
+        Raises:
+            TopologyValidationError: the topology files are invalid.
+
+        """
+        if self._topology is None:
+            self._topology = load_topology(Path(str(self._topology_source))).topology
+        return self._topology
+
+    def layout_of(self, job: JobRef) -> JobQueueLayout:
+        """The layout of the job queue ``job`` goes to.
+
+        Raises:
+            ConfigurationError: the job, or its job queue in the topology, does not exist.
+
+        """
+        jobdef = self.resolve(job)
+        try:
+            return self.topology().layout(jobdef.queue)
+        except KeyError:
+            raise ConfigurationError(
+                f"job {jobdef.name!r} names job queue {jobdef.queue!r}, which the topology does not declare"
+            ) from None
+
+    def settings(self) -> BrokerSettings:
+        """Broker settings from the app's URL or ``$AMQPJOBS_URL``."""
+        return broker_settings(self._url)
+
+    async def connect(self, settings: BrokerSettings | None = None) -> None:
+        """Open the publishing connection now (otherwise the first enqueue does).
+
+        Raises:
+            BrokerUnavailableError: the broker can't be reached.
+
+        """
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await connect(settings or self.settings(), name=f"{self.name}-publisher")
+                self._publisher = ConfirmedPublisher(self._connection)
+
+    async def close(self) -> None:
+        """Close the publishing connection."""
+        if self._publisher is not None:
+            await self._publisher.close()
+        if self._connection is not None:
+            await self._connection.close()
+        self._connection = None
+        self._publisher = None
+
+    async def enqueue(
+        self,
+        job: JobRef,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Validate ``payload`` and publish job ``job``, waiting for the broker's confirm.
+
+        Publishers never declare queues: the topology is applied at deploy time, and a
+        missing exchange or queue is an error here, not a silent drop.
+
+        Args:
+            job: Job name, handler function, or :class:`JobDef`.
+            payload: A dict or an instance of the job's payload model.
+            job_id: Job id (``message_id``); default a random UUID. Give a business
+                identity (e.g. ``"invoice-2026-11-0042"``) to make duplicates recognisable.
+            priority: AMQP priority 0..the queue's ``x-max-priority``.
+            tenant: Tenant key (header ``amqpjobs-tenant``; picks the shard of a sharded queue).
+            headers: Extra headers (not ``x-*`` nor ``amqpjobs-*``).
+
+        Returns:
+            The job id.
+
+        Raises:
+            InvalidPayloadError: the payload fails the job's model (nothing sent).
+            ConfigurationError: unknown job, bad header names or priority.
+            UnroutableError: no queue is bound for the job (topology not applied).
+            PublishNackedError: the broker refused it (e.g. the queue is full).
+            PublishError: the exchange does not exist, or no confirm came.
+            BrokerUnavailableError: the broker can't be reached.
+
+        """
+        jobdef = self.resolve(job)
+        try:
+            body = jobdef.to_json(payload)
+        except ValidationError as exc:
+            raise InvalidPayloadError(
+                jobdef.name,
+                [dict(e) for e in exc.errors(include_url=False)],
+                f"payload for job {jobdef.name!r} is invalid: {exc}",
+            ) from None
+        layout = self.layout_of(jobdef)
+        job_id = job_id or str(uuid.uuid4())
+        try:
+            message = job_message(
+                jobdef.name,
+                body,
+                job_id=job_id,
+                now=time.time(),
+                priority=priority,
+                tenant=tenant,
+                headers=headers,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
+        routing_key = layout.routing_key
+        if layout.shard_routing_keys:
+            shard = zlib.crc32((tenant or job_id).encode()) % len(layout.shard_routing_keys)
+            routing_key = layout.shard_routing_keys[shard]
+        if self._publisher is None:
+            await self.connect()
+        assert self._publisher is not None
+        await self._publisher.publish(layout.exchange, routing_key, message)
+        return job_id
+
+    def sync_publisher(self, url: str | None = None) -> SyncPublisher:
+        """A publisher for code that is not async (a Flask/Django view, a script)."""
+        return SyncPublisher(self, url)
+
+
+class SyncPublisher:
+    """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
+
+    Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
+    arguments and raises the same errors as :meth:`App.enqueue`.
+    """
+
+    def __init__(self, app: App, url: str | None = None) -> None:
+        self._app = App(app.name, topology=app.topology(), app_version=app.app_version, url=url or app._url)
+        self._app._jobs = app._jobs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def enqueue(
+        self,
+        job: JobRef,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Blocking :meth:`App.enqueue`; returns the job id once the broker confirmed."""
+        return self._run(
+            self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers)
+        )
+
+    def close(self) -> None:
+        """Close the connection and stop the loop thread."""
+        if self._loop.is_closed():
+            return
+        self._run(self._app.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> SyncPublisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

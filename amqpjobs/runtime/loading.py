@@ -1,0 +1,33 @@
+"""Find an :class:`~amqpjobs.runtime.app.App` from a ``module:attribute`` reference."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.app import App
+
+
+def load_app(reference: str) -> App:
+    """Import ``module:attribute`` (the current directory is importable) and return the App.
+
+    Raises:
+        ConfigurationError: malformed reference, module not importable, attribute missing
+            or not an :class:`App`.
+
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{reference!r}: give the app as module:attribute, e.g. examples.shop:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
+    return app

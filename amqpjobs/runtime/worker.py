@@ -1,0 +1,512 @@
+"""The worker: consume job queues, run handlers, ack after commit, retry or quarantine.
+
+Rules (README "Workers"):
+
+* each slot is one consumer on its own channel with ``prefetch_count=1``, so it holds at
+  most one unacked delivery (fair dispatch: RabbitMQ "Consumer Prefetch");
+* a delivery is acked only after its handler returned;
+* a failed attempt is republished to the next delay tier with attempt + 1 (confirmed),
+  then the original is acked; ``x-death`` & co are stripped from the copy;
+* a permanent failure goes to quarantine with evidence headers (confirmed), then acked;
+* if that republish itself fails while the channel is alive, the delivery is rejected
+  without requeue, so the broker dead-letters it into quarantine (nothing dropped, no
+  crash loop); if the channel died, nothing is acked and the broker redelivers;
+* a delivery from a channel that has since closed is never acked on a new channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
+
+import amqpjobs
+from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.outcome import Ack, Decision, Quarantine, Reject, Retry, RetryLater
+from amqpjobs.jobs.registry import JobContext, JobDef
+from amqpjobs.jobs.retry import FailureKind, decide
+from amqpjobs.runtime.app import App
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: RabbitMQ's default delivery acknowledgement timeout (``consumer_timeout``), 30 minutes.
+DEFAULT_CONSUMER_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs.
+
+    Attributes:
+        queues: Job queue names to consume; None = every job queue the app's jobs use.
+        concurrency: Slots per work queue (each one consumer, prefetch 1).
+        grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
+        consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
+            ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
+
+    """
+
+    queues: tuple[str, ...] | None = None
+    concurrency: int = 1
+    grace: float = 30.0
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one delivery (for logs, stats and tests).
+
+    Attributes:
+        decision: Ack, RetryLater or Quarantine.
+        job: Job name ("" when unknown).
+        job_id: Job id.
+        attempt: Attempt number of the delivery.
+        duration: Seconds the handler ran (0 when it did not run).
+        acked: Whether the delivery was acked (False: left for redelivery or rejected).
+
+    """
+
+    decision: Decision
+    job: str
+    job_id: str
+    attempt: int
+    duration: float
+    acked: bool
+
+
+def _now_iso() -> str:
+    return envelope.iso_utc(time.time())
+
+
+def _qualname(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Worker:
+    """Consumes an app's job queues until stopped.
+
+    Args:
+        app: The application whose jobs run here.
+        settings: Broker settings.
+        options: Worker options.
+        on_outcome: Optional callback called with each :class:`Outcome` (tests, metrics).
+
+    """
+
+    def __init__(
+        self,
+        app: App,
+        settings: BrokerSettings,
+        options: WorkerOptions | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.options = options or WorkerOptions()
+        self.stats: Counter[str] = Counter()
+        self._on_outcome = on_outcome
+        self._stop = asyncio.Event()
+        self._connection: AbstractRobustConnection | None = None
+        self._publisher: ConfirmedPublisher | None = None
+        self._consumers: list[tuple[AbstractQueue, str]] = []
+        self._channels: list[AbstractChannel] = []
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._layouts: dict[str, JobQueueLayout] = {}
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self.ready = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    def job_queues(self) -> tuple[str, ...]:
+        """The job queues this worker consumes."""
+        return self.options.queues if self.options.queues else tuple(self.app.queues())
+
+    def _check(self) -> None:
+        topology = self.app.topology()
+        names = {q.name for q in topology.job_queues}
+        for name in self.job_queues():
+            if name not in names:
+                raise ConfigurationError(f"job queue {name!r} is not in the topology; known: {sorted(names)}")
+            self._layouts[name] = topology.layout(name)
+        for job in self.app:
+            if job.queue not in names:
+                raise ConfigurationError(
+                    f"job {job.name!r} names job queue {job.queue!r}, which the topology does not declare"
+                )
+            layout = topology.layout(job.queue)
+            attempts = job.retry.attempts_for(layout.tiers)
+            if attempts > 1 and not layout.tiers:
+                raise ConfigurationError(
+                    f"job {job.name!r} allows {attempts} attempts but job queue {job.queue!r} has no "
+                    "retry_tiers; add tiers to the topology or set RetryPolicy(max_attempts=1)"
+                )
+            if job.timeout is not None and job.timeout >= self.options.consumer_timeout:
+                log.warning(
+                    "job %s: timeout %.0fs is not below the broker's delivery acknowledgement timeout "
+                    "(consumer_timeout %.0fs): the broker would close the channel and redeliver first",
+                    job.name, job.timeout, self.options.consumer_timeout,
+                )  # fmt: skip
+
+    async def start(self) -> None:
+        """Connect and start consuming. Returns once every slot consumes.
+
+        Raises:
+            ConfigurationError: a job queue is missing from the topology, or a job's
+                policy can't work with its queue.
+            BrokerUnavailableError: the broker can't be reached.
+            BrokerError: a work queue does not exist on the broker (apply the topology).
+
+        """
+        if self.options.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1 (got {self.options.concurrency})")
+        self._check()
+        slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
+        self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
+        self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
+        self._publisher = ConfirmedPublisher(self._connection)
+        for layout in self._layouts.values():
+            for work_queue in layout.work_queues:
+                for _ in range(self.options.concurrency):
+                    await self._start_slot(layout, work_queue)
+        log.info(
+            "worker consuming %s with %d slot(s) per queue",
+            ", ".join(self._layouts), self.options.concurrency,
+        )  # fmt: skip
+        self.ready.set()
+
+    async def _start_slot(self, layout: JobQueueLayout, work_queue: str) -> None:
+        assert self._connection is not None
+        channel = await self._connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=1)
+        try:
+            queue = await channel.declare_queue(work_queue, passive=True)
+        except Exception as exc:
+            raise BrokerError(
+                f"work queue {work_queue!r} does not exist on {self.settings.safe_url}: "
+                "apply the topology first (amqpjobs topology apply)"
+            ) from exc
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._inflight.add(task)
+            try:
+                await self._handle(layout, work_queue, message)
+            finally:
+                self._inflight.discard(task)
+
+        tag = await queue.consume(on_message)
+        self._channels.append(channel)
+        self._consumers.append((queue, tag))
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Start, consume until :meth:`request_stop`, then drain and close.
+
+        Returns:
+            0 when every in-flight handler finished and was acked within the grace period,
+            1 when some had to be abandoned (their deliveries return to the queue).
+
+        """
+        await self.start()
+        await self._stop.wait()
+        return await self.shutdown()
+
+    async def shutdown(self) -> int:
+        """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
+
+        Returns:
+            0 when all in-flight work finished, else 1.
+
+        """
+        self._stop.set()
+        for queue, tag in self._consumers:
+            try:
+                await queue.cancel(tag)
+            except Exception as exc:  # channel already gone: nothing more will arrive on it
+                log.debug("cancel of consumer %s failed: %s", tag, exc)
+        code = 0
+        pending = set(self._inflight)
+        if pending:
+            log.info("draining %d in-flight job(s), grace %.0fs", len(pending), self.options.grace)
+            _, still = await asyncio.wait(pending, timeout=self.options.grace)
+            if still:
+                log.warning("%d job(s) still running after the grace period; they will be redelivered", len(still))
+                code = 1
+                for task in still:
+                    task.cancel()
+        if self._publisher is not None:
+            await self._publisher.close()
+        if self._connection is not None:
+            await self._connection.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return code
+
+    # ------------------------------------------------------------------ one delivery
+    async def _handle(self, layout: JobQueueLayout, work_queue: str, message: AbstractIncomingMessage) -> None:
+        delivery = delivery_of(message, work_queue)
+        started = time.monotonic()
+        decision, failure_info, job, attempt, job_id, ran = await self._process(layout, delivery)
+        duration = time.monotonic() - started if ran else 0.0
+        acked = await self._carry_out(layout, delivery, decision, failure_info, job, attempt, job_id)
+        outcome = Outcome(decision, job.name if job else delivery.job_name, job_id, attempt, duration, acked)
+        self._record(outcome)
+
+    def _record(self, outcome: Outcome) -> None:
+        d = outcome.decision
+        kind = "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
+        if outcome.acked:
+            self.stats[kind] += 1
+        else:
+            self.stats["abandoned"] += 1
+        extra = ""
+        if isinstance(d, RetryLater):
+            extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
+        elif isinstance(d, Quarantine):
+            extra = f" reason={d.reason}"
+        log.info(
+            "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
+            outcome.job or "?", outcome.job_id, outcome.attempt, outcome.duration, kind, extra,
+            "" if outcome.acked else " (not acked: the broker will redeliver)",
+        )  # fmt: skip
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    async def _process(
+        self, layout: JobQueueLayout, delivery: Delivery
+    ) -> tuple[Decision, tuple[str, str, str], JobDef | None, int, str, bool]:
+        """Decide about one delivery. Returns (decision, (error type, message, traceback), job, attempt, id, ran)."""
+        attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
+        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        if not delivery.message_id:
+            log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, job_id)
+        job = self.app.get(delivery.job_name) if delivery.job_name else None
+        if job is None or job.queue != layout.name:
+            why = (
+                "no job name (type property or amqpjobs-job header)"
+                if not delivery.job_name
+                else f"job {delivery.job_name[:200]!r} is not served from job queue {layout.name!r} "
+                f"by app {self.app.name!r}"
+            )
+            return Quarantine("unknown-job"), ("UnknownJob", why, ""), None, attempt, job_id, False
+        try:
+            raw = envelope.decode_body(delivery.body, delivery.content_type, delivery.content_encoding)
+        except envelope.DecodeError as exc:
+            return Quarantine(exc.reason), ("DecodeError", exc.detail, ""), job, attempt, job_id, False
+        try:
+            payload = job.validate(raw)
+        except ValidationError as exc:
+            return (
+                Quarantine("invalid-payload"),
+                ("pydantic.ValidationError", str(exc), ""),
+                job, attempt, job_id, False,
+            )  # fmt: skip
+        max_attempts = job.retry.attempts_for(layout.tiers)
+        if attempt > max_attempts:
+            why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
+            return Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False
+        ctx = JobContext(
+            job=job.name,
+            job_id=job_id,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            tenant=delivery.tenant,
+            queue=delivery.queue,
+            redelivered=delivery.redelivered,
+            enqueued_at=delivery.enqueued_at,
+            headers=delivery.headers,
+        )
+        try:
+            await self._run_handler(job, payload, ctx)
+        except Exception as exc:
+            kind = self._classify(job, exc)
+            decision = decide(kind, attempt, max_attempts, layout.tiers)
+            tb = "".join(traceback.format_exception(exc))
+            return decision, (_qualname(exc), str(exc), tb), job, attempt, job_id, True
+        return Ack(), ("", "", ""), job, attempt, job_id, True
+
+    @staticmethod
+    def _classify(job: JobDef, exc: BaseException) -> FailureKind:
+        if isinstance(exc, Reject):
+            return "reject"
+        if isinstance(exc, Retry):
+            return "retry"
+        if isinstance(exc, TimeoutError):
+            return "timeout"
+        if job.retry.permanent and isinstance(exc, job.retry.permanent):
+            return "permanent"
+        return "error"
+
+    async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
+        async def once() -> None:
+            if job.is_async:
+                coro = job.handler(payload, ctx)
+            else:
+                loop = asyncio.get_running_loop()
+                coro = loop.run_in_executor(self._executor, job.handler, payload, ctx)
+            if job.timeout is None:
+                await coro
+            else:
+                try:
+                    await asyncio.wait_for(coro, job.timeout)
+                except TimeoutError:
+                    raise TimeoutError(f"job {job.name} ran longer than its timeout of {job.timeout:g}s") from None
+
+        policy = job.retry
+        if policy.immediate_retries == 0:
+            await once()
+            return
+
+        def transient(exc: BaseException) -> bool:
+            return self._classify(job, exc) in ("error", "timeout")
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(transient),
+            stop=stop_after_attempt(policy.immediate_retries + 1),
+            wait=wait_fixed(policy.immediate_wait),
+            reraise=True,
+        ):
+            with attempt:
+                await once()
+
+    async def _carry_out(
+        self,
+        layout: JobQueueLayout,
+        delivery: Delivery,
+        decision: Decision,
+        info: tuple[str, str, str],
+        job: JobDef | None,
+        attempt: int,
+        job_id: str,
+    ) -> bool:
+        """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
+        assert self._publisher is not None
+        try:
+            if isinstance(decision, RetryLater):
+                headers = envelope.strip_broker_headers(delivery.headers)
+                headers[envelope.ATTEMPT] = decision.next_attempt
+                headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
+                # the copy comes back from the tier via the default exchange: keep where it first came from
+                headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
+                headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
+                tier_queue = layout.tier_queues[delivery.queue][decision.tier]
+                await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
+            elif isinstance(decision, Quarantine):
+                now = _now_iso()
+                error_type, error_message, tb = info
+                failure = Failure(
+                    reason=decision.reason,
+                    error_type=error_type,
+                    error_message=error_message,
+                    traceback=tb,
+                    attempts=attempt if decision.reason not in _NOT_RUN else attempt - 1,
+                    first_failure_at=str(delivery.headers.get(envelope.FIRST_FAILURE_AT) or now),
+                    last_failure_at=now,
+                    host=self._host,
+                    pid=self._pid,
+                    version=amqpjobs.__version__,
+                    app_version=self.app.app_version,
+                    exchange=str(delivery.headers.get(envelope.ORIGINAL_EXCHANGE, delivery.exchange)),
+                    queue=delivery.queue,
+                    routing_key=str(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)),
+                    job=job.name if job else delivery.job_name,
+                    job_id=job_id,
+                    tenant=delivery.tenant or "",
+                )
+                headers = envelope.strip_broker_headers(delivery.headers)
+                headers.update(evidence_headers(failure))
+                await self._publisher.publish(
+                    layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id)
+                )
+        except AmqpJobsError as exc:
+            return await self._fallback(delivery, decision, exc)
+        try:
+            await delivery.ack()
+        except DeliveryChannelClosed:
+            log.warning(
+                "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
+                "published makes this a duplicate the handler must tolerate)", job_id,
+            )  # fmt: skip
+            return False
+        return True
+
+    async def _fallback(self, delivery: Delivery, decision: Decision, exc: AmqpJobsError) -> bool:
+        """Our republish failed: let the broker dead-letter it into quarantine, or leave it for redelivery."""
+        try:
+            await delivery.reject()
+        except DeliveryChannelClosed:
+            log.warning("republish failed (%s) and the channel is gone: the broker redelivers", exc)
+            return False
+        log.error(
+            "republish for %s failed (%s); rejected the delivery so the broker dead-letters it into "
+            "quarantine with x-death reason 'rejected'", decision, exc,
+        )  # fmt: skip
+        return False
+
+
+#: Reasons for which the handler never ran on this delivery.
+_NOT_RUN = frozenset({"unknown-job", "undecodable", "unsupported-content-type", "invalid-payload"})
+
+
+def utc_now() -> datetime:
+    """Current time, UTC."""
+    return datetime.now(UTC)
+
+
+async def run_worker(app: App, settings: BrokerSettings, options: WorkerOptions) -> int:
+    """Run a worker until SIGTERM/SIGINT, then drain; a second signal exits at once.
+
+    Returns:
+        The process exit code: 0 after a clean drain, 1 when in-flight work was abandoned.
+
+    """
+    import signal
+
+    worker = Worker(app, settings, options)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            log.info("signal %d: no new deliveries; draining (a second signal exits at once)", signum)
+            worker.request_stop()
+        else:
+            log.warning("second signal %d: exiting now; unacked deliveries return to their queues", signum)
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await worker.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

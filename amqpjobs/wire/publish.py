@@ -1,0 +1,122 @@
+"""Publishing with publisher confirms and ``mandatory``; broker answers mapped to our errors.
+
+Without confirms a publish can be lost silently; without ``mandatory`` an unroutable
+message is dropped silently (RabbitMQ "Consumer Acknowledgements and Publisher
+Confirms"). Every publish here waits for the broker's confirm and raises when the message
+came back or was nacked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection, DeliveryMode
+
+from amqpjobs.errors import (
+    BrokerError,
+    MessageTooLargeError,
+    PublishError,
+    PublishNackedError,
+    UnroutableError,
+)
+from amqpjobs.jobs.envelope import OutgoingMessage
+
+
+def to_amqp(message: OutgoingMessage) -> aio_pika.Message:
+    """Build the aio-pika message for ``message`` (persistent)."""
+    return aio_pika.Message(
+        body=message.body,
+        headers=dict(message.headers),
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        message_id=message.message_id,
+        type=message.type,
+        timestamp=None if message.timestamp is None else datetime.fromtimestamp(message.timestamp, UTC),
+        priority=message.priority,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        app_id=message.app_id,
+        delivery_mode=DeliveryMode.PERSISTENT,
+    )
+
+
+class ConfirmedPublisher:
+    """Publishes on one channel of its own with publisher confirms.
+
+    Args:
+        connection: An open (robust) connection.
+        timeout: Seconds to wait for each confirm.
+
+    """
+
+    def __init__(self, connection: AbstractRobustConnection, timeout: float = 30.0) -> None:
+        self._connection = connection
+        self._timeout = timeout
+        self._channel: AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+
+    async def _ensure_channel(self) -> AbstractChannel:
+        async with self._lock:
+            if self._channel is None or self._channel.is_closed:
+                self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            return self._channel
+
+    async def publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
+        """Publish ``message`` to ``exchange`` (``""`` = default exchange) and wait for the confirm.
+
+        Raises:
+            UnroutableError: the broker returned it: no queue bound for ``routing_key``.
+            PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
+            PublishError: the exchange does not exist, or the confirm did not come in time.
+            BrokerError: the channel or connection failed during the publish.
+
+        """
+        channel = await self._ensure_channel()
+        amqp_message = to_amqp(message)
+        try:
+            if exchange:
+                target = await channel.get_exchange(exchange, ensure=False)
+                await target.publish(amqp_message, routing_key, mandatory=True, timeout=self._timeout)
+            else:
+                await channel.default_exchange.publish(amqp_message, routing_key, mandatory=True, timeout=self._timeout)
+        except aiormq.exceptions.PublishError as exc:
+            raise UnroutableError(
+                f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
+                f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue"
+            ) from exc
+        except aiormq.exceptions.DeliveryError as exc:
+            raise PublishNackedError(
+                f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
+                "(queue full with overflow reject-publish, or a broker-side failure)"
+            ) from exc
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise PublishError(
+                f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)"
+            ) from exc
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            if "max size" in str(exc) or "message size" in str(exc):
+                raise MessageTooLargeError(
+                    f"{len(message.body)} bytes is over the broker's max_message_size; store large "
+                    "data elsewhere and put a reference in the payload"
+                ) from exc
+            raise PublishError(f"the broker refused the publish: {exc}") from exc
+        except TimeoutError as exc:
+            raise PublishError(
+                f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}; "
+                "the message may or may not be stored"
+            ) from exc
+        except (
+            aiormq.exceptions.AMQPError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            ConnectionError,
+        ) as exc:
+            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the publisher's channel."""
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+        self._channel = None
