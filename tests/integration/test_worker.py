@@ -114,7 +114,7 @@ async def test_failure_paths_quarantine_with_every_evidence_header(
     assert runs == runs_expected
     msgs = await quarantined(broker)
     assert len(msgs) == 1
-    h = msgs[0].headers
+    h: dict[str, Any] = dict(msgs[0].headers)
     assert set(evidence.EVIDENCE_HEADERS) <= set(h)
     assert h[evidence.REASON] == reason
     assert h[evidence.ATTEMPTS] == len(runs_expected)
@@ -265,7 +265,7 @@ async def test_huge_exception_message_is_truncated_and_connection_stays_healthy(
     assert runs == [1, 2]
     msgs = await quarantined(broker)
     assert len(msgs) == 1
-    h = msgs[0].headers
+    h: dict[str, Any] = dict(msgs[0].headers)
     size = sum(len(k) + len(str(v).encode()) for k, v in h.items() if k.startswith("amqpjobs-"))
     assert size <= evidence.DEFAULT_BUDGET
     assert str(h[evidence.ERROR_MESSAGE]).startswith("xxxx")

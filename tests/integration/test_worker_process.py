@@ -1,0 +1,143 @@
+"""The worker as a process (`amqpjobs consume`): SIGTERM drain, kill -9, broker restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App
+from amqpjobs.wire.settings import BrokerSettings
+from tests.conftest import BrokerRoot
+from tests.integration.helpers import ROOT, depth
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+
+pytestmark = pytest.mark.broker
+
+
+def read_record(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    return [line.split() for line in path.read_text().splitlines() if line.strip()]
+
+
+def done_ids(path: Path) -> Counter[str]:
+    return Counter(parts[1] for parts in read_record(path) if parts[0] == "done")
+
+
+@contextmanager
+def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = dict(
+        os.environ,
+        AMQPJOBS_URL=broker.url,
+        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+        PROCAPP_TOPOLOGY=str(topo),
+        PROCAPP_RECORD=str(tmp_path / "record.txt"),
+    )
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with (tmp_path / "worker.log").open("a") as log:
+        proc = subprocess.Popen(
+            [str(exe), "consume", "tests.integration.procapp:app", *args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+async def exit_code(proc: subprocess.Popen[str], timeout: float = 30) -> int:
+    return await asyncio.to_thread(proc.wait, timeout)
+
+
+async def wait_until(predicate: object, timeout: float = 30.0, what: str = "condition") -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def publisher(broker: BrokerSettings, tmp_path: Path) -> App:
+    app = await make_app(broker, tmp_path)
+    app.job("sleep", queue="work")(lambda p, c: None)  # same name as procapp's job: only to publish
+    return app
+
+
+async def test_sigterm_drains_20_in_flight_jobs_and_exits_0(broker: BrokerSettings, tmp_path: Path):
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--concurrency", "20", "--grace", "30s") as proc:
+        for i in range(20):
+            await app.enqueue("sleep", {"seconds": 2}, job_id=f"slow-{i}")
+        await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "start") == 20, 20, "20 starts")
+        assert done_ids(record) == Counter()  # all 20 in flight
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = (tmp_path / "worker.log").read_text()
+    assert code == 0, out
+    await app.close()
+    assert done_ids(record) == Counter({f"slow-{i}": 1 for i in range(20)})
+    assert await depth(broker, "work") == 0  # acked: nothing returns to the queue
+    assert await depth(broker, "work.quarantine") == 0
+    assert "draining 20 in-flight job(s)" in out
+
+
+async def test_kill_9_mid_handler_job_is_redelivered_and_completes(broker: BrokerSettings, tmp_path: Path):
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path) as proc:
+        await app.enqueue("sleep", {"seconds": 3}, job_id="victim")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 20, "the job to start")
+        proc.kill()  # SIGKILL mid-handler
+        proc.wait(10)
+    assert done_ids(record) == Counter()
+    with worker_process(broker, tmp_path):
+        await wait_until(lambda: done_ids(record) == Counter({"victim": 1}), 30, "redelivered job to complete")
+    await app.close()
+    starts = [r for r in read_record(record) if r[0] == "start"]
+    assert starts == [["start", "victim", "1", "0"], ["start", "victim", "1", "1"]]  # second run: redelivered
+    assert await depth(broker, "work") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_broker_restart_during_2000_jobs_all_complete(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.source != "local":
+        pytest.skip("needs the project's local node to restart it")
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--concurrency", "4") as proc:
+        for i in range(2000):
+            await app.enqueue("sleep", {"seconds": 0.005}, job_id=f"j-{i}")
+        await app.close()
+        await wait_until(lambda: sum(done_ids(record).values()) >= 300, 60, "300 jobs done")
+        await asyncio.to_thread(broker_root.ctl, "stop_app")
+        await asyncio.sleep(2)
+        await asyncio.to_thread(broker_root.ctl, "start_app")
+        await wait_until(lambda: set(done_ids(record)) == {f"j-{i}" for i in range(2000)}, 180, "all 2000 done")
+        assert proc.poll() is None, "the worker kept running through the restart"
+        proc.send_signal(signal.SIGTERM)
+        assert await exit_code(proc) == 0
+    done = done_ids(record)
+    assert set(done) == {f"j-{i}" for i in range(2000)}
+    # at-least-once: a job whose ack was lost with the connection may run twice, never zero times
+    assert sum(done.values()) - 2000 <= 4 * 2, done.most_common(10)
+    assert await depth(broker, "work") == 0
+    assert await depth(broker, "work.quarantine") == 0

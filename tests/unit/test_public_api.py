@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import amqpjobs
+from amqpjobs import errors
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert amqpjobs.__all__ == sorted(amqpjobs.__all__)
+    for name in amqpjobs.__all__:
+        assert hasattr(amqpjobs, name), name
+    public = {n for n in vars(amqpjobs) if not n.startswith("_") and n[0].isupper()}
+    assert public <= set(amqpjobs.__all__)
+
+
+def test_every_error_is_exported_and_under_one_root() -> None:
+    classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception)]
+    for cls in classes:
+        assert issubclass(cls, errors.AmqpJobsError), cls
+        assert cls.__name__ in amqpjobs.__all__, cls
+        assert cls.__name__ in (errors.__doc__ or ""), f"{cls.__name__} missing from the tree in errors.py"
