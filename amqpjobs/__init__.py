@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from amqpjobs.durations import format_duration, parse_duration  # noqa: E402
-from amqpjobs.errors import (  # noqa: E402
+from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.errors import (
     AmqpJobsError,
     BrokerError,
     BrokerUnavailableError,
@@ -21,14 +21,14 @@ from amqpjobs.errors import (  # noqa: E402
     TopologyValidationError,
     UnroutableError,
 )
-from amqpjobs.jobs.outcome import Reject, Retry  # noqa: E402
-from amqpjobs.jobs.registry import JobContext, JobDef  # noqa: E402
-from amqpjobs.jobs.retry import RetryPolicy  # noqa: E402
-from amqpjobs.runtime.app import App, SyncPublisher  # noqa: E402
-from amqpjobs.runtime.worker import Worker, WorkerOptions  # noqa: E402
-from amqpjobs.topology.loader import LoadedTopology, load_topology  # noqa: E402
-from amqpjobs.topology.models import JobQueueLayout, Topology  # noqa: E402
-from amqpjobs.wire.settings import BrokerSettings, broker_settings  # noqa: E402
+from amqpjobs.jobs.outcome import Reject, Retry
+from amqpjobs.jobs.registry import JobContext, JobDef
+from amqpjobs.jobs.retry import RetryPolicy
+from amqpjobs.runtime.app import App, SyncPublisher
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import LoadedTopology, load_topology
+from amqpjobs.topology.models import JobQueueLayout, Topology
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 __all__ = [
     "AmqpJobsError",
