@@ -97,7 +97,13 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
         ValueError: the payload holds NaN/Infinity or something JSON can't hold.
 
     """
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"payload holds NaN or Infinity, which strict JSON can't carry ({exc})") from None
+    except TypeError as exc:
+        raise ValueError(f"payload holds a value JSON can't carry: {exc}") from None
+    return text.encode("utf-8")
 
 
 def _reject_constant(name: str) -> Any:

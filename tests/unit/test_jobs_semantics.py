@@ -1,0 +1,109 @@
+"""Pure job semantics: retry decisions, evidence budget, decoding rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.evidence import DEFAULT_BUDGET, ERROR_MESSAGE, EVIDENCE_HEADERS, TRACEBACK, Failure, evidence_headers
+from amqpjobs.jobs.outcome import Quarantine, RetryLater
+from amqpjobs.jobs.retry import decide
+
+TIERS = (1.0, 5.0, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "attempt", "max_attempts", "expected"),
+    [
+        ("error", 1, 4, RetryLater(2, 0, 1.0)),
+        ("error", 2, 4, RetryLater(3, 1, 5.0)),
+        ("retry", 3, 4, RetryLater(4, 2, 30.0)),
+        ("error", 4, 4, Quarantine("exhausted")),
+        ("timeout", 4, 4, Quarantine("timeout")),
+        ("timeout", 1, 4, RetryLater(2, 0, 1.0)),
+        ("error", 5, 6, RetryLater(6, 2, 30.0)),  # beyond the tiers: the last tier again
+        ("permanent", 1, 4, Quarantine("permanent")),
+        ("reject", 1, 4, Quarantine("rejected")),
+    ],
+)
+def test_decide(kind: str, attempt: int, max_attempts: int, expected: object) -> None:
+    assert decide(kind, attempt, max_attempts, TIERS) == expected  # type: ignore[arg-type]
+
+
+def test_decide_without_tiers_quarantines() -> None:
+    assert decide("error", 1, 1, ()) == Quarantine("exhausted")
+
+
+def failure(message: str, tb: str) -> Failure:
+    return Failure("exhausted", "ValueError", message, tb, 4, "t1", "t2", "host", 1, "0.1.0", "", "jobs", "work",
+                   "work", "mail", "id-1", "")  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [10, 20_000, 1_000_000])
+def test_evidence_stays_under_budget(size: int) -> None:
+    headers = evidence_headers(failure("m" * size, "Traceback...\n" + "t" * size + "\nValueError: boom"))
+    assert set(headers) == set(EVIDENCE_HEADERS)
+    total = sum(len(k.encode()) + len(str(v).encode()) for k, v in headers.items())
+    assert total <= DEFAULT_BUDGET
+    assert str(headers[ERROR_MESSAGE]).startswith("mmm")
+    assert str(headers[TRACEBACK]).endswith("ValueError: boom")  # the end of a traceback is kept
+    if size == 10:
+        assert headers[ERROR_MESSAGE] == "m" * 10
+
+
+def test_evidence_survives_surrogates() -> None:
+    headers = evidence_headers(failure("bad \udcff text", ""))
+    str(headers[ERROR_MESSAGE]).encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "cenc", "reason"),
+    [
+        (b"not json", "application/json", None, "undecodable"),
+        (b"\xff\xfe\x00{", "application/json", None, "undecodable"),
+        (b"", "application/json", None, "undecodable"),
+        (b"[1,2]", "application/json", None, "invalid-payload"),
+        (b'{"x": NaN}', "application/json", None, "undecodable"),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", None, "undecodable"),
+        (b"{}", "text/plain", None, "unsupported-content-type"),
+        (b"{}", "application/json", "gzip", "undecodable"),
+    ],
+)
+def test_decode_rejects(body: bytes, ctype: str, cenc: str | None, reason: str) -> None:
+    with pytest.raises(envelope.DecodeError) as info:
+        envelope.decode_body(body, ctype, cenc)
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype"),
+    [
+        (b'\xef\xbb\xbf{"a": 1}', "application/json"),
+        (b'{"a": 1}', None),
+        (b'{"a": 1}', "application/json; charset=utf-8"),
+    ],
+)
+def test_decode_accepts(body: bytes, ctype: str | None) -> None:
+    assert envelope.decode_body(body, ctype, None) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("raw", "attempt"),
+    [(None, 1), (3, 3), ("abc", 1), (-5, 1), (0, 1), (2.0, 2), (b"4", 4), ("7", 7), (True, 1), (2**40, 2**40)],
+)
+def test_parse_attempt(raw: object, attempt: int) -> None:
+    assert envelope.parse_attempt(raw) == attempt
+
+
+def test_strip_broker_headers() -> None:
+    headers = {"x-death": [], "x-first-death-queue": "q", "x-last-death-reason": "r", "keep": 1, "amqpjobs-attempt": 2}
+    assert envelope.strip_broker_headers(headers) == {"keep": 1, "amqpjobs-attempt": 2}
+
+
+def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        envelope.job_message("j", {}, job_id="1", now=0, headers={"x-death": 1})
+    with pytest.raises(ValueError, match="priority"):
+        envelope.job_message("j", {}, job_id="1", now=0, priority=256)
+    with pytest.raises(ValueError, match="NaN"):
+        envelope.job_message("j", {"x": float("nan")}, job_id="1", now=0)
