@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
@@ -473,11 +472,6 @@ class Worker:
 
 #: Reasons for which the handler never ran on this delivery.
 _NOT_RUN = frozenset({"unknown-job", "undecodable", "unsupported-content-type", "invalid-payload"})
-
-
-def utc_now() -> datetime:
-    """Current time, UTC."""
-    return datetime.now(UTC)
 
 
 async def run_worker(app: App, settings: BrokerSettings, options: WorkerOptions) -> int:
