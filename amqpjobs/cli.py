@@ -11,7 +11,9 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -26,9 +28,11 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
+from amqpjobs.jobs.quarantine import Selection, parse_time, summarize
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
 from amqpjobs.runtime.worker import WorkerOptions, run_worker
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 
@@ -200,3 +204,193 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
+    when = None
+    if since:
+        try:
+            when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
+        except ValueError:
+            when = parse_time(since)
+            if when is None:
+                raise ConfigurationError(
+                    f"--since {since!r}: give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
+                ) from None
+    return Selection(job=job, error_type=error_type, reason=reason, since=when)
+
+
+def _filter_options(func: F) -> F:
+    func = click.option("--since", help="Only failures at or after this: a duration ago ('2h') or an ISO time.")(func)
+    func = click.option("--reason", help="Only this reason (exhausted, permanent, ..., or x-death:expired).")(func)
+    func = click.option("--error-type", help="Only this error type (e.g. ValueError).")(func)
+    func = click.option("--job", help="Only this job name.")(func)
+    return func
+
+
+@main.group()
+def quarantine() -> None:
+    """Inspect, export and purge quarantine queues.
+
+    Browsing reads messages with basic.get and returns them all to the queue: they keep
+    their order but come back with redelivered=true.
+    """
+
+
+@quarantine.command("list")
+@click.argument("queue", required=False)
+@click.option("--all", "all_queues", is_flag=True, help="Every *.quarantine queue of the vhost.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_url_options
+@_errors_to_exit_codes
+def quarantine_list(
+    queue: str | None, all_queues: bool, as_json: bool, url: str | None, management_url: str | None
+) -> None:
+    """Counts in QUEUE grouped by job, reason and error type, with first and last failure times."""
+    settings = _settings(url, management_url)
+    if not queue and not all_queues:
+        raise ConfigurationError("give a quarantine QUEUE or --all")
+    names = quarantine_queues(settings) if all_queues else [queue or ""]
+    doc = []
+    for name in names:
+        queue_name, messages = asyncio.run(browse(settings, name))
+        groups = summarize(m.item for m in messages)
+        doc.append((queue_name, len(messages), groups))
+    if as_json:
+        click.echo(json.dumps([
+            {"queue": n, "messages": total, "groups": [
+                {"job": g.job, "reason": g.reason, "error_type": g.error_type, "count": g.count,
+                 "first_failure": _when(g.first_failure), "last_failure": _when(g.last_failure)}
+                for g in groups]}
+            for n, total, groups in doc
+        ], indent=2))  # fmt: skip
+        return
+    for queue_name, total, groups in doc:
+        click.echo(f"{queue_name}: {total} message(s)")
+        if groups:
+            click.echo(f"  {'count':>6}  {'job':<24} {'reason':<24} {'error type':<28} first failure -> last failure")
+        for g in groups:
+            click.echo(
+                f"  {g.count:>6}  {g.job or '?':<24} {g.reason:<24} {g.error_type or '-':<28} "
+                f"{_when(g.first_failure)} -> {_when(g.last_failure)}"
+            )
+
+
+@quarantine.command("show")
+@click.argument("queue")
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@_filter_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_url_options
+@_errors_to_exit_codes
+def quarantine_show(
+    queue: str, limit: int, job: str | None, error_type: str | None, reason: str | None, since: str | None,
+    as_json: bool, url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Messages in QUEUE with their evidence and payload."""
+    settings = _settings(url, management_url)
+    selection = _selection(job, error_type, reason, since)
+    _, messages = asyncio.run(browse(settings, queue, limit, selection))
+    for m in messages:
+        if as_json:
+            click.echo(json.dumps(m.to_json(), ensure_ascii=False))
+            continue
+        doc = m.to_json()
+        item = m.item
+        click.echo(f"--- job {item.job or '?'} id {item.job_id or '?'}")
+        click.echo(f"    reason:     {item.reason}   attempts: {item.attempts}   replays: {item.replay_count}")
+        if item.error_type:
+            click.echo(f"    error:      {item.error_type}: {item.error_message[:500]}")
+        click.echo(f"    failed:     {_when(item.first_failed_at)} -> {_when(item.failed_at)}")
+        click.echo(f"    from queue: {item.original_queue or '?'}")
+        payload = doc["payload"]
+        shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
+        click.echo(f"    payload:    {shown[:1000]}")
+        for key, value in sorted(doc["headers"].items()):
+            if key == "amqpjobs-traceback":
+                tail = str(value).strip().splitlines()[-3:]
+                click.echo("    traceback:  ..." + " | ".join(tail))
+            elif key not in ("amqpjobs-error-message",):
+                click.echo(f"    {key}: {json.dumps(value, ensure_ascii=False)[:300]}")
+    if not as_json:
+        click.echo(f"{len(messages)} message(s) shown")
+
+
+@quarantine.command("export")
+@click.argument("queue")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@_url_options
+@_errors_to_exit_codes
+def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
+    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
+    count = asyncio.run(export(_settings(url, management_url), queue, file))
+    click.echo(f"exported {count} message(s) to {file}; the queue still holds them")
+
+
+@quarantine.command("purge")
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@_url_options
+@_errors_to_exit_codes
+def quarantine_purge(queue: str, yes: bool, url: str | None, management_url: str | None) -> None:
+    """Delete every message in QUEUE."""
+    settings = _settings(url, management_url)
+    if not yes:
+        click.confirm(f"Delete every message in quarantine {queue!r} on {settings.safe_url}?", abort=True)
+    name, removed = asyncio.run(purge(settings, queue))
+    click.echo(f"purged {removed} message(s) from {name}")
+
+
+@main.command("replay")
+@click.argument("quarantine_queue", metavar="QUARANTINE")
+@click.option("--to", help="Work queue to send every message to (default: each message's original queue).")
+@click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
+@click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
+@_filter_options
+@click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
+@click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
+@_url_options
+@_errors_to_exit_codes
+def replay_command(
+    quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
+    error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
+    stop_after_failures: int | None, url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Move quarantined jobs back to their work queues, rate-limited; each starts a fresh attempt budget.
+
+    Exit 0 when done, 1 when --stop-after-failures stopped the run.
+    """
+    settings = _settings(url, management_url)
+    options = ReplayOptions(
+        rate=rate, to=to, limit=limit, selection=_selection(job, error_type, reason, since), dry_run=dry_run,
+        stop_after_failures=stop_after_failures,
+    )  # fmt: skip
+    interactive = sys.stderr.isatty()
+
+    def progress(report: ReplayReport) -> None:
+        if interactive and report.replayed % 10 == 0:
+            click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
+                       err=True, nl=False)  # fmt: skip
+
+    report = asyncio.run(replay(settings, quarantine_queue, options, progress))
+    if interactive:
+        click.echo("", err=True)
+    if dry_run:
+        for job_id, target in report.moves:
+            click.echo(f"would replay {job_id} -> {target}")
+        click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
+                   f"{report.left} in {report.queue}")  # fmt: skip
+        return
+    rate_seen = report.replayed / report.elapsed if report.elapsed > 0 else 0.0
+    click.echo(
+        f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {report.queue} "
+        f"({report.elapsed:.1f}s, {rate_seen:.1f}/s)"
+    )
+    if report.stopped_early:
+        click.echo(f"stopped: {report.returned} replayed job(s) came back to quarantine (--stop-after-failures "
+                   f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
+        sys.exit(EXIT_FOUND)

@@ -1,0 +1,246 @@
+"""Reading quarantined messages, filtering them, and building replay copies (no I/O).
+
+A quarantined message is either one the worker put there (it carries our evidence
+headers, :mod:`amqpjobs.jobs.evidence`) or a broker-side dead-letter (rejected by some
+other consumer, expired, over ``max_length``, over a quorum delivery limit) that carries
+only the broker's ``x-death`` header (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered
+Messages"). :func:`describe` reads both into one :class:`QuarantinedJob`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from amqpjobs.jobs import envelope, evidence
+
+REPLAY_COUNT: Final = "amqpjobs-replay-count"
+REPLAY_ID: Final = "amqpjobs-replay-id"
+PREVIOUS_REASON: Final = "amqpjobs-previous-reason"
+PREVIOUS_ERROR_TYPE: Final = "amqpjobs-previous-error-type"
+PREVIOUS_ERROR_MESSAGE: Final = "amqpjobs-previous-error-message"
+PREVIOUS_FAILURE_AT: Final = "amqpjobs-previous-failure-at"
+
+#: Provenance headers a replayed copy carries (README "Replay").
+PROVENANCE_HEADERS: Final = (
+    REPLAY_COUNT, REPLAY_ID, PREVIOUS_REASON, PREVIOUS_ERROR_TYPE, PREVIOUS_ERROR_MESSAGE, PREVIOUS_FAILURE_AT,
+)  # fmt: skip
+
+#: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
+#: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
+_RESET: Final = frozenset(
+    {*evidence.EVIDENCE_HEADERS, envelope.ATTEMPT, envelope.FIRST_FAILURE_AT}
+    - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
+)
+
+
+def header_text(value: Any) -> str:
+    """A header value as text (bytes decoded, datetimes as ISO-8601 UTC, None as "")."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(header_text(value))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class QuarantinedJob:
+    """What a quarantined message says about itself.
+
+    Attributes:
+        job: Job name ("" when unknown).
+        job_id: Job id (``message_id``) or "".
+        reason: Our reason, or for broker-side dead-letters ``x-death:<reason>``
+            (``x-death:rejected``, ``x-death:expired``, ``x-death:maxlen``,
+            ``x-death:delivery_limit``).
+        error_type: Error type from our evidence, "" for broker-side dead-letters.
+        error_message: Error message from our evidence.
+        attempts: Handler runs, from our evidence (0 when unknown).
+        failed_at: Last failure time (UTC), from our evidence or ``x-death``'s time.
+        first_failed_at: First failure time (UTC), when known.
+        original_queue: The work queue to send it back to ("" when unknown).
+        replay_count: How often it was replayed before.
+        broker_side: True when the broker dead-lettered it (no evidence of ours).
+
+    """
+
+    job: str
+    job_id: str
+    reason: str
+    error_type: str
+    error_message: str
+    attempts: int
+    failed_at: datetime | None
+    first_failed_at: datetime | None
+    original_queue: str
+    replay_count: int
+    broker_side: bool
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Read an ISO-8601 string or AMQP timestamp header value as an aware UTC datetime."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    text = header_text(value)
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list | tuple) and deaths and isinstance(deaths[0], Mapping):
+        # entries are most recent first; the first dead-lettering is the last entry
+        return deaths[-1] if isinstance(deaths[-1], Mapping) else deaths[0]
+    return None
+
+
+def describe(headers: Mapping[str, Any], message_id: str | None, message_type: str | None) -> QuarantinedJob:
+    """Read a quarantined message's headers and properties into a :class:`QuarantinedJob`."""
+    job = header_text(headers.get(evidence.JOB)) or header_text(message_type) or header_text(headers.get(envelope.JOB))
+    replay_count = _int(headers.get(REPLAY_COUNT))
+    if evidence.REASON in headers:
+        return QuarantinedJob(
+            job=job,
+            job_id=header_text(headers.get(evidence.JOB_ID)) or header_text(message_id),
+            reason=header_text(headers.get(evidence.REASON)),
+            error_type=header_text(headers.get(evidence.ERROR_TYPE)),
+            error_message=header_text(headers.get(evidence.ERROR_MESSAGE)),
+            attempts=_int(headers.get(evidence.ATTEMPTS)),
+            failed_at=parse_time(headers.get(evidence.LAST_FAILURE_AT)),
+            first_failed_at=parse_time(headers.get(evidence.FIRST_FAILURE_AT)),
+            original_queue=header_text(headers.get(evidence.ORIGINAL_QUEUE)),
+            replay_count=replay_count,
+            broker_side=False,
+        )
+    death = _first_death(headers) or {}
+    latest = headers.get("x-death")
+    last = latest[0] if isinstance(latest, list | tuple) and latest and isinstance(latest[0], Mapping) else death
+    reason = header_text(headers.get("x-first-death-reason")) or header_text(death.get("reason"))
+    queue = header_text(headers.get("x-first-death-queue")) or header_text(death.get("queue"))
+    return QuarantinedJob(
+        job=job,
+        job_id=header_text(message_id),
+        reason=f"x-death:{reason or 'unknown'}",
+        error_type="",
+        error_message="",
+        attempts=_int(headers.get(envelope.ATTEMPT)) - 1 if envelope.ATTEMPT in headers else 0,
+        failed_at=parse_time(last.get("time")),
+        first_failed_at=parse_time(death.get("time")),
+        original_queue=queue,
+        replay_count=replay_count,
+        broker_side=True,
+    )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which quarantined messages an operation applies to (all when every field is None).
+
+    Attributes:
+        job: Exact job name.
+        error_type: Exact error type, or its last dotted part (``ValueError`` matches
+            ``builtins.ValueError`` and ``ValueError``).
+        reason: Exact reason (``exhausted``, ``x-death:expired`` …; ``expired`` also
+            matches ``x-death:expired``).
+        since: Only messages whose last failure is at or after this time (UTC).
+
+    """
+
+    job: str | None = None
+    error_type: str | None = None
+    reason: str | None = None
+    since: datetime | None = None
+
+    def matches(self, item: QuarantinedJob) -> bool:
+        """True when ``item`` passes every given filter."""
+        if self.job is not None and item.job != self.job:
+            return False
+        if self.error_type is not None and self.error_type not in (item.error_type, item.error_type.rsplit(".")[-1]):
+            return False
+        if self.reason is not None and self.reason not in (item.reason, item.reason.removeprefix("x-death:")):
+            return False
+        return not (self.since is not None and (item.failed_at is None or item.failed_at < self.since))
+
+
+@dataclass
+class Group:
+    """One row of ``quarantine list``: messages sharing job, reason and error type."""
+
+    job: str
+    reason: str
+    error_type: str
+    count: int
+    first_failure: datetime | None
+    last_failure: datetime | None
+
+
+def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:
+    """Group by (job, reason, error type) with counts and first/last failure times, biggest first."""
+    groups: dict[tuple[str, str, str], Group] = {}
+    for item in items:
+        key = (item.job, item.reason, item.error_type)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(*key, 0, None, None)
+        group.count += 1
+        first = item.first_failed_at or item.failed_at
+        if first is not None and (group.first_failure is None or first < group.first_failure):
+            group.first_failure = first
+        if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
+            group.last_failure = item.failed_at
+    return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type))
+
+
+def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: str) -> dict[str, Any]:
+    """Headers of the replayed copy: a fresh attempt budget plus provenance.
+
+    Evidence and attempt bookkeeping are dropped (the copy starts at attempt 1); the
+    broker's ``x-death`` & co are stripped; ``amqpjobs-replay-count`` is incremented and
+    the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
+    arrives in quarantine carrying both failures.
+    """
+    out = {k: v for k, v in envelope.strip_broker_headers(headers).items() if k not in _RESET}
+    out[envelope.ATTEMPT] = 1
+    out[REPLAY_COUNT] = item.replay_count + 1
+    out[REPLAY_ID] = replay_id
+    out[PREVIOUS_REASON] = item.reason
+    out[PREVIOUS_ERROR_TYPE] = item.error_type
+    out[PREVIOUS_ERROR_MESSAGE] = item.error_message[:1024]
+    out[PREVIOUS_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    """Turn a header value (bytes, datetimes, nested tables) into something ``json.dumps`` takes."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"$bytes_hex": value.hex()}
+    if isinstance(value, datetime):
+        return header_text(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)

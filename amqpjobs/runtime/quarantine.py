@@ -1,0 +1,327 @@
+"""Quarantine operations over the wire: browse, list, export, purge, and rate-limited replay.
+
+Browsing uses ``basic.get`` without acking and then closes the channel, so every browsed
+message returns to the quarantine queue (RabbitMQ "Consumer Acknowledgements" →
+"Negative Acknowledgement and Requeuing": a requeued message goes back to its original
+position where possible). Browsed messages come back with ``redelivered = true``; their
+order is kept on classic queues.
+
+A replay move is: publish the copy to the work queue with a publisher confirm, then ack
+the quarantined original. Killed at any point, every message is in quarantine or in its
+work queue; only the one in flight can be in both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+
+from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.delivery import Delivery, delivery_of
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
+
+
+@dataclass(frozen=True)
+class QuarantinedMessage:
+    """A browsed quarantined message: the raw delivery and what it says about itself."""
+
+    delivery: Delivery
+    item: q.QuarantinedJob
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for ``show --json`` / ``export``: properties, all headers, payload and raw body."""
+        d = self.delivery
+        try:
+            payload: Any = json.loads(d.body.decode("utf-8-sig"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            payload = None
+        return {
+            "queue": d.queue,
+            "message_id": d.message_id,
+            "type": d.type,
+            "content_type": d.content_type,
+            "content_encoding": d.content_encoding,
+            "timestamp": d.timestamp,
+            "priority": d.priority,
+            "redelivered": d.redelivered,
+            "reason": self.item.reason,
+            "job": self.item.job,
+            "error_type": self.item.error_type,
+            "original_queue": self.item.original_queue,
+            "headers": q.jsonable(d.headers),
+            "payload": payload,
+            "body_b64": base64.b64encode(d.body).decode("ascii"),
+        }
+
+
+async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tuple[str, int]:
+    """Find the quarantine queue ``name`` (or ``<name>.quarantine``) and its depth.
+
+    Raises:
+        ConfigurationError: neither exists.
+
+    """
+    candidates = [name] if name.endswith(QUARANTINE_SUFFIX) else [name + QUARANTINE_SUFFIX, name]
+    for candidate in candidates:
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            declared = await channel.declare_queue(candidate, passive=True)
+            return candidate, declared.declaration_result.message_count or 0
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            continue
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+    raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
+
+
+def quarantine_queues(settings: BrokerSettings) -> list[str]:
+    """Every queue of the vhost whose name ends with ``.quarantine``, sorted."""
+    with ManagementClient(settings) as mgmt:
+        return sorted(x["name"] for x in mgmt.queues(settings.vhost) if x["name"].endswith(QUARANTINE_SUFFIX))
+
+
+@asynccontextmanager
+async def _session(settings: BrokerSettings) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await connect(settings, wait=5.0, name="amqpjobs-quarantine")
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def _get_unacked(queue: AbstractQueue, max_count: int) -> AsyncIterator[AbstractIncomingMessage]:
+    for _ in range(max_count):
+        message = await queue.get(no_ack=False, fail=False)
+        if message is None:
+            return
+        yield message
+
+
+async def browse(
+    settings: BrokerSettings, name: str, limit: int | None = None, selection: q.Selection | None = None
+) -> tuple[str, list[QuarantinedMessage]]:
+    """Read messages of quarantine queue ``name`` without removing any.
+
+    Args:
+        settings: Broker settings.
+        name: Quarantine queue, or the job queue whose quarantine it is.
+        limit: At most this many matching messages (None: all).
+        selection: Filters; non-matching messages are skipped (and stay).
+
+    Returns:
+        (quarantine queue name, matching messages in queue order).
+
+    Raises:
+        ConfigurationError: no such quarantine queue.
+        BrokerUnavailableError: the broker can't be reached.
+
+    """
+    selection = selection or q.Selection()
+    out: list[QuarantinedMessage] = []
+    async with _session(settings) as connection:
+        queue_name, depth = await resolve_queue(connection, name)
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            queue = await channel.get_queue(queue_name, ensure=False)
+            async for message in _get_unacked(queue, depth):
+                delivery = delivery_of(message, queue_name)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                if selection.matches(item):
+                    out.append(QuarantinedMessage(delivery, item))
+                    if limit is not None and len(out) >= limit:
+                        break
+        finally:
+            await channel.close()  # every browsed message returns to the queue
+    return queue_name, out
+
+
+async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
+    """Remove every message from quarantine queue ``name``. Returns (queue, messages removed)."""
+    async with _session(settings) as connection:
+        queue_name, _ = await resolve_queue(connection, name)
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            queue = await channel.get_queue(queue_name, ensure=False)
+            result = await queue.purge()
+            return queue_name, int(result.message_count or 0)
+        finally:
+            await channel.close()
+
+
+async def export(settings: BrokerSettings, name: str, path: Path) -> int:
+    """Write every message of quarantine queue ``name`` to ``path`` as JSON lines; leave them queued.
+
+    Returns:
+        The number of messages written.
+
+    """
+    _, messages = await browse(settings, name)
+    with path.open("w", encoding="utf-8") as fh:
+        for message in messages:
+            fh.write(json.dumps(message.to_json(), ensure_ascii=False) + "\n")
+    return len(messages)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What to replay and how fast.
+
+    Attributes:
+        rate: Messages per second, at most (> 0).
+        to: Target work queue for every message; None = each message's original queue.
+        limit: At most this many messages replayed (None: all that match).
+        selection: Filters; the rest stay in quarantine.
+        dry_run: Only report what would move.
+        stop_after_failures: Stop once this many replayed jobs came back to quarantine.
+
+    """
+
+    rate: float = 50.0
+    to: str | None = None
+    limit: int | None = None
+    selection: q.Selection = field(default_factory=q.Selection)
+    dry_run: bool = False
+    stop_after_failures: int | None = None
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did.
+
+    Attributes:
+        queue: The quarantine queue.
+        replayed: Messages moved back (or, on a dry run, that would move).
+        skipped: Messages looked at that did not match or had no known original queue.
+        left: Messages in the quarantine queue at the end.
+        returned: Replayed jobs that came back to quarantine during the run.
+        stopped_early: True when ``stop_after_failures`` stopped the run.
+        elapsed: Seconds from the first to the last move.
+        moves: (job id, target queue) for each move (or planned move).
+
+    """
+
+    queue: str
+    replayed: int = 0
+    skipped: int = 0
+    left: int = 0
+    returned: int = 0
+    stopped_early: bool = False
+    elapsed: float = 0.0
+    moves: list[tuple[str, str]] = field(default_factory=list)
+
+
+async def _watch_returns(
+    connection: AbstractRobustConnection, quarantine_queue: str, replay_id: str, report: ReplayReport
+) -> AbstractChannel:
+    """Count replayed jobs coming back: an exclusive queue bound to the (fanout) quarantine exchange."""
+    channel = await connection.channel(publisher_confirms=False)
+    watcher = await channel.declare_queue("", exclusive=True, durable=False, auto_delete=True)
+    try:
+        await watcher.bind(quarantine_queue)  # the quarantine exchange has the queue's name
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        raise ConfigurationError(
+            f"exchange {quarantine_queue!r} not found: --stop-after-failures needs the quarantine exchange "
+            "of the naming scheme"
+        ) from None
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        headers = message.headers or {}
+        if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
+            report.returned += 1
+        await message.ack()
+
+    await watcher.consume(on_message)
+    return channel
+
+
+async def replay(
+    settings: BrokerSettings,
+    name: str,
+    options: ReplayOptions,
+    progress: Callable[[ReplayReport], None] | None = None,
+) -> ReplayReport:
+    """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
+
+    Each message is looked at once (the queue's depth at the start bounds the run, so
+    returning failures are not replayed again in the same run). Non-matching messages are
+    held unacked and released at the end, keeping their place in the queue.
+
+    Raises:
+        ConfigurationError: no such quarantine queue, or a bad option.
+        UnroutableError: a target work queue does not exist (that message stays in quarantine).
+        BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
+
+    """
+    if not options.rate > 0:
+        raise ConfigurationError(f"--rate must be > 0 (got {options.rate})")
+    replay_id = str(uuid.uuid4())
+    async with _session(settings) as connection:
+        queue_name, depth = await resolve_queue(connection, name)
+        report = ReplayReport(queue=queue_name)
+        watch = None
+        if options.stop_after_failures is not None and not options.dry_run:
+            watch = await _watch_returns(connection, queue_name, replay_id, report)
+        publisher = ConfirmedPublisher(connection)
+        channel = await connection.channel(publisher_confirms=False)
+        started: float | None = None
+        try:
+            queue = await channel.get_queue(queue_name, ensure=False)
+            async for message in _get_unacked(queue, depth):
+                if options.limit is not None and report.replayed >= options.limit:
+                    break
+                if watch is not None and report.returned >= (options.stop_after_failures or 0):
+                    report.stopped_early = True
+                    break
+                delivery = delivery_of(message, queue_name)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                target = options.to or item.original_queue
+                if not target or not options.selection.matches(item):
+                    report.skipped += 1
+                    continue
+                job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+                report.moves.append((job_id, target))
+                if options.dry_run:
+                    report.replayed += 1
+                    continue
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                due = started + report.replayed / options.rate
+                if due > now:
+                    await asyncio.sleep(due - now)
+                copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
+                await publisher.publish("", target, copy)
+                await delivery.ack()
+                report.replayed += 1
+                report.elapsed = time.monotonic() - started
+                if progress is not None:
+                    progress(report)
+        except AmqpJobsError:
+            raise
+        except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
+        finally:
+            if not channel.is_closed:
+                await channel.close()  # held (skipped) messages return to quarantine
+            await publisher.close()
+            if watch is not None and not watch.is_closed:
+                await watch.close()
+        _, report.left = await resolve_queue(connection, queue_name)
+    return report
