@@ -9,7 +9,7 @@ BROKER := bash scripts/broker.sh
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,demo]'
 	touch $@
 
 install: $(BIN)/.installed  ## create .venv and install amqpjobs with its dev tools
@@ -24,8 +24,8 @@ broker-status:
 	$(BROKER) status
 
 lint: install  ## ruff and mypy (strict)
-	$(BIN)/ruff check amqpjobs tests examples
-	$(BIN)/ruff format --check amqpjobs tests examples
+	$(BIN)/ruff check amqpjobs tests examples bench
+	$(BIN)/ruff format --check amqpjobs tests examples bench
 	$(BIN)/mypy
 
 test: install broker-up lint  ## install, start the broker, lint, run the whole suite
