@@ -295,9 +295,12 @@ def broker_urls() -> tuple[str, str]:
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "broker.sh"), "up"], stdout=subprocess.PIPE, text=True, timeout=900
     )
-    lines = out.stdout.split()
-    if out.returncode != 0 or len(lines) < 2:
+    if out.returncode != 0:
         raise SystemExit(f"demo: scripts/broker.sh up failed (exit {out.returncode}); see its messages above")
+    urls = subprocess.run(["bash", str(ROOT / "scripts" / "broker.sh"), "url"], stdout=subprocess.PIPE, text=True)
+    lines = urls.stdout.split()
+    if urls.returncode != 0 or len(lines) < 2:
+        raise SystemExit(f"demo: scripts/broker.sh url failed (exit {urls.returncode})")
     return lines[-2], lines[-1]
 
 

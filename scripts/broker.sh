@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One RabbitMQ (with the management plugin) for developers, tests, the demo and CI.
 #
-#   scripts/broker.sh up          start it (idempotent), then print the AMQP and management URLs
+#   scripts/broker.sh up          start it (idempotent), then print the AMQP and management URLs (password masked)
 #   scripts/broker.sh down        stop it (harmless when nothing runs)
 #   scripts/broker.sh status      "up (local node amqpjobs@localhost, RabbitMQ X.Y.Z)" (exit 0) or "down" (exit 3)
-#   scripts/broker.sh url         two lines: AMQP URL, management URL
+#   scripts/broker.sh url         two lines: AMQP URL (with credentials), management URL
 #   scripts/broker.sh ctl ARGS... rabbitmqctl ARGS... against the project broker
 #
 # Mode: Docker when `docker info` works (compose.yaml, ports 5672/15672), otherwise a local
@@ -345,6 +345,7 @@ docker_url() {
 }
 
 # ---------------------------------------------------------------- main
+mask() { sed -E 's#://([^:/@]*):[^@]*@#://\1:***@#'; }
 usage() { echo "usage: $0 up|down|status|url|ctl ARGS..." >&2; exit 2; }
 cmd=${1:-}
 [ $# -gt 0 ] && shift
@@ -352,9 +353,10 @@ case "$cmd" in
   up)
     lock
     mode=$(cat "$B/mode" 2>/dev/null || true)
-    if [ "$mode" = local ] && node_alive; then local_up; local_url
-    elif [ "$mode" = docker ] || { [ "$mode" != local ] && docker_usable; }; then docker_up; docker_url
-    else local_up; local_url
+    # `up` shows the URLs with the password masked; `url` prints them whole, for programs.
+    if [ "$mode" = local ] && node_alive; then local_up; local_url | mask
+    elif [ "$mode" = docker ] || { [ "$mode" != local ] && docker_usable; }; then docker_up; docker_url | mask
+    else local_up; local_url | mask
     fi ;;
   down)
     lock

@@ -78,7 +78,8 @@ def broker_root() -> Iterator[BrokerRoot]:
         out = subprocess.run(["bash", str(BROKER_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             pytest.exit(f"scripts/broker.sh up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
-        amqp, mgmt = out.stdout.strip().splitlines()[-2:]
+        urls = subprocess.run(["bash", str(BROKER_SCRIPT), "url"], capture_output=True, text=True, timeout=60)
+        amqp, mgmt = urls.stdout.strip().splitlines()[-2:]
         settings = broker_settings(amqp, mgmt)
         source = "local"
     with ManagementClient(settings) as mgmt_client:

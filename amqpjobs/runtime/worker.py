@@ -365,18 +365,31 @@ class Worker:
 
     async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
         async def once() -> None:
-            if job.is_async:
-                coro = job.handler(payload, ctx)
-            else:
-                loop = asyncio.get_running_loop()
-                coro = loop.run_in_executor(self._executor, job.handler, payload, ctx)
+            if not job.is_async:
+                await run_in_thread()
+                return
             if job.timeout is None:
-                await coro
-            else:
-                try:
-                    await asyncio.wait_for(coro, job.timeout)
-                except TimeoutError:
-                    raise TimeoutError(f"job {job.name} ran longer than its timeout of {job.timeout:g}s") from None
+                await job.handler(payload, ctx)
+                return
+            try:
+                await asyncio.wait_for(job.handler(payload, ctx), job.timeout)
+            except TimeoutError:
+                raise TimeoutError(f"job {job.name} ran longer than its timeout of {job.timeout:g}s") from None
+
+        async def run_in_thread() -> None:
+            # A thread can't be interrupted: retrying while it still runs could commit the side
+            # effect twice. So the worker waits for it, warns about the overrun, and judges the
+            # run by its result.
+            future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
+            if job.timeout is not None:
+                done, _ = await asyncio.wait({future}, timeout=job.timeout)
+                if not done:
+                    log.warning(
+                        "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
+                        "cancelled, so the worker waits for it and judges it by its result",
+                        job.name, ctx.job_id, job.timeout,
+                    )  # fmt: skip
+            await future
 
         policy = job.retry
         if policy.immediate_retries == 0:

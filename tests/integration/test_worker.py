@@ -336,3 +336,24 @@ async def test_sync_publisher(broker: BrokerSettings, tmp_path: Path):
     ids = await asyncio.to_thread(publish_from_plain_code)
     assert len(set(ids)) == 5
     assert await depth(broker, "work") == 5
+
+
+async def test_sync_handler_over_its_timeout_is_waited_for_never_run_twice(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    app = await make_app(broker, tmp_path)
+    runs: list[int] = []
+
+    def slow(payload: dict[str, Any], ctx: JobContext) -> None:
+        time.sleep(0.5)
+        runs.append(ctx.attempt)
+
+    app.job("slow", queue="work", timeout=0.1)(slow)
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("slow", {})
+        await rec.wait_for(lambda o: len(o) == 1)
+        await asyncio.sleep(0.8)
+    await app.close()
+    assert runs == [1]
+    assert [type(o.decision).__name__ for o in rec.outcomes] == ["Ack"]
+    assert any("passed its timeout of 0.1s" in r.getMessage() for r in caplog.records)
