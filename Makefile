@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BROKER := bash scripts/broker.sh
 
-.PHONY: install broker-up broker-down broker-status lint test test-fast demo clean
+.PHONY: install broker-up broker-down broker-status broker4-up broker4-down lint test test-3 test-4 test-fast demo clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,24 @@ broker-down:  ## stop the project's RabbitMQ node
 broker-status:
 	$(BROKER) status
 
+broker4-up:  ## start (or reuse) a RabbitMQ 4.x node (Debian 13 chroot) beside the 3.10 one
+	bash scripts/broker4.sh up
+
+broker4-down:
+	bash scripts/broker4.sh down
+
 lint: install  ## ruff and mypy (strict)
 	$(BIN)/ruff check amqpjobs tests examples bench
 	$(BIN)/ruff format --check amqpjobs tests examples bench
 	$(BIN)/mypy
 
-test: install broker-up lint  ## install, start the broker, lint, run the whole suite
+test: lint test-3 test-4  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10 and 4.x
+
+test-3: install broker-up  ## the whole suite against the 3.10 node
 	$(BIN)/pytest
+
+test-4: install broker-up broker4-up  ## the broker-facing suite against the 4.x node
+	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest -m broker
 
 test-fast: install broker-up  ## the suite without tests marked slow
 	$(BIN)/pytest -m "not slow"

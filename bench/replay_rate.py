@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 
@@ -41,7 +42,7 @@ async def fill(settings: BrokerSettings, n: int) -> None:
         exchange = await channel.get_exchange("work.quarantine")
         failure = evidence.Failure("exhausted", "ValueError", "boom", "", 2, "", "", "h", 1, "", "", "jobs", "work",
                                    "work", "mail", "", "")  # fmt: skip
-        headers = {envelope.ATTEMPT: 2, **evidence.evidence_headers(failure)}
+        headers: dict[str, Any] = {envelope.ATTEMPT: 2, **evidence.evidence_headers(failure)}
         await asyncio.gather(*(
             exchange.publish(aio_pika.Message(json.dumps({"n": i}).encode(), message_id=f"b-{i}", headers=headers),
                              routing_key="work")

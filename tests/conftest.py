@@ -3,7 +3,8 @@
 Where the broker comes from, in order:
 1. ``AMQP_URL`` (and optionally ``AMQP_MANAGEMENT_URL``) when set;
 2. a testcontainers RabbitMQ when a Docker engine answers ``docker info``;
-3. otherwise the project's local node, started by ``scripts/broker.sh up``.
+3. otherwise the project's local node, started by ``scripts/broker.sh up`` (RabbitMQ 3.10),
+   or with ``AMQPJOBS_TEST_BROKER=4`` by ``scripts/broker4.sh up`` (RabbitMQ 4.x in a chroot).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKER_SCRIPT = ROOT / "scripts" / "broker.sh"
+BROKER_SCRIPTS = {"3": ROOT / "scripts" / "broker.sh", "4": ROOT / "scripts" / "broker4.sh"}
+#: Which local node the tests start when neither AMQP_URL nor Docker is there: "3" (3.10) or "4" (4.x).
+TEST_BROKER_ENV = "AMQPJOBS_TEST_BROKER"
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,14 @@ class BrokerRoot:
     settings: BrokerSettings
     source: str  # "env", "testcontainers" or "local"
     version: tuple[int, ...]
+    script: Path | None = None
 
     def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run rabbitmqctl against the broker (local node only)."""
-        if self.source != "local":
+        if self.source != "local" or self.script is None:
             pytest.skip("rabbitmqctl is only reachable for the project's local node")
         return subprocess.run(
-            ["bash", str(BROKER_SCRIPT), "ctl", *args],
+            ["bash", str(self.script), "ctl", *args],
             capture_output=True,
             text=True,
             check=check,
@@ -60,6 +64,7 @@ def broker_root() -> Iterator[BrokerRoot]:
     """The broker for the whole session (see the module docstring for where it comes from)."""
     url = os.environ.get("AMQP_URL")
     container = None
+    script: Path | None = None
     if url:
         settings = broker_settings(url, os.environ.get("AMQP_MANAGEMENT_URL"))
         source = "env"
@@ -75,17 +80,21 @@ def broker_root() -> Iterator[BrokerRoot]:
         )
         source = "testcontainers"
     else:
-        out = subprocess.run(["bash", str(BROKER_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+        which = os.environ.get(TEST_BROKER_ENV, "3")
+        if which not in BROKER_SCRIPTS:
+            pytest.exit(f"{TEST_BROKER_ENV}={which!r}: use 3 (RabbitMQ 3.10) or 4 (RabbitMQ 4.x)", returncode=2)
+        script = BROKER_SCRIPTS[which]
+        out = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
-            pytest.exit(f"scripts/broker.sh up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
-        urls = subprocess.run(["bash", str(BROKER_SCRIPT), "url"], capture_output=True, text=True, timeout=60)
+            pytest.exit(f"{script.name} up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
+        urls = subprocess.run(["bash", str(script), "url"], capture_output=True, text=True, timeout=60)
         amqp, mgmt = urls.stdout.strip().splitlines()[-2:]
         settings = broker_settings(amqp, mgmt)
         source = "local"
     with ManagementClient(settings) as mgmt_client:
         version = mgmt_client.broker_version()
     try:
-        yield BrokerRoot(settings, source, version)
+        yield BrokerRoot(settings, source, version, script)
     finally:
         if container is not None:
             container.stop()

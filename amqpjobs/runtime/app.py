@@ -20,7 +20,7 @@ from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.registry import JobDef, JobRegistry
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
@@ -37,6 +37,9 @@ class App(JobRegistry):
             import), or a :class:`~amqpjobs.topology.models.Topology`.
         app_version: Your application's version, written into evidence headers.
         url: AMQP URL for enqueueing; default ``$AMQPJOBS_URL`` when first needed.
+        max_message_size: Largest message body in bytes that ``enqueue`` sends; default the
+            connected broker's default (128 MiB before RabbitMQ 4.0, 16 MiB from 4.0), read
+            from its version at connect. Set it when your broker is configured otherwise.
 
     Example::
 
@@ -56,8 +59,10 @@ class App(JobRegistry):
         topology: str | Path | Topology = "topology",
         app_version: str = "",
         url: str | None = None,
+        max_message_size: int | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
+        self.max_message_size = max_message_size
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
@@ -107,7 +112,8 @@ class App(JobRegistry):
         async with self._connect_lock:
             if self._connection is None or self._connection.is_closed:
                 self._connection = await connect(settings or self.settings(), name=f"{self.name}-publisher")
-                self._publisher = ConfirmedPublisher(self._connection)
+                limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
+                self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
 
     async def close(self) -> None:
         """Close the publishing connection."""
@@ -150,6 +156,7 @@ class App(JobRegistry):
             ConfigurationError: unknown job, bad header names or priority.
             UnroutableError: no queue is bound for the job (topology not applied).
             PublishNackedError: the broker refused it (e.g. the queue is full).
+            MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
 
@@ -200,7 +207,13 @@ class SyncPublisher:
     """
 
     def __init__(self, app: App, url: str | None = None) -> None:
-        self._app = App(app.name, topology=app.topology(), app_version=app.app_version, url=url or app._url)
+        self._app = App(
+            app.name,
+            topology=app.topology(),
+            app_version=app.app_version,
+            url=url or app._url,
+            max_message_size=app.max_message_size,
+        )
         self._app._jobs = app._jobs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)

@@ -41,6 +41,21 @@ class BrokerInfo:
     version_text: str
 
 
+#: RabbitMQ's default ``max_message_size``: 128 MiB before 4.0, 16 MiB from 4.0 on
+#: (RabbitMQ 4.0 release notes; "Configuration" → ``max_message_size``).
+MAX_MESSAGE_SIZE_3X = 128 * 1024 * 1024
+MAX_MESSAGE_SIZE_4X = 16 * 1024 * 1024
+
+
+def default_max_message_size(version: tuple[int, ...]) -> int:
+    """The broker's default ``max_message_size`` in bytes for RabbitMQ ``version``.
+
+    A node may be configured otherwise and clients can't read its configuration, so
+    :class:`~amqpjobs.runtime.app.App` takes ``max_message_size`` to override this.
+    """
+    return MAX_MESSAGE_SIZE_4X if version >= (4, 0) else MAX_MESSAGE_SIZE_3X
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -49,12 +49,16 @@ class ConfirmedPublisher:
     Args:
         connection: An open (robust) connection.
         timeout: Seconds to wait for each confirm.
-
+        max_message_size: Bodies larger than this many bytes are refused before publishing
+            (the broker would close the channel); None = no check.
     """
 
-    def __init__(self, connection: AbstractRobustConnection, timeout: float = 30.0) -> None:
+    def __init__(
+        self, connection: AbstractRobustConnection, timeout: float = 30.0, max_message_size: int | None = None
+    ) -> None:
         self._connection = connection
         self._timeout = timeout
+        self.max_message_size = max_message_size
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
 
@@ -71,9 +75,16 @@ class ConfirmedPublisher:
             UnroutableError: the broker returned it: no queue bound for ``routing_key``.
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
             PublishError: the exchange does not exist, or the confirm did not come in time.
+            MessageTooLargeError: the body is over ``max_message_size`` (nothing sent).
             BrokerError: the channel or connection failed during the publish.
 
         """
+        if self.max_message_size is not None and len(message.body) > self.max_message_size:
+            raise MessageTooLargeError(
+                f"message of {len(message.body)} bytes is over the broker's max_message_size of "
+                f"{self.max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
+                "reference in the payload (claim-check)"
+            )
         channel = await self._ensure_channel()
         amqp_message = to_amqp(message)
         try:

@@ -1,0 +1,132 @@
+"""Behaviour that differs between RabbitMQ 3.10 and 4.x: each test asserts the right thing on the broker it runs on.
+
+CI runs the broker-facing suite on both (``make test``: 3.10, then 4.x with AMQPJOBS_TEST_BROKER=4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, MessageTooLargeError
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.connection import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.conftest import BrokerRoot
+from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.worker_env import make_app, running_worker
+
+pytestmark = pytest.mark.broker
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+delivery_limit = 25
+retry_tiers = ["1s"]
+"""
+
+
+async def test_payload_over_the_brokers_max_message_size_is_refused_before_publishing(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    app.job("blob", queue="work")(lambda p, c: None)
+    await app.connect(broker)
+    four = broker_root.version >= (4, 0)
+    assert app._publisher is not None
+    assert app._publisher.max_message_size == (MAX_MESSAGE_SIZE_4X if four else MAX_MESSAGE_SIZE_3X)
+    big = {"data": "x" * (17 * 1024 * 1024)}  # over 4.x's 16 MiB, under 3.x's 128 MiB
+    if four:
+        with pytest.raises(MessageTooLargeError, match="max_message_size of 16777216 bytes"):
+            await app.enqueue("blob", big)
+        assert await depth(broker, "work") == 0
+    else:
+        await app.enqueue("blob", big)
+        assert await depth(broker, "work") == 1
+    await app.enqueue("blob", {"data": "small"})  # the connection is healthy either way
+    await app.close()
+    small_limit = App("t", topology=app.topology(), url=broker.url, max_message_size=1024)
+    small_limit.job("blob", queue="work")(lambda p, c: None)
+    with pytest.raises(MessageTooLargeError, match="over the broker's max_message_size of 1024 bytes"):
+        await small_limit.enqueue("blob", {"data": "y" * 2000})
+    await small_limit.close()
+
+
+async def test_quorum_job_queue_never_drops_a_job_after_20_redeliveries(broker: BrokerSettings, tmp_path: Path):
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    deliveries = 0
+    async with raw_channel(broker) as ch:
+        ex = await ch.get_exchange("jobs")
+        import aio_pika
+
+        await ex.publish(aio_pika.Message(b'{"n": 1}', message_id="m-1", type="pay"), routing_key="money")
+        work = await ch.get_queue("money", ensure=False)
+        for _ in range(40):
+            msg = await work.get(timeout=5, fail=False)
+            if msg is None:
+                break
+            deliveries += 1
+            await msg.nack(requeue=True)
+            if deliveries == 21:
+                assert await depth(broker, "money") == 1, "still there after 20 redeliveries (4.x's default limit)"
+        await asyncio.sleep(0.5)
+        quarantine = await ch.get_queue("money.quarantine", ensure=False)
+        dead = await quarantine.get(timeout=5, fail=False)
+        assert dead is not None, "dead-lettered into quarantine, not dropped"
+        await dead.ack()
+    assert deliveries in (25, 26)  # the explicit limit of 25, not the broker's default
+    assert dead.message_id == "m-1"
+    death = dead.headers["x-death"][0]  # type: ignore[index]
+    assert death["reason"] == "delivery_limit"  # type: ignore[index,call-overload]
+    assert death["queue"] == "money"  # type: ignore[index,call-overload]
+
+
+async def test_worker_slots_use_per_consumer_prefetch_1_on_durable_queues(broker: BrokerSettings, tmp_path: Path):
+    """4.3+ refuses global QoS and non-durable shared queues; we use neither, on any version."""
+    app = await make_app(broker, tmp_path)
+    app.job("noop", queue="work")(lambda p, c: None)
+    async with running_worker(app, broker, concurrency=3):
+        consumers: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 15
+        with ManagementClient(broker) as mgmt:
+            while time.monotonic() < deadline:
+                consumers = [
+                    c for c in mgmt.request("GET", f"/consumers/{broker.vhost}") if c["queue"]["name"] == "work"
+                ]
+                if len(consumers) == 3:
+                    break
+                await asyncio.sleep(0.2)
+            channels = mgmt.request("GET", f"/vhosts/{broker.vhost}/channels")
+            queues = mgmt.queues(broker.vhost)
+    assert len(consumers) == 3
+    assert [c["prefetch_count"] for c in consumers] == [1, 1, 1]
+    assert all(ch.get("global_prefetch_count", 0) == 0 for ch in channels)
+    assert all(q["durable"] for q in queues)
+    assert not any(q["auto_delete"] for q in queues)
+
+
+def test_quorum_priorities_are_judged_for_the_connected_version(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    path = tmp_path / "p.toml"
+    path.write_text(QUORUM.replace("delivery_limit = 25", "delivery_limit = 25\nmax_priority = 5"))
+    result = cli(broker, "topology", "plan", str(path))
+    assert result.exit_code == 2
+    if broker_root.version >= (4, 0):
+        assert "on RabbitMQ 4.x quorum queues have two priority levels" in result.stderr
+    else:
+        assert "quorum queues have no priorities before RabbitMQ 4.0" in result.stderr
+    assert load_topology is not None
