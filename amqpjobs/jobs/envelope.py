@@ -180,15 +180,20 @@ def parse_attempt(value: Any) -> int:
 
     A publisher we don't control may send garbage here; the documented choice is to treat
     the delivery as a first attempt (it still runs at most ``max_attempts`` times from
-    here on), never to crash.
+    here on), never to crash. Integers, integral floats and ASCII digit strings (``str``,
+    ``bytes``, ``bytearray``; at most 20 digits) are read.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        if (isinstance(value, float) and math.isfinite(value) and value.is_integer()) or (
-            isinstance(value, bytes | str) and value.strip().isdigit()
-        ):
-            value = int(value)
-        else:
-            return 1
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, float):
+        value = int(value) if math.isfinite(value) and value.is_integer() else 1
+    elif isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", "replace")
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 1
+    if not isinstance(value, int):
+        return 1
     return value if value >= 1 else 1
 
 

@@ -31,6 +31,7 @@ REASONS = (
     "undecodable",  # not UTF-8 / not JSON / unsupported content_encoding
     "unsupported-content-type",  # content_type other than application/json
     "unknown-job",  # no job of that name in the app
+    "worker-error",  # the worker itself failed on the delivery (a bug of ours; evidence has the traceback)
 )
 
 

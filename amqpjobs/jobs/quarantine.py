@@ -40,8 +40,8 @@ def header_text(value: Any) -> str:
     """A header value as text (bytes decoded, datetimes as ISO-8601 UTC, None as "")."""
     if value is None:
         return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
     return str(value)
@@ -230,11 +230,11 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
 
 def jsonable(value: Any) -> Any:
     """Turn a header value (bytes, datetimes, nested tables) into something ``json.dumps`` takes."""
-    if isinstance(value, bytes):
+    if isinstance(value, bytes | bytearray):
         try:
-            return value.decode("utf-8")
+            return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            return {"$bytes_hex": value.hex()}
+            return {"$bytes_hex": bytes(value).hex()}
     if isinstance(value, datetime):
         return header_text(value)
     if isinstance(value, Mapping):

@@ -94,6 +94,18 @@ class Outcome:
     acked: bool
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """The worker's verdict on one delivery, before it is carried out."""
+
+    decision: Decision
+    error: tuple[str, str, str]  # error type, message, traceback ("" when none)
+    job: JobDef | None
+    attempt: int
+    job_id: str
+    ran: bool  # whether the handler ran on this delivery
+
+
 def _now_iso() -> str:
     return envelope.iso_utc(time.time())
 
@@ -272,10 +284,20 @@ class Worker:
     async def _handle(self, layout: JobQueueLayout, work_queue: str, message: AbstractIncomingMessage) -> None:
         delivery = delivery_of(message, work_queue)
         started = time.monotonic()
-        decision, failure_info, job, attempt, job_id, ran = await self._process(layout, delivery)
-        duration = time.monotonic() - started if ran else 0.0
-        acked = await self._carry_out(layout, delivery, decision, failure_info, job, attempt, job_id)
-        outcome = Outcome(decision, job.name if job else delivery.job_name, job_id, attempt, duration, acked)
+        try:
+            v = await self._process(layout, delivery)
+        except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
+            log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
+            tb = "".join(traceback.format_exception(exc))
+            job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+            v = _Verdict(Quarantine("worker-error"), (_qualname(exc), str(exc), tb), None, 1, job_id, False)
+        duration = time.monotonic() - started if v.ran else 0.0
+        try:
+            acked = await self._carry_out(layout, delivery, v)
+        except Exception as exc:
+            log.exception("carrying out %s failed inside the worker", v.decision)
+            acked = await self._fallback(delivery, v.decision, exc)
+        outcome = Outcome(v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, duration, acked)
         self._record(outcome)
 
     def _record(self, outcome: Outcome) -> None:
@@ -298,9 +320,7 @@ class Worker:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    async def _process(
-        self, layout: JobQueueLayout, delivery: Delivery
-    ) -> tuple[Decision, tuple[str, str, str], JobDef | None, int, str, bool]:
+    async def _process(self, layout: JobQueueLayout, delivery: Delivery) -> _Verdict:
         """Decide about one delivery. Returns (decision, (error type, message, traceback), job, attempt, id, ran)."""
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
@@ -314,23 +334,21 @@ class Worker:
                 else f"job {delivery.job_name[:200]!r} is not served from job queue {layout.name!r} "
                 f"by app {self.app.name!r}"
             )
-            return Quarantine("unknown-job"), ("UnknownJob", why, ""), None, attempt, job_id, False
+            return _Verdict(Quarantine("unknown-job"), ("UnknownJob", why, ""), None, attempt, job_id, False)
         try:
             raw = envelope.decode_body(delivery.body, delivery.content_type, delivery.content_encoding)
         except envelope.DecodeError as exc:
-            return Quarantine(exc.reason), ("DecodeError", exc.detail, ""), job, attempt, job_id, False
+            return _Verdict(Quarantine(exc.reason), ("DecodeError", exc.detail, ""), job, attempt, job_id, False)
         try:
             payload = job.validate(raw)
         except ValidationError as exc:
-            return (
-                Quarantine("invalid-payload"),
-                ("pydantic.ValidationError", str(exc), ""),
-                job, attempt, job_id, False,
-            )  # fmt: skip
+            return _Verdict(
+                Quarantine("invalid-payload"), ("pydantic.ValidationError", str(exc), ""), job, attempt, job_id, False
+            )
         max_attempts = job.retry.attempts_for(layout.tiers)
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
-            return Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False
+            return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
         ctx = JobContext(
             job=job.name,
             job_id=job_id,
@@ -348,8 +366,8 @@ class Worker:
             kind = self._classify(job, exc)
             decision = decide(kind, attempt, max_attempts, layout.tiers)
             tb = "".join(traceback.format_exception(exc))
-            return decision, (_qualname(exc), str(exc), tb), job, attempt, job_id, True
-        return Ack(), ("", "", ""), job, attempt, job_id, True
+            return _Verdict(decision, (_qualname(exc), str(exc), tb), job, attempt, job_id, True)
+        return _Verdict(Ack(), ("", "", ""), job, attempt, job_id, True)
 
     @staticmethod
     def _classify(job: JobDef, exc: BaseException) -> FailureKind:
@@ -408,18 +426,10 @@ class Worker:
             with attempt:
                 await once()
 
-    async def _carry_out(
-        self,
-        layout: JobQueueLayout,
-        delivery: Delivery,
-        decision: Decision,
-        info: tuple[str, str, str],
-        job: JobDef | None,
-        attempt: int,
-        job_id: str,
-    ) -> bool:
+    async def _carry_out(self, layout: JobQueueLayout, delivery: Delivery, v: _Verdict) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
         assert self._publisher is not None
+        decision, info, job, attempt, job_id = v.decision, v.error, v.job, v.attempt, v.job_id
         try:
             if isinstance(decision, RetryLater):
                 headers = envelope.strip_broker_headers(delivery.headers)
@@ -438,7 +448,7 @@ class Worker:
                     error_type=error_type,
                     error_message=error_message,
                     traceback=tb,
-                    attempts=attempt if decision.reason not in _NOT_RUN else attempt - 1,
+                    attempts=attempt if v.ran else attempt - 1,  # handler runs so far
                     first_failure_at=str(delivery.headers.get(envelope.FIRST_FAILURE_AT) or now),
                     last_failure_at=now,
                     host=self._host,
@@ -469,7 +479,7 @@ class Worker:
             return False
         return True
 
-    async def _fallback(self, delivery: Delivery, decision: Decision, exc: AmqpJobsError) -> bool:
+    async def _fallback(self, delivery: Delivery, decision: Decision, exc: Exception) -> bool:
         """Our republish failed: let the broker dead-letter it into quarantine, or leave it for redelivery."""
         try:
             await delivery.reject()
@@ -481,10 +491,6 @@ class Worker:
             "quarantine with x-death reason 'rejected'", decision, exc,
         )  # fmt: skip
         return False
-
-
-#: Reasons for which the handler never ran on this delivery.
-_NOT_RUN = frozenset({"unknown-job", "undecodable", "unsupported-content-type", "invalid-payload"})
 
 
 async def run_worker(app: App, settings: BrokerSettings, options: WorkerOptions) -> int:

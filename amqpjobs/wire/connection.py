@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractRobustConnection
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.codec import install_lenient_timestamps
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -91,6 +92,7 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
             credentials were refused. The message names the URL without its password.
 
     """
+    install_lenient_timestamps()
     try:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_CONNECT_ERRORS),

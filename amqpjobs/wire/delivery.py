@@ -26,8 +26,8 @@ class DeliveryChannelClosed(Exception):
 def _text(value: Any) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
     return str(value)
 
 

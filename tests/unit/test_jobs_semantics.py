@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from amqpjobs.jobs import envelope
@@ -89,7 +91,26 @@ def test_decode_accepts(body: bytes, ctype: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "attempt"),
-    [(None, 1), (3, 3), ("abc", 1), (-5, 1), (0, 1), (2.0, 2), (b"4", 4), ("7", 7), (True, 1), (2**40, 2**40)],
+    [
+        (None, 1),
+        (3, 3),
+        ("abc", 1),
+        (-5, 1),
+        (0, 1),
+        (2.0, 2),
+        (2.5, 1),
+        (float("inf"), 1),
+        (b"4", 4),
+        (bytearray(b"2"), 2),
+        ("7", 7),
+        (" 8 ", 8),
+        (True, 1),
+        (2**40, 2**40),
+        ("²", 1),
+        ("①", 1),
+        ("9" * 5000, 1),
+        ({"a": 1}, 1),
+    ],
 )
 def test_parse_attempt(raw: object, attempt: int) -> None:
     assert envelope.parse_attempt(raw) == attempt
@@ -107,3 +128,21 @@ def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
         envelope.job_message("j", {}, job_id="1", now=0, priority=256)
     with pytest.raises(ValueError, match="NaN"):
         envelope.job_message("j", {"x": float("nan")}, job_id="1", now=0)
+
+
+def test_out_of_range_timestamps_decode_as_none() -> None:
+    import struct
+
+    from pamqp import decode
+
+    from amqpjobs.wire.codec import install_lenient_timestamps
+
+    install_lenient_timestamps()
+    micro = struct.pack(">Q", 1764406800123456)  # microseconds: pamqp alone would raise
+    assert decode.by_type(micro, "timestamp") == (8, None)
+    assert decode.TABLE_MAPPING[b"T"](micro) == (8, None)
+    ok = struct.pack(">Q", 1764406800)
+    consumed, value = decode.by_type(ok, "timestamp")
+    assert consumed == 8
+    assert isinstance(value, datetime)
+    assert value.year == 2025
