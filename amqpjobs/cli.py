@@ -33,7 +33,9 @@ from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topolo
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
+from amqpjobs.runtime.status import collect
 from amqpjobs.runtime.worker import WorkerOptions, run_worker
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -115,6 +117,8 @@ def main(verbose: bool) -> None:
     help="The broker's consumer_timeout; job timeouts above it are warned about.",
 )
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
 @_url_options
 @_errors_to_exit_codes
 def consume(
@@ -124,6 +128,8 @@ def consume(
     grace: str,
     consumer_timeout: str,
     log_json: bool,
+    metrics_port: int | None,
+    metrics_host: str,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -140,7 +146,7 @@ def consume(
     configure_logging(json_lines=log_json)
     app = load_app(app_ref)
     settings = _settings(url, management_url)
-    sys.exit(asyncio.run(run_worker(app, settings, options)))
+    sys.exit(asyncio.run(run_worker(app, settings, options, metrics_port, metrics_host)))
 
 
 @main.group()
@@ -393,4 +399,60 @@ def replay_command(
     if report.stopped_early:
         click.echo(f"stopped: {report.returned} replayed job(s) came back to quarantine (--stop-after-failures "
                    f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
+        sys.exit(EXIT_FOUND)
+
+
+@main.command("status")
+@click.argument("path", required=False, type=click.Path())
+@click.option("--queues", "-q", help="Comma-separated job queue names (instead of a topology PATH).")
+@click.option("--max-age", default=None, help="Unhealthy when a work queue's oldest message is older (e.g. 60s).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_url_options
+@_errors_to_exit_codes
+def status_command(
+    path: str | None, queues: str | None, max_age: str | None, as_json: bool, url: str | None,
+    management_url: str | None,
+) -> None:  # fmt: skip
+    """Golden signals per job queue; exit 1 when unhealthy (usable as an alert check).
+
+    Job queues come from the topology at PATH (default: ./topology when it exists), or
+    --queues. Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no
+    consumer, a queue is missing, or an oldest message is older than --max-age.
+    """
+    settings = _settings(url, management_url)
+    try:
+        bound = parse_duration(max_age) if max_age else None
+    except ValueError as exc:
+        raise ConfigurationError(f"--max-age: {exc}") from None
+    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    layouts = None
+    if not names:
+        where = Path(path or "topology")
+        if path is None and not where.exists():
+            raise ConfigurationError("give a topology PATH or --queues (no ./topology here)")
+        layouts = list(load_topology(where).topology.layouts())
+    report = asyncio.run(collect(settings, layouts, names, bound))
+    unhealthy = any(j.problems for j in report)
+    if as_json:
+        click.echo(json.dumps({"healthy": not unhealthy, "job_queues": [j.to_json() for j in report]}, indent=2))
+    else:
+        click.echo(
+            f"{'queue':<34} {'ready':>7} {'unacked':>7} {'cons':>4} {'pub/s':>7} {'dlv/s':>7} {'ack/s':>7} oldest"
+        )
+        for j in report:
+            for q in [*j.work, *j.tiers, j.quarantine]:
+                if not q.exists:
+                    click.echo(f"{q.name:<34} {'missing':>7}")
+                    continue
+                age = "-" if q.oldest_age is None else f"{q.oldest_age:.0f}s"
+                click.echo(
+                    f"{q.name:<34} {q.ready:>7} {q.unacked:>7} {q.consumers:>4} {q.publish_rate:>7.1f} "
+                    f"{q.deliver_rate:>7.1f} {q.ack_rate:>7.1f} {age}"
+                )
+        for j in report:
+            for problem in j.problems:
+                click.echo(f"UNHEALTHY {j.name}: {problem}")
+        if not unhealthy:
+            click.echo("healthy")
+    if unhealthy:
         sys.exit(EXIT_FOUND)

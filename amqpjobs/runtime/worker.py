@@ -41,6 +41,7 @@ from amqpjobs.jobs.outcome import Ack, Decision, Quarantine, Reject, Retry, Retr
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
@@ -83,6 +84,9 @@ class Outcome:
         attempt: Attempt number of the delivery.
         duration: Seconds the handler ran (0 when it did not run).
         acked: Whether the delivery was acked (False: left for redelivery or rejected).
+        queue: The job queue the delivery came from.
+        latency: Seconds from enqueue to this start, for a first attempt that ran; else None.
+        timed_out: Whether the handler run hit its timeout.
 
     """
 
@@ -92,6 +96,17 @@ class Outcome:
     attempt: int
     duration: float
     acked: bool
+    queue: str = ""
+    latency: float | None = None
+    timed_out: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``succeeded``, ``retried``, ``quarantined``, or ``abandoned`` when not acked."""
+        if not self.acked:
+            return "abandoned"
+        d = self.decision
+        return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,9 @@ class _Verdict:
     attempt: int
     job_id: str
     ran: bool  # whether the handler ran on this delivery
+    duration: float = 0.0  # seconds the handler ran
+    latency: float | None = None  # enqueue -> start, first attempts only
+    timed_out: bool = False
 
 
 def _now_iso() -> str:
@@ -123,6 +141,7 @@ class Worker:
         settings: Broker settings.
         options: Worker options.
         on_outcome: Optional callback called with each :class:`Outcome` (tests, metrics).
+        metrics: Prometheus metrics to record into (see :mod:`amqpjobs.runtime.metrics`).
 
     """
 
@@ -132,6 +151,7 @@ class Worker:
         settings: BrokerSettings,
         options: WorkerOptions | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
@@ -149,6 +169,9 @@ class Worker:
         self._host = socket.gethostname()
         self._pid = os.getpid()
         self.ready = asyncio.Event()
+        self.metrics = metrics
+        self.heartbeat_at = time.monotonic()
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -197,7 +220,9 @@ class Worker:
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
-        self._publisher = ConfirmedPublisher(self._connection)
+        on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
+        self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
+        self._heartbeat_task = asyncio.create_task(self._beat())
         for layout in self._layouts.values():
             for work_queue in layout.work_queues:
                 for _ in range(self.options.concurrency):
@@ -233,6 +258,29 @@ class Worker:
         self._channels.append(channel)
         self._consumers.append((queue, tag))
 
+    async def _beat(self) -> None:
+        while True:
+            self.heartbeat_at = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): connected to the broker and consuming every assigned queue.
+
+        Safe to call from another thread (it only reads state).
+        """
+        if self._stop.is_set():
+            return False, "stopping"
+        connection = self._connection
+        if not self.ready.is_set() or connection is None:
+            return False, "starting"
+        if connection.is_closed or not connection.connected.is_set():
+            return False, "not connected to the broker (reconnecting)"
+        closed = sum(1 for ch in self._channels if ch.is_closed)
+        if closed:
+            return False, f"{closed} of {len(self._channels)} consumer channel(s) closed"
+        queues = sorted({q.name for q, _ in self._consumers})
+        return True, f"consuming {', '.join(queues)} with {len(self._consumers)} slot(s)"
+
     def request_stop(self) -> None:
         """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""
         self._stop.set()
@@ -257,6 +305,8 @@ class Worker:
 
         """
         self._stop.set()
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
         for queue, tag in self._consumers:
             try:
                 await queue.cancel(tag)
@@ -283,7 +333,15 @@ class Worker:
     # ------------------------------------------------------------------ one delivery
     async def _handle(self, layout: JobQueueLayout, work_queue: str, message: AbstractIncomingMessage) -> None:
         delivery = delivery_of(message, work_queue)
-        started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(layout.name).inc()
+        try:
+            await self._handle_delivery(layout, delivery)
+        finally:
+            if self.metrics is not None:
+                self.metrics.in_flight.labels(layout.name).dec()
+
+    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery) -> None:
         try:
             v = await self._process(layout, delivery)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -291,22 +349,30 @@ class Worker:
             tb = "".join(traceback.format_exception(exc))
             job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
             v = _Verdict(Quarantine("worker-error"), (_qualname(exc), str(exc), tb), None, 1, job_id, False)
-        duration = time.monotonic() - started if v.ran else 0.0
         try:
             acked = await self._carry_out(layout, delivery, v)
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
             acked = await self._fallback(delivery, v.decision, exc)
-        outcome = Outcome(v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, duration, acked)
+        outcome = Outcome(
+            v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, v.duration, acked,
+            layout.name, v.latency, v.timed_out,
+        )  # fmt: skip
         self._record(outcome)
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision
-        kind = "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
-        if outcome.acked:
-            self.stats[kind] += 1
-        else:
-            self.stats["abandoned"] += 1
+        kind = outcome.kind
+        self.stats[kind] += 1
+        if self.metrics is not None:
+            m, job = self.metrics, outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
+            m.jobs.labels(job, outcome.queue, kind).inc()
+            if outcome.duration or outcome.latency is not None:
+                m.duration.labels(job, outcome.queue).observe(outcome.duration)
+            if outcome.latency is not None:
+                m.latency.labels(job, outcome.queue).observe(max(0.0, outcome.latency))
+            if outcome.timed_out:
+                m.timeouts.labels(job, outcome.queue).inc()
         extra = ""
         if isinstance(d, RetryLater):
             extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
@@ -315,13 +381,13 @@ class Worker:
         log.info(
             "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
             outcome.job or "?", outcome.job_id, outcome.attempt, outcome.duration, kind, extra,
-            "" if outcome.acked else " (not acked: the broker will redeliver)",
+            "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
         )  # fmt: skip
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
     async def _process(self, layout: JobQueueLayout, delivery: Delivery) -> _Verdict:
-        """Decide about one delivery. Returns (decision, (error type, message, traceback), job, attempt, id, ran)."""
+        """Decide about one delivery (runs the handler when the delivery is a job it can run)."""
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         if not delivery.message_id:
@@ -360,14 +426,21 @@ class Worker:
             enqueued_at=delivery.enqueued_at,
             headers=delivery.headers,
         )
+        latency = None
+        if attempt == 1 and ctx.enqueued_at is not None:
+            latency = time.time() - ctx.enqueued_at.timestamp()
+        started = time.monotonic()
         try:
             await self._run_handler(job, payload, ctx)
         except Exception as exc:
+            took = time.monotonic() - started
             kind = self._classify(job, exc)
             decision = decide(kind, attempt, max_attempts, layout.tiers)
             tb = "".join(traceback.format_exception(exc))
-            return _Verdict(decision, (_qualname(exc), str(exc), tb), job, attempt, job_id, True)
-        return _Verdict(Ack(), ("", "", ""), job, attempt, job_id, True)
+            error = (_qualname(exc), str(exc), tb)
+            return _Verdict(decision, error, job, attempt, job_id, True, took, latency, kind == "timeout")
+        took = time.monotonic() - started
+        return _Verdict(Ack(), ("", "", ""), job, attempt, job_id, True, took, latency)
 
     @staticmethod
     def _classify(job: JobDef, exc: BaseException) -> FailureKind:
@@ -493,16 +566,40 @@ class Worker:
         return False
 
 
-async def run_worker(app: App, settings: BrokerSettings, options: WorkerOptions) -> int:
+async def run_worker(
+    app: App,
+    settings: BrokerSettings,
+    options: WorkerOptions,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> int:
     """Run a worker until SIGTERM/SIGINT, then drain; a second signal exits at once.
+
+    Args:
+        app: The application.
+        settings: Broker settings.
+        options: Worker options.
+        metrics_port: Serve ``/metrics``, ``/healthz``, ``/readyz`` on this port (None: don't).
+        metrics_host: Interface for that endpoint (default loopback).
 
     Returns:
         The process exit code: 0 after a clean drain, 1 when in-flight work was abandoned.
 
+    Raises:
+        ConfigurationError: the metrics port can't be bound.
     """
     import signal
 
-    worker = Worker(app, settings, options)
+    metrics = WorkerMetrics() if metrics_port is not None else None
+    worker = Worker(app, settings, options, metrics=metrics)
+    server = None
+    if metrics is not None and metrics_port is not None:
+        server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, metrics_host, metrics_port)
+        try:
+            server.start()
+        except OSError as exc:
+            raise ConfigurationError(f"can't serve metrics on {metrics_host}:{metrics_port}: {exc}") from None
+        log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -523,3 +620,5 @@ async def run_worker(app: App, settings: BrokerSettings, options: WorkerOptions)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if server is not None:
+            server.stop()

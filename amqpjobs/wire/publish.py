@@ -9,6 +9,8 @@ came back or was nacked.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import aio_pika
@@ -51,11 +53,17 @@ class ConfirmedPublisher:
         timeout: Seconds to wait for each confirm.
         max_message_size: Bodies larger than this many bytes are refused before publishing
             (the broker would close the channel); None = no check.
+        on_confirm: Called with the seconds from publish to confirm, for each confirmed publish.
     """
 
     def __init__(
-        self, connection: AbstractRobustConnection, timeout: float = 30.0, max_message_size: int | None = None
+        self,
+        connection: AbstractRobustConnection,
+        timeout: float = 30.0,
+        max_message_size: int | None = None,
+        on_confirm: Callable[[float], None] | None = None,
     ) -> None:
+        self._on_confirm = on_confirm
         self._connection = connection
         self._timeout = timeout
         self.max_message_size = max_message_size
@@ -87,6 +95,7 @@ class ConfirmedPublisher:
             )
         channel = await self._ensure_channel()
         amqp_message = to_amqp(message)
+        sent = time.monotonic()
         try:
             if exchange:
                 target = await channel.get_exchange(exchange, ensure=False)
@@ -125,6 +134,8 @@ class ConfirmedPublisher:
             ConnectionError,
         ) as exc:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+        if self._on_confirm is not None:
+            self._on_confirm(time.monotonic() - sent)
 
     async def close(self) -> None:
         """Close the publisher's channel."""

@@ -1,0 +1,153 @@
+"""Worker metrics (prometheus-client) and the HTTP endpoint serving them with health checks.
+
+Metrics (README "Metrics and health"); label sets stay bounded: job name, job queue,
+outcome — never job ids or tenants.
+
+============================================  =========  ==========================================
+name                                          type       meaning
+============================================  =========  ==========================================
+``amqpjobs_jobs_total{job,queue,outcome}``    counter    deliveries by outcome: succeeded, retried,
+                                                         quarantined, abandoned (left for redelivery)
+``amqpjobs_timeouts_total{job,queue}``        counter    handler runs that hit their timeout
+``amqpjobs_job_duration_seconds{job,queue}``  histogram  handler run time, every run
+``amqpjobs_queue_latency_seconds{job,queue}`` histogram  enqueue → first start (attempt 1 only; the
+                                                         waits of retries are deliberate tier delays)
+``amqpjobs_in_flight{queue}``                 gauge      deliveries being handled now
+``amqpjobs_publish_confirm_seconds``          histogram  publish → broker confirm, for retries and
+                                                         quarantine copies
+============================================  =========  ==========================================
+
+The endpoint (:class:`MetricsServer`) serves ``/metrics``, ``/healthz`` (liveness: the
+process answers and its event loop ran within the last few seconds) and ``/readyz``
+(readiness: connected to the broker and consuming every assigned queue), from a thread,
+so a blocked event loop still gets a truthful "not alive" answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+#: Buckets (seconds) for handler durations and queue latency: 5 ms to 10 min.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+#: Buckets (seconds) for publisher confirm latency: 0.5 ms to 5 s.
+CONFIRM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class WorkerMetrics:
+    """The metrics of one worker, in a registry of their own (so tests can run several workers).
+
+    Args:
+        registry: Registry to register into; a new one by default.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.jobs = Counter(
+            "amqpjobs_jobs", "Deliveries by outcome.", ["job", "queue", "outcome"], registry=self.registry
+        )
+        self.timeouts = Counter(
+            "amqpjobs_timeouts", "Handler runs that hit their timeout.", ["job", "queue"], registry=self.registry
+        )
+        self.duration = Histogram(
+            "amqpjobs_job_duration_seconds", "Handler run time.", ["job", "queue"], buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "amqpjobs_queue_latency_seconds", "Time from enqueue to the first start of a job.", ["job", "queue"],
+            buckets=DURATION_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.in_flight = Gauge("amqpjobs_in_flight", "Deliveries being handled.", ["queue"], registry=self.registry)
+        self.confirm = Histogram(
+            "amqpjobs_publish_confirm_seconds", "Publish to broker confirm.", buckets=CONFIRM_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Current value of one sample (e.g. ``amqpjobs_jobs_total``), 0.0 when absent."""
+        value = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+class MetricsServer:
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` from a daemon thread.
+
+    Args:
+        metrics: The worker's metrics.
+        ready: Returns (ready?, reason) for ``/readyz``.
+        heartbeat: Returns the ``time.monotonic()`` of the event loop's last heartbeat.
+        host: Interface to bind (default loopback).
+        port: TCP port (0 picks a free one; see :attr:`port` after :meth:`start`).
+        stale_after: Seconds without a heartbeat after which ``/healthz`` answers 503.
+    """
+
+    def __init__(
+        self,
+        metrics: WorkerMetrics,
+        ready: Callable[[], tuple[bool, str]],
+        heartbeat: Callable[[], float],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        stale_after: float = 10.0,
+    ) -> None:
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._ready = ready
+        self._heartbeat = heartbeat
+        self._host = host
+        self._port = port
+        self._stale_after = stale_after
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self._server.server_port if self._server is not None else self._port
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            age = time.monotonic() - self._heartbeat()
+            ok = age <= self._stale_after
+            text = f"alive: event loop heartbeat {age:.1f}s ago" if ok else f"event loop stuck for {age:.1f}s"
+            return _text(start_response, 200 if ok else 503, text)
+        if path == "/readyz":
+            ok, reason = self._ready()
+            return _text(start_response, 200 if ok else 503, reason)
+        return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread.
+
+        Raises:
+            OSError: the port can't be bound.
+        """
+
+        class QuietHandler(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = make_server(self._host, self._port, self._app, handler_class=QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="amqpjobs-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _text(start_response: Callable[..., Any], status: int, text: str) -> list[bytes]:
+    phrase = {200: "OK", 503: "Service Unavailable"}[status]
+    body = (text + "\n").encode()
+    start_response(
+        f"{status} {phrase}", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+    )
+    return [body]

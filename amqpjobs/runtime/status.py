@@ -1,0 +1,166 @@
+"""``amqpjobs status``: the golden signals of each job queue, and whether they are healthy.
+
+Per job queue: work queue(s) ready / unacked / consumers / publish, deliver and ack rates
+/ oldest message age, each delay tier's depth, the quarantine depth. Depths and consumer
+counts come from passive declares (exact, now); unacked counts, rates and the head
+message's ``timestamp`` from the management API (refreshed every
+``collect_statistics_interval``, 5 s by default: RabbitMQ "Management Plugin" →
+"Statistics Interval"). The oldest message age is ``now - head_message_timestamp``, so
+it needs publishers to set ``timestamp`` (``enqueue`` does); AMQP timestamps have whole
+seconds, so the age is exact to within 1 s. Quorum queues on RabbitMQ 3.x report no head
+timestamp: their age shows as unknown.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiormq
+
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX, RETRY_INFIX, SHARD_INFIX
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+
+
+@dataclass
+class QueueStatus:
+    """One queue's figures.
+
+    Attributes:
+        name: Queue name.
+        exists: False when the queue is missing on the broker.
+        ready: Messages ready for delivery (exact).
+        unacked: Messages delivered and not yet acked (management API).
+        consumers: Consumers (exact).
+        publish_rate / deliver_rate / ack_rate: Messages per second (management API).
+        oldest_age: Seconds since the head message was published, or None when empty or unknown.
+    """
+
+    name: str
+    exists: bool = True
+    ready: int = 0
+    unacked: int = 0
+    consumers: int = 0
+    publish_rate: float = 0.0
+    deliver_rate: float = 0.0
+    ack_rate: float = 0.0
+    oldest_age: float | None = None
+
+
+@dataclass
+class JobQueueStatus:
+    """A job queue's figures and the problems found.
+
+    Attributes:
+        name: Job queue name.
+        work: Its work queue(s) (several when sharded).
+        tiers: Its delay queues.
+        quarantine: Its quarantine queue.
+        problems: Why it is unhealthy (empty when healthy).
+    """
+
+    name: str
+    work: list[QueueStatus]
+    tiers: list[QueueStatus]
+    quarantine: QueueStatus
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str], list[str], str]:
+    """Derive (work queues, tier queues, quarantine) of ``job_queue`` from live queue names by the naming scheme."""
+    shards = sorted(
+        (n for n in live_names if n.startswith(job_queue + SHARD_INFIX) and RETRY_INFIX not in n),
+        key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0,
+    )
+    works = shards or [job_queue]
+    tiers = [n for w in works for n in live_names if n.startswith(w + RETRY_INFIX)]
+    return works, tiers, job_queue + QUARANTINE_SUFFIX
+
+
+def _rate(stats: dict[str, Any], key: str) -> float:
+    details = stats.get(f"{key}_details") or {}
+    return float(details.get("rate", 0.0) or 0.0)
+
+
+async def collect(
+    settings: BrokerSettings,
+    layouts: list[JobQueueLayout] | None = None,
+    names: list[str] | None = None,
+    max_age: float | None = None,
+) -> list[JobQueueStatus]:
+    """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
+
+    A job queue is unhealthy when its quarantine holds messages, a work queue has no
+    consumer, a queue is missing, or an oldest-message age exceeds ``max_age`` seconds.
+
+    Raises:
+        BrokerUnavailableError, ManagementApiError: the broker can't be reached.
+    """
+    with ManagementClient(settings) as mgmt:
+        live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+    plan: list[tuple[str, list[str], list[str], str]] = []
+    for lay in layouts or []:
+        tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
+        plan.append((lay.name, list(lay.work_queues), tiers, lay.quarantine_queue))
+    for name in names or []:
+        works, tiers, quarantine = layout_from_names(name, sorted(live))
+        plan.append((name, works, tiers, quarantine))
+    exact = await _exact(settings, [n for _, w, t, q in plan for n in (*w, *t, q)])
+    now = time.time()
+    out = []
+    for name, works, tiers, quarantine in plan:
+
+        def figures(queue: str) -> QueueStatus:
+            if queue not in exact:
+                return QueueStatus(queue, exists=False)
+            ready, consumers = exact[queue]
+            stats = live.get(queue, {})
+            head = stats.get("head_message_timestamp")
+            age = max(0.0, now - float(head)) if isinstance(head, int | float) and ready else None
+            msg_stats = stats.get("message_stats") or {}
+            return QueueStatus(
+                queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,
+                _rate(msg_stats, "publish"), _rate(msg_stats, "deliver_get"), _rate(msg_stats, "ack"), age,
+            )  # fmt: skip
+
+        status = JobQueueStatus(name, [figures(w) for w in works], [figures(t) for t in tiers], figures(quarantine))
+        for q in [*status.work, *status.tiers, status.quarantine]:
+            if not q.exists:
+                status.problems.append(f"queue {q.name} does not exist (apply the topology)")
+        if status.quarantine.ready:
+            status.problems.append(f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name}")
+        for w in status.work:
+            if w.exists and w.consumers == 0:
+                status.problems.append(f"no consumer on {w.name}")
+            if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
+                status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
+        out.append(status)
+    return out
+
+
+async def _exact(settings: BrokerSettings, names: list[str]) -> dict[str, tuple[int, int]]:
+    """(ready, consumers) of each existing queue by passive declare, a throwaway channel each."""
+    found: dict[str, tuple[int, int]] = {}
+    connection = await connect(settings, wait=5.0, name="amqpjobs-status")
+    try:
+        for name in dict.fromkeys(names):
+            channel = await connection.channel(publisher_confirms=False)
+            try:
+                result = (await channel.declare_queue(name, passive=True)).declaration_result
+                found[name] = (result.message_count or 0, result.consumer_count or 0)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                continue
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+    finally:
+        await connection.close()
+    return found
