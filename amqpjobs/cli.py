@@ -28,7 +28,8 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
-from amqpjobs.jobs.quarantine import Selection, parse_time, summarize
+from amqpjobs.jobs.outcome import REASONS
+from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, parse_time, summarize
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
@@ -67,6 +68,9 @@ def _errors_to_exit_codes(func: F) -> F:
         except BrokerError as exc:
             click.echo(f"broker error: {exc}", err=True)
             sys.exit(EXIT_BROKER)
+        except OSError as exc:  # files given on the command line
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
 
@@ -202,7 +206,12 @@ def topology_apply(path: str, url: str | None, management_url: str | None) -> No
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
 @_errors_to_exit_codes
 def topology_export(path: str, vhost: str, output: str | None) -> None:
-    """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`)."""
+    """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`).
+
+    The vhost must exist on the broker before the import.
+    """
+    if not vhost:
+        raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
     if output:
         with open(output, "w", encoding="utf-8") as fh:
@@ -218,6 +227,21 @@ def _when(value: datetime | None) -> str:
 
 def _selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
     when = None
+    if since is not None and not since.strip():
+        raise ConfigurationError("--since is empty: give a duration ('2h') or an ISO-8601 time, or leave it out")
+    for flag, value in (("--job", job), ("--error-type", error_type), ("--reason", reason)):
+        if value is not None and not value.strip():
+            raise ConfigurationError(f"{flag} is empty: give a value or leave it out")
+    if (
+        reason is not None
+        and reason not in REASONS
+        and not reason.startswith("x-death:")
+        and reason not in BROKER_REASONS
+    ):
+        raise ConfigurationError(
+            f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, or x-death:<reason> "
+            f"({', '.join(BROKER_REASONS)}) for broker-side dead-letters"
+        )
     if since:
         try:
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
@@ -391,7 +415,7 @@ def replay_command(
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
-    rate_seen = report.replayed / report.elapsed if report.elapsed > 0 else 0.0
+    rate_seen = (report.replayed - 1) / report.elapsed if report.elapsed > 0 else 0.0
     click.echo(
         f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {report.queue} "
         f"({report.elapsed:.1f}s, {rate_seen:.1f}/s)"

@@ -43,13 +43,20 @@ def parse_duration(value: str | float | int) -> float:
         else:
             pos = 0
             seconds = 0.0
+            last_unit = math.inf
             for match in _PART.finditer(text):
-                if match.start() != pos:
+                unit = _UNIT_SECONDS[match.group(2)]
+                if match.start() != pos or unit >= last_unit:  # each unit once, largest first
+                    pos = -1
                     break
-                seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+                seconds += float(match.group(1)) * unit
+                last_unit = unit
                 pos = match.end()
             if pos != len(text) or not text:
-                raise ValueError(f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m'")
+                raise ValueError(
+                    f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m' "
+                    "(each unit once, largest first)"
+                )
     else:
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
     if not math.isfinite(seconds) or seconds <= 0:

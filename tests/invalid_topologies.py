@@ -66,4 +66,28 @@ INVALID: dict[str, tuple[str, str, str]] = {
     "reserved-name": ('[[exchange]]\nname = "amq.jobs"\n', "exchange[0].name", "reserved"),
     "toml-syntax": (HEADER + "[[job_queue]\nname = 'x'\n", "-", "TOML"),
     "too-many-shards": (HEADER + job("shards = 1000"), "job_queue[0].shards", "less than or equal"),
+    "priority-as-string": (HEADER + job('max_priority = "5"'), "job_queue[0].max_priority", "integer"),
+    "priority-as-float": (HEADER + job("max_priority = 5.0"), "job_queue[0].max_priority", "integer"),
+    "priority-as-bool": (HEADER + job("max_priority = true"), "job_queue[0].max_priority", "integer"),
+    "duration-unit-twice": (HEADER + job('retry_tiers = ["5s5s"]'), "job_queue[0].retry_tiers[0]", "each unit once"),
+    "expanded-name-too-long": (HEADER + job(name="x" * 250), "job_queue[0].name", "255"),
+    "unicode-name-too-long": (HEADER + job(name="\U0001f680" * 62), "job_queue[0].name", "bytes"),
+    "routing-key-twice": (HEADER + job('routing_keys = ["a", "a"]'), "job_queue[0].routing_keys", "twice"),
+    "routing-key-shared": (
+        HEADER + job('routing_keys = ["k"]') + job('routing_keys = ["k"]', name="other"),
+        "job_queue[1].routing_keys",
+        "run twice",
+    ),
+    "hash-exchange-key": (
+        '[[exchange]]\nname = "jobs"\ntype = "x-consistent-hash"\n' + job(),
+        "job_queue[0].routing_keys",
+        "weights",
+    ),
+    "quarantine-loop": (
+        HEADER + job() + '[[binding]]\nsource = "work.quarantine"\ndestination = "work"\n',
+        "binding[0].destination",
+        "loop",
+    ),
+    "empty-file": ("# nothing here\n", "-", "declares nothing"),
+    "table-not-list": ('[exchange]\nname = "jobs"\n', "exchange", "[[exchange]]"),
 }

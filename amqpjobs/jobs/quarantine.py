@@ -16,6 +16,9 @@ from typing import Any, Final
 
 from amqpjobs.jobs import envelope, evidence
 
+#: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
+BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
+
 REPLAY_COUNT: Final = "amqpjobs-replay-count"
 REPLAY_ID: Final = "amqpjobs-replay-id"
 PREVIOUS_REASON: Final = "amqpjobs-previous-reason"
@@ -43,7 +46,7 @@ def header_text(value: Any) -> str:
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
     if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return str(value)
 
 

@@ -171,6 +171,20 @@ class App(JobRegistry):
                 f"payload for job {jobdef.name!r} is invalid: {exc}",
             ) from None
         layout = self.layout_of(jobdef)
+        if job_id is not None and not job_id.strip():
+            raise ConfigurationError(f"job {jobdef.name!r}: job_id is empty; give an id or leave it out (None)")
+        if tenant is not None and not tenant.strip():
+            raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
+        if priority is not None and layout.queue_type == "classic":
+            if layout.max_priority is None:
+                raise ConfigurationError(
+                    f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"
+                )
+            if isinstance(priority, int) and not isinstance(priority, bool) and priority > layout.max_priority:
+                raise ConfigurationError(
+                    f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
+                    f"max_priority {layout.max_priority}"
+                )
         job_id = job_id or str(uuid.uuid4())
         try:
             message = job_message(

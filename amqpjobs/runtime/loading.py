@@ -27,7 +27,11 @@ def load_app(reference: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigurationError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not hasattr(module, attribute):
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
         raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
     return app

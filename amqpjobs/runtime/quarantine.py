@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +28,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
+from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.wire.connection import connect
@@ -71,13 +72,15 @@ class QuarantinedMessage:
 
 
 async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tuple[str, int]:
-    """Find the quarantine queue ``name`` (or ``<name>.quarantine``) and its depth.
+    """Find quarantine queue ``name`` (``<name>.quarantine`` when ``name`` is a job queue) and its depth.
+
+    Only quarantine queues are accepted, so a typo can't purge or replay a work queue.
 
     Raises:
         ConfigurationError: neither exists.
 
     """
-    candidates = [name] if name.endswith(QUARANTINE_SUFFIX) else [name + QUARANTINE_SUFFIX, name]
+    candidates = [name if name.endswith(QUARANTINE_SUFFIX) else name + QUARANTINE_SUFFIX]
     for candidate in candidates:
         channel = await connection.channel(publisher_confirms=False)
         try:
@@ -269,8 +272,10 @@ async def replay(
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
     """
-    if not options.rate > 0:
-        raise ConfigurationError(f"--rate must be > 0 (got {options.rate})")
+    if not (options.rate > 0 and math.isfinite(options.rate)):
+        raise ConfigurationError(
+            f"--rate must be a positive, finite number of messages per second (got {options.rate})"
+        )
     replay_id = str(uuid.uuid4())
     async with _session(settings) as connection:
         queue_name, depth = await resolve_queue(connection, name)
@@ -307,7 +312,13 @@ async def replay(
                 if due > now:
                     await asyncio.sleep(due - now)
                 copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
-                await publisher.publish("", target, copy)
+                try:
+                    await publisher.publish("", target, copy)
+                except UnroutableError:
+                    raise ConfigurationError(
+                        f"target queue {target!r} does not exist; {report.replayed} moved before it, "
+                        "the rest stay in quarantine"
+                    ) from None
                 await delivery.ack()
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started

@@ -292,9 +292,24 @@ class Worker:
             0 when every in-flight handler finished and was acked within the grace period,
             1 when some had to be abandoned (their deliveries return to the queue).
 
+        A stop requested while still connecting abandons the start (exit code 0).
+
+        Raises:
+            The errors of :meth:`start`; what was opened is closed first.
         """
-        await self.start()
-        await self._stop.wait()
+        starting = asyncio.create_task(self.start())
+        stopping = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await self.shutdown()
+            return 0
+        if starting.exception() is not None:
+            stopping.cancel()
+            await self.shutdown()
+            raise starting.exception()  # type: ignore[misc]
+        await stopping
         return await self.shutdown()
 
     async def shutdown(self) -> int:

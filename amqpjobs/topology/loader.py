@@ -23,6 +23,7 @@ from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 
 #: ``x-max-priority`` above this still works but costs broker CPU and memory
 #: (RabbitMQ "Classic Queues Support Priorities" → "How many priorities should I use?").
@@ -32,11 +33,11 @@ _FIXES = {
     "extra_forbidden": "remove the key or correct its spelling; see README 'Topology files'",
     "missing": "add the key",
     "literal_error": "use one of the values listed",
-    "int_type": "give a whole number",
+    "int_type": "give a whole number, without quotes",
     "int_parsing": "give a whole number",
     "bool_type": "give true or false",
     "string_type": "give a string",
-    "tuple_type": 'give a list, e.g. ["5s", "1m"]',
+    "tuple_type": "give a list; write entries as [[exchange]] / [[job_queue]] / [[binding]] tables",
     "greater_than_equal": "raise the value to the minimum shown",
     "less_than_equal": "lower the value to the maximum shown",
     "string_too_short": "give a non-empty name",
@@ -116,6 +117,10 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
             problems.extend(_pydantic_problems(name, exc, raw))
     if problems:
         raise TopologyValidationError(problems)
+    if not any(tf.exchange or tf.job_queue or tf.binding for _, tf in parsed):
+        raise TopologyValidationError(
+            [Problem(str(path), "-", "the topology declares nothing", "add [[exchange]] and [[job_queue]] entries")]
+        )
     warnings: list[str] = []
     problems.extend(_cross_checks(parsed, broker_version, warnings))
     if problems:
@@ -147,8 +152,9 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
             fix = f"remove it or correct its spelling; allowed keys here: {', '.join(allowed)}"
         else:
             fix = _FIXES.get(kind, "correct the value")
+            message = message.removeprefix("Value error, ")
             if "input" in err and kind not in ("missing",):
-                message = f"{message} (got {err['input']!r})"
+                message = f"{message} (got {str(err['input'])[:100]!r})"
         problems.append(Problem(file, _key_path(loc), message, fix))
     return problems
 
@@ -214,8 +220,19 @@ def _cross_checks(
                     )
                 )
             problems.extend(_queue_rules(file, base, jq, broker_version, warnings))
-            topo = Topology(job_queues=(jq,))
-            decls = topo.declarations()
+            decls = Topology(job_queues=(jq,)).declarations()
+            too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))
+                        if len(n.encode("utf-8")) > 255]  # fmt: skip
+            if too_long:
+                problems.append(
+                    Problem(file, f"{base}.name",
+                            f"expanded name {too_long[0][:40]!r}... is {len(too_long[0].encode('utf-8'))} bytes; "
+                            "RabbitMQ allows 255", "shorten the job queue name (tiers and quarantine add suffixes)")
+                )  # fmt: skip
+            if len(set(jq.keys)) != len(jq.keys):
+                problems.append(
+                    Problem(file, f"{base}.routing_keys", "a routing key is listed twice", "list each key once")
+                )
             for q in decls.queues:
                 claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
             for ex_decl in decls.exchanges:
@@ -226,6 +243,7 @@ def _cross_checks(
                     f"{base}.name",
                     f"exchange (expanded from job queue {jq.name!r})",
                 )
+    problems.extend(_routing_checks(parsed))
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             if jq.exchange not in exchange_names:
@@ -248,6 +266,16 @@ def _cross_checks(
                     )
                 )
             targets = queue_names if b.destination_type == "queue" else exchange_names
+            if (
+                b.source.endswith(QUARANTINE_SUFFIX)
+                and b.destination in queue_names
+                and not b.destination.endswith(QUARANTINE_SUFFIX)
+            ):
+                problems.append(
+                    Problem(file, f"binding[{i}].destination",
+                            f"binding quarantine exchange {b.source!r} to {b.destination!r} sends failed jobs "
+                            "straight back to work: a loop", "remove the binding; use `amqpjobs replay` instead")
+                )  # fmt: skip
             if b.destination not in targets:
                 problems.append(
                     Problem(
@@ -257,6 +285,33 @@ def _cross_checks(
                         f"declare the {b.destination_type} or correct the name",
                     )
                 )
+    return problems
+
+
+def _routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
+    """Routing keys that would make a job run twice, or that an exchange type can't take."""
+    problems: list[Problem] = []
+    types = {e.name: e.type for _, tf in parsed for e in tf.exchange}
+    owner: dict[tuple[str, str], str] = {}
+    for file, tf in parsed:
+        for i, jq in enumerate(tf.job_queue):
+            kind = types.get(jq.exchange)
+            if kind == "x-consistent-hash" and not all(k.isdigit() for k in jq.keys):
+                problems.append(
+                    Problem(file, f"job_queue[{i}].routing_keys",
+                            "an x-consistent-hash exchange binds queues with integer weights",
+                            'set routing_keys to weights such as ["1"]')
+                )  # fmt: skip
+            if kind in ("direct", "topic"):
+                for key in dict.fromkeys(jq.keys):
+                    other = owner.setdefault((jq.exchange, key), jq.name)
+                    if other != jq.name:
+                        problems.append(
+                            Problem(file, f"job_queue[{i}].routing_keys",
+                                    f"routing key {key!r} of exchange {jq.exchange!r} also routes to job queue "
+                                    f"{other!r}: every such job would run twice",
+                                    "give each job queue its own routing keys")
+                        )  # fmt: skip
     return problems
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.topology import naming
@@ -39,6 +39,8 @@ QueueRole = Literal["work", "tier", "quarantine"]
 
 #: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
+#: An integer written as one: not "5", 5.0 or true (pydantic's strict mode).
+StrictInt = Annotated[int, Strict()]
 #: Seconds, read from a duration string ("30s", "5m") or a number of seconds.
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -108,12 +110,12 @@ class JobQueueSpec(_Frozen):
     exchange: Name
     routing_keys: tuple[str, ...] | None = None
     type: QueueType = "classic"
-    max_priority: int | None = Field(default=None, ge=1, le=255)
+    max_priority: StrictInt | None = Field(default=None, ge=1, le=255)
     retry_tiers: tuple[Seconds, ...] = ()
-    delivery_limit: int | None = Field(default=None, ge=1)
-    max_length: int | None = Field(default=None, ge=1)
+    delivery_limit: StrictInt | None = Field(default=None, ge=1)
+    max_length: StrictInt | None = Field(default=None, ge=1)
     overflow: Overflow = "reject-publish"
-    shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
+    shards: StrictInt = Field(default=1, ge=1, le=MAX_SHARDS)
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.codec import install_lenient_timestamps
@@ -95,7 +101,9 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
     install_lenient_timestamps()
     try:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(_CONNECT_ERRORS),
+            # refused credentials or a missing vhost won't fix themselves: no retry
+            retry=retry_if_exception_type(_CONNECT_ERRORS)
+            & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
             stop=stop_after_delay(wait),
             wait=wait_exponential(multiplier=0.2, max=2.0),
             reraise=True,
@@ -109,5 +117,10 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
     except _CONNECT_ERRORS as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} unreachable after {wait:g}s: {type(exc).__name__}: {exc}"
+        ) from exc
+    except (aiormq.exceptions.AMQPError, ValueError) as exc:  # e.g. the vhost does not exist
+        raise BrokerUnavailableError(
+            f"broker at {settings.safe_url} refused the connection: {type(exc).__name__}: {exc} "
+            f"(does vhost {settings.vhost!r} exist, with permissions for {settings.username!r}?)"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover

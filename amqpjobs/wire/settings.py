@@ -26,12 +26,13 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable URL>"
-    if parts.password is None:
+    if "@" not in parts.netloc:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    if ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ async def test_replayed_job_failing_again_carries_both_failures_and_stop_after_f
     assert h[q.PREVIOUS_REASON] == "exhausted"
     assert h[q.PREVIOUS_ERROR_TYPE] == "ValueError"
     assert str(h[q.PREVIOUS_ERROR_MESSAGE]).startswith("boom ")
-    assert h[q.PREVIOUS_FAILURE_AT] == "2026-11-29T08:00:00Z"
+    assert h[q.PREVIOUS_FAILURE_AT] == "2026-11-29T08:00:00.000Z"
     assert h[evidence.ATTEMPTS] == 1  # a fresh attempt budget: one run of max 1
 
 

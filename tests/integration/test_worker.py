@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 from pydantic import BaseModel
 
-from amqpjobs.errors import InvalidPayloadError, PublishError
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishError
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext
@@ -240,6 +240,14 @@ async def test_enqueue_errors(broker: BrokerSettings, tmp_path: Path):
         await app.enqueue("mail", {"to": "a@example.com"})
     with pytest.raises(PublishError, match="no queue is bound"):
         await app.enqueue("lost", {"n": 1})
+    with pytest.raises(ConfigurationError, match=r"priority 9 is above job queue 'work'.s max_priority 5"):
+        await app.enqueue("mail", {"to": "a@example.com", "order_id": 1}, priority=9)
+    with pytest.raises(ConfigurationError, match="job_id is empty"):
+        await app.enqueue("mail", {"to": "a@example.com", "order_id": 1}, job_id="")
+    with pytest.raises(ConfigurationError, match="tenant is empty"):
+        await app.enqueue("mail", {"to": "a@example.com", "order_id": 1}, tenant=" ")
+    with pytest.raises(ConfigurationError, match="reserved"):
+        await app.enqueue("mail", {"to": "a@example.com", "order_id": 1}, headers={"x-death": []})
     # the publisher still works after a returned message
     await app.enqueue("mail", {"to": "a@example.com", "order_id": 1})
     await app.close()

@@ -1,0 +1,123 @@
+"""Bad command lines: a clear one-line error, the documented exit code, no traceback, no password."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, TOPOLOGY, depth
+from tests.integration.worker_env import make_app
+
+pytestmark = pytest.mark.broker
+EXE = str(Path(sys.executable).with_name("amqpjobs"))
+
+
+def run(
+    broker: BrokerSettings,
+    *args: str,
+    url: str | None = None,
+    cwd: Path = ROOT,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[int, str, float]:
+    env = dict(os.environ, AMQPJOBS_URL=url or broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url)
+    env.update(env_extra or {})
+    started = time.monotonic()
+    proc = subprocess.run(
+        [EXE, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=90, stdin=subprocess.DEVNULL
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+
+
+def bad_url(broker: BrokerSettings, password: str = "wrong-secret", vhost: str | None = None) -> str:
+    host_port = broker.url.split("@", 1)[1].split("/", 1)[0]
+    return f"amqp://{broker.username}:{password}@{host_port}/{vhost or broker.vhost}"
+
+
+CASES = [
+    # (id, args, expected exit code, words in the output)
+    ("bad-port", ["topology", "plan", "topology"], 2, "bad broker URL"),
+    ("export-to-missing-dir", ["topology", "export", "topology", "-o", "/nonexistent/dir/x.json"], 2, "No such file"),
+    ("export-empty-vhost", ["topology", "export", "topology", "--vhost", ""], 2, "--vhost is empty"),
+    ("consume-missing-module", ["consume", "no_such_module_xyz:app"], 2, "cannot import module"),
+    ("consume-missing-attribute", ["consume", "tests.integration.procapp:nope"], 2, "has no attribute 'nope'"),
+    ("consume-not-an-app", ["consume", "tests.integration.procapp:sleep"], 2, "not an amqpjobs App"),
+    ("consume-concurrency-0", ["consume", "tests.integration.procapp:app", "--concurrency", "0"], 2, "0"),
+    ("consume-bad-grace", ["consume", "tests.integration.procapp:app", "--grace", "soon"], 2, "not a duration"),
+    ("replay-empty-since", ["replay", "work", "--since", ""], 2, "--since is empty"),
+    ("replay-garbage-since", ["replay", "work", "--since", "garbage"], 2, "--since 'garbage'"),
+    ("replay-rate-0", ["replay", "work", "--rate", "0"], 2, "--rate must be"),
+    ("replay-rate-inf", ["replay", "work", "--rate", "inf"], 2, "--rate must be"),
+    ("replay-rate-negative", ["replay", "work", "--rate", "-5"], 2, "--rate must be"),
+    ("replay-bad-reason", ["replay", "work", "--reason", "bogus"], 2, "is not a reason"),
+    ("replay-limit-0", ["replay", "work", "--limit", "0"], 2, "0"),
+    ("purge-a-tier-queue", ["quarantine", "purge", "work.retry.200ms", "--yes"], 2, "no quarantine queue"),
+    ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue"),
+    (
+        "replay-to-missing-queue",
+        ["replay", "work", "--to", "nosuchqueue"],
+        2,
+        "target queue 'nosuchqueue' does not exist",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "code", "words"), CASES, ids=[c[0] for c in CASES])
+async def test_bad_command_lines(broker: BrokerSettings, tmp_path: Path, case: str, args: list[str], code: int,
+                                 words: str):  # fmt: skip
+    await make_app(broker, tmp_path)
+    if case == "replay-to-missing-queue":
+        from tests.integration.test_quarantine import fill_quarantine
+
+        await fill_quarantine(broker, 2)
+    url = "amqp://u:p@127.0.0.1:notaport/" if case == "bad-port" else None
+    got, out, _ = await asyncio.to_thread(run, broker, *args, url=url)
+    assert got == code, out
+    assert words in out, out
+    assert "Traceback" not in out
+    if case == "replay-to-missing-queue":
+        assert await depth(broker, "work.quarantine") == 2  # nothing lost
+
+
+async def test_wrong_password_fails_fast_and_is_never_printed(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    env = {"PROCAPP_TOPOLOGY": str(tmp_path / "applied.toml"), "PROCAPP_RECORD": str(tmp_path / "r.txt")}
+    for args in (["topology", "plan", str(TOPOLOGY)], ["consume", "tests.integration.procapp:app"]):
+        code, out, took = await asyncio.to_thread(run, broker, *args, url=bad_url(broker), env_extra=env)
+        assert code == 3, out
+        assert "wrong-secret" not in out
+        assert "Traceback" not in out
+        assert took < 15, took
+
+
+async def test_consume_against_missing_vhost_or_topology_is_one_clear_error(broker: BrokerSettings, tmp_path: Path):
+    topo = tmp_path / "t.toml"
+    topo.write_text('[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n')
+    env = {"PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "r.txt")}
+    missing = bad_url(broker, broker.password, "no-such-vhost")
+    code, out, _ = await asyncio.to_thread(run, broker, "consume", "tests.integration.procapp:app", url=missing,
+                                           env_extra=env)  # fmt: skip
+    assert code == 3, out
+    assert "no-such-vhost" in out
+    assert "Traceback" not in out
+    code, out, _ = await asyncio.to_thread(run, broker, "consume", "tests.integration.procapp:app", env_extra=env)
+    assert code == 3, out
+    assert "work queue 'work' does not exist" in out
+    assert "Traceback" not in out
+    assert "Event loop is closed" not in out
+
+
+async def test_module_raising_at_import(broker: BrokerSettings, tmp_path: Path):
+    (tmp_path / "broken_mod.py").write_text("raise RuntimeError('config missing')\n")
+    (tmp_path / "syntax_mod.py").write_text("def (:\n")
+    for module, words in (("broken_mod", "RuntimeError: config missing"), ("syntax_mod", "SyntaxError")):
+        code, out, _ = await asyncio.to_thread(run, broker, "consume", f"{module}:app", cwd=tmp_path)
+        assert code == 2, out
+        assert words in out
+        assert "Traceback" not in out
