@@ -57,7 +57,8 @@ def _errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_BAD_INPUT)
         except TopologyConflictError as exc:
             click.echo(exc.report)
-            click.echo("conflicts found: nothing was declared", err=True)
+            if exc.declared_nothing:
+                click.echo("conflicts found: nothing was declared", err=True)
             sys.exit(EXIT_FOUND)
         except ConfigurationError as exc:
             click.echo(f"error: {exc}", err=True)

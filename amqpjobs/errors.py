@@ -107,11 +107,14 @@ class TopologyValidationError(TopologyError):
 class TopologyConflictError(TopologyError):
     """Live broker objects are inequivalent to the desired ones; nothing was declared.
 
-    ``report`` is the human-readable plan report naming every conflicting argument.
+    ``report`` is the human-readable plan report naming every conflicting argument;
+    ``declared_nothing`` is False only when the broker refused a declaration mid-apply
+    (something changed between plan and apply).
     """
 
-    def __init__(self, report: str) -> None:
+    def __init__(self, report: str, declared_nothing: bool = True) -> None:
         self.report = report
+        self.declared_nothing = declared_nothing
         super().__init__(report)
 
 

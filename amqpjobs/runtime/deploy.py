@@ -101,8 +101,9 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             # Someone created an inequivalent object between our plan and our declare.
             raise TopologyConflictError(
-                f"the broker refused a declaration made after planning: {exc}; "
-                "run `amqpjobs topology plan` to see the conflict"
+                f"the broker refused a declaration made after planning: {exc}; objects declared before it "
+                "remain. Run `amqpjobs topology plan` to see the conflict",
+                declared_nothing=False,
             ) from exc
     finally:
         await connection.close()
