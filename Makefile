@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BROKER := bash scripts/broker.sh
 
-.PHONY: install broker-up broker-down broker-status broker4-up broker4-down lint test test-3 test-4 test-fast demo clean
+.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down lint test test-3 test-4 test-fast demo clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +36,13 @@ lint: install  ## ruff and mypy (strict)
 
 test: lint test-3 test-4  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10 and 4.x
 
-test-3: install broker-up  ## the whole suite against the 3.10 node
+postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
+	bash scripts/postgres.sh up
+
+test-3: install broker-up postgres-up  ## the whole suite against the 3.10 node
 	$(BIN)/pytest
 
-test-4: install broker-up broker4-up  ## the broker-facing suite against the 4.x node
+test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node
 	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest -m broker
 
 test-fast: install broker-up  ## the suite without tests marked slow

@@ -10,6 +10,7 @@ from amqpjobs.errors import (
     BrokerError,
     BrokerUnavailableError,
     ConfigurationError,
+    DuplicateJobError,
     InvalidPayloadError,
     ManagementApiError,
     MessageTooLargeError,
@@ -25,6 +26,8 @@ from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.app import App, SyncPublisher
+from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
+from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -36,20 +39,25 @@ __all__ = [
     "BrokerError",
     "BrokerSettings",
     "BrokerUnavailableError",
+    "Claim",
     "ConfigurationError",
+    "DuplicateJobError",
     "InvalidPayloadError",
     "JobContext",
     "JobDef",
     "JobQueueLayout",
+    "Ledger",
     "LoadedTopology",
     "ManagementApiError",
     "MessageTooLargeError",
+    "PostgresLedger",
     "Problem",
     "PublishError",
     "PublishNackedError",
     "Reject",
     "Retry",
     "RetryPolicy",
+    "SqliteLedger",
     "SyncPublisher",
     "Topology",
     "TopologyConflictError",

@@ -5,6 +5,7 @@ The tree::
     AmqpJobsError
     ├── ConfigurationError          bad settings or arguments given to the library
     ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
+    ├── DuplicateJobError           an idempotent job's key was already done (its effect rolled back)
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
@@ -47,6 +48,10 @@ class InvalidPayloadError(AmqpJobsError):
         self.job = job
         self.errors = errors
         super().__init__(message)
+
+
+class DuplicateJobError(AmqpJobsError):
+    """An idempotent job's key was already marked done by another run; this run's effect was rolled back."""
 
 
 class PublishError(AmqpJobsError):

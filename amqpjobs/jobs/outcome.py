@@ -68,4 +68,9 @@ class Quarantine:
     reason: str
 
 
-Decision = Ack | RetryLater | Quarantine
+@dataclass(frozen=True)
+class Duplicate:
+    """An idempotent job whose key is already done: ack without running (or its effect was rolled back)."""
+
+
+Decision = Ack | RetryLater | Quarantine | Duplicate

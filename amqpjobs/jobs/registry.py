@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -44,6 +45,23 @@ class JobContext:
     redelivered: bool
     enqueued_at: datetime | None = None
     headers: Mapping[str, Any] = field(default_factory=dict)
+    ledger_transaction: Callable[[], AbstractContextManager[Any]] | None = None
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A transaction of the idempotency ledger's database that also marks this job done.
+
+        Put the side effect in it when it lives in that database (inbox pattern): the
+        effect and the done-mark commit together, so a crash can't leave one without the
+        other, and a second run's effect is rolled back (``DuplicateJobError``, counted as
+        a duplicate). SQLite: a ``sqlite3.Connection``; PostgreSQL: a psycopg connection.
+        For plain-function handlers (the connections are synchronous).
+
+        Raises:
+            ConfigurationError: the job is not declared ``idempotent=True``.
+        """
+        if self.ledger_transaction is None:
+            raise ConfigurationError(f"job {self.job!r}: transaction() needs @app.job(..., idempotent=True)")
+        return self.ledger_transaction()
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,10 @@ class JobDef:
         retry: Retry policy.
         timeout: Seconds a run may take before it is cancelled (a transient failure with
             reason ``timeout``), or None for no limit.
+        idempotent: Gate the effect on the idempotency ledger (claim before, done after).
+        key: Derives the job id (the idempotency key) from the validated payload when
+            ``enqueue`` gets no ``job_id``.
+        lease: Seconds a claim holds before another worker may take it over.
 
     """
 
@@ -68,6 +90,9 @@ class JobDef:
     payload_model: type[BaseModel] | None
     retry: RetryPolicy
     timeout: float | None
+    idempotent: bool = False
+    key: Callable[[Any], str] | None = None
+    lease: float = 300.0
 
     @property
     def is_async(self) -> bool:
@@ -123,6 +148,9 @@ class JobRegistry:
         payload: type[BaseModel] | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | str | None = None,
+        idempotent: bool = False,
+        key: Callable[[Any], str] | None = None,
+        lease: float | str | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as job ``name``.
 
@@ -132,6 +160,12 @@ class JobRegistry:
             payload: Pydantic model for the payload; None accepts any JSON object.
             retry: Retry policy; default :class:`RetryPolicy` ().
             timeout: Seconds (or a duration string such as ``"30s"``) per run, or None.
+            idempotent: Run the effect at most once per job id, through the app's ledger
+                (README "Idempotency").
+            key: Function of the validated payload giving the job id, e.g.
+                ``lambda p: f"charge:{p.order_id}"``.
+            lease: How long a claim holds (seconds or duration); default twice the
+                timeout, at least 60 s, 300 s without a timeout. Must exceed the run time.
 
         Returns:
             A decorator that registers the handler and returns it unchanged.
@@ -149,8 +183,16 @@ class JobRegistry:
         except ValueError as exc:
             raise ConfigurationError(f"job {name!r}: timeout: {exc}") from None
 
+        try:
+            hold = parse_duration(lease) if lease is not None else (max(60.0, 2 * seconds) if seconds else 300.0)
+        except ValueError as exc:
+            raise ConfigurationError(f"job {name!r}: lease: {exc}") from None
+        if seconds is not None and hold <= seconds:
+            raise ConfigurationError(f"job {name!r}: lease {hold:g}s must be longer than the timeout {seconds:g}s")
+
         def register(handler: H) -> H:
-            self._jobs[name] = JobDef(name, queue, handler, payload, retry or RetryPolicy(), seconds)
+            policy = retry or RetryPolicy()
+            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold)
             return handler
 
         return register

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -10,14 +11,18 @@ import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 
+from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
+from amqpjobs.jobs.cron import CronRule, MissedPolicy, OverlapPolicy, Schedule
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.registry import JobDef, JobRegistry
+from amqpjobs.runtime.ledger import Ledger
+from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE, overlap_guarded
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
@@ -25,6 +30,7 @@ from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 T = TypeVar("T")
+C = TypeVar("C", bound=Callable[..., Any])
 JobRef = str | Callable[..., Any] | JobDef
 
 
@@ -37,6 +43,12 @@ class App(JobRegistry):
             import), or a :class:`~amqpjobs.topology.models.Topology`.
         app_version: Your application's version, written into evidence headers.
         url: AMQP URL for enqueueing; default ``$AMQPJOBS_URL`` when first needed.
+        ledger: Idempotency ledger for jobs declared ``idempotent=True``
+            (:class:`~amqpjobs.runtime.ledger.SqliteLedger` or
+            :class:`~amqpjobs.runtime.ledger_postgres.PostgresLedger`).
+        quarantine_retention: How long failed jobs may rest in quarantine before replay
+            (seconds or duration, default 7 days); the ledger must keep done-markers longer
+            than that plus the retry window, or a late replay could run an effect again.
         max_message_size: Largest message body in bytes that ``enqueue`` sends; default the
             connected broker's default (128 MiB before RabbitMQ 4.0, 16 MiB from 4.0), read
             from its version at connect. Set it when your broker is configured otherwise.
@@ -60,15 +72,20 @@ class App(JobRegistry):
         app_version: str = "",
         url: str | None = None,
         max_message_size: int | None = None,
+        ledger: Ledger | None = None,
+        quarantine_retention: float | str = "7d",
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.max_message_size = max_message_size
+        self.ledger = ledger
+        self.quarantine_retention = parse_duration(quarantine_retention)
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
         self._connection: AbstractRobustConnection | None = None
         self._publisher: ConfirmedPublisher | None = None
         self._connect_lock: asyncio.Lock | None = None
+        self._schedules: dict[str, Schedule] = {}
 
     def topology(self) -> Topology:
         """The app's topology, loaded and validated on first use.
@@ -116,7 +133,9 @@ class App(JobRegistry):
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
 
     async def close(self) -> None:
-        """Close the publishing connection."""
+        """Close the publishing connection and the ledger's connections."""
+        if self.ledger is not None:
+            await self.ledger.close()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:
@@ -185,6 +204,11 @@ class App(JobRegistry):
                     f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
                     f"max_priority {layout.max_priority}"
                 )
+        if job_id is None and jobdef.key is not None:
+            try:
+                job_id = str(jobdef.key(jobdef.validate(payload)))
+            except Exception as exc:
+                raise ConfigurationError(f"job {jobdef.name!r}: its key function failed: {exc}") from exc
         job_id = job_id or str(uuid.uuid4())
         try:
             message = job_message(
@@ -211,6 +235,86 @@ class App(JobRegistry):
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script)."""
         return SyncPublisher(self, url)
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        missed: MissedPolicy = "catch-up-once",
+        overlap: OverlapPolicy = "allow",
+        grace: float | str = 60.0,
+    ) -> Callable[[C], C]:
+        """Schedule the decorated job; put ``@app.cron`` above ``@app.job``.
+
+        ``amqpjobs schedule run module:app`` then enqueues the job on every tick, with job
+        id ``cron:<name>:<tick in UTC>`` (README "Schedules"; next-fire and DST rules in
+        :mod:`amqpjobs.jobs.cron`).
+
+        Args:
+            expression: croniter expression: 5 fields (``"0 8 * * *"``), 6 with seconds
+                last (``"* * * * * */10"``), or an alias such as ``"@daily"``.
+            name: Schedule name (``A-Za-z0-9._-``, at most 100); default the job's name.
+                Give one when a job has several schedules.
+            tz: IANA zone the expression is read in (``"Europe/Paris"``); default UTC.
+            payload: The job's payload on every tick (dict or model instance), validated
+                now; default ``{}``.
+            missed: ``"catch-up-once"`` (one job for ticks missed while no scheduler ran)
+                or ``"skip"`` (none). Missed ticks are never replayed one by one.
+            overlap: ``"allow"``, or ``"skip"``: skip a tick while the previous run of this
+                schedule still runs (needs an ``async def`` handler).
+            grace: Seconds (or ``"5m"``) after its time within which a tick still fires as
+                on time; default 60.
+
+        Returns:
+            A decorator that registers the schedule and returns the handler (the overlap
+            guard's wrapper with ``overlap="skip"``).
+
+        Raises:
+            ConfigurationError: a bad expression, zone, name, policy, grace or payload; a
+                schedule of that name exists; the function is not a registered job; or
+                ``overlap="skip"`` on a plain-function handler.
+
+        """
+        rule = CronRule(expression, tz)
+        try:
+            grace_seconds = parse_duration(grace)
+        except ValueError as exc:
+            raise ConfigurationError(f"cron {expression!r}: grace: {exc}") from None
+
+        def register(handler: C) -> C:
+            jobdef = next((j for j in self if j.handler is handler), None)
+            if jobdef is None:
+                raise ConfigurationError(
+                    f"cron {expression!r}: {getattr(handler, '__name__', handler)!r} is not a registered job; "
+                    "put @app.cron above @app.job"
+                )
+            try:
+                body = jobdef.to_json({} if payload is None else payload)
+            except ValidationError as exc:
+                raise ConfigurationError(f"cron {expression!r}: payload for job {jobdef.name!r}: {exc}") from None
+            schedule = Schedule(name or jobdef.name, jobdef.name, rule, body, missed, overlap, grace_seconds)
+            if schedule.name in self._schedules:
+                raise ConfigurationError(f"schedule {schedule.name!r} is registered twice; give each a name=")
+            result: Callable[..., Any] = handler
+            if overlap == "skip" and not getattr(handler, GUARD_ATTRIBUTE, False):
+                if not jobdef.is_async:
+                    raise ConfigurationError(
+                        f"schedule {schedule.name!r}: overlap='skip' needs an async def handler (the guard holds "
+                        f"its marker from the event loop); job {jobdef.name!r} has a plain function"
+                    )
+                result = overlap_guarded(self, handler)
+                self._jobs[jobdef.name] = dataclasses.replace(jobdef, handler=result)
+            self._schedules[schedule.name] = schedule
+            return cast(C, result)
+
+        return register
+
+    def schedules(self) -> list[Schedule]:
+        """The app's cron schedules, sorted by name."""
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
 
 class SyncPublisher:

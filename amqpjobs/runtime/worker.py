@@ -26,6 +26,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,14 @@ from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 import amqpjobs
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
+from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.evidence import Failure, evidence_headers
-from amqpjobs.jobs.outcome import Ack, Decision, Quarantine, Reject, Retry, RetryLater
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine, Reject, Retry, RetryLater
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
@@ -106,6 +108,8 @@ class Outcome:
         if not self.acked:
             return "abandoned"
         d = self.decision
+        if isinstance(d, Duplicate):
+            return "duplicate"
         return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
 
 
@@ -172,6 +176,7 @@ class Worker:
         self.metrics = metrics
         self.heartbeat_at = time.monotonic()
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._prune_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -197,12 +202,46 @@ class Worker:
                     f"job {job.name!r} allows {attempts} attempts but job queue {job.queue!r} has no "
                     "retry_tiers; add tiers to the topology or set RetryPolicy(max_attempts=1)"
                 )
+            if job.idempotent:
+                self._check_idempotent(job, layout)
             if job.timeout is not None and job.timeout >= self.options.consumer_timeout:
                 log.warning(
                     "job %s: timeout %.0fs is not below the broker's delivery acknowledgement timeout "
                     "(consumer_timeout %.0fs): the broker would close the channel and redeliver first",
                     job.name, job.timeout, self.options.consumer_timeout,
                 )  # fmt: skip
+
+    def _check_idempotent(self, job: JobDef, layout: JobQueueLayout) -> None:
+        ledger = self.app.ledger
+        if ledger is None:
+            raise ConfigurationError(f"job {job.name!r} is idempotent but the app has no ledger: App(..., ledger=...)")
+        if not layout.tiers:
+            raise ConfigurationError(
+                f"job {job.name!r} is idempotent but job queue {layout.name!r} has no retry_tiers: a delivery whose "
+                "job is running elsewhere waits in the first tier"
+            )
+        attempts = job.retry.attempts_for(layout.tiers)
+        window = sum(layout.tiers[min(i, len(layout.tiers) - 1)] for i in range(attempts - 1))
+        needed = window + self.app.quarantine_retention
+        if ledger.retention < needed:
+            raise ConfigurationError(
+                f"job {job.name!r}: the ledger keeps done-markers {ledger.retention:g}s, shorter than the retry "
+                f"window ({window:g}s) plus the quarantine retention ({self.app.quarantine_retention:g}s) = "
+                f"{needed:g}s: a job replayed or retried after its marker was pruned would run its effect again. "
+                "Raise the ledger's retention or lower App(quarantine_retention=...)"
+            )
+
+    async def _prune_ledger(self) -> None:
+        ledger = self.app.ledger
+        assert ledger is not None
+        while True:
+            try:
+                removed = await ledger.prune(ledger.retention)
+                if removed:
+                    log.info("pruned %d done-marker(s) older than %gs from the ledger", removed, ledger.retention)
+            except Exception as exc:
+                log.warning("pruning the idempotency ledger failed: %s", exc)
+            await asyncio.sleep(600)
 
     async def start(self) -> None:
         """Connect and start consuming. Returns once every slot consumes.
@@ -223,6 +262,11 @@ class Worker:
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._heartbeat_task = asyncio.create_task(self._beat())
+        if self.app.ledger is not None and any(j.idempotent for j in self.app):
+            opener = getattr(self.app.ledger, "open", None)
+            if opener is not None:
+                await opener()
+            self._prune_task = asyncio.create_task(self._prune_ledger())
         for layout in self._layouts.values():
             for work_queue in layout.work_queues:
                 for _ in range(self.options.concurrency):
@@ -320,8 +364,9 @@ class Worker:
 
         """
         self._stop.set()
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
+        for task in (self._heartbeat_task, self._prune_task):
+            if task is not None:
+                task.cancel()
         for queue, tag in self._consumers:
             try:
                 await queue.cancel(tag)
@@ -430,6 +475,27 @@ class Worker:
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
+        ledger = self.app.ledger if job.idempotent else None
+        owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}"
+        transaction = None
+        if ledger is not None:
+            try:
+                claim = await ledger.claim(job_id, owner, job.lease)
+            except Exception as exc:  # the ledger is down: try again later, without using an attempt
+                log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0])
+                return _Verdict(later, (_qualname(exc), str(exc), ""), job, attempt, job_id, False)
+            if claim is Claim.DONE:
+                return _Verdict(Duplicate(), ("", "", ""), job, attempt, job_id, False)
+            if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0])
+                why = "another worker holds a live claim on this job id"
+                return _Verdict(later, ("ClaimBusy", why, ""), job, attempt, job_id, False)
+
+            def transaction() -> AbstractContextManager[Any]:
+                assert ledger is not None
+                return ledger.transaction(job_id, owner)
+
         ctx = JobContext(
             job=job.name,
             job_id=job_id,
@@ -440,6 +506,7 @@ class Worker:
             redelivered=delivery.redelivered,
             enqueued_at=delivery.enqueued_at,
             headers=delivery.headers,
+            ledger_transaction=transaction,
         )
         latency = None
         if attempt == 1 and ctx.enqueued_at is not None:
@@ -447,15 +514,28 @@ class Worker:
         started = time.monotonic()
         try:
             await self._run_handler(job, payload, ctx)
+        except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
+            return _Verdict(Duplicate(), ("", "", ""), job, attempt, job_id, True, time.monotonic() - started, latency)
         except Exception as exc:
             took = time.monotonic() - started
+            if ledger is not None:
+                await self._release(ledger, job_id, owner)
             kind = self._classify(job, exc)
             decision = decide(kind, attempt, max_attempts, layout.tiers)
             tb = "".join(traceback.format_exception(exc))
             error = (_qualname(exc), str(exc), tb)
             return _Verdict(decision, error, job, attempt, job_id, True, took, latency, kind == "timeout")
         took = time.monotonic() - started
+        if ledger is not None:
+            await ledger.done(job_id, owner)  # False when its transaction() already marked it: fine
         return _Verdict(Ack(), ("", "", ""), job, attempt, job_id, True, took, latency)
+
+    @staticmethod
+    async def _release(ledger: Ledger, key: str, owner: str) -> None:
+        try:
+            await ledger.release(key, owner)
+        except Exception as exc:  # the lease expires by itself
+            log.warning("releasing the claim on %s failed (%s); it expires with its lease", key, exc)
 
     @staticmethod
     def _classify(job: JobDef, exc: BaseException) -> FailureKind:
@@ -637,3 +717,5 @@ async def run_worker(
             loop.remove_signal_handler(sig)
         if server is not None:
             server.stop()
+        if app.ledger is not None:
+            await app.ledger.close()

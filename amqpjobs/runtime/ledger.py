@@ -1,0 +1,238 @@
+"""The idempotency ledger: claim a job's key before its effect, mark it done after.
+
+Delivery is at-least-once, so the achievable goal is an exactly-once *effect*: gate the
+effect on a durable key (the job id) in a store with a unique index. Per key, a ledger
+row moves through::
+
+    (none) --claim--> running(owner, lease expiry) --done--> done
+                          |  failure: release (row removed, a retry may claim again)
+                          |  owner died: lease expires, the next claim takes it over
+
+* :meth:`Ledger.claim` answers ``CLAIMED`` (run it), ``DONE`` (already done: ack without
+  running, outcome "duplicate") or ``BUSY`` (another live claim holds it: retry later);
+* :meth:`Ledger.done` marks it done after the handler returned, before the ack. A crash
+  between the effect and this mark is the one window left; :meth:`Ledger.transaction`
+  closes it when the effect lives in the ledger's database: the effect and the done-mark
+  commit in one transaction (inbox pattern), and a second run's transaction is rolled back.
+
+Two backends: :class:`SqliteLedger` (one host, any number of processes) here, and
+:class:`~amqpjobs.runtime.ledger_postgres.PostgresLedger` (many hosts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError, DuplicateJobError
+
+#: Default time a done-marker is kept (README "Idempotency" → "Retention").
+DEFAULT_RETENTION = 14 * 86400.0
+
+
+class Claim(enum.Enum):
+    """The answer to :meth:`Ledger.claim`."""
+
+    CLAIMED = "claimed"
+    DONE = "done"
+    BUSY = "busy"
+
+
+class Ledger(Protocol):
+    """What the worker needs from an idempotency store. Keys are job ids (<= 255 chars).
+
+    Attributes:
+        retention: Seconds a done-marker is kept before :meth:`prune` may remove it.
+    """
+
+    retention: float
+
+    async def claim(self, key: str, owner: str, lease: float) -> Claim:
+        """Claim ``key`` for ``owner`` for ``lease`` seconds (see the module docstring)."""
+
+    async def done(self, key: str, owner: str) -> bool:
+        """Mark ``key`` done. Returns False when it was already done (by another run)."""
+
+    async def release(self, key: str, owner: str) -> None:
+        """Drop ``owner``'s running claim on ``key`` (after a failure), so a retry can claim it."""
+
+    async def prune(self, older_than: float) -> int:
+        """Remove done-markers finished more than ``older_than`` seconds ago; returns how many."""
+
+    def transaction(self, key: str, owner: str) -> AbstractContextManager[Any]:
+        """A database transaction whose commit also marks ``key`` done (the inbox pattern).
+
+        Raises:
+            DuplicateJobError: on exit, when ``key`` was already done: the transaction
+                (the effect) is rolled back.
+        """
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('running', 'done')),
+    owner TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+)
+"""
+
+
+class SqliteLedger:
+    """A ledger in a SQLite file: safe across processes on one host (WAL, ``BEGIN IMMEDIATE``).
+
+    Args:
+        path: Database file (created when missing). Put your effect's tables in the same
+            file to use :meth:`transaction`.
+        retention: How long done-markers are kept: seconds or a duration string (default 14 days).
+
+    Raises:
+        ConfigurationError: the file can't be opened.
+    """
+
+    def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
+        self.path = Path(path)
+        self.retention = parse_duration(retention)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        try:
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise ConfigurationError(f"can't open the SQLite ledger at {self.path}: {exc}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=30000")
+            self._local.db = db
+            with self._all_lock:
+                self._all.append(db)
+        return db
+
+    def _claim(self, key: str, owner: str, lease: float) -> Claim:
+        db = self._connect()
+        now = time.time()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT state, owner, expires_at FROM amqpjobs_ledger WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO amqpjobs_ledger (key, state, owner, expires_at, updated_at) "
+                    "VALUES (?, 'running', ?, ?, ?)",
+                    (key, owner, now + lease, now),
+                )
+                result = Claim.CLAIMED
+            elif row[0] == "done":
+                result = Claim.DONE
+            elif row[1] != owner and row[2] > now:
+                result = Claim.BUSY
+            else:  # our own claim again, or an expired one: take it over
+                db.execute(
+                    "UPDATE amqpjobs_ledger SET owner = ?, expires_at = ?, updated_at = ? WHERE key = ?",
+                    (owner, now + lease, now, key),
+                )
+                result = Claim.CLAIMED
+            db.execute("COMMIT")
+            return result
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _mark_done(db: sqlite3.Connection, key: str, owner: str) -> bool:
+        now = time.time()
+        cur = db.execute(
+            "UPDATE amqpjobs_ledger SET state = 'done', owner = ?, expires_at = ?, updated_at = ? "
+            "WHERE key = ? AND state = 'running'",
+            (owner, now, now, key),
+        )
+        if cur.rowcount:
+            return True
+        cur = db.execute(
+            "INSERT OR IGNORE INTO amqpjobs_ledger (key, state, owner, expires_at, updated_at) "
+            "VALUES (?, 'done', ?, ?, ?)",
+            (key, owner, now, now),
+        )
+        return bool(cur.rowcount)
+
+    def _done(self, key: str, owner: str) -> bool:
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            ok = self._mark_done(db, key, owner)
+            db.execute("COMMIT")
+            return ok
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _release(self, key: str, owner: str) -> None:
+        self._connect().execute(
+            "DELETE FROM amqpjobs_ledger WHERE key = ? AND owner = ? AND state = 'running'", (key, owner)
+        )
+
+    def _prune(self, older_than: float) -> int:
+        cur = self._connect().execute(
+            "DELETE FROM amqpjobs_ledger WHERE state = 'done' AND updated_at < ?", (time.time() - older_than,)
+        )
+        return cur.rowcount
+
+    async def claim(self, key: str, owner: str, lease: float) -> Claim:
+        """See :meth:`Ledger.claim`."""
+        return await asyncio.to_thread(self._claim, key, owner, lease)
+
+    async def done(self, key: str, owner: str) -> bool:
+        """See :meth:`Ledger.done`."""
+        return await asyncio.to_thread(self._done, key, owner)
+
+    async def release(self, key: str, owner: str) -> None:
+        """See :meth:`Ledger.release`."""
+        await asyncio.to_thread(self._release, key, owner)
+
+    async def prune(self, older_than: float) -> int:
+        """See :meth:`Ledger.prune`."""
+        return await asyncio.to_thread(self._prune, older_than)
+
+    @contextmanager
+    def transaction(self, key: str, owner: str) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the ledger's file that also marks ``key`` done (inbox pattern).
+
+        Use it from a plain-function handler (``with ctx.transaction() as db: db.execute(...)``).
+
+        Raises:
+            DuplicateJobError: ``key`` was already done; the effect was rolled back.
+        """
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            if not self._mark_done(db, key, owner):
+                raise DuplicateJobError(f"job {key!r} was already done: its effect was rolled back")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        """Close every connection this ledger opened (call when no handler runs)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for db in conns:
+            db.close()
+        self._local = threading.local()

@@ -1,0 +1,261 @@
+"""Exactly-once effect: the idempotency ledger (SQLite and PostgreSQL) against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, ConfigurationError, JobContext, Worker, WorkerOptions
+from amqpjobs.jobs import envelope, evidence
+from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
+from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth, raw_channel
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
+
+pytestmark = pytest.mark.broker
+PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A PostgreSQL database: DATABASE_URL, else the project's own cluster (scripts/postgres.sh)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    out = subprocess.run(["bash", str(PG_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        pytest.fail(f"scripts/postgres.sh up failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh ledger database with an ``effects`` table (no unique constraint), as a LEDGERAPP_LEDGER spec."""
+    if request.param == "sqlite":
+        path = tmp_path / "ledger.db"
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        yield f"sqlite:{path}"
+        return
+    import psycopg
+
+    base = request.getfixturevalue("pg_url")
+    name = f"t_{os.getpid()}_{random.randrange(10**9)}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    url = base.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    try:
+        yield url
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def make_ledger(spec: str) -> Ledger:
+    return SqliteLedger(spec.removeprefix("sqlite:")) if spec.startswith("sqlite:") else PostgresLedger(spec)
+
+
+def effects(spec: str) -> list[str]:
+    if spec.startswith("sqlite:"):
+        with sqlite3.connect(spec.removeprefix("sqlite:")) as db:
+            return [r[0] for r in db.execute("SELECT job_id FROM effects")]
+    import psycopg
+
+    with psycopg.connect(spec) as db:
+        return [r[0] for r in db.execute("SELECT job_id FROM effects").fetchall()]
+
+
+async def idempotent_app(broker: BrokerSettings, tmp_path: Path, spec: str, runs: list[str], sleep: float = 0) -> App:
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=make_ledger(spec))
+    marker = "?" if spec.startswith("sqlite:") else "%s"
+
+    @app.job("charge", queue="work", idempotent=True, lease=5, key=lambda p: f"charge:{p['order']}")
+    def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        with ctx.transaction() as db:
+            db.execute(f"INSERT INTO effects (job_id) VALUES ({marker})", (ctx.job_id,))
+            time.sleep(sleep)
+
+    return app
+
+
+async def test_same_id_enqueued_twice_runs_once(broker: BrokerSettings, tmp_path: Path, ledger_spec: str):
+    runs: list[str] = []
+    app = await idempotent_app(broker, tmp_path, ledger_spec, runs)
+    async with running_worker(app, broker) as (_, rec):
+        first = await app.enqueue("charge", {"order": 17})
+        second = await app.enqueue("charge", {"order": 17})
+        await rec.wait_for(lambda o: len(o) == 2)
+    await app.close()
+    assert first == second == "charge:17"  # the id from the job's key function
+    assert runs == ["charge:17"]
+    assert effects(ledger_spec) == ["charge:17"]
+    assert [o.kind for o in rec.outcomes] == ["succeeded", "duplicate"]
+
+
+async def test_concurrent_duplicate_on_two_workers_runs_once(broker: BrokerSettings, tmp_path: Path, ledger_spec: str):
+    runs: list[str] = []
+    app = await idempotent_app(broker, tmp_path, ledger_spec, runs, sleep=1.0)
+    other: list[Any] = []
+    async with running_worker(app, broker) as (_, rec):
+        second = Worker(app, broker, WorkerOptions(queues=("work",)), other.append)
+        await second.start()
+        try:
+            await app.enqueue("charge", {"order": 5}, job_id="pay-5")
+            await app.enqueue("charge", {"order": 5}, job_id="pay-5")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                kinds = sorted(o.kind for o in [*rec.outcomes, *other])
+                if "succeeded" in kinds and "duplicate" in kinds:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await second.shutdown()
+    await app.close()
+    kinds = sorted(o.kind for o in [*rec.outcomes, *other])
+    assert runs == ["pay-5"]
+    assert effects(ledger_spec) == ["pay-5"]
+    assert kinds.count("succeeded") == 1
+    assert kinds.count("duplicate") == 1
+    assert set(kinds) <= {"succeeded", "duplicate", "retried"}  # "retried": waited a tier while busy
+    assert await depth(broker, "work") == 0
+
+
+async def test_replaying_a_done_job_runs_nothing(broker: BrokerSettings, tmp_path: Path, ledger_spec: str):
+    runs: list[str] = []
+    app = await idempotent_app(broker, tmp_path, ledger_spec, runs)
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("charge", {"order": 9})
+        await rec.wait_for(lambda o: len(o) == 1)
+        # the same job, quarantined earlier by some failure, now replayed
+        import aio_pika
+
+        failure = evidence.Failure("exhausted", "ValueError", "boom", "", 4, "", "", "h", 1, "", "", "jobs", "work",
+                                   "work", "charge", "charge:9", "")  # fmt: skip
+        async with raw_channel(broker) as ch:
+            ex = await ch.get_exchange("work.quarantine")
+            await ex.publish(aio_pika.Message(b'{"order": 9}', message_id="charge:9", type="charge",
+                                              content_type="application/json",
+                                              headers={envelope.ATTEMPT: 4, **evidence.evidence_headers(failure)}),
+                             routing_key="work")  # fmt: skip
+        report = await replay(broker, "work", ReplayOptions(rate=100))
+        assert report.replayed == 1
+        await rec.wait_for(lambda o: len(o) == 2)
+    await app.close()
+    assert runs == ["charge:9"]
+    assert effects(ledger_spec) == ["charge:9"]
+    assert [o.kind for o in rec.outcomes] == ["succeeded", "duplicate"]
+
+
+async def test_too_short_retention_is_refused_at_start(broker: BrokerSettings, tmp_path: Path):
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url,
+              ledger=SqliteLedger(tmp_path / "l.db", retention="1h"), quarantine_retention="7d")  # fmt: skip
+    app.job("charge", queue="work", idempotent=True)(lambda p, c: None)
+    with pytest.raises(ConfigurationError) as info:
+        await Worker(app, broker, WorkerOptions(queues=("work",))).start()
+    text = str(info.value)
+    assert "keeps done-markers 3600s" in text
+    assert "retry window (1.2s) plus the quarantine retention (604800s) = 604801s" in text
+    assert "would run its effect again" in text
+    no_ledger = App("idem", topology=base.topology(), url=broker.url)
+    no_ledger.job("charge", queue="work", idempotent=True)(lambda p, c: None)
+    with pytest.raises(ConfigurationError, match="has no ledger"):
+        await Worker(no_ledger, broker, WorkerOptions(queues=("work",))).start()
+
+
+async def test_ledger_claims_and_prunes(tmp_path: Path, ledger_spec: str):
+    ledger = make_ledger(ledger_spec)
+    try:
+        assert await ledger.claim("k", "a", 0.5) is Claim.CLAIMED
+        assert await ledger.claim("k", "b", 0.5) is Claim.BUSY
+        await asyncio.sleep(0.6)
+        assert await ledger.claim("k", "b", 5) is Claim.CLAIMED  # a's lease expired: taken over
+        await ledger.release("k", "a")  # a no longer holds it: no effect
+        assert await ledger.claim("k", "c", 5) is Claim.BUSY
+        assert await ledger.done("k", "b") is True
+        assert await ledger.claim("k", "c", 5) is Claim.DONE
+        assert await ledger.done("k", "c") is False
+        await ledger.release("k", "b")  # done markers stay
+        assert await ledger.claim("k", "d", 5) is Claim.DONE
+        assert await ledger.prune(3600) == 0
+        await asyncio.sleep(0.05)
+        assert await ledger.prune(0.01) == 1
+        assert await ledger.claim("k", "e", 5) is Claim.CLAIMED
+    finally:
+        await ledger.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_chaos_kill_9_twenty_times_exactly_one_effect_each(
+    broker: BrokerSettings, tmp_path: Path, ledger_spec: str
+):
+    base = await make_app(broker, tmp_path)
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = dict(
+        os.environ, AMQPJOBS_URL=broker.url, LEDGERAPP_TOPOLOGY=str(topo), LEDGERAPP_LEDGER=ledger_spec,
+        LEDGERAPP_LEASE="2",
+    )  # fmt: skip
+    exe = str(Path(sys.executable).with_name("amqpjobs"))
+    log = (tmp_path / "workers.log").open("a")
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([exe, "consume", "tests.integration.ledgerapp:app", "--concurrency", "2"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+    publisher = App("pub", topology=base.topology(), url=broker.url)
+    publisher.job("insert", queue="work")(lambda p, c: None)
+    workers = [spawn(), spawn()]
+    rng = random.Random(7)
+    kills = 0
+    try:
+        for i in range(1000):
+            await publisher.enqueue("insert", {"sleep": 0.01}, job_id=f"row-{i}")
+        await publisher.close()
+        while kills < 20:
+            await asyncio.sleep(rng.uniform(0.3, 0.9))
+            victim = rng.randrange(2)
+            workers[victim].kill()  # SIGKILL, mid-whatever
+            workers[victim].wait(10)
+            kills += 1
+            workers[victim] = spawn()
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if len(set(effects(ledger_spec))) >= 1000 and await depth(broker, "work") == 0:
+                break
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3)  # anything still bouncing through a tier
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait(10)
+        log.close()
+    rows = effects(ledger_spec)
+    assert kills == 20
+    assert len(rows) == 1000, f"{len(rows)} rows, {len(rows) - len(set(rows))} duplicates"
+    assert set(rows) == {f"row-{i}" for i in range(1000)}
+    assert await depth(broker, "work.quarantine") == 0
