@@ -38,6 +38,7 @@ import amqpjobs
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.fairness import RoundRobinGate
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine, Reject, Retry, RetryLater
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
@@ -62,7 +63,9 @@ class WorkerOptions:
 
     Attributes:
         queues: Job queue names to consume; None = every job queue the app's jobs use.
-        concurrency: Slots per work queue (each one consumer, prefetch 1).
+        concurrency: Slots per job queue: each unsharded work queue gets this many consumers
+            (prefetch 1 each); a sharded job queue gets this many consumers on every shard,
+            and its handlers share this many slots round-robin across the shards.
         grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
         consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
             ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
@@ -268,16 +271,22 @@ class Worker:
                 await opener()
             self._prune_task = asyncio.create_task(self._prune_ledger())
         for layout in self._layouts.values():
-            for work_queue in layout.work_queues:
+            # a sharded job queue shares its N slots round-robin among the shards with work waiting
+            gate = (
+                RoundRobinGate(self.options.concurrency, len(layout.work_queues)) if layout.shard_routing_keys else None
+            )
+            for shard, work_queue in enumerate(layout.work_queues):
                 for _ in range(self.options.concurrency):
-                    await self._start_slot(layout, work_queue)
+                    await self._start_slot(layout, work_queue, gate, shard)
         log.info(
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
         self.ready.set()
 
-    async def _start_slot(self, layout: JobQueueLayout, work_queue: str) -> None:
+    async def _start_slot(
+        self, layout: JobQueueLayout, work_queue: str, gate: RoundRobinGate | None = None, shard: int = 0
+    ) -> None:
         assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=1)
@@ -294,7 +303,11 @@ class Worker:
             assert task is not None
             self._inflight.add(task)
             try:
-                await self._handle(layout, work_queue, message)
+                if gate is None:
+                    await self._handle(layout, work_queue, message)
+                else:
+                    async with gate.slot(shard):
+                        await self._handle(layout, work_queue, message)
             finally:
                 self._inflight.discard(task)
 

@@ -90,7 +90,7 @@ async def test_replay_killed_halfway_loses_nothing(broker: BrokerSettings, tmp_p
         env=cli_env(broker), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 30
-    while await depth(broker, "work") < 600 and time.monotonic() < deadline:  # noqa: ASYNC110 - polls the broker
+    while await depth(broker, "work") < 600 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)

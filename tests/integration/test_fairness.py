@@ -1,0 +1,200 @@
+"""Tenant fairness (sharded job queues), priorities and workload classes against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.jobs.fairness import jain_index
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, raw_channel
+
+pytestmark = pytest.mark.broker
+SHARDS = 8
+TOPOLOGY = f"""
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "shared"
+exchange = "jobs"
+shards = {SHARDS}
+retry_tiers = ["300ms"]
+
+[[job_queue]]
+name = "prio"
+exchange = "jobs"
+max_priority = 9
+
+[[job_queue]]
+name = "urgent"
+exchange = "jobs"
+
+[[job_queue]]
+name = "batch"
+exchange = "jobs"
+"""
+
+
+async def setup(broker: BrokerSettings, tmp_path: Path) -> App:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    return App("fair", topology=load_topology(path).topology, url=broker.url)
+
+
+def tenants_on_distinct_shards(n: int) -> list[str]:
+    chosen: dict[int, str] = {}
+    for i in range(1000):
+        name = f"tenant-{i}"
+        chosen.setdefault(zlib.crc32(name.encode()) % SHARDS, name)
+        if len(chosen) == n:
+            break
+    return list(chosen.values())
+
+
+async def enqueue_many(app: App, job: str, n: int, **kw: Any) -> None:
+    for start in range(0, n, 250):
+        await asyncio.gather(*(app.enqueue(job, {"i": i}, **kw) for i in range(start, min(n, start + 250))))
+
+
+@pytest.mark.timeout(180)
+async def test_a_flooding_tenant_never_starves_the_others(broker: BrokerSettings, tmp_path: Path):
+    app = await setup(broker, tmp_path)
+    a, b, c = tenants_on_distinct_shards(3)
+    done: list[tuple[str, float]] = []
+
+    @app.job("work", queue="shared")
+    async def work(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(0.02)
+        assert ctx.tenant is not None
+        done.append((ctx.tenant, time.monotonic()))
+
+    await enqueue_many(app, "work", 5000, tenant=a)
+    await enqueue_many(app, "work", 50, tenant=b)
+    await enqueue_many(app, "work", 50, tenant=c)
+    worker = Worker(app, broker, WorkerOptions(queues=("shared",), concurrency=4))
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            counts = Counter(t for t, _ in done)
+            if counts[b] == 50 and counts[c] == 50:
+                break
+            await asyncio.sleep(0.05)
+        a_done_then = Counter(t for t, _ in done)[a]
+    finally:
+        await worker.shutdown()
+        await app.close()
+    counts = Counter(t for t, _ in done)
+    assert (counts[b], counts[c]) == (50, 50)
+    assert a_done_then < 500, a_done_then  # plain FIFO: B and C would wait for all 5,000 of A
+    # Jain's index over 1 s windows while all three tenants were busy
+    t0 = done[0][1]
+    b_c_end = max(ts for t, ts in done if t in (b, c))
+    windows: dict[int, Counter[str]] = {}
+    for tenant, ts in done:
+        if ts <= b_c_end:
+            windows.setdefault(int(ts - t0), Counter())[tenant] += 1  # 1 s windows
+    indexes = [jain_index([w[a], w[b], w[c]]) for w in windows.values() if sum(w.values()) >= 12]
+    assert indexes
+    assert min(indexes) >= 0.9, indexes
+    async with raw_channel(broker) as ch:
+        for i in range(SHARDS):
+            await (await ch.get_queue(f"shared.shard-{i}", ensure=False)).purge()
+
+
+async def test_a_retried_job_returns_to_its_own_shard(broker: BrokerSettings, tmp_path: Path):
+    app = await setup(broker, tmp_path)
+    (tenant,) = tenants_on_distinct_shards(1)
+    seen: list[tuple[int, str]] = []
+
+    @app.job("flaky", queue="shared")
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen.append((ctx.attempt, ctx.queue))
+        if ctx.attempt == 1:
+            raise ConnectionError("blip")
+
+    worker = Worker(app, broker, WorkerOptions(queues=("shared",), concurrency=2))
+    await worker.start()
+    try:
+        await app.enqueue("flaky", {}, tenant=tenant)
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    shard = f"shared.shard-{zlib.crc32(tenant.encode()) % SHARDS}"
+    assert seen == [(1, shard), (2, shard)]
+
+
+async def test_high_priority_job_overtakes_a_backlog(broker: BrokerSettings, tmp_path: Path):
+    app = await setup(broker, tmp_path)
+    started: list[int] = []
+
+    @app.job("p", queue="prio")
+    async def p(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.append(payload["prio"])
+        await asyncio.sleep(0.002)
+
+    worker = Worker(app, broker, WorkerOptions(queues=("prio",), concurrency=2))
+    await worker.start()
+    try:
+        for start in range(0, 1000, 250):
+            await asyncio.gather(*(app.enqueue("p", {"prio": 0}, priority=0) for _ in range(start, start + 250)))
+        await app.enqueue("p", {"prio": 9}, priority=9)
+        deadline = time.monotonic() + 30
+        while 9 not in started and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    before = started.index(9)
+    assert before < 990, before
+    async with raw_channel(broker) as ch:
+        await (await ch.get_queue("prio", ensure=False)).purge()
+
+
+@pytest.mark.timeout(120)
+async def test_workers_split_by_class_keep_urgent_jobs_fast(broker: BrokerSettings, tmp_path: Path):
+    app = await setup(broker, tmp_path)
+    duration = 1.5
+    waits: list[float] = []
+
+    @app.job("report", queue="batch")
+    async def report(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(duration)
+
+    @app.job("reset", queue="urgent")
+    async def reset(payload: dict[str, Any], ctx: JobContext) -> None:
+        waits.append(time.time() - payload["at"])
+
+    batch_worker = Worker(app, broker, WorkerOptions(queues=("batch",), concurrency=1))
+    urgent_worker = Worker(app, broker, WorkerOptions(queues=("urgent",), concurrency=1))
+    await batch_worker.start()
+    await urgent_worker.start()
+    try:
+        for i in range(4):  # a stream of batch jobs, and urgent jobs in between
+            await app.enqueue("report", {"i": i})
+            await app.enqueue("reset", {"at": time.time()})
+            await asyncio.sleep(0.4)
+        deadline = time.monotonic() + 10
+        while len(waits) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await urgent_worker.shutdown()
+        await batch_worker.shutdown()
+        await app.close()
+    assert len(waits) == 4
+    assert max(waits) < duration, waits
+    assert await depth(broker, "urgent") == 0
