@@ -1,0 +1,178 @@
+"""Tenant fairness figures: flood vs small tenants, p99 wait vs backlog depth, Jain's index, throughput cost.
+
+Usage: python bench/fairness.py   (needs the project's broker: make broker-up)
+
+Prints, with 4 slots and 20 ms handlers:
+1. tenant A enqueues 5,000 jobs, then B and C 50 each: how far A got when B and C finished;
+2. B's p99 wait (enqueue to start) behind an A backlog of 1,000 and of 10,000, and their ratio;
+3. Jain's fairness index among busy tenants over 1 s windows;
+4. jobs/s of the same workload through an unsharded and an 8-shard job queue, and their ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.jobs.fairness import jain_index
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARDS = 8
+SLOTS = 4
+HANDLER = 0.02
+TOPOLOGY = f"""
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "shared"
+exchange = "jobs"
+shards = {SHARDS}
+retry_tiers = ["1s"]
+
+[[job_queue]]
+name = "plain"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+
+def tenants(n: int) -> list[str]:
+    chosen: dict[int, str] = {}
+    for i in range(10_000):
+        chosen.setdefault(zlib.crc32(f"t{i}".encode()) % SHARDS, f"t{i}")
+        if len(chosen) == n:
+            break
+    return list(chosen.values())
+
+
+async def enqueue(app: App, job: str, n: int, tenant: str | None) -> None:
+    for start in range(0, n, 500):
+        await asyncio.gather(
+            *(app.enqueue(job, {"at": time.time()}, tenant=tenant) for _ in range(start, min(n, start + 500)))
+        )
+
+
+class Run:
+    def __init__(self, settings: BrokerSettings, topology_path: Path) -> None:
+        self.settings = settings
+        self.app = App("bench", topology=load_topology(topology_path).topology, url=settings.url)
+        self.done: list[tuple[str, float, float]] = []  # tenant, wait, finished at
+        for name, queue in (("shared-job", "shared"), ("plain-job", "plain")):
+            self.app.job(name, queue=queue)(self.handler)
+
+    async def handler(self, payload: dict[str, Any], ctx: JobContext) -> None:
+        wait = time.time() - payload["at"]
+        await asyncio.sleep(HANDLER)
+        self.done.append((ctx.tenant or "-", wait, time.monotonic()))
+
+    async def until(self, predicate: Any, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+async def purge(settings: BrokerSettings) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(settings.url)
+    async with connection:
+        channel = await connection.channel()
+        for name in ["plain", *(f"shared.shard-{i}" for i in range(SHARDS))]:
+            await (await channel.get_queue(name, ensure=False)).purge()
+
+
+async def flood(settings: BrokerSettings, path: Path, backlog: int) -> tuple[int, float, list[float]]:
+    run = Run(settings, path)
+    a, b, c = tenants(3)
+    await enqueue(run.app, "shared-job", backlog, a)
+    worker = Worker(run.app, settings, WorkerOptions(queues=("shared",), concurrency=SLOTS))
+    await worker.start()
+    await enqueue(run.app, "shared-job", 50, b)
+    await enqueue(run.app, "shared-job", 50, c)
+    await run.until(lambda: sum(1 for t, _, _ in run.done if t in (b, c)) >= 100)
+    a_then = sum(1 for t, _, _ in run.done if t == a)
+    await worker.shutdown()
+    await run.app.close()
+    await purge(settings)
+    waits = sorted(w for t, w, _ in run.done if t == b)
+    p99 = waits[min(len(waits) - 1, int(0.99 * len(waits)))]
+    t0 = run.done[0][2]
+    end = max(ts for t, _, ts in run.done if t in (b, c))
+    windows: dict[int, Counter[str]] = {}
+    for tenant, _, ts in run.done:
+        if ts <= end:
+            windows.setdefault(int(ts - t0), Counter())[tenant] += 1
+    indexes = [jain_index([w[a], w[b], w[c]]) for w in windows.values() if sum(w.values()) >= 10]
+    return a_then, p99, indexes
+
+
+async def throughput(settings: BrokerSettings, path: Path, queue: str, n: int = 2000) -> float:
+    run = Run(settings, path)
+    names = tenants(SHARDS)
+    for i in range(0, n, 500):
+        batch = range(i, i + 500)
+        await asyncio.gather(
+            *(run.app.enqueue(f"{queue}-job", {"at": time.time()}, tenant=names[j % len(names)]) for j in batch)
+        )
+    worker = Worker(run.app, settings, WorkerOptions(queues=(queue,), concurrency=SLOTS))
+    started = time.monotonic()
+    await worker.start()
+    await run.until(lambda: len(run.done) >= n)
+    rate = n / (time.monotonic() - started)
+    await worker.shutdown()
+    await run.app.close()
+    return rate
+
+
+async def main() -> int:
+    up = ["bash", str(ROOT / "scripts/broker.sh"), "up"]
+    await asyncio.to_thread(subprocess.run, up, capture_output=True, check=True)
+    url = ["bash", str(ROOT / "scripts/broker.sh"), "url"]
+    urls = (await asyncio.to_thread(subprocess.run, url, capture_output=True, text=True, check=True)).stdout.split()
+    settings = broker_settings(urls[-2], urls[-1]).with_vhost(f"bench-fair-{uuid.uuid4().hex[:6]}")
+    tmp = ROOT / ".broker" / "bench"
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "fair.toml"
+    path.write_text(TOPOLOGY)
+    with ManagementClient(settings) as mgmt:
+        mgmt.create_vhost(settings.vhost)
+        version = ".".join(map(str, mgmt.broker_version()))
+    try:
+        await apply_topology(path, settings)
+        print(f"tenant fairness (RabbitMQ {version}, {SLOTS} slots, {HANDLER * 1000:.0f} ms handlers, {SHARDS} shards)")
+        _, p99_small, idx_small = await flood(settings, path, 1000)
+        _, p99_big, idx_big = await flood(settings, path, 10_000)
+        a5000, _, idx5000 = await flood(settings, path, 5000)
+        print(f"1. A=5,000 then B, C=50: A had completed {a5000} ({a5000 / 50:.1f}% of its backlog) "
+              "when B and C were all done (bound: < 10%)")  # fmt: skip
+        ratio = p99_big / p99_small if p99_small else float("inf")
+        print(f"2. B's p99 wait: {p99_small * 1000:.0f} ms behind 1,000 of A, {p99_big * 1000:.0f} ms behind "
+              f"10,000: ratio {ratio:.2f} (bound: within 20%)")  # fmt: skip
+        every = idx_small + idx_big + idx5000
+        print(f"3. Jain's index over 1 s windows: min {min(every):.3f}, mean {sum(every) / len(every):.3f} "
+              "(bound: >= 0.9)")  # fmt: skip
+        plain = await throughput(settings, path, "plain")
+        shared = await throughput(settings, path, "shared")
+        print(f"4. throughput: unsharded {plain:.0f} jobs/s, {SHARDS} shards {shared:.0f} jobs/s: "
+              f"ratio {shared / plain:.2f} (bound: >= 0.85)")  # fmt: skip
+    finally:
+        with ManagementClient(settings) as mgmt:
+            mgmt.delete_vhost(settings.vhost)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
