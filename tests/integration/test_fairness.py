@@ -198,3 +198,43 @@ async def test_workers_split_by_class_keep_urgent_jobs_fast(broker: BrokerSettin
     assert len(waits) == 4
     assert max(waits) < duration, waits
     assert await depth(broker, "urgent") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_small_tenant_wait_does_not_grow_with_the_flood(broker: BrokerSettings, tmp_path: Path):
+    """B's p99 wait behind 1,000 vs 10,000 jobs of A differs by less than 20%."""
+    app = await setup(broker, tmp_path)
+    a, b = tenants_on_distinct_shards(2)
+    waits: list[tuple[str, float]] = []
+
+    @app.job("w", queue="shared")
+    async def w(payload: dict[str, Any], ctx: JobContext) -> None:
+        waits.append((ctx.tenant or "", time.time() - payload["at"]))
+        await asyncio.sleep(0.02)
+
+    async def p99_with_backlog(backlog: int) -> float:
+        waits.clear()
+        for start in range(0, backlog, 500):
+            await asyncio.gather(*(app.enqueue("w", {"at": time.time()}, tenant=a) for _ in range(start, start + 500)))
+        worker = Worker(app, broker, WorkerOptions(queues=("shared",), concurrency=4))
+        await worker.start()
+        try:
+            for _ in range(50):
+                await app.enqueue("w", {"at": time.time()}, tenant=b)
+            deadline = time.monotonic() + 60
+            while sum(1 for t, _ in waits if t == b) < 50 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            await worker.shutdown()
+        async with raw_channel(broker) as ch:
+            for i in range(SHARDS):
+                await (await ch.get_queue(f"shared.shard-{i}", ensure=False)).purge()
+        b_waits = sorted(x for t, x in waits if t == b)
+        assert len(b_waits) == 50
+        return b_waits[int(0.99 * len(b_waits))]
+
+    small = await p99_with_backlog(1000)
+    big = await p99_with_backlog(10_000)
+    await app.close()
+    assert abs(big - small) / small < 0.2, (small, big)
