@@ -17,7 +17,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
-B=$ROOT/.broker
+B=${AMQPJOBS_BROKER_DIR:-$ROOT/.broker}   # data, logs, config of this node
 LETTERS=ABCDEFGHIJKLMNOPQRSTUVWXYZ
 COMPOSE_FILE=$ROOT/compose.yaml
 NODE=${AMQPJOBS_BROKER_NODE:-amqpjobs@localhost}

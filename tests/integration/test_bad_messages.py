@@ -58,7 +58,7 @@ from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, raw_channel
 from tests.integration.worker_env import Recorder, make_app, running_worker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.chaos]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bad-messages.jsonl"
 VALID: dict[str, Any] = {"to": "a@example.com", "order_id": 17}

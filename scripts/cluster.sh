@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A 3-node RabbitMQ 3.10 cluster on loopback, for chaos tests (node loss with quorum queues).
+#
+#   scripts/cluster.sh up          start nodes amqpjobs-c1..c3 (own names, ports, data under .cluster/), join them
+#   scripts/cluster.sh down        stop the three nodes
+#   scripts/cluster.sh url N       AMQP URL and management URL of node N (1..3)
+#   scripts/cluster.sh stop N      stop node N (stop_app: the Erlang VM stays, `start N` brings it back)
+#   scripts/cluster.sh start N     start node N again
+#
+# Ports of node N: AMQP 5700+N, management 15700+N, distribution 25700+N. Each node is a
+# scripts/broker.sh node (AMQPJOBS_BROKER_DIR/_NODE/_PORT...), sharing one Erlang cookie.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+C=$ROOT/.cluster
+log() { printf 'cluster: %s\n' "$*" >&2; }
+
+node_env() {  # N: the broker.sh environment of node N
+  export AMQPJOBS_BROKER_DIR=$C/n$1 AMQPJOBS_BROKER_NODE=amqpjobs-c$1@localhost
+  export AMQPJOBS_BROKER_PORT=$((5700 + $1)) AMQPJOBS_BROKER_MGMT_PORT=$((15700 + $1)) AMQPJOBS_BROKER_DIST_PORT=$((25700 + $1))
+}
+broker() { local n=$1; shift; ( node_env "$n"; bash "$ROOT/scripts/broker.sh" "$@" ); }
+
+case "${1:-}" in
+  up)
+    mkdir -p "$C"
+    if [ ! -s "$C/cookie" ]; then
+      od -An -N20 -tu1 /dev/urandom | tr -s ' ' '\n' | awk 'NF { printf "%c", 65 + $1 % 26 }' >"$C/cookie"
+    fi
+    for n in 1 2 3; do
+      mkdir -p "$C/n$n/home"
+      chmod 700 "$C/n$n/home"
+      if ! cmp -s "$C/cookie" "$C/n$n/home/.erlang.cookie" 2>/dev/null; then
+        install -m 400 "$C/cookie" "$C/n$n/home/.erlang.cookie"
+      fi
+      echo local >"$C/n$n/mode"
+      broker "$n" up >/dev/null
+    done
+    for n in 2 3; do
+      if ! broker "$n" ctl -q cluster_status 2>/dev/null | grep -q "amqpjobs-c1@localhost"; then
+        log "joining amqpjobs-c$n to amqpjobs-c1 ..."
+        {
+          broker "$n" ctl -q stop_app
+          broker "$n" ctl -q reset
+          broker "$n" ctl -q join_cluster amqpjobs-c1@localhost
+          broker "$n" ctl -q start_app
+        } >>"$C/join.log" 2>&1 || { tail -20 "$C/join.log" >&2; exit 1; }
+      fi
+    done
+    broker 1 ctl -q await_online_nodes 3 >&2
+    log "3 nodes running: amqp ports 5701-5703, management 15701-15703" ;;
+  down)
+    for n in 3 2 1; do [ -d "$C/n$n" ] && broker "$n" down || true; done ;;
+  url) broker "${2:?node number}" url ;;
+  stop) broker "${2:?node number}" ctl -q stop_app >>"$C/ops.log" 2>&1 ;;
+  start) { broker "${2:?node number}" ctl -q start_app; broker "$2" ctl -q await_startup; } >>"$C/ops.log" 2>&1 ;;
+  *) echo "usage: $0 up|down|url N|stop N|start N" >&2; exit 2 ;;
+esac

@@ -1,0 +1,192 @@
+"""The chaos suite: failures injected during real work, each ending with an exact account
+(enqueued = completed + quarantined, duplicates counted explicitly; 0 lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from tests.conftest import BrokerRoot
+from tests.integration.helpers import ROOT, depth
+from tests.integration.test_worker_process import done_ids, read_record, worker_process
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+
+pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.slow]
+CLUSTER = ROOT / "scripts" / "cluster.sh"
+
+
+async def publisher(broker: BrokerSettings, tmp_path: Path) -> App:
+    app = await make_app(broker, tmp_path)
+    app.job("sleep", queue="work")(lambda p, c: None)
+    return app
+
+
+def spawn(broker: BrokerSettings, tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A worker process of tests/integration/procapp.py (same settings as worker_process)."""
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+               PROCAPP_TOPOLOGY=str(topo), PROCAPP_RECORD=str(tmp_path / "record.txt"))  # fmt: skip
+    with (tmp_path / "workers.log").open("a") as log:
+        return subprocess.Popen([str(Path(sys.executable).with_name("amqpjobs")), "consume",
+                                 "tests.integration.procapp:app", *args],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings, tmp_path: Path):
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    rng = random.Random(11)
+    for i in range(1000):
+        await app.enqueue("sleep", {"seconds": 0.01}, job_id=f"k-{i}")
+    await app.close()
+    workers = [spawn(broker, tmp_path, "--concurrency", "2") for _ in range(2)]
+    try:
+        for _ in range(20):
+            await asyncio.sleep(rng.uniform(0.2, 0.6))
+            victim = rng.randrange(2)
+            workers[victim].kill()  # SIGKILL
+            workers[victim].wait(10)
+            workers[victim] = spawn(broker, tmp_path, "--concurrency", "2")
+        deadline = time.monotonic() + 120
+        while len(done_ids(record)) < 1000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(30)
+    done = done_ids(record)
+    duplicates = sum(done.values()) - len(done)
+    assert set(done) == {f"k-{i}" for i in range(1000)}, "0 lost"
+    assert await depth(broker, "work") == 0
+    assert await depth(broker, "work.quarantine") == 0
+    # at-least-once: a job whose worker died after its effect but before the ack ran again;
+    # each kill interrupts at most its 2 in-flight deliveries (the idempotency ledger removes even those)
+    assert duplicates <= 2 * 20, duplicates
+    assert sum(1 for r in read_record(record) if r[0] == "start") >= 1000
+
+
+@pytest.mark.timeout(400)
+async def test_broker_restarted_three_times_during_2000_jobs(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.source != "local":
+        pytest.skip("needs the project's local node to restart it")
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    for i in range(2000):
+        await app.enqueue("sleep", {"seconds": 0.005}, job_id=f"r-{i}")
+    await app.close()
+    with worker_process(broker, tmp_path, "--concurrency", "4") as proc:
+        for threshold in (300, 800, 1300):
+            deadline = time.monotonic() + 90
+            while len(done_ids(record)) < threshold and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(broker_root.ctl, "stop_app")
+            await asyncio.sleep(1)
+            await asyncio.to_thread(broker_root.ctl, "start_app")
+        deadline = time.monotonic() + 180
+        while len(done_ids(record)) < 2000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert proc.poll() is None, "the worker was never restarted"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    done = done_ids(record)
+    assert set(done) == {f"r-{i}" for i in range(2000)}, "0 lost"
+    assert sum(done.values()) - 2000 <= 3 * 4, "at most the in-flight deliveries of each restart ran twice"
+    assert await depth(broker, "work") == 0
+    assert await depth(broker, "work.quarantine") == 0
+
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+delivery_limit = 10
+retry_tiers = ["500ms"]
+"""
+
+
+@pytest.fixture(scope="session")
+def cluster() -> list[BrokerSettings]:
+    """A 3-node RabbitMQ cluster (scripts/cluster.sh), one settings object per node."""
+    up = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        pytest.fail(f"scripts/cluster.sh up failed:\n{up.stderr[-3000:]}")
+    nodes = []
+    for n in (1, 2, 3):
+        out = subprocess.run(["bash", str(CLUSTER), "url", str(n)], capture_output=True, text=True, check=True)
+        amqp, mgmt = out.stdout.split()
+        nodes.append(broker_settings(amqp, mgmt))
+    return nodes
+
+
+@pytest.mark.timeout(400)
+async def test_quorum_job_queue_survives_a_node_stopped_mid_run(cluster: list[BrokerSettings], tmp_path: Path):
+    vhost = f"chaos-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(cluster[0]) as mgmt:
+        mgmt.create_vhost(vhost)
+    n1, n2 = cluster[0].with_vhost(vhost), cluster[1].with_vhost(vhost)
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, n2)  # declared through node 2: the queue's leader starts there
+    with ManagementClient(n1) as mgmt:
+        queue = mgmt.queue(vhost, "money") or {}
+    app = App("chaos", topology=load_topology(path).topology, url=n1.url)
+    done: Counter[str] = Counter()
+
+    @app.job("pay", queue="money")
+    async def pay(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(0.002)
+        done[ctx.job_id] += 1
+
+    worker = Worker(app, n1, WorkerOptions(queues=("money",), concurrency=4))
+    await worker.start()
+    stopped = False
+    try:
+        for i in range(2000):
+            await app.enqueue("pay", {"i": i}, job_id=f"p-{i}")
+        deadline = time.monotonic() + 60
+        while len(done) < 300 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stop = await asyncio.to_thread(subprocess.run, ["bash", str(CLUSTER), "stop", "2"], capture_output=True)
+        assert stop.returncode == 0
+        stopped = True
+        deadline = time.monotonic() + 180
+        while len(done) < 2000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        await worker.shutdown()
+        await app.close()
+        if stopped:
+            await asyncio.to_thread(subprocess.run, ["bash", str(CLUSTER), "start", "2"], capture_output=True)
+    assert queue.get("type") == "quorum"
+    assert str(queue.get("leader", queue.get("node"))).startswith("amqpjobs-c2")
+    assert set(done) == {f"p-{i}" for i in range(2000)}, f"{2000 - len(done)} lost"
+    assert sum(done.values()) - 2000 <= 4  # at most the in-flight deliveries when the leader moved
+    assert await depth(n1, "money") == 0
+    assert await depth(n1, "money.quarantine") == 0
+    with ManagementClient(n1) as mgmt:
+        mgmt.delete_vhost(vhost)
