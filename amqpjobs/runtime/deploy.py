@@ -13,7 +13,7 @@ from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import declare, queue_depths
+from amqpjobs.wire.declare import declare, probe_queues
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -65,7 +65,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
     if conflicting:
-        depths = await queue_depths(settings, conflicting)
+        depths = {name: p.messages for name, p in (await probe_queues(settings, conflicting)).items()}
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
     return PlanResult(loaded, plan, version)

@@ -17,11 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiormq
-
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX, RETRY_INFIX, SHARD_INFIX
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -113,7 +111,7 @@ async def collect(
     for name in names or []:
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
-    exact = await _exact(settings, [n for _, w, t, q in plan for n in (*w, *t, q)])
+    exact = await probe_queues(settings, [n for _, w, t, q in plan for n in (*w, *t, q)])
     now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
@@ -121,7 +119,7 @@ async def collect(
         def figures(queue: str) -> QueueStatus:
             if queue not in exact:
                 return QueueStatus(queue, exists=False)
-            ready, consumers = exact[queue]
+            ready, consumers = exact[queue].messages, exact[queue].consumers
             stats = live.get(queue, {})
             head = stats.get("head_message_timestamp")
             age = max(0.0, now - float(head)) if isinstance(head, int | float) and ready else None
@@ -144,23 +142,3 @@ async def collect(
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         out.append(status)
     return out
-
-
-async def _exact(settings: BrokerSettings, names: list[str]) -> dict[str, tuple[int, int]]:
-    """(ready, consumers) of each existing queue by passive declare, a throwaway channel each."""
-    found: dict[str, tuple[int, int]] = {}
-    connection = await connect(settings, wait=5.0, name="amqpjobs-status")
-    try:
-        for name in dict.fromkeys(names):
-            channel = await connection.channel(publisher_confirms=False)
-            try:
-                result = (await channel.declare_queue(name, passive=True)).declaration_result
-                found[name] = (result.message_count or 0, result.consumer_count or 0)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                continue
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-    finally:
-        await connection.close()
-    return found

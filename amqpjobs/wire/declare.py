@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel
@@ -42,8 +44,21 @@ async def declare(channel: AbstractChannel, declarations: Declarations) -> None:
             await exchanges[b.destination].bind(b.source, routing_key=b.routing_key)
 
 
-async def queue_depths(settings: BrokerSettings, names: list[str]) -> dict[str, int]:
-    """Exact message counts of queues, by passive declare, each on its own throwaway channel.
+@dataclass(frozen=True)
+class QueueProbe:
+    """What a passive declare tells about a queue, exactly and now.
+
+    Attributes:
+        messages: Messages ready for delivery.
+        consumers: Consumers.
+    """
+
+    messages: int
+    consumers: int
+
+
+async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, QueueProbe]:
+    """Exact depth and consumer count of queues, by passive declare, each on its own throwaway channel.
 
     A passive declare of a missing queue fails with ``404 NOT_FOUND`` and closes its
     channel (RabbitMQ "Queues" → "Passive Declaration"), hence one channel per probe.
@@ -51,16 +66,15 @@ async def queue_depths(settings: BrokerSettings, names: list[str]) -> dict[str, 
 
     Raises:
         BrokerUnavailableError: cannot connect.
-
     """
-    depths: dict[str, int] = {}
+    found: dict[str, QueueProbe] = {}
     connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
     try:
-        for name in names:
+        for name in dict.fromkeys(names):
             channel = await connection.channel(publisher_confirms=False)
             try:
-                declared = await channel.declare_queue(name, passive=True)
-                depths[name] = declared.declaration_result.message_count or 0
+                result = (await channel.declare_queue(name, passive=True)).declaration_result
+                found[name] = QueueProbe(result.message_count or 0, result.consumer_count or 0)
             except aiormq.exceptions.ChannelNotFoundEntity:
                 continue
             finally:
@@ -68,4 +82,4 @@ async def queue_depths(settings: BrokerSettings, names: list[str]) -> dict[str, 
                     await channel.close()
     finally:
         await connection.close()
-    return depths
+    return found
