@@ -67,3 +67,14 @@ async def depth(settings: BrokerSettings, queue: str) -> int:
     async with raw_channel(settings) as ch:
         declared = await ch.declare_queue(queue, passive=True)
         return declared.declaration_result.message_count or 0
+
+
+async def drain(settings: BrokerSettings, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Take every message out of ``queue`` (acking), returning them in order."""
+    out = []
+    async with raw_channel(settings) as ch:
+        q = await ch.get_queue(queue, ensure=False)
+        while (msg := await q.get(fail=False)) is not None:
+            await msg.ack()
+            out.append(msg)
+    return out

@@ -55,7 +55,7 @@ from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.worker import Outcome
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.worker_env import Recorder, make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.chaos]
@@ -466,16 +466,6 @@ def _publish_via_management(broker: BrokerSettings, body: bytes, props: dict[str
     assert answer == {"routed": True}
 
 
-async def _drain(broker: BrokerSettings, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
-    out = []
-    async with raw_channel(broker) as ch:
-        q = await ch.get_queue(queue, ensure=False)
-        while (msg := await q.get(fail=False)) is not None:
-            await msg.ack()
-            out.append(msg)
-    return out
-
-
 async def _settled(rec: Recorder, predicate: Callable[[list[Outcome]], bool], timeout: float) -> bool:
     try:
         await rec.wait_for(predicate, timeout=timeout)
@@ -563,7 +553,7 @@ async def test_bad_message(broker: BrokerSettings, tmp_path: Path, caplog: pytes
         assert bad_outcomes[-1].decision == Quarantine(exp.reason)
 
     # nothing lost, nothing left behind
-    msgs = await _drain(broker, "work.quarantine")
+    msgs = await drain(broker, "work.quarantine")
     for tier in TIERS:  # tiers first: a copy only ever moves from a tier to the work queue
         assert await depth(broker, f"work.retry.{tier}") == 0, tier
     assert await depth(broker, "work") == 0

@@ -18,7 +18,7 @@ from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -33,13 +33,7 @@ async def quarantined(
     broker: BrokerSettings, queue: str = "work.quarantine"
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Drain the quarantine queue (acking), returning its messages."""
-    out = []
-    async with raw_channel(broker) as ch:
-        q = await ch.get_queue(queue, ensure=False)
-        while (msg := await q.get(fail=False)) is not None:
-            await msg.ack()
-            out.append(msg)
-    return out
+    return await drain(broker, queue)
 
 
 async def test_thousand_jobs_complete_exactly_once(broker: BrokerSettings, tmp_path: Path):
