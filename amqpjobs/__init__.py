@@ -22,12 +22,14 @@ from amqpjobs.errors import (
     TopologyValidationError,
     UnroutableError,
 )
+from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.app import App, SyncPublisher
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -41,6 +43,7 @@ __all__ = [
     "BrokerUnavailableError",
     "Claim",
     "ConfigurationError",
+    "CronRule",
     "DuplicateJobError",
     "InvalidPayloadError",
     "JobContext",
@@ -57,8 +60,12 @@ __all__ = [
     "Reject",
     "Retry",
     "RetryPolicy",
+    "Schedule",
+    "Scheduler",
+    "SchedulerOptions",
     "SqliteLedger",
     "SyncPublisher",
+    "TickEvent",
     "Topology",
     "TopologyConflictError",
     "TopologyError",
@@ -71,4 +78,5 @@ __all__ = [
     "format_duration",
     "load_topology",
     "parse_duration",
+    "tick_id",
 ]

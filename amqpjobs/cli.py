@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from amqpjobs import __version__
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
     BrokerError,
     ConfigurationError,
@@ -28,12 +28,14 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
+from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, parse_time, summarize
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
+from amqpjobs.runtime.scheduler import SchedulerOptions, run_scheduler
 from amqpjobs.runtime.status import collect
 from amqpjobs.runtime.worker import WorkerOptions, run_worker
 from amqpjobs.topology.loader import load_topology
@@ -481,3 +483,54 @@ def status_command(
             click.echo("healthy")
     if unhealthy:
         sys.exit(EXIT_FOUND)
+
+
+@main.group()
+def schedule() -> None:
+    """Cron schedules: run a scheduler replica, list the next fire times."""
+
+
+@schedule.command("run")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--schedules", "-s", help="Comma-separated schedule names (default: all of the app's).")
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@_url_options
+@_errors_to_exit_codes
+def schedule_run(
+    app_ref: str, schedules: str | None, log_json: bool, url: str | None, management_url: str | None
+) -> None:
+    """Run a scheduler replica for MODULE:APP until SIGTERM/SIGINT (then exit 0).
+
+    Run as many replicas as you like: the broker elects one, which enqueues each tick
+    once; when it dies another takes over within seconds.
+    """
+    names = tuple(n.strip() for n in schedules.split(",") if n.strip()) if schedules else None
+    configure_logging(json_lines=log_json)
+    app = load_app(app_ref)
+    settings = _settings(url, management_url)
+    sys.exit(asyncio.run(run_scheduler(app, settings, SchedulerOptions(schedules=names))))
+
+
+@schedule.command("list")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--count", type=click.IntRange(1, 100), default=3, show_default=True, help="Fire times per schedule.")
+@click.option("--after", help="Count from this ISO-8601 time instead of now (e.g. 2026-03-29T00:00Z).")
+@_errors_to_exit_codes
+def schedule_list(app_ref: str, count: int, after: str | None) -> None:
+    """Each schedule of MODULE:APP with its next fire times, in UTC and in the schedule's local time."""
+    app = load_app(app_ref)
+    start = datetime.now(UTC) if after is None else parse_time(after)
+    if start is None:
+        raise ConfigurationError(f"--after {after!r}: give an ISO-8601 time such as 2026-03-29T00:00Z")
+    schedules = app.schedules()
+    if not schedules:
+        click.echo(f"app {app.name!r} has no schedules")
+    for s in schedules:
+        click.echo(
+            f"{s.name}  job={s.job}  cron={s.rule.expression!r}  tz={s.rule.tz}  missed={s.missed}  "
+            f"overlap={s.overlap}  grace={format_duration(s.grace)}"
+        )
+        for tick in s.rule.upcoming(start, count):
+            local = tick.astimezone(s.rule.zone)
+            offset = local.isoformat()[-6:]
+            click.echo(f"  {format_tick(tick)}  {local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({offset})")

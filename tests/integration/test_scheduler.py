@@ -1,0 +1,396 @@
+"""The scheduler against the real broker: two replicas, kill -9 of the leader, downtime, overlap guard.
+
+Jobs are read back from the work queue (no worker) except in the overlap test, where a
+worker runs the 3 s handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, BrokerError, JobContext, Scheduler, TickEvent, tick_id
+from amqpjobs.jobs import cron
+from amqpjobs.jobs.cron import parse_tick
+from amqpjobs.runtime.scheduler import tick_records
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth, raw_channel
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
+
+pytestmark = pytest.mark.broker
+
+SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A job the scheduler enqueued, as read back from the work queue."""
+
+    job_id: str
+    schedule: str
+    tick: datetime
+    kind: str
+    fired_by: str
+    fired_at: datetime
+    missed_from: datetime | None
+    missed_until: datetime | None
+
+    @property
+    def pid(self) -> int:
+        return int(self.fired_by.rsplit(":", 1)[1])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _time(value: Any) -> datetime | None:
+    return None if value is None else parse_tick(_text(value))
+
+
+async def drain(broker: BrokerSettings, queue: str = "work") -> list[Fired]:
+    """Take every message off ``queue``; sorted by schedule and tick."""
+    fired: list[Fired] = []
+    async with raw_channel(broker) as channel:
+        source = await channel.get_queue(queue, ensure=False)
+        while (message := await source.get(no_ack=True, fail=False)) is not None:
+            h = message.headers or {}
+            fired.append(
+                Fired(
+                    job_id=str(message.message_id),
+                    schedule=_text(h[cron.SCHEDULE_HEADER]),
+                    tick=parse_tick(_text(h[cron.TICK_HEADER])),
+                    kind=_text(h[cron.KIND_HEADER]),
+                    fired_by=_text(h[cron.FIRED_BY_HEADER]),
+                    fired_at=parse_tick(_text(h["amqpjobs-enqueued-at"])),
+                    missed_from=_time(h.get(cron.MISSED_FROM_HEADER)),
+                    missed_until=_time(h.get(cron.MISSED_UNTIL_HEADER)),
+                )
+            )
+    return sorted(fired, key=lambda f: (f.schedule, f.tick, f.kind))
+
+
+def covered(fired: list[Fired]) -> list[datetime]:
+    """The ticks the jobs stand for: its own tick, or a catch-up job's whole missed window."""
+    ticks: list[datetime] = []
+    for f in fired:
+        if f.kind == "catch-up":
+            assert f.missed_from is not None
+            assert f.missed_until is not None
+            assert f.tick == f.missed_until
+            tick = f.missed_from
+            while tick <= f.missed_until:
+                ticks.append(tick)
+                tick += SECOND
+        else:
+            ticks.append(f.tick)
+    return sorted(ticks)
+
+
+def seconds_from(first: datetime, count: int) -> list[datetime]:
+    return [first + i * SECOND for i in range(count)]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def jobs_in(broker: BrokerSettings, count: int) -> bool:
+    return await depth(broker, "work") >= count
+
+
+# ---------------------------------------------------------------------------- replicas as processes
+def log_of(tmp_path: Path, index: int) -> str:
+    path = tmp_path / f"replica-{index}.log"
+    return path.read_text() if path.exists() else ""
+
+
+@contextmanager
+def replicas(broker: BrokerSettings, tmp_path: Path, count: int = 2) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` processes of ``amqpjobs schedule run tests.integration.schedapp:app``; killed if still running."""
+    topology = tmp_path / "sched.toml"
+    topology.write_text(APPLIED_TOPOLOGY)
+    env = dict(
+        os.environ,
+        AMQPJOBS_URL=broker.url,
+        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+        SCHEDAPP_TOPOLOGY=str(topology),
+    )
+    exe = Path(sys.executable).with_name("amqpjobs")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for index in range(count):
+            with (tmp_path / f"replica-{index}.log").open("a") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [str(exe), "schedule", "run", "tests.integration.schedapp:app"],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+async def terminate(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.to_thread(proc.wait, 30)
+
+
+async def elect(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> int:
+    """Wait until every replica joined and one leads; the leader's index."""
+    count = len(procs)
+    await wait_until(lambda: all("joined the election" in log_of(tmp_path, i) for i in range(count)), 30, "replicas")
+    await wait_until(lambda: any(" leads " in log_of(tmp_path, i) for i in range(count)), 30, "a leader")
+    leaders = [i for i in range(count) if " leads " in log_of(tmp_path, i)]
+    assert len(leaders) == 1, [log_of(tmp_path, i) for i in range(count)]
+    return leaders[0]
+
+
+async def test_two_replicas_enqueue_every_second_tick_exactly_once(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)  # applies the work queue
+    with replicas(broker, tmp_path) as procs:
+        leader = await elect(tmp_path, procs)
+        await wait_until_async(lambda: jobs_in(broker, 1), 20, "the first job")  # a new schedule fires from now on
+        started = time.time()
+        await asyncio.sleep(10)
+        ended = time.time()
+        follower = procs[1 - leader]
+        assert await terminate(follower) == 0  # the follower first, so that it never leads
+        assert await terminate(procs[leader]) == 0
+    fired = await drain(broker)
+    ids = [f.job_id for f in fired]
+    assert len(ids) == len(set(ids)), "a tick was enqueued twice"
+    assert all(f.job_id == tick_id("every-second", f.tick) for f in fired)
+    assert {f.pid for f in fired} == {procs[leader].pid}
+    ticks = covered(fired)
+    assert ticks == seconds_from(ticks[0], len(ticks)), "every second exactly once, none lost"
+    window = [t for t in ticks if started < t.timestamp() <= ended]
+    assert len(window) == int(ended) - int(started)  # each whole second of the 10 s
+    jobs = [f for f in fired if started < f.tick.timestamp() <= ended]
+    assert 9 <= len(jobs) <= 11, len(jobs)
+    assert " leads " not in log_of(tmp_path, 1 - leader)
+
+
+async def test_kill_9_of_the_leader_other_replica_fires_within_5s_no_tick_twice(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    with replicas(broker, tmp_path) as procs:
+        index = await elect(tmp_path, procs)
+        leader, other = procs[index], procs[1 - index]
+
+        await wait_until_async(lambda: jobs_in(broker, 3), 20, "3 jobs from the leader")
+        leader.kill()  # SIGKILL: no hand-over, the broker notices the dead connection
+        killed_at = time.time()
+        leader.wait(10)
+        await asyncio.sleep(6)
+        assert await terminate(other) == 0
+    fired = await drain(broker)
+    ids = [f.job_id for f in fired]
+    assert len(ids) == len(set(ids)), "a tick was enqueued twice"
+    ticks = covered(fired)
+    assert ticks == seconds_from(ticks[0], len(ticks)), "a tick was lost or fired twice across the failover"
+    before = [f for f in fired if f.pid == leader.pid]
+    after = [f for f in fired if f.pid == other.pid]
+    assert len(before) + len(after) == len(fired)
+    assert len(before) >= 3
+    assert len(after) >= 4
+    assert max(f.tick for f in before) < min(f.tick for f in after)
+    first = min(after, key=lambda f: f.fired_at)
+    assert first.fired_at.timestamp() - killed_at < 5.0, (first, killed_at)
+    assert " leads " in log_of(tmp_path, 1 - index)
+
+
+# ---------------------------------------------------------------------------- downtime
+async def lead_until(
+    app: App, broker: BrokerSettings, enough: Callable[[list[TickEvent]], bool], timeout: float = 30
+) -> list[TickEvent]:
+    """Run one in-process replica until ``enough(events)``, then stop it."""
+    events: list[TickEvent] = []
+    scheduler = Scheduler(app, broker, on_event=events.append)
+    await scheduler.start()
+    try:
+        await wait_until(lambda: enough(events), timeout, "scheduler events")
+    finally:
+        await scheduler.shutdown()
+    return events
+
+
+def fired_ticks(events: list[TickEvent], schedule: str, kinds: tuple[str, ...] = ("fired",)) -> list[datetime]:
+    return sorted(e.tick for e in events if e.schedule == schedule and e.kind in kinds)
+
+
+@pytest.mark.parametrize(
+    "down",
+    [6, pytest.param(30, marks=[pytest.mark.slow, pytest.mark.timeout(180)])],
+    ids=["down-6s", "down-30s"],
+)
+async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: BrokerSettings, tmp_path: Path, down: int):
+    """The 6 s case runs the same code as the 30 s one (marked slow): only the sleep differs."""
+    app = await make_app(broker, tmp_path)
+
+    @app.cron("* * * * * *", name="catchup", missed="catch-up-once", payload={"n": 1})
+    @app.cron("* * * * * *", name="skipper", missed="skip", payload={"n": 2})
+    @app.job("tick", queue="work")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    def three_each(events: list[TickEvent]) -> bool:
+        return all(len(fired_ticks(events, s)) >= 3 for s in ("catchup", "skipper"))
+
+    first = await lead_until(app, broker, three_each)
+    await asyncio.sleep(down)
+    second = await lead_until(app, broker, three_each)
+    fired = await drain(broker)
+    stored = await tick_records(app, broker)
+    assert {e.kind for e in first} == {"fired"}
+
+    # catch-up-once: one job for the whole window, with the last missed tick's id
+    jobs = [f for f in fired if f.schedule == "catchup"]
+    last_before, first_after = fired_ticks(first, "catchup")[-1], fired_ticks(second, "catchup")[0]
+    catch_ups = [f for f in jobs if f.kind == "catch-up"]
+    assert len(catch_ups) == 1
+    (catch_up,) = catch_ups
+    assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, first_after - SECOND)
+    assert catch_up.job_id == tick_id("catchup", first_after - SECOND)
+    assert (first_after - last_before) >= timedelta(seconds=down)
+    assert [e.kind for e in second if e.schedule == "catchup"][:2] == ["catch-up", "fired"]
+    assert len(jobs) == len(fired_ticks(first, "catchup")) + 1 + len(fired_ticks(second, "catchup"))
+    ticks = covered(jobs)
+    assert ticks == seconds_from(ticks[0], len(ticks))
+
+    # skip: no job for the window, which is logged as skipped
+    jobs = [f for f in fired if f.schedule == "skipper"]
+    last_before, first_after = fired_ticks(first, "skipper")[-1], fired_ticks(second, "skipper")[0]
+    assert {f.kind for f in jobs} == {"fired"}
+    skipped = [e for e in second if e.schedule == "skipper" and e.kind == "skipped-missed"]
+    assert [(e.missed_from, e.missed_until, e.job_id) for e in skipped] == [
+        (last_before + SECOND, first_after - SECOND, None)
+    ]
+    assert [f.tick for f in jobs] == fired_ticks(first, "skipper") + fired_ticks(second, "skipper")
+    assert [f.tick for f in jobs if last_before < f.tick < first_after] == []
+
+    # the tick store holds the last fired tick of each schedule
+    for name in ("catchup", "skipper"):
+        record = stored[name]
+        assert record is not None
+        last = fired_ticks(second, name)[-1]
+        assert (record.cursor, record.last_fired, record.last_job_id) == (last, last, tick_id(name, last))
+    with ManagementClient(broker) as mgmt:
+        queues = {q["name"]: q["arguments"] for q in mgmt.queues(broker.vhost)}
+    assert queues[cron.leader_queue(app.name)] == {
+        "x-queue-type": "classic", "x-single-active-consumer": True, "x-max-length": 1,
+        "x-overflow": "reject-publish",
+    }  # fmt: skip
+    assert queues[cron.tick_queue(app.name, "catchup")] == {
+        "x-queue-type": "classic", "x-max-length": 1, "x-overflow": "drop-head",
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- overlap guard
+def max_concurrent(runs: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in runs] + [(end, -1) for _, end in runs])
+    level = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="amqpjobs.scheduler")
+    app = await make_app(broker, tmp_path)
+    runs: dict[str, list[tuple[float, float, str]]] = {"guarded": [], "free": []}
+
+    async def three_seconds(kind: str, ctx: JobContext) -> None:
+        started = time.monotonic()
+        await asyncio.sleep(3)
+        runs[kind].append((started, time.monotonic(), ctx.job_id))
+
+    @app.cron("* * * * * *", name="guarded", overlap="skip")
+    @app.job("slow-guarded", queue="work")
+    async def slow_guarded(payload: dict[str, Any], ctx: JobContext) -> None:
+        await three_seconds("guarded", ctx)
+
+    @app.cron("* * * * * *", name="free")  # the control: overlap allowed
+    @app.job("slow-free", queue="work")
+    async def slow_free(payload: dict[str, Any], ctx: JobContext) -> None:
+        await three_seconds("free", ctx)
+
+    events: list[TickEvent] = []
+    async with running_worker(app, broker, concurrency=8) as (_, recorder):
+        scheduler = Scheduler(app, broker, on_event=events.append)
+        await scheduler.start()
+        try:
+            await wait_until(lambda: scheduler.is_leader, 10, "leadership")
+            await asyncio.sleep(10)
+        finally:
+            await scheduler.shutdown()
+        enqueued = [e for e in events if e.job_id is not None]
+        await recorder.wait_for(lambda outcomes: len(outcomes) == len(enqueued), 20)
+    await app.close()
+
+    guarded = [e for e in events if e.schedule == "guarded"]
+    fired = {e.job_id for e in guarded if e.job_id is not None}
+    ran = [(start, end) for start, end, _ in runs["guarded"]]
+    assert max_concurrent(ran) == 1
+    assert len(ran) >= 2
+    ran_ids = {job_id for _, _, job_id in runs["guarded"]}
+    worker_skips = sum("skipped: the previous run of schedule guarded" in r.getMessage() for r in caplog.records)
+    assert ran_ids <= fired
+    assert len(fired) - len(ran_ids) == worker_skips
+    # every tick of the schedule is accounted for once: enqueued, or skipped while a run ran
+    accounted = sorted(e.tick for e in guarded)
+    assert accounted == seconds_from(accounted[0], len(accounted))
+    assert {e.kind for e in guarded} == {"fired", "skipped-overlap"}
+    starts = sorted(parse_tick(job_id.split(":", 2)[2]) for job_id in ran_ids)
+    assert all(b - a >= 3 * SECOND for a, b in itertools.pairwise(starts))
+    # the control schedule did overlap
+    assert max_concurrent([(start, end) for start, end, _ in runs["free"]]) >= 2
+    assert {e.kind for e in events if e.schedule == "free"} == {"fired"}
+
+
+# ---------------------------------------------------------------------------- refusals
+async def test_scheduler_refuses_to_start_when_the_work_queue_is_missing(broker: BrokerSettings, tmp_path: Path):
+    app = await make_app(broker, tmp_path)  # "ghost" is in the app's topology, not on the broker
+
+    @app.cron("@hourly")
+    @app.job("haunt", queue="ghost")
+    async def haunt(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    with pytest.raises(BrokerError, match="work queue 'ghost' does not exist"):
+        await Scheduler(app, broker).start()
