@@ -31,7 +31,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.delivery import Delivery, delivery_of
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -89,8 +89,7 @@ async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tupl
         except aiormq.exceptions.ChannelNotFoundEntity:
             continue
         finally:
-            if not channel.is_closed:
-                await channel.close()
+            await close_channel(channel)
     raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
 
 
@@ -329,8 +328,7 @@ async def replay(
         except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
             raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
         finally:
-            if not channel.is_closed:
-                await channel.close()  # held (skipped) messages return to quarantine
+            await close_channel(channel)  # held (skipped) messages return to quarantine
             await publisher.close()
             if watch is not None and not watch.is_closed:
                 await watch.close()

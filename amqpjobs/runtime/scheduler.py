@@ -62,6 +62,7 @@ from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
+from amqpjobs.runtime.signals import stop_on_signals
 
 log = logging.getLogger("amqpjobs.scheduler")
 
@@ -696,25 +697,6 @@ async def run_scheduler(app: App, settings: BrokerSettings, options: SchedulerOp
         The process exit code, 0.
 
     """
-    import signal
-
     scheduler = Scheduler(app, settings, options)
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            log.info("signal %d: handing leadership over and stopping (a second signal exits at once)", signum)
-            scheduler.request_stop()
-        else:
-            os._exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
+    with stop_on_signals(scheduler.request_stop, "handing leadership over and stopping"):
         return await scheduler.run()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)

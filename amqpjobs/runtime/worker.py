@@ -45,6 +45,7 @@ from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
@@ -696,8 +697,6 @@ async def run_worker(
     Raises:
         ConfigurationError: the metrics port can't be bound.
     """
-    import signal
-
     metrics = WorkerMetrics() if metrics_port is not None else None
     worker = Worker(app, settings, options, metrics=metrics)
     server = None
@@ -708,26 +707,10 @@ async def run_worker(
         except OSError as exc:
             raise ConfigurationError(f"can't serve metrics on {metrics_host}:{metrics_port}: {exc}") from None
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            log.info("signal %d: no new deliveries; draining (a second signal exits at once)", signum)
-            worker.request_stop()
-        else:
-            log.warning("second signal %d: exiting now; unacked deliveries return to their queues", signum)
-            os._exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
     try:
-        return await worker.run()
+        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
+            return await worker.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         if server is not None:
             server.stop()
         if app.ledger is not None:

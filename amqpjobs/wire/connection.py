@@ -7,12 +7,13 @@ connections); after that, aio-pika's robust connection reconnects by itself
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -61,6 +62,17 @@ def default_max_message_size(version: tuple[int, ...]) -> int:
     :class:`~amqpjobs.runtime.app.App` takes ``max_message_size`` to override this.
     """
     return MAX_MESSAGE_SIZE_4X if version >= (4, 0) else MAX_MESSAGE_SIZE_3X
+
+
+async def close_channel(channel: AbstractChannel) -> None:
+    """Close ``channel`` for good, also after the broker closed it.
+
+    A robust channel closed by the broker (say, a passive declare's ``404``) reopens by
+    itself unless ``close()`` is called; calling it always stops that, and a failure to
+    close an already closed channel is ignored.
+    """
+    with contextlib.suppress(Exception):
+        await channel.close()
 
 
 def _text(value: object) -> str:

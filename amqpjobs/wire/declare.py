@@ -10,7 +10,7 @@ from aio_pika.abc import AbstractChannel
 
 from amqpjobs.topology.models import Declarations
 from amqpjobs.wire.arguments import queue_arguments
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.settings import BrokerSettings
 
 
@@ -78,8 +78,7 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
             except aiormq.exceptions.ChannelNotFoundEntity:
                 continue
             finally:
-                if not channel.is_closed:
-                    await channel.close()
+                await close_channel(channel)
     finally:
         await connection.close()
     return found

@@ -1,0 +1,45 @@
+"""Graceful stop on SIGTERM/SIGINT for long-running commands (worker, scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger("amqpjobs.signals")
+
+
+@contextmanager
+def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[None]:
+    """Within the block, the first SIGTERM/SIGINT calls ``request_stop``; a second exits at once.
+
+    The immediate exit uses ``os._exit(128 + signum)``: unacked deliveries return to their
+    queues by themselves (the broker requeues them when the connection drops).
+
+    Args:
+        request_stop: Starts a graceful stop (must not block).
+        what: What the graceful stop does, for the log line (e.g. "draining").
+    """
+    loop = asyncio.get_running_loop()
+    seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            log.info("signal %d: %s (a second signal exits at once)", signum, what)
+            request_stop()
+        else:
+            log.warning("second signal %d: exiting now; unacked deliveries return to their queues", signum)
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
