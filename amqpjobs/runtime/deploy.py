@@ -6,8 +6,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import aiormq
-
 from amqpjobs.errors import ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.plan import Plan, make_plan
@@ -96,15 +94,7 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
     connection = await connect(settings)
     try:
         channel = await connection.channel()
-        try:
-            await declare(channel, result.loaded.topology.declarations())
-        except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            # Someone created an inequivalent object between our plan and our declare.
-            raise TopologyConflictError(
-                f"the broker refused a declaration made after planning: {exc}; objects declared before it "
-                "remain. Run `amqpjobs topology plan` to see the conflict",
-                declared_nothing=False,
-            ) from exc
+        await declare(channel, result.loaded.topology.declarations())
     finally:
         await connection.close()
     return result

@@ -8,6 +8,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel
 
+from amqpjobs.errors import BrokerError, TopologyConflictError
 from amqpjobs.topology.models import Declarations
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
@@ -22,9 +23,25 @@ async def declare(channel: AbstractChannel, declarations: Declarations) -> None:
     and Property Equivalence").
 
     Raises:
-        aio_pika.exceptions.AMQPError: the broker refused a declaration.
+        TopologyConflictError: the broker refused a declaration as inequivalent: someone
+            created a conflicting object after the plan (``declared_nothing`` is False:
+            what was declared before it remains).
+        BrokerError: the broker refused a declaration for another reason.
 
     """
+    try:
+        await _declare(channel, declarations)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise TopologyConflictError(
+            f"the broker refused a declaration made after planning: {exc}; objects declared before it remain. "
+            "Run `amqpjobs topology plan` to see the conflict",
+            declared_nothing=False,
+        ) from exc
+    except aiormq.exceptions.AMQPError as exc:
+        raise BrokerError(f"the broker refused a declaration: {exc}") from exc
+
+
+async def _declare(channel: AbstractChannel, declarations: Declarations) -> None:
     exchanges = {}
     for ex in declarations.exchanges:
         exchanges[ex.name] = await channel.declare_exchange(
