@@ -117,6 +117,15 @@ class App(JobRegistry):
         """Broker settings from the app's URL or ``$AMQPJOBS_URL``."""
         return broker_settings(self._url)
 
+    def default_url(self, url: str) -> None:
+        """Use ``url`` for enqueueing (from handlers too) unless the app was given a URL of its own.
+
+        A worker calls this with its own broker URL, so jobs enqueued from handlers go to the
+        broker the worker consumes from even when ``$AMQPJOBS_URL`` is not set.
+        """
+        if self._url is None:
+            self._url = url
+
     async def connect(self, settings: BrokerSettings | None = None) -> None:
         """Open the publishing connection now (otherwise the first enqueue does).
 

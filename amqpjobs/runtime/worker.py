@@ -260,6 +260,7 @@ class Worker:
         if self.options.concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1 (got {self.options.concurrency})")
         self._check()
+        self.app.default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
