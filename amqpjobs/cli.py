@@ -168,7 +168,9 @@ def topology() -> None:
 def topology_plan(path: str, url: str | None, management_url: str | None) -> None:
     """Compare the topology at PATH with the live vhost: create / unchanged / CONFLICT.
 
-    Exit 0 without conflicts, 1 with conflicts, 2 when PATH is invalid, 3 on broker errors.
+    Also lists ORPHAN queues: shards or tiers the topology no longer declares. Exit 0 without
+    conflicts, 1 with conflicts or orphans holding messages, 2 when PATH is invalid, 3 on
+    broker errors.
     """
     settings = _settings(url, management_url)
     result = asyncio.run(plan_topology(path, settings))
@@ -176,7 +178,9 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {settings.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
     click.echo(result.plan.report())
-    if result.plan.conflicts:
+    for line in result.orphan_report():
+        click.echo(line)
+    if result.plan.conflicts or any(messages for _, messages in result.orphans):
         sys.exit(EXIT_FOUND)
 
 
@@ -193,6 +197,8 @@ def topology_apply(path: str, url: str | None, management_url: str | None) -> No
     result = asyncio.run(apply_topology(path, settings))
     for warning in result.loaded.warnings:
         click.echo(f"warning: {warning}", err=True)
+    for line in result.orphan_report():
+        click.echo(f"warning: {line}", err=True)
     created = result.plan.creates
     for item in created:
         click.echo(f"created   {item.desired.kind:<8} {item.desired.name}")
@@ -238,8 +244,7 @@ def _selection(job: str | None, error_type: str | None, reason: str | None, sinc
     if (
         reason is not None
         and reason not in REASONS
-        and not reason.startswith("x-death:")
-        and reason not in BROKER_REASONS
+        and reason.removeprefix("x-death:") not in BROKER_REASONS
     ):
         raise ConfigurationError(
             f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, or x-death:<reason> "
@@ -448,9 +453,11 @@ def status_command(
     """
     settings = _settings(url, management_url)
     try:
-        bound = parse_duration(max_age) if max_age else None
+        bound = parse_duration(max_age) if max_age is not None else None
     except ValueError as exc:
         raise ConfigurationError(f"--max-age: {exc}") from None
+    if queues is not None and not queues.strip(", "):
+        raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     layouts = None
     if not names:

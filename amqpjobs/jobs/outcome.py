@@ -48,12 +48,15 @@ class RetryLater:
         next_attempt: Attempt number the copy carries.
         tier: Index into the job queue's retry tiers.
         delay: The tier's delay in seconds.
+        wait: True when nothing failed: the job waits for another worker's claim on its key
+            (or for the ledger to answer); it uses no attempt.
 
     """
 
     next_attempt: int
     tier: int
     delay: float
+    wait: bool = False  # not a failure: waiting for another worker's claim (or the ledger) to clear
 
 
 @dataclass(frozen=True)

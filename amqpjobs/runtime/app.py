@@ -199,6 +199,11 @@ class App(JobRegistry):
                 f"payload for job {jobdef.name!r} is invalid: {exc}",
             ) from None
         layout = self.layout_of(jobdef)
+        for label, value in (("job_id", job_id), ("tenant", tenant)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
         if job_id is not None and not job_id.strip():
             raise ConfigurationError(f"job {jobdef.name!r}: job_id is empty; give an id or leave it out (None)")
         if tenant is not None and not tenant.strip():
@@ -215,9 +220,15 @@ class App(JobRegistry):
                 )
         if job_id is None and jobdef.key is not None:
             try:
-                job_id = str(jobdef.key(jobdef.validate(payload)))
+                derived = jobdef.key(jobdef.validate(payload))
             except Exception as exc:
                 raise ConfigurationError(f"job {jobdef.name!r}: its key function failed: {exc}") from exc
+            if not isinstance(derived, str) or not derived.strip():
+                raise ConfigurationError(
+                    f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
+                    "that identifies the job (jobs with the same key run once)"
+                )
+            job_id = derived
         job_id = job_id or str(uuid.uuid4())
         try:
             message = job_message(

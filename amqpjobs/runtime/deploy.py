@@ -8,6 +8,7 @@ from typing import Any
 
 from amqpjobs.errors import ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
+from amqpjobs.topology.naming import RETRY_INFIX, SHARD_INFIX
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
@@ -25,12 +26,24 @@ class PlanResult:
         loaded: The validated topology (with warnings).
         plan: Desired vs live.
         broker_version: The broker's version, e.g. ``(3, 10, 8)``.
+        orphans: Live queues named like a job queue's shards or tiers that the topology no
+            longer declares (e.g. after lowering ``shards``), with their message counts:
+            no worker consumes them, so their messages would wait for ever.
 
     """
 
     loaded: LoadedTopology
     plan: Plan
     broker_version: tuple[int, ...]
+    orphans: tuple[tuple[str, int], ...] = ()
+
+    def orphan_report(self) -> list[str]:
+        """One line per orphaned queue, with what to do."""
+        return [
+            f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
+            "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it"
+            for name, messages in self.orphans
+        ]
 
 
 async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
@@ -66,7 +79,17 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         depths = {name: p.messages for name, p in (await probe_queues(settings, conflicting)).items()}
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
-    return PlanResult(loaded, plan, version)
+    wanted = {d.name for d in desired if d.kind == "queue"}
+    prefixes = tuple(
+        f"{jq.name}{infix}" for jq in loaded.topology.job_queues for infix in (SHARD_INFIX, RETRY_INFIX)
+    ) + tuple(jq.name for jq in loaded.topology.job_queues)
+    stray = [o.name for o in live if o.kind == "queue" and o.name not in wanted and o.name.startswith(prefixes)]
+    stray = [n for n in stray if SHARD_INFIX in n or RETRY_INFIX in n]
+    orphans: tuple[tuple[str, int], ...] = ()
+    if stray:
+        probes = await probe_queues(settings, stray)
+        orphans = tuple((n, probes[n].messages) for n in sorted(probes))
+    return PlanResult(loaded, plan, version, orphans)
 
 
 async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:

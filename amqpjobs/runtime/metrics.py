@@ -119,6 +119,8 @@ class MetricsServer:
         if path == "/readyz":
             ok, reason = self._ready()
             return _text(start_response, 200 if ok else 503, reason)
+        if path != "/metrics":
+            return _text(start_response, 404, "not found: use /metrics, /healthz or /readyz")
         return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
     def start(self) -> None:
@@ -145,7 +147,7 @@ class MetricsServer:
 
 
 def _text(start_response: Callable[..., Any], status: int, text: str) -> list[bytes]:
-    phrase = {200: "OK", 503: "Service Unavailable"}[status]
+    phrase = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
     body = (text + "\n").encode()
     start_response(
         f"{status} {phrase}", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]

@@ -48,6 +48,7 @@ from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
+from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
@@ -93,6 +94,7 @@ class Outcome:
         queue: The job queue the delivery came from.
         latency: Seconds from enqueue to this start, for a first attempt that ran; else None.
         timed_out: Whether the handler run hit its timeout.
+        error: ``"<type>: <message>"`` (first 300 characters) of the failure, or "".
 
     """
 
@@ -105,15 +107,22 @@ class Outcome:
     queue: str = ""
     latency: float | None = None
     timed_out: bool = False
+    error: str = ""
 
     @property
     def kind(self) -> str:
-        """``succeeded``, ``retried``, ``quarantined``, or ``abandoned`` when not acked."""
+        """What happened, as one word.
+
+        ``succeeded``, ``retried``, ``deferred`` (waited for a claim), ``duplicate``,
+        ``quarantined``, or ``abandoned`` when not acked.
+        """
         if not self.acked:
             return "abandoned"
         d = self.decision
         if isinstance(d, Duplicate):
             return "duplicate"
+        if isinstance(d, RetryLater) and d.wait:
+            return "deferred"
         return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
 
 
@@ -263,6 +272,14 @@ class Worker:
         self.app.default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
+        needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
+        needed += [lay.quarantine_queue for lay in self._layouts.values()]
+        missing = sorted(set(needed) - set(await probe_queues(self.settings, needed)))
+        if missing:
+            raise BrokerError(
+                f"queue(s) {', '.join(missing)} do not exist on {self.settings.safe_url}: apply the topology "
+                "first (amqpjobs topology apply); without them retries and quarantine can't work"
+            )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
@@ -431,7 +448,7 @@ class Worker:
             acked = await self._fallback(delivery, v.decision, exc)
         outcome = Outcome(
             v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, v.duration, acked,
-            layout.name, v.latency, v.timed_out,
+            layout.name, v.latency, v.timed_out, f"{v.error[0]}: {v.error[1]}"[:300] if v.error[0] else "",
         )  # fmt: skip
         self._record(outcome)
 
@@ -453,6 +470,8 @@ class Worker:
             extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
         elif isinstance(d, Quarantine):
             extra = f" reason={d.reason}"
+        if outcome.error:
+            extra += f" error={outcome.error}"
         log.info(
             "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
             outcome.job or "?", outcome.job_id, outcome.attempt, outcome.duration, kind, extra,
@@ -498,17 +517,26 @@ class Worker:
                 claim = await ledger.claim(job_id, owner, job.lease)
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
-                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0])
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
                 return _Verdict(later, (_qualname(exc), str(exc), ""), job, attempt, job_id, False)
             if claim is Claim.DONE:
                 return _Verdict(Duplicate(), ("", "", ""), job, attempt, job_id, False)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
-                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0])
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
                 why = "another worker holds a live claim on this job id"
                 return _Verdict(later, ("ClaimBusy", why, ""), job, attempt, job_id, False)
 
+            used = False
+
             def transaction() -> AbstractContextManager[Any]:
+                nonlocal used
                 assert ledger is not None
+                if used:
+                    raise ConfigurationError(
+                        f"job {job.name!r}: ctx.transaction() can be used once per run (its commit marks the job "
+                        "done); put the whole effect in one transaction"
+                    )
+                used = True
                 return ledger.transaction(job_id, owner)
 
         ctx = JobContext(
@@ -560,6 +588,8 @@ class Worker:
             return "retry"
         if isinstance(exc, TimeoutError):
             return "timeout"
+        if isinstance(exc, ConfigurationError):  # a misuse of ours (e.g. ctx.transaction()): no retry can fix it
+            return "permanent"
         if job.retry.permanent and isinstance(exc, job.retry.permanent):
             return "permanent"
         return "error"
@@ -617,7 +647,8 @@ class Worker:
             if isinstance(decision, RetryLater):
                 headers = envelope.strip_broker_headers(delivery.headers)
                 headers[envelope.ATTEMPT] = decision.next_attempt
-                headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
+                if not decision.wait:
+                    headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
                 # the copy comes back from the tier via the default exchange: keep where it first came from
                 headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
                 headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)

@@ -133,7 +133,8 @@ async def test_concurrent_duplicate_on_two_workers_runs_once(broker: BrokerSetti
     assert effects(ledger_spec) == ["pay-5"]
     assert kinds.count("succeeded") == 1
     assert kinds.count("duplicate") == 1
-    assert set(kinds) <= {"succeeded", "duplicate", "retried"}  # "retried": waited a tier while busy
+    assert set(kinds) <= {"succeeded", "duplicate", "deferred"}  # "deferred": waited a tier while busy
+    assert "retried" not in kinds  # waiting for a claim is not a failure
     assert await depth(broker, "work") == 0
 
 
@@ -259,3 +260,41 @@ async def test_chaos_kill_9_twenty_times_exactly_one_effect_each(
     assert len(rows) == 1000, f"{len(rows)} rows, {len(rows) - len(set(rows))} duplicates"
     assert set(rows) == {f"row-{i}" for i in range(1000)}
     assert await depth(broker, "work.quarantine") == 0
+
+
+async def test_key_function_must_give_a_non_empty_string(broker: BrokerSettings, tmp_path: Path):
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=SqliteLedger(tmp_path / "k.db"))
+    app.job("pay", queue="work", idempotent=True, key=lambda p: p.get("ref"))(lambda p, c: None)
+    for payload in ({"order": 1}, {"ref": ""}, {"ref": 5}):
+        with pytest.raises(ConfigurationError, match="must return a non-empty str"):
+            await app.enqueue("pay", payload)
+    assert await app.enqueue("pay", {"ref": "pay:1"}) == "pay:1"
+    await app.close()
+
+
+async def test_transaction_twice_in_one_run_is_refused_and_quarantined(broker: BrokerSettings, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture):  # fmt: skip
+    base = await make_app(broker, tmp_path)
+    path = tmp_path / "t.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=SqliteLedger(path))
+
+    @app.job("twice", queue="work", idempotent=True)
+    def twice(payload: dict[str, Any], ctx: JobContext) -> None:
+        with ctx.transaction() as db:
+            db.execute("INSERT INTO effects (job_id) VALUES (?)", (ctx.job_id,))
+        with ctx.transaction() as db:
+            db.execute("INSERT INTO effects (job_id) VALUES (?)", (ctx.job_id,))
+
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("twice", {}, job_id="t-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+    await app.close()
+    assert [o.kind for o in rec.outcomes] == ["quarantined"]
+    assert "can be used once per run" in rec.outcomes[0].error
+    assert effects(f"sqlite:{path}") == ["t-1"]  # the first transaction committed, the second never ran
+    assert any("outcome=quarantined reason=permanent error=amqpjobs.errors.ConfigurationError" in r.getMessage()
+               for r in caplog.records)  # fmt: skip

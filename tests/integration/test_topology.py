@@ -295,3 +295,32 @@ async def test_rejected_message_lands_in_quarantine_with_x_death(
         await got.ack()
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.quarantine") == 0
+
+
+SHARDED = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "exports"
+exchange = "jobs"
+shards = 4
+retry_tiers = ["1s"]
+"""
+
+
+async def test_plan_reports_shards_the_topology_dropped(broker: BrokerSettings, tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    async with raw_channel(broker) as ch:
+        for _ in range(3):
+            await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="exports.shard-3")
+    path.write_text(SHARDED.replace("shards = 4", "shards = 2"))
+    result = await asyncio.to_thread(cli_subprocess, broker, "topology", "plan", str(path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ORPHAN    queue    exports.shard-3 (3 message(s))" in result.stdout
+    assert "ORPHAN    queue    exports.shard-2 (0 message(s))" in result.stdout
+    assert "ORPHAN    queue    exports.shard-3.retry.1s (0 message(s))" in result.stdout
+    orphans = [line.split()[2] for line in result.stdout.splitlines() if line.startswith("ORPHAN")]
+    assert orphans == ["exports.shard-2", "exports.shard-2.retry.1s", "exports.shard-3", "exports.shard-3.retry.1s"]

@@ -359,3 +359,14 @@ async def test_sync_handler_over_its_timeout_is_waited_for_never_run_twice(
     assert runs == [1]
     assert [type(o.decision).__name__ for o in rec.outcomes] == ["Ack"]
     assert any("passed its timeout of 0.1s" in r.getMessage() for r in caplog.records)
+
+
+async def test_worker_refuses_to_start_without_its_retry_tiers(broker: BrokerSettings, tmp_path: Path):
+    app = await make_app(broker, tmp_path)
+    app.job("x", queue="work")(lambda p, c: None)
+    async with raw_channel(broker) as ch:
+        await ch.queue_delete("work.retry.400ms")
+    from amqpjobs import BrokerError, Worker, WorkerOptions
+
+    with pytest.raises(BrokerError, match=r"work\.retry\.400ms do not exist"):
+        await Worker(app, broker, WorkerOptions(queues=("work",))).start()
