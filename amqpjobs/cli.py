@@ -241,11 +241,7 @@ def _selection(job: str | None, error_type: str | None, reason: str | None, sinc
     for flag, value in (("--job", job), ("--error-type", error_type), ("--reason", reason)):
         if value is not None and not value.strip():
             raise ConfigurationError(f"{flag} is empty: give a value or leave it out")
-    if (
-        reason is not None
-        and reason not in REASONS
-        and reason.removeprefix("x-death:") not in BROKER_REASONS
-    ):
+    if reason is not None and reason not in REASONS and reason.removeprefix("x-death:") not in BROKER_REASONS:
         raise ConfigurationError(
             f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, or x-death:<reason> "
             f"({', '.join(BROKER_REASONS)}) for broker-side dead-letters"
