@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 CONTENT_TYPE: Final = "application/json"
@@ -111,6 +112,8 @@ def _reject_constant(name: str) -> Any:
 
 
 def _depth_ok(text: str) -> bool:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # fast path: can't be deeper than that
+        return True
     depth = 0
     in_string = False
     escaped = False
@@ -234,8 +237,6 @@ class OutgoingMessage:
 
 def iso_utc(timestamp: float) -> str:
     """Format seconds since the epoch as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -77,6 +77,7 @@ class App(JobRegistry):
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.max_message_size = max_message_size
+        self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.quarantine_retention = parse_duration(quarantine_retention)
         self._topology_source = topology
@@ -106,8 +107,12 @@ class App(JobRegistry):
 
         """
         jobdef = self.resolve(job)
+        cached = self._layouts.get(jobdef.queue)
+        if cached is not None:
+            return cached
         try:
-            return self.topology().layout(jobdef.queue)
+            layout = self._layouts[jobdef.queue] = self.topology().layout(jobdef.queue)
+            return layout
         except KeyError:
             raise ConfigurationError(
                 f"job {jobdef.name!r} names job queue {jobdef.queue!r}, which the topology does not declare"

@@ -510,7 +510,7 @@ class Worker:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
         ledger = self.app.ledger if job.idempotent else None
-        owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}"
+        owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
         transaction = None
         if ledger is not None:
             try:
