@@ -325,7 +325,7 @@ async def replay(
                     progress(report)
         except AmqpJobsError:
             raise
-        except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError) as exc:
             raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
         finally:
             await close_channel(channel)  # held (skipped) messages return to quarantine

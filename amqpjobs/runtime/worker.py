@@ -2,8 +2,9 @@
 
 Rules (README "Workers"):
 
-* each slot is one consumer on its own channel with ``prefetch_count=1``, so it holds at
-  most one unacked delivery (fair dispatch: RabbitMQ "Consumer Prefetch");
+* a work queue's N slots are one consumer with ``prefetch_count=N`` on a channel of its
+  own (per consumer, not global), so the process holds at most one unacked delivery per
+  slot (fair dispatch: RabbitMQ "Consumer Prefetch"; :mod:`amqpjobs.wire.consume`);
 * a delivery is acked only after its handler returned;
 * a failed attempt is republished to the next delay tier with attempt + 1 (confirmed),
   then the original is acked; ``x-death`` & co are stripped from the copy;
@@ -30,7 +31,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
@@ -48,8 +49,9 @@ from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
+from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.declare import probe_queues
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -65,9 +67,10 @@ class WorkerOptions:
 
     Attributes:
         queues: Job queue names to consume; None = every job queue the app's jobs use.
-        concurrency: Slots per job queue: each unsharded work queue gets this many consumers
-            (prefetch 1 each); a sharded job queue gets this many consumers on every shard,
-            and its handlers share this many slots round-robin across the shards.
+        concurrency: Slots per job queue: an unsharded work queue gets one consumer with
+            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue gets
+            such a consumer on every shard, and its handlers share this many slots
+            round-robin across the shards.
         grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
         consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
             ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
@@ -178,8 +181,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._connection: AbstractRobustConnection | None = None
         self._publisher: ConfirmedPublisher | None = None
-        self._consumers: list[tuple[AbstractQueue, str]] = []
-        self._channels: list[AbstractChannel] = []
+        self._consumers: list[WorkQueueConsumer] = []
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
@@ -295,44 +297,40 @@ class Worker:
                 RoundRobinGate(self.options.concurrency, len(layout.work_queues)) if layout.shard_routing_keys else None
             )
             for shard, work_queue in enumerate(layout.work_queues):
-                for _ in range(self.options.concurrency):
-                    await self._start_slot(layout, work_queue, gate, shard)
+                await self._start_consumer(layout, work_queue, gate, shard)
         log.info(
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
         self.ready.set()
 
-    async def _start_slot(
+    async def _start_consumer(
         self, layout: JobQueueLayout, work_queue: str, gate: RoundRobinGate | None = None, shard: int = 0
     ) -> None:
         assert self._connection is not None
-        channel = await self._connection.channel(publisher_confirms=False)
-        await channel.set_qos(prefetch_count=1)
-        try:
-            queue = await channel.declare_queue(work_queue, passive=True)
-        except Exception as exc:
-            raise BrokerError(
-                f"work queue {work_queue!r} does not exist on {self.settings.safe_url}: "
-                "apply the topology first (amqpjobs topology apply)"
-            ) from exc
+        inflight = self._inflight
+        handle = self._handle
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
+        async def run(delivery: Delivery) -> None:
             task = asyncio.current_task()
             assert task is not None
-            self._inflight.add(task)
+            inflight.add(task)
             try:
-                if gate is None:
-                    await self._handle(layout, work_queue, message)
-                else:
-                    async with gate.slot(shard):
-                        await self._handle(layout, work_queue, message)
+                await handle(layout, delivery)
             finally:
-                self._inflight.discard(task)
+                inflight.discard(task)
 
-        tag = await queue.consume(on_message)
-        self._channels.append(channel)
-        self._consumers.append((queue, tag))
+        async def run_gated(delivery: Delivery) -> None:
+            assert gate is not None
+            async with gate.slot(shard):
+                await run(delivery)
+
+        consumer = WorkQueueConsumer(
+            self._connection, work_queue, self.options.concurrency, run if gate is None else run_gated,
+            self.settings.safe_url,
+        )  # fmt: skip
+        self._consumers.append(consumer)
+        await consumer.start()
 
     async def _beat(self) -> None:
         while True:
@@ -351,11 +349,12 @@ class Worker:
             return False, "starting"
         if connection.is_closed or not connection.connected.is_set():
             return False, "not connected to the broker (reconnecting)"
-        closed = sum(1 for ch in self._channels if ch.is_closed)
-        if closed:
-            return False, f"{closed} of {len(self._channels)} consumer channel(s) closed"
-        queues = sorted({q.name for q, _ in self._consumers})
-        return True, f"consuming {', '.join(queues)} with {len(self._consumers)} slot(s)"
+        idle = sum(1 for c in self._consumers if not c.consuming)
+        if idle:
+            return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
+        queues = sorted(c.queue for c in self._consumers)
+        slots = len(self._consumers) * self.options.concurrency
+        return True, f"consuming {', '.join(queues)} with {slots} slot(s)"
 
     def request_stop(self) -> None:
         """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""
@@ -399,11 +398,8 @@ class Worker:
         for task in (self._heartbeat_task, self._prune_task):
             if task is not None:
                 task.cancel()
-        for queue, tag in self._consumers:
-            try:
-                await queue.cancel(tag)
-            except Exception as exc:  # channel already gone: nothing more will arrive on it
-                log.debug("cancel of consumer %s failed: %s", tag, exc)
+        for consumer in self._consumers:
+            await consumer.cancel()
         code = 0
         pending = set(self._inflight)
         if pending:
@@ -423,8 +419,7 @@ class Worker:
         return code
 
     # ------------------------------------------------------------------ one delivery
-    async def _handle(self, layout: JobQueueLayout, work_queue: str, message: AbstractIncomingMessage) -> None:
-        delivery = delivery_of(message, work_queue)
+    async def _handle(self, layout: JobQueueLayout, delivery: Delivery) -> None:
         if self.metrics is not None:
             self.metrics.in_flight.labels(layout.name).inc()
         try:

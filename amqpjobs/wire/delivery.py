@@ -15,6 +15,8 @@ from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import AbstractChannel as UnderlayChannel
+from aiormq.abc import DeliveredMessage
 
 from amqpjobs.jobs import envelope
 
@@ -31,7 +33,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     """A delivery from a work queue.
 
@@ -44,6 +46,7 @@ class Delivery:
         redelivered: The broker's ``redelivered`` flag.
         exchange / routing_key: Where it was published.
         queue: The work queue it was consumed from.
+        delivery_tag: The delivery tag on the channel it came on.
 
     """
 
@@ -62,7 +65,8 @@ class Delivery:
     exchange: str
     routing_key: str
     queue: str
-    _message: AbstractIncomingMessage
+    delivery_tag: int
+    _channel: UnderlayChannel
 
     @property
     def job_name(self) -> str:
@@ -109,7 +113,7 @@ class Delivery:
 
         """
         try:
-            await self._message.ack()
+            await self._channel.basic_ack(self.delivery_tag)
         except (
             aiormq.exceptions.ChannelInvalidStateError,
             aiormq.exceptions.AMQPError,
@@ -125,7 +129,7 @@ class Delivery:
 
         """
         try:
-            await self._message.reject(requeue=False)
+            await self._channel.basic_reject(self.delivery_tag, requeue=False)
         except (
             aiormq.exceptions.ChannelInvalidStateError,
             aiormq.exceptions.AMQPError,
@@ -134,9 +138,41 @@ class Delivery:
             raise DeliveryChannelClosed(str(exc)) from exc
 
 
+def delivery_from_aiormq(message: DeliveredMessage, queue: str) -> Delivery:
+    """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue``.
+
+    The hot path of the worker (:mod:`amqpjobs.wire.consume`): properties are read straight
+    from pamqp's decoded content header.
+    """
+    p = message.header.properties
+    frame: Any = message.delivery
+    ts = p.timestamp
+    return Delivery(
+        message.body,
+        dict(p.headers) if p.headers else {},
+        p.content_type,
+        p.content_encoding,
+        p.message_id,
+        p.message_type,
+        None if ts is None else ts.timestamp(),
+        p.priority,
+        p.correlation_id,
+        p.reply_to,
+        p.app_id,
+        bool(frame.redelivered),
+        frame.exchange or "",
+        frame.routing_key or "",
+        queue,
+        frame.delivery_tag,
+        message.channel,
+    )
+
+
 def delivery_of(message: AbstractIncomingMessage, queue: str) -> Delivery:
-    """Wrap an aio-pika message consumed from ``queue``."""
+    """Wrap an aio-pika message read from ``queue`` (``basic.get``: quarantine browsing and replay)."""
     ts = message.timestamp
+    tag = message.delivery_tag
+    assert tag is not None, "a message from basic.get or basic.deliver has a delivery tag"
     return Delivery(
         body=message.body,
         headers=dict(message.headers or {}),
@@ -153,5 +189,6 @@ def delivery_of(message: AbstractIncomingMessage, queue: str) -> Delivery:
         exchange=message.exchange or "",
         routing_key=message.routing_key or "",
         queue=queue,
-        _message=message,
+        delivery_tag=tag,
+        _channel=message.channel,
     )
