@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -94,9 +95,9 @@ class JobDef:
     key: Callable[[Any], str] | None = None
     lease: float = 300.0
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
-        """True when the handler is a coroutine function."""
+        """True when the handler is a coroutine function (read once: it is on every job's path)."""
         return inspect.iscoroutinefunction(self.handler)
 
     def validate(self, payload: Any) -> Any:

@@ -83,7 +83,7 @@ class WorkerOptions:
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     """What happened to one delivery (for logs, stats and tests).
 
@@ -129,7 +129,7 @@ class Outcome:
         return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Verdict:
     """The worker's verdict on one delivery, before it is carried out."""
 
@@ -590,6 +590,11 @@ class Worker:
         return "error"
 
     async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
+        policy = job.retry
+        if job.timeout is None and policy.immediate_retries == 0 and job.is_async:  # the common case: no wrapping
+            await job.handler(payload, ctx)
+            return
+
         async def once() -> None:
             if not job.is_async:
                 await run_in_thread()
@@ -617,7 +622,6 @@ class Worker:
                     )  # fmt: skip
             await future
 
-        policy = job.retry
         if policy.immediate_retries == 0:
             await once()
             return

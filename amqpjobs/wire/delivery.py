@@ -113,7 +113,9 @@ class Delivery:
 
         """
         try:
-            await self._channel.basic_ack(self.delivery_tag)
+            # no wait for the socket drain: an ack has no reply either way, and a lost one means a
+            # redelivery (at least once); a closed channel still raises here, before anything is sent
+            await self._channel.basic_ack(self.delivery_tag, wait=False)
         except (
             aiormq.exceptions.ChannelInvalidStateError,
             aiormq.exceptions.AMQPError,
