@@ -116,8 +116,7 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
         return result
     connection = await connect(settings)
     try:
-        channel = await connection.channel()
-        await declare(channel, result.loaded.topology.declarations())
+        await declare(connection, result.loaded.topology.declarations())
     finally:
         await connection.close()
     return result

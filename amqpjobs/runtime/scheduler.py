@@ -57,7 +57,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage, job_message
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.publish import ConfirmedPublisher, to_amqp
+from amqpjobs.wire.publish import ConfirmedPublisher, amqp_properties
 from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:
@@ -529,17 +529,15 @@ class Scheduler:
                 raw = await channel.get_underlay_channel()
                 await raw.tx_select()
                 for exchange, routing_key, message in jobs:
-                    amqp = to_amqp(message)
                     await raw.basic_publish(
-                        amqp.body, exchange=exchange, routing_key=routing_key, properties=amqp.properties,
-                        mandatory=True,
+                        message.body, exchange=exchange, routing_key=routing_key,
+                        properties=amqp_properties(message), mandatory=True,
                     )  # fmt: skip
-                amqp = to_amqp(store)
                 await raw.basic_publish(
-                    amqp.body,
+                    store.body,
                     exchange="",
                     routing_key=cron.tick_queue(self.app.name, schedule.name),
-                    properties=amqp.properties,
+                    properties=amqp_properties(store),
                 )
                 if not _holds(token):
                     raise _NotLeader  # closing the channel discards the uncommitted publishes

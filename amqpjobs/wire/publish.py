@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection, DeliveryMode
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import (
     BrokerError,
@@ -27,21 +26,20 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.envelope import OutgoingMessage
 
 
-def to_amqp(message: OutgoingMessage) -> aio_pika.Message:
-    """Build the aio-pika message for ``message`` (persistent)."""
-    return aio_pika.Message(
-        body=message.body,
-        headers=dict(message.headers),
+def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
+    """The AMQP basic properties of ``message``, persistent (``delivery_mode`` 2)."""
+    return aiormq.spec.Basic.Properties(
         content_type=message.content_type,
         content_encoding=message.content_encoding,
-        message_id=message.message_id,
-        type=message.type,
-        timestamp=None if message.timestamp is None else datetime.fromtimestamp(message.timestamp, UTC),
+        headers=dict(message.headers),
+        delivery_mode=2,
         priority=message.priority,
         correlation_id=message.correlation_id,
         reply_to=message.reply_to,
+        message_id=message.message_id,
+        timestamp=None if message.timestamp is None else datetime.fromtimestamp(message.timestamp, UTC),
+        message_type=message.type,
         app_id=message.app_id,
-        delivery_mode=DeliveryMode.PERSISTENT,
     )
 
 
@@ -71,6 +69,9 @@ class ConfirmedPublisher:
         self._lock = asyncio.Lock()
 
     async def _ensure_channel(self) -> AbstractChannel:
+        channel = self._channel
+        if channel is not None and not channel.is_closed:  # the common case: no lock
+            return channel
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -93,15 +94,15 @@ class ConfirmedPublisher:
                 f"{self.max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
                 "reference in the payload (claim-check)"
             )
-        channel = await self._ensure_channel()
-        amqp_message = to_amqp(message)
+        properties = amqp_properties(message)
         sent = time.monotonic()
         try:
-            if exchange:
-                target = await channel.get_exchange(exchange, ensure=False)
-                await target.publish(amqp_message, routing_key, mandatory=True, timeout=self._timeout)
-            else:
-                await channel.default_exchange.publish(amqp_message, routing_key, mandatory=True, timeout=self._timeout)
+            channel = await self._ensure_channel()
+            underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more than the send
+            await underlay.basic_publish(
+                message.body, exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True,
+                timeout=self._timeout,
+            )  # fmt: skip
         except aiormq.exceptions.PublishError as exc:
             raise UnroutableError(
                 f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
