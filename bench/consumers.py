@@ -2,7 +2,7 @@
 
 Usage (``$BENCH_URL`` the vhost's AMQP URL, ``$BENCH_OUT`` the record file, cwd bench/):
     python consumers.py aiopika --prefetch 16   raw aio-pika: one channel, prefetch K, a task per delivery
-    python consumers.py aiopika --channels 16   raw aio-pika: 16 channels of prefetch 1 (amqpjobs' slot layout)
+    python consumers.py aiopika --channels 16   raw aio-pika: 16 channels of prefetch 1 (one channel per slot)
     python consumers.py pika --prefetch 200     sync pika BlockingConnection, prefetch K (the ceiling line)
     python consumers.py amqpjobs --slots 16     amqpjobs Worker, bench_app's job, per-job log lines off
     python consumers.py enqueue --n 20000       App.enqueue 500 at a time, then exit (to profile publishing)
