@@ -445,7 +445,9 @@ class Worker:
             v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, v.duration, acked,
             layout.name, v.latency, v.timed_out, f"{v.error[0]}: {v.error[1]}"[:300] if v.error[0] else "",
         )  # fmt: skip
-        self._record(outcome)
+        # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
+        # (with one slot, the broker sends the next delivery only once it has the ack)
+        asyncio.get_running_loop().call_soon(self._record, outcome)
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision

@@ -89,7 +89,9 @@ class WorkQueueConsumer:
         self.channel = channel
         await channel.set_qos(prefetch_count=self.prefetch)
         try:
-            await channel.declare_queue(self.queue, passive=True)
+            # robust=False: the channel must not re-declare it when it reopens; were the queue gone
+            # by then, the reopen itself would fail. _consume() probes for it instead.
+            await channel.declare_queue(self.queue, passive=True, robust=False)
         except Exception as exc:
             await self.close()
             raise BrokerError(
@@ -104,6 +106,14 @@ class WorkQueueConsumer:
         underlay = cast(aiormq.Channel, await self.channel.get_underlay_channel())
         if self.tag in underlay.consumers:
             return
+        # basic.consume on a missing queue would close this channel (404) and aio-pika would reopen
+        # it at once, again and again: look on a throwaway channel first (as aio-pika's own recovery does)
+        probe = await underlay.connection.channel(publisher_confirms=False)
+        try:
+            await probe.queue_declare(self.queue, passive=True)
+        finally:
+            with contextlib.suppress(Exception):
+                await probe.close()
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
         await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag)
         self._consuming_on = underlay
