@@ -99,6 +99,11 @@ def ratio(a: Stat, b: Stat) -> float:
     return a.median / b.median if b.median else float("nan")
 
 
+def per_cpu_second(cpu_us: Stat) -> str:
+    """Jobs per client CPU-second from CPU µs per job ("–" when a drain was too short to measure CPU)."""
+    return f"{1e6 / cpu_us.median:.0f}" if cpu_us.median > 0 else "–"
+
+
 def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     ok = value >= target if higher_is_better else value <= target
     return "met" if ok else "**missed**"
@@ -534,7 +539,7 @@ class Bench:
                 print(f"  rep {rep + 1}/{reps} {c.key:<9} {d.rate:8.0f} jobs/s {d.cpu_us:7.0f} µs CPU/job", flush=True)
         self.report.table(
             ["contestant", "jobs/s median (min–max)", "client CPU µs/job", "jobs/s per client CPU-second"],
-            [[c.label, rates[c.key].fmt(), cpus[c.key].fmt(), f"{1e6 / cpus[c.key].median:.0f}"] for c in rows],
+            [[c.label, rates[c.key].fmt(), cpus[c.key].fmt(), per_cpu_second(cpus[c.key])] for c in rows],
         )
         keys = [c.key for c in contestants()]
         r = {k: ratio(rates["aj16"], rates[k]) for k in keys}
