@@ -410,6 +410,8 @@ class Worker:
                 code = 1
                 for task in still:
                     task.cancel()
+        for consumer in self._consumers:
+            await consumer.flush_acks()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:

@@ -32,7 +32,7 @@ from pamqp.commands import Basic
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError
-from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -71,6 +71,7 @@ class WorkQueueConsumer:
         self._closing = False
         self._retry: asyncio.Task[None] | None = None
         self._consuming_on: aiormq.Channel | None = None
+        self._acks: AckBatcher | None = None
 
     @property
     def consuming(self) -> bool:
@@ -119,7 +120,15 @@ class WorkQueueConsumer:
         self._consuming_on = underlay
 
     async def _on_message(self, message: DeliveredMessage) -> None:
-        await self.handler(delivery_from_aiormq(message, self.queue))
+        acks = self._acks
+        if acks is None or acks.channel is not message.channel:  # first delivery, or one after a reconnect
+            acks = self._acks = AckBatcher(message.channel)
+        await self.handler(delivery_from_aiormq(message, self.queue, acks))
+
+    async def flush_acks(self) -> None:
+        """Send the acks still batched (call before closing the connection)."""
+        if self._acks is not None:
+            await self._acks.flush()
 
     async def _on_reopen(self, *_: Any) -> None:
         """aio-pika reopened the channel after a reconnect: consume again (STYLE 7: its re-declare hook)."""

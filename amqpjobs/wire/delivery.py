@@ -8,6 +8,8 @@ raises :class:`DeliveryChannelClosed` instead of ever acking on another channel.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,9 +22,94 @@ from aiormq.abc import DeliveredMessage
 
 from amqpjobs.jobs import envelope
 
+log = logging.getLogger("amqpjobs.wire")
+
 
 class DeliveryChannelClosed(Exception):
     """The channel a delivery came on has closed; the broker will redeliver the message."""
+
+
+_CHANNEL_GONE = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, ConnectionError)
+
+
+class AckBatcher:
+    """The acks of one consumer channel, sent once per turn of the event loop.
+
+    A busy worker finishes several deliveries in one turn of the loop; sending each ack as
+    a frame of its own costs a socket write per job (the largest single cost in a profile
+    of the worker, bench/RESULTS.md). Here :meth:`ack` only notes the delivery tag, and on
+    the loop's next turn one ``basic.ack`` with ``multiple=true`` settles the run of
+    settled tags at the head of the channel's unsettled deliveries (RabbitMQ "Consumer
+    Acknowledgements": "Acknowledging Multiple Deliveries at Once"); acks behind a delivery
+    still running go singly, at once. The channel must carry only this consumer: a
+    multiple ack covers every delivery of the channel up to its tag.
+
+    Args:
+        channel: The aiormq channel the deliveries came on.
+    """
+
+    def __init__(self, channel: UnderlayChannel) -> None:
+        self.channel = channel
+        self._unsettled: dict[int, bool] = {}  # delivery tag -> settled, in tag (= delivery) order
+        self._acked: set[int] = set()  # settled by an ack not yet sent
+        self._scheduled = False
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def delivered(self, tag: int) -> None:
+        """Note a delivery from the channel (in delivery order)."""
+        self._unsettled[tag] = False
+
+    def ack(self, tag: int) -> None:
+        """Settle ``tag`` by an ack, sent on the loop's next turn.
+
+        Raises:
+            DeliveryChannelClosed: the channel is already closed (the broker redelivers).
+        """
+        if self.channel.is_closed:
+            raise DeliveryChannelClosed(f"channel {self.channel.number} is closed")
+        self._unsettled[tag] = True
+        self._acked.add(tag)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_soon)
+
+    def rejected(self, tag: int) -> None:
+        """Note that ``tag`` was settled by a reject already sent."""
+        if tag in self._unsettled:
+            self._unsettled[tag] = True
+
+    def _send_soon(self) -> None:
+        self._scheduled = False
+        task = asyncio.get_running_loop().create_task(self._send())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self) -> None:
+        head = 0
+        for tag, settled in self._unsettled.items():
+            if not settled:
+                break
+            head = tag
+        singles = sorted(t for t in self._acked if t > head)
+        covered = [t for t in self._acked if t <= head]
+        for tag in [t for t in self._unsettled if t <= head] + singles:
+            del self._unsettled[tag]
+        self._acked.clear()
+        try:
+            if covered:  # up to the last acked tag: a multiple ack's own tag must still be unsettled
+                await self.channel.basic_ack(max(covered), multiple=True, wait=False)
+            for tag in singles:
+                await self.channel.basic_ack(tag, wait=False)
+        except _CHANNEL_GONE as exc:  # the broker requeues what this channel held
+            log.warning("acks of %d deliveries lost with their channel (%s): the broker redelivers them",
+                        len(covered) + len(singles), exc)  # fmt: skip
+
+    async def flush(self) -> None:
+        """Send pending acks now and wait until they are queued for the socket (before a close)."""
+        if self._scheduled:
+            self._send_soon()
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
 
 
 def _text(value: Any) -> str | None:
@@ -67,6 +154,7 @@ class Delivery:
     queue: str
     delivery_tag: int
     _channel: UnderlayChannel
+    _acks: AckBatcher | None = None
 
     @property
     def job_name(self) -> str:
@@ -112,15 +200,14 @@ class Delivery:
             DeliveryChannelClosed: that channel is closed; the broker redelivers.
 
         """
+        if self._acks is not None:  # a worker's consumer: batched per loop turn
+            self._acks.ack(self.delivery_tag)
+            return
         try:
             # no wait for the socket drain: an ack has no reply either way, and a lost one means a
             # redelivery (at least once); a closed channel still raises here, before anything is sent
             await self._channel.basic_ack(self.delivery_tag, wait=False)
-        except (
-            aiormq.exceptions.ChannelInvalidStateError,
-            aiormq.exceptions.AMQPError,
-            ConnectionError,
-        ) as exc:
+        except _CHANNEL_GONE as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
 
     async def reject(self) -> None:
@@ -132,22 +219,23 @@ class Delivery:
         """
         try:
             await self._channel.basic_reject(self.delivery_tag, requeue=False)
-        except (
-            aiormq.exceptions.ChannelInvalidStateError,
-            aiormq.exceptions.AMQPError,
-            ConnectionError,
-        ) as exc:
+        except _CHANNEL_GONE as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
+        if self._acks is not None:
+            self._acks.rejected(self.delivery_tag)
 
 
-def delivery_from_aiormq(message: DeliveredMessage, queue: str) -> Delivery:
+def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher | None = None) -> Delivery:
     """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue``.
 
     The hot path of the worker (:mod:`amqpjobs.wire.consume`): properties are read straight
-    from pamqp's decoded content header.
+    from pamqp's decoded content header. With ``acks`` (the channel's batcher), the
+    delivery is noted there and its :meth:`Delivery.ack` is batched.
     """
     p = message.header.properties
     frame: Any = message.delivery
+    if acks is not None:
+        acks.delivered(frame.delivery_tag)
     ts = p.timestamp
     return Delivery(
         message.body,
@@ -167,6 +255,7 @@ def delivery_from_aiormq(message: DeliveredMessage, queue: str) -> Delivery:
         queue,
         frame.delivery_tag,
         message.channel,
+        acks,
     )
 
 

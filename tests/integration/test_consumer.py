@@ -6,12 +6,16 @@ import asyncio
 import time
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -77,3 +81,42 @@ async def test_a_consumer_the_broker_cancels_consumes_again_once_the_queue_is_ba
         await rec.wait_for(lambda o: len(o) == 5, timeout=15)
     await app.close()
     assert sorted(done) == [0, 1, 2, 3, 4]
+
+
+async def test_the_broker_takes_batched_acks_around_rejected_deliveries(broker: BrokerSettings, tmp_path: Path):
+    """One multiple ack covering a rejected delivery, and one stopping before it: no channel error, all settled."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        for i in range(6):
+            await ch.default_exchange.publish(aio_pika.Message(str(i).encode(), message_id=f"m-{i}"), "work")
+    connection = await connect(broker)
+    got: list[Delivery] = []
+    arrived = asyncio.Event()
+
+    async def hold(delivery: Delivery) -> None:
+        got.append(delivery)
+        if len(got) == 6:
+            arrived.set()
+
+    consumer = WorkQueueConsumer(connection, "work", 6, hold)
+    try:
+        await consumer.start()
+        await asyncio.wait_for(arrived.wait(), 10)
+        d = {x.message_id: x for x in got}
+        await d["m-0"].ack()
+        await d["m-1"].reject()  # a run of settled tags: 0 acked, 1 rejected, 2 acked -> one ack(2, multiple)
+        await d["m-2"].ack()
+        await asyncio.sleep(0.2)
+        await d["m-3"].ack()
+        await d["m-4"].reject()  # the run ends on a reject: the multiple ack must name tag 3, not 4
+        await asyncio.sleep(0.2)
+        await d["m-5"].ack()
+        await consumer.flush_acks()
+        await asyncio.sleep(0.5)
+        assert consumer.consuming  # no PRECONDITION_FAILED closed the channel
+    finally:
+        await consumer.close()
+        await connection.close()
+    assert await depth(broker, "work") == 0  # nothing requeued by the close: every delivery was settled
+    dead = await drain(broker, "work.quarantine")
+    assert sorted(m.message_id or "" for m in dead) == ["m-1", "m-4"]

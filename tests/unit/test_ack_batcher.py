@@ -1,0 +1,98 @@
+"""Which acks the batcher sends, and how (our rule; the broker side is in tests/integration/test_consumer.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from amqpjobs.wire.delivery import AckBatcher, DeliveryChannelClosed
+
+
+class RecordingChannel:
+    """Stands in for an aiormq channel: records the ack frames it is asked to send."""
+
+    number = 1
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.sent: list[tuple[int, bool]] = []
+
+    async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
+        self.sent.append((delivery_tag, multiple))
+
+
+def batcher(tags: range) -> tuple[AckBatcher, RecordingChannel]:
+    channel = RecordingChannel()
+    acks = AckBatcher(channel)  # type: ignore[arg-type]
+    for tag in tags:
+        acks.delivered(tag)
+    return acks, channel
+
+
+async def turn(acks: AckBatcher) -> None:
+    await asyncio.sleep(0)
+    await acks.flush()
+
+
+async def test_acks_of_one_turn_go_as_one_multiple_ack() -> None:
+    acks, channel = batcher(range(1, 6))
+    for tag in (1, 2, 3):
+        acks.ack(tag)
+    assert channel.sent == []  # nothing before the loop's next turn
+    await turn(acks)
+    assert channel.sent == [(3, True)]
+    acks.ack(5)
+    acks.ack(4)
+    await turn(acks)
+    assert channel.sent == [(3, True), (5, True)]
+
+
+async def test_acks_behind_a_running_delivery_go_singly_at_once() -> None:
+    acks, channel = batcher(range(1, 4))
+    acks.ack(3)
+    acks.ack(2)
+    await turn(acks)
+    assert channel.sent == [(2, False), (3, False)]
+    acks.ack(1)
+    await turn(acks)
+    assert channel.sent == [(2, False), (3, False), (1, True)]
+
+
+async def test_a_multiple_ack_never_names_a_rejected_tag() -> None:
+    acks, channel = batcher(range(1, 4))
+    acks.ack(1)
+    acks.rejected(2)
+    await turn(acks)
+    assert channel.sent == [(1, True)]  # not (2, True): tag 2 is no longer unacked on the broker
+    acks.ack(3)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, True)]
+
+
+async def test_rejected_tags_inside_the_run_are_covered_without_being_named() -> None:
+    acks, channel = batcher(range(1, 4))
+    acks.ack(1)
+    acks.rejected(2)
+    acks.ack(3)
+    await turn(acks)
+    assert channel.sent == [(3, True)]
+
+
+async def test_ack_on_a_closed_channel_raises() -> None:
+    acks, channel = batcher(range(1, 2))
+    channel.is_closed = True
+    with pytest.raises(DeliveryChannelClosed):
+        acks.ack(1)
+
+
+async def test_flush_sends_what_is_still_batched() -> None:
+    acks, channel = batcher(range(1, 3))
+    acks.ack(1)
+    acks.ack(2)
+    await acks.flush()  # without waiting for the loop's turn
+    assert channel.sent == [(2, True)]
+    sent: list[Any] = list(channel.sent)
+    await acks.flush()
+    assert channel.sent == sent
