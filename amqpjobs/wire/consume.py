@@ -122,7 +122,7 @@ class WorkQueueConsumer:
     async def _on_message(self, message: DeliveredMessage) -> None:
         acks = self._acks
         if acks is None or acks.channel is not message.channel:  # first delivery, or one after a reconnect
-            acks = self._acks = AckBatcher(message.channel)
+            acks = self._acks = AckBatcher(message.channel, batch=self.prefetch > 1)
         await self.handler(delivery_from_aiormq(message, self.queue, acks))
 
     async def flush_acks(self) -> None:

@@ -46,10 +46,13 @@ class AckBatcher:
 
     Args:
         channel: The aiormq channel the deliveries came on.
+        batch: False sends every ack at once: with ``prefetch_count`` 1 there is never a
+            second delivery to batch with, and the broker sends the next one only after the ack.
     """
 
-    def __init__(self, channel: UnderlayChannel) -> None:
+    def __init__(self, channel: UnderlayChannel, batch: bool = True) -> None:
         self.channel = channel
+        self.batch = batch
         self._unsettled: dict[int, bool] = {}  # delivery tag -> settled, in tag (= delivery) order
         self._acked: set[int] = set()  # settled by an ack not yet sent
         self._scheduled = False
@@ -59,8 +62,8 @@ class AckBatcher:
         """Note a delivery from the channel (in delivery order)."""
         self._unsettled[tag] = False
 
-    def ack(self, tag: int) -> None:
-        """Settle ``tag`` by an ack, sent on the loop's next turn.
+    async def ack(self, tag: int) -> None:
+        """Settle ``tag`` by an ack, sent on the loop's next turn (at once when not batching).
 
         Raises:
             DeliveryChannelClosed: the channel is already closed (the broker redelivers).
@@ -69,7 +72,9 @@ class AckBatcher:
             raise DeliveryChannelClosed(f"channel {self.channel.number} is closed")
         self._unsettled[tag] = True
         self._acked.add(tag)
-        if not self._scheduled:
+        if not self.batch:
+            await self._send()
+        elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._send_soon)
 
@@ -78,7 +83,7 @@ class AckBatcher:
         if tag in self._unsettled:
             self._unsettled[tag] = True
 
-    def _send_soon(self) -> None:
+    def _send_soon(self) -> None:  # a callback: runs _send in a task of its own
         self._scheduled = False
         task = asyncio.get_running_loop().create_task(self._send())
         self._sending.add(task)
@@ -201,7 +206,7 @@ class Delivery:
 
         """
         if self._acks is not None:  # a worker's consumer: batched per loop turn
-            self._acks.ack(self.delivery_tag)
+            await self._acks.ack(self.delivery_tag)
             return
         try:
             # no wait for the socket drain: an ack has no reply either way, and a lost one means a

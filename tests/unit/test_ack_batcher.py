@@ -23,9 +23,9 @@ class RecordingChannel:
         self.sent.append((delivery_tag, multiple))
 
 
-def batcher(tags: range) -> tuple[AckBatcher, RecordingChannel]:
+def batcher(tags: range, batch: bool = True) -> tuple[AckBatcher, RecordingChannel]:
     channel = RecordingChannel()
-    acks = AckBatcher(channel)  # type: ignore[arg-type]
+    acks = AckBatcher(channel, batch)  # type: ignore[arg-type]
     for tag in tags:
         acks.delivered(tag)
     return acks, channel
@@ -39,58 +39,67 @@ async def turn(acks: AckBatcher) -> None:
 async def test_acks_of_one_turn_go_as_one_multiple_ack() -> None:
     acks, channel = batcher(range(1, 6))
     for tag in (1, 2, 3):
-        acks.ack(tag)
+        await acks.ack(tag)
     assert channel.sent == []  # nothing before the loop's next turn
     await turn(acks)
     assert channel.sent == [(3, True)]
-    acks.ack(5)
-    acks.ack(4)
+    await acks.ack(5)
+    await acks.ack(4)
     await turn(acks)
     assert channel.sent == [(3, True), (5, True)]
 
 
 async def test_acks_behind_a_running_delivery_go_singly_at_once() -> None:
     acks, channel = batcher(range(1, 4))
-    acks.ack(3)
-    acks.ack(2)
+    await acks.ack(3)
+    await acks.ack(2)
     await turn(acks)
     assert channel.sent == [(2, False), (3, False)]
-    acks.ack(1)
+    await acks.ack(1)
     await turn(acks)
     assert channel.sent == [(2, False), (3, False), (1, True)]
 
 
 async def test_a_multiple_ack_never_names_a_rejected_tag() -> None:
     acks, channel = batcher(range(1, 4))
-    acks.ack(1)
+    await acks.ack(1)
     acks.rejected(2)
     await turn(acks)
     assert channel.sent == [(1, True)]  # not (2, True): tag 2 is no longer unacked on the broker
-    acks.ack(3)
+    await acks.ack(3)
     await turn(acks)
     assert channel.sent == [(1, True), (3, True)]
 
 
 async def test_rejected_tags_inside_the_run_are_covered_without_being_named() -> None:
     acks, channel = batcher(range(1, 4))
-    acks.ack(1)
+    await acks.ack(1)
     acks.rejected(2)
-    acks.ack(3)
+    await acks.ack(3)
+    assert channel.sent == []
     await turn(acks)
     assert channel.sent == [(3, True)]
+
+
+async def test_without_batching_each_ack_goes_at_once() -> None:
+    acks, channel = batcher(range(1, 3), batch=False)
+    await acks.ack(1)  # one slot (prefetch 1): the broker sends the next delivery only after this ack
+    assert channel.sent == [(1, True)]
+    await acks.ack(2)
+    assert channel.sent == [(1, True), (2, True)]
 
 
 async def test_ack_on_a_closed_channel_raises() -> None:
     acks, channel = batcher(range(1, 2))
     channel.is_closed = True
     with pytest.raises(DeliveryChannelClosed):
-        acks.ack(1)
+        await acks.ack(1)
 
 
 async def test_flush_sends_what_is_still_batched() -> None:
     acks, channel = batcher(range(1, 3))
-    acks.ack(1)
-    acks.ack(2)
+    await acks.ack(1)
+    await acks.ack(2)
     await acks.flush()  # without waiting for the loop's turn
     assert channel.sent == [(2, True)]
     sent: list[Any] = list(channel.sent)
