@@ -67,6 +67,41 @@ class WorkerMetrics:
             "amqpjobs_publish_confirm_seconds", "Publish to broker confirm.", buckets=CONFIRM_BUCKETS,
             registry=self.registry,
         )  # fmt: skip
+        self._in_flight: dict[str, Any] = {}
+        self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._counted: dict[tuple[str, str, str], Any] = {}
+
+    def in_flight_of(self, queue: str) -> Any:
+        """The ``amqpjobs_in_flight`` gauge of job queue ``queue`` (looked up once per queue)."""
+        child = self._in_flight.get(queue)
+        if child is None:
+            child = self._in_flight[queue] = self.in_flight.labels(queue)
+        return child
+
+    def observe(self, job: str, queue: str, outcome: str, duration: float | None, latency: float | None,
+                timed_out: bool) -> None:  # fmt: skip
+        """Record one delivery's outcome.
+
+        Counts it by ``outcome``, observes the handler duration (seconds; None when it did
+        not run), the queue latency (seconds; first attempts only, else None) and a timeout.
+        Label children are looked up once per label set (``labels()`` costs a lock per call).
+        """
+        key = (job, queue)
+        children = self._per_job.get(key)
+        if children is None:
+            children = self._per_job[key] = (
+                self.duration.labels(job, queue), self.latency.labels(job, queue), self.timeouts.labels(job, queue)
+            )  # fmt: skip
+        counted = self._counted.get((job, queue, outcome))
+        if counted is None:
+            counted = self._counted[(job, queue, outcome)] = self.jobs.labels(job, queue, outcome)
+        counted.inc()
+        if duration is not None:
+            children[0].observe(duration)
+        if latency is not None:
+            children[1].observe(max(0.0, latency))
+        if timed_out:
+            children[2].inc()
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of one sample (e.g. ``amqpjobs_jobs_total``), 0.0 when absent."""

@@ -422,13 +422,14 @@ class Worker:
 
     # ------------------------------------------------------------------ one delivery
     async def _handle(self, layout: JobQueueLayout, delivery: Delivery) -> None:
-        if self.metrics is not None:
-            self.metrics.in_flight.labels(layout.name).inc()
+        gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
+        if gauge is not None:
+            gauge.inc()
         try:
             await self._handle_delivery(layout, delivery)
         finally:
-            if self.metrics is not None:
-                self.metrics.in_flight.labels(layout.name).dec()
+            if gauge is not None:
+                gauge.dec()
 
     async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery) -> None:
         try:
@@ -456,14 +457,11 @@ class Worker:
         kind = outcome.kind
         self.stats[kind] += 1
         if self.metrics is not None:
-            m, job = self.metrics, outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
-            m.jobs.labels(job, outcome.queue, kind).inc()
-            if outcome.duration or outcome.latency is not None:
-                m.duration.labels(job, outcome.queue).observe(outcome.duration)
-            if outcome.latency is not None:
-                m.latency.labels(job, outcome.queue).observe(max(0.0, outcome.latency))
-            if outcome.timed_out:
-                m.timeouts.labels(job, outcome.queue).inc()
+            job = outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
+            ran = outcome.duration or outcome.latency is not None  # the handler ran (a first attempt: latency)
+            self.metrics.observe(
+                job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
+            )
         extra = ""
         if isinstance(d, RetryLater):
             extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
