@@ -105,6 +105,8 @@ def per_cpu_second(cpu_us: Stat) -> str:
 
 
 def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    if value != value:  # NaN: a contestant left out with --contestants
+        return "–"
     ok = value >= target if higher_is_better else value <= target
     return "met" if ok else "**missed**"
 
@@ -296,9 +298,9 @@ def contestants() -> list[Contestant]:
     raw = [PY, str(BENCH / "consumers.py")]
     return [
         Contestant("aj16", "amqpjobs consume, 16 slots (per-job log lines on, as shipped)", [*consume, "16"],
-                   "amqpjobs", 16),
+                   "amqpjobs", 1),  # one consumer with prefetch 16
         Contestant("aj16q", "amqpjobs Worker, 16 slots, per-job log lines off", [*raw, "amqpjobs", "--slots", "16"],
-                   "amqpjobs", 16),
+                   "amqpjobs", 1),
         Contestant("raw16", "raw aio-pika, prefetch 16, concurrent handlers", [*raw, "aiopika", "--prefetch", "16"],
                    "amqpjobs", 1),
         Contestant("raw16x1", "raw aio-pika, 16 channels × prefetch 1 (one channel per slot)",
@@ -1268,6 +1270,19 @@ def main() -> int:
             c.key for c in contestants()),
     )  # fmt: skip
     args = parser.parse_args()
+    sections = ("throughput", "scaling", "publish", "latency", "rss", "retry", "apply", "profile")
+    keys = [c.key for c in contestants()]
+    for option, given, known in (("--only", args.only, sections), ("--contestants", args.contestants, keys)):
+        if given is not None:
+            unknown = [x for x in given if x not in known]
+            if unknown or not given:
+                parser.error(
+                    f"{option}: unknown {', '.join(map(repr, unknown)) or 'empty list'}; choose from {', '.join(known)}"
+                )
+    if args.contestants is not None:
+        args.contestants = list(dict.fromkeys(args.contestants))
+    if args.reps is not None and args.reps < 1:
+        parser.error("--reps must be at least 1")
     if args.n is None:
         args.n = 1000 if args.quick else 20_000
     if args.reps is None:
