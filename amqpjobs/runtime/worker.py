@@ -310,8 +310,11 @@ class Worker:
         assert self._connection is not None
         inflight = self._inflight
         handle = self._handle
+        stopping = self._stop
 
         async def run(delivery: Delivery) -> None:
+            if stopping.is_set():  # a delivery that arrived, or got its slot, after SIGTERM: not started;
+                return  # left unacked, it returns to the queue when the connection closes
             task = asyncio.current_task()
             assert task is not None
             inflight.add(task)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -37,9 +38,13 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
         BrokerError: the broker refused a declaration for another reason.
 
     """
-    channels = [await connection.channel(publisher_confirms=False) for _ in range(DECLARE_CHANNELS)]
+    transport = connection.transport
+    if transport is None:
+        raise BrokerError("not connected to the broker")
+    # plain aiormq channels: a channel the broker closes (say, ACCESS_REFUSED) must stay closed,
+    # not be reopened by the robust connection while the other channels still declare
+    underlays = [await transport.connection.channel(publisher_confirms=False) for _ in range(DECLARE_CHANNELS)]
     try:
-        underlays = [await ch.get_underlay_channel() for ch in channels]
         stages: list[list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]] = [
             [_exchange(ex) for ex in declarations.exchanges],
             [_queue(q) for q in declarations.queues],
@@ -54,10 +59,14 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
             declared_nothing=False,
         ) from exc
     except aiormq.exceptions.AMQPError as exc:
-        raise BrokerError(f"the broker refused a declaration: {exc}") from exc
+        raise BrokerError(
+            f"the broker refused a declaration: {exc}; objects declared before it remain (declaring is "
+            "idempotent: fix the cause and apply again)"
+        ) from exc
     finally:
-        for ch in channels:
-            await close_channel(ch)
+        for ch in underlays:
+            with contextlib.suppress(Exception):
+                await ch.close()
 
 
 async def _spread(
@@ -121,6 +130,7 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
 
     Raises:
         BrokerUnavailableError: cannot connect.
+        BrokerError: a queue is exclusive to another connection.
     """
     found: dict[str, QueueProbe] = {}
     connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
@@ -132,6 +142,11 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
                 found[name] = QueueProbe(result.message_count or 0, result.consumer_count or 0)
             except aiormq.exceptions.ChannelNotFoundEntity:
                 continue
+            except aiormq.exceptions.ChannelLockedResource as exc:
+                raise BrokerError(
+                    f"queue {name!r} on {settings.safe_url} is exclusive to another connection (RESOURCE_LOCKED): "
+                    "only that connection can use it; close it, or delete the queue, and try again"
+                ) from exc
             finally:
                 await close_channel(channel)
     finally:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
@@ -41,6 +42,44 @@ def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
         message_type=message.type,
         app_id=message.app_id,
     )
+
+
+#: Bytes of a content-header frame besides the properties: frame header and end (8), class,
+#: weight and body size (12).
+_HEADER_FRAME_OVERHEAD = 20
+
+
+def _rough_size(value: object) -> int:
+    """A quick lower bound of the encoded size of a header value, in bytes."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + 2 + _rough_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(1 + _rough_size(v) for v in value)
+    return 1
+
+
+def check_header_fits(properties: aiormq.spec.Basic.Properties, headers: Mapping[str, Any], frame_max: int) -> None:
+    """Refuse properties that can't fit the connection's ``frame_max``.
+
+    A message's properties (its headers included) travel in one content-header frame: the
+    body is split over frames, the header never is. A larger one makes the broker close the
+    whole connection with ``FRAME_ERROR`` (RabbitMQ "AMQP 0-9-1 Reference" → frame_max), so
+    a worker that republished a message with huge headers would lose every consumer of its
+    connection. The exact size is computed only when a quick estimate comes near the limit.
+
+    Raises:
+        MessageTooLargeError: the properties take more than ``frame_max`` bytes (0: no limit).
+    """
+    if not frame_max or _rough_size(headers) * 2 < frame_max:
+        return
+    size = len(properties.marshal()) + _HEADER_FRAME_OVERHEAD
+    if size > frame_max:
+        raise MessageTooLargeError(
+            f"the message's headers and properties take {size} bytes, over the connection's frame_max of "
+            f"{frame_max} bytes (they travel in one frame); nothing was sent. Put large data in the body"
+        )
 
 
 class ConfirmedPublisher:
@@ -84,7 +123,8 @@ class ConfirmedPublisher:
             UnroutableError: the broker returned it: no queue bound for ``routing_key``.
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
             PublishError: the exchange does not exist, or the confirm did not come in time.
-            MessageTooLargeError: the body is over ``max_message_size`` (nothing sent).
+            MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
+                the connection's ``frame_max`` (nothing sent).
             BrokerError: the channel or connection failed during the publish.
 
         """
@@ -99,6 +139,7 @@ class ConfirmedPublisher:
         try:
             channel = await self._ensure_channel()
             underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more than the send
+            check_header_fits(properties, message.headers, underlay.connection.connection_tune.frame_max)
             await underlay.basic_publish(
                 message.body, exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True,
                 timeout=self._timeout,

@@ -7,10 +7,14 @@ import time
 from pathlib import Path
 
 import aio_pika
+import aiormq
 import pytest
 
 from amqpjobs.jobs.registry import JobContext
+from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
@@ -120,3 +124,129 @@ async def test_the_broker_takes_batched_acks_around_rejected_deliveries(broker: 
     assert await depth(broker, "work") == 0  # nothing requeued by the close: every delivery was settled
     dead = await drain(broker, "work.quarantine")
     assert sorted(m.message_id or "" for m in dead) == ["m-1", "m-4"]
+
+
+class RawBytes(str):
+    """A str whose UTF-8 encoding is given bytes: puts a non-UTF-8 short string on the wire through pamqp."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawBytes:
+        obj = super().__new__(cls, raw.decode("latin-1"))
+        obj.raw = raw
+        return obj
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+async def publish_raw(
+    broker: BrokerSettings, body: bytes, properties: aiormq.spec.Basic.Properties, routing_key: str = "work"
+) -> None:
+    connection = await connect(broker)
+    try:
+        channel = await connection.channel()
+        underlay = await channel.get_underlay_channel()
+        await underlay.basic_publish(body, exchange="", routing_key=routing_key, properties=properties)
+    finally:
+        await connection.close()
+
+
+async def test_a_type_and_message_id_that_are_not_utf8_are_quarantined_not_a_stall(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    done: list[int] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, int], ctx: JobContext) -> None:
+        done.append(payload["i"])
+
+    async with running_worker(app, broker, concurrency=2) as (worker, rec):
+        props = aiormq.spec.Basic.Properties(
+            content_type="application/json", message_type=RawBytes(b"sl\xffow"), message_id=RawBytes(b"\xff\xfe-id")
+        )
+        await publish_raw(broker, b'{"i": 1}', props)
+        await app.enqueue("note", {"i": 2})  # behind it: must still run
+        await rec.wait_for(lambda o: len(o) == 2, timeout=15)
+        assert worker.readiness()[0]
+    await app.close()
+    assert done == [2]
+    (bad,) = [o for o in rec.outcomes if o.kind == "quarantined"]
+    assert bad.job_id == "\ufffd\ufffd-id"
+    (copy,) = await drain(broker, "work.quarantine")
+    assert copy.message_id == "\ufffd\ufffd-id"
+    assert copy.type == "sl\ufffdow"
+    assert copy.headers["amqpjobs-reason"] == "unknown-job"
+
+
+async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_connection_lives(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """The evidence would push the headers over frame_max: dead-lettered by the broker instead."""
+    app = await make_app(broker, tmp_path)
+    done: list[int] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, int], ctx: JobContext) -> None:
+        done.append(payload["i"])
+
+    async with running_worker(app, broker, concurrency=2) as (worker, rec):
+        props = aiormq.spec.Basic.Properties(
+            content_type="application/json", message_type="nope", message_id="huge", headers={"pad": "x" * 130_900}
+        )
+        await publish_raw(broker, b'{"i": 1}', props)
+        await rec.wait_for(lambda o: len(o) == 1, timeout=15)
+        await app.enqueue("note", {"i": 2})
+        await rec.wait_for(lambda o: len(o) == 2, timeout=15)
+        assert worker.readiness()[0]
+    await app.close()
+    assert done == [2]
+    assert [o.kind for o in rec.outcomes] == ["abandoned", "succeeded"]  # rejected: not acked by us
+    (dead,) = await drain(broker, "work.quarantine")
+    assert dead.message_id == "huge"
+    assert len(dead.headers["pad"]) == 130_900  # type: ignore[arg-type]
+    death = dead.headers["x-death"][0]  # type: ignore[index]
+    assert death["reason"] == "rejected"  # type: ignore[index,call-overload]
+    assert await depth(broker, "work") == 0
+
+
+SHARDED = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "split"
+exchange = "jobs"
+shards = 2
+"""
+
+
+async def test_sigterm_starts_no_delivery_waiting_for_a_shared_slot(broker: BrokerSettings, tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    started: list[int] = []
+    first = asyncio.Event()
+
+    @app.job("slow", queue="split")
+    async def slow(payload: dict[str, int], ctx: JobContext) -> None:
+        started.append(payload["i"])
+        first.set()
+        await asyncio.sleep(1.0)
+
+    for i in range(6):
+        await app.enqueue("slow", {"i": i}, tenant=f"t{i}")
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=1, grace=10))
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(first.wait(), 10)
+    await asyncio.wait_for(worker.ready.wait(), 10)
+    await asyncio.sleep(0.3)  # the other shard's delivery arrives and waits for the slot
+    worker.request_stop()
+    code = await asyncio.wait_for(running, 20)
+    await app.close()
+    assert code == 0
+    assert len(started) == 1  # one slot: the delivery waiting at the gate of the other shard did not start
+    assert worker.stats["succeeded"] == 1
+    assert await depth(broker, "split.shard-0") + await depth(broker, "split.shard-1") == 5

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import pytest
 
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.conftest import BrokerRoot
 from tests.integration.helpers import (
     TOPOLOGY,
@@ -324,3 +326,39 @@ async def test_plan_reports_shards_the_topology_dropped(broker: BrokerSettings, 
     assert "ORPHAN    queue    exports.shard-3.retry.1s (0 message(s))" in result.stdout
     orphans = [line.split()[2] for line in result.stdout.splitlines() if line.startswith("ORPHAN")]
     assert orphans == ["exports.shard-2", "exports.shard-2.retry.1s", "exports.shard-3", "exports.shard-3.retry.1s"]
+
+
+def test_a_queue_exclusive_to_another_connection_is_named_not_a_traceback(broker: BrokerSettings):
+    async def hold_and_plan() -> subprocess.CompletedProcess[str]:
+        async with raw_channel(broker) as ch:
+            await ch.declare_queue("urgent", exclusive=True)  # conflicts, and can't be probed from elsewhere
+            return await asyncio.to_thread(cli_subprocess, broker, "topology", "plan", str(TOPOLOGY))
+
+    result = asyncio.run(hold_and_plan())
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "queue 'urgent'" in result.stderr
+    assert "exclusive to another connection (RESOURCE_LOCKED)" in result.stderr
+
+
+def test_a_refused_declaration_says_what_remains(broker: BrokerSettings, mgmt: ManagementClient):
+    """A user who may configure only some of the objects: the broker refuses the rest mid-apply."""
+    user = f"limited-{broker.vhost[-8:]}"
+    mgmt.request("PUT", f"/users/{user}", json={"password": "limited", "tags": "management"})
+    try:
+        vhost = quote(broker.vhost, safe="")
+        mgmt.request(
+            "PUT", f"/permissions/{vhost}/{user}", json={"configure": "^urgent.*", "write": ".*", "read": ".*"}
+        )
+        parts = urlsplit(broker.url)
+        limited = broker_settings(
+            urlunsplit(parts._replace(netloc=f"{user}:limited@{parts.hostname}:{parts.port}")), broker.management_url
+        )
+        result = cli_subprocess(limited, "topology", "apply", str(TOPOLOGY))
+    finally:
+        mgmt.request("DELETE", f"/users/{user}")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "ACCESS_REFUSED" in result.stderr
+    assert "objects declared before it remain" in result.stderr
+    assert len(result.stderr.splitlines()) <= 3, result.stderr  # our one message, not a client library's logs

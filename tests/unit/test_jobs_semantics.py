@@ -130,6 +130,16 @@ def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
         envelope.job_message("j", {"x": float("nan")}, job_id="1", now=0)
 
 
+def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() -> None:
+    from pamqp import decode
+
+    from amqpjobs.wire.codec import install_lenient_timestamps
+
+    install_lenient_timestamps()
+    assert decode.by_type(b"\x05sl\xffow", "shortstr") == (6, "sl\ufffdow")
+    assert decode.by_type(b"\x04mail", "shortstr") == (5, "mail")
+
+
 def test_out_of_range_timestamps_decode_as_none() -> None:
     import struct
 
