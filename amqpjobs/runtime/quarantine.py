@@ -79,6 +79,7 @@ async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tupl
 
     Raises:
         ConfigurationError: neither exists.
+        BrokerError: it is exclusive to another connection.
 
     """
     candidates = [name if name.endswith(QUARANTINE_SUFFIX) else name + QUARANTINE_SUFFIX]
@@ -89,6 +90,11 @@ async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tupl
             return candidate, declared.declaration_result.message_count or 0
         except aiormq.exceptions.ChannelNotFoundEntity:
             continue
+        except aiormq.exceptions.ChannelLockedResource as exc:
+            raise BrokerError(
+                f"queue {candidate!r} is exclusive to another connection (RESOURCE_LOCKED): only that "
+                "connection can use it; close it and try again"
+            ) from exc
         finally:
             await close_channel(channel)
     raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")

@@ -11,8 +11,7 @@ The same goes for a short string (``type``, ``message_id``, ``content_type``, th
 key, ...) that is not UTF-8: pamqp raises ``UnicodeDecodeError`` and the frame is lost with
 the connection. :func:`install_lenient_timestamps` also makes those decode with U+FFFD for
 the bytes that are not UTF-8, so the message is quarantined (say, as an unknown job) with
-evidence instead. Header *names* that are not UTF-8 still fail in pamqp; no publisher
-library we know of can send one.
+evidence instead; header names (table keys) likewise.
 """
 
 from __future__ import annotations
@@ -46,11 +45,39 @@ def _lenient_short_str(value: bytes) -> tuple[int, str]:
         return length + 1, value[1 : length + 1].decode("utf-8", "replace")
 
 
+_original_field_table: Callable[[bytes], tuple[int, Any]] = decode.field_table
+
+
+def _lenient_field_table(value: bytes) -> tuple[int, Any]:
+    """Pamqp's table decoding, except that a key that is not UTF-8 gets U+FFFD for its bad bytes.
+
+    An AMQP field table: a 4-byte length, then entries of (1-byte key length, key, typed
+    value). Tried the fast way first; only a table that fails on a key is walked here.
+    """
+    try:
+        return _original_field_table(value)
+    except UnicodeDecodeError:
+        pass
+    length = int.from_bytes(value[0:4], "big")
+    end = 4 + length
+    if end > len(value):
+        raise ValueError("Field table length exceeds available data")
+    offset, table = 4, {}
+    while offset < end:
+        key_length = value[offset]
+        key = value[offset + 1 : offset + 1 + key_length].decode("utf-8", "replace")
+        offset += 1 + key_length
+        consumed, item = decode.embedded_value(value[offset:])
+        offset += consumed
+        table[key] = item
+    return end, table
+
+
 def install_lenient_timestamps() -> None:
     """Make pamqp forgiving where one bad message would fail a whole frame (idempotent).
 
-    An out-of-range timestamp decodes as ``None``; a short string that is not UTF-8 decodes
-    with replacement characters.
+    An out-of-range timestamp decodes as ``None``; a short string or a header name that is
+    not UTF-8 decodes with replacement characters.
     """
     global _original
     if _original is not None:
@@ -60,3 +87,6 @@ def install_lenient_timestamps() -> None:
     decode.TABLE_MAPPING[b"T"] = _lenient_timestamp
     decode.METHODS["shortstr"] = _lenient_short_str
     decode.short_str = _lenient_short_str
+    decode.METHODS["table"] = _lenient_field_table
+    decode.TABLE_MAPPING[b"F"] = _lenient_field_table
+    decode.field_table = _lenient_field_table

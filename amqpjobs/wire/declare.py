@@ -44,6 +44,7 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
     # plain aiormq channels: a channel the broker closes (say, ACCESS_REFUSED) must stay closed,
     # not be reopened by the robust connection while the other channels still declare
     underlays = [await transport.connection.channel(publisher_confirms=False) for _ in range(DECLARE_CHANNELS)]
+    done = False
     try:
         stages: list[list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]] = [
             [_exchange(ex) for ex in declarations.exchanges],
@@ -52,6 +53,7 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
         ]
         for stage in stages:
             await _spread(underlays, stage)
+        done = True
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
         raise TopologyConflictError(
             f"the broker refused a declaration made after planning: {exc}; objects declared before it remain. "
@@ -64,7 +66,9 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
             "idempotent: fix the cause and apply again)"
         ) from exc
     finally:
-        for ch in underlays:
+        # after a refusal, the channels are left to the connection's close: closing one the broker
+        # has just closed can cross its close and make it close the whole connection
+        for ch in underlays if done else ():
             with contextlib.suppress(Exception):
                 await ch.close()
 
@@ -72,24 +76,26 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
 async def _spread(
     channels: list[aiormq.abc.AbstractChannel], calls: list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]
 ) -> None:
-    """Run ``calls`` round-robin over ``channels``, each channel's share in order; the first error wins."""
+    """Run ``calls`` round-robin over ``channels``, each channel's share in order; the first error wins.
+
+    After an error the other channels finish the declaration they are waiting for and stop:
+    none is cancelled mid-call (aiormq would close its channel, racing the broker's close).
+    """
+    errors: list[BaseException] = []
 
     async def run(k: int) -> None:
         for call in calls[k :: len(channels)]:
-            await call(channels[k])
+            if errors:
+                return
+            try:
+                await call(channels[k])
+            except Exception as exc:
+                errors.append(exc)
+                return
 
-    try:
-        async with asyncio.TaskGroup() as group:
-            for k in range(min(len(channels), len(calls))):
-                group.create_task(run(k))
-    except BaseExceptionGroup as group_error:
-        raise _first_leaf(group_error) from None
-
-
-def _first_leaf(error: BaseException) -> BaseException:
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
+    await asyncio.gather(*(run(k) for k in range(min(len(channels), len(calls)))))
+    if errors:
+        raise errors[0]
 
 
 def _exchange(ex: ExchangeDecl) -> Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]:

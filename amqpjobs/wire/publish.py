@@ -19,6 +19,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import (
     BrokerError,
+    BrokerUnavailableError,
     MessageTooLargeError,
     PublishError,
     PublishNackedError,
@@ -27,12 +28,27 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.envelope import OutgoingMessage
 
 
+def _encodable(value: Any) -> Any:
+    """``value`` with ``bytes`` turned into ``bytearray`` (an AMQP byte array), at any depth.
+
+    pamqp decodes a header string that is not UTF-8 as ``bytes`` but can't encode ``bytes``
+    back; a copy of such a message (to a tier or quarantine) keeps the exact bytes this way.
+    """
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, dict):
+        return {k: _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
+
+
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
     """The AMQP basic properties of ``message``, persistent (``delivery_mode`` 2)."""
     return aiormq.spec.Basic.Properties(
         content_type=message.content_type,
         content_encoding=message.content_encoding,
-        headers=dict(message.headers),
+        headers=_encodable(dict(message.headers)),
         delivery_mode=2,
         priority=message.priority,
         correlation_id=message.correlation_id,
@@ -50,8 +66,10 @@ _HEADER_FRAME_OVERHEAD = 20
 
 
 def _rough_size(value: object) -> int:
-    """A quick lower bound of the encoded size of a header value, in bytes."""
-    if isinstance(value, str | bytes | bytearray):
+    """A quick estimate of the encoded size of a header value, in bytes (never below half of it)."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else 4 * len(value)  # UTF-8: up to 4 bytes a character
+    if isinstance(value, bytes | bytearray):
         return len(value)
     if isinstance(value, dict):
         return sum(len(k) + 2 + _rough_size(v) for k, v in value.items())
@@ -137,7 +155,12 @@ class ConfirmedPublisher:
         properties = amqp_properties(message)
         sent = time.monotonic()
         try:
-            channel = await self._ensure_channel()
+            try:
+                channel = await self._ensure_channel()
+            except RuntimeError as exc:  # aio-pika: the connection is closed (it reconnects by itself)
+                raise BrokerUnavailableError(
+                    f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
+                ) from exc
             underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more than the send
             check_header_fits(properties, message.headers, underlay.connection.connection_tune.frame_max)
             await underlay.basic_publish(

@@ -180,8 +180,9 @@ async def test_a_type_and_message_id_that_are_not_utf8_are_quarantined_not_a_sta
     assert copy.headers["amqpjobs-reason"] == "unknown-job"
 
 
+@pytest.mark.parametrize("pad", ["x" * 130_900, "\u20ac" * 43_600], ids=["ascii", "three-byte-characters"])
 async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_connection_lives(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, pad: str
 ):
     """The evidence would push the headers over frame_max: dead-lettered by the broker instead."""
     app = await make_app(broker, tmp_path)
@@ -193,7 +194,7 @@ async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_conn
 
     async with running_worker(app, broker, concurrency=2) as (worker, rec):
         props = aiormq.spec.Basic.Properties(
-            content_type="application/json", message_type="nope", message_id="huge", headers={"pad": "x" * 130_900}
+            content_type="application/json", message_type="nope", message_id="huge", headers={"pad": pad}
         )
         await publish_raw(broker, b'{"i": 1}', props)
         await rec.wait_for(lambda o: len(o) == 1, timeout=15)
@@ -205,10 +206,37 @@ async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_conn
     assert [o.kind for o in rec.outcomes] == ["abandoned", "succeeded"]  # rejected: not acked by us
     (dead,) = await drain(broker, "work.quarantine")
     assert dead.message_id == "huge"
-    assert len(dead.headers["pad"]) == 130_900  # type: ignore[arg-type]
+    assert dead.headers["pad"] == pad
     death = dead.headers["x-death"][0]  # type: ignore[index]
     assert death["reason"] == "rejected"  # type: ignore[index,call-overload]
     assert await depth(broker, "work") == 0
+
+
+async def test_header_names_and_values_that_are_not_utf8_keep_the_worker_going(broker: BrokerSettings, tmp_path: Path):
+    """A bad header name decodes with U+FFFD; a bad header value (bytes) is copied as a byte array."""
+    app = await make_app(broker, tmp_path)
+    done: list[int] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, int], ctx: JobContext) -> None:
+        done.append(payload["i"])
+
+    async with running_worker(app, broker, concurrency=2) as (worker, rec):
+        props = aiormq.spec.Basic.Properties(
+            content_type="application/json", message_type="nope", message_id="bad-headers",
+            headers={RawBytes(b"k\xff"): 1, "v": RawBytes(b"\xff\xfe")},
+        )  # fmt: skip
+        await publish_raw(broker, b'{"i": 1}', props)
+        await app.enqueue("note", {"i": 2})
+        await rec.wait_for(lambda o: len(o) == 2, timeout=15)
+        assert worker.readiness()[0]
+    await app.close()
+    assert done == [2]
+    (copy,) = await drain(broker, "work.quarantine")
+    assert copy.message_id == "bad-headers"
+    assert copy.headers["amqpjobs-reason"] == "unknown-job"  # our evidence, not a broker dead-letter
+    assert copy.headers["k\ufffd"] == 1
+    assert bytes(copy.headers["v"]) == b"\xff\xfe"  # type: ignore[arg-type]
 
 
 SHARDED = """

@@ -20,7 +20,7 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay, replay_window
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, cli, depth, raw_channel
+from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -243,3 +243,15 @@ async def test_list_show_export_purge(broker: BrokerSettings, tmp_path: Path):
     missing = await asyncio.to_thread(cli, broker, "quarantine", "show", "nope")
     assert missing.exit_code == 2
     assert "no quarantine queue" in missing.stderr
+
+
+@pytest.mark.parametrize("command", [("quarantine", "list"), ("quarantine", "purge", "--yes"), ("replay",)])
+async def test_a_quarantine_queue_exclusive_to_another_connection_is_named(
+    broker: BrokerSettings, command: tuple[str, ...]
+):
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue("other.quarantine", exclusive=True)
+        result = await asyncio.to_thread(cli_subprocess, broker, *command, "other")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "'other.quarantine' is exclusive to another connection (RESOURCE_LOCKED)" in result.stderr

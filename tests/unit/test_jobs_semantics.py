@@ -140,6 +140,29 @@ def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() ->
     assert decode.by_type(b"\x04mail", "shortstr") == (5, "mail")
 
 
+def test_header_names_that_are_not_utf8_decode_with_replacement_characters() -> None:
+    from pamqp import decode, encode
+
+    from amqpjobs.wire.codec import install_lenient_timestamps
+
+    install_lenient_timestamps()
+    good = encode.field_table({"a": 1, "b": "x"})
+    assert decode.by_type(good, "table") == (len(good), {"a": 1, "b": "x"})
+    bad = good.replace(b"\x01a", b"\x01\xff")  # the key "a" becomes the byte 0xff
+    assert decode.by_type(bad, "table") == (len(bad), {"\ufffd": 1, "b": "x"})
+    nested = encode.field_table({"t": {"a": 1}}).replace(b"\x01a", b"\x01\xff")
+    assert decode.by_type(nested, "table")[1] == {"t": {"\ufffd": 1}}
+
+
+def test_bytes_in_headers_are_sent_as_byte_arrays() -> None:
+    from amqpjobs.jobs.envelope import OutgoingMessage
+    from amqpjobs.wire.publish import amqp_properties
+
+    props = amqp_properties(OutgoingMessage(body=b"{}", headers={"v": b"\xff", "t": {"w": [b"\xfe"]}}))
+    assert props.headers == {"v": bytearray(b"\xff"), "t": {"w": [bytearray(b"\xfe")]}}
+    props.marshal()  # pamqp can encode it (it can't encode bytes)
+
+
 def test_out_of_range_timestamps_decode_as_none() -> None:
     import struct
 
