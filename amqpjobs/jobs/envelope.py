@@ -111,6 +111,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: One decoder for every body (``json.loads`` with options builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _depth_ok(text: str) -> bool:
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # fast path: can't be deeper than that
         return True
@@ -170,7 +174,7 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
     if not _depth_ok(text):
         raise DecodeError("undecodable", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise DecodeError("undecodable", f"body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(value, dict):

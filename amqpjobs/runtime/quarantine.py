@@ -294,6 +294,11 @@ async def replay(
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second (got {options.rate})"
         )
+    if options.to is not None and options.to.endswith(QUARANTINE_SUFFIX):
+        raise ConfigurationError(
+            f"--to {options.to!r} is a quarantine queue: replay sends jobs back to a work queue (or leave --to "
+            "out to send each to the queue it failed on)"
+        )
     replay_id = str(uuid.uuid4())
     async with _session(settings) as connection:
         queue_name, depth = await resolve_queue(connection, name)

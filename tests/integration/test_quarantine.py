@@ -255,3 +255,15 @@ async def test_a_quarantine_queue_exclusive_to_another_connection_is_named(
     assert result.returncode == 3, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert "'other.quarantine' is exclusive to another connection (RESOURCE_LOCKED)" in result.stderr
+
+
+async def test_replay_refuses_a_quarantine_queue_as_its_target(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 3)
+    result = await asyncio.to_thread(
+        cli_subprocess, broker, "replay", "work.quarantine", "--to", "work.quarantine", "--rate", "100"
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--to 'work.quarantine' is a quarantine queue" in result.stderr
+    assert await depth(broker, "work.quarantine") == 3
+    assert await depth(broker, "work") == 0
