@@ -10,8 +10,8 @@ Deliveries are taken at aiormq's level (``basic.consume`` on the robust channel'
 underlying channel) and turned straight into :class:`Delivery`, skipping aio-pika's
 per-message object and second task, the largest per-job cost of a Python consumer.
 Reconnecting stays aio-pika's job (STYLE 7): the robust connection reopens the channel,
-restores its QoS and passive queue declaration, and calls our re-declare hook, which
-consumes again under the same consumer tag. A ``basic.cancel`` from the broker (the queue
+restores its QoS, and calls our re-declare hook, which looks for the queue on a throwaway
+channel and consumes again under the same consumer tag. A ``basic.cancel`` from the broker (the queue
 was deleted, a node went away: RabbitMQ "Consumer Cancel Notification") makes the consumer
 try again every second until the queue is back or the consumer is closed.
 """
@@ -178,8 +178,3 @@ class WorkQueueConsumer:
         if self.channel is not None:
             with contextlib.suppress(Exception):
                 await self.channel.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the channel is closed (it reopens by itself after a reconnect)."""
-        return self.channel is None or self.channel.is_closed

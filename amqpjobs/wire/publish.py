@@ -36,7 +36,7 @@ def _encodable(value: Any) -> Any:
     """
     if isinstance(value, bytes):
         return bytearray(value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: _encodable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_encodable(v) for v in value]
@@ -48,7 +48,7 @@ def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
     return aiormq.spec.Basic.Properties(
         content_type=message.content_type,
         content_encoding=message.content_encoding,
-        headers=_encodable(dict(message.headers)),
+        headers=_encodable(message.headers),  # a new dict, also for a read-only mapping
         delivery_mode=2,
         priority=message.priority,
         correlation_id=message.correlation_id,

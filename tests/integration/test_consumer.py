@@ -13,7 +13,7 @@ import pytest
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
@@ -152,9 +152,11 @@ async def publish_raw(
         await connection.close()
 
 
-async def test_a_type_and_message_id_that_are_not_utf8_are_quarantined_not_a_stall(
-    broker: BrokerSettings, tmp_path: Path
-):
+async def raw_then_canary(broker: BrokerSettings, tmp_path: Path, props: aiormq.spec.Basic.Properties) -> list[Outcome]:
+    """Publish one raw message to ``work``, then a good job behind it; both must be handled and the worker stay up.
+
+    Returns the two outcomes (in the order they were recorded).
+    """
     app = await make_app(broker, tmp_path)
     done: list[int] = []
 
@@ -163,16 +165,23 @@ async def test_a_type_and_message_id_that_are_not_utf8_are_quarantined_not_a_sta
         done.append(payload["i"])
 
     async with running_worker(app, broker, concurrency=2) as (worker, rec):
-        props = aiormq.spec.Basic.Properties(
-            content_type="application/json", message_type=RawBytes(b"sl\xffow"), message_id=RawBytes(b"\xff\xfe-id")
-        )
         await publish_raw(broker, b'{"i": 1}', props)
         await app.enqueue("note", {"i": 2})  # behind it: must still run
         await rec.wait_for(lambda o: len(o) == 2, timeout=15)
-        assert worker.readiness()[0]
+        assert worker.readiness()[0]  # the connection lived
     await app.close()
     assert done == [2]
-    (bad,) = [o for o in rec.outcomes if o.kind == "quarantined"]
+    return rec.outcomes
+
+
+async def test_a_type_and_message_id_that_are_not_utf8_are_quarantined_not_a_stall(
+    broker: BrokerSettings, tmp_path: Path
+):
+    props = aiormq.spec.Basic.Properties(
+        content_type="application/json", message_type=RawBytes(b"sl\xffow"), message_id=RawBytes(b"\xff\xfe-id")
+    )
+    outcomes = await raw_then_canary(broker, tmp_path, props)
+    (bad,) = [o for o in outcomes if o.kind == "quarantined"]
     assert bad.job_id == "\ufffd\ufffd-id"
     (copy,) = await drain(broker, "work.quarantine")
     assert copy.message_id == "\ufffd\ufffd-id"
@@ -185,25 +194,11 @@ async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_conn
     broker: BrokerSettings, tmp_path: Path, pad: str
 ):
     """The evidence would push the headers over frame_max: dead-lettered by the broker instead."""
-    app = await make_app(broker, tmp_path)
-    done: list[int] = []
-
-    @app.job("note", queue="work")
-    async def note(payload: dict[str, int], ctx: JobContext) -> None:
-        done.append(payload["i"])
-
-    async with running_worker(app, broker, concurrency=2) as (worker, rec):
-        props = aiormq.spec.Basic.Properties(
-            content_type="application/json", message_type="nope", message_id="huge", headers={"pad": pad}
-        )
-        await publish_raw(broker, b'{"i": 1}', props)
-        await rec.wait_for(lambda o: len(o) == 1, timeout=15)
-        await app.enqueue("note", {"i": 2})
-        await rec.wait_for(lambda o: len(o) == 2, timeout=15)
-        assert worker.readiness()[0]
-    await app.close()
-    assert done == [2]
-    assert [o.kind for o in rec.outcomes] == ["abandoned", "succeeded"]  # rejected: not acked by us
+    props = aiormq.spec.Basic.Properties(
+        content_type="application/json", message_type="nope", message_id="huge", headers={"pad": pad}
+    )
+    outcomes = await raw_then_canary(broker, tmp_path, props)
+    assert sorted(o.kind for o in outcomes) == ["abandoned", "succeeded"]  # rejected: not acked by us
     (dead,) = await drain(broker, "work.quarantine")
     assert dead.message_id == "huge"
     assert dead.headers["pad"] == pad
@@ -214,24 +209,11 @@ async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_conn
 
 async def test_header_names_and_values_that_are_not_utf8_keep_the_worker_going(broker: BrokerSettings, tmp_path: Path):
     """A bad header name decodes with U+FFFD; a bad header value (bytes) is copied as a byte array."""
-    app = await make_app(broker, tmp_path)
-    done: list[int] = []
-
-    @app.job("note", queue="work")
-    async def note(payload: dict[str, int], ctx: JobContext) -> None:
-        done.append(payload["i"])
-
-    async with running_worker(app, broker, concurrency=2) as (worker, rec):
-        props = aiormq.spec.Basic.Properties(
-            content_type="application/json", message_type="nope", message_id="bad-headers",
-            headers={RawBytes(b"k\xff"): 1, "v": RawBytes(b"\xff\xfe")},
-        )  # fmt: skip
-        await publish_raw(broker, b'{"i": 1}', props)
-        await app.enqueue("note", {"i": 2})
-        await rec.wait_for(lambda o: len(o) == 2, timeout=15)
-        assert worker.readiness()[0]
-    await app.close()
-    assert done == [2]
+    props = aiormq.spec.Basic.Properties(
+        content_type="application/json", message_type="nope", message_id="bad-headers",
+        headers={RawBytes(b"k\xff"): 1, "v": RawBytes(b"\xff\xfe")},
+    )  # fmt: skip
+    await raw_then_canary(broker, tmp_path, props)
     (copy,) = await drain(broker, "work.quarantine")
     assert copy.message_id == "bad-headers"
     assert copy.headers["amqpjobs-reason"] == "unknown-job"  # our evidence, not a broker dead-letter

@@ -1,0 +1,42 @@
+"""The CLI's log line format: the time text is cached per second and must still be right."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
+
+
+def record(created: float, message: str = "job=noop outcome=succeeded") -> logging.LogRecord:
+    rec = logging.LogRecord("amqpjobs.worker", logging.INFO, __file__, 1, message, None, None)
+    rec.created = created
+    rec.msecs = (created - int(created)) * 1000
+    return rec
+
+
+def expected_time(created: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(created))) + f",{int((created % 1) * 1000):03d}"
+
+
+def test_text_lines_carry_the_right_time_across_seconds() -> None:
+    fmt = TextFormatter()
+    for created in (1764406800.123, 1764406800.999, 1764406801.004, 1764406800.5, 1764493200.0):
+        line = fmt.format(record(created))
+        assert line == f"{expected_time(created)} INFO amqpjobs.worker: job=noop outcome=succeeded"
+
+
+def test_the_text_time_matches_the_stdlib_default() -> None:
+    created = 1764406800.25
+    ours = TextFormatter().format(record(created))
+    stdlib = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record(created))
+    assert ours == stdlib
+
+
+def test_json_lines_are_one_object_each() -> None:
+    doc = json.loads(JsonFormatter().format(record(1764406800.5)))
+    assert doc["level"] == "INFO"
+    assert doc["logger"] == "amqpjobs.worker"
+    assert doc["message"] == "job=noop outcome=succeeded"
+    assert doc["time"].startswith("2025-11-29T09:00:00.500")
