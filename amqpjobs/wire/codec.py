@@ -4,12 +4,12 @@ pamqp decodes an AMQP ``timestamp`` (property or header value) into a ``datetime
 publisher that sends microseconds (or any value past year 9999) makes that conversion
 raise, aiormq then fails the whole content-header frame and closes the connection, and
 the worker reconnects only to receive the same message again: one bad message stops a
-queue. :func:`install_lenient_timestamps` makes such a timestamp decode as ``None``
+queue. :func:`install_lenient_decoding` makes such a timestamp decode as ``None``
 (the 8 bytes are still consumed), so the message reaches the worker and is handled.
 
 The same goes for a short string (``type``, ``message_id``, ``content_type``, the routing
 key, ...) that is not UTF-8: pamqp raises ``UnicodeDecodeError`` and the frame is lost with
-the connection. :func:`install_lenient_timestamps` also makes those decode with U+FFFD for
+the connection. :func:`install_lenient_decoding` also makes those decode with U+FFFD for
 the bytes that are not UTF-8, so the message is quarantined (say, as an unknown job) with
 evidence instead; header names (table keys) likewise.
 """
@@ -73,7 +73,7 @@ def _lenient_field_table(value: bytes) -> tuple[int, Any]:
     return end, table
 
 
-def install_lenient_timestamps() -> None:
+def install_lenient_decoding() -> None:
     """Make pamqp forgiving where one bad message would fail a whole frame (idempotent).
 
     An out-of-range timestamp decodes as ``None``; a short string or a header name that is

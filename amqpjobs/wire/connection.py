@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
-from amqpjobs.wire.codec import install_lenient_timestamps
+from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -110,7 +110,7 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
             credentials were refused. The message names the URL without its password.
 
     """
-    install_lenient_timestamps()
+    install_lenient_decoding()
     try:
         async for attempt in AsyncRetrying(
             # refused credentials or a missing vhost won't fix themselves: no retry

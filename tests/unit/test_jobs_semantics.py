@@ -133,9 +133,9 @@ def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
 def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() -> None:
     from pamqp import decode
 
-    from amqpjobs.wire.codec import install_lenient_timestamps
+    from amqpjobs.wire.codec import install_lenient_decoding
 
-    install_lenient_timestamps()
+    install_lenient_decoding()
     assert decode.by_type(b"\x05sl\xffow", "shortstr") == (6, "sl\ufffdow")
     assert decode.by_type(b"\x04mail", "shortstr") == (5, "mail")
 
@@ -143,9 +143,9 @@ def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() ->
 def test_header_names_that_are_not_utf8_decode_with_replacement_characters() -> None:
     from pamqp import decode, encode
 
-    from amqpjobs.wire.codec import install_lenient_timestamps
+    from amqpjobs.wire.codec import install_lenient_decoding
 
-    install_lenient_timestamps()
+    install_lenient_decoding()
     good = encode.field_table({"a": 1, "b": "x"})
     assert decode.by_type(good, "table") == (len(good), {"a": 1, "b": "x"})
     bad = good.replace(b"\x01a", b"\x01\xff")  # the key "a" becomes the byte 0xff
@@ -168,9 +168,9 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
 
     from pamqp import decode
 
-    from amqpjobs.wire.codec import install_lenient_timestamps
+    from amqpjobs.wire.codec import install_lenient_decoding
 
-    install_lenient_timestamps()
+    install_lenient_decoding()
     micro = struct.pack(">Q", 1764406800123456)  # microseconds: pamqp alone would raise
     assert decode.by_type(micro, "timestamp") == (8, None)
     assert decode.TABLE_MAPPING[b"T"](micro) == (8, None)
