@@ -16,6 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
+class Evicted(Exception):
+    """A delivery waiting for a slot was sent away (:meth:`RoundRobinGate.evict`) without one."""
+
+
 class RoundRobinGate:
     """``slots`` permits shared round-robin among ``shards`` lanes.
 
@@ -53,10 +57,23 @@ class RoundRobinGate:
         self._waiting[shard].append(future)
         try:
             await future
+        except Evicted:
+            raise
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # granted just as we were cancelled: pass the slot on
             raise
+
+    def evict(self) -> int:
+        """Send every waiting delivery away: their :meth:`acquire` raises :class:`Evicted`. Returns how many."""
+        count = 0
+        for queue in self._waiting:
+            while queue:
+                future = queue.popleft()
+                if not future.done():
+                    future.set_exception(Evicted())
+                    count += 1
+        return count
 
     def release(self) -> None:
         """Give a slot back: to the next lane (round-robin) with a waiter, else to the pool."""

@@ -32,6 +32,7 @@ REASONS = (
     "unsupported-content-type",  # content_type other than application/json
     "unknown-job",  # no job of that name in the app
     "worker-error",  # the worker itself failed on the delivery (a bug of ours; evidence has the traceback)
+    "crashed",  # started max_redeliveries + 1 times without an outcome (worker died, loop stalled, channel lost)
 )
 
 
@@ -76,4 +77,24 @@ class Duplicate:
     """An idempotent job whose key is already done: ack without running (or its effect was rolled back)."""
 
 
-Decision = Ack | RetryLater | Quarantine | Duplicate
+@dataclass(frozen=True)
+class Register:
+    """The delivery came back without an outcome: republish a copy registered for start ``start``, then ack.
+
+    Attributes:
+        start: The start number the copy carries (``amqpjobs-starts``, :mod:`amqpjobs.jobs.crash`).
+    """
+
+    start: int
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """Not started (a suspect runs alone in this worker): republish the delivery unchanged, then ack.
+
+    Unlike a requeue this leaves no ``redelivered`` flag, so the job is not taken for one
+    whose start ended without an outcome.
+    """
+
+
+Decision = Ack | RetryLater | Quarantine | Duplicate | Register | HandBack

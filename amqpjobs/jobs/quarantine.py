@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs import crash, envelope, evidence
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -34,7 +34,7 @@ PROVENANCE_HEADERS: Final = (
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
 _RESET: Final = frozenset(
-    {*evidence.EVIDENCE_HEADERS, envelope.ATTEMPT, envelope.FIRST_FAILURE_AT}
+    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.FIRST_FAILURE_AT}
     - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
 )
 

@@ -18,9 +18,11 @@ Rules (README "Workers"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import sys
 import time
 import traceback
 import uuid
@@ -37,28 +39,57 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 import amqpjobs
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
-from amqpjobs.jobs import envelope
+from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.evidence import Failure, evidence_headers
-from amqpjobs.jobs.fairness import RoundRobinGate
-from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine, Reject, Retry, RetryLater
+from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
+from amqpjobs.jobs.isolation import IsolationGate
+from amqpjobs.jobs.outcome import (
+    Ack,
+    Decision,
+    Duplicate,
+    HandBack,
+    Quarantine,
+    Register,
+    Reject,
+    Retry,
+    RetryLater,
+)
+from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.connection import connect, heartbeat_timeout
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.fetch import QueueFetcher
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: Seconds between looks at a job queue's suspects queue.
+SUSPECTS_POLL = 1.0
+#: Seconds a worker spends at most running suspects before it consumes again (one at least).
+SUSPECTS_TURN = 10.0
+
 #: RabbitMQ's default delivery acknowledgement timeout (``consumer_timeout``), 30 minutes.
 DEFAULT_CONSUMER_TIMEOUT = 1800.0
+
+
+def default_timeout(consumer_timeout: float) -> float:
+    """The timeout of a job that sets none: just below the broker's ``consumer_timeout`` (seconds).
+
+    5% (at least 1 s, at most half) below it, so an async handler fails as ``timeout``
+    before the broker closes the channel and redelivers (RabbitMQ "Delivery Acknowledgement
+    Timeout"): 1710 s for the default 30 min, 4 s for 5 s.
+    """
+    return consumer_timeout - min(max(1.0, consumer_timeout * 0.05), consumer_timeout / 2)
 
 
 @dataclass(frozen=True)
@@ -98,6 +129,9 @@ class Outcome:
         latency: Seconds from enqueue to this start, for a first attempt that ran; else None.
         timed_out: Whether the handler run hit its timeout.
         error: ``"<type>: <message>"`` (first 300 characters) of the failure, or "".
+        uncertain: The handler succeeded but its ack may not have reached the broker (the
+            event loop stalled past the heartbeat timeout during the run, or the channel
+            closed before the ack went out): the broker may run it again.
 
     """
 
@@ -111,17 +145,26 @@ class Outcome:
     latency: float | None = None
     timed_out: bool = False
     error: str = ""
+    uncertain: bool = False
 
     @property
     def kind(self) -> str:
         """What happened, as one word.
 
         ``succeeded``, ``retried``, ``deferred`` (waited for a claim), ``duplicate``,
-        ``quarantined``, or ``abandoned`` when not acked.
+        ``quarantined``, ``ack_uncertain`` (succeeded, ack maybe lost), ``redelivered``
+        (came back without an outcome: registered for its next start), ``handed_back`` (not
+        started while a suspect ran alone), or ``abandoned`` when not acked.
         """
+        if self.uncertain:
+            return "ack_uncertain"
         if not self.acked:
             return "abandoned"
         d = self.decision
+        if isinstance(d, Register):
+            return "redelivered"
+        if isinstance(d, HandBack):
+            return "handed_back"
         if isinstance(d, Duplicate):
             return "duplicate"
         if isinstance(d, RetryLater) and d.wait:
@@ -142,6 +185,10 @@ class _Verdict:
     duration: float = 0.0  # seconds the handler ran
     latency: float | None = None  # enqueue -> start, first attempts only
     timed_out: bool = False
+    started: float = 0.0  # monotonic time the handler started (when it ran)
+
+
+_NO_ERROR = ("", "", "")
 
 
 def _now_iso() -> str:
@@ -192,6 +239,15 @@ class Worker:
         self.heartbeat_at = time.monotonic()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
+        self._gate = IsolationGate()
+        self._rr_gates: list[RoundRobinGate] = []
+        self._held = 0  # deliveries received and not yet settled (running, waiting for a slot, handing back)
+        self._held_changed = asyncio.Event()
+        self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
+        self._suspect_tasks: list[asyncio.Task[None]] = []
+        self._stalls = StallWatch()
+        self._heartbeat_timeout = 0.0
+        self._timeouts: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -219,6 +275,9 @@ class Worker:
                 )
             if job.idempotent:
                 self._check_idempotent(job, layout)
+            self._timeouts[job.name] = (
+                job.timeout if job.timeout is not None else default_timeout(self.options.consumer_timeout)
+            )
             if job.timeout is not None and job.timeout >= self.options.consumer_timeout:
                 log.warning(
                     "job %s: timeout %.0fs is not below the broker's delivery acknowledgement timeout "
@@ -275,17 +334,19 @@ class Worker:
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
         needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
-        needed += [lay.quarantine_queue for lay in self._layouts.values()]
+        needed += [q for lay in self._layouts.values() for q in (lay.quarantine_queue, lay.suspects_queue)]
         missing = sorted(set(needed) - set(await probe_queues(self.settings, needed)))
         if missing:
             raise BrokerError(
                 f"queue(s) {', '.join(missing)} do not exist on {self.settings.safe_url}: apply the topology "
-                "first (amqpjobs topology apply); without them retries and quarantine can't work"
+                "first (amqpjobs topology apply); without them retries, quarantine and crash containment can't work"
             )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._heartbeat_task = asyncio.create_task(self._beat())
+        self._heartbeat_timeout = heartbeat_timeout(self._connection)
+        self._stalls.start()
         if self.app.ledger is not None and any(j.idempotent for j in self.app):
             opener = getattr(self.app.ledger, "open", None)
             if opener is not None:
@@ -296,8 +357,12 @@ class Worker:
             gate = (
                 RoundRobinGate(self.options.concurrency, len(layout.work_queues)) if layout.shard_routing_keys else None
             )
+            if gate is not None:
+                self._rr_gates.append(gate)
             for shard, work_queue in enumerate(layout.work_queues):
                 await self._start_consumer(layout, work_queue, gate, shard)
+            fetcher = QueueFetcher(self._connection, layout.suspects_queue)
+            self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info(
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
@@ -311,6 +376,7 @@ class Worker:
         inflight = self._inflight
         handle = self._handle
         stopping = self._stop
+        isolation = self._gate
 
         async def run(delivery: Delivery) -> None:
             if stopping.is_set():  # a delivery that arrived, or got its slot, after SIGTERM: not started;
@@ -325,11 +391,29 @@ class Worker:
 
         async def run_gated(delivery: Delivery) -> None:
             assert gate is not None
-            async with gate.slot(shard):
+            if isolation.suspect_pending:  # a suspect claims the worker: no slot needed to hand this back
                 await run(delivery)
+                return
+            try:
+                await gate.acquire(shard)
+            except Evicted:  # sent away while waiting for a slot (a suspect claimed the worker)
+                await run(delivery)
+                return
+            try:
+                await run(delivery)
+            finally:
+                gate.release()
+
+        async def counted(delivery: Delivery) -> None:
+            self._held += 1
+            try:
+                await (run if gate is None else run_gated)(delivery)
+            finally:
+                self._held -= 1
+                self._held_changed.set()
 
         consumer = WorkQueueConsumer(
-            self._connection, work_queue, self.options.concurrency, run if gate is None else run_gated,
+            self._connection, work_queue, self.options.concurrency, counted,
             self.settings.safe_url,
         )  # fmt: skip
         self._consumers.append(consumer)
@@ -352,7 +436,7 @@ class Worker:
             return False, "starting"
         if connection.is_closed or not connection.connected.is_set():
             return False, "not connected to the broker (reconnecting)"
-        idle = sum(1 for c in self._consumers if not c.consuming)
+        idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
         queues = sorted(c.queue for c in self._consumers)
@@ -398,15 +482,18 @@ class Worker:
 
         """
         self._stop.set()
+        self._stalls.stop()
+        self._suspects_signal.set()
         for task in (self._heartbeat_task, self._prune_task):
             if task is not None:
                 task.cancel()
         for consumer in self._consumers:
             await consumer.cancel()
         code = 0
-        pending = set(self._inflight)
+        pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
+        if self._inflight:
+            log.info("draining %d in-flight job(s), grace %.0fs", len(self._inflight), self.options.grace)
         if pending:
-            log.info("draining %d in-flight job(s), grace %.0fs", len(pending), self.options.grace)
             _, still = await asyncio.wait(pending, timeout=self.options.grace)
             if still:
                 log.warning("%d job(s) still running after the grace period; they will be redelivered", len(still))
@@ -424,19 +511,19 @@ class Worker:
         return code
 
     # ------------------------------------------------------------------ one delivery
-    async def _handle(self, layout: JobQueueLayout, delivery: Delivery) -> None:
+    async def _handle(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> None:
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
         try:
-            await self._handle_delivery(layout, delivery)
+            await self._handle_delivery(layout, delivery, alone)
         finally:
             if gauge is not None:
                 gauge.dec()
 
-    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery) -> None:
+    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool) -> None:
         try:
-            v = await self._process(layout, delivery)
+            v = await self._process(layout, delivery, alone)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             tb = "".join(traceback.format_exception(exc))
@@ -447,9 +534,16 @@ class Worker:
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
             acked = await self._fallback(delivery, v.decision, exc)
+        uncertain = False
+        if v.ran and isinstance(v.decision, Ack | Duplicate):
+            # a run the broker may not have seen finish: its ack was never sent, or sent into a
+            # connection the broker had already given up on (no heartbeat during a stall)
+            stalled = self._stalls.longest_since(v.started)
+            uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         outcome = Outcome(
             v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, v.duration, acked,
             layout.name, v.latency, v.timed_out, f"{v.error[0]}: {v.error[1]}"[:300] if v.error[0] else "",
+            uncertain,
         )  # fmt: skip
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
@@ -480,8 +574,11 @@ class Worker:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    async def _process(self, layout: JobQueueLayout, delivery: Delivery) -> _Verdict:
-        """Decide about one delivery (runs the handler when the delivery is a job it can run)."""
+    async def _process(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> _Verdict:
+        """Decide about one delivery (runs the handler when the delivery is a job it can run).
+
+        ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
+        """
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         if not delivery.message_id:
@@ -509,6 +606,98 @@ class Worker:
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        if screening.action == "crashed":
+            return _Verdict(Quarantine("crashed"), self._crash_error(layout, delivery, screening.start), job,
+                            attempt, job_id, True)  # fmt: skip
+        if screening.action == "register":
+            return _Verdict(Register(screening.start), _NO_ERROR, job, attempt, job_id, False)
+        run = (layout, delivery, job, payload, attempt, max_attempts, job_id)
+        if alone:
+            log.warning(
+                "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
+                "alone on %s pid %d", job.name, job_id, screening.start, layout.max_redeliveries + 1, self._host,
+                self._pid,
+            )  # fmt: skip
+            return await self._start(*run)
+        if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
+            return _Verdict(Register(screening.start), _NO_ERROR, job, attempt, job_id, False)
+        if not self._gate.try_enter():  # a suspect waits or runs alone here: don't start or hold it
+            return _Verdict(HandBack(), _NO_ERROR, job, attempt, job_id, False)
+        try:
+            return await self._start(*run)
+        finally:
+            self._gate.leave()
+
+    def _crash_error(self, layout: JobQueueLayout, delivery: Delivery, starts: int) -> tuple[str, str, str]:
+        h = delivery.headers
+        last = (
+            f"; the last start was registered by {header_text(h.get(crash.LAST_START_HOST))} pid "
+            f"{header_text(h.get(crash.LAST_START_PID))} at {header_text(h.get(crash.LAST_START_AT))}"
+            if crash.LAST_START_HOST in h
+            else ""
+        )
+        why = (
+            f"started {starts} time(s) without an outcome (job queue {layout.name!r} allows max_redeliveries "
+            f"{layout.max_redeliveries}): each time the worker died or was killed, its event loop was blocked "
+            f"past the heartbeat timeout, or its channel or connection closed before the ack{last}"
+        )
+        return ("WorkerLostError", why, "")
+
+    async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
+        """Look for suspects every second (at once after registering one) and run them alone."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._suspects_signal.wait(), SUSPECTS_POLL)
+            self._suspects_signal.clear()
+            if self._stop.is_set() or self._gate.suspect_pending:
+                continue
+            try:
+                if await fetcher.depth():
+                    await self._run_suspects(layout, fetcher)
+            except Exception as exc:  # the connection dropped: the next look tries again
+                log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
+        await fetcher.close()
+
+    async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
+        """Stop consuming, settle everything held, then take suspects one at a time and run each alone."""
+        if not self._gate.try_alone():
+            return
+        try:
+            # no new deliveries; what arrived meanwhile or waits for a slot is handed back unstarted
+            await asyncio.gather(*(c.pause() for c in self._consumers))
+            for gate in self._rr_gates:
+                gate.evict()
+            await self._gate.idle()
+            while self._held:
+                self._held_changed.clear()
+                await self._held_changed.wait()
+            # the acks of everything settled so far reach the broker before a suspect can crash
+            await asyncio.gather(*(c.settle() for c in self._consumers))
+            deadline = time.monotonic() + SUSPECTS_TURN
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                delivery = await fetcher.get()  # its get-ok also settles the previous suspect's ack
+                if delivery is None:
+                    break
+                origin = header_text(delivery.headers.get(crash.WORK_QUEUE))
+                delivery.queue = origin if origin in layout.work_queues else layout.work_queues[0]
+                await self._handle(layout, delivery, alone=True)
+        finally:
+            self._gate.release_alone()
+            if not self._stop.is_set():
+                await asyncio.gather(*(c.resume() for c in self._consumers))
+
+    async def _start(
+        self,
+        layout: JobQueueLayout,
+        delivery: Delivery,
+        job: JobDef,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        job_id: str,
+    ) -> _Verdict:
+        """Claim (idempotent jobs), build the context and run the handler."""
         ledger = self.app.ledger if job.idempotent else None
         owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
         transaction = None
@@ -546,7 +735,7 @@ class Worker:
             max_attempts=max_attempts,
             tenant=delivery.tenant,
             queue=delivery.queue,
-            redelivered=delivery.redelivered,
+            redelivered=delivery.redelivered or crash.STARTS in delivery.headers,
             enqueued_at=delivery.enqueued_at,
             headers=delivery.headers,
             ledger_transaction=transaction,
@@ -558,7 +747,8 @@ class Worker:
         try:
             await self._run_handler(job, payload, ctx)
         except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
-            return _Verdict(Duplicate(), ("", "", ""), job, attempt, job_id, True, time.monotonic() - started, latency)
+            took = time.monotonic() - started
+            return _Verdict(Duplicate(), _NO_ERROR, job, attempt, job_id, True, took, latency, False, started)
         except Exception as exc:
             took = time.monotonic() - started
             if ledger is not None:
@@ -567,11 +757,11 @@ class Worker:
             decision = decide(kind, attempt, max_attempts, layout.tiers)
             tb = "".join(traceback.format_exception(exc))
             error = (_qualname(exc), str(exc), tb)
-            return _Verdict(decision, error, job, attempt, job_id, True, took, latency, kind == "timeout")
+            return _Verdict(decision, error, job, attempt, job_id, True, took, latency, kind == "timeout", started)
         took = time.monotonic() - started
         if ledger is not None:
             await ledger.done(job_id, owner)  # False when its transaction() already marked it: fine
-        return _Verdict(Ack(), ("", "", ""), job, attempt, job_id, True, took, latency)
+        return _Verdict(Ack(), _NO_ERROR, job, attempt, job_id, True, took, latency, False, started)
 
     @staticmethod
     async def _release(ledger: Ledger, key: str, owner: str) -> None:
@@ -595,40 +785,10 @@ class Worker:
         return "error"
 
     async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
-        policy = job.retry
-        if job.timeout is None and policy.immediate_retries == 0 and job.is_async:  # the common case: no wrapping
-            await job.handler(payload, ctx)
-            return
-
-        async def once() -> None:
-            if not job.is_async:
-                await run_in_thread()
-                return
-            if job.timeout is None:
-                await job.handler(payload, ctx)
-                return
-            try:
-                await asyncio.wait_for(job.handler(payload, ctx), job.timeout)
-            except TimeoutError:
-                raise TimeoutError(f"job {job.name} ran longer than its timeout of {job.timeout:g}s") from None
-
-        async def run_in_thread() -> None:
-            # A thread can't be interrupted: retrying while it still runs could commit the side
-            # effect twice. So the worker waits for it, warns about the overrun, and judges the
-            # run by its result.
-            future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
-            if job.timeout is not None:
-                done, _ = await asyncio.wait({future}, timeout=job.timeout)
-                if not done:
-                    log.warning(
-                        "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
-                        "cancelled, so the worker waits for it and judges it by its result",
-                        job.name, ctx.job_id, job.timeout,
-                    )  # fmt: skip
-            await future
-
-        if policy.immediate_retries == 0:
-            await once()
+        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout."""
+        timeout = self._timeouts.get(job.name, job.timeout)
+        if job.retry.immediate_retries == 0:
+            await self._run_once(job, payload, ctx, timeout)
             return
 
         def transient(exc: BaseException) -> bool:
@@ -636,12 +796,44 @@ class Worker:
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(transient),
-            stop=stop_after_attempt(policy.immediate_retries + 1),
-            wait=wait_fixed(policy.immediate_wait),
+            stop=stop_after_attempt(job.retry.immediate_retries + 1),
+            wait=wait_fixed(job.retry.immediate_wait),
             reraise=True,
         ):
             with attempt:
-                await once()
+                await self._run_once(job, payload, ctx, timeout)
+
+    async def _run_once(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+        if not job.is_async:
+            await self._run_in_thread(job, payload, ctx, limit)
+            return
+        # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
+        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
+        try:
+            async with asyncio.timeout(limit) as scope:
+                await job.handler(payload, ctx)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            default = "" if job.timeout is not None else " (the default: just below the consumer timeout)"
+            raise TimeoutError(f"job {job.name} ran longer than its timeout of {limit:g}s{default}") from None
+        finally:
+            self._stalls.leave(stall_key)
+
+    async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+        # A thread can't be interrupted: retrying while it still runs could commit the side
+        # effect twice. So the worker waits for it, warns about the overrun, and judges the
+        # run by its result.
+        future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
+        if limit is not None:
+            done, _ = await asyncio.wait({future}, timeout=limit)
+            if not done:
+                log.warning(
+                    "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
+                    "cancelled, so the worker waits for it and judges it by its result",
+                    job.name, ctx.job_id, limit,
+                )  # fmt: skip
+        await future
 
     async def _carry_out(self, layout: JobQueueLayout, delivery: Delivery, v: _Verdict) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
@@ -650,6 +842,8 @@ class Worker:
         try:
             if isinstance(decision, RetryLater):
                 headers = envelope.strip_broker_headers(delivery.headers)
+                for name in crash.START_HEADERS:  # an outcome was reached: the start count begins again
+                    headers.pop(name, None)
                 headers[envelope.ATTEMPT] = decision.next_attempt
                 if not decision.wait:
                     headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
@@ -658,6 +852,23 @@ class Worker:
                 headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
                 tier_queue = layout.tier_queues[delivery.queue][decision.tier]
                 await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
+            elif isinstance(decision, Register | HandBack):
+                # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
+                # the suspects queue, a delivery handed back returns to its work queue
+                headers = envelope.strip_broker_headers(delivery.headers)
+                target = delivery.queue
+                if isinstance(decision, Register):
+                    target = layout.suspects_queue
+                    headers[crash.STARTS] = decision.start
+                    headers[crash.LAST_START_HOST] = self._host
+                    headers[crash.LAST_START_PID] = self._pid
+                    headers[crash.LAST_START_AT] = _now_iso()
+                    headers[crash.WORK_QUEUE] = delivery.queue
+                headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
+                headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
+                await self._publisher.publish("", target, delivery.copy(headers, job_id))
+                if isinstance(decision, Register):
+                    self._suspects_signal.set()
             elif isinstance(decision, Quarantine):
                 now = _now_iso()
                 error_type, error_message, tb = info
@@ -699,6 +910,12 @@ class Worker:
 
     async def _fallback(self, delivery: Delivery, decision: Decision, exc: Exception) -> bool:
         """Our republish failed: let the broker dead-letter it into quarantine, or leave it for redelivery."""
+        if isinstance(decision, Register | HandBack):  # it never ran this time: back to its queue as it is
+            log.warning("putting job %s back on %s failed (%s); requeued instead", delivery.message_id,
+                        delivery.queue, exc)  # fmt: skip
+            with contextlib.suppress(DeliveryChannelClosed):
+                await delivery.requeue()
+            return False
         try:
             await delivery.reject()
         except DeliveryChannelClosed:

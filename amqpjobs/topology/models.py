@@ -35,7 +35,7 @@ from amqpjobs.topology import naming
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
 QueueType = Literal["classic", "quorum"]
 Overflow = Literal["reject-publish", "drop-head"]
-QueueRole = Literal["work", "tier", "quarantine"]
+QueueRole = Literal["work", "tier", "quarantine", "suspects"]
 
 #: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
@@ -47,6 +47,8 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 #: Delivery limit given to quorum work queues whose file does not set one. Always sent
 #: explicitly: RabbitMQ 4.x would otherwise apply its own default of 20.
 DEFAULT_DELIVERY_LIMIT = 10
+#: Starts without an outcome allowed after the first before a job is quarantined ``crashed``.
+DEFAULT_MAX_REDELIVERIES = 5
 #: Highest number of shards a job queue may have.
 MAX_SHARDS = 64
 
@@ -103,6 +105,11 @@ class JobQueueSpec(_Frozen):
             confirm is a nack) or ``drop-head`` (classic only; the oldest job is
             dead-lettered into quarantine with reason ``maxlen``).
         shards: Number of work queues the job queue is split into (1 = not sharded).
+        max_redeliveries: Starts without an outcome (the worker died, its event loop
+            stalled past the heartbeat timeout, its channel or connection was lost while
+            the job ran) allowed after the first; the next one quarantines the job with
+            reason ``crashed`` (default 5). Counted by the workers on classic and quorum
+            queues alike (:mod:`amqpjobs.jobs.crash`).
 
     """
 
@@ -116,6 +123,7 @@ class JobQueueSpec(_Frozen):
     max_length: StrictInt | None = Field(default=None, ge=1)
     overflow: Overflow = "reject-publish"
     shards: StrictInt = Field(default=1, ge=1, le=MAX_SHARDS)
+    max_redeliveries: StrictInt = Field(default=DEFAULT_MAX_REDELIVERIES, ge=1, le=1000)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -205,8 +213,12 @@ class JobQueueLayout(_Frozen):
         tier_queues: For each work queue, its delay queue names in tier order.
         quarantine_exchange: Fanout exchange into the quarantine queue.
         quarantine_queue: Quarantine queue name.
+        suspects_queue: Where a job whose start ended without an outcome waits to be run
+            alone (:mod:`amqpjobs.jobs.crash`).
         queue_type: ``classic`` or ``quorum``.
         max_priority: Work queue's ``x-max-priority`` or None.
+        max_redeliveries: Starts without an outcome allowed after the first (see
+            :class:`JobQueueSpec`).
 
     """
 
@@ -219,8 +231,10 @@ class JobQueueLayout(_Frozen):
     tier_queues: dict[str, tuple[str, ...]]
     quarantine_exchange: str
     quarantine_queue: str
+    suspects_queue: str
     queue_type: QueueType
     max_priority: int | None
+    max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
 
 
 class Topology(_Frozen):
@@ -264,6 +278,18 @@ class Topology(_Frozen):
             queues.append(QueueDecl(name=lay.quarantine_queue, role="quarantine", job_queue=spec.name))
             bindings.append(BindingDecl(source=lay.quarantine_exchange, destination=lay.quarantine_queue))
             quorum = spec.type == "quorum"
+            queues.append(
+                QueueDecl(
+                    name=lay.suspects_queue,
+                    role="suspects",
+                    job_queue=spec.name,
+                    queue_type=spec.type,
+                    dead_letter_exchange=lay.quarantine_exchange,
+                    dead_letter_strategy="at-least-once" if quorum else None,
+                    delivery_limit=(spec.delivery_limit or DEFAULT_DELIVERY_LIMIT) if quorum else None,
+                    overflow="reject-publish" if quorum else None,
+                )
+            )
             for index, work in enumerate(lay.work_queues):
                 queues.append(
                     QueueDecl(
@@ -324,6 +350,8 @@ def _layout(spec: JobQueueSpec) -> JobQueueLayout:
         tier_queues={w: tuple(naming.tier_queue_name(w, t) for t in spec.retry_tiers) for w in works},
         quarantine_exchange=naming.quarantine_exchange_name(spec.name),
         quarantine_queue=naming.quarantine_queue_name(spec.name),
+        suspects_queue=naming.suspects_queue_name(spec.name),
         queue_type=spec.type,
         max_priority=spec.max_priority,
+        max_redeliveries=spec.max_redeliveries,
     )

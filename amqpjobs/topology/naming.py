@@ -20,6 +20,7 @@ from __future__ import annotations
 from amqpjobs.durations import format_duration
 
 QUARANTINE_SUFFIX = ".quarantine"
+SUSPECTS_SUFFIX = ".suspects"
 RETRY_INFIX = ".retry."
 SHARD_INFIX = ".shard-"
 
@@ -42,6 +43,11 @@ def quarantine_exchange_name(job_queue: str) -> str:
 def quarantine_queue_name(job_queue: str) -> str:
     """Name of the quarantine queue of job queue ``job_queue``."""
     return f"{job_queue}{QUARANTINE_SUFFIX}"
+
+
+def suspects_queue_name(job_queue: str) -> str:
+    """Name of the queue where jobs whose start ended without an outcome wait to run alone."""
+    return f"{job_queue}{SUSPECTS_SUFFIX}"
 
 
 def shard_routing_key(routing_key: str, shard: int) -> str:

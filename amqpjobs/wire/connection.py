@@ -94,6 +94,19 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
+def heartbeat_timeout(connection: AbstractRobustConnection) -> float:
+    """The connection's heartbeat timeout in seconds (0 = heartbeats off; the URL's ``?heartbeat=``).
+
+    The broker takes a connection for dead after this long without a frame from the
+    client (RabbitMQ "Detecting Dead TCP Connections with Heartbeats"): an event loop
+    blocked that long loses its connection, and with it every unacked delivery.
+    """
+    transport = connection.transport
+    if transport is None:
+        return 0.0
+    return float(getattr(transport.connection, "heartbeat_timeout", 0) or 0)
+
+
 async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
     """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
 

@@ -69,9 +69,16 @@ class WorkQueueConsumer:
         self.tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
         self.channel: AbstractChannel | None = None
         self._closing = False
+        self._paused = False
+        self._switch = asyncio.Lock()  # one pause or resume at a time, in the order asked
         self._retry: asyncio.Task[None] | None = None
         self._consuming_on: aiormq.Channel | None = None
         self._acks: AckBatcher | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped deliveries on purpose (until :meth:`resume`)."""
+        return self._paused
 
     @property
     def consuming(self) -> bool:
@@ -130,9 +137,58 @@ class WorkQueueConsumer:
         if self._acks is not None:
             await self._acks.flush()
 
+    async def pause(self) -> None:
+        """Stop deliveries until :meth:`resume` (``basic.cancel``); deliveries received can still be acked.
+
+        Deliveries the broker sent before it read the cancel still arrive (before its
+        ``cancel-ok``) and go to the handler as usual.
+        """
+        self._paused = True
+        if self._retry is not None:
+            self._retry.cancel()
+        async with self._switch:  # after a resume still under way
+            underlay = self._consuming_on
+            if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
+                return
+            try:
+                await underlay.basic_cancel(self.tag)
+            except Exception as exc:  # the channel is gone: nothing more arrives on it
+                log.debug("pausing consumer %s failed: %s", self.tag, exc)
+
+    async def resume(self) -> None:
+        """Consume again after :meth:`pause`, under a new consumer tag (retried every second on failure).
+
+        A new tag, because RabbitMQ 3.10 may still route a late quorum-queue delivery to
+        the cancelled one.
+        """
+        self._paused = False
+        async with self._switch:
+            if self._closing or self._paused:  # paused again meanwhile
+                return
+            self.tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
+            try:
+                await self._consume()
+            except Exception as exc:
+                log.warning("consuming %s again failed (%s); retrying every second", self.queue, exc)
+                self._retry_later()
+
+    async def settle(self) -> None:
+        """Make sure the broker has every ack sent so far: flush the batch, then a round trip on the channel.
+
+        The broker handles a channel's frames in order, so once the ``basic.qos-ok`` (the
+        same prefetch again; it only affects later consumers) is back, the acks before it
+        are settled, even if this process dies the next instant.
+        """
+        await self.flush_acks()
+        underlay = self._consuming_on
+        if underlay is None or underlay.is_closed:
+            return
+        with contextlib.suppress(Exception):  # a closed channel: the broker requeues what it held
+            await underlay.basic_qos(prefetch_count=self.prefetch)
+
     async def _on_reopen(self, *_: Any) -> None:
         """aio-pika reopened the channel after a reconnect: consume again (STYLE 7: its re-declare hook)."""
-        if self._closing:
+        if self._closing or self._paused:
             return
         try:
             await self._consume()
@@ -142,7 +198,7 @@ class WorkQueueConsumer:
             self._retry_later()
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:
-        if frame.consumer_tag != self.tag or self._closing:
+        if frame.consumer_tag != self.tag or self._closing or self._paused:
             return
         log.warning("the broker cancelled the consumer on %s (queue deleted or moved); consuming again", self.queue)
         self._retry_later()
@@ -154,7 +210,7 @@ class WorkQueueConsumer:
     async def _consume_until_back(self) -> None:
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
-                if self._closing:
+                if self._closing or self._paused:
                     return
                 await self._consume()
         log.info("consuming %s again", self.queue)

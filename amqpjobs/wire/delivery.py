@@ -229,6 +229,20 @@ class Delivery:
         if self._acks is not None:
             self._acks.rejected(self.delivery_tag)
 
+    async def requeue(self) -> None:
+        """Hand the delivery back to its queue (``basic.nack`` with requeue; it returns ``redelivered``).
+
+        Raises:
+            DeliveryChannelClosed: the channel is closed; the broker requeues it anyway.
+
+        """
+        try:
+            await self._channel.basic_nack(self.delivery_tag, requeue=True)
+        except _CHANNEL_GONE as exc:
+            raise DeliveryChannelClosed(str(exc)) from exc
+        if self._acks is not None:
+            self._acks.rejected(self.delivery_tag)
+
 
 def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher | None = None) -> Delivery:
     """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue``.

@@ -15,7 +15,9 @@ def topo(**kw: object) -> Topology:
 def test_classic_job_queue_expands_to_work_tiers_quarantine() -> None:
     decls = topo(max_priority=5, retry_tiers=["5s", "1m"]).declarations()
     assert [(e.name, e.type) for e in decls.exchanges] == [("jobs", "direct"), ("mail.quarantine", "fanout")]
-    assert [q.name for q in decls.queues] == ["mail.quarantine", "mail", "mail.retry.5s", "mail.retry.1m"]
+    assert [q.name for q in decls.queues] == [
+        "mail.quarantine", "mail.suspects", "mail", "mail.retry.5s", "mail.retry.1m"
+    ]  # fmt: skip
     args = {q.name: queue_arguments(q) for q in decls.queues}
     assert args["mail"] == {
         "x-queue-type": "classic",
@@ -30,6 +32,7 @@ def test_classic_job_queue_expands_to_work_tiers_quarantine() -> None:
     }
     assert args["mail.retry.1m"]["x-message-ttl"] == 60000
     assert args["mail.quarantine"] == {"x-queue-type": "classic"}
+    assert args["mail.suspects"] == {"x-queue-type": "classic", "x-dead-letter-exchange": "mail.quarantine"}
     assert [(b.source, b.destination, b.routing_key) for b in decls.bindings] == [
         ("mail.quarantine", "mail.quarantine", ""),
         ("jobs", "mail", "mail"),

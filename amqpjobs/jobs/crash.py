@@ -1,0 +1,95 @@
+"""Poison containment: count the starts of a job that never reached an outcome.
+
+A job that kills its worker (``os._exit``, a segfault, the OOM killer), blocks the event
+loop past the heartbeat timeout, or outlives the broker's ``consumer_timeout`` never gets
+an outcome: its delivery simply returns to the queue with ``redelivered=true``. Classic
+queues count nothing (RabbitMQ "Consumer Acknowledgements" -> "Redelivery"; no delivery
+count on classic queues, 3.10 through 4.3), and a quorum queue's ``delivery_limit`` drops
+or dead-letters without our evidence. So the workers count, durably, in the message:
+
+* a delivery the broker marks ``redelivered`` had a start that ended without an outcome
+  (a worker never hands a delivery back with a requeue: what it did not start it
+  republishes unchanged and acks, see :data:`STARTS`);
+* the worker that receives such a redelivery does not run it: it publishes a copy
+  registered for the next start (``amqpjobs-starts`` + 1, who registered it and when,
+  confirmed) to the job queue's *suspects* queue and acks the redelivery. The count lives
+  on the broker, so it survives worker restarts and is shared by every worker of the queue;
+* nobody consumes the suspects queue: a worker that finds it non-empty stops consuming,
+  hands back unstarted what it holds, lets its running jobs finish, and only then takes
+  one suspect (``basic.get``) and runs it alone. Nothing else is held unacked by that
+  worker, so if the suspect brings it down again, no other job is charged for it; and a
+  suspect is never pushed to a consumer, so it is never held beside another job's run;
+* when a redelivery shows that start ``max_redeliveries + 1`` ended without an outcome,
+  the job is quarantined with reason ``crashed``.
+
+Pure rules; the worker carries them out (:mod:`amqpjobs.runtime.worker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from amqpjobs.jobs.envelope import parse_attempt
+
+#: int header: the start this copy is registered for (missing = 1: a fresh job's first start).
+STARTS: Final = "amqpjobs-starts"
+#: Who registered the last start, ``host`` and ``pid``, and when (ISO-8601 UTC).
+LAST_START_HOST: Final = "amqpjobs-last-start-host"
+LAST_START_PID: Final = "amqpjobs-last-start-pid"
+LAST_START_AT: Final = "amqpjobs-last-start-at"
+#: The work queue a suspect came from (it waits in the job queue's suspects queue meanwhile).
+WORK_QUEUE: Final = "amqpjobs-work-queue"
+#: Headers of the start count: reset on every copy made after an outcome (retry tiers, replay).
+START_HEADERS: Final = (STARTS, LAST_START_HOST, LAST_START_PID, LAST_START_AT, WORK_QUEUE)
+
+
+@dataclass(frozen=True, slots=True)
+class Screening:
+    """What to do with a delivery before its handler may run.
+
+    Attributes:
+        action: ``run`` (an ordinary start), ``alone`` (a suspect: run it only with nothing
+            beside it, i.e. from the suspects queue; elsewhere move it there), ``register``
+            (publish a copy registered for start ``start`` to the suspects queue, then ack),
+            or ``crashed`` (quarantine: ``start`` starts ended without an outcome).
+        start: The start number this delivery is (``run``/``alone``), the number to register
+            (``register``), or the number of starts without an outcome (``crashed``).
+
+    """
+
+    action: str
+    start: int
+
+
+_FIRST = Screening("run", 1)
+
+
+def starts_of(headers: Mapping[str, Any]) -> int:
+    """The start a delivery is registered for: our header, read like the attempt header (missing or bad = 1)."""
+    return parse_attempt(headers.get(STARTS))
+
+
+def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int) -> Screening:
+    """Decide about a delivery of a job before running it.
+
+    Args:
+        redelivered: The broker's ``redelivered`` flag (classic and quorum queues alike).
+        headers: The delivery's headers (reads :data:`STARTS`).
+        max_redeliveries: Starts without an outcome allowed after the first (>= 0).
+
+    Returns:
+        The :class:`Screening`: a fresh first delivery runs; a registered copy (start > 1)
+        runs alone; a redelivery registers the next start or, once start
+        ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
+
+    """
+    if not redelivered and STARTS not in headers:
+        return _FIRST
+    start = starts_of(headers)
+    if not redelivered:
+        return Screening("alone" if start > 1 else "run", start)
+    if start > max_redeliveries:
+        return Screening("crashed", start)
+    return Screening("register", start + 1)

@@ -1,0 +1,124 @@
+"""Event-loop stalls: which handler blocked the loop, for how long, and what that did to its ack.
+
+An ``async def`` handler that does blocking work (CPU, ``time.sleep``, a sync client)
+stops the whole event loop: no heartbeats reach the broker, which closes the connection
+after the heartbeat timeout and requeues every unacked delivery (RabbitMQ "Detecting Dead
+TCP Connections with Heartbeats"). The ack sent after such a run may never reach the
+broker, so the run must not be counted a success.
+
+:class:`StallWatch` measures stalls two ways:
+
+* a task on the loop ticks every :data:`TICK` seconds; a late tick is a stall of that
+  length (the loop's own view, also read at the end of a run that is still inside one);
+* a thread looks at the loop every :data:`TICK` seconds; while the loop is stuck over
+  :data:`WARN_AFTER` seconds it finds the handler run on the loop thread's stack (each run
+  registers its frame), so the WARNING names the job that blocked, not its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds between ticks of the loop task and looks of the watching thread.
+TICK = 0.1
+#: A stall longer than this (seconds) while a handler runs is logged as a WARNING (once per run).
+WARN_AFTER = 1.0
+
+
+class StallWatch:
+    """Watches one event loop for stalls; handler runs register with :meth:`enter`/:meth:`leave`.
+
+    Attributes:
+        episodes: Recent stalls over :data:`WARN_AFTER` seconds, as (start, end) monotonic times.
+
+    """
+
+    def __init__(self) -> None:
+        self.episodes: deque[tuple[float, float]] = deque(maxlen=64)
+        self._last_tick = time.monotonic()
+        self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
+        self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
+        self._culprit: tuple[int, str, str] | None = None  # run found blocking the current stall
+        self._loop_thread = threading.get_ident()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Start the tick task (on the running loop) and the watching thread."""
+        self._loop_thread = threading.get_ident()
+        self._last_tick = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+        self._thread = threading.Thread(target=self._watch, name="amqpjobs-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop both (idempotent)."""
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    def enter(self, frame: FrameType, job: str, job_id: str) -> int:
+        """Register a handler run by the frame it runs in; returns the run's key for :meth:`leave`."""
+        key = id(frame)
+        self._runs[key] = (job, job_id)
+        return key
+
+    def leave(self, key: int) -> None:
+        """The run ended."""
+        self._runs.pop(key, None)
+        self._warned.discard(key)
+
+    def longest_since(self, since: float) -> float:
+        """The longest stall (seconds) that overlapped ``since`` .. now, one still going on included."""
+        now = time.monotonic()
+        longest = max(0.0, now - self._last_tick - TICK)
+        for start, end in self.episodes:
+            if end >= since:
+                longest = max(longest, end - start)
+        return longest
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            now = time.monotonic()
+            gap = now - self._last_tick - TICK
+            self._last_tick = now
+            if gap > WARN_AFTER:
+                self.episodes.append((now - gap, now))
+                self._report(gap)
+
+    def _report(self, seconds: float) -> None:
+        culprit, self._culprit = self._culprit, None
+        if culprit is None or culprit[0] in self._warned:
+            return
+        key, job, job_id = culprit
+        if key in self._runs:
+            self._warned.add(key)
+        log.warning(
+            "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
+            "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
+            "thread) or move the blocking call into `await asyncio.to_thread(...)`",
+            job, job_id, seconds,
+        )  # fmt: skip
+
+    def _watch(self) -> None:
+        while not self._stop.wait(TICK):
+            if time.monotonic() - self._last_tick < WARN_AFTER or self._culprit is not None or not self._runs:
+                continue
+            frame: Any = sys._current_frames().get(self._loop_thread)
+            while frame is not None:
+                run = self._runs.get(id(frame))
+                if run is not None:
+                    self._culprit = (id(frame), *run)
+                    break
+                frame = frame.f_back

@@ -1,0 +1,38 @@
+"""A job app for the poison-containment tests: jobs that exit the worker, block its loop, or just run.
+
+Settings come from the environment: ``POISON_TOPOLOGY`` (topology file) and
+``POISON_RECORD`` (a file each run appends ``start <id> <pid> <redelivered>`` and
+``done <id> <pid>`` lines to, fsynced, so a line written before ``os._exit`` is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from amqpjobs import App, JobContext
+
+app = App("poisonapp", topology=os.environ.get("POISON_TOPOLOGY", "topology"))
+
+
+def _record(line: str) -> None:
+    with open(os.environ["POISON_RECORD"], "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+@app.job("poison", queue="work", timeout="60s")
+async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
+    """``payload["kind"]``: ``exit`` kills the worker, ``block`` blocks the loop ``seconds``, else sleeps."""
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)}")
+    kind = payload.get("kind")
+    if kind == "exit":
+        os._exit(1)
+    if kind == "block":
+        time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - blocking an async handler is the fault under test
+    else:
+        await asyncio.sleep(float(payload.get("seconds", 0)))
+    _record(f"done {ctx.job_id} {os.getpid()}")

@@ -1,0 +1,223 @@
+"""Poison containment: a job that kills, blocks or outlives its worker is quarantined ``crashed``.
+
+Each test runs real worker processes (`amqpjobs consume`) under a small supervisor that
+restarts a worker that died, as systemd or Kubernetes would, against the real broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.jobs import crash, evidence
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth, drain
+
+pytestmark = pytest.mark.broker
+
+MAX_REDELIVERIES = 5  # the default
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+type = "{qtype}"
+retry_tiers = ["1s"]
+{extra}
+"""
+
+
+class Supervisor:
+    """Keeps ``n`` worker processes running, restarting one that exits (counting the restarts)."""
+
+    def __init__(self, broker: BrokerSettings, tmp_path: Path, n: int, *args: str, url: str | None = None) -> None:
+        self.env = dict(
+            os.environ,
+            AMQPJOBS_URL=url or broker.url,
+            AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+            POISON_TOPOLOGY=str(tmp_path / "topology.toml"),
+            POISON_RECORD=str(tmp_path / "record.txt"),
+        )
+        self.args = args
+        self.log = tmp_path / "workers.log"
+        self.procs: list[subprocess.Popen[str]] = []
+        self.n = n
+        self.exits = 0
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        exe = Path(sys.executable).with_name("amqpjobs")
+        with self.log.open("a") as out:
+            return subprocess.Popen(
+                [str(exe), "consume", "tests.integration.poisonapp:app", *self.args],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+
+    async def run_until(self, done: object, timeout: float) -> None:
+        assert callable(done)
+        self.procs = [self._spawn() for _ in range(self.n)]
+        deadline = time.monotonic() + timeout
+        try:
+            while not await done():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not done after {timeout}s; log:\n{self.log.read_text()[-4000:]}")
+                for i, proc in enumerate(self.procs):
+                    if proc.poll() is not None:
+                        self.exits += 1
+                        self.procs[i] = self._spawn()
+                await asyncio.sleep(0.1)
+        finally:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in self.procs:
+                try:
+                    await asyncio.to_thread(proc.wait, 20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def records(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "record.txt"
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def setup(broker: BrokerSettings, tmp_path: Path, qtype: str, extra: str = "") -> App:
+    topo = tmp_path / "topology.toml"
+    topo.write_text(TOPOLOGY.format(qtype=qtype, extra=extra))
+    await apply_topology(topo, broker)
+    app = App("poison-test", topology=load_topology(topo).topology, url=broker.url)
+    app.job("poison", queue="work")(lambda p, c: None)  # same name as poisonapp's job: only to publish
+    return app
+
+
+async def crash_run(broker: BrokerSettings, tmp_path: Path, qtype: str, concurrency: int, workers: int) -> None:
+    """One job exits its worker; 50 others behind it. Checks the bound, the evidence and no collateral."""
+    app = await setup(broker, tmp_path, qtype)
+    try:
+        await app.enqueue("poison", {"kind": "exit"}, job_id="crasher")
+        for i in range(50):
+            await app.enqueue("poison", {"seconds": 0.02}, job_id=f"ok-{i}")
+    finally:
+        await app.close()
+
+    async def finished() -> bool:
+        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
+        return len(done) == 50 and await depth(broker, "work.quarantine") == 1
+
+    supervisor = Supervisor(broker, tmp_path, workers, "--concurrency", str(concurrency), "--grace", "5s")
+    await supervisor.run_until(finished, timeout=90)
+
+    starts = Counter(r[1] for r in records(tmp_path) if r[0] == "start")
+    done = Counter(r[1] for r in records(tmp_path) if r[0] == "done")
+    crashes = starts["crasher"]
+    assert 1 <= crashes <= MAX_REDELIVERIES + 1, starts
+    assert supervisor.exits >= crashes - 1  # every start of the crasher but maybe the last took a worker down
+    assert done["crasher"] == 0
+    assert sorted(done) == sorted(f"ok-{i}" for i in range(50))
+    extra_runs = sum(n - 1 for job, n in starts.items() if job != "crasher")
+    assert extra_runs <= (concurrency - 1) * crashes, (extra_runs, starts)
+    quarantined = await drain(broker, "work.quarantine")
+    assert [m.message_id for m in quarantined] == ["crasher"]
+    headers = quarantined[0].headers
+    assert headers[evidence.REASON] == "crashed"
+    assert headers[crash.STARTS] == crashes == MAX_REDELIVERIES + 1
+    assert headers[evidence.ERROR_TYPE] == "WorkerLostError"
+    assert str(headers[crash.LAST_START_PID]).isdigit()
+    for queue in ("work", "work.retry.1s", "work.suspects"):
+        assert await depth(broker, queue) == 0, queue
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+async def test_a_job_that_kills_its_worker_is_quarantined_crashed(
+    broker: BrokerSettings, tmp_path: Path, qtype: str, concurrency: int, workers: int
+) -> None:
+    await crash_run(broker, tmp_path, qtype, concurrency, workers)
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+async def test_crash_bound_on_this_broker_version(broker: BrokerSettings, tmp_path: Path, qtype: str) -> None:
+    """The quorum/classic difference on every broker version (quorum queues count deliveries themselves)."""
+    await crash_run(broker, tmp_path, qtype, concurrency=2, workers=1)
+
+
+@pytest.mark.version_independent
+async def test_a_handler_that_blocks_the_loop_is_never_a_success(broker: BrokerSettings, tmp_path: Path) -> None:
+    """An async handler blocking past the heartbeat timeout: ack_uncertain each run, then quarantined crashed."""
+    app = await setup(broker, tmp_path, "classic", "max_redeliveries = 2")
+    try:
+        await app.enqueue("poison", {"kind": "block", "seconds": 6}, job_id="blocker")
+    finally:
+        await app.close()
+
+    async def quarantined() -> bool:
+        return await depth(broker, "work.quarantine") == 1
+
+    supervisor = Supervisor(broker, tmp_path, 1, url=f"{broker.url}?heartbeat=2")
+    await supervisor.run_until(quarantined, timeout=100)
+
+    starts = [r for r in records(tmp_path) if r[0] == "start"]
+    log = supervisor.log.read_text()
+    assert supervisor.exits == 0  # the worker never died: it lost its connection and reconnected
+    assert len(starts) == 3, starts  # max_redeliveries + 1
+    assert "outcome=succeeded" not in log
+    assert log.count("outcome=ack_uncertain") == 3, log[-3000:]
+    assert log.count("job=poison id=blocker blocked the event loop for") == 3, log[-3000:]
+    message = (await drain(broker, "work.quarantine"))[0]
+    assert message.headers[evidence.REASON] == "crashed"
+    assert message.headers[crash.STARTS] == 3
+
+
+@pytest.mark.version_independent
+async def test_default_timeout_is_just_below_the_consumer_timeout(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A job without timeout= fails as `timeout` before the broker's consumer_timeout would close the channel."""
+    app = await setup(broker, tmp_path, "classic")
+    try:
+        await app.enqueue("poison", {"seconds": 30}, job_id="slow")
+    finally:
+        await app.close()
+    (tmp_path / "notimeout.py").write_text(
+        "import asyncio\nfrom amqpjobs import App\nimport os\n"
+        "app = App('nt', topology=os.environ['POISON_TOPOLOGY'])\n"
+        "@app.job('poison', queue='work')\n"
+        "async def poison(payload, ctx):\n    await asyncio.sleep(float(payload['seconds']))\n"
+    )
+    env = dict(
+        os.environ,
+        AMQPJOBS_URL=broker.url,
+        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+        POISON_TOPOLOGY=str(tmp_path / "topology.toml"),
+        PYTHONPATH=str(tmp_path),
+    )
+    exe = Path(sys.executable).with_name("amqpjobs")
+    proc = subprocess.Popen(  # noqa: ASYNC220 - starts at once; the test then polls the broker
+        [str(exe), "consume", "notimeout:app", "--consumer-timeout", "5s"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while await depth(broker, "work.retry.1s") == 0:  # the first attempt timed out: retried
+            assert time.monotonic() < deadline, "no timeout within 30 s"
+            await asyncio.sleep(0.1)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    line = next(x for x in out.splitlines() if "outcome=retried" in x)
+    duration = float(line.split("duration=")[1].split("s")[0])
+    assert 3.8 <= duration <= 4.5, line  # 5 s - 1 s
+    assert "ran longer than its timeout of 4s (the default: just below the consumer timeout)" in line

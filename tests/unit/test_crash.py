@@ -1,0 +1,89 @@
+"""The pure rules of poison containment: screening a delivery, the isolation gate, the default timeout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from amqpjobs.jobs.crash import STARTS, Screening, screen
+from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
+from amqpjobs.jobs.isolation import IsolationGate
+from amqpjobs.jobs.outcome import Ack, HandBack, Register
+from amqpjobs.runtime.worker import Outcome, default_timeout
+
+
+@pytest.mark.parametrize(
+    ("redelivered", "headers", "expected"),
+    [
+        (False, {}, Screening("run", 1)),  # a fresh job
+        (False, {STARTS: 1}, Screening("run", 1)),
+        (False, {STARTS: 3}, Screening("alone", 3)),  # a registered start after the first
+        (True, {}, Screening("register", 2)),  # the first start ended without an outcome
+        (True, {STARTS: 5}, Screening("register", 6)),
+        (True, {STARTS: 6}, Screening("crashed", 6)),  # start max_redeliveries + 1 ended too
+        (True, {STARTS: 40}, Screening("crashed", 40)),
+        (True, {STARTS: "garbage"}, Screening("register", 2)),  # a foreign value counts as start 1
+        (True, {STARTS: -3}, Screening("register", 2)),
+        (False, {STARTS: b"4"}, Screening("alone", 4)),
+    ],
+)
+def test_screen(redelivered: bool, headers: dict[str, object], expected: Screening) -> None:
+    assert screen(redelivered, headers, max_redeliveries=5) == expected
+
+
+def test_screen_bound_of_one_quarantines_at_the_second_crash() -> None:
+    assert screen(True, {}, 1) == Screening("register", 2)
+    assert screen(True, {STARTS: 2}, 1) == Screening("crashed", 2)
+
+
+async def test_isolation_gate_waits_for_ordinary_runs_and_refuses_others_meanwhile() -> None:
+    gate = IsolationGate()
+    assert gate.try_enter()
+    assert gate.try_enter()
+    assert gate.try_alone()
+    assert not gate.try_alone()  # one suspect at a time
+    assert not gate.try_enter()  # no ordinary start while a suspect waits
+    idle = asyncio.create_task(gate.idle())
+    await asyncio.sleep(0)
+    assert not idle.done()
+    gate.leave()
+    await asyncio.sleep(0)
+    assert not idle.done()
+    assert gate.running == 1
+    gate.leave()
+    await asyncio.wait_for(idle, 1)
+    gate.release_alone()
+    assert gate.try_enter()
+    assert not gate.suspect_pending
+
+
+async def test_round_robin_gate_evicts_waiters() -> None:
+    gate = RoundRobinGate(1, 2)
+    await gate.acquire(0)
+    waiters = [asyncio.create_task(gate.acquire(1)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert gate.evict() == 3
+    for task in waiters:
+        with pytest.raises(Evicted):
+            await task
+    gate.release()
+    assert gate.free == 1  # the evicted never held a slot
+
+
+def test_default_timeout_is_just_below_the_consumer_timeout() -> None:
+    assert default_timeout(1800) == 1710
+    assert default_timeout(5) == 4
+    assert default_timeout(1) == 0.5
+
+
+def test_outcome_kinds() -> None:
+    def kind(decision: object, acked: bool = True, uncertain: bool = False) -> str:
+        return Outcome(decision, "j", "id", 1, 0.0, acked, uncertain=uncertain).kind  # type: ignore[arg-type]
+
+    assert kind(Ack()) == "succeeded"
+    assert kind(Ack(), uncertain=True) == "ack_uncertain"
+    assert kind(Ack(), acked=False, uncertain=True) == "ack_uncertain"
+    assert kind(Register(2)) == "redelivered"
+    assert kind(HandBack()) == "handed_back"
+    assert kind(Register(2), acked=False) == "abandoned"
