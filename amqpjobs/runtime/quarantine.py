@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.wire.connection import close_channel, connect
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, delivery_of
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, get_unacked
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
@@ -115,14 +115,6 @@ async def _session(settings: BrokerSettings) -> AsyncIterator[AbstractRobustConn
         await connection.close()
 
 
-async def _get_unacked(queue: AbstractQueue, max_count: int) -> AsyncIterator[AbstractIncomingMessage]:
-    for _ in range(max_count):
-        message = await queue.get(no_ack=False, fail=False)
-        if message is None:
-            return
-        yield message
-
-
 async def browse(
     settings: BrokerSettings, name: str, limit: int | None = None, selection: q.Selection | None = None
 ) -> tuple[str, list[QuarantinedMessage]]:
@@ -148,9 +140,7 @@ async def browse(
         queue_name, depth = await resolve_queue(connection, name)
         channel = await connection.channel(publisher_confirms=False)
         try:
-            queue = await channel.get_queue(queue_name, ensure=False)
-            async for message in _get_unacked(queue, depth):
-                delivery = delivery_of(message, queue_name)
+            async for delivery in get_unacked(channel, queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 if selection.matches(item):
                     out.append(QuarantinedMessage(delivery, item))
@@ -335,8 +325,7 @@ async def replay(
                 window.release()
 
         try:
-            queue = await channel.get_queue(queue_name, ensure=False)
-            async for message in _get_unacked(queue, depth):
+            async for delivery in get_unacked(channel, queue_name, depth):
                 if options.limit is not None and launched >= options.limit:
                     break
                 if failures:
@@ -344,7 +333,6 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                delivery = delivery_of(message, queue_name)
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 target = options.to or item.original_queue
                 if not target or not options.selection.matches(item):

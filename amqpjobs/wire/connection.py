@@ -24,6 +24,7 @@ from tenacity import (
 
 from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.codec import install_lenient_decoding
+from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -124,6 +125,7 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
 
     """
     install_lenient_decoding()
+    keep_received_properties()
     try:
         async for attempt in AsyncRetrying(
             # refused credentials or a missing vhost won't fix themselves: no retry

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 from aiormq.abc import AbstractChannel as UnderlayChannel
 from aiormq.abc import DeliveredMessage
+from pamqp.header import ContentHeader
 
 from amqpjobs.jobs import envelope
+from amqpjobs.wire.copies import ReceivedCopy, received_bytes
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -140,6 +142,8 @@ class Delivery:
         queue: The work queue it was consumed from.
         delivery_tag: The delivery tag on the channel it came on.
 
+    A copy (:meth:`copy`) is published with the headers and properties as received, byte
+    for byte (:mod:`amqpjobs.wire.copies`), from the content header kept here.
     """
 
     body: bytes
@@ -160,6 +164,7 @@ class Delivery:
     delivery_tag: int
     _channel: UnderlayChannel
     _acks: AckBatcher | None = None
+    _received: ContentHeader | None = None
 
     @property
     def job_name(self) -> str:
@@ -183,8 +188,20 @@ class Delivery:
         return None if self.timestamp is None else datetime.fromtimestamp(self.timestamp, UTC)
 
     def copy(self, headers: Mapping[str, Any], job_id: str) -> envelope.OutgoingMessage:
-        """The same message (body and properties) with other headers, for a tier or quarantine."""
-        return envelope.OutgoingMessage(
+        """The same message with other headers, for a tier, quarantine or a replay.
+
+        Args:
+            headers: The copy's headers. Values left as received (the same objects) go out
+                as received: same type code, same bytes.
+            job_id: The copy's ``message_id`` when the message came without one.
+
+        Returns:
+            A :class:`~amqpjobs.wire.copies.ReceivedCopy` that keeps every property and
+            every header it did not change byte for byte (``expiration`` and ``user_id``
+            dropped, see :mod:`amqpjobs.wire.copies`); a plain message from the decoded
+            values when the received bytes were not kept.
+        """
+        plain = envelope.OutgoingMessage(
             body=self.body,
             headers=headers,
             content_type=self.content_type,
@@ -197,6 +214,12 @@ class Delivery:
             reply_to=self.reply_to,
             app_id=self.app_id,
         )
+        received = self._received
+        raw = None if received is None else received_bytes(received)
+        if received is None or raw is None:
+            return plain
+        same = {f.name: getattr(plain, f.name) for f in fields(plain)}
+        return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers)
 
     async def ack(self) -> None:
         """Ack on the delivery's own channel.
@@ -275,30 +298,19 @@ def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher
         frame.delivery_tag,
         message.channel,
         acks,
+        message.header,
     )
 
 
-def delivery_of(message: AbstractIncomingMessage, queue: str) -> Delivery:
-    """Wrap an aio-pika message read from ``queue`` (``basic.get``: quarantine browsing and replay)."""
-    ts = message.timestamp
-    tag = message.delivery_tag
-    assert tag is not None, "a message from basic.get or basic.deliver has a delivery tag"
-    return Delivery(
-        body=message.body,
-        headers=dict(message.headers or {}),
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        message_id=message.message_id,
-        type=message.type,
-        timestamp=None if ts is None else ts.timestamp(),
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        app_id=message.app_id,
-        redelivered=bool(message.redelivered),
-        exchange=message.exchange or "",
-        routing_key=message.routing_key or "",
-        queue=queue,
-        delivery_tag=tag,
-        _channel=message.channel,
-    )
+async def get_unacked(channel: AbstractChannel, queue: str, max_count: int) -> AsyncIterator[Delivery]:
+    """Up to ``max_count`` deliveries of ``queue`` by ``basic.get``, unacked (fewer if it runs empty).
+
+    For quarantine browsing and replay: each is acked (or, when the channel closes, returned
+    to the queue) by the caller. Read with aiormq, so their copies keep the received bytes.
+    """
+    underlay = await channel.get_underlay_channel()
+    for _ in range(max_count):
+        message = await underlay.basic_get(queue, no_ack=False)
+        if not isinstance(message.delivery, aiormq.spec.Basic.GetOk):
+            return
+        yield delivery_from_aiormq(message, queue)

@@ -26,29 +26,21 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.jobs.envelope import OutgoingMessage
-
-
-def _encodable(value: Any) -> Any:
-    """``value`` with ``bytes`` turned into ``bytearray`` (an AMQP byte array), at any depth.
-
-    pamqp decodes a header string that is not UTF-8 as ``bytes`` but can't encode ``bytes``
-    back; a copy of such a message (to a tier or quarantine) keeps the exact bytes this way.
-    """
-    if isinstance(value, bytes):
-        return bytearray(value)
-    if isinstance(value, Mapping):
-        return {k: _encodable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encodable(v) for v in value]
-    return value
+from amqpjobs.wire.copies import ReceivedCopy, encodable
 
 
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
-    """The AMQP basic properties of ``message``, persistent (``delivery_mode`` 2)."""
+    """The AMQP basic properties of ``message``.
+
+    A new message is persistent (``delivery_mode`` 2); a copy of a received message
+    (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its properties and headers as received.
+    """
+    if isinstance(message, ReceivedCopy):
+        return message.amqp_properties()
     return aiormq.spec.Basic.Properties(
         content_type=message.content_type,
         content_encoding=message.content_encoding,
-        headers=_encodable(message.headers),  # a new dict, also for a read-only mapping
+        headers=encodable(message.headers),  # a new dict, also for a read-only mapping
         delivery_mode=2,
         priority=message.priority,
         correlation_id=message.correlation_id,

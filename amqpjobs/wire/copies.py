@@ -1,0 +1,238 @@
+"""Copies of a received message that keep its headers and properties byte for byte.
+
+A copy (to a delay tier, to quarantine, replayed) must carry the publisher's headers and
+properties as they came. Re-encoding pamqp's decoded values can't: pamqp encodes a Python
+value by its Python type, so a double goes out as a 32-bit float (``1.1`` comes back as
+``1.100000023841858``), an integer in the narrowest width (``I`` 128 becomes ``s``), a
+timestamp sent in milliseconds comes back in seconds and one in microseconds (decoded as
+None, :mod:`amqpjobs.wire.codec`) as void, a string that is not UTF-8 as a byte array, a
+header name that is not UTF-8 with U+FFFD, and the table is sorted by name.
+
+So the bytes of every content header received are kept (one reference, no decoding:
+:func:`keep_received_properties`), and a copy is encoded from them
+(:func:`copy_properties`): each header whose value the copy left as received goes out
+with its own name bytes, type code and value bytes, in the received order; only the
+headers the copy sets or changes (ours, ``amqpjobs-*``) are encoded anew, and the ones it
+left out (the broker's ``x-death`` & co) are gone. Every property goes out as received,
+except:
+
+* ``headers``: as above;
+* ``message_id``: set to the job id when the message came without one (so every copy of
+  a job carries the same id);
+* ``expiration``: dropped. A per-message TTL was the publisher's limit on waiting in the
+  work queue; kept on a copy, it would expire the copy in a delay tier (back early) or in
+  quarantine (lost).
+* ``user_id``: dropped. The broker refuses a publish whose ``user_id`` is not the
+  publishing connection's user (``PRECONDITION_FAILED``, closing the channel), and a
+  worker or a replay may well connect as another user than the original publisher.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pamqp import commands, encode
+from pamqp.header import ContentHeader
+
+from amqpjobs.jobs.envelope import OutgoingMessage
+
+#: Attribute of a received pamqp ContentHeader holding its frame payload (class id, weight,
+#: body size, flags, property list), as received.
+_RECEIVED = "_amqpjobs_received"
+#: Bytes before the property flags in a content-header payload: class id, weight, body size.
+_PREFIX = 12
+
+#: Basic properties in AMQP order: name, flag bit, field kind.
+_LAYOUT = (
+    ("content_type", 0x8000, "shortstr"), ("content_encoding", 0x4000, "shortstr"), ("headers", 0x2000, "table"),
+    ("delivery_mode", 0x1000, "octet"), ("priority", 0x0800, "octet"), ("correlation_id", 0x0400, "shortstr"),
+    ("reply_to", 0x0200, "shortstr"), ("expiration", 0x0100, "shortstr"), ("message_id", 0x0080, "shortstr"),
+    ("timestamp", 0x0040, "timestamp"), ("type", 0x0020, "shortstr"), ("user_id", 0x0010, "shortstr"),
+    ("app_id", 0x0008, "shortstr"), ("cluster_id", 0x0004, "shortstr"),
+)  # fmt: skip
+#: Properties a copy never carries (see the module docstring).
+DROPPED = frozenset({"expiration", "user_id"})
+
+#: Field value sizes after the type code: fixed ones, and those with a 4-byte length first.
+_FIXED_SIZE = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"l": 8, b"L": 8, b"f": 4,
+               b"d": 8, b"D": 5, b"T": 8, b"V": 0}  # fmt: skip
+_LONG_SIZED = frozenset({b"S", b"x", b"A", b"F"})
+
+_original_unmarshal = ContentHeader.unmarshal
+
+
+def _unmarshal_keeping_bytes(self: ContentHeader, data: bytes) -> None:
+    _original_unmarshal(self, data)
+    setattr(self, _RECEIVED, data)
+
+
+def keep_received_properties() -> None:
+    """Make every content header pamqp decodes keep its bytes, for exact copies (idempotent).
+
+    Costs one attribute per delivery; nothing is parsed until a copy is made.
+    """
+    ContentHeader.unmarshal = _unmarshal_keeping_bytes  # type: ignore[method-assign]
+
+
+def received_bytes(content_header: ContentHeader) -> bytes | None:
+    """The payload ``content_header`` was decoded from, or None (not received, or not kept)."""
+    raw: bytes | None = getattr(content_header, _RECEIVED, None)
+    return raw
+
+
+def split_properties(payload: bytes) -> dict[str, bytes]:
+    """Each present property's encoded bytes, by name (``type`` is pamqp's ``message_type``).
+
+    Args:
+        payload: A content-header frame payload, as received.
+
+    Raises:
+        ValueError: the payload is truncated.
+    """
+    if len(payload) < _PREFIX + 2:
+        raise ValueError("content header truncated")
+    (flags,) = struct.unpack_from(">H", payload, _PREFIX)
+    offset, out = _PREFIX + 2, {}
+    for name, flag, kind in _LAYOUT:
+        if not flags & flag:
+            continue
+        if kind == "shortstr":
+            size = 1 + payload[offset]
+        elif kind == "table":
+            size = 4 + int.from_bytes(payload[offset : offset + 4], "big")
+        else:
+            size = 1 if kind == "octet" else 8
+        if offset + size > len(payload):
+            raise ValueError(f"content header truncated in property {name}")
+        out[name] = payload[offset : offset + size]
+        offset += size
+    return out
+
+
+def split_table(table: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """Each entry of an encoded field table: name (as decoded) -> (name bytes, type code + value bytes).
+
+    Names that are not UTF-8 read with U+FFFD, as :mod:`amqpjobs.wire.codec` decodes them;
+    of two names alike that way, the last wins (as in the decoded table).
+
+    Raises:
+        ValueError: an unknown type code, or a table shorter than its length says.
+    """
+    end = 4 + int.from_bytes(table[:4], "big")
+    if end > len(table):
+        raise ValueError("field table truncated")
+    offset, out = 4, {}
+    while offset < end:
+        key = table[offset + 1 : offset + 1 + table[offset]]
+        offset += 1 + len(key)
+        code = table[offset : offset + 1]
+        size = _FIXED_SIZE.get(code)
+        if size is None:
+            if code not in _LONG_SIZED:
+                raise ValueError(f"unknown field type {code!r}")
+            size = 4 + int.from_bytes(table[offset + 1 : offset + 5], "big")
+        if offset + 1 + size > end:
+            raise ValueError("field table entry truncated")
+        out[key.decode("utf-8", "replace")] = (key, table[offset : offset + 1 + size])
+        offset += 1 + size
+    return out
+
+
+def encodable(value: Any) -> Any:
+    """``value`` with ``bytes`` turned into ``bytearray`` (an AMQP byte array), at any depth.
+
+    pamqp decodes a header string that is not UTF-8 as ``bytes`` but can't encode ``bytes``
+    back; a header set to such a value keeps its exact bytes this way.
+    """
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, Mapping):
+        return {k: encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encodable(v) for v in value]
+    return value
+
+
+def _short(text: bytes) -> bytes:
+    return bytes([len(text)]) + text
+
+
+_MISSING = object()
+
+
+def copy_properties(
+    received: bytes, received_headers: Mapping[str, Any] | None, headers: Mapping[str, Any], message_id: str
+) -> bytes:
+    """The encoded property list (flags and values) of a copy of a received message.
+
+    Args:
+        received: The content-header payload the message came with (:func:`received_bytes`).
+        received_headers: Its headers as pamqp decoded them (never handed out, so unchanged).
+        headers: The copy's headers. A value that is the very object decoded (``is``) goes
+            out as received; any other is encoded by pamqp (bytes as a byte array).
+        message_id: The copy's ``message_id``; encoded anew only if the message had none.
+
+    Raises:
+        ValueError: ``received`` is not a well-formed content header.
+        TypeError: a header value pamqp can't encode.
+    """
+    props = split_properties(received)
+    table = split_table(props["headers"]) if "headers" in props else {}
+    decoded = received_headers or {}
+    entries = []
+    for key, value in headers.items():
+        raw = table.get(key)
+        if raw is not None and decoded.get(key, _MISSING) is value:
+            entries.append(_short(raw[0]) + raw[1])
+        else:
+            entries.append(encode.field_table({key: encodable(value)})[4:])
+    body = b"".join(entries)
+    props["headers"] = struct.pack(">I", len(body)) + body
+    if "message_id" not in props or props["message_id"] == b"\x00":
+        props["message_id"] = encode.short_string(message_id)
+    flags, parts = 0, []
+    for name, flag, _ in _LAYOUT:
+        if name in props and name not in DROPPED:
+            flags |= flag
+            parts.append(props[name])
+    return struct.pack(">H", flags) + b"".join(parts)
+
+
+class ExactProperties(commands.Basic.Properties):
+    """Basic properties whose encoding is given: pamqp sends ``encoded`` as the property list.
+
+    ``message_id`` is set too: aiormq reads it to match returned messages to their publish.
+    """
+
+    def __init__(self, encoded: bytes, message_id: str) -> None:
+        super().__init__(message_id=message_id)
+        self.encoded = encoded
+
+    def marshal(self) -> bytes:
+        """The property list as given."""
+        return self.encoded
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReceivedCopy(OutgoingMessage):
+    """A copy of a received message, published with its headers and properties as received.
+
+    Only ``body``, ``headers`` and ``message_id`` of the fields inherited are sent (see
+    :func:`copy_properties`); the other property fields say what was received.
+
+    Attributes:
+        received: The content-header payload the message came with.
+        received_headers: Its headers as pamqp decoded them.
+    """
+
+    received: bytes
+    received_headers: Mapping[str, Any] | None
+
+    def amqp_properties(self) -> ExactProperties:
+        """The copy's basic properties, encoded."""
+        message_id = self.message_id or ""
+        encoded = copy_properties(self.received, self.received_headers, self.headers, message_id)
+        return ExactProperties(encoded, message_id)

@@ -1,0 +1,126 @@
+"""Content-header frames built byte by byte: one header of each AMQP field type, every basic property.
+
+aio-pika can't send most field types (and pamqp decodes ``f`` and ``d`` alike), so the
+frames are built with pamqp's per-type encoders, and split back into raw bytes here
+without amqpjobs, to compare a copy with what was sent.
+"""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal
+
+from pamqp import commands, decode, encode
+
+
+def long_bytes(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def short_bytes(text: bytes) -> bytes:
+    return bytes([len(text)]) + text
+
+
+def table(entries: list[tuple[bytes, bytes]]) -> bytes:
+    return long_bytes(b"".join(short_bytes(key) + value for key, value in entries))
+
+
+MILLIS = 1_764_406_800_123  # Node's Date.now(): milliseconds
+NESTED = table([(b"in-f", b"f" + encode.floating_point(1.1)), (b"in-I", b"I" + encode.long_int(7))])
+
+#: One header of each field type (raw key -> type code + value bytes), as RabbitMQ's table types.
+HEADERS: list[tuple[bytes, bytes]] = [
+    (b"t-bool", b"t" + encode.boolean(True)),
+    (b"b-int8", b"b" + struct.pack(">b", -5)),
+    (b"B-uint8", b"B" + encode.octet(200)),
+    (b"s-int16", b"s" + encode.short_int(-300)),
+    (b"u-uint16", b"u" + encode.short_uint(60000)),
+    (b"I-int32", b"I" + encode.long_int(128)),
+    (b"i-uint32", b"i" + encode.long_uint(4_000_000_000)),
+    (b"l-int64", b"l" + encode.long_long_int(5)),
+    (b"f-float", b"f" + encode.floating_point(1.1)),
+    (b"d-double", b"d" + encode.double(1.1)),
+    (b"D-decimal", b"D" + encode.decimal(Decimal("3.14"))),
+    (b"S-text", b"S" + encode.long_string("text ключ")),
+    (b"S-not-utf8", b"S" + long_bytes(b"\xff\xfe")),
+    (b"bytes", b"x" + encode.byte_array(bytearray(b"\x00\xff"))),
+    (b"A-array", b"A" + long_bytes(b"f" + encode.floating_point(2.5) + b"u" + encode.short_uint(9) + b"V")),
+    (b"T-seconds", b"T" + struct.pack(">Q", 1_764_406_800)),
+    (b"T-millis", b"T" + struct.pack(">Q", MILLIS)),
+    (b"T-micros", b"T" + struct.pack(">Q", MILLIS * 1000)),
+    (b"F-table", b"F" + NESTED),
+    (b"V-void", b"V"),
+    (b"key-\xff", b"S" + encode.long_string("a header name that is not UTF-8")),
+]
+
+#: Basic properties in AMQP order: (name, flag bit, field kind).
+PROPERTY_LAYOUT = [
+    ("content_type", 0x8000, "shortstr"), ("content_encoding", 0x4000, "shortstr"), ("headers", 0x2000, "table"),
+    ("delivery_mode", 0x1000, "octet"), ("priority", 0x0800, "octet"), ("correlation_id", 0x0400, "shortstr"),
+    ("reply_to", 0x0200, "shortstr"), ("expiration", 0x0100, "shortstr"), ("message_id", 0x0080, "shortstr"),
+    ("timestamp", 0x0040, "timestamp"), ("type", 0x0020, "shortstr"), ("user_id", 0x0010, "shortstr"),
+    ("app_id", 0x0008, "shortstr"), ("cluster_id", 0x0004, "shortstr"),
+]  # fmt: skip
+
+SENT: dict[str, bytes] = {
+    "content_type": short_bytes(b"application/json"),
+    "content_encoding": short_bytes(b"utf-8"),
+    "headers": table(HEADERS),
+    "delivery_mode": b"\x02",
+    "priority": b"\x03",
+    "correlation_id": short_bytes(b"corr-\xff"),  # not UTF-8
+    "reply_to": short_bytes(b"replies"),
+    "expiration": short_bytes(b"600000"),
+    "message_id": short_bytes(b"exact-1"),
+    "timestamp": struct.pack(">Q", MILLIS),
+    "type": short_bytes(b"mail"),
+    "user_id": short_bytes(b"guest"),  # the test's connection user: the broker checks it
+    "app_id": short_bytes(b"sender-app"),
+    "cluster_id": short_bytes(b"cluster-7"),
+}
+DROPPED = {"expiration", "user_id"}
+
+
+def encode_properties(values: dict[str, bytes]) -> bytes:
+    """The property list of a content header: flags, then each present property's bytes."""
+    flags = sum(flag for name, flag, _ in PROPERTY_LAYOUT if name in values)
+    return struct.pack(">H", flags) + b"".join(values[name] for name, _, _ in PROPERTY_LAYOUT if name in values)
+
+
+def split_properties(payload: bytes) -> dict[str, bytes]:
+    """Each property's raw bytes from a content-header frame payload (class, weight, size, flags, list)."""
+    (flags,) = struct.unpack(">H", payload[12:14])
+    data, out = payload[14:], {}
+    for name, flag, kind in PROPERTY_LAYOUT:
+        if flags & flag:
+            size = {
+                "shortstr": 1 + data[0] if data else 1,
+                "octet": 1,
+                "timestamp": 8,
+                "table": 4 + int.from_bytes(data[:4], "big"),
+            }[kind]
+            out[name], data = data[:size], data[size:]
+    return out
+
+
+def split_table(table: bytes) -> dict[bytes, bytes]:
+    """Raw key -> type code + value bytes, for each entry of an encoded field table."""
+    end, offset, out = 4 + int.from_bytes(table[:4], "big"), 4, {}
+    while offset < end:
+        key = table[offset + 1 : offset + 1 + table[offset]]
+        offset += 1 + len(key)
+        consumed, _ = decode.embedded_value(table[offset:end])
+        out[key] = table[offset : offset + consumed]
+        offset += consumed
+    return out
+
+
+class RawProperties(commands.Basic.Properties):
+    """Properties sent exactly as given (aiormq reads ``message_id`` to match confirms)."""
+
+    def __init__(self, encoded: bytes, message_id: str) -> None:
+        super().__init__(message_id=message_id)
+        self.encoded = encoded
+
+    def marshal(self) -> bytes:
+        return self.encoded

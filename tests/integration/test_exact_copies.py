@@ -1,0 +1,115 @@
+"""Copies keep every header's AMQP field type and value, and the message's properties, byte for byte.
+
+A message with one header of each field type RabbitMQ knows (``t b B s u I i l f d D S x
+A T F V``) and every basic property set is published as a raw content-header frame (built
+with pamqp's per-type encoders: aio-pika can't send most of these types). The job fails
+once (retried through a delay tier), fails again (quarantined), and is replayed. The
+content-header frames the process receives are captured as bytes, and at each stage
+(retried delivery, quarantined copy, replayed copy) every header sent must come back with
+the same type code and the same bytes, and every property with the same bytes, except:
+
+* ``expiration``: dropped from copies (a copy would expire in a delay tier or quarantine);
+* ``user_id``: dropped from copies (the broker refuses a ``user_id`` other than the
+  publishing connection's user, and a worker or replay may connect as another user).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pamqp.frame
+import pytest
+from pamqp import decode, header
+
+from amqpjobs import JobContext, RetryPolicy
+from amqpjobs.jobs import evidence
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.wire.settings import BrokerSettings
+from tests.amqp_frames import DROPPED, SENT, RawProperties, encode_properties, split_properties, split_table
+from tests.integration.helpers import depth, raw_channel
+from tests.integration.worker_env import make_app, running_worker
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def received(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Payloads of every content-header frame this process receives, in order."""
+    frames: list[bytes] = []
+    original: Callable[[bytes], Any] = pamqp.frame.unmarshal
+
+    def capture(data: bytes) -> Any:
+        result = original(data)
+        if isinstance(result[2], header.ContentHeader):
+            (size,) = struct.unpack(">I", data[3:7])
+            frames.append(bytes(data[7 : 7 + size]))
+        return result
+
+    monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
+    return frames
+
+
+def stage(frames: list[bytes], name: str) -> dict[str, bytes]:
+    """The first received frame of a stage, as properties (the headers table split into entries)."""
+    for payload in frames:
+        props = split_properties(payload)
+        entries = split_table(props.get("headers", b"\0\0\0\0"))
+        ours = {k.decode(): v for k, v in entries.items() if k.startswith(b"amqpjobs-")}
+        kind = (
+            "replay" if q.REPLAY_ID in ours
+            else "quarantine" if evidence.REASON in ours
+            else "retry" if decode.embedded_value(ours.get("amqpjobs-attempt", b"V"))[1] == 2
+            else "original" if not ours
+            else "other"
+        )  # fmt: skip
+        if kind == name:
+            return props
+    raise AssertionError(f"no {name} frame among {len(frames)} received")
+
+
+async def test_copies_keep_header_types_and_properties_byte_exact(
+    broker: BrokerSettings, tmp_path: Path, received: list[bytes]
+) -> None:
+    app = await make_app(broker, tmp_path)
+    runs: list[dict[str, Any]] = []
+
+    @app.job("mail", queue="work", retry=RetryPolicy(max_attempts=2))
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(dict(ctx.headers))
+        raise RuntimeError("fails every time")
+
+    async with running_worker(app, broker) as (_, rec):
+        async with raw_channel(broker) as ch:
+            underlay = await ch.get_underlay_channel()
+            raw = RawProperties(encode_properties(SENT), message_id="exact-1")
+            await underlay.basic_publish(b'{"n": 1}', exchange="jobs", routing_key="work", properties=raw)
+        await rec.wait_for(lambda o: len(o) == 2, timeout=20)
+    assert len(runs) == 2
+    assert runs[0]["d-double"] == 1.1  # what a handler sees: pamqp's decoding
+    assert await depth(broker, "work.quarantine") == 1
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=100))
+    assert report.replayed == 1
+    async with raw_channel(broker) as ch:
+        underlay = await ch.get_underlay_channel()
+        back = await underlay.basic_get("work", no_ack=True)
+        assert back.body == b'{"n": 1}'
+
+    sent_headers = split_table(SENT["headers"])
+    original = stage(received, "original")
+    assert split_table(original["headers"]) == sent_headers  # the broker passes the frame through
+    expected = {k: v for k, v in SENT.items() if k not in DROPPED | {"headers"}}
+    wrong: dict[str, dict[str, tuple[bytes | None, bytes | None]]] = {}  # stage -> what -> (got, sent)
+    for name in ("retry", "quarantine", "replay"):
+        props = stage(received, name)
+        entries = split_table(props["headers"])
+        for key, sent in sent_headers.items():  # type code and value bytes of every publisher header
+            if entries.get(key) != sent:
+                wrong.setdefault(name, {})[f"header {key!r}"] = (entries.get(key), sent)
+        for prop in SENT.keys() - {"headers"}:
+            if props.get(prop) != expected.get(prop):
+                wrong.setdefault(name, {})[prop] = (props.get(prop), expected.get(prop))
+    assert wrong == {}

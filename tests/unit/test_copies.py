@@ -1,0 +1,104 @@
+"""Copies keep the received headers (type code and bytes) and properties: the encoder, without a broker."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, cast
+
+import pytest
+from aiormq.abc import DeliveredMessage
+from pamqp import commands, decode
+from pamqp.header import ContentHeader
+
+from amqpjobs.jobs import envelope
+from amqpjobs.wire.codec import install_lenient_decoding
+from amqpjobs.wire.copies import ReceivedCopy, keep_received_properties, split_table
+from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
+from amqpjobs.wire.publish import amqp_properties
+from tests import amqp_frames as frames
+from tests.amqp_frames import DROPPED, SENT, encode_properties, split_properties
+
+
+def deliver(header: ContentHeader) -> Delivery:
+    """A delivery from work queue ``work`` with ``header`` (no channel: nothing is acked here)."""
+    frame = commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="jobs", routing_key="work")
+    return delivery_from_aiormq(DeliveredMessage(frame, header, b"{}", cast(Any, None)), "work")
+
+
+def received(properties: dict[str, bytes]) -> Delivery:
+    """A delivery of a content header with ``properties``, decoded as a worker's connection does."""
+    install_lenient_decoding()
+    keep_received_properties()
+    header = ContentHeader()
+    header.unmarshal(struct.pack(">HHQ", 60, 0, 2) + encode_properties(properties))
+    return deliver(header)
+
+
+def sent(message: envelope.OutgoingMessage) -> dict[str, bytes]:
+    """The properties ``message`` is published with, as raw bytes (the payload prefix added back)."""
+    return split_properties(struct.pack(">HHQ", 60, 0, 2) + amqp_properties(message).marshal())
+
+
+def test_every_field_type_and_property_goes_out_as_received() -> None:
+    delivery = received(SENT)
+    assert delivery.headers["d-double"] == 1.1  # the decoded view
+    assert delivery.headers["T-micros"] is None
+    headers = envelope.strip_broker_headers(delivery.headers)
+    headers[envelope.ATTEMPT] = 2
+    copy = delivery.copy(headers, "job-1")
+    assert isinstance(copy, ReceivedCopy)
+    out = sent(copy)
+    entries = split_table(out["headers"])
+    # every publisher header: same name bytes, type code and value bytes, in the received order
+    expected = [(key, value) for key, value in frames.HEADERS] + [(b"amqpjobs-attempt", b"b\x02")]
+    assert [raw for raw in entries.values()] == expected
+    assert {k: v for k, v in out.items() if k != "headers"} == {
+        k: v for k, v in SENT.items() if k not in DROPPED | {"headers"}
+    }
+
+
+def test_headers_the_copy_changes_or_drops_are_encoded_anew() -> None:
+    props = dict(SENT)
+    props["headers"] = frames.table([
+        (b"amqpjobs-attempt", b"I" + struct.pack(">i", 1)),
+        (b"x-death", b"A" + struct.pack(">I", 0)),
+        (b"x-first-death-queue", b"S" + frames.long_bytes(b"work")),
+        (b"keep", b"d" + struct.pack(">d", 0.5)),
+        (b"note", b"S" + frames.long_bytes(b"old")),
+    ])  # fmt: skip
+    delivery = received(props)
+    headers = envelope.strip_broker_headers(delivery.headers)
+    headers[envelope.ATTEMPT] = 3
+    headers["note"] = "new"
+    headers["blob"] = b"\xff"
+    entries = split_table(sent(delivery.copy(headers, "job-1"))["headers"])
+    assert {key: raw[1] for key, raw in entries.items()} == {
+        "amqpjobs-attempt": b"b\x03",  # changed: pamqp's narrowest integer
+        "keep": b"d" + struct.pack(">d", 0.5),  # kept: still a double
+        "note": b"S" + frames.long_bytes(b"new"),
+        "blob": b"x" + frames.long_bytes(b"\xff"),  # bytes go out as a byte array
+    }
+
+
+def test_a_message_without_message_id_gets_the_job_id() -> None:
+    props = {k: v for k, v in SENT.items() if k != "message_id"}
+    delivery = received(props)
+    out = sent(delivery.copy(dict(delivery.headers), "generated-1"))
+    assert out["message_id"] == frames.short_bytes(b"generated-1")
+    assert decode.short_str(out["message_id"])[1] == "generated-1"
+
+
+def test_without_the_received_bytes_a_copy_is_built_from_the_decoded_values() -> None:
+    delivery = deliver(ContentHeader(properties=commands.Basic.Properties(message_id="m", headers={"d": 0.5})))
+    copy = delivery.copy(dict(delivery.headers), "job-1")
+    assert not isinstance(copy, ReceivedCopy)
+    assert amqp_properties(copy).delivery_mode == 2
+
+
+@pytest.mark.parametrize(
+    "table",
+    [struct.pack(">I", 3) + b"\x01kZ", struct.pack(">I", 9) + b"\x01kS\x00\x00\x00\x09ab", struct.pack(">I", 99)],
+)
+def test_a_malformed_table_is_refused(table: bytes) -> None:
+    with pytest.raises(ValueError, match=r"unknown field type|truncated"):
+        split_table(table)
