@@ -268,7 +268,8 @@ class ReplayReport:
     Attributes:
         queue: The quarantine queue.
         replayed: Messages moved back (or, on a dry run, that would move).
-        skipped: Messages looked at that did not match or had no known original queue.
+        skipped: Messages looked at that did not match, had no known original queue, or
+            were replayed by this run and came back.
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -331,9 +332,11 @@ async def replay(
 ) -> ReplayReport:
     """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
 
-    Each message is looked at once (the queue's depth at the start bounds the run, so
-    returning failures are not replayed again in the same run). Non-matching messages are
-    held unacked and released at the end, keeping their place in the queue.
+    Each message is looked at once (the queue's depth at the start bounds the run), and a
+    job this run replayed that came back failing is never moved again by it (it carries
+    this run's replay id; a browser holding a message mid-run lets the run reach it).
+    Non-matching messages are held unacked and released at the end, keeping their place
+    in the queue.
 
     Holds the queue's :func:`mover_lock` throughout (a dry run, which moves nothing, does not).
 
@@ -405,7 +408,8 @@ async def replay(
                 delivery = delivery_of(message, queue_name)
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 target = options.to or item.original_queue
-                if not target or not options.selection.matches(item):
+                ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
+                if ours or not target or not options.selection.matches(item):
                     report.skipped += 1
                     continue
                 job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
