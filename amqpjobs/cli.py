@@ -1,7 +1,9 @@
 """The ``amqpjobs`` command line: a thin click layer over the library.
 
 Exit codes: 0 success; 1 the check found something (plan conflicts); 2 bad input
-(invalid topology files, bad options); 3 the broker or its management API failed.
+(invalid topology files, bad options); 3 the broker or its management API failed; 4 busy:
+another process holds the lock the command needs (one mover per quarantine queue), nothing
+was done.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from amqpjobs import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
     BrokerError,
+    BusyError,
     ConfigurationError,
     InvalidPayloadError,
     PublishError,
@@ -46,6 +49,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FOUND = 1
 EXIT_BAD_INPUT = 2
 EXIT_BROKER = 3
+EXIT_BUSY = 4
 
 
 def _errors_to_exit_codes(func: F) -> F:
@@ -68,6 +72,9 @@ def _errors_to_exit_codes(func: F) -> F:
         except (InvalidPayloadError, PublishError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except BusyError as exc:
+            click.echo(f"busy: {exc}", err=True)
+            sys.exit(EXIT_BUSY)
         except BrokerError as exc:
             click.echo(f"broker error: {exc}", err=True)
             sys.exit(EXIT_BROKER)
@@ -271,7 +278,8 @@ def quarantine() -> None:
     """Inspect, export and purge quarantine queues.
 
     Browsing reads messages with basic.get and returns them all to the queue: they keep
-    their order but come back with redelivered=true.
+    their order but come back with redelivered=true. It runs while a replay does (seeing
+    only the messages the replay does not hold); purge waits for no one: it exits 4 then.
     """
 
 
@@ -371,7 +379,10 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
 @_url_options
 @_errors_to_exit_codes
 def quarantine_purge(queue: str, yes: bool, url: str | None, management_url: str | None) -> None:
-    """Delete every message in QUEUE."""
+    """Delete every message in QUEUE.
+
+    Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
+    """
     settings = _settings(url, management_url)
     if not yes:
         click.confirm(f"Delete every message in quarantine {queue!r} on {settings.safe_url}?", abort=True)
@@ -396,7 +407,9 @@ def replay_command(
 ) -> None:  # fmt: skip
     """Move quarantined jobs back to their work queues, rate-limited; each starts a fresh attempt budget.
 
-    Exit 0 when done, 1 when --stop-after-failures stopped the run.
+    One replay per quarantine queue at a time: exit 4 at once, naming the running one (its
+    host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
+    done, 1 when --stop-after-failures stopped the run.
     """
     settings = _settings(url, management_url)
     options = ReplayOptions(

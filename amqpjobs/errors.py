@@ -6,6 +6,7 @@ The tree::
     ├── ConfigurationError          bad settings or arguments given to the library
     ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
     ├── DuplicateJobError           an idempotent job's key was already done (its effect rolled back)
+    ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
@@ -52,6 +53,25 @@ class InvalidPayloadError(AmqpJobsError):
 
 class DuplicateJobError(AmqpJobsError):
     """An idempotent job's key was already marked done by another run; this run's effect was rolled back."""
+
+
+class BusyError(AmqpJobsError):
+    """Another process holds the broker-side lock this operation needs; nothing was done.
+
+    Raised at once, never after waiting: e.g. a second replay of a quarantine queue while
+    one runs (one mover per quarantine queue at a time).
+
+    Attributes:
+        resource: What is locked, e.g. ``quarantine queue 'work.quarantine'``.
+        holder: Who holds it, e.g. ``replay (pid 4242 on host-a, since 2026-11-29T08:00:00Z)``,
+            or None when that could not be read.
+
+    """
+
+    def __init__(self, message: str, resource: str, holder: str | None) -> None:
+        self.resource = resource
+        self.holder = holder
+        super().__init__(message)
 
 
 class PublishError(AmqpJobsError):

@@ -9,6 +9,7 @@ Messages"). :func:`describe` reads both into one :class:`QuarantinedJob`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -210,6 +211,19 @@ def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:
         if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
             group.last_failure = item.failed_at
     return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type))
+
+
+def mover_lock_queue(quarantine_queue: str) -> str:
+    """Name of the lock queue that one mover of ``quarantine_queue`` at a time holds.
+
+    ``amqpjobs.mover.<quarantine queue>.lock``: it does not end in ``.quarantine``, so
+    ``quarantine list --all`` never takes it for a quarantine queue. Past AMQP's 255 bytes
+    the quarantine queue's name is replaced by a digest of it.
+    """
+    name = f"amqpjobs.mover.{quarantine_queue}.lock"
+    if len(name.encode("utf-8")) <= 255:
+        return name
+    return f"amqpjobs.mover.sha256-{hashlib.sha256(quarantine_queue.encode('utf-8')).hexdigest()}.lock"
 
 
 def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: str) -> dict[str, Any]:

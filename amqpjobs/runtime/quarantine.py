@@ -9,6 +9,12 @@ order is kept on classic queues.
 A replay move is: publish the copy to the work queue with a publisher confirm, then ack
 the quarantined original. Killed at any point, every message is in quarantine or in its
 work queue; only the one in flight can be in both.
+
+One mover per quarantine queue at a time: whatever takes messages out of one (replay,
+purge; later park, filtered purge, console actions) holds :func:`mover_lock` while it
+does, and a second is refused at once with :class:`~amqpjobs.errors.BusyError` naming the
+first. Two replays of one queue would otherwise each replay the other's returning
+failures. Browsing does not take the lock (see :func:`browse`).
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ import asyncio
 import base64
 import json
 import math
+import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, get_unacked
+from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
@@ -115,10 +125,44 @@ async def _session(settings: BrokerSettings) -> AsyncIterator[AbstractRobustConn
         await connection.close()
 
 
+@asynccontextmanager
+async def mover_lock(
+    connection: AbstractRobustConnection, settings: BrokerSettings, quarantine_queue: str, action: str
+) -> AsyncIterator[HeldLock]:
+    """Be the one mover of ``quarantine_queue`` for the ``async with`` block.
+
+    Every operation that takes messages out of a quarantine queue holds this while it
+    does. The lock is an exclusive queue on ``connection`` (:mod:`amqpjobs.wire.lock`),
+    named by :func:`amqpjobs.jobs.quarantine.mover_lock_queue`: it goes with the
+    connection, so a killed mover frees it at once. Call ``check()`` on the lock before
+    each move: it raises once the connection dropped (a reconnect does not take it back).
+
+    Args:
+        connection: The mover's connection.
+        settings: Broker settings (to name the holder when refused).
+        quarantine_queue: Full name of the quarantine queue.
+        action: What the mover does, shown to a refused one (``"replay"``, ``"purge"`` ...).
+
+    Raises:
+        BusyError: another process moves messages of this queue; names it (action, host,
+            pid, since when) when the management API can read that.
+        BrokerError: the broker failed while taking the lock.
+
+    """
+    holder = LockHolder(action, socket.gethostname(), os.getpid(), datetime.now(UTC))
+    name = q.mover_lock_queue(quarantine_queue)
+    async with exclusive_lock(connection, settings, name, holder, f"quarantine queue {quarantine_queue!r}") as lock:
+        yield lock
+
+
 async def browse(
     settings: BrokerSettings, name: str, limit: int | None = None, selection: q.Selection | None = None
 ) -> tuple[str, list[QuarantinedMessage]]:
     """Read messages of quarantine queue ``name`` without removing any.
+
+    Browsing does not wait for nor block a mover (:func:`mover_lock`): while one runs, the
+    messages it holds are not seen, and one browsed at the moment a replay looks at it is
+    left in quarantine by that replay.
 
     Args:
         settings: Broker settings.
@@ -152,16 +196,23 @@ async def browse(
 
 
 async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
-    """Remove every message from quarantine queue ``name``. Returns (queue, messages removed)."""
+    """Remove every message from quarantine queue ``name``. Returns (queue, messages removed).
+
+    Raises:
+        ConfigurationError: no such quarantine queue.
+        BusyError: a mover (say, a replay) works on the queue; nothing was removed.
+
+    """
     async with _session(settings) as connection:
         queue_name, _ = await resolve_queue(connection, name)
-        channel = await connection.channel(publisher_confirms=False)
-        try:
-            queue = await channel.get_queue(queue_name, ensure=False)
-            result = await queue.purge()
-            return queue_name, int(result.message_count or 0)
-        finally:
-            await channel.close()
+        async with mover_lock(connection, settings, queue_name, "purge"):
+            channel = await connection.channel(publisher_confirms=False)
+            try:
+                queue = await channel.get_queue(queue_name, ensure=False)
+                result = await queue.purge()
+                return queue_name, int(result.message_count or 0)
+            finally:
+                await channel.close()
 
 
 async def export(settings: BrokerSettings, name: str, path: Path) -> int:
@@ -207,7 +258,8 @@ class ReplayReport:
     Attributes:
         queue: The quarantine queue.
         replayed: Messages moved back (or, on a dry run, that would move).
-        skipped: Messages looked at that did not match or had no known original queue.
+        skipped: Messages looked at that did not match, had no known original queue, or
+            were replayed by this run and came back.
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -270,12 +322,17 @@ async def replay(
 ) -> ReplayReport:
     """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
 
-    Each message is looked at once (the queue's depth at the start bounds the run, so
-    returning failures are not replayed again in the same run). Non-matching messages are
-    held unacked and released at the end, keeping their place in the queue.
+    Each message is looked at once (the queue's depth at the start bounds the run), and a
+    job this run replayed that came back failing is never moved again by it (it carries
+    this run's replay id; a browser holding a message mid-run lets the run reach it).
+    Non-matching messages are held unacked and released at the end, keeping their place
+    in the queue.
+
+    Holds the queue's :func:`mover_lock` throughout (a dry run, which moves nothing, does not).
 
     Raises:
         ConfigurationError: no such quarantine queue, or a bad option.
+        BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
         UnroutableError: a target work queue does not exist (that message stays in quarantine).
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
@@ -290,8 +347,12 @@ async def replay(
             "out to send each to the queue it failed on)"
         )
     replay_id = str(uuid.uuid4())
-    async with _session(settings) as connection:
+    async with _session(settings) as connection, AsyncExitStack() as stack:
         queue_name, depth = await resolve_queue(connection, name)
+        lock = None
+        if not options.dry_run:
+            lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
+            _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
         report = ReplayReport(queue=queue_name)
         watch = None
         if options.stop_after_failures is not None and not options.dry_run:
@@ -335,7 +396,8 @@ async def replay(
                     break
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 target = options.to or item.original_queue
-                if not target or not options.selection.matches(item):
+                ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
+                if ours or not target or not options.selection.matches(item):
                     report.skipped += 1
                     continue
                 job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
@@ -353,6 +415,8 @@ async def replay(
                 await window.acquire()
                 if failures:
                     break
+                if lock is not None:
+                    lock.check()
                 copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
                 task = asyncio.create_task(move(delivery, target, copy, started))
                 moving.add(task)

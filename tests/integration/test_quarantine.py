@@ -267,3 +267,31 @@ async def test_replay_refuses_a_quarantine_queue_as_its_target(broker: BrokerSet
     assert "--to 'work.quarantine' is a quarantine queue" in result.stderr
     assert await depth(broker, "work.quarantine") == 3
     assert await depth(broker, "work") == 0
+
+
+async def test_a_replay_never_moves_its_own_returning_failures(broker: BrokerSettings, tmp_path: Path):
+    """A message taken by a browser mid-run makes room for one more get: it must not be a job this run replayed."""
+    app = await make_app(broker, tmp_path)
+    runs: list[int] = []
+
+    @app.job("mail", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(payload["n"])
+        raise KeyError("still broken")
+
+    await fill_quarantine(broker, 10)
+    async with running_worker(app, broker) as (_, rec), raw_channel(broker) as browser:
+        running = asyncio.create_task(replay(broker, "work.quarantine", ReplayOptions(rate=20)))
+        await rec.wait_for(lambda o: len(o) >= 2, timeout=10)
+        held = await (await browser.get_queue("work.quarantine", ensure=False)).get(no_ack=False)
+        assert held is not None
+        assert q.REPLAY_COUNT not in (held.headers or {})  # an original nobody replayed yet
+        report = await running
+        await browser.close()  # the held message returns
+        await rec.wait_for(lambda o: len(o) >= 9, timeout=10)
+        await asyncio.sleep(0.3)
+    assert (report.replayed, report.skipped) == (9, 1)
+    assert sorted(runs) == sorted(set(runs))  # no job ran twice
+    assert len(runs) == 9
+    _, items = await browse(broker, "work.quarantine")
+    assert sorted(m.item.replay_count for m in items) == [0] + [1] * 9

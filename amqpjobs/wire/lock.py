@@ -1,0 +1,184 @@
+"""Broker-side locks: an exclusive queue is the lock, and it lives as long as its connection.
+
+RabbitMQ lets only the declaring connection use an exclusive queue: another connection's
+declare of it, passive or not, fails with ``RESOURCE_LOCKED`` (405), and the broker
+deletes it when its connection closes, also when the process was killed (RabbitMQ
+"Queues" → "Exclusive Queues"). So a killed holder frees its lock, with no expiry to wait
+for. Exclusive queues are classic and transient, which every RabbitMQ version accepts
+(4.3 refuses transient *non*-exclusive queues only).
+
+Who holds a lock rides in its queue's arguments (``amqpjobs-lock-*`` keys, stored and
+otherwise ignored by the broker). The refused connection cannot read them over AMQP (its
+passive declare is refused too), so it asks the management API
+(``GET /api/queues/<vhost>/<name>``), which shows them at once on 3.10 and 4.x.
+
+The lock is declared on the channel underneath aio-pika's robust one: after a reconnect
+aio-pika must not declare it again, because by then another process may hold it. A lock whose connection dropped is
+lost for good; :meth:`HeldLock.check` says so, and the holder stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import aiormq
+from aio_pika.abc import AbstractRobustConnection
+
+from amqpjobs.errors import AmqpJobsError, BrokerError, BusyError
+from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.wire")
+
+_ACTION: Final = "amqpjobs-lock-action"
+_HOST: Final = "amqpjobs-lock-host"
+_PID: Final = "amqpjobs-lock-pid"
+_SINCE: Final = "amqpjobs-lock-since"
+#: Attempts at taking a lock whose holder let go while we were reading who it was.
+_ATTEMPTS: Final = 3
+#: Seconds the management API gets to name a holder (a refusal must come at once).
+_LOOKUP_TIMEOUT: Final = 3.0
+_BROKER_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock.
+
+    Attributes:
+        action: What it is doing, e.g. ``"replay"``.
+        host: Host name of its process.
+        pid: Process id on that host.
+        since: When it took the lock (aware, UTC).
+
+    """
+
+    action: str
+    host: str
+    pid: int
+    since: datetime
+
+    def __str__(self) -> str:
+        return f"{self.action} (pid {self.pid} on {self.host}, since {self.since:%Y-%m-%dT%H:%M:%SZ})"
+
+    def arguments(self) -> dict[str, Any]:
+        """The lock queue's arguments that carry this holder."""
+        return {_ACTION: self.action, _HOST: self.host, _PID: self.pid, _SINCE: self.since.isoformat()}
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> LockHolder | None:
+        """Read a holder back from a lock queue's arguments; None when they don't name one."""
+        try:
+            since = datetime.fromisoformat(str(arguments[_SINCE])).astimezone(UTC)
+            return cls(str(arguments[_ACTION]), str(arguments[_HOST]), int(arguments[_PID]), since)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class HeldLock:
+    """A lock this process holds (see :func:`exclusive_lock`)."""
+
+    def __init__(self, name: str, what: str, underlay: aiormq.abc.AbstractChannel) -> None:
+        self.name = name
+        self._what = what
+        self._underlay = underlay  # closes with the connection that owns the lock
+
+    @property
+    def held(self) -> bool:
+        """False once the connection that took the lock dropped (a reconnect does not take it back)."""
+        return not self._underlay.is_closed
+
+    def check(self) -> None:
+        """Raise when the lock was lost; call before each step that needs it.
+
+        Raises:
+            BrokerError: the connection that held the lock dropped; another process may hold it now.
+
+        """
+        if not self.held:
+            raise BrokerError(
+                f"lost the lock on {self._what}: its connection to the broker dropped, and another process may "
+                "hold the lock now; stopped"
+            )
+
+
+async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None]:
+    """(whether lock queue ``name`` still exists, who holds it as text or None when unknown)."""
+
+    def lookup() -> dict[str, Any] | None:
+        with ManagementClient(settings, timeout=_LOOKUP_TIMEOUT) as mgmt:
+            return mgmt.queue(settings.vhost, name)
+
+    try:
+        queue = await asyncio.to_thread(lookup)
+    except AmqpJobsError as exc:
+        log.debug("holder of lock %s unknown: %s", name, exc)
+        return True, None
+    if queue is None:
+        return False, None
+    holder = LockHolder.from_arguments(queue.get("arguments") or {})
+    return True, None if holder is None else str(holder)
+
+
+@asynccontextmanager
+async def exclusive_lock(
+    connection: AbstractRobustConnection, settings: BrokerSettings, name: str, holder: LockHolder, what: str
+) -> AsyncIterator[HeldLock]:
+    """Hold lock ``name`` (an exclusive queue on ``connection``) for the ``async with`` block.
+
+    Args:
+        connection: The connection whose life bounds the lock (closing it frees the lock).
+        settings: Broker settings (the management API names a refusing holder).
+        name: Name of the lock queue.
+        holder: Who we are; a refused process reads it back.
+        what: What the lock guards, for messages, e.g. ``quarantine queue 'work.quarantine'``.
+
+    Raises:
+        BusyError: another connection holds the lock (at once, no waiting); the message
+            names the holder when the management API could read it.
+        BrokerError: the broker failed while taking the lock.
+
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        for attempt in range(_ATTEMPTS):
+            # on the underlying channel: tied to this very connection, and never re-declared on reconnect
+            underlay = await channel.get_underlay_channel()
+            try:
+                await underlay.queue_declare(
+                    name, exclusive=True, durable=False, auto_delete=False,
+                    arguments={"x-queue-type": "classic", **holder.arguments()},
+                )  # fmt: skip
+                break
+            except aiormq.exceptions.ChannelLockedResource:
+                exists, held_by = await _holder(settings, name)
+                if exists or attempt == _ATTEMPTS - 1:
+                    who = held_by or "another connection (the management API could not say which)"
+                    raise BusyError(
+                        f"{what} is busy: {who} holds its lock; one at a time, so wait for it to finish or stop it, "
+                        f"then try again (lock: exclusive queue {name!r})",
+                        what,
+                        held_by,
+                    ) from None
+                await close_channel(channel)  # the holder let go meanwhile: try again
+                channel = await connection.channel(publisher_confirms=False)
+            except _BROKER_ERRORS as exc:
+                raise BrokerError(f"could not take the lock on {what} ({name!r}): {exc}") from exc
+        lock = HeldLock(name, what, underlay)
+        try:
+            yield lock
+        finally:
+            if lock.held:  # once lost, the queue went with the old connection or is someone else's now
+                try:
+                    await asyncio.wait_for(underlay.queue_delete(name), 10)
+                except (*_BROKER_ERRORS, TimeoutError) as exc:
+                    log.warning("lock %s not deleted (%s); it goes with the connection", name, exc)
+    finally:
+        await close_channel(channel)
