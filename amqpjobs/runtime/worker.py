@@ -842,8 +842,9 @@ class Worker:
         try:
             if isinstance(decision, RetryLater):
                 headers = envelope.strip_broker_headers(delivery.headers)
-                for name in crash.START_HEADERS:  # an outcome was reached: the start count begins again
-                    headers.pop(name, None)
+                if not decision.wait:  # an outcome was reached: the start count begins again
+                    for name in crash.START_HEADERS:
+                        headers.pop(name, None)
                 headers[envelope.ATTEMPT] = decision.next_attempt
                 if not decision.wait:
                     headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
