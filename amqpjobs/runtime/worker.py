@@ -4,7 +4,9 @@ Rules (README "Workers"):
 
 * a work queue's N slots are one consumer with ``prefetch_count=N`` on a channel of its
   own (per consumer, not global), so the process holds at most one unacked delivery per
-  slot (fair dispatch: RabbitMQ "Consumer Prefetch"; :mod:`amqpjobs.wire.consume`);
+  slot (fair dispatch: RabbitMQ "Consumer Prefetch"; :mod:`amqpjobs.wire.consume`); a
+  sharded job queue's N slots are shared by all its shards, N unacked deliveries at most
+  (:mod:`amqpjobs.runtime.dispatch`);
 * a delivery is acked only after its handler returned;
 * a failed attempt is republished to the next delay tier with attempt + 1 (confirmed),
   then the original is acked; ``x-death`` & co are stripped from the copy;
@@ -41,7 +43,6 @@ import amqpjobs
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.evidence import Failure, evidence_headers
-from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import (
     Ack,
@@ -58,6 +59,7 @@ from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.dispatch import DeliveryHandler, ShardDispatcher, Source
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
@@ -99,9 +101,9 @@ class WorkerOptions:
     Attributes:
         queues: Job queue names to consume; None = every job queue the app's jobs use.
         concurrency: Slots per job queue: an unsharded work queue gets one consumer with
-            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue gets
-            such a consumer on every shard, and its handlers share this many slots
-            round-robin across the shards.
+            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue's
+            shards share this many slots, round-robin, holding no more unacked deliveries
+            than that together (:mod:`amqpjobs.runtime.dispatch`).
         grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
         consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
             ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
@@ -228,7 +230,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._connection: AbstractRobustConnection | None = None
         self._publisher: ConfirmedPublisher | None = None
-        self._consumers: list[WorkQueueConsumer] = []
+        self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
@@ -240,8 +242,7 @@ class Worker:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
         self._gate = IsolationGate()
-        self._rr_gates: list[RoundRobinGate] = []
-        self._held = 0  # deliveries received and not yet settled (running, waiting for a slot, handing back)
+        self._held = 0  # deliveries in the handler and not yet settled (running, handing back)
         self._held_changed = asyncio.Event()
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
@@ -353,14 +354,10 @@ class Worker:
                 await opener()
             self._prune_task = asyncio.create_task(self._prune_ledger())
         for layout in self._layouts.values():
-            # a sharded job queue shares its N slots round-robin among the shards with work waiting
-            gate = (
-                RoundRobinGate(self.options.concurrency, len(layout.work_queues)) if layout.shard_routing_keys else None
-            )
-            if gate is not None:
-                self._rr_gates.append(gate)
-            for shard, work_queue in enumerate(layout.work_queues):
-                await self._start_consumer(layout, work_queue, gate, shard)
+            if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
+                await self._start_dispatcher(layout)
+            else:
+                await self._start_consumer(layout, layout.work_queues[0])
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info(
@@ -369,55 +366,55 @@ class Worker:
         )  # fmt: skip
         self.ready.set()
 
-    async def _start_consumer(
-        self, layout: JobQueueLayout, work_queue: str, gate: RoundRobinGate | None = None, shard: int = 0
-    ) -> None:
-        assert self._connection is not None
-        inflight = self._inflight
-        handle = self._handle
-        stopping = self._stop
-        isolation = self._gate
+    def _held_by(self, layout: JobQueueLayout) -> DeliveryHandler:
+        """The handler of a job queue's deliveries: each counts as held until settled."""
 
-        async def run(delivery: Delivery) -> None:
-            if stopping.is_set():  # a delivery that arrived, or got its slot, after SIGTERM: not started;
-                return  # left unacked, it returns to the queue when the connection closes
-            task = asyncio.current_task()
-            assert task is not None
-            inflight.add(task)
-            try:
-                await handle(layout, delivery)
-            finally:
-                inflight.discard(task)
-
-        async def run_gated(delivery: Delivery) -> None:
-            assert gate is not None
-            if isolation.suspect_pending:  # a suspect claims the worker: no slot needed to hand this back
-                await run(delivery)
-                return
-            try:
-                await gate.acquire(shard)
-            except Evicted:  # sent away while waiting for a slot (a suspect claimed the worker)
-                await run(delivery)
-                return
-            try:
-                await run(delivery)
-            finally:
-                gate.release()
-
-        async def counted(delivery: Delivery) -> None:
+        async def held(delivery: Delivery) -> None:
             self._held += 1
             try:
-                await (run if gate is None else run_gated)(delivery)
+                await self._handle(layout, delivery)
             finally:
                 self._held -= 1
                 self._held_changed.set()
 
+        return held
+
+    async def _start_consumer(self, layout: JobQueueLayout, work_queue: str) -> None:
+        assert self._connection is not None
+        inflight = self._inflight
+        held = self._held_by(layout)
+        stopping = self._stop
+
+        async def run(delivery: Delivery) -> None:
+            if stopping.is_set():  # a delivery that arrived after SIGTERM: not started; left
+                return  # unacked, it returns to the queue when the connection closes
+            task = asyncio.current_task()
+            assert task is not None
+            inflight.add(task)
+            try:
+                await held(delivery)
+            finally:
+                inflight.discard(task)
+
         consumer = WorkQueueConsumer(
-            self._connection, work_queue, self.options.concurrency, counted,
+            self._connection, work_queue, self.options.concurrency, run,
             self.settings.safe_url,
         )  # fmt: skip
         self._consumers.append(consumer)
         await consumer.start()
+
+    async def _start_dispatcher(self, layout: JobQueueLayout) -> None:
+        """A sharded job queue: N slots for all its shards, taken by turns and leases (:mod:`.dispatch`)."""
+        assert self._connection is not None
+        first = not any(isinstance(c, ShardDispatcher) for c in self._consumers)
+        dispatcher = ShardDispatcher(
+            self._connection, layout.name, layout.work_queues, self.options.concurrency, self._held_by(layout),
+            self._inflight, may_take=lambda: not self._stop.is_set() and not self._gate.suspect_pending,
+            lease=layout.queue_type == "classic", safe_url=self.settings.safe_url,
+            lookahead=1 if first else 0,  # one look-ahead delivery per worker (README "Tenant fairness")
+        )  # fmt: skip
+        self._consumers.append(dispatcher)
+        await dispatcher.start()
 
     async def _beat(self) -> None:
         while True:
@@ -622,7 +619,8 @@ class Worker:
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return _Verdict(Register(screening.start), _NO_ERROR, job, attempt, job_id, False)
-        if not self._gate.try_enter():  # a suspect waits or runs alone here: don't start or hold it
+        if self._stop.is_set() or not self._gate.try_enter():
+            # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return _Verdict(HandBack(), _NO_ERROR, job, attempt, job_id, False)
         try:
             return await self._start(*run)
@@ -664,10 +662,8 @@ class Worker:
         if not self._gate.try_alone():
             return
         try:
-            # no new deliveries; what arrived meanwhile or waits for a slot is handed back unstarted
+            # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
             await asyncio.gather(*(c.pause() for c in self._consumers))
-            for gate in self._rr_gates:
-                gate.evict()
             await self._gate.idle()
             while self._held:
                 self._held_changed.clear()
