@@ -1,7 +1,7 @@
 """Throughput of one worker on a sharded job queue: jobs/s with trivial handlers.
 
 Usage: python bench/shard_throughput.py [--n 20000] [--slots 16] [--shards 8] [--reps 3] [--busy all|one]
-                                       [--handler-ms 0]
+                                       [--handler-ms 0] [--queue-type classic|quorum]
        (the broker of $AMQPJOBS_URL / $AMQPJOBS_MANAGEMENT_URL; default the project's local node's URLs)
 
 Each repetition fills the shards with ``--n`` jobs first (``--busy all``: tenants spread
@@ -41,6 +41,7 @@ name = "jobs"
 [[job_queue]]
 name = "sharded"
 exchange = "jobs"
+type = "{queue_type}"
 shards = {shards}
 retry_tiers = ["1s"]
 """
@@ -62,7 +63,7 @@ async def one_run(root: BrokerSettings, args: argparse.Namespace, tmp: Path) -> 
         mgmt.create_vhost(settings.vhost)
     try:
         path = tmp / "sharded.toml"
-        path.write_text(TOPOLOGY.format(shards=args.shards))
+        path.write_text(TOPOLOGY.format(shards=args.shards, queue_type=args.queue_type))
         await apply_topology(path, settings)
         app = App("bench", topology=load_topology(path).topology, url=settings.url)
         marks: list[float] = []
@@ -104,6 +105,7 @@ async def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--busy", choices=("all", "one"), default="all")
     parser.add_argument("--handler-ms", type=float, default=0.0, help="each handler sleeps this long (default 0)")
+    parser.add_argument("--queue-type", choices=("classic", "quorum"), default="classic")
     args = parser.parse_args()
     local = ("amqp://guest:guest@127.0.0.1:5682/", "http://127.0.0.1:15682/")  # scripts/broker.sh's defaults
     root = broker_settings() if os.environ.get(URL_ENV) else broker_settings(*local)
@@ -117,7 +119,8 @@ async def main() -> int:
             cpus.append(cpu * 1e6)
             print(f"rep {rep + 1}: {rate:.0f} jobs/s, {cpu * 1e6:.0f} µs CPU per job", flush=True)
     handler = f"{args.handler_ms:g} ms handlers" if args.handler_ms else "no-op handlers"
-    print(f"RabbitMQ {version}, {args.slots} slots, {args.shards} shards ({args.busy} busy), {handler}, {args.n} jobs: "
+    print(f"RabbitMQ {version}, {args.queue_type}, {args.slots} slots, {args.shards} shards ({args.busy} busy), "
+          f"{handler}, {args.n} jobs: "
           f"median {statistics.median(rates):.0f} jobs/s (min {min(rates):.0f}, max {max(rates):.0f}), "
           f"{statistics.median(cpus):.0f} µs client CPU per job")  # fmt: skip
     return 0

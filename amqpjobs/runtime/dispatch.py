@@ -286,12 +286,14 @@ class ShardDispatcher:
             return None
         wake: float | None = None
         for shard, lease in list(self._leases.items()):
-            if lease.consuming and lease.held < lease.size:
-                if now - lease.last >= DRY:
-                    self._busy.discard(shard)  # credit and no delivery: its shard ran dry
-                else:
-                    due = lease.last + DRY
-                    wake = due if wake is None else min(wake, due)
+            if not lease.consuming:
+                continue
+            if lease.held < lease.size and now - lease.last >= DRY:
+                self._busy.discard(shard)  # credit and no delivery: its shard ran dry
+                continue
+            # look again when it could be dry (its handlers free credit without waking this loop)
+            due = lease.last + DRY if lease.held < lease.size else now + DRY
+            wake = due if wake is None else min(wake, due)
         sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
         for shard, lease in list(self._leases.items()):
             if lease.consuming and resize(lease.size, sizes.get(shard, 0)):
