@@ -375,12 +375,9 @@ class Worker:
         assert self._connection is not None
         inflight = self._inflight
         handle = self._handle
-        stopping = self._stop
         isolation = self._gate
 
         async def run(delivery: Delivery) -> None:
-            if stopping.is_set():  # a delivery that arrived, or got its slot, after SIGTERM: not started;
-                return  # left unacked, it returns to the queue when the connection closes
             task = asyncio.current_task()
             assert task is not None
             inflight.add(task)
@@ -489,6 +486,9 @@ class Worker:
                 task.cancel()
         for consumer in self._consumers:
             await consumer.cancel()
+        for gate in self._rr_gates:  # deliveries waiting for a shard's slot: handed back now
+            gate.evict()
+        await asyncio.sleep(0)
         code = 0
         pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
         if self._inflight:
@@ -579,6 +579,10 @@ class Worker:
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         """
+        if self._stop.is_set() and not alone:  # arrived, or got its slot, after SIGTERM: not started,
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+            job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+            return _Verdict(HandBack(), _NO_ERROR, None, 1, job_id, False)
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         if not delivery.message_id:
