@@ -73,6 +73,8 @@ from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: Seconds the event loop may go without a heartbeat before /readyz says not ready.
+STUCK_AFTER = 3.0
 #: Seconds between looks at a job queue's suspects queue.
 SUSPECTS_POLL = 1.0
 #: Seconds a worker spends at most running suspects before it consumes again (one at least).
@@ -428,6 +430,9 @@ class Worker:
         """
         if self._stop.is_set():
             return False, "stopping"
+        stuck = time.monotonic() - self.heartbeat_at
+        if stuck > STUCK_AFTER:  # the loop is blocked: whatever the connection state says, nothing moves
+            return False, f"event loop blocked for {stuck:.0f}s"
         connection = self._connection
         if not self.ready.is_set() or connection is None:
             return False, "starting"
@@ -843,6 +848,11 @@ class Worker:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
         assert self._publisher is not None
         decision, info, job, attempt, job_id = v.decision, v.error, v.job, v.attempt, v.job_id
+        if delivery.channel_closed and not isinstance(decision, Ack | Duplicate):
+            # the broker has already put it back (redelivered): a copy now would only be a duplicate
+            log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
+                        job_id, decision)  # fmt: skip
+            return False
         try:
             if isinstance(decision, RetryLater):
                 headers = envelope.strip_broker_headers(delivery.headers)
@@ -869,6 +879,7 @@ class Worker:
                     headers[crash.LAST_START_PID] = self._pid
                     headers[crash.LAST_START_AT] = _now_iso()
                     headers[crash.WORK_QUEUE] = delivery.queue
+                    headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
                 headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
                 headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
                 await self._publisher.publish("", target, delivery.copy(headers, job_id))
@@ -876,13 +887,17 @@ class Worker:
                     self._suspects_signal.set()
             elif isinstance(decision, Quarantine):
                 now = _now_iso()
+                # handler runs so far: one per earlier attempt, and for a crash every start of this one
+                runs = attempt if v.ran else attempt - 1
+                if decision.reason == "crashed":
+                    runs = attempt - 1 + crash.starts_of(delivery.headers)
                 error_type, error_message, tb = info
                 failure = Failure(
                     reason=decision.reason,
                     error_type=error_type,
                     error_message=error_message,
                     traceback=tb,
-                    attempts=attempt if v.ran else attempt - 1,  # handler runs so far
+                    attempts=runs,
                     first_failure_at=str(delivery.headers.get(envelope.FIRST_FAILURE_AT) or now),
                     last_failure_at=now,
                     host=self._host,
