@@ -198,6 +198,11 @@ class Delivery:
             app_id=self.app_id,
         )
 
+    @property
+    def settleable(self) -> bool:
+        """Whether the channel it came on is still open; once closed, the broker has the message back."""
+        return not self._channel.is_closed
+
     async def ack(self) -> None:
         """Ack on the delivery's own channel.
 
