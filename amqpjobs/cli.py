@@ -458,7 +458,8 @@ def status_command(
 
     Job queues come from the topology at PATH (default: ./topology when it exists), or
     --queues. Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no
-    consumer, a queue is missing, or an oldest message is older than --max-age.
+    consumer, a queue or quarantine exchange is missing, or an oldest message is older
+    than --max-age.
     """
     settings = _settings(url, management_url)
     try:

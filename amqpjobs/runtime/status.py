@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX, RETRY_INFIX, SHARD_INFIX
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX, RETRY_INFIX, SHARD_INFIX, quarantine_exchange_name
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -97,13 +97,17 @@ async def collect(
     """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
 
     A job queue is unhealthy when its quarantine holds messages, a work queue has no
-    consumer, a queue is missing, or an oldest-message age exceeds ``max_age`` seconds.
+    consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
+    to the quarantine queue: dead-letters and quarantine copies would be dropped), or an
+    oldest-message age exceeds ``max_age`` seconds.
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
     with ManagementClient(settings) as mgmt:
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
+        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -133,6 +137,11 @@ async def collect(
         for q in [*status.work, *status.tiers, status.quarantine]:
             if not q.exists:
                 status.problems.append(f"queue {q.name} does not exist (apply the topology)")
+        exchange = quarantine_exchange_name(name)
+        if exchange not in exchanges:
+            status.problems.append(f"exchange {exchange} does not exist (apply the topology)")
+        elif status.quarantine.exists and (exchange, quarantine) not in bound:
+            status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if status.quarantine.ready:
             status.problems.append(f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name}")
         for w in status.work:
