@@ -484,7 +484,7 @@ def status_command(
             f"{'queue':<34} {'ready':>7} {'unacked':>7} {'cons':>4} {'pub/s':>7} {'dlv/s':>7} {'ack/s':>7} oldest"
         )
         for j in report:
-            for q in [*j.work, *j.tiers, j.quarantine]:
+            for q in [*j.work, *j.tiers, j.quarantine, j.suspects]:
                 if not q.exists:
                     click.echo(f"{q.name:<34} {'missing':>7}")
                     continue
