@@ -78,6 +78,8 @@ log = logging.getLogger("amqpjobs.worker")
 STUCK_AFTER = 3.0
 #: Seconds between looks at a job queue's suspects queue.
 SUSPECTS_POLL = 1.0
+#: Seconds between looks at a suspects queue found missing.
+HOLD_PROBE = 5.0
 #: Seconds a worker spends at most running suspects before it consumes again (one at least).
 SUSPECTS_TURN = 10.0
 
@@ -249,6 +251,7 @@ class Worker:
         self._held_changed = asyncio.Event()
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
+        self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
@@ -446,6 +449,8 @@ class Worker:
             return False, "not connected to the broker (reconnecting)"
         if self._holding.summary:
             return False, self._holding.summary
+        if self._lanes_missing:
+            return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
         idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
@@ -678,14 +683,29 @@ class Worker:
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""
+        wait = SUSPECTS_POLL
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._suspects_signal.wait(), SUSPECTS_POLL)
+                await asyncio.wait_for(self._suspects_signal.wait(), wait)
             self._suspects_signal.clear()
-            if self._stop.is_set() or self._gate.suspect_pending or self._holding.count:
-                continue  # a held delivery would be charged for a suspect's crash: suspects wait meanwhile
+            if self._stop.is_set() or self._gate.suspect_pending:
+                continue
             try:
-                if await fetcher.depth():
+                depth = await fetcher.depth()
+                if depth is None:  # missing: said once, not ready until it is back, looked at less often
+                    if fetcher.queue not in self._lanes_missing:
+                        self._lanes_missing.add(fetcher.queue)
+                        log.error(
+                            "suspects queue %s is missing: jobs that come back without an outcome can't be "
+                            "registered; apply the topology (amqpjobs topology apply)", fetcher.queue,
+                        )  # fmt: skip
+                    wait = HOLD_PROBE
+                    continue
+                if fetcher.queue in self._lanes_missing:
+                    self._lanes_missing.discard(fetcher.queue)
+                    log.info("suspects queue %s is back", fetcher.queue)
+                wait = SUSPECTS_POLL
+                if depth:
                     await self._run_suspects(layout, fetcher)
             except Exception as exc:  # the connection dropped: the next look tries again
                 log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)

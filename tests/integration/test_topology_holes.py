@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -260,3 +261,23 @@ async def test_a_redelivery_with_no_suspects_queue_is_held_then_registered(broke
     assert runs == {"ok-0": [1]}
     for queue in EVERY_QUEUE:
         assert await depth(broker, queue) == 0, queue
+
+
+async def test_an_idle_worker_reports_a_missing_suspects_queue_once(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await make_app(broker, tmp_path)
+    worker = Worker(app, broker, WorkerOptions(queues=("work",)))
+    await worker.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="amqpjobs.worker"):
+            delete(broker, "queues", "work.suspects")
+            await wait_until(lambda: "work.suspects" in worker.readiness()[1], 10, "readiness to report it")
+            await asyncio.sleep(2.5)
+        missing = [r for r in caplog.records if "suspects queue work.suspects is missing" in r.getMessage()]
+        assert len(missing) == 1
+        await reapply(broker, tmp_path)
+        await wait_until(lambda: worker.readiness()[0], 15, "readiness once it is back")
+    finally:
+        await worker.shutdown()
+        await app.close()
