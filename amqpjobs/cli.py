@@ -458,7 +458,8 @@ def status_command(
 
     Job queues come from the topology at PATH (default: ./topology when it exists), or
     --queues. Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no
-    consumer, a queue is missing, or an oldest message is older than --max-age.
+    consumer, a queue or quarantine exchange is missing, or an oldest message is older
+    than --max-age.
     """
     settings = _settings(url, management_url)
     try:
@@ -483,7 +484,7 @@ def status_command(
             f"{'queue':<34} {'ready':>7} {'unacked':>7} {'cons':>4} {'pub/s':>7} {'dlv/s':>7} {'ack/s':>7} oldest"
         )
         for j in report:
-            for q in [*j.work, *j.tiers, j.quarantine]:
+            for q in [*j.work, *j.tiers, j.quarantine, j.suspects]:
                 if not q.exists:
                     click.echo(f"{q.name:<34} {'missing':>7}")
                     continue

@@ -27,6 +27,11 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "job_queue[0].overflow",
         "reject-publish",
     ),
+    "classic-full-queue-drops-retries": (
+        HEADER + job('max_length = 10\nretry_tiers = ["5s"]'),
+        "job_queue[0].max_length",
+        "dropped",
+    ),
     "classic-delivery-limit": (HEADER + job("delivery_limit = 3"), "job_queue[0].delivery_limit", "quorum"),
     "duplicate-job-queue": (HEADER + job() + job(), "job_queue[1].name", "duplicate"),
     "duplicate-exchange": (HEADER + HEADER + job(), "exchange[1].name", "duplicate"),

@@ -39,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -48,6 +48,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
+from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
 
@@ -62,9 +63,6 @@ LOOKAHEAD_BELOW = 0.1
 #: While recent jobs ran shorter than this (seconds), a turn skips a shard whose lease has unused
 #: credit: its lease brings its next job, and a ``basic.get`` would cost more than the job.
 TURN_BELOW = 0.002
-
-#: Runs one delivery to its outcome and settles it.
-DeliveryHandler = Callable[[Delivery], Awaitable[None]]
 
 
 class Source(Protocol):

@@ -12,7 +12,8 @@ broker, so the run must not be counted a success.
   length (the loop's own view, also read at the end of a run that is still inside one);
 * a thread looks at the loop every :data:`TICK` seconds; while the loop is stuck over
   :data:`WARN_AFTER` seconds it finds the handler run on the loop thread's stack (each run
-  registers its frame), so the WARNING names the job that blocked, not its neighbours.
+  registers its frame) and charges it the time, so the WARNING names each job that
+  blocked, with its own share (two handlers blocking back to back are two warnings).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class StallWatch:
         self._last_tick = time.monotonic()
         self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
         self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
-        self._culprit: tuple[int, str, str] | None = None  # run found blocking the current stall
+        self._shares: dict[int, list[Any]] = {}  # run key -> [job, job id, seconds] in the current stall
+        self._shares_lock = threading.Lock()
         self._loop_thread = threading.get_ident()
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
@@ -98,27 +100,38 @@ class StallWatch:
                 self._report(gap)
 
     def _report(self, seconds: float) -> None:
-        culprit, self._culprit = self._culprit, None
-        if culprit is None or culprit[0] in self._warned:
-            return
-        key, job, job_id = culprit
-        if key in self._runs:
-            self._warned.add(key)
-        log.warning(
-            "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
-            "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
-            "thread) or move the blocking call into `await asyncio.to_thread(...)`",
-            job, job_id, seconds,
-        )  # fmt: skip
+        with self._shares_lock:
+            shares, self._shares = self._shares, {}
+        if len(shares) == 1:  # one culprit: the loop's own measure of the whole gap
+            for share in shares.values():
+                share[2] = seconds
+        for key, (job, job_id, blocked) in shares.items():
+            if key in self._warned:
+                continue
+            if key in self._runs:
+                self._warned.add(key)
+            log.warning(
+                "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
+                "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
+                "thread) or move the blocking call into `await asyncio.to_thread(...)`",
+                job, job_id, blocked,
+            )  # fmt: skip
 
     def _watch(self) -> None:
+        looked = time.monotonic()
         while not self._stop.wait(TICK):
-            if time.monotonic() - self._last_tick < WARN_AFTER or self._culprit is not None or not self._runs:
+            now = time.monotonic()
+            stuck, since = now - self._last_tick, now - looked
+            looked = now
+            if stuck < WARN_AFTER or not self._runs:
                 continue
             frame: Any = sys._current_frames().get(self._loop_thread)
             while frame is not None:
                 run = self._runs.get(id(frame))
                 if run is not None:
-                    self._culprit = (id(frame), *run)
+                    with self._shares_lock:
+                        share = self._shares.setdefault(id(frame), [*run, 0.0])
+                        # the first look in a stall charges the whole time stuck so far
+                        share[2] += stuck if len(self._shares) == 1 and share[2] == 0.0 else since
                     break
                 frame = frame.f_back

@@ -1,7 +1,8 @@
 """``amqpjobs status``: the golden signals of each job queue, and whether they are healthy.
 
 Per job queue: work queue(s) ready / unacked / consumers / publish, deliver and ack rates
-/ oldest message age, each delay tier's depth, the quarantine depth. Depths and consumer
+/ oldest message age, each delay tier's depth, the quarantine depth, and the suspects
+queue's depth (jobs whose start ended without an outcome, waiting to run alone). Depths and consumer
 counts come from passive declares (exact, now); unacked counts, rates and the head
 message's ``timestamp`` from the management API (refreshed every
 ``collect_statistics_interval``, 5 s by default: RabbitMQ "Management Plugin" →
@@ -18,7 +19,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX, RETRY_INFIX, SHARD_INFIX
+from amqpjobs.topology.naming import (
+    QUARANTINE_SUFFIX,
+    RETRY_INFIX,
+    SHARD_INFIX,
+    quarantine_exchange_name,
+    suspects_queue_name,
+)
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -58,6 +65,7 @@ class JobQueueStatus:
         work: Its work queue(s) (several when sharded).
         tiers: Its delay queues.
         quarantine: Its quarantine queue.
+        suspects: Its suspects queue (:mod:`amqpjobs.jobs.crash`).
         problems: Why it is unhealthy (empty when healthy).
     """
 
@@ -65,6 +73,7 @@ class JobQueueStatus:
     work: list[QueueStatus]
     tiers: list[QueueStatus]
     quarantine: QueueStatus
+    suspects: QueueStatus
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -97,13 +106,17 @@ async def collect(
     """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
 
     A job queue is unhealthy when its quarantine holds messages, a work queue has no
-    consumer, a queue is missing, or an oldest-message age exceeds ``max_age`` seconds.
+    consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
+    to the quarantine queue: dead-letters and quarantine copies would be dropped), or an
+    oldest-message age exceeds ``max_age`` seconds.
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
     with ManagementClient(settings) as mgmt:
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
+        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -111,7 +124,7 @@ async def collect(
     for name in names or []:
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
-    exact = await probe_queues(settings, [n for _, w, t, q in plan for n in (*w, *t, q)])
+    exact = await probe_queues(settings, [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name))])
     now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
@@ -129,10 +142,18 @@ async def collect(
                 _rate(msg_stats, "publish"), _rate(msg_stats, "deliver_get"), _rate(msg_stats, "ack"), age,
             )  # fmt: skip
 
-        status = JobQueueStatus(name, [figures(w) for w in works], [figures(t) for t in tiers], figures(quarantine))
-        for q in [*status.work, *status.tiers, status.quarantine]:
+        status = JobQueueStatus(
+            name, [figures(w) for w in works], [figures(t) for t in tiers], figures(quarantine),
+            figures(suspects_queue_name(name)),
+        )  # fmt: skip
+        for q in [*status.work, *status.tiers, status.quarantine, status.suspects]:
             if not q.exists:
                 status.problems.append(f"queue {q.name} does not exist (apply the topology)")
+        exchange = quarantine_exchange_name(name)
+        if exchange not in exchanges:
+            status.problems.append(f"exchange {exchange} does not exist (apply the topology)")
+        elif status.quarantine.exists and (exchange, quarantine) not in bound:
+            status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if status.quarantine.ready:
             status.problems.append(f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name}")
         for w in status.work:

@@ -11,9 +11,9 @@ Rules (README "Workers"):
 * a failed attempt is republished to the next delay tier with attempt + 1 (confirmed),
   then the original is acked; ``x-death`` & co are stripped from the copy;
 * a permanent failure goes to quarantine with evidence headers (confirmed), then acked;
-* if that republish itself fails while the channel is alive, the delivery is rejected
-  without requeue, so the broker dead-letters it into quarantine (nothing dropped, no
-  crash loop); if the channel died, nothing is acked and the broker redelivers;
+* if that republish fails, the delivery is held unacked until its target is back
+  (:mod:`amqpjobs.runtime.holding`: never a reject into a dead-letter exchange that can't
+  route); if the channel died, nothing is acked and the broker redelivers;
 * a delivery from a channel that has since closed is never acked on a new channel.
 """
 
@@ -29,7 +29,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -59,15 +59,16 @@ from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.dispatch import DeliveryHandler, ShardDispatcher, Source
+from amqpjobs.runtime.dispatch import ShardDispatcher, Source
+from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe, needs_of
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect, heartbeat_timeout
-from amqpjobs.wire.consume import WorkQueueConsumer
-from amqpjobs.wire.declare import probe_queues
+from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.declare import missing_objects
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.fetch import QueueFetcher
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -75,8 +76,12 @@ from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: Seconds the event loop may go without a heartbeat before /readyz says not ready.
+STUCK_AFTER = 3.0
 #: Seconds between looks at a job queue's suspects queue.
 SUSPECTS_POLL = 1.0
+#: Seconds between looks at a suspects queue found missing.
+HOLD_PROBE = 5.0
 #: Seconds a worker spends at most running suspects before it consumes again (one at least).
 SUSPECTS_TURN = 10.0
 
@@ -229,7 +234,8 @@ class Worker:
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
         self._connection: AbstractRobustConnection | None = None
-        self._publisher: ConfirmedPublisher | None = None
+        self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
+        self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -246,9 +252,11 @@ class Worker:
         self._held_changed = asyncio.Event()
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
+        self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
+        self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -336,15 +344,18 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
         needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
         needed += [q for lay in self._layouts.values() for q in (lay.quarantine_queue, lay.suspects_queue)]
-        missing = sorted(set(needed) - set(await probe_queues(self.settings, needed)))
-        if missing:
+        exchanges = [lay.quarantine_exchange for lay in self._layouts.values()]
+        queues, exchanges = (sorted(m) for m in await missing_objects(self.settings, needed, exchanges))
+        if queues or exchanges:
+            what = " and ".join(f"{k}(s) {', '.join(m)}" for k, m in (("queue", queues), ("exchange", exchanges)) if m)
             raise BrokerError(
-                f"queue(s) {', '.join(missing)} do not exist on {self.settings.safe_url}: apply the topology "
-                "first (amqpjobs topology apply); without them retries, quarantine and crash containment can't work"
+                f"{what} do not exist on {self.settings.safe_url}: apply the topology first (amqpjobs topology "
+                "apply); without them retries, quarantine and crash containment can't work"
             )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
+        self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
         self._heartbeat_task = asyncio.create_task(self._beat())
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
@@ -367,13 +378,18 @@ class Worker:
         self.ready.set()
 
     def _held_by(self, layout: JobQueueLayout) -> DeliveryHandler:
-        """The handler of a job queue's deliveries: each counts as held until settled."""
+        """The handler of a job queue's deliveries: each counts as held until settled, its task as in flight."""
+        inflight = self._inflight
 
         async def held(delivery: Delivery) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            inflight.add(task)
             self._held += 1
             try:
                 await self._handle(layout, delivery)
             finally:
+                inflight.discard(task)
                 self._held -= 1
                 self._held_changed.set()
 
@@ -381,23 +397,8 @@ class Worker:
 
     async def _start_consumer(self, layout: JobQueueLayout, work_queue: str) -> None:
         assert self._connection is not None
-        inflight = self._inflight
-        held = self._held_by(layout)
-        stopping = self._stop
-
-        async def run(delivery: Delivery) -> None:
-            if stopping.is_set():  # a delivery that arrived after SIGTERM: not started; left
-                return  # unacked, it returns to the queue when the connection closes
-            task = asyncio.current_task()
-            assert task is not None
-            inflight.add(task)
-            try:
-                await held(delivery)
-            finally:
-                inflight.discard(task)
-
         consumer = WorkQueueConsumer(
-            self._connection, work_queue, self.options.concurrency, run,
+            self._connection, work_queue, self.options.concurrency, self._held_by(layout),
             self.settings.safe_url,
         )  # fmt: skip
         self._consumers.append(consumer)
@@ -428,11 +429,18 @@ class Worker:
         """
         if self._stop.is_set():
             return False, "stopping"
+        stuck = time.monotonic() - self.heartbeat_at
+        if stuck > STUCK_AFTER:  # the loop is blocked: whatever the connection state says, nothing moves
+            return False, f"event loop blocked for {stuck:.0f}s"
         connection = self._connection
         if not self.ready.is_set() or connection is None:
             return False, "starting"
         if connection.is_closed or not connection.connected.is_set():
             return False, "not connected to the broker (reconnecting)"
+        if self._holding.summary:
+            return False, self._holding.summary
+        if self._lanes_missing:
+            return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
         idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
@@ -486,6 +494,7 @@ class Worker:
                 task.cancel()
         for consumer in self._consumers:
             await consumer.cancel()
+        await asyncio.sleep(0)
         code = 0
         pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
         if self._inflight:
@@ -497,15 +506,45 @@ class Worker:
                 code = 1
                 for task in still:
                     task.cancel()
+                await asyncio.wait(still)  # each held delivery's hold ends before the channels close
+        await self._holding.close()
         for consumer in self._consumers:
             await consumer.flush_acks()
-        if self._publisher is not None:
-            await self._publisher.close()
+        for publisher in (self._publisher, self._quarantiner):
+            if publisher is not None:
+                await publisher.close()
         if self._connection is not None:
             await self._connection.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         return code
+
+    async def _probe(self, objects: Collection[BrokerObject]) -> set[BrokerObject]:
+        assert self._connection is not None
+        return await broker_probe(self._connection)(objects)
+
+    def _sources_of(self, work_queue: str) -> list[Source]:
+        """What takes from ``work_queue``: its consumer, or its sharded job queue's dispatcher (all shards)."""
+        names = {work_queue} | {
+            layout.name
+            for layout in self._layouts.values()
+            if layout.shard_routing_keys and work_queue in layout.work_queues
+        }
+        return [c for c in self._consumers if c.queue in names]
+
+    def _holds_any(self, source: Source) -> bool:
+        """Whether a delivery of one of the work queues ``source`` takes from is held."""
+        layout = self._layouts.get(source.queue)
+        queues = layout.work_queues if layout is not None and layout.shard_routing_keys else (source.queue,)
+        return any(self._holding.holds(q) for q in queues)
+
+    async def _pause_queue(self, work_queue: str) -> None:
+        await asyncio.gather(*(c.pause() for c in self._sources_of(work_queue)))
+
+    async def _resume_queue(self, work_queue: str) -> None:
+        if self._stop.is_set() or self._gate.suspect_pending:  # a suspects turn resumes it when it ends
+            return
+        await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
 
     # ------------------------------------------------------------------ one delivery
     async def _handle(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> None:
@@ -530,7 +569,7 @@ class Worker:
             acked = await self._carry_out(layout, delivery, v)
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
-            acked = await self._fallback(delivery, v.decision, exc)
+            acked = await self._fallback(layout, delivery, v, exc)
         uncertain = False
         if v.ran and isinstance(v.decision, Ack | Duplicate):
             # a run the broker may not have seen finish: its ack was never sent, or sent into a
@@ -576,6 +615,10 @@ class Worker:
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         """
+        if self._stop.is_set() and not alone:  # arrived, or got its slot, after SIGTERM: not started,
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+            job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+            return _Verdict(HandBack(), _NO_ERROR, None, 1, job_id, False)
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         if not delivery.message_id:
@@ -644,14 +687,29 @@ class Worker:
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""
+        wait = SUSPECTS_POLL
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._suspects_signal.wait(), SUSPECTS_POLL)
+                await asyncio.wait_for(self._suspects_signal.wait(), wait)
             self._suspects_signal.clear()
             if self._stop.is_set() or self._gate.suspect_pending:
                 continue
             try:
-                if await fetcher.depth():
+                depth = await fetcher.depth()
+                if depth is None:  # missing: said once, not ready until it is back, looked at less often
+                    if fetcher.queue not in self._lanes_missing:
+                        self._lanes_missing.add(fetcher.queue)
+                        log.error(
+                            "suspects queue %s is missing: jobs that come back without an outcome can't be "
+                            "registered; apply the topology (amqpjobs topology apply)", fetcher.queue,
+                        )  # fmt: skip
+                    wait = HOLD_PROBE
+                    continue
+                if fetcher.queue in self._lanes_missing:
+                    self._lanes_missing.discard(fetcher.queue)
+                    log.info("suspects queue %s is back", fetcher.queue)
+                wait = SUSPECTS_POLL
+                if depth:
                     await self._run_suspects(layout, fetcher)
             except Exception as exc:  # the connection dropped: the next look tries again
                 log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
@@ -665,9 +723,11 @@ class Worker:
             # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
             await asyncio.gather(*(c.pause() for c in self._consumers))
             await self._gate.idle()
-            while self._held:
+            while self._held > self._holding.count:
                 self._held_changed.clear()
                 await self._held_changed.wait()
+            if self._holding.count:
+                return
             # the acks of everything settled so far reach the broker before a suspect can crash
             await asyncio.gather(*(c.settle() for c in self._consumers))
             deadline = time.monotonic() + SUSPECTS_TURN
@@ -681,7 +741,7 @@ class Worker:
         finally:
             self._gate.release_alone()
             if not self._stop.is_set():
-                await asyncio.gather(*(c.resume() for c in self._consumers))
+                await asyncio.gather(*(c.resume() for c in self._consumers if not self._holds_any(c)))
 
     async def _start(
         self,
@@ -833,68 +893,89 @@ class Worker:
 
     async def _carry_out(self, layout: JobQueueLayout, delivery: Delivery, v: _Verdict) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
-        assert self._publisher is not None
-        decision, info, job, attempt, job_id = v.decision, v.error, v.job, v.attempt, v.job_id
+        if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
+            # the broker has already put it back (redelivered): a copy now would only be a duplicate
+            log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
+                        v.job_id, v.decision)  # fmt: skip
+            return False
         try:
-            if isinstance(decision, RetryLater):
-                headers = envelope.strip_broker_headers(delivery.headers)
-                if not decision.wait:  # an outcome was reached: the start count begins again
-                    for name in crash.START_HEADERS:
-                        headers.pop(name, None)
-                headers[envelope.ATTEMPT] = decision.next_attempt
-                if not decision.wait:
-                    headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
-                # the copy comes back from the tier via the default exchange: keep where it first came from
-                headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
-                headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
-                tier_queue = layout.tier_queues[delivery.queue][decision.tier]
-                await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
-            elif isinstance(decision, Register | HandBack):
-                # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
-                # the suspects queue, a delivery handed back returns to its work queue
-                headers = envelope.strip_broker_headers(delivery.headers)
-                target = delivery.queue
-                if isinstance(decision, Register):
-                    target = layout.suspects_queue
-                    headers[crash.STARTS] = decision.start
-                    headers[crash.LAST_START_HOST] = self._host
-                    headers[crash.LAST_START_PID] = self._pid
-                    headers[crash.LAST_START_AT] = _now_iso()
-                    headers[crash.WORK_QUEUE] = delivery.queue
-                headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
-                headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
-                await self._publisher.publish("", target, delivery.copy(headers, job_id))
-                if isinstance(decision, Register):
-                    self._suspects_signal.set()
-            elif isinstance(decision, Quarantine):
-                now = _now_iso()
-                error_type, error_message, tb = info
-                failure = Failure(
-                    reason=decision.reason,
-                    error_type=error_type,
-                    error_message=error_message,
-                    traceback=tb,
-                    attempts=attempt if v.ran else attempt - 1,  # handler runs so far
-                    first_failure_at=str(delivery.headers.get(envelope.FIRST_FAILURE_AT) or now),
-                    last_failure_at=now,
-                    host=self._host,
-                    pid=self._pid,
-                    version=amqpjobs.__version__,
-                    app_version=self.app.app_version,
-                    exchange=str(delivery.headers.get(envelope.ORIGINAL_EXCHANGE, delivery.exchange)),
-                    queue=delivery.queue,
-                    routing_key=str(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)),
-                    job=job.name if job else delivery.job_name,
-                    job_id=job_id,
-                    tenant=delivery.tenant or "",
-                )
-                headers = envelope.strip_broker_headers(delivery.headers)
-                headers.update(evidence_headers(failure))
-                await self._publisher.publish(
-                    layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id)
-                )
+            await self._republish(layout, delivery, v)
         except AmqpJobsError as exc:
-            return await self._fallback(delivery, decision, exc)
+            return await self._fallback(layout, delivery, v, exc)
+        return await self._ack(delivery, v.job_id)
+
+    async def _republish(self, layout: JobQueueLayout, delivery: Delivery, v: _Verdict) -> None:
+        """Publish the copy the decision needs, if any (confirmed).
+
+        Raises:
+            AmqpJobsError: the publish failed (see :meth:`ConfirmedPublisher.publish`).
+        """
+        assert self._publisher is not None
+        assert self._quarantiner is not None
+        decision, info, job, attempt, job_id = v.decision, v.error, v.job, v.attempt, v.job_id
+        if isinstance(decision, RetryLater):
+            headers = envelope.strip_broker_headers(delivery.headers)
+            if not decision.wait:  # an outcome was reached: the start count begins again
+                for name in crash.START_HEADERS:
+                    headers.pop(name, None)
+            headers[envelope.ATTEMPT] = decision.next_attempt
+            if not decision.wait:
+                headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
+            # the copy comes back from the tier via the default exchange: keep where it first came from
+            headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
+            headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
+            tier_queue = layout.tier_queues[delivery.queue][decision.tier]
+            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
+        elif isinstance(decision, Register | HandBack):
+            # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
+            # the suspects queue, a delivery handed back returns to its work queue
+            headers = envelope.strip_broker_headers(delivery.headers)
+            target = delivery.queue
+            if isinstance(decision, Register):
+                target = layout.suspects_queue
+                headers[crash.STARTS] = decision.start
+                headers[crash.LAST_START_HOST] = self._host
+                headers[crash.LAST_START_PID] = self._pid
+                headers[crash.LAST_START_AT] = _now_iso()
+                headers[crash.WORK_QUEUE] = delivery.queue
+                headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
+            headers.setdefault(envelope.ORIGINAL_EXCHANGE, delivery.exchange)
+            headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)
+            await self._publisher.publish("", target, delivery.copy(headers, job_id))
+            if isinstance(decision, Register):
+                self._suspects_signal.set()
+        elif isinstance(decision, Quarantine):
+            now = _now_iso()
+            # handler runs so far: one per earlier attempt, and for a crash every start of this one
+            runs = attempt if v.ran else attempt - 1
+            if decision.reason == "crashed":
+                runs = attempt - 1 + crash.starts_of(delivery.headers)
+            error_type, error_message, tb = info
+            failure = Failure(
+                reason=decision.reason,
+                error_type=error_type,
+                error_message=error_message,
+                traceback=tb,
+                attempts=runs,
+                first_failure_at=str(delivery.headers.get(envelope.FIRST_FAILURE_AT) or now),
+                last_failure_at=now,
+                host=self._host,
+                pid=self._pid,
+                version=amqpjobs.__version__,
+                app_version=self.app.app_version,
+                exchange=str(delivery.headers.get(envelope.ORIGINAL_EXCHANGE, delivery.exchange)),
+                queue=delivery.queue,
+                routing_key=str(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)),
+                job=job.name if job else delivery.job_name,
+                job_id=job_id,
+                tenant=delivery.tenant or "",
+            )
+            headers = envelope.strip_broker_headers(delivery.headers)
+            headers.update(evidence_headers(failure))
+            await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
+
+    @staticmethod
+    async def _ack(delivery: Delivery, job_id: str) -> bool:
         try:
             await delivery.ack()
         except DeliveryChannelClosed:
@@ -905,8 +986,22 @@ class Worker:
             return False
         return True
 
-    async def _fallback(self, delivery: Delivery, decision: Decision, exc: Exception) -> bool:
-        """Our republish failed: let the broker dead-letter it into quarantine, or leave it for redelivery."""
+    async def _fallback(self, layout: JobQueueLayout, delivery: Delivery, v: _Verdict, exc: Exception) -> bool:
+        """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
+
+        A copy that can never go (too large, a bug of ours) is left to the broker once the
+        quarantine exists: the delivery is rejected and dead-lettered into it (requeued when
+        it never ran this time).
+        """
+        decision = v.decision
+        settled = await self._holding.settle(
+            delivery.queue, needs_of(layout, delivery.queue, decision),
+            lambda: self._republish(layout, delivery, v), exc, lambda: delivery.settleable,
+        )  # fmt: skip
+        if settled == "published":
+            return await self._ack(delivery, v.job_id)
+        if settled == "gone":
+            return False
         if isinstance(decision, Register | HandBack):  # it never ran this time: back to its queue as it is
             log.warning("putting job %s back on %s failed (%s); requeued instead", delivery.message_id,
                         delivery.queue, exc)  # fmt: skip

@@ -365,6 +365,17 @@ def _queue_rules(
             f"{file}: {base}.max_priority: {jq.max_priority} priorities cost broker CPU "
             f"and memory; RabbitMQ recommends at most {PRIORITY_WARN_ABOVE}"
         )
+    if jq.type == "classic" and jq.max_length is not None and jq.overflow == "reject-publish" and jq.retry_tiers:
+        problems.append(
+            Problem(
+                file,
+                f"{base}.max_length",
+                "a retried job that its delay tier dead-letters back into a full classic work queue is dropped "
+                "by the broker (classic queues dead-letter at-most-once, and reject-publish refuses it)",
+                'set overflow = "drop-head" (the oldest job goes to quarantine, reason maxlen), use '
+                'type = "quorum" (at-least-once dead-lettering keeps it waiting in its tier), or remove max_length',
+            )
+        )
     if jq.overflow == "drop-head" and jq.max_length is None:
         problems.append(
             Problem(

@@ -22,10 +22,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import aiormq
+import pamqp.exceptions
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
@@ -36,8 +37,8 @@ from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
 log = logging.getLogger("amqpjobs.wire")
 
-#: What a delivery is handed to; the consumer keeps no reference to the returned awaitable.
-DeliveryHandler = Callable[[Delivery], Awaitable[None]]
+#: What a delivery is handed to: a coroutine run in a task of its own, which a closing channel does not cancel.
+DeliveryHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
 
 
 class WorkQueueConsumer:
@@ -47,8 +48,8 @@ class WorkQueueConsumer:
         connection: The worker's robust connection.
         queue: Work queue name (it must exist: the topology is applied at deploy time).
         prefetch: Unacked deliveries the broker may hand this consumer (= slots), >= 1.
-        handler: Called with each :class:`Delivery` in a task of its own (aiormq's); it must
-            ack or reject the delivery itself.
+        handler: Called with each :class:`Delivery` in a task of its own (ours: a closing
+            channel does not cancel it); it must ack or reject the delivery itself.
         safe_url: The broker URL without password, for error messages.
 
     """
@@ -74,6 +75,7 @@ class WorkQueueConsumer:
         self._retry: asyncio.Task[None] | None = None
         self._consuming_on: aiormq.Channel | None = None
         self._acks: AckBatcher | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # handler runs under way (strong references)
 
     @property
     def paused(self) -> bool:
@@ -124,13 +126,33 @@ class WorkQueueConsumer:
                 await probe.close()
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
         await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag)
+        if self._consuming_on is not underlay:
+            underlay.closing.add_done_callback(self._on_channel_closed)
         self._consuming_on = underlay
+
+    def _on_channel_closed(self, closing: asyncio.Future[Any]) -> None:
+        """Say why the channel went (say, the broker's delivery acknowledgement timeout), not only that it came back."""
+        if self._closing or closing.cancelled():
+            return
+        reason = closing.exception()
+        if isinstance(reason, pamqp.exceptions.AMQPError | aiormq.exceptions.ChannelClosed):  # the broker closed it
+            log.warning(
+                "the channel consuming %s was closed (%s): its unacked deliveries return to the queue, marked "
+                "redelivered; a delivery held past the broker's consumer_timeout closes it (PRECONDITION_FAILED)",
+                self.queue, reason,
+            )  # fmt: skip
 
     async def _on_message(self, message: DeliveredMessage) -> None:
         acks = self._acks
         if acks is None or acks.channel is not message.channel:  # first delivery, or one after a reconnect
             acks = self._acks = AckBatcher(message.channel, batch=self.prefetch > 1)
-        await self.handler(delivery_from_aiormq(message, self.queue, acks))
+        # a task of our own: aiormq cancels the tasks it started when the channel closes, which would
+        # cut a run off without an outcome (and leave a plain-function handler's thread running unseen)
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
+            self.handler(delivery_from_aiormq(message, self.queue, acks))
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (call before closing the connection)."""

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
-from amqpjobs.errors import BrokerError, TopologyConflictError
+from amqpjobs.errors import BrokerError, BrokerUnavailableError, TopologyConflictError
 from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
@@ -158,3 +158,62 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
     finally:
         await connection.close()
     return found
+
+
+async def find_missing(
+    connection: AbstractRobustConnection, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+) -> tuple[set[str], set[str]]:
+    """Which of ``queues`` and ``exchanges`` do not exist: (missing queues, missing exchanges).
+
+    Passive declares on a throwaway channel of ``connection``; the broker closes it at each
+    missing object (``404 NOT_FOUND``: RabbitMQ "Queues" → "Passive Declaration"), and the
+    next look takes a new one. A queue exclusive to another connection exists.
+
+    Raises:
+        BrokerUnavailableError: not connected.
+        BrokerError: the broker refused a look for another reason, or the connection failed.
+    """
+    transport = connection.transport
+    if transport is None:
+        raise BrokerUnavailableError("not connected to the broker (it reconnects by itself)")
+    amqp = transport.connection
+    looks = [("queue", n) for n in dict.fromkeys(queues)] + [("exchange", n) for n in dict.fromkeys(exchanges)]
+    missing: dict[str, set[str]] = {"queue": set(), "exchange": set()}
+    channel: aiormq.abc.AbstractChannel | None = None
+    try:
+        for kind, name in looks:
+            if channel is None or channel.is_closed:
+                channel = await amqp.channel(publisher_confirms=False)
+            try:
+                if kind == "queue":
+                    await channel.queue_declare(name, passive=True)
+                else:
+                    await channel.exchange_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                missing[kind].add(name)
+                channel = None  # closed by the broker, maybe not yet seen closed here: never send on it again
+            except aiormq.exceptions.ChannelLockedResource:
+                channel = None
+    except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError) as exc:
+        raise BrokerError(f"looking for queues and exchanges failed: {exc}") from exc
+    finally:
+        if channel is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await channel.close()
+    return missing["queue"], missing["exchange"]
+
+
+async def missing_objects(
+    settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+) -> tuple[set[str], set[str]]:
+    """:func:`find_missing` over a short connection of its own.
+
+    Raises:
+        BrokerUnavailableError: cannot connect.
+        BrokerError: as :func:`find_missing`.
+    """
+    connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
+    try:
+        return await find_missing(connection, queues, exchanges)
+    finally:
+        await connection.close()

@@ -226,6 +226,16 @@ class Delivery:
         same = {f.name: getattr(plain, f.name) for f in fields(plain)}
         return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers)
 
+    @property
+    def channel_closed(self) -> bool:
+        """Whether the channel this delivery came on has closed (the broker then redelivers it)."""
+        return bool(self._channel.is_closed)
+
+    @property
+    def settleable(self) -> bool:
+        """Whether the channel it came on is still open; once closed, the broker has the message back."""
+        return not self._channel.is_closed
+
     async def ack(self) -> None:
         """Ack on the delivery's own channel.
 

@@ -40,8 +40,8 @@ class QueueFetcher:
             self._channel = await self.connection.channel(publisher_confirms=False)
         return cast(aiormq.Channel, await self._channel.get_underlay_channel())
 
-    async def depth(self) -> int:
-        """Messages ready in the queue (a passive declare; 0 when it can't be read, with a warning).
+    async def depth(self) -> int | None:
+        """Messages ready in the queue (a passive declare), or None when it can't be read (say, it is missing).
 
         The queue missing closes this channel (404); the next call opens another.
         """
@@ -49,11 +49,9 @@ class QueueFetcher:
             underlay = await self._underlay()
             ok = await underlay.queue_declare(self.queue, passive=True)
         except Exception as exc:
-            log.warning(
-                "can't read the depth of %s (%s): apply the topology (amqpjobs topology apply)", self.queue, exc
-            )
+            log.debug("can't read the depth of %s: %s", self.queue, exc)
             await self.close()
-            return 0
+            return None
         return int(ok.message_count or 0)
 
     async def get(self) -> Delivery | None:

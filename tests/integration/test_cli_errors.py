@@ -108,7 +108,7 @@ async def test_consume_against_missing_vhost_or_topology_is_one_clear_error(brok
     assert "Traceback" not in out
     code, out, _ = await asyncio.to_thread(run, broker, "consume", "tests.integration.procapp:app", env_extra=env)
     assert code == 3, out
-    assert "work.quarantine, work.suspects do not exist" in out
+    assert "queue(s) work.quarantine, work.suspects and exchange(s) work.quarantine do not exist" in out
     assert "apply the topology first" in out
     assert "Traceback" not in out
     assert "Event loop is closed" not in out

@@ -195,11 +195,14 @@ async def test_status_depths_and_exit_codes(broker: BrokerSettings, tmp_path: Pa
     await _publish(broker, "work", 3)
     await _publish(broker, "work.retry.400ms", 0)
     await _publish(broker, "work.quarantine", 2)
+    await _publish(broker, "work.suspects", 4)
 
     # quarantine non-empty and no consumer
     code, doc, text = await _status(broker)
     assert code == 1
     (jq,) = doc["job_queues"]
+    assert (jq["suspects"]["name"], jq["suspects"]["ready"]) == ("work.suspects", 4)
+    assert "work.suspects" in text
     assert [(q["name"], q["ready"], q["consumers"]) for q in jq["work"]] == [("work", 3, 0)]
     assert [(q["name"], q["ready"]) for q in jq["tiers"]] == [
         ("work.retry.200ms", 0), ("work.retry.400ms", 0), ("work.retry.600ms", 0),

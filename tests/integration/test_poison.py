@@ -7,19 +7,23 @@ restarts a worker that died, as systemd or Kubernetes would, against the real br
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
+from amqpjobs import JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import crash, evidence
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, drain
 
@@ -221,3 +225,90 @@ async def test_default_timeout_is_just_below_the_consumer_timeout(broker: Broker
     duration = float(line.split("duration=")[1].split("s")[0])
     assert 3.8 <= duration <= 4.5, line  # 5 s - 1 s
     assert "ran longer than its timeout of 4s (the default: just below the consumer timeout)" in line
+
+
+@pytest.mark.version_independent
+async def test_stall_warnings_name_each_blocking_job_with_its_own_share(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two async handlers that block the loop, maybe back to back: one WARNING each, with its own seconds."""
+    topo = tmp_path / "topology.toml"
+    topo.write_text(TOPOLOGY.format(qtype="classic", extra=""))
+    await apply_topology(topo, broker)
+    app = App("stall-test", topology=load_topology(topo).topology, url=broker.url)
+    done: list[str] = []
+
+    @app.job("block", queue="work")
+    async def block(payload: dict[str, float], ctx: JobContext) -> None:
+        time.sleep(payload["seconds"])  # noqa: ASYNC251 - blocking an async handler is the fault under test
+        done.append(ctx.job_id)
+
+    await app.enqueue("block", {"seconds": 1.5}, job_id="short")
+    await app.enqueue("block", {"seconds": 2.5}, job_id="long")
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=5))
+    with caplog.at_level(logging.WARNING, logger="amqpjobs.worker"):
+        await worker.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len(done) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # the stall is reported on the loop's next tick
+        finally:
+            await worker.shutdown()
+            await app.close()
+    warned = {
+        r.getMessage().split(" ")[1]: float(r.getMessage().split(" for ")[1].split("s")[0])
+        for r in caplog.records
+        if "blocked the event loop" in r.getMessage()
+    }
+    assert set(warned) == {"id=short", "id=long"}, warned
+    assert 1.2 <= warned["id=short"] <= 2.0, warned
+    assert 2.2 <= warned["id=long"] <= 3.0, warned
+
+
+@pytest.mark.version_independent
+async def test_a_run_cut_off_by_a_lost_connection_is_reported_and_never_overlaps_its_rerun(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+) -> None:
+    """A plain-function handler's thread outlives its channel: the rerun waits for it, and both runs are counted."""
+    topo = tmp_path / "topology.toml"
+    topo.write_text(TOPOLOGY.format(qtype="classic", extra=""))
+    await apply_topology(topo, broker)
+    app = App("cutoff-test", topology=load_topology(topo).topology, url=broker.url)
+    runs: list[tuple[float, float]] = []
+
+    @app.job("slow", queue="work")
+    def slow(payload: dict[str, float], ctx: JobContext) -> None:
+        began = time.monotonic()
+        time.sleep(payload["seconds"])
+        runs.append((began, time.monotonic()))
+
+    await app.enqueue("slow", {"seconds": 8}, job_id="slow-1")
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=10))
+    await worker.start()
+    try:
+        names: list[str] = []
+        deadline = time.monotonic() + 10
+        while not names:  # the management API lists a new connection within its stats interval
+            assert time.monotonic() < deadline, "the worker's connection was never listed"
+            await asyncio.sleep(0.2)
+            listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections")
+            names = [c["name"] for c in listed if "cutoff-test-worker" in str(c.get("client_properties"))]
+        for name in names:
+            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}")
+        deadline = time.monotonic() + 30
+        while len(runs) < 2:
+            assert time.monotonic() < deadline, (runs, dict(worker.stats))
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    (_, end1), (start2, _) = runs
+    assert start2 >= end1, runs  # the rerun (alone) started only after the cut-off thread ended
+    assert worker.stats["ack_uncertain"] == 1, dict(worker.stats)  # the first run: its ack could not go out
+    assert worker.stats["redelivered"] == 1, dict(worker.stats)
+    assert worker.stats["succeeded"] == 1, dict(worker.stats)
+    for queue in ("work", "work.suspects", "work.quarantine"):
+        assert await depth(broker, queue) == 0, queue
