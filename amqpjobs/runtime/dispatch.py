@@ -38,16 +38,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
+from amqpjobs.jobs.slots import RunningSlots
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
@@ -63,40 +63,6 @@ LOOKAHEAD_BELOW = 0.1
 #: While recent jobs ran shorter than this (seconds), a turn skips a shard whose lease has unused
 #: credit: its lease brings its next job, and a ``basic.get`` would cost more than the job.
 TURN_BELOW = 0.002
-
-
-class Source(Protocol):
-    """What the worker drives for each of its queues: a consumer or a dispatcher."""
-
-    @property
-    def queue(self) -> str:
-        """The queue it takes from (a job queue's name for a dispatcher)."""
-        ...
-
-    @property
-    def consuming(self) -> bool:
-        """Whether it takes deliveries now."""
-        ...
-
-    @property
-    def paused(self) -> bool:
-        """Whether :meth:`pause` stopped it on purpose."""
-        ...
-
-    async def pause(self) -> None:
-        """Stop taking; return once nothing more arrives."""
-
-    async def resume(self) -> None:
-        """Take again after :meth:`pause`."""
-
-    async def cancel(self) -> None:
-        """Stop taking for good; return once nothing more arrives."""
-
-    async def settle(self) -> None:
-        """Make sure the broker has every ack sent so far."""
-
-    async def flush_acks(self) -> None:
-        """Send the acks still batched."""
 
 
 @dataclass(eq=False, slots=True)
@@ -162,8 +128,7 @@ class ShardDispatcher:
         self._ahead = 0  # the look-ahead token in use now (0 or 1): deliveries held at most = slots + this
         self._job_seconds: float | None = None  # moving average of recent handler runs
         self._free = slots  # tokens in the pool
-        self._running = 0  # handlers running (at most ``slots``)
-        self._waiting: deque[asyncio.Future[bool]] = deque()  # deliveries waiting for a running slot
+        self._slots = RunningSlots(slots)  # handlers running; the look-ahead delivery waits here
         self._taking: set[int] = set()  # shards with a basic.get under way
         self._failed: set[int] = set()  # shards whose last take failed (not ready)
         self._busy: set[int] = set()  # shards seen with a backlog (they get leases)
@@ -367,33 +332,13 @@ class ShardDispatcher:
 
     async def _start_slot(self) -> bool:
         """A running slot: True once granted, False when sent away (pause, SIGTERM: the handler hands it back)."""
-        if self._running < self.slots:
-            self._running += 1
-            return True
-        if self._paused or not self._may_take():
-            return False
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
-                self._end_slot()  # granted just as it was cancelled: pass the slot on
-            raise
+        return await self._slots.start(may_wait=not self._paused and self._may_take())
 
     def _end_slot(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(True)
-                return
-        self._running -= 1
+        self._slots.end()
 
     def _evict(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(False)
+        self._slots.evict()
 
     # ------------------------------------------------------------------ turns
     async def _take_one(self, shard: int) -> None:

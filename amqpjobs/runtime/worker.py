@@ -59,11 +59,12 @@ from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.dispatch import ShardDispatcher, Source
+from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe, needs_of
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect, heartbeat_timeout

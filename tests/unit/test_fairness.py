@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from amqpjobs.jobs.fairness import MAX_BACKOFF, ShardTurns, jain_index, lease_sizes, resize
+from amqpjobs.jobs.slots import RunningSlots
 
 
 def test_turns_go_round_robin_whatever_the_depth_of_each_shard() -> None:
@@ -66,3 +69,19 @@ def test_a_lease_shrinks_at_once_and_grows_once_it_would_double(current, target,
 @pytest.mark.parametrize(("values", "index"), [([1, 1, 1], 1.0), ([3, 0, 0], 1 / 3), ([2, 1], 0.9), ([], 1.0)])
 def test_jain_index(values: list[float], index: float) -> None:
     assert jain_index(values) == pytest.approx(index)
+
+
+async def test_running_slots_grant_in_order_and_evict_waiters() -> None:
+    slots = RunningSlots(1)
+    assert await slots.start()
+    assert not await slots.start(may_wait=False)  # full, and told not to wait
+    first = asyncio.create_task(slots.start())
+    second = asyncio.create_task(slots.start())
+    await asyncio.sleep(0)
+    slots.end()  # the slot passes to the first waiter, not back to the free ones
+    assert await first is True
+    assert slots.running == 1
+    assert slots.evict() == 1
+    assert await second is False
+    slots.end()
+    assert slots.running == 0
