@@ -21,6 +21,7 @@ import pytest
 
 from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import crash, envelope
+from amqpjobs.runtime import holding
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
@@ -326,3 +327,51 @@ async def test_the_dispatcher_takes_jobs_again_after_its_connection_was_closed(b
         await w.shutdown()
         await app.close()
     assert len(runs.runs) == 12
+
+
+@pytest.mark.timeout(60)
+async def test_a_hole_in_one_shard_holds_its_delivery_and_pauses_the_job_queue(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A shard's retry tier deleted at run time: the failed job is held (not dropped, not
+    dead-lettered), the dispatcher takes no more from any shard, and once the topology is
+    back the copy goes to the tier and every job runs."""
+    path = await topology(broker, tmp_path)
+    app = App("holes", topology=load_topology(path).topology, url=broker.url)
+    attempts: Counter[str] = Counter()
+
+    @app.job("flaky", queue="sharded")
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
+        attempts[ctx.job_id] += 1
+        if ctx.job_id == "bad" and ctx.attempt == 1:
+            raise ConnectionError("smtp blip")
+
+    tenants = tenant_per_shard()
+    monkeypatch.setattr(holding, "PROBE_INTERVAL", 0.5)  # look for the missing tier every 0.5 s (read when built)
+    recorder = Recorder()
+    w = worker(app, broker, slots=2, recorder=recorder)
+    try:
+        await w.start()
+        vhost = quote(broker.vhost, safe="")
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{vhost}/{quote('sharded.shard-0.retry.1s', safe='')}")
+        await app.enqueue("flaky", {}, job_id="bad", tenant=tenants[0])
+        deadline = time.monotonic() + 10
+        while w.readiness()[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        ready, why = w.readiness()
+        assert not ready, why
+        assert "sharded.shard-0.retry.1s" in why, why
+        for i, tenant in enumerate(tenants):  # every shard gets a job while the job queue is paused
+            await app.enqueue("flaky", {}, job_id=f"ok-{i}", tenant=tenant)
+        await asyncio.sleep(1.5)
+        assert sorted(attempts) == ["bad"], attempts  # nothing more taken from any shard
+        await apply_topology(path, broker)
+        await recorder.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 5, timeout=20)
+    finally:
+        await w.shutdown()
+        await app.close()
+    assert attempts == {"bad": 2, **{f"ok-{i}": 1 for i in range(SHARDS)}}, attempts
+    kinds = Counter(o.kind for o in recorder.outcomes)
+    assert kinds["quarantined"] == kinds["redelivered"] == 0, kinds
+    assert await drain(broker, "sharded.quarantine") == []
