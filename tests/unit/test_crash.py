@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from amqpjobs.jobs.crash import STARTS, Screening, screen
-from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, HandBack, Register
 from amqpjobs.runtime.worker import Outcome, default_timeout
@@ -56,19 +55,6 @@ async def test_isolation_gate_waits_for_ordinary_runs_and_refuses_others_meanwhi
     gate.release_alone()
     assert gate.try_enter()
     assert not gate.suspect_pending
-
-
-async def test_round_robin_gate_evicts_waiters() -> None:
-    gate = RoundRobinGate(1, 2)
-    await gate.acquire(0)
-    waiters = [asyncio.create_task(gate.acquire(1)) for _ in range(3)]
-    await asyncio.sleep(0)
-    assert gate.evict() == 3
-    for task in waiters:
-        with pytest.raises(Evicted):
-            await task
-    gate.release()
-    assert gate.free == 1  # the evicted never held a slot
 
 
 def test_default_timeout_is_just_below_the_consumer_timeout() -> None:
