@@ -35,7 +35,7 @@ PROVENANCE_HEADERS: Final = (
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
 _RESET: Final = frozenset(
-    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.FIRST_FAILURE_AT}
+    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.RUNS, envelope.FIRST_FAILURE_AT}
     - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
 )
 
@@ -236,6 +236,8 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
     """
     out = {k: v for k, v in envelope.strip_broker_headers(headers).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
+    if evidence.TENANT in out and envelope.tenant_of(header_text(out[evidence.TENANT])) is None:
+        del out[evidence.TENANT]  # "" is no tenant (README "Wire format"): the copy goes without one
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
     out[PREVIOUS_REASON] = item.reason

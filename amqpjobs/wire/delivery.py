@@ -178,8 +178,8 @@ class Delivery:
 
     @property
     def tenant(self) -> str | None:
-        """Tenant key from our header, or None."""
-        return _text(self.headers.get(envelope.TENANT))
+        """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
+        return envelope.tenant_of(_text(self.headers.get(envelope.TENANT)))
 
     @property
     def enqueued_at(self) -> datetime | None:

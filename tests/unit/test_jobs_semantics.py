@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -44,7 +45,7 @@ def failure(message: str, tb: str) -> Failure:
 @pytest.mark.parametrize("size", [10, 20_000, 1_000_000])
 def test_evidence_stays_under_budget(size: int) -> None:
     headers = evidence_headers(failure("m" * size, "Traceback...\n" + "t" * size + "\nValueError: boom"))
-    assert set(headers) == set(EVIDENCE_HEADERS)
+    assert set(headers) == set(EVIDENCE_HEADERS) - {envelope.TENANT}  # no tenant: no tenant header
     total = sum(len(k.encode()) + len(str(v).encode()) for k, v in headers.items())
     assert total <= DEFAULT_BUDGET
     assert str(headers[ERROR_MESSAGE]).startswith("mmm")
@@ -179,3 +180,18 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     assert consumed == 8
     assert isinstance(value, datetime)
     assert value.year == 2025
+
+
+@pytest.mark.parametrize(("value", "tenant"), [(None, None), ("", None), ("  ", None), ("acme", "acme")])
+def test_empty_tenant_is_no_tenant(value: str | None, tenant: str | None) -> None:
+    assert envelope.tenant_of(value) == tenant
+
+
+def test_evidence_and_replay_carry_no_empty_tenant() -> None:
+    from amqpjobs.jobs import quarantine as q
+
+    with_tenant = evidence_headers(replace(failure("m", ""), tenant="acme"))
+    assert with_tenant[envelope.TENANT] == "acme"
+    item = q.describe({envelope.TENANT: ""}, "id-1", "mail")
+    assert envelope.TENANT not in q.replay_headers({envelope.TENANT: "", "k": 1}, item, "r-1")
+    assert q.replay_headers({envelope.TENANT: b"acme"}, item, "r-1")[envelope.TENANT] == b"acme"
