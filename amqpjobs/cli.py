@@ -33,7 +33,8 @@ from amqpjobs.errors import (
 )
 from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, parse_time, summarize
+from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, summarize
+from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging

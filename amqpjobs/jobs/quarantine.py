@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.timestamps import parse_time
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -92,20 +93,6 @@ class QuarantinedJob:
     original_queue: str
     replay_count: int
     broker_side: bool
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Read an ISO-8601 string or AMQP timestamp header value as an aware UTC datetime."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = header_text(value)
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
