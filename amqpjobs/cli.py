@@ -35,6 +35,7 @@ from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, summarize
 from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.printable import printable
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
@@ -313,12 +314,13 @@ def quarantine_list(
         ], indent=2))  # fmt: skip
         return
     for queue_name, total, groups in doc:
-        click.echo(f"{queue_name}: {total} message(s)")
+        click.echo(f"{printable(queue_name)}: {total} message(s)")
         if groups:
             click.echo(f"  {'count':>6}  {'job':<24} {'reason':<24} {'error type':<28} first failure -> last failure")
         for g in groups:
             click.echo(
-                f"  {g.count:>6}  {g.job or '?':<24} {g.reason:<24} {g.error_type or '-':<28} "
+                f"  {g.count:>6}  {printable(g.job) or '?':<24} {printable(g.reason):<24} "
+                f"{printable(g.error_type) or '-':<28} "
                 f"{_when(g.first_failure)} -> {_when(g.last_failure)}"
             )
 
@@ -344,21 +346,24 @@ def quarantine_show(
             continue
         doc = m.to_json()
         item = m.item
-        click.echo(f"--- job {item.job or '?'} id {item.job_id or '?'}")
-        click.echo(f"    reason:     {item.reason}   attempts: {item.attempts}   replays: {item.replay_count}")
+        # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
+        click.echo(f"--- job {printable(item.job) or '?'} id {printable(item.job_id) or '?'}")
+        click.echo(
+            f"    reason:     {printable(item.reason)}   attempts: {item.attempts}   replays: {item.replay_count}"
+        )
         if item.error_type:
-            click.echo(f"    error:      {item.error_type}: {item.error_message[:500]}")
+            click.echo(f"    error:      {printable(item.error_type)}: {printable(item.error_message[:500])}")
         click.echo(f"    failed:     {_when(item.first_failed_at)} -> {_when(item.failed_at)}")
-        click.echo(f"    from queue: {item.original_queue or '?'}")
+        click.echo(f"    from queue: {printable(item.original_queue) or '?'}")
         payload = doc["payload"]
         shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
-        click.echo(f"    payload:    {shown[:1000]}")
+        click.echo(f"    payload:    {printable(shown[:1000])}")
         for key, value in sorted(doc["headers"].items()):
             if key == "amqpjobs-traceback":
                 tail = str(value).strip().splitlines()[-3:]
-                click.echo("    traceback:  ..." + " | ".join(tail))
+                click.echo("    traceback:  ..." + printable(" | ".join(tail)))
             elif key not in ("amqpjobs-error-message",):
-                click.echo(f"    {key}: {json.dumps(value, ensure_ascii=False)[:300]}")
+                click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
     if not as_json:
         click.echo(f"{len(messages)} message(s) shown")
 
@@ -429,7 +434,7 @@ def replay_command(
         click.echo("", err=True)
     if dry_run:
         for job_id, target in report.moves:
-            click.echo(f"would replay {job_id} -> {target}")
+            click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
