@@ -31,6 +31,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
+from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, summarize
@@ -506,6 +507,25 @@ def status_command(
             click.echo("healthy")
     if unhealthy:
         sys.exit(EXIT_FOUND)
+
+
+@main.command("asyncapi")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@_errors_to_exit_codes
+def asyncapi(app_ref: str, output: str | None) -> None:
+    """Write an AsyncAPI 3.0 document of MODULE:APP: a channel per job queue and shard, a message per job.
+
+    For publishers in other languages: exchange, routing key and AMQP bindings of each
+    channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
+    """
+    app = load_app(app_ref)
+    text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
+    if output:
+        Path(output).write_text(text + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 @main.group()
