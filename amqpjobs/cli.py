@@ -36,7 +36,7 @@ from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, summarize
 from amqpjobs.jobs.timestamps import parse_time
-from amqpjobs.printable import printable
+from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
@@ -343,7 +343,7 @@ def quarantine_show(
     _, messages = asyncio.run(browse(settings, queue, limit, selection))
     for m in messages:
         if as_json:
-            click.echo(json.dumps(m.to_json(), ensure_ascii=False))
+            click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
             continue
         doc = m.to_json()
         item = m.item

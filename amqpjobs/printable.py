@@ -12,7 +12,8 @@ either, Python-style, and leaves everything else (any script, emoji) as it is:
   marks and overrides (U+200E/F, U+202A-E, U+2066-9) that make text read other than it is,
   and the byte-order mark U+FEFF.
 
-JSON output (``--json``, JSON log lines) escapes control characters already.
+JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dumps``);
+:func:`json_safe` escapes the rest of the list above as ``\uXXXX`` (still the same JSON).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from typing import Final
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+_JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 _NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -46,3 +48,13 @@ def printable_block(text: str, indent: str = "    ") -> str:
     line of it can pass for a line of its own in a log.
     """
     return "\n".join(indent + printable(line) for line in text.splitlines())
+
+
+def json_safe(text: str) -> str:
+    r"""JSON text with what a terminal could act on written as ``\uXXXX`` escapes.
+
+    ``text`` is the output of ``json.dumps(..., ensure_ascii=False)``, which escapes C0
+    controls but leaves DEL, C1 controls, line separators and direction marks raw inside
+    strings. Only those are replaced, so the result parses to the same value.
+    """
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

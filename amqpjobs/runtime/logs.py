@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from amqpjobs.printable import printable, printable_block
+from amqpjobs.printable import json_safe, printable, printable_block
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,7 +24,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
+        return json_safe(json.dumps(doc, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):

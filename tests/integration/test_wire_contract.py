@@ -187,6 +187,11 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     assert [line for line in shown if not (line.startswith(("--- job ", "    ")) or line == "3 message(s) shown")] == []
     assert sum(line.startswith("--- job ") for line in shown) == 3
     assert "--- job mail\\x1b[2J\\n2026-11-30" in out
+    as_json = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.quarantine", "--json")
+    assert [c for c in TERMINAL if c in as_json.stdout] == []  # escaped by JSON's rules, values unchanged
+    docs = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert sorted(d["message_id"] for d in docs) == sorted([f"bad-payload{FORGED}", "bad-type", "rejected\r"])
+    assert {d["headers"].get(envelope.TENANT) for d in docs} == {None, f"t\x1b[31m{FORGED}"}
     listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work.quarantine")
     assert [c for c in TERMINAL if c in listed.stdout] == []
     assert len(listed.stdout.splitlines()) == 2 + 3  # queue line, header line, one row per (job, reason, type)

@@ -59,3 +59,11 @@ def test_text_lines_escape_every_field_and_indent_tracebacks() -> None:
     assert rest[0] == "    Traceback (most recent call last):"
     assert rest[-2:] == ["    ValueError: first line", "    second line\\x1b]0;title\\x07"]
     assert all(line.startswith("    ") for line in rest)
+
+
+def test_json_lines_escape_what_a_terminal_acts_on_and_keep_the_value() -> None:
+    message = "id\n\x1b[2J\x9b31m\u2028\u202e\x7f ключ"
+    line = JsonFormatter().format(record(1764406800.5, message))
+    assert [c for c in ("\n", "\x1b", "\x9b", "\u2028", "\u202e", "\x7f") if c in line] == []
+    assert "ключ" in line
+    assert json.loads(line)["message"] == message
