@@ -242,7 +242,7 @@ async def test_millisecond_timestamps_read_by_one_rule(broker: BrokerSettings, t
     await app.close()
     assert [t is not None and t.tzinfo == UTC for t in seen] == [True, True, True]
     stamps = [t.timestamp() for t in seen if t is not None]
-    assert [round(s - sent_at) for s in stamps] == [0, 0, 0], stamps
+    assert [abs(s - sent_at) < 1 for s in stamps] == [True, True, True], (stamps, sent_at)  # whole seconds last
 
 
 async def test_enqueued_at_is_always_an_aware_utc_datetime(broker: BrokerSettings, tmp_path: Path):
