@@ -33,6 +33,7 @@ from pamqp.commands import Basic
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError
+from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
 log = logging.getLogger("amqpjobs.wire")
@@ -51,6 +52,8 @@ class WorkQueueConsumer:
         handler: Called with each :class:`Delivery` in a task of its own (ours: a closing
             channel does not cancel it); it must ack or reject the delivery itself.
         safe_url: The broker URL without password, for error messages.
+        consumer_timeout: Seconds, sent as the ``x-consumer-timeout`` consume argument
+            (quorum queues on RabbitMQ 4.3+); None sends none.
 
     """
 
@@ -61,8 +64,10 @@ class WorkQueueConsumer:
         prefetch: int,
         handler: DeliveryHandler,
         safe_url: str = "",
+        consumer_timeout: float | None = None,
     ) -> None:
         self.connection = connection
+        self.arguments = consume_arguments(consumer_timeout)
         self.queue = queue
         self.prefetch = prefetch
         self.handler = handler
@@ -125,7 +130,7 @@ class WorkQueueConsumer:
             with contextlib.suppress(Exception):
                 await probe.close()
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
-        await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag)
+        await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
         if self._consuming_on is not underlay:
             underlay.closing.add_done_callback(self._on_channel_closed)
         self._consuming_on = underlay
