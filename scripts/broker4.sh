@@ -5,7 +5,8 @@
 #   AMQPJOBS_BROKER4_VARIANT=40 (default)  Debian 13 (trixie) rabbitmq-server 4.0.x, under <repo>/.broker4/,
 #       node amqpjobs4@localhost, ports AMQPJOBS_BROKER4_PORT (5692), _MGMT_PORT (15692), _DIST_PORT (25692), epmd 4370
 #   AMQPJOBS_BROKER4_VARIANT=43            Debian unstable (sid) rabbitmq-server pinned to 4.3.x, under <repo>/.broker43/,
-#       node amqpjobs43@localhost, ports AMQPJOBS_BROKER43_PORT (5702), _MGMT_PORT (15702), _DIST_PORT (25702), epmd 4371
+#       node amqpjobs43@localhost, ports AMQPJOBS_BROKER43_PORT (5712), _MGMT_PORT (15712), _DIST_PORT (25712), epmd 4371
+#       (not 5701-5703 / 15701-15703 / 25701-25703: scripts/cluster.sh's nodes)
 #
 #   scripts/broker4.sh up          build the chroot when missing, start the node, wait; print URLs (masked)
 #   scripts/broker4.sh build       only build the chroot and install the package (make test overlaps it with a suite)
@@ -14,8 +15,9 @@
 #   scripts/broker4.sh url         two lines: AMQP URL (with credentials), management URL
 #   scripts/broker4.sh ctl ARGS... rabbitmqctl ARGS... against that node
 #
-# Needs root (debootstrap, chroot). All listeners on 127.0.0.1; each variant has its own
-# epmd port, so neither meets the host's 3.10 node's epmd nor the other variant's.
+# Needs root (debootstrap, chroot). All listeners on 127.0.0.1 (AMQP, management, Erlang
+# distribution, epmd); each variant has its own epmd port, so neither meets the host's 3.10
+# node's epmd nor the other variant's.
 # Only /proc is mounted into the chroot (never the host's /dev: a later rm -rf of the
 # chroot would delete the host's device files). `down` unmounts it.
 # sid needs two extra steps, done for both variants: its Release file may be past its
@@ -34,9 +36,9 @@ case "$VARIANT" in
     EPMD_PORT=4370 ;;
   43)
     NAME=broker43; SUITE=sid; DEBIAN="Debian unstable (sid)"; PIN=4.3
-    PORT=${AMQPJOBS_BROKER43_PORT:-5702}
-    MPORT=${AMQPJOBS_BROKER43_MGMT_PORT:-15702}
-    DPORT=${AMQPJOBS_BROKER43_DIST_PORT:-25702}
+    PORT=${AMQPJOBS_BROKER43_PORT:-5712}
+    MPORT=${AMQPJOBS_BROKER43_MGMT_PORT:-15712}
+    DPORT=${AMQPJOBS_BROKER43_DIST_PORT:-25712}
     EPMD_PORT=4371 ;;
   *) printf 'broker4: error: AMQPJOBS_BROKER4_VARIANT=%s: use 40 or 43\n' "$VARIANT" >&2; exit 2 ;;
 esac
@@ -56,7 +58,8 @@ mirror() {
 
 in_root() {
   chroot "$CH" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
-    RABBITMQ_NODENAME=$NODE RABBITMQ_DIST_PORT=$DPORT ERL_EPMD_PORT=$EPMD_PORT bash -c "$1"
+    RABBITMQ_NODENAME=$NODE RABBITMQ_DIST_PORT=$DPORT ERL_EPMD_PORT=$EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" bash -c "$1"
 }
 
 mount_proc() { mountpoint -q "$CH/proc" || mount -t proc proc "$CH/proc"; }
@@ -96,7 +99,11 @@ listeners.tcp.default = 127.0.0.1:$PORT
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MPORT
 CONF
-  echo "ERL_EPMD_PORT=$EPMD_PORT" >"$CH/etc/rabbitmq/rabbitmq-env.conf"
+  cat >"$CH/etc/rabbitmq/rabbitmq-env.conf" <<ENV
+ERL_EPMD_PORT=$EPMD_PORT
+ERL_EPMD_ADDRESS=127.0.0.1
+SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+ENV
   in_root "rabbitmq-plugins --offline enable rabbitmq_management rabbitmq_consistent_hash_exchange >/dev/null"
 }
 
