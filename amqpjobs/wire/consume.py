@@ -34,6 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.wire.arguments import consume_arguments
+from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
 log = logging.getLogger("amqpjobs.wire")
@@ -97,16 +98,21 @@ class WorkQueueConsumer:
         """Open the channel, set its prefetch and start consuming.
 
         Raises:
-            BrokerError: the work queue does not exist (apply the topology first).
+            BrokerError: the work queue does not exist (apply the topology first), or no
+                answer in time (:data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
 
         """
         channel = await self.connection.channel(publisher_confirms=False)
         self.channel = channel
         await channel.set_qos(prefetch_count=self.prefetch)
         try:
-            # robust=False: the channel must not re-declare it when it reopens; were the queue gone
-            # by then, the reopen itself would fail. _consume() probes for it instead.
-            await channel.declare_queue(self.queue, passive=True, robust=False)
+            async with declaring(f"looking for work queue {self.queue!r}", self.safe_url):
+                # robust=False: the channel must not re-declare it when it reopens; were the queue gone
+                # by then, the reopen itself would fail. _consume() probes for it instead.
+                await channel.declare_queue(self.queue, passive=True, robust=False)
+        except BrokerError:
+            await self.close()
+            raise
         except Exception as exc:
             await self.close()
             raise BrokerError(
@@ -114,7 +120,8 @@ class WorkQueueConsumer:
                 "apply the topology first (amqpjobs topology apply)"
             ) from exc
         channel.reopen_callbacks.add(self._on_reopen)
-        await self._consume()
+        async with declaring(f"consuming {self.queue!r}", self.safe_url):
+            await self._consume()
 
     async def _consume(self) -> None:
         assert self.channel is not None
