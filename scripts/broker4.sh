@@ -99,6 +99,11 @@ listeners.tcp.default = 127.0.0.1:$PORT
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MPORT
 CONF
+  if [ "$VARIANT" = 43 ]; then
+    # 4.3 denies global_qos and CQv1 by default; deny the last deprecated feature we could touch
+    # too (4.3.6 still permits transient non-exclusive queues), so the suite proves we use none
+    echo "deprecated_features.permit.transient_nonexcl_queues = false" >>"$CH/etc/rabbitmq/rabbitmq.conf"
+  fi
   cat >"$CH/etc/rabbitmq/rabbitmq-env.conf" <<ENV
 ERL_EPMD_PORT=$EPMD_PORT
 ERL_EPMD_ADDRESS=127.0.0.1
