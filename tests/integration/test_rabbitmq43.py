@@ -14,7 +14,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import App, RetryPolicy, Worker, WorkerOptions
+from amqpjobs import App, ConfigurationError, RetryPolicy, Worker, WorkerOptions
 from amqpjobs.jobs import evidence
 from amqpjobs.jobs.outcome import Quarantine
 from amqpjobs.runtime.deploy import apply_topology
@@ -198,3 +198,26 @@ async def test_a_nacked_hand_back_is_no_crash_on_43_and_evidence_has_both_counte
     else:
         assert kinds == ["Register", "Quarantine"]
         assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 0)
+
+
+async def test_worker_refuses_quorum_max_priority_before_43(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """Loaded without a broker, the topology is accepted with a note; the worker judges it at connect."""
+    await apply_topology(write(tmp_path, QUORUM), broker)  # the same declarations: no x-max-priority is sent
+    loaded = load_topology(write(tmp_path, QUORUM + "max_priority = 10\n"))
+    assert any("quorum-queue priorities need RabbitMQ 4.3+" in w for w in loaded.warnings)
+    app = App("p", topology=loaded.topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    worker = Worker(app, broker, WorkerOptions(queues=("money",)))
+    if four_three(broker_root):
+        await worker.start()
+        await worker.shutdown()
+        return
+    with pytest.raises(
+        ConfigurationError,
+        match=r"job queue\(s\) money: max_priority: quorum-queue priorities 0-31 "
+        r"need RabbitMQ 4\.3\+ \(connected: .*fix: upgrade the broker to RabbitMQ 4\.3\+",
+    ):
+        await worker.start()
+    await worker.shutdown()
