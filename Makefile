@@ -41,14 +41,14 @@ lint: install  ## ruff and mypy (strict)
 	$(BIN)/mypy
 
 # The three suites run one after the other (timing tests must not share the cores); only the
-# chroot builds of the 4.x nodes overlap a suite (chroots, started in the background by `test`).
-test: lint  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
+# chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
+# host's own apt-get installs of broker-up and postgres-up: apt takes one lock at a time).
+test: lint broker-up postgres-up  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
 	@mkdir -p .broker4 .broker43
-	bash scripts/broker4.sh build >.broker4/build.log 2>&1 & b4=$$!; \
-	bash scripts/broker43.sh build >.broker43/build.log 2>&1 & b43=$$!; \
+	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
+	  bash scripts/broker43.sh build >.broker43/build.log 2>&1; } & builds=$$!; \
 	rc=0; $(MAKE) test-3 || rc=1; \
-	wait $$b4 || { cat .broker4/build.log; rc=1; }; \
-	wait $$b43 || { cat .broker43/build.log; rc=1; }; \
+	wait $$builds || { tail -30 .broker4/build.log .broker43/build.log; rc=1; }; \
 	$(MAKE) test-4 || rc=1; \
 	$(MAKE) test-43 || rc=1; \
 	exit $$rc
