@@ -54,8 +54,8 @@ def consumer_timeouts(
             every queue; the worker's ``--consumer-timeout``).
 
     Returns:
-        Job queue name → seconds for quorum queues on 4.3+ (longest job timeout plus
-        :data:`~amqpjobs.topology.versions.CONSUMER_TIMEOUT_MARGIN`), else None.
+        Job queue name → seconds for quorum queues on 4.3+
+        (:func:`~amqpjobs.topology.versions.consumer_timeout`), else None.
 
     """
     out: dict[str, float | None] = {}
@@ -65,11 +65,12 @@ def consumer_timeouts(
         rule = consumer_timeout_rule(version, lay.queue_type)
         out[lay.name] = None
         if rule == "per-consumer":
-            out[lay.name] = consumer_timeout(job_timeout)
+            shards = len(lay.work_queues)
+            out[lay.name] = consumer_timeout(job_timeout, shards)
             log.info(
                 "job queue %s (quorum, RabbitMQ %s): x-consumer-timeout %.0fs per consumer (its longest job "
-                "timeout %.0fs plus a margin); a delivery held longer is returned and this consumer cancelled",
-                lay.name, shown, out[lay.name], job_timeout,
+                "timeout %.0fs%s plus a margin); a delivery held longer is returned and this consumer cancelled",
+                lay.name, shown, out[lay.name], job_timeout, f" x {shards} shards" if shards > 1 else "",
             )  # fmt: skip
         elif rule == "none":
             log.info(

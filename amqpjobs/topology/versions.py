@@ -42,9 +42,16 @@ def nack_is_free(version: Version, queue_type: str) -> bool:
     return queue_type == "quorum" and version >= FREE_NACK_SINCE
 
 
-def consumer_timeout(longest_job_timeout: float) -> float:
-    """The ``x-consumer-timeout`` for a job queue's consumers, seconds: its longest job timeout plus a margin."""
-    return longest_job_timeout + CONSUMER_TIMEOUT_MARGIN
+def consumer_timeout(longest_job_timeout: float, shards: int = 1) -> float:
+    """The ``x-consumer-timeout`` for a job queue's consumers, seconds.
+
+    The clock runs from the delivery, not from the start. Unsharded, each prefetched
+    delivery has its own slot and starts at once: the longest job timeout plus
+    :data:`CONSUMER_TIMEOUT_MARGIN`. Sharded, the shards share the slots round-robin, so a
+    delivery may wait for up to ``shards - 1`` runs before its own: ``shards`` times the
+    longest job timeout plus the margin.
+    """
+    return longest_job_timeout * max(1, shards) + CONSUMER_TIMEOUT_MARGIN
 
 
 def per_consumer_timeout(version: Version, queue_type: str) -> bool:

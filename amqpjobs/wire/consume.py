@@ -234,7 +234,10 @@ class WorkQueueConsumer:
     def _on_cancel(self, frame: Basic.Cancel) -> None:
         if frame.consumer_tag != self.tag or self._closing or self._paused:
             return
-        log.warning("the broker cancelled the consumer on %s (queue deleted or moved); consuming again", self.queue)
+        log.warning(
+            "the broker cancelled the consumer on %s (queue deleted or moved, or on RabbitMQ 4.3+ a delivery held "
+            "past its x-consumer-timeout, which returns to the queue); consuming again", self.queue,
+        )  # fmt: skip
         self._retry_later()
 
     def _retry_later(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 from amqpjobs import App, ConfigurationError, RetryPolicy, Worker, WorkerOptions, broker_settings
 from amqpjobs.runtime.broker_rules import consumer_timeouts
 from amqpjobs.topology.loader import load_topology
-from amqpjobs.topology.versions import CONSUMER_TIMEOUT_MARGIN
+from amqpjobs.topology.versions import CONSUMER_TIMEOUT_MARGIN, consumer_timeout
 
 TOPOLOGY = """
 [[exchange]]
@@ -80,3 +80,9 @@ def test_unknown_job_queue_is_refused(tmp_path: Path):
         worker(app)._check()
     with pytest.raises(ConfigurationError, match="not in the topology"):
         worker(make(tmp_path), queues=("other",))._check()
+
+
+def test_consumer_timeout_counts_the_wait_for_a_slot_on_sharded_queues():
+    """The broker's clock runs from the delivery: a sharded queue's delivery may wait shards - 1 runs."""
+    assert consumer_timeout(100.0) == 100.0 + CONSUMER_TIMEOUT_MARGIN
+    assert consumer_timeout(100.0, shards=4) == 400.0 + CONSUMER_TIMEOUT_MARGIN
