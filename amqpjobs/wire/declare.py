@@ -29,10 +29,11 @@ DECLARE_CHANNELS = 8
 DECLARE_TIMEOUT = 30.0
 
 
-def declaration_timeout_message(what: str, safe_url: str, timeout: float) -> str:
-    """The error text for declarations that got no answer within ``timeout`` seconds."""
+def declaration_timeout_message(what: str, safe_url: str, timeout: float, node_said: str = "") -> str:
+    """The error text for declarations that got no answer within ``timeout`` seconds, or that the node gave up."""
+    happened = f"failed: the node gave up ({node_said})" if node_said else f"got no answer within {timeout:g}s"
     return (
-        f"{what} on {safe_url} got no answer within {timeout:g}s. On RabbitMQ 4.2+ (Khepri metadata store) a "
+        f"{what} on {safe_url} {happened}. On RabbitMQ 4.2+ (Khepri metadata store) a "
         "declaration waits for a majority of the cluster's nodes: this node is probably in a minority (a "
         "partition, or most nodes down). Check `rabbitmq-diagnostics cluster_status`, bring the other nodes back "
         "or connect to a node of the majority, then try again"
@@ -44,8 +45,9 @@ async def declaring(what: str, safe_url: str, within: float | None = None) -> As
     """Bound the declarations made inside the block to ``within`` seconds in all (None: :data:`DECLARE_TIMEOUT`).
 
     Raises:
-        BrokerError: the block did not finish in time (see :data:`DECLARE_TIMEOUT`); the
-            message names the likely cause, a Khepri minority.
+        BrokerError: the block did not finish in time (see :data:`DECLARE_TIMEOUT`), or the
+            node itself said its metadata store timed out; the message names the likely
+            cause, a Khepri minority.
 
     """
     limit = DECLARE_TIMEOUT if within is None else within
@@ -54,6 +56,12 @@ async def declaring(what: str, safe_url: str, within: float | None = None) -> As
             yield
     except TimeoutError as exc:
         raise BrokerError(declaration_timeout_message(what, safe_url, limit)) from exc
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        # the node may give up first (measured on 4.3.6 after about 30 s): "INTERNAL_ERROR - Could not declare
+        # queue ... because the metadata store operation timed out", closing the connection
+        if "metadata store" not in str(exc):
+            raise
+        raise BrokerError(declaration_timeout_message(what, safe_url, limit, str(exc))) from exc
 
 
 async def declare(

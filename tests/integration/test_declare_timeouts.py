@@ -5,6 +5,12 @@ blocks it (release notes 4.2.0, 4.3.0). The relay below plays that node: it pass
 AMQP frame between client and broker except declarations and bindings, which it drops, so
 the broker never answers them. What is tested is ours (the bound and its message), so it
 runs on one broker version only.
+
+Checked by hand on a real minority (4.3.6, a 2-node cluster with one node stopped): `topology
+apply` exited 3 with this message after its --declare-timeout; `schedule run` exited 3 after
+30 s (the node itself gave up at about the same time: "INTERNAL_ERROR - Could not declare
+queue ... because the metadata store operation timed out", mapped to the same message); a
+worker started and consumed (passive declares and consume need no majority).
 """
 
 from __future__ import annotations
