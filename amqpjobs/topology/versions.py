@@ -54,11 +54,6 @@ def consumer_timeout(longest_job_timeout: float, shards: int = 1) -> float:
     return longest_job_timeout * max(1, shards) + CONSUMER_TIMEOUT_MARGIN
 
 
-def per_consumer_timeout(version: Version, queue_type: str) -> bool:
-    """Whether the worker sends ``x-consumer-timeout`` when it consumes (quorum queues on 4.3+)."""
-    return queue_type == "quorum" and version >= PER_CONSUMER_TIMEOUT_SINCE
-
-
 TimeoutRule = Literal["per-consumer", "none", "node"]
 
 
