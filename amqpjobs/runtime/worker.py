@@ -42,7 +42,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 import amqpjobs
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
-from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import (
     Ack,
@@ -59,6 +59,7 @@ from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe, needs_of
 from amqpjobs.runtime.ledger import Claim, Ledger
@@ -67,7 +68,8 @@ from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.connection import connect, heartbeat_timeout
+from amqpjobs.topology.versions import nack_is_free
+from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
@@ -257,6 +259,8 @@ class Worker:
         self._stalls = StallWatch()
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
+        self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
+        self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
 
     # ------------------------------------------------------------------ lifecycle
@@ -288,12 +292,6 @@ class Worker:
             self._timeouts[job.name] = (
                 job.timeout if job.timeout is not None else default_timeout(self.options.consumer_timeout)
             )
-            if job.timeout is not None and job.timeout >= self.options.consumer_timeout:
-                log.warning(
-                    "job %s: timeout %.0fs is not below the broker's delivery acknowledgement timeout "
-                    "(consumer_timeout %.0fs): the broker would close the channel and redeliver first",
-                    job.name, job.timeout, self.options.consumer_timeout,
-                )  # fmt: skip
 
     def _check_idempotent(self, job: JobDef, layout: JobQueueLayout) -> None:
         ledger = self.app.ledger
@@ -354,6 +352,13 @@ class Worker:
                 "apply); without them retries, quarantine and crash containment can't work"
             )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
+        self._version = version = broker_info(self._connection).version  # see amqpjobs.runtime.broker_rules
+        check_layouts(self._layouts.values(), version)
+        longest = {q: max((t for j, t in self._timeouts.items() if self.app.resolve(j).queue == q), default=0.0)
+                   for q in self._layouts}  # fmt: skip
+        self._consumer_timeouts = consumer_timeouts(
+            self._layouts.values(), longest, version, self.options.consumer_timeout
+        )
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
@@ -400,7 +405,7 @@ class Worker:
         assert self._connection is not None
         consumer = WorkQueueConsumer(
             self._connection, work_queue, self.options.concurrency, self._held_by(layout),
-            self.settings.safe_url,
+            self.settings.safe_url, self._consumer_timeouts.get(layout.name),
         )  # fmt: skip
         self._consumers.append(consumer)
         await consumer.start()
@@ -647,7 +652,8 @@ class Worker:
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries,
+                                 nack_is_free(self._version, layout.queue_type))  # fmt: skip
         if screening.action == "crashed":
             return _Verdict(Quarantine("crashed"), self._crash_error(layout, delivery, screening.start), job,
                             attempt, job_id, True)  # fmt: skip
@@ -899,6 +905,10 @@ class Worker:
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
                         v.job_id, v.decision)  # fmt: skip
             return False
+        if isinstance(v.decision, HandBack) and nack_is_free(self._version, layout.queue_type):
+            with contextlib.suppress(DeliveryChannelClosed):  # 4.3 quorum: uncharged (amqpjobs.jobs.crash)
+                await delivery.requeue()
+            return False
         try:
             await self._republish(layout, delivery, v)
         except AmqpJobsError as exc:
@@ -972,6 +982,7 @@ class Worker:
                 job=job.name if job else delivery.job_name,
                 job_id=job_id,
                 tenant=delivery.tenant or "",
+                **delivery_counters(delivery.headers),
             )
             headers = envelope.strip_broker_headers(delivery.headers)
             headers[envelope.RUNS] = runs
