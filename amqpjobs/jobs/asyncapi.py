@@ -86,13 +86,16 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
         "delivery_mode": {"const": 2, "description": "Persistent."},
         "app_id": {"type": "string", "description": "Optional: names the publisher; never read."},
     }  # fmt: skip
-    if layout.queue_type == "classic" and layout.max_priority is not None:
+    if layout.max_priority is not None:  # enqueue's rule: 0..max_priority
         props["priority"] = {
             "type": "integer", "minimum": 0, "maximum": layout.max_priority,
-            "description": "Optional. The broker delivers a higher one as the maximum.",
+            "description": "Optional. A classic queue delivers a higher one as the maximum.",
         }  # fmt: skip
     elif layout.queue_type == "quorum":
-        props["priority"] = {"type": "integer", "minimum": 0, "maximum": 255, "description": "Optional."}
+        props["priority"] = {
+            "type": "integer", "minimum": 0, "maximum": 255,
+            "description": "Optional. Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31.",
+        }  # fmt: skip
     return {
         "type": "object",
         "required": ["content_type", "message_id", "type", "timestamp", "delivery_mode"],
