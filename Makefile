@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BROKER := bash scripts/broker.sh
 
-.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down broker43-up broker43-down lint test test-3 test-4 test-43 test-fast demo clean
+.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down broker43-up broker43-down lint node-deps test test-3 test-4 test-43 test-fast demo clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,7 +56,10 @@ test: lint broker-up postgres-up  ## install, start the brokers, lint, run the w
 postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 	bash scripts/postgres.sh up
 
-test-3: install broker-up postgres-up  ## the whole suite against the 3.10 node
+node-deps:  ## node and npm (Debian's, when missing) and the pinned amqplib in .cache/node, for the Node publisher test
+	bash scripts/node-deps.sh >/dev/null
+
+test-3: install broker-up postgres-up node-deps  ## the whole suite against the 3.10 node
 	$(BIN)/pytest
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)

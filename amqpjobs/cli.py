@@ -31,9 +31,12 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
+from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.cron import format_tick
 from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, parse_time, summarize
+from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection, summarize
+from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
@@ -316,12 +319,13 @@ def quarantine_list(
         ], indent=2))  # fmt: skip
         return
     for queue_name, total, groups in doc:
-        click.echo(f"{queue_name}: {total} message(s)")
+        click.echo(f"{printable(queue_name)}: {total} message(s)")
         if groups:
             click.echo(f"  {'count':>6}  {'job':<24} {'reason':<24} {'error type':<28} first failure -> last failure")
         for g in groups:
             click.echo(
-                f"  {g.count:>6}  {g.job or '?':<24} {g.reason:<24} {g.error_type or '-':<28} "
+                f"  {g.count:>6}  {printable(g.job) or '?':<24} {printable(g.reason):<24} "
+                f"{printable(g.error_type) or '-':<28} "
                 f"{_when(g.first_failure)} -> {_when(g.last_failure)}"
             )
 
@@ -343,25 +347,28 @@ def quarantine_show(
     _, messages = asyncio.run(browse(settings, queue, limit, selection))
     for m in messages:
         if as_json:
-            click.echo(json.dumps(m.to_json(), ensure_ascii=False))
+            click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
             continue
         doc = m.to_json()
         item = m.item
-        click.echo(f"--- job {item.job or '?'} id {item.job_id or '?'}")
-        click.echo(f"    reason:     {item.reason}   attempts: {item.attempts}   replays: {item.replay_count}")
+        # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
+        click.echo(f"--- job {printable(item.job) or '?'} id {printable(item.job_id) or '?'}")
+        click.echo(
+            f"    reason:     {printable(item.reason)}   attempts: {item.attempts}   replays: {item.replay_count}"
+        )
         if item.error_type:
-            click.echo(f"    error:      {item.error_type}: {item.error_message[:500]}")
+            click.echo(f"    error:      {printable(item.error_type)}: {printable(item.error_message[:500])}")
         click.echo(f"    failed:     {_when(item.first_failed_at)} -> {_when(item.failed_at)}")
-        click.echo(f"    from queue: {item.original_queue or '?'}")
+        click.echo(f"    from queue: {printable(item.original_queue) or '?'}")
         payload = doc["payload"]
         shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
-        click.echo(f"    payload:    {shown[:1000]}")
+        click.echo(f"    payload:    {printable(shown[:1000])}")
         for key, value in sorted(doc["headers"].items()):
             if key == "amqpjobs-traceback":
                 tail = str(value).strip().splitlines()[-3:]
-                click.echo("    traceback:  ..." + " | ".join(tail))
+                click.echo("    traceback:  ..." + printable(" | ".join(tail)))
             elif key not in ("amqpjobs-error-message",):
-                click.echo(f"    {key}: {json.dumps(value, ensure_ascii=False)[:300]}")
+                click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
     if not as_json:
         click.echo(f"{len(messages)} message(s) shown")
 
@@ -432,7 +439,7 @@ def replay_command(
         click.echo("", err=True)
     if dry_run:
         for job_id, target in report.moves:
-            click.echo(f"would replay {job_id} -> {target}")
+            click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
@@ -504,6 +511,25 @@ def status_command(
             click.echo("healthy")
     if unhealthy:
         sys.exit(EXIT_FOUND)
+
+
+@main.command("asyncapi")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@_errors_to_exit_codes
+def asyncapi(app_ref: str, output: str | None) -> None:
+    """Write an AsyncAPI 3.0 document of MODULE:APP: a channel per job queue and shard, a message per job.
+
+    For publishers in other languages: exchange, routing key and AMQP bindings of each
+    channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
+    """
+    app = load_app(app_ref)
+    text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
+    if output:
+        Path(output).write_text(text + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 @main.group()

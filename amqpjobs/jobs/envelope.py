@@ -32,6 +32,7 @@ ENQUEUED_AT: Final = "amqpjobs-enqueued-at"
 FIRST_FAILURE_AT: Final = "amqpjobs-first-failure-at"
 ORIGINAL_EXCHANGE: Final = "amqpjobs-original-exchange"
 ORIGINAL_ROUTING_KEY: Final = "amqpjobs-original-routing-key"
+RUNS: Final = "amqpjobs-runs"
 
 #: Our own headers and what they hold. Evidence headers are in :mod:`amqpjobs.jobs.evidence`.
 HEADERS: Final = {
@@ -42,6 +43,7 @@ HEADERS: Final = {
     FIRST_FAILURE_AT: "str: time of the first failure, ISO-8601 UTC; set on retried copies",
     ORIGINAL_EXCHANGE: "str: exchange the job was first published to; set on retried copies",
     ORIGINAL_ROUTING_KEY: "str: routing key it was first published with; set on retried copies",
+    RUNS: "int: handler runs of the job so far; set by the worker on its copies; missing = 0",
 }
 
 #: Quorum-queue delivery counters the broker sets on a redelivery: ``x-delivery-count``
@@ -190,26 +192,55 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
     return value
 
 
+def header_int(value: Any) -> int | None:
+    """Read a counter header: integers, integral floats and ASCII digit strings.
+
+    Strings may be ``str``, ``bytes`` or ``bytearray`` (an AMQP long string arrives as
+    bytes from some clients), surrounded by blanks, at most 20 digits. Anything else
+    (booleans, fractions, signs, other types) is None.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", "replace")
+    if isinstance(value, str):
+        text = value.strip()
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+    return value if isinstance(value, int) else None
+
+
 def parse_attempt(value: Any) -> int:
     """Read our attempt header. Missing, non-integer or < 1 values count as attempt 1.
 
     A publisher we don't control may send garbage here; the documented choice is to treat
     the delivery as a first attempt (it still runs at most ``max_attempts`` times from
-    here on), never to crash. Integers, integral floats and ASCII digit strings (``str``,
-    ``bytes``, ``bytearray``; at most 20 digits) are read.
+    here on), never to crash. Read as :func:`header_int` reads.
     """
-    if isinstance(value, bool):
-        return 1
-    if isinstance(value, float):
-        value = int(value) if math.isfinite(value) and value.is_integer() else 1
-    elif isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("ascii", "replace")
-    if isinstance(value, str):
-        text = value.strip()
-        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 1
-    if not isinstance(value, int):
-        return 1
-    return value if value >= 1 else 1
+    number = header_int(value)
+    return number if number is not None and number >= 1 else 1
+
+
+def parse_runs(value: Any) -> int:
+    """Read :data:`RUNS`, the handler runs so far: missing, non-integer or negative values are 0.
+
+    Only the worker writes it, on the copies it makes (retry tiers, quarantine, suspects).
+    The evidence's ``amqpjobs-attempts`` is this count plus this delivery's run: never
+    arithmetic on the attempt header, which a publisher may set to anything (attempt 999
+    quarantined without running has 0 runs, not 998).
+    """
+    number = header_int(value)
+    return number if number is not None and number >= 0 else 0
+
+
+def tenant_of(value: str | None) -> str | None:
+    """The tenant a header value names: None for absent, empty or blank (``enqueue`` refuses those).
+
+    A publisher we don't control may send ``amqpjobs-tenant: ""`` for "no tenant"; it reads
+    as no tenant everywhere (handler, evidence, replay), never as a tenant named ``""``.
+    """
+    return value if value is not None and value.strip() else None
 
 
 def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:

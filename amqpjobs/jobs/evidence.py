@@ -65,7 +65,8 @@ class Failure:
         host / pid: Worker host name and process id.
         version / app_version: amqpjobs version and the app's version (``""`` if not given).
         exchange / queue / routing_key: Where the delivery came from.
-        job / job_id / tenant: The job, as far as known (``""`` when not).
+        job / job_id: The job, as far as known (``""`` when not).
+        tenant: The tenant, ``""`` (or blank) for none: then no tenant header is written.
         delivery_count / acquired_count: The broker's quorum-queue counters on the
             delivery (``x-delivery-count``, ``x-acquired-count`` from 4.3), 0 when absent
             (classic queues, a first delivery); see :func:`delivery_counters`.
@@ -143,7 +144,9 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         budget: Byte budget for names + values (UTF-8), default 16 KiB.
 
     Returns:
-        Header name → ``str`` or ``int`` value, every name in :data:`EVIDENCE_HEADERS`.
+        Header name → ``str`` or ``int`` value, every name in :data:`EVIDENCE_HEADERS` but
+        :data:`TENANT` for a job without a tenant (absent stays absent: a replayed copy
+        must not carry a tenant named ``""``).
 
     """
     f = failure
@@ -162,10 +165,11 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         ORIGINAL_ROUTING_KEY: f.routing_key,
         JOB: f.job,
         JOB_ID: f.job_id,
-        TENANT: f.tenant,
         DELIVERY_COUNT: f.delivery_count,
         ACQUIRED_COUNT: f.acquired_count,
     }
+    if f.tenant.strip():
+        short[TENANT] = f.tenant
     short = {k: (_trim_head(_clean(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
     room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})
     message, tb = _clean(f.error_message), _clean(f.traceback)

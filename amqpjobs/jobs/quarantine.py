@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.timestamps import parse_time
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -35,7 +36,7 @@ PROVENANCE_HEADERS: Final = (
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
 _RESET: Final = frozenset(
-    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.FIRST_FAILURE_AT}
+    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.RUNS, envelope.FIRST_FAILURE_AT}
     - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
 )
 
@@ -92,20 +93,6 @@ class QuarantinedJob:
     original_queue: str
     replay_count: int
     broker_side: bool
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Read an ISO-8601 string or AMQP timestamp header value as an aware UTC datetime."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = header_text(value)
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -236,6 +223,8 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
     """
     out = {k: v for k, v in envelope.strip_broker_headers(headers).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
+    if evidence.TENANT in out and envelope.tenant_of(header_text(out[evidence.TENANT])) is None:
+        del out[evidence.TENANT]  # "" is no tenant (README "Wire format"): the copy goes without one
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
     out[PREVIOUS_REASON] = item.reason

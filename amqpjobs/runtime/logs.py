@@ -6,6 +6,9 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Any
+
+from amqpjobs.printable import json_safe, printable, printable_block
 
 
 class JsonFormatter(logging.Formatter):
@@ -21,7 +24,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
+        return json_safe(json.dumps(doc, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
@@ -29,6 +32,11 @@ class TextFormatter(logging.Formatter):
 
     A worker writes one line per job outcome; ``time.strftime`` for every line was a
     visible share of a busy worker's CPU (bench/RESULTS.md, "Where the time goes").
+
+    One record is one line: control characters, line breaks and terminal escapes in any
+    field (a job id, job name or exception message from a publisher) are escaped
+    (:func:`amqpjobs.printable.printable`), so nothing can forge a line. A traceback
+    follows on lines of its own, each indented by four spaces.
     """
 
     def __init__(self) -> None:
@@ -43,6 +51,18 @@ class TextFormatter(logging.Formatter):
             self._text = time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
             self._second = second
         return f"{self._text},{int(record.msecs):03d}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The record's line, every field escaped (:func:`~amqpjobs.printable.printable`)."""
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback, each of its lines indented and escaped."""
+        return printable_block(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        """The stack, each of its lines indented and escaped."""
+        return printable_block(stack_info)
 
 
 def configure_logging(level: int = logging.INFO, json_lines: bool = False) -> None:

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
     QUARANTINE_SUFFIX,
@@ -135,7 +136,10 @@ async def collect(
             ready, consumers = exact[queue].messages, exact[queue].consumers
             stats = live.get(queue, {})
             head = stats.get("head_message_timestamp")
-            age = max(0.0, now - float(head)) if isinstance(head, int | float) and ready else None
+            # the raw integer the publisher sent: milliseconds above 2**32 - 1 (pamqp's rule)
+            age = None
+            if isinstance(head, int | float) and not isinstance(head, bool) and ready:
+                age = max(0.0, now - epoch_seconds(head))
             msg_stats = stats.get("message_stats") or {}
             return QueueStatus(
                 queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,

@@ -923,13 +923,17 @@ class Worker:
         """
         assert self._publisher is not None
         assert self._quarantiner is not None
-        decision, info, job, attempt, job_id = v.decision, v.error, v.job, v.attempt, v.job_id
+        decision, info, job, job_id = v.decision, v.error, v.job, v.job_id
+        # handler runs so far, counted in our own header on our copies (absent = 0), never derived
+        # from the attempt header a publisher may set to anything
+        runs = envelope.parse_runs(delivery.headers.get(envelope.RUNS)) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
             headers = envelope.strip_broker_headers(delivery.headers)
             if not decision.wait:  # an outcome was reached: the start count begins again
                 for name in crash.START_HEADERS:
                     headers.pop(name, None)
             headers[envelope.ATTEMPT] = decision.next_attempt
+            headers[envelope.RUNS] = runs
             if not decision.wait:
                 headers.setdefault(envelope.FIRST_FAILURE_AT, _now_iso())
             # the copy comes back from the tier via the default exchange: keep where it first came from
@@ -957,10 +961,8 @@ class Worker:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
             now = _now_iso()
-            # handler runs so far: one per earlier attempt, and for a crash every start of this one
-            runs = attempt if v.ran else attempt - 1
-            if decision.reason == "crashed":
-                runs = attempt - 1 + crash.starts_of(delivery.headers)
+            if decision.reason == "crashed":  # every start of this attempt ended without an outcome
+                runs = envelope.parse_runs(delivery.headers.get(envelope.RUNS)) + crash.starts_of(delivery.headers)
             error_type, error_message, tb = info
             failure = Failure(
                 reason=decision.reason,
@@ -983,6 +985,7 @@ class Worker:
                 **delivery_counters(delivery.headers),
             )
             headers = envelope.strip_broker_headers(delivery.headers)
+            headers[envelope.RUNS] = runs
             headers.update(evidence_headers(failure))
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import aiormq
@@ -22,6 +22,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
 from amqpjobs.jobs import envelope
+from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.wire.copies import ReceivedCopy, received_bytes
 
 log = logging.getLogger("amqpjobs.wire")
@@ -178,19 +179,18 @@ class Delivery:
 
     @property
     def tenant(self) -> str | None:
-        """Tenant key from our header, or None."""
-        return _text(self.headers.get(envelope.TENANT))
+        """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
+        return envelope.tenant_of(_text(self.headers.get(envelope.TENANT)))
 
     @property
     def enqueued_at(self) -> datetime | None:
-        """First enqueue time: our header, else the ``timestamp`` property."""
-        raw = _text(self.headers.get(envelope.ENQUEUED_AT))
-        if raw:
-            try:
-                return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-            except ValueError:
-                pass
-        return None if self.timestamp is None else datetime.fromtimestamp(self.timestamp, UTC)
+        """First enqueue time, aware UTC: our header, else the ``timestamp`` property.
+
+        Both read by one rule (:func:`amqpjobs.jobs.timestamps.parse_time`): ISO-8601 text
+        without a zone is UTC, an offset is converted to UTC, a number above ``2**32 - 1``
+        is milliseconds.
+        """
+        return parse_time(self.headers.get(envelope.ENQUEUED_AT)) or parse_time(self.timestamp)
 
     def copy(self, headers: Mapping[str, Any], job_id: str) -> envelope.OutgoingMessage:
         """The same message with other headers, for a tier, quarantine or a replay.

@@ -98,6 +98,9 @@ def test_every_command_runs_on_the_suites_broker(broker: BrokerSettings, broker_
     code, out = run(env, "topology", "export", str(topology))
     assert code == 0, out
     assert '"queues"' in out
+    code, out = run(env, "asyncapi", "examples.shop:app")  # needs no broker; here so no command is missed
+    assert code == 0, out
+    assert '"asyncapi": "3.0.0"' in out
 
     asyncio.run(enqueue(broker, topology))
     worker = subprocess.Popen(

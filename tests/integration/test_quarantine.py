@@ -18,6 +18,7 @@ import pytest
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay, replay_window
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, raw_channel
@@ -121,7 +122,7 @@ async def test_filters_select_exactly_the_matching_messages(broker: BrokerSettin
     assert await depth(broker, "work") == 4
     r = await replay(broker, "work", ReplayOptions(rate=1000, selection=q.Selection(reason="exhausted", job="report")))
     assert (r.replayed, r.left) == (3, 5)
-    since = q.parse_time("2026-11-29T09:00:00Z")
+    since = parse_time("2026-11-29T09:00:00Z")
     r = await replay(broker, "work", ReplayOptions(rate=1000, selection=q.Selection(since=since)))
     assert r.replayed == 0
     r = await replay(broker, "work", ReplayOptions(rate=1000, limit=2))

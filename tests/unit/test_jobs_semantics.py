@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
@@ -10,6 +11,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs.evidence import DEFAULT_BUDGET, ERROR_MESSAGE, EVIDENCE_HEADERS, TRACEBACK, Failure, evidence_headers
 from amqpjobs.jobs.outcome import Quarantine, RetryLater
 from amqpjobs.jobs.retry import decide
+from amqpjobs.jobs.timestamps import parse_time
 
 TIERS = (1.0, 5.0, 30.0)
 
@@ -44,7 +46,7 @@ def failure(message: str, tb: str) -> Failure:
 @pytest.mark.parametrize("size", [10, 20_000, 1_000_000])
 def test_evidence_stays_under_budget(size: int) -> None:
     headers = evidence_headers(failure("m" * size, "Traceback...\n" + "t" * size + "\nValueError: boom"))
-    assert set(headers) == set(EVIDENCE_HEADERS)
+    assert set(headers) == set(EVIDENCE_HEADERS) - {envelope.TENANT}  # no tenant: no tenant header
     total = sum(len(k.encode()) + len(str(v).encode()) for k, v in headers.items())
     assert total <= DEFAULT_BUDGET
     assert str(headers[ERROR_MESSAGE]).startswith("mmm")
@@ -179,3 +181,37 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     assert consumed == 8
     assert isinstance(value, datetime)
     assert value.year == 2025
+
+
+@pytest.mark.parametrize(("value", "tenant"), [(None, None), ("", None), ("  ", None), ("acme", "acme")])
+def test_empty_tenant_is_no_tenant(value: str | None, tenant: str | None) -> None:
+    assert envelope.tenant_of(value) == tenant
+
+
+def test_evidence_and_replay_carry_no_empty_tenant() -> None:
+    from amqpjobs.jobs import quarantine as q
+
+    with_tenant = evidence_headers(replace(failure("m", ""), tenant="acme"))
+    assert with_tenant[envelope.TENANT] == "acme"
+    item = q.describe({envelope.TENANT: ""}, "id-1", "mail")
+    assert envelope.TENANT not in q.replay_headers({envelope.TENANT: "", "k": 1}, item, "r-1")
+    assert q.replay_headers({envelope.TENANT: b"acme"}, item, "r-1")[envelope.TENANT] == b"acme"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1_764_493_200, "2025-11-30T09:00:00+00:00"),  # seconds
+        (1_764_493_200_123, "2025-11-30T09:00:00.123000+00:00"),  # milliseconds: above 2**32 - 1
+        (0xFFFFFFFF, "2106-02-07T06:28:15+00:00"),  # the last value read as seconds
+        ("2026-11-30T09:00:00", "2026-11-30T09:00:00+00:00"),  # no zone: UTC
+        ("2026-11-30T11:00:00+02:00", "2026-11-30T09:00:00+00:00"),
+        (b"2026-11-30T09:00:00.000Z", "2026-11-30T09:00:00+00:00"),
+        (datetime(2026, 11, 30, 9), "2026-11-30T09:00:00+00:00"),  # naive: UTC
+        ("yesterday", None), (True, None), (10**30, None), (None, None),
+    ],
+)  # fmt: skip
+def test_one_time_rule(value: object, expected: str | None) -> None:
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+    assert parsed is None or parsed.tzinfo is UTC

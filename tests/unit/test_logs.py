@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
@@ -40,3 +41,29 @@ def test_json_lines_are_one_object_each() -> None:
     assert doc["logger"] == "amqpjobs.worker"
     assert doc["message"] == "job=noop outcome=succeeded"
     assert doc["time"].startswith("2025-11-29T09:00:00.500")
+
+
+def test_text_lines_escape_every_field_and_indent_tracebacks() -> None:
+    forged = "id-1\n2026-11-30 09:00:00,000 INFO amqpjobs.worker: job=x outcome=succeeded\x1b[2J\x9b31m\u2028\r\t"
+    rec = logging.LogRecord("amqpjobs.worker", logging.ERROR, __file__, 1, "job=%s failed", (forged,), None)
+    try:
+        raise ValueError("first line\nsecond line\x1b]0;title\x07")
+    except ValueError:
+        rec.exc_info = sys.exc_info()
+    text = TextFormatter().format(rec)
+    first, *rest = text.split("\n")
+    assert first.endswith(
+        "ERROR amqpjobs.worker: job=id-1\\n2026-11-30 09:00:00,000 INFO amqpjobs.worker: job=x "
+        "outcome=succeeded\\x1b[2J\\x9b31m\\u2028\\r\\t failed"
+    )
+    assert rest[0] == "    Traceback (most recent call last):"
+    assert rest[-2:] == ["    ValueError: first line", "    second line\\x1b]0;title\\x07"]
+    assert all(line.startswith("    ") for line in rest)
+
+
+def test_json_lines_escape_what_a_terminal_acts_on_and_keep_the_value() -> None:
+    message = "id\n\x1b[2J\x9b31m\u2028\u202e\x7f ключ"
+    line = JsonFormatter().format(record(1764406800.5, message))
+    assert [c for c in ("\n", "\x1b", "\x9b", "\u2028", "\u202e", "\x7f") if c in line] == []
+    assert "ключ" in line
+    assert json.loads(line)["message"] == message

@@ -1,0 +1,222 @@
+"""An AsyncAPI 3.0 document of an app's jobs: what a publisher in any language needs (no I/O).
+
+``amqpjobs asyncapi MODULE:APP`` writes it. The document describes the publishing side of
+the wire format (README "Wire format"):
+
+* one **channel** per work queue a publisher addresses: the job queue itself, or each of
+  its shards (``<job queue>.shard-<i>``). Its ``address`` is the routing key, its AMQP
+  channel binding (0.3.0) names the exchange (``is: routingKey``), and for a shard an
+  ``x-amqpjobs-shard`` extension gives the shard rule;
+* one **operation** per channel (``action: send``), with the AMQP operation binding:
+  ``deliveryMode: 2``, ``mandatory: true``, ``timestamp: true``;
+* one **message** per job: ``payload`` is the JSON Schema of the job's pydantic model
+  (``{"type": "object"}`` for a job without one), ``headers`` the JSON Schema of our
+  headers, the AMQP message binding's ``messageType`` the job name, and an
+  ``x-amqp-properties`` extension the JSON Schema of the AMQP basic properties to set.
+
+Pydantic's ``$defs`` are hoisted into ``components/schemas`` (a ``$ref`` in an AsyncAPI
+document resolves against the document, not against the payload schema).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Final
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.registry import JobDef
+from amqpjobs.topology.models import JobQueueLayout, Topology
+
+ASYNCAPI_VERSION: Final = "3.0.0"
+AMQP_BINDING_VERSION: Final = "0.3.0"
+HEADERS_SCHEMA: Final = "AmqpjobsHeaders"
+_KEY_UNSAFE = re.compile(r"[^\w.\-]")
+
+
+def headers_schema() -> dict[str, Any]:
+    """JSON Schema of the headers a publisher sets (README "Wire format"; all optional)."""
+    return {
+        "type": "object",
+        "description": (
+            "Headers of a job message. Names starting 'x-' belong to the broker and other 'amqpjobs-' "
+            "names to the worker: a publisher sets none of them. Other headers are passed to the "
+            "handler (ctx.headers) and kept on every copy."
+        ),
+        "properties": {
+            envelope.ATTEMPT: {
+                "type": "integer", "minimum": 1, "default": 1,
+                "description": "The attempt this delivery is: 1 for a new job (missing = 1). Also read: "
+                "ASCII digit strings. Anything else counts as 1; above the job's max_attempts the job is "
+                "quarantined 'exhausted' without running.",
+            },
+            envelope.TENANT: {
+                "type": "string", "maxLength": 255,
+                "description": "Tenant key, optional; picks the shard of a sharded job queue. "
+                "'' (or blank) means no tenant.",
+            },
+            envelope.ENQUEUED_AT: {
+                "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],
+                "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Optional: "
+                "the timestamp property is used without it.",
+            },
+            envelope.JOB: {
+                "type": "string",
+                "description": "The job name, read only when the 'type' property is absent.",
+            },
+        },
+    }  # fmt: skip
+
+
+def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
+    """JSON Schema of the AMQP basic properties of a job message (``x-amqp-properties``)."""
+    props: dict[str, Any] = {
+        "content_type": {"const": envelope.CONTENT_TYPE},
+        "message_id": {"type": "string", "minLength": 1, "maxLength": 255, "description": "The job id."},
+        "type": {"const": job.name, "description": "The job name."},
+        "timestamp": {
+            "type": "integer", "minimum": 0,
+            "description": "Enqueue time in integer seconds since the epoch (Math.floor(Date.now() / 1000)); "
+            "a value above 2**32 - 1 is read as milliseconds.",
+        },
+        "delivery_mode": {"const": 2, "description": "Persistent."},
+        "app_id": {"type": "string", "description": "Optional: names the publisher; never read."},
+    }  # fmt: skip
+    if layout.max_priority is not None:  # enqueue's rule: 0..max_priority
+        props["priority"] = {
+            "type": "integer", "minimum": 0, "maximum": layout.max_priority,
+            "description": "Optional. A classic queue delivers a higher one as the maximum.",
+        }  # fmt: skip
+    elif layout.queue_type == "quorum":
+        props["priority"] = {
+            "type": "integer", "minimum": 0, "maximum": 255,
+            "description": "Optional. Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31.",
+        }  # fmt: skip
+    return {
+        "type": "object",
+        "required": ["content_type", "message_id", "type", "timestamp", "delivery_mode"],
+        "properties": props,
+    }
+
+
+def _key(text: str, taken: set[str]) -> str:
+    """A component key (word characters, dots and dashes) for ``text``, unique among ``taken``."""
+    base = _KEY_UNSAFE.sub("_", text) or "_"
+    key, n = base, 2
+    while key in taken:
+        key, n = f"{base}_{n}", n + 1
+    taken.add(key)
+    return key
+
+
+def _payload_schemas(jobs: list[JobDef]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each model's JSON Schema (by job name) and the shared definitions, refs into components/schemas."""
+    models: dict[type[BaseModel], None] = {job.payload_model: None for job in jobs if job.payload_model}
+    if not models:
+        return {}, {}
+    by_model, top = models_json_schema(
+        [(model, "validation") for model in models], ref_template="#/components/schemas/{model}"
+    )
+    defs: dict[str, Any] = top.get("$defs", {})
+    out = {}
+    for job in jobs:
+        if job.payload_model is not None:
+            out[job.name] = by_model[(job.payload_model, "validation")]
+    return out, defs
+
+
+def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], topology: Topology) -> dict[str, Any]:
+    """Build the AsyncAPI 3.0 document of ``jobs`` over ``topology``.
+
+    Args:
+        app_name: The app's name (``info.title``).
+        app_version: The app's version (``info.version``; ``"unversioned"`` when empty).
+        jobs: The registered jobs; each names a job queue of ``topology``.
+        topology: The topology the jobs are published into.
+
+    Returns:
+        The document as JSON-ready data.
+
+    Raises:
+        ConfigurationError: a job's queue is not in the topology.
+
+    """
+    jobs = sorted(jobs, key=lambda j: j.name)
+    exchange_types = {e.name: e.type for e in topology.exchanges}
+    payloads, schemas = _payload_schemas(jobs)
+    schemas = {**schemas, HEADERS_SCHEMA: headers_schema()}
+    message_keys: set[str] = set()
+    messages: dict[str, Any] = {}
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    by_queue: dict[str, list[tuple[JobDef, str]]] = {}
+    known = {spec.name for spec in topology.job_queues}
+    for job in jobs:
+        if job.queue not in known:
+            raise ConfigurationError(f"job {job.name!r}: job queue {job.queue!r} is not in the topology")
+        layout = topology.layout(job.queue)
+        key = _key(job.name, message_keys)
+        by_queue.setdefault(job.queue, []).append((job, key))
+        messages[key] = {
+            "name": job.name,
+            "title": f"job {job.name}",
+            "summary": f"Enqueue job {job.name!r} (job queue {job.queue!r}).",
+            "contentType": envelope.CONTENT_TYPE,
+            "headers": {"$ref": f"#/components/schemas/{HEADERS_SCHEMA}"},
+            "payload": payloads.get(job.name, {"type": "object", "description": "Any JSON object."}),
+            "bindings": {"amqp": {"messageType": job.name, "bindingVersion": AMQP_BINDING_VERSION}},
+            "x-amqp-properties": _properties_schema(job, layout),
+        }
+    channel_keys: set[str] = set()
+    for queue, members in by_queue.items():
+        layout = topology.layout(queue)
+        shards = layout.shard_routing_keys
+        targets = list(zip(layout.work_queues, shards, strict=True)) if shards else [(queue, layout.routing_key)]
+        for index, (work_queue, routing_key) in enumerate(targets):
+            channel = _key(work_queue, channel_keys)
+            binding: dict[str, Any] = {
+                "is": "routingKey",
+                "exchange": {
+                    "name": layout.exchange, "type": exchange_types.get(layout.exchange, "direct"),
+                    "durable": True, "autoDelete": False,
+                },
+                "bindingVersion": AMQP_BINDING_VERSION,
+            }  # fmt: skip
+            channels[channel] = {
+                "address": routing_key,
+                "title": f"work queue {work_queue}",
+                "description": f"Publish to exchange {layout.exchange!r} with routing key {routing_key!r}; "
+                f"the broker routes it to work queue {work_queue!r}.",
+                "messages": {key: {"$ref": f"#/components/messages/{key}"} for _, key in members},
+                "bindings": {"amqp": binding},
+            }
+            if shards:
+                channels[channel]["x-amqpjobs-shard"] = {
+                    "index": index, "of": len(shards),
+                    "rule": "zlib CRC-32 of the UTF-8 bytes of the tenant header (else of message_id), modulo 'of'",
+                }  # fmt: skip
+            operations[f"send.{channel}"] = {
+                "action": "send",
+                "channel": {"$ref": f"#/channels/{channel}"},
+                "messages": [{"$ref": f"#/channels/{channel}/messages/{key}"} for _, key in members],
+                "bindings": {"amqp": {
+                    "deliveryMode": 2, "mandatory": True, "timestamp": True, "bindingVersion": AMQP_BINDING_VERSION,
+                }},
+            }  # fmt: skip
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {
+            "title": app_name,
+            "version": app_version or "unversioned",
+            "description": "Jobs of this amqpjobs app, as publishers send them (README 'Wire format'). "
+            "Publish with publisher confirms and mandatory set; a returned message was not enqueued.",
+        },
+        "defaultContentType": envelope.CONTENT_TYPE,
+        "channels": channels,
+        "operations": operations,
+        "components": {"schemas": schemas, "messages": messages},
+    }

@@ -1,0 +1,50 @@
+"""One rule for reading times off the wire, used by every reader (worker, status, evidence).
+
+An AMQP ``timestamp`` is meant to be seconds since the epoch, but publishers in other
+languages often send milliseconds (JavaScript's ``Date.now()``). The rule is pamqp's
+(``pamqp.decode.timestamp``): a value above ``2**32 - 1`` (past the year 2106 in seconds)
+is milliseconds. The same rule reads the management API's ``head_message_timestamp``
+(the raw integer the publisher sent) and integer time headers.
+
+A time written as text (our ``amqpjobs-*-at`` headers) is ISO-8601; one without a zone is
+UTC. Every reader returns an aware datetime in UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+#: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
+MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
+
+
+def epoch_seconds(value: float) -> float:
+    """Seconds since the epoch from an AMQP-style timestamp in seconds or milliseconds."""
+    return value / 1000.0 if value > MILLISECONDS_ABOVE else float(value)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Read a time from a header or property value as an aware UTC datetime.
+
+    Accepts a ``datetime`` (naive taken as UTC), an integer or float (seconds, or
+    milliseconds above :data:`MILLISECONDS_ABOVE`), or ISO-8601 text as ``str`` or
+    ``bytes`` (``Z`` or an offset; none means UTC). Anything else, or a time out of range,
+    is None.
+    """
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(epoch_seconds(value), UTC)
+        except (ValueError, OverflowError, OSError):
+            return None
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parse_time(parsed)

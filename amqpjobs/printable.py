@@ -1,0 +1,60 @@
+r"""Text from the wire made safe for a terminal and a line-oriented log.
+
+A job id, job name, tenant, header or exception message comes from publishers we don't
+control. Written as it is into the plain-text worker log, a newline in it forges a second
+log line (a fake ``outcome=succeeded``), and an escape sequence (``ESC [``, the C1 ``CSI``)
+repaints the operator's terminal. :func:`printable` escapes every character that could do
+either, Python-style, and leaves everything else (any script, emoji) as it is:
+
+* C0 controls and DEL (``\n``, ``\r``, ``\t`` by name, the rest as ``\xNN``);
+* C1 controls ``\x80``-``\x9f`` (``\x9b`` is a one-byte CSI, ``\x85`` a line break);
+* Unicode line and paragraph separators (U+2028, U+2029) and the invisible direction
+  marks and overrides (U+200E/F, U+202A-E, U+2066-9) that make text read other than it is,
+  and the byte-order mark U+FEFF.
+
+JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dumps``);
+:func:`json_safe` escapes the rest of the list above as ``\uXXXX`` (still the same JSON).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+_UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+_JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str) -> str:
+    r"""``text`` with control characters, line breaks and terminal escapes written as escapes.
+
+    >>> printable("id-1\n2026-11-30 INFO forged\x1b[31m")
+    'id-1\\n2026-11-30 INFO forged\\x1b[31m'
+    """
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def printable_block(text: str, indent: str = "    ") -> str:
+    r"""A multi-line text (a traceback) as lines that each start with ``indent``, each made printable.
+
+    Lines are split wherever Python sees a line break (``\n``, ``\r``, U+2028, ...), so no
+    line of it can pass for a line of its own in a log.
+    """
+    return "\n".join(indent + printable(line) for line in text.splitlines())
+
+
+def json_safe(text: str) -> str:
+    r"""JSON text with what a terminal could act on written as ``\uXXXX`` escapes.
+
+    ``text`` is the output of ``json.dumps(..., ensure_ascii=False)``, which escapes C0
+    controls but leaves DEL, C1 controls, line separators and direction marks raw inside
+    strings. Only those are replaced, so the result parses to the same value.
+    """
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -1,0 +1,178 @@
+"""``amqpjobs asyncapi``: a valid AsyncAPI 3.0 document of the app, checked against the official schema.
+
+The schema is AsyncAPI's own (npm ``@asyncapi/specs`` 6.11.1, ``schemas/3.0.0.json``, Apache
+2.0), vendored in ``tests/data/asyncapi``; it includes the AMQP 0.3.0 binding schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel, Field
+
+from amqpjobs import App, JobContext
+from amqpjobs.cli import main
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.asyncapi import asyncapi_document
+from amqpjobs.topology.loader import load_topology
+
+SCHEMA = Path(__file__).resolve().parents[1] / "data" / "asyncapi" / "asyncapi-3.0.0.schema.json"
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[exchange]]
+name = "events"
+type = "topic"
+
+[[job_queue]]
+name = "urgent"
+exchange = "jobs"
+max_priority = 5
+retry_tiers = ["1s"]
+
+[[job_queue]]
+name = "tenants"
+exchange = "events"
+routing_keys = ["work.tenants"]
+shards = 3
+"""
+
+
+class Address(BaseModel):
+    city: str
+
+
+class Confirm(BaseModel):
+    order_id: int = Field(ge=1)
+    to: str
+    ship_to: Address | None = None
+
+
+class Sync(BaseModel):
+    tenant_id: str
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+
+
+def make_app(tmp_path: Path) -> App:
+    (tmp_path / "t.toml").write_text(TOPOLOGY)
+    app = App("shop", topology=load_topology(tmp_path / "t.toml").topology, app_version="1.4.2")
+
+    async def handler(payload: Any, ctx: JobContext) -> None: ...
+
+    app.job("orders.confirm", queue="urgent", payload=Confirm)(handler)
+    app.job("orders/raw job", queue="urgent")(handler)  # no model; a name that is no component key
+    app.job("tenants.sync", queue="tenants", payload=Sync)(handler)
+    return app
+
+
+def refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from refs(item)
+
+
+def resolve(doc: dict[str, Any], ref: str) -> Any:
+    node: Any = doc
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def test_document_is_valid_asyncapi_3(tmp_path: Path, validator: jsonschema.Draft7Validator) -> None:
+    doc = asyncapi_document("shop", "1.4.2", make_app(tmp_path), make_app(tmp_path).topology())
+    assert [e.message for e in validator.iter_errors(doc)] == []
+    assert all(resolve(doc, ref) is not None for ref in refs(doc))  # every $ref points into the document
+    # the schema does check the AMQP bindings: a wrong delivery mode is refused
+    broken = copy.deepcopy(doc)
+    broken["operations"]["send.urgent"]["bindings"]["amqp"]["deliveryMode"] = 3
+    assert [e.validator for e in validator.iter_errors(broken)] != []
+
+
+def test_channels_messages_and_bindings(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    assert doc["info"] == {**doc["info"], "title": "shop", "version": "1.4.2"}
+    channels = doc["channels"]
+    assert list(channels) == ["urgent", "tenants.shard-0", "tenants.shard-1", "tenants.shard-2"]
+    assert [c["address"] for c in channels.values()] == [
+        "urgent", "work.tenants.shard-0", "work.tenants.shard-1", "work.tenants.shard-2",
+    ]  # fmt: skip
+    assert channels["urgent"]["bindings"]["amqp"]["exchange"] == {
+        "name": "jobs", "type": "direct", "durable": True, "autoDelete": False,
+    }  # fmt: skip
+    assert channels["tenants.shard-1"]["bindings"]["amqp"]["exchange"]["type"] == "topic"
+    assert channels["tenants.shard-2"]["x-amqpjobs-shard"]["index"] == 2
+    assert sorted(channels["urgent"]["messages"]) == ["orders.confirm", "orders_raw_job"]
+    assert doc["operations"]["send.urgent"]["bindings"]["amqp"] == {
+        "deliveryMode": 2, "mandatory": True, "timestamp": True, "bindingVersion": "0.3.0",
+    }  # fmt: skip
+
+    messages = doc["components"]["messages"]
+    confirm = messages["orders.confirm"]
+    assert confirm["bindings"]["amqp"]["messageType"] == "orders.confirm"
+    assert confirm["x-amqp-properties"]["properties"]["priority"]["maximum"] == 5
+    assert "priority" not in messages["tenants.sync"]["x-amqp-properties"]["properties"]  # classic, no priorities
+    assert messages["orders_raw_job"]["payload"] == {"type": "object", "description": "Any JSON object."}
+    headers = resolve(doc, confirm["headers"]["$ref"])
+    assert sorted(headers["properties"]) == sorted([envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT,
+                                                    envelope.JOB])  # fmt: skip
+
+    # the payload schema is the model's, its $defs hoisted into components/schemas
+    payload = {**confirm["payload"], "components": doc["components"]}
+    jsonschema.validate({"order_id": 17, "to": "a@b", "ship_to": {"city": "Graz"}}, payload)
+    for bad in ({"order_id": 0, "to": "a@b"}, {"order_id": 1}, {"order_id": 1, "to": "a", "ship_to": {}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, payload)
+
+
+def test_shard_rule_in_the_document_is_the_enqueue_rule(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    layout = app.layout_of("tenants.sync")
+    for tenant in ("acme", "globex", "ключ"):
+        index = zlib.crc32(tenant.encode("utf-8")) % 3
+        assert doc["channels"][f"tenants.shard-{index}"]["address"] == layout.shard_routing_keys[index]
+
+
+def test_a_job_queue_missing_from_the_topology_is_a_configuration_error(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+
+    async def handler(payload: Any, ctx: JobContext) -> None: ...
+
+    app.job("lost", queue="nowhere")(handler)
+    with pytest.raises(ConfigurationError, match="job queue 'nowhere' is not in the topology"):
+        asyncapi_document(app.name, app.app_version, app, app.topology())
+
+
+def test_cli_writes_the_document(tmp_path: Path, validator: jsonschema.Draft7Validator) -> None:
+    out = tmp_path / "asyncapi.json"
+    result = CliRunner().invoke(main, ["asyncapi", "examples.shop:app", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert [e.message for e in validator.iter_errors(doc)] == []
+    assert list(doc["channels"]) == ["urgent", "billing", "batch"]
+    assert sorted(doc["components"]["messages"]) == [
+        "orders.confirm", "orders.sync_crm", "payments.capture", "reports.daily",
+    ]  # fmt: skip
+    stdout = CliRunner().invoke(main, ["asyncapi", "examples.shop:app"])
+    assert json.loads(stdout.stdout) == doc
