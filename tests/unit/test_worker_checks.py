@@ -63,3 +63,26 @@ def test_unknown_job_queue_is_refused(tmp_path: Path):
         worker(app)._check()
     with pytest.raises(ConfigurationError, match="not in the topology"):
         worker(make(tmp_path), queues=("other",))._check()
+
+
+def test_default_lease_is_twice_the_timeout_at_least_60s(tmp_path: Path):
+    from amqpjobs import SqliteLedger
+
+    app = make(tmp_path)
+    app.ledger = SqliteLedger(tmp_path / "l.db", retention="30d")
+    app.job("quick", queue="work", timeout="10s", idempotent=True)(lambda p, c: None)
+    app.job("slow", queue="work", timeout="2m", idempotent=True)(lambda p, c: None)
+    app.job("untimed", queue="work", idempotent=True)(lambda p, c: None)  # runs up to the worker's default timeout
+    app.job("own", queue="work", idempotent=True, lease="7m")(lambda p, c: None)
+    w = worker(app, consumer_timeout=1800.0)
+    w._check()
+    assert w._timeouts["untimed"] == 1710.0
+    assert {name: w.lease_of(app.resolve(name)) for name in ("quick", "slow", "untimed", "own")} == {
+        "quick": 60.0,
+        "slow": 240.0,
+        "untimed": 3420.0,  # twice the 1710 s it may run: a claim never expires under a run that is still allowed
+        "own": 420.0,
+    }
+    short = worker(app, consumer_timeout=5.0)
+    short._check()
+    assert short.lease_of(app.resolve("untimed")) == 60.0  # 4 s timeout: at least 60 s
