@@ -39,11 +39,11 @@ test: lint test-3 test-4  ## install, start the brokers, lint, run the whole sui
 postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 	bash scripts/postgres.sh up
 
-test-3: install broker-up postgres-up  ## the whole suite against the 3.10 node
-	$(BIN)/pytest
+test-3: install broker-up postgres-up  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
+	$(BIN)/pytest --cov --cov-report=
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest -m "broker and not version_independent"
+	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
 
 test-fast: install broker-up  ## the suite without tests marked slow
 	$(BIN)/pytest -m "not slow"
