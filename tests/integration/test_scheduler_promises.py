@@ -19,7 +19,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import App, JobContext, Scheduler, SqliteLedger, TickEvent, Worker, WorkerOptions
+from amqpjobs import App, BrokerError, JobContext, Scheduler, SqliteLedger, TickEvent, Worker, WorkerOptions
 from amqpjobs.jobs import cron
 from amqpjobs.runtime.ledger import Claim
 from amqpjobs.topology.loader import load_topology
@@ -170,3 +170,45 @@ async def test_workers_prune_done_markers_older_than_the_retention(
     finally:
         await worker.shutdown()
         await app.close()
+
+
+async def test_a_scheduler_refuses_to_start_without_its_targets_or_with_foreign_queues(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await make_app(broker, tmp_path)
+    app = sec_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        await ch.queue_delete("work")
+    with pytest.raises(BrokerError, match=r"work queue 'work' does not exist on .*: apply the topology first"):
+        await Scheduler(app, broker).start()
+    async with raw_channel(broker) as ch:
+        await ch.exchange_delete("jobs")
+    with pytest.raises(BrokerError, match=r"exchange 'jobs' does not exist on .*: apply the topology first"):
+        await Scheduler(app, broker).start()
+    await make_app(broker, tmp_path)  # applied again
+    async with raw_channel(broker) as ch:  # someone else's queue under the tick store's name
+        await ch.declare_queue(cron.tick_queue("clocks", "sec"), durable=True)
+    with pytest.raises(BrokerError, match=r"queue 'amqpjobs.scheduler.clocks.ticks.sec' exists with other arguments"):
+        await Scheduler(app, broker).start()
+
+
+async def test_a_foreign_message_in_the_tick_store_is_skipped(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    await make_app(broker, tmp_path)
+    app = sec_app(broker, tmp_path)
+    first = Scheduler(app, broker)
+    await first.start()
+    await first.shutdown()  # declares the tick store
+    async with raw_channel(broker) as ch:
+        await ch.default_exchange.publish(
+            aio_pika.Message(b"not a record"), routing_key=cron.tick_queue("clocks", "sec")
+        )
+    events: list[TickEvent] = []
+    second = Scheduler(app, broker, on_event=events.append)
+    await second.start()
+    try:
+        await wait_until(lambda: any(e.kind == "fired" for e in events), 20, "a tick despite the foreign message")
+    finally:
+        await second.shutdown()
+    assert "tick store amqpjobs.scheduler.clocks.ticks.sec holds a message that is not a tick record" in caplog.text
