@@ -59,18 +59,19 @@ async def force_close(broker: BrokerSettings, name: str) -> int:
 async def cut_off(broker: BrokerSettings, name: str) -> AsyncIterator[None]:
     """Close the connections named ``name`` and keep them from coming back until the block ends.
 
-    aio-pika reconnects within milliseconds; with the user's permissions on the test's vhost
-    revoked, every attempt is refused, so "reconnecting" lasts as long as the block.
+    aio-pika reconnects within milliseconds; with the test vhost's connection limit at 0,
+    every attempt is refused, so "reconnecting" lasts as long as the block (the management
+    API and connections already open keep working).
     """
-    path = f"/permissions/{quote(broker.vhost, safe='')}/{quote(broker.username, safe='')}"
+    path = f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections"
     with ManagementClient(broker) as mgmt:
-        mgmt.request("DELETE", path)
+        mgmt.request("PUT", path, json={"value": 0})
     try:
         await force_close(broker, name)
         yield
     finally:
         with ManagementClient(broker) as mgmt:
-            mgmt.request("PUT", path, json={"configure": ".*", "write": ".*", "read": ".*"})
+            mgmt.request("DELETE", path, allow_404=True)
 
 
 async def poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -174,3 +175,35 @@ async def test_a_result_whose_channel_died_is_never_acked_on_the_new_channel(bro
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.suspects") == 0
     assert await depth(broker, "work.quarantine") == 0
+
+
+async def test_a_work_queue_gone_during_the_outage_is_consumed_again_once_back(broker: BrokerSettings, tmp_path: Path):
+    settings = fast_reconnect(broker)
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    recorder = Recorder()
+    worker = Worker(app, settings, WorkerOptions(queues=("work",)), recorder)
+    await worker.start()
+    try:
+        async with cut_off(broker, "test-worker"):
+            await poll(lambda: not worker.readiness()[0], 10, "the worker to see its connection closed")
+            with ManagementClient(broker) as mgmt:  # deleted while the worker is away
+                mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/work")
+        # reconnected, but there is nothing to consume: not ready, saying why; it keeps looking every second
+        await poll(
+            lambda: worker.readiness() == (False, "1 of 1 consumer(s) not consuming (channel closed or cancelled)"),
+            20, "the worker to report its consumer down",
+        )  # fmt: skip
+        await make_app(broker, tmp_path)  # the topology applied again
+        await poll(lambda: worker.readiness()[0], 10, "the worker to consume the queue again")
+        await app.enqueue("note", {}, job_id="back")
+        await recorder.wait_for(lambda o: len(o) == 1, 10)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert ran == ["back"]
