@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BROKER := bash scripts/broker.sh
 
-.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down lint test test-3 test-4 test-fast demo clean
+.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down broker43-up broker43-down lint test test-3 test-4 test-43 test-fast demo clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +29,29 @@ broker4-up:  ## start (or reuse) a RabbitMQ 4.x node (Debian 13 chroot) beside t
 broker4-down:
 	bash scripts/broker4.sh down
 
+broker43-up:  ## start (or reuse) a RabbitMQ 4.3.x node (Debian sid chroot) beside the others
+	bash scripts/broker43.sh up
+
+broker43-down:
+	bash scripts/broker43.sh down
+
 lint: install  ## ruff and mypy (strict)
 	$(BIN)/ruff check amqpjobs tests examples bench
 	$(BIN)/ruff format --check amqpjobs tests examples bench
 	$(BIN)/mypy
 
-test: lint test-3 test-4  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10 and 4.x
+# The three suites run one after the other (timing tests must not share the cores); only the
+# chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
+# host's own apt-get installs of broker-up and postgres-up: apt takes one lock at a time).
+test: lint broker-up postgres-up  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
+	@mkdir -p .broker4 .broker43
+	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
+	  bash scripts/broker43.sh build >.broker43/build.log 2>&1; } & builds=$$!; \
+	rc=0; $(MAKE) test-3 || rc=1; \
+	wait $$builds || { tail -30 .broker4/build.log .broker43/build.log; rc=1; }; \
+	$(MAKE) test-4 || rc=1; \
+	$(MAKE) test-43 || rc=1; \
+	exit $$rc
 
 postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 	bash scripts/postgres.sh up
@@ -44,6 +61,9 @@ test-3: install broker-up postgres-up  ## the whole suite against the 3.10 node 
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
 	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
+
+test-43: install broker-up broker43-up postgres-up  ## the broker-facing suite against the 4.3.x node (not the version-independent tests)
+	AMQPJOBS_TEST_BROKER=43 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
 
 test-fast: install broker-up  ## the suite without tests marked slow
 	$(BIN)/pytest -m "not slow"

@@ -193,15 +193,19 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
 
 @topology.command("apply")
 @click.argument("path", type=click.Path())
+@click.option(
+    "--declare-timeout", default="30s", show_default=True,
+    help="Give up (exit 3) when the declarations get no answer this long (RabbitMQ 4.3: a node in a minority).",
+)  # fmt: skip
 @_url_options
 @_errors_to_exit_codes
-def topology_apply(path: str, url: str | None, management_url: str | None) -> None:
+def topology_apply(path: str, declare_timeout: str, url: str | None, management_url: str | None) -> None:
     """Declare the topology at PATH; with any conflict, declare nothing and print the plan.
 
     Idempotent: a second run creates nothing and says so.
     """
     settings = _settings(url, management_url)
-    result = asyncio.run(apply_topology(path, settings))
+    result = asyncio.run(apply_topology(path, settings, parse_duration(declare_timeout)))
     for warning in result.loaded.warnings:
         click.echo(f"warning: {warning}", err=True)
     for line in result.orphan_report():

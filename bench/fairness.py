@@ -1,6 +1,7 @@
 """Tenant fairness figures: flood vs small tenants, p99 wait vs backlog depth, Jain's index, throughput cost.
 
-Usage: python bench/fairness.py   (needs the project's broker: make broker-up)
+Usage: python bench/fairness.py   (the broker of $AMQPJOBS_URL / $AMQPJOBS_MANAGEMENT_URL when set, else
+       the project's node, started with scripts/broker.sh up)
 
 Prints, with 4 slots and 20 ms handlers:
 1. tenant A enqueues 5,000 jobs, then B and C 50 each: how far A got when B and C finished;
@@ -12,6 +13,7 @@ Prints, with 4 slots and 20 ms handlers:
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +28,7 @@ from amqpjobs.jobs.fairness import jain_index
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
-from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from amqpjobs.wire.settings import URL_ENV, BrokerSettings, broker_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 8
@@ -137,12 +139,19 @@ async def throughput(settings: BrokerSettings, path: Path, queue: str, n: int = 
     return rate
 
 
-async def main() -> int:
+async def root_settings() -> BrokerSettings:
+    """``$AMQPJOBS_URL`` (and ``$AMQPJOBS_MANAGEMENT_URL``) when set, else the project's node (started if down)."""
+    if os.environ.get(URL_ENV):
+        return broker_settings()
     up = ["bash", str(ROOT / "scripts/broker.sh"), "up"]
     await asyncio.to_thread(subprocess.run, up, capture_output=True, check=True)
     url = ["bash", str(ROOT / "scripts/broker.sh"), "url"]
     urls = (await asyncio.to_thread(subprocess.run, url, capture_output=True, text=True, check=True)).stdout.split()
-    settings = broker_settings(urls[-2], urls[-1]).with_vhost(f"bench-fair-{uuid.uuid4().hex[:6]}")
+    return broker_settings(urls[-2], urls[-1])
+
+
+async def main() -> int:
+    settings = (await root_settings()).with_vhost(f"bench-fair-{uuid.uuid4().hex[:6]}")
     tmp = ROOT / ".broker" / "bench"
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "fair.toml"

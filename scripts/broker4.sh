@@ -1,28 +1,53 @@
 #!/usr/bin/env bash
-# A RabbitMQ 4.x node without Docker, beside the 3.10 node of scripts/broker.sh:
-# Debian 13 (trixie)'s rabbitmq-server in a debootstrap chroot under <repo>/.broker4/.
+# A RabbitMQ 4.x node without Docker, beside the 3.10 node of scripts/broker.sh, in a
+# debootstrap chroot. Two variants share this script (scripts/broker43.sh picks the second):
+#
+#   AMQPJOBS_BROKER4_VARIANT=40 (default)  Debian 13 (trixie) rabbitmq-server 4.0.x, under <repo>/.broker4/,
+#       node amqpjobs4@localhost, ports AMQPJOBS_BROKER4_PORT (5692), _MGMT_PORT (15692), _DIST_PORT (25692), epmd 4370
+#   AMQPJOBS_BROKER4_VARIANT=43            Debian unstable (sid) rabbitmq-server pinned to 4.3.x, under <repo>/.broker43/,
+#       node amqpjobs43@localhost, ports AMQPJOBS_BROKER43_PORT (5712), _MGMT_PORT (15712), _DIST_PORT (25712), epmd 4371
+#       (not 5701-5703 / 15701-15703 / 25701-25703: scripts/cluster.sh's nodes)
 #
 #   scripts/broker4.sh up          build the chroot when missing, start the node, wait; print URLs (masked)
+#   scripts/broker4.sh build       only build the chroot and install the package (make test overlaps it with a suite)
 #   scripts/broker4.sh down        stop the node this script started
 #   scripts/broker4.sh status      "up (chroot node ..., RabbitMQ X.Y.Z)" (exit 0) or "down" (exit 3)
 #   scripts/broker4.sh url         two lines: AMQP URL (with credentials), management URL
 #   scripts/broker4.sh ctl ARGS... rabbitmqctl ARGS... against that node
 #
-# Needs root (debootstrap, chroot). Ports: AMQPJOBS_BROKER4_PORT (5692), AMQPJOBS_BROKER4_MGMT_PORT
-# (15692), AMQPJOBS_BROKER4_DIST_PORT (25692); all listeners on 127.0.0.1.
+# Needs root (debootstrap, chroot). All listeners on 127.0.0.1 (AMQP, management, Erlang
+# distribution, epmd); each variant has its own epmd port, so neither meets the host's 3.10
+# node's epmd nor the other variant's.
 # Only /proc is mounted into the chroot (never the host's /dev: a later rm -rf of the
 # chroot would delete the host's device files). `down` unmounts it.
+# sid needs two extra steps, done for both variants: its Release file may be past its
+# Valid-Until on the mirror (apt option Acquire::Check-Valid-Until=false), and its minbase
+# chroot has no /etc/hosts, without which the node dies with {epmd_error,"localhost",nxdomain}.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
-CH=$ROOT/.broker4/root
-PORT=${AMQPJOBS_BROKER4_PORT:-5692}
-MPORT=${AMQPJOBS_BROKER4_MGMT_PORT:-15692}
-DPORT=${AMQPJOBS_BROKER4_DIST_PORT:-25692}
-NODE=amqpjobs4@localhost
+VARIANT=${AMQPJOBS_BROKER4_VARIANT:-40}
+case "$VARIANT" in
+  40)
+    NAME=broker4; SUITE=trixie; DEBIAN="Debian 13"; PIN=4.0
+    PORT=${AMQPJOBS_BROKER4_PORT:-5692}
+    MPORT=${AMQPJOBS_BROKER4_MGMT_PORT:-15692}
+    DPORT=${AMQPJOBS_BROKER4_DIST_PORT:-25692}
+    EPMD_PORT=4370 ;;
+  43)
+    NAME=broker43; SUITE=sid; DEBIAN="Debian unstable (sid)"; PIN=4.3
+    PORT=${AMQPJOBS_BROKER43_PORT:-5712}
+    MPORT=${AMQPJOBS_BROKER43_MGMT_PORT:-15712}
+    DPORT=${AMQPJOBS_BROKER43_DIST_PORT:-25712}
+    EPMD_PORT=4371 ;;
+  *) printf 'broker4: error: AMQPJOBS_BROKER4_VARIANT=%s: use 40 or 43\n' "$VARIANT" >&2; exit 2 ;;
+esac
+DIR=$ROOT/.$NAME
+CH=$DIR/root
+NODE=amqpjobs${VARIANT%0}@localhost
 
-log() { printf 'broker4: %s\n' "$*" >&2; }
-die() { printf 'broker4: error: %s\n' "$*" >&2; exit 1; }
+log() { printf '%s: %s\n' "$NAME" "$*" >&2; }
+die() { printf '%s: error: %s\n' "$NAME" "$*" >&2; exit 1; }
 mask() { sed -E 's#://([^:/@]*):[^@]*@#://\1:***@#'; }
 
 # The host's Debian mirror (first ".../debian" URI of an active apt source), else debootstrap's default.
@@ -33,10 +58,24 @@ mirror() {
 
 in_root() {
   chroot "$CH" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
-    RABBITMQ_NODENAME=$NODE RABBITMQ_DIST_PORT=$DPORT ERL_EPMD_PORT=4370 bash -c "$1"
+    RABBITMQ_NODENAME=$NODE RABBITMQ_DIST_PORT=$DPORT ERL_EPMD_PORT=$EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" bash -c "$1"
 }
 
 mount_proc() { mountpoint -q "$CH/proc" || mount -t proc proc "$CH/proc"; }
+
+# Install rabbitmq-server $PIN.x, or stop with what the mirror offers instead.
+install_pinned() {
+  log "installing rabbitmq-server $PIN.x from $SUITE in the chroot ..."
+  in_root "apt-get -o Acquire::Check-Valid-Until=false update -qq" >&2 || die "apt-get update failed in the $SUITE chroot"
+  local versions version
+  versions=$(in_root "apt-cache madison rabbitmq-server" | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+  version=$(grep -E "^([0-9]+:)?${PIN//./\\.}\\." <<<"$versions" | head -1 || true)
+  [ -n "$version" ] || die "the $SUITE mirror ($(mirror)) has no rabbitmq-server $PIN.x (it offers: ${versions:-none}); \
+point the host's apt source at a mirror or snapshot (snapshot.debian.org) that still has it, then rm -rf $DIR and retry"
+  in_root "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rabbitmq-server=$version >/dev/null" ||
+    die "installing rabbitmq-server=$version failed"
+}
 
 build() {
   [ "$(id -u)" = 0 ] || die "needs root (debootstrap and chroot)"
@@ -44,26 +83,32 @@ build() {
     log "installing debootstrap ..."
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >&2
   fi
-  mkdir -p "$ROOT/.broker4"
+  mkdir -p "$DIR"
   if [ ! -x "$CH/usr/bin/apt-get" ]; then
-    log "building a Debian 13 chroot in $CH (about 30 s) ..."
+    log "building a $DEBIAN chroot in $CH (about 30 s) ..."
     rm -rf "$CH"
-    debootstrap --variant=minbase trixie "$CH" "$(mirror)" >"$ROOT/.broker4/debootstrap.log" 2>&1 ||
-      { tail -20 "$ROOT/.broker4/debootstrap.log" >&2; die "debootstrap failed"; }
+    debootstrap --variant=minbase "$SUITE" "$CH" "$(mirror)" >"$DIR/debootstrap.log" 2>&1 ||
+      { tail -20 "$DIR/debootstrap.log" >&2; die "debootstrap failed"; }
   fi
   mount_proc
   cp /etc/resolv.conf "$CH/etc/resolv.conf" 2>/dev/null || true
-  if [ ! -x "$CH/usr/sbin/rabbitmq-server" ]; then
-    log "installing rabbitmq-server 4.x in the chroot ..."
-    in_root "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rabbitmq-server >/dev/null"
-  fi
+  grep -qs '^127\.0\.0\.1[[:space:]].*localhost' "$CH/etc/hosts" || echo "127.0.0.1 localhost" >>"$CH/etc/hosts"
+  [ -x "$CH/usr/sbin/rabbitmq-server" ] || install_pinned
   cat >"$CH/etc/rabbitmq/rabbitmq.conf" <<CONF
 listeners.tcp.default = 127.0.0.1:$PORT
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MPORT
 CONF
-  # the chroot's own epmd on another port, so it never meets the host's 3.10 node's epmd
-  echo "ERL_EPMD_PORT=4370" >"$CH/etc/rabbitmq/rabbitmq-env.conf"
+  if [ "$VARIANT" = 43 ]; then
+    # 4.3 denies global_qos and CQv1 by default; deny the last deprecated feature we could touch
+    # too (4.3.6 still permits transient non-exclusive queues), so the suite proves we use none
+    echo "deprecated_features.permit.transient_nonexcl_queues = false" >>"$CH/etc/rabbitmq/rabbitmq.conf"
+  fi
+  cat >"$CH/etc/rabbitmq/rabbitmq-env.conf" <<ENV
+ERL_EPMD_PORT=$EPMD_PORT
+ERL_EPMD_ADDRESS=127.0.0.1
+SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+ENV
   in_root "rabbitmq-plugins --offline enable rabbitmq_management rabbitmq_consistent_hash_exchange >/dev/null"
 }
 
@@ -77,6 +122,7 @@ url() {
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
+  build) build ;;
   up)
     build
     if ! in_root "rabbitmqctl -n $NODE -q status >/dev/null 2>&1"; then
@@ -93,7 +139,7 @@ case "$cmd" in
     if [ -x "$CH/usr/sbin/rabbitmqctl" ]; then
       mount_proc
       in_root "rabbitmqctl -n $NODE -q stop >/dev/null 2>&1" || true
-      in_root "epmd -port 4370 -kill >/dev/null 2>&1" || true
+      in_root "epmd -port $EPMD_PORT -kill >/dev/null 2>&1" || true
     fi
     if mountpoint -q "$CH/proc"; then umount "$CH/proc" || umount -l "$CH/proc"; fi ;;
   status)
@@ -112,5 +158,5 @@ case "$cmd" in
     mount_proc
     args=$(printf '%q ' "$@")
     in_root "rabbitmqctl -n $NODE $args" ;;
-  *) echo "usage: $0 up|down|status|url|ctl ARGS..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|build|down|status|url|ctl ARGS..." >&2; exit 2 ;;
 esac

@@ -4,7 +4,8 @@ Where the broker comes from, in order:
 1. ``AMQP_URL`` (and optionally ``AMQP_MANAGEMENT_URL``) when set;
 2. a testcontainers RabbitMQ when a Docker engine answers ``docker info``;
 3. otherwise the project's local node, started by ``scripts/broker.sh up`` (RabbitMQ 3.10),
-   or with ``AMQPJOBS_TEST_BROKER=4`` by ``scripts/broker4.sh up`` (RabbitMQ 4.x in a chroot).
+   with ``AMQPJOBS_TEST_BROKER=4`` by ``scripts/broker4.sh up`` (RabbitMQ 4.0.x in a chroot), or
+   with ``AMQPJOBS_TEST_BROKER=43`` by ``scripts/broker43.sh up`` (RabbitMQ 4.3.x in a chroot).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKER_SCRIPTS = {"3": ROOT / "scripts" / "broker.sh", "4": ROOT / "scripts" / "broker4.sh"}
-#: Which local node the tests start when neither AMQP_URL nor Docker is there: "3" (3.10) or "4" (4.x).
+BROKER_SCRIPTS = {
+    "3": ROOT / "scripts" / "broker.sh",
+    "4": ROOT / "scripts" / "broker4.sh",
+    "43": ROOT / "scripts" / "broker43.sh",
+}
+#: Which local node the tests start when neither AMQP_URL nor Docker is there: "3" (3.10), "4" (4.0) or "43" (4.3).
 TEST_BROKER_ENV = "AMQPJOBS_TEST_BROKER"
 
 
@@ -71,7 +76,7 @@ def broker_root() -> Iterator[BrokerRoot]:
     elif _docker_usable():
         from testcontainers.rabbitmq import RabbitMqContainer
 
-        container = RabbitMqContainer("rabbitmq:4.1-management").with_exposed_ports(15672)
+        container = RabbitMqContainer("rabbitmq:4.3-management").with_exposed_ports(15672)
         container.start()
         host = container.get_container_host_ip()
         settings = broker_settings(
@@ -82,7 +87,7 @@ def broker_root() -> Iterator[BrokerRoot]:
     else:
         which = os.environ.get(TEST_BROKER_ENV, "3")
         if which not in BROKER_SCRIPTS:
-            pytest.exit(f"{TEST_BROKER_ENV}={which!r}: use 3 (RabbitMQ 3.10) or 4 (RabbitMQ 4.x)", returncode=2)
+            pytest.exit(f"{TEST_BROKER_ENV}={which!r}: use 3 (RabbitMQ 3.10), 4 (4.0) or 43 (4.3)", returncode=2)
         script = BROKER_SCRIPTS[which]
         out = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
         if out.returncode != 0:

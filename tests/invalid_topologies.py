@@ -18,9 +18,9 @@ INVALID: dict[str, tuple[str, str, str]] = {
     "priority-zero": (HEADER + job("max_priority = 0"), "job_queue[0].max_priority", "greater than or equal"),
     "priority-256": (HEADER + job("max_priority = 256"), "job_queue[0].max_priority", "less than or equal"),
     "quorum-priority": (
-        HEADER + job('type = "quorum"\nmax_priority = 5'),
+        HEADER + job('type = "quorum"\nmax_priority = 32'),
         "job_queue[0].max_priority",
-        "classic-queue argument",
+        "quorum queues have priorities 0-31",
     ),
     "quorum-drop-head": (
         HEADER + job('type = "quorum"\nmax_length = 10\noverflow = "drop-head"'),

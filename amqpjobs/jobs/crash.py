@@ -9,7 +9,8 @@ or dead-letters without our evidence. So the workers count, durably, in the mess
 
 * a delivery the broker marks ``redelivered`` had a start that ended without an outcome
   (a worker never hands a delivery back with a requeue: what it did not start it
-  republishes unchanged and acks, see :data:`STARTS`);
+  republishes unchanged and acks, see :data:`STARTS`; except on a RabbitMQ 4.3+ quorum
+  queue, where it nacks it back and ``x-delivery-count`` tells a crash from a hand-back);
 * the worker that receives such a redelivery does not run it: it publishes a copy
   registered for the next start (``amqpjobs-starts`` + 1, who registered it and when,
   confirmed) to the job queue's *suspects* queue and acks the redelivery. The count lives
@@ -31,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from amqpjobs.jobs.envelope import parse_attempt
+from amqpjobs.jobs.envelope import DELIVERY_COUNT, parse_attempt
 
 #: int header: the start this copy is registered for (missing = 1: a fresh job's first start).
 STARTS: Final = "amqpjobs-starts"
@@ -71,13 +72,19 @@ def starts_of(headers: Mapping[str, Any]) -> int:
     return parse_attempt(headers.get(STARTS))
 
 
-def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int) -> Screening:
+def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, free_nack: bool = False) -> Screening:
     """Decide about a delivery of a job before running it.
 
     Args:
         redelivered: The broker's ``redelivered`` flag (classic and quorum queues alike).
-        headers: The delivery's headers (reads :data:`STARTS`).
+        headers: The delivery's headers (reads :data:`STARTS`, and ``x-delivery-count``
+            with ``free_nack``).
         max_redeliveries: Starts without an outcome allowed after the first (>= 0).
+        free_nack: The queue is a quorum queue on RabbitMQ 4.3+, where a worker hands back
+            what it did not start with a nack, which raises only ``x-acquired-count``; a
+            start that ended without an outcome (a client crash) raises ``x-delivery-count``
+            (release notes 4.3.0). A redelivery without ``x-delivery-count`` was then only
+            handed back, not started (every copy of ours starts its counters again).
 
     Returns:
         The :class:`Screening`: a fresh first delivery runs; a registered copy (start > 1)
@@ -85,6 +92,8 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int)
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
+    if redelivered and free_nack and not headers.get(DELIVERY_COUNT):
+        redelivered = False
     if not redelivered and STARTS not in headers:
         return _FIRST
     start = starts_of(headers)

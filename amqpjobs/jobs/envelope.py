@@ -5,7 +5,8 @@ A job message is (README "Wire format"):
 * body: the payload as UTF-8 JSON (an object), ``content_type = application/json``,
   no ``content_encoding``;
 * ``message_id`` = job id, ``type`` = job name, ``timestamp`` = enqueue time (seconds),
-  ``delivery_mode = 2`` (persistent), ``priority`` optional;
+  ``delivery_mode = 2`` (persistent), ``priority`` always set (0 unless given: a RabbitMQ 4.3
+  quorum queue counts a message without one as 4, release notes 4.3.0);
 * our headers, all named ``amqpjobs-*`` (never ``x-*``: since RabbitMQ 3.13 those belong
   to the broker), listed in :data:`HEADERS`.
 
@@ -43,9 +44,16 @@ HEADERS: Final = {
     ORIGINAL_ROUTING_KEY: "str: routing key it was first published with; set on retried copies",
 }
 
+#: Quorum-queue delivery counters the broker sets on a redelivery: ``x-delivery-count``
+#: (reject, client crash; the delivery limit counts it) and, from RabbitMQ 4.3,
+#: ``x-acquired-count`` (also nack, consumer timeout, partitions; release notes 4.3.0).
+DELIVERY_COUNT: Final = "x-delivery-count"
+ACQUIRED_COUNT: Final = "x-acquired-count"
+
 #: Headers the broker owns; stripped from every copy we republish (a copied ``x-death``
-#: is ignored by 3.13+ and can make older brokers drop the copy as a dead-letter cycle).
-BROKER_HEADER_PREFIXES: Final = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+#: is ignored by 3.13+ and can make older brokers drop the copy as a dead-letter cycle; a
+#: copy is a new message, whose counters start again).
+BROKER_HEADER_PREFIXES: Final = ("x-death", "x-first-death-", "x-last-death-", DELIVERY_COUNT, ACQUIRED_COUNT)
 
 #: Deepest JSON nesting accepted in a payload.
 MAX_JSON_DEPTH: Final = 64
@@ -261,7 +269,8 @@ def job_message(
         payload: JSON-ready payload object.
         job_id: Job id (``message_id``).
         now: Enqueue time, seconds since the epoch (``timestamp`` and ``amqpjobs-enqueued-at``).
-        priority: AMQP priority 0-255 or None.
+        priority: AMQP priority 0-255; None sends 0, so that a job without one sorts the same on
+            a classic priority queue and on a 4.3 quorum queue (which counts "none" as 4).
         tenant: Tenant key or None.
         headers: Extra headers of the caller; names may not start with ``x-`` (the broker's)
             or ``amqpjobs-`` (ours).
@@ -288,5 +297,5 @@ def job_message(
         message_id=job_id,
         type=job,
         timestamp=now,
-        priority=priority,
+        priority=0 if priority is None else priority,
     )

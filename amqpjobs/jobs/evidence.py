@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from amqpjobs.jobs import envelope
 from amqpjobs.jobs.envelope import FIRST_FAILURE_AT, JOB, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, TENANT
 
 PREFIX: Final = "amqpjobs-"
@@ -27,19 +28,22 @@ VERSION: Final = "amqpjobs-version"
 APP_VERSION: Final = "amqpjobs-app-version"
 ORIGINAL_QUEUE: Final = "amqpjobs-original-queue"
 JOB_ID: Final = "amqpjobs-job-id"
+DELIVERY_COUNT: Final = "amqpjobs-delivery-count"
+ACQUIRED_COUNT: Final = "amqpjobs-acquired-count"
 
 #: Every evidence header (README "Quarantine evidence").
 EVIDENCE_HEADERS: Final = (
     REASON, ERROR_TYPE, ERROR_MESSAGE, TRACEBACK, ATTEMPTS, FIRST_FAILURE_AT, LAST_FAILURE_AT,
     WORKER_HOST, WORKER_PID, VERSION, APP_VERSION, ORIGINAL_EXCHANGE, ORIGINAL_QUEUE,
-    ORIGINAL_ROUTING_KEY, JOB, JOB_ID, TENANT,
+    ORIGINAL_ROUTING_KEY, JOB, JOB_ID, TENANT, DELIVERY_COUNT, ACQUIRED_COUNT,
 )  # fmt: skip
 
 __all__ = [
-    "APP_VERSION", "ATTEMPTS", "DEFAULT_BUDGET", "ERROR_MESSAGE", "ERROR_TYPE", "EVIDENCE_HEADERS",
+    "ACQUIRED_COUNT", "APP_VERSION", "ATTEMPTS", "DEFAULT_BUDGET", "DELIVERY_COUNT", "ERROR_MESSAGE",
+    "ERROR_TYPE", "EVIDENCE_HEADERS",
     "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
     "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HOST", "WORKER_PID",
-    "Failure", "evidence_headers",
+    "Failure", "delivery_counters", "evidence_headers",
 ]  # fmt: skip
 
 #: Default byte budget for all evidence headers together (names + values, UTF-8).
@@ -62,6 +66,9 @@ class Failure:
         version / app_version: amqpjobs version and the app's version (``""`` if not given).
         exchange / queue / routing_key: Where the delivery came from.
         job / job_id / tenant: The job, as far as known (``""`` when not).
+        delivery_count / acquired_count: The broker's quorum-queue counters on the
+            delivery (``x-delivery-count``, ``x-acquired-count`` from 4.3), 0 when absent
+            (classic queues, a first delivery); see :func:`delivery_counters`.
 
     """
 
@@ -82,6 +89,23 @@ class Failure:
     job: str
     job_id: str
     tenant: str
+    delivery_count: int = 0
+    acquired_count: int = 0
+
+
+def delivery_counters(headers: Mapping[str, object]) -> dict[str, int]:
+    """``delivery_count`` and ``acquired_count`` for a :class:`Failure`, from a delivery's headers.
+
+    RabbitMQ 4.3.0 release notes: ``x-delivery-count`` counts rejects and client crashes (the
+    delivery limit counts it), ``x-acquired-count`` every return (also nack, consumer
+    timeout, partitions). Before 4.3 only the first exists. A missing or odd value is 0.
+    """
+
+    def count(name: str) -> int:
+        value = headers.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    return {"delivery_count": count(envelope.DELIVERY_COUNT), "acquired_count": count(envelope.ACQUIRED_COUNT)}
 
 
 def _clean(text: str) -> str:
@@ -139,6 +163,8 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         JOB: f.job,
         JOB_ID: f.job_id,
         TENANT: f.tenant,
+        DELIVERY_COUNT: f.delivery_count,
+        ACQUIRED_COUNT: f.acquired_count,
     }
     short = {k: (_trim_head(_clean(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
     room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})

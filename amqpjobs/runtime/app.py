@@ -177,7 +177,8 @@ class App(JobRegistry):
             payload: A dict or an instance of the job's payload model.
             job_id: Job id (``message_id``); default a random UUID. Give a business
                 identity (e.g. ``"invoice-2026-11-0042"``) to make duplicates recognisable.
-            priority: AMQP priority 0..the queue's ``x-max-priority``.
+            priority: AMQP priority 0..the job queue's ``max_priority`` (default 0). A quorum job
+                queue without ``max_priority`` takes any (4.0-4.2: 0-4 normal, 5+ high).
             tenant: Tenant key (header ``amqpjobs-tenant``; picks the shard of a sharded queue).
             headers: Extra headers (not ``x-*`` nor ``amqpjobs-*``).
 
@@ -213,7 +214,7 @@ class App(JobRegistry):
             raise ConfigurationError(f"job {jobdef.name!r}: job_id is empty; give an id or leave it out (None)")
         if tenant is not None and not tenant.strip():
             raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
-        if priority is not None and layout.queue_type == "classic":
+        if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
             if layout.max_priority is None:
                 raise ConfigurationError(
                     f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"

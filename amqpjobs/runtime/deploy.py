@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -92,12 +94,21 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     return PlanResult(loaded, plan, version, orphans)
 
 
-async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
+async def apply_topology(
+    path: str | Path, settings: BrokerSettings, declare_timeout: float | None = None
+) -> PlanResult:
     """Declare the topology at ``path``, unless any live object conflicts with it.
 
     Runs :func:`plan_topology` first; with any conflict nothing at all is declared, so
     the broker never gets to close our channel with ``PRECONDITION_FAILED`` mid-apply.
     A second apply of the same topology finds everything unchanged and declares nothing.
+
+    Args:
+        path: Topology file or folder.
+        settings: The broker.
+        declare_timeout: Seconds the declarations may take (None: 30 s,
+            :data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`): on RabbitMQ 4.3 a node in a
+            minority never answers them (Khepri).
 
     Returns:
         The plan that was carried out (its ``creates`` are what was created).
@@ -107,6 +118,7 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
         TopologyConflictError: live objects differ (nothing declared); ``report`` names
             each differing argument with both values and the remedy.
         BrokerUnavailableError, ManagementApiError: the broker could not be reached.
+        BrokerError: the declarations got no answer within ``declare_timeout``.
 
     """
     result = await plan_topology(path, settings)
@@ -116,9 +128,10 @@ async def apply_topology(path: str | Path, settings: BrokerSettings) -> PlanResu
         return result
     connection = await connect(settings)
     try:
-        await declare(connection, result.loaded.topology.declarations())
+        await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
     finally:
-        await connection.close()
+        with contextlib.suppress(TimeoutError):  # a node in a minority may not answer the close either
+            await asyncio.wait_for(connection.close(), 5)
     return result
 
 

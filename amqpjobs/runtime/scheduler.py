@@ -57,6 +57,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage, job_message
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
+from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.publish import ConfirmedPublisher, amqp_properties
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -230,23 +231,26 @@ class Scheduler:
                 not in the topology.
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a scheduled job's exchange or work queue does not exist (apply
-                the topology), or the scheduler's queues exist with other arguments.
+                the topology), the scheduler's queues exist with other arguments, or the
+                declarations got no answer in time (RabbitMQ 4.3, a node in a minority;
+                :data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
 
         """
         self._schedules = self._select()
         self._layouts = {s.name: self.app.layout_of(s.job) for s in self._schedules}
         self._connection = await connect(self.settings, name=f"{self.app.name}-scheduler")
         try:
-            await self._check_targets()
-            await self._declare_queues()
-            self._publisher = ConfirmedPublisher(self._connection)
-            await self._offer_token()
-            self._election = await self._connection.channel(publisher_confirms=False)
-            await self._election.set_qos(prefetch_count=1)
-            queue = await self._election.declare_queue(
-                self.leader_queue, durable=True, arguments=dict(LEADER_QUEUE_ARGUMENTS)
-            )
-            await queue.consume(self._on_token)
+            async with declaring("the scheduler's start-up declarations", self.settings.safe_url):
+                await self._check_targets()
+                await self._declare_queues()
+                self._publisher = ConfirmedPublisher(self._connection)
+                await self._offer_token()
+                self._election = await self._connection.channel(publisher_confirms=False)
+                await self._election.set_qos(prefetch_count=1)
+                queue = await self._election.declare_queue(
+                    self.leader_queue, durable=True, arguments=dict(LEADER_QUEUE_ARGUMENTS)
+                )
+                await queue.consume(self._on_token)
         except BaseException:
             await self.shutdown()
             raise

@@ -4,7 +4,9 @@ Rules (README "Workers"):
 
 * a work queue's N slots are one consumer with ``prefetch_count=N`` on a channel of its
   own (per consumer, not global), so the process holds at most one unacked delivery per
-  slot (fair dispatch: RabbitMQ "Consumer Prefetch"; :mod:`amqpjobs.wire.consume`);
+  slot (fair dispatch: RabbitMQ "Consumer Prefetch"; :mod:`amqpjobs.wire.consume`); a
+  sharded job queue's N slots are shared by all its shards, N unacked deliveries at most
+  (:mod:`amqpjobs.runtime.dispatch`);
 * a delivery is acked only after its handler returned;
 * a failed attempt is republished to the next delay tier with attempt + 1 (confirmed),
   then the original is acked; ``x-death`` & co are stripped from the copy;
@@ -40,8 +42,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 import amqpjobs
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
-from amqpjobs.jobs.evidence import Failure, evidence_headers
-from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
+from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import (
     Ack,
@@ -58,14 +59,18 @@ from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import FailureKind, decide
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
+from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe, needs_of
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.connection import connect, heartbeat_timeout
-from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.topology.versions import nack_is_free
+from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
+from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.fetch import QueueFetcher
@@ -104,9 +109,9 @@ class WorkerOptions:
     Attributes:
         queues: Job queue names to consume; None = every job queue the app's jobs use.
         concurrency: Slots per job queue: an unsharded work queue gets one consumer with
-            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue gets
-            such a consumer on every shard, and its handlers share this many slots
-            round-robin across the shards.
+            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue's
+            shards share this many slots, round-robin, holding no more unacked deliveries
+            than that together (:mod:`amqpjobs.runtime.dispatch`).
         grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
         consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
             ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
@@ -234,7 +239,7 @@ class Worker:
         self._connection: AbstractRobustConnection | None = None
         self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
-        self._consumers: list[WorkQueueConsumer] = []
+        self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
@@ -246,8 +251,7 @@ class Worker:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
         self._gate = IsolationGate()
-        self._rr_gates: list[RoundRobinGate] = []
-        self._held = 0  # deliveries received and not yet settled (running, waiting for a slot, handing back)
+        self._held = 0  # deliveries in the handler and not yet settled (running, handing back)
         self._held_changed = asyncio.Event()
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
@@ -255,6 +259,8 @@ class Worker:
         self._stalls = StallWatch()
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
+        self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
+        self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
 
     # ------------------------------------------------------------------ lifecycle
@@ -286,12 +292,6 @@ class Worker:
             self._timeouts[job.name] = (
                 job.timeout if job.timeout is not None else default_timeout(self.options.consumer_timeout)
             )
-            if job.timeout is not None and job.timeout >= self.options.consumer_timeout:
-                log.warning(
-                    "job %s: timeout %.0fs is not below the broker's delivery acknowledgement timeout "
-                    "(consumer_timeout %.0fs): the broker would close the channel and redeliver first",
-                    job.name, job.timeout, self.options.consumer_timeout,
-                )  # fmt: skip
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -356,6 +356,13 @@ class Worker:
                 "apply); without them retries, quarantine and crash containment can't work"
             )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
+        self._version = version = broker_info(self._connection).version  # see amqpjobs.runtime.broker_rules
+        check_layouts(self._layouts.values(), version)
+        longest = {q: max((t for j, t in self._timeouts.items() if self.app.resolve(j).queue == q), default=0.0)
+                   for q in self._layouts}  # fmt: skip
+        self._consumer_timeouts = consumer_timeouts(
+            self._layouts.values(), longest, version, self.options.consumer_timeout
+        )
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
@@ -368,14 +375,10 @@ class Worker:
                 await opener()
             self._prune_task = asyncio.create_task(self._prune_ledger())
         for layout in self._layouts.values():
-            # a sharded job queue shares its N slots round-robin among the shards with work waiting
-            gate = (
-                RoundRobinGate(self.options.concurrency, len(layout.work_queues)) if layout.shard_routing_keys else None
-            )
-            if gate is not None:
-                self._rr_gates.append(gate)
-            for shard, work_queue in enumerate(layout.work_queues):
-                await self._start_consumer(layout, work_queue, gate, shard)
+            if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
+                await self._start_dispatcher(layout)
+            else:
+                await self._start_consumer(layout, layout.work_queues[0])
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info(
@@ -384,52 +387,45 @@ class Worker:
         )  # fmt: skip
         self.ready.set()
 
-    async def _start_consumer(
-        self, layout: JobQueueLayout, work_queue: str, gate: RoundRobinGate | None = None, shard: int = 0
-    ) -> None:
-        assert self._connection is not None
+    def _held_by(self, layout: JobQueueLayout) -> DeliveryHandler:
+        """The handler of a job queue's deliveries: each counts as held until settled, its task as in flight."""
         inflight = self._inflight
-        handle = self._handle
-        isolation = self._gate
 
-        async def run(delivery: Delivery) -> None:
+        async def held(delivery: Delivery) -> None:
             task = asyncio.current_task()
             assert task is not None
             inflight.add(task)
-            try:
-                await handle(layout, delivery)
-            finally:
-                inflight.discard(task)
-
-        async def run_gated(delivery: Delivery) -> None:
-            assert gate is not None
-            if isolation.suspect_pending:  # a suspect claims the worker: no slot needed to hand this back
-                await run(delivery)
-                return
-            try:
-                await gate.acquire(shard)
-            except Evicted:  # sent away while waiting for a slot (a suspect claimed the worker)
-                await run(delivery)
-                return
-            try:
-                await run(delivery)
-            finally:
-                gate.release()
-
-        async def counted(delivery: Delivery) -> None:
             self._held += 1
             try:
-                await (run if gate is None else run_gated)(delivery)
+                await self._handle(layout, delivery)
             finally:
+                inflight.discard(task)
                 self._held -= 1
                 self._held_changed.set()
 
+        return held
+
+    async def _start_consumer(self, layout: JobQueueLayout, work_queue: str) -> None:
+        assert self._connection is not None
         consumer = WorkQueueConsumer(
-            self._connection, work_queue, self.options.concurrency, counted,
-            self.settings.safe_url,
+            self._connection, work_queue, self.options.concurrency, self._held_by(layout),
+            self.settings.safe_url, self._consumer_timeouts.get(layout.name),
         )  # fmt: skip
         self._consumers.append(consumer)
         await consumer.start()
+
+    async def _start_dispatcher(self, layout: JobQueueLayout) -> None:
+        """A sharded job queue: N slots for all its shards, taken by turns and leases (:mod:`.dispatch`)."""
+        assert self._connection is not None
+        first = not any(isinstance(c, ShardDispatcher) for c in self._consumers)
+        dispatcher = ShardDispatcher(
+            self._connection, layout.name, layout.work_queues, self.options.concurrency, self._held_by(layout),
+            self._inflight, may_take=lambda: not self._stop.is_set() and not self._gate.suspect_pending,
+            lease=layout.queue_type == "classic", safe_url=self.settings.safe_url,
+            lookahead=1 if first else 0,  # one look-ahead delivery per worker (README "Tenant fairness")
+        )  # fmt: skip
+        self._consumers.append(dispatcher)
+        await dispatcher.start()
 
     async def _beat(self) -> None:
         while True:
@@ -508,8 +504,6 @@ class Worker:
                 task.cancel()
         for consumer in self._consumers:
             await consumer.cancel()
-        for gate in self._rr_gates:  # deliveries waiting for a shard's slot: handed back now
-            gate.evict()
         await asyncio.sleep(0)
         code = 0
         pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
@@ -539,13 +533,28 @@ class Worker:
         assert self._connection is not None
         return await broker_probe(self._connection)(objects)
 
+    def _sources_of(self, work_queue: str) -> list[Source]:
+        """What takes from ``work_queue``: its consumer, or its sharded job queue's dispatcher (all shards)."""
+        names = {work_queue} | {
+            layout.name
+            for layout in self._layouts.values()
+            if layout.shard_routing_keys and work_queue in layout.work_queues
+        }
+        return [c for c in self._consumers if c.queue in names]
+
+    def _holds_any(self, source: Source) -> bool:
+        """Whether a delivery of one of the work queues ``source`` takes from is held."""
+        layout = self._layouts.get(source.queue)
+        queues = layout.work_queues if layout is not None and layout.shard_routing_keys else (source.queue,)
+        return any(self._holding.holds(q) for q in queues)
+
     async def _pause_queue(self, work_queue: str) -> None:
-        await asyncio.gather(*(c.pause() for c in self._consumers if c.queue == work_queue))
+        await asyncio.gather(*(c.pause() for c in self._sources_of(work_queue)))
 
     async def _resume_queue(self, work_queue: str) -> None:
         if self._stop.is_set() or self._gate.suspect_pending:  # a suspects turn resumes it when it ends
             return
-        await asyncio.gather(*(c.resume() for c in self._consumers if c.queue == work_queue and c.paused))
+        await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
 
     # ------------------------------------------------------------------ one delivery
     async def _handle(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> None:
@@ -647,7 +656,8 @@ class Worker:
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries,
+                                 nack_is_free(self._version, layout.queue_type))  # fmt: skip
         if screening.action == "crashed":
             return _Verdict(Quarantine("crashed"), self._crash_error(layout, delivery, screening.start), job,
                             attempt, job_id, True)  # fmt: skip
@@ -663,7 +673,8 @@ class Worker:
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return _Verdict(Register(screening.start), _NO_ERROR, job, attempt, job_id, False)
-        if not self._gate.try_enter():  # a suspect waits or runs alone here: don't start or hold it
+        if self._stop.is_set() or not self._gate.try_enter():
+            # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return _Verdict(HandBack(), _NO_ERROR, job, attempt, job_id, False)
         try:
             return await self._start(*run)
@@ -720,10 +731,8 @@ class Worker:
         if not self._gate.try_alone():
             return
         try:
-            # no new deliveries; what arrived meanwhile or waits for a slot is handed back unstarted
+            # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
             await asyncio.gather(*(c.pause() for c in self._consumers))
-            for gate in self._rr_gates:
-                gate.evict()
             await self._gate.idle()
             while self._held > self._holding.count:
                 self._held_changed.clear()
@@ -743,7 +752,7 @@ class Worker:
         finally:
             self._gate.release_alone()
             if not self._stop.is_set():
-                await asyncio.gather(*(c.resume() for c in self._consumers if not self._holding.holds(c.queue)))
+                await asyncio.gather(*(c.resume() for c in self._consumers if not self._holds_any(c)))
 
     async def _start(
         self,
@@ -900,6 +909,10 @@ class Worker:
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
                         v.job_id, v.decision)  # fmt: skip
             return False
+        if isinstance(v.decision, HandBack) and nack_is_free(self._version, layout.queue_type):
+            with contextlib.suppress(DeliveryChannelClosed):  # 4.3 quorum: uncharged (amqpjobs.jobs.crash)
+                await delivery.requeue()
+            return False
         try:
             await self._republish(layout, delivery, v)
         except AmqpJobsError as exc:
@@ -971,6 +984,7 @@ class Worker:
                 job=job.name if job else delivery.job_name,
                 job_id=job_id,
                 tenant=delivery.tenant or "",
+                **delivery_counters(delivery.headers),
             )
             headers = envelope.strip_broker_headers(delivery.headers)
             headers.update(evidence_headers(failure))

@@ -24,6 +24,7 @@ from amqpjobs.topology.models import (
     TopologyFile,
 )
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_priority_refusal
 
 #: ``x-max-priority`` above this still works but costs broker CPU and memory
 #: (RabbitMQ "Classic Queues Support Priorities" → "How many priorities should I use?").
@@ -315,6 +316,32 @@ def _routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
     return problems
 
 
+def _quorum_priority_rules(
+    file: str, base: str, max_priority: int, broker_version: tuple[int, ...] | None, warnings: list[str]
+) -> list[Problem]:
+    """``max_priority`` on a quorum job queue: 1..31 on RabbitMQ 4.3+, refused before.
+
+    RabbitMQ 4.3 release notes: quorum queues have strict priorities 0-31 (a message without
+    one counts as 4) and ignore ``x-max-priority``; 4.0-4.2 have two levels (0-4 normal,
+    5-255 high), 3.x none. The bound is ours: enqueue refuses a priority above it, and no
+    ``x-max-priority`` is sent (:func:`amqpjobs.wire.arguments.queue_arguments`).
+    """
+    key = f"{base}.max_priority"
+    if max_priority > QUORUM_MAX_PRIORITY:
+        return [
+            Problem(file, key, f"quorum queues have priorities 0-{QUORUM_MAX_PRIORITY} (RabbitMQ 4.3+)",
+                    f'lower max_priority to at most {QUORUM_MAX_PRIORITY}, or use type = "classic"')
+        ]  # fmt: skip
+    if broker_version is None:
+        warnings.append(
+            f"{file}: {key}: quorum-queue priorities need RabbitMQ 4.3+; `topology apply` and the worker "
+            "refuse it on an older broker"
+        )
+        return []
+    refusal = quorum_priority_refusal(broker_version)
+    return [] if refusal is None else [Problem(file, key, *refusal)]
+
+
 def _queue_rules(
     file: str,
     base: str,
@@ -325,23 +352,7 @@ def _queue_rules(
     problems: list[Problem] = []
     if jq.type == "quorum":
         if jq.max_priority is not None:
-            if broker_version is not None and broker_version >= (4, 0):
-                fix = (
-                    "remove max_priority: on RabbitMQ 4.x quorum queues have two priority levels "
-                    '(0-4 normal, 5-255 high) without it; or use type = "classic"'
-                )
-            else:
-                fix = (
-                    'remove max_priority or use type = "classic": quorum queues have no priorities before RabbitMQ 4.0'
-                )
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.max_priority",
-                    "x-max-priority is a classic-queue argument; quorum queues refuse it",
-                    fix,
-                )
-            )
+            problems.extend(_quorum_priority_rules(file, base, jq.max_priority, broker_version, warnings))
         if jq.overflow == "drop-head":
             problems.append(
                 Problem(

@@ -96,7 +96,8 @@ class JobQueueSpec(_Frozen):
         exchange: The declared exchange jobs are published to.
         routing_keys: Binding keys from ``exchange`` to the work queue; default ``[name]``.
         type: ``classic`` (default) or ``quorum``.
-        max_priority: Classic only: ``x-max-priority``, 1–255 (keep it ≤ 10).
+        max_priority: Classic: ``x-max-priority``, 1–255 (keep it ≤ 10). Quorum: 1–31, RabbitMQ
+            4.3+ only (strict priorities; no ``x-max-priority`` is sent, enqueue checks it).
         retry_tiers: Delay before each retry, strictly increasing (e.g. ``["5s", "1m"]``).
         delivery_limit: Quorum only: ``x-delivery-limit``; default
             :data:`DEFAULT_DELIVERY_LIMIT`, always sent explicitly.

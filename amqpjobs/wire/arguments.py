@@ -37,9 +37,11 @@ def queue_arguments(queue: QueueDecl) -> dict[str, Any]:
 
     ``x-queue-type`` is always set, also for classic queues, so that a vhost whose default
     queue type is quorum (RabbitMQ 3.11+/4.x) still gets the type the topology asks for.
+    ``x-max-priority`` goes to classic queues only: quorum queues ignore it from 4.3 (strict
+    priorities 0-31 always on, release notes 4.3.0) and refuse it before.
     """
     args: dict[str, Any] = {"x-queue-type": queue.queue_type}
-    if queue.max_priority is not None:
+    if queue.max_priority is not None and queue.queue_type == "classic":
         args["x-max-priority"] = queue.max_priority
     if queue.message_ttl is not None:
         args["x-message-ttl"] = to_milliseconds(queue.message_ttl)
@@ -56,6 +58,20 @@ def queue_arguments(queue: QueueDecl) -> dict[str, Any]:
     if queue.overflow is not None:
         args["x-overflow"] = queue.overflow
     return args
+
+
+def consume_arguments(consumer_timeout: float | None) -> dict[str, Any]:
+    """AMQP ``basic.consume`` arguments: ``x-consumer-timeout`` (milliseconds) when given.
+
+    RabbitMQ 4.3.0 release notes: on quorum queues the consume argument sets the delivery
+    acknowledgement timeout per consumer, ahead of the queue argument, a policy and
+    ``consumer_timeout`` in rabbitmq.conf.
+
+    Args:
+        consumer_timeout: Seconds, or None to send no argument.
+
+    """
+    return {} if consumer_timeout is None else {"x-consumer-timeout": to_milliseconds(consumer_timeout)}
 
 
 def binding_name(binding: BindingDecl) -> str:

@@ -33,6 +33,8 @@ from pamqp.commands import Basic
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError
+from amqpjobs.wire.arguments import consume_arguments
+from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
 log = logging.getLogger("amqpjobs.wire")
@@ -51,6 +53,8 @@ class WorkQueueConsumer:
         handler: Called with each :class:`Delivery` in a task of its own (ours: a closing
             channel does not cancel it); it must ack or reject the delivery itself.
         safe_url: The broker URL without password, for error messages.
+        consumer_timeout: Seconds, sent as the ``x-consumer-timeout`` consume argument
+            (quorum queues on RabbitMQ 4.3+); None sends none.
 
     """
 
@@ -61,8 +65,10 @@ class WorkQueueConsumer:
         prefetch: int,
         handler: DeliveryHandler,
         safe_url: str = "",
+        consumer_timeout: float | None = None,
     ) -> None:
         self.connection = connection
+        self.arguments = consume_arguments(consumer_timeout)
         self.queue = queue
         self.prefetch = prefetch
         self.handler = handler
@@ -92,16 +98,21 @@ class WorkQueueConsumer:
         """Open the channel, set its prefetch and start consuming.
 
         Raises:
-            BrokerError: the work queue does not exist (apply the topology first).
+            BrokerError: the work queue does not exist (apply the topology first), or no
+                answer in time (:data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
 
         """
         channel = await self.connection.channel(publisher_confirms=False)
         self.channel = channel
         await channel.set_qos(prefetch_count=self.prefetch)
         try:
-            # robust=False: the channel must not re-declare it when it reopens; were the queue gone
-            # by then, the reopen itself would fail. _consume() probes for it instead.
-            await channel.declare_queue(self.queue, passive=True, robust=False)
+            async with declaring(f"looking for work queue {self.queue!r}", self.safe_url):
+                # robust=False: the channel must not re-declare it when it reopens; were the queue gone
+                # by then, the reopen itself would fail. _consume() probes for it instead.
+                await channel.declare_queue(self.queue, passive=True, robust=False)
+        except BrokerError:
+            await self.close()
+            raise
         except Exception as exc:
             await self.close()
             raise BrokerError(
@@ -109,7 +120,8 @@ class WorkQueueConsumer:
                 "apply the topology first (amqpjobs topology apply)"
             ) from exc
         channel.reopen_callbacks.add(self._on_reopen)
-        await self._consume()
+        async with declaring(f"consuming {self.queue!r}", self.safe_url):
+            await self._consume()
 
     async def _consume(self) -> None:
         assert self.channel is not None
@@ -125,7 +137,7 @@ class WorkQueueConsumer:
             with contextlib.suppress(Exception):
                 await probe.close()
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
-        await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag)
+        await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
         if self._consuming_on is not underlay:
             underlay.closing.add_done_callback(self._on_channel_closed)
         self._consuming_on = underlay
@@ -222,7 +234,10 @@ class WorkQueueConsumer:
     def _on_cancel(self, frame: Basic.Cancel) -> None:
         if frame.consumer_tag != self.tag or self._closing or self._paused:
             return
-        log.warning("the broker cancelled the consumer on %s (queue deleted or moved); consuming again", self.queue)
+        log.warning(
+            "the broker cancelled the consumer on %s (queue deleted or moved, or on RabbitMQ 4.3+ a delivery held "
+            "past its x-consumer-timeout, which returns to the queue); consuming again", self.queue,
+        )  # fmt: skip
         self._retry_later()
 
     def _retry_later(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import aiormq
@@ -21,8 +21,55 @@ from amqpjobs.wire.settings import BrokerSettings
 #: each: 1,600 declarations in about 0.5 s instead of 3.5 s; bench/RESULTS.md, item 7).
 DECLARE_CHANNELS = 8
 
+#: Seconds a round of declarations may take before we give up (default 30 s). From RabbitMQ
+#: 4.2 Khepri is the default metadata store, from 4.3 the only one: a declaration needs a
+#: Raft majority of the cluster's nodes, and on a node in a minority it blocks and may never
+#: answer (release notes 4.2.0 and 4.3.0). Declarations happen at start-up and reconnect
+#: only, never per publish, so a bound here never slows the work down.
+DECLARE_TIMEOUT = 30.0
 
-async def declare(connection: AbstractRobustConnection, declarations: Declarations) -> None:
+
+def declaration_timeout_message(what: str, safe_url: str, timeout: float, node_said: str = "") -> str:
+    """The error text for declarations that got no answer within ``timeout`` seconds, or that the node gave up."""
+    happened = f"failed: the node gave up ({node_said})" if node_said else f"got no answer within {timeout:g}s"
+    return (
+        f"{what} on {safe_url} {happened}. On RabbitMQ 4.2+ (Khepri metadata store) a "
+        "declaration waits for a majority of the cluster's nodes: this node is probably in a minority (a "
+        "partition, or most nodes down). Check `rabbitmq-diagnostics cluster_status`, bring the other nodes back "
+        "or connect to a node of the majority, then try again"
+    )
+
+
+@contextlib.asynccontextmanager
+async def declaring(what: str, safe_url: str, within: float | None = None) -> AsyncIterator[None]:
+    """Bound the declarations made inside the block to ``within`` seconds in all (None: :data:`DECLARE_TIMEOUT`).
+
+    Raises:
+        BrokerError: the block did not finish in time (see :data:`DECLARE_TIMEOUT`), or the
+            node itself said its metadata store timed out; the message names the likely
+            cause, a Khepri minority.
+
+    """
+    limit = DECLARE_TIMEOUT if within is None else within
+    try:
+        async with asyncio.timeout(limit):
+            yield
+    except TimeoutError as exc:
+        raise BrokerError(declaration_timeout_message(what, safe_url, limit)) from exc
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        # the node may give up first (measured on 4.3.6 after about 30 s): "INTERNAL_ERROR - Could not declare
+        # queue ... because the metadata store operation timed out", closing the connection
+        if "metadata store" not in str(exc):
+            raise
+        raise BrokerError(declaration_timeout_message(what, safe_url, limit, str(exc))) from exc
+
+
+async def declare(
+    connection: AbstractRobustConnection,
+    declarations: Declarations,
+    within: float | None = None,
+    safe_url: str = "the broker",
+) -> None:
     """Declare exchanges, then queues, then bindings, all durable, over a few channels at once.
 
     Each stage finishes before the next starts (a binding needs its queue and exchange; a
@@ -31,11 +78,18 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
     inequivalent re-declare fails with ``406 PRECONDITION_FAILED`` and closes its channel
     (RabbitMQ "Queues" → "Declaration and Property Equivalence").
 
+    Args:
+        connection: The connection to declare on.
+        declarations: What to declare.
+        within: Seconds all of it may take (None: :data:`DECLARE_TIMEOUT`).
+        safe_url: The broker URL without password, for the timeout's message.
+
     Raises:
         TopologyConflictError: the broker refused a declaration as inequivalent: someone
             created a conflicting object after the plan (``declared_nothing`` is False:
             what was declared before it remains).
-        BrokerError: the broker refused a declaration for another reason.
+        BrokerError: the broker refused a declaration for another reason, or gave no
+            answer within ``within`` seconds (what was declared before remains).
 
     """
     transport = connection.transport
@@ -51,8 +105,9 @@ async def declare(connection: AbstractRobustConnection, declarations: Declaratio
             [_queue(q) for q in declarations.queues],
             [_binding(b) for b in declarations.bindings],
         ]
-        for stage in stages:
-            await _spread(underlays, stage)
+        async with declaring("declaring the topology", safe_url, within):
+            for stage in stages:
+                await _spread(underlays, stage)
         done = True
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
         raise TopologyConflictError(
@@ -206,7 +261,7 @@ async def find_missing(
 async def missing_objects(
     settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = (), wait: float = 30.0
 ) -> tuple[set[str], set[str]]:
-    """:func:`find_missing` over a short connection of its own.
+    """:func:`find_missing` over a short connection of its own, bounded by :data:`DECLARE_TIMEOUT`.
 
     Args:
         settings: Broker settings.
@@ -217,10 +272,11 @@ async def missing_objects(
 
     Raises:
         BrokerUnavailableError: cannot connect within ``wait``.
-        BrokerError: as :func:`find_missing`.
+        BrokerError: as :func:`find_missing`, or no answer in time.
     """
     connection = await connect(settings, wait=wait, name="amqpjobs-probe")
     try:
-        return await find_missing(connection, queues, exchanges)
+        async with declaring("looking for queues and exchanges", settings.safe_url):
+            return await find_missing(connection, queues, exchanges)
     finally:
         await connection.close()

@@ -43,8 +43,11 @@ class AckBatcher:
     the loop's next turn one ``basic.ack`` with ``multiple=true`` settles the run of
     settled tags at the head of the channel's unsettled deliveries (RabbitMQ "Consumer
     Acknowledgements": "Acknowledging Multiple Deliveries at Once"); acks behind a delivery
-    still running go singly, at once. The channel must carry only this consumer: a
-    multiple ack covers every delivery of the channel up to its tag.
+    still running go singly, at once. A multiple ack covers every delivery of the channel
+    up to its tag, so every delivery of the channel (of consumers or of ``basic.get``)
+    must be noted here; as a channel numbers its deliveries 1, 2, 3, ..., a tag not noted
+    yet (a ``get-ok`` still on its way to the code that took it, while a later consumer
+    delivery already finished) stops the run: it is never covered before it is settled.
 
     Args:
         channel: The aiormq channel the deliveries came on.
@@ -55,7 +58,8 @@ class AckBatcher:
     def __init__(self, channel: UnderlayChannel, batch: bool = True) -> None:
         self.channel = channel
         self.batch = batch
-        self._unsettled: dict[int, bool] = {}  # delivery tag -> settled, in tag (= delivery) order
+        self._unsettled: dict[int, bool] = {}  # delivery tag above _cleared -> settled
+        self._cleared = 0  # every tag up to this one is settled and its ack sent
         self._acked: set[int] = set()  # settled by an ack not yet sent
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
@@ -92,15 +96,16 @@ class AckBatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self) -> None:
-        head = 0
-        for tag, settled in self._unsettled.items():
-            if not settled:
+        head = self._cleared  # the end of the run of settled tags that follow one another from the start
+        for tag in sorted(self._unsettled):
+            if tag != head + 1 or not self._unsettled[tag]:
                 break
             head = tag
-        singles = sorted(t for t in self._acked if t > head)
+        singles = sorted(t for t in self._acked if t > head)  # they stay noted (settled) until the run reaches them
         covered = [t for t in self._acked if t <= head]
-        for tag in [t for t in self._unsettled if t <= head] + singles:
+        for tag in range(self._cleared + 1, head + 1):
             del self._unsettled[tag]
+        self._cleared = head
         self._acked.clear()
         try:
             if covered:  # up to the last acked tag: a multiple ack's own tag must still be unsettled

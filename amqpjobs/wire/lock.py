@@ -32,6 +32,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, BusyError
 from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -143,7 +144,8 @@ async def exclusive_lock(
     Raises:
         BusyError: another connection holds the lock (at once, no waiting); the message
             names the holder when the management API could read it.
-        BrokerError: the broker failed while taking the lock.
+        BrokerError: the broker failed while taking the lock, or did not answer in time
+            (:data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
 
     """
     channel = await connection.channel(publisher_confirms=False)
@@ -152,10 +154,11 @@ async def exclusive_lock(
             # on the underlying channel: tied to this very connection, and never re-declared on reconnect
             underlay = await channel.get_underlay_channel()
             try:
-                await underlay.queue_declare(
-                    name, exclusive=True, durable=False, auto_delete=False,
-                    arguments={"x-queue-type": "classic", **holder.arguments()},
-                )  # fmt: skip
+                async with declaring(f"taking the lock on {what}", settings.safe_url):
+                    await underlay.queue_declare(
+                        name, exclusive=True, durable=False, auto_delete=False,
+                        arguments={"x-queue-type": "classic", **holder.arguments()},
+                    )  # fmt: skip
                 break
             except aiormq.exceptions.ChannelLockedResource:
                 exists, held_by = await _holder(settings, name)

@@ -105,3 +105,19 @@ async def test_flush_sends_what_is_still_batched() -> None:
     sent: list[Any] = list(channel.sent)
     await acks.flush()
     assert channel.sent == sent
+
+
+async def test_a_tag_not_noted_yet_stops_the_run() -> None:
+    """A get-ok (tag 2) still on its way while a later consumer delivery (tag 3) finished: 2 is never covered."""
+    acks, channel = batcher(range(1, 2))
+    acks.delivered(3)
+    await acks.ack(1)
+    await acks.ack(3)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False)]
+    acks.delivered(2)
+    acks.delivered(4)
+    await acks.ack(2)
+    await acks.ack(4)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False), (4, True)]  # 2, 3, 4 settled in a row: one ack covers them

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from amqpjobs.jobs.crash import STARTS, Screening, screen
-from amqpjobs.jobs.fairness import Evicted, RoundRobinGate
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, HandBack, Register
 from amqpjobs.runtime.worker import Outcome, default_timeout
@@ -37,6 +36,15 @@ def test_screen_bound_of_one_quarantines_at_the_second_crash() -> None:
     assert screen(True, {STARTS: 2}, 1) == Screening("crashed", 2)
 
 
+def test_screen_on_a_43_quorum_queue_tells_a_nacked_hand_back_from_a_crash() -> None:
+    """4.3: nack raises x-acquired-count only; a client crash raises x-delivery-count (release notes 4.3.0)."""
+    handed_back = {"x-acquired-count": 2}
+    assert screen(True, handed_back, 5, free_nack=True) == Screening("run", 1)
+    assert screen(True, {**handed_back, STARTS: 3}, 5, free_nack=True) == Screening("alone", 3)
+    assert screen(True, {"x-delivery-count": 1, "x-acquired-count": 3}, 5, free_nack=True) == Screening("register", 2)
+    assert screen(True, handed_back, 5) == Screening("register", 2)  # before 4.3 every return is a start
+
+
 async def test_isolation_gate_waits_for_ordinary_runs_and_refuses_others_meanwhile() -> None:
     gate = IsolationGate()
     assert gate.try_enter()
@@ -56,19 +64,6 @@ async def test_isolation_gate_waits_for_ordinary_runs_and_refuses_others_meanwhi
     gate.release_alone()
     assert gate.try_enter()
     assert not gate.suspect_pending
-
-
-async def test_round_robin_gate_evicts_waiters() -> None:
-    gate = RoundRobinGate(1, 2)
-    await gate.acquire(0)
-    waiters = [asyncio.create_task(gate.acquire(1)) for _ in range(3)]
-    await asyncio.sleep(0)
-    assert gate.evict() == 3
-    for task in waiters:
-        with pytest.raises(Evicted):
-            await task
-    gate.release()
-    assert gate.free == 1  # the evicted never held a slot
 
 
 def test_default_timeout_is_just_below_the_consumer_timeout() -> None:

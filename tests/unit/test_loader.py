@@ -45,8 +45,12 @@ def test_quorum_priority_fix_depends_on_broker_version(tmp_path: Path) -> None:
         load_topology(path, broker_version=(3, 10, 8))
     with pytest.raises(TopologyValidationError) as v4:
         load_topology(path, broker_version=(4, 0, 5))
-    assert "before RabbitMQ 4.0" in v3.value.problems[0].fix
-    assert "two priority levels" in v4.value.problems[0].fix
+    assert v3.value.problems[0].message == "quorum-queue priorities 0-31 need RabbitMQ 4.3+ (connected: 3.10.8)"
+    assert v3.value.problems[0].fix.startswith("upgrade the broker to RabbitMQ 4.3+")
+    assert "two levels, 0-4 normal and 5-255 high" in v4.value.problems[0].fix
+    assert load_topology(path, broker_version=(4, 3, 6)).warnings == ()  # strict priorities 0-31
+    (note,) = load_topology(path).warnings  # no broker: accepted, with a note
+    assert "quorum-queue priorities need RabbitMQ 4.3+" in note
 
 
 def test_priority_above_ten_warns(tmp_path: Path) -> None:

@@ -1,0 +1,464 @@
+"""The dispatcher of a sharded job queue: a worker's N slots shared fairly, no more deliveries held than slots.
+
+A worker with ``--concurrency N`` holds at most N unacked deliveries of all the shards of a
+job queue together (README "Tenant fairness"), so a job it can't start yet stays in its
+shard for another worker. Per-consumer prefetch can't express a budget shared by several
+consumers, and a global prefetch is denied on RabbitMQ 4.3. So the slots are tokens, and
+a delivery can only come for a token set aside before the take:
+
+* **turns**: a free token takes one job with ``basic.get`` from the shard whose turn it is
+  (:class:`~amqpjobs.jobs.fairness.ShardTurns`: round-robin; a shard found empty is skipped
+  for 1 ms doubling to 100 ms, so an idle worker asks each shard ~10 times a second);
+* **leases** (classic queues): a shard seen with a backlog (``get-ok`` says messages are
+  left) gets a consumer whose prefetch is its share of the tokens
+  (:func:`~amqpjobs.jobs.fairness.lease_sizes`), reserved before ``basic.consume``: the
+  broker streams to it what the worker can run, without a ``basic.get`` round trip per
+  job. A lease whose credit stays unused for :data:`DRY` seconds (its shard ran dry), or
+  whose share changed, is cancelled; its tokens return at ``cancel-ok``, after every
+  delivery the broker sent before it (classic queues). Quorum queues return deliveries in
+  flight at a cancel as redelivered (taken for crashed starts): they are only taken by
+  turns. While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose lease has
+  credit to spare: the lease brings its next job for less than a ``basic.get``;
+* **look-ahead** (``lookahead=1``): while recent jobs ran shorter than
+  :data:`LOOKAHEAD_BELOW`, one token more than N: the delivery it brings waits, unacked,
+  for the next free running slot, so a slot freed by a short job does not idle during the
+  broker round trip. At most N handlers run.
+
+A token freed by a finished job goes back to its lease (the broker sends the next
+delivery for it), or to the pool once the job's ack is on its way. Deliveries go through
+the worker's handler like a consumer's; ``may_take`` (SIGTERM, a suspect waiting to run
+alone) stops new takes, and :meth:`ShardDispatcher.pause` / :meth:`ShardDispatcher.cancel`
+return once nothing more can arrive (gets answered, leases cancelled), having sent what
+waited for a running slot to the handler (which hands it back unstarted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from aio_pika.abc import AbstractRobustConnection
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
+from amqpjobs.jobs.slots import RunningSlots
+from amqpjobs.wire.consume import DeliveryHandler
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.lane import Lane
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds a lease's credit may stay unused (no delivery since it was freed) before it is cancelled: its shard ran dry.
+DRY = 0.05
+#: Seconds a shard is left alone after a take failed (channel closed, queue missing).
+RETRY_AFTER = 1.0
+#: The look-ahead delivery is taken only while the job queue's recent jobs ran shorter than this (seconds).
+LOOKAHEAD_BELOW = 0.1
+#: While recent jobs ran shorter than this (seconds), a turn skips a shard whose lease has unused
+#: credit: its lease brings its next job, and a ``basic.get`` would cost more than the job.
+TURN_BELOW = 0.002
+
+
+@dataclass(eq=False, slots=True)
+class _Lease:
+    """A consumer on one shard whose prefetch (``size``) is reserved from the tokens."""
+
+    shard: int
+    size: int
+    tokens: int  # tokens it owns: its size while consuming, then those of its deliveries still held
+    held: int = 0  # deliveries received, handler not finished
+    tag: str = ""  # consumer tag once consuming
+    consuming: bool = False
+    ending: bool = False  # asked to end (cancel sent, or to send once consuming)
+    ended: bool = False  # nothing more arrives: its unused credit went back to the pool
+    last: float = 0.0  # monotonic time its credit was last used or freed (or it started)
+
+
+class ShardDispatcher:
+    """Takes the deliveries of one sharded job queue for ``slots`` slots (see the module docstring).
+
+    Args:
+        connection: The worker's robust connection.
+        job_queue: The job queue's name.
+        work_queues: Its shards' work queues, in shard order.
+        slots: Deliveries held at most at once (>= 1).
+        handler: Called with each delivery; it must settle it.
+        inflight: The worker's set of running deliveries: each handler's task is added while it runs.
+        may_take: Whether a new take may start now (False after SIGTERM, while a suspect runs alone).
+        lease: Lease busy shards (classic queues only; see the module docstring).
+        safe_url: The broker URL without password, for error messages.
+        lookahead: 1: hold one delivery more than ``slots`` while recent jobs ran shorter than
+            :data:`LOOKAHEAD_BELOW` (it waits for a running slot; see the module docstring); 0: never.
+
+    """
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        job_queue: str,
+        work_queues: Sequence[str],
+        slots: int,
+        handler: DeliveryHandler,
+        inflight: set[asyncio.Task[Any]],
+        may_take: Callable[[], bool] = lambda: True,
+        lease: bool = True,
+        safe_url: str = "",
+        lookahead: int = 0,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1 (got {slots})")
+        self._queue = job_queue
+        self.slots = slots
+        self._handler = handler
+        self._inflight = inflight
+        self._may_take = may_take
+        self._leasing = lease
+        self._work_queues = tuple(work_queues)
+        # gets on one channel wait for each other: a lane per shard; the leases share one (one ack frame per turn)
+        self._lanes = [Lane(connection, q, batch_acks=slots > 1, safe_url=safe_url) for q in work_queues]
+        self._lease_lane = Lane(connection, f"{job_queue} (leases)", batch_acks=slots > 1, safe_url=safe_url)
+        self._turns = ShardTurns(len(work_queues))
+        self._lookahead = lookahead
+        self._ahead = 0  # the look-ahead token in use now (0 or 1): deliveries held at most = slots + this
+        self._job_seconds: float | None = None  # moving average of recent handler runs
+        self._free = slots  # tokens in the pool
+        self._slots = RunningSlots(slots)  # handlers running; the look-ahead delivery waits here
+        self._taking: set[int] = set()  # shards with a basic.get under way
+        self._failed: set[int] = set()  # shards whose last take failed (not ready)
+        self._busy: set[int] = set()  # shards seen with a backlog (they get leases)
+        self._leases: dict[int, _Lease] = {}  # each shard's current lease (being armed or consuming)
+        self._pending = 0  # tokens the leases waiting to be armed need
+        self._chores: set[asyncio.Task[None]] = set()  # arming and cancelling leases
+        self._changed = asyncio.Event()
+        self._paused = False
+        self._closing = False
+        self._loop: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ the worker's view
+    @property
+    def queue(self) -> str:
+        """The job queue's name."""
+        return self._queue
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped it (until :meth:`resume`)."""
+        return self._paused
+
+    @property
+    def consuming(self) -> bool:
+        """Whether it takes from every shard: every channel open, no take failing."""
+        loop = self._loop
+        running = loop is not None and not loop.done()
+        return running and not self._closing and not self._failed and all(lane.is_open for lane in self._all())
+
+    def _all(self) -> list[Lane]:
+        return [*self._lanes, self._lease_lane] if self._leasing else self._lanes
+
+    async def start(self) -> None:
+        """Open a channel per shard and start taking.
+
+        Raises:
+            BrokerError: a shard's work queue does not exist (apply the topology first).
+
+        """
+        try:
+            for shard, lane in enumerate(self._lanes):
+                await lane.open([self._work_queues[shard]])
+                lane.on_reopen = partial(self._lane_reopened, shard)
+            if self._leasing:
+                await self._lease_lane.open(self._work_queues)
+                self._lease_lane.on_reopen = self._reopened
+        except BaseException:
+            for lane in self._all():
+                await lane.close()
+            raise
+        self._loop = asyncio.get_running_loop().create_task(self._run())
+
+    async def pause(self) -> None:
+        """Stop taking: end the leases; return once every get is answered and every lease cancelled.
+
+        Deliveries that arrive meanwhile, or wait for a running slot, go to the handler
+        at once (which hands them back unstarted).
+        """
+        self._paused = True
+        self._evict()
+        for lease in list(self._leases.values()):
+            self._end(lease)
+        self._kick()
+        await self._until(lambda: not self._taking and not self._chores)
+
+    async def resume(self) -> None:
+        """Take again after :meth:`pause`, looking at every shard at once."""
+        self._paused = False
+        self._busy.clear()
+        self._turns.reset()
+        self._kick()
+
+    async def cancel(self) -> None:
+        """Stop taking for good (shutdown): like :meth:`pause`, and the dispatcher's loop ends."""
+        self._closing = True
+        await self.pause()
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+
+    async def settle(self) -> None:
+        """Make sure the broker has every ack sent so far (a round trip on each shard's channel)."""
+        await asyncio.gather(*(lane.settle() for lane in self._all()))
+
+    async def flush_acks(self) -> None:
+        """Send the acks still batched (before closing the connection)."""
+        await asyncio.gather(*(lane.flush_acks() for lane in self._all()))
+
+    # ------------------------------------------------------------------ the loop
+    def _kick(self) -> None:
+        self._changed.set()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            self._changed.clear()
+            now = time.monotonic()
+            wake: float | None = None
+            if not self._paused:
+                wake = self._plan(now)
+                take_wake = self._take(now)
+                if take_wake is not None:
+                    wake = take_wake if wake is None else min(wake, take_wake)
+            if wake is None:
+                await self._changed.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, wake - now)):
+                    await self._changed.wait()
+
+    def _plan(self, now: float) -> float | None:
+        """End dry or resized leases, arm the shares that have their tokens; returns when to look again."""
+        if not self._leasing:
+            return None
+        wake: float | None = None
+        for shard, lease in list(self._leases.items()):
+            if not lease.consuming:
+                continue
+            if lease.held < lease.size and now - lease.last >= DRY:
+                self._busy.discard(shard)  # credit and no delivery: its shard ran dry
+                continue
+            # look again when it could be dry (its handlers free credit without waking this loop)
+            due = lease.last + DRY if lease.held < lease.size else now + DRY
+            wake = due if wake is None else min(wake, due)
+        sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
+        for shard, lease in list(self._leases.items()):
+            if lease.consuming and resize(lease.size, sizes.get(shard, 0)):
+                self._end(lease)
+        self._pending = 0
+        for shard, size in sizes.items():
+            if shard in self._leases:
+                continue
+            if self._free >= size and self._may_take():
+                self._arm(shard, size)
+            else:
+                self._pending += size  # the turns leave it the tokens it waits for
+        return wake
+
+    def _take(self, now: float) -> float | None:
+        """Start gets with the tokens the leases do not wait for; returns when a skipped shard's turn comes."""
+        if not self._may_take():
+            self._evict()  # SIGTERM, or a suspect waits: what waits for a running slot is handed back
+            return None
+        if self._free - self._pending <= 0:
+            return None
+        skip = set(self._taking)
+        average = self._job_seconds
+        if average is None or average < TURN_BELOW:  # tiny jobs: a lease with credit brings the next one cheaper
+            skip.update(s for s, lease in self._leases.items() if lease.consuming and lease.held < lease.size)
+        while self._free - self._pending > 0:
+            shard = self._turns.next(now, skip)
+            if shard is None:
+                return self._turns.wake_at(skip)
+            skip.add(shard)
+            self._free -= 1
+            self._taking.add(shard)
+            self._spawn(self._take_one(shard), self._inflight)
+        return None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], into: set[asyncio.Task[Any]]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        into.add(task)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            into.discard(task)
+            self._kick()  # pause() may be waiting for it
+
+        task.add_done_callback(done)
+
+    async def _release(self, lane: Lane) -> None:
+        """A token back to the pool, once the acks of its delivery are on their way (before the next take)."""
+        await lane.flush_acks()
+        self._free += 1
+        self._kick()
+
+    # ------------------------------------------------------------------ running slots
+    async def _run_one(self, delivery: Delivery) -> None:
+        """Run a delivery's handler in a running slot (waiting for one: the look-ahead delivery)."""
+        granted = await self._start_slot()
+        started = time.monotonic()
+        try:
+            await self._handler(delivery)
+        finally:
+            if granted:
+                self._end_slot()
+                self._timed(time.monotonic() - started)
+
+    def _timed(self, seconds: float) -> None:
+        """A handler ran ``seconds``: keep the look-ahead token while jobs are short."""
+        average = self._job_seconds
+        average = self._job_seconds = seconds if average is None else average + 0.2 * (seconds - average)
+        ahead = self._lookahead if average < LOOKAHEAD_BELOW else 0
+        if ahead != self._ahead:
+            self._free += ahead - self._ahead  # below 0 for a moment when taken back: no take until a slot frees
+            self._ahead = ahead
+            self._kick()
+
+    async def _start_slot(self) -> bool:
+        """A running slot: True once granted, False when sent away (pause, SIGTERM: the handler hands it back)."""
+        return await self._slots.start(may_wait=not self._paused and self._may_take())
+
+    def _end_slot(self) -> None:
+        self._slots.end()
+
+    def _evict(self) -> None:
+        self._slots.evict()
+
+    # ------------------------------------------------------------------ turns
+    async def _take_one(self, shard: int) -> None:
+        lane = self._lanes[shard]
+        try:
+            taken = await lane.get(self._work_queues[shard])
+        except Exception as exc:  # BrokerError; anything else is a bug of ours, but must not lose the token
+            log.warning("taking from %s failed (%s); trying again in %gs", lane.name, exc, RETRY_AFTER,
+                        exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+            self._failed.add(shard)
+            self._turns.hold(shard, time.monotonic() + RETRY_AFTER)
+            taken = None
+        else:
+            self._failed.discard(shard)
+        finally:
+            self._taking.discard(shard)
+        if taken is None:
+            if shard not in self._failed:
+                self._turns.found_empty(shard, time.monotonic())
+                if shard not in self._leases:
+                    self._busy.discard(shard)
+            self._free += 1
+            self._kick()
+            return
+        self._turns.found(shard)
+        if self._leasing and taken.remaining and shard not in self._busy:
+            self._busy.add(shard)  # a backlog: it gets a lease
+        self._kick()
+        try:
+            await self._run_one(taken.delivery)
+        finally:
+            await self._release(lane)
+
+    # ------------------------------------------------------------------ leases
+    def _arm(self, shard: int, size: int) -> None:
+        lease = _Lease(shard, size, tokens=size)
+        self._free -= size
+        self._leases[shard] = lease
+        self._spawn(self._start_lease(lease), self._chores)
+
+    async def _start_lease(self, lease: _Lease) -> None:
+        lane = self._lease_lane
+        queue = self._work_queues[lease.shard]
+        try:
+            lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
+        except BrokerError as exc:
+            log.warning("leasing %s failed (%s); taking it by turns", queue, exc)
+            self._ended(lease)
+            return
+        lease.consuming = True
+        lease.last = time.monotonic()
+        if lease.ending:  # paused or resized while it was being armed
+            await lane.end_lease(lease.tag)
+            self._ended(lease)
+        self._kick()
+
+    def _end(self, lease: _Lease) -> None:
+        """Cancel a lease; its tokens return at ``cancel-ok`` (see the module docstring)."""
+        if lease.ending:
+            return
+        lease.ending = True
+        if self._leases.get(lease.shard) is lease:
+            del self._leases[lease.shard]
+        if lease.consuming:
+            self._spawn(self._cancel_lease(lease), self._chores)
+        # still being armed: _start_lease cancels it once consuming
+
+    async def _cancel_lease(self, lease: _Lease) -> None:
+        await self._lease_lane.end_lease(lease.tag)
+        self._ended(lease)
+
+    def _ended(self, lease: _Lease) -> None:
+        """Nothing more arrives for the lease: its unused credit returns to the pool."""
+        if self._leases.get(lease.shard) is lease:
+            del self._leases[lease.shard]
+        if lease.ended:
+            return
+        lease.ended = lease.ending = True
+        lease.consuming = False
+        self._free += lease.tokens - lease.held
+        lease.tokens = lease.held
+        self._kick()
+
+    def _lost(self, lease: _Lease) -> None:
+        """The broker cancelled the lease (queue deleted, node down)."""
+        self._busy.discard(lease.shard)
+        self._ended(lease)
+
+    def _lane_reopened(self, shard: int) -> None:
+        """A shard's get channel was reopened (a reconnect, or the broker closed it): take from it again.
+
+        It counts as taking again (ready) once a take there succeeded (at most
+        :data:`RETRY_AFTER` later): a channel the broker closed because the queue is
+        missing is reopened too, and fails again.
+        """
+        self._kick()
+
+    def _reopened(self) -> None:
+        """The leases' channel was reopened after a reconnect: the leases went with the old one."""
+        for lease in list(self._leases.values()):
+            if lease.consuming:
+                self._ended(lease)
+        self._busy.clear()
+        self._kick()
+
+    async def _leased(self, lease: _Lease, delivery: Delivery) -> None:
+        """A delivery of a lease: run it on a token the lease already owns (in aiormq's task)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        lease.held += 1
+        lease.last = time.monotonic()
+        if lease.held == lease.size and self._free > self._pending:
+            self._kick()  # its credit is used up: its shard can take a turn again
+        try:
+            await self._run_one(delivery)
+        finally:
+            self._inflight.discard(task)
+            lease.held -= 1
+            lease.last = time.monotonic()  # its credit is free from now: DRY counts from here
+            if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
+                lease.tokens -= 1
+                await self._release(self._lease_lane)

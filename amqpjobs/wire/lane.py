@@ -1,0 +1,232 @@
+"""A robust channel the worker's shard dispatcher takes deliveries on (:mod:`amqpjobs.runtime.dispatch`).
+
+Two ways to take, both unacked and both bounded by the caller:
+
+* :meth:`Lane.get`: one ``basic.get``: exactly one message or none, plus how many are
+  left behind it (``get-ok``'s ``message_count``);
+* :meth:`Lane.lease`: a consumer with ``prefetch`` (per consumer: ``basic.qos`` then
+  ``basic.consume``, under a new consumer tag each time: RabbitMQ 3.10 quorum queues close
+  the channel when a tag is reused right after a cancel, and aiormq drops deliveries for a
+  tag it no longer knows). :meth:`Lane.end_lease` cancels it and returns at ``cancel-ok``.
+  On classic queues every delivery the broker sent before it read the cancel arrives
+  before the ``cancel-ok``, so a caller that keeps the lease's slots until then never
+  holds more than it reserved. On quorum queues a cancel returns deliveries in flight to
+  the queue marked ``redelivered`` (a worker takes them for crashed starts): the
+  dispatcher leases only classic queues.
+
+The dispatcher gets from each shard on a lane of its own (gets on one channel wait for
+each other) and holds all its leases on one more lane, so that the acks of all its busy
+shards finished in one turn of the event loop go out as one frame (:class:`AckBatcher`;
+every delivery of a lane is noted there, gets and consumers alike). Reconnecting is
+aio-pika's robust channel; :attr:`Lane.on_reopen` is told, since the old channel's
+leases and delivery tags are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+
+log = logging.getLogger("amqpjobs.wire")
+
+#: Called with each delivery of a lease, in a task of its own (aiormq's); it must settle it.
+LeaseHandler = Callable[[Delivery], Awaitable[None]]
+#: Called once when the broker cancels a lease (queue deleted, node down).
+LeaseLost = Callable[[], None]
+
+_FAILURES = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+@dataclass(slots=True)
+class Taken:
+    """What one ``basic.get`` took: the delivery and how many messages were left behind it."""
+
+    delivery: Delivery
+    remaining: int
+
+
+class Lane:
+    """A robust channel of its own to take deliveries on.
+
+    Args:
+        connection: The worker's robust connection.
+        name: What the lane serves, for logs (a work queue, or a job queue's leases).
+        batch_acks: Send acks once per loop turn (:class:`AckBatcher`); False acks at once.
+        safe_url: The broker URL without password, for error messages.
+
+    """
+
+    def __init__(
+        self, connection: AbstractRobustConnection, name: str, batch_acks: bool = True, safe_url: str = ""
+    ) -> None:
+        self.connection = connection
+        self.name = name
+        self.batch_acks = batch_acks
+        self.safe_url = safe_url
+        self.channel: AbstractChannel | None = None
+        #: Called (no arguments) after aio-pika reopened the channel: its leases and delivery tags are gone.
+        self.on_reopen: Callable[[], None] = lambda: None
+        self._acks: AckBatcher | None = None
+        self._probe = ""  # a queue whose passive declare is the lane's round trip (settle)
+        # lease tag -> (the channel it consumes on, its broker-cancel callback there)
+        self._leases: dict[str, tuple[aiormq.Channel, Callable[[Basic.Cancel], None]]] = {}
+
+    async def open(self, queues: Sequence[str]) -> None:
+        """Open the channel and check that the queues it will take from exist.
+
+        Raises:
+            BrokerError: a queue does not exist (apply the topology first).
+
+        """
+        channel = await self.connection.channel(publisher_confirms=False)
+        self.channel = channel
+        for queue in queues:
+            try:
+                # robust=False: a reopened channel must not declare it (see WorkQueueConsumer.start)
+                await channel.declare_queue(queue, passive=True, robust=False)
+            except Exception as exc:
+                await self.close()
+                raise BrokerError(
+                    f"work queue {queue!r} does not exist on {self.safe_url}: "
+                    "apply the topology first (amqpjobs topology apply)"
+                ) from exc
+        self._probe = queues[0]
+        channel.reopen_callbacks.add(self._reopened)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the channel is open now (False while the connection is being restored)."""
+        return self.channel is not None and not self.channel.is_closed
+
+    def _reopened(self, *_: Any) -> None:
+        log.info("channel for %s reopened after a reconnect", self.name)
+        self._leases.clear()  # their callbacks were on the old channel
+        self.on_reopen()
+
+    async def _underlay(self) -> aiormq.Channel:
+        channel = self.channel
+        if channel is None or channel.is_closed:  # don't wait for a reconnect: the caller tries again later
+            raise BrokerError(f"the channel for {self.name} is closed (reconnecting)")
+        return cast(aiormq.Channel, await channel.get_underlay_channel())
+
+    def _acks_for(self, channel: aiormq.abc.AbstractChannel) -> AckBatcher:
+        acks = self._acks
+        if acks is None or acks.channel is not channel:  # first delivery, or the first after a reconnect
+            acks = self._acks = AckBatcher(channel, batch=self.batch_acks)
+        return acks
+
+    async def get(self, queue: str) -> Taken | None:
+        """Take one message of ``queue`` with ``basic.get`` (unacked: settle it through the delivery); None when empty.
+
+        Never cancel this call while it waits: aiormq closes the channel on a cancelled
+        synchronous call, and the broker requeues what the channel held as redelivered.
+
+        Raises:
+            BrokerError: the channel or connection failed, or the queue is gone (nothing was taken).
+
+        """
+        underlay = await self._underlay()
+        try:
+            message: Any = await underlay.basic_get(queue, no_ack=False)
+        except _FAILURES as exc:
+            raise BrokerError(f"basic.get on {queue} failed: {type(exc).__name__}: {exc}") from exc
+        frame = message.delivery
+        if not isinstance(frame, Basic.GetOk):
+            return None
+        delivery = delivery_from_aiormq(message, queue, self._acks_for(message.channel))
+        return Taken(delivery, int(frame.message_count or 0))
+
+    async def lease(self, queue: str, prefetch: int, handler: LeaseHandler, lost: LeaseLost) -> str:
+        """Consume ``queue`` with ``prefetch`` under a new consumer tag; returns the tag.
+
+        Args:
+            queue: The queue.
+            prefetch: Unacked deliveries the broker may hand this consumer (>= 1).
+            handler: Called with each delivery (see :data:`LeaseHandler`).
+            lost: Called once if the broker cancels the consumer.
+
+        Raises:
+            BrokerError: the channel failed (no consumer is left behind).
+
+        """
+        tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
+
+        async def on_message(message: DeliveredMessage) -> None:
+            await handler(delivery_from_aiormq(message, queue, self._acks_for(message.channel)))
+
+        def on_cancel(frame: Basic.Cancel) -> None:
+            if frame.consumer_tag == tag:
+                self._forget(tag)
+                log.warning("the broker cancelled the lease on %s (queue deleted or moved)", queue)
+                lost()
+
+        underlay = await self._underlay()
+        try:
+            await underlay.basic_qos(prefetch_count=prefetch)  # per consumer: for the consumer started next
+            underlay.on_consumer_cancel_callbacks.add(on_cancel)
+            self._leases[tag] = (underlay, on_cancel)
+            await underlay.basic_consume(queue, on_message, consumer_tag=tag)
+        except _FAILURES as exc:
+            self._forget(tag)
+            raise BrokerError(f"consuming {queue} failed: {type(exc).__name__}: {exc}") from exc
+        return tag
+
+    def _forget(self, tag: str) -> None:
+        entry = self._leases.pop(tag, None)
+        if entry is not None:
+            underlay, callback = entry
+            underlay.on_consumer_cancel_callbacks.discard(callback)
+
+    async def end_lease(self, tag: str) -> None:
+        """Cancel a lease's consumer and return at ``cancel-ok`` (at once when its channel is gone).
+
+        Every delivery the broker sent to it before it read the cancel has reached the
+        lease's handler by then (classic queues).
+        """
+        entry = self._leases.get(tag)
+        try:
+            if entry is None or entry[0].is_closed or tag not in entry[0].consumers:
+                return  # its channel is gone (nothing more arrives on it), or the broker cancelled it
+            await entry[0].basic_cancel(tag)
+        except _FAILURES as exc:  # the channel closed meanwhile
+            log.debug("cancelling lease %s for %s failed: %s", tag, self.name, exc)
+        finally:
+            self._forget(tag)
+
+    async def flush_acks(self) -> None:
+        """Send the acks still batched (before closing the connection, or before taking again)."""
+        if self._acks is not None:
+            await self._acks.flush()
+
+    async def settle(self) -> None:
+        """Make sure the broker has every ack sent so far: flush, then a round trip on the channel.
+
+        The broker handles a channel's frames in order: once the answer to a passive
+        ``queue.declare`` is back, the acks sent before it are settled.
+        """
+        await self.flush_acks()
+        channel = self.channel
+        if channel is None or channel.is_closed:
+            return
+        with contextlib.suppress(Exception):  # a closed channel: the broker requeues what it held
+            underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+            await underlay.queue_declare(self._probe, passive=True)
+
+    async def close(self) -> None:
+        """Close the channel (anything taken and not settled returns to the queue)."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await channel.close()

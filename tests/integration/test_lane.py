@@ -1,0 +1,85 @@
+"""The dispatcher's lanes against the real broker: a lease holds its prefetch at most, and its cancel is clean."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aio_pika
+import pytest
+
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.lane import Lane
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import drain, raw_channel
+
+pytestmark = pytest.mark.broker
+
+
+async def fill(broker: BrokerSettings, queue: str, n: int) -> None:
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue(queue, durable=True)
+        for i in range(n):
+            await ch.default_exchange.publish(aio_pika.Message(str(i).encode(), message_id=f"m-{i}"), queue)
+
+
+async def test_a_lease_holds_its_prefetch_and_a_get_says_what_is_left(broker: BrokerSettings):
+    await fill(broker, "q", 10)
+    connection = await connect(broker)
+    lane = Lane(connection, "q")
+    got: list[Delivery] = []
+
+    async def hold(delivery: Delivery) -> None:
+        got.append(delivery)
+
+    try:
+        await lane.open(["q"])
+        taken = await lane.get("q")
+        assert taken is not None
+        assert (taken.delivery.message_id, taken.remaining) == ("m-0", 9)
+        await lane.lease("q", 3, hold, lambda: None)
+        await asyncio.sleep(0.3)
+        assert [d.message_id for d in got] == ["m-1", "m-2", "m-3"]  # the prefetch, no more
+        await got[0].ack()
+        await taken.delivery.ack()  # a get's tag and a lease's on one channel: acks in any order
+        await lane.flush_acks()
+        await asyncio.sleep(0.3)
+        assert [d.message_id for d in got] == ["m-1", "m-2", "m-3", "m-4"]
+        for d in got[1:]:
+            await d.ack()
+        await lane.flush_acks()
+    finally:
+        await connection.close()
+    assert [m.message_id for m in await drain(broker, "q")] == [f"m-{i}" for i in range(5, 10)]
+
+
+async def test_ending_a_busy_lease_on_a_classic_queue_leaves_nothing_in_flight(broker: BrokerSettings):
+    """Deliveries sent before the broker read the cancel arrive before cancel-ok; none come back redelivered."""
+    await fill(broker, "busy", 600)
+    connection = await connect(broker)
+    lane = Lane(connection, "busy")
+    got: list[str] = []
+    after: list[str] = []
+    ended = False
+
+    async def handle(delivery: Delivery) -> None:
+        (after if ended else got).append(delivery.message_id or "")
+        await delivery.ack()
+
+    try:
+        await lane.open(["busy"])
+        tag = await lane.lease("busy", 4, handle, lambda: None)
+        deadline = time.monotonic() + 10
+        while len(got) < 100 and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        await lane.end_lease(tag)  # while deliveries stream
+        ended = True
+        await lane.flush_acks()
+        await asyncio.sleep(0.5)
+    finally:
+        await connection.close()
+    assert after == []
+    left = await drain(broker, "busy")
+    assert len(got) + len(left) == 600
+    assert not [m.message_id for m in left if m.redelivered]

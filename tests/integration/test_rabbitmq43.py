@@ -1,0 +1,223 @@
+"""What RabbitMQ 4.3 changes (release notes 4.1.0-4.3.0), each asserted on the broker the suite runs on.
+
+CI runs these on 3.10, 4.0 and 4.3 (``make test``); a test asserts the 4.3 behaviour on
+4.3+ and the older one, or our refusal with its fix, before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs import App, ConfigurationError, RetryPolicy, Worker, WorkerOptions
+from amqpjobs.jobs import evidence
+from amqpjobs.jobs.outcome import Quarantine
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.versions import CONSUMER_TIMEOUT_MARGIN
+from amqpjobs.wire.delivery import get_unacked
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.conftest import BrokerRoot
+from tests.integration.helpers import cli_subprocess, raw_channel
+from tests.integration.worker_env import Recorder
+
+pytestmark = pytest.mark.broker
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = ["1s"]
+"""
+
+
+def four_three(root: BrokerRoot) -> bool:
+    return root.version >= (4, 3)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    return path
+
+
+async def test_quorum_priorities_0_to_31_on_43_refused_with_the_fix_before(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """A priority-9 job behind 1,000 priority-0 jobs on a quorum job queue with max_priority 10."""
+    path = write(tmp_path, QUORUM + "max_priority = 10\n")
+    if not four_three(broker_root):
+        result = cli_subprocess(broker, "topology", "apply", str(path))
+        assert result.returncode == 2, result.stderr
+        assert "quorum-queue priorities 0-31 need RabbitMQ 4.3+" in result.stderr
+        assert "upgrade the broker to RabbitMQ 4.3+" in result.stderr
+        with ManagementClient(broker) as mgmt:
+            assert [q["name"] for q in mgmt.queues(broker.vhost)] == []  # nothing declared
+        return
+    await apply_topology(path, broker)
+    with ManagementClient(broker) as mgmt:
+        (work,) = [q for q in mgmt.queues(broker.vhost) if q["name"] == "money"]
+    assert work["type"] == "quorum"
+    assert "x-max-priority" not in work["arguments"]  # ignored by 4.3 quorum queues: not sent
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    started: list[str] = []
+    app.job("pay", queue="money")(lambda p, c: started.append(c.job_id))
+    for i in range(1000):
+        await app.enqueue("pay", {}, job_id=f"low-{i}")
+    await app.enqueue("pay", {}, job_id="urgent", priority=9)
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("money",), concurrency=1), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: len(o) >= 10)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert "urgent" in started[:10], started[:12]
+
+
+async def test_jobs_carry_an_explicit_priority_0(broker: BrokerSettings, tmp_path: Path):
+    """A 4.3 quorum queue counts a message without priority as 4; ours always say 0 (README)."""
+    path = write(tmp_path, QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    await app.enqueue("pay", {}, job_id="plain")
+    await app.close()
+    async with raw_channel(broker) as ch:
+        q = await ch.get_queue("money", ensure=False)
+        msg = await q.get(timeout=5)
+        await msg.ack()
+    assert msg.priority == 0
+
+
+async def test_quorum_consumers_send_x_consumer_timeout_on_43(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    path = write(tmp_path, QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    app.job("pay", queue="money", timeout="90s")(lambda p, c: None)
+    app.job("refund", queue="money", timeout="30s")(lambda p, c: None)
+    worker = Worker(app, broker, WorkerOptions(queues=("money",), concurrency=2))
+    await worker.start()
+    consumers: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 15
+        with ManagementClient(broker) as mgmt:
+            while not consumers and time.monotonic() < deadline:
+                consumers = [
+                    c for c in mgmt.request("GET", f"/consumers/{broker.vhost}") if c["queue"]["name"] == "money"
+                ]
+                await asyncio.sleep(0.2)
+    finally:
+        await worker.shutdown()
+    (consumer,) = consumers
+    if four_three(broker_root):
+        assert consumer["arguments"] == {"x-consumer-timeout": round((90 + CONSUMER_TIMEOUT_MARGIN) * 1000)}
+    else:
+        assert consumer["arguments"] == {}  # before 4.3 the node's consumer_timeout rules
+
+
+async def test_nack_hands_back_uncharged_on_43_reject_is_charged(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """4.3: nack raises only x-acquired-count; reject raises x-delivery-count (the limit's counter)."""
+    await apply_topology(write(tmp_path, QUORUM), broker)
+    async with raw_channel(broker) as ch:
+        await (await ch.get_exchange("jobs")).publish(aio_pika.Message(b"{}", type="pay"), routing_key="money")
+        seen: list[tuple[Any, Any]] = []
+        for settle in ("requeue", "requeue", "reject"):
+            async for d in get_unacked(ch, "money", 1):
+                seen.append((d.headers.get("x-delivery-count"), d.headers.get("x-acquired-count")))
+                if settle == "requeue":
+                    await d.requeue()  # our hand-back of a delivery that never started: basic.nack
+                else:
+                    await (await ch.get_underlay_channel()).basic_reject(d.delivery_tag, requeue=True)
+        async for d in get_unacked(ch, "money", 1):
+            seen.append((d.headers.get("x-delivery-count"), d.headers.get("x-acquired-count")))
+            await d.ack()
+    counts = [(dc or 0, ac or 0) for dc, ac in seen]  # absent on a first delivery (3.10 says 0)
+    if four_three(broker_root):
+        assert counts == [(0, 0), (0, 1), (0, 2), (1, 3)]
+    else:  # before 4.3 every return is charged, and there is no x-acquired-count
+        assert counts == [(0, 0), (1, 0), (2, 0), (3, 0)]
+
+
+async def test_a_nacked_hand_back_is_no_crash_on_43_and_evidence_has_both_counters(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """Two nacks, then a worker: on 4.3 it runs at once (no crash start), its evidence says (0, 2).
+
+    Before 4.3 the nacked delivery is taken for a start without an outcome: registered as a
+    suspect, run alone from a copy (whose counters start again), evidence (0, 0).
+    """
+    path = write(tmp_path, QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+
+    def pay(payload: dict[str, Any], ctx: Any) -> None:
+        raise ValueError("no such account")
+
+    app.job("pay", queue="money", retry=RetryPolicy(max_attempts=1))(pay)
+    await app.enqueue("pay", {}, job_id="j-1")
+    async with raw_channel(broker) as ch:
+        for _ in range(2):  # two hand-backs before a worker takes it
+            async for d in get_unacked(ch, "money", 1):
+                await d.requeue()
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("money",)), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: any(isinstance(x.decision, Quarantine) for x in o))
+    finally:
+        await worker.shutdown()
+        await app.close()
+    kinds = [type(o.decision).__name__ for o in recorder.outcomes]
+    async with raw_channel(broker) as ch:
+        q = await ch.get_queue("money.quarantine", ensure=False)
+        dead = await q.get(timeout=5)
+        await dead.ack()
+    headers = dead.headers
+    assert "x-delivery-count" not in headers
+    assert "x-acquired-count" not in headers
+    assert headers[evidence.REASON] == "exhausted"  # max_attempts=1
+    if four_three(broker_root):
+        assert kinds == ["Quarantine"]
+        assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 2)
+    else:
+        assert kinds == ["Register", "Quarantine"]
+        assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 0)
+
+
+async def test_worker_refuses_quorum_max_priority_before_43(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """Loaded without a broker, the topology is accepted with a note; the worker judges it at connect."""
+    await apply_topology(write(tmp_path, QUORUM), broker)  # the same declarations: no x-max-priority is sent
+    loaded = load_topology(write(tmp_path, QUORUM + "max_priority = 10\n"))
+    assert any("quorum-queue priorities need RabbitMQ 4.3+" in w for w in loaded.warnings)
+    app = App("p", topology=loaded.topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    worker = Worker(app, broker, WorkerOptions(queues=("money",)))
+    if four_three(broker_root):
+        await worker.start()
+        await worker.shutdown()
+        return
+    with pytest.raises(
+        ConfigurationError,
+        match=r"job queue\(s\) money: max_priority: quorum-queue priorities 0-31 "
+        r"need RabbitMQ 4\.3\+ \(connected: .*fix: upgrade the broker to RabbitMQ 4\.3\+",
+    ):
+        await worker.start()
+    await worker.shutdown()

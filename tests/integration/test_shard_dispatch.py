@@ -1,0 +1,377 @@
+"""Sharded job queues against the real broker: a worker holds no more deliveries than it has slots.
+
+A worker that holds a delivery it cannot start yet keeps it from a worker that could
+(issue 30): with 4 shards and one slot, a worker must not sit on one delivery of every shard
+while a second worker idles. These tests run several workers in one event loop, each with
+an App of its own so a handler knows which worker ran it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import pytest
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.runtime import holding
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import drain, raw_channel
+from tests.integration.worker_env import Recorder
+
+pytestmark = pytest.mark.broker
+SHARDS = 4
+TOPOLOGY = f"""
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "sharded"
+exchange = "jobs"
+type = "{{qtype}}"
+shards = {SHARDS}
+retry_tiers = ["1s"]
+"""
+SHARD_QUEUES = [f"sharded.shard-{i}" for i in range(SHARDS)]
+
+
+def tenant_per_shard() -> list[str]:
+    """One tenant name for each shard, in shard order."""
+    chosen: dict[int, str] = {}
+    i = 0
+    while len(chosen) < SHARDS:
+        chosen.setdefault(zlib.crc32(f"t{i}".encode()) % SHARDS, f"t{i}")
+        i += 1
+    return [chosen[s] for s in range(SHARDS)]
+
+
+class Runs:
+    """What every worker ran: (worker, tenant, started, finished), in monotonic seconds."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, float, float]] = []
+        self.running: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+
+    def by(self, worker: str) -> int:
+        return sum(1 for w, *_ in self.runs if w == worker)
+
+    async def until(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.runs) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert len(self.runs) >= n, self.runs
+
+
+async def topology(broker: BrokerSettings, tmp_path: Path, qtype: str = "classic") -> Path:
+    path = tmp_path / "sharded.toml"
+    path.write_text(TOPOLOGY.format(qtype=qtype))
+    await apply_topology(path, broker)
+    return path
+
+
+def worker_app(name: str, path: Path, broker: BrokerSettings, runs: Runs, seconds: float) -> App:
+    """An App whose job ``sleep`` sleeps ``seconds`` and notes that worker ``name`` ran it."""
+    app = App(name, topology=load_topology(path).topology, url=broker.url)
+
+    @app.job("sleep", queue="sharded")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        started = time.monotonic()
+        runs.running[name] += 1
+        runs.peak[name] = max(runs.peak[name], runs.running[name])
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            runs.running[name] -= 1
+        runs.runs.append((name, ctx.tenant or "", started, time.monotonic()))
+
+    return app
+
+
+def worker(app: App, broker: BrokerSettings, slots: int = 1, recorder: Recorder | None = None) -> Worker:
+    return Worker(app, broker, WorkerOptions(queues=("sharded",), concurrency=slots, grace=10), recorder)
+
+
+async def enqueue(app: App, tenants: list[str]) -> None:
+    for i, tenant in enumerate(tenants):
+        await app.enqueue("sleep", {"i": i}, tenant=tenant)
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_starting_later_takes_what_the_busy_one_could_not_start(broker: BrokerSettings, tmp_path: Path):
+    """The issue's recipe: 4 shards, 4 jobs of 2 s (one per shard), worker B starts 2.5 s after A."""
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    a_app, b_app = (worker_app(n, path, broker, runs, 2.0) for n in ("A", "B"))
+    await enqueue(a_app, tenant_per_shard())
+    a, b = worker(a_app, broker), worker(b_app, broker)
+    await a.start()
+    try:
+        await asyncio.sleep(2.5)
+        await b.start()
+        await runs.until(4, timeout=20)
+    finally:
+        await a.shutdown()
+        await b.shutdown()
+        await a_app.close()
+        await b_app.close()
+    finishes = sorted(f for *_, f in runs.runs)
+    spread = finishes[-1] - finishes[0]
+    print(f"A ran {runs.by('A')}, B ran {runs.by('B')}; last finished {spread:.2f}s after the first")
+    assert runs.by("B") >= 1, runs.runs
+    assert spread <= 4.6, runs.runs
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(60)
+async def test_three_one_slot_workers_share_twelve_jobs(broker: BrokerSettings, tmp_path: Path):
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    apps = [worker_app(n, path, broker, runs, 1.0) for n in ("A", "B", "C")]
+    await enqueue(apps[0], tenant_per_shard() * 3)
+    workers = [worker(app, broker) for app in apps]
+    try:
+        for w in workers:  # one after the other, half a second apart
+            await w.start()
+            await asyncio.sleep(0.5)
+        await runs.until(12, timeout=20)
+    finally:
+        for w in workers:
+            await w.shutdown()
+        for app in apps:
+            await app.close()
+    counts = {n: runs.by(n) for n in ("A", "B", "C")}
+    print(f"jobs run per worker: {counts}")
+    assert min(counts.values()) >= 3, counts
+    assert max(runs.peak.values()) == 1
+
+
+def unacked(mgmt: ManagementClient, vhost: str) -> tuple[int, int, int]:
+    """(unacked on the shards, ready on the shards, unacked on every channel of the vhost) as the API shows them."""
+    queues = [q for q in mgmt.queues(vhost) if q["name"] in SHARD_QUEUES]
+    on_queues = sum(int(q.get("messages_unacknowledged") or 0) for q in queues)
+    ready = sum(int(q.get("messages_ready") or 0) for q in queues)
+    channels = mgmt.request("GET", f"/vhosts/{quote(vhost, safe='')}/channels") or []
+    on_channels = sum(int(c.get("messages_unacknowledged") or 0) for c in channels)
+    return on_queues, ready, on_channels
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(60)
+async def test_a_busy_worker_holds_no_more_unacked_deliveries_than_slots(broker: BrokerSettings, tmp_path: Path):
+    """While both slots run, the management API shows at most 2 unacked deliveries (queues and channels)."""
+    path = await topology(broker, tmp_path)
+    release = asyncio.Event()
+    app = App("bound", topology=load_topology(path).topology, url=broker.url)
+    running: list[int] = []
+
+    @app.job("sleep", queue="sharded")
+    async def hold(payload: dict[str, Any], ctx: JobContext) -> None:
+        running.append(payload["i"])
+        await release.wait()
+
+    await enqueue(app, tenant_per_shard() * 3)  # 3 jobs on every shard
+    w = worker(app, broker, slots=2)
+    await w.start()
+    seen: list[tuple[int, int, int]] = []
+    try:
+        deadline = time.monotonic() + 15
+        with ManagementClient(broker) as mgmt:
+            # the statistics refresh every few seconds: look until they show the running jobs
+            while time.monotonic() < deadline:
+                seen.append(await asyncio.to_thread(unacked, mgmt, broker.vhost))
+                on_queues, ready, _ = seen[-1]
+                if on_queues >= 2 and on_queues + ready == 12 and len(running) == 2:
+                    break
+                await asyncio.sleep(0.25)
+        assert len(running) == 2
+    finally:
+        release.set()
+        await w.shutdown()
+        await app.close()
+    print(f"(unacked on shards, ready on shards, unacked on channels) seen: {sorted(set(seen))}")
+    on_queues, ready, _ = seen[-1]
+    assert on_queues + ready == 12, seen  # the figures had refreshed
+    assert max(s[0] for s in seen) <= 2, seen
+    assert max(s[2] for s in seen) <= 2, seen
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(60)
+async def test_with_short_jobs_a_worker_holds_one_look_ahead_delivery_at_most(broker: BrokerSettings, tmp_path: Path):
+    """Jobs of 20 ms: the management API shows at most slots + 1 unacked deliveries while they run."""
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    app = worker_app("A", path, broker, runs, 0.02)
+    w = worker(app, broker, slots=2)
+    await w.start()
+    seen: list[tuple[int, int, int]] = []
+    enqueued = 0
+    try:
+        deadline = time.monotonic() + 30
+        with ManagementClient(broker) as mgmt:
+            # keep a backlog until the statistics (refreshed every few seconds) showed the worker busy twice
+            while sum(1 for s in seen if max(s[0], s[2]) >= 2) < 2 and time.monotonic() < deadline:
+                if enqueued - len(runs.runs) < 100:
+                    await asyncio.gather(*(enqueue(app, tenant_per_shard()) for _ in range(50)))
+                    enqueued += 200
+                seen.append(await asyncio.to_thread(unacked, mgmt, broker.vhost))
+                await asyncio.sleep(0.2)
+    finally:
+        await w.shutdown()
+        await app.close()
+    print(f"(unacked on shards, ready on shards, unacked on channels) seen: {sorted(set(seen))}")
+    assert sum(1 for s in seen if max(s[0], s[2]) >= 2) == 2, seen  # the figures refreshed while it ran
+    assert max(s[0] for s in seen) <= 3, seen
+    assert max(s[2] for s in seen) <= 3, seen
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+async def test_what_a_stopping_worker_did_not_start_stays_unmarked(broker: BrokerSettings, tmp_path: Path, qtype: str):
+    """SIGTERM with work on every shard: nothing it did not start comes back ``redelivered`` (a suspect)."""
+    path = await topology(broker, tmp_path, qtype)
+    runs = Runs()
+    app = worker_app("A", path, broker, runs, 0.5)
+    await enqueue(app, tenant_per_shard() * 2)
+    w = worker(app, broker)
+    running = asyncio.create_task(w.run())
+    deadline = time.monotonic() + 10
+    while not any(runs.running.values()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    w.request_stop()
+    assert await asyncio.wait_for(running, 20) == 0
+    await app.close()
+    assert len(runs.runs) == 1
+    left = [m for q in SHARD_QUEUES for m in await drain(broker, q)]
+    assert len(left) == 7
+    assert not [m.message_id for m in left if m.redelivered or crash.STARTS in (m.headers or {})]
+
+
+async def test_a_suspect_runs_alone_while_shards_have_work(broker: BrokerSettings, tmp_path: Path):
+    """A registered suspect runs with nothing beside it; the dispatcher takes nothing meanwhile."""
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    app = worker_app("A", path, broker, runs, 0.2)
+    beside: list[int] = []
+
+    @app.job("suspect", queue="sharded")
+    async def suspect(payload: dict[str, Any], ctx: JobContext) -> None:
+        beside.append(runs.running["A"])
+        await asyncio.sleep(0.3)
+        beside.append(runs.running["A"])
+
+    await enqueue(app, tenant_per_shard() * 3)
+    recorder = Recorder()
+    w = worker(app, broker, slots=3, recorder=recorder)
+    await w.start()
+    try:
+        await asyncio.sleep(0.3)  # ordinary jobs are running
+        async with raw_channel(broker) as ch:
+            headers: dict[str, Any] = {envelope.JOB: "suspect", crash.STARTS: 2, crash.WORK_QUEUE: SHARD_QUEUES[1]}
+            await ch.default_exchange.publish(
+                aio_pika.Message(b"{}", message_id="the-suspect", headers=headers, content_type="application/json"),
+                "sharded.suspects",
+            )
+        await recorder.wait_for(lambda o: len(o) >= 13, timeout=20)
+    finally:
+        await w.shutdown()
+        await app.close()
+    assert beside == [0, 0]
+    kinds = Counter(o.kind for o in recorder.outcomes)
+    assert kinds["succeeded"] == 13, kinds
+    assert kinds["redelivered"] == 0, kinds
+
+
+@pytest.mark.version_independent
+async def test_the_dispatcher_takes_jobs_again_after_its_connection_was_closed(broker: BrokerSettings, tmp_path: Path):
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    app = worker_app("A", path, broker, runs, 0.0)
+    w = worker(app, broker, slots=2)
+    await w.start()
+    try:
+        await enqueue(app, tenant_per_shard())
+        await runs.until(4, timeout=10)
+        assert w.readiness()[0], w.readiness()
+        with ManagementClient(broker) as mgmt:
+            names: list[str] = []
+            deadline = time.monotonic() + 10
+            while not names and time.monotonic() < deadline:  # the API lists a connection after a moment
+                await asyncio.sleep(0.2)
+                names = [
+                    c["name"]
+                    for c in mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+                    if (c.get("client_properties") or {}).get("connection_name") == "A-worker"
+                ]
+            assert len(names) == 1, names
+            mgmt.request("DELETE", f"/connections/{quote(names[0], safe='')}")
+        await asyncio.sleep(1.0)  # the robust connection notices and reconnects
+        deadline = time.monotonic() + 15
+        while not w.readiness()[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert w.readiness()[0], w.readiness()
+        await enqueue(app, tenant_per_shard() * 2)
+        await runs.until(12, timeout=15)
+    finally:
+        await w.shutdown()
+        await app.close()
+    assert len(runs.runs) == 12
+
+
+@pytest.mark.timeout(60)
+async def test_a_hole_in_one_shard_holds_its_delivery_and_pauses_the_job_queue(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A shard's retry tier deleted at run time: the failed job is held (not dropped, not
+    dead-lettered), the dispatcher takes no more from any shard, and once the topology is
+    back the copy goes to the tier and every job runs."""
+    path = await topology(broker, tmp_path)
+    app = App("holes", topology=load_topology(path).topology, url=broker.url)
+    attempts: Counter[str] = Counter()
+
+    @app.job("flaky", queue="sharded")
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
+        attempts[ctx.job_id] += 1
+        if ctx.job_id == "bad" and ctx.attempt == 1:
+            raise ConnectionError("smtp blip")
+
+    tenants = tenant_per_shard()
+    monkeypatch.setattr(holding, "PROBE_INTERVAL", 0.5)  # look for the missing tier every 0.5 s (read when built)
+    recorder = Recorder()
+    w = worker(app, broker, slots=2, recorder=recorder)
+    try:
+        await w.start()
+        vhost = quote(broker.vhost, safe="")
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{vhost}/{quote('sharded.shard-0.retry.1s', safe='')}")
+        await app.enqueue("flaky", {}, job_id="bad", tenant=tenants[0])
+        deadline = time.monotonic() + 10
+        while w.readiness()[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        ready, why = w.readiness()
+        assert not ready, why
+        assert "sharded.shard-0.retry.1s" in why, why
+        for i, tenant in enumerate(tenants):  # every shard gets a job while the job queue is paused
+            await app.enqueue("flaky", {}, job_id=f"ok-{i}", tenant=tenant)
+        await asyncio.sleep(1.5)
+        assert sorted(attempts) == ["bad"], attempts  # nothing more taken from any shard
+        await apply_topology(path, broker)
+        await recorder.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 5, timeout=20)
+    finally:
+        await w.shutdown()
+        await app.close()
+    assert attempts == {"bad": 2, **{f"ok-{i}": 1 for i in range(SHARDS)}}, attempts
+    kinds = Counter(o.kind for o in recorder.outcomes)
+    assert kinds["quarantined"] == kinds["redelivered"] == 0, kinds
+    assert await drain(broker, "sharded.quarantine") == []
