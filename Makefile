@@ -59,14 +59,14 @@ postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 node-deps:  ## node and npm (Debian's, when missing) and the pinned amqplib in .cache/node, for the Node publisher test
 	bash scripts/node-deps.sh >/dev/null
 
-test-3: install broker-up postgres-up node-deps  ## the whole suite against the 3.10 node
-	$(BIN)/pytest
+test-3: install broker-up postgres-up node-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
+	$(BIN)/pytest --cov --cov-report=
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest -m "broker and not version_independent"
+	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
 
 test-43: install broker-up broker43-up postgres-up  ## the broker-facing suite against the 4.3.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=43 $(BIN)/pytest -m "broker and not version_independent"
+	AMQPJOBS_TEST_BROKER=43 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
 
 test-fast: install broker-up  ## the suite without tests marked slow
 	$(BIN)/pytest -m "not slow"

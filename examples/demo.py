@@ -12,7 +12,9 @@
 Exit status 0 only when no job was lost, no side effect ran twice, every quarantined message
 has the expected reason, and the worker exited 0; otherwise 1. Options: ``--vhost NAME``
 (default ``amqpjobs-demo``), ``--cleanup`` (delete the vhost and the work folder at the end;
-by default both stay for inspection and the next run starts over).
+by default both stay for inspection and the next run starts over), ``--url AMQP_URL`` and
+``--management-url URL`` (a broker of your own instead of step 1; the management URL is
+derived from the AMQP URL when left out: port + 10000).
 """
 
 from __future__ import annotations
@@ -324,7 +326,7 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> int | None:
         return None
 
 
-def run(vhost: str, cleanup: bool) -> int:
+def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str | None = None) -> int:
     started = time.monotonic()
     problems: list[str] = []
     say("amqpjobs demo: a shop's background jobs on RabbitMQ, end to end")
@@ -333,8 +335,9 @@ def run(vhost: str, cleanup: bool) -> int:
     say("  jobs: examples/shop.py   topology: topology/jobs.toml   this script: examples/demo.py")
     say()
 
-    amqp_url, management_url = broker_urls()
-    settings = broker_settings(amqp_url, management_url).with_vhost(vhost)
+    if url is None:
+        url, management_url = broker_urls()
+    settings = broker_settings(url, management_url).with_vhost(vhost)
     say(f"[1/6] broker {settings.safe_url}  (management UI {settings.management_url}/)")
 
     with ManagementClient(settings) as mgmt:
@@ -496,9 +499,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--vhost", default=DEFAULT_VHOST, help=f"vhost to (re)create (default {DEFAULT_VHOST})")
     parser.add_argument("--cleanup", action="store_true", help="delete the vhost and the work folder at the end")
+    parser.add_argument("--url", help="AMQP URL of a broker to use instead of starting the local one")
+    parser.add_argument("--management-url", help="its management API URL (default: AMQP port + 10000)")
     args = parser.parse_args()
     try:
-        return run(args.vhost, args.cleanup)
+        return run(args.vhost, args.cleanup, args.url, args.management_url)
     except AmqpJobsError as exc:  # messages never contain credentials
         say(f"demo: {type(exc).__name__}: {exc}")
         return 1

@@ -81,7 +81,8 @@ class JobDef:
         idempotent: Gate the effect on the idempotency ledger (claim before, done after).
         key: Derives the job id (the idempotency key) from the validated payload when
             ``enqueue`` gets no ``job_id``.
-        lease: Seconds a claim holds before another worker may take it over.
+        lease: Seconds a claim holds before another worker may take it over; None: twice
+            the timeout the worker gives a job without one (at least 60 s).
 
     """
 
@@ -93,7 +94,7 @@ class JobDef:
     timeout: float | None
     idempotent: bool = False
     key: Callable[[Any], str] | None = None
-    lease: float = 300.0
+    lease: float | None = None
 
     @cached_property
     def is_async(self) -> bool:
@@ -166,7 +167,8 @@ class JobRegistry:
             key: Function of the validated payload giving the job id, e.g.
                 ``lambda p: f"charge:{p.order_id}"``.
             lease: How long a claim holds (seconds or duration); default twice the
-                timeout, at least 60 s, 300 s without a timeout. Must exceed the run time.
+                timeout, at least 60 s (for a job without ``timeout``: twice the worker's
+                default timeout, just below ``consumer_timeout``). Must exceed the run time.
 
         Returns:
             A decorator that registers the handler and returns it unchanged.
@@ -185,10 +187,10 @@ class JobRegistry:
             raise ConfigurationError(f"job {name!r}: timeout: {exc}") from None
 
         try:
-            hold = parse_duration(lease) if lease is not None else (max(60.0, 2 * seconds) if seconds else 300.0)
+            hold = parse_duration(lease) if lease is not None else (max(60.0, 2 * seconds) if seconds else None)
         except ValueError as exc:
             raise ConfigurationError(f"job {name!r}: lease: {exc}") from None
-        if seconds is not None and hold <= seconds:
+        if seconds is not None and hold is not None and hold <= seconds:
             raise ConfigurationError(f"job {name!r}: lease {hold:g}s must be longer than the timeout {seconds:g}s")
 
         def register(handler: H) -> H:

@@ -293,6 +293,10 @@ class Worker:
                 job.timeout if job.timeout is not None else default_timeout(self.options.consumer_timeout)
             )
 
+    def lease_of(self, job: JobDef) -> float:
+        """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
+        return job.lease if job.lease is not None else max(60.0, 2 * self._timeouts[job.name])
+
     def _check_idempotent(self, job: JobDef, layout: JobQueueLayout) -> None:
         ledger = self.app.ledger
         if ledger is None:
@@ -766,7 +770,7 @@ class Worker:
         transaction = None
         if ledger is not None:
             try:
-                claim = await ledger.claim(job_id, owner, job.lease)
+                claim = await ledger.claim(job_id, owner, self.lease_of(job))
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
                 later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)

@@ -259,15 +259,22 @@ async def find_missing(
 
 
 async def missing_objects(
-    settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+    settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = (), wait: float = 30.0
 ) -> tuple[set[str], set[str]]:
     """:func:`find_missing` over a short connection of its own, bounded by :data:`DECLARE_TIMEOUT`.
 
+    Args:
+        settings: Broker settings.
+        queues: Queue names to look for.
+        exchanges: Exchange names to look for.
+        wait: Seconds to keep retrying a refused connect (a worker's first connect: 30 s,
+            README "Workers", for a broker still starting).
+
     Raises:
-        BrokerUnavailableError: cannot connect.
+        BrokerUnavailableError: cannot connect within ``wait``.
         BrokerError: as :func:`find_missing`, or no answer in time.
     """
-    connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
+    connection = await connect(settings, wait=wait, name="amqpjobs-probe")
     try:
         async with declaring("looking for queues and exchanges", settings.safe_url):
             return await find_missing(connection, queues, exchanges)

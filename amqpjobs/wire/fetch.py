@@ -41,17 +41,24 @@ class QueueFetcher:
         return cast(aiormq.Channel, await self._channel.get_underlay_channel())
 
     async def depth(self) -> int | None:
-        """Messages ready in the queue (a passive declare), or None when it can't be read (say, it is missing).
+        """Messages ready in the queue (a passive declare), or None when the queue is missing.
 
         The queue missing closes this channel (404); the next call opens another.
+
+        Raises:
+            Exception: the depth could not be read for another reason (the connection is
+                down or reconnecting): not a sign that the queue is missing.
         """
         try:
             underlay = await self._underlay()
             ok = await underlay.queue_declare(self.queue, passive=True)
-        except Exception as exc:
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
             log.debug("can't read the depth of %s: %s", self.queue, exc)
             await self.close()
             return None
+        except Exception:
+            await self.close()
+            raise
         return int(ok.message_count or 0)
 
     async def get(self) -> Delivery | None:

@@ -1,4 +1,8 @@
-"""The README's first command: ``make demo`` runs ``examples/demo.py``; run it the same way and check its figures."""
+"""The README's first command: ``make demo`` runs ``examples/demo.py``; run it the same way and check its figures.
+
+It runs on the test broker (README "Tests": ``AMQP_URL``, testcontainers or the local node),
+passed with ``--url``, as ``make demo`` would use the local node.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import BrokerRoot
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # the demo starts (or reuses) the project's 3.10 node itself (scripts/broker.sh), whatever broker the suite has
@@ -17,10 +23,21 @@ pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
 
 @pytest.mark.timeout(180)
-def test_demo_runs_every_job_exactly_once_and_quarantines_the_poison():
+def test_demo_runs_every_job_exactly_once_and_quarantines_the_poison(broker_root: BrokerRoot):
     vhost = f"amqpjobs-demo-e2e-{uuid.uuid4().hex[:8]}"  # never the vhost of a `make demo` running beside us
+    settings = broker_root.settings
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo.py"), "--vhost", vhost, "--cleanup"],
+        [
+            sys.executable,
+            str(ROOT / "examples" / "demo.py"),
+            "--vhost",
+            vhost,
+            "--cleanup",
+            "--url",
+            settings.url,
+            "--management-url",
+            settings.management_url,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -29,6 +46,7 @@ def test_demo_runs_every_job_exactly_once_and_quarantines_the_poison():
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed (exit {proc.returncode}):\n{out}\n{proc.stderr}"
     assert out.startswith("amqpjobs demo: ")
+    assert f"[1/6] broker {settings.with_vhost(vhost).safe_url} " in out  # the test's broker, not a node of its own
     for line in (
         "orders.confirm      200/200",
         "orders.sync_crm      20/20",

@@ -355,6 +355,7 @@ OWN_CASES: list[Case] = [
         quarantined("unsupported-content-type", "DecodeError", "'application/octet-stream'"),
     ),
     Case("content-encoding-identity", VALID_BODY, _mail(content_encoding="identity"), processed()),
+    Case("content-encoding-utf-8", VALID_BODY, _mail(content_encoding="utf-8"), processed()),
     # a job of this app, but served from job queue "ghost", not from "work"
     Case(
         "job-of-other-queue",

@@ -391,3 +391,20 @@ async def test_scheduler_refuses_unknown_schedule_names_before_connecting() -> N
         ConfigurationError, match=r"unknown schedule\(s\) \['nope'\]; the app has \['fast', 'paris-daily'\]"
     ):
         await scheduler.start()
+
+
+def test_schedule_list_count_gives_that_many_fire_times() -> None:
+    from amqpjobs.wire.settings import broker_settings
+
+    result = cli(broker_settings("amqp://guest:guest@127.0.0.1:1/"), "schedule", "list",
+                 "tests.unit.test_cron:listed", "--after", "2026-03-28T00:00:10Z", "--count", "5")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    expected = ["00:20", "00:40", "01:00", "01:20", "01:40"]
+    assert [line.split()[0] for line in lines[1:6]] == [f"2026-03-28T00:{t}Z" for t in expected]
+    assert lines[6].startswith("paris-daily ")
+    assert len(lines) == 2 + 2 * 5
+    refused = cli(broker_settings("amqp://guest:guest@127.0.0.1:1/"), "schedule", "list",
+                  "tests.unit.test_cron:listed", "--count", "0")  # fmt: skip
+    assert refused.exit_code == 2
+    assert "--count" in refused.output

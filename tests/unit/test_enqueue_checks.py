@@ -1,0 +1,92 @@
+"""What ``enqueue`` refuses before it connects (README "Enqueueing"), and where the broker settings come from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from amqpjobs import App
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import broker_settings, redact
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "plain"
+exchange = "jobs"
+
+[[job_queue]]
+name = "ranked"
+exchange = "jobs"
+max_priority = 5
+"""
+
+NOWHERE = "amqp://guest:guest@127.0.0.1:1/"  # nothing listens: a publish let through would fail to connect
+
+
+@pytest.fixture
+def app(tmp_path: Any) -> App:
+    (tmp_path / "t.toml").write_text(TOPOLOGY)
+    app = App("checks", topology=load_topology(tmp_path / "t.toml").topology, url=NOWHERE)
+    app.job("p", queue="plain")(lambda p, c: None)
+    app.job("r", queue="ranked")(lambda p, c: None)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("job", "kwargs", "words"),
+    [
+        ("p", {"priority": 1}, "job queue 'plain' has no priorities (max_priority in the topology)"),
+        ("p", {"priority": 0}, "job queue 'plain' has no priorities"),
+        ("r", {"priority": 6}, "priority 6 is above job queue 'ranked''s max_priority 5"),
+        ("r", {"priority": True}, "priority must be an int (got True)"),
+        ("p", {"headers": {"x-trace": "1"}}, "header 'x-trace': names starting 'x-' or 'amqpjobs-' are reserved"),
+        ("p", {"headers": {"amqpjobs-attempt": 3}}, "header 'amqpjobs-attempt': names starting 'x-' or 'amqpjobs-'"),
+        ("p", {"headers": {"AMQPJOBS-Tenant": "a"}}, "header 'AMQPJOBS-Tenant': names starting"),
+        ("p", {"job_id": " "}, "job_id is empty"),
+        ("p", {"tenant": ""}, "tenant is empty"),
+        ("p", {"job_id": 7}, "job_id must be a str (got int)"),
+    ],
+)
+async def test_enqueue_refuses_before_publishing(app: App, job: str, kwargs: dict[str, Any], words: str):
+    with pytest.raises(ConfigurationError) as caught:
+        await app.enqueue(job, {}, **kwargs)
+    assert words in str(caught.value)
+    assert app._connection is None  # never connected: nothing was sent
+
+
+def test_management_url_is_derived_from_the_amqp_url(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("AMQPJOBS_MANAGEMENT_URL", raising=False)
+    monkeypatch.delenv("AMQPJOBS_URL", raising=False)
+    s = broker_settings("amqp://ann:s%40cret@rabbit.internal:5673/prod%2Fa")
+    assert (s.management_url, s.username, s.password, s.vhost) == (
+        "http://rabbit.internal:15673", "ann", "s@cret", "prod/a",
+    )  # fmt: skip
+    assert broker_settings("amqp://h/").management_url == "http://h:15672"  # default port 5672
+    assert broker_settings("amqps://h/").management_url == "https://h:15671"  # amqps: 5671, https
+    assert broker_settings("amqp://h").vhost == "/"
+    # credentials in a management URL are ignored: the AMQP URL's are used
+    s = broker_settings("amqp://ann:pw@h:5672/", "https://root:other@mgmt.example:8443/rabbit/")
+    assert (s.management_url, s.username, s.password) == ("https://mgmt.example:8443/rabbit", "ann", "pw")
+    monkeypatch.setenv("AMQPJOBS_MANAGEMENT_URL", "http://elsewhere:9999")
+    assert broker_settings("amqp://h/").management_url == "http://elsewhere:9999"
+    monkeypatch.setenv("AMQPJOBS_URL", "amqp://env-user:pw@envhost:5682/v")
+    assert broker_settings().url == "amqp://env-user:pw@envhost:5682/v"
+
+
+def test_settings_refuse_bad_urls_and_never_print_passwords(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("AMQPJOBS_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="no broker URL: pass --url or set AMQPJOBS_URL"):
+        broker_settings()
+    with pytest.raises(ConfigurationError, match=r"bad broker URL http://guest:\*\*\*@h/: expected amqp://"):
+        broker_settings("http://guest:secret@h/")
+    with pytest.raises(ConfigurationError, match="bad broker URL"):
+        broker_settings("amqp://h:notaport/")
+    assert redact("amqp://guest:secret@h:5672/v") == "amqp://guest:***@h:5672/v"
+    assert redact("amqp://guest@h/") == "amqp://guest@h/"
+    assert redact("amqp://h/") == "amqp://h/"
+    assert broker_settings("amqp://u:secret@h/").with_vhost("a b").safe_url == "amqp://u:***@h/a%20b"

@@ -1,0 +1,97 @@
+"""Small rules with no broker: argument checks of the registry, the envelope, policies and durations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from amqpjobs import App, ConfigurationError, JobContext, RetryPolicy
+from amqpjobs.durations import parse_duration
+from amqpjobs.jobs.envelope import MAX_JSON_DEPTH, DecodeError, decode_body, encode_payload, job_message
+from amqpjobs.wire.settings import redact
+
+
+class Order(BaseModel):
+    order_id: int
+
+
+class Other(BaseModel):
+    order_id: int
+    note: str = ""
+
+
+def test_job_registration_refuses_bad_arguments():
+    app = App("t")
+    app.job("ok", queue="q")(lambda p, c: None)
+    for kwargs, words in (
+        ({"name": "", "queue": "q"}, "must have 1-255 characters"),
+        ({"name": "j" * 256, "queue": "q"}, "must have 1-255 characters"),
+        ({"name": "ok", "queue": "q"}, "job 'ok' is registered twice"),
+        ({"name": "t1", "queue": "q", "timeout": "soon"}, "job 't1': timeout: 'soon' is not a duration"),
+        ({"name": "t2", "queue": "q", "lease": -1}, "job 't2': lease:"),
+        (
+            {"name": "t3", "queue": "q", "timeout": "2m", "lease": "1m"},
+            "lease 60s must be longer than the timeout 120s",
+        ),
+    ):
+        with pytest.raises(ConfigurationError, match=words):
+            app.job(**kwargs)
+    with pytest.raises(ConfigurationError, match=r"no job 'nope' in app 't'; registered: \['ok'\]"):
+        app.resolve("nope")
+    with pytest.raises(ConfigurationError, match="no job"):
+        app.resolve(lambda p, c: None)
+
+
+def test_payloads_are_validated_and_converted():
+    app = App("t")
+    app.job("typed", queue="q", payload=Order)(lambda p, c: None)
+    app.job("free", queue="q")(lambda p, c: None)
+    typed, free = app.resolve("typed"), app.resolve("free")
+    assert typed.to_json(Other(order_id=3, note="x")) == {"order_id": 3}  # another model: through its dump
+    assert typed.to_json(Order(order_id=4)) == {"order_id": 4}
+    assert free.to_json(Order(order_id=5)) == {"order_id": 5}  # no model: a model's JSON form
+    with pytest.raises(ConfigurationError, match="job 'free': payload must be a dict or a pydantic model"):
+        free.to_json([1, 2])
+
+
+def test_transaction_needs_an_idempotent_job():
+    ctx = JobContext(job="j", job_id="1", attempt=1, max_attempts=1, tenant=None, queue="q", redelivered=False,
+                     enqueued_at=None, headers={})  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"job 'j': transaction\(\) needs @app.job\(..., idempotent=True\)"):
+        ctx.transaction()
+
+
+def test_encoding_refuses_what_strict_json_cannot_carry():
+    with pytest.raises(ValueError, match="NaN or Infinity"):
+        encode_payload({"x": float("nan")})
+    with pytest.raises(ValueError, match="a value JSON can't carry"):
+        encode_payload({"x": {1, 2}})
+    with pytest.raises(ValueError, match="job_id must have 1-255 characters"):
+        job_message("j", {}, job_id="i" * 256, now=0)
+    with pytest.raises(ValueError, match="priority must be an integer 0-255"):
+        job_message("j", {}, job_id="i", now=0, priority=256)
+
+
+def test_nesting_depth_counts_brackets_outside_strings_only():
+    wide: dict[str, Any] = {"items": [[] for _ in range(MAX_JSON_DEPTH * 2)]}  # many brackets, depth 3
+    assert decode_body(json.dumps(wide).encode(), None, None) == wide
+    tricky = {"s": "[" * 100 + '\\"{' * 50, "t": "]]"}  # brackets and escaped quotes inside strings
+    assert decode_body(json.dumps(tricky).encode(), None, None) == tricky
+    deep: Any = {}
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"d": deep}
+    with pytest.raises(DecodeError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        decode_body(json.dumps(deep).encode(), None, None)
+
+
+def test_policies_and_durations_refuse_nonsense():
+    with pytest.raises(ValueError, match="max_attempts must be >= 1"):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ValueError, match="immediate_retries must be >= 0"):
+        RetryPolicy(immediate_retries=-1)
+    with pytest.raises(ValueError, match="is not a duration; give seconds or a string"):
+        parse_duration([30])  # type: ignore[arg-type]
+    assert redact("amqp://u:p@[::1") == "<unparseable URL>"
