@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from amqpjobs.jobs.envelope import DELIVERY_COUNT, parse_attempt
+from amqpjobs.jobs.envelope import parse_attempt
 
 #: int header: the start this copy is registered for (missing = 1: a fresh job's first start).
 STARTS: Final = "amqpjobs-starts"
@@ -72,19 +72,18 @@ def starts_of(headers: Mapping[str, Any]) -> int:
     return parse_attempt(headers.get(STARTS))
 
 
-def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, free_nack: bool = False) -> Screening:
+def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int) -> Screening:
     """Decide about a delivery of a job before running it.
 
     Args:
         redelivered: The broker's ``redelivered`` flag (classic and quorum queues alike).
-        headers: The delivery's headers (reads :data:`STARTS`, and ``x-delivery-count``
-            with ``free_nack``).
+        headers: The delivery's headers (reads :data:`STARTS`).
         max_redeliveries: Starts without an outcome allowed after the first (>= 0).
-        free_nack: The queue is a quorum queue on RabbitMQ 4.3+, where a worker hands back
-            what it did not start with a nack, which raises only ``x-acquired-count``; a
-            start that ended without an outcome (a client crash) raises ``x-delivery-count``
-            (release notes 4.3.0). A redelivery without ``x-delivery-count`` was then only
-            handed back, not started (every copy of ours starts its counters again).
+
+    Every redelivery counts as a start, on every version: the broker's counters can't tell a
+    start from a hand-back (on 4.3 quorum queues a nack, a consumer timeout and a partition
+    all raise only ``x-acquired-count``, release notes 4.3.0, and a consumer timeout returns
+    runs still going), so the worker never hands back by requeue: a copy, then an ack.
 
     Returns:
         The :class:`Screening`: a fresh first delivery runs; a registered copy (start > 1)
@@ -92,8 +91,6 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int,
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
-    if redelivered and free_nack and not headers.get(DELIVERY_COUNT):
-        redelivered = False
     if not redelivered and STARTS not in headers:
         return _FIRST
     start = starts_of(headers)

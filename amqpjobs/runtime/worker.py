@@ -68,7 +68,6 @@ from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.versions import nack_is_free
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
@@ -656,8 +655,7 @@ class Worker:
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return _Verdict(Quarantine("exhausted"), ("AttemptsExhausted", why, ""), job, attempt, job_id, False)
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries,
-                                 nack_is_free(self._version, layout.queue_type))  # fmt: skip
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
         if screening.action == "crashed":
             return _Verdict(Quarantine("crashed"), self._crash_error(layout, delivery, screening.start), job,
                             attempt, job_id, True)  # fmt: skip
@@ -908,10 +906,6 @@ class Worker:
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
                         v.job_id, v.decision)  # fmt: skip
-            return False
-        if isinstance(v.decision, HandBack) and nack_is_free(self._version, layout.queue_type):
-            with contextlib.suppress(DeliveryChannelClosed):  # 4.3 quorum: uncharged (amqpjobs.jobs.crash)
-                await delivery.requeue()
             return False
         try:
             await self._republish(layout, delivery, v)

@@ -19,10 +19,6 @@ QUORUM_MAX_PRIORITY: Final = 31
 #: queues (nor streams); on quorum queues the ``x-consumer-timeout`` consume argument sets it
 #: per consumer (it wins over the queue argument, a policy and ``consumer_timeout``).
 PER_CONSUMER_TIMEOUT_SINCE: Final = (4, 3)
-#: RabbitMQ 4.3.0 release notes: quorum queues keep two counters; ``basic.nack`` raises only
-#: ``x-acquired-count``, while ``basic.reject`` (and a client crash) raises
-#: ``x-delivery-count``, the one the delivery limit counts. Before 4.3 every return counts.
-FREE_NACK_SINCE: Final = (4, 3)
 #: Added to a job queue's longest job timeout to give its consumers' ``x-consumer-timeout``
 #: (seconds): room to cancel the handler, publish the retry or quarantine copy and ack.
 CONSUMER_TIMEOUT_MARGIN: Final = 60.0
@@ -31,15 +27,6 @@ CONSUMER_TIMEOUT_MARGIN: Final = 60.0
 def quorum_priorities(version: Version) -> bool:
     """Whether quorum queues take priorities 0..31 on RabbitMQ ``version`` (4.3+)."""
     return version >= QUORUM_PRIORITIES_SINCE
-
-
-def nack_is_free(version: Version, queue_type: str) -> bool:
-    """Whether handing a delivery back with ``nack(requeue=True)`` leaves ``x-delivery-count`` alone.
-
-    True for quorum queues on 4.3+. Before, on quorum queues every return is charged
-    against the delivery limit; classic queues count nothing on any version.
-    """
-    return queue_type == "quorum" and version >= FREE_NACK_SINCE
 
 
 def consumer_timeout(longest_job_timeout: float) -> float:

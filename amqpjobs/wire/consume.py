@@ -12,8 +12,9 @@ per-message object and second task, the largest per-job cost of a Python consume
 Reconnecting stays aio-pika's job (STYLE 7): the robust connection reopens the channel,
 restores its QoS, and calls our re-declare hook, which looks for the queue on a throwaway
 channel and consumes again under the same consumer tag. A ``basic.cancel`` from the broker (the queue
-was deleted, a node went away: RabbitMQ "Consumer Cancel Notification") makes the consumer
-try again every second until the queue is back or the consumer is closed.
+was deleted, a node went away, a 4.3 consumer timeout: RabbitMQ "Consumer Cancel Notification")
+makes the consumer try again every second, under a new tag, until the queue is back or the
+consumer is closed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ log = logging.getLogger("amqpjobs.wire")
 
 #: What a delivery is handed to: a coroutine run in a task of its own, which a closing channel does not cancel.
 DeliveryHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
+
+
+def _new_tag() -> str:
+    """A consumer tag of ours, never used before (a cancelled tag must not be reused)."""
+    return f"amqpjobs.{uuid.uuid4().hex[:16]}"
 
 
 class WorkQueueConsumer:
@@ -73,7 +79,7 @@ class WorkQueueConsumer:
         self.prefetch = prefetch
         self.handler = handler
         self.safe_url = safe_url
-        self.tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
+        self.tag = _new_tag()
         self.channel: AbstractChannel | None = None
         self._closing = False
         self._paused = False
@@ -199,7 +205,7 @@ class WorkQueueConsumer:
         async with self._switch:
             if self._closing or self._paused:  # paused again meanwhile
                 return
-            self.tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
+            self.tag = _new_tag()
             try:
                 await self._consume()
             except Exception as exc:
@@ -238,6 +244,8 @@ class WorkQueueConsumer:
             "the broker cancelled the consumer on %s (queue deleted or moved, or on RabbitMQ 4.3+ a delivery held "
             "past its x-consumer-timeout, which returns to the queue); consuming again", self.queue,
         )  # fmt: skip
+        # under a new tag: RabbitMQ 4.3 closes the whole connection (530) when a cancelled tag is reused
+        self.tag = _new_tag()
         self._retry_later()
 
     def _retry_later(self) -> None:

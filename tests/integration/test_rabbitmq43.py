@@ -154,13 +154,14 @@ async def test_nack_hands_back_uncharged_on_43_reject_is_charged(
         assert counts == [(0, 0), (1, 0), (2, 0), (3, 0)]
 
 
-async def test_a_nacked_hand_back_is_no_crash_on_43_and_evidence_has_both_counters(
+async def test_a_redelivery_is_a_start_on_every_version_even_with_only_x_acquired_count(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
 ):
-    """Two nacks, then a worker: on 4.3 it runs at once (no crash start), its evidence says (0, 2).
+    """Two nacks by another client, then a worker: registered as a suspect and run alone on every version.
 
-    Before 4.3 the nacked delivery is taken for a start without an outcome: registered as a
-    suspect, run alone from a copy (whose counters start again), evidence (0, 0).
+    On 4.3 the redelivery carries only x-acquired-count, as after a consumer timeout that
+    returned a run still going: the worker can't tell them apart, so it counts a start. The
+    suspect is a copy, whose counters start again: evidence (0, 0).
     """
     path = write(tmp_path, QUORUM)
     await apply_topology(path, broker)
@@ -192,12 +193,8 @@ async def test_a_nacked_hand_back_is_no_crash_on_43_and_evidence_has_both_counte
     assert "x-delivery-count" not in headers
     assert "x-acquired-count" not in headers
     assert headers[evidence.REASON] == "exhausted"  # max_attempts=1
-    if four_three(broker_root):
-        assert kinds == ["Quarantine"]
-        assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 2)
-    else:
-        assert kinds == ["Register", "Quarantine"]
-        assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 0)
+    assert kinds == ["Register", "Quarantine"]
+    assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 0)
 
 
 async def test_worker_refuses_quorum_max_priority_before_43(
@@ -221,3 +218,55 @@ async def test_worker_refuses_quorum_max_priority_before_43(
     ):
         await worker.start()
     await worker.shutdown()
+
+
+@pytest.mark.timeout(60)
+async def test_a_consumer_timeout_on_43_counts_a_start_and_its_rerun_never_overlaps(
+    broker: BrokerSettings,
+    broker_root: BrokerRoot,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
+    """A plain-function job overruns its timeout past x-consumer-timeout (4.3 quorum queue).
+
+    The broker cancels the consumer and returns the delivery with only x-acquired-count
+    raised, exactly as for a nack: the worker must take it for a start without an outcome
+    (registered, then run alone once the first run ended), and consume again under a new
+    consumer tag (reusing the cancelled one makes 4.3 close the whole connection, 530).
+    """
+    if not four_three(broker_root):
+        pytest.skip("x-consumer-timeout per consumer on quorum queues is RabbitMQ 4.3+")
+    import amqpjobs.topology.versions as versions
+
+    monkeypatch.setattr(versions, "CONSUMER_TIMEOUT_MARGIN", 1.0)  # x-consumer-timeout = 1 s + 1 s
+    path = write(tmp_path, QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    runs: list[tuple[float, float]] = []
+
+    def slow(payload: dict[str, Any], ctx: Any) -> None:
+        started = time.monotonic()
+        time.sleep(3.5)  # a thread can't be cancelled: it overruns its 1 s timeout and the consumer timeout
+        runs.append((started, time.monotonic()))
+
+    app.job("slow", queue="money", timeout="1s")(slow)
+    await app.enqueue("slow", {}, job_id="s-1")
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("money",), concurrency=2), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 2, timeout=30)
+        await asyncio.sleep(2.5)  # a third run would have started by now
+    finally:
+        await worker.shutdown()
+        await app.close()
+    kinds = [o.kind for o in recorder.outcomes]
+    assert len(runs) == 2, (runs, kinds)
+    (_, e1), (s2, _) = sorted(runs)
+    assert s2 >= e1, f"the rerun started {e1 - s2:.1f}s before the first run ended"
+    assert kinds.count("redelivered") == 1, kinds  # the returned delivery, registered as start 2
+    assert "NOT_ALLOWED" not in caplog.text  # never the cancelled consumer tag again
+    with ManagementClient(broker) as mgmt:
+        depths = {q["name"]: q.get("messages", 0) for q in mgmt.queues(broker.vhost)}
+    assert depths.get("money.quarantine", 0) == 0, depths
