@@ -50,6 +50,18 @@ CASES = [
     ("consume-not-an-app", ["consume", "tests.integration.procapp:sleep"], 2, "not an amqpjobs App"),
     ("consume-concurrency-0", ["consume", "tests.integration.procapp:app", "--concurrency", "0"], 2, "0"),
     ("consume-bad-grace", ["consume", "tests.integration.procapp:app", "--grace", "soon"], 2, "not a duration"),
+    (
+        "apply-declare-timeout-0",
+        ["topology", "apply", "topology", "--declare-timeout", "0"],
+        2,
+        "--declare-timeout: '0' must be a positive",
+    ),
+    (
+        "apply-declare-timeout-garbage",
+        ["topology", "apply", "topology", "--declare-timeout", "1e9"],
+        2,
+        "--declare-timeout: '1e9' is not a duration",
+    ),
     ("replay-empty-since", ["replay", "work", "--since", ""], 2, "--since is empty"),
     ("replay-garbage-since", ["replay", "work", "--since", "garbage"], 2, "--since 'garbage'"),
     ("replay-rate-0", ["replay", "work", "--rate", "0"], 2, "--rate must be"),
