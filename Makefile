@@ -42,8 +42,8 @@ lint: install  ## ruff and mypy (strict)
 
 # The three suites run one after the other (timing tests must not share the cores); only the
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
-# host's own apt-get installs of broker-up and postgres-up: apt takes one lock at a time).
-test: lint broker-up postgres-up  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
+# host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
+test: lint broker-up postgres-up node-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
 	@mkdir -p .broker4 .broker43
 	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
 	  bash scripts/broker43.sh build >.broker43/build.log 2>&1; } & builds=$$!; \

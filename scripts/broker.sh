@@ -104,7 +104,7 @@ port_busy() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 as_root_install() {   # $1 package
   [ "$(id -u)" = 0 ] || die "$1 is not installed; install it: sudo apt-get install -y $1"
   log "installing $1 with apt-get ..."
-  apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >&2
+  apt-get -o DPkg::Lock::Timeout=600 update >&2 && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "$1" >&2
 }
 
 ensure_packages() {

@@ -81,7 +81,7 @@ build() {
   [ "$(id -u)" = 0 ] || die "needs root (debootstrap and chroot)"
   if ! command -v debootstrap >/dev/null; then
     log "installing debootstrap ..."
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >&2
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >&2
   fi
   mkdir -p "$DIR"
   if [ ! -x "$CH/usr/bin/apt-get" ]; then

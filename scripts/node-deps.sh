@@ -12,7 +12,7 @@ log() { echo "node-deps: $*" >&2; }
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   [ "$(id -u)" = 0 ] || { log "node/npm are not installed; install them: sudo apt-get install -y nodejs npm"; exit 1; }
   log "installing nodejs and npm with apt-get ..."
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >&2
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq nodejs npm >&2
 fi
 
 CACHE=.cache/node

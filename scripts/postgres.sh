@@ -19,7 +19,7 @@ ensure_installed() {
   if [ -z "$(version)" ] || ! command -v pg_createcluster >/dev/null; then
     [ "$(id -u)" = 0 ] || { log "postgresql is not installed: sudo apt-get install -y postgresql"; exit 1; }
     log "installing postgresql with apt-get ..."
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >&2
   fi
 }
 
