@@ -351,17 +351,24 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     async def slow_free(payload: dict[str, Any], ctx: JobContext) -> None:
         await three_seconds("free", ctx)
 
+    def jobs_of(schedule: str) -> int:
+        return sum(1 for e in events if e.schedule == schedule and e.job_id is not None)
+
     events: list[TickEvent] = []
-    async with running_worker(app, broker, concurrency=8) as (_, recorder):
-        scheduler = Scheduler(app, broker, on_event=events.append)
-        await scheduler.start()
-        try:
-            await wait_until(lambda: scheduler.is_leader, 10, "leadership")
-            await asyncio.sleep(10)
-        finally:
+    scheduler = Scheduler(app, broker, on_event=events.append)
+    await scheduler.start()
+    try:
+        await wait_until(lambda: scheduler.is_leader, 10, "leadership")
+        # no worker yet: no run holds the marker, so the leader enqueues every tick; once the worker
+        # starts, all but one of these queued jobs find the previous run going and are skipped by the wrapper
+        await wait_until(lambda: jobs_of("guarded") >= 3, 10, "3 guarded jobs waiting in the queue")
+        async with running_worker(app, broker, concurrency=8) as (_, recorder):
+            await wait_until(lambda: len(runs["guarded"]) >= 2, 20, "two guarded runs")
             await scheduler.shutdown()
-        enqueued = [e for e in events if e.job_id is not None]
-        await recorder.wait_for(lambda outcomes: len(outcomes) == len(enqueued), 20)
+            enqueued = [e for e in events if e.job_id is not None]
+            await recorder.wait_for(lambda outcomes: len(outcomes) == len(enqueued), 20)
+    finally:
+        await scheduler.shutdown()
     await app.close()
 
     guarded = [e for e in events if e.schedule == "guarded"]
@@ -371,6 +378,7 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     assert len(ran) >= 2
     ran_ids = {job_id for _, _, job_id in runs["guarded"]}
     worker_skips = sum("skipped: the previous run of schedule guarded" in r.getMessage() for r in caplog.records)
+    assert worker_skips >= 2, worker_skips  # the jobs queued before the worker started, but the first
     assert ran_ids <= fired
     assert len(fired) - len(ran_ids) == worker_skips
     # every tick of the schedule is accounted for once: enqueued, or skipped while a run ran
