@@ -48,7 +48,12 @@ CASES = [
     ("consume-missing-module", ["consume", "no_such_module_xyz:app"], 2, "cannot import module"),
     ("consume-missing-attribute", ["consume", "tests.integration.procapp:nope"], 2, "has no attribute 'nope'"),
     ("consume-not-an-app", ["consume", "tests.integration.procapp:sleep"], 2, "not an amqpjobs App"),
-    ("consume-concurrency-0", ["consume", "tests.integration.procapp:app", "--concurrency", "0"], 2, "0"),
+    (
+        "consume-concurrency-0",
+        ["consume", "tests.integration.procapp:app", "--concurrency", "0"],
+        2,
+        "Error: Invalid value for '--concurrency' / '-c': 0 is not in the range 1<=x<=256.",
+    ),
     ("consume-bad-grace", ["consume", "tests.integration.procapp:app", "--grace", "soon"], 2, "not a duration"),
     ("replay-empty-since", ["replay", "work", "--since", ""], 2, "--since is empty"),
     ("replay-garbage-since", ["replay", "work", "--since", "garbage"], 2, "--since 'garbage'"),
@@ -56,7 +61,12 @@ CASES = [
     ("replay-rate-inf", ["replay", "work", "--rate", "inf"], 2, "--rate must be"),
     ("replay-rate-negative", ["replay", "work", "--rate", "-5"], 2, "--rate must be"),
     ("replay-bad-reason", ["replay", "work", "--reason", "bogus"], 2, "is not a reason"),
-    ("replay-limit-0", ["replay", "work", "--limit", "0"], 2, "0"),
+    (
+        "replay-limit-0",
+        ["replay", "work", "--limit", "0"],
+        2,
+        "Error: Invalid value for '--limit': 0 is not in the range x>=1.",
+    ),
     ("purge-a-tier-queue", ["quarantine", "purge", "work.retry.200ms", "--yes"], 2, "no quarantine queue"),
     ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue"),
     (
