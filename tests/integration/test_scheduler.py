@@ -217,7 +217,8 @@ async def test_kill_9_of_the_leader_other_replica_fires_within_5s_no_tick_twice(
         leader.kill()  # SIGKILL: no hand-over, the broker notices the dead connection
         killed_at = time.time()
         leader.wait(10)
-        await asyncio.sleep(6)
+        from_leader = await depth(broker, "work")
+        await wait_until_async(lambda: jobs_in(broker, from_leader + 4), 20, "4 jobs from the other replica")
         assert await terminate(other) == 0
     fired = await drain(broker)
     ids = [f.job_id for f in fired]
