@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.settings import BrokerSettings, redact
 from tests.integration.helpers import ROOT, TOPOLOGY, depth
 from tests.integration.worker_env import make_app
 
@@ -98,9 +98,17 @@ async def test_bad_command_lines(broker: BrokerSettings, tmp_path: Path, case: s
 async def test_wrong_password_fails_fast_and_is_never_printed(broker: BrokerSettings, tmp_path: Path):
     await make_app(broker, tmp_path)
     env = {"PROCAPP_TOPOLOGY": str(tmp_path / "applied.toml"), "PROCAPP_RECORD": str(tmp_path / "r.txt")}
-    for args in (["topology", "plan", str(TOPOLOGY)], ["consume", "tests.integration.procapp:app"]):
-        code, out, took = await asyncio.to_thread(run, broker, *args, url=bad_url(broker), env_extra=env)
+    url = bad_url(broker)
+    cases = [  # plan asks the management API first; consume connects over AMQP
+        (["topology", "plan", str(TOPOLOGY)], f"broker error: management API at {broker.management_url} refused "
+         f"user '{broker.username}' (401): check the credentials in the URL\n"),
+        (["consume", "tests.integration.procapp:app"],
+         f"broker error: broker at {redact(url)} refused the credentials (user '{broker.username}')\n"),
+    ]  # fmt: skip
+    for args, refusal in cases:
+        code, out, took = await asyncio.to_thread(run, broker, *args, url=url, env_extra=env)
         assert code == 3, out
+        assert out == refusal  # one line, and nothing else
         assert "wrong-secret" not in out
         assert "Traceback" not in out
         assert took < 15, took
