@@ -1,4 +1,6 @@
-"""Content-header frames built byte by byte: one header of each AMQP field type, every basic property.
+"""AMQP frames byte by byte: content headers built here, and the settlement frames a broker receives.
+
+Content headers: one header of each AMQP field type, every basic property.
 
 aio-pika can't send most field types (and pamqp decodes ``f`` and ``d`` alike), so the
 frames are built with pamqp's per-type encoders, and split back into raw bytes here
@@ -7,10 +9,15 @@ without amqpjobs, to compare a copy with what was sent.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from dataclasses import dataclass, replace
 from decimal import Decimal
+from urllib.parse import urlsplit, urlunsplit
 
 from pamqp import commands, decode, encode
+
+from amqpjobs.wire.settings import BrokerSettings
 
 
 def long_bytes(payload: bytes) -> bytes:
@@ -124,3 +131,105 @@ class RawProperties(commands.Basic.Properties):
 
     def marshal(self) -> bytes:
         return self.encoded
+
+
+# ---------------------------------------------------------------------------- what the broker receives
+#: Basic methods (class 60) whose frames :class:`FrameTap` records: method id -> name.
+SETTLE_METHODS = {80: "ack", 90: "reject", 120: "nack"}
+
+
+@dataclass(frozen=True)
+class Settle:
+    """One ``basic.ack`` / ``basic.reject`` / ``basic.nack`` frame as it reached the broker.
+
+    Attributes:
+        method: ``ack``, ``reject`` or ``nack``.
+        channel: The channel number it was sent on.
+        tag: Its delivery tag.
+        multiple: The ``multiple`` bit (always False for ``reject``, which has none).
+    """
+
+    method: str
+    channel: int
+    tag: int
+    multiple: bool
+
+
+class FrameTap:
+    """A TCP relay between AMQP clients and the broker that reads every frame clients send.
+
+    Connect a client to :attr:`settings` instead of the broker's: bytes pass through
+    unchanged both ways, and each settlement frame a client sends (split here from the raw
+    byte stream with the AMQP 0-9-1 framing, without aio-pika or pamqp) is appended to
+    :attr:`settles` before the broker gets it. So a test sees the acks the broker really
+    received, one entry per frame: an ack with ``multiple`` counts once.
+    """
+
+    def __init__(self, broker: BrokerSettings) -> None:
+        self.broker = broker
+        self.settles: list[Settle] = []
+        self.settings = broker
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> FrameTap:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        parts = urlsplit(self.broker.url)
+        netloc = parts.netloc.rpartition("@")[0] + f"@127.0.0.1:{port}"
+        self.settings = replace(self.broker, url=urlunsplit(parts._replace(netloc=netloc)))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._pumps):
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def acks(self, channel: int | None = None) -> list[Settle]:
+        """The ``basic.ack`` frames (of one channel, when given), in the order they were sent."""
+        return [s for s in self.settles if s.method == "ack" and channel in (None, s.channel)]
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        parts = urlsplit(self.broker.url)
+        broker_reader, broker_writer = await asyncio.open_connection(parts.hostname, parts.port or 5672)
+        up = asyncio.create_task(self._pump(client_reader, broker_writer, read_frames=True))
+        down = asyncio.create_task(self._pump(broker_reader, client_writer, read_frames=False))
+        self._pumps.update((up, down))
+        up.add_done_callback(self._pumps.discard)
+        down.add_done_callback(self._pumps.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_frames: bool) -> None:
+        pending = b""
+        header_seen = not read_frames
+        try:
+            while data := await reader.read(65536):
+                if read_frames:
+                    pending += data
+                    if not header_seen and len(pending) >= 8:  # the protocol header: b"AMQP\x00\x00\x09\x01"
+                        pending, header_seen = pending[8:], True
+                    pending = self._read_frames(pending) if header_seen else pending
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    def _read_frames(self, data: bytes) -> bytes:
+        """Record the settlement frames among the whole frames at the start of ``data``; returns the rest."""
+        while len(data) >= 7:
+            kind, channel, size = struct.unpack(">BHI", data[:7])
+            if len(data) < 7 + size + 1:
+                break
+            payload, data = data[7 : 7 + size], data[8 + size :]
+            if kind != 1:  # method frames only
+                continue
+            class_id, method_id = struct.unpack(">HH", payload[:4])
+            if class_id == 60 and method_id in SETTLE_METHODS:
+                tag, bits = struct.unpack(">QB", payload[4:13])
+                multiple = bool(bits & 1) and method_id != 90
+                self.settles.append(Settle(SETTLE_METHODS[method_id], channel, tag, multiple))
+        return data

@@ -31,8 +31,12 @@ app = App(
 
 @app.job("insert", queue="work", idempotent=True, lease=float(os.environ.get("LEDGERAPP_LEASE", "2")))
 def insert(payload: dict[str, Any], ctx: JobContext) -> None:
-    """The effect: a row keyed by job id in a table WITHOUT a unique constraint, in the ledger's transaction."""
+    """The effect: a row keyed by job id in a table WITHOUT a unique constraint, in the ledger's transaction.
+
+    ``payload["before"]`` seconds pass between the claim and the transaction (a run that outlives its lease).
+    """
     marker = "?" if SPEC.startswith("sqlite:") else "%s"
+    time.sleep(float(payload.get("before", 0)))
     with ctx.transaction() as db:
         db.execute(f"INSERT INTO effects (job_id) VALUES ({marker})", (ctx.job_id,))
         time.sleep(float(payload.get("sleep", 0)))

@@ -1,7 +1,8 @@
 """A job app for tests that run the worker as a separate process (`amqpjobs consume`).
 
 Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file) and
-``PROCAPP_RECORD`` (a file each run appends "start <id>" / "done <id>" lines to).
+``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
+"done <id> <pid>" lines to).
 """
 
 from __future__ import annotations
@@ -25,6 +26,6 @@ def _record(line: str) -> None:
 @app.job("sleep", queue="work", timeout="60s")
 async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
     """Sleep ``payload["seconds"]``, recording start and completion."""
-    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)}")
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
     await asyncio.sleep(float(payload.get("seconds", 0)))
-    _record(f"done {ctx.job_id}")
+    _record(f"done {ctx.job_id} {os.getpid()}")

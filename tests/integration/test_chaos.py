@@ -51,21 +51,41 @@ def spawn(broker: BrokerSettings, tmp_path: Path, *args: str) -> subprocess.Pope
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
 
+def open_runs(record: Path, pid: int) -> set[str]:
+    """Jobs whose handler the worker process ``pid`` started and did not finish (so far, or ever once it is dead)."""
+    starts: Counter[str] = Counter()
+    dones: Counter[str] = Counter()
+    for r in read_record(record):
+        if r[0] == "start" and r[4:] == [str(pid)]:
+            starts[r[1]] += 1
+        elif r[0] == "done" and r[2:] == [str(pid)]:
+            dones[r[1]] += 1
+    return {job for job, n in starts.items() if n > dones[job]}
+
+
 @pytest.mark.timeout(300)
 async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings, tmp_path: Path):
+    """Each kill waits until its victim runs a handler: the jobs cut off come back redelivered and complete."""
     app = await publisher(broker, tmp_path)
     record = tmp_path / "record.txt"
     rng = random.Random(11)
     for i in range(1000):
-        await app.enqueue("sleep", {"seconds": 0.01}, job_id=f"k-{i}")
+        await app.enqueue("sleep", {"seconds": 0.02}, job_id=f"k-{i}")
     await app.close()
     workers = [spawn(broker, tmp_path, "--concurrency", "2") for _ in range(2)]
+    interrupted: dict[int, set[str]] = {}  # killed pid -> the jobs it was running when killed
     try:
-        for _ in range(20):
+        for kill in range(20):
             await asyncio.sleep(rng.uniform(0.2, 0.6))
-            victim = rng.randrange(2)
+            victim = kill % 2  # the older of the two: it had two intervals to start
+            pid = workers[victim].pid
+            deadline = time.monotonic() + 30
+            while not open_runs(record, pid):  # mid-run, not still starting
+                assert time.monotonic() < deadline, f"kill {kill}: worker {pid} never ran a handler"
+                await asyncio.sleep(0.005)
             workers[victim].kill()  # SIGKILL
             workers[victim].wait(10)
+            interrupted[pid] = open_runs(record, pid)
             workers[victim] = spawn(broker, tmp_path, "--concurrency", "2")
         deadline = time.monotonic() + 120
         while len(done_ids(record)) < 1000 and time.monotonic() < deadline:
@@ -77,13 +97,20 @@ async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings,
             w.wait(30)
     done = done_ids(record)
     duplicates = sum(done.values()) - len(done)
-    assert set(done) == {f"k-{i}" for i in range(1000)}, "0 lost"
+    assert set(done) == {f"k-{i}" for i in range(1000)}, f"{len({f'k-{i}' for i in range(1000)} - set(done))} lost"
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.quarantine") == 0
+    # kills cut handlers off mid-run (each waited for a running handler; one may still end in the
+    # millisecond before the kill lands), and each job cut off ran again, flagged redelivered
+    assert len(interrupted) == 20
+    assert sum(1 for jobs in interrupted.values() if jobs) >= 16, interrupted
+    redelivered = {r[1] for r in read_record(record) if r[0] == "start" and r[3] == "1"}
+    cut_off = set().union(*interrupted.values())
+    assert cut_off <= redelivered, cut_off - redelivered
     # at-least-once: a job whose worker died after its effect but before the ack ran again;
     # each kill interrupts at most its 2 in-flight deliveries (the idempotency ledger removes even those)
     assert duplicates <= 2 * 20, duplicates
-    assert sum(1 for r in read_record(record) if r[0] == "start") >= 1000
+    assert sum(1 for r in read_record(record) if r[0] == "start") >= 1000 + len(cut_off)
 
 
 @pytest.mark.timeout(400)

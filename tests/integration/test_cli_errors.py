@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.settings import BrokerSettings, redact
 from tests.integration.helpers import ROOT, TOPOLOGY, depth
 from tests.integration.worker_env import make_app
 
@@ -48,7 +48,12 @@ CASES = [
     ("consume-missing-module", ["consume", "no_such_module_xyz:app"], 2, "cannot import module"),
     ("consume-missing-attribute", ["consume", "tests.integration.procapp:nope"], 2, "has no attribute 'nope'"),
     ("consume-not-an-app", ["consume", "tests.integration.procapp:sleep"], 2, "not an amqpjobs App"),
-    ("consume-concurrency-0", ["consume", "tests.integration.procapp:app", "--concurrency", "0"], 2, "0"),
+    (
+        "consume-concurrency-0",
+        ["consume", "tests.integration.procapp:app", "--concurrency", "0"],
+        2,
+        "Error: Invalid value for '--concurrency' / '-c': 0 is not in the range 1<=x<=256.",
+    ),
     ("consume-bad-grace", ["consume", "tests.integration.procapp:app", "--grace", "soon"], 2, "not a duration"),
     (
         "apply-declare-timeout-0",
@@ -68,7 +73,12 @@ CASES = [
     ("replay-rate-inf", ["replay", "work", "--rate", "inf"], 2, "--rate must be"),
     ("replay-rate-negative", ["replay", "work", "--rate", "-5"], 2, "--rate must be"),
     ("replay-bad-reason", ["replay", "work", "--reason", "bogus"], 2, "is not a reason"),
-    ("replay-limit-0", ["replay", "work", "--limit", "0"], 2, "0"),
+    (
+        "replay-limit-0",
+        ["replay", "work", "--limit", "0"],
+        2,
+        "Error: Invalid value for '--limit': 0 is not in the range x>=1.",
+    ),
     ("purge-a-tier-queue", ["quarantine", "purge", "work.retry.200ms", "--yes"], 2, "no quarantine queue"),
     ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue"),
     (
@@ -100,9 +110,17 @@ async def test_bad_command_lines(broker: BrokerSettings, tmp_path: Path, case: s
 async def test_wrong_password_fails_fast_and_is_never_printed(broker: BrokerSettings, tmp_path: Path):
     await make_app(broker, tmp_path)
     env = {"PROCAPP_TOPOLOGY": str(tmp_path / "applied.toml"), "PROCAPP_RECORD": str(tmp_path / "r.txt")}
-    for args in (["topology", "plan", str(TOPOLOGY)], ["consume", "tests.integration.procapp:app"]):
-        code, out, took = await asyncio.to_thread(run, broker, *args, url=bad_url(broker), env_extra=env)
+    url = bad_url(broker)
+    cases = [  # plan asks the management API first; consume connects over AMQP
+        (["topology", "plan", str(TOPOLOGY)], f"broker error: management API at {broker.management_url} refused "
+         f"user '{broker.username}' (401): check the credentials in the URL\n"),
+        (["consume", "tests.integration.procapp:app"],
+         f"broker error: broker at {redact(url)} refused the credentials (user '{broker.username}')\n"),
+    ]  # fmt: skip
+    for args, refusal in cases:
+        code, out, took = await asyncio.to_thread(run, broker, *args, url=url, env_extra=env)
         assert code == 3, out
+        assert out == refusal  # one line, and nothing else
         assert "wrong-secret" not in out
         assert "Traceback" not in out
         assert took < 15, took

@@ -19,6 +19,7 @@ from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
+from tests.amqp_frames import FrameTap, Settle
 from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
@@ -88,42 +89,84 @@ async def test_a_consumer_the_broker_cancels_consumes_again_once_the_queue_is_ba
 
 
 async def test_the_broker_takes_batched_acks_around_rejected_deliveries(broker: BrokerSettings, tmp_path: Path):
-    """One multiple ack covering a rejected delivery, and one stopping before it: no channel error, all settled."""
+    """A multiple ack covering a rejected delivery, and one stopping before it, as the broker receives them."""
     await make_app(broker, tmp_path)
     async with raw_channel(broker) as ch:
         for i in range(6):
             await ch.default_exchange.publish(aio_pika.Message(str(i).encode(), message_id=f"m-{i}"), "work")
-    connection = await connect(broker)
-    got: list[Delivery] = []
-    arrived = asyncio.Event()
+    async with FrameTap(broker) as tap:
+        connection = await connect(tap.settings)
+        got: list[Delivery] = []
+        arrived = asyncio.Event()
 
-    async def hold(delivery: Delivery) -> None:
-        got.append(delivery)
-        if len(got) == 6:
-            arrived.set()
+        async def hold(delivery: Delivery) -> None:
+            got.append(delivery)
+            if len(got) == 6:
+                arrived.set()
 
-    consumer = WorkQueueConsumer(connection, "work", 6, hold)
-    try:
-        await consumer.start()
-        await asyncio.wait_for(arrived.wait(), 10)
-        d = {x.message_id: x for x in got}
-        await d["m-0"].ack()
-        await d["m-1"].reject()  # a run of settled tags: 0 acked, 1 rejected, 2 acked -> one ack(2, multiple)
-        await d["m-2"].ack()
-        await asyncio.sleep(0.2)
-        await d["m-3"].ack()
-        await d["m-4"].reject()  # the run ends on a reject: the multiple ack must name tag 3, not 4
-        await asyncio.sleep(0.2)
-        await d["m-5"].ack()
-        await consumer.flush_acks()
-        await asyncio.sleep(0.5)
-        assert consumer.consuming  # no PRECONDITION_FAILED closed the channel
-    finally:
-        await consumer.close()
-        await connection.close()
+        consumer = WorkQueueConsumer(connection, "work", 6, hold)
+        try:
+            await consumer.start()
+            await asyncio.wait_for(arrived.wait(), 10)
+            d = {x.message_id: x for x in got}
+            assert [d[f"m-{i}"].delivery_tag for i in range(6)] == [1, 2, 3, 4, 5, 6]
+            await d["m-1"].reject()  # tag 2 settled by a reject; 1 and 3 acked in one turn -> one ack(3, multiple)
+            await d["m-0"].ack()
+            await d["m-2"].ack()
+            await consumer.settle()
+            await d["m-4"].reject()  # the run of settled tags 4, 5 ends on a reject: the ack must name 4, not 5
+            await d["m-3"].ack()
+            await consumer.settle()
+            await d["m-5"].ack()
+            await consumer.settle()  # a round trip: the broker has read every frame before it
+            assert consumer.consuming  # no PRECONDITION_FAILED closed the channel
+        finally:
+            await consumer.close()
+            await connection.close()
+    (channel,) = {s.channel for s in tap.settles}
+    assert tap.settles == [
+        Settle("reject", channel, 2, False), Settle("ack", channel, 3, True),
+        Settle("reject", channel, 5, False), Settle("ack", channel, 4, True),
+        Settle("ack", channel, 6, True),
+    ]  # fmt: skip
     assert await depth(broker, "work") == 0  # nothing requeued by the close: every delivery was settled
     dead = await drain(broker, "work.quarantine")
     assert sorted(m.message_id or "" for m in dead) == ["m-1", "m-4"]
+
+
+@pytest.mark.version_independent
+async def test_jobs_finishing_in_one_turn_are_acked_by_one_multiple_ack(broker: BrokerSettings, tmp_path: Path):
+    """The worker's acks as the broker receives them: four jobs released together, one basic.ack frame."""
+    app = await make_app(broker, tmp_path)
+    running: list[int] = []
+    release = asyncio.Event()
+
+    @app.job("gate", queue="work")
+    async def gate(payload: dict[str, int], ctx: JobContext) -> None:
+        running.append(payload["i"])
+        await release.wait()
+
+    async with FrameTap(broker) as tap, running_worker(app, tap.settings, concurrency=4) as (_, rec):
+        for i in range(8):
+            await app.enqueue("gate", {"i": i})
+        deadline = time.monotonic() + 10
+        while len(running) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert len(running) == 4
+        assert tap.acks() == []  # nothing settled while they run
+        release.set()  # the four finish in the same turn of the loop
+        await rec.wait_for(lambda o: len(o) == 8)
+    await app.close()
+    assert [o.kind for o in rec.outcomes] == ["succeeded"] * 8
+    acks = tap.acks()
+    (channel,) = {a.channel for a in acks}
+    assert acks[0] == Settle("ack", channel, 4, True), acks  # deliveries 1-4, one frame
+    assert len(acks) < 8, acks  # fewer ack frames than jobs
+    assert all(a.multiple for a in acks), acks  # each covers every delivery before it: none left behind
+    assert [a.tag for a in acks] == sorted({a.tag for a in acks})
+    assert acks[-1].tag == 8
+    assert [s for s in tap.settles if s.method != "ack"] == []
+    assert await depth(broker, "work") == 0
 
 
 class RawBytes(str):

@@ -17,16 +17,17 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 from amqpjobs import App, BrokerError, JobContext, Scheduler, TickEvent, tick_id
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.cron import parse_tick
-from amqpjobs.runtime.scheduler import tick_records
+from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, tick_records
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, raw_channel
@@ -216,7 +217,8 @@ async def test_kill_9_of_the_leader_other_replica_fires_within_5s_no_tick_twice(
         leader.kill()  # SIGKILL: no hand-over, the broker notices the dead connection
         killed_at = time.time()
         leader.wait(10)
-        await asyncio.sleep(6)
+        from_leader = await depth(broker, "work")
+        await wait_until_async(lambda: jobs_in(broker, from_leader + 4), 20, "4 jobs from the other replica")
         assert await terminate(other) == 0
     fired = await drain(broker)
     ids = [f.job_id for f in fired]
@@ -253,13 +255,27 @@ def fired_ticks(events: list[TickEvent], schedule: str, kinds: tuple[str, ...] =
     return sorted(e.tick for e in events if e.schedule == schedule and e.kind in kinds)
 
 
-@pytest.mark.parametrize(
-    "down",
-    [6, pytest.param(30, marks=[pytest.mark.slow, pytest.mark.timeout(180)])],
-    ids=["down-6s", "down-30s"],
-)
+async def stopped_ago(app: App, broker: BrokerSettings, seconds: int) -> datetime:
+    """Leave each schedule's tick store as a leader that fired its last tick ``seconds`` ago and stopped.
+
+    What a real downtime of that length leaves on the broker (records of the scheduler's own
+    format, in its own queues), without waiting for it. Returns that last tick.
+    """
+    last = datetime.now(UTC).replace(microsecond=0) - seconds * SECOND
+    async with raw_channel(broker) as channel:
+        for schedule in app.schedules():
+            queue = cron.tick_queue(app.name, schedule.name)
+            await channel.declare_queue(queue, durable=True, arguments=dict(TICK_QUEUE_ARGUMENTS))
+            record = cron.TickRecord(schedule.name, last, last, tick_id(schedule.name, last), last, "test:0")
+            message = aio_pika.Message(record.to_bytes(), content_type="application/json", type="amqpjobs.tick-record")
+            await channel.default_exchange.publish(message, queue)
+    return last
+
+
+@pytest.mark.parametrize("down", [6, 30], ids=["down-6s", "down-30s-backdated"])
 async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: BrokerSettings, tmp_path: Path, down: int):
-    """The 6 s case runs the same code as the 30 s one (marked slow): only the sleep differs."""
+    """Down 6 s for real (a leader stops, another starts 6 s later); down 30 s as the tick store such a
+    downtime leaves (a leader whose last tick was 30 s ago): the same code, without waiting 30 s."""
     app = await make_app(broker, tmp_path)
 
     @app.cron("* * * * * *", name="catchup", missed="catch-up-once", payload={"n": 1})
@@ -270,37 +286,47 @@ async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: Bro
     def three_each(events: list[TickEvent]) -> bool:
         return all(len(fired_ticks(events, s)) >= 3 for s in ("catchup", "skipper"))
 
-    first = await lead_until(app, broker, three_each)
-    await asyncio.sleep(down)
+    names = ("catchup", "skipper")
+    if down == 6:
+        first = await lead_until(app, broker, three_each)
+        assert {e.kind for e in first} == {"fired"}
+        await asyncio.sleep(down)
+        before = {name: fired_ticks(first, name) for name in names}  # ticks fired before the downtime
+        previous = {name: before[name][-1] for name in names}  # the last of them
+    else:
+        last = await stopped_ago(app, broker, down)
+        before = {name: [] for name in names}  # fired by a leader long gone: their jobs were consumed
+        previous = dict.fromkeys(names, last)
     second = await lead_until(app, broker, three_each)
     fired = await drain(broker)
     stored = await tick_records(app, broker)
-    assert {e.kind for e in first} == {"fired"}
 
     # catch-up-once: one job for the whole window, with the last missed tick's id
     jobs = [f for f in fired if f.schedule == "catchup"]
-    last_before, first_after = fired_ticks(first, "catchup")[-1], fired_ticks(second, "catchup")[0]
+    last_fired, first_after = previous["catchup"], fired_ticks(second, "catchup")[0]
     catch_ups = [f for f in jobs if f.kind == "catch-up"]
     assert len(catch_ups) == 1
     (catch_up,) = catch_ups
-    assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, first_after - SECOND)
+    assert (catch_up.missed_from, catch_up.missed_until) == (last_fired + SECOND, first_after - SECOND)
     assert catch_up.job_id == tick_id("catchup", first_after - SECOND)
-    assert (first_after - last_before) >= timedelta(seconds=down)
+    assert (first_after - last_fired) >= timedelta(seconds=down)
     assert [e.kind for e in second if e.schedule == "catchup"][:2] == ["catch-up", "fired"]
-    assert len(jobs) == len(fired_ticks(first, "catchup")) + 1 + len(fired_ticks(second, "catchup"))
+    assert len(jobs) == len(before["catchup"]) + 1 + len(fired_ticks(second, "catchup"))
     ticks = covered(jobs)
     assert ticks == seconds_from(ticks[0], len(ticks))
+    assert ticks[0] == (before["catchup"] or [last_fired + SECOND])[0]
 
     # skip: no job for the window, which is logged as skipped
     jobs = [f for f in fired if f.schedule == "skipper"]
-    last_before, first_after = fired_ticks(first, "skipper")[-1], fired_ticks(second, "skipper")[0]
+    last_fired, first_after = previous["skipper"], fired_ticks(second, "skipper")[0]
     assert {f.kind for f in jobs} == {"fired"}
     skipped = [e for e in second if e.schedule == "skipper" and e.kind == "skipped-missed"]
     assert [(e.missed_from, e.missed_until, e.job_id) for e in skipped] == [
-        (last_before + SECOND, first_after - SECOND, None)
+        (last_fired + SECOND, first_after - SECOND, None)
     ]
-    assert [f.tick for f in jobs] == fired_ticks(first, "skipper") + fired_ticks(second, "skipper")
-    assert [f.tick for f in jobs if last_before < f.tick < first_after] == []
+    assert (first_after - last_fired) >= timedelta(seconds=down)
+    assert [f.tick for f in jobs] == before["skipper"] + fired_ticks(second, "skipper")
+    assert [f.tick for f in jobs if last_fired < f.tick < first_after] == []
 
     # the tick store holds the last fired tick of each schedule
     for name in ("catchup", "skipper"):
@@ -351,17 +377,24 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     async def slow_free(payload: dict[str, Any], ctx: JobContext) -> None:
         await three_seconds("free", ctx)
 
+    def jobs_of(schedule: str) -> int:
+        return sum(1 for e in events if e.schedule == schedule and e.job_id is not None)
+
     events: list[TickEvent] = []
-    async with running_worker(app, broker, concurrency=8) as (_, recorder):
-        scheduler = Scheduler(app, broker, on_event=events.append)
-        await scheduler.start()
-        try:
-            await wait_until(lambda: scheduler.is_leader, 10, "leadership")
-            await asyncio.sleep(10)
-        finally:
+    scheduler = Scheduler(app, broker, on_event=events.append)
+    await scheduler.start()
+    try:
+        await wait_until(lambda: scheduler.is_leader, 10, "leadership")
+        # no worker yet: no run holds the marker, so the leader enqueues every tick; once the worker
+        # starts, all but one of these queued jobs find the previous run going and are skipped by the wrapper
+        await wait_until(lambda: jobs_of("guarded") >= 3, 10, "3 guarded jobs waiting in the queue")
+        async with running_worker(app, broker, concurrency=8) as (_, recorder):
+            await wait_until(lambda: len(runs["guarded"]) >= 2, 20, "two guarded runs")
             await scheduler.shutdown()
-        enqueued = [e for e in events if e.job_id is not None]
-        await recorder.wait_for(lambda outcomes: len(outcomes) == len(enqueued), 20)
+            enqueued = [e for e in events if e.job_id is not None]
+            await recorder.wait_for(lambda outcomes: len(outcomes) == len(enqueued), 20)
+    finally:
+        await scheduler.shutdown()
     await app.close()
 
     guarded = [e for e in events if e.schedule == "guarded"]
@@ -371,6 +404,7 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     assert len(ran) >= 2
     ran_ids = {job_id for _, _, job_id in runs["guarded"]}
     worker_skips = sum("skipped: the previous run of schedule guarded" in r.getMessage() for r in caplog.records)
+    assert worker_skips >= 2, worker_skips  # the jobs queued before the worker started, but the first
     assert ran_ids <= fired
     assert len(fired) - len(ran_ids) == worker_skips
     # every tick of the schedule is accounted for once: enqueued, or skipped while a run ran

@@ -81,22 +81,23 @@ def _failing_handler(kind: str, runs: list[int]) -> Any:
     async def handler(payload: dict[str, Any], ctx: JobContext) -> None:
         runs.append(ctx.attempt)
         if kind == "raise":
-            raise ValueError("the printer is on fire")
+            raise ValueError(f"the printer is on fire (attempt {ctx.attempt})")
         if kind == "retry":
-            raise Retry("try later")
-        raise Reject("customer unknown")
+            raise Retry(f"try later (attempt {ctx.attempt})")
+        raise Reject(f"customer unknown (attempt {ctx.attempt})")
 
     return handler
 
 
-@pytest.mark.parametrize(("kind", "runs_expected", "reason"), [
-    ("raise", [1, 2, 3, 4], "exhausted"),
-    ("retry", [1, 2, 3, 4], "exhausted"),
-    ("reject", [1], "rejected"),
-])  # fmt: skip
+@pytest.mark.parametrize(("kind", "runs_expected", "reason", "error_type", "message"), [
+    ("raise", [1, 2, 3, 4], "exhausted", "ValueError", "the printer is on fire (attempt 4)"),
+    ("retry", [1, 2, 3, 4], "exhausted", "amqpjobs.jobs.outcome.Retry", "try later (attempt 4)"),
+    ("reject", [1], "rejected", "amqpjobs.jobs.outcome.Reject", "customer unknown (attempt 1)"),
+], ids=["raise", "retry", "reject"])  # fmt: skip
 async def test_failure_paths_quarantine_with_every_evidence_header(
-    broker: BrokerSettings, tmp_path: Path, kind: str, runs_expected: list[int], reason: str
-):
+    broker: BrokerSettings, tmp_path: Path, kind: str, runs_expected: list[int], reason: str, error_type: str,
+    message: str,
+):  # fmt: skip
     app = await make_app(broker, tmp_path)
     runs: list[int] = []
     app.job("fail", queue="work", retry=RetryPolicy(max_attempts=4))(_failing_handler(kind, runs))
@@ -112,11 +113,10 @@ async def test_failure_paths_quarantine_with_every_evidence_header(
     assert set(evidence.EVIDENCE_HEADERS) <= set(h)
     assert h[evidence.REASON] == reason
     assert h[evidence.ATTEMPTS] == len(runs_expected)
-    expected_type = {"raise": "ValueError", "retry": "amqpjobs.jobs.outcome.Retry",
-                     "reject": "amqpjobs.jobs.outcome.Reject"}[kind]  # fmt: skip
-    assert h[evidence.ERROR_TYPE] == expected_type
-    assert h[evidence.ERROR_MESSAGE] in ("the printer is on fire", "try later", "customer unknown")
+    assert h[evidence.ERROR_TYPE] == error_type
+    assert h[evidence.ERROR_MESSAGE] == message  # the last attempt's error, this kind's own message
     assert "Traceback (most recent call last)" in str(h[evidence.TRACEBACK])
+    assert str(h[evidence.TRACEBACK]).rstrip().endswith(f"{error_type.rsplit('.', 1)[-1]}: {message}")
     assert h[evidence.JOB] == "fail"
     assert h[evidence.JOB_ID] == "job-42"
     assert h[evidence.TENANT] == "acme"

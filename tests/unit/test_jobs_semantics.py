@@ -8,7 +8,19 @@ from datetime import UTC, datetime
 import pytest
 
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.evidence import DEFAULT_BUDGET, ERROR_MESSAGE, EVIDENCE_HEADERS, TRACEBACK, Failure, evidence_headers
+from amqpjobs.jobs.evidence import (
+    DEFAULT_BUDGET,
+    ERROR_MESSAGE,
+    ERROR_TYPE,
+    EVIDENCE_HEADERS,
+    JOB,
+    JOB_ID,
+    REASON,
+    TENANT,
+    TRACEBACK,
+    Failure,
+    evidence_headers,
+)
 from amqpjobs.jobs.outcome import Quarantine, RetryLater
 from amqpjobs.jobs.retry import decide
 from amqpjobs.jobs.timestamps import parse_time
@@ -56,8 +68,19 @@ def test_evidence_stays_under_budget(size: int) -> None:
 
 
 def test_evidence_survives_surrogates() -> None:
-    headers = evidence_headers(failure("bad \udcff text", ""))
-    str(headers[ERROR_MESSAGE]).encode("utf-8")
+    """Lone surrogates (os.fsdecode of a non-UTF-8 path) can't be encoded: each becomes "?", the rest stays."""
+    bad = replace(
+        failure("bad \udcff text", "Traceback...\nOSError: /tmp/\udcfe.csv"),
+        error_type="my\udcffmod.Error", job="mail\udcff", job_id="id-\udcff", tenant="t\udcff",
+    )  # fmt: skip
+    headers = evidence_headers(bad)
+    for value in headers.values():
+        str(value).encode("utf-8")  # every header can go on the wire
+    assert headers[ERROR_MESSAGE] == "bad ? text"
+    assert headers[TRACEBACK] == "Traceback...\nOSError: /tmp/?.csv"
+    short = (headers[ERROR_TYPE], headers[JOB], headers[JOB_ID], headers[TENANT])
+    assert short == ("my?mod.Error", "mail?", "id-?", "t?")
+    assert headers[REASON] == "exhausted"
 
 
 @pytest.mark.parametrize(
