@@ -29,6 +29,11 @@ class RunningSlots:
         self.running = 0
         self._waiting: deque[asyncio.Future[bool]] = deque()
 
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for a slot now."""
+        return sum(1 for w in self._waiting if not w.done())
+
     async def start(self, may_wait: bool = True) -> bool:
         """Take a slot: True once granted (call :meth:`end` after the run), False when sent away.
 

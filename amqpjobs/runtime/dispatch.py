@@ -147,6 +147,11 @@ class ShardDispatcher:
         return self._queue
 
     @property
+    def waiting(self) -> int:
+        """Deliveries held that wait for a running slot (the look-ahead: 0 or 1)."""
+        return self._slots.waiting
+
+    @property
     def paused(self) -> bool:
         """Whether :meth:`pause` stopped it (until :meth:`resume`)."""
         return self._paused

@@ -13,6 +13,7 @@ import pytest
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.connection import connect
@@ -276,30 +277,46 @@ shards = 2
 
 
 async def test_sigterm_starts_no_delivery_waiting_for_a_shared_slot(broker: BrokerSettings, tmp_path: Path):
+    """One slot on a sharded job queue: after short jobs the worker holds a look-ahead delivery
+    that waits for the slot; SIGTERM then starts it not, and it goes back unmarked."""
     path = tmp_path / "s.toml"
     path.write_text(SHARDED)
     await apply_topology(path, broker)
     app = App("split", topology=load_topology(path).topology, url=broker.url)
     started: list[int] = []
-    first = asyncio.Event()
+    long_running = asyncio.Event()
 
     @app.job("slow", queue="split")
     async def slow(payload: dict[str, int], ctx: JobContext) -> None:
         started.append(payload["i"])
-        first.set()
-        await asyncio.sleep(1.0)
+        if payload["i"] >= 10:
+            long_running.set()
+            await asyncio.sleep(2.0)
+        else:
+            await asyncio.sleep(0.01)  # short jobs: the worker takes one look-ahead delivery
 
-    for i in range(6):
+    for i in range(10):
         await app.enqueue("slow", {"i": i}, tenant=f"t{i}")
     worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=1, grace=10))
     running = asyncio.create_task(worker.run())
-    await asyncio.wait_for(first.wait(), 10)
     await asyncio.wait_for(worker.ready.wait(), 10)
-    await asyncio.sleep(0.3)  # time for a take from the other shard, were the worker to take one
+    (dispatcher,) = worker._consumers
+    assert isinstance(dispatcher, ShardDispatcher)
+    while len(started) < 10:
+        await asyncio.sleep(0.01)
+    for i in range(10, 16):
+        await app.enqueue("slow", {"i": i}, tenant=f"t{i}")
+    await asyncio.wait_for(long_running.wait(), 10)
+    deadline = time.monotonic() + 5
+    while dispatcher.waiting == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert dispatcher.waiting == 1  # a delivery held, waiting for the one slot
     worker.request_stop()
     code = await asyncio.wait_for(running, 20)
     await app.close()
     assert code == 0
-    assert len(started) == 1  # one slot: nothing more started (nor was taken: test_shard_dispatch.py)
-    assert worker.stats["succeeded"] == 1
-    assert await depth(broker, "split.shard-0") + await depth(broker, "split.shard-1") == 5
+    assert len(started) == 11, started  # the ten short ones and the long one running at SIGTERM
+    assert worker.stats["succeeded"] == 11
+    left = await drain(broker, "split.shard-0") + await drain(broker, "split.shard-1")
+    assert len(left) == 5, [m.message_id for m in left]  # the waiting one back in its shard, 4 never taken
+    assert not [m for m in left if m.redelivered or "amqpjobs-starts" in (m.headers or {})]
