@@ -162,12 +162,19 @@ class FrameTap:
     unchanged both ways, and each settlement frame a client sends (split here from the raw
     byte stream with the AMQP 0-9-1 framing, without aio-pika or pamqp) is appended to
     :attr:`settles` before the broker gets it. So a test sees the acks the broker really
-    received, one entry per frame: an ack with ``multiple`` counts once.
+    received, one entry per frame: an ack with ``multiple`` counts once. Deliveries on their
+    way to the client are noted too: :attr:`peak_outstanding` is the most deliveries the
+    client held unsettled at once, exactly, where the management API samples each channel
+    at its own moment.
     """
 
     def __init__(self, broker: BrokerSettings) -> None:
         self.broker = broker
         self.settles: list[Settle] = []
+        #: Per channel, the delivery tags sent to the client and not yet settled (ack, reject, nack).
+        self.outstanding: dict[int, set[int]] = {}
+        #: The most deliveries outstanding at once, over all channels (as this relay saw them pass).
+        self.peak_outstanding = 0
         self.settings = broker
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
@@ -196,12 +203,14 @@ class FrameTap:
         parts = urlsplit(self.broker.url)
         broker_reader, broker_writer = await asyncio.open_connection(parts.hostname, parts.port or 5672)
         up = asyncio.create_task(self._pump(client_reader, broker_writer, read_frames=True))
-        down = asyncio.create_task(self._pump(broker_reader, client_writer, read_frames=False))
+        down = asyncio.create_task(self._pump(broker_reader, client_writer, read_frames=False, deliveries=True))
         self._pumps.update((up, down))
         up.add_done_callback(self._pumps.discard)
         down.add_done_callback(self._pumps.discard)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_frames: bool) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_frames: bool, deliveries: bool = False
+    ) -> None:
         pending = b""
         header_seen = not read_frames
         try:
@@ -211,6 +220,8 @@ class FrameTap:
                     if not header_seen and len(pending) >= 8:  # the protocol header: b"AMQP\x00\x00\x09\x01"
                         pending, header_seen = pending[8:], True
                     pending = self._read_frames(pending) if header_seen else pending
+                elif deliveries:
+                    pending = self._read_deliveries(pending + data)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -232,4 +243,32 @@ class FrameTap:
                 tag, bits = struct.unpack(">QB", payload[4:13])
                 multiple = bool(bits & 1) and method_id != 90
                 self.settles.append(Settle(SETTLE_METHODS[method_id], channel, tag, multiple))
+                held = self.outstanding.setdefault(channel, set())
+                if multiple:
+                    held.difference_update({t for t in held if t <= tag})
+                else:
+                    held.discard(tag)
+        return data
+
+    def _read_deliveries(self, data: bytes) -> bytes:
+        """Note the deliveries (``basic.deliver``, ``basic.get-ok``) among the whole frames of ``data``.
+
+        Returns the bytes after the last whole frame.
+        """
+        while len(data) >= 7:
+            kind, channel, size = struct.unpack(">BHI", data[:7])
+            if len(data) < 7 + size + 1:
+                break
+            payload, data = data[7 : 7 + size], data[8 + size :]
+            if kind != 1:
+                continue
+            class_id, method_id = struct.unpack(">HH", payload[:4])
+            if class_id == 20 and method_id == 41:  # channel.close-ok: the broker took back what it held
+                self.outstanding.pop(channel, None)
+            if class_id != 60 or method_id not in (60, 71):
+                continue
+            at = 4 if method_id == 71 else 5 + payload[4]  # basic.deliver starts with the consumer tag
+            (tag,) = struct.unpack(">Q", payload[at : at + 8])
+            self.outstanding.setdefault(channel, set()).add(tag)
+            self.peak_outstanding = max(self.peak_outstanding, sum(map(len, self.outstanding.values())))
         return data
