@@ -388,9 +388,14 @@ class ShardDispatcher:
         lane = self._lease_lane
         queue = self._work_queues[lease.shard]
         try:
+            # a consume on a deleted shard would close the channel every lease shares (404): look first, on its own
+            if not await self._lanes[lease.shard].exists(queue):
+                raise BrokerError(f"work queue {queue!r} does not exist (apply the topology)")
             lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
         except BrokerError as exc:
-            log.warning("leasing %s failed (%s); taking it by turns", queue, exc)
+            log.warning("leasing %s failed (%s); taking it by turns, trying again in %gs", queue, exc, RETRY_AFTER)
+            self._busy.discard(lease.shard)  # no new lease at once (a storm of them): its next take decides
+            self._turns.hold(lease.shard, time.monotonic() + RETRY_AFTER)
             self._ended(lease)
             return
         lease.consuming = True

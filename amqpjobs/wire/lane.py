@@ -148,6 +148,26 @@ class Lane:
         delivery = delivery_from_aiormq(message, queue, self._acks_for(message.channel))
         return Taken(delivery, int(frame.message_count or 0))
 
+    async def exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists (a passive declare on this lane's channel).
+
+        A missing queue closes only this channel (404), which is reopened; a lease checks
+        its shard here first so that a ``basic.consume`` on a deleted shard can't close the
+        channel the other shards' leases share.
+
+        Raises:
+            BrokerError: the channel or connection failed otherwise.
+
+        """
+        underlay = await self._underlay()
+        try:
+            await underlay.queue_declare(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        except _FAILURES as exc:
+            raise BrokerError(f"looking for {queue} failed: {type(exc).__name__}: {exc}") from exc
+        return True
+
     async def lease(self, queue: str, prefetch: int, handler: LeaseHandler, lost: LeaseLost) -> str:
         """Consume ``queue`` with ``prefetch`` under a new consumer tag; returns the tag.
 

@@ -377,3 +377,33 @@ async def test_a_hole_in_one_shard_holds_its_delivery_and_pauses_the_job_queue(
     kinds = Counter(o.kind for o in recorder.outcomes)
     assert kinds["quarantined"] == kinds["redelivered"] == 0, kinds
     assert await drain(broker, "sharded.quarantine") == []
+
+
+@pytest.mark.timeout(60)
+async def test_deleting_one_shard_costs_the_other_shards_nothing(broker: BrokerSettings, tmp_path: Path):
+    """A shard queue deleted while its job queue is busy: the jobs running from the other
+    shards are neither cut off nor rerun (a lease on the missing shard must not close the
+    channel the other leases share)."""
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    app = worker_app("A", path, broker, runs, 1.0)
+    tenants = tenant_per_shard()
+    await enqueue(app, tenants * 3)  # 3 jobs on every shard: busy shards get leases
+    recorder = Recorder()
+    w = worker(app, broker, slots=4, recorder=recorder)
+    await w.start()
+    try:
+        while sum(runs.running.values()) < 4:
+            await asyncio.sleep(0.02)
+        vhost = quote(broker.vhost, safe="")
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{vhost}/{quote('sharded.shard-2', safe='')}")
+        await runs.until(9, timeout=30)  # the jobs of shards 0, 1 and 3 (shard 2's went with its queue)
+        await asyncio.sleep(1.5)  # a rerun would have started by now
+    finally:
+        await w.shutdown()
+        await app.close()
+    kinds = Counter(o.kind for o in recorder.outcomes)
+    assert kinds["redelivered"] == 0, kinds
+    others = Counter(t for _, t, *_ in runs.runs if t != tenants[2])
+    assert others == {tenants[s]: 3 for s in (0, 1, 3)}, runs.runs  # each once
