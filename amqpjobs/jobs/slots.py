@@ -34,11 +34,11 @@ class RunningSlots:
         """Runs waiting for a slot now."""
         return sum(1 for w in self._waiting if not w.done())
 
-    async def start(self, may_wait: bool = True) -> bool:
+    async def start(self, may_wait: bool = True, max_wait: float | None = None) -> bool:
         """Take a slot: True once granted (call :meth:`end` after the run), False when sent away.
 
-        Without a free slot, waits for one when ``may_wait``, else returns False at once.
-        :meth:`evict` sends the waiters away (False).
+        Without a free slot, waits for one when ``may_wait`` (at most ``max_wait`` seconds
+        when given), else returns False at once. :meth:`evict` sends the waiters away (False).
         """
         if self.running < self.slots:
             self.running += 1
@@ -48,7 +48,13 @@ class RunningSlots:
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         try:
-            return await waiter
+            if max_wait is None:
+                return await waiter
+            done, _ = await asyncio.wait({waiter}, timeout=max_wait)
+            if done:
+                return waiter.result()
+            waiter.cancel()  # not granted in time (nothing ran since the wait returned): end() skips it
+            return False
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.end()  # granted just as it was cancelled: pass the slot on

@@ -60,6 +60,9 @@ DRY = 0.05
 RETRY_AFTER = 1.0
 #: The look-ahead delivery is taken only while the job queue's recent jobs ran shorter than this (seconds).
 LOOKAHEAD_BELOW = 0.1
+#: Seconds the look-ahead delivery waits for a running slot at most; then (the running jobs
+#: turned out long) it is handed back to its shard, for a worker with a free slot.
+LOOKAHEAD_WAIT = 0.2
 #: While recent jobs ran shorter than this (seconds), a turn skips a shard whose lease has unused
 #: credit: its lease brings its next job, and a ``basic.get`` would cost more than the job.
 TURN_BELOW = 0.002
@@ -95,6 +98,9 @@ class ShardDispatcher:
         safe_url: The broker URL without password, for error messages.
         lookahead: 1: hold one delivery more than ``slots`` while recent jobs ran shorter than
             :data:`LOOKAHEAD_BELOW` (it waits for a running slot; see the module docstring); 0: never.
+        hand_back: Called instead of ``handler`` with a delivery that got no running slot
+            (it must settle it without running it: a copy back to its shard, then an ack);
+            default ``handler`` (which hands back while stopping or paused).
 
     """
 
@@ -110,12 +116,14 @@ class ShardDispatcher:
         lease: bool = True,
         safe_url: str = "",
         lookahead: int = 0,
+        hand_back: DeliveryHandler | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1 (got {slots})")
         self._queue = job_queue
         self.slots = slots
         self._handler = handler
+        self._hand_back = hand_back or handler
         self._inflight = inflight
         self._may_take = may_take
         self._leasing = lease
@@ -315,20 +323,34 @@ class ShardDispatcher:
 
     # ------------------------------------------------------------------ running slots
     async def _run_one(self, delivery: Delivery) -> None:
-        """Run a delivery's handler in a running slot (waiting for one: the look-ahead delivery)."""
+        """Run a delivery's handler in a running slot (waiting for one: the look-ahead delivery).
+
+        One not granted a slot (paused, stopping, or waiting past :data:`LOOKAHEAD_WAIT`) goes
+        to the hand-back handler: not started, back to its shard.
+        """
         granted = await self._start_slot()
+        if not granted and not self._paused and self._may_take():  # waited in vain: the running jobs are long
+            self._timed(LOOKAHEAD_BELOW, at_least=True)
         started = time.monotonic()
         try:
-            await self._handler(delivery)
+            await (self._handler if granted else self._hand_back)(delivery)
         finally:
             if granted:
                 self._end_slot()
                 self._timed(time.monotonic() - started)
 
-    def _timed(self, seconds: float) -> None:
-        """A handler ran ``seconds``: keep the look-ahead token while jobs are short."""
+    def _timed(self, seconds: float, at_least: bool = False) -> None:
+        """A handler ran ``seconds``: keep the look-ahead token while jobs are short.
+
+        ``at_least``: the running jobs have taken at least ``seconds`` so far (the look-ahead
+        waited that long in vain): the average becomes at least that, so no look-ahead is
+        taken again until shorter runs bring it down.
+        """
         average = self._job_seconds
-        average = self._job_seconds = seconds if average is None else average + 0.2 * (seconds - average)
+        if at_least:
+            average = self._job_seconds = max(average or 0.0, seconds)
+        else:
+            average = self._job_seconds = seconds if average is None else average + 0.2 * (seconds - average)
         ahead = self._lookahead if average < LOOKAHEAD_BELOW else 0
         if ahead != self._ahead:
             self._free += ahead - self._ahead  # below 0 for a moment when taken back: no take until a slot frees
@@ -337,7 +359,7 @@ class ShardDispatcher:
 
     async def _start_slot(self) -> bool:
         """A running slot: True once granted, False when sent away (pause, SIGTERM: the handler hands it back)."""
-        return await self._slots.start(may_wait=not self._paused and self._may_take())
+        return await self._slots.start(may_wait=not self._paused and self._may_take(), max_wait=LOOKAHEAD_WAIT)
 
     def _end_slot(self) -> None:
         self._slots.end()

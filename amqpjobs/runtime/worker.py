@@ -386,8 +386,11 @@ class Worker:
         )  # fmt: skip
         self.ready.set()
 
-    def _held_by(self, layout: JobQueueLayout) -> DeliveryHandler:
-        """The handler of a job queue's deliveries: each counts as held until settled, its task as in flight."""
+    def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
+        """The handler of a job queue's deliveries: each counts as held until settled, its task as in flight.
+
+        ``hand_back``: hand each back unstarted (a copy to its queue, then an ack) instead of running it.
+        """
         inflight = self._inflight
 
         async def held(delivery: Delivery) -> None:
@@ -396,7 +399,7 @@ class Worker:
             inflight.add(task)
             self._held += 1
             try:
-                await self._handle(layout, delivery)
+                await self._handle(layout, delivery, hand_back=hand_back)
             finally:
                 inflight.discard(task)
                 self._held -= 1
@@ -422,6 +425,7 @@ class Worker:
             self._inflight, may_take=lambda: not self._stop.is_set() and not self._gate.suspect_pending,
             lease=layout.queue_type == "classic", safe_url=self.settings.safe_url,
             lookahead=1 if first else 0,  # one look-ahead delivery per worker (README "Tenant fairness")
+            hand_back=self._held_by(layout, hand_back=True),
         )  # fmt: skip
         self._consumers.append(dispatcher)
         await dispatcher.start()
@@ -556,19 +560,21 @@ class Worker:
         await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
 
     # ------------------------------------------------------------------ one delivery
-    async def _handle(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> None:
+    async def _handle(
+        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+    ) -> None:
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
         try:
-            await self._handle_delivery(layout, delivery, alone)
+            await self._handle_delivery(layout, delivery, alone, hand_back)
         finally:
             if gauge is not None:
                 gauge.dec()
 
-    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool) -> None:
+    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool, hand_back: bool) -> None:
         try:
-            v = await self._process(layout, delivery, alone)
+            v = await self._process(layout, delivery, alone, hand_back)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             tb = "".join(traceback.format_exception(exc))
@@ -619,12 +625,15 @@ class Worker:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
-    async def _process(self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False) -> _Verdict:
+    async def _process(
+        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+    ) -> _Verdict:
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
+        ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
         """
-        if self._stop.is_set() and not alone:  # arrived, or got its slot, after SIGTERM: not started,
+        if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
             # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
             job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
             return _Verdict(HandBack(), _NO_ERROR, None, 1, job_id, False)

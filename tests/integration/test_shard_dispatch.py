@@ -407,3 +407,50 @@ async def test_deleting_one_shard_costs_the_other_shards_nothing(broker: BrokerS
     assert kinds["redelivered"] == 0, kinds
     others = Counter(t for _, t, *_ in runs.runs if t != tenants[2])
     assert others == {tenants[s]: 3 for s in (0, 1, 3)}, runs.runs  # each once
+
+
+@pytest.mark.timeout(60)
+async def test_a_look_ahead_delivery_behind_a_long_job_goes_back_for_another_worker(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """After short jobs, A (one slot) holds a look-ahead delivery; the job it runs turns out long:
+    the look-ahead goes back to its shard within a fraction of a second, and idle B runs it."""
+    path = await topology(broker, tmp_path)
+    runs = Runs()
+    tenants = tenant_per_shard()
+    a_app = App("A", topology=load_topology(path).topology, url=broker.url)
+    b_app = App("B", topology=load_topology(path).topology, url=broker.url)
+    for name, app in (("A", a_app), ("B", b_app)):
+
+        def register(app: App, name: str) -> None:
+            @app.job("sleep", queue="sharded")
+            async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+                started = time.monotonic()
+                await asyncio.sleep(payload["s"])
+                runs.runs.append((name, ctx.job_id, started, time.monotonic()))
+
+        register(app, name)
+    for i in range(40):
+        await a_app.enqueue("sleep", {"s": 0.005}, tenant=tenants[i % SHARDS])
+    recorder = Recorder()
+    a = worker(a_app, broker, recorder=recorder)
+    b = worker(b_app, broker)
+    await a.start()
+    try:
+        await runs.until(40, timeout=20)
+        await a_app.enqueue("sleep", {"s": 3.0}, job_id="long-1", tenant=tenants[0])
+        await a_app.enqueue("sleep", {"s": 3.0}, job_id="long-2", tenant=tenants[1])
+        await asyncio.sleep(0.5)  # A runs one long job; the other waited as its look-ahead, then went back
+        await b.start()
+        b_started = time.monotonic()
+        await runs.until(42, timeout=20)
+    finally:
+        await a.shutdown()
+        await b.shutdown()
+        await a_app.close()
+        await b_app.close()
+    longs = {job: (w, s) for w, job, s, _ in runs.runs if job.startswith("long")}
+    assert sorted(w for w, _ in longs.values()) == ["A", "B"], longs
+    ((_, b_start),) = [v for v in longs.values() if v[0] == "B"]
+    assert b_start - b_started < 1.0, b_start - b_started  # B found it at once: nobody held it
+    assert Counter(o.kind for o in recorder.outcomes)["handed_back"] >= 1
