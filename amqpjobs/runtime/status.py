@@ -56,6 +56,20 @@ class QueueStatus:
     ack_rate: float = 0.0
     oldest_age: float | None = None
 
+    def row(self) -> str:
+        """The queue as one row under :data:`STATUS_HEADER`."""
+        if not self.exists:
+            return f"{self.name:<34} {'missing':>7}"
+        age = "-" if self.oldest_age is None else f"{self.oldest_age:.0f}s"
+        return (
+            f"{self.name:<34} {self.ready:>7} {self.unacked:>7} {self.consumers:>4} {self.publish_rate:>7.1f} "
+            f"{self.deliver_rate:>7.1f} {self.ack_rate:>7.1f} {age}"
+        )
+
+
+#: The header line over :meth:`QueueStatus.row` rows.
+STATUS_HEADER = f"{'queue':<34} {'ready':>7} {'unacked':>7} {'cons':>4} {'pub/s':>7} {'dlv/s':>7} {'ack/s':>7} oldest"
+
 
 @dataclass
 class JobQueueStatus:
@@ -80,6 +94,19 @@ class JobQueueStatus:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
+
+    def rows(self) -> list[str]:
+        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects."""
+        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects]]
+
+
+def status_report(report: list[JobQueueStatus]) -> list[str]:
+    """The text ``amqpjobs status`` prints for ``report``: the table, the problems, then ``healthy`` when none."""
+    lines = [STATUS_HEADER, *(row for j in report for row in j.rows())]
+    lines += [f"UNHEALTHY {j.name}: {problem}" for j in report for problem in j.problems]
+    if not any(j.problems for j in report):
+        lines.append("healthy")
+    return lines
 
 
 def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str], list[str], str]:
