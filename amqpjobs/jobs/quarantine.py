@@ -18,6 +18,7 @@ from typing import Any, Final
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
+from amqpjobs.text import as_text
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -46,11 +47,9 @@ def header_text(value: Any) -> str:
     """A header value as text (bytes decoded, datetimes as ISO-8601 UTC, None as "")."""
     if value is None:
         return ""
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return str(value)
+    return as_text(value)
 
 
 def _int(value: Any, default: int = 0) -> int:
