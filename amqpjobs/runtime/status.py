@@ -21,10 +21,9 @@ from typing import Any
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
-    QUARANTINE_SUFFIX,
-    RETRY_INFIX,
-    SHARD_INFIX,
+    parse_queue_name,
     quarantine_exchange_name,
+    quarantine_queue_name,
     suspects_queue_name,
 )
 from amqpjobs.wire.declare import probe_queues
@@ -111,13 +110,13 @@ def status_report(report: list[JobQueueStatus]) -> list[str]:
 
 def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str], list[str], str]:
     """Derive (work queues, tier queues, quarantine) of ``job_queue`` from live queue names by the naming scheme."""
+    parsed = [(n, parse_queue_name(n)) for n in live_names]
     shards = sorted(
-        (n for n in live_names if n.startswith(job_queue + SHARD_INFIX) and RETRY_INFIX not in n),
-        key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0,
+        ((q.shard or 0, n) for n, q in parsed if q.kind == "shard" and q.job_queue == job_queue),
     )
-    works = shards or [job_queue]
-    tiers = [n for w in works for n in live_names if n.startswith(w + RETRY_INFIX)]
-    return works, tiers, job_queue + QUARANTINE_SUFFIX
+    works = [n for _, n in shards] or [job_queue]
+    tiers = [n for w in works for n, q in parsed if q.kind == "tier" and q.work_queue == w]
+    return works, tiers, quarantine_queue_name(job_queue)
 
 
 def _rate(stats: dict[str, Any], key: str) -> float:
