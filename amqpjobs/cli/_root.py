@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from amqpjobs import __version__
+from amqpjobs._version import __version__
 
 
 @click.group()

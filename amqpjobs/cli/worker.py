@@ -28,7 +28,10 @@ from amqpjobs.runtime.worker import WorkerOptions, run_worker
     type=click.IntRange(1, 256),
     default=1,
     show_default=True,
-    help="Slots per work queue; each holds at most one unacked delivery (prefetch 1).",
+    help=(
+        "Slots per job queue: at most this many unacked deliveries at once (one consumer with this "
+        "prefetch per work queue; a sharded job queue's shards share the slots)."
+    ),
 )
 @click.option("--grace", default="30s", show_default=True, help="Time in-flight jobs get to finish on SIGTERM.")
 @click.option(

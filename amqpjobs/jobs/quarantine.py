@@ -30,11 +30,6 @@ PREVIOUS_ERROR_TYPE: Final = "amqpjobs-previous-error-type"
 PREVIOUS_ERROR_MESSAGE: Final = "amqpjobs-previous-error-message"
 PREVIOUS_FAILURE_AT: Final = "amqpjobs-previous-failure-at"
 
-#: Provenance headers a replayed copy carries (README "Replay").
-PROVENANCE_HEADERS: Final = (
-    REPLAY_COUNT, REPLAY_ID, PREVIOUS_REASON, PREVIOUS_ERROR_TYPE, PREVIOUS_ERROR_MESSAGE, PREVIOUS_FAILURE_AT,
-)  # fmt: skip
-
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
 _RESET: Final = frozenset(
