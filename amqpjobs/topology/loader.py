@@ -23,7 +23,7 @@ from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
@@ -178,6 +178,12 @@ def _reserved(file: str, path: str, name: str) -> list[Problem]:
     return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
 
 
+def _undeclared_exchange(file: str, path: str, name: str) -> Problem:
+    return Problem(
+        file, path, f"exchange {name!r} is not declared", "declare it in an [[exchange]] entry or correct the name"
+    )
+
+
 def _cross_checks(
     parsed: list[tuple[str, TopologyFile]],
     broker_version: tuple[int, ...] | None,
@@ -238,29 +244,15 @@ def _cross_checks(
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             if jq.exchange not in exchange_names:
-                problems.append(
-                    Problem(
-                        file,
-                        f"job_queue[{i}].exchange",
-                        f"exchange {jq.exchange!r} is not declared",
-                        "declare it in an [[exchange]] entry or correct the name",
-                    )
-                )
+                problems.append(_undeclared_exchange(file, f"job_queue[{i}].exchange", jq.exchange))
         for i, b in enumerate(tf.binding):
             if b.source not in exchange_names:
-                problems.append(
-                    Problem(
-                        file,
-                        f"binding[{i}].source",
-                        f"exchange {b.source!r} is not declared",
-                        "declare it in an [[exchange]] entry or correct the name",
-                    )
-                )
+                problems.append(_undeclared_exchange(file, f"binding[{i}].source", b.source))
             targets = queue_names if b.destination_type == "queue" else exchange_names
             if (
-                b.source.endswith(QUARANTINE_SUFFIX)
+                parse_queue_name(b.source).kind == "quarantine"
                 and b.destination in queue_names
-                and not b.destination.endswith(QUARANTINE_SUFFIX)
+                and parse_queue_name(b.destination).kind != "quarantine"
             ):
                 problems.append(
                     Problem(file, f"binding[{i}].destination",
