@@ -56,8 +56,12 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
 
     Idempotent: a second run creates nothing and says so.
     """
+    try:
+        timeout = parse_duration(declare_timeout)
+    except ValueError as exc:
+        raise ConfigurationError(f"--declare-timeout: {exc}") from None
     broker = settings(url, management_url)
-    result = asyncio.run(apply_topology(path, broker, parse_duration(declare_timeout)))
+    result = asyncio.run(apply_topology(path, broker, timeout))
     for warning in result.loaded.warnings:
         click.echo(f"warning: {warning}", err=True)
     for line in result.orphan_report():
