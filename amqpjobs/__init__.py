@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from amqpjobs._version import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,

@@ -77,30 +77,6 @@ class DecodeError(Exception):
         super().__init__(f"{reason}: {detail}")
 
 
-@dataclass(frozen=True)
-class Envelope:
-    """A job message, decoded from or ready for the wire.
-
-    Attributes:
-        job: Job name.
-        job_id: Job id (``message_id``).
-        payload: Decoded JSON object (dict).
-        attempt: Attempt number of this delivery (1-based).
-        tenant: Tenant key or None.
-        priority: AMQP priority or None.
-        headers: All other headers, as received.
-
-    """
-
-    job: str
-    job_id: str
-    payload: dict[str, Any]
-    attempt: int = 1
-    tenant: str | None = None
-    priority: int | None = None
-    headers: Mapping[str, Any] = field(default_factory=dict)
-
-
 def encode_payload(payload: Mapping[str, Any]) -> bytes:
     """Encode a payload object as compact, strict UTF-8 JSON.
 

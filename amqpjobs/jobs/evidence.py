@@ -15,7 +15,6 @@ from typing import Final
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.envelope import FIRST_FAILURE_AT, JOB, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, TENANT
 
-PREFIX: Final = "amqpjobs-"
 REASON: Final = "amqpjobs-reason"
 ERROR_TYPE: Final = "amqpjobs-error-type"
 ERROR_MESSAGE: Final = "amqpjobs-error-message"

@@ -17,6 +17,8 @@ from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.printable import printable
+from amqpjobs.text import as_text
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -27,11 +29,6 @@ PREVIOUS_REASON: Final = "amqpjobs-previous-reason"
 PREVIOUS_ERROR_TYPE: Final = "amqpjobs-previous-error-type"
 PREVIOUS_ERROR_MESSAGE: Final = "amqpjobs-previous-error-message"
 PREVIOUS_FAILURE_AT: Final = "amqpjobs-previous-failure-at"
-
-#: Provenance headers a replayed copy carries (README "Replay").
-PROVENANCE_HEADERS: Final = (
-    REPLAY_COUNT, REPLAY_ID, PREVIOUS_REASON, PREVIOUS_ERROR_TYPE, PREVIOUS_ERROR_MESSAGE, PREVIOUS_FAILURE_AT,
-)  # fmt: skip
 
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
@@ -45,11 +42,9 @@ def header_text(value: Any) -> str:
     """A header value as text (bytes decoded, datetimes as ISO-8601 UTC, None as "")."""
     if value is None:
         return ""
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return str(value)
+    return as_text(value)
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -93,6 +88,18 @@ class QuarantinedJob:
     original_queue: str
     replay_count: int
     broker_side: bool
+
+    def summary_lines(self) -> list[str]:
+        """The lines ``quarantine show`` prints about the job (publisher text escaped, so none forges a line)."""
+        lines = [
+            f"--- job {printable(self.job) or '?'} id {printable(self.job_id) or '?'}",
+            f"    reason:     {printable(self.reason)}   attempts: {self.attempts}   replays: {self.replay_count}",
+        ]
+        if self.error_type:
+            lines.append(f"    error:      {printable(self.error_type)}: {printable(self.error_message[:500])}")
+        lines.append(f"    failed:     {format_when(self.first_failed_at)} -> {format_when(self.failed_at)}")
+        lines.append(f"    from queue: {printable(self.original_queue) or '?'}")
+        return lines
 
 
 def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -181,6 +188,34 @@ class Group:
     count: int
     first_failure: datetime | None
     last_failure: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The group as ``quarantine list --json`` prints it."""
+        return {
+            "job": self.job,
+            "reason": self.reason,
+            "error_type": self.error_type,
+            "count": self.count,
+            "first_failure": format_when(self.first_failure),
+            "last_failure": format_when(self.last_failure),
+        }
+
+    def row(self) -> str:
+        """The group as one row under :data:`GROUP_HEADER` (publisher text escaped)."""
+        return (
+            f"  {self.count:>6}  {printable(self.job) or '?':<24} {printable(self.reason):<24} "
+            f"{printable(self.error_type) or '-':<28} "
+            f"{format_when(self.first_failure)} -> {format_when(self.last_failure)}"
+        )
+
+
+#: The header line over :meth:`Group.row` rows.
+GROUP_HEADER = f"  {'count':>6}  {'job':<24} {'reason':<24} {'error type':<28} first failure -> last failure"
+
+
+def format_when(value: datetime | None) -> str:
+    """A failure time as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), or ``-`` when unknown."""
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,7 +16,6 @@ from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.retry import RetryPolicy
 
-Handler = Callable[[Any, "JobContext"], Awaitable[Any]] | Callable[[Any, "JobContext"], Any]
 H = TypeVar("H", bound=Callable[..., Any])
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from amqpjobs.text import as_text
+
 #: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
 MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
 
@@ -40,7 +42,7 @@ def parse_time(value: Any) -> datetime | None:
         except (ValueError, OverflowError, OSError):
             return None
     if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("utf-8", "replace")
+        value = as_text(value)
     if not isinstance(value, str) or not value.strip():
         return None
     try:

@@ -47,6 +47,17 @@ class PlanResult:
             for name, messages in self.orphans
         ]
 
+    def apply_report(self, safe_url: str) -> list[str]:
+        """The lines ``topology apply`` prints: each object created, then the totals on ``safe_url``."""
+        created = self.plan.creates
+        lines = [f"created   {item.desired.kind:<8} {item.desired.name}" for item in created]
+        unchanged = self.plan.counts()["unchanged"]
+        if created:
+            lines.append(f"applied to {safe_url}: {len(created)} created, {unchanged} unchanged")
+        else:
+            lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
+        return lines
+
 
 async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
     """Validate the topology at ``path`` for the connected broker and compare it with the live vhost.

@@ -6,8 +6,14 @@ outcome — never job ids or tenants.
 ============================================  =========  ==========================================
 name                                          type       meaning
 ============================================  =========  ==========================================
-``amqpjobs_jobs_total{job,queue,outcome}``    counter    deliveries by outcome: succeeded, retried,
-                                                         quarantined, abandoned (left for redelivery)
+``amqpjobs_jobs_total{job,queue,outcome}``    counter    deliveries by outcome (``Outcome.kind``):
+                                                         succeeded, retried, deferred (waited for a
+                                                         claim), duplicate (already done),
+                                                         quarantined, ack_uncertain (ack maybe
+                                                         lost), redelivered (came back without an
+                                                         outcome), handed_back (not started while
+                                                         a suspect ran alone), abandoned (left for
+                                                         redelivery)
 ``amqpjobs_timeouts_total{job,queue}``        counter    handler runs that hit their timeout
 ``amqpjobs_job_duration_seconds{job,queue}``  histogram  handler run time, every run
 ``amqpjobs_queue_latency_seconds{job,queue}`` histogram  enqueue → first start (attempt 1 only; the

@@ -1,4 +1,4 @@
-"""The scheduler: one leading replica enqueues each cron tick once; the overlap guard's worker side.
+"""The scheduler: one leading replica enqueues each cron tick once.
 
 Design (README "Schedules"):
 
@@ -23,47 +23,54 @@ Design (README "Schedules"):
   was really enqueued: none twice, none lost. The commit is only sent while the token's
   channel is open, i.e. while this replica still leads on the same connection.
 * **Overlap guard.** A run of a schedule with ``overlap="skip"`` holds an exclusive queue
-  ``amqpjobs.scheduler.<app>.running.<schedule>`` for as long as its handler runs
-  (declared on the app's connection in the worker; the broker deletes it with that
-  connection, so a killed worker leaves no stale marker). The leader passively declares
-  it before firing: ``RESOURCE_LOCKED`` means "still running", and the tick is skipped.
-  A run that finds the marker held when it starts (it waited in the queue while the
-  previous one ran) is skipped by the worker side, so runs never overlap.
+  ``amqpjobs.scheduler.<app>.running.<schedule>`` for as long as its handler runs (the
+  worker side: :mod:`amqpjobs.runtime.overlap`). The leader passively declares it before
+  firing: ``RESOURCE_LOCKED`` means "still running", and the tick is skipped.
+
+The broker work (election channel, tick stores, the tick transaction) is in
+:mod:`amqpjobs.wire.ticks`; the app is known only through :class:`ScheduledApp`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
 import logging
 import os
 import socket
-import time
-import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
-
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from typing import Any, Final
 
 from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
 from amqpjobs.jobs import cron
-from amqpjobs.jobs.envelope import OutgoingMessage, job_message
-from amqpjobs.jobs.registry import JobContext
+from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
+from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.ticking import ScheduledApp, TickEvent, TickFiring, _NotLeader, read_tick_record, tick_records
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire import ticks
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.publish import ConfirmedPublisher, amqp_properties
+from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
-if TYPE_CHECKING:
-    from amqpjobs.runtime.app import App
-from amqpjobs.runtime.signals import stop_on_signals
+__all__ = [
+    "GUARD_ATTRIBUTE",  # moved to amqpjobs.runtime.overlap; kept here for old imports
+    "LEADER_QUEUE_ARGUMENTS",
+    "RUNNING_QUEUE_ARGUMENTS",
+    "TICK_QUEUE_ARGUMENTS",
+    "ScheduledApp",
+    "Scheduler",
+    "SchedulerOptions",
+    "TickEvent",
+    "overlap_guarded",  # moved to amqpjobs.runtime.overlap; kept here for old imports
+    "read_tick_record",
+    "run_scheduler",
+    "tick_records",
+]
 
 log = logging.getLogger("amqpjobs.scheduler")
 
@@ -80,12 +87,6 @@ TICK_QUEUE_ARGUMENTS: Final[Mapping[str, Any]] = {
     "x-max-length": 1,
     "x-overflow": "drop-head",
 }
-#: Arguments of a running marker (an exclusive queue: it lives as long as its connection).
-RUNNING_QUEUE_ARGUMENTS: Final[Mapping[str, Any]] = {"x-queue-type": "classic"}
-#: Attribute set on handlers wrapped by the overlap guard.
-GUARD_ATTRIBUTE: Final = "__amqpjobs_overlap_guard__"
-
-_BROKER_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError)
 
 
 @dataclass(frozen=True)
@@ -107,66 +108,11 @@ class SchedulerOptions:
     max_sleep: float = 1.0
 
 
-@dataclass(frozen=True)
-class TickEvent:
-    """What the leader did about one tick (for logs, stats and tests).
-
-    Attributes:
-        schedule: Schedule name.
-        tick: The tick (UTC).
-        kind: ``fired`` (on time), ``catch-up`` (one job for a missed window),
-            ``skipped-missed`` (a missed window under the ``skip`` policy) or
-            ``skipped-overlap`` (the previous run was still running).
-        job_id: The enqueued job's id, or None when nothing was enqueued.
-        missed_from / missed_until: The missed window, for ``catch-up`` and ``skipped-missed``.
-
-    """
-
-    schedule: str
-    tick: datetime
-    kind: cron.TickKind
-    job_id: str | None
-    missed_from: datetime | None = None
-    missed_until: datetime | None = None
-
-
-class _NotLeader(Exception):
-    """The token was lost before a commit: nothing was published."""
-
-
 def _replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@contextlib.asynccontextmanager
-async def _throwaway_channel(connection: AbstractRobustConnection) -> AsyncIterator[AbstractChannel]:
-    """A channel closed on exit even after a channel error.
-
-    A robust channel closed by the broker (e.g. by a failed passive declare) reopens itself
-    unless ``close()`` is called; checking ``is_closed`` first would leak the reopened one.
-    """
-    try:
-        channel = await connection.channel(publisher_confirms=False)
-    except (*_BROKER_ERRORS, RuntimeError, TimeoutError) as exc:
-        raise BrokerError(f"could not open a channel: {exc}") from exc
-    try:
-        yield channel
-    finally:
-        with contextlib.suppress(*_BROKER_ERRORS, RuntimeError):
-            await channel.close()
-
-
-def _holds(token: AbstractIncomingMessage | None) -> bool:
-    """True while ``token`` is held on an open channel (this replica leads)."""
-    if token is None:
-        return False
-    try:
-        return not token.channel.is_closed
-    except aiormq.exceptions.ChannelInvalidStateError:
-        return False
-
-
-class Scheduler:
+class Scheduler(TickFiring):
     """One scheduler replica of an app: follows, or leads and enqueues the app's cron ticks.
 
     Args:
@@ -179,7 +125,7 @@ class Scheduler:
 
     def __init__(
         self,
-        app: App,
+        app: ScheduledApp,
         settings: BrokerSettings,
         options: SchedulerOptions | None = None,
         on_event: Callable[[TickEvent], None] | None = None,
@@ -193,10 +139,10 @@ class Scheduler:
         self._on_event = on_event
         self._schedules: list[cron.Schedule] = []
         self._layouts: dict[str, JobQueueLayout] = {}
-        self._connection: AbstractRobustConnection | None = None
+        self._connection: ticks.Connection | None = None
         self._publisher: ConfirmedPublisher | None = None
-        self._election: AbstractChannel | None = None
-        self._token: AbstractIncomingMessage | None = None
+        self._election: ticks.Channel | None = None
+        self._token: ticks.Token | None = None
         self._lead_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -205,7 +151,7 @@ class Scheduler:
     @property
     def is_leader(self) -> bool:
         """True while this replica holds the leader token."""
-        return _holds(self._token)
+        return ticks.holds(self._token)
 
     @property
     def leader_queue(self) -> str:
@@ -245,12 +191,9 @@ class Scheduler:
                 await self._declare_queues()
                 self._publisher = ConfirmedPublisher(self._connection)
                 await self._offer_token()
-                self._election = await self._connection.channel(publisher_confirms=False)
-                await self._election.set_qos(prefetch_count=1)
-                queue = await self._election.declare_queue(
-                    self.leader_queue, durable=True, arguments=dict(LEADER_QUEUE_ARGUMENTS)
+                self._election = await ticks.join_election(
+                    self._connection, self.leader_queue, LEADER_QUEUE_ARGUMENTS, self._on_token
                 )
-                await queue.consume(self._on_token)
         except BaseException:
             await self.shutdown()
             raise
@@ -264,38 +207,28 @@ class Scheduler:
     async def _check_targets(self) -> None:
         assert self._connection is not None
         for layout in {lay.name: lay for lay in self._layouts.values()}.values():
-            if layout.exchange:
-                async with _throwaway_channel(self._connection) as channel:
-                    try:
-                        await channel.declare_exchange(layout.exchange, passive=True)
-                    except aiormq.exceptions.ChannelNotFoundEntity as exc:
-                        raise BrokerError(
-                            f"exchange {layout.exchange!r} does not exist on {self.settings.safe_url}: "
-                            "apply the topology first (amqpjobs topology apply)"
-                        ) from exc
+            if layout.exchange and not await ticks.exists(self._connection, "exchange", layout.exchange):
+                raise BrokerError(
+                    f"exchange {layout.exchange!r} does not exist on {self.settings.safe_url}: "
+                    "apply the topology first (amqpjobs topology apply)"
+                )
             for work_queue in layout.work_queues:
-                async with _throwaway_channel(self._connection) as channel:
-                    try:
-                        await channel.declare_queue(work_queue, passive=True)
-                    except aiormq.exceptions.ChannelNotFoundEntity as exc:
-                        raise BrokerError(
-                            f"work queue {work_queue!r} does not exist on {self.settings.safe_url}: "
-                            "apply the topology first (amqpjobs topology apply)"
-                        ) from exc
+                if not await ticks.exists(self._connection, "queue", work_queue):
+                    raise BrokerError(
+                        f"work queue {work_queue!r} does not exist on {self.settings.safe_url}: "
+                        "apply the topology first (amqpjobs topology apply)"
+                    )
 
     async def _declare_queues(self) -> None:
         assert self._connection is not None
         wanted: list[tuple[str, Mapping[str, Any]]] = [(self.leader_queue, LEADER_QUEUE_ARGUMENTS)]
         wanted += [(cron.tick_queue(self.app.name, s.name), TICK_QUEUE_ARGUMENTS) for s in self._schedules]
         for name, arguments in wanted:
-            async with _throwaway_channel(self._connection) as channel:
-                try:
-                    await channel.declare_queue(name, durable=True, arguments=dict(arguments))
-                except aiormq.exceptions.ChannelPreconditionFailed as exc:
-                    raise BrokerError(
-                        f"queue {name!r} exists with other arguments than the scheduler's {dict(arguments)}: "
-                        "delete it (no scheduler may run meanwhile) and start again"
-                    ) from exc
+            if not await ticks.declare_durable(self._connection, name, arguments):
+                raise BrokerError(
+                    f"queue {name!r} exists with other arguments than the scheduler's {dict(arguments)}: "
+                    "delete it (no scheduler may run meanwhile) and start again"
+                )
 
     def request_stop(self) -> None:
         """Ask the replica to stop (safe from signal handlers)."""
@@ -332,12 +265,8 @@ class Scheduler:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         was_leader = self.is_leader
-        if self._election is not None:
-            with contextlib.suppress(*_BROKER_ERRORS, RuntimeError):
-                await self._election.close()  # the broker requeues the token for the next replica
-        if self._publisher is not None:
-            with contextlib.suppress(*_BROKER_ERRORS, RuntimeError):
-                await self._publisher.close()
+        await ticks.close_quietly(self._election)  # the broker requeues the token for the next replica
+        await ticks.close_quietly(self._publisher)
         if self._connection is not None:
             await self._connection.close()
         if was_leader:
@@ -364,7 +293,7 @@ class Scheduler:
             except Exception as exc:  # the broker may be away; the next offer comes in a few seconds
                 log.debug("token offer failed: %s", exc)
 
-    async def _on_token(self, message: AbstractIncomingMessage) -> None:
+    async def _on_token(self, message: ticks.Token) -> None:
         if self._stop.is_set() or self.is_leader:
             return  # held unacked: it returns to the queue with our channel
         self._token = message
@@ -373,13 +302,13 @@ class Scheduler:
         self._lead_task = asyncio.create_task(self._lead(message), name="amqpjobs-scheduler-lead")
 
     # ------------------------------------------------------------------ leading
-    async def _lead(self, token: AbstractIncomingMessage) -> None:
+    async def _lead(self, token: ticks.Token) -> None:
         self.stats["leaderships"] += 1
         log.info("scheduler replica %s leads %d schedule(s) of app %s", self.replica, len(self._schedules),
                  self.app.name)  # fmt: skip
         cursors: dict[str, datetime] | None = None
         try:
-            while not self._stop.is_set() and _holds(token):
+            while not self._stop.is_set() and ticks.holds(token):
                 delay = self.options.max_sleep
                 try:
                     if cursors is None:
@@ -405,294 +334,8 @@ class Scheduler:
             if not self._stop.is_set():
                 log.info("scheduler replica %s no longer leads", self.replica)
 
-    async def _load_cursors(self, token: AbstractIncomingMessage) -> dict[str, datetime]:
-        cursors: dict[str, datetime] = {}
-        for schedule in self._schedules:
-            record = await self._read_record(schedule)
-            if record is None:
-                # A browsing reader may hold the record for a moment: look once more before
-                # concluding that the schedule is new.
-                await asyncio.sleep(0.5)
-                record = await self._read_record(schedule)
-            if record is None:
-                now = datetime.now(UTC).replace(microsecond=0)
-                baseline = cron.TickRecord(schedule.name, now, None, None, now, self.replica)
-                await self._commit(token, schedule, [], baseline)
-                log.info("schedule %s is new: it fires from %s on", schedule.name, cron.format_tick(now))
-                record = baseline
-            cursors[schedule.name] = record.cursor
-            self._last[schedule.name] = (record.last_fired, record.last_job_id)
-        return cursors
 
-    async def _read_record(self, schedule: cron.Schedule) -> cron.TickRecord | None:
-        assert self._connection is not None
-        return await read_tick_record(self._connection, cron.tick_queue(self.app.name, schedule.name))
-
-    async def _is_running(self, schedule: cron.Schedule) -> bool:
-        assert self._connection is not None
-        async with _throwaway_channel(self._connection) as channel:
-            try:
-                await channel.declare_queue(cron.running_queue(self.app.name, schedule.name), passive=True)
-            except aiormq.exceptions.ChannelLockedResource:
-                return True  # an exclusive marker held by a worker's connection
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return False
-            except _BROKER_ERRORS as exc:
-                raise BrokerError(f"checking whether schedule {schedule.name!r} runs failed: {exc}") from exc
-        return True
-
-    def _job(
-        self, schedule: cron.Schedule, tick: datetime, kind: cron.TickKind, plan: cron.TickPlan
-    ) -> tuple[str, str, OutgoingMessage]:
-        layout = self._layouts[schedule.name]
-        job_id = cron.tick_id(schedule.name, tick)
-        message = job_message(schedule.job, schedule.payload, job_id=job_id, now=time.time())
-        headers: dict[str, Any] = {
-            **message.headers,
-            cron.SCHEDULE_HEADER: schedule.name,
-            cron.TICK_HEADER: cron.format_tick(tick),
-            cron.KIND_HEADER: kind,
-            cron.FIRED_BY_HEADER: self.replica,
-        }
-        if kind == "catch-up" and plan.missed_from is not None and plan.missed_until is not None:
-            headers[cron.MISSED_FROM_HEADER] = cron.format_tick(plan.missed_from)
-            headers[cron.MISSED_UNTIL_HEADER] = cron.format_tick(plan.missed_until)
-        routing_key = layout.routing_key
-        if layout.shard_routing_keys:  # the rule of App.enqueue without a tenant
-            routing_key = layout.shard_routing_keys[zlib.crc32(job_id.encode()) % len(layout.shard_routing_keys)]
-        return layout.exchange, routing_key, dataclasses.replace(message, headers=headers)
-
-    async def _tick(
-        self,
-        schedule: cron.Schedule,
-        now: datetime,
-        cursors: dict[str, datetime],
-        token: AbstractIncomingMessage,
-    ) -> None:
-        plan = cron.plan_ticks(schedule, cursors[schedule.name], now)
-        if not plan.due:
-            return
-        running = schedule.overlap == "skip" and await self._is_running(schedule)
-        jobs: list[tuple[str, str, OutgoingMessage]] = []
-        events: list[TickEvent] = []
-        window = (plan.missed_from, plan.missed_until)
-        if plan.missed_until is not None:
-            if schedule.missed == "skip":
-                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-missed", None, *window))
-            elif running:
-                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-overlap", None, *window))
-            else:
-                jobs.append(self._job(schedule, plan.missed_until, "catch-up", plan))
-                job_id = cron.tick_id(schedule.name, plan.missed_until)
-                events.append(TickEvent(schedule.name, plan.missed_until, "catch-up", job_id, *window))
-        if plan.on_time is not None:
-            if running:
-                events.append(TickEvent(schedule.name, plan.on_time, "skipped-overlap", None))
-            else:
-                jobs.append(self._job(schedule, plan.on_time, "fired", plan))
-                events.append(
-                    TickEvent(schedule.name, plan.on_time, "fired", cron.tick_id(schedule.name, plan.on_time))
-                )
-        last_fired, last_job_id = self._last.get(schedule.name, (None, None))
-        for event in events:
-            if event.job_id is not None:
-                last_fired, last_job_id = event.tick, event.job_id
-        record = cron.TickRecord(schedule.name, plan.cursor, last_fired, last_job_id, now, self.replica)
-        await self._commit(token, schedule, jobs, record)
-        cursors[schedule.name] = plan.cursor
-        self._last[schedule.name] = (last_fired, last_job_id)
-        for event in events:
-            self._record(event)
-
-    async def _commit(
-        self,
-        token: AbstractIncomingMessage,
-        schedule: cron.Schedule,
-        jobs: list[tuple[str, str, OutgoingMessage]],
-        record: cron.TickRecord,
-    ) -> None:
-        """Publish ``jobs`` and ``record`` in one transaction, only while ``token`` is held.
-
-        Raises:
-            _NotLeader: the token was lost; nothing was published.
-            BrokerError: the transaction failed (nothing was published), or its answer was
-                lost (the caller reads the tick store again before the next try).
-
-        """
-        assert self._connection is not None
-        store = OutgoingMessage(
-            body=record.to_bytes(),
-            content_type="application/json",
-            type="amqpjobs.tick-record",
-            timestamp=time.time(),
-        )
-        try:
-            async with _throwaway_channel(self._connection) as channel:
-                # The raw channel, so that a reconnect can't move our publishes onto a new
-                # channel that is not in transaction mode.
-                raw = await channel.get_underlay_channel()
-                await raw.tx_select()
-                for exchange, routing_key, message in jobs:
-                    await raw.basic_publish(
-                        message.body, exchange=exchange, routing_key=routing_key,
-                        properties=amqp_properties(message), mandatory=True,
-                    )  # fmt: skip
-                await raw.basic_publish(
-                    store.body,
-                    exchange="",
-                    routing_key=cron.tick_queue(self.app.name, schedule.name),
-                    properties=amqp_properties(store),
-                )
-                if not _holds(token):
-                    raise _NotLeader  # closing the channel discards the uncommitted publishes
-                await raw.tx_commit(timeout=30)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"schedule {schedule.name!r}: transaction failed, nothing was published: {exc}") from exc
-        except TimeoutError as exc:
-            raise BrokerError(f"schedule {schedule.name!r}: no tx.commit-ok within 30s") from exc
-
-    def _record(self, event: TickEvent) -> None:
-        self.stats[event.kind] += 1
-        extra = ""
-        if event.missed_from is not None and event.missed_until is not None:
-            extra = f" missed={cron.format_tick(event.missed_from)}..{cron.format_tick(event.missed_until)}"
-        log.info(
-            "schedule=%s tick=%s id=%s outcome=%s%s",
-            event.schedule, cron.format_tick(event.tick), event.job_id or "-", event.kind, extra,
-        )  # fmt: skip
-        if self._on_event is not None:
-            self._on_event(event)
-
-
-async def read_tick_record(connection: AbstractRobustConnection, queue: str) -> cron.TickRecord | None:
-    """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
-
-    Any replica (or a tool) may read it; reading holds the message unacked for a moment
-    and then returns it by closing the channel.
-
-    Raises:
-        BrokerError: the queue does not exist or the broker failed.
-
-    """
-    records: list[cron.TickRecord] = []
-    async with _throwaway_channel(connection) as channel:
-        try:
-            store = await channel.get_queue(queue, ensure=False)
-            for _ in range(16):
-                message = await store.get(no_ack=False, fail=False)
-                if message is None:
-                    break
-                try:
-                    records.append(cron.TickRecord.from_bytes(message.body))
-                except ValueError as exc:
-                    log.warning("tick store %s holds a message that is not a tick record: %s", queue, exc)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"reading tick store {queue!r} failed: {exc}") from exc
-    return cron.latest_record(records)
-
-
-async def tick_records(app: App, settings: BrokerSettings) -> dict[str, cron.TickRecord | None]:
-    """The stored state of each of ``app``'s schedules (None: never run), by schedule name.
-
-    Raises:
-        BrokerUnavailableError: the broker can't be reached.
-        BrokerError: a tick store is missing (the scheduler never ran) or the broker failed.
-
-    """
-    connection = await connect(settings, wait=5.0, name=f"{app.name}-tick-reader")
-    try:
-        return {s.name: await read_tick_record(connection, cron.tick_queue(app.name, s.name)) for s in app.schedules()}
-    finally:
-        await connection.close()
-
-
-# ---------------------------------------------------------------------- overlap guard, worker side
-class _Marker:
-    """A schedule's running marker held on the app's connection (see the module docstring)."""
-
-    def __init__(self, connection: AbstractRobustConnection, queue: str) -> None:
-        self._connection = connection
-        self.queue = queue
-
-    async def acquire(self) -> bool:
-        """Declare the exclusive marker queue; False when another connection holds it."""
-        async with _throwaway_channel(self._connection) as channel:
-            try:
-                await channel.declare_queue(
-                    self.queue, exclusive=True, durable=False, auto_delete=False,
-                    arguments=dict(RUNNING_QUEUE_ARGUMENTS),
-                )  # fmt: skip
-            except aiormq.exceptions.ChannelLockedResource:
-                return False
-        return True
-
-    async def release(self) -> None:
-        """Delete the marker (best effort: it goes with the connection anyway)."""
-        try:
-            async with _throwaway_channel(self._connection) as channel:
-                queue = await channel.get_queue(self.queue, ensure=False)
-                await asyncio.wait_for(queue.delete(if_unused=False, if_empty=False), 10)
-        except (*_BROKER_ERRORS, TimeoutError) as exc:
-            log.warning("running marker %s not deleted (%s); it goes with the connection", self.queue, exc)
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return None if value is None else str(value)
-
-
-def overlap_guarded(app: App, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Wrap an async job handler so that runs of a schedule with ``overlap="skip"`` never overlap.
-
-    For a delivery enqueued by such a schedule (header ``amqpjobs-cron-schedule``), the
-    wrapper holds the schedule's running marker while ``handler`` runs, and returns
-    without running it when another run holds the marker (logged; the delivery is acked).
-    Other deliveries run ``handler`` unchanged. The marker lives on the app's own
-    connection (``App(url=...)`` or ``$AMQPJOBS_URL``, as for enqueueing from a handler).
-
-    Args:
-        app: The application (its schedules and its connection).
-        handler: ``async def handler(payload, ctx)``.
-
-    Returns:
-        The wrapped handler, marked with :data:`GUARD_ATTRIBUTE`.
-
-    """
-    held: set[str] = set()  # markers held by this process: one connection owns them all
-
-    @functools.wraps(handler)
-    async def guarded(payload: Any, ctx: JobContext) -> Any:
-        name = _text(ctx.headers.get(cron.SCHEDULE_HEADER))
-        schedule = next((s for s in app.schedules() if s.name == name), None)
-        if name is None or schedule is None or schedule.overlap != "skip":
-            return await handler(payload, ctx)
-        if name in held:
-            log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job, ctx.job_id,
-                     name)  # fmt: skip
-            return None
-        held.add(name)
-        try:
-            await app.connect()
-            connection = app._connection
-            assert connection is not None
-            marker = _Marker(connection, cron.running_queue(app.name, name))
-            if not await marker.acquire():
-                log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job,
-                         ctx.job_id, name)  # fmt: skip
-                return None
-            try:
-                return await handler(payload, ctx)
-            finally:
-                await marker.release()
-        finally:
-            held.discard(name)
-
-    setattr(guarded, GUARD_ATTRIBUTE, True)
-    return guarded
-
-
-async def run_scheduler(app: App, settings: BrokerSettings, options: SchedulerOptions) -> int:
+async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:
     """Run a scheduler replica until SIGTERM/SIGINT; a second signal exits at once.
 
     Returns:

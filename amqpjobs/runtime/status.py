@@ -21,10 +21,9 @@ from typing import Any
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
-    QUARANTINE_SUFFIX,
-    RETRY_INFIX,
-    SHARD_INFIX,
+    parse_queue_name,
     quarantine_exchange_name,
+    quarantine_queue_name,
     suspects_queue_name,
 )
 from amqpjobs.wire.declare import probe_queues
@@ -56,6 +55,20 @@ class QueueStatus:
     ack_rate: float = 0.0
     oldest_age: float | None = None
 
+    def row(self) -> str:
+        """The queue as one row under :data:`STATUS_HEADER`."""
+        if not self.exists:
+            return f"{self.name:<34} {'missing':>7}"
+        age = "-" if self.oldest_age is None else f"{self.oldest_age:.0f}s"
+        return (
+            f"{self.name:<34} {self.ready:>7} {self.unacked:>7} {self.consumers:>4} {self.publish_rate:>7.1f} "
+            f"{self.deliver_rate:>7.1f} {self.ack_rate:>7.1f} {age}"
+        )
+
+
+#: The header line over :meth:`QueueStatus.row` rows.
+STATUS_HEADER = f"{'queue':<34} {'ready':>7} {'unacked':>7} {'cons':>4} {'pub/s':>7} {'dlv/s':>7} {'ack/s':>7} oldest"
+
 
 @dataclass
 class JobQueueStatus:
@@ -81,16 +94,29 @@ class JobQueueStatus:
         """A JSON-ready dict."""
         return asdict(self)
 
+    def rows(self) -> list[str]:
+        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects."""
+        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects]]
+
+
+def status_report(report: list[JobQueueStatus]) -> list[str]:
+    """The text ``amqpjobs status`` prints for ``report``: the table, the problems, then ``healthy`` when none."""
+    lines = [STATUS_HEADER, *(row for j in report for row in j.rows())]
+    lines += [f"UNHEALTHY {j.name}: {problem}" for j in report for problem in j.problems]
+    if not any(j.problems for j in report):
+        lines.append("healthy")
+    return lines
+
 
 def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str], list[str], str]:
     """Derive (work queues, tier queues, quarantine) of ``job_queue`` from live queue names by the naming scheme."""
+    parsed = [(n, parse_queue_name(n)) for n in live_names]
     shards = sorted(
-        (n for n in live_names if n.startswith(job_queue + SHARD_INFIX) and RETRY_INFIX not in n),
-        key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0,
+        ((q.shard or 0, n) for n, q in parsed if q.kind == "shard" and q.job_queue == job_queue),
     )
-    works = shards or [job_queue]
-    tiers = [n for w in works for n in live_names if n.startswith(w + RETRY_INFIX)]
-    return works, tiers, job_queue + QUARANTINE_SUFFIX
+    works = [n for _, n in shards] or [job_queue]
+    tiers = [n for w in works for n, q in parsed if q.kind == "tier" and q.work_queue == w]
+    return works, tiers, quarantine_queue_name(job_queue)
 
 
 def _rate(stats: dict[str, Any], key: str) -> float:

@@ -23,12 +23,11 @@ from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX
-from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_priority_refusal
+from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 
-#: ``x-max-priority`` above this still works but costs broker CPU and memory
-#: (RabbitMQ "Classic Queues Support Priorities" → "How many priorities should I use?").
-PRIORITY_WARN_ABOVE = 10
+__all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
+
 
 _FIXES = {
     "extra_forbidden": "remove the key or correct its spelling; see README 'Topology files'",
@@ -172,6 +171,19 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+def _reserved(file: str, path: str, name: str) -> list[Problem]:
+    """The problem with ``name`` when it starts ``amq.`` (reserved by RabbitMQ), else none."""
+    if not name.startswith("amq."):
+        return []
+    return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
+
+
+def _undeclared_exchange(file: str, path: str, name: str) -> Problem:
+    return Problem(
+        file, path, f"exchange {name!r} is not declared", "declare it in an [[exchange]] entry or correct the name"
+    )
+
+
 def _cross_checks(
     parsed: list[tuple[str, TopologyFile]],
     broker_version: tuple[int, ...] | None,
@@ -198,29 +210,13 @@ def _cross_checks(
     for file, tf in parsed:
         for i, ex in enumerate(tf.exchange):
             path = f"exchange[{i}].name"
-            if ex.name.startswith("amq."):
-                problems.append(
-                    Problem(
-                        file,
-                        path,
-                        f"{ex.name!r}: names starting 'amq.' are reserved by RabbitMQ",
-                        "choose another name",
-                    )
-                )
+            problems.extend(_reserved(file, path, ex.name))
             claim(exchange_names, ex.name, file, path, "exchange")
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
-            if jq.name.startswith("amq."):
-                problems.append(
-                    Problem(
-                        file,
-                        f"{base}.name",
-                        f"{jq.name!r}: names starting 'amq.' are reserved by RabbitMQ",
-                        "choose another name",
-                    )
-                )
-            problems.extend(_queue_rules(file, base, jq, broker_version, warnings))
+            problems.extend(_reserved(file, f"{base}.name", jq.name))
+            problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             decls = Topology(job_queues=(jq,)).declarations()
             too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))
                         if len(n.encode("utf-8")) > 255]  # fmt: skip
@@ -244,33 +240,19 @@ def _cross_checks(
                     f"{base}.name",
                     f"exchange (expanded from job queue {jq.name!r})",
                 )
-    problems.extend(_routing_checks(parsed))
+    problems.extend(routing_checks(parsed))
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             if jq.exchange not in exchange_names:
-                problems.append(
-                    Problem(
-                        file,
-                        f"job_queue[{i}].exchange",
-                        f"exchange {jq.exchange!r} is not declared",
-                        "declare it in an [[exchange]] entry or correct the name",
-                    )
-                )
+                problems.append(_undeclared_exchange(file, f"job_queue[{i}].exchange", jq.exchange))
         for i, b in enumerate(tf.binding):
             if b.source not in exchange_names:
-                problems.append(
-                    Problem(
-                        file,
-                        f"binding[{i}].source",
-                        f"exchange {b.source!r} is not declared",
-                        "declare it in an [[exchange]] entry or correct the name",
-                    )
-                )
+                problems.append(_undeclared_exchange(file, f"binding[{i}].source", b.source))
             targets = queue_names if b.destination_type == "queue" else exchange_names
             if (
-                b.source.endswith(QUARANTINE_SUFFIX)
+                parse_queue_name(b.source).kind == "quarantine"
                 and b.destination in queue_names
-                and not b.destination.endswith(QUARANTINE_SUFFIX)
+                and parse_queue_name(b.destination).kind != "quarantine"
             ):
                 problems.append(
                     Problem(file, f"binding[{i}].destination",
@@ -286,144 +268,4 @@ def _cross_checks(
                         f"declare the {b.destination_type} or correct the name",
                     )
                 )
-    return problems
-
-
-def _routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
-    """Routing keys that would make a job run twice, or that an exchange type can't take."""
-    problems: list[Problem] = []
-    types = {e.name: e.type for _, tf in parsed for e in tf.exchange}
-    owner: dict[tuple[str, str], str] = {}
-    for file, tf in parsed:
-        for i, jq in enumerate(tf.job_queue):
-            kind = types.get(jq.exchange)
-            if kind == "x-consistent-hash" and not all(k.isdigit() for k in jq.keys):
-                problems.append(
-                    Problem(file, f"job_queue[{i}].routing_keys",
-                            "an x-consistent-hash exchange binds queues with integer weights",
-                            'set routing_keys to weights such as ["1"]')
-                )  # fmt: skip
-            if kind in ("direct", "topic"):
-                for key in dict.fromkeys(jq.keys):
-                    other = owner.setdefault((jq.exchange, key), jq.name)
-                    if other != jq.name:
-                        problems.append(
-                            Problem(file, f"job_queue[{i}].routing_keys",
-                                    f"routing key {key!r} of exchange {jq.exchange!r} also routes to job queue "
-                                    f"{other!r}: every such job would run twice",
-                                    "give each job queue its own routing keys")
-                        )  # fmt: skip
-    return problems
-
-
-def _quorum_priority_rules(
-    file: str, base: str, max_priority: int, broker_version: tuple[int, ...] | None, warnings: list[str]
-) -> list[Problem]:
-    """``max_priority`` on a quorum job queue: 1..31 on RabbitMQ 4.3+, refused before.
-
-    RabbitMQ 4.3 release notes: quorum queues have strict priorities 0-31 (a message without
-    one counts as 4) and ignore ``x-max-priority``; 4.0-4.2 have two levels (0-4 normal,
-    5-255 high), 3.x none. The bound is ours: enqueue refuses a priority above it, and no
-    ``x-max-priority`` is sent (:func:`amqpjobs.wire.arguments.queue_arguments`).
-    """
-    key = f"{base}.max_priority"
-    if max_priority > QUORUM_MAX_PRIORITY:
-        return [
-            Problem(file, key, f"quorum queues have priorities 0-{QUORUM_MAX_PRIORITY} (RabbitMQ 4.3+)",
-                    f'lower max_priority to at most {QUORUM_MAX_PRIORITY}, or use type = "classic"')
-        ]  # fmt: skip
-    if broker_version is None:
-        warnings.append(
-            f"{file}: {key}: quorum-queue priorities need RabbitMQ 4.3+; `topology apply` and the worker "
-            "refuse it on an older broker"
-        )
-        return []
-    refusal = quorum_priority_refusal(broker_version)
-    return [] if refusal is None else [Problem(file, key, *refusal)]
-
-
-def _queue_rules(
-    file: str,
-    base: str,
-    jq: JobQueueSpec,
-    broker_version: tuple[int, ...] | None,
-    warnings: list[str],
-) -> list[Problem]:
-    problems: list[Problem] = []
-    if jq.type == "quorum":
-        if jq.max_priority is not None:
-            problems.extend(_quorum_priority_rules(file, base, jq.max_priority, broker_version, warnings))
-        if jq.overflow == "drop-head":
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.overflow",
-                    "quorum job queues dead-letter at-least-once, which needs overflow reject-publish",
-                    'remove overflow or set it to "reject-publish"',
-                )
-            )
-    elif jq.delivery_limit is not None:
-        problems.append(
-            Problem(
-                file,
-                f"{base}.delivery_limit",
-                "delivery_limit applies to quorum queues only",
-                'remove it, or use type = "quorum"',
-            )
-        )
-    if jq.max_priority is not None and jq.max_priority > PRIORITY_WARN_ABOVE:
-        warnings.append(
-            f"{file}: {base}.max_priority: {jq.max_priority} priorities cost broker CPU "
-            f"and memory; RabbitMQ recommends at most {PRIORITY_WARN_ABOVE}"
-        )
-    if jq.type == "classic" and jq.max_length is not None and jq.overflow == "reject-publish" and jq.retry_tiers:
-        problems.append(
-            Problem(
-                file,
-                f"{base}.max_length",
-                "a retried job that its delay tier dead-letters back into a full classic work queue is dropped "
-                "by the broker (classic queues dead-letter at-most-once, and reject-publish refuses it)",
-                'set overflow = "drop-head" (the oldest job goes to quarantine, reason maxlen), use '
-                'type = "quorum" (at-least-once dead-lettering keeps it waiting in its tier), or remove max_length',
-            )
-        )
-    if jq.overflow == "drop-head" and jq.max_length is None:
-        problems.append(
-            Problem(
-                file,
-                f"{base}.overflow",
-                "overflow has no effect without max_length",
-                "add max_length or remove overflow",
-            )
-        )
-    tiers = jq.retry_tiers
-    for j in range(1, len(tiers)):
-        if round(tiers[j] * 1000) <= round(tiers[j - 1] * 1000):
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.retry_tiers[{j}]",
-                    f"retry tiers must strictly increase ({tiers[j - 1]:g}s then {tiers[j]:g}s)",
-                    "list tiers from shortest to longest, each once",
-                )
-            )
-    for j, t in enumerate(tiers):
-        if t < 0.001 or t * 1000 > 2**32 - 1:
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.retry_tiers[{j}]",
-                    f"{t:g}s is outside what x-message-ttl takes (1 ms to ~49 days)",
-                    "use a delay between 1ms and 49d",
-                )
-            )
-    if jq.routing_keys is not None and not jq.routing_keys:
-        problems.append(
-            Problem(
-                file,
-                f"{base}.routing_keys",
-                "an empty list binds nothing",
-                "remove routing_keys (defaults to the job queue name) or list keys",
-            )
-        )
     return problems

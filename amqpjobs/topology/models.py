@@ -25,6 +25,7 @@ Durations here are seconds (floats); milliseconds appear only in
 
 from __future__ import annotations
 
+import zlib
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
@@ -236,6 +237,16 @@ class JobQueueLayout(_Frozen):
     queue_type: QueueType
     max_priority: int | None
     max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
+
+    def routing_key_for(self, key: str) -> str:
+        """The routing key a publisher uses for a job keyed ``key`` (its tenant, else its job id).
+
+        Unsharded: :attr:`routing_key`. Sharded: the shard ``crc32(key) % shards`` (the one
+        shard-routing rule; publishers in other languages follow it, see the wire contract).
+        """
+        if not self.shard_routing_keys:
+            return self.routing_key
+        return self.shard_routing_keys[zlib.crc32(key.encode()) % len(self.shard_routing_keys)]
 
 
 class Topology(_Frozen):

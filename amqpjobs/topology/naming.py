@@ -9,7 +9,10 @@ work queue               ``N`` (or ``N.shard-<i>`` when sharded)     ``urgent``
 delay queue, one a tier  ``<work queue>.retry.<tier>``               ``urgent.retry.30s``
 quarantine exchange      ``N.quarantine`` (fanout)                   ``urgent.quarantine``
 quarantine queue         ``N.quarantine``                            ``urgent.quarantine``
+suspects queue           ``N.suspects``                              ``urgent.suspects``
 =======================  ==========================================  ======================
+
+:func:`parse_queue_name` reads a name back (the scheduler's queues too).
 
 Tiers are named by :func:`amqpjobs.durations.format_duration` of their TTL. Shard
 ``i`` of ``N`` is bound with routing key ``<key>.shard-<i>`` for each routing key.
@@ -17,12 +20,19 @@ Tiers are named by :func:`amqpjobs.durations.format_duration` of their TTL. Shar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from amqpjobs.durations import format_duration
 
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
 RETRY_INFIX = ".retry."
 SHARD_INFIX = ".shard-"
+#: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
+SCHEDULER_PREFIX = "amqpjobs.scheduler."
+
+QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "leader", "ticks", "running"]
 
 
 def work_queue_name(job_queue: str, shard: int | None = None) -> str:
@@ -53,3 +63,60 @@ def suspects_queue_name(job_queue: str) -> str:
 def shard_routing_key(routing_key: str, shard: int) -> str:
     """Routing key that reaches shard ``shard`` for a job queue bound with ``routing_key``."""
     return f"{routing_key}{SHARD_INFIX}{shard}"
+
+
+@dataclass(frozen=True)
+class QueueName:
+    """What a queue's name says by our naming scheme (see :func:`parse_queue_name`).
+
+    Attributes:
+        kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
+            ``quarantine``, ``suspects``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
+        job_queue: The job queue it belongs to ("" for scheduler queues).
+        work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
+        shard: The shard index, for a shard and a shard's tier.
+        tier: The tier's name (e.g. ``30s``), for a tier.
+        app: The app, for a scheduler queue.
+        schedule: The schedule, for ``ticks`` and ``running``.
+
+    """
+
+    kind: QueueKind
+    job_queue: str = ""
+    work_queue: str = ""
+    shard: int | None = None
+    tier: str | None = None
+    app: str | None = None
+    schedule: str | None = None
+
+
+def _work(name: str) -> QueueName:
+    base, infix, index = name.rpartition(SHARD_INFIX)
+    if infix and base and index.isdigit():
+        return QueueName("shard", base, name, shard=int(index))
+    return QueueName("work", name, name)
+
+
+def parse_queue_name(name: str) -> QueueName:
+    """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
+
+    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``; a shard index is
+    digits only). Names with none of our markers are work queues of a job queue of that name.
+    """
+    if name.startswith(SCHEDULER_PREFIX):
+        rest = name.removeprefix(SCHEDULER_PREFIX)
+        if rest.endswith(".leader") and len(rest) > len(".leader"):
+            return QueueName("leader", app=rest.removesuffix(".leader"))
+        for kind in ("ticks", "running"):
+            app, marker, schedule = rest.partition(f".{kind}.")
+            if marker and app and schedule:
+                return QueueName(kind, app=app, schedule=schedule)
+    if name.endswith(QUARANTINE_SUFFIX) and len(name) > len(QUARANTINE_SUFFIX):
+        return QueueName("quarantine", name.removesuffix(QUARANTINE_SUFFIX))
+    if name.endswith(SUSPECTS_SUFFIX) and len(name) > len(SUSPECTS_SUFFIX):
+        return QueueName("suspects", name.removesuffix(SUSPECTS_SUFFIX))
+    work_queue, infix, tier = name.rpartition(RETRY_INFIX)
+    if infix and work_queue and tier:
+        work = _work(work_queue)
+        return QueueName("tier", work.job_queue, work_queue, shard=work.shard, tier=tier)
+    return _work(name)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import App, MessageTooLargeError
+from amqpjobs.errors import TopologyValidationError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.connection import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
@@ -136,4 +137,6 @@ def test_quorum_priorities_are_judged_for_the_connected_version(
         assert "4.0-4.2 quorum queues have two levels, 0-4 normal and 5-255 high" in result.stderr
     else:
         assert "upgrade the broker to RabbitMQ 4.3+" in result.stderr
-    assert load_topology is not None
+    # the library judges the file for the connected version as the CLI did
+    with pytest.raises(TopologyValidationError, match=r"quorum-queue priorities 0-31 need RabbitMQ 4\.3"):
+        load_topology(path, broker_root.version)

@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 from pydantic import BaseModel
 
-from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishError
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError, UnroutableError
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext
@@ -232,8 +232,9 @@ async def test_enqueue_errors(broker: BrokerSettings, tmp_path: Path):
     app.job("lost", queue="ghost")(lambda p, c: None)
     with pytest.raises(InvalidPayloadError, match="order_id"):
         await app.enqueue("mail", {"to": "a@example.com"})
-    with pytest.raises(PublishError, match="no queue is bound"):
+    with pytest.raises(UnroutableError, match="no queue is bound") as unroutable:
         await app.enqueue("lost", {"n": 1})
+    assert unroutable.type is UnroutableError  # the documented class, not just any PublishError
     with pytest.raises(ConfigurationError, match=r"priority 9 is above job queue 'work'.s max_priority 5"):
         await app.enqueue("mail", {"to": "a@example.com", "order_id": 1}, priority=9)
     with pytest.raises(ConfigurationError, match="job_id is empty"):

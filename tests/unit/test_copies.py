@@ -11,9 +11,9 @@ from pamqp import commands, decode
 from pamqp.header import ContentHeader
 
 from amqpjobs.jobs import envelope
-from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import ReceivedCopy, keep_received_properties, split_table
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
+from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.publish import amqp_properties
 from tests import amqp_frames as frames
 from tests.amqp_frames import DROPPED, SENT, encode_properties, split_properties

@@ -158,7 +158,7 @@ def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
 def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() -> None:
     from pamqp import decode
 
-    from amqpjobs.wire.codec import install_lenient_decoding
+    from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
     install_lenient_decoding()
     assert decode.by_type(b"\x05sl\xffow", "shortstr") == (6, "sl\ufffdow")
@@ -168,7 +168,7 @@ def test_short_strings_that_are_not_utf8_decode_with_replacement_characters() ->
 def test_header_names_that_are_not_utf8_decode_with_replacement_characters() -> None:
     from pamqp import decode, encode
 
-    from amqpjobs.wire.codec import install_lenient_decoding
+    from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
     install_lenient_decoding()
     good = encode.field_table({"a": 1, "b": "x"})
@@ -193,7 +193,7 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
 
     from pamqp import decode
 
-    from amqpjobs.wire.codec import install_lenient_decoding
+    from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
     install_lenient_decoding()
     micro = struct.pack(">Q", 1764406800123456)  # microseconds: pamqp alone would raise

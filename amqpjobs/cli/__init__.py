@@ -1,0 +1,17 @@
+"""The ``amqpjobs`` command line: a thin click layer over the library.
+
+Exit codes: 0 success; 1 the check found something (plan conflicts); 2 bad input
+(invalid topology files, bad options); 3 the broker or its management API failed; 4 busy:
+another process holds the lock the command needs (one mover per quarantine queue), nothing
+was done.
+
+One module per command group; importing them registers their commands on :data:`main`.
+"""
+
+from __future__ import annotations
+
+from amqpjobs.cli import quarantine, schedule, status, topology, worker  # noqa: F401  (registers the commands)
+from amqpjobs.cli._common import EXIT_BAD_INPUT, EXIT_BROKER, EXIT_BUSY, EXIT_FOUND
+from amqpjobs.cli._root import main
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_BROKER", "EXIT_BUSY", "EXIT_FOUND", "main"]

@@ -1,0 +1,187 @@
+"""``amqpjobs quarantine list|show|export|purge`` and ``amqpjobs replay``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from amqpjobs.cli._common import (
+    EXIT_FOUND,
+    errors_to_exit_codes,
+    filter_options,
+    selection,
+    settings,
+    url_options,
+)
+from amqpjobs.cli._root import main
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.quarantine import GROUP_HEADER, summarize
+from amqpjobs.printable import json_safe, printable
+from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
+
+
+@main.group()
+def quarantine() -> None:
+    """Inspect, export and purge quarantine queues.
+
+    Browsing reads messages with basic.get and returns them all to the queue: they keep
+    their order but come back with redelivered=true. It runs while a replay does (seeing
+    only the messages the replay does not hold); purge waits for no one: it exits 4 then.
+    """
+
+
+@quarantine.command("list")
+@click.argument("queue", required=False)
+@click.option("--all", "all_queues", is_flag=True, help="Every *.quarantine queue of the vhost.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@url_options
+@errors_to_exit_codes
+def quarantine_list(
+    queue: str | None, all_queues: bool, as_json: bool, url: str | None, management_url: str | None
+) -> None:
+    """Counts in QUEUE grouped by job, reason and error type, with first and last failure times."""
+    broker = settings(url, management_url)
+    if not queue and not all_queues:
+        raise ConfigurationError("give a quarantine QUEUE or --all")
+    names = quarantine_queues(broker) if all_queues else [queue or ""]
+    doc = []
+    for name in names:
+        queue_name, messages = asyncio.run(browse(broker, name))
+        groups = summarize(m.item for m in messages)
+        doc.append((queue_name, len(messages), groups))
+    if as_json:
+        click.echo(json.dumps([
+            {"queue": n, "messages": total, "groups": [g.to_json() for g in groups]}
+            for n, total, groups in doc
+        ], indent=2))  # fmt: skip
+        return
+    for queue_name, total, groups in doc:
+        click.echo(f"{printable(queue_name)}: {total} message(s)")
+        if groups:
+            click.echo(GROUP_HEADER)
+        for g in groups:
+            click.echo(g.row())
+
+
+@quarantine.command("show")
+@click.argument("queue")
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@url_options
+@errors_to_exit_codes
+def quarantine_show(
+    queue: str, limit: int, job: str | None, error_type: str | None, reason: str | None, since: str | None,
+    as_json: bool, url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Messages in QUEUE with their evidence and payload."""
+    broker = settings(url, management_url)
+    _, messages = asyncio.run(browse(broker, queue, limit, selection(job, error_type, reason, since)))
+    for m in messages:
+        if as_json:
+            click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
+            continue
+        doc = m.to_json()
+        # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
+        for line in m.item.summary_lines():
+            click.echo(line)
+        payload = doc["payload"]
+        shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
+        click.echo(f"    payload:    {printable(shown[:1000])}")
+        for key, value in sorted(doc["headers"].items()):
+            if key == "amqpjobs-traceback":
+                tail = str(value).strip().splitlines()[-3:]
+                click.echo("    traceback:  ..." + printable(" | ".join(tail)))
+            elif key not in ("amqpjobs-error-message",):
+                click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
+    if not as_json:
+        click.echo(f"{len(messages)} message(s) shown")
+
+
+@quarantine.command("export")
+@click.argument("queue")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@url_options
+@errors_to_exit_codes
+def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
+    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
+    count = asyncio.run(export(settings(url, management_url), queue, file))
+    click.echo(f"exported {count} message(s) to {file}; the queue still holds them")
+
+
+@quarantine.command("purge")
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@url_options
+@errors_to_exit_codes
+def quarantine_purge(queue: str, yes: bool, url: str | None, management_url: str | None) -> None:
+    """Delete every message in QUEUE.
+
+    Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
+    """
+    broker = settings(url, management_url)
+    if not yes:
+        click.confirm(f"Delete every message in quarantine {queue!r} on {broker.safe_url}?", abort=True)
+    name, removed = asyncio.run(purge(broker, queue))
+    click.echo(f"purged {removed} message(s) from {name}")
+
+
+def _replay_summary(report: ReplayReport) -> str:
+    rate_seen = (report.replayed - 1) / report.elapsed if report.elapsed > 0 else 0.0
+    return (
+        f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {report.queue} "
+        f"({report.elapsed:.1f}s, {rate_seen:.1f}/s)"
+    )
+
+
+@main.command("replay")
+@click.argument("quarantine_queue", metavar="QUARANTINE")
+@click.option("--to", help="Work queue to send every message to (default: each message's original queue).")
+@click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
+@click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
+@filter_options
+@click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
+@click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
+@url_options
+@errors_to_exit_codes
+def replay_command(
+    quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
+    error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
+    stop_after_failures: int | None, url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Move quarantined jobs back to their work queues, rate-limited; each starts a fresh attempt budget.
+
+    One replay per quarantine queue at a time: exit 4 at once, naming the running one (its
+    host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
+    done, 1 when --stop-after-failures stopped the run.
+    """
+    broker = settings(url, management_url)
+    options = ReplayOptions(
+        rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
+        stop_after_failures=stop_after_failures,
+    )  # fmt: skip
+    interactive = sys.stderr.isatty()
+
+    def progress(report: ReplayReport) -> None:
+        if interactive and report.replayed % 10 == 0:
+            click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
+                       err=True, nl=False)  # fmt: skip
+
+    report = asyncio.run(replay(broker, quarantine_queue, options, progress))
+    if interactive:
+        click.echo("", err=True)
+    if dry_run:
+        for job_id, target in report.moves:
+            click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
+        click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
+                   f"{report.left} in {report.queue}")  # fmt: skip
+        return
+    click.echo(_replay_summary(report))
+    if report.stopped_early:
+        click.echo(f"stopped: {report.returned} replayed job(s) came back to quarantine (--stop-after-failures "
+                   f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
+        sys.exit(EXIT_FOUND)

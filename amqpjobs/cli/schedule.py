@@ -1,0 +1,76 @@
+"""``amqpjobs schedule run|list``: cron schedules."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import UTC, datetime
+
+import click
+
+from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.durations import format_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.cron import Schedule, format_tick
+from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.scheduler import SchedulerOptions, run_scheduler
+
+
+@main.group()
+def schedule() -> None:
+    """Cron schedules: run a scheduler replica, list the next fire times."""
+
+
+@schedule.command("run")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--schedules", "-s", help="Comma-separated schedule names (default: all of the app's).")
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@url_options
+@errors_to_exit_codes
+def schedule_run(
+    app_ref: str, schedules: str | None, log_json: bool, url: str | None, management_url: str | None
+) -> None:
+    """Run a scheduler replica for MODULE:APP until SIGTERM/SIGINT (then exit 0).
+
+    Run as many replicas as you like: the broker elects one, which enqueues each tick
+    once; when it dies another takes over within seconds.
+    """
+    names = tuple(n.strip() for n in schedules.split(",") if n.strip()) if schedules else None
+    configure_logging(json_lines=log_json)
+    app = load_app(app_ref)
+    sys.exit(asyncio.run(run_scheduler(app, settings(url, management_url), SchedulerOptions(schedules=names))))
+
+
+@schedule.command("list")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--count", type=click.IntRange(1, 100), default=3, show_default=True, help="Fire times per schedule.")
+@click.option("--after", help="Count from this ISO-8601 time instead of now (e.g. 2026-03-29T00:00Z).")
+@errors_to_exit_codes
+def schedule_list(app_ref: str, count: int, after: str | None) -> None:
+    """Each schedule of MODULE:APP with its next fire times, in UTC and in the schedule's local time."""
+    app = load_app(app_ref)
+    start = datetime.now(UTC) if after is None else parse_time(after)
+    if start is None:
+        raise ConfigurationError(f"--after {after!r}: give an ISO-8601 time such as 2026-03-29T00:00Z")
+    schedules = app.schedules()
+    if not schedules:
+        click.echo(f"app {app.name!r} has no schedules")
+    for s in schedules:
+        for line in _describe(s, start, count):
+            click.echo(line)
+
+
+def _describe(s: Schedule, start: datetime, count: int) -> list[str]:
+    """The schedule's line, then its next ``count`` fire times after ``start`` (UTC and local)."""
+    lines = [
+        f"{s.name}  job={s.job}  cron={s.rule.expression!r}  tz={s.rule.tz}  missed={s.missed}  "
+        f"overlap={s.overlap}  grace={format_duration(s.grace)}"
+    ]
+    for tick in s.rule.upcoming(start, count):
+        local = tick.astimezone(s.rule.zone)
+        offset = local.isoformat()[-6:]
+        lines.append(f"  {format_tick(tick)}  {local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({offset})")
+    return lines

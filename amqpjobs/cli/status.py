@@ -1,0 +1,60 @@
+"""``amqpjobs status``: golden signals per job queue, usable as an alert check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from amqpjobs.cli._common import EXIT_FOUND, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.status import collect, status_report
+from amqpjobs.topology.loader import load_topology
+
+
+@main.command("status")
+@click.argument("path", required=False, type=click.Path())
+@click.option("--queues", "-q", help="Comma-separated job queue names (instead of a topology PATH).")
+@click.option("--max-age", default=None, help="Unhealthy when a work queue's oldest message is older (e.g. 60s).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@url_options
+@errors_to_exit_codes
+def status_command(
+    path: str | None, queues: str | None, max_age: str | None, as_json: bool, url: str | None,
+    management_url: str | None,
+) -> None:  # fmt: skip
+    """Golden signals per job queue; exit 1 when unhealthy (usable as an alert check).
+
+    Job queues come from the topology at PATH (default: ./topology when it exists), or
+    --queues. Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no
+    consumer, a queue or quarantine exchange is missing, or an oldest message is older
+    than --max-age.
+    """
+    broker = settings(url, management_url)
+    try:
+        bound = parse_duration(max_age) if max_age is not None else None
+    except ValueError as exc:
+        raise ConfigurationError(f"--max-age: {exc}") from None
+    if queues is not None and not queues.strip(", "):
+        raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
+    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    layouts = None
+    if not names:
+        where = Path(path or "topology")
+        if path is None and not where.exists():
+            raise ConfigurationError("give a topology PATH or --queues (no ./topology here)")
+        layouts = list(load_topology(where).topology.layouts())
+    report = asyncio.run(collect(broker, layouts, names, bound))
+    unhealthy = any(j.problems for j in report)
+    if as_json:
+        click.echo(json.dumps({"healthy": not unhealthy, "job_queues": [j.to_json() for j in report]}, indent=2))
+    else:
+        for line in status_report(report):
+            click.echo(line)
+    if unhealthy:
+        sys.exit(EXIT_FOUND)

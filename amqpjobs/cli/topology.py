@@ -1,0 +1,91 @@
+"""``amqpjobs topology plan|apply|export``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+from amqpjobs.cli._common import EXIT_FOUND, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
+
+
+@main.group()
+def topology() -> None:
+    """Plan, apply and export the declarative topology (exchanges, job queues, tiers, quarantine)."""
+
+
+@topology.command("plan")
+@click.argument("path", type=click.Path())
+@url_options
+@errors_to_exit_codes
+def topology_plan(path: str, url: str | None, management_url: str | None) -> None:
+    """Compare the topology at PATH with the live vhost: create / unchanged / CONFLICT.
+
+    Also lists ORPHAN queues: shards or tiers the topology no longer declares. Exit 0 without
+    conflicts, 1 with conflicts or orphans holding messages, 2 when PATH is invalid, 3 on
+    broker errors.
+    """
+    broker = settings(url, management_url)
+    result = asyncio.run(plan_topology(path, broker))
+    for warning in result.loaded.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
+    click.echo(result.plan.report())
+    for line in result.orphan_report():
+        click.echo(line)
+    if result.plan.conflicts or any(messages for _, messages in result.orphans):
+        sys.exit(EXIT_FOUND)
+
+
+@topology.command("apply")
+@click.argument("path", type=click.Path())
+@click.option(
+    "--declare-timeout", default="30s", show_default=True,
+    help="Give up (exit 3) when the declarations get no answer this long (RabbitMQ 4.3: a node in a minority).",
+)  # fmt: skip
+@url_options
+@errors_to_exit_codes
+def topology_apply(path: str, declare_timeout: str, url: str | None, management_url: str | None) -> None:
+    """Declare the topology at PATH; with any conflict, declare nothing and print the plan.
+
+    Idempotent: a second run creates nothing and says so.
+    """
+    try:
+        timeout = parse_duration(declare_timeout)
+    except ValueError as exc:
+        raise ConfigurationError(f"--declare-timeout: {exc}") from None
+    broker = settings(url, management_url)
+    result = asyncio.run(apply_topology(path, broker, timeout))
+    for warning in result.loaded.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for line in result.orphan_report():
+        click.echo(f"warning: {line}", err=True)
+    for line in result.apply_report(broker.safe_url):
+        click.echo(line)
+
+
+@topology.command("export")
+@click.argument("path", type=click.Path())
+@click.option("--vhost", default="/", show_default=True, help="Vhost written into every object.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@errors_to_exit_codes
+def topology_export(path: str, vhost: str, output: str | None) -> None:
+    """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`).
+
+    The vhost must exist on the broker before the import.
+    """
+    if not vhost:
+        raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
+    text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)

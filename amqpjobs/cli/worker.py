@@ -1,0 +1,92 @@
+"""``amqpjobs consume`` and ``amqpjobs asyncapi``: run a worker, describe the app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.asyncapi import asyncapi_document
+from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.worker import WorkerOptions, run_worker
+
+
+@main.command()
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--queues", "-q", help="Comma-separated job queues to consume (default: all the app's jobs use).")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help=(
+        "Slots per job queue: at most this many unacked deliveries at once (one consumer with this "
+        "prefetch per work queue; a sharded job queue's shards share the slots)."
+    ),
+)
+@click.option("--grace", default="30s", show_default=True, help="Time in-flight jobs get to finish on SIGTERM.")
+@click.option(
+    "--consumer-timeout",
+    default="30m",
+    show_default=True,
+    help="The broker's consumer_timeout; job timeouts above it are warned about.",
+)
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
+@url_options
+@errors_to_exit_codes
+def consume(
+    app_ref: str,
+    queues: str | None,
+    concurrency: int,
+    grace: str,
+    consumer_timeout: str,
+    log_json: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+    url: str | None,
+    management_url: str | None,
+) -> None:
+    """Run a worker for the app MODULE:APP until SIGTERM/SIGINT (then drain and exit 0)."""
+    try:
+        options = WorkerOptions(
+            queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
+            concurrency=concurrency,
+            grace=parse_duration(grace),
+            consumer_timeout=parse_duration(consumer_timeout),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    configure_logging(json_lines=log_json)
+    app = load_app(app_ref)
+    broker = settings(url, management_url)
+    sys.exit(asyncio.run(run_worker(app, broker, options, metrics_port, metrics_host)))
+
+
+@main.command("asyncapi")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@errors_to_exit_codes
+def asyncapi(app_ref: str, output: str | None) -> None:
+    """Write an AsyncAPI 3.0 document of MODULE:APP: a channel per job queue and shard, a message per job.
+
+    For publishers in other languages: exchange, routing key and AMQP bindings of each
+    channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
+    """
+    app = load_app(app_ref)
+    text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
+    if output:
+        Path(output).write_text(text + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)

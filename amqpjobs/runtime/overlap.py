@@ -1,0 +1,121 @@
+"""The overlap guard, worker side: runs of a schedule with ``overlap="skip"`` never overlap.
+
+A run holds an exclusive queue ``amqpjobs.scheduler.<app>.running.<schedule>`` for as long
+as its handler runs (declared on the app's connection; the broker deletes it with that
+connection, so a killed worker leaves no stale marker). The scheduler's leader passively
+declares it before firing (:mod:`amqpjobs.runtime.scheduler`); a run that finds it held
+when it starts (it waited in the queue while the previous one ran) is skipped here.
+
+This module knows the app only through :class:`GuardedApp`, so neither it nor the
+scheduler imports :mod:`amqpjobs.runtime.app`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.jobs import cron
+from amqpjobs.jobs.registry import JobContext
+from amqpjobs.text import as_text
+from amqpjobs.wire import ticks
+
+log = logging.getLogger("amqpjobs.scheduler")
+
+#: Arguments of a running marker (an exclusive queue: it lives as long as its connection).
+RUNNING_QUEUE_ARGUMENTS: Final[Mapping[str, Any]] = {"x-queue-type": "classic"}
+#: Attribute set on handlers wrapped by the overlap guard.
+GUARD_ATTRIBUTE: Final = "__amqpjobs_overlap_guard__"
+
+
+class GuardedApp(Protocol):
+    """What the guard needs of an :class:`~amqpjobs.App`: its name, schedules and connection."""
+
+    @property
+    def name(self) -> str:
+        """The app's name."""
+        ...
+
+    @property
+    def _connection(self) -> ticks.Connection | None: ...
+
+    def schedules(self) -> Sequence[cron.Schedule]:
+        """The app's schedules."""
+        ...
+
+    async def connect(self) -> None:
+        """Open the app's connection (once)."""
+        ...
+
+
+class _Marker:
+    """A schedule's running marker held on the app's connection (see the module docstring)."""
+
+    def __init__(self, connection: ticks.Connection, queue: str) -> None:
+        self._connection = connection
+        self.queue = queue
+
+    async def acquire(self) -> bool:
+        """Declare the exclusive marker queue; False when another connection holds it."""
+        return await ticks.hold_exclusive(self._connection, self.queue, RUNNING_QUEUE_ARGUMENTS)
+
+    async def release(self) -> None:
+        """Delete the marker (best effort: it goes with the connection anyway)."""
+        try:
+            await ticks.delete_queue(self._connection, self.queue, 10)
+        except (BrokerError, TimeoutError) as exc:
+            log.warning("running marker %s not deleted (%s); it goes with the connection", self.queue, exc)
+
+
+def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Wrap an async job handler so that runs of a schedule with ``overlap="skip"`` never overlap.
+
+    For a delivery enqueued by such a schedule (header ``amqpjobs-cron-schedule``), the
+    wrapper holds the schedule's running marker while ``handler`` runs, and returns
+    without running it when another run holds the marker (logged; the delivery is acked).
+    Other deliveries run ``handler`` unchanged. The marker lives on the app's own
+    connection (``App(url=...)`` or ``$AMQPJOBS_URL``, as for enqueueing from a handler).
+
+    Args:
+        app: The application (its schedules and its connection).
+        handler: ``async def handler(payload, ctx)``.
+
+    Returns:
+        The wrapped handler, marked with :data:`GUARD_ATTRIBUTE`.
+
+    """
+    held: set[str] = set()  # markers held by this process: one connection owns them all
+
+    @functools.wraps(handler)
+    async def guarded(payload: Any, ctx: JobContext) -> Any:
+        raw = ctx.headers.get(cron.SCHEDULE_HEADER)
+        name = None if raw is None else as_text(raw)
+        schedule = next((s for s in app.schedules() if s.name == name), None)
+        if name is None or schedule is None or schedule.overlap != "skip":
+            return await handler(payload, ctx)
+        if name in held:
+            log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job, ctx.job_id,
+                     name)  # fmt: skip
+            return None
+        held.add(name)
+        try:
+            await app.connect()
+            connection = app._connection
+            assert connection is not None
+            marker = _Marker(connection, cron.running_queue(app.name, name))
+            if not await marker.acquire():
+                log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job,
+                         ctx.job_id, name)  # fmt: skip
+                return None
+            try:
+                return await handler(payload, ctx)
+            finally:
+                await marker.release()
+        finally:
+            held.discard(name)
+
+    setattr(guarded, GUARD_ATTRIBUTE, True)
+    return guarded

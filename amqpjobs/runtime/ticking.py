@@ -1,0 +1,255 @@
+"""Leading: the cursors, one tick's plan into jobs and a tick record, the tick transaction.
+
+The leader's part of :class:`~amqpjobs.runtime.scheduler.Scheduler` (design in that
+module's docstring), and reading the tick stores. The broker work is in
+:mod:`amqpjobs.wire.ticks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from amqpjobs.jobs import cron
+from amqpjobs.jobs.envelope import OutgoingMessage, job_message
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire import ticks
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.scheduler")
+
+
+class ScheduledApp(Protocol):
+    """What the scheduler needs of an :class:`~amqpjobs.App`: its name, schedules and job layouts."""
+
+    @property
+    def name(self) -> str:
+        """The app's name."""
+        ...
+
+    def schedules(self) -> Sequence[cron.Schedule]:
+        """The app's schedules."""
+        ...
+
+    def layout_of(self, job: str) -> JobQueueLayout:
+        """The layout of the job queue of job ``job``."""
+        ...
+
+
+@dataclass(frozen=True)
+class TickEvent:
+    """What the leader did about one tick (for logs, stats and tests).
+
+    Attributes:
+        schedule: Schedule name.
+        tick: The tick (UTC).
+        kind: ``fired`` (on time), ``catch-up`` (one job for a missed window),
+            ``skipped-missed`` (a missed window under the ``skip`` policy) or
+            ``skipped-overlap`` (the previous run was still running).
+        job_id: The enqueued job's id, or None when nothing was enqueued.
+        missed_from / missed_until: The missed window, for ``catch-up`` and ``skipped-missed``.
+
+    """
+
+    schedule: str
+    tick: datetime
+    kind: cron.TickKind
+    job_id: str | None
+    missed_from: datetime | None = None
+    missed_until: datetime | None = None
+
+
+class _NotLeader(Exception):
+    """The token was lost before a commit: nothing was published."""
+
+
+class TickFiring:
+    """The leader's work, as a base of :class:`~amqpjobs.runtime.scheduler.Scheduler` (which sets these)."""
+
+    app: ScheduledApp
+    replica: str
+    stats: Counter[str]
+    _connection: ticks.Connection | None
+    _schedules: list[cron.Schedule]
+    _layouts: dict[str, JobQueueLayout]
+    _last: dict[str, tuple[datetime | None, str | None]]
+    _on_event: Callable[[TickEvent], None] | None
+
+    async def _load_cursors(self, token: ticks.Token) -> dict[str, datetime]:
+        cursors: dict[str, datetime] = {}
+        for schedule in self._schedules:
+            record = await self._read_record(schedule)
+            if record is None:
+                # A browsing reader may hold the record for a moment: look once more before
+                # concluding that the schedule is new.
+                await asyncio.sleep(0.5)
+                record = await self._read_record(schedule)
+            if record is None:
+                now = datetime.now(UTC).replace(microsecond=0)
+                baseline = cron.TickRecord(schedule.name, now, None, None, now, self.replica)
+                await self._commit(token, schedule, [], baseline)
+                log.info("schedule %s is new: it fires from %s on", schedule.name, cron.format_tick(now))
+                record = baseline
+            cursors[schedule.name] = record.cursor
+            self._last[schedule.name] = (record.last_fired, record.last_job_id)
+        return cursors
+
+    async def _read_record(self, schedule: cron.Schedule) -> cron.TickRecord | None:
+        assert self._connection is not None
+        return await read_tick_record(self._connection, cron.tick_queue(self.app.name, schedule.name))
+
+    async def _is_running(self, schedule: cron.Schedule) -> bool:
+        assert self._connection is not None
+        queue = cron.running_queue(self.app.name, schedule.name)
+        # locked: an exclusive marker held by a worker's connection
+        found = await ticks.probe(self._connection, queue, f"checking whether schedule {schedule.name!r} runs failed")
+        return found != "missing"
+
+    def _job(
+        self, schedule: cron.Schedule, tick: datetime, kind: cron.TickKind, plan: cron.TickPlan
+    ) -> tuple[str, str, OutgoingMessage]:
+        layout = self._layouts[schedule.name]
+        job_id = cron.tick_id(schedule.name, tick)
+        message = job_message(schedule.job, schedule.payload, job_id=job_id, now=time.time())
+        headers: dict[str, Any] = {
+            **message.headers,
+            cron.SCHEDULE_HEADER: schedule.name,
+            cron.TICK_HEADER: cron.format_tick(tick),
+            cron.KIND_HEADER: kind,
+            cron.FIRED_BY_HEADER: self.replica,
+        }
+        if kind == "catch-up" and plan.missed_from is not None and plan.missed_until is not None:
+            headers[cron.MISSED_FROM_HEADER] = cron.format_tick(plan.missed_from)
+            headers[cron.MISSED_UNTIL_HEADER] = cron.format_tick(plan.missed_until)
+        # the rule of App.enqueue without a tenant
+        return layout.exchange, layout.routing_key_for(job_id), dataclasses.replace(message, headers=headers)
+
+    async def _tick(
+        self,
+        schedule: cron.Schedule,
+        now: datetime,
+        cursors: dict[str, datetime],
+        token: ticks.Token,
+    ) -> None:
+        plan = cron.plan_ticks(schedule, cursors[schedule.name], now)
+        if not plan.due:
+            return
+        running = schedule.overlap == "skip" and await self._is_running(schedule)
+        jobs: list[tuple[str, str, OutgoingMessage]] = []
+        events: list[TickEvent] = []
+        window = (plan.missed_from, plan.missed_until)
+        if plan.missed_until is not None:
+            if schedule.missed == "skip":
+                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-missed", None, *window))
+            elif running:
+                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-overlap", None, *window))
+            else:
+                jobs.append(self._job(schedule, plan.missed_until, "catch-up", plan))
+                job_id = cron.tick_id(schedule.name, plan.missed_until)
+                events.append(TickEvent(schedule.name, plan.missed_until, "catch-up", job_id, *window))
+        if plan.on_time is not None:
+            if running:
+                events.append(TickEvent(schedule.name, plan.on_time, "skipped-overlap", None))
+            else:
+                jobs.append(self._job(schedule, plan.on_time, "fired", plan))
+                events.append(
+                    TickEvent(schedule.name, plan.on_time, "fired", cron.tick_id(schedule.name, plan.on_time))
+                )
+        last_fired, last_job_id = self._last.get(schedule.name, (None, None))
+        for event in events:
+            if event.job_id is not None:
+                last_fired, last_job_id = event.tick, event.job_id
+        record = cron.TickRecord(schedule.name, plan.cursor, last_fired, last_job_id, now, self.replica)
+        await self._commit(token, schedule, jobs, record)
+        cursors[schedule.name] = plan.cursor
+        self._last[schedule.name] = (last_fired, last_job_id)
+        for event in events:
+            self._record(event)
+
+    async def _commit(
+        self,
+        token: ticks.Token,
+        schedule: cron.Schedule,
+        jobs: list[tuple[str, str, OutgoingMessage]],
+        record: cron.TickRecord,
+    ) -> None:
+        """Publish ``jobs`` and ``record`` in one transaction, only while ``token`` is held.
+
+        Raises:
+            _NotLeader: the token was lost; nothing was published.
+            BrokerError: the transaction failed (nothing was published), or its answer was
+                lost (the caller reads the tick store again before the next try).
+
+        """
+        assert self._connection is not None
+        store = OutgoingMessage(
+            body=record.to_bytes(),
+            content_type="application/json",
+            type="amqpjobs.tick-record",
+            timestamp=time.time(),
+        )
+        messages = [(exchange, routing_key, message, True) for exchange, routing_key, message in jobs]
+        messages.append(("", cron.tick_queue(self.app.name, schedule.name), store, False))
+        committed = await ticks.publish_in_transaction(
+            self._connection,
+            messages,
+            lambda: ticks.holds(token),
+            what=f"schedule {schedule.name!r}: transaction failed, nothing was published",
+            late=f"schedule {schedule.name!r}: no tx.commit-ok within 30s",
+        )
+        if not committed:
+            raise _NotLeader
+
+    def _record(self, event: TickEvent) -> None:
+        self.stats[event.kind] += 1
+        extra = ""
+        if event.missed_from is not None and event.missed_until is not None:
+            extra = f" missed={cron.format_tick(event.missed_from)}..{cron.format_tick(event.missed_until)}"
+        log.info(
+            "schedule=%s tick=%s id=%s outcome=%s%s",
+            event.schedule, cron.format_tick(event.tick), event.job_id or "-", event.kind, extra,
+        )  # fmt: skip
+        if self._on_event is not None:
+            self._on_event(event)
+
+
+async def read_tick_record(connection: ticks.Connection, queue: str) -> cron.TickRecord | None:
+    """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
+
+    Any replica (or a tool) may read it; reading holds the message unacked for a moment
+    and then returns it by closing the channel.
+
+    Raises:
+        BrokerError: the queue does not exist or the broker failed.
+
+    """
+    records: list[cron.TickRecord] = []
+    for body in await ticks.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
+        try:
+            records.append(cron.TickRecord.from_bytes(body))
+        except ValueError as exc:
+            log.warning("tick store %s holds a message that is not a tick record: %s", queue, exc)
+    return cron.latest_record(records)
+
+
+async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str, cron.TickRecord | None]:
+    """The stored state of each of ``app``'s schedules (None: never run), by schedule name.
+
+    Raises:
+        BrokerUnavailableError: the broker can't be reached.
+        BrokerError: a tick store is missing (the scheduler never ran) or the broker failed.
+
+    """
+    connection = await connect(settings, wait=5.0, name=f"{app.name}-tick-reader")
+    try:
+        return {s.name: await read_tick_record(connection, cron.tick_queue(app.name, s.name)) for s in app.schedules()}
+    finally:
+        await connection.close()

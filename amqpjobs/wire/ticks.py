@@ -1,0 +1,237 @@
+"""The scheduler's AMQP: election channel, tick stores, running markers, the tick transaction.
+
+Everything the scheduler (:mod:`amqpjobs.runtime.scheduler`) and the overlap guard
+(:mod:`amqpjobs.runtime.overlap`) do on the broker goes through here, and aiormq errors
+are caught in ONE place, :func:`_on_channel`: a refusal the caller asked about
+(``NOT_FOUND``, ``RESOURCE_LOCKED``, ``PRECONDITION_FAILED``) becomes an answer, any other
+broker error a :class:`~amqpjobs.errors.BrokerError` (or, inside start-up declarations,
+passes on untouched for :func:`~amqpjobs.wire.declare.declaring` to name a Khepri minority).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.wire.publish import amqp_properties
+
+#: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
+Connection = AbstractRobustConnection
+Channel = AbstractChannel
+Token = AbstractIncomingMessage
+
+#: What the client library raises when the broker or the connection fails.
+BROKER_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+)
+
+Refusal = Literal["missing", "locked", "mismatch"]
+_REFUSALS: tuple[tuple[type[Exception], Refusal], ...] = (
+    (aiormq.exceptions.ChannelNotFoundEntity, "missing"),
+    (aiormq.exceptions.ChannelLockedResource, "locked"),
+    (aiormq.exceptions.ChannelPreconditionFailed, "mismatch"),
+)
+
+
+class _Closable(Protocol):
+    def close(self) -> Awaitable[Any]: ...
+
+
+async def close_quietly(closable: _Closable | None) -> None:
+    """Close a channel (or a publisher) and ignore that the broker or connection is gone."""
+    if closable is None:
+        return
+    with contextlib.suppress(*BROKER_ERRORS, RuntimeError):
+        await closable.close()
+
+
+@contextlib.asynccontextmanager
+async def throwaway_channel(connection: Connection) -> AsyncIterator[Channel]:
+    """A channel closed on exit even after a channel error.
+
+    A robust channel closed by the broker (e.g. by a failed passive declare) reopens itself
+    unless ``close()`` is called; checking ``is_closed`` first would leak the reopened one.
+
+    Raises:
+        BrokerError: the channel could not be opened.
+
+    """
+    try:
+        channel = await connection.channel(publisher_confirms=False)
+    except (*BROKER_ERRORS, RuntimeError, TimeoutError) as exc:
+        raise BrokerError(f"could not open a channel: {exc}") from exc
+    try:
+        yield channel
+    finally:
+        await close_quietly(channel)
+
+
+@dataclass
+class _Answer:
+    refusal: Refusal | None = None
+
+
+@contextlib.asynccontextmanager
+async def _on_channel(
+    connection: Connection, what: str | None, refusals: Iterable[Refusal] = (), translate: bool = True
+) -> AsyncIterator[tuple[Channel, _Answer]]:
+    """A throwaway channel; the one place this module catches aiormq errors.
+
+    A refusal listed in ``refusals`` is recorded in the answer (and the block left); any
+    other broker error leaves as ``BrokerError("<what>: <error>")`` (just the error's text
+    when ``what`` is None), or untouched when ``translate`` is False.
+    """
+    answer = _Answer()
+    wanted = set(refusals)
+    try:
+        async with throwaway_channel(connection) as channel:
+            yield channel, answer
+    except BROKER_ERRORS as exc:
+        kind = next((k for cls, k in _REFUSALS if isinstance(exc, cls)), None)
+        if kind is not None and kind in wanted:
+            answer.refusal = kind
+            return
+        if not translate:
+            raise
+        raise BrokerError(str(exc) if what is None else f"{what}: {exc}") from exc
+
+
+def holds(token: Token | None) -> bool:
+    """True while ``token`` is held on an open channel."""
+    if token is None:
+        return False
+    try:
+        return not token.channel.is_closed
+    except aiormq.exceptions.ChannelInvalidStateError:
+        return False
+
+
+async def exists(connection: Connection, kind: Literal["exchange", "queue"], name: str) -> bool:
+    """Whether the exchange or queue ``name`` exists (a passive declare); other errors pass on untouched."""
+    async with _on_channel(connection, None, ("missing",), translate=False) as (channel, answer):
+        if kind == "exchange":
+            await channel.declare_exchange(name, passive=True)
+        else:
+            await channel.declare_queue(name, passive=True)
+    return answer.refusal is None
+
+
+async def declare_durable(connection: Connection, name: str, arguments: Mapping[str, Any]) -> bool:
+    """Declare the durable queue ``name``; False when it exists with other arguments."""
+    async with _on_channel(connection, None, ("mismatch",), translate=False) as (channel, answer):
+        await channel.declare_queue(name, durable=True, arguments=dict(arguments))
+    return answer.refusal is None
+
+
+async def probe(connection: Connection, name: str, what: str) -> Literal["exists", "missing", "locked"]:
+    """Passively declare queue ``name``: it exists, is missing, or is another connection's exclusive queue.
+
+    Raises:
+        BrokerError: ``"<what>: <error>"`` on any other broker error.
+
+    """
+    async with _on_channel(connection, what, ("missing", "locked")) as (channel, answer):
+        await channel.declare_queue(name, passive=True)
+    return "exists" if answer.refusal is None else ("missing" if answer.refusal == "missing" else "locked")
+
+
+async def hold_exclusive(connection: Connection, name: str, arguments: Mapping[str, Any]) -> bool:
+    """Declare the exclusive queue ``name`` on ``connection``; False when another connection holds it."""
+    async with _on_channel(connection, None, ("locked",), translate=False) as (channel, answer):
+        await channel.declare_queue(name, exclusive=True, durable=False, auto_delete=False, arguments=dict(arguments))
+    return answer.refusal is None
+
+
+async def delete_queue(connection: Connection, name: str, within: float) -> None:
+    """Delete queue ``name`` (empty or not).
+
+    Raises:
+        BrokerError: the broker failed (the error's text).
+        TimeoutError: no answer within ``within`` seconds.
+
+    """
+    async with _on_channel(connection, None) as (channel, _):
+        queue = await channel.get_queue(name, ensure=False)
+        await asyncio.wait_for(queue.delete(if_unused=False, if_empty=False), within)
+
+
+async def browse_bodies(connection: Connection, queue: str, limit: int, what: str) -> list[bytes]:
+    """The bodies of up to ``limit`` messages at the head of ``queue``; closing the channel returns them.
+
+    Raises:
+        BrokerError: ``"<what>: <error>"`` (the queue is missing, or the broker failed).
+
+    """
+    bodies: list[bytes] = []
+    async with _on_channel(connection, what) as (channel, _):
+        store = await channel.get_queue(queue, ensure=False)
+        for _ in range(limit):
+            message = await store.get(no_ack=False, fail=False)
+            if message is None:
+                break
+            bodies.append(message.body)
+    return bodies
+
+
+async def publish_in_transaction(
+    connection: Connection,
+    messages: Iterable[tuple[str, str, OutgoingMessage, bool]],
+    still_allowed: Callable[[], bool],
+    what: str,
+    late: str,
+    commit_timeout: float = 30,
+) -> bool:
+    """Publish ``(exchange, routing key, message, mandatory)`` items in one AMQP transaction.
+
+    The commit is sent only when ``still_allowed()`` is true after the publishes; otherwise
+    closing the channel discards them.
+
+    Returns:
+        True when committed, False when ``still_allowed()`` said no (nothing was published).
+
+    Raises:
+        BrokerError: ``"<what>: <error>"`` (nothing was published), or ``late`` when no
+            ``tx.commit-ok`` came within ``commit_timeout`` (the commit may have happened).
+
+    """
+    try:
+        async with _on_channel(connection, what) as (channel, _):
+            # The raw channel, so that a reconnect can't move our publishes onto a new
+            # channel that is not in transaction mode.
+            raw = await channel.get_underlay_channel()
+            await raw.tx_select()
+            for exchange, routing_key, message, mandatory in messages:
+                await raw.basic_publish(
+                    message.body, exchange=exchange, routing_key=routing_key,
+                    properties=amqp_properties(message), mandatory=mandatory,
+                )  # fmt: skip
+            if not still_allowed():
+                return False  # closing the channel discards the uncommitted publishes
+            await raw.tx_commit(timeout=commit_timeout)
+    except TimeoutError as exc:
+        raise BrokerError(late) from exc
+    return True
+
+
+async def join_election(
+    connection: Connection, queue: str, arguments: Mapping[str, Any], on_token: Callable[[Token], Awaitable[None]]
+) -> Channel:
+    """Consume the election queue with prefetch 1 on a channel of its own (returned; close it to leave).
+
+    Broker errors pass on untouched (inside :func:`~amqpjobs.wire.declare.declaring`).
+    """
+    election = await connection.channel(publisher_confirms=False)
+    await election.set_qos(prefetch_count=1)
+    declared = await election.declare_queue(queue, durable=True, arguments=dict(arguments))
+    await declared.consume(on_token)
+    return election

@@ -1,0 +1,141 @@
+"""Table tests of the pure quarantine rules: describe, selection, replay headers (no broker)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs.quarantine import (
+    PREVIOUS_ERROR_MESSAGE,
+    PREVIOUS_ERROR_TYPE,
+    PREVIOUS_FAILURE_AT,
+    PREVIOUS_REASON,
+    REPLAY_COUNT,
+    REPLAY_ID,
+    QuarantinedJob,
+    Selection,
+    describe,
+    replay_headers,
+)
+
+T1 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
+T2 = datetime(2026, 11, 29, 9, 30, tzinfo=UTC)
+
+OURS: dict[str, Any] = {
+    evidence.JOB: b"send_mail",
+    evidence.JOB_ID: "id-1",
+    evidence.REASON: "exhausted",
+    evidence.ERROR_TYPE: "smtplib.SMTPException",
+    evidence.ERROR_MESSAGE: "refused",
+    evidence.ATTEMPTS: 3,
+    evidence.LAST_FAILURE_AT: "2026-11-29T09:30:00Z",
+    evidence.FIRST_FAILURE_AT: "2026-11-29T08:00:00Z",
+    evidence.ORIGINAL_QUEUE: "mail",
+}
+DEATH = {"reason": "expired", "queue": "mail", "time": T1}
+
+DESCRIBE = [
+    pytest.param(
+        OURS, "m-1", None,
+        QuarantinedJob("send_mail", "id-1", "exhausted", "smtplib.SMTPException", "refused", 3, T2, T1, "mail", 0,
+                       False),
+        id="our-evidence",
+    ),
+    pytest.param(
+        {**OURS, evidence.JOB_ID: "", REPLAY_COUNT: 2}, "m-1", None,
+        QuarantinedJob("send_mail", "m-1", "exhausted", "smtplib.SMTPException", "refused", 3, T2, T1, "mail", 2,
+                       False),
+        id="job-id-from-message-id-and-replays",
+    ),
+    pytest.param(
+        {"x-death": [DEATH], envelope.ATTEMPT: 2}, "m-2", "resize",
+        QuarantinedJob("resize", "m-2", "x-death:expired", "", "", 1, T1, T1, "mail", 0, True),
+        id="broker-dead-letter",
+    ),
+    pytest.param(
+        {"x-first-death-reason": b"maxlen", "x-first-death-queue": "q", envelope.JOB: "j"}, None, None,
+        QuarantinedJob("j", "", "x-death:maxlen", "", "", 0, None, None, "q", 0, True),
+        id="first-death-headers-only",
+    ),
+    pytest.param(
+        {}, None, None,
+        QuarantinedJob("", "", "x-death:unknown", "", "", 0, None, None, "", 0, True),
+        id="nothing-known",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("headers", "message_id", "message_type", "expected"), DESCRIBE)
+def test_describe(headers: dict[str, Any], message_id: str | None, message_type: str | None,
+                  expected: QuarantinedJob) -> None:  # fmt: skip
+    assert describe(headers, message_id, message_type) == expected
+
+
+ITEM = describe(OURS, None, None)
+BROKER_ITEM = describe({"x-death": [DEATH]}, "m", "resize")
+
+SELECT = [
+    (Selection(), ITEM, True),
+    (Selection(job="send_mail"), ITEM, True),
+    (Selection(job="other"), ITEM, False),
+    (Selection(error_type="smtplib.SMTPException"), ITEM, True),
+    (Selection(error_type="SMTPException"), ITEM, True),
+    (Selection(error_type="ValueError"), ITEM, False),
+    (Selection(reason="exhausted"), ITEM, True),
+    (Selection(reason="permanent"), ITEM, False),
+    (Selection(reason="x-death:expired"), BROKER_ITEM, True),
+    (Selection(reason="expired"), BROKER_ITEM, True),
+    (Selection(since=T2), ITEM, True),
+    (Selection(since=datetime(2026, 11, 29, 10, tzinfo=UTC)), ITEM, False),
+    (Selection(since=T1), describe({}, None, None), False),
+]
+
+
+@pytest.mark.parametrize(("selection", "item", "matches"), SELECT)
+def test_selection(selection: Selection, item: QuarantinedJob, matches: bool) -> None:
+    assert selection.matches(item) is matches
+
+
+def test_replay_headers_start_a_fresh_budget_and_keep_provenance() -> None:
+    headers = {
+        **OURS,
+        envelope.ATTEMPT: 4,
+        envelope.RUNS: 3,
+        envelope.TENANT: "acme",
+        envelope.ORIGINAL_EXCHANGE: "jobs",
+        "x-death": [DEATH],
+        "x-first-death-reason": "expired",
+        "custom": "kept",
+    }
+    out = replay_headers(headers, ITEM, "r-1")
+    assert out == {
+        evidence.JOB: b"send_mail",
+        envelope.TENANT: "acme",
+        envelope.ORIGINAL_EXCHANGE: "jobs",
+        "custom": "kept",
+        envelope.ATTEMPT: 1,
+        REPLAY_COUNT: 1,
+        REPLAY_ID: "r-1",
+        PREVIOUS_REASON: "exhausted",
+        PREVIOUS_ERROR_TYPE: "smtplib.SMTPException",
+        PREVIOUS_ERROR_MESSAGE: "refused",
+        PREVIOUS_FAILURE_AT: "2026-11-29T09:30:00.000Z",
+    }
+
+
+@pytest.mark.parametrize(("tenant", "kept"), [("acme", True), ("", False)], ids=["tenant-kept", "empty-tenant-dropped"])
+def test_replay_headers_tenant(tenant: str, kept: bool) -> None:
+    out = replay_headers({envelope.TENANT: tenant}, ITEM, "r")
+    assert (envelope.TENANT in out) is kept
+
+
+def test_replay_headers_count_up_and_bound_the_message() -> None:
+    item = describe({**OURS, REPLAY_COUNT: 4, evidence.ERROR_MESSAGE: "x" * 5000}, None, None)
+    out = replay_headers({}, item, "r")
+    assert out[REPLAY_COUNT] == 5
+    assert out[PREVIOUS_ERROR_MESSAGE] == "x" * 1024
+    unknown = describe({}, None, None)
+    assert replay_headers({}, unknown, "r")[PREVIOUS_FAILURE_AT] == ""
