@@ -119,6 +119,10 @@ def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str],
     return works, tiers, quarantine_queue_name(job_queue)
 
 
+#: The management API's basic.get counters (RabbitMQ "Management HTTP API", queue ``message_stats``).
+_GET_KEYS = ("get", "get_no_ack", "get_empty")
+
+
 def _rate(stats: dict[str, Any], key: str) -> float:
     details = stats.get(f"{key}_details") or {}
     return float(details.get("rate", 0.0) or 0.0)
@@ -186,9 +190,17 @@ async def collect(
             status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if status.quarantine.ready:
             status.problems.append(f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name}")
+        sharded = len(status.work) > 1
         for w in status.work:
-            if w.exists and w.consumers == 0:
-                status.problems.append(f"no consumer on {w.name}")
+            # a sharded job queue's workers take by basic.get and consume a shard only while it is
+            # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
+            gets = sum(_rate(live.get(w.name, {}).get("message_stats") or {}, k) for k in _GET_KEYS)
+            if w.exists and w.consumers == 0 and not (sharded and gets > 0):
+                status.problems.append(
+                    f"no worker takes from {w.name} (no consumer, no basic.get in the last seconds)"
+                    if sharded
+                    else f"no consumer on {w.name}"
+                )
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         out.append(status)

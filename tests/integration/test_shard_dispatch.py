@@ -9,6 +9,7 @@ an App of its own so a handler knows which worker ran it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import zlib
 from collections import Counter
@@ -27,7 +28,7 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import FrameTap
-from tests.integration.helpers import drain, raw_channel
+from tests.integration.helpers import cli, drain, raw_channel
 from tests.integration.worker_env import Recorder
 
 pytestmark = pytest.mark.broker
@@ -454,3 +455,35 @@ async def test_a_look_ahead_delivery_behind_a_long_job_goes_back_for_another_wor
     ((_, b_start),) = [v for v in longs.values() if v[0] == "B"]
     assert b_start - b_started < 1.0, b_start - b_started  # B found it at once: nobody held it
     assert Counter(o.kind for o in recorder.outcomes)["handed_back"] >= 1
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(60)
+async def test_status_counts_an_idle_worker_taking_by_basic_get_as_serving_the_shards(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Idle shards have no consumer (a worker consumes a shard only while it is busy): status must
+    not call them unserved while a worker asks them by basic.get, and must while nobody does."""
+    path = await topology(broker, tmp_path)
+
+    async def problems() -> tuple[int, list[str]]:
+        result = await asyncio.to_thread(cli, broker, "status", str(path), "--json")
+        (jq,) = json.loads(result.stdout)["job_queues"]
+        return result.exit_code, [p for p in jq["problems"] if "takes from" in p or "consumer" in p]
+
+    code, unserved = await problems()
+    assert code == 1
+    assert unserved == [
+        f"no worker takes from {q} (no consumer, no basic.get in the last seconds)" for q in SHARD_QUEUES
+    ]
+    app = worker_app("A", path, broker, Runs(), 0.0)
+    w = worker(app, broker)
+    await w.start()
+    try:
+        deadline = time.monotonic() + 20  # the management API's rates refresh every 5 s
+        while (found := await problems())[1] and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+    finally:
+        await w.shutdown()
+        await app.close()
+    assert found == (0, []), found
