@@ -86,15 +86,25 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
         "delivery_mode": {"const": 2, "description": "Persistent."},
         "app_id": {"type": "string", "description": "Optional: names the publisher; never read."},
     }  # fmt: skip
+    # a quorum queue counts a message without priority as 4 on RabbitMQ 4.3 (release notes 4.3.0):
+    # ours always carry one (0 by default), so a foreign job without one goes ahead of ours
+    quorum_default = (
+        " Send one always (0 by default, as amqpjobs does): RabbitMQ 4.3 counts a message without"
+        " priority as 4 on a quorum queue, ahead of jobs sent with 0."
+    )
     if layout.max_priority is not None:  # enqueue's rule: 0..max_priority
         props["priority"] = {
             "type": "integer", "minimum": 0, "maximum": layout.max_priority,
-            "description": "Optional. A classic queue delivers a higher one as the maximum.",
+            "description": (
+                "Strict priorities 0-31 (RabbitMQ 4.3+)." + quorum_default
+                if layout.queue_type == "quorum"
+                else "Optional; a classic queue delivers a higher one as the maximum."
+            ),
         }  # fmt: skip
     elif layout.queue_type == "quorum":
         props["priority"] = {
             "type": "integer", "minimum": 0, "maximum": 255,
-            "description": "Optional. Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31.",
+            "description": "Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31." + quorum_default,
         }  # fmt: skip
     return {
         "type": "object",
