@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from amqpjobs._version import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
     BrokerError,
     BrokerUnavailableError,
     BusyError,
+    ChannelClosedError,
     ConfigurationError,
     DuplicateJobError,
     InvalidPayloadError,
     ManagementApiError,
     MessageTooLargeError,
+    NotFoundError,
+    PreconditionFailedError,
     Problem,
     PublishError,
     PublishNackedError,
+    ResourceLockedError,
     TopologyConflictError,
     TopologyError,
     TopologyValidationError,
@@ -43,6 +46,7 @@ __all__ = [
     "BrokerSettings",
     "BrokerUnavailableError",
     "BusyError",
+    "ChannelClosedError",
     "Claim",
     "ConfigurationError",
     "CronRule",
@@ -55,11 +59,14 @@ __all__ = [
     "LoadedTopology",
     "ManagementApiError",
     "MessageTooLargeError",
+    "NotFoundError",
     "PostgresLedger",
+    "PreconditionFailedError",
     "Problem",
     "PublishError",
     "PublishNackedError",
     "Reject",
+    "ResourceLockedError",
     "Retry",
     "RetryPolicy",
     "Schedule",

@@ -43,11 +43,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from aio_pika.abc import AbstractRobustConnection
-
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
 from amqpjobs.jobs.slots import RunningSlots
+from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
@@ -100,7 +99,7 @@ class ShardDispatcher:
 
     def __init__(
         self,
-        connection: AbstractRobustConnection,
+        connection: Connection,
         job_queue: str,
         work_queues: Sequence[str],
         slots: int,

@@ -35,11 +35,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-import amqpjobs
+from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
@@ -69,6 +68,7 @@ from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.versions import nack_is_free
+from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
@@ -236,7 +236,7 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
-        self._connection: AbstractRobustConnection | None = None
+        self._connection: Connection | None = None
         self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
@@ -586,8 +586,9 @@ class Worker:
             # connection the broker had already given up on (no heartbeat during a stall)
             stalled = self._stalls.longest_since(v.started)
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
+        job_name = v.job.name if v.job else envelope.job_name_of(delivery.type, delivery.headers)
         outcome = Outcome(
-            v.decision, v.job.name if v.job else delivery.job_name, v.job_id, v.attempt, v.duration, acked,
+            v.decision, job_name, v.job_id, v.attempt, v.duration, acked,
             layout.name, v.latency, v.timed_out, f"{v.error[0]}: {v.error[1]}"[:300] if v.error[0] else "",
             uncertain,
         )  # fmt: skip
@@ -633,13 +634,13 @@ class Worker:
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         if not delivery.message_id:
             log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, job_id)
-        job = self.app.get(delivery.job_name) if delivery.job_name else None
+        job_name = envelope.job_name_of(delivery.type, delivery.headers)
+        job = self.app.get(job_name) if job_name else None
         if job is None or job.queue != layout.name:
             why = (
                 "no job name (type property or amqpjobs-job header)"
-                if not delivery.job_name
-                else f"job {delivery.job_name[:200]!r} is not served from job queue {layout.name!r} "
-                f"by app {self.app.name!r}"
+                if not job_name
+                else f"job {job_name[:200]!r} is not served from job queue {layout.name!r} by app {self.app.name!r}"
             )
             return _Verdict(Quarantine("unknown-job"), ("UnknownJob", why, ""), None, attempt, job_id, False)
         try:
@@ -800,10 +801,10 @@ class Worker:
             job_id=job_id,
             attempt=attempt,
             max_attempts=max_attempts,
-            tenant=delivery.tenant,
+            tenant=envelope.tenant_in(delivery.headers),
             queue=delivery.queue,
             redelivered=delivery.redelivered or crash.STARTS in delivery.headers,
-            enqueued_at=delivery.enqueued_at,
+            enqueued_at=envelope.enqueued_at_of(delivery.headers, delivery.timestamp),
             headers=delivery.headers,
             ledger_transaction=transaction,
         )
@@ -978,14 +979,14 @@ class Worker:
                 last_failure_at=now,
                 host=self._host,
                 pid=self._pid,
-                version=amqpjobs.__version__,
+                version=__version__,
                 app_version=self.app.app_version,
                 exchange=str(delivery.headers.get(envelope.ORIGINAL_EXCHANGE, delivery.exchange)),
                 queue=delivery.queue,
                 routing_key=str(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY, delivery.routing_key)),
-                job=job.name if job else delivery.job_name,
+                job=job.name if job else envelope.job_name_of(delivery.type, delivery.headers),
                 job_id=job_id,
-                tenant=delivery.tenant or "",
+                tenant=envelope.tenant_in(delivery.headers) or "",
                 **delivery_counters(delivery.headers),
             )
             headers = envelope.strip_broker_headers(delivery.headers)

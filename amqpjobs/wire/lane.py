@@ -38,6 +38,7 @@ from pamqp.commands import Basic
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+from amqpjobs.wire.errors import LIBRARY_ERRORS
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -46,7 +47,7 @@ LeaseHandler = Callable[[Delivery], Awaitable[None]]
 #: Called once when the broker cancels a lease (queue deleted, node down).
 LeaseLost = Callable[[], None]
 
-_FAILURES = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+_FAILURES: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError)
 
 
 @dataclass(slots=True)
