@@ -39,8 +39,8 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.versions import nack_is_free
+from amqpjobs.wire.abc import Publisher
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
-from amqpjobs.wire.publish import ConfirmedPublisher
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -62,8 +62,8 @@ class DeliveryPath(HandlerRuns):
     _stop: asyncio.Event
     _gate: IsolationGate
     _holding: Holding
-    _publisher: ConfirmedPublisher | None
-    _quarantiner: ConfirmedPublisher | None
+    _publisher: Publisher | None
+    _quarantiner: Publisher | None
     _suspects_signal: asyncio.Event
     _heartbeat_timeout: float
     _version: tuple[int, ...]
@@ -213,7 +213,7 @@ class DeliveryPath(HandlerRuns):
         """Publish the copy the decision needs, if any (confirmed).
 
         Raises:
-            AmqpJobsError: the publish failed (see :meth:`ConfirmedPublisher.publish`).
+            AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
         """
         assert self._publisher is not None
         assert self._quarantiner is not None
