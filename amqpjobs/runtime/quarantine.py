@@ -44,7 +44,7 @@ from amqpjobs.errors import (
 )
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.envelope import OutgoingMessage
-from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported: the public home
+from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
 from amqpjobs.jobs.quarantine import replay_window as replay_window
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
