@@ -1,3 +1,1 @@
-"""The package version (one place; ``amqpjobs.__version__`` re-exports it)."""
-
 __version__ = "0.1.0"
