@@ -16,10 +16,14 @@ The tree::
     │   └── TopologyConflictError    live broker objects differ from the desired ones
     └── BrokerError                  the broker or its management API failed us
         ├── BrokerUnavailableError   cannot connect / connection lost
-        └── ManagementApiError       the HTTP management API answered with an error
+        ├── ManagementApiError       the HTTP management API answered with an error
+        ├── ChannelClosedError       the channel closed under an operation (nothing more on it)
+        ├── NotFoundError            404 NOT_FOUND: the queue or exchange does not exist
+        ├── ResourceLockedError      405 RESOURCE_LOCKED: exclusive to another connection
+        └── PreconditionFailedError  406 PRECONDITION_FAILED: the broker refused the arguments
 
 Broker and client library errors are translated into these at the wire boundary
-(``amqpjobs.wire``), once, with the original exception chained as ``__cause__``.
+(``amqpjobs.wire.errors``: one table, one context manager), once, with the original exception chained as ``__cause__``.
 This module imports nothing of ours.
 """
 
@@ -162,3 +166,19 @@ class ManagementApiError(BrokerError):
     def __init__(self, message: str, status: int = 0) -> None:
         self.status = status
         super().__init__(message)
+
+
+class ChannelClosedError(BrokerError):
+    """The channel (or its connection) closed under an operation; the broker requeues what it held."""
+
+
+class NotFoundError(BrokerError):
+    """The broker answered ``404 NOT_FOUND``: the queue or exchange does not exist."""
+
+
+class ResourceLockedError(BrokerError):
+    """The broker answered ``405 RESOURCE_LOCKED``: the queue is exclusive to another connection."""
+
+
+class PreconditionFailedError(BrokerError):
+    """The broker answered ``406 PRECONDITION_FAILED`` (e.g. declared with other arguments, too large)."""

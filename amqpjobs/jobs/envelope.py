@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-CONTENT_TYPE: Final = "application/json"
+from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
+from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -219,39 +220,37 @@ def tenant_of(value: str | None) -> str | None:
     return value if value is not None and value.strip() else None
 
 
+def _text_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
+    """Job name of a received message: the ``type`` property, else our ``amqpjobs-job`` header, else ``""``."""
+    return message_type or _text_or_none(headers.get(JOB)) or ""
+
+
+def tenant_in(headers: Mapping[str, Any]) -> str | None:
+    """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
+    return tenant_of(_text_or_none(headers.get(TENANT)))
+
+
+def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | None:
+    """First enqueue time, aware UTC: our header, else the ``timestamp`` property.
+
+    Both read by one rule (:func:`amqpjobs.jobs.timestamps.parse_time`): ISO-8601 text
+    without a zone is UTC, an offset is converted to UTC, a number above ``2**32 - 1``
+    is milliseconds.
+    """
+    return parse_time(headers.get(ENQUEUED_AT)) or parse_time(timestamp)
+
+
 def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
     return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
-
-
-@dataclass(frozen=True)
-class OutgoingMessage:
-    """A message to publish, in our own types (the wire turns it into an AMQP message).
-
-    Attributes:
-        body: Raw body bytes.
-        headers: Header table (str/int/bool/bytes/nested values).
-        content_type: ``content_type`` property or None.
-        content_encoding: ``content_encoding`` property or None.
-        message_id: ``message_id`` (job id) or None.
-        type: ``type`` (job name) or None.
-        timestamp: ``timestamp`` (seconds since the epoch) or None.
-        priority: ``priority`` or None.
-        correlation_id / reply_to / app_id: copied through when republishing.
-
-    """
-
-    body: bytes
-    headers: Mapping[str, Any] = field(default_factory=dict)
-    content_type: str | None = CONTENT_TYPE
-    content_encoding: str | None = None
-    message_id: str | None = None
-    type: str | None = None
-    timestamp: float | None = None
-    priority: int | None = None
-    correlation_id: str | None = None
-    reply_to: str | None = None
-    app_id: str | None = "amqpjobs"
 
 
 def iso_utc(timestamp: float) -> str:

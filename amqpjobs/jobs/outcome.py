@@ -98,3 +98,70 @@ class HandBack:
 
 
 Decision = Ack | RetryLater | Quarantine | Duplicate | Register | HandBack
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one delivery (for logs, stats, tests and ``Worker(on_outcome=)``).
+
+    The worker builds it while deciding (``acked``, ``uncertain`` and ``error`` are set
+    once the decision is carried out).
+
+    Attributes:
+        decision: Ack, RetryLater or Quarantine.
+        job: Job name ("" when unknown).
+        job_id: Job id.
+        attempt: Attempt number of the delivery.
+        duration: Seconds the handler ran (0 when it did not run).
+        acked: Whether the delivery was acked (False: left for redelivery or rejected).
+        queue: The job queue the delivery came from.
+        latency: Seconds from enqueue to this start, for a first attempt that ran; else None.
+        timed_out: Whether the handler run hit its timeout.
+        error: ``"<type>: <message>"`` (first 300 characters) of the failure, or "".
+        uncertain: The handler succeeded but its ack may not have reached the broker (the
+            event loop stalled past the heartbeat timeout during the run, or the channel
+            closed before the ack went out): the broker may run it again.
+        failure: (error type, message, traceback) of the failure, ``("", "", "")`` when none.
+        ran: Whether the handler ran on this delivery.
+        started: Monotonic time the handler started (when it ran).
+
+    """
+
+    decision: Decision
+    job: str
+    job_id: str
+    attempt: int
+    duration: float
+    acked: bool
+    queue: str = ""
+    latency: float | None = None
+    timed_out: bool = False
+    error: str = ""
+    uncertain: bool = False
+    failure: tuple[str, str, str] = ("", "", "")
+    ran: bool = False
+    started: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        """What happened, as one word.
+
+        ``succeeded``, ``retried``, ``deferred`` (waited for a claim), ``duplicate``,
+        ``quarantined``, ``ack_uncertain`` (succeeded, ack maybe lost), ``redelivered``
+        (came back without an outcome: registered for its next start), ``handed_back`` (not
+        started while a suspect ran alone), or ``abandoned`` when not acked.
+        """
+        if self.uncertain:
+            return "ack_uncertain"
+        if not self.acked:
+            return "abandoned"
+        d = self.decision
+        if isinstance(d, Register):
+            return "redelivered"
+        if isinstance(d, HandBack):
+            return "handed_back"
+        if isinstance(d, Duplicate):
+            return "duplicate"
+        if isinstance(d, RetryLater) and d.wait:
+            return "deferred"
+        return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"

@@ -10,8 +10,9 @@ Messages"). :func:`describe` reads both into one :class:`QuarantinedJob`.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -285,3 +286,64 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, bool | int | float | str) or value is None:
         return value
     return str(value)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What to replay and how fast.
+
+    Attributes:
+        rate: Messages per second, at most (> 0).
+        to: Target work queue for every message; None = each message's original queue.
+        limit: At most this many messages replayed (None: all that match).
+        selection: Filters; the rest stay in quarantine.
+        dry_run: Only report what would move.
+        stop_after_failures: Stop once this many replayed jobs came back to quarantine.
+
+    """
+
+    rate: float = 50.0
+    to: str | None = None
+    limit: int | None = None
+    selection: Selection = field(default_factory=Selection)
+    dry_run: bool = False
+    stop_after_failures: int | None = None
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did.
+
+    Attributes:
+        queue: The quarantine queue.
+        replayed: Messages moved back (or, on a dry run, that would move).
+        skipped: Messages looked at that did not match, had no known original queue, or
+            were replayed by this run and came back.
+        left: Messages in the quarantine queue at the end.
+        returned: Replayed jobs that came back to quarantine during the run.
+        stopped_early: True when ``stop_after_failures`` stopped the run.
+        elapsed: Seconds from the first to the last move.
+        moves: (job id, target queue) for each move (or planned move).
+
+    """
+
+    queue: str
+    replayed: int = 0
+    skipped: int = 0
+    left: int = 0
+    returned: int = 0
+    stopped_early: bool = False
+    elapsed: float = 0.0
+    moves: list[tuple[str, str]] = field(default_factory=list)
+
+
+def replay_window(rate: float) -> int:
+    """Replays in flight at once (copy published, confirm not back yet) at ``rate`` messages/s.
+
+    A confirm takes 1-3 ms on a local broker, so one move at a time caps a replay near
+    400/s. The window holds 20 ms worth of messages, at least 1 (100/s: 2; 500/s: 10). A
+    quarantined message is acked only after its copy is confirmed, so a replay killed
+    mid-run loses nothing but can leave up to this many jobs both in quarantine and in the
+    work queue (duplicates, which replaying an idempotent job tolerates).
+    """
+    return max(1, math.ceil(rate * 0.02))

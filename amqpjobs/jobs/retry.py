@@ -67,3 +67,8 @@ def decide(kind: FailureKind, attempt: int, max_attempts: int, tiers: tuple[floa
         return Quarantine("timeout" if kind == "timeout" else "exhausted")
     tier = min(attempt, len(tiers)) - 1
     return RetryLater(next_attempt=attempt + 1, tier=tier, delay=tiers[tier])
+
+
+def retry_window(tiers: tuple[float, ...], attempts: int) -> float:
+    """Seconds a job spends waiting in retry tiers over ``attempts`` attempts (the last tier repeats)."""
+    return sum(tiers[min(i, len(tiers) - 1)] for i in range(attempts - 1))

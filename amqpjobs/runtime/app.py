@@ -13,7 +13,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 
 from amqpjobs.durations import parse_duration
@@ -25,6 +24,7 @@ from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE, overlap_guarded
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
+from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
@@ -83,7 +83,7 @@ class App(JobRegistry):
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
-        self._connection: AbstractRobustConnection | None = None
+        self._connection: Connection | None = None
         self._publisher: ConfirmedPublisher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}

@@ -39,15 +39,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
-
-from aio_pika.abc import AbstractRobustConnection
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
 from amqpjobs.jobs.slots import RunningSlots
+from amqpjobs.runtime.leases import LeaseKeeping, _Lease
+from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
@@ -68,22 +67,7 @@ LOOKAHEAD_WAIT = 0.2
 TURN_BELOW = 0.002
 
 
-@dataclass(eq=False, slots=True)
-class _Lease:
-    """A consumer on one shard whose prefetch (``size``) is reserved from the tokens."""
-
-    shard: int
-    size: int
-    tokens: int  # tokens it owns: its size while consuming, then those of its deliveries still held
-    held: int = 0  # deliveries received, handler not finished
-    tag: str = ""  # consumer tag once consuming
-    consuming: bool = False
-    ending: bool = False  # asked to end (cancel sent, or to send once consuming)
-    ended: bool = False  # nothing more arrives: its unused credit went back to the pool
-    last: float = 0.0  # monotonic time its credit was last used or freed (or it started)
-
-
-class ShardDispatcher:
+class ShardDispatcher(LeaseKeeping):
     """Takes the deliveries of one sharded job queue for ``slots`` slots (see the module docstring).
 
     Args:
@@ -106,7 +90,7 @@ class ShardDispatcher:
 
     def __init__(
         self,
-        connection: AbstractRobustConnection,
+        connection: Connection,
         job_queue: str,
         work_queues: Sequence[str],
         slots: int,
@@ -398,99 +382,3 @@ class ShardDispatcher:
             await self._run_one(taken.delivery)
         finally:
             await self._release(lane)
-
-    # ------------------------------------------------------------------ leases
-    def _arm(self, shard: int, size: int) -> None:
-        lease = _Lease(shard, size, tokens=size)
-        self._free -= size
-        self._leases[shard] = lease
-        self._spawn(self._start_lease(lease), self._chores)
-
-    async def _start_lease(self, lease: _Lease) -> None:
-        lane = self._lease_lane
-        queue = self._work_queues[lease.shard]
-        try:
-            # a consume on a deleted shard would close the channel every lease shares (404): look first, on its own
-            if not await self._lanes[lease.shard].exists(queue):
-                raise BrokerError(f"work queue {queue!r} does not exist (apply the topology)")
-            lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
-        except BrokerError as exc:
-            log.warning("leasing %s failed (%s); taking it by turns, trying again in %gs", queue, exc, RETRY_AFTER)
-            self._busy.discard(lease.shard)  # no new lease at once (a storm of them): its next take decides
-            self._turns.hold(lease.shard, time.monotonic() + RETRY_AFTER)
-            self._ended(lease)
-            return
-        lease.consuming = True
-        lease.last = time.monotonic()
-        if lease.ending:  # paused or resized while it was being armed
-            await lane.end_lease(lease.tag)
-            self._ended(lease)
-        self._kick()
-
-    def _end(self, lease: _Lease) -> None:
-        """Cancel a lease; its tokens return at ``cancel-ok`` (see the module docstring)."""
-        if lease.ending:
-            return
-        lease.ending = True
-        if self._leases.get(lease.shard) is lease:
-            del self._leases[lease.shard]
-        if lease.consuming:
-            self._spawn(self._cancel_lease(lease), self._chores)
-        # still being armed: _start_lease cancels it once consuming
-
-    async def _cancel_lease(self, lease: _Lease) -> None:
-        await self._lease_lane.end_lease(lease.tag)
-        self._ended(lease)
-
-    def _ended(self, lease: _Lease) -> None:
-        """Nothing more arrives for the lease: its unused credit returns to the pool."""
-        if self._leases.get(lease.shard) is lease:
-            del self._leases[lease.shard]
-        if lease.ended:
-            return
-        lease.ended = lease.ending = True
-        lease.consuming = False
-        self._free += lease.tokens - lease.held
-        lease.tokens = lease.held
-        self._kick()
-
-    def _lost(self, lease: _Lease) -> None:
-        """The broker cancelled the lease (queue deleted, node down)."""
-        self._busy.discard(lease.shard)
-        self._ended(lease)
-
-    def _lane_reopened(self, shard: int) -> None:
-        """A shard's get channel was reopened (a reconnect, or the broker closed it): take from it again.
-
-        It counts as taking again (ready) once a take there succeeded (at most
-        :data:`RETRY_AFTER` later): a channel the broker closed because the queue is
-        missing is reopened too, and fails again.
-        """
-        self._kick()
-
-    def _reopened(self) -> None:
-        """The leases' channel was reopened after a reconnect: the leases went with the old one."""
-        for lease in list(self._leases.values()):
-            if lease.consuming:
-                self._ended(lease)
-        self._busy.clear()
-        self._kick()
-
-    async def _leased(self, lease: _Lease, delivery: Delivery) -> None:
-        """A delivery of a lease: run it on a token the lease already owns (in aiormq's task)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._inflight.add(task)
-        lease.held += 1
-        lease.last = time.monotonic()
-        if lease.held == lease.size and self._free > self._pending:
-            self._kick()  # its credit is used up: its shard can take a turn again
-        try:
-            await self._run_one(delivery)
-        finally:
-            self._inflight.discard(task)
-            lease.held -= 1
-            lease.last = time.monotonic()  # its credit is free from now: DRY counts from here
-            if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
-                lease.tokens -= 1
-                await self._release(self._lease_lane)

@@ -37,11 +37,10 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
-from aio_pika.abc import AbstractRobustConnection
-
 from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs.outcome import Decision, HandBack, Register, RetryLater
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.declare import find_missing
 
 log = logging.getLogger("amqpjobs.worker")
@@ -288,7 +287,7 @@ def needs_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> fro
     return frozenset(quarantine)
 
 
-def broker_probe(connection: AbstractRobustConnection) -> Probe:
+def broker_probe(connection: Connection) -> Probe:
     """A :data:`Probe` by passive declares on ``connection`` (:func:`amqpjobs.wire.declare.find_missing`)."""
 
     async def probe(objects: Collection[BrokerObject]) -> set[BrokerObject]:

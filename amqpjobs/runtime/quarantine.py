@@ -27,26 +27,39 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
-
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, UnroutableError
+from amqpjobs.errors import (
+    AmqpJobsError,
+    BrokerError,
+    ConfigurationError,
+    NotFoundError,
+    ResourceLockedError,
+    UnroutableError,
+)
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
+from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
+from amqpjobs.jobs.quarantine import replay_window as replay_window
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
-from amqpjobs.wire.connection import close_channel, connect
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed, get_unacked
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
+
+#: A replay stopped by the broker: the channel or connection failed mid-move.
+_INTERRUPTED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, DeliveryChannelClosed)
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,7 @@ class QuarantinedMessage:
         }
 
 
-async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tuple[str, int]:
+async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
     """Find quarantine queue ``name`` (``<name>.quarantine`` when ``name`` is a job queue) and its depth.
 
     Only quarantine queues are accepted, so a typo can't purge or replay a work queue.
@@ -94,19 +107,15 @@ async def resolve_queue(connection: AbstractRobustConnection, name: str) -> tupl
     """
     candidates = [name if name.endswith(QUARANTINE_SUFFIX) else name + QUARANTINE_SUFFIX]
     for candidate in candidates:
-        channel = await connection.channel(publisher_confirms=False)
         try:
-            declared = await channel.declare_queue(candidate, passive=True)
-            return candidate, declared.declaration_result.message_count or 0
-        except aiormq.exceptions.ChannelNotFoundEntity:
+            return candidate, await probe_queue(connection, candidate)
+        except NotFoundError:
             continue
-        except aiormq.exceptions.ChannelLockedResource as exc:
+        except ResourceLockedError as exc:
             raise BrokerError(
                 f"queue {candidate!r} is exclusive to another connection (RESOURCE_LOCKED): only that "
                 "connection can use it; close it and try again"
-            ) from exc
-        finally:
-            await close_channel(channel)
+            ) from exc.__cause__
     raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
 
 
@@ -117,7 +126,7 @@ def quarantine_queues(settings: BrokerSettings) -> list[str]:
 
 
 @asynccontextmanager
-async def _session(settings: BrokerSettings) -> AsyncIterator[AbstractRobustConnection]:
+async def _session(settings: BrokerSettings) -> AsyncIterator[Connection]:
     connection = await connect(settings, wait=5.0, name="amqpjobs-quarantine")
     try:
         yield connection
@@ -127,7 +136,7 @@ async def _session(settings: BrokerSettings) -> AsyncIterator[AbstractRobustConn
 
 @asynccontextmanager
 async def mover_lock(
-    connection: AbstractRobustConnection, settings: BrokerSettings, quarantine_queue: str, action: str
+    connection: Connection, settings: BrokerSettings, quarantine_queue: str, action: str
 ) -> AsyncIterator[HeldLock]:
     """Be the one mover of ``quarantine_queue`` for the ``async with`` block.
 
@@ -182,16 +191,16 @@ async def browse(
     out: list[QuarantinedMessage] = []
     async with _session(settings) as connection:
         queue_name, depth = await resolve_queue(connection, name)
-        channel = await connection.channel(publisher_confirms=False)
+        browser = await QueueBrowser.open(connection)
         try:
-            async for delivery in get_unacked(channel, queue_name, depth):
+            async for delivery in browser.deliveries(queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 if selection.matches(item):
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:
                         break
         finally:
-            await channel.close()  # every browsed message returns to the queue
+            await browser.close()  # every browsed message returns to the queue
     return queue_name, out
 
 
@@ -206,13 +215,7 @@ async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
     async with _session(settings) as connection:
         queue_name, _ = await resolve_queue(connection, name)
         async with mover_lock(connection, settings, queue_name, "purge"):
-            channel = await connection.channel(publisher_confirms=False)
-            try:
-                queue = await channel.get_queue(queue_name, ensure=False)
-                result = await queue.purge()
-                return queue_name, int(result.message_count or 0)
-            finally:
-                await channel.close()
+            return queue_name, await purge_queue(connection, queue_name)
 
 
 async def export(settings: BrokerSettings, name: str, path: Path) -> int:
@@ -229,89 +232,20 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
     return len(messages)
 
 
-@dataclass(frozen=True)
-class ReplayOptions:
-    """What to replay and how fast.
-
-    Attributes:
-        rate: Messages per second, at most (> 0).
-        to: Target work queue for every message; None = each message's original queue.
-        limit: At most this many messages replayed (None: all that match).
-        selection: Filters; the rest stay in quarantine.
-        dry_run: Only report what would move.
-        stop_after_failures: Stop once this many replayed jobs came back to quarantine.
-
-    """
-
-    rate: float = 50.0
-    to: str | None = None
-    limit: int | None = None
-    selection: q.Selection = field(default_factory=q.Selection)
-    dry_run: bool = False
-    stop_after_failures: int | None = None
-
-
-@dataclass
-class ReplayReport:
-    """What a replay did.
-
-    Attributes:
-        queue: The quarantine queue.
-        replayed: Messages moved back (or, on a dry run, that would move).
-        skipped: Messages looked at that did not match, had no known original queue, or
-            were replayed by this run and came back.
-        left: Messages in the quarantine queue at the end.
-        returned: Replayed jobs that came back to quarantine during the run.
-        stopped_early: True when ``stop_after_failures`` stopped the run.
-        elapsed: Seconds from the first to the last move.
-        moves: (job id, target queue) for each move (or planned move).
-
-    """
-
-    queue: str
-    replayed: int = 0
-    skipped: int = 0
-    left: int = 0
-    returned: int = 0
-    stopped_early: bool = False
-    elapsed: float = 0.0
-    moves: list[tuple[str, str]] = field(default_factory=list)
-
-
-async def _watch_returns(
-    connection: AbstractRobustConnection, quarantine_queue: str, replay_id: str, report: ReplayReport
-) -> AbstractChannel:
+async def _watch_returns(connection: Connection, quarantine_queue: str, replay_id: str, report: ReplayReport) -> Watch:
     """Count replayed jobs coming back: an exclusive queue bound to the (fanout) quarantine exchange."""
-    channel = await connection.channel(publisher_confirms=False)
-    watcher = await channel.declare_queue("", exclusive=True, durable=False, auto_delete=True)
+
+    def on_headers(headers: Mapping[str, Any]) -> None:
+        if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
+            report.returned += 1
+
     try:
-        await watcher.bind(quarantine_queue)  # the quarantine exchange has the queue's name
-    except aiormq.exceptions.ChannelNotFoundEntity:
+        return await watch_exchange(connection, quarantine_queue, on_headers)  # named as the queue
+    except NotFoundError:
         raise ConfigurationError(
             f"exchange {quarantine_queue!r} not found: --stop-after-failures needs the quarantine exchange "
             "of the naming scheme"
         ) from None
-
-    async def on_message(message: AbstractIncomingMessage) -> None:
-        headers = message.headers or {}
-        if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
-            report.returned += 1
-        await message.ack()
-
-    await watcher.consume(on_message)
-    return channel
-
-
-def replay_window(rate: float) -> int:
-    """Replays in flight at once (copy published, confirm not back yet) at ``rate`` messages/s.
-
-    A confirm takes 1-3 ms on a local broker, so one move at a time caps a replay near
-    400/s. The window holds 20 ms worth of messages, at least 1 (100/s: 2; 500/s: 10). A
-    quarantined message is acked only after its copy is confirmed, so a replay killed
-    mid-run loses nothing but can leave up to this many jobs both in quarantine and in the
-    work queue (duplicates, which replaying an idempotent job tolerates).
-    """
-    return max(1, math.ceil(rate * 0.02))
 
 
 async def replay(
@@ -358,7 +292,7 @@ async def replay(
         if options.stop_after_failures is not None and not options.dry_run:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
         publisher = ConfirmedPublisher(connection)
-        channel = await connection.channel(publisher_confirms=False)
+        browser = await QueueBrowser.open(connection)
         started: float | None = None
         launched = 0
         window = asyncio.Semaphore(replay_window(options.rate))
@@ -386,7 +320,7 @@ async def replay(
                 window.release()
 
         try:
-            async for delivery in get_unacked(channel, queue_name, depth):
+            async for delivery in browser.deliveries(queue_name, depth):
                 if options.limit is not None and launched >= options.limit:
                     break
                 if failures:
@@ -427,16 +361,13 @@ async def replay(
                 raise failures[0]
         except AmqpJobsError:
             raise
-        except (
-            aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, DeliveryChannelClosed,
-            ConnectionError,
-        ) as exc:  # fmt: skip
+        except _INTERRUPTED as exc:
             raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
         finally:
             for task in moving:
                 task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
-            await close_channel(channel)  # held (skipped) messages return to quarantine
+            await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()
             if watch is not None and not watch.is_closed:
                 await watch.close()

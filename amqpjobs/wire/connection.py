@@ -25,6 +25,7 @@ from tenacity import (
 from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
+from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -32,6 +33,7 @@ log = logging.getLogger("amqpjobs.wire")
 
 #: Errors that mean "the broker is not (yet) there" on connect.
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
+_REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} unreachable after {wait:g}s: {type(exc).__name__}: {exc}"
         ) from exc
-    except (aiormq.exceptions.AMQPError, ValueError) as exc:  # e.g. the vhost does not exist
+    except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the connection: {type(exc).__name__}: {exc} "
             f"(does vhost {settings.vhost!r} exist, with permissions for {settings.username!r}?)"

@@ -37,7 +37,7 @@ from typing import Any
 from pamqp import commands, encode
 from pamqp.header import ContentHeader
 
-from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.message import OutgoingMessage
 
 #: Attribute of a received pamqp ContentHeader holding its frame payload (class id, weight,
 #: body size, flags, property list), as received.

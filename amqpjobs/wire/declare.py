@@ -10,10 +10,18 @@ from dataclasses import dataclass
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
-from amqpjobs.errors import BrokerError, BrokerUnavailableError, TopologyConflictError
+from amqpjobs.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    NotFoundError,
+    PreconditionFailedError,
+    ResourceLockedError,
+    TopologyConflictError,
+)
 from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Channels a deploy declares on at once. Each declaration is one round trip; spreading them
@@ -56,7 +64,7 @@ async def declaring(what: str, safe_url: str, within: float | None = None) -> As
             yield
     except TimeoutError as exc:
         raise BrokerError(declaration_timeout_message(what, safe_url, limit)) from exc
-    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+    except LIBRARY_ERRORS as exc:
         # the node may give up first (measured on 4.3.6 after about 30 s): "INTERNAL_ERROR - Could not declare
         # queue ... because the metadata store operation timed out", closing the connection
         if "metadata store" not in str(exc):
@@ -109,13 +117,13 @@ async def declare(
             for stage in stages:
                 await _spread(underlays, stage)
         done = True
-    except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        raise TopologyConflictError(
-            f"the broker refused a declaration made after planning: {exc}; objects declared before it remain. "
-            "Run `amqpjobs topology plan` to see the conflict",
-            declared_nothing=False,
-        ) from exc
-    except aiormq.exceptions.AMQPError as exc:
+    except LIBRARY_ERRORS as exc:
+        if error_kind(exc) is PreconditionFailedError:
+            raise TopologyConflictError(
+                f"the broker refused a declaration made after planning: {exc}; objects declared before it "
+                "remain. Run `amqpjobs topology plan` to see the conflict",
+                declared_nothing=False,
+            ) from exc
         raise BrokerError(
             f"the broker refused a declaration: {exc}; objects declared before it remain (declaring is "
             "idempotent: fix the cause and apply again)"
@@ -199,15 +207,16 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
         for name in dict.fromkeys(names):
             channel = await connection.channel(publisher_confirms=False)
             try:
-                result = (await channel.declare_queue(name, passive=True)).declaration_result
+                with broker_errors():
+                    result = (await channel.declare_queue(name, passive=True)).declaration_result
                 found[name] = QueueProbe(result.message_count or 0, result.consumer_count or 0)
-            except aiormq.exceptions.ChannelNotFoundEntity:
+            except NotFoundError:
                 continue
-            except aiormq.exceptions.ChannelLockedResource as exc:
+            except ResourceLockedError as exc:
                 raise BrokerError(
                     f"queue {name!r} on {settings.safe_url} is exclusive to another connection (RESOURCE_LOCKED): "
                     "only that connection can use it; close it, or delete the queue, and try again"
-                ) from exc
+                ) from exc.__cause__
             finally:
                 await close_channel(channel)
     finally:
@@ -240,17 +249,22 @@ async def find_missing(
             if channel is None or channel.is_closed:
                 channel = await amqp.channel(publisher_confirms=False)
             try:
-                if kind == "queue":
-                    await channel.queue_declare(name, passive=True)
-                else:
-                    await channel.exchange_declare(name, passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
+                with broker_errors():
+                    if kind == "queue":
+                        await channel.queue_declare(name, passive=True)
+                    else:
+                        await channel.exchange_declare(name, passive=True)
+            except NotFoundError:
                 missing[kind].add(name)
                 channel = None  # closed by the broker, maybe not yet seen closed here: never send on it again
-            except aiormq.exceptions.ChannelLockedResource:
+            except ResourceLockedError:
                 channel = None
-    except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError) as exc:
+    except LIBRARY_ERRORS as exc:
         raise BrokerError(f"looking for queues and exchanges failed: {exc}") from exc
+    except BrokerError as exc:
+        if exc.__cause__ is None or error_kind(exc.__cause__) is None:
+            raise
+        raise BrokerError(f"looking for queues and exchanges failed: {exc.__cause__}") from exc.__cause__
     finally:
         if channel is not None and not channel.is_closed:
             with contextlib.suppress(Exception):

@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields
-from datetime import datetime
 from typing import Any
 
 import aiormq
@@ -21,9 +20,9 @@ from aiormq.abc import AbstractChannel as UnderlayChannel
 from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
-from amqpjobs.jobs import envelope
-from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.copies import ReceivedCopy, received_bytes
+from amqpjobs.wire.errors import LIBRARY_ERRORS
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -32,7 +31,7 @@ class DeliveryChannelClosed(Exception):
     """The channel a delivery came on has closed; the broker will redeliver the message."""
 
 
-_CHANNEL_GONE = (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError, ConnectionError)
+_CHANNEL_GONE = LIBRARY_ERRORS
 
 
 class AckBatcher:
@@ -125,14 +124,6 @@ class AckBatcher:
             await asyncio.gather(*self._sending, return_exceptions=True)
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
-
-
 @dataclass(slots=True)
 class Delivery:
     """A delivery from a work queue.
@@ -172,27 +163,7 @@ class Delivery:
     _acks: AckBatcher | None = None
     _received: ContentHeader | None = None
 
-    @property
-    def job_name(self) -> str:
-        """Job name: the ``type`` property, else our ``amqpjobs-job`` header, else ``""``."""
-        return self.type or _text(self.headers.get(envelope.JOB)) or ""
-
-    @property
-    def tenant(self) -> str | None:
-        """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
-        return envelope.tenant_of(_text(self.headers.get(envelope.TENANT)))
-
-    @property
-    def enqueued_at(self) -> datetime | None:
-        """First enqueue time, aware UTC: our header, else the ``timestamp`` property.
-
-        Both read by one rule (:func:`amqpjobs.jobs.timestamps.parse_time`): ISO-8601 text
-        without a zone is UTC, an offset is converted to UTC, a number above ``2**32 - 1``
-        is milliseconds.
-        """
-        return parse_time(self.headers.get(envelope.ENQUEUED_AT)) or parse_time(self.timestamp)
-
-    def copy(self, headers: Mapping[str, Any], job_id: str) -> envelope.OutgoingMessage:
+    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
         """The same message with other headers, for a tier, quarantine or a replay.
 
         Args:
@@ -206,7 +177,7 @@ class Delivery:
             dropped, see :mod:`amqpjobs.wire.copies`); a plain message from the decoded
             values when the received bytes were not kept.
         """
-        plain = envelope.OutgoingMessage(
+        plain = OutgoingMessage(
             body=self.body,
             headers=headers,
             content_type=self.content_type,

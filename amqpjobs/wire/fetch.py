@@ -16,7 +16,9 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from pamqp.commands import Basic
 
+from amqpjobs.errors import NotFoundError
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
+from amqpjobs.wire.errors import error_kind
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -52,12 +54,11 @@ class QueueFetcher:
         try:
             underlay = await self._underlay()
             ok = await underlay.queue_declare(self.queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            log.debug("can't read the depth of %s: %s", self.queue, exc)
+        except Exception as exc:
             await self.close()
-            return None
-        except Exception:
-            await self.close()
+            if error_kind(exc) is NotFoundError:
+                log.debug("can't read the depth of %s: %s", self.queue, exc)
+                return None
             raise
         return int(ok.message_count or 0)
 

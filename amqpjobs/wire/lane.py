@@ -36,8 +36,9 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
-from amqpjobs.errors import BrokerError
+from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -46,7 +47,7 @@ LeaseHandler = Callable[[Delivery], Awaitable[None]]
 #: Called once when the broker cancels a lease (queue deleted, node down).
 LeaseLost = Callable[[], None]
 
-_FAILURES = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+_FAILURES: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError)
 
 
 @dataclass(slots=True)
@@ -161,11 +162,10 @@ class Lane:
         """
         underlay = await self._underlay()
         try:
-            await underlay.queue_declare(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+            with broker_errors():
+                await underlay.queue_declare(queue, passive=True)
+        except NotFoundError:
             return False
-        except _FAILURES as exc:
-            raise BrokerError(f"looking for {queue} failed: {type(exc).__name__}: {exc}") from exc
         return True
 
     async def lease(self, queue: str, prefetch: int, handler: LeaseHandler, lost: LeaseLost) -> str:

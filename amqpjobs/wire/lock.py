@@ -30,9 +30,10 @@ from typing import Any, Final
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, BusyError
+from amqpjobs.errors import AmqpJobsError, BrokerError, BusyError, ResourceLockedError
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
+from amqpjobs.wire.errors import LIBRARY_ERRORS, error_kind
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -46,7 +47,7 @@ _SINCE: Final = "amqpjobs-lock-since"
 _ATTEMPTS: Final = 3
 #: Seconds the management API gets to name a holder (a refusal must come at once).
 _LOOKUP_TIMEOUT: Final = 3.0
-_BROKER_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError)
+_BROKER_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,9 @@ async def exclusive_lock(
                         arguments={"x-queue-type": "classic", **holder.arguments()},
                     )  # fmt: skip
                 break
-            except aiormq.exceptions.ChannelLockedResource:
+            except LIBRARY_ERRORS as exc:
+                if error_kind(exc) is not ResourceLockedError:
+                    raise BrokerError(f"could not take the lock on {what} ({name!r}): {exc}") from exc
                 exists, held_by = await _holder(settings, name)
                 if exists or attempt == _ATTEMPTS - 1:
                     who = held_by or "another connection (the management API could not say which)"
@@ -172,8 +175,6 @@ async def exclusive_lock(
                     ) from None
                 await close_channel(channel)  # the holder let go meanwhile: try again
                 channel = await connection.channel(publisher_confirms=False)
-            except _BROKER_ERRORS as exc:
-                raise BrokerError(f"could not take the lock on {what} ({name!r}): {exc}") from exc
         lock = HeldLock(name, what, underlay)
         try:
             yield lock
@@ -181,7 +182,7 @@ async def exclusive_lock(
             if lock.held:  # once lost, the queue went with the old connection or is someone else's now
                 try:
                     await asyncio.wait_for(underlay.queue_delete(name), 10)
-                except (*_BROKER_ERRORS, TimeoutError) as exc:
+                except _BROKER_ERRORS as exc:
                     log.warning("lock %s not deleted (%s); it goes with the connection", name, exc)
     finally:
         await close_channel(channel)

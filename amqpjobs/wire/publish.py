@@ -22,12 +22,15 @@ from amqpjobs.errors import (
     BrokerError,
     BrokerUnavailableError,
     MessageTooLargeError,
+    NotFoundError,
+    PreconditionFailedError,
     PublishError,
     PublishNackedError,
     UnroutableError,
 )
-from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.copies import ReceivedCopy, encodable
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
 
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
@@ -168,50 +171,49 @@ class ConfirmedPublisher:
         properties = amqp_properties(message)
         sent = time.monotonic()
         try:
-            try:
-                channel = await self._ensure_channel()
-            except RuntimeError as exc:  # aio-pika: the connection is closed (it reconnects by itself)
-                raise BrokerUnavailableError(
-                    f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
-                ) from exc
-            underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more than the send
-            check_header_fits(properties, message.headers, underlay.connection.connection_tune.frame_max)
-            await underlay.basic_publish(
-                message.body, exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True,
-                timeout=self._timeout,
-            )  # fmt: skip
-        except aiormq.exceptions.PublishError as exc:
+            channel = await self._ensure_channel()
+        except RuntimeError as exc:  # aio-pika: the connection is closed (it reconnects by itself)
+            raise BrokerUnavailableError(
+                f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
+            ) from exc
+        except LIBRARY_ERRORS as exc:
+            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+        try:
+            with broker_errors():
+                underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more
+                check_header_fits(properties, message.headers, underlay.connection.connection_tune.frame_max)
+                await underlay.basic_publish(
+                    message.body, exchange=exchange, routing_key=routing_key, properties=properties,
+                    mandatory=True, timeout=self._timeout,
+                )  # fmt: skip
+        except UnroutableError as exc:
             raise UnroutableError(
                 f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
                 f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue"
-            ) from exc
-        except aiormq.exceptions.DeliveryError as exc:
+            ) from exc.__cause__
+        except PublishNackedError as exc:
             raise PublishNackedError(
                 f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
                 "(queue full with overflow reject-publish, or a broker-side failure)"
-            ) from exc
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            ) from exc.__cause__
+        except NotFoundError as exc:
             raise PublishError(
                 f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)"
-            ) from exc
-        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            ) from exc.__cause__
+        except PreconditionFailedError as exc:
             if "max size" in str(exc) or "message size" in str(exc):
                 raise MessageTooLargeError(
                     f"{len(message.body)} bytes is over the broker's max_message_size; store large "
                     "data elsewhere and put a reference in the payload"
-                ) from exc
-            raise PublishError(f"the broker refused the publish: {exc}") from exc
+                ) from exc.__cause__
+            raise PublishError(f"the broker refused the publish: {exc}") from exc.__cause__
         except TimeoutError as exc:
             raise PublishError(
                 f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}; "
                 "the message may or may not be stored"
             ) from exc
-        except (
-            aiormq.exceptions.AMQPError,
-            aiormq.exceptions.ChannelInvalidStateError,
-            ConnectionError,
-        ) as exc:
-            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+        except BrokerError as exc:  # the channel or connection failed under the publish
+            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc.__cause__}") from exc.__cause__
         if self._on_confirm is not None:
             self._on_confirm(time.monotonic() - sent)
 

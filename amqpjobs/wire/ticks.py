@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from amqpjobs.errors import BrokerError
-from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.errors import BrokerError, NotFoundError, PreconditionFailedError, ResourceLockedError
+from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.errors import LIBRARY_ERRORS, error_kind
 from amqpjobs.wire.publish import amqp_properties
 
 #: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
@@ -28,18 +28,15 @@ Connection = AbstractRobustConnection
 Channel = AbstractChannel
 Token = AbstractIncomingMessage
 
-#: What the client library raises when the broker or the connection fails.
-BROKER_ERRORS = (
-    aiormq.exceptions.AMQPError,
-    aiormq.exceptions.ChannelInvalidStateError,
-    ConnectionError,
-)
+#: What the client library raises when the broker or the connection fails (the one error map's).
+BROKER_ERRORS: tuple[type[BaseException], ...] = LIBRARY_ERRORS
 
 Refusal = Literal["missing", "locked", "mismatch"]
+#: Our errors (:mod:`amqpjobs.wire.errors`) the scheduler expects as answers, not failures.
 _REFUSALS: tuple[tuple[type[Exception], Refusal], ...] = (
-    (aiormq.exceptions.ChannelNotFoundEntity, "missing"),
-    (aiormq.exceptions.ChannelLockedResource, "locked"),
-    (aiormq.exceptions.ChannelPreconditionFailed, "mismatch"),
+    (NotFoundError, "missing"),
+    (ResourceLockedError, "locked"),
+    (PreconditionFailedError, "mismatch"),
 )
 
 
@@ -97,7 +94,8 @@ async def _on_channel(
         async with throwaway_channel(connection) as channel:
             yield channel, answer
     except BROKER_ERRORS as exc:
-        kind = next((k for cls, k in _REFUSALS if isinstance(exc, cls)), None)
+        ours = error_kind(exc)
+        kind = next((k for cls, k in _REFUSALS if ours is not None and issubclass(ours, cls)), None)
         if kind is not None and kind in wanted:
             answer.refusal = kind
             return
@@ -112,7 +110,7 @@ def holds(token: Token | None) -> bool:
         return False
     try:
         return not token.channel.is_closed
-    except aiormq.exceptions.ChannelInvalidStateError:
+    except LIBRARY_ERRORS:  # the channel is gone
         return False
 
 

@@ -1,0 +1,152 @@
+"""The worker's pure rules about a failed or unfinished delivery (README "Workers", "Retries").
+
+How a handler's exception is classified, what a crashed job's error says, the headers of
+the copies the worker republishes (retry tier, suspects queue / hand-back, quarantine) and
+the failure record quarantine evidence is built from. No I/O: the worker
+(:mod:`amqpjobs.runtime.deliveries`) carries them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
+from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
+from amqpjobs.jobs.quarantine import header_text
+from amqpjobs.jobs.retry import FailureKind
+
+#: (error type, message, traceback) of no failure.
+NO_ERROR: tuple[str, str, str] = ("", "", "")
+
+
+def classify(permanent: tuple[type[BaseException], ...], exc: BaseException) -> FailureKind:
+    """What kind of failure ``exc`` is, for a job whose ``RetryPolicy.permanent`` is ``permanent``."""
+    if isinstance(exc, Reject):
+        return "reject"
+    if isinstance(exc, Retry):
+        return "retry"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConfigurationError):  # a misuse of ours (e.g. ctx.transaction()): no retry can fix it
+        return "permanent"
+    if permanent and isinstance(exc, permanent):
+        return "permanent"
+    return "error"
+
+
+def qualname(exc: BaseException) -> str:
+    """The exception's class as evidence names it: ``ValueError``, ``myapp.errors.Gone``."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The error of a job quarantined as ``crashed``: started ``starts`` times without an outcome."""
+    last = (
+        f"; the last start was registered by {header_text(headers.get(crash.LAST_START_HOST))} pid "
+        f"{header_text(headers.get(crash.LAST_START_PID))} at {header_text(headers.get(crash.LAST_START_AT))}"
+        if crash.LAST_START_HOST in headers
+        else ""
+    )
+    why = (
+        f"started {starts} time(s) without an outcome (job queue {job_queue!r} allows max_redeliveries "
+        f"{max_redeliveries}): each time the worker died or was killed, its event loop was blocked "
+        f"past the heartbeat timeout, or its channel or connection closed before the ack{last}"
+    )
+    return ("WorkerLostError", why, "")
+
+
+def retry_headers(
+    received: Mapping[str, Any], decision: RetryLater, runs: int, exchange: str, routing_key: str, now: str
+) -> dict[str, Any]:
+    """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits)."""
+    headers = envelope.strip_broker_headers(received)
+    if not decision.wait:  # an outcome was reached: the start count begins again
+        for name in crash.START_HEADERS:
+            headers.pop(name, None)
+    headers[envelope.ATTEMPT] = decision.next_attempt
+    headers[envelope.RUNS] = runs
+    if not decision.wait:
+        headers.setdefault(envelope.FIRST_FAILURE_AT, now)
+    # the copy comes back from the tier via the default exchange: keep where it first came from
+    headers.setdefault(envelope.ORIGINAL_EXCHANGE, exchange)
+    headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, routing_key)
+    return headers
+
+
+def unstarted_headers(
+    received: Mapping[str, Any],
+    register: Register | None,
+    work_queue: str,
+    exchange: str,
+    routing_key: str,
+    host: str,
+    pid: int,
+    now: str,
+) -> dict[str, Any]:
+    """Headers of an unstarted copy: registered for its next start (``register``), or handed back."""
+    headers = envelope.strip_broker_headers(received)
+    if register is not None:
+        headers[crash.STARTS] = register.start
+        headers[crash.LAST_START_HOST] = host
+        headers[crash.LAST_START_PID] = pid
+        headers[crash.LAST_START_AT] = now
+        headers[crash.WORK_QUEUE] = work_queue
+        headers.setdefault(envelope.FIRST_FAILURE_AT, now)
+    headers.setdefault(envelope.ORIGINAL_EXCHANGE, exchange)
+    headers.setdefault(envelope.ORIGINAL_ROUTING_KEY, routing_key)
+    return headers
+
+
+def quarantine_headers(
+    received: Mapping[str, Any],
+    reason: str,
+    error: tuple[str, str, str],
+    runs: int,
+    *,
+    queue: str,
+    exchange: str,
+    routing_key: str,
+    job: str,
+    job_id: str,
+    host: str,
+    pid: int,
+    version: str,
+    app_version: str,
+    now: str,
+) -> dict[str, Any]:
+    """Headers of the copy that goes to quarantine: the received ones plus the failure's evidence.
+
+    ``runs`` is the handler runs so far; for ``crashed`` the starts without an outcome are
+    counted in too.
+    """
+    if reason == "crashed":  # every start of this attempt ended without an outcome
+        runs = envelope.parse_runs(received.get(envelope.RUNS)) + crash.starts_of(received)
+    error_type, error_message, tb = error
+    failure = Failure(
+        reason=reason,
+        error_type=error_type,
+        error_message=error_message,
+        traceback=tb,
+        attempts=runs,
+        first_failure_at=str(received.get(envelope.FIRST_FAILURE_AT) or now),
+        last_failure_at=now,
+        host=host,
+        pid=pid,
+        version=version,
+        app_version=app_version,
+        exchange=str(received.get(envelope.ORIGINAL_EXCHANGE, exchange)),
+        queue=queue,
+        routing_key=str(received.get(envelope.ORIGINAL_ROUTING_KEY, routing_key)),
+        job=job,
+        job_id=job_id,
+        tenant=envelope.tenant_in(received) or "",
+        **delivery_counters(received),
+    )
+    headers = envelope.strip_broker_headers(received)
+    headers[envelope.RUNS] = runs
+    headers.update(evidence_headers(failure))
+    return headers

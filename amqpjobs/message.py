@@ -1,0 +1,43 @@
+"""A message to publish, as plain data: shared by ``jobs/`` (which builds them) and ``wire/`` (which sends them).
+
+Imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+#: The content type of a job message (README "Wire format").
+CONTENT_TYPE: Final = "application/json"
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message to publish, in our own types (the wire turns it into an AMQP message).
+
+    Attributes:
+        body: Raw body bytes.
+        headers: Header table (str/int/bool/bytes/nested values).
+        content_type: ``content_type`` property or None.
+        content_encoding: ``content_encoding`` property or None.
+        message_id: ``message_id`` (job id) or None.
+        type: ``type`` (job name) or None.
+        timestamp: ``timestamp`` (seconds since the epoch) or None.
+        priority: ``priority`` or None.
+        correlation_id / reply_to / app_id: copied through when republishing.
+
+    """
+
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    content_type: str | None = CONTENT_TYPE
+    content_encoding: str | None = None
+    message_id: str | None = None
+    type: str | None = None
+    timestamp: float | None = None
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    app_id: str | None = "amqpjobs"

@@ -1,0 +1,292 @@
+"""One delivery, start to end: decide, run (:mod:`.runs`), carry the decision out, record it.
+
+The worker's rules (README "Workers"): a delivery is acked only after its handler
+returned; a failed attempt is republished to the next delay tier (confirmed), then the
+original is acked; a permanent failure goes to quarantine with evidence headers
+(confirmed), then acked; if that republish fails, the delivery is held unacked until its
+target is back (:mod:`amqpjobs.runtime.holding`); a delivery from a channel that has since
+closed is never acked on a new channel. The pure rules are in :mod:`amqpjobs.jobs.failure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from amqpjobs._version import __version__
+from amqpjobs.errors import AmqpJobsError
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.failure import (
+    crash_error,
+    qualname,
+    quarantine_headers,
+    retry_headers,
+    unstarted_headers,
+)
+from amqpjobs.jobs.isolation import IsolationGate
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
+from amqpjobs.runtime.holding import Holding, needs_of
+from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.runs import HandlerRuns
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Publisher
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.app import App
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+def _now_iso() -> str:
+    return envelope.iso_utc(time.time())
+
+
+class DeliveryPath(HandlerRuns):
+    """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
+
+    app: App
+    stats: Counter[str]
+    metrics: WorkerMetrics | None
+    _on_outcome: Callable[[Outcome], None] | None
+    _stop: asyncio.Event
+    _gate: IsolationGate
+    _holding: Holding
+    _publisher: Publisher | None
+    _quarantiner: Publisher | None
+    _suspects_signal: asyncio.Event
+    _heartbeat_timeout: float
+    _version: tuple[int, ...]
+
+    async def _handle(
+        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+    ) -> None:
+        gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
+        if gauge is not None:
+            gauge.inc()
+        try:
+            await self._handle_delivery(layout, delivery, alone, hand_back)
+        finally:
+            if gauge is not None:
+                gauge.dec()
+
+    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool, hand_back: bool) -> None:
+        try:
+            v = await self._process(layout, delivery, alone, hand_back)
+        except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
+            log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
+            tb = "".join(traceback.format_exception(exc))
+            v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
+                              failure=(qualname(exc), str(exc), tb))  # fmt: skip
+        try:
+            acked = await self._carry_out(layout, delivery, v)
+        except Exception as exc:
+            log.exception("carrying out %s failed inside the worker", v.decision)
+            acked = await self._fallback(layout, delivery, v, exc)
+        uncertain = False
+        if v.ran and isinstance(v.decision, Ack | Duplicate):
+            # a run the broker may not have seen finish: its ack was never sent, or sent into a
+            # connection the broker had already given up on (no heartbeat during a stall)
+            stalled = self._stalls.longest_since(v.started)
+            uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
+        v.acked = acked
+        v.uncertain = uncertain
+        v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
+        # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
+        # (with one slot, the broker sends the next delivery only once it has the ack)
+        asyncio.get_running_loop().call_soon(self._record, v)
+
+    def _record(self, outcome: Outcome) -> None:
+        d = outcome.decision
+        kind = outcome.kind
+        self.stats[kind] += 1
+        if self.metrics is not None:
+            job = outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
+            ran = outcome.duration or outcome.latency is not None  # the handler ran (a first attempt: latency)
+            self.metrics.observe(
+                job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
+            )
+        extra = ""
+        if isinstance(d, RetryLater):
+            extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
+        elif isinstance(d, Quarantine):
+            extra = f" reason={d.reason}"
+        if outcome.error:
+            extra += f" error={outcome.error}"
+        log.info(
+            "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
+            outcome.job or "?", outcome.job_id, outcome.attempt, outcome.duration, kind, extra,
+            "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
+        )  # fmt: skip
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    async def _process(
+        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+    ) -> Outcome:
+        """Decide about one delivery (runs the handler when the delivery is a job it can run).
+
+        ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
+        ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
+        """
+        if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+            return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
+        attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
+        job_id = _job_id(delivery)
+        if not delivery.message_id:
+            log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, job_id)
+        job_name = envelope.job_name_of(delivery.type, delivery.headers)
+        job = self.app.get(job_name) if job_name else None
+        if job is None or job.queue != layout.name:
+            why = (
+                "no job name (type property or amqpjobs-job header)"
+                if not job_name
+                else f"job {job_name[:200]!r} is not served from job queue {layout.name!r} by app {self.app.name!r}"
+            )
+            return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
+                                 failure=("UnknownJob", why, ""))  # fmt: skip
+        try:
+            raw = envelope.decode_body(delivery.body, delivery.content_type, delivery.content_encoding)
+        except envelope.DecodeError as exc:
+            return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
+                                 failure=("DecodeError", exc.detail, ""))  # fmt: skip
+        try:
+            payload = job.validate(raw)
+        except ValidationError as exc:
+            return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
+                                 failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
+        max_attempts = job.retry.attempts_for(layout.tiers)
+        if attempt > max_attempts:
+            why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
+            return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
+                                 failure=("AttemptsExhausted", why, ""))  # fmt: skip
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        if screening.action == "crashed":
+            error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
+            return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
+                                 failure=error, ran=True)  # fmt: skip
+        if screening.action == "register":
+            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
+        run = (layout, delivery, job, payload, attempt, max_attempts, job_id)
+        if alone:
+            log.warning(
+                "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
+                "alone on %s pid %d", job.name, job_id, screening.start, layout.max_redeliveries + 1, self._host,
+                self._pid,
+            )  # fmt: skip
+            return await self._start(*run)
+        if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
+            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
+        if self._stop.is_set() or not self._gate.try_enter():
+            # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
+            return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
+        try:
+            return await self._start(*run)
+        finally:
+            self._gate.leave()
+
+    async def _carry_out(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome) -> bool:
+        """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
+        if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
+            # the broker has already put it back (redelivered): a copy now would only be a duplicate
+            log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
+                        v.job_id, v.decision)  # fmt: skip
+            return False
+        try:
+            await self._republish(layout, delivery, v)
+        except AmqpJobsError as exc:
+            return await self._fallback(layout, delivery, v, exc)
+        return await self._ack(delivery, v.job_id)
+
+    async def _republish(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome) -> None:
+        """Publish the copy the decision needs, if any (confirmed).
+
+        Raises:
+            AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
+        """
+        assert self._publisher is not None
+        assert self._quarantiner is not None
+        decision, job_id, received = v.decision, v.job_id, delivery.headers
+        # handler runs so far, counted in our own header on our copies (absent = 0), never derived
+        # from the attempt header a publisher may set to anything
+        runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
+        if isinstance(decision, RetryLater):
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, _now_iso())
+            tier_queue = layout.tier_queues[delivery.queue][decision.tier]
+            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
+        elif isinstance(decision, Register | HandBack):
+            # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
+            # the suspects queue, a delivery handed back returns to its work queue
+            register = decision if isinstance(decision, Register) else None
+            headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
+                                        self._host, self._pid, _now_iso())  # fmt: skip
+            target = layout.suspects_queue if register is not None else delivery.queue
+            await self._publisher.publish("", target, delivery.copy(headers, job_id))
+            if register is not None:
+                self._suspects_signal.set()
+        elif isinstance(decision, Quarantine):
+            headers = quarantine_headers(
+                received, decision.reason, v.failure, runs, queue=delivery.queue, exchange=delivery.exchange,
+                routing_key=delivery.routing_key, job=v.job, job_id=job_id, host=self._host, pid=self._pid,
+                version=__version__, app_version=self.app.app_version, now=_now_iso(),
+            )  # fmt: skip
+            await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
+
+    @staticmethod
+    async def _ack(delivery: Delivery, job_id: str) -> bool:
+        try:
+            await delivery.ack()
+        except DeliveryChannelClosed:
+            log.warning(
+                "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
+                "published makes this a duplicate the handler must tolerate)", job_id,
+            )  # fmt: skip
+            return False
+        return True
+
+    async def _fallback(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome, exc: Exception) -> bool:
+        """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
+
+        A copy that can never go (too large, a bug of ours) is left to the broker once the
+        quarantine exists: the delivery is rejected and dead-lettered into it (requeued when
+        it never ran this time).
+        """
+        decision = v.decision
+        settled = await self._holding.settle(
+            delivery.queue, needs_of(layout, delivery.queue, decision),
+            lambda: self._republish(layout, delivery, v), exc, lambda: delivery.settleable,
+        )  # fmt: skip
+        if settled == "published":
+            return await self._ack(delivery, v.job_id)
+        if settled == "gone":
+            return False
+        if isinstance(decision, Register | HandBack):  # it never ran this time: back to its queue as it is
+            log.warning("putting job %s back on %s failed (%s); requeued instead", delivery.message_id,
+                        delivery.queue, exc)  # fmt: skip
+            with contextlib.suppress(DeliveryChannelClosed):
+                await delivery.requeue()
+            return False
+        try:
+            await delivery.reject()
+        except DeliveryChannelClosed:
+            log.warning("republish failed (%s) and the channel is gone: the broker redelivers", exc)
+            return False
+        log.error(
+            "republish for %s failed (%s); rejected the delivery so the broker dead-letters it into "
+            "quarantine with x-death reason 'rejected'", decision, exc,
+        )  # fmt: skip
+        return False
+
+
+def _job_id(delivery: Delivery) -> str:
+    return delivery.message_id or f"generated-{uuid.uuid4()}"

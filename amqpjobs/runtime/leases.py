@@ -1,0 +1,163 @@
+"""The leases of a sharded job queue's dispatcher (:mod:`amqpjobs.runtime.dispatch`, "leases").
+
+A shard seen with a backlog gets a consumer whose prefetch is reserved from the worker's
+tokens; its tokens return to the pool at ``cancel-ok``. Part of
+:class:`~amqpjobs.runtime.dispatch.ShardDispatcher` (its state is the dispatcher's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.jobs.fairness import ShardTurns
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.lane import Lane
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds a shard whose lease failed (queue missing, channel closed) is left to its turns.
+LEASE_RETRY = 1.0
+
+
+@dataclass(eq=False, slots=True)
+class _Lease:
+    """A consumer on one shard whose prefetch (``size``) is reserved from the tokens."""
+
+    shard: int
+    size: int
+    tokens: int  # tokens it owns: its size while consuming, then those of its deliveries still held
+    held: int = 0  # deliveries received, handler not finished
+    tag: str = ""  # consumer tag once consuming
+    consuming: bool = False
+    ending: bool = False  # asked to end (cancel sent, or to send once consuming)
+    ended: bool = False  # nothing more arrives: its unused credit went back to the pool
+    last: float = 0.0  # monotonic time its credit was last used or freed (or it started)
+
+
+class LeaseKeeping:
+    """Arms, ends and runs the leases of :class:`~amqpjobs.runtime.dispatch.ShardDispatcher`."""
+
+    _lease_lane: Lane
+    _lanes: list[Lane]
+    _turns: ShardTurns
+    _work_queues: tuple[str, ...]
+    _leases: dict[int, _Lease]
+    _busy: set[int]
+    _free: int
+    _pending: int
+    _inflight: set[asyncio.Task[Any]]
+    _chores: set[asyncio.Task[None]]
+
+    def _kick(self) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], into: set[asyncio.Task[Any]]) -> None:
+        raise NotImplementedError
+
+    async def _run_one(self, delivery: Delivery) -> None:
+        raise NotImplementedError
+
+    async def _release(self, lane: Lane) -> None:
+        raise NotImplementedError
+
+    def _arm(self, shard: int, size: int) -> None:
+        lease = _Lease(shard, size, tokens=size)
+        self._free -= size
+        self._leases[shard] = lease
+        self._spawn(self._start_lease(lease), self._chores)
+
+    async def _start_lease(self, lease: _Lease) -> None:
+        lane = self._lease_lane
+        queue = self._work_queues[lease.shard]
+        try:
+            # a consume on a deleted shard would close the channel every lease shares (404): look first, on its own
+            if not await self._lanes[lease.shard].exists(queue):
+                raise BrokerError(f"work queue {queue!r} does not exist (apply the topology)")
+            lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
+        except BrokerError as exc:
+            log.warning("leasing %s failed (%s); taking it by turns, trying again in %gs", queue, exc, LEASE_RETRY)
+            self._busy.discard(lease.shard)  # no new lease at once (a storm of them): its next take decides
+            self._turns.hold(lease.shard, time.monotonic() + LEASE_RETRY)
+            self._ended(lease)
+            return
+        lease.consuming = True
+        lease.last = time.monotonic()
+        if lease.ending:  # paused or resized while it was being armed
+            await lane.end_lease(lease.tag)
+            self._ended(lease)
+        self._kick()
+
+    def _end(self, lease: _Lease) -> None:
+        """Cancel a lease; its tokens return at ``cancel-ok`` (see the module docstring)."""
+        if lease.ending:
+            return
+        lease.ending = True
+        if self._leases.get(lease.shard) is lease:
+            del self._leases[lease.shard]
+        if lease.consuming:
+            self._spawn(self._cancel_lease(lease), self._chores)
+        # still being armed: _start_lease cancels it once consuming
+
+    async def _cancel_lease(self, lease: _Lease) -> None:
+        await self._lease_lane.end_lease(lease.tag)
+        self._ended(lease)
+
+    def _ended(self, lease: _Lease) -> None:
+        """Nothing more arrives for the lease: its unused credit returns to the pool."""
+        if self._leases.get(lease.shard) is lease:
+            del self._leases[lease.shard]
+        if lease.ended:
+            return
+        lease.ended = lease.ending = True
+        lease.consuming = False
+        self._free += lease.tokens - lease.held
+        lease.tokens = lease.held
+        self._kick()
+
+    def _lost(self, lease: _Lease) -> None:
+        """The broker cancelled the lease (queue deleted, node down)."""
+        self._busy.discard(lease.shard)
+        self._ended(lease)
+
+    def _lane_reopened(self, shard: int) -> None:
+        """A shard's get channel was reopened (a reconnect, or the broker closed it): take from it again.
+
+        It counts as taking again (ready) once a take there succeeded (at most
+        :data:`RETRY_AFTER` later): a channel the broker closed because the queue is
+        missing is reopened too, and fails again.
+        """
+        self._kick()
+
+    def _reopened(self) -> None:
+        """The leases' channel was reopened after a reconnect: the leases went with the old one."""
+        for lease in list(self._leases.values()):
+            if lease.consuming:
+                self._ended(lease)
+        self._busy.clear()
+        self._kick()
+
+    async def _leased(self, lease: _Lease, delivery: Delivery) -> None:
+        """A delivery of a lease: run it on a token the lease already owns (in aiormq's task)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        lease.held += 1
+        lease.last = time.monotonic()
+        if lease.held == lease.size and self._free > self._pending:
+            self._kick()  # its credit is used up: its shard can take a turn again
+        try:
+            await self._run_one(delivery)
+        finally:
+            self._inflight.discard(task)
+            lease.held -= 1
+            lease.last = time.monotonic()  # its credit is free from now: DRY counts from here
+            if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
+                lease.tokens -= 1
+                await self._release(self._lease_lane)

@@ -1,0 +1,220 @@
+"""Running a job's handler: claim (idempotent jobs), context, timeout, immediate retries, threads.
+
+Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+import traceback
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
+
+from amqpjobs.errors import ConfigurationError, DuplicateJobError
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.failure import NO_ERROR, classify, qualname
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome, RetryLater
+from amqpjobs.jobs.registry import JobContext, JobDef
+from amqpjobs.jobs.retry import decide
+from amqpjobs.runtime.ledger import Claim, Ledger
+from amqpjobs.runtime.stall import StallWatch
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.delivery import Delivery
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.app import App
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+class HandlerRuns:
+    """Runs handlers for :class:`~amqpjobs.runtime.worker.Worker` and builds each delivery's :class:`Outcome`."""
+
+    app: App
+    _host: str
+    _pid: int
+    _timeouts: dict[str, float]
+    _executor: ThreadPoolExecutor | None
+    _stalls: StallWatch
+
+    def lease_of(self, job: JobDef) -> float:
+        """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
+        return job.lease if job.lease is not None else max(60.0, 2 * self._timeouts[job.name])
+
+    @staticmethod
+    def _outcome(
+        layout: JobQueueLayout,
+        delivery: Delivery,
+        decision: Decision,
+        attempt: int,
+        job_id: str,
+        job: str | None = None,
+        *,
+        failure: tuple[str, str, str] = NO_ERROR,
+        ran: bool = False,
+        duration: float = 0.0,
+        latency: float | None = None,
+        timed_out: bool = False,
+        started: float = 0.0,
+    ) -> Outcome:
+        """The outcome of a decision not carried out yet (``job``: None when the delivery names none served here)."""
+        return Outcome(
+            decision=decision,
+            job=job if job is not None else envelope.job_name_of(delivery.type, delivery.headers),
+            job_id=job_id,
+            attempt=attempt,
+            duration=duration,
+            acked=False,
+            queue=layout.name,
+            latency=latency,
+            timed_out=timed_out,
+            failure=failure,
+            ran=ran,
+            started=started,
+        )
+
+    async def _start(
+        self,
+        layout: JobQueueLayout,
+        delivery: Delivery,
+        job: JobDef,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        job_id: str,
+    ) -> Outcome:
+        """Claim (idempotent jobs), build the context and run the handler."""
+        ledger = self.app.ledger if job.idempotent else None
+        owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
+        transaction = None
+        if ledger is not None:
+            try:
+                claim = await ledger.claim(job_id, owner, self.lease_of(job))
+            except Exception as exc:  # the ledger is down: try again later, without using an attempt
+                log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
+                return self._outcome(layout, delivery, later, attempt, job_id, job.name,
+                                     failure=(qualname(exc), str(exc), ""))  # fmt: skip
+            if claim is Claim.DONE:
+                return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
+            if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
+                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
+                why = "another worker holds a live claim on this job id"
+                return self._outcome(layout, delivery, later, attempt, job_id, job.name,
+                                     failure=("ClaimBusy", why, ""))  # fmt: skip
+
+            used = False
+
+            def transaction() -> AbstractContextManager[Any]:
+                nonlocal used
+                assert ledger is not None
+                if used:
+                    raise ConfigurationError(
+                        f"job {job.name!r}: ctx.transaction() can be used once per run (its commit marks the job "
+                        "done); put the whole effect in one transaction"
+                    )
+                used = True
+                return ledger.transaction(job_id, owner)
+
+        ctx = JobContext(
+            job=job.name,
+            job_id=job_id,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            tenant=envelope.tenant_in(delivery.headers),
+            queue=delivery.queue,
+            redelivered=delivery.redelivered or crash.STARTS in delivery.headers,
+            enqueued_at=envelope.enqueued_at_of(delivery.headers, delivery.timestamp),
+            headers=delivery.headers,
+            ledger_transaction=transaction,
+        )
+        latency = None
+        if attempt == 1 and ctx.enqueued_at is not None:
+            latency = time.time() - ctx.enqueued_at.timestamp()
+        started = time.monotonic()
+        try:
+            await self._run_handler(job, payload, ctx)
+        except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
+            took = time.monotonic() - started
+            return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
+                                 latency=latency, started=started)  # fmt: skip
+        except Exception as exc:
+            took = time.monotonic() - started
+            if ledger is not None:
+                await self._release(ledger, job_id, owner)
+            kind = classify(job.retry.permanent, exc)
+            decision = decide(kind, attempt, max_attempts, layout.tiers)
+            tb = "".join(traceback.format_exception(exc))
+            return self._outcome(layout, delivery, decision, attempt, job_id, job.name,
+                                 failure=(qualname(exc), str(exc), tb), ran=True, duration=took, latency=latency,
+                                 timed_out=kind == "timeout", started=started)  # fmt: skip
+        took = time.monotonic() - started
+        if ledger is not None:
+            await ledger.done(job_id, owner)  # False when its transaction() already marked it: fine
+        return self._outcome(layout, delivery, Ack(), attempt, job_id, job.name, ran=True, duration=took,
+                             latency=latency, started=started)  # fmt: skip
+
+    @staticmethod
+    async def _release(ledger: Ledger, key: str, owner: str) -> None:
+        try:
+            await ledger.release(key, owner)
+        except Exception as exc:  # the lease expires by itself
+            log.warning("releasing the claim on %s failed (%s); it expires with its lease", key, exc)
+
+    async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
+        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout."""
+        timeout = self._timeouts.get(job.name, job.timeout)
+        if job.retry.immediate_retries == 0:
+            await self._run_once(job, payload, ctx, timeout)
+            return
+
+        def transient(exc: BaseException) -> bool:
+            return classify(job.retry.permanent, exc) in ("error", "timeout")
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(transient),
+            stop=stop_after_attempt(job.retry.immediate_retries + 1),
+            wait=wait_fixed(job.retry.immediate_wait),
+            reraise=True,
+        ):
+            with attempt:
+                await self._run_once(job, payload, ctx, timeout)
+
+    async def _run_once(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+        if not job.is_async:
+            await self._run_in_thread(job, payload, ctx, limit)
+            return
+        # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
+        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
+        try:
+            async with asyncio.timeout(limit) as scope:
+                await job.handler(payload, ctx)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            default = "" if job.timeout is not None else " (the default: just below the consumer timeout)"
+            raise TimeoutError(f"job {job.name} ran longer than its timeout of {limit:g}s{default}") from None
+        finally:
+            self._stalls.leave(stall_key)
+
+    async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+        # A thread can't be interrupted: retrying while it still runs could commit the side
+        # effect twice. So the worker waits for it, warns about the overrun, and judges the
+        # run by its result.
+        future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
+        if limit is not None:
+            done, _ = await asyncio.wait({future}, timeout=limit)
+            if not done:
+                log.warning(
+                    "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
+                    "cancelled, so the worker waits for it and judges it by its result",
+                    job.name, ctx.job_id, limit,
+                )  # fmt: skip
+        await future

@@ -1,0 +1,104 @@
+"""A worker's suspects turn: a job whose starts ended without an outcome runs alone (README "Crash containment").
+
+Every second (at once after registering one) the worker looks at its job queue's suspects
+queue; when one waits, it stops consuming, settles everything it holds, and takes the
+suspects one at a time, each running with nothing else in the process
+(:mod:`amqpjobs.jobs.crash`, :mod:`amqpjobs.jobs.isolation`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from amqpjobs.jobs import crash
+from amqpjobs.jobs.quarantine import header_text
+from amqpjobs.runtime.deliveries import DeliveryPath
+from amqpjobs.runtime.sources import Source
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.fetch import QueueFetcher
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds between looks at a job queue's suspects queue.
+SUSPECTS_POLL = 1.0
+#: Seconds between looks at a suspects queue found missing.
+HOLD_PROBE = 5.0
+#: Seconds a worker spends at most running suspects before it consumes again (one at least).
+SUSPECTS_TURN = 10.0
+
+
+class SuspectTurns(DeliveryPath):
+    """The suspects turns of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
+
+    _consumers: list[Source]
+    _lanes_missing: set[str]
+    _held: int
+    _held_changed: asyncio.Event
+    _layouts: dict[str, JobQueueLayout]
+
+    def _holds_any(self, source: Source) -> bool:
+        """Whether a delivery of one of the work queues ``source`` takes from is held."""
+        layout = self._layouts.get(source.queue)
+        queues = layout.work_queues if layout is not None and layout.shard_routing_keys else (source.queue,)
+        return any(self._holding.holds(q) for q in queues)
+
+    async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
+        """Look for suspects every second (at once after registering one) and run them alone."""
+        wait = SUSPECTS_POLL
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._suspects_signal.wait(), wait)
+            self._suspects_signal.clear()
+            if self._stop.is_set() or self._gate.suspect_pending:
+                continue
+            try:
+                depth = await fetcher.depth()
+                if depth is None:  # missing: said once, not ready until it is back, looked at less often
+                    if fetcher.queue not in self._lanes_missing:
+                        self._lanes_missing.add(fetcher.queue)
+                        log.error(
+                            "suspects queue %s is missing: jobs that come back without an outcome can't be "
+                            "registered; apply the topology (amqpjobs topology apply)", fetcher.queue,
+                        )  # fmt: skip
+                    wait = HOLD_PROBE
+                    continue
+                if fetcher.queue in self._lanes_missing:
+                    self._lanes_missing.discard(fetcher.queue)
+                    log.info("suspects queue %s is back", fetcher.queue)
+                wait = SUSPECTS_POLL
+                if depth:
+                    await self._run_suspects(layout, fetcher)
+            except Exception as exc:  # the connection dropped: the next look tries again
+                log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
+        await fetcher.close()
+
+    async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
+        """Stop consuming, settle everything held, then take suspects one at a time and run each alone."""
+        if not self._gate.try_alone():
+            return
+        try:
+            # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
+            await asyncio.gather(*(c.pause() for c in self._consumers))
+            await self._gate.idle()
+            while self._held > self._holding.count:
+                self._held_changed.clear()
+                await self._held_changed.wait()
+            if self._holding.count:
+                return
+            # the acks of everything settled so far reach the broker before a suspect can crash
+            await asyncio.gather(*(c.settle() for c in self._consumers))
+            deadline = time.monotonic() + SUSPECTS_TURN
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                delivery = await fetcher.get()  # its get-ok also settles the previous suspect's ack
+                if delivery is None:
+                    break
+                origin = header_text(delivery.headers.get(crash.WORK_QUEUE))
+                delivery.queue = origin if origin in layout.work_queues else layout.work_queues[0]
+                await self._handle(layout, delivery, alone=True)
+        finally:
+            self._gate.release_alone()
+            if not self._stop.is_set():
+                await asyncio.gather(*(c.resume() for c in self._consumers if not self._holds_any(c)))

@@ -1,0 +1,108 @@
+"""What a worker is told and what it checks before it connects: options, job timeouts, the jobs' fit to their queues."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.registry import JobDef
+from amqpjobs.jobs.retry import retry_window
+from amqpjobs.topology.models import JobQueueLayout
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.app import App
+
+#: RabbitMQ's default delivery acknowledgement timeout (``consumer_timeout``), 30 minutes.
+DEFAULT_CONSUMER_TIMEOUT = 1800.0
+
+
+def default_timeout(consumer_timeout: float) -> float:
+    """The timeout of a job that sets none: just below the broker's ``consumer_timeout`` (seconds).
+
+    5% (at least 1 s, at most half) below it, so an async handler fails as ``timeout``
+    before the broker closes the channel and redelivers (RabbitMQ "Delivery Acknowledgement
+    Timeout"): 1710 s for the default 30 min, 4 s for 5 s.
+    """
+    return consumer_timeout - min(max(1.0, consumer_timeout * 0.05), consumer_timeout / 2)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs.
+
+    Attributes:
+        queues: Job queue names to consume; None = every job queue the app's jobs use.
+        concurrency: Slots per job queue: an unsharded work queue gets one consumer with
+            ``prefetch_count`` = this (one unacked delivery per slot); a sharded job queue's
+            shards share this many slots, round-robin, holding no more unacked deliveries
+            than that together (:mod:`amqpjobs.runtime.dispatch`).
+        grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
+        consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
+            ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
+
+    """
+
+    queues: tuple[str, ...] | None = None
+    concurrency: int = 1
+    grace: float = 30.0
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+
+
+def check_jobs(
+    app: App, job_queues: Iterable[str], consumer_timeout: float
+) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:
+    """Check the app's jobs against the topology; (layout by consumed job queue, timeout by job).
+
+    Raises:
+        ConfigurationError: a job queue is missing from the topology, or a job's policy
+            can't work with its queue (attempts without tiers, an idempotent job without a
+            ledger, tiers or a long enough ledger retention).
+
+    """
+    layouts: dict[str, JobQueueLayout] = {}
+    timeouts: dict[str, float] = {}
+    topology = app.topology()
+    names = {q.name for q in topology.job_queues}
+    for name in job_queues:
+        if name not in names:
+            raise ConfigurationError(f"job queue {name!r} is not in the topology; known: {sorted(names)}")
+        layouts[name] = topology.layout(name)
+    for job in app:
+        if job.queue not in names:
+            raise ConfigurationError(
+                f"job {job.name!r} names job queue {job.queue!r}, which the topology does not declare"
+            )
+        layout = topology.layout(job.queue)
+        attempts = job.retry.attempts_for(layout.tiers)
+        if attempts > 1 and not layout.tiers:
+            raise ConfigurationError(
+                f"job {job.name!r} allows {attempts} attempts but job queue {job.queue!r} has no "
+                "retry_tiers; add tiers to the topology or set RetryPolicy(max_attempts=1)"
+            )
+        if job.idempotent:
+            _check_idempotent(app, job, layout)
+        timeouts[job.name] = job.timeout if job.timeout is not None else default_timeout(consumer_timeout)
+    return layouts, timeouts
+
+
+def _check_idempotent(app: App, job: JobDef, layout: JobQueueLayout) -> None:
+    ledger = app.ledger
+    if ledger is None:
+        raise ConfigurationError(f"job {job.name!r} is idempotent but the app has no ledger: App(..., ledger=...)")
+    if not layout.tiers:
+        raise ConfigurationError(
+            f"job {job.name!r} is idempotent but job queue {layout.name!r} has no retry_tiers: a delivery whose "
+            "job is running elsewhere waits in the first tier"
+        )
+    attempts = job.retry.attempts_for(layout.tiers)
+    window = retry_window(layout.tiers, attempts)
+    needed = window + app.quarantine_retention
+    if ledger.retention < needed:
+        raise ConfigurationError(
+            f"job {job.name!r}: the ledger keeps done-markers {ledger.retention:g}s, shorter than the retry "
+            f"window ({window:g}s) plus the quarantine retention ({app.quarantine_retention:g}s) = "
+            f"{needed:g}s: a job replayed or retried after its marker was pruned would run its effect again. "
+            "Raise the ledger's retention or lower App(quarantine_retention=...)"
+        )

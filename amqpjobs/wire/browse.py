@@ -1,0 +1,107 @@
+"""Looking at a queue without consuming it: probe (exists / missing / locked), browse, purge, watch.
+
+For the quarantine commands (:mod:`amqpjobs.runtime.quarantine`), which see only these
+functions and :mod:`amqpjobs.errors` classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.delivery import Delivery, get_unacked
+from amqpjobs.wire.errors import broker_errors
+
+
+async def probe_queue(connection: Connection, name: str) -> int:
+    """The message count of queue ``name`` (a passive declare on a throwaway channel).
+
+    Raises:
+        NotFoundError: it does not exist.
+        ResourceLockedError: it is exclusive to another connection.
+
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        with broker_errors():
+            declared = await channel.declare_queue(name, passive=True)
+        return declared.declaration_result.message_count or 0
+    finally:
+        await close_channel(channel)
+
+
+class QueueBrowser:
+    """A channel for ``basic.get`` without acking: closing it returns every message it holds."""
+
+    def __init__(self, channel: AbstractChannel) -> None:
+        self._channel = channel
+
+    @classmethod
+    async def open(cls, connection: Connection) -> QueueBrowser:
+        """A browser on a new channel of ``connection``."""
+        return cls(await connection.channel(publisher_confirms=False))
+
+    def deliveries(self, queue: str, max_count: int) -> AsyncIterator[Delivery]:
+        """Up to ``max_count`` deliveries of ``queue``, unacked (see :func:`~amqpjobs.wire.delivery.get_unacked`)."""
+        return get_unacked(self._channel, queue, max_count)
+
+    async def close(self) -> None:
+        """Close the channel: the broker requeues every message still held."""
+        await self._channel.close()
+
+    async def close_quietly(self) -> None:
+        """Close the channel for good, ignoring a channel the broker already closed."""
+        await close_channel(self._channel)
+
+
+async def purge_queue(connection: Connection, name: str) -> int:
+    """Remove every message of queue ``name``; the number removed."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        queue = await channel.get_queue(name, ensure=False)
+        result = await queue.purge()
+        return int(result.message_count or 0)
+    finally:
+        await channel.close()
+
+
+class Watch:
+    """Messages arriving on an exchange, each acked after its headers are handed on."""
+
+    def __init__(self, channel: AbstractChannel) -> None:
+        self._channel = channel
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether its channel has closed."""
+        return bool(self._channel.is_closed)
+
+    async def close(self) -> None:
+        """Stop watching (the exclusive queue goes with the channel's consumer)."""
+        await self._channel.close()
+
+
+async def watch_exchange(
+    connection: Connection, exchange: str, on_headers: Callable[[Mapping[str, Any]], None]
+) -> Watch:
+    """Bind a new exclusive queue to ``exchange`` and call ``on_headers`` with each message's headers.
+
+    Raises:
+        NotFoundError: ``exchange`` does not exist.
+
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    watcher = await channel.declare_queue("", exclusive=True, durable=False, auto_delete=True)
+    with broker_errors():
+        await watcher.bind(exchange)
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        on_headers(message.headers or {})
+        await message.ack()
+
+    await watcher.consume(on_message)
+    return Watch(channel)

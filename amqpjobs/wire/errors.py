@@ -1,0 +1,100 @@
+"""The one error map: aio-pika / aiormq / pamqp exceptions into :mod:`amqpjobs.errors`.
+
+One table (:data:`ERROR_MAP`, first match wins, most specific first) and one context
+manager (:func:`broker_errors`), as httpx maps its transports' errors. Code in ``wire/``
+runs client-library calls inside ``with broker_errors():`` and catches our classes only;
+nothing above the wire sees a client-library exception. The library exception is kept
+as ``__cause__``.
+
+``ConnectionError`` is in the table too: the client raises it (an ``OSError``) when the
+socket goes under a call.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Final
+
+import aio_pika.exceptions
+import aiormq.exceptions
+import pamqp.exceptions
+
+from amqpjobs.errors import (
+    AmqpJobsError,
+    BrokerError,
+    BrokerUnavailableError,
+    ChannelClosedError,
+    NotFoundError,
+    PreconditionFailedError,
+    PublishNackedError,
+    ResourceLockedError,
+    UnroutableError,
+)
+
+#: (client-library exception, our exception), first ``isinstance`` match wins.
+ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = (
+    (aiormq.exceptions.PublishError, UnroutableError),  # basic.return of a mandatory publish
+    (aiormq.exceptions.DeliveryError, PublishNackedError),  # basic.nack
+    (aiormq.exceptions.ChannelNotFoundEntity, NotFoundError),
+    (pamqp.exceptions.AMQPNotFound, NotFoundError),
+    (aiormq.exceptions.ChannelLockedResource, ResourceLockedError),
+    (pamqp.exceptions.AMQPResourceLocked, ResourceLockedError),
+    (aiormq.exceptions.ChannelPreconditionFailed, PreconditionFailedError),
+    (pamqp.exceptions.AMQPPreconditionFailed, PreconditionFailedError),
+    (aiormq.exceptions.ChannelInvalidStateError, ChannelClosedError),  # used after it closed
+    (aiormq.exceptions.ChannelClosed, ChannelClosedError),
+    (aiormq.exceptions.AMQPConnectionError, BrokerUnavailableError),  # refused, auth, closed
+    (aio_pika.exceptions.MessageProcessError, BrokerError),
+    (aiormq.exceptions.AMQPError, BrokerError),
+    (pamqp.exceptions.PAMQPException, BrokerError),
+    (ConnectionError, BrokerUnavailableError),
+)
+
+#: Every client-library exception the map knows (for an ``except`` that only needs "the
+#: broker failed", on a hot path where building our exception would cost).
+LIBRARY_ERRORS: Final[tuple[type[BaseException], ...]] = tuple(library for library, _ in ERROR_MAP)
+
+
+def error_kind(exc: BaseException) -> type[AmqpJobsError] | None:
+    """Which of our exceptions client-library exception ``exc`` maps to (None: not one)."""
+    for library, ours in ERROR_MAP:
+        if isinstance(exc, library):
+            return ours
+    return None
+
+
+def translate(exc: BaseException) -> AmqpJobsError | None:
+    """Our exception for client-library exception ``exc`` (cause set), or None when it is not one."""
+    if isinstance(exc, AmqpJobsError):
+        return None
+    ours = error_kind(exc)
+    if ours is None:
+        return None
+    mapped = ours(str(exc) or type(exc).__name__)
+    mapped.__cause__ = exc
+    return mapped
+
+
+class _Translating:
+    """The context manager of :func:`broker_errors` (one instance: entering it costs nothing)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            return
+        mapped = translate(exc)
+        if mapped is not None:
+            raise mapped from exc
+
+
+_TRANSLATING: Final = _Translating()
+
+
+def broker_errors() -> _Translating:
+    """A context manager re-raising a client-library exception as ours (:data:`ERROR_MAP`).
+
+    Anything else (ours, ``TimeoutError``, cancellation) passes through unchanged.
+    """
+    return _TRANSLATING

@@ -1,0 +1,120 @@
+"""The worker's pure rules (amqpjobs.jobs.failure, amqpjobs.jobs.retry.retry_window), as tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.failure import (
+    classify,
+    crash_error,
+    qualname,
+    quarantine_headers,
+    retry_headers,
+    unstarted_headers,
+)
+from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
+from amqpjobs.jobs.retry import FailureKind, retry_window
+
+
+class Gone(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "permanent", "kind"),
+    [
+        (Reject("no"), (), "reject"),
+        (Retry(), (), "retry"),
+        (TimeoutError(), (), "timeout"),
+        (ConfigurationError("misuse"), (), "permanent"),
+        (Gone(), (Gone,), "permanent"),
+        (Gone(), (KeyError,), "error"),
+        (ValueError(), (), "error"),
+        (Reject("first"), (Reject,), "reject"),
+    ],
+)
+def test_classify(exc: BaseException, permanent: tuple[type[BaseException], ...], kind: FailureKind) -> None:
+    assert classify(permanent, exc) == kind
+
+
+def test_qualname() -> None:
+    assert qualname(ValueError()) == "ValueError"
+    assert qualname(Gone()) == f"{__name__}.Gone"
+
+
+@pytest.mark.parametrize(
+    ("tiers", "attempts", "window"),
+    [((), 1, 0), ((5.0,), 1, 0), ((5.0,), 3, 10.0), ((1.0, 10.0, 60.0), 4, 71.0), ((1.0, 10.0), 5, 31.0)],
+)
+def test_retry_window(tiers: tuple[float, ...], attempts: int, window: float) -> None:
+    assert retry_window(tiers, attempts) == window
+
+
+def test_crash_error_names_the_last_start() -> None:
+    headers = {crash.LAST_START_HOST: b"host-a", crash.LAST_START_PID: 42, crash.LAST_START_AT: "2026-11-30T10:00:00Z"}
+    kind, why, tb = crash_error("work", 2, 3, headers)
+    assert (kind, tb) == ("WorkerLostError", "")
+    assert why.startswith("started 3 time(s) without an outcome (job queue 'work' allows max_redeliveries 2)")
+    assert why.endswith("; the last start was registered by host-a pid 42 at 2026-11-30T10:00:00Z")
+    assert "registered by" not in crash_error("work", 2, 3, {})[1]
+
+
+RECEIVED: dict[str, Any] = {
+    "x-death": [{}],
+    "x-first-death-queue": "w",
+    crash.STARTS: 2,
+    crash.WORK_QUEUE: "w.s1",
+    envelope.TENANT: "acme",
+}
+
+
+@pytest.mark.parametrize(
+    ("decision", "expected"),
+    [
+        (
+            RetryLater(next_attempt=2, tier=0, delay=5.0),
+            {envelope.ATTEMPT: 2, envelope.RUNS: 1, envelope.FIRST_FAILURE_AT: "NOW", envelope.TENANT: "acme"},
+        ),
+        (
+            RetryLater(next_attempt=1, tier=0, delay=5.0, wait=True),  # waits for a claim: starts kept
+            {envelope.ATTEMPT: 1, envelope.RUNS: 1, crash.STARTS: 2, crash.WORK_QUEUE: "w.s1", envelope.TENANT: "acme"},
+        ),
+    ],
+)
+def test_retry_headers(decision: RetryLater, expected: dict[str, Any]) -> None:
+    headers = retry_headers(RECEIVED, decision, 1, "jobs", "rk", "NOW")
+    assert headers == {**expected, envelope.ORIGINAL_EXCHANGE: "jobs", envelope.ORIGINAL_ROUTING_KEY: "rk"}
+
+
+def test_unstarted_headers() -> None:
+    handed_back = unstarted_headers(RECEIVED, None, "w.s1", "jobs", "rk", "h", 7, "NOW")
+    assert handed_back == {
+        crash.STARTS: 2, crash.WORK_QUEUE: "w.s1", envelope.TENANT: "acme",
+        envelope.ORIGINAL_EXCHANGE: "jobs", envelope.ORIGINAL_ROUTING_KEY: "rk",
+    }  # fmt: skip
+    registered = unstarted_headers(RECEIVED, Register(3), "w.s0", "jobs", "rk", "h", 7, "NOW")
+    assert registered == {
+        crash.STARTS: 3, crash.LAST_START_HOST: "h", crash.LAST_START_PID: 7, crash.LAST_START_AT: "NOW",
+        crash.WORK_QUEUE: "w.s0", envelope.FIRST_FAILURE_AT: "NOW", envelope.TENANT: "acme",
+        envelope.ORIGINAL_EXCHANGE: "jobs", envelope.ORIGINAL_ROUTING_KEY: "rk",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("reason", "runs"), [("exhausted", 3), ("crashed", 0 + 2)])
+def test_quarantine_headers(reason: str, runs: int) -> None:
+    headers = quarantine_headers(
+        RECEIVED, reason, ("ValueError", "bad", "tb"), 3, queue="w", exchange="jobs", routing_key="rk",
+        job="send", job_id="id-1", host="h", pid=7, version="0.1.0", app_version="", now="NOW",
+    )  # fmt: skip
+    assert "x-death" not in headers
+    assert headers[envelope.RUNS] == runs
+    assert headers[evidence.REASON] == reason
+    assert headers[evidence.ERROR_TYPE] == "ValueError"
+    assert headers[evidence.ATTEMPTS] == runs
+    assert headers[evidence.ORIGINAL_QUEUE] == "w"
+    assert headers[envelope.FIRST_FAILURE_AT] == "NOW"
+    assert headers[envelope.TENANT] == "acme"
