@@ -30,6 +30,7 @@ Token = AbstractIncomingMessage
 
 #: What the client library raises when the broker or the connection fails (the one error map's).
 BROKER_ERRORS: tuple[type[BaseException], ...] = LIBRARY_ERRORS
+_OPEN_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError, TimeoutError)
 
 Refusal = Literal["missing", "locked", "mismatch"]
 #: Our errors (:mod:`amqpjobs.wire.errors`) the scheduler expects as answers, not failures.
@@ -65,7 +66,7 @@ async def throwaway_channel(connection: Connection) -> AsyncIterator[Channel]:
     """
     try:
         channel = await connection.channel(publisher_confirms=False)
-    except (*BROKER_ERRORS, RuntimeError, TimeoutError) as exc:
+    except _OPEN_ERRORS as exc:
         raise BrokerError(f"could not open a channel: {exc}") from exc
     try:
         yield channel
