@@ -312,3 +312,51 @@ async def test_a_run_cut_off_by_a_lost_connection_is_reported_and_never_overlaps
     assert worker.stats["succeeded"] == 1, dict(worker.stats)
     for queue in ("work", "work.suspects", "work.quarantine"):
         assert await depth(broker, queue) == 0, queue
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(60)
+async def test_a_suspects_turn_ends_after_its_limit_and_the_work_queue_runs_between(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: "after at most 10 s of suspects it consumes again" (here 1 s): with four suspects of
+    0.6 s waiting, a job of the work queue runs after two of them, not after all four."""
+    import aio_pika
+
+    from amqpjobs.runtime import suspects
+    from tests.integration.helpers import raw_channel
+    from tests.integration.worker_env import make_app
+
+    monkeypatch.setattr(suspects, "SUSPECTS_TURN", 1.0)
+    app = await make_app(broker, tmp_path)
+    order: list[str] = []
+
+    @app.job("slow", queue="work")
+    async def slow(payload: dict[str, str], ctx: JobContext) -> None:
+        order.append(ctx.job_id)
+        await asyncio.sleep(0.6)
+
+    async with raw_channel(broker) as ch:
+        for i in range(4):  # registered suspects, as a worker leaves them: start 2, from work queue "work"
+            await ch.default_exchange.publish(
+                aio_pika.Message(
+                    b"{}", type="slow", message_id=f"s{i}", headers={crash.STARTS: 2, crash.WORK_QUEUE: "work"}
+                ),
+                routing_key="work.suspects",
+            )
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1))
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not order and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await app.enqueue("slow", {}, job_id="plain")  # waits in the paused work queue
+        deadline = time.monotonic() + 20
+        while len(order) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert order[:2] == ["s0", "s1"], order
+    assert order[2] == "plain", order  # the turn ended at its limit: the work queue ran before s2
+    assert sorted(order[3:]) == ["s2", "s3"], order
