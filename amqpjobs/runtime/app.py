@@ -7,7 +7,6 @@ import dataclasses
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -21,7 +20,7 @@ from amqpjobs.jobs.cron import CronRule, MissedPolicy, OverlapPolicy, Schedule
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.registry import JobDef, JobRegistry
 from amqpjobs.runtime.ledger import Ledger
-from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE, overlap_guarded
+from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire.abc import Connection
@@ -248,10 +247,7 @@ class App(JobRegistry):
             )
         except ValueError as exc:
             raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
-        routing_key = layout.routing_key
-        if layout.shard_routing_keys:
-            shard = zlib.crc32((tenant or job_id).encode()) % len(layout.shard_routing_keys)
-            routing_key = layout.shard_routing_keys[shard]
+        routing_key = layout.routing_key_for(tenant or job_id)
         if self._publisher is None:
             await self.connect()
         assert self._publisher is not None

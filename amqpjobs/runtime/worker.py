@@ -193,10 +193,7 @@ class Worker(SuspectTurns):
         self.ready.set()
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
-        """The handler of a job queue's deliveries: each counts as held until settled, its task as in flight.
-
-        ``hand_back``: hand each back unstarted (a copy to its queue, then an ack) instead of running it.
-        """
+        """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""
         inflight = self._inflight
 
         async def held(delivery: Delivery) -> None:
