@@ -177,7 +177,7 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     assert [c for c in TERMINAL if c in log_text] == []
     outcome_lines = [line for line in lines if " outcome=" in line]
     assert len(outcome_lines) == 3, outcome_lines
-    assert any("id=bad-payload\\n2026-11-30" in line for line in outcome_lines), outcome_lines
+    assert any('id="bad-payload\\n2026-11-30' in line for line in outcome_lines), outcome_lines
 
     show = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.quarantine")
     assert show.exit_code == 0, show.output
@@ -195,6 +195,36 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work.quarantine")
     assert [c for c in TERMINAL if c in listed.stdout] == []
     assert len(listed.stdout.splitlines()) == 2 + 3  # queue line, header line, one row per (job, reason, type)
+
+
+LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?=\s|$)')
+
+
+async def test_a_hostile_value_forges_no_key_in_the_plain_log(
+    broker: BrokerSettings, tmp_path: Path, text_log: io.StringIO
+) -> None:
+    """A value with a space, ``=`` or ``"`` is one quoted logfmt value: ``grep outcome=succeeded`` counts right."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work", payload=Mail)
+    async def mail(payload: Mail, ctx: JobContext) -> None:
+        raise Reject('no outcome=succeeded "quoted" \\" id=x')
+
+    async with running_worker(app, broker) as (_, rec):
+        await publish(broker, b"{}", message_id="x outcome=succeeded", type="mail")  # invalid payload
+        await publish(broker, b"{}", message_id='q" outcome=succeeded', type="mail outcome=succeeded")
+        await publish(broker, b'{"to": "a@b", "order_id": 1}', message_id="a=b outcome=succeeded", type="mail")
+        await rec.wait_for(lambda o: len(o) == 3)
+    await app.close()
+    outcome_lines = [line for line in text_log.getvalue().splitlines() if " outcome=" in line]
+    assert len(outcome_lines) == 3, outcome_lines
+    outcomes = []
+    for line in outcome_lines:
+        pairs = [(m.group(1), m.group(2)) for m in LOGFMT_PAIR.finditer(line.split(": ", 1)[1])]
+        assert [k for k, _ in pairs].count("outcome") == 1, line
+        assert [k for k, _ in pairs][:2] == ["job", "id"], line
+        outcomes += [v for k, v in pairs if k == "outcome"]
+    assert sorted(outcomes) == ["quarantined"] * 3
 
 
 async def wait_for_head_timestamp(broker: BrokerSettings, queue: str) -> int:
