@@ -25,6 +25,7 @@ from typing import Any, Final
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
+from amqpjobs.text import as_text
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -211,13 +212,21 @@ def parse_runs(value: Any) -> int:
     return number if number is not None and number >= 0 else 0
 
 
-def tenant_of(value: str | None) -> str | None:
-    """The tenant a header value names: None for absent, empty or blank (``enqueue`` refuses those).
+def tenant_of(value: Any) -> str | None:
+    """The tenant an ``amqpjobs-tenant`` header value (as decoded from the wire) names, or None.
 
-    A publisher we don't control may send ``amqpjobs-tenant: ""`` for "no tenant"; it reads
-    as no tenant everywhere (handler, evidence, replay), never as a tenant named ``""``.
+    The one "no tenant" rule (handler's ``ctx.tenant``, evidence, every copy, replay): a
+    string or byte array (UTF-8, bad bytes as U+FFFD) names a tenant unless it is empty or
+    blank (``enqueue`` refuses those; a publisher we don't control may send ``""`` for "no
+    tenant"); an integer names the tenant of its decimal digits; absent and any other AMQP
+    type (table, array, boolean, float, decimal, timestamp, void) name none.
     """
-    return value if value is not None and value.strip() else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str | bytes | bytearray):
+        return None
+    text = as_text(value)
+    return text if text.strip() else None
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -234,8 +243,8 @@ def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
 
 
 def tenant_in(headers: Mapping[str, Any]) -> str | None:
-    """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
-    return tenant_of(_text_or_none(headers.get(TENANT)))
+    """Tenant key from our header, or None (absent, empty/blank or not text: no tenant, see :func:`tenant_of`)."""
+    return tenant_of(headers.get(TENANT))
 
 
 def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | None:
@@ -251,6 +260,19 @@ def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | Non
 def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
     return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
+
+
+def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers a copy of a received job (tier, quarantine, replay) starts from.
+
+    :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
+    (:func:`tenant_of`) left out: absent stays absent, and a foreign ``""`` becomes absent.
+    Every other header is kept as received (same object: same type, same bytes).
+    """
+    out = strip_broker_headers(headers)
+    if TENANT in out and tenant_of(out[TENANT]) is None:
+        del out[TENANT]
+    return out
 
 
 def iso_utc(timestamp: float) -> str:

@@ -85,16 +85,25 @@ async def test_no_tenant_stays_absent_through_quarantine_and_replay(broker: Brok
         # a foreign publisher's "" means no tenant (documented)
         await publish(broker, b'{"to": "a@b", "order_id": 2}', message_id="empty-tenant", type="mail",
                       headers={envelope.TENANT: ""})  # fmt: skip
-        await rec.wait_for(lambda o: len(o) == 2)
+        await publish(broker, b'{"to": "a@b", "order_id": 3}', message_id="blank-tenant", type="mail",
+                      headers={envelope.TENANT: " \t "})  # fmt: skip
+        await publish(broker, b'{"to": "a@b", "order_id": 4}', message_id="table-tenant", type="mail",
+                      headers={envelope.TENANT: {"id": 7}})  # fmt: skip
+        await rec.wait_for(lambda o: len(o) == 4)
         headers = await quarantined(broker)
         report = await replay(broker, "work.quarantine", ReplayOptions(rate=100))
-        await rec.wait_for(lambda o: len(o) == 4)
+        await rec.wait_for(lambda o: len(o) == 8)
     await app.close()
-    assert report.replayed == 2
-    assert envelope.TENANT not in headers["no-tenant"]  # evidence writes no tenant it doesn't have
-    assert sorted(seen) == [
-        ("empty-tenant", None, False), ("empty-tenant", None, True),  # the replayed copy has no ""
+    assert report.replayed == 4
+    # evidence writes no tenant it doesn't have, and keeps no foreign "no tenant" either (README evidence table)
+    assert {job_id: envelope.TENANT in h for job_id, h in headers.items()} == dict.fromkeys(
+        ["no-tenant", "empty-tenant", "blank-tenant", "table-tenant"], False
+    )
+    assert sorted(seen) == [  # ctx.headers are as received: the foreign header, then none on the replayed copy
+        ("blank-tenant", None, False), ("blank-tenant", None, True),
+        ("empty-tenant", None, False), ("empty-tenant", None, True),
         ("no-tenant", None, False), ("no-tenant", None, False),
+        ("table-tenant", None, False), ("table-tenant", None, True),  # a table is no tenant (not its repr)
     ]  # fmt: skip
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
@@ -206,9 +207,26 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     assert value.year == 2025
 
 
-@pytest.mark.parametrize(("value", "tenant"), [(None, None), ("", None), ("  ", None), ("acme", "acme")])
-def test_empty_tenant_is_no_tenant(value: str | None, tenant: str | None) -> None:
+@pytest.mark.parametrize(
+    ("value", "tenant"),
+    [
+        (None, None), ("", None), ("  ", None), ("\u3000\t", None), (b"", None), (b" \n", None),
+        ("acme", "acme"), (b"acme", "acme"), (bytearray(b"acme"), "acme"), (b"\xffx", "\ufffdx"), (42, "42"),
+        ({"id": 7}, None), ([1, 2], None), (True, None), (1.5, None), (Decimal("1"), None),
+        (datetime(2026, 1, 1, tzinfo=UTC), None),
+    ],
+)  # fmt: skip
+def test_one_rule_for_no_tenant(value: object, tenant: str | None) -> None:
+    """Text (bytes as UTF-8) or an integer names a tenant unless blank; any other AMQP type names none."""
     assert envelope.tenant_of(value) == tenant
+
+
+def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
+    death = {"x-death": [{"count": 1}], "x-first-death-reason": "rejected"}
+    for none in ("", " ", b"\t", {"id": 7}, [1], True, 2.5):
+        assert envelope.copy_headers({envelope.TENANT: none, "k": 1, **death}) == {"k": 1}
+    kept = envelope.copy_headers({envelope.TENANT: b"acme", "k": 1})
+    assert kept == {envelope.TENANT: b"acme", "k": 1}  # as received: same type, same bytes
 
 
 def test_evidence_and_replay_carry_no_empty_tenant() -> None:
