@@ -212,6 +212,25 @@ def parse_runs(value: Any) -> int:
     return number if number is not None and number >= 0 else 0
 
 
+#: Longest AMQP ``shortstr`` in bytes (AMQP 0-9-1 §4.2.5.3): ``message_id``, ``type``, a
+#: header name, a routing key. pamqp raises a bare ``TypeError`` on a longer one.
+SHORTSTR_MAX_BYTES: Final = 255
+
+
+def shortstr_problem(label: str, value: str) -> str | None:
+    """Why ``value`` can't be the AMQP shortstr ``label`` (empty, or over 255 UTF-8 bytes), or None.
+
+    The limit counts UTF-8 bytes, not characters: ``"é" * 128`` is 128 characters and 256 bytes.
+    """
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if 0 < size <= SHORTSTR_MAX_BYTES:
+        return None
+    return (
+        f"{label} must be 1-{SHORTSTR_MAX_BYTES} UTF-8 bytes (got {size} bytes, {len(value)} characters): "
+        "an AMQP short string"
+    )
+
+
 def tenant_of(value: Any) -> str | None:
     """The tenant an ``amqpjobs-tenant`` header value (as decoded from the wire) names, or None.
 
@@ -304,18 +323,21 @@ def job_message(
             or ``amqpjobs-`` (ours).
 
     Raises:
-        ValueError: a reserved header name, a priority outside 0-255, an empty job id, or a
-            payload JSON can't hold (NaN, sets, ...).
+        ValueError: a reserved header name, a priority outside 0-255, an empty job id, a job id
+            or header name over 255 UTF-8 bytes (:func:`shortstr_problem`), or a payload JSON
+            can't hold (NaN, sets, ...).
 
     """
     extra = dict(headers or {})
     for name in extra:
         if name.lower().startswith(("x-", "amqpjobs-")):
             raise ValueError(f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved")
+        if problem := shortstr_problem("header name", name):
+            raise ValueError(f"header {name[:40]!r}: {problem}")
     if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
         raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
-    if not job_id or len(job_id) > 255:
-        raise ValueError(f"job_id must have 1-255 characters (got {job_id!r})")
+    if problem := shortstr_problem("job_id", job_id):
+        raise ValueError(f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})")
     ours: dict[str, Any] = {ATTEMPT: 1, ENQUEUED_AT: iso_utc(now)}
     if tenant is not None:
         ours[TENANT] = tenant
