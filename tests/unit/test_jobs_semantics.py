@@ -68,6 +68,13 @@ def test_evidence_stays_under_budget(size: int) -> None:
         assert headers[ERROR_MESSAGE] == "m" * 10
 
 
+def test_evidence_keeps_a_long_tenant_whole() -> None:
+    """No tenant limit of ours: the quarantined copy (and so its replay) keeps the tenant, and its shard."""
+    tenant = "\u00e9" * 3000  # 6000 bytes, over the 1 KiB the other short evidence values are trimmed to
+    headers = evidence_headers(replace(failure("m", ""), tenant=tenant))
+    assert headers[TENANT] == tenant
+
+
 def test_evidence_survives_surrogates() -> None:
     """Lone surrogates (os.fsdecode of a non-UTF-8 path) can't be encoded: each becomes "?", the rest stays."""
     bad = replace(
