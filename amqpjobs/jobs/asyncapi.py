@@ -52,8 +52,9 @@ def headers_schema() -> dict[str, Any]:
             envelope.ATTEMPT: {
                 "type": "integer", "minimum": 1, "default": 1,
                 "description": "The attempt this delivery is: 1 for a new job (missing = 1). Also read: "
-                "ASCII digit strings. Anything else counts as 1; above the job's max_attempts the job is "
-                "quarantined 'exhausted' without running.",
+                "ASCII digit strings (whitespace around them ignored, no sign) and integral floats. Anything "
+                "else counts as 1; above the job's max_attempts the job is quarantined 'exhausted' without "
+                "running.",
             },
             envelope.TENANT: {
                 "type": "string",
@@ -63,8 +64,9 @@ def headers_schema() -> dict[str, Any]:
             },
             envelope.ENQUEUED_AT: {
                 "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],
-                "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Optional: "
-                "the timestamp property is used without it.",
+                "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Also read: an "
+                "AMQP timestamp, a non-negative integer or float of seconds (milliseconds above 2**32 - 1). "
+                "Optional: the timestamp property is used without it (or for anything else).",
             },
             envelope.JOB: {
                 "type": "string",

@@ -257,6 +257,10 @@ def test_evidence_and_replay_carry_no_empty_tenant() -> None:
         (b"2026-11-30T09:00:00.000Z", "2026-11-30T09:00:00+00:00"),
         (datetime(2026, 11, 30, 9), "2026-11-30T09:00:00+00:00"),  # naive: UTC
         ("yesterday", None), (True, None), (10**30, None), (None, None),
+        (1_764_493_200.5, "2025-11-30T09:00:00.500000+00:00"),  # a float: Date.now() / 1000 from JavaScript
+        (1_764_493_200_123.0, "2025-11-30T09:00:00.123000+00:00"),  # a float of milliseconds
+        (-1, None), (-1.5, None), (-(10**12), None),  # before 1970: no enqueue time, not 1969
+        (float("nan"), None), (float("inf"), None), ({"t": 1}, None), ([1], None),
     ],
 )  # fmt: skip
 def test_one_time_rule(value: object, expected: str | None) -> None:
