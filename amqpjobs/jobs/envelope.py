@@ -217,17 +217,17 @@ def parse_runs(value: Any) -> int:
 SHORTSTR_MAX_BYTES: Final = 255
 
 
-def shortstr_problem(label: str, value: str) -> str | None:
-    """Why ``value`` can't be the AMQP shortstr ``label`` (empty, or over 255 UTF-8 bytes), or None.
+def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
+    """Why ``value`` can't be the AMQP shortstr ``label`` (under ``min_bytes``, or over 255 UTF-8 bytes), or None.
 
     The limit counts UTF-8 bytes, not characters: ``"é" * 128`` is 128 characters and 256 bytes.
     """
     size = len(value.encode("utf-8", "surrogatepass"))
-    if 0 < size <= SHORTSTR_MAX_BYTES:
+    if min_bytes <= size <= SHORTSTR_MAX_BYTES:
         return None
     return (
-        f"{label} must be 1-{SHORTSTR_MAX_BYTES} UTF-8 bytes (got {size} bytes, {len(value)} characters): "
-        "an AMQP short string"
+        f"{label} must be {min_bytes}-{SHORTSTR_MAX_BYTES} UTF-8 bytes (got {size} bytes, {len(value)} "
+        "characters): an AMQP short string"
     )
 
 
@@ -332,7 +332,7 @@ def job_message(
     for name in extra:
         if name.lower().startswith(("x-", "amqpjobs-")):
             raise ValueError(f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved")
-        if problem := shortstr_problem("header name", name):
+        if problem := shortstr_problem("header name", name, min_bytes=0):
             raise ValueError(f"header {name[:40]!r}: {problem}")
     if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
         raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
