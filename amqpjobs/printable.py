@@ -12,6 +12,10 @@ either, Python-style, and leaves everything else (any script, emoji) as it is:
   marks and overrides (U+200E/F, U+202A-E, U+2066-9) that make text read other than it is,
   and the byte-order mark U+FEFF.
 
+In a ``key=value`` line (logfmt), :func:`logfmt_value` also quotes a value holding
+whitespace, ``=``, ``"`` or ``\``, so a job id ``x outcome=succeeded`` stays one value
+instead of adding an ``outcome`` key.
+
 JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dumps``);
 :func:`json_safe` escapes the rest of the list above as ``\uXXXX`` (still the same JSON).
 """
@@ -23,6 +27,7 @@ from typing import Final
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 _JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+_NEEDS_QUOTES: Final = re.compile(r'[\s="\\]')
 _NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -39,6 +44,22 @@ def printable(text: str) -> str:
     'id-1\\n2026-11-30 INFO forged\\x1b[31m'
     """
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def logfmt_value(value: object) -> str:
+    r"""``value`` as one value of a logfmt ``key=value`` line, made :func:`printable`.
+
+    Quoted, with ``\`` and ``"`` escaped by a backslash, when it is empty or holds whitespace
+    (any, Unicode included), ``=``, ``"``, ``\`` or a character :func:`printable` escapes;
+    otherwise as it is.
+
+    >>> logfmt_value("order-42"), logfmt_value('x outcome="ok"')
+    ('order-42', '"x outcome=\\"ok\\""')
+    """
+    text = str(value)
+    if text and not _NEEDS_QUOTES.search(text) and not _UNSAFE.search(text):
+        return text
+    return '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 def printable_block(text: str, indent: str = "    ") -> str:

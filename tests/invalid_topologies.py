@@ -93,6 +93,47 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "binding[0].destination",
         "loop",
     ),
+    "shards-headers-exchange": (
+        '[[exchange]]\nname = "jobs"\ntype = "headers"\n' + job("shards = 4"),
+        "job_queue[0].shards",
+        "direct or topic",
+    ),
+    "shards-fanout-exchange": (
+        '[[exchange]]\nname = "jobs"\ntype = "fanout"\n' + job("shards = 2"),
+        "job_queue[0].shards",
+        "every shard",
+    ),
+    "shards-hash-exchange": (
+        '[[exchange]]\nname = "jobs"\ntype = "x-consistent-hash"\n' + job('routing_keys = ["1"]\nshards = 2'),
+        "job_queue[0].shards",
+        "direct or topic",
+    ),
+    "shards-topic-wildcard-key": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n' + job('routing_keys = ["work.*"]\nshards = 2'),
+        "job_queue[0].routing_keys",
+        "wildcard",
+    ),
+    "shards-topic-wildcard-of-another-job-queue": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n'
+        + job('routing_keys = ["work"]\nshards = 2')
+        + job('routing_keys = ["work.#"]', name="other"),
+        "job_queue[1].routing_keys",
+        "work.shard-0",
+    ),
+    "shards-topic-user-binding-reaches-two-shards": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n'
+        + job("shards = 2")
+        + '[[binding]]\nsource = "jobs"\ndestination = "work.shard-1"\nrouting_key = "work.*"\n',
+        "binding[0].routing_key",
+        "shard",
+    ),
+    "shards-direct-user-binding-reaches-two-shards": (
+        HEADER
+        + job("shards = 2")
+        + '[[binding]]\nsource = "jobs"\ndestination = "work.shard-1"\nrouting_key = "work.shard-0"\n',
+        "binding[0].routing_key",
+        "shard",
+    ),
     "empty-file": ("# nothing here\n", "-", "declares nothing"),
     "table-not-list": ('[exchange]\nname = "jobs"\n', "exchange", "[[exchange]]"),
 }

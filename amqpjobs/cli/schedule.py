@@ -14,6 +14,7 @@ from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule, format_tick
 from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.scheduler import SchedulerOptions, run_scheduler
@@ -66,8 +67,8 @@ def schedule_list(app_ref: str, count: int, after: str | None) -> None:
 def _describe(s: Schedule, start: datetime, count: int) -> list[str]:
     """The schedule's line, then its next ``count`` fire times after ``start`` (UTC and local)."""
     lines = [
-        f"{s.name}  job={s.job}  cron={s.rule.expression!r}  tz={s.rule.tz}  missed={s.missed}  "
-        f"overlap={s.overlap}  grace={format_duration(s.grace)}"
+        f"{logfmt_value(s.name)}  job={logfmt_value(s.job)}  cron={s.rule.expression!r}  tz={s.rule.tz}  "
+        f"missed={s.missed}  overlap={s.overlap}  grace={format_duration(s.grace)}"
     ]
     for tick in s.rule.upcoming(start, count):
         local = tick.astimezone(s.rule.zone)

@@ -15,7 +15,9 @@ the wire format (README "Wire format"):
   ``x-amqp-properties`` extension the JSON Schema of the AMQP basic properties to set.
 
 Pydantic's ``$defs`` are hoisted into ``components/schemas`` (a ``$ref`` in an AsyncAPI
-document resolves against the document, not against the payload schema).
+document resolves against the document, not against the payload schema). That namespace is
+the app's alone: our headers' schema is inline in each message, so an app model of any name
+(``AmqpjobsHeaders`` included) can't replace it or be replaced.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from amqpjobs.topology.models import JobQueueLayout, Topology
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 AMQP_BINDING_VERSION: Final = "0.3.0"
-HEADERS_SCHEMA: Final = "AmqpjobsHeaders"
 _KEY_UNSAFE = re.compile(r"[^\w.\-]")
 
 
@@ -51,18 +52,21 @@ def headers_schema() -> dict[str, Any]:
             envelope.ATTEMPT: {
                 "type": "integer", "minimum": 1, "default": 1,
                 "description": "The attempt this delivery is: 1 for a new job (missing = 1). Also read: "
-                "ASCII digit strings. Anything else counts as 1; above the job's max_attempts the job is "
-                "quarantined 'exhausted' without running.",
+                "ASCII digit strings (whitespace around them ignored, no sign) and integral floats. Anything "
+                "else counts as 1; above the job's max_attempts the job is quarantined 'exhausted' without "
+                "running.",
             },
             envelope.TENANT: {
-                "type": "string", "maxLength": 255,
+                "type": "string",
                 "description": "Tenant key, optional; picks the shard of a sharded job queue. "
-                "'' (or blank) means no tenant.",
+                "'' (or blank) means no tenant. No length limit of ours (an AMQP long string: the "
+                "whole header table must fit in one frame, frame_max, 128 KiB by default).",
             },
             envelope.ENQUEUED_AT: {
                 "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],
-                "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Optional: "
-                "the timestamp property is used without it.",
+                "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Also read: an "
+                "AMQP timestamp, a non-negative integer or float of seconds (milliseconds above 2**32 - 1). "
+                "Optional: the timestamp property is used without it (or for anything else).",
             },
             envelope.JOB: {
                 "type": "string",
@@ -76,7 +80,11 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
     """JSON Schema of the AMQP basic properties of a job message (``x-amqp-properties``)."""
     props: dict[str, Any] = {
         "content_type": {"const": envelope.CONTENT_TYPE},
-        "message_id": {"type": "string", "minLength": 1, "maxLength": 255, "description": "The job id."},
+        "message_id": {
+            "type": "string", "minLength": 1, "maxLength": envelope.SHORTSTR_MAX_BYTES,
+            "description": f"The job id: 1-{envelope.SHORTSTR_MAX_BYTES} UTF-8 bytes (an AMQP short string; "
+            "maxLength counts characters, so it is only an upper bound: 128 'é' are 256 bytes, too long).",
+        },
         "type": {"const": job.name, "description": "The job name."},
         "timestamp": {
             "type": "integer", "minimum": 0,
@@ -158,7 +166,6 @@ def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], t
     jobs = sorted(jobs, key=lambda j: j.name)
     exchange_types = {e.name: e.type for e in topology.exchanges}
     payloads, schemas = _payload_schemas(jobs)
-    schemas = {**schemas, HEADERS_SCHEMA: headers_schema()}
     message_keys: set[str] = set()
     messages: dict[str, Any] = {}
     channels: dict[str, Any] = {}
@@ -176,7 +183,9 @@ def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], t
             "title": f"job {job.name}",
             "summary": f"Enqueue job {job.name!r} (job queue {job.queue!r}).",
             "contentType": envelope.CONTENT_TYPE,
-            "headers": {"$ref": f"#/components/schemas/{HEADERS_SCHEMA}"},
+            # inline, not in components/schemas: that namespace is the app's pydantic models', and an
+            # app model may have any name there
+            "headers": headers_schema(),
             "payload": payloads.get(job.name, {"type": "object", "description": "Any JSON object."}),
             "bindings": {"amqp": {"messageType": job.name, "bindingVersion": AMQP_BINDING_VERSION}},
             "x-amqp-properties": _properties_schema(job, layout),

@@ -25,6 +25,7 @@ from typing import Any, Final
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
+from amqpjobs.text import as_text
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -211,13 +212,40 @@ def parse_runs(value: Any) -> int:
     return number if number is not None and number >= 0 else 0
 
 
-def tenant_of(value: str | None) -> str | None:
-    """The tenant a header value names: None for absent, empty or blank (``enqueue`` refuses those).
+#: Longest AMQP ``shortstr`` in bytes (AMQP 0-9-1 §4.2.5.3): ``message_id``, ``type``, a
+#: header name, a routing key. pamqp raises a bare ``TypeError`` on a longer one.
+SHORTSTR_MAX_BYTES: Final = 255
 
-    A publisher we don't control may send ``amqpjobs-tenant: ""`` for "no tenant"; it reads
-    as no tenant everywhere (handler, evidence, replay), never as a tenant named ``""``.
+
+def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
+    """Why ``value`` can't be the AMQP shortstr ``label`` (under ``min_bytes``, or over 255 UTF-8 bytes), or None.
+
+    The limit counts UTF-8 bytes, not characters: ``"é" * 128`` is 128 characters and 256 bytes.
     """
-    return value if value is not None and value.strip() else None
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if min_bytes <= size <= SHORTSTR_MAX_BYTES:
+        return None
+    return (
+        f"{label} must be {min_bytes}-{SHORTSTR_MAX_BYTES} UTF-8 bytes (got {size} bytes, {len(value)} "
+        "characters): an AMQP short string"
+    )
+
+
+def tenant_of(value: Any) -> str | None:
+    """The tenant an ``amqpjobs-tenant`` header value (as decoded from the wire) names, or None.
+
+    The one "no tenant" rule (handler's ``ctx.tenant``, evidence, every copy, replay): a
+    string or byte array (UTF-8, bad bytes as U+FFFD) names a tenant unless it is empty or
+    blank (``enqueue`` refuses those; a publisher we don't control may send ``""`` for "no
+    tenant"); an integer names the tenant of its decimal digits; absent and any other AMQP
+    type (table, array, boolean, float, decimal, timestamp, void) name none.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str | bytes | bytearray):
+        return None
+    text = as_text(value)
+    return text if text.strip() else None
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -234,8 +262,8 @@ def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
 
 
 def tenant_in(headers: Mapping[str, Any]) -> str | None:
-    """Tenant key from our header, or None (absent, or empty/blank: no tenant, README "Wire format")."""
-    return tenant_of(_text_or_none(headers.get(TENANT)))
+    """Tenant key from our header, or None (absent, empty/blank or not text: no tenant, see :func:`tenant_of`)."""
+    return tenant_of(headers.get(TENANT))
 
 
 def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | None:
@@ -251,6 +279,19 @@ def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | Non
 def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
     return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
+
+
+def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers a copy of a received job (tier, quarantine, replay) starts from.
+
+    :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
+    (:func:`tenant_of`) left out: absent stays absent, and a foreign ``""`` becomes absent.
+    Every other header is kept as received (same object: same type, same bytes).
+    """
+    out = strip_broker_headers(headers)
+    if TENANT in out and tenant_of(out[TENANT]) is None:
+        del out[TENANT]
+    return out
 
 
 def iso_utc(timestamp: float) -> str:
@@ -282,18 +323,21 @@ def job_message(
             or ``amqpjobs-`` (ours).
 
     Raises:
-        ValueError: a reserved header name, a priority outside 0-255, an empty job id, or a
-            payload JSON can't hold (NaN, sets, ...).
+        ValueError: a reserved header name, a priority outside 0-255, an empty job id, a job id
+            or header name over 255 UTF-8 bytes (:func:`shortstr_problem`), or a payload JSON
+            can't hold (NaN, sets, ...).
 
     """
     extra = dict(headers or {})
     for name in extra:
         if name.lower().startswith(("x-", "amqpjobs-")):
             raise ValueError(f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved")
+        if problem := shortstr_problem("header name", name, min_bytes=0):
+            raise ValueError(f"header {name[:40]!r}: {problem}")
     if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
         raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
-    if not job_id or len(job_id) > 255:
-        raise ValueError(f"job_id must have 1-255 characters (got {job_id!r})")
+    if problem := shortstr_problem("job_id", job_id):
+        raise ValueError(f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})")
     ours: dict[str, Any] = {ATTEMPT: 1, ENQUEUED_AT: iso_utc(now)}
     if tenant is not None:
         ours[TENANT] = tenant

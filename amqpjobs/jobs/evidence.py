@@ -66,6 +66,7 @@ class Failure:
         exchange / queue / routing_key: Where the delivery came from.
         job / job_id: The job, as far as known (``""`` when not).
         tenant: The tenant, ``""`` (or blank) for none: then no tenant header is written.
+            Kept whole, never trimmed (no tenant limit of ours; a replay keeps its shard).
         delivery_count / acquired_count: The broker's quorum-queue counters on the
             delivery (``x-delivery-count``, ``x-acquired-count`` from 4.3), 0 when absent
             (classic queues, a first delivery); see :func:`delivery_counters`.
@@ -167,9 +168,9 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         DELIVERY_COUNT: f.delivery_count,
         ACQUIRED_COUNT: f.acquired_count,
     }
-    if f.tenant.strip():
-        short[TENANT] = f.tenant
     short = {k: (_trim_head(_clean(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
+    if f.tenant.strip():  # whole: the replayed copy must keep its tenant (and shard); it came in this size
+        short[TENANT] = _clean(f.tenant)
     room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})
     message, tb = _clean(f.error_message), _clean(f.traceback)
     msg_room = max(256, room // 4)

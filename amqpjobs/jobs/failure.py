@@ -63,7 +63,7 @@ def retry_headers(
     received: Mapping[str, Any], decision: RetryLater, runs: int, exchange: str, routing_key: str, now: str
 ) -> dict[str, Any]:
     """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits)."""
-    headers = envelope.strip_broker_headers(received)
+    headers = envelope.copy_headers(received)
     if not decision.wait:  # an outcome was reached: the start count begins again
         for name in crash.START_HEADERS:
             headers.pop(name, None)
@@ -88,7 +88,7 @@ def unstarted_headers(
     now: str,
 ) -> dict[str, Any]:
     """Headers of an unstarted copy: registered for its next start (``register``), or handed back."""
-    headers = envelope.strip_broker_headers(received)
+    headers = envelope.copy_headers(received)
     if register is not None:
         headers[crash.STARTS] = register.start
         headers[crash.LAST_START_HOST] = host
@@ -146,7 +146,7 @@ def quarantine_headers(
         tenant=envelope.tenant_in(received) or "",
         **delivery_counters(received),
     )
-    headers = envelope.strip_broker_headers(received)
+    headers = envelope.copy_headers(received)
     headers[envelope.RUNS] = runs
     headers.update(evidence_headers(failure))
     return headers

@@ -257,10 +257,8 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
     the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
     arrives in quarantine carrying both failures.
     """
-    out = {k: v for k, v in envelope.strip_broker_headers(headers).items() if k not in _RESET}
+    out = {k: v for k, v in envelope.copy_headers(headers).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
-    if evidence.TENANT in out and envelope.tenant_of(header_text(out[evidence.TENANT])) is None:
-        del out[evidence.TENANT]  # "" is no tenant (README "Wire format"): the copy goes without one
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
     out[PREVIOUS_REASON] = item.reason

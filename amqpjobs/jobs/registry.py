@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.retry import RetryPolicy
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -156,7 +157,7 @@ class JobRegistry:
         """Register the decorated function as job ``name``.
 
         Args:
-            name: Job name, 1-255 characters (sent as the AMQP ``type`` property).
+            name: Job name, 1-255 UTF-8 bytes (sent as the AMQP ``type`` property, a shortstr).
             queue: Job queue name from the topology.
             payload: Pydantic model for the payload; None accepts any JSON object.
             retry: Retry policy; default :class:`RetryPolicy` ().
@@ -176,8 +177,8 @@ class JobRegistry:
             ConfigurationError: a job of that name exists, or an argument is invalid.
 
         """
-        if not name or len(name) > 255:
-            raise ConfigurationError(f"job name {name!r} must have 1-255 characters")
+        if problem := shortstr_problem(f"job name {name[:40]!r}", name):
+            raise ConfigurationError(problem)
         if name in self._jobs:
             raise ConfigurationError(f"job {name!r} is registered twice")
         try:

@@ -29,14 +29,17 @@ def epoch_seconds(value: float) -> float:
 def parse_time(value: Any) -> datetime | None:
     """Read a time from a header or property value as an aware UTC datetime.
 
-    Accepts a ``datetime`` (naive taken as UTC), an integer or float (seconds, or
-    milliseconds above :data:`MILLISECONDS_ABOVE`), or ISO-8601 text as ``str`` or
-    ``bytes`` (``Z`` or an offset; none means UTC). Anything else, or a time out of range,
-    is None.
+    Accepts a ``datetime`` (naive taken as UTC), a non-negative integer or float (seconds,
+    or milliseconds above :data:`MILLISECONDS_ABOVE`; a float is what JavaScript's
+    ``Date.now() / 1000`` becomes), or ISO-8601 text as ``str`` or ``bytes`` (``Z`` or an
+    offset; none means UTC). Anything else (a negative number, a table, a boolean), or a
+    time out of range, is None.
     """
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if not value >= 0:  # before 1970 (and NaN): no enqueue time of a job
+            return None
         try:
             return datetime.fromtimestamp(epoch_seconds(value), UTC)
         except (ValueError, OverflowError, OSError):

@@ -34,6 +34,7 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
+from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.runs import HandlerRuns
@@ -119,12 +120,13 @@ class DeliveryPath(HandlerRuns):
         if isinstance(d, RetryLater):
             extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
         elif isinstance(d, Quarantine):
-            extra = f" reason={d.reason}"
+            extra = f" reason={logfmt_value(d.reason)}"
         if outcome.error:
-            extra += f" error={outcome.error}"
+            extra += f" error={logfmt_value(outcome.error)}"
         log.info(
             "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
-            outcome.job or "?", outcome.job_id, outcome.attempt, outcome.duration, kind, extra,
+            logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration, kind,
+            extra,
             "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
         )  # fmt: skip
         if self._on_outcome is not None:
@@ -181,8 +183,8 @@ class DeliveryPath(HandlerRuns):
         if alone:
             log.warning(
                 "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
-                "alone on %s pid %d", job.name, job_id, screening.start, layout.max_redeliveries + 1, self._host,
-                self._pid,
+                "alone on %s pid %d", logfmt_value(job.name), logfmt_value(job_id), screening.start,
+                layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run

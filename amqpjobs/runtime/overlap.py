@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.registry import JobContext
+from amqpjobs.printable import logfmt_value
 from amqpjobs.text import as_text
 from amqpjobs.wire import ticks
 
@@ -97,8 +98,8 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
         if name is None or schedule is None or schedule.overlap != "skip":
             return await handler(payload, ctx)
         if name in held:
-            log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job, ctx.job_id,
-                     name)  # fmt: skip
+            log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
+                     logfmt_value(ctx.job), logfmt_value(ctx.job_id), name)  # fmt: skip
             return None
         held.add(name)
         try:
@@ -107,8 +108,8 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
             assert connection is not None
             marker = _Marker(connection, cron.running_queue(app.name, name))
             if not await marker.acquire():
-                log.info("job=%s id=%s skipped: the previous run of schedule %s is still running", ctx.job,
-                         ctx.job_id, name)  # fmt: skip
+                log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
+                         logfmt_value(ctx.job), logfmt_value(ctx.job_id), name)  # fmt: skip
                 return None
             try:
                 return await handler(payload, ctx)

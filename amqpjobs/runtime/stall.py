@@ -27,6 +27,8 @@ from collections import deque
 from types import FrameType
 from typing import Any
 
+from amqpjobs.printable import logfmt_value
+
 log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds between ticks of the loop task and looks of the watching thread.
@@ -114,7 +116,7 @@ class StallWatch:
                 "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
                 "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
                 "thread) or move the blocking call into `await asyncio.to_thread(...)`",
-                job, job_id, blocked,
+                logfmt_value(job), logfmt_value(job_id), blocked,
             )  # fmt: skip
 
     def _watch(self) -> None:

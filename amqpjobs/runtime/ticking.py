@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message
+from amqpjobs.printable import logfmt_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
 from amqpjobs.wire.connection import connect
@@ -215,7 +216,8 @@ class TickFiring:
             extra = f" missed={cron.format_tick(event.missed_from)}..{cron.format_tick(event.missed_until)}"
         log.info(
             "schedule=%s tick=%s id=%s outcome=%s%s",
-            event.schedule, cron.format_tick(event.tick), event.job_id or "-", event.kind, extra,
+            logfmt_value(event.schedule), cron.format_tick(event.tick), logfmt_value(event.job_id or "-"), event.kind,
+            extra,
         )  # fmt: skip
         if self._on_event is not None:
             self._on_event(event)

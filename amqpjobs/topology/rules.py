@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from amqpjobs.errors import Problem
+from amqpjobs.topology import naming
 from amqpjobs.topology.models import JobQueueSpec, TopologyFile
 from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_priority_refusal
 
@@ -35,7 +36,91 @@ def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
                                     f"{other!r}: every such job would run twice",
                                     "give each job queue its own routing keys")
                         )  # fmt: skip
-    return problems
+    return problems + shard_routing_checks(parsed)
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """Whether topic binding key ``pattern`` matches routing key ``key``.
+
+    RabbitMQ tutorial 5 ("Topics"): words are dot-separated, ``*`` stands for exactly one
+    word and ``#`` for zero or more.
+    """
+
+    def match(p: list[str], k: list[str]) -> bool:
+        if not p:
+            return not k
+        if p[0] == "#":
+            return any(match(p[1:], k[i:]) for i in range(len(k) + 1))
+        return bool(k) and p[0] in ("*", k[0]) and match(p[1:], k[1:])
+
+    return match(pattern.split("."), key.split("."))
+
+
+def shard_routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
+    """Sharded job queues whose routing could deliver one job to several work queues.
+
+    A publisher routes a job to shard ``i`` by routing key ``<key>.shard-<i>``
+    (:meth:`~amqpjobs.topology.models.JobQueueLayout.routing_key_for`), so the exchange must
+    route by routing key (``direct`` or ``topic``: a ``fanout`` or ``headers`` exchange
+    ignores it and copies the job to every shard), the key must name one route (no topic
+    wildcard in it), and no other binding of that exchange to a work queue may match it.
+    """
+    problems: list[Problem] = []
+    types = {e.name: e.type for _, tf in parsed for e in tf.exchange}
+    # (exchange, binding key, work queue, where the binding is written) of every binding to a work queue
+    bound: list[tuple[str, str, str, str, str]] = []
+    for file, tf in parsed:
+        for i, jq in enumerate(tf.job_queue):
+            if jq.shards == 1:
+                bound.extend((jq.exchange, k, jq.name, file, f"job_queue[{i}].routing_keys") for k in jq.keys)
+            else:
+                bound.extend(
+                    (jq.exchange, naming.shard_routing_key(jq.keys[0], s), naming.work_queue_name(jq.name, s),
+                     file, f"job_queue[{i}].shards")
+                    for s in range(jq.shards)
+                )  # fmt: skip
+    works = {w for _, _, w, _, _ in bound}
+    for file, tf in parsed:
+        for i, b in enumerate(tf.binding):
+            if b.destination_type == "queue" and b.destination in works:
+                bound.append((b.source, b.routing_key, b.destination, file, f"binding[{i}].routing_key"))
+    for file, tf in parsed:
+        for i, jq in enumerate(tf.job_queue):
+            kind = types.get(jq.exchange)
+            if jq.shards == 1 or kind is None:
+                continue
+            if kind not in ("direct", "topic"):
+                problems.append(
+                    Problem(file, f"job_queue[{i}].shards",
+                            f"job queue {jq.name!r} has {jq.shards} shards but exchange {jq.exchange!r} is a {kind} "
+                            "exchange, which does not route by routing key: every job would reach every shard and "
+                            f"run {jq.shards} times",
+                            "shards need a direct or topic exchange: declare one for this job queue, or remove shards")
+                )  # fmt: skip
+                continue
+            if kind == "topic" and any(w in ("*", "#") for w in jq.keys[0].split(".")):
+                problems.append(
+                    Problem(file, f"job_queue[{i}].routing_keys",
+                            f"job queue {jq.name!r} is sharded, so its first routing key {jq.keys[0]!r} is what "
+                            "publishers send (with .shard-<i>); a topic wildcard (* or #) in it is not one route",
+                            "give a sharded job queue a routing key without * or # words")
+                )  # fmt: skip
+                continue
+            for s in range(jq.shards):
+                key = naming.shard_routing_key(jq.keys[0], s)
+                shard = naming.work_queue_name(jq.name, s)
+                for exchange, pattern, dest, where_file, where in bound:
+                    hit = pattern == key if kind == "direct" else topic_matches(pattern, key)
+                    if exchange == jq.exchange and dest != shard and hit:
+                        problems.append(
+                            Problem(where_file, where,
+                                    f"binding key {pattern!r} of exchange {jq.exchange!r} to {dest!r} also matches "
+                                    f"{key!r}, the routing key of shard {shard!r}: every job of that shard would run "
+                                    "twice",
+                                    "bind the other work queue with keys that no <key>.shard-<i> of a sharded job "
+                                    "queue matches")
+                        )  # fmt: skip
+    return list(dict.fromkeys(problems))
 
 
 def _quorum_priority_rules(

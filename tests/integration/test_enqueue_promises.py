@@ -16,7 +16,13 @@ import aio_pika
 import pytest
 
 from amqpjobs import App
-from amqpjobs.errors import MessageTooLargeError, PublishError, PublishNackedError, UnroutableError
+from amqpjobs.errors import (
+    ConfigurationError,
+    MessageTooLargeError,
+    PublishError,
+    PublishNackedError,
+    UnroutableError,
+)
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
@@ -100,6 +106,22 @@ async def test_a_full_queue_with_reject_publish_nacks_the_enqueue(broker: Broker
     finally:
         await app.close()
     assert [m.message_id for m in await drain(broker, "capped")] == ["first"]
+
+
+async def test_a_job_id_is_limited_in_utf8_bytes_not_characters(broker: BrokerSettings, tmp_path: Path):
+    """255 bytes go out whole; 256 bytes in 128 characters are a ConfigurationError, not pamqp's TypeError."""
+    app = await make(broker, tmp_path)
+    longest = "\u00e9" * 127 + "i"  # 255 UTF-8 bytes
+    try:
+        await app.enqueue("roll", {}, job_id=longest)
+        with pytest.raises(ConfigurationError, match=r"job_id must be 1-255 UTF-8 bytes \(got 256 bytes, 128 char"):
+            await app.enqueue("roll", {}, job_id="\u00e9" * 128)
+        with pytest.raises(ConfigurationError, match="header name must be 0-255 UTF-8 bytes"):
+            await app.enqueue("roll", {}, headers={"\u00e9" * 128: 1})
+        await app.enqueue("roll", {}, job_id="after")  # nothing broke the publisher
+    finally:
+        await app.close()
+    assert [m.message_id for m in await drain(broker, "rolling")] == [longest, "after"]
 
 
 async def test_drop_head_over_max_length_dead_letters_the_oldest_into_quarantine(

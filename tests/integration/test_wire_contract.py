@@ -85,16 +85,25 @@ async def test_no_tenant_stays_absent_through_quarantine_and_replay(broker: Brok
         # a foreign publisher's "" means no tenant (documented)
         await publish(broker, b'{"to": "a@b", "order_id": 2}', message_id="empty-tenant", type="mail",
                       headers={envelope.TENANT: ""})  # fmt: skip
-        await rec.wait_for(lambda o: len(o) == 2)
+        await publish(broker, b'{"to": "a@b", "order_id": 3}', message_id="blank-tenant", type="mail",
+                      headers={envelope.TENANT: " \t "})  # fmt: skip
+        await publish(broker, b'{"to": "a@b", "order_id": 4}', message_id="table-tenant", type="mail",
+                      headers={envelope.TENANT: {"id": 7}})  # fmt: skip
+        await rec.wait_for(lambda o: len(o) == 4)
         headers = await quarantined(broker)
         report = await replay(broker, "work.quarantine", ReplayOptions(rate=100))
-        await rec.wait_for(lambda o: len(o) == 4)
+        await rec.wait_for(lambda o: len(o) == 8)
     await app.close()
-    assert report.replayed == 2
-    assert envelope.TENANT not in headers["no-tenant"]  # evidence writes no tenant it doesn't have
-    assert sorted(seen) == [
-        ("empty-tenant", None, False), ("empty-tenant", None, True),  # the replayed copy has no ""
+    assert report.replayed == 4
+    # evidence writes no tenant it doesn't have, and keeps no foreign "no tenant" either (README evidence table)
+    assert {job_id: envelope.TENANT in h for job_id, h in headers.items()} == dict.fromkeys(
+        ["no-tenant", "empty-tenant", "blank-tenant", "table-tenant"], False
+    )
+    assert sorted(seen) == [  # ctx.headers are as received: the foreign header, then none on the replayed copy
+        ("blank-tenant", None, False), ("blank-tenant", None, True),
+        ("empty-tenant", None, False), ("empty-tenant", None, True),
         ("no-tenant", None, False), ("no-tenant", None, False),
+        ("table-tenant", None, False), ("table-tenant", None, True),  # a table is no tenant (not its repr)
     ]  # fmt: skip
 
 
@@ -177,7 +186,7 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     assert [c for c in TERMINAL if c in log_text] == []
     outcome_lines = [line for line in lines if " outcome=" in line]
     assert len(outcome_lines) == 3, outcome_lines
-    assert any("id=bad-payload\\n2026-11-30" in line for line in outcome_lines), outcome_lines
+    assert any('id="bad-payload\\n2026-11-30' in line for line in outcome_lines), outcome_lines
 
     show = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.quarantine")
     assert show.exit_code == 0, show.output
@@ -195,6 +204,36 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work.quarantine")
     assert [c for c in TERMINAL if c in listed.stdout] == []
     assert len(listed.stdout.splitlines()) == 2 + 3  # queue line, header line, one row per (job, reason, type)
+
+
+LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?=\s|$)')
+
+
+async def test_a_hostile_value_forges_no_key_in_the_plain_log(
+    broker: BrokerSettings, tmp_path: Path, text_log: io.StringIO
+) -> None:
+    """A value with a space, ``=`` or ``"`` is one quoted logfmt value: ``grep outcome=succeeded`` counts right."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work", payload=Mail)
+    async def mail(payload: Mail, ctx: JobContext) -> None:
+        raise Reject('no outcome=succeeded "quoted" \\" id=x')
+
+    async with running_worker(app, broker) as (_, rec):
+        await publish(broker, b"{}", message_id="x outcome=succeeded", type="mail")  # invalid payload
+        await publish(broker, b"{}", message_id='q" outcome=succeeded', type="mail outcome=succeeded")
+        await publish(broker, b'{"to": "a@b", "order_id": 1}', message_id="a=b outcome=succeeded", type="mail")
+        await rec.wait_for(lambda o: len(o) == 3)
+    await app.close()
+    outcome_lines = [line for line in text_log.getvalue().splitlines() if " outcome=" in line]
+    assert len(outcome_lines) == 3, outcome_lines
+    outcomes = []
+    for line in outcome_lines:
+        pairs = [(m.group(1), m.group(2)) for m in LOGFMT_PAIR.finditer(line.split(": ", 1)[1])]
+        assert [k for k, _ in pairs].count("outcome") == 1, line
+        assert [k for k, _ in pairs][:2] == ["job", "id"], line
+        outcomes += [v for k, v in pairs if k == "outcome"]
+    assert sorted(outcomes) == ["quarantined"] * 3
 
 
 async def wait_for_head_timestamp(broker: BrokerSettings, queue: str) -> int:

@@ -133,7 +133,7 @@ def test_channels_messages_and_bindings(tmp_path: Path) -> None:
     assert confirm["x-amqp-properties"]["properties"]["priority"]["maximum"] == 5
     assert "priority" not in messages["tenants.sync"]["x-amqp-properties"]["properties"]  # classic, no priorities
     assert messages["orders_raw_job"]["payload"] == {"type": "object", "description": "Any JSON object."}
-    headers = resolve(doc, confirm["headers"]["$ref"])
+    headers = confirm["headers"]  # inline: components/schemas is the app models' namespace
     assert sorted(headers["properties"]) == sorted([envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT,
                                                     envelope.JOB])  # fmt: skip
 
@@ -176,3 +176,47 @@ def test_cli_writes_the_document(tmp_path: Path, validator: jsonschema.Draft7Val
     ]  # fmt: skip
     stdout = CliRunner().invoke(main, ["asyncapi", "examples.shop:app"])
     assert json.loads(stdout.stdout) == doc
+
+
+def test_amqp_short_strings_state_their_limit_in_utf8_bytes(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    message_id = doc["components"]["messages"]["orders.confirm"]["x-amqp-properties"]["properties"]["message_id"]
+    assert "255 UTF-8 bytes" in message_id["description"]
+    assert message_id["maxLength"] == 255  # characters: an upper bound only (JSON Schema can't count bytes)
+
+
+def test_the_tenant_schema_has_the_limit_enqueue_has(tmp_path: Path) -> None:
+    """None: enqueue takes a tenant of any length, and so does the worker; the schema must not say 255."""
+    app = make_app(tmp_path)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    tenant = doc["components"]["messages"]["orders.confirm"]["headers"]["properties"][envelope.TENANT]
+    assert "maxLength" not in tenant
+    assert "No length limit of ours" in tenant["description"]
+
+
+def test_a_user_model_named_like_our_headers_schema_collides_with_nothing(tmp_path: Path) -> None:
+    (tmp_path / "t.toml").write_text(TOPOLOGY)
+    app = App("shop", topology=load_topology(tmp_path / "t.toml").topology)
+    user_model = type("AmqpjobsHeaders", (BaseModel,), {"__annotations__": {"sku": str}})
+    nested = type("Order", (BaseModel,), {"__annotations__": {"headers": user_model}})
+
+    async def handler(payload: Any, ctx: JobContext) -> None: ...
+
+    app.job("plain", queue="urgent", payload=user_model)(handler)
+    app.job("nested", queue="urgent", payload=nested)(handler)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    messages = doc["components"]["messages"]
+    for name in ("plain", "nested"):
+        headers = messages[name]["headers"]
+        headers = resolve(doc, headers["$ref"]) if "$ref" in headers else headers
+        assert sorted(headers["properties"]) == sorted(
+            [envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT, envelope.JOB]
+        ), name
+    user_schema = {**messages["plain"]["payload"], "components": doc["components"]}
+    user_schema = resolve(user_schema, user_schema["$ref"]) if "$ref" in user_schema else user_schema
+    assert list(user_schema["properties"]) == ["sku"]
+    nested_payload = {**messages["nested"]["payload"], "components": doc["components"]}
+    jsonschema.validate({"headers": {"sku": "x"}}, nested_payload)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"headers": {"amqpjobs-attempt": "x"}}, nested_payload)

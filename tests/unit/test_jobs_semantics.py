@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
@@ -65,6 +66,13 @@ def test_evidence_stays_under_budget(size: int) -> None:
     assert str(headers[TRACEBACK]).endswith("ValueError: boom")  # the end of a traceback is kept
     if size == 10:
         assert headers[ERROR_MESSAGE] == "m" * 10
+
+
+def test_evidence_keeps_a_long_tenant_whole() -> None:
+    """No tenant limit of ours: the quarantined copy (and so its replay) keeps the tenant, and its shard."""
+    tenant = "\u00e9" * 3000  # 6000 bytes, over the 1 KiB the other short evidence values are trimmed to
+    headers = evidence_headers(replace(failure("m", ""), tenant=tenant))
+    assert headers[TENANT] == tenant
 
 
 def test_evidence_survives_surrogates() -> None:
@@ -206,9 +214,26 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     assert value.year == 2025
 
 
-@pytest.mark.parametrize(("value", "tenant"), [(None, None), ("", None), ("  ", None), ("acme", "acme")])
-def test_empty_tenant_is_no_tenant(value: str | None, tenant: str | None) -> None:
+@pytest.mark.parametrize(
+    ("value", "tenant"),
+    [
+        (None, None), ("", None), ("  ", None), ("\u3000\t", None), (b"", None), (b" \n", None),
+        ("acme", "acme"), (b"acme", "acme"), (bytearray(b"acme"), "acme"), (b"\xffx", "\ufffdx"), (42, "42"),
+        ({"id": 7}, None), ([1, 2], None), (True, None), (1.5, None), (Decimal("1"), None),
+        (datetime(2026, 1, 1, tzinfo=UTC), None),
+    ],
+)  # fmt: skip
+def test_one_rule_for_no_tenant(value: object, tenant: str | None) -> None:
+    """Text (bytes as UTF-8) or an integer names a tenant unless blank; any other AMQP type names none."""
     assert envelope.tenant_of(value) == tenant
+
+
+def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
+    death = {"x-death": [{"count": 1}], "x-first-death-reason": "rejected"}
+    for none in ("", " ", b"\t", {"id": 7}, [1], True, 2.5):
+        assert envelope.copy_headers({envelope.TENANT: none, "k": 1, **death}) == {"k": 1}
+    kept = envelope.copy_headers({envelope.TENANT: b"acme", "k": 1})
+    assert kept == {envelope.TENANT: b"acme", "k": 1}  # as received: same type, same bytes
 
 
 def test_evidence_and_replay_carry_no_empty_tenant() -> None:
@@ -232,6 +257,10 @@ def test_evidence_and_replay_carry_no_empty_tenant() -> None:
         (b"2026-11-30T09:00:00.000Z", "2026-11-30T09:00:00+00:00"),
         (datetime(2026, 11, 30, 9), "2026-11-30T09:00:00+00:00"),  # naive: UTC
         ("yesterday", None), (True, None), (10**30, None), (None, None),
+        (1_764_493_200.5, "2025-11-30T09:00:00.500000+00:00"),  # a float: Date.now() / 1000 from JavaScript
+        (1_764_493_200_123.0, "2025-11-30T09:00:00.123000+00:00"),  # a float of milliseconds
+        (-1, None), (-1.5, None), (-(10**12), None),  # before 1970: no enqueue time, not 1969
+        (float("nan"), None), (float("inf"), None), ({"t": 1}, None), ([1], None),
     ],
 )  # fmt: skip
 def test_one_time_rule(value: object, expected: str | None) -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
+import pytest
+
+from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
 
 
@@ -67,3 +71,40 @@ def test_json_lines_escape_what_a_terminal_acts_on_and_keep_the_value() -> None:
     assert [c for c in ("\n", "\x1b", "\x9b", "\u2028", "\u202e", "\x7f") if c in line] == []
     assert "ключ" in line
     assert json.loads(line)["message"] == message
+
+
+LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?=\s|$)')
+
+
+def logfmt_keys(line: str) -> list[str]:
+    """The keys of a logfmt line, values skipped whole (quoted ones with their escapes)."""
+    return [m.group(1) for m in LOGFMT_PAIR.finditer(line)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["x outcome=succeeded", "a=b", 'say "hi"', 'end\\" outcome=succeeded', "tab\there", "nbsp\u00a0x=1", "", "\\"],
+)
+def test_a_hostile_value_is_one_logfmt_value(value: str) -> None:
+    line = f"job=mail id={logfmt_value(value)} outcome=failed"
+    assert logfmt_keys(line) == ["job", "id", "outcome"], line
+    assert line.count("outcome=") == 1 + value.count("outcome=")
+
+
+def test_plain_values_stay_unquoted_and_quoted_ones_read_back() -> None:
+    assert logfmt_value("order-42") == "order-42"
+    assert logfmt_value("café/ü") == "café/ü"
+    assert logfmt_value("a b") == '"a b"'
+    assert logfmt_value('q"\\') == '"q\\"\\\\"'
+    assert logfmt_value("") == '""'
+    assert logfmt_value("a\nb=c") == '"a\\nb=c"'  # control characters escaped as printable() does
+
+
+def test_text_log_line_of_a_hostile_job_id_has_one_outcome_key() -> None:
+    rec = logging.LogRecord(
+        "amqpjobs.worker", logging.INFO, __file__, 1, "job=%s id=%s outcome=%s", (
+            logfmt_value("mail"), logfmt_value("x outcome=succeeded"), "quarantined"
+        ), None,
+    )  # fmt: skip
+    line = TextFormatter().format(rec)
+    assert logfmt_keys(line.split(": ", 1)[1]) == ["job", "id", "outcome"], line

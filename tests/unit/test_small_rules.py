@@ -27,8 +27,9 @@ def test_job_registration_refuses_bad_arguments():
     app = App("t")
     app.job("ok", queue="q")(lambda p, c: None)
     for kwargs, words in (
-        ({"name": "", "queue": "q"}, "must have 1-255 characters"),
-        ({"name": "j" * 256, "queue": "q"}, "must have 1-255 characters"),
+        ({"name": "", "queue": "q"}, "must be 1-255 UTF-8 bytes"),
+        ({"name": "j" * 256, "queue": "q"}, "must be 1-255 UTF-8 bytes"),
+        ({"name": "\u00e9" * 128, "queue": "q"}, r"must be 1-255 UTF-8 bytes \(got 256 bytes, 128 characters\)"),
         ({"name": "ok", "queue": "q"}, "job 'ok' is registered twice"),
         ({"name": "t1", "queue": "q", "timeout": "soon"}, "job 't1': timeout: 'soon' is not a duration"),
         ({"name": "t2", "queue": "q", "lease": -1}, "job 't2': lease:"),
@@ -69,8 +70,9 @@ def test_encoding_refuses_what_strict_json_cannot_carry():
         encode_payload({"x": float("nan")})
     with pytest.raises(ValueError, match="a value JSON can't carry"):
         encode_payload({"x": {1, 2}})
-    with pytest.raises(ValueError, match="job_id must have 1-255 characters"):
+    with pytest.raises(ValueError, match="job_id must be 1-255 UTF-8 bytes"):
         job_message("j", {}, job_id="i" * 256, now=0)
+    assert job_message("j", {}, job_id="\u00e9" * 127 + "i", now=0).message_id == "\u00e9" * 127 + "i"  # 255 bytes
     with pytest.raises(ValueError, match="priority must be an integer 0-255"):
         job_message("j", {}, job_id="i", now=0, priority=256)
 
