@@ -82,7 +82,7 @@ async def test_replay_to_another_queue_with_provenance_headers(broker: BrokerSet
     assert result.stdout.startswith("replayed 3, skipped 0, left 0 in work.quarantine")
     assert await depth(broker, "work") == 0
     moved = await drain(broker, "work.manual")
-    assert [m.message_id for m in moved] == ["q-0", "q-1", "q-2"]
+    assert sorted(m.message_id or "" for m in moved) == ["q-0", "q-1", "q-2"]  # a window of moves: order not kept
     headers = [dict(m.headers or {}) for m in moved]
     replay_ids = {h[q.REPLAY_ID] for h in headers}
     assert len(replay_ids) == 1  # one id for the whole run
