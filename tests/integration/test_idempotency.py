@@ -317,5 +317,5 @@ async def test_transaction_twice_in_one_run_is_refused_and_quarantined(broker: B
     assert [o.kind for o in rec.outcomes] == ["quarantined"]
     assert "can be used once per run" in rec.outcomes[0].error
     assert effects(f"sqlite:{path}") == ["t-1"]  # the first transaction committed, the second never ran
-    assert any("outcome=quarantined reason=permanent error=amqpjobs.errors.ConfigurationError" in r.getMessage()
+    assert any("outcome=quarantined reason=permanent error=\"amqpjobs.errors.ConfigurationError: job " in r.getMessage()
                for r in caplog.records)  # fmt: skip
