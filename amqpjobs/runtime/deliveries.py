@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.events import event_for
 from amqpjobs.jobs.failure import (
     crash_error,
     qualname,
@@ -41,6 +42,7 @@ from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Publisher
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.events import OutcomeEvents
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -64,6 +66,7 @@ class DeliveryPath(HandlerRuns):
     _holding: Holding
     _publisher: Publisher | None
     _quarantiner: Publisher | None
+    _events: OutcomeEvents | None
     _suspects_signal: asyncio.Event
     _heartbeat_timeout: float
     _version: tuple[int, ...]
@@ -105,6 +108,8 @@ class DeliveryPath(HandlerRuns):
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
+        if self._events is not None:  # fire and forget: the job's fate is settled above
+            self._events.emit(event_for(v, delivery.headers, time.time()))
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision

@@ -21,6 +21,8 @@ name                                          type       meaning
 ``amqpjobs_in_flight{queue}``                 gauge      deliveries being handled now
 ``amqpjobs_publish_confirm_seconds``          histogram  publish → broker confirm, for retries and
                                                          quarantine copies
+``amqpjobs_events_dropped_total``             counter    outcome events not published (events
+                                                         exchange missing, channel closed or blocked)
 ============================================  =========  ==========================================
 
 The endpoint (:class:`MetricsServer`) serves ``/metrics``, ``/healthz`` (liveness: the
@@ -71,6 +73,10 @@ class WorkerMetrics:
         self.in_flight = Gauge("amqpjobs_in_flight", "Deliveries being handled.", ["queue"], registry=self.registry)
         self.confirm = Histogram(
             "amqpjobs_publish_confirm_seconds", "Publish to broker confirm.", buckets=CONFIRM_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.events_dropped = Counter(
+            "amqpjobs_events_dropped", "Outcome events not published (exchange missing, channel closed or blocked).",
             registry=self.registry,
         )  # fmt: skip
         self._in_flight: dict[str, Any] = {}

@@ -51,6 +51,7 @@ from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
 from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
@@ -90,6 +91,7 @@ class Worker(SuspectTurns):
         self._connection: Connection | None = None
         self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
+        self._events: OutcomeEvents | None = None  # outcome events, no confirms (amqpjobs.wire.events)
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -171,6 +173,7 @@ class Worker(SuspectTurns):
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
+        self._events = await OutcomeEvents.open(self._connection, self.metrics and self.metrics.events_dropped.inc)
         self._heartbeat_task = asyncio.create_task(self._beat())
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
@@ -326,7 +329,7 @@ class Worker(SuspectTurns):
         await self._holding.close()
         for consumer in self._consumers:
             await consumer.flush_acks()
-        for publisher in (self._publisher, self._quarantiner):
+        for publisher in (self._publisher, self._quarantiner, self._events):
             if publisher is not None:
                 await publisher.close()
         if self._connection is not None:

@@ -23,7 +23,7 @@ from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
-from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.topology.naming import EVENTS_EXCHANGE, parse_queue_name
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
@@ -212,6 +212,7 @@ def _cross_checks(
             path = f"exchange[{i}].name"
             problems.extend(_reserved(file, path, ex.name))
             claim(exchange_names, ex.name, file, path, "exchange")
+    events_claimed = False
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
@@ -233,6 +234,9 @@ def _cross_checks(
             for q in decls.queues:
                 claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
             for ex_decl in decls.exchanges:
+                if ex_decl.name == EVENTS_EXCHANGE and events_claimed:
+                    continue  # one events exchange for all job queues
+                events_claimed = events_claimed or ex_decl.name == EVENTS_EXCHANGE
                 claim(
                     exchange_names,
                     ex_decl.name,

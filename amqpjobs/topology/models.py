@@ -17,7 +17,11 @@ Two layers, both frozen pydantic models without I/O:
     "Time-To-Live and Expiration" → per-message TTL is only applied at the queue head);
   - a fanout quarantine exchange and queue, which is the work queue's dead-letter
     exchange, so every broker-side dead-letter (rejected, expired, maxlen,
-    delivery_limit) lands in quarantine instead of being dropped.
+    delivery_limit) lands in quarantine instead of being dropped;
+  - a parked queue (classic, durable, no arguments, like the quarantine queue) where an
+    operator parks quarantined jobs that are known failures (``amqpjobs quarantine park``);
+  - once per topology with job queues, the topic exchange of outcome events
+    (:data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE`; :mod:`amqpjobs.jobs.events`).
 
 Durations here are seconds (floats); milliseconds appear only in
 :mod:`amqpjobs.wire.arguments`.
@@ -36,7 +40,7 @@ from amqpjobs.topology import naming
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
 QueueType = Literal["classic", "quorum"]
 Overflow = Literal["reject-publish", "drop-head"]
-QueueRole = Literal["work", "tier", "quarantine", "suspects"]
+QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
 
 #: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
@@ -156,7 +160,7 @@ class QueueDecl(_Frozen):
 
     Attributes:
         name: Queue name.
-        role: ``work``, ``tier`` (a delay queue) or ``quarantine``.
+        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects`` or ``parked``.
         job_queue: Name of the job queue it belongs to.
         queue_type: ``classic`` or ``quorum``.
         max_priority: ``x-max-priority`` or None.
@@ -217,6 +221,7 @@ class JobQueueLayout(_Frozen):
         quarantine_queue: Quarantine queue name.
         suspects_queue: Where a job whose start ended without an outcome waits to be run
             alone (:mod:`amqpjobs.jobs.crash`).
+        parked_queue: Where an operator parks quarantined jobs (``amqpjobs quarantine park``).
         queue_type: ``classic`` or ``quorum``.
         max_priority: Work queue's ``x-max-priority`` or None.
         max_redeliveries: Starts without an outcome allowed after the first (see
@@ -234,6 +239,7 @@ class JobQueueLayout(_Frozen):
     quarantine_exchange: str
     quarantine_queue: str
     suspects_queue: str
+    parked_queue: str
     queue_type: QueueType
     max_priority: int | None
     max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
@@ -289,6 +295,7 @@ class Topology(_Frozen):
             exchanges.append(ExchangeDecl(name=lay.quarantine_exchange, type="fanout"))
             queues.append(QueueDecl(name=lay.quarantine_queue, role="quarantine", job_queue=spec.name))
             bindings.append(BindingDecl(source=lay.quarantine_exchange, destination=lay.quarantine_queue))
+            queues.append(QueueDecl(name=lay.parked_queue, role="parked", job_queue=spec.name))
             quorum = spec.type == "quorum"
             queues.append(
                 QueueDecl(
@@ -333,6 +340,8 @@ class Topology(_Frozen):
                     )
                 keys = spec.keys if spec.shards == 1 else (lay.shard_routing_keys[index],)
                 bindings.extend(BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys)
+        if self.job_queues:
+            exchanges.append(ExchangeDecl(name=naming.EVENTS_EXCHANGE, type="topic"))
         bindings.extend(
             BindingDecl(
                 source=b.source,
@@ -363,6 +372,7 @@ def _layout(spec: JobQueueSpec) -> JobQueueLayout:
         quarantine_exchange=naming.quarantine_exchange_name(spec.name),
         quarantine_queue=naming.quarantine_queue_name(spec.name),
         suspects_queue=naming.suspects_queue_name(spec.name),
+        parked_queue=naming.parked_queue_name(spec.name),
         queue_type=spec.type,
         max_priority=spec.max_priority,
         max_redeliveries=spec.max_redeliveries,

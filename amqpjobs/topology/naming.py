@@ -10,6 +10,8 @@ delay queue, one a tier  ``<work queue>.retry.<tier>``               ``urgent.re
 quarantine exchange      ``N.quarantine`` (fanout)                   ``urgent.quarantine``
 quarantine queue         ``N.quarantine``                            ``urgent.quarantine``
 suspects queue           ``N.suspects``                              ``urgent.suspects``
+parked queue             ``N.parked``                                ``urgent.parked``
+outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
 =======================  ==========================================  ======================
 
 :func:`parse_queue_name` reads a name back (the scheduler's queues too).
@@ -27,12 +29,15 @@ from amqpjobs.durations import format_duration
 
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
+PARKED_SUFFIX = ".parked"
+#: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
+EVENTS_EXCHANGE = "amqpjobs.events"
 RETRY_INFIX = ".retry."
 SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
 
-QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "leader", "ticks", "running"]
+QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running"]
 
 
 def work_queue_name(job_queue: str, shard: int | None = None) -> str:
@@ -60,6 +65,16 @@ def suspects_queue_name(job_queue: str) -> str:
     return f"{job_queue}{SUSPECTS_SUFFIX}"
 
 
+def parked_queue_name(job_queue: str) -> str:
+    """Name of the queue where an operator parks quarantined jobs of ``job_queue`` (``amqpjobs quarantine park``)."""
+    return f"{job_queue}{PARKED_SUFFIX}"
+
+
+def event_routing_key(job_queue: str, outcome: str) -> str:
+    """Routing key of an outcome event: ``<job queue>.<outcome>`` (a topic key; bind ``<job queue>.*`` for all)."""
+    return f"{job_queue}.{outcome}"
+
+
 def shard_routing_key(routing_key: str, shard: int) -> str:
     """Routing key that reaches shard ``shard`` for a job queue bound with ``routing_key``."""
     return f"{routing_key}{SHARD_INFIX}{shard}"
@@ -71,7 +86,7 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
+            ``quarantine``, ``suspects``, ``parked``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
@@ -115,6 +130,8 @@ def parse_queue_name(name: str) -> QueueName:
         return QueueName("quarantine", name.removesuffix(QUARANTINE_SUFFIX))
     if name.endswith(SUSPECTS_SUFFIX) and len(name) > len(SUSPECTS_SUFFIX):
         return QueueName("suspects", name.removesuffix(SUSPECTS_SUFFIX))
+    if name.endswith(PARKED_SUFFIX) and len(name) > len(PARKED_SUFFIX):
+        return QueueName("parked", name.removesuffix(PARKED_SUFFIX))
     work_queue, infix, tier = name.rpartition(RETRY_INFIX)
     if infix and work_queue and tier:
         work = _work(work_queue)

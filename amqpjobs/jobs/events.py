@@ -1,0 +1,132 @@
+"""Outcome events: one small JSON message per delivery outcome, for whoever listens (no I/O).
+
+A worker publishes one event per outcome to the topic exchange
+:data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE` (``amqpjobs.events``) with routing key
+``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`), without
+publisher confirms: events are a signal, not a record. An event can be lost (the
+exchange is missing, the channel is closed or blocked, nobody is subscribed); a job's fate
+never depends on one (README "Wire format" → "Outcome events").
+
+The body (``content_type`` ``application/json``)::
+
+    {"v": 1, "job": "mail", "id": "7c1f...", "attempt": 1, "outcome": "retried",
+     "reason": "", "error": "ValueError: bad address", "queue": "mail",
+     "replay_id": "", "at": "2026-11-30T03:00:00.123Z"}
+
+``outcome`` is :attr:`amqpjobs.jobs.outcome.Outcome.kind`; ``reason`` is the quarantine
+reason (:data:`~amqpjobs.jobs.outcome.REASONS`) for ``quarantined``, else ``""``; ``error``
+is ``"<type>: <message>"`` of the failure (at most :data:`MAX_ERROR` characters) or ``""``;
+``replay_id`` names the replay run that moved the job back (``amqpjobs-replay-id``) or is
+``""``. Unknown keys are to be ignored by readers (later versions may add some).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from amqpjobs.jobs.envelope import iso_utc
+from amqpjobs.jobs.outcome import Outcome, Quarantine
+from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
+
+#: Version of the event body (``v``).
+VERSION: Final = 1
+#: Characters of ``error`` kept in an event.
+MAX_ERROR: Final = 200
+#: Outcomes that end a delivery well: the job is done.
+SUCCESS: Final = frozenset({"succeeded", "duplicate", "ack_uncertain"})
+#: Outcomes that are a failure of the run: it will be retried or it is quarantined.
+FAILURE: Final = frozenset({"retried", "quarantined"})
+
+
+@dataclass(frozen=True)
+class OutcomeEvent:
+    """One outcome event (see the module docstring for the wire form).
+
+    Attributes:
+        job: Job name ("" when unknown).
+        id: Job id.
+        attempt: Attempt number of the delivery (1 for the first run, and for a replayed copy).
+        outcome: :attr:`amqpjobs.jobs.outcome.Outcome.kind` (``succeeded``, ``retried``, ``quarantined`` ...).
+        reason: The quarantine reason for ``quarantined``, else "".
+        error: ``"<type>: <message>"`` of the failure (truncated), or "".
+        queue: The job queue the delivery came from.
+        replay_id: The replay run that moved it back, or "".
+        at: When the outcome was recorded, ISO-8601 UTC.
+
+    """
+
+    job: str
+    id: str
+    attempt: int
+    outcome: str
+    reason: str
+    error: str
+    queue: str
+    replay_id: str = ""
+    at: str = ""
+
+    @property
+    def final(self) -> bool:
+        """Whether the run ended in success or failure (not a deferral, hand-back or redelivery)."""
+        return self.outcome in SUCCESS or self.outcome in FAILURE
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run failed (retried or quarantined)."""
+        return self.outcome in FAILURE
+
+    def why(self) -> str:
+        """Why it failed, in one phrase: the error, else the reason, else the outcome."""
+        return self.error or self.reason or self.outcome
+
+    def encode(self) -> bytes:
+        """The JSON body (UTF-8)."""
+        doc = {"v": VERSION, **asdict(self)}
+        doc["error"] = self.error[:MAX_ERROR]
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def event_for(outcome: Outcome, headers: Mapping[str, Any], now: float) -> OutcomeEvent:
+    """The event of ``outcome`` of a delivery with ``headers``, recorded at ``now`` (seconds since the epoch)."""
+    d = outcome.decision
+    return OutcomeEvent(
+        job=outcome.job,
+        id=outcome.job_id,
+        attempt=outcome.attempt,
+        outcome=outcome.kind,
+        reason=d.reason if isinstance(d, Quarantine) else "",
+        error=outcome.error[:MAX_ERROR],
+        queue=outcome.queue,
+        replay_id=header_text(headers.get(REPLAY_ID)),
+        at=iso_utc(now),
+    )
+
+
+def _text(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key, "")
+    return value if isinstance(value, str) else str(value)
+
+
+def decode_event(body: bytes) -> OutcomeEvent | None:
+    """Read an event body; None when it is not one (not JSON, not an object, no ``outcome``)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("outcome"), str):
+        return None
+    attempt = doc.get("attempt")
+    return OutcomeEvent(
+        job=_text(doc, "job"),
+        id=_text(doc, "id"),
+        attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0,
+        outcome=doc["outcome"],
+        reason=_text(doc, "reason"),
+        error=_text(doc, "error"),
+        queue=_text(doc, "queue"),
+        replay_id=_text(doc, "replay_id"),
+        at=_text(doc, "at"),
+    )
