@@ -18,6 +18,8 @@ from amqpjobs.cli._common import (
     url_options,
 )
 from amqpjobs.cli._root import main
+from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
+from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import GROUP_HEADER, summarize
 from amqpjobs.printable import json_safe, printable
@@ -146,27 +148,33 @@ def _replay_summary(report: ReplayReport) -> str:
 @filter_options
 @click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
 @click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
+@canary_options
 @url_options
 @errors_to_exit_codes
 def replay_command(
     quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
     error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
-    stop_after_failures: int | None, url: str | None, management_url: str | None,
+    stop_after_failures: int | None, canary: int | None, canary_timeout: str, url: str | None,
+    management_url: str | None,
 ) -> None:  # fmt: skip
     """Move quarantined jobs back to their work queues, rate-limited; each starts a fresh attempt budget.
 
     One replay per quarantine queue at a time: exit 4 at once, naming the running one (its
     host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
-    done, 1 when --stop-after-failures stopped the run.
+    done, 1 when --stop-after-failures or a failed --canary stopped the run.
     """
     broker = settings(url, management_url)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
-        stop_after_failures=stop_after_failures,
+        stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
+    phases = phase_reporter(canary)
+    if canary is not None and not dry_run:
+        click.echo(start_line(canary, options.canary_timeout))
 
     def progress(report: ReplayReport) -> None:
+        phases(report)
         if interactive and report.replayed % 10 == 0:
             click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
                        err=True, nl=False)  # fmt: skip
@@ -180,7 +188,14 @@ def replay_command(
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
+    phases(report)
     click.echo(_replay_summary(report))
+    if report.canary_failures and canary is not None:
+        filters = [f for flag, v in (("--job", job), ("--error-type", error_type), ("--reason", reason),
+                                     ("--since", since)) if v for f in (flag, v)]  # fmt: skip
+        for line in failure_lines(report, canary, filters):
+            click.echo(line, err=True)
+        sys.exit(EXIT_FOUND)
     if report.stopped_early:
         click.echo(f"stopped: {report.returned} replayed job(s) came back to quarantine (--stop-after-failures "
                    f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip

@@ -297,6 +297,9 @@ class ReplayOptions:
         selection: Filters; the rest stay in quarantine.
         dry_run: Only report what would move.
         stop_after_failures: Stop once this many replayed jobs came back to quarantine.
+        canary: Move this many first and go on only if each succeeds (its outcome event,
+            :mod:`amqpjobs.runtime.canary`); None: no canary.
+        canary_timeout: Seconds to wait for the canaries' outcomes.
 
     """
 
@@ -306,6 +309,8 @@ class ReplayOptions:
     selection: Selection = field(default_factory=Selection)
     dry_run: bool = False
     stop_after_failures: int | None = None
+    canary: int | None = None
+    canary_timeout: float = 60.0
 
 
 @dataclass
@@ -322,6 +327,9 @@ class ReplayReport:
         stopped_early: True when ``stop_after_failures`` stopped the run.
         elapsed: Seconds from the first to the last move.
         moves: (job id, target queue) for each move (or planned move).
+        phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
+            passed, "" without a canary.
+        canary_failures: One line per canary that did not succeed (the run stopped then).
 
     """
 
@@ -333,6 +341,8 @@ class ReplayReport:
     stopped_early: bool = False
     elapsed: float = 0.0
     moves: list[tuple[str, str]] = field(default_factory=list)
+    phase: str = ""
+    canary_failures: list[str] = field(default_factory=list)
 
 
 def replay_window(rate: float) -> int:

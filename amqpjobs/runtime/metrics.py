@@ -83,6 +83,10 @@ class WorkerMetrics:
         self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._counted: dict[tuple[str, str, str], Any] = {}
 
+    def events_dropped_one(self) -> None:
+        """Count one outcome event not published."""
+        self.events_dropped.inc()
+
     def in_flight_of(self, queue: str) -> Any:
         """The ``amqpjobs_in_flight`` gauge of job queue ``queue`` (looked up once per queue)."""
         child = self._in_flight.get(queue)

@@ -47,6 +47,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
 from amqpjobs.jobs.quarantine import replay_window as replay_window
+from amqpjobs.runtime.canary import Canary, watch_canary
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
@@ -248,6 +249,20 @@ async def _watch_returns(connection: Connection, quarantine_queue: str, replay_i
         ) from None
 
 
+async def _judge(
+    canary: Canary, moving: set[asyncio.Task[None]], failures: list[BaseException], report: ReplayReport
+) -> bool:
+    """Once the canaries' moves are settled, wait for their outcomes; True when all succeeded."""
+    await asyncio.gather(*moving, return_exceptions=True)
+    if failures:
+        return False  # replay() raises the move's error
+    report.canary_failures = await canary.verdict()
+    report.stopped_early = bool(report.canary_failures)
+    if not report.stopped_early:
+        report.phase = "rest"
+    return not report.stopped_early
+
+
 async def replay(
     settings: BrokerSettings,
     name: str,
@@ -291,6 +306,12 @@ async def replay(
         watch = None
         if options.stop_after_failures is not None and not options.dry_run:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
+        canary = None
+        if options.canary is not None and not options.dry_run:  # subscribed before the first move: no race
+            canary = await stack.enter_async_context(
+                watch_canary(connection, replay_id, options.canary, options.canary_timeout)
+            )
+            report.phase = "canary"
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
         started: float | None = None
@@ -334,7 +355,11 @@ async def replay(
                 if ours or not target or not options.selection.matches(item):
                     report.skipped += 1
                     continue
+                if canary is not None and canary.due(launched) and not await _judge(canary, moving, failures, report):
+                    break
                 job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+                if canary is not None and launched < canary.size:
+                    canary.expect(job_id, item.job)
                 report.moves.append((job_id, target))
                 if options.dry_run:
                     report.replayed += 1
@@ -356,6 +381,8 @@ async def replay(
                 moving.add(task)
                 task.add_done_callback(moving.discard)
                 launched += 1
+            if canary is not None and not canary.judged and canary.expected:  # fewer than K matched
+                await _judge(canary, moving, failures, report)
             await asyncio.gather(*moving, return_exceptions=True)
             if failures:
                 raise failures[0]

@@ -173,7 +173,8 @@ class Worker(SuspectTurns):
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
         self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
-        self._events = await OutcomeEvents.open(self._connection, self.metrics and self.metrics.events_dropped.inc)
+        dropped = self.metrics.events_dropped_one if self.metrics else None
+        self._events = await OutcomeEvents.open(self._connection, dropped)
         self._heartbeat_task = asyncio.create_task(self._beat())
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()

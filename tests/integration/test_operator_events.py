@@ -112,7 +112,7 @@ async def test_canary_of_2_stops_a_replay_of_20_whose_handler_still_fails(broker
     assert "q-1 (mail): retried: KeyError: 'still broken'" in result.stderr
     assert "amqpjobs quarantine park work.quarantine" in result.stderr  # names the next command
     assert sorted(set(runs)) == ["q-0", "q-1"]
-    assert sorted(m.item.job_id for m in items if m.item.replay_count == 0) == [f"q-{i}" for i in range(2, 20)]
+    assert sorted(m.item.job_id for m in items if m.item.replay_count == 0) == sorted(f"q-{i}" for i in range(2, 20))
 
 
 async def test_a_canary_that_succeeds_lets_the_replay_move_all(broker: BrokerSettings, tmp_path: Path):
