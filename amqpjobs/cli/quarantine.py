@@ -21,8 +21,9 @@ from amqpjobs.cli._root import main
 from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.quarantine import GROUP_HEADER, summarize
+from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
 from amqpjobs.printable import json_safe, printable
+from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
 
 
@@ -117,17 +118,28 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
 
 @quarantine.command("purge")
 @click.argument("queue")
+@filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @url_options
 @errors_to_exit_codes
-def quarantine_purge(queue: str, yes: bool, url: str | None, management_url: str | None) -> None:
-    """Delete every message in QUEUE.
+def quarantine_purge(
+    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
+    url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Delete every message in QUEUE (a quarantine or parked queue), or those matching the filters.
 
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
+    chosen = selection(job, error_type, reason, since)
+    filtered = chosen != Selection()
     if not yes:
-        click.confirm(f"Delete every message in quarantine {queue!r} on {broker.safe_url}?", abort=True)
+        what = "the matching messages" if filtered else "every message"
+        click.confirm(f"Delete {what} in quarantine {queue!r} on {broker.safe_url}?", abort=True)
+    if filtered:
+        report = asyncio.run(purge_matching(broker, queue, chosen))
+        click.echo(f"purged {report.taken} message(s) from {report.queue}; {report.left} left")
+        return
     name, removed = asyncio.run(purge(broker, queue))
     click.echo(f"purged {removed} message(s) from {name}")
 

@@ -30,6 +30,8 @@ PREVIOUS_REASON: Final = "amqpjobs-previous-reason"
 PREVIOUS_ERROR_TYPE: Final = "amqpjobs-previous-error-type"
 PREVIOUS_ERROR_MESSAGE: Final = "amqpjobs-previous-error-message"
 PREVIOUS_FAILURE_AT: Final = "amqpjobs-previous-failure-at"
+#: When an operator parked the job (``amqpjobs quarantine park``), ISO-8601 UTC.
+PARKED_AT: Final = "amqpjobs-parked-at"
 
 #: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
 #: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
@@ -265,6 +267,26 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
     out[PREVIOUS_ERROR_TYPE] = item.error_type
     out[PREVIOUS_ERROR_MESSAGE] = item.error_message[:1024]
     out[PREVIOUS_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
+    return out
+
+
+def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str) -> dict[str, Any]:
+    """Headers of a parked copy: the quarantined message's, evidence and all, plus ``amqpjobs-parked-at``.
+
+    Every header is kept as received (:func:`~amqpjobs.jobs.envelope.copy_headers`: the copy
+    goes out byte for byte) but the broker's ``x-death`` & co, which the broker does not
+    keep up on a client's copy (3.13+). A broker-side dead-letter, whose only evidence they
+    are, gets what :func:`describe` read from them as our evidence headers (reason
+    ``x-death:<reason>``, original queue, failure times), so the parked copy still says why.
+    """
+    out = envelope.copy_headers(headers)
+    if item.broker_side:
+        out[evidence.REASON] = item.reason
+        out[evidence.ORIGINAL_QUEUE] = item.original_queue
+        out[evidence.ATTEMPTS] = item.attempts
+        out[evidence.LAST_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
+        out[evidence.FIRST_FAILURE_AT] = "" if item.first_failed_at is None else header_text(item.first_failed_at)
+    out[PARKED_AT] = parked_at
     return out
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError, NotFoundError
-from amqpjobs.jobs.events import OutcomeEvent
+from amqpjobs.jobs.events import OutcomeEvent, decode_event
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
@@ -48,9 +48,10 @@ class Canary:
     judged: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def on_event(self, event: OutcomeEvent) -> None:
-        """Note ``event`` when it is a final outcome of one of this run's canaries."""
-        if event.replay_id == self.replay_id and event.final and event.id not in self.outcomes:
+    def on_body(self, body: bytes) -> None:
+        """Note an event when it is a final outcome of one of this run's canaries."""
+        event = decode_event(body)
+        if event is not None and event.replay_id == self.replay_id and event.final and event.id not in self.outcomes:
             self.outcomes[event.id] = event
             self._changed.set()
 
@@ -109,7 +110,7 @@ async def watch_canary(connection: Connection, replay_id: str, size: int, wait: 
         raise ConfigurationError(f"--canary-timeout must be above 0 seconds (got {wait:g})")
     canary = Canary(replay_id, size, wait)
     try:
-        watch = await subscribe_outcomes(connection, canary.on_event)  # every job queue: --to may be any
+        watch = await subscribe_outcomes(connection, canary.on_body)  # every job queue: --to may be any
     except NotFoundError:
         raise ConfigurationError(
             f"--canary needs the outcome events exchange {EVENTS_EXCHANGE!r}, which does not exist: apply the "

@@ -40,6 +40,7 @@ from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Publisher
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.events import OutcomeEvents
@@ -109,7 +110,8 @@ class DeliveryPath(HandlerRuns):
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
         if self._events is not None:  # fire and forget: the job's fate is settled above
-            self._events.emit(event_for(v, delivery.headers, time.time()))
+            event = event_for(v, delivery.headers, time.time())
+            self._events.emit(event_routing_key(event.queue, event.outcome), event.encode())
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision

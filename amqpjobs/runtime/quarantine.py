@@ -48,7 +48,7 @@ from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-export
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
 from amqpjobs.jobs.quarantine import replay_window as replay_window
 from amqpjobs.runtime.canary import Canary, watch_canary
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
 from amqpjobs.wire.connection import connect
@@ -99,14 +99,15 @@ class QuarantinedMessage:
 async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
     """Find quarantine queue ``name`` (``<name>.quarantine`` when ``name`` is a job queue) and its depth.
 
-    Only quarantine queues are accepted, so a typo can't purge or replay a work queue.
+    Only quarantine and parked queues (``<job queue>.parked``) are accepted, so a typo can't
+    purge or replay a work queue.
 
     Raises:
         ConfigurationError: neither exists.
         BrokerError: it is exclusive to another connection.
 
     """
-    candidates = [name if name.endswith(QUARANTINE_SUFFIX) else name + QUARANTINE_SUFFIX]
+    candidates = [name if name.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)) else name + QUARANTINE_SUFFIX]
     for candidate in candidates:
         try:
             return candidate, await probe_queue(connection, candidate)
@@ -121,9 +122,10 @@ async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
 
 
 def quarantine_queues(settings: BrokerSettings) -> list[str]:
-    """Every queue of the vhost whose name ends with ``.quarantine``, sorted."""
+    """Every queue of the vhost whose name ends with ``.quarantine`` or ``.parked``, sorted."""
     with ManagementClient(settings) as mgmt:
-        return sorted(x["name"] for x in mgmt.queues(settings.vhost) if x["name"].endswith(QUARANTINE_SUFFIX))
+        names = (x["name"] for x in mgmt.queues(settings.vhost))
+        return sorted(n for n in names if parse_queue_name(n).kind in ("quarantine", "parked"))
 
 
 @asynccontextmanager
@@ -240,12 +242,12 @@ async def _watch_returns(connection: Connection, quarantine_queue: str, replay_i
         if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
             report.returned += 1
 
+    exchange = quarantine_exchange_name(parse_queue_name(quarantine_queue).job_queue)  # also from a parked queue
     try:
-        return await watch_exchange(connection, quarantine_queue, on_headers)  # named as the queue
+        return await watch_exchange(connection, exchange, on_headers)
     except NotFoundError:
         raise ConfigurationError(
-            f"exchange {quarantine_queue!r} not found: --stop-after-failures needs the quarantine exchange "
-            "of the naming scheme"
+            f"exchange {exchange!r} not found: --stop-after-failures needs the quarantine exchange of the naming scheme"
         ) from None
 
 
@@ -290,10 +292,10 @@ async def replay(
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second (got {options.rate})"
         )
-    if options.to is not None and options.to.endswith(QUARANTINE_SUFFIX):
+    if options.to is not None and options.to.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)):
         raise ConfigurationError(
-            f"--to {options.to!r} is a quarantine queue: replay sends jobs back to a work queue (or leave --to "
-            "out to send each to the queue it failed on)"
+            f"--to {options.to!r} is a {parse_queue_name(options.to).kind} queue: replay sends jobs back to a work "
+            "queue (or leave --to out to send each to the queue it failed on)"
         )
     replay_id = str(uuid.uuid4())
     async with _session(settings) as connection, AsyncExitStack() as stack:

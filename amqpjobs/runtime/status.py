@@ -21,6 +21,7 @@ from typing import Any
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
+    parked_queue_name,
     parse_queue_name,
     quarantine_exchange_name,
     quarantine_queue_name,
@@ -81,6 +82,9 @@ class JobQueueStatus:
         quarantine: Its quarantine queue.
         suspects: Its suspects queue (:mod:`amqpjobs.jobs.crash`).
         problems: Why it is unhealthy (empty when healthy).
+        parked: Its parked queue (``amqpjobs quarantine park``), None when not looked at.
+        notes: What an operator should know that is not unhealthy (parked jobs, a parked
+            queue not declared yet).
     """
 
     name: str
@@ -89,20 +93,24 @@ class JobQueueStatus:
     quarantine: QueueStatus
     suspects: QueueStatus
     problems: list[str] = field(default_factory=list)
+    parked: QueueStatus | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
 
     def rows(self) -> list[str]:
-        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects."""
-        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects]]
+        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects, parked."""
+        parked = [self.parked] if self.parked is not None and self.parked.exists else []
+        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects, *parked]]
 
 
 def status_report(report: list[JobQueueStatus]) -> list[str]:
-    """The text ``amqpjobs status`` prints for ``report``: the table, the problems, then ``healthy`` when none."""
+    """The text ``amqpjobs status`` prints for ``report``: the table, problems, notes, ``healthy`` when no problem."""
     lines = [STATUS_HEADER, *(row for j in report for row in j.rows())]
     lines += [f"UNHEALTHY {j.name}: {problem}" for j in report for problem in j.problems]
+    lines += [f"note {j.name}: {note}" for j in report for note in j.notes]
     if not any(j.problems for j in report):
         lines.append("healthy")
     return lines
@@ -136,7 +144,8 @@ async def collect(
 ) -> list[JobQueueStatus]:
     """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
 
-    A job queue is unhealthy when its quarantine holds messages, a work queue has no
+    Parked jobs (``<job queue>.parked``) and a parked queue not declared yet are notes, not
+    problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
     to the quarantine queue: dead-letters and quarantine copies would be dropped), or an
     oldest-message age exceeds ``max_age`` seconds.
@@ -155,7 +164,8 @@ async def collect(
     for name in names or []:
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
-    exact = await probe_queues(settings, [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name))])
+    looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
+    exact = await probe_queues(settings, looks)
     now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
@@ -189,7 +199,17 @@ async def collect(
         elif status.quarantine.exists and (exchange, quarantine) not in bound:
             status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if status.quarantine.ready:
-            status.problems.append(f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name}")
+            status.problems.append(
+                f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name} "
+                f"(next: amqpjobs quarantine list {status.quarantine.name})"
+            )
+        status.parked = parked = figures(parked_queue_name(name))
+        if not parked.exists:
+            status.notes.append(f"no parked queue {parked.name} yet (amqpjobs topology apply declares it)")
+        elif parked.ready:
+            status.notes.append(
+                f"{parked.ready} job(s) parked in {parked.name}, not unhealthy (amqpjobs quarantine list {parked.name})"
+            )
         sharded = len(status.work) > 1
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is

@@ -1,6 +1,6 @@
 """Outcome events on the wire: the worker's fire-and-forget publisher, and a subscription.
 
-Events (:mod:`amqpjobs.jobs.events`) go to the topic exchange
+Events (their body is :mod:`amqpjobs.jobs.events`'s; this layer moves bytes) go to the topic exchange
 :data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE` without publisher confirms and without
 ``mandatory``: nobody subscribed means nobody hears them, by design. The publisher never
 makes a job wait and never fails one: :meth:`OutcomeEvents.emit` only queues a publish,
@@ -24,8 +24,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from amqpjobs.errors import NotFoundError
-from amqpjobs.jobs.events import OutcomeEvent, decode_event
-from amqpjobs.topology.naming import EVENTS_EXCHANGE, event_routing_key
+from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch
 from amqpjobs.wire.connection import close_channel
@@ -80,23 +79,27 @@ class OutcomeEvents:
             return cls(None, on_drop)
         return cls(await connection.channel(publisher_confirms=False), on_drop)
 
-    def emit(self, event: OutcomeEvent) -> None:
-        """Queue the publish of ``event``; never waits, never raises (a dropped event is counted)."""
+    def emit(self, routing_key: str, body: bytes) -> None:
+        """Queue the publish of an event; never waits, never raises (a dropped event is counted).
+
+        Args:
+            routing_key: ``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`).
+            body: The event's JSON body (:meth:`amqpjobs.jobs.events.OutcomeEvent.encode`).
+        """
         channel = self._channel
         if channel is None or channel.is_closed or len(self._pending) >= MAX_PENDING:
             self._drop()
             return
-        task = asyncio.get_running_loop().create_task(self._publish(channel, event))
+        task = asyncio.get_running_loop().create_task(self._publish(channel, routing_key, body))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _publish(self, channel: AbstractChannel, event: OutcomeEvent) -> None:
+    async def _publish(self, channel: AbstractChannel, routing_key: str, body: bytes) -> None:
         try:
             underlay = await channel.get_underlay_channel()
             await underlay.basic_publish(
-                event.encode(), exchange=EVENTS_EXCHANGE, routing_key=event_routing_key(event.queue, event.outcome),
-                properties=_PROPERTIES,
-            )  # fmt: skip
+                body, exchange=EVENTS_EXCHANGE, routing_key=routing_key, properties=_PROPERTIES
+            )
             self.published += 1
         except Exception:  # closed or closing channel, connection lost: events are best effort
             self._drop()
@@ -117,7 +120,7 @@ class OutcomeEvents:
 
 
 async def subscribe_outcomes(
-    connection: Connection, on_event: Callable[[OutcomeEvent], None], binding_keys: Sequence[str] = ("#",)
+    connection: Connection, on_body: Callable[[bytes], None], binding_keys: Sequence[str] = ("#",)
 ) -> Watch:
     """Hear outcome events: an exclusive, auto-delete queue of our own bound with ``binding_keys``.
 
@@ -126,7 +129,8 @@ async def subscribe_outcomes(
 
     Args:
         connection: An open connection (the queue lives as long as the returned watch's channel).
-        on_event: Called with each event, in arrival order (bodies that are not events are skipped).
+        on_body: Called with each event's body, in arrival order (read it with
+            :func:`amqpjobs.jobs.events.decode_event`).
         binding_keys: Topic binding keys, e.g. ``["mail.*"]`` for every outcome of job queue
             ``mail``, ``["*.quarantined"]``; default every event.
 
@@ -149,9 +153,7 @@ async def subscribe_outcomes(
         raise
 
     async def on_message(message: AbstractIncomingMessage) -> None:
-        event = decode_event(message.body)
-        if event is not None:
-            on_event(event)
+        on_body(message.body)
 
     with broker_errors():
         await queue.consume(on_message, no_ack=True)

@@ -208,7 +208,10 @@ async def test_status_depths_and_exit_codes(broker: BrokerSettings, tmp_path: Pa
         ("work.retry.200ms", 0), ("work.retry.400ms", 0), ("work.retry.600ms", 0),
     ]  # fmt: skip
     assert (jq["quarantine"]["name"], jq["quarantine"]["ready"]) == ("work.quarantine", 2)
-    assert jq["problems"] == ["2 message(s) in quarantine work.quarantine", "no consumer on work"]
+    assert jq["problems"] == [
+        "2 message(s) in quarantine work.quarantine (next: amqpjobs quarantine list work.quarantine)",
+        "no consumer on work",
+    ]
     assert "UNHEALTHY work: no consumer on work" in text
     assert "work.quarantine" in text
 

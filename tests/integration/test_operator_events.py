@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import JobContext, Reject, RetryPolicy
-from amqpjobs.jobs.events import OutcomeEvent
+from amqpjobs.jobs.events import OutcomeEvent, decode_event
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.connection import connect
@@ -32,6 +32,12 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def decoded(body: bytes) -> OutcomeEvent:
+    event = decode_event(body)
+    assert event is not None, body
+    return event
+
+
 @pytest.mark.version_independent
 async def test_each_outcome_is_one_event_routed_by_job_queue_and_outcome(
     broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
@@ -51,8 +57,8 @@ async def test_each_outcome_is_one_event_routed_by_job_queue_and_outcome(
     quarantined: list[OutcomeEvent] = []
     connection = await connect(broker, name="listener")
     try:
-        await subscribe_outcomes(connection, every.append, ["work.*"])
-        await subscribe_outcomes(connection, quarantined.append, ["*.quarantined"])
+        await subscribe_outcomes(connection, lambda body: every.append(decoded(body)), ["work.*"])
+        await subscribe_outcomes(connection, lambda body: quarantined.append(decoded(body)), ["*.quarantined"])
         async with running_worker(app, broker) as _:
             for n in range(3):
                 await app.enqueue("mail", {"n": n}, job_id=f"e-{n}")

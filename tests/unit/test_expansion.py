@@ -14,9 +14,11 @@ def topo(**kw: object) -> Topology:
 
 def test_classic_job_queue_expands_to_work_tiers_quarantine() -> None:
     decls = topo(max_priority=5, retry_tiers=["5s", "1m"]).declarations()
-    assert [(e.name, e.type) for e in decls.exchanges] == [("jobs", "direct"), ("mail.quarantine", "fanout")]
+    assert [(e.name, e.type) for e in decls.exchanges] == [
+        ("jobs", "direct"), ("mail.quarantine", "fanout"), ("amqpjobs.events", "topic")
+    ]  # fmt: skip
     assert [q.name for q in decls.queues] == [
-        "mail.quarantine", "mail.suspects", "mail", "mail.retry.5s", "mail.retry.1m"
+        "mail.quarantine", "mail.parked", "mail.suspects", "mail", "mail.retry.5s", "mail.retry.1m"
     ]  # fmt: skip
     args = {q.name: queue_arguments(q) for q in decls.queues}
     assert args["mail"] == {
@@ -32,6 +34,7 @@ def test_classic_job_queue_expands_to_work_tiers_quarantine() -> None:
     }
     assert args["mail.retry.1m"]["x-message-ttl"] == 60000
     assert args["mail.quarantine"] == {"x-queue-type": "classic"}
+    assert args["mail.parked"] == {"x-queue-type": "classic"}
     assert args["mail.suspects"] == {"x-queue-type": "classic", "x-dead-letter-exchange": "mail.quarantine"}
     assert [(b.source, b.destination, b.routing_key) for b in decls.bindings] == [
         ("mail.quarantine", "mail.quarantine", ""),

@@ -19,6 +19,9 @@ CASES = [
     ("urgent.shard-0.retry.5s", QueueName("tier", "urgent", "urgent.shard-0", shard=0, tier="5s")),
     ("urgent.quarantine", QueueName("quarantine", "urgent")),
     ("urgent.suspects", QueueName("suspects", "urgent")),
+    ("urgent.parked", QueueName("parked", "urgent")),
+    ("a.parked.retry.5s", QueueName("tier", "a.parked", "a.parked", tier="5s")),
+    (".parked", QueueName("work", ".parked", ".parked")),
     (".quarantine", QueueName("work", ".quarantine", ".quarantine")),
     ("amqpjobs.scheduler.shop.leader", QueueName("leader", app="shop")),
     ("amqpjobs.scheduler.shop.ticks.nightly", QueueName("ticks", app="shop", schedule="nightly")),
@@ -41,6 +44,7 @@ def test_round_trip_of_the_writers(shard: int | None) -> None:
     assert (tier.kind, tier.job_queue, tier.work_queue, tier.shard) == ("tier", "jobs", work, shard)
     assert parse_queue_name(naming.quarantine_queue_name("jobs")) == QueueName("quarantine", "jobs")
     assert parse_queue_name(naming.suspects_queue_name("jobs")) == QueueName("suspects", "jobs")
+    assert parse_queue_name(naming.parked_queue_name("jobs")) == QueueName("parked", "jobs")
     assert parse_queue_name(cron.leader_queue("app")).kind == "leader"
     assert parse_queue_name(cron.tick_queue("app", "s")) == QueueName("ticks", app="app", schedule="s")
     assert parse_queue_name(cron.running_queue("app", "s")) == QueueName("running", app="app", schedule="s")

@@ -1,0 +1,46 @@
+"""``amqpjobs quarantine park``: move known failures out of quarantine, so ``status`` is healthy again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
+from amqpjobs.cli.quarantine import quarantine
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.printable import printable
+from amqpjobs.runtime.parking import park
+
+
+@quarantine.command("park")
+@click.argument("queue")
+@filter_options
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@url_options
+@errors_to_exit_codes
+def quarantine_park(
+    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
+    url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Move QUEUE's messages that match the filters to the job queue's parked queue (<job queue>.parked).
+
+    Each is published to the parked queue with a publisher confirm, then acked: it keeps
+    every header (its evidence) and property. Parked jobs are counted by `amqpjobs status`
+    but do not make it unhealthy; `quarantine list/show/replay/purge` take the parked queue.
+    Exit 4 (nothing moved) while another process moves QUEUE's messages (e.g. a replay).
+    """
+    broker = settings(url, management_url)
+    chosen = selection(job, error_type, reason, since)
+    if not yes:
+        what = "every message" if chosen == Selection() else "the matching messages"
+        click.confirm(f"Park {what} of quarantine {queue!r} on {broker.safe_url}?", abort=True)
+    report = asyncio.run(park(broker, queue, chosen))
+    click.echo(
+        f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
+        f"{report.left} left in {printable(report.queue)}"
+    )
+    if report.left:
+        click.echo(f"next: amqpjobs quarantine list {printable(report.queue)} (what is still quarantined)")
+    else:
+        click.echo(f"next: amqpjobs status (parked jobs do not make it unhealthy; they wait in {report.target})")

@@ -1,0 +1,154 @@
+"""Taking chosen messages out of a quarantine queue: park them, or delete them (a filtered purge).
+
+Parking moves the quarantined jobs an operator knows to be lost causes to the job
+queue's parked queue (``<job queue>.parked``, declared by the topology): ``status``
+counts them but stays healthy, and ``quarantine list/show/replay/purge`` take the parked
+queue like a quarantine queue. A park move is the replay's: publish the copy (every
+header and property as received, :mod:`amqpjobs.wire.copies`, evidence kept:
+:func:`~amqpjobs.jobs.quarantine.park_headers`) with a publisher confirm and
+``mandatory``, then ack the quarantined original. Killed at any point, every message is
+in quarantine or parked; only the one in flight can be in both.
+
+Both hold the queue's mover lock (:func:`amqpjobs.runtime.quarantine.mover_lock`), so
+they never run beside a replay of the same queue. Messages that do not match are held
+unacked until the end, then returned to the queue in their place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.runtime.quarantine import _INTERRUPTED, _session, mover_lock, resolve_queue
+from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.browse import QueueBrowser, probe_queue
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
+
+
+@dataclass
+class TakeReport:
+    """What a park or filtered purge did.
+
+    Attributes:
+        queue: The queue taken from.
+        taken: Messages parked (or deleted).
+        kept: Messages looked at that did not match (still in ``queue``).
+        left: Messages in ``queue`` at the end.
+        target: The parked queue ("" for a purge).
+
+    """
+
+    queue: str
+    taken: int = 0
+    kept: int = 0
+    left: int = 0
+    target: str = ""
+
+
+async def _take(
+    connection: Connection,
+    settings: BrokerSettings,
+    queue: str,
+    selection: q.Selection,
+    action: str,
+    settle: Callable[[Delivery, q.QuarantinedJob], Awaitable[None]],
+    report: TakeReport,
+) -> None:
+    """Under the mover lock, call ``settle`` on each matching message (it must ack it); hold the rest."""
+    async with mover_lock(connection, settings, queue, action) as lock:
+        _, depth = await resolve_queue(connection, queue)  # as the previous mover left it
+        browser = await QueueBrowser.open(connection)
+        try:
+            async for delivery in browser.deliveries(queue, depth):
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                if not selection.matches(item):
+                    report.kept += 1
+                    continue
+                lock.check()
+                await settle(delivery, item)
+                report.taken += 1
+        except AmqpJobsError:
+            raise
+        except _INTERRUPTED as exc:
+            raise BrokerError(f"{action} of {queue!r} interrupted after {report.taken}: {exc}") from exc
+        finally:
+            await browser.close_quietly()  # the messages kept return to the queue, in their place
+
+
+async def park(settings: BrokerSettings, name: str, selection: q.Selection | None = None) -> TakeReport:
+    """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
+
+    Args:
+        settings: Broker settings.
+        name: A quarantine queue, or the job queue whose quarantine it is.
+        selection: Filters (None: every message).
+
+    Raises:
+        ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
+            the parked queue does not exist (apply the topology); nothing was moved.
+        BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
+        BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
+
+    """
+    selection = selection or q.Selection()
+    async with _session(settings) as connection:
+        queue, _ = await resolve_queue(connection, name)
+        parsed = parse_queue_name(queue)
+        if parsed.kind == "parked":
+            raise ConfigurationError(f"{queue!r} is a parked queue already: park takes from a quarantine queue")
+        target = parked_queue_name(parsed.job_queue)
+        try:
+            await probe_queue(connection, target)
+        except NotFoundError:
+            raise ConfigurationError(
+                f"parked queue {target!r} does not exist: apply the topology (amqpjobs topology apply) to declare "
+                "it; nothing was moved"
+            ) from None
+        report = TakeReport(queue, target=target)
+        publisher = ConfirmedPublisher(connection)
+        parked_at = envelope.iso_utc(time.time())
+
+        async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
+            job_id = delivery.message_id or item.job_id or ""
+            copy = delivery.copy(q.park_headers(delivery.headers, item, parked_at), job_id)
+            try:
+                await publisher.publish("", target, copy)
+            except UnroutableError:
+                raise ConfigurationError(
+                    f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
+                ) from None
+            await delivery.ack()
+
+        try:
+            await _take(connection, settings, queue, selection, "park", move, report)
+        finally:
+            await publisher.close()
+        _, report.left = await resolve_queue(connection, queue)
+    return report
+
+
+async def purge_matching(settings: BrokerSettings, name: str, selection: q.Selection) -> TakeReport:
+    """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
+
+    Raises:
+        ConfigurationError: no such quarantine or parked queue.
+        BusyError: a mover (say, a replay) works on the queue; nothing was deleted.
+
+    """
+    async with _session(settings) as connection:
+        queue, _ = await resolve_queue(connection, name)
+        report = TakeReport(queue)
+
+        async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
+            await delivery.ack()
+
+        await _take(connection, settings, queue, selection, "purge", delete, report)
+        _, report.left = await resolve_queue(connection, queue)
+    return report

@@ -1,0 +1,140 @@
+"""Issue 21, first half: parking quarantined jobs, and what status says of them, on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs import JobContext
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.runtime.quarantine import browse, mover_lock
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.test_quarantine import evidence_for, fill_quarantine
+from tests.integration.test_topology_holes import delete
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
+
+pytestmark = pytest.mark.broker
+
+
+async def reject_one(broker: BrokerSettings, job_id: str) -> None:
+    """A broker-side dead-letter: a job rejected by some other consumer (only x-death says why)."""
+    async with raw_channel(broker) as ch:
+        ex = await ch.get_exchange("jobs")
+        await ex.publish(aio_pika.Message(b'{"n": 99}', message_id=job_id, type="mail"), routing_key="work")
+        msg = await (await ch.get_queue("work", ensure=False)).get(timeout=5)
+        assert msg is not None
+        await msg.reject(requeue=False)
+    await asyncio.sleep(0.1)
+
+
+@pytest.mark.version_independent
+async def test_park_moves_matching_jobs_with_their_evidence_and_status_stays_healthy(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+):
+    app = await make_app(broker, tmp_path)
+    (tmp_path / "topology").mkdir()
+    (tmp_path / "topology" / "t.toml").write_text(APPLIED_TOPOLOGY)
+    parked_queue = mgmt.queue(broker.vhost, "work.parked")
+    assert parked_queue is not None
+    assert (parked_queue["durable"], parked_queue["arguments"]) == (True, {"x-queue-type": "classic"})
+    await fill_quarantine(broker, 3, job="mail", error_type="ValueError")
+    await fill_quarantine(broker, 2, job="report", error_type="KeyError", reason="permanent")
+    await reject_one(broker, "rej-1")
+    done: list[str] = []
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        done.append(ctx.job_id)
+
+    parked = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--job", "report", "--yes")
+    assert parked.exit_code == 0, parked.output
+    assert "parked 2 message(s) from work.quarantine in work.parked; 4 left in work.quarantine" in parked.stdout
+    assert "next: amqpjobs quarantine list work.quarantine" in parked.stdout
+    _, items = await browse(broker, "work.parked")
+    assert [(m.item.job, m.item.reason, m.item.error_type, m.item.original_queue) for m in items] == [
+        ("report", "permanent", "KeyError", "work")
+    ] * 2
+    for i, m in enumerate(items):  # every evidence header as the worker wrote it
+        wanted = evidence_for(i, job="report", error_type="KeyError", reason="permanent")
+        assert {k: m.delivery.headers[k] for k in wanted} == wanted
+        assert str(m.delivery.headers[q.PARKED_AT]).endswith("Z")
+    rejected = await asyncio.to_thread(
+        cli, broker, "quarantine", "park", "work.quarantine", "--reason", "rejected", "--yes"
+    )
+    assert rejected.exit_code == 0, rejected.output
+    _, items = await browse(broker, "work.parked")
+    (rej,) = [m for m in items if m.delivery.message_id == "rej-1"]
+    assert (rej.item.reason, rej.item.original_queue) == ("x-death:rejected", "work")
+    assert "x-death" not in rej.delivery.headers
+
+    async with running_worker(app, broker) as _:
+        unhealthy = await asyncio.to_thread(cli, broker, "status", str(tmp_path / "topology"))
+        assert unhealthy.exit_code == 1
+        assert "3 message(s) in quarantine work.quarantine (next: amqpjobs quarantine list" in unhealthy.stdout
+        rest = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes")
+        assert "parked 3 message(s) from work.quarantine in work.parked; 0 left" in rest.stdout
+        assert "next: amqpjobs status" in rest.stdout
+        healthy = await asyncio.to_thread(cli, broker, "status", str(tmp_path / "topology"))
+        assert healthy.exit_code == 0, healthy.output
+        assert "note work: 6 job(s) parked in work.parked, not unhealthy" in healthy.stdout
+        assert healthy.stdout.rstrip().endswith("healthy")
+        listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work.parked")
+        assert "work.parked: 6 message(s)" in listed.stdout
+        purged = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--job", "report", "--yes")
+        assert "purged 2 message(s) from work.parked; 4 left" in purged.stdout
+        replayed = await asyncio.to_thread(cli, broker, "replay", "work.parked", "--reason", "rejected")
+        assert "replayed 1, skipped 3, left 3 in work.parked" in replayed.stdout
+        for _ in range(100):
+            if done:
+                break
+            await asyncio.sleep(0.02)
+    assert done == ["rej-1"]
+    assert await depth(broker, "work.quarantine") == 0
+
+
+@pytest.mark.version_independent
+async def test_a_parked_queue_not_applied_yet_is_a_note_and_park_refuses_to_move(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    delete(broker, "queues", "work.parked")
+    await fill_quarantine(broker, 2)
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
+    async with running_worker(app, broker) as _:
+        status = await asyncio.to_thread(cli, broker, "status", "--queues", "work")
+    assert "note work: no parked queue work.parked yet (amqpjobs topology apply declares it)" in status.stdout
+    assert "work.parked does not exist" not in status.stdout
+    assert status.exit_code == 1  # for the 2 in quarantine only
+    assert "UNHEALTHY work: 2 message(s) in quarantine" in status.stdout
+    parked = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes")
+    assert parked.exit_code == 2
+    assert "parked queue 'work.parked' does not exist: apply the topology" in parked.stderr
+    assert await depth(broker, "work.quarantine") == 2
+
+
+@pytest.mark.version_independent
+async def test_park_and_a_filtered_purge_wait_for_no_mover(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 2)
+    connection = await connect(broker, name="a-replay")
+    try:
+        async with mover_lock(connection, broker, "work.quarantine", "replay"):
+            parked = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes")
+            purged = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--job", "mail", "--yes")
+    finally:
+        await connection.close()
+    assert (parked.exit_code, purged.exit_code) == (4, 4)
+    assert "replay" in parked.stderr
+    assert await depth(broker, "work.quarantine") == 2
+    assert await depth(broker, "work.parked") == 0

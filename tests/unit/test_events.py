@@ -1,0 +1,41 @@
+"""Outcome events: what the worker sends for an outcome, and what a reader makes of a body (no broker)."""
+
+from __future__ import annotations
+
+import json
+
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_for
+from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
+from amqpjobs.topology.naming import event_routing_key
+
+
+def test_a_quarantined_outcome_becomes_an_event_with_its_reason_and_replay_id() -> None:
+    outcome = Outcome(Quarantine("exhausted"), "mail", "j-1", 3, 0.1, True, queue="mail", error="E: " + "x" * 500)
+    event = event_for(outcome, {q.REPLAY_ID: b"r-9"}, 1_796_000_000.5)
+    assert (event.outcome, event.reason, event.replay_id, event.attempt) == ("quarantined", "exhausted", "r-9", 3)
+    assert len(event.error) == MAX_ERROR
+    assert event.at == "2026-11-30T00:53:20.500Z"
+    assert event.failed and event.final
+    assert event_routing_key(event.queue, event.outcome) == "mail.quarantined"
+    doc = json.loads(event.encode())
+    assert doc["v"] == 1
+    assert decode_event(event.encode()) == event
+
+
+def test_success_retry_and_deferral_are_told_apart() -> None:
+    ok = event_for(Outcome(Ack(), "mail", "j", 1, 0.0, True, queue="mail"), {}, 0)
+    retried = event_for(Outcome(RetryLater(2, 0, 5.0), "mail", "j", 1, 0.0, True, queue="mail", error="E: e"), {}, 0)
+    waited = event_for(Outcome(RetryLater(1, 0, 5.0, wait=True), "mail", "j", 1, 0.0, True, queue="mail"), {}, 0)
+    assert [(e.outcome, e.final, e.failed) for e in (ok, retried, waited)] == [
+        ("succeeded", True, False), ("retried", True, True), ("deferred", False, False)
+    ]  # fmt: skip
+    assert retried.why() == "E: e"
+
+
+def test_bodies_that_are_not_events_are_none_and_unknown_keys_are_ignored() -> None:
+    assert decode_event(b"not json") is None
+    assert decode_event(b"[1]") is None
+    assert decode_event(b'{"job": "x"}') is None
+    read = decode_event(b'{"outcome": "succeeded", "id": "a", "attempt": true, "new_key": 1}')
+    assert read == OutcomeEvent(job="", id="a", attempt=0, outcome="succeeded", reason="", error="", queue="")
