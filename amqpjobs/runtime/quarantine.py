@@ -122,10 +122,9 @@ async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
 
 
 def quarantine_queues(settings: BrokerSettings) -> list[str]:
-    """Every queue of the vhost whose name ends with ``.quarantine`` or ``.parked``, sorted."""
+    """Every queue of the vhost whose name ends with ``.quarantine``, sorted."""
     with ManagementClient(settings) as mgmt:
-        names = (x["name"] for x in mgmt.queues(settings.vhost))
-        return sorted(n for n in names if parse_queue_name(n).kind in ("quarantine", "parked"))
+        return sorted(x["name"] for x in mgmt.queues(settings.vhost) if x["name"].endswith(QUARANTINE_SUFFIX))
 
 
 @asynccontextmanager

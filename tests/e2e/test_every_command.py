@@ -90,11 +90,11 @@ def test_every_command_runs_on_the_suites_broker(broker: BrokerSettings, broker_
 
     code, out = run(env, "topology", "plan", str(topology))
     assert code == 0, out
-    assert "10 to create, 0 unchanged, 0 conflict(s)" in out
+    assert "12 to create, 0 unchanged, 0 conflict(s)" in out
     assert run(env, "topology", "apply", str(topology))[0] == 0
     code, out = run(env, "topology", "plan", str(topology))
     assert code == 0, out
-    assert "0 to create, 10 unchanged" in out
+    assert "0 to create, 12 unchanged" in out
     code, out = run(env, "topology", "export", str(topology))
     assert code == 0, out
     assert '"queues"' in out
@@ -123,6 +123,7 @@ def test_every_command_runs_on_the_suites_broker(broker: BrokerSettings, broker_
         ("quarantine", "export", "work.quarantine", str(tmp_path / "q.jsonl")),
         ("replay", "work.quarantine", "--dry-run"),
         ("replay", "work.quarantine"),
+        ("quarantine", "park", "work.quarantine", "--yes"),
         ("quarantine", "purge", "work.quarantine", "--yes"),
         ("schedule", "list", "tests.integration.schedapp:app"),
     ):

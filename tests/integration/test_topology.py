@@ -99,12 +99,14 @@ EXPECTED_QUEUE_ARGS: dict[str, dict[str, object]] = {
         "x-delivery-limit": 5,
         "x-overflow": "reject-publish",
     },
+    **{f"{jq}.parked": {"x-queue-type": "classic"} for jq in ("urgent", "batch", "billing")},
 }
 EXPECTED_EXCHANGES = {
     "jobs": "direct",
     "urgent.quarantine": "fanout",
     "batch.quarantine": "fanout",
     "billing.quarantine": "fanout",
+    "amqpjobs.events": "topic",
 }
 EXPECTED_BINDINGS = sorted(
     [
@@ -121,7 +123,7 @@ EXPECTED_BINDINGS = sorted(
 def test_apply_creates_exactly_the_topology_and_is_idempotent(broker: BrokerSettings, mgmt: ManagementClient):
     first = cli(broker, "topology", "apply", str(TOPOLOGY))
     assert first.exit_code == 0, first.output
-    assert "28 created, 0 unchanged" in first.stdout
+    assert "32 created, 0 unchanged" in first.stdout
     assert f":{broker.password}@" not in first.output  # credentials never printed
     assert ":***@" in first.stdout
 
@@ -141,12 +143,12 @@ def test_apply_creates_exactly_the_topology_and_is_idempotent(broker: BrokerSett
     second = cli(broker, "topology", "apply", str(TOPOLOGY))
     assert second.exit_code == 0, second.output
     assert "nothing to create" in second.stdout
-    assert "all 28 objects unchanged" in second.stdout
+    assert "all 32 objects unchanged" in second.stdout
     assert "created" not in second.stdout.replace("nothing to create", "")
 
     plan = cli(broker, "topology", "plan", str(TOPOLOGY))
     assert plan.exit_code == 0
-    assert "0 to create, 28 unchanged, 0 conflict(s)" in plan.stdout
+    assert "0 to create, 32 unchanged, 0 conflict(s)" in plan.stdout
 
 
 async def _predeclare(broker: BrokerSettings) -> None:
@@ -204,8 +206,8 @@ def test_export_imports_with_rabbitmqctl_and_plans_unchanged(
     result = cli(broker, "topology", "export", str(TOPOLOGY), "--vhost", broker.vhost, "-o", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
-    assert len(doc["queues"]) == 18
-    assert len(doc["exchanges"]) == 4
+    assert len(doc["queues"]) == 21
+    assert len(doc["exchanges"]) == 5
     assert len(doc["bindings"]) == 6
     out.chmod(0o644)
     tmp_path.chmod(0o755)
@@ -216,7 +218,7 @@ def test_export_imports_with_rabbitmqctl_and_plans_unchanged(
         mgmt.import_definitions(broker.vhost, doc)
     plan = cli(broker, "topology", "plan", str(TOPOLOGY))
     assert plan.exit_code == 0, plan.output
-    assert "0 to create, 28 unchanged, 0 conflict(s)" in plan.stdout
+    assert "0 to create, 32 unchanged, 0 conflict(s)" in plan.stdout
     assert sorted(queue_names(mgmt, broker.vhost)) == sorted(EXPECTED_QUEUE_ARGS)
 
 
