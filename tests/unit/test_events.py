@@ -16,7 +16,7 @@ def test_a_quarantined_outcome_becomes_an_event_with_its_reason_and_replay_id() 
     assert (event.outcome, event.reason, event.replay_id, event.attempt) == ("quarantined", "exhausted", "r-9", 3)
     assert len(event.error) == MAX_ERROR
     assert event.at == "2026-11-30T00:53:20.500Z"
-    assert event.failed and event.final
+    assert (event.failed, event.final) == (True, True)
     assert event_routing_key(event.queue, event.outcome) == "mail.quarantined"
     doc = json.loads(event.encode())
     assert doc["v"] == 1
