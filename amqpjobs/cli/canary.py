@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from amqpjobs.cli.next_steps import command
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import ReplayReport
@@ -65,7 +65,7 @@ def start_line(canary: int, timeout: float) -> str:
 
 def failure_lines(report: ReplayReport, canary: int, park_filters: list[str]) -> list[str]:
     """What a stopped canary replay prints (to stderr): which canaries failed, why, and what to run next."""
-    park = shlex.join(["amqpjobs", "quarantine", "park", report.queue, *park_filters])
+    park = command("quarantine", "park", report.queue, *park_filters)
     return [
         f"canary failed: {len(report.canary_failures)} of {canary} did not succeed; the rest stay in {report.queue}:",
         *(f"  {line}" for line in report.canary_failures),

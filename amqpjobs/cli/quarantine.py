@@ -20,6 +20,7 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._root import main
 from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
+from amqpjobs.cli.next_steps import after_list, after_show, filter_args
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
 from amqpjobs.printable import json_safe, printable
@@ -68,6 +69,8 @@ def quarantine_list(
             click.echo(GROUP_HEADER)
         for g in groups:
             click.echo(g.row())
+    if len(doc) == 1 and (hint := after_list(doc[0][0], doc[0][2])):
+        click.echo(hint)
 
 
 @quarantine.command("show")
@@ -103,6 +106,8 @@ def quarantine_show(
                 click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
     if not as_json:
         click.echo(f"{len(messages)} message(s) shown")
+        if messages:
+            click.echo(after_show(messages[0].delivery.queue, filter_args(job, error_type, reason, since)))
 
 
 @quarantine.command("export")
@@ -203,9 +208,7 @@ def replay_command(
     phases(report)
     click.echo(_replay_summary(report))
     if report.canary_failures and canary is not None:
-        filters = [f for flag, v in (("--job", job), ("--error-type", error_type), ("--reason", reason),
-                                     ("--since", since)) if v for f in (flag, v)]  # fmt: skip
-        for line in failure_lines(report, canary, filters):
+        for line in failure_lines(report, canary, filter_args(job, error_type, reason, since)):
             click.echo(line, err=True)
         sys.exit(EXIT_FOUND)
     if report.stopped_early:

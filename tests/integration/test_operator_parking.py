@@ -9,7 +9,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import JobContext
+from amqpjobs import JobContext, Reject
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.runtime.quarantine import browse, mover_lock
 from amqpjobs.wire.connection import connect
@@ -138,3 +138,55 @@ async def test_park_and_a_filtered_purge_wait_for_no_mover(broker: BrokerSetting
     assert "replay" in parked.stderr
     assert await depth(broker, "work.quarantine") == 2
     assert await depth(broker, "work.parked") == 0
+
+
+@pytest.mark.version_independent
+async def test_the_3am_drill_each_step_names_the_next(broker: BrokerSettings, tmp_path: Path):
+    """README "The 3 am drill": alert -> status -> list/show -> canary replay of one kind -> park the rest."""
+    app = await make_app(broker, tmp_path)
+    topology = tmp_path / "applied.toml"
+    await fill_quarantine(broker, 3, job="mail", error_type="ValueError")  # fixed since
+    await fill_quarantine(broker, 2, job="report", error_type="KeyError", reason="permanent")  # still broken
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
+    @app.job("report", queue="work")
+    async def report(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise Reject("the report template is gone")
+
+    def run(*args: str) -> tuple[int, str]:
+        result = cli(broker, *args)
+        return result.exit_code, result.stdout + result.stderr
+
+    async with running_worker(app, broker) as _:
+        code, out = await asyncio.to_thread(run, "status", str(topology))
+        assert code == 1
+        assert "(next: amqpjobs quarantine list work.quarantine)" in out
+        code, out = await asyncio.to_thread(run, "quarantine", "list", "work.quarantine")
+        assert "next: amqpjobs quarantine show work.quarantine --job mail --error-type ValueError" in out
+        code, out = await asyncio.to_thread(
+            run, "quarantine", "show", "work.quarantine", "--job", "mail", "--error-type", "ValueError"
+        )
+        fixed = "amqpjobs replay work.quarantine --job mail --error-type ValueError --canary 1"
+        assert f"next: fixed? {fixed}; a lost cause? amqpjobs quarantine park work.quarantine --job mail" in out
+        code, out = await asyncio.to_thread(run, *fixed.split()[1:])
+        assert code == 0, out
+        assert "canary passed: 1 of 1 succeeded; replaying the rest" in out
+        assert "replayed 3, skipped 2, left 2 in work.quarantine" in out
+        code, out = await asyncio.to_thread(run, "quarantine", "list", "work.quarantine")
+        assert "next: amqpjobs quarantine show work.quarantine --job report --error-type KeyError" in out
+        code, out = await asyncio.to_thread(run, "replay", "work.quarantine", "--job", "report", "--canary", "1")
+        assert code == 1
+        assert "canary failed: 1 of 1 did not succeed" in out
+        assert "quarantined: amqpjobs.jobs.outcome.Reject: the report template is gone" in out
+        park = "amqpjobs quarantine park work.quarantine --job report"
+        assert park in out
+        code, out = await asyncio.to_thread(run, *park.split()[1:], "--yes")
+        assert "parked 2 message(s) from work.quarantine in work.parked; 0 left" in out
+        assert "next: amqpjobs status" in out
+        code, out = await asyncio.to_thread(run, "status", str(topology))
+        assert code == 0, out
+        assert "note work: 2 job(s) parked in work.parked" in out
+        assert out.rstrip().endswith("healthy")
