@@ -9,6 +9,9 @@ the wire format (README "Wire format"):
   ``x-amqpjobs-shard`` extension gives the shard rule;
 * one **operation** per channel (``action: send``), with the AMQP operation binding:
   ``deliveryMode: 2``, ``mandatory: true``, ``timestamp: true``;
+* the **outcome events** workers publish (README "Wire format" → "Outcome events"): one
+  channel on the topic exchange ``amqpjobs.events``, address ``{jobQueue}.{outcome}``, with a
+  ``receive`` operation and the event message (:func:`amqpjobs.jobs.events.event_schema`);
 * one **message** per job: ``payload`` is the JSON Schema of the job's pydantic model
   (``{"type": "object"}`` for a job without one), ``headers`` the JSON Schema of our
   headers, the AMQP message binding's ``messageType`` the job name, and an
@@ -31,8 +34,10 @@ from pydantic.json_schema import models_json_schema
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
+from amqpjobs.jobs.events import OUTCOMES, event_schema
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.topology.models import JobQueueLayout, Topology
+from amqpjobs.topology.naming import EVENTS_EXCHANGE
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 AMQP_BINDING_VERSION: Final = "0.3.0"
@@ -147,6 +152,46 @@ def _payload_schemas(jobs: list[JobDef]) -> tuple[dict[str, dict[str, Any]], dic
     return out, defs
 
 
+def _add_outcome_events(
+    channels: dict[str, Any],
+    operations: dict[str, Any],
+    messages: dict[str, Any],
+    channel_keys: set[str],
+    message_keys: set[str],
+) -> None:
+    """Add the outcome events channel, its ``receive`` operation and its message."""
+    channel, message = _key(EVENTS_EXCHANGE, channel_keys), _key("amqpjobs.outcome-event", message_keys)
+    messages[message] = {
+        "name": "outcome-event",
+        "title": "outcome event",
+        "summary": "One delivery's outcome, published by a worker without publisher confirms (may be lost).",
+        "contentType": envelope.CONTENT_TYPE,
+        "payload": event_schema(),
+    }
+    channels[channel] = {
+        "address": "{jobQueue}.{outcome}",
+        "title": f"outcome events ({EVENTS_EXCHANGE})",
+        "description": f"Bind an exclusive, auto-delete queue of your own to topic exchange {EVENTS_EXCHANGE!r} "
+        "(e.g. '<job queue>.*', '*.quarantined', '#'); events published before the binding exists are gone.",
+        "parameters": {
+            "jobQueue": {"description": "The job queue the delivery came from."},
+            "outcome": {"enum": list(OUTCOMES), "description": "What happened to the delivery."},
+        },
+        "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+        "bindings": {"amqp": {
+            "is": "routingKey",
+            "exchange": {"name": EVENTS_EXCHANGE, "type": "topic", "durable": True, "autoDelete": False},
+            "bindingVersion": AMQP_BINDING_VERSION,
+        }},
+    }  # fmt: skip
+    operations[f"receive.{channel}"] = {
+        "action": "receive",
+        "channel": {"$ref": f"#/channels/{channel}"},
+        "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
+        "bindings": {"amqp": {"ack": False, "bindingVersion": AMQP_BINDING_VERSION}},
+    }
+
+
 def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], topology: Topology) -> dict[str, Any]:
     """Build the AsyncAPI 3.0 document of ``jobs`` over ``topology``.
 
@@ -226,6 +271,8 @@ def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], t
                     "deliveryMode": 2, "mandatory": True, "timestamp": True, "bindingVersion": AMQP_BINDING_VERSION,
                 }},
             }  # fmt: skip
+    if channels:
+        _add_outcome_events(channels, operations, messages, channel_keys, message_keys)
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {

@@ -35,6 +35,11 @@ from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 VERSION: Final = 1
 #: Characters of ``error`` kept in an event.
 MAX_ERROR: Final = 200
+#: Every outcome an event can carry (:attr:`amqpjobs.jobs.outcome.Outcome.kind`).
+OUTCOMES: Final = (
+    "succeeded", "retried", "quarantined", "deferred", "duplicate", "ack_uncertain", "redelivered", "handed_back",
+    "abandoned",
+)  # fmt: skip
 #: Outcomes that end a delivery well: the job is done.
 SUCCESS: Final = frozenset({"succeeded", "duplicate", "ack_uncertain"})
 #: Outcomes that are a failure of the run: it will be retried or it is quarantined.
@@ -87,6 +92,27 @@ class OutcomeEvent:
         doc = {"v": VERSION, **asdict(self)}
         doc["error"] = self.error[:MAX_ERROR]
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def event_schema() -> dict[str, Any]:
+    """JSON Schema of an event body (the AsyncAPI document's outcome event message)."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "required": ["v", "job", "id", "attempt", "outcome", "reason", "error", "queue", "replay_id", "at"],
+        "properties": {
+            "v": {"const": VERSION, "description": "Version of the event body; readers ignore unknown keys."},
+            "job": {**text, "description": "Job name ('' when unknown)."},
+            "id": {**text, "description": "Job id (message_id)."},
+            "attempt": {"type": "integer", "minimum": 1, "description": "Attempt number of the delivery."},
+            "outcome": {**text, "enum": list(OUTCOMES), "description": "What happened to the delivery."},
+            "reason": {**text, "description": "Quarantine reason for 'quarantined', else ''."},
+            "error": {**text, "maxLength": MAX_ERROR, "description": "'<type>: <message>' of the failure, or ''."},
+            "queue": {**text, "description": "The job queue the delivery came from."},
+            "replay_id": {**text, "description": "The replay run that moved the job back, or ''."},
+            "at": {**text, "format": "date-time", "description": "When the worker recorded it (UTC)."},
+        },
+    }
 
 
 def event_for(outcome: Outcome, headers: Mapping[str, Any], now: float) -> OutcomeEvent:

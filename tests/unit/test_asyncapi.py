@@ -23,6 +23,7 @@ from amqpjobs.cli import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.asyncapi import asyncapi_document
+from amqpjobs.jobs.events import OutcomeEvent
 from amqpjobs.topology.loader import load_topology
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "asyncapi" / "asyncapi-3.0.0.schema.json"
@@ -113,9 +114,9 @@ def test_channels_messages_and_bindings(tmp_path: Path) -> None:
     doc = asyncapi_document(app.name, app.app_version, app, app.topology())
     assert doc["info"] == {**doc["info"], "title": "shop", "version": "1.4.2"}
     channels = doc["channels"]
-    assert list(channels) == ["urgent", "tenants.shard-0", "tenants.shard-1", "tenants.shard-2"]
+    assert list(channels) == ["urgent", "tenants.shard-0", "tenants.shard-1", "tenants.shard-2", "amqpjobs.events"]
     assert [c["address"] for c in channels.values()] == [
-        "urgent", "work.tenants.shard-0", "work.tenants.shard-1", "work.tenants.shard-2",
+        "urgent", "work.tenants.shard-0", "work.tenants.shard-1", "work.tenants.shard-2", "{jobQueue}.{outcome}",
     ]  # fmt: skip
     assert channels["urgent"]["bindings"]["amqp"]["exchange"] == {
         "name": "jobs", "type": "direct", "durable": True, "autoDelete": False,
@@ -145,6 +146,21 @@ def test_channels_messages_and_bindings(tmp_path: Path) -> None:
             jsonschema.validate(bad, payload)
 
 
+def test_outcome_events_are_a_receive_channel_on_the_topic_exchange(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    channel = doc["channels"]["amqpjobs.events"]
+    assert channel["bindings"]["amqp"]["exchange"] == {
+        "name": "amqpjobs.events", "type": "topic", "durable": True, "autoDelete": False,
+    }  # fmt: skip
+    assert doc["operations"]["receive.amqpjobs.events"]["action"] == "receive"
+    schema = doc["components"]["messages"]["amqpjobs.outcome-event"]["payload"]
+    event = OutcomeEvent("mail", "j-1", 2, "quarantined", "exhausted", "E: x", "mail", "", "2026-11-30T03:00:00.000Z")
+    jsonschema.validate(json.loads(event.encode()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**json.loads(event.encode()), "outcome": "exploded"}, schema)
+
+
 def test_shard_rule_in_the_document_is_the_enqueue_rule(tmp_path: Path) -> None:
     app = make_app(tmp_path)
     doc = asyncapi_document(app.name, app.app_version, app, app.topology())
@@ -170,9 +186,9 @@ def test_cli_writes_the_document(tmp_path: Path, validator: jsonschema.Draft7Val
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert [e.message for e in validator.iter_errors(doc)] == []
-    assert list(doc["channels"]) == ["urgent", "billing", "batch"]
+    assert list(doc["channels"]) == ["urgent", "billing", "batch", "amqpjobs.events"]
     assert sorted(doc["components"]["messages"]) == [
-        "orders.confirm", "orders.sync_crm", "payments.capture", "reports.daily",
+        "amqpjobs.outcome-event", "orders.confirm", "orders.sync_crm", "payments.capture", "reports.daily",
     ]  # fmt: skip
     stdout = CliRunner().invoke(main, ["asyncapi", "examples.shop:app"])
     assert json.loads(stdout.stdout) == doc
