@@ -2,10 +2,10 @@
 
 A worker publishes one event per outcome to the topic exchange
 :data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE` (``amqpjobs.events``) with routing key
-``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`), without
-publisher confirms: events are a signal, not a record. An event can be lost (the
-exchange is missing, the channel is closed or blocked, nobody is subscribed); a job's fate
-never depends on one (README "Wire format" → "Outcome events").
+``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`), and no
+job waits for it (:mod:`amqpjobs.wire.events`): events are a signal, not a record. An
+event can be lost (the exchange is missing, the channel is closed or blocked, nobody is
+subscribed); a job's fate never depends on one (README "Wire format" → "Outcome events").
 
 The body (``content_type`` ``application/json``)::
 

@@ -91,7 +91,7 @@ class Worker(SuspectTurns):
         self._connection: Connection | None = None
         self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
-        self._events: OutcomeEvents | None = None  # outcome events, no confirms (amqpjobs.wire.events)
+        self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None

@@ -4,21 +4,30 @@ Events (their body is :mod:`amqpjobs.jobs.events`'s; this layer moves bytes) go 
 :data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE` without publisher confirms and without
 ``mandatory``: nobody subscribed means nobody hears them, by design. The publisher never
 makes a job wait and never fails one: :meth:`OutcomeEvents.emit` only queues a publish,
-and drops the event (counting it) when the exchange was missing at start, the channel is
-closed, or :data:`MAX_PENDING` publishes are still waiting to reach the socket (the
-broker blocked the connection under a resource alarm, RabbitMQ "Blocked Connection
-Notifications", or the network stalls).
+and drops the event (counting it) when the exchange was missing at start, the broker
+closed the channel (events stay off until a restart), or :data:`MAX_PENDING` events are
+still waiting to reach the socket (the broker blocked the connection under a resource
+alarm, RabbitMQ "Blocked Connection Notifications", or the network stalls).
 
-The exchange is probed once at start (a passive declare on a throwaway channel): a
-publish to a missing exchange makes the broker close the channel (``404``), and a frame
-sent after that close can cost the whole connection (:class:`~amqpjobs.wire.publish.ConfirmedPublisher`).
+The exchange is probed once at start (a passive declare on a throwaway channel). A
+publish to a missing exchange (deleted under a running worker) makes the broker close the
+channel (``404``), and a frame sent on that channel after aiormq answered the close makes
+the broker close the whole connection (``504 CHANNEL_ERROR - expected 'channel.open'``),
+and with it the unacked jobs of every consumer on it: measured here, 3 runs in 4 when the
+events went out back to back. So one task sends them, one at a time, each after the
+previous one's publisher confirm (the confirm paces the sender; no job waits for it): a
+close then always arrives before the next publish, and turns events off for good. This
+caps events near one per broker round trip (a few hundred to a thousand a second on a
+local broker); beyond that the queue of :data:`MAX_PENDING` fills and events are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
@@ -32,8 +41,10 @@ from amqpjobs.wire.errors import broker_errors
 
 log = logging.getLogger("amqpjobs.worker")
 
-#: Event publishes that may wait for the socket at once; more are dropped.
-MAX_PENDING = 32
+#: Events that may wait to be published at once; more are dropped.
+MAX_PENDING = 1000
+#: Seconds the sender waits for an event's confirm before it drops the event and sends the next.
+CONFIRM_TIMEOUT = 5.0
 #: Basic properties of an event: JSON, transient (``delivery_mode`` 1), no confirm.
 _PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
 
@@ -54,19 +65,23 @@ async def exchange_exists(connection: Connection, name: str) -> bool:
 class OutcomeEvents:
     """The worker's outcome event publisher (see the module docstring).
 
-    Build it with :meth:`open`. Attributes ``published`` and ``dropped`` count events.
+    Build it with :meth:`open`. One publish at a time goes out, from a queue of at most
+    :data:`MAX_PENDING` events. Attributes ``published`` and ``dropped`` count events.
 
     Args:
-        channel: A channel without confirms, or None when events are off (exchange missing).
+        channel: A channel with publisher confirms (they pace the sender), or None: events off.
         on_drop: Called once per dropped event (a metric).
     """
 
     def __init__(self, channel: AbstractChannel | None, on_drop: Callable[[], None] | None = None) -> None:
         self._channel = channel
         self._on_drop = on_drop
-        self._pending: set[asyncio.Task[None]] = set()
+        self._waiting: deque[tuple[str, bytes]] = deque()
+        self._sender: asyncio.Task[None] | None = None
         self.published = 0
         self.dropped = 0
+        if channel is not None:
+            channel.close_callbacks.add(self._on_close)
 
     @classmethod
     async def open(cls, connection: Connection, on_drop: Callable[[], None] | None = None) -> OutcomeEvents:
@@ -77,7 +92,16 @@ class OutcomeEvents:
                 "jobs run as usual", EVENTS_EXCHANGE,
             )  # fmt: skip
             return cls(None, on_drop)
-        return cls(await connection.channel(publisher_confirms=False), on_drop)
+        return cls(await connection.channel(publisher_confirms=True), on_drop)
+
+    def _on_close(self, channel: Any, exc: BaseException | None) -> None:
+        """The broker closed the channel (say, the exchange was deleted: 404): events off, no reopening.
+
+        A connection loss is not this: aio-pika reopens the channel with the connection.
+        """
+        if isinstance(exc, aiormq.exceptions.ChannelClosed) and self._channel is not None:
+            log.warning("outcome events are off until the worker restarts: the broker closed their channel (%s)", exc)
+            self._channel = None  # not closed by us: a close frame on it now could cost the connection
 
     def emit(self, routing_key: str, body: bytes) -> None:
         """Queue the publish of an event; never waits, never raises (a dropped event is counted).
@@ -86,23 +110,30 @@ class OutcomeEvents:
             routing_key: ``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`).
             body: The event's JSON body (:meth:`amqpjobs.jobs.events.OutcomeEvent.encode`).
         """
-        channel = self._channel
-        if channel is None or channel.is_closed or len(self._pending) >= MAX_PENDING:
+        if self._channel is None or self._channel.is_closed or len(self._waiting) >= MAX_PENDING:
             self._drop()
             return
-        task = asyncio.get_running_loop().create_task(self._publish(channel, routing_key, body))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._waiting.append((routing_key, body))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send())
 
-    async def _publish(self, channel: AbstractChannel, routing_key: str, body: bytes) -> None:
-        try:
-            underlay = await channel.get_underlay_channel()
-            await underlay.basic_publish(
-                body, exchange=EVENTS_EXCHANGE, routing_key=routing_key, properties=_PROPERTIES
-            )
-            self.published += 1
-        except Exception:  # closed or closing channel, connection lost: events are best effort
-            self._drop()
+    async def _send(self) -> None:
+        while self._waiting:
+            routing_key, body = self._waiting[0]
+            channel = self._channel
+            try:
+                if channel is None or channel.is_closed:
+                    raise ConnectionError("channel closed")
+                underlay = await channel.get_underlay_channel()
+                async with asyncio.timeout(CONFIRM_TIMEOUT):  # a blocked connection: the queue fills meanwhile
+                    await underlay.basic_publish(
+                        body, exchange=EVENTS_EXCHANGE, routing_key=routing_key, properties=_PROPERTIES
+                    )  # the confirm paces this sender only; no job waits for it
+                self.published += 1
+            except Exception:  # closed or closing channel, connection lost: events are best effort
+                self._drop()
+            finally:
+                self._waiting.popleft()
 
     def _drop(self) -> None:
         self.dropped += 1
@@ -110,11 +141,13 @@ class OutcomeEvents:
             self._on_drop()
 
     async def close(self) -> None:
-        """Give publishes under way a moment (0.5 s), then close the channel (the rest are dropped)."""
-        if self._pending:
-            _, late = await asyncio.wait(set(self._pending), timeout=0.5)
+        """Give the events waiting a moment (0.5 s), then close the channel (the rest are dropped)."""
+        if self._sender is not None and not self._sender.done():
+            _, late = await asyncio.wait({self._sender}, timeout=0.5)
             for task in late:
                 task.cancel()
+                for _ in range(len(self._waiting)):
+                    self._drop()
         if self._channel is not None:
             await close_channel(self._channel)
 

@@ -98,6 +98,36 @@ async def test_without_the_events_exchange_jobs_run_and_events_are_counted_dropp
     assert await depth(broker, "work") == 0
 
 
+@pytest.mark.version_independent
+async def test_the_events_exchange_deleted_under_a_running_worker_turns_events_off_not_jobs(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
+    async with running_worker(app, broker, concurrency=4) as (worker, rec):
+        reconnects: list[object] = []
+        assert worker._connection is not None
+        worker._connection.reconnect_callbacks.add(lambda *_: reconnects.append(1))
+        await app.enqueue("mail", {"n": 0})
+        await rec.wait_for(lambda o: len(o) >= 1)
+        delete(broker, "exchanges", EVENTS_EXCHANGE)
+        for n in range(1, 41):
+            await app.enqueue("mail", {"n": n})
+        await rec.wait_for(lambda o: len(o) >= 41)
+        await asyncio.sleep(0.2)
+        events = worker._events
+        assert events is not None
+        assert worker.stats["succeeded"] == 41
+        assert events.published + events.dropped == 41
+        assert events.dropped >= 39  # the first publish after the delete closes the channel; events stay off
+        assert reconnects == []  # the connection (and every unacked job on it) was never lost
+    assert await depth(broker, "work.quarantine") == 0
+
+
 async def test_canary_of_2_stops_a_replay_of_20_whose_handler_still_fails(broker: BrokerSettings, tmp_path: Path):
     app = await make_app(broker, tmp_path)
     runs: list[str] = []
