@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Sequence
 
 from amqpjobs.jobs.quarantine import Group
+from amqpjobs.printable import printable
 
 
 def filter_args(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> list[str]:
@@ -19,8 +20,8 @@ def filter_args(job: str | None, error_type: str | None, reason: str | None, sin
 
 
 def command(*args: str) -> str:
-    """An ``amqpjobs`` command line, quoted for a POSIX shell (and free of control characters)."""
-    return shlex.join(["amqpjobs", *args]).encode("ascii", "backslashreplace").decode()
+    """An ``amqpjobs`` command line, quoted for a POSIX shell, control characters escaped (one line always)."""
+    return printable(shlex.join(["amqpjobs", *args]))
 
 
 def after_list(queue: str, groups: Sequence[Group]) -> str | None:

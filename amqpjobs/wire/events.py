@@ -78,6 +78,7 @@ class OutcomeEvents:
         self._on_drop = on_drop
         self._waiting: deque[tuple[str, bytes]] = deque()
         self._sender: asyncio.Task[None] | None = None
+        self._closing = False  # close() was called: the channel's close is ours
         self.published = 0
         self.dropped = 0
         if channel is not None:
@@ -99,7 +100,7 @@ class OutcomeEvents:
 
         A connection loss is not this: aio-pika reopens the channel with the connection.
         """
-        if isinstance(exc, aiormq.exceptions.ChannelClosed) and self._channel is not None:
+        if isinstance(exc, aiormq.exceptions.ChannelClosed) and self._channel is not None and not self._closing:
             log.warning("outcome events are off until the worker restarts: the broker closed their channel (%s)", exc)
             self._channel = None  # not closed by us: a close frame on it now could cost the connection
 
@@ -142,6 +143,7 @@ class OutcomeEvents:
 
     async def close(self) -> None:
         """Give the events waiting a moment (0.5 s), then close the channel (the rest are dropped)."""
+        self._closing = True
         if self._sender is not None and not self._sender.done():
             _, late = await asyncio.wait({self._sender}, timeout=0.5)
             for task in late:

@@ -65,6 +65,7 @@ async def test_each_outcome_is_one_event_routed_by_job_queue_and_outcome(
             await until(lambda: len(every) >= 4 and len(quarantined) >= 2)
     finally:
         await connection.close()
+        await app.close()
     got = sorted((e.id, e.attempt, e.outcome, e.reason, e.error, e.job, e.queue) for e in every)
     assert got == [
         ("e-0", 1, "succeeded", "", "", "mail", "work"),
@@ -95,6 +96,7 @@ async def test_without_the_events_exchange_jobs_run_and_events_are_counted_dropp
         assert worker._events is not None
         assert (worker._events.published, worker._events.dropped) == (0, 3)
         assert worker.stats["succeeded"] == 3
+    await app.close()
     assert await depth(broker, "work") == 0
 
 
@@ -125,6 +127,7 @@ async def test_the_events_exchange_deleted_under_a_running_worker_turns_events_o
         assert events.published + events.dropped == 41
         assert events.dropped >= 39  # the first publish after the delete closes the channel; events stay off
         assert reconnects == []  # the connection (and every unacked job on it) was never lost
+    await app.close()
     assert await depth(broker, "work.quarantine") == 0
 
 
