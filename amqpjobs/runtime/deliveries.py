@@ -74,13 +74,22 @@ class DeliveryPath(HandlerRuns):
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
+        tracing = self.app.tracing
         try:
-            await self._handle_delivery(layout, delivery, alone, hand_back)
+            if tracing is None:
+                await self._handle_delivery(layout, delivery, alone, hand_back)
+            else:  # a CONSUMER span around it, current while the handler runs (README "Tracing")
+                d = delivery
+                with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id,
+                                        d.delivery_tag) as span:  # fmt: skip
+                    tracing.finished(span, await self._handle_delivery(layout, delivery, alone, hand_back))
         finally:
             if gauge is not None:
                 gauge.dec()
 
-    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool, hand_back: bool) -> None:
+    async def _handle_delivery(
+        self, layout: JobQueueLayout, delivery: Delivery, alone: bool, hand_back: bool
+    ) -> Outcome:
         try:
             v = await self._process(layout, delivery, alone, hand_back)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -105,6 +114,7 @@ class DeliveryPath(HandlerRuns):
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
+        return v
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision

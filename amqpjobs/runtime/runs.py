@@ -6,6 +6,7 @@ Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the wo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import sys
 import time
@@ -208,7 +209,9 @@ class HandlerRuns:
         # A thread can't be interrupted: retrying while it still runs could commit the side
         # effect twice. So the worker waits for it, warns about the overrun, and judges the
         # run by its result.
-        future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
+        # in a copy of this context, as asyncio.to_thread does: the handler sees its span and baggage (tracing)
+        run = contextvars.copy_context().run
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run, job.handler, payload, ctx)
         if limit is not None:
             done, _ = await asyncio.wait({future}, timeout=limit)
             if not done:
