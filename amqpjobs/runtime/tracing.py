@@ -105,11 +105,10 @@ class Tracing:
         self._propagate = propagate
         self._trace = trace
         self._getter = _header_getter()
-        self._schema = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
-
-    def _tracer(self) -> Tracer:
-        # per span: the global provider may be set after the app was built (the API's proxy, once set, is cheap)
-        return self._trace.get_tracer("amqpjobs", __version__, schema_url=self._schema)
+        # before a global provider is set, the API hands out a proxy that uses the provider once it is set
+        self._tracer: Tracer = trace.get_tracer(
+            "amqpjobs", __version__, schema_url=f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+        )
 
     @contextmanager
     def sending(self, exchange: str, routing_key: str, job: str, job_id: str) -> Iterator[dict[str, str]]:
@@ -132,7 +131,7 @@ class Tracing:
         if routing_key:
             attributes["messaging.rabbitmq.destination.routing_key"] = routing_key
         kind = self._trace.SpanKind.PRODUCER
-        with self._tracer().start_as_current_span(f"send {destination}", kind=kind, attributes=attributes) as span:
+        with self._tracer.start_as_current_span(f"send {destination}", kind=kind, attributes=attributes) as span:
             headers: dict[str, str] = {}
             self._propagate.inject(headers)  # the default setter: carrier[key] = value
             try:
@@ -180,7 +179,7 @@ class Tracing:
             attributes[REPLAYS] = replays
         token = self._context.attach(parent)  # the producer's baggage too, for the handler
         try:
-            with self._tracer().start_as_current_span(
+            with self._tracer.start_as_current_span(
                 f"process {destination}", kind=self._trace.SpanKind.CONSUMER, attributes=attributes, links=links
             ) as span:
                 yield span

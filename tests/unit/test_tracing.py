@@ -118,3 +118,26 @@ def test_tracing_without_the_extra_is_a_configuration_error_naming_the_install()
     assert lines[0].startswith("ERROR App(tracing=True) needs OpenTelemetry, which is not installed")
     assert "pip install 'amqpjobs[otel]'" in lines[0]
     assert lines[1] == "[]"
+
+
+def test_a_tracer_provider_set_after_the_app_is_built_gets_the_spans() -> None:
+    script = textwrap.dedent(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from amqpjobs import App
+
+        app = App("t", tracing=True)  # before any provider: the API's proxy tracer
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        with app.tracing.sending("jobs", "work", "ping", "id-1") as headers:
+            print(sorted(headers))
+        print([(s.name, s.kind.name, s.instrumentation_scope.name) for s in exporter.get_finished_spans()])
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines() == ["['traceparent']", "[('send jobs:work', 'PRODUCER', 'amqpjobs')]"]
