@@ -38,6 +38,7 @@ from amqpjobs.jobs.quarantine import REPLAY_COUNT
 from amqpjobs.text import as_text
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.propagators.textmap import Getter
     from opentelemetry.trace import Span, Tracer
 
@@ -140,7 +141,7 @@ class Tracing:
                 span.set_attribute("error.type", type(exc).__qualname__)
                 raise
 
-    def _extract(self, headers: Mapping[str, Any]) -> Any:
+    def _extract(self, headers: Mapping[str, Any]) -> Context:
         """The context in ``headers`` (an empty one when they hold none, or garbage: never raises)."""
         try:
             return self._propagate.extract(headers, context=self._context.Context(), getter=self._getter)
@@ -155,9 +156,8 @@ class Tracing:
         """A CONSUMER span ``process <exchange>:<routing key>:<queue>`` around one delivery, current inside.
 
         Its parent and its one link are the producer's context from ``headers``; without a valid
-        one it starts a new trace. The context in ``headers`` (its baggage too) is the current one
-        inside, in place of whatever was current. Call :meth:`finished` with the delivery's outcome before the
-        block ends.
+        one it starts a new trace. Inside, the context from ``headers`` (its baggage too) replaces
+        whatever was current. Call :meth:`finished` with the delivery's outcome before the block ends.
         """
         parent = self._extract(headers)
         producer = self._trace.get_current_span(parent).get_span_context()
@@ -187,11 +187,16 @@ class Tracing:
             self._context.detach(token)
 
     def finished(self, span: Span, outcome: Outcome) -> None:
-        """Record ``outcome`` on a ``process`` span: job, attempt, outcome, and ``error.type`` with an error status."""
+        """Record ``outcome`` on a ``process`` span: job, attempt, outcome, and ``error.type`` with an error status.
+
+        A failure is an error unless the job was ``deferred``: it waits, using no attempt, for
+        another worker's claim on its key or for the ledger (the reason stays in the outcome).
+        """
+        kind = outcome.kind
         span.set_attribute(JOB, outcome.job)
         span.set_attribute(ATTEMPT, outcome.attempt)
-        span.set_attribute(OUTCOME, outcome.kind)
-        if outcome.failure[0]:
+        span.set_attribute(OUTCOME, kind)
+        if outcome.failure[0] and kind != "deferred":
             span.set_attribute("error.type", outcome.failure[0])
             span.set_status(self._trace.StatusCode.ERROR, outcome.error or outcome.failure[0])
 

@@ -12,7 +12,7 @@ import pytest
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
-from amqpjobs.jobs.outcome import Register, RetryLater
+from amqpjobs.jobs.outcome import Ack, Decision, Outcome, Quarantine, Register, RetryLater
 from amqpjobs.runtime.tracing import Tracing, consumer_destination, producer_destination
 
 TRACE = {
@@ -141,3 +141,29 @@ def test_a_tracer_provider_set_after_the_app_is_built_gets_the_spans() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.splitlines() == ["['traceparent']", "[('send jobs:work', 'PRODUCER', 'amqpjobs')]"]
+
+
+@pytest.mark.parametrize(
+    ("decision", "failure", "kind", "error"),
+    [
+        (Ack(), ("", "", ""), "succeeded", None),
+        (RetryLater(next_attempt=2, tier=0, delay=0.2), ("ValueError", "boom", "tb"), "retried", "ValueError"),
+        (Quarantine("unknown-job"), ("UnknownJob", "no job name", ""), "quarantined", "UnknownJob"),
+        (RetryLater(next_attempt=1, tier=0, delay=0.2, wait=True), ("ClaimBusy", "held", ""), "deferred", None),
+    ],
+)
+def test_a_process_span_records_the_outcome(decision: Decision, failure: tuple[str, str, str], kind: str,
+                                            error: str | None) -> None:  # fmt: skip
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import StatusCode
+
+    outcome = Outcome(decision=decision, job="flaky", job_id="j1", attempt=2, duration=0.1, acked=True,
+                      failure=failure, error=f"{failure[0]}: {failure[1]}" if failure[0] else "")  # fmt: skip
+    with TracerProvider().get_tracer("test").start_as_current_span("process") as span:
+        Tracing().finished(span, outcome)
+    attributes = dict(span.attributes or {})  # type: ignore[attr-defined]
+    assert attributes.pop("error.type", None) == error
+    assert attributes == {"amqpjobs.job": "flaky", "amqpjobs.attempt": 2, "amqpjobs.outcome": kind}
+    status = span.status  # type: ignore[attr-defined]
+    expected = (StatusCode.ERROR, f"{failure[0]}: {failure[1]}") if error else (StatusCode.UNSET, None)
+    assert (status.status_code, status.description) == expected
