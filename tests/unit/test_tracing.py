@@ -68,7 +68,8 @@ def test_every_copy_keeps_the_trace_headers_as_received() -> None:
     )  # fmt: skip
     item = q.describe(quarantined, "j1", "flaky")
     replayed = q.replay_headers(quarantined, item, "replay-1")
-    for headers in (retry, suspect, handed_back, quarantined, replayed):
+    # envelope.copy_headers is where every copy starts (a new copy path, e.g. park, too)
+    for headers in (envelope.copy_headers(received), retry, suspect, handed_back, quarantined, replayed):
         assert {k: headers[k] for k in TRACE} == TRACE
         assert all(headers[k] is received[k] for k in TRACE)  # the same objects: sent out byte for byte
     assert quarantined[evidence.REASON] == "exhausted"
