@@ -46,7 +46,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_jobs
 from amqpjobs.runtime.worker_config import default_timeout as default_timeout
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
@@ -88,8 +88,8 @@ class Worker(SuspectTurns):
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
         self._connection: Connection | None = None
-        self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
-        self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
+        self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
+        self._quarantiner: Publisher | None = None  # to quarantine exchanges, which may be missing
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -191,6 +191,27 @@ class Worker(SuspectTurns):
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
         self.ready.set()
+
+    async def start_on(self, publisher: Publisher) -> None:
+        """Get ready for :meth:`handle` on another implementation of the wire (:mod:`amqpjobs.testing`).
+
+        Checks the jobs as :meth:`start` does and publishes every copy (tiers, quarantine)
+        through ``publisher``; no connection, consumers or suspects turns.
+
+        Raises:
+            ConfigurationError: as :meth:`start`.
+        """
+        self._check()
+        self._executor = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency), thread_name_prefix="amqpjobs")
+        self._publisher = self._quarantiner = publisher
+        opener = getattr(self.app.ledger, "open", None)
+        if opener is not None and any(j.idempotent for j in self.app):
+            await opener()
+        self.ready.set()
+
+    async def handle(self, job_queue: str, delivery: Received) -> None:
+        """Decide about one delivery of ``job_queue``, carry it out and settle it (the consumers' path)."""
+        await self._handle(self._layouts[job_queue], delivery)
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
         """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""
