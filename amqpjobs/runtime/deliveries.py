@@ -68,6 +68,12 @@ class DeliveryPath(HandlerRuns):
     _heartbeat_timeout: float
     _version: tuple[int, ...]
 
+    _layouts: dict[str, JobQueueLayout]
+
+    async def handle(self, job_queue: str, delivery: Received) -> None:
+        """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
+        await self._handle(self._layouts[job_queue], delivery)
+
     async def _handle(
         self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
     ) -> None:

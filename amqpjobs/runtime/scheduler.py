@@ -284,21 +284,6 @@ class Scheduler(TickFiring):
         self._stop.set()
         self._wakeup.set()
 
-    async def look_now(self) -> None:
-        """Make the leader look at the clock now; returns once it has (at once when not leading).
-
-        For a virtual clock (:mod:`amqpjobs.testing`): after moving it, the ticks now due fire.
-        """
-        if not self.is_leader or self._lead_task is None or self._lead_task.done():
-            return
-        target = self._looks + (2 if self._looking else 1)  # one under way may have read the clock before
-        self._wakeup.set()
-        while self._looks < target and self.is_leader and not self._lead_task.done():
-            self._looked.clear()
-            waiting = asyncio.ensure_future(self._looked.wait())
-            await asyncio.wait({waiting, self._lead_task}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-
     async def run(self) -> int:
         """Start, run until :meth:`request_stop`, then hand leadership over and close.
 

@@ -93,6 +93,31 @@ class TickFiring:
     _layouts: dict[str, JobQueueLayout]
     _last: dict[str, tuple[datetime | None, str | None]]
     _on_event: Callable[[TickEvent], None] | None
+    _lead_task: asyncio.Task[None] | None
+    _wakeup: asyncio.Event
+    _looked: asyncio.Event
+    _looks: int
+    _looking: bool
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica holds the leader token."""
+        raise NotImplementedError
+
+    async def look_now(self) -> None:
+        """Make the leader look at the clock now; returns once it has (at once when not leading).
+
+        For a virtual clock (:mod:`amqpjobs.testing`): after moving it, the ticks now due fire.
+        """
+        if not self.is_leader or self._lead_task is None or self._lead_task.done():
+            return
+        target = self._looks + (2 if self._looking else 1)  # one under way may have read the clock before
+        self._wakeup.set()
+        while self._looks < target and self.is_leader and not self._lead_task.done():
+            self._looked.clear()
+            waiting = asyncio.ensure_future(self._looked.wait())
+            await asyncio.wait({waiting, self._lead_task}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
 
     async def _load_cursors(self, token: Any) -> dict[str, datetime]:
         cursors: dict[str, datetime] = {}

@@ -36,6 +36,7 @@ from amqpjobs.runtime.app import App
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
+from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sources import Source
@@ -46,7 +47,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_jobs
 from amqpjobs.runtime.worker_config import default_timeout as default_timeout
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.abc import Connection, Publisher, Received
+from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
@@ -122,18 +123,6 @@ class Worker(SuspectTurns):
     def _check(self) -> None:
         self._layouts, self._timeouts = check_jobs(self.app, self.job_queues(), self.options.consumer_timeout)
 
-    async def _prune_ledger(self) -> None:
-        ledger = self.app.ledger
-        assert ledger is not None
-        while True:
-            try:
-                removed = await ledger.prune(ledger.retention)
-                if removed:
-                    log.info("pruned %d done-marker(s) older than %gs from the ledger", removed, ledger.retention)
-            except Exception as exc:
-                log.warning("pruning the idempotency ledger failed: %s", exc)
-            await asyncio.sleep(600)
-
     async def start(self) -> None:
         """Connect and start consuming. Returns once every slot consumes.
 
@@ -178,7 +167,7 @@ class Worker(SuspectTurns):
             opener = getattr(self.app.ledger, "open", None)
             if opener is not None:
                 await opener()
-            self._prune_task = asyncio.create_task(self._prune_ledger())
+            self._prune_task = asyncio.create_task(keep_pruned(self.app.ledger))
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -193,13 +182,10 @@ class Worker(SuspectTurns):
         self.ready.set()
 
     async def start_on(self, publisher: Publisher) -> None:
-        """Get ready for :meth:`handle` on another implementation of the wire (:mod:`amqpjobs.testing`).
+        """Get ready for :meth:`handle` on another wire (:mod:`amqpjobs.testing`): no connection, no consumers.
 
-        Checks the jobs as :meth:`start` does and publishes every copy (tiers, quarantine)
-        through ``publisher``; no connection, consumers or suspects turns.
-
-        Raises:
-            ConfigurationError: as :meth:`start`.
+        Checks the jobs as :meth:`start` does (``ConfigurationError``); every copy (tiers,
+        quarantine) goes through ``publisher``.
         """
         self._check()
         self._executor = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency), thread_name_prefix="amqpjobs")
@@ -208,10 +194,6 @@ class Worker(SuspectTurns):
         if opener is not None and any(j.idempotent for j in self.app):
             await opener()
         self.ready.set()
-
-    async def handle(self, job_queue: str, delivery: Received) -> None:
-        """Decide about one delivery of ``job_queue``, carry it out and settle it (the consumers' path)."""
-        await self._handle(self._layouts[job_queue], delivery)
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
         """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqpjobs.errors import ConfigurationError, PublishNackedError, UnroutableError
+from amqpjobs.errors import ConfigurationError, PublishError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.models import Declarations
@@ -191,19 +191,19 @@ class MemoryBroker:
         """Route and store a message (its headers copied, as the wire would).
 
         Raises:
-            ConfigurationError: the exchange does not exist (the real publisher's channel error).
+            PublishError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
             UnroutableError: ``mandatory`` and no queue took it.
             PublishNackedError: a target queue is full with ``reject-publish``.
 
         """
         if exchange and exchange not in self.exchanges:
-            raise ConfigurationError(f"exchange {exchange!r} does not exist (NOT_FOUND); apply the topology")
+            raise PublishError(f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)")
         targets = self.route(exchange, routing_key)
         if not targets:
             if mandatory:
                 raise UnroutableError(
-                    f"message to exchange {exchange!r} with routing key {routing_key!r} was returned: "
-                    "no queue is bound for it (NO_ROUTE)"
+                    f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
+                    f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue"
                 )
             return
         for name in targets:
