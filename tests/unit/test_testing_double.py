@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from amqpjobs import App, JobContext, RetryPolicy
 from amqpjobs.errors import UnroutableError
 from amqpjobs.jobs.envelope import job_message
-from amqpjobs.jobs.outcome import Reject, RetryLater
+from amqpjobs.jobs.outcome import Reject, Retry, RetryLater
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.runtime.ledger import SqliteLedger
 from amqpjobs.testing import TestBroker
@@ -311,3 +311,62 @@ async def test_one_leader_fires_and_the_next_takes_over_without_a_tick_twice(tmp
     ids = [job_id for job_id, _ in fired]
     assert ids == [f"cron:quarter:2026-03-01T{t}:00Z" for t in ("12:15", "12:30", "12:45", "13:00", "13:15")]
     assert [e.schedule for e in broker.ticks] == ["quarter"] * 5  # the stores carried the cursor over
+
+
+async def test_permanent_errors_retry_and_priorities_follow_the_job_policy(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        TOPOLOGY.replace('name = "work"\nexchange = "jobs"', 'name = "work"\nexchange = "jobs"\nmax_priority = 5')
+    )
+    app = App("p", topology=load_topology(path).topology)
+    order: list[int] = []
+
+    class Gone(Exception):
+        pass
+
+    @app.job("perm", queue="work", payload=Order, retry=RetryPolicy(permanent=(Gone,)))
+    async def perm(o: Order, ctx: JobContext) -> None:
+        order.append(o.order_id)
+        if o.order_id == 0:
+            raise Gone("customer deleted")
+        if o.order_id == 1 and ctx.attempt == 1:
+            raise Retry("later please")
+
+    async with TestBroker(app, start=START) as broker:
+        await app.enqueue("perm", {"order_id": 0}, priority=0)
+        await app.enqueue("perm", {"order_id": 1}, priority=1)
+        await app.enqueue("perm", {"order_id": 5}, priority=5)
+        done = await broker.drain()
+        [q] = broker.quarantine("work")
+    assert order == [5, 1, 0, 1]  # highest priority first; the retry comes back after its 1 s tier
+    assert [(p.payload["order_id"], p.kind) for p in done] == [(5, "succeeded"), (1, "retried"), (0, "quarantined"),
+                                                               (1, "succeeded")]  # fmt: skip
+    assert q.reason == "permanent"
+    assert q.headers["amqpjobs-error-type"].endswith("<locals>.Gone")
+
+
+async def test_a_job_that_enqueues_itself_forever_is_stopped(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+
+    @app.job("loop", queue="work", payload=Order)
+    async def loop(o: Order, ctx: JobContext) -> None:
+        await app.enqueue("loop", {"order_id": o.order_id + 1})
+
+    async with TestBroker(app, max_deliveries=50) as broker:
+        await app.enqueue("loop", {"order_id": 0})
+        with pytest.raises(RuntimeError, match="more than 50 deliveries"):
+            await broker.drain()
+        assert len(broker.completed("loop")) == 50
+
+
+def test_the_virtual_clock_refuses_naive_starts_and_going_back() -> None:
+    from amqpjobs.testing import VirtualClock
+
+    with pytest.raises(ValueError, match="naive"):
+        VirtualClock(datetime(2026, 1, 1))
+    clock = VirtualClock(START)
+    assert clock.advance("1h30m") == datetime(2026, 3, 1, 13, 30, tzinfo=UTC)
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="positive"):
+        clock.advance(-1)
