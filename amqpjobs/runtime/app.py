@@ -25,7 +25,7 @@ from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
@@ -95,7 +95,7 @@ class App(JobRegistry):
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
         self._connection: Connection | None = None
-        self._publisher: ConfirmedPublisher | None = None
+        self._publisher: Publisher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
 
@@ -156,6 +156,15 @@ class App(JobRegistry):
                 self._connection = await connect(settings or self.settings(), name=f"{self.name}-publisher")
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
+
+    def use_publisher(self, publisher: Publisher | None) -> Publisher | None:
+        """Send every enqueue through ``publisher`` from now on; returns the publisher it replaces.
+
+        :mod:`amqpjobs.testing` uses it to route ``enqueue`` (from handlers too) into its
+        in-memory broker. ``None``: the next enqueue connects to the broker again.
+        """
+        previous, self._publisher = self._publisher, publisher
+        return previous
 
     async def close(self) -> None:
         """Close the publishing connection and the ledger's connections."""

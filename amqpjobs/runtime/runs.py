@@ -27,7 +27,7 @@ from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.abc import Received
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -52,7 +52,7 @@ class HandlerRuns:
     @staticmethod
     def _outcome(
         layout: JobQueueLayout,
-        delivery: Delivery,
+        delivery: Received,
         decision: Decision,
         attempt: int,
         job_id: str,
@@ -84,7 +84,7 @@ class HandlerRuns:
     async def _start(
         self,
         layout: JobQueueLayout,
-        delivery: Delivery,
+        delivery: Received,
         job: JobDef,
         payload: Any,
         attempt: int,
