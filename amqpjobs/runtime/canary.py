@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError, NotFoundError
 from amqpjobs.jobs.events import OutcomeEvent, decode_event
+from amqpjobs.jobs.quarantine import ReplayReport
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
@@ -62,6 +63,23 @@ class Canary:
     def expect(self, job_id: str, job: str) -> None:
         """Note a canary being moved."""
         self.expected[job_id] = job
+
+    async def judge(
+        self, moving: Collection[asyncio.Task[None]], failures: list[BaseException], report: ReplayReport
+    ) -> bool:
+        """Once the canaries' moves (``moving``) are settled, wait for their outcomes; True when all succeeded.
+
+        Sets ``report.canary_failures`` and ``stopped_early``, or ``phase = "rest"``. False
+        at once when a move failed (``failures``; the replay raises it).
+        """
+        await asyncio.gather(*moving, return_exceptions=True)
+        if failures:
+            return False
+        report.canary_failures = await self.verdict()
+        report.stopped_early = bool(report.canary_failures)
+        if not report.stopped_early:
+            report.phase = "rest"
+        return not report.stopped_early
 
     async def verdict(self) -> list[str]:
         """Wait for every canary's outcome (up to :attr:`timeout`); one line per canary that did not succeed.

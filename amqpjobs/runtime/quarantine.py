@@ -47,9 +47,9 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
 from amqpjobs.jobs.quarantine import replay_window as replay_window
-from amqpjobs.runtime.canary import Canary, watch_canary
+from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
@@ -250,18 +250,30 @@ async def _watch_returns(connection: Connection, quarantine_queue: str, replay_i
         ) from None
 
 
-async def _judge(
-    canary: Canary, moving: set[asyncio.Task[None]], failures: list[BaseException], report: ReplayReport
-) -> bool:
-    """Once the canaries' moves are settled, wait for their outcomes; True when all succeeded."""
-    await asyncio.gather(*moving, return_exceptions=True)
-    if failures:
-        return False  # replay() raises the move's error
-    report.canary_failures = await canary.verdict()
-    report.stopped_early = bool(report.canary_failures)
-    if not report.stopped_early:
-        report.phase = "rest"
-    return not report.stopped_early
+@dataclass(frozen=True)
+class ReplayMove:
+    """Where replay sends one quarantined message, and the copy it publishes there."""
+
+    target: str
+    job_id: str
+    copy: OutgoingMessage
+
+
+def replay_move(delivery: Received, options: ReplayOptions, replay_id: str) -> ReplayMove | None:
+    """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
+
+    Skipped: it came back failing from this run (it carries ``replay_id``), it names no
+    queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
+    The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
+    Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`).
+    """
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+    target = options.to or item.original_queue
+    ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
+    if ours or not target or not options.selection.matches(item):
+        return None
+    job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+    return ReplayMove(target, job_id, delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id))
 
 
 async def replay(
@@ -350,18 +362,16 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                target = options.to or item.original_queue
-                ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
-                if ours or not target or not options.selection.matches(item):
+                planned = replay_move(delivery, options, replay_id)
+                if planned is None:
                     report.skipped += 1
                     continue
-                if canary is not None and canary.due(launched) and not await _judge(canary, moving, failures, report):
+                if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
                     break
-                job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+                target = planned.target
                 if canary is not None and launched < canary.size:
-                    canary.expect(job_id, item.job)
-                report.moves.append((job_id, target))
+                    canary.expect(planned.job_id, q.describe(delivery.headers, delivery.message_id, delivery.type).job)
+                report.moves.append((planned.job_id, target))
                 if options.dry_run:
                     report.replayed += 1
                     launched += 1
@@ -377,13 +387,12 @@ async def replay(
                     break
                 if lock is not None:
                     lock.check()
-                copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
-                task = asyncio.create_task(move(delivery, target, copy, started))
+                task = asyncio.create_task(move(delivery, target, planned.copy, started))
                 moving.add(task)
                 task.add_done_callback(moving.discard)
                 launched += 1
             if canary is not None and not canary.judged and canary.expected:  # fewer than K matched
-                await _judge(canary, moving, failures, report)
+                await canary.judge(moving, failures, report)
             await asyncio.gather(*moving, return_exceptions=True)
             if failures:
                 raise failures[0]
