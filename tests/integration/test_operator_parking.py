@@ -87,6 +87,8 @@ async def test_park_moves_matching_jobs_with_their_evidence_and_status_stays_hea
         assert healthy.stdout.rstrip().endswith("healthy")
         listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work.parked")
         assert "work.parked: 6 message(s)" in listed.stdout
+        shown = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.parked", "--job", "report")
+        assert (shown.stdout.count("--- job report"), shown.stdout.count("error:      KeyError: boom")) == (2, 2)
         purged = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--job", "report", "--yes")
         assert "purged 2 message(s) from work.parked; 4 left" in purged.stdout
         replayed = await asyncio.to_thread(cli, broker, "replay", "work.parked", "--reason", "rejected")
