@@ -30,7 +30,7 @@ from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, exp
 
 @main.group()
 def quarantine() -> None:
-    """Inspect, export and purge quarantine queues.
+    """Inspect, export, park and purge quarantine queues (and parked ones).
 
     Browsing reads messages with basic.get and returns them all to the queue: they keep
     their order but come back with redelivered=true. It runs while a replay does (seeing
