@@ -9,8 +9,10 @@ from pathlib import Path
 
 import click
 
+from amqpjobs.cli._census import echo_no_match, interrupted_lines, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
+    EXIT_INTERRUPTED,
     errors_to_exit_codes,
     filter_options,
     selection,
@@ -19,6 +21,7 @@ from amqpjobs.cli._common import (
 )
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, summarize
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
@@ -80,7 +83,8 @@ def quarantine_show(
 ) -> None:  # fmt: skip
     """Messages in QUEUE with their evidence and payload."""
     broker = settings(url, management_url)
-    _, messages = asyncio.run(browse(broker, queue, limit, selection(job, error_type, reason, since)))
+    chosen, census = selection(job, error_type, reason, since), Census()
+    _, messages = asyncio.run(browse(broker, queue, limit, chosen, census))
     for m in messages:
         if as_json:
             click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
@@ -99,7 +103,8 @@ def quarantine_show(
             elif key not in ("amqpjobs-error-message",):
                 click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
     if not as_json:
-        click.echo(f"{len(messages)} message(s) shown")
+        click.echo(shown_line(len(messages), census, limit, chosen))
+    echo_no_match(census, chosen)
 
 
 @quarantine.command("export")
@@ -171,9 +176,18 @@ def replay_command(
             click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
                        err=True, nl=False)  # fmt: skip
 
-    report = asyncio.run(replay(broker, quarantine_queue, options, progress))
+    report, census = ReplayReport(queue=quarantine_queue), Census()
+    try:
+        asyncio.run(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+    except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
+        if interactive:
+            click.echo("", err=True)
+        for line in interrupted_lines(report, rate):
+            click.echo(line, err=True)
+        sys.exit(EXIT_INTERRUPTED)
     if interactive:
         click.echo("", err=True)
+    echo_no_match(census, options.selection)
     if dry_run:
         for job_id, target in report.moves:
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}")

@@ -193,7 +193,8 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     out = show.stdout
     assert [c for c in TERMINAL if c in out] == []
     shown = out.splitlines()
-    assert [line for line in shown if not (line.startswith(("--- job ", "    ")) or line == "3 message(s) shown")] == []
+    footer = "3 of 3 message(s) in work.quarantine shown"
+    assert [line for line in shown if not (line.startswith(("--- job ", "    ")) or line == footer)] == []
     assert sum(line.startswith("--- job ") for line in shown) == 3
     assert "--- job mail\\x1b[2J\\n2026-11-30" in out
     as_json = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.quarantine", "--json")
