@@ -3,7 +3,10 @@
 Exit codes: 0 success; 1 the check found something (plan conflicts); 2 bad input
 (invalid topology files, bad options); 3 the broker or its management API failed; 4 busy:
 another process holds the lock the command needs (one mover per quarantine queue), nothing
-was done.
+was done; 130 interrupted by Ctrl-C (``replay`` prints its summary first); 141 stdout's reader
+went away (``amqpjobs status | head``): the command stops quietly, as one killed by SIGPIPE.
+
+``-v`` logs debug details and prints the traceback of an error before its one-line message.
 
 One module per command group; importing them registers their commands on :data:`main`.
 """
