@@ -116,25 +116,33 @@ def heartbeat_timeout(connection: AbstractRobustConnection) -> float:
     return float(getattr(transport.connection, "heartbeat_timeout", 0) or 0)
 
 
+class _BelowCritical(logging.Filter):
+    """Drops every record below CRITICAL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
 @contextlib.contextmanager
 def quiet_client_loggers() -> Iterator[None]:
-    """Silence :data:`CLIENT_LOGGERS` below CRITICAL for the block (unless amqpjobs logs at DEBUG, ``-v``).
+    """Drop :data:`CLIENT_LOGGERS`' records below CRITICAL for the block (unless amqpjobs logs at DEBUG, ``-v``).
 
-    Logger levels are process-wide: another connection of the process reconnecting during
-    the block is silenced too (its own lines come back after the block).
+    Each block adds a filter of its own and removes only that one, so overlapping blocks
+    (two connects at once) never leave the loggers silenced. Loggers are process-wide: another
+    connection of the process reconnecting during the block is quiet too.
     """
     if log.isEnabledFor(logging.DEBUG):
         yield
         return
     loggers = [logging.getLogger(n) for n in CLIENT_LOGGERS]
-    levels = [lg.level for lg in loggers]
+    quiet = _BelowCritical()
     for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+        lg.addFilter(quiet)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+        for lg in loggers:
+            lg.removeFilter(quiet)
 
 
 def _until(deadline: float) -> Callable[[RetryCallState], float]:
@@ -154,7 +162,7 @@ def _attempt_line(settings: BrokerSettings, wait: float, started: float) -> Call
         exc = state.outcome.exception() if state.outcome is not None else None
         pause = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning(
-            "broker at %s not reachable (attempt %d, %.1fs of --connect-timeout %gs): %s: %s; retrying in %.1fs",
+            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; retrying in %.1fs",
             settings.safe_url, state.attempt_number, time.monotonic() - started, wait,
             type(exc).__name__, exc, pause,
         )  # fmt: skip
