@@ -38,7 +38,8 @@ EXIT_BUSY = 4
 #: Exit code when stdout's reader went away (``amqpjobs status | head -5``): 128 + SIGPIPE,
 #: what a shell reports for a program the broken pipe killed; nothing more is printed.
 EXIT_BROKEN_PIPE = 141
-#: Exit code of a command interrupted by Ctrl-C (SIGINT): 128 + 2, the shell convention.
+#: Exit code of a command interrupted by Ctrl-C (SIGINT): 128 + 2, the shell convention (not
+#: click's "Aborted!" and 1, which reads as a failed check).
 EXIT_INTERRUPTED = 130
 #: ``--connect-timeout`` defaults: one-shot commands give up soon, long-running ones wait for
 #: a broker still starting (README "Workers").
@@ -72,6 +73,9 @@ def errors_to_exit_codes(func: F) -> F:
             return _with_tracebacks(func, *args, **kwargs)
         except BrokenPipeError:
             _broken_pipe()
+        except KeyboardInterrupt:  # Ctrl-C; a command with more to say (replay's summary) catches it first
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
             click.echo(f"error: {exc}", err=True)
             click.echo("nothing was declared", err=True)
