@@ -318,6 +318,8 @@ async def replay(
         lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
         _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
+        if options.to is not None:  # a typo fails at once, also when nothing would move
+            await _check_targets(connection, [options.to])
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
@@ -392,7 +394,7 @@ async def replay(
             if failures:
                 raise failures[0]
             if options.dry_run:
-                await _check_targets(connection, report)
+                await _check_targets(connection, [target for _, target in report.moves])
         except asyncio.CancelledError:
             interrupted = True
             raise
@@ -415,12 +417,12 @@ async def replay(
     return report
 
 
-async def _check_targets(connection: Connection, report: ReplayReport) -> None:
-    """A dry run's check of what a real run finds at its first move to each target: the queue must exist."""
-    targets = sorted({target for _, target in report.moves})
+async def _check_targets(connection: Connection, targets: list[str]) -> None:
+    """What a real run finds at its first move to each target, checked before: the queue must exist."""
     missing, _ = await find_missing(connection, targets)
     if missing:
         raise ConfigurationError(
-            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a real run would stop "
-            "at the first message for one, leaving it and the rest in quarantine (check --to, or apply the topology)"
+            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
+            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
+            "the topology)"
         )

@@ -85,6 +85,8 @@ async def test_dry_run_checks_the_targets_and_filters_that_match_nothing_show_wh
     assert to_meda.exit_code == 2, to_meda.output
     assert "target queue(s) 'meda' do not exist" in to_meda.stderr
     assert "would replay" not in to_meda.stdout
+    none_to_meda = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "meda", "--job", "none")
+    assert none_to_meda.exit_code == 2, none_to_meda.output  # a typo in --to fails also when nothing would move
 
     typo = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run", "--error-type", "VaueError")
     assert typo.exit_code == 0
