@@ -36,8 +36,8 @@ broker43-down:
 	bash scripts/broker43.sh down
 
 lint: install  ## ruff and mypy (strict)
-	$(BIN)/ruff check amqpjobs tests examples bench
-	$(BIN)/ruff format --check amqpjobs tests examples bench
+	$(BIN)/ruff check amqpjobs amqpjobs_pytest tests examples bench
+	$(BIN)/ruff format --check amqpjobs amqpjobs_pytest tests examples bench
 	$(BIN)/mypy
 
 # The three suites run one after the other (timing tests must not share the cores); only the

@@ -72,6 +72,20 @@ def headers_schema() -> dict[str, Any]:
                 "type": "string",
                 "description": "The job name, read only when the 'type' property is absent.",
             },
+            envelope.TRACEPARENT: {
+                "type": "string", "examples": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"],
+                "description": "W3C Trace Context traceparent of the publisher's span, optional (README "
+                "'Tracing'). A worker with tracing on runs the job in a span whose parent and link is this "
+                "context; a malformed value starts a new trace and never fails the job. Kept on every copy.",
+            },
+            envelope.TRACESTATE: {
+                "type": "string",
+                "description": "W3C Trace Context tracestate, optional; read with traceparent, kept on every copy.",
+            },
+            envelope.BAGGAGE: {
+                "type": "string",
+                "description": "W3C Baggage, optional; read with traceparent, kept on every copy.",
+            },
         },
     }  # fmt: skip
 

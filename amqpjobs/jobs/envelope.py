@@ -48,6 +48,18 @@ HEADERS: Final = {
     RUNS: "int: handler runs of the job so far; set by the worker on its copies; missing = 0",
 }
 
+#: Trace context headers (W3C Trace Context and Baggage), text: written by ``enqueue`` with
+#: tracing on (:mod:`amqpjobs.runtime.tracing`), read by a worker with tracing on, and kept as
+#: received on every copy (tier, quarantine, suspects, replay), like any header not ours.
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+BAGGAGE: Final = "baggage"
+TRACE_HEADERS: Final = {
+    TRACEPARENT: "str: W3C Trace Context 'traceparent' of the enqueue's send span (00-<trace id>-<span id>-<flags>)",
+    TRACESTATE: "str: W3C Trace Context 'tracestate', vendor entries; optional",
+    BAGGAGE: "str: W3C Baggage, key=value pairs; optional",
+}
+
 #: Quorum-queue delivery counters the broker sets on a redelivery: ``x-delivery-count``
 #: (reject, client crash; the delivery limit counts it) and, from RabbitMQ 4.3,
 #: ``x-acquired-count`` (also nack, consumer timeout, partitions; release notes 4.3.0).
@@ -286,7 +298,8 @@ def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 
     :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
     (:func:`tenant_of`) left out: absent stays absent, and a foreign ``""`` becomes absent.
-    Every other header is kept as received (same object: same type, same bytes).
+    Every other header is kept as received (same object: same type, same bytes), the trace
+    context (:data:`TRACE_HEADERS`) among them: every copy stays in the trace of its enqueue.
     """
     out = strip_broker_headers(headers)
     if TENANT in out and tenant_of(out[TENANT]) is None:

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -21,9 +22,10 @@ from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.registry import JobDef, JobRegistry
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
+from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
@@ -31,6 +33,7 @@ from amqpjobs.wire.settings import BrokerSettings, broker_settings
 T = TypeVar("T")
 C = TypeVar("C", bound=Callable[..., Any])
 JobRef = str | Callable[..., Any] | JobDef
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 class App(JobRegistry):
@@ -51,6 +54,13 @@ class App(JobRegistry):
         max_message_size: Largest message body in bytes that ``enqueue`` sends; default the
             connected broker's default (128 MiB before RabbitMQ 4.0, 16 MiB from 4.0), read
             from its version at connect. Set it when your broker is configured otherwise.
+        tracing: OpenTelemetry spans for enqueue (``send``) and for each delivery a worker of
+            this app processes (``process``), to the global TracerProvider, with the trace
+            context in ``traceparent``/``tracestate``/``baggage`` headers (README "Tracing").
+            Default False: no ``opentelemetry`` module is imported.
+
+    Raises:
+        ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
 
     Example::
 
@@ -73,8 +83,10 @@ class App(JobRegistry):
         max_message_size: int | None = None,
         ledger: Ledger | None = None,
         quarantine_retention: float | str = "7d",
+        tracing: bool = False,
     ) -> None:
         super().__init__(name, app_version=app_version)
+        self.tracing: Tracing | None = tracing_for(tracing)
         self.max_message_size = max_message_size
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
@@ -83,7 +95,7 @@ class App(JobRegistry):
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
         self._connection: Connection | None = None
-        self._publisher: ConfirmedPublisher | None = None
+        self._publisher: Publisher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
 
@@ -144,6 +156,15 @@ class App(JobRegistry):
                 self._connection = await connect(settings or self.settings(), name=f"{self.name}-publisher")
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
+
+    def use_publisher(self, publisher: Publisher | None) -> Publisher | None:
+        """Send every enqueue through ``publisher`` from now on; returns the publisher it replaces.
+
+        :mod:`amqpjobs.testing` uses it to route ``enqueue`` (from handlers too) into its
+        in-memory broker. ``None``: the next enqueue connects to the broker again.
+        """
+        previous, self._publisher = self._publisher, publisher
+        return previous
 
     async def close(self) -> None:
         """Close the publishing connection and the ledger's connections."""
@@ -235,23 +256,23 @@ class App(JobRegistry):
                 )
             job_id = derived
         job_id = job_id or str(uuid.uuid4())
-        try:
-            message = job_message(
-                jobdef.name,
-                body,
-                job_id=job_id,
-                now=time.time(),
-                priority=priority,
-                tenant=tenant,
-                headers=headers,
-            )
-        except ValueError as exc:
-            raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
         routing_key = layout.routing_key_for(tenant or job_id)
-        if self._publisher is None:
-            await self.connect()
-        assert self._publisher is not None
-        await self._publisher.publish(layout.exchange, routing_key, message)
+        tracing = self.tracing
+        span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
+            layout.exchange, routing_key, jobdef.name, job_id
+        )  # fmt: skip
+        with span as trace_headers:
+            if trace_headers:  # this span's context wins over one passed in
+                headers = {**(headers or {}), **trace_headers}
+            try:
+                message = job_message(jobdef.name, body, job_id=job_id, now=time.time(), priority=priority,
+                                      tenant=tenant, headers=headers)  # fmt: skip
+            except ValueError as exc:
+                raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
+            if self._publisher is None:
+                await self.connect()
+            assert self._publisher is not None
+            await self._publisher.publish(layout.exchange, routing_key, message)
         return job_id
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
@@ -354,6 +375,7 @@ class SyncPublisher:
             url=url or app._url,
             max_message_size=app.max_message_size,
         )
+        self._app.tracing = app.tracing
         self._app._jobs = app._jobs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)

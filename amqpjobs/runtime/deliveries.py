@@ -39,8 +39,8 @@ from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.abc import Publisher
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.abc import Publisher, Received
+from amqpjobs.wire.delivery import DeliveryChannelClosed
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -68,19 +68,34 @@ class DeliveryPath(HandlerRuns):
     _heartbeat_timeout: float
     _version: tuple[int, ...]
 
+    _layouts: dict[str, JobQueueLayout]
+
+    async def handle(self, job_queue: str, delivery: Received) -> None:
+        """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
+        await self._handle(self._layouts[job_queue], delivery)
+
     async def _handle(
-        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
     ) -> None:
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
+        tracing = self.app.tracing
         try:
-            await self._handle_delivery(layout, delivery, alone, hand_back)
+            if tracing is None:
+                await self._handle_delivery(layout, delivery, alone, hand_back)
+            else:  # a CONSUMER span around it, current while the handler runs (README "Tracing")
+                d = delivery
+                with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id,
+                                        d.delivery_tag) as span:  # fmt: skip
+                    tracing.finished(span, await self._handle_delivery(layout, delivery, alone, hand_back))
         finally:
             if gauge is not None:
                 gauge.dec()
 
-    async def _handle_delivery(self, layout: JobQueueLayout, delivery: Delivery, alone: bool, hand_back: bool) -> None:
+    async def _handle_delivery(
+        self, layout: JobQueueLayout, delivery: Received, alone: bool, hand_back: bool
+    ) -> Outcome:
         try:
             v = await self._process(layout, delivery, alone, hand_back)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -105,6 +120,7 @@ class DeliveryPath(HandlerRuns):
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
+        return v
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision
@@ -133,7 +149,7 @@ class DeliveryPath(HandlerRuns):
             self._on_outcome(outcome)
 
     async def _process(
-        self, layout: JobQueueLayout, delivery: Delivery, alone: bool = False, hand_back: bool = False
+        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
     ) -> Outcome:
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
@@ -197,7 +213,7 @@ class DeliveryPath(HandlerRuns):
         finally:
             self._gate.leave()
 
-    async def _carry_out(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome) -> bool:
+    async def _carry_out(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
         if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
@@ -210,7 +226,7 @@ class DeliveryPath(HandlerRuns):
             return await self._fallback(layout, delivery, v, exc)
         return await self._ack(delivery, v.job_id)
 
-    async def _republish(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome) -> None:
+    async def _republish(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> None:
         """Publish the copy the decision needs, if any (confirmed).
 
         Raises:
@@ -245,7 +261,7 @@ class DeliveryPath(HandlerRuns):
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
 
     @staticmethod
-    async def _ack(delivery: Delivery, job_id: str) -> bool:
+    async def _ack(delivery: Received, job_id: str) -> bool:
         try:
             await delivery.ack()
         except DeliveryChannelClosed:
@@ -256,7 +272,7 @@ class DeliveryPath(HandlerRuns):
             return False
         return True
 
-    async def _fallback(self, layout: JobQueueLayout, delivery: Delivery, v: Outcome, exc: Exception) -> bool:
+    async def _fallback(self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception) -> bool:
         """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
 
         A copy that can never go (too large, a bug of ours) is left to the broker once the
@@ -290,5 +306,5 @@ class DeliveryPath(HandlerRuns):
         return False
 
 
-def _job_id(delivery: Delivery) -> str:
+def _job_id(delivery: Received) -> str:
     return delivery.message_id or f"generated-{uuid.uuid4()}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import sqlite3
 import threading
 import time
@@ -236,3 +237,16 @@ class SqliteLedger:
         for db in conns:
             db.close()
         self._local = threading.local()
+
+
+async def keep_pruned(ledger: Ledger, every: float = 600.0) -> None:
+    """Prune ``ledger``'s done-markers older than its retention every ``every`` seconds, forever (a worker's task)."""
+    log = logging.getLogger("amqpjobs.worker")
+    while True:
+        try:
+            removed = await ledger.prune(ledger.retention)
+            if removed:
+                log.info("pruned %d done-marker(s) older than %gs from the ledger", removed, ledger.retention)
+        except Exception as exc:
+            log.warning("pruning the idempotency ledger failed: %s", exc)
+        await asyncio.sleep(every)

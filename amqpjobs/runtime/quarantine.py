@@ -50,7 +50,7 @@ from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-export
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
 from amqpjobs.jobs.quarantine import replay_window as replay_window
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import find_missing
@@ -261,6 +261,38 @@ async def _watch_returns(connection: Connection, quarantine_queue: str, replay_i
         ) from None
 
 
+@dataclass(frozen=True)
+class ReplayMove:
+    """Where replay sends one quarantined message, and the copy it publishes there."""
+
+    target: str
+    job_id: str
+    copy: OutgoingMessage
+
+
+def replay_move(
+    delivery: Received, options: ReplayOptions, replay_id: str, census: Census | None = None
+) -> ReplayMove | None:
+    """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
+
+    Skipped: it came back failing from this run (it carries ``replay_id``), it names no
+    queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
+    The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
+    Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
+    counts the message (and whether the filters matched it).
+    """
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+    target = options.to or item.original_queue
+    ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
+    matched = options.selection.matches(item)
+    if census is not None:
+        census.add(item, matched)
+    if ours or not target or not matched:
+        return None
+    job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+    return ReplayMove(target, job_id, delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id))
+
+
 async def replay(
     settings: BrokerSettings,
     name: str,
@@ -361,16 +393,12 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                target = options.to or item.original_queue
-                ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
-                matched = options.selection.matches(item)
-                census.add(item, matched)
-                if ours or not target or not matched:
+                planned = replay_move(delivery, options, replay_id, census)
+                if planned is None:
                     report.skipped += 1
                     continue
-                job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
-                report.moves.append((job_id, target))
+                target = planned.target
+                report.moves.append((planned.job_id, target))
                 if options.dry_run:
                     report.replayed += 1
                     launched += 1
@@ -385,8 +413,7 @@ async def replay(
                 if failures:
                     break
                 lock.check()
-                copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
-                task = asyncio.create_task(move(delivery, target, copy, started))
+                task = asyncio.create_task(move(delivery, target, planned.copy, started))
                 moving.add(task)
                 task.add_done_callback(moving.discard)
                 launched += 1

@@ -6,6 +6,7 @@ Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the wo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import sys
 import time
@@ -26,7 +27,7 @@ from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.abc import Received
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -51,7 +52,7 @@ class HandlerRuns:
     @staticmethod
     def _outcome(
         layout: JobQueueLayout,
-        delivery: Delivery,
+        delivery: Received,
         decision: Decision,
         attempt: int,
         job_id: str,
@@ -83,7 +84,7 @@ class HandlerRuns:
     async def _start(
         self,
         layout: JobQueueLayout,
-        delivery: Delivery,
+        delivery: Received,
         job: JobDef,
         payload: Any,
         attempt: int,
@@ -208,7 +209,9 @@ class HandlerRuns:
         # A thread can't be interrupted: retrying while it still runs could commit the side
         # effect twice. So the worker waits for it, warns about the overrun, and judges the
         # run by its result.
-        future = asyncio.get_running_loop().run_in_executor(self._executor, job.handler, payload, ctx)
+        # in a copy of this context, as asyncio.to_thread does: the handler sees its span and baggage (tracing)
+        run = contextvars.copy_context().run
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run, job.handler, payload, ctx)
         if limit is not None:
             done, _ = await asyncio.wait({future}, timeout=limit)
             if not done:

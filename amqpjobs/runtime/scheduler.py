@@ -28,7 +28,9 @@ Design (README "Schedules"):
   firing: ``RESOURCE_LOCKED`` means "still running", and the tick is skipped.
 
 The broker work (election channel, tick stores, the tick transaction) is in
-:mod:`amqpjobs.wire.ticks`; the app is known only through :class:`ScheduledApp`.
+:mod:`amqpjobs.wire.ticks`, reached through the :class:`~amqpjobs.wire.abc.TickWire`
+protocol (:mod:`amqpjobs.testing` runs this same code on an in-memory implementation and
+a virtual clock); the app is known only through :class:`ScheduledApp`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import socket
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
@@ -49,9 +51,18 @@ from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.signals import stop_on_signals
-from amqpjobs.runtime.ticking import ScheduledApp, TickEvent, TickFiring, _NotLeader, read_tick_record, tick_records
+from amqpjobs.runtime.ticking import (
+    ScheduledApp,
+    TickEvent,
+    TickFiring,
+    _NotLeader,
+    read_tick_record,
+    tick_records,
+    utc_now,
+)
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
+from amqpjobs.wire.abc import Publisher, TickWire
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -139,19 +150,25 @@ class Scheduler(TickFiring):
         self._on_event = on_event
         self._schedules: list[cron.Schedule] = []
         self._layouts: dict[str, JobQueueLayout] = {}
-        self._connection: ticks.Connection | None = None
-        self._publisher: ConfirmedPublisher | None = None
-        self._election: ticks.Channel | None = None
-        self._token: ticks.Token | None = None
+        self._wire: TickWire = ticks
+        self._clock: Callable[[], datetime] = utc_now
+        self._connection: Any = None  # a wire Connection (or the in-memory double's handle)
+        self._publisher: Publisher | None = None
+        self._election: Any = None  # the election channel (opaque: closed through the wire)
+        self._token: Any = None  # the leader token delivery, held unacked while leading
         self._lead_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._wakeup = asyncio.Event()  # the leader looks at the clock now (stop, or look_now)
+        self._looked = asyncio.Event()  # set after each look of the leader
+        self._looks = 0  # looks done while leading; _looking: one under way
+        self._looking = False
         self._last: dict[str, tuple[datetime | None, str | None]] = {}
 
     @property
     def is_leader(self) -> bool:
         """True while this replica holds the leader token."""
-        return ticks.holds(self._token)
+        return self._wire.holds(self._token)
 
     @property
     def leader_queue(self) -> str:
@@ -187,16 +204,48 @@ class Scheduler(TickFiring):
         self._connection = await connect(self.settings, name=f"{self.app.name}-scheduler")
         try:
             async with declaring("the scheduler's start-up declarations", self.settings.safe_url):
-                await self._check_targets()
-                await self._declare_queues()
-                self._publisher = ConfirmedPublisher(self._connection)
-                await self._offer_token()
-                self._election = await ticks.join_election(
-                    self._connection, self.leader_queue, LEADER_QUEUE_ARGUMENTS, self._on_token
-                )
+                await self._join(ConfirmedPublisher(self._connection))
         except BaseException:
             await self.shutdown()
             raise
+        self._begin()
+
+    async def start_on(
+        self, wire: TickWire, connection: Any, publisher: Publisher, clock: Callable[[], datetime]
+    ) -> None:
+        """Start as :meth:`start` does, on another implementation of the wire (the in-memory double).
+
+        Args:
+            wire: The election, tick stores and tick transaction.
+            connection: The handle ``wire`` is called with; closed by :meth:`shutdown`.
+            publisher: Offers leader tokens.
+            clock: The time now (UTC, aware): a virtual clock drives the ticks.
+
+        Raises:
+            The errors of :meth:`start`.
+
+        """
+        self._wire, self._clock, self._connection = wire, clock, connection
+        self._schedules = self._select()
+        self._layouts = {s.name: self.app.layout_of(s.job) for s in self._schedules}
+        try:
+            await self._join(publisher)
+        except BaseException:
+            await self.shutdown()
+            raise
+        self._begin()
+
+    async def _join(self, publisher: Publisher) -> None:
+        """Check the targets, declare our queues, offer a token and join the election."""
+        await self._check_targets()
+        await self._declare_queues()
+        self._publisher = publisher
+        await self._offer_token()
+        self._election = await self._wire.join_election(
+            self._connection, self.leader_queue, LEADER_QUEUE_ARGUMENTS, self._on_token
+        )
+
+    def _begin(self) -> None:
         self._follow_task = asyncio.create_task(self._follow(), name="amqpjobs-scheduler-follow")
         log.info(
             "scheduler replica %s joined the election for %d schedule(s) of app %s (queue %s)",
@@ -207,13 +256,13 @@ class Scheduler(TickFiring):
     async def _check_targets(self) -> None:
         assert self._connection is not None
         for layout in {lay.name: lay for lay in self._layouts.values()}.values():
-            if layout.exchange and not await ticks.exists(self._connection, "exchange", layout.exchange):
+            if layout.exchange and not await self._wire.exists(self._connection, "exchange", layout.exchange):
                 raise BrokerError(
                     f"exchange {layout.exchange!r} does not exist on {self.settings.safe_url}: "
                     "apply the topology first (amqpjobs topology apply)"
                 )
             for work_queue in layout.work_queues:
-                if not await ticks.exists(self._connection, "queue", work_queue):
+                if not await self._wire.exists(self._connection, "queue", work_queue):
                     raise BrokerError(
                         f"work queue {work_queue!r} does not exist on {self.settings.safe_url}: "
                         "apply the topology first (amqpjobs topology apply)"
@@ -224,7 +273,7 @@ class Scheduler(TickFiring):
         wanted: list[tuple[str, Mapping[str, Any]]] = [(self.leader_queue, LEADER_QUEUE_ARGUMENTS)]
         wanted += [(cron.tick_queue(self.app.name, s.name), TICK_QUEUE_ARGUMENTS) for s in self._schedules]
         for name, arguments in wanted:
-            if not await ticks.declare_durable(self._connection, name, arguments):
+            if not await self._wire.declare_durable(self._connection, name, arguments):
                 raise BrokerError(
                     f"queue {name!r} exists with other arguments than the scheduler's {dict(arguments)}: "
                     "delete it (no scheduler may run meanwhile) and start again"
@@ -233,6 +282,7 @@ class Scheduler(TickFiring):
     def request_stop(self) -> None:
         """Ask the replica to stop (safe from signal handlers)."""
         self._stop.set()
+        self._wakeup.set()
 
     async def run(self) -> int:
         """Start, run until :meth:`request_stop`, then hand leadership over and close.
@@ -254,6 +304,7 @@ class Scheduler(TickFiring):
 
         """
         self._stop.set()
+        self._wakeup.set()
         if self._follow_task is not None:
             self._follow_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -265,8 +316,8 @@ class Scheduler(TickFiring):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         was_leader = self.is_leader
-        await ticks.close_quietly(self._election)  # the broker requeues the token for the next replica
-        await ticks.close_quietly(self._publisher)
+        await self._wire.close_quietly(self._election)  # the broker requeues the token for the next replica
+        await self._wire.close_quietly(self._publisher)
         if self._connection is not None:
             await self._connection.close()
         if was_leader:
@@ -293,7 +344,7 @@ class Scheduler(TickFiring):
             except Exception as exc:  # the broker may be away; the next offer comes in a few seconds
                 log.debug("token offer failed: %s", exc)
 
-    async def _on_token(self, message: ticks.Token) -> None:
+    async def _on_token(self, message: Any) -> None:
         if self._stop.is_set() or self.is_leader:
             return  # held unacked: it returns to the queue with our channel
         self._token = message
@@ -302,22 +353,24 @@ class Scheduler(TickFiring):
         self._lead_task = asyncio.create_task(self._lead(message), name="amqpjobs-scheduler-lead")
 
     # ------------------------------------------------------------------ leading
-    async def _lead(self, token: ticks.Token) -> None:
+    async def _lead(self, token: Any) -> None:
         self.stats["leaderships"] += 1
         log.info("scheduler replica %s leads %d schedule(s) of app %s", self.replica, len(self._schedules),
                  self.app.name)  # fmt: skip
         cursors: dict[str, datetime] | None = None
         try:
-            while not self._stop.is_set() and ticks.holds(token):
+            while not self._stop.is_set() and self._wire.holds(token):
                 delay = self.options.max_sleep
+                self._wakeup.clear()
+                self._looking = True
                 try:
                     if cursors is None:
                         cursors = await self._load_cursors(token)
-                    now = datetime.now(UTC)
+                    now = self._clock()
                     for schedule in self._schedules:
                         await self._tick(schedule, now, cursors, token)
                     due = min(s.rule.next_after(cursors[s.name]) for s in self._schedules)
-                    delay = min(max((due - datetime.now(UTC)).total_seconds(), 0.0), delay)
+                    delay = min(max((due - self._clock()).total_seconds(), 0.0), delay)
                 except _NotLeader:
                     raise
                 except Exception as exc:
@@ -326,8 +379,12 @@ class Scheduler(TickFiring):
                     cursors = None
                     log.warning("scheduler replica %s: %s; trying again in %gs", self.replica, exc, delay,
                                 exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+                finally:
+                    self._looking = False
+                    self._looks += 1
+                    self._looked.set()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
         except _NotLeader:
             pass
         finally:

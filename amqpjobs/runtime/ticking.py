@@ -22,6 +22,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage, job_message
 from amqpjobs.printable import logfmt_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
+from amqpjobs.wire.abc import TickWire
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -68,6 +69,11 @@ class TickEvent:
     missed_until: datetime | None = None
 
 
+def utc_now() -> datetime:
+    """The time now, UTC (the scheduler's clock; the in-memory double gives it a virtual one)."""
+    return datetime.now(UTC)
+
+
 class _NotLeader(Exception):
     """The token was lost before a commit: nothing was published."""
 
@@ -78,23 +84,52 @@ class TickFiring:
     app: ScheduledApp
     replica: str
     stats: Counter[str]
-    _connection: ticks.Connection | None
+    _wire: TickWire
+    _clock: Callable[[], datetime]
+    _connection: Any
+    #: Seconds before a tick store found empty is read once more (a browsing reader may hold its record).
+    reread_after: float = 0.5
     _schedules: list[cron.Schedule]
     _layouts: dict[str, JobQueueLayout]
     _last: dict[str, tuple[datetime | None, str | None]]
     _on_event: Callable[[TickEvent], None] | None
+    _lead_task: asyncio.Task[None] | None
+    _wakeup: asyncio.Event
+    _looked: asyncio.Event
+    _looks: int
+    _looking: bool
 
-    async def _load_cursors(self, token: ticks.Token) -> dict[str, datetime]:
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica holds the leader token."""
+        raise NotImplementedError
+
+    async def look_now(self) -> None:
+        """Make the leader look at the clock now; returns once it has (at once when not leading).
+
+        For a virtual clock (:mod:`amqpjobs.testing`): after moving it, the ticks now due fire.
+        """
+        if not self.is_leader or self._lead_task is None or self._lead_task.done():
+            return
+        target = self._looks + (2 if self._looking else 1)  # one under way may have read the clock before
+        self._wakeup.set()
+        while self._looks < target and self.is_leader and not self._lead_task.done():
+            self._looked.clear()
+            waiting = asyncio.ensure_future(self._looked.wait())
+            await asyncio.wait({waiting, self._lead_task}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+
+    async def _load_cursors(self, token: Any) -> dict[str, datetime]:
         cursors: dict[str, datetime] = {}
         for schedule in self._schedules:
             record = await self._read_record(schedule)
             if record is None:
                 # A browsing reader may hold the record for a moment: look once more before
                 # concluding that the schedule is new.
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.reread_after)
                 record = await self._read_record(schedule)
             if record is None:
-                now = datetime.now(UTC).replace(microsecond=0)
+                now = self._clock().replace(microsecond=0)
                 baseline = cron.TickRecord(schedule.name, now, None, None, now, self.replica)
                 await self._commit(token, schedule, [], baseline)
                 log.info("schedule %s is new: it fires from %s on", schedule.name, cron.format_tick(now))
@@ -105,13 +140,15 @@ class TickFiring:
 
     async def _read_record(self, schedule: cron.Schedule) -> cron.TickRecord | None:
         assert self._connection is not None
-        return await read_tick_record(self._connection, cron.tick_queue(self.app.name, schedule.name))
+        return await read_tick_record(self._connection, cron.tick_queue(self.app.name, schedule.name), self._wire)
 
     async def _is_running(self, schedule: cron.Schedule) -> bool:
         assert self._connection is not None
         queue = cron.running_queue(self.app.name, schedule.name)
         # locked: an exclusive marker held by a worker's connection
-        found = await ticks.probe(self._connection, queue, f"checking whether schedule {schedule.name!r} runs failed")
+        found = await self._wire.probe(
+            self._connection, queue, f"checking whether schedule {schedule.name!r} runs failed"
+        )
         return found != "missing"
 
     def _job(
@@ -138,7 +175,7 @@ class TickFiring:
         schedule: cron.Schedule,
         now: datetime,
         cursors: dict[str, datetime],
-        token: ticks.Token,
+        token: Any,
     ) -> None:
         plan = cron.plan_ticks(schedule, cursors[schedule.name], now)
         if not plan.due:
@@ -177,7 +214,7 @@ class TickFiring:
 
     async def _commit(
         self,
-        token: ticks.Token,
+        token: Any,
         schedule: cron.Schedule,
         jobs: list[tuple[str, str, OutgoingMessage]],
         record: cron.TickRecord,
@@ -199,10 +236,10 @@ class TickFiring:
         )
         messages = [(exchange, routing_key, message, True) for exchange, routing_key, message in jobs]
         messages.append(("", cron.tick_queue(self.app.name, schedule.name), store, False))
-        committed = await ticks.publish_in_transaction(
+        committed = await self._wire.publish_in_transaction(
             self._connection,
             messages,
-            lambda: ticks.holds(token),
+            lambda: self._wire.holds(token),
             what=f"schedule {schedule.name!r}: transaction failed, nothing was published",
             late=f"schedule {schedule.name!r}: no tx.commit-ok within 30s",
         )
@@ -223,7 +260,7 @@ class TickFiring:
             self._on_event(event)
 
 
-async def read_tick_record(connection: ticks.Connection, queue: str) -> cron.TickRecord | None:
+async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) -> cron.TickRecord | None:
     """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
 
     Any replica (or a tool) may read it; reading holds the message unacked for a moment
@@ -234,7 +271,7 @@ async def read_tick_record(connection: ticks.Connection, queue: str) -> cron.Tic
 
     """
     records: list[cron.TickRecord] = []
-    for body in await ticks.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
+    for body in await wire.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
         try:
             records.append(cron.TickRecord.from_bytes(body))
         except ValueError as exc:

@@ -36,6 +36,7 @@ from amqpjobs.runtime.app import App
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
+from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sources import Source
@@ -46,7 +47,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_jobs
 from amqpjobs.runtime.worker_config import default_timeout as default_timeout
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import missing_objects
@@ -88,8 +89,8 @@ class Worker(SuspectTurns):
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
         self._connection: Connection | None = None
-        self._publisher: ConfirmedPublisher | None = None  # tier and suspects copies: default exchange
-        self._quarantiner: ConfirmedPublisher | None = None  # to quarantine exchanges, which may be missing
+        self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
+        self._quarantiner: Publisher | None = None  # to quarantine exchanges, which may be missing
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -121,18 +122,6 @@ class Worker(SuspectTurns):
 
     def _check(self) -> None:
         self._layouts, self._timeouts = check_jobs(self.app, self.job_queues(), self.options.consumer_timeout)
-
-    async def _prune_ledger(self) -> None:
-        ledger = self.app.ledger
-        assert ledger is not None
-        while True:
-            try:
-                removed = await ledger.prune(ledger.retention)
-                if removed:
-                    log.info("pruned %d done-marker(s) older than %gs from the ledger", removed, ledger.retention)
-            except Exception as exc:
-                log.warning("pruning the idempotency ledger failed: %s", exc)
-            await asyncio.sleep(600)
 
     async def start(self) -> None:
         """Connect and start consuming. Returns once every slot consumes.
@@ -178,7 +167,7 @@ class Worker(SuspectTurns):
             opener = getattr(self.app.ledger, "open", None)
             if opener is not None:
                 await opener()
-            self._prune_task = asyncio.create_task(self._prune_ledger())
+            self._prune_task = asyncio.create_task(keep_pruned(self.app.ledger))
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -190,6 +179,20 @@ class Worker(SuspectTurns):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
+        self.ready.set()
+
+    async def start_on(self, publisher: Publisher) -> None:
+        """Get ready for :meth:`handle` on another wire (:mod:`amqpjobs.testing`): no connection, no consumers.
+
+        Checks the jobs as :meth:`start` does (``ConfigurationError``); every copy (tiers,
+        quarantine) goes through ``publisher``.
+        """
+        self._check()
+        self._executor = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency), thread_name_prefix="amqpjobs")
+        self._publisher = self._quarantiner = publisher
+        opener = getattr(self.app.ledger, "open", None)
+        if opener is not None and any(j.idempotent for j in self.app):
+            await opener()
         self.ready.set()
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:

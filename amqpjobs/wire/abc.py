@@ -10,19 +10,29 @@ does on the broker goes through the protocols below, which the wire modules impl
   enqueue; its wire module lands with issue 16b);
 * :class:`Acknowledgeable` - one delivery, acked / nacked / rejected on the channel it came on
   (:class:`~amqpjobs.wire.delivery.Delivery`);
+* :class:`Received` - one delivery as the worker's per-delivery path reads it (its
+  properties, headers, a byte-exact copy for a tier or quarantine, and how it is settled;
+  :class:`~amqpjobs.wire.delivery.Delivery`);
 * :class:`Browser` - ``basic.get`` without acking (:class:`~amqpjobs.wire.browse.QueueBrowser`);
+* :class:`TickWire` - the scheduler's election, tick stores and tick transaction
+  (:mod:`amqpjobs.wire.ticks`, a module that implements the protocol);
 * probing a queue (exists / missing / locked): :func:`amqpjobs.wire.browse.probe_queue`;
 * holding an exclusive lock: :func:`amqpjobs.wire.lock.exclusive_lock`.
 
 Errors come out as :mod:`amqpjobs.errors` classes only (:mod:`amqpjobs.wire.errors`).
+
+:mod:`amqpjobs.testing` implements these protocols in memory, so the same worker and
+scheduler code runs in users' tests without a broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Protocol, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Literal, Protocol, TypeAlias
 
 from aio_pika.abc import AbstractRobustConnection
+
+from amqpjobs.message import OutgoingMessage
 
 #: The runtime's handle on a broker connection (opaque above the wire).
 Connection: TypeAlias = AbstractRobustConnection
@@ -70,3 +80,100 @@ class Browser(Protocol):
 
     async def close(self) -> None:
         """Close: the broker requeues what was held."""
+
+
+class Received(Acknowledgeable, Protocol):
+    """One delivery from a work queue, as the worker's per-delivery path reads and settles it.
+
+    Attributes:
+        body: Raw body.
+        headers: Header table as received (never None).
+        content_type / content_encoding / message_id / type: AMQP properties (or None).
+        timestamp: ``timestamp`` property, seconds since the epoch, or None.
+        redelivered: The broker's ``redelivered`` flag.
+        exchange / routing_key: Where it was published.
+        queue: The work queue it came from (a suspect's is set to its origin).
+        delivery_tag: The delivery tag on the channel it came on (a double numbers its own).
+
+    """
+
+    body: bytes
+    headers: dict[str, Any]
+    content_type: str | None
+    content_encoding: str | None
+    message_id: str | None
+    type: str | None
+    timestamp: float | None
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    queue: str
+    delivery_tag: int
+
+    @property
+    def channel_closed(self) -> bool:
+        """Whether the channel it came on has closed (the broker then redelivers it)."""
+        ...
+
+    @property
+    def settleable(self) -> bool:
+        """Whether it can still be settled (its channel is open)."""
+        ...
+
+    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
+        """The same message with other headers (``message_id`` ``job_id`` when it had none)."""
+        ...
+
+
+class TickWire(Protocol):
+    """What the scheduler does on the broker (:mod:`amqpjobs.wire.ticks` implements it as a module).
+
+    ``connection`` is the scheduler's :data:`Connection` (opaque; an in-memory double
+    passes its own handle). Tokens and channels are opaque too: the scheduler only hands
+    them back to :meth:`holds` and :meth:`close_quietly`.
+    """
+
+    def holds(self, token: Any) -> bool:
+        """True while ``token`` (the leader token delivery) is held on an open channel."""
+        ...
+
+    async def close_quietly(self, closable: Any) -> None:
+        """Close a channel or publisher; a broker or connection already gone is no error."""
+
+    async def exists(self, connection: Any, kind: Literal["exchange", "queue"], name: str) -> bool:
+        """Whether the exchange or queue exists."""
+        ...
+
+    async def declare_durable(self, connection: Any, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Declare a durable queue; False when it exists with other arguments."""
+        ...
+
+    async def probe(self, connection: Any, name: str, what: str) -> Literal["exists", "missing", "locked"]:
+        """Passively look at queue ``name`` (``locked``: another connection's exclusive queue)."""
+        ...
+
+    async def browse_bodies(self, connection: Any, queue: str, limit: int, what: str) -> list[bytes]:
+        """The bodies of up to ``limit`` messages at the head of ``queue``, left in it."""
+        ...
+
+    async def publish_in_transaction(
+        self,
+        connection: Any,
+        messages: Iterable[tuple[str, str, OutgoingMessage, bool]],
+        still_allowed: Callable[[], bool],
+        what: str,
+        late: str,
+        commit_timeout: float = 30,
+    ) -> bool:
+        """Publish ``(exchange, routing key, message, mandatory)`` all at once, or none; False: not allowed."""
+        ...
+
+    async def join_election(
+        self,
+        connection: Any,
+        queue: str,
+        arguments: Mapping[str, Any],
+        on_token: Callable[[Any], Awaitable[None]],
+    ) -> Any:
+        """Consume the election queue (single active consumer, prefetch 1); returns the channel to close."""
+        ...

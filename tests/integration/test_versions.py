@@ -19,6 +19,7 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.connection import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
 from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
 from tests.integration.helpers import cli, depth, raw_channel
@@ -46,7 +47,7 @@ async def test_payload_over_the_brokers_max_message_size_is_refused_before_publi
     app.job("blob", queue="work")(lambda p, c: None)
     await app.connect(broker)
     four = broker_root.version >= (4, 0)
-    assert app._publisher is not None
+    assert isinstance(app._publisher, ConfirmedPublisher)
     assert app._publisher.max_message_size == (MAX_MESSAGE_SIZE_4X if four else MAX_MESSAGE_SIZE_3X)
     big = {"data": "x" * (17 * 1024 * 1024)}  # over 4.x's 16 MiB, under 3.x's 128 MiB
     if four:

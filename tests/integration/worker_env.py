@@ -34,14 +34,14 @@ exchange = "jobs"
 APPLIED_TOPOLOGY = FAST_TOPOLOGY.split('[[job_queue]]\nname = "ghost"')[0]
 
 
-async def make_app(broker: BrokerSettings, tmp_path: Path) -> App:
-    """Apply the fast topology to the test vhost and return an App reading it."""
+async def make_app(broker: BrokerSettings, tmp_path: Path, tracing: bool = False) -> App:
+    """Apply the fast topology to the test vhost and return an App reading it (``tracing``: ``App(tracing=)``)."""
     applied = tmp_path / "applied.toml"
     applied.write_text(APPLIED_TOPOLOGY)
     await apply_topology(applied, broker)
     full = tmp_path / "app.toml"
     full.write_text(FAST_TOPOLOGY)
-    return App("test", topology=load_topology(full).topology, app_version="9.9.9", url=broker.url)
+    return App("test", topology=load_topology(full).topology, app_version="9.9.9", url=broker.url, tracing=tracing)
 
 
 @dataclass

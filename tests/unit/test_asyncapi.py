@@ -135,7 +135,9 @@ def test_channels_messages_and_bindings(tmp_path: Path) -> None:
     assert messages["orders_raw_job"]["payload"] == {"type": "object", "description": "Any JSON object."}
     headers = confirm["headers"]  # inline: components/schemas is the app models' namespace
     assert sorted(headers["properties"]) == sorted([envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT,
-                                                    envelope.JOB])  # fmt: skip
+                                                    envelope.JOB, *envelope.TRACE_HEADERS])  # fmt: skip
+    assert list(envelope.TRACE_HEADERS) == ["traceparent", "tracestate", "baggage"]
+    assert headers["properties"]["traceparent"]["type"] == "string"
 
     # the payload schema is the model's, its $defs hoisted into components/schemas
     payload = {**confirm["payload"], "components": doc["components"]}
@@ -211,7 +213,7 @@ def test_a_user_model_named_like_our_headers_schema_collides_with_nothing(tmp_pa
         headers = messages[name]["headers"]
         headers = resolve(doc, headers["$ref"]) if "$ref" in headers else headers
         assert sorted(headers["properties"]) == sorted(
-            [envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT, envelope.JOB]
+            [envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT, envelope.JOB, *envelope.TRACE_HEADERS]
         ), name
     user_schema = {**messages["plain"]["payload"], "components": doc["components"]}
     user_schema = resolve(user_schema, user_schema["$ref"]) if "$ref" in user_schema else user_schema

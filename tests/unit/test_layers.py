@@ -1,6 +1,9 @@
 """Imports point one way: jobs/ and topology/ stay free of the wire and the runtime, wire/ of the runtime and jobs/.
 
-Only ``wire/`` talks to the client library (aio-pika, aiormq, pamqp).
+Only ``wire/`` talks to the client library (aio-pika, aiormq, pamqp). ``testing/`` (the
+in-memory double) sits beside the face: it drives the runtime, implements the wire's
+protocols (``wire/abc.py``) and uses no other wire module that talks to a broker; nothing
+else in the package depends on it.
 """
 
 from __future__ import annotations
@@ -11,12 +14,26 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "amqpjobs"
+TESTING = "amqpjobs.testing"
 FORBIDDEN = {
-    "jobs": ("amqpjobs.wire", "amqpjobs.runtime", "amqpjobs.cli", "aio_pika", "aiormq", "pamqp"),
-    "topology": ("amqpjobs.wire", "amqpjobs.runtime", "amqpjobs.jobs", "amqpjobs.cli", "aio_pika", "aiormq", "pamqp"),
-    "wire": ("amqpjobs.runtime", "amqpjobs.cli", "amqpjobs.jobs"),
-    "runtime": ("amqpjobs.cli",),
+    "jobs": ("amqpjobs.wire", "amqpjobs.runtime", "amqpjobs.cli", TESTING, "aio_pika", "aiormq", "pamqp"),
+    "topology": (
+        "amqpjobs.wire",
+        "amqpjobs.runtime",
+        "amqpjobs.jobs",
+        "amqpjobs.cli",
+        TESTING,
+        "aio_pika",
+        "aiormq",
+        "pamqp",
+    ),
+    "wire": ("amqpjobs.runtime", "amqpjobs.cli", "amqpjobs.jobs", TESTING),
+    "runtime": ("amqpjobs.cli", TESTING),
+    "cli": (TESTING,),
+    "testing": ("amqpjobs.cli", "aio_pika", "aiormq", "pamqp"),
 }
+#: The wire modules the double may use: the protocols it implements, and settings (plain data).
+TESTING_MAY_USE = ("amqpjobs.wire.abc", "amqpjobs.wire.settings")
 
 
 def imports(path: Path) -> set[str]:
@@ -52,3 +69,14 @@ def test_only_the_wire_imports_the_client_library() -> None:
         if name.split(".")[0] in CLIENT_LIBRARIES
     ]
     assert not outside, outside
+
+
+def test_the_double_uses_only_the_wire_protocols() -> None:
+    bad = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted((PACKAGE / "testing").glob("*.py"))
+        for name in imports(path)
+        if name.startswith("amqpjobs.wire") and name not in TESTING_MAY_USE
+    ]
+    assert (PACKAGE / "testing" / "memory.py").exists()
+    assert not bad, bad

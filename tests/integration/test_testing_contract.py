@@ -1,0 +1,228 @@
+"""Contract: the in-memory double (amqpjobs.testing) decides exactly as the worker on a real broker.
+
+The same scenarios run against RabbitMQ and against ``TestBroker``: success; fail twice then
+succeed; exhausted; invalid payload; unknown job; ``Reject``; replay of a quarantined job;
+on a classic and on a quorum job queue. Compared: every decision (with attempt, tier,
+delay, reason), the headers each handler run saw, and every quarantined message's headers
+and evidence, leaving out what differs by nature (times, host, pid, the replay run's id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from amqpjobs.jobs.envelope import job_message
+from amqpjobs.jobs.outcome import Quarantine, Reject, RetryLater
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.registry import JobContext
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.abc import Publisher
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import drain
+from tests.integration.worker_env import running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "cq"
+exchange = "jobs"
+type = "classic"
+retry_tiers = ["200ms", "400ms"]
+
+[[job_queue]]
+name = "qq"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = ["200ms", "400ms"]
+"""
+
+#: Left out of the comparison: times, where the worker ran, the replay run's random id.
+VARYING = {
+    "amqpjobs-enqueued-at",
+    "amqpjobs-first-failure-at",
+    "amqpjobs-last-failure-at",
+    "amqpjobs-previous-failure-at",
+    "amqpjobs-worker-host",
+    "amqpjobs-worker-pid",
+    "amqpjobs-replay-id",
+}
+
+
+class Order(BaseModel):
+    order_id: int
+
+
+def build_app(
+    topology_file: Path, queue: str, url: str | None, runs: list[tuple[str, int, dict[str, Any]]], broker_set: list[str]
+) -> App:
+    """The scenarios' jobs on job queue ``queue``; each run's job id, attempt and headers go to ``runs``.
+
+    Headers the broker sets (``x-death`` & co after a retry tier: the double sets none, README
+    "Testing your jobs") are left out of ``runs`` and their names noted in ``broker_set``.
+    """
+    app = App("contract", topology=load_topology(topology_file).topology, app_version="1.2.3", url=url)
+
+    def seen(ctx: JobContext) -> None:
+        runs.append((ctx.job_id, ctx.attempt, normal(ctx.headers)))
+        broker_set.extend(sorted(k for k in ctx.headers if k.startswith("x-")))
+
+    @app.job("ok", queue=queue, payload=Order)
+    async def ok(order: Order, ctx: JobContext) -> None:
+        seen(ctx)
+
+    @app.job("flaky", queue=queue, payload=Order)
+    async def flaky(order: Order, ctx: JobContext) -> None:
+        seen(ctx)
+        if ctx.attempt < 3:
+            raise ConnectionError(f"blip {ctx.attempt}")
+
+    @app.job("doomed", queue=queue, payload=Order)
+    async def doomed(order: Order, ctx: JobContext) -> None:
+        seen(ctx)
+        raise ValueError(f"order {order.order_id} is on fire")
+
+    @app.job("rejected", queue=queue, payload=Order)
+    async def rejected(order: Order, ctx: JobContext) -> None:
+        seen(ctx)
+        raise Reject("card declined")
+
+    @app.job("fixme", queue=queue, payload=Order)
+    async def fixme(order: Order, ctx: JobContext) -> None:
+        seen(ctx)
+        if "amqpjobs-replay-count" not in ctx.headers:
+            raise Reject("fix me, then replay")
+
+    return app
+
+
+def normal(value: Any) -> Any:
+    """Header values as comparable data: text for bytes, tables and lists recursively, varying keys out."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): normal(v) for k, v in sorted(value.items()) if k not in VARYING and not k.startswith("x-")}
+    if isinstance(value, list | tuple):
+        return [normal(v) for v in value]
+    return value
+
+
+def evidence(headers: dict[str, Any]) -> dict[str, Any]:
+    """A quarantined message's headers, the traceback down to its last line (the exception)."""
+    out: dict[str, Any] = normal(headers)
+    tb = out.pop("amqpjobs-traceback", "")
+    out["traceback-last-line"] = tb.rstrip().splitlines()[-1] if tb else ""
+    return out
+
+
+async def enqueue_all(app: App, publisher: Publisher, queue: str) -> None:
+    now = time.time()
+    await app.enqueue("ok", {"order_id": 1}, job_id="ok-1")
+    await app.enqueue("flaky", {"order_id": 2}, job_id="flaky-1")
+    await app.enqueue("doomed", {"order_id": 3}, job_id="doomed-1")
+    await app.enqueue("rejected", {"order_id": 4}, job_id="rejected-1")
+    await app.enqueue("fixme", {"order_id": 5}, job_id="fixme-1")
+    await publisher.publish("jobs", queue, job_message("ok", {"order_id": "six"}, job_id="invalid-1", now=now))
+    await publisher.publish("jobs", queue, job_message("nope", {"order_id": 7}, job_id="unknown-1", now=now))
+
+
+def decisions(outcomes: list[Any]) -> list[tuple[Any, ...]]:
+    """(job id, attempt, decision, its details) sorted by job id, attempt order kept."""
+    out = []
+    for o in outcomes:
+        d = o.decision
+        detail: Any = None
+        if isinstance(d, RetryLater):
+            detail = (d.next_attempt, d.tier, d.delay, d.wait)
+        elif isinstance(d, Quarantine):
+            detail = d.reason
+        out.append((o.job_id, o.attempt, type(d).__name__, detail, o.job, o.failure[:2], o.acked))
+    return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+Result = tuple[list[Any], list[Any], list[Any], list[str]]
+
+
+async def on_the_broker(broker: BrokerSettings, tmp_path: Path, queue: str) -> Result:
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    runs: list[tuple[str, int, dict[str, Any]]] = []
+    broker_set: list[str] = []
+    app = build_app(topology, queue, broker.url, runs, broker_set)
+    async with running_worker(app, broker, queues=(queue,)) as (_, rec):
+        await app.connect()
+        assert app._publisher is not None
+        raw = ConfirmedPublisher(app._connection)  # type: ignore[arg-type]
+        await enqueue_all(app, raw, queue)
+        await rec.wait_for(lambda o: len(o) >= 11, timeout=20)  # 7 deliveries + 2 flaky + 2 doomed retries
+        await replay(broker, f"{queue}.quarantine", ReplayOptions(selection=Selection(job="fixme")))
+        await rec.wait_for(lambda o: len(o) >= 12, timeout=20)
+        await asyncio.sleep(0.3)  # nothing more may happen
+        await raw.close()
+    await app.close()
+    quarantined = sorted((m.message_id, evidence(dict(m.headers))) for m in await drain(broker, f"{queue}.quarantine"))
+    return decisions(rec.outcomes), sorted(runs, key=lambda r: (r[0], r[1])), quarantined, broker_set
+
+
+async def on_the_double(tmp_path: Path, queue: str) -> Result:
+    topology = tmp_path / "double.toml"
+    topology.write_text(TOPOLOGY)
+    runs: list[tuple[str, int, dict[str, Any]]] = []
+    broker_set: list[str] = []
+    app = build_app(topology, queue, None, runs, broker_set)
+    async with TestBroker(app) as broker:
+        await enqueue_all(app, broker.publisher, queue)
+        await broker.drain()
+        assert await broker.replay(queue, ReplayOptions(selection=Selection(job="fixme"))) == 1
+        await broker.drain()
+        quarantined = sorted((m.message_id, evidence(m.headers)) for m in broker.quarantine(queue))
+    return decisions(broker.outcomes), sorted(runs, key=lambda r: (r[0], r[1])), quarantined, broker_set
+
+
+@pytest.mark.parametrize("queue", ["cq", "qq"], ids=["classic", "quorum"])
+async def test_the_double_decides_as_the_real_worker(broker: BrokerSettings, tmp_path: Path, queue: str) -> None:
+    real = await on_the_broker(broker, tmp_path, queue)
+    double = await on_the_double(tmp_path, queue)
+    real_decisions, real_runs, real_quarantine, real_broker_set = real
+    # the scenarios happened at all, on the broker
+    assert [(d[0], d[1], d[2], d[3]) for d in real_decisions] == [
+        ("doomed-1", 1, "RetryLater", (2, 0, 0.2, False)),
+        ("doomed-1", 2, "RetryLater", (3, 1, 0.4, False)),
+        ("doomed-1", 3, "Quarantine", "exhausted"),
+        ("fixme-1", 1, "Quarantine", "rejected"),
+        ("fixme-1", 1, "Ack", None),
+        ("flaky-1", 1, "RetryLater", (2, 0, 0.2, False)),
+        ("flaky-1", 2, "RetryLater", (3, 1, 0.4, False)),
+        ("flaky-1", 3, "Ack", None),
+        ("invalid-1", 1, "Quarantine", "invalid-payload"),
+        ("ok-1", 1, "Ack", None),
+        ("rejected-1", 1, "Quarantine", "rejected"),
+        ("unknown-1", 1, "Quarantine", "unknown-job"),
+    ]
+    assert [m for m, _ in real_quarantine] == ["doomed-1", "invalid-1", "rejected-1", "unknown-1"]
+    assert real_quarantine[0][1]["amqpjobs-original-queue"] == queue
+    fixme_replayed = [h for job_id, attempt, h in real_runs if job_id == "fixme-1"][1]
+    assert fixme_replayed["amqpjobs-replay-count"] == 1
+    # and the double decided, saw and quarantined the same
+    assert double[0] == real_decisions
+    assert double[1] == real_runs
+    assert double[2] == real_quarantine
+    # the one difference: RabbitMQ adds x-death & co when a tier dead-letters a retry back (4 retries)
+    assert {"x-death", "x-first-death-queue", "x-first-death-reason"} <= set(real_broker_set)
+    assert real_broker_set.count("x-death") == 4
+    assert double[3] == []
