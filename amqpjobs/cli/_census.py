@@ -25,8 +25,10 @@ def shown_line(shown: int, census: Census, limit: int, chosen: Selection) -> str
     return line
 
 
-def interrupted_lines(report: ReplayReport, rate: float) -> list[str]:
+def interrupted_lines(report: ReplayReport, rate: float, dry_run: bool) -> list[str]:
     """What a replay stopped by Ctrl-C did: moved, skipped, left, and the jobs that may now be in two places."""
+    if dry_run:
+        return [f"interrupted dry run: {report.replayed} would have moved, {report.skipped} skipped, nothing moved"]
     window = replay_window(rate)
     return [
         f"interrupted: moved {report.replayed}, skipped {report.skipped}, left {report.left} in "

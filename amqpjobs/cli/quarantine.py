@@ -182,7 +182,7 @@ def replay_command(
     except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
         if interactive:
             click.echo("", err=True)
-        for line in interrupted_lines(report, rate):
+        for line in interrupted_lines(report, rate, dry_run):
             click.echo(line, err=True)
         sys.exit(EXIT_INTERRUPTED)
     if interactive:
