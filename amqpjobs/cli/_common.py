@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import wraps
@@ -12,6 +15,7 @@ import click
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import (
+    AmqpJobsError,
     BrokerError,
     BusyError,
     ConfigurationError,
@@ -31,6 +35,33 @@ EXIT_FOUND = 1
 EXIT_BAD_INPUT = 2
 EXIT_BROKER = 3
 EXIT_BUSY = 4
+#: Exit code when stdout's reader went away (``amqpjobs status | head -5``): 128 + SIGPIPE,
+#: what a shell reports for a program the broken pipe killed; nothing more is printed.
+EXIT_BROKEN_PIPE = 141
+#: Exit code of a command interrupted by Ctrl-C (SIGINT): 128 + 2, the shell convention (not
+#: click's "Aborted!" and 1, which reads as a failed check).
+EXIT_INTERRUPTED = 130
+#: ``--connect-timeout`` defaults: one-shot commands give up soon, long-running ones wait for
+#: a broker still starting (README "Workers").
+ONE_SHOT_CONNECT_TIMEOUT = "5s"
+LONG_RUNNING_CONNECT_TIMEOUT = "30s"
+_CONNECT_TIMEOUT_KEY = "amqpjobs.connect_timeout"
+
+
+def verbose() -> bool:
+    """True when the command line has ``-v``/``--verbose`` (the root group's flag)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("verbose"))
+
+
+def _broken_pipe() -> None:
+    """Stdout's reader is gone: point stdout at /dev/null (so the exit flush can't fail too) and exit quietly.
+
+    The recipe of Python's ``signal`` module docs, "Note on SIGPIPE".
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_BROKEN_PIPE)
 
 
 def errors_to_exit_codes(func: F) -> F:
@@ -39,7 +70,12 @@ def errors_to_exit_codes(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            return _with_tracebacks(func, *args, **kwargs)
+        except BrokenPipeError:
+            _broken_pipe()
+        except KeyboardInterrupt:  # Ctrl-C; a command with more to say (replay's summary) catches it first
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
             click.echo(f"error: {exc}", err=True)
             click.echo("nothing was declared", err=True)
@@ -62,14 +98,57 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo(f"broker error: {exc}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
+            if exc.errno == errno.EPIPE:
+                _broken_pipe()
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
 
 
+def _with_tracebacks(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the command; with ``-v``, an error of ours also prints its traceback (and its cause's) first."""
+    try:
+        return func(*args, **kwargs)
+    except (AmqpJobsError, OSError) as exc:
+        if verbose() and not isinstance(exc, BrokenPipeError):
+            traceback.print_exception(exc, file=sys.stderr)
+        raise
+
+
+def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    ctx.meta[_CONNECT_TIMEOUT_KEY] = seconds
+    return seconds
+
+
+def connect_timeout_option(default: str) -> Callable[[F], F]:
+    """``--connect-timeout``: how long to retry a refused first connect; read by :func:`settings`.
+
+    Not passed to the command function (``expose_value=False``): :func:`settings` reads it
+    from the click context, so every command gets it without a new parameter.
+    """
+    return click.option(
+        "--connect-timeout", default=default, show_default=True, expose_value=False,
+        callback=_keep_connect_timeout,
+        help="Keep retrying a refused connect this long (a duration: '30s'), one log line per attempt.",
+    )  # fmt: skip
+
+
 def url_options(func: F) -> F:
-    """Add ``--url`` and ``--management-url`` (with their environment variables) to a command."""
+    """Add ``--url``, ``--management-url`` and ``--connect-timeout`` (5 s) to a one-shot command."""
+    return _url_options(connect_timeout_option(ONE_SHOT_CONNECT_TIMEOUT)(func))
+
+
+def long_running_url_options(func: F) -> F:
+    """:func:`url_options` for commands that run until stopped (``--connect-timeout`` 30 s)."""
+    return _url_options(connect_timeout_option(LONG_RUNNING_CONNECT_TIMEOUT)(func))
+
+
+def _url_options(func: F) -> F:
     func = click.option(
         "--management-url",
         envvar=MANAGEMENT_URL_ENV,
@@ -82,8 +161,12 @@ def url_options(func: F) -> F:
 
 
 def settings(url: str | None, management_url: str | None) -> BrokerSettings:
-    """The broker settings from the URL options."""
-    return broker_settings(url, management_url)
+    """The broker settings from the URL options (and ``--connect-timeout``, when the command has it)."""
+    broker = broker_settings(url, management_url)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and _CONNECT_TIMEOUT_KEY in ctx.meta:
+        broker = broker.with_connect_timeout(ctx.meta[_CONNECT_TIMEOUT_KEY])
+    return broker
 
 
 def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import click
 
+from amqpjobs.cli._census import echo_no_match, interrupted_lines, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
+    EXIT_INTERRUPTED,
     errors_to_exit_codes,
     filter_options,
     selection,
@@ -22,6 +24,7 @@ from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, s
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_show, filter_args
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.parking import purge_matching
@@ -86,7 +89,8 @@ def quarantine_show(
 ) -> None:  # fmt: skip
     """Messages in QUEUE with their evidence and payload."""
     broker = settings(url, management_url)
-    _, messages = asyncio.run(browse(broker, queue, limit, selection(job, error_type, reason, since)))
+    chosen, census = selection(job, error_type, reason, since), Census()
+    _, messages = asyncio.run(browse(broker, queue, limit, chosen, census))
     for m in messages:
         if as_json:
             click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
@@ -105,9 +109,10 @@ def quarantine_show(
             elif key not in ("amqpjobs-error-message",):
                 click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
     if not as_json:
-        click.echo(f"{len(messages)} message(s) shown")
+        click.echo(shown_line(len(messages), census, limit, chosen))
         if messages:
             click.echo(after_show(messages[0].delivery.queue, filter_args(job, error_type, reason, since)))
+    echo_no_match(census, chosen)
 
 
 @quarantine.command("export")
@@ -196,9 +201,18 @@ def replay_command(
             click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
                        err=True, nl=False)  # fmt: skip
 
-    report = asyncio.run(replay(broker, quarantine_queue, options, progress))
+    report, census = ReplayReport(queue=quarantine_queue), Census()
+    try:
+        asyncio.run(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+    except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
+        if interactive:
+            click.echo("", err=True)
+        for line in interrupted_lines(report, rate, dry_run):
+            click.echo(line, err=True)
+        sys.exit(EXIT_INTERRUPTED)
     if interactive:
         click.echo("", err=True)
+    echo_no_match(census, options.selection)
     if dry_run:
         for job_id, target in report.moves:
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from datetime import UTC, datetime
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import errors_to_exit_codes, long_running_url_options, settings, verbose
 from amqpjobs.cli._root import main
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
@@ -29,7 +30,7 @@ def schedule() -> None:
 @click.argument("app_ref", metavar="MODULE:APP")
 @click.option("--schedules", "-s", help="Comma-separated schedule names (default: all of the app's).")
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
-@url_options
+@long_running_url_options
 @errors_to_exit_codes
 def schedule_run(
     app_ref: str, schedules: str | None, log_json: bool, url: str | None, management_url: str | None
@@ -40,7 +41,7 @@ def schedule_run(
     once; when it dies another takes over within seconds.
     """
     names = tuple(n.strip() for n in schedules.split(",") if n.strip()) if schedules else None
-    configure_logging(json_lines=log_json)
+    configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
     app = load_app(app_ref)
     sys.exit(asyncio.run(run_scheduler(app, settings(url, management_url), SchedulerOptions(schedules=names))))
 

@@ -13,6 +13,7 @@ from amqpjobs.cli._common import EXIT_FOUND, errors_to_exit_codes, settings, url
 from amqpjobs.cli._root import main
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import printable
 from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
 
@@ -44,16 +45,20 @@ def status_command(
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     layouts = None
+    source = f"--queues {','.join(names)}" if names else ""
     if not names:
         where = Path(path or "topology")
         if path is None and not where.exists():
             raise ConfigurationError("give a topology PATH or --queues (no ./topology here)")
         layouts = list(load_topology(where).topology.layouts())
+        source = f"topology {where.resolve()}" + (" (the default ./topology: no PATH given)" if path is None else "")
     report = asyncio.run(collect(broker, layouts, names, bound))
     unhealthy = any(j.problems for j in report)
     if as_json:
-        click.echo(json.dumps({"healthy": not unhealthy, "job_queues": [j.to_json() for j in report]}, indent=2))
+        doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source}
+        click.echo(json.dumps({**doc, "job_queues": [j.to_json() for j in report]}, indent=2))
     else:
+        click.echo(f"{printable(source)}; vhost {broker.vhost!r} on {broker.safe_url}")
         for line in status_report(report):
             click.echo(line)
     if unhealthy:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import errors_to_exit_codes, long_running_url_options, settings, verbose
 from amqpjobs.cli._root import main
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
@@ -43,7 +44,7 @@ from amqpjobs.runtime.worker import WorkerOptions, run_worker
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
-@url_options
+@long_running_url_options
 @errors_to_exit_codes
 def consume(
     app_ref: str,
@@ -67,7 +68,7 @@ def consume(
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    configure_logging(json_lines=log_json)
+    configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
     app = load_app(app_ref)
     broker = settings(url, management_url)
     sys.exit(asyncio.run(run_worker(app, broker, options, metrics_port, metrics_host)))

@@ -10,7 +10,7 @@ from typing import Any
 
 from amqpjobs.errors import ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
-from amqpjobs.topology.naming import RETRY_INFIX, SHARD_INFIX
+from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
@@ -59,6 +59,12 @@ class PlanResult:
         return lines
 
 
+def _orphan_of(name: str, job_queues: set[str]) -> bool:
+    """True when queue ``name`` is a shard or delay tier of one of ``job_queues`` (parsed exactly, not by prefix)."""
+    parsed = parse_queue_name(name)
+    return parsed.kind in ("shard", "tier") and parsed.job_queue in job_queues
+
+
 async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
     """Validate the topology at ``path`` for the connected broker and compare it with the live vhost.
 
@@ -93,11 +99,8 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
     wanted = {d.name for d in desired if d.kind == "queue"}
-    prefixes = tuple(
-        f"{jq.name}{infix}" for jq in loaded.topology.job_queues for infix in (SHARD_INFIX, RETRY_INFIX)
-    ) + tuple(jq.name for jq in loaded.topology.job_queues)
-    stray = [o.name for o in live if o.kind == "queue" and o.name not in wanted and o.name.startswith(prefixes)]
-    stray = [n for n in stray if SHARD_INFIX in n or RETRY_INFIX in n]
+    ours = {jq.name for jq in loaded.topology.job_queues}
+    stray = [o.name for o in live if o.kind == "queue" and o.name not in wanted and _orphan_of(o.name, ours)]
     orphans: tuple[tuple[str, int], ...] = ()
     if stray:
         probes = await probe_queues(settings, stray)

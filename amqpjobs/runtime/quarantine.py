@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import os
@@ -43,6 +44,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
 from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
@@ -52,6 +54,7 @@ from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_que
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
 from amqpjobs.wire.connection import connect
+from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
@@ -129,7 +132,7 @@ def quarantine_queues(settings: BrokerSettings) -> list[str]:
 
 @asynccontextmanager
 async def _session(settings: BrokerSettings) -> AsyncIterator[Connection]:
-    connection = await connect(settings, wait=5.0, name="amqpjobs-quarantine")
+    connection = await connect(settings, name="amqpjobs-quarantine")
     try:
         yield connection
     finally:
@@ -167,7 +170,11 @@ async def mover_lock(
 
 
 async def browse(
-    settings: BrokerSettings, name: str, limit: int | None = None, selection: q.Selection | None = None
+    settings: BrokerSettings,
+    name: str,
+    limit: int | None = None,
+    selection: q.Selection | None = None,
+    census: Census | None = None,
 ) -> tuple[str, list[QuarantinedMessage]]:
     """Read messages of quarantine queue ``name`` without removing any.
 
@@ -180,6 +187,8 @@ async def browse(
         name: Quarantine queue, or the job queue whose quarantine it is.
         limit: At most this many matching messages (None: all).
         selection: Filters; non-matching messages are skipped (and stay).
+        census: Filled with the queue's depth and what every looked-at message holds
+            (to show what is there when the filters matched none).
 
     Returns:
         (quarantine queue name, matching messages in queue order).
@@ -190,14 +199,18 @@ async def browse(
 
     """
     selection = selection or q.Selection()
+    census = census if census is not None else Census()
     out: list[QuarantinedMessage] = []
     async with _session(settings) as connection:
         queue_name, depth = await resolve_queue(connection, name)
+        census.queue, census.depth = queue_name, depth
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                if selection.matches(item):
+                matched = selection.matches(item)
+                census.add(item, matched)
+                if matched:
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:
                         break
@@ -259,18 +272,24 @@ class ReplayMove:
     copy: OutgoingMessage
 
 
-def replay_move(delivery: Received, options: ReplayOptions, replay_id: str) -> ReplayMove | None:
+def replay_move(
+    delivery: Received, options: ReplayOptions, replay_id: str, census: Census | None = None
+) -> ReplayMove | None:
     """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
 
     Skipped: it came back failing from this run (it carries ``replay_id``), it names no
     queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
-    Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`).
+    Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
+    counts the message (and whether the filters matched it).
     """
     item = q.describe(delivery.headers, delivery.message_id, delivery.type)
     target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
-    if ours or not target or not options.selection.matches(item):
+    matched = options.selection.matches(item)
+    if census is not None:
+        census.add(item, matched)
+    if ours or not target or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
     return ReplayMove(target, job_id, delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id))
@@ -281,6 +300,9 @@ async def replay(
     name: str,
     options: ReplayOptions,
     progress: Callable[[ReplayReport], None] | None = None,
+    *,
+    report: ReplayReport | None = None,
+    census: Census | None = None,
 ) -> ReplayReport:
     """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
 
@@ -290,10 +312,24 @@ async def replay(
     Non-matching messages are held unacked and released at the end, keeping their place
     in the queue.
 
-    Holds the queue's :func:`mover_lock` throughout (a dry run, which moves nothing, does not).
+    Holds the queue's :func:`mover_lock` throughout. A dry run moves nothing but checks
+    what a real run checks: it takes the lock too (exit 4 while another mover runs), and
+    every target queue must exist.
+
+    Args:
+        settings: Broker settings.
+        name: Quarantine queue, or the job queue whose quarantine it is.
+        options: Rate, filters, target, limits.
+        progress: Called with the report after each move.
+        report: Filled as the run goes (and returned): a caller keeps it to report a run
+            cut short, e.g. by Ctrl-C. Cancelled, the run settles the moves under way,
+            returns held messages and sets ``left`` before the cancellation propagates.
+        census: Filled with what every looked-at message holds (to show what is there
+            when the filters matched none).
 
     Raises:
-        ConfigurationError: no such quarantine queue, or a bad option.
+        ConfigurationError: no such quarantine queue, a bad option, or (dry run) a target
+            queue that does not exist.
         BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
         UnroutableError: a target work queue does not exist (that message stays in quarantine).
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
@@ -309,15 +345,17 @@ async def replay(
             "queue (or leave --to out to send each to the queue it failed on)"
         )
     replay_id = str(uuid.uuid4())
+    report = report if report is not None else ReplayReport(queue=name)
+    census = census if census is not None else Census()
     async with _session(settings) as connection, AsyncExitStack() as stack:
         queue_name, depth = await resolve_queue(connection, name)
-        lock = None
-        if not options.dry_run:
-            lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
-            _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
-        report = ReplayReport(queue=queue_name)
+        lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
+        _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
+        report.queue, report.left = census.queue, census.depth = queue_name, depth
+        if options.to is not None:  # a typo fails at once, also when nothing would move
+            await _check_targets(connection, [options.to])
         watch = None
-        if options.stop_after_failures is not None and not options.dry_run:
+        if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
         canary = None
         if options.canary is not None and not options.dry_run:  # subscribed before the first move: no race
@@ -328,6 +366,7 @@ async def replay(
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
         started: float | None = None
+        interrupted = False
         launched = 0
         window = asyncio.Semaphore(replay_window(options.rate))
         moving: set[asyncio.Task[None]] = set()
@@ -362,7 +401,7 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                planned = replay_move(delivery, options, replay_id)
+                planned = replay_move(delivery, options, replay_id, census)
                 if planned is None:
                     report.skipped += 1
                     continue
@@ -385,8 +424,7 @@ async def replay(
                 await window.acquire()
                 if failures:
                     break
-                if lock is not None:
-                    lock.check()
+                lock.check()
                 task = asyncio.create_task(move(delivery, target, planned.copy, started))
                 moving.add(task)
                 task.add_done_callback(moving.discard)
@@ -396,6 +434,11 @@ async def replay(
             await asyncio.gather(*moving, return_exceptions=True)
             if failures:
                 raise failures[0]
+            if options.dry_run:
+                await _check_targets(connection, [target for _, target in report.moves])
+        except asyncio.CancelledError:
+            interrupted = True
+            raise
         except AmqpJobsError:
             raise
         except _INTERRUPTED as exc:
@@ -408,5 +451,19 @@ async def replay(
             await publisher.close()
             if watch is not None and not watch.is_closed:
                 await watch.close()
+            if interrupted:  # the held messages are back: count them for the caller's summary
+                with contextlib.suppress(Exception):
+                    _, report.left = await resolve_queue(connection, queue_name)
         _, report.left = await resolve_queue(connection, queue_name)
     return report
+
+
+async def _check_targets(connection: Connection, targets: list[str]) -> None:
+    """What a real run finds at its first move to each target, checked before: the queue must exist."""
+    missing, _ = await find_missing(connection, targets)
+    if missing:
+        raise ConfigurationError(
+            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
+            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
+            "the topology)"
+        )

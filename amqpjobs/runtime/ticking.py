@@ -287,7 +287,7 @@ async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str,
         BrokerError: a tick store is missing (the scheduler never ran) or the broker failed.
 
     """
-    connection = await connect(settings, wait=5.0, name=f"{app.name}-tick-reader")
+    connection = await connect(settings, name=f"{app.name}-tick-reader")
     try:
         return {s.name: await read_tick_record(connection, cron.tick_queue(app.name, s.name)) for s in app.schedules()}
     finally:

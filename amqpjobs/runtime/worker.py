@@ -322,6 +322,7 @@ class Worker(SuspectTurns):
         pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
         if self._inflight:
             log.info("draining %d in-flight job(s), grace %.0fs", len(self._inflight), self.options.grace)
+        still: set[asyncio.Task[Any]] = set()
         if pending:
             _, still = await asyncio.wait(pending, timeout=self.options.grace)
             if still:
@@ -340,6 +341,11 @@ class Worker(SuspectTurns):
             await self._connection.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
+            log.info(
+                "worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered); exit %d",
+                len(pending) - len(still), len(still), code,
+            )  # fmt: skip
         return code
 
     async def _probe(self, objects: Collection[BrokerObject]) -> set[BrokerObject]:

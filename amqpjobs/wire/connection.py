@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import aio_pika
@@ -16,6 +18,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception_type,
     retry_if_not_exception_type,
     stop_after_delay,
@@ -34,6 +37,9 @@ log = logging.getLogger("amqpjobs.wire")
 #: Errors that mean "the broker is not (yet) there" on connect.
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
+#: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
+#: for each refused connect; during our first-connect retries we write one line per attempt instead.
+CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")
 
 
 @dataclass(frozen=True)
@@ -110,12 +116,72 @@ def heartbeat_timeout(connection: AbstractRobustConnection) -> float:
     return float(getattr(transport.connection, "heartbeat_timeout", 0) or 0)
 
 
-async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
+class _BelowCritical(logging.Filter):
+    """Drops every record below CRITICAL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
+@contextlib.contextmanager
+def quiet_client_loggers() -> Iterator[None]:
+    """Drop :data:`CLIENT_LOGGERS`' records below CRITICAL for the block (unless amqpjobs logs at DEBUG, ``-v``).
+
+    Each block adds a filter of its own and removes only that one, so overlapping blocks
+    (two connects at once) never leave the loggers silenced. Loggers are process-wide: another
+    connection of the process reconnecting during the block is quiet too.
+    """
+    if log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in CLIENT_LOGGERS]
+    quiet = _BelowCritical()
+    for lg in loggers:
+        lg.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(quiet)
+
+
+def _until(deadline: float) -> Callable[[RetryCallState], float]:
+    """Tenacity's ``wait``: 0.2 s doubling up to 2 s, but never past ``deadline`` (the last attempt is at it)."""
+    backoff = wait_exponential(multiplier=0.2, max=2.0)
+
+    def pause(state: RetryCallState) -> float:
+        return max(0.0, min(backoff(state), deadline - time.monotonic()))
+
+    return pause
+
+
+def _attempt_line(settings: BrokerSettings, wait: float, started: float) -> Callable[[RetryCallState], None]:
+    """Tenacity's ``before_sleep``: one WARNING line of ours per failed attempt."""
+
+    def line(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        pause = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; retrying in %.1fs",
+            settings.safe_url, state.attempt_number, time.monotonic() - started, wait,
+            type(exc).__name__, exc, pause,
+        )  # fmt: skip
+
+    return line
+
+
+async def connect(
+    settings: BrokerSettings, *, wait: float | None = None, name: str = "amqpjobs"
+) -> AbstractRobustConnection:
     """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
+
+    Each failed attempt writes one WARNING line (logger ``amqpjobs.wire``); the client
+    libraries' own lines are silenced meanwhile (:func:`quiet_client_loggers`).
 
     Args:
         settings: Broker settings.
-        wait: Seconds to keep retrying a refused first connect (0 = try once).
+        wait: Seconds to keep retrying a refused first connect (0 = try once); default
+            ``settings.connect_timeout`` (the CLI's ``--connect-timeout``).
         name: Connection name shown in the management UI.
 
     Returns:
@@ -128,17 +194,21 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
     """
     install_lenient_decoding()
     keep_received_properties()
+    wait = settings.connect_timeout if wait is None else wait
+    log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)
     try:
-        async for attempt in AsyncRetrying(
-            # refused credentials or a missing vhost won't fix themselves: no retry
-            retry=retry_if_exception_type(_CONNECT_ERRORS)
-            & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
-            stop=stop_after_delay(wait),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        ):
-            with attempt:
-                return await aio_pika.connect_robust(settings.url, client_properties={"connection_name": name})
+        with quiet_client_loggers():
+            async for attempt in AsyncRetrying(
+                # refused credentials or a missing vhost won't fix themselves: no retry
+                retry=retry_if_exception_type(_CONNECT_ERRORS)
+                & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
+                stop=stop_after_delay(wait),
+                wait=_until(time.monotonic() + wait),
+                before_sleep=_attempt_line(settings, wait, time.monotonic()),
+                reraise=True,
+            ):
+                with attempt:
+                    return await aio_pika.connect_robust(settings.url, client_properties={"connection_name": name})
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"

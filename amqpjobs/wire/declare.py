@@ -202,7 +202,7 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
         BrokerError: a queue is exclusive to another connection.
     """
     found: dict[str, QueueProbe] = {}
-    connection = await connect(settings, wait=5.0, name="amqpjobs-probe")
+    connection = await connect(settings, name="amqpjobs-probe")
     try:
         for name in dict.fromkeys(names):
             channel = await connection.channel(publisher_confirms=False)
@@ -273,7 +273,7 @@ async def find_missing(
 
 
 async def missing_objects(
-    settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = (), wait: float = 30.0
+    settings: BrokerSettings, queues: Iterable[str] = (), exchanges: Iterable[str] = (), wait: float | None = None
 ) -> tuple[set[str], set[str]]:
     """:func:`find_missing` over a short connection of its own, bounded by :data:`DECLARE_TIMEOUT`.
 
@@ -281,8 +281,8 @@ async def missing_objects(
         settings: Broker settings.
         queues: Queue names to look for.
         exchanges: Exchange names to look for.
-        wait: Seconds to keep retrying a refused connect (a worker's first connect: 30 s,
-            README "Workers", for a broker still starting).
+        wait: Seconds to keep retrying a refused connect; default ``settings.connect_timeout``
+            (a worker's first connect: 30 s, README "Workers", for a broker still starting).
 
     Raises:
         BrokerUnavailableError: cannot connect within ``wait``.

@@ -70,10 +70,18 @@ class ManagementClient:
             resp = self._http.request(method, url, json=json)
         except httpx.HTTPError as exc:
             raise BrokerUnavailableError(
-                f"management API at {self.settings.management_url} unreachable: {type(exc).__name__}: {exc}"
+                f"management API at {self.settings.management_url}{self.settings.management_hint} unreachable: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
         if resp.status_code == 404 and allow_404:
             return None
+        if resp.status_code == 404 and path != f"/vhosts/{_q(self.settings.vhost)}" and not self._vhost_exists():
+            vhost = self.settings.vhost
+            raise ManagementApiError(
+                f"vhost {vhost!r} does not exist on {self.settings.management_url} (the vhost is the AMQP URL's "
+                f"path): fix the URL, or create it (rabbitmqctl add_vhost {vhost!r})",
+                404,
+            )
         if resp.status_code == 401:
             raise ManagementApiError(
                 f"management API at {self.settings.management_url} refused user "
@@ -85,6 +93,10 @@ class ManagementClient:
         if not resp.content:
             return None
         return resp.json()
+
+    def _vhost_exists(self) -> bool:
+        """True when the settings' vhost exists (asked after a 404: was it the vhost that was missing?)."""
+        return self.request("GET", f"/vhosts/{_q(self.settings.vhost)}", allow_404=True) is not None
 
     def overview(self) -> dict[str, Any]:
         """``GET /api/overview`` (versions, totals)."""

@@ -7,7 +7,7 @@ objects: everything printed or logged goes through :func:`redact`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
@@ -45,6 +45,10 @@ class BrokerSettings:
         username: User for the management API (from the AMQP URL).
         password: Password for the management API (from the AMQP URL). Never printed.
         vhost: Virtual host from the URL path (``/`` when the path is empty).
+        connect_timeout: Seconds to keep retrying a refused first connect (README
+            "Workers": 30 s for a broker still starting; the CLI's one-shot commands 5 s).
+        management_derived: True when ``management_url`` was derived from the AMQP URL
+            (not given), so an error about it can say so and how to set it.
 
     """
 
@@ -53,6 +57,8 @@ class BrokerSettings:
     username: str
     password: str
     vhost: str
+    connect_timeout: float = 30.0
+    management_derived: bool = False
 
     @property
     def safe_url(self) -> str:
@@ -63,7 +69,21 @@ class BrokerSettings:
         """The same broker, another vhost."""
         parts = urlsplit(self.url)
         url = urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, ""))
-        return BrokerSettings(url, self.management_url, self.username, self.password, vhost)
+        return replace(self, url=url, vhost=vhost)
+
+    def with_connect_timeout(self, seconds: float) -> BrokerSettings:
+        """The same broker, retrying a refused first connect for ``seconds``."""
+        return replace(self, connect_timeout=seconds)
+
+    @property
+    def management_hint(self) -> str:
+        """Where the management URL came from and how to set it (for error messages)."""
+        if not self.management_derived:
+            return ""
+        return (
+            f" (derived from the AMQP URL: its host, port + {MANAGEMENT_PORT_OFFSET}; give the right one with "
+            f"--management-url or ${MANAGEMENT_URL_ENV})"
+        )
 
 
 def broker_settings(url: str | None = None, management_url: str | None = None) -> BrokerSettings:
@@ -91,6 +111,7 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         raise ConfigurationError(f"bad broker URL {redact(url)}: expected amqp://user:pass@host:port/vhost")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     management_url = management_url or os.environ.get(MANAGEMENT_URL_ENV)
+    derived = not management_url
     if not management_url:
         amqp_port = port or (5671 if parts.scheme == "amqps" else 5672)
         scheme = "https" if parts.scheme == "amqps" else "http"
@@ -106,4 +127,5 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         username=unquote(parts.username or "guest"),
         password=unquote(parts.password or "guest"),
         vhost=vhost,
+        management_derived=derived,
     )

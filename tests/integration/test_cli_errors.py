@@ -85,7 +85,7 @@ CASES = [
         "replay-to-missing-queue",
         ["replay", "work", "--to", "nosuchqueue"],
         2,
-        "target queue 'nosuchqueue' does not exist",
+        "target queue(s) 'nosuchqueue' do not exist",
     ),
 ]
 

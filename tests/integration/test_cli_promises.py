@@ -45,7 +45,7 @@ async def test_show_json_error_type_and_since(broker: BrokerSettings, tmp_path: 
     assert since.exit_code == 0, since.output
     assert since.stdout.count("--- job report") == 2
     assert "--- job mail" not in since.stdout
-    assert "2 message(s) shown" in since.stdout
+    assert "2 of 5 message(s) in work.quarantine shown (2 of the 5 looked at match the filters)" in since.stdout
     moved = await asyncio.to_thread(cli, broker, "replay", "work", "--since", "1h", "--rate", "1000")
     assert moved.exit_code == 0, moved.output
     assert moved.stdout.startswith("replayed 2, skipped 3, left 3 in work.quarantine")

@@ -121,12 +121,13 @@ async def test_purge_waits_its_turn_and_browsing_is_not_blocked(broker: BrokerSe
             assert listed.exit_code == 0, listed.output
             assert [(x["queue"], x["messages"]) for x in json.loads(listed.stdout)] == [("work.quarantine", 5)]
             shown = await asyncio.to_thread(cli, broker, "quarantine", "show", "work")
-            assert "5 message(s) shown" in shown.stdout
+            assert "5 of 5 message(s) in work.quarantine shown" in shown.stdout
             exported = await asyncio.to_thread(cli, broker, "quarantine", "export", "work", str(tmp_path / "q.jsonl"))
             assert exported.exit_code == 0, exported.output
             assert len((tmp_path / "q.jsonl").read_text().splitlines()) == 5
-            dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
-            assert "dry run: 5 would be replayed" in dry.stdout
+            dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")  # checks what a replay does
+            assert dry.exit_code == 4, dry.output
+            assert "'work.quarantine' is busy" in dry.stderr
     finally:
         await connection.close()
     purged = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--yes")

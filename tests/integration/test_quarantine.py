@@ -230,7 +230,7 @@ async def test_list_show_export_purge(broker: BrokerSettings, tmp_path: Path):
     assert shown.exit_code == 0
     assert shown.stdout.count("--- job report") == 2
     assert "error:      KeyError: boom" in shown.stdout
-    assert "2 message(s) shown" in shown.stdout
+    assert "2 of 5 message(s) in work.quarantine shown (2 of the 5 looked at match the filters)" in shown.stdout
     out = tmp_path / "q.jsonl"
     exported = await asyncio.to_thread(cli, broker, "quarantine", "export", "work", str(out))
     assert exported.exit_code == 0

@@ -193,8 +193,8 @@ async def test_control_characters_never_forge_a_log_line_or_a_show_line(
     out = show.stdout
     assert [c for c in TERMINAL if c in out] == []
     shown = out.splitlines()
-    ours = ("3 message(s) shown", "next: fixed? amqpjobs replay work.quarantine --canary 1; a lost cause? amqpjobs "
-            "quarantine park work.quarantine")  # fmt: skip
+    ours = ("3 of 3 message(s) in work.quarantine shown", "next: fixed? amqpjobs replay work.quarantine --canary 1; "
+            "a lost cause? amqpjobs quarantine park work.quarantine")  # fmt: skip
     assert [line for line in shown if not (line.startswith(("--- job ", "    ")) or line in ours)] == []
     assert sum(line.startswith("--- job ") for line in shown) == 3
     assert "--- job mail\\x1b[2J\\n2026-11-30" in out

@@ -1,0 +1,38 @@
+"""What the quarantine commands print about the messages they looked at: counts, no-match hints, interruptions."""
+
+from __future__ import annotations
+
+import click
+
+from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.quarantine import ReplayReport, Selection, replay_window
+from amqpjobs.printable import printable
+
+
+def echo_no_match(census: Census, chosen: Selection) -> None:
+    """When the filters matched none of the messages looked at, print (stderr) what is there, with counts."""
+    for line in census.no_match_lines(chosen):
+        click.echo(line, err=True)
+
+
+def shown_line(shown: int, census: Census, limit: int, chosen: Selection) -> str:
+    """``3 of 8 message(s) in work.quarantine shown``, with the filter and ``--limit`` figures when they apply."""
+    line = f"{shown} of {census.depth} message(s) in {printable(census.queue)} shown"
+    if chosen != Selection():
+        line += f" ({census.matched} of the {census.looked_at} looked at match the filters)"
+    if shown >= limit and census.looked_at < census.depth:
+        line += f"; --limit {limit} reached: raise it to see more"
+    return line
+
+
+def interrupted_lines(report: ReplayReport, rate: float, dry_run: bool) -> list[str]:
+    """What a replay stopped by Ctrl-C did: moved, skipped, left, and the jobs that may now be in two places."""
+    if dry_run:
+        return [f"interrupted dry run: {report.replayed} would have moved, {report.skipped} skipped, nothing moved"]
+    window = replay_window(rate)
+    return [
+        f"interrupted: moved {report.replayed}, skipped {report.skipped}, left {report.left} in "
+        f"{printable(report.queue)}",
+        f"up to {window} job(s) in flight at the interrupt (the --rate {rate:g} window) may now be both in "
+        f"{printable(report.queue)} and in their work queue: duplicates, which an idempotent job tolerates",
+    ]

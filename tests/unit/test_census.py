@@ -1,0 +1,36 @@
+"""The no-match hint of the quarantine filters (no broker)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
+
+
+def item(job: str, error_type: str = "ValueError", reason: str = "exhausted", day: int = 1) -> QuarantinedJob:
+    when = datetime(2026, 11, day, 8, tzinfo=UTC)
+    return QuarantinedJob(job, "id", reason, error_type, "boom", 3, when, when, "work", 0, False)
+
+
+def test_the_hint_names_each_filtered_kind_with_counts_and_cuts_long_lists():
+    census = Census(queue="work.quarantine")
+    for n in range(12):
+        census.add(item(f"job{n:02}", day=n + 1), matched=False)
+    census.add(item("job00", error_type="", reason="x-death:expired"), matched=False)
+    chosen = Selection(job="jbo", reason="permanent", since=datetime(2026, 11, 29, tzinfo=UTC))
+    assert census.no_match_lines(chosen) == [
+        "no message matched --job 'jbo' --reason 'permanent' --since '2026-11-29T00:00:00+00:00' among the 13 "
+        "looked at in work.quarantine; present:",
+        "  jobs: job00 (2), job01 (1), job02 (1), job03 (1), job04 (1), job05 (1), job06 (1), job07 (1), job08 (1), "
+        "job09 (1) ... and 2 more",
+        "  reasons: exhausted (12), x-death:expired (1)",
+        "  last failures: 2026-11-01T08:00:00+00:00 to 2026-11-12T08:00:00+00:00",
+    ]
+    assert Census(queue="q").no_match_lines(chosen) == []  # nothing looked at
+    census.add(item("jbo", error_type="\x1b[2J"), matched=True)
+    assert census.no_match_lines(chosen) == []  # something matched
+    other = Census(queue="q")
+    other.add(item("a", error_type="\x1b[2J"), matched=False)
+    assert other.no_match_lines(Selection(error_type="x"))[1] == "  error types: \\x1b[2J (1)"  # escaped
+    assert other.no_match_lines(Selection()) == []  # no filter given
