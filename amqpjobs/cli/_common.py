@@ -68,6 +68,11 @@ def errors_to_exit_codes(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """``--url`` given several times: one comma-separated list (what ``AMQPJOBS_URL`` takes)."""
+    return ",".join(value) or None
+
+
 def url_options(func: F) -> F:
     """Add ``--url`` and ``--management-url`` (with their environment variables) to a command."""
     func = click.option(
@@ -76,7 +81,12 @@ def url_options(func: F) -> F:
         help=f"Management API URL (default: ${MANAGEMENT_URL_ENV}, else the AMQP host, port + 10000).",
     )(func)
     func = click.option(
-        "--url", envvar=URL_ENV, help=f"AMQP URL amqp://user:pass@host:port/vhost (default: ${URL_ENV})."
+        "--url",
+        envvar=URL_ENV,
+        multiple=True,
+        callback=_joined,
+        help=f"AMQP URL amqp://user:pass@host:port/vhost (default: ${URL_ENV}). For a cluster, one per node: "
+        "comma-separated or the option repeated (a comma in a password must be %-encoded as %2C).",
     )(func)
     return func
 

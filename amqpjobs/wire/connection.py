@@ -2,16 +2,17 @@
 
 The first connect is retried with tenacity (a broker still starting refuses
 connections); after that, aio-pika's robust connection reconnects by itself
-(STYLE: "Reconnect is aio-pika's job").
+(STYLE: "Reconnect is aio-pika's job"), to the next node of a cluster when its node
+is gone (``wire/cluster.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 from dataclasses import dataclass
 
-import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
@@ -23,11 +24,13 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.cluster import ClusterConnection, Node, node
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.tls import certificate_problem, refused_certificate
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -110,24 +113,58 @@ def heartbeat_timeout(connection: AbstractRobustConnection) -> float:
     return float(getattr(transport.connection, "heartbeat_timeout", 0) or 0)
 
 
+class _CertificateRefused(Exception):
+    """A node's TLS certificate was refused: not retried, never tried as plain AMQP."""
+
+
+async def _first_answering(nodes: list[Node], name: str) -> AbstractRobustConnection:
+    """A connection to the first of ``nodes`` that answers (each tried once, in order)."""
+    last: BaseException | None = None
+    for i, one in enumerate(nodes):
+        connection = ClusterConnection(nodes, start=i, client_properties={"connection_name": name})
+        try:
+            await connection.connect()
+            return connection
+        except aiormq.exceptions.ProbableAuthenticationError:
+            raise
+        except _CONNECT_ERRORS as exc:
+            refused = refused_certificate(exc)
+            if refused is not None:
+                raise _CertificateRefused(f"TLS: {one.safe_url} refused: {certificate_problem(refused)}") from exc
+            last = exc
+            with contextlib.suppress(Exception):
+                await connection.close()
+    assert last is not None
+    raise last
+
+
 async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "amqpjobs") -> AbstractRobustConnection:
-    """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
+    """Open a robust connection to the first node that answers, retrying for up to ``wait`` seconds.
+
+    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled per
+    process, so that clients spread over the nodes; once connected, a lost connection is
+    re-opened to the next node (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
+    ``amqps://`` nodes are verified (:mod:`amqpjobs.wire.tls`) and never tried as plain AMQP.
 
     Args:
         settings: Broker settings.
-        wait: Seconds to keep retrying a refused first connect (0 = try once).
+        wait: Seconds to keep retrying a refused first connect (0 = each node once).
         name: Connection name shown in the management UI.
 
     Returns:
         An open aio-pika robust connection (it reconnects by itself afterwards).
 
     Raises:
-        BrokerUnavailableError: still unreachable after ``wait`` seconds, or the
-            credentials were refused. The message names the URL without its password.
+        BrokerUnavailableError: no node reachable after ``wait`` seconds; the credentials
+            were refused; or a node's TLS certificate was refused (unknown CA, host name
+            mismatch: the message names which). Messages name URLs without passwords.
+        ConfigurationError: a TLS option of the URL can't be used (unreadable CA file...).
 
     """
     install_lenient_decoding()
     keep_received_properties()
+    nodes = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]
+    random.shuffle(nodes)
     try:
         async for attempt in AsyncRetrying(
             # refused credentials or a missing vhost won't fix themselves: no retry
@@ -138,7 +175,9 @@ async def connect(settings: BrokerSettings, *, wait: float = 30.0, name: str = "
             reraise=True,
         ):
             with attempt:
-                return await aio_pika.connect_robust(settings.url, client_properties={"connection_name": name})
+                return await _first_answering(nodes, name)
+    except _CertificateRefused as exc:
+        raise BrokerUnavailableError(str(exc)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
