@@ -122,7 +122,7 @@ def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | No
 def certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
     """Why the node's certificate was refused, in words (``verify_message`` of OpenSSL)."""
     message = exc.verify_message or exc.reason or str(exc)
-    if exc.verify_code == 62 or "Hostname mismatch" in str(exc):  # X509_V_ERR_HOSTNAME_MISMATCH
+    if exc.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
         return (
             f"host name mismatch ({message}): the certificate does not name this host; "
             "connect by a name it has, or set server_name_indication"
