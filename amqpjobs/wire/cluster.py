@@ -71,6 +71,11 @@ class ClusterConnection(RobustConnection):
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
 
     @property
+    def name(self) -> str:
+        """The connection's name (``client_properties.connection_name``), as the management UI shows it."""
+        return str((self.kwargs.get("client_properties") or {}).get("connection_name", "?"))
+
+    @property
     def node(self) -> Node:
         """The node in use (or being tried)."""
         return self._nodes[self._at]
@@ -82,11 +87,15 @@ class ClusterConnection(RobustConnection):
         self._at = (self._at + 1) % len(self._nodes)
         self.url = URL(self.node.url)
         self.kwargs["context"] = self.node.context
-        log.warning("%s %s: next attempt goes to %s", why, left.safe_url, self.node.safe_url)
+        log.warning("connection %s %s %s: next attempt goes to %s", self.name, why, left.safe_url, self.node.safe_url)
+
+    async def _on_connected(self) -> None:
+        await super()._on_connected()
+        log.info("connection %s connected to %s", self.name, self.node.safe_url)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         if not (self._close_called or self.is_closed):
-            self._move_on("connection lost to")
+            self._move_on("lost")
         await super()._on_connection_close(closing)
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
