@@ -130,6 +130,9 @@ async def test_a_verified_tls_connection_works_for_amqp_and_the_management_api(t
     )
     connection = await connect(by_ip, wait=5, name="tls-sni")
     await connection.close()
+    with ManagementClient(by_ip) as mgmt:
+        assert mgmt.base_url == f"https://127.0.0.1:{tls_node.port + 10000}"
+        assert mgmt.broker_version()[:1] == (3,)
 
 
 async def test_a_wrong_ca_is_refused_naming_the_cause(tls_node: TlsNode):

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
+
 import pytest
+from aio_pika import RobustConnection
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.settings import broker_settings, redact
+from amqpjobs.wire.tls import split_tls_options, ssl_context
 
 TWO = "amqp://guest:s3cret@h1:5701/jobs, amqp://guest:s3cret@h2:5702/jobs"
 
@@ -71,3 +77,30 @@ def test_an_encoded_comma_in_a_password_is_one_url():
     assert s.password == "pa,ss"
     assert len(s.nodes) == 2
     assert s.safe_url == "amqp://u:***@h1/a,amqp://u:***@h2/a"
+
+
+def test_tls_options_are_taken_out_of_the_url_and_checked(tmp_path: Path):
+    plain, options = split_tls_options("amqps://u:p@h:5671/v?heartbeat=5&cacertfile=/ca.pem&verify=verify_peer")
+    assert plain == "amqps://u:p@h:5671/v?heartbeat=5"
+    assert options == {"cacertfile": "/ca.pem", "verify": "verify_peer"}
+    with pytest.raises(
+        ConfigurationError, match="verify='verify_maybe' is not a TLS option; use verify_peer or verify_none"
+    ):
+        ssl_context({"verify": "verify_maybe"})
+    with pytest.raises(ConfigurationError, match="keyfile is given without certfile"):
+        ssl_context({"keyfile": "/k.pem"})
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(ConfigurationError, match=f"cacertfile='{missing}' can't be used"):
+        ssl_context({"cacertfile": str(missing)})
+    verified = ssl_context({})
+    assert (verified.verify_mode, verified.check_hostname) == (ssl.CERT_REQUIRED, True)
+    unverified = ssl_context({"verify": "verify_none"})
+    assert (unverified.verify_mode, unverified.check_hostname) == (ssl.CERT_NONE, False)
+
+
+def test_aio_pika_still_makes_each_connect_attempt_where_the_cluster_connection_hooks_in():
+    # ClusterConnection moves to the next node when an attempt fails by overriding this
+    # name-mangled method of aio-pika's RobustConnection; an aio-pika that renames it must fail here.
+    assert callable(getattr(RobustConnection, "_RobustConnection__connect_transport", None))
+    name = "_RobustConnection__connect_transport"
+    assert getattr(ClusterConnection, name) is not getattr(RobustConnection, name)
