@@ -12,7 +12,8 @@
 # <repo>/.broker/, listeners on 127.0.0.1 only. Local ports come from the environment at `up`:
 #   AMQPJOBS_BROKER_PORT (5682), AMQPJOBS_BROKER_MGMT_PORT (15682), AMQPJOBS_BROKER_DIST_PORT (25682)
 #   AMQPJOBS_BROKER_NODE (amqpjobs@localhost; change it to run a second checkout's node beside this one)
-# and are recorded in .broker/ports for the other commands.
+# and are recorded in .broker/ports for the other commands. AMQPJOBS_BROKER_EXTRA_CONF names a
+# file of rabbitmq.conf lines appended to the node's config at `up` (TLS listeners, say).
 # Progress goes to stderr; stdout carries only URLs / status.
 set -euo pipefail
 
@@ -135,6 +136,9 @@ listeners.tcp.default = 127.0.0.1:$PORT
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MGMT_PORT
 CONF
+  fi
+  if [ -n "${AMQPJOBS_BROKER_EXTRA_CONF:-}" ]; then   # e.g. TLS listeners (tests/integration/test_tls.py)
+    cat "$AMQPJOBS_BROKER_EXTRA_CONF" >>"$B/rabbitmq.conf"
   fi
   echo '[rabbitmq_management,rabbitmq_consistent_hash_exchange].' >"$B/enabled_plugins"
   printf 'PORT=%s\nMGMT_PORT=%s\nDIST_PORT=%s\nNODE=%s\n' "$PORT" "$MGMT_PORT" "$DIST_PORT" "$NODE" >"$B/ports"

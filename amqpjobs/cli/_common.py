@@ -138,6 +138,11 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
     )  # fmt: skip
 
 
+def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """``--url`` given several times: one comma-separated list (what ``AMQPJOBS_URL`` takes)."""
+    return ",".join(value) or None
+
+
 def url_options(func: F) -> F:
     """Add ``--url``, ``--management-url`` and ``--connect-timeout`` (5 s) to a one-shot command."""
     return _url_options(connect_timeout_option(ONE_SHOT_CONNECT_TIMEOUT)(func))
@@ -152,10 +157,15 @@ def _url_options(func: F) -> F:
     func = click.option(
         "--management-url",
         envvar=MANAGEMENT_URL_ENV,
-        help=f"Management API URL (default: ${MANAGEMENT_URL_ENV}, else the AMQP host, port + 10000).",
+        help=f"Management API URL (default: ${MANAGEMENT_URL_ENV}, else each node's AMQP host, port + 10000).",
     )(func)
     func = click.option(
-        "--url", envvar=URL_ENV, help=f"AMQP URL amqp://user:pass@host:port/vhost (default: ${URL_ENV})."
+        "--url",
+        envvar=URL_ENV,
+        multiple=True,
+        callback=_joined,
+        help=f"AMQP URL amqp://user:pass@host:port/vhost (default: ${URL_ENV}). For a cluster, one per node: "
+        "comma-separated or the option repeated (a comma in a password must be %-encoded as %2C).",
     )(func)
     return func
 

@@ -2,18 +2,19 @@
 
 The first connect is retried with tenacity (a broker still starting refuses
 connections); after that, aio-pika's robust connection reconnects by itself
-(STYLE: "Reconnect is aio-pika's job").
+(STYLE: "Reconnect is aio-pika's job"), to the next node of a cluster when its node
+is gone (``wire/cluster.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
@@ -21,16 +22,16 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     retry_if_not_exception_type,
-    stop_after_delay,
-    wait_exponential,
 )
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.cluster import ClusterConnection, Node, node
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.tls import certificate_problem, refused_certificate
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -145,77 +146,135 @@ def quiet_client_loggers() -> Iterator[None]:
             lg.removeFilter(quiet)
 
 
-def _until(deadline: float) -> Callable[[RetryCallState], float]:
-    """Tenacity's ``wait``: 0.2 s doubling up to 2 s, but never past ``deadline`` (the last attempt is at it)."""
-    backoff = wait_exponential(multiplier=0.2, max=2.0)
+class _CertificateRefused(Exception):
+    """A node's TLS certificate was refused: not retried, never tried as plain AMQP."""
+
+
+def _pause(nodes: int, deadline: float) -> Callable[[RetryCallState], float]:
+    """Tenacity's ``wait``: none before the next node of a round, else 0.2 s doubling up to 2 s.
+
+    A round is one attempt at each of ``nodes``; no pause reaches past ``deadline`` (the last
+    attempt is at it).
+    """
 
     def pause(state: RetryCallState) -> float:
-        return max(0.0, min(backoff(state), deadline - time.monotonic()))
+        if state.attempt_number % nodes:
+            return 0.0
+        backoff: float = min(2.0, 0.2 * 2.0 ** (state.attempt_number // nodes - 1))
+        return max(0.0, min(backoff, deadline - time.monotonic()))
 
     return pause
 
 
-def _attempt_line(settings: BrokerSettings, wait: float, started: float) -> Callable[[RetryCallState], None]:
-    """Tenacity's ``before_sleep``: one WARNING line of ours per failed attempt."""
+def _stop(nodes: int, deadline: float) -> Callable[[RetryCallState], bool]:
+    """Tenacity's ``stop``: at ``deadline``, once every node was tried (a 0 s timeout tries each once)."""
+
+    def stop(state: RetryCallState) -> bool:
+        return state.attempt_number >= nodes and time.monotonic() >= deadline
+
+    return stop
+
+
+def _attempt_line(nodes: list[Node], wait: float, started: float) -> Callable[[RetryCallState], None]:
+    """Tenacity's ``before_sleep``: one WARNING line of ours per failed attempt, naming the node tried."""
 
     def line(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         pause = state.next_action.sleep if state.next_action is not None else 0.0
+        tried = nodes[(state.attempt_number - 1) % len(nodes)]
+        after = nodes[state.attempt_number % len(nodes)]
+        following = "retrying" if after is tried else f"trying {after.safe_url}"
         log.warning(
-            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; retrying in %.1fs",
-            settings.safe_url, state.attempt_number, time.monotonic() - started, wait,
-            type(exc).__name__, exc, pause,
+            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; %s in %.1fs",
+            tried.safe_url, state.attempt_number, time.monotonic() - started, wait,
+            type(exc).__name__, exc, following, pause,
         )  # fmt: skip
 
     return line
 
 
+async def _try_node(nodes: list[Node], at: int, name: str) -> AbstractRobustConnection:
+    """A connection to ``nodes[at]`` (its reconnects go on to the next nodes), or the error of this one try."""
+    connection = ClusterConnection(nodes, start=at, client_properties={"connection_name": name})
+    try:
+        await connection.connect()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        refused = refused_certificate(exc) if isinstance(exc, _CONNECT_ERRORS) else None
+        if refused is not None:
+            raise _CertificateRefused(f"TLS: {nodes[at].safe_url} refused: {certificate_problem(refused)}") from exc
+        raise
+    return connection
+
+
 async def connect(
     settings: BrokerSettings, *, wait: float | None = None, name: str = "amqpjobs"
 ) -> AbstractRobustConnection:
-    """Open a robust connection, retrying the first connect for up to ``wait`` seconds.
+    """Open a robust connection to the first node that answers, retrying for up to ``wait`` seconds.
+
+    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled per
+    process, so that clients spread over the nodes; once connected, a lost connection is
+    re-opened to the next node (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
+    ``amqps://`` nodes are verified (:mod:`amqpjobs.wire.tls`) and never tried as plain AMQP.
+
+    Each attempt tries one node; the next node is tried at once, and after a round of all of
+    them the next round waits (0.2 s doubling up to 2 s). ``wait`` bounds the whole (every
+    node is tried at least once). Each failed attempt writes one WARNING line (logger
+    ``amqpjobs.wire``) naming the node, password redacted; the client libraries' own lines
+    are silenced meanwhile (:func:`quiet_client_loggers`).
 
     Each failed attempt writes one WARNING line (logger ``amqpjobs.wire``); the client
     libraries' own lines are silenced meanwhile (:func:`quiet_client_loggers`).
 
     Args:
         settings: Broker settings.
-        wait: Seconds to keep retrying a refused first connect (0 = try once); default
-            ``settings.connect_timeout`` (the CLI's ``--connect-timeout``).
+        wait: Seconds to keep retrying a refused first connect, over all the nodes (0 = each
+            node once); default ``settings.connect_timeout`` (the CLI's ``--connect-timeout``).
         name: Connection name shown in the management UI.
 
     Returns:
         An open aio-pika robust connection (it reconnects by itself afterwards).
 
     Raises:
-        BrokerUnavailableError: still unreachable after ``wait`` seconds, or the
-            credentials were refused. The message names the URL without its password.
+        BrokerUnavailableError: no node reachable after ``wait`` seconds; the credentials
+            were refused; or a node's TLS certificate was refused (unknown CA, host name
+            mismatch: the message names which). Messages name URLs without passwords.
+        ConfigurationError: a TLS option of the URL can't be used (unreadable CA file...).
 
     """
     install_lenient_decoding()
     keep_received_properties()
     wait = settings.connect_timeout if wait is None else wait
     log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)
+    nodes = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]
+    random.shuffle(nodes)
+    started = time.monotonic()
+    attempts = 0
     try:
         with quiet_client_loggers():
             async for attempt in AsyncRetrying(
-                # refused credentials or a missing vhost won't fix themselves: no retry
+                # refused credentials, a missing vhost or a refused certificate won't fix themselves: no retry
                 retry=retry_if_exception_type(_CONNECT_ERRORS)
                 & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
-                stop=stop_after_delay(wait),
-                wait=_until(time.monotonic() + wait),
-                before_sleep=_attempt_line(settings, wait, time.monotonic()),
+                stop=_stop(len(nodes), started + wait),
+                wait=_pause(len(nodes), started + wait),
+                before_sleep=_attempt_line(nodes, wait, started),
                 reraise=True,
             ):
                 with attempt:
-                    return await aio_pika.connect_robust(settings.url, client_properties={"connection_name": name})
+                    attempts += 1
+                    return await _try_node(nodes, (attempts - 1) % len(nodes), name)
+    except _CertificateRefused as exc:
+        raise BrokerUnavailableError(str(exc)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
         ) from exc
     except _CONNECT_ERRORS as exc:
+        last = "" if len(nodes) == 1 else f" (each node tried; the last, {nodes[(attempts - 1) % len(nodes)].safe_url})"
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} unreachable after {wait:g}s: {type(exc).__name__}: {exc}"
+            f"broker at {settings.safe_url} unreachable after {wait:g}s{last}: {type(exc).__name__}: {exc}"
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(

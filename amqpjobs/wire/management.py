@@ -7,6 +7,7 @@ are translated into :class:`~amqpjobs.errors.ManagementApiError` /
 
 from __future__ import annotations
 
+import ssl
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -16,6 +17,7 @@ import httpx
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.topology.plan import ObjectState
 from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
 
 
 def _q(name: str) -> str:
@@ -23,11 +25,16 @@ def _q(name: str) -> str:
 
 
 class ManagementClient:
-    """Synchronous management API client for one broker.
+    """Synchronous management API client for one broker (one node, or any node of a cluster).
 
     Args:
-        settings: Broker settings (management URL and credentials).
+        settings: Broker settings (management URL(s) and credentials).
         timeout: Seconds to wait for each HTTP request.
+
+    With several nodes and no management URL given, a request that can't reach one node's
+    API goes to the next node's (any node of a cluster answers for all of it), and the
+    client stays there. ``https`` uses the TLS options of the first AMQP URL (its
+    ``cacertfile``, ``certfile``/``keyfile``, ``verify``), so the same CA is trusted.
 
     Use as a context manager, or call :meth:`close`.
 
@@ -35,11 +42,16 @@ class ManagementClient:
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
         self.settings = settings
-        self._http = httpx.Client(
-            base_url=settings.management_url,
-            auth=(settings.username, settings.password),
-            timeout=timeout,
-        )
+        self._bases = list(settings.management_urls)
+        verify: ssl.SSLContext | bool = True
+        if any(base.startswith("https://") for base in self._bases):
+            verify = ssl_context(split_tls_options(settings.nodes[0])[1], "management API TLS (from broker URL 1)")
+        self._http = httpx.Client(auth=(settings.username, settings.password), timeout=timeout, verify=verify)
+
+    @property
+    def base_url(self) -> str:
+        """The management API in use (``http(s)://host:port``)."""
+        return self._bases[0]
 
     def __enter__(self) -> ManagementClient:
         return self
@@ -66,25 +78,33 @@ class ManagementClient:
 
         """
         url = f"/api{path}"
-        try:
-            resp = self._http.request(method, url, json=json)
-        except httpx.HTTPError as exc:
-            raise BrokerUnavailableError(
-                f"management API at {self.settings.management_url}{self.settings.management_hint} unreachable: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        failures: list[tuple[str, str]] = []
+        for tried in range(len(self._bases)):
+            try:
+                resp = self._http.request(method, self.base_url + url, json=json)
+                break
+            except httpx.HTTPError as exc:
+                refused = refused_certificate(exc)
+                if refused is not None:  # never tried elsewhere nor without verification
+                    raise BrokerUnavailableError(
+                        f"TLS: management API at {self.base_url} refused: {certificate_problem(refused)}"
+                    ) from exc
+                failures.append((self.base_url, f"{type(exc).__name__}: {exc}"))
+                if not isinstance(exc, httpx.TransportError) or tried + 1 == len(self._bases):
+                    raise BrokerUnavailableError(self._unreachable(failures)) from exc
+                self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last
         if resp.status_code == 404 and allow_404:
             return None
         if resp.status_code == 404 and path != f"/vhosts/{_q(self.settings.vhost)}" and not self._vhost_exists():
             vhost = self.settings.vhost
             raise ManagementApiError(
-                f"vhost {vhost!r} does not exist on {self.settings.management_url} (the vhost is the AMQP URL's "
+                f"vhost {vhost!r} does not exist on {self.base_url} (the vhost is the AMQP URL's "
                 f"path): fix the URL, or create it (rabbitmqctl add_vhost {vhost!r})",
                 404,
             )
         if resp.status_code == 401:
             raise ManagementApiError(
-                f"management API at {self.settings.management_url} refused user "
+                f"management API at {self.base_url} refused user "
                 f"{self.settings.username!r} (401): check the credentials in the URL",
                 401,
             )
@@ -93,6 +113,15 @@ class ManagementClient:
         if not resp.content:
             return None
         return resp.json()
+
+    def _unreachable(self, failures: list[tuple[str, str]]) -> str:
+        """The message for management APIs that could not be reached: each one tried, and why."""
+        hint = self.settings.management_hint
+        if len(failures) == 1:
+            base, why = failures[0]
+            return f"management API at {base}{hint} unreachable: {why}"
+        each = "; ".join(f"{base}: {why}" for base, why in failures)
+        return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}"
 
     def _vhost_exists(self) -> bool:
         """True when the settings' vhost exists (asked after a 404: was it the vhost that was missing?)."""

@@ -1,16 +1,17 @@
-"""Where the broker is: the AMQP URL, its vhost, and the management API URL.
+"""Where the broker is: the AMQP URL (one node, or the nodes of one cluster), vhost, management API.
 
 Settings are read when asked for (never at import time). Credentials stay inside these
-objects: everything printed or logged goes through :func:`redact`.
+objects: everything printed or logged goes through :func:`~amqpjobs.wire.urls.redact`.
+How a list of node URLs is split, checked and redacted lives in :mod:`amqpjobs.wire.urls`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.wire.urls import management_base, parse_node, redact, same_cluster, split_urls, with_path
 
 #: Environment variable read when no URL is given.
 URL_ENV = "AMQPJOBS_URL"
@@ -20,35 +21,25 @@ MANAGEMENT_URL_ENV = "AMQPJOBS_MANAGEMENT_URL"
 MANAGEMENT_PORT_OFFSET = 10000
 
 
-def redact(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***`` (safe to print or log)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    if ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
-
-
 @dataclass(frozen=True)
 class BrokerSettings:
-    """How to reach one vhost of a broker.
+    """How to reach one vhost of a broker (one node, or several nodes of one cluster).
 
     Attributes:
-        url: AMQP URL (``amqp://user:password@host:port/vhost``), with credentials.
-        management_url: Management API base URL (``http://host:15672``), without credentials.
+        url: The AMQP URL as given (``amqp://user:password@host:port/vhost``), with credentials;
+            a comma-separated list for a cluster. Never printed: use :attr:`safe_url`.
+        management_url: Management API base URL (``http://host:15672``), without credentials:
+            the first node's (see :attr:`management_urls`).
         username: User for the management API (from the AMQP URL).
         password: Password for the management API (from the AMQP URL). Never printed.
         vhost: Virtual host from the URL path (``/`` when the path is empty).
-        connect_timeout: Seconds to keep retrying a refused first connect (README
-            "Workers": 30 s for a broker still starting; the CLI's one-shot commands 5 s).
-        management_derived: True when ``management_url`` was derived from the AMQP URL
-            (not given), so an error about it can say so and how to set it.
+        connect_timeout: Seconds to keep retrying a refused first connect, over all the nodes
+            (README "Workers": 30 s for a broker still starting; the CLI's one-shot commands 5 s).
+        management_derived: True when the management URL(s) were derived from the AMQP URL(s)
+            (not given), so an error about one can say so and how to set it.
+        nodes: One AMQP URL per node, in the order given (a connection shuffles them).
+        management_urls: The management API of each node (derived: same host, AMQP port +
+            10000), or the one management URL given.
 
     """
 
@@ -59,29 +50,42 @@ class BrokerSettings:
     vhost: str
     connect_timeout: float = 30.0
     management_derived: bool = False
+    nodes: tuple[str, ...] = ()
+    management_urls: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            object.__setattr__(self, "nodes", tuple(split_urls(self.url)))
+        if not self.management_urls:
+            object.__setattr__(self, "management_urls", (self.management_url,))
 
     @property
     def safe_url(self) -> str:
-        """The AMQP URL with its password redacted."""
+        """The AMQP URL (every node's) with its passwords redacted."""
         return redact(self.url)
 
+    @property
+    def tls(self) -> bool:
+        """Whether the nodes are reached over TLS (``amqps://``)."""
+        return self.nodes[0].lower().startswith("amqps://")
+
     def with_vhost(self, vhost: str) -> BrokerSettings:
-        """The same broker, another vhost."""
-        parts = urlsplit(self.url)
-        url = urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, ""))
-        return replace(self, url=url, vhost=vhost)
+        """The same broker (every node), another vhost."""
+        nodes = tuple(with_path(node, vhost) for node in self.nodes)
+        return replace(self, url=",".join(nodes), vhost=vhost, nodes=nodes)
 
     def with_connect_timeout(self, seconds: float) -> BrokerSettings:
-        """The same broker, retrying a refused first connect for ``seconds``."""
+        """The same broker, retrying a refused first connect for ``seconds`` (over all the nodes)."""
         return replace(self, connect_timeout=seconds)
 
     @property
     def management_hint(self) -> str:
-        """Where the management URL came from and how to set it (for error messages)."""
+        """Where the management URL came from and how to set it (for error messages; "" when given)."""
         if not self.management_derived:
             return ""
+        source = "each node's AMQP URL" if len(self.nodes) > 1 else "the AMQP URL"
         return (
-            f" (derived from the AMQP URL: its host, port + {MANAGEMENT_PORT_OFFSET}; give the right one with "
+            f" (derived from {source}: its host, port + {MANAGEMENT_PORT_OFFSET}; give the right one with "
             f"--management-url or ${MANAGEMENT_URL_ENV})"
         )
 
@@ -90,42 +94,43 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     """Build settings from arguments, falling back to ``AMQPJOBS_URL`` / ``AMQPJOBS_MANAGEMENT_URL``.
 
     Args:
-        url: AMQP URL; default ``$AMQPJOBS_URL``.
+        url: AMQP URL, or a comma-separated list of the AMQP URLs of a cluster's nodes;
+            default ``$AMQPJOBS_URL``.
         management_url: Management API URL; default ``$AMQPJOBS_MANAGEMENT_URL``, else
-            derived from ``url``: same host, port + 10000 (5672 → 15672), ``http``
+            derived from each node's URL: same host, port + 10000 (5672 → 15672), ``http``
             (``https`` for ``amqps``). Credentials in it are ignored; the AMQP URL's are used.
 
     Raises:
-        ConfigurationError: no URL given, or the URL is not an ``amqp://``/``amqps://`` URL.
+        ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; or
+            the items of a list differ in scheme, vhost, user or password (the message names
+            which item and which of these; it never shows a password).
 
     """
     url = url or os.environ.get(URL_ENV)
-    if not url:
+    if not url or not split_urls(url):
         raise ConfigurationError(f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigurationError(f"bad broker URL {redact(url)}: {exc}") from None
-    if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-        raise ConfigurationError(f"bad broker URL {redact(url)}: expected amqp://user:pass@host:port/vhost")
-    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    nodes = split_urls(url)
+    parsed = [parse_node(node, i, len(nodes)) for i, node in enumerate(nodes, start=1)]
+    same_cluster(nodes, parsed)
+    first = parsed[0]
     management_url = management_url or os.environ.get(MANAGEMENT_URL_ENV)
     derived = not management_url
-    if not management_url:
-        amqp_port = port or (5671 if parts.scheme == "amqps" else 5672)
-        scheme = "https" if parts.scheme == "amqps" else "http"
-        management_url = f"{scheme}://{parts.hostname}:{amqp_port + MANAGEMENT_PORT_OFFSET}"
-    mparts = urlsplit(management_url)
-    mhost = mparts.hostname or ""
-    management_url = urlunsplit(
-        (mparts.scheme, mhost + (f":{mparts.port}" if mparts.port else ""), mparts.path.rstrip("/"), "", "")
-    )
+    if management_url:
+        management_urls = [management_base(management_url)]
+    else:
+        mscheme = "https" if first.scheme == "amqps" else "http"
+        default_port = 5671 if first.scheme == "amqps" else 5672
+        management_urls = [
+            management_base(f"{mscheme}://{one.host}:{(one.port or default_port) + MANAGEMENT_PORT_OFFSET}")
+            for one in parsed
+        ]
     return BrokerSettings(
-        url=url,
-        management_url=management_url,
-        username=unquote(parts.username or "guest"),
-        password=unquote(parts.password or "guest"),
-        vhost=vhost,
+        url=",".join(nodes),
+        management_url=management_urls[0],
+        username=first.user,
+        password=first.password,
+        vhost=first.vhost,
         management_derived=derived,
+        nodes=tuple(nodes),
+        management_urls=tuple(dict.fromkeys(management_urls)),
     )

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs.wire.settings import BrokerSettings, redact
+from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.urls import redact
 from tests.integration.helpers import ROOT, TOPOLOGY, depth
 from tests.integration.worker_env import make_app
 

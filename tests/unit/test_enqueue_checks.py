@@ -9,7 +9,8 @@ import pytest
 from amqpjobs import App
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.topology.loader import load_topology
-from amqpjobs.wire.settings import broker_settings, redact
+from amqpjobs.wire.settings import broker_settings
+from amqpjobs.wire.urls import redact
 
 TOPOLOGY = """
 [[exchange]]

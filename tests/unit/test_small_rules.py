@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from amqpjobs import App, ConfigurationError, JobContext, RetryPolicy
 from amqpjobs.durations import parse_duration
 from amqpjobs.jobs.envelope import MAX_JSON_DEPTH, DecodeError, decode_body, encode_payload, job_message
-from amqpjobs.wire.settings import redact
+from amqpjobs.wire.urls import redact
 
 
 class Order(BaseModel):

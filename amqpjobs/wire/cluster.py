@@ -1,0 +1,112 @@
+"""A robust connection that knows every node of a cluster and moves on to the next when its node goes.
+
+aio-pika's :class:`~aio_pika.RobustConnection` reconnects (and restores channels, queues,
+consumers and our re-declare hooks) to the one URL it was made with. This subclass keeps
+all of that and only changes *where* it reconnects: when the connection to a node is lost,
+or an attempt to reach a node fails, the next attempt goes to the next node of the list
+(RabbitMQ "Clustering" → "Clients connecting to a cluster": a client should know several
+nodes and try another when one is unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+from aio_pika import RobustConnection
+from yarl import URL
+
+from amqpjobs.wire.tls import split_tls_options, ssl_context
+from amqpjobs.wire.urls import redact
+
+log = logging.getLogger("amqpjobs.wire")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node to connect to.
+
+    Attributes:
+        url: Its AMQP URL without RabbitMQ's TLS query options (aio-pika's form).
+        context: The TLS context for ``amqps://`` (None for plain ``amqp://``).
+        safe_url: The URL as given, password redacted (for messages).
+
+    """
+
+    url: str
+    context: ssl.SSLContext | None
+    safe_url: str
+
+
+def node(url: str, position: int = 1) -> Node:
+    """The :class:`Node` of one AMQP URL; ``amqps://`` gets a verifying TLS context.
+
+    Raises:
+        ConfigurationError: a TLS option can't be used (see :func:`amqpjobs.wire.tls.ssl_context`).
+
+    """
+    plain, options = split_tls_options(url)
+    tls = url.lower().startswith("amqps://")
+    context = ssl_context(options, f"broker URL {position} ({redact(url)})") if tls else None
+    return Node(plain, context, redact(url))
+
+
+class ClusterConnection(RobustConnection):
+    """aio-pika's robust connection over several nodes (one of them in use at a time).
+
+    Args:
+        nodes: The nodes, in the order to try them (the caller shuffles).
+        start: Index of the node to connect to first.
+        **kwargs: Passed to :class:`aio_pika.RobustConnection` (``client_properties``...).
+
+    """
+
+    def __init__(self, nodes: list[Node], start: int = 0, **kwargs: Any) -> None:
+        self._nodes = nodes
+        self._at = start % len(nodes)
+        self._was_connected = False  # a failed first connect is reported by connect()'s own line
+        first = nodes[self._at]
+        super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
+
+    @property
+    def name(self) -> str:
+        """The connection's name (``client_properties.connection_name``), as the management UI shows it."""
+        return str((self.kwargs.get("client_properties") or {}).get("connection_name", "?"))
+
+    @property
+    def node(self) -> Node:
+        """The node in use (or being tried)."""
+        return self._nodes[self._at]
+
+    def _move_on(self, why: str) -> None:
+        if len(self._nodes) < 2:
+            return
+        left = self._nodes[self._at]
+        self._at = (self._at + 1) % len(self._nodes)
+        self.url = URL(self.node.url)
+        self.kwargs["context"] = self.node.context
+        if self._was_connected:
+            log.warning(
+                "connection %s %s %s: next attempt goes to %s", self.name, why, left.safe_url, self.node.safe_url
+            )
+
+    async def _on_connected(self) -> None:
+        await super()._on_connected()
+        self._was_connected = True
+        log.info("connection %s connected to %s", self.name, self.node.safe_url)
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        if not (self._close_called or self.is_closed):
+            self._move_on("lost")
+        await super()._on_connection_close(closing)
+
+    # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
+    async def _RobustConnection__connect_transport(self) -> None:
+        try:
+            await super()._RobustConnection__connect_transport()  # type: ignore[misc]
+        except Exception:
+            self._move_on("could not reach")
+            raise

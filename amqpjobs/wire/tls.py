@@ -1,0 +1,135 @@
+"""TLS for ``amqps://`` URLs and the management API: RabbitMQ's URI query options, verified by default.
+
+RabbitMQ "URI Query Parameters" (``uri-query-parameters.html``) names the TLS options a
+client takes in the query of an ``amqps://`` URL; this module turns them into one
+:class:`ssl.SSLContext`:
+
+- ``cacertfile``: PEM file of the CA(s) to trust (default: the system's trust store);
+- ``certfile`` / ``keyfile``: the client's certificate and key (peer verification by the node);
+- ``verify``: ``verify_peer`` (default) or ``verify_none`` (no certificate check at all: only
+  when written in the URL, never as a fallback);
+- ``server_name_indication``: the host name to send (SNI) and to check the node's certificate
+  against, when it is not the URL's host; ``disable`` sends none (and checks none).
+
+An ``amqps://`` URL is never tried as plain AMQP, and a refused certificate is never retried.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from amqpjobs.errors import ConfigurationError
+
+#: The TLS options of RabbitMQ's URI specification this module reads from an ``amqps://`` query.
+TLS_OPTIONS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
+
+
+class _NamedContext(ssl.SSLContext):
+    """An SSLContext that sends (and checks) ``server_name`` instead of the host connected to."""
+
+    server_name: str | None = None
+
+    def wrap_socket(
+        self,
+        sock: Any,
+        server_side: bool = False,
+        do_handshake_on_connect: bool = True,
+        suppress_ragged_eofs: bool = True,
+        server_hostname: Any = None,
+        session: Any = None,
+    ) -> Any:
+        return super().wrap_socket(
+            sock, server_side, do_handshake_on_connect, suppress_ragged_eofs, self.server_name, session
+        )
+
+    def wrap_bio(
+        self, incoming: Any, outgoing: Any, server_side: bool = False, server_hostname: Any = None, session: Any = None
+    ) -> Any:
+        return super().wrap_bio(incoming, outgoing, server_side, self.server_name, session)
+
+
+def split_tls_options(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without RabbitMQ's TLS query options, and those options (``{name: value}``)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = {k: v for k, v in query if k in TLS_OPTIONS}
+    rest = [(k, v) for k, v in query if k not in TLS_OPTIONS]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)), options
+
+
+def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLContext:
+    """The client TLS context for RabbitMQ's URI TLS ``options`` (see the module docstring).
+
+    Args:
+        options: Query options of an ``amqps://`` URL (only :data:`TLS_OPTIONS` are read).
+        where: What the options came from, for error messages (never with credentials).
+
+    Returns:
+        A context that verifies the node's certificate chain and host name unless
+        ``verify=verify_none``.
+
+    Raises:
+        ConfigurationError: an unknown ``verify`` value, a ``keyfile`` without ``certfile``, or
+            a file that can't be read or is not PEM (the message names the option and file).
+
+    """
+    verify = options.get("verify", "verify_peer")
+    if verify not in ("verify_peer", "verify_none"):
+        raise ConfigurationError(f"{where}: verify={verify!r} is not a TLS option; use verify_peer or verify_none")
+    if "keyfile" in options and "certfile" not in options:
+        raise ConfigurationError(f"{where}: keyfile is given without certfile; give both, or neither")
+    sni = options.get("server_name_indication")
+    context: ssl.SSLContext = _NamedContext(ssl.PROTOCOL_TLS_CLIENT) if sni else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if sni and isinstance(context, _NamedContext):
+        context.server_name = None if sni == "disable" else sni
+        if sni == "disable":
+            context.check_hostname = False
+    option = ""
+    try:
+        if "cacertfile" in options:
+            option = "cacertfile"
+            context.load_verify_locations(cafile=options[option])
+        if "certfile" in options:
+            option = "certfile"
+            context.load_cert_chain(options[option], options.get("keyfile"))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"{where}: {option}={options[option]!r} can't be used: {exc}") from exc
+    if "cacertfile" not in options:
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if verify == "verify_none":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error in ``exc``'s chain (cause/context/args), if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return e
+        todo.extend(x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException))
+    return None
+
+
+def certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
+    """Why the node's certificate was refused, in words (``verify_message`` of OpenSSL)."""
+    message = exc.verify_message or exc.reason or str(exc)
+    if exc.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+        return (
+            f"host name mismatch ({message}): the certificate does not name this host; "
+            "connect by a name it has, or set server_name_indication"
+        )
+    if exc.verify_code in (2, 19, 20, 21):  # unknown issuer / self-signed chain
+        return (
+            f"unknown CA ({message}): the certificate is not signed by a trusted CA; "
+            "set cacertfile to the CA that signed it"
+        )
+    return message

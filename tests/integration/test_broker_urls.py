@@ -1,0 +1,96 @@
+"""Several broker URLs against a real broker: a dead node in the list is skipped, every URL is redacted."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from amqpjobs import App
+from amqpjobs.wire.cluster import ClusterConnection
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from tests.integration.helpers import ROOT, depth
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (nor on port + 10000: the derived management API)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port + 10000)) != 0:
+                    return port
+
+
+def dead_and_live(broker: BrokerSettings) -> tuple[str, str]:
+    """A URL of a node that isn't there (same credentials and vhost), and the test broker's URL."""
+    live = urlsplit(broker.nodes[0])
+    dead = live._replace(netloc=f"{live.username}:{live.password}@127.0.0.1:{closed_port()}")
+    return urlunsplit(dead), broker.nodes[0]
+
+
+async def test_a_dead_node_in_the_list_is_skipped_whatever_the_shuffled_order(broker: BrokerSettings, tmp_path: Path):
+    dead, live = dead_and_live(broker)
+    listed = broker_settings(f"{dead},{live}", broker.management_url)
+    for _ in range(6):  # 6 shuffles: both orders, but for a chance of 1/32
+        connection = await connect(listed, wait=5, name="listed")
+        assert isinstance(connection, ClusterConnection)
+        assert connection.node.url == live
+        await connection.close()
+    applied = await make_app(broker, tmp_path)  # the topology, applied to the test vhost
+    app = App("test", topology=applied.topology(), url=listed.url)
+    app.job("echo", queue="work")(lambda p, c: None)
+    await app.enqueue("echo", {}, job_id="via-list")
+    await app.close()
+    assert await depth(broker, "work") == 1
+
+
+def test_the_management_client_moves_to_a_node_that_answers(broker: BrokerSettings):
+    dead, live = dead_and_live(broker)
+    listed = broker_settings(f"{dead},{live}")
+    assert len(listed.management_urls) == 2
+    with ManagementClient(listed) as mgmt:
+        assert mgmt.queue(broker.vhost, "nothing-here") is None
+        assert mgmt.base_url == listed.management_urls[1]
+
+
+def run(args: list[str], url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQPJOBS_")}
+    if url is not None:
+        env["AMQPJOBS_URL"] = url
+    exe = Path(sys.executable).with_name("amqpjobs")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+
+def test_the_cli_takes_the_url_repeated_or_a_list_and_never_prints_a_password(broker: BrokerSettings, tmp_path: Path):
+    dead, live = dead_and_live(broker)
+    topo = tmp_path / "t.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    repeated = run(["topology", "plan", str(topo), "--url", dead, "--url", live])
+    assert repeated.returncode == 0, repeated.stderr
+    dead_port, live_port = urlsplit(dead).port, urlsplit(live).port
+    vhost = urlsplit(live).path
+    assert f"broker amqp://guest:***@127.0.0.1:{dead_port}{vhost},amqp://guest:***@127.0.0.1:{live_port}{vhost}" in (
+        repeated.stdout
+    )
+    listed = run(["topology", "plan", str(topo)], url=f"{live}, {dead}")
+    assert listed.returncode == 0, listed.stderr
+    other_vhost = urlunsplit(urlsplit(dead)._replace(path="/elsewhere"))
+    refused = run(["topology", "plan", str(topo)], url=f"{live},{other_vhost}")
+    assert refused.returncode == 2
+    assert "broker URL 2 (amqp://guest:***@127.0.0.1:" in refused.stderr
+    assert f"names vhost 'elsewhere' but broker URL 1 names '{broker.vhost}'" in refused.stderr
+    for out in (repeated, listed, refused):
+        assert "guest:guest" not in out.stdout + out.stderr

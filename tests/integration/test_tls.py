@@ -1,0 +1,171 @@
+"""Verified TLS against a dedicated local node with a TLS listener and a CA made by the test (issue 23).
+
+The node is a scripts/broker.sh node of Debian's rabbitmq-server with its own name, ports,
+data dir and config (``AMQPJOBS_BROKER_EXTRA_CONF`` adds the TLS listeners): a TLS listener
+needs its certificates at boot, so the shared test broker can't serve. It is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.connection import broker_info, connect
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import broker_settings
+from tests.integration.helpers import ROOT
+from tests.integration.test_chaos import cluster_unavailable
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # always the host's 3.10 node
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` loopback ports, each free together with port + 10000 (the derived management port)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port + 10000 < 65536 and port not in ports:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port + 10000)) != 0:
+                    ports.append(port)
+    return ports
+
+
+@dataclass(frozen=True)
+class TlsNode:
+    """The dedicated node: AMQPS on ``port``, management HTTPS on ``port + 10000``; the CA's PEM file."""
+
+    port: int
+    ca_file: Path
+    other_ca_file: Path
+
+
+@pytest.fixture(scope="module")
+def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
+    reason = cluster_unavailable()
+    if reason is not None:
+        pytest.skip(reason.replace("scripts/cluster.sh", "the TLS node (scripts/broker.sh)"))
+    d = tmp_path_factory.mktemp("tls")
+    ca, other_ca = trustme.CA(), trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    other_ca.cert_pem.write_to_path(str(d / "other-ca.pem"))
+    server = ca.issue_cert("localhost")  # not 127.0.0.1: connecting by IP is a host name mismatch
+    server.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
+    tls_port, amqp_port, dist_port = free_ports(3)
+    (d / "extra.conf").write_text(
+        f"listeners.ssl.default = 127.0.0.1:{tls_port}\n"
+        f"ssl_options.cacertfile = {d / 'ca.pem'}\n"
+        f"ssl_options.certfile = {d / 'server.pem'}\n"
+        f"ssl_options.keyfile = {d / 'server.pem'}\n"
+        "ssl_options.verify = verify_none\n"
+        "ssl_options.fail_if_no_peer_cert = false\n"
+        "management.ssl.ip = 127.0.0.1\n"
+        f"management.ssl.port = {tls_port + 10000}\n"
+        f"management.ssl.cacertfile = {d / 'ca.pem'}\n"
+        f"management.ssl.certfile = {d / 'server.pem'}\n"
+        f"management.ssl.keyfile = {d / 'server.pem'}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMQPJOBS_", "RABBITMQ_"))}
+    env.update(
+        AMQPJOBS_BROKER_DIR=str(d / "node"),
+        AMQPJOBS_BROKER_NODE=f"amqpjobs-tls-{uuid.uuid4().hex[:6]}@localhost",
+        AMQPJOBS_BROKER_PORT=str(amqp_port),
+        AMQPJOBS_BROKER_MGMT_PORT=str(amqp_port + 10000),
+        AMQPJOBS_BROKER_DIST_PORT=str(dist_port),
+        AMQPJOBS_BROKER_EXTRA_CONF=str(d / "extra.conf"),
+    )
+    (d / "node").mkdir()
+    (d / "node" / "mode").write_text("local\n")  # never Docker: the node needs our files
+    broker = ["bash", str(ROOT / "scripts" / "broker.sh")]
+    up = subprocess.run([*broker, "up"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"the TLS node did not start:\n{up.stderr[-3000:]}")
+        yield TlsNode(tls_port, d / "ca.pem", d / "other-ca.pem")
+    finally:
+        subprocess.run([*broker, "down"], env=env, capture_output=True, timeout=300)  # stops it by its pid file
+
+
+def named(connection: dict[str, Any], name: str) -> bool:
+    return bool((connection.get("client_properties") or {}).get("connection_name") == name)
+
+
+def url(node: TlsNode, host: str = "localhost", **options: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    return f"amqps://guest:guest@{host}:{node.port}/?{query}"
+
+
+async def test_a_verified_tls_connection_works_for_amqp_and_the_management_api(tls_node: TlsNode):
+    settings = broker_settings(url(tls_node, cacertfile=str(tls_node.ca_file)))
+    assert settings.management_url == f"https://localhost:{tls_node.port + 10000}"
+    connection = await connect(settings, wait=5, name="tls")
+    try:
+        assert broker_info(connection).product == "RabbitMQ"
+        with ManagementClient(settings) as mgmt:
+            assert mgmt.broker_version()[:1] == (3,)
+            deadline = time.monotonic() + 10
+            while not (mine := [c for c in mgmt.request("GET", "/connections") if named(c, "tls")]):
+                assert time.monotonic() < deadline, "the broker never listed the connection"
+                await asyncio.sleep(0.2)
+        assert [(c["ssl"], c["port"]) for c in mine] == [(True, tls_node.port)]
+    finally:
+        await connection.close()
+    # by IP address, naming the certificate's host for SNI and verification
+    by_ip = broker_settings(
+        url(tls_node, "127.0.0.1", cacertfile=str(tls_node.ca_file), server_name_indication="localhost")
+    )
+    connection = await connect(by_ip, wait=5, name="tls-sni")
+    await connection.close()
+    with ManagementClient(by_ip) as mgmt:
+        assert mgmt.base_url == f"https://127.0.0.1:{tls_node.port + 10000}"
+        assert mgmt.broker_version()[:1] == (3,)
+
+
+async def test_a_wrong_ca_is_refused_naming_the_cause(tls_node: TlsNode):
+    settings = broker_settings(url(tls_node, cacertfile=str(tls_node.other_ca_file)))
+    with pytest.raises(BrokerUnavailableError, match=r"TLS: amqps://guest:\*\*\*@localhost:\d+/.* refused: unknown CA"):
+        await connect(settings, wait=5)
+    with (
+        ManagementClient(settings) as mgmt,
+        pytest.raises(
+            BrokerUnavailableError, match=r"TLS: management API at https://localhost:\d+ refused: unknown CA"
+        ),
+    ):
+        mgmt.overview()
+    # no cacertfile: the system's trust store, which does not know the test's CA either
+    with pytest.raises(BrokerUnavailableError, match="refused: unknown CA"):
+        await connect(broker_settings(url(tls_node)), wait=5)
+
+
+async def test_a_host_name_the_certificate_does_not_name_is_refused(tls_node: TlsNode):
+    settings = broker_settings(url(tls_node, "127.0.0.1", cacertfile=str(tls_node.ca_file)))
+    with pytest.raises(BrokerUnavailableError, match=r"refused: host name mismatch .*127\.0\.0\.1"):
+        await connect(settings, wait=5)
+    with ManagementClient(settings) as mgmt, pytest.raises(BrokerUnavailableError, match="refused: host name mismatch"):
+        mgmt.overview()
+    # a name (sent as SNI, checked against the certificate) that the certificate does not have
+    named_wrong = broker_settings(
+        url(tls_node, "127.0.0.1", cacertfile=str(tls_node.ca_file), server_name_indication="elsewhere.test")
+    )
+    with pytest.raises(BrokerUnavailableError, match=r"refused: host name mismatch .*'elsewhere\.test'"):
+        await connect(named_wrong, wait=5)
+
+
+async def test_verify_none_is_taken_only_when_written(tls_node: TlsNode):
+    settings = broker_settings(url(tls_node, "127.0.0.1", verify="verify_none"))
+    connection = await connect(settings, wait=5, name="tls-unverified")
+    await connection.close()
