@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from amqpjobs import App
+from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import ROOT, depth
-from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+from tests.integration.worker_env import APPLIED_TOPOLOGY, FAST_TOPOLOGY, make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -66,8 +71,8 @@ def test_the_management_client_moves_to_a_node_that_answers(broker: BrokerSettin
         assert mgmt.base_url == listed.management_urls[1]
 
 
-def run(args: list[str], url: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQPJOBS_")}
+def run(args: list[str], url: str | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQPJOBS_")} | extra
     if url is not None:
         env["AMQPJOBS_URL"] = url
     exe = Path(sys.executable).with_name("amqpjobs")
@@ -94,3 +99,61 @@ def test_the_cli_takes_the_url_repeated_or_a_list_and_never_prints_a_password(br
     assert f"names vhost 'elsewhere' but broker URL 1 names '{broker.vhost}'" in refused.stderr
     for out in (repeated, listed, refused):
         assert "guest:guest" not in out.stdout + out.stderr
+
+
+def test_connect_timeout_covers_every_node_with_one_line_per_attempt_naming_it(tmp_path: Path):
+    """Issue 21's --connect-timeout over issue 23's list: each attempt one node, its line naming it, redacted."""
+    ports = [closed_port(), closed_port()]
+    url = ",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports)
+    topo = tmp_path / "t.toml"
+    topo.write_text(FAST_TOPOLOGY)
+    consume = ["consume", "tests.integration.procapp:app"]
+    started = time.monotonic()
+    out = run([*consume, "--connect-timeout", "1s"], url=url, PROCAPP_TOPOLOGY=str(topo))
+    took = time.monotonic() - started
+    assert out.returncode == 3, out.stderr
+    lines = out.stderr.strip().splitlines()
+    attempts = [line for line in lines if "not reachable (attempt" in line]
+    assert lines == [*attempts, lines[-1]], out.stderr  # only our lines, then the error
+    assert len(attempts) >= 3, out.stderr  # both nodes (no pause between), then a round after 0.2 s
+    named = [
+        re.search(r"broker at amqp://guest:\*\*\*@127\.0\.0\.1:(\d+)/jobs not reachable", line) for line in attempts
+    ]
+    assert all(named), attempts
+    tried = [int(m.group(1)) for m in named if m]
+    assert set(tried[:2]) == set(ports)  # the first round tries each node once, in a shuffled order
+    assert all(a != b for a, b in itertools.pairwise(tried))  # then the next node, in turn
+    assert f"trying amqp://guest:***@127.0.0.1:{tried[1]}/jobs in 0.0s" in attempts[0]
+    assert "unreachable after 1s (each node tried; the last, amqp://guest:***@127.0.0.1:" in lines[-1]
+    assert "s3cret" not in out.stdout + out.stderr
+    assert "aiormq" not in out.stderr
+    assert 1 <= took < 8, took
+
+
+async def test_a_zero_connect_timeout_still_tries_every_node_once(caplog: pytest.LogCaptureFixture):
+    ports = [closed_port(), closed_port()]
+    listed = broker_settings(",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports))
+    caplog.set_level(logging.WARNING, "amqpjobs.wire")
+    with pytest.raises(BrokerUnavailableError, match=r"unreachable after 0s \(each node tried; the last, "):
+        await connect(listed, wait=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.wire"]
+    assert len(lines) == 1, lines  # the first node's line; the second's failure is the error
+    assert "(attempt 1, " in lines[0]
+
+
+def test_a_derived_management_url_per_node_says_so_naming_each_node(tmp_path: Path):
+    ports = [closed_port(), closed_port()]
+    listed = broker_settings(",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports))
+    with ManagementClient(listed, timeout=2) as mgmt, pytest.raises(BrokerUnavailableError) as caught:
+        mgmt.overview()
+    message = str(caught.value)
+    assert message.startswith(
+        "management API unreachable on each of 2 nodes (derived from each node's AMQP URL: its host, port + 10000; "
+        "give the right one with --management-url or $AMQPJOBS_MANAGEMENT_URL): "
+    ), message
+    for port in ports:
+        assert f"http://127.0.0.1:{port + 10000}: ConnectError" in message
+    given = broker_settings(listed.url, f"http://127.0.0.1:{ports[0] + 10000}")
+    with ManagementClient(given, timeout=2) as mgmt, pytest.raises(BrokerUnavailableError) as caught:
+        mgmt.overview()
+    assert str(caught.value).startswith(f"management API at http://127.0.0.1:{ports[0] + 10000} unreachable: ")
