@@ -224,9 +224,6 @@ async def connect(
     ``amqpjobs.wire``) naming the node, password redacted; the client libraries' own lines
     are silenced meanwhile (:func:`quiet_client_loggers`).
 
-    Each failed attempt writes one WARNING line (logger ``amqpjobs.wire``); the client
-    libraries' own lines are silenced meanwhile (:func:`quiet_client_loggers`).
-
     Args:
         settings: Broker settings.
         wait: Seconds to keep retrying a refused first connect, over all the nodes (0 = each
