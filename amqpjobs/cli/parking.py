@@ -6,8 +6,10 @@ import asyncio
 
 import click
 
+from amqpjobs.cli._census import echo_no_match
 from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
 from amqpjobs.cli.quarantine import quarantine
+from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
 from amqpjobs.runtime.parking import park
@@ -35,7 +37,8 @@ def quarantine_park(
     if not yes:
         what = "every message" if chosen == Selection() else "the matching messages"
         click.confirm(f"Park {what} of quarantine {queue!r} on {broker.safe_url}?", abort=True)
-    report = asyncio.run(park(broker, queue, chosen))
+    census = Census()
+    report = asyncio.run(park(broker, queue, chosen, census))
     click.echo(
         f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
         f"{report.left} left in {printable(report.queue)}"
@@ -44,3 +47,4 @@ def quarantine_park(
         click.echo(f"next: amqpjobs quarantine list {printable(report.queue)} (what is still quarantined)")
     else:
         click.echo(f"next: amqpjobs status (parked jobs do not make it unhealthy; they wait in {report.target})")
+    echo_no_match(census, chosen)

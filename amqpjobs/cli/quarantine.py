@@ -147,8 +147,10 @@ def quarantine_purge(
         what = "the matching messages" if filtered else "every message"
         click.confirm(f"Delete {what} in quarantine {queue!r} on {broker.safe_url}?", abort=True)
     if filtered:
-        report = asyncio.run(purge_matching(broker, queue, chosen))
-        click.echo(f"purged {report.taken} message(s) from {report.queue}; {report.left} left")
+        census = Census()
+        report = asyncio.run(purge_matching(broker, queue, chosen, census))
+        click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
+        echo_no_match(census, chosen)
         return
     name, removed = asyncio.run(purge(broker, queue))
     click.echo(f"purged {removed} message(s) from {name}")
