@@ -22,7 +22,7 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._root import main
 from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
-from amqpjobs.cli.next_steps import after_list, after_show, filter_args
+from amqpjobs.cli.next_steps import after_list, after_show
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
@@ -111,7 +111,7 @@ def quarantine_show(
     if not as_json:
         click.echo(shown_line(len(messages), census, limit, chosen))
         if messages:
-            click.echo(after_show(messages[0].delivery.queue, filter_args(job, error_type, reason, since)))
+            click.echo(after_show(messages[0].delivery.queue, chosen))
     echo_no_match(census, chosen)
 
 
@@ -224,7 +224,7 @@ def replay_command(
     phases(report)
     click.echo(_replay_summary(report))
     if report.canary_failures and canary is not None:
-        for line in failure_lines(report, canary, filter_args(job, error_type, reason, since)):
+        for line in failure_lines(report, canary, options.selection):
             click.echo(line, err=True)
         sys.exit(EXIT_FOUND)
     if report.stopped_early:
