@@ -74,9 +74,7 @@ async def _take(
         try:
             async for delivery in browser.deliveries(queue, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                matched = selection.matches(item)
-                census.add(item, matched)
-                if not matched:
+                if not census.matches(item, selection):
                     report.kept += 1
                     continue
                 lock.check()

@@ -208,9 +208,7 @@ async def browse(
         try:
             async for delivery in browser.deliveries(queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                matched = selection.matches(item)
-                census.add(item, matched)
-                if matched:
+                if census.matches(item, selection):
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:
                         break
@@ -286,9 +284,7 @@ def replay_move(
     item = q.describe(delivery.headers, delivery.message_id, delivery.type)
     target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
-    matched = options.selection.matches(item)
-    if census is not None:
-        census.add(item, matched)
+    matched = (census or Census()).matches(item, options.selection)
     if ours or not target or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
