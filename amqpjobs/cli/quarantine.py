@@ -25,10 +25,11 @@ from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_show
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
+from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.parking import purge_matching
-from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
+from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
+from amqpjobs.runtime.replay import replay
 
 
 @main.group()

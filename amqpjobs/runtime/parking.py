@@ -24,7 +24,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotF
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.runtime.quarantine import _INTERRUPTED, _session, mover_lock, resolve_queue
+from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
@@ -82,7 +82,7 @@ async def _take(
                 report.taken += 1
         except AmqpJobsError:
             raise
-        except _INTERRUPTED as exc:
+        except INTERRUPTED as exc:
             raise BrokerError(f"{action} of {queue!r} interrupted after {report.taken}: {exc}") from exc
         finally:
             await browser.close_quietly()  # the messages kept return to the queue, in their place
@@ -108,7 +108,7 @@ async def park(
 
     """
     selection = selection or q.Selection()
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
@@ -156,7 +156,7 @@ async def purge_matching(
         BusyError: a mover (say, a replay) works on the queue; nothing was deleted.
 
     """
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
         report = TakeReport(queue)
 
