@@ -1,4 +1,4 @@
-"""What the quarantine commands print about the messages they looked at: counts, no-match hints, interruptions."""
+"""What the quarantine commands print about the messages they look at: counts, no-match hints, progress, interrupts."""
 
 from __future__ import annotations
 
@@ -36,3 +36,16 @@ def interrupted_lines(report: ReplayReport, rate: float, dry_run: bool) -> list[
         f"up to {window} job(s) in flight at the interrupt (the --rate {rate:g} window) may now be both in "
         f"{printable(report.queue)} and in their work queue: duplicates, which an idempotent job tolerates",
     ]
+
+
+def progress_line(report: ReplayReport, canary: int | None) -> str:
+    """The live progress line of a replay (stderr on a terminal), naming the phase of a ``--canary`` run.
+
+    ``canary: replayed 2 of 2, waiting for their outcomes``, then ``rest: replayed 40 (50/s)``;
+    ``replayed 40 (50/s)`` without a canary. The rate is moves per second since the first.
+    """
+    if report.phase == "canary" and canary is not None:
+        line = f"canary: replayed {report.replayed} of {canary}"
+        return line + (", waiting for their outcomes" if report.replayed >= canary else "")
+    line = f"replayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)"
+    return f"{report.phase}: {line}" if report.phase else line

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._census import echo_no_match, interrupted_lines, shown_line
+from amqpjobs.cli._census import echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
@@ -198,11 +198,20 @@ def replay_command(
     if canary is not None and not dry_run:
         click.echo(start_line(canary, options.canary_timeout))
 
+    shown_phase, width = "", 0  # of the live line
+
     def progress(report: ReplayReport) -> None:
+        nonlocal shown_phase, width
+        changed = report.phase != shown_phase
+        if interactive and changed and shown_phase:  # the canary's line stays, the rest gets its own
+            click.echo("", err=True)
+            width = 0
         phases(report)
-        if interactive and report.replayed % 10 == 0:
-            click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
-                       err=True, nl=False)  # fmt: skip
+        if interactive and (changed or report.phase == "canary" or report.replayed % 10 == 0):
+            line = progress_line(report, canary)
+            click.echo("\r" + line.ljust(width), err=True, nl=False)
+            width = max(width, len(line))
+        shown_phase = report.phase
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
     try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from amqpjobs.cli._census import progress_line
 from amqpjobs.cli.next_steps import after_show, filter_args
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
+from amqpjobs.jobs.quarantine import QuarantinedJob, ReplayReport, Selection
 from amqpjobs.jobs.timestamps import parse_time
 
 
@@ -57,3 +58,12 @@ def test_the_next_commands_repeat_the_filters_with_the_hints_flags():
         "next: fixed? amqpjobs replay work.quarantine --job 'thumb nail' --error-type KeyError --since "
     )
     assert filter_args(Selection()) == []
+
+
+def test_the_progress_line_names_the_phase_only_of_a_canary_run():
+    report = ReplayReport(queue="work.quarantine", replayed=40, elapsed=0.8)
+    assert progress_line(report, None) == "replayed 40 (50/s)"
+    report.phase = "canary"
+    assert progress_line(report, 50) == "canary: replayed 40 of 50"
+    report.phase = "rest"
+    assert progress_line(report, 2) == "rest: replayed 40 (50/s)"
