@@ -15,6 +15,17 @@ def echo_no_match(census: Census, chosen: Selection) -> None:
         click.echo(line, err=True)
 
 
+def confirm_take(verb: str, queue: str, chosen: Selection, safe_url: str) -> None:
+    """Ask before a park or purge takes messages: ``Park the matching messages in quarantine 'work' on ...?``.
+
+    Raises:
+        click.Abort: the operator said no.
+
+    """
+    what = "every message" if chosen == Selection() else "the matching messages"
+    click.confirm(f"{verb} {what} in quarantine {printable(repr(queue))} on {safe_url}?", abort=True)
+
+
 def shown_line(shown: int, census: Census, limit: int, chosen: Selection) -> str:
     """``3 of 8 message(s) in work.quarantine shown``, with the filter and ``--limit`` figures when they apply."""
     line = f"{shown} of {census.depth} message(s) in {printable(census.queue)} shown"

@@ -6,11 +6,10 @@ import asyncio
 
 import click
 
-from amqpjobs.cli._census import echo_no_match
+from amqpjobs.cli._census import confirm_take, echo_no_match
 from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
 from amqpjobs.cli.quarantine import quarantine
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
 from amqpjobs.runtime.parking import park
 
@@ -35,8 +34,7 @@ def quarantine_park(
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     if not yes:
-        what = "every message" if chosen == Selection() else "the matching messages"
-        click.confirm(f"Park {what} of quarantine {queue!r} on {broker.safe_url}?", abort=True)
+        confirm_take("Park", queue, chosen, broker.safe_url)
     census = Census()
     report = asyncio.run(park(broker, queue, chosen, census))
     click.echo(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._census import echo_no_match, interrupted_lines, progress_line, shown_line
+from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
@@ -145,8 +145,7 @@ def quarantine_purge(
     chosen = selection(job, error_type, reason, since)
     filtered = chosen != Selection()
     if not yes:
-        what = "the matching messages" if filtered else "every message"
-        click.confirm(f"Delete {what} in quarantine {queue!r} on {broker.safe_url}?", abort=True)
+        confirm_take("Delete", queue, chosen, broker.safe_url)
     if filtered:
         census = Census()
         report = asyncio.run(purge_matching(broker, queue, chosen, census))
