@@ -196,6 +196,7 @@ def on_a_terminal(broker: BrokerSettings, *args: str) -> tuple[int, str]:
     return proc.wait(timeout=60), seen.decode()
 
 
+@pytest.mark.version_independent
 async def test_the_live_progress_line_on_a_terminal_shows_the_canary_phase(broker: BrokerSettings, tmp_path: Path):
     app = await make_app(broker, tmp_path)
 
