@@ -10,7 +10,7 @@ Moving messages out is :mod:`amqpjobs.runtime.replay` (back to their work queues
 :mod:`amqpjobs.runtime.parking` (to the parked queue, or deleted).
 
 One mover per quarantine queue at a time: whatever takes messages out of one (replay,
-purge; later park, filtered purge, console actions) holds :func:`mover_lock` while it
+purge, park, filtered purge; later console actions) holds :func:`mover_lock` while it
 does, and a second is refused at once with :class:`~amqpjobs.errors.BusyError` naming the
 first. Two replays of one queue would otherwise each replay the other's returning
 failures. Browsing does not take the lock (see :func:`browse`).
