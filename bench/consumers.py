@@ -67,7 +67,7 @@ async def amqpjobs_quiet(slots: int) -> int:
     from bench_app import app
 
     from amqpjobs import WorkerOptions, broker_settings
-    from amqpjobs.runtime.worker import run_worker
+    from amqpjobs.runtime.processes import run_worker
 
     settings = broker_settings(os.environ["BENCH_URL"])
     return await run_worker(app, settings, WorkerOptions(concurrency=slots, grace=5.0))

@@ -18,8 +18,9 @@ from typing import Any
 import aio_pika
 
 from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 

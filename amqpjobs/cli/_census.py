@@ -1,4 +1,4 @@
-"""What the quarantine commands print about the messages they looked at: counts, no-match hints, interruptions."""
+"""What the quarantine commands print about the messages they look at: counts, no-match hints, progress, interrupts."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ def echo_no_match(census: Census, chosen: Selection) -> None:
     """When the filters matched none of the messages looked at, print (stderr) what is there, with counts."""
     for line in census.no_match_lines(chosen):
         click.echo(line, err=True)
+
+
+def confirm_take(verb: str, queue: str, chosen: Selection, safe_url: str) -> None:
+    """Ask before a park or purge takes messages: ``Park the matching messages in quarantine 'work' on ...?``.
+
+    Raises:
+        click.Abort: the operator said no.
+
+    """
+    what = "every message" if chosen == Selection() else "the matching messages"
+    click.confirm(f"{verb} {what} in quarantine {printable(repr(queue))} on {safe_url}?", abort=True)
 
 
 def shown_line(shown: int, census: Census, limit: int, chosen: Selection) -> str:
@@ -36,3 +47,16 @@ def interrupted_lines(report: ReplayReport, rate: float, dry_run: bool) -> list[
         f"up to {window} job(s) in flight at the interrupt (the --rate {rate:g} window) may now be both in "
         f"{printable(report.queue)} and in their work queue: duplicates, which an idempotent job tolerates",
     ]
+
+
+def progress_line(report: ReplayReport, canary: int | None) -> str:
+    """The live progress line of a replay (stderr on a terminal), naming the phase of a ``--canary`` run.
+
+    ``canary: replayed 2 of 2, waiting for their outcomes``, then ``rest: replayed 40 (50/s)``;
+    ``replayed 40 (50/s)`` without a canary. The rate is moves per second since the first.
+    """
+    if report.phase == "canary" and canary is not None:
+        line = f"canary: replayed {report.replayed} of {canary}"
+        return line + (", waiting for their outcomes" if report.replayed >= canary else "")
+    line = f"replayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)"
+    return f"{report.phase}: {line}" if report.phase else line

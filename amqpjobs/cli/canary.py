@@ -7,10 +7,10 @@ from typing import Any, TypeVar
 
 import click
 
-from amqpjobs.cli.next_steps import command
+from amqpjobs.cli.next_steps import command, filter_args
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.quarantine import ReplayReport
+from amqpjobs.jobs.quarantine import ReplayReport, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,9 +63,9 @@ def start_line(canary: int, timeout: float) -> str:
     return f"canary: moving {canary} job(s) first, then waiting up to {format_duration(timeout)} for their outcomes"
 
 
-def failure_lines(report: ReplayReport, canary: int, park_filters: list[str]) -> list[str]:
+def failure_lines(report: ReplayReport, canary: int, chosen: Selection) -> list[str]:
     """What a stopped canary replay prints (to stderr): which canaries failed, why, and what to run next."""
-    park = command("quarantine", "park", report.queue, *park_filters)
+    park = command("quarantine", "park", report.queue, *filter_args(chosen))
     return [
         f"canary failed: {len(report.canary_failures)} of {canary} did not succeed; the rest stay in {report.queue}:",
         *(f"  {line}" for line in report.canary_failures),

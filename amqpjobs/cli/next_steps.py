@@ -9,14 +9,17 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from amqpjobs.jobs.quarantine import Group
+from amqpjobs.jobs.census import filter_flags
+from amqpjobs.jobs.quarantine import Group, Selection
 from amqpjobs.printable import printable
 
 
-def filter_args(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> list[str]:
-    """The filter options given, as command-line arguments (to repeat them in a next command)."""
-    pairs = (("--job", job), ("--error-type", error_type), ("--reason", reason), ("--since", since))
-    return [part for flag, value in pairs if value for part in (flag, value)]
+def filter_args(chosen: Selection) -> list[str]:
+    """``chosen`` as command-line arguments, to repeat it in a next command (``--since`` as an ISO time).
+
+    The flags are :func:`amqpjobs.jobs.census.filter_flags`'s (one rule for both).
+    """
+    return [part for pair in filter_flags(chosen) for part in pair]
 
 
 def command(*args: str) -> str:
@@ -29,12 +32,15 @@ def after_list(queue: str, groups: Sequence[Group]) -> str | None:
     if not groups:
         return None
     top = groups[0]
-    kind = filter_args(top.job or None, top.error_type or None, None if top.error_type else top.reason, None)
+    kind = filter_args(
+        Selection(job=top.job or None, error_type=top.error_type or None, reason=None if top.error_type else top.reason)
+    )
     return f"next: {command('quarantine', 'show', queue, *kind)} (the biggest group's messages)"
 
 
-def after_show(queue: str, filters: list[str]) -> str:
+def after_show(queue: str, chosen: Selection) -> str:
     """What ``quarantine show`` suggests: replay one of these as a canary, or park them."""
+    filters = filter_args(chosen)
     return (
         f"next: fixed? {command('replay', queue, *filters, '--canary', '1')}; "
         f"a lost cause? {command('quarantine', 'park', queue, *filters)}"

@@ -6,9 +6,10 @@ import asyncio
 
 import click
 
+from amqpjobs.cli._census import confirm_take, echo_no_match
 from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
 from amqpjobs.cli.quarantine import quarantine
-from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.census import Census
 from amqpjobs.printable import printable
 from amqpjobs.runtime.parking import park
 
@@ -33,9 +34,9 @@ def quarantine_park(
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     if not yes:
-        what = "every message" if chosen == Selection() else "the matching messages"
-        click.confirm(f"Park {what} of quarantine {queue!r} on {broker.safe_url}?", abort=True)
-    report = asyncio.run(park(broker, queue, chosen))
+        confirm_take("Park", queue, chosen, broker.safe_url)
+    census = Census()
+    report = asyncio.run(park(broker, queue, chosen, census))
     click.echo(
         f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
         f"{report.left} left in {printable(report.queue)}"
@@ -44,3 +45,4 @@ def quarantine_park(
         click.echo(f"next: amqpjobs quarantine list {printable(report.queue)} (what is still quarantined)")
     else:
         click.echo(f"next: amqpjobs status (parked jobs do not make it unhealthy; they wait in {report.target})")
+    echo_no_match(census, chosen)

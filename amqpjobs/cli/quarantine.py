@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._census import echo_no_match, interrupted_lines, shown_line
+from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
@@ -22,13 +22,14 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._root import main
 from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
-from amqpjobs.cli.next_steps import after_list, after_show, filter_args
+from amqpjobs.cli.next_steps import after_list, after_show
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import GROUP_HEADER, Selection, summarize
+from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.parking import purge_matching
-from amqpjobs.runtime.quarantine import ReplayOptions, ReplayReport, browse, export, purge, quarantine_queues, replay
+from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
+from amqpjobs.runtime.replay import replay
 
 
 @main.group()
@@ -111,7 +112,7 @@ def quarantine_show(
     if not as_json:
         click.echo(shown_line(len(messages), census, limit, chosen))
         if messages:
-            click.echo(after_show(messages[0].delivery.queue, filter_args(job, error_type, reason, since)))
+            click.echo(after_show(messages[0].delivery.queue, chosen))
     echo_no_match(census, chosen)
 
 
@@ -144,11 +145,12 @@ def quarantine_purge(
     chosen = selection(job, error_type, reason, since)
     filtered = chosen != Selection()
     if not yes:
-        what = "the matching messages" if filtered else "every message"
-        click.confirm(f"Delete {what} in quarantine {queue!r} on {broker.safe_url}?", abort=True)
+        confirm_take("Delete", queue, chosen, broker.safe_url)
     if filtered:
-        report = asyncio.run(purge_matching(broker, queue, chosen))
-        click.echo(f"purged {report.taken} message(s) from {report.queue}; {report.left} left")
+        census = Census()
+        report = asyncio.run(purge_matching(broker, queue, chosen, census))
+        click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
+        echo_no_match(census, chosen)
         return
     name, removed = asyncio.run(purge(broker, queue))
     click.echo(f"purged {removed} message(s) from {name}")
@@ -195,11 +197,20 @@ def replay_command(
     if canary is not None and not dry_run:
         click.echo(start_line(canary, options.canary_timeout))
 
+    shown_phase, width = "", 0  # of the live line
+
     def progress(report: ReplayReport) -> None:
+        nonlocal shown_phase, width
+        changed = report.phase != shown_phase
+        if interactive and changed and shown_phase:  # the canary's line stays, the rest gets its own
+            click.echo("", err=True)
+            width = 0
         phases(report)
-        if interactive and report.replayed % 10 == 0:
-            click.echo(f"\rreplayed {report.replayed} ({report.replayed / max(report.elapsed, 1e-9):.0f}/s)",
-                       err=True, nl=False)  # fmt: skip
+        if interactive and (changed or report.phase == "canary" or report.replayed % 10 == 0):
+            line = progress_line(report, canary)
+            click.echo("\r" + line.ljust(width), err=True, nl=False)
+            width = max(width, len(line))
+        shown_phase = report.phase
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
     try:
@@ -222,7 +233,7 @@ def replay_command(
     phases(report)
     click.echo(_replay_summary(report))
     if report.canary_failures and canary is not None:
-        for line in failure_lines(report, canary, filter_args(job, error_type, reason, since)):
+        for line in failure_lines(report, canary, options.selection):
             click.echo(line, err=True)
         sys.exit(EXIT_FOUND)
     if report.stopped_early:

@@ -18,7 +18,8 @@ from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
-from amqpjobs.runtime.scheduler import SchedulerOptions, run_scheduler
+from amqpjobs.runtime.processes import run_scheduler
+from amqpjobs.runtime.scheduler import SchedulerOptions
 
 
 @main.group()

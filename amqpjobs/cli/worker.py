@@ -17,7 +17,8 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
-from amqpjobs.runtime.worker import WorkerOptions, run_worker
+from amqpjobs.runtime.processes import run_worker
+from amqpjobs.runtime.worker_config import WorkerOptions
 
 
 @main.command()

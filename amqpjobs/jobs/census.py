@@ -59,6 +59,12 @@ class Census:
             self.first = item.failed_at if self.first is None else min(self.first, item.failed_at)
             self.last = item.failed_at if self.last is None else max(self.last, item.failed_at)
 
+    def matches(self, item: QuarantinedJob, selection: Selection) -> bool:
+        """Whether ``item`` passes ``selection``, counting it (as :meth:`add`) either way."""
+        matched = selection.matches(item)
+        self.add(item, matched)
+        return matched
+
     def no_match_lines(self, selection: Selection) -> list[str]:
         """Lines naming what is present, for each given filter, when ``selection`` matched none of the messages.
 

@@ -1,6 +1,6 @@
 """The canary of a replay: move K jobs first, and go on only if all K succeed.
 
-``replay --canary K`` (:func:`amqpjobs.runtime.quarantine.replay`) subscribes to the outcome
+``replay --canary K`` (:func:`amqpjobs.runtime.replay.replay`) subscribes to the outcome
 events (:mod:`amqpjobs.wire.events`) *before* it moves anything, so no outcome can be
 missed; it then moves K jobs and waits until each has a final outcome event carrying this
 run's replay id: ``succeeded`` (or ``duplicate``, ``ack_uncertain``: the job is done), or a

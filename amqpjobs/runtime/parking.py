@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.runtime.quarantine import _INTERRUPTED, _session, mover_lock, resolve_queue
+from amqpjobs.jobs.census import Census
+from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
@@ -60,15 +61,20 @@ async def _take(
     action: str,
     settle: Callable[[Delivery, q.QuarantinedJob], Awaitable[None]],
     report: TakeReport,
+    census: Census,
 ) -> None:
-    """Under the mover lock, call ``settle`` on each matching message (it must ack it); hold the rest."""
+    """Under the mover lock, call ``settle`` on each matching message (it must ack it); hold the rest.
+
+    ``census`` gets the queue, its depth and what every looked-at message holds.
+    """
     async with mover_lock(connection, settings, queue, action) as lock:
         _, depth = await resolve_queue(connection, queue)  # as the previous mover left it
+        census.queue, census.depth = queue, depth
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                if not selection.matches(item):
+                if not census.matches(item, selection):
                     report.kept += 1
                     continue
                 lock.check()
@@ -76,19 +82,23 @@ async def _take(
                 report.taken += 1
         except AmqpJobsError:
             raise
-        except _INTERRUPTED as exc:
+        except INTERRUPTED as exc:
             raise BrokerError(f"{action} of {queue!r} interrupted after {report.taken}: {exc}") from exc
         finally:
             await browser.close_quietly()  # the messages kept return to the queue, in their place
 
 
-async def park(settings: BrokerSettings, name: str, selection: q.Selection | None = None) -> TakeReport:
+async def park(
+    settings: BrokerSettings, name: str, selection: q.Selection | None = None, census: Census | None = None
+) -> TakeReport:
     """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
 
     Args:
         settings: Broker settings.
         name: A quarantine queue, or the job queue whose quarantine it is.
         selection: Filters (None: every message).
+        census: Filled with what every looked-at message holds (to show what is there
+            when the filters matched none).
 
     Raises:
         ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
@@ -98,7 +108,7 @@ async def park(settings: BrokerSettings, name: str, selection: q.Selection | Non
 
     """
     selection = selection or q.Selection()
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
@@ -127,28 +137,32 @@ async def park(settings: BrokerSettings, name: str, selection: q.Selection | Non
             await delivery.ack()
 
         try:
-            await _take(connection, settings, queue, selection, "park", move, report)
+            await _take(connection, settings, queue, selection, "park", move, report, census or Census())
         finally:
             await publisher.close()
         _, report.left = await resolve_queue(connection, queue)
     return report
 
 
-async def purge_matching(settings: BrokerSettings, name: str, selection: q.Selection) -> TakeReport:
+async def purge_matching(
+    settings: BrokerSettings, name: str, selection: q.Selection, census: Census | None = None
+) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
+
+    ``census`` is filled as :func:`park` fills it.
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
         BusyError: a mover (say, a replay) works on the queue; nothing was deleted.
 
     """
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
         report = TakeReport(queue)
 
         async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
             await delivery.ack()
 
-        await _take(connection, settings, queue, selection, "purge", delete, report)
+        await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
         _, report.left = await resolve_queue(connection, queue)
     return report

@@ -1,4 +1,4 @@
-"""Quarantine operations over the wire: browse, list, export, purge, and rate-limited replay.
+"""Quarantine operations over the wire: browse, list, export, purge, and the mover lock.
 
 Browsing uses ``basic.get`` without acking and then closes the channel, so every browsed
 message returns to the quarantine queue (RabbitMQ "Consumer Acknowledgements" â†’
@@ -6,12 +6,11 @@ message returns to the quarantine queue (RabbitMQ "Consumer Acknowledgements" â†
 position where possible). Browsed messages come back with ``redelivered = true``; their
 order is kept on classic queues.
 
-A replay move is: publish the copy to the work queue with a publisher confirm, then ack
-the quarantined original. Killed at any point, every message is in quarantine or in its
-work queue; only the one in flight can be in both.
+Moving messages out is :mod:`amqpjobs.runtime.replay` (back to their work queues) and
+:mod:`amqpjobs.runtime.parking` (to the parked queue, or deleted).
 
 One mover per quarantine queue at a time: whatever takes messages out of one (replay,
-purge; later park, filtered purge, console actions) holds :func:`mover_lock` while it
+purge, park, filtered purge; later console actions) holds :func:`mover_lock` while it
 does, and a second is refused at once with :class:`~amqpjobs.errors.BusyError` naming the
 first. Two replays of one queue would otherwise each replay the other's returning
 failures. Browsing does not take the lock (see :func:`browse`).
@@ -19,51 +18,37 @@ failures. Browsing does not take the lock (see :func:`browse`).
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
-import math
 import os
 import socket
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import (
-    AmqpJobsError,
     BrokerError,
     ConfigurationError,
     NotFoundError,
     ResourceLockedError,
-    UnroutableError,
 )
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.envelope import OutgoingMessage
-from amqpjobs.jobs.quarantine import ReplayOptions as ReplayOptions  # re-exported (defined with the pure rules)
-from amqpjobs.jobs.quarantine import ReplayReport as ReplayReport
-from amqpjobs.jobs.quarantine import replay_window as replay_window
-from amqpjobs.runtime.canary import watch_canary
-from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
-from amqpjobs.wire.abc import Connection, Received
-from amqpjobs.wire.browse import QueueBrowser, Watch, probe_queue, purge_queue, watch_exchange
+from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.browse import QueueBrowser, probe_queue, purge_queue
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient
-from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
-#: A replay stopped by the broker: the channel or connection failed mid-move.
-_INTERRUPTED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, DeliveryChannelClosed)
+#: A move (replay, park, filtered purge) stopped by the broker: the channel or connection failed mid-move.
+INTERRUPTED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, DeliveryChannelClosed)
 
 
 @dataclass(frozen=True)
@@ -131,7 +116,13 @@ def quarantine_queues(settings: BrokerSettings) -> list[str]:
 
 
 @asynccontextmanager
-async def _session(settings: BrokerSettings) -> AsyncIterator[Connection]:
+async def session(settings: BrokerSettings) -> AsyncIterator[Connection]:
+    """A connection for one quarantine command, closed when the block ends.
+
+    Raises:
+        BrokerUnavailableError: the broker can't be reached.
+
+    """
     connection = await connect(settings, name="amqpjobs-quarantine")
     try:
         yield connection
@@ -201,16 +192,14 @@ async def browse(
     selection = selection or q.Selection()
     census = census if census is not None else Census()
     out: list[QuarantinedMessage] = []
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue_name, depth = await resolve_queue(connection, name)
         census.queue, census.depth = queue_name, depth
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-                matched = selection.matches(item)
-                census.add(item, matched)
-                if matched:
+                if census.matches(item, selection):
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:
                         break
@@ -227,7 +216,7 @@ async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
         BusyError: a mover (say, a replay) works on the queue; nothing was removed.
 
     """
-    async with _session(settings) as connection:
+    async with session(settings) as connection:
         queue_name, _ = await resolve_queue(connection, name)
         async with mover_lock(connection, settings, queue_name, "purge"):
             return queue_name, await purge_queue(connection, queue_name)
@@ -245,225 +234,3 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
         for message in messages:
             fh.write(json.dumps(message.to_json(), ensure_ascii=False) + "\n")
     return len(messages)
-
-
-async def _watch_returns(connection: Connection, quarantine_queue: str, replay_id: str, report: ReplayReport) -> Watch:
-    """Count replayed jobs coming back: an exclusive queue bound to the (fanout) quarantine exchange."""
-
-    def on_headers(headers: Mapping[str, Any]) -> None:
-        if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
-            report.returned += 1
-
-    exchange = quarantine_exchange_name(parse_queue_name(quarantine_queue).job_queue)  # also from a parked queue
-    try:
-        return await watch_exchange(connection, exchange, on_headers)
-    except NotFoundError:
-        raise ConfigurationError(
-            f"exchange {exchange!r} not found: --stop-after-failures needs the quarantine exchange of the naming scheme"
-        ) from None
-
-
-@dataclass(frozen=True)
-class ReplayMove:
-    """Where replay sends one quarantined message, and the copy it publishes there."""
-
-    target: str
-    job_id: str
-    copy: OutgoingMessage
-
-
-def replay_move(
-    delivery: Received, options: ReplayOptions, replay_id: str, census: Census | None = None
-) -> ReplayMove | None:
-    """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
-
-    Skipped: it came back failing from this run (it carries ``replay_id``), it names no
-    queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
-    The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
-    Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
-    counts the message (and whether the filters matched it).
-    """
-    item = q.describe(delivery.headers, delivery.message_id, delivery.type)
-    target = options.to or item.original_queue
-    ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
-    matched = options.selection.matches(item)
-    if census is not None:
-        census.add(item, matched)
-    if ours or not target or not matched:
-        return None
-    job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
-    return ReplayMove(target, job_id, delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id))
-
-
-async def replay(
-    settings: BrokerSettings,
-    name: str,
-    options: ReplayOptions,
-    progress: Callable[[ReplayReport], None] | None = None,
-    *,
-    report: ReplayReport | None = None,
-    census: Census | None = None,
-) -> ReplayReport:
-    """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
-
-    Each message is looked at once (the queue's depth at the start bounds the run), and a
-    job this run replayed that came back failing is never moved again by it (it carries
-    this run's replay id; a browser holding a message mid-run lets the run reach it).
-    Non-matching messages are held unacked and released at the end, keeping their place
-    in the queue.
-
-    Holds the queue's :func:`mover_lock` throughout. A dry run moves nothing but checks
-    what a real run checks: it takes the lock too (exit 4 while another mover runs), and
-    every target queue must exist.
-
-    Args:
-        settings: Broker settings.
-        name: Quarantine queue, or the job queue whose quarantine it is.
-        options: Rate, filters, target, limits.
-        progress: Called with the report after each move.
-        report: Filled as the run goes (and returned): a caller keeps it to report a run
-            cut short, e.g. by Ctrl-C. Cancelled, the run settles the moves under way,
-            returns held messages and sets ``left`` before the cancellation propagates.
-        census: Filled with what every looked-at message holds (to show what is there
-            when the filters matched none).
-
-    Raises:
-        ConfigurationError: no such quarantine queue, a bad option, or (dry run) a target
-            queue that does not exist.
-        BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
-        UnroutableError: a target work queue does not exist (that message stays in quarantine).
-        BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
-
-    """
-    if not (options.rate > 0 and math.isfinite(options.rate)):
-        raise ConfigurationError(
-            f"--rate must be a positive, finite number of messages per second (got {options.rate})"
-        )
-    if options.to is not None and options.to.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)):
-        raise ConfigurationError(
-            f"--to {options.to!r} is a {parse_queue_name(options.to).kind} queue: replay sends jobs back to a work "
-            "queue (or leave --to out to send each to the queue it failed on)"
-        )
-    replay_id = str(uuid.uuid4())
-    report = report if report is not None else ReplayReport(queue=name)
-    census = census if census is not None else Census()
-    async with _session(settings) as connection, AsyncExitStack() as stack:
-        queue_name, depth = await resolve_queue(connection, name)
-        lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
-        _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
-        report.queue, report.left = census.queue, census.depth = queue_name, depth
-        if options.to is not None:  # a typo fails at once, also when nothing would move
-            await _check_targets(connection, [options.to])
-        watch = None
-        if options.stop_after_failures is not None:
-            watch = await _watch_returns(connection, queue_name, replay_id, report)
-        canary = None
-        if options.canary is not None and not options.dry_run:  # subscribed before the first move: no race
-            canary = await stack.enter_async_context(
-                watch_canary(connection, replay_id, options.canary, options.canary_timeout)
-            )
-            report.phase = "canary"
-        publisher = ConfirmedPublisher(connection)
-        browser = await QueueBrowser.open(connection)
-        started: float | None = None
-        interrupted = False
-        launched = 0
-        window = asyncio.Semaphore(replay_window(options.rate))
-        moving: set[asyncio.Task[None]] = set()
-        failures: list[BaseException] = []
-
-        async def move(delivery: Delivery, target: str, copy: OutgoingMessage, started: float) -> None:
-            """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
-            try:
-                try:
-                    await publisher.publish("", target, copy)
-                except UnroutableError:
-                    raise ConfigurationError(
-                        f"target queue {target!r} does not exist; {report.replayed} moved before it, "
-                        "the rest stay in quarantine"
-                    ) from None
-                await delivery.ack()
-                report.replayed += 1
-                report.elapsed = time.monotonic() - started
-                if progress is not None:
-                    progress(report)
-            except Exception as exc:  # raised by replay() once the moves under way are settled
-                failures.append(exc)
-            finally:
-                window.release()
-
-        try:
-            async for delivery in browser.deliveries(queue_name, depth):
-                if options.limit is not None and launched >= options.limit:
-                    break
-                if failures:
-                    break
-                if watch is not None and report.returned >= (options.stop_after_failures or 0):
-                    report.stopped_early = True
-                    break
-                planned = replay_move(delivery, options, replay_id, census)
-                if planned is None:
-                    report.skipped += 1
-                    continue
-                if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
-                    break
-                target = planned.target
-                if canary is not None and launched < canary.size:
-                    canary.expect(planned.job_id, q.describe(delivery.headers, delivery.message_id, delivery.type).job)
-                report.moves.append((planned.job_id, target))
-                if options.dry_run:
-                    report.replayed += 1
-                    launched += 1
-                    continue
-                now = time.monotonic()
-                if started is None:
-                    started = now
-                due = started + launched / options.rate
-                if due > now:
-                    await asyncio.sleep(due - now)
-                await window.acquire()
-                if failures:
-                    break
-                lock.check()
-                task = asyncio.create_task(move(delivery, target, planned.copy, started))
-                moving.add(task)
-                task.add_done_callback(moving.discard)
-                launched += 1
-            if canary is not None and not canary.judged and canary.expected:  # fewer than K matched
-                await canary.judge(moving, failures, report)
-            await asyncio.gather(*moving, return_exceptions=True)
-            if failures:
-                raise failures[0]
-            if options.dry_run:
-                await _check_targets(connection, [target for _, target in report.moves])
-        except asyncio.CancelledError:
-            interrupted = True
-            raise
-        except AmqpJobsError:
-            raise
-        except _INTERRUPTED as exc:
-            raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
-        finally:
-            for task in moving:
-                task.cancel()
-            await asyncio.gather(*moving, return_exceptions=True)
-            await browser.close_quietly()  # held (skipped) messages return to quarantine
-            await publisher.close()
-            if watch is not None and not watch.is_closed:
-                await watch.close()
-            if interrupted:  # the held messages are back: count them for the caller's summary
-                with contextlib.suppress(Exception):
-                    _, report.left = await resolve_queue(connection, queue_name)
-        _, report.left = await resolve_queue(connection, queue_name)
-    return report
-
-
-async def _check_targets(connection: Connection, targets: list[str]) -> None:
-    """What a real run finds at its first move to each target, checked before: the queue must exist."""
-    missing, _ = await find_missing(connection, targets)
-    if missing:
-        raise ConfigurationError(
-            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
-            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
-            "the topology)"
-        )

@@ -50,7 +50,6 @@ from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
-from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
     TickEvent,
@@ -79,7 +78,6 @@ __all__ = [
     "TickEvent",
     "overlap_guarded",  # moved to amqpjobs.runtime.overlap; kept here for old imports
     "read_tick_record",
-    "run_scheduler",
     "tick_records",
 ]
 
@@ -390,15 +388,3 @@ class Scheduler(TickFiring):
         finally:
             if not self._stop.is_set():
                 log.info("scheduler replica %s no longer leads", self.replica)
-
-
-async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:
-    """Run a scheduler replica until SIGTERM/SIGINT; a second signal exits at once.
-
-    Returns:
-        The process exit code, 0.
-
-    """
-    scheduler = Scheduler(app, settings, options)
-    with stop_on_signals(scheduler.request_stop, "handing leadership over and stopping"):
-        return await scheduler.run()

@@ -37,8 +37,7 @@ from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
-from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
-from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.suspects import SuspectTurns
@@ -368,45 +367,3 @@ class Worker(SuspectTurns):
         if self._stop.is_set() or self._gate.suspect_pending:  # a suspects turn resumes it when it ends
             return
         await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
-
-
-async def run_worker(
-    app: App,
-    settings: BrokerSettings,
-    options: WorkerOptions,
-    metrics_port: int | None = None,
-    metrics_host: str = "127.0.0.1",
-) -> int:
-    """Run a worker until SIGTERM/SIGINT, then drain; a second signal exits at once.
-
-    Args:
-        app: The application.
-        settings: Broker settings.
-        options: Worker options.
-        metrics_port: Serve ``/metrics``, ``/healthz``, ``/readyz`` on this port (None: don't).
-        metrics_host: Interface for that endpoint (default loopback).
-
-    Returns:
-        The process exit code: 0 after a clean drain, 1 when in-flight work was abandoned.
-
-    Raises:
-        ConfigurationError: the metrics port can't be bound.
-    """
-    metrics = WorkerMetrics() if metrics_port is not None else None
-    worker = Worker(app, settings, options, metrics=metrics)
-    server = None
-    if metrics is not None and metrics_port is not None:
-        server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, metrics_host, metrics_port)
-        try:
-            server.start()
-        except OSError as exc:
-            raise ConfigurationError(f"can't serve metrics on {metrics_host}:{metrics_port}: {exc}") from None
-        log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
-    try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
-            return await worker.run()
-    finally:
-        if server is not None:
-            server.stop()
-        if app.ledger is not None:
-            await app.ledger.close()

@@ -3,7 +3,7 @@
 The decisions are the production code's: each delivery goes through the worker's
 per-delivery path (:meth:`amqpjobs.runtime.worker.Worker.handle`: decode, validate, run
 the handler within its real timeout, retry through the tiers or quarantine with
-evidence, ack), replay through :func:`amqpjobs.runtime.quarantine.replay_move`, cron
+evidence, ack), replay through :func:`amqpjobs.runtime.replay.replay_move`, cron
 ticks through :class:`amqpjobs.runtime.scheduler.Scheduler` (election, tick plan, tick
 transaction). Only the broker is replaced (:mod:`.memory`, :mod:`.election`). What that
 changes is listed in the README, "Testing your jobs".
@@ -23,8 +23,9 @@ from typing import Any
 from amqpjobs.durations import parse_duration
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.outcome import Ack, Outcome
+from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.quarantine import ReplayOptions, replay_move
+from amqpjobs.runtime.replay import replay_move
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.testing.clock import VirtualClock

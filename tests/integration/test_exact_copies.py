@@ -27,7 +27,8 @@ from pamqp import decode, header
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import evidence
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import DROPPED, SENT, RawProperties, encode_properties, split_properties, split_table
 from tests.integration.helpers import depth, raw_channel

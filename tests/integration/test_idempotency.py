@@ -19,9 +19,10 @@ import pytest
 
 from amqpjobs import App, ConfigurationError, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
-from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker

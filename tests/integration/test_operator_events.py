@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pty
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -170,6 +174,45 @@ async def test_a_canary_that_succeeds_lets_the_replay_move_all(broker: BrokerSet
     assert "canary passed: 2 of 2 succeeded" in result.stdout
     assert "replayed 20, skipped 0, left 0 in work.quarantine" in result.stdout
     assert sorted(done) == sorted(f"q-{i}" for i in range(20))
+
+
+def on_a_terminal(broker: BrokerSettings, *args: str) -> tuple[int, str]:
+    """Run the installed ``amqpjobs`` with stderr on a pseudo-terminal (as an operator sees it): (rc, stderr)."""
+    master, slave = pty.openpty()
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url)
+    exe = str(Path(sys.executable).with_name("amqpjobs"))
+    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return proc.wait(timeout=60), seen.decode()
+
+
+@pytest.mark.version_independent
+async def test_the_live_progress_line_on_a_terminal_shows_the_canary_phase(broker: BrokerSettings, tmp_path: Path):
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    await fill_quarantine(broker, 20)
+    async with running_worker(app, broker) as (_, rec):
+        rc, err = await asyncio.to_thread(on_a_terminal, broker, "replay", "work", "--canary", "2", "--rate", "200")
+        await rec.wait_for(lambda o: len(o) >= 20, timeout=10)
+    assert rc == 0, err
+    frames = [frame.strip() for frame in err.replace("\n", "\r").split("\r") if frame.strip()]
+    assert frames[:2] == ["canary: replayed 1 of 2", "canary: replayed 2 of 2, waiting for their outcomes"], err
+    assert frames[2].startswith("rest: replayed 3 ("), err
+    assert [f.split(" (")[0] for f in frames[3:]] == ["rest: replayed 10", "rest: replayed 20"], err
 
 
 @pytest.mark.version_independent

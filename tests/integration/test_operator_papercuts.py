@@ -110,6 +110,35 @@ async def test_dry_run_checks_the_targets_and_filters_that_match_nothing_show_wh
 
 
 @pytest.mark.version_independent
+async def test_park_and_a_filtered_purge_show_what_is_there_when_the_filters_match_nothing(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 5, error_type="ValueError")
+    await fill_quarantine(broker, 3, error_type="KeyError", reason="permanent")
+
+    park = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--error-type", "VaueError", "--yes")
+    assert park.exit_code == 0, park.output
+    assert "parked 0 message(s) from work.quarantine in work.parked; 8 left" in park.stdout
+    assert park.stderr.splitlines()[-2:] == [
+        "no message matched --error-type 'VaueError' among the 8 looked at in work.quarantine; present:",
+        "  error types: ValueError (5), KeyError (3)",
+    ]
+    purge = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--job", "mial", "--yes")
+    assert purge.exit_code == 0, purge.output
+    assert "purged 0 message(s) from work.quarantine; 8 left" in purge.stdout
+    assert purge.stderr.splitlines()[-2:] == [
+        "no message matched --job 'mial' among the 8 looked at in work.quarantine; present:",
+        "  jobs: mail (8)",
+    ]
+    matching = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--error-type", "KeyError", "--yes")
+    assert "purged 3 message(s) from work.quarantine; 5 left" in matching.stdout
+    assert "no message matched" not in matching.stderr
+    assert await depth(broker, "work.quarantine") == 5
+    assert await depth(broker, "work.parked") == 0
+
+
+@pytest.mark.version_independent
 async def test_status_names_its_topology_and_vhost_and_management_errors_say_how_to_fix(
     broker: BrokerSettings, tmp_path: Path
 ):

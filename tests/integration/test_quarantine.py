@@ -18,8 +18,10 @@ import pytest
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.quarantine import ReplayOptions, replay_window
 from amqpjobs.jobs.timestamps import parse_time
-from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay, replay_window
+from amqpjobs.runtime.quarantine import browse
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, raw_channel
 from tests.integration.worker_env import make_app, running_worker

@@ -19,11 +19,11 @@ from pydantic import BaseModel
 
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.outcome import Quarantine, Reject, RetryLater
-from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.quarantine import ReplayOptions, Selection
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.runtime.quarantine import ReplayOptions, replay
+from amqpjobs.runtime.replay import replay
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.abc import Publisher

@@ -22,7 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from amqpjobs import JobContext, RetryPolicy, UnroutableError
-from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay
+from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.runtime.quarantine import browse
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import raw_channel
 from tests.integration.worker_env import make_app, running_worker

@@ -25,8 +25,10 @@ from pydantic import BaseModel
 
 from amqpjobs import JobContext, Reject, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.logs import TextFormatter
-from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay
+from amqpjobs.runtime.quarantine import browse
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import RawProperties, encode_properties, short_bytes, table

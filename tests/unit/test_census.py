@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from amqpjobs.cli._census import progress_line
+from amqpjobs.cli.next_steps import after_show, filter_args
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
+from amqpjobs.jobs.quarantine import QuarantinedJob, ReplayReport, Selection
+from amqpjobs.jobs.timestamps import parse_time
 
 
 def item(job: str, error_type: str = "ValueError", reason: str = "exhausted", day: int = 1) -> QuarantinedJob:
@@ -34,3 +37,33 @@ def test_the_hint_names_each_filtered_kind_with_counts_and_cuts_long_lists():
     other.add(item("a", error_type="\x1b[2J"), matched=False)
     assert other.no_match_lines(Selection(error_type="x"))[1] == "  error types: \\x1b[2J (1)"  # escaped
     assert other.no_match_lines(Selection()) == []  # no filter given
+
+
+def test_matches_counts_every_item_looked_at_and_says_which_passed():
+    census, chosen = Census(queue="q"), Selection(error_type="KeyError")
+    assert census.matches(item("mail", error_type="builtins.KeyError"), chosen) is True
+    assert census.matches(item("mail"), chosen) is False
+    assert (census.looked_at, census.matched) == (2, 1)
+    assert census.error_types == {"builtins.KeyError": 1, "ValueError": 1}
+
+
+def test_the_next_commands_repeat_the_filters_with_the_hints_flags():
+    since = datetime(2026, 11, 30, 6, 0, 1, 500, tzinfo=UTC)
+    chosen = Selection(job="thumb nail", error_type="KeyError", since=since)
+    assert filter_args(chosen) == [
+        "--job", "thumb nail", "--error-type", "KeyError", "--since", "2026-11-30T06:00:01+00:00",
+    ]  # fmt: skip
+    assert parse_time(filter_args(chosen)[-1]) == since.replace(microsecond=0)  # --since reads it back
+    assert after_show("work.quarantine", chosen).startswith(
+        "next: fixed? amqpjobs replay work.quarantine --job 'thumb nail' --error-type KeyError --since "
+    )
+    assert filter_args(Selection()) == []
+
+
+def test_the_progress_line_names_the_phase_only_of_a_canary_run():
+    report = ReplayReport(queue="work.quarantine", replayed=40, elapsed=0.8)
+    assert progress_line(report, None) == "replayed 40 (50/s)"
+    report.phase = "canary"
+    assert progress_line(report, 50) == "canary: replayed 40 of 50"
+    report.phase = "rest"
+    assert progress_line(report, 2) == "rest: replayed 40 (50/s)"

@@ -131,7 +131,7 @@ def test_readiness_says_stopping_and_a_blocked_loop(tmp_path: Path):
 async def test_a_metrics_port_in_use_is_a_configuration_error(tmp_path: Path):
     import socket
 
-    from amqpjobs.runtime.worker import run_worker
+    from amqpjobs.runtime.processes import run_worker
 
     app = make(tmp_path)
     app.job("x", queue="work")(lambda p, c: None)
