@@ -91,12 +91,21 @@ class DeliveryPath(HandlerRuns):
             if tracing is None:
                 await self._handle_delivery(layout, delivery, alone, hand_back)
             else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
-                # failures are tracing's own (logged there): they never reach the delivery
-                d = delivery
-                with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id, d.delivery_tag,
-                                        d.correlation_id, server_address(self._connection)) as process:  # fmt: skip
-                    outcome = await self._handle_delivery(layout, delivery, alone, hand_back, process.carry)
-                    tracing.finished(process, outcome)
+                # failures are tracing's own (caught and logged there): they never reach the delivery
+                d, started = delivery, False
+                try:
+                    with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id,
+                                            d.delivery_tag, d.correlation_id,
+                                            server_address(self._connection)) as process:  # fmt: skip
+                        started = True
+                        outcome = await self._handle_delivery(layout, delivery, alone, hand_back, process.carry)
+                        tracing.finished(process, outcome)
+                except Exception:
+                    if started:
+                        raise
+                    # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
+                    log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
+                    await self._handle_delivery(layout, delivery, alone, hand_back)
         finally:
             if gauge is not None:
                 gauge.dec()

@@ -51,7 +51,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import qualname
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_COUNT
-from amqpjobs.text import as_text
+from amqpjobs.jobs.tracecontext import consumer_destination, producer_destination, trace_carrier
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -74,52 +74,6 @@ INSTALL_HINT: Final = "pip install 'amqpjobs[otel]'"
 
 #: Seconds between two log lines about tracing failures of one kind (the others are counted).
 FAILURE_LOG_EVERY: Final = 60.0
-
-#: The longest trace header read from a delivery, per header (longer: ignored, as if absent).
-#: ``traceparent`` version 00 is 55 characters (W3C Trace Context, "traceparent Header"; 256
-#: leaves room for later versions); ``tracestate``: 32 list-members at most, and vendors
-#: propagate at least 512 characters (W3C Trace Context, "tracestate Header" / "Limits");
-#: ``baggage``: 8192 bytes (W3C Baggage, "Limits").
-HEADER_LIMITS: Final = {envelope.TRACEPARENT: 256, envelope.TRACESTATE: 512, envelope.BAGGAGE: 8192}
-#: The most list-members a ``tracestate`` may hold (W3C Trace Context, "tracestate Header").
-TRACESTATE_MEMBERS: Final = 32
-
-
-def producer_destination(exchange: str, routing_key: str) -> str:
-    """``messaging.destination.name`` of a publish: ``{exchange}:{routing key}`` (RabbitMQ conventions)."""
-    if exchange and routing_key:
-        return f"{exchange}:{routing_key}"
-    return exchange or routing_key or "amq.default"
-
-
-def consumer_destination(exchange: str, routing_key: str, queue: str) -> str:
-    """``messaging.destination.name`` of a delivery: ``{exchange}:{routing key}:{queue}`` (RabbitMQ conventions).
-
-    Empty parts are left out, and the queue when it equals the routing key (a copy sent to its
-    work queue through the default exchange is just ``<queue>``).
-    """
-    parts = [exchange, routing_key] + ([queue] if queue != routing_key else [])
-    return ":".join(p for p in parts if p)
-
-
-def trace_carrier(headers: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The trace headers of a delivery to extract from, and the names of those ignored as too long.
-
-    Only text (str, or bytes read as UTF-8) within :data:`HEADER_LIMITS` (a ``tracestate`` of at
-    most :data:`TRACESTATE_MEMBERS` members) is kept; anything else reads as absent.
-    """
-    carrier: dict[str, str] = {}
-    ignored: list[str] = []
-    for name, limit in HEADER_LIMITS.items():
-        value = headers.get(name)
-        if not isinstance(value, str | bytes | bytearray):
-            continue
-        size = len(value.encode() if isinstance(value, str) else value)
-        if size > limit or (name == envelope.TRACESTATE and as_text(value).count(",") >= TRACESTATE_MEMBERS):
-            ignored.append(name)
-            continue
-        carrier[name] = as_text(value)
-    return carrier, ignored
 
 
 def _header_getter() -> Getter[Mapping[str, str]]:
@@ -329,7 +283,7 @@ class Tracing:
 
         Its parent and its one link are the producer's context from ``headers``; without a valid
         one it starts a new trace (and :attr:`ProcessSpan.carry` holds its context for the
-        copies). Trace headers over :data:`HEADER_LIMITS` are ignored. Inside, the context from
+        copies). Trace headers over :data:`~amqpjobs.jobs.tracecontext.HEADER_LIMITS` are ignored. Inside, the context from
         ``headers`` (its baggage too) replaces whatever was current. Call :meth:`finished` with
         the delivery's outcome before the block ends. Never raises for tracing's own failures
         (logged; the block then runs with ``span`` None).

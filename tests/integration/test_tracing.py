@@ -24,9 +24,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
 from amqpjobs import App, JobContext, RetryPolicy, Scheduler, TickEvent, UnroutableError
+from amqpjobs.jobs.tracecontext import consumer_destination
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay
-from amqpjobs.runtime.tracing import consumer_destination
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, drain, raw_channel

@@ -403,3 +403,28 @@ async def test_an_app_with_tracing_gets_a_process_span_per_handler_run_in_the_do
         assert span.parent is not None
         assert (span.parent.trace_id, span.parent.span_id) == (send.trace_id, send.span_id)
         assert "server.address" not in attrs  # no connection, no node
+
+
+async def test_a_delivery_whose_span_cannot_even_be_entered_still_runs_and_is_acked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(tmp_path, tracing=True)
+    assert app.tracing is not None
+    ran: list[str] = []
+
+    def broken(*args: object, **kwargs: object) -> object:  # a bug of ours in tracing itself
+        raise RuntimeError("tracing broke")
+
+    app.tracing.processing = broken  # type: ignore[method-assign,assignment]
+
+    @app.job("echo", queue="work", payload=Order)
+    async def echo(order: Order, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with TestBroker(app, start=START) as broker:
+        await app.enqueue("echo", {"order_id": 1}, job_id="o-1")
+        done = await broker.drain()
+        assert broker.memory.queue("work").messages == []
+    assert ran == ["o-1"]
+    assert [(p.kind, p.outcome.acked) for p in done] == [("succeeded", True)]
+    assert "it is processed without a span" in caplog.text

@@ -18,15 +18,8 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
 from amqpjobs.jobs.outcome import Ack, Decision, Outcome, Quarantine, Register, RetryLater
-from amqpjobs.runtime.tracing import (
-    HEADER_LIMITS,
-    ProcessSpan,
-    Tracing,
-    TracingFailures,
-    consumer_destination,
-    producer_destination,
-    trace_carrier,
-)
+from amqpjobs.jobs.tracecontext import HEADER_LIMITS, consumer_destination, producer_destination, trace_carrier
+from amqpjobs.runtime.tracing import ProcessSpan, Tracing, TracingFailures
 
 TRACE = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
