@@ -283,10 +283,10 @@ class Tracing:
 
         Its parent and its one link are the producer's context from ``headers``; without a valid
         one it starts a new trace (and :attr:`ProcessSpan.carry` holds its context for the
-        copies). Trace headers over :data:`~amqpjobs.jobs.tracecontext.HEADER_LIMITS` are ignored. Inside, the context from
-        ``headers`` (its baggage too) replaces whatever was current. Call :meth:`finished` with
-        the delivery's outcome before the block ends. Never raises for tracing's own failures
-        (logged; the block then runs with ``span`` None).
+        copies). Trace headers over :data:`~amqpjobs.jobs.tracecontext.HEADER_LIMITS` are
+        ignored. Inside, the context from ``headers`` (its baggage too) replaces whatever was
+        current. Call :meth:`finished` with the delivery's outcome before the block ends. Never
+        raises for tracing's own failures (logged; the block then runs with ``span`` None).
         """
         carrier, ignored = trace_carrier(headers)
         if ignored:
