@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
 from amqpjobs import App, JobContext, RetryPolicy, Scheduler, TickEvent, UnroutableError
+from amqpjobs.jobs import crash
 from amqpjobs.jobs.tracecontext import consumer_destination
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.quarantine import ReplayOptions, browse, replay
@@ -562,3 +563,30 @@ async def test_huge_foreign_trace_headers_are_ignored(
     tracing_lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.tracing"]
     assert len(tracing_lines) == 1
     assert "ignored tracestate, baggage" in tracing_lines[0]
+
+
+async def test_a_span_processor_failing_on_end_does_not_break_a_suspects_turn(
+    broker: BrokerSettings, tmp_path: Path, spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await make_app(broker, tmp_path, tracing=True)
+    ran: list[str] = []
+
+    @app.job("echo", queue="work")
+    async def echo(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    Chaos.fail.add("end")
+    caplog.set_level(logging.WARNING)
+    async with running_worker(app, broker) as (_, recorder), raw_channel(broker) as channel:
+        for n in range(3):  # registered second starts, waiting in the suspects queue to run alone
+            headers: dict[str, Any] = {crash.STARTS: 2, crash.WORK_QUEUE: "work"}
+            message = aio_pika.Message(b"{}", headers=headers, message_id=f"suspect-{n}", type="echo",
+                                       content_type="application/json")  # fmt: skip
+            await channel.default_exchange.publish(message, routing_key=app.layout_of("echo").suspects_queue)
+        await recorder.wait_for(lambda o: len(o) == 3, timeout=20)
+    await app.close()
+    assert ran == ["suspect-0", "suspect-1", "suspect-2"]
+    assert [(o.kind, o.acked) for o in recorder.outcomes] == [("succeeded", True)] * 3
+    assert not [r.getMessage() for r in caplog.records if "running the suspects of" in r.getMessage()]
+    assert app.tracing is not None
+    assert app.tracing.failures.counts == {"ending a span": 3}
