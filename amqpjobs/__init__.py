@@ -30,10 +30,11 @@ from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.retry import RetryPolicy
-from amqpjobs.runtime.app import App, SyncPublisher
+from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
+from amqpjobs.runtime.sync_publisher import SyncPublisher
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology

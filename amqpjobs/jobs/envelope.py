@@ -307,6 +307,17 @@ def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_trace(headers: Mapping[str, Any], trace: Mapping[str, str]) -> dict[str, Any]:
+    """``headers`` with their trace context (:data:`TRACE_HEADERS`) replaced by ``trace``, whole.
+
+    A ``tracestate`` or ``baggage`` in ``headers`` that ``trace`` has none of is dropped, not
+    kept beside a ``traceparent`` it does not belong to. Other headers stay as they are.
+    """
+    out = {k: v for k, v in headers.items() if k not in TRACE_HEADERS}
+    out.update(trace)
+    return out
+
+
 def iso_utc(timestamp: float) -> str:
     """Format seconds since the epoch as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

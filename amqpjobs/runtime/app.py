@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import ValidationError
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import CronRule, MissedPolicy, OverlapPolicy, Schedule
-from amqpjobs.jobs.envelope import job_message
+from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef, JobRegistry
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
@@ -26,11 +24,13 @@ from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire.abc import Connection, Publisher
-from amqpjobs.wire.connection import broker_info, connect, default_max_message_size
+from amqpjobs.wire.connection import broker_info, connect, default_max_message_size, server_address
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from amqpjobs.runtime.sync_publisher import SyncPublisher
+
 C = TypeVar("C", bound=Callable[..., Any])
 JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
@@ -262,8 +262,8 @@ class App(JobRegistry):
             layout.exchange, routing_key, jobdef.name, job_id
         )  # fmt: skip
         with span as trace_headers:
-            if trace_headers:  # this span's context wins over one passed in
-                headers = {**(headers or {}), **trace_headers}
+            if tracing is not None:  # only the current context's trace headers: a caller's stale ones are dropped
+                headers = with_trace(headers or {}, trace_headers)
             try:
                 message = job_message(jobdef.name, body, job_id=job_id, now=time.time(), priority=priority,
                                       tenant=tenant, headers=headers)  # fmt: skip
@@ -271,12 +271,16 @@ class App(JobRegistry):
                 raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
             if self._publisher is None:
                 await self.connect()
+            if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
+                tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
             await self._publisher.publish(layout.exchange, routing_key, message)
         return job_id
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script)."""
+        from amqpjobs.runtime.sync_publisher import SyncPublisher
+
         return SyncPublisher(self, url)
 
     def cron(
@@ -358,60 +362,3 @@ class App(JobRegistry):
     def schedules(self) -> list[Schedule]:
         """The app's cron schedules, sorted by name."""
         return [self._schedules[name] for name in sorted(self._schedules)]
-
-
-class SyncPublisher:
-    """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
-
-    Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
-    arguments and raises the same errors as :meth:`App.enqueue`.
-    """
-
-    def __init__(self, app: App, url: str | None = None) -> None:
-        self._app = App(
-            app.name,
-            topology=app.topology(),
-            app_version=app.app_version,
-            url=url or app._url,
-            max_message_size=app.max_message_size,
-        )
-        self._app.tracing = app.tracing
-        self._app._jobs = app._jobs
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)
-        self._thread.start()
-
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def enqueue(
-        self,
-        job: JobRef,
-        payload: Any,
-        *,
-        job_id: str | None = None,
-        priority: int | None = None,
-        tenant: str | None = None,
-        headers: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Blocking :meth:`App.enqueue`; returns the job id once the broker confirmed."""
-        return self._run(
-            self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers)
-        )
-
-    def close(self) -> None:
-        """Close the connection and stop the loop thread."""
-        if self._loop.is_closed():
-            return
-        self._run(self._app.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
-
-    def __enter__(self) -> SyncPublisher:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

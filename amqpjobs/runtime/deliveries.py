@@ -17,7 +17,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -41,7 +41,8 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
-from amqpjobs.wire.abc import Publisher, Received
+from amqpjobs.wire.abc import Connection, Publisher, Received
+from amqpjobs.wire.connection import server_address
 from amqpjobs.wire.delivery import DeliveryChannelClosed
 from amqpjobs.wire.events import OutcomeEvents
 
@@ -65,6 +66,7 @@ class DeliveryPath(HandlerRuns):
     _stop: asyncio.Event
     _gate: IsolationGate
     _holding: Holding
+    _connection: Connection | None
     _publisher: Publisher | None
     _quarantiner: Publisher | None
     _events: OutcomeEvents | None
@@ -88,18 +90,30 @@ class DeliveryPath(HandlerRuns):
         try:
             if tracing is None:
                 await self._handle_delivery(layout, delivery, alone, hand_back)
-            else:  # a CONSUMER span around it, current while the handler runs (README "Tracing")
-                d = delivery
-                with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id,
-                                        d.delivery_tag) as span:  # fmt: skip
-                    tracing.finished(span, await self._handle_delivery(layout, delivery, alone, hand_back))
+            else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
+                # failures are tracing's own (caught and logged there): they never reach the delivery
+                d, started = delivery, False
+                try:
+                    with tracing.processing(d.exchange, d.routing_key, d.queue, d.headers, d.message_id,
+                                            d.delivery_tag, d.correlation_id,
+                                            server_address(self._connection)) as process:  # fmt: skip
+                        started = True
+                        outcome = await self._handle_delivery(layout, delivery, alone, hand_back, process.carry)
+                        tracing.finished(process, outcome)
+                except Exception:
+                    if started:
+                        raise
+                    # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
+                    log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
+                    await self._handle_delivery(layout, delivery, alone, hand_back)
         finally:
             if gauge is not None:
                 gauge.dec()
 
     async def _handle_delivery(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool, hand_back: bool
+        self, layout: JobQueueLayout, delivery: Received, alone: bool, hand_back: bool, trace: Mapping[str, str] = {}
     ) -> Outcome:
+        """Decide, carry out, record; ``trace``: trace headers for the copies instead of the received ones."""
         try:
             v = await self._process(layout, delivery, alone, hand_back)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -108,10 +122,10 @@ class DeliveryPath(HandlerRuns):
             v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
                               failure=(qualname(exc), str(exc), tb))  # fmt: skip
         try:
-            acked = await self._carry_out(layout, delivery, v)
+            acked = await self._carry_out(layout, delivery, v, trace)
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
-            acked = await self._fallback(layout, delivery, v, exc)
+            acked = await self._fallback(layout, delivery, v, exc, trace)
         uncertain = False
         if v.ran and isinstance(v.decision, Ack | Duplicate):
             # a run the broker may not have seen finish: its ack was never sent, or sent into a
@@ -220,7 +234,9 @@ class DeliveryPath(HandlerRuns):
         finally:
             self._gate.leave()
 
-    async def _carry_out(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> bool:
+    async def _carry_out(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
+    ) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
         if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
@@ -228,20 +244,27 @@ class DeliveryPath(HandlerRuns):
                         v.job_id, v.decision)  # fmt: skip
             return False
         try:
-            await self._republish(layout, delivery, v)
+            await self._republish(layout, delivery, v, trace)
         except AmqpJobsError as exc:
-            return await self._fallback(layout, delivery, v, exc)
+            return await self._fallback(layout, delivery, v, exc, trace)
         return await self._ack(delivery, v.job_id)
 
-    async def _republish(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> None:
+    async def _republish(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
+    ) -> None:
         """Publish the copy the decision needs, if any (confirmed).
+
+        ``trace``: trace headers the copy gets instead of the received ones (a delivery that
+        came without a valid ``traceparent``: its first ``process`` span's, so later attempts
+        join that trace; :class:`amqpjobs.runtime.tracing.ProcessSpan`).
 
         Raises:
             AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
         """
         assert self._publisher is not None
         assert self._quarantiner is not None
-        decision, job_id, received = v.decision, v.job_id, delivery.headers
+        decision, job_id = v.decision, v.job_id
+        received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
         # handler runs so far, counted in our own header on our copies (absent = 0), never derived
         # from the attempt header a publisher may set to anything
         runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
@@ -279,7 +302,9 @@ class DeliveryPath(HandlerRuns):
             return False
         return True
 
-    async def _fallback(self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception) -> bool:
+    async def _fallback(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
+    ) -> bool:
         """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
 
         A copy that can never go (too large, a bug of ours) is left to the broker once the
@@ -289,7 +314,7 @@ class DeliveryPath(HandlerRuns):
         decision = v.decision
         settled = await self._holding.settle(
             delivery.queue, needs_of(layout, delivery.queue, decision),
-            lambda: self._republish(layout, delivery, v), exc, lambda: delivery.settleable,
+            lambda: self._republish(layout, delivery, v, trace), exc, lambda: delivery.settleable,
         )  # fmt: skip
         if settled == "published":
             return await self._ack(delivery, v.job_id)

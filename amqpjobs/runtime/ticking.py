@@ -13,18 +13,22 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpjobs.jobs import cron
-from amqpjobs.jobs.envelope import OutgoingMessage, job_message
+from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
-from amqpjobs.wire.connection import connect
+from amqpjobs.wire.connection import connect, server_address
 from amqpjobs.wire.settings import BrokerSettings
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.tracing import Tracing
 
 log = logging.getLogger("amqpjobs.scheduler")
 
@@ -43,6 +47,11 @@ class ScheduledApp(Protocol):
 
     def layout_of(self, job: str) -> JobQueueLayout:
         """The layout of the job queue of job ``job``."""
+        ...
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """The app's tracing (``App(tracing=True)``), or None: a ``send`` span per tick enqueued."""
         ...
 
 
@@ -170,6 +179,21 @@ class TickFiring:
         # the rule of App.enqueue without a tenant
         return layout.exchange, layout.routing_key_for(job_id), dataclasses.replace(message, headers=headers)
 
+    def _traced(self, spans: ExitStack, job: tuple[str, str, OutgoingMessage]) -> tuple[str, str, OutgoingMessage]:
+        """``job`` with the trace headers of a ``send`` span entered on ``spans`` (as is without tracing).
+
+        Each tick starts a trace of its own (the span has no parent); the worker's ``process``
+        span of the job is its child (README "Tracing").
+        """
+        tracing = self.app.tracing
+        if tracing is None:
+            return job
+        exchange, routing_key, message = job
+        sending = tracing.sending(exchange, routing_key, message.type or "", message.message_id or "",
+                                  server_address(self._connection), root=True)  # fmt: skip
+        headers = with_trace(message.headers, spans.enter_context(sending))
+        return exchange, routing_key, dataclasses.replace(message, headers=headers)
+
     async def _tick(
         self,
         schedule: cron.Schedule,
@@ -206,7 +230,8 @@ class TickFiring:
             if event.job_id is not None:
                 last_fired, last_job_id = event.tick, event.job_id
         record = cron.TickRecord(schedule.name, plan.cursor, last_fired, last_job_id, now, self.replica)
-        await self._commit(token, schedule, jobs, record)
+        with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
+            await self._commit(token, schedule, [self._traced(spans, job) for job in jobs], record)
         cursors[schedule.name] = plan.cursor
         self._last[schedule.name] = (last_fired, last_job_id)
         for event in events:

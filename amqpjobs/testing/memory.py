@@ -286,6 +286,7 @@ class MemoryDelivery:
     exchange: str = ""
     routing_key: str = ""
     delivery_tag: int = 0  # numbered per double, from 1, as a channel numbers its deliveries
+    correlation_id: str | None = None
 
     @classmethod
     def take(cls, broker: MemoryBroker, queue: str) -> MemoryDelivery | None:
@@ -298,7 +299,7 @@ class MemoryDelivery:
         return cls(
             broker, source, stored, queue, "", m.body, copy.deepcopy(dict(m.headers)), m.content_type,
             m.content_encoding, m.message_id, m.type, m.timestamp, m.priority, stored.redelivered,
-            stored.exchange, stored.routing_key, next(broker.delivery_tags),
+            stored.exchange, stored.routing_key, next(broker.delivery_tags), m.correlation_id,
         )  # fmt: skip
 
     @property

@@ -94,6 +94,7 @@ class Received(Acknowledgeable, Protocol):
         exchange / routing_key: Where it was published.
         queue: The work queue it came from (a suspect's is set to its origin).
         delivery_tag: The delivery tag on the channel it came on (a double numbers its own).
+        correlation_id: ``correlation_id`` property (or None).
 
     """
 
@@ -109,6 +110,7 @@ class Received(Acknowledgeable, Protocol):
     routing_key: str
     queue: str
     delivery_tag: int
+    correlation_id: str | None
 
     @property
     def channel_closed(self) -> bool:

@@ -104,6 +104,20 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
+def server_address(connection: object) -> tuple[str, int] | None:
+    """Host and port of the broker node ``connection`` connects to (from its URL), or None for another kind.
+
+    What the OpenTelemetry conventions call ``server.address`` / ``server.port``; a URL without
+    a port means 5672 (``amqps``: 5671), as aio-pika connects.
+    """
+    url = getattr(connection, "url", None)
+    host = getattr(url, "host", None)
+    if not isinstance(host, str) or not host:
+        return None
+    port = getattr(url, "port", None)
+    return host, port if isinstance(port, int) else (5671 if getattr(url, "scheme", "") == "amqps" else 5672)
+
+
 def heartbeat_timeout(connection: AbstractRobustConnection) -> float:
     """The connection's heartbeat timeout in seconds (0 = heartbeats off; the URL's ``?heartbeat=``).
 

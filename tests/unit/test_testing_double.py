@@ -370,3 +370,61 @@ def test_the_virtual_clock_refuses_naive_starts_and_going_back() -> None:
         clock.advance(timedelta(seconds=-1))
     with pytest.raises(ValueError, match="positive"):
         clock.advance(-1)
+
+
+async def test_an_app_with_tracing_gets_a_process_span_per_handler_run_in_the_double(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = make_app(tmp_path, tracing=True)
+    assert app.tracing is not None
+    app.tracing._tracer = provider.get_tracer("test")  # the test's provider, not the global one
+
+    @app.job("flaky", queue="work", payload=Order)
+    async def flaky(order: Order, ctx: JobContext) -> None:
+        if ctx.attempt == 1:
+            raise ConnectionError("once")
+
+    async with TestBroker(app, start=START) as broker:
+        await app.enqueue("flaky", {"order_id": 1}, job_id="o-1")
+        done = await broker.drain()
+    assert [p.kind for p in done] == ["retried", "succeeded"]
+    spans = sorted(exporter.get_finished_spans(), key=lambda s: s.start_time or 0)
+    assert [s.name for s in spans] == ["send jobs:work", "process jobs:work", "process work"]
+    send = spans[0].get_span_context()
+    assert send is not None
+    for span, outcome, tag in ((spans[1], "retried", 1), (spans[2], "succeeded", 2)):
+        attrs = dict(span.attributes or {})
+        assert (attrs["amqpjobs.outcome"], attrs["messaging.rabbitmq.message.delivery_tag"]) == (outcome, tag)
+        assert span.parent is not None
+        assert (span.parent.trace_id, span.parent.span_id) == (send.trace_id, send.span_id)
+        assert "server.address" not in attrs  # no connection, no node
+
+
+async def test_a_delivery_whose_span_cannot_even_be_entered_still_runs_and_is_acked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(tmp_path, tracing=True)
+    assert app.tracing is not None
+    ran: list[str] = []
+
+    def broken(*args: object, **kwargs: object) -> object:  # a bug of ours in tracing itself
+        raise RuntimeError("tracing broke")
+
+    app.tracing.processing = broken  # type: ignore[method-assign,assignment]
+
+    @app.job("echo", queue="work", payload=Order)
+    async def echo(order: Order, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with TestBroker(app, start=START) as broker:
+        await app.enqueue("echo", {"order_id": 1}, job_id="o-1")
+        done = await broker.drain()
+        assert broker.memory.queue("work").messages == []
+    assert ran == ["o-1"]
+    assert [(p.kind, p.outcome.acked) for p in done] == [("succeeded", True)]
+    assert "it is processed without a span" in caplog.text

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +18,8 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
 from amqpjobs.jobs.outcome import Ack, Decision, Outcome, Quarantine, Register, RetryLater
-from amqpjobs.runtime.tracing import Tracing, consumer_destination, producer_destination
+from amqpjobs.jobs.tracecontext import HEADER_LIMITS, consumer_destination, producer_destination, trace_carrier
+from amqpjobs.runtime.tracing import ProcessSpan, Tracing, TracingFailures
 
 TRACE = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -89,14 +95,14 @@ def test_every_copy_keeps_the_trace_headers_as_received() -> None:
 def test_a_malformed_trace_context_reads_as_none(headers: dict[str, Any]) -> None:
     from opentelemetry import trace
 
-    context = Tracing()._extract(headers)
+    context = Tracing()._extract(trace_carrier(headers)[0])
     assert not trace.get_current_span(context).get_span_context().is_valid
 
 
 def test_a_traceparent_sent_as_bytes_is_read() -> None:
     from opentelemetry import trace
 
-    context = Tracing()._extract({"traceparent": TRACE["traceparent"].encode()})
+    context = Tracing()._extract(trace_carrier({"traceparent": TRACE["traceparent"].encode()})[0])
     span = trace.get_current_span(context).get_span_context()
     assert (format(span.trace_id, "032x"), format(span.span_id, "016x")) == ("0af7651916cd43dd8448eb211c80319c",
                                                                             "b7ad6b7169203331")  # fmt: skip
@@ -161,10 +167,182 @@ def test_a_process_span_records_the_outcome(decision: Decision, failure: tuple[s
     outcome = Outcome(decision=decision, job="flaky", job_id="j1", attempt=2, duration=0.1, acked=True,
                       failure=failure, error=f"{failure[0]}: {failure[1]}" if failure[0] else "")  # fmt: skip
     with TracerProvider().get_tracer("test").start_as_current_span("process") as span:
-        Tracing().finished(span, outcome)
+        Tracing().finished(ProcessSpan(span), outcome)
     attributes = dict(span.attributes or {})  # type: ignore[attr-defined]
     assert attributes.pop("error.type", None) == error
-    assert attributes == {"amqpjobs.job": "flaky", "amqpjobs.attempt": 2, "amqpjobs.outcome": kind}
+    reason = {"amqpjobs.reason": decision.reason} if isinstance(decision, Quarantine) else {}
+    assert attributes == {"amqpjobs.job": "flaky", "amqpjobs.attempt": 2, "amqpjobs.outcome": kind, **reason}
     status = span.status  # type: ignore[attr-defined]
     expected = (StatusCode.ERROR, f"{failure[0]}: {failure[1]}") if error else (StatusCode.UNSET, None)
     assert (status.status_code, status.description) == expected
+
+
+# ---------------------------------------------------------------------------- tracing never costs a job
+class Exported:
+    """A Tracing whose spans go to a provider of the test's own (not the global one)."""
+
+    def __init__(self, sampler: Any = None) -> None:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracing = Tracing()
+        self.tracing._tracer = provider.get_tracer("test")
+
+
+def _outcome(decision: Decision | None = None) -> Outcome:
+    return Outcome(decision=decision or Ack(), job="echo", job_id="j1", attempt=1, duration=0.0, acked=True)
+
+
+def _process(tracing: Tracing, headers: dict[str, Any]) -> AbstractContextManager[ProcessSpan]:
+    return tracing.processing("jobs", "work", "work", headers, "j1", 1)
+
+
+class BrokenSampler:
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("sampler broke")
+
+    def get_description(self) -> str:
+        return "broken"
+
+
+def test_a_failing_sampler_leaves_enqueue_and_processing_without_a_span(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "amqpjobs.tracing")
+    t = Exported(BrokenSampler())
+    for _ in range(3):
+        with t.tracing.sending("jobs", "work", "echo", "j1") as headers:
+            assert headers == {}  # nothing current, no span: nothing to write
+        with _process(t.tracing, dict(TRACE)) as process:
+            assert process.span is None
+            assert process.carry == {}
+            t.tracing.finished(process, _outcome())
+    assert t.exporter.get_finished_spans() == ()
+    assert t.tracing.failures.counts == {"starting a span": 6}
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.tracing"]
+    assert len(lines) == 1
+    assert lines[0].startswith("tracing: starting a span failed (RuntimeError: sampler broke)")
+
+
+def test_a_failing_propagator_drops_the_headers_but_keeps_the_spans() -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("propagator broke")
+
+    t = Exported()
+    t.tracing._propagate = SimpleNamespace(inject=broken, extract=broken)  # type: ignore[assignment]
+    with t.tracing.sending("jobs", "work", "echo", "j1") as headers:
+        assert headers == {}
+    with _process(t.tracing, dict(TRACE)) as process:
+        assert process.span is not None
+        assert process.carry == {}  # no headers to carry: the copies keep the received ones
+        t.tracing.finished(process, _outcome())
+    assert [s.name for s in t.exporter.get_finished_spans()] == ["send jobs:work", "process jobs:work"]
+    # the send's inject, the extract, and the inject of the process span's context for the copies
+    # (the extract failed: the delivery reads as one without a traceparent)
+    assert t.tracing.failures.counts == {"injecting trace headers": 2, "extracting trace headers": 1}
+
+
+def test_a_span_that_fails_to_record_or_end_never_raises() -> None:
+    from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+    class BrokenSpan(NonRecordingSpan):
+        def set_attribute(self, key: str, value: Any) -> None:
+            raise RuntimeError("set_attribute broke")
+
+        def set_status(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("set_status broke")
+
+        def end(self, end_time: int | None = None) -> None:
+            raise RuntimeError("on_end broke")
+
+    class BrokenTracer:
+        def start_span(self, *args: Any, **kwargs: Any) -> BrokenSpan:
+            return BrokenSpan(SpanContext(trace_id=1, span_id=2, is_remote=False))
+
+    tracing = Tracing()
+    tracing._tracer = BrokenTracer()  # type: ignore[assignment]
+    with pytest.raises(KeyError), tracing.sending("jobs", "work", "echo", "j1"):
+        raise KeyError("the enqueue's own error still comes out")
+    with _process(tracing, {}) as process:
+        tracing.finished(process, _outcome(Quarantine("exhausted")))
+    assert tracing.failures.counts == {"setting span attributes": 2, "ending a span": 2}
+
+
+@pytest.mark.parametrize(
+    ("error", "name"),
+    [(asyncio.CancelledError(), "asyncio.exceptions.CancelledError"), (KeyError("k"), "KeyError"),
+     (ConnectionResetError("gone"), "ConnectionResetError")],
+)  # fmt: skip
+def test_any_exception_ending_a_send_span_makes_it_an_error(error: BaseException, name: str) -> None:
+    from opentelemetry.trace import StatusCode
+
+    t = Exported()
+    with pytest.raises(type(error)), t.tracing.sending("jobs", "work", "echo", "j1"):
+        raise error
+    (span,) = t.exporter.get_finished_spans()
+    assert (span.attributes or {})["error.type"] == name
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_tracing_failures_are_logged_once_per_kind_then_once_per_period(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "amqpjobs.tracing")
+    failures = TracingFailures(every=0.05)
+    for _ in range(5):
+        failures("starting a span", RuntimeError("a"))
+    failures("ending a span", RuntimeError("b"))
+    import time
+
+    time.sleep(0.06)
+    failures("starting a span", RuntimeError("a"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "(4 more since the last report)" in lines[2]
+    assert failures.counts == {"starting a span": 6, "ending a span": 1}
+
+
+# ---------------------------------------------------------------------------- what the worker reads and carries
+@pytest.mark.parametrize(
+    ("headers", "kept", "ignored"),
+    [
+        (TRACE, sorted(TRACE), []),
+        ({"traceparent": "0" * 257}, [], ["traceparent"]),
+        ({"tracestate": "a=" + "b" * 511}, [], ["tracestate"]),  # 513 characters
+        ({"tracestate": ",".join(f"k{n}=v" for n in range(32))}, ["tracestate"], []),  # 32 members: fine
+        ({"tracestate": ",".join(f"k{n}=v" for n in range(33))}, [], ["tracestate"]),
+        ({"baggage": "k=" + "v" * 8190}, ["baggage"], []),  # 8192 bytes: fine
+        ({"baggage": "k=" + "é" * 4096}, [], ["baggage"]),  # 8194 bytes in 4098 characters
+        ({"baggage": 7, "traceparent": None}, [], []),  # not text: absent
+    ],
+)
+def test_the_worker_reads_trace_headers_within_the_w3c_limits(
+    headers: dict[str, Any], kept: Sequence[str], ignored: Sequence[str]
+) -> None:
+    carrier, dropped = trace_carrier(headers)
+    assert sorted(carrier) == sorted(kept)
+    assert dropped == list(ignored)
+    assert set(HEADER_LIMITS) == set(TRACE)
+
+
+def test_the_workers_extraction_keeps_tracestate_and_baggage() -> None:
+    from opentelemetry import baggage, trace
+
+    context = Tracing()._extract(trace_carrier(TRACE)[0])
+    span = trace.get_current_span(context).get_span_context()
+    assert span.trace_state.to_header() == "vendor=opaque"
+    assert baggage.get_baggage("region", context) == "eu"
+
+
+def test_a_delivery_without_a_traceparent_carries_its_process_span_to_its_copies() -> None:
+    from opentelemetry import trace
+
+    t = Exported()
+    with _process(t.tracing, {"baggage": "team=blue"}) as process:
+        assert process.span is not None
+        ctx = process.span.get_span_context()
+        assert process.carry == {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}",
+                                 "baggage": "team=blue"}  # fmt: skip
+        assert trace.get_current_span() is process.span
+    with _process(t.tracing, dict(TRACE)) as process:
+        assert process.carry == {}  # it has one: the copies keep it

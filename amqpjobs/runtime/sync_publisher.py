@@ -1,0 +1,70 @@
+"""Enqueueing from synchronous code: :class:`SyncPublisher` (``App.sync_publisher()``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from amqpjobs.runtime.app import App, JobRef
+
+T = TypeVar("T")
+
+
+class SyncPublisher:
+    """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
+
+    Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
+    arguments and raises the same errors as :meth:`App.enqueue`.
+    """
+
+    def __init__(self, app: App, url: str | None = None) -> None:
+        self._app = App(
+            app.name,
+            topology=app.topology(),
+            app_version=app.app_version,
+            url=url or app._url,
+            max_message_size=app.max_message_size,
+        )
+        self._app.tracing = app.tracing
+        self._app._jobs = app._jobs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def enqueue(
+        self,
+        job: JobRef,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Blocking :meth:`App.enqueue`; returns the job id once the broker confirmed."""
+        return self._run(
+            self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers)
+        )
+
+    def close(self) -> None:
+        """Close the connection and stop the loop thread."""
+        if self._loop.is_closed():
+            return
+        self._run(self._app.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> SyncPublisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
