@@ -96,6 +96,7 @@ class App(JobRegistry):
         self._url = url
         self._connection: Connection | None = None
         self._publisher: Publisher | None = None
+        self._publisher_loop: asyncio.AbstractEventLoop | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
 
@@ -157,14 +158,26 @@ class App(JobRegistry):
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
 
-    def use_publisher(self, publisher: Publisher | None) -> Publisher | None:
+    def use_publisher(
+        self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Publisher | None:
         """Send every enqueue through ``publisher`` from now on; returns the publisher it replaces.
 
         :mod:`amqpjobs.testing` uses it to route ``enqueue`` (from handlers too) into its
         in-memory broker. ``None``: the next enqueue connects to the broker again.
+        ``loop``: the event loop ``publisher`` lives on; while set, :meth:`sync_publisher`
+        enqueues through it (from other threads) instead of connecting to a broker.
         """
         previous, self._publisher = self._publisher, publisher
+        self._publisher_loop = loop if publisher is not None else None
         return previous
+
+    @property
+    def topology_origin(self) -> str:
+        """Where the topology comes from, for error messages: its path, or "given as an object"."""
+        if isinstance(self._topology_source, Topology):
+            return "given to App() as a Topology object"
+        return f"loaded from {Path(str(self._topology_source)).resolve()}"
 
     async def close(self) -> None:
         """Close the publishing connection and the ledger's connections."""
@@ -278,7 +291,11 @@ class App(JobRegistry):
         return job_id
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
-        """A publisher for code that is not async (a Flask/Django view, a script)."""
+        """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).
+
+        Under :mod:`amqpjobs.testing` (a publisher installed with ``loop``) it enqueues into
+        that double, from the calling thread onto the double's loop; ``url`` is then ignored.
+        """
         from amqpjobs.runtime.sync_publisher import SyncPublisher
 
         return SyncPublisher(self, url)

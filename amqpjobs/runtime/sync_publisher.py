@@ -18,9 +18,19 @@ class SyncPublisher:
 
     Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
     arguments and raises the same errors as :meth:`App.enqueue`.
+
+    When ``app`` routes its enqueues to a publisher on a given loop (``App.use_publisher(...,
+    loop=...)``, as :class:`amqpjobs.testing.TestBroker` does), it is a blocking facade over
+    ``app.enqueue`` run on that loop: nothing connects, ``url`` is ignored.
     """
 
     def __init__(self, app: App, url: str | None = None) -> None:
+        routed = app._publisher_loop
+        self._owned = routed is None
+        if routed is not None:
+            self._app, self._loop = app, routed
+            self._thread: threading.Thread | None = None
+            return
         self._app = App(
             app.name,
             topology=app.topology(),
@@ -31,10 +41,22 @@ class SyncPublisher:
         self._app.tracing = app.tracing
         self._app._jobs = app._jobs
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True)
-        self._thread.start()
+        self._thread = thread = threading.Thread(
+            target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True
+        )
+        thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            coro.close()
+            raise RuntimeError(
+                "SyncPublisher called from its event loop's own thread would wait for itself forever; "
+                "in async code use await app.enqueue(...)"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def enqueue(
@@ -53,11 +75,12 @@ class SyncPublisher:
         )
 
     def close(self) -> None:
-        """Close the connection and stop the loop thread."""
-        if self._loop.is_closed():
+        """Close the connection and stop the loop thread (a facade over another loop: nothing to close)."""
+        if not self._owned or self._loop.is_closed():
             return
         self._run(self._app.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
         self._thread.join(5)
         self._loop.close()
 

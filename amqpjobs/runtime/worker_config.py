@@ -67,12 +67,15 @@ def check_jobs(
     names = {q.name for q in topology.job_queues}
     for name in job_queues:
         if name not in names:
-            raise ConfigurationError(f"job queue {name!r} is not in the topology; known: {sorted(names)}")
+            raise ConfigurationError(
+                f"job queue {name!r} is not in the topology ({app.topology_origin}); known: {sorted(names)}"
+            )
         layouts[name] = topology.layout(name)
     for job in app:
         if job.queue not in names:
             raise ConfigurationError(
-                f"job {job.name!r} names job queue {job.queue!r}, which the topology does not declare"
+                f"job {job.name!r} names job queue {job.queue!r}, which the topology ({app.topology_origin}) "
+                f"does not declare; known: {sorted(names)}"
             )
         layout = topology.layout(job.queue)
         attempts = job.retry.attempts_for(layout.tiers)

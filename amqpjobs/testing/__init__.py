@@ -16,7 +16,8 @@ RabbitMQ. It adds to real-broker tests, never replaces them. The pytest plugin
 (:mod:`.plugin`) is registered by the ``pytest11`` entry point.
 """
 
-from amqpjobs.testing.broker import Processed, QuarantinedMessage, TestBroker
+from amqpjobs.testing.broker import TestBroker
 from amqpjobs.testing.clock import VirtualClock
+from amqpjobs.testing.records import Processed, QuarantinedMessage
 
 __all__ = ["Processed", "QuarantinedMessage", "TestBroker", "VirtualClock"]

@@ -13,106 +13,37 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.outcome import Ack, Outcome
 from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.message import CONTENT_TYPE, OutgoingMessage
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.ledger import Ledger, SqliteLedger
 from amqpjobs.runtime.replay import replay_move
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.testing.election import MemoryConnection, MemoryTicks
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
+from amqpjobs.testing.records import Processed, QuarantinedMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Settings the worker and scheduler are built with; nothing connects to them.
 _NOWHERE = BrokerSettings("amqp://in-memory/", "http://in-memory", "guest", "", "/")
-
-
-def _payload(body: bytes) -> Any:
-    try:
-        return json.loads(body.decode("utf-8-sig"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-
-
-@dataclass(frozen=True)
-class Processed:
-    """One delivery the worker decided about.
-
-    Attributes:
-        outcome: The worker's :class:`~amqpjobs.jobs.outcome.Outcome` (decision, attempt, failure ...).
-        queue: The work queue it came from.
-        headers: Its headers as delivered (attempt, tenant, cron headers ...).
-        body: Its raw body.
-
-    """
-
-    outcome: Outcome
-    queue: str
-    headers: dict[str, Any]
-    body: bytes
-
-    @property
-    def job(self) -> str:
-        """The job's name (empty when the delivery named none)."""
-        return self.outcome.job
-
-    @property
-    def job_id(self) -> str:
-        """The job id."""
-        return self.outcome.job_id
-
-    @property
-    def attempt(self) -> int:
-        """The attempt it was (1 first)."""
-        return self.outcome.attempt
-
-    @property
-    def kind(self) -> str:
-        """``succeeded``, ``retried``, ``quarantined``, ``duplicate`` ... (:attr:`Outcome.kind`)."""
-        return self.outcome.kind
-
-    @property
-    def payload(self) -> Any:
-        """The body as JSON (None when it is not JSON)."""
-        return _payload(self.body)
-
-
-@dataclass(frozen=True)
-class QuarantinedMessage:
-    """A message resting in a quarantine queue (left there by :meth:`TestBroker.quarantine`).
-
-    Attributes:
-        headers: All its headers, evidence included (``amqpjobs-reason``, ``amqpjobs-error-type`` ...).
-        body: Raw body. message_id / type: its properties.
-
-    """
-
-    headers: dict[str, Any]
-    body: bytes
-    message_id: str | None
-    type: str | None
-    info: q.QuarantinedJob = field(repr=False)
-
-    @property
-    def reason(self) -> str:
-        """The quarantine reason (``exhausted``, ``rejected``, ``invalid-payload`` ...)."""
-        return self.info.reason
-
-    @property
-    def payload(self) -> Any:
-        """The body as JSON (None when it is not JSON)."""
-        return _payload(self.body)
+#: The TestBroker open on each app (one at a time: the app has one publisher to route).
+_OPEN: weakref.WeakKeyDictionary[App, TestBroker] = weakref.WeakKeyDictionary()
 
 
 class TestBroker:
@@ -127,12 +58,19 @@ class TestBroker:
         start: The virtual clock's first reading (aware; default the real time now).
         queues: Job queues the worker consumes (default every job queue of the app's jobs).
         scheduler: Start a scheduler replica when the app has ``@app.cron`` schedules.
-        max_deliveries: :meth:`drain` or :meth:`advance` raise ``RuntimeError`` after this
-            many deliveries (a job that enqueues itself forever).
+        max_deliveries: One :meth:`drain` or :meth:`advance` call raises ``RuntimeError``
+            rather than take more than this many deliveries (a job that enqueues itself
+            forever); the next delivery stays in its queue, and each call counts afresh.
+        ledger: The idempotency ledger while open (the app's own comes back on close).
+            Default: when the app has ``idempotent=True`` jobs, a fresh
+            :class:`~amqpjobs.runtime.ledger.SqliteLedger` in a temporary directory, so
+            no run sees another's done-markers. Pass ``ledger=app.ledger`` to keep the app's.
 
     Raises:
         ConfigurationError: on enter, what a worker's start would refuse (a job queue
-            missing from the topology, an idempotent job without a ledger ...).
+            missing from the topology ...); another TestBroker open on the same app; a
+            schedule with ``overlap="skip"`` (its guard holds an exclusive queue on a real
+            broker, which the double does not implement).
 
     """
 
@@ -146,6 +84,7 @@ class TestBroker:
         queues: Sequence[str] | None = None,
         scheduler: bool = True,
         max_deliveries: int = 10_000,
+        ledger: Ledger | None = None,
     ) -> None:
         self.app = app
         self.clock = VirtualClock(start)
@@ -164,10 +103,36 @@ class TestBroker:
         self._delivered = 0
         self._names = itertools.count(1)
         self._previous: Any = None
+        self._ledger = ledger
+        self._apps_ledger: Ledger | None = None
+        self._temp: Path | None = None
+        self._entered = False
 
     async def __aenter__(self) -> TestBroker:
-        self.memory.apply(self.app.topology().declarations())
-        self._previous = self.app.use_publisher(self.publisher)
+        app = self.app
+        other = _OPEN.get(app)
+        if other is not None:
+            raise ConfigurationError(
+                f"app {app.name!r} already has an open TestBroker; close it first (one TestBroker per app at a "
+                "time: the app routes its enqueues to one)"
+            )
+        skipping = [s.name for s in app.schedules() if s.overlap == "skip"]
+        if skipping and self._want_scheduler:
+            raise ConfigurationError(
+                f"schedule(s) {', '.join(map(repr, skipping))}: overlap='skip' can't run in TestBroker (its guard "
+                "holds an exclusive queue on a real broker); test it against RabbitMQ, or open "
+                "TestBroker(app, scheduler=False) and enqueue the job yourself"
+            )
+        self.memory.apply(app.topology().declarations())
+        _OPEN[app] = self
+        self._entered = True
+        self._previous = app.use_publisher(self.publisher, loop=asyncio.get_running_loop())
+        self._apps_ledger = app.ledger
+        if self._ledger is None and any(j.idempotent for j in app):
+            self._temp = Path(tempfile.mkdtemp(prefix="amqpjobs-test-ledger-"))
+            self._ledger = SqliteLedger(self._temp / "ledger.sqlite3")
+        if self._ledger is not None:
+            app.ledger = self._ledger
         try:
             await self.worker.start_on(self.publisher)
             if self._want_scheduler and self.app.schedules():
@@ -184,10 +149,19 @@ class TestBroker:
 
     async def close(self) -> None:
         """Stop the scheduler replicas and the handler threads; ``app.enqueue`` goes to its broker again."""
+        if not self._entered:
+            return
         for replica in self.schedulers:
             await replica.shutdown(grace=1.0)
         self.app.use_publisher(self._previous)
         await self.worker.shutdown()
+        self.app.ledger = self._apps_ledger
+        if self._temp is not None and self._ledger is not None:
+            await self._ledger.close()
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = self._ledger = None
+        _OPEN.pop(self.app, None)
+        self._entered = False
 
     # ------------------------------------------------------------------ running
     async def drain(self) -> list[Processed]:
@@ -200,10 +174,12 @@ class TestBroker:
             What was processed in this call, in order.
 
         Raises:
-            RuntimeError: more than ``max_deliveries`` deliveries in all.
+            RuntimeError: it would take more than ``max_deliveries`` deliveries (the next
+                stays in its queue).
 
         """
         first = len(self.processed)
+        self._delivered = 0
         await self._look()
         while True:
             await self._run_ready()
@@ -227,6 +203,7 @@ class TestBroker:
         if seconds < 0:
             raise ValueError(f"the virtual clock only moves forward (got {by!r})")
         first = len(self.processed)
+        self._delivered = 0
         target = self.clock.seconds + seconds
         await self._look()
         while True:
@@ -264,6 +241,11 @@ class TestBroker:
             took = False
             for layout in layouts:
                 for work_queue in layout.work_queues:
+                    if self.memory.queue(work_queue).messages and self._delivered >= self._max:
+                        raise RuntimeError(
+                            f"more than {self._max} deliveries: a job that enqueues or retries itself forever? "
+                            "(TestBroker(max_deliveries=...); the next delivery was left in its queue)"
+                        )
                     delivery = MemoryDelivery.take(self.memory, work_queue)
                     if delivery is not None:
                         took = True
@@ -273,16 +255,44 @@ class TestBroker:
 
     async def _process(self, job_queue: str, delivery: MemoryDelivery) -> None:
         self._delivered += 1
-        if self._delivered > self._max:
-            raise RuntimeError(
-                f"more than {self._max} deliveries: a job that enqueues or retries itself forever? "
-                "(TestBroker(max_deliveries=...))"
-            )
         seen = len(self.outcomes)
         await self.worker.handle(job_queue, delivery)
         await asyncio.sleep(0)  # the worker records the outcome on the loop's next turn
         for outcome in self.outcomes[seen:]:
             self.processed.append(Processed(outcome, delivery.queue, delivery.headers, delivery.body))
+
+    async def publish_raw(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        content_type: str | None = CONTENT_TYPE,
+        message_id: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        """Publish bytes as another producer might (invalid JSON, non-UTF-8, an unknown ``type`` ...).
+
+        No validation: ``body`` and the properties go as given, for testing how the worker
+        treats what :meth:`App.enqueue` would refuse to send. Run it with :meth:`drain`.
+
+        Args:
+            exchange: Exchange name (``""``: the default exchange, ``routing_key`` a queue).
+            routing_key: Routing key (a job queue's is its name unless the topology says otherwise).
+            body: The raw body.
+            headers: Header table (e.g. ``amqpjobs-tenant``).
+            content_type: ``content_type`` property (default ``application/json``; None: none).
+            message_id: ``message_id`` (the job id).
+            type: ``type`` (the job name).
+
+        Raises:
+            UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
+
+        """
+        message = OutgoingMessage(body=body, headers=dict(headers or {}), content_type=content_type,
+                                  message_id=message_id, type=type)  # fmt: skip
+        await self.publisher.publish(exchange, routing_key, message)
 
     # ------------------------------------------------------------------ looking
     def completed(self, job: str | None = None) -> list[Processed]:

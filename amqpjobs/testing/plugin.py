@@ -3,10 +3,10 @@
 Fixtures:
 
 * ``amqpjobs_broker``: a :class:`~amqpjobs.testing.TestBroker` open around the test, for
-  the app your ``amqpjobs_app`` fixture returns (define it in your ``conftest.py``); it is
-  async, so it needs pytest-asyncio;
-* ``amqpjobs_ledger``: a :class:`~amqpjobs.runtime.ledger.SqliteLedger` in the test's
-  temporary directory, for apps with ``idempotent=True`` jobs.
+  the app your ``amqpjobs_app`` fixture returns (define it in your ``conftest.py``), with
+  ``amqpjobs_ledger`` as the app's ledger meanwhile; it is async, so it needs pytest-asyncio;
+* ``amqpjobs_ledger``: a fresh :class:`~amqpjobs.runtime.ledger.SqliteLedger` in the test's
+  temporary directory (the idempotency ledger ``amqpjobs_broker`` swaps in).
 
 The entry point is :mod:`amqpjobs_pytest`, which registers this module once pytest is
 configured (after coverage measurement began).
@@ -30,10 +30,11 @@ except ImportError:  # pragma: no cover - another async plugin may run it
 
 
 @async_fixture
-async def amqpjobs_broker(amqpjobs_app: App) -> AsyncIterator[TestBroker]:
-    """A :class:`TestBroker` for ``amqpjobs_app``, open for the test and closed after it."""
-    async with TestBroker(amqpjobs_app) as broker:
+async def amqpjobs_broker(amqpjobs_app: App, amqpjobs_ledger: SqliteLedger) -> AsyncIterator[TestBroker]:
+    """A :class:`TestBroker` for ``amqpjobs_app`` with ledger ``amqpjobs_ledger``, open for the test."""
+    async with TestBroker(amqpjobs_app, ledger=amqpjobs_ledger) as broker:
         yield broker
+    await amqpjobs_ledger.close()
 
 
 @pytest.fixture
