@@ -5,7 +5,9 @@ validation, timeouts, retry tiers, quarantine with evidence) against an in-memor
 on a virtual clock: the CRM's retry below waits its 1 s tier without sleeping. It adds to
 tests against a real RabbitMQ; it does not replace them (README "Testing your jobs").
 
-Run with ``pytest examples/test_shop.py`` (pytest-asyncio for the ``async def`` tests).
+Run with ``pytest examples/test_shop.py``; the ``async def`` tests need pytest-asyncio
+(``pip install amqpjobs[testing]``), and ``pytestmark`` below marks them for it (or set
+``asyncio_mode = "auto"`` in your pytest configuration).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import shop
 
 from amqpjobs import App, InvalidPayloadError
 from amqpjobs.testing import TestBroker
+
+
+pytestmark = pytest.mark.asyncio
 
 
 class FakeSMTP:
@@ -97,8 +102,16 @@ async def test_declined_card_is_quarantined_with_evidence_not_retried(amqpjobs_b
     [failed] = amqpjobs_broker.quarantine("billing")
     assert failed.reason == "rejected"
     assert failed.headers["amqpjobs-error-message"] == "card tok_declined_42 declined by issuer (do_not_honor)"
+    assert failed.evidence.attempts == 1  # the amqpjobs-* evidence headers, parsed
+    assert failed.evidence.error_type == "amqpjobs.jobs.outcome.Reject"
     assert failed.headers["amqpjobs-attempts"] == 1
     assert failed.payload["payment_id"] == "pay-1"
+
+
+async def test_a_producer_in_another_language_sends_bytes_that_are_not_json(amqpjobs_broker: TestBroker) -> None:
+    await amqpjobs_broker.publish_raw("jobs", "billing", b"\xff\xfe", type="payments.capture", message_id="bad-1")
+    await amqpjobs_broker.drain()
+    assert [m.reason for m in amqpjobs_broker.quarantine("billing")] == ["undecodable"]
 
 
 async def test_a_payload_the_model_refuses_is_rejected_before_sending() -> None:
