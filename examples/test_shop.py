@@ -24,7 +24,6 @@ import shop
 from amqpjobs import App, InvalidPayloadError
 from amqpjobs.testing import TestBroker
 
-
 pytestmark = pytest.mark.asyncio
 
 
