@@ -154,7 +154,15 @@ def decisions(outcomes: list[Any]) -> list[tuple[Any, ...]]:
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
-Result = tuple[list[Any], list[Any], list[Any], list[str]]
+def per_job(outcomes: list[Any]) -> dict[str, list[tuple[int, str]]]:
+    """Each job id's (attempt, decision) in the order they happened (not sorted: order is part of the contract)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for o in outcomes:
+        out.setdefault(o.job_id, []).append((o.attempt, type(o.decision).__name__))
+    return out
+
+
+Result = tuple[list[Any], list[Any], list[Any], list[str], dict[str, list[tuple[int, str]]]]
 
 
 async def on_the_broker(broker: BrokerSettings, tmp_path: Path, queue: str) -> Result:
@@ -176,7 +184,13 @@ async def on_the_broker(broker: BrokerSettings, tmp_path: Path, queue: str) -> R
         await raw.close()
     await app.close()
     quarantined = sorted((m.message_id, evidence(dict(m.headers))) for m in await drain(broker, f"{queue}.quarantine"))
-    return decisions(rec.outcomes), sorted(runs, key=lambda r: (r[0], r[1])), quarantined, broker_set
+    return (
+        decisions(rec.outcomes),
+        sorted(runs, key=lambda r: (r[0], r[1])),
+        quarantined,
+        broker_set,
+        per_job(rec.outcomes),
+    )
 
 
 async def on_the_double(tmp_path: Path, queue: str) -> Result:
@@ -191,14 +205,15 @@ async def on_the_double(tmp_path: Path, queue: str) -> Result:
         assert await broker.replay(queue, ReplayOptions(selection=Selection(job="fixme"))) == 1
         await broker.drain()
         quarantined = sorted((m.message_id, evidence(m.headers)) for m in broker.quarantine(queue))
-    return decisions(broker.outcomes), sorted(runs, key=lambda r: (r[0], r[1])), quarantined, broker_set
+    return (decisions(broker.outcomes), sorted(runs, key=lambda r: (r[0], r[1])), quarantined, broker_set,
+            per_job(broker.outcomes))  # fmt: skip
 
 
 @pytest.mark.parametrize("queue", ["cq", "qq"], ids=["classic", "quorum"])
 async def test_the_double_decides_as_the_real_worker(broker: BrokerSettings, tmp_path: Path, queue: str) -> None:
     real = await on_the_broker(broker, tmp_path, queue)
     double = await on_the_double(tmp_path, queue)
-    real_decisions, real_runs, real_quarantine, real_broker_set = real
+    real_decisions, real_runs, real_quarantine, real_broker_set, real_order = real
     # the scenarios happened at all, on the broker
     assert [(d[0], d[1], d[2], d[3]) for d in real_decisions] == [
         ("doomed-1", 1, "RetryLater", (2, 0, 0.2, False)),
@@ -222,6 +237,10 @@ async def test_the_double_decides_as_the_real_worker(broker: BrokerSettings, tmp
     assert double[0] == real_decisions
     assert double[1] == real_runs
     assert double[2] == real_quarantine
+    # in the same order per job id, as it happened (a retry before its success, a rejection before its replay)
+    assert real_order["flaky-1"] == [(1, "RetryLater"), (2, "RetryLater"), (3, "Ack")]
+    assert real_order["fixme-1"] == [(1, "Quarantine"), (1, "Ack")]
+    assert double[4] == real_order
     # the one difference: RabbitMQ adds x-death & co when a tier dead-letters a retry back (4 retries)
     assert {"x-death", "x-first-death-queue", "x-first-death-reason"} <= set(real_broker_set)
     assert real_broker_set.count("x-death") == 4
