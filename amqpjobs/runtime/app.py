@@ -23,7 +23,8 @@ from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
-from amqpjobs.wire.abc import Connection, Publisher
+from amqpjobs.wire import ticks
+from amqpjobs.wire.abc import Connection, Publisher, TickWire
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size, server_address
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
@@ -97,6 +98,7 @@ class App(JobRegistry):
         self._connection: Connection | None = None
         self._publisher: Publisher | None = None
         self._publisher_loop: asyncio.AbstractEventLoop | None = None
+        self._markers: tuple[TickWire, Any] | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
 
@@ -171,6 +173,25 @@ class App(JobRegistry):
         previous, self._publisher = self._publisher, publisher
         self._publisher_loop = loop if publisher is not None else None
         return previous
+
+    def use_markers(self, wire: TickWire | None, connection: Any = None) -> None:
+        """Hold the overlap guard's running markers through ``wire`` on ``connection`` (None: on the app's broker).
+
+        :mod:`amqpjobs.testing` uses it so ``overlap="skip"`` runs on its in-memory queues.
+        """
+        self._markers = None if wire is None else (wire, connection)
+
+    async def marker_wire(self) -> tuple[TickWire, Any]:
+        """Where the overlap guard holds its running markers: :meth:`use_markers`'s, else the app's connection.
+
+        Raises:
+            BrokerUnavailableError: the broker can't be reached.
+
+        """
+        if self._markers is not None:
+            return self._markers
+        await self.connect()
+        return ticks, self._connection
 
     @property
     def topology_origin(self) -> str:

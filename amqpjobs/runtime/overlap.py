@@ -22,7 +22,7 @@ from amqpjobs.jobs import cron
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.printable import logfmt_value
 from amqpjobs.text import as_text
-from amqpjobs.wire import ticks
+from amqpjobs.wire.abc import TickWire
 
 log = logging.getLogger("amqpjobs.scheduler")
 
@@ -33,40 +33,38 @@ GUARD_ATTRIBUTE: Final = "__amqpjobs_overlap_guard__"
 
 
 class GuardedApp(Protocol):
-    """What the guard needs of an :class:`~amqpjobs.App`: its name, schedules and connection."""
+    """What the guard needs of an :class:`~amqpjobs.App`: its name, schedules and where markers live."""
 
     @property
     def name(self) -> str:
         """The app's name."""
         ...
 
-    @property
-    def _connection(self) -> ticks.Connection | None: ...
-
     def schedules(self) -> Sequence[cron.Schedule]:
         """The app's schedules."""
         ...
 
-    async def connect(self) -> None:
-        """Open the app's connection (once)."""
+    async def marker_wire(self) -> tuple[TickWire, Any]:
+        """The wire and connection running markers are held on (the app's own, connected once)."""
         ...
 
 
 class _Marker:
     """A schedule's running marker held on the app's connection (see the module docstring)."""
 
-    def __init__(self, connection: ticks.Connection, queue: str) -> None:
+    def __init__(self, wire: TickWire, connection: Any, queue: str) -> None:
+        self._wire = wire
         self._connection = connection
         self.queue = queue
 
     async def acquire(self) -> bool:
         """Declare the exclusive marker queue; False when another connection holds it."""
-        return await ticks.hold_exclusive(self._connection, self.queue, RUNNING_QUEUE_ARGUMENTS)
+        return await self._wire.hold_exclusive(self._connection, self.queue, RUNNING_QUEUE_ARGUMENTS)
 
     async def release(self) -> None:
         """Delete the marker (best effort: it goes with the connection anyway)."""
         try:
-            await ticks.delete_queue(self._connection, self.queue, 10)
+            await self._wire.delete_queue(self._connection, self.queue, 10)
         except (BrokerError, TimeoutError) as exc:
             log.warning("running marker %s not deleted (%s); it goes with the connection", self.queue, exc)
 
@@ -103,10 +101,8 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
             return None
         held.add(name)
         try:
-            await app.connect()
-            connection = app._connection
-            assert connection is not None
-            marker = _Marker(connection, cron.running_queue(app.name, name))
+            wire, connection = await app.marker_wire()
+            marker = _Marker(wire, connection, cron.running_queue(app.name, name))
             if not await marker.acquire():
                 log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
                          logfmt_value(ctx.job), logfmt_value(ctx.job_id), name)  # fmt: skip

@@ -68,9 +68,7 @@ class TestBroker:
 
     Raises:
         ConfigurationError: on enter, what a worker's start would refuse (a job queue
-            missing from the topology ...); another TestBroker open on the same app; a
-            schedule with ``overlap="skip"`` (its guard holds an exclusive queue on a real
-            broker, which the double does not implement).
+            missing from the topology ...); another TestBroker open on the same app.
 
     """
 
@@ -91,6 +89,8 @@ class TestBroker:
         self.memory = MemoryBroker(self.clock)
         self.publisher = MemoryPublisher(self.memory)
         self.tick_wire = MemoryTicks(self.memory)
+        #: The app's connection in the double: the overlap guard's running markers are held on it.
+        self.marker_connection = MemoryConnection("app")
         self.outcomes: list[Outcome] = []
         self.processed: list[Processed] = []
         #: What the scheduler's leader did about each tick (:class:`~amqpjobs.runtime.scheduler.TickEvent`).
@@ -116,17 +116,11 @@ class TestBroker:
                 f"app {app.name!r} already has an open TestBroker; close it first (one TestBroker per app at a "
                 "time: the app routes its enqueues to one)"
             )
-        skipping = [s.name for s in app.schedules() if s.overlap == "skip"]
-        if skipping and self._want_scheduler:
-            raise ConfigurationError(
-                f"schedule(s) {', '.join(map(repr, skipping))}: overlap='skip' can't run in TestBroker (its guard "
-                "holds an exclusive queue on a real broker); test it against RabbitMQ, or open "
-                "TestBroker(app, scheduler=False) and enqueue the job yourself"
-            )
         self.memory.apply(app.topology().declarations())
         _OPEN[app] = self
         self._entered = True
         self._previous = app.use_publisher(self.publisher, loop=asyncio.get_running_loop())
+        app.use_markers(self.tick_wire, self.marker_connection)
         self._apps_ledger = app.ledger
         if self._ledger is None and any(j.idempotent for j in app):
             self._temp = Path(tempfile.mkdtemp(prefix="amqpjobs-test-ledger-"))
@@ -154,6 +148,7 @@ class TestBroker:
         for replica in self.schedulers:
             await replica.shutdown(grace=1.0)
         self.app.use_publisher(self._previous)
+        self.app.use_markers(None)
         await self.worker.shutdown()
         self.app.ledger = self._apps_ledger
         if self._temp is not None and self._ledger is not None:

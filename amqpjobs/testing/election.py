@@ -66,6 +66,8 @@ class MemoryTicks:
         self._broker = broker
         self._consumers: dict[str, list[ElectionChannel]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        #: Exclusive queues (the overlap guard's running markers) and the connection holding each.
+        self.exclusive: dict[str, Any] = {}
 
     def holds(self, token: Any) -> bool:
         """True while ``token`` is held on an open election channel."""
@@ -85,8 +87,26 @@ class MemoryTicks:
         return self._broker.declare(name, arguments)
 
     async def probe(self, connection: Any, name: str, what: str) -> Literal["exists", "missing", "locked"]:
-        """``exists`` or ``missing`` (the double holds no exclusive running markers)."""
+        """``exists``, ``missing``, or ``locked`` (another connection's exclusive queue, as RESOURCE_LOCKED)."""
+        owner = self.exclusive.get(name)
+        if owner is not None and owner is not connection:
+            return "locked"
         return "exists" if name in self._broker.queues else "missing"
+
+    async def hold_exclusive(self, connection: Any, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Declare the exclusive queue ``name`` for ``connection``; False when another connection holds it."""
+        owner = self.exclusive.get(name)
+        if owner is not None and owner is not connection:
+            return False
+        if not self._broker.declare(name, arguments):
+            raise BrokerError(f"PRECONDITION_FAILED - queue {name!r} exists with other arguments")
+        self.exclusive[name] = connection
+        return True
+
+    async def delete_queue(self, connection: Any, name: str, within: float) -> None:
+        """Delete queue ``name`` (and its exclusive hold)."""
+        self.exclusive.pop(name, None)
+        self._broker.queues.pop(name, None)
 
     async def browse_bodies(self, connection: Any, queue: str, limit: int, what: str) -> list[bytes]:
         """The bodies at the head of ``queue``, left in it.

@@ -158,6 +158,14 @@ class TickWire(Protocol):
         """The bodies of up to ``limit`` messages at the head of ``queue``, left in it."""
         ...
 
+    async def hold_exclusive(self, connection: Any, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Declare the exclusive queue ``name`` on ``connection``; False when another connection holds it."""
+        ...
+
+    async def delete_queue(self, connection: Any, name: str, within: float) -> None:
+        """Delete queue ``name`` (empty or not) within ``within`` seconds."""
+        ...
+
     async def publish_in_transaction(
         self,
         connection: Any,

@@ -17,8 +17,10 @@ from pydantic import BaseModel
 
 from amqpjobs import App, JobContext, RetryPolicy
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import cron
 from amqpjobs.runtime.ledger import SqliteLedger
 from amqpjobs.testing import TestBroker
+from amqpjobs.testing.election import MemoryConnection
 from amqpjobs.topology.loader import load_topology
 
 TOPOLOGY = """
@@ -79,18 +81,43 @@ async def test_a_sync_handler_enqueues_into_the_double_never_a_real_broker(
     assert broker.quarantine("work") == []
 
 
-async def test_overlap_skip_is_refused_on_entry_naming_the_schedule(tmp_path: Path) -> None:
+async def test_overlap_skip_runs_its_guard_on_the_doubles_queues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMQPJOBS_URL", DEAD_BROKER)
     app = make_app(tmp_path)
+    ran: list[str] = []
 
     @app.cron("*/15 * * * *", name="quarter", overlap="skip")
     @app.job("tick", queue="work")
     async def tick(p: object, ctx: JobContext) -> None:
-        pass
+        ran.append(ctx.job_id)
 
-    with pytest.raises(ConfigurationError, match=r"'quarter'.*overlap='skip'"):
-        async with TestBroker(app):
-            pass
-    assert app.use_publisher(None) is None  # nothing left routed to the double
+    marker = cron.running_queue(app.name, "quarter")
+    async with TestBroker(app, start=START) as broker:
+        done = await broker.advance("30m")  # runs never overlap here (one at a time): each tick runs
+        assert [(p.job_id, p.kind) for p in done] == [
+            ("cron:quarter:2026-03-01T12:15:00Z", "succeeded"),
+            ("cron:quarter:2026-03-01T12:30:00Z", "succeeded"),
+        ]
+        assert marker not in broker.memory.queues  # each run released its marker
+        # a previous run still running elsewhere (another worker's connection holds the marker)
+        elsewhere = MemoryConnection("other-worker")
+        assert await broker.tick_wire.hold_exclusive(elsewhere, marker, {})
+        assert await broker.advance("15m") == []
+        assert [(e.tick.strftime("%H:%M"), e.kind) for e in broker.ticks[-1:]] == [("12:45", "skipped-overlap")]
+        # a tick that was already queued when the other run started: the worker's guard skips it (acked, not run)
+        late = {cron.SCHEDULE_HEADER: "quarter", cron.TICK_HEADER: "2026-03-01T12:45:00Z"}
+        await broker.publish_raw("jobs", "work", b"{}", type="tick", message_id="late-1", headers=late)
+        assert [(p.job_id, p.kind) for p in await broker.drain()] == [("late-1", "succeeded")]
+        await broker.tick_wire.delete_queue(elsewhere, marker, 1)
+        assert [p.kind for p in await broker.advance("15m")] == ["succeeded"]
+    assert ran == [
+        "cron:quarter:2026-03-01T12:15:00Z",
+        "cron:quarter:2026-03-01T12:30:00Z",
+        "cron:quarter:2026-03-01T13:00:00Z",
+    ]
+    assert app._markers is None  # the app's own broker holds its markers again
 
 
 async def test_idempotent_jobs_get_a_fresh_ledger_per_broker_and_the_apps_comes_back(tmp_path: Path) -> None:
