@@ -7,7 +7,8 @@ import asyncio
 import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match
-from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
+from amqpjobs.cli._common import errors_to_exit_codes, filter_options, queue_name_arg, selection, settings, url_options
+from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine
 from amqpjobs.jobs.census import Census
 from amqpjobs.printable import printable
@@ -15,7 +16,7 @@ from amqpjobs.runtime.parking import park
 
 
 @quarantine.command("park")
-@click.argument("queue")
+@click.argument("queue", callback=queue_name_arg)
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @url_options
@@ -34,7 +35,7 @@ def quarantine_park(
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     if not yes:
-        confirm_take("Park", queue, chosen, broker.safe_url)
+        confirm_take("Park", queue, chosen, broker.safe_url, "park")
     census = Census()
     report = asyncio.run(park(broker, queue, chosen, census))
     click.echo(
@@ -42,7 +43,8 @@ def quarantine_park(
         f"{report.left} left in {printable(report.queue)}"
     )
     if report.left:
-        click.echo(f"next: amqpjobs quarantine list {printable(report.queue)} (what is still quarantined)")
+        click.echo(f"next: {command('quarantine', 'list', report.queue)} (what is still quarantined)")
     else:
-        click.echo(f"next: amqpjobs status (parked jobs do not make it unhealthy; they wait in {report.target})")
+        click.echo(f"next: {command('status')} (parked jobs do not make it unhealthy; they wait in "
+                   f"{printable(report.target)})")  # fmt: skip
     echo_no_match(census, chosen)

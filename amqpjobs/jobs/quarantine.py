@@ -352,6 +352,9 @@ class ReplayReport:
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
         canary_failures: One line per canary that did not succeed (the run stopped then).
+        canary_moved: Canaries actually moved (fewer than K when fewer matched).
+        canary_failed: Canaries known to have failed (an event said so, or they came back);
+            the others of ``canary_failures`` had no outcome event in time.
 
     """
 
@@ -365,6 +368,8 @@ class ReplayReport:
     moves: list[tuple[str, str]] = field(default_factory=list)
     phase: str = ""
     canary_failures: list[str] = field(default_factory=list)
+    canary_moved: int = 0
+    canary_failed: int = 0
 
 
 def replay_window(rate: float) -> int:

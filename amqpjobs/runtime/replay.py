@@ -39,7 +39,7 @@ from amqpjobs.wire.settings import BrokerSettings
 async def _watch_returns(connection: Connection, quarantine_queue: str, replay_id: str, report: ReplayReport) -> Watch:
     """Count replayed jobs coming back: an exclusive queue bound to the (fanout) quarantine exchange."""
 
-    def on_headers(headers: Mapping[str, Any]) -> None:
+    def on_headers(headers: Mapping[str, Any], message_id: str) -> None:
         if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
             report.returned += 1
 
@@ -147,9 +147,11 @@ async def replay(
         canary = None
         if options.canary is not None and not options.dry_run:  # subscribed before the first move: no race
             canary = await stack.enter_async_context(
-                watch_canary(connection, replay_id, options.canary, options.canary_timeout)
+                watch_canary(connection, replay_id, options.canary, options.canary_timeout, queue_name)
             )
             report.phase = "canary"
+            if progress is not None:  # checked and subscribed: the caller may now say what the canary does
+                progress(report)
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
         started: float | None = None
@@ -196,7 +198,8 @@ async def replay(
                     break
                 target = planned.target
                 if canary is not None and launched < canary.size:
-                    canary.expect(planned.job_id, q.describe(delivery.headers, delivery.message_id, delivery.type).job)
+                    job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
+                    canary.expect(planned.job_id, job, target)
                 report.moves.append((planned.job_id, target))
                 if options.dry_run:
                     report.replayed += 1

@@ -28,7 +28,7 @@ from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.cluster import ClusterConnection, Node, node
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
-from amqpjobs.wire.errors import LIBRARY_ERRORS
+from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate
@@ -289,7 +289,7 @@ async def connect(
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} refused the connection: {type(exc).__name__}: {exc} "
-            f"(does vhost {settings.vhost!r} exist, with permissions for {settings.username!r}?)"
+            f"broker at {settings.safe_url} refused the connection: "
+            f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover
