@@ -24,11 +24,11 @@ def stdin_is_terminal() -> bool:
 
 
 def confirm_take(verb: str, queue: str, chosen: Selection, safe_url: str, action: str) -> None:
-    """Ask before a park or purge takes messages: ``Park the matching messages in quarantine 'work' on ...?``.
+    """Ask before a park or purge (``action``) takes messages: ``Park the matching messages in quarantine 'x' on ...?``.
 
     Raises:
         click.Abort: the operator said no.
-        ConfigurationError: (``action``: the command, ``park`` or ``purge``) stdin is not a terminal (a script, cron, a pipe): nobody can answer,
+        ConfigurationError: stdin is not a terminal (a script, cron, a pipe): nobody can answer,
             so ``--yes`` must say it (exit 2, nothing taken).
 
     """

@@ -12,7 +12,6 @@ import click
 from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
-    EXIT_INTERRUPTED,
     errors_to_exit_codes,
     filter_options,
     queue_name_arg,
@@ -21,6 +20,7 @@ from amqpjobs.cli._common import (
     url_options,
 )
 from amqpjobs.cli._root import main
+from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
@@ -221,24 +221,32 @@ def replay_command(
         shown_phase = report.phase
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
-    try:
-        asyncio.run(replay(broker, quarantine_queue, options, progress, report=report, census=census))
-    except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
-        if interactive:
-            click.echo("", err=True)
-        for line in interrupted_lines(report, rate, dry_run):
-            click.echo(line, err=True)
-        sys.exit(EXIT_INTERRUPTED)
+    stopped = run_until_signal(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+    with signals_held():
+        if stopped is not None:  # the moves under way were settled, the held messages are back
+            if interactive:
+                click.echo("", err=True)
+            for line in interrupted_lines(report, rate, dry_run):
+                click.echo(line, err=True)
+            sys.exit(stopped)
+        phases(report)  # "canary passed" when every job was a canary
+        _replay_end(report, census, options, canary, stop_after_failures, interactive)
+
+
+def _replay_end(
+    report: ReplayReport, census: Census, options: ReplayOptions, canary: int | None,
+    stop_after_failures: int | None, interactive: bool,
+) -> None:  # fmt: skip
+    """What a replay that ran to its end prints, and its exit code."""
     if interactive:
         click.echo("", err=True)
     echo_no_match(census, options.selection)
-    if dry_run:
+    if options.dry_run:
         for job_id, target in report.moves:
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
-    phases(report)
     click.echo(_replay_summary(report, canary is not None))
     if report.canary_failures and canary is not None:
         for line in failure_lines(report, options.selection):

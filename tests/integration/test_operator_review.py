@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,8 +19,9 @@ from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import MAX_PENDING, OutcomeEvents, subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.helpers import ROOT, cli, depth, raw_channel
 from tests.integration.test_operator_events import until
+from tests.integration.test_operator_papercuts import EXE, env_for
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.test_topology_holes import delete
 from tests.integration.worker_env import make_app, running_worker
@@ -193,3 +197,52 @@ async def test_an_unknown_jobs_event_carries_the_raw_name(broker: BrokerSettings
     await watch.close()
     await connection.close()
     await app.close()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+async def test_a_signal_during_park_prints_what_was_parked_and_left(
+    broker: BrokerSettings, tmp_path: Path, sig: signal.Signals, code: int
+):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 3000)
+    proc = await asyncio.create_subprocess_exec(
+        EXE, "quarantine", "park", "work", "--yes", env=env_for(broker), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while await depth(broker, "work.parked") < 50 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    proc.send_signal(sig)
+    out_bytes, err_bytes = await asyncio.wait_for(proc.communicate(), 20)
+    err = err_bytes.decode()
+    assert proc.returncode == code, (out_bytes, err)
+    found = re.search(r"interrupted: parked (\d+) in work\.parked, left (\d+) in work\.quarantine", err)
+    assert found, err
+    parked, left = map(int, found.groups())
+    assert parked == await depth(broker, "work.parked")
+    assert left == await depth(broker, "work.quarantine")
+    assert parked + left == 3000
+    assert 50 <= parked < 3000
+    assert "WARNING" not in err
+    assert "Traceback" not in err
+
+
+async def test_sigterm_during_replay_prints_the_summary_and_exits_143(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 20)
+    proc = await asyncio.create_subprocess_exec(
+        EXE, "replay", "work", "--rate", "10", env=env_for(broker), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while await depth(broker, "work") < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err_bytes = await asyncio.wait_for(proc.communicate(), 20)
+    err = err_bytes.decode()
+    assert proc.returncode == 143, err
+    found = re.search(r"interrupted: moved (\d+), skipped 0, left (\d+) in work\.quarantine", err)
+    assert found, err
+    moved, left = map(int, found.groups())
+    assert moved + left == 20
+    assert left == await depth(broker, "work.quarantine")
