@@ -246,3 +246,22 @@ async def test_sigterm_during_replay_prints_the_summary_and_exits_143(broker: Br
     moved, left = map(int, found.groups())
     assert moved + left == 20
     assert left == await depth(broker, "work.quarantine")
+
+
+async def test_an_idle_workers_stop_counts_no_job(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work")
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("mail", {})
+        await rec.wait_for(lambda o: len(o) >= 1)
+    await app.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.worker"]
+    assert "draining: no job in flight" in lines, lines
+    assert "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered); exit 0" in lines, lines
