@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,8 @@ from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch, queue_state, watch_exchange
 from amqpjobs.wire.events import subscribe_outcomes
 
+#: Seconds a canary seen back in quarantine is given for its event (which says why it failed).
+EVENT_GRACE = 2.0
 #: The worker metric that counts outcome events not published (:mod:`amqpjobs.runtime.metrics`).
 DROPPED_METRIC = "amqpjobs_events_dropped_total"
 
@@ -120,15 +122,9 @@ class Canary:
         """
         self.judged = True
         deadline = time.monotonic() + self.timeout
-        while not all(job_id in self.outcomes or job_id in self.returned for job_id in self.expected):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                break
+        await self._wait(deadline, lambda job_id: job_id in self.outcomes or job_id in self.returned)
+        # a failed canary's quarantine copy can arrive before its event (published after the copy's confirm)
+        await self._wait(min(deadline, time.monotonic() + EVENT_GRACE), lambda job_id: job_id in self.outcomes)
         lines = []
         for job_id, job in self.expected.items():
             event = self.outcomes.get(job_id)
@@ -141,6 +137,18 @@ class Canary:
                 self.failed += failed
                 lines.append(f"{head}: no outcome event within {format_duration(self.timeout)}: {where}")
         return lines
+
+    async def _wait(self, deadline: float, known: Callable[[str], bool]) -> None:
+        """Wait until every canary is ``known``, or ``deadline`` (``time.monotonic()``)."""
+        while not all(known(job_id) for job_id in self.expected):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
 
     async def _whereabouts(self, job_id: str) -> tuple[bool, str]:
         """(known to have failed, where it is) of a canary without an event."""
