@@ -28,9 +28,11 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
+from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
 from amqpjobs.runtime.replay import replay
+from amqpjobs.topology.naming import parse_queue_name
 
 
 @main.group()
@@ -173,6 +175,10 @@ def _replay_summary(report: ReplayReport, canary: bool) -> str:
     callback=queue_name_arg,
     help="Work queue to send every message to (default: each message's original queue).",
 )
+@click.option(
+    "--app", "app_ref", metavar="MODULE:APP",
+    help="The app, so that --to is refused when its workers do not handle the jobs (they would be quarantined).",
+)  # fmt: skip
 @click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
 @click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
 @filter_options
@@ -182,7 +188,7 @@ def _replay_summary(report: ReplayReport, canary: bool) -> str:
 @url_options
 @errors_to_exit_codes
 def replay_command(
-    quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
+    quarantine_queue: str, to: str | None, app_ref: str | None, rate: float, limit: int | None, job: str | None,
     error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
     stop_after_failures: int | None, canary: int | None, canary_timeout: str, url: str | None,
     management_url: str | None,
@@ -198,6 +204,7 @@ def replay_command(
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
+        job_queues=_job_queues(app_ref, to),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
     phases = phase_reporter(canary, options.canary_timeout)
@@ -231,6 +238,19 @@ def replay_command(
             sys.exit(stopped)
         phases(report)  # "canary passed" when every job was a canary
         _replay_end(report, census, options, canary, stop_after_failures, interactive)
+
+
+def _job_queues(app_ref: str | None, to: str | None) -> dict[str, str] | None:
+    """Job name -> job queue from ``--app``; without it, a ``--to`` replay warns that it cannot check (stderr)."""
+    if app_ref is not None:
+        return {job.name: job.queue for job in load_app(app_ref)}
+    if to is not None:
+        click.echo(
+            f"warning: --to {printable(repr(to))}: without --app MODULE:APP the CLI cannot tell which jobs "
+            f"{printable(repr(parse_queue_name(to).job_queue))} workers handle; a job they do not handle lands back "
+            "in quarantine as unknown-job", err=True,
+        )  # fmt: skip
+    return None
 
 
 def _replay_end(

@@ -322,6 +322,8 @@ class ReplayOptions:
         canary: Move this many first and go on only if each succeeds (its outcome event,
             :mod:`amqpjobs.runtime.canary`); None: no canary.
         canary_timeout: Seconds to wait for the canaries' outcomes.
+        job_queues: Job name -> the job queue whose workers handle it (from the app), to
+            refuse a ``to`` whose workers would not handle the jobs moved; None: unknown.
 
     """
 
@@ -333,6 +335,7 @@ class ReplayOptions:
     stop_after_failures: int | None = None
     canary: int | None = None
     canary_timeout: float = 60.0
+    job_queues: Mapping[str, str] | None = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
+from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
@@ -141,6 +142,8 @@ async def replay(
         report.queue, report.left = census.queue, census.depth = queue_name, depth
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await _check_targets(connection, [options.to])
+            if options.job_queues is not None:  # before any move: the target's workers must handle every job
+                await _check_jobs_belong(connection, queue_name, depth, options)
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
@@ -246,6 +249,43 @@ async def replay(
                     _, report.left = await resolve_queue(connection, queue_name)
         _, report.left = await resolve_queue(connection, queue_name)
     return report
+
+
+async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
+    """Refuse a ``--to`` whose workers do not handle every job that would move (``options.job_queues``).
+
+    A worker quarantines a delivery of a job it does not serve as ``unknown-job``
+    (:mod:`amqpjobs.runtime.deliveries`), so such a replay would only put the jobs back in
+    quarantine. The matching messages are browsed (and returned) before anything moves.
+
+    Raises:
+        ConfigurationError: some would not be handled; names them and the job queue that does.
+
+    """
+    assert options.to is not None
+    assert options.job_queues is not None
+    target = parse_queue_name(options.to).job_queue
+    strays: dict[str, int] = {}
+    browser = await QueueBrowser.open(connection)
+    try:
+        async for delivery in browser.deliveries(queue_name, depth):
+            item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+                strays[item.job] = strays.get(item.job, 0) + 1
+    finally:
+        await browser.close_quietly()
+    if strays:
+        owners = "; ".join(
+            f"{printable(repr(job))} ({count} message(s)): "
+            + (f"job queue {printable(repr(options.job_queues[job]))} does" if job in options.job_queues
+               else "no job queue of the app does")
+            for job, count in sorted(strays.items())
+        )  # fmt: skip
+        raise ConfigurationError(
+            f"--to {printable(repr(options.to))}: {printable(repr(target))} workers do not handle job(s) {owners}; "
+            "they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job goes "
+            "back to the queue it failed on), or narrow the replay with --job"
+        )
 
 
 async def _check_targets(connection: Connection, targets: list[str]) -> None:

@@ -265,3 +265,31 @@ async def test_an_idle_workers_stop_counts_no_job(
     lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.worker"]
     assert "draining: no job in flight" in lines, lines
     assert "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered); exit 0" in lines, lines
+
+
+async def test_replay_to_a_queue_whose_workers_do_not_handle_the_jobs_is_refused(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    await make_app(broker, tmp_path)  # writes tmp_path/app.toml: job queues "work" and "ghost"
+    (tmp_path / "review21app.py").write_text(
+        "from amqpjobs import App\n"
+        f"app = App('r21', topology={str(tmp_path / 'app.toml')!r})\n"
+        "@app.job('mail', queue='work')\n"
+        "async def mail(payload, ctx):\n"
+        "    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    await fill_quarantine(broker, 3)
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue("ghost", durable=True)
+    for dry in (["--dry-run"], []):
+        args = ["replay", "work", "--to", "ghost", "--app", "review21app:app", *dry]
+        result = await asyncio.to_thread(cli, broker, *args)
+        assert result.exit_code == 2, result.output
+        assert "'ghost' workers do not handle job(s) 'mail' (3 message(s)): job queue 'work' does" in result.stderr
+        assert "would replay" not in result.stdout
+    assert await depth(broker, "ghost") == 0
+    assert await depth(broker, "work.quarantine") == 3
+    unchecked = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "ghost", "--dry-run")
+    assert unchecked.exit_code == 0, unchecked.output
+    assert "without --app MODULE:APP the CLI cannot tell which jobs 'ghost' workers handle" in unchecked.stderr
