@@ -293,3 +293,26 @@ async def test_replay_to_a_queue_whose_workers_do_not_handle_the_jobs_is_refused
     unchecked = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "ghost", "--dry-run")
     assert unchecked.exit_code == 0, unchecked.output
     assert "without --app MODULE:APP the CLI cannot tell which jobs 'ghost' workers handle" in unchecked.stderr
+
+
+async def test_only_names_we_would_create_are_orphans_and_a_stray_shard_hides_nothing(
+    broker: BrokerSettings, tmp_path: Path
+):
+    import aio_pika
+
+    from amqpjobs.runtime.deploy import apply_topology, plan_topology
+
+    topo = tmp_path / "mail.toml"
+    topo.write_text('[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "mail"\nexchange = "jobs"\n')
+    await apply_topology(topo, broker)
+    async with raw_channel(broker) as ch:
+        for name in ("mail.retry.5s.bak", "mail.retry.1s.shard-0", "mail.retry.9s", "mail.shard-1"):
+            await ch.declare_queue(name, durable=True)
+            await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key=name)
+        await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="mail")
+    result = await plan_topology(topo, broker)
+    assert sorted(result.orphans) == [("mail.retry.9s", 1), ("mail.shard-1", 1)]
+    status = await asyncio.to_thread(cli, broker, "status", "--queues", "mail")
+    rows = [line.split()[0] for line in status.stdout.splitlines()]
+    assert "mail" in rows, status.stdout
+    assert "queue mail does not exist" not in status.stdout
