@@ -324,7 +324,7 @@ class Worker(SuspectTurns):
         running = len(jobs) + self._suspects_running  # jobs only: an idle suspects watcher is no job
         if running:
             log.info("draining %d in-flight job(s), grace %.0fs", running, self.options.grace)
-        else:
+        elif self.ready.is_set():  # it consumed (a failed start says why instead)
             log.info("draining: no job in flight")
         still: set[asyncio.Task[Any]] = set()
         abandoned = 0
