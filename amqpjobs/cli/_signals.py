@@ -37,6 +37,7 @@ def run_until_signal(work: Coroutine[Any, Any, object]) -> int | None:
 
     """
     stopped: list[int] = []
+    finished: list[bool] = []
     with contextlib.ExitStack() as quiet:
 
         async def main() -> None:
@@ -45,7 +46,8 @@ def run_until_signal(work: Coroutine[Any, Any, object]) -> int | None:
             assert task is not None
 
             def on_signal(sig: signal.Signals) -> None:
-                if not stopped:  # a second signal does not cut the cleanup of the first short
+                # a second signal does not cut the cleanup of the first short; one after the end is ignored
+                if not stopped and not finished:
                     stopped.append(_CODES[sig])
                     quiet.enter_context(quiet_client_loggers((*CLIENT_LOGGERS, *CHANNEL_LOGGERS)))
                     task.cancel()
@@ -56,8 +58,7 @@ def run_until_signal(work: Coroutine[Any, Any, object]) -> int | None:
             try:
                 await work
             finally:
-                for sig in handled:
-                    loop.remove_signal_handler(sig)
+                finished.append(True)  # the handlers stay (ignoring) until asyncio.run closes the loop
 
         try:
             asyncio.run(main())

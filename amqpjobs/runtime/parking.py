@@ -80,7 +80,16 @@ async def _take(
                     report.kept += 1
                     continue
                 lock.check()
-                await settle(delivery, item)
+                # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
+                # parked queue is acked, so no message is left in both places
+                moving = asyncio.ensure_future(settle(delivery, item))
+                try:
+                    await asyncio.shield(moving)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        await moving
+                        report.taken += 1
+                    raise
                 report.taken += 1
         except AmqpJobsError:
             raise
