@@ -23,6 +23,7 @@ JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dum
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Final
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -79,3 +80,26 @@ def json_safe(text: str) -> str:
     strings. Only those are replaced, so the result parses to the same value.
     """
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _bash_escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
+
+
+def shell_quote(text: str) -> str:
+    r"""``text`` as one shell word that pastes back to exactly ``text``, on one printable line.
+
+    Printable text is quoted by :func:`shlex.quote` (POSIX single quotes). Text holding a
+    character :func:`printable` escapes uses bash's ANSI-C quoting ``$'...'`` (bash manual
+    "ANSI-C Quoting"): ``\n``, ``\xHH`` below U+0080 and ``\uHHHH`` above (a C1 control is
+    a character, not the byte ``\x85``), with ``\\`` and ``\'`` for the two quoted ones. A
+    single-quoted ``'a\nb'`` would hand the shell a backslash and an ``n``.
+
+    >>> shell_quote("it's"), shell_quote("a\nb")
+    ('\'it\'"\'"\'s\'', "$'a\\nb'")
+    """
+    if not _UNSAFE.search(text):
+        return shlex.quote(text)
+    return "$'" + _UNSAFE.sub(_bash_escape, text.replace("\\", "\\\\").replace("'", "\\'")) + "'"

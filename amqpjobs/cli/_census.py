@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import ReplayReport, Selection, replay_window
 from amqpjobs.printable import printable
@@ -15,13 +18,24 @@ def echo_no_match(census: Census, chosen: Selection) -> None:
         click.echo(line, err=True)
 
 
-def confirm_take(verb: str, queue: str, chosen: Selection, safe_url: str) -> None:
-    """Ask before a park or purge takes messages: ``Park the matching messages in quarantine 'work' on ...?``.
+def stdin_is_terminal() -> bool:
+    """Whether someone can answer a question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def confirm_take(verb: str, queue: str, chosen: Selection, safe_url: str, action: str) -> None:
+    """Ask before a park or purge (``action``) takes messages: ``Park the matching messages in quarantine 'x' on ...?``.
 
     Raises:
         click.Abort: the operator said no.
+        ConfigurationError: stdin is not a terminal (a script, cron, a pipe): nobody can answer,
+            so ``--yes`` must say it (exit 2, nothing taken).
 
     """
+    if not stdin_is_terminal():
+        raise ConfigurationError(
+            f"refusing to {action} without --yes when stdin is not a terminal (add --yes to a script's command)"
+        )
     what = "every message" if chosen == Selection() else "the matching messages"
     click.confirm(f"{verb} {what} in quarantine {printable(repr(queue))} on {safe_url}?", abort=True)
 

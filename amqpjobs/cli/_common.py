@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import traceback
@@ -27,6 +28,7 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,9 +51,23 @@ _CONNECT_TIMEOUT_KEY = "amqpjobs.connect_timeout"
 
 
 def verbose() -> bool:
-    """True when the command line has ``-v``/``--verbose`` (the root group's flag)."""
+    """True when the command line has ``-v``/``--verbose``, before the subcommand (the root's) or after it."""
     ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and ctx.find_root().params.get("verbose"))
+
+
+def _keep_verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:  # the root group's callback already ran (click parses a subcommand after it): same effect now
+        ctx.find_root().params["verbose"] = True
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+def verbose_option(func: F) -> F:
+    """``-v``/``--verbose`` on a subcommand: the same as the root's (``amqpjobs consume -v app:app``)."""
+    return click.option(
+        "-v", "--verbose", is_flag=True, expose_value=False, callback=_keep_verbose, is_eager=True,
+        help="Log debug details (as amqpjobs -v).",
+    )(func)  # fmt: skip
 
 
 def _broken_pipe() -> None:
@@ -154,6 +170,7 @@ def long_running_url_options(func: F) -> F:
 
 
 def _url_options(func: F) -> F:
+    func = verbose_option(func)
     func = click.option(
         "--management-url",
         envvar=MANAGEMENT_URL_ENV,
@@ -177,6 +194,17 @@ def settings(url: str | None, management_url: str | None) -> BrokerSettings:
     if ctx is not None and _CONNECT_TIMEOUT_KEY in ctx.meta:
         broker = broker.with_connect_timeout(ctx.meta[_CONNECT_TIMEOUT_KEY])
     return broker
+
+
+def queue_name_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback for a queue name given on the command line (QUEUE arguments, ``--to``).
+
+    The rule is :func:`amqpjobs.topology.naming.queue_name_problem` (the one home): a name
+    AMQP cannot carry is exit 2 with what is wrong, before any connect.
+    """
+    if value is not None and (problem := queue_name_problem(value)):
+        raise click.BadParameter(problem)
+    return value
 
 
 def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:

@@ -11,6 +11,7 @@ from amqpjobs.cli.next_steps import command, filter_args
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import ReplayReport, Selection
+from amqpjobs.printable import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,30 +45,62 @@ def canary_timeout(value: str) -> float:
     return seconds
 
 
-def phase_reporter(canary: int | None) -> Callable[[ReplayReport], None]:
-    """A progress hook printing each phase change of a canary replay once (to stdout)."""
+def check_canary_options(ctx: click.Context, canary: int | None) -> None:
+    """Refuse ``--canary-timeout`` given without ``--canary`` (it would be silently ignored).
+
+    Raises:
+        ConfigurationError: it was.
+
+    """
+    if canary is None and ctx.get_parameter_source("canary_timeout") is not click.core.ParameterSource.DEFAULT:
+        raise ConfigurationError("--canary-timeout needs --canary (how many jobs to move first, e.g. --canary 2)")
+
+
+def phase_reporter(canary: int | None, timeout: float) -> Callable[[ReplayReport], None]:
+    """A progress hook printing each phase change of a canary replay once (to stdout).
+
+    The start line comes once the replay checked and subscribed (phase ``canary``), so a
+    replay that cannot run a canary says nothing about moving; it names the number that
+    can move (``--canary 50`` of 20 queued: "up to 20").
+    """
     shown = {""}
 
     def on_progress(report: ReplayReport) -> None:
-        if report.phase in shown:
+        if report.phase in shown or canary is None:
             return
         shown.add(report.phase)
+        if report.phase == "canary":
+            click.echo(start_line(canary, report.left, timeout))
         if report.phase == "rest":
-            click.echo(f"canary passed: {canary} of {canary} succeeded; replaying the rest")
+            moved = report.canary_moved
+            click.echo(f"canary passed: {moved} of {moved} succeeded; replaying the rest")
 
     return on_progress
 
 
-def start_line(canary: int, timeout: float) -> str:
-    """What a canary replay says before it starts."""
-    return f"canary: moving {canary} job(s) first, then waiting up to {format_duration(timeout)} for their outcomes"
+def start_line(canary: int, queued: int, timeout: float) -> str:
+    """What a canary replay says before its first move (``queued``: messages in the quarantine queue)."""
+    count = f"{canary}" if canary <= queued else f"up to {queued}"
+    return f"canary: moving {count} job(s) first, then waiting up to {format_duration(timeout)} for their outcomes"
 
 
-def failure_lines(report: ReplayReport, canary: int, chosen: Selection) -> list[str]:
-    """What a stopped canary replay prints (to stderr): which canaries failed, why, and what to run next."""
-    park = command("quarantine", "park", report.queue, *filter_args(chosen))
-    return [
-        f"canary failed: {len(report.canary_failures)} of {canary} did not succeed; the rest stay in {report.queue}:",
+def failure_lines(report: ReplayReport, chosen: Selection) -> list[str]:
+    """What a stopped canary replay prints (to stderr): which canaries failed or are unknown, why, what next.
+
+    Parking is suggested only when a canary is known to have failed: a canary without an
+    outcome event may well have succeeded.
+    """
+    lines = [
+        f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not succeed; the rest stay in "
+        f"{printable(report.queue)}:",
         *(f"  {line}" for line in report.canary_failures),
-        f"fix the cause and replay again, or park the failing jobs: {park}",
     ]
+    if report.canary_failed:
+        park = command("quarantine", "park", report.queue, *filter_args(chosen))
+        lines.append(f"fix the cause and replay again, or park the failing jobs: {park}")
+    else:
+        lines.append(
+            "none is known to have failed: check the workers (running? consuming? their event metrics), "
+            f"then replay again: {command('replay', report.queue, *filter_args(chosen), '--canary', '1')}"
+        )
+    return lines

@@ -6,12 +6,11 @@ kind -> ``quarantine park`` the rest -> ``status`` healthy: each step's output n
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 
 from amqpjobs.jobs.census import filter_flags
 from amqpjobs.jobs.quarantine import Group, Selection
-from amqpjobs.printable import printable
+from amqpjobs.printable import shell_quote
 
 
 def filter_args(chosen: Selection) -> list[str]:
@@ -23,8 +22,12 @@ def filter_args(chosen: Selection) -> list[str]:
 
 
 def command(*args: str) -> str:
-    """An ``amqpjobs`` command line, quoted for a POSIX shell, control characters escaped (one line always)."""
-    return printable(shlex.join(["amqpjobs", *args]))
+    """An ``amqpjobs`` command line to paste into a shell: each argument by :func:`amqpjobs.printable.shell_quote`.
+
+    One line always; an argument with control characters is bash ``$'...'``-quoted, so it
+    pastes back to the very same value.
+    """
+    return " ".join(shell_quote(arg) for arg in ["amqpjobs", *args])
 
 
 def after_list(queue: str, groups: Sequence[Group]) -> str | None:
@@ -45,3 +48,10 @@ def after_show(queue: str, chosen: Selection) -> str:
         f"next: fixed? {command('replay', queue, *filters, '--canary', '1')}; "
         f"a lost cause? {command('quarantine', 'park', queue, *filters)}"
     )
+
+
+def after_replay(queue: str, left: int) -> str:
+    """What a finished replay suggests: what is still quarantined, or ``status`` when nothing is."""
+    if left:
+        return f"next: {command('quarantine', 'list', queue)} ({left} still there)"
+    return f"next: {command('status')} (the quarantine is empty)"

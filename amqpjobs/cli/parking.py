@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
+import sys
 
 import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match
-from amqpjobs.cli._common import errors_to_exit_codes, filter_options, selection, settings, url_options
+from amqpjobs.cli._common import errors_to_exit_codes, filter_options, queue_name_arg, selection, settings, url_options
+from amqpjobs.cli._signals import run_until_signal, signals_held
+from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
-from amqpjobs.runtime.parking import park
+from amqpjobs.runtime.parking import TakeReport, park
 
 
 @quarantine.command("park")
-@click.argument("queue")
+@click.argument("queue", callback=queue_name_arg)
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @url_options
@@ -34,15 +37,28 @@ def quarantine_park(
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     if not yes:
-        confirm_take("Park", queue, chosen, broker.safe_url)
-    census = Census()
-    report = asyncio.run(park(broker, queue, chosen, census))
+        confirm_take("Park", queue, chosen, broker.safe_url, "park")
+    census, report = Census(), TakeReport(queue)
+    stopped = run_until_signal(park(broker, queue, chosen, census, report=report))
+    with signals_held():
+        if stopped is not None:  # the move under way was settled, the held messages are back
+            click.echo(
+                f"interrupted: parked {report.taken} in {printable(report.target or '?')}, left {report.left} in "
+                f"{printable(report.queue)}", err=True,
+            )  # fmt: skip
+            sys.exit(stopped)
+        _park_end(report, census, chosen)
+
+
+def _park_end(report: TakeReport, census: Census, chosen: Selection) -> None:
+    """What a park that ran to its end prints."""
     click.echo(
         f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
         f"{report.left} left in {printable(report.queue)}"
     )
     if report.left:
-        click.echo(f"next: amqpjobs quarantine list {printable(report.queue)} (what is still quarantined)")
+        click.echo(f"next: {command('quarantine', 'list', report.queue)} (what is still quarantined)")
     else:
-        click.echo(f"next: amqpjobs status (parked jobs do not make it unhealthy; they wait in {report.target})")
+        click.echo(f"next: {command('status')} (parked jobs do not make it unhealthy; they wait in "
+                   f"{printable(report.target)})")  # fmt: skip
     echo_no_match(census, chosen)

@@ -12,24 +12,27 @@ import click
 from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
-    EXIT_INTERRUPTED,
     errors_to_exit_codes,
     filter_options,
+    queue_name_arg,
     selection,
     settings,
     url_options,
 )
 from amqpjobs.cli._root import main
-from amqpjobs.cli.canary import canary_options, failure_lines, phase_reporter, start_line
+from amqpjobs.cli._signals import run_until_signal, signals_held
+from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
-from amqpjobs.cli.next_steps import after_list, after_show
+from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
+from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
 from amqpjobs.runtime.replay import replay
+from amqpjobs.topology.naming import parse_queue_name
 
 
 @main.group()
@@ -43,7 +46,7 @@ def quarantine() -> None:
 
 
 @quarantine.command("list")
-@click.argument("queue", required=False)
+@click.argument("queue", required=False, callback=queue_name_arg)
 @click.option("--all", "all_queues", is_flag=True, help="Every *.quarantine queue of the vhost.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @url_options
@@ -78,7 +81,7 @@ def quarantine_list(
 
 
 @quarantine.command("show")
-@click.argument("queue")
+@click.argument("queue", callback=queue_name_arg)
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -117,7 +120,7 @@ def quarantine_show(
 
 
 @quarantine.command("export")
-@click.argument("queue")
+@click.argument("queue", callback=queue_name_arg)
 @click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
 @url_options
 @errors_to_exit_codes
@@ -128,7 +131,7 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
 
 
 @quarantine.command("purge")
-@click.argument("queue")
+@click.argument("queue", callback=queue_name_arg)
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @url_options
@@ -145,7 +148,7 @@ def quarantine_purge(
     chosen = selection(job, error_type, reason, since)
     filtered = chosen != Selection()
     if not yes:
-        confirm_take("Delete", queue, chosen, broker.safe_url)
+        confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
         report = asyncio.run(purge_matching(broker, queue, chosen, census))
@@ -156,17 +159,26 @@ def quarantine_purge(
     click.echo(f"purged {removed} message(s) from {name}")
 
 
-def _replay_summary(report: ReplayReport) -> str:
+def _replay_summary(report: ReplayReport, canary: bool) -> str:
     rate_seen = (report.replayed - 1) / report.elapsed if report.elapsed > 0 else 0.0
+    waited = " including the canary wait" if canary and report.replayed > report.canary_moved else ""
     return (
-        f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {report.queue} "
-        f"({report.elapsed:.1f}s, {rate_seen:.1f}/s)"
+        f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {printable(report.queue)} "
+        f"({report.elapsed:.1f}s{waited}, {rate_seen:.1f}/s)"
     )
 
 
 @main.command("replay")
-@click.argument("quarantine_queue", metavar="QUARANTINE")
-@click.option("--to", help="Work queue to send every message to (default: each message's original queue).")
+@click.argument("quarantine_queue", metavar="QUARANTINE", callback=queue_name_arg)
+@click.option(
+    "--to",
+    callback=queue_name_arg,
+    help="Work queue to send every message to (default: each message's original queue).",
+)
+@click.option(
+    "--app", "app_ref", metavar="MODULE:APP",
+    help="The app, so that --to is refused when its workers do not handle the jobs (they would be quarantined).",
+)  # fmt: skip
 @click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
 @click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
 @filter_options
@@ -176,7 +188,7 @@ def _replay_summary(report: ReplayReport) -> str:
 @url_options
 @errors_to_exit_codes
 def replay_command(
-    quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
+    quarantine_queue: str, to: str | None, app_ref: str | None, rate: float, limit: int | None, job: str | None,
     error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
     stop_after_failures: int | None, canary: int | None, canary_timeout: str, url: str | None,
     management_url: str | None,
@@ -187,15 +199,15 @@ def replay_command(
     host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
     done, 1 when --stop-after-failures or a failed --canary stopped the run.
     """
+    check_canary_options(click.get_current_context(), canary)
     broker = settings(url, management_url)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
+        job_queues=_job_queues(app_ref, to),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
-    phases = phase_reporter(canary)
-    if canary is not None and not dry_run:
-        click.echo(start_line(canary, options.canary_timeout))
+    phases = phase_reporter(canary, options.canary_timeout)
 
     shown_phase, width = "", 0  # of the live line
 
@@ -206,6 +218,9 @@ def replay_command(
             click.echo("", err=True)
             width = 0
         phases(report)
+        if report.replayed == 0:  # the canary's start: no move yet
+            shown_phase = report.phase
+            return
         if interactive and (changed or report.phase == "canary" or report.replayed % 10 == 0):
             line = progress_line(report, canary)
             click.echo("\r" + line.ljust(width), err=True, nl=False)
@@ -213,30 +228,52 @@ def replay_command(
         shown_phase = report.phase
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
-    try:
-        asyncio.run(replay(broker, quarantine_queue, options, progress, report=report, census=census))
-    except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
-        if interactive:
-            click.echo("", err=True)
-        for line in interrupted_lines(report, rate, dry_run):
-            click.echo(line, err=True)
-        sys.exit(EXIT_INTERRUPTED)
+    stopped = run_until_signal(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+    with signals_held():
+        if stopped is not None:  # the moves under way were settled, the held messages are back
+            if interactive:
+                click.echo("", err=True)
+            for line in interrupted_lines(report, rate, dry_run):
+                click.echo(line, err=True)
+            sys.exit(stopped)
+        phases(report)  # "canary passed" when every job was a canary
+        _replay_end(report, census, options, canary, stop_after_failures, interactive)
+
+
+def _job_queues(app_ref: str | None, to: str | None) -> dict[str, str] | None:
+    """Job name -> job queue from ``--app``; without it, a ``--to`` replay warns that it cannot check (stderr)."""
+    if app_ref is not None:
+        return {job.name: job.queue for job in load_app(app_ref)}
+    if to is not None:
+        click.echo(
+            f"warning: --to {printable(repr(to))}: without --app MODULE:APP the CLI cannot tell which jobs "
+            f"{printable(repr(parse_queue_name(to).job_queue))} workers handle; a job they do not handle lands back "
+            "in quarantine as unknown-job", err=True,
+        )  # fmt: skip
+    return None
+
+
+def _replay_end(
+    report: ReplayReport, census: Census, options: ReplayOptions, canary: int | None,
+    stop_after_failures: int | None, interactive: bool,
+) -> None:  # fmt: skip
+    """What a replay that ran to its end prints, and its exit code."""
     if interactive:
         click.echo("", err=True)
     echo_no_match(census, options.selection)
-    if dry_run:
+    if options.dry_run:
         for job_id, target in report.moves:
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
-    phases(report)
-    click.echo(_replay_summary(report))
+    click.echo(_replay_summary(report, canary is not None))
     if report.canary_failures and canary is not None:
-        for line in failure_lines(report, canary, options.selection):
+        for line in failure_lines(report, options.selection):
             click.echo(line, err=True)
         sys.exit(EXIT_FOUND)
     if report.stopped_early:
         click.echo(f"stopped: {report.returned} replayed job(s) came back to quarantine (--stop-after-failures "
                    f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
         sys.exit(EXIT_FOUND)
+    click.echo(after_replay(report.queue, report.left))

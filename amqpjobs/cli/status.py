@@ -16,6 +16,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable
 from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.naming import queue_name_problem
 
 
 @main.command("status")
@@ -44,6 +45,9 @@ def status_command(
     if queues is not None and not queues.strip(", "):
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    for name in names or []:
+        if problem := queue_name_problem(name):
+            raise ConfigurationError(f"--queues: {problem}")
     layouts = None
     source = f"--queues {','.join(names)}" if names else ""
     if not names:

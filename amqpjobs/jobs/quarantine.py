@@ -322,6 +322,8 @@ class ReplayOptions:
         canary: Move this many first and go on only if each succeeds (its outcome event,
             :mod:`amqpjobs.runtime.canary`); None: no canary.
         canary_timeout: Seconds to wait for the canaries' outcomes.
+        job_queues: Job name -> the job queue whose workers handle it (from the app), to
+            refuse a ``to`` whose workers would not handle the jobs moved; None: unknown.
 
     """
 
@@ -333,6 +335,7 @@ class ReplayOptions:
     stop_after_failures: int | None = None
     canary: int | None = None
     canary_timeout: float = 60.0
+    job_queues: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -352,6 +355,9 @@ class ReplayReport:
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
         canary_failures: One line per canary that did not succeed (the run stopped then).
+        canary_moved: Canaries actually moved (fewer than K when fewer matched).
+        canary_failed: Canaries known to have failed (an event said so, or they came back);
+            the others of ``canary_failures`` had no outcome event in time.
 
     """
 
@@ -365,6 +371,8 @@ class ReplayReport:
     moves: list[tuple[str, str]] = field(default_factory=list)
     phase: str = ""
     canary_failures: list[str] = field(default_factory=list)
+    canary_moved: int = 0
+    canary_failed: int = 0
 
 
 def replay_window(rate: float) -> int:

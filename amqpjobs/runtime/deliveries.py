@@ -140,7 +140,8 @@ class DeliveryPath(HandlerRuns):
         asyncio.get_running_loop().call_soon(self._record, v)
         if self._events is not None:  # fire and forget: the job's fate is settled above
             event = event_for(v, delivery.headers, time.time())
-            self._events.emit(event_routing_key(event.queue, event.outcome), event.encode())
+            # a replayed delivery's event is kept over the cap: a canary waits for it (bounded by --rate)
+            self._events.emit(event_routing_key(event.queue, event.outcome), event.encode(), keep=bool(event.replay_id))
         return v
 
     def _record(self, outcome: Outcome) -> None:
@@ -190,7 +191,7 @@ class DeliveryPath(HandlerRuns):
             why = (
                 "no job name (type property or amqpjobs-job header)"
                 if not job_name
-                else f"job {job_name[:200]!r} is not served from job queue {layout.name!r} by app {self.app.name!r}"
+                else f"job '{job_name[:200]}' is not served from job queue '{layout.name}' by app '{self.app.name}'"
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip

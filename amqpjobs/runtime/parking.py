@@ -16,6 +16,8 @@ unacked until the end, then returned to the queue in their place.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,7 +80,16 @@ async def _take(
                     report.kept += 1
                     continue
                 lock.check()
-                await settle(delivery, item)
+                # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
+                # parked queue is acked, so no message is left in both places
+                moving = asyncio.ensure_future(settle(delivery, item))
+                try:
+                    await asyncio.shield(moving)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        await moving
+                        report.taken += 1
+                    raise
                 report.taken += 1
         except AmqpJobsError:
             raise
@@ -89,7 +100,12 @@ async def _take(
 
 
 async def park(
-    settings: BrokerSettings, name: str, selection: q.Selection | None = None, census: Census | None = None
+    settings: BrokerSettings,
+    name: str,
+    selection: q.Selection | None = None,
+    census: Census | None = None,
+    *,
+    report: TakeReport | None = None,
 ) -> TakeReport:
     """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
 
@@ -99,6 +115,9 @@ async def park(
         selection: Filters (None: every message).
         census: Filled with what every looked-at message holds (to show what is there
             when the filters matched none).
+        report: Filled as the run goes (and returned): a caller keeps it to report a run
+            cut short (Ctrl-C, SIGTERM). Cancelled, the park settles the move under way,
+            returns the held messages and sets ``left`` before the cancellation propagates.
 
     Raises:
         ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
@@ -121,7 +140,8 @@ async def park(
                 f"parked queue {target!r} does not exist: apply the topology (amqpjobs topology apply) to declare "
                 "it; nothing was moved"
             ) from None
-        report = TakeReport(queue, target=target)
+        report = report if report is not None else TakeReport(queue)
+        report.queue, report.target = queue, target
         publisher = ConfirmedPublisher(connection)
         parked_at = envelope.iso_utc(time.time())
 
@@ -138,6 +158,10 @@ async def park(
 
         try:
             await _take(connection, settings, queue, selection, "park", move, report, census or Census())
+        except asyncio.CancelledError:  # the held messages are back: count them for the caller's summary
+            with contextlib.suppress(Exception):
+                _, report.left = await resolve_queue(connection, queue)
+            raise
         finally:
             await publisher.close()
         _, report.left = await resolve_queue(connection, queue)

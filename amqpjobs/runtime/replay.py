@@ -25,6 +25,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
+from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
@@ -39,7 +40,7 @@ from amqpjobs.wire.settings import BrokerSettings
 async def _watch_returns(connection: Connection, quarantine_queue: str, replay_id: str, report: ReplayReport) -> Watch:
     """Count replayed jobs coming back: an exclusive queue bound to the (fanout) quarantine exchange."""
 
-    def on_headers(headers: Mapping[str, Any]) -> None:
+    def on_headers(headers: Mapping[str, Any], message_id: str) -> None:
         if q.header_text(headers.get(q.REPLAY_ID)) == replay_id:
             report.returned += 1
 
@@ -141,15 +142,19 @@ async def replay(
         report.queue, report.left = census.queue, census.depth = queue_name, depth
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await _check_targets(connection, [options.to])
+            if options.job_queues is not None:  # before any move: the target's workers must handle every job
+                await _check_jobs_belong(connection, queue_name, depth, options)
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
         canary = None
         if options.canary is not None and not options.dry_run:  # subscribed before the first move: no race
             canary = await stack.enter_async_context(
-                watch_canary(connection, replay_id, options.canary, options.canary_timeout)
+                watch_canary(connection, replay_id, options.canary, options.canary_timeout, queue_name)
             )
             report.phase = "canary"
+            if progress is not None:  # checked and subscribed: the caller may now say what the canary does
+                progress(report)
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
         started: float | None = None
@@ -196,7 +201,8 @@ async def replay(
                     break
                 target = planned.target
                 if canary is not None and launched < canary.size:
-                    canary.expect(planned.job_id, q.describe(delivery.headers, delivery.message_id, delivery.type).job)
+                    job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
+                    canary.expect(planned.job_id, job, target)
                 report.moves.append((planned.job_id, target))
                 if options.dry_run:
                     report.replayed += 1
@@ -243,6 +249,43 @@ async def replay(
                     _, report.left = await resolve_queue(connection, queue_name)
         _, report.left = await resolve_queue(connection, queue_name)
     return report
+
+
+async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
+    """Refuse a ``--to`` whose workers do not handle every job that would move (``options.job_queues``).
+
+    A worker quarantines a delivery of a job it does not serve as ``unknown-job``
+    (:mod:`amqpjobs.runtime.deliveries`), so such a replay would only put the jobs back in
+    quarantine. The matching messages are browsed (and returned) before anything moves.
+
+    Raises:
+        ConfigurationError: some would not be handled; names them and the job queue that does.
+
+    """
+    assert options.to is not None
+    assert options.job_queues is not None
+    target = parse_queue_name(options.to).job_queue
+    strays: dict[str, int] = {}
+    browser = await QueueBrowser.open(connection)
+    try:
+        async for delivery in browser.deliveries(queue_name, depth):
+            item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+                strays[item.job] = strays.get(item.job, 0) + 1
+    finally:
+        await browser.close_quietly()
+    if strays:
+        owners = "; ".join(
+            f"{printable(repr(job))} ({count} message(s)): "
+            + (f"job queue {printable(repr(options.job_queues[job]))} does" if job in options.job_queues
+               else "no job queue of the app does")
+            for job, count in sorted(strays.items())
+        )  # fmt: skip
+        raise ConfigurationError(
+            f"--to {printable(repr(options.to))}: {printable(repr(target))} workers do not handle job(s) {owners}; "
+            "they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job goes "
+            "back to the queue it failed on), or narrow the replay with --job"
+        )
 
 
 async def _check_targets(connection: Connection, targets: list[str]) -> None:

@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from amqpjobs.jobs.timestamps import epoch_seconds
+from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
+    EVENTS_EXCHANGE,
     parked_queue_name,
     parse_queue_name,
     quarantine_exchange_name,
@@ -122,7 +124,10 @@ def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str],
     shards = sorted(
         ((q.shard or 0, n) for n, q in parsed if q.kind == "shard" and q.job_queue == job_queue),
     )
-    works = [n for _, n in shards] or [job_queue]
+    live = set(live_names)
+    # a stray shard (``mail.shard-1`` of an unsharded ``mail``) must not hide the work queue itself
+    works = [job_queue] if job_queue in live or not shards else []
+    works += [n for _, n in shards]
     tiers = [n for w in works for n, q in parsed if q.kind == "tier" and q.work_queue == w]
     return works, tiers, quarantine_queue_name(job_queue)
 
@@ -201,14 +206,15 @@ async def collect(
         if status.quarantine.ready:
             status.problems.append(
                 f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name} "
-                f"(next: amqpjobs quarantine list {status.quarantine.name})"
+                f"(next: amqpjobs quarantine list {shell_quote(status.quarantine.name)})"
             )
         status.parked = parked = figures(parked_queue_name(name))
         if not parked.exists:
             status.notes.append(f"no parked queue {parked.name} yet (amqpjobs topology apply declares it)")
         elif parked.ready:
             status.notes.append(
-                f"{parked.ready} job(s) parked in {parked.name}, not unhealthy (amqpjobs quarantine list {parked.name})"
+                f"{parked.ready} job(s) parked in {parked.name}, not unhealthy "
+                f"(amqpjobs quarantine list {shell_quote(parked.name)})"
             )
         sharded = len(status.work) > 1
         for w in status.work:
@@ -224,4 +230,9 @@ async def collect(
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         out.append(status)
+    if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
+        out[0].notes.append(
+            f"exchange {EVENTS_EXCHANGE!r} does not exist: workers publish no outcome events, and canary replays "
+            "need it (replay --canary); amqpjobs topology apply declares it, then restart the workers"
+        )
     return out

@@ -36,6 +36,7 @@ class SuspectTurns(DeliveryPath):
     _consumers: list[Source]
     _lanes_missing: set[str]
     _held: int
+    _suspects_running: int
     _held_changed: asyncio.Event
     _layouts: dict[str, JobQueueLayout]
 
@@ -97,7 +98,11 @@ class SuspectTurns(DeliveryPath):
                     break
                 origin = header_text(delivery.headers.get(crash.WORK_QUEUE))
                 delivery.queue = origin if origin in layout.work_queues else layout.work_queues[0]
-                await self._handle(layout, delivery, alone=True)
+                self._suspects_running += 1
+                try:
+                    await self._handle(layout, delivery, alone=True)
+                finally:
+                    self._suspects_running -= 1
         finally:
             self._gate.release_alone()
             if not self._stop.is_set():

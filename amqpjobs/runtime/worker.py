@@ -108,6 +108,7 @@ class Worker(SuspectTurns):
         self._held_changed = asyncio.Event()
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
+        self._suspects_running = 0  # suspects' jobs running alone now (not in _inflight)
         self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
         self._heartbeat_timeout = 0.0
@@ -318,14 +319,20 @@ class Worker(SuspectTurns):
             await consumer.cancel()
         await asyncio.sleep(0)
         code = 0
-        pending = set(self._inflight) | {t for t in self._suspect_tasks if not t.done()}  # a suspect may be running
-        if self._inflight:
-            log.info("draining %d in-flight job(s), grace %.0fs", len(self._inflight), self.options.grace)
+        jobs = set(self._inflight)
+        watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
+        running = len(jobs) + self._suspects_running  # jobs only: an idle suspects watcher is no job
+        if running:
+            log.info("draining %d in-flight job(s), grace %.0fs", running, self.options.grace)
+        elif self.ready.is_set():  # it consumed (a failed start says why instead)
+            log.info("draining: no job in flight")
         still: set[asyncio.Task[Any]] = set()
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=self.options.grace)
+        abandoned = 0
+        if jobs or watchers:
+            _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
+            abandoned = len(still & jobs) + min(self._suspects_running, len(still & watchers))
             if still:
-                log.warning("%d job(s) still running after the grace period; they will be redelivered", len(still))
+                log.warning("%d job(s) still running after the grace period; they will be redelivered", abandoned)
                 code = 1
                 for task in still:
                     task.cancel()
@@ -343,7 +350,7 @@ class Worker(SuspectTurns):
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
             log.info(
                 "worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered); exit %d",
-                len(pending) - len(still), len(still), code,
+                running - abandoned, abandoned, code,
             )  # fmt: skip
         return code
 

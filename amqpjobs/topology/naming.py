@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from amqpjobs.durations import format_duration
+from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.printable import printable
 
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
@@ -38,6 +39,28 @@ SHARD_INFIX = ".shard-"
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
 
 QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running"]
+
+
+#: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
+MAX_NAME_BYTES = 255
+
+
+def queue_name_problem(name: str) -> str | None:
+    """What makes ``name`` unusable as a queue name we would send the broker, or None when it is fine.
+
+    AMQP 0-9-1 carries names as a short string: at most 255 bytes of UTF-8 (the client
+    library raises a bare ``ValueError`` beyond that). Empty names and names with control
+    characters, line breaks or terminal escapes (:func:`amqpjobs.printable.printable`) are
+    refused too: we never create one, and an operator typing one meant something else.
+    """
+    if not name:
+        return "queue name is empty"
+    if printable(name) != name:
+        return f"queue name {printable(repr(name))} has control characters; queue names are printable text"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        return f"queue name {printable(name[:40])}... is {size} bytes of UTF-8; AMQP allows at most {MAX_NAME_BYTES}"
+    return None
 
 
 def work_queue_name(job_queue: str, shard: int | None = None) -> str:
@@ -105,9 +128,17 @@ class QueueName:
     schedule: str | None = None
 
 
+def _is_tier_name(tier: str) -> bool:
+    """Whether ``tier`` is a tier name we would create: :func:`format_duration` of its own duration."""
+    try:
+        return format_duration(parse_duration(tier)) == tier
+    except ValueError:
+        return False
+
+
 def _work(name: str) -> QueueName:
     base, infix, index = name.rpartition(SHARD_INFIX)
-    if infix and base and index.isdigit():
+    if infix and base and index.isascii() and index.isdigit() and str(int(index)) == index:
         return QueueName("shard", base, name, shard=int(index))
     return QueueName("work", name, name)
 
@@ -115,8 +146,11 @@ def _work(name: str) -> QueueName:
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 
-    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``; a shard index is
-    digits only). Names with none of our markers are work queues of a job queue of that name.
+    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
+    create count as ours: a tier part must be a duration in the tiers' own form
+    (:func:`~amqpjobs.durations.format_duration`: ``5s``, not ``5s.bak``, ``05s`` or ``5000ms``)
+    and a shard index is decimal digits without a leading zero. Anything else (``mail.retry.5s.bak``)
+    is a work queue of a job queue of that whole name, as are names with none of our markers.
     """
     if name.startswith(SCHEDULER_PREFIX):
         rest = name.removeprefix(SCHEDULER_PREFIX)
@@ -133,7 +167,7 @@ def parse_queue_name(name: str) -> QueueName:
     if name.endswith(PARKED_SUFFIX) and len(name) > len(PARKED_SUFFIX):
         return QueueName("parked", name.removesuffix(PARKED_SUFFIX))
     work_queue, infix, tier = name.rpartition(RETRY_INFIX)
-    if infix and work_queue and tier:
+    if infix and work_queue and _is_tier_name(tier):
         work = _work(work_queue)
         return QueueName("tier", work.job_queue, work_queue, shard=work.shard, tier=tier)
     return _work(name)

@@ -11,8 +11,10 @@ from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from amqpjobs.errors import NotFoundError
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.declare import QueueProbe
 from amqpjobs.wire.delivery import Delivery, get_unacked
 from amqpjobs.wire.errors import broker_errors
 
@@ -30,6 +32,24 @@ async def probe_queue(connection: Connection, name: str) -> int:
         with broker_errors():
             declared = await channel.declare_queue(name, passive=True)
         return declared.declaration_result.message_count or 0
+    finally:
+        await close_channel(channel)
+
+
+async def queue_state(connection: Connection, name: str) -> QueueProbe | None:
+    """Messages ready and consumers of queue ``name`` now (a passive declare on a throwaway channel); None: missing.
+
+    Raises:
+        ResourceLockedError: it is exclusive to another connection.
+
+    """
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        with broker_errors():
+            result = (await channel.declare_queue(name, passive=True)).declaration_result
+        return QueueProbe(result.message_count or 0, result.consumer_count or 0)
+    except NotFoundError:
+        return None
     finally:
         await close_channel(channel)
 
@@ -86,9 +106,9 @@ class Watch:
 
 
 async def watch_exchange(
-    connection: Connection, exchange: str, on_headers: Callable[[Mapping[str, Any]], None]
+    connection: Connection, exchange: str, on_headers: Callable[[Mapping[str, Any], str], None]
 ) -> Watch:
-    """Bind a new exclusive queue to ``exchange`` and call ``on_headers`` with each message's headers.
+    """Bind a new exclusive queue to ``exchange`` and call ``on_headers`` with each message's headers and message id.
 
     Raises:
         NotFoundError: ``exchange`` does not exist.
@@ -100,7 +120,7 @@ async def watch_exchange(
         await watcher.bind(exchange)
 
     async def on_message(message: AbstractIncomingMessage) -> None:
-        on_headers(message.headers or {})
+        on_headers(message.headers or {}, message.message_id or "")
         await message.ack()
 
     await watcher.consume(on_message)

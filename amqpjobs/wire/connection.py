@@ -28,7 +28,7 @@ from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.wire.cluster import ClusterConnection, Node, node
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
-from amqpjobs.wire.errors import LIBRARY_ERRORS
+from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate
@@ -41,6 +41,8 @@ _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
 #: for each refused connect; during our first-connect retries we write one line per attempt instead.
 CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")
+#: The loggers that report calls a cancellation cut short ("Closing channel ... because RPC call ... cancelled").
+CHANNEL_LOGGERS = ("aiormq.channel", "aio_pika.channel", "aio_pika.robust_channel")
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,11 @@ class _BelowCritical(logging.Filter):
 
 
 @contextlib.contextmanager
-def quiet_client_loggers() -> Iterator[None]:
-    """Drop :data:`CLIENT_LOGGERS`' records below CRITICAL for the block (unless amqpjobs logs at DEBUG, ``-v``).
+def quiet_client_loggers(names: tuple[str, ...] = CLIENT_LOGGERS) -> Iterator[None]:
+    """Drop the records below CRITICAL of loggers ``names`` for the block (unless amqpjobs logs at DEBUG, ``-v``).
+
+    A logger's filter sees only the records logged on it (not its children's), hence the
+    full names.
 
     Each block adds a filter of its own and removes only that one, so overlapping blocks
     (two connects at once) never leave the loggers silenced. Loggers are process-wide: another
@@ -149,7 +154,7 @@ def quiet_client_loggers() -> Iterator[None]:
     if log.isEnabledFor(logging.DEBUG):
         yield
         return
-    loggers = [logging.getLogger(n) for n in CLIENT_LOGGERS]
+    loggers = [logging.getLogger(n) for n in names]
     quiet = _BelowCritical()
     for lg in loggers:
         lg.addFilter(quiet)
@@ -289,7 +294,7 @@ async def connect(
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} refused the connection: {type(exc).__name__}: {exc} "
-            f"(does vhost {settings.vhost!r} exist, with permissions for {settings.username!r}?)"
+            f"broker at {settings.safe_url} refused the connection: "
+            f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover

@@ -58,7 +58,8 @@ def invoke(broker: BrokerSettings, *args: str, input: str | None = None) -> Any:
     return CliRunner().invoke(main, list(args), env=env, input=input, catch_exceptions=False)
 
 
-async def test_purge_without_yes_asks_first(broker: BrokerSettings, tmp_path: Path):
+async def test_purge_without_yes_asks_first(broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("amqpjobs.cli._census.stdin_is_terminal", lambda: True)  # an operator at a terminal
     await make_app(broker, tmp_path)
     await fill_quarantine(broker, 4)
     declined = await asyncio.to_thread(invoke, broker, "quarantine", "purge", "work", input="n\n")

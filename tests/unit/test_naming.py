@@ -15,7 +15,8 @@ CASES = [
     ("urgent.shard-x", QueueName("work", "urgent.shard-x", "urgent.shard-x")),
     ("urgent.shard-", QueueName("work", "urgent.shard-", "urgent.shard-")),
     ("urgent.retry.30s", QueueName("tier", "urgent", "urgent", tier="30s")),
-    ("urgent.retry.1m30s", QueueName("tier", "urgent", "urgent", tier="1m30s")),
+    ("urgent.retry.90s", QueueName("tier", "urgent", "urgent", tier="90s")),
+    ("urgent.retry.1m30s", QueueName("work", "urgent.retry.1m30s", "urgent.retry.1m30s")),  # we'd name it 90s
     ("urgent.shard-0.retry.5s", QueueName("tier", "urgent", "urgent.shard-0", shard=0, tier="5s")),
     ("urgent.quarantine", QueueName("quarantine", "urgent")),
     ("urgent.suspects", QueueName("suspects", "urgent")),
