@@ -28,6 +28,7 @@ from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
+from amqpjobs.wire.urls import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +78,7 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             click.echo("nothing was declared", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except TopologyConflictError as exc:
@@ -86,21 +87,21 @@ def errors_to_exit_codes(func: F) -> F:
                 click.echo("conflicts found: nothing was declared", err=True)
             sys.exit(EXIT_FOUND)
         except ConfigurationError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except (InvalidPayloadError, PublishError) as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except BusyError as exc:
-            click.echo(f"busy: {exc}", err=True)
+            click.echo(f"busy: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BUSY)
         except BrokerError as exc:
-            click.echo(f"broker error: {exc}", err=True)
+            click.echo(f"broker error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:
                 _broken_pipe()
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
@@ -139,7 +140,11 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
 
 
 def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
-    """``--url`` given several times: one comma-separated list (what ``AMQPJOBS_URL`` takes)."""
+    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused."""
+    if any(not one.strip() for one in value):
+        raise click.BadParameter(
+            f"--url is empty: give amqp://user:pass@host:5672/vhost, or leave it out to use ${URL_ENV}"
+        )
     return ",".join(value) or None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from aio_pika import RobustConnection
 from yarl import URL
 
 from amqpjobs.wire.tls import split_tls_options, ssl_context
-from amqpjobs.wire.urls import redact
+from amqpjobs.wire.urls import node_address, redact
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -33,12 +34,40 @@ class Node:
         url: Its AMQP URL without RabbitMQ's TLS query options (aio-pika's form).
         context: The TLS context for ``amqps://`` (None for plain ``amqp://``).
         safe_url: The URL as given, password redacted (for messages).
+        address: ``host:port`` (IPv6 in brackets; the scheme's default port when none is given).
 
     """
 
     url: str
     context: ssl.SSLContext | None
     safe_url: str
+    address: str = ""
+
+
+#: One shuffled order per process and list of node addresses (see :func:`process_order`).
+_ORDERS: dict[tuple[str, ...], list[int]] = {}
+#: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
+_CONNECTED: dict[frozenset[str], str] = {}
+
+
+def process_order(addresses: tuple[str, ...]) -> list[int]:
+    """The indexes of ``addresses`` in this process's one shuffled order (the same at every call).
+
+    Clients spread over the nodes by shuffling (RabbitMQ "Clustering" → "Clients connecting to
+    a cluster"); one order per process makes every connection of it, and its management API
+    client, go to the same node first.
+    """
+    order = _ORDERS.get(addresses)
+    if order is None:
+        order = list(range(len(addresses)))
+        random.shuffle(order)
+        _ORDERS[addresses] = order
+    return order
+
+
+def connected_node(addresses: tuple[str, ...]) -> str | None:
+    """The address (of ``addresses``) this process's last connection to that cluster is on, or None."""
+    return _CONNECTED.get(frozenset(addresses))
 
 
 def node(url: str, position: int = 1) -> Node:
@@ -51,7 +80,7 @@ def node(url: str, position: int = 1) -> Node:
     plain, options = split_tls_options(url)
     tls = url.lower().startswith("amqps://")
     context = ssl_context(options, f"broker URL {position} ({redact(url)})") if tls else None
-    return Node(plain, context, redact(url))
+    return Node(plain, context, redact(url), node_address(url))
 
 
 class ClusterConnection(RobustConnection):
@@ -94,14 +123,19 @@ class ClusterConnection(RobustConnection):
             )
 
     async def _on_connected(self) -> None:
+        _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
+        if self._was_connected:  # a reconnect: say where before the consumers are restored
+            log.info("connection %s connected to %s", self.name, self.node.safe_url)
         await super()._on_connected()
+        if not self._was_connected:
+            log.info("connection %s connected to %s", self.name, self.node.safe_url)
         self._was_connected = True
-        log.info("connection %s connected to %s", self.name, self.node.safe_url)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
-        if not (self._close_called or self.is_closed):
+        lost = not (self._close_called or self.is_closed)
+        await super()._on_connection_close(closing)  # aio-pika's line names the node lost, not the next one
+        if lost:
             self._move_on("lost")
-        await super()._on_connection_close(closing)
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
