@@ -288,8 +288,8 @@ async def connect(
 ) -> AbstractRobustConnection:
     """Open a robust connection to the first node that answers, retrying for up to ``wait`` seconds.
 
-    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled per
-    process, so that clients spread over the nodes; once connected, a lost connection is
+    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled once per
+    process (:func:`~amqpjobs.wire.cluster.process_order`), so that clients spread over the nodes; once connected, a lost connection is
     re-opened to the next node (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
     ``amqps://`` nodes are verified (:mod:`amqpjobs.wire.tls`) and never tried as plain AMQP.
 
@@ -310,8 +310,10 @@ async def connect(
 
     Raises:
         BrokerUnavailableError: no node reachable after ``wait`` seconds; the credentials
-            were refused; or a node's TLS certificate was refused (unknown CA, host name
-            mismatch: the message names which). Messages name URLs without passwords.
+            were refused; or every node was refused for good: its TLS certificate (unknown CA,
+            host name mismatch) or its port speaking the other protocol (``amqp://`` to a TLS
+            port, ``amqps://`` to a plain one). A refused node is not tried again, the others
+            are; the message names each refusal. Messages name URLs without passwords.
         ConfigurationError: a TLS option of the URL can't be used (unreadable CA file...).
 
     """
