@@ -289,8 +289,9 @@ async def connect(
     """Open a robust connection to the first node that answers, retrying for up to ``wait`` seconds.
 
     The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled once per
-    process (:func:`~amqpjobs.wire.cluster.process_order`), so that clients spread over the nodes; once connected, a lost connection is
-    re-opened to the next node (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
+    process (:func:`~amqpjobs.wire.cluster.process_order`), so that clients spread over the
+    nodes; once connected, a lost connection is re-opened to the next node
+    (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
     ``amqps://`` nodes are verified (:mod:`amqpjobs.wire.tls`) and never tried as plain AMQP.
 
     Each attempt tries one node; the next node is tried at once, and after a round of all of
