@@ -21,7 +21,7 @@ from aio_pika import RobustConnection
 from yarl import URL
 
 from amqpjobs.wire.tls import split_tls_options, ssl_context
-from amqpjobs.wire.urls import node_address, redact
+from amqpjobs.wire.urls import node_address, redact, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -48,6 +48,42 @@ class Node:
 _ORDERS: dict[tuple[str, ...], list[int]] = {}
 #: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
 _CONNECTED: dict[frozenset[str], str] = {}
+
+
+#: The client libraries' lines about a lost connection and its recovery (logger, text in the message):
+#: an ERROR, a WARNING with a traceback, an ERROR per robust channel, INFO/WARNING per reconnect attempt.
+_FAILOVER_LINES = (
+    ("aiormq.connection", "Unexpected connection close from remote"),
+    ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+    ("aio_pika.tools", "RobustChannel._on_close"),
+    ("aio_pika.robust_connection", "closed. Reconnecting after"),
+    ("aio_pika.robust_connection", "Connection attempt to"),
+    ("aio_pika.robust_connection", "Reconnect attempt failed"),
+)
+
+
+class _FailoverLines(logging.Filter):
+    """Drops :data:`_FAILOVER_LINES` unless amqpjobs logs at DEBUG (``-v``).
+
+    A :class:`ClusterConnection` logs one line of its own per loss and per connect instead.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if log.isEnabledFor(logging.DEBUG):
+            return True
+        text = record.getMessage()
+        return not any(record.name == name and words in text for name, words in _FAILOVER_LINES)
+
+
+_FAILOVER_FILTER = _FailoverLines()
+
+
+def _quiet_failover_lines() -> None:
+    """Install :class:`_FailoverLines` on the client libraries' loggers (once per process)."""
+    for name in dict.fromkeys(name for name, _ in _FAILOVER_LINES):
+        logger = logging.getLogger(name)
+        if _FAILOVER_FILTER not in logger.filters:
+            logger.addFilter(_FAILOVER_FILTER)
 
 
 def process_order(addresses: tuple[str, ...]) -> list[int]:
@@ -98,6 +134,7 @@ class ClusterConnection(RobustConnection):
         self._at = start % len(nodes)
         self._was_connected = False  # a failed first connect is reported by connect()'s own line
         first = nodes[self._at]
+        _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
 
     @property
@@ -110,17 +147,16 @@ class ClusterConnection(RobustConnection):
         """The node in use (or being tried)."""
         return self._nodes[self._at]
 
-    def _move_on(self, why: str) -> None:
-        if len(self._nodes) < 2:
-            return
+    def _move_on(self, why: str, cause: str = "") -> None:
         left = self._nodes[self._at]
         self._at = (self._at + 1) % len(self._nodes)
         self.url = URL(self.node.url)
         self.kwargs["context"] = self.node.context
         if self._was_connected:
             log.warning(
-                "connection %s %s %s: next attempt goes to %s", self.name, why, left.safe_url, self.node.safe_url
-            )
+                "connection %s %s %s%s: next attempt goes to %s",
+                self.name, why, left.safe_url, cause, self.node.safe_url,
+            )  # fmt: skip
 
     async def _on_connected(self) -> None:
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
@@ -133,9 +169,10 @@ class ClusterConnection(RobustConnection):
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         lost = not (self._close_called or self.is_closed)
-        await super()._on_connection_close(closing)  # aio-pika's line names the node lost, not the next one
+        await super()._on_connection_close(closing)
         if lost:
-            self._move_on("lost")
+            exc = closing.exception() if closing.done() and not closing.cancelled() else None
+            self._move_on("lost", f" ({redact_text(str(exc))})" if exc else "")
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:

@@ -9,6 +9,7 @@ is gone (``wire/cluster.py``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import time
@@ -32,7 +33,7 @@ from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.settings import BrokerSettings
-from amqpjobs.wire.tls import certificate_problem, refused_certificate
+from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -254,6 +255,12 @@ def _attempt_line(rotation: _Rotation, wait: float, started: float) -> Callable[
     return line
 
 
+def _nobody_there(exc: BaseException) -> bool:
+    """True for a refused TCP connect or an unknown host (no port to ask what it speaks)."""
+    refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    return refused or isinstance(exc, ConnectionRefusedError | socket.gaierror)
+
+
 async def _try_node(nodes: list[Node], at: int, name: str) -> AbstractRobustConnection:
     """A connection to ``nodes[at]`` (its reconnects go on to the next nodes), or the error of this one try.
 
@@ -274,7 +281,7 @@ async def _try_node(nodes: list[Node], at: int, name: str) -> AbstractRobustConn
         refused = refused_certificate(exc)
         if refused is not None:
             raise _NodeRefused(f"TLS: {one.safe_url} refused: {certificate_problem(refused)}") from exc
-        if not isinstance(exc, ConnectionRefusedError | socket.gaierror):
+        if not any(_nobody_there(e) for e in exception_chain(exc)):  # something answered: which protocol?
             host, _, port = one.address.rpartition(":")
             why = await mismatch("amqps" if one.context else "amqp", host.strip("[]"), int(port))
             if why is not None:

@@ -139,19 +139,22 @@ def _load_client_certificate(context: ssl.SSLContext, certfile: str, keyfile: st
         raise ConfigurationError(f"{where}: {why}") from exc
 
 
-def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification error in ``exc``'s chain (cause/context/args), if any."""
-    seen: set[int] = set()
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception reachable from it through ``__cause__``, ``__context__`` and ``args``."""
+    seen: dict[int, BaseException] = {}
     todo: list[BaseException] = [exc]
     while todo:
         e = todo.pop()
         if id(e) in seen:
             continue
-        seen.add(id(e))
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return e
+        seen[id(e)] = e
         todo.extend(x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException))
-    return None
+    return list(seen.values())
+
+
+def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error in ``exc``'s chain (cause/context/args), if any."""
+    return next((e for e in exception_chain(exc) if isinstance(e, ssl.SSLCertVerificationError)), None)
 
 
 def certificate_problem(exc: ssl.SSLCertVerificationError) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from amqpjobs.wire.urls import redact
 from tests.integration.test_broker_urls import run
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -126,3 +129,49 @@ async def test_the_management_client_follows_the_node_the_connection_is_on(broke
         await again.close()
     finally:
         await connection.close()
+
+
+async def test_a_lost_connection_is_one_line_of_ours_then_connected_to_the_next_node(
+    broker: BrokerSettings, caplog: pytest.LogCaptureFixture
+):
+    port = urlsplit(broker.nodes[0]).port or 5672
+    nodes = [with_netloc(broker, f"guest:guest@{host}:{port}") for host in ("127.0.0.1", "localhost")]
+    name = f"review-{uuid.uuid4().hex[:8]}"
+    connection = await connect(broker_settings(",".join(nodes)), wait=5, name=name)
+    try:
+        assert isinstance(connection, ClusterConnection)
+        lost, other = connection.node.safe_url, ({*nodes} - {connection.node.url}).pop()
+        channel = await connection.channel()
+        queue = await channel.declare_queue("", exclusive=True)
+        await queue.consume(ignore)
+        await connection.channel()
+        caplog.clear()
+        with ManagementClient(broker) as mgmt:
+            deadline = time.monotonic() + 10
+            while not (mine := [c for c in mgmt.request("GET", "/connections") if named(c, name)]):
+                assert time.monotonic() < deadline, "the broker never listed the connection"
+                await asyncio.sleep(0.2)
+            caplog.set_level(logging.INFO)
+            mgmt.request("DELETE", f"/connections/{quote(mine[0]['name'], safe='')}")
+        deadline = time.monotonic() + 20
+        while not any("connected to" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "never reconnected"
+            await asyncio.sleep(0.1)
+        lines = [
+            (r.name, r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith(("aio", "amqpjobs"))
+        ]
+        assert lines == [
+            ("amqpjobs.wire", "WARNING", f"connection {name} lost {lost} ([Errno 320] CONNECTION_FORCED - Closed via "
+             f"management plugin): next attempt goes to {redact(other)}"),
+            ("amqpjobs.wire", "INFO", f"connection {name} connected to {redact(other)}"),
+        ]  # fmt: skip
+    finally:
+        await connection.close()
+
+
+async def ignore(message: object) -> None:
+    """A consumer's callback (the test only needs the consumer to exist)."""
+
+
+def named(connection: dict[str, object], name: str) -> bool:
+    return bool((connection.get("client_properties") or {}).get("connection_name") == name)  # type: ignore[attr-defined]
