@@ -30,6 +30,7 @@ from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
+from amqpjobs.wire.urls import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,7 +94,7 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             click.echo("nothing was declared", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except TopologyConflictError as exc:
@@ -102,21 +103,21 @@ def errors_to_exit_codes(func: F) -> F:
                 click.echo("conflicts found: nothing was declared", err=True)
             sys.exit(EXIT_FOUND)
         except ConfigurationError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except (InvalidPayloadError, PublishError) as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except BusyError as exc:
-            click.echo(f"busy: {exc}", err=True)
+            click.echo(f"busy: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BUSY)
         except BrokerError as exc:
-            click.echo(f"broker error: {exc}", err=True)
+            click.echo(f"broker error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:
                 _broken_pipe()
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
@@ -155,7 +156,11 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
 
 
 def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
-    """``--url`` given several times: one comma-separated list (what ``AMQPJOBS_URL`` takes)."""
+    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused."""
+    if any(not one.strip() for one in value):
+        raise click.BadParameter(
+            f"--url is empty: give amqp://user:pass@host:5672/vhost, or leave it out to use ${URL_ENV}"
+        )
     return ",".join(value) or None
 
 

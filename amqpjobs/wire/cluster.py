@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from aio_pika import RobustConnection
 from yarl import URL
 
 from amqpjobs.wire.tls import split_tls_options, ssl_context
-from amqpjobs.wire.urls import redact
+from amqpjobs.wire.urls import node_address, redact, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -33,12 +34,76 @@ class Node:
         url: Its AMQP URL without RabbitMQ's TLS query options (aio-pika's form).
         context: The TLS context for ``amqps://`` (None for plain ``amqp://``).
         safe_url: The URL as given, password redacted (for messages).
+        address: ``host:port`` (IPv6 in brackets; the scheme's default port when none is given).
 
     """
 
     url: str
     context: ssl.SSLContext | None
     safe_url: str
+    address: str = ""
+
+
+#: One shuffled order per process and list of node addresses (see :func:`process_order`).
+_ORDERS: dict[tuple[str, ...], list[int]] = {}
+#: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
+_CONNECTED: dict[frozenset[str], str] = {}
+
+
+#: The client libraries' lines about a lost connection and its recovery (logger, text in the message):
+#: an ERROR, a WARNING with a traceback, an ERROR per robust channel, INFO/WARNING per reconnect attempt.
+_FAILOVER_LINES = (
+    ("aiormq.connection", "Unexpected connection close from remote"),
+    ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+    ("aio_pika.tools", "RobustChannel._on_close"),
+    ("aio_pika.robust_connection", "closed. Reconnecting after"),
+    ("aio_pika.robust_connection", "Connection attempt to"),
+    ("aio_pika.robust_connection", "Reconnect attempt failed"),
+)
+
+
+class _FailoverLines(logging.Filter):
+    """Drops :data:`_FAILOVER_LINES` unless amqpjobs logs at DEBUG (``-v``).
+
+    A :class:`ClusterConnection` logs one line of its own per loss and per connect instead.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if log.isEnabledFor(logging.DEBUG):
+            return True
+        text = record.getMessage()
+        return not any(record.name == name and words in text for name, words in _FAILOVER_LINES)
+
+
+_FAILOVER_FILTER = _FailoverLines()
+
+
+def _quiet_failover_lines() -> None:
+    """Install :class:`_FailoverLines` on the client libraries' loggers (once per process)."""
+    for name in dict.fromkeys(name for name, _ in _FAILOVER_LINES):
+        logger = logging.getLogger(name)
+        if _FAILOVER_FILTER not in logger.filters:
+            logger.addFilter(_FAILOVER_FILTER)
+
+
+def process_order(addresses: tuple[str, ...]) -> list[int]:
+    """The indexes of ``addresses`` in this process's one shuffled order (the same at every call).
+
+    Clients spread over the nodes by shuffling (RabbitMQ "Clustering" → "Clients connecting to
+    a cluster"); one order per process makes every connection of it, and its management API
+    client, go to the same node first.
+    """
+    order = _ORDERS.get(addresses)
+    if order is None:
+        order = list(range(len(addresses)))
+        random.shuffle(order)
+        _ORDERS[addresses] = order
+    return order
+
+
+def connected_node(addresses: tuple[str, ...]) -> str | None:
+    """The address (of ``addresses``) this process's last connection to that cluster is on, or None."""
+    return _CONNECTED.get(frozenset(addresses))
 
 
 def node(url: str, position: int = 1) -> Node:
@@ -51,7 +116,7 @@ def node(url: str, position: int = 1) -> Node:
     plain, options = split_tls_options(url)
     tls = url.lower().startswith("amqps://")
     context = ssl_context(options, f"broker URL {position} ({redact(url)})") if tls else None
-    return Node(plain, context, redact(url))
+    return Node(plain, context, redact(url), node_address(url))
 
 
 class ClusterConnection(RobustConnection):
@@ -69,6 +134,7 @@ class ClusterConnection(RobustConnection):
         self._at = start % len(nodes)
         self._was_connected = False  # a failed first connect is reported by connect()'s own line
         first = nodes[self._at]
+        _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
 
     @property
@@ -81,27 +147,32 @@ class ClusterConnection(RobustConnection):
         """The node in use (or being tried)."""
         return self._nodes[self._at]
 
-    def _move_on(self, why: str) -> None:
-        if len(self._nodes) < 2:
-            return
+    def _move_on(self, why: str, cause: str = "") -> None:
         left = self._nodes[self._at]
         self._at = (self._at + 1) % len(self._nodes)
         self.url = URL(self.node.url)
         self.kwargs["context"] = self.node.context
         if self._was_connected:
             log.warning(
-                "connection %s %s %s: next attempt goes to %s", self.name, why, left.safe_url, self.node.safe_url
-            )
+                "connection %s %s %s%s: next attempt goes to %s",
+                self.name, why, left.safe_url, cause, self.node.safe_url,
+            )  # fmt: skip
 
     async def _on_connected(self) -> None:
+        _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
+        if self._was_connected:  # a reconnect: say where before the consumers are restored
+            log.info("connection %s connected to %s", self.name, self.node.safe_url)
         await super()._on_connected()
+        if not self._was_connected:
+            log.info("connection %s connected to %s", self.name, self.node.safe_url)
         self._was_connected = True
-        log.info("connection %s connected to %s", self.name, self.node.safe_url)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
-        if not (self._close_called or self.is_closed):
-            self._move_on("lost")
+        lost = not (self._close_called or self.is_closed)
         await super()._on_connection_close(closing)
+        if lost:
+            exc = closing.exception() if closing.done() and not closing.cancelled() else None
+            self._move_on("lost", f" ({redact_text(str(exc))})" if exc else "")
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:

@@ -9,8 +9,9 @@ is gone (``wire/cluster.py``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
-import random
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,13 +26,14 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
-from amqpjobs.wire.cluster import ClusterConnection, Node, node
+from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
 from amqpjobs.wire.management import parse_version
+from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.settings import BrokerSettings
-from amqpjobs.wire.tls import certificate_problem, refused_certificate
+from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -165,44 +167,90 @@ def quiet_client_loggers(names: tuple[str, ...] = CLIENT_LOGGERS) -> Iterator[No
             lg.removeFilter(quiet)
 
 
-class _CertificateRefused(Exception):
-    """A node's TLS certificate was refused: not retried, never tried as plain AMQP."""
+class _NodeRefused(Exception):
+    """A node refused for good (its TLS certificate, or a scheme/port mismatch): not tried again."""
 
 
-def _pause(nodes: int, deadline: float) -> Callable[[RetryCallState], float]:
+class _Rotation:
+    """The nodes still to try, in order: a failed node goes to the back, a refused one leaves the list.
+
+    Attributes:
+        nodes: Every node (what a connection's reconnects go round).
+        left: Indexes into ``nodes`` of those still tried.
+        pos: Position in ``left`` of the node to try next.
+        rounds: How many times ``pos`` went back to the start (a round: each node tried once).
+        refusals: Why each refused node was refused (for the final error).
+        tried: The node of the last attempt.
+
+    """
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.left = list(range(len(nodes)))
+        self.pos = 0
+        self.rounds = 0
+        self.refusals: list[str] = []
+        self.tried = nodes[0]
+
+    @property
+    def at(self) -> int:
+        """Index into ``nodes`` of the node to try next."""
+        return self.left[self.pos]
+
+    def _wrap(self) -> None:
+        if self.pos >= len(self.left):
+            self.pos = 0
+            self.rounds += 1
+
+    def failed(self) -> None:
+        """The node at ``pos`` failed (it may answer later): go on to the next."""
+        self.pos += 1
+        self._wrap()
+
+    def refuse(self, why: str) -> None:
+        """The node at ``pos`` is refused for good because of ``why``."""
+        self.refusals.append(why)
+        del self.left[self.pos]
+        if self.left:
+            self._wrap()
+
+
+def _pause(rotation: _Rotation, deadline: float) -> Callable[[RetryCallState], float]:
     """Tenacity's ``wait``: none before the next node of a round, else 0.2 s doubling up to 2 s.
 
-    A round is one attempt at each of ``nodes``; no pause reaches past ``deadline`` (the last
+    A round is one attempt at each node left; no pause reaches past ``deadline`` (the last
     attempt is at it).
     """
 
     def pause(state: RetryCallState) -> float:
-        if state.attempt_number % nodes:
+        if rotation.pos or not rotation.rounds:
             return 0.0
-        backoff: float = min(2.0, 0.2 * 2.0 ** (state.attempt_number // nodes - 1))
+        backoff: float = min(2.0, 0.2 * 2.0 ** (rotation.rounds - 1))
         return max(0.0, min(backoff, deadline - time.monotonic()))
 
     return pause
 
 
-def _stop(nodes: int, deadline: float) -> Callable[[RetryCallState], bool]:
+def _stop(rotation: _Rotation, deadline: float) -> Callable[[RetryCallState], bool]:
     """Tenacity's ``stop``: at ``deadline``, once every node was tried (a 0 s timeout tries each once)."""
 
     def stop(state: RetryCallState) -> bool:
-        return state.attempt_number >= nodes and time.monotonic() >= deadline
+        return rotation.rounds >= 1 and time.monotonic() >= deadline
 
     return stop
 
 
-def _attempt_line(nodes: list[Node], wait: float, started: float) -> Callable[[RetryCallState], None]:
+def _attempt_line(rotation: _Rotation, wait: float, started: float) -> Callable[[RetryCallState], None]:
     """Tenacity's ``before_sleep``: one WARNING line of ours per failed attempt, naming the node tried."""
 
     def line(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         pause = state.next_action.sleep if state.next_action is not None else 0.0
-        tried = nodes[(state.attempt_number - 1) % len(nodes)]
-        after = nodes[state.attempt_number % len(nodes)]
+        tried, after = rotation.tried, rotation.nodes[rotation.at]
         following = "retrying" if after is tried else f"trying {after.safe_url}"
+        if isinstance(exc, _NodeRefused):
+            log.warning("%s (not tried again); %s in %.1fs", exc, following, pause)
+            return
         log.warning(
             "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; %s in %.1fs",
             tried.safe_url, state.attempt_number, time.monotonic() - started, wait,
@@ -212,17 +260,37 @@ def _attempt_line(nodes: list[Node], wait: float, started: float) -> Callable[[R
     return line
 
 
+def _nobody_there(exc: BaseException) -> bool:
+    """True for a refused TCP connect or an unknown host (no port to ask what it speaks)."""
+    refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    return refused or isinstance(exc, ConnectionRefusedError | socket.gaierror)
+
+
 async def _try_node(nodes: list[Node], at: int, name: str) -> AbstractRobustConnection:
-    """A connection to ``nodes[at]`` (its reconnects go on to the next nodes), or the error of this one try."""
+    """A connection to ``nodes[at]`` (its reconnects go on to the next nodes), or the error of this one try.
+
+    Raises:
+        _NodeRefused: its certificate was refused, or its port speaks the other protocol
+            (``amqp://`` to a TLS port, ``amqps://`` to a plain one: :mod:`amqpjobs.wire.probe`).
+
+    """
     connection = ClusterConnection(nodes, start=at, client_properties={"connection_name": name})
     try:
         await connection.connect()
     except BaseException as exc:
         with contextlib.suppress(Exception):
             await connection.close()
-        refused = refused_certificate(exc) if isinstance(exc, _CONNECT_ERRORS) else None
+        if not isinstance(exc, _CONNECT_ERRORS):
+            raise
+        one = nodes[at]
+        refused = refused_certificate(exc)
         if refused is not None:
-            raise _CertificateRefused(f"TLS: {nodes[at].safe_url} refused: {certificate_problem(refused)}") from exc
+            raise _NodeRefused(f"TLS: {one.safe_url} refused: {certificate_problem(refused)}") from exc
+        if not any(_nobody_there(e) for e in exception_chain(exc)):  # something answered: which protocol?
+            host, _, port = one.address.rpartition(":")
+            why = await mismatch("amqps" if one.context else "amqp", host.strip("[]"), int(port))
+            if why is not None:
+                raise _NodeRefused(f"broker at {one.safe_url}: {why}") from exc
         raise
     return connection
 
@@ -232,9 +300,10 @@ async def connect(
 ) -> AbstractRobustConnection:
     """Open a robust connection to the first node that answers, retrying for up to ``wait`` seconds.
 
-    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled per
-    process, so that clients spread over the nodes; once connected, a lost connection is
-    re-opened to the next node (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
+    The nodes of ``settings`` (one, or a cluster's) are tried in an order shuffled once per
+    process (:func:`~amqpjobs.wire.cluster.process_order`), so that clients spread over the
+    nodes; once connected, a lost connection is re-opened to the next node
+    (:class:`~amqpjobs.wire.cluster.ClusterConnection`).
     ``amqps://`` nodes are verified (:mod:`amqpjobs.wire.tls`) and never tried as plain AMQP.
 
     Each attempt tries one node; the next node is tried at once, and after a round of all of
@@ -254,8 +323,10 @@ async def connect(
 
     Raises:
         BrokerUnavailableError: no node reachable after ``wait`` seconds; the credentials
-            were refused; or a node's TLS certificate was refused (unknown CA, host name
-            mismatch: the message names which). Messages name URLs without passwords.
+            were refused; or every node was refused for good: its TLS certificate (unknown CA,
+            host name mismatch) or its port speaking the other protocol (``amqp://`` to a TLS
+            port, ``amqps://`` to a plain one). A refused node is not tried again, the others
+            are; the message names each refusal. Messages name URLs without passwords.
         ConfigurationError: a TLS option of the URL can't be used (unreadable CA file...).
 
     """
@@ -263,34 +334,45 @@ async def connect(
     keep_received_properties()
     wait = settings.connect_timeout if wait is None else wait
     log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)
-    nodes = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]
-    random.shuffle(nodes)
+    given = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]
+    nodes = [given[i] for i in process_order(tuple(one.address for one in given))]
+    rotation = _Rotation(nodes)
     started = time.monotonic()
-    attempts = 0
     try:
         with quiet_client_loggers():
             async for attempt in AsyncRetrying(
-                # refused credentials, a missing vhost or a refused certificate won't fix themselves: no retry
-                retry=retry_if_exception_type(_CONNECT_ERRORS)
+                # refused credentials or a missing vhost won't fix themselves: no retry; a node refused
+                # for good (certificate, scheme/port mismatch) leaves the rotation, the others are tried
+                retry=retry_if_exception_type((*_CONNECT_ERRORS, _NodeRefused))
                 & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
-                stop=_stop(len(nodes), started + wait),
-                wait=_pause(len(nodes), started + wait),
-                before_sleep=_attempt_line(nodes, wait, started),
+                stop=_stop(rotation, started + wait),
+                wait=_pause(rotation, started + wait),
+                before_sleep=_attempt_line(rotation, wait, started),
                 reraise=True,
             ):
                 with attempt:
-                    attempts += 1
-                    return await _try_node(nodes, (attempts - 1) % len(nodes), name)
-    except _CertificateRefused as exc:
-        raise BrokerUnavailableError(str(exc)) from exc.__cause__
+                    rotation.tried = nodes[rotation.at]
+                    try:
+                        return await _try_node(nodes, rotation.at, name)
+                    except _NodeRefused as exc:
+                        rotation.refuse(str(exc))
+                        if not rotation.left:
+                            raise BrokerUnavailableError(_every_node_refused(rotation.refusals)) from exc.__cause__
+                        raise
+                    except BaseException:
+                        rotation.failed()
+                        raise
+    except _NodeRefused as exc:  # the last node left refused after the deadline  # pragma: no cover
+        raise BrokerUnavailableError(_every_node_refused(rotation.refusals)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
         ) from exc
     except _CONNECT_ERRORS as exc:
-        last = "" if len(nodes) == 1 else f" (each node tried; the last, {nodes[(attempts - 1) % len(nodes)].safe_url})"
+        last = "" if len(nodes) == 1 else f" (each node tried; the last, {rotation.tried.safe_url})"
+        refused = "".join(f"; {why}" for why in rotation.refusals)
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} unreachable after {wait:g}s{last}: {type(exc).__name__}: {exc}"
+            f"broker at {settings.safe_url} unreachable after {wait:g}s{last}: {type(exc).__name__}: {exc}{refused}"
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
@@ -298,3 +380,10 @@ async def connect(
             f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover
+
+
+def _every_node_refused(refusals: list[str]) -> str:
+    """The error when every node was refused for good: each refusal."""
+    if len(refusals) == 1:
+        return refusals[0]
+    return f"each of the {len(refusals)} nodes refused: " + "; ".join(refusals)

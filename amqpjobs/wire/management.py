@@ -16,8 +16,10 @@ import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.topology.plan import ObjectState
+from amqpjobs.wire.cluster import connected_node, process_order
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
+from amqpjobs.wire.urls import node_address
 
 
 def _q(name: str) -> str:
@@ -31,10 +33,13 @@ class ManagementClient:
         settings: Broker settings (management URL(s) and credentials).
         timeout: Seconds to wait for each HTTP request.
 
-    With several nodes and no management URL given, a request that can't reach one node's
-    API goes to the next node's (any node of a cluster answers for all of it), and the
-    client stays there. ``https`` uses the TLS options of the first AMQP URL (its
-    ``cacertfile``, ``certfile``/``keyfile``, ``verify``), so the same CA is trusted.
+    With several nodes and no management URL given, the client asks the API of the node this
+    process's AMQP connection is on (:func:`~amqpjobs.wire.cluster.connected_node`), else the
+    node a connection of this process tries first (one shuffled order per process); a request
+    that can't reach one node's API goes to the next node's (any node of a cluster answers for
+    all of it), and the client stays there. ``https`` to node ``i`` uses the TLS options of
+    AMQP URL ``i`` (its ``cacertfile``, ``certfile``/``keyfile``, ``verify``,
+    ``server_name_indication``); a management URL given uses broker URL 1's.
 
     Use as a context manager, or call :meth:`close`.
 
@@ -42,16 +47,42 @@ class ManagementClient:
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
         self.settings = settings
-        self._bases = list(settings.management_urls)
-        verify: ssl.SSLContext | bool = True
-        if any(base.startswith("https://") for base in self._bases):
-            verify = ssl_context(split_tls_options(settings.nodes[0])[1], "management API TLS (from broker URL 1)")
-        self._http = httpx.Client(auth=(settings.username, settings.password), timeout=timeout, verify=verify)
+        auth = (settings.username, settings.password)
+        # (base, the node whose TLS options it uses): node i's derived API, or the one given (node 1's options)
+        sources = list(zip(settings.node_management, range(len(settings.nodes)), strict=False)) or [
+            (base, 0) for base in settings.management_urls
+        ]
+        self._addresses = tuple(node_address(url) for url in settings.nodes)
+        if settings.node_management and len(sources) > 1:
+            sources = [sources[i] for i in process_order(self._addresses)]
+        self._http: dict[str, httpx.Client] = {}
+        self._node_of: dict[str, int] = {}
+        for base, i in sources:
+            if base in self._http:
+                continue
+            verify: ssl.SSLContext | bool = True
+            if base.startswith("https://"):
+                where = f"management API TLS (from broker URL {i + 1})"
+                verify = ssl_context(split_tls_options(settings.nodes[i])[1], where)
+            self._http[base] = httpx.Client(auth=auth, timeout=timeout, verify=verify)
+            self._node_of[base] = i
+        self._bases = list(self._http)
 
     @property
     def base_url(self) -> str:
         """The management API in use (``http(s)://host:port``)."""
         return self._bases[0]
+
+    def _follow_connection(self) -> None:
+        """Put the API of the node this process's AMQP connection is on first (derived URLs only)."""
+        if len(self._bases) < 2:
+            return
+        address = connected_node(self._addresses)
+        for base in self._bases:
+            if self._addresses[self._node_of[base]] == address and base != self._bases[0]:
+                self._bases.remove(base)
+                self._bases.insert(0, base)
+                return
 
     def __enter__(self) -> ManagementClient:
         return self
@@ -65,8 +96,9 @@ class ManagementClient:
         self.close()
 
     def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._http.close()
+        """Close the HTTP connection pools."""
+        for http in self._http.values():
+            http.close()
 
     def request(self, method: str, path: str, json: Any = None, allow_404: bool = False) -> Any:
         """Send one request to ``/api<path>`` and return the decoded JSON body (or None).
@@ -79,9 +111,10 @@ class ManagementClient:
         """
         url = f"/api{path}"
         failures: list[tuple[str, str]] = []
+        self._follow_connection()
         for tried in range(len(self._bases)):
             try:
-                resp = self._http.request(method, self.base_url + url, json=json)
+                resp = self._http[self.base_url].request(method, self.base_url + url, json=json)
                 break
             except httpx.HTTPError as exc:
                 refused = refused_certificate(exc)

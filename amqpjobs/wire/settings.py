@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, replace
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.wire.urls import management_base, parse_node, redact, same_cluster, split_urls, with_path
+from amqpjobs.wire.urls import bracketed, management_base, parse_node, redact, same_cluster, split_urls, with_path
 
 #: Environment variable read when no URL is given.
 URL_ENV = "AMQPJOBS_URL"
@@ -40,6 +40,8 @@ class BrokerSettings:
         nodes: One AMQP URL per node, in the order given (a connection shuffles them).
         management_urls: The management API of each node (derived: same host, AMQP port +
             10000), or the one management URL given.
+        node_management: When derived, node ``i``'s management API (``management_urls`` in the
+            order of ``nodes``, one per node); empty when a management URL is given.
 
     """
 
@@ -52,6 +54,7 @@ class BrokerSettings:
     management_derived: bool = False
     nodes: tuple[str, ...] = ()
     management_urls: tuple[str, ...] = ()
+    node_management: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -121,7 +124,7 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         mscheme = "https" if first.scheme == "amqps" else "http"
         default_port = 5671 if first.scheme == "amqps" else 5672
         management_urls = [
-            management_base(f"{mscheme}://{one.host}:{(one.port or default_port) + MANAGEMENT_PORT_OFFSET}")
+            management_base(f"{mscheme}://{bracketed(one.host)}:{(one.port or default_port) + MANAGEMENT_PORT_OFFSET}")
             for one in parsed
         ]
     return BrokerSettings(
@@ -133,4 +136,5 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         management_derived=derived,
         nodes=tuple(nodes),
         management_urls=tuple(dict.fromkeys(management_urls)),
+        node_management=tuple(management_urls) if derived else (),
     )

@@ -71,8 +71,9 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
         ``verify=verify_none``.
 
     Raises:
-        ConfigurationError: an unknown ``verify`` value, a ``keyfile`` without ``certfile``, or
-            a file that can't be read or is not PEM (the message names the option and file).
+        ConfigurationError: an unknown ``verify`` value, a ``keyfile`` without ``certfile``, a
+            file that can't be read or is not PEM, a key not matching the certificate, or a
+            certfile without key and no keyfile (the message names the option and file).
 
     """
     verify = options.get("verify", "verify_peer")
@@ -86,16 +87,13 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
         context.server_name = None if sni == "disable" else sni
         if sni == "disable":
             context.check_hostname = False
-    option = ""
-    try:
-        if "cacertfile" in options:
-            option = "cacertfile"
-            context.load_verify_locations(cafile=options[option])
-        if "certfile" in options:
-            option = "certfile"
-            context.load_cert_chain(options[option], options.get("keyfile"))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigurationError(f"{where}: {option}={options[option]!r} can't be used: {exc}") from exc
+    if "cacertfile" in options:
+        try:
+            context.load_verify_locations(cafile=options["cacertfile"])
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"{where}: cacertfile={options['cacertfile']!r} can't be used: {exc}") from exc
+    if "certfile" in options:
+        _load_client_certificate(context, options["certfile"], options.get("keyfile"), where)
     if "cacertfile" not in options:
         context.load_default_certs(ssl.Purpose.SERVER_AUTH)
     if verify == "verify_none":
@@ -104,19 +102,59 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
     return context
 
 
-def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification error in ``exc``'s chain (cause/context/args), if any."""
-    seen: set[int] = set()
+def _load_client_certificate(context: ssl.SSLContext, certfile: str, keyfile: str | None, where: str) -> None:
+    """Load the client's certificate and key, saying which file is wrong and how.
+
+    Raises:
+        ConfigurationError: the certfile (or keyfile) is missing or unreadable, is not PEM, the
+            key does not match the certificate, or the certfile holds no key and no keyfile is given.
+
+    """
+    pem: dict[str, bytes] = {}
+    for option, path in (("certfile", certfile), ("keyfile", keyfile)):
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                pem[option] = f.read()
+        except OSError as exc:
+            raise ConfigurationError(f"{where}: {option}={path!r} can't be read: {exc.strerror}") from exc
+    why = ""
+    if b"-----BEGIN CERTIFICATE-----" not in pem["certfile"]:
+        why = f"certfile={certfile!r} holds no PEM certificate"
+    elif keyfile is None and b"PRIVATE KEY-----" not in pem["certfile"]:
+        why = f"certfile={certfile!r} holds no private key: give keyfile= (the client's PEM key)"
+    elif keyfile is not None and b"PRIVATE KEY-----" not in pem["keyfile"]:
+        why = f"keyfile={keyfile!r} holds no PEM private key"
+    if why:
+        raise ConfigurationError(f"{where}: {why}")
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            held = f"keyfile={keyfile!r}" if keyfile else "the key in it"
+            why = f"{held} does not match certfile={certfile!r} (not the key of that certificate)"
+        else:
+            why = f"certfile={certfile!r} / keyfile={keyfile!r} can't be used: {exc}"
+        raise ConfigurationError(f"{where}: {why}") from exc
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception reachable from it through ``__cause__``, ``__context__`` and ``args``."""
+    seen: dict[int, BaseException] = {}
     todo: list[BaseException] = [exc]
     while todo:
         e = todo.pop()
         if id(e) in seen:
             continue
-        seen.add(id(e))
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return e
+        seen[id(e)] = e
         todo.extend(x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException))
-    return None
+    return list(seen.values())
+
+
+def refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error in ``exc``'s chain (cause/context/args), if any."""
+    return next((e for e in exception_chain(exc) if isinstance(e, ssl.SSLCertVerificationError)), None)
 
 
 def certificate_problem(exc: ssl.SSLCertVerificationError) -> str:

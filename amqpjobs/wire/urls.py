@@ -12,17 +12,32 @@ Everything printed or logged about a URL goes through :func:`redact`.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.wire.tls import TLS_OPTIONS
+
+#: Query options an AMQP URL may have: RabbitMQ's TLS options (``wire/tls.py``) and those aio-pika /
+#: aiormq read (``heartbeat`` seconds, ``timeout`` connect seconds, connection ``name``, ``auth``
+#: mechanism, ``reconnect_interval`` seconds, ``fail_fast``).
+URL_OPTIONS = (*TLS_OPTIONS, "heartbeat", "timeout", "name", "auth", "reconnect_interval", "fail_fast")
 
 _SCHEMES = ("amqp://", "amqps://", "http://", "https://")
 _COMMA_HINT = "items are separated by commas, so a comma inside a password must be %-encoded as %2C"
+_ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
+#: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
+#: before a blank, comma or semicolon (so an unencoded ``@``, ``#`` or ``/`` in it is covered too).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@,;\[\]]*):[^\s,;]*@")
+#: What marks a "URL" that is really several URLs run together (a list separated by blanks or ``;``).
+_RUN_TOGETHER = re.compile(r"(?i)[\s;]|[a-z]://")
 
 
 def _redact_one(url: str) -> str:
     url = url.strip()
+    if _RUN_TOGETHER.search(url.split("://", 1)[-1]):
+        return f"{url.split('://', 1)[0]}://<unparseable URL>" if "://" in url else "<not a URL>"
     if not url.lower().startswith(_SCHEMES):
         # not a URL of ours: maybe the tail of a password cut at a comma; show nothing of it
         return "<not a URL>" if url else ""
@@ -32,7 +47,8 @@ def _redact_one(url: str) -> str:
     except ValueError:
         return f"{url.split('://', 1)[0]}://<unparseable URL>"
     if "@" not in parts.netloc:
-        return url
+        # an "@" after the netloc: a password holding an unencoded "#", "/" or "?" ended the netloc early
+        return f"{parts.scheme}://<unparseable URL>" if "@" in url else url
     userinfo, _, hostport = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0]
     if ":" not in userinfo:
@@ -45,11 +61,22 @@ def redact(url: str) -> str:
 
     ``url`` may be a comma-separated list of URLs (a cluster): each is redacted. A piece that is
     not a URL (say, the tail of a password holding an unencoded comma) is shown as ``<not a URL>``.
+    Whatever is left, every ``scheme://user:password@`` in it is redacted (:func:`redact_text`).
     """
     if "," not in url:
         one = _redact_one(url)
-        return "<unparseable URL>" if one.endswith("<unparseable URL>") else one
-    return ",".join(_redact_one(piece) for piece in url.split(","))
+        return redact_text("<unparseable URL>" if one.endswith("<unparseable URL>") else one)
+    return redact_text(",".join(_redact_one(piece) for piece in url.split(",")))
+
+
+def redact_text(text: str) -> str:
+    """``text`` (any message) with the password of every ``scheme://user:password@`` in it replaced by ``***``."""
+    return _USERINFO.sub(r"\1:***@", text)
+
+
+def bracketed(host: str) -> str:
+    """``host`` as written in a URL: an IPv6 address in brackets (RFC 3986 §3.2.2), anything else as is."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def split_urls(url: str) -> list[str]:
@@ -66,14 +93,17 @@ class NodeURL(NamedTuple):
     vhost: str
     port: int | None
     host: str
+    verify: str = "verify_peer"
 
 
 def parse_node(url: str, position: int, count: int) -> NodeURL:
     """Parse one node URL of a list of ``count`` (``position`` counts from 1).
 
     Raises:
-        ConfigurationError: not an ``amqp://``/``amqps://`` URL, or no host; the message names
-            the item and never shows a password (nor a piece of a list that may hold one).
+        ConfigurationError: not an ``amqp://``/``amqps://`` URL (several URLs run together with
+            blanks or ``;``, an unencoded reserved character in the password), no host, or a
+            query option not in :data:`URL_OPTIONS`; the message names the item and never shows
+            a password (nor a piece of a list that may hold one).
 
     """
     where = f"broker URL {position} of {count}" if count > 1 else "broker URL"
@@ -81,35 +111,63 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         shown = redact(url) if count == 1 else "<not shown: it may hold part of a password>"
         hint = f"; {_COMMA_HINT}" if count > 1 else ""
         raise ConfigurationError(f"bad {where} {shown}: expected amqp://user:pass@host:port/vhost{hint}")
+    if _RUN_TOGETHER.search(url.split("://", 1)[1]):
+        raise ConfigurationError(
+            f"bad {where} <not shown: it may hold a password>: it holds a blank, ';' or a second '://', as "
+            f"several URLs run together would: separate the nodes of a cluster with commas (or repeat --url); "
+            f"a blank or ';' inside a password must be %-encoded (%20, %3B)"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        # in a list, the error's text may quote the tail of a password cut at a comma ("port 'pa'")
-        why = f"not a URL ({_COMMA_HINT})" if count > 1 else str(exc)
-        raise ConfigurationError(f"bad {where} {redact(url)}: {why}") from None
+    except ValueError:
+        # the error's text may quote a piece of a password ("Port could not be cast ... 'pa'"): never shown
+        hint = _COMMA_HINT if count > 1 else _ENCODE_HINT
+        raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({hint})") from None
+    if "@" in url and "@" not in parts.netloc:
+        raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({_ENCODE_HINT})")
     if not parts.hostname:
         raise ConfigurationError(f"bad {where} {redact(url)}: expected amqp://user:pass@host:port/vhost")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(URL_OPTIONS))
+    if unknown:
+        raise ConfigurationError(
+            f"bad {where} {redact(url)}: unknown query option {', '.join(map(repr, unknown))}; "
+            f"known ones: {', '.join(URL_OPTIONS)}"
+        )
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     user = unquote(parts.username or "guest")
     password = unquote(parts.password or "guest")
-    return NodeURL(parts.scheme.lower(), user, password, vhost, port, parts.hostname)
+    verify = options.get("verify", "verify_peer")
+    return NodeURL(parts.scheme.lower(), user, password, vhost, port, parts.hostname, verify)
 
 
 def same_cluster(nodes: list[str], parsed: list[NodeURL]) -> None:
-    """Refuse a list whose nodes differ in scheme, vhost, user or password (naming which).
+    """Refuse a list naming a node twice, or whose nodes differ in scheme, TLS ``verify``, vhost, user or password.
 
     Raises:
         ConfigurationError: naming the item and what differs (never a password).
 
     """
     first = parsed[0]
+    seen: dict[tuple[str, int | None], int] = {}
+    for i, one in enumerate(parsed, start=1):
+        j = seen.setdefault((one.host.lower(), one.port), i)
+        if j != i:
+            raise ConfigurationError(
+                f"broker URL {i} ({redact(nodes[i - 1])}) names the same node as broker URL {j}: give each node once"
+            )
     for i, one in enumerate(parsed[1:], start=2):
         node = f"broker URL {i} ({redact(nodes[i - 1])})"
         if one.scheme != first.scheme:
             raise ConfigurationError(
                 f"{node} is {one.scheme}:// but broker URL 1 is {first.scheme}://: the nodes of one cluster are "
                 f"all reached the same way (mixing them would let a connection fall back to plain AMQP)"
+            )
+        if one.verify != first.verify:
+            raise ConfigurationError(
+                f"{node} has verify={one.verify} but broker URL 1 has verify={first.verify}: one cluster has one "
+                f"certificate verification policy; give every URL the same verify option"
             )
         if one.vhost != first.vhost:
             raise ConfigurationError(
@@ -134,11 +192,15 @@ def with_path(url: str, vhost: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, ""))
 
 
+def node_address(url: str) -> str:
+    """``host:port`` of an AMQP URL (IPv6 in brackets; no port: 5672, ``amqps``: 5671)."""
+    parts = urlsplit(url)
+    port = parts.port or (5671 if parts.scheme.lower() == "amqps" else 5672)
+    return f"{bracketed((parts.hostname or '').lower())}:{port}"
+
+
 def management_base(url: str) -> str:
     """``scheme://host:port/path`` of a management URL: credentials, query and trailing ``/`` dropped."""
     mparts = urlsplit(url)
-    mhost = mparts.hostname or ""
-    if ":" in mhost:
-        mhost = f"[{mhost}]"
-    netloc = mhost + (f":{mparts.port}" if mparts.port else "")
+    netloc = bracketed(mparts.hostname or "") + (f":{mparts.port}" if mparts.port else "")
     return urlunsplit((mparts.scheme, netloc, mparts.path.rstrip("/"), "", ""))

@@ -22,6 +22,7 @@ import pytest
 import trustme
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import broker_info, connect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import broker_settings
@@ -169,3 +170,53 @@ async def test_verify_none_is_taken_only_when_written(tls_node: TlsNode):
     settings = broker_settings(url(tls_node, "127.0.0.1", verify="verify_none"))
     connection = await connect(settings, wait=5, name="tls-unverified")
     await connection.close()
+
+
+@pytest.fixture
+def fixed_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node list is tried in the order given (no shuffle), with a fresh per-process order cache."""
+    monkeypatch.setattr("amqpjobs.wire.cluster._ORDERS", {}, raising=False)
+    monkeypatch.setattr("random.shuffle", lambda order: None)
+
+
+async def test_one_node_refusing_its_certificate_leaves_the_other_nodes_to_try(tls_node: TlsNode, fixed_order: None):
+    ca = str(tls_node.ca_file)
+    good, bad = url(tls_node, cacertfile=ca), url(tls_node, "127.0.0.1", cacertfile=ca)  # bad: host name mismatch
+    for listed in (f"{bad},{good}", f"{good},{bad}"):
+        connection = await connect(broker_settings(listed), wait=5)
+        try:
+            assert isinstance(connection, ClusterConnection)
+            assert connection.node.address == f"localhost:{tls_node.port}"
+        finally:
+            await connection.close()
+    # every node refused: one error naming each refusal, at once (not retried for the connect timeout)
+    wrong_ca = url(tls_node, cacertfile=str(tls_node.other_ca_file))
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError) as err:
+        await connect(broker_settings(f"{bad},{wrong_ca}"), wait=20)
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert message.startswith("each of the 2 nodes refused: TLS: amqps://guest:***@127.0.0.1:")
+    assert "refused: host name mismatch" in message
+    assert f"TLS: amqps://guest:***@localhost:{tls_node.port}/" in message
+    assert "refused: unknown CA" in message
+
+
+async def test_each_node_s_management_api_uses_that_node_s_tls_options(tls_node: TlsNode, fixed_order: None):
+    ca = str(tls_node.ca_file)
+    (dead,) = free_ports(1)
+    first = f"amqps://guest:guest@localhost:{dead}/?cacertfile={ca}"  # no node there: node 2's API answers
+    second = url(tls_node, "127.0.0.1", cacertfile=ca, server_name_indication="localhost")
+    with ManagementClient(broker_settings(f"{first},{second}")) as mgmt:
+        assert mgmt.broker_version()[:1] == (3,)
+        assert mgmt.base_url == f"https://127.0.0.1:{tls_node.port + 10000}"
+
+
+async def test_amqp_to_the_tls_port_fails_at_once_saying_so(tls_node: TlsNode):
+    settings = broker_settings(f"amqp://guest:guest@localhost:{tls_node.port}/")
+    started = time.monotonic()
+    with pytest.raises(
+        BrokerUnavailableError, match=rf"localhost:{tls_node.port}/: port {tls_node.port} speaks TLS: use"
+    ):
+        await connect(settings, wait=20)
+    assert time.monotonic() - started < 5
