@@ -13,6 +13,9 @@ from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines,
 from amqpjobs.cli._common import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
+    app_results,
+    app_results_option,
+    closing_store,
     errors_to_exit_codes,
     filter_options,
     selection,
@@ -173,12 +176,13 @@ def _replay_summary(report: ReplayReport) -> str:
 @click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
 @click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
 @canary_options
+@app_results_option
 @url_options
 @errors_to_exit_codes
 def replay_command(
     quarantine_queue: str, to: str | None, rate: float, limit: int | None, job: str | None,
     error_type: str | None, reason: str | None, since: str | None, dry_run: bool,
-    stop_after_failures: int | None, canary: int | None, canary_timeout: str, url: str | None,
+    stop_after_failures: int | None, canary: int | None, canary_timeout: str, app_ref: str | None, url: str | None,
     management_url: str | None,
 ) -> None:  # fmt: skip
     """Move quarantined jobs back to their work queues, rate-limited; each starts a fresh attempt budget.
@@ -188,6 +192,7 @@ def replay_command(
     done, 1 when --stop-after-failures or a failed --canary stopped the run.
     """
     broker = settings(url, management_url)
+    store = app_results(app_ref)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
@@ -214,7 +219,8 @@ def replay_command(
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
     try:
-        asyncio.run(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+        run = replay(broker, quarantine_queue, options, progress, report=report, census=census, results=store)
+        asyncio.run(closing_store(run, store))
     except KeyboardInterrupt:  # Ctrl-C: the moves under way were settled, the held messages are back
         if interactive:
             click.echo("", err=True)

@@ -18,8 +18,10 @@ from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import CronRule, MissedPolicy, OverlapPolicy, Schedule
 from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef, JobRegistry
+from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
+from amqpjobs.runtime.results import ResultsStore, read_status, wait_result
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -58,6 +60,10 @@ class App(JobRegistry):
             this app processes (``process``), to the global TracerProvider, with the trace
             context in ``traceparent``/``tracestate``/``baggage`` headers (README "Tracing").
             Default False: no ``opentelemetry`` module is imported.
+        results: Results store (:class:`~amqpjobs.runtime.results.SqliteResults` or
+            :class:`~amqpjobs.runtime.results_postgres.PostgresResults`): workers record each
+            job's states and return value there, for :meth:`job_status`, :meth:`result` and
+            ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
@@ -84,12 +90,14 @@ class App(JobRegistry):
         ledger: Ledger | None = None,
         quarantine_retention: float | str = "7d",
         tracing: bool = False,
+        results: ResultsStore | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
         self.max_message_size = max_message_size
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
+        self.results = results
         self.quarantine_retention = parse_duration(quarantine_retention)
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
@@ -167,9 +175,11 @@ class App(JobRegistry):
         return previous
 
     async def close(self) -> None:
-        """Close the publishing connection and the ledger's connections."""
+        """Close the publishing connection and the ledger's and results store's connections."""
         if self.ledger is not None:
             await self.ledger.close()
+        if self.results is not None:
+            await self.results.close()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:
@@ -276,6 +286,46 @@ class App(JobRegistry):
             assert self._publisher is not None
             await self._publisher.publish(layout.exchange, routing_key, message)
         return job_id
+
+    def _results_store(self) -> ResultsStore:
+        if self.results is None:
+            raise ConfigurationError(
+                f"app {self.name!r} has no results store: App(..., results=SqliteResults(path) or PostgresResults(url))"
+            )
+        return self.results
+
+    async def job_status(self, job_id: str) -> JobStatus:
+        """The state of job ``job_id`` as the results store has it (README "Job status and results").
+
+        Returns:
+            A :class:`~amqpjobs.jobs.results.JobStatus`: ``state`` is ``unknown`` when there is
+            no record (never written, pruned, or written while the store was down) or when a
+            ``running`` record's lease passed (its worker vanished).
+
+        Raises:
+            ConfigurationError: the app has no results store.
+            ResultsUnavailableError: the store can't be read now.
+        """
+        return await read_status(self._results_store(), job_id)
+
+    async def result(self, job_id: str, timeout: float | str = 60.0, poll: float | str = 0.2) -> Any:  # noqa: ASYNC109
+        """Wait for job ``job_id`` to reach a terminal state, polling the results store; its return value.
+
+        Args:
+            job_id: The job id (what :meth:`enqueue` returned).
+            timeout: Seconds (or a duration string) to wait at most.
+            poll: Seconds between reads of the store.
+
+        Returns:
+            The handler's return value (decoded JSON; None when it returned None).
+
+        Raises:
+            JobFailedError: the job was quarantined or parked (``reason``, ``error``).
+            ResultsUnavailableError: it succeeded but its value was not stored (not JSON, too large).
+            TimeoutError: no terminal state in time; the message names the last state seen.
+            ConfigurationError: the app has no results store.
+        """
+        return await wait_result(self._results_store(), job_id, parse_duration(timeout), parse_duration(poll))
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script)."""

@@ -24,7 +24,9 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotF
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
@@ -89,7 +91,11 @@ async def _take(
 
 
 async def park(
-    settings: BrokerSettings, name: str, selection: q.Selection | None = None, census: Census | None = None
+    settings: BrokerSettings,
+    name: str,
+    selection: q.Selection | None = None,
+    census: Census | None = None,
+    results: ResultsStore | None = None,
 ) -> TakeReport:
     """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
 
@@ -99,6 +105,8 @@ async def park(
         selection: Filters (None: every message).
         census: Filled with what every looked-at message holds (to show what is there
             when the filters matched none).
+        results: The app's results store: each parked job is recorded ``parked`` (with its
+            quarantine reason) once moved, best effort (:func:`~amqpjobs.runtime.results.record_quietly`).
 
     Raises:
         ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
@@ -135,11 +143,16 @@ async def park(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
                 ) from None
             await delivery.ack()
+            moved.append(StateRecord(job_id, item.job, "parked", 0, time.time(), detail=item.reason,
+                                     error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
+                                     where=target))  # fmt: skip
 
+        moved: list[StateRecord] = []
         try:
             await _take(connection, settings, queue, selection, "park", move, report, census or Census())
         finally:
             await publisher.close()
+            await record_quietly(results, moved)
         _, report.left = await resolve_queue(connection, queue)
     return report
 
