@@ -135,6 +135,7 @@ async def park(
 
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
             job_id = delivery.message_id or item.job_id or ""
+            at = time.time()
             copy = delivery.copy(q.park_headers(delivery.headers, item, parked_at), job_id)
             try:
                 await publisher.publish("", target, copy)
@@ -143,7 +144,7 @@ async def park(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
                 ) from None
             await delivery.ack()
-            moved.append(StateRecord(job_id, item.job, "parked", 0, time.time(), detail=item.reason,
+            moved.append(StateRecord(job_id, item.job, "parked", 0, at, detail=item.reason,
                                      error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
                                      where=target))  # fmt: skip
 

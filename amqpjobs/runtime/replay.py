@@ -167,6 +167,7 @@ async def replay(
 
         async def move(delivery: Delivery, target: str, copy: OutgoingMessage, started: float) -> None:
             """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
+            at = time.time()  # before the publish: a worker may run the copy before the ack below
             try:
                 try:
                     await publisher.publish("", target, copy)
@@ -177,7 +178,7 @@ async def replay(
                     ) from None
                 await delivery.ack()
                 job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
-                moved.append(StateRecord(copy.message_id or "", job, "replayed", 0, time.time(), detail=replay_id,
+                moved.append(StateRecord(copy.message_id or "", job, "replayed", 0, at, detail=replay_id,
                                          where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started

@@ -69,10 +69,12 @@ class ResultsStore(Protocol):
         """A store on the same database with connections of its own (for another event loop)."""
 
 
+#: DOUBLE PRECISION, not REAL: PostgreSQL's REAL is 4 bytes (epoch seconds to ~2 minutes).
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS amqpjobs_results (job_id TEXT NOT NULL, job TEXT NOT NULL, state TEXT NOT NULL, "
-    "attempt INTEGER NOT NULL, at REAL NOT NULL, detail TEXT NOT NULL, error TEXT NOT NULL, queue TEXT NOT NULL, "
-    "lease_until REAL NOT NULL, value TEXT, value_note TEXT NOT NULL)",
+    "attempt INTEGER NOT NULL, at DOUBLE PRECISION NOT NULL, detail TEXT NOT NULL, error TEXT NOT NULL, "
+    "queue TEXT NOT NULL, "
+    "lease_until DOUBLE PRECISION NOT NULL, value TEXT, value_note TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS amqpjobs_results_job_id ON amqpjobs_results (job_id)",
     "CREATE INDEX IF NOT EXISTS amqpjobs_results_at ON amqpjobs_results (at)",
 )

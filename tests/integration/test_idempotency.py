@@ -28,19 +28,6 @@ from tests.integration.helpers import ROOT, depth, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = pytest.mark.broker
-PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> str:
-    """A PostgreSQL database: DATABASE_URL, else the project's own cluster (scripts/postgres.sh)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    out = subprocess.run(["bash", str(PG_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.fail(f"scripts/postgres.sh up failed:\n{out.stderr}")
-    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
