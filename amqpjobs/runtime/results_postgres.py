@@ -24,6 +24,11 @@ from amqpjobs.runtime.results import _SCHEMA, COLUMNS, record_of, row_of
 CONNECT_TIMEOUT = 5
 
 
+def _one_line(exc: BaseException) -> str:
+    """``"<type>: <message>"`` on one line (libpq's messages span lines), at most 200 characters of message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
 class PostgresResults:
     """A results store in PostgreSQL.
 
@@ -60,9 +65,7 @@ class PostgresResults:
                 await self._conn.execute(statement)
         except psycopg.Error as exc:
             await self._drop()
-            raise ResultsUnavailableError(
-                f"can't reach the PostgreSQL results store: {type(exc).__name__}: {str(exc)[:200]}"
-            ) from exc
+            raise ResultsUnavailableError(f"can't reach the PostgreSQL results store: {_one_line(exc)}") from exc
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -99,9 +102,7 @@ class PostgresResults:
             )
             rows = await cur.fetchall()
         except psycopg.Error as exc:
-            raise ResultsUnavailableError(
-                f"can't read the PostgreSQL results store: {type(exc).__name__}: {str(exc)[:200]}"
-            ) from exc
+            raise ResultsUnavailableError(f"can't read the PostgreSQL results store: {_one_line(exc)}") from exc
         return [record_of(row) for row in rows]
 
     async def prune(self, older_than: float) -> int:
