@@ -24,7 +24,7 @@ from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, raw_channel
+from tests.integration.helpers import ROOT, depth, fresh_database, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -41,18 +41,10 @@ def ledger_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         return
     import psycopg
 
-    base = request.getfixturevalue("pg_url")
-    name = f"t_{os.getpid()}_{random.randrange(10**9)}"
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    url = base.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(url, autocommit=True) as db:
-        db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
-    try:
+    with fresh_database(request.getfixturevalue("pg_url")) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
         yield url
-    finally:
-        with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def make_ledger(spec: str) -> Ledger:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import cli
+from tests.integration.helpers import cli, fresh_database
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -40,17 +38,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:{tmp_path / 'results.db'}"
         return
-    import psycopg
-
-    base = request.getfixturevalue("pg_url")
-    name = f"r_{os.getpid()}_{random.randrange(10**9)}"
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield base.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_database(request.getfixturevalue("pg_url"), "r") as url:
+        yield url
 
 
 def store_for(url: str) -> ResultsStore:
