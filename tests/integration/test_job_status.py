@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -264,3 +265,32 @@ async def test_a_stopped_results_database_never_fails_a_job(broker: BrokerSettin
         answers = {(await app.job_status(i)).state for i in ids}
         assert answers == {"unknown"}
         assert "no record" in (await app.job_status(ids[0])).note
+
+
+async def test_a_running_state_past_its_lease_reads_unknown_never_a_stale_running(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @app.job("slow", queue="work", timeout=0.5, lease=1)
+    def slow(payload: dict[str, Any], ctx: JobContext) -> str:  # a thread: it outlives its timeout and lease
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(2.5)
+        return "late"
+
+    async with running_worker(app, broker):
+        job_id = await app.enqueue("slow", {})
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.3)
+        status = await app.job_status(job_id)
+        assert status.state == "running"
+        assert status.current is not None
+        assert 0.9 < status.current.lease_until - status.current.at < 1.1  # the job's lease (1 s)
+        await asyncio.sleep(1.0)
+        late = await app.job_status(job_id)
+        assert (late.state, late.note) == ("unknown", "running, but its worker's lease passed")
+        assert await app.result(job_id, timeout=10) == "late"
+    await app.close()
