@@ -18,10 +18,10 @@ from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import CronRule, MissedPolicy, OverlapPolicy, Schedule
 from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef, JobRegistry
-from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
-from amqpjobs.runtime.results import ResultsStore, read_status, wait_result
+from amqpjobs.runtime.results import ResultsStore
+from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -38,7 +38,7 @@ JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
 
 
-class App(JobRegistry):
+class App(JobRegistry, JobResults):
     """An amqpjobs application: its jobs, its topology, and a publisher.
 
     Args:
@@ -286,46 +286,6 @@ class App(JobRegistry):
             assert self._publisher is not None
             await self._publisher.publish(layout.exchange, routing_key, message)
         return job_id
-
-    def _results_store(self) -> ResultsStore:
-        if self.results is None:
-            raise ConfigurationError(
-                f"app {self.name!r} has no results store: App(..., results=SqliteResults(path) or PostgresResults(url))"
-            )
-        return self.results
-
-    async def job_status(self, job_id: str) -> JobStatus:
-        """The state of job ``job_id`` as the results store has it (README "Job status and results").
-
-        Returns:
-            A :class:`~amqpjobs.jobs.results.JobStatus`: ``state`` is ``unknown`` when there is
-            no record (never written, pruned, or written while the store was down) or when a
-            ``running`` record's lease passed (its worker vanished).
-
-        Raises:
-            ConfigurationError: the app has no results store.
-            ResultsUnavailableError: the store can't be read now.
-        """
-        return await read_status(self._results_store(), job_id)
-
-    async def result(self, job_id: str, timeout: float | str = 60.0, poll: float | str = 0.2) -> Any:  # noqa: ASYNC109
-        """Wait for job ``job_id`` to reach a terminal state, polling the results store; its return value.
-
-        Args:
-            job_id: The job id (what :meth:`enqueue` returned).
-            timeout: Seconds (or a duration string) to wait at most.
-            poll: Seconds between reads of the store.
-
-        Returns:
-            The handler's return value (decoded JSON; None when it returned None).
-
-        Raises:
-            JobFailedError: the job was quarantined or parked (``reason``, ``error``).
-            ResultsUnavailableError: it succeeded but its value was not stored (not JSON, too large).
-            TimeoutError: no terminal state in time; the message names the last state seen.
-            ConfigurationError: the app has no results store.
-        """
-        return await wait_result(self._results_store(), job_id, parse_duration(timeout), parse_duration(poll))
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script)."""

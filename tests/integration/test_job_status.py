@@ -255,6 +255,7 @@ async def test_a_stopped_results_database_never_fails_a_job(broker: BrokerSettin
                     await asyncio.sleep(0.05)
         finally:
             await worker.shutdown()
+            await app.close()  # the publishing connection, before this test's event loop closes
         assert sorted(succeeded) == sorted(ids)
         failures = metrics.registry.get_sample_value("amqpjobs_results_write_failures_total")
         assert failures is not None
