@@ -13,6 +13,7 @@ from amqpjobs.errors import (
     ConfigurationError,
     DuplicateJobError,
     InvalidPayloadError,
+    JobFailedError,
     ManagementApiError,
     MessageTooLargeError,
     NotFoundError,
@@ -21,6 +22,7 @@ from amqpjobs.errors import (
     PublishError,
     PublishNackedError,
     ResourceLockedError,
+    ResultsUnavailableError,
     TopologyConflictError,
     TopologyError,
     TopologyValidationError,
@@ -29,10 +31,13 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
+from amqpjobs.jobs.results import JobStatus, StateRecord
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.runtime.results import ResultsStore, SqliteResults
+from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.sync_publisher import SyncPublisher
 from amqpjobs.runtime.worker import Worker, WorkerOptions
@@ -55,25 +60,32 @@ __all__ = [
     "InvalidPayloadError",
     "JobContext",
     "JobDef",
+    "JobFailedError",
     "JobQueueLayout",
+    "JobStatus",
     "Ledger",
     "LoadedTopology",
     "ManagementApiError",
     "MessageTooLargeError",
     "NotFoundError",
     "PostgresLedger",
+    "PostgresResults",
     "PreconditionFailedError",
     "Problem",
     "PublishError",
     "PublishNackedError",
     "Reject",
     "ResourceLockedError",
+    "ResultsStore",
+    "ResultsUnavailableError",
     "Retry",
     "RetryPolicy",
     "Schedule",
     "Scheduler",
     "SchedulerOptions",
     "SqliteLedger",
+    "SqliteResults",
+    "StateRecord",
     "SyncPublisher",
     "TickEvent",
     "Topology",

@@ -7,6 +7,8 @@ The tree::
     ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
     ├── DuplicateJobError           an idempotent job's key was already done (its effect rolled back)
     ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
+    ├── JobFailedError              App.result(): the job was quarantined or parked (carries the reason)
+    ├── ResultsUnavailableError     the results store can't be read (database down or unusable)
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
@@ -57,6 +59,29 @@ class InvalidPayloadError(AmqpJobsError):
 
 class DuplicateJobError(AmqpJobsError):
     """An idempotent job's key was already marked done by another run; this run's effect was rolled back."""
+
+
+class JobFailedError(AmqpJobsError):
+    """``App.result()``: the job ended quarantined or parked, so no result will come.
+
+    Attributes:
+        job_id: The job id.
+        state: ``quarantined`` or ``parked``.
+        reason: The quarantine reason (``exhausted``, ``permanent`` ...), or "".
+        error: ``"<type>: <message>"`` of the last failure, or "".
+
+    """
+
+    def __init__(self, message: str, job_id: str, state: str, reason: str, error: str) -> None:
+        self.job_id = job_id
+        self.state = state
+        self.reason = reason
+        self.error = error
+        super().__init__(message)
+
+
+class ResultsUnavailableError(AmqpJobsError):
+    """The results store can't be read (database down, unreachable or unusable); jobs are not affected."""
 
 
 class BusyError(AmqpJobsError):

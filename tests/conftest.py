@@ -122,3 +122,17 @@ def mgmt(broker: BrokerSettings) -> Iterator[ManagementClient]:
     """A management API client for the test's broker."""
     with ManagementClient(broker) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A PostgreSQL database: DATABASE_URL, else the project's own cluster (scripts/postgres.sh)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "postgres.sh"), "up"], capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        pytest.fail(f"scripts/postgres.sh up failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from functools import wraps
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from amqpjobs.errors import (
     ConfigurationError,
     InvalidPayloadError,
     PublishError,
+    ResultsUnavailableError,
     TopologyConflictError,
     TopologyValidationError,
 )
@@ -29,10 +30,13 @@ from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.topology.naming import queue_name_problem
+from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 from amqpjobs.wire.urls import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 EXIT_FOUND = 1
 EXIT_BAD_INPUT = 2
@@ -113,6 +117,9 @@ def errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_BUSY)
         except BrokerError as exc:
             click.echo(f"broker error: {redact_text(str(exc))}", err=True)
+            sys.exit(EXIT_BROKER)
+        except ResultsUnavailableError as exc:  # a service failed us, like the broker
+            click.echo(f"results store error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:
@@ -244,3 +251,40 @@ def filter_options(func: F) -> F:
     func = click.option("--error-type", help="Only this error type (e.g. ValueError).")(func)
     func = click.option("--job", help="Only this job name.")(func)
     return func
+
+
+def app_results_option(func: F) -> F:
+    """``--app MODULE:APP``: record what the command does in that app's results store (park, replay)."""
+    return click.option(
+        "--app", "app_ref", metavar="MODULE:APP", default=None,
+        help="Record each moved job's new state in this app's results store (App(results=...)); "
+        "without --app nothing is recorded.",
+    )(func)  # fmt: skip
+
+
+def app_results(app_ref: str | None, required: bool = True) -> ResultsStore | None:
+    """The results store of the app ``app_ref`` names (None without ``--app``).
+
+    ``required=False`` (``replay``, whose ``--app`` also checks ``--to``): an app without a
+    results store gives None.
+
+    Raises:
+        ConfigurationError: the app can't be loaded, or (``required``) it has no results store.
+    """
+    if app_ref is None:
+        return None
+    app = load_app(app_ref)
+    if app.results is None and not required:
+        return None
+    if app.results is None:
+        raise ConfigurationError(f"app {app_ref!r} has no results store (App(..., results=...)); leave --app out")
+    return app.results
+
+
+async def closing_store(coro: Awaitable[T], store: ResultsStore | None) -> T:
+    """Await ``coro``, then close ``store`` on the same event loop (its connections belong to it)."""
+    try:
+        return await coro
+    finally:
+        if store is not None:
+            await store.close()

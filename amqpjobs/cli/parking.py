@@ -7,7 +7,17 @@ import sys
 import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match
-from amqpjobs.cli._common import errors_to_exit_codes, filter_options, queue_name_arg, selection, settings, url_options
+from amqpjobs.cli._common import (
+    app_results,
+    app_results_option,
+    closing_store,
+    errors_to_exit_codes,
+    filter_options,
+    queue_name_arg,
+    selection,
+    settings,
+    url_options,
+)
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine
@@ -21,11 +31,12 @@ from amqpjobs.runtime.parking import TakeReport, park
 @click.argument("queue", callback=queue_name_arg)
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
+@app_results_option
 @url_options
 @errors_to_exit_codes
 def quarantine_park(
     queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
-    url: str | None, management_url: str | None,
+    app_ref: str | None, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
     """Move QUEUE's messages that match the filters to the job queue's parked queue (<job queue>.parked).
 
@@ -35,11 +46,12 @@ def quarantine_park(
     Exit 4 (nothing moved) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
+    store = app_results(app_ref)
     chosen = selection(job, error_type, reason, since)
     if not yes:
         confirm_take("Park", queue, chosen, broker.safe_url, "park")
     census, report = Census(), TakeReport(queue)
-    stopped = run_until_signal(park(broker, queue, chosen, census, report=report))
+    stopped = run_until_signal(closing_store(park(broker, queue, chosen, census, report=report, results=store), store))
     with signals_held():
         if stopped is not None:  # the move under way was settled, the held messages are back
             click.echo(

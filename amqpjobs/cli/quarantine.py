@@ -12,6 +12,8 @@ import click
 from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
     EXIT_FOUND,
+    app_results,
+    closing_store,
     errors_to_exit_codes,
     filter_options,
     queue_name_arg,
@@ -177,7 +179,8 @@ def _replay_summary(report: ReplayReport, canary: bool) -> str:
 )
 @click.option(
     "--app", "app_ref", metavar="MODULE:APP",
-    help="The app, so that --to is refused when its workers do not handle the jobs (they would be quarantined).",
+    help="The app: --to is refused when its workers do not handle the jobs (they would be quarantined), and "
+    "with a results store (App(results=...)) each replayed job is recorded 'replayed'.",
 )  # fmt: skip
 @click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
 @click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
@@ -201,6 +204,7 @@ def replay_command(
     """
     check_canary_options(click.get_current_context(), canary)
     broker = settings(url, management_url)
+    store = app_results(app_ref, required=False)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
@@ -228,7 +232,8 @@ def replay_command(
         shown_phase = report.phase
 
     report, census = ReplayReport(queue=quarantine_queue), Census()
-    stopped = run_until_signal(replay(broker, quarantine_queue, options, progress, report=report, census=census))
+    run = replay(broker, quarantine_queue, options, progress, report=report, census=census, results=store)
+    stopped = run_until_signal(closing_store(run, store))
     with signals_held():
         if stopped is not None:  # the moves under way were settled, the held messages are back
             if interactive:

@@ -8,6 +8,7 @@ once. The worker's decision is a value (:data:`Decision`) that tests can assert.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class Retry(Exception):
@@ -124,6 +125,7 @@ class Outcome:
         failure: (error type, message, traceback) of the failure, ``("", "", "")`` when none.
         ran: Whether the handler ran on this delivery.
         started: Monotonic time the handler started (when it ran).
+        value: What the handler returned (None when it did not return), for the results store.
 
     """
 
@@ -141,6 +143,7 @@ class Outcome:
     failure: tuple[str, str, str] = ("", "", "")
     ran: bool = False
     started: float = 0.0
+    value: Any = None
 
     @property
     def kind(self) -> str:

@@ -20,6 +20,8 @@ from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef, JobRegistry
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, overlap_guarded
+from amqpjobs.runtime.results import ResultsStore
+from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -37,7 +39,7 @@ JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
 
 
-class App(JobRegistry):
+class App(JobRegistry, JobResults):
     """An amqpjobs application: its jobs, its topology, and a publisher.
 
     Args:
@@ -59,6 +61,10 @@ class App(JobRegistry):
             this app processes (``process``), to the global TracerProvider, with the trace
             context in ``traceparent``/``tracestate``/``baggage`` headers (README "Tracing").
             Default False: no ``opentelemetry`` module is imported.
+        results: Results store (:class:`~amqpjobs.runtime.results.SqliteResults` or
+            :class:`~amqpjobs.runtime.results_postgres.PostgresResults`): workers record each
+            job's states and return value there, for :meth:`job_status`, :meth:`result` and
+            ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
@@ -85,12 +91,14 @@ class App(JobRegistry):
         ledger: Ledger | None = None,
         quarantine_retention: float | str = "7d",
         tracing: bool = False,
+        results: ResultsStore | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
         self.max_message_size = max_message_size
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
+        self.results = results
         self.quarantine_retention = parse_duration(quarantine_retention)
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
@@ -201,9 +209,11 @@ class App(JobRegistry):
         return f"loaded from {Path(str(self._topology_source)).resolve()}"
 
     async def close(self) -> None:
-        """Close the publishing connection and the ledger's connections."""
+        """Close the publishing connection and the ledger's and results store's connections."""
         if self.ledger is not None:
             await self.ledger.close()
+        if self.results is not None:
+            await self.results.close()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:

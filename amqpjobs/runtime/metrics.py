@@ -23,6 +23,8 @@ name                                          type       meaning
                                                          quarantine copies
 ``amqpjobs_events_dropped_total``             counter    outcome events not published (events
                                                          exchange missing, channel closed or blocked)
+``amqpjobs_results_write_failures_total``     counter    job-state records the results store did not
+                                                         take (down, slow, or the write queue full)
 ============================================  =========  ==========================================
 
 The endpoint (:class:`MetricsServer`) serves ``/metrics``, ``/healthz`` (liveness: the
@@ -79,6 +81,10 @@ class WorkerMetrics:
             "amqpjobs_events_dropped", "Outcome events not published (exchange missing, channel closed or blocked).",
             registry=self.registry,
         )  # fmt: skip
+        self.results_write_failures = Counter(
+            "amqpjobs_results_write_failures", "Job-state records not written to the results store.",
+            registry=self.registry,
+        )  # fmt: skip
         self._in_flight: dict[str, Any] = {}
         self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._counted: dict[tuple[str, str, str], Any] = {}
@@ -86,6 +92,10 @@ class WorkerMetrics:
     def events_dropped_one(self) -> None:
         """Count one outcome event not published."""
         self.events_dropped.inc()
+
+    def results_write_failed(self, count: int) -> None:
+        """Count ``count`` records the results store did not take."""
+        self.results_write_failures.inc(count)
 
     def in_flight_of(self, queue: str) -> Any:
         """The ``amqpjobs_in_flight`` gauge of job queue ``queue`` (looked up once per queue)."""

@@ -26,7 +26,9 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotF
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
@@ -106,6 +108,7 @@ async def park(
     census: Census | None = None,
     *,
     report: TakeReport | None = None,
+    results: ResultsStore | None = None,
 ) -> TakeReport:
     """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
 
@@ -118,6 +121,8 @@ async def park(
         report: Filled as the run goes (and returned): a caller keeps it to report a run
             cut short (Ctrl-C, SIGTERM). Cancelled, the park settles the move under way,
             returns the held messages and sets ``left`` before the cancellation propagates.
+        results: The app's results store: each parked job is recorded ``parked`` (with its
+            quarantine reason) once moved, best effort (:func:`~amqpjobs.runtime.results.record_quietly`).
 
     Raises:
         ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
@@ -147,6 +152,7 @@ async def park(
 
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
             job_id = delivery.message_id or item.job_id or ""
+            at = time.time()
             copy = delivery.copy(q.park_headers(delivery.headers, item, parked_at), job_id)
             try:
                 await publisher.publish("", target, copy)
@@ -155,7 +161,11 @@ async def park(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
                 ) from None
             await delivery.ack()
+            moved.append(StateRecord(job_id, item.job, "parked", 0, at, detail=item.reason,
+                                     error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
+                                     where=target))  # fmt: skip
 
+        moved: list[StateRecord] = []
         try:
             await _take(connection, settings, queue, selection, "park", move, report, census or Census())
         except asyncio.CancelledError:  # the held messages are back: count them for the caller's summary
@@ -164,6 +174,7 @@ async def park(
             raise
         finally:
             await publisher.close()
+            await record_quietly(results, moved)
         _, report.left = await resolve_queue(connection, queue)
     return report
 

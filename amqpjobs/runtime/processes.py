@@ -63,6 +63,8 @@ async def run_worker(
             server.stop()
         if app.ledger is not None:
             await app.ledger.close()
+        if app.results is not None:
+            await app.results.close()
 
 
 async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:

@@ -26,8 +26,10 @@ from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.printable import printable
+from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
@@ -91,6 +93,7 @@ async def replay(
     *,
     report: ReplayReport | None = None,
     census: Census | None = None,
+    results: ResultsStore | None = None,
 ) -> ReplayReport:
     """Move quarantined messages back to their work queues at no more than ``options.rate`` per second.
 
@@ -114,6 +117,8 @@ async def replay(
             returns held messages and sets ``left`` before the cancellation propagates.
         census: Filled with what every looked-at message holds (to show what is there
             when the filters matched none).
+        results: The app's results store: each moved job is recorded ``replayed`` (best effort,
+            at the end of the run, :func:`~amqpjobs.runtime.results.record_quietly`).
 
     Raises:
         ConfigurationError: no such quarantine queue, a bad option, or (dry run) a target
@@ -163,9 +168,11 @@ async def replay(
         window = asyncio.Semaphore(replay_window(options.rate))
         moving: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
+        moved: list[StateRecord] = []
 
         async def move(delivery: Delivery, target: str, copy: OutgoingMessage, started: float) -> None:
             """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
+            at = time.time()  # before the publish: a worker may run the copy before the ack below
             try:
                 try:
                     await publisher.publish("", target, copy)
@@ -175,6 +182,9 @@ async def replay(
                         "the rest stay in quarantine"
                     ) from None
                 await delivery.ack()
+                job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
+                moved.append(StateRecord(copy.message_id or "", job, "replayed", 0, at, detail=replay_id,
+                                         where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
                 if progress is not None:
@@ -242,6 +252,7 @@ async def replay(
             await asyncio.gather(*moving, return_exceptions=True)
             await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()
+            await record_quietly(results, moved)
             if watch is not None and not watch.is_closed:
                 await watch.close()
             if interrupted:  # the held messages are back: count them for the caller's summary

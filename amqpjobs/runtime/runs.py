@@ -23,8 +23,10 @@ from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, qualname
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome, RetryLater
 from amqpjobs.jobs.registry import JobContext, JobDef
+from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.ledger import Claim, Ledger
+from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
@@ -44,6 +46,7 @@ class HandlerRuns:
     _timeouts: dict[str, float]
     _executor: ThreadPoolExecutor | None
     _stalls: StallWatch
+    _results: ResultsWriter | None
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -140,8 +143,9 @@ class HandlerRuns:
         if attempt == 1 and ctx.enqueued_at is not None:
             latency = time.time() - ctx.enqueued_at.timestamp()
         started = time.monotonic()
+        self._note_running(job, job_id, attempt, delivery.queue)
         try:
-            await self._run_handler(job, payload, ctx)
+            value = await self._run_handler(job, payload, ctx)
         except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
             took = time.monotonic() - started
             return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
@@ -159,8 +163,18 @@ class HandlerRuns:
         took = time.monotonic() - started
         if ledger is not None:
             await ledger.done(job_id, owner)  # False when its transaction() already marked it: fine
-        return self._outcome(layout, delivery, Ack(), attempt, job_id, job.name, ran=True, duration=took,
-                             latency=latency, started=started)  # fmt: skip
+        outcome = self._outcome(layout, delivery, Ack(), attempt, job_id, job.name, ran=True, duration=took,
+                                latency=latency, started=started)  # fmt: skip
+        outcome.value = value
+        return outcome
+
+    def _note_running(self, job: JobDef, job_id: str, attempt: int, work_queue: str) -> None:
+        """Queue the ``running`` record (lease: twice the job's timeout here, as the ledger's claim)."""
+        if self._results is None:
+            return
+        now = time.time()
+        self._results.note(StateRecord(job_id, job.name, "running", attempt, now, where=work_queue,
+                                       lease_until=now + self.lease_of(job)))  # fmt: skip
 
     @staticmethod
     async def _release(ledger: Ledger, key: str, owner: str) -> None:
@@ -169,12 +183,11 @@ class HandlerRuns:
         except Exception as exc:  # the lease expires by itself
             log.warning("releasing the claim on %s failed (%s); it expires with its lease", key, exc)
 
-    async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> None:
-        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout."""
+    async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> Any:
+        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout; its return value."""
         timeout = self._timeouts.get(job.name, job.timeout)
         if job.retry.immediate_retries == 0:
-            await self._run_once(job, payload, ctx, timeout)
-            return
+            return await self._run_once(job, payload, ctx, timeout)
 
         def transient(exc: BaseException) -> bool:
             return classify(job.retry.permanent, exc) in ("error", "timeout")
@@ -186,17 +199,17 @@ class HandlerRuns:
             reraise=True,
         ):
             with attempt:
-                await self._run_once(job, payload, ctx, timeout)
+                value = await self._run_once(job, payload, ctx, timeout)
+        return value
 
-    async def _run_once(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+    async def _run_once(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
         if not job.is_async:
-            await self._run_in_thread(job, payload, ctx, limit)
-            return
+            return await self._run_in_thread(job, payload, ctx, limit)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         try:
             async with asyncio.timeout(limit) as scope:
-                await job.handler(payload, ctx)
+                return await job.handler(payload, ctx)
         except TimeoutError:
             if not scope.expired():
                 raise
@@ -205,7 +218,7 @@ class HandlerRuns:
         finally:
             self._stalls.leave(stall_key)
 
-    async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> None:
+    async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
         # A thread can't be interrupted: retrying while it still runs could commit the side
         # effect twice. So the worker waits for it, warns about the overrun, and judges the
         # run by its result.
@@ -220,4 +233,4 @@ class HandlerRuns:
                     "cancelled, so the worker waits for it and judges it by its result",
                     job.name, ctx.job_id, limit,
                 )  # fmt: skip
-        await future
+        return await future

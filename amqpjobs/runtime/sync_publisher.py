@@ -8,6 +8,7 @@ from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
+from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.app import App, JobRef
 
 T = TypeVar("T")
@@ -37,6 +38,7 @@ class SyncPublisher:
             app_version=app.app_version,
             url=url or app._url,
             max_message_size=app.max_message_size,
+            results=app.results.copy() if app.results is not None else None,  # its connection is this loop's
         )
         self._app.tracing = app.tracing
         self._app._jobs = app._jobs
@@ -73,6 +75,10 @@ class SyncPublisher:
         return self._run(
             self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers)
         )
+
+    def job_status(self, job_id: str) -> JobStatus:
+        """Blocking :meth:`App.job_status` (same answers and errors)."""
+        return self._run(self._app.job_status(job_id))
 
     def close(self) -> None:
         """Close the connection and stop the loop thread (a facade over another loop: nothing to close)."""

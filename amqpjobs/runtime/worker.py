@@ -38,6 +38,7 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.suspects import SuspectTurns
@@ -103,6 +104,8 @@ class Worker(SuspectTurns):
         self.heartbeat_at = time.monotonic()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
+        self._results_prune_task: asyncio.Task[None] | None = None
+        self._results: ResultsWriter | None = None
         self._gate = IsolationGate()
         self._held = 0  # deliveries in the handler and not yet settled (running, handing back)
         self._held_changed = asyncio.Event()
@@ -172,6 +175,7 @@ class Worker(SuspectTurns):
             if opener is not None:
                 await opener()
             self._prune_task = asyncio.create_task(keep_pruned(self.app.ledger))
+        self._start_results()
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -197,7 +201,18 @@ class Worker(SuspectTurns):
         opener = getattr(self.app.ledger, "open", None)
         if opener is not None and any(j.idempotent for j in self.app):
             await opener()
+        self._start_results()
         self.ready.set()
+
+    def _start_results(self) -> None:
+        """The results store's writer and pruner (App(results=...)), when the app has one."""
+        store = self.app.results
+        if store is None:
+            return
+        failed = self.metrics.results_write_failed if self.metrics is not None else None
+        self._results = ResultsWriter(store, failed)
+        self._results.start()
+        self._results_prune_task = asyncio.create_task(keep_pruned(store, what="result record(s)"))
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
         """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""
@@ -312,7 +327,7 @@ class Worker(SuspectTurns):
         self._stop.set()
         self._stalls.stop()
         self._suspects_signal.set()
-        for task in (self._heartbeat_task, self._prune_task):
+        for task in (self._heartbeat_task, self._prune_task, self._results_prune_task):
             if task is not None:
                 task.cancel()
         for consumer in self._consumers:
@@ -338,6 +353,8 @@ class Worker(SuspectTurns):
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
         await self._holding.close()
+        if self._results is not None:
+            await self._results.close()
         for consumer in self._consumers:
             await consumer.flush_acks()
         for publisher in (self._publisher, self._quarantiner, self._events):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,18 @@ async def drain(settings: BrokerSettings, queue: str) -> list[aio_pika.abc.Abstr
             await msg.ack()
             out.append(msg)
     return out
+
+
+@contextmanager
+def fresh_database(base: str, prefix: str = "t") -> Iterator[str]:
+    """A PostgreSQL database made for one test on the server of ``base`` (a URL); its URL, dropped after."""
+    import psycopg
+
+    name = f"{prefix}_{os.getpid()}_{random.randrange(10**9)}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield base.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -24,23 +24,10 @@ from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, raw_channel
+from tests.integration.helpers import ROOT, depth, fresh_database, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = pytest.mark.broker
-PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> str:
-    """A PostgreSQL database: DATABASE_URL, else the project's own cluster (scripts/postgres.sh)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    out = subprocess.run(["bash", str(PG_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.fail(f"scripts/postgres.sh up failed:\n{out.stderr}")
-    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -54,18 +41,10 @@ def ledger_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         return
     import psycopg
 
-    base = request.getfixturevalue("pg_url")
-    name = f"t_{os.getpid()}_{random.randrange(10**9)}"
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    url = base.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(url, autocommit=True) as db:
-        db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
-    try:
+    with fresh_database(request.getfixturevalue("pg_url")) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
         yield url
-    finally:
-        with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def make_ledger(spec: str) -> Ledger:

@@ -1,0 +1,53 @@
+"""``amqpjobs job show``: a job's state, attempts, history and where its message is now."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+
+import click
+
+from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.jobs.results import JobStatus
+from amqpjobs.printable import printable
+from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.whereabouts import where_now
+
+
+@main.group()
+def job() -> None:
+    """Jobs by id, from the app's results store (App(results=...))."""
+
+
+@job.command("show")
+@click.argument("job_id")
+@click.option("--app", "app_ref", required=True, metavar="MODULE:APP", help="The app whose results store to read.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@url_options
+@errors_to_exit_codes
+def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, management_url: str | None) -> None:
+    """JOB_ID's state, attempts and history, and where its message is now (quarantine and parked are browsed).
+
+    Exit 2 when the app has no results store, 3 when the store or the broker can't be reached.
+    """
+    app = load_app(app_ref)
+    broker = settings(url, management_url)
+
+    async def run() -> tuple[JobStatus, str]:
+        try:
+            status = await app.job_status(job_id)
+            return status, await where_now(broker, app, status)
+        finally:
+            await app.close()
+
+    status, where = asyncio.run(run())
+    if as_json:
+        doc = {"job_id": status.job_id, "state": status.state, "note": status.note, "where": where,
+               "history": [asdict(r) for r in status.history]}  # fmt: skip
+        click.echo(json.dumps(doc, ensure_ascii=False))
+        return
+    for line in status.report():
+        click.echo(printable(line))
+    click.echo(f"now: {printable(where)}")

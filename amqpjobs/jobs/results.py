@@ -1,0 +1,179 @@
+"""Job states and results: what the results store records per job, as pure rules (no I/O).
+
+A job's state, as the worker records it (README "Job status and results")::
+
+    running --> succeeded
+       |------> retrying (next tier) --> running ...
+       '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
+                                    '--> replayed --> running ...
+
+* ``running`` carries a lease (twice the job's timeout): once it has passed, the state
+  reads ``unknown`` (its writer vanished), never a stale ``running``;
+* no record at all (never written: the store was down; pruned; never enqueued) reads
+  ``unknown`` too;
+* ``succeeded``, ``quarantined`` and ``parked`` are terminal for :meth:`App.result`
+  (a replay moves a job on again).
+
+A return value is stored when it is JSON-serialisable and at most :data:`MAX_VALUE` bytes
+encoded; otherwise it is not stored and the record says why (:func:`encode_value`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
+
+#: Every state a job can read as.
+STATES: Final = ("running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
+#: States :meth:`App.result` stops waiting at.
+TERMINAL: Final = frozenset({"succeeded", "quarantined", "parked"})
+#: Largest stored return value: 64 KiB of UTF-8 JSON.
+MAX_VALUE: Final = 64 * 1024
+#: Default retention of records: 1 day (seconds).
+DEFAULT_RETENTION: Final = 86400.0
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """One state a worker (or park/replay) records for a job: a history entry, and the job's current row.
+
+    Attributes:
+        job_id: The job id (``message_id``).
+        job: Job name ("" when unknown).
+        state: One of :data:`STATES` except ``unknown``.
+        attempt: Attempt number of the run (0 for park/replay).
+        at: When it happened, seconds since the epoch.
+        detail: The quarantine reason, the next tier (``"tier 1 (5s), attempt 3"``), or "".
+        error: ``"<type>: <message>"`` of the failure, or "".
+        where: The queue the message is in after this state (work, tier, quarantine or parked queue).
+        lease_until: For ``running``: seconds since the epoch after which it reads ``unknown``; else 0.
+        value: The return value as JSON text (``succeeded`` only), or None.
+        value_note: Why no value was stored ("" when stored or none returned).
+    """
+
+    job_id: str
+    job: str
+    state: str
+    attempt: int
+    at: float
+    detail: str = ""
+    error: str = ""
+    where: str = ""
+    lease_until: float = 0.0
+    value: str | None = None
+    value_note: str = ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What :meth:`App.job_status` answers.
+
+    Attributes:
+        job_id: The job id asked for.
+        state: One of :data:`STATES`; ``unknown`` when there is no record or a ``running``
+            lease has passed.
+        current: The latest record (None when there is none).
+        history: Every record kept, oldest first.
+        note: Why the state is ``unknown`` ("" otherwise).
+    """
+
+    job_id: str
+    state: str
+    current: StateRecord | None = None
+    history: tuple[StateRecord, ...] = field(default=())
+    note: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the job reached a state :meth:`App.result` stops at."""
+        return self.state in TERMINAL
+
+    def value(self) -> Any:
+        """The stored return value (decoded JSON), or None when none was stored."""
+        if self.current is None or self.current.value is None:
+            return None
+        return json.loads(self.current.value)
+
+    def report(self) -> list[str]:
+        """Lines for ``amqpjobs job show``: state, attempts, then the history."""
+        cur = self.current
+        lines = [f"job {self.job_id}: {self.state}" + (f" ({self.note})" if self.note else "")]
+        if cur is not None:
+            lines.append(f"job name: {cur.job or '?'}; attempt {cur.attempt}")
+            if cur.detail:
+                lines.append(f"detail: {cur.detail}")
+            if cur.error:
+                lines.append(f"error: {cur.error}")
+            if cur.value_note:
+                lines.append(f"result: {cur.value_note}")
+            elif cur.value is not None:
+                lines.append(f"result: {cur.value[:200]}")
+        if self.history:
+            lines.append("history:")
+            for r in self.history:
+                extra = "; ".join(x for x in (r.detail, r.error) if x)
+                lines.append(f"  {_iso(r.at)}  {r.state:<11} attempt {r.attempt}" + (f"  {extra}" if extra else ""))
+        return lines
+
+
+def _iso(at: float) -> str:
+    from amqpjobs.jobs.envelope import iso_utc
+
+    return iso_utc(at)
+
+
+def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
+    """The status of ``job_id`` from its records (any order), read at ``now`` (seconds since the epoch).
+
+    The current state is the latest record's; a ``running`` one whose lease passed, and no
+    record at all, read ``unknown``.
+    """
+    ordered = tuple(sorted(history, key=lambda r: r.at))
+    if not ordered:
+        return JobStatus(job_id, "unknown", note="no record: never recorded (store down?), pruned, or never run")
+    cur = ordered[-1]
+    if cur.state == "running" and cur.lease_until < now:
+        return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
+    return JobStatus(job_id, cur.state, cur, ordered)
+
+
+def encode_value(value: Any) -> tuple[str | None, str]:
+    """(JSON text, "") for a storable return value; (None, why) otherwise; (None, "") for None."""
+    if value is None:
+        return None, ""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return None, f"not stored: not JSON-serialisable ({type(exc).__name__}: {str(exc)[:100]})"
+    size = len(text.encode())
+    if size > MAX_VALUE:
+        return None, f"not stored: {size} bytes of JSON, over the {MAX_VALUE}-byte limit"
+    return text, ""
+
+
+def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRecord | None:
+    """The record of a settled delivery's ``outcome``, or None when it changes no state.
+
+    Recorded: success (``succeeded``, ack uncertain included: the handler returned),
+    ``retrying`` (with the next tier and attempt) and ``quarantined`` (with the reason),
+    each only once the delivery was acked. Not recorded: duplicates (the first run's record
+    stands), hand-backs and redeliveries (not started), and what was not acked (the broker
+    redelivers it: the ``running`` lease covers the gap). ``where``: the queue the copy went
+    to (tier or quarantine queue), or the work queue.
+    """
+    d = outcome.decision
+    if not outcome.acked and not outcome.uncertain:
+        return None
+    base = StateRecord(outcome.job_id, outcome.job, "", outcome.attempt, now, where=where)
+    if isinstance(d, Ack) and outcome.ran:
+        text, note = encode_value(value)
+        return replace(base, state="succeeded", value=text, value_note=note)
+    if isinstance(d, RetryLater):
+        why = "waiting for another worker's claim" if d.wait else f"attempt {d.next_attempt}"
+        return replace(base, state="retrying", detail=f"tier {d.tier + 1} ({d.delay:g}s), {why}", error=outcome.error)
+    if isinstance(d, Quarantine):
+        return replace(base, state="quarantined", detail=d.reason, error=outcome.error)
+    return None

@@ -1,0 +1,288 @@
+"""The results store: each job's states (:mod:`amqpjobs.jobs.results`) in SQL, written off the ack path.
+
+The store never decides a job's fate (README "Job status and results"):
+
+* a worker hands each record to a :class:`ResultsWriter`: a bounded in-memory queue
+  emptied by one background task in batches, so a record never delays a handler nor an
+  ack; the ``running`` record is queued before the handler starts, the outcome's after the
+  delivery was settled;
+* a batch that can't be written (the database is down, slow past :data:`WRITE_TIMEOUT`,
+  or the queue is full) is dropped and counted (``amqpjobs_results_write_failures_total``),
+  never retried: jobs still run and ack;
+* reads (:meth:`ResultsStore.history`) raise :class:`~amqpjobs.errors.ResultsUnavailableError`
+  when the store can't be read.
+
+Two backends, shaped like the idempotency ledger's: :class:`SqliteResults` (one host)
+here, :class:`~amqpjobs.runtime.results_postgres.PostgresResults` (many hosts). Either may
+share the ledger's database (its own table, ``amqpjobs_results``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
+from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
+
+log = logging.getLogger("amqpjobs.results")
+
+#: Records waiting to be written at most; more are dropped (and counted as failed writes).
+QUEUE_SIZE = 10_000
+#: Records written in one transaction at most.
+BATCH = 500
+#: Seconds a batch write may take before it counts as failed.
+WRITE_TIMEOUT = 10.0
+#: Columns of ``amqpjobs_results``, in :class:`StateRecord` field order.
+COLUMNS = ("job_id", "job", "state", "attempt", "at", "detail", "error", "queue", "lease_until", "value", "value_note")
+
+
+class ResultsStore(Protocol):
+    """What workers, ``App.job_status`` and ``amqpjobs job show`` need from a results store.
+
+    Attributes:
+        retention: Seconds records are kept before :meth:`prune` may remove them.
+    """
+
+    retention: float
+
+    async def write(self, records: Sequence[StateRecord]) -> None:
+        """Append ``records`` in one transaction. Raises whatever the database raises."""
+
+    async def history(self, job_id: str) -> list[StateRecord]:
+        """Every record kept for ``job_id`` (any order). Raises ResultsUnavailableError."""
+
+    async def prune(self, older_than: float) -> int:
+        """Remove records older than ``older_than`` seconds; returns how many."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+    def copy(self) -> ResultsStore:
+        """A store on the same database with connections of its own (for another event loop)."""
+
+
+#: DOUBLE PRECISION, not REAL: PostgreSQL's REAL is 4 bytes (epoch seconds to ~2 minutes).
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS amqpjobs_results (job_id TEXT NOT NULL, job TEXT NOT NULL, state TEXT NOT NULL, "
+    "attempt INTEGER NOT NULL, at DOUBLE PRECISION NOT NULL, detail TEXT NOT NULL, error TEXT NOT NULL, "
+    "queue TEXT NOT NULL, "
+    "lease_until DOUBLE PRECISION NOT NULL, value TEXT, value_note TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS amqpjobs_results_job_id ON amqpjobs_results (job_id)",
+    "CREATE INDEX IF NOT EXISTS amqpjobs_results_at ON amqpjobs_results (at)",
+)
+
+
+def row_of(r: StateRecord) -> tuple[object, ...]:
+    """A record as a row of :data:`COLUMNS`."""
+    return (r.job_id, r.job, r.state, r.attempt, r.at, r.detail, r.error, r.where, r.lease_until, r.value,
+            r.value_note)  # fmt: skip
+
+
+def record_of(row: Sequence[object]) -> StateRecord:
+    """A row of :data:`COLUMNS` as a record."""
+    job_id, job, state, attempt, at, detail, error, queue, lease_until, value, note = row
+    return StateRecord(str(job_id), str(job), str(state), int(str(attempt)), float(str(at)), str(detail),
+                       str(error), str(queue), float(str(lease_until)), None if value is None else str(value),
+                       str(note))  # fmt: skip
+
+
+class SqliteResults:
+    """A results store in a SQLite file (one host, any number of processes).
+
+    Each call opens its own connection (a background batch or a read, not per job), so a
+    file made unusable fails the next call instead of a cached connection hiding it.
+
+    Args:
+        path: Database file (created when missing); may be the ledger's.
+        retention: How long records are kept: seconds or a duration string (default 1 day).
+
+    Raises:
+        ConfigurationError: the file can't be opened or the table created.
+    """
+
+    def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
+        self.path = Path(path)
+        self.retention = parse_duration(retention)
+        try:
+            with contextlib.closing(self._connect()) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                for statement in _SCHEMA:
+                    db.execute(statement)
+        except sqlite3.Error as exc:
+            raise ConfigurationError(f"can't open the SQLite results store at {self.path}: {exc}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=5, isolation_level=None)
+        db.execute("PRAGMA busy_timeout=5000")
+        return db
+
+    def _write(self, records: Sequence[StateRecord]) -> None:
+        marks = ", ".join("?" for _ in COLUMNS)
+        with contextlib.closing(self._connect()) as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
+                           [row_of(r) for r in records])  # fmt: skip
+            db.execute("COMMIT")
+
+    def _history(self, job_id: str) -> list[StateRecord]:
+        try:
+            with contextlib.closing(self._connect()) as db:
+                rows = db.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = ? ORDER BY at", (job_id,)
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise ResultsUnavailableError(f"can't read the SQLite results store at {self.path}: {exc}") from exc
+        return [record_of(row) for row in rows]
+
+    def _prune(self, older_than: float) -> int:
+        with contextlib.closing(self._connect()) as db:
+            return db.execute("DELETE FROM amqpjobs_results WHERE at < ?", (time.time() - older_than,)).rowcount
+
+    async def write(self, records: Sequence[StateRecord]) -> None:
+        """See :meth:`ResultsStore.write`."""
+        await asyncio.to_thread(self._write, records)
+
+    async def history(self, job_id: str) -> list[StateRecord]:
+        """See :meth:`ResultsStore.history`."""
+        return await asyncio.to_thread(self._history, job_id)
+
+    async def prune(self, older_than: float) -> int:
+        """See :meth:`ResultsStore.prune`."""
+        return await asyncio.to_thread(self._prune, older_than)
+
+    async def close(self) -> None:
+        """Nothing to release: every call closes its connection."""
+
+    def copy(self) -> SqliteResults:
+        """See :meth:`ResultsStore.copy`."""
+        return SqliteResults(self.path, self.retention)
+
+
+class ResultsWriter:
+    """A worker's bounded queue of records to write, emptied in batches by one background task.
+
+    Args:
+        store: Where records go.
+        failed: Called with the number of records that could not be written (the metric).
+        size: Records waiting at most (default :data:`QUEUE_SIZE`); more are dropped and counted.
+    """
+
+    def __init__(self, store: ResultsStore, failed: Callable[[int], None] | None = None,
+                 size: int = QUEUE_SIZE) -> None:  # fmt: skip
+        self.store = store
+        self.failed = 0  # records not written, in total
+        self._on_failed = failed
+        self._queue: asyncio.Queue[StateRecord] = asyncio.Queue(size)
+        self._task: asyncio.Task[None] | None = None
+        self._warned_at = 0.0
+
+    def start(self) -> None:
+        """Start the background task (on the running loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def note(self, record: StateRecord) -> None:
+        """Queue ``record`` for writing; never blocks nor raises (a full queue drops it, counted)."""
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self._fail(1, "the write queue is full")
+
+    def _fail(self, count: int, why: str) -> None:
+        self.failed += count
+        if self._on_failed is not None:
+            self._on_failed(count)
+        now = time.monotonic()
+        if now - self._warned_at >= 10.0:  # one line per 10 s, not one per job
+            self._warned_at = now
+            log.warning("results store: %d record(s) not written (%s); jobs are not affected", count, why)
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                async with asyncio.timeout(WRITE_TIMEOUT):
+                    await self.store.write(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail(len(batch), f"{type(exc).__name__}: {str(exc)[:200]}")
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def close(self, wait: float = 5.0) -> None:
+        """Write what is queued (up to ``wait`` seconds; the rest counts as failed), then stop."""
+        if self._task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._queue.join()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        if self._queue.qsize():
+            self._fail(self._queue.qsize(), "the worker stopped first")
+
+
+async def record_quietly(store: ResultsStore | None, records: Sequence[StateRecord]) -> int:
+    """Write ``records`` (park and replay moves) at once, best effort; returns how many were not written.
+
+    A failure is logged, never raised: the moves are done whatever the store says.
+    """
+    if store is None or not records:
+        return 0
+    try:
+        async with asyncio.timeout(WRITE_TIMEOUT):
+            await store.write(records)
+    except Exception as exc:
+        log.warning("results store: %d park/replay record(s) not written (%s: %s)", len(records),
+                    type(exc).__name__, str(exc)[:200])  # fmt: skip
+        return len(records)
+    return 0
+
+
+async def read_status(store: ResultsStore, job_id: str) -> JobStatus:
+    """The status of ``job_id`` in ``store`` (:meth:`App.job_status`). Raises ResultsUnavailableError."""
+    return status_of(job_id, await store.history(job_id), time.time())
+
+
+async def wait_result(store: ResultsStore, job_id: str, limit: float, every: float) -> Any:
+    """Poll ``store`` every ``every`` seconds, up to ``limit``, for a terminal state of ``job_id`` (:meth:`App.result`).
+
+    Raises:
+        JobFailedError, ResultsUnavailableError, TimeoutError: see :meth:`App.result`.
+    """
+    deadline = time.monotonic() + limit
+    last = "no read yet"
+    while True:
+        status: JobStatus | None = None
+        try:
+            status = await read_status(store, job_id)
+            last = status.state + (f" ({status.note})" if status.note else "")
+        except ResultsUnavailableError as exc:  # a store outage while waiting: keep trying until the deadline
+            last = f"store unreachable: {exc}"
+        cur = status.current if status is not None else None
+        if status is not None and cur is not None and status.state in TERMINAL:
+            if status.state == "succeeded":
+                if cur.value_note:
+                    raise ResultsUnavailableError(f"job {job_id} succeeded but its value was {cur.value_note}")
+                return status.value()
+            raise JobFailedError(
+                f"job {job_id} is {status.state}" + (f": reason {cur.detail}" if cur.detail else "")
+                + (f" ({cur.error})" if cur.error else ""), job_id, status.state, cur.detail, cur.error,
+            )  # fmt: skip
+        if time.monotonic() + every > deadline:
+            raise TimeoutError(f"job {job_id}: no terminal state within {limit:g}s; last state: {last}")
+        await asyncio.sleep(every)

@@ -1,0 +1,297 @@
+"""Issue 24: job status and results by id (SQLite and PostgreSQL stores) against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import (
+    JobContext,
+    JobFailedError,
+    PostgresResults,
+    Reject,
+    ResultsStore,
+    ResultsUnavailableError,
+    SqliteResults,
+    Worker,
+    WorkerOptions,
+)
+from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.replay import replay
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import cli, fresh_database
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh results database: ``sqlite:<path>`` or a PostgreSQL URL of a database made for the test."""
+    if request.param == "sqlite":
+        yield f"sqlite:{tmp_path / 'results.db'}"
+        return
+    with fresh_database(request.getfixturevalue("pg_url"), "r") as url:
+        yield url
+
+
+def store_for(url: str) -> ResultsStore:
+    return SqliteResults(url.removeprefix("sqlite:")) if url.startswith("sqlite:") else PostgresResults(url)
+
+
+def states(history: Any) -> list[tuple[str, int]]:
+    return [(r.state, r.attempt) for r in history]
+
+
+async def test_states_through_success_retries_quarantine_park_and_replay(
+    broker: BrokerSettings, tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    app = await make_app(broker, tmp_path)
+    app.results = store_for(store_url)
+    runs: dict[str, int] = {}
+
+    @app.job("double", queue="work")
+    async def double(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
+        return {"doubled": payload["n"] * 2}
+
+    @app.job("flaky", queue="work")
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> str:
+        if ctx.attempt < 3:
+            raise ValueError(f"not yet ({ctx.attempt})")
+        return "third time"
+
+    @app.job("picky", queue="work")
+    def picky(payload: dict[str, Any], ctx: JobContext) -> list[int]:  # a plain function: its value too
+        runs[ctx.job_id] = runs.get(ctx.job_id, 0) + 1
+        if runs[ctx.job_id] == 1:
+            raise Reject("bad input")
+        return [1, 2, 3]
+
+    @app.job("big", queue="work")
+    async def big(payload: dict[str, Any], ctx: JobContext) -> str:
+        return "x" * 70_000
+
+    async with running_worker(app, broker):
+        ok = await app.enqueue("double", {"n": 21})
+        retried = await app.enqueue("flaky", {})
+        rejected = await app.enqueue("picky", {})
+        large = await app.enqueue("big", {})
+        assert await app.result(ok, timeout=20) == {"doubled": 42}
+        assert await app.result(retried, timeout=20) == "third time"
+        with pytest.raises(JobFailedError) as failed:
+            await app.result(rejected, timeout=20)
+        assert (failed.value.state, failed.value.reason) == ("quarantined", "rejected")
+        assert "Reject: bad input" in failed.value.error
+        with pytest.raises(ResultsUnavailableError, match="70002 bytes of JSON, over the 65536-byte limit"):
+            await app.result(large, timeout=20)
+
+        status = await app.job_status(retried)
+        assert states(status.history) == [("running", 1), ("retrying", 1), ("running", 2), ("retrying", 2),
+                                          ("running", 3), ("succeeded", 3)]  # fmt: skip
+        assert [r.detail for r in status.history if r.state == "retrying"] == [
+            "tier 1 (0.2s), attempt 2", "tier 2 (0.4s), attempt 3"
+        ]  # fmt: skip
+        assert [r.where for r in status.history][:2] == ["work", "work.retry.200ms"]  # the tier queue it waited in
+        assert "ValueError: not yet (1)" in status.history[1].error
+        quarantined = await app.job_status(rejected)
+        assert (quarantined.state, quarantined.current and quarantined.current.where) == (
+            "quarantined", "work.quarantine"
+        )  # fmt: skip
+
+        # an app module for the CLI's --app
+        module = f"resapp_{uuid.uuid4().hex[:8]}"
+        (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+        (tmp_path / f"{module}.py").write_text(
+            "from amqpjobs import App, PostgresResults, SqliteResults\n"
+            f"url = {store_url!r}\n"
+            f"app = App('resapp', topology={str(tmp_path / 't.toml')!r}, results=SqliteResults(url[7:]) "
+            "if url.startswith('sqlite:') else PostgresResults(url))\n"
+            "@app.job('picky', queue='work')\ndef picky(payload: dict, ctx: object) -> None: ...\n"
+        )
+        monkeypatch.chdir(tmp_path)
+        # amqpjobs quarantine park --app records it; result() names the reason
+        parked_out = await asyncio.to_thread(
+            cli, broker, "quarantine", "park", "work", "--yes", "--app", f"{module}:app"
+        )
+        assert parked_out.exit_code == 0, parked_out.output
+        assert "parked 1 message(s)" in parked_out.stdout
+        with pytest.raises(JobFailedError) as parked:
+            await app.result(rejected, timeout=5)
+        assert (parked.value.state, parked.value.reason) == ("parked", "rejected")
+
+        # amqpjobs job show --app: state, history, and where it is now (found by browsing)
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        assert shown.exit_code == 0, shown.output
+        assert f"job {rejected}: parked" in shown.stdout
+        assert "detail: rejected" in shown.stdout
+        assert "now: work.parked (found by browsing)" in shown.stdout
+        assert shown.stdout.count("running     attempt 1") == 1
+
+        # replay from the parked queue: replayed, then it runs and succeeds
+        moved = await replay(broker, "work.parked", ReplayOptions(rate=100), results=app.results)
+        assert moved.replayed == 1
+        assert await app.result(rejected, timeout=20) == [1, 2, 3]
+        final = await app.job_status(rejected)
+        assert [s for s, _ in states(final.history)] == [
+            "running", "quarantined", "parked", "replayed", "running", "succeeded"
+        ]  # fmt: skip
+        with app.sync_publisher() as sync:
+            assert (await asyncio.to_thread(sync.job_status, ok)).state == "succeeded"
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        assert "now: nowhere: it succeeded and was acked" in shown.stdout
+        with pytest.raises(TimeoutError, match="last state: unknown"):
+            await app.result("never-enqueued", timeout=0.5)
+    await app.close()
+
+
+class Relay:
+    """A TCP relay on loopback we control, between the store and PostgreSQL: close it to cut the database off."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self._writers:
+            w.close()
+        self._writers.clear()
+        await self._server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def broken_store(store_url: str) -> AsyncIterator[tuple[ResultsStore, Any]]:
+    """(the store, break it, mend it): SQLite file overwritten with junk; PostgreSQL behind a relay we close."""
+    if store_url.startswith("sqlite:"):
+        path = Path(store_url.removeprefix("sqlite:"))
+        store: ResultsStore = SqliteResults(path)
+
+        def mend_or_break(broken: bool) -> None:
+            for extra in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                extra.unlink(missing_ok=True)
+            if broken:
+                path.write_bytes(b"not a database " * 512)
+            else:
+                SqliteResults(path)
+
+        async def breaking(broken: bool) -> None:
+            await asyncio.to_thread(mend_or_break, broken)
+
+        yield store, breaking
+        return
+    base, _, tail = store_url.rpartition("@")
+    hostport, _, db = tail.partition("/")
+    relay = Relay(int(hostport.rsplit(":", 1)[1]))
+    await relay.open()
+    store = PostgresResults(f"{base}@127.0.0.1:{relay.port}/{db}")
+
+    async def cut(broken: bool) -> None:
+        if broken:
+            await relay.close()
+        else:
+            await relay.open()  # same port
+
+    try:
+        yield store, cut
+    finally:
+        await store.close()
+        with contextlib.suppress(Exception):
+            await relay.close()
+
+
+@pytest.mark.chaos
+async def test_a_stopped_results_database_never_fails_a_job(broker: BrokerSettings, tmp_path: Path, store_url: str):
+    app = await make_app(broker, tmp_path)
+    async with broken_store(store_url) as (store, breaking):
+        app.results = store
+        await store.write([])  # reachable before: the table exists
+        await breaking(True)
+
+        @app.job("double", queue="work")
+        async def double(payload: dict[str, Any], ctx: JobContext) -> int:
+            return int(payload["n"]) * 2
+
+        metrics = WorkerMetrics()
+        succeeded: list[str] = []
+        worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=10, grace=10),
+                        lambda o: succeeded.append(o.job_id) if o.kind == "succeeded" else None, metrics)  # fmt: skip
+        await worker.start()
+        try:
+            ids = [await app.enqueue("double", {"n": n}) for n in range(100)]
+            async with asyncio.timeout(60):
+                while len(succeeded) < 100:
+                    await asyncio.sleep(0.05)
+        finally:
+            await worker.shutdown()
+            await app.close()  # the publishing connection, before this test's event loop closes
+        assert sorted(succeeded) == sorted(ids)
+        failures = metrics.registry.get_sample_value("amqpjobs_results_write_failures_total")
+        assert failures is not None
+        assert failures >= 100
+        with pytest.raises(ResultsUnavailableError):  # down: a clear error, never a guess
+            await app.job_status(ids[0])
+        await breaking(False)
+        answers = {(await app.job_status(i)).state for i in ids}
+        assert answers == {"unknown"}
+        assert "no record" in (await app.job_status(ids[0])).note
+
+
+async def test_a_running_state_past_its_lease_reads_unknown_never_a_stale_running(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @app.job("slow", queue="work", timeout=0.5, lease=1)
+    def slow(payload: dict[str, Any], ctx: JobContext) -> str:  # a thread: it outlives its timeout and lease
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(2.5)
+        return "late"
+
+    async with running_worker(app, broker):
+        job_id = await app.enqueue("slow", {})
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.3)
+        status = await app.job_status(job_id)
+        assert status.state == "running"
+        assert status.current is not None
+        assert 0.9 < status.current.lease_until - status.current.at < 1.1  # the job's lease (1 s)
+        await asyncio.sleep(1.0)
+        late = await app.job_status(job_id)
+        assert (late.state, late.note) == ("unknown", "running, but its worker's lease passed")
+        assert await app.result(job_id, timeout=10) == "late"
+    await app.close()

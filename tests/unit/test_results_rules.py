@@ -1,0 +1,65 @@
+"""Job states and results: the pure rules (amqpjobs.jobs.results)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
+from amqpjobs.jobs.results import MAX_VALUE, StateRecord, encode_value, record_for, status_of
+
+pytestmark = pytest.mark.version_independent
+
+
+def outcome(decision: object, acked: bool = True, ran: bool = True) -> Outcome:
+    return Outcome(decision=decision, job="mail", job_id="j1", attempt=2, duration=0.1, acked=acked,  # type: ignore[arg-type]
+                   queue="work", ran=ran, error="ValueError: boom")  # fmt: skip
+
+
+def test_a_running_record_past_its_lease_reads_unknown_and_no_record_reads_unknown():
+    running = StateRecord("j1", "mail", "running", 1, at=100.0, where="work", lease_until=160.0)
+    assert status_of("j1", [running], now=159.9).state == "running"
+    late = status_of("j1", [running], now=160.1)
+    assert (late.state, late.note) == ("unknown", "running, but its worker's lease passed")
+    assert late.current == running
+    none = status_of("j1", [], now=0)
+    assert (none.state, none.current, none.history) == ("unknown", None, ())
+
+
+def test_the_latest_record_by_time_is_the_state_whatever_order_they_were_written_in():
+    a = StateRecord("j1", "mail", "replayed", 0, at=10.0)
+    b = StateRecord("j1", "mail", "running", 1, at=11.0, lease_until=99.0)
+    c = StateRecord("j1", "mail", "succeeded", 1, at=12.0, value="[1]")
+    status = status_of("j1", [c, a, b], now=50.0)
+    assert [r.state for r in status.history] == ["replayed", "running", "succeeded"]
+    assert (status.state, status.terminal, status.value()) == ("succeeded", True, [1])
+
+
+def test_values_are_stored_as_json_up_to_64_kib_else_the_record_says_why():
+    assert encode_value({"a": [1, "é"]}) == ('{"a":[1,"é"]}', "")
+    assert encode_value(None) == (None, "")
+    fits = "x" * (MAX_VALUE - 2)  # with its two quotes: exactly the limit
+    assert encode_value(fits) == (json.dumps(fits), "")
+    assert encode_value(fits + "x") == (None, f"not stored: {MAX_VALUE + 1} bytes of JSON, over the 65536-byte limit")
+    text, note = encode_value({1, 2})
+    assert text is None
+    assert note.startswith("not stored: not JSON-serialisable (TypeError: Object of type set")
+    assert encode_value(float("nan"))[1].startswith("not stored: not JSON-serialisable (ValueError")
+
+
+def test_each_settled_outcome_maps_to_one_state():
+    ok = record_for(outcome(Ack()), {"n": 1}, "work", 5.0)
+    assert ok is not None
+    assert (ok.state, ok.value, ok.attempt, ok.at) == ("succeeded", '{"n":1}', 2, 5.0)
+    retry = record_for(outcome(RetryLater(next_attempt=3, tier=1, delay=5.0)), None, "work.retry.5s", 5.0)
+    assert retry is not None
+    assert (retry.state, retry.detail, retry.where, retry.error) == (
+        "retrying", "tier 2 (5s), attempt 3", "work.retry.5s", "ValueError: boom"
+    )  # fmt: skip
+    bad = record_for(outcome(Quarantine("permanent")), None, "work.quarantine", 5.0)
+    assert bad is not None
+    assert (bad.state, bad.detail) == ("quarantined", "permanent")
+    assert record_for(outcome(Duplicate()), None, "work", 5.0) is None  # the first run's record stands
+    assert record_for(outcome(HandBack(), ran=False), None, "work", 5.0) is None
+    assert record_for(outcome(Ack(), acked=False), 1, "work", 5.0) is None  # redelivered: the lease covers it
