@@ -29,9 +29,9 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
-from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.results import ResultsStore
+from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 from amqpjobs.wire.urls import redact_text
 

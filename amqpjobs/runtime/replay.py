@@ -25,8 +25,8 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
-from amqpjobs.printable import printable
 from amqpjobs.jobs.results import StateRecord
+from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
