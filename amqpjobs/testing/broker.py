@@ -251,7 +251,14 @@ class TestBroker:
     async def _process(self, job_queue: str, delivery: MemoryDelivery) -> None:
         self._delivered += 1
         seen = len(self.outcomes)
-        await self.worker.handle(job_queue, delivery)
+        try:
+            await self.worker.handle(job_queue, delivery)
+        except BaseException:
+            # SystemExit, KeyboardInterrupt, a cancellation: on RabbitMQ the unacked delivery
+            # returns when the worker's connection closes; here it goes back at once, redelivered
+            if not delivery.settled:
+                await delivery.requeue()
+            raise
         await asyncio.sleep(0)  # the worker records the outcome on the loop's next turn
         for outcome in self.outcomes[seen:]:
             self.processed.append(Processed(outcome, delivery.queue, delivery.headers, delivery.body))

@@ -300,3 +300,22 @@ async def test_sync_publisher_from_the_loop_thread_is_refused(tmp_path: Path) ->
         with app.sync_publisher() as pub, pytest.raises(RuntimeError, match=r"await app\.enqueue"):
             pub.enqueue("child", {"order_id": 1})
         await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+async def test_a_handler_raising_a_base_exception_leaves_its_message_in_the_queue(
+    tmp_path: Path, exc: BaseException
+) -> None:
+    app = make_app(tmp_path)
+
+    @app.job("bye", queue="work", payload=Order)
+    async def bye(o: Order, ctx: JobContext) -> None:
+        raise exc
+
+    async with TestBroker(app) as broker:
+        await app.enqueue("bye", {"order_id": 1}, job_id="bye-1")
+        with pytest.raises(type(exc)):
+            await broker.drain()
+        left = broker.memory.queue("work").messages
+        assert [(s.message.message_id, s.redelivered) for s in left] == [("bye-1", True)]  # as RabbitMQ redelivers
+        assert broker.quarantine("work") == []
