@@ -37,7 +37,6 @@ class BrokerSettings:
             (README "Workers": 30 s for a broker still starting; the CLI's one-shot commands 5 s).
         management_derived: True when the management URL(s) were derived from the AMQP URL(s)
             (not given), so an error about one can say so and how to set it.
-        nodes: One AMQP URL per node, in the order given (a connection shuffles them).
         management_urls: The management API of each node (derived: same host, AMQP port +
             10000), or the one management URL given.
         node_management: When derived, node ``i``'s management API (``management_urls`` in the
@@ -52,15 +51,22 @@ class BrokerSettings:
     vhost: str
     connect_timeout: float = 30.0
     management_derived: bool = False
-    nodes: tuple[str, ...] = ()
     management_urls: tuple[str, ...] = ()
     node_management: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.nodes:
-            object.__setattr__(self, "nodes", tuple(split_urls(self.url)))
-        if not self.management_urls:
+        # one source of truth: settings copied with another url or management_url (dataclasses.replace)
+        # never keep the nodes or management APIs of the old one
+        if self.management_url not in self.management_urls:
             object.__setattr__(self, "management_urls", (self.management_url,))
+            object.__setattr__(self, "node_management", ())
+        if self.node_management and len(self.node_management) != len(self.nodes):
+            object.__setattr__(self, "node_management", ())
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """One AMQP URL per node, in the order given (a connection shuffles them); from :attr:`url`."""
+        return tuple(split_urls(self.url))
 
     @property
     def safe_url(self) -> str:
@@ -75,7 +81,7 @@ class BrokerSettings:
     def with_vhost(self, vhost: str) -> BrokerSettings:
         """The same broker (every node), another vhost."""
         nodes = tuple(with_path(node, vhost) for node in self.nodes)
-        return replace(self, url=",".join(nodes), vhost=vhost, nodes=nodes)
+        return replace(self, url=",".join(nodes), vhost=vhost)
 
     def with_connect_timeout(self, seconds: float) -> BrokerSettings:
         """The same broker, retrying a refused first connect for ``seconds`` (over all the nodes)."""
@@ -134,7 +140,6 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         password=first.password,
         vhost=first.vhost,
         management_derived=derived,
-        nodes=tuple(nodes),
         management_urls=tuple(dict.fromkeys(management_urls)),
         node_management=tuple(management_urls) if derived else (),
     )

@@ -105,3 +105,19 @@ def test_keyfile_problems_name_the_keyfile_and_what_is_wrong(tmp_path: Path):
             ssl_context(options)
         assert message in str(err.value)
     ssl_context({"certfile": str(cert), "keyfile": str(key)})
+
+
+def test_settings_copied_with_another_url_or_management_url_never_keep_the_old_nodes() -> None:
+    # a relay in front of the broker (tests/amqp_frames.FrameTap) copies the settings with its own URL:
+    # the copy kept the old nodes, so connections went around the relay
+    from dataclasses import replace
+
+    from amqpjobs.wire.settings import broker_settings
+
+    two = broker_settings("amqp://u:p@127.0.0.1:5682/v,amqp://u:p@127.0.0.2:5682/v")
+    relayed = replace(two, url="amqp://u:p@127.0.0.1:4000/v")
+    assert relayed.nodes == ("amqp://u:p@127.0.0.1:4000/v",)
+    assert relayed.node_management == ()
+    other_api = replace(two, management_url="http://127.0.0.9:15999")
+    assert other_api.management_urls == ("http://127.0.0.9:15999",)
+    assert two.with_vhost("w").nodes == ("amqp://u:p@127.0.0.1:5682/w", "amqp://u:p@127.0.0.2:5682/w")
