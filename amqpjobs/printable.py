@@ -84,8 +84,10 @@ def json_safe(text: str) -> str:
 
 def _bash_escape(match: re.Match[str]) -> str:
     char = match.group()
-    code = ord(char)
-    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
+    if char in _NAMED:
+        return _NAMED[char]
+    # its UTF-8 bytes, not \uHHHH: bash converts \u only under a UTF-8 locale (LANG=C keeps it)
+    return "".join(f"\\x{b:02x}" for b in char.encode("utf-8", "surrogatepass"))
 
 
 def shell_quote(text: str) -> str:
@@ -93,8 +95,9 @@ def shell_quote(text: str) -> str:
 
     Printable text is quoted by :func:`shlex.quote` (POSIX single quotes). Text holding a
     character :func:`printable` escapes uses bash's ANSI-C quoting ``$'...'`` (bash manual
-    "ANSI-C Quoting"): ``\n``, ``\xHH`` below U+0080 and ``\uHHHH`` above (a C1 control is
-    a character, not the byte ``\x85``), with ``\\`` and ``\'`` for the two quoted ones. A
+    "ANSI-C Quoting"): ``\n``, else the character's UTF-8 bytes as ``\xHH`` (bash turns
+    ``\uHHHH`` into a character only under a UTF-8 locale; bytes paste the same under any),
+    with ``\\`` and ``\'`` for the two quoted ones. A
     single-quoted ``'a\nb'`` would hand the shell a backslash and an ``n``.
 
     >>> shell_quote("it's"), shell_quote("a\nb")

@@ -79,3 +79,13 @@ def test_verbose_is_accepted_after_the_subcommand() -> None:
     result = CliRunner().invoke(main, ["consume", "-v", "no_such_module_xyz:app"])
     assert "No such option" not in result.output
     assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("text", ["plain-job", "it's", "évil\n2026\x1b[2J", "x\u2028y", "\x85z"])
+def test_a_suggested_filter_pastes_back_exactly_under_any_locale(text: str) -> None:
+    from amqpjobs.printable import shell_quote
+
+    quoted = shell_quote(text)
+    for lang in ("C", "C.UTF-8"):  # bash turns \uHHHH into a character only under a UTF-8 locale
+        out = subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, env={"LANG": lang}, check=True)
+        assert out.stdout.decode("utf-8", "surrogateescape") == text
