@@ -248,7 +248,7 @@ class Prunable(Protocol):
         """Remove records older than ``older_than`` seconds; returns how many."""
 
 
-async def keep_pruned(store: Prunable, every: float = 600.0, what: str = "done-marker(s) from the ledger") -> None:
+async def keep_pruned(store: Prunable, every: float = 600.0, what: str = "done-marker(s)") -> None:
     """Prune ``store``'s records older than its retention every ``every`` seconds, forever (a worker's task).
 
     ``what`` names the records in the log line (``"result record(s)"``).
