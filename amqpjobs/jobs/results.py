@@ -2,11 +2,13 @@
 
 A job's state, as the worker records it (README "Job status and results")::
 
-    running --> succeeded
-       |------> retrying (next tier) --> running ...
-       '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
-                                    '--> replayed --> running ...
+    queued --> running --> succeeded
+                  |------> retrying (next tier) --> running ...
+                  '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
+                                               '--> replayed --> running ...
 
+* ``queued`` is recorded by the enqueuing app (one with a results store) once the broker
+  confirmed the publish, off the publish path: the message waits in its work queue;
 * ``running`` carries a lease (twice the job's timeout): once it has passed, the state
   reads ``unknown`` (its writer vanished), never a stale ``running``;
 * no record at all (never written: the store was down; pruned; never enqueued) reads
@@ -27,7 +29,7 @@ from typing import Any, Final
 from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
 
 #: Every state a job can read as.
-STATES: Final = ("running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
+STATES: Final = ("queued", "running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
 #: States :meth:`App.result` stops waiting at.
 TERMINAL: Final = frozenset({"succeeded", "quarantined", "parked"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
@@ -44,7 +46,7 @@ class StateRecord:
         job_id: The job id (``message_id``).
         job: Job name ("" when unknown).
         state: One of :data:`STATES` except ``unknown``.
-        attempt: Attempt number of the run (0 for park/replay).
+        attempt: Attempt number of the run (0 for ``queued``; park/replay: the attempt that failed).
         at: When it happened, seconds since the epoch.
         detail: The quarantine reason, the next tier (``"tier 1 (5s), attempt 3"``), or "".
         error: ``"<type>: <message>"`` of the failure, or "".
@@ -111,6 +113,8 @@ class JobStatus:
                 lines.append(f"result: {cur.value_note}")
             elif cur.value is not None:
                 lines.append(f"result: {cur.value[:200]}")
+            elif self.state == "succeeded":
+                lines.append("result: null (the handler returned None)")
         if self.history:
             lines.append("history:")
             for r in self.history:

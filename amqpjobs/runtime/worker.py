@@ -211,6 +211,8 @@ class Worker(SuspectTurns):
             return
         failed = self.metrics.results_write_failed if self.metrics is not None else None
         self._results = ResultsWriter(store, failed)
+        if failed is not None:  # enqueues from its handlers: their ``queued`` records count here too
+            self.app.results_failed = failed
         self._results.start()
         self._results_prune_task = asyncio.create_task(keep_pruned(store, what="result record(s)"))
 

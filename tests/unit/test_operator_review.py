@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from amqpjobs.cli import main
-from amqpjobs.cli.next_steps import command
+from amqpjobs.cli.next_steps import after_replay, command
 from amqpjobs.runtime.status import layout_from_names
 from amqpjobs.topology.naming import parse_queue_name
 
@@ -79,3 +79,11 @@ def test_verbose_is_accepted_after_the_subcommand() -> None:
     result = CliRunner().invoke(main, ["consume", "-v", "no_such_module_xyz:app"])
     assert "No such option" not in result.output
     assert result.exit_code == 2, result.output
+
+
+def test_a_finished_replay_names_the_queue_it_replayed_from() -> None:
+    assert after_replay("work.quarantine", 0) == "next: amqpjobs status (the quarantine is empty)"
+    assert after_replay("work.parked", 0) == (
+        "next: amqpjobs status (parked queue work.parked is empty; a replayed job that fails again goes to quarantine)"
+    )
+    assert after_replay("work.parked", 3) == "next: amqpjobs quarantine list work.parked (3 still there)"
