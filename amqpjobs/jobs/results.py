@@ -11,7 +11,8 @@ A job's state, as the worker records it (README "Job status and results")::
   confirmed the publish, off the publish path: the message waits in its work queue;
 * ``running`` carries a lease (twice the job's timeout): once it has passed, the state
   reads ``unknown`` (its writer vanished), never a stale ``running``;
-* no record at all (never written: the store was down; pruned; never enqueued) reads
+* no record at all (enqueued by an app without a results store; never written: the store
+  was down; pruned; never enqueued) reads
   ``unknown`` too;
 * ``succeeded``, ``quarantined`` and ``parked`` are terminal for :meth:`App.result`
   (a replay moves a job on again).
@@ -137,7 +138,7 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
-        return JobStatus(job_id, "unknown", note="no record: never recorded (store down?), pruned, or never run")
+        return JobStatus(job_id, "unknown", note="no record: enqueued without a results store, store down, pruned, or never enqueued")
     cur = ordered[-1]
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")

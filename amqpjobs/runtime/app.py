@@ -62,7 +62,8 @@ class App(CronSchedules, JobResults):
             Default False: no ``opentelemetry`` module is imported.
         results: Results store (:class:`~amqpjobs.runtime.results.SqliteResults` or
             :class:`~amqpjobs.runtime.results_postgres.PostgresResults`): workers record each
-            job's states and return value there, for :meth:`job_status`, :meth:`result` and
+            job's states and return value there (and ``enqueue`` records ``queued`` after the
+            broker's confirm, off the publish path), for :meth:`job_status`, :meth:`result` and
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
 
     Raises:
