@@ -138,7 +138,8 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
-        return JobStatus(job_id, "unknown", note="no record: enqueued without a results store, store down, pruned, or never enqueued")
+        why = "no record: enqueued without a results store, store down, pruned, or never enqueued"
+        return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
