@@ -134,13 +134,18 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """The status of ``job_id`` from its records (any order), read at ``now`` (seconds since the epoch).
 
     The current state is the latest record's; a ``running`` one whose lease passed, and no
-    record at all, read ``unknown``.
+    record at all, read ``unknown``. A ``queued`` record after the job succeeded does not
+    count (the same id enqueued again: an idempotent job's worker acks it as a duplicate
+    and records nothing, so it would read ``queued`` for ever).
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
         why = "no record: enqueued without a results store, store down, pruned, or never enqueued"
         return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
+    done = next((r for r in ordered if r.state == "succeeded"), None)
+    if cur.state == "queued" and done is not None:  # enqueued again once done: acked as a duplicate, no record
+        cur = max((r for r in ordered if r.state != "queued"), key=lambda r: r.at)
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
     return JobStatus(job_id, cur.state, cur, ordered)

@@ -210,7 +210,7 @@ class App(CronSchedules, JobResults):
 
     async def close(self) -> None:
         """Write the pending ``queued`` records, then close the publishing connection and the stores' connections."""
-        await self._close_queued()
+        await self.flush_queued()
         if self.ledger is not None:
             await self.ledger.close()
         if self.results is not None:

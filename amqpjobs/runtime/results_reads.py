@@ -42,8 +42,12 @@ class JobResults:
             self._queued_writer = (loop, writer)
         self._queued_writer[1].note(StateRecord(job_id, job, "queued", 0, at, where=queue))
 
-    async def _close_queued(self) -> None:
-        """Write what is queued (a few seconds at most), then stop the writer."""
+    async def flush_queued(self) -> None:
+        """Write the ``queued`` records still waiting (5 s at most; the rest count as failed), then stop the writer.
+
+        :meth:`App.close` and a worker's shutdown (for enqueues from its handlers) call it; a
+        writer of another event loop is left alone (it went with its loop).
+        """
         held, self._queued_writer = self._queued_writer, None
         if held is not None and held[0] is asyncio.get_running_loop():
             await held[1].close()

@@ -357,6 +357,7 @@ class Worker(SuspectTurns):
         await self._holding.close()
         if self._results is not None:
             await self._results.close()
+            await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
         for consumer in self._consumers:
             await consumer.flush_acks()
         for publisher in (self._publisher, self._quarantiner, self._events):

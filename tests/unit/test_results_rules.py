@@ -94,3 +94,14 @@ def test_queued_is_a_state_that_is_not_terminal_and_sorts_before_the_run():
 def test_one_job_id_rule(job_id: str, problem: str | None):
     found = job_id_problem(job_id)
     assert found is None if problem is None else problem in (found or "")
+
+
+def test_the_same_id_enqueued_again_after_success_still_reads_succeeded():
+    history = [
+        StateRecord("j1", "mail", "queued", 0, 10.0),
+        StateRecord("j1", "mail", "running", 1, 11.0, lease_until=99.0),
+        StateRecord("j1", "mail", "succeeded", 1, 12.0, value="7"),
+        StateRecord("j1", "mail", "queued", 0, 13.0),  # a duplicate: acked, nothing recorded
+    ]
+    status = status_of("j1", history, now=14.0)
+    assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 4)
