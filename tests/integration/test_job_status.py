@@ -109,20 +109,14 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
         )  # fmt: skip
 
         # an app module for the CLI's --app
-        module = f"resapp_{uuid.uuid4().hex[:8]}"
-        (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
-        (tmp_path / f"{module}.py").write_text(
-            "from amqpjobs import App, PostgresResults, SqliteResults\n"
-            f"url = {store_url!r}\n"
-            f"app = App('resapp', topology={str(tmp_path / 't.toml')!r}, results=SqliteResults(url[7:]) "
-            "if url.startswith('sqlite:') else PostgresResults(url))\n"
-            "@app.job('picky', queue='work')\ndef picky(payload: dict, ctx: object) -> None: ...\n"
+        ref = app_module(
+            tmp_path,
+            store_url,
+            monkeypatch,
+            "@app.job('picky', queue='work')\ndef picky(payload: dict, ctx: object) -> None: ...\n",
         )
-        monkeypatch.chdir(tmp_path)
         # amqpjobs quarantine park --app records it; result() names the reason
-        parked_out = await asyncio.to_thread(
-            cli, broker, "quarantine", "park", "work", "--yes", "--app", f"{module}:app"
-        )
+        parked_out = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes", "--app", ref)
         assert parked_out.exit_code == 0, parked_out.output
         assert "parked 1 message(s)" in parked_out.stdout
         with pytest.raises(JobFailedError) as parked:
@@ -130,7 +124,7 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
         assert (parked.value.state, parked.value.reason) == ("parked", "rejected")
 
         # amqpjobs job show --app: state, history, and where it is now (found by browsing)
-        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
         assert shown.exit_code == 0, shown.output
         assert f"job {rejected}: parked" in shown.stdout
         assert "detail: rejected" in shown.stdout
@@ -152,7 +146,7 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
         assert uuid.UUID(replay_run.removeprefix("replay run "))
         with app.sync_publisher() as sync:
             assert (await asyncio.to_thread(sync.job_status, ok)).state == "succeeded"
-        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
         assert "now: nowhere: it succeeded and was acked" in shown.stdout
         with pytest.raises(TimeoutError, match="last state: unknown"):
             await app.result("never-enqueued", timeout=0.5)
