@@ -10,6 +10,7 @@ import click
 
 from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
+from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import printable
 from amqpjobs.runtime.loading import load_app
@@ -21,8 +22,15 @@ def job() -> None:
     """Jobs by id, from the app's results store (App(results=...))."""
 
 
+def _job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback: the job-id rule of ``enqueue`` (:func:`amqpjobs.jobs.envelope.job_id_problem`), exit 2."""
+    if problem := job_id_problem(value):
+        raise click.BadParameter(problem)
+    return value
+
+
 @job.command("show")
-@click.argument("job_id")
+@click.argument("job_id", callback=_job_id_arg)
 @click.option("--app", "app_ref", required=True, metavar="MODULE:APP", help="The app whose results store to read.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @url_options

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from amqpjobs.jobs.census import filter_flags
 from amqpjobs.jobs.quarantine import Group, Selection
-from amqpjobs.printable import shell_quote
+from amqpjobs.printable import printable, shell_quote
+from amqpjobs.topology.naming import parse_queue_name
 
 
 def filter_args(chosen: Selection) -> list[str]:
@@ -51,7 +52,16 @@ def after_show(queue: str, chosen: Selection) -> str:
 
 
 def after_replay(queue: str, left: int) -> str:
-    """What a finished replay suggests: what is still quarantined, or ``status`` when nothing is."""
+    """What a finished replay of ``queue`` suggests: what is still there, or ``status`` when nothing is.
+
+    The words name the queue actually replayed: a quarantine, or a parked queue (whose
+    emptiness says nothing about the quarantine).
+    """
     if left:
         return f"next: {command('quarantine', 'list', queue)} ({left} still there)"
+    if parse_queue_name(queue).kind == "parked":
+        return (
+            f"next: {command('status')} (parked queue {printable(queue)} is empty; "
+            "a replayed job that fails again goes to quarantine)"
+        )
     return f"next: {command('status')} (the quarantine is empty)"

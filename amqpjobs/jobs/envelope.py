@@ -243,6 +243,19 @@ def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
     )
 
 
+def job_id_problem(job_id: str) -> str | None:
+    """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``).
+
+    A job id is the AMQP ``message_id`` (a shortstr): not empty nor blank, at most 255 UTF-8
+    bytes (:func:`shortstr_problem`).
+    """
+    if not job_id.strip():
+        return "job_id is empty; give an id (or leave it out when enqueueing: a random UUID)"
+    if problem := shortstr_problem("job_id", job_id):
+        return f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})"
+    return None
+
+
 def tenant_of(value: Any) -> str | None:
     """The tenant an ``amqpjobs-tenant`` header value (as decoded from the wire) names, or None.
 
@@ -360,8 +373,8 @@ def job_message(
             raise ValueError(f"header {name[:40]!r}: {problem}")
     if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
         raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
-    if problem := shortstr_problem("job_id", job_id):
-        raise ValueError(f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})")
+    if problem := job_id_problem(job_id):
+        raise ValueError(problem)
     ours: dict[str, Any] = {ATTEMPT: 1, ENQUEUED_AT: iso_utc(now)}
     if tenant is not None:
         ours[TENANT] = tenant

@@ -2,14 +2,17 @@
 
 A job's state, as the worker records it (README "Job status and results")::
 
-    running --> succeeded
-       |------> retrying (next tier) --> running ...
-       '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
-                                    '--> replayed --> running ...
+    queued --> running --> succeeded
+                  |------> retrying (next tier) --> running ...
+                  '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
+                                               '--> replayed --> running ...
 
+* ``queued`` is recorded by the enqueuing app (one with a results store) once the broker
+  confirmed the publish, off the publish path: the message waits in its work queue;
 * ``running`` carries a lease (twice the job's timeout): once it has passed, the state
   reads ``unknown`` (its writer vanished), never a stale ``running``;
-* no record at all (never written: the store was down; pruned; never enqueued) reads
+* no record at all (enqueued by an app without a results store; never written: the store
+  was down; pruned; never enqueued) reads
   ``unknown`` too;
 * ``succeeded``, ``quarantined`` and ``parked`` are terminal for :meth:`App.result`
   (a replay moves a job on again).
@@ -27,7 +30,7 @@ from typing import Any, Final
 from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
 
 #: Every state a job can read as.
-STATES: Final = ("running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
+STATES: Final = ("queued", "running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
 #: States :meth:`App.result` stops waiting at.
 TERMINAL: Final = frozenset({"succeeded", "quarantined", "parked"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
@@ -44,7 +47,7 @@ class StateRecord:
         job_id: The job id (``message_id``).
         job: Job name ("" when unknown).
         state: One of :data:`STATES` except ``unknown``.
-        attempt: Attempt number of the run (0 for park/replay).
+        attempt: Attempt number of the run (0 for ``queued``; park/replay: the attempt that failed).
         at: When it happened, seconds since the epoch.
         detail: The quarantine reason, the next tier (``"tier 1 (5s), attempt 3"``), or "".
         error: ``"<type>: <message>"`` of the failure, or "".
@@ -111,6 +114,8 @@ class JobStatus:
                 lines.append(f"result: {cur.value_note}")
             elif cur.value is not None:
                 lines.append(f"result: {cur.value[:200]}")
+            elif self.state == "succeeded":
+                lines.append("result: null (the handler returned None)")
         if self.history:
             lines.append("history:")
             for r in self.history:
@@ -129,12 +134,18 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """The status of ``job_id`` from its records (any order), read at ``now`` (seconds since the epoch).
 
     The current state is the latest record's; a ``running`` one whose lease passed, and no
-    record at all, read ``unknown``.
+    record at all, read ``unknown``. A ``queued`` record after the job succeeded does not
+    count (the same id enqueued again: an idempotent job's worker acks it as a duplicate
+    and records nothing, so it would read ``queued`` for ever).
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
-        return JobStatus(job_id, "unknown", note="no record: never recorded (store down?), pruned, or never run")
+        why = "no record: enqueued without a results store, store down, pruned, or never enqueued"
+        return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
+    done = next((r for r in ordered if r.state == "succeeded"), None)
+    if cur.state == "queued" and done is not None:  # enqueued again once done: acked as a duplicate, no record
+        cur = max((r for r in ordered if r.state != "queued"), key=lambda r: r.at)
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
     return JobStatus(job_id, cur.state, cur, ordered)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import job_message, with_trace
+from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
@@ -62,7 +62,8 @@ class App(CronSchedules, JobResults):
             Default False: no ``opentelemetry`` module is imported.
         results: Results store (:class:`~amqpjobs.runtime.results.SqliteResults` or
             :class:`~amqpjobs.runtime.results_postgres.PostgresResults`): workers record each
-            job's states and return value there, for :meth:`job_status`, :meth:`result` and
+            job's states and return value there (and ``enqueue`` records ``queued`` after the
+            broker's confirm, off the publish path), for :meth:`job_status`, :meth:`result` and
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
 
     Raises:
@@ -208,7 +209,8 @@ class App(CronSchedules, JobResults):
         return f"loaded from {Path(str(self._topology_source)).resolve()}"
 
     async def close(self) -> None:
-        """Close the publishing connection and the ledger's and results store's connections."""
+        """Write the pending ``queued`` records, then close the publishing connection and the stores' connections."""
+        await self.flush_queued()
         if self.ledger is not None:
             await self.ledger.close()
         if self.results is not None:
@@ -273,8 +275,8 @@ class App(CronSchedules, JobResults):
                 raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
-        if job_id is not None and not job_id.strip():
-            raise ConfigurationError(f"job {jobdef.name!r}: job_id is empty; give an id or leave it out (None)")
+        if job_id is not None and (problem := job_id_problem(job_id)):
+            raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
         if tenant is not None and not tenant.strip():
             raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
         if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
@@ -307,8 +309,9 @@ class App(CronSchedules, JobResults):
         with span as trace_headers:
             if tracing is not None:  # only the current context's trace headers: a caller's stale ones are dropped
                 headers = with_trace(headers or {}, trace_headers)
+            now = time.time()
             try:
-                message = job_message(jobdef.name, body, job_id=job_id, now=time.time(), priority=priority,
+                message = job_message(jobdef.name, body, job_id=job_id, now=now, priority=priority,
                                       tenant=tenant, headers=headers)  # fmt: skip
             except ValueError as exc:
                 raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
@@ -318,6 +321,7 @@ class App(CronSchedules, JobResults):
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
             await self._publisher.publish(layout.exchange, routing_key, message)
+        self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:

@@ -161,7 +161,7 @@ async def park(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
                 ) from None
             await delivery.ack()
-            moved.append(StateRecord(job_id, item.job, "parked", 0, at, detail=item.reason,
+            moved.append(StateRecord(job_id, item.job, "parked", item.attempts, at, detail=item.reason,
                                      error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
                                      where=target))  # fmt: skip
 

@@ -182,9 +182,9 @@ async def replay(
                         "the rest stay in quarantine"
                     ) from None
                 await delivery.ack()
-                job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
-                moved.append(StateRecord(copy.message_id or "", job, "replayed", 0, at, detail=replay_id,
-                                         where=target))  # fmt: skip
+                was = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
+                                         detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
                 if progress is not None:

@@ -1,13 +1,21 @@
-"""Reading job states back: :meth:`App.job_status` and :meth:`App.result` (README "Job status and results")."""
+"""The app's side of the results store (README "Job status and results").
+
+Reading job states back (:meth:`App.job_status`, :meth:`App.result`), and the ``queued``
+record of each enqueue: handed to a :class:`~amqpjobs.runtime.results.ResultsWriter` of the
+app's own once the broker confirmed the publish, so the store is never on the publish
+path (its latency or its failures); a record not written is counted like a worker's.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.results import JobStatus
-from amqpjobs.runtime.results import ResultsStore, read_status, wait_result
+from amqpjobs.jobs.results import JobStatus, StateRecord
+from amqpjobs.runtime.results import ResultsStore, ResultsWriter, read_status, wait_result
 
 
 class JobResults:
@@ -15,6 +23,34 @@ class JobResults:
 
     name: str
     results: ResultsStore | None
+    #: Called with the number of ``queued`` records not written (a worker sets its metric here).
+    results_failed: Callable[[int], None] | None = None
+    _queued_writer: tuple[asyncio.AbstractEventLoop, ResultsWriter] | None = None
+
+    def _note_queued(self, job: str, job_id: str, queue: str, at: float) -> None:
+        """Queue the ``queued`` record of a confirmed enqueue (``at``: when it was enqueued); never waits nor raises.
+
+        No-op without a results store. The writer lives on the running loop (a new one when
+        the app is used from another loop).
+        """
+        if self.results is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._queued_writer is None or self._queued_writer[0] is not loop or loop.is_closed():
+            writer = ResultsWriter(self.results, lambda n: self.results_failed(n) if self.results_failed else None)
+            writer.start()
+            self._queued_writer = (loop, writer)
+        self._queued_writer[1].note(StateRecord(job_id, job, "queued", 0, at, where=queue))
+
+    async def flush_queued(self) -> None:
+        """Write the ``queued`` records still waiting (5 s at most; the rest count as failed), then stop the writer.
+
+        :meth:`App.close` and a worker's shutdown (for enqueues from its handlers) call it; a
+        writer of another event loop is left alone (it went with its loop).
+        """
+        held, self._queued_writer = self._queued_writer, None
+        if held is not None and held[0] is asyncio.get_running_loop():
+            await held[1].close()
 
     def _results_store(self) -> ResultsStore:
         if self.results is None:

@@ -1,17 +1,20 @@
 """Where a job's message is now, for ``amqpjobs job show``: from its recorded state, browsing where it rests.
 
-A quarantined or parked job is looked for in its job queue's quarantine and parked queues
-by browsing (:func:`amqpjobs.runtime.quarantine.browse`: nothing removed, each queue read
-once, so it costs one pass over those queues). Work and tier queues are never browsed
-(that would take deliveries from the workers): for them the answer is the recorded one.
+A quarantined or parked job, and one with no record at all, is looked for by browsing
+(:func:`amqpjobs.runtime.quarantine.browse`: nothing removed, each queue read once): its job
+queue's quarantine and parked queues when its record names the job, else every job queue's
+of the app's topology. Work and tier queues are never browsed (that would take deliveries
+from the workers): for them the answer is the recorded one.
 """
 
 from __future__ import annotations
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.quarantine import browse
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parked_queue_name
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -21,28 +24,48 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
 
     Raises:
         BrokerError, BrokerUnavailableError: browsing failed.
+        TopologyValidationError: the app's topology files are invalid (no record: every queue is browsed).
     """
     cur = status.current
     if cur is None:
-        return "unknown: no record to go by (quarantine and parked queues not searched without a job name)"
+        layouts = app.topology().layouts()
+        found = await _browse(settings, layouts, status.job_id)
+        if found:
+            return f"{found} (found by browsing; no record to go by)"
+        return (
+            f"unknown: no record, and not in any quarantine or parked queue of the app ({len(layouts)} job "
+            "queue(s) browsed); work and tier queues are not browsed"
+        )
     if status.state == "succeeded":
         return "nowhere: it succeeded and was acked"
-    if status.state in ("running", "replayed"):
-        what = "held by a worker" if status.state == "running" else "waiting"
-        return f"work queue {cur.where} ({what}; by its record, work queues are not browsed)"
+    if status.state in ("queued", "replayed"):
+        return f"work queue {cur.where} (waiting; by its record, work queues are not browsed)"
+    if cur.state == "running":  # running, or unknown once its lease passed
+        return (
+            f"last started by a worker at {iso_utc(cur.at)} from work queue {cur.where}; may be back in its "
+            "queue after a worker loss (by its record, work queues are not browsed)"
+        )
     if status.state == "retrying":
         return f"delay tier {cur.where} ({cur.detail}; by its record, tier queues are not browsed)"
     try:
-        layout = app.layout_of(cur.job)
+        layouts = (app.layout_of(cur.job),)
     except ConfigurationError:
-        return f"{cur.where or 'unknown'} (job {cur.job!r} is not in this app: not browsed)"
-    for queue in (layout.quarantine_queue, parked_queue_name(layout.name)):
-        try:
-            name, found = await browse(settings, queue)
-        except ConfigurationError:  # that queue does not exist (no parked queue declared)
-            continue
-        if any((m.delivery.message_id or m.item.job_id) == status.job_id for m in found):
-            return f"{name} (found by browsing)"
-    return (
-        f"not in {layout.quarantine_queue} nor {parked_queue_name(layout.name)} (browsed); last recorded in {cur.where}"
-    )
+        layouts = app.topology().layouts()  # the job is not in this app: every job queue's
+    found = await _browse(settings, layouts, status.job_id)
+    if found:
+        return f"{found} (found by browsing)"
+    names = " nor ".join(f"{lay.quarantine_queue} nor {parked_queue_name(lay.name)}" for lay in layouts)
+    return f"not in {names} (browsed); last recorded in {cur.where}"
+
+
+async def _browse(settings: BrokerSettings, layouts: tuple[JobQueueLayout, ...], job_id: str) -> str | None:
+    """The first quarantine or parked queue of ``layouts`` that holds ``job_id``, or None."""
+    for layout in layouts:
+        for queue in (layout.quarantine_queue, parked_queue_name(layout.name)):
+            try:
+                name, found = await browse(settings, queue)
+            except ConfigurationError:  # that queue does not exist (no parked queue declared)
+                continue
+            if any((m.delivery.message_id or m.item.job_id) == job_id for m in found):
+                return name
+    return None

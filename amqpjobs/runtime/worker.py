@@ -211,6 +211,8 @@ class Worker(SuspectTurns):
             return
         failed = self.metrics.results_write_failed if self.metrics is not None else None
         self._results = ResultsWriter(store, failed)
+        if failed is not None:  # enqueues from its handlers: their ``queued`` records count here too
+            self.app.results_failed = failed
         self._results.start()
         self._results_prune_task = asyncio.create_task(keep_pruned(store, what="result record(s)"))
 
@@ -355,6 +357,7 @@ class Worker(SuspectTurns):
         await self._holding.close()
         if self._results is not None:
             await self._results.close()
+            await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
         for consumer in self._consumers:
             await consumer.flush_acks()
         for publisher in (self._publisher, self._quarantiner, self._events):

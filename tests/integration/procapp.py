@@ -1,8 +1,8 @@
 """A job app for tests that run the worker as a separate process (`amqpjobs consume`).
 
-Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file) and
+Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
-"done <id> <pid>" lines to).
+"done <id> <pid>" lines to) and ``PROCAPP_RESULTS`` (a SQLite results store; none when unset).
 """
 
 from __future__ import annotations
@@ -11,9 +11,14 @@ import asyncio
 import os
 from typing import Any
 
-from amqpjobs import App, JobContext
+from amqpjobs import App, JobContext, SqliteResults
 
-app = App("procapp", topology=os.environ.get("PROCAPP_TOPOLOGY", "topology"))
+_results = os.environ.get("PROCAPP_RESULTS")
+app = App(
+    "procapp",
+    topology=os.environ.get("PROCAPP_TOPOLOGY", "topology"),
+    results=SqliteResults(_results) if _results else None,
+)
 
 
 def _record(line: str) -> None:

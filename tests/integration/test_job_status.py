@@ -20,9 +20,11 @@ from amqpjobs import (
     ResultsStore,
     ResultsUnavailableError,
     SqliteResults,
+    StateRecord,
     Worker,
     WorkerOptions,
 )
+from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.replay import replay
@@ -94,33 +96,27 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
             await app.result(large, timeout=20)
 
         status = await app.job_status(retried)
-        assert states(status.history) == [("running", 1), ("retrying", 1), ("running", 2), ("retrying", 2),
-                                          ("running", 3), ("succeeded", 3)]  # fmt: skip
+        assert states(status.history) == [("queued", 0), ("running", 1), ("retrying", 1), ("running", 2),
+                                          ("retrying", 2), ("running", 3), ("succeeded", 3)]  # fmt: skip
         assert [r.detail for r in status.history if r.state == "retrying"] == [
             "tier 1 (0.2s), attempt 2", "tier 2 (0.4s), attempt 3"
         ]  # fmt: skip
-        assert [r.where for r in status.history][:2] == ["work", "work.retry.200ms"]  # the tier queue it waited in
-        assert "ValueError: not yet (1)" in status.history[1].error
+        assert [r.where for r in status.history][:3] == ["work", "work", "work.retry.200ms"]  # the tier it waited in
+        assert "ValueError: not yet (1)" in status.history[2].error
         quarantined = await app.job_status(rejected)
         assert (quarantined.state, quarantined.current and quarantined.current.where) == (
             "quarantined", "work.quarantine"
         )  # fmt: skip
 
         # an app module for the CLI's --app
-        module = f"resapp_{uuid.uuid4().hex[:8]}"
-        (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
-        (tmp_path / f"{module}.py").write_text(
-            "from amqpjobs import App, PostgresResults, SqliteResults\n"
-            f"url = {store_url!r}\n"
-            f"app = App('resapp', topology={str(tmp_path / 't.toml')!r}, results=SqliteResults(url[7:]) "
-            "if url.startswith('sqlite:') else PostgresResults(url))\n"
-            "@app.job('picky', queue='work')\ndef picky(payload: dict, ctx: object) -> None: ...\n"
+        ref = app_module(
+            tmp_path,
+            store_url,
+            monkeypatch,
+            "@app.job('picky', queue='work')\ndef picky(payload: dict, ctx: object) -> None: ...\n",
         )
-        monkeypatch.chdir(tmp_path)
         # amqpjobs quarantine park --app records it; result() names the reason
-        parked_out = await asyncio.to_thread(
-            cli, broker, "quarantine", "park", "work", "--yes", "--app", f"{module}:app"
-        )
+        parked_out = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes", "--app", ref)
         assert parked_out.exit_code == 0, parked_out.output
         assert "parked 1 message(s)" in parked_out.stdout
         with pytest.raises(JobFailedError) as parked:
@@ -128,24 +124,29 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
         assert (parked.value.state, parked.value.reason) == ("parked", "rejected")
 
         # amqpjobs job show --app: state, history, and where it is now (found by browsing)
-        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
         assert shown.exit_code == 0, shown.output
         assert f"job {rejected}: parked" in shown.stdout
         assert "detail: rejected" in shown.stdout
         assert "now: work.parked (found by browsing)" in shown.stdout
         assert shown.stdout.count("running     attempt 1") == 1
+        assert "parked      attempt 1  rejected" in shown.stdout  # the attempt that failed, not 0
 
         # replay from the parked queue: replayed, then it runs and succeeds
         moved = await replay(broker, "work.parked", ReplayOptions(rate=100), results=app.results)
         assert moved.replayed == 1
         assert await app.result(rejected, timeout=20) == [1, 2, 3]
         final = await app.job_status(rejected)
-        assert [s for s, _ in states(final.history)] == [
-            "running", "quarantined", "parked", "replayed", "running", "succeeded"
+        assert states(final.history) == [
+            ("queued", 0), ("running", 1), ("quarantined", 1), ("parked", 1), ("replayed", 1), ("running", 1),
+            ("succeeded", 1),
         ]  # fmt: skip
+        replay_run = final.history[4].detail
+        assert replay_run.startswith("replay run ")
+        assert uuid.UUID(replay_run.removeprefix("replay run "))
         with app.sync_publisher() as sync:
             assert (await asyncio.to_thread(sync.job_status, ok)).state == "succeeded"
-        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", f"{module}:app")
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
         assert "now: nowhere: it succeeded and was acked" in shown.stdout
         with pytest.raises(TimeoutError, match="last state: unknown"):
             await app.result("never-enqueued", timeout=0.5)
@@ -295,3 +296,124 @@ async def test_a_running_state_past_its_lease_reads_unknown_never_a_stale_runnin
         assert (late.state, late.note) == ("unknown", "running, but its worker's lease passed")
         assert await app.result(job_id, timeout=10) == "late"
     await app.close()
+
+
+def app_module(tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, jobs: str = "") -> str:
+    """An app module (``MODULE:APP`` for ``--app``) on the applied topology with a results store at ``store_url``."""
+    module = f"resapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+    (tmp_path / f"{module}.py").write_text(
+        "from amqpjobs import App, PostgresResults, SqliteResults\n"
+        f"url = {store_url!r}\n"
+        f"app = App('resapp', topology={str(tmp_path / 't.toml')!r}, results=SqliteResults(url[7:]) "
+        "if url.startswith('sqlite:') else PostgresResults(url))\n" + jobs
+    )
+    monkeypatch.chdir(tmp_path)
+    return f"{module}:app"
+
+
+async def wait_state(app: Any, job_id: str, state: str, limit: float = 10.0) -> Any:
+    """The job's status once it reads ``state`` (the writer is in the background), or fail after ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while (status := await app.job_status(job_id)).state != state:
+        assert time.monotonic() < deadline, f"{job_id}: still {status.state}, not {state}"
+        await asyncio.sleep(0.05)
+    return status
+
+
+async def test_a_job_waiting_in_its_work_queue_reads_queued_and_a_none_result_shows_null(
+    broker: BrokerSettings, tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    app = await make_app(broker, tmp_path)
+    app.results = store_for(store_url)
+    ref = app_module(tmp_path, store_url, monkeypatch)
+
+    @app.job("nothing", queue="work")
+    async def nothing(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
+    waiting = await app.enqueue("nothing", {})  # no worker yet: it waits in the work queue
+    status = await wait_state(app, waiting, "queued")
+    assert status.current is not None
+    assert (status.current.attempt, status.current.where, status.current.job) == (0, "work", "nothing")
+    with app.sync_publisher() as sync:
+        from_sync = await asyncio.to_thread(sync.enqueue, "nothing", {})
+        assert (await wait_state(app, from_sync, "queued")).current is not None
+    shown = await asyncio.to_thread(cli, broker, "job", "show", waiting, "--app", ref)
+    assert shown.exit_code == 0, shown.output
+    assert f"job {waiting}: queued" in shown.stdout
+    assert "now: work queue work (waiting;" in shown.stdout
+
+    async with running_worker(app, broker):
+        assert await app.result(waiting, timeout=20) is None
+        assert await app.result(from_sync, timeout=20) is None
+    assert states((await app.job_status(waiting)).history) == [("queued", 0), ("running", 1), ("succeeded", 1)]
+    shown = await asyncio.to_thread(cli, broker, "job", "show", waiting, "--app", ref)
+    assert "result: null (the handler returned None)" in shown.stdout
+    await app.close()
+
+
+async def test_queued_records_a_store_does_not_take_are_counted_and_never_fail_an_enqueue(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    path = tmp_path / "results.db"
+    app.results = SqliteResults(path)
+    path.write_bytes(b"not a database " * 512)  # unusable from now on
+    failed: list[int] = []
+    app.results_failed = failed.append
+
+    @app.job("nothing", queue="work")
+    async def nothing(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    ids = [await app.enqueue("nothing", {}) for _ in range(5)]
+    assert len(set(ids)) == 5
+    await app.close()  # writes (tries to) what is queued
+    assert sum(failed) == 5
+
+
+async def test_job_show_without_a_record_browses_every_quarantine_and_parked_queue(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    app = await make_app(broker, tmp_path)  # no results store: nothing recorded
+
+    @app.job("picky", queue="work")
+    async def picky(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise Reject("bad input")
+
+    async with running_worker(app, broker) as (_, recorder):
+        rejected = await app.enqueue("picky", {})
+        await recorder.wait_for(lambda outcomes: len(outcomes) == 1)
+    await app.close()
+    ref = app_module(tmp_path, f"sqlite:{tmp_path / 'empty.db'}", monkeypatch)
+    shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
+    assert shown.exit_code == 0, shown.output
+    assert f"job {rejected}: unknown" in shown.stdout
+    assert "now: work.quarantine (found by browsing; no record to go by)" in shown.stdout
+    parked = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes")
+    assert parked.exit_code == 0, parked.output
+    shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
+    assert "now: work.parked (found by browsing; no record to go by)" in shown.stdout
+    shown = await asyncio.to_thread(cli, broker, "job", "show", "nowhere-id", "--app", ref)
+    assert "not in any quarantine or parked queue of the app (1 job queue(s) browsed)" in shown.stdout
+    for empty in ("", "  "):  # enqueue's job-id rule: exit 2 before anything is read
+        refused = await asyncio.to_thread(cli, broker, "job", "show", empty, "--app", ref)
+        assert refused.exit_code == 2, refused.output
+        assert "job_id is empty" in refused.output
+
+
+async def test_a_running_record_whose_lease_passed_says_where_it_was_started_not_held(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    store = SqliteResults(tmp_path / "r.db")
+    at = time.time() - 30
+    await store.write([StateRecord("lost-1", "slow", "running", 2, at, where="work", lease_until=at + 2)])
+    ref = app_module(tmp_path, f"sqlite:{tmp_path / 'r.db'}", monkeypatch)
+    shown = await asyncio.to_thread(cli, broker, "job", "show", "lost-1", "--app", ref)
+    assert shown.exit_code == 0, shown.output
+    assert "job lost-1: unknown (running, but its worker's lease passed)" in shown.stdout
+    assert (
+        f"now: last started by a worker at {iso_utc(at)} from work queue work; may be back in its queue "
+        "after a worker loss" in shown.stdout
+    )
+    assert "held by a worker" not in shown.stdout

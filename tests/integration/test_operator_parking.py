@@ -99,6 +99,14 @@ async def test_park_moves_matching_jobs_with_their_evidence_and_status_stays_hea
             await asyncio.sleep(0.02)
     assert done == ["rej-1"]
     assert await depth(broker, "work.quarantine") == 0
+    # the next step of a replay that emptied a parked queue names that queue, not the quarantine
+    rest = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--reason", "rejected", "--yes")
+    assert rest.exit_code == 0, rest.output
+    emptied = await asyncio.to_thread(cli, broker, "replay", "work.parked")
+    assert emptied.exit_code == 0, emptied.output
+    assert emptied.stdout.rstrip().splitlines()[-1] == (
+        "next: amqpjobs status (parked queue work.parked is empty; a replayed job that fails again goes to quarantine)"
+    )
 
 
 @pytest.mark.version_independent

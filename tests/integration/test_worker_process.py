@@ -18,7 +18,7 @@ import pytest
 from amqpjobs import App
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import ROOT, depth
+from tests.integration.helpers import ROOT, cli_subprocess, depth
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
 
 pytestmark = pytest.mark.broker
@@ -114,6 +114,36 @@ async def test_kill_9_mid_handler_job_is_redelivered_and_completes(broker: Broke
     starts = [r[:4] for r in read_record(record) if r[0] == "start"]
     assert starts == [["start", "victim", "1", "0"], ["start", "victim", "1", "1"]]  # second run: redelivered
     assert await depth(broker, "work") == 0
+
+
+@pytest.mark.version_independent
+async def test_after_a_kill_9_job_show_words_the_run_from_its_record_not_as_held(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PROCAPP_RESULTS", str(tmp_path / "results.db"))
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path) as proc:
+        await app.enqueue("sleep", {"seconds": 30}, job_id="lost-run")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 20, "the job to start")
+        await asyncio.sleep(0.5)  # the running record is written in the background
+        proc.kill()  # SIGKILL mid-handler: the broker returns the message to the ready queue
+        proc.wait(10)
+    await app.close()
+    for _ in range(100):
+        if await depth(broker, "work") == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await depth(broker, "work") == 1
+    monkeypatch.setenv("PROCAPP_TOPOLOGY", str(tmp_path / "proc.toml"))  # the CLI's process loads procapp too
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    shown = await asyncio.to_thread(cli_subprocess, broker, "job", "show", "lost-run", "--app",
+                                    "tests.integration.procapp:app")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "job lost-run: running" in shown.stdout  # its lease (120 s) has not passed
+    assert "now: last started by a worker at " in shown.stdout
+    assert "from work queue work; may be back in its queue after a worker loss" in shown.stdout
+    assert "held by a worker" not in shown.stdout
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from amqpjobs.cli import main
-from amqpjobs.cli.next_steps import command
+from amqpjobs.cli.next_steps import after_replay, command
 from amqpjobs.runtime.status import layout_from_names
 from amqpjobs.topology.naming import parse_queue_name
 
@@ -89,3 +89,11 @@ def test_a_suggested_filter_pastes_back_exactly_under_any_locale(text: str) -> N
     for lang in ("C", "C.UTF-8"):  # bash turns \uHHHH into a character only under a UTF-8 locale
         out = subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, env={"LANG": lang}, check=True)
         assert out.stdout.decode("utf-8", "surrogateescape") == text
+
+
+def test_a_finished_replay_names_the_queue_it_replayed_from() -> None:
+    assert after_replay("work.quarantine", 0) == "next: amqpjobs status (the quarantine is empty)"
+    assert after_replay("work.parked", 0) == (
+        "next: amqpjobs status (parked queue work.parked is empty; a replayed job that fails again goes to quarantine)"
+    )
+    assert after_replay("work.parked", 3) == "next: amqpjobs quarantine list work.parked (3 still there)"

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
-from amqpjobs.jobs.results import MAX_VALUE, StateRecord, encode_value, record_for, status_of
+from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
 
 pytestmark = pytest.mark.version_independent
 
@@ -63,3 +64,44 @@ def test_each_settled_outcome_maps_to_one_state():
     assert record_for(outcome(Duplicate()), None, "work", 5.0) is None  # the first run's record stands
     assert record_for(outcome(HandBack(), ran=False), None, "work", 5.0) is None
     assert record_for(outcome(Ack(), acked=False), 1, "work", 5.0) is None  # redelivered: the lease covers it
+
+
+def test_a_succeeded_job_that_returned_none_shows_result_null_and_a_stored_value_shows_itself():
+    none = status_of("j1", [StateRecord("j1", "mail", "succeeded", 1, 10.0)], now=11.0)
+    assert "result: null (the handler returned None)" in none.report()
+    valued = status_of("j1", [StateRecord("j1", "mail", "succeeded", 1, 10.0, value='{"n":1}')], now=11.0)
+    assert 'result: {"n":1}' in valued.report()
+    assert not any(line.startswith("result:") for line in status_of(
+        "j1", [StateRecord("j1", "mail", "queued", 0, 10.0, where="work")], now=11.0).report())  # fmt: skip
+
+
+def test_queued_is_a_state_that_is_not_terminal_and_sorts_before_the_run():
+    history = [
+        StateRecord("j1", "mail", "running", 1, 12.0, lease_until=99.0),
+        StateRecord("j1", "mail", "queued", 0, 10.0),
+    ]
+    status = status_of("j1", history, now=13.0)
+    assert "queued" in STATES
+    assert (status.state, [r.state for r in status.history]) == ("running", ["queued", "running"])
+    assert not status_of("j1", history[1:], now=13.0).terminal
+
+
+@pytest.mark.parametrize(
+    ("job_id", "problem"),
+    [("", "job_id is empty"), ("  ", "job_id is empty"), ("é" * 128, "must be 1-255 UTF-8 bytes (got 256 bytes"),
+     ("invoice-7", None)],
+)  # fmt: skip
+def test_one_job_id_rule(job_id: str, problem: str | None):
+    found = job_id_problem(job_id)
+    assert found is None if problem is None else problem in (found or "")
+
+
+def test_the_same_id_enqueued_again_after_success_still_reads_succeeded():
+    history = [
+        StateRecord("j1", "mail", "queued", 0, 10.0),
+        StateRecord("j1", "mail", "running", 1, 11.0, lease_until=99.0),
+        StateRecord("j1", "mail", "succeeded", 1, 12.0, value="7"),
+        StateRecord("j1", "mail", "queued", 0, 13.0),  # a duplicate: acked, nothing recorded
+    ]
+    status = status_of("j1", history, now=14.0)
+    assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 4)
