@@ -88,7 +88,8 @@ async def test_replay_to_another_queue_with_provenance_headers(broker: BrokerSet
     replay_ids = {h[q.REPLAY_ID] for h in headers}
     assert len(replay_ids) == 1  # one id for the whole run
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", str(replay_ids.pop()))
-    for i, h in enumerate(headers):
+    for m, h in zip(moved, headers, strict=True):
+        i = int((m.message_id or "q-x").removeprefix("q-"))  # arrival order is not the quarantine's
         assert h[q.REPLAY_COUNT] == 1
         assert h[envelope.ATTEMPT] == 1  # a fresh attempt budget
         assert (h[q.PREVIOUS_REASON], h[q.PREVIOUS_ERROR_TYPE]) == ("exhausted", "ValueError")
