@@ -10,8 +10,6 @@ tests use the ordinary test broker.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,16 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs import App, BrokerBlockedError, QueueFullError, Worker, WorkerOptions
+from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
 from amqpjobs.errors import PublishNackedError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.helpers import ROOT, depth
-from tests.integration.test_chaos import cluster_unavailable
-from tests.integration.test_tls import free_ports
+from tests.integration.helpers import depth
+from tests.integration.own_node import OwnNode, own_node
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -47,54 +44,23 @@ max_depth = 3
 
 @dataclass(frozen=True)
 class AlarmNode:
-    """The dedicated node: its root settings, and ``ctl`` to run rabbitmqctl against it."""
+    """The dedicated node (its root settings) and the memory alarm raised or cleared on it."""
 
+    node: OwnNode
     settings: BrokerSettings
-    env: dict[str, str]
-
-    def ctl(self, *args: str) -> str:
-        out = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "broker.sh"), "ctl", *args],
-            env=self.env, capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
-        return out.stdout
 
     def memory_alarm(self, on: bool) -> None:
-        call = (
-            "set_alarm({{resource_limit, memory, node()}, []})"
-            if on
-            else "clear_alarm({resource_limit, memory, node()})"
+        alarm = "{resource_limit, memory, node()}"
+        self.node.ctl(
+            "eval", f"rabbit_alarm:set_alarm({{{alarm}, []}})." if on else f"rabbit_alarm:clear_alarm({alarm})."
         )
-        self.ctl("eval", f"rabbit_alarm:{call}.")
 
 
 @pytest.fixture(scope="module")
 def alarm_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlarmNode]:
-    reason = cluster_unavailable()
-    if reason is not None:
-        pytest.skip(reason.replace("scripts/cluster.sh", "the alarm node (scripts/broker.sh)"))
-    d = tmp_path_factory.mktemp("alarms")
-    amqp_port, dist_port = free_ports(2)
-    (d / "extra.conf").write_text("collect_statistics_interval = 500\n")  # queue figures a test can wait for
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMQPJOBS_", "RABBITMQ_"))}
-    env.update(
-        AMQPJOBS_BROKER_DIR=str(d / "node"),
-        AMQPJOBS_BROKER_NODE=f"amqpjobs-alarm-{uuid.uuid4().hex[:6]}@localhost",
-        AMQPJOBS_BROKER_PORT=str(amqp_port),
-        AMQPJOBS_BROKER_MGMT_PORT=str(amqp_port + 10000),
-        AMQPJOBS_BROKER_DIST_PORT=str(dist_port),
-        AMQPJOBS_BROKER_EXTRA_CONF=str(d / "extra.conf"),
-    )
-    (d / "node").mkdir()
-    (d / "node" / "mode").write_text("local\n")  # never Docker: a node of its own
-    broker = ["bash", str(ROOT / "scripts" / "broker.sh")]
-    up = subprocess.run([*broker, "up"], env=env, capture_output=True, text=True, timeout=300)
-    try:
-        if up.returncode != 0:
-            pytest.fail(f"the alarm node did not start:\n{up.stderr[-3000:]}")
-        yield AlarmNode(broker_settings(f"amqp://guest:guest@127.0.0.1:{amqp_port}/"), env)
-    finally:
-        subprocess.run([*broker, "down"], env=env, capture_output=True, timeout=300)  # stops it by its pid file
+    conf = "collect_statistics_interval = 500\n"  # queue figures in the management API a test can wait for
+    with own_node(tmp_path_factory.mktemp("alarms"), "alarm", conf) as node:
+        yield AlarmNode(node, broker_settings(f"amqp://guest:guest@127.0.0.1:{node.port}/"))
 
 
 @pytest.fixture
@@ -160,8 +126,8 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
     failed: list[str] = []
 
     @app.job("flaky", queue="work")
-    async def flaky(payload: dict[str, object], ctx: object) -> None:
-        job_id = str(getattr(ctx, "job_id", ""))
+    async def flaky(payload: dict[str, object], ctx: JobContext) -> None:
+        job_id = ctx.job_id
         if job_id == "fails-once" and job_id not in failed:
             failed.append(job_id)
             raise RuntimeError("first attempt fails: its retry copy is published during the alarm")
@@ -169,7 +135,6 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
         done.append(job_id)
 
     for job_id in ("fails-once", "a", "b", "c"):
-        app.layout_of("flaky")
         await app.enqueue("flaky", {}, job_id=job_id)
     await app.close()
     alarm_node.memory_alarm(True)
@@ -194,6 +159,7 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
             assert time.monotonic() < deadline, done
             await asyncio.sleep(0.2)
     finally:
+        alarm_node.memory_alarm(False)  # a blocked connection can't even close
         await worker.shutdown()
     assert sorted(done) == ["a", "b", "c", "fails-once"]
     assert await depth(on_alarm_node, "work") == 0
