@@ -17,7 +17,7 @@ from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishNack
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
-from amqpjobs.runtime.backpressure import EnqueueGate
+from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
@@ -348,15 +348,10 @@ class App(CronSchedules, JobResults):
             try:
                 await self._publisher.publish(layout.exchange, routing_key, message)
             except PublishNackedError as exc:
-                if layout.bounds.max_length is None or isinstance(exc, QueueFullError):
+                full = full_at_max_length(layout, routing_key, job_id)
+                if full is None or isinstance(exc, QueueFullError):
                     raise
-                work_queue = layout.work_queue_for(routing_key)
-                raise QueueFullError(
-                    f"work queue {work_queue!r} is full: the broker nacked job {job_id!r} at the queue's max_length "
-                    f"{layout.bounds.max_length} (overflow reject-publish); it was NOT stored, enqueue it again later",
-                    queue=work_queue,
-                    limit=f"max_length {layout.bounds.max_length}",
-                ) from exc
+                raise full from exc
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 

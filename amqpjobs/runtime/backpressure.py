@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from amqpjobs.errors import AmqpJobsError, BrokerBlockedError, QueueFullError
 from amqpjobs.topology.bounds import QueueBounds
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.browse import probe_queue
@@ -39,6 +40,26 @@ REFRESH = 1.0
 _POLL = 0.1
 #: After the management API failed, alarms are read from it again only after this long (seconds).
 _MANAGEMENT_BACKOFF = 60.0
+
+
+def full_at_max_length(layout: JobQueueLayout, routing_key: str, job_id: str) -> QueueFullError | None:
+    """What a broker's nack of job ``job_id`` means when its work queue has ``max_length`` with ``reject-publish``.
+
+    The broker nacks a publish to a queue at its ``x-max-length`` with ``x-overflow:
+    reject-publish`` and does not store it (RabbitMQ "Queue Length Limit" -> "Overflow
+    Behaviour"): that nack is a :class:`QueueFullError`. None: the queue has no such limit
+    (the nack stays a ``PublishNackedError``).
+    """
+    limit = layout.bounds.max_length
+    if limit is None:
+        return None
+    work_queue = layout.work_queue_for(routing_key)
+    return QueueFullError(
+        f"work queue {work_queue!r} is full: the broker nacked job {job_id!r} at the queue's max_length {limit} "
+        "(overflow reject-publish); it was NOT stored, enqueue it again later",
+        queue=work_queue,
+        limit=f"max_length {limit}",
+    )
 
 
 @dataclass(frozen=True)
