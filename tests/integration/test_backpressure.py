@@ -39,21 +39,29 @@ name = "work"
 exchange = "jobs"
 retry_tiers = ["1s"]
 max_depth = 3
+
+[[job_queue]]
+name = "aged"
+exchange = "jobs"
+max_age = "1s"
 """
 
 
-@dataclass(frozen=True)
+@dataclass
 class AlarmNode:
     """The dedicated node (its root settings) and the memory alarm raised or cleared on it."""
 
     node: OwnNode
     settings: BrokerSettings
+    raised: bool = False  # only these tests raise it: clearing what is not raised is skipped (an Erlang VM a call)
 
     def memory_alarm(self, on: bool) -> None:
+        if on == self.raised:
+            return
         alarm = "{resource_limit, memory, node()}"
-        self.node.ctl(
-            "eval", f"rabbit_alarm:set_alarm({{{alarm}, []}})." if on else f"rabbit_alarm:clear_alarm({alarm})."
-        )
+        call = f"set_alarm({{{alarm}, []}})" if on else f"clear_alarm({alarm})"
+        self.node.ctl("eval", f"rabbit_alarm:{call}.")
+        self.raised = on
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +90,7 @@ async def make_app(settings: BrokerSettings, tmp_path: Path, **options: float | 
     await apply_topology(path, settings)
     app = App("bp", topology=load_topology(path).topology, url=settings.url, **options)  # type: ignore[arg-type]
     app.job("ok", queue="work")(lambda p, c: None)
+    app.job("aged", queue="aged")(lambda p, c: None)
     return app
 
 
@@ -191,3 +200,27 @@ async def test_a_queue_over_max_depth_refuses_enqueue_then_waits_when_asked(brok
         assert await depth(broker, "work") == 1
     finally:
         await waiting.close()
+
+
+async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm_node: BrokerSettings, tmp_path: Path):
+    """On the alarm node (no alarm): its management API refreshes queue figures every 0.5 s."""
+    app = await make_app(on_alarm_node, tmp_path)
+    try:
+        await app.enqueue("aged", {}, job_id="old")
+        await asyncio.sleep(1.2)
+        await app.enqueue("aged", {}, job_id="young-enough")  # figures read now: the oldest is 1.2 s old
+        deadline, sent = time.monotonic() + 5, 2
+        refused: QueueFullError | None = None
+        while refused is None:  # the management API's figures lag by up to its stats interval, the gate's by 1 s
+            try:
+                await app.enqueue("aged", {}, job_id=f"late-{sent}")
+                sent += 1
+            except QueueFullError as exc:
+                refused = exc
+            assert time.monotonic() < deadline, "max_age never refused"
+            await asyncio.sleep(0.3)
+        assert refused.queue == "aged"
+        assert refused.limit.startswith("max_age 1s (oldest ready message ")
+        assert await depth(on_alarm_node, "aged") == sent  # the refused one was not sent
+    finally:
+        await app.close()
