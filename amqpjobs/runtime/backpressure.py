@@ -27,7 +27,7 @@ from amqpjobs.topology.bounds import QueueBounds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.alarms import blocked_by
-from amqpjobs.wire.browse import probe_queue
+from amqpjobs.wire.browse import queue_state
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -88,7 +88,7 @@ class EnqueueGate:
         self.blocked_timeout = blocked_timeout
         self.full_wait = full_wait
         self._management: ManagementClient | None = None
-        self._management_lock = asyncio.Lock()
+        self._refreshing = asyncio.Lock()  # one read of figures or alarms at a time; the others use it
         self._alarms: tuple[list[str], float] = ([], float("-inf"))
         self._management_down_until = float("-inf")
         self._figures: dict[str, QueueFigures] = {}
@@ -124,12 +124,11 @@ class EnqueueGate:
         notified = blocked_by(connection)
         if notified is not None:
             return notified
-        alarms, at = self._alarms
-        now = time.monotonic()
-        if now - at >= REFRESH and now >= self._management_down_until:
-            alarms = await self._read(self._management_alarms, [])
-            self._alarms = (alarms, time.monotonic())
-        return " & ".join(alarms) or None
+        if time.monotonic() - self._alarms[1] >= REFRESH:
+            async with self._refreshing:
+                if time.monotonic() - self._alarms[1] >= REFRESH:  # not read meanwhile by another enqueue
+                    self._alarms = (await self._read(self._management_alarms, []), time.monotonic())
+        return " & ".join(self._alarms[0]) or None
 
     async def _under_bounds(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> None:
         started = time.monotonic()
@@ -148,14 +147,21 @@ class EnqueueGate:
         """Which bound ``work_queue`` is over (in words), or None."""
         figures = self._figures.get(work_queue)
         if figures is None or time.monotonic() - figures.at >= REFRESH:
-            ready = await probe_queue(connection, work_queue)
-            age = await self._read(lambda: self._oldest_age(work_queue), None) if bounds.max_age else None
-            figures = self._figures[work_queue] = QueueFigures(ready, age, time.monotonic())
+            async with self._refreshing:
+                figures = self._figures.get(work_queue)
+                if figures is None or time.monotonic() - figures.at >= REFRESH:  # not read meanwhile
+                    figures = self._figures[work_queue] = await self._read_figures(connection, work_queue, bounds)
         if bounds.max_depth is not None and figures.ready >= bounds.max_depth:
             return f"max_depth {bounds.max_depth} ({figures.ready} ready)"
         if bounds.max_age is not None and figures.oldest_age is not None and figures.oldest_age >= bounds.max_age:
             return f"max_age {bounds.max_age:g}s (oldest ready message {figures.oldest_age:.1f}s old)"
         return None
+
+    async def _read_figures(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> QueueFigures:
+        """The figures of ``work_queue`` now (a missing queue counts as empty: the publish then says unroutable)."""
+        state = await queue_state(connection, work_queue)
+        age = await self._read(lambda: self._oldest_age(work_queue), None) if bounds.max_age else None
+        return QueueFigures(state.messages if state is not None else 0, age, time.monotonic())
 
     def _client(self) -> ManagementClient:
         if self._management is None:
@@ -172,18 +178,19 @@ class EnqueueGate:
 
     async def _read(self, question: Callable[[], T], otherwise: T) -> T:
         """Ask the management API ``question`` (a blocking call) off the loop; ``otherwise`` when it fails."""
-        async with self._management_lock:
-            try:
-                return await asyncio.to_thread(question)
-            except AmqpJobsError as exc:
-                self._management_down_until = time.monotonic() + _MANAGEMENT_BACKOFF
-                log.warning(
-                    "enqueue can't read the broker's alarms or queue ages from the management API (%s); until "
-                    "it can (retried in %gs), a resource alarm is seen only after the first publish it blocks, "
-                    "and max_age is not checked",
-                    exc, _MANAGEMENT_BACKOFF,
-                )  # fmt: skip
-                return otherwise
+        if time.monotonic() < self._management_down_until:
+            return otherwise
+        try:
+            return await asyncio.to_thread(question)  # one at a time: callers hold _refreshing
+        except AmqpJobsError as exc:
+            self._management_down_until = time.monotonic() + _MANAGEMENT_BACKOFF
+            log.warning(
+                "enqueue can't read the broker's alarms or queue ages from the management API (%s); until "
+                "it can (retried in %gs), a resource alarm is seen only after the first publish it blocks, "
+                "and max_age is not checked",
+                exc, _MANAGEMENT_BACKOFF,
+            )  # fmt: skip
+            return otherwise
 
     def close(self) -> None:
         """Close the management API client."""
