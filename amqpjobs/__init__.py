@@ -6,6 +6,7 @@ from amqpjobs._version import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerBlockedError,
     BrokerError,
     BrokerUnavailableError,
     BusyError,
@@ -21,6 +22,7 @@ from amqpjobs.errors import (
     Problem,
     PublishError,
     PublishNackedError,
+    QueueFullError,
     ResourceLockedError,
     ResultsUnavailableError,
     TopologyConflictError,
@@ -48,6 +50,7 @@ from amqpjobs.wire.settings import BrokerSettings, broker_settings
 __all__ = [
     "AmqpJobsError",
     "App",
+    "BrokerBlockedError",
     "BrokerError",
     "BrokerSettings",
     "BrokerUnavailableError",
@@ -74,6 +77,7 @@ __all__ = [
     "Problem",
     "PublishError",
     "PublishNackedError",
+    "QueueFullError",
     "Reject",
     "ResourceLockedError",
     "ResultsStore",

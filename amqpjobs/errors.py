@@ -12,6 +12,8 @@ The tree::
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
+    │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
+    │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent
     │   └── MessageTooLargeError     bigger than the broker's max_message_size
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
@@ -117,6 +119,48 @@ class UnroutableError(PublishError):
 
 class PublishNackedError(PublishError):
     """The broker answered the publish with ``basic.nack`` (e.g. queue full with ``reject-publish``)."""
+
+
+class QueueFullError(PublishNackedError):
+    """The work queue is full: enqueue refused the job, or the broker nacked it; it is not in the queue.
+
+    Raised by ``enqueue`` when the job queue declares ``max_depth`` / ``max_age`` in the
+    topology and the work queue is over it (nothing was sent), and when the broker nacks a
+    publish to a queue at its ``max_length`` with ``overflow = "reject-publish"`` (RabbitMQ
+    "Queue Length Limit" -> "Overflow Behaviour"; the broker did not store it). Try again
+    later or shed the load; ``App(queue_full_wait=...)`` makes enqueue wait first.
+
+    Attributes:
+        queue: The work queue.
+        limit: What it is over, e.g. ``max_depth 100 (103 ready)`` or ``max_length``.
+
+    """
+
+    def __init__(self, message: str, queue: str = "", limit: str = "") -> None:
+        self.queue = queue
+        self.limit = limit
+        super().__init__(message)
+
+
+class BrokerBlockedError(PublishError):
+    """A broker resource alarm blocks publishing, and it did not clear in time; the job was NOT sent.
+
+    RabbitMQ blocks every publishing connection while a node is low on memory or disk
+    (RabbitMQ "Memory and Disk Alarms"; it tells clients with ``connection.blocked``).
+    ``enqueue`` checks before it writes and waits up to ``App(blocked_timeout=...)`` for the
+    alarm to clear, then raises this: nothing reached the broker, so enqueueing again later
+    is safe.
+
+    Attributes:
+        alarm: Which alarm: ``memory``, ``disk`` or ``memory & disk`` (from the broker's reason).
+        waited: Seconds waited for it to clear.
+
+    """
+
+    def __init__(self, message: str, alarm: str = "", waited: float = 0.0) -> None:
+        self.alarm = alarm
+        self.waited = waited
+        super().__init__(message)
 
 
 class MessageTooLargeError(PublishError):

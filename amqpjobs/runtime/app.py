@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from amqpjobs.durations import parse_duration
-from amqpjobs.errors import ConfigurationError, InvalidPayloadError
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishNackedError, QueueFullError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
+from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
@@ -65,6 +66,12 @@ class App(CronSchedules, JobResults):
             job's states and return value there (and ``enqueue`` records ``queued`` after the
             broker's confirm, off the publish path), for :meth:`job_status`, :meth:`result` and
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
+        blocked_timeout: How long ``enqueue`` waits for a broker resource alarm (memory, disk) to
+            clear before raising ``BrokerBlockedError`` (seconds or duration; default 10 s: long
+            enough to ride out a short alarm, short enough for a web request). README "Backpressure".
+        queue_full_wait: How long ``enqueue`` waits for a work queue over its ``max_depth`` /
+            ``max_age`` to come under it before raising ``QueueFullError`` (seconds or duration;
+            default None: raise at once).
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
@@ -92,6 +99,8 @@ class App(CronSchedules, JobResults):
         quarantine_retention: float | str = "7d",
         tracing: bool = False,
         results: ResultsStore | None = None,
+        blocked_timeout: float | str = "10s",
+        queue_full_wait: float | str | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
@@ -100,6 +109,9 @@ class App(CronSchedules, JobResults):
         self.ledger = ledger
         self.results = results
         self.quarantine_retention = parse_duration(quarantine_retention)
+        self.blocked_timeout = parse_duration(blocked_timeout)
+        self.queue_full_wait = 0.0 if queue_full_wait is None else parse_duration(queue_full_wait)
+        self._gate: EnqueueGate | None = None
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
@@ -164,7 +176,11 @@ class App(CronSchedules, JobResults):
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
             if self._connection is None or self._connection.is_closed:
-                self._connection = await connect(settings or self.settings(), name=f"{self.name}-publisher")
+                settings = settings or self.settings()
+                self._connection = await connect(settings, name=f"{self.name}-publisher")
+                if self._gate is not None:
+                    self._gate.close()
+                self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
 
@@ -219,7 +235,9 @@ class App(CronSchedules, JobResults):
             await self._publisher.close()
         if self._connection is not None:
             await self._connection.close()
-        self._connection = None
+        if self._gate is not None:
+            self._gate.close()
+        self._connection = self._gate = None
         self._publisher = None
 
     async def enqueue(
@@ -254,7 +272,11 @@ class App(CronSchedules, JobResults):
             InvalidPayloadError: the payload fails the job's model (nothing sent).
             ConfigurationError: unknown job, bad header names or priority.
             UnroutableError: no queue is bound for the job (topology not applied).
-            PublishNackedError: the broker refused it (e.g. the queue is full).
+            BrokerBlockedError: a resource alarm blocks publishing and did not clear within
+                ``blocked_timeout`` (nothing sent).
+            QueueFullError: the work queue is over its ``max_depth`` / ``max_age`` (nothing sent),
+                or the broker nacked it at ``max_length`` (``reject-publish``).
+            PublishNackedError: the broker refused it otherwise.
             MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
@@ -320,7 +342,16 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
-            await self._publisher.publish(layout.exchange, routing_key, message)
+            if self._gate is not None and isinstance(self._publisher, ConfirmedPublisher):  # not a test double's
+                assert self._connection is not None
+                await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
+            try:
+                await self._publisher.publish(layout.exchange, routing_key, message)
+            except PublishNackedError as exc:
+                full = full_at_max_length(layout, routing_key, job_id)
+                if full is None or isinstance(exc, QueueFullError):
+                    raise
+                raise full from exc
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 

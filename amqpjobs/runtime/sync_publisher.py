@@ -38,6 +38,8 @@ class SyncPublisher:
             app_version=app.app_version,
             url=url or app._url,
             max_message_size=app.max_message_size,
+            blocked_timeout=app.blocked_timeout,
+            queue_full_wait=app.queue_full_wait or None,
             results=app.results.copy() if app.results is not None else None,  # its connection is this loop's
         )
         self._app.tracing = app.tracing
@@ -72,8 +74,10 @@ class SyncPublisher:
         headers: Mapping[str, Any] | None = None,
     ) -> str:
         """Blocking :meth:`App.enqueue`; returns the job id once the broker confirmed."""
+        waits = self._app.blocked_timeout + self._app.queue_full_wait  # the enqueue's own waits come first
         return self._run(
-            self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers)
+            self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers),
+            60.0 + waits,
         )
 
     def job_status(self, job_id: str) -> JobStatus:

@@ -89,7 +89,8 @@ class Worker(SuspectTurns):
         self.stats: Counter[str] = Counter()
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
-        self._connection: Connection | None = None
+        self._connection: Connection | None = None  # consumes and acks
+        self._publishing: Connection | None = None  # copies and events: an alarm blocks it, never the acks
         self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: Publisher | None = None  # to quarantine exchanges, which may be missing
         self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
@@ -163,10 +164,12 @@ class Worker(SuspectTurns):
             self._layouts.values(), longest, version, self.options.consumer_timeout
         )
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
-        self._publisher = ConfirmedPublisher(self._connection, on_confirm=on_confirm)
-        self._quarantiner = ConfirmedPublisher(self._connection, on_confirm=on_confirm, serial=True)
+        # RabbitMQ "Memory and Disk Alarms": use separate connections to publish and to consume
+        self._publishing = publishing = await connect(self.settings, name=f"{self.app.name}-worker-publisher")
+        self._publisher = ConfirmedPublisher(publishing, on_confirm=on_confirm)
+        self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
-        self._events = await OutcomeEvents.open(self._connection, dropped)
+        self._events = await OutcomeEvents.open(publishing, dropped)
         self._heartbeat_task = asyncio.create_task(self._beat())
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
@@ -363,8 +366,9 @@ class Worker(SuspectTurns):
         for publisher in (self._publisher, self._quarantiner, self._events):
             if publisher is not None:
                 await publisher.close()
-        if self._connection is not None:
-            await self._connection.close()
+        for connection in (self._connection, self._publishing):
+            if connection is not None:
+                await connection.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)

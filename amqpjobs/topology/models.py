@@ -36,6 +36,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.topology import naming
+from amqpjobs.topology.bounds import QueueBounds
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
 QueueType = Literal["classic", "quorum"]
@@ -110,6 +111,11 @@ class JobQueueSpec(_Frozen):
         overflow: What ``max_length`` does: ``reject-publish`` (default; the publisher's
             confirm is a nack) or ``drop-head`` (classic only; the oldest job is
             dead-lettered into quarantine with reason ``maxlen``).
+        max_depth: Enqueue refuses a job (``QueueFullError``) while its work queue holds this
+            many ready messages or more (checked by the publisher, not the broker; README
+            "Backpressure" gives the overshoot bound). None: no bound.
+        max_age: Enqueue refuses a job while its work queue's oldest ready message is this old
+            (seconds or duration; from the management API's ``head_message_timestamp``). None: no bound.
         shards: Number of work queues the job queue is split into (1 = not sharded).
         max_redeliveries: Starts without an outcome (the worker died, its event loop
             stalled past the heartbeat timeout, its channel or connection was lost while
@@ -128,6 +134,8 @@ class JobQueueSpec(_Frozen):
     delivery_limit: StrictInt | None = Field(default=None, ge=1)
     max_length: StrictInt | None = Field(default=None, ge=1)
     overflow: Overflow = "reject-publish"
+    max_depth: StrictInt | None = Field(default=None, ge=1)
+    max_age: Seconds | None = Field(default=None, gt=0)
     shards: StrictInt = Field(default=1, ge=1, le=MAX_SHARDS)
     max_redeliveries: StrictInt = Field(default=DEFAULT_MAX_REDELIVERIES, ge=1, le=1000)
 
@@ -226,6 +234,8 @@ class JobQueueLayout(_Frozen):
         max_priority: Work queue's ``x-max-priority`` or None.
         max_redeliveries: Starts without an outcome allowed after the first (see
             :class:`JobQueueSpec`).
+        bounds: The enqueue bounds of each work queue (``max_depth``, ``max_age`` and the
+            broker's ``max_length`` with ``reject-publish``; see :class:`QueueBounds`).
 
     """
 
@@ -243,6 +253,13 @@ class JobQueueLayout(_Frozen):
     queue_type: QueueType
     max_priority: int | None
     max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
+    bounds: QueueBounds = QueueBounds()
+
+    def work_queue_for(self, routing_key: str) -> str:
+        """The work queue a publish with ``routing_key`` (from :meth:`routing_key_for`) lands in."""
+        if routing_key in self.shard_routing_keys:
+            return self.work_queues[self.shard_routing_keys.index(routing_key)]
+        return self.work_queues[0]
 
     def routing_key_for(self, key: str) -> str:
         """The routing key a publisher uses for a job keyed ``key`` (its tenant, else its job id).
@@ -376,4 +393,9 @@ def _layout(spec: JobQueueSpec) -> JobQueueLayout:
         queue_type=spec.type,
         max_priority=spec.max_priority,
         max_redeliveries=spec.max_redeliveries,
+        bounds=QueueBounds(
+            max_depth=spec.max_depth,
+            max_age=spec.max_age,
+            max_length=spec.max_length if spec.type == "quorum" or spec.overflow == "reject-publish" else None,
+        ),
     )

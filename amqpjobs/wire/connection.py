@@ -26,6 +26,7 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
 from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
@@ -332,6 +333,7 @@ async def connect(
     """
     install_lenient_decoding()
     keep_received_properties()
+    install_blocked_tracking()
     wait = settings.connect_timeout if wait is None else wait
     log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)
     given = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]

@@ -100,8 +100,13 @@ class ManagementClient:
         for http in self._http.values():
             http.close()
 
-    def request(self, method: str, path: str, json: Any = None, allow_404: bool = False) -> Any:
+    def request(
+        self, method: str, path: str, json: Any = None, allow_404: bool = False, answers: tuple[int, ...] = ()
+    ) -> Any:
         """Send one request to ``/api<path>`` and return the decoded JSON body (or None).
+
+        ``answers``: error statuses whose JSON body is an answer, returned like a 200's (a
+        health check's 503).
 
         Raises:
             BrokerUnavailableError: the management API cannot be reached.
@@ -141,7 +146,7 @@ class ManagementClient:
                 f"{self.settings.username!r} (401): check the credentials in the URL",
                 401,
             )
-        if resp.status_code >= 400:
+        if resp.status_code >= 400 and resp.status_code not in answers:
             raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code)
         if not resp.content:
             return None
@@ -181,6 +186,21 @@ class ManagementClient:
     def delete_vhost(self, vhost: str) -> None:
         """Delete ``vhost`` and everything in it (no error when it does not exist)."""
         self.request("DELETE", f"/vhosts/{_q(vhost)}", allow_404=True)
+
+    def alarms(self) -> list[str]:
+        """The resource alarms in effect anywhere in the cluster: ``[]``, or e.g. ``["memory"]``, ``["disk"]``.
+
+        ``GET /api/health/checks/alarms`` (RabbitMQ "Monitoring" -> "Health Checks"; 3.8.10+):
+        200 without alarms, 503 listing ``{"node": ..., "resource": "memory" | "disk"}``.
+
+        Raises:
+            BrokerUnavailableError: the management API cannot be reached.
+            ManagementApiError: it refused (e.g. a user without a management tag gets 401).
+
+        """
+        answer = self.request("GET", "/health/checks/alarms", answers=(503,)) or {}
+        found = [str(a.get("resource", "?")) for a in answer.get("alarms") or () if isinstance(a, dict)]
+        return sorted(set(found))
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         """``GET /api/queues/<vhost>/<name>``, or None when there is no such queue."""

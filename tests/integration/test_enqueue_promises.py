@@ -21,6 +21,7 @@ from amqpjobs.errors import (
     MessageTooLargeError,
     PublishError,
     PublishNackedError,
+    QueueFullError,
     UnroutableError,
 )
 from amqpjobs.jobs.envelope import job_message
@@ -100,8 +101,10 @@ async def test_a_full_queue_with_reject_publish_nacks_the_enqueue(broker: Broker
             args = (mgmt.queue(broker.vhost, "capped") or {})["arguments"]
         assert (args["x-max-length"], args["x-overflow"]) == (1, "reject-publish")
         await app.enqueue("cap", {}, job_id="first")
-        with pytest.raises(PublishNackedError, match="nacked the publish to 'jobs' / 'capped'"):
+        with pytest.raises(QueueFullError, match="work queue 'capped' is full: the broker nacked job 'second'") as nack:
             await app.enqueue("cap", {}, job_id="second")
+        assert isinstance(nack.value, PublishNackedError)
+        assert (nack.value.queue, nack.value.limit) == ("capped", "max_length 1")
         await app.enqueue("roll", {}, job_id="still-publishing")  # the publisher's channel survived the nack
     finally:
         await app.close()

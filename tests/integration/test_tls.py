@@ -8,11 +8,7 @@ needs its certificates at boot, so the shared test broker can't serve. It is sto
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,24 +22,9 @@ from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import broker_info, connect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import broker_settings
-from tests.integration.helpers import ROOT
-from tests.integration.test_chaos import cluster_unavailable
+from tests.integration.own_node import free_ports, own_node
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # always the host's 3.10 node
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` loopback ports, each free together with port + 10000 (the derived management port)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port + 10000 < 65536 and port not in ports:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port + 10000)) != 0:
-                    ports.append(port)
-    return ports
 
 
 @dataclass(frozen=True)
@@ -57,9 +38,6 @@ class TlsNode:
 
 @pytest.fixture(scope="module")
 def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
-    reason = cluster_unavailable()
-    if reason is not None:
-        pytest.skip(reason.replace("scripts/cluster.sh", "the TLS node (scripts/broker.sh)"))
     d = tmp_path_factory.mktemp("tls")
     ca, other_ca = trustme.CA(), trustme.CA()
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
@@ -67,7 +45,7 @@ def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
     server = ca.issue_cert("localhost")  # not 127.0.0.1: connecting by IP is a host name mismatch
     server.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
     tls_port, amqp_port, dist_port = free_ports(3)
-    (d / "extra.conf").write_text(
+    conf = (
         f"listeners.ssl.default = 127.0.0.1:{tls_port}\n"
         f"ssl_options.cacertfile = {d / 'ca.pem'}\n"
         f"ssl_options.certfile = {d / 'server.pem'}\n"
@@ -80,25 +58,8 @@ def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
         f"management.ssl.certfile = {d / 'server.pem'}\n"
         f"management.ssl.keyfile = {d / 'server.pem'}\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMQPJOBS_", "RABBITMQ_"))}
-    env.update(
-        AMQPJOBS_BROKER_DIR=str(d / "node"),
-        AMQPJOBS_BROKER_NODE=f"amqpjobs-tls-{uuid.uuid4().hex[:6]}@localhost",
-        AMQPJOBS_BROKER_PORT=str(amqp_port),
-        AMQPJOBS_BROKER_MGMT_PORT=str(amqp_port + 10000),
-        AMQPJOBS_BROKER_DIST_PORT=str(dist_port),
-        AMQPJOBS_BROKER_EXTRA_CONF=str(d / "extra.conf"),
-    )
-    (d / "node").mkdir()
-    (d / "node" / "mode").write_text("local\n")  # never Docker: the node needs our files
-    broker = ["bash", str(ROOT / "scripts" / "broker.sh")]
-    up = subprocess.run([*broker, "up"], env=env, capture_output=True, text=True, timeout=300)
-    try:
-        if up.returncode != 0:
-            pytest.fail(f"the TLS node did not start:\n{up.stderr[-3000:]}")
+    with own_node(d, "tls", conf, ports=(amqp_port, dist_port)):
         yield TlsNode(tls_port, d / "ca.pem", d / "other-ca.pem")
-    finally:
-        subprocess.run([*broker, "down"], env=env, capture_output=True, timeout=300)  # stops it by its pid file
 
 
 def named(connection: dict[str, Any], name: str) -> bool:

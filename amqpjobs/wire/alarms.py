@@ -1,0 +1,69 @@
+"""Broker resource alarms as a publisher sees them: ``connection.blocked`` / ``connection.unblocked``.
+
+While a node is low on memory or disk, RabbitMQ stops reading from every connection that
+publishes, cluster-wide, and tells each (clients that announce the ``connection.blocked``
+capability, as aiormq does) with ``connection.blocked`` carrying a reason such as
+``"low on memory"``; ``connection.unblocked`` follows once every alarm cleared (RabbitMQ
+"Memory and Disk Alarms", "Blocked Connection Notifications"). A connection that only
+consumes and acks is not blocked, which is why workers publish on a connection of their own.
+
+The broker blocks a connection only when it publishes during the alarm: the first publish
+is then held unread (it is stored once the alarm clears) and only the later ones can be
+refused before they are written. :func:`blocked_by` reads the notification;
+:func:`amqpjobs.wire.management.ManagementClient.alarms` asks the node before that first
+publish. aiormq keeps the blocked state but drops the reason, so
+:func:`install_blocked_tracking` records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiormq
+
+from amqpjobs.wire.abc import Connection
+
+#: The reason of the last ``connection.blocked`` of each aiormq connection.
+_REASONS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_HANDLER = "_Connection__handle_connection_blocked"  # aiormq's (name-mangled) handler of the frame
+_EVENT = "_Connection__connection_unblocked"  # aiormq's event: set while not blocked
+
+
+def install_blocked_tracking() -> None:
+    """Record the reason of each ``connection.blocked`` aiormq receives (once per process)."""
+    cls: Any = aiormq.Connection
+    if getattr(cls, "_amqpjobs_blocked_reasons", False):
+        return
+    original: Callable[[Any, Any], Awaitable[None]] = getattr(cls, _HANDLER)
+
+    async def on_blocked(self: Any, frame: Any) -> None:
+        reason = frame.reason
+        _REASONS[self] = reason.decode() if isinstance(reason, bytes) else str(reason or "")
+        await original(self, frame)
+
+    setattr(cls, _HANDLER, on_blocked)
+    cls._amqpjobs_blocked_reasons = True
+
+
+def alarm_of(reason: str) -> str:
+    """The alarm a ``connection.blocked`` reason names: ``"low on memory & disk"`` -> ``"memory & disk"``."""
+    text = reason.strip()
+    return text[len("low on ") :] if text.startswith("low on ") else (text or "a resource alarm")
+
+
+def _unblocked_event(connection: Connection) -> asyncio.Event | None:
+    transport = getattr(connection, "transport", None)
+    event = getattr(getattr(transport, "connection", None), _EVENT, None)
+    return event if isinstance(event, asyncio.Event) else None
+
+
+def blocked_by(connection: Connection) -> str | None:
+    """The alarm ``connection`` is blocked by now (``"memory"``, ``"disk"`` ...), or None when it is not blocked."""
+    event = _unblocked_event(connection)
+    if event is None or event.is_set():
+        return None
+    transport = getattr(connection, "transport", None)
+    return alarm_of(_REASONS.get(getattr(transport, "connection", None), ""))

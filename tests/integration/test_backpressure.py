@@ -1,0 +1,226 @@
+"""Backpressure on enqueue (issue 25): resource alarms, and a work queue over its bounds.
+
+Alarms are node-wide, so those tests run on a dedicated scripts/broker.sh node of their own
+(own name, free ports, own data dir; as the TLS test starts its node), never on the shared
+test broker: the alarm is raised and cleared with ``rabbit_alarm`` through ``rabbitmqctl
+eval``, always cleared after each test, and the node is stopped at the end. The queue-bound
+tests use the ordinary test broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
+from amqpjobs.errors import PublishNackedError
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.alarms import blocked_by
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from tests.integration.helpers import depth
+from tests.integration.own_node import OwnNode, own_node
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+max_depth = 3
+
+[[job_queue]]
+name = "aged"
+exchange = "jobs"
+max_age = "1s"
+"""
+
+
+@dataclass
+class AlarmNode:
+    """The dedicated node (its root settings) and the memory alarm raised or cleared on it."""
+
+    node: OwnNode
+    settings: BrokerSettings
+    raised: bool = False  # only these tests raise it: clearing what is not raised is skipped (an Erlang VM a call)
+
+    def memory_alarm(self, on: bool) -> None:
+        if on == self.raised:
+            return
+        alarm = "{resource_limit, memory, node()}"
+        call = f"set_alarm({{{alarm}, []}})" if on else f"clear_alarm({alarm})"
+        self.node.ctl("eval", f"rabbit_alarm:{call}.")
+        self.raised = on
+
+
+@pytest.fixture(scope="module")
+def alarm_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlarmNode]:
+    conf = "collect_statistics_interval = 500\n"  # queue figures in the management API a test can wait for
+    with own_node(tmp_path_factory.mktemp("alarms"), "alarm", conf) as node:
+        yield AlarmNode(node, broker_settings(f"amqp://guest:guest@127.0.0.1:{node.port}/"))
+
+
+@pytest.fixture
+def on_alarm_node(alarm_node: AlarmNode, request: pytest.FixtureRequest) -> Iterator[BrokerSettings]:
+    """A fresh vhost on the alarm node; the memory alarm is cleared after the test whatever happened."""
+    vhost = f"t-{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
+    with ManagementClient(alarm_node.settings) as mgmt:
+        mgmt.create_vhost(vhost)
+        try:
+            yield alarm_node.settings.with_vhost(vhost)
+        finally:
+            alarm_node.memory_alarm(False)
+            mgmt.delete_vhost(vhost)
+
+
+async def make_app(settings: BrokerSettings, tmp_path: Path, **options: float | str) -> App:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, settings)
+    app = App("bp", topology=load_topology(path).topology, url=settings.url, **options)  # type: ignore[arg-type]
+    app.job("ok", queue="work")(lambda p, c: None)
+    app.job("aged", queue="aged")(lambda p, c: None)
+    return app
+
+
+async def test_a_memory_alarm_refuses_enqueue_unsent_and_enqueue_works_once_it_clears(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    publisher = app.sync_publisher()
+    try:
+        await app.enqueue("ok", {}, job_id="before")  # connected, and a publish before the alarm
+        alarm_node.memory_alarm(True)
+        await asyncio.sleep(1.0)  # the gate reads the cluster's alarms at most once a second (README "Backpressure")
+        for _ in range(2):  # the first refusal, and one more while it lasts
+            started = time.monotonic()
+            with pytest.raises(BrokerBlockedError, match=r"resource alarm \(memory\).*NOT sent") as caught:
+                await app.enqueue("ok", {}, job_id="during")
+            took = time.monotonic() - started
+            assert 1.0 <= took < 2.0, took  # its wait, + less than 1 s
+            assert (caught.value.alarm, caught.value.waited >= 1.0) == ("memory", True)
+        started = time.monotonic()
+        with pytest.raises(BrokerBlockedError, match=r"\(memory\)"):
+            publisher.enqueue("ok", {}, job_id="during-sync")
+        assert 1.0 <= time.monotonic() - started < 2.0
+        assert app._connection is not None
+        assert blocked_by(app._connection) is None  # never written: the broker never had to block it
+        alarm_node.memory_alarm(False)
+        await asyncio.sleep(1.0)  # anything held by the broker would be stored now
+        assert await depth(on_alarm_node, "work") == 1  # only "before"
+        await app.enqueue("ok", {}, job_id="after")
+        publisher.enqueue("ok", {}, job_id="after-sync")
+        assert await depth(on_alarm_node, "work") == 3
+    finally:
+        publisher.close()
+        await app.close()
+
+
+async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(on_alarm_node, tmp_path)
+    done: list[str] = []
+    failed: list[str] = []
+
+    @app.job("flaky", queue="work")
+    async def flaky(payload: dict[str, object], ctx: JobContext) -> None:
+        job_id = ctx.job_id
+        if job_id == "fails-once" and job_id not in failed:
+            failed.append(job_id)
+            raise RuntimeError("first attempt fails: its retry copy is published during the alarm")
+        await asyncio.sleep(0.3 if job_id != "fails-once" else 0)  # the failure's copy goes out first
+        done.append(job_id)
+
+    for job_id in ("fails-once", "a", "b", "c"):
+        await app.enqueue("flaky", {}, job_id=job_id)
+    await app.close()
+    alarm_node.memory_alarm(True)
+    worker = Worker(app, on_alarm_node, WorkerOptions(queues=("work",), concurrency=4))
+    await worker.start()
+    try:
+        with ManagementClient(on_alarm_node) as mgmt:
+            deadline = time.monotonic() + 10
+            while True:  # a, b, c acked while the alarm holds the retry copy (and so "fails-once")
+                info = mgmt.queue(on_alarm_node.vhost, "work") or {}
+                if sorted(done) == ["a", "b", "c"] and info.get("messages") == 1:
+                    break
+                assert time.monotonic() < deadline, (done, info.get("messages"), info.get("messages_unacknowledged"))
+                await asyncio.sleep(0.2)
+        assert worker._publishing is not None
+        assert worker._connection is not None
+        assert blocked_by(worker._publishing) == "memory"  # the copy really was held
+        assert blocked_by(worker._connection) is None
+        alarm_node.memory_alarm(False)
+        deadline = time.monotonic() + 15
+        while "fails-once" not in done:  # its copy went out, came back from the 1 s tier and ran again
+            assert time.monotonic() < deadline, done
+            await asyncio.sleep(0.2)
+    finally:
+        alarm_node.memory_alarm(False)  # a blocked connection can't even close
+        await worker.shutdown()
+    assert sorted(done) == ["a", "b", "c", "fails-once"]
+    assert await depth(on_alarm_node, "work") == 0
+
+
+async def test_a_queue_over_max_depth_refuses_enqueue_then_waits_when_asked(broker: BrokerSettings, tmp_path: Path):
+    app = await make_app(broker, tmp_path)
+    try:
+        for i in range(3):
+            await app.enqueue("ok", {}, job_id=f"j{i}")
+        await asyncio.sleep(1.05)  # the gate reads the queue's figures at most once a second
+        with pytest.raises(QueueFullError, match=r"work queue 'work' is full: max_depth 3 \(3 ready\).*NOT sent") as e:
+            await app.enqueue("ok", {}, job_id="over")
+        assert isinstance(e.value, PublishNackedError)
+        assert (e.value.queue, e.value.limit) == ("work", "max_depth 3 (3 ready)")
+        assert await depth(broker, "work") == 3
+    finally:
+        await app.close()
+    waiting = await make_app(broker, tmp_path, queue_full_wait="5s")
+    try:
+        started = time.monotonic()
+        enqueue = asyncio.create_task(waiting.enqueue("ok", {}, job_id="waited"))
+        await asyncio.sleep(0.5)
+        assert not enqueue.done()
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{broker.vhost}/work/contents")
+        assert await enqueue == "waited"
+        assert 0.5 <= time.monotonic() - started < 2.5  # the next read of the figures, at most a second on
+        assert await depth(broker, "work") == 1
+    finally:
+        await waiting.close()
+
+
+async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm_node: BrokerSettings, tmp_path: Path):
+    """On the alarm node (no alarm): its management API refreshes queue figures every 0.5 s."""
+    app = await make_app(on_alarm_node, tmp_path)
+    try:
+        await app.enqueue("aged", {}, job_id="old")
+        await asyncio.sleep(1.2)
+        await app.enqueue("aged", {}, job_id="young-enough")  # figures read now: the oldest is 1.2 s old
+        deadline, sent = time.monotonic() + 5, 2
+        refused: QueueFullError | None = None
+        while refused is None:  # the management API's figures lag by up to its stats interval, the gate's by 1 s
+            try:
+                await app.enqueue("aged", {}, job_id=f"late-{sent}")
+                sent += 1
+            except QueueFullError as exc:
+                refused = exc
+            assert time.monotonic() < deadline, "max_age never refused"
+            await asyncio.sleep(0.3)
+        assert refused.queue == "aged"
+        assert refused.limit.startswith("max_age 1s (oldest ready message ")
+        assert await depth(on_alarm_node, "aged") == sent  # the refused one was not sent
+    finally:
+        await app.close()
