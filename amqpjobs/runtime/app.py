@@ -301,10 +301,10 @@ class App(CronSchedules, JobResults):
                 )
             job_id = derived
         job_id = job_id or str(uuid.uuid4())
-        routing_key = layout.routing_key_for(tenant or job_id)
+        exchange, routing_key = layout.publish_target(tenant or job_id)
         tracing = self.tracing
         span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
-            layout.exchange, routing_key, jobdef.name, job_id
+            exchange, routing_key, jobdef.name, job_id
         )  # fmt: skip
         with span as trace_headers:
             if tracing is not None:  # only the current context's trace headers: a caller's stale ones are dropped
@@ -320,7 +320,7 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
-            await self._publisher.publish(layout.exchange, routing_key, message)
+            await self._publisher.publish(exchange, routing_key, message)
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 
