@@ -13,7 +13,7 @@ from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiEr
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.topology.plan import Plan, make_plan
-from amqpjobs.topology.versions import raft_majority_refusal
+from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declare, probe_queues
@@ -21,7 +21,7 @@ from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
-log = logging.getLogger("amqpjobs.worker")
+log = logging.getLogger("amqpjobs.topology")
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,14 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     return PlanResult(loaded, plan, version, orphans)
 
 
-def require_majority(settings: BrokerSettings, what: str) -> None:
+def require_majority(settings: BrokerSettings, what: str, timeout: float = 10.0) -> None:
     """Refuse ``what`` (e.g. "topology apply") at once when the cluster has no Raft majority (RabbitMQ 4.3+).
 
-    Asks the management API which cluster nodes run (see
+    Asks the management API (``timeout`` seconds per request) which cluster nodes run (see
     :func:`~amqpjobs.topology.versions.raft_majority_refusal`): on a node in a minority every
-    declaration would block until the node gives up (about 30 s), so say why now.
+    declaration would block until the node gives up (about 30 s), so say why now. A user the
+    API does not let list nodes (``GET /api/nodes`` needs the ``monitoring`` tag) is not
+    checked: the declarations' own bound still ends a minority's wait with a clear error.
 
     Raises:
         BrokerError: fewer than a majority of the cluster's nodes run; the message names
@@ -125,8 +127,19 @@ def require_majority(settings: BrokerSettings, what: str) -> None:
         BrokerUnavailableError, ManagementApiError: the management API failed.
 
     """
-    with ManagementClient(settings) as mgmt:
-        refusal = raft_majority_refusal(mgmt.broker_version(), mgmt.running_nodes())
+    with ManagementClient(settings, timeout=timeout) as mgmt:
+        version = mgmt.broker_version()
+        if version < KHEPRI_ONLY_SINCE:
+            return  # Mnesia lets a minority declare: nothing to ask
+        try:
+            running = mgmt.running_nodes()
+        except ManagementApiError as exc:
+            if exc.status not in (401, 403):
+                raise
+            # listing nodes needs the "monitoring" tag: without it, the declarations' own bound still applies
+            log.debug("cluster majority not checked: user %r may not list nodes (%s)", settings.username, exc.status)
+            return
+        refusal = raft_majority_refusal(version, running)
     if refusal is not None:
         raise BrokerError(f"{what} on {settings.safe_url}: {refusal}")
 
@@ -143,7 +156,7 @@ async def require_majority_at_start(settings: BrokerSettings) -> None:
 
     """
     try:
-        await asyncio.to_thread(require_majority, settings, "worker start-up")
+        await asyncio.to_thread(require_majority, settings, "worker start-up", 5.0)
     except (BrokerUnavailableError, ManagementApiError) as exc:
         log.debug("cluster majority not checked (management API: %s)", exc)
 
