@@ -31,7 +31,8 @@ in_node() {  # N CMD: run CMD in the chroot with node N's environment
     RABBITMQ_NODENAME="$(node_name "$n")" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$((5730 + n)) \
     RABBITMQ_DIST_PORT=$((25730 + n)) RABBITMQ_MNESIA_BASE=/var/lib/rabbitmq/cluster43/n$n \
     RABBITMQ_LOG_BASE=/var/log/rabbitmq/cluster43/n$n RABBITMQ_CONFIG_FILE=/etc/rabbitmq/cluster43/n$n.conf \
-    RABBITMQ_CONF_ENV_FILE=/etc/rabbitmq/cluster43/env.conf ERL_EPMD_PORT=$EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_CONF_ENV_FILE=/etc/rabbitmq/cluster43/env.conf ERL_CRASH_DUMP=/var/log/rabbitmq/cluster43/n$n/erl_crash.dump \
+    ERL_EPMD_PORT=$EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1 \
     RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" bash -c "$2"
 }
 ctl() { local n=$1; shift; in_node "$n" "rabbitmqctl -n $(node_name "$n") $(printf '%q ' "$@")"; }
