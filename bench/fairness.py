@@ -1,17 +1,25 @@
 """Tenant fairness figures: flood vs small tenants, p99 wait vs backlog depth, Jain's index, throughput cost.
 
-Usage: python bench/fairness.py   (the broker of $AMQPJOBS_URL / $AMQPJOBS_MANAGEMENT_URL when set, else
-       the project's node, started with scripts/broker.sh up)
+Usage: python bench/fairness.py [--routing crc32|modulus-hash] [--tenants crc32|broker]
+       (the broker of $AMQPJOBS_URL / $AMQPJOBS_MANAGEMENT_URL when set, else the project's node,
+       started with scripts/broker.sh up)
 
 Prints, with 4 slots and 20 ms handlers:
 1. tenant A enqueues 5,000 jobs, then B and C 50 each: how far A got when B and C finished;
 2. B's p99 wait (enqueue to start) behind an A backlog of 1,000 and of 10,000, and their ratio;
 3. Jain's fairness index among busy tenants over 1 s windows;
 4. jobs/s of the same workload through an unsharded and an 8-shard job queue, and their ratio.
+
+``--routing modulus-hash`` (RabbitMQ 4.3+, issue 19): publishers send each sharded job to an
+``x-modulus-hash`` exchange bound to the 8 shard queues, routing key = the tenant, and the
+broker picks the shard (hash of the routing key mod the number of bound queues) instead of
+our ``crc32(tenant) % 8``; workers are unchanged. Also prints each tenant's shard both ways;
+``--tenants broker`` picks A, B and C on the broker's distinct shards instead of crc32's.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import subprocess
@@ -51,16 +59,72 @@ retry_tiers = ["1s"]
 """
 
 
+#: ``--routing modulus-hash``: the shard the broker put each of tenants t0..t99 on (probed).
+SHARD_OF: dict[str, int] = {}
+
+
 def tenants(n: int) -> list[str]:
+    """``n`` tenants on ``n`` distinct shards (crc32's, or the broker's in ``--routing modulus-hash`` runs)."""
     chosen: dict[int, str] = {}
-    for i in range(10_000):
-        chosen.setdefault(zlib.crc32(f"t{i}".encode()) % SHARDS, f"t{i}")
+    for i in range(100 if SHARD_OF else 10_000):
+        name = f"t{i}"
+        chosen.setdefault(SHARD_OF[name] if SHARD_OF else zlib.crc32(name.encode()) % SHARDS, name)
         if len(chosen) == n:
             break
     return list(chosen.values())
 
 
+#: The x-modulus-hash exchange bound to the shard queues in ``--routing modulus-hash`` runs.
+MODULUS = "shared.modulus"
+ROUTING = "crc32"
+
+
+def modulus_routed(app: App) -> None:
+    """Send the app's sharded jobs through :data:`MODULUS` with the tenant as routing key (bench only)."""
+    publisher = app._publisher
+    assert publisher is not None
+    publish = publisher.publish
+
+    async def via_modulus(exchange: str, routing_key: str, message: Any) -> None:
+        if routing_key.startswith("shared.shard-"):
+            exchange, routing_key = MODULUS, str(message.headers["amqpjobs-tenant"])
+        await publish(exchange, routing_key, message)
+
+    publisher.publish = via_modulus  # type: ignore[method-assign]
+
+
+async def declare_modulus(settings: BrokerSettings) -> dict[str, int]:
+    """Declare :data:`MODULUS`, bind the shards, and return the shard the broker picks for tenants t0..t99."""
+    import aio_pika
+
+    connection = await aio_pika.connect(settings.url)
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(MODULUS, "x-modulus-hash", durable=True)
+        for i in range(SHARDS):
+            await (await channel.get_queue(f"shared.shard-{i}", ensure=False)).bind(exchange, routing_key="")
+        names = [f"t{i}" for i in range(100)]
+        for name in names:
+            await exchange.publish(aio_pika.Message(name.encode()), routing_key=name)
+        await asyncio.sleep(0.5)
+        shard_of: dict[str, int] = {}
+        for i in range(SHARDS):
+            queue = await channel.get_queue(f"shared.shard-{i}", ensure=False)
+            while (m := await queue.get(no_ack=True, fail=False)) is not None:
+                shard_of[m.body.decode()] = i
+    return shard_of
+
+
+async def routed(app: App) -> None:
+    """Connect ``app`` and, in ``--routing modulus-hash`` runs, send its sharded jobs through :data:`MODULUS`."""
+    if app._publisher is None:
+        await app.connect()
+        if ROUTING == "modulus-hash":
+            modulus_routed(app)
+
+
 async def enqueue(app: App, job: str, n: int, tenant: str | None) -> None:
+    await routed(app)
     for start in range(0, n, 500):
         await asyncio.gather(
             *(app.enqueue(job, {"at": time.time()}, tenant=tenant) for _ in range(start, min(n, start + 500)))
@@ -124,6 +188,7 @@ async def flood(settings: BrokerSettings, path: Path, backlog: int) -> tuple[int
 async def throughput(settings: BrokerSettings, path: Path, queue: str, n: int = 2000) -> float:
     run = Run(settings, path)
     names = tenants(SHARDS)
+    await routed(run.app)
     for i in range(0, n, 500):
         batch = range(i, i + 500)
         await asyncio.gather(
@@ -151,6 +216,13 @@ async def root_settings() -> BrokerSettings:
 
 
 async def main() -> int:
+    global ROUTING
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--routing", choices=("crc32", "modulus-hash"), default="crc32")
+    parser.add_argument("--tenants", choices=("crc32", "broker"), default="crc32",
+                        help="modulus-hash: A, B, C on crc32's distinct shards (default) or the broker's")  # fmt: skip
+    args = parser.parse_args()
+    ROUTING, pick = args.routing, args.tenants
     settings = (await root_settings()).with_vhost(f"bench-fair-{uuid.uuid4().hex[:6]}")
     tmp = ROOT / ".broker" / "bench"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -161,7 +233,18 @@ async def main() -> int:
         version = ".".join(map(str, mgmt.broker_version()))
     try:
         await apply_topology(path, settings)
-        print(f"tenant fairness (RabbitMQ {version}, {SLOTS} slots, {HANDLER * 1000:.0f} ms handlers, {SHARDS} shards)")
+        print(f"tenant fairness (RabbitMQ {version}, {SLOTS} slots, {HANDLER * 1000:.0f} ms handlers, {SHARDS} shards, "
+              f"routing {ROUTING})")  # fmt: skip
+        if ROUTING == "modulus-hash":
+            shard_of = await declare_modulus(settings)
+            a, b, c = tenants(3)  # still crc32's choice
+            ours = [zlib.crc32(t.encode()) % SHARDS for t in (a, b, c)]
+            same = sum(1 for t, i in shard_of.items() if zlib.crc32(t.encode()) % SHARDS == i)
+            print(f"   tenants A={a} B={b} C={c}: crc32 shards {ours}, x-modulus-hash shards "
+                  f"{[shard_of[t] for t in (a, b, c)]}; of t0..t99 the broker put {same} on crc32's shard")  # fmt: skip
+            if len(set(shard_of[t] for t in (a, b, c))) < 3 and pick == "broker":
+                SHARD_OF.update(shard_of)
+                print(f"   tenants chosen on the broker's distinct shards instead: {tenants(3)}")
         _, p99_small, idx_small = await flood(settings, path, 1000)
         _, p99_big, idx_big = await flood(settings, path, 10_000)
         a5000, _, idx5000 = await flood(settings, path, 5000)

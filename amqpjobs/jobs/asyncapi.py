@@ -6,7 +6,9 @@ the wire format (README "Wire format"):
 * one **channel** per work queue a publisher addresses: the job queue itself, or each of
   its shards (``<job queue>.shard-<i>``). Its ``address`` is the routing key, its AMQP
   channel binding (0.3.0) names the exchange (``is: routingKey``), and for a shard an
-  ``x-amqpjobs-shard`` extension gives the shard rule;
+  ``x-amqpjobs-shard`` extension gives the shard rule; a job queue with ``shard_routing =
+  "modulus-hash"`` (RabbitMQ 4.3+) has one channel instead: its ``x-modulus-hash`` exchange
+  ``<job queue>.shards``, address ``{shardKey}`` (the tenant, else the message id);
 * one **operation** per channel (``action: send``), with the AMQP operation binding:
   ``deliveryMode: 2``, ``mandatory: true``, ``timestamp: true``;
 * the **outcome events** workers publish (README "Wire format" → "Outcome events"): one
@@ -252,14 +254,15 @@ def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], t
     channel_keys: set[str] = set()
     for queue, members in by_queue.items():
         layout = topology.layout(queue)
-        shards = layout.shard_routing_keys
+        shards = () if layout.shards_exchange else layout.shard_routing_keys
         targets = list(zip(layout.work_queues, shards, strict=True)) if shards else [(queue, layout.routing_key)]
+        exchange = layout.shards_exchange or layout.exchange
         for index, (work_queue, routing_key) in enumerate(targets):
             channel = _key(work_queue, channel_keys)
             binding: dict[str, Any] = {
                 "is": "routingKey",
                 "exchange": {
-                    "name": layout.exchange, "type": exchange_types.get(layout.exchange, "direct"),
+                    "name": exchange, "type": exchange_types.get(exchange, "direct"),
                     "durable": True, "autoDelete": False,
                 },
                 "bindingVersion": AMQP_BINDING_VERSION,
@@ -272,6 +275,17 @@ def asyncapi_document(app_name: str, app_version: str, jobs: Iterable[JobDef], t
                 "messages": {key: {"$ref": f"#/components/messages/{key}"} for _, key in members},
                 "bindings": {"amqp": binding},
             }
+            if layout.shards_exchange:  # RabbitMQ 4.3+: the broker picks the shard (hash of the routing key mod N)
+                del binding["exchange"]["type"]  # the AMQP binding's enum has no x-modulus-hash: said below instead
+                channels[channel] |= {
+                    "x-amqp-exchange-type": "x-modulus-hash",
+                    "address": "{shardKey}",
+                    "title": f"job queue {queue} ({len(layout.work_queues)} shards, picked by the broker)",
+                    "description": f"Publish to the x-modulus-hash exchange {exchange!r} (RabbitMQ 4.3+) with the "
+                    "shard key as routing key: the tenant header's value, else the message_id. The broker "
+                    f"routes it to one of the shards {', '.join(layout.work_queues)}; no client-side hash.",
+                    "parameters": {"shardKey": {"description": "the amqpjobs-tenant header's value, else message_id"}},
+                }
             if shards:
                 channels[channel]["x-amqpjobs-shard"] = {
                     "index": index, "of": len(shards),

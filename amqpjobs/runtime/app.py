@@ -323,10 +323,10 @@ class App(CronSchedules, JobResults):
                 )
             job_id = derived
         job_id = job_id or str(uuid.uuid4())
-        routing_key = layout.routing_key_for(tenant or job_id)
+        exchange, routing_key = layout.publish_target(tenant or job_id)
         tracing = self.tracing
         span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
-            layout.exchange, routing_key, jobdef.name, job_id
+            exchange, routing_key, jobdef.name, job_id
         )  # fmt: skip
         with span as trace_headers:
             if tracing is not None:  # only the current context's trace headers: a caller's stale ones are dropped
@@ -346,7 +346,7 @@ class App(CronSchedules, JobResults):
                 assert self._connection is not None
                 await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
             try:
-                await self._publisher.publish(layout.exchange, routing_key, message)
+                await self._publisher.publish(exchange, routing_key, message)
             except PublishNackedError as exc:
                 full = full_at_max_length(layout, routing_key, job_id)
                 if full is None or isinstance(exc, QueueFullError):

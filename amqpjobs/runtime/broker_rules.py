@@ -17,6 +17,7 @@ from amqpjobs.topology.versions import (
     Version,
     consumer_timeout,
     consumer_timeout_rule,
+    modulus_hash_refusal,
     quorum_priority_refusal,
 )
 
@@ -27,8 +28,9 @@ def check_layouts(layouts: Iterable[JobQueueLayout], version: Version) -> None:
     """Refuse job queues the connected broker can't serve as the topology says.
 
     Raises:
-        ConfigurationError: a quorum job queue sets ``max_priority`` on a broker older than
-            4.3 (the message names the queue, the version and the fix).
+        ConfigurationError: a quorum job queue sets ``max_priority``, or a sharded one
+            ``shard_routing = "modulus-hash"``, on a broker older than 4.3 (the message names
+            the queue, the version and the fix).
 
     """
     refusal = quorum_priority_refusal(version)
@@ -36,6 +38,11 @@ def check_layouts(layouts: Iterable[JobQueueLayout], version: Version) -> None:
     if refusal is not None and bad:
         message, fix = refusal
         raise ConfigurationError(f"job queue(s) {', '.join(bad)}: max_priority: {message} (fix: {fix})")
+    modulus = modulus_hash_refusal(version)
+    hashed = [lay.name for lay in layouts if lay.shards_exchange is not None]
+    if modulus is not None and hashed:
+        message, fix = modulus
+        raise ConfigurationError(f"job queue(s) {', '.join(hashed)}: {message} (fix: {fix})")
 
 
 def consumer_timeouts(

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from amqpjobs.errors import ManagementApiError, TopologyConflictError
+from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.topology.plan import Plan, make_plan
+from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declare, probe_queues
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.topology")
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,55 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     return PlanResult(loaded, plan, version, orphans)
 
 
+def require_majority(settings: BrokerSettings, what: str, timeout: float = 10.0) -> None:
+    """Refuse ``what`` (e.g. "topology apply") at once when the cluster has no Raft majority (RabbitMQ 4.3+).
+
+    Asks the management API (``timeout`` seconds per request) which cluster nodes run (see
+    :func:`~amqpjobs.topology.versions.raft_majority_refusal`): on a node in a minority every
+    declaration would block until the node gives up (about 30 s), so say why now. A user the
+    API does not let list nodes (``GET /api/nodes`` needs the ``monitoring`` tag) is not
+    checked: the declarations' own bound still ends a minority's wait with a clear error.
+
+    Raises:
+        BrokerError: fewer than a majority of the cluster's nodes run; the message names
+            them and the fix.
+        BrokerUnavailableError, ManagementApiError: the management API failed.
+
+    """
+    with ManagementClient(settings, timeout=timeout) as mgmt:
+        version = mgmt.broker_version()
+        if version < KHEPRI_ONLY_SINCE:
+            return  # Mnesia lets a minority declare: nothing to ask
+        try:
+            running = mgmt.running_nodes()
+        except ManagementApiError as exc:
+            if exc.status not in (401, 403):
+                raise
+            # listing nodes needs the "monitoring" tag: without it, the declarations' own bound still applies
+            log.debug("cluster majority not checked: user %r may not list nodes (%s)", settings.username, exc.status)
+            return
+        refusal = raft_majority_refusal(version, running)
+    if refusal is not None:
+        raise BrokerError(f"{what} on {settings.safe_url}: {refusal}")
+
+
+async def require_majority_at_start(settings: BrokerSettings) -> None:
+    """:func:`require_majority` for a worker's start-up: exit at once, not after a 30 s consume timeout.
+
+    Best effort: a management API that can't be reached is no reason to refuse (the
+    declarations' own bound, :data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`, still ends a
+    start-up on a minority with a clear error).
+
+    Raises:
+        BrokerError: fewer than a majority of the cluster's nodes run (RabbitMQ 4.3+).
+
+    """
+    try:
+        await asyncio.to_thread(require_majority, settings, "worker start-up", 5.0)
+    except (BrokerUnavailableError, ManagementApiError) as exc:
+        log.debug("cluster majority not checked (management API: %s)", exc)
+
+
 async def apply_topology(
     path: str | Path, settings: BrokerSettings, declare_timeout: float | None = None
 ) -> PlanResult:
@@ -132,9 +185,12 @@ async def apply_topology(
         TopologyConflictError: live objects differ (nothing declared); ``report`` names
             each differing argument with both values and the remedy.
         BrokerUnavailableError, ManagementApiError: the broker could not be reached.
-        BrokerError: the declarations got no answer within ``declare_timeout``.
+        BrokerError: the declarations got no answer within ``declare_timeout``, or (RabbitMQ
+            4.3+) fewer than a majority of the cluster's nodes run (:func:`require_majority`:
+            refused before planning, even when nothing would be created).
 
     """
+    require_majority(settings, "topology apply")
     result = await plan_topology(path, settings)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())

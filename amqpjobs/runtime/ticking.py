@@ -177,7 +177,7 @@ class TickFiring:
             headers[cron.MISSED_FROM_HEADER] = cron.format_tick(plan.missed_from)
             headers[cron.MISSED_UNTIL_HEADER] = cron.format_tick(plan.missed_until)
         # the rule of App.enqueue without a tenant
-        return layout.exchange, layout.routing_key_for(job_id), dataclasses.replace(message, headers=headers)
+        return *layout.publish_target(job_id), dataclasses.replace(message, headers=headers)
 
     def _traced(self, spans: ExitStack, job: tuple[str, str, OutgoingMessage]) -> tuple[str, str, OutgoingMessage]:
         """``job`` with the trace headers of a ``send`` span entered on ``spans`` (as is without tracing).

@@ -34,6 +34,7 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
+from amqpjobs.runtime.deploy import require_majority_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
@@ -136,7 +137,8 @@ class Worker(SuspectTurns):
             ConfigurationError: a job queue is missing from the topology, or a job's
                 policy can't work with its queue.
             BrokerUnavailableError: the broker can't be reached.
-            BrokerError: a work queue does not exist on the broker (apply the topology).
+            BrokerError: a work queue does not exist on the broker (apply the topology), or
+                (RabbitMQ 4.3+) fewer than a majority of the cluster's nodes run.
 
         """
         if self.options.concurrency < 1:
@@ -148,6 +150,7 @@ class Worker(SuspectTurns):
         needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
         needed += [q for lay in self._layouts.values() for q in (lay.quarantine_queue, lay.suspects_queue)]
         exchanges = [lay.quarantine_exchange for lay in self._layouts.values()]
+        await require_majority_at_start(self.settings)
         queues, exchanges = (sorted(m) for m in await missing_objects(self.settings, needed, exchanges))
         if queues or exchanges:
             what = " and ".join(f"{k}(s) {', '.join(m)}" for k, m in (("queue", queues), ("exchange", exchanges)) if m)

@@ -39,6 +39,9 @@ from amqpjobs.topology import naming
 from amqpjobs.topology.bounds import QueueBounds
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
+#: Exchange types we declare ourselves: the above and RabbitMQ 4.3's core ``x-modulus-hash``.
+DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash", "x-modulus-hash"]
+ShardRouting = Literal["crc32", "modulus-hash"]
 QueueType = Literal["classic", "quorum"]
 Overflow = Literal["reject-publish", "drop-head"]
 QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
@@ -117,6 +120,10 @@ class JobQueueSpec(_Frozen):
         max_age: Enqueue refuses a job while its work queue's oldest ready message is this old
             (seconds or duration; from the management API's ``head_message_timestamp``). None: no bound.
         shards: Number of work queues the job queue is split into (1 = not sharded).
+        shard_routing: Who picks a sharded job's shard: ``crc32`` (default: the publisher,
+            ``crc32(key) % shards``, the shard's routing key on ``exchange``) or
+            ``modulus-hash`` (RabbitMQ 4.3+: the broker; publishers send to the job queue's
+            ``x-modulus-hash`` exchange ``<name>.shards`` with the key itself as routing key).
         max_redeliveries: Starts without an outcome (the worker died, its event loop
             stalled past the heartbeat timeout, its channel or connection was lost while
             the job ran) allowed after the first; the next one quarantines the job with
@@ -137,6 +144,7 @@ class JobQueueSpec(_Frozen):
     max_depth: StrictInt | None = Field(default=None, ge=1)
     max_age: Seconds | None = Field(default=None, gt=0)
     shards: StrictInt = Field(default=1, ge=1, le=MAX_SHARDS)
+    shard_routing: ShardRouting = "crc32"
     max_redeliveries: StrictInt = Field(default=DEFAULT_MAX_REDELIVERIES, ge=1, le=1000)
 
     @property
@@ -157,7 +165,7 @@ class ExchangeDecl(_Frozen):
     """A durable exchange to declare."""
 
     name: str
-    type: ExchangeType
+    type: DeclaredExchangeType
     durable: bool = True
     auto_delete: bool = False
     internal: bool = False
@@ -223,6 +231,8 @@ class JobQueueLayout(_Frozen):
         work_queues: Work queue names (one, or one per shard in shard order).
         shard_routing_keys: Routing key reaching each shard (same order as
             ``work_queues``); empty when not sharded.
+        shards_exchange: The ``x-modulus-hash`` exchange publishers send sharded jobs to
+            (``shard_routing = "modulus-hash"``), else None.
         tiers: Retry delays in seconds, increasing.
         tier_queues: For each work queue, its delay queue names in tier order.
         quarantine_exchange: Fanout exchange into the quarantine queue.
@@ -254,12 +264,25 @@ class JobQueueLayout(_Frozen):
     max_priority: int | None
     max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
     bounds: QueueBounds = QueueBounds()
+    shards_exchange: str | None = None
 
     def work_queue_for(self, routing_key: str) -> str:
         """The work queue a publish with ``routing_key`` (from :meth:`routing_key_for`) lands in."""
         if routing_key in self.shard_routing_keys:
             return self.work_queues[self.shard_routing_keys.index(routing_key)]
         return self.work_queues[0]
+
+    def publish_target(self, key: str) -> tuple[str, str]:
+        """(exchange, routing key) a publisher sends a job keyed ``key`` (its tenant, else its job id) to.
+
+        With :attr:`shards_exchange` (RabbitMQ 4.3 ``x-modulus-hash``): that exchange and ``key``
+        itself; the broker picks the shard (hash of the routing key mod the number of bound
+        shards; RabbitMQ docs "Modulus Hash Exchange"). Else :attr:`exchange` and
+        :meth:`routing_key_for`.
+        """
+        if self.shards_exchange is not None:
+            return self.shards_exchange, key
+        return self.exchange, self.routing_key_for(key)
 
     def routing_key_for(self, key: str) -> str:
         """The routing key a publisher uses for a job keyed ``key`` (its tenant, else its job id).
@@ -310,6 +333,8 @@ class Topology(_Frozen):
         for spec in self.job_queues:
             lay = _layout(spec)
             exchanges.append(ExchangeDecl(name=lay.quarantine_exchange, type="fanout"))
+            if lay.shards_exchange is not None:
+                exchanges.append(ExchangeDecl(name=lay.shards_exchange, type="x-modulus-hash"))
             queues.append(QueueDecl(name=lay.quarantine_queue, role="quarantine", job_queue=spec.name))
             bindings.append(BindingDecl(source=lay.quarantine_exchange, destination=lay.quarantine_queue))
             queues.append(QueueDecl(name=lay.parked_queue, role="parked", job_queue=spec.name))
@@ -357,6 +382,8 @@ class Topology(_Frozen):
                     )
                 keys = spec.keys if spec.shards == 1 else (lay.shard_routing_keys[index],)
                 bindings.extend(BindingDecl(source=spec.exchange, destination=work, routing_key=k) for k in keys)
+                if lay.shards_exchange is not None:  # its binding keys are ignored (one binding per shard)
+                    bindings.append(BindingDecl(source=lay.shards_exchange, destination=work, routing_key=""))
         if self.job_queues:
             exchanges.append(ExchangeDecl(name=naming.EVENTS_EXCHANGE, type="topic"))
         bindings.extend(
@@ -398,4 +425,7 @@ def _layout(spec: JobQueueSpec) -> JobQueueLayout:
             max_age=spec.max_age,
             max_length=spec.max_length if spec.type == "quorum" or spec.overflow == "reject-publish" else None,
         ),
+        shards_exchange=naming.shards_exchange_name(spec.name)
+        if spec.shards > 1 and spec.shard_routing == "modulus-hash"
+        else None,
     )

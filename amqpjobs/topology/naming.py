@@ -31,6 +31,8 @@ from amqpjobs.printable import printable
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
 PARKED_SUFFIX = ".parked"
+#: Suffix of the x-modulus-hash exchange of a sharded job queue with ``shard_routing = "modulus-hash"``.
+SHARDS_SUFFIX = ".shards"
 #: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
 EVENTS_EXCHANGE = "amqpjobs.events"
 RETRY_INFIX = ".retry."
@@ -76,6 +78,11 @@ def tier_queue_name(work_queue: str, ttl_seconds: float) -> str:
 def quarantine_exchange_name(job_queue: str) -> str:
     """Name of the (fanout) quarantine exchange of job queue ``job_queue``."""
     return f"{job_queue}{QUARANTINE_SUFFIX}"
+
+
+def shards_exchange_name(job_queue: str) -> str:
+    """Name of the ``x-modulus-hash`` exchange bound to every shard of ``job_queue`` (RabbitMQ 4.3+)."""
+    return f"{job_queue}{SHARDS_SUFFIX}"
 
 
 def quarantine_queue_name(job_queue: str) -> str:

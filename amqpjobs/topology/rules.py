@@ -5,7 +5,7 @@ from __future__ import annotations
 from amqpjobs.errors import Problem
 from amqpjobs.topology import naming
 from amqpjobs.topology.models import JobQueueSpec, TopologyFile
-from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_priority_refusal
+from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, modulus_hash_refusal, quorum_priority_refusal
 
 #: ``x-max-priority`` above this still works but costs broker CPU and memory
 #: (RabbitMQ "Classic Queues Support Priorities" → "How many priorities should I use?").
@@ -149,6 +149,27 @@ def _quorum_priority_rules(
     return [] if refusal is None else [Problem(file, key, *refusal)]
 
 
+def _shard_routing_rules(
+    file: str, base: str, jq: JobQueueSpec, broker_version: tuple[int, ...] | None, warnings: list[str]
+) -> list[Problem]:
+    """``shard_routing = "modulus-hash"``: a sharded job queue, on RabbitMQ 4.3+ (release notes 4.3.0)."""
+    key = f"{base}.shard_routing"
+    if jq.shards == 1:
+        return [Problem(file, key, "shard_routing applies to sharded job queues only (shards is 1)",
+                        "set shards to 2 or more, or remove shard_routing")]  # fmt: skip
+    if jq.max_depth is not None or jq.max_age is not None:  # the broker picks the shard after the publish
+        return [Problem(file, key, "max_depth/max_age can't be checked with modulus-hash: the broker picks "
+                        "the shard after the publish",
+                        "use shard_routing crc32, or bound the shards with max_length")]  # fmt: skip
+    if broker_version is None:
+        warnings.append(
+            f"{file}: {key}: modulus-hash needs RabbitMQ 4.3+; `topology apply` refuses it on an older broker"
+        )
+        return []
+    refusal = modulus_hash_refusal(broker_version)
+    return [] if refusal is None else [Problem(file, key, *refusal)]
+
+
 def queue_rules(
     file: str,
     base: str,
@@ -158,6 +179,8 @@ def queue_rules(
 ) -> list[Problem]:
     """The problems of job queue ``jq`` (at key path ``base`` of ``file``) on its own; appends to ``warnings``."""
     problems: list[Problem] = []
+    if jq.shard_routing == "modulus-hash":
+        problems.extend(_shard_routing_rules(file, base, jq, broker_version, warnings))
     if jq.type == "quorum":
         if jq.max_priority is not None:
             problems.extend(_quorum_priority_rules(file, base, jq.max_priority, broker_version, warnings))

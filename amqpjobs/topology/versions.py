@@ -7,6 +7,7 @@ never guessed. Each rule cites the release note it follows (README "RabbitMQ 3.1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, Literal
 
 Version = tuple[int, ...]
@@ -70,3 +71,54 @@ def quorum_priority_refusal(version: Version) -> tuple[str, str] | None:
     else:
         fix = 'upgrade the broker to RabbitMQ 4.3+, or remove max_priority, or use type = "classic"'
     return f"quorum-queue priorities 0-31 need RabbitMQ 4.3+ (connected: {connected})", fix
+
+
+#: RabbitMQ 4.3.0 release notes: the ``x-modulus-hash`` exchange type is in core (routes by a
+#: hash of the routing key mod the number of bound queues; RabbitMQ docs "Modulus Hash Exchange").
+MODULUS_HASH_SINCE: Final = (4, 3)
+
+
+def modulus_hash_refusal(version: Version) -> tuple[str, str] | None:
+    """Why ``shard_routing = "modulus-hash"`` can't work on ``version``, and the fix; None on 4.3+."""
+    if version >= MODULUS_HASH_SINCE:
+        return None
+    connected = ".".join(map(str, version))
+    return (
+        f"shard_routing modulus-hash needs the x-modulus-hash exchange of RabbitMQ 4.3+ (connected: {connected})",
+        'upgrade the broker to RabbitMQ 4.3+, or remove shard_routing (the default "crc32": publishers pick the shard)',
+    )
+
+
+#: RabbitMQ 4.3.0 release notes: Khepri is the only metadata store. Each declaration is a
+#: Raft command, so it needs a majority of the cluster's nodes; on a node in a minority it
+#: blocks (and the node gives up after about 30 s, measured on 4.3.6).
+KHEPRI_ONLY_SINCE: Final = (4, 3)
+
+
+def raft_majority_refusal(version: Version, running: Mapping[str, bool]) -> str | None:
+    """Why declarations can't succeed on this cluster now (no Raft majority), or None.
+
+    Args:
+        version: The connected broker's version.
+        running: Each cluster node's name and whether it runs, as the node we talk to sees it
+            (a node in a minority sees the nodes it can't reach as not running).
+
+    Returns:
+        None before 4.3 (Mnesia lets a minority declare), with no node list, or with a
+        majority running; else the message, naming the nodes down and the fix.
+
+    """
+    if version < KHEPRI_ONLY_SINCE or not running:
+        return None
+    up = sorted(name for name, ok in running.items() if ok)
+    need = len(running) // 2 + 1
+    if len(up) >= need:
+        return None
+    down = sorted(name for name, ok in running.items() if not ok)
+    return (
+        f"no Raft majority: {len(up)} of the cluster's {len(running)} nodes run ({', '.join(up) or 'none'}; down or "
+        f"unreachable: {', '.join(down)}), and RabbitMQ 4.3+ (Khepri metadata store) needs {need} of "
+        f"{len(running)} for any declaration (quorum queues need a majority of their members too). Bring "
+        "the stopped nodes back (`rabbitmq-diagnostics cluster_status` lists them), or connect to a node of "
+        "the majority's side of a partition, then try again"
+    )

@@ -174,6 +174,11 @@ class ManagementClient:
         """The broker's version as a tuple, e.g. ``(3, 10, 8)``."""
         return parse_version(str(self.overview().get("rabbitmq_version", "0")))
 
+    def running_nodes(self) -> dict[str, bool]:
+        """Each cluster node's name and whether it runs, as the answering node sees it (``GET /api/nodes``)."""
+        nodes: list[dict[str, Any]] = self.request("GET", "/nodes?columns=name,running")
+        return {str(n["name"]): bool(n.get("running")) for n in nodes}
+
     def create_vhost(self, vhost: str) -> None:
         """Create ``vhost`` and give the client's user full permissions on it."""
         self.request("PUT", f"/vhosts/{_q(vhost)}", json={})

@@ -9,8 +9,9 @@ runs on one broker version only.
 Checked by hand on a real minority (4.3.6, a 2-node cluster with one node stopped): `topology
 apply` exited 3 with this message after its --declare-timeout; `schedule run` exited 3 after
 30 s (the node itself gave up at about the same time: "INTERNAL_ERROR - Could not declare
-queue ... because the metadata store operation timed out", mapped to the same message); a
-worker started and consumed (passive declares and consume need no majority).
+queue ... because the metadata store operation timed out", mapped to the same message). On a
+3-node 4.3 cluster with two nodes stopped, `topology apply` and a worker's start-up now refuse
+at once (they ask the management API which nodes run): tests/integration/test_khepri_cluster.py.
 """
 
 from __future__ import annotations

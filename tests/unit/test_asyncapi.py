@@ -238,3 +238,24 @@ def test_a_user_model_named_like_our_headers_schema_collides_with_nothing(tmp_pa
     jsonschema.validate({"headers": {"sku": "x"}}, nested_payload)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"headers": {"amqpjobs-attempt": "x"}}, nested_payload)
+
+
+def test_modulus_hash_shards_are_one_channel_on_the_broker_side_exchange(
+    tmp_path: Path, validator: jsonschema.Draft7Validator
+) -> None:
+    """``shard_routing = "modulus-hash"`` (RabbitMQ 4.3+): publishers send to ``tenants.shards`` with the key itself."""
+    (tmp_path / "t.toml").write_text(TOPOLOGY.replace("shards = 3", 'shards = 3\nshard_routing = "modulus-hash"'))
+    app = App("shop", topology=load_topology(tmp_path / "t.toml").topology, app_version="1.4.2")
+
+    async def handler(payload: Any, ctx: JobContext) -> None: ...
+
+    app.job("tenants.sync", queue="tenants", payload=Sync)(handler)
+    doc = asyncapi_document(app.name, app.app_version, app, app.topology())
+    assert [e.message for e in validator.iter_errors(doc)] == []
+    assert [c for c in doc["channels"] if c.startswith("tenants")] == ["tenants"]
+    channel = doc["channels"]["tenants"]
+    assert channel["address"] == "{shardKey}"
+    assert channel["bindings"]["amqp"]["exchange"]["name"] == "tenants.shards"
+    assert channel["x-amqp-exchange-type"] == "x-modulus-hash"  # the AMQP binding's type enum lacks it
+    assert "x-amqpjobs-shard" not in channel
+    assert app.layout_of("tenants.sync").publish_target("acme") == ("tenants.shards", "acme")

@@ -1,0 +1,79 @@
+"""``shard_routing = "modulus-hash"`` on a real broker: the broker picks the shard on 4.3, refused with the fix before.
+
+RabbitMQ 4.3.0 release notes and docs "Modulus Hash Exchange": x-modulus-hash is in core; it
+routes by a hash of the routing key mod the number of bound queues, the same key always to
+the same queue while the bindings stay. Figures against our crc32 routing: bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App, Worker, WorkerOptions
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.conftest import BrokerRoot
+from tests.integration.helpers import cli_subprocess, depth
+from tests.integration.worker_env import Recorder
+
+pytestmark = pytest.mark.broker
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "tenants"
+exchange = "jobs"
+shards = 4
+shard_routing = "modulus-hash"
+retry_tiers = ["1s"]
+"""
+
+
+async def test_the_broker_picks_each_tenants_shard_on_43_refused_with_the_fix_before(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    if broker_root.version < (4, 3):
+        result = cli_subprocess(broker, "topology", "apply", str(path))
+        assert result.returncode == 2, result.stderr
+        assert "shard_routing modulus-hash needs the x-modulus-hash exchange of RabbitMQ 4.3+" in result.stderr
+        assert "upgrade the broker to RabbitMQ 4.3+, or remove shard_routing" in result.stderr
+        with ManagementClient(broker) as mgmt:
+            assert [q["name"] for q in mgmt.queues(broker.vhost)] == []  # nothing declared
+        return
+    await apply_topology(path, broker)
+    with ManagementClient(broker) as mgmt:
+        (exchange,) = [e for e in mgmt.exchanges(broker.vhost) if e["name"] == "tenants.shards"]
+    assert exchange["type"] == "x-modulus-hash"
+    app = App("mh", topology=load_topology(path).topology, url=broker.url)
+    app.job("sync", queue="tenants")(lambda p, c: None)
+    tenants = [f"tenant-{i}" for i in range(12)]
+    shards_of: dict[str, set[int]] = defaultdict(set)
+    before = [0] * 4
+    for tenant in tenants:  # one tenant at a time: the shard(s) whose depth grew took its 3 jobs
+        for round_ in range(3):
+            await app.enqueue("sync", {}, tenant=tenant, job_id=f"{tenant}-{round_}")
+        after = [await depth(broker, f"tenants.shard-{shard}") for shard in range(4)]
+        shards_of[tenant] = {shard for shard in range(4) if after[shard] != before[shard]}
+        assert sum(after) - sum(before) == 3
+        before = after
+    assert sorted(shards_of) == sorted(tenants)
+    assert all(len(shards) == 1 for shards in shards_of.values()), shards_of  # stable: one shard per tenant
+    assert len(set().union(*shards_of.values())) >= 2, shards_of  # spread: 12 tenants never all on one of 4
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("tenants",), concurrency=2), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: len(o) >= 36)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert sorted(o.job_id for o in recorder.outcomes) == sorted(f"{t}-{r}" for t in tenants for r in range(3))
