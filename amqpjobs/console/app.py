@@ -74,5 +74,6 @@ def serve(config: ConsoleConfig) -> None:
     import uvicorn
 
     web = create_app(config)
+    # an open page keeps its event stream: Ctrl-C waits 5 s for it at most
     uvicorn.run(web, host=config.host, port=config.port, log_level="warning", access_log=False,
-                server_header=False)  # fmt: skip
+                server_header=False, timeout_graceful_shutdown=5)  # fmt: skip
