@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from amqpjobs import SqliteResults
 from amqpjobs.console.app import create_app
 from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, ConsoleConfig, Credentials
 from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import Handler, failing_app, quarantine_jobs
 from tests.integration.helpers import cli, depth
+from tests.integration.test_job_status import app_module
 from tests.integration.worker_env import running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -271,3 +273,33 @@ async def test_replay_with_a_canary_from_the_page_then_park_the_rest(broker: Bro
     assert (
         '<ul id="found-in"><li><a href="/message?queue=work.parked&amp;id=m-3">work.parked</a></li></ul>' in lookup.text
     )
+
+
+async def test_with_app_the_overview_lists_its_job_queues_and_lookup_reads_the_results_store(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    handler = Handler()
+    app = await failing_app(broker, tmp_path, handler)
+    app.results = SqliteResults(tmp_path / "results.db")
+    await quarantine_jobs(broker, app, 2)
+    await app.close()
+    ref = app_module(tmp_path, f"sqlite:{tmp_path / 'results.db'}", monkeypatch,
+                     "@app.job('mail', queue='work')\ndef mail(payload: dict, ctx: object) -> None: ...\n")  # fmt: skip
+    with client(broker, tmp_path, app_ref=ref) as c:
+        overview = await asyncio.to_thread(c.get, "/")
+        before = await asyncio.to_thread(c.get, "/job", params={"id": "m-1"})
+        parked = await asyncio.to_thread(
+            c.post, "/actions/park", data={"queue": "work", "scope": "selected", "job_id": "m-1", "csrf_token": CSRF}
+        )
+        progress = await asyncio.to_thread(wait_done, c, parked.headers["location"])
+        after = await asyncio.to_thread(c.get, "/job", params={"id": "m-1"})
+        unknown = await asyncio.to_thread(c.get, "/job", params={"id": "nobody"})
+        bad = await asyncio.to_thread(c.get, "/job", params={"id": "x" * 300})
+    assert re.findall(r'data-job-queue="([^"]+)"', overview.text) == ["work"]  # the job queues of the app's topology
+    assert "job m-1: quarantined" in before.text
+    assert '<a href="/message?queue=work.quarantine&amp;id=m-1">work.quarantine</a>' in before.text
+    assert (progress["state"], progress["moved"], progress["target"]) == ("done", 1, "work.parked")
+    assert "job m-1: parked" in after.text  # the park was recorded in the app's results store
+    assert '<span id="where">work.parked (found by browsing)</span>' in after.text  # job show's line
+    assert "not in any quarantine or parked queue" in unknown.text
+    assert bad.status_code == 400

@@ -93,6 +93,7 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
         watcher.goto(base + "/")
         expect(watcher.locator('tr[data-job-queue="work"] td.quarantine')).to_have_text("10")
         page = browser.new_page(viewport={"width": 1400, "height": 900})
+
         def on_dialog(dialog: Any) -> None:
             seen["dialogs"].append(dialog.message)
             dialog.dismiss()
