@@ -89,6 +89,24 @@ class Failure(Protocol):
     def failed_at(self) -> datetime | None: ...  # noqa: D102
 
 
+class Tally(Protocol):
+    """A group's count and span (:class:`FailureGroup`, :class:`~amqpjobs.jobs.quarantine.Group`)."""
+
+    count: int
+    first_failure: datetime | None
+    last_failure: datetime | None
+
+
+def count_in(group: Tally, item: Failure) -> None:
+    """Count ``item`` in ``group``: one more, and its failure times widen the group's first/last seen."""
+    group.count += 1
+    first = item.first_failed_at or item.failed_at
+    if first is not None and (group.first_failure is None or first < group.first_failure):
+        group.first_failure = first
+    if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
+        group.last_failure = item.failed_at
+
+
 @dataclass
 class FailureGroup:
     """Quarantined jobs sharing job, reason, error type and stack fingerprint.
@@ -124,10 +142,5 @@ def failure_groups(items: Iterable[Failure]) -> list[FailureGroup]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = FailureGroup(*key, sample=item.error_message)
-        group.count += 1
-        first = item.first_failed_at or item.failed_at
-        if first is not None and (group.first_failure is None or first < group.first_failure):
-            group.first_failure = first
-        if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
-            group.last_failure = item.failed_at
+        count_in(group, item)
     return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type, g.fingerprint))

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
-from amqpjobs.jobs.fingerprint import group_id, stack_fingerprint
+from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 from amqpjobs.text import as_text
@@ -257,12 +257,7 @@ def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = Group(*key, 0, None, None)
-        group.count += 1
-        first = item.first_failed_at or item.failed_at
-        if first is not None and (group.first_failure is None or first < group.first_failure):
-            group.first_failure = first
-        if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
-            group.last_failure = item.failed_at
+        count_in(group, item)
     return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type))
 
 
