@@ -171,7 +171,10 @@ class Actions:
                 result = {"done": "ok", "stopped": "stopped"}.get(run.state, "error")
                 entry = AuditEntry(now_iso(), run.who, run.client, run.kind, run.queue, run.params, result,
                                    run.summary, moved())  # fmt: skip
-                await asyncio.to_thread(self.audit.append, entry)
+                try:
+                    await asyncio.to_thread(self.audit.append, entry)
+                except OSError as exc:  # shown on the action's page: the operator learns the log missed it
+                    run.details.append(printable(f"not written to the audit log {self.audit.path}: {exc}"))
 
         handle = asyncio.get_running_loop().create_task(task())
         self._tasks.add(handle)

@@ -44,6 +44,8 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     check_bind(config)
     app = load_app(config.app_ref) if config.app_ref else None
     audit = AuditLog(config.audit_path)
+    if not config.read_only:  # a read-only console writes no audit line
+        audit.check()
     job_queues = {job.name: job.queue for job in app} if app is not None else None
     actions = Actions(config.broker, audit, app.results if app is not None else None, job_queues)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)

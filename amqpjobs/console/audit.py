@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from amqpjobs.errors import ConfigurationError
+
 
 @dataclass(frozen=True)
 class AuditEntry:
@@ -51,6 +53,22 @@ class AuditLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Make sure the log can be appended to (its folder is created), before any action runs.
+
+        Raises:
+            ConfigurationError: it can't; names the file and why.
+
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ConfigurationError(
+                f"audit log {str(self.path)!r} can't be written ({exc.strerror or exc}): give --audit-log PATH"
+            ) from None
 
     def append(self, entry: AuditEntry) -> None:
         """Write ``entry`` as one line and flush it to disk.

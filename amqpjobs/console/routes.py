@@ -97,7 +97,13 @@ async def message(request: Request) -> Response:
 
 
 def _who(request: Request) -> tuple[str, str]:
-    user = request.scope["state"].get("user") or f"{getpass.getuser()} (local)"
+    """(who, from where): the authenticated user, else the OS user running a loopback console."""
+    user = request.scope["state"].get("user")
+    if not user:
+        try:
+            user = f"{getpass.getuser()} (local)"
+        except (OSError, KeyError):  # no USER and no passwd entry (a bare container)
+            user = "(local)"
     return user, request.client.host if request.client else "?"
 
 

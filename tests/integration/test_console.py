@@ -303,3 +303,11 @@ async def test_with_app_the_overview_lists_its_job_queues_and_lookup_reads_the_r
     assert '<span id="where">work.parked (found by browsing)</span>' in after.text  # job show's line
     assert "not in any quarantine or parked queue" in unknown.text
     assert bad.status_code == 400
+
+
+def test_an_audit_log_that_cannot_be_written_is_exit_2_before_serving(broker: BrokerSettings, tmp_path: Path):
+    (tmp_path / "a-file").write_text("")
+    result = cli(broker, "console", "--port", "0", "--audit-log", str(tmp_path / "a-file" / "audit.jsonl"))
+    assert result.exit_code == 2, result.output
+    assert "a-file/audit.jsonl' can't be written" in result.output
+    assert "--audit-log PATH" in result.output
