@@ -11,6 +11,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.fingerprint import FailureGroup, failure_groups
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.runtime.app import App
@@ -86,6 +87,8 @@ def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
     payload = doc["payload"]
     properties = {k: doc[k] for k in ("message_id", "type", "content_type", "content_encoding", "timestamp",
                                       "priority", "redelivered")}  # fmt: skip
+    if isinstance(doc["timestamp"], int | float) and not isinstance(doc["timestamp"], bool):
+        properties["timestamp"] = f"{iso_utc(doc['timestamp'])} ({doc['timestamp']:.0f})"
     return {
         "item": message.item,
         "queue": doc["queue"],

@@ -199,6 +199,7 @@ def test_the_message_page_shows_evidence_traceback_payload_and_headers(broker, t
     )
     assert "<th>amqpjobs-original-queue</th><td>work</td>" in page.text
     assert "<th>message_id</th><td>m-2</td>" in page.text
+    assert re.search(r"<th>timestamp</th><td>20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z \(\d+\)</td>", page.text)
     assert '<p id="history">Never replayed.</p>' in page.text
     assert missing.status_code == 404
     assert "no message of job" in missing.text
