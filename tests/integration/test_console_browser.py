@@ -87,6 +87,7 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
     from playwright.sync_api import expect, sync_playwright
 
     seen: dict[str, Any] = {"dialogs": [], "console": [], "actions": 0}
+    expect.set_options(timeout=20_000)  # a loaded CI machine: the assertions wait, the drill's timing is measured
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
         watcher = browser.new_page()  # an overview left open: it must follow the drill without a reload
