@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 CHROMIUM_ENV = "AMQPJOBS_CHROMIUM"
 
 
+@pytest.fixture
 def chromium() -> str:
     """The system chromium's path; a skip (a failure in CI) without it or without Playwright."""
     path = os.environ.get(CHROMIUM_ENV) or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -163,15 +164,16 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
     return seen
 
 
-async def test_the_operators_drill_in_a_real_browser(broker: BrokerSettings, tmp_path: Path, console: str):
-    browser_path = chromium()
+async def test_the_operators_drill_in_a_real_browser(
+    broker: BrokerSettings, tmp_path: Path, chromium: str, console: str
+):
     handler = Handler()
     app = await failing_app(broker, tmp_path, handler)
     await quarantine_jobs(broker, app, 10)
     handler.broken = False  # the fix for send() is deployed; render() jobs are parked, not replayed
     shots = Path(os.environ["AMQPJOBS_SCREENSHOTS"]) if os.environ.get("AMQPJOBS_SCREENSHOTS") else None
     async with running_worker(app, broker):
-        seen = await asyncio.to_thread(drill, browser_path, console, shots)
+        seen = await asyncio.to_thread(drill, chromium, console, shots)
     await app.close()
     assert seen["overview_quarantine"] == "10"
     assert seen["group_count"] == "5"
