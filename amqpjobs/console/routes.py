@@ -61,13 +61,21 @@ def _queue(value: str | None) -> str:
 
 async def home(request: Request) -> Response:
     """The overview: every job queue's golden signals (refreshed by the page's script)."""
-    return render(request, "overview.html", statuses=await overview(_state(request).config.broker, _state(request).app))
+    return await _overview(request, "overview.html")
 
 
 async def overview_fragment(request: Request) -> Response:
-    """The overview's table alone (the page's script swaps it in)."""
+    """The overview's table alone (the page's script swaps it in; it keeps the last one on an error)."""
+    return await _overview(request, "_overview_table.html")
+
+
+async def _overview(request: Request, template: str) -> Response:
     console = _state(request)
-    return render(request, "_overview_table.html", statuses=await overview(console.config.broker, console.app))
+    try:
+        statuses = await overview(console.config.broker, console.app)
+    except AmqpJobsError as exc:  # the broker or its management API is down: say so, and the page retries
+        return problem(request, str(exc), 503)
+    return render(request, template, statuses=statuses)
 
 
 async def quarantine(request: Request) -> Response:

@@ -20,8 +20,8 @@ from amqpjobs import SqliteResults
 from amqpjobs.console.app import create_app
 from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, ConsoleConfig, Credentials
 from amqpjobs.runtime.quarantine import mover_lock, session
-from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.console_env import Handler, failing_app, quarantine_jobs
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from tests.integration.console_env import Handler, failing_app, free_port, quarantine_jobs
 from tests.integration.helpers import cli, depth
 from tests.integration.test_job_status import app_module
 from tests.integration.worker_env import running_worker
@@ -312,3 +312,14 @@ def test_an_audit_log_that_cannot_be_written_is_exit_2_before_serving(broker: Br
     assert result.exit_code == 2, result.output
     assert "a-file/audit.jsonl' can't be written" in result.output
     assert "--audit-log PATH" in result.output
+
+
+def test_a_broker_down_is_a_503_naming_it_without_credentials(tmp_path: Path):
+    port = free_port()  # nothing listens there
+    down = broker_settings(f"amqp://ops:pw-sekret@127.0.0.1:{port}/", f"http://ops:pw-sekret@127.0.0.1:{port}")
+    with client(down, tmp_path) as c:
+        page = c.get("/")
+        fragment = c.get("/fragments/overview")
+    assert (page.status_code, fragment.status_code) == (503, 503)
+    assert f"127.0.0.1:{port}" in page.text
+    assert "pw-sekret" not in page.text + fragment.text
