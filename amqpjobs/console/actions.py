@@ -81,12 +81,11 @@ class ActionRun:
 class Actions:
     """Starts actions and keeps their runs (one console process)."""
 
-    def __init__(self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None,
-                 job_queues: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None) -> None:
+        """``results``: the app's results store (``--app``): each moved job's new state is recorded there."""
         self.broker = broker
         self.audit = audit
         self.results = results
-        self.job_queues = job_queues
         self.runs: dict[str, ActionRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 

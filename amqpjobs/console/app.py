@@ -46,8 +46,7 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     audit = AuditLog(config.audit_path)
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
-    job_queues = {job.name: job.queue for job in app} if app is not None else None
-    actions = Actions(config.broker, audit, app.results if app is not None else None, job_queues)
+    actions = Actions(config.broker, audit, app.results if app is not None else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
     templates = Jinja2Templates(env=env)
 
