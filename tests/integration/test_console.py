@@ -114,7 +114,7 @@ def test_posts_without_the_right_csrf_token_are_refused_and_move_nothing(broker,
     assert [r.status_code for r in (missing, wrong, wrong_header)] == [403, 403, 403]
     assert "CSRF" in missing.text
     assert asyncio.run(depth(broker, "work.quarantine")) == 6
-    assert not (tmp_path / "audit.jsonl").exists()
+    assert (tmp_path / "audit.jsonl").read_text() == ""  # no action, no audit line
 
 
 def test_read_only_offers_no_action_and_refuses_posts(broker: BrokerSettings, tmp_path: Path, quarantined):
