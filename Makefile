@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BROKER := bash scripts/broker.sh
 
-.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down broker43-up broker43-down lint node-deps test test-3 test-4 test-43 test-fast demo clean
+.PHONY: postgres-up install broker-up broker-down broker-status broker4-up broker4-down broker43-up broker43-down lint node-deps browser-deps screenshots test test-3 test-4 test-43 test-fast demo clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ lint: install  ## ruff and mypy (strict)
 # The three suites run one after the other (timing tests must not share the cores); only the
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
 # host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
-test: lint broker-up postgres-up node-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
+test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
 	@mkdir -p .broker4 .broker43
 	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
 	  bash scripts/broker43.sh build >.broker43/build.log 2>&1; } & builds=$$!; \
@@ -59,7 +59,13 @@ postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 node-deps:  ## node and npm (Debian's, when missing) and the pinned amqplib in .cache/node, for the Node publisher test
 	bash scripts/node-deps.sh >/dev/null
 
-test-3: install broker-up postgres-up node-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
+browser-deps:  ## Debian's chromium (when missing), for the console's browser test (Playwright drives it)
+	bash scripts/browser-deps.sh >/dev/null
+
+screenshots: install browser-deps  ## PNGs of the console (overview, a group, a message) into docs/, from its browser test
+	AMQPJOBS_SCREENSHOTS=$(CURDIR)/docs $(BIN)/pytest tests/integration/test_console_browser.py -q
+
+test-3: install broker-up postgres-up node-deps browser-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
 	$(BIN)/pytest --cov --cov-report=
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)

@@ -161,15 +161,6 @@ def quarantine_purge(
     click.echo(f"purged {removed} message(s) from {name}")
 
 
-def _replay_summary(report: ReplayReport, canary: bool) -> str:
-    rate_seen = (report.replayed - 1) / report.elapsed if report.elapsed > 0 else 0.0
-    waited = " including the canary wait" if canary and report.replayed > report.canary_moved else ""
-    return (
-        f"replayed {report.replayed}, skipped {report.skipped}, left {report.left} in {printable(report.queue)} "
-        f"({report.elapsed:.1f}s{waited}, {rate_seen:.1f}/s)"
-    )
-
-
 @main.command("replay")
 @click.argument("quarantine_queue", metavar="QUARANTINE", callback=queue_name_arg)
 @click.option(
@@ -272,7 +263,7 @@ def _replay_end(
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return
-    click.echo(_replay_summary(report, canary is not None))
+    click.echo(report.summary(canary is not None))
     if report.canary_failures and canary is not None:
         for line in failure_lines(report, options.selection):
             click.echo(line, err=True)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 from amqpjobs.text import as_text
@@ -77,6 +78,7 @@ class QuarantinedJob:
         original_queue: The work queue to send it back to ("" when unknown).
         replay_count: How often it was replayed before.
         broker_side: True when the broker dead-lettered it (no evidence of ours).
+        fingerprint: Its stack fingerprint (:func:`~amqpjobs.jobs.fingerprint.stack_fingerprint`).
 
     """
 
@@ -91,6 +93,12 @@ class QuarantinedJob:
     original_queue: str
     replay_count: int
     broker_side: bool
+    fingerprint: str = ""
+
+    @property
+    def group(self) -> str:
+        """The id of its failure group (:func:`~amqpjobs.jobs.fingerprint.group_id`)."""
+        return group_id(self.job, self.reason, self.error_type, self.fingerprint)
 
     def summary_lines(self) -> list[str]:
         """The lines ``quarantine show`` prints about the job (publisher text escaped, so none forges a line)."""
@@ -118,11 +126,12 @@ def describe(headers: Mapping[str, Any], message_id: str | None, message_type: s
     job = header_text(headers.get(evidence.JOB)) or header_text(message_type) or header_text(headers.get(envelope.JOB))
     replay_count = _int(headers.get(REPLAY_COUNT))
     if evidence.REASON in headers:
+        reason, error_type = header_text(headers.get(evidence.REASON)), header_text(headers.get(evidence.ERROR_TYPE))
         return QuarantinedJob(
             job=job,
             job_id=header_text(headers.get(evidence.JOB_ID)) or header_text(message_id),
-            reason=header_text(headers.get(evidence.REASON)),
-            error_type=header_text(headers.get(evidence.ERROR_TYPE)),
+            reason=reason,
+            error_type=error_type,
             error_message=header_text(headers.get(evidence.ERROR_MESSAGE)),
             attempts=_int(headers.get(evidence.ATTEMPTS)),
             failed_at=parse_time(headers.get(evidence.LAST_FAILURE_AT)),
@@ -130,6 +139,7 @@ def describe(headers: Mapping[str, Any], message_id: str | None, message_type: s
             original_queue=header_text(headers.get(evidence.ORIGINAL_QUEUE)),
             replay_count=replay_count,
             broker_side=False,
+            fingerprint=stack_fingerprint(error_type, header_text(headers.get(evidence.TRACEBACK)), reason),
         )
     death = _first_death(headers) or {}
     latest = headers.get("x-death")
@@ -148,6 +158,7 @@ def describe(headers: Mapping[str, Any], message_id: str | None, message_type: s
         original_queue=queue,
         replay_count=replay_count,
         broker_side=True,
+        fingerprint=stack_fingerprint("", "", f"x-death:{reason or 'unknown'}"),
     )
 
 
@@ -162,6 +173,10 @@ class Selection:
         reason: Exact reason (``exhausted``, ``x-death:expired`` …; ``expired`` also
             matches ``x-death:expired``).
         since: Only messages whose last failure is at or after this time (UTC).
+        group: Only this failure group (:attr:`QuarantinedJob.group`, the console's groups).
+        job_ids: Only these job ids.
+        search: Only messages whose job id, job, error type or error message contains
+            this text (case-insensitive).
 
     """
 
@@ -169,6 +184,9 @@ class Selection:
     error_type: str | None = None
     reason: str | None = None
     since: datetime | None = None
+    group: str | None = None
+    job_ids: frozenset[str] | None = None
+    search: str | None = None
 
     def matches(self, item: QuarantinedJob) -> bool:
         """True when ``item`` passes every given filter."""
@@ -178,7 +196,17 @@ class Selection:
             return False
         if self.reason is not None and self.reason not in (item.reason, item.reason.removeprefix("x-death:")):
             return False
-        return not (self.since is not None and (item.failed_at is None or item.failed_at < self.since))
+        if self.since is not None and (item.failed_at is None or item.failed_at < self.since):
+            return False
+        if self.group is not None and item.group != self.group:
+            return False
+        if self.job_ids is not None and item.job_id not in self.job_ids:
+            return False
+        if self.search:
+            needle = self.search.casefold()
+            fields = (item.job_id, item.job, item.error_type, item.error_message)
+            return any(needle in text.casefold() for text in fields)
+        return True
 
 
 @dataclass
@@ -229,12 +257,7 @@ def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = Group(*key, 0, None, None)
-        group.count += 1
-        first = item.first_failed_at or item.failed_at
-        if first is not None and (group.first_failure is None or first < group.first_failure):
-            group.first_failure = first
-        if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
-            group.last_failure = item.failed_at
+        count_in(group, item)
     return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type))
 
 
@@ -373,6 +396,19 @@ class ReplayReport:
     canary_failures: list[str] = field(default_factory=list)
     canary_moved: int = 0
     canary_failed: int = 0
+
+    def summary(self, canary: bool) -> str:
+        """The line a finished replay reports (``replay`` prints it; the console shows it).
+
+        ``replayed 20, skipped 0, left 0 in work.quarantine (2.1s including the canary wait, 9.1/s)``:
+        the rate is moves per second between the first and the last move.
+        """
+        rate_seen = (self.replayed - 1) / self.elapsed if self.elapsed > 0 else 0.0
+        waited = " including the canary wait" if canary and self.replayed > self.canary_moved else ""
+        return (
+            f"replayed {self.replayed}, skipped {self.skipped}, left {self.left} in {printable(self.queue)} "
+            f"({self.elapsed:.1f}s{waited}, {rate_seen:.1f}/s)"
+        )
 
 
 def replay_window(rate: float) -> int:

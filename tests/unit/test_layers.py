@@ -15,22 +15,26 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "amqpjobs"
 TESTING = "amqpjobs.testing"
+CONSOLE = "amqpjobs.console"
 FORBIDDEN = {
-    "jobs": ("amqpjobs.wire", "amqpjobs.runtime", "amqpjobs.cli", TESTING, "aio_pika", "aiormq", "pamqp"),
+    "jobs": ("amqpjobs.wire", "amqpjobs.runtime", "amqpjobs.cli", CONSOLE, TESTING, "aio_pika", "aiormq", "pamqp"),
     "topology": (
         "amqpjobs.wire",
         "amqpjobs.runtime",
         "amqpjobs.jobs",
         "amqpjobs.cli",
+        CONSOLE,
         TESTING,
         "aio_pika",
         "aiormq",
         "pamqp",
     ),
-    "wire": ("amqpjobs.runtime", "amqpjobs.cli", "amqpjobs.jobs", TESTING),
-    "runtime": ("amqpjobs.cli", TESTING),
+    "wire": ("amqpjobs.runtime", "amqpjobs.cli", "amqpjobs.jobs", CONSOLE, TESTING),
+    "runtime": ("amqpjobs.cli", CONSOLE, TESTING),
+    # the console is a face beside the CLI: it uses the library, never the CLI's code
+    "console": ("amqpjobs.cli", TESTING, "aio_pika", "aiormq", "pamqp"),
     "cli": (TESTING,),
-    "testing": ("amqpjobs.cli", "aio_pika", "aiormq", "pamqp"),
+    "testing": ("amqpjobs.cli", CONSOLE, "aio_pika", "aiormq", "pamqp"),
 }
 #: The wire modules the double may use: the protocols it implements, and settings (plain data).
 TESTING_MAY_USE = ("amqpjobs.wire.abc", "amqpjobs.wire.settings")

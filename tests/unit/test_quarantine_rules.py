@@ -41,28 +41,28 @@ DESCRIBE = [
     pytest.param(
         OURS, "m-1", None,
         QuarantinedJob("send_mail", "id-1", "exhausted", "smtplib.SMTPException", "refused", 3, T2, T1, "mail", 0,
-                       False),
+                       False, "smtplib.SMTPException"),
         id="our-evidence",
     ),
     pytest.param(
         {**OURS, evidence.JOB_ID: "", REPLAY_COUNT: 2}, "m-1", None,
         QuarantinedJob("send_mail", "m-1", "exhausted", "smtplib.SMTPException", "refused", 3, T2, T1, "mail", 2,
-                       False),
+                       False, "smtplib.SMTPException"),
         id="job-id-from-message-id-and-replays",
     ),
     pytest.param(
         {"x-death": [DEATH], envelope.ATTEMPT: 2}, "m-2", "resize",
-        QuarantinedJob("resize", "m-2", "x-death:expired", "", "", 1, T1, T1, "mail", 0, True),
+        QuarantinedJob("resize", "m-2", "x-death:expired", "", "", 1, T1, T1, "mail", 0, True, "x-death: expired"),
         id="broker-dead-letter",
     ),
     pytest.param(
         {"x-first-death-reason": b"maxlen", "x-first-death-queue": "q", envelope.JOB: "j"}, None, None,
-        QuarantinedJob("j", "", "x-death:maxlen", "", "", 0, None, None, "q", 0, True),
+        QuarantinedJob("j", "", "x-death:maxlen", "", "", 0, None, None, "q", 0, True, "x-death: maxlen"),
         id="first-death-headers-only",
     ),
     pytest.param(
         {}, None, None,
-        QuarantinedJob("", "", "x-death:unknown", "", "", 0, None, None, "", 0, True),
+        QuarantinedJob("", "", "x-death:unknown", "", "", 0, None, None, "", 0, True, "x-death: unknown"),
         id="nothing-known",
     ),
 ]  # fmt: skip

@@ -1,0 +1,80 @@
+"""The console's ASGI app: :func:`create_app`, and :func:`serve` that runs it with uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.templating import Jinja2Templates
+
+from amqpjobs.console.actions import Actions
+from amqpjobs.console.audit import AuditLog
+from amqpjobs.console.config import ConsoleConfig, check_bind
+from amqpjobs.console.routes import routes
+from amqpjobs.console.security import Guard
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.loading import load_app
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Console:
+    """What the handlers share: the settings, the app (``--app``), the actions, the audit log, the templates."""
+
+    config: ConsoleConfig
+    app: App | None
+    actions: Actions
+    audit: AuditLog
+    templates: Jinja2Templates
+
+
+def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlette:
+    """The console for ``config`` (a test may fix ``csrf_token``; by default a random one per process).
+
+    Raises:
+        ConfigurationError: ``--app`` can't be loaded, or the address needs credentials
+            that are not there (:func:`~amqpjobs.console.config.check_bind`).
+
+    """
+    check_bind(config)
+    app = load_app(config.app_ref) if config.app_ref else None
+    audit = AuditLog(config.audit_path)
+    if not config.read_only:  # a read-only console writes no audit line
+        audit.check()
+    actions = Actions(config.broker, audit, app.results if app is not None else None)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    templates = Jinja2Templates(env=env)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await actions.close()
+            if app is not None:
+                await app.close()
+
+    web = Starlette(routes=routes(str(HERE / "static")), lifespan=lifespan)
+    web.state.console = Console(config, app, actions, audit, templates)
+    web.add_middleware(Guard, config=config, csrf_token=csrf_token)
+    return web
+
+
+def serve(config: ConsoleConfig) -> None:
+    """Run the console until interrupted (uvicorn on ``config.host``:``config.port``; access log off).
+
+    Raises:
+        ConfigurationError: as :func:`create_app`.
+
+    """
+    import uvicorn
+
+    web = create_app(config)
+    # an open page keeps its event stream: Ctrl-C waits 5 s for it at most
+    uvicorn.run(web, host=config.host, port=config.port, log_level="warning", access_log=False,
+                server_header=False, timeout_graceful_shutdown=5)  # fmt: skip

@@ -1,0 +1,108 @@
+"""The console's audit log: every action, who did it, when, what and the result, as JSON lines.
+
+One line per action once it ends (its result known), appended and flushed to disk
+(``os.fsync``) before the page says it is done; a crash loses at most an action under way.
+No credential ever goes in: who is the authenticated user name (or the OS user of a
+loopback console) and the client address, what is the action's own parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from amqpjobs.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One action.
+
+    Attributes:
+        at: When it ended, ISO-8601 UTC.
+        who: Who asked (user name), and from where (``client``).
+        action: ``replay``, ``park`` or ``purge``.
+        queue: The quarantine (or parked) queue acted on.
+        params: What was asked (filters, rate, canary ...), JSON-ready.
+        result: ``ok``, ``stopped`` (canary failed) or ``error``.
+        summary: One line saying what happened.
+        job_ids: The job ids moved or deleted, when known (replay history of a message).
+
+    """
+
+    at: str
+    who: str
+    client: str
+    action: str
+    queue: str
+    params: dict[str, Any]
+    result: str
+    summary: str
+    job_ids: list[str] = field(default_factory=list)
+
+
+class AuditLog:
+    """The audit log file (JSON lines; its folder is created)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Make sure the log can be appended to (its folder is created), before any action runs.
+
+        Raises:
+            ConfigurationError: it can't; names the file and why.
+
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ConfigurationError(
+                f"audit log {str(self.path)!r} can't be written ({exc.strerror or exc}): give --audit-log PATH"
+            ) from None
+
+    def append(self, entry: AuditEntry) -> None:
+        """Write ``entry`` as one line and flush it to disk.
+
+        Raises:
+            OSError: the file can't be written.
+
+        """
+        line = json.dumps(asdict(entry), ensure_ascii=True) + "\n"  # ASCII: no control character reaches a terminal
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def recent(self, limit: int = 200) -> list[AuditEntry]:
+        """The last ``limit`` entries, newest first (lines that are not entries are skipped)."""
+        if not self.path.exists():
+            return []
+        kept: deque[AuditEntry] = deque(maxlen=limit)
+        with self.path.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    kept.append(AuditEntry(**json.loads(line)))
+                except (ValueError, TypeError):
+                    continue
+        return list(reversed(kept))
+
+    def for_job(self, job_id: str, limit: int = 50) -> list[AuditEntry]:
+        """Entries that moved or deleted ``job_id``, newest first."""
+        return [e for e in self.recent(10_000) if job_id in e.job_ids][:limit]
+
+
+def now_iso() -> str:
+    """The time now, ISO-8601 UTC with milliseconds."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,119 @@
+"""What the console serves and how it lets people in (no I/O but the environment)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.wire.settings import BrokerSettings
+
+#: A bearer token (or the password of any basic-auth user) for a console on another address than loopback.
+TOKEN_ENV: Final = "AMQPJOBS_CONSOLE_TOKEN"
+#: Basic-auth user and password, the other way in.
+USER_ENV: Final = "AMQPJOBS_CONSOLE_USER"
+PASSWORD_ENV: Final = "AMQPJOBS_CONSOLE_PASSWORD"
+#: Where the audit log goes unless ``--audit-log`` says.
+AUDIT_ENV: Final = "AMQPJOBS_CONSOLE_AUDIT_LOG"
+DEFAULT_PORT: Final = 8480
+LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who may use a console bound beyond loopback: a token, or a basic-auth user and password."""
+
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+
+    @property
+    def required(self) -> bool:
+        """Whether requests must authenticate."""
+        return bool(self.token or (self.user and self.password))
+
+    def __repr__(self) -> str:  # never print a secret
+        return f"Credentials(token={'***' if self.token else None}, user={self.user!r}, password=***)"
+
+
+def credentials_from_env(env: dict[str, str] | None = None) -> Credentials:
+    """The token or basic-auth credentials of :data:`TOKEN_ENV`, :data:`USER_ENV` and :data:`PASSWORD_ENV`.
+
+    Raises:
+        ConfigurationError: only one of user and password is set.
+
+    """
+    env = dict(os.environ) if env is None else env
+    token = env.get(TOKEN_ENV) or None
+    user, password = env.get(USER_ENV) or None, env.get(PASSWORD_ENV) or None
+    if (user is None) != (password is None):
+        raise ConfigurationError(f"set both {USER_ENV} and {PASSWORD_ENV} (basic auth), or {TOKEN_ENV}")
+    return Credentials(token, user, password)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_audit_path() -> Path:
+    """``$AMQPJOBS_CONSOLE_AUDIT_LOG``, else ``$XDG_STATE_HOME/amqpjobs/console-audit.jsonl`` (~/.local/state)."""
+    if given := os.environ.get(AUDIT_ENV):
+        return Path(given)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "amqpjobs" / "console-audit.jsonl"
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """One console's settings.
+
+    Attributes:
+        broker: The broker and vhost it shows.
+        host / port: Where it listens (the Host header must name one of :attr:`allowed_hosts`).
+        read_only: Offer no action and refuse every POST.
+        credentials: Required beyond loopback (:func:`check_bind`).
+        audit_path: The audit log (JSON lines).
+        app_ref: ``MODULE:APP``: its topology lists the job queues, its results store answers job lookups.
+        allowed_hosts: Host names a request may name besides the loopback ones and ``host``.
+
+    """
+
+    broker: BrokerSettings
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    read_only: bool = False
+    credentials: Credentials = field(default_factory=Credentials)
+    audit_path: Path = field(default_factory=default_audit_path)
+    app_ref: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+
+    def host_names(self) -> frozenset[str]:
+        """Host header names accepted (lower case, without port or brackets)."""
+        names = {*LOOPBACK_NAMES, *self.allowed_hosts}
+        if self.host not in ("0.0.0.0", "::"):  # a wildcard is no name: give --allowed-host
+            names.add(self.host)
+        return frozenset(n.strip("[]").lower() for n in names)
+
+
+def check_bind(config: ConsoleConfig) -> None:
+    """Refuse to listen beyond loopback without credentials.
+
+    Raises:
+        ConfigurationError: ``host`` is not loopback and neither a token nor basic-auth
+            credentials are in the environment.
+
+    """
+    if not is_loopback(config.host) and not config.credentials.required:
+        raise ConfigurationError(
+            f"--host {config.host!r} is not loopback: anyone who reaches it could replay or purge; set "
+            f"{TOKEN_ENV} (a token), or {USER_ENV} and {PASSWORD_ENV} (basic auth), in the environment"
+        )

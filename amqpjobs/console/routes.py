@@ -1,0 +1,218 @@
+"""The console's pages and actions (Starlette handlers; HTML from the Jinja2 templates, autoescaped)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from amqpjobs.console.actions import Actions
+from amqpjobs.console.views import find_message, lookup, message_doc, overview, quarantine_page
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
+from amqpjobs.jobs.envelope import job_id_problem
+from amqpjobs.jobs.quarantine import Selection, format_when
+from amqpjobs.printable import printable
+from amqpjobs.runtime.outcome_feed import outcome_feed
+from amqpjobs.topology.naming import queue_name_problem
+
+#: Filter fields of a quarantine page and of an action's form.
+FILTERS = ("job", "error_type", "reason", "group", "search")
+
+
+def _state(request: Request) -> Any:
+    return request.app.state.console
+
+
+def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
+    """``template`` with the console's common context (CSRF token, read-only, the fragment helpers)."""
+    console = _state(request)
+    context.update(csrf_token=request.scope["state"]["csrf_token"], read_only=console.config.read_only,
+                   when=format_when, vhost=console.config.broker.vhost)  # fmt: skip
+    response: Response = console.templates.TemplateResponse(request, template, context, status_code=status)
+    return response
+
+
+def problem(request: Request, message: str, status: int = 400) -> Response:
+    """An error page saying what was wrong (the text escaped like everything else)."""
+    return render(request, "error.html", status, message=printable(message))
+
+
+def selection_of(values: Any) -> Selection:
+    """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked."""
+    given = {k: (values.get(k) or "").strip() or None for k in FILTERS}
+    ids = [i for i in values.getlist("job_id") if i]
+    return Selection(job=given["job"], error_type=given["error_type"], reason=given["reason"], group=given["group"],
+                     search=given["search"], job_ids=frozenset(ids) if ids else None)  # fmt: skip
+
+
+def _queue(value: str | None) -> str:
+    if not value or (issue := queue_name_problem(value)):
+        raise ConfigurationError(f"queue: {issue if value else 'give a quarantine or parked queue name'}")
+    return value
+
+
+async def home(request: Request) -> Response:
+    """The overview: every job queue's golden signals (refreshed by the page's script)."""
+    return await _overview(request, "overview.html")
+
+
+async def overview_fragment(request: Request) -> Response:
+    """The overview's table alone (the page's script swaps it in; it keeps the last one on an error)."""
+    return await _overview(request, "_overview_table.html")
+
+
+async def _overview(request: Request, template: str) -> Response:
+    console = _state(request)
+    try:
+        statuses = await overview(console.config.broker, console.app)
+    except AmqpJobsError as exc:  # the broker or its management API is down: say so, and the page retries
+        return problem(request, str(exc), 503)
+    return render(request, template, statuses=statuses)
+
+
+async def quarantine(request: Request) -> Response:
+    """A quarantine or parked queue: groups by job, reason, error type and stack fingerprint; filters; messages."""
+    try:
+        queue = _queue(request.query_params.get("queue"))
+        chosen = selection_of(request.query_params)
+        page = await quarantine_page(_state(request).config.broker, queue, chosen)
+    except AmqpJobsError as exc:
+        return problem(request, str(exc), 404 if isinstance(exc, ConfigurationError) else 503)
+    filters = {k: request.query_params.get(k, "") for k in FILTERS}
+    return render(request, "quarantine.html", page=page, filters=filters, filtered=chosen != Selection())
+
+
+async def message(request: Request) -> Response:
+    """One message: evidence, traceback, payload, properties and headers, replay history."""
+    job_id = request.query_params.get("id", "")
+    try:
+        queue = _queue(request.query_params.get("queue"))
+        found = await find_message(_state(request).config.broker, queue, job_id)
+    except AmqpJobsError as exc:
+        return problem(request, str(exc), 404)
+    if found is None:
+        return problem(request, f"no message of job {job_id!r} in {queue!r} (replayed, parked or purged?)", 404)
+    audit = _state(request).audit.for_job(job_id)
+    return render(request, "message.html", m=message_doc(found), audit=audit, queue=queue)
+
+
+def _who(request: Request) -> tuple[str, str]:
+    """(who, from where): the authenticated user, else the OS user running a loopback console."""
+    user = request.scope["state"].get("user")
+    if not user:
+        try:
+            user = f"{getpass.getuser()} (local)"
+        except (OSError, KeyError):  # no USER and no passwd entry (a bare container)
+            user = "(local)"
+    return user, request.client.host if request.client else "?"
+
+
+async def act(request: Request) -> Response:
+    """POST replay / park / purge: start the run, then show its progress page."""
+    kind = request.path_params["kind"]
+    form = await request.form()
+    actions: Actions = _state(request).actions
+    try:
+        queue = _queue(str(form.get("queue") or ""))
+        chosen = selection_of(form)
+        scope = form.get("scope") or "all"
+        if scope == "all":  # every message matching the filter, whatever is checked
+            chosen = replace(chosen, job_ids=None)
+        elif chosen.job_ids is None:
+            raise ConfigurationError("no message checked: check some, or use the 'all matching' button")
+        params: dict[str, Any] = {k: str(form.get(k)) for k in FILTERS if form.get(k)}
+        if chosen.job_ids is not None:
+            params["job_ids"] = sorted(chosen.job_ids)
+        who, client = _who(request)
+        if kind == "replay":
+            rate = float(str(form.get("rate") or "10"))
+            canary_text = str(form.get("canary") or "").strip()
+            canary = int(canary_text) if canary_text else None
+            if canary is not None and canary < 1:
+                raise ConfigurationError(f"canary must be at least 1 job (got {canary}), or left empty")
+            timeout = parse_duration(str(form.get("canary_timeout") or "60s"))
+            params.update(rate=rate, canary=canary, canary_timeout=timeout)
+            run = actions.start_replay(queue, chosen, rate, canary, timeout, params, who, client)
+        elif kind == "park":
+            run = actions.start_park(queue, chosen, params, who, client)
+        elif kind == "purge":
+            run = actions.start_purge(queue, chosen, str(form.get("confirm") or ""), params, who, client)
+        else:
+            return problem(request, f"no action {kind!r}: replay, park or purge", 404)
+    except (ValueError, AmqpJobsError) as exc:
+        return problem(request, str(exc), 400)
+    return RedirectResponse(f"/action/{run.id}", status_code=303)
+
+
+async def action(request: Request) -> Response:
+    """An action's progress and, once it ended, its summary."""
+    run = _state(request).actions.runs.get(request.path_params["run_id"])
+    if run is None:
+        return problem(request, "no such action (the console keeps the last 200; see the audit log)", 404)
+    return render(request, "action.html", run=run, progress=run.progress())
+
+
+async def action_json(request: Request) -> Response:
+    """An action's progress as JSON (the progress page polls it)."""
+    run = _state(request).actions.runs.get(request.path_params["run_id"])
+    if run is None:
+        return JSONResponse({"error": "no such action"}, 404)
+    return JSONResponse(run.progress())
+
+
+async def job(request: Request) -> Response:
+    """Job lookup by id: its record (with ``--app`` and a results store) and the queues that hold it."""
+    job_id = request.query_params.get("id", "").strip()
+    if not job_id:
+        return render(request, "job.html", found=None, job_id="")
+    if issue := job_id_problem(job_id):
+        return problem(request, issue, 400)
+    try:
+        found = await lookup(_state(request).config.broker, _state(request).app, job_id)
+    except AmqpJobsError as exc:
+        return problem(request, str(exc), 503)
+    return render(request, "job.html", found=found, job_id=job_id)
+
+
+async def audit(request: Request) -> Response:
+    """The audit log, newest first."""
+    return render(request, "audit.html", entries=_state(request).audit.recent())
+
+
+async def events(request: Request) -> Response:
+    """Outcome events as server-sent events (``data: {"queue", "outcome"}``): the overview refreshes on each."""
+    broker = _state(request).config.broker
+
+    async def stream() -> AsyncIterator[str]:
+        try:
+            async for event in outcome_feed(broker):
+                yield f"data: {json.dumps({'queue': event.queue, 'outcome': event.outcome})}\n\n"
+        except NotFoundError:
+            yield "event: unavailable\ndata: {}\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def routes(static_dir: str) -> list[Route | Mount]:
+    """The console's routes."""
+    return [
+        Route("/", home),
+        Route("/fragments/overview", overview_fragment),
+        Route("/quarantine", quarantine),
+        Route("/message", message),
+        Route("/actions/{kind:str}", act, methods=["POST"]),
+        Route("/action/{run_id:str}.json", action_json),
+        Route("/action/{run_id:str}", action, name="action"),
+        Route("/job", job),
+        Route("/audit", audit),
+        Route("/events", events),
+        Mount("/static", StaticFiles(directory=static_dir), name="static"),
+    ]

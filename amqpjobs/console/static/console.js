@@ -1,0 +1,54 @@
+// amqpjobs console: live refresh and action progress. No framework, no build step, no CDN.
+// Everything from the server is either our own escaped HTML fragment (innerHTML of the overview table)
+// or JSON set with textContent: no text of a job ever becomes markup here.
+"use strict";
+
+function refreshOverview(box) {
+  fetch(box.dataset.refresh, {credentials: "same-origin"})
+    .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
+    .then((html) => { box.innerHTML = html; })
+    .catch(() => {});
+}
+
+function followOverview() {
+  const box = document.getElementById("overview");
+  if (!box) return;
+  let pending = null;
+  const soon = () => { if (!pending) pending = setTimeout(() => { pending = null; refreshOverview(box); }, 300); };
+  setInterval(() => refreshOverview(box), 5000);  // the broker's figures (rates, consumers) change without events
+  if (window.EventSource) {
+    const live = document.getElementById("live");
+    const events = new EventSource("/events");
+    events.onmessage = soon;  // a job ended somewhere: counts changed
+    events.addEventListener("unavailable", () => { if (live) live.textContent = "polling (no outcome events exchange)"; events.close(); });
+    events.onerror = () => { if (live) live.textContent = "polling"; };
+  }
+}
+
+function followAction() {
+  const box = document.getElementById("progress");
+  if (!box) return;
+  const set = (id, value) => { const el = document.getElementById(id); if (el && value !== undefined && value !== null) el.textContent = String(value); };
+  const poll = () => {
+    fetch(box.dataset.poll, {credentials: "same-origin"})
+      .then((r) => r.json())
+      .then((p) => {
+        set("state", p.state); set("moved", p.moved); set("left", p.left); set("skipped", p.skipped);
+        set("phase", p.phase || (p.state === "running" ? "starting" : "")); set("summary", p.summary);
+        const state = document.getElementById("state");
+        if (state) state.className = "state-" + p.state;
+        const bar = document.getElementById("bar");
+        const total = (p.moved || 0) + (p.left || 0);
+        if (bar && total) { bar.max = total; bar.value = p.moved || 0; }
+        const details = document.getElementById("details");
+        if (details && p.details) {
+          details.replaceChildren(...p.details.map((d) => { const li = document.createElement("li"); li.textContent = d; return li; }));
+        }
+        if (p.state === "running") setTimeout(poll, 250);
+      })
+      .catch(() => setTimeout(poll, 1000));
+  };
+  poll();
+}
+
+document.addEventListener("DOMContentLoaded", () => { followOverview(); followAction(); });

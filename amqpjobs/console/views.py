@@ -1,0 +1,136 @@
+"""What the console's pages show, read through the library (no HTML here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import evidence
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.envelope import iso_utc
+from amqpjobs.jobs.fingerprint import FailureGroup, failure_groups
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.quarantine import QuarantinedMessage, browse, quarantine_queues
+from amqpjobs.runtime.status import JobQueueStatus, collect
+from amqpjobs.runtime.whereabouts import where_now
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX, parked_queue_name
+from amqpjobs.wire.settings import BrokerSettings
+
+#: Messages listed on a quarantine page (the groups count them all).
+LISTED = 200
+#: Headers of a message shown first, as its evidence (the rest follow under "all headers").
+EVIDENCE_FIRST = (
+    evidence.REASON, evidence.ERROR_TYPE, evidence.ERROR_MESSAGE, evidence.ATTEMPTS, evidence.FIRST_FAILURE_AT,
+    evidence.LAST_FAILURE_AT, evidence.ORIGINAL_QUEUE, evidence.WORKER_HOST, evidence.WORKER_PID,
+    evidence.APP_VERSION, evidence.VERSION,
+)  # fmt: skip
+#: Headers that make a message's replay history.
+HISTORY = (q.REPLAY_COUNT, q.REPLAY_ID, q.PREVIOUS_REASON, q.PREVIOUS_ERROR_TYPE, q.PREVIOUS_ERROR_MESSAGE,
+           q.PREVIOUS_FAILURE_AT, q.PARKED_AT)  # fmt: skip
+
+
+async def job_queue_names(broker: BrokerSettings, app: App | None) -> list[str]:
+    """The job queues shown: the app's (``--app``), else one per ``*.quarantine`` queue of the vhost."""
+    if app is not None:
+        return [lay.name for lay in app.topology().layouts()]
+    names = await asyncio.to_thread(quarantine_queues, broker)
+    return [n.removesuffix(QUARANTINE_SUFFIX) for n in names]
+
+
+async def overview(broker: BrokerSettings, app: App | None) -> list[JobQueueStatus]:
+    """The ``status`` figures of every job queue shown (parked included)."""
+    if app is not None:
+        return await collect(broker, list(app.topology().layouts()))
+    names = await job_queue_names(broker, None)
+    return await collect(broker, None, names) if names else []
+
+
+@dataclass
+class QuarantinePage:
+    """A quarantine (or parked) queue: its failure groups and the messages matching the filters."""
+
+    queue: str
+    depth: int
+    matched: int
+    groups: list[FailureGroup]
+    messages: list[QuarantinedMessage]
+    present: dict[str, list[str]] = field(default_factory=dict)
+
+
+async def quarantine_page(broker: BrokerSettings, queue: str, chosen: Selection) -> QuarantinePage:
+    """Browse ``queue`` (its messages return to it) and group what matches ``chosen``.
+
+    Raises:
+        ConfigurationError: no such quarantine or parked queue.
+
+    """
+    census = Census()
+    name, found = await browse(broker, queue, None, chosen, census)
+    present = {
+        "jobs": sorted(census.jobs),
+        "reasons": sorted(census.reasons),
+        "error_types": sorted(t for t in census.error_types if t),
+    }
+    return QuarantinePage(name, census.depth, len(found), failure_groups(m.item for m in found), found[:LISTED],
+                          present)  # fmt: skip
+
+
+def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
+    """A message as its page shows it: evidence, traceback, pretty payload, properties, headers, history."""
+    doc = message.to_json()
+    headers: dict[str, Any] = doc["headers"]
+    payload = doc["payload"]
+    properties = {k: doc[k] for k in ("message_id", "type", "content_type", "content_encoding", "timestamp",
+                                      "priority", "redelivered")}  # fmt: skip
+    if isinstance(doc["timestamp"], int | float) and not isinstance(doc["timestamp"], bool):
+        properties["timestamp"] = f"{iso_utc(doc['timestamp'])} ({doc['timestamp']:.0f})"
+    return {
+        "item": message.item,
+        "queue": doc["queue"],
+        "evidence": [(k, headers[k]) for k in EVIDENCE_FIRST if k in headers],
+        "traceback": str(headers.get(evidence.TRACEBACK, "")),
+        "payload": json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True) if payload is not None else None,
+        "raw": message.delivery.body[:4096].decode("utf-8", "replace") if payload is None else "",
+        "properties": properties,
+        "headers": sorted((k, json.dumps(v, ensure_ascii=False)) for k, v in headers.items()),
+        "history": [(k, headers[k]) for k in HISTORY if k in headers],
+    }
+
+
+async def find_message(broker: BrokerSettings, queue: str, job_id: str) -> QuarantinedMessage | None:
+    """The message of job ``job_id`` in ``queue``, None when it is not there (browsed, it stays)."""
+    _, found = await browse(broker, queue, 1, Selection(job_ids=frozenset({job_id})))
+    return found[0] if found else None
+
+
+@dataclass
+class Lookup:
+    """What a job lookup found: the results store's lines (with ``--app``) and the queues holding it."""
+
+    job_id: str
+    lines: list[str]
+    where: str
+    found_in: list[str]
+
+
+async def lookup(broker: BrokerSettings, app: App | None, job_id: str) -> Lookup:
+    """Job ``job_id``: its record and where it is (``job show``), else browse every quarantine and parked queue."""
+    lines: list[str] = []
+    where = ""
+    if app is not None and app.results is not None:
+        status = await app.job_status(job_id)
+        lines, where = status.report(), await where_now(broker, app, status)
+    found_in = []
+    for job_queue in await job_queue_names(broker, app):
+        for queue in (job_queue + QUARANTINE_SUFFIX, parked_queue_name(job_queue)):
+            try:
+                if await find_message(broker, queue, job_id) is not None:
+                    found_in.append(queue)
+            except ConfigurationError:  # no parked queue yet
+                continue
+    return Lookup(job_id, lines, where, found_in)

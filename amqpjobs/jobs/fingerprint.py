@@ -1,0 +1,146 @@
+"""A failure's stack fingerprint, and quarantine groups by it (no I/O).
+
+Two failures share a fingerprint when they raised the same exception type through the same
+code path: the exception type plus each frame's module and function, outermost first, with
+no line numbers (an edit above the failing line must not split a group) and no paths (two
+hosts with other install folders must not either). A broker-side dead-letter has no
+traceback: its fingerprint is ``x-death: <reason>`` (RabbitMQ "Dead Letter Exchanges" ->
+"Dead-Lettered Messages"). The console groups quarantined jobs by (job, reason, error type,
+fingerprint) with :func:`failure_groups`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Final, Protocol
+
+#: A frame line of a Python traceback: ``  File "/srv/app/mail.py", line 12, in send``.
+_FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"\n]*)", line \d+, in (?P<func>[^\s]+)\s*$', re.MULTILINE)
+#: Length of :func:`fingerprint_id` (hex digits of a SHA-256).
+ID_LENGTH: Final = 12
+
+
+def _module(path: str) -> str:
+    """``/srv/app/billing/mail.py`` -> ``billing.mail``; ``pkg/__init__.py`` -> ``pkg``; ``<string>`` as is."""
+    if path.startswith("<"):
+        return path
+    pure = PureWindowsPath(path) if "\\" in path else PurePosixPath(path)
+    parts = [p for p in pure.parts[-2:] if p not in ("/", "\\")]
+    if not parts:
+        return path
+    last = parts[-1].removesuffix(".py")
+    if last == "__init__":
+        return parts[0] if len(parts) > 1 else last
+    return ".".join([*parts[:-1], last]) if len(parts) > 1 else last
+
+
+def frames(traceback: str) -> list[str]:
+    """The ``module:function`` of each frame of ``traceback``, outermost first (its line numbers dropped)."""
+    return [f"{_module(m['path'])}:{m['func']}" for m in _FRAME.finditer(traceback)]
+
+
+def stack_fingerprint(error_type: str, traceback: str, reason: str) -> str:
+    """The fingerprint text of one failure.
+
+    Args:
+        error_type: The exception's type (``builtins.ValueError``); "" for a broker-side dead-letter.
+        traceback: The traceback text (evidence header ``amqpjobs-traceback``), "" when none.
+        reason: The quarantine reason (``exhausted``, ``x-death:expired`` ...).
+
+    Returns:
+        ``x-death: <reason>`` for a broker-side dead-letter; else the error type and the frames,
+        ``ValueError @ worker:run > mail:send``, or the type alone without a traceback.
+
+    """
+    if reason.startswith("x-death:") and not error_type:
+        return f"x-death: {reason.removeprefix('x-death:')}"
+    kind = error_type or reason or "?"
+    stack = frames(traceback)
+    return f"{kind} @ {' > '.join(stack)}" if stack else kind
+
+
+def group_id(job: str, reason: str, error_type: str, fingerprint: str) -> str:
+    """A short stable id of a group's key, for links and filters (12 hex digits of a SHA-256)."""
+    key = "\x00".join((job, reason, error_type, fingerprint))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+class Failure(Protocol):
+    """What :func:`failure_groups` reads of a quarantined job (a :class:`~amqpjobs.jobs.quarantine.QuarantinedJob`)."""
+
+    @property
+    def job(self) -> str: ...  # noqa: D102
+    @property
+    def reason(self) -> str: ...  # noqa: D102
+    @property
+    def error_type(self) -> str: ...  # noqa: D102
+    @property
+    def fingerprint(self) -> str: ...  # noqa: D102
+    @property
+    def error_message(self) -> str: ...  # noqa: D102
+    @property
+    def first_failed_at(self) -> datetime | None: ...  # noqa: D102
+    @property
+    def failed_at(self) -> datetime | None: ...  # noqa: D102
+
+
+class Tally(Protocol):
+    """A group's count and span (:class:`FailureGroup`, :class:`~amqpjobs.jobs.quarantine.Group`)."""
+
+    count: int
+    first_failure: datetime | None
+    last_failure: datetime | None
+
+
+def count_in(group: Tally, item: Failure) -> None:
+    """Count ``item`` in ``group``: one more, and its failure times widen the group's first/last seen."""
+    group.count += 1
+    first = item.first_failed_at or item.failed_at
+    if first is not None and (group.first_failure is None or first < group.first_failure):
+        group.first_failure = first
+    if item.failed_at is not None and (group.last_failure is None or item.failed_at > group.last_failure):
+        group.last_failure = item.failed_at
+
+
+@dataclass
+class FailureGroup:
+    """Quarantined jobs sharing job, reason, error type and stack fingerprint.
+
+    Attributes:
+        id: :func:`group_id` of the group's key (used in links and filters).
+        count: Jobs in the group.
+        first_failure / last_failure: Earliest first failure and latest last failure (UTC).
+        sample: One error message of the group (the first seen).
+
+    """
+
+    job: str
+    reason: str
+    error_type: str
+    fingerprint: str
+    count: int = 0
+    first_failure: datetime | None = None
+    last_failure: datetime | None = None
+    sample: str = ""
+
+    @property
+    def id(self) -> str:
+        """The group's id (:func:`group_id`)."""
+        return group_id(self.job, self.reason, self.error_type, self.fingerprint)
+
+
+def failure_groups(items: Iterable[Failure]) -> list[FailureGroup]:
+    """Group ``items`` by (job, reason, error type, fingerprint), biggest first, then by job and reason."""
+    groups: dict[tuple[str, str, str, str], FailureGroup] = {}
+    for item in items:
+        key = (item.job, item.reason, item.error_type, item.fingerprint)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = FailureGroup(*key, sample=item.error_message)
+        count_in(group, item)
+    return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type, g.fingerprint))

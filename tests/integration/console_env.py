@@ -1,0 +1,63 @@
+"""Real failures for the console's tests: a worker quarantines jobs that fail in two code paths."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amqpjobs import JobContext, RetryPolicy
+from amqpjobs.runtime.app import App
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth
+from tests.integration.worker_env import make_app, running_worker
+
+#: What the second group's payload and error message carry: it must stay text on every page.
+SCRIPT = "<script>alert('xss')</script><img src=x onerror=alert(2)>"
+
+
+@dataclass
+class Handler:
+    """The ``mail`` job: while ``broken``, even jobs fail in ``send`` (ValueError), odd in ``render`` (KeyError)."""
+
+    broken: bool = True
+    succeeded: list[str] = field(default_factory=list)
+
+
+def send(n: int) -> None:
+    raise ValueError(f"bad address for mail {n}")
+
+
+def render(n: int) -> None:
+    raise KeyError(f"template {SCRIPT} missing for {n}")
+
+
+async def failing_app(broker: BrokerSettings, tmp_path: Path, handler: Handler) -> App:
+    """The fast topology's app with the ``mail`` job of :class:`Handler` (one attempt: quarantined at once)."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        if handler.broken:
+            (send if payload["n"] % 2 == 0 else render)(payload["n"])
+        handler.succeeded.append(ctx.job_id)
+
+    return app
+
+
+async def quarantine_jobs(broker: BrokerSettings, app: App, n: int) -> None:
+    """Enqueue ``n`` mail jobs (ids ``m-0`` ...) and let a worker quarantine them all."""
+    async with running_worker(app, broker) as (_, rec):
+        for i in range(n):
+            await app.enqueue("mail", {"n": i, "note": SCRIPT if i % 2 else "ok"}, job_id=f"m-{i}")
+        await rec.wait_for(lambda o: len(o) >= n)
+    assert await depth(broker, "work.quarantine") == n
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -1,0 +1,68 @@
+"""The console's pure rules (issue 26): Host names, loopback, credentials from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.console.config import (
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    USER_ENV,
+    ConsoleConfig,
+    Credentials,
+    check_bind,
+    credentials_from_env,
+    is_loopback,
+)
+from amqpjobs.console.security import host_name
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.wire.settings import broker_settings
+
+HOSTS = [
+    ("127.0.0.1:8480", "127.0.0.1"),
+    ("LocalHost:8480", "localhost"),
+    ("localhost", "localhost"),
+    ("[::1]:8480", "::1"),
+    ("[::1]", "::1"),
+    ("::1", "::1"),  # no port can be told apart: the name as it is
+    ("evil.example:80", "evil.example"),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("header", "name"), HOSTS)
+def test_host_name(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.8.9.10", True), ("localhost", True), ("::1", True), ("[::1]", True),
+     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("console.internal", False)],
+)  # fmt: skip
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_credentials_from_env_and_the_bind_rule(tmp_path: Path) -> None:
+    broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
+    assert credentials_from_env({}) == Credentials()
+    assert credentials_from_env({TOKEN_ENV: "t"}).required
+    assert credentials_from_env({USER_ENV: "u", PASSWORD_ENV: "p"}).required
+    with pytest.raises(ConfigurationError, match=f"set both {USER_ENV} and {PASSWORD_ENV}"):
+        credentials_from_env({USER_ENV: "u"})
+    assert "sekret" not in repr(Credentials(token="sekret", user="u", password="sekret"))
+    check_bind(ConsoleConfig(broker, audit_path=tmp_path / "a"))  # loopback: no credentials needed
+    with pytest.raises(ConfigurationError, match="not loopback"):
+        check_bind(ConsoleConfig(broker, host="0.0.0.0", audit_path=tmp_path / "a"))
+    check_bind(ConsoleConfig(broker, host="0.0.0.0", credentials=Credentials(token="t"), audit_path=tmp_path / "a"))
+
+
+def test_host_names_allowed() -> None:
+    broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
+    assert ConsoleConfig(broker).host_names() == {"127.0.0.1", "localhost", "::1"}
+    wildcard = ConsoleConfig(broker, host="0.0.0.0", allowed_hosts=("Jobs.Example.com",))
+    assert wildcard.host_names() == {"127.0.0.1", "localhost", "::1", "jobs.example.com"}
+    assert ConsoleConfig(broker, host="10.0.0.5").host_names() == {"127.0.0.1", "localhost", "::1", "10.0.0.5"}

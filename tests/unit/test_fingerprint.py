@@ -1,0 +1,109 @@
+"""Stack fingerprints and the console's failure groups (issue 26): a table of tracebacks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from amqpjobs.jobs import evidence
+from amqpjobs.jobs.fingerprint import failure_groups, frames, group_id, stack_fingerprint
+from amqpjobs.jobs.quarantine import Selection, describe
+
+TB_MAIL = """Traceback (most recent call last):
+  File "/srv/venv/lib/python3.11/site-packages/amqpjobs/runtime/deliveries.py", line 210, in run_handler
+    result = await handler(payload, ctx)
+  File "/srv/app/billing/mail.py", line 12, in send
+    raise ValueError("bad address: x@y")
+ValueError: bad address: x@y
+"""
+# the same code path after an edit above the failing line, on a host with another install folder
+TB_MAIL_MOVED = TB_MAIL.replace("line 210", "line 233").replace("line 12", "line 19").replace("/srv/venv", "/opt/v")
+TB_OTHER_PATH = TB_MAIL.replace("in send", "in send_later")
+TB_PACKAGE_INIT = '  File "/srv/app/billing/__init__.py", line 3, in charge\nKeyError: 1\n'
+TB_WINDOWS = '  File "C:\\\\app\\\\billing\\\\mail.py", line 4, in send\n'
+TB_CHAINED = TB_MAIL + "\nDuring handling of the above exception, another exception occurred:\n\n" + TB_PACKAGE_INIT
+
+FINGERPRINTS = [
+    pytest.param("builtins.ValueError", TB_MAIL, "exhausted",
+                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send", id="frames"),
+    pytest.param("builtins.ValueError", TB_MAIL_MOVED, "exhausted",
+                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send", id="no-line-numbers"),
+    pytest.param("builtins.ValueError", TB_OTHER_PATH, "exhausted",
+                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send_later", id="other-function"),
+    pytest.param("KeyError", TB_PACKAGE_INIT, "permanent", "KeyError @ billing:charge", id="package-init"),
+    pytest.param("OSError", TB_WINDOWS, "exhausted", "OSError @ billing.mail:send", id="windows-path"),
+    pytest.param("KeyError", TB_CHAINED, "exhausted",
+                 "KeyError @ runtime.deliveries:run_handler > billing.mail:send > billing:charge", id="chained"),
+    pytest.param("amqpjobs.Reject", "", "rejected", "amqpjobs.Reject", id="no-traceback"),
+    pytest.param("", "", "x-death:expired", "x-death: expired", id="broker-expired"),
+    pytest.param("", "", "x-death:delivery_limit", "x-death: delivery_limit", id="broker-delivery-limit"),
+    pytest.param("", "", "timeout", "timeout", id="no-type-no-trace"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("error_type", "traceback", "reason", "expected"), FINGERPRINTS)
+def test_stack_fingerprint(error_type: str, traceback: str, reason: str, expected: str) -> None:
+    assert stack_fingerprint(error_type, traceback, reason) == expected
+
+
+def test_frames_keep_the_order_outermost_first() -> None:
+    assert frames(TB_MAIL) == ["runtime.deliveries:run_handler", "billing.mail:send"]
+    assert frames("no traceback here") == []
+
+
+T1 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
+T2 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+
+
+def quarantined(job: str, tb: str, at: str, first: str, error_type: str = "builtins.ValueError") -> dict[str, str]:
+    return {
+        evidence.JOB: job, evidence.REASON: "exhausted", evidence.ERROR_TYPE: error_type,
+        evidence.ERROR_MESSAGE: f"{error_type} in {job}", evidence.TRACEBACK: tb,
+        evidence.LAST_FAILURE_AT: at, evidence.FIRST_FAILURE_AT: first,
+    }  # fmt: skip
+
+
+def test_failure_groups_count_and_span_each_code_path() -> None:
+    items = [
+        describe(quarantined("mail", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "a", None),
+        describe(quarantined("mail", TB_MAIL_MOVED, "2026-11-29T09:00:00Z", "2026-11-29T08:40:00Z"), "b", None),
+        describe(quarantined("mail", TB_OTHER_PATH, "2026-11-29T08:10:00Z", "2026-11-29T08:05:00Z"), "c", None),
+        describe(quarantined("sms", TB_MAIL, "2026-11-29T08:20:00Z", "2026-11-29T08:20:00Z"), "d", None),
+        describe({"x-death": [{"reason": "expired", "queue": "mail", "time": T1}]}, "e", "mail"),
+    ]
+    groups = failure_groups(items)
+    rows = [(g.job, g.reason, g.count, g.fingerprint.split(" @ ")[-1], g.first_failure, g.last_failure) for g in groups]
+    assert rows == [
+        ("mail", "exhausted", 2, "runtime.deliveries:run_handler > billing.mail:send", T1, T2),
+        ("mail", "exhausted", 1, "runtime.deliveries:run_handler > billing.mail:send_later",
+         datetime(2026, 11, 29, 8, 5, tzinfo=UTC), datetime(2026, 11, 29, 8, 10, tzinfo=UTC)),
+        ("mail", "x-death:expired", 1, "x-death: expired", T1, T1),
+        ("sms", "exhausted", 1, "runtime.deliveries:run_handler > billing.mail:send",
+         datetime(2026, 11, 29, 8, 20, tzinfo=UTC), datetime(2026, 11, 29, 8, 20, tzinfo=UTC)),
+    ]  # fmt: skip
+    assert groups[0].sample == "builtins.ValueError in mail"
+    assert len({g.id for g in groups}) == 4
+    # the group id selects exactly its members: a selection the replay, park and purge take
+    chosen = Selection(group=groups[0].id)
+    assert [i.job_id for i in items if chosen.matches(i)] == ["a", "b"]
+    assert groups[0].id == group_id("mail", "exhausted", "builtins.ValueError", groups[0].fingerprint)
+
+
+SEARCHES = [
+    pytest.param(Selection(search="IN SMS"), ["x-42"], id="search-error-message-case-insensitive"),
+    pytest.param(Selection(search="x-23"), ["x-23"], id="search-job-id"),
+    pytest.param(Selection(job_ids=frozenset({"x-17", "x-31"})), ["x-17", "x-31"], id="job-ids"),
+    pytest.param(Selection(job="mail", search="nothing like it"), [], id="no-match"),
+]
+
+
+@pytest.mark.parametrize(("chosen", "expected"), SEARCHES)
+def test_selection_search_and_ids(chosen: Selection, expected: list[str]) -> None:
+    items = [
+        describe(quarantined("mail", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "x-17", None),
+        describe(quarantined("mail", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "x-23", None),
+        describe(quarantined("mail", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "x-31", None),
+        describe(quarantined("sms", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "x-42", None),
+    ]
+    assert [i.job_id for i in items if chosen.matches(i)] == expected
