@@ -17,6 +17,7 @@ from amqpjobs.errors import (
     ManagementApiError,
     MessageTooLargeError,
     NotFoundError,
+    PayloadStoreError,
     PreconditionFailedError,
     Problem,
     PublishError,
@@ -36,6 +37,10 @@ from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.runtime.payloads import PayloadStore
+from amqpjobs.runtime.payloads_file import FilePayloadStore
+from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
+from amqpjobs.runtime.payloads_s3 import S3PayloadStore
 from amqpjobs.runtime.results import ResultsStore, SqliteResults
 from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
@@ -57,6 +62,7 @@ __all__ = [
     "ConfigurationError",
     "CronRule",
     "DuplicateJobError",
+    "FilePayloadStore",
     "InvalidPayloadError",
     "JobContext",
     "JobDef",
@@ -68,7 +74,10 @@ __all__ = [
     "ManagementApiError",
     "MessageTooLargeError",
     "NotFoundError",
+    "PayloadStore",
+    "PayloadStoreError",
     "PostgresLedger",
+    "PostgresPayloadStore",
     "PostgresResults",
     "PreconditionFailedError",
     "Problem",
@@ -80,6 +89,7 @@ __all__ = [
     "ResultsUnavailableError",
     "Retry",
     "RetryPolicy",
+    "S3PayloadStore",
     "Schedule",
     "Scheduler",
     "SchedulerOptions",

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
+from amqpjobs.jobs.envelope import OutgoingMessage, job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
@@ -31,6 +31,7 @@ from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 if TYPE_CHECKING:
+    from amqpjobs.runtime.payloads import PayloadStore
     from amqpjobs.runtime.sync_publisher import SyncPublisher
 
 C = TypeVar("C", bound=Callable[..., Any])
@@ -65,6 +66,12 @@ class App(CronSchedules, JobResults):
             job's states and return value there (and ``enqueue`` records ``queued`` after the
             broker's confirm, off the publish path), for :meth:`job_status`, :meth:`result` and
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
+        payload_store: Where payloads larger than its ``threshold`` (default 256 KiB) are kept
+            while the message carries a reference (:mod:`amqpjobs.runtime.payloads`; README
+            "Large payloads"): a :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
+            :class:`~amqpjobs.runtime.payloads_postgres.PostgresPayloadStore` or
+            :class:`~amqpjobs.runtime.payloads_s3.S3PayloadStore`. Producers and workers of the
+            app need the same store. Default None: every payload travels in the message body.
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
@@ -92,6 +99,7 @@ class App(CronSchedules, JobResults):
         quarantine_retention: float | str = "7d",
         tracing: bool = False,
         results: ResultsStore | None = None,
+        payload_store: PayloadStore | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
@@ -99,6 +107,7 @@ class App(CronSchedules, JobResults):
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.results = results
+        self.payload_store = payload_store
         self.quarantine_retention = parse_duration(quarantine_retention)
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
@@ -215,6 +224,8 @@ class App(CronSchedules, JobResults):
             await self.ledger.close()
         if self.results is not None:
             await self.results.close()
+        if self.payload_store is not None:
+            await self.payload_store.close()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:
@@ -256,6 +267,7 @@ class App(CronSchedules, JobResults):
             UnroutableError: no queue is bound for the job (topology not applied).
             PublishNackedError: the broker refused it (e.g. the queue is full).
             MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
+            PayloadStoreError: the payload store could not keep a large payload (nothing sent).
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
 
@@ -320,9 +332,19 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
+            if self.payload_store is not None:  # claim-check: a large body goes to the store (README "Large payloads")
+                message = await self._check_in(message)
             await self._publisher.publish(layout.exchange, routing_key, message)
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
+
+    async def _check_in(self, message: OutgoingMessage) -> OutgoingMessage:
+        """``message``, a body over the store's threshold swapped for a reference (:func:`.payloads.check_in`)."""
+        from amqpjobs.runtime.payloads import check_in
+
+        assert self.payload_store is not None
+        checked, _ = await check_in(self.payload_store, message)
+        return checked
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).
