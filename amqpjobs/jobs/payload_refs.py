@@ -25,7 +25,7 @@ REASONS: Final = {
     "payload-ref-invalid": "the amqpjobs-payload-ref header is not '<store>:<key>' text",
     "payload-store-unknown": "the reference names a store this worker does not have (or it has none)",
     "payload-missing": "the store holds no payload under the key (deleted after success + grace, or never stored)",
-    "payload-store-error": "the store failed to read the payload (down, no access); replay once it is back",
+    "payload-store-error": "the store failed to read it (down, no access) on every attempt; replay once it is back",
 }
 
 _STORE = re.compile(r"[a-z][a-z0-9-]{0,62}")

@@ -37,6 +37,7 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
 from amqpjobs.jobs.payload_refs import PayloadRefError
 from amqpjobs.jobs.results import record_for
+from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
@@ -223,9 +224,11 @@ class DeliveryPath(HandlerRuns):
         if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
             try:
                 body = await payload_of(self.app.payload_store, delivery.headers) or b""
-            except PayloadRefError as exc:
-                return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
-                                     failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
+            except PayloadRefError as exc:  # the store failing is retried like a handler error, the rest quarantined
+                later = decide("error", attempt, job.retry.attempts_for(layout.tiers), layout.tiers)
+                retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)
+                return self._outcome(layout, delivery, later if retry else Quarantine(exc.reason), attempt, job_id,
+                                     job.name, failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
         try:
             raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding)
         except envelope.DecodeError as exc:

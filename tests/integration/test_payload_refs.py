@@ -50,13 +50,19 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
         "foreign": ("s3-elsewhere:abc123", "payload-store-unknown", "names store 's3-elsewhere'"),
         "unknown-key": ("file:0123abcd", "payload-missing", "holds no payload '0123abcd'"),
     }
-    if not with_store:  # a worker without a store can't read any reference: unknown store, says how to fix
+    retries = 0
+    if store is not None:  # a store that fails to read: retried through the 3 tiers, then quarantined
+        (tmp_path / "payloads" / "data" / "a-directory").mkdir(parents=True)
+        cases["unreadable"] = ("file:a-directory", "payload-store-error", "failed to read 'a-directory'")
+        retries = 3
+    else:  # a worker without a store can't read any reference: unknown store, says how to fix
         cases["foreign"] = ("s3-elsewhere:abc123", "payload-store-unknown", "this app has no payload store")
         cases["unknown-key"] = ("file:0123abcd", "payload-store-unknown", "give it one (App(payload_store=...))")
     for job_id, (ref, _, _) in cases.items():
         await publish_raw(broker, job_id, {envelope.PAYLOAD_REF: ref}, body=b'{"decoy": true}')
     async with running_worker(app, broker) as (_, rec):
-        await rec.wait_for(lambda o: len(o) == len(cases))
+        await rec.wait_for(lambda o: len(o) == len(cases) + retries)
+    assert [o.kind for o in rec.outcomes].count("retried") == retries
     assert ran == []  # the decoy body is never run in place of the stored payload
     quarantined = {m.message_id: m for m in await drain(broker, "work.quarantine")}
     assert set(quarantined) == set(cases)  # every one kept

@@ -101,3 +101,28 @@ async def test_done_marks_quarantine_unmarks_and_the_sweep_keeps_the_grace(tmp_p
     assert await store.read(done_ref.key) is None
     assert await store.read(kept_ref.key) == b'{"n":1}'
     assert await store.read(retried_ref.key) == b'{"n":2}'
+
+
+def test_every_copy_keeps_the_reference() -> None:
+    """Retry tier, hand-back/suspect, quarantine, park, replay (and a canary, which is a replay) copies."""
+    from amqpjobs.jobs import quarantine as q
+    from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
+    from amqpjobs.jobs.outcome import Register
+
+    received = {PAYLOAD_REF: "s3:abc", "x-death": [{"count": 1}], "amqpjobs-attempt": 2}
+    now = "2026-11-30T00:00:00.000Z"
+    quarantined = quarantine_headers(received, "rejected", ("Reject", "no", ""), 1, queue="work", exchange="jobs",
+                                     routing_key="work", job="big", job_id="j1", host="h", pid=1, version="1",
+                                     app_version="", now=now)  # fmt: skip
+    item = q.describe(quarantined, "j1", "big")
+    copies = {
+        "retry": retry_headers(received, RetryLater(tier=0, delay=1.0, next_attempt=3), 1, "jobs", "work", now),
+        "hand-back": unstarted_headers(received, None, "work", "jobs", "work", "h", 1, now),
+        "suspect": unstarted_headers(received, Register(2), "work", "jobs", "work", "h", 1, now),
+        "quarantine": quarantined,
+        "park": q.park_headers(quarantined, item, now),
+        "replay": q.replay_headers(quarantined, item, "run-1"),
+    }
+    for kind, headers in copies.items():
+        assert headers[PAYLOAD_REF] == "s3:abc", kind
+        assert "x-death" not in headers, kind
