@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 from amqpjobs._version import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
@@ -37,10 +40,6 @@ from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
-from amqpjobs.runtime.payloads import PayloadStore
-from amqpjobs.runtime.payloads_file import FilePayloadStore
-from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
-from amqpjobs.runtime.payloads_s3 import S3PayloadStore
 from amqpjobs.runtime.results import ResultsStore, SqliteResults
 from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
@@ -49,6 +48,28 @@ from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
+
+if _typing.TYPE_CHECKING:
+    from amqpjobs.runtime.payloads import PayloadStore
+    from amqpjobs.runtime.payloads_file import FilePayloadStore
+    from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
+    from amqpjobs.runtime.payloads_s3 import S3PayloadStore
+
+#: Imported when first used: an app without a payload store never loads them (README "Large payloads").
+_LAZY = {
+    "FilePayloadStore": "amqpjobs.runtime.payloads_file",
+    "PayloadStore": "amqpjobs.runtime.payloads",
+    "PostgresPayloadStore": "amqpjobs.runtime.payloads_postgres",
+    "S3PayloadStore": "amqpjobs.runtime.payloads_s3",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amqpjobs' has no attribute {name!r}")
+    return getattr(_importlib.import_module(module), name)
+
 
 __all__ = [
     "AmqpJobsError",

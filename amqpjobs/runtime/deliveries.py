@@ -35,14 +35,11 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
-from amqpjobs.jobs.payload_refs import PayloadRefError
 from amqpjobs.jobs.results import record_for
 from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
-from amqpjobs.runtime.payloads import after_outcome as payload_after
-from amqpjobs.runtime.payloads import check_out as payload_of
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
@@ -132,6 +129,8 @@ class DeliveryPath(HandlerRuns):
             log.exception("carrying out %s failed inside the worker", v.decision)
             acked = await self._fallback(layout, delivery, v, exc, trace)
         if envelope.PAYLOAD_REF in delivery.headers:  # a success marks its stored payload, a quarantine keeps it
+            from amqpjobs.runtime.payloads import after_outcome as payload_after
+
             await payload_after(self.app.payload_store, delivery.headers, v.decision, acked)
         uncertain = False
         if v.ran and isinstance(v.decision, Ack | Duplicate):
@@ -222,6 +221,9 @@ class DeliveryPath(HandlerRuns):
                                  failure=("UnknownJob", why, ""))  # fmt: skip
         body = delivery.body
         if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
+            from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
+            from amqpjobs.runtime.payloads import check_out as payload_of
+
             try:
                 body = await payload_of(self.app.payload_store, delivery.headers) or b""
             except PayloadRefError as exc:  # the store failing is retried like a handler error, the rest quarantined

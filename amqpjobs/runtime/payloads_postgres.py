@@ -6,6 +6,7 @@ Needs the ``postgres`` extra (psycopg 3), like :class:`~amqpjobs.runtime.ledger_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -70,8 +71,9 @@ class PostgresPayloadStore(PayloadStore):
         psycopg = _psycopg()
         try:
             self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            await self._conn.execute(_SCHEMA)
-            await self._conn.execute(_INDEX)
+            for statement in (_SCHEMA, _INDEX):
+                with contextlib.suppress(psycopg.errors.UniqueViolation):  # another process created it just now
+                    await self._conn.execute(statement)
         except psycopg.Error as exc:
             raise ConfigurationError(f"can't use the PostgreSQL payload store: {type(exc).__name__}: {exc}") from exc
 

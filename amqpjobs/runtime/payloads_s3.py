@@ -18,10 +18,11 @@ from amqpjobs.runtime.payloads import DEFAULT_THRESHOLD, PayloadStore
 class S3PayloadStore(PayloadStore):
     """Payloads as objects ``<prefix>data/<key>`` of an S3 bucket; done marks as ``<prefix>done/<key>``.
 
-    A done mark is an empty object whose ``LastModified`` (the S3 server's clock) is the time
-    of the success; a sweep lists ``<prefix>done/`` and deletes the payloads and marks past the
-    grace. The bucket must exist. Calls run in threads (boto3 is blocking). See
-    :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments.
+    A done mark's body is the time of the success (seconds since the epoch, the worker's
+    clock); a sweep lists ``<prefix>done/``, reads the marks whose ``LastModified`` is old
+    enough, and deletes the payloads and marks past the grace. The bucket must exist. Calls
+    run in threads (boto3 is blocking). See :mod:`amqpjobs.runtime.payloads` for the rules and
+    the other arguments.
 
     Args:
         bucket: Bucket name.
@@ -87,8 +88,22 @@ class S3PayloadStore(PayloadStore):
         return body
 
     async def mark_done(self, key: str, at: float) -> None:
-        """See :meth:`PayloadStore.mark_done` (``at`` is recorded as the mark's ``LastModified``)."""
-        await self._call("put_object", Key=f"{self.prefix}done/{key}", Body=b"")
+        """See :meth:`PayloadStore.mark_done` (``at`` is the mark's body, as text)."""
+        await self._call("put_object", Key=f"{self.prefix}done/{key}", Body=repr(at).encode("ascii"))
+
+    async def read_mark(self, key: str) -> float | None:
+        """The time in ``key``'s done mark, or None (no mark; an unreadable one counts as ``0``: due)."""
+        try:
+            answer = await self._call("get_object", Key=f"{self.prefix}done/{key}")
+        except Exception as exc:
+            if self._missing(exc):
+                return None
+            raise
+        text: bytes = await asyncio.to_thread(answer["Body"].read)
+        try:
+            return float(text)
+        except ValueError:
+            return 0.0
 
     async def unmark(self, key: str) -> None:
         """See :meth:`PayloadStore.unmark`."""
@@ -108,8 +123,14 @@ class S3PayloadStore(PayloadStore):
         while True:
             page = await self._call("list_objects_v2", Prefix=marks, **({"ContinuationToken": token} if token else {}))
             for item in page.get("Contents", []):
-                if item["LastModified"].timestamp() < before:
-                    await self.remove(item["Key"][len(marks) :])
+                # LastModified (whole seconds, the server's clock) is never after the time in the mark: a
+                # mark modified at or after ``before`` is not due; the others are read for their exact time
+                if item["LastModified"].timestamp() >= before:
+                    continue
+                key = item["Key"][len(marks) :]
+                mark = await self.read_mark(key)
+                if mark is not None and mark < before:
+                    await self.remove(key)
                     removed += 1
             token = page.get("NextContinuationToken")
             if not token:

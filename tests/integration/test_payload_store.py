@@ -72,7 +72,7 @@ def store_source(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def build_store(source: str) -> PayloadStore:
     import amqpjobs
 
-    store = eval(source, vars(amqpjobs))
+    store = eval(source, {name: getattr(amqpjobs, name) for name in amqpjobs.__all__})
     assert isinstance(store, PayloadStore)
     return store
 
