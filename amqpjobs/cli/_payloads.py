@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -17,7 +17,6 @@ from amqpjobs.runtime.quarantine import QuarantinedMessage, browse
 from amqpjobs.wire.settings import BrokerSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
 
 
 def payload_store_option(func: F) -> F:
@@ -41,15 +40,6 @@ def app_payload_store(app_ref: str | None) -> PayloadStore | None:
     if app.payload_store is None:
         raise ConfigurationError(f"app {app_ref!r} has no payload store (App(..., payload_store=...)); leave --app out")
     return app.payload_store
-
-
-async def closing_payloads(coro: Awaitable[T], store: PayloadStore | None) -> T:
-    """Await ``coro``, then close ``store`` on the same event loop (its connections belong to it)."""
-    try:
-        return await coro
-    finally:
-        if store is not None:
-            await store.close()
 
 
 async def browse_with_payloads(

@@ -24,7 +24,6 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._payloads import (
     app_payload_store,
     browse_with_payloads,
-    closing_payloads,
     json_or_none,
     payload_store_option,
 )
@@ -173,7 +172,7 @@ def quarantine_purge(
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
-        report = asyncio.run(closing_payloads(purge_matching(broker, queue, chosen, census, store), store))
+        report = asyncio.run(closing_store(purge_matching(broker, queue, chosen, census, store), store))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
         echo_no_match(census, chosen)
         return

@@ -32,7 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypedDict
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, PayloadStoreError
@@ -44,6 +44,15 @@ log = logging.getLogger("amqpjobs.payloads")
 
 #: Bodies larger than this (bytes) go to the store by default: 256 KiB.
 DEFAULT_THRESHOLD: Final = 256 * 1024
+
+
+class StoreOptions(TypedDict, total=False):
+    """The options every store takes (see :class:`PayloadStore`)."""
+
+    name: str | None
+    threshold: int
+    grace: float | str
+    sweep_every: float | str
 
 
 class PayloadStore(abc.ABC):

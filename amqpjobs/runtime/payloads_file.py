@@ -7,8 +7,9 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Unpack
 
-from amqpjobs.runtime.payloads import DEFAULT_THRESHOLD, PayloadStore
+from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 
 
 class FilePayloadStore(PayloadStore):
@@ -29,13 +30,9 @@ class FilePayloadStore(PayloadStore):
     def __init__(
         self,
         root: str | Path,
-        *,
-        name: str | None = None,
-        threshold: int = DEFAULT_THRESHOLD,
-        grace: float | str = "1h",
-        sweep_every: float | str = "1m",
+        **options: Unpack[StoreOptions],
     ) -> None:
-        super().__init__(name=name, threshold=threshold, grace=grace, sweep_every=sweep_every)
+        super().__init__(**options)
         self.root = Path(root)
         self._data = self.root / "data"
         self._done = self.root / "done"

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, Unpack
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.runtime.payloads import DEFAULT_THRESHOLD, PayloadStore
+from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS amqpjobs_payloads (
@@ -53,13 +53,9 @@ class PostgresPayloadStore(PayloadStore):
     def __init__(
         self,
         dsn: str,
-        *,
-        name: str | None = None,
-        threshold: int = DEFAULT_THRESHOLD,
-        grace: float | str = "1h",
-        sweep_every: float | str = "1m",
+        **options: Unpack[StoreOptions],
     ) -> None:
-        super().__init__(name=name, threshold=threshold, grace=grace, sweep_every=sweep_every)
+        super().__init__(**options)
         self.dsn = dsn
         self._conn: Any = None
         self._lock = asyncio.Lock()  # one connection: one statement at a time

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.runtime.payloads import DEFAULT_THRESHOLD, PayloadStore
+from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 
 
 class S3PayloadStore(PayloadStore):
@@ -43,12 +43,9 @@ class S3PayloadStore(PayloadStore):
         *,
         prefix: str = "amqpjobs-payloads/",
         client_options: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        threshold: int = DEFAULT_THRESHOLD,
-        grace: float | str = "1h",
-        sweep_every: float | str = "1m",
+        **options: Unpack[StoreOptions],
     ) -> None:
-        super().__init__(name=name, threshold=threshold, grace=grace, sweep_every=sweep_every)
+        super().__init__(**options)
         self.bucket = bucket
         self.prefix = prefix
         self._options = dict(client_options or {})
@@ -76,10 +73,10 @@ class S3PayloadStore(PayloadStore):
         """See :meth:`PayloadStore.write`."""
         await self._call("put_object", Key=f"{self.prefix}data/{key}", Body=data, ContentType="application/json")
 
-    async def read(self, key: str) -> bytes | None:
-        """See :meth:`PayloadStore.read`."""
+    async def _get(self, name: str) -> bytes | None:
+        """The body of object ``name``, or None when there is none."""
         try:
-            answer = await self._call("get_object", Key=f"{self.prefix}data/{key}")
+            answer = await self._call("get_object", Key=name)
         except Exception as exc:
             if self._missing(exc):
                 return None
@@ -87,19 +84,19 @@ class S3PayloadStore(PayloadStore):
         body: bytes = await asyncio.to_thread(answer["Body"].read)
         return body
 
+    async def read(self, key: str) -> bytes | None:
+        """See :meth:`PayloadStore.read`."""
+        return await self._get(f"{self.prefix}data/{key}")
+
     async def mark_done(self, key: str, at: float) -> None:
         """See :meth:`PayloadStore.mark_done` (``at`` is the mark's body, as text)."""
         await self._call("put_object", Key=f"{self.prefix}done/{key}", Body=repr(at).encode("ascii"))
 
     async def read_mark(self, key: str) -> float | None:
         """The time in ``key``'s done mark, or None (no mark; an unreadable one counts as ``0``: due)."""
-        try:
-            answer = await self._call("get_object", Key=f"{self.prefix}done/{key}")
-        except Exception as exc:
-            if self._missing(exc):
-                return None
-            raise
-        text: bytes = await asyncio.to_thread(answer["Body"].read)
+        text = await self._get(f"{self.prefix}done/{key}")
+        if text is None:
+            return None
         try:
             return float(text)
         except ValueError:
