@@ -27,6 +27,7 @@ without a store.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import logging
 import time
@@ -44,6 +45,9 @@ log = logging.getLogger("amqpjobs.payloads")
 
 #: Bodies larger than this (bytes) go to the store by default: 256 KiB.
 DEFAULT_THRESHOLD: Final = 256 * 1024
+#: Seconds a worker waits for the store to read a payload or set a mark: a store that hangs must
+#: not hold a delivery's slot for ever (a read that times out is a ``payload-store-error``).
+STORE_TIMEOUT: Final = 30.0
 
 
 class StoreOptions(TypedDict, total=False):
@@ -157,8 +161,9 @@ class PayloadStore(abc.ABC):
                 "to a worker that has it",
             )
         try:
-            await self.open()
-            data = await self.read(ref.key)
+            async with asyncio.timeout(STORE_TIMEOUT):
+                await self.open()
+                data = await self.read(ref.key)
         except Exception as exc:
             raise PayloadRefError(
                 "payload-store-error", f"payload store {self.name!r} failed to read {ref.key!r}: {_what(exc)}"
@@ -173,6 +178,8 @@ class PayloadStore(abc.ABC):
 
 
 def _what(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"TimeoutError: no answer within {STORE_TIMEOUT:g}s"
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
@@ -243,10 +250,12 @@ async def after_outcome(
     if ref.store != store.name:
         return
     try:
-        if done:
-            await store.mark_done(ref.key, time.time())
-        else:
-            await store.unmark(ref.key)
+        async with asyncio.timeout(STORE_TIMEOUT):
+            await store.open()
+            if done:
+                await store.mark_done(ref.key, time.time())
+            else:
+                await store.unmark(ref.key)
     except Exception as exc:
         what = "marking stored payload %s done" if done else "keeping stored payload %s for quarantine"
         log.warning(what + " failed (%s)", ref, _what(exc))

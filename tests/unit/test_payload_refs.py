@@ -126,3 +126,25 @@ def test_every_copy_keeps_the_reference() -> None:
     for kind, headers in copies.items():
         assert headers[PAYLOAD_REF] == "s3:abc", kind
         assert "x-death" not in headers, kind
+
+
+async def test_a_store_that_hangs_is_a_store_error_after_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from amqpjobs.runtime import payloads
+
+    store = FilePayloadStore(tmp_path)
+    ref = await store.put(b"{}")
+
+    async def hang(key: str) -> bytes:
+        await asyncio.sleep(60)
+        return b""
+
+    monkeypatch.setattr(store, "read", hang)
+    monkeypatch.setattr(payloads, "STORE_TIMEOUT", 0.05)
+    with pytest.raises(PayloadRefError) as err:
+        await store.get(ref)
+    assert err.value.reason == "payload-store-error"
+    assert "TimeoutError: no answer within 0.05s" in err.value.detail
