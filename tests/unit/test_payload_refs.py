@@ -148,3 +148,33 @@ async def test_a_store_that_hangs_is_a_store_error_after_the_timeout(
         await store.get(ref)
     assert err.value.reason == "payload-store-error"
     assert "TimeoutError: no answer within 0.05s" in err.value.detail
+
+
+async def test_the_in_memory_double_runs_jobs_with_stored_payloads(tmp_path: Path) -> None:
+    """amqpjobs.testing: an app with a payload store enqueues by reference and its jobs see the payload."""
+    from datetime import UTC, datetime
+
+    from amqpjobs import App, JobContext, Reject
+    from amqpjobs.testing import TestBroker
+    from amqpjobs.topology.loader import load_topology
+
+    (tmp_path / "t.toml").write_text('[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n')
+    store = FilePayloadStore(tmp_path / "payloads", threshold=10)
+    app = App("t", topology=load_topology(tmp_path / "t.toml").topology, payload_store=store)
+    seen: list[str] = []
+
+    @app.job("echo", queue="work")
+    async def echo(payload: dict[str, str], ctx: JobContext) -> None:
+        seen.append(payload["text"])
+        if payload["text"].startswith("bad"):
+            raise Reject("no")
+
+    async with TestBroker(app, start=datetime(2026, 11, 30, tzinfo=UTC)) as broker:
+        await app.enqueue("echo", {"text": "a long enough text"})
+        await app.enqueue("echo", {"text": "bad and long enough"})
+        await broker.drain()
+        assert sorted(seen) == ["a long enough text", "bad and long enough"]
+        [quarantined] = broker.quarantine("work")
+        assert quarantined.headers[PAYLOAD_REF].startswith("file:")
+        assert len(list((tmp_path / "payloads" / "data").iterdir())) == 2
+        assert len(list((tmp_path / "payloads" / "done").iterdir())) == 1  # the success's mark; the sweep is a worker's
