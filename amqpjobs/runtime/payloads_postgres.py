@@ -58,10 +58,23 @@ class PostgresPayloadStore(PayloadStore):
         super().__init__(**options)
         self.dsn = dsn
         self._conn: Any = None
-        self._lock = asyncio.Lock()  # one connection: one statement at a time
+        self._lock: asyncio.Lock | None = None  # one connection: one statement (or connect) at a time
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+
+    def _locked(self) -> asyncio.Lock:
+        """The lock of the running event loop (a CLI may use the store from one loop after another)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
 
     async def open(self) -> None:
         """Connect and create the table when missing."""
+        async with self._locked():
+            await self._connect()
+
+    async def _connect(self) -> None:
+        """:meth:`open` under the lock: two callers at once never make two connections."""
         if self._conn is not None and not self._conn.closed:
             return
         psycopg = _psycopg()
@@ -73,10 +86,12 @@ class PostgresPayloadStore(PayloadStore):
         except psycopg.Error as exc:
             raise ConfigurationError(f"can't use the PostgreSQL payload store: {type(exc).__name__}: {exc}") from exc
 
-    async def _run(self, sql: str, params: tuple[Any, ...]) -> Any:
-        await self.open()
-        async with self._lock:
-            return await self._conn.execute(sql, params)
+    async def _run(self, sql: str, params: tuple[Any, ...], fetch: bool = False) -> Any:
+        """Execute ``sql``; returns the cursor, or (``fetch``) its first row, read under the lock."""
+        async with self._locked():
+            await self._connect()
+            cur = await self._conn.execute(sql, params)
+            return await cur.fetchone() if fetch else cur
 
     async def write(self, key: str, data: bytes) -> None:
         """See :meth:`PayloadStore.write`."""
@@ -87,8 +102,8 @@ class PostgresPayloadStore(PayloadStore):
 
     async def read(self, key: str) -> bytes | None:
         """See :meth:`PayloadStore.read`."""
-        cur = await self._run("SELECT body FROM amqpjobs_payloads WHERE store = %s AND key = %s", (self.name, key))
-        row = await cur.fetchone()
+        sql = "SELECT body FROM amqpjobs_payloads WHERE store = %s AND key = %s"
+        row = await self._run(sql, (self.name, key), fetch=True)
         return None if row is None else bytes(row[0])
 
     async def mark_done(self, key: str, at: float) -> None:
