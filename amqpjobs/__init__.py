@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 from amqpjobs._version import __version__
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import (
@@ -18,6 +21,7 @@ from amqpjobs.errors import (
     ManagementApiError,
     MessageTooLargeError,
     NotFoundError,
+    PayloadStoreError,
     PreconditionFailedError,
     Problem,
     PublishError,
@@ -47,6 +51,28 @@ from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
+if _typing.TYPE_CHECKING:
+    from amqpjobs.runtime.payloads import PayloadStore
+    from amqpjobs.runtime.payloads_file import FilePayloadStore
+    from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
+    from amqpjobs.runtime.payloads_s3 import S3PayloadStore
+
+#: Imported when first used: an app without a payload store never loads them (README "Large payloads").
+_LAZY = {
+    "FilePayloadStore": "amqpjobs.runtime.payloads_file",
+    "PayloadStore": "amqpjobs.runtime.payloads",
+    "PostgresPayloadStore": "amqpjobs.runtime.payloads_postgres",
+    "S3PayloadStore": "amqpjobs.runtime.payloads_s3",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amqpjobs' has no attribute {name!r}")
+    return getattr(_importlib.import_module(module), name)
+
+
 __all__ = [
     "AmqpJobsError",
     "App",
@@ -60,6 +86,7 @@ __all__ = [
     "ConfigurationError",
     "CronRule",
     "DuplicateJobError",
+    "FilePayloadStore",
     "InvalidPayloadError",
     "JobContext",
     "JobDef",
@@ -71,7 +98,10 @@ __all__ = [
     "ManagementApiError",
     "MessageTooLargeError",
     "NotFoundError",
+    "PayloadStore",
+    "PayloadStoreError",
     "PostgresLedger",
+    "PostgresPayloadStore",
     "PostgresResults",
     "PreconditionFailedError",
     "Problem",
@@ -84,6 +114,7 @@ __all__ = [
     "ResultsUnavailableError",
     "Retry",
     "RetryPolicy",
+    "S3PayloadStore",
     "Schedule",
     "Scheduler",
     "SchedulerOptions",

@@ -9,6 +9,7 @@ The tree::
     ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
     ├── JobFailedError              App.result(): the job was quarantined or parked (carries the reason)
     ├── ResultsUnavailableError     the results store can't be read (database down or unusable)
+    ├── PayloadStoreError           the payload store failed to keep a large payload (nothing was sent)
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
@@ -84,6 +85,10 @@ class JobFailedError(AmqpJobsError):
 
 class ResultsUnavailableError(AmqpJobsError):
     """The results store can't be read (database down, unreachable or unusable); jobs are not affected."""
+
+
+class PayloadStoreError(AmqpJobsError):
+    """The payload store (``App(payload_store=...)``) failed to keep a large payload: nothing was sent."""
 
 
 class BusyError(AmqpJobsError):

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 
@@ -281,7 +281,11 @@ def app_results(app_ref: str | None, required: bool = True) -> ResultsStore | No
     return app.results
 
 
-async def closing_store(coro: Awaitable[T], store: ResultsStore | None) -> T:
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+async def closing_store(coro: Awaitable[T], store: _Closable | None) -> T:
     """Await ``coro``, then close ``store`` on the same event loop (its connections belong to it)."""
     try:
         return await coro

@@ -21,12 +21,19 @@ from amqpjobs.cli._common import (
     settings,
     url_options,
 )
+from amqpjobs.cli._payloads import (
+    app_payload_store,
+    browse_with_payloads,
+    json_or_none,
+    payload_store_option,
+)
 from amqpjobs.cli._root import main
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
@@ -87,26 +94,35 @@ def quarantine_list(
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@payload_store_option
 @url_options
 @errors_to_exit_codes
 def quarantine_show(
     queue: str, limit: int, job: str | None, error_type: str | None, reason: str | None, since: str | None,
-    as_json: bool, url: str | None, management_url: str | None,
+    as_json: bool, app_ref: str | None, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
-    """Messages in QUEUE with their evidence and payload."""
+    """Messages in QUEUE with their evidence and payload (a stored payload read with --app)."""
     broker = settings(url, management_url)
     chosen, census = selection(job, error_type, reason, since), Census()
-    _, messages = asyncio.run(browse(broker, queue, limit, chosen, census))
-    for m in messages:
-        if as_json:
-            click.echo(json_safe(json.dumps(m.to_json(), ensure_ascii=False)))
-            continue
+    store = app_payload_store(app_ref)
+    _, messages, stored = asyncio.run(browse_with_payloads(broker, queue, limit, chosen, census, store))
+    for m, (data, problem) in zip(messages, stored, strict=True):
         doc = m.to_json()
+        if data is not None or problem:
+            doc["payload"] = json_or_none(data)
+            doc["stored_payload_problem"] = problem
+        if as_json:
+            click.echo(json_safe(json.dumps(doc, ensure_ascii=False)))
+            continue
         # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
         for line in m.item.summary_lines():
             click.echo(line)
         payload = doc["payload"]
         shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
+        if problem:
+            shown = f"(stored, not readable) {problem}"
+        elif data is None and envelope.PAYLOAD_REF in m.delivery.headers:
+            shown = "(stored: give --app MODULE:APP to read it from the app's payload store)"
         click.echo(f"    payload:    {printable(shown[:1000])}")
         for key, value in sorted(doc["headers"].items()):
             if key == "amqpjobs-traceback":
@@ -136,24 +152,27 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
 @click.argument("queue", callback=queue_name_arg)
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
+@payload_store_option
 @url_options
 @errors_to_exit_codes
 def quarantine_purge(
     queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
-    url: str | None, management_url: str | None,
+    app_ref: str | None, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
     """Delete every message in QUEUE (a quarantine or parked queue), or those matching the filters.
 
+    With --app, the stored payloads of the deleted messages are deleted from the app's payload store.
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
-    filtered = chosen != Selection()
+    store = app_payload_store(app_ref)
+    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload deleted
     if not yes:
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
-        report = asyncio.run(purge_matching(broker, queue, chosen, census))
+        report = asyncio.run(closing_store(purge_matching(broker, queue, chosen, census, store), store))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
         echo_no_match(census, chosen)
         return

@@ -79,6 +79,15 @@ def headers_schema() -> dict[str, Any]:
                 "type": "string",
                 "description": "The job name, read only when the 'type' property is absent.",
             },
+            envelope.PAYLOAD_REF: {
+                "type": "string", "pattern": "^[a-z][a-z0-9-]{0,62}:[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
+                "examples": ["s3:9f1c2e0b5a7d4c3e8b6a1f0e2d4c6b8a"],
+                "description": "'<store>:<key>': the payload is kept in the app's payload store under <key> and the "
+                "body is empty (README 'Large payloads'); set by enqueue for a payload over the store's threshold. "
+                "A publisher in another language may set it after writing the payload (UTF-8 JSON) to the same "
+                "store. Kept on every copy; a malformed value, another store's name or a missing payload "
+                "quarantines the job (payload-ref-invalid, payload-store-unknown, payload-missing).",
+            },
             envelope.TRACEPARENT: {
                 "type": "string", "examples": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"],
                 "description": "W3C Trace Context traceparent of the publisher's span, optional (README "

@@ -35,6 +35,7 @@ FIRST_FAILURE_AT: Final = "amqpjobs-first-failure-at"
 ORIGINAL_EXCHANGE: Final = "amqpjobs-original-exchange"
 ORIGINAL_ROUTING_KEY: Final = "amqpjobs-original-routing-key"
 RUNS: Final = "amqpjobs-runs"
+PAYLOAD_REF: Final = "amqpjobs-payload-ref"
 
 #: Our own headers and what they hold. Evidence headers are in :mod:`amqpjobs.jobs.evidence`.
 HEADERS: Final = {
@@ -46,6 +47,7 @@ HEADERS: Final = {
     ORIGINAL_EXCHANGE: "str: exchange the job was first published to; set on retried copies",
     ORIGINAL_ROUTING_KEY: "str: routing key it was first published with; set on retried copies",
     RUNS: "int: handler runs of the job so far; set by the worker on its copies; missing = 0",
+    PAYLOAD_REF: "str: '<store>:<key>', the payload kept in a payload store (body empty); README 'Large payloads'",
 }
 
 #: Trace context headers (W3C Trace Context and Baggage), text: written by ``enqueue`` with

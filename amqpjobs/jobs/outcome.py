@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from amqpjobs.jobs.payload_refs import REASONS as PAYLOAD_REASONS
+
 
 class Retry(Exception):
     """Raise from a handler to retry the job through the next delay tier.
@@ -32,6 +34,7 @@ REASONS = (
     "undecodable",  # not UTF-8 / not JSON / unsupported content_encoding
     "unsupported-content-type",  # content_type other than application/json
     "unknown-job",  # no job of that name in the app
+    *PAYLOAD_REASONS,  # a stored payload that can't be had (payload-missing, ...; README "Large payloads")
     "worker-error",  # the worker itself failed on the delivery (a bug of ours; evidence has the traceback)
     "crashed",  # started max_redeliveries + 1 times without an outcome (worker died, loop stalled, channel lost)
 )

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishNackedError, QueueFullError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
+from amqpjobs.jobs.envelope import OutgoingMessage, job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.runtime.ledger import Ledger
@@ -32,6 +32,7 @@ from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 if TYPE_CHECKING:
+    from amqpjobs.runtime.payloads import PayloadStore
     from amqpjobs.runtime.sync_publisher import SyncPublisher
 
 C = TypeVar("C", bound=Callable[..., Any])
@@ -72,6 +73,12 @@ class App(CronSchedules, JobResults):
         queue_full_wait: How long ``enqueue`` waits for a work queue over its ``max_depth`` /
             ``max_age`` to come under it before raising ``QueueFullError`` (seconds or duration;
             default None: raise at once).
+        payload_store: Where payloads larger than its ``threshold`` (default 256 KiB) are kept
+            while the message carries a reference (:mod:`amqpjobs.runtime.payloads`; README
+            "Large payloads"): a :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
+            :class:`~amqpjobs.runtime.payloads_postgres.PostgresPayloadStore` or
+            :class:`~amqpjobs.runtime.payloads_s3.S3PayloadStore`. Producers and workers of the
+            app need the same store. Default None: every payload travels in the message body.
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
@@ -101,6 +108,7 @@ class App(CronSchedules, JobResults):
         results: ResultsStore | None = None,
         blocked_timeout: float | str = "10s",
         queue_full_wait: float | str | None = None,
+        payload_store: PayloadStore | None = None,
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
@@ -108,6 +116,7 @@ class App(CronSchedules, JobResults):
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.results = results
+        self.payload_store = payload_store
         self.quarantine_retention = parse_duration(quarantine_retention)
         self.blocked_timeout = parse_duration(blocked_timeout)
         self.queue_full_wait = 0.0 if queue_full_wait is None else parse_duration(queue_full_wait)
@@ -231,6 +240,8 @@ class App(CronSchedules, JobResults):
             await self.ledger.close()
         if self.results is not None:
             await self.results.close()
+        if self.payload_store is not None:
+            await self.payload_store.close()
         if self._publisher is not None:
             await self._publisher.close()
         if self._connection is not None:
@@ -278,6 +289,7 @@ class App(CronSchedules, JobResults):
                 or the broker nacked it at ``max_length`` (``reject-publish``).
             PublishNackedError: the broker refused it otherwise.
             MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
+            PayloadStoreError: the payload store could not keep a large payload (nothing sent).
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
 
@@ -345,6 +357,8 @@ class App(CronSchedules, JobResults):
             if self._gate is not None and isinstance(self._publisher, ConfirmedPublisher):  # not a test double's
                 assert self._connection is not None
                 await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
+            if self.payload_store is not None:  # claim-check: a large body goes to the store (README "Large payloads")
+                message = await self._check_in(message)
             try:
                 await self._publisher.publish(exchange, routing_key, message)
             except PublishNackedError as exc:
@@ -354,6 +368,14 @@ class App(CronSchedules, JobResults):
                 raise full from exc
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
+
+    async def _check_in(self, message: OutgoingMessage) -> OutgoingMessage:
+        """``message``, a body over the store's threshold swapped for a reference (:func:`.payloads.check_in`)."""
+        from amqpjobs.runtime.payloads import check_in
+
+        assert self.payload_store is not None
+        checked, _ = await check_in(self.payload_store, message)
+        return checked
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).

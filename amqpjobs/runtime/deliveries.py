@@ -36,6 +36,7 @@ from amqpjobs.jobs.failure import (
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
 from amqpjobs.jobs.results import record_for
+from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
@@ -127,6 +128,10 @@ class DeliveryPath(HandlerRuns):
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
             acked = await self._fallback(layout, delivery, v, exc, trace)
+        if envelope.PAYLOAD_REF in delivery.headers:  # a success marks its stored payload, a quarantine keeps it
+            from amqpjobs.runtime.payloads import after_outcome as payload_after
+
+            await payload_after(self.app.payload_store, delivery.headers, v.decision, acked)
         uncertain = False
         if v.ran and isinstance(v.decision, Ack | Duplicate):
             # a run the broker may not have seen finish: its ack was never sent, or sent into a
@@ -214,8 +219,20 @@ class DeliveryPath(HandlerRuns):
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip
+        body = delivery.body
+        if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
+            from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
+            from amqpjobs.runtime.payloads import check_out as payload_of
+
+            try:
+                body = await payload_of(self.app.payload_store, delivery.headers) or b""
+            except PayloadRefError as exc:  # the store failing is retried like a handler error, the rest quarantined
+                later = decide("error", attempt, job.retry.attempts_for(layout.tiers), layout.tiers)
+                retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)
+                return self._outcome(layout, delivery, later if retry else Quarantine(exc.reason), attempt, job_id,
+                                     job.name, failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
         try:
-            raw = envelope.decode_body(delivery.body, delivery.content_type, delivery.content_encoding)
+            raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding)
         except envelope.DecodeError as exc:
             return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
                                  failure=("DecodeError", exc.detail, ""))  # fmt: skip

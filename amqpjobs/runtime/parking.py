@@ -27,6 +27,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.results import StateRecord
+from amqpjobs.runtime.payloads import PayloadStore, forget_referenced
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
@@ -180,11 +181,16 @@ async def park(
 
 
 async def purge_matching(
-    settings: BrokerSettings, name: str, selection: q.Selection, census: Census | None = None
+    settings: BrokerSettings,
+    name: str,
+    selection: q.Selection,
+    census: Census | None = None,
+    payloads: PayloadStore | None = None,
 ) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
-    ``census`` is filled as :func:`park` fills it.
+    ``census`` is filled as :func:`park` fills it. ``payloads``: the app's payload store: the
+    stored payload of each deleted message is deleted too, after its ack (README "Large payloads").
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -197,6 +203,8 @@ async def purge_matching(
 
         async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
             await delivery.ack()
+            if payloads is not None:
+                await forget_referenced(payloads, delivery.headers)
 
         await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
         _, report.left = await resolve_queue(connection, queue)

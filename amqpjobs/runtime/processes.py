@@ -65,6 +65,8 @@ async def run_worker(
             await app.ledger.close()
         if app.results is not None:
             await app.results.close()
+        if app.payload_store is not None:
+            await app.payload_store.close()
 
 
 async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:

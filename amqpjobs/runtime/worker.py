@@ -107,6 +107,7 @@ class Worker(SuspectTurns):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
         self._results_prune_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self._results: ResultsWriter | None = None
         self._gate = IsolationGate()
         self._held = 0  # deliveries in the handler and not yet settled (running, handing back)
@@ -182,6 +183,8 @@ class Worker(SuspectTurns):
                 await opener()
             self._prune_task = asyncio.create_task(keep_pruned(self.app.ledger))
         self._start_results()
+        if (store := self.app.payload_store) is not None:  # any worker sweeps: deletion needs no one process
+            self._sweep_task = asyncio.create_task(keep_pruned(store, store.sweep_every, "stored payload(s)"))
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -335,7 +338,7 @@ class Worker(SuspectTurns):
         self._stop.set()
         self._stalls.stop()
         self._suspects_signal.set()
-        for task in (self._heartbeat_task, self._prune_task, self._results_prune_task):
+        for task in (self._heartbeat_task, self._prune_task, self._results_prune_task, self._sweep_task):
             if task is not None:
                 task.cancel()
         for consumer in self._consumers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +137,12 @@ def test_channels_messages_and_bindings(tmp_path: Path) -> None:
     assert messages["orders_raw_job"]["payload"] == {"type": "object", "description": "Any JSON object."}
     headers = confirm["headers"]  # inline: components/schemas is the app models' namespace
     assert sorted(headers["properties"]) == sorted([envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT,
-                                                    envelope.JOB, *envelope.TRACE_HEADERS])  # fmt: skip
+                                                    envelope.JOB, envelope.PAYLOAD_REF,
+                                                    *envelope.TRACE_HEADERS])  # fmt: skip
+    ref = headers["properties"]["amqpjobs-payload-ref"]
+    assert re.fullmatch(ref["pattern"], "s3:9f1c2e0b5a7d4c3e8b6a1f0e2d4c6b8a")
+    assert not re.fullmatch(ref["pattern"], "s3:../etc")
+    assert not re.fullmatch(ref["pattern"], "nocolon")
     assert list(envelope.TRACE_HEADERS) == ["traceparent", "tracestate", "baggage"]
     assert headers["properties"]["traceparent"]["type"] == "string"
 
@@ -229,7 +235,14 @@ def test_a_user_model_named_like_our_headers_schema_collides_with_nothing(tmp_pa
         headers = messages[name]["headers"]
         headers = resolve(doc, headers["$ref"]) if "$ref" in headers else headers
         assert sorted(headers["properties"]) == sorted(
-            [envelope.ATTEMPT, envelope.TENANT, envelope.ENQUEUED_AT, envelope.JOB, *envelope.TRACE_HEADERS]
+            [
+                envelope.ATTEMPT,
+                envelope.TENANT,
+                envelope.ENQUEUED_AT,
+                envelope.JOB,
+                envelope.PAYLOAD_REF,
+                *envelope.TRACE_HEADERS,
+            ]
         ), name
     user_schema = {**messages["plain"]["payload"], "components": doc["components"]}
     user_schema = resolve(user_schema, user_schema["$ref"]) if "$ref" in user_schema else user_schema

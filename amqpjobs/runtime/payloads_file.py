@@ -1,0 +1,99 @@
+"""A payload store in a shared directory (NFS, a mounted volume): :class:`FilePayloadStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Unpack
+
+from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
+
+
+class FilePayloadStore(PayloadStore):
+    """Payloads as files in a directory every producer and worker mounts.
+
+    Layout: ``<root>/data/<key>`` holds a payload (written to a temporary name, then renamed
+    into place: a reader never sees half a file); ``<root>/done/<key>`` is its done mark,
+    the time of the success as text (seconds since the epoch). See
+    :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments.
+
+    Args:
+        root: The shared directory (created when missing).
+
+    """
+
+    kind = "file"
+
+    def __init__(
+        self,
+        root: str | Path,
+        **options: Unpack[StoreOptions],
+    ) -> None:
+        super().__init__(**options)
+        self.root = Path(root)
+        self._data = self.root / "data"
+        self._done = self.root / "done"
+
+    async def open(self) -> None:
+        """Create the directories when missing."""
+        self._data.mkdir(parents=True, exist_ok=True)
+        self._done.mkdir(parents=True, exist_ok=True)
+
+    async def write(self, key: str, data: bytes) -> None:
+        """See :meth:`PayloadStore.write`."""
+        await asyncio.to_thread(self._write, key, data)
+
+    def _write(self, key: str, data: bytes) -> None:
+        tmp = self._data / f".tmp-{key}-{uuid.uuid4().hex}"
+        try:
+            with tmp.open("wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self._data / key)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def read(self, key: str) -> bytes | None:
+        """See :meth:`PayloadStore.read`."""
+        try:
+            return await asyncio.to_thread((self._data / key).read_bytes)
+        except FileNotFoundError:
+            return None
+
+    async def mark_done(self, key: str, at: float) -> None:
+        """See :meth:`PayloadStore.mark_done`."""
+        if (self._data / key).exists():
+            (self._done / key).write_text(repr(at), encoding="ascii")
+
+    async def unmark(self, key: str) -> None:
+        """See :meth:`PayloadStore.unmark`."""
+        (self._done / key).unlink(missing_ok=True)
+
+    async def remove(self, key: str) -> None:
+        """See :meth:`PayloadStore.remove`: the payload first, then its mark."""
+        (self._data / key).unlink(missing_ok=True)
+        (self._done / key).unlink(missing_ok=True)
+
+    async def prune(self, older_than: float) -> int:
+        """See :meth:`PayloadStore.prune`."""
+        await self.open()
+        return await asyncio.to_thread(self._prune, time.time() - older_than)
+
+    def _prune(self, before: float) -> int:
+        removed = 0
+        for mark in self._done.iterdir():
+            try:
+                at = float(mark.read_text(encoding="ascii"))
+            except FileNotFoundError:  # another worker's sweep took it
+                continue
+            except ValueError:  # unreadable mark (a crash mid-write): its file's time stands in
+                at = mark.stat().st_mtime
+            if at < before:
+                (self._data / mark.name).unlink(missing_ok=True)
+                mark.unlink(missing_ok=True)
+                removed += 1
+        return removed

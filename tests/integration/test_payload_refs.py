@@ -1,0 +1,114 @@
+"""Issue 25: bad payload references, a quarantined copy that keeps its stored payload, and purges that delete them.
+
+The rules do not depend on the store: a shared directory (FilePayloadStore) stands for all three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs import FilePayloadStore, JobContext, Reject
+from amqpjobs.jobs import envelope, evidence
+from amqpjobs.runtime.parking import park
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import cli, drain, raw_channel
+from tests.integration.test_payload_store import GRACE, SWEEP, app_module, app_with
+from tests.integration.worker_env import running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+async def publish_raw(broker: BrokerSettings, job_id: str, headers: dict[str, Any], body: bytes = b"") -> None:
+    """A job message for 'big' as another publisher would send it, straight to the work queue."""
+    async with raw_channel(broker) as channel:
+        message = aio_pika.Message(body, headers=headers, message_id=job_id, type="big",
+                                   content_type="application/json", delivery_mode=2)  # fmt: skip
+        await channel.default_exchange.publish(message, routing_key="work")
+
+
+@pytest.mark.parametrize("with_store", [True, False])
+async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dropped(
+    broker: BrokerSettings, tmp_path: Path, with_store: bool
+):
+    store = FilePayloadStore(tmp_path / "payloads") if with_store else None
+    app = await app_with(broker, tmp_path, store)
+    ran: list[str] = []
+
+    @app.job("big", queue="work")
+    async def big(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    cases = {
+        "no-colon": ("file-abc", "payload-ref-invalid", "no ':' between store and key"),
+        "path": ("file:../../etc/passwd", "payload-ref-invalid", "payload key '../../etc/passwd' must be"),
+        "not-text": (42, "payload-ref-invalid", "header amqpjobs-payload-ref is a int"),
+        "foreign": ("s3-elsewhere:abc123", "payload-store-unknown", "names store 's3-elsewhere'"),
+        "unknown-key": ("file:0123abcd", "payload-missing", "holds no payload '0123abcd'"),
+    }
+    retries = 0
+    if store is not None:  # a store that fails to read: retried through the 3 tiers, then quarantined
+        (tmp_path / "payloads" / "data" / "a-directory").mkdir(parents=True)
+        cases["unreadable"] = ("file:a-directory", "payload-store-error", "failed to read 'a-directory'")
+        retries = 3
+    else:  # a worker without a store can't read any reference: unknown store, says how to fix
+        cases["foreign"] = ("s3-elsewhere:abc123", "payload-store-unknown", "this app has no payload store")
+        cases["unknown-key"] = ("file:0123abcd", "payload-store-unknown", "give it one (App(payload_store=...))")
+    for job_id, (ref, _, _) in cases.items():
+        await publish_raw(broker, job_id, {envelope.PAYLOAD_REF: ref}, body=b'{"decoy": true}')
+    async with running_worker(app, broker) as (_, rec):
+        await rec.wait_for(lambda o: len(o) == len(cases) + retries)
+    assert [o.kind for o in rec.outcomes].count("retried") == retries
+    assert ran == []  # the decoy body is never run in place of the stored payload
+    quarantined = {m.message_id: m for m in await drain(broker, "work.quarantine")}
+    assert set(quarantined) == set(cases)  # every one kept
+    for job_id, (ref, reason, says) in cases.items():
+        headers = quarantined[job_id].headers
+        assert headers[evidence.REASON] == reason, job_id
+        assert says in str(headers[evidence.ERROR_MESSAGE]), (job_id, headers[evidence.ERROR_MESSAGE])
+        assert headers[envelope.PAYLOAD_REF] == ref  # kept as sent: a replay after the fix can read it
+        assert quarantined[job_id].body == b'{"decoy": true}'
+    await app.close()
+
+
+async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purges_delete_payloads(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    source = f"FilePayloadStore({str(tmp_path / 'payloads')!r}, grace={GRACE}, sweep_every={SWEEP})"
+    store = FilePayloadStore(tmp_path / "payloads", grace=GRACE, sweep_every=SWEEP)
+    app = await app_with(broker, tmp_path, store)
+
+    @app.job("big", queue="work")
+    async def big(payload: dict[str, Any], ctx: JobContext) -> None:
+        if ctx.job_id.startswith("bad"):
+            raise Reject("no")
+
+    shared = await store.put(envelope.encode_payload({"n": 1}))  # one payload, two copies (a lost ack's redelivery)
+    parked = await store.put(envelope.encode_payload({"n": 2}))
+    async with running_worker(app, broker) as (_, rec):
+        await publish_raw(broker, "bad-2", {envelope.PAYLOAD_REF: str(parked)})
+        await rec.wait_for(lambda o: [x.kind for x in o] == ["quarantined"])
+        assert (await park(broker, "work")).taken == 1
+        await publish_raw(broker, "ok-1", {envelope.PAYLOAD_REF: str(shared)})
+        await rec.wait_for(lambda o: [x.kind for x in o] == ["quarantined", "succeeded"])
+        await publish_raw(broker, "bad-1", {envelope.PAYLOAD_REF: str(shared)})
+        await rec.wait_for(lambda o: [x.kind for x in o] == ["quarantined", "succeeded", "quarantined"])
+        await asyncio.sleep(GRACE + 3 * SWEEP)  # the worker sweeps meanwhile
+        assert await store.read(shared.key) == b'{"n":1}'  # its done mark went when the copy was quarantined
+        assert await store.read(parked.key) == b'{"n":2}'
+
+    ref = app_module(tmp_path, source, monkeypatch)
+    out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--yes", "--app", ref)
+    assert out.exit_code == 0, out.output
+    assert "purged 1 message(s) from work.quarantine; 0 left" in out.stdout
+    assert await store.read(shared.key) is None
+    assert await store.read(parked.key) == b'{"n":2}'  # parked: not purged, kept
+    out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--yes", "--app", ref)
+    assert "purged 1 message(s) from work.parked; 0 left" in out.stdout
+    assert await store.read(parked.key) is None
+    assert sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir()) == []
+    await app.close()
