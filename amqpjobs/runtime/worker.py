@@ -104,10 +104,7 @@ class Worker(SuspectTurns):
         self.ready = asyncio.Event()
         self.metrics = metrics
         self.heartbeat_at = time.monotonic()
-        self._heartbeat_task: asyncio.Task[None] | None = None
-        self._prune_task: asyncio.Task[None] | None = None
-        self._results_prune_task: asyncio.Task[None] | None = None
-        self._sweep_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []  # heartbeat, ledger/results pruning, payload sweep
         self._results: ResultsWriter | None = None
         self._gate = IsolationGate()
         self._held = 0  # deliveries in the handler and not yet settled (running, handing back)
@@ -174,17 +171,18 @@ class Worker(SuspectTurns):
         self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
         self._events = await OutcomeEvents.open(publishing, dropped)
-        self._heartbeat_task = asyncio.create_task(self._beat())
+        self._background.append(asyncio.create_task(self._beat()))
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
         if self.app.ledger is not None and any(j.idempotent for j in self.app):
             opener = getattr(self.app.ledger, "open", None)
             if opener is not None:
                 await opener()
-            self._prune_task = asyncio.create_task(keep_pruned(self.app.ledger))
+            self._background.append(asyncio.create_task(keep_pruned(self.app.ledger)))
         self._start_results()
         if (store := self.app.payload_store) is not None:  # any worker sweeps: deletion needs no one process
-            self._sweep_task = asyncio.create_task(keep_pruned(store, store.sweep_every, "stored payload(s)"))
+            sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
+            self._background.append(asyncio.create_task(sweep))
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -223,7 +221,7 @@ class Worker(SuspectTurns):
         if failed is not None:  # enqueues from its handlers: their ``queued`` records count here too
             self.app.results_failed = failed
         self._results.start()
-        self._results_prune_task = asyncio.create_task(keep_pruned(store, what="result record(s)"))
+        self._background.append(asyncio.create_task(keep_pruned(store, what="result record(s)")))
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
         """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""
@@ -338,9 +336,8 @@ class Worker(SuspectTurns):
         self._stop.set()
         self._stalls.stop()
         self._suspects_signal.set()
-        for task in (self._heartbeat_task, self._prune_task, self._results_prune_task, self._sweep_task):
-            if task is not None:
-                task.cancel()
+        for task in self._background:
+            task.cancel()
         for consumer in self._consumers:
             await consumer.cancel()
         await asyncio.sleep(0)

@@ -73,7 +73,7 @@ def test_without_shards_it_is_a_problem(tmp_path: Path) -> None:
         load_topology(write(tmp_path, TOPOLOGY.replace("shards = 4", "shards = 1")), broker_version=(4, 3, 6))
 
 
-@pytest.mark.parametrize("bound", ['max_depth = 100', 'max_age = "30s"'])
+@pytest.mark.parametrize("bound", ["max_depth = 100", 'max_age = "30s"'])
 def test_enqueue_bounds_are_refused_with_modulus_hash(tmp_path: Path, bound: str) -> None:
     # enqueue checks the work queue a job lands in; with modulus-hash the broker picks it after the publish
     text = TOPOLOGY.replace('retry_tiers = ["1s"]', f'retry_tiers = ["1s"]\n{bound}')
