@@ -261,9 +261,24 @@ async def amain(args: argparse.Namespace) -> int:
         bench.delete_vhosts()
         if not args.keep:
             shutil.rmtree(bench.tmp, ignore_errors=True)
-    await asyncio.to_thread(Path(args.out).write_text, text)
+    out = Path(args.out)
+    await asyncio.to_thread(out.write_text, text + kept_sections(out))
     print(f"wrote {args.out}")
     return 0
+
+
+#: Everything after this line of RESULTS.md is written by other scripts or by hand, and kept.
+KEPT_MARKER = "<!-- kept: sections below are not written by bench/run.py -->"
+
+
+def kept_sections(out: Path) -> str:
+    """The part of ``out`` from :data:`KEPT_MARKER` on ("" when the file or the marker is absent)."""
+    try:
+        old = out.read_text()
+    except FileNotFoundError:
+        return ""
+    at = old.find(KEPT_MARKER)
+    return "" if at < 0 else "\n" + old[at:]
 
 
 def main() -> int:

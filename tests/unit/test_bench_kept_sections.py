@@ -1,0 +1,48 @@
+"""bench/run.py keeps the hand-written sections of RESULTS.md (after the marker) when it rewrites it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+pytestmark = pytest.mark.version_independent
+
+
+def load_run() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_run_under_test", BENCH / "run.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_the_part_from_the_marker_on_is_kept(tmp_path: Path) -> None:
+    run = load_run()
+    out = tmp_path / "RESULTS.md"
+    out.write_text(f"# old figures\n\n| a | 1 |\n\n{run.KEPT_MARKER}\n\n## by hand\n\nx = 2\n")
+    assert run.kept_sections(out) == f"\n{run.KEPT_MARKER}\n\n## by hand\n\nx = 2\n"
+
+
+def test_nothing_kept_without_the_marker_or_the_file(tmp_path: Path) -> None:
+    run = load_run()
+    out = tmp_path / "RESULTS.md"
+    assert run.kept_sections(out) == ""
+    out.write_text("# old figures\n\n## by hand, but no marker\n")
+    assert run.kept_sections(out) == ""
+
+
+def test_the_committed_results_keep_the_rabbitmq_4_3_section() -> None:
+    run = load_run()
+    kept = run.kept_sections(BENCH / "RESULTS.md")
+    assert "## RabbitMQ 4.3: broker-side delayed retry and `x-modulus-hash` shards (issue 19)" in kept
