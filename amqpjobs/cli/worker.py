@@ -15,9 +15,11 @@ from amqpjobs.cli._root import main
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
+from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.processes import run_worker
+from amqpjobs.runtime.supervisor import Supervisor, process_count
 from amqpjobs.runtime.worker_config import WorkerOptions
 
 
@@ -45,6 +47,16 @@ from amqpjobs.runtime.worker_config import WorkerOptions
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
+@click.option(
+    "--processes",
+    "-p",
+    default="1",
+    show_default=True,
+    help=(
+        "Worker processes, each with --concurrency slots, or 'auto' (one per CPU): a supervisor restarts "
+        "a child that dies and serves one --metrics-port for all."
+    ),
+)
 @long_running_url_options
 @errors_to_exit_codes
 def consume(
@@ -56,6 +68,7 @@ def consume(
     log_json: bool,
     metrics_port: int | None,
     metrics_host: str,
+    processes: str,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -69,9 +82,14 @@ def consume(
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
-    app = load_app(app_ref)
+    count = process_count(processes)
+    level = logging.DEBUG if verbose() else logging.INFO
+    configure_logging(level, json_lines=log_json)
     broker = settings(url, management_url)
+    if count > 1:
+        spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json)
+        sys.exit(asyncio.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
+    app = load_app(app_ref)
     sys.exit(asyncio.run(run_worker(app, broker, options, metrics_port, metrics_host)))
 
 
