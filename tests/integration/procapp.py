@@ -46,5 +46,9 @@ async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
 @app.job("count", queue="work", timeout="60s")
 async def count(payload: dict[str, Any], ctx: JobContext) -> None:
     """Append "count <id> <pid>" to the record (one small O_APPEND write: whole lines from many processes)."""
+    _append(f"count {ctx.job_id} {os.getpid()}")
+
+
+def _append(line: str) -> None:
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as fh:
-        fh.write(f"count {ctx.job_id} {os.getpid()}\n")
+        fh.write(line + "\n")
