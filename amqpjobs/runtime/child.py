@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
-from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.signals import stop_on_signals
@@ -57,6 +57,7 @@ class ChildSpec:
             serves ``--metrics-port``).
         log_level: Level of amqpjobs loggers (``logging.INFO``, ``logging.DEBUG``).
         log_json: One JSON object per log line.
+        loop: The event loop (:data:`~amqpjobs.runtime.loading.LOOPS`).
     """
 
     app_ref: str
@@ -66,6 +67,7 @@ class ChildSpec:
     metrics: bool = False
     log_level: int = logging.INFO
     log_json: bool = False
+    loop: str = "asyncio"
 
     def to_json(self) -> str:
         """The spec as one JSON line (no newline inside)."""
@@ -161,7 +163,8 @@ def main() -> None:
         line += chunk
     spec = ChildSpec.from_json(line.decode())
     configure_logging(spec.log_level, json_lines=spec.log_json, child=spec.index)
-    sys.exit(asyncio.run(run_child(spec)))
+    with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
+        sys.exit(runner.run(run_child(spec)))
 
 
 if __name__ == "__main__":
