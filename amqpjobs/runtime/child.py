@@ -32,6 +32,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.runtime.processes import close_stores
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
@@ -140,10 +141,7 @@ async def run_child(spec: ChildSpec) -> int:
         reporter.cancel()
         if server is not None:
             server.stop()
-        if app.ledger is not None:
-            await app.ledger.close()
-        if app.results is not None:
-            await app.results.close()
+        await close_stores(app)
 
 
 def _failed(exc: AmqpJobsError) -> int:

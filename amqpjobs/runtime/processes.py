@@ -61,10 +61,15 @@ async def run_worker(
     finally:
         if server is not None:
             server.stop()
-        if app.ledger is not None:
-            await app.ledger.close()
-        if app.results is not None:
-            await app.results.close()
+        await close_stores(app)
+
+
+async def close_stores(app: App) -> None:
+    """Close the app's ledger and results store (a worker's last step, on the loop that opened them)."""
+    if app.ledger is not None:
+        await app.ledger.close()
+    if app.results is not None:
+        await app.results.close()
 
 
 async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:

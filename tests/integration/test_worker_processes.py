@@ -7,50 +7,35 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth
-from tests.integration.test_worker_process import done_ids, exit_code, publisher, read_record, wait_until
-from tests.integration.worker_env import APPLIED_TOPOLOGY
+from tests.integration.helpers import depth
+from tests.integration.test_worker_process import (
+    done_ids,
+    exit_code,
+    publisher,
+    read_record,
+    wait_until,
+    worker_process,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
 
-@contextmanager
-def supervisor(broker: BrokerSettings, tmp_path: Path, *args: str, **env: str) -> Iterator[subprocess.Popen[str]]:
-    topo = tmp_path / "proc.toml"
-    topo.write_text(APPLIED_TOPOLOGY)
-    full_env = dict(
-        os.environ,
-        AMQPJOBS_URL=broker.url,
-        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-        PROCAPP_TOPOLOGY=str(topo),
-        PROCAPP_RECORD=str(tmp_path / "record.txt"),
-        **env,
-    )
-    exe = Path(sys.executable).with_name("amqpjobs")
-    with (tmp_path / "worker.log").open("a") as log:
-        proc = subprocess.Popen(
-            [str(exe), "consume", "tests.integration.procapp:app", "--processes", "2", *args],
-            cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()  # the children see their stdin end and drain by themselves
-            proc.wait(10)
+def supervisor(
+    broker: BrokerSettings, tmp_path: Path, *args: str, **env: str
+) -> AbstractContextManager[subprocess.Popen[str]]:
+    """``consume --processes 2 *args`` (killed at the end if still running: its children then drain by themselves)."""
+    return worker_process(broker, tmp_path, "--processes", "2", *args, **env)
 
 
 def log_text(tmp_path: Path) -> str:
