@@ -108,9 +108,10 @@ async def test_a_sigkilled_child_is_restarted_and_its_jobs_complete(broker: Brok
 
 
 async def test_sigterm_drains_every_child_and_exits_0(broker: BrokerSettings, tmp_path: Path):
+    """The children run on uvloop here (--loop reaches them); the other tests use asyncio's loop."""
     app = await publisher(broker, tmp_path)
     record = tmp_path / "record.txt"
-    with supervisor(broker, tmp_path, "--concurrency", "5", "--grace", "30s") as proc:
+    with supervisor(broker, tmp_path, "--concurrency", "5", "--grace", "30s", "--loop", "uvloop") as proc:
         await wait_until(lambda: len(re.findall(r"child \d ready", log_text(tmp_path))) == 2, 30, "both children ready")
         ids = [f"slow-{i}" for i in range(10)]
         for job_id in ids:

@@ -102,3 +102,17 @@ def test_health_is_503_while_any_child_is_stalled_starting_or_not_ready() -> Non
     finally:
         for server in servers:
             server.stop()
+
+
+def test_consume_refuses_a_bad_process_count_before_it_starts_anything() -> None:
+    from click.testing import CliRunner
+
+    from amqpjobs.cli import main
+
+    env = {"AMQPJOBS_URL": "amqp://u:p@127.0.0.1:1/v"}
+    result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--processes", "none"], env=env)
+    assert result.exit_code == 2
+    assert result.stderr == "error: --processes 'none': give a positive number of processes, or auto (one per CPU)\n"
+    result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--log-outcomes", "some"], env=env)
+    assert result.exit_code == 2
+    assert "'some' is not one of 'all', 'failures', 'none'" in result.stderr
