@@ -28,7 +28,7 @@ import sys
 import threading
 from typing import Any
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError
+from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
@@ -145,9 +145,8 @@ async def run_child(spec: ChildSpec) -> int:
 
 
 def _failed(exc: AmqpJobsError) -> int:
-    kind = "BrokerError" if isinstance(exc, BrokerError) else "ConfigurationError"
-    if not isinstance(exc, BrokerError | ConfigurationError):
-        kind = type(exc).__name__
+    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1."""
+    kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
     message = redact_text(str(exc))
     log.error("%s", message)
     status(error=message, kind=kind)
