@@ -153,6 +153,16 @@ def contestants() -> list[Contestant]:
     return [
         Contestant("aj16", "amqpjobs consume, 16 slots (per-job log lines on, as shipped)", [*consume, "16"],
                    "amqpjobs", 1),  # one consumer with prefetch 16
+        # levers, one at a time (bench/RESULTS.md "Levers"), then together
+        Contestant("aj16l0", "amqpjobs consume, 16 slots, --log-outcomes none", [*consume, "16", "--log-outcomes",
+                   "none"], "amqpjobs", 1),
+        Contestant("aj16e0", "amqpjobs consume, 16 slots, --outcome-events none", [*consume, "16", "--outcome-events",
+                   "none"], "amqpjobs", 1),
+        Contestant("aj16uv", "amqpjobs consume, 16 slots, --loop uvloop", [*consume, "16", "--loop", "uvloop"],
+                   "amqpjobs", 1),
+        Contestant("aj16fast", "amqpjobs consume, 16 slots, --log-outcomes failures --outcome-events failures "
+                   "--loop uvloop", [*consume, "16", "--log-outcomes", "failures", "--outcome-events", "failures",
+                   "--loop", "uvloop"], "amqpjobs", 1),
         Contestant("aj16q", "amqpjobs Worker, 16 slots, per-job log lines off", [*raw, "amqpjobs", "--slots", "16"],
                    "amqpjobs", 1),
         Contestant("raw16", "raw aio-pika, prefetch 16, concurrent handlers", [*raw, "aiopika", "--prefetch", "16"],

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = [
     "# amqpjobs benchmarks",
     "## 1. Throughput",
-    "## 2. Two amqpjobs worker processes vs one",
+    "## 2. `amqpjobs consume --processes 2` vs `--processes 1`",
     "## 3. Publish rate",
     "## 4. Latency",
     "## 5. Worker RSS",

@@ -15,9 +15,12 @@ from amqpjobs.cli._root import main
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
-from amqpjobs.runtime.loading import load_app
+from amqpjobs.jobs.outcome import REPORT_LEVELS
+from amqpjobs.runtime.child import ChildSpec
+from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.processes import run_worker
+from amqpjobs.runtime.supervisor import Supervisor, process_count
 from amqpjobs.runtime.worker_config import WorkerOptions
 
 
@@ -43,8 +46,39 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     help="The broker's consumer_timeout; job timeouts above it are warned about.",
 )
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.option(
+    "--log-outcomes",
+    type=click.Choice(REPORT_LEVELS),
+    default="all",
+    show_default=True,
+    help="Which job outcomes get a log line: all, failures (not succeeded/duplicate) or none (metrics count all).",
+)
+@click.option(
+    "--outcome-events",
+    type=click.Choice(REPORT_LEVELS),
+    default="all",
+    show_default=True,
+    help="Which job outcomes are published as outcome events (a replayed job's always is).",
+)
+@click.option(
+    "--loop",
+    type=click.Choice(LOOPS),
+    default="asyncio",
+    show_default=True,
+    help="Event loop: asyncio, or uvloop (pip install 'amqpjobs[uvloop]').",
+)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
+@click.option(
+    "--processes",
+    "-p",
+    default="1",
+    show_default=True,
+    help=(
+        "Worker processes, each with --concurrency slots, or 'auto' (one per CPU): a supervisor restarts "
+        "a child that dies and serves one --metrics-port for all."
+    ),
+)
 @long_running_url_options
 @errors_to_exit_codes
 def consume(
@@ -54,8 +88,12 @@ def consume(
     grace: str,
     consumer_timeout: str,
     log_json: bool,
+    log_outcomes: str,
+    outcome_events: str,
+    loop: str,
     metrics_port: int | None,
     metrics_host: str,
+    processes: str,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -66,13 +104,23 @@ def consume(
             concurrency=concurrency,
             grace=parse_duration(grace),
             consumer_timeout=parse_duration(consumer_timeout),
+            log_outcomes=log_outcomes,
+            outcome_events=outcome_events,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
-    app = load_app(app_ref)
+    count = process_count(processes)
+    level = logging.DEBUG if verbose() else logging.INFO
+    configure_logging(level, json_lines=log_json)
     broker = settings(url, management_url)
-    sys.exit(asyncio.run(run_worker(app, broker, options, metrics_port, metrics_host)))
+    factory = loop_factory(loop)
+    if count > 1:
+        spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop)
+        with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
+            sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
+    app = load_app(app_ref)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        sys.exit(runner.run(run_worker(app, broker, options, metrics_port, metrics_host)))
 
 
 @main.command("asyncapi")

@@ -171,3 +171,17 @@ class Outcome:
         if isinstance(d, RetryLater) and d.wait:
             return "deferred"
         return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
+
+
+#: Levels of ``--log-outcomes`` and ``--outcome-events``: every outcome, all but successes, none.
+REPORT_LEVELS = ("all", "failures", "none")
+#: Outcomes that are successes, left out at level ``failures`` (the job's effect is done).
+SUCCESS_KINDS = frozenset({"succeeded", "duplicate"})
+
+
+def reported(level: str, kind: str) -> bool:
+    """Whether an outcome of ``kind`` (:attr:`Outcome.kind`) is logged / sent as an event at ``level``.
+
+    ``all``: every one; ``failures``: all but :data:`SUCCESS_KINDS`; ``none``: none.
+    """
+    return level == "all" or (level == "failures" and kind not in SUCCESS_KINDS)

@@ -34,7 +34,8 @@ from amqpjobs.jobs.failure import (
     unstarted_headers,
 )
 from amqpjobs.jobs.isolation import IsolationGate
-from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
+from amqpjobs.jobs.quarantine import REPLAY_ID
 from amqpjobs.jobs.results import record_for
 from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
@@ -50,6 +51,7 @@ from amqpjobs.wire.events import OutcomeEvents
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.worker_config import WorkerOptions
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -62,6 +64,7 @@ class DeliveryPath(HandlerRuns):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
     app: App
+    options: WorkerOptions
     stats: Counter[str]
     metrics: WorkerMetrics | None
     _on_outcome: Callable[[Outcome], None] | None
@@ -145,7 +148,9 @@ class DeliveryPath(HandlerRuns):
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
         self._note_outcome(layout, delivery, v)
-        if self._events is not None:  # fire and forget: the job's fate is settled above
+        if self._events is not None and (  # fire and forget: the job's fate is settled above
+            reported(self.options.outcome_events, v.kind) or REPLAY_ID in delivery.headers
+        ):
             event = event_for(v, delivery.headers, time.time())
             # a replayed delivery's event is kept over the cap: a canary waits for it (bounded by --rate)
             self._events.emit(event_routing_key(event.queue, event.outcome), event.encode(), keep=bool(event.replay_id))
@@ -178,19 +183,19 @@ class DeliveryPath(HandlerRuns):
             self.metrics.observe(
                 job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
             )
-        extra = ""
-        if isinstance(d, RetryLater):
-            extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
-        elif isinstance(d, Quarantine):
-            extra = f" reason={logfmt_value(d.reason)}"
-        if outcome.error:
-            extra += f" error={logfmt_value(outcome.error)}"
-        log.info(
-            "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
-            logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration, kind,
-            extra,
-            "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
-        )  # fmt: skip
+        if reported(self.options.log_outcomes, kind):
+            extra = ""
+            if isinstance(d, RetryLater):
+                extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
+            elif isinstance(d, Quarantine):
+                extra = f" reason={logfmt_value(d.reason)}"
+            if outcome.error:
+                extra += f" error={logfmt_value(outcome.error)}"
+            log.info(
+                "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
+                logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,
+                kind, extra, "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
+            )  # fmt: skip
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 

@@ -1,10 +1,12 @@
-"""Find an :class:`~amqpjobs.runtime.app.App` from a ``module:attribute`` reference."""
+"""Find an :class:`~amqpjobs.runtime.app.App` from a ``module:attribute`` reference, and the event loop to run it on."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.app import App
@@ -35,3 +37,27 @@ def load_app(reference: str) -> App:
     if not isinstance(app, App):
         raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
     return app
+
+
+#: Event loops ``consume --loop`` offers.
+LOOPS = ("asyncio", "uvloop")
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The factory of event loop ``name`` for :class:`asyncio.Runner` (None: asyncio's default loop).
+
+    ``uvloop`` (libuv-based, the ``amqpjobs[uvloop]`` extra) is imported only when asked for.
+
+    Raises:
+        ConfigurationError: an unknown name, or uvloop asked for but not installed.
+    """
+    if name == "asyncio":
+        return None
+    if name != "uvloop":
+        raise ConfigurationError(f"--loop {name!r}: use one of {', '.join(LOOPS)}")
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigurationError("--loop uvloop: uvloop is not installed; pip install 'amqpjobs[uvloop]'") from None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

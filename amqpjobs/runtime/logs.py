@@ -12,16 +12,27 @@ from amqpjobs.printable import json_safe, printable, printable_block
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats each record as one JSON object: time, level, logger, message (and exception)."""
+    """Formats each record as one JSON object: time, level, logger, message (and exception).
+
+    Args:
+        child: The worker process's number under ``consume --processes N`` (a ``"child"``
+            field on every line); None in a single process.
+    """
+
+    def __init__(self, child: int | None = None) -> None:
+        super().__init__()
+        self._child = child
 
     def format(self, record: logging.LogRecord) -> str:
         """Return the record as a JSON line."""
-        doc = {
+        doc: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self._child is not None:
+            doc["child"] = self._child
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json_safe(json.dumps(doc, ensure_ascii=False))
@@ -37,10 +48,15 @@ class TextFormatter(logging.Formatter):
     field (a job id, job name or exception message from a publisher) are escaped
     (:func:`amqpjobs.printable.printable`), so nothing can forge a line. A traceback
     follows on lines of its own, each indented by four spaces.
+
+    Args:
+        child: The worker process's number under ``consume --processes N``: each line says
+            ``[child N]`` after the level; None in a single process.
     """
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    def __init__(self, child: int | None = None) -> None:
+        who = "" if child is None else f"[child {child}] "
+        super().__init__(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
         self._second = -1
         self._text = ""
 
@@ -65,15 +81,15 @@ class TextFormatter(logging.Formatter):
         return printable_block(stack_info)
 
 
-def configure_logging(level: int = logging.INFO, json_lines: bool = False) -> None:
-    """Send amqpjobs logs to stderr at ``level``, as text or JSON lines.
+def configure_logging(level: int = logging.INFO, json_lines: bool = False, child: int | None = None) -> None:
+    """Send amqpjobs logs to stderr at ``level``, as text or JSON lines (``child``: the lines name that child).
 
     For the CLI's own process only (it owns the process's logging): it also turns off what
     no line it writes uses, namely the caller's file and line, thread and process names
     (the "Optimization" section of Python's logging HOWTO).
     """
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    handler.setFormatter(JsonFormatter(child) if json_lines else TextFormatter(child))
     logging._srcfile = None  # documented in the HOWTO's "Optimization"
     logging.logThreads = False
     logging.logProcesses = False

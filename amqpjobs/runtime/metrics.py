@@ -72,7 +72,10 @@ class WorkerMetrics:
             "amqpjobs_queue_latency_seconds", "Time from enqueue to the first start of a job.", ["job", "queue"],
             buckets=DURATION_BUCKETS, registry=self.registry,
         )  # fmt: skip
-        self.in_flight = Gauge("amqpjobs_in_flight", "Deliveries being handled.", ["queue"], registry=self.registry)
+        self.in_flight = Gauge(
+            "amqpjobs_in_flight", "Deliveries being handled.", ["queue"], registry=self.registry,
+            multiprocess_mode="livesum",  # consume --processes N: the live children's sum
+        )  # fmt: skip
         self.confirm = Histogram(
             "amqpjobs_publish_confirm_seconds", "Publish to broker confirm.", buckets=CONFIRM_BUCKETS,
             registry=self.registry,
@@ -139,9 +142,11 @@ class MetricsServer:
     """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` from a daemon thread.
 
     Args:
-        metrics: The worker's metrics.
+        metrics: The worker's metrics, or a registry to serve (the ``consume --processes N``
+            supervisor's, which sums its children's).
         ready: Returns (ready?, reason) for ``/readyz``.
-        heartbeat: Returns the ``time.monotonic()`` of the event loop's last heartbeat.
+        heartbeat: Returns the ``time.monotonic()`` of the event loop's last heartbeat, or
+            (the supervisor) returns (alive?, reason) for ``/healthz`` itself.
         host: Interface to bind (default loopback).
         port: TCP port (0 picks a free one; see :attr:`port` after :meth:`start`).
         stale_after: Seconds without a heartbeat after which ``/healthz`` answers 503.
@@ -149,14 +154,14 @@ class MetricsServer:
 
     def __init__(
         self,
-        metrics: WorkerMetrics,
+        metrics: WorkerMetrics | CollectorRegistry,
         ready: Callable[[], tuple[bool, str]],
-        heartbeat: Callable[[], float],
+        heartbeat: Callable[[], float] | Callable[[], tuple[bool, str]],
         host: str = "127.0.0.1",
         port: int = 0,
         stale_after: float = 10.0,
     ) -> None:
-        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._metrics_app = make_wsgi_app(metrics.registry if isinstance(metrics, WorkerMetrics) else metrics)
         self._ready = ready
         self._heartbeat = heartbeat
         self._host = host
@@ -173,9 +178,13 @@ class MetricsServer:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/healthz":
-            age = time.monotonic() - self._heartbeat()
-            ok = age <= self._stale_after
-            text = f"alive: event loop heartbeat {age:.1f}s ago" if ok else f"event loop stuck for {age:.1f}s"
+            beat = self._heartbeat()
+            if isinstance(beat, tuple):
+                ok, text = beat
+            else:
+                age = time.monotonic() - beat
+                ok = age <= self._stale_after
+                text = f"alive: event loop heartbeat {age:.1f}s ago" if ok else f"event loop stuck for {age:.1f}s"
             return _text(start_response, 200 if ok else 503, text)
         if path == "/readyz":
             ok, reason = self._ready()

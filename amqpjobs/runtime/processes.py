@@ -61,12 +61,17 @@ async def run_worker(
     finally:
         if server is not None:
             server.stop()
-        if app.ledger is not None:
-            await app.ledger.close()
-        if app.results is not None:
-            await app.results.close()
-        if app.payload_store is not None:
-            await app.payload_store.close()
+        await close_stores(app)
+
+
+async def close_stores(app: App) -> None:
+    """Close the app's ledger, results store and payload store (a worker's last step, on the loop that opened them)."""
+    if app.ledger is not None:
+        await app.ledger.close()
+    if app.results is not None:
+        await app.results.close()
+    if app.payload_store is not None:
+        await app.payload_store.close()
 
 
 async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import retry_window
 from amqpjobs.topology.models import JobQueueLayout
@@ -41,13 +42,26 @@ class WorkerOptions:
         grace: Seconds in-flight handlers get to finish after SIGTERM/SIGINT.
         consumer_timeout: The broker's delivery acknowledgement timeout in seconds (RabbitMQ
             ``consumer_timeout``, default 30 min); a job timeout above it is warned about.
+        log_outcomes: Which outcomes get their ``job=... outcome=...`` log line: ``all``,
+            ``failures`` (not ``succeeded``/``duplicate``) or ``none`` (metrics still count all).
+        outcome_events: Which outcomes are published as outcome events, the same levels; an
+            event of a replayed job (a canary waits for it) is sent at every level.
 
+    Raises:
+        ConfigurationError: a level that is not one of :data:`~amqpjobs.jobs.outcome.REPORT_LEVELS`.
     """
 
     queues: tuple[str, ...] | None = None
     concurrency: int = 1
     grace: float = 30.0
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    log_outcomes: str = "all"
+    outcome_events: str = "all"
+
+    def __post_init__(self) -> None:
+        for name, level in (("log_outcomes", self.log_outcomes), ("outcome_events", self.outcome_events)):
+            if level not in REPORT_LEVELS:
+                raise ConfigurationError(f"{name}={level!r}: use one of {', '.join(REPORT_LEVELS)}")
 
 
 def check_jobs(

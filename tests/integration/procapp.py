@@ -2,7 +2,9 @@
 
 Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
-"done <id> <pid>" lines to) and ``PROCAPP_RESULTS`` (a SQLite results store; none when unset).
+"done <id> <pid>" lines to; "count <id> <pid>" for the ``count`` job), ``PROCAPP_RESULTS`` (a
+SQLite results store; none when unset) and ``PROCAPP_FAIL_IMPORT`` (when set, importing this
+module appends "import <child> <pid>" to the record, then raises RuntimeError).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import os
 from typing import Any
 
 from amqpjobs import App, JobContext, SqliteResults
+
+if os.environ.get("PROCAPP_FAIL_IMPORT"):
+    with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
+        _fh.write(f"import {os.environ.get('AMQPJOBS_CHILD', '-')} {os.getpid()}\n")
+    raise RuntimeError("procapp configured to fail at import (PROCAPP_FAIL_IMPORT)")
 
 _results = os.environ.get("PROCAPP_RESULTS")
 app = App(
@@ -34,3 +41,14 @@ async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
     _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
     await asyncio.sleep(float(payload.get("seconds", 0)))
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("count", queue="work", timeout="60s")
+async def count(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Append "count <id> <pid>" to the record (one small O_APPEND write: whole lines from many processes)."""
+    _append(f"count {ctx.job_id} {os.getpid()}")
+
+
+def _append(line: str) -> None:
+    with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")

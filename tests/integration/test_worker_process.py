@@ -35,7 +35,8 @@ def done_ids(path: Path) -> Counter[str]:
 
 
 @contextmanager
-def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str, **extra: str) -> Iterator[subprocess.Popen[str]]:
+    """``amqpjobs consume tests.integration.procapp:app *args``, logs to worker.log (``extra``: more env vars)."""
     topo = tmp_path / "proc.toml"
     topo.write_text(APPLIED_TOPOLOGY)
     env = dict(
@@ -44,6 +45,7 @@ def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str) -> Iterat
         AMQPJOBS_MANAGEMENT_URL=broker.management_url,
         PROCAPP_TOPOLOGY=str(topo),
         PROCAPP_RECORD=str(tmp_path / "record.txt"),
+        **extra,
     )
     exe = Path(sys.executable).with_name("amqpjobs")
     with (tmp_path / "worker.log").open("a") as log:

@@ -1,0 +1,168 @@
+"""One worker process under the ``consume --processes N`` supervisor (``python -m amqpjobs.runtime.child``).
+
+The supervisor (:mod:`amqpjobs.runtime.supervisor`) starts this module with one JSON
+line on stdin (:class:`ChildSpec`: the app reference, the worker options, the broker
+settings — credentials travel on the pipe, never on a command line), and keeps stdin
+open: its end (the supervisor is gone, even by SIGKILL) stops this worker as SIGTERM
+would. The child answers on stdout with status lines, ``STATUS_PREFIX`` + a JSON object:
+
+- ``{"port": N}``: its own ``/metrics``, ``/healthz``, ``/readyz`` (loopback, port 0), which
+  the supervisor asks for health; metrics go to ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus
+  client's multiprocess mode), where the supervisor sums every child's;
+- ``{"ready": true}``: consuming every assigned queue (a later exit is no crash loop);
+- ``{"error": "...", "kind": "ConfigurationError"}``: why it could not start (the
+  supervisor's crash-loop error repeats it).
+
+Other stdout lines (a handler's ``print``) are the app's; the supervisor passes them on.
+Every log line names the child (``[child N]``; ``"child": N`` in JSON lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from amqpjobs.errors import AmqpJobsError, BrokerError
+from amqpjobs.runtime.loading import load_app, loop_factory
+from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.runtime.processes import close_stores
+from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.worker import Worker
+from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.urls import redact_text
+
+#: What starts a status line on a child's stdout (a line of the app's own never does by chance).
+STATUS_PREFIX = "\x1eamqpjobs-child "
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildSpec:
+    """What a child runs, as the supervisor sends it (one JSON object).
+
+    Attributes:
+        app_ref: ``module:attribute`` of the App.
+        index: The child's number, 1..N (in its log lines and ``$AMQPJOBS_CHILD``).
+        options: The worker options (every child gets the same).
+        settings: The broker settings (with credentials: sent over the stdin pipe only).
+        metrics: Serve metrics and health on a loopback port of its own (the supervisor
+            serves ``--metrics-port``).
+        log_level: Level of amqpjobs loggers (``logging.INFO``, ``logging.DEBUG``).
+        log_json: One JSON object per log line.
+        loop: The event loop (:data:`~amqpjobs.runtime.loading.LOOPS`).
+    """
+
+    app_ref: str
+    index: int
+    options: WorkerOptions
+    settings: BrokerSettings
+    metrics: bool = False
+    log_level: int = logging.INFO
+    log_json: bool = False
+    loop: str = "asyncio"
+
+    def to_json(self) -> str:
+        """The spec as one JSON line (no newline inside)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildSpec:
+        """Read :meth:`to_json`'s output back (lists become the tuples the dataclasses hold)."""
+        doc = json.loads(text)
+
+        def tuples(fields: dict[str, Any]) -> dict[str, Any]:
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+
+        doc["options"] = WorkerOptions(**tuples(doc["options"]))
+        doc["settings"] = BrokerSettings(**tuples(doc["settings"]))
+        return cls(**doc)
+
+
+def status(**fields: Any) -> None:
+    """Write one status line for the supervisor to stdout."""
+    sys.stdout.write(STATUS_PREFIX + json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def _stop_when_stdin_ends(loop: asyncio.AbstractEventLoop, worker: Worker) -> None:
+    """Stop ``worker`` (drain, as SIGTERM) when stdin reaches its end: the supervisor is gone."""
+
+    def watch() -> None:  # raw reads: a buffered reader's lock would block the interpreter's exit
+        while os.read(0, 4096):
+            pass
+        log.warning("the supervisor is gone: draining")
+        loop.call_soon_threadsafe(worker.request_stop)
+
+    threading.Thread(target=watch, name="amqpjobs-supervisor-watch", daemon=True).start()
+
+
+async def _report_ready(worker: Worker) -> None:
+    await worker.ready.wait()
+    while not worker.readiness()[0]:  # noqa: ASYNC110 -- a computed state (holding, lanes), no event to wait on
+        await asyncio.sleep(0.05)
+    status(ready=True)
+
+
+async def run_child(spec: ChildSpec) -> int:
+    """Run one child's worker until SIGTERM/SIGINT or the supervisor's end; the process exit code.
+
+    Returns:
+        0 after a clean drain, 1 when in-flight work was abandoned or the worker could not start
+        (after its ``error`` status line).
+    """
+    try:
+        app = load_app(spec.app_ref)
+        metrics = WorkerMetrics() if spec.metrics else None
+        worker = Worker(app, spec.settings, spec.options, metrics=metrics)
+    except AmqpJobsError as exc:
+        return _failed(exc)
+    server = None
+    if metrics is not None:
+        server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, "127.0.0.1", 0)
+        server.start()
+        status(port=server.port)
+    _stop_when_stdin_ends(asyncio.get_running_loop(), worker)
+    reporter = asyncio.create_task(_report_ready(worker))
+    try:
+        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
+            return await worker.run()
+    except AmqpJobsError as exc:
+        return _failed(exc)
+    finally:
+        reporter.cancel()
+        if server is not None:
+            server.stop()
+        await close_stores(app)
+
+
+def _failed(exc: AmqpJobsError) -> int:
+    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1."""
+    kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
+    message = redact_text(str(exc))
+    log.error("%s", message)
+    status(error=message, kind=kind)
+    return 1
+
+
+def main() -> None:
+    """Entry point: read the spec line from stdin, set up logging, run, exit with the worker's code."""
+    line = b""
+    while not line.endswith(b"\n") and (chunk := os.read(0, 65536)):
+        line += chunk
+    spec = ChildSpec.from_json(line.decode())
+    configure_logging(spec.log_level, json_lines=spec.log_json, child=spec.index)
+    with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
+        sys.exit(runner.run(run_child(spec)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""``amqpjobs consume --processes N``: N worker processes under one supervisor (README "Worker processes").
+
+A worker is one Python process on one core; the supervisor starts N children
+(:mod:`amqpjobs.runtime.child`, each with ``--concurrency`` slots per job queue) and:
+
+- restarts a child that exits, after a backoff that doubles with each exit of that child
+  in the last 60 s (0.25 s, 0.5 s, ... at most 30 s);
+- stops everything when one child exits before it became ready ``CRASH_LOOP_EXITS`` (5)
+  times within ``CRASH_LOOP_WINDOW`` (60 s) — a crash loop (an import error, a missing
+  queue): the error is raised again with the child's own message (a poison job that kills
+  a *ready* child is the poison-containment bound's business, not this);
+- on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
+  does) and returns 0 when all exited cleanly; a second signal is passed on (the children
+  exit at once). Children run in a session of their own, so a terminal's Ctrl-C reaches
+  them once, through the supervisor; a child whose supervisor died drains by itself;
+- with ``metrics_port``: one ``/metrics`` summing every child's metrics, the exited ones'
+  counts included (prometheus-client's multiprocess mode: each child writes its values to
+  files in a directory of the supervisor's), and ``/healthz`` and ``/readyz`` that answer
+  503 while any child is starting, restarting, or its own endpoint answers 503 (stalled,
+  not consuming).
+
+The app is imported by the children only. ``schedule run`` is not multiplied: it stays one
+process (replicas elect a leader among themselves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from amqpjobs.errors import BrokerError, ConfigurationError
+from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
+from amqpjobs.runtime.metrics import MetricsServer
+
+log = logging.getLogger("amqpjobs.supervisor")
+
+#: Exits before ready, within :data:`CRASH_LOOP_WINDOW` seconds, that make a crash loop.
+CRASH_LOOP_EXITS = 5
+#: Seconds over which exits before ready are counted.
+CRASH_LOOP_WINDOW = 60.0
+#: Seconds before the first restart; doubled for each further exit within the window.
+FIRST_BACKOFF = 0.25
+#: The longest wait before a restart, seconds.
+MAX_BACKOFF = 30.0
+#: The environment variable that tells a child its number (1..N).
+CHILD_ENV = "AMQPJOBS_CHILD"
+#: prometheus-client's multiprocess directory variable (read by the children's client at import).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def process_count(value: str) -> int:
+    """The number of worker processes ``--processes`` asks for: a positive integer, or ``auto``.
+
+    ``auto`` is the CPUs this process may run on (``len(os.sched_getaffinity(0))``, which
+    honours taskset and cgroup cpusets; ``os.cpu_count()`` where that call is missing).
+
+    Raises:
+        ConfigurationError: neither ``auto`` nor a positive integer.
+    """
+    if value.strip().lower() == "auto":
+        affinity = getattr(os, "sched_getaffinity", None)
+        return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigurationError(f"--processes {value!r}: give a positive number of processes, or auto (one per CPU)")
+    return count
+
+
+@dataclass
+class Slot:
+    """One child's place: the process now in it and what the supervisor knows of it."""
+
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    state: str = "starting"  # starting | ready | restarting | stopped
+    port: int | None = None
+    error: str | None = None
+    kind: str | None = None
+    exits: deque[float] = field(default_factory=deque)  # monotonic times of exits within the window
+    early_exits: deque[float] = field(default_factory=deque)  # of those, exits before ready
+
+
+class Supervisor:
+    """Runs N children of one spec until stopped (see the module docstring).
+
+    Args:
+        spec: What every child runs (its ``index`` is set per child).
+        processes: How many children, at least 1.
+        metrics_host: Interface for the one metrics and health endpoint.
+        metrics_port: Its TCP port (0: a free one, logged); None: no endpoint.
+    """
+
+    def __init__(self, spec: ChildSpec, processes: int, metrics_host: str = "127.0.0.1",
+                 metrics_port: int | None = None) -> None:  # fmt: skip
+        self._spec = spec
+        self._slots = [Slot(i) for i in range(1, processes + 1)]
+        self._metrics_host = metrics_host
+        self._metrics_port = metrics_port
+        self._metrics_dir: str | None = None
+        self._stopping = asyncio.Event()
+        self._signals = 0
+        self._fatal: Slot | None = None
+
+    # ------------------------------------------------------------------ running
+    async def run(self) -> int:
+        """Run until a signal (or a crash loop); the process exit code.
+
+        Returns:
+            0 when every child drained cleanly, 1 when one abandoned work or died while draining.
+
+        Raises:
+            ConfigurationError: a child exited before it was ready 5 times within 60 s (its
+                own error in the message); BrokerError when that error was the broker's.
+                Also: the metrics port can't be bound.
+        """
+        server = self._serve() if self._metrics_port is not None else None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            codes = await asyncio.gather(*(self._keep(slot) for slot in self._slots))
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if server is not None:
+                server.stop()
+            if self._metrics_dir is not None:
+                shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        if self._fatal is not None:
+            raise self._crash_loop_error(self._fatal)
+        clean = all(code in (0, -signal.SIGTERM) for code in codes)  # -SIGTERM: stopped before it took work
+        log.info("every child stopped%s", "" if clean else " (some abandoned work or died while draining)")
+        return 0 if clean else 1
+
+    def request_stop(self) -> None:
+        """Stop restarting; ask every child to drain (SIGTERM)."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+        for slot in self._slots:
+            self._signal_child(slot, signal.SIGTERM)
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("signal %d: every child drains (a second signal makes them exit at once)", signum)
+            self.request_stop()
+        else:
+            log.warning("second signal %d: children exit now; unacked deliveries return to their queues", signum)
+            for slot in self._slots:
+                self._signal_child(slot, signal.SIGTERM)
+
+    @staticmethod
+    def _signal_child(slot: Slot, signum: int) -> None:
+        if slot.process is not None and slot.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                slot.process.send_signal(signum)
+
+    async def _keep(self, slot: Slot) -> int:
+        """Keep a child in ``slot`` until stopped; the last child's exit code."""
+        code = 0
+        while not self._stopping.is_set():
+            code = await self._run_child(slot)
+            if self._stopping.is_set():
+                break
+            now = time.monotonic()
+            for times in (slot.exits, slot.early_exits):
+                while times and now - times[0] > CRASH_LOOP_WINDOW:
+                    times.popleft()
+            slot.exits.append(now)
+            if slot.state != "ready":
+                slot.early_exits.append(now)
+                if len(slot.early_exits) >= CRASH_LOOP_EXITS:
+                    log.error(
+                        "child %d exited before it was ready %d times within %.0fs: stopping every child",
+                        slot.index, len(slot.early_exits), CRASH_LOOP_WINDOW,
+                    )  # fmt: skip
+                    self._fatal = slot
+                    self.request_stop()
+                    break
+            delay = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (len(slot.exits) - 1))
+            slot.state = "restarting"
+            log.warning("child %d exited with %s; restarting it in %.2fs", slot.index, _exit_text(code), delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+        slot.state = "stopped"
+        return code
+
+    async def _run_child(self, slot: Slot) -> int:
+        env = dict(os.environ, **{CHILD_ENV: str(slot.index)})
+        if self._metrics_dir is not None:
+            env[MULTIPROC_ENV] = self._metrics_dir
+        spec = dataclasses.replace(self._spec, index=slot.index, metrics=self._metrics_dir is not None)
+        slot.state, slot.port, slot.error, slot.kind = "starting", None, None, None
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "amqpjobs.runtime.child", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True, limit=2**20,
+        )  # fmt: skip
+        slot.process = process
+        log.info("child %d started (pid %d)", slot.index, process.pid)
+        assert process.stdin is not None
+        assert process.stdout is not None
+        try:
+            process.stdin.write(spec.to_json().encode() + b"\n")  # the pipe stays open: its end stops the child
+            await process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        if self._stopping.is_set():  # stopped while this child was being started
+            self._signal_child(slot, signal.SIGTERM)
+        async for raw in process.stdout:
+            self._on_line(slot, raw.decode("utf-8", "replace"))
+        code = await process.wait()
+        process.stdin.close()
+        if self._metrics_dir is not None:  # its live gauges go; its counts stay in the sum
+            mark_process_dead(process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+        slot.process = None
+        return code
+
+    def _on_line(self, slot: Slot, line: str) -> None:
+        if not line.startswith(STATUS_PREFIX):
+            sys.stdout.write(line)  # the app's own output
+            sys.stdout.flush()
+            return
+        doc = json.loads(line[len(STATUS_PREFIX) :])
+        if "port" in doc:
+            slot.port = int(doc["port"])
+        if doc.get("ready"):
+            slot.state = "ready"
+            log.info("child %d ready", slot.index)
+        if "error" in doc:
+            slot.error, slot.kind = str(doc["error"]), str(doc.get("kind"))
+
+    @staticmethod
+    def _crash_loop_error(slot: Slot) -> ConfigurationError | BrokerError:
+        error = slot.error or "no error message (see its log lines above)"
+        text = (
+            f"worker child {slot.index} exited before it was ready {CRASH_LOOP_EXITS} times within "
+            f"{CRASH_LOOP_WINDOW:.0f}s; every child was stopped. Its error: {error}"
+        )
+        return BrokerError(text) if slot.kind == "BrokerError" else ConfigurationError(text)
+
+    # ------------------------------------------------------------------ metrics and health
+    def _serve(self) -> MetricsServer:
+        assert self._metrics_port is not None
+        self._metrics_dir = tempfile.mkdtemp(prefix="amqpjobs-metrics-")
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
+        server = MetricsServer(registry, self.readiness, self.liveness, self._metrics_host, self._metrics_port)
+        try:
+            server.start()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"can't serve metrics on {self._metrics_host}:{self._metrics_port}: {exc}"
+            ) from None
+        log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", self._metrics_host, server.port)
+        return server
+
+    def liveness(self) -> tuple[bool, str]:
+        """(alive, reason) for ``/healthz``: every child running and its own ``/healthz`` answering 200."""
+        return self._health("/healthz", ("starting", "ready"))
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for ``/readyz``: every child ready and its own ``/readyz`` answering 200."""
+        return self._health("/readyz", ("ready",))
+
+    def _health(self, path: str, states: tuple[str, ...]) -> tuple[bool, str]:
+        if self._stopping.is_set():
+            return False, "stopping: every child drains"
+        problems: list[str] = []
+        good: list[str] = []
+        for slot in self._slots:
+            port = slot.port
+            if slot.process is None or slot.state not in states or port is None:
+                problems.append(f"child {slot.index} {slot.state}")
+                continue
+            status, text = _ask(port, path)
+            (good if status == 200 else problems).append(f"child {slot.index}: {text}")
+        return (not problems, "; ".join(problems or good))
+
+
+def _ask(port: int, path: str) -> tuple[int, str]:
+    """GET a child's health endpoint: (HTTP status, first line of the answer); 503 when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2.0) as answer:
+            return answer.status, answer.read().decode("utf-8", "replace").strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace").strip()
+    except OSError as exc:
+        return 503, f"does not answer ({exc})"
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"code {code}"

@@ -1,0 +1,187 @@
+"""``amqpjobs consume --processes N``: a supervisor of N worker processes, on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth
+from tests.integration.test_worker_process import (
+    done_ids,
+    exit_code,
+    publisher,
+    read_record,
+    wait_until,
+    worker_process,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+def supervisor(
+    broker: BrokerSettings, tmp_path: Path, *args: str, **env: str
+) -> AbstractContextManager[subprocess.Popen[str]]:
+    """``consume --processes 2 *args`` (killed at the end if still running: its children then drain by themselves)."""
+    return worker_process(broker, tmp_path, "--processes", "2", *args, **env)
+
+
+def log_text(tmp_path: Path) -> str:
+    return (tmp_path / "worker.log").read_text()
+
+
+def child_pids(tmp_path: Path) -> list[tuple[int, int]]:
+    """(child, pid) of every child started, in order."""
+    return [(int(c), int(p)) for c, p in re.findall(r"child (\d+) started \(pid (\d+)\)", log_text(tmp_path))]
+
+
+async def metrics_port(tmp_path: Path) -> int:
+    found: list[str] = []
+
+    def bound() -> bool:
+        found[:] = re.findall(r"metrics and health on http://127\.0\.0\.1:(\d+)/metrics", log_text(tmp_path))
+        return bool(found)
+
+    await wait_until(bound, 30, "the supervisor's metrics line")
+    return int(found[0])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def succeeded(port: int, job: str) -> float:
+    _, text = get(port, "/metrics")
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "amqpjobs_jobs_total" and s.labels.get("job") == job and s.labels.get("outcome") == "succeeded"
+    )
+
+
+async def test_a_sigkilled_child_is_restarted_and_its_jobs_complete(broker: BrokerSettings, tmp_path: Path):
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with supervisor(broker, tmp_path, "--concurrency", "4", "--metrics-port", "0") as proc:
+        port = await metrics_port(tmp_path)
+        await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "both children ready")
+        ids = [f"k-{i}" for i in range(8)]
+        for job_id in ids:
+            await app.enqueue("sleep", {"seconds": 2}, job_id=job_id)
+        await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "start") == 8, 20, "8 starts")
+        first = dict(child_pids(tmp_path))
+        assert sorted(first) == [1, 2]
+        victims = {r[1] for r in read_record(record) if r[0] == "start" and int(r[4]) == first[1]}
+        assert victims  # child 1 holds some of the 8 (prefetch 4 each)
+        os.kill(first[1], signal.SIGKILL)
+        await wait_until(lambda: get(port, "/healthz")[0] == 503, 5, "/healthz 503 while child 1 is down")
+        await wait_until(lambda: done_ids(record) == Counter(dict.fromkeys(ids, 1)), 30, "every job done once")
+        restarted = [pid for child, pid in child_pids(tmp_path) if child == 1]
+        assert len(restarted) == 2
+        assert restarted[0] == first[1]
+        again = [r for r in read_record(record) if r[0] == "start" and r[1] in victims and r[3] == "1"]
+        assert {r[1] for r in again} == victims  # the killed child's jobs came back redelivered
+        await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "ready again after the restart")
+        assert get(port, "/healthz")[0] == 200
+        assert "child 1 exited with signal 9; restarting it in 0.25s" in log_text(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        assert await exit_code(proc) == 0, log_text(tmp_path)
+    await app.close()
+    assert await depth(broker, "work") == 0
+
+
+async def test_sigterm_drains_every_child_and_exits_0(broker: BrokerSettings, tmp_path: Path):
+    """The children run on uvloop here (--loop reaches them); the other tests use asyncio's loop."""
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with supervisor(broker, tmp_path, "--concurrency", "5", "--grace", "30s", "--loop", "uvloop") as proc:
+        await wait_until(lambda: len(re.findall(r"child \d ready", log_text(tmp_path))) == 2, 30, "both children ready")
+        ids = [f"slow-{i}" for i in range(10)]
+        for job_id in ids:
+            await app.enqueue("sleep", {"seconds": 2}, job_id=job_id)
+        await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "start") == 10, 20, "10 starts")
+        assert done_ids(record) == Counter()
+        pids = Counter(int(r[4]) for r in read_record(record) if r[0] == "start")
+        assert sorted(pids.values()) == [5, 5]  # 5 slots each, all busy
+        assert set(pids) == {pid for _, pid in child_pids(tmp_path)}
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log_text(tmp_path)
+    assert code == 0, out
+    await app.close()
+    assert done_ids(record) == Counter(dict.fromkeys(ids, 1))
+    assert await depth(broker, "work") == 0
+    assert re.search(r"INFO \[child 1\] amqpjobs\.\S+: draining 5 in-flight job\(s\)", out), out
+    assert re.search(r"INFO \[child 2\] amqpjobs\.\S+: draining 5 in-flight job\(s\)", out), out
+    assert "every child stopped" in out
+    assert len(child_pids(tmp_path)) == 2  # nothing was restarted while draining
+
+
+async def test_one_metrics_endpoint_counts_2000_jobs_from_2_children_exactly(broker: BrokerSettings, tmp_path: Path):
+    app = await publisher(broker, tmp_path)
+    app.job("count", queue="work")(lambda p, c: None)
+    record = tmp_path / "record.txt"
+    with supervisor(broker, tmp_path, "--concurrency", "16", "--metrics-port", "0") as proc:
+        port = await metrics_port(tmp_path)
+        await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "both children ready")
+        for i in range(2000):
+            await app.enqueue("count", {}, job_id=f"c-{i}")
+        await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "count") >= 2000, 60, "2000 jobs")
+        await wait_until(lambda: succeeded(port, "count") >= 2000, 10, "2000 counted")
+        await asyncio.sleep(0.5)  # nothing more arrives: exactly 2000, not more
+        assert succeeded(port, "count") == 2000
+        by_pid = Counter(int(r[2]) for r in read_record(record) if r[0] == "count")
+        assert sum(by_pid.values()) == 2000
+        assert len(by_pid) == 2
+        assert min(by_pid.values()) > 0
+        ready_text = get(port, "/readyz")[1]
+        assert "child 1: consuming work with 16 slot(s)" in ready_text
+        assert "child 2: consuming work with 16 slot(s)" in ready_text
+        os.kill(dict(child_pids(tmp_path))[2], signal.SIGKILL)  # an exited child's counts stay in the sum
+        await wait_until(lambda: len(child_pids(tmp_path)) == 3, 10, "child 2 restarted")
+        assert succeeded(port, "count") == 2000
+        proc.send_signal(signal.SIGTERM)
+        assert await exit_code(proc) == 0, log_text(tmp_path)
+    await app.close()
+
+
+async def test_a_child_failing_at_import_5_times_ends_the_supervisor_with_that_error(
+    broker: BrokerSettings, tmp_path: Path
+):
+    record = tmp_path / "record.txt"
+    started = time.monotonic()
+    with supervisor(broker, tmp_path, PROCAPP_FAIL_IMPORT="1") as proc:
+        code = await exit_code(proc, 60)
+    out = log_text(tmp_path)
+    assert code == 2, out  # a ConfigurationError: exit 2, as a single worker failing at import
+    assert time.monotonic() - started < 60
+    assert re.search(
+        r"error: worker child [12] exited before it was ready 5 times within 60s; every child was stopped\. "
+        r"Its error: importing module 'tests\.integration\.procapp' failed: RuntimeError: procapp configured "
+        r"to fail at import \(PROCAPP_FAIL_IMPORT\)",
+        out,
+    ), out
+    imports = Counter(r[1] for r in read_record(record) if r[0] == "import")
+    assert max(imports.values()) == 5
+    assert set(imports) == {"1", "2"}
+    assert all(n <= 5 for n in imports.values())
+    assert "restarting it in 0.25s" in out
+    assert "restarting it in 0.50s" in out
+    assert "restarting it in 2.00s" in out

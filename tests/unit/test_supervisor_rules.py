@@ -1,0 +1,118 @@
+"""``consume --processes N`` without a broker: the process count, the child's spec, health sums, log labels."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import pytest
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.child import ChildSpec
+from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
+from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.runtime.supervisor import Supervisor, process_count
+from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.wire.settings import broker_settings
+
+
+def test_processes_is_a_positive_count_or_auto() -> None:
+    assert process_count("3") == 3
+    assert process_count("auto") == len(os.sched_getaffinity(0))
+    assert process_count(" AUTO ") == len(os.sched_getaffinity(0))
+    for bad in ("0", "-2", "two", ""):
+        with pytest.raises(ConfigurationError, match=r"--processes .*positive number of processes, or auto"):
+            process_count(bad)
+
+
+def test_the_child_spec_survives_its_json_line() -> None:
+    settings = broker_settings("amqp://u:p%2C@h1:5672/v,amqp://u:p%2C@h2:5672/v").with_connect_timeout(7.5)
+    spec = ChildSpec("m:app", 2, WorkerOptions(queues=("a", "b"), concurrency=16, grace=3.0), settings, True, 10, True)
+    line = spec.to_json()
+    assert "\n" not in line
+    assert ChildSpec.from_json(line) == spec
+    assert json.loads(line)["options"]["queues"] == ["a", "b"]
+
+
+def child_log_record() -> logging.LogRecord:
+    rec = logging.LogRecord("amqpjobs.worker", logging.INFO, __file__, 1, "draining", None, None)
+    rec.created, rec.msecs = 1764406800.25, 250
+    return rec
+
+
+def test_log_lines_name_the_child() -> None:
+    assert TextFormatter(3).format(child_log_record()).endswith(" INFO [child 3] amqpjobs.worker: draining")
+    assert json.loads(JsonFormatter(3).format(child_log_record()))["child"] == 3
+    assert "child" not in json.loads(JsonFormatter().format(child_log_record()))
+    assert "[child" not in TextFormatter().format(child_log_record())
+
+
+class Running:
+    """Stands for a running child process (the health sum only asks whether there is one)."""
+
+    returncode = None
+
+
+def supervisor_with(*children: tuple[str, int | None]) -> Supervisor:
+    spec = ChildSpec("m:app", 0, WorkerOptions(), broker_settings("amqp://u:p@h:5672/v"))
+    sup = Supervisor(spec, len(children))
+    for slot, (state, port) in zip(sup._slots, children, strict=True):
+        slot.state, slot.port, slot.process = state, port, Running()  # type: ignore[assignment]
+    return sup
+
+
+def child_server(ready: tuple[bool, str], heartbeat_age: float) -> MetricsServer:
+    beat = time.monotonic() - heartbeat_age
+    server = MetricsServer(WorkerMetrics(), lambda: ready, lambda: beat, stale_after=10.0)
+    server.start()
+    return server
+
+
+def test_health_is_503_while_any_child_is_stalled_starting_or_not_ready() -> None:
+    good = child_server((True, "consuming work with 4 slot(s)"), 0.5)
+    stalled = child_server((False, "event loop blocked for 12s"), 12.0)
+    servers: list[Any] = [good, stalled]
+    try:
+        both = supervisor_with(("ready", good.port), ("ready", good.port))
+        alive, text = both.liveness()
+        assert alive
+        assert re.fullmatch(r"child 1: alive: event loop heartbeat 0\.\ds ago; child 2: alive: event loop heartbeat "
+                            r"0\.\ds ago", text), text  # fmt: skip
+        assert both.readiness() == (True, "child 1: consuming work with 4 slot(s); child 2: consuming work with "
+                                    "4 slot(s)")  # fmt: skip
+        one_stalled = supervisor_with(("ready", good.port), ("ready", stalled.port))
+        stuck, text = one_stalled.liveness()
+        assert not stuck
+        assert re.fullmatch(r"child 2: event loop stuck for 12\.\ds", text), text
+        assert one_stalled.readiness() == (False, "child 2: event loop blocked for 12s")
+        restarting = supervisor_with(("ready", good.port), ("restarting", None))
+        assert restarting.liveness() == (False, "child 2 restarting")
+        starting = supervisor_with(("starting", good.port), ("ready", good.port))
+        assert starting.liveness()[0] is True  # alive while it connects ...
+        assert starting.readiness() == (False, "child 1 starting")  # ... but not ready
+        gone = supervisor_with(("ready", good.port), ("ready", stalled.port))
+        stalled.stop()
+        ok, text = gone.liveness()
+        assert not ok
+        assert text.startswith("child 2: does not answer")
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_consume_refuses_a_bad_process_count_before_it_starts_anything() -> None:
+    from click.testing import CliRunner
+
+    from amqpjobs.cli import main
+
+    env = {"AMQPJOBS_URL": "amqp://u:p@127.0.0.1:1/v"}
+    result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--processes", "none"], env=env)
+    assert result.exit_code == 2
+    assert result.stderr == "error: --processes 'none': give a positive number of processes, or auto (one per CPU)\n"
+    result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--log-outcomes", "some"], env=env)
+    assert result.exit_code == 2
+    assert "'some' is not one of 'all', 'failures', 'none'" in result.stderr
