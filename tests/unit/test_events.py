@@ -46,6 +46,9 @@ def test_the_body_carries_every_field_of_the_event_in_order_with_the_error_cut()
     event = OutcomeEvent("mail", "j1", 2, "retried", "", "E: " + "x" * 500, "mail", "r9", "2026-11-30T03:00:00.123Z")
     doc = json.loads(event.encode())
     assert list(doc) == ["v", *(f.name for f in dataclasses.fields(OutcomeEvent))]
-    assert doc["v"] == 1 and doc["attempt"] == 2 and doc["replay_id"] == "r9"
-    assert doc["error"] == event.error[:MAX_ERROR] and len(doc["error"]) == MAX_ERROR
+    assert doc["v"] == 1
+    assert doc["attempt"] == 2
+    assert doc["replay_id"] == "r9"
+    assert doc["error"] == event.error[:MAX_ERROR]
+    assert len(doc["error"]) == MAX_ERROR
     assert decode_event(event.encode()) == OutcomeEvent(**{**dataclasses.asdict(event), "error": doc["error"]})
