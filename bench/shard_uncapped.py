@@ -33,6 +33,7 @@ def _every_busy_shard_gets_all(slots: int, shards: int, busy: Collection[int]) -
     return dict.fromkeys(sorted(busy), slots)
 
 
+dispatch.LOOKAHEAD_WAIT = 3600.0  # what waits for a running slot waits (the old worker's slot gate), never handed back
 dispatch.ShardDispatcher.__init__ = _uncapped_init  # type: ignore[method-assign]
 dispatch.lease_sizes = _every_busy_shard_gets_all  # type: ignore[attr-defined]  # the name _plan looks up
 
