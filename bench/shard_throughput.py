@@ -28,11 +28,15 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import amqpjobs
 from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import URL_ENV, BrokerSettings, broker_settings
+
+#: Where the amqpjobs measured comes from (bench/shard_pairs.py checks it is the build it meant).
+SOURCE = os.path.realpath(amqpjobs.__file__)
 
 TOPOLOGY = """
 [[exchange]]
@@ -111,6 +115,7 @@ async def main() -> int:
     root = broker_settings() if os.environ.get(URL_ENV) else broker_settings(*local)
     with ManagementClient(root) as mgmt:
         version = ".".join(map(str, mgmt.broker_version()))
+    print(f"amqpjobs from {SOURCE}", flush=True)
     rates, cpus = [], []
     with TemporaryDirectory() as tmp:
         for rep in range(args.reps):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Final
 
 from amqpjobs.jobs.envelope import iso_utc
@@ -89,8 +89,10 @@ class OutcomeEvent:
 
     def encode(self) -> bytes:
         """The JSON body (UTF-8)."""
-        doc = {"v": VERSION, **asdict(self)}
-        doc["error"] = self.error[:MAX_ERROR]
+        # the fields by hand, in declaration order: dataclasses.asdict deep-copies each value (tens of µs per job)
+        doc = {"v": VERSION, "job": self.job, "id": self.id, "attempt": self.attempt, "outcome": self.outcome,
+               "reason": self.reason, "error": self.error[:MAX_ERROR], "queue": self.queue,
+               "replay_id": self.replay_id, "at": self.at}  # fmt: skip
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 

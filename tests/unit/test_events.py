@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from amqpjobs.jobs import quarantine as q
@@ -39,3 +40,15 @@ def test_bodies_that_are_not_events_are_none_and_unknown_keys_are_ignored() -> N
     assert decode_event(b'{"job": "x"}') is None
     read = decode_event(b'{"outcome": "succeeded", "id": "a", "attempt": true, "new_key": 1}')
     assert read == OutcomeEvent(job="", id="a", attempt=0, outcome="succeeded", reason="", error="", queue="")
+
+
+def test_the_body_carries_every_field_of_the_event_in_order_with_the_error_cut() -> None:
+    event = OutcomeEvent("mail", "j1", 2, "retried", "", "E: " + "x" * 500, "mail", "r9", "2026-11-30T03:00:00.123Z")
+    doc = json.loads(event.encode())
+    assert list(doc) == ["v", *(f.name for f in dataclasses.fields(OutcomeEvent))]
+    assert doc["v"] == 1
+    assert doc["attempt"] == 2
+    assert doc["replay_id"] == "r9"
+    assert doc["error"] == event.error[:MAX_ERROR]
+    assert len(doc["error"]) == MAX_ERROR
+    assert decode_event(event.encode()) == OutcomeEvent(**{**dataclasses.asdict(event), "error": doc["error"]})
