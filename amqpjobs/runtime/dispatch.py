@@ -13,9 +13,8 @@ a delivery can only come for a token set aside before the take:
   left) gets a consumer whose prefetch is its share of the tokens
   (:func:`~amqpjobs.jobs.fairness.lease_sizes`), reserved before ``basic.consume``: the
   broker streams to it what the worker can run, without a ``basic.get`` round trip per
-  job. A lease whose credit stays unused for :data:`DRY` seconds while its shard has no
-  message ready (a passive declare: under load a delivery can be that slow), or whose
-  share changed, is cancelled; its tokens return at ``cancel-ok``, after every
+  job. A lease whose credit stays unused for :data:`DRY` seconds (its shard ran dry), or
+  whose share changed, is cancelled; its tokens return at ``cancel-ok``, after every
   delivery the broker sent before it (classic queues). Quorum queues return deliveries in
   flight at a cancel as redelivered (taken for crashed starts): they are only taken by
   turns. While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose lease has
@@ -246,13 +245,11 @@ class ShardDispatcher(LeaseKeeping):
         if not self._leasing:
             return None
         wake: float | None = None
-        for lease in list(self._leases.values()):
+        for shard, lease in list(self._leases.items()):
             if not lease.consuming:
                 continue
             if lease.held < lease.size and now - lease.last >= DRY:
-                if not lease.checking:  # credit and no delivery: dry, unless jobs are ready there
-                    lease.checking = True
-                    self._spawn(self._check_dry(lease, DRY), self._chores)
+                self._busy.discard(shard)  # credit and no delivery: its shard ran dry
                 continue
             # look again when it could be dry (its handlers free credit without waking this loop)
             due = lease.last + DRY if lease.held < lease.size else now + DRY

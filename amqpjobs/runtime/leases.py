@@ -39,7 +39,6 @@ class _Lease:
     ending: bool = False  # asked to end (cancel sent, or to send once consuming)
     ended: bool = False  # nothing more arrives: its unused credit went back to the pool
     last: float = 0.0  # monotonic time its credit was last used or freed (or it started)
-    checking: bool = False  # its shard's ready count is being read (its credit went unused for DRY)
 
 
 class LeaseKeeping:
@@ -120,25 +119,6 @@ class LeaseKeeping:
         lease.consuming = False
         self._free += lease.tokens - lease.held
         lease.tokens = lease.held
-        self._kick()
-
-    async def _check_dry(self, lease: _Lease, dry: float) -> None:
-        """A lease's credit went unused for ``dry`` seconds: its shard ran dry, unless jobs are ready there.
-
-        Under load the broker's next delivery can take longer than ``dry`` (a busy event
-        loop, a busy broker); a shard that still has messages ready is not dry, and ending
-        its lease would cost a cancel, a re-arm and the resizing of the others' leases.
-        """
-        try:
-            ready = await self._lanes[lease.shard].ready(self._work_queues[lease.shard])
-        except BrokerError:
-            ready = None
-        finally:
-            lease.checking = False
-        if ready:
-            lease.last = time.monotonic()  # its deliveries are slow, not missing: look again after another DRY
-        elif lease.held < lease.size and time.monotonic() - lease.last >= dry:
-            self._busy.discard(lease.shard)  # credit, no delivery and nothing ready: its shard ran dry
         self._kick()
 
     def _lost(self, lease: _Lease) -> None:

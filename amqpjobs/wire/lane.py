@@ -168,24 +168,6 @@ class Lane:
             return False
         return True
 
-    async def ready(self, queue: str) -> int | None:
-        """Messages ready in ``queue`` (a passive declare's ``message_count``), None when it is missing.
-
-        Unacked deliveries are not counted. A missing queue closes only this channel (404),
-        which is reopened.
-
-        Raises:
-            BrokerError: the channel or connection failed otherwise.
-
-        """
-        underlay = await self._underlay()
-        try:
-            with broker_errors():
-                ok = await underlay.queue_declare(queue, passive=True)
-        except NotFoundError:
-            return None
-        return int(ok.message_count or 0)
-
     async def lease(self, queue: str, prefetch: int, handler: LeaseHandler, lost: LeaseLost) -> str:
         """Consume ``queue`` with ``prefetch`` under a new consumer tag; returns the tag.
 
