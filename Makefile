@@ -59,17 +59,28 @@ postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
 node-deps:  ## node and npm (Debian's, when missing) and the pinned amqplib in .cache/node, for the Node publisher test
 	bash scripts/node-deps.sh >/dev/null
 
+# Each suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on the broker, not the
+# CPU; `--dist loadgroup` from pyproject keeps an `xdist_group` on one process), then the tests
+# marked `serial` (they stop the node) alone. Exit 5 (no test selected) is not a failure there.
+TEST_WORKERS ?= 4
+PYTEST_COV := $(BIN)/pytest --cov --cov-report=
+define run_suite
+	rc=0; $(2) $(PYTEST_COV) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" || rc=1; \
+	$(2) $(PYTEST_COV) --cov-append -m "$(1)serial" || [ $$? -eq 5 ] || rc=1; \
+	exit $$rc
+endef
+
 test-3: install broker-up postgres-up node-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
-	$(BIN)/pytest --cov --cov-report=
+	$(call run_suite,,,)
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=4,--cov-append)
 
 test-43: install broker-up broker43-up postgres-up  ## the broker-facing suite against the 4.3.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=43 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=43,--cov-append)
 
 test-fast: install broker-up  ## the suite without tests marked slow
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow"  # every `serial` test is also `slow`
 
 demo: install broker-up  ## run the main job against the real broker
 	$(BIN)/python examples/demo.py

@@ -64,6 +64,16 @@ def _docker_usable() -> bool:
         return False
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``serial`` stops the node everyone shares: skip it beside other tests (saying why).
+
+    ``make test`` runs the suite in pytest-xdist processes with ``-m "not serial"``, then
+    ``-m serial`` in one process (README "Tests": writing parallel-safe tests).
+    """
+    if item.get_closest_marker("serial") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("marked serial (it stops the shared node): run it alone, `pytest -m serial` without -n")
+
+
 @pytest.fixture(scope="session")
 def broker_root() -> Iterator[BrokerRoot]:
     """The broker for the whole session (see the module docstring for where it comes from)."""

@@ -119,6 +119,7 @@ async def test_health_endpoints(broker: BrokerSettings, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # stops the project's local node
 @pytest.mark.timeout(180)
 async def test_readiness_follows_the_broker_going_down_and_back(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path

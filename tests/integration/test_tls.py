@@ -29,7 +29,8 @@ from amqpjobs.wire.settings import broker_settings
 from tests.integration.helpers import ROOT
 from tests.integration.test_chaos import cluster_unavailable
 
-pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # always the host's 3.10 node
+# always the host's 3.10 node; one xdist worker runs the module, so the TLS node starts once
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent, pytest.mark.xdist_group("tls")]
 
 
 def free_ports(count: int) -> list[int]:
