@@ -46,6 +46,7 @@ async def finished(proc: subprocess.Popen[str], timeout: float) -> float:
     return time.monotonic()
 
 
+@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (the loser ends < 2.5 s)
 @pytest.mark.timeout(60)
 async def test_two_replays_started_together_one_moves_each_job_once(broker: BrokerSettings, tmp_path: Path):
     app = await make_app(broker, tmp_path)
@@ -68,9 +69,7 @@ async def test_two_replays_started_together_one_moves_each_job_once(broker: Brok
         await rec.wait_for(lambda o: len(o) >= 200, timeout=20)
         await asyncio.sleep(0.5)  # nothing more comes
     refused = outputs[loser][1]
-    # refused at once, while the winner still moves (200 at 100/s: 2 s after it took the lock), not after
-    # waiting for it; measured against the winner, as python start-up slows down on a loaded machine
-    assert ended[loser] < ended[winner], (ended[loser] - started, ended[winner] - started, refused)
+    assert ended[loser] - started < 2.5, (ended[loser] - started, refused)
     assert "Traceback" not in refused
     assert "work.quarantine" in refused
     assert f"pid {procs[winner].pid}" in refused
