@@ -40,7 +40,7 @@ lint: install  ## ruff and mypy (strict)
 	$(BIN)/ruff format --check amqpjobs amqpjobs_pytest tests examples bench
 	$(BIN)/mypy
 
-# The three suites run one after the other (timing tests must not share the cores); only the
+# The three suites run one after the other (each in parallel itself, see run_suite); only the
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
 # host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
 test: lint broker-up postgres-up node-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
@@ -61,7 +61,8 @@ node-deps:  ## node and npm (Debian's, when missing) and the pinned amqplib in .
 
 # Each suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on the broker, not the
 # CPU; `--dist loadgroup` from pyproject keeps an `xdist_group` on one process), then the tests
-# marked `serial` (they stop the node or assert wall-clock bounds) alone. Exit 5 (no test selected) is not a failure there.
+# marked `serial` (they stop the node or assert wall-clock bounds) alone; exit 5 (no test
+# selected) is not a failure there. TEST_WORKERS=4 on 2 cores: the tests wait far more than they compute.
 TEST_WORKERS ?= 4
 PYTEST_COV := $(BIN)/pytest --cov --cov-report=
 define run_suite
