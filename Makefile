@@ -40,7 +40,7 @@ lint: install  ## ruff and mypy (strict)
 	$(BIN)/ruff format --check amqpjobs amqpjobs_pytest tests examples bench
 	$(BIN)/mypy
 
-# The three suites run one after the other (timing tests must not share the cores); only the
+# The three suites run one after the other (each in parallel itself, see run_suite); only the
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
 # host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
 test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
@@ -65,17 +65,30 @@ browser-deps:  ## Debian's chromium (when missing), for the console's browser te
 screenshots: install browser-deps  ## PNGs of the console (overview, a group, a message) into docs/, from its browser test
 	AMQPJOBS_SCREENSHOTS=$(CURDIR)/docs $(BIN)/pytest tests/integration/test_console_browser.py -q
 
+# Each suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on the broker, not the
+# CPU; `--dist loadgroup` from pyproject keeps an `xdist_group` on one process), then the tests
+# marked `serial` (they stop the node or assert wall-clock bounds) alone; exit 5 (no test
+# selected) is not a failure there. TEST_WORKERS=4 on 2 cores: the tests wait far more than they compute.
+TEST_WORKERS ?= 4
+PYTEST_COV := $(BIN)/pytest --cov --cov-report=
+define run_suite
+	rc=0; $(2) $(PYTEST_COV) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" || rc=1; \
+	$(2) $(PYTEST_COV) --cov-append -m "$(1)serial" || [ $$? -eq 5 ] || rc=1; \
+	exit $$rc
+endef
+
 test-3: install broker-up postgres-up node-deps browser-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
-	$(BIN)/pytest --cov --cov-report=
+	$(call run_suite,,,)
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=4 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=4,--cov-append)
 
 test-43: install broker-up broker43-up postgres-up  ## the broker-facing suite against the 4.3.x node (not the version-independent tests)
-	AMQPJOBS_TEST_BROKER=43 $(BIN)/pytest --cov --cov-append --cov-report= -m "broker and not version_independent"
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=43,--cov-append)
 
 test-fast: install broker-up  ## the suite without tests marked slow
-	$(BIN)/pytest -m "not slow"
+	rc=0; $(BIN)/pytest -n $(TEST_WORKERS) -m "not slow and not serial" || rc=1; \
+	$(BIN)/pytest -m "not slow and serial" || rc=1; exit $$rc
 
 demo: install broker-up  ## run the main job against the real broker
 	$(BIN)/python examples/demo.py

@@ -272,3 +272,17 @@ def package_diff(ours: tuple[str, Path, float], theirs: tuple[str, Path, float])
             yield f"| {pkg} | {x:.1f} | {y:.1f} | {x - y:+.1f} |"
     yield f"| **total** | {sum(a.values()):.0f} | {sum(b.values()):.0f} | {sum(a.values()) - sum(b.values()):+.0f} |"
     yield ""
+
+
+#: Everything after this line of RESULTS.md is written by other scripts or by hand, and kept.
+KEPT_MARKER = "<!-- kept: sections below are not written by bench/run.py -->"
+
+
+def kept_sections(out: Path) -> str:
+    """The part of ``out`` from :data:`KEPT_MARKER` on ("" when the file or the marker is absent)."""
+    try:
+        old = out.read_text()
+    except FileNotFoundError:
+        return ""
+    at = old.find(KEPT_MARKER)
+    return "" if at < 0 else "\n" + old[at:]

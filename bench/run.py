@@ -52,6 +52,7 @@ from report import (
     ceiling_note,
     cpu_model,
     git_revision,
+    kept_sections,
     package_diff,
     profile_tables,
     ratio,
@@ -265,20 +266,6 @@ async def amain(args: argparse.Namespace) -> int:
     await asyncio.to_thread(out.write_text, text + kept_sections(out))
     print(f"wrote {args.out}")
     return 0
-
-
-#: Everything after this line of RESULTS.md is written by other scripts or by hand, and kept.
-KEPT_MARKER = "<!-- kept: sections below are not written by bench/run.py -->"
-
-
-def kept_sections(out: Path) -> str:
-    """The part of ``out`` from :data:`KEPT_MARKER` on ("" when the file or the marker is absent)."""
-    try:
-        old = out.read_text()
-    except FileNotFoundError:
-        return ""
-    at = old.find(KEPT_MARKER)
-    return "" if at < 0 else "\n" + old[at:]
 
 
 def main() -> int:

@@ -64,6 +64,26 @@ def _docker_usable() -> bool:
         return False
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the tests marked ``slow`` (a minute or more each) first.
+
+    Started last, one of them would keep one process busy after the others ran out of tests.
+    Every process sorts the same way (xdist requires the same order everywhere).
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``serial`` needs the node or the cores to itself: skip it beside other tests (saying why).
+
+    ``make test`` runs the suite in pytest-xdist processes with ``-m "not serial"``, then
+    ``-m serial`` in one process (README "Tests": writing parallel-safe tests).
+    """
+    if item.get_closest_marker("serial") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("marked serial (needs the node or the cores to itself): run it alone, `pytest -m serial`, no -n")
+
+
 @pytest.fixture(scope="session")
 def broker_root() -> Iterator[BrokerRoot]:
     """The broker for the whole session (see the module docstring for where it comes from)."""

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
 
+@pytest.mark.serial  # asserts the demo's total time < 40 s: not beside other tests
 @pytest.mark.timeout(180)
 def test_demo_runs_every_job_exactly_once_and_quarantines_the_poison(broker_root: BrokerRoot):
     vhost = f"amqpjobs-demo-e2e-{uuid.uuid4().hex[:8]}"  # never the vhost of a `make demo` running beside us

@@ -101,6 +101,7 @@ def test_the_cli_takes_the_url_repeated_or_a_list_and_never_prints_a_password(br
         assert "guest:guest" not in out.stdout + out.stderr
 
 
+@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (< 8 s)
 def test_connect_timeout_covers_every_node_with_one_line_per_attempt_naming_it(tmp_path: Path):
     """Issue 21's --connect-timeout over issue 23's list: each attempt one node, its line naming it, redacted."""
     ports = [closed_port(), closed_port()]

@@ -113,6 +113,7 @@ async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings,
     assert sum(1 for r in read_record(record) if r[0] == "start") >= 1000 + len(cut_off)
 
 
+@pytest.mark.serial  # stop_app/start_app on the project's local node
 @pytest.mark.timeout(400)
 async def test_broker_restarted_three_times_during_2000_jobs(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
@@ -208,6 +209,7 @@ def cluster() -> list[BrokerSettings]:
 
 
 @pytest.mark.version_independent  # scripts/cluster.sh is always a 3.10 cluster, whatever broker the suite has
+@pytest.mark.xdist_group("cluster")  # the worker that owns the cluster (see test_failover.py)
 @pytest.mark.timeout(400)
 async def test_quorum_job_queue_survives_a_node_stopped_mid_run(cluster: list[BrokerSettings], tmp_path: Path):
     await quorum_leader_stopped(cluster, CLUSTER, "amqpjobs-c2", tmp_path)

@@ -30,7 +30,14 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.test_chaos import CLUSTER, QUORUM, cluster  # noqa: F401  (the cluster fixture)
 
-pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.slow, pytest.mark.version_independent]
+# one xdist worker owns the cluster: its session fixture starts scripts/cluster.sh (fixed ports) and tests stop nodes
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.chaos,
+    pytest.mark.slow,
+    pytest.mark.version_independent,
+    pytest.mark.xdist_group("cluster"),
+]
 #: What the issue asks: the client consumes / publishes through another node within this many seconds.
 FAILOVER_WITHIN = 10.0
 

@@ -46,6 +46,7 @@ async def finished(proc: subprocess.Popen[str], timeout: float) -> float:
     return time.monotonic()
 
 
+@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (the loser ends < 2.5 s)
 @pytest.mark.timeout(60)
 async def test_two_replays_started_together_one_moves_each_job_once(broker: BrokerSettings, tmp_path: Path):
     app = await make_app(broker, tmp_path)

@@ -33,7 +33,8 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.worker_env import running_worker
 
-pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+# one xdist worker runs the module: scripts/node-deps.sh installs into the checkout's .cache/node
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent, pytest.mark.xdist_group("node-publisher")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "node" / "wire_publisher.cjs"

@@ -119,6 +119,7 @@ async def test_health_endpoints(broker: BrokerSettings, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # stops the project's local node
 @pytest.mark.timeout(180)
 async def test_readiness_follows_the_broker_going_down_and_back(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
@@ -244,6 +245,7 @@ async def test_status_depths_and_exit_codes(broker: BrokerSettings, tmp_path: Pa
     assert any("oldest message in work is" in p and "(> 5s)" in p for p in doc["job_queues"][0]["problems"])
 
 
+@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (age within 1.5 s)
 async def test_status_oldest_age_over_the_bound_is_the_only_problem(broker: BrokerSettings, tmp_path: Path):
     await make_app(broker, tmp_path)
     stamped = time.time() - 120

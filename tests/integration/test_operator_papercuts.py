@@ -176,6 +176,7 @@ async def test_status_names_its_topology_and_vhost_and_management_errors_say_how
 
 
 @pytest.mark.version_independent
+@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (< 6 s, 4 attempts in 1.5 s)
 def test_connect_timeout_retries_with_one_line_per_attempt_and_v_reaches_the_worker(tmp_path: Path):
     topology = tmp_path / "t.toml"
     topology.write_text(FAST_TOPOLOGY)

@@ -24,7 +24,8 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import broker_settings
 from tests.integration.own_node import free_ports, own_node
 
-pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # always the host's 3.10 node
+# always the host's 3.10 node; one xdist worker runs the module, so the TLS node starts once
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent, pytest.mark.xdist_group("tls")]
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ async def test_after_a_kill_9_job_show_words_the_run_from_its_record_not_as_held
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # restarts the project's local node
 @pytest.mark.timeout(300)
 async def test_broker_restart_during_2000_jobs_all_complete(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path

@@ -138,7 +138,11 @@ async def test_first_connect_is_retried_while_the_broker_is_not_there_yet(broker
 async def test_sigterm_while_still_connecting_exits_0_at_once(broker: BrokerSettings, tmp_path: Path):
     nowhere = via_port(broker.url, free_port())  # nothing listens: the first connect keeps being retried
     with consume_process(broker, tmp_path, url=nowhere) as proc:
-        await asyncio.sleep(1.5)
+        # connecting (its signal handlers are in place): the first retry line, not a fixed 1.5 s that
+        # python start-up can outlast on a loaded machine (then SIGTERM found no handler: exit -15)
+        await wait_until(lambda: "not reachable (attempt 1" in (tmp_path / "worker.log").read_text(), 30,
+                         "the first connect attempt")  # fmt: skip
+        await asyncio.sleep(0.5)  # still retrying
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         code, took = await wait_exit(proc, 10)

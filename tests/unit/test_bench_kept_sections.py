@@ -1,4 +1,4 @@
-"""bench/run.py keeps the hand-written sections of RESULTS.md (after the marker) when it rewrites it."""
+"""bench/report.py keeps the hand-written sections of RESULTS.md (after the marker) when bench/run.py rewrites it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.version_independent
 def load_run() -> ModuleType:
     sys.path.insert(0, str(BENCH))
     try:
-        spec = importlib.util.spec_from_file_location("bench_run_under_test", BENCH / "run.py")
+        spec = importlib.util.spec_from_file_location("bench_report_under_test", BENCH / "report.py")
         assert spec is not None
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
