@@ -20,7 +20,7 @@ from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.processes import run_worker
-from amqpjobs.runtime.supervisor import Supervisor, process_count
+from amqpjobs.runtime.supervisor import Supervisor, process_count, usable_cpus
 from amqpjobs.runtime.worker_config import WorkerOptions
 
 
@@ -76,7 +76,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     show_default=True,
     help=(
         "Worker processes, each with --concurrency slots, or 'auto' (one per CPU): a supervisor restarts "
-        "a child that dies and serves one --metrics-port for all."
+        "a child that dies and serves one --metrics-port for all. At most 4 per CPU."
     ),
 )
 @long_running_url_options
@@ -109,7 +109,7 @@ def consume(
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    count = process_count(processes)
+    count = process_count(processes, usable_cpus())
     level = logging.DEBUG if verbose() else logging.INFO
     configure_logging(level, json_lines=log_json)
     broker = settings(url, management_url)

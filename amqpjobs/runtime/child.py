@@ -153,12 +153,36 @@ def _failed(exc: AmqpJobsError) -> int:
     return 1
 
 
+#: Exit codes of a child that got no spec: its supervisor is gone (stdin ended first), or it sent a bad line.
+EXIT_NO_SUPERVISOR = 1
+EXIT_BAD_SPEC = 2
+
+
+def read_spec(line: bytes) -> ChildSpec:
+    """The spec from the supervisor's first stdin line; exits the process when there is none.
+
+    An empty ``line`` (stdin ended before the supervisor wrote it: the supervisor is gone)
+    exits :data:`EXIT_NO_SUPERVISOR` quietly; a line that is no spec prints one line to stderr
+    and exits :data:`EXIT_BAD_SPEC` (naming the error, not the line: it holds credentials).
+    """
+    if not line.strip():
+        sys.exit(EXIT_NO_SUPERVISOR)
+    try:
+        return ChildSpec.from_json(line.decode())
+    except (ValueError, KeyError, TypeError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        problem = " ".join(redact_text(str(exc)).split())
+        message = f"amqpjobs child: the supervisor's settings line is not a valid spec: {type(exc).__name__}: {problem}"
+        sys.stderr.write(message + "\n")
+        status(error=message, kind="ConfigurationError")
+        sys.exit(EXIT_BAD_SPEC)
+
+
 def main() -> None:
     """Entry point: read the spec line from stdin, set up logging, run, exit with the worker's code."""
     line = b""
     while not line.endswith(b"\n") and (chunk := os.read(0, 65536)):
         line += chunk
-    spec = ChildSpec.from_json(line.decode())
+    spec = read_spec(line)
     configure_logging(spec.log_level, json_lines=spec.log_json, child=spec.index)
     with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
         sys.exit(runner.run(run_child(spec)))

@@ -11,7 +11,8 @@ A worker is one Python process on one core; the supervisor starts N children
   a *ready* child is the poison-containment bound's business, not this);
 - on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
   does) and returns 0 when all exited cleanly; a second signal is passed on (the children
-  exit at once). Children run in a session of their own, so a terminal's Ctrl-C reaches
+  exit at once) and the exit code is then 128 + that signal, as a single worker's (130 for
+  Ctrl-C). Children run in a session of their own, so a terminal's Ctrl-C reaches
   them once, through the supervisor; a child whose supervisor died drains by itself;
 - with ``metrics_port``: one ``/metrics`` summing every child's metrics, the exited ones'
   counts included (prometheus-client's multiprocess mode: each child writes its values to
@@ -62,26 +63,54 @@ MAX_BACKOFF = 30.0
 CHILD_ENV = "AMQPJOBS_CHILD"
 #: prometheus-client's multiprocess directory variable (read by the children's client at import).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The most children per CPU ``--processes`` accepts (:func:`process_count`).
+PROCESSES_PER_CPU = 4
+#: What one child costs in resident memory, MB, as measured (53 MB for the tests' app), for the refusal's message.
+CHILD_MEMORY_MB = 50
 
 
-def process_count(value: str) -> int:
-    """The number of worker processes ``--processes`` asks for: a positive integer, or ``auto``.
+def usable_cpus() -> int:
+    """The CPUs this process may run on, ``--processes auto``'s count.
 
-    ``auto`` is the CPUs this process may run on (``len(os.sched_getaffinity(0))``, which
-    honours taskset and cgroup cpusets; ``os.cpu_count()`` where that call is missing).
+    ``len(os.sched_getaffinity(0))`` (honours taskset and cgroup cpusets); ``os.cpu_count()``
+    where that call is missing.
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def process_count(value: str, cpus: int) -> int:
+    """The number of worker processes ``--processes`` asks for: a positive integer, or ``auto`` (``cpus``).
+
+    At most :data:`PROCESSES_PER_CPU` per CPU: each child is a whole worker (about
+    :data:`CHILD_MEMORY_MB` MB of memory and 2-3 broker connections), and more children
+    than cores only add memory and connections, not throughput; 999 children on 2 cores
+    exhausted the memory of the machine (and the OOM killer took its RabbitMQ node).
+
+    Args:
+        value: The option's text.
+        cpus: The CPUs this process may run on (:func:`usable_cpus`).
 
     Raises:
-        ConfigurationError: neither ``auto`` nor a positive integer.
+        ConfigurationError: neither ``auto`` nor a positive integer, or more than
+            ``PROCESSES_PER_CPU * cpus``.
     """
     if value.strip().lower() == "auto":
-        affinity = getattr(os, "sched_getaffinity", None)
-        return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+        return cpus
     try:
         count = int(value)
     except ValueError:
         count = 0
     if count < 1:
         raise ConfigurationError(f"--processes {value!r}: give a positive number of processes, or auto (one per CPU)")
+    limit = PROCESSES_PER_CPU * cpus
+    if count > limit:
+        raise ConfigurationError(
+            f"--processes {count}: at most {limit} here ({PROCESSES_PER_CPU} per CPU; this process may use "
+            f"{cpus} CPU(s), os.sched_getaffinity). Each child is a whole worker: about {CHILD_MEMORY_MB} MB "
+            f"of memory and 2-3 broker connections. Use fewer processes (auto: one per CPU), "
+            "or run workers on more hosts"
+        )
     return count
 
 
@@ -118,6 +147,7 @@ class Supervisor:
         self._metrics_dir: str | None = None
         self._stopping = asyncio.Event()
         self._signals = 0
+        self._hurried_by: int | None = None  # the second signal, which the exit code reports
         self._fatal: Slot | None = None
 
     # ------------------------------------------------------------------ running
@@ -125,7 +155,9 @@ class Supervisor:
         """Run until a signal (or a crash loop); the process exit code.
 
         Returns:
-            0 when every child drained cleanly, 1 when one abandoned work or died while draining.
+            0 when every child drained cleanly, 1 when one abandoned work or died while draining;
+            after a second signal 128 + that signal (130 for SIGINT, 143 for SIGTERM), as a
+            single worker's :func:`~amqpjobs.runtime.signals.stop_on_signals`.
 
         Raises:
             ConfigurationError: a child exited before it was ready 5 times within 60 s (its
@@ -149,6 +181,8 @@ class Supervisor:
             raise self._crash_loop_error(self._fatal)
         clean = all(code in (0, -signal.SIGTERM) for code in codes)  # -SIGTERM: stopped before it took work
         log.info("every child stopped%s", "" if clean else " (some abandoned work or died while draining)")
+        if self._hurried_by is not None:
+            return 128 + self._hurried_by
         return 0 if clean else 1
 
     def request_stop(self) -> None:
@@ -165,6 +199,8 @@ class Supervisor:
             self.request_stop()
         else:
             log.warning("second signal %d: children exit now; unacked deliveries return to their queues", signum)
+            if self._hurried_by is None:
+                self._hurried_by = signum
             for slot in self._slots:
                 self._signal_child(slot, signal.SIGTERM)
 
@@ -267,6 +303,7 @@ class Supervisor:
         try:
             server.start()
         except OSError as exc:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
             raise ConfigurationError(
                 f"can't serve metrics on {self._metrics_host}:{self._metrics_port}: {exc}"
             ) from None

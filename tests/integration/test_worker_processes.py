@@ -185,3 +185,31 @@ async def test_a_child_failing_at_import_5_times_ends_the_supervisor_with_that_e
     assert "restarting it in 0.25s" in out
     assert "restarting it in 0.50s" in out
     assert "restarting it in 2.00s" in out
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_two_sigints_exit_130_as_a_single_worker_does(broker: BrokerSettings, tmp_path: Path, processes: str):
+    """Ctrl-C twice: exit 130 (README "Exit codes"), and the abandoned job goes back to its queue."""
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--processes", processes, "--grace", "60s") as proc:
+        await app.enqueue("sleep", {"seconds": 60}, job_id="held")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the job to start")
+        proc.send_signal(signal.SIGINT)
+        await wait_until(lambda: "draining 1 in-flight job(s)" in log_text(tmp_path), 10, "the drain")
+        proc.send_signal(signal.SIGINT)
+        code = await exit_code(proc)
+    out = log_text(tmp_path)
+    assert code == 130, out
+    assert "second signal 2" in out
+    await app.close()
+    assert done_ids(record) == Counter()
+    await wait_until_depth(broker, "work", 1)
+
+
+async def wait_until_depth(broker: BrokerSettings, queue: str, expected: int, timeout: float = 30) -> None:
+    """Wait for the management API to report ``expected`` messages in ``queue`` (its stats lag a few seconds)."""
+    deadline = time.monotonic() + timeout
+    while (found := await depth(broker, queue)) != expected:
+        assert time.monotonic() < deadline, f"{queue} holds {found} message(s), not {expected}"
+        await asyncio.sleep(0.25)

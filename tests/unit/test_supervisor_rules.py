@@ -6,7 +6,12 @@ import json
 import logging
 import os
 import re
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,12 +26,12 @@ from amqpjobs.wire.settings import broker_settings
 
 
 def test_processes_is_a_positive_count_or_auto() -> None:
-    assert process_count("3") == 3
-    assert process_count("auto") == len(os.sched_getaffinity(0))
-    assert process_count(" AUTO ") == len(os.sched_getaffinity(0))
+    assert process_count("3", 2) == 3
+    assert process_count("auto", 3) == 3
+    assert process_count(" AUTO ", 3) == 3
     for bad in ("0", "-2", "two", ""):
         with pytest.raises(ConfigurationError, match=r"--processes .*positive number of processes, or auto"):
-            process_count(bad)
+            process_count(bad, 2)
 
 
 def test_the_child_spec_survives_its_json_line() -> None:
@@ -116,3 +121,81 @@ def test_consume_refuses_a_bad_process_count_before_it_starts_anything() -> None
     result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--log-outcomes", "some"], env=env)
     assert result.exit_code == 2
     assert "'some' is not one of 'all', 'failures', 'none'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "cpus", "expected"),
+    [("1", 1, 1), ("4", 1, 4), ("8", 2, 8), ("auto", 2, 2), ("auto", 64, 64), ("256", 64, 256), ("5", 1, None),
+     ("9", 2, None), ("999", 2, None), ("257", 64, None)],
+)  # fmt: skip
+def test_processes_are_at_most_4_per_cpu(value: str, cpus: int, expected: int | None) -> None:
+    if expected is not None:
+        assert process_count(value, cpus) == expected
+        return
+    with pytest.raises(ConfigurationError) as caught:
+        process_count(value, cpus)
+    assert str(caught.value) == (
+        f"--processes {value}: at most {4 * cpus} here (4 per CPU; this process may use {cpus} CPU(s), "
+        "os.sched_getaffinity). Each child is a whole worker: about 50 MB of memory and 2-3 broker connections. "
+        "Use fewer processes (auto: one per CPU), or run workers on more hosts"
+    )
+
+
+def test_consume_refuses_more_than_4_processes_per_cpu_and_starts_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from amqpjobs.cli import main
+
+    started: list[int] = []
+
+    async def run_child(self: Supervisor, slot: Any) -> int:
+        started.append(slot.index)
+        return 0
+
+    monkeypatch.setattr(Supervisor, "_run_child", run_child)
+    cpus = len(os.sched_getaffinity(0))
+    env = {"AMQPJOBS_URL": "amqp://u:p@127.0.0.1:1/v"}
+    result = CliRunner().invoke(main, ["consume", "no_such_module:app", "--processes", str(4 * cpus + 1)], env=env)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --processes {4 * cpus + 1}: at most {4 * cpus} here (4 per CPU; ")
+    assert result.stderr.count("\n") == 1
+    assert started == []
+
+
+def run_child_module(stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "amqpjobs.runtime.child"], input=stdin, capture_output=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+def test_a_child_whose_supervisor_is_gone_before_its_spec_exits_quietly() -> None:
+    done = run_child_module(b"")
+    assert (done.returncode, done.stdout, done.stderr) == (1, b"", b"")
+
+
+def test_a_child_given_a_bad_spec_says_so_in_one_line() -> None:
+    done = run_child_module(b'{"app_ref": "m:app", "index": 1\n')
+    assert done.returncode == 2
+    assert done.stderr.decode() == (
+        "amqpjobs child: the supervisor's settings line is not a valid spec: JSONDecodeError: Expecting ',' "
+        "delimiter: line 2 column 1 (char 32)\n"
+    )
+    assert "JSONDecodeError" in done.stdout.decode()  # the status line the supervisor's crash-loop error repeats
+    wrong = run_child_module(b'{"app_ref": "m:app"}\n')
+    assert wrong.returncode == 2
+    assert wrong.stderr.decode() == (
+        "amqpjobs child: the supervisor's settings line is not a valid spec: KeyError: 'options'\n"
+    )
+
+
+async def test_a_metrics_port_in_use_leaves_no_metrics_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the supervisor's directory
+    spec = ChildSpec("m:app", 0, WorkerOptions(), broker_settings("amqp://u:p@h:5672/v"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigurationError, match=f"can't serve metrics on 127.0.0.1:{port}: "):
+            await Supervisor(spec, 2, "127.0.0.1", port).run()
+    assert os.listdir(tmp_path) == []
