@@ -37,6 +37,8 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
     click.echo(result.plan.report())
+    for line in result.removal_report():
+        click.echo(line)
     for line in result.orphan_report():
         click.echo(line)
     if result.plan.conflicts or any(messages for _, messages in result.orphans):

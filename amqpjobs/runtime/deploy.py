@@ -11,12 +11,13 @@ from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
-from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.topology.models import BindingDecl
+from amqpjobs.topology.naming import parse_queue_name, shards_exchange_name
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import declare, probe_queues
+from amqpjobs.wire.declare import declare, probe_queues, unbind
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -35,6 +36,10 @@ class PlanResult:
         orphans: Live queues named like a job queue's shards or tiers that the topology no
             longer declares (e.g. after lowering ``shards``), with their message counts:
             no worker consumes them, so their messages would wait for ever.
+        stray_bindings: Live bindings from a ``<name>.shards`` exchange the topology declares
+            (ours: we own its bindings) to a queue it no longer binds, e.g. shards left
+            after lowering ``shards``: the broker would keep routing jobs there; apply
+            removes them.
 
     """
 
@@ -42,12 +47,20 @@ class PlanResult:
     plan: Plan
     broker_version: tuple[int, ...]
     orphans: tuple[tuple[str, int], ...] = ()
+    stray_bindings: tuple[BindingDecl, ...] = ()
+
+    def removal_report(self, done: bool = False) -> list[str]:
+        """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
+        verb = "removed" if done else "remove"
+        why = "" if done else ": not in the topology; apply removes it (jobs routed there reach no worker)"
+        return [f"{verb:<9} binding  {b.source} -> {b.destination} [{b.routing_key}]{why}" for b in self.stray_bindings]
 
     def orphan_report(self) -> list[str]:
         """One line per orphaned queue, with what to do."""
         return [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
-            "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it"
+            "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it, "
+            "or raise shards back so workers read it again"
             for name, messages in self.orphans
         ]
 
@@ -55,9 +68,13 @@ class PlanResult:
         """The lines ``topology apply`` prints: each object created, then the totals on ``safe_url``."""
         created = self.plan.creates
         lines = [f"created   {item.desired.kind:<8} {item.desired.name}" for item in created]
+        lines += self.removal_report(done=True)
         unchanged = self.plan.counts()["unchanged"]
-        if created:
-            lines.append(f"applied to {safe_url}: {len(created)} created, {unchanged} unchanged")
+        removed = len(self.stray_bindings)
+        if created or removed:
+            lines.append(
+                f"applied to {safe_url}: {len(created)} created, {removed} binding(s) removed, {unchanged} unchanged"
+            )
         else:
             lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
         return lines
@@ -95,6 +112,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
                     404,
                 ) from exc
             raise
+        raw_bindings = mgmt.bindings(settings.vhost)
     desired = desired_state(loaded.topology.declarations())
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
@@ -109,7 +127,27 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     if stray:
         probes = await probe_queues(settings, stray)
         orphans = tuple((n, probes[n].messages) for n in sorted(probes))
-    return PlanResult(loaded, plan, version, orphans)
+    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings))
+
+
+def _stray_bindings(loaded: LoadedTopology, live: list[dict[str, Any]]) -> tuple[BindingDecl, ...]:
+    """Live bindings from a ``<name>.shards`` exchange the topology declares that it does not declare."""
+    declarations = loaded.topology.declarations()
+    ours = {e.name for e in declarations.exchanges} & {shards_exchange_name(j.name) for j in loaded.topology.job_queues}
+    wanted = {(b.source, b.destination, b.destination_type, b.routing_key) for b in declarations.bindings}
+    stray = []
+    for b in live:
+        key = (b["source"], b["destination"], b["destination_type"], b["routing_key"])
+        if b["source"] in ours and key not in wanted:
+            stray.append(
+                BindingDecl(
+                    source=b["source"],
+                    destination=b["destination"],
+                    destination_type=b["destination_type"],
+                    routing_key=b["routing_key"],
+                )
+            )
+    return tuple(stray)
 
 
 def require_majority(settings: BrokerSettings, what: str, timeout: float = 10.0) -> None:
@@ -194,11 +232,14 @@ async def apply_topology(
     result = await plan_topology(path, settings)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())
-    if not result.plan.creates:
+    if not result.plan.creates and not result.stray_bindings:
         return result
     connection = await connect(settings)
     try:
-        await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
+        if result.plan.creates:
+            await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
+        if result.stray_bindings:
+            await unbind(connection, result.stray_bindings, declare_timeout, settings.safe_url)
     finally:
         with contextlib.suppress(TimeoutError):  # a node in a minority may not answer the close either
             await asyncio.wait_for(connection.close(), 5)

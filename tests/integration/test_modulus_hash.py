@@ -77,3 +77,36 @@ async def test_the_broker_picks_each_tenants_shard_on_43_refused_with_the_fix_be
         await worker.shutdown()
         await app.close()
     assert sorted(o.job_id for o in recorder.outcomes) == sorted(f"{t}-{r}" for t in tenants for r in range(3))
+
+
+async def test_lowering_shards_unbinds_the_orphaned_shards_from_the_exchange_and_plan_says_so(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version < (4, 3):
+        pytest.skip("x-modulus-hash is in core from RabbitMQ 4.3")
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    path.write_text(TOPOLOGY.replace("shards = 4", "shards = 2"))
+    plan = cli_subprocess(broker, "topology", "plan", str(path))
+    assert plan.returncode == 0, plan.stdout + plan.stderr  # no messages stranded yet: a change, not a problem
+    for shard in (2, 3):
+        assert f"remove    binding  tenants.shards -> tenants.shard-{shard} []" in plan.stdout, plan.stdout
+        assert f"ORPHAN    queue    tenants.shard-{shard} (0 message(s))" in plan.stdout, plan.stdout
+    applied = cli_subprocess(broker, "topology", "apply", str(path))
+    assert applied.returncode == 0, applied.stderr
+    assert "removed   binding  tenants.shards -> tenants.shard-3 []" in applied.stdout, applied.stdout
+    with ManagementClient(broker) as mgmt:
+        bound = sorted(b["destination"] for b in mgmt.bindings(broker.vhost) if b["source"] == "tenants.shards")
+    assert bound == ["tenants.shard-0", "tenants.shard-1"]
+    app = App("mh", topology=load_topology(path).topology, url=broker.url)
+    app.job("sync", queue="tenants")(lambda p, c: None)
+    try:
+        for i in range(8):
+            await app.enqueue("sync", {}, tenant=f"tenant-{i}", job_id=f"j{i}")
+    finally:
+        await app.close()
+    live = [await depth(broker, f"tenants.shard-{shard}") for shard in range(4)]
+    assert live[2:] == [0, 0] and sum(live) == 8, live  # every job where a worker reads
+    again = cli_subprocess(broker, "topology", "plan", str(path))
+    assert "remove    binding" not in again.stdout, again.stdout
