@@ -107,6 +107,7 @@ async def test_lowering_shards_unbinds_the_orphaned_shards_from_the_exchange_and
     finally:
         await app.close()
     live = [await depth(broker, f"tenants.shard-{shard}") for shard in range(4)]
-    assert live[2:] == [0, 0] and sum(live) == 8, live  # every job where a worker reads
+    assert live[2:] == [0, 0], live  # every job where a worker reads
+    assert sum(live) == 8, live
     again = cli_subprocess(broker, "topology", "plan", str(path))
     assert "remove    binding" not in again.stdout, again.stdout
