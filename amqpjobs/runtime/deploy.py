@@ -40,6 +40,9 @@ class PlanResult:
             (ours: we own its bindings) to a queue it no longer binds, e.g. shards left
             after lowering ``shards``: the broker would keep routing jobs there; apply
             removes them.
+        routing_notes: Warnings about a change of ``shard_routing`` on an applied job queue.
+        orphan_exchanges: Live ``<name>.shards`` exchanges of a job queue whose topology no
+            longer routes by modulus-hash, with their binding counts.
 
     """
 
@@ -48,6 +51,8 @@ class PlanResult:
     broker_version: tuple[int, ...]
     orphans: tuple[tuple[str, int], ...] = ()
     stray_bindings: tuple[BindingDecl, ...] = ()
+    routing_notes: tuple[str, ...] = ()
+    orphan_exchanges: tuple[tuple[str, int], ...] = ()
 
     def removal_report(self, done: bool = False) -> list[str]:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
@@ -56,8 +61,14 @@ class PlanResult:
         return [f"{verb:<9} binding  {b.source} -> {b.destination} [{b.routing_key}]{why}" for b in self.stray_bindings]
 
     def orphan_report(self) -> list[str]:
-        """One line per orphaned queue, with what to do."""
+        """One line per orphaned exchange and queue, with what to do."""
         return [
+            f"ORPHAN    exchange {name} ({bound} binding(s)): shard_routing is no longer modulus-hash, but the "
+            "broker still routes what is published to it, by its own hash, so a publisher still using it splits "
+            "tenants between shards; move publishers to the job queue's exchange (crc32 routing keys), then "
+            f"delete it: rabbitmqctl delete_exchange {name} -p <vhost>"
+            for name, bound in self.orphan_exchanges
+        ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
             "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it, "
             "or raise shards back so workers read it again"
@@ -127,7 +138,29 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     if stray:
         probes = await probe_queues(settings, stray)
         orphans = tuple((n, probes[n].messages) for n in sorted(probes))
-    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings))
+    live_names = {o.name for o in live if o.kind == "exchange"}
+    notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
+    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left)
+
+
+def _routing_changes(
+    loaded: LoadedTopology, exchanges: set[str], queues: set[str], bindings: list[dict[str, Any]]
+) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away."""
+    notes: list[str] = []
+    left: list[tuple[str, int]] = []
+    for lay in loaded.topology.layouts():
+        name = shards_exchange_name(lay.name)
+        applied = any(q in queues for q in lay.work_queues) and len(lay.work_queues) > 1
+        if lay.shards_exchange is not None and name not in exchanges and applied:
+            notes.append(
+                f"{lay.name}: shard_routing changes from crc32 to modulus-hash: most tenants move to another shard, "
+                "so a tenant's jobs already queued may run alongside or after its new ones (per-tenant order "
+                "breaks for jobs in flight); apply when its shards are drained, or accept that"
+            )
+        if lay.shards_exchange is None and name in exchanges:
+            left.append((name, sum(1 for b in bindings if b["source"] == name)))
+    return tuple(notes), tuple(left)
 
 
 def _stray_bindings(loaded: LoadedTopology, live: list[dict[str, Any]]) -> tuple[BindingDecl, ...]:

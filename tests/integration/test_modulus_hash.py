@@ -111,3 +111,27 @@ async def test_lowering_shards_unbinds_the_orphaned_shards_from_the_exchange_and
     assert sum(live) == 8, live
     again = cli_subprocess(broker, "topology", "plan", str(path))
     assert "remove    binding" not in again.stdout, again.stdout
+
+
+async def test_switching_shard_routing_warns_about_moved_tenants_and_lists_the_left_shards_exchange(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version < (4, 3):
+        pytest.skip("x-modulus-hash is in core from RabbitMQ 4.3")
+    modulus = tmp_path / "modulus.toml"
+    modulus.write_text(TOPOLOGY)
+    crc32 = tmp_path / "crc32.toml"
+    crc32.write_text(TOPOLOGY.replace('shard_routing = "modulus-hash"\n', ""))
+    await apply_topology(crc32, broker)
+    to_modulus = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert to_modulus.returncode == 0, to_modulus.stderr
+    assert "warning: tenants: shard_routing changes from crc32 to modulus-hash" in to_modulus.stderr
+    assert "most tenants move to another shard" in to_modulus.stderr
+    await apply_topology(modulus, broker)
+    again = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert "shard_routing changes" not in again.stderr, again.stderr  # applied: nothing to warn about
+    to_crc32 = cli_subprocess(broker, "topology", "plan", str(crc32))
+    assert "ORPHAN    exchange tenants.shards (4 binding(s)): shard_routing is no longer modulus-hash" in (
+        to_crc32.stdout
+    ), to_crc32.stdout
+    assert "rabbitmqctl delete_exchange" in to_crc32.stdout
