@@ -7,6 +7,8 @@ the same queue while the bindings stay. Figures against our crc32 routing: bench
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -135,3 +137,43 @@ async def test_switching_shard_routing_warns_about_moved_tenants_and_lists_the_l
         to_crc32.stdout
     ), to_crc32.stdout
     assert "rabbitmqctl delete_exchange" in to_crc32.stdout
+
+
+SCRIPT = """
+import asyncio, sys
+from amqpjobs import App
+from amqpjobs.errors import PublishError
+from amqpjobs.topology.loader import load_topology
+
+async def main() -> None:
+    app = App("mh", topology=load_topology(sys.argv[1]).topology, url=sys.argv[2])
+    app.job("sync", queue="tenants")(lambda p, c: None)
+    try:
+        await app.enqueue("sync", {}, tenant="t1")
+    except PublishError as exc:
+        print(f"PublishError: {exc}")  # the app is not closed: what a short script often does
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.version_independent
+def test_enqueue_to_modulus_hash_before_43_names_the_43_requirement_without_shutdown_noise(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version >= (4, 3):
+        pytest.skip("before RabbitMQ 4.3 only: there the exchange type does not exist")
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    script = tmp_path / "enqueue.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(path), broker.url], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exchange 'tenants.shards' does not exist" in done.stdout, done.stdout
+    assert "shard_routing modulus-hash needs the x-modulus-hash exchange of RabbitMQ 4.3+" in done.stdout
+    assert "upgrade the broker to RabbitMQ 4.3+, or remove shard_routing" in done.stdout
+    assert "apply the topology" not in done.stdout  # apply refuses modulus-hash before 4.3: no dead end
+    assert "unhandled exception" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
