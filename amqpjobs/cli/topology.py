@@ -33,7 +33,7 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
     """
     broker = settings(url, management_url)
     result = asyncio.run(plan_topology(path, broker))
-    for warning in (*result.loaded.warnings, *result.routing_notes):
+    for warning in (*result.loaded.warnings, *result.routing_notes, *filter(None, [result.no_majority])):
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
     click.echo(result.plan.report())

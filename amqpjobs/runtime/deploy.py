@@ -43,6 +43,8 @@ class PlanResult:
         routing_notes: Warnings about a change of ``shard_routing`` on an applied job queue.
         orphan_exchanges: Live ``<name>.shards`` exchanges of a job queue whose topology no
             longer routes by modulus-hash, with their binding counts.
+        no_majority: RabbitMQ 4.3+: why ``topology apply`` would be refused now (no Raft
+            majority, :func:`require_majority`), else ``""``.
 
     """
 
@@ -53,6 +55,7 @@ class PlanResult:
     stray_bindings: tuple[BindingDecl, ...] = ()
     routing_notes: tuple[str, ...] = ()
     orphan_exchanges: tuple[tuple[str, int], ...] = ()
+    no_majority: str = ""
 
     def removal_report(self, done: bool = False) -> list[str]:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
@@ -138,9 +141,16 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     if stray:
         probes = await probe_queues(settings, stray)
         orphans = tuple((n, probes[n].messages) for n in sorted(probes))
+    no_majority = ""
+    try:
+        await asyncio.to_thread(require_majority, settings, "topology apply")
+    except (BrokerUnavailableError, ManagementApiError) as exc:
+        log.debug("cluster majority not checked (management API: %s)", exc)
+    except BrokerError as exc:
+        no_majority = f"{exc}: apply would fail now"
     live_names = {o.name for o in live if o.kind == "exchange"}
     notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
-    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left)
+    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority)
 
 
 def _routing_changes(
@@ -230,6 +240,56 @@ async def require_majority_at_start(settings: BrokerSettings) -> None:
         await asyncio.to_thread(require_majority, settings, "worker start-up", 5.0)
     except (BrokerUnavailableError, ManagementApiError) as exc:
         log.debug("cluster majority not checked (management API: %s)", exc)
+
+
+def missing_queues_advice(settings: BrokerSettings, queues: list[str]) -> str:
+    """Why passive declares of ``queues`` failed, and the fix: not there, or on a node that is down.
+
+    A classic queue lives on one node; while that node is down a passive declare of it fails
+    with ``404 NOT_FOUND`` although it exists (RabbitMQ "Classic Queues" -> "Availability";
+    the management API then shows it with state ``down``). Asks the management API (wire
+    layer) for each queue's node and state, and which nodes run (``GET /api/nodes`` needs the
+    ``monitoring`` tag: without it a queue's own state still tells). When the API can't tell,
+    the advice names both possibilities.
+
+    Returns:
+        A sentence starting with the queue names, e.g. ``"queue(s) q.quarantine exist on node
+        n2, which is down: ..."``.
+
+    """
+    names = ", ".join(queues)
+    try:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            found = {n: mgmt.queue(settings.vhost, n) for n in queues}
+            try:
+                running: dict[str, bool] | None = mgmt.running_nodes()
+            except ManagementApiError:
+                running = None
+    except (BrokerUnavailableError, ManagementApiError) as exc:
+        log.debug("queue hosts not checked (management API: %s)", exc)
+        return (
+            f"queue(s) {names} do not exist on {settings.safe_url}, or are on a cluster node that is down: apply "
+            "the topology first (amqpjobs topology apply), or bring that node back"
+        )
+    down: dict[str, list[str]] = {}
+    absent = []
+    for name, info in found.items():
+        node = str(info.get("node", "?")) if info else ""
+        if info and (info.get("state") == "down" or (running is not None and running.get(node) is False)):
+            down.setdefault(node, []).append(name)
+        else:
+            absent.append(name)
+    parts = [
+        f"queue(s) {', '.join(q)} exist but their node {node} is down (management API: state down): bring "
+        f"{node} back (a classic queue lives on that node only; topology apply can't help, the queues exist)"
+        for node, q in sorted(down.items())
+    ]
+    if absent:
+        parts.append(
+            f"queue(s) {', '.join(absent)} do not exist on {settings.safe_url}: apply the topology first "
+            "(amqpjobs topology apply)"
+        )
+    return "; ".join(parts)
 
 
 async def apply_topology(
