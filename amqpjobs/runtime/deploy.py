@@ -73,9 +73,30 @@ class PlanResult:
             for name, bound in self.orphan_exchanges
         ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
-            "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it, "
-            "or raise shards back so workers read it again"
-            for name, messages in self.orphans
+            f"it; {fix}"
+            for (name, messages), fix in zip(self.orphans, self._orphan_fixes(), strict=True)
+        ]
+
+    def _orphan_fixes(self) -> list[str]:
+        """What to do with each of :attr:`orphans`: a dropped tier empties itself, a dropped shard doesn't.
+
+        A tier queue keeps its ``x-message-ttl`` and dead-letter target, so when its work queue
+        is still declared its messages go back there (RabbitMQ "Dead Lettering", "Time-To-Live");
+        a dropped shard (and its tiers, which dead-letter into it) is read by nobody, with crc32
+        and modulus-hash routing alike.
+        """
+        declared = {q for lay in self.loaded.topology.layouts() for q in lay.work_queues}
+        parsed = [parse_queue_name(name) for name, _ in self.orphans]
+        wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
+        for p in parsed:
+            if p.shard is not None and p.work_queue not in declared:
+                wanted[p.job_queue] = max(wanted.get(p.job_queue, 0), p.shard + 1)
+        return [
+            f"its messages go back to {p.work_queue} when their delay ends (dead-lettering); delete it once empty"
+            if p.kind == "tier" and p.work_queue in declared
+            else "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or raise "
+            f"shards back to {wanted.get(p.job_queue, 1)} so workers read it again, then delete it"
+            for p in parsed
         ]
 
     def apply_report(self, safe_url: str) -> list[str]:
