@@ -105,11 +105,9 @@ class PlanResult:
         lines = [f"created   {item.desired.kind:<8} {item.desired.name}" for item in created]
         lines += self.removal_report(done=True)
         unchanged = self.plan.counts()["unchanged"]
-        removed = len(self.stray_bindings)
+        removed = f"{len(self.stray_bindings)} binding(s) removed, " if self.stray_bindings else ""
         if created or removed:
-            lines.append(
-                f"applied to {safe_url}: {len(created)} created, {removed} binding(s) removed, {unchanged} unchanged"
-            )
+            lines.append(f"applied to {safe_url}: {len(created)} created, {removed}{unchanged} unchanged")
         else:
             lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
         return lines

@@ -98,6 +98,7 @@ async def test_lowering_shards_unbinds_the_orphaned_shards_from_the_exchange_and
     applied = cli_subprocess(broker, "topology", "apply", str(path))
     assert applied.returncode == 0, applied.stderr
     assert "removed   binding  tenants.shards -> tenants.shard-3 []" in applied.stdout, applied.stdout
+    assert ": 0 created, 2 binding(s) removed, " in applied.stdout, applied.stdout
     with ManagementClient(broker) as mgmt:
         bound = sorted(b["destination"] for b in mgmt.bindings(broker.vhost) if b["source"] == "tenants.shards")
     assert bound == ["tenants.shard-0", "tenants.shard-1"]
