@@ -261,8 +261,8 @@ async def require_majority_at_start(settings: BrokerSettings) -> None:
         log.debug("cluster majority not checked (management API: %s)", exc)
 
 
-def missing_queues_advice(settings: BrokerSettings, queues: list[str]) -> str:
-    """Why passive declares of ``queues`` failed, and the fix: not there, or on a node that is down.
+def missing_objects_advice(settings: BrokerSettings, queues: list[str], exchanges: list[str]) -> str:
+    """Why passive declares of ``queues`` and ``exchanges`` failed, and the fix: not there, or on a node that is down.
 
     A classic queue lives on one node; while that node is down a passive declare of it fails
     with ``404 NOT_FOUND`` although it exists (RabbitMQ "Classic Queues" -> "Availability";
@@ -272,41 +272,40 @@ def missing_queues_advice(settings: BrokerSettings, queues: list[str]) -> str:
     the advice names both possibilities.
 
     Returns:
-        A sentence starting with the queue names, e.g. ``"queue(s) q.quarantine exist on node
-        n2, which is down: ..."``.
+        One sentence per cause, joined by ``"; "``, e.g. ``"queue(s) work.quarantine exist but
+        their node rabbit@n2 is down (...): bring rabbit@n2 back (...)"`` or ``"queue(s) a and
+        exchange(s) b do not exist on <url>: apply the topology first (amqpjobs topology apply)"``.
 
     """
-    names = ", ".join(queues)
-    try:
-        with ManagementClient(settings, timeout=5.0) as mgmt:
-            found = {n: mgmt.queue(settings.vhost, n) for n in queues}
-            try:
-                running: dict[str, bool] | None = mgmt.running_nodes()
-            except ManagementApiError:
-                running = None
-    except (BrokerUnavailableError, ManagementApiError) as exc:
-        log.debug("queue hosts not checked (management API: %s)", exc)
-        return (
-            f"queue(s) {names} do not exist on {settings.safe_url}, or are on a cluster node that is down: apply "
-            "the topology first (amqpjobs topology apply), or bring that node back"
-        )
     down: dict[str, list[str]] = {}
-    absent = []
-    for name, info in found.items():
-        node = str(info.get("node", "?")) if info else ""
-        if info and (info.get("state") == "down" or (running is not None and running.get(node) is False)):
-            down.setdefault(node, []).append(name)
-        else:
-            absent.append(name)
+    checked = True
+    if queues:
+        try:
+            with ManagementClient(settings, timeout=5.0) as mgmt:
+                found = {n: mgmt.queue(settings.vhost, n) for n in queues}
+                try:
+                    running: dict[str, bool] | None = mgmt.running_nodes()
+                except ManagementApiError:
+                    running = None
+        except (BrokerUnavailableError, ManagementApiError) as exc:
+            log.debug("queue hosts not checked (management API: %s)", exc)
+            found, running, checked = {}, None, False
+        for name, info in found.items():
+            node = str(info.get("node", "?")) if info else ""
+            if info and (info.get("state") == "down" or (running is not None and running.get(node) is False)):
+                down.setdefault(node, []).append(name)
     parts = [
         f"queue(s) {', '.join(q)} exist but their node {node} is down (management API: state down): bring "
         f"{node} back (a classic queue lives on that node only; topology apply can't help, the queues exist)"
         for node, q in sorted(down.items())
     ]
-    if absent:
+    absent = [q for q in queues if not any(q in on_node for on_node in down.values())]
+    what = " and ".join(f"{k}(s) {', '.join(m)}" for k, m in (("queue", absent), ("exchange", exchanges)) if m)
+    if what:
+        maybe_down = "" if checked or not absent else ", or bring back the cluster node they live on if it is down"
         parts.append(
-            f"queue(s) {', '.join(absent)} do not exist on {settings.safe_url}: apply the topology first "
-            "(amqpjobs topology apply)"
+            f"{what} do not exist on {settings.safe_url}: apply the topology first (amqpjobs topology apply)"
+            + maybe_down
         )
     return "; ".join(parts)
 
