@@ -29,7 +29,6 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.topology.naming import SHARDS_SUFFIX
 from amqpjobs.topology.versions import modulus_hash_refusal
 from amqpjobs.wire.connection import broker_info
 from amqpjobs.wire.copies import ReceivedCopy, encodable
@@ -115,6 +114,10 @@ class ConfirmedPublisher:
             (``504 CHANNEL_ERROR - expected 'channel.open'``), and with it every consumer's
             unacked deliveries. Measured here: 7 connections lost in 40 rounds of 4
             concurrent publishes to a missing exchange; none with one at a time.
+        is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
+            exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
+            4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
+            exchange is one (a name alone can't tell: a user's exchange may end in ``.shards``).
     """
 
     def __init__(
@@ -124,7 +127,9 @@ class ConfirmedPublisher:
         max_message_size: int | None = None,
         on_confirm: Callable[[float], None] | None = None,
         serial: bool = False,
+        is_modulus_exchange: Callable[[str], bool] | None = None,
     ) -> None:
+        self._is_modulus_exchange = is_modulus_exchange
         self._on_confirm = on_confirm
         self._one_at_a_time = asyncio.Lock() if serial else None
         self._connection = connection
@@ -134,9 +139,9 @@ class ConfirmedPublisher:
         self._lock = asyncio.Lock()
 
     def _missing_exchange(self, exchange: str) -> str:
-        """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a ``<name>.shards`` exchange can't exist."""
+        """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
         text = f"exchange {exchange!r} does not exist"
-        if exchange.endswith(SHARDS_SUFFIX):
+        if self._is_modulus_exchange is not None and self._is_modulus_exchange(exchange):
             with contextlib.suppress(BrokerUnavailableError):
                 refusal = modulus_hash_refusal(broker_info(self._connection).version)
                 if refusal is not None:  # topology apply refuses modulus-hash here: "apply" would be a dead end

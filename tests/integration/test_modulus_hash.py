@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from amqpjobs import App, Worker, WorkerOptions
+from amqpjobs.errors import PublishError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
@@ -178,3 +179,23 @@ def test_enqueue_to_modulus_hash_before_43_names_the_43_requirement_without_shut
     assert "apply the topology" not in done.stdout  # apply refuses modulus-hash before 4.3: no dead end
     assert "unhandled exception" not in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.version_independent
+async def test_a_missing_exchange_merely_named_like_shards_is_told_to_apply_not_to_upgrade(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version >= (4, 3):
+        pytest.skip("before RabbitMQ 4.3 only: there the upgrade advice would be given")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        '[[exchange]]\nname = "orders.shards"\n\n[[job_queue]]\nname = "orders"\nexchange = "orders.shards"\n'
+    )
+    app = App("plain", topology=load_topology(path).topology, url=broker.url)
+    app.job("sync", queue="orders")(lambda p, c: None)
+    try:
+        with pytest.raises(PublishError) as raised:  # not applied: a user's exchange, no modulus-hash anywhere
+            await app.enqueue("sync", {})
+    finally:
+        await app.close()
+    assert str(raised.value) == "exchange 'orders.shards' does not exist: apply the topology (amqpjobs topology apply)"
