@@ -33,10 +33,12 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
     """
     broker = settings(url, management_url)
     result = asyncio.run(plan_topology(path, broker))
-    for warning in result.loaded.warnings:
+    for warning in (*result.loaded.warnings, *result.routing_notes, *filter(None, [result.no_majority])):
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
     click.echo(result.plan.report())
+    for line in result.removal_report():
+        click.echo(line)
     for line in result.orphan_report():
         click.echo(line)
     if result.plan.conflicts or any(messages for _, messages in result.orphans):
@@ -62,7 +64,7 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
         raise ConfigurationError(f"--declare-timeout: {exc}") from None
     broker = settings(url, management_url)
     result = asyncio.run(apply_topology(path, broker, timeout))
-    for warning in result.loaded.warnings:
+    for warning in (*result.loaded.warnings, *result.routing_notes):
         click.echo(f"warning: {warning}", err=True)
     for line in result.orphan_report():
         click.echo(f"warning: {line}", err=True)

@@ -191,7 +191,13 @@ class App(CronSchedules, JobResults):
                     self._gate.close()
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
-                self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
+                self._publisher = ConfirmedPublisher(
+                    self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange
+                )
+
+    def _is_modulus_exchange(self, exchange: str) -> bool:
+        """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""
+        return any(lay.shards_exchange == exchange for lay in self._layouts.values())
 
     def use_publisher(
         self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None

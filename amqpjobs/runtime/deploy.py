@@ -11,12 +11,13 @@ from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
-from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.topology.models import BindingDecl
+from amqpjobs.topology.naming import parse_queue_name, shards_exchange_name
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import declare, probe_queues
+from amqpjobs.wire.declare import declare, probe_queues, unbind
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -35,6 +36,15 @@ class PlanResult:
         orphans: Live queues named like a job queue's shards or tiers that the topology no
             longer declares (e.g. after lowering ``shards``), with their message counts:
             no worker consumes them, so their messages would wait for ever.
+        stray_bindings: Live bindings from a ``<name>.shards`` exchange the topology declares
+            (ours: we own its bindings) to a queue it no longer binds, e.g. shards left
+            after lowering ``shards``: the broker would keep routing jobs there; apply
+            removes them.
+        routing_notes: Warnings about a change of ``shard_routing`` on an applied job queue.
+        orphan_exchanges: Live ``<name>.shards`` exchanges of a job queue whose topology no
+            longer routes by modulus-hash, with their binding counts.
+        no_majority: RabbitMQ 4.3+: why ``topology apply`` would be refused now (no Raft
+            majority, :func:`require_majority`), else ``""``.
 
     """
 
@@ -42,22 +52,62 @@ class PlanResult:
     plan: Plan
     broker_version: tuple[int, ...]
     orphans: tuple[tuple[str, int], ...] = ()
+    stray_bindings: tuple[BindingDecl, ...] = ()
+    routing_notes: tuple[str, ...] = ()
+    orphan_exchanges: tuple[tuple[str, int], ...] = ()
+    no_majority: str = ""
+
+    def removal_report(self, done: bool = False) -> list[str]:
+        """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
+        verb = "removed" if done else "remove"
+        why = "" if done else ": not in the topology; apply removes it (jobs routed there reach no worker)"
+        return [f"{verb:<9} binding  {b.source} -> {b.destination} [{b.routing_key}]{why}" for b in self.stray_bindings]
 
     def orphan_report(self) -> list[str]:
-        """One line per orphaned queue, with what to do."""
+        """One line per orphaned exchange and queue, with what to do."""
         return [
+            f"ORPHAN    exchange {name} ({bound} binding(s)): shard_routing is no longer modulus-hash, but the "
+            "broker still routes what is published to it, by its own hash, so a publisher still using it splits "
+            "tenants between shards; move publishers to the job queue's exchange (crc32 routing keys), then "
+            f"delete it: rabbitmqctl delete_exchange {name} -p <vhost>"
+            for name, bound in self.orphan_exchanges
+        ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
-            "it; move its messages to a live queue (e.g. a shovel, or consume and re-enqueue) before deleting it"
-            for name, messages in self.orphans
+            f"it; {fix}"
+            for (name, messages), fix in zip(self.orphans, self._orphan_fixes(), strict=True)
+        ]
+
+    def _orphan_fixes(self) -> list[str]:
+        """What to do with each of :attr:`orphans`: a dropped tier empties itself, a dropped shard doesn't.
+
+        A tier queue keeps its ``x-message-ttl`` and dead-letter target, so when its work queue
+        is still declared its messages go back there (RabbitMQ "Dead Lettering", "Time-To-Live");
+        a dropped shard (and its tiers, which dead-letter into it) is read by nobody, with crc32
+        and modulus-hash routing alike.
+        """
+        declared = {q for lay in self.loaded.topology.layouts() for q in lay.work_queues}
+        parsed = [parse_queue_name(name) for name, _ in self.orphans]
+        wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
+        for p in parsed:
+            if p.shard is not None and p.work_queue not in declared:
+                wanted[p.job_queue] = max(wanted.get(p.job_queue, 0), p.shard + 1)
+        return [
+            f"its messages go back to {p.work_queue} when their delay ends (dead-lettering); delete it once empty"
+            if p.kind == "tier" and p.work_queue in declared
+            else "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or raise "
+            f"shards back to {wanted.get(p.job_queue, 1)} so workers read it again, then delete it"
+            for p in parsed
         ]
 
     def apply_report(self, safe_url: str) -> list[str]:
         """The lines ``topology apply`` prints: each object created, then the totals on ``safe_url``."""
         created = self.plan.creates
         lines = [f"created   {item.desired.kind:<8} {item.desired.name}" for item in created]
+        lines += self.removal_report(done=True)
         unchanged = self.plan.counts()["unchanged"]
-        if created:
-            lines.append(f"applied to {safe_url}: {len(created)} created, {unchanged} unchanged")
+        removed = f"{len(self.stray_bindings)} binding(s) removed, " if self.stray_bindings else ""
+        if created or removed:
+            lines.append(f"applied to {safe_url}: {len(created)} created, {removed}{unchanged} unchanged")
         else:
             lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
         return lines
@@ -95,6 +145,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
                     404,
                 ) from exc
             raise
+        raw_bindings = mgmt.bindings(settings.vhost)
     desired = desired_state(loaded.topology.declarations())
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
@@ -109,7 +160,56 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     if stray:
         probes = await probe_queues(settings, stray)
         orphans = tuple((n, probes[n].messages) for n in sorted(probes))
-    return PlanResult(loaded, plan, version, orphans)
+    no_majority = ""
+    try:
+        await asyncio.to_thread(require_majority, settings, "topology apply")
+    except (BrokerUnavailableError, ManagementApiError) as exc:
+        log.debug("cluster majority not checked (management API: %s)", exc)
+    except BrokerError as exc:
+        no_majority = f"{exc}: apply would fail now"
+    live_names = {o.name for o in live if o.kind == "exchange"}
+    notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
+    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority)
+
+
+def _routing_changes(
+    loaded: LoadedTopology, exchanges: set[str], queues: set[str], bindings: list[dict[str, Any]]
+) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away."""
+    notes: list[str] = []
+    left: list[tuple[str, int]] = []
+    for lay in loaded.topology.layouts():
+        name = shards_exchange_name(lay.name)
+        applied = any(q in queues for q in lay.work_queues) and len(lay.work_queues) > 1
+        if lay.shards_exchange is not None and name not in exchanges and applied:
+            notes.append(
+                f"{lay.name}: shard_routing changes from crc32 to modulus-hash: most tenants move to another shard, "
+                "so a tenant's jobs already queued may run alongside or after its new ones (per-tenant order "
+                "breaks for jobs in flight); apply when its shards are drained, or accept that"
+            )
+        if lay.shards_exchange is None and name in exchanges:
+            left.append((name, sum(1 for b in bindings if b["source"] == name)))
+    return tuple(notes), tuple(left)
+
+
+def _stray_bindings(loaded: LoadedTopology, live: list[dict[str, Any]]) -> tuple[BindingDecl, ...]:
+    """Live bindings from a ``<name>.shards`` exchange the topology declares that it does not declare."""
+    declarations = loaded.topology.declarations()
+    ours = {e.name for e in declarations.exchanges} & {shards_exchange_name(j.name) for j in loaded.topology.job_queues}
+    wanted = {(b.source, b.destination, b.destination_type, b.routing_key) for b in declarations.bindings}
+    stray = []
+    for b in live:
+        key = (b["source"], b["destination"], b["destination_type"], b["routing_key"])
+        if b["source"] in ours and key not in wanted:
+            stray.append(
+                BindingDecl(
+                    source=b["source"],
+                    destination=b["destination"],
+                    destination_type=b["destination_type"],
+                    routing_key=b["routing_key"],
+                )
+            )
+    return tuple(stray)
 
 
 def require_majority(settings: BrokerSettings, what: str, timeout: float = 10.0) -> None:
@@ -161,6 +261,55 @@ async def require_majority_at_start(settings: BrokerSettings) -> None:
         log.debug("cluster majority not checked (management API: %s)", exc)
 
 
+def missing_objects_advice(settings: BrokerSettings, queues: list[str], exchanges: list[str]) -> str:
+    """Why passive declares of ``queues`` and ``exchanges`` failed, and the fix: not there, or on a node that is down.
+
+    A classic queue lives on one node; while that node is down a passive declare of it fails
+    with ``404 NOT_FOUND`` although it exists (RabbitMQ "Classic Queues" -> "Availability";
+    the management API then shows it with state ``down``). Asks the management API (wire
+    layer) for each queue's node and state, and which nodes run (``GET /api/nodes`` needs the
+    ``monitoring`` tag: without it a queue's own state still tells). When the API can't tell,
+    the advice names both possibilities.
+
+    Returns:
+        One sentence per cause, joined by ``"; "``, e.g. ``"queue(s) work.quarantine exist but
+        their node rabbit@n2 is down (...): bring rabbit@n2 back (...)"`` or ``"queue(s) a and
+        exchange(s) b do not exist on <url>: apply the topology first (amqpjobs topology apply)"``.
+
+    """
+    down: dict[str, list[str]] = {}
+    checked = True
+    if queues:
+        try:
+            with ManagementClient(settings, timeout=5.0) as mgmt:
+                found = {n: mgmt.queue(settings.vhost, n) for n in queues}
+                try:
+                    running: dict[str, bool] | None = mgmt.running_nodes()
+                except ManagementApiError:
+                    running = None
+        except (BrokerUnavailableError, ManagementApiError) as exc:
+            log.debug("queue hosts not checked (management API: %s)", exc)
+            found, running, checked = {}, None, False
+        for name, info in found.items():
+            node = str(info.get("node", "?")) if info else ""
+            if info and (info.get("state") == "down" or (running is not None and running.get(node) is False)):
+                down.setdefault(node, []).append(name)
+    parts = [
+        f"queue(s) {', '.join(q)} exist but their node {node} is down (management API: state down): bring "
+        f"{node} back (a classic queue lives on that node only; topology apply can't help, the queues exist)"
+        for node, q in sorted(down.items())
+    ]
+    absent = [q for q in queues if not any(q in on_node for on_node in down.values())]
+    what = " and ".join(f"{k}(s) {', '.join(m)}" for k, m in (("queue", absent), ("exchange", exchanges)) if m)
+    if what:
+        maybe_down = "" if checked or not absent else ", or bring back the cluster node they live on if it is down"
+        parts.append(
+            f"{what} do not exist on {settings.safe_url}: apply the topology first (amqpjobs topology apply)"
+            + maybe_down
+        )
+    return "; ".join(parts)
+
+
 async def apply_topology(
     path: str | Path, settings: BrokerSettings, declare_timeout: float | None = None
 ) -> PlanResult:
@@ -194,11 +343,14 @@ async def apply_topology(
     result = await plan_topology(path, settings)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())
-    if not result.plan.creates:
+    if not result.plan.creates and not result.stray_bindings:
         return result
     connection = await connect(settings)
     try:
-        await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
+        if result.plan.creates:
+            await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
+        if result.stray_bindings:
+            await unbind(connection, result.stray_bindings, declare_timeout, settings.safe_url)
     finally:
         with contextlib.suppress(TimeoutError):  # a node in a minority may not answer the close either
             await asyncio.wait_for(connection.close(), 5)

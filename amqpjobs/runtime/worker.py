@@ -34,7 +34,7 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
-from amqpjobs.runtime.deploy import require_majority_at_start
+from amqpjobs.runtime.deploy import missing_objects_advice, require_majority_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
@@ -151,11 +151,8 @@ class Worker(SuspectTurns):
         await require_majority_at_start(self.settings)
         queues, exchanges = (sorted(m) for m in await missing_objects(self.settings, needed, exchanges))
         if queues or exchanges:
-            what = " and ".join(f"{k}(s) {', '.join(m)}" for k, m in (("queue", queues), ("exchange", exchanges)) if m)
-            raise BrokerError(
-                f"{what} do not exist on {self.settings.safe_url}: apply the topology first (amqpjobs topology "
-                "apply); without them retries, quarantine and crash containment can't work"
-            )
+            advice = await asyncio.to_thread(missing_objects_advice, self.settings, queues, exchanges)
+            raise BrokerError(f"{advice}; without them retries, quarantine and crash containment can't work")
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         self._version = version = broker_info(self._connection).version  # see amqpjobs.runtime.broker_rules
         check_layouts(self._layouts.values(), version)

@@ -136,6 +136,41 @@ async def declare(
                 await ch.close()
 
 
+async def unbind(
+    connection: AbstractRobustConnection,
+    bindings: Iterable[BindingDecl],
+    within: float | None = None,
+    safe_url: str = "the broker",
+) -> None:
+    """Remove ``bindings`` (``queue.unbind`` / ``exchange.unbind``), one after another on one channel.
+
+    Unbinding a binding that no longer exists succeeds (RabbitMQ AMQP 0-9-1 reference,
+    ``queue.unbind``), so a second run is harmless.
+
+    Raises:
+        BrokerError: the broker refused an unbind, or gave no answer within ``within``
+            seconds (None: :data:`DECLARE_TIMEOUT`); the bindings removed before it stay removed.
+
+    """
+    transport = connection.transport
+    if transport is None:
+        raise BrokerError("not connected to the broker")
+    channel = await transport.connection.channel(publisher_confirms=False)
+    try:
+        async with declaring("removing bindings", safe_url, within):
+            for b in bindings:
+                if b.destination_type == "queue":
+                    await channel.queue_unbind(b.destination, b.source, routing_key=b.routing_key)
+                else:
+                    await channel.exchange_unbind(b.destination, b.source, routing_key=b.routing_key)
+    except LIBRARY_ERRORS as exc:
+        raise BrokerError(
+            f"the broker refused to remove a binding: {exc}; bindings removed before it stay removed"
+        ) from exc
+    with contextlib.suppress(Exception):
+        await channel.close()
+
+
 async def _spread(
     channels: list[aiormq.abc.AbstractChannel], calls: list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]
 ) -> None:

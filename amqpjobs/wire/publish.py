@@ -29,6 +29,8 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.topology.versions import modulus_hash_refusal
+from amqpjobs.wire.connection import broker_info
 from amqpjobs.wire.copies import ReceivedCopy, encodable
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
@@ -112,6 +114,10 @@ class ConfirmedPublisher:
             (``504 CHANNEL_ERROR - expected 'channel.open'``), and with it every consumer's
             unacked deliveries. Measured here: 7 connections lost in 40 rounds of 4
             concurrent publishes to a missing exchange; none with one at a time.
+        is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
+            exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
+            4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
+            exchange is one (a name alone can't tell: a user's exchange may end in ``.shards``).
     """
 
     def __init__(
@@ -121,7 +127,9 @@ class ConfirmedPublisher:
         max_message_size: int | None = None,
         on_confirm: Callable[[float], None] | None = None,
         serial: bool = False,
+        is_modulus_exchange: Callable[[str], bool] | None = None,
     ) -> None:
+        self._is_modulus_exchange = is_modulus_exchange
         self._on_confirm = on_confirm
         self._one_at_a_time = asyncio.Lock() if serial else None
         self._connection = connection
@@ -130,16 +138,30 @@ class ConfirmedPublisher:
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
 
+    def _missing_exchange(self, exchange: str) -> str:
+        """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
+        text = f"exchange {exchange!r} does not exist"
+        if self._is_modulus_exchange is not None and self._is_modulus_exchange(exchange):
+            with contextlib.suppress(BrokerUnavailableError):
+                refusal = modulus_hash_refusal(broker_info(self._connection).version)
+                if refusal is not None:  # topology apply refuses modulus-hash here: "apply" would be a dead end
+                    return f"{text}: {refusal[0]}; {refusal[1]}"
+        return f"{text}: apply the topology (amqpjobs topology apply)"
+
+    async def _discard_channel(self) -> None:
+        """Close and forget a channel the broker closed (a 404): stops aio-pika reopening it beside a new one."""
+        old, self._channel = self._channel, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+
     async def _ensure_channel(self) -> AbstractChannel:
         channel = self._channel
         if channel is not None and not channel.is_closed:  # the common case: no lock
             return channel
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
-                old, self._channel = self._channel, None
-                if old is not None:  # closed by the broker (a 404): stop aio-pika reopening it beside the new one
-                    with contextlib.suppress(Exception):
-                        await old.close()
+                await self._discard_channel()
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
             return self._channel
 
@@ -197,9 +219,10 @@ class ConfirmedPublisher:
                 "(queue full with overflow reject-publish, or a broker-side failure)"
             ) from exc.__cause__
         except NotFoundError as exc:
-            raise PublishError(
-                f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)"
-            ) from exc.__cause__
+            # the broker closed the channel: close ours now, so that no task of aio-pika's is left holding
+            # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
+            await self._discard_channel()
+            raise PublishError(self._missing_exchange(exchange)) from exc.__cause__
         except PreconditionFailedError as exc:
             if "max size" in str(exc) or "message size" in str(exc):
                 raise MessageTooLargeError(

@@ -146,6 +146,12 @@ async def test_minority_refuses_apply_and_worker_start_then_majority_back(
     nodes_ctl("stop", "2")
     nodes_ctl("stop", "3")
 
+    planned = cli_subprocess(n1, "topology", "plan", str(more), timeout=60)
+    assert planned.returncode == 0, planned.stderr  # plan reads and declares nothing: it works, and warns
+    assert "warning: topology apply on" in planned.stderr, planned.stderr
+    assert "no Raft majority: 1 of the cluster's 3 nodes run" in planned.stderr
+    assert "apply would fail now" in planned.stderr
+
     started = time.monotonic()
     refused = cli_subprocess(n1, "topology", "apply", str(more), timeout=60)
     apply_took = time.monotonic() - started
@@ -187,6 +193,32 @@ async def test_minority_refuses_apply_and_worker_start_then_majority_back(
         out, _ = await asyncio.to_thread(worker.communicate, timeout=30)
     assert worker.returncode == 0, out
     assert done_ids(tmp_path / "record.txt") == {"after-majority": 1}
+
+
+async def test_worker_names_the_down_node_of_a_classic_queue_not_apply(
+    vhost_nodes: list[BrokerSettings], tmp_path: Path
+):
+    n1, n2 = vhost_nodes[0], vhost_nodes[1]
+    work = tmp_path / "work.toml"
+    work.write_text(WORK)
+    applied = cli_subprocess(n2, "topology", "apply", str(work))  # classic queues live on the declaring node
+    assert applied.returncode == 0, applied.stderr
+    with ManagementClient(n1) as mgmt:
+        info = mgmt.queue(n1.vhost, "work.quarantine")
+    assert info is not None
+    assert info["type"] == "classic"
+    assert info["node"] == NODES[1]
+    nodes_ctl("stop", "2")  # 1 and 3 run: a majority, but work.quarantine's node is down
+    again = cli_subprocess(n1, "topology", "apply", str(work), timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to create" in again.stdout  # it exists: apply can't help
+    worker = start_worker(n1, tmp_path, work)
+    out, _ = await asyncio.to_thread(worker.communicate, timeout=60)
+    assert worker.returncode == 3, out
+    assert f"exist but their node {NODES[1]} is down" in out, out
+    assert "work.quarantine" in out
+    assert f"bring {NODES[1]} back" in out
+    assert "apply the topology first" not in out, out
 
 
 @pytest.mark.timeout(400)
