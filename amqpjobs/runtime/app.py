@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -192,6 +193,28 @@ class App(CronSchedules, JobResults):
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(self._connection, max_message_size=limit)
+
+    def for_another_loop(self, url: str | None = None) -> App:
+        """A copy of this app for another event loop (a SyncPublisher's): the one home of "what carries over".
+
+        Everything the app was given or set since (topology, jobs, URL unless ``url`` is given,
+        ``max_message_size``, ``blocked_timeout``, ``queue_full_wait``, tracing, ...) is carried
+        over as it is, so an option added to :class:`App` reaches the sync publisher too. What is
+        bound to an event loop is not: the publishing connection, its gate and the ``queued``
+        writer are the copy's own, and ``results`` and ``payload_store`` are copies with their own
+        connections (``.copy()``), closed by the copy's :meth:`close`. The ledger is left out
+        (enqueue never uses it, and the copy must not close the app's).
+        """
+        twin = copy.copy(self)
+        twin._url = url or self._url
+        twin.ledger = None
+        twin.results = self.results.copy() if self.results is not None else None
+        twin.payload_store = self.payload_store.copy() if self.payload_store is not None else None
+        twin._connection = twin._publisher = twin._gate = twin._connect_lock = None
+        twin._publisher_loop = None
+        twin._markers = None
+        twin._queued_writer = None
+        return twin
 
     def use_publisher(
         self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None

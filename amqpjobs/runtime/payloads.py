@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
@@ -101,6 +102,15 @@ class PayloadStore(abc.ABC):
         self.retention = self.grace  # what the worker's sweep (amqpjobs.runtime.ledger.keep_pruned) reads
 
     # ------------------------------------------------------------------ storage primitives
+    def copy(self) -> PayloadStore:
+        """The same store (same options, same data) with connections of its own, for another event loop."""
+        twin = copy.copy(self)
+        twin._fresh()
+        return twin
+
+    def _fresh(self) -> None:  # noqa: B027 - optional hook
+        """Forget this object's connections (on a :meth:`copy`); a store with connections overrides it."""
+
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Connect (and create the table/bucket layout when missing); called before first use."""
 

@@ -61,6 +61,10 @@ class PostgresPayloadStore(PayloadStore):
         self._lock: asyncio.Lock | None = None  # one connection: one statement (or connect) at a time
         self._lock_loop: asyncio.AbstractEventLoop | None = None
 
+    def _fresh(self) -> None:
+        """See :meth:`PayloadStore._fresh`."""
+        self._conn, self._lock, self._lock_loop = None, None, None
+
     def _locked(self) -> asyncio.Lock:
         """The lock of the running event loop (a CLI may use the store from one loop after another)."""
         loop = asyncio.get_running_loop()

@@ -51,6 +51,10 @@ class S3PayloadStore(PayloadStore):
         self._options = dict(client_options or {})
         self._client: Any = None
 
+    def _fresh(self) -> None:
+        """See :meth:`PayloadStore._fresh`."""
+        self._client = None
+
     async def open(self) -> None:
         """Make the boto3 client (no request is sent)."""
         if self._client is not None:
