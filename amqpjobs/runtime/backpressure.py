@@ -8,7 +8,8 @@ refuses before the first publish; without the management API it only knows what
 ``connection.blocked`` told it.
 
 Bounds: the work queue's ready messages (a passive declare: exact when read) and, for
-``max_age``, its oldest message's timestamp (management API), each read at most once a
+``max_age``, its oldest message's timestamp (management API; seconds, or milliseconds by
+:mod:`amqpjobs.jobs.timestamps`' one rule), each read at most once a
 second per work queue. Every publisher may thus enqueue for up to a second past the
 bound, which is the overshoot (README "Backpressure").
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from amqpjobs.errors import AmqpJobsError, BrokerBlockedError, QueueFullError
+from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.bounds import QueueBounds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
@@ -174,7 +176,9 @@ class EnqueueGate:
     def _oldest_age(self, work_queue: str) -> float | None:
         info = self._client().queue(self.settings.vhost, work_queue) or {}
         head = info.get("head_message_timestamp")
-        return max(0.0, time.time() - float(head)) if isinstance(head, int | float) else None
+        if not isinstance(head, int | float) or isinstance(head, bool):
+            return None
+        return max(0.0, time.time() - epoch_seconds(head))  # seconds or ms (Date.now()): the one rule
 
     async def _read(self, question: Callable[[], T], otherwise: T) -> T:
         """Ask the management API ``question`` (a blocking call) off the loop; ``otherwise`` when it fails."""

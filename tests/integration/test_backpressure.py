@@ -10,6 +10,7 @@ tests use the ordinary test broker.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import depth
 from tests.integration.own_node import OwnNode, own_node
+from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -222,5 +224,23 @@ async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm
         assert refused.queue == "aged"
         assert refused.limit.startswith("max_age 1s (oldest ready message ")
         assert await depth(on_alarm_node, "aged") == sent  # the refused one was not sent
+    finally:
+        await app.close()
+
+
+async def test_max_age_reads_a_millisecond_timestamp_by_the_one_rule(on_alarm_node: BrokerSettings, tmp_path: Path):
+    """A foreign publisher's ``Date.now()`` (ms) as the oldest message's timestamp is over max_age too."""
+    app = await make_app(on_alarm_node, tmp_path)
+    try:
+        sent_at = time.time() - 10
+        millis = int(sent_at * 1000)
+        await publish_raw(on_alarm_node, "aged", "ms-old", {"timestamp": struct.pack(">Q", millis)})
+        assert await wait_for_head_timestamp(on_alarm_node, "aged") == millis
+        with pytest.raises(QueueFullError) as refused:
+            await app.enqueue("aged", {}, job_id="after-ms")
+        assert refused.value.queue == "aged"
+        age = float(refused.value.limit.split("oldest ready message ")[1].split("s old")[0])
+        assert abs(age - (time.time() - sent_at)) <= 2.0, refused.value.limit  # read in ms, not as 0 s
+        assert await depth(on_alarm_node, "aged") == 1
     finally:
         await app.close()
