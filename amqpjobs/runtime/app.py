@@ -14,9 +14,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from amqpjobs.durations import parse_duration
-from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishNackedError, QueueFullError
+from amqpjobs.errors import (
+    ConfigurationError,
+    InvalidPayloadError,
+    MessageTooLargeError,
+    PublishNackedError,
+    QueueFullError,
+    UnroutableError,
+)
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import OutgoingMessage, job_id_problem, job_message, with_trace
+from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.runtime.ledger import Ledger
@@ -39,6 +46,10 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound=Callable[..., Any])
 JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
+#: A publish the broker definitely did not take: nacked (a queue at max_length with reject-publish),
+#: returned (mandatory, no queue bound) or refused before sending (too large). A payload stored for
+#: it is deleted; after any other failure (no confirm in time, connection lost) it is kept.
+REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
 
 
 class App(CronSchedules, JobResults):
@@ -313,6 +324,9 @@ class App(CronSchedules, JobResults):
             PublishNackedError: the broker refused it otherwise.
             MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
             PayloadStoreError: the payload store could not keep a large payload (nothing sent).
+            (After a definite refusal, ``UnroutableError``, ``PublishNackedError`` or
+            ``MessageTooLargeError``, a payload stored for it is deleted before raising; after
+            ``PublishError`` / ``BrokerError``, where the broker may have it, the payload is kept.)
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
 
@@ -380,25 +394,23 @@ class App(CronSchedules, JobResults):
             if self._gate is not None and isinstance(self._publisher, ConfirmedPublisher):  # not a test double's
                 assert self._connection is not None
                 await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
+            ref = None
             if self.payload_store is not None:  # claim-check: a large body goes to the store (README "Large payloads")
-                message = await self._check_in(message)
+                from amqpjobs.runtime.payloads import check_in, forget  # loaded only by an app with a store
+
+                message, ref = await check_in(self.payload_store, message)
             try:
                 await self._publisher.publish(exchange, routing_key, message)
-            except PublishNackedError as exc:
+            except REFUSED as exc:
+                if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
+                    assert self.payload_store is not None
+                    await forget(self.payload_store, ref)  # best effort: a failure is logged
                 full = full_at_max_length(layout, routing_key, job_id)
-                if full is None or isinstance(exc, QueueFullError):
+                if full is None or not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
                     raise
                 raise full from exc
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
-
-    async def _check_in(self, message: OutgoingMessage) -> OutgoingMessage:
-        """``message``, a body over the store's threshold swapped for a reference (:func:`.payloads.check_in`)."""
-        from amqpjobs.runtime.payloads import check_in
-
-        assert self.payload_store is not None
-        checked, _ = await check_in(self.payload_store, message)
-        return checked
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).
