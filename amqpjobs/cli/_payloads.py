@@ -24,7 +24,7 @@ def payload_store_option(func: F) -> F:
     return click.option(
         "--app", "app_ref", metavar="MODULE:APP", default=None,
         help="The app whose payload store (App(payload_store=...)) holds large payloads: show reads them, "
-        "purge deletes those of the deleted messages.",
+        "purge marks those of the deleted messages for deletion (after the store's grace).",
     )(func)  # fmt: skip
 
 

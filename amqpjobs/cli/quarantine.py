@@ -161,13 +161,15 @@ def quarantine_purge(
 ) -> None:  # fmt: skip
     """Delete every message in QUEUE (a quarantine or parked queue), or those matching the filters.
 
-    With --app, the stored payloads of the deleted messages are deleted from the app's payload store.
+    With --app, the stored payloads of the deleted messages get a done mark in the app's payload store
+    (deleted by the workers' sweep after the store's grace), unless a message left in QUEUE or its
+    quarantine/parked sibling still names them.
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     store = app_payload_store(app_ref)
-    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload deleted
+    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload marked
     if not yes:
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:

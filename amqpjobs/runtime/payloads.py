@@ -15,7 +15,8 @@ Deletion never depends on one process staying alive (README "Large payloads"):
 * a job quarantined by the worker has its done mark removed (a copy that waits in quarantine,
   or later parked, keeps its payload however long it waits);
 * purging quarantined or parked messages with the app's store (``quarantine purge --app``)
-  deletes their payloads.
+  gives their payloads a done mark (deleted after the grace), except a payload another
+  message left in that quarantine queue or its parked queue still names (kept, unmarked).
 
 A store implements the storage primitives of :class:`PayloadStore`; the stores are
 :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
@@ -282,13 +283,27 @@ async def peek(store: PayloadStore | None, headers: Mapping[str, Any]) -> tuple[
         return None, str(exc)
 
 
-async def forget_referenced(store: PayloadStore, headers: Mapping[str, Any]) -> None:
-    """Delete the stored payload a purged message names, if it names one of ``store`` (best effort)."""
+def referenced(store: PayloadStore, headers: Mapping[str, Any]) -> PayloadRef | None:
+    """The reference to one of ``store``'s payloads that a message's headers carry, or None."""
     if PAYLOAD_REF not in headers:
-        return
+        return None
     try:
         ref = parse_ref(headers[PAYLOAD_REF])
     except PayloadRefError:
-        return
-    if ref.store == store.name:
-        await forget(store, ref)
+        return None
+    return ref if ref.store == store.name else None
+
+
+async def retire(store: PayloadStore, ref: PayloadRef) -> None:
+    """Give the payload of a purged message its done mark: the sweep deletes it after the grace (best effort).
+
+    Not deleted at once: another copy may still name it (a forged or duplicated quarantine
+    copy, a copy a killed replay left in the work queue). Within the grace a worker that
+    quarantines such a copy removes the mark again, and one that runs it re-marks it.
+    """
+    try:
+        async with asyncio.timeout(STORE_TIMEOUT):
+            await store.open()
+            await store.mark_done(ref.key, time.time())
+    except Exception as exc:
+        log.warning("marking purged stored payload %s for deletion failed (%s); it stays", ref, _what(exc))

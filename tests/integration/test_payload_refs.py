@@ -1,4 +1,4 @@
-"""Issue 25: bad payload references, a quarantined copy that keeps its stored payload, and purges that delete them.
+"""Issue 25: bad payload references, a quarantined copy that keeps its stored payload, and purges that retire them.
 
 The rules do not depend on the store: a shared directory (FilePayloadStore) stands for all three.
 """
@@ -17,7 +17,7 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.runtime.parking import park
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, drain, raw_channel
-from tests.integration.test_payload_store import GRACE, SWEEP, app_module, app_with
+from tests.integration.test_payload_store import GRACE, SWEEP, app_module, app_with, wait_gone
 from tests.integration.worker_env import running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -75,7 +75,7 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
     await app.close()
 
 
-async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purges_delete_payloads(
+async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purge_spares_a_payload_still_named(
     broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     source = f"FilePayloadStore({str(tmp_path / 'payloads')!r}, grace={GRACE}, sweep_every={SWEEP})"
@@ -101,14 +101,24 @@ async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purges_de
         assert await store.read(shared.key) == b'{"n":1}'  # its done mark went when the copy was quarantined
         assert await store.read(parked.key) == b'{"n":2}'
 
+    # a forged copy naming the same payload waits in the parked queue: purging quarantine leaves the payload alone
+    async with raw_channel(broker) as channel:
+        forged = aio_pika.Message(b"", headers={envelope.PAYLOAD_REF: str(shared)}, message_id="forged", type="big")
+        await channel.default_exchange.publish(forged, routing_key="work.parked")
+    done = tmp_path / "payloads" / "done"
     ref = app_module(tmp_path, source, monkeypatch)
     out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--yes", "--app", ref)
     assert out.exit_code == 0, out.output
     assert "purged 1 message(s) from work.quarantine; 0 left" in out.stdout
-    assert await store.read(shared.key) is None
-    assert await store.read(parked.key) == b'{"n":2}'  # parked: not purged, kept
+    assert await store.read(shared.key) == b'{"n":1}'  # the forged parked copy still names it
+    assert sorted(p.name for p in done.iterdir()) == []  # not even marked
     out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--yes", "--app", ref)
-    assert "purged 1 message(s) from work.parked; 0 left" in out.stdout
-    assert await store.read(parked.key) is None
+    assert "purged 2 message(s) from work.parked; 0 left" in out.stdout
+    # nothing names them now: marked done, deleted by a worker's sweep after the grace (not at once)
+    assert sorted(p.name for p in done.iterdir()) == sorted([shared.key, parked.key])
+    assert await store.read(parked.key) == b'{"n":2}'
+    async with running_worker(app, broker):
+        await wait_gone(store, shared.key, GRACE + 10)
+        await wait_gone(store, parked.key, GRACE + 10)
     assert sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir()) == []
     await app.close()
