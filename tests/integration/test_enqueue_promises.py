@@ -243,7 +243,10 @@ async def test_a_refused_publish_deletes_the_payload_it_stored(broker: BrokerSet
     app = await make(broker, tmp_path)
     store = FilePayloadStore(tmp_path / "payloads", threshold=0)  # every payload goes to the store
     app.payload_store = store
-    stored = lambda: sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir())  # noqa: E731
+
+    def stored() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir())
+
     try:
         await app.enqueue("cap", {"n": 1}, job_id="first")
         kept = stored()
