@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,7 +22,8 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import job_id_problem, job_message, with_trace
+from amqpjobs.jobs.enqueue_args import checked_job_id
+from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.runtime.ledger import Ledger
@@ -341,37 +341,7 @@ class App(CronSchedules, JobResults):
                 f"payload for job {jobdef.name!r} is invalid: {exc}",
             ) from None
         layout = self.layout_of(jobdef)
-        for label, value in (("job_id", job_id), ("tenant", tenant)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
-        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
-        if job_id is not None and (problem := job_id_problem(job_id)):
-            raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
-        if tenant is not None and not tenant.strip():
-            raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
-        if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
-            if layout.max_priority is None:
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"
-                )
-            if isinstance(priority, int) and not isinstance(priority, bool) and priority > layout.max_priority:
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
-                    f"max_priority {layout.max_priority}"
-                )
-        if job_id is None and jobdef.key is not None:
-            try:
-                derived = jobdef.key(jobdef.validate(payload))
-            except Exception as exc:
-                raise ConfigurationError(f"job {jobdef.name!r}: its key function failed: {exc}") from exc
-            if not isinstance(derived, str) or not derived.strip():
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
-                    "that identifies the job (jobs with the same key run once)"
-                )
-            job_id = derived
-        job_id = job_id or str(uuid.uuid4())
+        job_id = checked_job_id(jobdef, layout, payload, job_id=job_id, priority=priority, tenant=tenant)
         exchange, routing_key = layout.publish_target(tenant or job_id)
         tracing = self.tracing
         span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
