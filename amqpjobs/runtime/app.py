@@ -93,7 +93,8 @@ class App(CronSchedules, JobResults):
             app need the same store. Default None: every payload travels in the message body.
 
     Raises:
-        ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
+        ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``);
+            ``payload_store`` not a payload store.
 
     Example::
 
@@ -128,6 +129,10 @@ class App(CronSchedules, JobResults):
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.results = results
+        if payload_store is not None:  # the store's module loads only for an app given one
+            from amqpjobs.runtime.payloads import checked_store
+
+            payload_store = checked_store(payload_store)
         self.payload_store = payload_store
         self.quarantine_retention = parse_duration(quarantine_retention)
         self.blocked_timeout = parse_duration(blocked_timeout)

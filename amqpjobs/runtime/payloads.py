@@ -188,6 +188,27 @@ class PayloadStore(abc.ABC):
         return data
 
 
+def checked_store(value: object) -> PayloadStore:
+    """``value`` when it is a payload store (what ``App(payload_store=...)`` was given).
+
+    Raises:
+        ConfigurationError: anything else (a path, the class itself), naming what to give.
+
+    """
+    if isinstance(value, PayloadStore):
+        return value
+    got = (
+        f"the class {value.__name__} itself: create one, {value.__name__}(...)"
+        if isinstance(value, type)
+        else f"a {type(value).__name__}"
+    )
+    raise ConfigurationError(
+        f"App(payload_store=...) must be a payload store (got {got}): FilePayloadStore(...), "
+        "PostgresPayloadStore(...) or S3PayloadStore(...) from amqpjobs, e.g. "
+        "App(..., payload_store=FilePayloadStore('/mnt/shared/payloads'))"
+    )
+
+
 def _what(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"TimeoutError: no answer within {STORE_TIMEOUT:g}s"
