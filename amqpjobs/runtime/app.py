@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument, parse_duration
 from amqpjobs.errors import (
     ConfigurationError,
     InvalidPayloadError,
@@ -81,10 +81,11 @@ class App(CronSchedules, JobResults):
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
         blocked_timeout: How long ``enqueue`` waits for a broker resource alarm (memory, disk) to
             clear before raising ``BrokerBlockedError`` (seconds or duration; default 10 s: long
-            enough to ride out a short alarm, short enough for a web request). README "Backpressure".
+            enough to ride out a short alarm, short enough for a web request; 0: raise at once).
+            README "Backpressure".
         queue_full_wait: How long ``enqueue`` waits for a work queue over its ``max_depth`` /
             ``max_age`` to come under it before raising ``QueueFullError`` (seconds or duration;
-            default None: raise at once).
+            default None, same as 0: raise at once).
         payload_store: Where payloads larger than its ``threshold`` (default 256 KiB) are kept
             while the message carries a reference (:mod:`amqpjobs.runtime.payloads`; README
             "Large payloads"): a :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
@@ -94,7 +95,8 @@ class App(CronSchedules, JobResults):
 
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``);
-            ``payload_store`` not a payload store.
+            ``payload_store`` not a payload store; ``blocked_timeout`` or ``queue_full_wait``
+            negative, NaN, infinite or not a duration.
 
     Example::
 
@@ -135,8 +137,11 @@ class App(CronSchedules, JobResults):
             payload_store = checked_store(payload_store)
         self.payload_store = payload_store
         self.quarantine_retention = parse_duration(quarantine_retention)
-        self.blocked_timeout = parse_duration(blocked_timeout)
-        self.queue_full_wait = 0.0 if queue_full_wait is None else parse_duration(queue_full_wait)
+        now = "refuse at once"
+        self.blocked_timeout = duration_argument("App(blocked_timeout=...)", blocked_timeout, zero_means=now)
+        self.queue_full_wait = duration_argument(
+            "App(queue_full_wait=...)", 0 if queue_full_wait is None else queue_full_wait, zero_means=now
+        )
         self._gate: EnqueueGate | None = None
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None

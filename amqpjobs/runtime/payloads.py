@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, TypedDict
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, PayloadStoreError
 from amqpjobs.jobs.envelope import PAYLOAD_REF, OutgoingMessage
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine
@@ -75,7 +75,9 @@ class PayloadStore(abc.ABC):
             duration, default ``"1m"``).
 
     Raises:
-        ConfigurationError: a bad name, threshold or duration.
+        ConfigurationError: a bad name or threshold; ``grace`` or ``sweep_every`` not a positive,
+            finite duration (0 is refused: a grace of 0 would delete a payload a redelivery
+            after a lost ack still needs, a sweep every 0 s would never rest).
 
     """
 
@@ -95,11 +97,8 @@ class PayloadStore(abc.ABC):
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ConfigurationError(f"payload store threshold must be an int of bytes >= 0 (got {threshold!r})")
         self.threshold = threshold
-        try:
-            self.grace = parse_duration(grace)
-            self.sweep_every = parse_duration(sweep_every)
-        except ValueError as exc:
-            raise ConfigurationError(f"payload store {self.name!r}: {exc}") from None
+        self.grace = duration_argument(f"payload store {self.name!r}: grace", grace)
+        self.sweep_every = duration_argument(f"payload store {self.name!r}: sweep_every", sweep_every)
         self.retention = self.grace  # what the worker's sweep (amqpjobs.runtime.ledger.keep_pruned) reads
 
     # ------------------------------------------------------------------ storage primitives

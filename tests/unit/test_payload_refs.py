@@ -228,3 +228,15 @@ def test_a_postgres_store_refuses_a_dsn_that_is_not_postgresql(dsn: str, says: s
 def test_a_postgres_store_takes_urls_and_keyword_strings(dsn: str) -> None:
     assert PostgresPayloadStore(dsn).dsn == dsn
 
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [("grace", -1, "-1 must be a positive, finite duration"), ("grace", float("nan"), "nan must be"),
+     ("grace", float("inf"), "inf must be"), ("grace", "soon", "'soon' is not a duration"),
+     ("sweep_every", "-5s", "'-5s' is not a duration"), ("sweep_every", 0, "0 must be a positive")],
+)  # fmt: skip
+def test_bad_grace_or_sweep_every_names_the_argument(option: str, value: object, says: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        FilePayloadStore("/x", **{option: value})  # type: ignore[arg-type]
+    assert f"payload store 'file': {option}: " in str(err.value)
+    assert says in str(err.value)
