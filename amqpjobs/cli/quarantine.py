@@ -22,9 +22,9 @@ from amqpjobs.cli._common import (
     url_options,
 )
 from amqpjobs.cli._payloads import (
+    NOT_READ,
     app_payload_store,
     browse_with_payloads,
-    json_or_none,
     payload_store_option,
 )
 from amqpjobs.cli._root import main
@@ -108,9 +108,10 @@ def quarantine_show(
     _, messages, stored = asyncio.run(browse_with_payloads(broker, queue, limit, chosen, census, store))
     for m, (data, problem) in zip(messages, stored, strict=True):
         doc = m.to_json()
-        if data is not None or problem:
-            doc["payload"] = json_or_none(data)
-            doc["stored_payload_problem"] = problem
+        by_ref = envelope.PAYLOAD_REF in m.delivery.headers
+        if by_ref:  # the body is empty: the payload is the stored one, or what kept it from being read
+            doc["payload"] = data
+            doc["stored_payload_problem"] = problem if store is not None else NOT_READ
         if as_json:
             click.echo(json_safe(json.dumps(doc, ensure_ascii=False)))
             continue
@@ -119,10 +120,10 @@ def quarantine_show(
             click.echo(line)
         payload = doc["payload"]
         shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
-        if problem:
-            shown = f"(stored, not readable) {problem}"
-        elif data is None and envelope.PAYLOAD_REF in m.delivery.headers:
+        if by_ref and store is None:
             shown = "(stored: give --app MODULE:APP to read it from the app's payload store)"
+        elif problem:
+            shown = f"(stored, not readable) {problem}"
         click.echo(f"    payload:    {printable(shown[:1000])}")
         for key, value in sorted(doc["headers"].items()):
             if key == "amqpjobs-traceback":

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Final, TypedDict
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, PayloadStoreError
-from amqpjobs.jobs.envelope import PAYLOAD_REF, OutgoingMessage
+from amqpjobs.jobs.envelope import PAYLOAD_REF, DecodeError, OutgoingMessage, decode_body
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine
 from amqpjobs.jobs.payload_refs import REASONS, PayloadRef, PayloadRefError, parse_ref, store_name_problem
 
@@ -182,7 +182,9 @@ class PayloadStore(abc.ABC):
             raise PayloadRefError(
                 "payload-missing",
                 f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
-                "succeeded, purged, or never stored); the message cannot run without it",
+                "succeeded, purged, or never stored); the message cannot run without it, and a replay would fail "
+                "the same way: enqueue the job again with its payload if the producer still has it, then drop "
+                "this copy (amqpjobs quarantine purge QUEUE --reason payload-missing)",
             )
         return data
 
@@ -292,14 +294,31 @@ async def after_outcome(
         log.warning(what + " failed (%s)", ref, _what(exc))
 
 
-async def peek(store: PayloadStore | None, headers: Mapping[str, Any]) -> tuple[bytes | None, str]:
-    """The stored payload a (quarantined) message names, for showing: (payload or None, problem or "").
+def stored_label(headers: Mapping[str, Any]) -> str:
+    """How messages name the stored payload a message's headers refer to: ``stored payload 'file:k'``."""
+    try:
+        shown = str(parse_ref(headers[PAYLOAD_REF]))
+    except PayloadRefError:
+        shown = "(malformed reference)"
+    return f"stored payload {shown!r}"
 
-    Never raises: a missing payload, a bad reference or a failing store is the problem text.
+
+async def peek(
+    store: PayloadStore | None, headers: Mapping[str, Any], content_type: str | None, content_encoding: str | None
+) -> tuple[dict[str, Any] | None, str]:
+    """The stored payload a (quarantined) message names, decoded, for showing: (payload or None, problem or "").
+
+    Decoded by the worker's rule (:func:`~amqpjobs.jobs.envelope.decode_body`, the message's
+    ``content_type`` / ``content_encoding``). Never raises: a missing payload, a bad reference, a
+    failing store or a payload that is not a JSON object is the problem text
+    (``"<quarantine reason>: <what was wrong>"``). ``(None, "")``: the message names none.
     """
     try:
-        return await check_out(store, headers), ""
-    except PayloadRefError as exc:
+        data = await check_out(store, headers)
+        if data is None:
+            return None, ""
+        return decode_body(data, content_type, content_encoding, stored_label(headers)), ""
+    except (PayloadRefError, DecodeError) as exc:
         return None, str(exc)
 
 

@@ -6,6 +6,7 @@ The rules do not depend on the store: a shared directory (FilePayloadStore) stan
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,13 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
         (tmp_path / "payloads" / "data" / "a-directory").mkdir(parents=True)
         cases["unreadable"] = ("file:a-directory", "payload-store-error", "failed to read 'a-directory'")
         retries = 3
+        # the next step is in the evidence: what the operator can do about a missing payload
+        cases["unknown-key"] = ("file:0123abcd", "payload-missing", "enqueue the job again with its payload")
+        cases["gone"] = ("file:4567cdef", "payload-missing", "--reason payload-missing")
+        # a stored payload that is not a JSON object: the message says it is the stored payload, and what is wrong
+        latin1, text = await store.put(b"caf\xe9"), await store.put(b"not json")
+        cases["latin1"] = (str(latin1), "undecodable", f"stored payload '{latin1}' is not UTF-8")
+        cases["not-json"] = (str(text), "undecodable", f"stored payload '{text}' is not JSON: Expecting value")
     else:  # a worker without a store can't read any reference: unknown store, says how to fix
         cases["foreign"] = ("s3-elsewhere:abc123", "payload-store-unknown", "this app has no payload store")
         cases["unknown-key"] = ("file:0123abcd", "payload-store-unknown", "give it one (App(payload_store=...))")
@@ -121,4 +129,46 @@ async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purge_spa
         await wait_gone(store, shared.key, GRACE + 10)
         await wait_gone(store, parked.key, GRACE + 10)
     assert sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir()) == []
+    await app.close()
+
+
+async def test_show_json_says_what_is_wrong_with_each_stored_payload(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``quarantine show --json``: ``stored_payload_problem`` on every message that names a stored payload."""
+    source = f"FilePayloadStore({str(tmp_path / 'payloads')!r})"
+    store = FilePayloadStore(tmp_path / "payloads")
+    app = await app_with(broker, tmp_path, store)
+    good, latin1, array = await store.put(b'{"n": 1}'), await store.put(b"caf\xe9"), await store.put(b"[1]")
+    refs = {"good": str(good), "latin1": str(latin1), "array": str(array), "missing": "file:0123abcd"}
+    async with raw_channel(broker) as channel:
+        for job_id, ref in refs.items():
+            message = aio_pika.Message(b"", headers={envelope.PAYLOAD_REF: ref}, message_id=job_id, type="big",
+                                       content_type="application/json")  # fmt: skip
+            await channel.default_exchange.publish(message, routing_key="work.quarantine")
+        await channel.default_exchange.publish(aio_pika.Message(b'{"small": 1}', message_id="inline", type="big"),
+                                               routing_key="work.quarantine")  # fmt: skip
+    module = app_module(tmp_path, source, monkeypatch)
+    out = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json", "--app", module)
+    assert out.exit_code == 0, out.output
+    docs = {d["message_id"]: d for d in map(json.loads, out.stdout.splitlines())}
+    problems = {job_id: d.get("stored_payload_problem") for job_id, d in docs.items()}
+    assert problems["good"] == ""
+    assert docs["good"]["payload"] == {"n": 1}
+    assert problems["latin1"].startswith(f"undecodable: stored payload '{latin1}' is not UTF-8: ")
+    assert problems["array"] == f"invalid-payload: stored payload '{array}' must be a JSON object, got list"
+    assert problems["missing"].startswith("payload-missing: payload store 'file' holds no payload '0123abcd'")
+    assert "enqueue the job again with its payload" in problems["missing"]
+    assert problems["inline"] is None  # no stored payload: no key
+    assert docs["inline"]["payload"] == {"small": 1}
+    assert [docs[j]["payload"] for j in ("latin1", "array", "missing")] == [None, None, None]
+
+    # the text form says the same; without --app every reference says how to read it
+    text = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--app", module)
+    assert f"payload:    (stored, not readable) undecodable: stored payload '{latin1}' is not UTF-8" in text.stdout
+    plain = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json")
+    unread = {d["message_id"]: d.get("stored_payload_problem") for d in map(json.loads, plain.stdout.splitlines())}
+    assert unread == {j: "not read: give --app MODULE:APP to read it from the app's payload store" for j in refs} | {
+        "inline": None
+    }
     await app.close()
