@@ -13,23 +13,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from amqpjobs.durations import duration_argument, parse_duration
-from amqpjobs.errors import (
-    ConfigurationError,
-    InvalidPayloadError,
-    MessageTooLargeError,
-    PublishNackedError,
-    QueueFullError,
-    UnroutableError,
-)
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
 from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
-from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
+from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
+from amqpjobs.runtime.sending import send
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -46,10 +40,6 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound=Callable[..., Any])
 JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
-#: A publish the broker definitely did not take: nacked (a queue at max_length with reject-publish),
-#: returned (mandatory, no queue bound) or refused before sending (too large). A payload stored for
-#: it is deleted; after any other failure (no confirm in time, connection lost) it is kept.
-REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
 
 
 class App(CronSchedules, JobResults):
@@ -371,24 +361,8 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
-            if self._gate is not None and isinstance(self._publisher, ConfirmedPublisher):  # not a test double's
-                assert self._connection is not None
-                await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
-            ref = None
-            if self.payload_store is not None:  # claim-check: a large body goes to the store (README "Large payloads")
-                from amqpjobs.runtime.payloads import check_in, forget  # loaded only by an app with a store
-
-                message, ref = await check_in(self.payload_store, message)
-            try:
-                await self._publisher.publish(exchange, routing_key, message)
-            except REFUSED as exc:
-                if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
-                    assert self.payload_store is not None
-                    await forget(self.payload_store, ref)  # best effort: a failure is logged
-                full = full_at_max_length(layout, routing_key, job_id)
-                if full is None or not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
-                    raise
-                raise full from exc
+            await send(self._publisher, self._gate, self._connection, self.payload_store, layout, exchange,
+                       routing_key, message, job_id)  # fmt: skip
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 
