@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import re
 
+from amqpjobs.errors import ConfigurationError
+
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(value: str | float | int) -> float:
+def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> float:
     """Return a duration in seconds.
 
     Args:
@@ -23,13 +25,14 @@ def parse_duration(value: str | float | int) -> float:
             ``<number><unit>`` parts with units ``ms``, ``s``, ``m``, ``h``, ``d``
             (e.g. ``"30s"``, ``"5m"``, ``"1h30m"``, ``"1.5s"``, ``"250ms"``). A bare
             number string (``"12"``) is read as seconds.
+        allow_zero: Accept 0 (``0``, ``"0"``, ``"0s"`` ...) too.
 
     Returns:
-        The duration in seconds, a finite float > 0.
+        The duration in seconds, a finite float > 0 (>= 0 with ``allow_zero``).
 
     Raises:
-        ValueError: the value is not a duration, or is zero, negative, NaN or infinite.
-            The message shows the accepted forms.
+        ValueError: the value is not a duration, or is zero (unless ``allow_zero``), negative,
+            NaN or infinite. The message shows the accepted forms.
 
     """
     if isinstance(value, bool):
@@ -59,9 +62,35 @@ def parse_duration(value: str | float | int) -> float:
                 )
     else:
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
+    if allow_zero and seconds == 0:
+        return 0.0
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{value!r} must be a positive, finite duration (e.g. '5s')")
+        zero = "0 or " if allow_zero else ""
+        raise ValueError(f"{value!r} must be {zero}a positive, finite duration (e.g. '5s')")
     return seconds
+
+
+def duration_argument(argument: str, value: str | float | int, *, zero_means: str | None = None) -> float:
+    """:func:`parse_duration` for a named argument of the library: seconds, or ConfigurationError.
+
+    Args:
+        argument: How the message names the argument (``"App(blocked_timeout=...)"``).
+        value: What the caller gave.
+        zero_means: Accept 0, which means this (``"refuse at once"``); None: refuse 0.
+
+    Raises:
+        ConfigurationError: not a duration, negative, NaN, infinite (or 0 without
+            ``zero_means``): names ``argument``, what was wrong and what is allowed.
+
+    """
+    try:
+        return parse_duration(value, allow_zero=zero_means is not None)
+    except ValueError as exc:
+        zero = f"0 ({zero_means}), or " if zero_means is not None else ""
+        raise ConfigurationError(
+            f"{argument}: {exc}; allowed: {zero}seconds > 0 (int or float) or a duration string such as '250ms', "
+            "'30s', '5m', '1h30m'"
+        ) from None
 
 
 def format_duration(seconds: float) -> str:

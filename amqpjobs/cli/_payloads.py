@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +16,8 @@ from amqpjobs.runtime.quarantine import QuarantinedMessage, browse
 from amqpjobs.wire.settings import BrokerSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: ``stored_payload_problem`` of ``quarantine show --json`` for a message naming a stored payload, without ``--app``.
+NOT_READ = "not read: give --app MODULE:APP to read it from the app's payload store"
 
 
 def payload_store_option(func: F) -> F:
@@ -24,7 +25,7 @@ def payload_store_option(func: F) -> F:
     return click.option(
         "--app", "app_ref", metavar="MODULE:APP", default=None,
         help="The app whose payload store (App(payload_store=...)) holds large payloads: show reads them, "
-        "purge deletes those of the deleted messages.",
+        "purge marks those of the deleted messages for deletion (after the store's grace).",
     )(func)  # fmt: skip
 
 
@@ -44,25 +45,19 @@ def app_payload_store(app_ref: str | None) -> PayloadStore | None:
 
 async def browse_with_payloads(
     settings: BrokerSettings, name: str, limit: int, selection: Selection, census: Census, store: PayloadStore | None
-) -> tuple[str, list[QuarantinedMessage], list[tuple[bytes | None, str]]]:
+) -> tuple[str, list[QuarantinedMessage], list[tuple[dict[str, Any] | None, str]]]:
     """:func:`~amqpjobs.runtime.quarantine.browse`, and each message's stored payload (or problem) read from ``store``.
 
-    Without ``store`` every message gets ``(None, "")``.
+    Without ``store`` every message gets ``(None, "")``; see :func:`~amqpjobs.runtime.payloads.peek`.
     """
     queue, messages = await browse(settings, name, limit, selection, census)
     if store is None:
         return queue, messages, [(None, "")] * len(messages)
     try:
-        return queue, messages, [await peek(store, m.delivery.headers) for m in messages]
+        stored = []
+        for m in messages:
+            d = m.delivery
+            stored.append(await peek(store, d.headers, d.content_type, d.content_encoding))
+        return queue, messages, stored
     finally:
         await store.close()
-
-
-def json_or_none(data: bytes | None) -> Any:
-    """A stored payload as JSON, or None when there is none or it is not JSON."""
-    if data is None:
-        return None
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None

@@ -22,9 +22,9 @@ from amqpjobs.cli._common import (
     url_options,
 )
 from amqpjobs.cli._payloads import (
+    NOT_READ,
     app_payload_store,
     browse_with_payloads,
-    json_or_none,
     payload_store_option,
 )
 from amqpjobs.cli._root import main
@@ -108,9 +108,10 @@ def quarantine_show(
     _, messages, stored = asyncio.run(browse_with_payloads(broker, queue, limit, chosen, census, store))
     for m, (data, problem) in zip(messages, stored, strict=True):
         doc = m.to_json()
-        if data is not None or problem:
-            doc["payload"] = json_or_none(data)
-            doc["stored_payload_problem"] = problem
+        by_ref = envelope.PAYLOAD_REF in m.delivery.headers
+        if by_ref:  # the body is empty: the payload is the stored one, or what kept it from being read
+            doc["payload"] = data
+            doc["stored_payload_problem"] = problem if store is not None else NOT_READ
         if as_json:
             click.echo(json_safe(json.dumps(doc, ensure_ascii=False)))
             continue
@@ -119,10 +120,10 @@ def quarantine_show(
             click.echo(line)
         payload = doc["payload"]
         shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
-        if problem:
-            shown = f"(stored, not readable) {problem}"
-        elif data is None and envelope.PAYLOAD_REF in m.delivery.headers:
+        if by_ref and store is None:
             shown = "(stored: give --app MODULE:APP to read it from the app's payload store)"
+        elif problem:
+            shown = f"(stored, not readable) {problem}"
         click.echo(f"    payload:    {printable(shown[:1000])}")
         for key, value in sorted(doc["headers"].items()):
             if key == "amqpjobs-traceback":
@@ -161,13 +162,15 @@ def quarantine_purge(
 ) -> None:  # fmt: skip
     """Delete every message in QUEUE (a quarantine or parked queue), or those matching the filters.
 
-    With --app, the stored payloads of the deleted messages are deleted from the app's payload store.
+    With --app, the stored payloads of the deleted messages get a done mark in the app's payload store
+    (deleted by the workers' sweep after the store's grace), unless a message left in QUEUE or its
+    quarantine/parked sibling still names them.
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
     store = app_payload_store(app_ref)
-    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload deleted
+    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload marked
     if not yes:
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:

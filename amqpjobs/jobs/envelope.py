@@ -142,7 +142,9 @@ def _depth_ok(text: str) -> bool:
     return True
 
 
-def decode_body(body: bytes, content_type: str | None, content_encoding: str | None) -> dict[str, Any]:
+def decode_body(
+    body: bytes, content_type: str | None, content_encoding: str | None, what: str = "body"
+) -> dict[str, Any]:
     """Decode a job body into its JSON object.
 
     Rules (README "Wire format" → "What the worker accepts"):
@@ -153,6 +155,9 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
     * the body must be UTF-8 (a leading byte-order mark is accepted and skipped) and
       strict JSON (no ``NaN``/``Infinity``), nested at most :data:`MAX_JSON_DEPTH` deep;
     * the top level must be an object.
+
+    ``what`` names ``body`` in the error messages (``"stored payload 'file:k'"`` for a payload
+    kept in a payload store, README "Large payloads").
 
     Raises:
         DecodeError: ``unsupported-content-type``, ``undecodable`` or ``invalid-payload``.
@@ -169,18 +174,21 @@ def decode_body(body: bytes, content_type: str | None, content_encoding: str | N
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DecodeError("undecodable", f"body is not UTF-8: {exc}") from None
+        raise DecodeError("undecodable", f"{what} is not UTF-8: {exc}") from None
     text = text.removeprefix("\ufeff")
     if not text.strip():
-        raise DecodeError("undecodable", "body is empty")
+        raise DecodeError("undecodable", f"{what} is empty")
     if not _depth_ok(text):
-        raise DecodeError("undecodable", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        raise DecodeError("undecodable", f"{what}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
-        raise DecodeError("undecodable", f"body is not JSON: {str(exc)[:200]}") from None
+        raise DecodeError("undecodable", f"{what} is not JSON: {str(exc)[:200]}") from None
     if not isinstance(value, dict):
-        raise DecodeError("invalid-payload", f"payload must be a JSON object, got {type(value).__name__}")
+        raise DecodeError(
+            "invalid-payload",
+            f"{'payload' if what == 'body' else what} must be a JSON object, got {type(value).__name__}",
+        )
     return value
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from amqpjobs.durations import parse_duration
-from amqpjobs.errors import ConfigurationError, InvalidPayloadError, PublishNackedError, QueueFullError
+from amqpjobs.durations import duration_argument, parse_duration
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.envelope import OutgoingMessage, job_id_problem, job_message, with_trace
+from amqpjobs.jobs.enqueue_args import checked_job_id
+from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
-from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
+from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
+from amqpjobs.runtime.sending import send
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -69,10 +71,11 @@ class App(CronSchedules, JobResults):
             ``amqpjobs job show`` (README "Job status and results"). Default None: nothing recorded.
         blocked_timeout: How long ``enqueue`` waits for a broker resource alarm (memory, disk) to
             clear before raising ``BrokerBlockedError`` (seconds or duration; default 10 s: long
-            enough to ride out a short alarm, short enough for a web request). README "Backpressure".
+            enough to ride out a short alarm, short enough for a web request; 0: raise at once).
+            README "Backpressure".
         queue_full_wait: How long ``enqueue`` waits for a work queue over its ``max_depth`` /
             ``max_age`` to come under it before raising ``QueueFullError`` (seconds or duration;
-            default None: raise at once).
+            default None, same as 0: raise at once).
         payload_store: Where payloads larger than its ``threshold`` (default 256 KiB) are kept
             while the message carries a reference (:mod:`amqpjobs.runtime.payloads`; README
             "Large payloads"): a :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
@@ -81,7 +84,9 @@ class App(CronSchedules, JobResults):
             app need the same store. Default None: every payload travels in the message body.
 
     Raises:
-        ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``).
+        ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``);
+            ``payload_store`` not a payload store; ``blocked_timeout`` or ``queue_full_wait``
+            negative, NaN, infinite or not a duration.
 
     Example::
 
@@ -116,10 +121,17 @@ class App(CronSchedules, JobResults):
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.results = results
+        if payload_store is not None:  # the store's module loads only for an app given one
+            from amqpjobs.runtime.payloads import checked_store
+
+            payload_store = checked_store(payload_store)
         self.payload_store = payload_store
         self.quarantine_retention = parse_duration(quarantine_retention)
-        self.blocked_timeout = parse_duration(blocked_timeout)
-        self.queue_full_wait = 0.0 if queue_full_wait is None else parse_duration(queue_full_wait)
+        now = "refuse at once"
+        self.blocked_timeout = duration_argument("App(blocked_timeout=...)", blocked_timeout, zero_means=now)
+        self.queue_full_wait = duration_argument(
+            "App(queue_full_wait=...)", 0 if queue_full_wait is None else queue_full_wait, zero_means=now
+        )
         self._gate: EnqueueGate | None = None
         self._topology_source = topology
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
@@ -198,6 +210,28 @@ class App(CronSchedules, JobResults):
     def _is_modulus_exchange(self, exchange: str) -> bool:
         """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""
         return any(lay.shards_exchange == exchange for lay in self._layouts.values())
+
+    def for_another_loop(self, url: str | None = None) -> App:
+        """A copy of this app for another event loop (a SyncPublisher's): the one home of "what carries over".
+
+        Everything the app was given or set since (topology, jobs, URL unless ``url`` is given,
+        ``max_message_size``, ``blocked_timeout``, ``queue_full_wait``, tracing, ...) is carried
+        over as it is, so an option added to :class:`App` reaches the sync publisher too. What is
+        bound to an event loop is not: the publishing connection, its gate and the ``queued``
+        writer are the copy's own, and ``results`` and ``payload_store`` are copies with their own
+        connections (``.copy()``), closed by the copy's :meth:`close`. The ledger is left out
+        (enqueue never uses it, and the copy must not close the app's).
+        """
+        twin = copy.copy(self)
+        twin._url = url or self._url
+        twin.ledger = None
+        twin.results = self.results.copy() if self.results is not None else None
+        twin.payload_store = self.payload_store.copy() if self.payload_store is not None else None
+        twin._connection = twin._publisher = twin._gate = twin._connect_lock = None
+        twin._publisher_loop = None
+        twin._markers = None
+        twin._queued_writer = None
+        return twin
 
     def use_publisher(
         self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None
@@ -296,6 +330,9 @@ class App(CronSchedules, JobResults):
             PublishNackedError: the broker refused it otherwise.
             MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
             PayloadStoreError: the payload store could not keep a large payload (nothing sent).
+            (After a definite refusal, ``UnroutableError``, ``PublishNackedError`` or
+            ``MessageTooLargeError``, a payload stored for it is deleted before raising; after
+            ``PublishError`` / ``BrokerError``, where the broker may have it, the payload is kept.)
             PublishError: the exchange does not exist, or no confirm came.
             BrokerUnavailableError: the broker can't be reached.
 
@@ -310,37 +347,7 @@ class App(CronSchedules, JobResults):
                 f"payload for job {jobdef.name!r} is invalid: {exc}",
             ) from None
         layout = self.layout_of(jobdef)
-        for label, value in (("job_id", job_id), ("tenant", tenant)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
-        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
-        if job_id is not None and (problem := job_id_problem(job_id)):
-            raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
-        if tenant is not None and not tenant.strip():
-            raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
-        if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
-            if layout.max_priority is None:
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"
-                )
-            if isinstance(priority, int) and not isinstance(priority, bool) and priority > layout.max_priority:
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
-                    f"max_priority {layout.max_priority}"
-                )
-        if job_id is None and jobdef.key is not None:
-            try:
-                derived = jobdef.key(jobdef.validate(payload))
-            except Exception as exc:
-                raise ConfigurationError(f"job {jobdef.name!r}: its key function failed: {exc}") from exc
-            if not isinstance(derived, str) or not derived.strip():
-                raise ConfigurationError(
-                    f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
-                    "that identifies the job (jobs with the same key run once)"
-                )
-            job_id = derived
-        job_id = job_id or str(uuid.uuid4())
+        job_id = checked_job_id(jobdef, layout, payload, job_id=job_id, priority=priority, tenant=tenant)
         exchange, routing_key = layout.publish_target(tenant or job_id)
         tracing = self.tracing
         span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
@@ -360,28 +367,10 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None
-            if self._gate is not None and isinstance(self._publisher, ConfirmedPublisher):  # not a test double's
-                assert self._connection is not None
-                await self._gate.before_publish(self._connection, layout.work_queue_for(routing_key), layout.bounds)
-            if self.payload_store is not None:  # claim-check: a large body goes to the store (README "Large payloads")
-                message = await self._check_in(message)
-            try:
-                await self._publisher.publish(exchange, routing_key, message)
-            except PublishNackedError as exc:
-                full = full_at_max_length(layout, routing_key, job_id)
-                if full is None or isinstance(exc, QueueFullError):
-                    raise
-                raise full from exc
+            await send(self._publisher, self._gate, self._connection, self.payload_store, layout, exchange,
+                       routing_key, message, job_id)  # fmt: skip
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
-
-    async def _check_in(self, message: OutgoingMessage) -> OutgoingMessage:
-        """``message``, a body over the store's threshold swapped for a reference (:func:`.payloads.check_in`)."""
-        from amqpjobs.runtime.payloads import check_in
-
-        assert self.payload_store is not None
-        checked, _ = await check_in(self.payload_store, message)
-        return checked
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).

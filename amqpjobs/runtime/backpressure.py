@@ -8,9 +8,17 @@ refuses before the first publish; without the management API it only knows what
 ``connection.blocked`` told it.
 
 Bounds: the work queue's ready messages (a passive declare: exact when read) and, for
-``max_age``, its oldest message's timestamp (management API), each read at most once a
-second per work queue. Every publisher may thus enqueue for up to a second past the
-bound, which is the overshoot (README "Backpressure").
+``max_age``, its oldest message's timestamp (management API; seconds, or milliseconds by
+:mod:`amqpjobs.jobs.timestamps`' one rule), each read at most once a second per work queue.
+Between two reads the gate counts what it let through: its depth estimate is the depth read
+plus every publish it let through that may be missing from that figure (those unsettled when
+the read began, and all let through since). It lets a publish through only while that
+estimate is under ``max_depth``, so one gate never takes a queue over ``max_depth``, however
+many enqueues run at once; when the estimate (not the figure read) reaches the bound, it reads
+again at once before refusing, so publishes consumed meanwhile don't cause refusals. Each
+work queue has its own lock for its reads, and the alarm read another: a full queue never
+holds enqueues to other queues. Several gates (processes, apps, sync publishers) each count
+only their own publishes: each may take the queue up to the bound (README "Backpressure").
 """
 
 from __future__ import annotations
@@ -18,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from amqpjobs.errors import AmqpJobsError, BrokerBlockedError, QueueFullError
+from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.topology.bounds import QueueBounds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
@@ -64,11 +74,39 @@ def full_at_max_length(layout: JobQueueLayout, routing_key: str, job_id: str) ->
 
 @dataclass(frozen=True)
 class QueueFigures:
-    """A work queue's figures as read at ``at`` (monotonic seconds): ready messages, age of the oldest (s) or None."""
+    """A work queue's figures: ready messages, the oldest one's age (s) or None; ``at``: read began (monotonic s)."""
 
     ready: int
     oldest_age: float | None
     at: float
+
+
+@dataclass
+class _Queue:
+    """One work queue as a gate sees it: its figures and the publishes it let through."""
+
+    figures: QueueFigures | None = None
+    let_through: int = 0  # publishes let through, ever
+    settled: int = 0  # of those, published (or failed): no longer in flight
+    unread: int = 0  # let through and maybe missing from figures.ready (in flight when read, or since)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read of this queue at a time
+
+    def over(self, bounds: QueueBounds) -> str | None:
+        """Which bound the estimate is over (in words), or None."""
+        assert self.figures is not None
+        ready, age = self.figures.ready, self.figures.oldest_age
+        if bounds.max_depth is not None and ready + self.unread >= bounds.max_depth:
+            since = f" when read + {self.unread} let through by this publisher since" if self.unread else ""
+            return f"max_depth {bounds.max_depth} ({ready} ready{since})"
+        if bounds.max_age is not None and age is not None and age >= bounds.max_age:
+            return f"max_age {bounds.max_age:g}s (oldest ready message {age:.1f}s old)"
+        return None
+
+    def over_by_count(self, bounds: QueueBounds) -> bool:
+        """At ``max_depth`` by the publishes counted since the read, not by the figure read."""
+        if self.figures is None or bounds.max_depth is None:
+            return False
+        return self.figures.ready < bounds.max_depth <= self.figures.ready + self.unread
 
 
 class EnqueueGate:
@@ -77,7 +115,7 @@ class EnqueueGate:
     Args:
         settings: The broker (its management API answers the alarm and age questions).
         blocked_timeout: Seconds to wait for a resource alarm to clear before
-            ``BrokerBlockedError``.
+            ``BrokerBlockedError`` (0: refuse at once).
         full_wait: Seconds to wait for a work queue to come under its bounds before
             ``QueueFullError`` (0: refuse at once).
 
@@ -87,14 +125,19 @@ class EnqueueGate:
         self.settings = settings
         self.blocked_timeout = blocked_timeout
         self.full_wait = full_wait
-        self._management: ManagementClient | None = None
-        self._refreshing = asyncio.Lock()  # one read of figures or alarms at a time; the others use it
+        self._management: dict[str, ManagementClient] = {}  # one client per lock that uses it: alarms, ages
+        self._alarm_lock = asyncio.Lock()  # one read of the alarms at a time; the others use it
+        self._ages_lock = asyncio.Lock()  # one age question to the management API at a time
         self._alarms: tuple[list[str], float] = ([], float("-inf"))
         self._management_down_until = float("-inf")
-        self._figures: dict[str, QueueFigures] = {}
+        self._queues: dict[str, _Queue] = {}
 
-    async def before_publish(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> None:
-        """Return once a publish to ``work_queue`` may be written; else raise (nothing was sent).
+    @asynccontextmanager
+    async def admitted(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> AsyncIterator[None]:
+        """Enter once a publish to ``work_queue`` may be written (publish inside the block); else raise.
+
+        The publish is counted against ``max_depth`` from entry, and as in flight until the
+        block ends (published, refused or failed).
 
         Raises:
             BrokerBlockedError: a resource alarm did not clear within ``blocked_timeout``.
@@ -102,8 +145,15 @@ class EnqueueGate:
 
         """
         await self._unblocked(connection)
-        if bounds.checked:
-            await self._under_bounds(connection, work_queue, bounds)
+        if not bounds.checked:
+            yield
+            return
+        queue = self._queues.setdefault(work_queue, _Queue())
+        await self._under_bounds(connection, work_queue, queue, bounds)
+        try:
+            yield
+        finally:
+            queue.settled += 1
 
     async def _unblocked(self, connection: Connection) -> None:
         started = time.monotonic()
@@ -125,14 +175,15 @@ class EnqueueGate:
         if notified is not None:
             return notified
         if time.monotonic() - self._alarms[1] >= REFRESH:
-            async with self._refreshing:
+            async with self._alarm_lock:
                 if time.monotonic() - self._alarms[1] >= REFRESH:  # not read meanwhile by another enqueue
                     self._alarms = (await self._read(self._management_alarms, []), time.monotonic())
         return " & ".join(self._alarms[0]) or None
 
-    async def _under_bounds(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> None:
+    async def _under_bounds(self, connection: Connection, work_queue: str, queue: _Queue, bounds: QueueBounds) -> None:
+        """Return once ``queue`` is under its bounds, counting the publish let through; else raise."""
         started = time.monotonic()
-        while (over := await self._over(connection, work_queue, bounds)) is not None:
+        while (over := await self._over(connection, work_queue, queue, bounds)) is not None:
             waited = time.monotonic() - started
             if waited >= self.full_wait:
                 raise QueueFullError(
@@ -143,45 +194,65 @@ class EnqueueGate:
                 )
             await asyncio.sleep(min(_POLL, self.full_wait - waited))
 
-    async def _over(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> str | None:
-        """Which bound ``work_queue`` is over (in words), or None."""
-        figures = self._figures.get(work_queue)
-        if figures is None or time.monotonic() - figures.at >= REFRESH:
-            async with self._refreshing:
-                figures = self._figures.get(work_queue)
-                if figures is None or time.monotonic() - figures.at >= REFRESH:  # not read meanwhile
-                    figures = self._figures[work_queue] = await self._read_figures(connection, work_queue, bounds)
-        if bounds.max_depth is not None and figures.ready >= bounds.max_depth:
-            return f"max_depth {bounds.max_depth} ({figures.ready} ready)"
-        if bounds.max_age is not None and figures.oldest_age is not None and figures.oldest_age >= bounds.max_age:
-            return f"max_age {bounds.max_age:g}s (oldest ready message {figures.oldest_age:.1f}s old)"
-        return None
+    async def _over(self, connection: Connection, work_queue: str, queue: _Queue, bounds: QueueBounds) -> str | None:
+        """Which bound ``work_queue`` is over (in words), or None and the publish is counted."""
+        asked = time.monotonic()
+        if queue.figures is None or asked - queue.figures.at >= REFRESH:
+            await self._refresh(connection, work_queue, queue, bounds, asked - REFRESH)
+        elif queue.over_by_count(bounds):  # the count says full, the last figure did not: look again now
+            await self._refresh(connection, work_queue, queue, bounds, asked)
+        over = queue.over(bounds)
+        if over is None:  # no await since the check: concurrent enqueues each see the one before counted
+            queue.let_through += 1
+            queue.unread += 1
+        return over
 
-    async def _read_figures(self, connection: Connection, work_queue: str, bounds: QueueBounds) -> QueueFigures:
+    async def _refresh(
+        self, connection: Connection, work_queue: str, queue: _Queue, bounds: QueueBounds, since: float
+    ) -> None:
+        """Read ``work_queue``'s figures unless a read began after ``since`` (monotonic s); one read at a time."""
+        async with queue.lock:
+            if queue.figures is not None and queue.figures.at > since:
+                return  # read meanwhile by another enqueue
+            began = time.monotonic()
+            let_through, in_flight = queue.let_through, queue.let_through - queue.settled
+            figures = await self._read_figures(connection, work_queue, bounds, began)
+            # what may be missing from the figure: in flight when the read began, and let through since
+            queue.figures, queue.unread = figures, in_flight + queue.let_through - let_through
+
+    async def _read_figures(
+        self, connection: Connection, work_queue: str, bounds: QueueBounds, began: float
+    ) -> QueueFigures:
         """The figures of ``work_queue`` now (a missing queue counts as empty: the publish then says unroutable)."""
         state = await queue_state(connection, work_queue)
-        age = await self._read(lambda: self._oldest_age(work_queue), None) if bounds.max_age else None
-        return QueueFigures(state.messages if state is not None else 0, age, time.monotonic())
+        age = None
+        if bounds.max_age:
+            async with self._ages_lock:
+                age = await self._read(lambda: self._oldest_age(work_queue), None)
+        return QueueFigures(state.messages if state is not None else 0, age, began)
 
-    def _client(self) -> ManagementClient:
-        if self._management is None:
-            self._management = ManagementClient(self.settings, timeout=2.0)
-        return self._management
+    def _client(self, use: str) -> ManagementClient:
+        """The management API client for ``use`` ("alarms" or "ages"): each is used under its own lock."""
+        if use not in self._management:
+            self._management[use] = ManagementClient(self.settings, timeout=2.0)
+        return self._management[use]
 
     def _management_alarms(self) -> list[str]:
-        return self._client().alarms()
+        return self._client("alarms").alarms()
 
     def _oldest_age(self, work_queue: str) -> float | None:
-        info = self._client().queue(self.settings.vhost, work_queue) or {}
+        info = self._client("ages").queue(self.settings.vhost, work_queue) or {}
         head = info.get("head_message_timestamp")
-        return max(0.0, time.time() - float(head)) if isinstance(head, int | float) else None
+        if not isinstance(head, int | float) or isinstance(head, bool):
+            return None
+        return max(0.0, time.time() - epoch_seconds(head))  # seconds or ms (Date.now()): the one rule
 
     async def _read(self, question: Callable[[], T], otherwise: T) -> T:
         """Ask the management API ``question`` (a blocking call) off the loop; ``otherwise`` when it fails."""
         if time.monotonic() < self._management_down_until:
             return otherwise
         try:
-            return await asyncio.to_thread(question)  # one at a time: callers hold _refreshing
+            return await asyncio.to_thread(question)  # one at a time per client: callers hold its lock
         except AmqpJobsError as exc:
             self._management_down_until = time.monotonic() + _MANAGEMENT_BACKOFF
             log.warning(
@@ -194,6 +265,6 @@ class EnqueueGate:
 
     def close(self) -> None:
         """Close the management API client."""
-        if self._management is not None:
-            self._management.close()
-            self._management = None
+        for client in self._management.values():
+            client.close()
+        self._management.clear()

@@ -224,10 +224,11 @@ class DeliveryPath(HandlerRuns):
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip
-        body = delivery.body
+        body, what = delivery.body, "body"
         if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
             from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
             from amqpjobs.runtime.payloads import check_out as payload_of
+            from amqpjobs.runtime.payloads import stored_label
 
             try:
                 body = await payload_of(self.app.payload_store, delivery.headers) or b""
@@ -236,8 +237,9 @@ class DeliveryPath(HandlerRuns):
                 retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)
                 return self._outcome(layout, delivery, later if retry else Quarantine(exc.reason), attempt, job_id,
                                      job.name, failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
+            what = stored_label(delivery.headers)  # a decode error names the stored payload, not the empty body
         try:
-            raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding)
+            raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding, what)
         except envelope.DecodeError as exc:
             return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
                                  failure=("DecodeError", exc.detail, ""))  # fmt: skip

@@ -26,11 +26,12 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotF
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.payload_refs import PayloadRef
 from amqpjobs.jobs.results import StateRecord
-from amqpjobs.runtime.payloads import PayloadStore, forget_referenced
-from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.payloads import PayloadStore, referenced, retire
+from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
-from amqpjobs.topology.naming import parked_queue_name, parse_queue_name
+from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
 from amqpjobs.wire.delivery import Delivery
@@ -190,7 +191,10 @@ async def purge_matching(
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
     ``census`` is filled as :func:`park` fills it. ``payloads``: the app's payload store: the
-    stored payload of each deleted message is deleted too, after its ack (README "Large payloads").
+    stored payload of each deleted message gets its done mark once the purge is over, so the
+    workers' sweep deletes it after the store's grace; a payload that a message left in this
+    queue or its sibling (the job queue's quarantine or parked queue) still names is left as it
+    is (README "Large payloads").
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -201,11 +205,31 @@ async def purge_matching(
         queue, _ = await resolve_queue(connection, name)
         report = TakeReport(queue)
 
+        purged: set[PayloadRef] = set()
+
         async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
             await delivery.ack()
-            if payloads is not None:
-                await forget_referenced(payloads, delivery.headers)
+            if payloads is not None and (ref := referenced(payloads, delivery.headers)) is not None:
+                purged.add(ref)
 
         await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
         _, report.left = await resolve_queue(connection, queue)
+    if payloads is not None and purged:
+        held = await _still_named(settings, queue, payloads)
+        for ref in sorted(purged - held, key=str):
+            await retire(payloads, ref)
     return report
+
+
+async def _still_named(settings: BrokerSettings, queue: str, payloads: PayloadStore) -> set[PayloadRef]:
+    """The references to ``payloads`` that messages in ``queue`` and its quarantine/parked sibling hold."""
+    parsed = parse_queue_name(queue)
+    sibling = (parked_queue_name if parsed.kind == "quarantine" else quarantine_queue_name)(parsed.job_queue)
+    held: set[PayloadRef] = set()
+    for name in (queue, sibling):
+        try:
+            _, messages = await browse(settings, name)
+        except ConfigurationError:  # no such queue
+            continue
+        held.update(ref for m in messages if (ref := referenced(payloads, m.delivery.headers)) is not None)
+    return held

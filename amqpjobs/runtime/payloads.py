@@ -15,7 +15,8 @@ Deletion never depends on one process staying alive (README "Large payloads"):
 * a job quarantined by the worker has its done mark removed (a copy that waits in quarantine,
   or later parked, keeps its payload however long it waits);
 * purging quarantined or parked messages with the app's store (``quarantine purge --app``)
-  deletes their payloads.
+  gives their payloads a done mark (deleted after the grace), except a payload another
+  message left in that quarantine queue or its parked queue still names (kept, unmarked).
 
 A store implements the storage primitives of :class:`PayloadStore`; the stores are
 :class:`~amqpjobs.runtime.payloads_file.FilePayloadStore`,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
@@ -35,9 +37,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, TypedDict
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, PayloadStoreError
-from amqpjobs.jobs.envelope import PAYLOAD_REF, OutgoingMessage
+from amqpjobs.jobs.envelope import PAYLOAD_REF, DecodeError, OutgoingMessage, decode_body
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine
 from amqpjobs.jobs.payload_refs import REASONS, PayloadRef, PayloadRefError, parse_ref, store_name_problem
 
@@ -73,7 +75,9 @@ class PayloadStore(abc.ABC):
             duration, default ``"1m"``).
 
     Raises:
-        ConfigurationError: a bad name, threshold or duration.
+        ConfigurationError: a bad name or threshold; ``grace`` or ``sweep_every`` not a positive,
+            finite duration (0 is refused: a grace of 0 would delete a payload a redelivery
+            after a lost ack still needs, a sweep every 0 s would never rest).
 
     """
 
@@ -93,14 +97,20 @@ class PayloadStore(abc.ABC):
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ConfigurationError(f"payload store threshold must be an int of bytes >= 0 (got {threshold!r})")
         self.threshold = threshold
-        try:
-            self.grace = parse_duration(grace)
-            self.sweep_every = parse_duration(sweep_every)
-        except ValueError as exc:
-            raise ConfigurationError(f"payload store {self.name!r}: {exc}") from None
+        self.grace = duration_argument(f"payload store {self.name!r}: grace", grace)
+        self.sweep_every = duration_argument(f"payload store {self.name!r}: sweep_every", sweep_every)
         self.retention = self.grace  # what the worker's sweep (amqpjobs.runtime.ledger.keep_pruned) reads
 
     # ------------------------------------------------------------------ storage primitives
+    def copy(self) -> PayloadStore:
+        """The same store (same options, same data) with connections of its own, for another event loop."""
+        twin = copy.copy(self)
+        twin._fresh()
+        return twin
+
+    def _fresh(self) -> None:  # noqa: B027 - optional hook
+        """Forget this object's connections (on a :meth:`copy`); a store with connections overrides it."""
+
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Connect (and create the table/bucket layout when missing); called before first use."""
 
@@ -172,9 +182,32 @@ class PayloadStore(abc.ABC):
             raise PayloadRefError(
                 "payload-missing",
                 f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
-                "succeeded, purged, or never stored); the message cannot run without it",
+                "succeeded, purged, or never stored); the message cannot run without it, and a replay would fail "
+                "the same way: enqueue the job again with its payload if the producer still has it, then drop "
+                "this copy (amqpjobs quarantine purge QUEUE --reason payload-missing)",
             )
         return data
+
+
+def checked_store(value: object) -> PayloadStore:
+    """``value`` when it is a payload store (what ``App(payload_store=...)`` was given).
+
+    Raises:
+        ConfigurationError: anything else (a path, the class itself), naming what to give.
+
+    """
+    if isinstance(value, PayloadStore):
+        return value
+    got = (
+        f"the class {value.__name__} itself: create one, {value.__name__}(...)"
+        if isinstance(value, type)
+        else f"a {type(value).__name__}"
+    )
+    raise ConfigurationError(
+        f"App(payload_store=...) must be a payload store (got {got}): FilePayloadStore(...), "
+        "PostgresPayloadStore(...) or S3PayloadStore(...) from amqpjobs, e.g. "
+        "App(..., payload_store=FilePayloadStore('/mnt/shared/payloads'))"
+    )
 
 
 def _what(exc: BaseException) -> str:
@@ -261,24 +294,55 @@ async def after_outcome(
         log.warning(what + " failed (%s)", ref, _what(exc))
 
 
-async def peek(store: PayloadStore | None, headers: Mapping[str, Any]) -> tuple[bytes | None, str]:
-    """The stored payload a (quarantined) message names, for showing: (payload or None, problem or "").
+def stored_label(headers: Mapping[str, Any]) -> str:
+    """How messages name the stored payload a message's headers refer to: ``stored payload 'file:k'``."""
+    try:
+        shown = str(parse_ref(headers[PAYLOAD_REF]))
+    except PayloadRefError:
+        shown = "(malformed reference)"
+    return f"stored payload {shown!r}"
 
-    Never raises: a missing payload, a bad reference or a failing store is the problem text.
+
+async def peek(
+    store: PayloadStore | None, headers: Mapping[str, Any], content_type: str | None, content_encoding: str | None
+) -> tuple[dict[str, Any] | None, str]:
+    """The stored payload a (quarantined) message names, decoded, for showing: (payload or None, problem or "").
+
+    Decoded by the worker's rule (:func:`~amqpjobs.jobs.envelope.decode_body`, the message's
+    ``content_type`` / ``content_encoding``). Never raises: a missing payload, a bad reference, a
+    failing store or a payload that is not a JSON object is the problem text
+    (``"<quarantine reason>: <what was wrong>"``). ``(None, "")``: the message names none.
     """
     try:
-        return await check_out(store, headers), ""
-    except PayloadRefError as exc:
+        data = await check_out(store, headers)
+        if data is None:
+            return None, ""
+        return decode_body(data, content_type, content_encoding, stored_label(headers)), ""
+    except (PayloadRefError, DecodeError) as exc:
         return None, str(exc)
 
 
-async def forget_referenced(store: PayloadStore, headers: Mapping[str, Any]) -> None:
-    """Delete the stored payload a purged message names, if it names one of ``store`` (best effort)."""
+def referenced(store: PayloadStore, headers: Mapping[str, Any]) -> PayloadRef | None:
+    """The reference to one of ``store``'s payloads that a message's headers carry, or None."""
     if PAYLOAD_REF not in headers:
-        return
+        return None
     try:
         ref = parse_ref(headers[PAYLOAD_REF])
     except PayloadRefError:
-        return
-    if ref.store == store.name:
-        await forget(store, ref)
+        return None
+    return ref if ref.store == store.name else None
+
+
+async def retire(store: PayloadStore, ref: PayloadRef) -> None:
+    """Give the payload of a purged message its done mark: the sweep deletes it after the grace (best effort).
+
+    Not deleted at once: another copy may still name it (a forged or duplicated quarantine
+    copy, a copy a killed replay left in the work queue). Within the grace a worker that
+    quarantines such a copy removes the mark again, and one that runs it re-marks it.
+    """
+    try:
+        async with asyncio.timeout(STORE_TIMEOUT):
+            await store.open()
+            await store.mark_done(ref.key, time.time())
+    except Exception as exc:
+        log.warning("marking purged stored payload %s for deletion failed (%s); it stays", ref, _what(exc))

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Unpack
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 
 
@@ -21,7 +22,11 @@ class FilePayloadStore(PayloadStore):
     :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments.
 
     Args:
-        root: The shared directory (created when missing).
+        root: The shared directory (created when missing); best an absolute path, the same on
+            every host (a relative one is read from each process's working directory).
+
+    Raises:
+        ConfigurationError: ``root`` is empty (it would be the working directory), or a bad option.
 
     """
 
@@ -33,6 +38,15 @@ class FilePayloadStore(PayloadStore):
         **options: Unpack[StoreOptions],
     ) -> None:
         super().__init__(**options)
+        fix = (
+            "give the shared directory every producer and worker mounts, e.g. FilePayloadStore('/mnt/shared/payloads')"
+        )
+        if not isinstance(root, str | os.PathLike):
+            raise ConfigurationError(
+                f"FilePayloadStore(root=...) must be a str or Path (got a {type(root).__name__}): {fix}"
+            )
+        if not str(root).strip() or str(root) == ".":  # Path("") is "."
+            raise ConfigurationError(f"FilePayloadStore(root=...) is empty (got {str(root)!r}): {fix}")
         self.root = Path(root)
         self._data = self.root / "data"
         self._done = self.root / "done"

@@ -34,6 +34,28 @@ def _psycopg() -> Any:
     return psycopg
 
 
+def dsn_problem(dsn: object) -> str | None:
+    """What is wrong with ``dsn`` as a PostgreSQL connection string, or None; never shows the password.
+
+    libpq takes a URI whose scheme is ``postgresql://`` or ``postgres://``, or ``keyword=value``
+    pairs (PostgreSQL docs "Connection Strings"). An empty string would connect to libpq's
+    defaults (``PG*`` variables, the local socket): refused, it is almost always a missing setting.
+    """
+    if not isinstance(dsn, str):
+        return f"is a {type(dsn).__name__}, not a str"
+    if not dsn.strip():
+        return "is empty"
+    if "://" in dsn:
+        scheme = dsn.split("://", 1)[0]
+        if scheme.lower() in ("postgresql", "postgres"):
+            return None
+        shown = repr(scheme) if scheme.isascii() and scheme.replace("+", "").isalnum() else "not postgresql"
+        return f"has scheme {shown}: not a PostgreSQL URL"
+    if "=" not in dsn:
+        return "is not a URL (postgresql://...) nor keyword=value pairs (host=... dbname=...)"
+    return None
+
+
 class PostgresPayloadStore(PayloadStore):
     """Payloads as rows of table ``amqpjobs_payloads`` (``store, key, body BYTEA, created_at, done_at``).
 
@@ -44,7 +66,8 @@ class PostgresPayloadStore(PayloadStore):
         dsn: libpq connection string or URL (``postgresql://user:pass@host:5432/db``).
 
     Raises:
-        ConfigurationError: (at first use) psycopg is missing, or the database can't be reached.
+        ConfigurationError: ``dsn`` is not a PostgreSQL connection string (at once); psycopg is
+            missing, or the database can't be reached (at first use).
 
     """
 
@@ -56,10 +79,19 @@ class PostgresPayloadStore(PayloadStore):
         **options: Unpack[StoreOptions],
     ) -> None:
         super().__init__(**options)
+        if problem := dsn_problem(dsn):
+            raise ConfigurationError(
+                f"PostgresPayloadStore(dsn=...) {problem}: give the database's URL, "
+                "postgresql://user:password@host:5432/dbname (or libpq keyword=value pairs)"
+            )
         self.dsn = dsn
         self._conn: Any = None
         self._lock: asyncio.Lock | None = None  # one connection: one statement (or connect) at a time
         self._lock_loop: asyncio.AbstractEventLoop | None = None
+
+    def _fresh(self) -> None:
+        """See :meth:`PayloadStore._fresh`."""
+        self._conn, self._lock, self._lock_loop = None, None, None
 
     def _locked(self) -> asyncio.Lock:
         """The lock of the running event loop (a CLI may use the store from one loop after another)."""

@@ -31,7 +31,7 @@ class S3PayloadStore(PayloadStore):
             ``region_name``, credentials; default: boto3's own configuration chain).
 
     Raises:
-        ConfigurationError: (at first use) boto3 is missing.
+        ConfigurationError: ``bucket`` is empty (at once); boto3 is missing (at first use).
 
     """
 
@@ -46,10 +46,19 @@ class S3PayloadStore(PayloadStore):
         **options: Unpack[StoreOptions],
     ) -> None:
         super().__init__(**options)
+        if not isinstance(bucket, str) or not bucket.strip():
+            raise ConfigurationError(
+                f"S3PayloadStore(bucket=...) is empty or not a str (got {bucket!r}): give an existing bucket's "
+                "name, e.g. S3PayloadStore('my-bucket', prefix='jobs/')"
+            )
         self.bucket = bucket
         self.prefix = prefix
         self._options = dict(client_options or {})
         self._client: Any = None
+
+    def _fresh(self) -> None:
+        """See :meth:`PayloadStore._fresh`."""
+        self._client = None
 
     async def open(self) -> None:
         """Make the boto3 client (no request is sent)."""

@@ -32,18 +32,7 @@ class SyncPublisher:
             self._app, self._loop = app, routed
             self._thread: threading.Thread | None = None
             return
-        self._app = App(
-            app.name,
-            topology=app.topology(),
-            app_version=app.app_version,
-            url=url or app._url,
-            max_message_size=app.max_message_size,
-            blocked_timeout=app.blocked_timeout,
-            queue_full_wait=app.queue_full_wait or None,
-            results=app.results.copy() if app.results is not None else None,  # its connection is this loop's
-        )
-        self._app.tracing = app.tracing
-        self._app._jobs = app._jobs
+        self._app = app.for_another_loop(url)
         self._loop = asyncio.new_event_loop()
         self._thread = thread = threading.Thread(
             target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True

@@ -10,11 +10,13 @@ tests use the ordinary test broker.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,7 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import depth
 from tests.integration.own_node import OwnNode, own_node
+from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -44,6 +47,11 @@ max_depth = 3
 name = "aged"
 exchange = "jobs"
 max_age = "1s"
+
+[[job_queue]]
+name = "other"
+exchange = "jobs"
+max_depth = 100
 """
 
 
@@ -143,7 +151,7 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
         await asyncio.sleep(0.3 if job_id != "fails-once" else 0)  # the failure's copy goes out first
         done.append(job_id)
 
-    for job_id in ("fails-once", "a", "b", "c"):
+    for job_id in ("fails-once", "a", "b"):  # max_depth 3: a fourth would be refused (the gate counts what it sent)
         await app.enqueue("flaky", {}, job_id=job_id)
     await app.close()
     alarm_node.memory_alarm(True)
@@ -152,9 +160,9 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
     try:
         with ManagementClient(on_alarm_node) as mgmt:
             deadline = time.monotonic() + 10
-            while True:  # a, b, c acked while the alarm holds the retry copy (and so "fails-once")
+            while True:  # a, b acked while the alarm holds the retry copy (and so "fails-once")
                 info = mgmt.queue(on_alarm_node.vhost, "work") or {}
-                if sorted(done) == ["a", "b", "c"] and info.get("messages") == 1:
+                if sorted(done) == ["a", "b"] and info.get("messages") == 1:
                     break
                 assert time.monotonic() < deadline, (done, info.get("messages"), info.get("messages_unacknowledged"))
                 await asyncio.sleep(0.2)
@@ -170,7 +178,7 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
     finally:
         alarm_node.memory_alarm(False)  # a blocked connection can't even close
         await worker.shutdown()
-    assert sorted(done) == ["a", "b", "c", "fails-once"]
+    assert sorted(done) == ["a", "b", "fails-once"]
     assert await depth(on_alarm_node, "work") == 0
 
 
@@ -202,6 +210,65 @@ async def test_a_queue_over_max_depth_refuses_enqueue_then_waits_when_asked(brok
         await waiting.close()
 
 
+async def test_200_concurrent_enqueues_never_take_the_queue_over_max_depth(broker: BrokerSettings, tmp_path: Path):
+    """One gate counts what it let through since its last read: no overshoot from one publisher (README "Backpressure").
+
+    The bound guaranteed, per App (per gate): depth read + publishes let through that may be
+    missing from it <= max_depth, so with no other publisher and no consumer the queue holds
+    exactly max_depth (slack 0); before, all 200 passed on the one stale figure.
+    """
+    app = await make_app(broker, tmp_path, queue_full_wait=0)
+    try:
+        outcomes = await asyncio.gather(
+            *(app.enqueue("ok", {"n": i}, job_id=f"c{i}") for i in range(200)), return_exceptions=True
+        )
+        sent = [o for o in outcomes if isinstance(o, str)]
+        refused = [o for o in outcomes if isinstance(o, QueueFullError)]
+        assert (len(sent), len(refused)) == (3, 197), [o for o in outcomes if not isinstance(o, str | QueueFullError)]
+        assert {e.queue for e in refused} == {"work"}
+        assert all(e.limit.startswith("max_depth 3 (") for e in refused)
+        assert await depth(broker, "work") == 3  # max_depth 3, exactly: none over
+        await asyncio.sleep(1.05)  # the next read sees the 3: refused on the figure read
+        with pytest.raises(QueueFullError) as again:
+            await app.enqueue("ok", {}, job_id="later")
+        assert again.value.limit == "max_depth 3 (3 ready)"
+        assert await depth(broker, "work") == 3
+    finally:
+        await app.close()
+
+
+async def test_a_queue_whose_figures_are_being_read_does_not_hold_enqueues_to_another(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Reads are locked per work queue (and the alarms apart): a read of 'work' that hangs holds only 'work'."""
+    from amqpjobs.runtime import backpressure
+    from amqpjobs.wire.browse import queue_state as read
+
+    hold = asyncio.Event()
+
+    async def hanging_for_work(connection: Any, name: str) -> Any:
+        if name == "work":
+            await hold.wait()
+        return await read(connection, name)
+
+    monkeypatch.setattr(backpressure, "queue_state", hanging_for_work)
+    app = await make_app(broker, tmp_path)
+    app.job("other", queue="other")(lambda p, c: None)
+    try:
+        stuck = asyncio.create_task(app.enqueue("ok", {}, job_id="stuck"))
+        await asyncio.sleep(0.2)  # it holds the lock of 'work' now, in the hanging read
+        assert not stuck.done()
+        # a deadlock guard, not a speed assert: with one lock for every queue this waited for 'work' for ever
+        assert await asyncio.wait_for(app.enqueue("other", {}, job_id="free"), timeout=30) == "free"
+        assert not stuck.done()
+        hold.set()
+        assert await stuck == "stuck"
+        assert (await depth(broker, "work"), await depth(broker, "other")) == (1, 1)
+    finally:
+        hold.set()
+        await app.close()
+
+
 async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm_node: BrokerSettings, tmp_path: Path):
     """On the alarm node (no alarm): its management API refreshes queue figures every 0.5 s."""
     app = await make_app(on_alarm_node, tmp_path)
@@ -222,5 +289,23 @@ async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm
         assert refused.queue == "aged"
         assert refused.limit.startswith("max_age 1s (oldest ready message ")
         assert await depth(on_alarm_node, "aged") == sent  # the refused one was not sent
+    finally:
+        await app.close()
+
+
+async def test_max_age_reads_a_millisecond_timestamp_by_the_one_rule(on_alarm_node: BrokerSettings, tmp_path: Path):
+    """A foreign publisher's ``Date.now()`` (ms) as the oldest message's timestamp is over max_age too."""
+    app = await make_app(on_alarm_node, tmp_path)
+    try:
+        sent_at = time.time() - 10
+        millis = int(sent_at * 1000)
+        await publish_raw(on_alarm_node, "aged", "ms-old", {"timestamp": struct.pack(">Q", millis)})
+        assert await wait_for_head_timestamp(on_alarm_node, "aged") == millis
+        with pytest.raises(QueueFullError) as refused:
+            await app.enqueue("aged", {}, job_id="after-ms")
+        assert refused.value.queue == "aged"
+        age = float(refused.value.limit.split("oldest ready message ")[1].split("s old")[0])
+        assert abs(age - (time.time() - sent_at)) <= 2.0, refused.value.limit  # read in ms, not as 0 s
+        assert await depth(on_alarm_node, "aged") == 1
     finally:
         await app.close()

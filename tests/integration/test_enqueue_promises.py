@@ -15,7 +15,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import App
+from amqpjobs import App, FilePayloadStore
 from amqpjobs.errors import (
     ConfigurationError,
     MessageTooLargeError,
@@ -236,3 +236,30 @@ async def test_unroutable_when_the_queue_is_not_bound(broker: BrokerSettings, tm
             await app.enqueue("cap", {})
     finally:
         await app.close()
+
+
+async def test_a_refused_publish_deletes_the_payload_it_stored(broker: BrokerSettings, tmp_path: Path):
+    """A nack (max_length reject-publish) or a return (unroutable) is a definite "not stored": its payload goes."""
+    app = await make(broker, tmp_path)
+    store = FilePayloadStore(tmp_path / "payloads", threshold=0)  # every payload goes to the store
+    app.payload_store = store
+
+    def stored() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir())
+
+    try:
+        await app.enqueue("cap", {"n": 1}, job_id="first")
+        kept = stored()
+        assert len(kept) == 1
+        with pytest.raises(QueueFullError, match="NOT stored"):
+            await app.enqueue("cap", {"n": 2}, job_id="second")
+        assert stored() == kept  # the nacked one's payload was deleted
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete("rolling")
+        with pytest.raises(UnroutableError):
+            await app.enqueue("roll", {"n": 3}, job_id="returned")
+        assert stored() == kept
+    finally:
+        await app.close()
+    [first] = await drain(broker, "capped")
+    assert first.headers["amqpjobs-payload-ref"] == f"file:{kept[0]}"

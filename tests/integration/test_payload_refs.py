@@ -1,4 +1,4 @@
-"""Issue 25: bad payload references, a quarantined copy that keeps its stored payload, and purges that delete them.
+"""Issue 25: bad payload references, a quarantined copy that keeps its stored payload, and purges that retire them.
 
 The rules do not depend on the store: a shared directory (FilePayloadStore) stands for all three.
 """
@@ -6,6 +6,7 @@ The rules do not depend on the store: a shared directory (FilePayloadStore) stan
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.runtime.parking import park
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, drain, raw_channel
-from tests.integration.test_payload_store import GRACE, SWEEP, app_module, app_with
+from tests.integration.test_payload_store import GRACE, SWEEP, app_module, app_with, wait_gone
 from tests.integration.worker_env import running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -55,6 +56,13 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
         (tmp_path / "payloads" / "data" / "a-directory").mkdir(parents=True)
         cases["unreadable"] = ("file:a-directory", "payload-store-error", "failed to read 'a-directory'")
         retries = 3
+        # the next step is in the evidence: what the operator can do about a missing payload
+        cases["unknown-key"] = ("file:0123abcd", "payload-missing", "enqueue the job again with its payload")
+        cases["gone"] = ("file:4567cdef", "payload-missing", "--reason payload-missing")
+        # a stored payload that is not a JSON object: the message says it is the stored payload, and what is wrong
+        latin1, text = await store.put(b"caf\xe9"), await store.put(b"not json")
+        cases["latin1"] = (str(latin1), "undecodable", f"stored payload '{latin1}' is not UTF-8")
+        cases["not-json"] = (str(text), "undecodable", f"stored payload '{text}' is not JSON: Expecting value")
     else:  # a worker without a store can't read any reference: unknown store, says how to fix
         cases["foreign"] = ("s3-elsewhere:abc123", "payload-store-unknown", "this app has no payload store")
         cases["unknown-key"] = ("file:0123abcd", "payload-store-unknown", "give it one (App(payload_store=...))")
@@ -75,7 +83,7 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
     await app.close()
 
 
-async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purges_delete_payloads(
+async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purge_spares_a_payload_still_named(
     broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     source = f"FilePayloadStore({str(tmp_path / 'payloads')!r}, grace={GRACE}, sweep_every={SWEEP})"
@@ -101,14 +109,66 @@ async def test_a_quarantined_copy_keeps_its_payload_past_the_grace_and_purges_de
         assert await store.read(shared.key) == b'{"n":1}'  # its done mark went when the copy was quarantined
         assert await store.read(parked.key) == b'{"n":2}'
 
+    # a forged copy naming the same payload waits in the parked queue: purging quarantine leaves the payload alone
+    async with raw_channel(broker) as channel:
+        forged = aio_pika.Message(b"", headers={envelope.PAYLOAD_REF: str(shared)}, message_id="forged", type="big")
+        await channel.default_exchange.publish(forged, routing_key="work.parked")
+    done = tmp_path / "payloads" / "done"
     ref = app_module(tmp_path, source, monkeypatch)
     out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--yes", "--app", ref)
     assert out.exit_code == 0, out.output
     assert "purged 1 message(s) from work.quarantine; 0 left" in out.stdout
-    assert await store.read(shared.key) is None
-    assert await store.read(parked.key) == b'{"n":2}'  # parked: not purged, kept
+    assert await store.read(shared.key) == b'{"n":1}'  # the forged parked copy still names it
+    assert sorted(p.name for p in done.iterdir()) == []  # not even marked
     out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.parked", "--yes", "--app", ref)
-    assert "purged 1 message(s) from work.parked; 0 left" in out.stdout
-    assert await store.read(parked.key) is None
+    assert "purged 2 message(s) from work.parked; 0 left" in out.stdout
+    # nothing names them now: marked done, deleted by a worker's sweep after the grace (not at once)
+    assert sorted(p.name for p in done.iterdir()) == sorted([shared.key, parked.key])
+    assert await store.read(parked.key) == b'{"n":2}'
+    async with running_worker(app, broker):
+        await wait_gone(store, shared.key, GRACE + 10)
+        await wait_gone(store, parked.key, GRACE + 10)
     assert sorted(p.name for p in (tmp_path / "payloads" / "data").iterdir()) == []
+    await app.close()
+
+
+async def test_show_json_says_what_is_wrong_with_each_stored_payload(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``quarantine show --json``: ``stored_payload_problem`` on every message that names a stored payload."""
+    source = f"FilePayloadStore({str(tmp_path / 'payloads')!r})"
+    store = FilePayloadStore(tmp_path / "payloads")
+    app = await app_with(broker, tmp_path, store)
+    good, latin1, array = await store.put(b'{"n": 1}'), await store.put(b"caf\xe9"), await store.put(b"[1]")
+    refs = {"good": str(good), "latin1": str(latin1), "array": str(array), "missing": "file:0123abcd"}
+    async with raw_channel(broker) as channel:
+        for job_id, ref in refs.items():
+            message = aio_pika.Message(b"", headers={envelope.PAYLOAD_REF: ref}, message_id=job_id, type="big",
+                                       content_type="application/json")  # fmt: skip
+            await channel.default_exchange.publish(message, routing_key="work.quarantine")
+        await channel.default_exchange.publish(aio_pika.Message(b'{"small": 1}', message_id="inline", type="big"),
+                                               routing_key="work.quarantine")  # fmt: skip
+    module = app_module(tmp_path, source, monkeypatch)
+    out = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json", "--app", module)
+    assert out.exit_code == 0, out.output
+    docs = {d["message_id"]: d for d in map(json.loads, out.stdout.splitlines())}
+    problems = {job_id: d.get("stored_payload_problem") for job_id, d in docs.items()}
+    assert problems["good"] == ""
+    assert docs["good"]["payload"] == {"n": 1}
+    assert problems["latin1"].startswith(f"undecodable: stored payload '{latin1}' is not UTF-8: ")
+    assert problems["array"] == f"invalid-payload: stored payload '{array}' must be a JSON object, got list"
+    assert problems["missing"].startswith("payload-missing: payload store 'file' holds no payload '0123abcd'")
+    assert "enqueue the job again with its payload" in problems["missing"]
+    assert problems["inline"] is None  # no stored payload: no key
+    assert docs["inline"]["payload"] == {"small": 1}
+    assert [docs[j]["payload"] for j in ("latin1", "array", "missing")] == [None, None, None]
+
+    # the text form says the same; without --app every reference says how to read it
+    text = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--app", module)
+    assert f"payload:    (stored, not readable) undecodable: stored payload '{latin1}' is not UTF-8" in text.stdout
+    plain = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json")
+    unread = {d["message_id"]: d.get("stored_payload_problem") for d in map(json.loads, plain.stdout.splitlines())}
+    assert unread == {j: "not read: give --app MODULE:APP to read it from the app's payload store" for j in refs} | {
+        "inline": None
+    }
     await app.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from amqpjobs import App, JobContext, PayloadStore, Reject
+from amqpjobs import App, FilePayloadStore, JobContext, PayloadStore, Reject
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.payload_refs import parse_ref
 from amqpjobs.jobs.quarantine import ReplayOptions
@@ -202,4 +202,21 @@ async def test_a_deleted_stored_payload_quarantines_payload_missing_with_evidenc
     assert headers[envelope.PAYLOAD_REF] == str(ref)
     assert quarantined.body == b""
     assert quarantined.message_id == job_id
+    await app.close()
+
+
+async def test_sync_publisher_keeps_a_large_payload_in_the_apps_store(broker: BrokerSettings, tmp_path: Path):
+    """The sync publisher carries the app's options over, the payload store too (a copy with its own connections)."""
+    store = FilePayloadStore(tmp_path / "payloads")
+    app = await app_with(broker, tmp_path, store)
+    app.job("big", queue="work")(lambda p, c: None)
+    payload = {"blob": "y" * (1024 * 1024)}
+    with app.sync_publisher() as pub:
+        job_id = await asyncio.to_thread(pub.enqueue, "big", payload)
+    [message] = await drain(broker, "work")
+    assert message.message_id == job_id
+    assert message.body == b""
+    ref = parse_ref(message.headers[envelope.PAYLOAD_REF])
+    assert ref.store == "file"
+    assert await store.read(ref.key) == envelope.encode_payload(payload)
     await app.close()

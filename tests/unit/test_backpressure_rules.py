@@ -58,3 +58,29 @@ def test_the_errors_sit_where_callers_catch_them():
     full = QueueFullError("full", queue="work", limit="max_depth 3 (3 ready)")
     blocked = BrokerBlockedError("blocked", alarm="disk", waited=1.5)
     assert (full.queue, full.limit, blocked.alarm, blocked.waited) == ("work", "max_depth 3 (3 ready)", "disk", 1.5)
+
+
+@pytest.mark.parametrize("option", ["blocked_timeout", "queue_full_wait"])
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(-1, "-1 must be 0"), (float("nan"), "nan must be 0"), (float("inf"), "inf must be 0"),
+     ("soon", "'soon' is not a duration"), ("-2s", "'-2s' is not a duration"), (True, "True is not a duration")],
+)  # fmt: skip
+def test_bad_wait_options_are_refused_naming_the_argument(option: str, value: object, says: str):
+    from amqpjobs import App, ConfigurationError
+
+    with pytest.raises(ConfigurationError) as err:
+        App("t", **{option: value})  # type: ignore[arg-type]
+    assert str(err.value).startswith(f"App({option}=...): ")
+    assert says in str(err.value)
+    assert "0 (refuse at once)" in str(err.value)  # what is allowed
+
+
+@pytest.mark.parametrize("zero", [0, 0.0, "0", "0s", "0ms"])
+def test_zero_wait_means_refuse_at_once(zero: object):
+    from amqpjobs import App
+
+    app = App("t", blocked_timeout=zero, queue_full_wait=zero)  # type: ignore[arg-type]
+    assert (app.blocked_timeout, app.queue_full_wait) == (0.0, 0.0)
+    assert (App("t").blocked_timeout, App("t").queue_full_wait) == (10.0, 0.0)
+    assert App("t", queue_full_wait="1m30s").queue_full_wait == 90.0

@@ -178,3 +178,65 @@ async def test_the_in_memory_double_runs_jobs_with_stored_payloads(tmp_path: Pat
         assert quarantined.headers[PAYLOAD_REF].startswith("file:")
         assert len(list((tmp_path / "payloads" / "data").iterdir())) == 2
         assert len(list((tmp_path / "payloads" / "done").iterdir())) == 1  # the success's mark; the sweep is a worker's
+
+
+@pytest.mark.parametrize(
+    ("store", "got"),
+    [("/mnt/payloads", "got a str"), (FilePayloadStore, "got the class FilePayloadStore itself: create one"),
+     ({"root": "/x"}, "got a dict")],
+    ids=["a-path", "the-class", "a-dict"],
+)  # fmt: skip
+def test_an_app_refuses_a_payload_store_of_the_wrong_type(store: object, got: str) -> None:
+    from amqpjobs import App
+
+    with pytest.raises(ConfigurationError) as err:
+        App("t", payload_store=store)  # type: ignore[arg-type]
+    says = str(err.value)
+    assert says.startswith("App(payload_store=...) must be a payload store")
+    assert got in says
+    assert "FilePayloadStore('/mnt/shared/payloads')" in says  # what to give instead
+
+
+@pytest.mark.parametrize("root", ["", "   ", Path("")])
+def test_a_file_store_refuses_an_empty_root(root: str | Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"FilePayloadStore\(root=\.\.\.\) is empty"):
+        FilePayloadStore(root)
+
+
+@pytest.mark.parametrize("bucket", ["", " "])
+def test_an_s3_store_refuses_an_empty_bucket(bucket: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"S3PayloadStore\(bucket=\.\.\.\) is empty"):
+        S3PayloadStore(bucket)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "says"),
+    [("mysql://u:s3cret@h/db", "scheme 'mysql'"), ("amqp://guest:s3cret@h:5672/", "scheme 'amqp'"),
+     ("", "is empty"), ("  ", "is empty"), ("just-a-hostname", "not a URL")],
+)  # fmt: skip
+def test_a_postgres_store_refuses_a_dsn_that_is_not_postgresql(dsn: str, says: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        PostgresPayloadStore(dsn)
+    message = str(err.value)
+    assert "PostgresPayloadStore(dsn=...)" in message
+    assert says in message
+    assert "postgresql://user:password@host:5432/dbname" in message  # the fix
+    assert "s3cret" not in message  # never the password
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://h/db", "postgres://u:p@h:5432/db", "host=h dbname=db user=u"])
+def test_a_postgres_store_takes_urls_and_keyword_strings(dsn: str) -> None:
+    assert PostgresPayloadStore(dsn).dsn == dsn
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [("grace", -1, "-1 must be a positive, finite duration"), ("grace", float("nan"), "nan must be"),
+     ("grace", float("inf"), "inf must be"), ("grace", "soon", "'soon' is not a duration"),
+     ("sweep_every", "-5s", "'-5s' is not a duration"), ("sweep_every", 0, "0 must be a positive")],
+)  # fmt: skip
+def test_bad_grace_or_sweep_every_names_the_argument(option: str, value: object, says: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        FilePayloadStore("/x", **{option: value})  # type: ignore[arg-type]
+    assert f"payload store 'file': {option}: " in str(err.value)
+    assert says in str(err.value)

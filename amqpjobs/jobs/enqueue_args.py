@@ -1,0 +1,60 @@
+"""What ``enqueue`` refuses before it publishes: the job id, tenant and priority it was given (README "Enqueueing")."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.envelope import job_id_problem
+from amqpjobs.jobs.registry import JobDef
+from amqpjobs.topology.models import JobQueueLayout
+
+
+def checked_job_id(
+    jobdef: JobDef, layout: JobQueueLayout, payload: Any, *, job_id: str | None, priority: int | None,
+    tenant: str | None,
+) -> str:  # fmt: skip
+    """Check ``enqueue``'s arguments for job ``jobdef`` going to ``layout``; returns the job id to send.
+
+    The job id is ``job_id``, else what the job's ``key`` function derives from the validated
+    payload, else a random UUID.
+
+    Raises:
+        ConfigurationError: ``job_id`` or ``tenant`` not a str, or empty; ``job_id`` not an AMQP
+            short string (1-255 UTF-8 bytes); ``priority`` not an int, or above the job queue's
+            ``max_priority`` (or given to a classic queue without one); the key function failed
+            or returned no non-empty str.
+
+    """
+    for label, value in (("job_id", job_id), ("tenant", tenant)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
+    if job_id is not None and (problem := job_id_problem(job_id)):
+        raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
+    if tenant is not None and not tenant.strip():
+        raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
+    if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
+        if layout.max_priority is None:
+            raise ConfigurationError(
+                f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"
+            )
+        if isinstance(priority, int) and not isinstance(priority, bool) and priority > layout.max_priority:
+            raise ConfigurationError(
+                f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
+                f"max_priority {layout.max_priority}"
+            )
+    if job_id is None and jobdef.key is not None:
+        try:
+            derived = jobdef.key(jobdef.validate(payload))
+        except Exception as exc:
+            raise ConfigurationError(f"job {jobdef.name!r}: its key function failed: {exc}") from exc
+        if not isinstance(derived, str) or not derived.strip():
+            raise ConfigurationError(
+                f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
+                "that identifies the job (jobs with the same key run once)"
+            )
+        job_id = derived
+    return job_id or str(uuid.uuid4())

@@ -1,0 +1,61 @@
+"""Writing one job message for ``enqueue``: the enqueue gate, the claim-check, and what a refusal means.
+
+README "Backpressure" (the gate: resource alarms, queue bounds) and "Large payloads" (a
+body over the store's threshold is stored and the message carries a reference).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+from amqpjobs.errors import MessageTooLargeError, PublishNackedError, QueueFullError, UnroutableError
+from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Connection, Publisher
+from amqpjobs.wire.publish import ConfirmedPublisher
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.payloads import PayloadStore
+
+#: A publish the broker definitely did not take: nacked (a queue at max_length with reject-publish),
+#: returned (mandatory, no queue bound) or refused before sending (too large). A payload stored for
+#: it is deleted; after any other failure (no confirm in time, connection lost) it is kept.
+REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
+
+
+async def send(
+    publisher: Publisher, gate: EnqueueGate | None, connection: Connection | None, store: PayloadStore | None,
+    layout: JobQueueLayout, exchange: str, routing_key: str, message: OutgoingMessage, job_id: str,
+) -> None:  # fmt: skip
+    """Publish job ``job_id``'s ``message`` through the gate (a real broker's publisher only) and the store.
+
+    Raises:
+        BrokerBlockedError, QueueFullError: the gate refused it, or the broker nacked it at the
+            work queue's ``max_length`` (``reject-publish``); nothing sent.
+        PayloadStoreError: the store could not keep a large body; nothing sent.
+        PublishNackedError, UnroutableError, MessageTooLargeError: refused by the broker; its
+            stored payload, if any, was deleted.
+        PublishError, BrokerError: the outcome is uncertain; a stored payload is kept.
+
+    """
+    gated: AbstractAsyncContextManager[None] = nullcontext()
+    if gate is not None and connection is not None and isinstance(publisher, ConfirmedPublisher):  # not a double's
+        gated = gate.admitted(connection, layout.work_queue_for(routing_key), layout.bounds)
+    async with gated:  # counted against max_depth from here until published (README "Backpressure")
+        ref = None
+        if store is not None:  # claim-check: a large body goes to the store
+            from amqpjobs.runtime.payloads import check_in, forget  # loaded only by an app with a store
+
+            message, ref = await check_in(store, message)
+        try:
+            await publisher.publish(exchange, routing_key, message)
+        except REFUSED as exc:
+            if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
+                assert store is not None
+                await forget(store, ref)  # best effort: a failure is logged
+            full = full_at_max_length(layout, routing_key, job_id)
+            if full is None or not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
+                raise
+            raise full from exc
