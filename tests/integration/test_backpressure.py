@@ -270,15 +270,21 @@ async def test_a_queue_whose_figures_are_being_read_does_not_hold_enqueues_to_an
 
 
 async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm_node: BrokerSettings, tmp_path: Path):
-    """On the alarm node (no alarm): its management API refreshes queue figures every 0.5 s."""
+    """The oldest job's age comes from its timestamp (no sleeping for it: one backdated 10 s stands in).
+
+    On the alarm node (no alarm): its management API refreshes queue figures every 0.5 s.
+    """
     app = await make_app(on_alarm_node, tmp_path)
     try:
-        await app.enqueue("aged", {}, job_id="old")
-        await asyncio.sleep(1.2)
-        await app.enqueue("aged", {}, job_id="young-enough")  # figures read now: the oldest is 1.2 s old
-        deadline, sent = time.monotonic() + 5, 2
+        assert await app.enqueue("aged", {}, job_id="young") == "young"  # an empty queue has no age
+        with ManagementClient(on_alarm_node) as mgmt:
+            mgmt.request("DELETE", f"/queues/{on_alarm_node.vhost}/aged/contents")
+        sent_at = int(time.time()) - 10
+        await publish_raw(on_alarm_node, "aged", "old", {"timestamp": struct.pack(">Q", sent_at)})
+        assert await wait_for_head_timestamp(on_alarm_node, "aged") == sent_at
+        deadline, sent = time.monotonic() + 5, 1
         refused: QueueFullError | None = None
-        while refused is None:  # the management API's figures lag by up to its stats interval, the gate's by 1 s
+        while refused is None:  # the gate reads the figures at most once a second: "young"'s read may still stand
             try:
                 await app.enqueue("aged", {}, job_id=f"late-{sent}")
                 sent += 1
@@ -288,6 +294,8 @@ async def test_a_queue_whose_oldest_job_is_over_max_age_refuses_enqueue(on_alarm
             await asyncio.sleep(0.3)
         assert refused.queue == "aged"
         assert refused.limit.startswith("max_age 1s (oldest ready message ")
+        age = float(refused.limit.split("oldest ready message ")[1].split("s old")[0])
+        assert 10 <= age <= time.time() - sent_at + 1, refused.limit
         assert await depth(on_alarm_node, "aged") == sent  # the refused one was not sent
     finally:
         await app.close()
