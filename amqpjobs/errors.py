@@ -60,6 +60,22 @@ class InvalidPayloadError(AmqpJobsError):
         super().__init__(message)
 
 
+class UnaddressableNameError(ConfigurationError):
+    """A queue or exchange name RabbitMQ accepts but the AMQP client (pamqp) refuses to put in a frame.
+
+    RabbitMQ takes any UTF-8 name up to 255 bytes; pamqp only accepts
+    ``[a-zA-Z0-9-_.:@#,/+ ]`` (its ``DOMAIN_REGEX``), so such a queue can only be reached
+    through the management API. Raised by the wire layer's error map.
+
+    Attributes:
+        name: The name refused ("" when the call did not say which).
+    """
+
+    def __init__(self, message: str, name: str = "") -> None:
+        self.name = name
+        super().__init__(message)
+
+
 class DuplicateJobError(AmqpJobsError):
     """An idempotent job's key was already marked done by another run; this run's effect was rolled back."""
 
