@@ -96,8 +96,8 @@ async def message(request: Request) -> Response:
     try:
         queue = _queue(request.query_params.get("queue"))
         found = await find_message(_state(request).config.broker, queue, job_id)
-    except AmqpJobsError as exc:
-        return problem(request, str(exc), 404)
+    except AmqpJobsError as exc:  # a queue it can't read is 404; the broker down is 503, as on every page
+        return problem(request, str(exc), 404 if isinstance(exc, ConfigurationError) else 503)
     if found is None:
         return problem(request, f"no message of job {job_id!r} in {queue!r} (replayed, parked or purged?)", 404)
     audit = _state(request).audit.for_job(job_id)

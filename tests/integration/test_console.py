@@ -320,6 +320,8 @@ def test_a_broker_down_is_a_503_naming_it_without_credentials(tmp_path: Path):
     with client(down, tmp_path) as c:
         page = c.get("/")
         fragment = c.get("/fragments/overview")
-    assert (page.status_code, fragment.status_code) == (503, 503)
+        one = c.get("/message", params={"queue": "work.quarantine", "id": "m-1"})
+    assert (page.status_code, fragment.status_code, one.status_code) == (503, 503, 503)
     assert f"127.0.0.1:{port}" in page.text
-    assert "pw-sekret" not in page.text + fragment.text
+    assert f"127.0.0.1:{port}" in one.text
+    assert "pw-sekret" not in page.text + fragment.text + one.text

@@ -197,3 +197,38 @@ async def test_the_operators_drill_in_a_real_browser(
     assert seen["audit_rows"] == 2
     assert seen["live_health"] == "healthy"  # the open overview refreshed itself: parked jobs are not unhealthy
     print(f"drill: {seen['actions']} actions, {seen['drill_seconds']:.1f} s")
+
+
+def watch_outage(browser_path: str, base: str) -> dict[str, str]:
+    """An overview left open while its refreshes fail (answered 503, as when the broker is down), then recover."""
+    from playwright.sync_api import expect, sync_playwright
+
+    seen: dict[str, str] = {}
+    expect.set_options(timeout=20_000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(base + "/")
+        live = page.locator("#live")
+        seen["before"] = live.inner_text()
+        page.route("**/fragments/overview", lambda route: route.fulfill(status=503, body="broker down"))
+        expect(live).to_contain_text("unreachable since")
+        seen["down"] = live.inner_text()
+        seen["down_class"] = page.locator("#overview").get_attribute("class") or ""
+        page.unroute("**/fragments/overview")
+        expect(live).not_to_contain_text("unreachable")
+        seen["after"] = live.inner_text()
+        seen["after_class"] = page.locator("#overview").get_attribute("class") or ""
+        browser.close()
+    return seen
+
+
+async def test_an_open_overview_says_stale_when_its_refreshes_fail(
+    broker: BrokerSettings, tmp_path: Path, chromium: str, console: str
+):
+    seen = await asyncio.to_thread(watch_outage, chromium, console)
+    assert seen["before"].startswith(("live", "polling")), seen
+    assert "the figures below are stale" in seen["down"], seen
+    assert "stale" in seen["down_class"].split()
+    assert seen["after"] == "polling (no outcome events exchange)", seen  # the test's vhost has no events exchange
+    assert "stale" not in seen["after_class"].split()

@@ -3,11 +3,27 @@
 // or JSON set with textContent: no text of a job ever becomes markup here.
 "use strict";
 
+function setLive(text) {
+  const live = document.getElementById("live");
+  if (live) live.textContent = text;
+}
+
+// A failed refresh keeps the last table but says since when it is stale (the page retries).
 function refreshOverview(box) {
   fetch(box.dataset.refresh, {credentials: "same-origin"})
     .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
-    .then((html) => { box.innerHTML = html; })
-    .catch(() => {});
+    .then((html) => {
+      box.innerHTML = html;
+      box.classList.remove("stale");
+      delete box.dataset.downSince;
+      setLive(box.dataset.mode || "live");
+    })
+    .catch((status) => {
+      if (!box.dataset.downSince) box.dataset.downSince = new Date().toLocaleTimeString();
+      box.classList.add("stale");
+      const why = status === 503 ? "broker or management API down" : "console not answering";
+      setLive(`unreachable since ${box.dataset.downSince} (${why}): the figures below are stale`);
+    });
 }
 
 function followOverview() {
@@ -17,11 +33,11 @@ function followOverview() {
   const soon = () => { if (!pending) pending = setTimeout(() => { pending = null; refreshOverview(box); }, 300); };
   setInterval(() => refreshOverview(box), 5000);  // the broker's figures (rates, consumers) change without events
   if (window.EventSource) {
-    const live = document.getElementById("live");
+    const mode = (text) => { box.dataset.mode = text; if (!box.dataset.downSince) setLive(text); };
     const events = new EventSource("/events");
     events.onmessage = soon;  // a job ended somewhere: counts changed
-    events.addEventListener("unavailable", () => { if (live) live.textContent = "polling (no outcome events exchange)"; events.close(); });
-    events.onerror = () => { if (live) live.textContent = "polling"; };
+    events.addEventListener("unavailable", () => { mode("polling (no outcome events exchange)"); events.close(); });
+    events.onerror = () => mode("polling");
   }
 }
 
