@@ -14,50 +14,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.testclient import TestClient
 
 from amqpjobs import SqliteResults
-from amqpjobs.console.app import create_app
-from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, ConsoleConfig, Credentials
+from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, Credentials
 from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.console_env import Handler, failing_app, free_port, quarantine_jobs
+from tests.integration.console_env import (
+    BASE,
+    CSRF,
+    Handler,
+    client,
+    failing_app,
+    free_port,
+    quarantine_jobs,
+    quarantine_six,
+    wait_done,
+)
 from tests.integration.helpers import cli, depth
 from tests.integration.test_job_status import app_module
 from tests.integration.worker_env import running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
-BASE = "http://127.0.0.1:8480"
-CSRF = "test-csrf-token-0123456789"
-
-
-def client(broker: BrokerSettings, tmp_path: Path, **kw: Any) -> TestClient:
-    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl", **kw)
-    return TestClient(create_app(config, csrf_token=CSRF), base_url=BASE, follow_redirects=False)
-
 
 @pytest.fixture
 def quarantined(broker: BrokerSettings, tmp_path: Path) -> Handler:
-    """6 real failures in work.quarantine: m-0, m-2, m-4 (ValueError in send), m-1, m-3, m-5 (KeyError in render)."""
-    handler = Handler()
-
-    async def fill() -> None:
-        app = await failing_app(broker, tmp_path, handler)
-        await quarantine_jobs(broker, app, 6)
-        await app.close()
-
-    asyncio.run(fill())
-    return handler
-
-
-def wait_done(c: TestClient, location: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    for _ in range(400):
-        progress: dict[str, Any] = c.get(location + ".json", headers=headers).json()
-        if progress["state"] != "running":
-            return progress
-        asyncio.run(asyncio.sleep(0.05))
-    raise AssertionError(f"still running: {progress}")
+    """6 real failures in work.quarantine (:func:`~tests.integration.console_env.quarantine_six`)."""
+    return quarantine_six(broker, tmp_path)
 
 
 def test_a_foreign_host_header_is_refused_even_on_loopback(broker: BrokerSettings, tmp_path: Path, quarantined):
