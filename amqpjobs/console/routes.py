@@ -160,6 +160,17 @@ async def action(request: Request) -> Response:
     return render(request, "action.html", run=run, progress=run.progress())
 
 
+async def stop(request: Request) -> Response:
+    """POST: stop a running action as Ctrl-C stops the CLI's (:meth:`Actions.stop`), then show its page."""
+    actions: Actions = _state(request).actions
+    run = actions.runs.get(request.path_params["run_id"])
+    if run is None:
+        return problem(request, "no such action (the console keeps the last 200; see the audit log)", 404)
+    if not actions.stop(run, _who(request)[0]):
+        return problem(request, f"this {run.kind} already ended ({run.state}): nothing to stop", 409)
+    return RedirectResponse(f"/action/{run.id}", status_code=303)
+
+
 async def action_json(request: Request) -> Response:
     """An action's progress as JSON (the progress page polls it)."""
     run = _state(request).actions.runs.get(request.path_params["run_id"])
@@ -210,6 +221,7 @@ def routes(static_dir: str) -> list[Route | Mount]:
         Route("/message", message),
         Route("/actions/{kind:str}", act, methods=["POST"]),
         Route("/action/{run_id:str}.json", action_json),
+        Route("/action/{run_id:str}/stop", stop, methods=["POST"]),
         Route("/action/{run_id:str}", action, name="action"),
         Route("/job", job),
         Route("/audit", audit),

@@ -374,7 +374,7 @@ class ReplayReport:
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
         elapsed: Seconds from the first to the last move.
-        moves: (job id, target queue) for each move (or planned move).
+        moves: (job id, target queue) of each move done, once acked (on a dry run: each planned move).
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
         canary_failures: One line per canary that did not succeed (the run stopped then).

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
 from amqpjobs.jobs import envelope
@@ -48,6 +48,7 @@ class TakeReport:
         kept: Messages looked at that did not match (still in ``queue``).
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
+        job_ids: The job id of each message taken, in queue order ("" for a message without one).
 
     """
 
@@ -56,6 +57,7 @@ class TakeReport:
     kept: int = 0
     left: int = 0
     target: str = ""
+    job_ids: list[str] = field(default_factory=list)
 
 
 async def _take(
@@ -86,14 +88,17 @@ async def _take(
                 # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
                 # parked queue is acked, so no message is left in both places
                 moving = asyncio.ensure_future(settle(delivery, item))
+                job_id = delivery.message_id or item.job_id or ""
                 try:
                     await asyncio.shield(moving)
                 except asyncio.CancelledError:
                     with contextlib.suppress(Exception):
                         await moving
                         report.taken += 1
+                        report.job_ids.append(job_id)
                     raise
                 report.taken += 1
+                report.job_ids.append(job_id)
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
@@ -186,11 +191,14 @@ async def purge_matching(
     selection: q.Selection,
     census: Census | None = None,
     payloads: PayloadStore | None = None,
+    *,
+    report: TakeReport | None = None,
 ) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
     ``census`` is filled as :func:`park` fills it. ``payloads``: the app's payload store: the
     stored payload of each deleted message is deleted too, after its ack (README "Large payloads").
+    ``report``: filled as the run goes (and returned), as :func:`park`'s.
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -199,7 +207,8 @@ async def purge_matching(
     """
     async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
-        report = TakeReport(queue)
+        report = report if report is not None else TakeReport(queue)
+        report.queue = queue
 
         async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
             await delivery.ack()

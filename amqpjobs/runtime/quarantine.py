@@ -109,6 +109,18 @@ async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
     raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
 
 
+async def queue_depth(settings: BrokerSettings, name: str) -> tuple[str, int]:
+    """(queue, messages ready in it now) of quarantine or parked queue ``name``, resolved as :func:`resolve_queue`.
+
+    Raises:
+        ConfigurationError: no such quarantine or parked queue.
+        BrokerUnavailableError: the broker can't be reached.
+
+    """
+    async with session(settings) as connection:
+        return await resolve_queue(connection, name)
+
+
 def quarantine_queues(settings: BrokerSettings) -> list[str]:
     """Every queue of the vhost whose name ends with ``.quarantine``, sorted."""
     with ManagementClient(settings) as mgmt:

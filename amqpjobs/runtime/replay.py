@@ -182,6 +182,7 @@ async def replay(
                         "the rest stay in quarantine"
                     ) from None
                 await delivery.ack()
+                report.moves.append((copy.message_id or "", target))
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
@@ -213,8 +214,8 @@ async def replay(
                 if canary is not None and launched < canary.size:
                     job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
                     canary.expect(planned.job_id, job, target)
-                report.moves.append((planned.job_id, target))
                 if options.dry_run:
+                    report.moves.append((planned.job_id, target))
                     report.replayed += 1
                     launched += 1
                     continue

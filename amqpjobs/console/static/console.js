@@ -49,13 +49,16 @@ function followAction() {
     fetch(box.dataset.poll, {credentials: "same-origin"})
       .then((r) => r.json())
       .then((p) => {
-        set("state", p.state); set("moved", p.moved); set("left", p.left); set("skipped", p.skipped);
+        const known = (n) => (n === null || n === undefined ? "?" : n);  // a figure not read is "?", never 0
+        set("state", p.state); set("moved", p.moved); set("left", known(p.left)); set("skipped", p.skipped);
+        set("looked", p.looked); set("total", known(p.total));
         set("phase", p.phase || (p.state === "running" ? "starting" : "")); set("summary", p.summary);
         const state = document.getElementById("state");
         if (state) state.className = "state-" + p.state;
         const bar = document.getElementById("bar");
-        const total = (p.moved || 0) + (p.left || 0);
-        if (bar && total) { bar.max = total; bar.value = p.moved || 0; }
+        if (bar && p.bar) { bar.max = p.bar[1]; bar.value = p.bar[0]; }  // the server's: full once done
+        const stop = document.getElementById("stop-form");
+        if (stop && p.state !== "running") stop.remove();
         const details = document.getElementById("details");
         if (details && p.details) {
           details.replaceChildren(...p.details.map((d) => { const li = document.createElement("li"); li.textContent = d; return li; }));
