@@ -4,6 +4,7 @@ The tree::
 
     AmqpJobsError
     ├── ConfigurationError          bad settings or arguments given to the library
+    │   └── UnaddressableNameError   a queue name RabbitMQ takes but pamqp won't put in a frame (rename it)
     ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
     ├── DuplicateJobError           an idempotent job's key was already done (its effect rolled back)
     ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
