@@ -258,7 +258,7 @@ class Actions:
                            run.moved_ids())  # fmt: skip
         try:
             await asyncio.to_thread(self.audit.append, entry)
-        except OSError as exc:  # shown on the action's page: the operator learns the log missed it
+        except (OSError, ValueError) as exc:  # shown on the action's page: the operator learns the log missed it
             run.details.append(printable(f"not written to the audit log {self.audit.path}: {exc}"))
         run.state = ended
 

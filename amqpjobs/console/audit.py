@@ -75,9 +75,12 @@ class AuditLog:
 
         Raises:
             OSError: the file can't be written.
+            ValueError: the entry holds NaN or an infinity, which JSON has not (RFC 8259 section 6);
+                nothing is written.
 
         """
-        line = json.dumps(asdict(entry), ensure_ascii=True) + "\n"  # ASCII: no control character reaches a terminal
+        # ASCII: no control character reaches a terminal; no NaN: every line is JSON any reader takes
+        line = json.dumps(asdict(entry), ensure_ascii=True, allow_nan=False) + "\n"
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as fh:

@@ -14,6 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from amqpjobs.console.actions import Actions
+from amqpjobs.console.forms import positive_number
 from amqpjobs.console.views import find_message, lookup, message_doc, overview, quarantine_page
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
@@ -133,7 +134,7 @@ async def act(request: Request) -> Response:
             params["job_ids"] = sorted(chosen.job_ids)
         who, client = _who(request)
         if kind == "replay":
-            rate = float(str(form.get("rate") or "10"))
+            rate = positive_number(form, "rate", "10", "messages per second", "10")
             canary_text = str(form.get("canary") or "").strip()
             canary = int(canary_text) if canary_text else None
             if canary is not None and canary < 1:

@@ -118,3 +118,14 @@ def test_a_failed_park_says_what_is_left_in_the_queue(broker: BrokerSettings, tm
     progress = asyncio.run(held())
     assert progress["state"] == "failed", progress
     assert (progress["moved"], progress["left"]) == (0, 6)  # read from the broker, not the 0 of a run never begun
+
+
+@pytest.mark.parametrize("rate", ["nan", "NaN", "inf", "-Infinity", "1e999", "0", "-5"])
+def test_a_rate_that_is_not_a_positive_finite_number_is_refused(broker, tmp_path: Path, quarantined, rate: str):
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": rate, "canary": ""}
+    with client(broker, tmp_path) as c:
+        answer = c.post("/actions/replay", data=form)
+    assert answer.status_code == 400, answer.text
+    assert "rate: give a positive, finite number of messages per second" in answer.text
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6
+    assert (tmp_path / "audit.jsonl").read_text() == ""  # nothing started, nothing audited

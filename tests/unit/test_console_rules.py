@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from amqpjobs.console.audit import AuditEntry, AuditLog
 from amqpjobs.console.config import (
     PASSWORD_ENV,
     TOKEN_ENV,
@@ -66,3 +68,14 @@ def test_host_names_allowed() -> None:
     wildcard = ConsoleConfig(broker, host="0.0.0.0", allowed_hosts=("Jobs.Example.com",))
     assert wildcard.host_names() == {"127.0.0.1", "localhost", "::1", "jobs.example.com"}
     assert ConsoleConfig(broker, host="10.0.0.5").host_names() == {"127.0.0.1", "localhost", "::1", "10.0.0.5"}
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_the_audit_log_refuses_a_number_json_has_not(tmp_path: Path, number: float) -> None:
+    """NaN and Infinity are no JSON (RFC 8259 section 6): a line holding one is refused, not written."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.append(AuditEntry("2026-11-30T00:00:00.000Z", "ops", "127.0.0.1", "replay", "q", {"rate": 1.5}, "ok", "s"))
+    with pytest.raises(ValueError, match="JSON compliant"):
+        log.append(AuditEntry("2026-11-30T00:00:01.000Z", "ops", "::1", "replay", "q", {"rate": number}, "ok", ""))
+    (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert json.loads(line)["params"] == {"rate": 1.5}
