@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqpjobs.console.audit import AuditEntry, AuditLog, now_iso
-from amqpjobs.errors import AmqpJobsError, ConfigurationError
+from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, Selection, replay_window
 from amqpjobs.printable import printable
@@ -166,19 +166,12 @@ class Actions:
 
         return self._launch(run, go)
 
-    def start_purge(self, queue: str, chosen: Selection, typed: str, params: dict[str, Any], who: str,
-                    client: str) -> ActionRun:  # fmt: skip
-        """Start deleting ``queue``'s messages (those matching ``chosen``), once ``typed`` is the queue's name.
+    def start_purge(self, queue: str, chosen: Selection, params: dict[str, Any], who: str, client: str) -> ActionRun:
+        """Start deleting ``queue``'s messages (those matching ``chosen``); the form asked for its name typed out.
 
         Message by message (:func:`~amqpjobs.runtime.parking.purge_matching`), also with no
         filter: the audit line names every job deleted, and Stop works as for the other actions.
-
-        Raises:
-            ConfigurationError: ``typed`` is not ``queue`` (nothing is started).
-
         """
-        if typed != queue:
-            raise ConfigurationError(f"type the queue's name, {queue!r}, to purge it (got {typed!r})")
         run = self._new("purge", queue, params, who, client)
         run.take = TakeReport(queue)
 

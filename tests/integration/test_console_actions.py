@@ -129,3 +129,40 @@ def test_a_rate_that_is_not_a_positive_finite_number_is_refused(broker, tmp_path
     assert "rate: give a positive, finite number of messages per second" in answer.text
     assert asyncio.run(depth(broker, "work.quarantine")) == 6
     assert (tmp_path / "audit.jsonl").read_text() == ""  # nothing started, nothing audited
+
+
+FORM_ERRORS = [
+    pytest.param("replay", {"canary": "abc"}, "canary: give a whole number of jobs, at least 1, or leave it empty "
+                 "(got &#39;abc&#39;)", 'name="canary" value="abc"', id="canary-not-a-number"),
+    pytest.param("replay", {"canary": "0"}, "canary: give a whole number of jobs, at least 1, or leave it empty "
+                 "(got &#39;0&#39;)", 'name="canary" value="0"', id="canary-zero"),
+    pytest.param("replay", {"canary_timeout": "soon"}, "canary_timeout: give a duration such as 30s, 2m or 1m30s "
+                 "(got &#39;soon&#39;)", 'name="canary_timeout" value="soon"', id="timeout-not-a-duration"),
+    pytest.param("replay", {"scope": "selected"}, "job_id: no message checked: check some, or use the "
+                 "&#39;all matching&#39; button", 'name="rate" value="20"', id="none-checked"),
+    pytest.param("park", {"scope": "everything"}, "scope: give all (every message matching the filter) or "
+                 "selected (the checked ones) (got &#39;everything&#39;)", 'name="rate" value="20"', id="bad-scope"),
+    pytest.param("purge", {"confirm": "work"}, "confirm: type the queue&#39;s name, work.quarantine, to purge it "
+                 "(got &#39;work&#39;)", 'name="confirm" value="work"', id="purge-not-confirmed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "bad", "message", "kept"), FORM_ERRORS)
+def test_a_bad_form_value_is_named_with_its_fix_and_the_form_keeps_its_values(
+    broker: BrokerSettings, tmp_path: Path, quarantined, kind: str, bad: dict[str, str], message: str, kept: str
+):
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "20", "canary": "2",
+            "canary_timeout": "45s", "error_type": "ValueError", **bad}  # fmt: skip
+    with client(broker, tmp_path) as c:
+        answer = c.post(f"/actions/{kind}", data=form)
+    assert answer.status_code == 400, answer.text
+    error = re.search(r'<p class="error" id="form-error">(.*?)</p>', answer.text, re.S)
+    assert error is not None, answer.text
+    assert error.group(1) == message
+    assert "invalid literal" not in answer.text
+    assert "Traceback" not in answer.text
+    assert kept in answer.text  # the form is shown again with what was typed
+    assert '<input type="hidden" name="error_type" value="ValueError">' in answer.text  # the filter too
+    assert '<span id="matched">3</span>' in answer.text
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6
+    assert (tmp_path / "audit.jsonl").read_text() == ""
