@@ -10,6 +10,7 @@ the audit log would get a line no JSON reader takes).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -20,6 +21,10 @@ from amqpjobs.topology.naming import queue_name_problem
 
 #: Filter fields of a quarantine page and of an action's form.
 FILTERS: Final = ("job", "error_type", "reason", "group", "search")
+#: The value of the "(unknown)" option of the job, reason and error type filters: the messages naming none.
+UNKNOWN: Final = "(unknown)"
+#: The filters chosen from a list of the values present (a select); their "(unknown)" option means "".
+LISTED: Final = ("job", "error_type", "reason")
 #: What an action's form says about the rate, the canary and its timeout when left empty.
 DEFAULTS: Final = {"rate": "10", "canary_timeout": "60s"}
 
@@ -80,9 +85,25 @@ def queue_of(value: str | None) -> str:
     return value
 
 
+def filter_options(present: Iterable[str], chosen: str) -> list[tuple[str, str, bool]]:
+    """(value, label, selected) of each option of a filter's select, after its "any" option (value "").
+
+    A value present as "" (a message naming no job) is the :data:`UNKNOWN` option, so that
+    "any" and "(unknown)" differ: one is selected only when it is exactly what was chosen,
+    none when no filter was (``chosen`` "").
+    """
+    return [(value or UNKNOWN, value or UNKNOWN, bool(chosen) and chosen == (value or UNKNOWN)) for value in present]
+
+
 def selection_of(values: Any) -> Selection:
-    """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked."""
-    given = {k: text_of(values, k) or None for k in FILTERS}
+    """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked.
+
+    An empty field is no filter; :data:`UNKNOWN` in a listed filter (:data:`LISTED`) selects the messages naming none.
+    """
+    given: dict[str, str | None] = {k: text_of(values, k) or None for k in FILTERS}
+    for k in LISTED:
+        if given[k] == UNKNOWN:
+            given[k] = ""
     ids = [i for i in values.getlist("job_id") if i]
     return Selection(job=given["job"], error_type=given["error_type"], reason=given["reason"], group=given["group"],
                      search=given["search"], job_ids=frozenset(ids) if ids else None)  # fmt: skip

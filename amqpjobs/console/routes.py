@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from amqpjobs.console.actions import Actions
-from amqpjobs.console.forms import FILTERS, FormError, action_form, queue_of, selection_of, text_of
+from amqpjobs.console.forms import FILTERS, FormError, action_form, filter_options, queue_of, selection_of, text_of
 from amqpjobs.console.views import find_message, lookup, message_doc, overview, quarantine_page
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
 from amqpjobs.jobs.envelope import job_id_problem
@@ -86,7 +86,8 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
     return render(request, "quarantine.html", 400 if refused else 200, page=page, filters=filters,
                   filtered=replace(chosen, job_ids=None) != Selection(), values=kept,
                   checked=chosen.job_ids or frozenset() if refused else frozenset(),
-                  form_error=str(refused) if refused else "", invalid=refused.field if refused else "")  # fmt: skip
+                  form_error=str(refused) if refused else "", invalid=refused.field if refused else "",
+                  options=filter_options)  # fmt: skip
 
 
 async def message(request: Request) -> Response:

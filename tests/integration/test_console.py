@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 from amqpjobs import SqliteResults
@@ -30,7 +31,7 @@ from tests.integration.console_env import (
     quarantine_six,
     wait_done,
 )
-from tests.integration.helpers import cli, depth
+from tests.integration.helpers import cli, depth, raw_channel
 from tests.integration.test_job_status import app_module
 from tests.integration.worker_env import running_worker
 
@@ -308,3 +309,27 @@ def test_a_broker_down_is_a_503_naming_it_without_credentials(tmp_path: Path):
     assert f"127.0.0.1:{port}" in page.text
     assert f"127.0.0.1:{port}" in one.text
     assert "pw-sekret" not in page.text + fragment.text + one.text
+
+
+def test_the_unknown_option_is_selected_only_when_chosen(broker: BrokerSettings, tmp_path: Path, quarantined):
+    async def a_message_naming_no_job() -> None:
+        async with raw_channel(broker) as channel:
+            await channel.default_exchange.publish(aio_pika.Message(b"{}", message_id="stray-1"), "work.quarantine")
+
+    asyncio.run(a_message_naming_no_job())
+    with client(broker, tmp_path) as c:
+        unfiltered = c.get("/quarantine", params={"queue": "work.quarantine"})
+        unknown = c.get("/quarantine", params={"queue": "work.quarantine", "job": "(unknown)"})
+        mail = c.get("/quarantine", params={"queue": "work.quarantine", "job": "mail"})
+
+    def chosen(page: str) -> list[str]:
+        return re.findall(r'<option value="([^"]*)" selected>', page)
+
+    assert '<option value="(unknown)">(unknown)</option>' in unfiltered.text
+    assert chosen(unfiltered.text) == []  # no filter: "any" everywhere, nothing else selected
+    assert '<span id="matched">7</span>' in unfiltered.text
+    assert chosen(unknown.text) == ["(unknown)"]
+    assert '<span id="matched">1</span>' in unknown.text
+    assert re.findall(r'class="message-link"[^>]*>([^<]*)<', unknown.text) == ["stray-1"]
+    assert chosen(mail.text) == ["mail"]
+    assert '<span id="matched">6</span>' in mail.text

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from starlette.datastructures import QueryParams
 
 from amqpjobs.console.audit import AuditEntry, AuditLog
 from amqpjobs.console.config import (
@@ -18,8 +19,10 @@ from amqpjobs.console.config import (
     credentials_from_env,
     is_loopback,
 )
+from amqpjobs.console.forms import filter_options, selection_of
 from amqpjobs.console.security import host_name
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.wire.settings import broker_settings
 
 HOSTS = [
@@ -79,3 +82,14 @@ def test_the_audit_log_refuses_a_number_json_has_not(tmp_path: Path, number: flo
         log.append(AuditEntry("2026-11-30T00:00:01.000Z", "ops", "::1", "replay", "q", {"rate": number}, "ok", ""))
     (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()
     assert json.loads(line)["params"] == {"rate": 1.5}
+
+
+def test_filter_options_select_the_unknown_one_only_when_it_is_chosen() -> None:
+    """A job (or reason) present as "" is the "(unknown)" option; no filter chosen selects none of them."""
+    present = ["", "mail"]
+    assert filter_options(present, "") == [("(unknown)", "(unknown)", False), ("mail", "mail", False)]
+    assert filter_options(present, "(unknown)") == [("(unknown)", "(unknown)", True), ("mail", "mail", False)]
+    assert filter_options(present, "mail") == [("(unknown)", "(unknown)", False), ("mail", "mail", True)]
+    query = QueryParams({"job": "(unknown)", "reason": "exhausted", "search": "(unknown)"})
+    assert selection_of(query) == Selection(job="", reason="exhausted", search="(unknown)")
+    assert selection_of(QueryParams({"job": ""})) == Selection()
