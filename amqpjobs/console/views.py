@@ -103,7 +103,7 @@ def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
 
 
 async def find_message(broker: BrokerSettings, queue: str, job_id: str) -> QuarantinedMessage | None:
-    """The message of job ``job_id`` in ``queue``, None when it is not there (browsed, it stays)."""
+    """The message of job ``job_id`` (or key, a content hash) in ``queue``, None when not there (browsed, it stays)."""
     _, found = await browse(broker, queue, 1, Selection(job_ids=frozenset({job_id})))
     return found[0] if found else None
 

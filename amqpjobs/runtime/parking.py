@@ -48,7 +48,7 @@ class TakeReport:
         kept: Messages looked at that did not match (still in ``queue``).
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
-        job_ids: The job id of each message taken, in queue order ("" for a message without one).
+        job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
 
     """
 
@@ -80,7 +80,7 @@ async def _take(
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue, depth):
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 if not census.matches(item, selection):
                     report.kept += 1
                     continue
@@ -88,7 +88,7 @@ async def _take(
                 # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
                 # parked queue is acked, so no message is left in both places
                 moving = asyncio.ensure_future(settle(delivery, item))
-                job_id = delivery.message_id or item.job_id or ""
+                job_id = delivery.message_id or item.key  # its job id, else its content hash
                 try:
                     await asyncio.shield(moving)
                 except asyncio.CancelledError:

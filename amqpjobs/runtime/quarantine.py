@@ -210,7 +210,7 @@ async def browse(
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue_name, depth):
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 if census.matches(item, selection):
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:

@@ -75,7 +75,7 @@ def replay_move(
     Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
     counts the message (and whether the filters matched it).
     """
-    item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
     target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
@@ -281,7 +281,7 @@ async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int
     browser = await QueueBrowser.open(connection)
     try:
         async for delivery in browser.deliveries(queue_name, depth):
-            item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+            item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
             if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
                 strays[item.job] = strays.get(item.job, 0) + 1
     finally:

@@ -13,10 +13,12 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 from amqpjobs.runtime.quarantine import mover_lock, session
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import BASE, CSRF, Handler, client, quarantine_six, wait_done
 from tests.integration.helpers import depth
@@ -166,3 +168,37 @@ def test_a_bad_form_value_is_named_with_its_fix_and_the_form_keeps_its_values(
     assert '<span id="matched">3</span>' in answer.text
     assert asyncio.run(depth(broker, "work.quarantine")) == 6
     assert (tmp_path / "audit.jsonl").read_text() == ""
+
+
+def publish_bare(broker: BrokerSettings, queue: str, body: str) -> None:
+    """Publish ``body`` to ``queue`` through the management API, which fills in no property (aiormq sets a
+    message_id on every publish)."""
+    doc = {"properties": {}, "routing_key": queue, "payload": body, "payload_encoding": "string"}
+    with ManagementClient(broker) as mgmt:
+        answer = mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/amq.default/publish", json=doc)
+    assert answer == {"routed": True}
+
+
+def test_messages_without_a_job_id_are_addressed_by_their_content_hash(broker, tmp_path: Path, quarantined):
+    for body in ("first stray", "second stray"):  # as from the management UI: no message_id, no header
+        publish_bare(broker, "work.quarantine", body)
+    with client(broker, tmp_path) as c:
+        page = c.get("/quarantine", params={"queue": "work.quarantine"})
+        keys = re.findall(r'href="/message\?queue=work.quarantine&amp;id=(sha256%3A\w+)"', page.text)
+        boxes = re.findall(r'name="job_id" value="(sha256:\w+)"', page.text)
+        assert len(keys) == len(boxes) == 2, page.text
+        first, second = boxes
+        one = c.get("/message", params={"queue": "work.quarantine", "id": first})
+        again = c.get("/quarantine", params={"queue": "work.quarantine"})  # the same message, the same key
+        form = {"queue": "work.quarantine", "scope": "selected", "csrf_token": CSRF}
+        purged = c.post("/actions/purge", data={**form, "job_id": first, "confirm": "work.quarantine"})
+        purge = wait_done(c, purged.headers["location"].replace(BASE, ""))
+        parked = c.post("/actions/park", data={**form, "job_id": second})
+        park = wait_done(c, parked.headers["location"].replace(BASE, ""))
+    assert one.status_code == 200
+    assert '<pre class="payload" id="payload">first stray</pre>' in one.text
+    assert re.findall(r'name="job_id" value="(sha256:\w+)"', again.text) == [first, second]
+    assert (purge["state"], purge["moved"], park["state"], park["moved"]) == ("done", 1, "done", 1)
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6  # the six jobs with ids were not touched
+    assert asyncio.run(depth(broker, "work.parked")) == 1
+    assert [e["job_ids"] for e in audit_lines(tmp_path)] == [[first], [second]]
