@@ -6,8 +6,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.templating import Jinja2Templates
 
@@ -16,6 +18,7 @@ from amqpjobs.console.audit import AuditLog
 from amqpjobs.console.config import ConsoleConfig, check_bind
 from amqpjobs.console.routes import routes
 from amqpjobs.console.security import Guard
+from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.loading import load_app
 
@@ -33,6 +36,18 @@ class Console:
     templates: Jinja2Templates
 
 
+def _shown(value: Any) -> Any:
+    """What a template writes for ``value``: text with its control characters escaped (line feeds kept).
+
+    A job's text (payload, error, header) comes from publishers: an escape sequence or a
+    right-to-left override must not reach the page raw. Autoescaping then escapes the HTML.
+    Markup (our own, e.g. ``tojson``) is left as it is.
+    """
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable_lines(value)
+    return value
+
+
 def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlette:
     """The console for ``config`` (a test may fix ``csrf_token``; by default a random one per process).
 
@@ -47,7 +62,7 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
     actions = Actions(config.broker, audit, app.results if app is not None else None)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
 
     @asynccontextmanager
