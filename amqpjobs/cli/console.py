@@ -49,5 +49,9 @@ def console_command(
         audit_log or default_audit_path(), app_ref, allowed_hosts,
     )  # fmt: skip
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"amqpjobs console on http://{shown}:{port}/ (vhost {config.broker.vhost!r}; Ctrl-C to stop)", err=True)
-    serve(config)
+
+    def listening(bound: int) -> None:  # once the checks passed and the port is bound (the real one for --port 0)
+        click.echo(f"amqpjobs console on http://{shown}:{bound}/ (vhost {config.broker.vhost!r}; Ctrl-C to stop)",
+                   err=True)  # fmt: skip
+
+    serve(config, listening)
