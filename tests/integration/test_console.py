@@ -127,7 +127,7 @@ def test_beyond_loopback_the_cli_exits_2_without_credentials(broker: BrokerSetti
 
 
 def test_with_credentials_every_request_must_authenticate_and_no_page_shows_them(broker, tmp_path: Path, quarantined):
-    token, password = "tok-sekret-41f0", "pw-sekret-9a2c"
+    token, password = "tok-sekret-41f0-9b7c2e", "pw-sekret-9a2c"
     creds = Credentials(token=token, user="ops", password=password)
     with client(broker, tmp_path, host="10.1.2.3", credentials=creds) as c:
         anonymous = c.get("/", headers={"Host": "10.1.2.3:8480"})

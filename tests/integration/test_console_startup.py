@@ -20,7 +20,7 @@ import pytest
 
 from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import cli
+from tests.integration.helpers import cli, cli_subprocess
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -85,3 +85,15 @@ def test_a_port_in_use_is_exit_2_naming_it(broker: BrokerSettings, tmp_path: Pat
     assert f"can't listen on 127.0.0.1:{port}" in result.output
     assert "--port 0" in result.output  # the fix: another port, or any free one
     assert BANNER not in result.output
+
+
+def test_a_short_token_in_the_environment_is_exit_2_saying_how_to_make_one(broker, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv(TOKEN_ENV, "letmein")
+    args = ("console", "--host", "0.0.0.0", "--port", "0", "--audit-log", str(tmp_path / "a.jsonl"))
+    result = cli_subprocess(broker, *args, timeout=30)  # accepted, it would serve until the timeout
+    assert result.returncode == 2, result.stderr
+    assert f"{TOKEN_ENV} is 7 characters: give one of at least 16" in result.stderr
+    assert "python -c 'import secrets; print(secrets.token_urlsafe())'" in result.stderr
+    assert "letmein" not in result.stderr
+    assert BANNER not in result.stderr
+    assert "Traceback" not in result.stderr

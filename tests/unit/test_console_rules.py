@@ -54,15 +54,17 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 def test_credentials_from_env_and_the_bind_rule(tmp_path: Path) -> None:
     broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
     assert credentials_from_env({}) == Credentials()
-    assert credentials_from_env({TOKEN_ENV: "t"}).required
+    assert credentials_from_env({TOKEN_ENV: "t" * 16}).required
     assert credentials_from_env({USER_ENV: "u", PASSWORD_ENV: "p"}).required
     with pytest.raises(ConfigurationError, match=f"set both {USER_ENV} and {PASSWORD_ENV}"):
         credentials_from_env({USER_ENV: "u"})
-    assert "sekret" not in repr(Credentials(token="sekret", user="u", password="sekret"))
+    assert "sekret" not in repr(Credentials(token="sekret-0123456789", user="u", password="sekret"))
     check_bind(ConsoleConfig(broker, audit_path=tmp_path / "a"))  # loopback: no credentials needed
     with pytest.raises(ConfigurationError, match="not loopback"):
         check_bind(ConsoleConfig(broker, host="0.0.0.0", audit_path=tmp_path / "a"))
-    check_bind(ConsoleConfig(broker, host="0.0.0.0", credentials=Credentials(token="t"), audit_path=tmp_path / "a"))
+    check_bind(
+        ConsoleConfig(broker, host="0.0.0.0", credentials=Credentials(token="t" * 16), audit_path=tmp_path / "a")
+    )
 
 
 def test_host_names_allowed() -> None:
@@ -93,3 +95,25 @@ def test_filter_options_select_the_unknown_one_only_when_it_is_chosen() -> None:
     query = QueryParams({"job": "(unknown)", "reason": "exhausted", "search": "(unknown)"})
     assert selection_of(query) == Selection(job="", reason="exhausted", search="(unknown)")
     assert selection_of(QueryParams({"job": ""})) == Selection()
+
+
+MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe())'"
+BAD_TOKENS = [
+    pytest.param("", "is set but blank", id="empty"),
+    pytest.param("   ", "is set but blank", id="blank"),
+    pytest.param("hunter2", "is 7 characters: give one of at least 16", id="short"),
+    pytest.param("x" * 15, "is 15 characters: give one of at least 16", id="one-short"),
+    pytest.param("0123456789abcdef\n", "holds whitespace", id="newline-from-a-file"),
+]
+
+
+@pytest.mark.parametrize(("token", "why"), BAD_TOKENS)
+def test_a_blank_or_short_token_is_refused_saying_how_to_make_one(token: str, why: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        credentials_from_env({TOKEN_ENV: token})
+    assert f"{TOKEN_ENV} {why}" in str(refused.value)
+    assert MAKE_ONE in str(refused.value)
+    assert token.strip() == "" or token.strip() not in str(refused.value)  # the secret is never repeated
+    with pytest.raises(ConfigurationError, match=r"at least 16|blank|whitespace"):
+        Credentials(token=token)  # the rule holds for the Python API too
+    assert credentials_from_env({TOKEN_ENV: "x" * 16}).token == "x" * 16
