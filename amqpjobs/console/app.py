@@ -128,7 +128,7 @@ def serve(config: ConsoleConfig, listening: Callable[[int], None] | None = None)
         listening(sock.getsockname()[1])
     # an open page keeps its event stream: Ctrl-C waits 5 s for it at most
     server = uvicorn.Server(uvicorn.Config(web, log_level="warning", access_log=False, server_header=False,
-                                           timeout_graceful_shutdown=5))  # fmt: skip
+                                           timeout_graceful_shutdown=5, root_path=config.root_path))  # fmt: skip
     try:
         server.run(sockets=[sock])
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -24,6 +25,8 @@ MIN_TOKEN: Final = 16
 #: How to make a token (32 random bytes, 43 URL-safe characters).
 MAKE_TOKEN: Final = "python -c 'import secrets; print(secrets.token_urlsafe())'"
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
+#: A root path (``--root-path``): URL path segments of unreserved characters (RFC 3986 section 2.3).
+ROOT_PATH: Final = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,13 @@ def credentials_from_env(env: dict[str, str] | None = None) -> Credentials:
     return Credentials(token, user, password)
 
 
+def root_path_problem(path: str) -> str | None:
+    """Why ``path`` can't be the console's root path (``/jobs``, ``/ops/jobs``; "" for none), or None."""
+    if path and (not path.startswith("/") or path.endswith("/") or not ROOT_PATH.fullmatch(path)):
+        return "is not a path like /jobs: give a leading / and no trailing one, letters, digits and - _ . ~ / only"
+    return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address to bind) is a loopback address or ``localhost``."""
     if host == "localhost":
@@ -116,6 +126,8 @@ class ConsoleConfig:
         audit_path: The audit log (JSON lines).
         app_ref: ``MODULE:APP``: its topology lists the job queues, its results store answers job lookups.
         allowed_hosts: Host names a request may name besides the loopback ones and ``host``.
+        root_path: The path a reverse proxy serves the console under (``/jobs``; "" at the root):
+            every URL the pages write starts with it (:func:`root_path_problem`).
 
     """
 
@@ -127,6 +139,17 @@ class ConsoleConfig:
     audit_path: Path = field(default_factory=default_audit_path)
     app_ref: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    root_path: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a root path no URL can start with.
+
+        Raises:
+            ConfigurationError: names it and the form to give.
+
+        """
+        if issue := root_path_problem(self.root_path):
+            raise ConfigurationError(f"--root-path {self.root_path!r} {issue}")
 
     def host_names(self) -> frozenset[str]:
         """Host header names accepted (lower case, without port or brackets)."""

@@ -27,11 +27,20 @@ def _state(request: Request) -> Any:
     return request.app.state.console
 
 
+def root_of(request: Request) -> str:
+    """The path the console is served under ("" at the root; ``/jobs`` behind a proxy, ``--root-path``).
+
+    Every URL the console writes is this plus a path: no scheme, no host, so a TLS proxy in
+    front of it (https outside, http inside) and a path prefix both work.
+    """
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
 def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
-    """``template`` with the console's common context (CSRF token, read-only, the fragment helpers)."""
+    """``template`` with the console's common context (CSRF token, read-only, root path, the fragment helpers)."""
     console = _state(request)
     context.update(csrf_token=request.scope["state"]["csrf_token"], read_only=console.config.read_only,
-                   when=format_when, vhost=console.config.broker.vhost)  # fmt: skip
+                   when=format_when, vhost=console.config.broker.vhost, root=root_of(request))  # fmt: skip
     response: Response = console.templates.TemplateResponse(request, template, context, status_code=status)
     return response
 
@@ -142,7 +151,7 @@ async def act(request: Request) -> Response:
         run = actions.start_park(asked.queue, asked.chosen, asked.params, who, client)
     else:
         run = actions.start_purge(asked.queue, asked.chosen, asked.params, who, client)
-    return RedirectResponse(f"/action/{run.id}", status_code=303)
+    return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
 
 
 async def action(request: Request) -> Response:
@@ -161,7 +170,7 @@ async def stop(request: Request) -> Response:
         return problem(request, "no such action (the console keeps the last 200; see the audit log)", 404)
     if not actions.stop(run, _who(request)[0]):
         return problem(request, f"this {run.kind} already ended ({run.state}): nothing to stop", 409)
-    return RedirectResponse(f"/action/{run.id}", status_code=303)
+    return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
 
 
 async def action_json(request: Request) -> Response:

@@ -15,9 +15,11 @@ from typing import Any
 
 import aio_pika
 import pytest
+from starlette.testclient import TestClient
 
 from amqpjobs import SqliteResults
-from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, Credentials
+from amqpjobs.console.app import create_app
+from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, ConsoleConfig, Credentials
 from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.console_env import (
@@ -166,7 +168,7 @@ def test_a_script_in_payload_and_error_is_text_on_every_page(broker: BrokerSetti
         assert "&lt;script&gt;alert(" in text
     assert "&lt;img src=x onerror=alert(2)&gt;" in message  # in the payload, the error and the traceback
     assert message.count("<script") == 1  # the console's own, from /static
-    assert re.search(r'<script src="http://127\.0\.0\.1:8480/static/console\.js" defer></script>', message)
+    assert '<script src="/static/console.js" defer></script>' in message
 
 
 def test_the_message_page_shows_evidence_traceback_payload_and_headers(broker, tmp_path: Path, quarantined):
@@ -333,3 +335,30 @@ def test_the_unknown_option_is_selected_only_when_chosen(broker: BrokerSettings,
     assert re.findall(r'class="message-link"[^>]*>([^<]*)<', unknown.text) == ["stray-1"]
     assert chosen(mail.text) == ["mail"]
     assert '<span id="matched">6</span>' in mail.text
+
+
+@pytest.mark.parametrize("root", ["", "/jobs"])
+def test_every_url_is_root_relative_honoring_root_path(broker: BrokerSettings, tmp_path: Path, quarantined, root: str):
+    """Behind a TLS proxy (and under a path prefix, ``--root-path``) no link names a scheme or host."""
+    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl")
+    with TestClient(create_app(config, csrf_token=CSRF), base_url=BASE, root_path=root, follow_redirects=False) as c:
+        pages = [c.get(path, params=params).text for path, params in (
+            ("/", {}), ("/fragments/overview", {}), ("/quarantine", {"queue": "work.quarantine"}), ("/audit", {}),
+            ("/message", {"queue": "work.quarantine", "id": "m-1"}), ("/job", {"id": "m-1"}),
+        )]  # fmt: skip
+        started = c.post("/actions/park", data={"queue": "work.quarantine", "scope": "selected", "job_id": "m-1",
+                                                "csrf_token": CSRF})  # fmt: skip
+        location = started.headers["location"]
+        pages.append(c.get(location).text)
+        script = c.get(f"{root}/static/console.js")
+    assert re.fullmatch(rf"{root}/action/\w+", location), location
+    assert script.status_code == 200
+    assert f'<link rel="stylesheet" href="{root}/static/console.css">' in pages[0]
+    assert f'<script src="{root}/static/console.js" defer></script>' in pages[0]
+    assert f'<body data-root="{root}">' in pages[0]  # the script's fetches and event stream start there
+    for page in pages:
+        assert "http://" not in page
+        assert "https://" not in page
+        urls = re.findall(r'(?:href|src|action|formaction|data-refresh|data-poll)="([^"]*)"', page)
+        assert urls
+        assert [u for u in urls if not u.startswith((f"{root}/", "data:"))] == [], urls

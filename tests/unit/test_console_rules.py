@@ -117,3 +117,17 @@ def test_a_blank_or_short_token_is_refused_saying_how_to_make_one(token: str, wh
     with pytest.raises(ConfigurationError, match=r"at least 16|blank|whitespace"):
         Credentials(token=token)  # the rule holds for the Python API too
     assert credentials_from_env({TOKEN_ENV: "x" * 16}).token == "x" * 16
+
+
+@pytest.mark.parametrize(
+    ("root_path", "ok"),
+    [("", True), ("/jobs", True), ("/ops/jobs-2", True), ("jobs", False), ("/jobs/", False), ("/", False),
+     ("/a b", False), ('/x"onload=', False), ("//evil.example", False)],
+)  # fmt: skip
+def test_a_root_path_is_a_plain_url_path(root_path: str, ok: bool) -> None:
+    broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
+    if ok:
+        assert ConsoleConfig(broker, root_path=root_path).root_path == root_path
+    else:
+        with pytest.raises(ConfigurationError, match="is not a path like /jobs"):
+            ConsoleConfig(broker, root_path=root_path)

@@ -34,7 +34,7 @@ function followOverview() {
   setInterval(() => refreshOverview(box), 5000);  // the broker's figures (rates, consumers) change without events
   if (window.EventSource) {
     const mode = (text) => { box.dataset.mode = text; if (!box.dataset.downSince) setLive(text); };
-    const events = new EventSource("/events");
+    const events = new EventSource((document.body.dataset.root || "") + "/events");  // under --root-path too
     events.onmessage = soon;  // a job ended somewhere: counts changed
     events.addEventListener("unavailable", () => { mode("polling (no outcome events exchange)"); events.close(); });
     events.onerror = () => mode("polling");
