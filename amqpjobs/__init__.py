@@ -32,6 +32,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyError,
     TopologyValidationError,
+    UnaddressableNameError,
     UnroutableError,
 )
 from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
@@ -127,6 +128,7 @@ __all__ = [
     "TopologyConflictError",
     "TopologyError",
     "TopologyValidationError",
+    "UnaddressableNameError",
     "UnroutableError",
     "Worker",
     "WorkerOptions",

@@ -4,6 +4,7 @@ The tree::
 
     AmqpJobsError
     ├── ConfigurationError          bad settings or arguments given to the library
+    │   └── UnaddressableNameError   a queue name RabbitMQ takes but pamqp won't put in a frame (rename it)
     ├── InvalidPayloadError         a payload fails its job's model (nothing was sent)
     ├── DuplicateJobError           an idempotent job's key was already done (its effect rolled back)
     ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
@@ -57,6 +58,22 @@ class InvalidPayloadError(AmqpJobsError):
     def __init__(self, job: str, errors: list[dict[str, object]], message: str) -> None:
         self.job = job
         self.errors = errors
+        super().__init__(message)
+
+
+class UnaddressableNameError(ConfigurationError):
+    """A queue or exchange name RabbitMQ accepts but the AMQP client (pamqp) refuses to put in a frame.
+
+    RabbitMQ takes any UTF-8 name up to 255 bytes; pamqp only accepts
+    ``[a-zA-Z0-9-_.:@#,/+ ]`` (its ``DOMAIN_REGEX``), so such a queue can only be reached
+    through the management API. Raised by the wire layer's error map.
+
+    Attributes:
+        name: The name refused ("" when the call did not say which).
+    """
+
+    def __init__(self, message: str, name: str = "") -> None:
+        self.name = name
         super().__init__(message)
 
 

@@ -47,6 +47,17 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
+def printable_lines(text: str) -> str:
+    r"""``text`` made :func:`printable` line by line: its line feeds stay, every other control is escaped.
+
+    For a block shown as lines (a payload, a traceback on a web page).
+
+    >>> printable_lines("a\n\x1b[31mb\r")
+    'a\n\\x1b[31mb\\r'
+    """
+    return "\n".join(printable(line) for line in text.split("\n")) if _UNSAFE.search(text) else text
+
+
 def logfmt_value(value: object) -> str:
     r"""``value`` as one value of a logfmt ``key=value`` line, made :func:`printable`.
 

@@ -25,11 +25,14 @@ from amqpjobs.errors import ConfigurationError
 @click.option("--audit-log", type=click.Path(dir_okay=False, path_type=Path),
               help="The audit log (JSON lines); default $AMQPJOBS_CONSOLE_AUDIT_LOG or "
               "~/.local/state/amqpjobs/console-audit.jsonl.")  # fmt: skip
+@click.option("--root-path", default="", metavar="PATH",
+              help="The path a reverse proxy serves the console under (/jobs), which it strips before passing "
+              "the request on; every link of the pages starts with it.")  # fmt: skip
 @url_options
 @errors_to_exit_codes
 def console_command(
     app_ref: str | None, host: str, port: int, read_only: bool, allowed_hosts: tuple[str, ...],
-    audit_log: Path | None, url: str | None, management_url: str | None,
+    audit_log: Path | None, root_path: str, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
     """Serve the web console: overview, quarantine groups, messages, replay with a canary, park, purge, audit log.
 
@@ -46,8 +49,13 @@ def console_command(
         ) from None
     config = ConsoleConfig(
         settings(url, management_url), host, port, read_only, credentials_from_env(),
-        audit_log or default_audit_path(), app_ref, allowed_hosts,
+        audit_log or default_audit_path(), app_ref, allowed_hosts, root_path,
     )  # fmt: skip
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"amqpjobs console on http://{shown}:{port}/ (vhost {config.broker.vhost!r}; Ctrl-C to stop)", err=True)
-    serve(config)
+
+    def listening(bound: int) -> None:  # once the checks passed and the port is bound (the real one for --port 0)
+        behind = f"; its pages link under {root_path}/ (--root-path)" if root_path else ""
+        click.echo(f"amqpjobs console on http://{shown}:{bound}/ (vhost {config.broker.vhost!r}{behind}; Ctrl-C to "
+                   "stop)", err=True)  # fmt: skip
+
+    serve(config, listening)

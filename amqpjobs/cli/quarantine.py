@@ -11,6 +11,7 @@ import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines, progress_line, shown_line
 from amqpjobs.cli._common import (
+    EXIT_BAD_INPUT,
     EXIT_FOUND,
     app_results,
     closing_store,
@@ -32,10 +33,10 @@ from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import GROUP_HEADER, ReplayOptions, ReplayReport, Selection, summarize
+from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, ReplayOptions, ReplayReport, Selection, summarize
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
@@ -69,10 +70,26 @@ def quarantine_list(
         raise ConfigurationError("give a quarantine QUEUE or --all")
     names = quarantine_queues(broker) if all_queues else [queue or ""]
     doc = []
+    refused: list[UnaddressableNameError] = []
     for name in names:
-        queue_name, messages = asyncio.run(browse(broker, name))
+        try:
+            queue_name, messages = asyncio.run(browse(broker, name))
+        except UnaddressableNameError as exc:
+            if not all_queues:
+                raise
+            refused.append(exc)  # the others are still listed; exit 2 at the end
+            continue
         groups = summarize(m.item for m in messages)
         doc.append((queue_name, len(messages), groups))
+    _list_doc(doc, as_json)
+    for refusal in refused:
+        click.echo(f"error: {printable(str(refusal))}", err=True)
+    if refused:
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _list_doc(doc: list[tuple[str, int, list[Group]]], as_json: bool) -> None:
+    """Print ``quarantine list``'s (queue, total, groups) rows, or their JSON."""
     if as_json:
         click.echo(json.dumps([
             {"queue": n, "messages": total, "groups": [g.to_json() for g in groups]}

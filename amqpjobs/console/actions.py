@@ -1,16 +1,17 @@
 """The console's actions (replay, park, purge) as runs the pages follow, each ending in the audit log.
 
 An action is the library's own function (:func:`amqpjobs.runtime.replay.replay` with its
-canary, :func:`amqpjobs.runtime.parking.park`, :func:`amqpjobs.runtime.quarantine.purge`,
-:func:`amqpjobs.runtime.parking.purge_matching`), started as a task of the server's event
-loop: it takes the queue's mover lock like the CLI's, so a second mover, on the page or in a
-shell, is refused with the first one named. Its report object is filled as it goes and read
-by the progress page.
+canary, :func:`amqpjobs.runtime.parking.park`, :func:`amqpjobs.runtime.parking.purge_matching`),
+started as a task of the server's event loop: it takes the queue's mover lock like the CLI's,
+so a second mover, on the page or in a shell, is refused with the first one named. Its report
+object is filled as it goes and read by the progress page. Stop cancels it as Ctrl-C cancels
+the CLI's (the moves under way settle, the held messages return).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,18 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqpjobs.console.audit import AuditEntry, AuditLog, now_iso
-from amqpjobs.errors import AmqpJobsError, ConfigurationError
+from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, Selection
+from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, Selection, replay_window
 from amqpjobs.printable import printable
 from amqpjobs.runtime.parking import TakeReport, park, purge_matching
-from amqpjobs.runtime.quarantine import purge
+from amqpjobs.runtime.quarantine import queue_depth
 from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Runs kept for their pages (the oldest finished ones go first).
 KEPT_RUNS = 200
+#: Seconds to read what a failed or stopped action left in its queue (the broker may be the failure).
+LEFT_TIMEOUT = 5.0
 
 
 @dataclass
@@ -42,12 +45,15 @@ class ActionRun:
         queue: The queue acted on.
         params: What was asked (JSON-ready; shown and audited).
         who / client: Who asked, from which address.
-        state: ``running``, ``done``, ``stopped`` (a canary failed) or ``failed``.
+        state: ``running``, ``done``, ``stopped`` (a canary failed, or someone pressed Stop) or ``failed``.
         summary: What happened, once it ended.
         details: More lines (a failed canary's jobs and why).
         replay: The replay's report (replay only).
         take: The park or filtered purge's report (park, purge).
         canary: K of a canary replay, None without.
+        census: What the action looked at: the queue's depth at its start and the messages looked at.
+        stopped_by: Who pressed Stop ("" when nobody did).
+        left_now: The queue's depth read after a failure or a stop (None: not read).
 
     """
 
@@ -63,23 +69,59 @@ class ActionRun:
     replay: ReplayReport | None = None
     take: TakeReport | None = None
     canary: int | None = None
+    census: Census = field(default_factory=Census)
+    stopped_by: str = ""
+    left_now: int | None = None
     started: float = field(default_factory=time.time)
 
+    def figures(self) -> tuple[int, int, int | None]:
+        """(moved, skipped, left in the queue): left is what the queue holds now, None when not known.
+
+        While it runs: the depth at its start less what it moved (the held messages return);
+        once done: the depth the action read at its end; after a failure or a Stop: the depth
+        read then (:attr:`left_now`), never the 0 of a figure not filled in.
+        """
+        moved, skipped, left = 0, 0, None
+        if self.replay is not None:
+            moved, skipped, left = self.replay.replayed, self.replay.skipped, self.replay.left
+        if self.take is not None:
+            moved, skipped, left = self.take.taken, self.take.kept, self.take.left
+        if self.state == "running":
+            left = self.census.depth - moved if self.census.queue else None
+        elif self.state == "failed" or self.stopped_by:
+            left = self.left_now
+        return moved, skipped, left
+
+    def moved_ids(self) -> list[str]:
+        """The job ids moved (replay, park) or deleted (purge), in order; messages without one are left out."""
+        if self.replay is not None:
+            return [job_id for job_id, _ in self.replay.moves if job_id]
+        return [job_id for job_id in (self.take.job_ids if self.take else []) if job_id]
+
     def progress(self) -> dict[str, Any]:
-        """Where it stands, for the progress page (JSON)."""
+        """Where it stands, for the progress page (JSON).
+
+        ``looked`` of ``total`` (the queue's depth at the start) is how far it went through the
+        queue; ``bar`` is [value, max] of the page's progress bar, full once it is done.
+        """
+        moved, skipped, left = self.figures()
+        total = self.census.depth if self.census.queue else None
+        looked = self.census.looked_at
+        most = max(total or 0, looked, 1)
         doc: dict[str, Any] = {"id": self.id, "kind": self.kind, "queue": self.queue, "state": self.state,
-                               "summary": self.summary, "details": self.details}  # fmt: skip
+                               "summary": self.summary, "details": self.details, "stopped_by": self.stopped_by,
+                               "moved": moved, "skipped": skipped, "left": left, "looked": looked, "total": total,
+                               "bar": [most if self.state == "done" else min(looked, most), most]}  # fmt: skip
         if self.replay is not None:
             r = self.replay
-            doc.update(moved=r.replayed, skipped=r.skipped, left=r.left, phase=r.phase, canary=self.canary,
-                       canary_moved=r.canary_moved, elapsed=round(r.elapsed, 2))  # fmt: skip
+            doc.update(phase=r.phase, canary=self.canary, canary_moved=r.canary_moved, elapsed=round(r.elapsed, 2))
         if self.take is not None:
-            doc.update(moved=self.take.taken, skipped=self.take.kept, left=self.take.left, target=self.take.target)
+            doc.update(target=self.take.target)
         return doc
 
 
 class Actions:
-    """Starts actions and keeps their runs (one console process)."""
+    """Starts actions, keeps their runs and stops them (one console process)."""
 
     def __init__(self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None) -> None:
         """``results``: the app's results store (``--app``): each moved job's new state is recorded there."""
@@ -88,6 +130,7 @@ class Actions:
         self.results = results
         self.runs: dict[str, ActionRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bodies: dict[str, asyncio.Future[str]] = {}
 
     def start_replay(self, queue: str, chosen: Selection, rate: float, canary: int | None, canary_timeout: float,
                      params: dict[str, Any], who: str, client: str) -> ActionRun:  # fmt: skip
@@ -96,55 +139,66 @@ class Actions:
         run.replay, run.canary = ReplayReport(queue=queue), canary
         options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout)
 
-        async def go() -> None:
+        async def go() -> str:
             assert run.replay is not None
-            report = await replay(self.broker, queue, options, report=run.replay, census=Census(), results=self.results)
+            report = await replay(self.broker, queue, options, report=run.replay, census=run.census,
+                                  results=self.results)  # fmt: skip
             run.summary = report.summary(canary is not None)
-            if report.canary_failures:
-                run.state = "stopped"
-                run.details = [f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not "
-                               "succeed; the rest stay in quarantine", *report.canary_failures]  # fmt: skip
+            if not report.canary_failures:
+                return "done"
+            run.details = [f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not "
+                           "succeed; the rest stay in quarantine", *report.canary_failures]  # fmt: skip
+            return "stopped"
 
-        return self._launch(run, go, lambda: [job_id for job_id, _ in (run.replay.moves if run.replay else [])])
+        return self._launch(run, go)
 
     def start_park(self, queue: str, chosen: Selection, params: dict[str, Any], who: str, client: str) -> ActionRun:
         """Start parking ``queue``'s messages matching ``chosen`` (to ``<job queue>.parked``)."""
         run = self._new("park", queue, params, who, client)
         run.take = TakeReport(queue)
 
-        async def go() -> None:
+        async def go() -> str:
             assert run.take is not None
-            report = await park(self.broker, queue, chosen, Census(), report=run.take, results=self.results)
+            report = await park(self.broker, queue, chosen, run.census, report=run.take, results=self.results)
             run.summary = (f"parked {report.taken} message(s) from {printable(report.queue)} in "
                            f"{printable(report.target)}; {report.left} left in {printable(report.queue)}")  # fmt: skip
+            return "done"
 
-        return self._launch(run, go, list)
+        return self._launch(run, go)
 
-    def start_purge(self, queue: str, chosen: Selection, typed: str, params: dict[str, Any], who: str,
-                    client: str) -> ActionRun:  # fmt: skip
-        """Start deleting ``queue``'s messages (those matching ``chosen``), once ``typed`` is the queue's name.
+    def start_purge(self, queue: str, chosen: Selection, params: dict[str, Any], who: str, client: str) -> ActionRun:
+        """Start deleting ``queue``'s messages (those matching ``chosen``); the form asked for its name typed out.
 
-        Raises:
-            ConfigurationError: ``typed`` is not ``queue`` (nothing is started).
-
+        Message by message (:func:`~amqpjobs.runtime.parking.purge_matching`), also with no
+        filter: the audit line names every job deleted, and Stop works as for the other actions.
         """
-        if typed != queue:
-            raise ConfigurationError(f"type the queue's name, {queue!r}, to purge it (got {typed!r})")
         run = self._new("purge", queue, params, who, client)
         run.take = TakeReport(queue)
 
-        async def go() -> None:
+        async def go() -> str:
             assert run.take is not None
-            if chosen == Selection():
-                name, removed = await purge(self.broker, queue)
-                run.take.taken, run.take.left = removed, 0
-                run.summary = f"purged {removed} message(s) from {printable(name)}"
-                return
-            report = await purge_matching(self.broker, queue, chosen, Census())
-            run.take.taken, run.take.kept, run.take.left = report.taken, report.kept, report.left
+            report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take)
             run.summary = f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left"
+            return "done"
 
-        return self._launch(run, go, list)
+        return self._launch(run, go)
+
+    def stop(self, run: ActionRun, who: str) -> bool:
+        """Stop ``run`` as Ctrl-C stops the CLI's mover (its task is cancelled).
+
+        The moves under way settle and the held messages return to the queue; it ends
+        ``stopped``, audited as such, its summary naming ``who``.
+
+        Returns:
+            False when it had already ended (nothing to stop).
+
+        """
+        body = self._bodies.get(run.id)
+        if body is None or body.done():
+            return False
+        run.stopped_by = who
+        body.cancel()
+        return True
 
     def _new(self, kind: str, queue: str, params: dict[str, Any], who: str, client: str) -> ActionRun:
         run = ActionRun(uuid.uuid4().hex[:16], kind, queue, params, who, client)
@@ -153,32 +207,53 @@ class Actions:
             del self.runs[old.id]
         return run
 
-    def _launch(self, run: ActionRun, body: Callable[[], Awaitable[None]], moved: Callable[[], list[str]]) -> ActionRun:
+    def _launch(self, run: ActionRun, body: Callable[[], Awaitable[str]]) -> ActionRun:
         async def task() -> None:
+            inner = self._bodies[run.id] = asyncio.ensure_future(body())
             try:
-                await body()
-                if run.state == "running":
-                    run.state = "done"
+                ended = await inner
             except asyncio.CancelledError:
-                run.state, run.summary = "failed", "interrupted: the console stopped (the moves under way were settled)"
-                raise
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():  # the console is closing
+                    run.summary = "interrupted: the console stopped (the moves under way were settled)"
+                    await self._end(run, "failed")
+                    raise
+                ended = "stopped"
             except AmqpJobsError as exc:
-                run.state, run.summary = "failed", printable(str(exc))
+                ended, run.summary = "failed", printable(str(exc))
             except Exception as exc:  # an action's failure is shown and audited, never lost in a log
-                run.state, run.summary = "failed", printable(f"{type(exc).__name__}: {exc}")
+                ended, run.summary = "failed", printable(f"{type(exc).__name__}: {exc}")
             finally:
-                result = {"done": "ok", "stopped": "stopped"}.get(run.state, "error")
-                entry = AuditEntry(now_iso(), run.who, run.client, run.kind, run.queue, run.params, result,
-                                   run.summary, moved())  # fmt: skip
-                try:
-                    await asyncio.to_thread(self.audit.append, entry)
-                except OSError as exc:  # shown on the action's page: the operator learns the log missed it
-                    run.details.append(printable(f"not written to the audit log {self.audit.path}: {exc}"))
+                self._bodies.pop(run.id, None)
+            await self._end(run, ended)
 
         handle = asyncio.get_running_loop().create_task(task())
         self._tasks.add(handle)
         handle.add_done_callback(self._tasks.discard)
         return run
+
+    async def _end(self, run: ActionRun, ended: str) -> None:
+        """Read what is left after a failure or a Stop, write the audit line, then show the run ended."""
+        if ended == "failed" or run.stopped_by:
+            with contextlib.suppress(Exception):  # the broker down: left stays unknown ("?")
+                _, run.left_now = await asyncio.wait_for(queue_depth(self.broker, run.queue), LEFT_TIMEOUT)
+        if run.stopped_by and ended == "stopped":
+            moved, skipped, left = run.figures() if run.left_now is None else (*run.figures()[:2], run.left_now)
+            run.summary = (f"stopped by {printable(run.stopped_by)}: moved {moved}, skipped {skipped}, left "
+                           f"{'?' if left is None else left} in {printable(run.queue)}")  # fmt: skip
+            if run.kind == "replay":
+                window = replay_window(float(run.params.get("rate") or 1))
+                run.details.append(f"up to {window} job(s) in flight at the stop may now be both in "
+                                   f"{printable(run.queue)} and in their work queue: duplicates, which an "
+                                   "idempotent job tolerates")  # fmt: skip
+        result = {"done": "ok", "stopped": "stopped"}.get(ended, "error")
+        entry = AuditEntry(now_iso(), run.who, run.client, run.kind, run.queue, run.params, result, run.summary,
+                           run.moved_ids())  # fmt: skip
+        try:
+            await asyncio.to_thread(self.audit.append, entry)
+        except (OSError, ValueError) as exc:  # shown on the action's page: the operator learns the log missed it
+            run.details.append(printable(f"not written to the audit log {self.audit.path}: {exc}"))
+        run.state = ended
 
     async def close(self) -> None:
         """Cancel the runs under way (each settles its moves and returns held messages) and wait for them."""

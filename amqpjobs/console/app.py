@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.templating import Jinja2Templates
 
@@ -16,6 +19,8 @@ from amqpjobs.console.audit import AuditLog
 from amqpjobs.console.config import ConsoleConfig, check_bind
 from amqpjobs.console.routes import routes
 from amqpjobs.console.security import Guard
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.loading import load_app
 
@@ -33,6 +38,18 @@ class Console:
     templates: Jinja2Templates
 
 
+def _shown(value: Any) -> Any:
+    """What a template writes for ``value``: text with its control characters escaped (line feeds kept).
+
+    A job's text (payload, error, header) comes from publishers: an escape sequence or a
+    right-to-left override must not reach the page raw. Autoescaping then escapes the HTML.
+    Markup (our own, e.g. ``tojson``) is left as it is.
+    """
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable_lines(value)
+    return value
+
+
 def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlette:
     """The console for ``config`` (a test may fix ``csrf_token``; by default a random one per process).
 
@@ -47,7 +64,7 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
     actions = Actions(config.broker, audit, app.results if app is not None else None)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
 
     @asynccontextmanager
@@ -65,16 +82,54 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     return web
 
 
-def serve(config: ConsoleConfig) -> None:
-    """Run the console until interrupted (uvicorn on ``config.host``:``config.port``; access log off).
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` and listening (``port`` 0: a free one the system picks).
 
     Raises:
-        ConfigurationError: as :func:`create_app`.
+        ConfigurationError: the address can't be listened on (the port is in use, the address
+            is not this host's ...): names it, and says to give another ``--port`` or ``--port 0``.
+
+    """
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port at once
+            sock.bind(address)
+            sock.listen(socket.SOMAXCONN)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise ConfigurationError(
+            f"can't listen on {shown}:{port} ({exc.strerror or exc}): give another --port, or --port 0 for a free one"
+        ) from None
+    return sock
+
+
+def serve(config: ConsoleConfig, listening: Callable[[int], None] | None = None) -> None:
+    """Check ``config``, listen, call ``listening`` with the port bound, then serve until interrupted.
+
+    uvicorn serves on the socket bound here (access log off), so ``listening`` (the CLI's
+    "console on http://..." line) runs only once every check passed and the port is bound,
+    with the port the system chose for ``--port 0``.
+
+    Raises:
+        ConfigurationError: as :func:`create_app`, or :func:`listen`.
 
     """
     import uvicorn
 
     web = create_app(config)
+    sock = listen(config.host, config.port)
+    if listening is not None:
+        listening(sock.getsockname()[1])
     # an open page keeps its event stream: Ctrl-C waits 5 s for it at most
-    uvicorn.run(web, host=config.host, port=config.port, log_level="warning", access_log=False,
-                server_header=False, timeout_graceful_shutdown=5)  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(web, log_level="warning", access_log=False, server_header=False,
+                                           timeout_graceful_shutdown=5, root_path=config.root_path))  # fmt: skip
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

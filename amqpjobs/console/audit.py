@@ -30,7 +30,7 @@ class AuditEntry:
         action: ``replay``, ``park`` or ``purge``.
         queue: The quarantine (or parked) queue acted on.
         params: What was asked (filters, rate, canary ...), JSON-ready.
-        result: ``ok``, ``stopped`` (canary failed) or ``error``.
+        result: ``ok``, ``stopped`` (a canary failed, or someone pressed Stop) or ``error``.
         summary: One line saying what happened.
         job_ids: The job ids moved or deleted, when known (replay history of a message).
 
@@ -75,9 +75,12 @@ class AuditLog:
 
         Raises:
             OSError: the file can't be written.
+            ValueError: the entry holds NaN or an infinity, which JSON has not (RFC 8259 section 6);
+                nothing is written.
 
         """
-        line = json.dumps(asdict(entry), ensure_ascii=True) + "\n"  # ASCII: no control character reaches a terminal
+        # ASCII: no control character reaches a terminal; no NaN: every line is JSON any reader takes
+        line = json.dumps(asdict(entry), ensure_ascii=True, allow_nan=False) + "\n"
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as fh:

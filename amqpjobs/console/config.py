@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -19,7 +20,13 @@ PASSWORD_ENV: Final = "AMQPJOBS_CONSOLE_PASSWORD"
 #: Where the audit log goes unless ``--audit-log`` says.
 AUDIT_ENV: Final = "AMQPJOBS_CONSOLE_AUDIT_LOG"
 DEFAULT_PORT: Final = 8480
+#: Fewest characters of a token: 16 random URL-safe characters are 96 bits, past guessing over HTTP.
+MIN_TOKEN: Final = 16
+#: How to make a token (32 random bytes, 43 URL-safe characters).
+MAKE_TOKEN: Final = "python -c 'import secrets; print(secrets.token_urlsafe())'"
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
+#: A root path (``--root-path``): URL path segments of unreserved characters (RFC 3986 section 2.3).
+ROOT_PATH: Final = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,16 @@ class Credentials:
     user: str | None = None
     password: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse a token anyone could guess (:func:`token_problem`).
+
+        Raises:
+            ConfigurationError: names the problem and how to make a good token.
+
+        """
+        if self.token is not None and (issue := token_problem(self.token)):
+            raise ConfigurationError(f"{TOKEN_ENV} {issue}; make one with: {MAKE_TOKEN}")
+
     @property
     def required(self) -> bool:
         """Whether requests must authenticate."""
@@ -39,19 +56,44 @@ class Credentials:
         return f"Credentials(token={'***' if self.token else None}, user={self.user!r}, password=***)"
 
 
+def token_problem(token: str) -> str | None:
+    """Why ``token`` can't guard a console (blank, shorter than :data:`MIN_TOKEN`, holding whitespace), or None.
+
+    The message never repeats the token.
+    """
+    if not token.strip():
+        return "is set but blank"
+    if len(token) < MIN_TOKEN:
+        return f"is {len(token)} characters: give one of at least {MIN_TOKEN}"
+    if any(c.isspace() for c in token):
+        return "holds whitespace (a line end read from a file?): no Authorization header can carry it"
+    return None
+
+
 def credentials_from_env(env: dict[str, str] | None = None) -> Credentials:
     """The token or basic-auth credentials of :data:`TOKEN_ENV`, :data:`USER_ENV` and :data:`PASSWORD_ENV`.
 
+    A token set but blank counts as set, and is refused: an operator who exported it from a
+    file that was empty must learn that no token guards the console.
+
     Raises:
-        ConfigurationError: only one of user and password is set.
+        ConfigurationError: only one of user and password is set, or the token is blank,
+            short or holds whitespace (:func:`token_problem`; the message says how to make one).
 
     """
     env = dict(os.environ) if env is None else env
-    token = env.get(TOKEN_ENV) or None
+    token = env.get(TOKEN_ENV)
     user, password = env.get(USER_ENV) or None, env.get(PASSWORD_ENV) or None
     if (user is None) != (password is None):
         raise ConfigurationError(f"set both {USER_ENV} and {PASSWORD_ENV} (basic auth), or {TOKEN_ENV}")
     return Credentials(token, user, password)
+
+
+def root_path_problem(path: str) -> str | None:
+    """Why ``path`` can't be the console's root path (``/jobs``, ``/ops/jobs``; "" for none), or None."""
+    if path and (not path.startswith("/") or path.endswith("/") or not ROOT_PATH.fullmatch(path)):
+        return "is not a path like /jobs: give a leading / and no trailing one, letters, digits and - _ . ~ / only"
+    return None
 
 
 def is_loopback(host: str) -> bool:
@@ -84,6 +126,8 @@ class ConsoleConfig:
         audit_path: The audit log (JSON lines).
         app_ref: ``MODULE:APP``: its topology lists the job queues, its results store answers job lookups.
         allowed_hosts: Host names a request may name besides the loopback ones and ``host``.
+        root_path: The path a reverse proxy serves the console under (``/jobs``; "" at the root):
+            every URL the pages write starts with it (:func:`root_path_problem`).
 
     """
 
@@ -95,6 +139,17 @@ class ConsoleConfig:
     audit_path: Path = field(default_factory=default_audit_path)
     app_ref: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    root_path: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a root path no URL can start with.
+
+        Raises:
+            ConfigurationError: names it and the form to give.
+
+        """
+        if issue := root_path_problem(self.root_path):
+            raise ConfigurationError(f"--root-path {self.root_path!r} {issue}")
 
     def host_names(self) -> frozenset[str]:
         """Host header names accepted (lower case, without port or brackets)."""

@@ -14,28 +14,33 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from amqpjobs.console.actions import Actions
+from amqpjobs.console.forms import FILTERS, FormError, action_form, filter_options, queue_of, selection_of, text_of
 from amqpjobs.console.views import find_message, lookup, message_doc, overview, quarantine_page
-from amqpjobs.durations import parse_duration
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.quarantine import Selection, format_when
 from amqpjobs.printable import printable
 from amqpjobs.runtime.outcome_feed import outcome_feed
-from amqpjobs.topology.naming import queue_name_problem
-
-#: Filter fields of a quarantine page and of an action's form.
-FILTERS = ("job", "error_type", "reason", "group", "search")
 
 
 def _state(request: Request) -> Any:
     return request.app.state.console
 
 
+def root_of(request: Request) -> str:
+    """The path the console is served under ("" at the root; ``/jobs`` behind a proxy, ``--root-path``).
+
+    Every URL the console writes is this plus a path: no scheme, no host, so a TLS proxy in
+    front of it (https outside, http inside) and a path prefix both work.
+    """
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
 def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
-    """``template`` with the console's common context (CSRF token, read-only, the fragment helpers)."""
+    """``template`` with the console's common context (CSRF token, read-only, root path, the fragment helpers)."""
     console = _state(request)
     context.update(csrf_token=request.scope["state"]["csrf_token"], read_only=console.config.read_only,
-                   when=format_when, vhost=console.config.broker.vhost)  # fmt: skip
+                   when=format_when, vhost=console.config.broker.vhost, root=root_of(request))  # fmt: skip
     response: Response = console.templates.TemplateResponse(request, template, context, status_code=status)
     return response
 
@@ -43,20 +48,6 @@ def render(request: Request, template: str, status: int = 200, **context: Any) -
 def problem(request: Request, message: str, status: int = 400) -> Response:
     """An error page saying what was wrong (the text escaped like everything else)."""
     return render(request, "error.html", status, message=printable(message))
-
-
-def selection_of(values: Any) -> Selection:
-    """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked."""
-    given = {k: (values.get(k) or "").strip() or None for k in FILTERS}
-    ids = [i for i in values.getlist("job_id") if i]
-    return Selection(job=given["job"], error_type=given["error_type"], reason=given["reason"], group=given["group"],
-                     search=given["search"], job_ids=frozenset(ids) if ids else None)  # fmt: skip
-
-
-def _queue(value: str | None) -> str:
-    if not value or (issue := queue_name_problem(value)):
-        raise ConfigurationError(f"queue: {issue if value else 'give a quarantine or parked queue name'}")
-    return value
 
 
 async def home(request: Request) -> Response:
@@ -81,23 +72,41 @@ async def _overview(request: Request, template: str) -> Response:
 async def quarantine(request: Request) -> Response:
     """A quarantine or parked queue: groups by job, reason, error type and stack fingerprint; filters; messages."""
     try:
-        queue = _queue(request.query_params.get("queue"))
-        chosen = selection_of(request.query_params)
-        page = await quarantine_page(_state(request).config.broker, queue, chosen)
+        queue = queue_of(request.query_params.get("queue"))
+        return await _quarantine_view(request, queue, request.query_params)
     except AmqpJobsError as exc:
         return problem(request, str(exc), 404 if isinstance(exc, ConfigurationError) else 503)
-    filters = {k: request.query_params.get(k, "") for k in FILTERS}
-    return render(request, "quarantine.html", page=page, filters=filters, filtered=chosen != Selection())
+
+
+async def _quarantine_view(request: Request, queue: str, values: Any, refused: FormError | None = None) -> Response:
+    """The quarantine page of ``queue`` filtered by ``values`` (a query string, or a refused action's form).
+
+    A refused form (``refused``) is shown again with its error (HTTP 400) and its values as
+    typed, the messages it had checked still checked.
+
+    Raises:
+        ConfigurationError: no such queue. BrokerError: the broker failed.
+
+    """
+    chosen = selection_of(values)
+    page = await quarantine_page(_state(request).config.broker, queue, replace(chosen, job_ids=None))
+    filters = {k: text_of(values, k) for k in FILTERS}
+    kept = {k: str(v) for k, v in values.items() if k not in ("csrf_token", "job_id")} if refused else {}
+    return render(request, "quarantine.html", 400 if refused else 200, page=page, filters=filters,
+                  filtered=replace(chosen, job_ids=None) != Selection(), values=kept,
+                  checked=chosen.job_ids or frozenset() if refused else frozenset(),
+                  form_error=str(refused) if refused else "", invalid=refused.field if refused else "",
+                  options=filter_options)  # fmt: skip
 
 
 async def message(request: Request) -> Response:
     """One message: evidence, traceback, payload, properties and headers, replay history."""
     job_id = request.query_params.get("id", "")
     try:
-        queue = _queue(request.query_params.get("queue"))
+        queue = queue_of(request.query_params.get("queue"))
         found = await find_message(_state(request).config.broker, queue, job_id)
-    except AmqpJobsError as exc:
-        return problem(request, str(exc), 404)
+    except AmqpJobsError as exc:  # a queue it can't read is 404; the broker down is 503, as on every page
+        return problem(request, str(exc), 404 if isinstance(exc, ConfigurationError) else 503)
     if found is None:
         return problem(request, f"no message of job {job_id!r} in {queue!r} (replayed, parked or purged?)", 404)
     audit = _state(request).audit.for_job(job_id)
@@ -116,40 +125,33 @@ def _who(request: Request) -> tuple[str, str]:
 
 
 async def act(request: Request) -> Response:
-    """POST replay / park / purge: start the run, then show its progress page."""
+    """POST replay / park / purge: start the run, then show its progress page.
+
+    A bad field shows the page again with the field named, the fix, and the values as typed (400).
+    """
     kind = request.path_params["kind"]
+    if kind not in ("replay", "park", "purge"):
+        return problem(request, f"no action {kind!r}: replay, park or purge", 404)
     form = await request.form()
     actions: Actions = _state(request).actions
     try:
-        queue = _queue(str(form.get("queue") or ""))
-        chosen = selection_of(form)
-        scope = form.get("scope") or "all"
-        if scope == "all":  # every message matching the filter, whatever is checked
-            chosen = replace(chosen, job_ids=None)
-        elif chosen.job_ids is None:
-            raise ConfigurationError("no message checked: check some, or use the 'all matching' button")
-        params: dict[str, Any] = {k: str(form.get(k)) for k in FILTERS if form.get(k)}
-        if chosen.job_ids is not None:
-            params["job_ids"] = sorted(chosen.job_ids)
-        who, client = _who(request)
-        if kind == "replay":
-            rate = float(str(form.get("rate") or "10"))
-            canary_text = str(form.get("canary") or "").strip()
-            canary = int(canary_text) if canary_text else None
-            if canary is not None and canary < 1:
-                raise ConfigurationError(f"canary must be at least 1 job (got {canary}), or left empty")
-            timeout = parse_duration(str(form.get("canary_timeout") or "60s"))
-            params.update(rate=rate, canary=canary, canary_timeout=timeout)
-            run = actions.start_replay(queue, chosen, rate, canary, timeout, params, who, client)
-        elif kind == "park":
-            run = actions.start_park(queue, chosen, params, who, client)
-        elif kind == "purge":
-            run = actions.start_purge(queue, chosen, str(form.get("confirm") or ""), params, who, client)
-        else:
-            return problem(request, f"no action {kind!r}: replay, park or purge", 404)
-    except (ValueError, AmqpJobsError) as exc:
-        return problem(request, str(exc), 400)
-    return RedirectResponse(f"/action/{run.id}", status_code=303)
+        asked = action_form(kind, form)
+    except FormError as exc:
+        if exc.field == "queue":  # no page to show again
+            return problem(request, str(exc), 400)
+        try:
+            return await _quarantine_view(request, text_of(form, "queue"), form, exc)
+        except AmqpJobsError as unreadable:
+            return problem(request, f"{exc} ({unreadable})", 400)
+    who, client = _who(request)
+    if kind == "replay":
+        run = actions.start_replay(asked.queue, asked.chosen, asked.rate, asked.canary, asked.canary_timeout,
+                                   asked.params, who, client)  # fmt: skip
+    elif kind == "park":
+        run = actions.start_park(asked.queue, asked.chosen, asked.params, who, client)
+    else:
+        run = actions.start_purge(asked.queue, asked.chosen, asked.params, who, client)
+    return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
 
 
 async def action(request: Request) -> Response:
@@ -158,6 +160,17 @@ async def action(request: Request) -> Response:
     if run is None:
         return problem(request, "no such action (the console keeps the last 200; see the audit log)", 404)
     return render(request, "action.html", run=run, progress=run.progress())
+
+
+async def stop(request: Request) -> Response:
+    """POST: stop a running action as Ctrl-C stops the CLI's (:meth:`Actions.stop`), then show its page."""
+    actions: Actions = _state(request).actions
+    run = actions.runs.get(request.path_params["run_id"])
+    if run is None:
+        return problem(request, "no such action (the console keeps the last 200; see the audit log)", 404)
+    if not actions.stop(run, _who(request)[0]):
+        return problem(request, f"this {run.kind} already ended ({run.state}): nothing to stop", 409)
+    return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
 
 
 async def action_json(request: Request) -> Response:
@@ -210,6 +223,7 @@ def routes(static_dir: str) -> list[Route | Mount]:
         Route("/message", message),
         Route("/actions/{kind:str}", act, methods=["POST"]),
         Route("/action/{run_id:str}.json", action_json),
+        Route("/action/{run_id:str}/stop", stop, methods=["POST"]),
         Route("/action/{run_id:str}", action, name="action"),
         Route("/job", job),
         Route("/audit", audit),

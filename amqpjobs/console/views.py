@@ -19,6 +19,7 @@ from amqpjobs.runtime.quarantine import QuarantinedMessage, browse, quarantine_q
 from amqpjobs.runtime.status import JobQueueStatus, collect
 from amqpjobs.runtime.whereabouts import where_now
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX, parked_queue_name
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Messages listed on a quarantine page (the groups count them all).
@@ -29,6 +30,10 @@ EVIDENCE_FIRST = (
     evidence.LAST_FAILURE_AT, evidence.ORIGINAL_QUEUE, evidence.WORKER_HOST, evidence.WORKER_PID,
     evidence.APP_VERSION, evidence.VERSION,
 )  # fmt: skip
+#: Bytes of a payload shown on its page (the rest is counted, not sent to the browser).
+PAYLOAD_SHOWN = 64 * 1024
+#: ``delivery_mode`` values (AMQP 0-9-1 class ``basic``: 1 non-persistent, 2 persistent).
+DELIVERY_MODES = {1: "1 (transient)", 2: "2 (persistent)"}
 #: Headers that make a message's replay history.
 HISTORY = (q.REPLAY_COUNT, q.REPLAY_ID, q.PREVIOUS_REASON, q.PREVIOUS_ERROR_TYPE, q.PREVIOUS_ERROR_MESSAGE,
            q.PREVIOUS_FAILURE_AT, q.PARKED_AT)  # fmt: skip
@@ -81,29 +86,95 @@ async def quarantine_page(broker: BrokerSettings, queue: str, chosen: Selection)
 
 
 def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
-    """A message as its page shows it: evidence, traceback, pretty payload, properties, headers, history."""
+    """A message as its page shows it: evidence, traceback, payload, every property, headers, history.
+
+    Text is given as it is: the page's template escapes HTML, and its ``finalize``
+    (:func:`~amqpjobs.printable.printable_lines`) every control character but line feeds.
+    """
     doc = message.to_json()
     headers: dict[str, Any] = doc["headers"]
-    payload = doc["payload"]
-    properties = {k: doc[k] for k in ("message_id", "type", "content_type", "content_encoding", "timestamp",
-                                      "priority", "redelivered")}  # fmt: skip
-    if isinstance(doc["timestamp"], int | float) and not isinstance(doc["timestamp"], bool):
-        properties["timestamp"] = f"{iso_utc(doc['timestamp'])} ({doc['timestamp']:.0f})"
+    kind, payload, note = payload_view(message.delivery.body)
     return {
         "item": message.item,
         "queue": doc["queue"],
         "evidence": [(k, headers[k]) for k in EVIDENCE_FIRST if k in headers],
         "traceback": str(headers.get(evidence.TRACEBACK, "")),
-        "payload": json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True) if payload is not None else None,
-        "raw": message.delivery.body[:4096].decode("utf-8", "replace") if payload is None else "",
-        "properties": properties,
-        "headers": sorted((k, json.dumps(v, ensure_ascii=False)) for k, v in headers.items()),
+        "payload": payload,
+        "payload_kind": kind,
+        "payload_note": note,
+        "properties": properties_shown(message.delivery),
+        "headers": sorted(
+            (k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in headers.items()
+        ),
         "history": [(k, headers[k]) for k in HISTORY if k in headers],
     }
 
 
+def properties_shown(delivery: Delivery) -> list[tuple[str, str]]:
+    """Every AMQP property of ``delivery`` (:meth:`~amqpjobs.wire.delivery.Delivery.properties`), then its origin.
+
+    ``-`` for a property not set (or empty); ``timestamp`` in ISO-8601 UTC with its seconds, ``delivery_mode``
+    and ``expiration`` with their meaning, ``headers`` counted (they are listed under their own heading).
+    """
+    shown = []
+    for name, value in delivery.properties().items():
+        if name == "headers":
+            text = f"{len(value or {})} header(s), below"
+        elif value is None or value == "":  # pamqp reads some unset properties as ""
+            text = "-"
+        elif name == "timestamp":
+            text = f"{iso_utc(value)} ({value:.0f})"
+        elif name == "delivery_mode":
+            text = DELIVERY_MODES.get(value, str(value))
+        elif name == "expiration":
+            text = f"{value} ms"
+        else:
+            text = str(value)
+        shown.append((name, text))
+    return [*shown, ("exchange", delivery.exchange or "(default)"), ("routing_key", delivery.routing_key),
+            ("redelivered", str(delivery.redelivered))]  # fmt: skip
+
+
+def payload_view(body: bytes) -> tuple[str, str, str]:
+    """(what it is, the text shown, a note when cut) of a message body.
+
+    Pretty JSON when the body is JSON, the text when it is other UTF-8, else a hex dump (16
+    bytes a line, offset, hex, ASCII); at most :data:`PAYLOAD_SHOWN` bytes of it, the note
+    then saying ``truncated: N bytes in all, the first 65,536 shown``.
+    """
+    size = len(body)
+    note = f"truncated: {size:,} bytes in all, the first {PAYLOAD_SHOWN:,} shown"
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return (
+            f"binary (not UTF-8): {size:,} bytes, as a hex dump",
+            hex_dump(body[:PAYLOAD_SHOWN]),
+            (note if size > PAYLOAD_SHOWN else ""),
+        )
+    try:
+        text, kind = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True), "JSON"
+    except (ValueError, RecursionError):
+        kind = "text (UTF-8, not JSON)"
+    data = text.encode("utf-8")
+    if len(data) <= PAYLOAD_SHOWN:
+        return f"{kind}: {size:,} bytes", text, ""
+    return f"{kind}: {size:,} bytes", data[:PAYLOAD_SHOWN].decode("utf-8", "ignore"), note
+
+
+def hex_dump(data: bytes) -> str:
+    """``data`` as ``hexdump -C`` prints it: ``00000000  7b 22 6e 22 ...  |{"n"...|`` (no trailing offset line)."""
+    lines = []
+    for at in range(0, len(data), 16):
+        chunk = data[at : at + 16]
+        hexes = " ".join(f"{b:02x}" for b in chunk[:8]) + "  " + " ".join(f"{b:02x}" for b in chunk[8:])
+        ascii_ = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in chunk)
+        lines.append(f"{at:08x}  {hexes:<48}  |{ascii_}|")
+    return "\n".join(lines)
+
+
 async def find_message(broker: BrokerSettings, queue: str, job_id: str) -> QuarantinedMessage | None:
-    """The message of job ``job_id`` in ``queue``, None when it is not there (browsed, it stays)."""
+    """The message of job ``job_id`` (or key, a content hash) in ``queue``, None when not there (browsed, it stays)."""
     _, found = await browse(broker, queue, 1, Selection(job_ids=frozenset({job_id})))
     return found[0] if found else None
 

@@ -3,7 +3,8 @@
 Two failures share a fingerprint when they raised the same exception type through the same
 code path: the exception type plus each frame's module and function, outermost first, with
 no line numbers (an edit above the failing line must not split a group) and no paths (two
-hosts with other install folders must not either). A broker-side dead-letter has no
+hosts with other install folders must not either, nor a new release deployed to a folder
+named by its date, version or commit: :func:`module_of`). A broker-side dead-letter has no
 traceback: its fingerprint is ``x-death: <reason>`` (RabbitMQ "Dead Letter Exchanges" ->
 "Dead-Lettered Messages"). The console groups quarantined jobs by (job, reason, error type,
 fingerprint) with :func:`failure_groups`.
@@ -25,23 +26,49 @@ _FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"\n]*)", line \d+, in (?P<func
 ID_LENGTH: Final = 12
 
 
-def _module(path: str) -> str:
-    """``/srv/app/billing/mail.py`` -> ``billing.mail``; ``pkg/__init__.py`` -> ``pkg``; ``<string>`` as is."""
+#: Folders a module's dotted name starts after: an install prefix (``.../site-packages/acme/mail.py`` is
+#: ``acme.mail``) or the standard library's (``/usr/lib/python3.11/socket.py`` is ``socket``).
+_IMPORT_ROOT: Final = re.compile(r"^(?:site-packages|dist-packages|python\d+(?:\.\d+)*)$")
+#: A release (deploy) folder: a timestamp or build number (6+ digits), a date, a version, a commit id.
+_RELEASE: Final = re.compile(
+    r"""^(?:
+        .*\d{6,}.*                               # 20261130, 20261130120501, build-1234567
+      | .*\d{4}-\d{2}-\d{2}.*                     # 2026-11-30_12-00
+      | v?\d+(?:[._-]\d+)+[\w.+-]*               # v1.4.2, 1.5.0rc1
+      | (?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]{7,40}   # a commit id: 3f9a2c1e7b
+    )$""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+
+def module_of(path: str) -> str:
+    """The module of a traceback's file path, without the folders a host or a release put it in.
+
+    The dotted name after the last install root (``site-packages``, ``dist-packages``,
+    ``python3.11``: there the module's name is known in full) or release folder (:data:`_RELEASE`: a timestamp, date,
+    version or commit id, as deploy tools name them); with neither, the file and its folder.
+    ``/srv/releases/20261130/app.py`` -> ``app``; ``.../site-packages/acme/mail.py`` ->
+    ``acme.mail``; ``/srv/app/billing/mail.py`` -> ``billing.mail``; ``pkg/__init__.py`` ->
+    ``pkg``; ``<string>`` as is.
+    """
     if path.startswith("<"):
         return path
     pure = PureWindowsPath(path) if "\\" in path else PurePosixPath(path)
-    parts = [p for p in pure.parts[-2:] if p not in ("/", "\\")]
+    parts = [p for p in pure.parts if p not in ("/", "\\") and not p.endswith((":\\", ":"))]
     if not parts:
         return path
-    last = parts[-1].removesuffix(".py")
-    if last == "__init__":
-        return parts[0] if len(parts) > 1 else last
-    return ".".join([*parts[:-1], last]) if len(parts) > 1 else last
+    folders = parts[:-1]
+    roots = [i for i, p in enumerate(folders) if _IMPORT_ROOT.match(p) or _RELEASE.match(p)]
+    names = parts[roots[-1] + 1 :] if roots else parts[-2:]
+    names[-1] = names[-1].removesuffix(".py")
+    if names[-1] == "__init__" and len(names) > 1:
+        names.pop()
+    return ".".join(names)
 
 
 def frames(traceback: str) -> list[str]:
     """The ``module:function`` of each frame of ``traceback``, outermost first (its line numbers dropped)."""
-    return [f"{_module(m['path'])}:{m['func']}" for m in _FRAME.finditer(traceback)]
+    return [f"{module_of(m['path'])}:{m['func']}" for m in _FRAME.finditer(traceback)]
 
 
 def stack_fingerprint(error_type: str, traceback: str, reason: str) -> str:

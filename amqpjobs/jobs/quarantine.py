@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
+from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 from amqpjobs.text import as_text
@@ -79,6 +80,8 @@ class QuarantinedJob:
         replay_count: How often it was replayed before.
         broker_side: True when the broker dead-lettered it (no evidence of ours).
         fingerprint: Its stack fingerprint (:func:`~amqpjobs.jobs.fingerprint.stack_fingerprint`).
+        key: Its address: the job id, else a hash of its headers and body
+            (:func:`~amqpjobs.jobs.message_key.message_key`; the job id when described without the body).
 
     """
 
@@ -94,6 +97,7 @@ class QuarantinedJob:
     replay_count: int
     broker_side: bool
     fingerprint: str = ""
+    key: str = ""
 
     @property
     def group(self) -> str:
@@ -121,8 +125,15 @@ def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def describe(headers: Mapping[str, Any], message_id: str | None, message_type: str | None) -> QuarantinedJob:
-    """Read a quarantined message's headers and properties into a :class:`QuarantinedJob`."""
+def describe(
+    headers: Mapping[str, Any], message_id: str | None, message_type: str | None, body: bytes | None = None
+) -> QuarantinedJob:
+    """Read a quarantined message's headers and properties (and ``body``, for its :attr:`~QuarantinedJob.key`)."""
+    item = _describe(headers, message_id, message_type)
+    return replace(item, key=message_key(item.job_id, headers, body) if body is not None else item.job_id)
+
+
+def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: str | None) -> QuarantinedJob:
     job = header_text(headers.get(evidence.JOB)) or header_text(message_type) or header_text(headers.get(envelope.JOB))
     replay_count = _int(headers.get(REPLAY_COUNT))
     if evidence.REASON in headers:
@@ -174,7 +185,7 @@ class Selection:
             matches ``x-death:expired``).
         since: Only messages whose last failure is at or after this time (UTC).
         group: Only this failure group (:attr:`QuarantinedJob.group`, the console's groups).
-        job_ids: Only these job ids.
+        job_ids: Only these job ids, or keys (:attr:`QuarantinedJob.key`, of messages without one).
         search: Only messages whose job id, job, error type or error message contains
             this text (case-insensitive).
 
@@ -200,7 +211,7 @@ class Selection:
             return False
         if self.group is not None and item.group != self.group:
             return False
-        if self.job_ids is not None and item.job_id not in self.job_ids:
+        if self.job_ids is not None and item.job_id not in self.job_ids and item.key not in self.job_ids:
             return False
         if self.search:
             needle = self.search.casefold()
@@ -374,7 +385,7 @@ class ReplayReport:
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
         elapsed: Seconds from the first to the last move.
-        moves: (job id, target queue) for each move (or planned move).
+        moves: (job id, target queue) of each move done, once acked (on a dry run: each planned move).
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
         canary_failures: One line per canary that did not succeed (the run stopped then).

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
 from amqpjobs.jobs import envelope
@@ -49,6 +49,7 @@ class TakeReport:
         kept: Messages looked at that did not match (still in ``queue``).
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
+        job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
 
     """
 
@@ -57,6 +58,7 @@ class TakeReport:
     kept: int = 0
     left: int = 0
     target: str = ""
+    job_ids: list[str] = field(default_factory=list)
 
 
 async def _take(
@@ -79,7 +81,7 @@ async def _take(
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue, depth):
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 if not census.matches(item, selection):
                     report.kept += 1
                     continue
@@ -87,14 +89,17 @@ async def _take(
                 # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
                 # parked queue is acked, so no message is left in both places
                 moving = asyncio.ensure_future(settle(delivery, item))
+                job_id = delivery.message_id or item.key  # its job id, else its content hash
                 try:
                     await asyncio.shield(moving)
                 except asyncio.CancelledError:
                     with contextlib.suppress(Exception):
                         await moving
                         report.taken += 1
+                        report.job_ids.append(job_id)
                     raise
                 report.taken += 1
+                report.job_ids.append(job_id)
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
@@ -187,6 +192,8 @@ async def purge_matching(
     selection: q.Selection,
     census: Census | None = None,
     payloads: PayloadStore | None = None,
+    *,
+    report: TakeReport | None = None,
 ) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
@@ -195,6 +202,7 @@ async def purge_matching(
     workers' sweep deletes it after the store's grace; a payload that a message left in this
     queue or its sibling (the job queue's quarantine or parked queue) still names is left as it
     is (README "Large payloads").
+    ``report``: filled as the run goes (and returned), as :func:`park`'s.
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -203,7 +211,8 @@ async def purge_matching(
     """
     async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
-        report = TakeReport(queue)
+        report = report if report is not None else TakeReport(queue)
+        report.queue = queue
 
         purged: set[PayloadRef] = set()
 

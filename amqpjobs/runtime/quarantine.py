@@ -109,6 +109,18 @@ async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
     raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
 
 
+async def queue_depth(settings: BrokerSettings, name: str) -> tuple[str, int]:
+    """(queue, messages ready in it now) of quarantine or parked queue ``name``, resolved as :func:`resolve_queue`.
+
+    Raises:
+        ConfigurationError: no such quarantine or parked queue.
+        BrokerUnavailableError: the broker can't be reached.
+
+    """
+    async with session(settings) as connection:
+        return await resolve_queue(connection, name)
+
+
 def quarantine_queues(settings: BrokerSettings) -> list[str]:
     """Every queue of the vhost whose name ends with ``.quarantine``, sorted."""
     with ManagementClient(settings) as mgmt:
@@ -198,7 +210,7 @@ async def browse(
         browser = await QueueBrowser.open(connection)
         try:
             async for delivery in browser.deliveries(queue_name, depth):
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+                item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 if census.matches(item, selection):
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:

@@ -75,7 +75,7 @@ def replay_move(
     Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
     counts the message (and whether the filters matched it).
     """
-    item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
     target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
@@ -182,6 +182,7 @@ async def replay(
                         "the rest stay in quarantine"
                     ) from None
                 await delivery.ack()
+                report.moves.append((copy.message_id or "", target))
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
@@ -213,8 +214,8 @@ async def replay(
                 if canary is not None and launched < canary.size:
                     job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
                     canary.expect(planned.job_id, job, target)
-                report.moves.append((planned.job_id, target))
                 if options.dry_run:
+                    report.moves.append((planned.job_id, target))
                     report.replayed += 1
                     launched += 1
                     continue
@@ -280,7 +281,7 @@ async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int
     browser = await QueueBrowser.open(connection)
     try:
         async for delivery in browser.deliveries(queue_name, depth):
-            item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+            item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
             if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
                 strays[item.job] = strays.get(item.job, 0) + 1
     finally:

@@ -46,6 +46,7 @@ class QueueStatus:
         consumers: Consumers (exact).
         publish_rate / deliver_rate / ack_rate: Messages per second (management API).
         oldest_age: Seconds since the head message was published, or None when empty or unknown.
+        unaddressable: Why the AMQP client can't address this queue ("" when it can).
     """
 
     name: str
@@ -57,11 +58,14 @@ class QueueStatus:
     deliver_rate: float = 0.0
     ack_rate: float = 0.0
     oldest_age: float | None = None
+    unaddressable: str = ""
 
     def row(self) -> str:
         """The queue as one row under :data:`STATUS_HEADER`."""
         if not self.exists:
             return f"{self.name:<34} {'missing':>7}"
+        if self.unaddressable:
+            return f"{self.name:<34} {'unaddressable (see below)':>7}"
         age = "-" if self.oldest_age is None else f"{self.oldest_age:.0f}s"
         return (
             f"{self.name:<34} {self.ready:>7} {self.unacked:>7} {self.consumers:>4} {self.publish_rate:>7.1f} "
@@ -178,6 +182,8 @@ async def collect(
         def figures(queue: str) -> QueueStatus:
             if queue not in exact:
                 return QueueStatus(queue, exists=False)
+            if exact[queue].unaddressable:
+                return QueueStatus(queue, unaddressable=exact[queue].unaddressable)
             ready, consumers = exact[queue].messages, exact[queue].consumers
             stats = live.get(queue, {})
             head = stats.get("head_message_timestamp")
@@ -198,6 +204,8 @@ async def collect(
         for q in [*status.work, *status.tiers, status.quarantine, status.suspects]:
             if not q.exists:
                 status.problems.append(f"queue {q.name} does not exist (apply the topology)")
+            elif q.unaddressable:
+                status.problems.append(q.unaddressable)
         exchange = quarantine_exchange_name(name)
         if exchange not in exchanges:
             status.problems.append(f"exchange {exchange} does not exist (apply the topology)")

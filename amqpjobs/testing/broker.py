@@ -310,7 +310,7 @@ class TestBroker:
         for stored in self.memory.queue(self._quarantine_queue(job_queue)).messages:
             m = stored.message
             headers = dict(m.headers)
-            info = q.describe(headers, m.message_id, m.type)
+            info = q.describe(headers, m.message_id, m.type, m.body)
             out.append(QuarantinedMessage(headers, m.body, m.message_id, m.type, info))
         return out
 

@@ -29,7 +29,7 @@ async def probe_queue(connection: Connection, name: str) -> int:
     """
     channel = await connection.channel(publisher_confirms=False)
     try:
-        with broker_errors():
+        with broker_errors(name):
             declared = await channel.declare_queue(name, passive=True)
         return declared.declaration_result.message_count or 0
     finally:
@@ -45,7 +45,7 @@ async def queue_state(connection: Connection, name: str) -> QueueProbe | None:
     """
     channel = await connection.channel(publisher_confirms=False)
     try:
-        with broker_errors():
+        with broker_errors(name):
             result = (await channel.declare_queue(name, passive=True)).declaration_result
         return QueueProbe(result.message_count or 0, result.consumer_count or 0)
     except NotFoundError:

@@ -17,6 +17,7 @@ from amqpjobs.errors import (
     PreconditionFailedError,
     ResourceLockedError,
     TopologyConflictError,
+    UnaddressableNameError,
 )
 from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
@@ -219,10 +220,13 @@ class QueueProbe:
     Attributes:
         messages: Messages ready for delivery.
         consumers: Consumers.
+        unaddressable: Why the AMQP client can't address the queue ("" when it can; the
+            figures are 0 then): see :class:`~amqpjobs.errors.UnaddressableNameError`.
     """
 
     messages: int
     consumers: int
+    unaddressable: str = ""
 
 
 async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, QueueProbe]:
@@ -230,7 +234,8 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
 
     A passive declare of a missing queue fails with ``404 NOT_FOUND`` and closes its
     channel (RabbitMQ "Queues" → "Passive Declaration"), hence one channel per probe.
-    Missing queues are left out of the result.
+    Missing queues are left out of the result; a queue the client can't address (a name
+    pamqp refuses) is in it with its reason in ``unaddressable``.
 
     Raises:
         BrokerUnavailableError: cannot connect.
@@ -242,11 +247,13 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
         for name in dict.fromkeys(names):
             channel = await connection.channel(publisher_confirms=False)
             try:
-                with broker_errors():
+                with broker_errors(name):
                     result = (await channel.declare_queue(name, passive=True)).declaration_result
                 found[name] = QueueProbe(result.message_count or 0, result.consumer_count or 0)
             except NotFoundError:
                 continue
+            except UnaddressableNameError as exc:
+                found[name] = QueueProbe(0, 0, str(exc))
             except ResourceLockedError as exc:
                 raise BrokerError(
                     f"queue {name!r} on {settings.safe_url} is exclusive to another connection (RESOURCE_LOCKED): "
@@ -284,7 +291,7 @@ async def find_missing(
             if channel is None or channel.is_closed:
                 channel = await amqp.channel(publisher_confirms=False)
             try:
-                with broker_errors():
+                with broker_errors(name):
                     if kind == "queue":
                         await channel.queue_declare(name, passive=True)
                     else:

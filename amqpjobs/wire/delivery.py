@@ -197,6 +197,27 @@ class Delivery:
         same = {f.name: getattr(plain, f.name) for f in fields(plain)}
         return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers)
 
+    def properties(self) -> dict[str, Any]:
+        """Every basic property as received, by its AMQP name (AMQP 0-9-1 class ``basic``: 14 properties).
+
+        ``content_type``, ``content_encoding``, ``headers``, ``delivery_mode``, ``priority``,
+        ``correlation_id``, ``reply_to``, ``expiration``, ``message_id``, ``timestamp``
+        (seconds since the epoch), ``type``, ``user_id``, ``app_id``, ``cluster_id``: None
+        when not set. Without the received content header (a delivery built from decoded
+        values), those this delivery does not keep are None.
+        """
+        received = None if self._received is None else self._received.properties
+        ts = self.timestamp
+
+        def kept(name: str) -> Any:
+            return getattr(received, name, None) if received is not None else None
+
+        return {"content_type": self.content_type, "content_encoding": self.content_encoding, "headers": self.headers,
+                "delivery_mode": kept("delivery_mode"), "priority": self.priority,
+                "correlation_id": self.correlation_id, "reply_to": self.reply_to, "expiration": kept("expiration"),
+                "message_id": self.message_id, "timestamp": ts, "type": self.type, "user_id": kept("user_id"),
+                "app_id": self.app_id, "cluster_id": kept("cluster_id")}  # fmt: skip
+
     @property
     def channel_closed(self) -> bool:
         """Whether the channel this delivery came on has closed (the broker then redelivers it)."""

@@ -12,6 +12,7 @@ socket goes under a call.
 
 from __future__ import annotations
 
+import re
 from types import TracebackType
 from typing import Final
 
@@ -28,6 +29,7 @@ from amqpjobs.errors import (
     PreconditionFailedError,
     PublishNackedError,
     ResourceLockedError,
+    UnaddressableNameError,
     UnroutableError,
 )
 
@@ -55,6 +57,34 @@ ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = 
 LIBRARY_ERRORS: Final[tuple[type[BaseException], ...]] = tuple(library for library, _ in ERROR_MAP)
 
 
+#: pamqp's own words when it refuses a name before sending a frame (``pamqp.commands`` validate()).
+_PAMQP_NAME_REFUSAL: Final = re.compile(r"(Invalid value|Max length exceeded) for (queue|exchange|destination|source)")
+
+
+def unaddressable(exc: BaseException, name: str | None) -> UnaddressableNameError | None:
+    """Our error for pamqp's ``ValueError`` refusing a queue/exchange name (None: ``exc`` is not that).
+
+    pamqp checks names against ``[a-zA-Z0-9-_.:@#,/+ ]`` and 256 characters (its
+    ``DOMAIN_REGEX``), stricter than RabbitMQ (any UTF-8, 255 bytes: RabbitMQ "Queues" →
+    "Names"), so a queue made by another client or the management UI can be out of reach.
+    """
+    if type(exc) is not ValueError or not (m := _PAMQP_NAME_REFUSAL.fullmatch(str(exc))):
+        return None
+    kind = "queue" if m.group(2) == "queue" else "exchange"
+    what = f"{kind} {name!r}" if name is not None else f"a {kind} name"
+    why = "is too long for it (over 256 characters)" if m.group(1).startswith("Max") else (
+        "has characters it does not accept (only letters a-z A-Z, digits, space and - _ . : @ # , / +)"
+    )  # fmt: skip
+    ours = UnaddressableNameError(
+        f"{what} can't be addressed by the AMQP client: the name {why}, though RabbitMQ accepts it; "
+        f"rename it within those characters (move its messages to a new {kind}, e.g. with a shovel from the "
+        "management UI, and delete it) to use it with amqpjobs",
+        name or "",
+    )
+    ours.__cause__ = exc
+    return ours
+
+
 def error_kind(exc: BaseException) -> type[AmqpJobsError] | None:
     """Which of our exceptions client-library exception ``exc`` maps to (None: not one)."""
     for library, ours in ERROR_MAP:
@@ -63,10 +93,15 @@ def error_kind(exc: BaseException) -> type[AmqpJobsError] | None:
     return None
 
 
-def translate(exc: BaseException) -> AmqpJobsError | None:
-    """Our exception for client-library exception ``exc`` (cause set), or None when it is not one."""
+def translate(exc: BaseException, name: str | None = None) -> AmqpJobsError | None:
+    """Our exception for client-library exception ``exc`` (cause set), or None when it is not one.
+
+    ``name``: the queue or exchange the call was about, named in an :class:`UnaddressableNameError`.
+    """
     if isinstance(exc, AmqpJobsError):
         return None
+    if (refused := unaddressable(exc, name)) is not None:
+        return refused
     ours = error_kind(exc)
     if ours is None:
         return None
@@ -76,7 +111,10 @@ def translate(exc: BaseException) -> AmqpJobsError | None:
 
 
 class _Translating:
-    """The context manager of :func:`broker_errors` (one instance: entering it costs nothing)."""
+    """The context manager of :func:`broker_errors` (one shared instance when no name is given)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
 
     def __enter__(self) -> None:
         return None
@@ -84,7 +122,7 @@ class _Translating:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None:
             return
-        mapped = translate(exc)
+        mapped = translate(exc, self.name)
         if mapped is not None:
             raise mapped from exc
 
@@ -92,12 +130,14 @@ class _Translating:
 _TRANSLATING: Final = _Translating()
 
 
-def broker_errors() -> _Translating:
+def broker_errors(name: str | None = None) -> _Translating:
     """A context manager re-raising a client-library exception as ours (:data:`ERROR_MAP`).
 
+    ``name``: the queue or exchange the calls inside are about; pamqp's ``ValueError``
+    refusing it becomes :class:`~amqpjobs.errors.UnaddressableNameError` naming it.
     Anything else (ours, ``TimeoutError``, cancellation) passes through unchanged.
     """
-    return _TRANSLATING
+    return _TRANSLATING if name is None else _Translating(name)
 
 
 def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str:

@@ -68,7 +68,7 @@ async def exchange_exists(connection: Connection, name: str) -> bool:
     """Whether exchange ``name`` exists (a passive declare on a throwaway channel)."""
     channel = await connection.channel(publisher_confirms=False)
     try:
-        with broker_errors():
+        with broker_errors(name):
             await channel.declare_exchange(name, passive=True)
         return True
     except NotFoundError:

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from starlette.testclient import TestClient
+
 from amqpjobs import JobContext, RetryPolicy
+from amqpjobs.console.app import create_app
+from amqpjobs.console.config import ConsoleConfig
 from amqpjobs.runtime.app import App
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth
 from tests.integration.worker_env import make_app, running_worker
 
+#: The test client's base URL and the console's CSRF token (fixed for the tests).
+BASE = "http://127.0.0.1:8480"
+CSRF = "test-csrf-token-0123456789"
 #: What the second group's payload and error message carry: it must stay text on every page.
 SCRIPT = "<script>alert('xss')</script><img src=x onerror=alert(2)>"
 
@@ -61,3 +69,32 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def client(broker: BrokerSettings, tmp_path: Path, **kw: Any) -> TestClient:
+    """A test client of a console on ``broker`` (audit log ``tmp_path/audit.jsonl``; ``kw``: :class:`ConsoleConfig`)."""
+    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl", **kw)
+    return TestClient(create_app(config, csrf_token=CSRF), base_url=BASE, follow_redirects=False)
+
+
+def quarantine_six(broker: BrokerSettings, tmp_path: Path) -> Handler:
+    """6 real failures in work.quarantine: m-0, m-2, m-4 (ValueError in send), m-1, m-3, m-5 (KeyError in render)."""
+    handler = Handler()
+
+    async def fill() -> None:
+        app = await failing_app(broker, tmp_path, handler)
+        await quarantine_jobs(broker, app, 6)
+        await app.close()
+
+    asyncio.run(fill())
+    return handler
+
+
+def wait_done(c: TestClient, location: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Poll an action's progress (``location``: its page) until it is no longer running; its last progress."""
+    for _ in range(400):
+        progress: dict[str, Any] = c.get(location + ".json", headers=headers).json()
+        if progress["state"] != "running":
+            return progress
+        asyncio.run(asyncio.sleep(0.05))
+    raise AssertionError(f"still running: {progress}")

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 from starlette.testclient import TestClient
 
@@ -21,43 +22,28 @@ from amqpjobs.console.app import create_app
 from amqpjobs.console.config import PASSWORD_ENV, TOKEN_ENV, USER_ENV, ConsoleConfig, Credentials
 from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.console_env import Handler, failing_app, free_port, quarantine_jobs
-from tests.integration.helpers import cli, depth
+from tests.integration.console_env import (
+    BASE,
+    CSRF,
+    Handler,
+    client,
+    failing_app,
+    free_port,
+    quarantine_jobs,
+    quarantine_six,
+    wait_done,
+)
+from tests.integration.helpers import cli, depth, raw_channel
 from tests.integration.test_job_status import app_module
 from tests.integration.worker_env import running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
-BASE = "http://127.0.0.1:8480"
-CSRF = "test-csrf-token-0123456789"
-
-
-def client(broker: BrokerSettings, tmp_path: Path, **kw: Any) -> TestClient:
-    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl", **kw)
-    return TestClient(create_app(config, csrf_token=CSRF), base_url=BASE, follow_redirects=False)
-
 
 @pytest.fixture
 def quarantined(broker: BrokerSettings, tmp_path: Path) -> Handler:
-    """6 real failures in work.quarantine: m-0, m-2, m-4 (ValueError in send), m-1, m-3, m-5 (KeyError in render)."""
-    handler = Handler()
-
-    async def fill() -> None:
-        app = await failing_app(broker, tmp_path, handler)
-        await quarantine_jobs(broker, app, 6)
-        await app.close()
-
-    asyncio.run(fill())
-    return handler
-
-
-def wait_done(c: TestClient, location: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    for _ in range(400):
-        progress: dict[str, Any] = c.get(location + ".json", headers=headers).json()
-        if progress["state"] != "running":
-            return progress
-        asyncio.run(asyncio.sleep(0.05))
-    raise AssertionError(f"still running: {progress}")
+    """6 real failures in work.quarantine (:func:`~tests.integration.console_env.quarantine_six`)."""
+    return quarantine_six(broker, tmp_path)
 
 
 def test_a_foreign_host_header_is_refused_even_on_loopback(broker: BrokerSettings, tmp_path: Path, quarantined):
@@ -143,7 +129,7 @@ def test_beyond_loopback_the_cli_exits_2_without_credentials(broker: BrokerSetti
 
 
 def test_with_credentials_every_request_must_authenticate_and_no_page_shows_them(broker, tmp_path: Path, quarantined):
-    token, password = "tok-sekret-41f0", "pw-sekret-9a2c"
+    token, password = "tok-sekret-41f0-9b7c2e", "pw-sekret-9a2c"
     creds = Credentials(token=token, user="ops", password=password)
     with client(broker, tmp_path, host="10.1.2.3", credentials=creds) as c:
         anonymous = c.get("/", headers={"Host": "10.1.2.3:8480"})
@@ -182,7 +168,7 @@ def test_a_script_in_payload_and_error_is_text_on_every_page(broker: BrokerSetti
         assert "&lt;script&gt;alert(" in text
     assert "&lt;img src=x onerror=alert(2)&gt;" in message  # in the payload, the error and the traceback
     assert message.count("<script") == 1  # the console's own, from /static
-    assert re.search(r'<script src="http://127\.0\.0\.1:8480/static/console\.js" defer></script>', message)
+    assert '<script src="/static/console.js" defer></script>' in message
 
 
 def test_the_message_page_shows_evidence_traceback_payload_and_headers(broker, tmp_path: Path, quarantined):
@@ -320,6 +306,59 @@ def test_a_broker_down_is_a_503_naming_it_without_credentials(tmp_path: Path):
     with client(down, tmp_path) as c:
         page = c.get("/")
         fragment = c.get("/fragments/overview")
-    assert (page.status_code, fragment.status_code) == (503, 503)
+        one = c.get("/message", params={"queue": "work.quarantine", "id": "m-1"})
+    assert (page.status_code, fragment.status_code, one.status_code) == (503, 503, 503)
     assert f"127.0.0.1:{port}" in page.text
-    assert "pw-sekret" not in page.text + fragment.text
+    assert f"127.0.0.1:{port}" in one.text
+    assert "pw-sekret" not in page.text + fragment.text + one.text
+
+
+def test_the_unknown_option_is_selected_only_when_chosen(broker: BrokerSettings, tmp_path: Path, quarantined):
+    async def a_message_naming_no_job() -> None:
+        async with raw_channel(broker) as channel:
+            await channel.default_exchange.publish(aio_pika.Message(b"{}", message_id="stray-1"), "work.quarantine")
+
+    asyncio.run(a_message_naming_no_job())
+    with client(broker, tmp_path) as c:
+        unfiltered = c.get("/quarantine", params={"queue": "work.quarantine"})
+        unknown = c.get("/quarantine", params={"queue": "work.quarantine", "job": "(unknown)"})
+        mail = c.get("/quarantine", params={"queue": "work.quarantine", "job": "mail"})
+
+    def chosen(page: str) -> list[str]:
+        return re.findall(r'<option value="([^"]*)" selected>', page)
+
+    assert '<option value="(unknown)">(unknown)</option>' in unfiltered.text
+    assert chosen(unfiltered.text) == []  # no filter: "any" everywhere, nothing else selected
+    assert '<span id="matched">7</span>' in unfiltered.text
+    assert chosen(unknown.text) == ["(unknown)"]
+    assert '<span id="matched">1</span>' in unknown.text
+    assert re.findall(r'class="message-link"[^>]*>([^<]*)<', unknown.text) == ["stray-1"]
+    assert chosen(mail.text) == ["mail"]
+    assert '<span id="matched">6</span>' in mail.text
+
+
+@pytest.mark.parametrize("root", ["", "/jobs"])
+def test_every_url_is_root_relative_honoring_root_path(broker: BrokerSettings, tmp_path: Path, quarantined, root: str):
+    """Behind a TLS proxy (and under a path prefix, ``--root-path``) no link names a scheme or host."""
+    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl")
+    with TestClient(create_app(config, csrf_token=CSRF), base_url=BASE, root_path=root, follow_redirects=False) as c:
+        pages = [c.get(path, params=params).text for path, params in (
+            ("/", {}), ("/fragments/overview", {}), ("/quarantine", {"queue": "work.quarantine"}), ("/audit", {}),
+            ("/message", {"queue": "work.quarantine", "id": "m-1"}), ("/job", {"id": "m-1"}),
+        )]  # fmt: skip
+        started = c.post("/actions/park", data={"queue": "work.quarantine", "scope": "selected", "job_id": "m-1",
+                                                "csrf_token": CSRF})  # fmt: skip
+        location = started.headers["location"]
+        pages.append(c.get(location).text)
+        script = c.get(f"{root}/static/console.js")
+    assert re.fullmatch(rf"{root}/action/\w+", location), location
+    assert script.status_code == 200
+    assert f'<link rel="stylesheet" href="{root}/static/console.css">' in pages[0]
+    assert f'<script src="{root}/static/console.js" defer></script>' in pages[0]
+    assert f'<body data-root="{root}">' in pages[0]  # the script's fetches and event stream start there
+    for page in pages:
+        assert "http://" not in page
+        assert "https://" not in page
+        urls = re.findall(r'(?:href|src|action|formaction|data-refresh|data-poll)="([^"]*)"', page)
+        assert urls
+        assert [u for u in urls if not u.startswith((f"{root}/", "data:"))] == [], urls

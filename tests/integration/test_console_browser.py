@@ -13,6 +13,7 @@ message as PNGs there.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
 import shutil
 import subprocess
@@ -136,6 +137,8 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
         page.click("#replay-all")
         act()
         expect(page.locator("#state")).to_have_text("done", timeout=60_000)
+        seen["bar"] = page.eval_on_selector("#bar", "b => [b.value, b.max]")
+        seen["stop_buttons"] = page.locator("#stop").count()
         seen["phase"] = page.locator("#phase").inner_text()
         seen["moved"] = page.locator("#moved").inner_text()
         seen["summary"] = page.locator("#summary").inner_text()
@@ -180,6 +183,8 @@ async def test_the_operators_drill_in_a_real_browser(
     assert seen["evidence_error"] == "ValueError: bad address for mail 0"
     assert seen["traceback_has_send"]
     assert seen["phase"] == "rest"  # the canary passed
+    assert seen["bar"] == [10, 10]  # full: all 10 looked at (5 moved, 5 skipped), not moved / (moved + left)
+    assert seen["stop_buttons"] == 0  # gone once it ended
     assert seen["moved"] == "5"
     assert seen["summary"].startswith("replayed 5, skipped 5, left 5 in work.quarantine (")
     assert sorted(handler.succeeded) == ["m-0", "m-2", "m-4", "m-6", "m-8"]
@@ -197,3 +202,75 @@ async def test_the_operators_drill_in_a_real_browser(
     assert seen["audit_rows"] == 2
     assert seen["live_health"] == "healthy"  # the open overview refreshed itself: parked jobs are not unhealthy
     print(f"drill: {seen['actions']} actions, {seen['drill_seconds']:.1f} s")
+
+
+def watch_outage(browser_path: str, base: str) -> dict[str, str]:
+    """An overview left open while its refreshes fail (answered 503, as when the broker is down), then recover."""
+    from playwright.sync_api import expect, sync_playwright
+
+    seen: dict[str, str] = {}
+    expect.set_options(timeout=20_000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(base + "/")
+        live = page.locator("#live")
+        seen["before"] = live.inner_text()
+        page.route("**/fragments/overview", lambda route: route.fulfill(status=503, body="broker down"))
+        expect(live).to_contain_text("unreachable since")
+        seen["down"] = live.inner_text()
+        seen["down_class"] = page.locator("#overview").get_attribute("class") or ""
+        page.unroute("**/fragments/overview")
+        expect(live).not_to_contain_text("unreachable")
+        seen["after"] = live.inner_text()
+        seen["after_class"] = page.locator("#overview").get_attribute("class") or ""
+        browser.close()
+    return seen
+
+
+async def test_an_open_overview_says_stale_when_its_refreshes_fail(
+    broker: BrokerSettings, tmp_path: Path, chromium: str, console: str
+):
+    seen = await asyncio.to_thread(watch_outage, chromium, console)
+    assert seen["before"].startswith(("live", "polling")), seen
+    assert "the figures below are stale" in seen["down"], seen
+    assert "stale" in seen["down_class"].split()
+    assert seen["after"] == "polling (no outcome events exchange)", seen  # the test's vhost has no events exchange
+    assert "stale" not in seen["after_class"].split()
+
+
+def stop_a_replay(browser_path: str, base: str) -> dict[str, Any]:
+    """Replay the whole quarantine at 1 per second, press Stop after the first move: what the page says then."""
+    from playwright.sync_api import expect, sync_playwright
+
+    seen: dict[str, Any] = {}
+    expect.set_options(timeout=20_000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(base + "/quarantine?queue=work.quarantine")
+        page.fill('input[name="rate"]', "1")
+        page.fill('input[name="canary"]', "")
+        page.click("#replay-all")
+        expect(page.locator("#moved")).not_to_have_text("0")
+        page.click("#stop")
+        expect(page.locator("#state")).to_have_text("stopped")
+        for key in ("moved", "left", "summary"):
+            seen[key] = page.locator(f"#{key}").inner_text()
+        seen["stop_buttons"] = page.locator("#stop").count()
+        browser.close()
+    return seen
+
+
+async def test_stop_a_replay_from_its_page(broker: BrokerSettings, tmp_path: Path, chromium: str, console: str):
+    app = await failing_app(broker, tmp_path, Handler())
+    await quarantine_jobs(broker, app, 6)
+    await app.close()
+    seen = await asyncio.to_thread(stop_a_replay, chromium, console)
+    moved = int(seen["moved"])
+    assert 1 <= moved < 6, seen
+    assert int(seen["left"]) == 6 - moved
+    assert seen["summary"].startswith(f"stopped by {getpass.getuser()} (local): moved {moved}, skipped 0, "), seen
+    assert seen["stop_buttons"] == 0
+    assert await depth(broker, "work.quarantine") == 6 - moved
+    assert await depth(broker, "work") == moved

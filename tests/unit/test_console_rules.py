@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from starlette.datastructures import QueryParams
 
+from amqpjobs.console.audit import AuditEntry, AuditLog
 from amqpjobs.console.config import (
     PASSWORD_ENV,
     TOKEN_ENV,
@@ -16,8 +19,10 @@ from amqpjobs.console.config import (
     credentials_from_env,
     is_loopback,
 )
+from amqpjobs.console.forms import filter_options, selection_of
 from amqpjobs.console.security import host_name
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.wire.settings import broker_settings
 
 HOSTS = [
@@ -49,15 +54,17 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 def test_credentials_from_env_and_the_bind_rule(tmp_path: Path) -> None:
     broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
     assert credentials_from_env({}) == Credentials()
-    assert credentials_from_env({TOKEN_ENV: "t"}).required
+    assert credentials_from_env({TOKEN_ENV: "t" * 16}).required
     assert credentials_from_env({USER_ENV: "u", PASSWORD_ENV: "p"}).required
     with pytest.raises(ConfigurationError, match=f"set both {USER_ENV} and {PASSWORD_ENV}"):
         credentials_from_env({USER_ENV: "u"})
-    assert "sekret" not in repr(Credentials(token="sekret", user="u", password="sekret"))
+    assert "sekret" not in repr(Credentials(token="sekret-0123456789", user="u", password="sekret"))
     check_bind(ConsoleConfig(broker, audit_path=tmp_path / "a"))  # loopback: no credentials needed
     with pytest.raises(ConfigurationError, match="not loopback"):
         check_bind(ConsoleConfig(broker, host="0.0.0.0", audit_path=tmp_path / "a"))
-    check_bind(ConsoleConfig(broker, host="0.0.0.0", credentials=Credentials(token="t"), audit_path=tmp_path / "a"))
+    check_bind(
+        ConsoleConfig(broker, host="0.0.0.0", credentials=Credentials(token="t" * 16), audit_path=tmp_path / "a")
+    )
 
 
 def test_host_names_allowed() -> None:
@@ -66,3 +73,61 @@ def test_host_names_allowed() -> None:
     wildcard = ConsoleConfig(broker, host="0.0.0.0", allowed_hosts=("Jobs.Example.com",))
     assert wildcard.host_names() == {"127.0.0.1", "localhost", "::1", "jobs.example.com"}
     assert ConsoleConfig(broker, host="10.0.0.5").host_names() == {"127.0.0.1", "localhost", "::1", "10.0.0.5"}
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_the_audit_log_refuses_a_number_json_has_not(tmp_path: Path, number: float) -> None:
+    """NaN and Infinity are no JSON (RFC 8259 section 6): a line holding one is refused, not written."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.append(AuditEntry("2026-11-30T00:00:00.000Z", "ops", "127.0.0.1", "replay", "q", {"rate": 1.5}, "ok", "s"))
+    with pytest.raises(ValueError, match="JSON compliant"):
+        log.append(AuditEntry("2026-11-30T00:00:01.000Z", "ops", "::1", "replay", "q", {"rate": number}, "ok", ""))
+    (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert json.loads(line)["params"] == {"rate": 1.5}
+
+
+def test_filter_options_select_the_unknown_one_only_when_it_is_chosen() -> None:
+    """A job (or reason) present as "" is the "(unknown)" option; no filter chosen selects none of them."""
+    present = ["", "mail"]
+    assert filter_options(present, "") == [("(unknown)", "(unknown)", False), ("mail", "mail", False)]
+    assert filter_options(present, "(unknown)") == [("(unknown)", "(unknown)", True), ("mail", "mail", False)]
+    assert filter_options(present, "mail") == [("(unknown)", "(unknown)", False), ("mail", "mail", True)]
+    query = QueryParams({"job": "(unknown)", "reason": "exhausted", "search": "(unknown)"})
+    assert selection_of(query) == Selection(job="", reason="exhausted", search="(unknown)")
+    assert selection_of(QueryParams({"job": ""})) == Selection()
+
+
+MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe())'"
+BAD_TOKENS = [
+    pytest.param("", "is set but blank", id="empty"),
+    pytest.param("   ", "is set but blank", id="blank"),
+    pytest.param("hunter2", "is 7 characters: give one of at least 16", id="short"),
+    pytest.param("x" * 15, "is 15 characters: give one of at least 16", id="one-short"),
+    pytest.param("0123456789abcdef\n", "holds whitespace", id="newline-from-a-file"),
+]
+
+
+@pytest.mark.parametrize(("token", "why"), BAD_TOKENS)
+def test_a_blank_or_short_token_is_refused_saying_how_to_make_one(token: str, why: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        credentials_from_env({TOKEN_ENV: token})
+    assert f"{TOKEN_ENV} {why}" in str(refused.value)
+    assert MAKE_ONE in str(refused.value)
+    assert token.strip() == "" or token.strip() not in str(refused.value)  # the secret is never repeated
+    with pytest.raises(ConfigurationError, match=r"at least 16|blank|whitespace"):
+        Credentials(token=token)  # the rule holds for the Python API too
+    assert credentials_from_env({TOKEN_ENV: "x" * 16}).token == "x" * 16
+
+
+@pytest.mark.parametrize(
+    ("root_path", "ok"),
+    [("", True), ("/jobs", True), ("/ops/jobs-2", True), ("jobs", False), ("/jobs/", False), ("/", False),
+     ("/a b", False), ('/x"onload=', False), ("//evil.example", False)],
+)  # fmt: skip
+def test_a_root_path_is_a_plain_url_path(root_path: str, ok: bool) -> None:
+    broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
+    if ok:
+        assert ConsoleConfig(broker, root_path=root_path).root_path == root_path
+    else:
+        with pytest.raises(ConfigurationError, match="is not a path like /jobs"):
+            ConsoleConfig(broker, root_path=root_path)

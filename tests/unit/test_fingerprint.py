@@ -24,17 +24,18 @@ TB_PACKAGE_INIT = '  File "/srv/app/billing/__init__.py", line 3, in charge\nKey
 TB_WINDOWS = '  File "C:\\\\app\\\\billing\\\\mail.py", line 4, in send\n'
 TB_CHAINED = TB_MAIL + "\nDuring handling of the above exception, another exception occurred:\n\n" + TB_PACKAGE_INIT
 
+RUN = "amqpjobs.runtime.deliveries:run_handler"
 FINGERPRINTS = [
     pytest.param("builtins.ValueError", TB_MAIL, "exhausted",
-                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send", id="frames"),
+                 f"builtins.ValueError @ {RUN} > billing.mail:send", id="frames"),
     pytest.param("builtins.ValueError", TB_MAIL_MOVED, "exhausted",
-                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send", id="no-line-numbers"),
+                 f"builtins.ValueError @ {RUN} > billing.mail:send", id="no-line-numbers"),
     pytest.param("builtins.ValueError", TB_OTHER_PATH, "exhausted",
-                 "builtins.ValueError @ runtime.deliveries:run_handler > billing.mail:send_later", id="other-function"),
+                 f"builtins.ValueError @ {RUN} > billing.mail:send_later", id="other-function"),
     pytest.param("KeyError", TB_PACKAGE_INIT, "permanent", "KeyError @ billing:charge", id="package-init"),
     pytest.param("OSError", TB_WINDOWS, "exhausted", "OSError @ billing.mail:send", id="windows-path"),
     pytest.param("KeyError", TB_CHAINED, "exhausted",
-                 "KeyError @ runtime.deliveries:run_handler > billing.mail:send > billing:charge", id="chained"),
+                 f"KeyError @ {RUN} > billing.mail:send > billing:charge", id="chained"),
     pytest.param("amqpjobs.Reject", "", "rejected", "amqpjobs.Reject", id="no-traceback"),
     pytest.param("", "", "x-death:expired", "x-death: expired", id="broker-expired"),
     pytest.param("", "", "x-death:delivery_limit", "x-death: delivery_limit", id="broker-delivery-limit"),
@@ -48,7 +49,7 @@ def test_stack_fingerprint(error_type: str, traceback: str, reason: str, expecte
 
 
 def test_frames_keep_the_order_outermost_first() -> None:
-    assert frames(TB_MAIL) == ["runtime.deliveries:run_handler", "billing.mail:send"]
+    assert frames(TB_MAIL) == ["amqpjobs.runtime.deliveries:run_handler", "billing.mail:send"]
     assert frames("no traceback here") == []
 
 
@@ -75,11 +76,11 @@ def test_failure_groups_count_and_span_each_code_path() -> None:
     groups = failure_groups(items)
     rows = [(g.job, g.reason, g.count, g.fingerprint.split(" @ ")[-1], g.first_failure, g.last_failure) for g in groups]
     assert rows == [
-        ("mail", "exhausted", 2, "runtime.deliveries:run_handler > billing.mail:send", T1, T2),
-        ("mail", "exhausted", 1, "runtime.deliveries:run_handler > billing.mail:send_later",
+        ("mail", "exhausted", 2, "amqpjobs.runtime.deliveries:run_handler > billing.mail:send", T1, T2),
+        ("mail", "exhausted", 1, "amqpjobs.runtime.deliveries:run_handler > billing.mail:send_later",
          datetime(2026, 11, 29, 8, 5, tzinfo=UTC), datetime(2026, 11, 29, 8, 10, tzinfo=UTC)),
         ("mail", "x-death:expired", 1, "x-death: expired", T1, T1),
-        ("sms", "exhausted", 1, "runtime.deliveries:run_handler > billing.mail:send",
+        ("sms", "exhausted", 1, "amqpjobs.runtime.deliveries:run_handler > billing.mail:send",
          datetime(2026, 11, 29, 8, 20, tzinfo=UTC), datetime(2026, 11, 29, 8, 20, tzinfo=UTC)),
     ]  # fmt: skip
     assert groups[0].sample == "builtins.ValueError in mail"
@@ -107,3 +108,42 @@ def test_selection_search_and_ids(chosen: Selection, expected: list[str]) -> Non
         describe(quarantined("sms", TB_MAIL, "2026-11-29T08:30:00Z", "2026-11-29T08:00:00Z"), "x-42", None),
     ]
     assert [i.job_id for i in items if chosen.matches(i)] == expected
+
+
+def _frame(path: str) -> str:
+    return f'Traceback (most recent call last):\n  File "{path}", line 7, in send\nValueError: x\n'
+
+
+RELEASES = [
+    pytest.param("/srv/app/releases/20261130/app.py", "/srv/app/releases/20261201/app.py", "app:send",
+                 id="timestamped-release-folder"),
+    pytest.param("/srv/app/releases/20261130120501/billing/mail.py", "/srv/app/releases/20261201093000/billing/mail.py",
+                 "billing.mail:send", id="timestamped-release-above-a-package"),
+    pytest.param("/opt/deploy/v1.4.2/app.py", "/opt/deploy/v1.5.0/app.py", "app:send", id="version-folder"),
+    pytest.param("/srv/builds/3f9a2c1e7b/app.py", "/srv/builds/a91c0d4e22/app.py", "app:send", id="git-sha-folder"),
+    pytest.param("/srv/r/2026-11-30_12-00/app.py", "/srv/r/2026-12-01_08-30/app.py", "app:send", id="dated-folder"),
+    pytest.param("/srv/releases/20261130/venv/lib/python3.11/site-packages/billing/mail.py",
+                 "/srv/releases/20261201/venv/lib/python3.12/site-packages/billing/mail.py",
+                 "billing.mail:send", id="site-packages-in-a-release"),
+    pytest.param("/usr/lib/python3/dist-packages/acme/billing/mail.py",
+                 "/home/ops/.venv/lib/python3.11/site-packages/acme/billing/mail.py",
+                 "acme.billing.mail:send", id="installed-module-named-in-full"),
+    pytest.param("/usr/lib/python3.11/socket.py", "/usr/local/lib/python3.12/socket.py", "socket:send",
+                 id="standard-library-of-another-python"),
+    pytest.param("C:\\deploy\\20261130\\app.py", "C:\\deploy\\20261201\\app.py", "app:send", id="windows-release"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("one", "other", "frame"), RELEASES)
+def test_a_release_or_install_folder_does_not_split_a_group(one: str, other: str, frame: str) -> None:
+    """Two paths differing only by the deploy (release) folder or install prefix: one fingerprint, one group."""
+    assert frames(_frame(one)) == frames(_frame(other)) == [frame]
+    assert stack_fingerprint("builtins.ValueError", _frame(one), "exhausted") == stack_fingerprint(
+        "builtins.ValueError", _frame(other), "exhausted"
+    )
+
+
+def test_package_folders_with_digits_are_kept() -> None:
+    """A package named with a few digits (``oauth2``, ``py3``) is code, not a release folder."""
+    assert frames(_frame("/srv/app/oauth2/client.py")) == ["oauth2.client:send"]
+    assert frames(_frame("/srv/app/api/v2.py")) == ["api.v2:send"]

@@ -106,3 +106,22 @@ def test_the_wire_implements_the_interface() -> None:
         for name in vars(proto):
             if not name.startswith("_"):
                 assert callable(getattr(cls, name)), (cls, name)
+
+
+@pytest.mark.parametrize("name", ["café.quarantine", "jobs(1)", "<x>", "a" * 257])
+def test_pamqps_refusal_of_a_name_becomes_ours_naming_the_queue(name: str):
+    from pamqp.commands import Queue
+
+    with pytest.raises(errors.UnaddressableNameError) as caught, broker_errors(name):
+        Queue.Declare(queue=name, passive=True)  # pamqp validates in the constructor
+    assert f"queue {name!r} can't be addressed by the AMQP client" in str(caught.value)
+    assert "rename it" in str(caught.value)
+    assert caught.value.name == name
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_an_unrelated_value_error_is_not_taken_for_a_name_refusal():
+    with pytest.raises(ValueError, match="Invalid value for queue-ish"), broker_errors("q"):
+        raise ValueError("Invalid value for queue-ish")
+    with pytest.raises(ValueError, match="ticket must be 0"), broker_errors("q"):
+        raise ValueError("ticket must be 0")

@@ -1,0 +1,171 @@
+"""The console's forms, read and checked: a bad value is refused naming its field and the fix.
+
+Every refusal is a :class:`FormError` (``<field>: <what to give> (got '<value>')``); the
+page that posted is shown again with it and with the values as typed (HTTP 400), so nothing
+has to be typed twice. Numbers must be finite: ``float()`` reads ``nan``, ``inf`` and
+``1e999`` (infinity), which no rate means and which JSON cannot hold (RFC 8259 section 6:
+the audit log would get a line no JSON reader takes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.topology.naming import queue_name_problem
+
+#: Filter fields of a quarantine page and of an action's form.
+FILTERS: Final = ("job", "error_type", "reason", "group", "search")
+#: The value of the "(unknown)" option of the job, reason and error type filters: the messages naming none.
+UNKNOWN: Final = "(unknown)"
+#: The filters chosen from a list of the values present (a select); their "(unknown)" option means "".
+LISTED: Final = ("job", "error_type", "reason")
+#: What an action's form says about the rate, the canary and its timeout when left empty.
+DEFAULTS: Final = {"rate": "10", "canary_timeout": "60s"}
+
+
+class FormError(ConfigurationError):
+    """A form field's value is refused.
+
+    Attributes:
+        field: The field's name (as in the form).
+
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def text_of(form: Any, name: str) -> str:
+    """The field ``name`` of ``form`` (a Starlette form or query string), stripped; "" when absent."""
+    return str(form.get(name) or "").strip()
+
+
+def positive_number(form: Any, name: str, default: str, meaning: str, example: str) -> float:
+    """The field ``name`` as a positive, finite float (``default`` when empty).
+
+    Args:
+        form: The submitted form.
+        name: The field.
+        default: Its value when left empty.
+        meaning: What the number counts, for the error (``messages per second``).
+        example: A good value, for the error (``10``).
+
+    Raises:
+        FormError: not a number, NaN, infinite, zero or negative.
+
+    """
+    text = text_of(form, name) or default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise FormError(name, f"give a positive, finite number of {meaning}, e.g. {example} (got {text!r})")
+    return value
+
+
+def queue_of(value: str | None) -> str:
+    """A quarantine or parked queue name as given.
+
+    Raises:
+        FormError: empty, or a name no queue can have (:func:`~amqpjobs.topology.naming.queue_name_problem`).
+
+    """
+    if not value:
+        raise FormError("queue", "give a quarantine or parked queue name")
+    if issue := queue_name_problem(value):
+        raise FormError("queue", issue)
+    return value
+
+
+def filter_options(present: Iterable[str], chosen: str) -> list[tuple[str, str, bool]]:
+    """(value, label, selected) of each option of a filter's select, after its "any" option (value "").
+
+    A value present as "" (a message naming no job) is the :data:`UNKNOWN` option, so that
+    "any" and "(unknown)" differ: one is selected only when it is exactly what was chosen,
+    none when no filter was (``chosen`` "").
+    """
+    return [(value or UNKNOWN, value or UNKNOWN, bool(chosen) and chosen == (value or UNKNOWN)) for value in present]
+
+
+def selection_of(values: Any) -> Selection:
+    """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked.
+
+    An empty field is no filter; :data:`UNKNOWN` in a listed filter (:data:`LISTED`) selects the messages naming none.
+    """
+    given: dict[str, str | None] = {k: text_of(values, k) or None for k in FILTERS}
+    for k in LISTED:
+        if given[k] == UNKNOWN:
+            given[k] = ""
+    ids = [i for i in values.getlist("job_id") if i]
+    return Selection(job=given["job"], error_type=given["error_type"], reason=given["reason"], group=given["group"],
+                     search=given["search"], job_ids=frozenset(ids) if ids else None)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ActionForm:
+    """An action's form, checked.
+
+    Attributes:
+        queue: The quarantine or parked queue.
+        chosen: The messages to act on (the filter; the checked ones for scope ``selected``).
+        params: What was asked, JSON-ready (shown on the progress page and audited).
+        rate: Replays per second (replay).
+        canary: K jobs first, None without (replay).
+        canary_timeout: Seconds to wait for the canaries' outcomes (replay).
+
+    """
+
+    queue: str
+    chosen: Selection
+    params: dict[str, Any] = field(default_factory=dict)
+    rate: float = 10.0
+    canary: int | None = None
+    canary_timeout: float = 60.0
+
+
+def action_form(kind: str, form: Any) -> ActionForm:
+    """Read the form of action ``kind`` (``replay``, ``park``, ``purge``).
+
+    Raises:
+        FormError: the first bad field: the queue, the scope (``all`` or ``selected`` with
+            some checked), the rate, canary or canary timeout (replay), or the queue's name
+            not typed out (purge).
+
+    """
+    queue = queue_of(text_of(form, "queue"))
+    chosen = selection_of(form)
+    scope = text_of(form, "scope") or "all"
+    if scope == "all":  # every message matching the filter, whatever is checked
+        chosen = replace(chosen, job_ids=None)
+    elif scope != "selected":
+        raise FormError("scope", f"give all (every message matching the filter) or selected (the checked ones) "
+                                 f"(got {scope!r})")  # fmt: skip
+    elif chosen.job_ids is None:
+        raise FormError("job_id", "no message checked: check some, or use the 'all matching' button")
+    params: dict[str, Any] = {k: text_of(form, k) for k in FILTERS if text_of(form, k)}
+    if chosen.job_ids is not None:
+        params["job_ids"] = sorted(chosen.job_ids)
+    if kind == "purge" and (typed := text_of(form, "confirm")) != queue:
+        raise FormError("confirm", f"type the queue's name, {queue}, to purge it (got {typed!r})")
+    if kind != "replay":
+        return ActionForm(queue, chosen, params)
+    rate = positive_number(form, "rate", DEFAULTS["rate"], "messages per second", "10")
+    canary_text = text_of(form, "canary")
+    canary = int(canary_text) if canary_text.isdigit() and canary_text.isascii() else None
+    if canary_text and (canary is None or canary < 1):
+        raise FormError("canary", f"give a whole number of jobs, at least 1, or leave it empty (got {canary_text!r})")
+    timeout_text = text_of(form, "canary_timeout") or DEFAULTS["canary_timeout"]
+    try:
+        timeout = parse_duration(timeout_text)
+    except ValueError:
+        raise FormError("canary_timeout", f"give a duration such as 30s, 2m or 1m30s (got {timeout_text!r})") from None
+    params.update(rate=rate, canary=canary, canary_timeout=timeout)
+    return ActionForm(queue, chosen, params, rate, canary, timeout)
