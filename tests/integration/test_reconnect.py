@@ -83,7 +83,7 @@ async def poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
     return value
 
 
-@pytest.mark.serial  # asserts a wall-clock bound (ready < 3 s after the cut ends): 4.1 s beside 3 other test processes on 4.3
+@pytest.mark.serial  # a wall-clock bound (ready < 3 s after the cut): 4.1 s beside 3 other test processes on 4.3
 async def test_readyz_503_while_reconnecting_then_consumes_again(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
