@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
@@ -145,6 +146,25 @@ def _rate(stats: dict[str, Any], key: str) -> float:
     return float(details.get("rate", 0.0) or 0.0)
 
 
+def _gets(queue: dict[str, Any]) -> float:
+    """basic.get per second on ``queue`` (management API; a sharded job queue's idle worker polls each shard)."""
+    return sum(_rate(queue.get("message_stats") or {}, k) for k in _GET_KEYS)
+
+
+def unread_queues(settings: BrokerSettings, names: list[str]) -> list[str]:
+    """Those of ``names`` that exist and that no worker takes from: no consumer, no basic.get in the last seconds.
+
+    From the management API (its figures lag by the statistics interval, 5 s by default).
+    Best effort: an API that can't be reached finds none.
+    """
+    try:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+    except (BrokerUnavailableError, ManagementApiError):
+        return []
+    return [n for n in names if n in live and not live[n].get("consumers") and _gets(live[n]) == 0]
+
+
 async def collect(
     settings: BrokerSettings,
     layouts: list[JobQueueLayout] | None = None,
@@ -228,7 +248,7 @@ async def collect(
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
-            gets = sum(_rate(live.get(w.name, {}).get("message_stats") or {}, k) for k in _GET_KEYS)
+            gets = _gets(live.get(w.name, {}))
             if w.exists and w.consumers == 0 and not (sharded and gets > 0):
                 status.problems.append(
                     f"no worker takes from {w.name} (no consumer, no basic.get in the last seconds)"
