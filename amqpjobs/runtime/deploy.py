@@ -12,7 +12,8 @@ from typing import Any
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import BindingDecl
-from amqpjobs.topology.naming import parse_queue_name, shards_exchange_name
+from amqpjobs.topology.naming import shards_exchange_name
+from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
@@ -74,29 +75,9 @@ class PlanResult:
         ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
             f"it; {fix}"
-            for (name, messages), fix in zip(self.orphans, self._orphan_fixes(), strict=True)
-        ]
-
-    def _orphan_fixes(self) -> list[str]:
-        """What to do with each of :attr:`orphans`: a dropped tier empties itself, a dropped shard doesn't.
-
-        A tier queue keeps its ``x-message-ttl`` and dead-letter target, so when its work queue
-        is still declared its messages go back there (RabbitMQ "Dead Lettering", "Time-To-Live");
-        a dropped shard (and its tiers, which dead-letter into it) is read by nobody, with crc32
-        and modulus-hash routing alike.
-        """
-        declared = {q for lay in self.loaded.topology.layouts() for q in lay.work_queues}
-        parsed = [parse_queue_name(name) for name, _ in self.orphans]
-        wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
-        for p in parsed:
-            if p.shard is not None and p.work_queue not in declared:
-                wanted[p.job_queue] = max(wanted.get(p.job_queue, 0), p.shard + 1)
-        return [
-            f"its messages go back to {p.work_queue} when their delay ends (dead-lettering); delete it once empty"
-            if p.kind == "tier" and p.work_queue in declared
-            else "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or raise "
-            f"shards back to {wanted.get(p.job_queue, 1)} so workers read it again, then delete it"
-            for p in parsed
+            for (name, messages), fix in zip(
+                self.orphans, orphan_fixes(self.loaded.topology.layouts(), self.orphans), strict=True
+            )
         ]
 
     def apply_report(self, safe_url: str) -> list[str]:
@@ -111,12 +92,6 @@ class PlanResult:
         else:
             lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
         return lines
-
-
-def _orphan_of(name: str, job_queues: set[str]) -> bool:
-    """True when queue ``name`` is a shard or delay tier of one of ``job_queues`` (parsed exactly, not by prefix)."""
-    parsed = parse_queue_name(name)
-    return parsed.kind in ("shard", "tier") and parsed.job_queue in job_queues
 
 
 async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
@@ -153,9 +128,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         depths = {name: p.messages for name, p in (await probe_queues(settings, conflicting)).items()}
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
-    wanted = {d.name for d in desired if d.kind == "queue"}
-    ours = {jq.name for jq in loaded.topology.job_queues}
-    stray = [o.name for o in live if o.kind == "queue" and o.name not in wanted and _orphan_of(o.name, ours)]
+    stray = orphan_queues(loaded.topology.layouts(), [o.name for o in live if o.kind == "queue"])
     orphans: tuple[tuple[str, int], ...] = ()
     if stray:
         probes = await probe_queues(settings, stray)

@@ -30,6 +30,7 @@ from amqpjobs.topology.naming import (
     quarantine_queue_name,
     suspects_queue_name,
 )
+from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -165,6 +166,23 @@ def unread_queues(settings: BrokerSettings, names: list[str]) -> list[str]:
     return [n for n in names if n in live and not live[n].get("consumers") and _gets(live[n]) == 0]
 
 
+def _dropped_problems(layouts: list[JobQueueLayout], job_queue: str, dropped: list[QueueStatus]) -> list[str]:
+    """A problem per queue of ``dropped`` of ``job_queue`` that holds jobs no worker reads (a shard it no longer has).
+
+    The orphans of ``topology plan`` (:mod:`amqpjobs.topology.orphans`), with the same fix.
+    """
+    mine = [q for q in dropped if parse_queue_name(q.name).job_queue == job_queue and q.exists and q.ready]
+    waiting = [q for q in mine if unread(layouts, q.name)]
+    fixes = orphan_fixes(layouts, [(q.name, q.ready) for q in waiting])
+    shards = len(next((lay.work_queues for lay in layouts if lay.name == job_queue), ()))
+    return [
+        f"queue {q.name} holds {q.ready} message(s)"
+        + ("" if q.oldest_age is None else f" (oldest {q.oldest_age:.0f}s)")
+        + f" but is not in the topology (shards = {shards}): no worker reads it; {fix}"
+        for q, fix in zip(waiting, fixes, strict=True)
+    ]
+
+
 async def collect(
     settings: BrokerSettings,
     layouts: list[JobQueueLayout] | None = None,
@@ -176,8 +194,9 @@ async def collect(
     Parked jobs (``<job queue>.parked``) and a parked queue not declared yet are notes, not
     problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
-    to the quarantine queue: dead-letters and quarantine copies would be dropped), or an
-    oldest-message age exceeds ``max_age`` seconds.
+    to the quarantine queue: dead-letters and quarantine copies would be dropped), an
+    oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
+    longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
@@ -194,7 +213,8 @@ async def collect(
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
     looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
-    exact = await probe_queues(settings, looks)
+    dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
+    exact = await probe_queues(settings, looks + dropped)
     now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
@@ -257,6 +277,7 @@ async def collect(
                 )
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
+        status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(

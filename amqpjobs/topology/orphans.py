@@ -13,18 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from amqpjobs.topology.models import JobQueueLayout, Topology
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 
 
-def orphan_queues(topology: Topology, live_queues: Iterable[str]) -> list[str]:
-    """The live queues named like a shard or delay tier of a job queue of ``topology`` that it does not declare.
+def orphan_queues(layouts: Iterable[JobQueueLayout], live_queues: Iterable[str]) -> list[str]:
+    """The live queues named like a shard or delay tier of a job queue of ``layouts`` that they do not declare.
 
     Parsed exactly by the naming scheme (:func:`~amqpjobs.topology.naming.parse_queue_name`),
     not by prefix; sorted by name.
     """
-    declared = {q.name for q in topology.declarations().queues}
-    ours = {jq.name for jq in topology.job_queues}
+    layouts = tuple(layouts)
+    declared = {q for lay in layouts for w in lay.work_queues for q in (w, *lay.tier_queues[w])}
+    ours = {lay.name for lay in layouts}
     orphans = []
     for name in live_queues:
         parsed = parse_queue_name(name)
@@ -33,30 +34,28 @@ def orphan_queues(topology: Topology, live_queues: Iterable[str]) -> list[str]:
     return sorted(orphans)
 
 
-def unread(topology: Topology, name: str) -> bool:
+def unread(layouts: Iterable[JobQueueLayout], name: str) -> bool:
     """True when orphan ``name`` is a dropped shard or a tier of one: its jobs wait for ever (no worker reads it)."""
-    declared = {q for lay in topology.layouts() for q in lay.work_queues}
-    return parse_queue_name(name).work_queue not in declared
+    return parse_queue_name(name).work_queue not in {q for lay in layouts for q in lay.work_queues}
 
 
-def orphan_fixes(topology: Topology, orphans: list[tuple[str, int]]) -> list[str]:
+def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str, int]]) -> list[str]:
     """What to do with each of ``orphans`` ((name, messages) from :func:`orphan_queues`), in order.
 
-    An empty one: delete it. A dropped tier of a declared work queue: its messages go back
+    A dropped tier of a declared work queue: its messages go back
     there when their delay ends. A dropped shard (or its tier): drain it, or raise ``shards``
     back to the count that brings back every dropped shard of its job queue.
     """
+    layouts, orphans = tuple(layouts), tuple(orphans)
     wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
     for name, _ in orphans:
         parsed = parse_queue_name(name)
-        if parsed.shard is not None and unread(topology, name):
+        if parsed.shard is not None and unread(layouts, name):
             wanted[parsed.job_queue] = max(wanted.get(parsed.job_queue, 0), parsed.shard + 1)
     fixes = []
-    for name, messages in orphans:
+    for name, _messages in orphans:
         parsed = parse_queue_name(name)
-        if not messages:
-            fixes.append("it is empty: delete it (nothing reads it)")
-        elif not unread(topology, name):
+        if not unread(layouts, name):
             fixes.append(
                 f"its messages go back to {parsed.work_queue} when their delay ends (dead-lettering); delete it once "
                 "empty"
