@@ -20,7 +20,7 @@ from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declare, probe_queues, unbind
 from amqpjobs.wire.definitions import export_definitions
-from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.management import ManagementClient, delete_exchange_command
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.topology")
@@ -46,6 +46,8 @@ class PlanResult:
             longer routes by modulus-hash, with their binding counts.
         no_majority: RabbitMQ 4.3+: why ``topology apply`` would be refused now (no Raft
             majority, :func:`require_majority`), else ``""``.
+        settings: The broker planned against (the commands the report names use its
+            management API and vhost).
 
     """
 
@@ -57,6 +59,7 @@ class PlanResult:
     routing_notes: tuple[str, ...] = ()
     orphan_exchanges: tuple[tuple[str, int], ...] = ()
     no_majority: str = ""
+    settings: BrokerSettings | None = None
 
     def removal_report(self, done: bool = False) -> list[str]:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
@@ -70,7 +73,7 @@ class PlanResult:
             f"ORPHAN    exchange {name} ({bound} binding(s)): shard_routing is no longer modulus-hash, but the "
             "broker still routes what is published to it, by its own hash, so a publisher still using it splits "
             "tenants between shards; move publishers to the job queue's exchange (crc32 routing keys), then "
-            f"delete it: rabbitmqctl delete_exchange {name} -p <vhost>"
+            f"delete it: {delete_exchange_command(self.settings, name) if self.settings else name}"
             for name, bound in self.orphan_exchanges
         ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
@@ -142,7 +145,9 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         no_majority = f"{exc}: apply would fail now"
     live_names = {o.name for o in live if o.kind == "exchange"}
     notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
-    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority)
+    return PlanResult(
+        loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority, settings
+    )
 
 
 def _routing_changes(
