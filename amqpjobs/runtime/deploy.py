@@ -153,13 +153,21 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
 def _routing_changes(
     loaded: LoadedTopology, exchanges: set[str], queues: set[str], bindings: list[dict[str, Any]]
 ) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away."""
+    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away.
+
+    A switch to modulus-hash is told by what routes now: an applied sharded job queue whose
+    ``<name>.shards`` is missing or bound to none of its shards (a leftover exchange routes
+    nothing: publishers used crc32).
+    """
     notes: list[str] = []
     left: list[tuple[str, int]] = []
     for lay in loaded.topology.layouts():
         name = shards_exchange_name(lay.name)
         applied = any(q in queues for q in lay.work_queues) and len(lay.work_queues) > 1
-        if lay.shards_exchange is not None and name not in exchanges and applied:
+        # what routes now: a <name>.shards bound to none of the shards (missing, or left from an earlier
+        # modulus-hash time with its bindings gone) routes nothing, so publishers pick by crc32
+        routing = any(b["source"] == name and b["destination"] in lay.work_queues for b in bindings)
+        if lay.shards_exchange is not None and not routing and applied:
             notes.append(
                 f"{lay.name}: shard_routing changes from crc32 to modulus-hash: most tenants move to another shard, "
                 "so a tenant's jobs already queued may run alongside or after its new ones (per-tenant order "

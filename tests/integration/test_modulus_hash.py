@@ -23,7 +23,7 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli_subprocess, depth
+from tests.integration.helpers import cli_subprocess, depth, raw_channel
 from tests.integration.worker_env import Recorder
 
 pytestmark = pytest.mark.broker
@@ -207,3 +207,24 @@ async def test_a_missing_exchange_merely_named_like_shards_is_told_to_apply_not_
     finally:
         await app.close()
     assert str(raised.value) == "exchange 'orders.shards' does not exist: apply the topology (amqpjobs topology apply)"
+
+
+async def test_switching_to_modulus_hash_warns_also_when_a_left_shards_exchange_routes_nothing(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version < (4, 3):
+        pytest.skip("x-modulus-hash is in core from RabbitMQ 4.3")
+    modulus = tmp_path / "modulus.toml"
+    modulus.write_text(TOPOLOGY)
+    crc32 = tmp_path / "crc32.toml"
+    crc32.write_text(TOPOLOGY.replace('shard_routing = "modulus-hash"\n', ""))
+    await apply_topology(crc32, broker)
+    async with raw_channel(broker) as ch:  # left from an earlier modulus-hash time, its bindings gone
+        await ch.declare_exchange("tenants.shards", "x-modulus-hash", durable=True)
+    plan = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert plan.returncode == 0, plan.stderr
+    assert "create    binding  tenants.shards -> tenants.shard-0" in plan.stdout, plan.stdout
+    assert "warning: tenants: shard_routing changes from crc32 to modulus-hash" in plan.stderr, plan.stderr
+    await apply_topology(modulus, broker)
+    again = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert "shard_routing changes" not in again.stderr, again.stderr  # routing by it now: nothing to warn about
