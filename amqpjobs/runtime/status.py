@@ -15,10 +15,12 @@ timestamp: their age shows as unknown.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from logging import Logger
 from typing import Any
 
-from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
+from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
@@ -181,6 +183,32 @@ def _dropped_problems(layouts: list[JobQueueLayout], job_queue: str, dropped: li
         + f" but is not in the topology (shards = {shards}): no worker reads it; {fix}"
         for q, fix in zip(waiting, fixes, strict=True)
     ]
+
+
+async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQueueLayout], log: Logger) -> None:
+    """Warn (``log``) per job queue of ``layouts`` whose dropped shards (``shards`` lowered) hold jobs.
+
+    A worker's start: the live queue names from the management API (as ``topology plan``),
+    then a passive declare of each orphan only (exact depths). Best effort: without the
+    management API nothing is said (``amqpjobs status`` and ``topology plan`` still tell).
+    """
+    layouts = list(layouts)
+    try:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            live = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+        names = [n for n in orphan_queues(layouts, live) if unread(layouts, n)]
+        depths = await probe_queues(settings, names) if names else {}
+    except AmqpJobsError as exc:  # best effort: no reason to refuse a start
+        log.debug("dropped shards not checked (%s)", exc)
+        return
+    for lay in layouts:
+        held = [(n, depths[n].messages) for n in names if n in depths and depths[n].messages]
+        held = [(n, m) for n, m in held if parse_queue_name(n).job_queue == lay.name]
+        if held:
+            log.warning(
+                "dropped shard(s) of %s hold jobs no worker reads: %s; %s (topology plan lists them as ORPHAN)",
+                lay.name, ", ".join(f"{n} ({m} message(s))" for n, m in held), orphan_fixes(layouts, held)[0],
+            )  # fmt: skip
 
 
 async def collect(
