@@ -61,6 +61,16 @@ class PlanResult:
     no_majority: str = ""
     settings: BrokerSettings | None = None
 
+    def plan_report(self) -> str:
+        """:meth:`~amqpjobs.topology.plan.Plan.report`, its summary also counting the bindings to remove."""
+        text = self.plan.report()
+        if not self.stray_bindings:
+            return text
+        head, _, summary = text.rpartition("\n")
+        create, sep, rest = summary.partition(" to create, ")
+        summary = f"{create}{sep}{len(self.stray_bindings)} binding(s) to remove, {rest}" if sep else summary
+        return f"{head}\n{summary}" if head else summary
+
     def removal_report(self, done: bool = False) -> list[str]:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
         verb = "removed" if done else "remove"

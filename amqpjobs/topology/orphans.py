@@ -42,7 +42,7 @@ def unread(layouts: Iterable[JobQueueLayout], name: str) -> bool:
 def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str, int]]) -> list[str]:
     """What to do with each of ``orphans`` ((name, messages) from :func:`orphan_queues`), in order.
 
-    A dropped tier of a declared work queue: its messages go back
+    An empty one: delete it. A dropped tier of a declared work queue: its messages go back
     there when their delay ends. A dropped shard (or its tier): drain it, or raise ``shards``
     back to the count that brings back every dropped shard of its job queue.
     """
@@ -53,9 +53,11 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
         if parsed.shard is not None and unread(layouts, name):
             wanted[parsed.job_queue] = max(wanted.get(parsed.job_queue, 0), parsed.shard + 1)
     fixes = []
-    for name, _messages in orphans:
+    for name, messages in orphans:
         parsed = parse_queue_name(name)
-        if not unread(layouts, name):
+        if not messages:
+            fixes.append("it is empty: delete it (nothing routes there any more)")
+        elif not unread(layouts, name):
             fixes.append(
                 f"its messages go back to {parsed.work_queue} when their delay ends (dead-lettering); delete it once "
                 "empty"
