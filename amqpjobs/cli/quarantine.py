@@ -42,7 +42,10 @@ from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
 from amqpjobs.runtime.replay import replay
+from amqpjobs.runtime.status import unread_queues
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.wire.settings import BrokerSettings
 
 
 @main.group()
@@ -238,7 +241,7 @@ def replay_command(
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
-        job_queues=_job_queues(app_ref, to),
+        job_queues=_job_queues(app_ref, to), layouts=_layouts(app_ref),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
     phases = phase_reporter(canary, options.canary_timeout)
@@ -273,6 +276,25 @@ def replay_command(
             sys.exit(stopped)
         phases(report)  # "canary passed" when every job was a canary
         _replay_end(report, census, options, canary, stop_after_failures, interactive)
+        if options.layouts is None and options.to is None:
+            _warn_unread(broker, report)
+
+
+def _layouts(app_ref: str | None) -> dict[str, JobQueueLayout] | None:
+    """Job queue -> its current layout from ``--app`` (replay re-routes jobs of dropped shards), else None."""
+    return None if app_ref is None else {lay.name: lay for lay in load_app(app_ref).topology().layouts()}
+
+
+def _warn_unread(broker: BrokerSettings, report: ReplayReport) -> None:
+    """Without ``--app``: warn about shard targets no worker takes from (maybe dropped by lowering ``shards``)."""
+    shards = sorted({t for _, t in report.moves if parse_queue_name(t).kind == "shard"})
+    for name in unread_queues(broker, shards) if shards else []:
+        click.echo(
+            f"warning: {printable(name)}: no worker takes from it (no consumer, no basic.get in the last seconds); "
+            "if shards was lowered it is a dropped shard and jobs replayed there wait for ever: give --app "
+            "MODULE:APP so replay re-routes jobs of dropped shards by the current shard rule",
+            err=True,
+        )
 
 
 def _job_queues(app_ref: str | None, to: str | None) -> dict[str, str] | None:
@@ -298,7 +320,8 @@ def _replay_end(
     echo_no_match(census, options.selection)
     if options.dry_run:
         for job_id, target in report.moves:
-            click.echo(f"would replay {printable(job_id)} -> {printable(target)}")
+            why = f" ({report.rerouted[job_id]})" if job_id in report.rerouted else ""
+            click.echo(f"would replay {printable(job_id)} -> {printable(target)}{printable(why)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}")  # fmt: skip
         return

@@ -36,7 +36,7 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
     for warning in (*result.loaded.warnings, *result.routing_notes, *filter(None, [result.no_majority])):
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
-    click.echo(result.plan.report())
+    click.echo(result.plan_report())
     for line in result.removal_report():
         click.echo(line)
     for line in result.orphan_report():

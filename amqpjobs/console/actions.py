@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from amqpjobs.runtime.parking import TakeReport, park, purge_matching
 from amqpjobs.runtime.quarantine import queue_depth
 from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.results import ResultsStore
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Runs kept for their pages (the oldest finished ones go first).
@@ -123,8 +124,15 @@ class ActionRun:
 class Actions:
     """Starts actions, keeps their runs and stops them (one console process)."""
 
-    def __init__(self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None) -> None:
-        """``results``: the app's results store (``--app``): each moved job's new state is recorded there."""
+    def __init__(
+        self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None,
+        layouts: Mapping[str, JobQueueLayout] | None = None,
+    ) -> None:  # fmt: skip
+        """``results``: the app's results store (``--app``): each moved job's new state is recorded there.
+
+        ``layouts``: the app's job queue layouts (``--app``): a replay re-routes jobs of dropped shards.
+        """
+        self.layouts = layouts
         self.broker = broker
         self.audit = audit
         self.results = results
@@ -137,7 +145,8 @@ class Actions:
         """Start a replay of ``queue``'s messages matching ``chosen`` at ``rate`` per second (a canary of K first)."""
         run = self._new("replay", queue, params, who, client)
         run.replay, run.canary = ReplayReport(queue=queue), canary
-        options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout)
+        options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout,
+                                layouts=self.layouts)  # fmt: skip
 
         async def go() -> str:
             assert run.replay is not None

@@ -63,7 +63,8 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     audit = AuditLog(config.audit_path)
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
-    actions = Actions(config.broker, audit, app.results if app is not None else None)
+    layouts = {lay.name: lay for lay in app.topology().layouts()} if app is not None else None
+    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
 

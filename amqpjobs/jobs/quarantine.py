@@ -22,6 +22,7 @@ from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 from amqpjobs.text import as_text
+from amqpjobs.topology.models import JobQueueLayout
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -358,6 +359,10 @@ class ReplayOptions:
         canary_timeout: Seconds to wait for the canaries' outcomes.
         job_queues: Job name -> the job queue whose workers handle it (from the app), to
             refuse a ``to`` whose workers would not handle the jobs moved; None: unknown.
+        layouts: Job queue -> its current layout (from the app): a job of a shard no longer in
+            the topology (``shards`` lowered) goes by the current shard rule
+            (:func:`~amqpjobs.topology.orphans.replay_route`); None: unknown, each goes back
+            to the queue it failed on.
 
     """
 
@@ -370,6 +375,7 @@ class ReplayOptions:
     canary: int | None = None
     canary_timeout: float = 60.0
     job_queues: Mapping[str, str] | None = None
+    layouts: Mapping[str, JobQueueLayout] | None = None
 
 
 @dataclass
@@ -386,6 +392,7 @@ class ReplayReport:
         stopped_early: True when ``stop_after_failures`` stopped the run.
         elapsed: Seconds from the first to the last move.
         moves: (job id, target queue) of each move done, once acked (on a dry run: each planned move).
+        rerouted: Job id -> why it went elsewhere than the queue it failed on (a dropped shard).
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
         canary_failures: One line per canary that did not succeed (the run stopped then).
@@ -403,6 +410,7 @@ class ReplayReport:
     stopped_early: bool = False
     elapsed: float = 0.0
     moves: list[tuple[str, str]] = field(default_factory=list)
+    rerouted: dict[str, str] = field(default_factory=dict)
     phase: str = ""
     canary_failures: list[str] = field(default_factory=list)
     canary_moved: int = 0

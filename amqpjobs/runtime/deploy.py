@@ -12,14 +12,15 @@ from typing import Any
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import BindingDecl
-from amqpjobs.topology.naming import parse_queue_name, shards_exchange_name
+from amqpjobs.topology.naming import shards_exchange_name
+from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
 from amqpjobs.topology.plan import Plan, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.declare import declare, probe_queues, unbind
 from amqpjobs.wire.definitions import export_definitions
-from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.management import ManagementClient, delete_exchange_command
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.topology")
@@ -45,6 +46,8 @@ class PlanResult:
             longer routes by modulus-hash, with their binding counts.
         no_majority: RabbitMQ 4.3+: why ``topology apply`` would be refused now (no Raft
             majority, :func:`require_majority`), else ``""``.
+        settings: The broker planned against (the commands the report names use its
+            management API and vhost).
 
     """
 
@@ -56,6 +59,17 @@ class PlanResult:
     routing_notes: tuple[str, ...] = ()
     orphan_exchanges: tuple[tuple[str, int], ...] = ()
     no_majority: str = ""
+    settings: BrokerSettings | None = None
+
+    def plan_report(self) -> str:
+        """:meth:`~amqpjobs.topology.plan.Plan.report`, its summary also counting the bindings to remove."""
+        text = self.plan.report()
+        if not self.stray_bindings:
+            return text
+        head, _, summary = text.rpartition("\n")
+        create, sep, rest = summary.partition(" to create, ")
+        summary = f"{create}{sep}{len(self.stray_bindings)} binding(s) to remove, {rest}" if sep else summary
+        return f"{head}\n{summary}" if head else summary
 
     def removal_report(self, done: bool = False) -> list[str]:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
@@ -69,34 +83,14 @@ class PlanResult:
             f"ORPHAN    exchange {name} ({bound} binding(s)): shard_routing is no longer modulus-hash, but the "
             "broker still routes what is published to it, by its own hash, so a publisher still using it splits "
             "tenants between shards; move publishers to the job queue's exchange (crc32 routing keys), then "
-            f"delete it: rabbitmqctl delete_exchange {name} -p <vhost>"
+            f"delete it: {delete_exchange_command(self.settings, name) if self.settings else name}"
             for name, bound in self.orphan_exchanges
         ] + [
             f"ORPHAN    queue    {name} ({messages} message(s)): no longer in the topology and no worker consumes "
             f"it; {fix}"
-            for (name, messages), fix in zip(self.orphans, self._orphan_fixes(), strict=True)
-        ]
-
-    def _orphan_fixes(self) -> list[str]:
-        """What to do with each of :attr:`orphans`: a dropped tier empties itself, a dropped shard doesn't.
-
-        A tier queue keeps its ``x-message-ttl`` and dead-letter target, so when its work queue
-        is still declared its messages go back there (RabbitMQ "Dead Lettering", "Time-To-Live");
-        a dropped shard (and its tiers, which dead-letter into it) is read by nobody, with crc32
-        and modulus-hash routing alike.
-        """
-        declared = {q for lay in self.loaded.topology.layouts() for q in lay.work_queues}
-        parsed = [parse_queue_name(name) for name, _ in self.orphans]
-        wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
-        for p in parsed:
-            if p.shard is not None and p.work_queue not in declared:
-                wanted[p.job_queue] = max(wanted.get(p.job_queue, 0), p.shard + 1)
-        return [
-            f"its messages go back to {p.work_queue} when their delay ends (dead-lettering); delete it once empty"
-            if p.kind == "tier" and p.work_queue in declared
-            else "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or raise "
-            f"shards back to {wanted.get(p.job_queue, 1)} so workers read it again, then delete it"
-            for p in parsed
+            for (name, messages), fix in zip(
+                self.orphans, orphan_fixes(self.loaded.topology.layouts(), self.orphans), strict=True
+            )
         ]
 
     def apply_report(self, safe_url: str) -> list[str]:
@@ -111,12 +105,6 @@ class PlanResult:
         else:
             lines.append(f"nothing to create on {safe_url}: all {unchanged} objects unchanged")
         return lines
-
-
-def _orphan_of(name: str, job_queues: set[str]) -> bool:
-    """True when queue ``name`` is a shard or delay tier of one of ``job_queues`` (parsed exactly, not by prefix)."""
-    parsed = parse_queue_name(name)
-    return parsed.kind in ("shard", "tier") and parsed.job_queue in job_queues
 
 
 async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
@@ -153,9 +141,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         depths = {name: p.messages for name, p in (await probe_queues(settings, conflicting)).items()}
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
-    wanted = {d.name for d in desired if d.kind == "queue"}
-    ours = {jq.name for jq in loaded.topology.job_queues}
-    stray = [o.name for o in live if o.kind == "queue" and o.name not in wanted and _orphan_of(o.name, ours)]
+    stray = orphan_queues(loaded.topology.layouts(), [o.name for o in live if o.kind == "queue"])
     orphans: tuple[tuple[str, int], ...] = ()
     if stray:
         probes = await probe_queues(settings, stray)
@@ -169,19 +155,29 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         no_majority = f"{exc}: apply would fail now"
     live_names = {o.name for o in live if o.kind == "exchange"}
     notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
-    return PlanResult(loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority)
+    return PlanResult(
+        loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority, settings
+    )
 
 
 def _routing_changes(
     loaded: LoadedTopology, exchanges: set[str], queues: set[str], bindings: list[dict[str, Any]]
 ) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away."""
+    """Warnings for job queues switching to modulus-hash, and ``.shards`` exchanges left by switching away.
+
+    A switch to modulus-hash is told by what routes now: an applied sharded job queue whose
+    ``<name>.shards`` is missing or bound to none of its shards (a leftover exchange routes
+    nothing: publishers used crc32).
+    """
     notes: list[str] = []
     left: list[tuple[str, int]] = []
     for lay in loaded.topology.layouts():
         name = shards_exchange_name(lay.name)
         applied = any(q in queues for q in lay.work_queues) and len(lay.work_queues) > 1
-        if lay.shards_exchange is not None and name not in exchanges and applied:
+        # what routes now: a <name>.shards bound to none of the shards (missing, or left from an earlier
+        # modulus-hash time with its bindings gone) routes nothing, so publishers pick by crc32
+        routing = any(b["source"] == name and b["destination"] in lay.work_queues for b in bindings)
+        if lay.shards_exchange is not None and not routing and applied:
             notes.append(
                 f"{lay.name}: shard_routing changes from crc32 to modulus-hash: most tenants move to another shard, "
                 "so a tenant's jobs already queued may run alongside or after its new ones (per-tenant order "

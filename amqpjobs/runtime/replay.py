@@ -23,7 +23,7 @@ from typing import Any
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
 from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.printable import printable
@@ -31,6 +31,7 @@ from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
+from amqpjobs.topology.orphans import Route, replay_route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.declare import find_missing
@@ -57,11 +58,28 @@ async def _watch_returns(connection: Connection, quarantine_queue: str, replay_i
 
 @dataclass(frozen=True)
 class ReplayMove:
-    """Where replay sends one quarantined message, and the copy it publishes there."""
+    """Where replay sends one quarantined message, and the copy it publishes there.
+
+    ``target`` is the queue shown (or the modulus-hash exchange, where the broker picks the
+    shard), ``route`` where the copy is published, ``rerouted`` why it is not the queue the
+    job failed on (``""`` when it is; :func:`~amqpjobs.topology.orphans.replay_route`).
+    """
 
     target: str
     job_id: str
     copy: OutgoingMessage
+    route: Route | None = None
+    rerouted: str = ""
+
+    @property
+    def exchange(self) -> str:
+        """The exchange the copy is published to (``""``: the default exchange, routing key ``target``)."""
+        return self.route.exchange if self.route is not None else ""
+
+    @property
+    def routing_key(self) -> str:
+        """The routing key the copy is published with."""
+        return self.route.routing_key if self.route is not None else self.target
 
 
 def replay_move(
@@ -71,6 +89,8 @@ def replay_move(
 
     Skipped: it came back failing from this run (it carries ``replay_id``), it names no
     queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
+    A job of a shard the topology no longer has (``options.layouts``) goes by the current
+    shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
     Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
     counts the message (and whether the filters matched it).
@@ -82,7 +102,11 @@ def replay_move(
     if ours or not target or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
-    return ReplayMove(target, job_id, delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id))
+    copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
+    if options.to:
+        return ReplayMove(target, job_id, copy)
+    route, why = replay_route(target, tenant_in(delivery.headers) or job_id, options.layouts)
+    return ReplayMove(route.target, job_id, copy, route, why)
 
 
 async def replay(
@@ -169,13 +193,15 @@ async def replay(
         moving: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
+        routed: set[str] = set()
 
-        async def move(delivery: Delivery, target: str, copy: OutgoingMessage, started: float) -> None:
+        async def move(delivery: Delivery, planned: ReplayMove, started: float) -> None:
             """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
             at = time.time()  # before the publish: a worker may run the copy before the ack below
+            target, copy = planned.target, planned.copy
             try:
                 try:
-                    await publisher.publish("", target, copy)
+                    await publisher.publish(planned.exchange, planned.routing_key, copy)
                 except UnroutableError:
                     raise ConfigurationError(
                         f"target queue {target!r} does not exist; {report.replayed} moved before it, "
@@ -214,6 +240,10 @@ async def replay(
                 if canary is not None and launched < canary.size:
                     job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
                     canary.expect(planned.job_id, job, target)
+                if planned.exchange:
+                    routed.add(target)  # an exchange (modulus-hash): the broker picks the queue
+                if planned.rerouted:
+                    report.rerouted[planned.job_id] = planned.rerouted
                 if options.dry_run:
                     report.moves.append((planned.job_id, target))
                     report.replayed += 1
@@ -229,7 +259,7 @@ async def replay(
                 if failures:
                     break
                 lock.check()
-                task = asyncio.create_task(move(delivery, target, planned.copy, started))
+                task = asyncio.create_task(move(delivery, planned, started))
                 moving.add(task)
                 task.add_done_callback(moving.discard)
                 launched += 1
@@ -239,7 +269,7 @@ async def replay(
             if failures:
                 raise failures[0]
             if options.dry_run:
-                await _check_targets(connection, [target for _, target in report.moves])
+                await _check_targets(connection, [target for _, target in report.moves if target not in routed])
         except asyncio.CancelledError:
             interrupted = True
             raise

@@ -15,9 +15,12 @@ timestamp: their age shows as unknown.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from logging import Logger
 from typing import Any
 
+from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
@@ -29,6 +32,7 @@ from amqpjobs.topology.naming import (
     quarantine_queue_name,
     suspects_queue_name,
 )
+from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -145,6 +149,68 @@ def _rate(stats: dict[str, Any], key: str) -> float:
     return float(details.get("rate", 0.0) or 0.0)
 
 
+def _gets(queue: dict[str, Any]) -> float:
+    """basic.get per second on ``queue`` (management API; a sharded job queue's idle worker polls each shard)."""
+    return sum(_rate(queue.get("message_stats") or {}, k) for k in _GET_KEYS)
+
+
+def unread_queues(settings: BrokerSettings, names: list[str]) -> list[str]:
+    """Those of ``names`` that exist and that no worker takes from: no consumer, no basic.get in the last seconds.
+
+    From the management API (its figures lag by the statistics interval, 5 s by default).
+    Best effort: an API that can't be reached finds none.
+    """
+    try:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+    except (BrokerUnavailableError, ManagementApiError):
+        return []
+    return [n for n in names if n in live and not live[n].get("consumers") and _gets(live[n]) == 0]
+
+
+def _dropped_problems(layouts: list[JobQueueLayout], job_queue: str, dropped: list[QueueStatus]) -> list[str]:
+    """A problem per queue of ``dropped`` of ``job_queue`` that holds jobs no worker reads (a shard it no longer has).
+
+    The orphans of ``topology plan`` (:mod:`amqpjobs.topology.orphans`), with the same fix.
+    """
+    mine = [q for q in dropped if parse_queue_name(q.name).job_queue == job_queue and q.exists and q.ready]
+    waiting = [q for q in mine if unread(layouts, q.name)]
+    fixes = orphan_fixes(layouts, [(q.name, q.ready) for q in waiting])
+    shards = len(next((lay.work_queues for lay in layouts if lay.name == job_queue), ()))
+    return [
+        f"queue {q.name} holds {q.ready} message(s)"
+        + ("" if q.oldest_age is None else f" (oldest {q.oldest_age:.0f}s)")
+        + f" but is not in the topology (shards = {shards}): no worker reads it; {fix}"
+        for q, fix in zip(waiting, fixes, strict=True)
+    ]
+
+
+async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQueueLayout], log: Logger) -> None:
+    """Warn (``log``) per job queue of ``layouts`` whose dropped shards (``shards`` lowered) hold jobs.
+
+    A worker's start: the live queue names from the management API (as ``topology plan``),
+    then a passive declare of each orphan only (exact depths). Best effort: without the
+    management API nothing is said (``amqpjobs status`` and ``topology plan`` still tell).
+    """
+    layouts = list(layouts)
+    try:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            live = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+        names = [n for n in orphan_queues(layouts, live) if unread(layouts, n)]
+        depths = await probe_queues(settings, names) if names else {}
+    except AmqpJobsError as exc:  # best effort: no reason to refuse a start
+        log.debug("dropped shards not checked (%s)", exc)
+        return
+    for lay in layouts:
+        held = [(n, depths[n].messages) for n in names if n in depths and depths[n].messages]
+        held = [(n, m) for n, m in held if parse_queue_name(n).job_queue == lay.name]
+        if held:
+            log.warning(
+                "dropped shard(s) of %s hold jobs no worker reads: %s; %s (topology plan lists them as ORPHAN)",
+                lay.name, ", ".join(f"{n} ({m} message(s))" for n, m in held), orphan_fixes(layouts, held)[0],
+            )  # fmt: skip
+
+
 async def collect(
     settings: BrokerSettings,
     layouts: list[JobQueueLayout] | None = None,
@@ -156,8 +222,9 @@ async def collect(
     Parked jobs (``<job queue>.parked``) and a parked queue not declared yet are notes, not
     problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
-    to the quarantine queue: dead-letters and quarantine copies would be dropped), or an
-    oldest-message age exceeds ``max_age`` seconds.
+    to the quarantine queue: dead-letters and quarantine copies would be dropped), an
+    oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
+    longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
@@ -174,7 +241,8 @@ async def collect(
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
     looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
-    exact = await probe_queues(settings, looks)
+    dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
+    exact = await probe_queues(settings, looks + dropped)
     now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
@@ -228,7 +296,7 @@ async def collect(
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
-            gets = sum(_rate(live.get(w.name, {}).get("message_stats") or {}, k) for k in _GET_KEYS)
+            gets = _gets(live.get(w.name, {}))
             if w.exists and w.consumers == 0 and not (sharded and gets > 0):
                 status.problems.append(
                     f"no worker takes from {w.name} (no consumer, no basic.get in the last seconds)"
@@ -237,6 +305,7 @@ async def collect(
                 )
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
+        status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(

@@ -42,6 +42,7 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
+from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.runtime.worker_config import DEFAULT_CONSUMER_TIMEOUT as DEFAULT_CONSUMER_TIMEOUT
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
@@ -191,6 +192,7 @@ class Worker(SuspectTurns):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
+        await warn_dropped_shards(self.settings, self._layouts.values(), log)  # README "Sharding"
         self.ready.set()
 
     async def start_on(self, publisher: Publisher) -> None:

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
+from amqpjobs.printable import shell_quote
 from amqpjobs.topology.plan import ObjectState
 from amqpjobs.wire.cluster import connected_node, process_order
 from amqpjobs.wire.settings import BrokerSettings
@@ -24,6 +25,17 @@ from amqpjobs.wire.urls import node_address
 
 def _q(name: str) -> str:
     return quote(name, safe="")
+
+
+def delete_exchange_command(settings: BrokerSettings, exchange: str) -> str:
+    """A shell command that deletes ``exchange`` of the settings' vhost through the management API.
+
+    ``DELETE /api/exchanges/<vhost>/<name>``, both url-encoded (RabbitMQ "Management HTTP
+    API"; rabbitmqctl has no command to delete an exchange). ``USER`` stands for the
+    operator's user: credentials are never printed.
+    """
+    url = f"{settings.management_url.rstrip('/')}/api/exchanges/{_q(settings.vhost)}/{_q(exchange)}"
+    return f"curl -u USER -X DELETE {shell_quote(url)}"
 
 
 class ManagementClient:

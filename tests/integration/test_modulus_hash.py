@@ -11,17 +11,19 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from amqpjobs import App, Worker, WorkerOptions
 from amqpjobs.errors import PublishError
+from amqpjobs.printable import shell_quote
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli_subprocess, depth
+from tests.integration.helpers import cli_subprocess, depth, raw_channel
 from tests.integration.worker_env import Recorder
 
 pytestmark = pytest.mark.broker
@@ -95,7 +97,11 @@ async def test_lowering_shards_unbinds_the_orphaned_shards_from_the_exchange_and
     assert plan.returncode == 0, plan.stdout + plan.stderr  # no messages stranded yet: a change, not a problem
     for shard in (2, 3):
         assert f"remove    binding  tenants.shards -> tenants.shard-{shard} []" in plan.stdout, plan.stdout
-        assert f"ORPHAN    queue    tenants.shard-{shard} (0 message(s))" in plan.stdout, plan.stdout
+        assert (
+            f"ORPHAN    queue    tenants.shard-{shard} (0 message(s)): no longer in the topology and no worker "
+            "consumes it; it is empty: delete it" in plan.stdout
+        ), plan.stdout
+    assert "0 to create, 2 binding(s) to remove, " in plan.stdout, plan.stdout
     applied = cli_subprocess(broker, "topology", "apply", str(path))
     assert applied.returncode == 0, applied.stderr
     assert "removed   binding  tenants.shards -> tenants.shard-3 []" in applied.stdout, applied.stdout
@@ -138,7 +144,13 @@ async def test_switching_shard_routing_warns_about_moved_tenants_and_lists_the_l
     assert "ORPHAN    exchange tenants.shards (4 binding(s)): shard_routing is no longer modulus-hash" in (
         to_crc32.stdout
     ), to_crc32.stdout
-    assert "rabbitmqctl delete_exchange" in to_crc32.stdout
+    # the printed command works as printed (the vhost url-encoded; USER is the operator's)
+    url = f"{broker.management_url}/api/exchanges/{quote(broker.vhost, safe='')}/tenants.shards"
+    command = f"curl -u USER -X DELETE {shell_quote(url)}"
+    assert f"then delete it: {command}" in to_crc32.stdout, to_crc32.stdout
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/tenants.shards")
+        assert "tenants.shards" not in {e["name"] for e in mgmt.exchanges(broker.vhost)}
 
 
 SCRIPT = """
@@ -199,3 +211,24 @@ async def test_a_missing_exchange_merely_named_like_shards_is_told_to_apply_not_
     finally:
         await app.close()
     assert str(raised.value) == "exchange 'orders.shards' does not exist: apply the topology (amqpjobs topology apply)"
+
+
+async def test_switching_to_modulus_hash_warns_also_when_a_left_shards_exchange_routes_nothing(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    if broker_root.version < (4, 3):
+        pytest.skip("x-modulus-hash is in core from RabbitMQ 4.3")
+    modulus = tmp_path / "modulus.toml"
+    modulus.write_text(TOPOLOGY)
+    crc32 = tmp_path / "crc32.toml"
+    crc32.write_text(TOPOLOGY.replace('shard_routing = "modulus-hash"\n', ""))
+    await apply_topology(crc32, broker)
+    async with raw_channel(broker) as ch:  # left from an earlier modulus-hash time, its bindings gone
+        await ch.declare_exchange("tenants.shards", "x-modulus-hash", durable=True)
+    plan = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert plan.returncode == 0, plan.stderr
+    assert "create    binding  tenants.shards -> tenants.shard-0" in plan.stdout, plan.stdout
+    assert "warning: tenants: shard_routing changes from crc32 to modulus-hash" in plan.stderr, plan.stderr
+    await apply_topology(modulus, broker)
+    again = cli_subprocess(broker, "topology", "plan", str(modulus))
+    assert "shard_routing changes" not in again.stderr, again.stderr  # routing by it now: nothing to warn about

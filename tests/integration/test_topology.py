@@ -339,7 +339,10 @@ async def test_plan_reports_shards_the_topology_dropped(broker: BrokerSettings, 
     assert orphans == ["exports.shard-2", "exports.shard-2.retry.1s", "exports.shard-3", "exports.shard-3.retry.1s"]
     # crc32: publishers stop sending there, but the jobs already in shard-3 wait: the fix is named on each line
     lines = [line for line in result.stdout.splitlines() if line.startswith("ORPHAN")]
-    assert all("drain it" in line and "or raise shards back to 4 so workers read it again" in line for line in lines)
+    held = [line for line in lines if "(0 message(s))" not in line]
+    assert [line.split()[2] for line in held] == ["exports.shard-3"]
+    assert all("drain it" in line and "or raise shards back to 4 so workers read it again" in line for line in held)
+    assert all("it is empty: delete it" in line for line in lines if line not in held)  # nothing to drain
     applied = await asyncio.to_thread(cli_subprocess, broker, "topology", "apply", str(path))
     assert applied.returncode == 0, applied.stderr  # apply declares nothing new, and repeats the warning
     assert "warning: ORPHAN    queue    exports.shard-3 (3 message(s))" in applied.stderr, applied.stderr
