@@ -160,7 +160,9 @@ async def park(
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
             job_id = delivery.message_id or item.job_id or ""
             at = time.time()
-            copy = delivery.copy(q.park_headers(delivery.headers, item, parked_at), job_id)
+            copy = delivery.copy(
+                q.park_headers(delivery.headers, item, parked_at, timestamp=delivery.timestamp), job_id
+            )
             try:
                 await publisher.publish("", target, copy)
             except UnroutableError:

@@ -312,10 +312,14 @@ class MemoryDelivery:
         """Whether it is not settled yet."""
         return not self.settled
 
-    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
-        """The same message with other headers (``message_id`` ``job_id`` when it had none)."""
+    def copy(self, headers: Mapping[str, Any], job_id: str, ready_at: int | None = None) -> OutgoingMessage:
+        """The same message with other headers, as :meth:`amqpjobs.wire.abc.Received.copy` makes it."""
+        m = self.stored.message
         return dataclasses.replace(
-            self.stored.message, headers=dict(headers), message_id=self.stored.message.message_id or job_id
+            m,
+            headers=dict(headers),
+            message_id=m.message_id or job_id,
+            timestamp=m.timestamp if ready_at is None else ready_at,
         )
 
     def _settle(self, how: str) -> None:
