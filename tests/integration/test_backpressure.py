@@ -378,3 +378,27 @@ async def test_a_retry_copy_back_at_the_head_is_aged_from_its_return_not_its_fir
         assert ran == [1]
     finally:
         await app.close()
+
+
+async def test_an_empty_queue_has_no_age_whatever_a_stale_head_timestamp_says(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The management API's ``head_message_timestamp`` outlives the queue's last message by up to a stats interval.
+
+    The stale figure stands in for the management API (60 s old, as one left from a message
+    just consumed); the depth is the broker's own (a passive declare): 0, so no age. Once a
+    job is in the queue, the same figure refuses.
+    """
+    from amqpjobs.runtime.backpressure import EnqueueGate
+
+    monkeypatch.setattr(EnqueueGate, "_oldest_age", lambda self, work_queue: 60.0)
+    app = await make_app(broker, tmp_path)
+    try:
+        assert await app.enqueue("aged", {}, job_id="into-empty") == "into-empty"  # before: max_age 1s, 60.0s old
+        await asyncio.sleep(1.05)  # the gate reads the figures at most once a second: now 1 ready
+        with pytest.raises(QueueFullError) as refused:
+            await app.enqueue("aged", {}, job_id="behind-one")
+        assert refused.value.limit == "max_age 1s (oldest ready message 60.0s old)"
+        assert await depth(broker, "aged") == 1
+    finally:
+        await app.close()
