@@ -12,7 +12,7 @@ The tree::
     ├── ResultsUnavailableError     the results store can't be read (database down or unusable)
     ├── PayloadStoreError           the payload store failed to keep a large payload (nothing was sent)
     ├── PublishError                a publish was not confirmed by the broker
-    │   ├── UnroutableError          returned (mandatory): no queue is bound for it
+    │   ├── UnroutableError          returned (mandatory): no queue is bound for it; or its exchange is missing
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
     │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
     │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent

@@ -32,6 +32,11 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "job_queue[0].max_length",
         "dropped",
     ),
+    "quorum-max-age": (
+        HEADER + job('type = "quorum"\nmax_age = "5m"'),
+        "job_queue[0].max_age",
+        "no head message timestamp",
+    ),
     "classic-delivery-limit": (HEADER + job("delivery_limit = 3"), "job_queue[0].delivery_limit", "quorum"),
     "duplicate-job-queue": (HEADER + job() + job(), "job_queue[1].name", "duplicate"),
     "duplicate-exchange": (HEADER + HEADER + job(), "exchange[1].name", "duplicate"),

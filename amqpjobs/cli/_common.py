@@ -21,6 +21,7 @@ from amqpjobs.errors import (
     BusyError,
     ConfigurationError,
     InvalidPayloadError,
+    PayloadStoreError,
     PublishError,
     ResultsUnavailableError,
     TopologyConflictError,
@@ -120,6 +121,9 @@ def errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_BROKER)
         except ResultsUnavailableError as exc:  # a service failed us, like the broker
             click.echo(f"results store error: {redact_text(str(exc))}", err=True)
+            sys.exit(EXIT_BROKER)
+        except PayloadStoreError as exc:  # likewise
+            click.echo(f"payload store error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:

@@ -73,7 +73,8 @@ def headers_schema() -> dict[str, Any]:
                 "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],
                 "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Also read: an "
                 "AMQP timestamp, a non-negative integer or float of seconds (milliseconds above 2**32 - 1). "
-                "Optional: the timestamp property is used without it (or for anything else).",
+                "Optional: the timestamp property is used without it (or for anything else). Every copy "
+                "carries it (from the timestamp property when it was missing).",
             },
             envelope.JOB: {
                 "type": "string",
@@ -119,7 +120,9 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
         "timestamp": {
             "type": "integer", "minimum": 0,
             "description": "Enqueue time in integer seconds since the epoch (Math.floor(Date.now() / 1000)); "
-            "a value above 2**32 - 1 is read as milliseconds.",
+            "a value above 2**32 - 1 is read as milliseconds. On the worker's copies: when the copy becomes "
+            "ready in the work queue (a retry copy: its publish + its tier's delay; a replayed one: its "
+            "publish); the first enqueue time is then in amqpjobs-enqueued-at.",
         },
         "delivery_mode": {"const": 2, "description": "Persistent."},
         "app_id": {"type": "string", "description": "Optional: names the publisher; never read."},

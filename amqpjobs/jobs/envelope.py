@@ -311,22 +311,40 @@ def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | Non
     return parse_time(headers.get(ENQUEUED_AT)) or parse_time(timestamp)
 
 
+def ready_at(now: float, delay: float = 0.0) -> int:
+    """The ``timestamp`` of a copy that becomes ready in its work queue ``delay`` s after ``now`` (s since the epoch).
+
+    A copy's ``timestamp`` says when it becomes ready in the work queue (a retry copy: its
+    publish + its tier's delay; a replayed or handed-back copy: its publish), so a queue's
+    oldest-message age (``max_age``, ``status``: ``now - head_message_timestamp``) counts
+    only time spent ready. Whole seconds: an AMQP ``timestamp`` has no fraction.
+    """
+    return int(now + delay)
+
+
 def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
     return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
 
 
-def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+def copy_headers(headers: Mapping[str, Any], timestamp: Any) -> dict[str, Any]:
     """The headers a copy of a received job (tier, quarantine, replay) starts from.
 
     :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
     (:func:`tenant_of`) left out: absent stays absent, and a foreign ``""`` becomes absent.
     Every other header is kept as received (same object: same type, same bytes), the trace
     context (:data:`TRACE_HEADERS`) among them: every copy stays in the trace of its enqueue.
+
+    The first enqueue time is kept in ``amqpjobs-enqueued-at``: a copy's ``timestamp`` is
+    when it becomes ready in its work queue (:func:`ready_at`), so when the header is
+    missing or unreadable (a foreign publisher's job: :func:`enqueued_at_of` read the
+    ``timestamp``), it is written from ``timestamp``, the received ``timestamp`` property.
     """
     out = strip_broker_headers(headers)
     if TENANT in out and tenant_of(out[TENANT]) is None:
         del out[TENANT]
+    if parse_time(out.get(ENQUEUED_AT)) is None and (first := parse_time(timestamp)) is not None:
+        out[ENQUEUED_AT] = iso_utc(first.timestamp())
     return out
 
 

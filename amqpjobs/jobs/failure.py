@@ -60,10 +60,20 @@ def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Map
 
 
 def retry_headers(
-    received: Mapping[str, Any], decision: RetryLater, runs: int, exchange: str, routing_key: str, now: str
+    received: Mapping[str, Any],
+    decision: RetryLater,
+    runs: int,
+    exchange: str,
+    routing_key: str,
+    now: str,
+    *,
+    timestamp: Any,
 ) -> dict[str, Any]:
-    """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits)."""
-    headers = envelope.copy_headers(received)
+    """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits).
+
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    """
+    headers = envelope.copy_headers(received, timestamp)
     if not decision.wait:  # an outcome was reached: the start count begins again
         for name in crash.START_HEADERS:
             headers.pop(name, None)
@@ -86,9 +96,14 @@ def unstarted_headers(
     host: str,
     pid: int,
     now: str,
+    *,
+    timestamp: Any,
 ) -> dict[str, Any]:
-    """Headers of an unstarted copy: registered for its next start (``register``), or handed back."""
-    headers = envelope.copy_headers(received)
+    """Headers of an unstarted copy: registered for its next start (``register``), or handed back.
+
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    """
+    headers = envelope.copy_headers(received, timestamp)
     if register is not None:
         headers[crash.STARTS] = register.start
         headers[crash.LAST_START_HOST] = host
@@ -117,11 +132,13 @@ def quarantine_headers(
     version: str,
     app_version: str,
     now: str,
+    timestamp: Any,
 ) -> dict[str, Any]:
     """Headers of the copy that goes to quarantine: the received ones plus the failure's evidence.
 
     ``runs`` is the handler runs so far; for ``crashed`` the starts without an outcome are
-    counted in too.
+    counted in too. ``timestamp``: the received ``timestamp`` property
+    (:func:`~amqpjobs.jobs.envelope.copy_headers`).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
         runs = envelope.parse_runs(received.get(envelope.RUNS)) + crash.starts_of(received)
@@ -146,7 +163,7 @@ def quarantine_headers(
         tenant=envelope.tenant_in(received) or "",
         **delivery_counters(received),
     )
-    headers = envelope.copy_headers(received)
+    headers = envelope.copy_headers(received, timestamp)
     headers[envelope.RUNS] = runs
     headers.update(evidence_headers(failure))
     return headers

@@ -286,15 +286,18 @@ def mover_lock_queue(quarantine_queue: str) -> str:
     return f"amqpjobs.mover.sha256-{hashlib.sha256(quarantine_queue.encode('utf-8')).hexdigest()}.lock"
 
 
-def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: str) -> dict[str, Any]:
+def replay_headers(
+    headers: Mapping[str, Any], item: QuarantinedJob, replay_id: str, *, timestamp: Any
+) -> dict[str, Any]:
     """Headers of the replayed copy: a fresh attempt budget plus provenance.
 
     Evidence and attempt bookkeeping are dropped (the copy starts at attempt 1); the
     broker's ``x-death`` & co are stripped; ``amqpjobs-replay-count`` is incremented and
     the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
-    arrives in quarantine carrying both failures.
+    arrives in quarantine carrying both failures. ``timestamp``: the received ``timestamp``
+    property (:func:`~amqpjobs.jobs.envelope.copy_headers` keeps the first enqueue time).
     """
-    out = {k: v for k, v in envelope.copy_headers(headers).items() if k not in _RESET}
+    out = {k: v for k, v in envelope.copy_headers(headers, timestamp).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
@@ -305,7 +308,7 @@ def replay_headers(headers: Mapping[str, Any], item: QuarantinedJob, replay_id: 
     return out
 
 
-def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str) -> dict[str, Any]:
+def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str, *, timestamp: Any) -> dict[str, Any]:
     """Headers of a parked copy: the quarantined message's, evidence and all, plus ``amqpjobs-parked-at``.
 
     Every header is kept as received (:func:`~amqpjobs.jobs.envelope.copy_headers`: the copy
@@ -313,8 +316,9 @@ def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: st
     keep up on a client's copy (3.13+). A broker-side dead-letter, whose only evidence they
     are, gets what :func:`describe` read from them as our evidence headers (reason
     ``x-death:<reason>``, original queue, failure times), so the parked copy still says why.
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
     """
-    out = envelope.copy_headers(headers)
+    out = envelope.copy_headers(headers, timestamp)
     if item.broker_side:
         out[evidence.REASON] = item.reason
         out[evidence.ORIGINAL_QUEUE] = item.original_queue

@@ -322,7 +322,8 @@ class App(CronSchedules, JobResults):
         Raises:
             InvalidPayloadError: the payload fails the job's model (nothing sent).
             ConfigurationError: unknown job, bad header names or priority.
-            UnroutableError: no queue is bound for the job (topology not applied).
+            UnroutableError: no queue is bound for the job, or its exchange does not exist
+                (topology not applied).
             BrokerBlockedError: a resource alarm blocks publishing and did not clear within
                 ``blocked_timeout`` (nothing sent).
             QueueFullError: the work queue is over its ``max_depth`` / ``max_age`` (nothing sent),

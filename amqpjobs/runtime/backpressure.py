@@ -9,7 +9,8 @@ refuses before the first publish; without the management API it only knows what
 
 Bounds: the work queue's ready messages (a passive declare: exact when read) and, for
 ``max_age``, its oldest message's timestamp (management API; seconds, or milliseconds by
-:mod:`amqpjobs.jobs.timestamps`' one rule), each read at most once a second per work queue.
+:mod:`amqpjobs.jobs.timestamps`' one rule; not asked when the exact depth is 0: a stale
+head timestamp outlives the last message), each read at most once a second per work queue.
 Between two reads the gate counts what it let through: its depth estimate is the depth read
 plus every publish it let through that may be missing from that figure (those unsettled when
 the read began, and all let through since). It lets a publish through only while that
@@ -223,13 +224,18 @@ class EnqueueGate:
     async def _read_figures(
         self, connection: Connection, work_queue: str, bounds: QueueBounds, began: float
     ) -> QueueFigures:
-        """The figures of ``work_queue`` now (a missing queue counts as empty: the publish then says unroutable)."""
+        """The figures of ``work_queue`` now (a missing queue counts as empty: the publish then says unroutable).
+
+        An empty queue has no age: the management API's ``head_message_timestamp`` outlives
+        the last message by up to a statistics interval, so it is not asked then.
+        """
         state = await queue_state(connection, work_queue)
+        ready = state.messages if state is not None else 0
         age = None
-        if bounds.max_age:
+        if bounds.max_age and ready:
             async with self._ages_lock:
                 age = await self._read(lambda: self._oldest_age(work_queue), None)
-        return QueueFigures(state.messages if state is not None else 0, age, began)
+        return QueueFigures(ready, age, began)
 
     def _client(self, use: str) -> ManagementClient:
         """The management API client for ``use`` ("alarms" or "ages"): each is used under its own lock."""

@@ -313,24 +313,29 @@ class DeliveryPath(HandlerRuns):
         # from the attempt header a publisher may set to anything
         runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
-            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, _now_iso())
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, _now_iso(),
+                                    timestamp=delivery.timestamp)  # fmt: skip
             tier_queue = layout.tier_queues[delivery.queue][decision.tier]
-            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id))
+            # ready in the work queue once the tier's delay is over: max_age counts from then
+            back_at = envelope.ready_at(time.time(), decision.delay)
+            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id, back_at))
         elif isinstance(decision, Register | HandBack):
             # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
             # the suspects queue, a delivery handed back returns to its work queue
             register = decision if isinstance(decision, Register) else None
             headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
-                                        self._host, self._pid, _now_iso())  # fmt: skip
+                                        self._host, self._pid, _now_iso(), timestamp=delivery.timestamp)  # fmt: skip
             target = layout.suspects_queue if register is not None else delivery.queue
-            await self._publisher.publish("", target, delivery.copy(headers, job_id))
+            # handed back: ready in the work queue now (a suspect keeps its timestamp: not ready there)
+            ready_at = None if register is not None else envelope.ready_at(time.time())
+            await self._publisher.publish("", target, delivery.copy(headers, job_id, ready_at))
             if register is not None:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
             headers = quarantine_headers(
                 received, decision.reason, v.failure, runs, queue=delivery.queue, exchange=delivery.exchange,
                 routing_key=delivery.routing_key, job=v.job, job_id=job_id, host=self._host, pid=self._pid,
-                version=__version__, app_version=self.app.app_version, now=_now_iso(),
+                version=__version__, app_version=self.app.app_version, now=_now_iso(), timestamp=delivery.timestamp,
             )  # fmt: skip
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
 

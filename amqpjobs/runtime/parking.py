@@ -28,7 +28,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.payload_refs import PayloadRef
 from amqpjobs.jobs.results import StateRecord
-from amqpjobs.runtime.payloads import PayloadStore, referenced, retire
+from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
 from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
@@ -160,7 +160,9 @@ async def park(
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
             job_id = delivery.message_id or item.job_id or ""
             at = time.time()
-            copy = delivery.copy(q.park_headers(delivery.headers, item, parked_at), job_id)
+            copy = delivery.copy(
+                q.park_headers(delivery.headers, item, parked_at, timestamp=delivery.timestamp), job_id
+            )
             try:
                 await publisher.publish("", target, copy)
             except UnroutableError:
@@ -207,8 +209,11 @@ async def purge_matching(
     Raises:
         ConfigurationError: no such quarantine or parked queue.
         BusyError: a mover (say, a replay) works on the queue; nothing was deleted.
+        PayloadStoreError: ``payloads`` can't be opened; nothing was deleted.
 
     """
+    if payloads is not None:  # before any message goes: a purged message's payload would never be marked
+        await open_store(payloads, "nothing was purged")
     async with session(settings) as connection:
         queue, _ = await resolve_queue(connection, name)
         report = report if report is not None else TakeReport(queue)

@@ -216,6 +216,26 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+async def open_store(store: PayloadStore, then: str) -> None:
+    """Open ``store`` (connect, create its layout) before anything that depends on it is done.
+
+    ``then``: what is not done when it can't be opened (in words, for the message).
+
+    Raises:
+        PayloadStoreError: it could not be opened within :data:`STORE_TIMEOUT` (s), naming the
+            store, why, and ``then``.
+    """
+    try:
+        async with asyncio.timeout(STORE_TIMEOUT):
+            await store.open()
+    except Exception as exc:
+        raise PayloadStoreError(
+            f"payload store {store.name!r} can't be opened ({_what(exc)}); {then}: fix the store's settings "
+            f"in App(payload_store={type(store).__name__}(...)) (directory, DSN and password, bucket) or make it "
+            "reachable, then try again"
+        ) from exc
+
+
 async def check_in(store: PayloadStore, message: OutgoingMessage) -> tuple[OutgoingMessage, PayloadRef | None]:
     """Swap a body larger than ``store.threshold`` for a reference (the enqueue hook).
 

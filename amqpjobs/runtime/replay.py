@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
+from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
@@ -102,7 +103,9 @@ def replay_move(
     if ours or not target or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
-    copy = delivery.copy(q.replay_headers(delivery.headers, item, replay_id), job_id)
+    headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
+    # ready in the work queue on its publish, now: max_age and status count its age from then
+    copy = delivery.copy(headers, job_id, envelope.ready_at(time.time()))
     if options.to:
         return ReplayMove(target, job_id, copy)
     route, why = replay_route(target, tenant_in(delivery.headers) or job_id, options.layouts)

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from amqpjobs.runtime.payloads import PayloadStore
 
 #: A publish the broker definitely did not take: nacked (a queue at max_length with reject-publish),
-#: returned (mandatory, no queue bound) or refused before sending (too large). A payload stored for
-#: it is deleted; after any other failure (no confirm in time, connection lost) it is kept.
+#: returned (mandatory, no queue bound), its exchange missing (404) or refused before sending (too
+#: large). A payload stored for it is deleted; after any other failure (no confirm in time, connection
+#: lost) it is kept.
 REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
 
 

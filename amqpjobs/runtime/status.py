@@ -8,7 +8,7 @@ message's ``timestamp`` from the management API (refreshed every
 ``collect_statistics_interval``, 5 s by default: RabbitMQ "Management Plugin" →
 "Statistics Interval"). The oldest message age is ``now - head_message_timestamp``, so
 it needs publishers to set ``timestamp`` (``enqueue`` does); AMQP timestamps have whole
-seconds, so the age is exact to within 1 s. Quorum queues on RabbitMQ 3.x report no head
+seconds, so the age is exact to within 1 s. Quorum queues (3.x and 4.x, seen up to 4.3.6) report no head
 timestamp: their age shows as unknown.
 """
 

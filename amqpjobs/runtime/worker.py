@@ -39,6 +39,7 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
@@ -138,6 +139,7 @@ class Worker(SuspectTurns):
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a work queue does not exist on the broker (apply the topology), or
                 (RabbitMQ 4.3+) fewer than a majority of the cluster's nodes run.
+            PayloadStoreError: the app's payload store can't be opened.
 
         """
         if self.options.concurrency < 1:
@@ -154,6 +156,10 @@ class Worker(SuspectTurns):
         if queues or exchanges:
             advice = await asyncio.to_thread(missing_objects_advice, self.settings, queues, exchanges)
             raise BrokerError(f"{advice}; without them retries, quarantine and crash containment can't work")
+        if (store := self.app.payload_store) is not None:  # else every large job would fail into quarantine
+            await open_store(
+                store, "the worker did not start (each large job would be quarantined payload-store-error)"
+            )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         self._version = version = broker_info(self._connection).version  # see amqpjobs.runtime.broker_rules
         check_layouts(self._layouts.values(), version)
@@ -178,7 +184,7 @@ class Worker(SuspectTurns):
                 await opener()
             self._background.append(asyncio.create_task(keep_pruned(self.app.ledger)))
         self._start_results()
-        if (store := self.app.payload_store) is not None:  # any worker sweeps: deletion needs no one process
+        if store is not None:  # any worker sweeps: deletion needs no one process
             sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
             self._background.append(asyncio.create_task(sweep))
         for layout in self._layouts.values():

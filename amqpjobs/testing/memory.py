@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqpjobs.errors import ConfigurationError, PublishError, PublishNackedError, UnroutableError
+from amqpjobs.errors import ConfigurationError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.models import Declarations
@@ -193,13 +193,13 @@ class MemoryBroker:
         """Route and store a message (its headers copied, as the wire would).
 
         Raises:
-            PublishError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
+            UnroutableError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
             UnroutableError: ``mandatory`` and no queue took it.
             PublishNackedError: a target queue is full with ``reject-publish``.
 
         """
         if exchange and exchange not in self.exchanges:
-            raise PublishError(f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)")
+            raise UnroutableError(f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)")
         targets = self.route(exchange, routing_key)
         if not targets:
             if mandatory:
@@ -312,10 +312,14 @@ class MemoryDelivery:
         """Whether it is not settled yet."""
         return not self.settled
 
-    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
-        """The same message with other headers (``message_id`` ``job_id`` when it had none)."""
+    def copy(self, headers: Mapping[str, Any], job_id: str, ready_at: int | None = None) -> OutgoingMessage:
+        """The same message with other headers, as :meth:`amqpjobs.wire.abc.Received.copy` makes it."""
+        m = self.stored.message
         return dataclasses.replace(
-            self.stored.message, headers=dict(headers), message_id=self.stored.message.message_id or job_id
+            m,
+            headers=dict(headers),
+            message_id=m.message_id or job_id,
+            timestamp=m.timestamp if ready_at is None else ready_at,
         )
 
     def _settle(self, how: str) -> None:

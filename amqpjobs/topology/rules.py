@@ -193,6 +193,16 @@ def queue_rules(
                     'remove overflow or set it to "reject-publish"',
                 )
             )
+        if jq.max_age is not None:  # the management API has no head_message_timestamp for quorum queues
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.max_age",
+                    f"max_age can't be checked on quorum job queue {jq.name!r}: RabbitMQ reports no head message "
+                    "timestamp for quorum queues (seen on 3.10 and 4.3), so enqueue would never refuse",
+                    'use type = "classic" for max_age, or bound the queue with max_depth instead',
+                )
+            )
     elif jq.delivery_limit is not None:
         problems.append(
             Problem(

@@ -122,8 +122,12 @@ class Received(Acknowledgeable, Protocol):
         """Whether it can still be settled (its channel is open)."""
         ...
 
-    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
-        """The same message with other headers (``message_id`` ``job_id`` when it had none)."""
+    def copy(self, headers: Mapping[str, Any], job_id: str, ready_at: int | None = None) -> OutgoingMessage:
+        """The same message with other headers (``message_id`` ``job_id`` when it had none).
+
+        ``ready_at`` (whole seconds since the epoch: when the copy becomes ready in the work
+        queue) replaces ``timestamp``; None keeps it.
+        """
         ...
 
 

@@ -19,6 +19,8 @@ except:
 * ``headers``: as above;
 * ``message_id``: set to the job id when the message came without one (so every copy of
   a job carries the same id);
+* ``timestamp``: when the copy becomes ready in its work queue, if the copy says so
+  (``ready_at``: a retry or replayed copy); else as received;
 * ``expiration``: dropped. A per-message TTL was the publisher's limit on waiting in the
   work queue; kept on a copy, it would expire the copy in a delay tier (back early) or in
   quarantine (lost).
@@ -164,7 +166,11 @@ _MISSING = object()
 
 
 def copy_properties(
-    received: bytes, received_headers: Mapping[str, Any] | None, headers: Mapping[str, Any], message_id: str
+    received: bytes,
+    received_headers: Mapping[str, Any] | None,
+    headers: Mapping[str, Any],
+    message_id: str,
+    timestamp: int | None = None,
 ) -> bytes:
     """The encoded property list (flags and values) of a copy of a received message.
 
@@ -174,6 +180,7 @@ def copy_properties(
         headers: The copy's headers. A value that is the very object decoded (``is``) goes
             out as received; any other is encoded by pamqp (bytes as a byte array).
         message_id: The copy's ``message_id``; encoded anew only if the message had none.
+        timestamp: The copy's ``timestamp`` (whole seconds since the epoch), or None: as received.
 
     Raises:
         ValueError: ``received`` is not a well-formed content header.
@@ -193,6 +200,8 @@ def copy_properties(
     props["headers"] = struct.pack(">I", len(body)) + body
     if "message_id" not in props or props["message_id"] == b"\x00":
         props["message_id"] = encode.short_string(message_id)
+    if timestamp is not None:
+        props["timestamp"] = struct.pack(">Q", timestamp)
     flags, parts = 0, []
     for name, flag, _ in _LAYOUT:
         if name in props and name not in DROPPED:
@@ -221,18 +230,21 @@ class ReceivedCopy(OutgoingMessage):
     """A copy of a received message, published with its headers and properties as received.
 
     Only ``body``, ``headers`` and ``message_id`` of the fields inherited are sent (see
-    :func:`copy_properties`); the other property fields say what was received.
+    :func:`copy_properties`), and ``ready_at`` as ``timestamp``; the other property fields
+    say what was received.
 
     Attributes:
         received: The content-header payload the message came with.
         received_headers: Its headers as pamqp decoded them.
+        ready_at: The copy's ``timestamp`` (whole seconds), or None: as received.
     """
 
     received: bytes
     received_headers: Mapping[str, Any] | None
+    ready_at: int | None = None
 
     def amqp_properties(self) -> ExactProperties:
         """The copy's basic properties, encoded."""
         message_id = self.message_id or ""
-        encoded = copy_properties(self.received, self.received_headers, self.headers, message_id)
+        encoded = copy_properties(self.received, self.received_headers, self.headers, message_id, self.ready_at)
         return ExactProperties(encoded, message_id)

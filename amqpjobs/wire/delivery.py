@@ -163,13 +163,16 @@ class Delivery:
     _acks: AckBatcher | None = None
     _received: ContentHeader | None = None
 
-    def copy(self, headers: Mapping[str, Any], job_id: str) -> OutgoingMessage:
+    def copy(self, headers: Mapping[str, Any], job_id: str, ready_at: int | None = None) -> OutgoingMessage:
         """The same message with other headers, for a tier, quarantine or a replay.
 
         Args:
             headers: The copy's headers. Values left as received (the same objects) go out
                 as received: same type code, same bytes.
             job_id: The copy's ``message_id`` when the message came without one.
+            ready_at: The copy's ``timestamp`` (whole seconds since the epoch: when it becomes
+                ready in the work queue), or None to
+                keep the received one (quarantine, park).
 
         Returns:
             A :class:`~amqpjobs.wire.copies.ReceivedCopy` that keeps every property and
@@ -184,7 +187,7 @@ class Delivery:
             content_encoding=self.content_encoding,
             message_id=self.message_id or job_id,
             type=self.type,
-            timestamp=self.timestamp,
+            timestamp=self.timestamp if ready_at is None else ready_at,
             priority=self.priority,
             correlation_id=self.correlation_id,
             reply_to=self.reply_to,
@@ -195,7 +198,7 @@ class Delivery:
         if received is None or raw is None:
             return plain
         same = {f.name: getattr(plain, f.name) for f in fields(plain)}
-        return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers)
+        return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers, ready_at=ready_at)
 
     def properties(self) -> dict[str, Any]:
         """Every basic property as received, by its AMQP name (AMQP 0-9-1 class ``basic``: 14 properties).

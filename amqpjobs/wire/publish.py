@@ -169,9 +169,11 @@ class ConfirmedPublisher:
         """Publish ``message`` to ``exchange`` (``""`` = default exchange) and wait for the confirm.
 
         Raises:
-            UnroutableError: the broker returned it: no queue bound for ``routing_key``.
+            UnroutableError: the broker returned it (no queue bound for ``routing_key``), or
+                ``exchange`` does not exist (404: the broker closed the channel; a new one is opened
+                for the next publish).
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
-            PublishError: the exchange does not exist, or the confirm did not come in time.
+            PublishError: the confirm did not come in time.
             MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
                 the connection's ``frame_max`` (nothing sent).
             BrokerError: the channel or connection failed during the publish.
@@ -222,7 +224,8 @@ class ConfirmedPublisher:
             # the broker closed the channel: close ours now, so that no task of aio-pika's is left holding
             # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
             await self._discard_channel()
-            raise PublishError(self._missing_exchange(exchange)) from exc.__cause__
+            # a definite refusal, as a return is: nothing was stored (a claim-checked payload goes too)
+            raise UnroutableError(self._missing_exchange(exchange)) from exc.__cause__
         except PreconditionFailedError as exc:
             if "max size" in str(exc) or "message size" in str(exc):
                 raise MessageTooLargeError(

@@ -22,11 +22,13 @@ import pytest
 
 from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
 from amqpjobs.errors import PublishNackedError
+from amqpjobs.jobs import envelope
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from tests.amqp_frames import short_bytes
 from tests.integration.helpers import depth
 from tests.integration.own_node import OwnNode, own_node
 from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
@@ -52,6 +54,12 @@ max_age = "1s"
 name = "other"
 exchange = "jobs"
 max_depth = 100
+
+[[job_queue]]
+name = "returning"
+exchange = "jobs"
+retry_tiers = ["2s"]
+max_age = "6s"
 """
 
 
@@ -315,5 +323,83 @@ async def test_max_age_reads_a_millisecond_timestamp_by_the_one_rule(on_alarm_no
         age = float(refused.value.limit.split("oldest ready message ")[1].split("s old")[0])
         assert abs(age - (time.time() - sent_at)) <= 2.0, refused.value.limit  # read in ms, not as 0 s
         assert await depth(on_alarm_node, "aged") == 1
+    finally:
+        await app.close()
+
+
+async def test_a_retry_copy_back_at_the_head_is_aged_from_its_return_not_its_first_enqueue(
+    on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    """A retry copy's ``timestamp`` is when it becomes ready in the work queue (README "Wire format").
+
+    A job enqueued 20 s ago (a foreign publisher's: no ``amqpjobs-enqueued-at``) fails once;
+    its copy waits 2 s in the tier and comes back to the head of the work queue. max_age 6s
+    counts from its return (whole seconds, and the management API's figures a second late: an
+    enqueue right after sees an age of 1-4 s): it is let through (before, it was refused
+    "oldest ready message 22.0s old"), and the copy carries the first enqueue time.
+    """
+    app = await make_app(on_alarm_node, tmp_path)
+    ran: list[int] = []
+
+    @app.job("once", queue="returning")
+    async def once(payload: dict[str, object], ctx: JobContext) -> None:
+        ran.append(ctx.attempt)
+        raise RuntimeError("fails: its copy waits 2 s in the tier")
+
+    first = int(time.time()) - 20
+    extra = {"timestamp": struct.pack(">Q", first), "type": short_bytes(b"once")}
+    await publish_raw(on_alarm_node, "returning", "old", extra)
+    worker = Worker(app, on_alarm_node, WorkerOptions(queues=("returning",), concurrency=1))
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not ran:
+            assert time.monotonic() < deadline, "the job never ran"
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.shutdown()  # the copy is published (confirmed) before the ack the shutdown waits for
+    failed_at = time.time()
+    deadline = time.monotonic() + 10
+    while await depth(on_alarm_node, "returning") != 1:  # the copy, back from the tier (an exact count)
+        assert time.monotonic() < deadline, "the copy never came back"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.1)  # the management API's figures (refreshed every 0.5 s) show it at the head
+    head = await wait_for_head_timestamp(on_alarm_node, "returning")
+    try:
+        assert await app.enqueue("once", {}, job_id="after-return") == "after-return"
+        assert failed_at - 3 <= head - 2 <= failed_at, (head, failed_at)  # its publish + the tier's 2 s, whole s
+        with ManagementClient(on_alarm_node) as mgmt:
+            (copy, _) = mgmt.request(
+                "POST", f"/queues/{on_alarm_node.vhost}/returning/get",
+                json={"count": 2, "ackmode": "ack_requeue_true", "encoding": "auto"},
+            )  # fmt: skip
+        assert copy["properties"]["message_id"] == "old"
+        assert copy["properties"]["timestamp"] == head
+        assert copy["properties"]["headers"][envelope.ENQUEUED_AT] == envelope.iso_utc(first)
+        assert ran == [1]
+    finally:
+        await app.close()
+
+
+async def test_an_empty_queue_has_no_age_whatever_a_stale_head_timestamp_says(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The management API's ``head_message_timestamp`` outlives the queue's last message by up to a stats interval.
+
+    The stale figure stands in for the management API (60 s old, as one left from a message
+    just consumed); the depth is the broker's own (a passive declare): 0, so no age. Once a
+    job is in the queue, the same figure refuses.
+    """
+    from amqpjobs.runtime.backpressure import EnqueueGate
+
+    monkeypatch.setattr(EnqueueGate, "_oldest_age", lambda self, work_queue: 60.0)
+    app = await make_app(broker, tmp_path)
+    try:
+        assert await app.enqueue("aged", {}, job_id="into-empty") == "into-empty"  # before: max_age 1s, 60.0s old
+        await asyncio.sleep(1.05)  # the gate reads the figures at most once a second: now 1 ready
+        with pytest.raises(QueueFullError) as refused:
+            await app.enqueue("aged", {}, job_id="behind-one")
+        assert refused.value.limit == "max_age 1s (oldest ready message 60.0s old)"
+        assert await depth(broker, "aged") == 1
     finally:
         await app.close()

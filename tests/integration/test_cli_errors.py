@@ -26,12 +26,13 @@ def run(
     url: str | None = None,
     cwd: Path = ROOT,
     env_extra: dict[str, str] | None = None,
+    timeout: float = 90,
 ) -> tuple[int, str, float]:
     env = dict(os.environ, AMQPJOBS_URL=url or broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url)
     env.update(env_extra or {})
     started = time.monotonic()
     proc = subprocess.run(
-        [EXE, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=90, stdin=subprocess.DEVNULL
+        [EXE, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL
     )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
 
@@ -153,3 +154,23 @@ async def test_module_raising_at_import(broker: BrokerSettings, tmp_path: Path):
         assert code == 2, out
         assert words in out
         assert "Traceback" not in out
+
+
+async def test_consume_with_a_payload_store_it_cannot_open_refuses_to_start(broker: BrokerSettings, tmp_path: Path):
+    """Before, the worker started and burnt every large job's attempts into quarantine ``payload-store-error``."""
+    await make_app(broker, tmp_path)  # the topology applied: only the store is wrong
+    (tmp_path / "not-a-dir").write_text("a regular file where the store's root should be")
+    (tmp_path / "badstore_app.py").write_text(
+        "from amqpjobs import App, FilePayloadStore\n"
+        f"app = App('bad-store', topology={str(tmp_path / 'app.toml')!r}, "
+        f"payload_store=FilePayloadStore({str(tmp_path / 'not-a-dir')!r}))\n"
+        "app.job('big', queue='work')(lambda payload, ctx: None)\n"
+    )
+    try:
+        code, out, _ = await asyncio.to_thread(run, broker, "consume", "badstore_app:app", cwd=tmp_path, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker started with a payload store it can't open")
+    assert code == 3, out
+    assert "payload store 'file' can't be opened (NotADirectoryError" in out, out
+    assert "the worker did not start" in out
+    assert "Traceback" not in out

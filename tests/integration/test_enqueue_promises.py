@@ -170,14 +170,14 @@ async def test_routing_keys_topic_exchange_and_user_bindings(broker: BrokerSetti
     assert [m.routing_key for m in await drain(broker, "trail")] == ["orders.created", "trail", "orders.shipped.eu"]
 
 
-async def test_a_missing_exchange_is_a_publish_error_and_the_next_enqueue_works(broker: BrokerSettings, tmp_path: Path):
+async def test_a_missing_exchange_is_unroutable_and_the_next_enqueue_works(broker: BrokerSettings, tmp_path: Path):
     extra = '\n[[exchange]]\nname = "later"\n\n[[job_queue]]\nname = "unapplied"\nexchange = "later"\n'
     app = await make(broker, tmp_path, extra)
     app.job("early", queue="unapplied")(lambda p, c: None)
     try:
         with pytest.raises(PublishError, match="exchange 'later' does not exist: apply the topology") as caught:
             await app.enqueue("early", {})
-        assert type(caught.value) is PublishError
+        assert type(caught.value) is UnroutableError  # a definite refusal, as a return is
         await app.enqueue("cap", {}, job_id="after")  # a new channel replaces the one the broker closed
     finally:
         await app.close()
@@ -263,3 +263,19 @@ async def test_a_refused_publish_deletes_the_payload_it_stored(broker: BrokerSet
         await app.close()
     [first] = await drain(broker, "capped")
     assert first.headers["amqpjobs-payload-ref"] == f"file:{kept[0]}"
+
+
+async def test_a_missing_exchange_deletes_the_payload_stored_for_the_job(broker: BrokerSettings, tmp_path: Path):
+    """A 404 (exchange missing) is a definite refusal, like a return: the claim-checked payload goes too."""
+    extra = '\n[[exchange]]\nname = "later"\n\n[[job_queue]]\nname = "unapplied"\nexchange = "later"\n'
+    app = await make(broker, tmp_path, extra)
+    app.payload_store = FilePayloadStore(tmp_path / "payloads", threshold=0)  # every body is stored
+    app.job("early", queue="unapplied")(lambda p, c: None)
+    try:
+        with pytest.raises(UnroutableError, match="exchange 'later' does not exist: apply the topology"):
+            await app.enqueue("early", {"n": 1})
+        assert sorted((tmp_path / "payloads" / "data").iterdir()) == []  # stored, then deleted
+        await app.enqueue("cap", {"n": 2}, job_id="after")
+        assert len(list((tmp_path / "payloads" / "data").iterdir())) == 1
+    finally:
+        await app.close()

@@ -10,12 +10,15 @@ the same type code and the same bytes, and every property with the same bytes, e
 
 * ``expiration``: dropped from copies (a copy would expire in a delay tier or quarantine);
 * ``user_id``: dropped from copies (the broker refuses a ``user_id`` other than the
-  publishing connection's user, and a worker or replay may connect as another user).
+  publishing connection's user, and a worker or replay may connect as another user);
+* ``timestamp``: a retry or replayed copy's is when it becomes ready in the work queue
+  (seconds), and every copy carries the first enqueue time in ``amqpjobs-enqueued-at``.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +28,21 @@ import pytest
 from pamqp import decode, header
 
 from amqpjobs import JobContext, RetryPolicy
-from amqpjobs.jobs import evidence
+from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.quarantine import ReplayOptions
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.amqp_frames import DROPPED, SENT, RawProperties, encode_properties, split_properties, split_table
+from tests.amqp_frames import (
+    DROPPED,
+    MILLIS,
+    SENT,
+    RawProperties,
+    encode_properties,
+    long_bytes,
+    split_properties,
+    split_table,
+)
 from tests.integration.helpers import depth, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
@@ -83,6 +95,7 @@ async def test_copies_keep_header_types_and_properties_byte_exact(
         runs.append(dict(ctx.headers))
         raise RuntimeError("fails every time")
 
+    started = int(time.time())
     async with running_worker(app, broker) as (_, rec):
         async with raw_channel(broker) as ch:
             underlay = await ch.get_underlay_channel()
@@ -110,7 +123,18 @@ async def test_copies_keep_header_types_and_properties_byte_exact(
         for key, sent in sent_headers.items():  # type code and value bytes of every publisher header
             if entries.get(key) != sent:
                 wrong.setdefault(name, {})[f"header {key!r}"] = (entries.get(key), sent)
-        for prop in SENT.keys() - {"headers"}:
+        for prop in SENT.keys() - {"headers", "timestamp"}:
             if props.get(prop) != expected.get(prop):
                 wrong.setdefault(name, {})[prop] = (props.get(prop), expected.get(prop))
+        # the first enqueue time, from the publisher's millisecond timestamp: never lost (README "Wire format")
+        first = b"S" + long_bytes(envelope.iso_utc(MILLIS / 1000).encode())
+        if entries.get(envelope.ENQUEUED_AT.encode()) != first:
+            wrong.setdefault(name, {})[envelope.ENQUEUED_AT] = (entries.get(envelope.ENQUEUED_AT.encode()), first)
     assert wrong == {}
+    # timestamp: when the copy becomes ready in the work queue, whole seconds; quarantine keeps the received one
+    ready = {
+        name: struct.unpack(">Q", stage(received, name)["timestamp"])[0] for name in ("retry", "quarantine", "replay")
+    }
+    assert started <= ready["retry"] <= int(time.time()), ready  # its publish + the 200 ms tier
+    assert ready["quarantine"] == ready["retry"]  # the retry copy's, as it came
+    assert ready["retry"] <= ready["replay"] <= int(time.time()), ready

@@ -172,3 +172,31 @@ async def test_show_json_says_what_is_wrong_with_each_stored_payload(
         "inline": None
     }
     await app.close()
+
+
+@pytest.mark.parametrize("kind", ["file", "postgres"])
+async def test_purge_with_a_store_it_cannot_open_purges_nothing_and_exits_3(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+):
+    """`--app` whose store can't be opened: before, the messages were purged (exit 0), the payloads never marked."""
+    (tmp_path / "not-a-dir").write_text("a regular file where the store's root should be")
+    source = {
+        "file": f"FilePayloadStore({str(tmp_path / 'not-a-dir')!r})",
+        "postgres": "PostgresPayloadStore('postgresql://amqpjobs:WRONG@127.0.0.1:5442/amqpjobs')",
+    }[kind]
+    app = await app_with(broker, tmp_path, None)
+
+    @app.job("big", queue="work")
+    async def big(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise Reject("no")
+
+    async with running_worker(app, broker) as (_, rec):
+        await publish_raw(broker, "bad-1", {envelope.PAYLOAD_REF: "file:0123abcd"}, body=b"{}")
+        await rec.wait_for(lambda o: [x.kind for x in o] == ["quarantined"])
+    ref = app_module(tmp_path, source, monkeypatch)
+    out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work", "--yes", "--app", ref)
+    assert out.exit_code == 3, out.output
+    assert f"payload store {kind!r} can't be opened" in out.output, out.output
+    assert "nothing was purged" in out.output
+    assert "WRONG" not in out.output  # never the password
+    assert [m.message_id for m in await drain(broker, "work.quarantine")] == ["bad-1"]

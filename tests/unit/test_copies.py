@@ -102,3 +102,26 @@ def test_without_the_received_bytes_a_copy_is_built_from_the_decoded_values() ->
 def test_a_malformed_table_is_refused(table: bytes) -> None:
     with pytest.raises(ValueError, match=r"unknown field type|truncated"):
         split_table(table)
+
+
+def test_a_copy_takes_the_time_it_becomes_ready_as_its_timestamp() -> None:
+    """``ready_at``: the copy's ``timestamp`` (retry, replay, hand-back); without it, as received (quarantine, park)."""
+    delivery = received(SENT)
+    headers = envelope.copy_headers(delivery.headers, delivery.timestamp)
+    out = sent(delivery.copy(headers, "job-1", ready_at=2_000_000_000))
+    assert out["timestamp"] == struct.pack(">Q", 2_000_000_000)
+    assert {k: v for k, v in out.items() if k not in {"headers", "timestamp"}} == {
+        k: v for k, v in SENT.items() if k not in DROPPED | {"headers", "timestamp"}
+    }
+    first = b"S" + frames.long_bytes(envelope.iso_utc(frames.MILLIS / 1000).encode())  # from the ms timestamp
+    assert split_table(out["headers"])[envelope.ENQUEUED_AT][1] == first
+    assert sent(delivery.copy(headers, "job-1"))["timestamp"] == SENT["timestamp"]
+    without = {k: v for k, v in SENT.items() if k != "timestamp"}
+    assert sent(received(without).copy({}, "job-1", ready_at=7))["timestamp"] == struct.pack(">Q", 7)
+    plain = deliver(ContentHeader(properties=commands.Basic.Properties(message_id="m", headers={})))
+    assert plain.copy({}, "m", ready_at=2_000_000_001).timestamp == 2_000_000_001  # from decoded values: the same
+
+
+def test_the_ready_time_of_a_copy_is_in_whole_seconds() -> None:
+    assert envelope.ready_at(1_000.9) == 1_000
+    assert envelope.ready_at(1_000.9, delay=35.0) == 1_035

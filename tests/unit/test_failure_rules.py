@@ -86,17 +86,17 @@ RECEIVED: dict[str, Any] = {
     ],
 )
 def test_retry_headers(decision: RetryLater, expected: dict[str, Any]) -> None:
-    headers = retry_headers(RECEIVED, decision, 1, "jobs", "rk", "NOW")
+    headers = retry_headers(RECEIVED, decision, 1, "jobs", "rk", "NOW", timestamp=None)
     assert headers == {**expected, envelope.ORIGINAL_EXCHANGE: "jobs", envelope.ORIGINAL_ROUTING_KEY: "rk"}
 
 
 def test_unstarted_headers() -> None:
-    handed_back = unstarted_headers(RECEIVED, None, "w.s1", "jobs", "rk", "h", 7, "NOW")
+    handed_back = unstarted_headers(RECEIVED, None, "w.s1", "jobs", "rk", "h", 7, "NOW", timestamp=None)
     assert handed_back == {
         crash.STARTS: 2, crash.WORK_QUEUE: "w.s1", envelope.TENANT: "acme",
         envelope.ORIGINAL_EXCHANGE: "jobs", envelope.ORIGINAL_ROUTING_KEY: "rk",
     }  # fmt: skip
-    registered = unstarted_headers(RECEIVED, Register(3), "w.s0", "jobs", "rk", "h", 7, "NOW")
+    registered = unstarted_headers(RECEIVED, Register(3), "w.s0", "jobs", "rk", "h", 7, "NOW", timestamp=None)
     assert registered == {
         crash.STARTS: 3, crash.LAST_START_HOST: "h", crash.LAST_START_PID: 7, crash.LAST_START_AT: "NOW",
         crash.WORK_QUEUE: "w.s0", envelope.FIRST_FAILURE_AT: "NOW", envelope.TENANT: "acme",
@@ -108,7 +108,7 @@ def test_unstarted_headers() -> None:
 def test_quarantine_headers(reason: str, runs: int) -> None:
     headers = quarantine_headers(
         RECEIVED, reason, ("ValueError", "bad", "tb"), 3, queue="w", exchange="jobs", routing_key="rk",
-        job="send", job_id="id-1", host="h", pid=7, version="0.1.0", app_version="", now="NOW",
+        job="send", job_id="id-1", host="h", pid=7, version="0.1.0", app_version="", now="NOW", timestamp=None,
     )  # fmt: skip
     assert "x-death" not in headers
     assert headers[envelope.RUNS] == runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -231,9 +232,27 @@ def test_one_rule_for_no_tenant(value: object, tenant: str | None) -> None:
 def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
     death = {"x-death": [{"count": 1}], "x-first-death-reason": "rejected"}
     for none in ("", " ", b"\t", {"id": 7}, [1], True, 2.5):
-        assert envelope.copy_headers({envelope.TENANT: none, "k": 1, **death}) == {"k": 1}
-    kept = envelope.copy_headers({envelope.TENANT: b"acme", "k": 1})
+        assert envelope.copy_headers({envelope.TENANT: none, "k": 1, **death}, None) == {"k": 1}
+    kept = envelope.copy_headers({envelope.TENANT: b"acme", "k": 1}, None)
     assert kept == {envelope.TENANT: b"acme", "k": 1}  # as received: same type, same bytes
+
+
+@pytest.mark.parametrize(
+    ("received", "timestamp", "expected"),
+    [
+        ({}, 1_700_000_000, "2023-11-14T22:13:20.000Z"),  # a foreign publisher's job: from its timestamp
+        ({}, 1_700_000_000_500, "2023-11-14T22:13:20.500Z"),  # milliseconds, by the one time rule
+        ({envelope.ENQUEUED_AT: "nonsense"}, 1_700_000_000, "2023-11-14T22:13:20.000Z"),  # unreadable: replaced
+        ({envelope.ENQUEUED_AT: b"2026-01-02T03:04:05Z"}, 1_700_000_000, b"2026-01-02T03:04:05Z"),  # kept as is
+        ({}, None, None),  # neither: nothing to keep
+    ],
+)
+def test_every_copy_keeps_the_first_enqueue_time(received: dict[str, Any], timestamp: Any, expected: Any) -> None:
+    """A copy's ``timestamp`` becomes its ready time: the first enqueue time must live in the header."""
+    assert envelope.copy_headers(received, timestamp).get(envelope.ENQUEUED_AT) == expected
+    kept = envelope.copy_headers(received, timestamp)
+    if expected is not None:
+        assert envelope.enqueued_at_of(kept, 2_000_000_000) == envelope.enqueued_at_of(received, timestamp)
 
 
 def test_evidence_and_replay_carry_no_empty_tenant() -> None:
@@ -242,8 +261,8 @@ def test_evidence_and_replay_carry_no_empty_tenant() -> None:
     with_tenant = evidence_headers(replace(failure("m", ""), tenant="acme"))
     assert with_tenant[envelope.TENANT] == "acme"
     item = q.describe({envelope.TENANT: ""}, "id-1", "mail")
-    assert envelope.TENANT not in q.replay_headers({envelope.TENANT: "", "k": 1}, item, "r-1")
-    assert q.replay_headers({envelope.TENANT: b"acme"}, item, "r-1")[envelope.TENANT] == b"acme"
+    assert envelope.TENANT not in q.replay_headers({envelope.TENANT: "", "k": 1}, item, "r-1", timestamp=None)
+    assert q.replay_headers({envelope.TENANT: b"acme"}, item, "r-1", timestamp=None)[envelope.TENANT] == b"acme"
 
 
 @pytest.mark.parametrize(

@@ -87,3 +87,16 @@ def test_shipped_example_topology_is_valid() -> None:
     loaded = load_topology(ROOT / "topology")
     assert [q.name for q in loaded.topology.job_queues] == ["urgent", "batch", "billing"]
     assert loaded.warnings == ()
+
+
+def test_max_age_on_a_quorum_job_queue_is_refused_naming_the_queue_and_the_fix(tmp_path: Path) -> None:
+    """Quorum queues report no head_message_timestamp (3.10 and 4.3.6 alike): max_age would never be checked."""
+    path = write(tmp_path, HEADER + job('type = "quorum"\nmax_age = "5m"', name="emails"))
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(path)
+    (problem,) = info.value.problems
+    assert problem.key_path == "job_queue[0].max_age"
+    assert problem.message.startswith("max_age can't be checked on quorum job queue 'emails'")
+    assert problem.fix == 'use type = "classic" for max_age, or bound the queue with max_depth instead'
+    ok = write(tmp_path, HEADER + job('type = "quorum"\nmax_depth = 100', name="emails"))
+    assert load_topology(ok).topology.layout("emails").bounds.max_depth == 100

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from amqpjobs import ConfigurationError, FilePayloadStore, PostgresPayloadStore, S3PayloadStore
+from amqpjobs.jobs import envelope
 from amqpjobs.jobs.envelope import PAYLOAD_REF, OutgoingMessage
 from amqpjobs.jobs.outcome import Ack, Quarantine, RetryLater
 from amqpjobs.jobs.payload_refs import PayloadRef, PayloadRefError, parse_ref
@@ -111,21 +112,25 @@ def test_every_copy_keeps_the_reference() -> None:
 
     received = {PAYLOAD_REF: "s3:abc", "x-death": [{"count": 1}], "amqpjobs-attempt": 2}
     now = "2026-11-30T00:00:00.000Z"
+    sent = 1_700_000_000  # a foreign publisher's: no amqpjobs-enqueued-at
     quarantined = quarantine_headers(received, "rejected", ("Reject", "no", ""), 1, queue="work", exchange="jobs",
                                      routing_key="work", job="big", job_id="j1", host="h", pid=1, version="1",
-                                     app_version="", now=now)  # fmt: skip
+                                     app_version="", now=now, timestamp=sent)  # fmt: skip
     item = q.describe(quarantined, "j1", "big")
     copies = {
-        "retry": retry_headers(received, RetryLater(tier=0, delay=1.0, next_attempt=3), 1, "jobs", "work", now),
-        "hand-back": unstarted_headers(received, None, "work", "jobs", "work", "h", 1, now),
-        "suspect": unstarted_headers(received, Register(2), "work", "jobs", "work", "h", 1, now),
+        "retry": retry_headers(
+            received, RetryLater(tier=0, delay=1.0, next_attempt=3), 1, "jobs", "work", now, timestamp=sent
+        ),
+        "hand-back": unstarted_headers(received, None, "work", "jobs", "work", "h", 1, now, timestamp=sent),
+        "suspect": unstarted_headers(received, Register(2), "work", "jobs", "work", "h", 1, now, timestamp=sent),
         "quarantine": quarantined,
-        "park": q.park_headers(quarantined, item, now),
-        "replay": q.replay_headers(quarantined, item, "run-1"),
+        "park": q.park_headers(quarantined, item, now, timestamp=sent),
+        "replay": q.replay_headers(quarantined, item, "run-1", timestamp=sent),
     }
     for kind, headers in copies.items():
         assert headers[PAYLOAD_REF] == "s3:abc", kind
         assert "x-death" not in headers, kind
+        assert headers[envelope.ENQUEUED_AT] == "2023-11-14T22:13:20.000Z", kind  # the first enqueue, never lost
 
 
 async def test_a_store_that_hangs_is_a_store_error_after_the_timeout(

@@ -111,7 +111,7 @@ def test_replay_headers_start_a_fresh_budget_and_keep_provenance() -> None:
         "x-first-death-reason": "expired",
         "custom": "kept",
     }
-    out = replay_headers(headers, ITEM, "r-1")
+    out = replay_headers(headers, ITEM, "r-1", timestamp=None)
     assert out == {
         evidence.JOB: b"send_mail",
         envelope.TENANT: "acme",
@@ -129,14 +129,14 @@ def test_replay_headers_start_a_fresh_budget_and_keep_provenance() -> None:
 
 @pytest.mark.parametrize(("tenant", "kept"), [("acme", True), ("", False)], ids=["tenant-kept", "empty-tenant-dropped"])
 def test_replay_headers_tenant(tenant: str, kept: bool) -> None:
-    out = replay_headers({envelope.TENANT: tenant}, ITEM, "r")
+    out = replay_headers({envelope.TENANT: tenant}, ITEM, "r", timestamp=None)
     assert (envelope.TENANT in out) is kept
 
 
 def test_replay_headers_count_up_and_bound_the_message() -> None:
     item = describe({**OURS, REPLAY_COUNT: 4, evidence.ERROR_MESSAGE: "x" * 5000}, None, None)
-    out = replay_headers({}, item, "r")
+    out = replay_headers({}, item, "r", timestamp=None)
     assert out[REPLAY_COUNT] == 5
     assert out[PREVIOUS_ERROR_MESSAGE] == "x" * 1024
     unknown = describe({}, None, None)
-    assert replay_headers({}, unknown, "r")[PREVIOUS_FAILURE_AT] == ""
+    assert replay_headers({}, unknown, "r", timestamp=None)[PREVIOUS_FAILURE_AT] == ""

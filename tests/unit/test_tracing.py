@@ -65,17 +65,20 @@ def test_consumer_destination(exchange: str, routing_key: str, queue: str, name:
 
 def test_every_copy_keeps_the_trace_headers_as_received() -> None:
     received: dict[str, Any] = {**TRACE, envelope.ATTEMPT: 2, "x-death": [{"count": 1}]}
-    retry = retry_headers(received, RetryLater(next_attempt=3, tier=1, delay=0.4), 2, "jobs", "work", "now")
-    suspect = unstarted_headers(received, Register(2), "work", "jobs", "work", "host", 1, "now")
-    handed_back = unstarted_headers(received, None, "work", "jobs", "work", "host", 1, "now")
+    retry = retry_headers(
+        received, RetryLater(next_attempt=3, tier=1, delay=0.4), 2, "jobs", "work", "now", timestamp=None
+    )
+    suspect = unstarted_headers(received, Register(2), "work", "jobs", "work", "host", 1, "now", timestamp=None)
+    handed_back = unstarted_headers(received, None, "work", "jobs", "work", "host", 1, "now", timestamp=None)
     quarantined = quarantine_headers(
         received, "exhausted", ("ValueError", "boom", ""), 2, queue="work", exchange="jobs", routing_key="work",
         job="flaky", job_id="j1", host="host", pid=1, version="0", app_version="1", now="2026-11-30T00:00:00.000Z",
+        timestamp=None,
     )  # fmt: skip
     item = q.describe(quarantined, "j1", "flaky")
-    replayed = q.replay_headers(quarantined, item, "replay-1")
+    replayed = q.replay_headers(quarantined, item, "replay-1", timestamp=None)
     # envelope.copy_headers is where every copy starts (a new copy path, e.g. park, too)
-    for headers in (envelope.copy_headers(received), retry, suspect, handed_back, quarantined, replayed):
+    for headers in (envelope.copy_headers(received, None), retry, suspect, handed_back, quarantined, replayed):
         assert {k: headers[k] for k in TRACE} == TRACE
         assert all(headers[k] is received[k] for k in TRACE)  # the same objects: sent out byte for byte
     assert quarantined[evidence.REASON] == "exhausted"
