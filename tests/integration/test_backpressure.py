@@ -110,6 +110,7 @@ async def make_app(settings: BrokerSettings, tmp_path: Path, **options: float | 
     return app
 
 
+@pytest.mark.serial  # asserts the wall-clock bound: refused within its wait + 1 s
 async def test_a_memory_alarm_refuses_enqueue_unsent_and_enqueue_works_once_it_clears(
     alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
 ):
