@@ -35,7 +35,9 @@ from tests.integration.helpers import ROOT, cli_subprocess
 from tests.integration.test_chaos import quorum_leader_stopped
 from tests.integration.test_worker_process import done_ids
 
-pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.slow]
+# one xdist process owns the cluster: its session fixture runs `cluster43.sh up`, which would start
+# the nodes another process's test had stopped (a minority test then saw its apply succeed)
+pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.slow, pytest.mark.xdist_group("cluster43")]
 CLUSTER43 = ROOT / "scripts" / "cluster43.sh"
 NODES = [f"amqpjobs43-c{n}@localhost" for n in (1, 2, 3)]
 
