@@ -16,18 +16,15 @@ import asyncio
 import getpass
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.console_env import SCRIPT, Handler, failing_app, free_port, quarantine_jobs
+from tests.integration.console_env import SCRIPT, Handler, failing_app, quarantine_jobs, serve_console
 from tests.integration.helpers import depth
 from tests.integration.worker_env import running_worker
 
@@ -59,29 +56,8 @@ def chromium() -> str:
 @pytest.fixture
 def console(broker: BrokerSettings, tmp_path: Path) -> Iterator[str]:
     """``amqpjobs console`` as an operator starts it, on 127.0.0.1 and a free port: its base URL."""
-    port = free_port()
-    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-               AMQPJOBS_CONSOLE_AUDIT_LOG=str(tmp_path / "audit.jsonl"))  # fmt: skip
-    exe = str(Path(sys.executable).with_name("amqpjobs"))
-    log = (tmp_path / "console.log").open("w")
-    proc = subprocess.Popen([exe, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(base + "/audit", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "console.log").read_text()
-        assert time.monotonic() < deadline, "the console did not answer in 30 s"
-        time.sleep(0.1)
-    try:
+    with serve_console(broker, tmp_path) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
 
 
 def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
