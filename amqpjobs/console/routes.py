@@ -102,6 +102,8 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
 async def message(request: Request) -> Response:
     """One message: evidence, traceback, payload, properties and headers, replay history."""
     job_id = request.query_params.get("id", "")
+    if not job_id:  # no message named: nothing to look for (a link from the messages table always has one)
+        return problem(request, "id: give the job id of the message, e.g. /message?queue=work.quarantine&id=m-1", 400)
     try:
         queue = queue_of(request.query_params.get("queue"))
         found = await find_message(_state(request).config.broker, queue, job_id)
