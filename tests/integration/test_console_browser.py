@@ -109,6 +109,10 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
         act()
         page.fill('input[name="rate"]', "20")
         page.fill('input[name="canary"]', "2")
+        before_enter = page.url
+        page.press('input[name="rate"]', "Enter")  # implicit submission: must not "Replay all"
+        page.wait_for_timeout(500)
+        seen["url_after_enter"] = (before_enter, page.url)
         act()
         page.click("#replay-all")
         act()
@@ -176,6 +180,8 @@ async def test_the_operators_drill_in_a_real_browser(
     assert seen["actions"] <= 10
     assert seen["drill_seconds"] < 120, seen["drill_seconds"]
     assert seen["audit_rows"] == 2
+    before_enter, after_enter = seen["url_after_enter"]
+    assert after_enter == before_enter  # Enter in the rate box submitted nothing
     assert seen["live_health"] == "healthy"  # the open overview refreshed itself: parked jobs are not unhealthy
     print(f"drill: {seen['actions']} actions, {seen['drill_seconds']:.1f} s")
 
