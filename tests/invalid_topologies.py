@@ -39,6 +39,18 @@ INVALID: dict[str, tuple[str, str, str]] = {
     ),
     "classic-delivery-limit": (HEADER + job("delivery_limit = 3"), "job_queue[0].delivery_limit", "quorum"),
     "duplicate-job-queue": (HEADER + job() + job(), "job_queue[1].name", "duplicate"),
+    # names RabbitMQ takes but pamqp (the AMQP client) refuses to put in a frame: refused before any declare
+    "job-queue-name-the-client-refuses": (
+        HEADER + job(name='odd<b>&\\"é%2F..x'),
+        "job_queue[0].name",
+        "- _ . : @ # , / +",
+    ),
+    "exchange-name-the-client-refuses": (
+        '[[exchange]]\nname = "jobs!"\n' + job().replace('"jobs"', '"jobs!"'),
+        "exchange[0].name",
+        "rename",
+    ),
+    "quarantine-exchange-too-long-for-the-client": (HEADER + job(name="w" * 120), "job_queue[0].name", "127"),
     "duplicate-exchange": (HEADER + HEADER + job(), "exchange[1].name", "duplicate"),
     "expanded-name-collision": (
         HEADER + job('retry_tiers = ["5s"]') + job(name="work.retry.5s"),

@@ -46,7 +46,8 @@ class ActionRun:
         queue: The queue acted on.
         params: What was asked (JSON-ready; shown and audited).
         who / client: Who asked, from which address.
-        state: ``running``, ``done``, ``stopped`` (a canary failed, or someone pressed Stop) or ``failed``.
+        state: ``running``, ``done``, ``stopped`` (someone pressed Stop), ``canary failed`` (the rest
+            stay in quarantine) or ``failed``.
         summary: What happened, once it ended.
         details: More lines (a failed canary's jobs and why).
         replay: The replay's report (replay only).
@@ -157,7 +158,7 @@ class Actions:
                 return "done"
             run.details = [f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not "
                            "succeed; the rest stay in quarantine", *report.canary_failures]  # fmt: skip
-            return "stopped"
+            return "canary failed"
 
         return self._launch(run, go)
 
@@ -255,7 +256,7 @@ class Actions:
                 run.details.append(f"up to {window} job(s) in flight at the stop may now be both in "
                                    f"{printable(run.queue)} and in their work queue: duplicates, which an "
                                    "idempotent job tolerates")  # fmt: skip
-        result = {"done": "ok", "stopped": "stopped"}.get(ended, "error")
+        result = {"done": "ok", "stopped": "stopped", "canary failed": "canary failed"}.get(ended, "error")
         entry = AuditEntry(now_iso(), run.who, run.client, run.kind, run.queue, run.params, result, run.summary,
                            run.moved_ids())  # fmt: skip
         try:

@@ -23,19 +23,21 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.outcome_feed import OutcomeHub
 
 HERE = Path(__file__).resolve().parent
 
 
 @dataclass
 class Console:
-    """What the handlers share: the settings, the app (``--app``), the actions, the audit log, the templates."""
+    """What the handlers share: settings, app (``--app``), actions, audit log, templates, events' subscription."""
 
     config: ConsoleConfig
     app: App | None
     actions: Actions
     audit: AuditLog
     templates: Jinja2Templates
+    outcomes: OutcomeHub
 
 
 def _shown(value: Any) -> Any:
@@ -67,18 +69,20 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     actions = Actions(config.broker, audit, app.results if app is not None else None, layouts)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
+    outcomes = OutcomeHub(config.broker)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            await outcomes.close()
             await actions.close()
             if app is not None:
                 await app.close()
 
     web = Starlette(routes=routes(str(HERE / "static")), lifespan=lifespan)
-    web.state.console = Console(config, app, actions, audit, templates)
+    web.state.console = Console(config, app, actions, audit, templates, outcomes)
     web.add_middleware(Guard, config=config, csrf_token=csrf_token)
     return web
 

@@ -30,7 +30,7 @@ class AuditEntry:
         action: ``replay``, ``park`` or ``purge``.
         queue: The quarantine (or parked) queue acted on.
         params: What was asked (filters, rate, canary ...), JSON-ready.
-        result: ``ok``, ``stopped`` (a canary failed, or someone pressed Stop) or ``error``.
+        result: ``ok``, ``stopped`` (someone pressed Stop), ``canary failed`` or ``error``.
         summary: One line saying what happened.
         job_ids: The job ids moved or deleted, when known (replay history of a message).
 

@@ -25,8 +25,11 @@ FILTERS: Final = ("job", "error_type", "reason", "group", "search")
 UNKNOWN: Final = "(unknown)"
 #: The filters chosen from a list of the values present (a select); their "(unknown)" option means "".
 LISTED: Final = ("job", "error_type", "reason")
-#: What an action's form says about the rate, the canary and its timeout when left empty.
-DEFAULTS: Final = {"rate": "10", "canary_timeout": "60s"}
+#: Ceilings of a replay asked for here (a slip such as ``1e308`` is refused, not run): messages
+#: per second, canary jobs, seconds to wait for the canaries (1 h). README "Console".
+MAX_RATE: Final = 10_000.0
+MAX_CANARY: Final = 10_000
+MAX_CANARY_TIMEOUT: Final = 3600.0
 
 
 class FormError(ConfigurationError):
@@ -47,27 +50,41 @@ def text_of(form: Any, name: str) -> str:
     return str(form.get(name) or "").strip()
 
 
-def positive_number(form: Any, name: str, default: str, meaning: str, example: str) -> float:
-    """The field ``name`` as a positive, finite float (``default`` when empty).
+def required(form: Any, name: str, what: str) -> str:
+    """The field ``name``, which must be given (no default stands in for it).
+
+    Raises:
+        FormError: absent or empty; the message says ``what`` to give.
+
+    """
+    if not (text := text_of(form, name)):
+        raise FormError(name, f"missing: give {what}")
+    return text
+
+
+def positive_number(form: Any, name: str, ceiling: float, meaning: str, example: str) -> float:
+    """The field ``name`` (required) as a positive, finite float, at most ``ceiling``.
 
     Args:
         form: The submitted form.
         name: The field.
-        default: Its value when left empty.
+        ceiling: The largest value taken.
         meaning: What the number counts, for the error (``messages per second``).
         example: A good value, for the error (``10``).
 
     Raises:
-        FormError: not a number, NaN, infinite, zero or negative.
+        FormError: missing, not a number, NaN, infinite, zero, negative or above ``ceiling``.
 
     """
-    text = text_of(form, name) or default
+    text = required(form, name, f"a positive number of {meaning}, e.g. {example}")
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise FormError(name, f"give a positive, finite number of {meaning}, e.g. {example} (got {text!r})")
+    if value > ceiling:
+        raise FormError(name, f"at most {ceiling:g} {meaning} (got {text!r})")
     return value
 
 
@@ -142,7 +159,8 @@ def action_form(kind: str, form: Any) -> ActionForm:
     """
     queue = queue_of(text_of(form, "queue"))
     chosen = selection_of(form)
-    scope = text_of(form, "scope") or "all"
+    scope = required(form, "scope", "all (every message matching the filter) or selected (the checked ones): "
+                                    "press one of the action buttons")  # fmt: skip
     if scope == "all":  # every message matching the filter, whatever is checked
         chosen = replace(chosen, job_ids=None)
     elif scope != "selected":
@@ -157,15 +175,22 @@ def action_form(kind: str, form: Any) -> ActionForm:
         raise FormError("confirm", f"type the queue's name, {queue}, to purge it (got {typed!r})")
     if kind != "replay":
         return ActionForm(queue, chosen, params)
-    rate = positive_number(form, "rate", DEFAULTS["rate"], "messages per second", "10")
+    rate = positive_number(form, "rate", MAX_RATE, "messages per second", "10")
     canary_text = text_of(form, "canary")
     canary = int(canary_text) if canary_text.isdigit() and canary_text.isascii() else None
     if canary_text and (canary is None or canary < 1):
         raise FormError("canary", f"give a whole number of jobs, at least 1, or leave it empty (got {canary_text!r})")
-    timeout_text = text_of(form, "canary_timeout") or DEFAULTS["canary_timeout"]
-    try:
-        timeout = parse_duration(timeout_text)
-    except ValueError:
-        raise FormError("canary_timeout", f"give a duration such as 30s, 2m or 1m30s (got {timeout_text!r})") from None
+    if canary is not None and canary > MAX_CANARY:
+        raise FormError("canary", f"at most {MAX_CANARY} jobs (got {canary_text!r})")
+    timeout = 60.0
+    if canary is not None:  # the timeout of the canaries: asked for with them
+        timeout_text = required(form, "canary_timeout", "how long to wait for the canaries, e.g. 30s")
+        try:
+            timeout = parse_duration(timeout_text)
+        except ValueError:
+            shown = repr(timeout_text)
+            raise FormError("canary_timeout", f"give a duration such as 30s, 2m or 1m30s (got {shown})") from None
+        if timeout > MAX_CANARY_TIMEOUT:
+            raise FormError("canary_timeout", f"at most 1h (got {timeout_text!r})")
     params.update(rate=rate, canary=canary, canary_timeout=timeout)
     return ActionForm(queue, chosen, params, rate, canary, timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 from collections.abc import AsyncIterator
@@ -20,7 +21,6 @@ from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.quarantine import Selection, format_when
 from amqpjobs.printable import printable
-from amqpjobs.runtime.outcome_feed import outcome_feed
 
 
 def _state(request: Request) -> Any:
@@ -102,6 +102,8 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
 async def message(request: Request) -> Response:
     """One message: evidence, traceback, payload, properties and headers, replay history."""
     job_id = request.query_params.get("id", "")
+    if not job_id:  # no message named: nothing to look for (a link from the messages table always has one)
+        return problem(request, "id: give the job id of the message, e.g. /message?queue=work.quarantine&id=m-1", 400)
     try:
         queue = queue_of(request.query_params.get("queue"))
         found = await find_message(_state(request).config.broker, queue, job_id)
@@ -200,16 +202,36 @@ async def audit(request: Request) -> Response:
     return render(request, "audit.html", entries=_state(request).audit.recent())
 
 
+#: Seconds between the comment lines an idle event stream sends: a client that left is noticed within this.
+KEEPALIVE = 2.0
+
+
 async def events(request: Request) -> Response:
-    """Outcome events as server-sent events (``data: {"queue", "outcome"}``): the overview refreshes on each."""
-    broker = _state(request).config.broker
+    """Outcome events as server-sent events (``data: {"queue", "outcome"}``): the overview refreshes on each.
+
+    Every client shares the console's one subscription (:class:`~amqpjobs.runtime.outcome_feed.OutcomeHub`),
+    left when the client disconnects. The broker down is 503, as on every page; no events
+    exchange is one ``unavailable`` event (the page then polls).
+    """
+    hub = _state(request).outcomes
+    try:
+        reader = await hub.join()
+    except NotFoundError:
+        return StreamingResponse(iter(["event: unavailable\ndata: {}\n\n"]), media_type="text/event-stream")
+    except AmqpJobsError as exc:
+        return problem(request, str(exc), 503)
 
     async def stream() -> AsyncIterator[str]:
         try:
-            async for event in outcome_feed(broker):
+            while not await request.is_disconnected():
+                try:
+                    event = await asyncio.wait_for(reader.get(), KEEPALIVE)
+                except TimeoutError:
+                    yield ": idle\n\n"  # a write to a client that left fails: the stream ends
+                    continue
                 yield f"data: {json.dumps({'queue': event.queue, 'outcome': event.outcome})}\n\n"
-        except NotFoundError:
-            yield "event: unavailable\ndata: {}\n\n"
+        finally:
+            hub.leave(reader)  # no await: this runs when the stream is cancelled too
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 

@@ -1,7 +1,8 @@
 """Outcome events as an async stream, for a page that refreshes when jobs end (``amqpjobs console``).
 
 Subscribes to the outcome events exchange (:func:`amqpjobs.wire.events.subscribe_outcomes`,
-an exclusive auto-delete queue of its own) for as long as the iteration runs.
+an exclusive auto-delete queue of its own) for as long as the iteration runs;
+:class:`OutcomeHub` shares one such subscription among many readers.
 """
 
 from __future__ import annotations
@@ -44,3 +45,82 @@ async def outcome_feed(settings: BrokerSettings) -> AsyncIterator[OutcomeEvent]:
         finally:
             if not watch.is_closed:
                 await watch.close()
+
+
+class OutcomeHub:
+    """One subscription to the outcome events shared by every reader (the console's ``/events`` clients).
+
+    The first :meth:`join` opens it (one connection named ``amqpjobs-quarantine``, one
+    exclusive auto-delete queue); the last :meth:`leave` closes both. Leaving needs no
+    ``await``: a reader cancelled by its client's disconnect can still leave. Readers only
+    learn "something ended"; a slow reader drops its oldest events (:data:`BACKLOG`).
+    """
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self._settings = settings
+        self._readers: set[asyncio.Queue[OutcomeEvent]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def _on_body(self, body: bytes) -> None:
+        event = decode_event(body)
+        if event is None:
+            return
+        for reader in self._readers:
+            if reader.full():
+                reader.get_nowait()
+            reader.put_nowait(event)
+
+    async def _run(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with session(self._settings) as connection:
+                watch = await subscribe_outcomes(connection, self._on_body)
+                ready.set_result(None)
+                try:
+                    await asyncio.Event().wait()  # until the last reader leaves (cancelled)
+                finally:
+                    if not watch.is_closed:
+                        await watch.close()
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                raise
+
+    async def join(self) -> asyncio.Queue[OutcomeEvent]:
+        """A new reader's queue of events, the subscription opened if none is.
+
+        Raises:
+            NotFoundError: the events exchange does not exist (apply the topology).
+            BrokerUnavailableError: the broker can't be reached.
+
+        """
+        async with self._lock:
+            if self._task is None or self._task.done():
+                ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._task = asyncio.create_task(self._run(ready), name="amqpjobs-outcome-hub")
+                try:
+                    await asyncio.shield(ready)
+                except BaseException:  # refused, or this reader left while it connected
+                    if not self._readers:
+                        self._task.cancel()
+                        self._task = None
+                    raise
+            reader: asyncio.Queue[OutcomeEvent] = asyncio.Queue(BACKLOG)
+            self._readers.add(reader)
+            return reader
+
+    def leave(self, reader: asyncio.Queue[OutcomeEvent]) -> None:
+        """Forget ``reader``; the subscription closes (in the background) when it was the last."""
+        self._readers.discard(reader)
+        if not self._readers and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def close(self) -> None:
+        """Close the subscription whoever still reads (the console shutting down)."""
+        self._readers.clear()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -23,7 +23,14 @@ from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
-from amqpjobs.topology.naming import EVENTS_EXCHANGE, parse_queue_name
+from amqpjobs.topology.naming import (
+    ADDRESSABLE_CHARS,
+    EVENTS_EXCHANGE,
+    MAX_CLIENT_NAME,
+    NameKind,
+    parse_queue_name,
+    unaddressable_problem,
+)
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
@@ -178,6 +185,15 @@ def _reserved(file: str, path: str, name: str) -> list[Problem]:
     return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
 
 
+def _unaddressable(file: str, path: str, name: str, kind: NameKind) -> list[Problem]:
+    """The problem with ``name`` when the AMQP client can't send it (:func:`.naming.unaddressable_problem`)."""
+    if issue := unaddressable_problem(name, kind):
+        fix = (f"rename it within {ADDRESSABLE_CHARS}, at most {MAX_CLIENT_NAME[kind]} characters "
+               "(a job queue's names add suffixes such as .quarantine)")  # fmt: skip
+        return [Problem(file, path, issue, fix)]
+    return []
+
+
 def _undeclared_exchange(file: str, path: str, name: str) -> Problem:
     return Problem(
         file, path, f"exchange {name!r} is not declared", "declare it in an [[exchange]] entry or correct the name"
@@ -211,6 +227,7 @@ def _cross_checks(
         for i, ex in enumerate(tf.exchange):
             path = f"exchange[{i}].name"
             problems.extend(_reserved(file, path, ex.name))
+            problems.extend(_unaddressable(file, path, ex.name, "exchange"))
             claim(exchange_names, ex.name, file, path, "exchange")
     events_claimed = False
     for file, tf in parsed:
@@ -227,6 +244,12 @@ def _cross_checks(
                             f"expanded name {too_long[0][:40]!r}... is {len(too_long[0].encode('utf-8'))} bytes; "
                             "RabbitMQ allows 255", "shorten the job queue name (tiers and quarantine add suffixes)")
                 )  # fmt: skip
+            named: list[tuple[NameKind, str]] = [("queue", jq.name)]  # the name as written first, then its expansion
+            named += [("queue", q.name) for q in decls.queues] + [("exchange", e.name) for e in decls.exchanges]
+            if not too_long and (
+                refused := [p for kind, n in named for p in _unaddressable(file, f"{base}.name", n, kind)]
+            ):
+                problems.append(refused[0])
             if len(set(jq.keys)) != len(jq.keys):
                 problems.append(
                     Problem(file, f"{base}.routing_keys", "a routing key is listed twice", "list each key once")

@@ -22,6 +22,7 @@ Tiers are named by :func:`amqpjobs.durations.format_duration` of their TTL. Shar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +46,35 @@ QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked",
 
 #: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
 MAX_NAME_BYTES = 255
+
+
+#: The names the AMQP client library (pamqp, under aio-pika) puts in a frame: its
+#: ``pamqp.constants.DOMAIN_REGEX`` for queue and exchange names, copied here because topology/
+#: imports no client library (tests/unit/test_naming.py checks the copy). RabbitMQ itself takes
+#: any UTF-8 up to 255 bytes (RabbitMQ "Queues" -> "Names"); pamqp is stricter.
+ADDRESSABLE_NAME = re.compile(r"[a-zA-Z0-9-_.:@#,/+ ]*")
+#: :data:`ADDRESSABLE_NAME` in words, for messages.
+ADDRESSABLE_CHARS = "letters a-z A-Z, digits, space and - _ . : @ # , / +"
+#: pamqp's longest names, in characters (``Exchange.Declare`` / ``Queue.Declare`` validate()).
+MAX_CLIENT_NAME = {"queue": 256, "exchange": 127}
+
+NameKind = Literal["queue", "exchange"]
+
+
+def unaddressable_problem(name: str, kind: NameKind) -> str | None:
+    """What keeps pamqp from sending ``name`` (a ``kind`` name) in a frame, or None when it can.
+
+    The one home of the rule: the topology loader refuses such names before declaring anything,
+    and the wire error map (:func:`amqpjobs.wire.errors.unaddressable`) words pamqp's refusal
+    of an existing queue with :data:`ADDRESSABLE_CHARS`. Empty is not a problem here (the
+    broker names the queue).
+    """
+    if not ADDRESSABLE_NAME.fullmatch(name):
+        return f"{kind} name {printable(repr(name))} has characters the AMQP client refuses (only {ADDRESSABLE_CHARS})"
+    if len(name) > MAX_CLIENT_NAME[kind]:
+        return (f"{kind} name {printable(repr(name))[:40]}... is {len(name)} characters; the AMQP client takes at most "
+                f"{MAX_CLIENT_NAME[kind]}")  # fmt: skip
+    return None
 
 
 def queue_name_problem(name: str) -> str | None:

@@ -32,6 +32,7 @@ from amqpjobs.errors import (
     UnaddressableNameError,
     UnroutableError,
 )
+from amqpjobs.topology.naming import ADDRESSABLE_CHARS, MAX_CLIENT_NAME
 
 #: (client-library exception, our exception), first ``isinstance`` match wins.
 ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = (
@@ -64,17 +65,17 @@ _PAMQP_NAME_REFUSAL: Final = re.compile(r"(Invalid value|Max length exceeded) fo
 def unaddressable(exc: BaseException, name: str | None) -> UnaddressableNameError | None:
     """Our error for pamqp's ``ValueError`` refusing a queue/exchange name (None: ``exc`` is not that).
 
-    pamqp checks names against ``[a-zA-Z0-9-_.:@#,/+ ]`` and 256 characters (its
-    ``DOMAIN_REGEX``), stricter than RabbitMQ (any UTF-8, 255 bytes: RabbitMQ "Queues" →
+    pamqp checks names against ``[a-zA-Z0-9-_.:@#,/+ ]`` and 256 characters (127 for an
+    exchange; the rule's home: :func:`amqpjobs.topology.naming.unaddressable_problem`),
+    stricter than RabbitMQ (any UTF-8, 255 bytes: RabbitMQ "Queues" →
     "Names"), so a queue made by another client or the management UI can be out of reach.
     """
     if type(exc) is not ValueError or not (m := _PAMQP_NAME_REFUSAL.fullmatch(str(exc))):
         return None
     kind = "queue" if m.group(2) == "queue" else "exchange"
     what = f"{kind} {name!r}" if name is not None else f"a {kind} name"
-    why = "is too long for it (over 256 characters)" if m.group(1).startswith("Max") else (
-        "has characters it does not accept (only letters a-z A-Z, digits, space and - _ . : @ # , / +)"
-    )  # fmt: skip
+    why = (f"is too long for it (over {MAX_CLIENT_NAME[kind]} characters)" if m.group(1).startswith("Max")
+           else f"has characters it does not accept (only {ADDRESSABLE_CHARS})")  # fmt: skip
     ours = UnaddressableNameError(
         f"{what} can't be addressed by the AMQP client: the name {why}, though RabbitMQ accepts it; "
         f"rename it within those characters (move its messages to a new {kind}, e.g. with a shovel from the "

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from starlette.testclient import TestClient
 
 from amqpjobs import JobContext, RetryPolicy
@@ -98,3 +105,31 @@ def wait_done(c: TestClient, location: str, headers: dict[str, str] | None = Non
             return progress
         asyncio.run(asyncio.sleep(0.05))
     raise AssertionError(f"still running: {progress}")
+
+
+@contextmanager
+def serve_console(broker: BrokerSettings, tmp_path: Path) -> Iterator[str]:
+    """``amqpjobs console`` as an operator starts it, on 127.0.0.1 and a free port: its base URL (log: console.log)."""
+    port = free_port()
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+               AMQPJOBS_CONSOLE_AUDIT_LOG=str(tmp_path / "audit.jsonl"))  # fmt: skip
+    exe = str(Path(sys.executable).with_name("amqpjobs"))
+    log = (tmp_path / "console.log").open("w")
+    proc = subprocess.Popen([exe, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(base + "/audit", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, (tmp_path / "console.log").read_text()
+        assert time.monotonic() < deadline, "the console did not answer in 30 s"
+        time.sleep(0.1)
+    try:
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()

@@ -362,3 +362,32 @@ def test_every_url_is_root_relative_honoring_root_path(broker: BrokerSettings, t
         urls = re.findall(r'(?:href|src|action|formaction|data-refresh|data-poll)="([^"]*)"', page)
         assert urls
         assert [u for u in urls if not u.startswith((f"{root}/", "data:"))] == [], urls
+
+
+async def test_a_failed_canary_is_reported_as_canary_failed_not_stopped(broker: BrokerSettings, tmp_path: Path):
+    handler = Handler()  # still broken: the canary fails again
+    app = await failing_app(broker, tmp_path, handler)
+    await quarantine_jobs(broker, app, 2)
+    with client(broker, tmp_path) as c:
+        async with running_worker(app, broker):
+            form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "20", "canary": "1",
+                    "canary_timeout": "20s"}  # fmt: skip
+            started = await asyncio.to_thread(c.post, "/actions/replay", data=form)
+            assert started.status_code == 303
+            run = started.headers["location"].replace(BASE, "")
+            progress = await asyncio.to_thread(wait_done, c, run)
+            page = await asyncio.to_thread(c.get, run)
+    await app.close()
+    assert progress["state"] == "canary failed", progress
+    assert progress["details"][0].startswith("canary failed: 1 of 1 did not succeed"), progress
+    assert '<strong id="state" class="state-canary-failed">canary failed</strong>' in page.text
+    entries = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(e["action"], e["result"]) for e in entries] == [("replay", "canary failed")]
+    assert await depth(broker, "work.quarantine") == 2
+
+
+def test_a_message_page_without_an_id_is_a_400_naming_it(broker: BrokerSettings, tmp_path: Path):
+    with client(broker, tmp_path) as c:
+        answer = c.get("/message", params={"queue": "work.quarantine"})
+    assert answer.status_code == 400, answer.text
+    assert "id: give the job id" in answer.text

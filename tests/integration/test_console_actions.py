@@ -144,6 +144,14 @@ FORM_ERRORS = [
                  "&#39;all matching&#39; button", 'name="rate" value="20"', id="none-checked"),
     pytest.param("park", {"scope": "everything"}, "scope: give all (every message matching the filter) or "
                  "selected (the checked ones) (got &#39;everything&#39;)", 'name="rate" value="20"', id="bad-scope"),
+    pytest.param("replay", {"rate": "1e308"}, "rate: at most 10000 messages per second (got &#39;1e308&#39;)",
+                 'name="rate" value="1e308"', id="rate-too-high"),
+    pytest.param("replay", {"canary": "100000000000000000000000"}, "canary: at most 10000 jobs "
+                 "(got &#39;100000000000000000000000&#39;)", 'name="canary" value="100000000000000000000000"',
+                 id="canary-too-many"),
+    pytest.param("replay", {"canary_timeout": "100000000000000000000h"}, "canary_timeout: at most 1h "
+                 "(got &#39;100000000000000000000h&#39;)",
+                 'name="canary_timeout" value="100000000000000000000h"', id="timeout-too-long"),
     pytest.param("purge", {"confirm": "work"}, "confirm: type the queue&#39;s name, work.quarantine, to purge it "
                  "(got &#39;work&#39;)", 'name="confirm" value="work"', id="purge-not-confirmed"),
 ]  # fmt: skip
@@ -202,3 +210,33 @@ def test_messages_without_a_job_id_are_addressed_by_their_content_hash(broker, t
     assert asyncio.run(depth(broker, "work.quarantine")) == 6  # the six jobs with ids were not touched
     assert asyncio.run(depth(broker, "work.parked")) == 1
     assert [e["job_ids"] for e in audit_lines(tmp_path)] == [[first], [second]]
+
+
+@pytest.mark.parametrize(("kind", "missing"), [("replay", "scope"), ("park", "scope"), ("purge", "scope"),
+                                                ("replay", "rate")])  # fmt: skip
+def test_a_missing_required_field_is_named_not_defaulted(broker, tmp_path: Path, quarantined, kind: str, missing: str):
+    """No scope is not "the whole queue" (an Enter in a field must not act on everything); no rate is not 10/s."""
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "20", "canary": "",
+            "confirm": "work.quarantine", "error_type": "ValueError"}  # fmt: skip
+    del form[missing]
+    with client(broker, tmp_path) as c:
+        answer = c.post(f"/actions/{kind}", data=form)
+    assert answer.status_code == 400, answer.text
+    error = re.search(r'<p class="error" id="form-error">(.*?)</p>', answer.text, re.S)
+    assert error is not None, answer.text
+    assert error.group(1).startswith(f"{missing}: "), error.group(1)
+    assert '<input type="hidden" name="error_type" value="ValueError">' in answer.text  # the form kept
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6
+    assert (tmp_path / "audit.jsonl").read_text() == ""
+
+
+def test_enter_in_a_field_of_the_action_form_submits_nothing(broker, tmp_path: Path, quarantined):
+    """The form's default button (the first submit button, HTML "implicit submission") is disabled: Enter is a no-op."""
+    with client(broker, tmp_path) as c:
+        page = c.get("/quarantine", params={"queue": "work.quarantine"}).text
+    act = page[page.index('<form id="act"') : page.index("</form>", page.index('<form id="act"'))]
+    first = re.search(r"<button[^>]*>", act)
+    assert first is not None
+    assert 'type="submit"' in first.group(0)
+    assert " disabled" in first.group(0), first.group(0)
+    assert "name=" not in first.group(0)

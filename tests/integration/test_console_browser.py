@@ -16,18 +16,15 @@ import asyncio
 import getpass
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.console_env import SCRIPT, Handler, failing_app, free_port, quarantine_jobs
+from tests.integration.console_env import SCRIPT, Handler, failing_app, quarantine_jobs, serve_console
 from tests.integration.helpers import depth
 from tests.integration.worker_env import running_worker
 
@@ -59,29 +56,8 @@ def chromium() -> str:
 @pytest.fixture
 def console(broker: BrokerSettings, tmp_path: Path) -> Iterator[str]:
     """``amqpjobs console`` as an operator starts it, on 127.0.0.1 and a free port: its base URL."""
-    port = free_port()
-    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-               AMQPJOBS_CONSOLE_AUDIT_LOG=str(tmp_path / "audit.jsonl"))  # fmt: skip
-    exe = str(Path(sys.executable).with_name("amqpjobs"))
-    log = (tmp_path / "console.log").open("w")
-    proc = subprocess.Popen([exe, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(base + "/audit", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "console.log").read_text()
-        assert time.monotonic() < deadline, "the console did not answer in 30 s"
-        time.sleep(0.1)
-    try:
+    with serve_console(broker, tmp_path) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
 
 
 def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
@@ -133,6 +109,10 @@ def drill(browser_path: str, base: str, shots: Path | None) -> dict[str, Any]:
         act()
         page.fill('input[name="rate"]', "20")
         page.fill('input[name="canary"]', "2")
+        before_enter = page.url
+        page.press('input[name="rate"]', "Enter")  # implicit submission: must not "Replay all"
+        page.wait_for_timeout(500)
+        seen["url_after_enter"] = (before_enter, page.url)
         act()
         page.click("#replay-all")
         act()
@@ -200,6 +180,8 @@ async def test_the_operators_drill_in_a_real_browser(
     assert seen["actions"] <= 10
     assert seen["drill_seconds"] < 120, seen["drill_seconds"]
     assert seen["audit_rows"] == 2
+    before_enter, after_enter = seen["url_after_enter"]
+    assert after_enter == before_enter  # Enter in the rate box submitted nothing
     assert seen["live_health"] == "healthy"  # the open overview refreshed itself: parked jobs are not unhealthy
     print(f"drill: {seen['actions']} actions, {seen['drill_seconds']:.1f} s")
 

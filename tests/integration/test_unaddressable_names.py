@@ -7,6 +7,7 @@ Such a queue is made through the management API, as an operator's other tools co
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -59,3 +60,19 @@ def test_status_and_the_console_overview_report_it_as_a_problem(broker: BrokerSe
     assert "ok.quarantine" in page.text
     assert group.status_code == 404, group.text  # as any queue it cannot read
     assert "can&#39;t be addressed by the AMQP client" in group.text
+
+
+def test_the_overview_shows_a_question_mark_not_0_for_a_queue_it_cannot_read(broker: BrokerSettings, tmp_path: Path):
+    make_odd_queue(broker)
+    config = ConsoleConfig(broker, audit_path=tmp_path / "audit.jsonl")
+    with TestClient(create_app(config, csrf_token="t" * 24), base_url="http://127.0.0.1:8480") as c:
+        page = c.get("/fragments/overview")
+    assert page.status_code == 200, page.text
+    row = re.search(r'<tr [^>]*data-job-queue="café\(1\)">(.*?)</tr>', page.text, re.S)
+    assert row is not None, page.text
+    cell = re.search(r'<td class="quarantine"[^>]*>(.*?)</td>', row.group(1), re.S)
+    assert cell is not None, row.group(1)
+    assert cell.group(1) == "?"  # unknown, not 0 (and no link to a page that can't read it)
+    ok = re.search(r'<tr [^>]*data-job-queue="ok">.*?<td class="quarantine"[^>]*>(.*?)</td>', page.text, re.S)
+    assert ok is not None
+    assert ">0</a>" in ok.group(1)

@@ -49,3 +49,31 @@ def test_round_trip_of_the_writers(shard: int | None) -> None:
     assert parse_queue_name(cron.leader_queue("app")).kind == "leader"
     assert parse_queue_name(cron.tick_queue("app", "s")) == QueueName("ticks", app="app", schedule="s")
     assert parse_queue_name(cron.running_queue("app", "s")) == QueueName("running", app="app", schedule="s")
+
+
+def test_the_addressable_name_rule_is_pamqps():
+    """Our copy of pamqp's name rule (topology/ does not import the client library) is pamqp's own."""
+    from pamqp import commands, constants
+
+    assert {k: r.pattern for k, r in constants.DOMAIN_REGEX.items()} == {
+        "exchange-name": "^" + naming.ADDRESSABLE_NAME.pattern + "$",
+        "queue-name": "^" + naming.ADDRESSABLE_NAME.pattern + "$",
+    }
+    with pytest.raises(ValueError, match="Max length exceeded for exchange"):
+        commands.Exchange.Declare(exchange="x" * (naming.MAX_CLIENT_NAME["exchange"] + 1))
+    commands.Exchange.Declare(exchange="x" * naming.MAX_CLIENT_NAME["exchange"])
+    with pytest.raises(ValueError, match="Max length exceeded for queue"):
+        commands.Queue.Declare(queue="x" * (naming.MAX_CLIENT_NAME["queue"] + 1))
+
+
+@pytest.mark.parametrize(("name", "kind", "word"), [
+    ('odd<b>&"é%2F..x', "queue", "- _ . : @ # , / +"), ("ok.name-1", "queue", None), ("x" * 128, "exchange", "127"),
+    ("x" * 128, "queue", None), ("", "queue", None)])  # fmt: skip
+def test_unaddressable_problem(name: str, kind: naming.NameKind, word: str | None):
+    problem = naming.unaddressable_problem(name, kind)
+    if word is None:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert word in problem
+        assert repr(name)[:40] in problem

@@ -54,7 +54,7 @@ function followAction() {
         set("looked", p.looked); set("total", known(p.total));
         set("phase", p.phase || (p.state === "running" ? "starting" : "")); set("summary", p.summary);
         const state = document.getElementById("state");
-        if (state) state.className = "state-" + p.state;
+        if (state) state.className = "state-" + p.state.replace(/ /g, "-");
         const bar = document.getElementById("bar");
         if (bar && p.bar) { bar.max = p.bar[1]; bar.value = p.bar[0]; }  // the server's: full once done
         const stop = document.getElementById("stop-form");
