@@ -351,23 +351,24 @@ async def test_plan_reports_shards_the_topology_dropped(broker: BrokerSettings, 
 
 async def test_plan_says_a_dropped_tiers_jobs_go_back_not_raise_shards(broker: BrokerSettings, tmp_path: Path):
     path = tmp_path / "s.toml"
-    path.write_text(SHARDED.replace('["1s"]', '["1s", "5s"]'))
+    # the dropped tier holds its message 5 s: long enough for plan (a subprocess) to count it on a loaded machine
+    path.write_text(SHARDED.replace('["1s"]', '["5s", "10s"]'))
     await apply_topology(path, broker)
-    path.write_text(SHARDED.replace('["1s"]', '["5s"]'))
+    path.write_text(SHARDED.replace('["1s"]', '["10s"]'))
     async with raw_channel(broker) as ch:
-        await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="exports.shard-1.retry.1s")
+        await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="exports.shard-1.retry.5s")
     result = await asyncio.to_thread(cli_subprocess, broker, "topology", "plan", str(path))
     lines = [line for line in result.stdout.splitlines() if line.startswith("ORPHAN")]
-    assert [line.split()[2] for line in lines] == [f"exports.shard-{n}.retry.1s" for n in range(4)], lines
-    assert "ORPHAN    queue    exports.shard-1.retry.1s (1 message(s))" in lines[1]
+    assert [line.split()[2] for line in lines] == [f"exports.shard-{n}.retry.5s" for n in range(4)], lines
+    assert "ORPHAN    queue    exports.shard-1.retry.5s (1 message(s))" in lines[1]
     assert "its messages go back to exports.shard-1 when their delay ends (dead-lettering)" in lines[1], lines[1]
     assert not any("raise shards" in line for line in lines), lines  # the shards are all there
-    for _ in range(100):  # and so they do: the tier's own TTL and dead-letter target still hold
+    for _ in range(150):  # and so they do: the tier's own TTL and dead-letter target still hold
         if await depth(broker, "exports.shard-1") == 1:
             break
         await asyncio.sleep(0.1)
     assert await depth(broker, "exports.shard-1") == 1
-    assert await depth(broker, "exports.shard-1.retry.1s") == 0
+    assert await depth(broker, "exports.shard-1.retry.5s") == 0
 
 
 def test_a_queue_exclusive_to_another_connection_is_named_not_a_traceback(broker: BrokerSettings):
