@@ -10,9 +10,11 @@ Where the broker comes from, in order:
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from amqpjobs.errors import AmqpJobsError
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
@@ -123,6 +126,40 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("marked serial (needs the node or the cores to itself): run it alone, `pytest -m serial`, no -n")
 
 
+def _local_node(script: Path) -> BrokerSettings:
+    """The project's node of ``script``, started when it does not answer.
+
+    Under pytest-xdist every process asks at once: a node that answers is used as it is, and
+    ``up`` runs in one process at a time (a file lock), since concurrent ``up`` runs rewrote the
+    chroot node's config and plugins together and one failed (CI: the 4.0 suite ended before
+    its first test). A failure fails the tests with the script's output (``pytest.exit`` in an
+    xdist process loses its message).
+    """
+    urls = subprocess.run(["bash", str(script), "url"], capture_output=True, text=True, timeout=60)
+    amqp, mgmt = urls.stdout.strip().splitlines()[-2:]
+    settings = broker_settings(amqp, mgmt)
+    with open(Path(tempfile.gettempdir()) / f"amqpjobs-{script.stem}-up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _answers(settings):
+            return settings
+        out = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        message = f"{script.name} up failed:\n{out.stdout}\n{out.stderr}"
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            pytest.fail(message)
+        pytest.exit(message, returncode=3)
+    return settings
+
+
+def _answers(settings: BrokerSettings) -> bool:
+    try:
+        with ManagementClient(settings) as client:
+            client.broker_version()
+    except AmqpJobsError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def broker_root() -> Iterator[BrokerRoot]:
     """The broker for the whole session (see the module docstring for where it comes from)."""
@@ -148,12 +185,7 @@ def broker_root() -> Iterator[BrokerRoot]:
         if which not in BROKER_SCRIPTS:
             pytest.exit(f"{TEST_BROKER_ENV}={which!r}: use 3 (RabbitMQ 3.10), 4 (4.0) or 43 (4.3)", returncode=2)
         script = BROKER_SCRIPTS[which]
-        out = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            pytest.exit(f"{script.name} up failed:\n{out.stdout}\n{out.stderr}", returncode=3)
-        urls = subprocess.run(["bash", str(script), "url"], capture_output=True, text=True, timeout=60)
-        amqp, mgmt = urls.stdout.strip().splitlines()[-2:]
-        settings = broker_settings(amqp, mgmt)
+        settings = _local_node(script)
         source = "local"
     with ManagementClient(settings) as mgmt_client:
         version = mgmt_client.broker_version()
