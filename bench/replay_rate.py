@@ -18,7 +18,7 @@ from typing import Any
 import aio_pika
 
 from amqpjobs.jobs import envelope, evidence
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.management import ManagementClient

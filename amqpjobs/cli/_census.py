@@ -8,7 +8,8 @@ import click
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import ReplayReport, Selection, replay_window
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.replay_plan import ReplayReport, replay_window
 from amqpjobs.printable import printable
 
 

@@ -10,7 +10,8 @@ import click
 from amqpjobs.cli.next_steps import command, filter_args
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.quarantine import ReplayReport, Selection
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.replay_plan import ReplayReport
 from amqpjobs.printable import printable
 
 F = TypeVar("F", bound=Callable[..., Any])

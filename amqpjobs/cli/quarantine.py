@@ -36,7 +36,8 @@ from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, ReplayOptions, ReplayReport, Selection, summarize
+from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, Selection, summarize
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching

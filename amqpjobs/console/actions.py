@@ -21,7 +21,8 @@ from typing import Any
 from amqpjobs.console.audit import AuditEntry, AuditLog, now_iso
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, Selection, replay_window
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.printable import printable
 from amqpjobs.runtime.parking import TakeReport, park, purge_matching
 from amqpjobs.runtime.quarantine import queue_depth

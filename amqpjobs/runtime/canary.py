@@ -29,7 +29,8 @@ from typing import Any
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError, NotFoundError
 from amqpjobs.jobs.events import OutcomeEvent, decode_event
-from amqpjobs.jobs.quarantine import REPLAY_ID, ReplayReport, header_text
+from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
+from amqpjobs.jobs.replay_plan import ReplayReport
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import EVENTS_EXCHANGE, parse_queue_name, quarantine_exchange_name
 from amqpjobs.wire.abc import Connection

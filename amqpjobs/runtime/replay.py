@@ -5,7 +5,7 @@ the quarantined original. Killed at any point, every message is in quarantine or
 work queue; only the one in flight can be in both. A replay holds the queue's mover lock
 (:func:`amqpjobs.runtime.quarantine.mover_lock`) throughout; ``--canary`` is
 :mod:`amqpjobs.runtime.canary`. The options and report are pure
-(:class:`~amqpjobs.jobs.quarantine.ReplayOptions`, :class:`~amqpjobs.jobs.quarantine.ReplayReport`).
+(:class:`~amqpjobs.jobs.replay_plan.ReplayOptions`, :class:`~amqpjobs.jobs.replay_plan.ReplayReport`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
-from amqpjobs.jobs.quarantine import ReplayOptions, ReplayReport, replay_window
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary

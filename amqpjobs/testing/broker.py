@@ -26,7 +26,7 @@ from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.outcome import Ack, Outcome
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.message import CONTENT_TYPE, OutgoingMessage
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Ledger, SqliteLedger

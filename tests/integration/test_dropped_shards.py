@@ -19,7 +19,7 @@ import pytest
 
 from amqpjobs import App, Worker, WorkerOptions
 from amqpjobs.jobs import envelope, evidence
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.replay import replay
 from amqpjobs.topology.loader import load_topology

@@ -30,7 +30,7 @@ from pamqp import decode, header
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import (

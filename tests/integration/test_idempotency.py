@@ -19,7 +19,7 @@ import pytest
 
 from amqpjobs import App, ConfigurationError, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import envelope, evidence
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay

@@ -25,7 +25,7 @@ from amqpjobs import (
     WorkerOptions,
 )
 from amqpjobs.jobs.envelope import iso_utc
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings

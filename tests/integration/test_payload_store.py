@@ -21,7 +21,7 @@ import pytest
 from amqpjobs import App, FilePayloadStore, JobContext, PayloadStore, Reject
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.payload_refs import parse_ref
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.parking import park
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings

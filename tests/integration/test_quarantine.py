@@ -18,7 +18,7 @@ import pytest
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.quarantine import ReplayOptions, replay_window
+from amqpjobs.jobs.replay_plan import ReplayOptions, replay_window
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay

@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.outcome import Quarantine, Reject, RetryLater
-from amqpjobs.jobs.quarantine import ReplayOptions, Selection
+from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.registry import JobContext
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.replay import replay

@@ -25,7 +25,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusC
 
 from amqpjobs import App, JobContext, RetryPolicy, Scheduler, TickEvent, UnroutableError
 from amqpjobs.jobs import crash
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.jobs.tracecontext import consumer_destination
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.quarantine import browse

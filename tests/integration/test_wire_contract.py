@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from amqpjobs import JobContext, Reject, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
-from amqpjobs.jobs.quarantine import ReplayOptions
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.logs import TextFormatter
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 from amqpjobs.cli._census import progress_line
 from amqpjobs.cli.next_steps import after_show, filter_args
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.quarantine import QuarantinedJob, ReplayReport, Selection
+from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
+from amqpjobs.jobs.replay_plan import ReplayReport
 from amqpjobs.jobs.timestamps import parse_time
 
 

@@ -1,0 +1,114 @@
+"""What a replay is asked to do and what it reports: options, report, and the confirm window (pure).
+
+:class:`ReplayOptions` and :class:`ReplayReport` are the shapes the CLI, the console and
+:mod:`amqpjobs.runtime.replay` share (README "Replaying quarantined jobs").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.printable import printable
+from amqpjobs.topology.models import JobQueueLayout
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What to replay and how fast.
+
+    Attributes:
+        rate: Messages per second, at most (> 0).
+        to: Target work queue for every message; None = each message's original queue.
+        limit: At most this many messages replayed (None: all that match).
+        selection: Filters; the rest stay in quarantine.
+        dry_run: Only report what would move.
+        stop_after_failures: Stop once this many replayed jobs came back to quarantine.
+        canary: Move this many first and go on only if each succeeds (its outcome event,
+            :mod:`amqpjobs.runtime.canary`); None: no canary.
+        canary_timeout: Seconds to wait for the canaries' outcomes.
+        job_queues: Job name -> the job queue whose workers handle it (from the app), to
+            refuse a ``to`` whose workers would not handle the jobs moved; None: unknown.
+        layouts: Job queue -> its current layout (from the app): a job of a shard no longer in
+            the topology (``shards`` lowered) goes by the current shard rule
+            (:func:`~amqpjobs.topology.orphans.replay_route`); None: unknown, each goes back
+            to the queue it failed on.
+
+    """
+
+    rate: float = 50.0
+    to: str | None = None
+    limit: int | None = None
+    selection: Selection = field(default_factory=Selection)
+    dry_run: bool = False
+    stop_after_failures: int | None = None
+    canary: int | None = None
+    canary_timeout: float = 60.0
+    job_queues: Mapping[str, str] | None = None
+    layouts: Mapping[str, JobQueueLayout] | None = None
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did.
+
+    Attributes:
+        queue: The quarantine queue.
+        replayed: Messages moved back (or, on a dry run, that would move).
+        skipped: Messages looked at that did not match, had no known original queue, or
+            were replayed by this run and came back.
+        left: Messages in the quarantine queue at the end.
+        returned: Replayed jobs that came back to quarantine during the run.
+        stopped_early: True when ``stop_after_failures`` stopped the run.
+        elapsed: Seconds from the first to the last move.
+        moves: (job id, target queue) of each move done, once acked (on a dry run: each planned move).
+        rerouted: Job id -> why it went elsewhere than the queue it failed on (a dropped shard).
+        phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
+            passed, "" without a canary.
+        canary_failures: One line per canary that did not succeed (the run stopped then).
+        canary_moved: Canaries actually moved (fewer than K when fewer matched).
+        canary_failed: Canaries known to have failed (an event said so, or they came back);
+            the others of ``canary_failures`` had no outcome event in time.
+
+    """
+
+    queue: str
+    replayed: int = 0
+    skipped: int = 0
+    left: int = 0
+    returned: int = 0
+    stopped_early: bool = False
+    elapsed: float = 0.0
+    moves: list[tuple[str, str]] = field(default_factory=list)
+    rerouted: dict[str, str] = field(default_factory=dict)
+    phase: str = ""
+    canary_failures: list[str] = field(default_factory=list)
+    canary_moved: int = 0
+    canary_failed: int = 0
+
+    def summary(self, canary: bool) -> str:
+        """The line a finished replay reports (``replay`` prints it; the console shows it).
+
+        ``replayed 20, skipped 0, left 0 in work.quarantine (2.1s including the canary wait, 9.1/s)``:
+        the rate is moves per second between the first and the last move.
+        """
+        rate_seen = (self.replayed - 1) / self.elapsed if self.elapsed > 0 else 0.0
+        waited = " including the canary wait" if canary and self.replayed > self.canary_moved else ""
+        return (
+            f"replayed {self.replayed}, skipped {self.skipped}, left {self.left} in {printable(self.queue)} "
+            f"({self.elapsed:.1f}s{waited}, {rate_seen:.1f}/s)"
+        )
+
+
+def replay_window(rate: float) -> int:
+    """Replays in flight at once (copy published, confirm not back yet) at ``rate`` messages/s.
+
+    A confirm takes 1-3 ms on a local broker, so one move at a time caps a replay near
+    400/s. The window holds 20 ms worth of messages, at least 1 (100/s: 2; 500/s: 10). A
+    quarantined message is acked only after its copy is confirmed, so a replay killed
+    mid-run loses nothing but can leave up to this many jobs both in quarantine and in the
+    work queue (duplicates, which replaying an idempotent job tolerates).
+    """
+    return max(1, math.ceil(rate * 0.02))
