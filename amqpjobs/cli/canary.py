@@ -7,8 +7,9 @@ from typing import Any, TypeVar
 
 import click
 
+from amqpjobs.cli._common import duration_option
 from amqpjobs.cli.next_steps import command, filter_args
-from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import ReplayReport
@@ -37,10 +38,7 @@ def canary_timeout(value: str) -> float:
         ConfigurationError: not a positive duration.
 
     """
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"--canary-timeout: {exc}") from None
+    seconds = duration_option("--canary-timeout", value)
     if seconds <= 0:
         raise ConfigurationError(f"--canary-timeout must be above 0 (got {value!r})")
     return seconds
