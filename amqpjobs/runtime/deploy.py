@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
+from amqpjobs.topology.declarations import BindingDecl
 from amqpjobs.topology.loader import LoadedTopology, load_topology
-from amqpjobs.topology.models import BindingDecl
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
 from amqpjobs.topology.plan import Plan, make_plan

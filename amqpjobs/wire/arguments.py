@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
+from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.topology.plan import ObjectState
 
 

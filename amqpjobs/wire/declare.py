@@ -19,7 +19,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     UnaddressableNameError,
 )
-from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
+from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
