@@ -79,12 +79,12 @@ def default_max_message_size(version: tuple[int, ...]) -> int:
     return MAX_MESSAGE_SIZE_4X if version >= (4, 0) else MAX_MESSAGE_SIZE_3X
 
 
-async def close_channel(channel: AbstractChannel) -> None:
-    """Close ``channel`` for good, also after the broker closed it.
+async def close_channel(channel: AbstractChannel | aiormq.abc.AbstractChannel) -> None:
+    """Close ``channel`` (aio-pika's, or aiormq's underneath) for good, also after the broker closed it.
 
     A robust channel closed by the broker (say, a passive declare's ``404``) reopens by
     itself unless ``close()`` is called; calling it always stops that, and a failure to
-    close an already closed channel is ignored.
+    close an already closed channel is ignored (the one way to close a channel we are done with).
     """
     with contextlib.suppress(Exception):
         await channel.close()
