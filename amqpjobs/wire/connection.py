@@ -26,6 +26,7 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
 from amqpjobs.wire.codec import install_lenient_decoding
@@ -90,10 +91,6 @@ async def close_channel(channel: AbstractChannel | aiormq.abc.AbstractChannel) -
         await channel.close()
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     """Read product and version from ``connection``'s server properties.
 
@@ -105,8 +102,8 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     if transport is None:
         raise BrokerUnavailableError("not connected")
     props = transport.connection.server_properties
-    version_text = _text(props.get("version", "0"))
-    return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
+    version_text = as_text(props.get("version", "0"))
+    return BrokerInfo(as_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
 def server_address(connection: object) -> tuple[str, int] | None:
