@@ -29,9 +29,9 @@ from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
-from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
+from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.settings import BrokerSettings
