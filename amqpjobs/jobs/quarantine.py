@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.timestamps import parse_time
@@ -293,9 +294,9 @@ def replay_headers(
     broker's ``x-death`` & co are stripped; ``amqpjobs-replay-count`` is incremented and
     the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
     arrives in quarantine carrying both failures. ``timestamp``: the received ``timestamp``
-    property (:func:`~amqpjobs.jobs.envelope.copy_headers` keeps the first enqueue time).
+    property (:func:`~amqpjobs.jobs.copy_headers.copy_headers` keeps the first enqueue time).
     """
-    out = {k: v for k, v in envelope.copy_headers(headers, timestamp).items() if k not in _RESET}
+    out = {k: v for k, v in copy_headers(headers, timestamp).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
@@ -309,14 +310,14 @@ def replay_headers(
 def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str, *, timestamp: Any) -> dict[str, Any]:
     """Headers of a parked copy: the quarantined message's, evidence and all, plus ``amqpjobs-parked-at``.
 
-    Every header is kept as received (:func:`~amqpjobs.jobs.envelope.copy_headers`: the copy
+    Every header is kept as received (:func:`~amqpjobs.jobs.copy_headers.copy_headers`: the copy
     goes out byte for byte) but the broker's ``x-death`` & co, which the broker does not
     keep up on a client's copy (3.13+). A broker-side dead-letter, whose only evidence they
     are, gets what :func:`describe` read from them as our evidence headers (reason
     ``x-death:<reason>``, original queue, failure times), so the parked copy still says why.
-    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
-    out = envelope.copy_headers(headers, timestamp)
+    out = copy_headers(headers, timestamp)
     if item.broker_side:
         out[evidence.REASON] = item.reason
         out[evidence.ORIGINAL_QUEUE] = item.original_queue

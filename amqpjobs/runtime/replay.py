@@ -29,7 +29,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
-from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route, replay_route
@@ -168,9 +168,9 @@ async def replay(
     report = report if report is not None else ReplayReport(queue=name)
     census = census if census is not None else Census()
     async with session(settings) as connection, AsyncExitStack() as stack:
-        queue_name, depth = await resolve_queue(connection, name)
+        queue_name, depth = await resolve_quarantine_queue(connection, name)
         lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
-        _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
+        _, depth = await resolve_quarantine_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await _check_targets(connection, [options.to])
@@ -291,8 +291,8 @@ async def replay(
                 await watch.close()
             if interrupted:  # the held messages are back: count them for the caller's summary
                 with contextlib.suppress(Exception):
-                    _, report.left = await resolve_queue(connection, queue_name)
-        _, report.left = await resolve_queue(connection, queue_name)
+                    _, report.left = await resolve_quarantine_queue(connection, queue_name)
+        _, report.left = await resolve_quarantine_queue(connection, queue_name)
     return report
 
 

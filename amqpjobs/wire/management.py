@@ -16,7 +16,7 @@ import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.printable import shell_quote
-from amqpjobs.topology.plan import ObjectState
+from amqpjobs.topology.plan import ObjectState, binding_name
 from amqpjobs.wire.cluster import connected_node, process_order
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
@@ -275,7 +275,7 @@ class ManagementClient:
         for b in self.bindings(vhost):
             if not b["source"]:
                 continue
-            state.append(ObjectState("binding", f"{b['source']} -> {b['destination']} [{b['routing_key']}]"))
+            state.append(ObjectState("binding", binding_name(b["source"], b["destination"], b["routing_key"])))
         return state
 
 
