@@ -38,7 +38,7 @@ def test_a_job_with_a_breaker_needs_nameable_state_queues() -> None:
     app = App("a")
     with pytest.raises(ConfigurationError, match="breaker must be a Breaker"):
         app.job("j", queue="work", breaker={"failures": 3})  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="its breaker's state queue can't be named.*characters"):
+    with pytest.raises(ConfigurationError, match=r"its breaker's state queue can't be named.*characters"):
         app.job("send mail!", queue="work", breaker=Breaker())
     app.job("j", queue="work", breaker=Breaker(3))(lambda p, c: None)
     assert app.resolve("j").breaker == Breaker(3)
