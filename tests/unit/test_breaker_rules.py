@@ -95,6 +95,7 @@ TABLE = [
 def test_state_machine_table() -> None:
     machine = BreakerMachine(Breaker(failures=3, window=10, cool_down=5))
     for event, at, result, state in TABLE:
+        got: str | None
         if event == "fail":
             change = machine.failure(at)
             got = None if change is None else change.state
