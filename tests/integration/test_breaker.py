@@ -159,6 +159,10 @@ async def test_failed_probe_reopens_and_a_late_worker_starts_nothing(broker: Bro
             assert (entry["job"], entry["state"], entry["failures"]) == ("flaky", "open", 0)
             text = (await asyncio.to_thread(cli, broker, "status", "--queues", "work")).output
             assert "circuit breaker of job 'flaky' is open (after a failed probe" in text
+            plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(tmp_path / "applied.toml"))
+            assert plan.exit_code == 0, plan.output
+            assert "ORPHAN" not in plan.output
+            assert "breaker" not in plan.output  # the record is no object of the topology, nor an orphan
             runs.failing = False
             await app.enqueue("flaky", {}, job_id="late")
             await until(lambda: len(done([*rec.outcomes, *second.outcomes], "flaky")) == 3, timeout=15)
