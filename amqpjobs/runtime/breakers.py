@@ -117,8 +117,8 @@ class Breakers:
             log.warning("breaker records not read (%s): breakers start closed here", exc)
             return board
         for name, record in records.items():
-            board._apply(names[name], board._machines[names[name]].opened(record.opened_at, record.until,
-                                                                            record.failures))  # fmt: skip
+            change = board._machines[names[name]].opened(record.opened_at, record.until, record.failures)
+            board._apply(names[name], change, f" (read from {name} at start)")
         return board
 
     def state(self, job: str) -> str:
@@ -234,8 +234,8 @@ class Breakers:
             self._apply(notice.job, machine.closed(notice.at))
 
     # ------------------------------------------------------------------ bookkeeping
-    def _apply(self, job: str, change: Transition | None) -> None:
-        """Log a transition, set the gauge, keep it in :attr:`history`."""
+    def _apply(self, job: str, change: Transition | None, source: str = "") -> None:
+        """Log a transition (``source``: where it was learnt), set the gauge, keep it in :attr:`history`."""
         if change is None:
             return
         self.history.append((job, change))
@@ -245,8 +245,8 @@ class Breakers:
         if change.state == "open":
             why = f"{change.failures} failure(s) within {self._machines[job].breaker.window:g}s" if change.failures \
                 else "the probe failed"  # fmt: skip
-            log.warning("breaker job=%s open: %s; no starts until %s (cool-down %gs)", name, why,
-                        iso_utc(change.until), cool_down)  # fmt: skip
+            log.warning("breaker job=%s open: %s; no starts until %s (cool-down %gs)%s", name, why,
+                        iso_utc(change.until), cool_down, source)  # fmt: skip
         elif change.state == "half-open":
             log.info("breaker job=%s half-open: cool-down over; one delivery runs as the probe", name)
         else:
