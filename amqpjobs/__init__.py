@@ -35,6 +35,7 @@ from amqpjobs.errors import (
     UnaddressableNameError,
     UnroutableError,
 )
+from amqpjobs.jobs.breaker import Breaker
 from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
@@ -77,6 +78,7 @@ def __getattr__(name: str) -> _typing.Any:
 __all__ = [
     "AmqpJobsError",
     "App",
+    "Breaker",
     "BrokerBlockedError",
     "BrokerError",
     "BrokerSettings",

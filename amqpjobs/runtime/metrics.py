@@ -25,6 +25,8 @@ name                                          type       meaning
                                                          exchange missing, channel closed or blocked)
 ``amqpjobs_results_write_failures_total``     counter    job-state records the results store did not
                                                          take (down, slow, or the write queue full)
+``amqpjobs_breaker_state{job}``               gauge      a job's circuit breaker: 0 closed, 1 open,
+                                                         2 half-open (jobs with a breaker only)
 ============================================  =========  ==========================================
 
 The endpoint (:class:`MetricsServer`) serves ``/metrics``, ``/healthz`` (liveness: the
@@ -87,6 +89,10 @@ class WorkerMetrics:
         self.results_write_failures = Counter(
             "amqpjobs_results_write_failures", "Job-state records not written to the results store.",
             registry=self.registry,
+        )  # fmt: skip
+        self.breaker_state = Gauge(
+            "amqpjobs_breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", ["job"],
+            registry=self.registry, multiprocess_mode="livemostrecent",  # consume --processes: the latest change
         )  # fmt: skip
         self._in_flight: dict[str, Any] = {}
         self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
