@@ -30,7 +30,7 @@ from amqpjobs.cli._payloads import (
 )
 from amqpjobs.cli._root import main
 from amqpjobs.cli._signals import run_until_signal, signals_held
-from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
+from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter, replay_rate
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError, UnaddressableNameError
@@ -239,6 +239,7 @@ def replay_command(
     check_canary_options(click.get_current_context(), canary)
     broker = settings(url, management_url)
     store = app_results(app_ref, required=False)
+    rate = replay_rate(rate)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),

@@ -9,10 +9,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
 from amqpjobs.topology.models import JobQueueLayout
+
+#: Ceilings of a replay asked for by a person, the same in the CLI (``replay --rate/--canary/
+#: --canary-timeout``, exit 2) and the console (HTTP 400 naming the field): a slip such as
+#: ``1e308`` is refused, not run. Messages per second, canary jobs, seconds to wait for the
+#: canaries (1 h). README "Replaying quarantined jobs".
+MAX_REPLAY_RATE: Final = 10_000.0
+MAX_CANARY: Final = 10_000
+MAX_CANARY_TIMEOUT: Final = 3600.0
 
 
 @dataclass(frozen=True)
