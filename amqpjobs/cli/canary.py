@@ -1,4 +1,4 @@
-"""``replay --canary K`` and ``--rate``: their options, their ceilings (shared with the console) and what they print."""
+"""``replay --canary K`` and ``--rate``: options, ceilings (the console's too) and what they print."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from amqpjobs.cli.next_steps import command, filter_args
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
-from amqpjobs.jobs.replay_plan import MAX_CANARY, MAX_CANARY_TIMEOUT, MAX_REPLAY_RATE, ReplayReport
+from amqpjobs.jobs.replay_plan import (
+    DEFAULT_CANARY_TIMEOUT,
+    MAX_CANARY,
+    MAX_CANARY_TIMEOUT,
+    MAX_REPLAY_RATE,
+    ReplayReport,
+)
 from amqpjobs.printable import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -21,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def canary_options(func: F) -> F:
     """Add ``--canary`` and ``--canary-timeout`` to a command."""
     func = click.option(
-        "--canary-timeout", default="60s", show_default=True,
+        "--canary-timeout", default=f"{DEFAULT_CANARY_TIMEOUT:g}s", show_default=True,
         help="How long to wait for the canaries' outcomes (a duration: '60s', '2m').",
     )(func)  # fmt: skip
     func = click.option(

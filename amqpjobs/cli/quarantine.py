@@ -270,7 +270,7 @@ def replay_command(
     run = replay(broker, quarantine_queue, options, progress, report=report, census=census, results=store)
     stopped = run_until_signal(closing_store(run, store))
     with signals_held():
-        if stopped is not None:  # the moves under way were settled, the held messages are back
+        if stopped is not None:  # the moves under way were cut short, the held messages are back
             if interactive:
                 click.echo("", err=True)
             for line in interrupted_lines(report, rate, dry_run):
@@ -325,7 +325,7 @@ def _replay_end(
             why = f" ({report.rerouted[job_id]})" if job_id in report.rerouted else ""
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}{printable(why)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
-                   f"{report.left} in {report.queue}")  # fmt: skip
+                   f"{report.left} in {report.queue}{report.skip_reason()}")  # fmt: skip
         return
     click.echo(report.summary(canary is not None))
     if report.canary_failures and canary is not None:

@@ -17,7 +17,12 @@ from typing import Any, Final
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
-from amqpjobs.jobs.replay_plan import MAX_CANARY, MAX_CANARY_TIMEOUT, MAX_REPLAY_RATE  # shared with the CLI
+from amqpjobs.jobs.replay_plan import (  # shared with the CLI
+    DEFAULT_CANARY_TIMEOUT,
+    MAX_CANARY,
+    MAX_CANARY_TIMEOUT,
+    MAX_REPLAY_RATE,
+)
 from amqpjobs.topology.naming import queue_name_problem
 
 #: Filter fields of a quarantine page and of an action's form.
@@ -141,7 +146,7 @@ class ActionForm:
     params: dict[str, Any] = field(default_factory=dict)
     rate: float = 10.0
     canary: int | None = None
-    canary_timeout: float = 60.0
+    canary_timeout: float = DEFAULT_CANARY_TIMEOUT
 
 
 def action_form(kind: str, form: Any) -> ActionForm:
@@ -178,7 +183,7 @@ def action_form(kind: str, form: Any) -> ActionForm:
         raise FormError("canary", f"give a whole number of jobs, at least 1, or leave it empty (got {canary_text!r})")
     if canary is not None and canary > MAX_CANARY:
         raise FormError("canary", f"at most {MAX_CANARY} jobs (got {canary_text!r})")
-    timeout = 60.0
+    timeout = DEFAULT_CANARY_TIMEOUT
     if canary is not None:  # the timeout of the canaries: asked for with them
         timeout_text = required(form, "canary_timeout", "how long to wait for the canaries, e.g. 30s")
         try:
