@@ -198,6 +198,12 @@ def quarantine_purge(
         census = Census()
         report = asyncio.run(closing_store(purge_matching(broker, queue, chosen, census, store), store))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
+        if store is not None:
+            unmarked = report.payloads_unmarked
+            failed = f"; {unmarked} could not be marked (see the warnings)" if unmarked else ""
+            click.echo(f"marked {report.payloads_marked} stored payload(s) for deletion after the store's grace "
+                       f"({store.grace:g}s); {report.payloads_spared} still named by a message left"
+                       f"{failed}")  # fmt: skip
         echo_no_match(census, chosen)
         return
     name, removed = asyncio.run(purge(broker, queue))

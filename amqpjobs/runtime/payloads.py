@@ -353,12 +353,13 @@ def referenced(store: PayloadStore, headers: Mapping[str, Any]) -> PayloadRef | 
     return ref if ref.store == store.name else None
 
 
-async def retire(store: PayloadStore, ref: PayloadRef) -> None:
+async def retire(store: PayloadStore, ref: PayloadRef) -> bool:
     """Give the payload of a purged message its done mark: the sweep deletes it after the grace (best effort).
 
     Not deleted at once: another copy may still name it (a forged or duplicated quarantine
     copy, a copy a killed replay left in the work queue). Within the grace a worker that
     quarantines such a copy removes the mark again, and one that runs it re-marks it.
+    Returns whether it is marked (False: the store failed, logged; the payload stays).
     """
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
@@ -366,3 +367,5 @@ async def retire(store: PayloadStore, ref: PayloadRef) -> None:
             await store.mark_done(ref.key, time.time())
     except Exception as exc:
         log.warning("marking purged stored payload %s for deletion failed (%s); it stays", ref, _what(exc))
+        return False
+    return True
