@@ -181,10 +181,10 @@ class PayloadStore(abc.ABC):
         if data is None:
             raise PayloadRefError(
                 "payload-missing",
+                # short enough for the worker's log line (its error field is cut at 300 characters)
                 f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
-                "succeeded, purged, or never stored); the message cannot run without it, and a replay would fail "
-                "the same way: enqueue the job again with its payload if the producer still has it, then drop "
-                "this copy (amqpjobs quarantine purge QUEUE --reason payload-missing)",
+                "succeeded, purged, or never stored): enqueue the job again with its payload, then drop this copy "
+                "(amqpjobs quarantine purge QUEUE --reason payload-missing); a replay would fail the same way",
             )
         return data
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,15 @@ def test_a_sync_publisher_used_after_its_with_block_says_so() -> None:
     assert "app.sync_publisher()" in str(caught.value)
     with pytest.raises(AmqpJobsError, match="closed"):
         publisher.job_status("some-id")
+
+
+async def test_the_payload_missing_error_fits_the_workers_log_line(tmp_path: Path) -> None:
+    """The worker logs ``error=<type>: <detail>`` cut at 300 characters: the fix must be inside them."""
+    from amqpjobs.jobs.payload_refs import PayloadRef, PayloadRefError
+
+    store = FilePayloadStore(tmp_path, name="payloads-eu-west-1")  # a longer name than the default 'file'
+    with pytest.raises(PayloadRefError) as caught:
+        await store.get(PayloadRef("payloads-eu-west-1", uuid.uuid4().hex))
+    logged = f"PayloadRefError: {caught.value.detail}"[:300]  # as runtime/deliveries.py writes it
+    assert "(amqpjobs quarantine purge QUEUE --reason payload-missing)" in logged, logged
+    assert "enqueue the job again with its payload" in logged
