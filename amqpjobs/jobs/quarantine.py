@@ -25,6 +25,9 @@ from amqpjobs.text import as_text
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
+#: The reason shown for a message with neither evidence of ours nor ``x-death``: no worker
+#: quarantined it and the broker did not dead-letter it, so something published it straight in.
+NO_EVIDENCE: Final = "no-evidence"
 
 REPLAY_COUNT: Final = "amqpjobs-replay-count"
 REPLAY_ID: Final = "amqpjobs-replay-id"
@@ -70,7 +73,8 @@ class QuarantinedJob:
         job_id: Job id (``message_id``) or "".
         reason: Our reason, or for broker-side dead-letters ``x-death:<reason>``
             (``x-death:rejected``, ``x-death:expired``, ``x-death:maxlen``,
-            ``x-death:delivery_limit``).
+            ``x-death:delivery_limit``), or :data:`NO_EVIDENCE` for a message with
+            neither (published straight into the queue).
         error_type: Error type from our evidence, "" for broker-side dead-letters.
         error_message: Error message from our evidence.
         attempts: Handler runs, from our evidence (0 when unknown).
@@ -157,10 +161,12 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
     last = latest[0] if isinstance(latest, list | tuple) and latest and isinstance(latest[0], Mapping) else death
     reason = header_text(headers.get("x-first-death-reason")) or header_text(death.get("reason"))
     queue = header_text(headers.get("x-first-death-queue")) or header_text(death.get("queue"))
+    dead_lettered = bool(death) or "x-first-death-reason" in headers or "x-first-death-queue" in headers
+    label = f"x-death:{reason or 'unknown'}" if dead_lettered else NO_EVIDENCE
     return QuarantinedJob(
         job=job,
         job_id=header_text(message_id),
-        reason=f"x-death:{reason or 'unknown'}",
+        reason=label,
         error_type="",
         error_message="",
         attempts=_int(headers.get(envelope.ATTEMPT)) - 1 if envelope.ATTEMPT in headers else 0,
@@ -168,8 +174,8 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
         first_failed_at=parse_time(death.get("time")),
         original_queue=queue,
         replay_count=replay_count,
-        broker_side=True,
-        fingerprint=stack_fingerprint("", "", f"x-death:{reason or 'unknown'}"),
+        broker_side=dead_lettered,
+        fingerprint=stack_fingerprint("", "", label),
     )
 
 

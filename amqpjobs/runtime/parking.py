@@ -50,6 +50,11 @@ class TakeReport:
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
         job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
+        payloads_marked: Stored payloads of the deleted messages given their done mark (a purge
+            with the app's payload store; the sweep deletes them after the store's grace).
+        payloads_spared: Stored payloads of deleted messages left as they are: a message left in
+            the queue or its quarantine/parked sibling still names them.
+        payloads_unmarked: Stored payloads whose mark failed (the store erred; logged): they stay.
 
     """
 
@@ -59,6 +64,9 @@ class TakeReport:
     left: int = 0
     target: str = ""
     job_ids: list[str] = field(default_factory=list)
+    payloads_marked: int = 0
+    payloads_spared: int = 0
+    payloads_unmarked: int = 0
 
 
 async def _take(
@@ -231,7 +239,11 @@ async def purge_matching(
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)
         for ref in sorted(purged - held, key=str):
-            await retire(payloads, ref)
+            if await retire(payloads, ref):
+                report.payloads_marked += 1
+            else:
+                report.payloads_unmarked += 1
+        report.payloads_spared = len(purged & held)
     return report
 
 

@@ -84,12 +84,17 @@ class ReplayMove:
 
 
 def replay_move(
-    delivery: Received, options: ReplayOptions, replay_id: str, census: Census | None = None
+    delivery: Received,
+    options: ReplayOptions,
+    replay_id: str,
+    census: Census | None = None,
+    report: ReplayReport | None = None,
 ) -> ReplayMove | None:
     """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
 
     Skipped: it came back failing from this run (it carries ``replay_id``), it names no
-    queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
+    queue to go back to (no evidence, no ``x-death``) and ``options.to`` is unset (counted
+    in ``report.no_origin``, so the summary says why), or ``options.selection`` leaves it out.
     A job of a shard the topology no longer has (``options.layouts``) goes by the current
     shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
@@ -101,6 +106,8 @@ def replay_move(
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
     if ours or not target or not matched:
+        if report is not None and matched and not ours and not target:
+            report.no_origin += 1
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
@@ -233,7 +240,7 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                planned = replay_move(delivery, options, replay_id, census)
+                planned = replay_move(delivery, options, replay_id, census, report)
                 if planned is None:
                     report.skipped += 1
                     continue
