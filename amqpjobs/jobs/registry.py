@@ -15,7 +15,9 @@ from pydantic import BaseModel
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import shortstr_problem
+from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
+from amqpjobs.topology.naming import rate_names_problem
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -83,6 +85,8 @@ class JobDef:
             ``enqueue`` gets no ``job_id``.
         lease: Seconds a claim holds before another worker may take it over; None: twice
             the timeout the worker gives a job without one (at least 60 s).
+        rate_limit: At most that many starts per period across the app's workers, or None
+            (README "Flow control" -> "Rate limits").
 
     """
 
@@ -95,6 +99,7 @@ class JobDef:
     idempotent: bool = False
     key: Callable[[Any], str] | None = None
     lease: float | None = None
+    rate_limit: RateLimit | None = None
 
     @cached_property
     def is_async(self) -> bool:
@@ -153,6 +158,7 @@ class JobRegistry:
         idempotent: bool = False,
         key: Callable[[Any], str] | None = None,
         lease: float | str | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as job ``name``.
 
@@ -169,6 +175,9 @@ class JobRegistry:
             lease: How long a claim holds (seconds or duration); default twice the
                 timeout, at least 60 s (for a job without ``timeout``: twice the worker's
                 default timeout, just below ``consumer_timeout``). Must exceed the run time.
+            rate_limit: ``"<count>/s"``, ``"/m"`` or ``"/h"``: at most that many starts per
+                period across every worker process of the app, at most count + 1 in any
+                window of one period (README "Flow control" -> "Rate limits"); None: no limit.
 
         Returns:
             A decorator that registers the handler and returns it unchanged.
@@ -192,10 +201,13 @@ class JobRegistry:
             raise ConfigurationError(f"job {name!r}: lease: {exc}") from None
         if seconds is not None and hold is not None and hold <= seconds:
             raise ConfigurationError(f"job {name!r}: lease {hold:g}s must be longer than the timeout {seconds:g}s")
+        rate = None if rate_limit is None else parse_rate_limit(rate_limit, name)
+        if rate is not None and (problem := rate_names_problem(queue, name)):
+            raise ConfigurationError(f"job {name!r}: {problem}")
 
         def register(handler: H) -> H:
             policy = retry or RetryPolicy()
-            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold)
+            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold, rate)
             return handler
 
         return register

@@ -27,6 +27,7 @@ from amqpjobs.topology.naming import (
     ADDRESSABLE_CHARS,
     EVENTS_EXCHANGE,
     MAX_CLIENT_NAME,
+    RATE_INFIXES,
     NameKind,
     parse_queue_name,
     unaddressable_problem,
@@ -185,6 +186,15 @@ def _reserved(file: str, path: str, name: str) -> list[Problem]:
     return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
 
 
+def _rate_marker(file: str, path: str, name: str) -> list[Problem]:
+    """The problem with job queue ``name`` when it holds a rate-limit queue's marker (:data:`.naming.RATE_INFIXES`)."""
+    found = [m for m in RATE_INFIXES if m in name]
+    if not found:
+        return []
+    return [Problem(file, path, f"{name!r} holds {found[0]!r}, which marks a rate-limited job's queues",
+                    "choose a name without it")]  # fmt: skip
+
+
 def _unaddressable(file: str, path: str, name: str, kind: NameKind) -> list[Problem]:
     """The problem with ``name`` when the AMQP client can't send it (:func:`.naming.unaddressable_problem`)."""
     if issue := unaddressable_problem(name, kind):
@@ -234,6 +244,7 @@ def _cross_checks(
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
             problems.extend(_reserved(file, f"{base}.name", jq.name))
+            problems.extend(_rate_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             decls = Topology(job_queues=(jq,)).declarations()
             too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))

@@ -44,7 +44,7 @@ DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consis
 ShardRouting = Literal["crc32", "modulus-hash"]
 QueueType = Literal["classic", "quorum"]
 Overflow = Literal["reject-publish", "drop-head"]
-QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
+QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked", "waiting", "tokens"]
 
 #: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
@@ -176,7 +176,8 @@ class QueueDecl(_Frozen):
 
     Attributes:
         name: Queue name.
-        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects`` or ``parked``.
+        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects``, ``parked``, or a rate-limited
+            job's ``waiting`` room or ``tokens`` queue (:mod:`amqpjobs.topology.rate_queues`).
         job_queue: Name of the job queue it belongs to.
         queue_type: ``classic`` or ``quorum``.
         max_priority: ``x-max-priority`` or None.

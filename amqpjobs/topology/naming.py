@@ -12,7 +12,14 @@ quarantine queue         ``N.quarantine``                            ``urgent.qu
 suspects queue           ``N.suspects``                              ``urgent.suspects``
 parked queue             ``N.parked``                                ``urgent.parked``
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
+waiting room of job J    ``N.rate-waiting.J`` (rate-limited jobs)    ``urgent.rate-waiting.sms``
+token queue of job J     ``N.rate-tokens.J``                         ``urgent.rate-tokens.sms``
+token emitter lock       ``N.rate-emitter.J`` (exclusive queue)      ``urgent.rate-emitter.sms``
 =======================  ==========================================  ======================
+
+The three rate-limit queues are declared by the workers, not the topology (a rate limit is
+in the app's code: README "Flow control" -> "Rate limits"); a job queue name holding one of
+their markers is refused (:data:`RATE_INFIXES`).
 
 :func:`parse_queue_name` reads a name back (the scheduler's queues too).
 
@@ -40,8 +47,16 @@ RETRY_INFIX = ".retry."
 SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
+#: Markers of a rate-limited job's queues: ``<job queue><marker><job>`` (:func:`rate_queue_names`).
+WAITING_INFIX = ".rate-waiting."
+TOKENS_INFIX = ".rate-tokens."
+EMITTER_INFIX = ".rate-emitter."
+RATE_INFIXES = (WAITING_INFIX, TOKENS_INFIX, EMITTER_INFIX)
 
-QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running"]
+QueueKind = Literal[
+    "work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running",
+    "waiting", "tokens", "emitter",
+]  # fmt: skip
 
 
 #: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
@@ -130,6 +145,34 @@ def parked_queue_name(job_queue: str) -> str:
     return f"{job_queue}{PARKED_SUFFIX}"
 
 
+@dataclass(frozen=True)
+class RateQueues:
+    """The queues of one rate-limited job (README "Flow control" -> "Rate limits").
+
+    Attributes:
+        waiting: Its waiting room: deliveries moved out of the work queue until a token comes.
+        tokens: Its token queue (one token at most).
+        emitter: The exclusive queue whose holder mints its tokens (a lock: :mod:`amqpjobs.wire.lock`).
+    """
+
+    waiting: str
+    tokens: str
+    emitter: str
+
+
+def rate_queue_names(job_queue: str, job: str) -> RateQueues:
+    """The queues of rate-limited job ``job`` served from ``job_queue``."""
+    return RateQueues(*(f"{job_queue}{infix}{job}" for infix in RATE_INFIXES))
+
+
+def rate_names_problem(job_queue: str, job: str) -> str | None:
+    """Why job ``job`` of ``job_queue`` can't have a rate limit (its queue names can't be sent), or None."""
+    for name in (rate_queue_names(job_queue, job).waiting, rate_queue_names(job_queue, job).emitter):
+        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
+            return f"a rate-limited job's name goes into queue names ({name[:60]!r}...): {problem}"
+    return None
+
+
 def event_routing_key(job_queue: str, outcome: str) -> str:
     """Routing key of an outcome event: ``<job queue>.<outcome>`` (a topic key; bind ``<job queue>.*`` for all)."""
     return f"{job_queue}.{outcome}"
@@ -146,13 +189,15 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, ``parked``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
+            ``quarantine``, ``suspects``, ``parked``, a scheduler queue: ``leader``, ``ticks``, ``running``,
+            or a rate-limited job's ``waiting``, ``tokens``, ``emitter``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
         tier: The tier's name (e.g. ``30s``), for a tier.
         app: The app, for a scheduler queue.
         schedule: The schedule, for ``ticks`` and ``running``.
+        job: The job, for a rate-limited job's queues.
 
     """
 
@@ -163,6 +208,12 @@ class QueueName:
     tier: str | None = None
     app: str | None = None
     schedule: str | None = None
+    job: str | None = None
+
+
+_RATE_KINDS: tuple[tuple[QueueKind, str], ...] = (
+    ("waiting", WAITING_INFIX), ("tokens", TOKENS_INFIX), ("emitter", EMITTER_INFIX),
+)  # fmt: skip
 
 
 def _is_tier_name(tier: str) -> bool:
@@ -183,7 +234,8 @@ def _work(name: str) -> QueueName:
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 
-    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
+    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``), except for a rate-limited
+    job's queues, whose first marker splits job queue and job (the job's name may hold anything). Only names we would
     create count as ours: a tier part must be a duration in the tiers' own form
     (:func:`~amqpjobs.durations.format_duration`: ``5s``, not ``5s.bak``, ``05s`` or ``5000ms``)
     and a shard index is decimal digits without a leading zero. Anything else (``mail.retry.5s.bak``)
@@ -197,6 +249,10 @@ def parse_queue_name(name: str) -> QueueName:
             app, marker, schedule = rest.partition(f".{kind}.")
             if marker and app and schedule:
                 return QueueName(kind, app=app, schedule=schedule)
+    for kind, infix in _RATE_KINDS:
+        job_queue, marker, job = name.partition(infix)  # a job queue's name never holds the marker: the first one
+        if marker and job_queue and job:
+            return QueueName(kind, job_queue, job=job)
     if name.endswith(QUARANTINE_SUFFIX) and len(name) > len(QUARANTINE_SUFFIX):
         return QueueName("quarantine", name.removesuffix(QUARANTINE_SUFFIX))
     if name.endswith(SUSPECTS_SUFFIX) and len(name) > len(SUSPECTS_SUFFIX):
