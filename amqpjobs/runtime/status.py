@@ -23,6 +23,7 @@ from typing import Any
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
+from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
     EVENTS_EXCHANGE,
@@ -105,15 +106,16 @@ class JobQueueStatus:
     problems: list[str] = field(default_factory=list)
     parked: QueueStatus | None = None
     notes: list[str] = field(default_factory=list)
+    waiting: list[QueueStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
 
     def rows(self) -> list[str]:
-        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects, parked."""
+        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects, parked, waiting rooms."""
         parked = [self.parked] if self.parked is not None and self.parked.exists else []
-        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects, *parked]]
+        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects, *parked, *self.waiting]]
 
 
 def status_report(report: list[JobQueueStatus]) -> list[str]:
@@ -241,6 +243,8 @@ async def collect(
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
     looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
+    rated = {name: rated_jobs(name, live) for name, *_ in plan}  # README "Flow control": waiting rooms
+    looks += [r.waiting for jobs in rated.values() for r in jobs]
     dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
     exact = await probe_queues(settings, looks + dropped)
     now = time.time()
@@ -306,6 +310,9 @@ async def collect(
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
+        status.waiting = [figures(r.waiting) for r in rated[name]]
+        problems, notes = rate_findings(rated[name], figures)
+        status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(
