@@ -160,7 +160,7 @@ async def test_300_jobs_at_10_per_second_on_4_processes_take_30s_and_leave_the_q
         print((tmp_path / "worker.log").read_text()[-3000:])
 
 
-async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str, handler: object = None) -> App:
+async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str) -> App:
     """The topology applied; an app whose ``limited`` job has ``rate`` and records its runs, and an ``other`` job."""
     app = await publisher(broker, tmp_path)
     runner = App("rateapp", topology=app.topology(), url=broker.url)
@@ -169,7 +169,7 @@ async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str, hand
         if payload.get("fail"):
             raise RuntimeError("boom")
 
-    runner.job("limited", queue="work", rate_limit=rate)(handler or limited)
+    runner.job("limited", queue="work", rate_limit=rate)(limited)
     runner.job("other", queue="work")(lambda p, c: None)
     return runner
 
