@@ -227,6 +227,9 @@ async def collect(
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
     oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
     longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
+    A rate-limited job's waiting room found on the broker gets a row and a note, and is a
+    problem when it holds jobs that no worker consumes or no worker mints tokens for
+    (:mod:`amqpjobs.runtime.rate_status`).
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
