@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs import App
+from amqpjobs import App, JobContext
 from amqpjobs.errors import ConfigurationError, TopologyError
 from amqpjobs.jobs.rate import (
     RateLimit,
@@ -19,6 +19,7 @@ from amqpjobs.jobs.rate import (
     tick_time,
     token_expiration,
 )
+from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueSpec, Topology
 from amqpjobs.topology.naming import QueueName, parse_queue_name, rate_queue_names
@@ -132,3 +133,20 @@ def test_the_rate_queues_follow_the_job_queue_and_hold_one_token() -> None:
         "x-queue-type": "quorum", "x-dead-letter-exchange": "work.quarantine", "x-dead-letter-strategy":
         "at-least-once", "x-delivery-limit": 10, "x-overflow": "reject-publish",
     }  # fmt: skip
+
+
+async def test_the_in_memory_double_runs_a_rate_limited_job_without_a_limit(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[[exchange]]\nname = "jobs"\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n')
+    app = App("t", topology=load_topology(path).topology)
+    seen: list[str] = []
+
+    @app.job("sms", queue="work", rate_limit="1/h")
+    async def sms(payload: dict[str, str], ctx: JobContext) -> None:
+        seen.append(ctx.queue)
+
+    async with TestBroker(app) as broker:
+        for _ in range(3):
+            await app.enqueue("sms", {})
+        done = await broker.drain()
+    assert (seen, [p.kind for p in done]) == (["work"] * 3, ["succeeded"] * 3)
