@@ -2,11 +2,13 @@
 
 A rate limit of N per period is kept with tokens on the broker (:mod:`amqpjobs.runtime.rate_limits`):
 one emitter across the app mints a token every ``period / N`` seconds, on absolute times
-(:func:`tick_times`), and each start takes one. A token is only good for half an interval
-after the time it was minted for (its ``expiration``, :func:`token_expiration`), so every
-start of a window of one period used a token minted for a time within that window or less
-than half an interval before it: at most N + 1 starts in any period (11 in any second for
-``10/s``), however many worker processes take tokens.
+(:func:`tick_time`), and each start takes one. The broker drops a token half an interval
+after the time it was minted for (its ``expiration``, :func:`token_expiration`), and a worker
+drops one it held over :data:`HOLD_FRACTION` of an interval before a delivery took it. So a
+start comes at most 3/4 of an interval after its token's time (plus the token's trip from
+the broker to the worker, well under a millisecond on a LAN), under one interval; token times
+are one interval apart, so every window of one period holds at most N + 1 starts (11 in any
+second for ``10/s``), however many worker processes take tokens.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from amqpjobs.errors import ConfigurationError
 #: Seconds per period unit of a rate limit.
 PERIODS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0}
 #: The highest rate supported, in starts per second: one token a message, taken one at a time by
-#: each worker process (a round trip each), good for half an interval (5 ms at 100/s).
+#: each worker process (a round trip each), good for half an interval after its time (5 ms at 100/s).
 MAX_PER_SECOND: Final = 100.0
 #: The forms a rate limit takes, for messages.
 FORMS: Final = "'<count>/s', '<count>/m' or '<count>/h' with a whole count >= 1 (e.g. '10/s', '30/m', '500/h')"
+#: A worker drops a token it held longer than this fraction of an interval (a blocked event loop).
+HOLD_FRACTION: Final = 0.25
 #: Header of a delivery moved to its job's waiting room: the work queue it came from.
 WAITING_FROM: Final = "amqpjobs-waiting-from"
 

@@ -21,8 +21,9 @@ For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.
   A token that comes when nothing waits here goes back to the queue (keeping its expiry).
 
 Why at most ``count + 1`` starts in any window of one period: a start uses a token minted
-for a time at most half an interval before it (the broker drops older ones, a worker drops
-one it held longer than half an interval), and token times are one interval apart.
+for a time under one interval before it (the broker drops a token half an interval after
+its time, a worker one it held over a quarter interval: :mod:`amqpjobs.jobs.rate`), and token
+times are one interval apart.
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ from amqpjobs.errors import AmqpJobsError, BusyError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import unstarted_headers
 from amqpjobs.jobs.quarantine import header_text
-from amqpjobs.jobs.rate import WAITING_FROM, RateLimit, first_tick, next_tick, tick_time, token_expiration
+from amqpjobs.jobs.rate import (
+    HOLD_FRACTION,
+    WAITING_FROM,
+    RateLimit,
+    first_tick,
+    next_tick,
+    tick_time,
+    token_expiration,
+)
 from amqpjobs.printable import logfmt_value
 from amqpjobs.topology.models import Declarations, JobQueueLayout
 from amqpjobs.topology.naming import RateQueues, rate_queue_names
@@ -110,9 +119,9 @@ class TokenGate:
                     await self._want()
             if waiter.cancelled():
                 return False
-            if time.monotonic() - waiter.result() <= self.rate.interval / 2:
+            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
                 return True
-            # held too long before this delivery could take it (a blocked loop): stale, wait for the next one
+            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
         return False
 
     async def on_token(self, token: Delivery) -> None:
