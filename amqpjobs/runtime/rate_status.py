@@ -65,6 +65,6 @@ def rate_findings(rated: list[RatedJob], figures: Callable[[str], _Figures]) -> 
             problems.append(f"no worker takes from waiting room {r.waiting}: {room.ready} job(s) of {job} wait")
         elif held and r.emitter is None:
             problems.append(f"no worker mints the tokens of rate-limited job {job}: {held} job(s) wait in {r.waiting}")
-        minted = f"minted by {printable(r.emitter)}" if r.emitter else "no emitter"
-        notes.append(f"job {job} is rate-limited: {held} job(s) in waiting room {r.waiting}; tokens {minted}")
+        minted = f"tokens minted by {printable(r.emitter)}" if r.emitter else "no worker mints its tokens"
+        notes.append(f"job {job} is rate-limited: {held} job(s) in waiting room {r.waiting}; {minted}")
     return problems, notes

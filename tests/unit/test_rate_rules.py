@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 import random
 import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from amqpjobs.jobs.rate import (
     tick_time,
     token_expiration,
 )
+from amqpjobs.runtime.rate_status import RatedJob, rate_findings, rated_jobs
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueSpec, Topology
@@ -27,6 +30,7 @@ from amqpjobs.topology.naming import QueueName, parse_queue_name, rate_queue_nam
 from amqpjobs.topology.orphans import orphan_queues
 from amqpjobs.topology.rate_queues import rate_declarations
 from amqpjobs.wire.arguments import queue_arguments
+from amqpjobs.wire.lock import LockHolder
 
 
 @pytest.mark.parametrize(
@@ -152,3 +156,39 @@ async def test_the_in_memory_double_runs_a_rate_limited_job_without_a_limit(tmp_
             await app.enqueue("sms", {})
         done = await broker.drain()
     assert (seen, [p.kind for p in done]) == (["work"] * 3, ["succeeded"] * 3)
+
+
+@dataclass
+class Figures:
+    name: str
+    exists: bool = True
+    ready: int = 0
+    unacked: int = 0
+    consumers: int = 0
+
+
+def test_status_finds_rate_limited_jobs_by_their_waiting_rooms_and_names_their_emitter() -> None:
+    holder = LockHolder("token emitter of job sms at 10/s", "web-1", 4242, datetime(2026, 12, 1, 5, 0, tzinfo=UTC))
+    live = {
+        "work": {}, "work.rate-waiting.sms": {}, "work.rate-tokens.sms": {},
+        "work.rate-emitter.sms": {"arguments": holder.arguments()}, "work.rate-waiting.push": {},
+        "other.rate-waiting.sms": {},
+    }  # fmt: skip
+    rated = rated_jobs("work", live)
+    assert rated == [
+        RatedJob("push", "work.rate-waiting.push", None),
+        RatedJob("sms", "work.rate-waiting.sms", "token emitter of job sms at 10/s (pid 4242 on web-1, since "
+                 "2026-12-01T05:00:00Z)"),
+    ]  # fmt: skip
+    figures = {"work.rate-waiting.sms": Figures("work.rate-waiting.sms", ready=3, consumers=0),
+               "work.rate-waiting.push": Figures("work.rate-waiting.push", unacked=2, consumers=1)}  # fmt: skip
+    problems, notes = rate_findings(rated, figures.__getitem__)
+    assert problems == [
+        "no worker mints the tokens of rate-limited job 'push': 2 job(s) wait in work.rate-waiting.push",
+        "no worker takes from waiting room work.rate-waiting.sms: 3 job(s) of 'sms' wait",
+    ]
+    assert notes[1] == (
+        "job 'sms' is rate-limited: 3 job(s) in waiting room work.rate-waiting.sms; tokens minted by token emitter "
+        "of job sms at 10/s (pid 4242 on web-1, since 2026-12-01T05:00:00Z)"
+    )
+    assert notes[0].endswith("; no worker mints its tokens")
