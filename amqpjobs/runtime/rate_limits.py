@@ -95,17 +95,14 @@ class TokenGate:
         self._waiters: deque[asyncio.Future[float]] = deque()
         self._switching = asyncio.Lock()
 
-    @property
-    def waiting(self) -> int:
-        """Deliveries waiting here for a token."""
-        return sum(1 for w in self._waiters if not w.done())
-
     async def acquire(self) -> bool:
         """Wait for a fresh token; False when the worker stops first (the delivery is not to start)."""
         loop = asyncio.get_running_loop()
+        first = True
         while not self._stop.is_set():
             waiter: asyncio.Future[float] = loop.create_future()
-            self._waiters.append(waiter)
+            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
+            first = False
             stopping = loop.create_task(self._stop.wait())
             try:
                 await self._want()
