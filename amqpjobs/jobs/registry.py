@@ -16,7 +16,9 @@ from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
+from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
+from amqpjobs.topology.naming import rate_names_problem
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -85,6 +87,8 @@ class JobDef:
         lease: Seconds a claim holds before another worker may take it over; None: twice
             the timeout the worker gives a job without one (at least 60 s).
         breaker: Its circuit breaker (:mod:`amqpjobs.jobs.breaker`), or None.
+        rate_limit: At most that many starts per period across the app's workers, or None
+            (README "Flow control" -> "Rate limits").
 
     """
 
@@ -98,6 +102,7 @@ class JobDef:
     key: Callable[[Any], str] | None = None
     lease: float | None = None
     breaker: Breaker | None = None
+    rate_limit: RateLimit | None = None
 
     @cached_property
     def is_async(self) -> bool:
@@ -157,6 +162,7 @@ class JobRegistry:
         key: Callable[[Any], str] | None = None,
         lease: float | str | None = None,
         breaker: Breaker | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as job ``name``.
 
@@ -175,6 +181,9 @@ class JobRegistry:
                 default timeout, just below ``consumer_timeout``). Must exceed the run time.
             breaker: A circuit breaker shared by all the app's workers (README "Flow
                 control"), e.g. ``Breaker(failures=20, window="1m", cool_down="30s")``.
+            rate_limit: ``"<count>/s"``, ``"/m"`` or ``"/h"``: at most that many starts per
+                period across every worker process of the app, at most count + 1 in any
+                window of one period (README "Flow control" -> "Rate limits"); None: no limit.
 
         Returns:
             A decorator that registers the handler and returns it unchanged.
@@ -198,13 +207,18 @@ class JobRegistry:
             raise ConfigurationError(f"job {name!r}: lease: {exc}") from None
         if seconds is not None and hold is not None and hold <= seconds:
             raise ConfigurationError(f"job {name!r}: lease {hold:g}s must be longer than the timeout {seconds:g}s")
+        rate = None if rate_limit is None else parse_rate_limit(rate_limit, name)
+        if rate is not None and (problem := rate_names_problem(queue, name)):
+            raise ConfigurationError(f"job {name!r}: {problem}")
 
         if breaker is not None and (problem := breaker_name_problem(queue, name, breaker)):
             raise ConfigurationError(problem)
 
         def register(handler: H) -> H:
             policy = retry or RetryPolicy()
-            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold, breaker)
+            self._jobs[name] = JobDef(
+                name, queue, handler, payload, policy, seconds, idempotent, key, hold, breaker, rate
+            )
             return handler
 
         return register

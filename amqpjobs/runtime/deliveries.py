@@ -52,6 +52,7 @@ from amqpjobs.wire.events import OutcomeEvents
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.rate_limits import RateLimits
     from amqpjobs.runtime.worker_config import WorkerOptions
 
 log = logging.getLogger("amqpjobs.worker")
@@ -82,14 +83,22 @@ class DeliveryPath(HandlerRuns):
     _breakers: Breakers | None
 
     _layouts: dict[str, JobQueueLayout]
+    _rates: RateLimits | None
 
     async def handle(self, job_queue: str, delivery: Received) -> None:
         """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
         await self._handle(self._layouts[job_queue], delivery)
 
     async def _handle(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
+        self,
+        layout: JobQueueLayout,
+        delivery: Received,
+        alone: bool = False,
+        hand_back: bool = False,
+        rated: bool = False,
     ) -> None:
+        if self._rates is not None and not (alone or hand_back or rated) and await self._rates.divert(layout, delivery):
+            return  # a rate-limited job's: moved to its waiting room (README "Flow control")
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()

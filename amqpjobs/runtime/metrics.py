@@ -94,6 +94,18 @@ class WorkerMetrics:
             "amqpjobs_breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", ["job"],
             registry=self.registry, multiprocess_mode="livemostrecent",  # consume --processes: the latest change
         )  # fmt: skip
+        # rate limits (README "Flow control" -> "Rate limits"): summed over the live processes
+        self.rate_waiting = Gauge(
+            "amqpjobs_rate_limit_waiting", "Deliveries of a rate-limited job held here waiting for a token.", ["job"],
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.rate_emitter = Gauge(
+            "amqpjobs_rate_limit_emitter", "1 while this process mints the rate-limited job's tokens.", ["job"],
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.rate_tokens = Counter(
+            "amqpjobs_rate_limit_tokens", "Rate-limit tokens minted.", ["job"], registry=self.registry
+        )
         self._in_flight: dict[str, Any] = {}
         self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._counted: dict[tuple[str, str, str], Any] = {}

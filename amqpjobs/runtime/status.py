@@ -24,6 +24,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
+from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
     EVENTS_EXCHANGE,
@@ -109,15 +110,16 @@ class JobQueueStatus:
     parked: QueueStatus | None = None
     notes: list[str] = field(default_factory=list)
     breakers: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[QueueStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
 
     def rows(self) -> list[str]:
-        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects, parked."""
+        """One :meth:`QueueStatus.row` per queue: work queues, tiers, quarantine, suspects, parked, waiting rooms."""
         parked = [self.parked] if self.parked is not None and self.parked.exists else []
-        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects, *parked]]
+        return [q.row() for q in [*self.work, *self.tiers, self.quarantine, self.suspects, *parked, *self.waiting]]
 
 
 def status_report(report: list[JobQueueStatus]) -> list[str]:
@@ -258,6 +260,9 @@ async def collect(
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
     oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
     longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
+    A rate-limited job's waiting room found on the broker gets a row and a note, and is a
+    problem when it holds jobs that no worker consumes or no worker mints tokens for
+    (:mod:`amqpjobs.runtime.rate_status`).
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
@@ -274,6 +279,8 @@ async def collect(
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
     looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
+    rated = {name: rated_jobs(name, live) for name, *_ in plan}  # README "Flow control": waiting rooms
+    looks += [r.waiting for jobs in rated.values() for r in jobs]
     dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
     exact = await probe_queues(settings, looks + dropped)
     now = time.time()
@@ -341,6 +348,9 @@ async def collect(
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
+        status.waiting = [figures(r.waiting) for r in rated[name]]
+        problems, notes = rate_findings(rated[name], figures)
+        status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(

@@ -41,6 +41,7 @@ from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.payloads import open_store
+from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
@@ -123,6 +124,7 @@ class Worker(SuspectTurns):
         self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
         self._breakers: Breakers | None = None  # jobs with a circuit breaker (README "Flow control")
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
+        self._rates: RateLimits | None = None  # rate-limited jobs' waiting rooms and tokens (README "Flow control")
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -149,6 +151,7 @@ class Worker(SuspectTurns):
         self._check()
         self.app.default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
+        slots += len(rate_limited(self.app, self._layouts.values())) * self.options.concurrency  # waiting rooms
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
         needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
         needed += [q for lay in self._layouts.values() for q in (lay.quarantine_queue, lay.suspects_queue)]
@@ -190,6 +193,12 @@ class Worker(SuspectTurns):
         if store is not None:  # any worker sweeps: deletion needs no one process
             sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
             self._background.append(asyncio.create_task(sweep))
+        self._rates = await start_rate_limits(
+            self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
+            self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency,
+        )  # fmt: skip
+        self._consumers += self._rates.consumers if self._rates else []
+        self._background += self._rates.tasks if self._rates else []
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -231,8 +240,11 @@ class Worker(SuspectTurns):
         self._results.start()
         self._background.append(asyncio.create_task(keep_pruned(store, what="result record(s)")))
 
-    def _held_by(self, layout: JobQueueLayout, hand_back: bool = False) -> DeliveryHandler:
-        """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run."""
+    def _held_by(self, layout: JobQueueLayout, hand_back: bool = False, rated: bool = False) -> DeliveryHandler:
+        """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run.
+
+        ``rated``: a rate-limited job's delivery that took its token (never moved to its waiting room again).
+        """
         inflight = self._inflight
 
         async def held(delivery: Delivery) -> None:
@@ -241,7 +253,7 @@ class Worker(SuspectTurns):
             inflight.add(task)
             self._held += 1
             try:
-                await self._handle(layout, delivery, hand_back=hand_back)
+                await self._handle(layout, delivery, hand_back=hand_back, rated=rated)
             finally:
                 inflight.discard(task)
                 self._held -= 1

@@ -18,7 +18,7 @@ DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consis
 QueueType = Literal["classic", "quorum"]
 #: ``x-overflow`` of a queue we declare (RabbitMQ "Queue Length Limit" -> "Overflow Behaviour").
 Overflow = Literal["reject-publish", "drop-head"]
-QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
+QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked", "waiting", "tokens"]
 
 
 class _Frozen(BaseModel):
@@ -40,7 +40,8 @@ class QueueDecl(_Frozen):
 
     Attributes:
         name: Queue name.
-        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects`` or ``parked``.
+        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects``, ``parked``, or a rate-limited
+            job's ``waiting`` room or ``tokens`` queue (:mod:`amqpjobs.topology.rate_queues`).
         job_queue: Name of the job queue it belongs to.
         queue_type: ``classic`` or ``quorum``.
         max_priority: ``x-max-priority`` or None.

@@ -28,6 +28,7 @@ from amqpjobs.topology.naming import (
     BREAKER_INFIX,
     BREAKER_PROBE_INFIX,
     EVENTS_EXCHANGE,
+    JOB_MARKERS,
     MAX_CLIENT_NAME,
     NameKind,
     parse_queue_name,
@@ -187,13 +188,14 @@ def _reserved(file: str, path: str, name: str) -> list[Problem]:
     return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
 
 
-def _breaker_marked(file: str, path: str, name: str) -> list[Problem]:
-    """The problem with job queue ``name`` when it holds a breaker marker (its queues would read as a breaker's)."""
-    marks = [m for m in (BREAKER_INFIX, BREAKER_PROBE_INFIX) if m in name]
-    if not marks:
+def _job_marker(file: str, path: str, name: str) -> list[Problem]:
+    """The problem with job queue ``name`` when it holds a job's own queues' marker (:data:`.naming.JOB_MARKERS`)."""
+    found = [m for m in JOB_MARKERS if m in name]
+    if not found:
         return []
-    return [Problem(file, path, f"{name!r}: {marks[0]!r} marks a job's circuit breaker queues (README "
-                    "\"Flow control\")", f"choose a name without {marks[0]!r}")]  # fmt: skip
+    kind = "circuit breaker" if found[0] in (BREAKER_INFIX, BREAKER_PROBE_INFIX) else "rate-limited job"
+    return [Problem(file, path, f"{name!r} holds {found[0]!r}, which marks a {kind}'s queues (README "
+                    "\"Flow control\")", f"choose a name without {found[0]!r}")]  # fmt: skip
 
 
 def _unaddressable(file: str, path: str, name: str, kind: NameKind) -> list[Problem]:
@@ -245,7 +247,7 @@ def _cross_checks(
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
             problems.extend(_reserved(file, f"{base}.name", jq.name))
-            problems.extend(_breaker_marked(file, f"{base}.name", jq.name))
+            problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             decls = Topology(job_queues=(jq,)).declarations()
             too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))

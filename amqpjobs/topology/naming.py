@@ -14,11 +14,18 @@ parked queue             ``N.parked``                                ``urgent.pa
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
 breaker state (open)     ``N.breaker.<job>`` (durable, no messages)  ``urgent.breaker.mail``
 breaker probe lock       ``N.breaker-probe.<job>`` (exclusive)       ``urgent.breaker-probe.mail``
+waiting room of job J    ``N.rate-waiting.J`` (rate-limited jobs)    ``urgent.rate-waiting.sms``
+token queue of job J     ``N.rate-tokens.J``                         ``urgent.rate-tokens.sms``
+token emitter lock       ``N.rate-emitter.J`` (exclusive queue)      ``urgent.rate-emitter.sms``
 =======================  ==========================================  ======================
 
 A job's breaker notices go through RabbitMQ's pre-declared headers exchange
 :data:`BREAKER_EXCHANGE` (it exists on every vhost and can't be deleted: RabbitMQ
 "Exchanges" -> "Pre-declared Exchanges"), matched on header :data:`BREAKER_HEADER` = job queue.
+
+The breaker's and the three rate-limit queues are declared by the workers, not the topology
+(breakers and rate limits are in the app's code: README "Flow control"); a job queue name
+holding one of their markers is refused (:data:`JOB_MARKERS`).
 
 :func:`parse_queue_name` reads a name back (the scheduler's queues too).
 
@@ -54,20 +61,18 @@ BREAKER_HEADER = "amqpjobs-breaker"
 SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
+#: Markers of a rate-limited job's queues: ``<job queue><marker><job>`` (:func:`rate_queue_names`).
+WAITING_INFIX = ".rate-waiting."
+TOKENS_INFIX = ".rate-tokens."
+EMITTER_INFIX = ".rate-emitter."
+RATE_INFIXES = (WAITING_INFIX, TOKENS_INFIX, EMITTER_INFIX)
+#: Markers of a job's own queues (its breaker's, its rate limit's): no job queue name may hold one.
+JOB_MARKERS = (BREAKER_INFIX, BREAKER_PROBE_INFIX, *RATE_INFIXES)
 
 QueueKind = Literal[
-    "work",
-    "shard",
-    "tier",
-    "quarantine",
-    "suspects",
-    "parked",
-    "leader",
-    "ticks",
-    "running",
-    "breaker",
-    "breaker-probe",
-]
+    "work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running",
+    "breaker", "breaker-probe", "waiting", "tokens", "emitter",
+]  # fmt: skip
 
 
 #: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
@@ -166,6 +171,34 @@ def breaker_probe_name(job_queue: str, job: str) -> str:
     return f"{job_queue}{BREAKER_PROBE_INFIX}{job}"
 
 
+@dataclass(frozen=True)
+class RateQueues:
+    """The queues of one rate-limited job (README "Flow control" -> "Rate limits").
+
+    Attributes:
+        waiting: Its waiting room: deliveries moved out of the work queue until a token comes.
+        tokens: Its token queue (one token at most).
+        emitter: The exclusive queue whose holder mints its tokens (a lock: :mod:`amqpjobs.wire.lock`).
+    """
+
+    waiting: str
+    tokens: str
+    emitter: str
+
+
+def rate_queue_names(job_queue: str, job: str) -> RateQueues:
+    """The queues of rate-limited job ``job`` served from ``job_queue``."""
+    return RateQueues(*(f"{job_queue}{infix}{job}" for infix in RATE_INFIXES))
+
+
+def rate_names_problem(job_queue: str, job: str) -> str | None:
+    """Why job ``job`` of ``job_queue`` can't have a rate limit (its queue names can't be sent), or None."""
+    for name in (rate_queue_names(job_queue, job).waiting, rate_queue_names(job_queue, job).emitter):
+        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
+            return f"a rate-limited job's name goes into queue names ({name[:60]!r}...): {problem}"
+    return None
+
+
 def event_routing_key(job_queue: str, outcome: str) -> str:
     """Routing key of an outcome event: ``<job queue>.<outcome>`` (a topic key; bind ``<job queue>.*`` for all)."""
     return f"{job_queue}.{outcome}"
@@ -182,15 +215,16 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, ``parked``, ``breaker``, ``breaker-probe``, or a scheduler
-            queue: ``leader``, ``ticks``, ``running``.
+            ``quarantine``, ``suspects``, ``parked``, a scheduler queue: ``leader``, ``ticks``, ``running``,
+            a job's breaker queues: ``breaker``, ``breaker-probe``, or a rate-limited job's ``waiting``,
+            ``tokens``, ``emitter``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
         tier: The tier's name (e.g. ``30s``), for a tier.
         app: The app, for a scheduler queue.
         schedule: The schedule, for ``ticks`` and ``running``.
-        job: The job, for ``breaker`` and ``breaker-probe`` (a job's breaker state and probe lock).
+        job: The job, for a job's breaker and rate-limit queues.
 
     """
 
@@ -202,6 +236,13 @@ class QueueName:
     app: str | None = None
     schedule: str | None = None
     job: str | None = None
+
+
+#: The markers of a job's own queues (breaker, rate limit) and the kind each names.
+_JOB_KINDS: dict[str, QueueKind] = {
+    BREAKER_INFIX: "breaker", BREAKER_PROBE_INFIX: "breaker-probe",
+    WAITING_INFIX: "waiting", TOKENS_INFIX: "tokens", EMITTER_INFIX: "emitter",
+}  # fmt: skip
 
 
 def _is_tier_name(tier: str) -> bool:
@@ -222,9 +263,10 @@ def _work(name: str) -> QueueName:
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 
-    A breaker marker comes first, and its first occurrence (``q.breaker.j`` is job ``j``'s breaker
-    state in job queue ``q``, whatever ``j`` holds; the topology refuses job queue names with
-    it). Otherwise the last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
+    A job's own queues (breaker, rate limit: :data:`JOB_MARKERS`) come first: the earliest such
+    marker splits job queue and job (``q.breaker.j`` is job ``j``'s breaker state in job queue
+    ``q``, whatever ``j`` holds; the topology refuses job queue names with one). Otherwise the
+    last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
     create count as ours: a tier part must be a duration in the tiers' own form
     (:func:`~amqpjobs.durations.format_duration`: ``5s``, not ``5s.bak``, ``05s`` or ``5000ms``)
     and a shard index is decimal digits without a leading zero. Anything else (``mail.retry.5s.bak``)
@@ -238,10 +280,11 @@ def parse_queue_name(name: str) -> QueueName:
             app, marker, schedule = rest.partition(f".{kind}.")
             if marker and app and schedule:
                 return QueueName(kind, app=app, schedule=schedule)
-    for infix, kind in ((BREAKER_PROBE_INFIX, "breaker-probe"), (BREAKER_INFIX, "breaker")):
-        job_queue, marker, job = name.partition(infix)  # the first marker: a job name may hold anything
-        if marker and job_queue and job:
-            return QueueName(kind, job_queue, job=job)  # type: ignore[arg-type]
+    found = [(at, infix) for infix in JOB_MARKERS if (at := name.find(infix)) > 0]
+    if found:  # the earliest: a job queue's name holds none, a job's name may hold anything
+        at, infix = min(found)
+        if job := name[at + len(infix) :]:
+            return QueueName(_JOB_KINDS[infix], name[:at], job=job)
     if name.endswith(QUARANTINE_SUFFIX) and len(name) > len(QUARANTINE_SUFFIX):
         return QueueName("quarantine", name.removesuffix(QUARANTINE_SUFFIX))
     if name.endswith(SUSPECTS_SUFFIX) and len(name) > len(SUSPECTS_SUFFIX):

@@ -131,7 +131,12 @@ async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None
 
 @asynccontextmanager
 async def exclusive_lock(
-    connection: AbstractRobustConnection, settings: BrokerSettings, name: str, holder: LockHolder, what: str
+    connection: AbstractRobustConnection,
+    settings: BrokerSettings,
+    name: str,
+    holder: LockHolder,
+    what: str,
+    look_up: bool = True,
 ) -> AsyncIterator[HeldLock]:
     """Hold lock ``name`` (an exclusive queue on ``connection``) for the ``async with`` block.
 
@@ -141,6 +146,8 @@ async def exclusive_lock(
         name: Name of the lock queue.
         holder: Who we are; a refused process reads it back.
         what: What the lock guards, for messages, e.g. ``quarantine queue 'work.quarantine'``.
+        look_up: Ask the management API who holds it when refused (False: a quiet try, as
+            every second by a rate limit's would-be token emitters; the error names no holder).
 
     Raises:
         BusyError: another connection holds the lock (at once, no waiting); the message
@@ -164,7 +171,7 @@ async def exclusive_lock(
             except LIBRARY_ERRORS as exc:
                 if error_kind(exc) is not ResourceLockedError:
                     raise BrokerError(f"could not take the lock on {what} ({name!r}): {exc}") from exc
-                exists, held_by = await _holder(settings, name)
+                exists, held_by = await _holder(settings, name) if look_up else (True, None)
                 if exists or attempt == _ATTEMPTS - 1:
                     who = held_by or "another connection (the management API could not say which)"
                     raise BusyError(

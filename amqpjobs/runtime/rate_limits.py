@@ -1,0 +1,374 @@
+"""Rate limits across every worker process of an app, with tokens on the broker (README "Flow control").
+
+For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.jobs.rate`):
+
+* **One emitter** across the app mints its tokens: each worker process tries the job's
+  emitter lock (an exclusive queue, :mod:`amqpjobs.wire.lock`) every
+  :data:`TAKEOVER_EVERY` seconds; the holder publishes one token every ``period / count``
+  seconds on absolute times (token ``k`` at ``k * interval`` since the epoch: no drift,
+  and a take-over keeps the grid), each good until half an interval after its time (its
+  ``expiration``; one already too late is skipped). A killed holder's lock goes with its
+  connection (RabbitMQ "Exclusive Queues"), so another process takes over within about a
+  second (after the broker notices a dead connection: a lost host is noticed at the
+  heartbeat timeout, 60 s by default); no tokens are minted meanwhile, so the gap only slows.
+* **A waiting room**: a delivery of the job arriving from its work queue is moved there
+  (a confirmed copy, then the ack, as a hand-back: no ``redelivered`` flag, no attempt
+  used), so it never holds the work queue's slots, which the queue's other jobs need. Each
+  worker process consumes the waiting room with ``prefetch_count`` = its concurrency (slots
+  of its own) and, while a delivery of it waits, the token queue with prefetch 1; a token
+  goes to the longest-waiting delivery, which then runs through the usual decision path
+  (retries, quarantine, crash containment) as a delivery of the work queue it came from.
+  A token that comes when nothing waits here goes back to the queue (keeping its expiry).
+
+Why at most ``count + 1`` starts in any window of one period: a start uses a token minted
+for a time under one interval before it (the broker drops a token half an interval after
+its time, a worker one it held over a quarter interval: :mod:`amqpjobs.jobs.rate`), and token
+times are one interval apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from amqpjobs.errors import AmqpJobsError, BusyError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.failure import unstarted_headers
+from amqpjobs.jobs.quarantine import header_text
+from amqpjobs.jobs.rate import (
+    HOLD_FRACTION,
+    WAITING_FROM,
+    RateLimit,
+    first_tick,
+    next_tick,
+    tick_time,
+    token_expiration,
+)
+from amqpjobs.printable import logfmt_value
+from amqpjobs.topology.declarations import Declarations
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import RateQueues, rate_queue_names
+from amqpjobs.topology.rate_queues import rate_declarations
+from amqpjobs.wire.abc import Connection, Publisher, Received
+from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.lock import LockHolder, exclusive_lock
+from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.tokens import TokenMinter, declare_rate_queues
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.metrics import WorkerMetrics
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: The worker's handler for a job queue's deliveries: ``run(layout, hand_back, rated)``.
+Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
+
+#: Seconds between two tries at a job's emitter lock by a process that does not hold it.
+TAKEOVER_EVERY = 1.0
+
+
+class TokenGate:
+    """One rate-limited job's tokens in this process: each waiting delivery gets one, oldest first.
+
+    Args:
+        job: The job's name (for logs).
+        rate: Its rate limit.
+        stop: Set when the worker stops: waiting ends without a token.
+    """
+
+    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
+        self.job = job
+        self.rate = rate
+        self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
+        self._stop = stop
+        self._waiters: deque[asyncio.Future[float]] = deque()
+        self._switching = asyncio.Lock()
+
+    async def acquire(self) -> bool:
+        """Wait for a fresh token; False when the worker stops first (the delivery is not to start)."""
+        loop = asyncio.get_running_loop()
+        first = True
+        while not self._stop.is_set():
+            waiter: asyncio.Future[float] = loop.create_future()
+            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
+            first = False
+            stopping = loop.create_task(self._stop.wait())
+            try:
+                await self._want()
+                await asyncio.wait((waiter, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not waiter.done():
+                    waiter.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                    await self._want()
+            if waiter.cancelled():
+                return False
+            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
+                return True
+            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
+        return False
+
+    async def on_token(self, token: Delivery) -> None:
+        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
+        received = time.monotonic()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(received)
+                with contextlib.suppress(DeliveryChannelClosed):
+                    await token.ack()
+                await self._want()
+                return
+        await self._want()  # stop consuming first, or the broker hands it straight back
+        with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
+            await token.requeue()
+
+    async def _want(self) -> None:
+        """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
+        async with self._switching:
+            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
+            if feed is None or wanted == (not feed.paused):
+                return
+            await (feed.resume() if wanted else feed.pause())
+
+
+@dataclass
+class Room:
+    """One rate-limited job in this worker: its queues, its job queue's layout and its gate."""
+
+    job: str
+    rate: RateLimit
+    names: RateQueues
+    layout: JobQueueLayout
+    gate: TokenGate
+
+
+class RateLimits:
+    """The rate-limited jobs of the job queues a worker consumes (start with :func:`start_rate_limits`).
+
+    Args:
+        rooms: Each rate-limited job's :class:`Room`, by job name.
+        connection: The worker's consuming connection (waiting rooms and tokens).
+        publishing: Its publishing connection (moves, and the emitter's lock and tokens).
+        publisher: Confirmed publisher for the moves into the waiting rooms.
+        settings: Broker settings.
+        stop: The worker's stop event.
+        metrics: Where to count (or None).
+    """
+
+    def __init__(
+        self,
+        rooms: Mapping[str, Room],
+        connection: Connection,
+        publishing: Connection,
+        publisher: Publisher,
+        settings: BrokerSettings,
+        stop: asyncio.Event,
+        metrics: WorkerMetrics | None,
+    ) -> None:
+        self.rooms = dict(rooms)
+        self._by_waiting = {r.names.waiting: r for r in rooms.values()}
+        self._connection = connection
+        self._publishing = publishing
+        self._publisher = publisher
+        self._settings = settings
+        self._stop = stop
+        self._metrics = metrics
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self.consumers: list[WorkQueueConsumer] = []  # the waiting rooms' (the worker drives them with its own)
+        self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
+
+    async def divert(self, layout: JobQueueLayout, delivery: Received) -> bool:
+        """Move a rate-limited job's delivery from its work queue into its waiting room; True once moved.
+
+        False for any other delivery (the usual path goes on), and when the move failed:
+        then the delivery waits here for its token, in its work queue's slot (a start,
+        still within the rate).
+        """
+        room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))
+        if room is None or room.layout.name != layout.name or self._stop.is_set():
+            return False
+        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        headers = unstarted_headers(
+            delivery.headers, None, delivery.queue, delivery.exchange, delivery.routing_key, self._host, self._pid,
+            envelope.iso_utc(time.time()), timestamp=delivery.timestamp,
+        )  # fmt: skip
+        headers[WAITING_FROM] = delivery.queue
+        try:
+            await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
+        except AmqpJobsError as exc:
+            log.warning(
+                "job=%s id=%s: moving it to waiting room %s failed (%s); it waits for its token in its slot",
+                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, exc,
+            )  # fmt: skip
+            await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
+            return False
+        try:
+            await delivery.ack()
+        except DeliveryChannelClosed:
+            log.warning("job %s: its channel closed before the ack; the broker redelivers it (a duplicate of the "
+                        "copy in waiting room %s)", job_id, room.names.waiting)  # fmt: skip
+        return True
+
+    def admit(self, delivery: Delivery) -> Room:
+        """A waiting room's delivery as one of the work queue it came from (its queue, exchange, routing key)."""
+        room = self._by_waiting[delivery.queue]
+        works = room.layout.work_queues
+        origin = header_text(delivery.headers.get(WAITING_FROM))
+        delivery.queue = origin if origin in works else works[0]
+        delivery.exchange = header_text(delivery.headers.get(envelope.ORIGINAL_EXCHANGE)) or delivery.exchange
+        delivery.routing_key = header_text(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY)) or delivery.routing_key
+        delivery.headers = {k: v for k, v in delivery.headers.items() if k != WAITING_FROM}
+        return room
+
+    def _waiting_handler(self, run: Runner, inflight: set[Any]) -> DeliveryHandler:
+        """The waiting rooms' delivery handler: wait for a token, then ``run(layout, hand_back, True)`` it.
+
+        ``inflight``: the worker's in-flight tasks (a stopping worker waits for them: a
+        delivery still waiting is then handed back to its work queue, unstarted).
+        """
+
+        async def waiting(delivery: Delivery) -> None:
+            room = self.admit(delivery)
+            task = asyncio.current_task()
+            inflight.add(task)
+            gauge = None if self._metrics is None else self._metrics.rate_waiting.labels(room.job)
+            if gauge is not None:
+                gauge.inc()
+            try:
+                got = await room.gate.acquire()
+            finally:
+                if gauge is not None:
+                    gauge.dec()
+            try:
+                await run(room.layout, not got, True)(delivery)
+            finally:
+                inflight.discard(task)
+
+        return waiting
+
+    async def start(self, run: Runner, inflight: set[Any], concurrency: int, safe_url: str) -> None:
+        """Consume each waiting room (``concurrency`` slots), attach its token feed, start the emitter candidates.
+
+        ``run(layout, hand_back, rated)``: the worker's delivery handler for a job queue
+        (``rated``: its token taken, never moved again).
+        """
+        handler = self._waiting_handler(run, inflight)
+        for room in self.rooms.values():
+            feed = WorkQueueConsumer(self._connection, room.names.tokens, 1, room.gate.on_token, safe_url)
+            await feed.start()
+            room.gate.feed = feed
+            await feed.pause()  # consuming only while a delivery waits here
+            consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
+            await consumer.start()
+            self.consumers.append(consumer)
+            self.tasks.append(asyncio.create_task(self._emitter(room)))
+
+    async def _emitter(self, room: Room) -> None:
+        """Try the job's emitter lock every :data:`TAKEOVER_EVERY` seconds; while held, mint its tokens."""
+        what = f"the rate-limit tokens of job {room.job!r}"
+        while not self._stop.is_set():
+            holder = LockHolder(f"token emitter of job {room.job} at {room.rate}", self._host, self._pid,
+                                datetime.now(UTC))  # fmt: skip
+            try:
+                async with exclusive_lock(
+                    self._publishing, self._settings, room.names.emitter, holder, what, look_up=False
+                ) as lock:
+                    log.info("job=%s: this worker (pid %d on %s) now mints its tokens, %s", logfmt_value(room.job),
+                             self._pid, self._host, room.rate)  # fmt: skip
+                    await self._mint(room, lambda: lock.held)
+                    if not self._stop.is_set():
+                        log.warning("job=%s: stopped minting its tokens (connection lost); another worker takes over",
+                                    logfmt_value(room.job))  # fmt: skip
+            except BusyError:
+                pass  # another process mints them
+            except AmqpJobsError as exc:
+                log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
+
+    async def _mint(self, room: Room, held: Callable[[], bool]) -> None:
+        """Mint tokens on the rate's grid while ``held()`` (the lock) and the worker runs."""
+        minter = await TokenMinter.open(self._publishing, room.names.tokens)
+        gauge = None if self._metrics is None else self._metrics.rate_emitter.labels(room.job)
+        minted = None if self._metrics is None else self._metrics.rate_tokens.labels(room.job)
+        if gauge is not None:
+            gauge.set(1)
+        rate = room.rate
+        k = first_tick(rate, time.time())
+        try:
+            while held() and minter.open_ and not self._stop.is_set():
+                delay = tick_time(rate, k) - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                expires = token_expiration(rate, k, time.time())
+                if expires >= 0.001:
+                    await minter.mint(k, expires)
+                    if minted is not None:
+                        minted.inc()
+                k = next_tick(rate, k, time.time())
+        except AmqpJobsError as exc:
+            log.warning("job=%s: minting tokens failed (%s)", logfmt_value(room.job), exc)
+        finally:
+            if gauge is not None:
+                gauge.set(0)
+            await minter.close()
+
+
+def rate_limited(app: App, layouts: Iterable[JobQueueLayout]) -> dict[str, tuple[RateLimit, JobQueueLayout]]:
+    """The app's rate-limited jobs served from ``layouts`` (job name -> (rate, layout))."""
+    by_name = {lay.name: lay for lay in layouts}
+    return {j.name: (j.rate_limit, by_name[j.queue]) for j in app if j.rate_limit is not None and j.queue in by_name}
+
+
+async def start_rate_limits(
+    app: App,
+    layouts: Iterable[JobQueueLayout],
+    connections: tuple[Connection, Connection],
+    publisher: Publisher,
+    settings: BrokerSettings,
+    stop: asyncio.Event,
+    metrics: WorkerMetrics | None,
+    run: Runner,
+    inflight: set[Any],
+    concurrency: int,
+) -> RateLimits | None:
+    """Declare the rate-limited jobs' queues, consume their waiting rooms, run their emitter candidates.
+
+    None when no job of ``layouts`` has a rate limit. ``connections``: the worker's
+    (consuming, publishing) connections; ``run``, ``inflight``: see :meth:`RateLimits.start`.
+
+    Raises:
+        TopologyConflictError: a rate queue exists with other arguments.
+        BrokerError: the broker refused or did not answer in time.
+    """
+    jobs = rate_limited(app, layouts)
+    if not jobs:
+        return None
+    specs = {q.name: q for q in app.topology().job_queues}
+    queues = tuple(q for job, (_, lay) in jobs.items() for q in rate_declarations(specs[lay.name], job).queues)
+    await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
+                              settings.safe_url)  # fmt: skip
+    rooms = {
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop))
+        for job, (rate, lay) in jobs.items()
+    }
+    limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
+    await limits.start(run, inflight, concurrency, settings.safe_url)
+    log.info("rate-limited: %s", ", ".join(f"job={logfmt_value(j)} {r.rate}" for j, r in rooms.items()))
+    return limits

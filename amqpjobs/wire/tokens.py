@@ -1,0 +1,95 @@
+"""Rate-limit tokens on the wire: declare a job's rate queues, mint tokens (README "Flow control" -> "Rate limits").
+
+A token is an empty, transient message in the job's token queue (``x-max-length`` 1,
+``drop-head``: RabbitMQ "Queue Length Limit") with a per-message ``expiration``
+(RabbitMQ "Time-To-Live and Expiration" -> "Per-Message TTL in Publishers"): the broker
+drops it once it has waited that long, and a token requeued by a worker that no longer
+wanted it keeps its original expiry ("Per-Message TTL ... Caveats": requeued messages keep
+their expiry). Tokens are published without confirms: a token lost costs one start, never
+an extra one. Workers take tokens with a :class:`~amqpjobs.wire.consume.WorkQueueConsumer`
+of prefetch 1 (one token at a time per process, acked when used).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Final
+
+import aiormq
+from aio_pika.abc import AbstractRobustConnection
+from pamqp.commands import Basic
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.topology.declarations import Declarations
+from amqpjobs.wire.arguments import to_milliseconds
+from amqpjobs.wire.declare import declare
+from amqpjobs.wire.errors import LIBRARY_ERRORS
+
+log = logging.getLogger("amqpjobs.wire")
+
+#: Header of a token: its index on the rate's grid (:func:`amqpjobs.jobs.rate.tick_time`).
+TOKEN_HEADER: Final = "amqpjobs-token"
+
+
+async def declare_rate_queues(connection: AbstractRobustConnection, declarations: Declarations, safe_url: str) -> None:
+    """Declare rate-limited jobs' waiting rooms and token queues (idempotent: :func:`.declare.declare`).
+
+    Raises:
+        TopologyConflictError: a queue of that name exists with other arguments.
+        BrokerError: the broker refused or did not answer in time.
+    """
+    await declare(connection, declarations, safe_url=safe_url)
+
+
+class TokenMinter:
+    """Publishes tokens into one token queue, on a channel of its own (open it with :meth:`open`).
+
+    Args:
+        channel: An aiormq channel of the connection that holds the emitter's lock.
+        queue: The token queue.
+    """
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
+        self._channel = channel
+        self.queue = queue
+
+    @classmethod
+    async def open(cls, connection: AbstractRobustConnection, queue: str) -> TokenMinter:
+        """A minter on a new channel of ``connection``'s current underlying connection (never moved on reconnect).
+
+        Raises:
+            BrokerError: not connected, or the channel could not be opened.
+        """
+        transport = connection.transport
+        if transport is None:
+            raise BrokerError("not connected to the broker")
+        try:
+            channel = await transport.connection.channel(publisher_confirms=False)
+        except LIBRARY_ERRORS as exc:
+            raise BrokerError(f"could not open a channel to mint tokens into {queue!r}: {exc}") from exc
+        return cls(channel, queue)
+
+    @property
+    def open_(self) -> bool:
+        """Whether its channel is still open (it closes with the connection: a reconnect does not reopen it)."""
+        return not self._channel.is_closed
+
+    async def mint(self, index: int, expires_in: float) -> None:
+        """Publish token ``index``, dropped by the broker after ``expires_in`` seconds (>= 1 ms once rounded).
+
+        Raises:
+            BrokerError: the channel is closed (the connection dropped).
+        """
+        properties = Basic.Properties(
+            expiration=str(max(1, to_milliseconds(expires_in))), delivery_mode=1, headers={TOKEN_HEADER: index}
+        )
+        try:
+            await self._channel.basic_publish(b"", routing_key=self.queue, properties=properties)
+        except LIBRARY_ERRORS as exc:
+            raise BrokerError(f"minting a token into {self.queue!r} failed: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close its channel (ignoring a channel already gone)."""
+        with contextlib.suppress(Exception):
+            await self._channel.close()

@@ -1,0 +1,269 @@
+"""Rate limits across worker processes (README "Flow control" -> "Rate limits"), on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiormq
+import pytest
+
+from amqpjobs import App, JobContext
+from amqpjobs.jobs.rate import WAITING_FROM
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.status import collect
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.naming import rate_queue_names
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth, drain, raw_channel
+from tests.integration.worker_env import Recorder, running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+ROOMS = rate_queue_names("work", "limited")
+
+
+@contextmanager
+def rate_workers(broker: BrokerSettings, tmp_path: Path, *args: str, **extra: str) -> Iterator[subprocess.Popen[str]]:
+    """``amqpjobs consume tests.integration.rateapp:app *args``, logs to worker.log."""
+    env = dict(
+        os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+        RATEAPP_TOPOLOGY=str(tmp_path / "topology.toml"), RATEAPP_RECORD=str(tmp_path / "record.txt"), **extra,
+    )  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with (tmp_path / "worker.log").open("a") as log:
+        proc = subprocess.Popen(
+            [str(exe), "consume", "tests.integration.rateapp:app", *args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+async def publisher(broker: BrokerSettings, tmp_path: Path) -> App:
+    """Apply the topology; an app that only publishes ``limited`` and ``other``."""
+    path = tmp_path / "topology.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    app = App("pub", topology=load_topology(path).topology, url=broker.url)
+    app.job("limited", queue="work")(lambda p, c: None)
+    app.job("other", queue="work")(lambda p, c: None)
+    return app
+
+
+async def consumers(broker: BrokerSettings, queue: str) -> int:
+    """Consumers of ``queue`` now (0 while it does not exist)."""
+    try:
+        async with raw_channel(broker) as ch:
+            declared = await ch.declare_queue(queue, passive=True)
+            return declared.declaration_result.consumer_count or 0
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return 0
+
+
+async def wait_for(predicate: object, timeout: float, what: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def times(record: Path, job: str, event: str) -> list[float]:
+    lines = [line.split() for line in record.read_text().splitlines()] if record.exists() else []
+    return sorted(float(p[2]) for p in lines if p[:2] == [job, event])
+
+
+def most_in_one_second(starts: list[float]) -> int:
+    """The most starts in any window [t, t + 1 s) (one starting at each start is enough)."""
+    return max((bisect.bisect_left(starts, t + 1.0) - i for i, t in enumerate(starts)), default=0)
+
+
+def test_most_in_one_second_counts_a_sliding_window():
+    assert most_in_one_second([0.0, 0.5, 0.99, 1.0, 1.2, 1.98]) == 4  # 0.99, 1.0, 1.2, 1.98
+    assert most_in_one_second([]) == 0
+
+
+async def enqueue_all(app: App, jobs: list[tuple[str, dict[str, float]]]) -> None:
+    await asyncio.gather(*(app.enqueue(job, payload) for job, payload in jobs))
+
+
+@pytest.mark.serial
+async def test_300_jobs_at_10_per_second_on_4_processes_take_30s_and_leave_the_queue_to_other_jobs(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    try:
+        with rate_workers(broker, tmp_path, "--processes", "4", "--concurrency", "8", "--grace", "10s"):
+
+            async def ready() -> bool:
+                return [await consumers(broker, n) for n in ("work", ROOMS.waiting)] == [4, 4]
+
+            await wait_for(ready, 60, "4 worker processes consuming the work queue and the waiting room")
+            # the other job alone: 300 runs of 0.4 s on 32 slots
+            await enqueue_all(app, [("other", {"seconds": 0.4})] * 300)
+
+            async def others_done() -> bool:
+                return len(times(record, "other", "done")) == 300
+
+            await wait_for(others_done, 30, "300 runs of the other job")
+            alone = times(record, "other", "done")[-1] - times(record, "other", "start")[0]
+            record.unlink()
+            # both: 300 rate-limited at 10/s and 300 runs of the other job, interleaved
+            began = time.time()
+            await enqueue_all(app, [("limited", {}), ("other", {"seconds": 0.4})] * 300)
+
+            async def limited_done() -> bool:
+                return len(times(record, "limited", "start")) >= 300 and len(times(record, "other", "done")) == 300
+
+            await wait_for(limited_done, 45, "300 rate-limited runs")
+            await asyncio.sleep(0.5)  # none more (each ran once)
+            starts = times(record, "limited", "start")
+            together = times(record, "other", "done")[-1] - times(record, "other", "start")[0]
+            took = starts[-1] - began
+            gaps = [(round(a - began, 2), round(b - a, 3)) for a, b in itertools.pairwise(starts) if b - a > 0.15]
+            print(f"limited: {len(starts)} starts in {took:.2f}s (first after {starts[0] - began:.2f}s, gaps over "
+                  f"0.15 s at {gaps}), at most {most_in_one_second(starts)} a second; other: {alone:.2f}s alone, "
+                  f"{together:.2f}s beside it ({together / alone:.2f}x)")  # fmt: skip
+            assert len(starts) == 300
+            assert 29.0 <= took <= 31.0
+            assert most_in_one_second(starts) <= 11
+            assert together <= 1.2 * alone
+            assert len({line.split()[3] for line in record.read_text().splitlines() if "limited" in line}) == 4
+    finally:
+        await app.close()
+        print((tmp_path / "worker.log").read_text()[-3000:])
+
+
+async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str) -> App:
+    """The topology applied; an app whose ``limited`` job has ``rate`` and records its runs, and an ``other`` job."""
+    app = await publisher(broker, tmp_path)
+    runner = App("rateapp", topology=app.topology(), url=broker.url)
+
+    async def limited(payload: dict[str, object], ctx: JobContext) -> None:
+        if payload.get("fail"):
+            raise RuntimeError("boom")
+
+    runner.job("limited", queue="work", rate_limit=rate)(limited)
+    runner.job("other", queue="work")(lambda p, c: None)
+    return runner
+
+
+async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_unstarted(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=10), recorder)
+    await worker.start()
+    try:
+        for i in range(3):
+            await app.enqueue("limited", {}, job_id=f"limited-{i}")
+        await app.enqueue("other", {}, job_id="other-0")  # its one slot is free: the limited ones wait elsewhere
+        await recorder.wait_for(lambda outs: any(o.job_id == "other-0" for o in outs), 10)
+        assert len([o for o in recorder.outcomes if o.job == "limited"]) <= 1  # a token only at the turn of an hour
+        report = (await collect(broker, list(app.topology().layouts())))[0]
+        assert [q.name for q in report.waiting] == [ROOMS.waiting]
+        note = next(n for n in report.notes if "rate-limited" in n)
+        assert note.startswith("job 'limited' is rate-limited: ")
+        assert f"waiting room {ROOMS.waiting}" in note
+        assert "tokens minted by token emitter of job limited at 1/h (pid" in note
+    finally:
+        assert await worker.shutdown() == 0
+        await app.close()
+    started = [o for o in recorder.outcomes if o.job == "limited" and o.kind != "handed_back"]
+    # handed back once from the waiting room (and, when the work queue's consumer took that copy before its
+    # cancel, once more from there)
+    assert 1 <= sum(o.kind == "handed_back" for o in recorder.outcomes) <= 2
+    # the one delivery it held (one slot) went back to the work queue as a copy; the others wait in the room
+    back = await drain(broker, "work")
+    assert len(back) == 1 - len(started)
+    assert await depth(broker, ROOMS.waiting) == 2
+    assert not any(m.redelivered for m in back)  # copies: their next start is no crash suspect
+    assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
+    assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
+
+
+async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await in_process_app(broker, tmp_path, "20/s")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        await app.enqueue("limited", {"fail": True}, job_id="failing")
+        await recorder.wait_for(lambda outs: any(o.kind == "quarantined" for o in outs), 15)
+    await app.close()
+    outs = [(o.kind, o.attempt, o.queue) for o in recorder.outcomes]
+    assert outs == [("retried", 1, "work"), ("quarantined", 2, "work")]
+    [quarantined] = await drain(broker, "work.quarantine")
+    headers = quarantined.headers or {}
+    assert (headers["amqpjobs-original-queue"], headers["amqpjobs-attempts"]) == ("work", 2)
+    assert (headers["amqpjobs-original-exchange"], headers["amqpjobs-original-routing-key"]) == ("jobs", "work")
+    assert await depth(broker, ROOMS.waiting) == 0
+
+
+async def test_a_killed_emitter_is_replaced_by_another_worker(broker: BrokerSettings, tmp_path: Path):
+    app = await in_process_app(broker, tmp_path, "20/s")
+    with rate_workers(broker, tmp_path, "--concurrency", "2", RATEAPP_RATE="20/s") as proc:
+
+        def minting() -> bool:
+            log = (tmp_path / "worker.log").read_text() if (tmp_path / "worker.log").exists() else ""
+            return "now mints its tokens" in log
+
+        await wait_for(asyncio_true(minting), 30, "the process to mint tokens")
+        metrics = WorkerMetrics()
+        recorder = Recorder()
+        worker = Worker(app, broker, WorkerOptions(concurrency=2, grace=10), recorder, metrics)
+        await worker.start()
+        try:
+            emitting = {"job": "limited"}
+            await asyncio.sleep(2.5)  # it tried the lock at least twice meanwhile
+            assert metrics.sample("amqpjobs_rate_limit_emitter", emitting) == 0
+            proc.kill()  # SIGKILL: its connection goes, and the exclusive queue (the lock) with it
+            proc.wait(10)
+
+            async def took_over() -> bool:
+                return metrics.sample("amqpjobs_rate_limit_emitter", emitting) == 1
+
+            await wait_for(took_over, 15, "the in-process worker to mint the tokens")
+            for i in range(10):
+                await app.enqueue("limited", {}, job_id=f"after-{i}")
+            await recorder.wait_for(lambda outs: sum(o.kind == "succeeded" for o in outs) == 10, 15)
+            assert metrics.sample("amqpjobs_rate_limit_tokens_total", emitting) >= 10
+        finally:
+            await worker.shutdown()
+            await app.close()
+
+
+def asyncio_true(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return predicate()
+
+    return check
