@@ -41,6 +41,7 @@ from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
@@ -78,6 +79,7 @@ class DeliveryPath(HandlerRuns):
     _suspects_signal: asyncio.Event
     _heartbeat_timeout: float
     _version: tuple[int, ...]
+    _pauses: OperatorPauses
 
     _layouts: dict[str, JobQueueLayout]
 
@@ -207,8 +209,9 @@ class DeliveryPath(HandlerRuns):
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
         """
-        if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
-            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+        if hand_back or (not alone and (self._stop.is_set() or self._pauses.holds_back(layout.name))):
+            # arrived, or got its slot, after SIGTERM or while an operator pauses its queue: not started, handed
+            # back as a copy (a requeue would mark it redelivered: a start, for the crash count)
             return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)

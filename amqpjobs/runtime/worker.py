@@ -39,6 +39,7 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
@@ -121,6 +122,7 @@ class Worker(SuspectTurns):
         self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
         self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
+        self._pauses = OperatorPauses(settings, self._pause_queue, self._resume_unheld, metrics)  # amqpjobs pause
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -187,6 +189,7 @@ class Worker(SuspectTurns):
         if store is not None:  # any worker sweeps: deletion needs no one process
             sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
             self._background.append(asyncio.create_task(sweep))
+        await self._pauses.start(self._connection, self._layouts.values())  # before any delivery can start
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -198,6 +201,7 @@ class Worker(SuspectTurns):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
+        await self._pauses.apply()
         await warn_dropped_shards(self.settings, self._layouts.values(), log)  # README "Sharding"
         self.ready.set()
 
@@ -366,6 +370,7 @@ class Worker(SuspectTurns):
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
         await self._holding.close()
+        await self._pauses.close()
         if self._results is not None:
             await self._results.close()
             await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
@@ -403,6 +408,11 @@ class Worker(SuspectTurns):
         await asyncio.gather(*(c.pause() for c in self._sources_of(work_queue)))
 
     async def _resume_queue(self, work_queue: str) -> None:
-        if self._stop.is_set() or self._gate.suspect_pending:  # a suspects turn resumes it when it ends
-            return
+        if self._stop.is_set() or self._gate.suspect_pending or self._pauses.pauses(work_queue):  # a suspects
+            return  # turn resumes it when it ends; an operator's pause lasts until its resume
         await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
+
+    async def _resume_unheld(self, job_queue: str) -> None:
+        """An operator's resume: not while a delivery of it is held (the hold's end resumes it)."""
+        if not any(self._holds_any(c) for c in self._sources_of(job_queue)):
+            await self._resume_queue(job_queue)

@@ -11,7 +11,9 @@ quarantine exchange      ``N.quarantine`` (fanout)                   ``urgent.qu
 quarantine queue         ``N.quarantine``                            ``urgent.quarantine``
 suspects queue           ``N.suspects``                              ``urgent.suspects``
 parked queue             ``N.parked``                                ``urgent.parked``
+pause flag               ``N.paused`` (only while paused)            ``urgent.paused``
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
+control exchange         ``amqpjobs.control`` (direct, one a vhost)  routing key ``urgent`` (pause signals)
 =======================  ==========================================  ======================
 
 :func:`parse_queue_name` reads a name back (the scheduler's queues too).
@@ -32,6 +34,10 @@ from amqpjobs.printable import printable
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
 PARKED_SUFFIX = ".parked"
+#: Suffix of a job queue's pause flag, a durable queue that exists while an operator pauses it (``amqpjobs pause``).
+PAUSED_SUFFIX = ".paused"
+#: The direct exchange ``amqpjobs pause/resume`` tell workers through (routing key: the job queue).
+CONTROL_EXCHANGE = "amqpjobs.control"
 #: Suffix of the x-modulus-hash exchange of a sharded job queue with ``shard_routing = "modulus-hash"``.
 SHARDS_SUFFIX = ".shards"
 #: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
@@ -41,7 +47,7 @@ SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
 
-QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running"]
+QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "paused", "leader", "ticks", "running"]
 
 
 #: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
@@ -130,6 +136,11 @@ def parked_queue_name(job_queue: str) -> str:
     return f"{job_queue}{PARKED_SUFFIX}"
 
 
+def paused_flag_name(job_queue: str) -> str:
+    """Name of the queue whose existence says an operator paused ``job_queue`` (:mod:`amqpjobs.wire.flags`)."""
+    return f"{job_queue}{PAUSED_SUFFIX}"
+
+
 def event_routing_key(job_queue: str, outcome: str) -> str:
     """Routing key of an outcome event: ``<job queue>.<outcome>`` (a topic key; bind ``<job queue>.*`` for all)."""
     return f"{job_queue}.{outcome}"
@@ -146,7 +157,8 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, ``parked``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
+            ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), or a scheduler queue:
+            ``leader``, ``ticks``, ``running``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
@@ -203,6 +215,8 @@ def parse_queue_name(name: str) -> QueueName:
         return QueueName("suspects", name.removesuffix(SUSPECTS_SUFFIX))
     if name.endswith(PARKED_SUFFIX) and len(name) > len(PARKED_SUFFIX):
         return QueueName("parked", name.removesuffix(PARKED_SUFFIX))
+    if name.endswith(PAUSED_SUFFIX) and len(name) > len(PAUSED_SUFFIX):
+        return QueueName("paused", name.removesuffix(PAUSED_SUFFIX))
     work_queue, infix, tier = name.rpartition(RETRY_INFIX)
     if infix and work_queue and _is_tier_name(tier):
         work = _work(work_queue)
