@@ -35,6 +35,10 @@ from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: Seconds before a read that finds a flag gone is read again and believed (``pause`` replaces a flag by a
+#: delete and a declare; the resume's own signal needs no such wait).
+CONFIRM_GONE = 1.0
+
 #: Stops or starts taking deliveries of one job queue (all its shards).
 Switch = Callable[[str], Awaitable[None]]
 
@@ -120,7 +124,11 @@ class OperatorPauses:
     async def _read(self) -> None:
         assert self._connection is not None
         heard = self._heard
-        found = await look_for_flags(self._settings, self._connection, sorted(set(self._work.values())))
+        queues = sorted(set(self._work.values()))
+        found = await look_for_flags(self._settings, self._connection, queues)
+        if set(self.flags) - set(found):  # a flag gone: a resume, or a second pause replacing it this very moment
+            await asyncio.sleep(CONFIRM_GONE)
+            found = await look_for_flags(self._settings, self._connection, queues)
         if self._heard != heard:  # a signal came meanwhile: it is newer than this read
             found = {q: f for q, f in self.flags.items()}
         for queue in sorted(set(self._work.values())):

@@ -38,7 +38,7 @@ from typing import Any, Final
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, PreconditionFailedError
+from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import CONTROL_EXCHANGE, paused_flag_name
 from amqpjobs.wire.connection import close_channel, connect
@@ -119,8 +119,11 @@ async def set_flags(settings: BrokerSettings, job_queues: Iterable[str], reason:
     """Pause ``job_queues``: (re)declare each flag with ``reason`` and now, then signal the workers.
 
     A queue paused already gets the new reason and since: its flag is deleted and declared
-    again (arguments can't change in place), then signalled; workers read flags only after
-    a signal or a reconnect, so the moment without a flag is not taken for a resume.
+    again, then signalled (a declare of an existing queue keeps its arguments: RabbitMQ
+    compares only its own ``x-`` arguments, and ignores ours). Workers read flags after a
+    signal or a reconnect, and a read that finds no flag where one was is read again a
+    second later before it counts (:mod:`amqpjobs.runtime.pausing`), so the moment without a
+    flag is not taken for a resume.
 
     Raises:
         BrokerUnavailableError: cannot connect.
@@ -131,21 +134,17 @@ async def set_flags(settings: BrokerSettings, job_queues: Iterable[str], reason:
     connection = await connect(settings, name="amqpjobs-pause")
     try:
         async with declaring("pausing", settings.safe_url):
+            missing, _ = await find_missing(connection, [paused_flag_name(f.job_queue) for f in flags])
             channel = await connection.channel(publisher_confirms=True)
             try:
                 with broker_errors(CONTROL_EXCHANGE):
                     await channel.declare_exchange(CONTROL_EXCHANGE, "direct", durable=True)
                 for flag in flags:
                     name = paused_flag_name(flag.job_queue)
-                    try:
-                        with broker_errors(name):
-                            await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
-                    except PreconditionFailedError:  # paused already, another reason or since: replace it
-                        await close_channel(channel)
-                        channel = await connection.channel(publisher_confirms=True)
-                        with broker_errors(name):
+                    with broker_errors(name):
+                        if name not in missing:  # paused already: replace it (new reason and since)
                             await channel.queue_delete(name)
-                            await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
+                        await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
                     await _send(channel, flag.job_queue, flag)
             finally:
                 await close_channel(channel)
