@@ -116,6 +116,7 @@ class WorkerMetrics:
         """Job queue ``queue`` is paused for ``reason`` since ``since`` (Unix time), or not (``reason`` None)."""
         old = self._pause_reasons.get(queue)
         if old is not None and old != (reason or ""):
+            self.paused.labels(queue, old).set(0)  # multiprocess mode keeps a removed series' last value
             self.paused.remove(queue, old)
         self._pause_reasons[queue] = reason or ""
         self.paused.labels(queue, reason or "").set(0 if reason is None else 1)
