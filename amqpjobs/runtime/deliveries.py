@@ -209,9 +209,8 @@ class DeliveryPath(HandlerRuns):
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
         """
-        if hand_back or (not alone and (self._stop.is_set() or self._pauses.holds_back(layout.name))):
-            # arrived, or got its slot, after SIGTERM or while an operator pauses its queue: not started, handed
-            # back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+        if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
             return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
@@ -273,8 +272,9 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        if self._stop.is_set() or not self._gate.try_enter():
-            # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
+        if self._stop.is_set() or self._pauses.holds_back(layout.name) or not self._gate.try_enter():
+            # stopping (a take answered after SIGTERM), its queue paused by an operator (a redelivered one was
+            # registered above, as ever), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         try:
             return await self._start(*run)

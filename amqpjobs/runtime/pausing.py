@@ -6,14 +6,19 @@
 * keeps the paused job queues in a set: the delivery path asks :meth:`OperatorPauses.holds_back`
   (a set lookup, no broker round trip) before it starts a job, and a delivery of a paused
   queue is handed back unstarted (``HandBack``: a copy to its work queue, then an ack; no
-  redelivered flag, so it never counts toward the crash bound, on every RabbitMQ version);
+  redelivered flag, so it never counts toward the crash bound, on every RabbitMQ version).
+  The check comes after crash screening: a delivery the broker redelivered is registered
+  in the suspects queue as ever (its earlier start did count), and no suspects turn runs
+  while its queue is paused;
 * stops the sources of a paused job queue (no new deliveries; jobs running finish and are
   acked as usual) and starts them again on resume, unless something else keeps them stopped:
   a hold (:mod:`.holding`), a suspects turn, or the worker stopping. Conversely the worker
   never resumes a source of an operator-paused queue when a hold or a suspects turn ends;
-* listens before it reads: signals first, then the flags; again after every reconnect
-  (until then, and whenever the signal channel is down, it holds back every delivery), and
-  every :data:`~amqpjobs.wire.flags.RECHECK` seconds.
+* listens before it reads: signals first, then the flags; again after every reconnect, and
+  every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the signal channel is down
+  (a lost connection) nothing is known: every source is stopped and every delivery held
+  back until the flags are read again, so consumers restored by the reconnect start nothing
+  of a queue paused meanwhile.
 """
 
 from __future__ import annotations
@@ -73,8 +78,8 @@ class OperatorPauses:
         return self._unknown or job_queue in self.flags
 
     def pauses(self, queue: str) -> bool:
-        """Whether an operator paused the job queue of work queue (or job queue) ``queue``."""
-        return self._work.get(queue, queue) in self.flags
+        """Whether an operator paused the job queue of work queue (or job queue) ``queue``, or it is not known."""
+        return self._unknown or self._work.get(queue, queue) in self.flags
 
     async def start(self, connection: Connection, layouts: Iterable[JobQueueLayout]) -> None:
         """Listen for signals, then read the flags (before the worker consumes).
@@ -109,8 +114,10 @@ class OperatorPauses:
 
     def _lost(self) -> None:
         if not self._unknown:
-            log.warning("the channel for pause signals closed: deliveries are handed back until it is back")
+            log.warning("the channel for pause signals closed: no job starts here until the pause flags are read again")
         self._unknown = True
+        for queue in sorted(set(self._work.values())):  # the sources too: no hand-back loop after a reconnect
+            self._spawn(self._switch(queue, True))
 
     def _back(self) -> None:
         self._spawn(self._read_logged())
@@ -133,9 +140,11 @@ class OperatorPauses:
             found = {q: f for q, f in self.flags.items()}
         for queue in sorted(set(self._work.values())):
             self._set(queue, found.get(queue))
-        if self._unknown and self._signals is not None:
-            log.info("pause signals heard again; paused here: %s", ", ".join(sorted(self.flags)) or "none")
-        self._unknown = False
+        if self._unknown:
+            log.info("pause flags read again; paused here: %s", ", ".join(sorted(self.flags)) or "none")
+            self._unknown = False
+            for queue in sorted(set(self._work.values()) - set(self.flags)):  # stopped by _lost
+                self._spawn(self._switch(queue, False))
 
     async def _recheck_every(self) -> None:
         while True:
@@ -161,7 +170,7 @@ class OperatorPauses:
 
     async def _switch(self, job_queue: str, pause: bool) -> None:
         async with self._switching:
-            if pause != (job_queue in self.flags):  # changed again meanwhile: that change switches
+            if pause != (job_queue in self.flags or self._unknown):  # changed again meanwhile: that change switches
                 return
             with contextlib.suppress(Exception):  # a source whose channel is gone stays as it is
                 await (self._pause if pause else self._resume)(job_queue)
