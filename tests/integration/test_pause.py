@@ -230,11 +230,14 @@ async def test_cli_pause_resume_status_and_errors(broker: BrokerSettings, tmp_pa
     assert "reason: second" in text
     assert "amqpjobs resume work" in text
 
+    plan = await asyncio.to_thread(run, "topology", "plan", str(tmp_path / "applied.toml"))  # flag present
+    assert plan.exit_code == 0, plan.output
+    assert "ORPHAN" not in plan.output
+    assert "paused" not in plan.output
+    assert "control" not in plan.output
+
     resumed = await asyncio.to_thread(run, "resume", "work")
     assert resumed.exit_code == 0
     assert "resumed job queue work" in resumed.output
     doc = json.loads((await asyncio.to_thread(run, "status", "--queues", "work", "--json")).output)
     assert doc["job_queues"][0]["paused"] is None
-    plan = await asyncio.to_thread(run, "topology", "plan", str(tmp_path / "applied.toml"))
-    assert "ORPHAN" not in plan.output
-    assert "paused" not in plan.output

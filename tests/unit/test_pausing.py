@@ -83,11 +83,26 @@ async def test_an_operator_resume_does_not_resume_a_queue_a_hold_keeps_stopped()
     await worker._holding.close()
 
 
-async def test_signal_channel_down_holds_back_every_delivery_until_read_again():
-    worker, _ = _worker()
-    assert not worker._pauses.holds_back("work")
-    worker._pauses._lost()
-    assert worker._pauses.holds_back("work")
+async def test_signal_channel_down_stops_everything_until_the_flags_are_read_again(monkeypatch):
+    worker, source = _worker()
+    pauses = worker._pauses
+    assert not pauses.holds_back("work")
+    pauses._lost()  # the connection dropped: a pause may come unheard
+    await _settled()
+    assert pauses.holds_back("work")
+    assert source.paused  # consumers restored by the reconnect take nothing
+    await worker._resume_queue("work")  # nor does a hold's end resume it meanwhile
+    assert source.paused
+
+    async def no_flags(*_: object) -> dict[str, PauseFlag]:
+        return {}
+
+    monkeypatch.setattr("amqpjobs.runtime.pausing.look_for_flags", no_flags)
+    pauses._connection = object()  # type: ignore[assignment]
+    await pauses._read()  # not paused after all
+    await _settled()
+    assert not pauses.holds_back("work")
+    assert not source.paused
 
 
 def test_signals_round_trip_and_junk_is_ignored():
