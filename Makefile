@@ -69,8 +69,9 @@ screenshots: install browser-deps  ## PNGs of the console (overview, a group, a 
 # CPU; `--dist loadgroup` from pyproject keeps an `xdist_group` on one process), then the tests
 # marked `serial` (they stop the node or assert wall-clock bounds) alone; exit 5 (no test
 # selected) is not a failure there. TEST_WORKERS=4 on 2 cores: the tests wait far more than they compute.
+# --durations=25: each suite ends with its slowest tests, where to look when the run grows (issue 29).
 TEST_WORKERS ?= 4
-PYTEST_COV := $(BIN)/pytest --cov --cov-report=
+PYTEST_COV := $(BIN)/pytest --cov --cov-report= --durations=25
 define run_suite
 	rc=0; $(2) $(PYTEST_COV) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" || rc=1; \
 	$(2) $(PYTEST_COV) --cov-append -m "$(1)serial" || [ $$? -eq 5 ] || rc=1; \

@@ -24,6 +24,7 @@ from amqpjobs.errors import (
     PayloadStoreError,
     PreconditionFailedError,
     Problem,
+    PublisherClosedError,
     PublishError,
     PublishNackedError,
     QueueFullError,
@@ -35,6 +36,7 @@ from amqpjobs.errors import (
     UnaddressableNameError,
     UnroutableError,
 )
+from amqpjobs.jobs.breaker import Breaker
 from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
 from amqpjobs.jobs.outcome import Reject, Retry
 from amqpjobs.jobs.registry import JobContext, JobDef
@@ -77,6 +79,7 @@ def __getattr__(name: str) -> _typing.Any:
 __all__ = [
     "AmqpJobsError",
     "App",
+    "Breaker",
     "BrokerBlockedError",
     "BrokerError",
     "BrokerSettings",
@@ -108,6 +111,7 @@ __all__ = [
     "Problem",
     "PublishError",
     "PublishNackedError",
+    "PublisherClosedError",
     "QueueFullError",
     "Reject",
     "ResourceLockedError",

@@ -17,6 +17,7 @@ The tree::
     │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
     │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent
     │   └── MessageTooLargeError     bigger than the broker's max_message_size
+    ├── PublisherClosedError        a SyncPublisher used after its close (its with block): nothing sent
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
     │   └── TopologyConflictError    live broker objects differ from the desired ones
@@ -155,13 +156,24 @@ class QueueFullError(PublishNackedError):
     Attributes:
         queue: The work queue.
         limit: What it is over, e.g. ``max_depth 100 (103 ready)`` or ``max_length``.
+        waited: Seconds enqueue waited for room first (0 without ``queue_full_wait``, and for a
+            broker's nack).
 
     """
 
-    def __init__(self, message: str, queue: str = "", limit: str = "") -> None:
+    def __init__(self, message: str, queue: str = "", limit: str = "", waited: float = 0.0) -> None:
         self.queue = queue
         self.limit = limit
+        self.waited = waited
         super().__init__(message)
+
+
+class PublisherClosedError(AmqpJobsError):
+    """A :class:`~amqpjobs.SyncPublisher` was used after :meth:`~amqpjobs.SyncPublisher.close` (or its ``with`` block).
+
+    Its connection and event loop thread are gone; nothing was sent. Keep the calls inside
+    the ``with app.sync_publisher() as publisher:`` block, or make another publisher.
+    """
 
 
 class BrokerBlockedError(PublishError):

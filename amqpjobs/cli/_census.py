@@ -58,8 +58,8 @@ def interrupted_lines(report: ReplayReport, rate: float, dry_run: bool) -> list[
     window = replay_window(rate)
     return [
         f"interrupted: moved {report.replayed}, skipped {report.skipped}, left {report.left} in "
-        f"{printable(report.queue)}",
-        f"up to {window} job(s) in flight at the interrupt (the --rate {rate:g} window) may now be both in "
+        f"{printable(report.queue)}{report.skip_reason()}",
+        f"up to {window} job(s) in flight at the interrupt (the --rate {rate:g} window) may now be in both "
         f"{printable(report.queue)} and in their work queue: duplicates, which an idempotent job tolerates",
     ]
 

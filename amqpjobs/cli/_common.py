@@ -144,6 +144,20 @@ def _with_tracebacks(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
         raise
 
 
+def duration_option(option: str, value: str) -> float:
+    """A CLI option's duration in seconds (``"30s"``, ``"5m"``, plain seconds).
+
+    Raises:
+        ConfigurationError: not a positive duration; the message starts with ``option``
+            and shows the accepted forms (exit 2).
+
+    """
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"{option}: {exc}") from None
+
+
 def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:
     try:
         seconds = parse_duration(value)

@@ -1,7 +1,7 @@
 """Running a mover (replay, park) so that Ctrl-C and SIGTERM end it with its summary, not a traceback.
 
 :func:`run_until_signal` runs the coroutine; on SIGINT or SIGTERM it cancels it (the movers
-settle the moves under way and return the held messages when cancelled), and returns the
+cut the moves under way short and return the held messages when cancelled), and returns the
 exit code, 128 + the signal (130, 143), for the caller to print its counts and exit with.
 The client library's lines about the calls the cancellation cut short are silenced (our
 summary says what happened). :func:`signals_held` keeps a late Ctrl-C from killing the

@@ -1,4 +1,4 @@
-"""``replay --canary K``: its options and what it prints (the run is :mod:`amqpjobs.runtime.canary`)."""
+"""``replay --canary K`` and ``--rate``: options, ceilings (the console's too) and what they print."""
 
 from __future__ import annotations
 
@@ -7,11 +7,18 @@ from typing import Any, TypeVar
 
 import click
 
+from amqpjobs.cli._common import duration_option
 from amqpjobs.cli.next_steps import command, filter_args
-from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
-from amqpjobs.jobs.replay_plan import ReplayReport
+from amqpjobs.jobs.replay_plan import (
+    DEFAULT_CANARY_TIMEOUT,
+    MAX_CANARY,
+    MAX_CANARY_TIMEOUT,
+    MAX_REPLAY_RATE,
+    ReplayReport,
+)
 from amqpjobs.printable import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,11 +27,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 def canary_options(func: F) -> F:
     """Add ``--canary`` and ``--canary-timeout`` to a command."""
     func = click.option(
-        "--canary-timeout", default="60s", show_default=True,
+        "--canary-timeout", default=f"{DEFAULT_CANARY_TIMEOUT:g}s", show_default=True,
         help="How long to wait for the canaries' outcomes (a duration: '60s', '2m').",
     )(func)  # fmt: skip
     func = click.option(
-        "--canary", type=click.IntRange(1),
+        "--canary", type=click.IntRange(1, MAX_CANARY),
         help="Move K jobs first and go on only if all K succeed (their outcome events); else stop, exit 1.",
     )(func)  # fmt: skip
     return func
@@ -34,16 +41,33 @@ def canary_timeout(value: str) -> float:
     """Seconds of ``--canary-timeout``.
 
     Raises:
-        ConfigurationError: not a positive duration.
+        ConfigurationError: not a positive duration, or above
+            :data:`~amqpjobs.jobs.replay_plan.MAX_CANARY_TIMEOUT` (the console's ceiling too).
 
     """
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"--canary-timeout: {exc}") from None
+    seconds = duration_option("--canary-timeout", value)
     if seconds <= 0:
         raise ConfigurationError(f"--canary-timeout must be above 0 (got {value!r})")
+    if seconds > MAX_CANARY_TIMEOUT:
+        most = format_duration(MAX_CANARY_TIMEOUT)
+        raise ConfigurationError(f"--canary-timeout must be at most {most} (got {value!r})")
     return seconds
+
+
+def replay_rate(rate: float) -> float:
+    """``replay --rate``, checked: messages per second.
+
+    Raises:
+        ConfigurationError: not positive and finite, or above
+            :data:`~amqpjobs.jobs.replay_plan.MAX_REPLAY_RATE` (the console's ceiling too).
+
+    """
+    if not (0 < rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
+        raise ConfigurationError(
+            f"--rate must be a positive, finite number of messages per second, at most {MAX_REPLAY_RATE:g} "
+            f"(got {rate:g})"
+        )
+    return rate
 
 
 def check_canary_options(ctx: click.Context, canary: int | None) -> None:

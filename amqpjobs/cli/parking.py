@@ -53,7 +53,7 @@ def quarantine_park(
     census, report = Census(), TakeReport(queue)
     stopped = run_until_signal(closing_store(park(broker, queue, chosen, census, report=report, results=store), store))
     with signals_held():
-        if stopped is not None:  # the move under way was settled, the held messages are back
+        if stopped is not None:  # the move under way was cut short, the held messages are back
             click.echo(
                 f"interrupted: parked {report.taken} in {printable(report.target or '?')}, left {report.left} in "
                 f"{printable(report.queue)}", err=True,

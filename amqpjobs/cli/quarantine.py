@@ -30,7 +30,7 @@ from amqpjobs.cli._payloads import (
 )
 from amqpjobs.cli._root import main
 from amqpjobs.cli._signals import run_until_signal, signals_held
-from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter
+from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter, replay_rate
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError, UnaddressableNameError
@@ -198,6 +198,12 @@ def quarantine_purge(
         census = Census()
         report = asyncio.run(closing_store(purge_matching(broker, queue, chosen, census, store), store))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
+        if store is not None:
+            unmarked = report.payloads_unmarked
+            failed = f"; {unmarked} could not be marked (see the warnings)" if unmarked else ""
+            click.echo(f"marked {report.payloads_marked} stored payload(s) for deletion after the store's grace "
+                       f"({store.grace:g}s); {report.payloads_spared} still named by a message left"
+                       f"{failed}")  # fmt: skip
         echo_no_match(census, chosen)
         return
     name, removed = asyncio.run(purge(broker, queue))
@@ -239,6 +245,7 @@ def replay_command(
     check_canary_options(click.get_current_context(), canary)
     broker = settings(url, management_url)
     store = app_results(app_ref, required=False)
+    rate = replay_rate(rate)
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
@@ -269,7 +276,7 @@ def replay_command(
     run = replay(broker, quarantine_queue, options, progress, report=report, census=census, results=store)
     stopped = run_until_signal(closing_store(run, store))
     with signals_held():
-        if stopped is not None:  # the moves under way were settled, the held messages are back
+        if stopped is not None:  # the moves under way were cut short, the held messages are back
             if interactive:
                 click.echo("", err=True)
             for line in interrupted_lines(report, rate, dry_run):
@@ -324,7 +331,7 @@ def _replay_end(
             why = f" ({report.rerouted[job_id]})" if job_id in report.rerouted else ""
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}{printable(why)}")
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
-                   f"{report.left} in {report.queue}")  # fmt: skip
+                   f"{report.left} in {report.queue}{report.skip_reason()}")  # fmt: skip
         return
     click.echo(report.summary(canary is not None))
     if report.canary_failures and canary is not None:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import EXIT_FOUND, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
-from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable
 from amqpjobs.runtime.status import collect, status_report
@@ -38,10 +37,7 @@ def status_command(
     than --max-age.
     """
     broker = settings(url, management_url)
-    try:
-        bound = parse_duration(max_age) if max_age is not None else None
-    except ValueError as exc:
-        raise ConfigurationError(f"--max-age: {exc}") from None
+    bound = duration_option("--max-age", max_age) if max_age is not None else None
     if queues is not None and not queues.strip(", "):
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None

@@ -8,9 +8,8 @@ import sys
 
 import click
 
-from amqpjobs.cli._common import EXIT_FOUND, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
-from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 
@@ -58,10 +57,7 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
 
     Idempotent: a second run creates nothing and says so.
     """
-    try:
-        timeout = parse_duration(declare_timeout)
-    except ValueError as exc:
-        raise ConfigurationError(f"--declare-timeout: {exc}") from None
+    timeout = duration_option("--declare-timeout", declare_timeout)
     broker = settings(url, management_url)
     result = asyncio.run(apply_topology(path, broker, timeout))
     for warning in (*result.loaded.warnings, *result.routing_notes):

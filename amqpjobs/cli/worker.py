@@ -10,9 +10,8 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, long_running_url_options, settings, verbose
+from amqpjobs.cli._common import duration_option, errors_to_exit_codes, long_running_url_options, settings, verbose
 from amqpjobs.cli._root import main
-from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
@@ -102,8 +101,8 @@ def consume(
         options = WorkerOptions(
             queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
             concurrency=concurrency,
-            grace=parse_duration(grace),
-            consumer_timeout=parse_duration(consumer_timeout),
+            grace=duration_option("--grace", grace),
+            consumer_timeout=duration_option("--consumer-timeout", consumer_timeout),
             log_outcomes=log_outcomes,
             outcome_events=outcome_events,
         )

@@ -5,7 +5,9 @@ canary, :func:`amqpjobs.runtime.parking.park`, :func:`amqpjobs.runtime.parking.p
 started as a task of the server's event loop: it takes the queue's mover lock like the CLI's,
 so a second mover, on the page or in a shell, is refused with the first one named. Its report
 object is filled as it goes and read by the progress page. Stop cancels it as Ctrl-C cancels
-the CLI's (the moves under way settle, the held messages return).
+the CLI's: the moves under way are cut short (a copy already sent stays where it went while its
+original returns: a job in flight may now be in both places, a duplicate, never a loss), and
+the held messages return.
 """
 
 from __future__ import annotations
@@ -197,8 +199,9 @@ class Actions:
     def stop(self, run: ActionRun, who: str) -> bool:
         """Stop ``run`` as Ctrl-C stops the CLI's mover (its task is cancelled).
 
-        The moves under way settle and the held messages return to the queue; it ends
-        ``stopped``, audited as such, its summary naming ``who``.
+        The moves under way are cut short (a job in flight may now be in both places) and the
+        held messages return to the queue; it ends ``stopped``, audited as such, its summary
+        naming ``who``.
 
         Returns:
             False when it had already ended (nothing to stop).
@@ -226,7 +229,7 @@ class Actions:
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():  # the console is closing
-                    run.summary = "interrupted: the console stopped (the moves under way were settled)"
+                    run.summary = "interrupted: the console stopped (the moves under way were cut short)"
                     await self._end(run, "failed")
                     raise
                 ended = "stopped"
@@ -254,7 +257,7 @@ class Actions:
                            f"{'?' if left is None else left} in {printable(run.queue)}")  # fmt: skip
             if run.kind == "replay":
                 window = replay_window(float(run.params.get("rate") or 1))
-                run.details.append(f"up to {window} job(s) in flight at the stop may now be both in "
+                run.details.append(f"up to {window} job(s) in flight at the stop may now be in both "
                                    f"{printable(run.queue)} and in their work queue: duplicates, which an "
                                    "idempotent job tolerates")  # fmt: skip
         result = {"done": "ok", "stopped": "stopped", "canary failed": "canary failed"}.get(ended, "error")
@@ -267,7 +270,7 @@ class Actions:
         run.state = ended
 
     async def close(self) -> None:
-        """Cancel the runs under way (each settles its moves and returns held messages) and wait for them."""
+        """Cancel the runs under way (each cuts its moves short and returns held messages) and wait for them."""
         for handle in list(self._tasks):
             handle.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -70,19 +70,35 @@ def token_problem(token: str) -> str | None:
     return None
 
 
+def password_problem(password: str) -> str | None:
+    """Why ``password`` can't be the basic-auth password (blank, or whitespace at an end), or None.
+
+    Spaces inside are fine; at an end they are most likely a line end read from a file, which
+    no browser would send. The message never repeats the password.
+    """
+    if not password.strip():
+        return "is set but blank"
+    if password != password.strip():
+        return "starts or ends with whitespace (a line end read from a file?): strip it"
+    return None
+
+
 def credentials_from_env(env: dict[str, str] | None = None) -> Credentials:
     """The token or basic-auth credentials of :data:`TOKEN_ENV`, :data:`USER_ENV` and :data:`PASSWORD_ENV`.
 
-    A token set but blank counts as set, and is refused: an operator who exported it from a
-    file that was empty must learn that no token guards the console.
+    A token or password set but blank counts as set, and is refused: an operator who exported
+    it from a file that was empty must learn that nothing guards the console.
 
     Raises:
-        ConfigurationError: only one of user and password is set, or the token is blank,
-            short or holds whitespace (:func:`token_problem`; the message says how to make one).
+        ConfigurationError: only one of user and password is set, the password is blank or
+            padded (:func:`password_problem`), or the token is blank, short or holds
+            whitespace (:func:`token_problem`; the message says how to make one).
 
     """
     env = dict(os.environ) if env is None else env
     token = env.get(TOKEN_ENV)
+    if PASSWORD_ENV in env and (issue := password_problem(env[PASSWORD_ENV])):
+        raise ConfigurationError(f"{PASSWORD_ENV} {issue}: give the basic-auth password, or unset it")
     user, password = env.get(USER_ENV) or None, env.get(PASSWORD_ENV) or None
     if (user is None) != (password is None):
         raise ConfigurationError(f"set both {USER_ENV} and {PASSWORD_ENV} (basic auth), or {TOKEN_ENV}")
@@ -94,6 +110,35 @@ def root_path_problem(path: str) -> str | None:
     if path and (not path.startswith("/") or path.endswith("/") or not ROOT_PATH.fullmatch(path)):
         return "is not a path like /jobs: give a leading / and no trailing one, letters, digits and - _ . ~ / only"
     return None
+
+
+def allowed_host_problem(host: str) -> str | None:
+    """Why ``host`` can't be an ``--allowed-host`` (a Host header name: ``jobs.example.com``, an address), or None.
+
+    The Host header is compared without its port (:meth:`ConsoleConfig.host_names`), so a
+    scheme, a path or a port would never match any request.
+    """
+    name = host.strip()
+    if not name:
+        return "is empty: give a host name such as jobs.example.com, or leave the option out"
+    if "://" in name:
+        return "has a scheme: give the host name alone, e.g. jobs.example.com for https://jobs.example.com/"
+    if "/" in name:
+        return "has a path: give the host name alone (the path a proxy serves under is --root-path)"
+    if any(c.isspace() for c in name):
+        return "holds whitespace: give a host name such as jobs.example.com"
+    bracketed_port = name.startswith("[") and "]:" in name  # [2001:db8::1]:8443
+    if bracketed_port or (":" in name and not name.startswith("[") and not _is_ip(name)):
+        return "has a port: give the host name alone (the Host header is matched without its port)"
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(host: str) -> bool:
@@ -142,14 +187,18 @@ class ConsoleConfig:
     root_path: str = ""
 
     def __post_init__(self) -> None:
-        """Refuse a root path no URL can start with.
+        """Refuse a root path no URL can start with, and an allowed host no Host header can name.
 
         Raises:
-            ConfigurationError: names it and the form to give.
+            ConfigurationError: names it and the form to give (:func:`root_path_problem`,
+                :func:`allowed_host_problem`).
 
         """
         if issue := root_path_problem(self.root_path):
             raise ConfigurationError(f"--root-path {self.root_path!r} {issue}")
+        for host in self.allowed_hosts:
+            if issue := allowed_host_problem(host):
+                raise ConfigurationError(f"--allowed-host {host!r} {issue}")
 
     def host_names(self) -> frozenset[str]:
         """Host header names accepted (lower case, without port or brackets)."""

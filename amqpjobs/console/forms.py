@@ -14,9 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.replay_plan import (  # shared with the CLI
+    DEFAULT_CANARY_TIMEOUT,
+    MAX_CANARY,
+    MAX_CANARY_TIMEOUT,
+    MAX_REPLAY_RATE,
+)
 from amqpjobs.topology.naming import queue_name_problem
 
 #: Filter fields of a quarantine page and of an action's form.
@@ -25,11 +31,6 @@ FILTERS: Final = ("job", "error_type", "reason", "group", "search")
 UNKNOWN: Final = "(unknown)"
 #: The filters chosen from a list of the values present (a select); their "(unknown)" option means "".
 LISTED: Final = ("job", "error_type", "reason")
-#: Ceilings of a replay asked for here (a slip such as ``1e308`` is refused, not run): messages
-#: per second, canary jobs, seconds to wait for the canaries (1 h). README "Console".
-MAX_RATE: Final = 10_000.0
-MAX_CANARY: Final = 10_000
-MAX_CANARY_TIMEOUT: Final = 3600.0
 
 
 class FormError(ConfigurationError):
@@ -145,7 +146,7 @@ class ActionForm:
     params: dict[str, Any] = field(default_factory=dict)
     rate: float = 10.0
     canary: int | None = None
-    canary_timeout: float = 60.0
+    canary_timeout: float = DEFAULT_CANARY_TIMEOUT
 
 
 def action_form(kind: str, form: Any) -> ActionForm:
@@ -175,14 +176,14 @@ def action_form(kind: str, form: Any) -> ActionForm:
         raise FormError("confirm", f"type the queue's name, {queue}, to purge it (got {typed!r})")
     if kind != "replay":
         return ActionForm(queue, chosen, params)
-    rate = positive_number(form, "rate", MAX_RATE, "messages per second", "10")
+    rate = positive_number(form, "rate", MAX_REPLAY_RATE, "messages per second", "10")
     canary_text = text_of(form, "canary")
     canary = int(canary_text) if canary_text.isdigit() and canary_text.isascii() else None
     if canary_text and (canary is None or canary < 1):
         raise FormError("canary", f"give a whole number of jobs, at least 1, or leave it empty (got {canary_text!r})")
     if canary is not None and canary > MAX_CANARY:
         raise FormError("canary", f"at most {MAX_CANARY} jobs (got {canary_text!r})")
-    timeout = 60.0
+    timeout = DEFAULT_CANARY_TIMEOUT
     if canary is not None:  # the timeout of the canaries: asked for with them
         timeout_text = required(form, "canary_timeout", "how long to wait for the canaries, e.g. 30s")
         try:
@@ -191,6 +192,6 @@ def action_form(kind: str, form: Any) -> ActionForm:
             shown = repr(timeout_text)
             raise FormError("canary_timeout", f"give a duration such as 30s, 2m or 1m30s (got {shown})") from None
         if timeout > MAX_CANARY_TIMEOUT:
-            raise FormError("canary_timeout", f"at most 1h (got {timeout_text!r})")
+            raise FormError("canary_timeout", f"at most {format_duration(MAX_CANARY_TIMEOUT)} (got {timeout_text!r})")
     params.update(rate=rate, canary=canary, canary_timeout=timeout)
     return ActionForm(queue, chosen, params, rate, canary, timeout)

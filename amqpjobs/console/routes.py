@@ -20,7 +20,9 @@ from amqpjobs.console.views import find_message, lookup, message_doc, overview, 
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.quarantine import Selection, format_when
+from amqpjobs.jobs.replay_plan import DEFAULT_CANARY_TIMEOUT
 from amqpjobs.printable import printable
+from amqpjobs.topology.naming import parse_queue_name
 
 
 def _state(request: Request) -> Any:
@@ -96,7 +98,13 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
                   filtered=replace(chosen, job_ids=None) != Selection(), values=kept,
                   checked=chosen.job_ids or frozenset() if refused else frozenset(),
                   form_error=str(refused) if refused else "", invalid=refused.field if refused else "",
-                  options=filter_options)  # fmt: skip
+                  options=filter_options, parked=_is_parked(queue),
+                  canary_timeout=f"{DEFAULT_CANARY_TIMEOUT:g}s")  # fmt: skip
+
+
+def _is_parked(queue: str) -> bool:
+    """Whether ``queue`` is a parked queue: its pages offer no Park (its messages are parked already)."""
+    return parse_queue_name(queue).kind == "parked"
 
 
 async def message(request: Request) -> Response:
@@ -112,7 +120,7 @@ async def message(request: Request) -> Response:
     if found is None:
         return problem(request, f"no message of job {job_id!r} in {queue!r} (replayed, parked or purged?)", 404)
     audit = _state(request).audit.for_job(job_id)
-    return render(request, "message.html", m=message_doc(found), audit=audit, queue=queue)
+    return render(request, "message.html", m=message_doc(found), audit=audit, queue=queue, parked=_is_parked(queue))
 
 
 def _who(request: Request) -> tuple[str, str]:

@@ -41,7 +41,7 @@ def checked_job_id(
             raise ConfigurationError(
                 f"job {jobdef.name!r}: job queue {layout.name!r} has no priorities (max_priority in the topology)"
             )
-        if isinstance(priority, int) and not isinstance(priority, bool) and priority > layout.max_priority:
+        if priority > layout.max_priority:  # an int, not a bool: checked above
             raise ConfigurationError(
                 f"job {jobdef.name!r}: priority {priority} is above job queue {layout.name!r}'s "
                 f"max_priority {layout.max_priority}"

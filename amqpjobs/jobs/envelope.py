@@ -68,11 +68,6 @@ TRACE_HEADERS: Final = {
 DELIVERY_COUNT: Final = "x-delivery-count"
 ACQUIRED_COUNT: Final = "x-acquired-count"
 
-#: Headers the broker owns; stripped from every copy we republish (a copied ``x-death``
-#: is ignored by 3.13+ and can make older brokers drop the copy as a dead-letter cycle; a
-#: copy is a new message, whose counters start again).
-BROKER_HEADER_PREFIXES: Final = ("x-death", "x-first-death-", "x-last-death-", DELIVERY_COUNT, ACQUIRED_COUNT)
-
 #: Deepest JSON nesting accepted in a payload.
 MAX_JSON_DEPTH: Final = 64
 
@@ -283,17 +278,9 @@ def tenant_of(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-def _text_or_none(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
-
-
 def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
     """Job name of a received message: the ``type`` property, else our ``amqpjobs-job`` header, else ``""``."""
-    return message_type or _text_or_none(headers.get(JOB)) or ""
+    return message_type or ("" if (name := headers.get(JOB)) is None else as_text(name))
 
 
 def tenant_in(headers: Mapping[str, Any]) -> str | None:
@@ -320,32 +307,6 @@ def ready_at(now: float, delay: float = 0.0) -> int:
     only time spent ready. Whole seconds: an AMQP ``timestamp`` has no fraction.
     """
     return int(now + delay)
-
-
-def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy ``headers`` without the broker's dead-lettering headers (``x-death`` & co)."""
-    return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
-
-
-def copy_headers(headers: Mapping[str, Any], timestamp: Any) -> dict[str, Any]:
-    """The headers a copy of a received job (tier, quarantine, replay) starts from.
-
-    :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
-    (:func:`tenant_of`) left out: absent stays absent, and a foreign ``""`` becomes absent.
-    Every other header is kept as received (same object: same type, same bytes), the trace
-    context (:data:`TRACE_HEADERS`) among them: every copy stays in the trace of its enqueue.
-
-    The first enqueue time is kept in ``amqpjobs-enqueued-at``: a copy's ``timestamp`` is
-    when it becomes ready in its work queue (:func:`ready_at`), so when the header is
-    missing or unreadable (a foreign publisher's job: :func:`enqueued_at_of` read the
-    ``timestamp``), it is written from ``timestamp``, the received ``timestamp`` property.
-    """
-    out = strip_broker_headers(headers)
-    if TENANT in out and tenant_of(out[TENANT]) is None:
-        del out[TENANT]
-    if parse_time(out.get(ENQUEUED_AT)) is None and (first := parse_time(timestamp)) is not None:
-        out[ENQUEUED_AT] = iso_utc(first.timestamp())
-    return out
 
 
 def with_trace(headers: Mapping[str, Any], trace: Mapping[str, str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
 from amqpjobs.jobs.quarantine import header_text
@@ -71,9 +72,9 @@ def retry_headers(
 ) -> dict[str, Any]:
     """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits).
 
-    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
-    headers = envelope.copy_headers(received, timestamp)
+    headers = copy_headers(received, timestamp)
     if not decision.wait:  # an outcome was reached: the start count begins again
         for name in crash.START_HEADERS:
             headers.pop(name, None)
@@ -101,9 +102,9 @@ def unstarted_headers(
 ) -> dict[str, Any]:
     """Headers of an unstarted copy: registered for its next start (``register``), or handed back.
 
-    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
-    headers = envelope.copy_headers(received, timestamp)
+    headers = copy_headers(received, timestamp)
     if register is not None:
         headers[crash.STARTS] = register.start
         headers[crash.LAST_START_HOST] = host
@@ -138,7 +139,7 @@ def quarantine_headers(
 
     ``runs`` is the handler runs so far; for ``crashed`` the starts without an outcome are
     counted in too. ``timestamp``: the received ``timestamp`` property
-    (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
         runs = envelope.parse_runs(received.get(envelope.RUNS)) + crash.starts_of(received)
@@ -163,7 +164,7 @@ def quarantine_headers(
         tenant=envelope.tenant_in(received) or "",
         **delivery_counters(received),
     )
-    headers = envelope.copy_headers(received, timestamp)
+    headers = copy_headers(received, timestamp)
     headers[envelope.RUNS] = runs
     headers.update(evidence_headers(failure))
     return headers

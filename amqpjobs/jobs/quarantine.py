@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs import crash, envelope, evidence
+from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.timestamps import parse_time
@@ -24,6 +25,9 @@ from amqpjobs.text import as_text
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
+#: The reason shown for a message with neither evidence of ours nor ``x-death``: no worker
+#: quarantined it and the broker did not dead-letter it, so something published it straight in.
+NO_EVIDENCE: Final = "no-evidence"
 
 REPLAY_COUNT: Final = "amqpjobs-replay-count"
 REPLAY_ID: Final = "amqpjobs-replay-id"
@@ -69,7 +73,8 @@ class QuarantinedJob:
         job_id: Job id (``message_id``) or "".
         reason: Our reason, or for broker-side dead-letters ``x-death:<reason>``
             (``x-death:rejected``, ``x-death:expired``, ``x-death:maxlen``,
-            ``x-death:delivery_limit``).
+            ``x-death:delivery_limit``), or :data:`NO_EVIDENCE` for a message with
+            neither (published straight into the queue).
         error_type: Error type from our evidence, "" for broker-side dead-letters.
         error_message: Error message from our evidence.
         attempts: Handler runs, from our evidence (0 when unknown).
@@ -156,10 +161,12 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
     last = latest[0] if isinstance(latest, list | tuple) and latest and isinstance(latest[0], Mapping) else death
     reason = header_text(headers.get("x-first-death-reason")) or header_text(death.get("reason"))
     queue = header_text(headers.get("x-first-death-queue")) or header_text(death.get("queue"))
+    dead_lettered = bool(death) or "x-first-death-reason" in headers or "x-first-death-queue" in headers
+    label = f"x-death:{reason or 'unknown'}" if dead_lettered else NO_EVIDENCE
     return QuarantinedJob(
         job=job,
         job_id=header_text(message_id),
-        reason=f"x-death:{reason or 'unknown'}",
+        reason=label,
         error_type="",
         error_message="",
         attempts=_int(headers.get(envelope.ATTEMPT)) - 1 if envelope.ATTEMPT in headers else 0,
@@ -167,8 +174,8 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
         first_failed_at=parse_time(death.get("time")),
         original_queue=queue,
         replay_count=replay_count,
-        broker_side=True,
-        fingerprint=stack_fingerprint("", "", f"x-death:{reason or 'unknown'}"),
+        broker_side=dead_lettered,
+        fingerprint=stack_fingerprint("", "", label),
     )
 
 
@@ -293,9 +300,9 @@ def replay_headers(
     broker's ``x-death`` & co are stripped; ``amqpjobs-replay-count`` is incremented and
     the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
     arrives in quarantine carrying both failures. ``timestamp``: the received ``timestamp``
-    property (:func:`~amqpjobs.jobs.envelope.copy_headers` keeps the first enqueue time).
+    property (:func:`~amqpjobs.jobs.copy_headers.copy_headers` keeps the first enqueue time).
     """
-    out = {k: v for k, v in envelope.copy_headers(headers, timestamp).items() if k not in _RESET}
+    out = {k: v for k, v in copy_headers(headers, timestamp).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
     out[REPLAY_COUNT] = item.replay_count + 1
     out[REPLAY_ID] = replay_id
@@ -309,14 +316,14 @@ def replay_headers(
 def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str, *, timestamp: Any) -> dict[str, Any]:
     """Headers of a parked copy: the quarantined message's, evidence and all, plus ``amqpjobs-parked-at``.
 
-    Every header is kept as received (:func:`~amqpjobs.jobs.envelope.copy_headers`: the copy
+    Every header is kept as received (:func:`~amqpjobs.jobs.copy_headers.copy_headers`: the copy
     goes out byte for byte) but the broker's ``x-death`` & co, which the broker does not
     keep up on a client's copy (3.13+). A broker-side dead-letter, whose only evidence they
     are, gets what :func:`describe` read from them as our evidence headers (reason
     ``x-death:<reason>``, original queue, failure times), so the parked copy still says why.
-    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.envelope.copy_headers`).
+    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
-    out = envelope.copy_headers(headers, timestamp)
+    out = copy_headers(headers, timestamp)
     if item.broker_side:
         out[evidence.REASON] = item.reason
         out[evidence.ORIGINAL_QUEUE] = item.original_queue

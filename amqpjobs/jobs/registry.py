@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.retry import RetryPolicy
 
@@ -83,6 +84,7 @@ class JobDef:
             ``enqueue`` gets no ``job_id``.
         lease: Seconds a claim holds before another worker may take it over; None: twice
             the timeout the worker gives a job without one (at least 60 s).
+        breaker: Its circuit breaker (:mod:`amqpjobs.jobs.breaker`), or None.
 
     """
 
@@ -95,6 +97,7 @@ class JobDef:
     idempotent: bool = False
     key: Callable[[Any], str] | None = None
     lease: float | None = None
+    breaker: Breaker | None = None
 
     @cached_property
     def is_async(self) -> bool:
@@ -153,6 +156,7 @@ class JobRegistry:
         idempotent: bool = False,
         key: Callable[[Any], str] | None = None,
         lease: float | str | None = None,
+        breaker: Breaker | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as job ``name``.
 
@@ -169,6 +173,8 @@ class JobRegistry:
             lease: How long a claim holds (seconds or duration); default twice the
                 timeout, at least 60 s (for a job without ``timeout``: twice the worker's
                 default timeout, just below ``consumer_timeout``). Must exceed the run time.
+            breaker: A circuit breaker shared by all the app's workers (README "Flow
+                control"), e.g. ``Breaker(failures=20, window="1m", cool_down="30s")``.
 
         Returns:
             A decorator that registers the handler and returns it unchanged.
@@ -193,9 +199,12 @@ class JobRegistry:
         if seconds is not None and hold is not None and hold <= seconds:
             raise ConfigurationError(f"job {name!r}: lease {hold:g}s must be longer than the timeout {seconds:g}s")
 
+        if breaker is not None and (problem := breaker_name_problem(queue, name, breaker)):
+            raise ConfigurationError(problem)
+
         def register(handler: H) -> H:
             policy = retry or RetryPolicy()
-            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold)
+            self._jobs[name] = JobDef(name, queue, handler, payload, policy, seconds, idempotent, key, hold, breaker)
             return handler
 
         return register

@@ -9,10 +9,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
 from amqpjobs.topology.models import JobQueueLayout
+
+#: Ceilings of a replay asked for by a person, the same in the CLI (``replay --rate/--canary/
+#: --canary-timeout``, exit 2) and the console (HTTP 400 naming the field): a slip such as
+#: ``1e308`` is refused, not run. Messages per second, canary jobs, seconds to wait for the
+#: canaries (1 h). README "Replaying quarantined jobs".
+MAX_REPLAY_RATE: Final = 10_000.0
+MAX_CANARY: Final = 10_000
+MAX_CANARY_TIMEOUT: Final = 3600.0
+#: Seconds a canary replay waits for its canaries' outcomes unless told (CLI, console form and server alike).
+DEFAULT_CANARY_TIMEOUT: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class ReplayOptions:
     dry_run: bool = False
     stop_after_failures: int | None = None
     canary: int | None = None
-    canary_timeout: float = 60.0
+    canary_timeout: float = DEFAULT_CANARY_TIMEOUT
     job_queues: Mapping[str, str] | None = None
     layouts: Mapping[str, JobQueueLayout] | None = None
 
@@ -59,6 +70,9 @@ class ReplayReport:
         replayed: Messages moved back (or, on a dry run, that would move).
         skipped: Messages looked at that did not match, had no known original queue, or
             were replayed by this run and came back.
+        no_origin: Of ``skipped``, those that matched but name no queue to go back to
+            (neither evidence nor ``x-death``: published straight into the queue) with no
+            ``to`` given; the summary says so and how to move them.
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -77,6 +91,7 @@ class ReplayReport:
     queue: str
     replayed: int = 0
     skipped: int = 0
+    no_origin: int = 0
     left: int = 0
     returned: int = 0
     stopped_early: bool = False
@@ -98,7 +113,16 @@ class ReplayReport:
         waited = " including the canary wait" if canary and self.replayed > self.canary_moved else ""
         return (
             f"replayed {self.replayed}, skipped {self.skipped}, left {self.left} in {printable(self.queue)} "
-            f"({self.elapsed:.1f}s{waited}, {rate_seen:.1f}/s)"
+            f"({self.elapsed:.1f}s{waited}, {rate_seen:.1f}/s){self.skip_reason()}"
+        )
+
+    def skip_reason(self) -> str:
+        """Why messages that matched were skipped ("" when none was): ``; 1 skipped: no queue to go back to ...``."""
+        if not self.no_origin:
+            return ""
+        return (
+            f"; {self.no_origin} skipped: no queue to go back to (neither evidence of a worker nor x-death "
+            "names one; published straight into the queue?): replay them with amqpjobs replay --to QUEUE"
         )
 
 

@@ -69,6 +69,14 @@ def decide(kind: FailureKind, attempt: int, max_attempts: int, tiers: tuple[floa
     return RetryLater(next_attempt=attempt + 1, tier=tier, delay=tiers[tier])
 
 
+def wait_later(attempt: int, tiers: tuple[float, ...]) -> RetryLater:
+    """Wait in the first tier without using an attempt (nothing failed: a claim, the ledger, an open breaker).
+
+    The copy keeps attempt ``attempt``; the job queue must have tiers.
+    """
+    return RetryLater(next_attempt=attempt, tier=0, delay=tiers[0], wait=True)
+
+
 def retry_window(tiers: tuple[float, ...], attempts: int) -> float:
     """Seconds a job spends waiting in retry tiers over ``attempts`` attempts (the last tier repeats)."""
     return sum(tiers[min(i, len(tiers) - 1)] for i in range(attempts - 1))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from amqpjobs.durations import duration_argument, parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
@@ -126,7 +126,7 @@ class App(CronSchedules, JobResults):
 
             payload_store = checked_store(payload_store)
         self.payload_store = payload_store
-        self.quarantine_retention = parse_duration(quarantine_retention)
+        self.quarantine_retention = duration_argument("App(quarantine_retention=...)", quarantine_retention)
         now = "refuse at once"
         self.blocked_timeout = duration_argument("App(blocked_timeout=...)", blocked_timeout, zero_means=now)
         self.queue_full_wait = duration_argument(

@@ -187,11 +187,17 @@ class EnqueueGate:
         while (over := await self._over(connection, work_queue, queue, bounds)) is not None:
             waited = time.monotonic() - started
             if waited >= self.full_wait:
+                how_long = (
+                    f"still full after waiting {waited:.1f}s (queue_full_wait {self.full_wait:g}s)"
+                    if self.full_wait > 0
+                    else "not waited: App(queue_full_wait=...) is 0"
+                )
                 raise QueueFullError(
-                    f"work queue {work_queue!r} is full: {over}; the job was NOT sent "
+                    f"work queue {work_queue!r} is full: {over}; {how_long}; the job was NOT sent "
                     "(the job queue's bound in the topology; enqueue again later or raise the bound)",
                     queue=work_queue,
                     limit=over,
+                    waited=waited if self.full_wait > 0 else 0.0,
                 )
             await asyncio.sleep(min(_POLL, self.full_wait - waited))
 

@@ -37,8 +37,9 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID
 from amqpjobs.jobs.results import record_for
-from amqpjobs.jobs.retry import decide
+from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
@@ -80,6 +81,7 @@ class DeliveryPath(HandlerRuns):
     _heartbeat_timeout: float
     _version: tuple[int, ...]
     _pauses: OperatorPauses
+    _breakers: Breakers | None
 
     _layouts: dict[str, JobQueueLayout]
 
@@ -150,6 +152,8 @@ class DeliveryPath(HandlerRuns):
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
         self._note_outcome(layout, delivery, v)
+        if self._breakers is not None:  # a failure notice, or the end of this worker's probe (README "Flow control")
+            self._breakers.after(v)
         if self._events is not None and (  # fire and forget: the job's fate is settled above
             reported(self.options.outcome_events, v.kind) or REPLAY_ID in delivery.headers
         ):
@@ -272,9 +276,13 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        if self._stop.is_set() or self._pauses.holds_back(layout.name) or not self._gate.try_enter():
-            # stopping (a take answered after SIGTERM), its queue paused by an operator (a redelivered one was
-            # registered above, as ever), or a suspect waits or runs alone here: don't start or hold it
+        if self._pauses.holds_back(layout.name):  # paused by an operator (a redelivered one was registered above)
+            return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
+        if job.breaker is not None and self._breakers is not None and await self._breakers.gate(job, job_id) == "wait":
+            return self._outcome(layout, delivery, wait_later(attempt, layout.tiers), attempt, job_id, job.name,
+                                 failure=("BreakerOpen", f"job {job.name}'s circuit breaker is open", ""))  # fmt: skip
+        if self._stop.is_set() or not self._gate.try_enter():
+            # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         try:
             return await self._start(*run)

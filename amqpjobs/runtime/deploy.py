@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
+from amqpjobs.topology.declarations import BindingDecl
 from amqpjobs.topology.loader import LoadedTopology, load_topology
-from amqpjobs.topology.models import BindingDecl
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
-from amqpjobs.topology.plan import Plan, make_plan
+from amqpjobs.topology.plan import Plan, binding_name, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
@@ -75,7 +75,10 @@ class PlanResult:
         """One line per stray binding: ``remove`` (plan) or ``removed`` (apply, ``done``)."""
         verb = "removed" if done else "remove"
         why = "" if done else ": not in the topology; apply removes it (jobs routed there reach no worker)"
-        return [f"{verb:<9} binding  {b.source} -> {b.destination} [{b.routing_key}]{why}" for b in self.stray_bindings]
+        return [
+            f"{verb:<9} binding  {binding_name(b.source, b.destination, b.routing_key)}{why}"
+            for b in self.stray_bindings
+        ]
 
     def orphan_report(self) -> list[str]:
         """One line per orphaned exchange and queue, with what to do."""

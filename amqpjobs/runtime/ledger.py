@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
@@ -105,7 +105,7 @@ class SqliteLedger:
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
         self.path = Path(path)
-        self.retention = parse_duration(retention)
+        self.retention = duration_argument("SqliteLedger(retention=...)", retention)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
 
@@ -53,7 +53,7 @@ class PostgresLedger:
 
     def __init__(self, dsn: str, retention: float | str = DEFAULT_RETENTION) -> None:
         self.dsn = dsn
-        self.retention = parse_duration(retention)
+        self.retention = duration_argument("PostgresLedger(retention=...)", retention)
         self._conn: Any = None
         self._lock = asyncio.Lock()  # one async connection: one statement/transaction at a time
         self._local = threading.local()  # one sync connection per handler thread

@@ -25,6 +25,8 @@ name                                          type       meaning
                                                          exchange missing, channel closed or blocked)
 ``amqpjobs_results_write_failures_total``     counter    job-state records the results store did not
                                                          take (down, slow, or the write queue full)
+``amqpjobs_breaker_state{job}``               gauge      a job's circuit breaker: 0 closed, 1 open,
+                                                         2 half-open (jobs with a breaker only)
 ``amqpjobs_paused{queue,reason}``             gauge      1 while an operator pauses the job queue
                                                          (``amqpjobs pause``, its ``--reason``), else 0
 ``amqpjobs_paused_since_seconds{queue}``      gauge      when it was paused (Unix time; 0 when not)
@@ -90,6 +92,10 @@ class WorkerMetrics:
         self.results_write_failures = Counter(
             "amqpjobs_results_write_failures", "Job-state records not written to the results store.",
             registry=self.registry,
+        )  # fmt: skip
+        self.breaker_state = Gauge(
+            "amqpjobs_breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", ["job"],
+            registry=self.registry, multiprocess_mode="livemostrecent",  # consume --processes: the latest change
         )  # fmt: skip
         self.paused = Gauge(
             "amqpjobs_paused", "1 while an operator pauses the job queue.", ["queue", "reason"],

@@ -8,8 +8,10 @@ an exclusive auto-delete queue of its own) for as long as the iteration runs;
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
+from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.jobs.events import OutcomeEvent, decode_event
 from amqpjobs.runtime.quarantine import session
 from amqpjobs.wire.events import subscribe_outcomes
@@ -17,6 +19,11 @@ from amqpjobs.wire.settings import BrokerSettings
 
 #: Events kept for a slow reader; past it the oldest are dropped (a page only needs to know "something ended").
 BACKLOG = 1000
+#: Seconds the shared subscription keeps retrying a refused connect (at most the settings' connect timeout):
+#: a page's event stream is an extra, its 503 should not wait out the 30 s a worker waits.
+CONNECT_WAIT = 2.0
+#: Seconds a failed connect is answered again without trying (each new page with the broker down).
+FAILURE_MEMORY = 5.0
 
 
 async def outcome_feed(settings: BrokerSettings) -> AsyncIterator[OutcomeEvent]:
@@ -54,10 +61,15 @@ class OutcomeHub:
     exclusive auto-delete queue); the last :meth:`leave` closes both. Leaving needs no
     ``await``: a reader cancelled by its client's disconnect can still leave. Readers only
     learn "something ended"; a slow reader drops its oldest events (:data:`BACKLOG`).
+
+    With the broker down, opening fails fast: connects are retried for :data:`CONNECT_WAIT`
+    seconds at most, and for :data:`FAILURE_MEMORY` seconds after a failure each new reader
+    gets the same :class:`~amqpjobs.errors.BrokerUnavailableError` without a new attempt.
     """
 
     def __init__(self, settings: BrokerSettings) -> None:
-        self._settings = settings
+        self._settings = settings.with_connect_timeout(min(settings.connect_timeout, CONNECT_WAIT))
+        self._failed: tuple[float, str] | None = None  # (monotonic time, message) of the last refused connect
         self._readers: set[asyncio.Queue[OutcomeEvent]] = set()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -92,15 +104,22 @@ class OutcomeHub:
 
         Raises:
             NotFoundError: the events exchange does not exist (apply the topology).
-            BrokerUnavailableError: the broker can't be reached.
+            BrokerUnavailableError: the broker can't be reached (within :data:`CONNECT_WAIT`
+                seconds), or could not be a moment ago (:data:`FAILURE_MEMORY`).
 
         """
         async with self._lock:
             if self._task is None or self._task.done():
+                if self._failed is not None and time.monotonic() - self._failed[0] < FAILURE_MEMORY:
+                    raise BrokerUnavailableError(self._failed[1])
                 ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._task = asyncio.create_task(self._run(ready), name="amqpjobs-outcome-hub")
                 try:
                     await asyncio.shield(ready)
+                except BrokerUnavailableError as exc:
+                    self._failed = (time.monotonic(), str(exc))
+                    self._task = None
+                    raise
                 except BaseException:  # refused, or this reader left while it connected
                     if not self._readers:
                         self._task.cancel()

@@ -29,7 +29,7 @@ from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.payload_refs import PayloadRef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
-from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_queue, session
+from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_quarantine_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
 from amqpjobs.wire.abc import Connection
@@ -50,6 +50,11 @@ class TakeReport:
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
         job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
+        payloads_marked: Stored payloads of the deleted messages given their done mark (a purge
+            with the app's payload store; the sweep deletes them after the store's grace).
+        payloads_spared: Stored payloads of deleted messages left as they are: a message left in
+            the queue or its quarantine/parked sibling still names them.
+        payloads_unmarked: Stored payloads whose mark failed (the store erred; logged): they stay.
 
     """
 
@@ -59,6 +64,9 @@ class TakeReport:
     left: int = 0
     target: str = ""
     job_ids: list[str] = field(default_factory=list)
+    payloads_marked: int = 0
+    payloads_spared: int = 0
+    payloads_unmarked: int = 0
 
 
 async def _take(
@@ -76,7 +84,7 @@ async def _take(
     ``census`` gets the queue, its depth and what every looked-at message holds.
     """
     async with mover_lock(connection, settings, queue, action) as lock:
-        _, depth = await resolve_queue(connection, queue)  # as the previous mover left it
+        _, depth = await resolve_quarantine_queue(connection, queue)  # as the previous mover left it
         census.queue, census.depth = queue, depth
         browser = await QueueBrowser.open(connection)
         try:
@@ -140,7 +148,7 @@ async def park(
     """
     selection = selection or q.Selection()
     async with session(settings) as connection:
-        queue, _ = await resolve_queue(connection, name)
+        queue, _ = await resolve_quarantine_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
             raise ConfigurationError(f"{queue!r} is a parked queue already: park takes from a quarantine queue")
@@ -179,12 +187,12 @@ async def park(
             await _take(connection, settings, queue, selection, "park", move, report, census or Census())
         except asyncio.CancelledError:  # the held messages are back: count them for the caller's summary
             with contextlib.suppress(Exception):
-                _, report.left = await resolve_queue(connection, queue)
+                _, report.left = await resolve_quarantine_queue(connection, queue)
             raise
         finally:
             await publisher.close()
             await record_quietly(results, moved)
-        _, report.left = await resolve_queue(connection, queue)
+        _, report.left = await resolve_quarantine_queue(connection, queue)
     return report
 
 
@@ -215,7 +223,7 @@ async def purge_matching(
     if payloads is not None:  # before any message goes: a purged message's payload would never be marked
         await open_store(payloads, "nothing was purged")
     async with session(settings) as connection:
-        queue, _ = await resolve_queue(connection, name)
+        queue, _ = await resolve_quarantine_queue(connection, name)
         report = report if report is not None else TakeReport(queue)
         report.queue = queue
 
@@ -227,11 +235,15 @@ async def purge_matching(
                 purged.add(ref)
 
         await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
-        _, report.left = await resolve_queue(connection, queue)
+        _, report.left = await resolve_quarantine_queue(connection, queue)
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)
         for ref in sorted(purged - held, key=str):
-            await retire(payloads, ref)
+            if await retire(payloads, ref):
+                report.payloads_marked += 1
+            else:
+                report.payloads_unmarked += 1
+        report.payloads_spared = len(purged & held)
     return report
 
 

@@ -181,10 +181,10 @@ class PayloadStore(abc.ABC):
         if data is None:
             raise PayloadRefError(
                 "payload-missing",
+                # short enough for the worker's log line (its error field is cut at 300 characters)
                 f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
-                "succeeded, purged, or never stored); the message cannot run without it, and a replay would fail "
-                "the same way: enqueue the job again with its payload if the producer still has it, then drop "
-                "this copy (amqpjobs quarantine purge QUEUE --reason payload-missing)",
+                "succeeded, purged, or never stored): enqueue the job again with its payload, then drop this copy "
+                "(amqpjobs quarantine purge QUEUE --reason payload-missing); a replay would fail the same way",
             )
         return data
 
@@ -353,12 +353,13 @@ def referenced(store: PayloadStore, headers: Mapping[str, Any]) -> PayloadRef | 
     return ref if ref.store == store.name else None
 
 
-async def retire(store: PayloadStore, ref: PayloadRef) -> None:
+async def retire(store: PayloadStore, ref: PayloadRef) -> bool:
     """Give the payload of a purged message its done mark: the sweep deletes it after the grace (best effort).
 
     Not deleted at once: another copy may still name it (a forged or duplicated quarantine
     copy, a copy a killed replay left in the work queue). Within the grace a worker that
     quarantines such a copy removes the mark again, and one that runs it re-marks it.
+    Returns whether it is marked (False: the store failed, logged; the payload stays).
     """
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
@@ -366,3 +367,5 @@ async def retire(store: PayloadStore, ref: PayloadRef) -> None:
             await store.mark_done(ref.key, time.time())
     except Exception as exc:
         log.warning("marking purged stored payload %s for deletion failed (%s); it stays", ref, _what(exc))
+        return False
+    return True

@@ -22,8 +22,12 @@ class FilePayloadStore(PayloadStore):
     :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments.
 
     Args:
-        root: The shared directory (created when missing); best an absolute path, the same on
-            every host (a relative one is read from each process's working directory).
+        root: The shared directory (created when missing), the same on every host. A relative
+            path (or ``~``) is resolved once, here, against the working directory of the
+            process building the store: :attr:`root` is absolute, so a process that changes
+            directory later (a daemonized worker, a web server) still uses the one directory.
+            Producers and workers that build their stores from different working directories
+            would still get different ones: give an absolute path then.
 
     Raises:
         ConfigurationError: ``root`` is empty (it would be the working directory), or a bad option.
@@ -47,7 +51,7 @@ class FilePayloadStore(PayloadStore):
             )
         if not str(root).strip() or str(root) == ".":  # Path("") is "."
             raise ConfigurationError(f"FilePayloadStore(root=...) is empty (got {str(root)!r}): {fix}")
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(Path(root).expanduser()))  # once: a later chdir changes nothing
         self._data = self.root / "data"
         self._done = self.root / "done"
 

@@ -31,7 +31,8 @@ class S3PayloadStore(PayloadStore):
             ``region_name``, credentials; default: boto3's own configuration chain).
 
     Raises:
-        ConfigurationError: ``bucket`` is empty (at once); boto3 is missing (at first use).
+        ConfigurationError: ``bucket`` is empty, ``prefix`` is not a str or ``client_options``
+            not a mapping of str keys (at once); boto3 is missing (at first use).
 
     """
 
@@ -50,6 +51,19 @@ class S3PayloadStore(PayloadStore):
             raise ConfigurationError(
                 f"S3PayloadStore(bucket=...) is empty or not a str (got {bucket!r}): give an existing bucket's "
                 "name, e.g. S3PayloadStore('my-bucket', prefix='jobs/')"
+            )
+        if not isinstance(prefix, str):
+            raise ConfigurationError(
+                f"S3PayloadStore(prefix=...) must be a str (got a {type(prefix).__name__}: {prefix!r}): give the "
+                "key prefix of everything the store writes, e.g. prefix='jobs/', or '' for none"
+            )
+        if client_options is not None and (
+            not isinstance(client_options, Mapping) or not all(isinstance(k, str) for k in client_options)
+        ):
+            raise ConfigurationError(
+                f"S3PayloadStore(client_options=...) must be a dict of boto3.client('s3', ...) keyword arguments "
+                f"(got a {type(client_options).__name__}): e.g. client_options={{'region_name': 'eu-west-1', "
+                "'endpoint_url': 'http://minio:9000'}}"
             )
         self.bucket = bucket
         self.prefix = prefix

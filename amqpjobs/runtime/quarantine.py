@@ -84,11 +84,11 @@ class QuarantinedMessage:
         }
 
 
-async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
-    """Find quarantine queue ``name`` (``<name>.quarantine`` when ``name`` is a job queue) and its depth.
+async def resolve_quarantine_queue(connection: Connection, name: str) -> tuple[str, int]:
+    """Find quarantine or parked queue ``name`` (``<name>.quarantine`` when ``name`` is a job queue) and its depth.
 
     Only quarantine and parked queues (``<job queue>.parked``) are accepted, so a typo can't
-    purge or replay a work queue.
+    purge or replay a work queue (hence the name: it resolves no other queue).
 
     Raises:
         ConfigurationError: neither exists.
@@ -110,7 +110,9 @@ async def resolve_queue(connection: Connection, name: str) -> tuple[str, int]:
 
 
 async def queue_depth(settings: BrokerSettings, name: str) -> tuple[str, int]:
-    """(queue, messages ready in it now) of quarantine or parked queue ``name``, resolved as :func:`resolve_queue`.
+    """(queue, messages ready in it now) of quarantine or parked queue ``name``.
+
+    ``name`` is resolved as :func:`resolve_quarantine_queue` resolves it.
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -118,7 +120,7 @@ async def queue_depth(settings: BrokerSettings, name: str) -> tuple[str, int]:
 
     """
     async with session(settings) as connection:
-        return await resolve_queue(connection, name)
+        return await resolve_quarantine_queue(connection, name)
 
 
 def quarantine_queues(settings: BrokerSettings) -> list[str]:
@@ -205,7 +207,7 @@ async def browse(
     census = census if census is not None else Census()
     out: list[QuarantinedMessage] = []
     async with session(settings) as connection:
-        queue_name, depth = await resolve_queue(connection, name)
+        queue_name, depth = await resolve_quarantine_queue(connection, name)
         census.queue, census.depth = queue_name, depth
         browser = await QueueBrowser.open(connection)
         try:
@@ -229,7 +231,7 @@ async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
 
     """
     async with session(settings) as connection:
-        queue_name, _ = await resolve_queue(connection, name)
+        queue_name, _ = await resolve_quarantine_queue(connection, name)
         async with mover_lock(connection, settings, queue_name, "purge"):
             return queue_name, await purge_queue(connection, queue_name)
 

@@ -29,7 +29,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
-from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_queue, session
+from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route, replay_route
@@ -84,12 +84,17 @@ class ReplayMove:
 
 
 def replay_move(
-    delivery: Received, options: ReplayOptions, replay_id: str, census: Census | None = None
+    delivery: Received,
+    options: ReplayOptions,
+    replay_id: str,
+    census: Census | None = None,
+    report: ReplayReport | None = None,
 ) -> ReplayMove | None:
     """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
 
     Skipped: it came back failing from this run (it carries ``replay_id``), it names no
-    queue to go back to and ``options.to`` is unset, or ``options.selection`` leaves it out.
+    queue to go back to (no evidence, no ``x-death``) and ``options.to`` is unset (counted
+    in ``report.no_origin``, so the summary says why), or ``options.selection`` leaves it out.
     A job of a shard the topology no longer has (``options.layouts``) goes by the current
     shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
@@ -101,6 +106,8 @@ def replay_move(
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
     if ours or not target or not matched:
+        if report is not None and matched and not ours and not target:
+            report.no_origin += 1
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
@@ -168,9 +175,9 @@ async def replay(
     report = report if report is not None else ReplayReport(queue=name)
     census = census if census is not None else Census()
     async with session(settings) as connection, AsyncExitStack() as stack:
-        queue_name, depth = await resolve_queue(connection, name)
+        queue_name, depth = await resolve_quarantine_queue(connection, name)
         lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
-        _, depth = await resolve_queue(connection, queue_name)  # as the previous mover left it
+        _, depth = await resolve_quarantine_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await _check_targets(connection, [options.to])
@@ -233,7 +240,7 @@ async def replay(
                 if watch is not None and report.returned >= (options.stop_after_failures or 0):
                     report.stopped_early = True
                     break
-                planned = replay_move(delivery, options, replay_id, census)
+                planned = replay_move(delivery, options, replay_id, census, report)
                 if planned is None:
                     report.skipped += 1
                     continue
@@ -291,8 +298,8 @@ async def replay(
                 await watch.close()
             if interrupted:  # the held messages are back: count them for the caller's summary
                 with contextlib.suppress(Exception):
-                    _, report.left = await resolve_queue(connection, queue_name)
-        _, report.left = await resolve_queue(connection, queue_name)
+                    _, report.left = await resolve_quarantine_queue(connection, queue_name)
+        _, report.left = await resolve_quarantine_queue(connection, queue_name)
     return report
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 
@@ -110,7 +110,7 @@ class SqliteResults:
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
         self.path = Path(path)
-        self.retention = parse_duration(retention)
+        self.retention = duration_argument("SqliteResults(retention=...)", retention)
         try:
             with contextlib.closing(self._connect()) as db:
                 db.execute("PRAGMA journal_mode=WAL")

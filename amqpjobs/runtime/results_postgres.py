@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, StateRecord
 from amqpjobs.runtime.ledger_postgres import _psycopg
@@ -45,7 +45,7 @@ class PostgresResults:
     def __init__(self, dsn: str, retention: float | str = DEFAULT_RETENTION) -> None:
         _psycopg()
         self.dsn = dsn
-        self.retention = parse_duration(retention)
+        self.retention = duration_argument("PostgresResults(retention=...)", retention)
         self._conn: Any = None
         self._lock = asyncio.Lock()
 

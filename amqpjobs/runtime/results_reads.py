@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.results import JobStatus, StateRecord
 from amqpjobs.runtime.results import ResultsStore, ResultsWriter, read_status, wait_result
@@ -91,4 +91,6 @@ class JobResults:
             TimeoutError: no terminal state in time; the message names the last state seen.
             ConfigurationError: the app has no results store.
         """
-        return await wait_result(self._results_store(), job_id, parse_duration(timeout), parse_duration(poll))
+        seconds = duration_argument("App.result(timeout=...)", timeout)
+        every = duration_argument("App.result(poll=...)", poll)
+        return await wait_result(self._results_store(), job_id, seconds, every)

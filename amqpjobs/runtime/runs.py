@@ -21,10 +21,10 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, qualname
-from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome, RetryLater
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
-from amqpjobs.jobs.retry import decide
+from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.stall import StallWatch
@@ -103,13 +103,13 @@ class HandlerRuns:
                 claim = await ledger.claim(job_id, owner, self.lease_of(job))
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
-                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
+                later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=(qualname(exc), str(exc), ""))  # fmt: skip
             if claim is Claim.DONE:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
-                later = RetryLater(next_attempt=attempt, tier=0, delay=layout.tiers[0], wait=True)
+                later = wait_later(attempt, layout.tiers)
                 why = "another worker holds a live claim on this job id"
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=("ClaimBusy", why, ""))  # fmt: skip

@@ -21,6 +21,7 @@ from logging import Logger
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
+from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
@@ -33,6 +34,7 @@ from amqpjobs.topology.naming import (
     suspects_queue_name,
 )
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
+from amqpjobs.wire.breakers import records_in
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
@@ -95,7 +97,8 @@ class JobQueueStatus:
         problems: Why it is unhealthy (empty when healthy).
         parked: Its parked queue (``amqpjobs quarantine park``), None when not looked at.
         notes: What an operator should know that is not unhealthy (parked jobs, a parked
-            queue not declared yet, an operator's pause).
+            queue not declared yet, an open circuit breaker, an operator's pause).
+        breakers: The jobs whose circuit breaker is open or half-open (:func:`breaker_states`).
         paused: ``{"reason": ..., "since": ISO 8601 UTC}`` while an operator pauses it
             (``amqpjobs pause``), else None.
     """
@@ -108,6 +111,7 @@ class JobQueueStatus:
     problems: list[str] = field(default_factory=list)
     parked: QueueStatus | None = None
     notes: list[str] = field(default_factory=list)
+    breakers: list[dict[str, Any]] = field(default_factory=list)
     paused: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -215,6 +219,35 @@ async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQue
             )  # fmt: skip
 
 
+def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The open records of ``job_queue``'s jobs among ``live`` queues (management API), as JSON-ready dicts.
+
+    Each: ``job``, ``state`` (``open``, or ``half-open`` once the cool-down is over: the
+    next delivery of the job runs as the probe), ``opened_at`` and ``until`` (ISO 8601 UTC),
+    ``failures`` (that opened it; 0 when a failed probe re-opened it). A job whose breaker
+    is closed has no record.
+    """
+    mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind == "breaker"
+            and p.job_queue == job_queue]  # fmt: skip
+    out = []
+    for queue_name, record in sorted(records_in(mine).items()):
+        out.append({
+            "job": parse_queue_name(queue_name).job, "state": "open" if record.until > now else "half-open",
+            "opened_at": iso_utc(record.opened_at), "until": iso_utc(record.until), "failures": record.failures,
+        })  # fmt: skip
+    return out
+
+
+def breaker_note(breaker: dict[str, Any]) -> str:
+    """A line for ``status`` about one open or half-open breaker (:func:`breaker_states`)."""
+    why = f"{breaker['failures']} failure(s)" if breaker["failures"] else "a failed probe"
+    if breaker["state"] == "open":
+        return (f"circuit breaker of job {breaker['job']!r} is open (after {why}, since {breaker['opened_at']}): "
+                f"no starts until {breaker['until']}")  # fmt: skip
+    return (f"circuit breaker of job {breaker['job']!r} is half-open (opened after {why} at {breaker['opened_at']}): "
+            "the next delivery of the job runs as the probe")  # fmt: skip
+
+
 async def collect(
     settings: BrokerSettings,
     layouts: list[JobQueueLayout] | None = None,
@@ -314,6 +347,8 @@ async def collect(
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
+        status.breakers = breaker_states(name, live.values(), now)
+        status.notes += [breaker_note(b) for b in status.breakers]
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(

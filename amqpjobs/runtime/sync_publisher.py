@@ -8,6 +8,7 @@ from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
+from amqpjobs.errors import PublisherClosedError
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.app import App, JobRef
 
@@ -18,7 +19,8 @@ class SyncPublisher:
     """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
 
     Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
-    arguments and raises the same errors as :meth:`App.enqueue`.
+    arguments and raises the same errors as :meth:`App.enqueue`; every call after :meth:`close`
+    (the ``with`` block's end) raises :class:`~amqpjobs.errors.PublisherClosedError`.
 
     When ``app`` routes its enqueues to a publisher on a given loop (``App.use_publisher(...,
     loop=...)``, as :class:`amqpjobs.testing.TestBroker` does), it is a blocking facade over
@@ -28,6 +30,7 @@ class SyncPublisher:
     def __init__(self, app: App, url: str | None = None) -> None:
         routed = app._publisher_loop
         self._owned = routed is None
+        self._closed = False
         if routed is not None:
             self._app, self._loop = app, routed
             self._thread: threading.Thread | None = None
@@ -40,6 +43,12 @@ class SyncPublisher:
         thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        if self._closed:
+            coro.close()
+            raise PublisherClosedError(
+                "this SyncPublisher is closed (its with block ended, or close() was called): nothing was sent; "
+                "make the calls inside the with block, or create another with app.sync_publisher()"
+            )
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -75,9 +84,10 @@ class SyncPublisher:
 
     def close(self) -> None:
         """Close the connection and stop the loop thread (a facade over another loop: nothing to close)."""
-        if not self._owned or self._loop.is_closed():
+        if not self._owned or self._closed:
             return
         self._run(self._app.close())
+        self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None
         self._thread.join(5)

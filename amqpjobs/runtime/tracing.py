@@ -9,7 +9,7 @@ The trace context travels in text headers (:data:`~amqpjobs.jobs.envelope.TRACE_
 W3C ``traceparent`` / ``tracestate`` and ``baggage``, written and read by the global propagator
 (``OTEL_PROPAGATORS``; default tracecontext and baggage). This module is the one place that
 injects and extracts them. Retry, quarantine, suspects and replay copies keep them as the
-enqueue wrote them (:func:`amqpjobs.jobs.envelope.copy_headers`), so every attempt of a job,
+enqueue wrote them (:func:`amqpjobs.jobs.copy_headers.copy_headers`), so every attempt of a job,
 its quarantine and its replay are children of the one ``send`` span of its enqueue. A delivery
 without a valid ``traceparent`` (a cron tick before tracing, a foreign publisher) starts a trace
 at its first ``process`` span, whose context the worker writes into its copies

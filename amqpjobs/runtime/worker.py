@@ -33,6 +33,7 @@ from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.deploy import missing_objects_advice, require_majority_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
@@ -121,6 +122,7 @@ class Worker(SuspectTurns):
         self._timeouts: dict[str, float] = {}
         self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
         self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
+        self._breakers: Breakers | None = None  # jobs with a circuit breaker (README "Flow control")
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
         self._pauses = OperatorPauses(settings, self._pause_queue, self._resume_unheld, metrics)  # amqpjobs pause
 
@@ -177,6 +179,7 @@ class Worker(SuspectTurns):
         self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
         self._events = await OutcomeEvents.open(publishing, dropped)
+        self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics)
         self._background.append(asyncio.create_task(self._beat()))
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
@@ -371,6 +374,8 @@ class Worker(SuspectTurns):
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
         await self._holding.close()
         await self._pauses.close()
+        if self._breakers is not None:
+            await self._breakers.close()
         if self._results is not None:
             await self._results.close()
             await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers

@@ -100,6 +100,12 @@ def check_jobs(
             )
         if job.idempotent:
             _check_idempotent(app, job, layout)
+        if job.breaker is not None and not layout.tiers:  # its deliveries wait in the first tier while open
+            raise ConfigurationError(
+                f"job {job.name!r} has a breaker but job queue {job.queue!r} has no retry_tiers: deliveries wait "
+                "in the first tier while it is open; add tiers to the topology (a short first tier, e.g. '1s', "
+                "bounds how late the probe starts)"
+            )
         timeouts[job.name] = job.timeout if job.timeout is not None else default_timeout(consumer_timeout)
     return layouts, timeouts
 

@@ -30,7 +30,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.testing.clock import VirtualClock
-from amqpjobs.topology.models import Declarations
+from amqpjobs.topology.declarations import Declarations
 
 _serial = itertools.count(1)
 

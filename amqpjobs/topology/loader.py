@@ -25,6 +25,8 @@ from amqpjobs.topology.models import (
 )
 from amqpjobs.topology.naming import (
     ADDRESSABLE_CHARS,
+    BREAKER_INFIX,
+    BREAKER_PROBE_INFIX,
     EVENTS_EXCHANGE,
     MAX_CLIENT_NAME,
     NameKind,
@@ -186,6 +188,15 @@ def _reserved(file: str, path: str, name: str) -> list[Problem]:
     return [Problem(file, path, f"{name!r}: names starting 'amq.' are reserved by RabbitMQ", "choose another name")]
 
 
+def _breaker_marked(file: str, path: str, name: str) -> list[Problem]:
+    """The problem with job queue ``name`` when it holds a breaker marker (its queues would read as a breaker's)."""
+    marks = [m for m in (BREAKER_INFIX, BREAKER_PROBE_INFIX) if m in name]
+    if not marks:
+        return []
+    return [Problem(file, path, f"{name!r}: {marks[0]!r} marks a job's circuit breaker queues (README "
+                    "\"Flow control\")", f"choose a name without {marks[0]!r}")]  # fmt: skip
+
+
 def _unaddressable(file: str, path: str, name: str, kind: NameKind) -> list[Problem]:
     """The problem with ``name`` when the AMQP client can't send it (:func:`.naming.unaddressable_problem`)."""
     if issue := unaddressable_problem(name, kind):
@@ -235,6 +246,7 @@ def _cross_checks(
         for i, jq in enumerate(tf.job_queue):
             base = f"job_queue[{i}]"
             problems.extend(_reserved(file, f"{base}.name", jq.name))
+            problems.extend(_breaker_marked(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             decls = Topology(job_queues=(jq,)).declarations()
             too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))

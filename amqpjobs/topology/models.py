@@ -5,9 +5,8 @@ Two layers, both frozen pydantic models without I/O:
 * the *file* models (:class:`ExchangeSpec`, :class:`JobQueueSpec`, :class:`BindingSpec`,
   :class:`TopologyFile`) mirror the TOML files in ``topology/`` key for key; unknown keys
   are errors;
-* the *declarations* (:class:`ExchangeDecl`, :class:`QueueDecl`, :class:`BindingDecl`)
-  are the broker objects a :class:`Topology` expands into, by the naming scheme of
-  :mod:`amqpjobs.topology.naming`:
+* the *declarations* (:mod:`amqpjobs.topology.declarations`) are the broker objects a
+  :class:`Topology` expands into, by the naming scheme of :mod:`amqpjobs.topology.naming`:
 
   - each job queue's work queue (classic, optional ``x-max-priority``; or quorum with an
     explicit delivery limit, ``at-least-once`` dead-lettering and ``reject-publish``
@@ -37,14 +36,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 from amqpjobs.durations import parse_duration
 from amqpjobs.topology import naming
 from amqpjobs.topology.bounds import QueueBounds
+from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, Overflow, QueueDecl, QueueType
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
-#: Exchange types we declare ourselves: the above and RabbitMQ 4.3's core ``x-modulus-hash``.
-DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash", "x-modulus-hash"]
 ShardRouting = Literal["crc32", "modulus-hash"]
-QueueType = Literal["classic", "quorum"]
-Overflow = Literal["reject-publish", "drop-head"]
-QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
 
 #: An AMQP short string name: 1–255 characters (RabbitMQ limits names to 255 bytes).
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
@@ -159,66 +154,6 @@ class TopologyFile(_Frozen):
     exchange: tuple[ExchangeSpec, ...] = ()
     job_queue: tuple[JobQueueSpec, ...] = ()
     binding: tuple[BindingSpec, ...] = ()
-
-
-class ExchangeDecl(_Frozen):
-    """A durable exchange to declare."""
-
-    name: str
-    type: DeclaredExchangeType
-    durable: bool = True
-    auto_delete: bool = False
-    internal: bool = False
-
-
-class QueueDecl(_Frozen):
-    """A durable queue to declare, with its settings in our own units (seconds).
-
-    Attributes:
-        name: Queue name.
-        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects`` or ``parked``.
-        job_queue: Name of the job queue it belongs to.
-        queue_type: ``classic`` or ``quorum``.
-        max_priority: ``x-max-priority`` or None.
-        message_ttl: Queue-level TTL in seconds, or None.
-        dead_letter_exchange: ``x-dead-letter-exchange`` (``""`` is the default exchange).
-        dead_letter_routing_key: ``x-dead-letter-routing-key`` or None.
-        dead_letter_strategy: Quorum only, ``at-least-once`` or None.
-        delivery_limit: Quorum only, ``x-delivery-limit`` or None.
-        max_length: ``x-max-length`` or None.
-        overflow: ``x-overflow`` or None.
-
-    """
-
-    name: str
-    role: QueueRole
-    job_queue: str
-    queue_type: QueueType = "classic"
-    max_priority: int | None = None
-    message_ttl: float | None = None
-    dead_letter_exchange: str | None = None
-    dead_letter_routing_key: str | None = None
-    dead_letter_strategy: Literal["at-least-once"] | None = None
-    delivery_limit: int | None = None
-    max_length: int | None = None
-    overflow: Overflow | None = None
-
-
-class BindingDecl(_Frozen):
-    """A binding to declare: ``source`` exchange → ``destination`` with ``routing_key``."""
-
-    source: str
-    destination: str
-    destination_type: Literal["queue", "exchange"] = "queue"
-    routing_key: str = ""
-
-
-class Declarations(_Frozen):
-    """Broker objects in dependency order: exchanges, then queues, then bindings."""
-
-    exchanges: tuple[ExchangeDecl, ...]
-    queues: tuple[QueueDecl, ...]
-    bindings: tuple[BindingDecl, ...]
 
 
 class JobQueueLayout(_Frozen):

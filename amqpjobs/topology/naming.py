@@ -14,7 +14,13 @@ parked queue             ``N.parked``                                ``urgent.pa
 pause flag               ``N.paused`` (only while paused)            ``urgent.paused``
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
 control exchange         ``amqpjobs.control`` (direct, one a vhost)  routing key ``urgent`` (pause signals)
+breaker state (open)     ``N.breaker.<job>`` (durable, no messages)  ``urgent.breaker.mail``
+breaker probe lock       ``N.breaker-probe.<job>`` (exclusive)       ``urgent.breaker-probe.mail``
 =======================  ==========================================  ======================
+
+A job's breaker notices go through RabbitMQ's pre-declared headers exchange
+:data:`BREAKER_EXCHANGE` (it exists on every vhost and can't be deleted: RabbitMQ
+"Exchanges" -> "Pre-declared Exchanges"), matched on header :data:`BREAKER_HEADER` = job queue.
 
 :func:`parse_queue_name` reads a name back (the scheduler's queues too).
 
@@ -43,11 +49,32 @@ SHARDS_SUFFIX = ".shards"
 #: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
 EVENTS_EXCHANGE = "amqpjobs.events"
 RETRY_INFIX = ".retry."
+#: Infix of a job's breaker state queue: ``<job queue>.breaker.<job>`` (:mod:`amqpjobs.jobs.breaker`).
+BREAKER_INFIX = ".breaker."
+#: Infix of a job's breaker probe lock: ``<job queue>.breaker-probe.<job>`` (an exclusive queue).
+BREAKER_PROBE_INFIX = ".breaker-probe."
+#: Where breaker notices go: the pre-declared headers exchange (never missing).
+BREAKER_EXCHANGE = "amq.headers"
+#: The header breaker notices are routed by (its value: the job queue).
+BREAKER_HEADER = "amqpjobs-breaker"
 SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
 
-QueueKind = Literal["work", "shard", "tier", "quarantine", "suspects", "parked", "paused", "leader", "ticks", "running"]
+QueueKind = Literal[
+    "work",
+    "shard",
+    "tier",
+    "quarantine",
+    "suspects",
+    "parked",
+    "paused",
+    "leader",
+    "ticks",
+    "running",
+    "breaker",
+    "breaker-probe",
+]
 
 
 #: The longest queue name AMQP carries: a short string, 255 bytes of UTF-8 (AMQP 0-9-1 "shortstr").
@@ -141,6 +168,16 @@ def paused_flag_name(job_queue: str) -> str:
     return f"{job_queue}{PAUSED_SUFFIX}"
 
 
+def breaker_queue_name(job_queue: str, job: str) -> str:
+    """Name of the durable queue whose arguments record that ``job``'s breaker is open (it holds no messages)."""
+    return f"{job_queue}{BREAKER_INFIX}{job}"
+
+
+def breaker_probe_name(job_queue: str, job: str) -> str:
+    """Name of the exclusive queue held by the one worker probing ``job``'s half-open breaker."""
+    return f"{job_queue}{BREAKER_PROBE_INFIX}{job}"
+
+
 def event_routing_key(job_queue: str, outcome: str) -> str:
     """Routing key of an outcome event: ``<job queue>.<outcome>`` (a topic key; bind ``<job queue>.*`` for all)."""
     return f"{job_queue}.{outcome}"
@@ -157,14 +194,15 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), or a scheduler queue:
-            ``leader``, ``ticks``, ``running``.
+            ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), ``breaker``,
+            ``breaker-probe``, or a scheduler queue: ``leader``, ``ticks``, ``running``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
         tier: The tier's name (e.g. ``30s``), for a tier.
         app: The app, for a scheduler queue.
         schedule: The schedule, for ``ticks`` and ``running``.
+        job: The job, for ``breaker`` and ``breaker-probe`` (a job's breaker state and probe lock).
 
     """
 
@@ -175,6 +213,7 @@ class QueueName:
     tier: str | None = None
     app: str | None = None
     schedule: str | None = None
+    job: str | None = None
 
 
 def _is_tier_name(tier: str) -> bool:
@@ -195,7 +234,9 @@ def _work(name: str) -> QueueName:
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 
-    The last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
+    A breaker marker comes first, and its first occurrence (``q.breaker.j`` is job ``j``'s breaker
+    state in job queue ``q``, whatever ``j`` holds; the topology refuses job queue names with
+    it). Otherwise the last marker wins (``a.retry.30s`` is a tier of work queue ``a``). Only names we would
     create count as ours: a tier part must be a duration in the tiers' own form
     (:func:`~amqpjobs.durations.format_duration`: ``5s``, not ``5s.bak``, ``05s`` or ``5000ms``)
     and a shard index is decimal digits without a leading zero. Anything else (``mail.retry.5s.bak``)
@@ -209,6 +250,10 @@ def parse_queue_name(name: str) -> QueueName:
             app, marker, schedule = rest.partition(f".{kind}.")
             if marker and app and schedule:
                 return QueueName(kind, app=app, schedule=schedule)
+    for infix, kind in ((BREAKER_PROBE_INFIX, "breaker-probe"), (BREAKER_INFIX, "breaker")):
+        job_queue, marker, job = name.partition(infix)  # the first marker: a job name may hold anything
+        if marker and job_queue and job:
+            return QueueName(kind, job_queue, job=job)  # type: ignore[arg-type]
     if name.endswith(QUARANTINE_SUFFIX) and len(name) > len(QUARANTINE_SUFFIX):
         return QueueName("quarantine", name.removesuffix(QUARANTINE_SUFFIX))
     if name.endswith(SUSPECTS_SUFFIX) and len(name) > len(SUSPECTS_SUFFIX):

@@ -46,7 +46,7 @@ class ObjectState:
 
     Attributes:
         kind: ``exchange``, ``queue`` or ``binding``.
-        name: Object name; for a binding ``"<source> -> <destination> [<routing key>]"``.
+        name: Object name; for a binding :func:`binding_name`.
         type: Exchange type, queue type (``classic``/``quorum``), or ``""`` for bindings.
         durable: Durable flag.
         auto_delete: Auto-delete flag.
@@ -67,6 +67,11 @@ class ObjectState:
     def key(self) -> tuple[str, str]:
         """Identity of the object: (kind, name)."""
         return (self.kind, self.name)
+
+
+def binding_name(source: str, destination: str, routing_key: str) -> str:
+    """The name a plan gives a binding, declared or found: ``"<source> -> <destination> [<routing key>]"``."""
+    return f"{source} -> {destination} [{routing_key}]"
 
 
 class Action(enum.Enum):

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiormq
 
+from amqpjobs.text import as_text
 from amqpjobs.wire.abc import Connection
 
 #: The reason of the last ``connection.blocked`` of each aiormq connection.
@@ -41,7 +42,7 @@ def install_blocked_tracking() -> None:
 
     async def on_blocked(self: Any, frame: Any) -> None:
         reason = frame.reason
-        _REASONS[self] = reason.decode() if isinstance(reason, bytes) else str(reason or "")
+        _REASONS[self] = as_text(reason or "")
         await original(self, frame)
 
     setattr(cls, _HANDLER, on_blocked)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
-from amqpjobs.topology.plan import ObjectState
+from amqpjobs.topology.declarations import Declarations, ExchangeDecl, QueueDecl
+from amqpjobs.topology.plan import ObjectState, binding_name
 
 
 def to_milliseconds(seconds: float) -> int:
@@ -74,11 +74,6 @@ def consume_arguments(consumer_timeout: float | None) -> dict[str, Any]:
     return {} if consumer_timeout is None else {"x-consumer-timeout": to_milliseconds(consumer_timeout)}
 
 
-def binding_name(binding: BindingDecl) -> str:
-    """The name a plan gives a binding: ``"<source> -> <destination> [<routing key>]"``."""
-    return f"{binding.source} -> {binding.destination} [{binding.routing_key}]"
-
-
 def exchange_state(exchange: ExchangeDecl) -> ObjectState:
     """The desired state of ``exchange``."""
     return ObjectState("exchange", exchange.name, exchange.type, exchange.durable, exchange.auto_delete)
@@ -94,5 +89,5 @@ def desired_state(declarations: Declarations) -> list[ObjectState]:
     return [
         *(exchange_state(e) for e in declarations.exchanges),
         *(queue_state(q) for q in declarations.queues),
-        *(ObjectState("binding", binding_name(b)) for b in declarations.bindings),
+        *(ObjectState("binding", binding_name(b.source, b.destination, b.routing_key)) for b in declarations.bindings),
     ]

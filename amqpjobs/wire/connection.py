@@ -26,11 +26,12 @@ from tenacity import (
 )
 
 from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
-from amqpjobs.wire.codec import install_lenient_decoding
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
+from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.settings import BrokerSettings
@@ -79,19 +80,15 @@ def default_max_message_size(version: tuple[int, ...]) -> int:
     return MAX_MESSAGE_SIZE_4X if version >= (4, 0) else MAX_MESSAGE_SIZE_3X
 
 
-async def close_channel(channel: AbstractChannel) -> None:
-    """Close ``channel`` for good, also after the broker closed it.
+async def close_channel(channel: AbstractChannel | aiormq.abc.AbstractChannel) -> None:
+    """Close ``channel`` (aio-pika's, or aiormq's underneath) for good, also after the broker closed it.
 
     A robust channel closed by the broker (say, a passive declare's ``404``) reopens by
     itself unless ``close()`` is called; calling it always stops that, and a failure to
-    close an already closed channel is ignored.
+    close an already closed channel is ignored (the one way to close a channel we are done with).
     """
     with contextlib.suppress(Exception):
         await channel.close()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
@@ -105,8 +102,8 @@ def broker_info(connection: AbstractRobustConnection) -> BrokerInfo:
     if transport is None:
         raise BrokerUnavailableError("not connected")
     props = transport.connection.server_properties
-    version_text = _text(props.get("version", "0"))
-    return BrokerInfo(_text(props.get("product", "")), parse_version(version_text), version_text)
+    version_text = as_text(props.get("version", "0"))
+    return BrokerInfo(as_text(props.get("product", "")), parse_version(version_text), version_text)
 
 
 def server_address(connection: object) -> tuple[str, int] | None:

@@ -35,6 +35,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.wire.arguments import consume_arguments
+from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 
@@ -277,5 +278,4 @@ class WorkQueueConsumer:
         """Cancel and close the channel (unacked deliveries go back to the queue)."""
         await self.cancel()
         if self.channel is not None:
-            with contextlib.suppress(Exception):
-                await self.channel.close()
+            await close_channel(self.channel)

@@ -5,8 +5,8 @@ properties as they came. Re-encoding pamqp's decoded values can't: pamqp encodes
 value by its Python type, so a double goes out as a 32-bit float (``1.1`` comes back as
 ``1.100000023841858``), an integer in the narrowest width (``I`` 128 becomes ``s``), a
 timestamp sent in milliseconds comes back in seconds and one in microseconds (decoded as
-None, :mod:`amqpjobs.wire.codec`) as void, a string that is not UTF-8 as a byte array, a
-header name that is not UTF-8 with U+FFFD, and the table is sorted by name.
+None, :mod:`amqpjobs.wire.lenient_decoding`) as void, a string that is not UTF-8 as a byte
+array, a header name that is not UTF-8 with U+FFFD, and the table is sorted by name.
 
 So the bytes of every content header received are kept (one reference, no decoding:
 :func:`keep_received_properties`), and a copy is encoded from them
@@ -117,8 +117,8 @@ def split_properties(payload: bytes) -> dict[str, bytes]:
 def split_table(table: bytes) -> dict[str, tuple[bytes, bytes]]:
     """Each entry of an encoded field table: name (as decoded) -> (name bytes, type code + value bytes).
 
-    Names that are not UTF-8 read with U+FFFD, as :mod:`amqpjobs.wire.codec` decodes them;
-    of two names alike that way, the last wins (as in the decoded table).
+    Names that are not UTF-8 read with U+FFFD, as :mod:`amqpjobs.wire.lenient_decoding`
+    decodes them; of two names alike that way, the last wins (as in the decoded table).
 
     Raises:
         ValueError: an unknown type code, or a table shorter than its length says.

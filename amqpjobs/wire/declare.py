@@ -19,7 +19,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     UnaddressableNameError,
 )
-from amqpjobs.topology.models import BindingDecl, Declarations, ExchangeDecl, QueueDecl
+from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
@@ -168,8 +168,7 @@ async def unbind(
         raise BrokerError(
             f"the broker refused to remove a binding: {exc}; bindings removed before it stay removed"
         ) from exc
-    with contextlib.suppress(Exception):
-        await channel.close()
+    await close_channel(channel)
 
 
 async def _spread(
@@ -309,8 +308,7 @@ async def find_missing(
         raise BrokerError(f"looking for queues and exchanges failed: {exc.__cause__}") from exc.__cause__
     finally:
         if channel is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_channel(channel)
     return missing["queue"], missing["exchange"]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpjobs.topology.models import Declarations
+from amqpjobs.topology.declarations import Declarations
 from amqpjobs.wire.arguments import queue_arguments
 
 

@@ -8,7 +8,6 @@ settled. ``basic.get`` takes exactly one message, unacked, on a channel of its o
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, cast
 
@@ -17,6 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from pamqp.commands import Basic
 
 from amqpjobs.errors import NotFoundError
+from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
 from amqpjobs.wire.errors import error_kind
 
@@ -79,5 +79,4 @@ class QueueFetcher:
         """Close the channel (a message taken and not settled returns to the queue)."""
         channel, self._channel = self._channel, None
         if channel is not None:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_channel(channel)

@@ -37,6 +37,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
 from amqpjobs.errors import BrokerError, NotFoundError
+from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
@@ -248,5 +249,4 @@ class Lane:
         """Close the channel (anything taken and not settled returns to the queue)."""
         channel, self.channel = self.channel, None
         if channel is not None:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_channel(channel)

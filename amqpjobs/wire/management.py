@@ -16,7 +16,7 @@ import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.printable import shell_quote
-from amqpjobs.topology.plan import ObjectState
+from amqpjobs.topology.plan import ObjectState, binding_name
 from amqpjobs.wire.cluster import connected_node, process_order
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
@@ -153,16 +153,32 @@ class ManagementClient:
                 404,
             )
         if resp.status_code == 401:
-            raise ManagementApiError(
-                f"management API at {self.base_url} refused user "
-                f"{self.settings.username!r} (401): check the credentials in the URL",
-                401,
-            )
+            raise ManagementApiError(self._refused(resp), 401)
         if resp.status_code >= 400 and resp.status_code not in answers:
             raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code)
         if not resp.content:
             return None
         return resp.json()
+
+    def _refused(self, resp: httpx.Response) -> str:
+        """What a 401 means: wrong credentials, or a user without a management tag.
+
+        RabbitMQ answers both with 401; its body's ``reason`` tells them apart: ``Login failed``,
+        or ``Not management user`` for a user whose tags give no management API access
+        (RabbitMQ "Management Plugin" -> "Permissions": ``monitoring`` or ``management``, at least).
+        """
+        refused = f"management API at {self.base_url} refused user {self.settings.username!r} (401)"
+        try:
+            reason = str(resp.json().get("reason", ""))
+        except (ValueError, AttributeError):
+            reason = ""
+        user = self.settings.username
+        tag_fix = f"e.g. rabbitmqctl set_user_tags {shell_quote(user)} monitoring"
+        if "not management user" in reason.lower():
+            return f"{refused}: the user has no management tag; give it one ({tag_fix}), or use another user"
+        if "login failed" in reason.lower():
+            return f"{refused}: check the credentials in the URL"
+        return f"{refused}: check the credentials in the URL, and that the user has a management tag ({tag_fix})"
 
     def _unreachable(self, failures: list[tuple[str, str]]) -> str:
         """The message for management APIs that could not be reached: each one tried, and why."""
@@ -275,7 +291,7 @@ class ManagementClient:
         for b in self.bindings(vhost):
             if not b["source"]:
                 continue
-            state.append(ObjectState("binding", f"{b['source']} -> {b['destination']} [{b['routing_key']}]"))
+            state.append(ObjectState("binding", binding_name(b["source"], b["destination"], b["routing_key"])))
         return state
 
 

@@ -49,7 +49,7 @@ import aio_pika
 import pytest
 from pydantic import BaseModel
 
-from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs import copy_headers, envelope, evidence
 from amqpjobs.jobs.outcome import Ack, Quarantine, RetryLater
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.worker import Outcome
@@ -580,7 +580,7 @@ async def test_bad_message(broker: BrokerSettings, tmp_path: Path, caplog: pytes
         assert h[evidence.WORKER_PID] > 0
         if not exp.runs:
             assert h[evidence.TRACEBACK] == ""
-        assert [k for k in h if k.startswith(envelope.BROKER_HEADER_PREFIXES)] == []
+        assert [k for k in h if k.startswith(copy_headers.BROKER_HEADER_PREFIXES)] == []
         # the message itself is kept: body byte for byte, properties, the publisher's headers
         _assert_body_kept(msg.body, case)
         assert msg.content_type == props.get("content_type")

@@ -8,16 +8,22 @@ down, each request logged a traceback instead of answering 503 as the other page
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
 import time
 from pathlib import Path
 
+import aio_pika
 import httpx
 import pytest
 
+from amqpjobs.jobs.events import OutcomeEvent
+from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.console_env import client, free_port, serve_console
-from tests.integration.test_reconnect import connections
+from tests.integration.helpers import raw_channel
+from tests.integration.test_reconnect import connections, force_close
 from tests.integration.worker_env import make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -64,3 +70,67 @@ def test_events_with_the_broker_down_is_a_503_without_a_traceback(tmp_path: Path
     assert f"127.0.0.1:{port}" in answer.text
     assert "pw-sekret" not in answer.text
     assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+def test_events_with_the_broker_down_fail_fast(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """Each new ``/events`` waited out the whole connect timeout (30 s) before its 503.
+
+    The subscription tries for a short while (its 503 says so), and a failure just seen is
+    answered again for a few seconds without trying: the second request makes no attempt.
+    """
+    port = free_port()  # nothing listens there
+    down = broker_settings(f"amqp://ops:pw@127.0.0.1:{port}/", f"http://ops:pw@127.0.0.1:{port}")
+    assert down.connect_timeout == 30
+    with caplog.at_level(logging.WARNING, logger="amqpjobs.wire"), client(down, tmp_path) as c:
+        first = c.get("/events")
+        attempts = len(caplog.records)
+        second = c.get("/events")
+    assert (first.status_code, second.status_code) == (503, 503)
+    assert "unreachable after 2s" in first.text, first.text
+    assert "unreachable after 2s" in second.text, second.text
+    assert attempts >= 1
+    assert len(caplog.records) == attempts, caplog.text  # the second one tried nothing
+
+
+def _publish_events(broker: BrokerSettings, stop: threading.Event) -> None:
+    """Publish an outcome event every 0.3 s until ``stop``."""
+
+    async def run() -> None:
+        async with raw_channel(broker) as channel:
+            exchange = await channel.get_exchange(EVENTS_EXCHANGE)
+            n = 0
+            while not stop.is_set():
+                n += 1
+                event = OutcomeEvent("mail", f"e-{n}", 1, "succeeded", "", "", "work")
+                await exchange.publish(aio_pika.Message(event.encode()), routing_key="work.succeeded")
+                await asyncio.sleep(0.3)
+
+    asyncio.run(run())
+
+
+def test_events_go_on_after_the_broker_closed_the_subscription(broker: BrokerSettings, tmp_path: Path):
+    """The shared subscription's connection closed from the broker side: a connected client hears new events."""
+    asyncio.run(make_app(broker, tmp_path))  # the events exchange exists
+    with serve_console(broker, tmp_path) as base, httpx.Client(base_url=base, timeout=10) as http:
+        with http.stream("GET", "/events") as stream:
+            assert stream.status_code == 200
+            assert wait_count(broker, lambda n: n == 1) == 1
+            asyncio.run(force_close(broker, NAME))
+            assert wait_count(broker, lambda n: n == 0) == 0
+            stop = threading.Event()
+            publisher = threading.Thread(target=_publish_events, args=(broker, stop), daemon=True)
+            publisher.start()
+            try:
+                seen = ""
+                deadline = time.monotonic() + 30
+                for line in stream.iter_lines():
+                    if line.startswith("data:") or time.monotonic() > deadline:
+                        seen = line
+                        break
+            finally:
+                stop.set()
+                publisher.join(10)
+        log = (tmp_path / "console.log").read_text()
+    assert seen.startswith("data:"), f"no event after the connection was closed; console log:\n{log}"
+    assert json.loads(seen.removeprefix("data:")) == {"queue": "work", "outcome": "succeeded"}
+    assert "Traceback" not in log, log

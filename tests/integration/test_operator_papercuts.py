@@ -71,7 +71,7 @@ async def test_ctrl_c_during_replay_prints_the_summary_and_exits_130(broker: Bro
     in_work = await depth(broker, "work")
     assert moved + left == 20  # each acked move is out of quarantine; the rest are back in it
     assert moved <= in_work <= moved + 1  # at most the --rate 10 window (1) in both places
-    assert "up to 1 job(s) in flight at the interrupt (the --rate 10 window) may now be both in work.quarantine" in err
+    assert "up to 1 job(s) in flight at the interrupt (the --rate 10 window) may now be in both work.quarantine" in err
 
 
 async def test_dry_run_checks_the_targets_and_filters_that_match_nothing_show_what_is_there(

@@ -10,7 +10,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands, decode
 from pamqp.header import ContentHeader
 
-from amqpjobs.jobs import envelope
+from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.wire.copies import ReceivedCopy, keep_received_properties, split_table
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
@@ -43,7 +43,7 @@ def test_every_field_type_and_property_goes_out_as_received() -> None:
     delivery = received(SENT)
     assert delivery.headers["d-double"] == 1.1  # the decoded view
     assert delivery.headers["T-micros"] is None
-    headers = envelope.strip_broker_headers(delivery.headers)
+    headers = copy_headers.strip_broker_headers(delivery.headers)
     headers[envelope.ATTEMPT] = 2
     copy = delivery.copy(headers, "job-1")
     assert isinstance(copy, ReceivedCopy)
@@ -67,7 +67,7 @@ def test_headers_the_copy_changes_or_drops_are_encoded_anew() -> None:
         (b"note", b"S" + frames.long_bytes(b"old")),
     ])  # fmt: skip
     delivery = received(props)
-    headers = envelope.strip_broker_headers(delivery.headers)
+    headers = copy_headers.strip_broker_headers(delivery.headers)
     headers[envelope.ATTEMPT] = 3
     headers["note"] = "new"
     headers["blob"] = b"\xff"
@@ -107,7 +107,7 @@ def test_a_malformed_table_is_refused(table: bytes) -> None:
 def test_a_copy_takes_the_time_it_becomes_ready_as_its_timestamp() -> None:
     """``ready_at``: the copy's ``timestamp`` (retry, replay, hand-back); without it, as received (quarantine, park)."""
     delivery = received(SENT)
-    headers = envelope.copy_headers(delivery.headers, delivery.timestamp)
+    headers = copy_headers.copy_headers(delivery.headers, delivery.timestamp)
     out = sent(delivery.copy(headers, "job-1", ready_at=2_000_000_000))
     assert out["timestamp"] == struct.pack(">Q", 2_000_000_000)
     assert {k: v for k, v in out.items() if k not in {"headers", "timestamp"}} == {

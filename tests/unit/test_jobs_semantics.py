@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from amqpjobs.jobs import envelope
+from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.jobs.evidence import (
     DEFAULT_BUDGET,
     ERROR_MESSAGE,
@@ -150,9 +150,25 @@ def test_parse_attempt(raw: object, attempt: int) -> None:
     assert envelope.parse_attempt(raw) == attempt
 
 
+@pytest.mark.parametrize(
+    ("message_type", "headers", "name"),
+    [
+        ("send", {envelope.JOB: "other"}, "send"),  # the type property wins
+        (None, {envelope.JOB: "send"}, "send"),
+        ("", {envelope.JOB: b"send\xff"}, "send\ufffd"),  # bytes: UTF-8, bad bytes replaced
+        (None, {envelope.JOB: bytearray(b"send")}, "send"),
+        (None, {envelope.JOB: 7}, "7"),
+        (None, {envelope.JOB: ""}, ""),
+        (None, {}, ""),
+    ],
+)
+def test_job_name_of(message_type: str | None, headers: dict[str, object], name: str) -> None:
+    assert envelope.job_name_of(message_type, headers) == name
+
+
 def test_strip_broker_headers() -> None:
     headers = {"x-death": [], "x-first-death-queue": "q", "x-last-death-reason": "r", "keep": 1, "amqpjobs-attempt": 2}
-    assert envelope.strip_broker_headers(headers) == {"keep": 1, "amqpjobs-attempt": 2}
+    assert copy_headers.strip_broker_headers(headers) == {"keep": 1, "amqpjobs-attempt": 2}
 
 
 def test_job_message_rejects_reserved_headers_and_bad_priority() -> None:
@@ -232,8 +248,8 @@ def test_one_rule_for_no_tenant(value: object, tenant: str | None) -> None:
 def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
     death = {"x-death": [{"count": 1}], "x-first-death-reason": "rejected"}
     for none in ("", " ", b"\t", {"id": 7}, [1], True, 2.5):
-        assert envelope.copy_headers({envelope.TENANT: none, "k": 1, **death}, None) == {"k": 1}
-    kept = envelope.copy_headers({envelope.TENANT: b"acme", "k": 1}, None)
+        assert copy_headers.copy_headers({envelope.TENANT: none, "k": 1, **death}, None) == {"k": 1}
+    kept = copy_headers.copy_headers({envelope.TENANT: b"acme", "k": 1}, None)
     assert kept == {envelope.TENANT: b"acme", "k": 1}  # as received: same type, same bytes
 
 
@@ -249,8 +265,8 @@ def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
 )
 def test_every_copy_keeps_the_first_enqueue_time(received: dict[str, Any], timestamp: Any, expected: Any) -> None:
     """A copy's ``timestamp`` becomes its ready time: the first enqueue time must live in the header."""
-    assert envelope.copy_headers(received, timestamp).get(envelope.ENQUEUED_AT) == expected
-    kept = envelope.copy_headers(received, timestamp)
+    assert copy_headers.copy_headers(received, timestamp).get(envelope.ENQUEUED_AT) == expected
+    kept = copy_headers.copy_headers(received, timestamp)
     if expected is not None:
         assert envelope.enqueued_at_of(kept, 2_000_000_000) == envelope.enqueued_at_of(received, timestamp)
 

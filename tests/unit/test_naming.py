@@ -30,6 +30,10 @@ CASES = [
     ("amqpjobs.scheduler.shop.ticks.nightly", QueueName("ticks", app="shop", schedule="nightly")),
     ("amqpjobs.scheduler.shop.running.nightly", QueueName("running", app="shop", schedule="nightly")),
     ("amqpjobs.scheduler.x", QueueName("work", "amqpjobs.scheduler.x", "amqpjobs.scheduler.x")),
+    ("urgent.breaker.mail", QueueName("breaker", "urgent", job="mail")),
+    ("urgent.breaker.mail.quarantine", QueueName("breaker", "urgent", job="mail.quarantine")),  # a job's name
+    ("urgent.breaker-probe.mail", QueueName("breaker-probe", "urgent", job="mail")),
+    ("urgent.breaker.", QueueName("work", "urgent.breaker.", "urgent.breaker.")),
 ]
 
 

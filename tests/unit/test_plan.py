@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from amqpjobs.topology.plan import Action, Difference, ObjectState, make_plan
+from amqpjobs.topology.declarations import BindingDecl, Declarations
+from amqpjobs.topology.plan import Action, Difference, ObjectState, binding_name, make_plan
+from amqpjobs.wire.arguments import desired_state
 
 Q = ObjectState("queue", "work", "classic", arguments={"x-queue-type": "classic", "x-max-priority": 5})
 EX = ObjectState("exchange", "jobs", "direct")
@@ -83,3 +85,21 @@ def test_plan_keeps_declaration_order_counts_and_reports() -> None:
     assert report[1] == "CONFLICT  queue    work"
     assert report[2] == "            type: live 'quorum', desired 'classic'"
     assert report[-1] == "1 to create, 1 unchanged, 1 conflict(s)"
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "routing_key", "name"),
+    [
+        ("jobs", "work", "work", "jobs -> work [work]"),
+        ("jobs.q", "q.quarantine", "", "jobs.q -> q.quarantine []"),
+        ("ex", "other.ex", "a.*.b", "ex -> other.ex [a.*.b]"),
+    ],
+)
+def test_a_declared_binding_is_named_as_the_management_api_binding_is(
+    source: str, destination: str, routing_key: str, name: str
+) -> None:
+    """Desired (declarations) and live (management API) bindings meet by name: one format for both."""
+    assert binding_name(source, destination, routing_key) == name
+    binding = BindingDecl(source=source, destination=destination, routing_key=routing_key)
+    declared = Declarations(exchanges=(), queues=(), bindings=(binding,))
+    assert [o.key for o in desired_state(declared)] == [("binding", name)]

@@ -63,7 +63,7 @@ DESCRIBE = [
     ),
     pytest.param(
         {}, None, None,
-        QuarantinedJob("", "", "x-death:unknown", "", "", 0, None, None, "", 0, True, "x-death: unknown"),
+        QuarantinedJob("", "", "no-evidence", "", "", 0, None, None, "", 0, False, "no-evidence"),
         id="nothing-known",
     ),
 ]  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from amqpjobs.jobs import envelope, evidence
+from amqpjobs.jobs import copy_headers, envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
 from amqpjobs.jobs.outcome import Ack, Decision, Outcome, Quarantine, Register, RetryLater
@@ -77,8 +77,8 @@ def test_every_copy_keeps_the_trace_headers_as_received() -> None:
     )  # fmt: skip
     item = q.describe(quarantined, "j1", "flaky")
     replayed = q.replay_headers(quarantined, item, "replay-1", timestamp=None)
-    # envelope.copy_headers is where every copy starts (a new copy path, e.g. park, too)
-    for headers in (envelope.copy_headers(received, None), retry, suspect, handed_back, quarantined, replayed):
+    # copy_headers.copy_headers is where every copy starts (a new copy path, e.g. park, too)
+    for headers in (copy_headers.copy_headers(received, None), retry, suspect, handed_back, quarantined, replayed):
         assert {k: headers[k] for k in TRACE} == TRACE
         assert all(headers[k] is received[k] for k in TRACE)  # the same objects: sent out byte for byte
     assert quarantined[evidence.REASON] == "exhausted"

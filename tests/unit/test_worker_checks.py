@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs import App, ConfigurationError, RetryPolicy, Worker, WorkerOptions, broker_settings
+from amqpjobs import App, Breaker, ConfigurationError, RetryPolicy, Worker, WorkerOptions, broker_settings
 from amqpjobs.runtime.broker_rules import consumer_timeouts
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.versions import CONSUMER_TIMEOUT_MARGIN, consumer_timeout
@@ -68,6 +68,13 @@ def test_retries_without_tiers_are_refused(tmp_path: Path):
     app = make(tmp_path)
     app.job("x", queue="flat", retry=RetryPolicy(max_attempts=3))(lambda p, c: None)
     with pytest.raises(ConfigurationError, match="has no retry_tiers"):
+        worker(app)._check()
+
+
+def test_a_breaker_without_tiers_is_refused(tmp_path: Path):
+    app = make(tmp_path)
+    app.job("x", queue="flat", retry=RetryPolicy(max_attempts=1), breaker=Breaker(5))(lambda p, c: None)
+    with pytest.raises(ConfigurationError, match="has a breaker but job queue 'flat' has no retry_tiers"):
         worker(app)._check()
 
 

@@ -1,0 +1,215 @@
+"""A job's circuit breaker: its settings, which outcomes count, and its state machine (pure, no I/O).
+
+``@app.job(..., breaker=Breaker(failures=20, window="1m", cool_down="30s"))``: after
+``failures`` transient failures of the job within ``window``, workers start none of its
+deliveries for ``cool_down`` (open); then one delivery runs as the probe across the app
+(half-open): its success closes the breaker, its transient failure opens it again for
+another cool-down (README "Flow control" → "Circuit breaker"; the pattern: M. Nygard,
+*Release It!*, "Circuit Breaker").
+
+What counts (:func:`counts_as_failure`): a handler run that failed transiently, i.e. it
+raised (other than a permanent exception class or ``Reject``), raised ``Retry``, or hit its
+timeout, whether the job then goes to a delay tier or to quarantine as ``exhausted`` /
+``timeout``. Not counted: invalid or undecodable payloads, unknown jobs, stored payloads
+that can't be had, duplicates, waits (a claim, the ledger, an open breaker), hand-backs,
+crashes (a start without an outcome), permanent failures and rejections: they say
+nothing about the health of what the job depends on.
+
+The times here are wall-clock seconds (``time.time()``): every worker of the app counts
+the same failure notices, stamped by the worker that saw the failure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from amqpjobs.durations import parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
+from amqpjobs.topology.naming import breaker_probe_name, breaker_queue_name, queue_name_problem, unaddressable_problem
+
+State = Literal["closed", "open", "half-open"]
+#: The ``amqpjobs_breaker_state`` gauge's value of each state.
+STATE_VALUES: dict[State, int] = {"closed": 0, "open": 1, "half-open": 2}
+#: What a worker does with a delivery of a job with a breaker: start it, let it wait, or probe.
+Verdict = Literal["start", "wait", "probe"]
+
+
+@dataclass(frozen=True, init=False)
+class Breaker:
+    """A job's circuit breaker settings.
+
+    Args:
+        failures: Transient failures (:func:`counts_as_failure`) within ``window`` that open it (>= 1).
+        window: Seconds, or a duration string such as ``"1m"``, the failures are counted over.
+        cool_down: Seconds (or a duration string) it stays open before one probe may run.
+
+    Raises:
+        ConfigurationError: a value is not a positive whole number (``failures``) or a
+            duration (``window``, ``cool_down``); the message names the field and the fix.
+    """
+
+    failures: int
+    window: float
+    cool_down: float
+
+    def __init__(self, failures: int = 20, window: float | str = "1m", cool_down: float | str = "30s") -> None:
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+            raise ConfigurationError(
+                f"Breaker(failures={failures!r}): failures must be a whole number >= 1 (the transient failures "
+                "within window that open the breaker), e.g. Breaker(failures=20)"
+            )
+        object.__setattr__(self, "failures", failures)
+        for name, value in (("window", window), ("cool_down", cool_down)):
+            try:
+                seconds = parse_duration(value)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"Breaker({name}={value!r}): {exc}; give seconds or a duration string, e.g. {name}='30s'"
+                ) from None
+            object.__setattr__(self, name, seconds)
+
+
+def breaker_name_problem(job_queue: str, job: str, breaker: object) -> str | None:
+    """Why job ``job`` of ``job_queue`` can't have ``breaker``, or None when it can.
+
+    ``breaker`` must be a :class:`Breaker`, and the queues that carry its state
+    (:func:`~amqpjobs.topology.naming.breaker_queue_name`, ``breaker_probe_name``) must be
+    names the broker and the AMQP client take.
+    """
+    if not isinstance(breaker, Breaker):
+        return f"job {job!r}: breaker must be a Breaker, e.g. Breaker(failures=20, window='1m', cool_down='30s')"
+    for name in (breaker_queue_name(job_queue, job), breaker_probe_name(job_queue, job)):
+        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
+            return f"job {job!r}: its breaker's state queue can't be named: {problem}; shorten or rename the job"
+    return None
+
+
+def counts_as_failure(outcome: Outcome) -> bool:
+    """Whether ``outcome`` is a transient failure of its handler (see the module docstring)."""
+    if not outcome.ran:
+        return False
+    d = outcome.decision
+    if isinstance(d, RetryLater):
+        return not d.wait
+    return isinstance(d, Quarantine) and d.reason in ("exhausted", "timeout")
+
+
+@dataclass
+class Transition:
+    """A change of state, to log and to share: ``state`` from ``at`` (wall seconds) until ``until``."""
+
+    state: State
+    at: float
+    until: float = 0.0
+    failures: int = 0
+
+
+@dataclass
+class BreakerMachine:
+    """One job's breaker state in one worker (pure: every time is passed in, wall seconds).
+
+    ``closed``: failures are counted; ``failures`` of them within ``window`` open it.
+    ``open``: nothing starts until ``until``; then the first :meth:`verdict` half-opens it.
+    ``half-open``: one probe may run (which worker: decided by the caller, across the app);
+    :meth:`closed` and :meth:`reopened` end it. Failures seen while not closed are not
+    counted (runs started before it opened).
+    """
+
+    breaker: Breaker
+    state: State = "closed"
+    opened_at: float = 0.0
+    until: float = 0.0
+    seen: deque[float] = field(default_factory=deque)
+
+    def failure(self, at: float) -> Transition | None:
+        """Count a failure stamped ``at``; the opening when it is the one that opens the breaker."""
+        if self.state != "closed":
+            return None
+        self.seen.append(at)
+        latest = max(self.seen)
+        while self.seen and self.seen[0] <= latest - self.breaker.window:
+            self.seen.popleft()
+        if len(self.seen) < self.breaker.failures:
+            return None
+        count = len(self.seen)
+        return self.opened(latest, latest + self.breaker.cool_down, count)
+
+    def opened(self, at: float, until: float, failures: int = 0) -> Transition | None:
+        """Open it from ``at`` until ``until`` (counted here, told by another worker, or read at start).
+
+        None when it is already open at least that long (nothing changes).
+        """
+        if self.state == "open" and until <= self.until:
+            return None
+        self.state, self.opened_at, self.until = "open", at, until
+        self.seen.clear()
+        return Transition("open", at, until, failures)
+
+    def verdict(self, now: float) -> tuple[Verdict, Transition | None]:
+        """What to do with a delivery at ``now``, and the half-opening when this call makes it."""
+        if self.state == "closed":
+            return "start", None
+        if self.state == "open":
+            if now < self.until:
+                return "wait", None
+            self.state = "half-open"
+            return "probe", Transition("half-open", now)
+        return "probe", None
+
+    def closed(self, at: float) -> Transition | None:
+        """Close it (a probe succeeded here or elsewhere); None when it already was."""
+        if self.state == "closed":
+            return None
+        self.state, self.opened_at, self.until = "closed", 0.0, 0.0
+        self.seen.clear()
+        return Transition("closed", at)
+
+    def reopened(self, at: float) -> Transition | None:
+        """A probe failed at ``at``: open for another cool-down."""
+        return self.opened(at, at + self.breaker.cool_down)
+
+
+NoticeKind = Literal["failure", "open", "closed"]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What a worker tells every worker of the app about a job's breaker (JSON on the wire).
+
+    Attributes:
+        kind: ``failure`` (a counted failure), ``open`` (a probe failed: open until
+            ``until``) or ``closed`` (a probe succeeded).
+        job: The job's name.
+        at: Wall-clock seconds when it happened.
+        until: For ``open``: wall-clock seconds the cool-down ends.
+        origin: Who sent it (``host:pid:worker``).
+    """
+
+    kind: NoticeKind
+    job: str
+    at: float
+    until: float = 0.0
+    origin: str = ""
+
+    def encode(self) -> bytes:
+        """The notice as a JSON body."""
+        return json.dumps(
+            {"kind": self.kind, "job": self.job, "at": self.at, "until": self.until, "origin": self.origin}
+        ).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> Notice | None:
+        """Read a notice; None when ``body`` is not one (it is then ignored)."""
+        try:
+            data: Any = json.loads(body)
+            kind = data["kind"]
+            if kind not in ("failure", "open", "closed"):
+                return None
+            return cls(kind, str(data["job"]), float(data["at"]), float(data.get("until", 0.0)),
+                       str(data.get("origin", "")))  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            return None

@@ -1,0 +1,85 @@
+"""The broker objects a topology expands into: exchanges, queues and bindings to declare.
+
+Plain frozen pydantic models without I/O, built by
+:meth:`amqpjobs.topology.models.Topology.declarations` and declared by
+:mod:`amqpjobs.wire.declare` (or exported by :mod:`amqpjobs.wire.definitions`). Settings are in
+our own units (seconds); milliseconds appear only in :mod:`amqpjobs.wire.arguments`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+#: Exchange types we declare ourselves: the file's types and RabbitMQ 4.3's core ``x-modulus-hash``.
+DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash", "x-modulus-hash"]
+#: ``x-queue-type`` of a queue we declare.
+QueueType = Literal["classic", "quorum"]
+#: ``x-overflow`` of a queue we declare (RabbitMQ "Queue Length Limit" -> "Overflow Behaviour").
+Overflow = Literal["reject-publish", "drop-head"]
+QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExchangeDecl(_Frozen):
+    """A durable exchange to declare."""
+
+    name: str
+    type: DeclaredExchangeType
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+
+
+class QueueDecl(_Frozen):
+    """A durable queue to declare, with its settings in our own units (seconds).
+
+    Attributes:
+        name: Queue name.
+        role: ``work``, ``tier`` (a delay queue), ``quarantine``, ``suspects`` or ``parked``.
+        job_queue: Name of the job queue it belongs to.
+        queue_type: ``classic`` or ``quorum``.
+        max_priority: ``x-max-priority`` or None.
+        message_ttl: Queue-level TTL in seconds, or None.
+        dead_letter_exchange: ``x-dead-letter-exchange`` (``""`` is the default exchange).
+        dead_letter_routing_key: ``x-dead-letter-routing-key`` or None.
+        dead_letter_strategy: Quorum only, ``at-least-once`` or None.
+        delivery_limit: Quorum only, ``x-delivery-limit`` or None.
+        max_length: ``x-max-length`` or None.
+        overflow: ``x-overflow`` or None.
+
+    """
+
+    name: str
+    role: QueueRole
+    job_queue: str
+    queue_type: QueueType = "classic"
+    max_priority: int | None = None
+    message_ttl: float | None = None
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    dead_letter_strategy: Literal["at-least-once"] | None = None
+    delivery_limit: int | None = None
+    max_length: int | None = None
+    overflow: Overflow | None = None
+
+
+class BindingDecl(_Frozen):
+    """A binding to declare: ``source`` exchange → ``destination`` with ``routing_key``."""
+
+    source: str
+    destination: str
+    destination_type: Literal["queue", "exchange"] = "queue"
+    routing_key: str = ""
+
+
+class Declarations(_Frozen):
+    """Broker objects in dependency order: exchanges, then queues, then bindings."""
+
+    exchanges: tuple[ExchangeDecl, ...]
+    queues: tuple[QueueDecl, ...]
+    bindings: tuple[BindingDecl, ...]

@@ -1,0 +1,134 @@
+"""The circuit breaker's pure rules: settings, what counts, and the state machine (an injected clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, Breaker, ConfigurationError
+from amqpjobs.jobs.breaker import BreakerMachine, Notice, counts_as_failure
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater
+from amqpjobs.wire.breakers import OpenRecord
+
+
+def test_settings_take_seconds_and_duration_strings() -> None:
+    assert Breaker(failures=5, window="10s", cool_down=5) == Breaker(5, 10.0, "5s")
+    assert (Breaker().failures, Breaker().window, Breaker().cool_down) == (20, 60.0, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"failures": 0}, "Breaker(failures=0): failures must be a whole number >= 1"),
+        ({"failures": 2.5}, "Breaker(failures=2.5)"),
+        ({"failures": True}, "Breaker(failures=True)"),
+        ({"window": "ten seconds"}, "Breaker(window='ten seconds'): 'ten seconds' is not a duration"),
+        ({"cool_down": 0}, "Breaker(cool_down=0)"),
+        ({"cool_down": -1}, "e.g. cool_down='30s'"),
+    ],
+)
+def test_bad_settings_name_the_field_and_the_fix(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Breaker(**kwargs)
+    assert words in str(info.value)
+
+
+def test_a_job_with_a_breaker_needs_nameable_state_queues() -> None:
+    app = App("a")
+    with pytest.raises(ConfigurationError, match="breaker must be a Breaker"):
+        app.job("j", queue="work", breaker={"failures": 3})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"its breaker's state queue can't be named.*characters"):
+        app.job("send mail!", queue="work", breaker=Breaker())
+    app.job("j", queue="work", breaker=Breaker(3))(lambda p, c: None)
+    assert app.resolve("j").breaker == Breaker(3)
+
+
+def outcome(decision: Any, ran: bool = True) -> Outcome:
+    return Outcome(decision, "j", "id", 1, 0.0, True, ran=ran)
+
+
+@pytest.mark.parametrize(
+    ("case", "counts"),
+    [
+        (outcome(RetryLater(2, 0, 1.0)), True),  # a handler error or Retry, attempts left
+        (outcome(Quarantine("exhausted")), True),  # the last attempt failed
+        (outcome(Quarantine("timeout")), True),
+        (outcome(RetryLater(1, 0, 1.0, wait=True)), False),  # a wait: claim, ledger, open breaker
+        (outcome(Quarantine("permanent")), False),
+        (outcome(Quarantine("rejected")), False),
+        (outcome(Quarantine("invalid-payload"), ran=False), False),
+        (outcome(Quarantine("unknown-job"), ran=False), False),
+        (outcome(Quarantine("crashed")), False),
+        (outcome(RetryLater(2, 0, 1.0), ran=False), False),  # the payload store failed: the handler never ran
+        (outcome(Duplicate()), False),
+        (outcome(HandBack(), ran=False), False),
+        (outcome(Register(2), ran=False), False),
+        (outcome(Ack()), False),
+    ],
+)
+def test_what_counts_as_a_failure(case: Outcome, counts: bool) -> None:
+    assert counts_as_failure(case) is counts
+
+
+# (event, time, expected result, expected state after); events: fail, verdict, close, reopen
+TABLE = [
+    ("fail", 0.0, None, "closed"),
+    ("fail", 4.0, None, "closed"),
+    ("verdict", 5.0, "start", "closed"),
+    ("fail", 10.5, None, "closed"),  # the one at 0.0 left the 10 s window: 2 in it
+    ("fail", 11.0, "open", "open"),  # 3 within (1.0, 11.0]: opens at 11.0 until 16.0
+    ("fail", 11.5, None, "open"),  # not counted while open
+    ("verdict", 15.999, "wait", "open"),
+    ("verdict", 16.0, "probe", "half-open"),  # the cool-down is over
+    ("verdict", 16.1, "probe", "half-open"),  # which worker probes: the caller's lock decides
+    ("reopen", 16.2, "open", "open"),  # the probe failed: until 21.2
+    ("verdict", 21.1, "wait", "open"),
+    ("verdict", 21.2, "probe", "half-open"),
+    ("close", 21.3, "closed", "closed"),
+    ("fail", 21.4, None, "closed"),  # counting starts afresh
+    ("fail", 21.5, None, "closed"),
+    ("verdict", 21.6, "start", "closed"),
+]
+
+
+def test_state_machine_table() -> None:
+    machine = BreakerMachine(Breaker(failures=3, window=10, cool_down=5))
+    for event, at, result, state in TABLE:
+        got: str | None
+        if event == "fail":
+            change = machine.failure(at)
+            got = None if change is None else change.state
+        elif event == "verdict":
+            got, _ = machine.verdict(at)
+        elif event == "close":
+            change = machine.closed(at)
+            got = None if change is None else change.state
+        else:
+            change = machine.reopened(at)
+            got = None if change is None else change.state
+        assert (got, machine.state) == (result, state), (event, at)
+    assert machine.closed(30.0) is None  # already closed
+
+
+def test_opening_stamps_and_notices_from_other_workers() -> None:
+    machine = BreakerMachine(Breaker(failures=2, window=10, cool_down=5))
+    machine.failure(3.0)
+    change = machine.failure(1.0)  # notices may arrive out of order: the latest stamp opens it
+    assert change is not None
+    assert (change.at, change.until, change.failures) == (3.0, 8.0, 2)
+    assert machine.opened(2.0, 7.0) is None  # told of an opening that ends sooner: nothing changes
+    longer = machine.opened(4.0, 9.0)
+    assert longer is not None
+    assert (machine.opened_at, machine.until) == (4.0, 9.0)
+    assert machine.verdict(8.9) == ("wait", None)
+
+
+def test_notice_and_record_round_trip() -> None:
+    notice = Notice("open", "j", 12.5, 17.5, "host:1:ab")
+    assert Notice.decode(notice.encode()) == notice
+    assert Notice.decode(b"not json") is None
+    assert Notice.decode(b'{"kind": "other", "job": "j", "at": 1}') is None
+    record = OpenRecord(1764565500.123, 1764565505.123, 5)
+    assert OpenRecord.from_arguments(record.arguments()) == record
+    assert OpenRecord.from_arguments({"x-queue-type": "classic"}) is None

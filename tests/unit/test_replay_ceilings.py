@@ -1,0 +1,39 @@
+"""The CLI's replay refuses what the console refuses: the ceilings have one home (jobs/replay_plan.py)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from amqpjobs.cli import main
+from amqpjobs.console import forms
+from amqpjobs.jobs import replay_plan
+
+pytestmark = pytest.mark.version_independent
+
+ENV = {"AMQPJOBS_URL": "amqp://x:1/"}
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "bound"),
+    [
+        (["--rate", "10001"], "--rate", "10000"),
+        (["--rate", "1e308"], "--rate", "10000"),
+        (["--canary", "10001"], "--canary", "10000"),
+        (["--canary", "2", "--canary-timeout", "61m"], "--canary-timeout", "1h"),
+    ],
+)
+def test_replay_refuses_above_the_consoles_ceiling(args: list[str], option: str, bound: str) -> None:
+    result = CliRunner().invoke(main, ["replay", "work", *args], env=ENV)
+    assert result.exit_code == 2, result.output
+    assert option in result.output
+    assert bound in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_ceilings_have_one_home() -> None:
+    console = vars(forms)  # the console uses the very objects, not copies of the values
+    for name in ("MAX_REPLAY_RATE", "MAX_CANARY", "MAX_CANARY_TIMEOUT"):
+        assert console[name] is getattr(replay_plan, name), name
+    ceilings = (replay_plan.MAX_REPLAY_RATE, replay_plan.MAX_CANARY, replay_plan.MAX_CANARY_TIMEOUT)
+    assert ceilings == (10_000.0, 10_000, 3600.0)
