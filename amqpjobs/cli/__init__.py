@@ -13,7 +13,7 @@ One module per command group; importing them registers their commands on :data:`
 
 from __future__ import annotations
 
-from amqpjobs.cli import console, job, parking, quarantine, schedule, status, topology, worker  # noqa: F401  (registers the commands)
+from amqpjobs.cli import console, flow, job, parking, quarantine, schedule, status, topology, worker  # noqa: F401  (registers the commands)
 from amqpjobs.cli._common import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_BROKER, EXIT_BUSY, EXIT_FOUND, EXIT_INTERRUPTED
 from amqpjobs.cli._root import main
 

@@ -42,6 +42,7 @@ from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
@@ -80,6 +81,7 @@ class DeliveryPath(HandlerRuns):
     _suspects_signal: asyncio.Event
     _heartbeat_timeout: float
     _version: tuple[int, ...]
+    _pauses: OperatorPauses
     _breakers: Breakers | None
 
     _layouts: dict[str, JobQueueLayout]
@@ -283,6 +285,8 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
+        if self._pauses.holds_back(layout.name):  # paused by an operator (a redelivered one was registered above)
+            return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and await self._breakers.gate(job, job_id) == "wait":
             return self._outcome(layout, delivery, wait_later(attempt, layout.tiers), attempt, job_id, job.name,
                                  failure=("BreakerOpen", f"job {job.name}'s circuit breaker is open", ""))  # fmt: skip

@@ -27,6 +27,9 @@ name                                          type       meaning
                                                          take (down, slow, or the write queue full)
 ``amqpjobs_breaker_state{job}``               gauge      a job's circuit breaker: 0 closed, 1 open,
                                                          2 half-open (jobs with a breaker only)
+``amqpjobs_paused{queue,reason}``             gauge      1 while an operator pauses the job queue
+                                                         (``amqpjobs pause``, its ``--reason``), else 0
+``amqpjobs_paused_since_seconds{queue}``      gauge      when it was paused (Unix time; 0 when not)
 ============================================  =========  ==========================================
 
 The endpoint (:class:`MetricsServer`) serves ``/metrics``, ``/healthz`` (liveness: the
@@ -106,6 +109,15 @@ class WorkerMetrics:
         self.rate_tokens = Counter(
             "amqpjobs_rate_limit_tokens", "Rate-limit tokens minted.", ["job"], registry=self.registry
         )
+        self.paused = Gauge(
+            "amqpjobs_paused", "1 while an operator pauses the job queue.", ["queue", "reason"],
+            registry=self.registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.paused_since = Gauge(
+            "amqpjobs_paused_since_seconds", "When the job queue was paused (Unix time; 0 when not).", ["queue"],
+            registry=self.registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self._pause_reasons: dict[str, str] = {}
         self._in_flight: dict[str, Any] = {}
         self._per_job: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._counted: dict[tuple[str, str, str], Any] = {}
@@ -117,6 +129,16 @@ class WorkerMetrics:
     def results_write_failed(self, count: int) -> None:
         """Count ``count`` records the results store did not take."""
         self.results_write_failures.inc(count)
+
+    def paused_as(self, queue: str, reason: str | None, since: float = 0.0) -> None:
+        """Job queue ``queue`` is paused for ``reason`` since ``since`` (Unix time), or not (``reason`` None)."""
+        old = self._pause_reasons.get(queue)
+        if old is not None and old != (reason or ""):
+            self.paused.labels(queue, old).set(0)  # multiprocess mode keeps a removed series' last value
+            self.paused.remove(queue, old)
+        self._pause_reasons[queue] = reason or ""
+        self.paused.labels(queue, reason or "").set(0 if reason is None else 1)
+        self.paused_since.labels(queue).set(since if reason is not None else 0)
 
     def in_flight_of(self, queue: str) -> Any:
         """The ``amqpjobs_in_flight`` gauge of job queue ``queue`` (looked up once per queue)."""

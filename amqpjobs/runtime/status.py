@@ -37,6 +37,7 @@ from amqpjobs.topology.naming import (
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
 from amqpjobs.wire.breakers import records_in
 from amqpjobs.wire.declare import probe_queues
+from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -97,8 +98,10 @@ class JobQueueStatus:
         problems: Why it is unhealthy (empty when healthy).
         parked: Its parked queue (``amqpjobs quarantine park``), None when not looked at.
         notes: What an operator should know that is not unhealthy (parked jobs, a parked
-            queue not declared yet, an open circuit breaker).
+            queue not declared yet, an open circuit breaker, an operator's pause).
         breakers: The jobs whose circuit breaker is open or half-open (:func:`breaker_states`).
+        paused: ``{"reason": ..., "since": ISO 8601 UTC}`` while an operator pauses it
+            (``amqpjobs pause``), else None.
     """
 
     name: str
@@ -111,6 +114,7 @@ class JobQueueStatus:
     notes: list[str] = field(default_factory=list)
     breakers: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[QueueStatus] = field(default_factory=list)
+    paused: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -332,12 +336,16 @@ async def collect(
                 f"{parked.ready} job(s) parked in {parked.name}, not unhealthy "
                 f"(amqpjobs quarantine list {shell_quote(parked.name)})"
             )
+        if flag := flags_in(live, [name]).get(name):  # no consumer then is what the operator asked for
+            status.paused = flag.to_json()
+            status.notes.append(f"paused since {status.paused['since']} (reason: {flag.reason or 'none given'}); "
+                                f"no worker starts its jobs until: amqpjobs resume {shell_quote(name)}")  # fmt: skip
         sharded = len(status.work) > 1
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
             gets = _gets(live.get(w.name, {}))
-            if w.exists and w.consumers == 0 and not (sharded and gets > 0):
+            if w.exists and w.consumers == 0 and not (sharded and gets > 0) and status.paused is None:
                 status.problems.append(
                     f"no worker takes from {w.name} (no consumer, no basic.get in the last seconds)"
                     if sharded

@@ -16,6 +16,7 @@ import time
 from amqpjobs.jobs import crash
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.runtime.deliveries import DeliveryPath
+from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.sources import Source
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.fetch import QueueFetcher
@@ -39,6 +40,7 @@ class SuspectTurns(DeliveryPath):
     _suspects_running: int
     _held_changed: asyncio.Event
     _layouts: dict[str, JobQueueLayout]
+    _pauses: OperatorPauses
 
     def _holds_any(self, source: Source) -> bool:
         """Whether a delivery of one of the work queues ``source`` takes from is held."""
@@ -53,7 +55,7 @@ class SuspectTurns(DeliveryPath):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._suspects_signal.wait(), wait)
             self._suspects_signal.clear()
-            if self._stop.is_set() or self._gate.suspect_pending:
+            if self._stop.is_set() or self._gate.suspect_pending or self._pauses.pauses(layout.name):
                 continue
             try:
                 depth = await fetcher.depth()
@@ -92,7 +94,7 @@ class SuspectTurns(DeliveryPath):
             # the acks of everything settled so far reach the broker before a suspect can crash
             await asyncio.gather(*(c.settle() for c in self._consumers))
             deadline = time.monotonic() + SUSPECTS_TURN
-            while not self._stop.is_set() and time.monotonic() < deadline:
+            while not self._stop.is_set() and not self._pauses.pauses(layout.name) and time.monotonic() < deadline:
                 delivery = await fetcher.get()  # its get-ok also settles the previous suspect's ack
                 if delivery is None:
                     break
@@ -106,4 +108,5 @@ class SuspectTurns(DeliveryPath):
         finally:
             self._gate.release_alone()
             if not self._stop.is_set():
-                await asyncio.gather(*(c.resume() for c in self._consumers if not self._holds_any(c)))
+                await asyncio.gather(*(c.resume() for c in self._consumers
+                                       if not self._holds_any(c) and not self._pauses.pauses(c.queue)))  # fmt: skip

@@ -40,6 +40,7 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.results import ResultsWriter
@@ -125,6 +126,7 @@ class Worker(SuspectTurns):
         self._breakers: Breakers | None = None  # jobs with a circuit breaker (README "Flow control")
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
         self._rates: RateLimits | None = None  # rate-limited jobs' waiting rooms and tokens (README "Flow control")
+        self._pauses = OperatorPauses(settings, self._pause_queue, self._resume_unheld, metrics)  # amqpjobs pause
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -193,6 +195,7 @@ class Worker(SuspectTurns):
         if store is not None:  # any worker sweeps: deletion needs no one process
             sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
             self._background.append(asyncio.create_task(sweep))
+        await self._pauses.start(self._connection, self._layouts.values())  # before any delivery can start
         self._rates = await start_rate_limits(
             self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
             self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency,
@@ -210,6 +213,7 @@ class Worker(SuspectTurns):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
+        await self._pauses.apply()
         await warn_dropped_shards(self.settings, self._layouts.values(), log)  # README "Sharding"
         self.ready.set()
 
@@ -381,6 +385,7 @@ class Worker(SuspectTurns):
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
         await self._holding.close()
+        await self._pauses.close()
         if self._breakers is not None:
             await self._breakers.close()
         if self._results is not None:
@@ -420,6 +425,11 @@ class Worker(SuspectTurns):
         await asyncio.gather(*(c.pause() for c in self._sources_of(work_queue)))
 
     async def _resume_queue(self, work_queue: str) -> None:
-        if self._stop.is_set() or self._gate.suspect_pending:  # a suspects turn resumes it when it ends
-            return
+        if self._stop.is_set() or self._gate.suspect_pending or self._pauses.pauses(work_queue):  # a suspects
+            return  # turn resumes it when it ends; an operator's pause lasts until its resume
         await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
+
+    async def _resume_unheld(self, job_queue: str) -> None:
+        """An operator's resume: not while a delivery of it is held (the hold's end resumes it)."""
+        if not any(self._holds_any(c) for c in self._sources_of(job_queue)):
+            await self._resume_queue(job_queue)

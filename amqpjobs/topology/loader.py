@@ -32,6 +32,7 @@ from amqpjobs.topology.naming import (
     MAX_CLIENT_NAME,
     NameKind,
     parse_queue_name,
+    paused_flag_name,
     unaddressable_problem,
 )
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
@@ -270,6 +271,8 @@ def _cross_checks(
                 )
             for q in decls.queues:
                 claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
+            # its pause flag, declared by `amqpjobs pause` only, must not be another job queue's queue
+            claim(queue_names, paused_flag_name(jq.name), file, f"{base}.name", f"pause flag of job queue {jq.name!r}")
             for ex_decl in decls.exchanges:
                 if ex_decl.name == EVENTS_EXCHANGE and events_claimed:
                     continue  # one events exchange for all job queues

@@ -11,7 +11,9 @@ quarantine exchange      ``N.quarantine`` (fanout)                   ``urgent.qu
 quarantine queue         ``N.quarantine``                            ``urgent.quarantine``
 suspects queue           ``N.suspects``                              ``urgent.suspects``
 parked queue             ``N.parked``                                ``urgent.parked``
+pause flag               ``N.paused`` (only while paused)            ``urgent.paused``
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
+control exchange         ``amqpjobs.control`` (direct, one a vhost)  routing key ``urgent`` (pause signals)
 breaker state (open)     ``N.breaker.<job>`` (durable, no messages)  ``urgent.breaker.mail``
 breaker probe lock       ``N.breaker-probe.<job>`` (exclusive)       ``urgent.breaker-probe.mail``
 waiting room of job J    ``N.rate-waiting.J`` (rate-limited jobs)    ``urgent.rate-waiting.sms``
@@ -45,6 +47,10 @@ from amqpjobs.printable import printable
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
 PARKED_SUFFIX = ".parked"
+#: Suffix of a job queue's pause flag, a durable queue that exists while an operator pauses it (``amqpjobs pause``).
+PAUSED_SUFFIX = ".paused"
+#: The direct exchange ``amqpjobs pause/resume`` tell workers through (routing key: the job queue).
+CONTROL_EXCHANGE = "amqpjobs.control"
 #: Suffix of the x-modulus-hash exchange of a sharded job queue with ``shard_routing = "modulus-hash"``.
 SHARDS_SUFFIX = ".shards"
 #: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
@@ -70,7 +76,7 @@ RATE_INFIXES = (WAITING_INFIX, TOKENS_INFIX, EMITTER_INFIX)
 JOB_MARKERS = (BREAKER_INFIX, BREAKER_PROBE_INFIX, *RATE_INFIXES)
 
 QueueKind = Literal[
-    "work", "shard", "tier", "quarantine", "suspects", "parked", "leader", "ticks", "running",
+    "work", "shard", "tier", "quarantine", "suspects", "parked", "paused", "leader", "ticks", "running",
     "breaker", "breaker-probe", "waiting", "tokens", "emitter",
 ]  # fmt: skip
 
@@ -161,6 +167,11 @@ def parked_queue_name(job_queue: str) -> str:
     return f"{job_queue}{PARKED_SUFFIX}"
 
 
+def paused_flag_name(job_queue: str) -> str:
+    """Name of the queue whose existence says an operator paused ``job_queue`` (:mod:`amqpjobs.wire.flags`)."""
+    return f"{job_queue}{PAUSED_SUFFIX}"
+
+
 def breaker_queue_name(job_queue: str, job: str) -> str:
     """Name of the durable queue whose arguments record that ``job``'s breaker is open (it holds no messages)."""
     return f"{job_queue}{BREAKER_INFIX}{job}"
@@ -215,9 +226,9 @@ class QueueName:
 
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
-            ``quarantine``, ``suspects``, ``parked``, a scheduler queue: ``leader``, ``ticks``, ``running``,
-            a job's breaker queues: ``breaker``, ``breaker-probe``, or a rate-limited job's ``waiting``,
-            ``tokens``, ``emitter``.
+            ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), a scheduler queue:
+            ``leader``, ``ticks``, ``running``, a job's breaker queues: ``breaker``, ``breaker-probe``, or
+            a rate-limited job's ``waiting``, ``tokens``, ``emitter``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
@@ -291,6 +302,8 @@ def parse_queue_name(name: str) -> QueueName:
         return QueueName("suspects", name.removesuffix(SUSPECTS_SUFFIX))
     if name.endswith(PARKED_SUFFIX) and len(name) > len(PARKED_SUFFIX):
         return QueueName("parked", name.removesuffix(PARKED_SUFFIX))
+    if name.endswith(PAUSED_SUFFIX) and len(name) > len(PAUSED_SUFFIX):
+        return QueueName("paused", name.removesuffix(PAUSED_SUFFIX))
     work_queue, infix, tier = name.rpartition(RETRY_INFIX)
     if infix and work_queue and _is_tier_name(tier):
         work = _work(work_queue)

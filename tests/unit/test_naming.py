@@ -23,6 +23,8 @@ CASES = [
     ("urgent.parked", QueueName("parked", "urgent")),
     ("a.parked.retry.5s", QueueName("tier", "a.parked", "a.parked", tier="5s")),
     (".parked", QueueName("work", ".parked", ".parked")),
+    ("urgent.paused", QueueName("paused", "urgent")),
+    (".paused", QueueName("work", ".paused", ".paused")),
     (".quarantine", QueueName("work", ".quarantine", ".quarantine")),
     ("amqpjobs.scheduler.shop.leader", QueueName("leader", app="shop")),
     ("amqpjobs.scheduler.shop.ticks.nightly", QueueName("ticks", app="shop", schedule="nightly")),
@@ -50,6 +52,7 @@ def test_round_trip_of_the_writers(shard: int | None) -> None:
     assert parse_queue_name(naming.quarantine_queue_name("jobs")) == QueueName("quarantine", "jobs")
     assert parse_queue_name(naming.suspects_queue_name("jobs")) == QueueName("suspects", "jobs")
     assert parse_queue_name(naming.parked_queue_name("jobs")) == QueueName("parked", "jobs")
+    assert parse_queue_name(naming.paused_flag_name("jobs")) == QueueName("paused", "jobs")
     assert parse_queue_name(cron.leader_queue("app")).kind == "leader"
     assert parse_queue_name(cron.tick_queue("app", "s")) == QueueName("ticks", app="app", schedule="s")
     assert parse_queue_name(cron.running_queue("app", "s")) == QueueName("running", app="app", schedule="s")

@@ -1,0 +1,49 @@
+"""``amqpjobs pause`` / ``amqpjobs resume``: stop and start a job queue's jobs on every worker.
+
+README "Flow control" → "Pause and resume"; the mechanism is :mod:`amqpjobs.runtime.pausing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from amqpjobs.cli._common import errors_to_exit_codes, queue_name_arg, settings, url_options
+from amqpjobs.cli._root import main
+from amqpjobs.printable import printable, shell_quote
+from amqpjobs.runtime.pausing import pause, resume
+
+
+@main.command("pause")
+@click.argument("job_queue", callback=queue_name_arg)
+@click.option("--reason", default="", help="Why (shown by status, metrics and the workers' logs).")
+@url_options
+@errors_to_exit_codes
+def pause_command(job_queue: str, reason: str, url: str | None, management_url: str | None) -> None:
+    """Pause JOB_QUEUE (all its shards): no worker starts its jobs until `amqpjobs resume`.
+
+    Workers stop starting its jobs within 1 s; deliveries they hold unstarted go back to
+    the queue, uncharged; jobs running finish. The pause is kept on the broker (a worker
+    started or reconnected meanwhile starts nothing of it). Pausing again replaces the
+    reason and the since. Exit 2 when there is no such job queue (the message lists them).
+    """
+    flag = asyncio.run(pause(settings(url, management_url), job_queue, reason))
+    why = f" (reason: {printable(flag.reason)})" if flag.reason else ""
+    click.echo(f"paused job queue {printable(job_queue)} since {flag.to_json()['since']}{why}: no worker starts "
+               f"its jobs now; resume with: amqpjobs resume {shell_quote(job_queue)}")  # fmt: skip
+
+
+@main.command("resume")
+@click.argument("job_queue", callback=queue_name_arg)
+@url_options
+@errors_to_exit_codes
+def resume_command(job_queue: str, url: str | None, management_url: str | None) -> None:
+    """Resume JOB_QUEUE after `amqpjobs pause`: workers start its jobs again at once.
+
+    Exit 0 also when it was not paused (it says so); exit 2 when there is no such job queue.
+    """
+    if asyncio.run(resume(settings(url, management_url), job_queue)):
+        click.echo(f"resumed job queue {printable(job_queue)}: workers start its jobs again")
+    else:
+        click.echo(f"job queue {printable(job_queue)} was not paused: nothing to do")

@@ -1,0 +1,232 @@
+"""Operator pauses in a worker: which job queues it must not start now (README "Flow control" → "Pause and resume").
+
+``amqpjobs pause N`` leaves a durable flag on the broker and signals every worker
+(:mod:`amqpjobs.wire.flags`). A worker's :class:`OperatorPauses`:
+
+* keeps the paused job queues in a set: the delivery path asks :meth:`OperatorPauses.holds_back`
+  (a set lookup, no broker round trip) before it starts a job, and a delivery of a paused
+  queue is handed back unstarted (``HandBack``: a copy to its work queue, then an ack; no
+  redelivered flag, so it never counts toward the crash bound, on every RabbitMQ version).
+  The check comes after crash screening: a delivery the broker redelivered is registered
+  in the suspects queue as ever (its earlier start did count), and no suspects turn runs
+  while its queue is paused;
+* stops the sources of a paused job queue (no new deliveries; jobs running finish and are
+  acked as usual) and starts them again on resume, unless something else keeps them stopped:
+  a hold (:mod:`.holding`), a suspects turn, or the worker stopping. Conversely the worker
+  never resumes a source of an operator-paused queue when a hold or a suspects turn ends;
+* listens before it reads: signals first, then the flags; again after every reconnect, and
+  every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the signal channel is down
+  (a lost connection) nothing is known: every source is stopped and every delivery held
+  back until the flags are read again, so consumers restored by the reconnect start nothing
+  of a queue paused meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import printable
+from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.flags import RECHECK, PauseFlag, PauseSignals, clear_flags, look_for_flags, set_flags
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds before a read that finds a flag gone is read again and believed (``pause`` replaces a flag by a
+#: delete and a declare; the resume's own signal needs no such wait).
+CONFIRM_GONE = 1.0
+
+#: Stops or starts taking deliveries of one job queue (all its shards).
+Switch = Callable[[str], Awaitable[None]]
+
+
+class OperatorPauses:
+    """The operator pauses a worker obeys.
+
+    Args:
+        settings: Broker settings (the management API reads reasons).
+        pause: Stops the sources of a job queue.
+        resume: Starts them again when nothing else keeps them stopped (the worker decides).
+        metrics: Where ``amqpjobs_paused`` and ``amqpjobs_paused_since_seconds`` go.
+    """
+
+    def __init__(self, settings: BrokerSettings, pause: Switch, resume: Switch,
+                 metrics: WorkerMetrics | None = None) -> None:  # fmt: skip
+        self._settings = settings
+        self._pause = pause
+        self._resume = resume
+        self._metrics = metrics
+        self.flags: dict[str, PauseFlag] = {}  # job queue -> its pause
+        self._work: dict[str, str] = {}  # work queue (and job queue) -> job queue
+        self._unknown = False  # the signal channel is down: not known whether a pause came
+        self._signals: PauseSignals | None = None
+        self._connection: Connection | None = None
+        self._heard = 0  # signals heard: a read started before the last one is stale
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._switching = asyncio.Lock()  # one switch at a time, in order
+
+    def holds_back(self, job_queue: str) -> bool:
+        """Whether a delivery of ``job_queue`` must be handed back, not started (a set lookup)."""
+        return self._unknown or job_queue in self.flags
+
+    def pauses(self, queue: str) -> bool:
+        """Whether an operator paused the job queue of work queue (or job queue) ``queue``, or it is not known."""
+        return self._unknown or self._work.get(queue, queue) in self.flags
+
+    async def start(self, connection: Connection, layouts: Iterable[JobQueueLayout]) -> None:
+        """Listen for signals, then read the flags (before the worker consumes).
+
+        Raises:
+            BrokerError: the broker refused the signal queue, or the flags could not be read.
+        """
+        layouts = list(layouts)
+        self._work = {w: lay.name for lay in layouts for w in (lay.name, *lay.work_queues)}
+        self._connection = connection
+        self._signals = PauseSignals(connection, [lay.name for lay in layouts], self._heard_signal,
+                                     self._lost, self._back)  # fmt: skip
+        await self._signals.start()
+        await self._read()
+        self._spawn(self._recheck_every())
+
+    async def apply(self) -> None:
+        """Stop the sources of every paused job queue (once the worker's sources exist)."""
+        for queue in sorted(self.flags):
+            await self._switch(queue, True)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _heard_signal(self, job_queue: str, flag: PauseFlag | None) -> None:
+        if job_queue not in set(self._work.values()):
+            return
+        self._heard += 1
+        self._set(job_queue, flag)
+
+    def _lost(self) -> None:
+        if not self._unknown:
+            log.warning("the channel for pause signals closed: no job starts here until the pause flags are read again")
+        self._unknown = True
+        for queue in sorted(set(self._work.values())):  # the sources too: no hand-back loop after a reconnect
+            self._spawn(self._switch(queue, True))
+
+    def _back(self) -> None:
+        self._spawn(self._read_logged())
+
+    async def _read_logged(self) -> None:
+        try:
+            await self._read()
+        except Exception as exc:  # the next recheck tries again; meanwhile deliveries are handed back
+            log.warning("reading the pause flags failed (%s); trying again in %gs", exc, RECHECK)
+
+    async def _read(self) -> None:
+        assert self._connection is not None
+        heard = self._heard
+        queues = sorted(set(self._work.values()))
+        found = await look_for_flags(self._settings, self._connection, queues)
+        if set(self.flags) - set(found):  # a flag gone: a resume, or a second pause replacing it this very moment
+            await asyncio.sleep(CONFIRM_GONE)
+            found = await look_for_flags(self._settings, self._connection, queues)
+        if self._heard != heard:  # a signal came meanwhile: it is newer than this read
+            found = {q: f for q, f in self.flags.items()}
+        for queue in sorted(set(self._work.values())):
+            self._set(queue, found.get(queue))
+        if self._unknown:
+            log.info("pause flags read again; paused here: %s", ", ".join(sorted(self.flags)) or "none")
+            self._unknown = False
+            for queue in sorted(set(self._work.values()) - set(self.flags)):  # stopped by _lost
+                self._spawn(self._switch(queue, False))
+
+    async def _recheck_every(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK)
+            await self._read_logged()
+
+    def _set(self, job_queue: str, flag: PauseFlag | None) -> None:
+        was = self.flags.get(job_queue)
+        if flag is not None:
+            self.flags[job_queue] = flag
+        else:
+            self.flags.pop(job_queue, None)
+        if self._metrics is not None:
+            self._metrics.paused_as(job_queue, *((None,) if flag is None else (flag.reason, flag.since.timestamp())))
+        if (was is None) == (flag is None):
+            return
+        if flag is not None:
+            log.warning("job queue %s paused by an operator (reason: %s; since %s): no new job starts here",
+                        job_queue, flag.reason or "none given", flag.to_json()["since"])  # fmt: skip
+        else:
+            log.info("job queue %s resumed by an operator", job_queue)
+        self._spawn(self._switch(job_queue, flag is not None))
+
+    async def _switch(self, job_queue: str, pause: bool) -> None:
+        async with self._switching:
+            if pause != (job_queue in self.flags or self._unknown):  # changed again meanwhile: that change switches
+                return
+            with contextlib.suppress(Exception):  # a source whose channel is gone stays as it is
+                await (self._pause if pause else self._resume)(job_queue)
+
+    async def close(self) -> None:
+        """Stop listening and reading."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._signals is not None:
+            await self._signals.close()
+
+
+def broker_job_queues(settings: BrokerSettings) -> list[str]:
+    """The job queues of the vhost: those with a suspects queue (the topology declares one per job queue).
+
+    Raises:
+        BrokerUnavailableError, ManagementApiError: the management API can't be asked.
+    """
+    with ManagementClient(settings) as mgmt:
+        names = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+    return sorted({p.job_queue for p in map(parse_queue_name, names) if p.kind == "suspects"})
+
+
+def _known(settings: BrokerSettings, job_queue: str) -> None:
+    known = broker_job_queues(settings)
+    if job_queue not in known:
+        hint = ""
+        if (parsed := parse_queue_name(job_queue)).kind != "work" and parsed.job_queue in known:
+            hint = f" ({job_queue!r} is a {parsed.kind} queue of job queue {parsed.job_queue!r}: give that name)"
+        raise ConfigurationError(
+            f"no job queue {printable(repr(job_queue))} on vhost {settings.vhost!r}{hint}; its job queues: "
+            f"{', '.join(known) or 'none (apply the topology: amqpjobs topology apply)'}"
+        )
+
+
+async def pause(settings: BrokerSettings, job_queue: str, reason: str = "") -> PauseFlag:
+    """Pause ``job_queue`` (all its shards) for every worker: ``amqpjobs pause``.
+
+    Returns:
+        The pause as stored (a queue paused already gets the new reason and since).
+
+    Raises:
+        ConfigurationError: no such job queue on the broker (the message lists them).
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+    """
+    await asyncio.to_thread(_known, settings, job_queue)
+    return (await set_flags(settings, [job_queue], reason))[0]
+
+
+async def resume(settings: BrokerSettings, job_queue: str) -> bool:
+    """Resume ``job_queue`` for every worker (``amqpjobs resume``); False when it was not paused (nothing done).
+
+    Raises:
+        ConfigurationError: no such job queue on the broker (the message lists them).
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+    """
+    await asyncio.to_thread(_known, settings, job_queue)
+    return bool(await clear_flags(settings, [job_queue]))

@@ -1,0 +1,128 @@
+"""An operator's pause and the worker's own pauses of its sources (holding, suspects turns) never undo each other."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from amqpjobs.errors import UnroutableError
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.holding import BrokerObject
+from amqpjobs.runtime.worker import Worker
+from amqpjobs.topology.models import ExchangeSpec, JobQueueSpec, Topology
+from amqpjobs.topology.orphans import orphan_queues
+from amqpjobs.wire.flags import PauseFlag, parse_signal
+from amqpjobs.wire.settings import broker_settings
+
+pytestmark = pytest.mark.version_independent
+
+
+class FakeSource:
+    """A work queue's consumer that only remembers whether it is paused."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.paused = False
+        self.consuming = True
+
+    async def pause(self) -> None:
+        self.paused = True
+
+    async def resume(self) -> None:
+        self.paused = False
+
+
+def _worker() -> tuple[Worker, FakeSource]:
+    topology = Topology(
+        exchanges=(ExchangeSpec(name="jobs"),), job_queues=(JobQueueSpec(name="work", exchange="jobs"),)
+    )
+    worker = Worker(App("t", topology=topology), broker_settings("amqp://127.0.0.1:1/"))
+    worker._check()
+    source = FakeSource("work")
+    worker._consumers = [source]  # type: ignore[list-item]
+    worker._pauses._work = {"work": "work"}
+    return worker, source
+
+
+async def _settled() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+FLAG = PauseFlag("work", "deploy", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+
+
+async def test_a_hold_ending_does_not_resume_an_operator_paused_queue():
+    worker, source = _worker()
+    worker._pauses._set("work", FLAG)
+    await _settled()
+    assert source.paused
+    assert worker._pauses.holds_back("work")
+    await worker._holding._enter("work", {BrokerObject("queue", "work.retry.1s")}, UnroutableError("x"))
+    await worker._holding._leave("work")  # the hold's end asks to resume: the operator's pause wins
+    assert source.paused
+    worker._pauses._set("work", None)
+    await _settled()
+    assert not source.paused
+    assert not worker._pauses.holds_back("work")
+
+
+async def test_an_operator_resume_does_not_resume_a_queue_a_hold_keeps_stopped():
+    worker, source = _worker()
+    await worker._holding._enter("work", {BrokerObject("queue", "work.retry.1s")}, UnroutableError("x"))
+    assert source.paused
+    worker._pauses._set("work", FLAG)
+    await _settled()
+    worker._pauses._set("work", None)  # resumed by the operator while a delivery is still held
+    await _settled()
+    assert source.paused
+    await worker._holding._leave("work")  # the hold's end resumes it now
+    assert not source.paused
+    await worker._holding.close()
+
+
+async def test_signal_channel_down_stops_everything_until_the_flags_are_read_again(monkeypatch):
+    worker, source = _worker()
+    pauses = worker._pauses
+    assert not pauses.holds_back("work")
+    pauses._lost()  # the connection dropped: a pause may come unheard
+    await _settled()
+    assert pauses.holds_back("work")
+    assert source.paused  # consumers restored by the reconnect take nothing
+    await worker._resume_queue("work")  # nor does a hold's end resume it meanwhile
+    assert source.paused
+
+    async def no_flags(*_: object) -> dict[str, PauseFlag]:
+        return {}
+
+    monkeypatch.setattr("amqpjobs.runtime.pausing.look_for_flags", no_flags)
+    pauses._connection = object()  # type: ignore[assignment]
+    await pauses._read()  # not paused after all
+    await _settled()
+    assert not pauses.holds_back("work")
+    assert not source.paused
+
+
+def test_signals_round_trip_and_junk_is_ignored():
+    from amqpjobs.wire.flags import _signal
+
+    assert parse_signal(_signal("work", FLAG)) == ("work", FLAG)
+    assert parse_signal(_signal("work", None)) == ("work", None)
+    assert parse_signal(b"not json") is None
+    assert parse_signal(b'{"paused": true}') is None
+    assert PauseFlag.from_arguments("work", FLAG.arguments()) == FLAG
+
+
+def test_a_pause_flag_is_no_orphan_and_collides_with_a_job_queue_of_its_name(tmp_path):
+    from amqpjobs.errors import TopologyValidationError
+    from amqpjobs.topology.loader import load_topology
+
+    layouts = Topology(job_queues=(JobQueueSpec(name="work", exchange="jobs"),)).layouts()
+    assert orphan_queues(layouts, ["work", "work.paused"]) == []
+    path = tmp_path / "t.toml"
+    path.write_text('[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "a"\nexchange = "jobs"\n\n'
+                    '[[job_queue]]\nname = "a.paused"\nexchange = "jobs"\n')  # fmt: skip
+    with pytest.raises(TopologyValidationError, match=r"a\.paused"):
+        load_topology(path)
