@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -165,19 +166,21 @@ class App(CronSchedules, JobResults):
         cached = self._layouts.get(jobdef.queue)
         if cached is not None:
             return cached
+        topology = self.topology()
         try:
-            layout = self._layouts[jobdef.queue] = self.topology().layout(jobdef.queue)
+            layout = self._layouts[jobdef.queue] = topology.layout(jobdef.queue)
             return layout
         except KeyError:
             raise ConfigurationError(
-                f"job {jobdef.name!r} names job queue {jobdef.queue!r}, which the topology does not declare"
+                f"job {jobdef.name!r} names job queue {jobdef.queue!r}, which the topology ({self.topology_origin}) "
+                f"does not declare; known: {sorted(q.name for q in topology.job_queues)}"
             ) from None
 
     def settings(self) -> BrokerSettings:
         """Broker settings from the app's URL or ``$AMQPJOBS_URL``."""
         return broker_settings(self._url)
 
-    def default_url(self, url: str) -> None:
+    def set_default_url(self, url: str) -> None:
         """Use ``url`` for enqueueing (from handlers too) unless the app was given a URL of its own.
 
         A worker calls this with its own broker URL, so jobs enqueued from handlers go to the
@@ -206,6 +209,11 @@ class App(CronSchedules, JobResults):
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange
                 )
+
+    def default_url(self, url: str) -> None:
+        """Deprecated name of :meth:`set_default_url` (it sets, it does not return, the URL)."""
+        warnings.warn("App.default_url() is deprecated: use App.set_default_url()", DeprecationWarning, stacklevel=2)
+        self.set_default_url(url)
 
     def _is_modulus_exchange(self, exchange: str) -> bool:
         """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""

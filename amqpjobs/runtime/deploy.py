@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -12,13 +13,14 @@ from typing import Any
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.topology.declarations import BindingDecl
 from amqpjobs.topology.loader import LoadedTopology, load_topology
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
 from amqpjobs.topology.plan import Plan, binding_name, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.declare import declare, probe_queues, unbind
+from amqpjobs.wire.declare import declare, missing_objects, probe_queues, unbind
 from amqpjobs.wire.definitions import export_definitions
 from amqpjobs.wire.management import ManagementClient, delete_exchange_command
 from amqpjobs.wire.settings import BrokerSettings
@@ -258,6 +260,24 @@ async def require_majority_at_start(settings: BrokerSettings) -> None:
         await asyncio.to_thread(require_majority, settings, "worker start-up", 5.0)
     except (BrokerUnavailableError, ManagementApiError) as exc:
         log.debug("cluster majority not checked (management API: %s)", exc)
+
+
+async def require_objects_at_start(settings: BrokerSettings, layouts: Iterable[JobQueueLayout]) -> None:
+    """A worker's start-up check: a Raft majority (4.3+), then every tier, quarantine and suspects object.
+
+    Raises:
+        BrokerError: (RabbitMQ 4.3+) fewer than a majority of the cluster's nodes run, or
+            objects are missing (the message names them and how to declare them).
+    """
+    layouts = list(layouts)
+    needed = [n for lay in layouts for w in lay.work_queues for n in lay.tier_queues[w]]
+    needed += [q for lay in layouts for q in (lay.quarantine_queue, lay.suspects_queue)]
+    await require_majority_at_start(settings)
+    found = await missing_objects(settings, needed, [lay.quarantine_exchange for lay in layouts])
+    queues, exchanges = (sorted(m) for m in found)
+    if queues or exchanges:
+        advice = await asyncio.to_thread(missing_objects_advice, settings, queues, exchanges)
+        raise BrokerError(f"{advice}; without them retries, quarantine and crash containment can't work")
 
 
 def missing_objects_advice(settings: BrokerSettings, queues: list[str], exchanges: list[str]) -> str:

@@ -15,8 +15,8 @@ import time
 
 from amqpjobs.jobs import crash
 from amqpjobs.jobs.quarantine import header_text
-from amqpjobs.runtime.deliveries import DeliveryPath
 from amqpjobs.runtime.pausing import OperatorPauses
+from amqpjobs.runtime.source_control import SourceControl
 from amqpjobs.runtime.sources import Source
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.fetch import QueueFetcher
@@ -31,7 +31,7 @@ HOLD_PROBE = 5.0
 SUSPECTS_TURN = 10.0
 
 
-class SuspectTurns(DeliveryPath):
+class SuspectTurns(SourceControl):
     """The suspects turns of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
     _consumers: list[Source]
@@ -41,12 +41,6 @@ class SuspectTurns(DeliveryPath):
     _held_changed: asyncio.Event
     _layouts: dict[str, JobQueueLayout]
     _pauses: OperatorPauses
-
-    def _holds_any(self, source: Source) -> bool:
-        """Whether a delivery of one of the work queues ``source`` takes from is held."""
-        layout = self._layouts.get(source.queue)
-        queues = layout.work_queues if layout is not None and layout.shard_routing_keys else (source.queue,)
-        return any(self._holding.holds(q) for q in queues)
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""

@@ -6,11 +6,13 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from amqpjobs.errors import PublisherClosedError
 from amqpjobs.jobs.results import JobStatus
-from amqpjobs.runtime.app import App, JobRef
+
+if TYPE_CHECKING:  # the app makes these (App.sync_publisher): no import of app at run time
+    from amqpjobs.runtime.app import App, JobRef
 
 T = TypeVar("T")
 

@@ -25,19 +25,19 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from amqpjobs.errors import BrokerError, ConfigurationError
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
-from amqpjobs.runtime.deploy import missing_objects_advice, require_majority_at_start
+from amqpjobs.runtime.deploy import require_objects_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
-from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
+from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
@@ -48,15 +48,12 @@ from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.suspects import SuspectTurns
-from amqpjobs.runtime.worker_config import DEFAULT_CONSUMER_TIMEOUT as DEFAULT_CONSUMER_TIMEOUT
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_jobs
-from amqpjobs.runtime.worker_config import default_timeout as default_timeout
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
-from amqpjobs.wire.declare import missing_objects
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
@@ -151,18 +148,11 @@ class Worker(SuspectTurns):
         if self.options.concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1 (got {self.options.concurrency})")
         self._check()
-        self.app.default_url(self.settings.url)
+        self.app.set_default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         slots += len(rate_limited(self.app, self._layouts.values())) * self.options.concurrency  # waiting rooms
         self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
-        needed = [n for lay in self._layouts.values() for w in lay.work_queues for n in lay.tier_queues[w]]
-        needed += [q for lay in self._layouts.values() for q in (lay.quarantine_queue, lay.suspects_queue)]
-        exchanges = [lay.quarantine_exchange for lay in self._layouts.values()]
-        await require_majority_at_start(self.settings)
-        queues, exchanges = (sorted(m) for m in await missing_objects(self.settings, needed, exchanges))
-        if queues or exchanges:
-            advice = await asyncio.to_thread(missing_objects_advice, self.settings, queues, exchanges)
-            raise BrokerError(f"{advice}; without them retries, quarantine and crash containment can't work")
+        await require_objects_at_start(self.settings, self._layouts.values())
         if (store := self.app.payload_store) is not None:  # else every large job would fail into quarantine
             await open_store(
                 store, "the worker did not start (each large job would be quarantined payload-store-error)"
@@ -407,29 +397,3 @@ class Worker(SuspectTurns):
                 running - abandoned, abandoned, code,
             )  # fmt: skip
         return code
-
-    async def _probe(self, objects: Collection[BrokerObject]) -> set[BrokerObject]:
-        assert self._connection is not None
-        return await broker_probe(self._connection)(objects)
-
-    def _sources_of(self, work_queue: str) -> list[Source]:
-        """What takes from ``work_queue``: its consumer, or its sharded job queue's dispatcher (all shards)."""
-        names = {work_queue} | {
-            layout.name
-            for layout in self._layouts.values()
-            if layout.shard_routing_keys and work_queue in layout.work_queues
-        }
-        return [c for c in self._consumers if c.queue in names]
-
-    async def _pause_queue(self, work_queue: str) -> None:
-        await asyncio.gather(*(c.pause() for c in self._sources_of(work_queue)))
-
-    async def _resume_queue(self, work_queue: str) -> None:
-        if self._stop.is_set() or self._gate.suspect_pending or self._pauses.pauses(work_queue):  # a suspects
-            return  # turn resumes it when it ends; an operator's pause lasts until its resume
-        await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
-
-    async def _resume_unheld(self, job_queue: str) -> None:
-        """An operator's resume: not while a delivery of it is held (the hold's end resumes it)."""
-        if not any(self._holds_any(c) for c in self._sources_of(job_queue)):
-            await self._resume_queue(job_queue)

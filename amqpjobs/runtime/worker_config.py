@@ -86,12 +86,7 @@ def check_jobs(
             )
         layouts[name] = topology.layout(name)
     for job in app:
-        if job.queue not in names:
-            raise ConfigurationError(
-                f"job {job.name!r} names job queue {job.queue!r}, which the topology ({app.topology_origin}) "
-                f"does not declare; known: {sorted(names)}"
-            )
-        layout = topology.layout(job.queue)
+        layout = app.layout_of(job)  # ConfigurationError naming the topology when it has no such job queue
         attempts = job.retry.attempts_for(layout.tiers)
         if attempts > 1 and not layout.tiers:
             raise ConfigurationError(

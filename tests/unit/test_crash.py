@@ -9,7 +9,8 @@ import pytest
 from amqpjobs.jobs.crash import STARTS, Screening, screen
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, HandBack, Register
-from amqpjobs.runtime.worker import Outcome, default_timeout
+from amqpjobs.runtime.worker import Outcome
+from amqpjobs.runtime.worker_config import default_timeout
 
 
 @pytest.mark.parametrize(
