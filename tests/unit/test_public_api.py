@@ -18,3 +18,17 @@ def test_every_error_is_exported_and_under_one_root() -> None:
         assert issubclass(cls, errors.AmqpJobsError), cls
         assert cls.__name__ in amqpjobs.__all__, cls
         assert cls.__name__ in (errors.__doc__ or ""), f"{cls.__name__} missing from the tree in errors.py"
+
+
+def test_default_url_is_a_deprecated_alias_of_set_default_url() -> None:
+    import pytest
+
+    from amqpjobs.topology.models import Topology
+
+    app = amqpjobs.App("alias", topology=Topology())
+    with pytest.warns(DeprecationWarning, match=r"use App\.set_default_url\(\)"):
+        app.default_url("amqp://guest:guest@127.0.0.1:5999/")
+    assert app.settings().url == "amqp://guest:guest@127.0.0.1:5999/"
+    given = amqpjobs.App("given", topology=Topology(), url="amqp://guest:guest@127.0.0.1:5998/")
+    given.set_default_url("amqp://guest:guest@127.0.0.1:5999/")  # a URL of its own wins
+    assert given.settings().url == "amqp://guest:guest@127.0.0.1:5998/"
