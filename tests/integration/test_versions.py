@@ -98,7 +98,7 @@ async def test_quorum_job_queue_never_drops_a_job_after_20_redeliveries(broker: 
 
 
 async def test_worker_slots_are_per_consumer_prefetch_on_durable_queues(broker: BrokerSettings, tmp_path: Path):
-    """4.3+ refuses global QoS and non-durable shared queues; we use neither, on any version.
+    """4.3+ refuses global QoS and transient non-exclusive queues; we use neither, on any version.
 
     3 slots = one consumer with per-consumer prefetch 3 (at most one unacked delivery per slot).
     """
@@ -119,8 +119,10 @@ async def test_worker_slots_are_per_consumer_prefetch_on_durable_queues(broker: 
             queues = mgmt.queues(broker.vhost)
     assert [c["prefetch_count"] for c in consumers] == [3]
     assert all(ch.get("global_prefetch_count", 0) == 0 for ch in channels)
-    assert all(q["durable"] for q in queues)
-    assert not any(q["auto_delete"] for q in queues)
+    shared = [q["name"] for q in queues if not q["exclusive"]]  # exclusive: the worker's pause listener
+    assert "work" in shared
+    assert [q["name"] for q in queues if not q["exclusive"] and not q["durable"]] == []
+    assert [q["name"] for q in queues if not q["exclusive"] and q["auto_delete"]] == []
 
 
 def test_quorum_priorities_are_judged_for_the_connected_version(
