@@ -233,7 +233,7 @@ def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -
     mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind in ("breaker", "breaker-probe")
             and p.job_queue == job_queue]  # fmt: skip
     probes = {parse_queue_name(name).job: holder for name, holder in probes_in(mine).items()}
-    out = []
+    out: list[dict[str, Any]] = []
     for queue_name, record in sorted(records_in(mine).items()):
         job = parse_queue_name(queue_name).job
         out.append({
