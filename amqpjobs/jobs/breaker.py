@@ -10,10 +10,11 @@ another cool-down (README "Flow control" → "Circuit breaker"; the pattern: M. 
 What counts (:func:`counts_as_failure`): a delivery whose handler failed transiently, i.e.
 it raised (other than a permanent exception class or ``Reject``), raised ``Retry``, or hit
 its timeout, whether the job then goes to a delay tier or to quarantine as ``exhausted`` /
-``timeout`` (one outcome per delivery: the runs of ``immediate_retries`` count once). Not counted: invalid or undecodable payloads, unknown jobs, stored payloads
-that can't be had, duplicates, waits (a claim, the ledger, an open breaker), hand-backs,
-crashes (a start without an outcome), permanent failures and rejections: they say
-nothing about the health of what the job depends on.
+``timeout`` (one outcome per delivery: the runs of ``immediate_retries`` count once). Not
+counted: invalid or undecodable payloads, unknown jobs, stored payloads that can't be had,
+duplicates, waits (a claim, the ledger, an open breaker), hand-backs, crashes (a start
+without an outcome), permanent failures and rejections: they say nothing about the health
+of what the job depends on.
 
 The times here are wall-clock seconds (``time.time()``): every worker of the app counts
 the same failure notices, stamped by the worker that saw the failure.
