@@ -154,7 +154,9 @@ class Breakers:
     def adopt(self, job: str, record: OpenRecord, source: str) -> None:
         """Open ``job``'s breaker as ``record`` (written by some worker, maybe on another host) says."""
         machine = self._machines[job]
-        opened_at, until = self._trusted(job, record.opened_at, record.until, source.strip(" ()") or "a record")
+        opened_at, until = self._trusted(
+            job, record.opened_at, record.until, source.strip(" ()").removeprefix("read from ") or "a record"
+        )
         self._apply(job, machine.opened(opened_at, until, record.failures), source)
 
     def _trusted(self, job: str, opened_at: float, until: float, source: str) -> tuple[float, float]:
