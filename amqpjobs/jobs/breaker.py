@@ -7,13 +7,14 @@ deliveries for ``cool_down`` (open); then one delivery runs as the probe across 
 another cool-down (README "Flow control" → "Circuit breaker"; the pattern: M. Nygard,
 *Release It!*, "Circuit Breaker").
 
-What counts (:func:`counts_as_failure`): a handler run that failed transiently, i.e. it
-raised (other than a permanent exception class or ``Reject``), raised ``Retry``, or hit its
-timeout, whether the job then goes to a delay tier or to quarantine as ``exhausted`` /
-``timeout``. Not counted: invalid or undecodable payloads, unknown jobs, stored payloads
-that can't be had, duplicates, waits (a claim, the ledger, an open breaker), hand-backs,
-crashes (a start without an outcome), permanent failures and rejections: they say
-nothing about the health of what the job depends on.
+What counts (:func:`counts_as_failure`): a delivery whose handler failed transiently, i.e.
+it raised (other than a permanent exception class or ``Reject``), raised ``Retry``, or hit
+its timeout, whether the job then goes to a delay tier or to quarantine as ``exhausted`` /
+``timeout`` (one outcome per delivery: the runs of ``immediate_retries`` count once). Not
+counted: invalid or undecodable payloads, unknown jobs, stored payloads that can't be had,
+duplicates, waits (a claim, the ledger, an open breaker), hand-backs, crashes (a start
+without an outcome), permanent failures and rejections: they say nothing about the health
+of what the job depends on.
 
 The times here are wall-clock seconds (``time.time()``): every worker of the app counts
 the same failure notices, stamped by the worker that saw the failure.
@@ -22,6 +23,7 @@ the same failure notices, stamped by the worker that saw the failure.
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +38,10 @@ State = Literal["closed", "open", "half-open"]
 STATE_VALUES: dict[State, int] = {"closed": 0, "open": 1, "half-open": 2}
 #: What a worker does with a delivery of a job with a breaker: start it, let it wait, or probe.
 Verdict = Literal["start", "wait", "probe"]
+#: The most failures a breaker may count to (``Breaker(failures=...)``).
+MAX_FAILURES = 1_000_000
+#: The longest ``window`` and ``cool_down`` (seconds): a day.
+MAX_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True, init=False)
@@ -47,9 +53,14 @@ class Breaker:
         window: Seconds, or a duration string such as ``"1m"``, the failures are counted over.
         cool_down: Seconds (or a duration string) it stays open before one probe may run.
 
+    The defaults: 20 failures within 60 s open it for 30 s. Bounds: ``failures`` at most
+    :data:`MAX_FAILURES`, ``window`` and ``cool_down`` at most :data:`MAX_SECONDS` (a day):
+    a breaker meant to stay open longer is an operator's pause (``amqpjobs pause``).
+
     Raises:
-        ConfigurationError: a value is not a positive whole number (``failures``) or a
-            duration (``window``, ``cool_down``); the message names the field and the fix.
+        ConfigurationError: a value is not a whole number in 1..MAX_FAILURES (``failures``)
+            or a duration of at most a day (``window``, ``cool_down``); the message names
+            the field and the fix.
     """
 
     failures: int
@@ -57,19 +68,22 @@ class Breaker:
     cool_down: float
 
     def __init__(self, failures: int = 20, window: float | str = "1m", cool_down: float | str = "30s") -> None:
-        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+        if isinstance(failures, bool) or not isinstance(failures, int) or not 1 <= failures <= MAX_FAILURES:
             raise ConfigurationError(
-                f"Breaker(failures={failures!r}): failures must be a whole number >= 1 (the transient failures "
-                "within window that open the breaker), e.g. Breaker(failures=20)"
+                f"Breaker(failures={failures!r}): failures must be a whole number from 1 to {MAX_FAILURES:,} (the "
+                "transient failures within window that open the breaker), e.g. Breaker(failures=20)"
             )
         object.__setattr__(self, "failures", failures)
         for name, value in (("window", window), ("cool_down", cool_down)):
             try:
-                seconds = parse_duration(value)
+                seconds = parse_duration(value)  # its message says what a duration looks like
             except ValueError as exc:
+                raise ConfigurationError(f"Breaker({name}={value!r}): {exc}") from None
+            if seconds > MAX_SECONDS:
                 raise ConfigurationError(
-                    f"Breaker({name}={value!r}): {exc}; give seconds or a duration string, e.g. {name}='30s'"
-                ) from None
+                    f"Breaker({name}={value!r}): {name} must be at most a day ({MAX_SECONDS:g}s), e.g. {name}='30s'; "
+                    "to stop a job's starts for longer, pause its job queue (amqpjobs pause)"
+                )
             object.__setattr__(self, name, seconds)
 
 
@@ -86,6 +100,11 @@ def breaker_name_problem(job_queue: str, job: str, breaker: object) -> str | Non
         if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
             return f"job {job!r}: its breaker's state queue can't be named: {problem}; shorten or rename the job"
     return None
+
+
+def breaker_open(job: str) -> tuple[str, str, str]:
+    """The failure a delivery that waits for ``job``'s open breaker is recorded with (class, message, traceback)."""
+    return ("BreakerOpen", f"job {job}'s circuit breaker is open", "")
 
 
 def counts_as_failure(outcome: Outcome) -> bool:
@@ -172,6 +191,30 @@ class BreakerMachine:
         """A probe failed at ``at``: open for another cool-down."""
         return self.opened(at, at + self.breaker.cool_down)
 
+    def trusted(self, opened_at: float, until: float, now: float) -> tuple[float, float]:
+        """``(opened_at, until)`` of an opening another worker wrote (a record, a notice), made believable at ``now``.
+
+        Its clock may run ahead of ours: ``until`` is cut to at most ``now + cool_down``
+        (no worker waits longer than one cool-down from now), an ``opened_at`` in the
+        future to ``now``; a value that is no finite number counts as ``now`` (opened now,
+        for one cool-down). The caller logs a correction (the result differs).
+        """
+        latest = now + self.breaker.cool_down
+        opened_at = opened_at if math.isfinite(opened_at) else now
+        until = until if math.isfinite(until) else latest
+        return min(opened_at, now), min(until, latest)
+
+    def waiting_tier(self, now: float, tiers: tuple[float, ...]) -> int:
+        """The tier a delivery told to wait at ``now`` waits in: the longest whose delay is at most the cool-down left.
+
+        So a delivery waits a few times per cool-down, not once per first-tier delay, and
+        none comes back later than the cool-down's end plus the first tier's delay (the
+        probe's start). The first tier when none fits (half-open: the probe runs elsewhere;
+        less than a first tier left). ``tiers``: seconds, increasing, at least one.
+        """
+        left = self.until - now if self.state == "open" else 0.0
+        return max((i for i, delay in enumerate(tiers) if delay <= left), default=0)
+
 
 NoticeKind = Literal["failure", "open", "closed"]
 
@@ -209,7 +252,9 @@ class Notice:
             kind = data["kind"]
             if kind not in ("failure", "open", "closed"):
                 return None
-            return cls(kind, str(data["job"]), float(data["at"]), float(data.get("until", 0.0)),
-                       str(data.get("origin", "")))  # fmt: skip
+            at, until = float(data["at"]), float(data.get("until", 0.0))
+            if not (math.isfinite(at) and math.isfinite(until)):
+                return None
+            return cls(kind, str(data["job"]), at, until, str(data.get("origin", "")))
         except (ValueError, KeyError, TypeError):
             return None

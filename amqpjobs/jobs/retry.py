@@ -69,12 +69,13 @@ def decide(kind: FailureKind, attempt: int, max_attempts: int, tiers: tuple[floa
     return RetryLater(next_attempt=attempt + 1, tier=tier, delay=tiers[tier])
 
 
-def wait_later(attempt: int, tiers: tuple[float, ...]) -> RetryLater:
-    """Wait in the first tier without using an attempt (nothing failed: a claim, the ledger, an open breaker).
+def wait_later(attempt: int, tiers: tuple[float, ...], tier: int = 0) -> RetryLater:
+    """Wait in tier ``tier`` without using an attempt (nothing failed: a claim, the ledger, an open breaker).
 
+    The first tier by default; an open breaker picks the longest that fits in its cool-down.
     The copy keeps attempt ``attempt``; the job queue must have tiers.
     """
-    return RetryLater(next_attempt=attempt, tier=0, delay=tiers[0], wait=True)
+    return RetryLater(next_attempt=attempt, tier=tier, delay=tiers[tier], wait=True)
 
 
 def retry_window(tiers: tuple[float, ...], attempts: int) -> float:

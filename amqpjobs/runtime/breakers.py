@@ -15,7 +15,15 @@ the broker objects :mod:`amqpjobs.wire.breakers`'. How the workers of an app agr
   failed;
 * the prober's result: success deletes the record, tells everyone ``closed`` and frees the
   lock; a transient failure writes a new record, tells everyone ``open`` and frees the
-  lock; anything else (it did not run, or failed permanently) frees the lock only.
+  lock; anything else (it did not run, or failed permanently) frees the lock only;
+* a probe that runs past its job's timeout has failed then (a plain function's thread
+  can't be interrupted: the worker goes on waiting for it, but its late result closes and
+  opens nothing); a prober whose connection dropped lost its lock with it (the broker
+  deletes it, and another worker may take it): its probe's result closes and opens nothing;
+* an opening another worker wrote (the record, an ``open`` notice) whose clock runs ahead
+  is cut to one cool-down from now here (:meth:`BreakerMachine.trusted`; logged);
+* a delivery told to wait goes to the longest tier that fits in the cool-down left
+  (:meth:`BreakerMachine.waiting_tier`), without using an attempt.
 
 Jobs without a breaker cost one attribute test per delivery; with a breaker, a delivery
 costs no broker round trip unless it tries the probe lock.
@@ -31,6 +39,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError
@@ -43,20 +52,38 @@ from amqpjobs.jobs.breaker import (
     counts_as_failure,
 )
 from amqpjobs.jobs.envelope import iso_utc
-from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome
+from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, RetryLater
 from amqpjobs.jobs.registry import JobDef
+from amqpjobs.jobs.retry import wait_later
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import breaker_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.breakers import BreakerWire, OpenRecord, ProbeLock, read_records
+from amqpjobs.wire.breakers import BreakerWire, OpenRecord, ProbeHolder, ProbeLock, read_records
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds a worker waits before trying a probe lock again that another worker held.
 LOCK_RETRY = 1.0
+
+
+@dataclass
+class _Probe:
+    """The probe running here: its job id, its lock, the timer that gives it up at its job's timeout."""
+
+    job_id: str
+    lock: ProbeLock
+    timer: asyncio.TimerHandle | None
+
+
+def _when(seconds: float) -> str:
+    """``seconds`` as ISO 8601 UTC, or as a number when no date can show it (a log line must not fail)."""
+    try:
+        return iso_utc(seconds)
+    except (OverflowError, ValueError, OSError):
+        return f"{seconds!r} (no date)"
 
 
 class Breakers:
@@ -72,14 +99,16 @@ class Breakers:
         settings: BrokerSettings,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        timeouts: Mapping[str, float] | None = None,
     ) -> None:
         self._jobs = dict(jobs)
+        self._timeouts = dict(timeouts or {})  # job -> seconds a run may take here (a probe: given up then)
         self._machines = {name: BreakerMachine(job.breaker) for name, job in jobs.items() if job.breaker is not None}
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
         self._wire: BreakerWire | None = None
-        self._probing: dict[str, tuple[str, ProbeLock]] = {}  # job -> (probe's job id, its lock)
+        self._probing: dict[str, _Probe] = {}  # job -> the probe running here
         self._taking: set[str] = set()  # jobs whose lock is being taken here now
         self._lock_again: dict[str, float] = {}  # job -> when this worker may try its lock again
         self._tasks: set[asyncio.Task[None]] = set()
@@ -96,11 +125,13 @@ class Breakers:
         connection: Connection,
         settings: BrokerSettings,
         metrics: WorkerMetrics | None = None,
+        timeouts: Mapping[str, float] | None = None,
     ) -> Breakers | None:
         """The breakers of ``jobs`` served from ``layouts``, listening; None when none has one.
 
         Reads the open records (management API): a breaker open now starts open here. When
-        they can't be read, it says so and starts closed.
+        they can't be read, it says so and starts closed. ``timeouts``: seconds a run of
+        each job may take here; a probe running longer is given up as failed.
 
         Raises:
             BrokerError: the notices' queue or a binding was refused.
@@ -108,7 +139,7 @@ class Breakers:
         mine = {j.name: j for j in jobs if j.breaker is not None and j.queue in layouts}
         if not mine:
             return None
-        board = cls(mine, settings, metrics)
+        board = cls(mine, settings, metrics, timeouts=timeouts)
         board._wire = await BreakerWire.open(connection, sorted({j.queue for j in mine.values()}), board.hear)
         names = {breaker_queue_name(j.queue, j.name): j.name for j in mine.values()}
         try:
@@ -117,9 +148,25 @@ class Breakers:
             log.warning("breaker records not read (%s): breakers start closed here", exc)
             return board
         for name, record in records.items():
-            change = board._machines[names[name]].opened(record.opened_at, record.until, record.failures)
-            board._apply(names[name], change, f" (read from {name} at start)")
+            board.adopt(names[name], record, f" (read from {name} at start)")
         return board
+
+    def adopt(self, job: str, record: OpenRecord, source: str) -> None:
+        """Open ``job``'s breaker as ``record`` (written by some worker, maybe on another host) says."""
+        machine = self._machines[job]
+        opened_at, until = self._trusted(
+            job, record.opened_at, record.until, source.strip(" ()").removeprefix("read from ") or "a record"
+        )
+        self._apply(job, machine.opened(opened_at, until, record.failures), source)
+
+    def _trusted(self, job: str, opened_at: float, until: float, source: str) -> tuple[float, float]:
+        """:meth:`BreakerMachine.trusted` at now, with a log line when the opening had to be corrected."""
+        cut = self._machines[job].trusted(opened_at, until, self._clock())
+        if cut != (opened_at, until):
+            log.warning("breaker job=%s: the opening from %s says until %s (opened %s); cut to %s: a clock ahead of "
+                        "this one's, or a bad value (keep the hosts' clocks in step: NTP)", logfmt_value(job), source,
+                        _when(until), _when(opened_at), iso_utc(cut[1]))  # fmt: skip
+        return cut
 
     def state(self, job: str) -> str:
         """The state of ``job``'s breaker here: ``closed``, ``open`` or ``half-open``."""
@@ -130,11 +177,18 @@ class Breakers:
         return self._machines[job]
 
     # ------------------------------------------------------------------ before a start
-    async def gate(self, job: JobDef, job_id: str) -> Verdict:
-        """``start`` or ``wait`` for a delivery of ``job`` (``job_id``) about to start here.
+    async def gate(self, job: JobDef, job_id: str, attempt: int, tiers: tuple[float, ...]) -> RetryLater | None:
+        """None to start a delivery of ``job`` (``job_id``, ``attempt``) here, else the wait it gets.
 
-        ``start`` may make it the probe: then :meth:`after` must see its outcome.
+        A start may make it the probe: then :meth:`after` must see its outcome. A wait is
+        in the longest of ``tiers`` (seconds) that fits in the cool-down left, without
+        using an attempt (:meth:`BreakerMachine.waiting_tier`).
         """
+        if await self._verdict(job, job_id) == "start":
+            return None
+        return wait_later(attempt, tiers, self._machines[job.name].waiting_tier(self._clock(), tiers))
+
+    async def _verdict(self, job: JobDef, job_id: str) -> Verdict:
         name = job.name
         machine = self._machines[name]
         if name in self._probing or name in self._taking:
@@ -154,7 +208,7 @@ class Breakers:
 
     async def _take_probe(self, job: JobDef, job_id: str, machine: BreakerMachine) -> Verdict:
         assert self._wire is not None
-        lock = await self._wire.try_probe(job.queue, job.name)
+        lock = await self._wire.try_probe(job.queue, job.name, ProbeHolder(job_id, self.origin, self._clock()))
         if lock is None:
             self._lock_again[job.name] = self._clock() + LOCK_RETRY
             return "wait"
@@ -170,11 +224,13 @@ class Breakers:
             if records is not None and record_name not in records:  # a probe elsewhere closed it just now
                 self._apply(job.name, machine.closed(self._clock()))
             elif records is not None and records[record_name].until > self._clock():  # a probe failed just now
-                self._apply(job.name, machine.opened(records[record_name].opened_at, records[record_name].until))
+                self.adopt(job.name, records[record_name], f" (read from {record_name})")
         if machine.state != "half-open":
             await lock.release()
             return "start" if machine.state == "closed" else "wait"
-        self._probing[job.name] = (job_id, lock)
+        timeout = self._timeouts.get(job.name, job.timeout)
+        timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, self._overdue, job, job_id)
+        self._probing[job.name] = _Probe(job_id, lock, timer)
         log.info("breaker job=%s probe: id=%s runs here (%s)", logfmt_value(job.name), logfmt_value(job_id),
                  self.origin)  # fmt: skip
         return "start"
@@ -187,21 +243,43 @@ class Breakers:
             return
         job = self._jobs[outcome.job]
         probe = self._probing.get(job.name)
-        if probe is not None and probe[0] == outcome.job_id:
+        if probe is not None and probe.job_id == outcome.job_id:
             del self._probing[job.name]
-            self._spawn(self._probe_ended(job, machine, outcome, probe[1]))
+            if probe.timer is not None:
+                probe.timer.cancel()
+            self._spawn(self._probe_ended(job, machine, outcome, probe.lock))
         elif counts_as_failure(outcome):
             self._wire.send(job.queue, Notice("failure", job.name, self._clock(), origin=self.origin).encode())
 
-    async def _probe_ended(self, job: JobDef, machine: BreakerMachine, outcome: Outcome, lock: ProbeLock) -> None:
+    def _overdue(self, job: JobDef, job_id: str) -> None:
+        """The probe ``job_id`` ran past its job's timeout: it failed now (a thread may go on: it can't be stopped)."""
+        probe = self._probing.get(job.name)
+        if probe is None or probe.job_id != job_id:
+            return
+        del self._probing[job.name]
+        log.warning("breaker job=%s: the probe id=%s runs past its timeout of %gs: it failed; a plain function's "
+                    "thread can't be interrupted, and its result, when it returns, closes and opens nothing",
+                    logfmt_value(job.name), logfmt_value(job_id),
+                    self._timeouts.get(job.name, job.timeout or 0))  # fmt: skip
+        self._spawn(self._probe_ended(job, self._machines[job.name], None, probe.lock))
+
+    async def _probe_ended(
+        self, job: JobDef, machine: BreakerMachine, outcome: Outcome | None, lock: ProbeLock
+    ) -> None:
+        """The probe ended with ``outcome`` (None: it ran past its timeout, a failure); free its lock."""
         assert self._wire is not None
         now = self._clock()
         try:
-            if outcome.ran and isinstance(outcome.decision, Ack | Duplicate):
+            if not lock.held:  # its connection dropped: the broker deleted the lock, another worker may probe now
+                log.warning("breaker job=%s: this worker lost its probe lock during the probe (its connection "
+                            "dropped; another worker may have probed meanwhile): the probe's result, %s, closes and "
+                            "opens nothing; the next delivery probes", logfmt_value(job.name),
+                            outcome.kind if outcome is not None else "overdue")  # fmt: skip
+            elif outcome is not None and outcome.ran and isinstance(outcome.decision, Ack | Duplicate):
                 self._apply(job.name, machine.closed(now))
                 await self._wire.record_closed(job.queue, job.name)  # before the lock goes: a later winner sees it
                 self._wire.send(job.queue, Notice("closed", job.name, now, origin=self.origin).encode())
-            elif counts_as_failure(outcome):
+            elif outcome is None or counts_as_failure(outcome):
                 change = machine.reopened(now)
                 self._apply(job.name, change)
                 record = OpenRecord(machine.opened_at, machine.until, 0)  # 0: re-opened by a failed probe
@@ -220,15 +298,16 @@ class Breakers:
         machine = self._machines.get(notice.job) if notice is not None else None
         if notice is None or machine is None:
             return
-        if notice.kind == "failure":
-            change = machine.failure(notice.at)
+        if notice.kind == "failure":  # stamped by its sender; a stamp ahead of this clock counts as now
+            change = machine.failure(min(notice.at, self._clock()))
             self._apply(notice.job, change)
             if change is not None and self._wire is not None:
                 job = self._jobs[notice.job]
                 record = OpenRecord(change.at, change.until, change.failures)
                 self._spawn(self._wire.record_open(job.queue, job.name, record, replace=notice.origin == self.origin))
         elif notice.kind == "open":
-            self._apply(notice.job, machine.opened(notice.at, notice.until))
+            opened_at, until = self._trusted(notice.job, notice.at, notice.until, notice.origin or "a notice")
+            self._apply(notice.job, machine.opened(opened_at, until))
         else:
             self._lock_again.pop(notice.job, None)
             self._apply(notice.job, machine.closed(notice.at))
@@ -245,8 +324,13 @@ class Breakers:
         if change.state == "open":
             why = f"{change.failures} failure(s) within {self._machines[job].breaker.window:g}s" if change.failures \
                 else "the probe failed"  # fmt: skip
-            log.warning("breaker job=%s open: %s; no starts until %s (cool-down %gs)%s", name, why,
-                        iso_utc(change.until), cool_down, source)  # fmt: skip
+            if change.until <= self._clock():  # read from a record whose cool-down is over
+                log.warning("breaker job=%s half-open: opened after %s at %s; the cool-down is over; the next delivery "
+                            "of the job runs as the probe%s", name, why.replace("the probe failed", "a failed probe"),
+                            _when(change.at), source)  # fmt: skip
+            else:
+                log.warning("breaker job=%s open: %s; no starts until %s (cool-down %gs)%s", name, why,
+                            _when(change.until), cool_down, source)  # fmt: skip
         elif change.state == "half-open":
             log.info("breaker job=%s half-open: cool-down over; one delivery runs as the probe", name)
         else:
@@ -265,8 +349,10 @@ class Breakers:
         """Finish pending record writes (up to 5 s), free held probe locks, stop listening."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5.0)
-        for _, lock in self._probing.values():
-            await lock.release()
+        for probe in self._probing.values():
+            if probe.timer is not None:
+                probe.timer.cancel()
+            await probe.lock.release()
         self._probing.clear()
         if self._wire is not None:
             await self._wire.close()

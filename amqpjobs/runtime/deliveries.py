@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs.breaker import breaker_open
 from amqpjobs.jobs.events import event_for
 from amqpjobs.jobs.failure import (
     crash_error,
@@ -37,7 +38,7 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID
 from amqpjobs.jobs.results import record_for
-from amqpjobs.jobs.retry import decide, wait_later
+from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.holding import Holding, needs_of
@@ -154,8 +155,7 @@ class DeliveryPath(HandlerRuns):
             # connection the broker had already given up on (no heartbeat during a stall)
             stalled = self._stalls.longest_since(v.started)
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
-        v.acked = acked
-        v.uncertain = uncertain
+        v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
@@ -287,9 +287,9 @@ class DeliveryPath(HandlerRuns):
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if self._pauses.holds_back(layout.name):  # paused by an operator (a redelivered one was registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
-        if job.breaker is not None and self._breakers is not None and await self._breakers.gate(job, job_id) == "wait":
-            return self._outcome(layout, delivery, wait_later(attempt, layout.tiers), attempt, job_id, job.name,
-                                 failure=("BreakerOpen", f"job {job.name}'s circuit breaker is open", ""))  # fmt: skip
+        if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
+                job, job_id, attempt, layout.tiers)) is not None:  # open: it waits ("Flow control")  # fmt: skip
+            return self._outcome(layout, delivery, wait, attempt, job_id, job.name, failure=breaker_open(job.name))
         if self._stop.is_set() or not self._gate.try_enter():
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)

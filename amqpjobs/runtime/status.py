@@ -35,7 +35,7 @@ from amqpjobs.topology.naming import (
     suspects_queue_name,
 )
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
-from amqpjobs.wire.breakers import records_in
+from amqpjobs.wire.breakers import probes_in, records_in
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
@@ -226,17 +226,22 @@ def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -
 
     Each: ``job``, ``state`` (``open``, or ``half-open`` once the cool-down is over: the
     next delivery of the job runs as the probe), ``opened_at`` and ``until`` (ISO 8601 UTC),
-    ``failures`` (that opened it; 0 when a failed probe re-opened it). A job whose breaker
-    is closed has no record.
+    ``failures`` (that opened it; 0 when a failed probe re-opened it); while a probe runs
+    (its lock queue exists), ``probe``: ``job_id``, ``by`` (``host:pid:worker``) and ``since``.
+    A job whose breaker is closed has no record.
     """
-    mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind == "breaker"
+    mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind in ("breaker", "breaker-probe")
             and p.job_queue == job_queue]  # fmt: skip
-    out = []
+    probes = {parse_queue_name(name).job: holder for name, holder in probes_in(mine).items()}
+    out: list[dict[str, Any]] = []
     for queue_name, record in sorted(records_in(mine).items()):
+        job = parse_queue_name(queue_name).job
         out.append({
-            "job": parse_queue_name(queue_name).job, "state": "open" if record.until > now else "half-open",
+            "job": job, "state": "open" if record.until > now else "half-open",
             "opened_at": iso_utc(record.opened_at), "until": iso_utc(record.until), "failures": record.failures,
         })  # fmt: skip
+        if (probe := probes.get(job)) is not None:
+            out[-1]["probe"] = {"job_id": probe.job_id, "by": probe.by, "since": iso_utc(probe.since)}
     return out
 
 
@@ -246,8 +251,10 @@ def breaker_note(breaker: dict[str, Any]) -> str:
     if breaker["state"] == "open":
         return (f"circuit breaker of job {breaker['job']!r} is open (after {why}, since {breaker['opened_at']}): "
                 f"no starts until {breaker['until']}")  # fmt: skip
-    return (f"circuit breaker of job {breaker['job']!r} is half-open (opened after {why} at {breaker['opened_at']}): "
-            "the next delivery of the job runs as the probe")  # fmt: skip
+    opened = f"circuit breaker of job {breaker['job']!r} is half-open (opened after {why} at {breaker['opened_at']})"
+    if (probe := breaker.get("probe")) is not None:
+        return f"{opened}: a probe runs (id {probe['job_id']!r}, since {probe['since']}, on {probe['by']})"
+    return f"{opened}: the next delivery of the job runs as the probe"
 
 
 async def collect(

@@ -101,8 +101,7 @@ class Worker(SuspectTurns):
         self._inflight: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
-        self._host = socket.gethostname()
-        self._pid = os.getpid()
+        self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
         self.metrics = metrics
         self.heartbeat_at = time.monotonic()
@@ -172,7 +171,8 @@ class Worker(SuspectTurns):
         self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
         self._events = await OutcomeEvents.open(publishing, dropped)
-        self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics)
+        self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics,
+                                             self._timeouts)  # fmt: skip
         self._background.append(asyncio.create_task(self._beat()))
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()

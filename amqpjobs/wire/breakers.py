@@ -21,7 +21,8 @@ worker processes of an app (names: :mod:`amqpjobs.topology.naming`):
   lets exactly one connection declare it (others get ``RESOURCE_LOCKED``), and deletes it
   when that connection dies, so a killed prober frees it (RabbitMQ "Queues" -> "Exclusive
   Queues"). Declared on the channel underneath aio-pika's robust one, never re-declared
-  on a reconnect.
+  on a reconnect. Its arguments (``amqpjobs-probe-*``) name the probe: its job id, the
+  worker running it and since when (:class:`ProbeHolder`; ``amqpjobs status`` shows them).
 """
 
 from __future__ import annotations
@@ -51,9 +52,13 @@ log = logging.getLogger("amqpjobs.worker")
 _OPENED_AT: Final = "amqpjobs-breaker-opened-at"
 _UNTIL: Final = "amqpjobs-breaker-until"
 _FAILURES: Final = "amqpjobs-breaker-failures"
+_PROBE_ID: Final = "amqpjobs-probe-job-id"
+_PROBE_BY: Final = "amqpjobs-probe-by"
+_PROBE_SINCE: Final = "amqpjobs-probe-since"
 #: Seconds the management API gets to read records (a worker's start, a won probe lock).
 _LOOKUP_TIMEOUT: Final = 3.0
-_BROKER_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, TimeoutError)
+# RuntimeError: aio-pika opening a channel while the connection is closed (it reconnects by itself)
+_BROKER_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError, TimeoutError)
 #: Seconds a record write or a lock declare may take before it is given up (and logged).
 _CALL_TIMEOUT: Final = 10.0
 
@@ -82,6 +87,28 @@ class OpenRecord:
             opened = datetime.fromisoformat(str(arguments[_OPENED_AT])).timestamp()
             until = datetime.fromisoformat(str(arguments[_UNTIL])).timestamp()
             return cls(opened, until, int(arguments.get(_FAILURES, 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class ProbeHolder:
+    """Who runs a breaker's probe: job id ``job_id``, worker ``by`` (``host:pid:worker``), since ``since`` (wall s)."""
+
+    job_id: str
+    by: str
+    since: float
+
+    def arguments(self) -> dict[str, Any]:
+        """The probe lock queue's arguments."""
+        return {"x-queue-type": "classic", _PROBE_ID: self.job_id, _PROBE_BY: self.by, _PROBE_SINCE: _iso(self.since)}
+
+    @classmethod
+    def from_arguments(cls, arguments: dict[str, Any]) -> ProbeHolder | None:
+        """Read a holder back from a probe lock queue's arguments; None when they don't name one."""
+        try:
+            since = datetime.fromisoformat(str(arguments[_PROBE_SINCE])).timestamp()
+            return cls(str(arguments[_PROBE_ID]), str(arguments[_PROBE_BY]), since)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -116,6 +143,16 @@ def records_in(queues: Iterable[dict[str, Any]]) -> dict[str, OpenRecord]:
     return found
 
 
+def probes_in(queues: Iterable[dict[str, Any]]) -> dict[str, ProbeHolder]:
+    """The running probes among queues as the management API lists them (``amqpjobs status``), by lock queue name."""
+    found = {}
+    for queue in queues:
+        holder = ProbeHolder.from_arguments(queue.get("arguments") or {})
+        if holder is not None:
+            found[str(queue.get("name", ""))] = holder
+    return found
+
+
 class ProbeLock:
     """The probe lock of one job, held by this connection until :meth:`release`."""
 
@@ -123,6 +160,11 @@ class ProbeLock:
         self.name = name
         self._channel = channel
         self._underlay = underlay
+
+    @property
+    def held(self) -> bool:
+        """False once the connection that took the lock dropped: the broker deleted it, another may hold it now."""
+        return not self._underlay.is_closed
 
     async def release(self) -> None:
         """Delete the lock queue (errors are logged: it goes with the connection anyway)."""
@@ -194,8 +236,9 @@ class BreakerWire:
         A failure is logged, not raised: the workers running now know from the notices.
         """
         name = breaker_queue_name(job_queue, job)
-        channel = await self._connection.channel(publisher_confirms=False)
+        channel = None
         try:
+            channel = await self._connection.channel(publisher_confirms=False)
             underlay = await channel.get_underlay_channel()
             async with asyncio.timeout(_CALL_TIMEOUT):
                 if replace:
@@ -204,33 +247,38 @@ class BreakerWire:
         except _BROKER_ERRORS as exc:
             log.warning("breaker record %s not written (%s); workers started later won't see it open", name, exc)
         finally:
-            await close_channel(channel)
+            if channel is not None:
+                await close_channel(channel)
 
     async def record_closed(self, job_queue: str, job: str) -> None:
         """Delete ``job``'s open record (a failure is logged)."""
         name = breaker_queue_name(job_queue, job)
-        channel = await self._connection.channel(publisher_confirms=False)
+        channel = None
         try:
+            channel = await self._connection.channel(publisher_confirms=False)
             underlay = await channel.get_underlay_channel()
             await asyncio.wait_for(underlay.queue_delete(name), _CALL_TIMEOUT)
         except _BROKER_ERRORS as exc:
             log.warning("breaker record %s not deleted (%s); the next probe deletes it", name, exc)
         finally:
-            await close_channel(channel)
+            if channel is not None:
+                await close_channel(channel)
 
-    async def try_probe(self, job_queue: str, job: str) -> ProbeLock | None:
-        """Take ``job``'s probe lock, or None when another connection holds it (or the broker failed: logged)."""
+    async def try_probe(self, job_queue: str, job: str, holder: ProbeHolder) -> ProbeLock | None:
+        """Take ``job``'s probe lock for ``holder``; None when another connection holds it (or the broker failed)."""
         name = breaker_probe_name(job_queue, job)
-        channel = await self._connection.channel(publisher_confirms=False)
+        channel = None
         try:
+            channel = await self._connection.channel(publisher_confirms=False)
             underlay = await channel.get_underlay_channel()  # tied to this connection: never re-declared
             await asyncio.wait_for(
                 underlay.queue_declare(name, exclusive=True, durable=False, auto_delete=False,
-                                       arguments={"x-queue-type": "classic"}),
+                                       arguments=holder.arguments()),
                 _CALL_TIMEOUT,
             )  # fmt: skip
         except _BROKER_ERRORS as exc:
-            await close_channel(channel)
+            if channel is not None:
+                await close_channel(channel)
             if error_kind(exc) is not ResourceLockedError:
                 log.warning("breaker probe lock %s not taken (%s); trying again at a later delivery", name, exc)
             return None

@@ -20,12 +20,12 @@ def test_settings_take_seconds_and_duration_strings() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"failures": 0}, "Breaker(failures=0): failures must be a whole number >= 1"),
+        ({"failures": 0}, "Breaker(failures=0): failures must be a whole number from 1 to 1,000,000"),
         ({"failures": 2.5}, "Breaker(failures=2.5)"),
         ({"failures": True}, "Breaker(failures=True)"),
         ({"window": "ten seconds"}, "Breaker(window='ten seconds'): 'ten seconds' is not a duration"),
         ({"cool_down": 0}, "Breaker(cool_down=0)"),
-        ({"cool_down": -1}, "e.g. cool_down='30s'"),
+        ({"cool_down": -1}, "Breaker(cool_down=-1): -1 must be a positive, finite duration (e.g. '5s')"),
     ],
 )
 def test_bad_settings_name_the_field_and_the_fix(kwargs: dict[str, Any], words: str) -> None:
@@ -132,3 +132,65 @@ def test_notice_and_record_round_trip() -> None:
     record = OpenRecord(1764565500.123, 1764565505.123, 5)
     assert OpenRecord.from_arguments(record.arguments()) == record
     assert OpenRecord.from_arguments({"x-queue-type": "classic"}) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"cool_down": 1e300}, "Breaker(cool_down=1e+300): cool_down must be at most a day (86400s)"),
+        ({"cool_down": "2d"}, "Breaker(cool_down='2d'): cool_down must be at most a day"),
+        ({"window": 86_401}, "Breaker(window=86401): window must be at most a day"),
+        ({"failures": 1_000_001}, "failures must be a whole number from 1 to 1,000,000"),
+    ],
+)
+def test_settings_are_bounded(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Breaker(**kwargs)
+    assert words in str(info.value)
+    assert Breaker(failures=1_000_000, window="1d", cool_down=86_400) == Breaker(1_000_000, 86_400.0, "24h")
+
+
+def test_a_bad_duration_says_its_advice_once() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Breaker(cool_down=True)
+    assert (
+        str(info.value) == "Breaker(cool_down=True): True is not a duration; give seconds or a string like '30s', '5m'"
+    )
+
+
+def waits_until_probe(machine: BreakerMachine, deferred_at: float, tiers: tuple[float, ...]) -> tuple[int, float]:
+    """A delivery deferred at ``deferred_at`` and again each time it comes back while open: (waits, back at)."""
+    now, waits = deferred_at, 0
+    while now < machine.until:
+        now += tiers[machine.waiting_tier(now, tiers)]
+        waits += 1
+    return waits, now
+
+
+@pytest.mark.parametrize("tiers", [(1.0, 5.0), (0.25, 0.5, 1.0, 2.0, 4.0), (1.0, 5.0, 30.0, 120.0), (2.0,)])
+def test_an_open_breaker_parks_deliveries_in_the_longest_tier_that_fits(tiers: tuple[float, ...]) -> None:
+    machine = BreakerMachine(Breaker(failures=1, window=10, cool_down=10))
+    machine.opened(100.0, 110.0)
+    assert machine.waiting_tier(100.0, (1.0, 5.0)) == 1
+    assert machine.waiting_tier(105.0, (1.0, 5.0)) == 1  # exactly 5 s left: the 5 s tier, back at the end
+    assert machine.waiting_tier(105.001, (1.0, 5.0)) == 0
+    assert machine.waiting_tier(109.5, (1.0, 5.0)) == 0  # less than the first tier left: the first tier
+    worst = 0
+    for i in range(1000):  # deferred anywhere in the cool-down
+        waits, back = waits_until_probe(machine, 100.0 + i / 100, tiers)
+        assert 110.0 <= back <= 110.0 + tiers[0]  # none later than the end plus the first tier
+        worst = max(worst, waits)
+    per_first_tier = round(10 / tiers[0])  # what it cost before: one wait per first-tier delay
+    assert worst <= {(1.0, 5.0): 6, (0.25, 0.5, 1.0, 2.0, 4.0): 6, (1.0, 5.0, 30.0, 120.0): 6, (2.0,): 5}[tiers]
+    assert worst < per_first_tier or len(tiers) == 1
+    machine.verdict(110.0)  # half-open: the probe runs elsewhere, the rest wait one first tier at a time
+    assert machine.waiting_tier(110.0, tiers) == 0
+
+
+def test_an_opening_written_by_a_clock_ahead_is_cut_to_one_cool_down() -> None:
+    machine = BreakerMachine(Breaker(failures=1, window=10, cool_down=30))
+    assert machine.trusted(900.0, 930.0, now=1000.0) == (900.0, 930.0)  # believable: as written
+    assert machine.trusted(1100.0, 1130.0, now=1000.0) == (1000.0, 1030.0)  # 100 s ahead
+    assert machine.trusted(990.0, 1e300, now=1000.0) == (990.0, 1030.0)
+    assert machine.trusted(float("nan"), float("inf"), now=1000.0) == (1000.0, 1030.0)
+    assert Notice.decode(b'{"kind": "open", "job": "j", "at": 1, "until": Infinity}') is None

@@ -1,0 +1,161 @@
+"""A circuit breaker under load and faults, on the real broker (README "Flow control" -> "Circuit breaker").
+
+Waiting deliveries of an open breaker (how many times they cycle), a plain-function probe
+that hangs, a prober whose connection (and so its probe lock) drops mid-probe. Counts and
+orders are asserted, not timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, Breaker, JobContext
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.worker import Outcome
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.test_breaker import board, status_json, until
+from tests.integration.test_pause import _cut_worker_connection
+from tests.integration.worker_env import make_app, running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+#: Tiers of the parking test: about doubling, as real tiers (1s, 5s, 30s...) grow.
+PARKING_TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["250ms", "500ms", "1s", "2s", "4s"]
+"""
+
+
+def deferred(outcomes: list[Outcome], job: str) -> int:
+    return sum(1 for o in outcomes if o.job == job and o.kind == "deferred")
+
+
+async def test_waiting_deliveries_park_in_the_longest_tier_that_fits(broker: BrokerSettings, tmp_path: Path) -> None:
+    """100 deliveries wait out a 6 s cool-down: a few waits each, not one per 250 ms first tier (24 each)."""
+    topo = tmp_path / "parking.toml"
+    topo.write_text(PARKING_TOPOLOGY)
+    await apply_topology(topo, broker)
+    app = App("parking", topology=load_topology(topo).topology, url=broker.url)
+    failing, started = [True], []
+
+    async def run(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.append((time.time(), ctx.job, ctx.job_id))
+        if ctx.job == "flaky" and failing[0]:
+            raise ConnectionError("the payment provider is down")
+
+    app.job("flaky", queue="work", breaker=Breaker(failures=1, window=10, cool_down=6))(run)
+    app.job("steady", queue="work")(run)
+    n = 100
+    async with running_worker(app, broker, concurrency=4) as (worker, rec):
+        await app.enqueue("flaky", {}, job_id="first")
+        await until(lambda: board(worker).state("flaky") == "open")
+        machine = board(worker).machine("flaky")
+        opened, ends = machine.opened_at, machine.until
+        for i in range(n):
+            await app.enqueue("flaky", {}, job_id=f"w{i}")
+        sent = time.time()
+        await app.enqueue("steady", {}, job_id="steady")
+        failing[0] = False
+        await until(lambda: sum(1 for o in rec.outcomes if o.job == "flaky" and o.kind == "succeeded") == n + 1, 30)
+        during = deferred(rec.outcomes, "flaky")
+    await app.close()
+    steady = [t for t, job, _ in started if job == "steady"]
+    print(f"{n} waiting, cool-down 6s: {during} deferrals; steady started {steady[0] - sent:.3f}s after its enqueue")
+    # each waits at most 5 times within the cool-down (4s 1s 500ms 250ms 250ms: the longest tier that fits
+    # what is left), and at most twice more until the probe's success is heard; before: about 24 each
+    assert n <= during <= n * 7
+    assert min(t for t, job, i in started if job == "flaky" and i != "first") >= ends  # none started while open
+    assert opened < ends
+
+
+def hanging_app(
+    broker: BrokerSettings, base: App, script: list[str], release: threading.Event, calls: list[tuple[float, str, str]]
+) -> App:
+    """Job ``flaky`` (plain function, timeout 2 s): each run takes the next step of ``script``, then "ok"."""
+    app = App("hanging", topology=base.topology(), url=broker.url)
+
+    def run(payload: dict[str, Any], ctx: JobContext) -> None:
+        step = script.pop(0) if script else "ok"
+        calls.append((time.time(), ctx.job_id, step))
+        if step == "fail":
+            raise ConnectionError("down")
+        if step == "hang":
+            release.wait(30)
+
+    app.job("flaky", queue="work", timeout=2, breaker=Breaker(failures=1, window=10, cool_down=1))(run)
+    return app
+
+
+async def test_a_hanging_thread_probe_fails_at_its_timeout(broker: BrokerSettings, tmp_path: Path) -> None:
+    """The probe hangs past its 2 s timeout: it failed then (open again, lock freed); its late success closes none."""
+    release, calls = threading.Event(), list[tuple[float, str, str]]()
+    app = hanging_app(broker, await make_app(broker, tmp_path), ["fail", "hang", "fail"], release, calls)
+    try:
+        async with running_worker(app, broker, concurrency=2) as (worker, rec):
+            await app.enqueue("flaky", {}, job_id="f0")  # fails: open for 1 s, then runs as the probe and hangs
+            await until(lambda: [c[2] for c in calls] == ["fail", "hang"], 15)
+            shown = await status_json(broker)
+            [entry] = shown["breakers"]
+            assert entry["state"] == "half-open"
+            assert entry["probe"]["job_id"] == "f0"
+            assert entry["probe"]["by"] == board(worker).origin
+            text = "\n".join(shown["notes"])
+            assert "a probe runs (id 'f0', since " in text, text
+            await app.enqueue("flaky", {}, job_id="g0")  # the next probe, once the hung one is given up
+            await until(lambda: len(calls) == 3, 15)  # probe 2 ran (and failed) while probe 1 still hangs
+            assert [c[1:] for c in calls] == [("f0", "fail"), ("f0", "hang"), ("g0", "fail")]
+            assert calls[2][0] - calls[1][0] >= 2 + 1  # probe 1's timeout, then another cool-down
+            expected = ["open", "half-open", "open", "half-open", "open"]  # probe 2's failure opens it again
+            await until(lambda: len(board(worker).history) >= len(expected))
+            assert [t.state for _, t in board(worker).history] == expected
+            release.set()  # probe 1 returns now: succeeded, too late
+            await until(lambda: any(o.job_id == "f0" and o.kind == "succeeded" for o in rec.outcomes), 10)
+            await asyncio.sleep(0.2)
+            assert board(worker).state("flaky") == "open"  # its success closed nothing
+            await until(lambda: board(worker).state("flaky") == "closed", 15)  # g0 again: the probe that closes it
+            assert [c[1:] for c in calls][3:] == [("g0", "ok")]
+    finally:
+        release.set()
+        await app.close()
+
+
+async def test_a_prober_that_lost_its_lock_ignores_its_probe(broker: BrokerSettings, tmp_path: Path) -> None:
+    """The prober's connection drops mid-probe: the lock is gone, so the probe's success closes nothing."""
+    app = App("cutting", topology=(await make_app(broker, tmp_path)).topology(), url=broker.url)
+    script, calls, cut = ["fail", "slow"], list[tuple[float, str, str]](), asyncio.Event()
+
+    async def run(payload: dict[str, Any], ctx: JobContext) -> None:
+        step = script.pop(0) if script else "ok"
+        calls.append((time.time(), ctx.job_id, step))
+        if step == "fail":
+            raise ConnectionError("down")
+        if step == "slow":  # until the test has cut the connection
+            await asyncio.wait_for(cut.wait(), 30)
+
+    app.job("flaky", queue="work", breaker=Breaker(failures=1, window=10, cool_down=1))(run)
+    async with running_worker(app, broker, concurrency=2) as (worker, rec):
+        await app.enqueue("flaky", {}, job_id="f0")
+        await until(lambda: [c[2] for c in calls] == ["fail", "slow"], 15)
+        await _cut_worker_connection(broker, "cutting-worker-publisher")  # the probe lock goes with it
+        await until(lambda: not board(worker)._probing["flaky"].lock.held)  # the worker saw it drop
+        cut.set()
+        await until(lambda: any(o.job_id == "f0" and o.kind == "succeeded" for o in rec.outcomes), 10)
+        await asyncio.sleep(0.3)
+        assert board(worker).state("flaky") == "half-open"  # the stale probe's success closed nothing
+        await app.enqueue("flaky", {}, job_id="g0")  # the next delivery probes, on the reconnected connection
+        await until(lambda: board(worker).state("flaky") == "closed", 20)
+    await app.close()
+    assert [c[1:] for c in calls] == [("f0", "fail"), ("f0", "slow"), ("g0", "ok")]
+    assert [t.state for _, t in board(worker).history] == ["open", "half-open", "closed"]
