@@ -37,7 +37,6 @@ from amqpjobs.jobs.failure import (
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID
-from amqpjobs.jobs.results import record_for
 from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
@@ -160,7 +159,8 @@ class DeliveryPath(HandlerRuns):
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
-        self._note_outcome(layout, delivery, v)
+        if self._results is not None:  # its results-store record, queued (never waits)
+            self._results.note_outcome(layout, delivery.queue, v)
         if self._breakers is not None:  # a failure notice, or the end of this worker's probe (README "Flow control")
             self._breakers.after(v)
         if self._events is not None and (  # fire and forget: the job's fate is settled above
@@ -170,23 +170,6 @@ class DeliveryPath(HandlerRuns):
             # a replayed delivery's event is kept over the cap: a canary waits for it (bounded by --rate)
             self._events.emit(event_routing_key(event.queue, event.outcome), event.encode(), keep=bool(event.replay_id))
         return v
-
-    def _note_outcome(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> None:
-        """Queue the results-store record of a settled delivery (after its ack; never waits)."""
-        if self._results is None:
-            return
-        d = v.decision
-        where = delivery.queue
-        if isinstance(d, RetryLater):
-            where = layout.tier_queues[delivery.queue][d.tier]
-        elif isinstance(d, Quarantine):
-            where = layout.quarantine_queue
-        record = record_for(v, v.value, where, time.time())
-        if record is None:
-            return
-        if record.value_note:
-            log.warning("job=%s id=%s: return value %s", logfmt_value(v.job), logfmt_value(v.job_id), record.value_note)
-        self._results.note(record)
 
     def _record(self, outcome: Outcome) -> None:
         d = outcome.decision

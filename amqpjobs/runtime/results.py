@@ -30,7 +30,10 @@ from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
-from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
+from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
+from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
+from amqpjobs.printable import logfmt_value
+from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
 
@@ -188,6 +191,24 @@ class ResultsWriter:
         """Start the background task (on the running loop)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def note_outcome(self, layout: JobQueueLayout, queue: str, v: Outcome) -> None:
+        """Queue the record of a delivery from work queue ``queue`` settled as ``v`` (after its ack; never waits).
+
+        Where the job is now: the tier its retry copy went to, the quarantine, or ``queue``.
+        """
+        d = v.decision
+        where = queue
+        if isinstance(d, RetryLater):
+            where = layout.tier_queues[queue][d.tier]
+        elif isinstance(d, Quarantine):
+            where = layout.quarantine_queue
+        record = record_for(v, v.value, where, time.time())
+        if record is None:
+            return
+        if record.value_note:
+            log.warning("job=%s id=%s: return value %s", logfmt_value(v.job), logfmt_value(v.job_id), record.value_note)
+        self.note(record)
 
     def note(self, record: StateRecord) -> None:
         """Queue ``record`` for writing; never blocks nor raises (a full queue drops it, counted)."""
