@@ -84,3 +84,62 @@ def test_the_double_uses_only_the_wire_protocols() -> None:
     ]
     assert (PACKAGE / "testing" / "memory.py").exists()
     assert not bad, bad
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """Our modules ``path`` imports when it is imported (not under TYPE_CHECKING, not inside a function)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name in modules)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [child.module, *(f"{child.module}.{a.name}" for a in child.names)]
+                found.update(n for n in names if n in modules)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    """No two modules import each other when imported, directly or through others (Tarjan's strongly connected parts)."""
+    paths = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    graph = {m: _module_imports(p, set(paths)) - {m} for m, p in paths.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                cycles.append(sorted(part))
+
+    for module in sorted(graph):
+        if module not in order:
+            strong(module)
+    assert len(graph) > 150  # every module was read
+    assert cycles == []
