@@ -108,7 +108,7 @@ def _module_imports(path: Path, modules: set[str]) -> set[str]:
 
 
 def test_no_import_cycle() -> None:
-    """No two modules import each other when imported, directly or through others (Tarjan's strongly connected parts)."""
+    """No two modules import each other when imported, directly or through others (Tarjan's algorithm)."""
     paths = {
         ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
         for p in PACKAGE.rglob("*.py")
