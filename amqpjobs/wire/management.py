@@ -163,9 +163,10 @@ class ManagementClient:
     def _refused(self, resp: httpx.Response) -> str:
         """What a 401 means: wrong credentials, or a user without a management tag.
 
-        RabbitMQ answers both with 401; its body's ``reason`` tells them apart: ``Login failed``,
-        or ``Not management user`` for a user whose tags give no management API access
-        (RabbitMQ "Management Plugin" -> "Permissions": ``monitoring`` or ``management``, at least).
+        RabbitMQ answers both with 401; its body's ``reason`` tells them apart: ``Login failed``
+        (``Not_Authorized`` on 4.0 and 4.3.6), or ``Not management user`` for a user whose tags
+        give no management API access (RabbitMQ "Management Plugin" -> "Permissions":
+        ``monitoring`` or ``management``, at least).
         """
         refused = f"management API at {self.base_url} refused user {self.settings.username!r} (401)"
         try:
@@ -176,7 +177,7 @@ class ManagementClient:
         tag_fix = f"e.g. rabbitmqctl set_user_tags {shell_quote(user)} monitoring"
         if "not management user" in reason.lower():
             return f"{refused}: the user has no management tag; give it one ({tag_fix}), or use another user"
-        if "login failed" in reason.lower():
+        if reason.lower() in ("login failed", "not_authorized"):  # 3.10 says the first, 4.0 and 4.3.6 the second
             return f"{refused}: check the credentials in the URL"
         return f"{refused}: check the credentials in the URL, and that the user has a management tag ({tag_fix})"
 
