@@ -285,3 +285,20 @@ class ResourceLockedError(BrokerError):
 
 class PreconditionFailedError(BrokerError):
     """The broker answered ``406 PRECONDITION_FAILED`` (e.g. declared with other arguments, too large)."""
+
+
+class SignalNotSentError(BrokerError):
+    """``pause``/``resume`` changed the flag, but the signal to the workers was refused (README "Pause and resume").
+
+    The state changed: workers notice it at their next read of the flags, within 30 s
+    (:data:`amqpjobs.wire.flags.RECHECK`). ``amqpjobs pause/resume`` exit 5 with this message.
+
+    Attributes:
+        job_queue: The job queue paused or resumed.
+        paused: True after a pause, False after a resume.
+    """
+
+    def __init__(self, message: str, job_queue: str, paused: bool) -> None:
+        self.job_queue = job_queue
+        self.paused = paused
+        super().__init__(message)

@@ -28,13 +28,21 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, SignalNotSentError
 from amqpjobs.printable import printable
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.flags import RECHECK, PauseFlag, PauseSignals, clear_flags, look_for_flags, set_flags
+from amqpjobs.wire.flags import (
+    RECHECK,
+    PauseFlag,
+    PauseSignals,
+    SignalNotSent,
+    clear_flags,
+    look_for_flags,
+    set_flags,
+)
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -215,10 +223,22 @@ async def pause(settings: BrokerSettings, job_queue: str, reason: str = "") -> P
 
     Raises:
         ConfigurationError: no such job queue on the broker (the message lists them).
-        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+        SignalNotSentError: the flag is set, but the broker refused the signal (workers
+            notice within :data:`~amqpjobs.wire.flags.RECHECK` seconds); the message says why.
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused (nothing changed).
     """
     await asyncio.to_thread(_known, settings, job_queue)
-    return (await set_flags(settings, [job_queue], reason))[0]
+    flags, unsent = await set_flags(settings, [job_queue], reason)
+    _say_unsent(unsent, ("paused", "flag set"))
+    return flags[0]
+
+
+def _say_unsent(unsent: SignalNotSent | None, done: tuple[str, str]) -> None:
+    if unsent is not None:
+        raise SignalNotSentError(
+            f"{done[0]} job queue {printable(unsent.job_queue)}: {done[1]}, but the signal could not be sent "
+            f"({unsent.why}): workers notice within {RECHECK:g} s", unsent.job_queue, done[0] == "paused",
+        )  # fmt: skip
 
 
 async def resume(settings: BrokerSettings, job_queue: str) -> bool:
@@ -226,7 +246,11 @@ async def resume(settings: BrokerSettings, job_queue: str) -> bool:
 
     Raises:
         ConfigurationError: no such job queue on the broker (the message lists them).
-        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+        SignalNotSentError: the flag is deleted, but the broker refused the signal (workers
+            notice within :data:`~amqpjobs.wire.flags.RECHECK` seconds); the message says why.
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused (nothing changed).
     """
     await asyncio.to_thread(_known, settings, job_queue)
-    return bool(await clear_flags(settings, [job_queue]))
+    paused, unsent = await clear_flags(settings, [job_queue])
+    _say_unsent(unsent, ("resumed", "flag deleted"))
+    return bool(paused)
