@@ -27,7 +27,8 @@ The tree::
         ├── ChannelClosedError       the channel closed under an operation (nothing more on it)
         ├── NotFoundError            404 NOT_FOUND: the queue or exchange does not exist
         ├── ResourceLockedError      405 RESOURCE_LOCKED: exclusive to another connection
-        └── PreconditionFailedError  406 PRECONDITION_FAILED: the broker refused the arguments
+        ├── PreconditionFailedError  406 PRECONDITION_FAILED: the broker refused the arguments
+        └── SignalNotSentError       pause/resume changed the flag, but the workers' signal was refused
 
 Broker and client library errors are translated into these at the wire boundary
 (``amqpjobs.wire.errors``: one table, one context manager), once, with the original exception chained as ``__cause__``.
