@@ -10,15 +10,17 @@
   The check comes after crash screening: a delivery the broker redelivered is registered
   in the suspects queue as ever (its earlier start did count), and no suspects turn runs
   while its queue is paused;
-* stops the sources of a paused job queue (no new deliveries; jobs running finish and are
-  acked as usual) and starts them again on resume, unless something else keeps them stopped:
-  a hold (:mod:`.holding`), a suspects turn, or the worker stopping. Conversely the worker
+* stops the sources of a paused job queue and the waiting rooms of its rate-limited jobs (no
+  new deliveries; jobs running finish and are acked as usual; a source of a queue paused
+  when the worker starts is created stopped, so it takes nothing) and starts them again on
+  resume, unless something else keeps them stopped: a hold (:mod:`.holding`), a suspects
+  turn, or the worker stopping. Conversely the worker
   never resumes a source of an operator-paused queue when a hold or a suspects turn ends;
-* listens before it reads: signals first, then the flags; again after every reconnect, and
-  every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the signal channel is down
-  (a lost connection) nothing is known: every source is stopped and every delivery held
-  back until the flags are read again, so consumers restored by the reconnect start nothing
-  of a queue paused meanwhile.
+* listens before it reads: signals first, then the flags; again after every reconnect or
+  loss of its listener, and every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the
+  listener is down (a lost connection or channel, its queue deleted) nothing is known: every
+  source is stopped and every delivery held back until the flags are read again, so
+  consumers restored by the reconnect start nothing of a queue paused meanwhile.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class OperatorPauses:
         return self._unknown or self._work.get(queue, queue) in self.flags
 
     async def start(self, connection: Connection, layouts: Iterable[JobQueueLayout]) -> None:
-        """Listen for signals, then read the flags (before the worker consumes).
+        """Listen for signals, then read the flags (before the worker creates its sources: a paused one starts stopped).
 
         Raises:
             BrokerError: the broker refused the signal queue, or the flags could not be read.
@@ -103,11 +105,6 @@ class OperatorPauses:
         await self._signals.start()
         await self._read()
         self._spawn(self._recheck_every())
-
-    async def apply(self) -> None:
-        """Stop the sources of every paused job queue (once the worker's sources exist)."""
-        for queue in sorted(self.flags):
-            await self._switch(queue, True)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
