@@ -72,10 +72,14 @@ class SourceControl(DeliveryPath):
     async def _started(self, source: Source) -> None:
         """Start ``source``, paused when an operator paused its job queue: it takes no delivery until resumed."""
         self._consumers.append(source)  # first: a pause signalled while it starts finds it
-        parsed = parse_queue_name(source.queue)
-        if self._pauses.pauses(parsed.job_queue if parsed.kind == "waiting" else source.queue):
+        if self._operator_paused(source):
             await source.pause()
         await source.start()
+
+    def _operator_paused(self, source: Source) -> bool:
+        """Whether an operator paused the job queue ``source`` takes from (or it is not known)."""
+        parsed = parse_queue_name(source.queue)
+        return self._pauses.pauses(parsed.job_queue if parsed.kind == "waiting" else source.queue)
 
     async def _pause_job_queue(self, job_queue: str) -> None:
         """An operator's pause: its work queues' sources and its waiting rooms."""
@@ -94,7 +98,7 @@ class SourceControl(DeliveryPath):
 
     def _consuming(self) -> str:
         """What /readyz says when ready: the queues taken from, their slots, and the job queues paused."""
-        active = sorted(c.queue for c in self._consumers if not c.paused)
+        active = sorted(c.queue for c in self._consumers if not self._operator_paused(c))
         paused = f"; paused: {', '.join(sorted(self._pauses.flags))}" if self._pauses.flags else ""
         return (
             f"consuming {', '.join(active) or 'nothing'} with {len(active) * self.options.concurrency} slot(s){paused}"
