@@ -158,12 +158,17 @@ class OperatorPauses:
 
     def _set(self, job_queue: str, flag: PauseFlag | None) -> None:
         was = self.flags.get(job_queue)
+        if was is not None and flag is not None and flag.since.timestamp() == 0:  # read without the management API:
+            flag = was  # the reason and since are not known, the pause is; keep what was known
         if flag is not None:
             self.flags[job_queue] = flag
         else:
             self.flags.pop(job_queue, None)
         if self._metrics is not None:
             self._metrics.paused_as(job_queue, *((None,) if flag is None else (flag.reason, flag.since.timestamp())))
+        if was is not None and flag is not None and was != flag:  # paused again: a new reason or since
+            log.warning("job queue %s paused again by an operator (reason: %s; since %s)", job_queue,
+                        flag.reason or "none given", flag.to_json()["since"])  # fmt: skip
         if (was is None) == (flag is None):
             return
         if flag is not None:
