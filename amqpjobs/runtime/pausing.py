@@ -91,6 +91,10 @@ class OperatorPauses:
         """Whether an operator paused the job queue of work queue (or job queue) ``queue``, or it is not known."""
         return self._unknown or self._work.get(queue, queue) in self.flags
 
+    def flagged(self, queue: str) -> bool:
+        """Whether the job queue of work queue (or job queue) ``queue`` is known to be paused (its flag was read)."""
+        return self._work.get(queue, queue) in self.flags
+
     async def start(self, connection: Connection, layouts: Iterable[JobQueueLayout]) -> None:
         """Listen for signals, then read the flags (before the worker creates its sources: a paused one starts stopped).
 

@@ -76,10 +76,11 @@ class SourceControl(DeliveryPath):
             await source.pause()
         await source.start()
 
-    def _operator_paused(self, source: Source) -> bool:
-        """Whether an operator paused the job queue ``source`` takes from (or it is not known)."""
+    def _operator_paused(self, source: Source, known: bool = False) -> bool:
+        """Whether an operator paused the job queue ``source`` takes from (or it is not known, unless ``known``)."""
         parsed = parse_queue_name(source.queue)
-        return self._pauses.pauses(parsed.job_queue if parsed.kind == "waiting" else source.queue)
+        queue = parsed.job_queue if parsed.kind == "waiting" else source.queue
+        return self._pauses.flagged(queue) if known else self._pauses.pauses(queue)
 
     async def _pause_job_queue(self, job_queue: str) -> None:
         """An operator's pause: its work queues' sources and its waiting rooms."""
@@ -98,7 +99,7 @@ class SourceControl(DeliveryPath):
 
     def _consuming(self) -> str:
         """What /readyz says when ready: the queues taken from, their slots, and the job queues paused."""
-        active = sorted(c.queue for c in self._consumers if not self._operator_paused(c))
+        active = sorted(c.queue for c in self._consumers if not self._operator_paused(c, known=True))
         paused = f"; paused: {', '.join(sorted(self._pauses.flags))}" if self._pauses.flags else ""
         return (
             f"consuming {', '.join(active) or 'nothing'} with {len(active) * self.options.concurrency} slot(s){paused}"
