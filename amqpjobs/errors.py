@@ -27,7 +27,8 @@ The tree::
         ├── ChannelClosedError       the channel closed under an operation (nothing more on it)
         ├── NotFoundError            404 NOT_FOUND: the queue or exchange does not exist
         ├── ResourceLockedError      405 RESOURCE_LOCKED: exclusive to another connection
-        └── PreconditionFailedError  406 PRECONDITION_FAILED: the broker refused the arguments
+        ├── PreconditionFailedError  406 PRECONDITION_FAILED: the broker refused the arguments
+        └── SignalNotSentError       pause/resume changed the flag, but the workers' signal was refused
 
 Broker and client library errors are translated into these at the wire boundary
 (``amqpjobs.wire.errors``: one table, one context manager), once, with the original exception chained as ``__cause__``.
@@ -285,3 +286,20 @@ class ResourceLockedError(BrokerError):
 
 class PreconditionFailedError(BrokerError):
     """The broker answered ``406 PRECONDITION_FAILED`` (e.g. declared with other arguments, too large)."""
+
+
+class SignalNotSentError(BrokerError):
+    """``pause``/``resume`` changed the flag, but the signal to the workers was refused (README "Pause and resume").
+
+    The state changed: workers notice it at their next read of the flags, within 30 s
+    (:data:`amqpjobs.wire.flags.RECHECK`). ``amqpjobs pause/resume`` exit 5 with this message.
+
+    Attributes:
+        job_queue: The job queue paused or resumed.
+        paused: True after a pause, False after a resume.
+    """
+
+    def __init__(self, message: str, job_queue: str, paused: bool) -> None:
+        self.job_queue = job_queue
+        self.paused = paused
+        super().__init__(message)

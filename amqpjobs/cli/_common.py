@@ -43,6 +43,8 @@ EXIT_FOUND = 1
 EXIT_BAD_INPUT = 2
 EXIT_BROKER = 3
 EXIT_BUSY = 4
+#: ``pause``/``resume``: the flag changed, but the signal to the workers was refused (they notice within 30 s).
+EXIT_UNSIGNALLED = 5
 #: Exit code when stdout's reader went away (``amqpjobs status | head -5``): 128 + SIGPIPE,
 #: what a shell reports for a program the broken pipe killed; nothing more is printed.
 EXIT_BROKEN_PIPE = 141

@@ -6,13 +6,28 @@ README "Flow control" → "Pause and resume"; the mechanism is :mod:`amqpjobs.ru
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, queue_name_arg, settings, url_options
+from amqpjobs.cli._common import EXIT_UNSIGNALLED, errors_to_exit_codes, queue_name_arg, settings, url_options
 from amqpjobs.cli._root import main
+from amqpjobs.errors import SignalNotSentError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.pausing import pause, resume
+
+T = TypeVar("T")
+
+
+def _signalled(change: Coroutine[Any, Any, T]) -> T:
+    """Run ``change``; a refused signal (the flag changed all the same) is a warning and exit 5."""
+    try:
+        return asyncio.run(change)
+    except SignalNotSentError as exc:
+        click.echo(f"warning: {exc}", err=True)
+        sys.exit(EXIT_UNSIGNALLED)
 
 
 @main.command("pause")
@@ -26,9 +41,11 @@ def pause_command(job_queue: str, reason: str, url: str | None, management_url: 
     Workers stop starting its jobs within 1 s; deliveries they hold unstarted go back to
     the queue, uncharged; jobs running finish. The pause is kept on the broker (a worker
     started or reconnected meanwhile starts nothing of it). Pausing again replaces the
-    reason and the since. Exit 2 when there is no such job queue (the message lists them).
+    reason and the since. Exit 2 when there is no such job queue (the message lists them);
+    exit 5 when the flag was set but the signal to the workers was refused (they notice
+    within 30 s; the message says which permission is missing).
     """
-    flag = asyncio.run(pause(settings(url, management_url), job_queue, reason))
+    flag = _signalled(pause(settings(url, management_url), job_queue, reason))
     why = f" (reason: {printable(flag.reason)})" if flag.reason else ""
     click.echo(f"paused job queue {printable(job_queue)} since {flag.to_json()['since']}{why}: no worker starts "
                f"its jobs now; resume with: amqpjobs resume {shell_quote(job_queue)}")  # fmt: skip
@@ -41,9 +58,10 @@ def pause_command(job_queue: str, reason: str, url: str | None, management_url: 
 def resume_command(job_queue: str, url: str | None, management_url: str | None) -> None:
     """Resume JOB_QUEUE after `amqpjobs pause`: workers start its jobs again at once.
 
-    Exit 0 also when it was not paused (it says so); exit 2 when there is no such job queue.
+    Exit 0 also when it was not paused (it says so); exit 2 when there is no such job queue;
+    exit 5 when the flag was deleted but the signal to the workers was refused (they notice within 30 s).
     """
-    if asyncio.run(resume(settings(url, management_url), job_queue)):
+    if _signalled(resume(settings(url, management_url), job_queue)):
         click.echo(f"resumed job queue {printable(job_queue)}: workers start its jobs again")
     else:
         click.echo(f"job queue {printable(job_queue)} was not paused: nothing to do")

@@ -10,15 +10,17 @@
   The check comes after crash screening: a delivery the broker redelivered is registered
   in the suspects queue as ever (its earlier start did count), and no suspects turn runs
   while its queue is paused;
-* stops the sources of a paused job queue (no new deliveries; jobs running finish and are
-  acked as usual) and starts them again on resume, unless something else keeps them stopped:
-  a hold (:mod:`.holding`), a suspects turn, or the worker stopping. Conversely the worker
+* stops the sources of a paused job queue and the waiting rooms of its rate-limited jobs (no
+  new deliveries; jobs running finish and are acked as usual; a source of a queue paused
+  when the worker starts is created stopped, so it takes nothing) and starts them again on
+  resume, unless something else keeps them stopped: a hold (:mod:`.holding`), a suspects
+  turn, or the worker stopping. Conversely the worker
   never resumes a source of an operator-paused queue when a hold or a suspects turn ends;
-* listens before it reads: signals first, then the flags; again after every reconnect, and
-  every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the signal channel is down
-  (a lost connection) nothing is known: every source is stopped and every delivery held
-  back until the flags are read again, so consumers restored by the reconnect start nothing
-  of a queue paused meanwhile.
+* listens before it reads: signals first, then the flags; again after every reconnect or
+  loss of its listener, and every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the
+  listener is down (a lost connection or channel, its queue deleted) nothing is known: every
+  source is stopped and every delivery held back until the flags are read again, so
+  consumers restored by the reconnect start nothing of a queue paused meanwhile.
 """
 
 from __future__ import annotations
@@ -28,13 +30,21 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, SignalNotSentError
 from amqpjobs.printable import printable
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.flags import RECHECK, PauseFlag, PauseSignals, clear_flags, look_for_flags, set_flags
+from amqpjobs.wire.flags import (
+    RECHECK,
+    PauseFlag,
+    PauseSignals,
+    SignalNotSent,
+    clear_flags,
+    look_for_flags,
+    set_flags,
+)
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -81,8 +91,12 @@ class OperatorPauses:
         """Whether an operator paused the job queue of work queue (or job queue) ``queue``, or it is not known."""
         return self._unknown or self._work.get(queue, queue) in self.flags
 
+    def flagged(self, queue: str) -> bool:
+        """Whether the job queue of work queue (or job queue) ``queue`` is known to be paused (its flag was read)."""
+        return self._work.get(queue, queue) in self.flags
+
     async def start(self, connection: Connection, layouts: Iterable[JobQueueLayout]) -> None:
-        """Listen for signals, then read the flags (before the worker consumes).
+        """Listen for signals, then read the flags (before the worker creates its sources: a paused one starts stopped).
 
         Raises:
             BrokerError: the broker refused the signal queue, or the flags could not be read.
@@ -95,11 +109,6 @@ class OperatorPauses:
         await self._signals.start()
         await self._read()
         self._spawn(self._recheck_every())
-
-    async def apply(self) -> None:
-        """Stop the sources of every paused job queue (once the worker's sources exist)."""
-        for queue in sorted(self.flags):
-            await self._switch(queue, True)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -153,12 +162,17 @@ class OperatorPauses:
 
     def _set(self, job_queue: str, flag: PauseFlag | None) -> None:
         was = self.flags.get(job_queue)
+        if was is not None and flag is not None and flag.since.timestamp() == 0:  # read without the management API:
+            flag = was  # the reason and since are not known, the pause is; keep what was known
         if flag is not None:
             self.flags[job_queue] = flag
         else:
             self.flags.pop(job_queue, None)
         if self._metrics is not None:
             self._metrics.paused_as(job_queue, *((None,) if flag is None else (flag.reason, flag.since.timestamp())))
+        if was is not None and flag is not None and was != flag:  # paused again: a new reason or since
+            log.warning("job queue %s paused again by an operator (reason: %s; since %s)", job_queue,
+                        flag.reason or "none given", flag.to_json()["since"])  # fmt: skip
         if (was is None) == (flag is None):
             return
         if flag is not None:
@@ -215,10 +229,22 @@ async def pause(settings: BrokerSettings, job_queue: str, reason: str = "") -> P
 
     Raises:
         ConfigurationError: no such job queue on the broker (the message lists them).
-        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+        SignalNotSentError: the flag is set, but the broker refused the signal (workers
+            notice within :data:`~amqpjobs.wire.flags.RECHECK` seconds); the message says why.
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused (nothing changed).
     """
     await asyncio.to_thread(_known, settings, job_queue)
-    return (await set_flags(settings, [job_queue], reason))[0]
+    flags, unsent = await set_flags(settings, [job_queue], reason)
+    _say_unsent(unsent, ("paused", "flag set"))
+    return flags[0]
+
+
+def _say_unsent(unsent: SignalNotSent | None, done: tuple[str, str]) -> None:
+    if unsent is not None:
+        raise SignalNotSentError(
+            f"{done[0]} job queue {printable(unsent.job_queue)}: {done[1]}, but the signal could not be sent "
+            f"({unsent.why}): workers notice within {RECHECK:g} s", unsent.job_queue, done[0] == "paused",
+        )  # fmt: skip
 
 
 async def resume(settings: BrokerSettings, job_queue: str) -> bool:
@@ -226,7 +252,11 @@ async def resume(settings: BrokerSettings, job_queue: str) -> bool:
 
     Raises:
         ConfigurationError: no such job queue on the broker (the message lists them).
-        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused.
+        SignalNotSentError: the flag is deleted, but the broker refused the signal (workers
+            notice within :data:`~amqpjobs.wire.flags.RECHECK` seconds); the message says why.
+        BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused (nothing changed).
     """
     await asyncio.to_thread(_known, settings, job_queue)
-    return bool(await clear_flags(settings, [job_queue]))
+    paused, unsent = await clear_flags(settings, [job_queue])
+    _say_unsent(unsent, ("resumed", "flag deleted"))
+    return bool(paused)

@@ -36,7 +36,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,9 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: The worker's handler for a job queue's deliveries: ``run(layout, hand_back, rated)``.
 Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
+
+#: Starts a waiting room's consumer (the worker's ``_started``: paused while its job queue is).
+Starter = Callable[[WorkQueueConsumer], Awaitable[None]]
 
 #: Seconds between two tries at a job's emitter lock by a process that does not hold it.
 TAKEOVER_EVERY = 1.0
@@ -262,11 +265,14 @@ class RateLimits:
 
         return waiting
 
-    async def start(self, run: Runner, inflight: set[Any], concurrency: int, safe_url: str) -> None:
+    async def start(
+        self, run: Runner, inflight: set[Any], concurrency: int, safe_url: str, starter: Starter | None = None
+    ) -> None:
         """Consume each waiting room (``concurrency`` slots), attach its token feed, start the emitter candidates.
 
         ``run(layout, hand_back, rated)``: the worker's delivery handler for a job queue
-        (``rated``: its token taken, never moved again).
+        (``rated``: its token taken, never moved again). ``starter``: starts a waiting room's
+        consumer (the worker's: paused while an operator pauses its job queue).
         """
         handler = self._waiting_handler(run, inflight)
         for room in self.rooms.values():
@@ -275,7 +281,7 @@ class RateLimits:
             room.gate.feed = feed
             await feed.pause()  # consuming only while a delivery waits here
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
-            await consumer.start()
+            await (consumer.start() if starter is None else starter(consumer))
             self.consumers.append(consumer)
             self.tasks.append(asyncio.create_task(self._emitter(room)))
 
@@ -347,11 +353,12 @@ async def start_rate_limits(
     run: Runner,
     inflight: set[Any],
     concurrency: int,
+    starter: Starter | None = None,
 ) -> RateLimits | None:
     """Declare the rate-limited jobs' queues, consume their waiting rooms, run their emitter candidates.
 
     None when no job of ``layouts`` has a rate limit. ``connections``: the worker's
-    (consuming, publishing) connections; ``run``, ``inflight``: see :meth:`RateLimits.start`.
+    (consuming, publishing) connections; ``run``, ``inflight``, ``starter``: see :meth:`RateLimits.start`.
 
     Raises:
         TopologyConflictError: a rate queue exists with other arguments.
@@ -369,6 +376,6 @@ async def start_rate_limits(
         for job, (rate, lay) in jobs.items()
     }
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
-    await limits.start(run, inflight, concurrency, settings.safe_url)
+    await limits.start(run, inflight, concurrency, settings.safe_url, starter)
     log.info("rate-limited: %s", ", ".join(f"job={logfmt_value(j)} {r.rate}" for j, r in rooms.items()))
     return limits

@@ -18,7 +18,9 @@ from amqpjobs.runtime.deliveries import DeliveryPath
 from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.sources import Source
+from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import parse_queue_name
 
 
 class SourceControl(DeliveryPath):
@@ -30,6 +32,7 @@ class SourceControl(DeliveryPath):
     _holding: Holding
     _gate: IsolationGate
     _stop: asyncio.Event
+    options: WorkerOptions
 
     def _holds_any(self, source: Source) -> bool:
         """Whether a delivery of one of the work queues ``source`` takes from is held."""
@@ -58,7 +61,46 @@ class SourceControl(DeliveryPath):
             return  # turn resumes it when it ends; an operator's pause lasts until its resume
         await asyncio.gather(*(c.resume() for c in self._sources_of(work_queue) if c.paused))
 
+    def _rooms_of(self, job_queue: str) -> list[Source]:
+        """The waiting rooms of ``job_queue``'s rate-limited jobs (README "Flow control" -> "Rate limits")."""
+        return [
+            c
+            for c in self._consumers
+            if (p := parse_queue_name(c.queue)).kind == "waiting" and p.job_queue == job_queue
+        ]
+
+    async def _started(self, source: Source) -> None:
+        """Start ``source``, paused when an operator paused its job queue: it takes no delivery until resumed."""
+        self._consumers.append(source)  # first: a pause signalled while it starts finds it
+        if self._operator_paused(source):
+            await source.pause()
+        await source.start()
+
+    def _operator_paused(self, source: Source, known: bool = False) -> bool:
+        """Whether an operator paused the job queue ``source`` takes from (or it is not known, unless ``known``)."""
+        parsed = parse_queue_name(source.queue)
+        queue = parsed.job_queue if parsed.kind == "waiting" else source.queue
+        return self._pauses.flagged(queue) if known else self._pauses.pauses(queue)
+
+    async def _pause_job_queue(self, job_queue: str) -> None:
+        """An operator's pause: its work queues' sources and its waiting rooms."""
+        await asyncio.gather(*(c.pause() for c in (*self._sources_of(job_queue), *self._rooms_of(job_queue))))
+
     async def _resume_unheld(self, job_queue: str) -> None:
-        """An operator's resume: not while a delivery of it is held (the hold's end resumes it)."""
+        """An operator's resume: its waiting rooms, and its sources unless a delivery of it is held.
+
+        A hold's end resumes the sources it stopped.
+        """
+        if self._stop.is_set() or self._pauses.pauses(job_queue):
+            return
+        await asyncio.gather(*(c.resume() for c in self._rooms_of(job_queue) if c.paused))
         if not any(self._holds_any(c) for c in self._sources_of(job_queue)):
             await self._resume_queue(job_queue)
+
+    def _consuming(self) -> str:
+        """What /readyz says when ready: the queues taken from, their slots, and the job queues paused."""
+        active = sorted(c.queue for c in self._consumers if not self._operator_paused(c, known=True))
+        paused = f"; paused: {', '.join(sorted(self._pauses.flags))}" if self._pauses.flags else ""
+        return (
+            f"consuming {', '.join(active) or 'nothing'} with {len(active) * self.options.concurrency} slot(s){paused}"
+        )

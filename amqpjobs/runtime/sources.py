@@ -27,6 +27,9 @@ class Source(Protocol):
         """Whether :meth:`pause` stopped it on purpose."""
         ...
 
+    async def start(self) -> None:
+        """Start taking (after :meth:`pause`: only at :meth:`resume`)."""
+
     async def pause(self) -> None:
         """Stop taking; return once nothing more arrives."""
 

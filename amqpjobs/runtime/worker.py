@@ -122,7 +122,7 @@ class Worker(SuspectTurns):
         self._breakers: Breakers | None = None  # jobs with a circuit breaker (README "Flow control")
         self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
         self._rates: RateLimits | None = None  # rate-limited jobs' waiting rooms and tokens (README "Flow control")
-        self._pauses = OperatorPauses(settings, self._pause_queue, self._resume_unheld, metrics)  # amqpjobs pause
+        self._pauses = OperatorPauses(settings, self._pause_job_queue, self._resume_unheld, metrics)  # amqpjobs pause
 
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
@@ -185,12 +185,11 @@ class Worker(SuspectTurns):
         if store is not None:  # any worker sweeps: deletion needs no one process
             sweep = keep_pruned(store, store.sweep_every, "stored payload(s)")
             self._background.append(asyncio.create_task(sweep))
-        await self._pauses.start(self._connection, self._layouts.values())  # before any delivery can start
+        await self._pauses.start(self._connection, self._layouts.values())  # each source then starts paused or not
         self._rates = await start_rate_limits(
             self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
-            self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency,
+            self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency, self._started,
         )  # fmt: skip
-        self._consumers += self._rates.consumers if self._rates else []
         self._background += self._rates.tasks if self._rates else []
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
@@ -203,7 +202,6 @@ class Worker(SuspectTurns):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
-        await self._pauses.apply()
         await warn_dropped_shards(self.settings, self._layouts.values(), log)  # README "Sharding"
         self.ready.set()
 
@@ -261,8 +259,7 @@ class Worker(SuspectTurns):
             self._connection, work_queue, self.options.concurrency, self._held_by(layout),
             self.settings.safe_url, self._consumer_timeouts.get(layout.name),
         )  # fmt: skip
-        self._consumers.append(consumer)
-        await consumer.start()
+        await self._started(consumer)
 
     async def _start_dispatcher(self, layout: JobQueueLayout) -> None:
         """A sharded job queue: N slots for all its shards, taken by turns and leases (:mod:`.dispatch`)."""
@@ -275,8 +272,7 @@ class Worker(SuspectTurns):
             lookahead=1 if first else 0,  # one look-ahead delivery per worker (README "Tenant fairness")
             hand_back=self._held_by(layout, hand_back=True),
         )  # fmt: skip
-        self._consumers.append(dispatcher)
-        await dispatcher.start()
+        await self._started(dispatcher)
 
     async def _beat(self) -> None:
         while True:
@@ -305,9 +301,7 @@ class Worker(SuspectTurns):
         idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
-        queues = sorted(c.queue for c in self._consumers)
-        slots = len(self._consumers) * self.options.concurrency
-        return True, f"consuming {', '.join(queues)} with {slots} slot(s)"
+        return True, self._consuming()
 
     def request_stop(self) -> None:
         """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""

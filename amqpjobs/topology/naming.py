@@ -13,7 +13,8 @@ suspects queue           ``N.suspects``                              ``urgent.su
 parked queue             ``N.parked``                                ``urgent.parked``
 pause flag               ``N.paused`` (only while paused)            ``urgent.paused``
 outcome events exchange  ``amqpjobs.events`` (topic, one a vhost)    routing key ``urgent.succeeded``
-control exchange         ``amqpjobs.control`` (direct, one a vhost)  routing key ``urgent`` (pause signals)
+pause signals            ``amq.direct`` (pre-declared)               routing key ``amqpjobs.pause.urgent``
+pause listener (worker)  ``amqpjobs.pause-listener.<id>`` (exclusive)
 breaker state (open)     ``N.breaker.<job>`` (durable, no messages)  ``urgent.breaker.mail``
 breaker probe lock       ``N.breaker-probe.<job>`` (exclusive)       ``urgent.breaker-probe.mail``
 waiting room of job J    ``N.rate-waiting.J`` (rate-limited jobs)    ``urgent.rate-waiting.sms``
@@ -21,9 +22,12 @@ token queue of job J     ``N.rate-tokens.J``                         ``urgent.ra
 token emitter lock       ``N.rate-emitter.J`` (exclusive queue)      ``urgent.rate-emitter.sms``
 =======================  ==========================================  ======================
 
-A job's breaker notices go through RabbitMQ's pre-declared headers exchange
-:data:`BREAKER_EXCHANGE` (it exists on every vhost and can't be deleted: RabbitMQ
-"Exchanges" -> "Pre-declared Exchanges"), matched on header :data:`BREAKER_HEADER` = job queue.
+Pause signals go through RabbitMQ's pre-declared direct exchange :data:`SIGNAL_EXCHANGE`
+with routing key :func:`pause_signal_key` (a user can't delete it and unbind every worker
+unnoticed, as with the ``amqpjobs.control`` exchange used before). A job's breaker notices
+go through RabbitMQ's pre-declared headers exchange :data:`BREAKER_EXCHANGE` (it exists on
+every vhost and can't be deleted: RabbitMQ "Exchanges" -> "Pre-declared Exchanges"), matched
+on header :data:`BREAKER_HEADER` = job queue.
 
 The breaker's and the three rate-limit queues are declared by the workers, not the topology
 (breakers and rate limits are in the app's code: README "Flow control"); a job queue name
@@ -49,8 +53,11 @@ SUSPECTS_SUFFIX = ".suspects"
 PARKED_SUFFIX = ".parked"
 #: Suffix of a job queue's pause flag, a durable queue that exists while an operator pauses it (``amqpjobs pause``).
 PAUSED_SUFFIX = ".paused"
-#: The direct exchange ``amqpjobs pause/resume`` tell workers through (routing key: the job queue).
-CONTROL_EXCHANGE = "amqpjobs.control"
+#: The exchange ``amqpjobs pause/resume`` tell workers through: pre-declared, so never missing
+#: (RabbitMQ "Exchanges" -> "Pre-declared Exchanges"); routing key :func:`pause_signal_key`.
+SIGNAL_EXCHANGE = "amq.direct"
+#: Prefix of a worker's exclusive queue for pause signals: ``amqpjobs.pause-listener.<id>``.
+LISTENER_PREFIX = "amqpjobs.pause-listener."
 #: Suffix of the x-modulus-hash exchange of a sharded job queue with ``shard_routing = "modulus-hash"``.
 SHARDS_SUFFIX = ".shards"
 #: The topic exchange workers publish one outcome event to per delivery (:mod:`amqpjobs.jobs.events`).
@@ -165,6 +172,11 @@ def suspects_queue_name(job_queue: str) -> str:
 def parked_queue_name(job_queue: str) -> str:
     """Name of the queue where an operator parks quarantined jobs of ``job_queue`` (``amqpjobs quarantine park``)."""
     return f"{job_queue}{PARKED_SUFFIX}"
+
+
+def pause_signal_key(job_queue: str) -> str:
+    """Routing key of ``job_queue``'s pause signals on :data:`SIGNAL_EXCHANGE`: ``amqpjobs.pause.<job queue>``."""
+    return f"amqpjobs.pause.{job_queue}"
 
 
 def paused_flag_name(job_queue: str) -> str:

@@ -102,7 +102,7 @@ class WorkQueueConsumer:
         return ch is not None and not ch.is_closed and self.tag in ch.consumers
 
     async def start(self) -> None:
-        """Open the channel, set its prefetch and start consuming.
+        """Open the channel, set its prefetch and start consuming (not yet when :meth:`pause` came first).
 
         Raises:
             BrokerError: the work queue does not exist (apply the topology first), or no
@@ -127,6 +127,8 @@ class WorkQueueConsumer:
                 "apply the topology first (amqpjobs topology apply)"
             ) from exc
         channel.reopen_callbacks.add(self._on_reopen)
+        if self._paused:  # paused before it started: it consumes at resume()
+            return
         async with declaring(f"consuming {self.queue!r}", self.safe_url):
             await self._consume()
 

@@ -8,12 +8,17 @@ through the management API (``GET /api/queues/<vhost>/<name>``), which shows the
 Nothing is ever published to it. Being durable, it outlives broker restarts: a worker that
 starts, or reconnects, while it exists starts nothing of ``N``.
 
-The signal: ``pause``/``resume`` then publish one message (confirmed) to the direct
-exchange ``amqpjobs.control`` with routing key ``N``; every worker consuming ``N`` has an
+The signal: ``pause``/``resume`` then publish one message (confirmed) to RabbitMQ's
+pre-declared direct exchange ``amq.direct`` with routing key ``amqpjobs.pause.N``
+(:func:`~amqpjobs.topology.naming.pause_signal_key`); every worker consuming ``N`` has an
 exclusive queue of its own bound there (:class:`PauseSignals`) and learns it within
-milliseconds. Workers read the flags themselves (:func:`read_flags`) after they start
-listening, after each reconnect, and every :data:`RECHECK` seconds, for a signal missed
-(the exchange deleted, say).
+milliseconds. A pre-declared exchange exists on every vhost and can't be deleted (RabbitMQ
+"Exchanges" -> "Pre-declared Exchanges"), so no user can unbind every worker unnoticed by
+deleting it (the ``amqpjobs.control`` exchange of earlier versions could be). Workers read
+the flags themselves (:func:`read_flags`) after they start listening, after each reconnect
+or loss of their listener (its channel closed, its queue deleted), and every
+:data:`RECHECK` seconds, for a signal missed. A signal the broker refuses (no write
+permission on ``amq.direct``) leaves the flag changed: :class:`SignalNotSent` says so.
 
 Why not poll the flag: a passive declare of a missing queue fails ``404 NOT_FOUND``, which
 closes the channel and writes an ``[error]`` line in the broker's log for every look
@@ -40,7 +45,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.printable import printable
-from amqpjobs.topology.naming import CONTROL_EXCHANGE, paused_flag_name
+from amqpjobs.topology.naming import LISTENER_PREFIX, SIGNAL_EXCHANGE, pause_signal_key, paused_flag_name
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.declare import declaring, find_missing
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
@@ -107,15 +112,43 @@ def parse_signal(body: bytes) -> tuple[str, PauseFlag | None] | None:
         return None
 
 
-async def _send(channel: AbstractChannel, job_queue: str, flag: PauseFlag | None) -> None:
+#: What a user needs to send pause signals, for messages (README "Flow control" -> "Broker permissions").
+SEND_PERMISSION = f"write permission on exchange {SIGNAL_EXCHANGE}"
+#: What a worker's user needs to hear them.
+LISTEN_PERMISSION = (f"configure, write and read permission on queues named {LISTENER_PREFIX}* and read permission "
+                     f"on exchange {SIGNAL_EXCHANGE}")  # fmt: skip
+
+
+async def _send(channel: AbstractChannel, job_queue: str, flag: PauseFlag | None) -> str | None:
+    """Signal one change; None when sent, else why not (the channel is then closed: send no more on it)."""
     underlay = await channel.get_underlay_channel()
     properties = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
-    with broker_errors(CONTROL_EXCHANGE):
-        await underlay.basic_publish(_signal(job_queue, flag), exchange=CONTROL_EXCHANGE, routing_key=job_queue,
-                                     properties=properties)  # fmt: skip
+    try:
+        with broker_errors(SIGNAL_EXCHANGE):
+            await underlay.basic_publish(_signal(job_queue, flag), exchange=SIGNAL_EXCHANGE,
+                                         routing_key=pause_signal_key(job_queue), properties=properties)  # fmt: skip
+    except BrokerError as exc:
+        hint = f"; the user needs {SEND_PERMISSION}" if "ACCESS_REFUSED" in str(exc) else ""
+        return f"{exc}{hint}"
+    return None
 
 
-async def set_flags(settings: BrokerSettings, job_queues: Iterable[str], reason: str) -> list[PauseFlag]:
+@dataclass(frozen=True)
+class SignalNotSent:
+    """Flags changed, but the signal to the workers was not sent (they notice within :data:`RECHECK` seconds).
+
+    Attributes:
+        job_queue: The first job queue whose signal was not sent.
+        why: The broker's refusal, with the permission needed when it was one.
+    """
+
+    job_queue: str
+    why: str
+
+
+async def set_flags(
+    settings: BrokerSettings, job_queues: Iterable[str], reason: str
+) -> tuple[list[PauseFlag], SignalNotSent | None]:
     """Pause ``job_queues``: (re)declare each flag with ``reason`` and now, then signal the workers.
 
     A queue paused already gets the new reason and since: its flag is deleted and declared
@@ -125,9 +158,13 @@ async def set_flags(settings: BrokerSettings, job_queues: Iterable[str], reason:
     second later before it counts (:mod:`amqpjobs.runtime.pausing`), so the moment without a
     flag is not taken for a resume.
 
+    Returns:
+        The pauses set, and None when every signal went out, else which one did not and why
+        (the flags are set all the same; workers notice them at their next read).
+
     Raises:
         BrokerUnavailableError: cannot connect.
-        BrokerError: the broker refused a declare or a publish, or did not answer in time.
+        BrokerError: the broker refused a declare or a delete (nothing signalled), or did not answer in time.
     """
     since = datetime.now(UTC).replace(microsecond=0)
     flags = [PauseFlag(q, printable(reason)[:MAX_REASON], since) for q in job_queues]
@@ -137,28 +174,38 @@ async def set_flags(settings: BrokerSettings, job_queues: Iterable[str], reason:
             missing, _ = await find_missing(connection, [paused_flag_name(f.job_queue) for f in flags])
             channel = await connection.channel(publisher_confirms=True)
             try:
-                with broker_errors(CONTROL_EXCHANGE):
-                    await channel.declare_exchange(CONTROL_EXCHANGE, "direct", durable=True)
                 for flag in flags:
                     name = paused_flag_name(flag.job_queue)
                     with broker_errors(name):
                         if name not in missing:  # paused already: replace it (new reason and since)
                             await channel.queue_delete(name)
                         await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
-                    await _send(channel, flag.job_queue, flag)
+                unsent = await _send_all(channel, [(f.job_queue, f) for f in flags])
             finally:
                 await close_channel(channel)
     finally:
         await connection.close()
-    return flags
+    return flags, unsent
 
 
-async def clear_flags(settings: BrokerSettings, job_queues: Iterable[str]) -> list[str]:
-    """Resume ``job_queues``: delete each flag, then signal the workers. Returns those that were paused.
+async def _send_all(channel: AbstractChannel, signals: list[tuple[str, PauseFlag | None]]) -> SignalNotSent | None:
+    """Send each signal; the first refused stops the rest (its channel is closed): which and why."""
+    for job_queue, flag in signals:
+        if (why := await _send(channel, job_queue, flag)) is not None:
+            return SignalNotSent(job_queue, why)
+    return None
+
+
+async def clear_flags(settings: BrokerSettings, job_queues: Iterable[str]) -> tuple[list[str], SignalNotSent | None]:
+    """Resume ``job_queues``: delete each flag, then signal the workers.
+
+    Returns:
+        Those that were paused, and None when every signal went out, else which one did
+        not and why (the flags are deleted all the same).
 
     Raises:
         BrokerUnavailableError: cannot connect.
-        BrokerError: the broker refused a delete or a publish, or did not answer in time.
+        BrokerError: the broker refused a delete (nothing signalled), or did not answer in time.
     """
     job_queues = list(job_queues)
     connection = await connect(settings, name="amqpjobs-resume")
@@ -168,17 +215,15 @@ async def clear_flags(settings: BrokerSettings, job_queues: Iterable[str]) -> li
             paused = [q for q in job_queues if paused_flag_name(q) not in missing]
             channel = await connection.channel(publisher_confirms=True)
             try:
-                with broker_errors(CONTROL_EXCHANGE):
-                    await channel.declare_exchange(CONTROL_EXCHANGE, "direct", durable=True)
                 for queue in paused:
                     with broker_errors(paused_flag_name(queue)):
                         await channel.queue_delete(paused_flag_name(queue))
-                    await _send(channel, queue, None)
+                unsent = await _send_all(channel, [(q, None) for q in paused])
             finally:
                 await close_channel(channel)
     finally:
         await connection.close()
-    return paused
+    return paused, unsent
 
 
 def read_flags(settings: BrokerSettings, job_queues: Iterable[str], timeout: float = 5.0) -> dict[str, PauseFlag]:
@@ -224,18 +269,20 @@ async def look_for_flags(
 
 
 class PauseSignals:
-    """A worker's ear for ``amqpjobs pause/resume``: an exclusive queue bound to ``amqpjobs.control``.
+    """A worker's ear for ``amqpjobs pause/resume``: an exclusive queue bound to ``amq.direct``.
 
     Declared on the channel underneath aio-pika's robust one (as :mod:`amqpjobs.wire.lock`),
-    so aio-pika restores nothing by itself; when the channel reopens after a reconnect, the
-    queue is declared, bound and consumed anew, and ``on_back`` is called (read the flags
-    again: signals sent meanwhile went nowhere).
+    so aio-pika restores nothing by itself; when the channel reopens (after a reconnect, or
+    after the broker closed the channel alone), or the broker cancels the consumer (its
+    queue deleted by hand), the queue is declared, bound and consumed anew, and ``on_back``
+    is called (read the flags again: signals sent meanwhile went nowhere).
 
     Args:
         connection: The worker's robust connection.
         job_queues: The job queues to hear about (binding keys).
         on_signal: Called with (job queue, its pause or None when resumed), in arrival order.
-        on_lost: Called when the channel closes (signals may be missed until ``on_back``).
+        on_lost: Called when the channel closes or the consumer is cancelled (signals may be missed until
+            ``on_back``).
         on_back: Called once listening again after a reopen.
     """
 
@@ -249,18 +296,20 @@ class PauseSignals:
     ) -> None:
         self.connection = connection
         self.job_queues = tuple(job_queues)
-        self.name = f"{CONTROL_EXCHANGE}.listener.{uuid.uuid4().hex}"
+        self.name = f"{LISTENER_PREFIX}{uuid.uuid4().hex}"
         self._on_signal = on_signal
         self._on_lost = on_lost
         self._on_back = on_back
         self._channel: AbstractChannel | None = None
         self._closing = False
+        self._watched: object = None  # the channel whose close and consumer cancel are watched
+        self._relisten: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Declare the exchange (idempotent), the queue and its bindings, and consume.
+        """Declare the queue and its bindings, and consume.
 
         Raises:
-            BrokerError: the broker refused one of them.
+            BrokerError: the broker refused one of them (the message names the permission needed).
         """
         self._channel = await self.connection.channel(publisher_confirms=False)
         self._channel.reopen_callbacks.add(self._reopened)
@@ -270,16 +319,36 @@ class PauseSignals:
         assert self._channel is not None
         underlay = await self._channel.get_underlay_channel()
         try:
-            with broker_errors(CONTROL_EXCHANGE):
-                await underlay.exchange_declare(CONTROL_EXCHANGE, exchange_type="direct", durable=True)
+            with broker_errors(self.name):
                 await underlay.queue_declare(self.name, exclusive=True, auto_delete=True,
                                              arguments={"x-queue-type": "classic"})  # fmt: skip
                 for queue in self.job_queues:
-                    await underlay.queue_bind(self.name, CONTROL_EXCHANGE, routing_key=queue)
+                    await underlay.queue_bind(self.name, SIGNAL_EXCHANGE, routing_key=pause_signal_key(queue))
                 await underlay.basic_consume(self.name, self._message, no_ack=True)
         except _LISTEN_ERRORS as exc:
-            raise BrokerError(f"listening for pause signals failed: {exc}") from exc
-        underlay.closing.add_done_callback(self._closed)
+            hint = f"; give the worker's user {LISTEN_PERMISSION}" if "ACCESS_REFUSED" in str(exc) else ""
+            raise BrokerError(f"listening for pause signals failed: {exc}{hint}") from exc
+        if self._watched is not underlay:
+            self._watched = underlay
+            underlay.closing.add_done_callback(self._closed)
+            underlay.on_consumer_cancel_callbacks.add(self._cancelled)
+
+    def _cancelled(self, _: Any) -> None:
+        """The broker cancelled the consumer (its queue deleted): listen anew, then read the flags."""
+        if self._closing:
+            return
+        self._on_lost()
+        # not in this callback: the channel's reader awaits it, and would never read the answers
+        self._relisten = asyncio.get_running_loop().create_task(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        try:
+            await self._listen()
+        except BrokerError as exc:
+            log.warning("%s after its queue was deleted; pause flags are read every %gs meanwhile", exc, RECHECK)
+            return
+        log.warning("the queue for pause signals %s was deleted; declared it again", self.name)
+        self._on_back()
 
     async def _message(self, message: aiormq.abc.DeliveredMessage) -> None:
         parsed = parse_signal(message.body)
@@ -303,6 +372,8 @@ class PauseSignals:
     async def close(self) -> None:
         """Stop listening (the queue goes with the channel)."""
         self._closing = True
+        if self._relisten is not None:
+            self._relisten.cancel()
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await close_channel(self._channel)

@@ -126,3 +126,30 @@ def test_a_pause_flag_is_no_orphan_and_collides_with_a_job_queue_of_its_name(tmp
                     '[[job_queue]]\nname = "a.paused"\nexchange = "jobs"\n')  # fmt: skip
     with pytest.raises(TopologyValidationError, match=r"a\.paused"):
         load_topology(path)
+
+
+async def test_a_second_pause_with_a_new_reason_is_logged_by_the_worker(caplog: pytest.LogCaptureFixture):
+    worker, source = _worker()
+    worker._pauses._set("work", FLAG)
+    await _settled()
+    again = PauseFlag("work", "provider still down", datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC))
+    caplog.clear()
+    worker._pauses._set("work", again)
+    worker._pauses._set("work", again)  # the same pause read again: nothing new to say
+    await _settled()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "job queue work paused again by an operator (reason: provider still down; since 2026-01-02T04:00:00Z)"
+    ]
+    assert source.paused
+
+
+async def test_a_flag_read_without_reason_keeps_the_known_one_and_is_not_a_new_pause(
+    caplog: pytest.LogCaptureFixture,
+):
+    worker, _ = _worker()
+    worker._pauses._set("work", FLAG)
+    caplog.clear()
+    worker._pauses._set("work", PauseFlag("work", "", datetime.fromtimestamp(0, UTC)))  # passive declares found it
+    assert worker._pauses.flags["work"] == FLAG
+    assert caplog.records == []
