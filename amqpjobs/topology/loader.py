@@ -32,6 +32,7 @@ from amqpjobs.topology.naming import (
     MAX_CLIENT_NAME,
     NameKind,
     parse_queue_name,
+    pause_signal_key,
     paused_flag_name,
     unaddressable_problem,
 )
@@ -251,13 +252,14 @@ def _cross_checks(
             problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             decls = Topology(job_queues=(jq,)).declarations()
-            too_long = [n for n in (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges))
-                        if len(n.encode("utf-8")) > 255]  # fmt: skip
+            expanded = (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges),
+                        paused_flag_name(jq.name), pause_signal_key(jq.name))  # fmt: skip
+            too_long = [n for n in expanded if len(n.encode("utf-8")) > 255]
             if too_long:
                 problems.append(
                     Problem(file, f"{base}.name",
                             f"expanded name {too_long[0][:40]!r}... is {len(too_long[0].encode('utf-8'))} bytes; "
-                            "RabbitMQ allows 255", "shorten the job queue name (tiers and quarantine add suffixes)")
+                            "RabbitMQ allows 255", "shorten the job queue name (tiers, quarantine and pause add to it)")
                 )  # fmt: skip
             named: list[tuple[NameKind, str]] = [("queue", jq.name)]  # the name as written first, then its expansion
             named += [("queue", q.name) for q in decls.queues] + [("exchange", e.name) for e in decls.exchanges]
