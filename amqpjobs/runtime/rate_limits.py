@@ -77,6 +77,12 @@ Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
 
 #: Seconds between two tries at a job's emitter lock by a process that does not hold it.
 TAKEOVER_EVERY = 1.0
+#: Seconds a rate-limited suspect waits for its token at most in a turn (its worker runs nothing else).
+SUSPECT_TOKEN_WAIT = 2.0
+#: Seconds before a token's time a suspects turn starts after a missed token (at most half an interval).
+SUSPECT_LEAD = 0.5
+#: Seconds at most between two looks at a suspects queue whose rate-limited suspect missed its token.
+SUSPECT_LOOK_MAX = 60.0
 
 
 class TokenGate:
@@ -95,19 +101,27 @@ class TokenGate:
         self._stop = stop
         self._waiters: deque[asyncio.Future[float]] = deque()
         self._switching = asyncio.Lock()
+        self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
 
-    async def acquire(self) -> bool:
-        """Wait for a fresh token; False when the worker stops first (the delivery is not to start)."""
+    async def acquire(self, front: bool = False, within: float | None = None) -> bool:
+        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
+
+        ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
+        """
         loop = asyncio.get_running_loop()
-        first = True
+        first = not front
+        deadline = None if within is None else time.monotonic() + within
         while not self._stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
             waiter: asyncio.Future[float] = loop.create_future()
             (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
             first = False
             stopping = loop.create_task(self._stop.wait())
             try:
                 await self._want()
-                await asyncio.wait((waiter, stopping), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopping.cancel()
                 if not waiter.done():
@@ -116,8 +130,11 @@ class TokenGate:
                         self._waiters.remove(waiter)
                     await self._want()
             if waiter.cancelled():
+                if deadline is not None and not self._stop.is_set():
+                    continue  # out of time: said at the top
                 return False
             if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
+                self.taken += 1
                 return True
             # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
         return False
@@ -200,8 +217,8 @@ class RateLimits:
         then the delivery waits here for its token, in its work queue's slot (a start,
         still within the rate).
         """
-        room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))
-        if room is None or room.layout.name != layout.name or self._stop.is_set():
+        room = self.room_of(layout, delivery)
+        if room is None or self._stop.is_set():
             return False
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         headers = unstarted_headers(
@@ -235,6 +252,39 @@ class RateLimits:
         delivery.routing_key = header_text(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY)) or delivery.routing_key
         delivery.headers = {k: v for k, v in delivery.headers.items() if k != WAITING_FROM}
         return room
+
+    def room_of(self, layout: JobQueueLayout, delivery: Received) -> Room | None:
+        """The rate-limited job's :class:`Room` a delivery of ``layout`` belongs to, or None."""
+        room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))
+        return room if room is not None and room.layout.name == layout.name else None
+
+    async def suspect_token(self, layout: JobQueueLayout, delivery: Delivery) -> float | None:
+        """A suspect's token (README "Rate limits": a suspect takes one too): None once taken or not needed.
+
+        A suspect of a rate-limited job waits first in line, at most two token intervals
+        (:data:`SUSPECT_TOKEN_WAIT` at most: the worker runs nothing else meanwhile). A
+        redelivered one is not to run (it is registered): it needs none. Without a token it
+        goes back to the end of the suspects queue as an unchanged copy (no start charged),
+        and the returned seconds say when to look again: just before a later token's time.
+
+        Raises:
+            AmqpJobsError: the copy could not be published (the suspect stays unacked: a
+                closed channel puts it back, marked redelivered).
+        """
+        room = self.room_of(layout, delivery)
+        if room is None or delivery.redelivered:
+            return None
+        rate = room.rate
+        if await room.gate.acquire(front=True, within=min(2 * rate.interval, SUSPECT_TOKEN_WAIT)):
+            return None
+        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        await self._publisher.publish("", layout.suspects_queue, delivery.copy(delivery.headers, job_id))
+        await delivery.ack()
+        log.info("job=%s id=%s: no token came for this suspect in its turn; it waits in %s for a later one",
+                 logfmt_value(room.job), logfmt_value(job_id), layout.suspects_queue)  # fmt: skip
+        now, lead = time.time(), min(SUSPECT_LEAD, rate.interval / 2)
+        due = tick_time(rate, first_tick(rate, now + lead)) - lead - now
+        return max(1.0, min(due, SUSPECT_LOOK_MAX))
 
     def _waiting_handler(self, run: Runner, inflight: set[Any]) -> DeliveryHandler:
         """The waiting rooms' delivery handler: wait for a token, then ``run(layout, hand_back, True)`` it.

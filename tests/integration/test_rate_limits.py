@@ -267,3 +267,50 @@ def asyncio_true(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]
         return predicate()
 
     return check
+
+
+async def publish_suspect(broker: BrokerSettings, job_id: str) -> None:
+    """A registered suspect of ``limited``, as a worker leaves one: start 2, from work queue ``work``."""
+    import aio_pika
+
+    from amqpjobs.jobs import crash
+
+    async with raw_channel(broker) as ch:
+        message = aio_pika.Message(
+            b"{}", type="limited", message_id=job_id, headers={crash.STARTS: 2, crash.WORK_QUEUE: "work"}
+        )
+        await ch.default_exchange.publish(message, routing_key="work.suspects")
+
+
+async def test_a_rate_limited_suspect_takes_a_token_or_goes_back_to_wait_uncharged(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """README "Rate limits": a suspect takes a token too; without one in its turn it waits for a later one."""
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    await publish_suspect(broker, "suspect-1")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        await asyncio.sleep(3.0)  # a few suspects turns
+        await app.enqueue("other", {}, job_id="other-after")  # the work queue still runs between turns
+        await recorder.wait_for(lambda outs: any(o.job_id == "other-after" for o in outs), 10)
+        assert [o.job_id for o in recorder.outcomes if o.job == "limited"] == []  # not run without a token
+    await app.close()
+    [back] = await drain(broker, "work.suspects")  # still there, its start count unchanged
+    assert (back.message_id, (back.headers or {}).get("amqpjobs-starts"), back.redelivered) == ("suspect-1", 2, False)
+
+
+async def test_a_rate_limited_suspect_runs_alone_with_a_token(broker: BrokerSettings, tmp_path: Path):
+    app = await in_process_app(broker, tmp_path, "2/s")
+    await publish_suspect(broker, "suspect-2")
+    metrics = WorkerMetrics()
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=2, grace=10), recorder, metrics)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda outs: any(o.job_id == "suspect-2" for o in outs), 15)
+        assert [(o.job_id, o.kind) for o in recorder.outcomes] == [("suspect-2", "succeeded")]
+        # its token was taken: fewer tokens wait than were minted is not observable; the gate says it
+        assert worker._rates is not None and worker._rates.rooms["limited"].gate.taken == 1
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert await depth(broker, "work.suspects") == 0
