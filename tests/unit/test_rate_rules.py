@@ -35,7 +35,7 @@ from amqpjobs.wire.lock import LockHolder
 
 @pytest.mark.parametrize(
     ("text", "count", "period", "interval"),
-    [("10/s", 10, 1.0, 0.1), ("30/m", 30, 60.0, 2.0), ("500/h", 500, 3600.0, 7.2), (" 1 / h ", 1, 3600.0, 3600.0),
+    [("10/s", 10, 1.0, 0.1), ("30/m", 30, 60.0, 2.0), ("500/h", 500, 3600.0, 7.2), ("1/h", 1, 3600.0, 3600.0),
      ("100/s", 100, 1.0, 0.01)],
 )  # fmt: skip
 def test_parse_rate_limit(text: str, count: int, period: float, interval: float) -> None:
@@ -45,13 +45,25 @@ def test_parse_rate_limit(text: str, count: int, period: float, interval: float)
     assert str(rate) == text.replace(" ", "")
 
 
-@pytest.mark.parametrize("text", ["10", "10/d", "0/s", "-1/s", "1.5/s", "ten/s", "10/sec", "", "10/S", "/s"])
+@pytest.mark.parametrize(
+    "text",
+    ["10", "10/d", "0/s", "-1/s", "1.5/s", "ten/s", "10/sec", "", "10/S", "/s", "10/ s", " 10/s", "10/s\n",
+     "010/s", "\uff11\uff10/s", "1\u00a0/s", "+1/s", "1_0/s", " 1 / h "],
+)  # fmt: skip
 def test_a_bad_rate_limit_names_the_value_and_the_forms(text: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         parse_rate_limit(text, "sms")
     message = str(caught.value)
     assert f"job 'sms': rate_limit {text!r} is not a rate" in message
     assert "'<count>/s', '<count>/m' or '<count>/h'" in message
+
+
+def test_a_rate_just_above_100_per_second_shows_its_exact_value() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        parse_rate_limit("360001/h")
+    assert "rate_limit '360001/h' is 360001 starts an hour (100.00027777777778 a second); at most 100/s" in str(
+        caught.value
+    )
 
 
 def test_a_rate_above_100_per_second_is_refused_naming_the_maximum() -> None:
