@@ -269,7 +269,7 @@ async def collect(
     problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
-    oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
+    oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
     longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
     problem when it holds jobs that no worker consumes or no worker mints tokens for
@@ -348,6 +348,7 @@ async def collect(
             status.notes.append(f"paused since {status.paused['since']} (reason: {flag.reason or 'none given'}); "
                                 f"no worker starts its jobs until: amqpjobs resume {shell_quote(name)}")  # fmt: skip
         sharded = len(status.work) > 1
+        status.waiting = [figures(r.waiting) for r in rated[name]]
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
@@ -358,12 +359,12 @@ async def collect(
                     if sharded
                     else f"no consumer on {w.name}"
                 )
+        for w in [*status.work, *status.waiting]:  # a waiting room's backlog falling behind its rate, too
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
-        status.waiting = [figures(r.waiting) for r in rated[name]]
         problems, notes = rate_findings(rated[name], figures)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiormq
@@ -314,3 +315,27 @@ async def test_a_rate_limited_suspect_runs_alone_with_a_token(broker: BrokerSett
         await worker.shutdown()
         await app.close()
     assert await depth(broker, "work.suspects") == 0
+
+
+async def test_status_max_age_covers_waiting_rooms(broker: BrokerSettings, tmp_path: Path):
+    """``status --max-age`` flags a waiting room whose oldest job is older (a rate-limited backlog falling behind)."""
+    import aio_pika
+
+    app = await in_process_app(broker, tmp_path, "1/h")
+    async with running_worker(app, broker, concurrency=1, queues=("work",)):
+        pass  # declares the rate queues
+    async with raw_channel(broker) as ch:
+        old = datetime.fromtimestamp(time.time() - 900, UTC)
+        message = aio_pika.Message(b"{}", type="limited", message_id="old-1", timestamp=old)
+        await ch.default_exchange.publish(message, routing_key=ROOMS.waiting)
+    await app.close()
+    layouts = list(app.topology().layouts())
+    deadline = time.monotonic() + 20  # the management API's figures come every few seconds
+    while True:
+        report = (await collect(broker, layouts, max_age=60))[0]
+        aged = [p for p in report.problems if ROOMS.waiting in p and "old" in p]
+        if aged or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert len(aged) == 1 and aged[0].startswith(f"oldest message in {ROOMS.waiting} is 9"), report.problems
+    assert aged[0].endswith("s old (> 60s)")
