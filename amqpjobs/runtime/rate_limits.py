@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from amqpjobs.errors import AmqpJobsError, BusyError
+from amqpjobs.errors import AmqpJobsError, BusyError, UnroutableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import unstarted_headers
 from amqpjobs.jobs.quarantine import header_text
@@ -61,6 +62,7 @@ from amqpjobs.topology.naming import RateQueues, rate_queue_names
 from amqpjobs.topology.rate_queues import rate_declarations
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.lock import LockHolder, exclusive_lock
 from amqpjobs.wire.settings import BrokerSettings
@@ -172,6 +174,7 @@ class Room:
     names: RateQueues
     layout: JobQueueLayout
     gate: TokenGate
+    declarations: Declarations  # its waiting room and token queue, declared again when found missing
 
 
 class RateLimits:
@@ -209,6 +212,24 @@ class RateLimits:
         self._pid = os.getpid()
         self.consumers: list[WorkQueueConsumer] = []  # the waiting rooms' (the worker drives them with its own)
         self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
+        self._declaring = asyncio.Lock()
+
+    async def declare_again(self, room: Room, found: str) -> None:
+        """Declare a job's rate queues again: one of them was found missing (deleted by hand), said once here.
+
+        ``found``: how (for the log). Rate queues are the workers', not the topology's:
+        ``topology apply`` does not declare them, so the worker that finds one missing does.
+
+        Raises:
+            TopologyConflictError, BrokerError: as :func:`~amqpjobs.wire.tokens.declare_rate_queues`.
+        """
+        async with self._declaring:  # one at a time: the emitter, the feed and the room may all find it
+            missing, _ = await find_missing(self._connection, [q.name for q in room.declarations.queues])
+            if not missing:
+                return
+            await declare_rate_queues(self._connection, room.declarations, self._settings.safe_url)
+        log.warning("job=%s: rate queue(s) %s missing (%s; deleted by hand?): this worker declared it again",
+                    logfmt_value(room.job), ", ".join(sorted(missing)), found)  # fmt: skip
 
     async def divert(self, layout: JobQueueLayout, delivery: Received) -> bool:
         """Move a rate-limited job's delivery from its work queue into its waiting room; True once moved.
@@ -227,11 +248,16 @@ class RateLimits:
         )  # fmt: skip
         headers[WAITING_FROM] = delivery.queue
         try:
-            await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
+            try:
+                await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
+            except UnroutableError:  # the waiting room is gone (deleted by hand): declared again, one more try
+                await self.declare_again(room, "a move into the waiting room was unroutable")
+                await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
         except AmqpJobsError as exc:
+            why = f"waiting room missing, declaring it failed: {exc}" if isinstance(exc, UnroutableError) else exc
             log.warning(
                 "job=%s id=%s: moving it to waiting room %s failed (%s); it waits for its token in its slot",
-                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, exc,
+                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, why,
             )  # fmt: skip
             await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
             return False
@@ -321,10 +347,12 @@ class RateLimits:
         handler = self._waiting_handler(run, inflight)
         for room in self.rooms.values():
             feed = WorkQueueConsumer(self._connection, room.names.tokens, 1, room.gate.on_token, safe_url)
+            feed.on_missing = functools.partial(self.declare_again, room, "consuming the token queue: 404")
             await feed.start()
             room.gate.feed = feed
             await feed.pause()  # consuming only while a delivery waits here
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
+            consumer.on_missing = functools.partial(self.declare_again, room, "consuming the waiting room: 404")
             await consumer.start()
             self.consumers.append(consumer)
             self.tasks.append(asyncio.create_task(self._emitter(room)))
@@ -367,6 +395,9 @@ class RateLimits:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 expires = token_expiration(rate, k, time.time())
+                if minter.returned:  # the broker had nowhere to put a token: its queue was deleted
+                    minter.returned = False
+                    await self.declare_again(room, "a token had no queue to go to")
                 if expires >= 0.001:
                     await minter.mint(k, expires)
                     if minted is not None:
@@ -415,8 +446,9 @@ async def start_rate_limits(
     await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
                               settings.safe_url)  # fmt: skip
     rooms = {
-        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop))
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop), decls)
         for job, (rate, lay) in jobs.items()
+        for decls in [rate_declarations(specs[lay.name], job)]
     }
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
     await limits.start(run, inflight, concurrency, settings.safe_url)

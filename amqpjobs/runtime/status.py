@@ -269,8 +269,9 @@ async def collect(
     problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
-    oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
-    longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
+    oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or
+    (``layouts``) a shard its topology no longer has (``shards`` lowered, ``topology plan``'s
+    ORPHAN) holds jobs: no worker reads it.
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
     problem when it holds jobs that no worker consumes or no worker mints tokens for
     (:mod:`amqpjobs.runtime.rate_status`).

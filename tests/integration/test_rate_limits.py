@@ -22,7 +22,7 @@ from amqpjobs.jobs.rate import WAITING_FROM
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.status import collect
-from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.wire.settings import BrokerSettings
@@ -310,7 +310,8 @@ async def test_a_rate_limited_suspect_runs_alone_with_a_token(broker: BrokerSett
         await recorder.wait_for(lambda outs: any(o.job_id == "suspect-2" for o in outs), 15)
         assert [(o.job_id, o.kind) for o in recorder.outcomes] == [("suspect-2", "succeeded")]
         # its token was taken: fewer tokens wait than were minted is not observable; the gate says it
-        assert worker._rates is not None and worker._rates.rooms["limited"].gate.taken == 1
+        assert worker._rates is not None
+        assert worker._rates.rooms["limited"].gate.taken == 1
     finally:
         await worker.shutdown()
         await app.close()
@@ -337,5 +338,44 @@ async def test_status_max_age_covers_waiting_rooms(broker: BrokerSettings, tmp_p
         if aged or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
-    assert len(aged) == 1 and aged[0].startswith(f"oldest message in {ROOMS.waiting} is 9"), report.problems
+    assert len(aged) == 1, report.problems
+    assert aged[0].startswith(f"oldest message in {ROOMS.waiting} is 9"), aged
     assert aged[0].endswith("s old (> 60s)")
+
+
+async def test_rate_queues_deleted_by_hand_are_declared_again_by_the_workers(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """README "Rate limits": a waiting room or token queue found missing is declared again, said once."""
+    app = await in_process_app(broker, tmp_path, "20/s")
+    caplog.set_level("INFO", logger="amqpjobs")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        for round_, queue in enumerate((ROOMS.tokens, ROOMS.waiting, ROOMS.tokens)):
+            async with raw_channel(broker) as ch:
+                await ch.queue_delete(queue)
+            await asyncio.sleep(1.5)  # the emitter mints into nowhere meanwhile (the tokens), or nothing waits
+            for i in range(3):
+                await app.enqueue("limited", {}, job_id=f"r{round_}-{i}")
+            done = 3 * (round_ + 1)
+
+            def finished(outs: list[Outcome], n: int = done) -> bool:
+                return sum(o.kind == "succeeded" for o in outs) == n
+
+            await recorder.wait_for(finished, 15)
+        for queue in (ROOMS.waiting, ROOMS.tokens):
+            await depth(broker, queue)  # both exist again (a passive declare of a missing one raises)
+    await app.close()
+    said = [r.getMessage() for r in caplog.records if "declared it again" in r.getMessage()]
+    assert any(ROOMS.tokens in m for m in said), said
+    assert any(ROOMS.waiting in m for m in said), said
+    assert not [r for r in caplog.records if "apply the topology" in r.getMessage()]
+
+
+async def test_status_flags_a_missing_rate_queue(broker: BrokerSettings, tmp_path: Path):
+    app = await in_process_app(broker, tmp_path, "1/h")
+    async with running_worker(app, broker, concurrency=1, queues=("work",)):
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete(ROOMS.tokens)
+        report = (await collect(broker, list(app.topology().layouts())))[0]
+    await app.close()
+    assert f"token queue {ROOMS.tokens} of rate-limited job 'limited' is missing" in " | ".join(report.problems)
