@@ -38,7 +38,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -64,9 +64,9 @@ from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
-from amqpjobs.wire.lock import LockHolder, exclusive_lock
+from amqpjobs.wire.lock import LockHolder, exclusive_lock, lock_holder
 from amqpjobs.wire.settings import BrokerSettings
-from amqpjobs.wire.tokens import TokenMinter, declare_rate_queues
+from amqpjobs.wire.tokens import RATE_ARGUMENT, TokenMinter, declare_rate_queues
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -79,6 +79,8 @@ Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
 
 #: Seconds between two tries at a job's emitter lock by a process that does not hold it.
 TAKEOVER_EVERY = 1.0
+#: Seconds between a non-minting worker's looks at the minter's rate (management API).
+MINTER_LOOK_EVERY = 60.0
 #: Seconds a rate-limited suspect waits for its token at most in a turn (its worker runs nothing else).
 SUSPECT_TOKEN_WAIT = 2.0
 #: Seconds before a token's time a suspects turn starts after a missed token (at most half an interval).
@@ -175,6 +177,8 @@ class Room:
     layout: JobQueueLayout
     gate: TokenGate
     declarations: Declarations  # its waiting room and token queue, declared again when found missing
+    look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
+    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
 
 
 class RateLimits:
@@ -353,6 +357,7 @@ class RateLimits:
             await feed.pause()  # consuming only while a delivery waits here
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
             consumer.on_missing = functools.partial(self.declare_again, room, "consuming the waiting room: 404")
+            consumer.arguments = {**consumer.arguments, RATE_ARGUMENT: str(room.rate)}  # for status
             await consumer.start()
             self.consumers.append(consumer)
             self.tasks.append(asyncio.create_task(self._emitter(room)))
@@ -362,7 +367,7 @@ class RateLimits:
         what = f"the rate-limit tokens of job {room.job!r}"
         while not self._stop.is_set():
             holder = LockHolder(f"token emitter of job {room.job} at {room.rate}", self._host, self._pid,
-                                datetime.now(UTC))  # fmt: skip
+                                datetime.now(UTC), (("rate", str(room.rate)),))  # fmt: skip
             try:
                 async with exclusive_lock(
                     self._publishing, self._settings, room.names.emitter, holder, what, look_up=False
@@ -373,12 +378,27 @@ class RateLimits:
                     if not self._stop.is_set():
                         log.warning("job=%s: stopped minting its tokens (connection lost); another worker takes over",
                                     logfmt_value(room.job))  # fmt: skip
-            except BusyError:
-                pass  # another process mints them
+            except BusyError:  # another process mints them: at our rate? (looked at now and then)
+                if time.monotonic() >= room.look_at_minter:
+                    room.look_at_minter = time.monotonic() + MINTER_LOOK_EVERY
+                    await self._compare_rates(room)
             except AmqpJobsError as exc:
                 log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
+
+    async def _compare_rates(self, room: Room) -> None:
+        """Warn (once per rate seen) when the job's minter mints at another rate than this worker's."""
+        _, holder = await lock_holder(self._settings, room.names.emitter)
+        theirs = None if holder is None else holder.detail("rate")
+        if theirs is None or theirs == str(room.rate) or theirs in room.rates_warned:
+            return
+        room.rates_warned.add(theirs)
+        log.warning(
+            "job=%s: its tokens are minted at %s by %s, not at this worker's %s: the minter's rate applies until "
+            "another worker takes over minting (README \"Rate limits\": changing a rate)", logfmt_value(room.job),
+            logfmt_value(theirs), holder, room.rate,
+        )  # fmt: skip
 
     async def _mint(self, room: Room, held: Callable[[], bool]) -> None:
         """Mint tokens on the rate's grid while ``held()`` (the lock) and the worker runs."""

@@ -32,6 +32,10 @@ log = logging.getLogger("amqpjobs.wire")
 
 #: Header of a token: its index on the rate's grid (:func:`amqpjobs.jobs.rate.tick_time`).
 TOKEN_HEADER: Final = "amqpjobs-token"
+#: Consumer argument of a worker's waiting-room consumer: the job's rate limit in that worker
+#: (``10/s``), read back by ``status`` (management API ``consumer_details``); the broker ignores
+#: consumer arguments it does not know.
+RATE_ARGUMENT: Final = "amqpjobs-rate"
 
 
 async def declare_rate_queues(connection: AbstractRobustConnection, declarations: Declarations, safe_url: str) -> None:

@@ -379,3 +379,28 @@ async def test_status_flags_a_missing_rate_queue(broker: BrokerSettings, tmp_pat
         report = (await collect(broker, list(app.topology().layouts())))[0]
     await app.close()
     assert f"token queue {ROOMS.tokens} of rate-limited job 'limited' is missing" in " | ".join(report.problems)
+
+
+async def test_workers_with_different_rates_are_warned_and_shown_by_status(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """README "Rate limits" -> changing a rate: the minter's rate applies; the others say so, and so does status."""
+    caplog.set_level("INFO", logger="amqpjobs")
+    first = await in_process_app(broker, tmp_path, "20/s")
+    second = await in_process_app(broker, tmp_path, "30/s")
+    async with running_worker(first, broker, concurrency=1, queues=("work",)):
+        await asyncio.sleep(1.5)  # it mints
+        async with running_worker(second, broker, concurrency=1, queues=("work",)):
+            await asyncio.sleep(2.5)  # it tried the lock and looked at the minter's rate
+            report = (await collect(broker, list(first.topology().layouts())))[0]
+    await first.close()
+    await second.close()
+    warned = [r.getMessage() for r in caplog.records if "not at this worker's" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("job=limited: its tokens are minted at 20/s by token emitter of job limited at 20/s")
+    assert warned[0].count("not at this worker's 30/s") == 1
+    [limits] = report.rate_limits
+    assert (limits["rate"], limits["worker_rates"], limits["missing"]) == ("20/s", ["20/s", "30/s"], [])
+    assert limits["minter"]["pid"] == os.getpid()
+    note = next(n for n in report.notes if "rate-limited" in n)
+    assert "workers of job 'limited' have different rate limits (20/s, 30/s); the minter's, 20/s, applies" in note
