@@ -2,9 +2,9 @@
 
 For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.jobs.rate`):
 
-* **One emitter** across the app mints its tokens: each worker process tries the job's
-  emitter lock (an exclusive queue, :mod:`amqpjobs.wire.lock`) every
-  :data:`TAKEOVER_EVERY` seconds; the holder publishes one token every ``period / count``
+* **One emitter** across the app mints its tokens (:mod:`.token_emitter`): each worker
+  process tries the job's emitter lock (an exclusive queue, :mod:`amqpjobs.wire.lock`) every
+  second; the holder publishes one token every ``period / count``
   seconds on absolute times (token ``k`` at ``k * interval`` since the epoch: no drift,
   and a take-over keeps the grid), each good until half an interval after its time (its
   ``expiration``; one already too late is skipped). A killed holder's lock goes with its
@@ -29,44 +29,38 @@ times are one interval apart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from amqpjobs.errors import AmqpJobsError, BusyError, UnroutableError
+from amqpjobs.errors import AmqpJobsError, UnroutableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import unstarted_headers
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.rate import (
-    HOLD_FRACTION,
     WAITING_FROM,
     RateLimit,
     first_tick,
-    next_tick,
     tick_time,
-    token_expiration,
 )
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.rate_rooms import Room, TokenGate
+from amqpjobs.runtime.token_emitter import TokenEmitter
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import RateQueues, rate_queue_names
+from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.topology.rate_queues import rate_declarations
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
-from amqpjobs.wire.lock import LockHolder, exclusive_lock, lock_holder
 from amqpjobs.wire.settings import BrokerSettings
-from amqpjobs.wire.tokens import RATE_ARGUMENT, TokenMinter, declare_rate_queues
+from amqpjobs.wire.tokens import RATE_ARGUMENT, declare_rate_queues
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -77,108 +71,12 @@ log = logging.getLogger("amqpjobs.worker")
 #: The worker's handler for a job queue's deliveries: ``run(layout, hand_back, rated)``.
 Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
 
-#: Seconds between two tries at a job's emitter lock by a process that does not hold it.
-TAKEOVER_EVERY = 1.0
-#: Seconds between a non-minting worker's looks at the minter's rate (management API).
-MINTER_LOOK_EVERY = 60.0
 #: Seconds a rate-limited suspect waits for its token at most in a turn (its worker runs nothing else).
 SUSPECT_TOKEN_WAIT = 2.0
 #: Seconds before a token's time a suspects turn starts after a missed token (at most half an interval).
 SUSPECT_LEAD = 0.5
 #: Seconds at most between two looks at a suspects queue whose rate-limited suspect missed its token.
 SUSPECT_LOOK_MAX = 60.0
-
-
-class TokenGate:
-    """One rate-limited job's tokens in this process: each waiting delivery gets one, oldest first.
-
-    Args:
-        job: The job's name (for logs).
-        rate: Its rate limit.
-        stop: Set when the worker stops: waiting ends without a token.
-    """
-
-    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
-        self.job = job
-        self.rate = rate
-        self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
-        self._stop = stop
-        self._waiters: deque[asyncio.Future[float]] = deque()
-        self._switching = asyncio.Lock()
-        self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
-
-    async def acquire(self, front: bool = False, within: float | None = None) -> bool:
-        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
-
-        ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
-        """
-        loop = asyncio.get_running_loop()
-        first = not front
-        deadline = None if within is None else time.monotonic() + within
-        while not self._stop.is_set():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            waiter: asyncio.Future[float] = loop.create_future()
-            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
-            first = False
-            stopping = loop.create_task(self._stop.wait())
-            try:
-                await self._want()
-                await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                if not waiter.done():
-                    waiter.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
-                    await self._want()
-            if waiter.cancelled():
-                if deadline is not None and not self._stop.is_set():
-                    continue  # out of time: said at the top
-                return False
-            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
-                self.taken += 1
-                return True
-            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
-        return False
-
-    async def on_token(self, token: Delivery) -> None:
-        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
-        received = time.monotonic()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(received)
-                with contextlib.suppress(DeliveryChannelClosed):
-                    await token.ack()
-                await self._want()
-                return
-        await self._want()  # stop consuming first, or the broker hands it straight back
-        with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
-            await token.requeue()
-
-    async def _want(self) -> None:
-        """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
-        async with self._switching:
-            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
-            if feed is None or wanted == (not feed.paused):
-                return
-            await (feed.resume() if wanted else feed.pause())
-
-
-@dataclass
-class Room:
-    """One rate-limited job in this worker: its queues, its job queue's layout and its gate."""
-
-    job: str
-    rate: RateLimit
-    names: RateQueues
-    layout: JobQueueLayout
-    gate: TokenGate
-    declarations: Declarations  # its waiting room and token queue, declared again when found missing
-    look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
-    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
 
 
 class RateLimits:
@@ -217,6 +115,7 @@ class RateLimits:
         self.consumers: list[WorkQueueConsumer] = []  # the waiting rooms' (the worker drives them with its own)
         self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
         self._declaring = asyncio.Lock()
+        self._emitter = TokenEmitter(publishing, settings, stop, metrics, self.declare_again)
 
     async def declare_again(self, room: Room, found: str) -> None:
         """Declare a job's rate queues again: one of them was found missing (deleted by hand), said once here.
@@ -360,75 +259,7 @@ class RateLimits:
             consumer.arguments = {**consumer.arguments, RATE_ARGUMENT: str(room.rate)}  # for status
             await consumer.start()
             self.consumers.append(consumer)
-            self.tasks.append(asyncio.create_task(self._emitter(room)))
-
-    async def _emitter(self, room: Room) -> None:
-        """Try the job's emitter lock every :data:`TAKEOVER_EVERY` seconds; while held, mint its tokens."""
-        what = f"the rate-limit tokens of job {room.job!r}"
-        while not self._stop.is_set():
-            holder = LockHolder(f"token emitter of job {room.job} at {room.rate}", self._host, self._pid,
-                                datetime.now(UTC), (("rate", str(room.rate)),))  # fmt: skip
-            try:
-                async with exclusive_lock(
-                    self._publishing, self._settings, room.names.emitter, holder, what, look_up=False
-                ) as lock:
-                    log.info("job=%s: this worker (pid %d on %s) now mints its tokens, %s", logfmt_value(room.job),
-                             self._pid, self._host, room.rate)  # fmt: skip
-                    await self._mint(room, lambda: lock.held)
-                    if not self._stop.is_set():
-                        log.warning("job=%s: stopped minting its tokens (connection lost); another worker takes over",
-                                    logfmt_value(room.job))  # fmt: skip
-            except BusyError:  # another process mints them: at our rate? (looked at now and then)
-                if time.monotonic() >= room.look_at_minter:
-                    room.look_at_minter = time.monotonic() + MINTER_LOOK_EVERY
-                    await self._compare_rates(room)
-            except AmqpJobsError as exc:
-                log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
-
-    async def _compare_rates(self, room: Room) -> None:
-        """Warn (once per rate seen) when the job's minter mints at another rate than this worker's."""
-        _, holder = await lock_holder(self._settings, room.names.emitter)
-        theirs = None if holder is None else holder.detail("rate")
-        if theirs is None or theirs == str(room.rate) or theirs in room.rates_warned:
-            return
-        room.rates_warned.add(theirs)
-        log.warning(
-            "job=%s: its tokens are minted at %s by %s, not at this worker's %s: the minter's rate applies until "
-            "another worker takes over minting (README \"Rate limits\": changing a rate)", logfmt_value(room.job),
-            logfmt_value(theirs), holder, room.rate,
-        )  # fmt: skip
-
-    async def _mint(self, room: Room, held: Callable[[], bool]) -> None:
-        """Mint tokens on the rate's grid while ``held()`` (the lock) and the worker runs."""
-        minter = await TokenMinter.open(self._publishing, room.names.tokens)
-        gauge = None if self._metrics is None else self._metrics.rate_emitter.labels(room.job)
-        minted = None if self._metrics is None else self._metrics.rate_tokens.labels(room.job)
-        if gauge is not None:
-            gauge.set(1)
-        rate = room.rate
-        k = first_tick(rate, time.time())
-        try:
-            while held() and minter.open_ and not self._stop.is_set():
-                delay = tick_time(rate, k) - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                expires = token_expiration(rate, k, time.time())
-                if minter.returned:  # the broker had nowhere to put a token: its queue was deleted
-                    minter.returned = False
-                    await self.declare_again(room, "a token had no queue to go to")
-                if expires >= 0.001:
-                    await minter.mint(k, expires)
-                    if minted is not None:
-                        minted.inc()
-                k = next_tick(rate, k, time.time())
-        except AmqpJobsError as exc:
-            log.warning("job=%s: minting tokens failed (%s)", logfmt_value(room.job), exc)
-        finally:
-            if gauge is not None:
-                gauge.set(0)
-            await minter.close()
+            self.tasks.append(asyncio.create_task(self._emitter.run(room)))
 
 
 def rate_limited(app: App, layouts: Iterable[JobQueueLayout]) -> dict[str, tuple[RateLimit, JobQueueLayout]]:

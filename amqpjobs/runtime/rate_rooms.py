@@ -1,0 +1,114 @@
+"""A rate-limited job in a worker process: its queues and its token gate (README "Flow control" -> "Rate limits").
+
+Each waiting delivery of the job in this process waits at the :class:`TokenGate` for a
+token from the job's token queue, oldest first; the gate consumes the token queue (prefetch
+1) only while a delivery waits, and drops a token it held over
+:data:`~amqpjobs.jobs.rate.HOLD_FRACTION` of an interval (:mod:`amqpjobs.runtime.rate_limits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
+from amqpjobs.topology.declarations import Declarations
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import RateQueues
+from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+
+
+class TokenGate:
+    """One rate-limited job's tokens in this process: each waiting delivery gets one, oldest first.
+
+    Args:
+        job: The job's name (for logs).
+        rate: Its rate limit.
+        stop: Set when the worker stops: waiting ends without a token.
+    """
+
+    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
+        self.job = job
+        self.rate = rate
+        self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
+        self._stop = stop
+        self._waiters: deque[asyncio.Future[float]] = deque()
+        self._switching = asyncio.Lock()
+        self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
+
+    async def acquire(self, front: bool = False, within: float | None = None) -> bool:
+        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
+
+        ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
+        """
+        loop = asyncio.get_running_loop()
+        first = not front
+        deadline = None if within is None else time.monotonic() + within
+        while not self._stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            waiter: asyncio.Future[float] = loop.create_future()
+            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
+            first = False
+            stopping = loop.create_task(self._stop.wait())
+            try:
+                await self._want()
+                await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not waiter.done():
+                    waiter.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                    await self._want()
+            if waiter.cancelled():
+                if deadline is not None and not self._stop.is_set():
+                    continue  # out of time: said at the top
+                return False
+            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
+                self.taken += 1
+                return True
+            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
+        return False
+
+    async def on_token(self, token: Delivery) -> None:
+        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
+        received = time.monotonic()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(received)
+                with contextlib.suppress(DeliveryChannelClosed):
+                    await token.ack()
+                await self._want()
+                return
+        await self._want()  # stop consuming first, or the broker hands it straight back
+        with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
+            await token.requeue()
+
+    async def _want(self) -> None:
+        """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
+        async with self._switching:
+            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
+            if feed is None or wanted == (not feed.paused):
+                return
+            await (feed.resume() if wanted else feed.pause())
+
+
+@dataclass
+class Room:
+    """One rate-limited job in this worker: its queues, its job queue's layout and its gate."""
+
+    job: str
+    rate: RateLimit
+    names: RateQueues
+    layout: JobQueueLayout
+    gate: TokenGate
+    declarations: Declarations  # its waiting room and token queue, declared again when found missing
+    look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
+    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
