@@ -14,9 +14,10 @@ For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.
 * **A waiting room**: a delivery of the job arriving from its work queue is moved there
   (a confirmed copy, then the ack, as a hand-back: no ``redelivered`` flag, no attempt
   used), so it never holds the work queue's slots, which the queue's other jobs need. Each
-  worker process consumes the waiting room with ``prefetch_count`` = its concurrency (slots
-  of its own) and, while a delivery of it waits, the token queue with prefetch 1; a token
-  goes to the longest-waiting delivery, which then runs through the usual decision path
+  worker process consumes the waiting room with its concurrency (slots of its own), holding at
+  most :data:`~.rate_rooms.WAITING_PER_PROCESS` waiting deliveries (:class:`.rate_rooms.RoomSource`),
+  and, while a delivery of it waits, the token queue with prefetch 1; a token
+  goes to the longest-waiting delivery of the process, which then runs through the usual decision path
   (retries, quarantine, crash containment) as a delivery of the work queue it came from.
   A token that comes when nothing waits here goes back to the queue (keeping its expiry).
 
@@ -49,7 +50,7 @@ from amqpjobs.jobs.rate import (
     tick_time,
 )
 from amqpjobs.printable import logfmt_value
-from amqpjobs.runtime.rate_rooms import Room, TokenGate
+from amqpjobs.runtime.rate_rooms import Room, RoomSource, TokenGate
 from amqpjobs.runtime.token_emitter import TokenEmitter
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.topology.models import JobQueueLayout
@@ -112,8 +113,9 @@ class RateLimits:
         self._metrics = metrics
         self._host = socket.gethostname()
         self._pid = os.getpid()
-        self.consumers: list[WorkQueueConsumer] = []  # the waiting rooms' (the worker drives them with its own)
+        self.consumers: list[RoomSource] = []  # the waiting rooms' (the worker drives them with its own)
         self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
+        self.handed_back: set[Any] = set()  # the tasks of deliveries that waited for a token when the worker stopped
         self._declaring = asyncio.Lock()
         self._emitter = TokenEmitter(publishing, settings, stop, metrics, self.declare_again)
 
@@ -224,20 +226,26 @@ class RateLimits:
 
         async def waiting(delivery: Delivery) -> None:
             room = self.admit(delivery)
+            assert room.source is not None
+            room.source.received()
             task = asyncio.current_task()
             inflight.add(task)
             gauge = None if self._metrics is None else self._metrics.rate_waiting.labels(room.job)
             if gauge is not None:
                 gauge.inc()
-            try:
-                got = await room.gate.acquire()
+            try:  # a redelivered one is registered as a suspect, never started here: it needs no token
+                got = delivery.redelivered or await room.gate.acquire()
             finally:
+                room.source.waited()
                 if gauge is not None:
                     gauge.dec()
+            if not got:  # the worker stops: handed back, never started
+                self.handed_back.add(task)
             try:
                 await run(room.layout, not got, True)(delivery)
             finally:
                 inflight.discard(task)
+                room.source.settled()
 
         return waiting
 
@@ -257,9 +265,15 @@ class RateLimits:
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
             consumer.on_missing = functools.partial(self.declare_again, room, "consuming the waiting room: 404")
             consumer.arguments = {**consumer.arguments, RATE_ARGUMENT: str(room.rate)}  # for status
+            room.source = RoomSource(consumer, concurrency)  # few waiting deliveries held (README "Rate limits")
             await consumer.start()
-            self.consumers.append(consumer)
+            self.consumers.append(room.source)
             self.tasks.append(asyncio.create_task(self._emitter.run(room)))
+
+
+def handed_back_note(handed: set[Any]) -> str:
+    """The stopped worker's words for the deliveries it handed back while they waited for a token (their tasks)."""
+    return f", {len(handed)} waiting for a token handed back unstarted" if handed else ""
 
 
 def rate_limited(app: App, layouts: Iterable[JobQueueLayout]) -> dict[str, tuple[RateLimit, JobQueueLayout]]:

@@ -86,6 +86,7 @@ class WorkQueueConsumer:
         self._closing = False
         self._paused = False
         self._switch = asyncio.Lock()  # one pause or resume at a time, in the order asked
+        self._qos_on: tuple[int, int] | None = None  # (channel id, prefetch) last set by _consume
         self._retry: asyncio.Task[None] | None = None
         #: Called when consuming again finds the queue missing (404), before one more try: a queue the
         #: workers declare themselves (a rate limit's) is declared again there. None: wait for it.
@@ -147,6 +148,9 @@ class WorkQueueConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await probe.close()
+        if self._qos_on != (id(underlay), self.prefetch):  # changed since (a waiting room's: one per consume)
+            await underlay.basic_qos(prefetch_count=self.prefetch)
+            self._qos_on = (id(underlay), self.prefetch)
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
         await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
         if self._consuming_on is not underlay:

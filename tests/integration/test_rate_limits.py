@@ -179,8 +179,9 @@ async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str) -> A
 
 
 async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_unstarted(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
+    caplog.set_level("INFO", logger="amqpjobs")
     app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
     recorder = Recorder()
     worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=10), recorder)
@@ -211,6 +212,11 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     assert not any(m.redelivered for m in back)  # copies: their next start is no crash suspect
     assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
     assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
+    [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker stopped")]
+    assert stopped == (  # the one waiting delivery is no job finished
+        "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
+        "unstarted; exit 0"
+    )
 
 
 async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(
@@ -392,7 +398,12 @@ async def test_workers_with_different_rates_are_warned_and_shown_by_status(
         await asyncio.sleep(1.5)  # it mints
         async with running_worker(second, broker, concurrency=1, queues=("work",)):
             await asyncio.sleep(2.5)  # it tried the lock and looked at the minter's rate
-            report = (await collect(broker, list(first.topology().layouts())))[0]
+            deadline = time.monotonic() + 15  # the management API's consumer details come every few seconds
+            while True:
+                report = (await collect(broker, list(first.topology().layouts())))[0]
+                if len(report.rate_limits[0]["worker_rates"]) == 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
     await first.close()
     await second.close()
     warned = [r.getMessage() for r in caplog.records if "not at this worker's" in r.getMessage()]
@@ -404,3 +415,27 @@ async def test_workers_with_different_rates_are_warned_and_shown_by_status(
     assert limits["minter"]["pid"] == os.getpid()
     note = next(n for n in report.notes if "rate-limited" in n)
     assert "workers of job 'limited' have different rate limits (20/s, 30/s); the minter's, 20/s, applies" in note
+
+
+async def test_a_killed_worker_leaves_few_waiting_deliveries_redelivered(broker: BrokerSettings, tmp_path: Path):
+    """README "Rate limits": a process holds at most WAITING_PER_PROCESS deliveries waiting for a token, not
+    --concurrency: only those come back marked redelivered (and run alone as suspects) when it is killed."""
+    from amqpjobs.runtime.rate_rooms import WAITING_PER_PROCESS
+
+    app = await publisher(broker, tmp_path)
+    try:
+        with rate_workers(broker, tmp_path, "--concurrency", "8", RATEAPP_RATE="1/h") as proc:
+            await wait_for(lambda: _consumed(broker, ROOMS.waiting), 30, "the worker consuming the waiting room")
+            await enqueue_all(app, [("limited", {})] * 10)
+            await asyncio.sleep(2.0)  # moved into the waiting room, and the worker took what it takes
+            proc.kill()
+            proc.wait(10)
+        back = await drain(broker, ROOMS.waiting)
+    finally:
+        await app.close()
+    assert len(back) == 10
+    assert sum(bool(m.redelivered) for m in back) == WAITING_PER_PROCESS == 2
+
+
+async def _consumed(broker: BrokerSettings, queue: str) -> bool:
+    return await consumers(broker, queue) == 1
