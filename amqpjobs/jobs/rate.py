@@ -26,13 +26,18 @@ PERIODS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0}
 #: each worker process (a round trip each), good for half an interval after its time (5 ms at 100/s).
 MAX_PER_SECOND: Final = 100.0
 #: The forms a rate limit takes, for messages.
-FORMS: Final = "'<count>/s', '<count>/m' or '<count>/h' with a whole count >= 1 (e.g. '10/s', '30/m', '500/h')"
+FORMS: Final = (
+    "'<count>/s', '<count>/m' or '<count>/h' with a whole count >= 1 in ASCII digits, no leading zero and no "
+    "spaces (e.g. '10/s', '30/m', '500/h')"
+)
 #: A worker drops a token it held longer than this fraction of an interval (a blocked event loop).
 HOLD_FRACTION: Final = 0.25
 #: Header of a delivery moved to its job's waiting room: the work queue it came from.
 WAITING_FROM: Final = "amqpjobs-waiting-from"
 
-_RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+#: Strict: ASCII digits without a leading zero, no spaces, nothing after the unit.
+_RATE = re.compile(r"([1-9][0-9]*)/([smh])", re.ASCII)
+_UNIT_NAMES: Final = {"s": "second", "m": "minute", "h": "hour"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ def parse_rate_limit(value: str, job: str = "") -> RateLimit:
     """Read a rate limit such as ``"10/s"``, ``"30/m"`` or ``"500/h"``.
 
     Args:
-        value: ``<count>/<unit>``: a whole count >= 1 per second (``s``), minute (``m``) or hour (``h``).
+        value: ``<count>/<unit>``: a whole count >= 1 per second (``s``), minute (``m``) or hour (``h``),
+            strictly: ASCII digits without a leading zero, no spaces.
         job: The job's name, for the message.
 
     Returns:
@@ -79,17 +85,26 @@ def parse_rate_limit(value: str, job: str = "") -> RateLimit:
     """
     who = f"job {job!r}: " if job else ""
     match = _RATE.fullmatch(value) if isinstance(value, str) else None
-    if match is None or int(match.group(1)) < 1:
+    if match is None:
         raise ConfigurationError(f"{who}rate_limit {value!r} is not a rate; use {FORMS}")
     count, unit = int(match.group(1)), match.group(2)
     rate = RateLimit(count, PERIODS[unit], f"{count}/{unit}")
     if rate.per_second > MAX_PER_SECOND:
         raise ConfigurationError(
-            f"{who}rate_limit {value!r} is {rate.per_second:g} starts a second; at most {MAX_PER_SECOND:g}/s is "
+            f"{who}rate_limit {value!r} is {_exactly(rate)}; at most {MAX_PER_SECOND:g}/s is "
             f"supported (one token a start, good for half an interval: {500 / MAX_PER_SECOND:g} ms at that rate); "
             "spread the job over several job names or drop the limit"
         )
     return rate
+
+
+def _exactly(rate: RateLimit) -> str:
+    """``101 starts a second``, or ``360001 starts an hour (100.00027777777778 a second)``: never rounded."""
+    unit = next(u for u, p in PERIODS.items() if p == rate.period)
+    if unit == "s":
+        return f"{rate.count} starts a second"
+    article = "an" if unit == "h" else "a"
+    return f"{rate.count} starts {article} {_UNIT_NAMES[unit]} ({rate.per_second!r} a second)"
 
 
 def first_tick(rate: RateLimit, now: float) -> int:

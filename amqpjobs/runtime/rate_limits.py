@@ -2,9 +2,9 @@
 
 For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.jobs.rate`):
 
-* **One emitter** across the app mints its tokens: each worker process tries the job's
-  emitter lock (an exclusive queue, :mod:`amqpjobs.wire.lock`) every
-  :data:`TAKEOVER_EVERY` seconds; the holder publishes one token every ``period / count``
+* **One emitter** across the app mints its tokens (:mod:`.token_emitter`): each worker
+  process tries the job's emitter lock (an exclusive queue, :mod:`amqpjobs.wire.lock`) every
+  second; the holder publishes one token every ``period / count``
   seconds on absolute times (token ``k`` at ``k * interval`` since the epoch: no drift,
   and a take-over keeps the grid), each good until half an interval after its time (its
   ``expiration``; one already too late is skipped). A killed holder's lock goes with its
@@ -14,9 +14,10 @@ For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.
 * **A waiting room**: a delivery of the job arriving from its work queue is moved there
   (a confirmed copy, then the ack, as a hand-back: no ``redelivered`` flag, no attempt
   used), so it never holds the work queue's slots, which the queue's other jobs need. Each
-  worker process consumes the waiting room with ``prefetch_count`` = its concurrency (slots
-  of its own) and, while a delivery of it waits, the token queue with prefetch 1; a token
-  goes to the longest-waiting delivery, which then runs through the usual decision path
+  worker process consumes the waiting room with its concurrency (slots of its own), holding at
+  most :data:`~.rate_rooms.WAITING_PER_PROCESS` waiting deliveries (:class:`.rate_rooms.RoomSource`),
+  and, while a delivery of it waits, the token queue with prefetch 1; a token
+  goes to the longest-waiting delivery of the process, which then runs through the usual decision path
   (retries, quarantine, crash containment) as a delivery of the work queue it came from.
   A token that comes when nothing waits here goes back to the queue (keeping its expiry).
 
@@ -29,42 +30,38 @@ times are one interval apart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import os
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from amqpjobs.errors import AmqpJobsError, BusyError
+from amqpjobs.errors import AmqpJobsError, UnroutableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import unstarted_headers
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.rate import (
-    HOLD_FRACTION,
     WAITING_FROM,
     RateLimit,
     first_tick,
-    next_tick,
     tick_time,
-    token_expiration,
 )
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.rate_rooms import Room, RoomSource, TokenGate
+from amqpjobs.runtime.token_emitter import TokenEmitter
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import RateQueues, rate_queue_names
+from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.topology.rate_queues import rate_declarations
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
-from amqpjobs.wire.lock import LockHolder, exclusive_lock
 from amqpjobs.wire.settings import BrokerSettings
-from amqpjobs.wire.tokens import TokenMinter, declare_rate_queues
+from amqpjobs.wire.tokens import RATE_ARGUMENT, declare_rate_queues
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
@@ -75,89 +72,15 @@ log = logging.getLogger("amqpjobs.worker")
 #: The worker's handler for a job queue's deliveries: ``run(layout, hand_back, rated)``.
 Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
 
-#: Starts a waiting room's consumer (the worker's ``_started``: paused while its job queue is).
-Starter = Callable[[WorkQueueConsumer], Awaitable[None]]
+#: Starts a waiting room's source (the worker's ``_started``: paused while an operator pauses its job queue).
+Starter = Callable[["RoomSource"], Awaitable[None]]
 
-#: Seconds between two tries at a job's emitter lock by a process that does not hold it.
-TAKEOVER_EVERY = 1.0
-
-
-class TokenGate:
-    """One rate-limited job's tokens in this process: each waiting delivery gets one, oldest first.
-
-    Args:
-        job: The job's name (for logs).
-        rate: Its rate limit.
-        stop: Set when the worker stops: waiting ends without a token.
-    """
-
-    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
-        self.job = job
-        self.rate = rate
-        self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
-        self._stop = stop
-        self._waiters: deque[asyncio.Future[float]] = deque()
-        self._switching = asyncio.Lock()
-
-    async def acquire(self) -> bool:
-        """Wait for a fresh token; False when the worker stops first (the delivery is not to start)."""
-        loop = asyncio.get_running_loop()
-        first = True
-        while not self._stop.is_set():
-            waiter: asyncio.Future[float] = loop.create_future()
-            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
-            first = False
-            stopping = loop.create_task(self._stop.wait())
-            try:
-                await self._want()
-                await asyncio.wait((waiter, stopping), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                if not waiter.done():
-                    waiter.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
-                    await self._want()
-            if waiter.cancelled():
-                return False
-            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
-                return True
-            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
-        return False
-
-    async def on_token(self, token: Delivery) -> None:
-        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
-        received = time.monotonic()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(received)
-                with contextlib.suppress(DeliveryChannelClosed):
-                    await token.ack()
-                await self._want()
-                return
-        await self._want()  # stop consuming first, or the broker hands it straight back
-        with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
-            await token.requeue()
-
-    async def _want(self) -> None:
-        """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
-        async with self._switching:
-            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
-            if feed is None or wanted == (not feed.paused):
-                return
-            await (feed.resume() if wanted else feed.pause())
-
-
-@dataclass
-class Room:
-    """One rate-limited job in this worker: its queues, its job queue's layout and its gate."""
-
-    job: str
-    rate: RateLimit
-    names: RateQueues
-    layout: JobQueueLayout
-    gate: TokenGate
+#: Seconds a rate-limited suspect waits for its token at most in a turn (its worker runs nothing else).
+SUSPECT_TOKEN_WAIT = 2.0
+#: Seconds before a token's time a suspects turn starts after a missed token (at most half an interval).
+SUSPECT_LEAD = 0.5
+#: Seconds at most between two looks at a suspects queue whose rate-limited suspect missed its token.
+SUSPECT_LOOK_MAX = 60.0
 
 
 class RateLimits:
@@ -193,8 +116,28 @@ class RateLimits:
         self._metrics = metrics
         self._host = socket.gethostname()
         self._pid = os.getpid()
-        self.consumers: list[WorkQueueConsumer] = []  # the waiting rooms' (the worker drives them with its own)
+        self.consumers: list[RoomSource] = []  # the waiting rooms' (the worker drives them with its own)
         self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
+        self.handed_back: set[Any] = set()  # the tasks of deliveries that waited for a token when the worker stopped
+        self._declaring = asyncio.Lock()
+        self._emitter = TokenEmitter(publishing, settings, stop, metrics, self.declare_again)
+
+    async def declare_again(self, room: Room, found: str) -> None:
+        """Declare a job's rate queues again: one of them was found missing (deleted by hand), said once here.
+
+        ``found``: how (for the log). Rate queues are the workers', not the topology's:
+        ``topology apply`` does not declare them, so the worker that finds one missing does.
+
+        Raises:
+            TopologyConflictError, BrokerError: as :func:`~amqpjobs.wire.tokens.declare_rate_queues`.
+        """
+        async with self._declaring:  # one at a time: the emitter, the feed and the room may all find it
+            missing, _ = await find_missing(self._connection, [q.name for q in room.declarations.queues])
+            if not missing:
+                return
+            await declare_rate_queues(self._connection, room.declarations, self._settings.safe_url)
+        log.warning("job=%s: rate queue(s) %s missing (%s; deleted by hand?): this worker declared it again",
+                    logfmt_value(room.job), ", ".join(sorted(missing)), found)  # fmt: skip
 
     async def divert(self, layout: JobQueueLayout, delivery: Received) -> bool:
         """Move a rate-limited job's delivery from its work queue into its waiting room; True once moved.
@@ -203,8 +146,8 @@ class RateLimits:
         then the delivery waits here for its token, in its work queue's slot (a start,
         still within the rate).
         """
-        room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))
-        if room is None or room.layout.name != layout.name or self._stop.is_set():
+        room = self.room_of(layout, delivery)
+        if room is None or self._stop.is_set():
             return False
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         headers = unstarted_headers(
@@ -213,11 +156,16 @@ class RateLimits:
         )  # fmt: skip
         headers[WAITING_FROM] = delivery.queue
         try:
-            await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
+            try:
+                await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
+            except UnroutableError:  # the waiting room is gone (deleted by hand): declared again, one more try
+                await self.declare_again(room, "a move into the waiting room was unroutable")
+                await self._publisher.publish("", room.names.waiting, delivery.copy(headers, job_id))
         except AmqpJobsError as exc:
+            why = f"waiting room missing, declaring it failed: {exc}" if isinstance(exc, UnroutableError) else exc
             log.warning(
                 "job=%s id=%s: moving it to waiting room %s failed (%s); it waits for its token in its slot",
-                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, exc,
+                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, why,
             )  # fmt: skip
             await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
             return False
@@ -239,6 +187,39 @@ class RateLimits:
         delivery.headers = {k: v for k, v in delivery.headers.items() if k != WAITING_FROM}
         return room
 
+    def room_of(self, layout: JobQueueLayout, delivery: Received) -> Room | None:
+        """The rate-limited job's :class:`Room` a delivery of ``layout`` belongs to, or None."""
+        room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))
+        return room if room is not None and room.layout.name == layout.name else None
+
+    async def suspect_token(self, layout: JobQueueLayout, delivery: Delivery) -> float | None:
+        """A suspect's token (README "Rate limits": a suspect takes one too): None once taken or not needed.
+
+        A suspect of a rate-limited job waits first in line, at most two token intervals
+        (:data:`SUSPECT_TOKEN_WAIT` at most: the worker runs nothing else meanwhile). A
+        redelivered one is not to run (it is registered): it needs none. Without a token it
+        goes back to the end of the suspects queue as an unchanged copy (no start charged),
+        and the returned seconds say when to look again: just before a later token's time.
+
+        Raises:
+            AmqpJobsError: the copy could not be published (the suspect stays unacked: a
+                closed channel puts it back, marked redelivered).
+        """
+        room = self.room_of(layout, delivery)
+        if room is None or delivery.redelivered:
+            return None
+        rate = room.rate
+        if await room.gate.acquire(front=True, within=min(2 * rate.interval, SUSPECT_TOKEN_WAIT)):
+            return None
+        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        await self._publisher.publish("", layout.suspects_queue, delivery.copy(delivery.headers, job_id))
+        await delivery.ack()
+        log.info("job=%s id=%s: no token came for this suspect in its turn; it waits in %s for a later one",
+                 logfmt_value(room.job), logfmt_value(job_id), layout.suspects_queue)  # fmt: skip
+        now, lead = time.time(), min(SUSPECT_LEAD, rate.interval / 2)
+        due = tick_time(rate, first_tick(rate, now + lead)) - lead - now
+        return max(1.0, min(due, SUSPECT_LOOK_MAX))
+
     def _waiting_handler(self, run: Runner, inflight: set[Any]) -> DeliveryHandler:
         """The waiting rooms' delivery handler: wait for a token, then ``run(layout, hand_back, True)`` it.
 
@@ -248,20 +229,26 @@ class RateLimits:
 
         async def waiting(delivery: Delivery) -> None:
             room = self.admit(delivery)
+            assert room.source is not None
+            room.source.received()
             task = asyncio.current_task()
             inflight.add(task)
             gauge = None if self._metrics is None else self._metrics.rate_waiting.labels(room.job)
             if gauge is not None:
                 gauge.inc()
-            try:
-                got = await room.gate.acquire()
+            try:  # a redelivered one is registered as a suspect, never started here: it needs no token
+                got = delivery.redelivered or await room.gate.acquire()
             finally:
+                room.source.waited()
                 if gauge is not None:
                     gauge.dec()
+            if not got:  # the worker stops: handed back, never started
+                self.handed_back.add(task)
             try:
                 await run(room.layout, not got, True)(delivery)
             finally:
                 inflight.discard(task)
+                room.source.settled()
 
         return waiting
 
@@ -277,63 +264,22 @@ class RateLimits:
         handler = self._waiting_handler(run, inflight)
         for room in self.rooms.values():
             feed = WorkQueueConsumer(self._connection, room.names.tokens, 1, room.gate.on_token, safe_url)
+            feed.on_missing = functools.partial(self.declare_again, room, "consuming the token queue: 404")
             await feed.start()
             room.gate.feed = feed
             await feed.pause()  # consuming only while a delivery waits here
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
-            await (consumer.start() if starter is None else starter(consumer))
-            self.consumers.append(consumer)
-            self.tasks.append(asyncio.create_task(self._emitter(room)))
+            consumer.on_missing = functools.partial(self.declare_again, room, "consuming the waiting room: 404")
+            consumer.arguments = {**consumer.arguments, RATE_ARGUMENT: str(room.rate)}  # for status
+            room.source = RoomSource(consumer, concurrency)  # few waiting deliveries held (README "Rate limits")
+            await (room.source.start() if starter is None else starter(room.source))
+            self.consumers.append(room.source)
+            self.tasks.append(asyncio.create_task(self._emitter.run(room)))
 
-    async def _emitter(self, room: Room) -> None:
-        """Try the job's emitter lock every :data:`TAKEOVER_EVERY` seconds; while held, mint its tokens."""
-        what = f"the rate-limit tokens of job {room.job!r}"
-        while not self._stop.is_set():
-            holder = LockHolder(f"token emitter of job {room.job} at {room.rate}", self._host, self._pid,
-                                datetime.now(UTC))  # fmt: skip
-            try:
-                async with exclusive_lock(
-                    self._publishing, self._settings, room.names.emitter, holder, what, look_up=False
-                ) as lock:
-                    log.info("job=%s: this worker (pid %d on %s) now mints its tokens, %s", logfmt_value(room.job),
-                             self._pid, self._host, room.rate)  # fmt: skip
-                    await self._mint(room, lambda: lock.held)
-                    if not self._stop.is_set():
-                        log.warning("job=%s: stopped minting its tokens (connection lost); another worker takes over",
-                                    logfmt_value(room.job))  # fmt: skip
-            except BusyError:
-                pass  # another process mints them
-            except AmqpJobsError as exc:
-                log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
 
-    async def _mint(self, room: Room, held: Callable[[], bool]) -> None:
-        """Mint tokens on the rate's grid while ``held()`` (the lock) and the worker runs."""
-        minter = await TokenMinter.open(self._publishing, room.names.tokens)
-        gauge = None if self._metrics is None else self._metrics.rate_emitter.labels(room.job)
-        minted = None if self._metrics is None else self._metrics.rate_tokens.labels(room.job)
-        if gauge is not None:
-            gauge.set(1)
-        rate = room.rate
-        k = first_tick(rate, time.time())
-        try:
-            while held() and minter.open_ and not self._stop.is_set():
-                delay = tick_time(rate, k) - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                expires = token_expiration(rate, k, time.time())
-                if expires >= 0.001:
-                    await minter.mint(k, expires)
-                    if minted is not None:
-                        minted.inc()
-                k = next_tick(rate, k, time.time())
-        except AmqpJobsError as exc:
-            log.warning("job=%s: minting tokens failed (%s)", logfmt_value(room.job), exc)
-        finally:
-            if gauge is not None:
-                gauge.set(0)
-            await minter.close()
+def handed_back_note(handed: set[Any]) -> str:
+    """The stopped worker's words for the deliveries it handed back while they waited for a token (their tasks)."""
+    return f", {len(handed)} waiting for a token handed back unstarted" if handed else ""
 
 
 def rate_limited(app: App, layouts: Iterable[JobQueueLayout]) -> dict[str, tuple[RateLimit, JobQueueLayout]]:
@@ -372,8 +318,9 @@ async def start_rate_limits(
     await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
                               settings.safe_url)  # fmt: skip
     rooms = {
-        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop))
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop), decls)
         for job, (rate, lay) in jobs.items()
+        for decls in [rate_declarations(specs[lay.name], job)]
     }
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
     await limits.start(run, inflight, concurrency, settings.safe_url, starter)

@@ -102,6 +102,8 @@ class JobQueueStatus:
         breakers: The jobs whose circuit breaker is open or half-open (:func:`breaker_states`).
         paused: ``{"reason": ..., "since": ISO 8601 UTC}`` while an operator pauses it
             (``amqpjobs pause``), else None.
+        rate_limits: Its rate-limited jobs (:meth:`.rate_status.RatedJob.to_json`: waiting room,
+            token queue, minter, its rate, the workers' rates, missing rate queues, next token).
     """
 
     name: str
@@ -115,6 +117,7 @@ class JobQueueStatus:
     breakers: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[QueueStatus] = field(default_factory=list)
     paused: dict[str, str] | None = None
+    rate_limits: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -269,8 +272,9 @@ async def collect(
     problems. A job queue is unhealthy when its quarantine holds messages, a work queue has no
     consumer, a queue or its quarantine exchange is missing (or that exchange is not bound
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
-    oldest-message age exceeds ``max_age`` seconds, or (``layouts``) a shard its topology no
-    longer has (``shards`` lowered, ``topology plan``'s ORPHAN) holds jobs: no worker reads it.
+    oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or
+    (``layouts``) a shard its topology no longer has (``shards`` lowered, ``topology plan``'s
+    ORPHAN) holds jobs: no worker reads it.
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
     problem when it holds jobs that no worker consumes or no worker mints tokens for
     (:mod:`amqpjobs.runtime.rate_status`).
@@ -282,6 +286,8 @@ async def collect(
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
         exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
         bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
+        # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
+        rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -290,11 +296,11 @@ async def collect(
         works, tiers, quarantine = layout_from_names(name, sorted(live))
         plan.append((name, works, tiers, quarantine))
     looks = [n for name, w, t, q in plan for n in (*w, *t, q, suspects_queue_name(name), parked_queue_name(name))]
-    rated = {name: rated_jobs(name, live) for name, *_ in plan}  # README "Flow control": waiting rooms
+    now = time.time()
+    rated = {name: rated_jobs(name, live, rooms, now) for name, *_ in plan}  # README "Flow control"
     looks += [r.waiting for jobs in rated.values() for r in jobs]
     dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
     exact = await probe_queues(settings, looks + dropped)
-    now = time.time()
     out = []
     for name, works, tiers, quarantine in plan:
 
@@ -348,6 +354,8 @@ async def collect(
             status.notes.append(f"paused since {status.paused['since']} (reason: {flag.reason or 'none given'}); "
                                 f"no worker starts its jobs until: amqpjobs resume {shell_quote(name)}")  # fmt: skip
         sharded = len(status.work) > 1
+        status.waiting = [figures(r.waiting) for r in rated[name]]
+        status.rate_limits = [r.to_json() for r in rated[name]]
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
@@ -358,12 +366,12 @@ async def collect(
                     if sharded
                     else f"no consumer on {w.name}"
                 )
+        for w in [*status.work, *status.waiting]:  # a waiting room's backlog falling behind its rate, too
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
-        status.waiting = [figures(r.waiting) for r in rated[name]]
         problems, notes = rate_findings(rated[name], figures)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)

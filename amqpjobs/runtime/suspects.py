@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from amqpjobs.jobs import crash
 from amqpjobs.jobs.quarantine import header_text
@@ -20,6 +21,9 @@ from amqpjobs.runtime.source_control import SourceControl
 from amqpjobs.runtime.sources import Source
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.fetch import QueueFetcher
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.rate_limits import RateLimits
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -41,6 +45,7 @@ class SuspectTurns(SourceControl):
     _held_changed: asyncio.Event
     _layouts: dict[str, JobQueueLayout]
     _pauses: OperatorPauses
+    _rates: RateLimits | None
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""
@@ -66,16 +71,20 @@ class SuspectTurns(SourceControl):
                     self._lanes_missing.discard(fetcher.queue)
                     log.info("suspects queue %s is back", fetcher.queue)
                 wait = SUSPECTS_POLL
-                if depth:
-                    await self._run_suspects(layout, fetcher)
+                if depth:  # a rate-limited suspect that missed its token: look again before a later one
+                    wait = await self._run_suspects(layout, fetcher) or SUSPECTS_POLL
             except Exception as exc:  # the connection dropped: the next look tries again
                 log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
         await fetcher.close()
 
-    async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
-        """Stop consuming, settle everything held, then take suspects one at a time and run each alone."""
+    async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> float | None:
+        """Stop consuming, settle everything held, then take suspects one at a time and run each alone.
+
+        A rate-limited job's suspect takes a token first (:meth:`.RateLimits.suspect_token`);
+        without one the turn ends, and the seconds returned say when to look again.
+        """
         if not self._gate.try_alone():
-            return
+            return None
         try:
             # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
             await asyncio.gather(*(c.pause() for c in self._consumers))
@@ -84,7 +93,7 @@ class SuspectTurns(SourceControl):
                 self._held_changed.clear()
                 await self._held_changed.wait()
             if self._holding.count:
-                return
+                return None
             # the acks of everything settled so far reach the broker before a suspect can crash
             await asyncio.gather(*(c.settle() for c in self._consumers))
             deadline = time.monotonic() + SUSPECTS_TURN
@@ -94,6 +103,8 @@ class SuspectTurns(SourceControl):
                     break
                 origin = header_text(delivery.headers.get(crash.WORK_QUEUE))
                 delivery.queue = origin if origin in layout.work_queues else layout.work_queues[0]
+                if self._rates is not None and (later := await self._rates.suspect_token(layout, delivery)):
+                    return later
                 self._suspects_running += 1
                 try:
                     await self._handle(layout, delivery, alone=True)
@@ -104,3 +115,4 @@ class SuspectTurns(SourceControl):
             if not self._stop.is_set():
                 await asyncio.gather(*(c.resume() for c in self._consumers
                                        if not self._holds_any(c) and not self._pauses.pauses(c.queue)))  # fmt: skip
+        return None

@@ -42,7 +42,7 @@ from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
-from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
+from amqpjobs.runtime.rate_limits import RateLimits, handed_back_note, rate_limited, start_rate_limits
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
@@ -386,8 +386,7 @@ class Worker(SuspectTurns):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
-            log.info(
-                "worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered); exit %d",
-                running - abandoned, abandoned, code,
-            )  # fmt: skip
+            handed = self._rates.handed_back if self._rates else set()  # waited for a token: never started
+            log.info("worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered)%s; exit %d",
+                     running - len(jobs & handed) - abandoned, abandoned, handed_back_note(handed), code)  # fmt: skip
         return code

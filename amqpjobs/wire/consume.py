@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 import aiormq
@@ -33,11 +33,12 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
-from amqpjobs.errors import BrokerError
+from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+from amqpjobs.wire.errors import error_kind
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -85,7 +86,11 @@ class WorkQueueConsumer:
         self._closing = False
         self._paused = False
         self._switch = asyncio.Lock()  # one pause or resume at a time, in the order asked
+        self._qos_on: tuple[int, int] | None = None  # (channel id, prefetch) last set by _consume
         self._retry: asyncio.Task[None] | None = None
+        #: Called when consuming again finds the queue missing (404), before one more try: a queue the
+        #: workers declare themselves (a rate limit's) is declared again there. None: wait for it.
+        self.on_missing: Callable[[], Awaitable[None]] | None = None
         self._consuming_on: aiormq.Channel | None = None
         self._acks: AckBatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # handler runs under way (strong references)
@@ -145,6 +150,9 @@ class WorkQueueConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await probe.close()
+        if self._qos_on != (id(underlay), self.prefetch):  # changed since (a waiting room's: one per consume)
+            await underlay.basic_qos(prefetch_count=self.prefetch)
+            self._qos_on = (id(underlay), self.prefetch)
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
         await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
         if self._consuming_on is not underlay:
@@ -210,7 +218,7 @@ class WorkQueueConsumer:
                 return
             self.tag = _new_tag()
             try:
-                await self._consume()
+                await self._consume_or_declare()
             except Exception as exc:
                 log.warning("consuming %s again failed (%s); retrying every second", self.queue, exc)
                 self._retry_later()
@@ -234,7 +242,7 @@ class WorkQueueConsumer:
         if self._closing or self._paused:
             return
         try:
-            await self._consume()
+            await self._consume_or_declare()
             log.info("consuming %s again after a reconnect", self.queue)
         except Exception as exc:
             log.warning("consuming %s again after a reconnect failed (%s); retrying every second", self.queue, exc)
@@ -255,12 +263,22 @@ class WorkQueueConsumer:
         if self._retry is None or self._retry.done():
             self._retry = asyncio.get_running_loop().create_task(self._consume_until_back())
 
+    async def _consume_or_declare(self) -> None:
+        """:meth:`_consume`; a missing queue with an :attr:`on_missing` is declared again, then consumed."""
+        try:
+            await self._consume()
+        except Exception as exc:
+            if self.on_missing is None or error_kind(exc) is not NotFoundError:
+                raise
+            await self.on_missing()
+            await self._consume()
+
     async def _consume_until_back(self) -> None:
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
                 if self._closing or self._paused:
                     return
-                await self._consume()
+                await self._consume_or_declare()
         log.info("consuming %s again", self.queue)
 
     async def cancel(self) -> None:

@@ -43,6 +43,8 @@ _ACTION: Final = "amqpjobs-lock-action"
 _HOST: Final = "amqpjobs-lock-host"
 _PID: Final = "amqpjobs-lock-pid"
 _SINCE: Final = "amqpjobs-lock-since"
+_PREFIX: Final = "amqpjobs-lock-"
+_OWN: Final = (_ACTION, _HOST, _PID, _SINCE)
 #: Attempts at taking a lock whose holder let go while we were reading who it was.
 _ATTEMPTS: Final = 3
 #: Seconds the management API gets to name a holder (a refusal must come at once).
@@ -59,6 +61,8 @@ class LockHolder:
         host: Host name of its process.
         pid: Process id on that host.
         since: When it took the lock (aware, UTC).
+        details: More about what it does, ``(key, text)`` pairs (e.g. ``("rate", "10/s")``), each
+            carried as argument ``amqpjobs-lock-<key>``.
 
     """
 
@@ -66,20 +70,28 @@ class LockHolder:
     host: str
     pid: int
     since: datetime
+    details: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
         return f"{self.action} (pid {self.pid} on {self.host}, since {self.since:%Y-%m-%dT%H:%M:%SZ})"
 
+    def detail(self, key: str) -> str | None:
+        """The text of detail ``key``, or None when it has none."""
+        return dict(self.details).get(key)
+
     def arguments(self) -> dict[str, Any]:
         """The lock queue's arguments that carry this holder."""
-        return {_ACTION: self.action, _HOST: self.host, _PID: self.pid, _SINCE: self.since.isoformat()}
+        own = {_ACTION: self.action, _HOST: self.host, _PID: self.pid, _SINCE: self.since.isoformat()}
+        return {**own, **{_PREFIX + k: v for k, v in self.details}}
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any]) -> LockHolder | None:
         """Read a holder back from a lock queue's arguments; None when they don't name one."""
         try:
             since = datetime.fromisoformat(str(arguments[_SINCE])).astimezone(UTC)
-            return cls(str(arguments[_ACTION]), str(arguments[_HOST]), int(arguments[_PID]), since)
+            details = tuple(sorted((k.removeprefix(_PREFIX), str(v)) for k, v in arguments.items()
+                                   if k.startswith(_PREFIX) and k not in _OWN))  # fmt: skip
+            return cls(str(arguments[_ACTION]), str(arguments[_HOST]), int(arguments[_PID]), since, details)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -111,8 +123,11 @@ class HeldLock:
             )
 
 
-async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None]:
-    """(whether lock queue ``name`` still exists, who holds it as text or None when unknown)."""
+async def lock_holder(settings: BrokerSettings, name: str) -> tuple[bool, LockHolder | None]:
+    """(whether lock queue ``name`` exists, its holder or None when unknown), from the management API.
+
+    Never raises: a management API that does not answer gives (True, None).
+    """
 
     def lookup() -> dict[str, Any] | None:
         with ManagementClient(settings, timeout=_LOOKUP_TIMEOUT) as mgmt:
@@ -125,8 +140,13 @@ async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None
         return True, None
     if queue is None:
         return False, None
-    holder = LockHolder.from_arguments(queue.get("arguments") or {})
-    return True, None if holder is None else str(holder)
+    return True, LockHolder.from_arguments(queue.get("arguments") or {})
+
+
+async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None]:
+    """(whether lock queue ``name`` still exists, who holds it as text or None when unknown)."""
+    exists, holder = await lock_holder(settings, name)
+    return exists, None if holder is None else str(holder)
 
 
 @asynccontextmanager

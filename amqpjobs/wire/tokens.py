@@ -6,8 +6,10 @@ A token is an empty, transient message in the job's token queue (``x-max-length`
 drops it once it has waited that long, and a token requeued by a worker that no longer
 wanted it keeps its original expiry ("Per-Message TTL ... Caveats": requeued messages keep
 their expiry). Tokens are published without confirms: a token lost costs one start, never
-an extra one. Workers take tokens with a :class:`~amqpjobs.wire.consume.WorkQueueConsumer`
-of prefetch 1 (one token at a time per process, acked when used).
+an extra one; but ``mandatory``, so a token queue deleted by hand is noticed (the broker
+returns the token: :attr:`TokenMinter.returned`) and declared again by the emitter.
+Workers take tokens with a :class:`~amqpjobs.wire.consume.WorkQueueConsumer` of prefetch 1
+(one token at a time per process, acked when used).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ log = logging.getLogger("amqpjobs.wire")
 
 #: Header of a token: its index on the rate's grid (:func:`amqpjobs.jobs.rate.tick_time`).
 TOKEN_HEADER: Final = "amqpjobs-token"
+#: Consumer argument of a worker's waiting-room consumer: the job's rate limit in that worker
+#: (``10/s``), read back by ``status`` (management API ``consumer_details``); the broker ignores
+#: consumer arguments it does not know.
+RATE_ARGUMENT: Final = "amqpjobs-rate"
 
 
 async def declare_rate_queues(connection: AbstractRobustConnection, declarations: Declarations, safe_url: str) -> None:
@@ -53,6 +59,13 @@ class TokenMinter:
     def __init__(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
         self._channel = channel
         self.queue = queue
+        #: Set when the broker returned a token (``mandatory``: no queue to route it to, i.e. the token
+        #: queue was deleted); whoever re-declares it clears this.
+        self.returned = False
+        channel.on_return_callbacks.add(self._on_return)
+
+    def _on_return(self, message: object) -> None:
+        self.returned = True
 
     @classmethod
     async def open(cls, connection: AbstractRobustConnection, queue: str) -> TokenMinter:
@@ -85,7 +98,7 @@ class TokenMinter:
             expiration=str(max(1, to_milliseconds(expires_in))), delivery_mode=1, headers={TOKEN_HEADER: index}
         )
         try:
-            await self._channel.basic_publish(b"", routing_key=self.queue, properties=properties)
+            await self._channel.basic_publish(b"", routing_key=self.queue, properties=properties, mandatory=True)
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"minting a token into {self.queue!r} failed: {exc}") from exc
 

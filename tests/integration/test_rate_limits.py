@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiormq
@@ -21,7 +22,7 @@ from amqpjobs.jobs.rate import WAITING_FROM
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.status import collect
-from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.wire.settings import BrokerSettings
@@ -178,8 +179,9 @@ async def in_process_app(broker: BrokerSettings, tmp_path: Path, rate: str) -> A
 
 
 async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_unstarted(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
+    caplog.set_level("INFO", logger="amqpjobs")
     app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
     recorder = Recorder()
     worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=10), recorder)
@@ -210,6 +212,11 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     assert not any(m.redelivered for m in back)  # copies: their next start is no crash suspect
     assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
     assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
+    [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker stopped")]
+    assert stopped == (  # the one waiting delivery is no job finished
+        "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
+        "unstarted; exit 0"
+    )
 
 
 async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(
@@ -267,3 +274,168 @@ def asyncio_true(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]
         return predicate()
 
     return check
+
+
+async def publish_suspect(broker: BrokerSettings, job_id: str) -> None:
+    """A registered suspect of ``limited``, as a worker leaves one: start 2, from work queue ``work``."""
+    import aio_pika
+
+    from amqpjobs.jobs import crash
+
+    async with raw_channel(broker) as ch:
+        message = aio_pika.Message(
+            b"{}", type="limited", message_id=job_id, headers={crash.STARTS: 2, crash.WORK_QUEUE: "work"}
+        )
+        await ch.default_exchange.publish(message, routing_key="work.suspects")
+
+
+async def test_a_rate_limited_suspect_takes_a_token_or_goes_back_to_wait_uncharged(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """README "Rate limits": a suspect takes a token too; without one in its turn it waits for a later one."""
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    await publish_suspect(broker, "suspect-1")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        await asyncio.sleep(3.0)  # a few suspects turns
+        await app.enqueue("other", {}, job_id="other-after")  # the work queue still runs between turns
+        await recorder.wait_for(lambda outs: any(o.job_id == "other-after" for o in outs), 10)
+        assert [o.job_id for o in recorder.outcomes if o.job == "limited"] == []  # not run without a token
+    await app.close()
+    [back] = await drain(broker, "work.suspects")  # still there, its start count unchanged
+    assert (back.message_id, (back.headers or {}).get("amqpjobs-starts"), back.redelivered) == ("suspect-1", 2, False)
+
+
+async def test_a_rate_limited_suspect_runs_alone_with_a_token(broker: BrokerSettings, tmp_path: Path):
+    app = await in_process_app(broker, tmp_path, "2/s")
+    await publish_suspect(broker, "suspect-2")
+    metrics = WorkerMetrics()
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=2, grace=10), recorder, metrics)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda outs: any(o.job_id == "suspect-2" for o in outs), 15)
+        assert [(o.job_id, o.kind) for o in recorder.outcomes] == [("suspect-2", "succeeded")]
+        # its token was taken: fewer tokens wait than were minted is not observable; the gate says it
+        assert worker._rates is not None
+        assert worker._rates.rooms["limited"].gate.taken == 1
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert await depth(broker, "work.suspects") == 0
+
+
+async def test_status_max_age_covers_waiting_rooms(broker: BrokerSettings, tmp_path: Path):
+    """``status --max-age`` flags a waiting room whose oldest job is older (a rate-limited backlog falling behind)."""
+    import aio_pika
+
+    app = await in_process_app(broker, tmp_path, "1/h")
+    async with running_worker(app, broker, concurrency=1, queues=("work",)):
+        pass  # declares the rate queues
+    async with raw_channel(broker) as ch:
+        old = datetime.fromtimestamp(time.time() - 900, UTC)
+        message = aio_pika.Message(b"{}", type="limited", message_id="old-1", timestamp=old)
+        await ch.default_exchange.publish(message, routing_key=ROOMS.waiting)
+    await app.close()
+    layouts = list(app.topology().layouts())
+    deadline = time.monotonic() + 20  # the management API's figures come every few seconds
+    while True:
+        report = (await collect(broker, layouts, max_age=60))[0]
+        aged = [p for p in report.problems if ROOMS.waiting in p and "old" in p]
+        if aged or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert len(aged) == 1, report.problems
+    assert aged[0].startswith(f"oldest message in {ROOMS.waiting} is 9"), aged
+    assert aged[0].endswith("s old (> 60s)")
+
+
+async def test_rate_queues_deleted_by_hand_are_declared_again_by_the_workers(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """README "Rate limits": a waiting room or token queue found missing is declared again, said once."""
+    app = await in_process_app(broker, tmp_path, "20/s")
+    caplog.set_level("INFO", logger="amqpjobs")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        for round_, queue in enumerate((ROOMS.tokens, ROOMS.waiting, ROOMS.tokens)):
+            async with raw_channel(broker) as ch:
+                await ch.queue_delete(queue)
+            await asyncio.sleep(1.5)  # the emitter mints into nowhere meanwhile (the tokens), or nothing waits
+            for i in range(3):
+                await app.enqueue("limited", {}, job_id=f"r{round_}-{i}")
+            done = 3 * (round_ + 1)
+
+            def finished(outs: list[Outcome], n: int = done) -> bool:
+                return sum(o.kind == "succeeded" for o in outs) == n
+
+            await recorder.wait_for(finished, 15)
+        for queue in (ROOMS.waiting, ROOMS.tokens):
+            await depth(broker, queue)  # both exist again (a passive declare of a missing one raises)
+    await app.close()
+    said = [r.getMessage() for r in caplog.records if "declared it again" in r.getMessage()]
+    assert any(ROOMS.tokens in m for m in said), said
+    assert any(ROOMS.waiting in m for m in said), said
+    assert not [r for r in caplog.records if "apply the topology" in r.getMessage()]
+
+
+async def test_status_flags_a_missing_rate_queue(broker: BrokerSettings, tmp_path: Path):
+    app = await in_process_app(broker, tmp_path, "1/h")
+    async with running_worker(app, broker, concurrency=1, queues=("work",)):
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete(ROOMS.tokens)
+        report = (await collect(broker, list(app.topology().layouts())))[0]
+    await app.close()
+    assert f"token queue {ROOMS.tokens} of rate-limited job 'limited' is missing" in " | ".join(report.problems)
+
+
+async def test_workers_with_different_rates_are_warned_and_shown_by_status(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """README "Rate limits" -> changing a rate: the minter's rate applies; the others say so, and so does status."""
+    caplog.set_level("INFO", logger="amqpjobs")
+    first = await in_process_app(broker, tmp_path, "20/s")
+    second = await in_process_app(broker, tmp_path, "30/s")
+    async with running_worker(first, broker, concurrency=1, queues=("work",)):
+        await asyncio.sleep(1.5)  # it mints
+        async with running_worker(second, broker, concurrency=1, queues=("work",)):
+            await asyncio.sleep(2.5)  # it tried the lock and looked at the minter's rate
+            deadline = time.monotonic() + 15  # the management API's consumer details come every few seconds
+            while True:
+                report = (await collect(broker, list(first.topology().layouts())))[0]
+                if len(report.rate_limits[0]["worker_rates"]) == 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+    await first.close()
+    await second.close()
+    warned = [r.getMessage() for r in caplog.records if "not at this worker's" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("job=limited: its tokens are minted at 20/s by token emitter of job limited at 20/s")
+    assert warned[0].count("not at this worker's 30/s") == 1
+    [limits] = report.rate_limits
+    assert (limits["rate"], limits["worker_rates"], limits["missing"]) == ("20/s", ["20/s", "30/s"], [])
+    assert limits["minter"]["pid"] == os.getpid()
+    note = next(n for n in report.notes if "rate-limited" in n)
+    assert "workers of job 'limited' have different rate limits (20/s, 30/s); the minter's, 20/s, applies" in note
+
+
+async def test_a_killed_worker_leaves_few_waiting_deliveries_redelivered(broker: BrokerSettings, tmp_path: Path):
+    """README "Rate limits": a process holds at most WAITING_PER_PROCESS deliveries waiting for a token, not
+    --concurrency: only those come back marked redelivered (and run alone as suspects) when it is killed."""
+    from amqpjobs.runtime.rate_rooms import WAITING_PER_PROCESS
+
+    app = await publisher(broker, tmp_path)
+    try:
+        with rate_workers(broker, tmp_path, "--concurrency", "8", RATEAPP_RATE="1/h") as proc:
+            await wait_for(lambda: _consumed(broker, ROOMS.waiting), 30, "the worker consuming the waiting room")
+            await enqueue_all(app, [("limited", {})] * 10)
+            await asyncio.sleep(2.0)  # moved into the waiting room, and the worker took what it takes
+            proc.kill()
+            proc.wait(10)
+        back = await drain(broker, ROOMS.waiting)
+    finally:
+        await app.close()
+    assert len(back) == 10
+    assert sum(bool(m.redelivered) for m in back) == WAITING_PER_PROCESS == 2
+
+
+async def _consumed(broker: BrokerSettings, queue: str) -> bool:
+    return await consumers(broker, queue) == 1

@@ -22,7 +22,7 @@ from amqpjobs.jobs.rate import (
     tick_time,
     token_expiration,
 )
-from amqpjobs.runtime.rate_status import RatedJob, rate_findings, rated_jobs
+from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueSpec, Topology
@@ -35,7 +35,7 @@ from amqpjobs.wire.lock import LockHolder
 
 @pytest.mark.parametrize(
     ("text", "count", "period", "interval"),
-    [("10/s", 10, 1.0, 0.1), ("30/m", 30, 60.0, 2.0), ("500/h", 500, 3600.0, 7.2), (" 1 / h ", 1, 3600.0, 3600.0),
+    [("10/s", 10, 1.0, 0.1), ("30/m", 30, 60.0, 2.0), ("500/h", 500, 3600.0, 7.2), ("1/h", 1, 3600.0, 3600.0),
      ("100/s", 100, 1.0, 0.01)],
 )  # fmt: skip
 def test_parse_rate_limit(text: str, count: int, period: float, interval: float) -> None:
@@ -45,13 +45,25 @@ def test_parse_rate_limit(text: str, count: int, period: float, interval: float)
     assert str(rate) == text.replace(" ", "")
 
 
-@pytest.mark.parametrize("text", ["10", "10/d", "0/s", "-1/s", "1.5/s", "ten/s", "10/sec", "", "10/S", "/s"])
+@pytest.mark.parametrize(
+    "text",
+    ["10", "10/d", "0/s", "-1/s", "1.5/s", "ten/s", "10/sec", "", "10/S", "/s", "10/ s", " 10/s", "10/s\n",
+     "010/s", "\uff11\uff10/s", "1\u00a0/s", "+1/s", "1_0/s", " 1 / h "],
+)  # fmt: skip
 def test_a_bad_rate_limit_names_the_value_and_the_forms(text: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         parse_rate_limit(text, "sms")
     message = str(caught.value)
     assert f"job 'sms': rate_limit {text!r} is not a rate" in message
     assert "'<count>/s', '<count>/m' or '<count>/h'" in message
+
+
+def test_a_rate_just_above_100_per_second_shows_its_exact_value() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        parse_rate_limit("360001/h")
+    assert "rate_limit '360001/h' is 360001 starts an hour (100.00027777777778 a second); at most 100/s" in str(
+        caught.value
+    )
 
 
 def test_a_rate_above_100_per_second_is_refused_naming_the_maximum() -> None:
@@ -172,14 +184,16 @@ def test_status_finds_rate_limited_jobs_by_their_waiting_rooms_and_names_their_e
     live = {
         "work": {}, "work.rate-waiting.sms": {}, "work.rate-tokens.sms": {},
         "work.rate-emitter.sms": {"arguments": holder.arguments()}, "work.rate-waiting.push": {},
+        "work.rate-tokens.push": {},
         "other.rate-waiting.sms": {},
     }  # fmt: skip
     rated = rated_jobs("work", live)
-    assert rated == [
-        RatedJob("push", "work.rate-waiting.push", None),
-        RatedJob("sms", "work.rate-waiting.sms", "token emitter of job sms at 10/s (pid 4242 on web-1, since "
+    assert [(r.job, r.waiting, r.emitter) for r in rated] == [
+        ("push", "work.rate-waiting.push", None),
+        ("sms", "work.rate-waiting.sms", "token emitter of job sms at 10/s (pid 4242 on web-1, since "
                  "2026-12-01T05:00:00Z)"),
     ]  # fmt: skip
+    assert [(r.tokens, r.missing) for r in rated] == [("work.rate-tokens.push", ()), ("work.rate-tokens.sms", ())]
     figures = {"work.rate-waiting.sms": Figures("work.rate-waiting.sms", ready=3, consumers=0),
                "work.rate-waiting.push": Figures("work.rate-waiting.push", unacked=2, consumers=1)}  # fmt: skip
     problems, notes = rate_findings(rated, figures.__getitem__)
@@ -192,3 +206,56 @@ def test_status_finds_rate_limited_jobs_by_their_waiting_rooms_and_names_their_e
         "of job sms at 10/s (pid 4242 on web-1, since 2026-12-01T05:00:00Z)"
     )
     assert notes[0].endswith("; no worker mints its tokens")
+
+
+def test_a_lock_holder_carries_details_in_its_arguments() -> None:
+    since = datetime(2026, 12, 1, 5, 0, tzinfo=UTC)
+    holder = LockHolder("token emitter of job sms at 10/s", "web-1", 4242, since, (("rate", "10/s"),))
+    assert holder.arguments()["amqpjobs-lock-rate"] == "10/s"
+    assert LockHolder.from_arguments(holder.arguments()) == holder
+    assert LockHolder.from_arguments(holder.arguments()).detail("rate") == "10/s"  # type: ignore[union-attr]
+    plain = LockHolder("replay", "web-1", 1, since)
+    assert (LockHolder.from_arguments(plain.arguments()), plain.detail("rate")) == (plain, None)
+
+
+def test_status_reads_the_minters_rate_each_workers_rate_and_missing_rate_queues() -> None:
+    since = datetime(2026, 12, 1, 5, 0, tzinfo=UTC)
+    holder = LockHolder("token emitter of job sms at 1/h", "web-1", 4242, since, (("rate", "1/h"),))
+    live = {
+        "work.rate-waiting.sms": {}, "work.rate-emitter.sms": {"arguments": holder.arguments()},
+        "work.rate-tokens.push": {},  # push's waiting room was deleted by hand
+    }  # fmt: skip
+    consumers = {
+        "work.rate-waiting.sms": {
+            "consumer_details": [
+                {"arguments": {"amqpjobs-rate": "1/h"}},
+                {"arguments": {"amqpjobs-rate": "2/h"}},
+                {"arguments": {}},
+            ]
+        }
+    }
+    now = datetime(2026, 12, 1, 5, 40, tzinfo=UTC).timestamp()
+    rated = rated_jobs("work", live, consumers, now)
+    push, sms = rated
+    assert (push.job, push.missing, push.rate, push.minter) == ("push", ("work.rate-waiting.push",), None, None)
+    assert (sms.job, sms.missing, sms.rate, sms.worker_rates) == ("sms", ("work.rate-tokens.sms",), "1/h",
+                                                                  ("1/h", "2/h"))  # fmt: skip
+    assert sms.minter == {"host": "web-1", "pid": 4242, "since": "2026-12-01T05:00:00+00:00"}
+    assert sms.next_token_at == "2026-12-01T06:00:00.000Z"
+    assert sms.to_json() == {
+        "job": "sms", "waiting_room": "work.rate-waiting.sms", "token_queue": "work.rate-tokens.sms",
+        "minter": {"host": "web-1", "pid": 4242, "since": "2026-12-01T05:00:00+00:00"}, "rate": "1/h",
+        "worker_rates": ["1/h", "2/h"], "missing": ["work.rate-tokens.sms"],
+        "next_token_at": "2026-12-01T06:00:00.000Z",
+    }  # fmt: skip
+    figures = {n: Figures(n, exists=n in live, ready=1, consumers=1) for n in ("work.rate-waiting.sms",
+                                                                                 "work.rate-waiting.push")}  # fmt: skip
+    problems, notes = rate_findings(rated, figures.__getitem__)
+    assert problems == [
+        "waiting room work.rate-waiting.push of rate-limited job 'push' is missing: its deliveries wait for a token "
+        "in their work queue's slots; a worker declares it again when it finds it missing (restart one if this stays)",
+        "token queue work.rate-tokens.sms of rate-limited job 'sms' is missing: no start gets a token; a worker "
+        "declares it again when it finds it missing (restart one if this stays)",
+    ]
+    assert "workers of job 'sms' have different rate limits (1/h, 2/h); the minter's, 1/h, applies" in notes[1]
+    assert "next token at 2026-12-01T06:00:00.000Z" in notes[1]

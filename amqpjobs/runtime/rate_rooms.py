@@ -1,0 +1,234 @@
+"""A rate-limited job in a worker process: its queues and its token gate (README "Flow control" -> "Rate limits").
+
+Each waiting delivery of the job in this process waits at the :class:`TokenGate` for a
+token from the job's token queue, oldest first; the gate consumes the token queue (prefetch
+1) only while a delivery waits, and drops a token it held over
+:data:`~amqpjobs.jobs.rate.HOLD_FRACTION` of an interval (:mod:`amqpjobs.runtime.rate_limits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
+from amqpjobs.topology.declarations import Declarations
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import RateQueues
+from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+
+#: Deliveries of a rate-limited job a worker process holds waiting for a token, at most: one
+#: process starts at most one per token, so two keep it busy; more only come back marked
+#: redelivered (as crash suspects) when the process is killed.
+WAITING_PER_PROCESS = 2
+
+
+class TokenGate:
+    """One rate-limited job's tokens in this process: each waiting delivery gets one, oldest first.
+
+    Args:
+        job: The job's name (for logs).
+        rate: Its rate limit.
+        stop: Set when the worker stops: waiting ends without a token.
+    """
+
+    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
+        self.job = job
+        self.rate = rate
+        self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
+        self._stop = stop
+        self._waiters: deque[asyncio.Future[float]] = deque()
+        self._switching = asyncio.Lock()
+        self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
+
+    async def acquire(self, front: bool = False, within: float | None = None) -> bool:
+        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
+
+        ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
+        """
+        loop = asyncio.get_running_loop()
+        first = not front
+        deadline = None if within is None else time.monotonic() + within
+        while not self._stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            waiter: asyncio.Future[float] = loop.create_future()
+            (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
+            first = False
+            stopping = loop.create_task(self._stop.wait())
+            try:
+                await self._want()
+                await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not waiter.done():
+                    waiter.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                    await self._want()
+            if waiter.cancelled():
+                if deadline is not None and not self._stop.is_set():
+                    continue  # out of time: said at the top
+                return False
+            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
+                self.taken += 1
+                return True
+            # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
+        return False
+
+    async def on_token(self, token: Delivery) -> None:
+        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
+        received = time.monotonic()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(received)
+                with contextlib.suppress(DeliveryChannelClosed):
+                    await token.ack()
+                await self._want()
+                return
+        await self._want()  # stop consuming first, or the broker hands it straight back
+        with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
+            await token.requeue()
+
+    async def _want(self) -> None:
+        """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
+        async with self._switching:
+            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
+            if feed is None or wanted == (not feed.paused):
+                return
+            await (feed.resume() if wanted else feed.pause())
+
+
+@dataclass
+class Room:
+    """One rate-limited job in this worker: its queues, its job queue's layout and its gate."""
+
+    job: str
+    rate: RateLimit
+    names: RateQueues
+    layout: JobQueueLayout
+    gate: TokenGate
+    declarations: Declarations  # its waiting room and token queue, declared again when found missing
+    source: RoomSource | None = None  # its waiting room's consumer in this process
+    look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
+    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
+
+
+class RoomSource:
+    """A waiting room's consumer holding few waiting deliveries: at most :data:`WAITING_PER_PROCESS`.
+
+    Its runs (a delivery that took its token runs on, unacked until its outcome) hold slots
+    too: ``concurrency`` deliveries in all. After each token taken or run ended it consumes
+    again (``basic.cancel``, then ``basic.consume`` under a new tag) with a prefetch of what
+    it may still take (per consumer: RabbitMQ "Consumer Prefetch"), so a killed process
+    leaves only those few waiting ones marked redelivered. It is a
+    :class:`~amqpjobs.runtime.sources.Source`: the worker pauses and resumes it as any other.
+
+    Args:
+        inner: The waiting room's consumer (its handler is :meth:`deliver`'s caller's).
+        concurrency: The process's slots for this waiting room.
+    """
+
+    def __init__(self, inner: WorkQueueConsumer, concurrency: int) -> None:
+        self.inner = inner
+        self._concurrency = concurrency
+        self._waiting = 0  # received, not yet past their token wait
+        self._held = 0  # received, not yet settled (waiting or running)
+        self._paused = False  # by the worker: a suspects turn, a missing target, an operator's pause
+        self._busy = 0  # consuming again under way
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        inner.prefetch = self._room()
+
+    def _room(self) -> int:
+        return min(WAITING_PER_PROCESS - self._waiting, self._concurrency - self._held)
+
+    @property
+    def queue(self) -> str:
+        """The waiting room's name."""
+        return self.inner.queue
+
+    @property
+    def consuming(self) -> bool:
+        """Consuming, or full (nothing more to take until a token is taken or a run ends)."""
+        return not self._paused and (self.inner.consuming or self._busy > 0 or self._room() <= 0)
+
+    @property
+    def paused(self) -> bool:
+        """Paused by the worker."""
+        return self._paused
+
+    def received(self) -> None:
+        """A delivery arrived (call first in the handler)."""
+        self._waiting += 1
+        self._held += 1
+
+    def waited(self) -> None:
+        """Its wait for a token is over (it runs, or goes back): room for another waiting delivery."""
+        self._waiting -= 1
+        self._again()
+
+    def settled(self) -> None:
+        """It is settled (call last in the handler)."""
+        self._held -= 1
+        self._again()
+
+    def _again(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._refresh())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refresh(self) -> None:
+        """Consume again with a prefetch of the room left (unless paused, or full: then it waits as it is)."""
+        self._busy += 1
+        try:
+            async with self._lock:
+                room = self._room()
+                if self._paused or room <= 0:
+                    return
+                await self.inner.pause()
+                if self._paused:  # paused meanwhile
+                    return
+                self.inner.prefetch = room
+                await self.inner.resume()
+        finally:
+            self._busy -= 1
+
+    async def start(self) -> None:
+        """Consume the waiting room (not while paused: a :meth:`pause` before it holds)."""
+        await self.inner.start()
+
+    async def pause(self) -> None:
+        """Stop taking deliveries (``basic.cancel``)."""
+        self._paused = True
+        async with self._lock:
+            await self.inner.pause()
+
+    async def resume(self) -> None:
+        """Take again, with a prefetch of the room left (none: once a token is taken or a run ends)."""
+        self._paused = False
+        async with self._lock:
+            if not self._paused and (room := self._room()) > 0:
+                self.inner.prefetch = room
+                await self.inner.resume()
+
+    async def cancel(self) -> None:
+        """Stop taking for good."""
+        self._paused = True
+        for task in self._tasks:
+            task.cancel()
+        await self.inner.cancel()
+
+    async def settle(self) -> None:
+        """Make sure the broker has every ack sent so far."""
+        await self.inner.settle()
+
+    async def flush_acks(self) -> None:
+        """Send the acks still batched."""
+        await self.inner.flush_acks()
