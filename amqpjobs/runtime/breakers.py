@@ -104,6 +104,7 @@ class Breakers:
         self._jobs = dict(jobs)
         self._timeouts = dict(timeouts or {})  # job -> seconds a run may take here (a probe: given up then)
         self._machines = {name: BreakerMachine(job.breaker) for name, job in jobs.items() if job.breaker is not None}
+        self._adopted: dict[str, OpenRecord] = {}  # the last record adopted per job, as written
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
@@ -154,6 +155,7 @@ class Breakers:
     def adopt(self, job: str, record: OpenRecord, source: str) -> None:
         """Open ``job``'s breaker as ``record`` (written by some worker, maybe on another host) says."""
         machine = self._machines[job]
+        self._adopted[job] = record  # as written: read again unchanged, it is no new opening (see _take_probe)
         opened_at, until = self._trusted(
             job, record.opened_at, record.until, source.strip(" ()").removeprefix("read from ") or "a record"
         )
@@ -223,7 +225,11 @@ class Breakers:
                 records = None
             if records is not None and record_name not in records:  # a probe elsewhere closed it just now
                 self._apply(job.name, machine.closed(self._clock()))
-            elif records is not None and records[record_name].until > self._clock():  # a probe failed just now
+            elif (
+                records is not None
+                and records[record_name].until > self._clock()
+                and records[record_name] != self._adopted.get(job.name)  # the one waited out (a clock ahead: cut)
+            ):  # a probe failed just now
                 self.adopt(job.name, records[record_name], f" (read from {record_name})")
         if machine.state != "half-open":
             await lock.release()

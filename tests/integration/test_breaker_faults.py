@@ -19,7 +19,11 @@ from amqpjobs import App, Breaker, JobContext
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.worker import Outcome
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.naming import breaker_queue_name
+from amqpjobs.wire.breakers import OpenRecord
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import raw_channel
 from tests.integration.test_breaker import board, status_json, until
 from tests.integration.test_pause import _cut_worker_connection
 from tests.integration.worker_env import make_app, running_worker
@@ -159,3 +163,44 @@ async def test_a_prober_that_lost_its_lock_ignores_its_probe(broker: BrokerSetti
     await app.close()
     assert [c[1:] for c in calls] == [("f0", "fail"), ("f0", "slow"), ("g0", "ok")]
     assert [t.state for _, t in board(worker).history] == ["open", "half-open", "closed"]
+
+
+async def test_a_record_from_a_clock_far_ahead_is_probed_after_one_cool_down(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """A record saying 'open until next year' waits one cool-down here, then one probe closes it and deletes it."""
+    topo = tmp_path / "parking.toml"
+    topo.write_text(PARKING_TOPOLOGY)
+    await apply_topology(topo, broker)
+    app = App("ahead", topology=load_topology(topo).topology, url=broker.url)
+    started: list[float] = []
+
+    async def run(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.append(time.time())
+
+    app.job("flaky", queue="work", breaker=Breaker(failures=5, window=10, cool_down=2))(run)
+    year = 365 * 86400.0
+    record = OpenRecord(time.time() + year, time.time() + year + 2, 5)  # written by a clock a year ahead
+    async with raw_channel(broker) as channel:
+        await channel.declare_queue(
+            breaker_queue_name("work", "flaky"),
+            durable=True,
+            arguments={"x-queue-type": "classic", **record.arguments()},
+        )
+    try:
+        async with running_worker(app, broker, concurrency=2) as (worker, _):
+            assert board(worker).state("flaky") == "open"  # read at start, cut to one cool-down from now
+            began = time.time()
+            for i in range(3):
+                await app.enqueue("flaky", {}, job_id=f"a{i}")
+            await until(lambda: len(started) == 3, 15)  # before the fix: cut again at every probe, none ran
+            assert started[0] - began <= 2 + 1.5  # the cool-down, then the first tier at most (and a start)
+            assert board(worker).state("flaky") == "closed"
+            await until(lambda: _record_gone(broker, breaker_queue_name("work", "flaky")), 5)
+    finally:
+        await app.close()
+
+
+def _record_gone(broker: BrokerSettings, name: str) -> bool:
+    with ManagementClient(broker) as mgmt:
+        return all(q["name"] != name for q in mgmt.queues(broker.vhost))
