@@ -31,7 +31,7 @@ from typing import Any, Literal
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
-from amqpjobs.topology.naming import breaker_probe_name, breaker_queue_name, queue_name_problem, unaddressable_problem
+from amqpjobs.topology.naming import breaker_probe_name, breaker_queue_name, own_queue_problem
 
 State = Literal["closed", "open", "half-open"]
 #: The ``amqpjobs_breaker_state`` gauge's value of each state.
@@ -96,9 +96,8 @@ def breaker_name_problem(job_queue: str, job: str, breaker: object) -> str | Non
     """
     if not isinstance(breaker, Breaker):
         return f"job {job!r}: breaker must be a Breaker, e.g. Breaker(failures=20, window='1m', cool_down='30s')"
-    for name in (breaker_queue_name(job_queue, job), breaker_probe_name(job_queue, job)):
-        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
-            return f"job {job!r}: its breaker's state queue can't be named: {problem}; shorten or rename the job"
+    if found := own_queue_problem((breaker_queue_name(job_queue, job), breaker_probe_name(job_queue, job))):
+        return f"job {job!r}: its breaker's state queue can't be named: {found[1]}; shorten or rename the job"
     return None
 
 

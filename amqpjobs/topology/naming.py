@@ -42,6 +42,7 @@ Tiers are named by :func:`amqpjobs.durations.format_duration` of their TTL. Shar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -214,11 +215,23 @@ def rate_queue_names(job_queue: str, job: str) -> RateQueues:
     return RateQueues(*(f"{job_queue}{infix}{job}" for infix in RATE_INFIXES))
 
 
+def own_queue_problem(names: Iterable[str]) -> tuple[str, str] | None:
+    """(name, why) for the first of a job's own queue ``names`` the broker or the client can't take, or None.
+
+    A job's breaker and rate-limit queues hold its name (:data:`JOB_MARKERS`), so a job name
+    can make them too long or unaddressable.
+    """
+    for name in names:
+        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
+            return name, problem
+    return None
+
+
 def rate_names_problem(job_queue: str, job: str) -> str | None:
     """Why job ``job`` of ``job_queue`` can't have a rate limit (its queue names can't be sent), or None."""
-    for name in (rate_queue_names(job_queue, job).waiting, rate_queue_names(job_queue, job).emitter):
-        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
-            return f"a rate-limited job's name goes into queue names ({name[:60]!r}...): {problem}"
+    names = rate_queue_names(job_queue, job)
+    if found := own_queue_problem((names.waiting, names.emitter)):
+        return f"a rate-limited job's name goes into queue names ({found[0][:60]!r}...): {found[1]}"
     return None
 
 
