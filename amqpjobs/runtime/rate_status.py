@@ -112,12 +112,15 @@ def rated_jobs(
     return found
 
 
-def rate_findings(rated: list[RatedJob], figures: Callable[[str], _Figures]) -> tuple[list[str], list[str]]:
+def rate_findings(
+    rated: list[RatedJob], figures: Callable[[str], _Figures], paused: bool = False
+) -> tuple[list[str], list[str]]:
     """(problems, notes) about ``rated``.
 
     Problems: a waiting room holding jobs that no worker takes or no token reaches, a rate
     queue missing. Notes: each job's room and minter, workers' rates that differ, a slow
-    rate's next token.
+    rate's next token. ``paused``: an operator paused the job queue, so its waiting rooms
+    are stopped on purpose (a note, not a problem).
     """
     problems, notes = [], []
     again = "a worker declares it again when it finds it missing (restart one if this stays)"
@@ -128,15 +131,17 @@ def rate_findings(rated: list[RatedJob], figures: Callable[[str], _Figures]) -> 
         if r.waiting in r.missing:
             problems.append(f"waiting room {r.waiting} of rate-limited job {job} is missing: its deliveries wait "
                             f"for a token in their work queue's slots; {again}")  # fmt: skip
-        elif room.exists and room.ready and not room.consumers:
+        elif room.exists and room.ready and not room.consumers and not paused:
             problems.append(f"no worker takes from waiting room {r.waiting}: {room.ready} job(s) of {job} wait")
-        elif held and r.emitter is None:
+        elif held and r.emitter is None and not paused:
             problems.append(f"no worker mints the tokens of rate-limited job {job}: {held} job(s) wait in {r.waiting}")
         if r.tokens in r.missing:
             problems.append(f"token queue {r.tokens} of rate-limited job {job} is missing: no start gets a token; "
                             f"{again}")  # fmt: skip
         minted = f"tokens minted by {printable(r.emitter)}" if r.emitter else "no worker mints its tokens"
         note = f"job {job} is rate-limited: {held} job(s) in waiting room {r.waiting}; {minted}"
+        if paused:
+            note += "; paused: no worker takes from it until resume"
         if r.next_token_at:
             note += f"; next token at {r.next_token_at}"
         if len(set(r.worker_rates) | ({r.rate} if r.rate else set())) > 1:

@@ -372,7 +372,7 @@ async def collect(
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
-        problems, notes = rate_findings(rated[name], figures)
+        problems, notes = rate_findings(rated[name], figures, paused=status.paused is not None)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's

@@ -208,6 +208,20 @@ def test_status_finds_rate_limited_jobs_by_their_waiting_rooms_and_names_their_e
     assert notes[0].endswith("; no worker mints its tokens")
 
 
+def test_a_paused_job_queue_s_idle_waiting_room_is_a_note_not_a_problem() -> None:
+    """An operator's pause stops the waiting rooms too (README "Pause and resume"): no consumer is what was asked."""
+    from amqpjobs.runtime.rate_status import RatedJob
+
+    rated = [RatedJob("sms", "work.rate-waiting.sms", None, "work.rate-tokens.sms", "10/s", None, (), (), None)]
+    figures = {"work.rate-waiting.sms": Figures("work.rate-waiting.sms", ready=38, consumers=0)}
+    problems, notes = rate_findings(rated, figures.__getitem__, paused=True)
+    assert problems == []
+    assert "38 job(s) in waiting room work.rate-waiting.sms" in notes[0]
+    assert "paused: no worker takes from it until resume" in notes[0]
+    problems, _ = rate_findings(rated, figures.__getitem__)
+    assert problems == ["no worker takes from waiting room work.rate-waiting.sms: 38 job(s) of 'sms' wait"]
+
+
 def test_a_lock_holder_carries_details_in_its_arguments() -> None:
     since = datetime(2026, 12, 1, 5, 0, tzinfo=UTC)
     holder = LockHolder("token emitter of job sms at 10/s", "web-1", 4242, since, (("rate", "10/s"),))
