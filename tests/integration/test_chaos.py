@@ -69,7 +69,8 @@ async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings,
 
     The queue never runs dry before the last kill: on a loaded machine a restarted worker takes
     seconds to start while the other one works through the queue, so whenever fewer than 200
-    jobs are ready another 200 go in (``total`` counts them; 1,000 at least).
+    jobs are ready, before a kill and every 0.5 s while waiting for the victim to run a handler,
+    another 200 go in (``total`` counts them; 1,000 at least).
     """
     app = await publisher(broker, tmp_path)
     record = tmp_path / "record.txt"
@@ -93,8 +94,13 @@ async def test_twenty_kill_9_of_workers_during_1000_jobs(broker: BrokerSettings,
             victim = kill % 2  # the older of the two: it had two intervals to start
             pid = workers[victim].pid
             deadline = time.monotonic() + 30
+            refilled = time.monotonic()
             while not open_runs(record, pid):  # mid-run, not still starting
                 assert time.monotonic() < deadline, f"kill {kill}: worker {pid} never ran a handler"
+                if time.monotonic() - refilled > 0.5:  # the other worker drains 200 in ~2 s while this one starts
+                    refilled = time.monotonic()
+                    if await depth(broker, "work") < 200:
+                        await enqueue(200)
                 await asyncio.sleep(0.005)
             workers[victim].kill()  # SIGKILL
             workers[victim].wait(10)
