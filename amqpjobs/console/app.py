@@ -23,7 +23,8 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.loading import load_app
-from amqpjobs.runtime.outcome_feed import OutcomeHub
+from amqpjobs.runtime.outcome_feed import CONNECT_WAIT, OutcomeHub
+from amqpjobs.wire.settings import BrokerSettings
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,6 +34,9 @@ class Console:
     """What the handlers share: settings, app (``--app``), actions, audit log, templates, events' subscription."""
 
     config: ConsoleConfig
+    #: The broker as the pages read it: a refused connect is retried for ``CONNECT_WAIT`` seconds at
+    #: most, so a page answers 503 in seconds with the broker down, not after a worker's 30 s.
+    reads: BrokerSettings
     app: App | None
     actions: Actions
     audit: AuditLog
@@ -69,7 +73,8 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     actions = Actions(config.broker, audit, app.results if app is not None else None, layouts)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
-    outcomes = OutcomeHub(config.broker)
+    reads = config.broker.with_connect_timeout(min(config.broker.connect_timeout, CONNECT_WAIT))
+    outcomes = OutcomeHub(reads)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -82,7 +87,7 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
                 await app.close()
 
     web = Starlette(routes=routes(str(HERE / "static")), lifespan=lifespan)
-    web.state.console = Console(config, app, actions, audit, templates, outcomes)
+    web.state.console = Console(config, reads, app, actions, audit, templates, outcomes)
     web.add_middleware(Guard, config=config, csrf_token=csrf_token)
     return web
 

@@ -65,7 +65,7 @@ async def overview_fragment(request: Request) -> Response:
 async def _overview(request: Request, template: str) -> Response:
     console = _state(request)
     try:
-        statuses = await overview(console.config.broker, console.app)
+        statuses = await overview(console.reads, console.app)
     except AmqpJobsError as exc:  # the broker or its management API is down: say so, and the page retries
         return problem(request, str(exc), 503)
     return render(request, template, statuses=statuses)
@@ -91,7 +91,7 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
 
     """
     chosen = selection_of(values)
-    page = await quarantine_page(_state(request).config.broker, queue, replace(chosen, job_ids=None))
+    page = await quarantine_page(_state(request).reads, queue, replace(chosen, job_ids=None))
     filters = {k: text_of(values, k) for k in FILTERS}
     kept = {k: str(v) for k, v in values.items() if k not in ("csrf_token", "job_id")} if refused else {}
     return render(request, "quarantine.html", 400 if refused else 200, page=page, filters=filters,
@@ -114,7 +114,7 @@ async def message(request: Request) -> Response:
         return problem(request, "id: give the job id of the message, e.g. /message?queue=work.quarantine&id=m-1", 400)
     try:
         queue = queue_of(request.query_params.get("queue"))
-        found = await find_message(_state(request).config.broker, queue, job_id)
+        found = await find_message(_state(request).reads, queue, job_id)
     except AmqpJobsError as exc:  # a queue it can't read is 404; the broker down is 503, as on every page
         return problem(request, str(exc), 404 if isinstance(exc, ConfigurationError) else 503)
     if found is None:
@@ -199,7 +199,7 @@ async def job(request: Request) -> Response:
     if issue := job_id_problem(job_id):
         return problem(request, issue, 400)
     try:
-        found = await lookup(_state(request).config.broker, _state(request).app, job_id)
+        found = await lookup(_state(request).reads, _state(request).app, job_id)
     except AmqpJobsError as exc:
         return problem(request, str(exc), 503)
     return render(request, "job.html", found=found, job_id=job_id)

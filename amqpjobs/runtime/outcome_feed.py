@@ -19,8 +19,8 @@ from amqpjobs.wire.settings import BrokerSettings
 
 #: Events kept for a slow reader; past it the oldest are dropped (a page only needs to know "something ended").
 BACKLOG = 1000
-#: Seconds the shared subscription keeps retrying a refused connect (at most the settings' connect timeout):
-#: a page's event stream is an extra, its 503 should not wait out the 30 s a worker waits.
+#: Seconds the console's reads (pages and the shared subscription) keep retrying a refused connect (at most
+#: the settings' connect timeout): a page's 503 should not wait out the 30 s a worker waits.
 CONNECT_WAIT = 2.0
 #: Seconds a failed connect is answered again without trying (each new page with the broker down).
 FAILURE_MEMORY = 5.0
