@@ -185,3 +185,17 @@ def reported(level: str, kind: str) -> bool:
     ``all``: every one; ``failures``: all but :data:`SUCCESS_KINDS`; ``none``: none.
     """
     return level == "all" or (level == "failures" and kind not in SUCCESS_KINDS)
+
+
+def handed_back_note(handed: int, waiting: int) -> str:
+    """The stopped worker's words for the deliveries it handed back unstarted while stopping.
+
+    ``handed``: deliveries handed back (a copy to their work queue, never started), of which
+    ``waiting`` had waited for a rate limit's token. Empty when none: ``", 2 handed back
+    unstarted (1 waiting for a token)"``, or ``", 1 waiting for a token handed back unstarted"``.
+    """
+    if not handed:
+        return ""
+    if handed == waiting:
+        return f", {handed} waiting for a token handed back unstarted"
+    return f", {handed} handed back unstarted" + (f" ({waiting} waiting for a token)" if waiting else "")

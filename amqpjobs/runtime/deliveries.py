@@ -18,7 +18,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -83,6 +83,7 @@ class DeliveryPath(HandlerRuns):
     _version: tuple[int, ...]
     _pauses: OperatorPauses
     _breakers: Breakers | None
+    _unstarted_at_stop: set[asyncio.Task[Any]]
 
     _layouts: dict[str, JobQueueLayout]
     _rates: RateLimits | None
@@ -156,6 +157,8 @@ class DeliveryPath(HandlerRuns):
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
+        if self._stop.is_set() and v.kind == "handed_back" and (task := asyncio.current_task()):
+            self._unstarted_at_stop.add(task)  # no job finished, for the stop's count
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)

@@ -277,11 +277,6 @@ class RateLimits:
             self.tasks.append(asyncio.create_task(self._emitter.run(room)))
 
 
-def handed_back_note(handed: set[Any]) -> str:
-    """The stopped worker's words for the deliveries it handed back while they waited for a token (their tasks)."""
-    return f", {len(handed)} waiting for a token handed back unstarted" if handed else ""
-
-
 def rate_limited(app: App, layouts: Iterable[JobQueueLayout]) -> dict[str, tuple[RateLimit, JobQueueLayout]]:
     """The app's rate-limited jobs served from ``layouts`` (job name -> (rate, layout))."""
     by_name = {lay.name: lay for lay in layouts}

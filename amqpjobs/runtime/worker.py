@@ -32,6 +32,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
+from amqpjobs.jobs.outcome import handed_back_note
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
@@ -42,7 +43,7 @@ from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
-from amqpjobs.runtime.rate_limits import RateLimits, handed_back_note, rate_limited, start_rate_limits
+from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
@@ -99,6 +100,7 @@ class Worker(SuspectTurns):
         self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._unstarted_at_stop: set[asyncio.Task[Any]] = set()  # deliveries handed back while stopping
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
@@ -386,7 +388,8 @@ class Worker(SuspectTurns):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
-            handed = self._rates.handed_back if self._rates else set()  # waited for a token: never started
+            handed, waited = self._unstarted_at_stop, len(self._rates.handed_back) if self._rates else 0
             log.info("worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered)%s; exit %d",
-                     running - len(jobs & handed) - abandoned, abandoned, handed_back_note(handed), code)  # fmt: skip
+                     running - len(jobs & handed) - abandoned, abandoned, handed_back_note(len(handed), waited),
+                     code)  # fmt: skip
         return code

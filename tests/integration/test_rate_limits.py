@@ -204,7 +204,8 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     started = [o for o in recorder.outcomes if o.job == "limited" and o.kind != "handed_back"]
     # handed back once from the waiting room (and, when the work queue's consumer took that copy before its
     # cancel, once more from there)
-    assert 1 <= sum(o.kind == "handed_back" for o in recorder.outcomes) <= 2
+    handed = sum(o.kind == "handed_back" for o in recorder.outcomes)
+    assert 1 <= handed <= 2
     # the one delivery it held (one slot) went back to the work queue as a copy; the others wait in the room
     back = await drain(broker, "work")
     assert len(back) == 1 - len(started)
@@ -213,9 +214,11 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
     assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
     [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker stopped")]
-    assert stopped == (  # the one waiting delivery is no job finished
-        "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
-        "unstarted; exit 0"
+    # neither the waiting delivery nor its copy taken back from the work queue before the cancel is a job finished
+    assert stopped == "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), " + (
+        "1 waiting for a token handed back unstarted; exit 0"
+        if handed == 1
+        else "2 handed back unstarted (1 waiting for a token); exit 0"
     )
 
 

@@ -16,7 +16,7 @@ from amqpjobs.jobs.failure import (
     retry_headers,
     unstarted_headers,
 )
-from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
+from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, handed_back_note
 from amqpjobs.jobs.retry import FailureKind, retry_window
 
 
@@ -118,3 +118,16 @@ def test_quarantine_headers(reason: str, runs: int) -> None:
     assert headers[evidence.ORIGINAL_QUEUE] == "w"
     assert headers[envelope.FIRST_FAILURE_AT] == "NOW"
     assert headers[envelope.TENANT] == "acme"
+
+
+@pytest.mark.parametrize(
+    ("handed", "waiting", "note"),
+    [
+        (0, 0, ""),
+        (1, 1, ", 1 waiting for a token handed back unstarted"),
+        (3, 0, ", 3 handed back unstarted"),
+        (2, 1, ", 2 handed back unstarted (1 waiting for a token)"),
+    ],
+)
+def test_the_stop_line_counts_deliveries_handed_back_apart_from_jobs(handed: int, waiting: int, note: str) -> None:
+    assert handed_back_note(handed, waiting) == note
