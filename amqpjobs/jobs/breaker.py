@@ -40,6 +40,9 @@ STATE_VALUES: dict[State, int] = {"closed": 0, "open": 1, "half-open": 2}
 Verdict = Literal["start", "wait", "probe"]
 #: The most failures a breaker may count to (``Breaker(failures=...)``).
 MAX_FAILURES = 1_000_000
+#: The shortest ``window`` and ``cool_down`` (seconds): failure notices travel through the
+#: broker, and a worker tries the probe lock at most once a second.
+MIN_SECONDS = 1.0
 #: The longest ``window`` and ``cool_down`` (seconds): a day.
 MAX_SECONDS = 86_400.0
 
@@ -54,13 +57,15 @@ class Breaker:
         cool_down: Seconds (or a duration string) it stays open before one probe may run.
 
     The defaults: 20 failures within 60 s open it for 30 s. Bounds: ``failures`` at most
-    :data:`MAX_FAILURES`, ``window`` and ``cool_down`` at most :data:`MAX_SECONDS` (a day):
-    a breaker meant to stay open longer is an operator's pause (``amqpjobs pause``).
+    :data:`MAX_FAILURES`, ``window`` and ``cool_down`` from :data:`MIN_SECONDS` (1 s: failure
+    notices travel through the broker, and a worker tries the probe lock once a second) to
+    :data:`MAX_SECONDS` (a day): a breaker meant to stay open longer is an operator's pause
+    (``amqpjobs pause``).
 
     Raises:
         ConfigurationError: a value is not a whole number in 1..MAX_FAILURES (``failures``)
-            or a duration of at most a day (``window``, ``cool_down``); the message names
-            the field and the fix.
+            or a duration from 1 s to a day (``window``, ``cool_down``; 0 and negative
+            numbers too); the message names the field, the bound and an example.
     """
 
     failures: int
@@ -75,10 +80,18 @@ class Breaker:
             )
         object.__setattr__(self, "failures", failures)
         for name, value in (("window", window), ("cool_down", cool_down)):
-            try:
-                seconds = parse_duration(value)  # its message says what a duration looks like
+            try:  # a number below the minimum (0, negative) or "0s" gets the bound's message below
+                if isinstance(value, int | float) and not isinstance(value, bool) and value < MIN_SECONDS:
+                    seconds = float(value)
+                else:  # its message says what a duration looks like
+                    seconds = parse_duration(value, allow_zero=isinstance(value, str))
             except ValueError as exc:
                 raise ConfigurationError(f"Breaker({name}={value!r}): {exc}") from None
+            if seconds < MIN_SECONDS:
+                raise ConfigurationError(
+                    f"Breaker({name}={value!r}): {name} must be at least {MIN_SECONDS:g}s (failure notices travel "
+                    f"through the broker and a worker tries the probe lock once a second), e.g. {name}='30s'"
+                )
             if seconds > MAX_SECONDS:
                 raise ConfigurationError(
                     f"Breaker({name}={value!r}): {name} must be at most a day ({MAX_SECONDS:g}s), e.g. {name}='30s'; "

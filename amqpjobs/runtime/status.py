@@ -229,9 +229,13 @@ def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -
 
     Each: ``job``, ``state`` (``open``, or ``half-open`` once the cool-down is over: the
     next delivery of the job runs as the probe), ``opened_at`` and ``until`` (ISO 8601 UTC),
-    ``failures`` (that opened it; 0 when a failed probe re-opened it); while a probe runs
-    (its lock queue exists), ``probe``: ``job_id``, ``by`` (``host:pid:worker``) and ``since``.
-    A job whose breaker is closed has no record.
+    ``failures`` (that opened it; 0 when a failed probe re-opened it), ``cool_down`` (seconds:
+    ``until - opened_at``, the writer's cool-down), ``dated_ahead`` (``opened_at`` is after
+    ``now``: a worker whose clock runs ahead wrote it; workers don't wait for its ``until``,
+    each cuts it to one cool-down from when it reads it: :meth:`BreakerMachine.trusted`);
+    while a probe runs (its lock queue exists), ``probe``: ``job_id``, ``by``
+    (``host:pid:worker``) and ``since``. A job whose breaker is closed has no record.
+    ``now``: wall-clock seconds of this host.
     """
     mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind in ("breaker", "breaker-probe")
             and p.job_queue == job_queue]  # fmt: skip
@@ -242,6 +246,7 @@ def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -
         out.append({
             "job": job, "state": "open" if record.until > now else "half-open",
             "opened_at": iso_utc(record.opened_at), "until": iso_utc(record.until), "failures": record.failures,
+            "cool_down": round(record.until - record.opened_at, 3), "dated_ahead": record.opened_at > now,
         })  # fmt: skip
         if (probe := probes.get(job)) is not None:
             out[-1]["probe"] = {"job_id": probe.job_id, "by": probe.by, "since": iso_utc(probe.since)}
@@ -251,6 +256,10 @@ def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -
 def breaker_note(breaker: dict[str, Any]) -> str:
     """A line for ``status`` about one open or half-open breaker (:func:`breaker_states`)."""
     why = f"{breaker['failures']} failure(s)" if breaker["failures"] else "a failed probe"
+    if breaker["dated_ahead"] and breaker.get("probe") is None:
+        return (f"circuit breaker of job {breaker['job']!r} is open (after {why}); its record is dated ahead of this "
+                f"host's clock (opened {breaker['opened_at']}, until {breaker['until']}): a worker waits one cool-down "
+                f"({breaker['cool_down']:g}s) from when it reads it, then one delivery runs as the probe")  # fmt: skip
     if breaker["state"] == "open":
         return (f"circuit breaker of job {breaker['job']!r} is open (after {why}, since {breaker['opened_at']}): "
                 f"no starts until {breaker['until']}")  # fmt: skip

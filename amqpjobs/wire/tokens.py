@@ -5,9 +5,12 @@ A token is an empty, transient message in the job's token queue (``x-max-length`
 (RabbitMQ "Time-To-Live and Expiration" -> "Per-Message TTL in Publishers"): the broker
 drops it once it has waited that long, and a token requeued by a worker that no longer
 wanted it keeps its original expiry ("Per-Message TTL ... Caveats": requeued messages keep
-their expiry). Tokens are published without confirms: a token lost costs one start, never
-an extra one; but ``mandatory``, so a token queue deleted by hand is noticed (the broker
-returns the token: :attr:`TokenMinter.returned`) and declared again by the emitter.
+their expiry). Tokens are published ``mandatory``, so a token queue deleted by hand is
+noticed (the broker returns the token: :attr:`TokenMinter.returned`) and declared again by
+the emitter, on a channel in confirm mode: aiormq matches a ``basic.return`` to its publish
+(and calls the channel's return callbacks) only there; on a channel without confirms it
+logs each returned token as an error ("Unhandled message ... returning") and calls nothing.
+A token lost still costs one start, never an extra one.
 Workers take tokens with a :class:`~amqpjobs.wire.consume.WorkQueueConsumer` of prefetch 1
 (one token at a time per process, acked when used).
 """
@@ -78,7 +81,8 @@ class TokenMinter:
         if transport is None:
             raise BrokerError("not connected to the broker")
         try:
-            channel = await transport.connection.channel(publisher_confirms=False)
+            # confirms: so a returned token reaches _on_return (see the module docstring), not aiormq's error log
+            channel = await transport.connection.channel(publisher_confirms=True, on_return_raises=False)
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"could not open a channel to mint tokens into {queue!r}: {exc}") from exc
         return cls(channel, queue)
@@ -91,8 +95,10 @@ class TokenMinter:
     async def mint(self, index: int, expires_in: float) -> None:
         """Publish token ``index``, dropped by the broker after ``expires_in`` seconds (>= 1 ms once rounded).
 
+        Waits for the broker's confirm (a returned token sets :attr:`returned`).
+
         Raises:
-            BrokerError: the channel is closed (the connection dropped).
+            BrokerError: the channel is closed (the connection dropped), or the broker nacked it.
         """
         properties = Basic.Properties(
             expiration=str(max(1, to_milliseconds(expires_in))), delivery_mode=1, headers={TOKEN_HEADER: index}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from amqpjobs.topology.naming import breaker_queue_name
 from amqpjobs.wire.breakers import OpenRecord
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import raw_channel
+from tests.integration.helpers import cli, raw_channel
 from tests.integration.test_breaker import board, status_json, until
 from tests.integration.test_pause import _cut_worker_connection
 from tests.integration.worker_env import make_app, running_worker
@@ -204,3 +205,32 @@ async def test_a_record_from_a_clock_far_ahead_is_probed_after_one_cool_down(
 def _record_gone(broker: BrokerSettings, name: str) -> bool:
     with ManagementClient(broker) as mgmt:
         return all(q["name"] != name for q in mgmt.queues(broker.vhost))
+
+
+async def test_status_says_a_record_dated_ahead_waits_one_cool_down_not_until_its_date(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """A record written by a clock years ahead: status flags it, and tells what workers do (no 'until 2030')."""
+    topo = tmp_path / "parking.toml"
+    topo.write_text(PARKING_TOPOLOGY)
+    await apply_topology(topo, broker)
+    opened = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
+    record = OpenRecord(opened, opened + 2, 5)  # a 2 s cool-down, written by a worker whose clock is in 2030
+    async with raw_channel(broker) as channel:
+        await channel.declare_queue(
+            breaker_queue_name("work", "flaky"),
+            durable=True,
+            arguments={"x-queue-type": "classic", **record.arguments()},
+        )
+    text = (await asyncio.to_thread(cli, broker, "status", "--queues", "work")).output
+    assert "no starts until 2030" not in text
+    [entry] = (await status_json(broker))["breakers"]
+    assert entry == {
+        "job": "flaky", "state": "open", "opened_at": "2030-01-01T00:00:00.000Z", "until": "2030-01-01T00:00:02.000Z",
+        "failures": 5, "cool_down": 2.0, "dated_ahead": True,
+    }  # fmt: skip
+    assert (
+        "note work: circuit breaker of job 'flaky' is open (after 5 failure(s)); its record is dated ahead of this "
+        "host's clock (opened 2030-01-01T00:00:00.000Z, until 2030-01-01T00:00:02.000Z): a worker waits one "
+        "cool-down (2s) from when it reads it, then one delivery runs as the probe"
+    ) in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import aiormq
 import pytest
@@ -25,6 +27,7 @@ from amqpjobs.runtime.status import collect
 from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import rate_queue_names
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, drain, raw_channel
 from tests.integration.worker_env import Recorder, running_worker
@@ -442,3 +445,35 @@ async def test_a_killed_worker_leaves_few_waiting_deliveries_redelivered(broker:
 
 async def _consumed(broker: BrokerSettings, queue: str) -> bool:
     return await consumers(broker, queue) == 1
+
+
+async def test_a_token_queue_deleted_through_the_management_api_logs_no_library_error(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Tokens minted into a deleted token queue come back (``mandatory``): handled by us, not logged by aiormq."""
+    app = await in_process_app(broker, tmp_path, "50/s")
+    caplog.set_level("DEBUG", logger="aiormq")
+    caplog.set_level("DEBUG", logger="aio_pika")
+    caplog.set_level("INFO", logger="amqpjobs")
+    async with running_worker(app, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        with ManagementClient(broker) as mgmt:
+            for _ in range(100):  # the emitter mints
+                if (mgmt.queue(broker.vhost, ROOMS.tokens) or {}).get("messages_ready"):
+                    break
+                await asyncio.sleep(0.1)
+            mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/{quote(ROOMS.tokens, safe='')}")
+        await asyncio.sleep(1.5)  # 75 tokens minted meanwhile: the first ones had no queue to go to
+        for i in range(5):
+            await app.enqueue("limited", {}, job_id=f"after-{i}")
+        await recorder.wait_for(lambda outs: sum(o.kind == "succeeded" for o in outs) == 5, 15)  # tokens flow again
+        await depth(broker, ROOMS.tokens)  # declared again
+        running = list(caplog.records)  # (a shutdown may cancel a channel's RPC: aiormq warns then, not about this)
+    await app.close()
+    library = [r for r in running if r.name.startswith(("aiormq", "aio_pika")) and r.levelno >= logging.INFO]
+    assert [(r.name, r.levelname, r.getMessage()[:120]) for r in library] == []
+    returned = [r for r in caplog.records if r.name.startswith(("aiormq", "aio_pika")) and "return" in r.getMessage()]
+    assert [r.getMessage()[:120] for r in returned] == []  # before: 82 "Unhandled message ... Basic.Return" errors
+    said = [r.getMessage() for r in caplog.records if "declared it again" in r.getMessage()]
+    assert len(said) == 1, said
+    assert ROOMS.tokens in said[0]
+    assert "(a token had no queue to go to; deleted by hand?)" in said[0]

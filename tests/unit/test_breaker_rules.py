@@ -24,8 +24,10 @@ def test_settings_take_seconds_and_duration_strings() -> None:
         ({"failures": 2.5}, "Breaker(failures=2.5)"),
         ({"failures": True}, "Breaker(failures=True)"),
         ({"window": "ten seconds"}, "Breaker(window='ten seconds'): 'ten seconds' is not a duration"),
-        ({"cool_down": 0}, "Breaker(cool_down=0)"),
-        ({"cool_down": -1}, "Breaker(cool_down=-1): -1 must be a positive, finite duration (e.g. '5s')"),
+        ({"cool_down": 0}, "Breaker(cool_down=0): cool_down must be at least 1s"),
+        ({"cool_down": -1}, "Breaker(cool_down=-1): cool_down must be at least 1s"),
+        ({"window": -0.5}, "Breaker(window=-0.5): window must be at least 1s"),
+        ({"window": float("nan")}, "Breaker(window=nan): nan must be a positive, finite duration (e.g. '5s')"),
     ],
 )
 def test_bad_settings_name_the_field_and_the_fix(kwargs: dict[str, Any], words: str) -> None:
@@ -148,6 +150,27 @@ def test_settings_are_bounded(kwargs: dict[str, Any], words: str) -> None:
         Breaker(**kwargs)
     assert words in str(info.value)
     assert Breaker(failures=1_000_000, window="1d", cool_down=86_400) == Breaker(1_000_000, 86_400.0, "24h")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window": 1e-9}, "Breaker(window=1e-09): window must be at least 1s"),
+        ({"window": 0}, "Breaker(window=0): window must be at least 1s"),
+        ({"window": "0s"}, "Breaker(window='0s'): window must be at least 1s"),
+        ({"cool_down": 1e-9}, "Breaker(cool_down=1e-09): cool_down must be at least 1s"),
+        ({"cool_down": "999ms"}, "Breaker(cool_down='999ms'): cool_down must be at least 1s"),
+    ],
+)
+def test_windows_and_cool_downs_below_a_second_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    name = next(iter(kwargs))
+    with pytest.raises(ConfigurationError) as info:
+        Breaker(**kwargs)
+    assert str(info.value) == (
+        f"{message} (failure notices travel through the broker and a worker tries the probe lock once a "
+        f"second), e.g. {name}='30s'"
+    )
+    assert Breaker(window=1, cool_down="1s") == Breaker(20, 1.0, 1.0)
 
 
 def test_a_bad_duration_says_its_advice_once() -> None:
