@@ -229,6 +229,9 @@ class Breakers:
                 records is not None
                 and records[record_name].until > self._clock()
                 and records[record_name] != self._adopted.get(job.name)  # the one waited out (a clock ahead: cut)
+                # dated ahead of this clock: no telling when it was written, and this worker has waited out a
+                # cool-down of its own (the same opening, from a clock ahead, would add a second one): probe
+                and records[record_name].opened_at <= self._clock()
             ):  # a probe failed just now
                 self.adopt(job.name, records[record_name], f" (read from {record_name})")
         if machine.state != "half-open":

@@ -202,6 +202,47 @@ async def test_a_record_from_a_clock_far_ahead_is_probed_after_one_cool_down(
         await app.close()
 
 
+async def test_a_record_dated_ahead_over_an_opening_counted_here_adds_no_second_cool_down(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """This worker opened the breaker from the failures it counted; then a worker whose clock runs a
+    year ahead wrote its record of the same opening over this one's. The probe comes one cool-down
+    after the opening, not a second cool-down after this worker first reads that record."""
+    topo = tmp_path / "parking.toml"
+    topo.write_text(PARKING_TOPOLOGY)
+    await apply_topology(topo, broker)
+    app = App("ahead2", topology=load_topology(topo).topology, url=broker.url)
+    started: list[float] = []
+
+    async def run(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.append(time.time())
+        if len(started) <= 3:
+            raise RuntimeError("the service is down")
+
+    app.job("flaky", queue="work", breaker=Breaker(failures=3, window=10, cool_down=3))(run)
+    name = breaker_queue_name("work", "flaky")
+    try:
+        async with running_worker(app, broker, concurrency=1) as (worker, _):
+            for i in range(3):
+                await app.enqueue("flaky", {}, job_id=f"f{i}")
+            await until(lambda: board(worker).state("flaky") == "open", 10)
+            opened = next(t.at for _, t in board(worker).history if t.state == "open")
+            await until(lambda: not _record_gone(broker, name), 5)  # this worker's own record
+            year = 365 * 86400.0
+            ahead = OpenRecord(opened + year, opened + year + 3, 3)  # the same opening, by a clock a year ahead
+            async with raw_channel(broker) as channel:
+                await channel.queue_delete(name)
+                await channel.declare_queue(
+                    name, durable=True, arguments={"x-queue-type": "classic", **ahead.arguments()}
+                )
+            assert time.time() - opened < 3  # replaced within the cool-down
+            await until(lambda: len(started) >= 4, 15)
+            assert started[3] - opened <= 3 + 1.0, started[3] - opened  # one cool-down, then a 250 ms tier at most
+            await until(lambda: board(worker).state("flaky") == "closed", 5)
+    finally:
+        await app.close()
+
+
 def _record_gone(broker: BrokerSettings, name: str) -> bool:
     with ManagementClient(broker) as mgmt:
         return all(q["name"] != name for q in mgmt.queues(broker.vhost))
