@@ -107,7 +107,7 @@ class DeliveryPath(HandlerRuns):
         tracing = self.app.tracing
         try:
             if tracing is None:
-                await self._handle_delivery(layout, delivery, alone, hand_back)
+                await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
             else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
                 # failures are tracing's own (caught and logged there): they never reach the delivery
                 d, started = delivery, False
@@ -116,24 +116,25 @@ class DeliveryPath(HandlerRuns):
                                             d.delivery_tag, d.correlation_id,
                                             server_address(self._connection)) as process:  # fmt: skip
                         started = True
-                        outcome = await self._handle_delivery(layout, delivery, alone, hand_back, process.carry)
+                        outcome = await self._handle_delivery(layout, delivery, (alone, hand_back, rated),
+                                                              process.carry)  # fmt: skip
                         tracing.finished(process, outcome)
                 except Exception:
                     if started:
                         raise
                     # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
-                    await self._handle_delivery(layout, delivery, alone, hand_back)
+                    await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
         finally:
             if gauge is not None:
                 gauge.dec()
 
     async def _handle_delivery(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool, hand_back: bool, trace: Mapping[str, str] = {}
+        self, layout: JobQueueLayout, delivery: Received, how: tuple[bool, bool, bool], trace: Mapping[str, str] = {}
     ) -> Outcome:
-        """Decide, carry out, record; ``trace``: trace headers for the copies instead of the received ones."""
+        """Decide, carry out, record: ``how`` is (alone, hand_back, rated), ``trace`` the copies' trace headers."""
         try:
-            v = await self._process(layout, delivery, alone, hand_back)
+            v = await self._process(layout, delivery, *how)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             tb = "".join(traceback.format_exception(exc))
@@ -198,12 +199,15 @@ class DeliveryPath(HandlerRuns):
             self._on_outcome(outcome)
 
     async def _process(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
-    ) -> Outcome:
+        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False,
+        rated: bool = False,
+    ) -> Outcome:  # fmt: skip
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
+        ``rated``: a rate-limited job's delivery that took its token, which its gate gives only while no
+        operator's pause holds its job queue back: it starts (README "Pause and resume": no token wasted).
         """
         if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
             # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
@@ -268,7 +272,8 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        if self._pauses.holds_back(layout.name):  # paused by an operator (a redelivered one was registered above)
+        if self._pauses.holds_back(layout.name) and not rated:  # paused by an operator (a redelivered one was
+            # registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
                 job, job_id, attempt, layout.tiers)) is not None:  # open: it waits ("Flow control")  # fmt: skip

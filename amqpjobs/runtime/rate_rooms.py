@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
@@ -34,26 +35,31 @@ class TokenGate:
         job: The job's name (for logs).
         rate: Its rate limit.
         stop: Set when the worker stops: waiting ends without a token.
+        held_back: Whether an operator's pause holds the job's job queue back now: no token is
+            given out then, and waiting ends without one (call :meth:`hold_back` when it starts).
     """
 
-    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
+    def __init__(
+        self, job: str, rate: RateLimit, stop: asyncio.Event, held_back: Callable[[], bool] = lambda: False
+    ) -> None:
         self.job = job
         self.rate = rate
         self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
         self._stop = stop
+        self._held_back = held_back
         self._waiters: deque[asyncio.Future[float]] = deque()
         self._switching = asyncio.Lock()
         self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
 
     async def acquire(self, front: bool = False, within: float | None = None) -> bool:
-        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
+        """Wait for a fresh token; False when the worker stops or a pause holds it back first (not to start).
 
         ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
         """
         loop = asyncio.get_running_loop()
         first = not front
         deadline = None if within is None else time.monotonic() + within
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._held_back():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
@@ -73,7 +79,7 @@ class TokenGate:
                     await self._want()
             if waiter.cancelled():
                 if deadline is not None and not self._stop.is_set():
-                    continue  # out of time: said at the top
+                    continue  # out of time, or held back: said at the top
                 return False
             if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
                 self.taken += 1
@@ -82,8 +88,13 @@ class TokenGate:
         return False
 
     async def on_token(self, token: Delivery) -> None:
-        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
+        """A token from the token queue: hand it to the oldest waiter (acked), else put it back.
+
+        Held back by a pause, it goes back, and so does every waiting delivery (:meth:`hold_back`).
+        """
         received = time.monotonic()
+        if self._held_back():
+            self._wake()
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -95,6 +106,15 @@ class TokenGate:
         await self._want()  # stop consuming first, or the broker hands it straight back
         with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
             await token.requeue()
+
+    async def hold_back(self) -> None:
+        """A pause holds the job back: each waiting delivery stops waiting without a token (goes back unstarted)."""
+        self._wake()
+        await self._want()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            self._waiters.popleft().cancel()
 
     async def _want(self) -> None:
         """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
