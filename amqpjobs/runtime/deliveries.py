@@ -72,6 +72,7 @@ class DeliveryPath(HandlerRuns):
     metrics: WorkerMetrics | None
     _on_outcome: Callable[[Outcome], None] | None
     _stop: asyncio.Event
+    _took_last: asyncio.Event  # set once the stopping worker's consumers are cancelled
     _gate: IsolationGate
     _holding: Holding
     _connection: Connection | None
@@ -206,11 +207,12 @@ class DeliveryPath(HandlerRuns):
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
-        ``rated``: a rate-limited job's delivery that took its token, which its gate gives only while no
-        operator's pause holds its job queue back: it starts (README "Pause and resume": no token wasted).
+        ``rated``: a rate-limited job's delivery that took its token (given only while no operator's pause
+        holds its job queue back): it starts even if a pause came since (README "Pause and resume").
         """
         if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
-            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count), once this
+            await (self._took_last.wait() if self._stop.is_set() else asyncio.sleep(0))  # worker can't take it again
             return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
@@ -272,8 +274,7 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        if self._pauses.holds_back(layout.name) and not rated:  # paused by an operator (a redelivered one was
-            # registered above)
+        if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
                 job, job_id, attempt, layout.tiers)) is not None:  # open: it waits ("Flow control")  # fmt: skip

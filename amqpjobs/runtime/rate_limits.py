@@ -191,6 +191,11 @@ class RateLimits:
         """An operator paused ``job_queue``: its deliveries waiting for a token go back without one."""
         await asyncio.gather(*(r.gate.hold_back() for r in self.rooms.values() if r.layout.name == job_queue))
 
+    def release(self) -> None:
+        """The stopping worker took its last delivery: what waits for a token goes back (each gate's ``release``)."""
+        for room in self.rooms.values():
+            room.gate.release()
+
     def room_of(self, layout: JobQueueLayout, delivery: Received) -> Room | None:
         """The rate-limited job's :class:`Room` a delivery of ``layout`` belongs to, or None."""
         room = self.rooms.get(envelope.job_name_of(delivery.type, delivery.headers))

@@ -34,7 +34,9 @@ class TokenGate:
     Args:
         job: The job's name (for logs).
         rate: Its rate limit.
-        stop: Set when the worker stops: waiting ends without a token.
+        stop: Set when the worker stops: no token is given out from then, and waiting ends
+            without one at :meth:`release` (once the worker took its last delivery: what it
+            hands back then is not taken again by its own consumers).
         held_back: Whether an operator's pause holds the job's job queue back now: no token is
             given out then, and waiting ends without one (call :meth:`hold_back` when it starts).
     """
@@ -47,6 +49,7 @@ class TokenGate:
         self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
         self._stop = stop
         self._held_back = held_back
+        self._released = asyncio.Event()
         self._waiters: deque[asyncio.Future[float]] = deque()
         self._switching = asyncio.Lock()
         self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
@@ -59,14 +62,14 @@ class TokenGate:
         loop = asyncio.get_running_loop()
         first = not front
         deadline = None if within is None else time.monotonic() + within
-        while not self._stop.is_set() and not self._held_back():
+        while not self._released.is_set() and not self._held_back():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             waiter: asyncio.Future[float] = loop.create_future()
             (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
             first = False
-            stopping = loop.create_task(self._stop.wait())
+            stopping = loop.create_task(self._released.wait())
             try:
                 await self._want()
                 await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
@@ -78,7 +81,7 @@ class TokenGate:
                         self._waiters.remove(waiter)
                     await self._want()
             if waiter.cancelled():
-                if deadline is not None and not self._stop.is_set():
+                if deadline is not None and not self._released.is_set():
                     continue  # out of time, or held back: said at the top
                 return False
             if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
@@ -90,12 +93,13 @@ class TokenGate:
     async def on_token(self, token: Delivery) -> None:
         """A token from the token queue: hand it to the oldest waiter (acked), else put it back.
 
-        Held back by a pause, it goes back, and so does every waiting delivery (:meth:`hold_back`).
+        Held back by a pause, it goes back, and so does every waiting delivery (:meth:`hold_back`);
+        so it does once the worker stops (its waiting deliveries go back at :meth:`release`).
         """
         received = time.monotonic()
         if self._held_back():
             self._wake()
-        while self._waiters:
+        while self._waiters and not self._stop.is_set():
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(received)
@@ -112,6 +116,10 @@ class TokenGate:
         self._wake()
         await self._want()
 
+    def release(self) -> None:
+        """The stopping worker took its last delivery: each waiting one stops waiting without a token."""
+        self._released.set()
+
     def _wake(self) -> None:
         while self._waiters:
             self._waiters.popleft().cancel()
@@ -119,7 +127,7 @@ class TokenGate:
     async def _want(self) -> None:
         """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
         async with self._switching:
-            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
+            feed, wanted = self.feed, not self._stop.is_set() and any(not w.done() for w in self._waiters)
             if feed is None or wanted == (not feed.paused):
                 return
             await (feed.resume() if wanted else feed.pause())

@@ -92,6 +92,7 @@ class Worker(SuspectTurns):
         self.stats: Counter[str] = Counter()
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
+        self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies and events: an alarm blocks it, never the acks
         self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
@@ -347,8 +348,12 @@ class Worker(SuspectTurns):
         self._suspects_signal.set()
         for task in self._background:
             task.cancel()
-        for consumer in self._consumers:
-            await consumer.cancel()
+        try:  # then what is handed back (arrived meanwhile, or waiting for a token) is not taken again here
+            await asyncio.gather(*(consumer.cancel() for consumer in self._consumers))
+        finally:
+            self._took_last.set()
+            if self._rates is not None:
+                self._rates.release()
         await asyncio.sleep(0)
         code = 0
         jobs = set(self._inflight)
