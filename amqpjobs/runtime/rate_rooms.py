@@ -21,6 +21,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import RateQueues
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.lock import LockHolder
 
 #: Deliveries of a rate-limited job a worker process holds waiting for a token, at most: one
 #: process starts at most one per token, so two keep it busy; more only come back marked
@@ -145,7 +146,7 @@ class Room:
     declarations: Declarations  # its waiting room and token queue, declared again when found missing
     source: RoomSource | None = None  # its waiting room's consumer in this process
     look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
-    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
+    minters_warned: set[LockHolder] = field(default_factory=set)  # minters at another rate (with it), each said once
 
 
 class RoomSource:

@@ -416,6 +416,57 @@ async def test_workers_with_different_rates_are_warned_and_shown_by_status(
     assert "workers of job 'limited' have different rate limits (20/s, 30/s); the minter's, 20/s, applies" in note
 
 
+async def test_a_worker_warns_once_per_minter_and_rate_it_differs_from(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """README "Rate limits" -> changing a rate: a new minter at another rate is said too, each one once."""
+    from amqpjobs.jobs.rate import parse_rate_limit
+    from amqpjobs.runtime.rate_rooms import Room, TokenGate
+    from amqpjobs.runtime.token_emitter import TokenEmitter
+    from amqpjobs.topology.rate_queues import rate_declarations
+    from amqpjobs.wire.connection import connect
+    from amqpjobs.wire.lock import LockHolder, exclusive_lock, lock_holder
+
+    caplog.set_level("WARNING", logger="amqpjobs")
+    app = await in_process_app(broker, tmp_path, "30/s")
+    topology = app.topology()
+    [layout] = [lay for lay in topology.layouts() if lay.name == "work"]
+    decls = rate_declarations(topology.job_queues[0], "limited")
+    rate, stop = parse_rate_limit("30/s"), asyncio.Event()
+    room = Room("limited", rate, ROOMS, layout, TokenGate("limited", rate, stop), decls)
+    connection = await connect(broker)
+
+    async def declare_again(room: Room, found: str) -> None:
+        raise AssertionError("not called here")
+
+    emitter = TokenEmitter(connection, broker, stop, None, declare_again)
+    said: list[list[str]] = []
+    try:
+        for pid, theirs in ((1001, "20/s"), (1002, "20/s"), (1003, "25/s"), (1004, "30/s")):
+            holder = LockHolder(f"token emitter of job limited at {theirs}", f"host-{pid}", pid, datetime.now(UTC),
+                                (("rate", theirs),))  # fmt: skip
+            async with exclusive_lock(connection, broker, ROOMS.emitter, holder, "tokens", look_up=False):
+
+                async def known(holder: LockHolder = holder) -> bool:
+                    return (await lock_holder(broker, ROOMS.emitter))[1] == holder
+
+                await wait_for(known, 15, "the management API naming the holder")
+                for _ in range(3):  # looked at every MINTER_LOOK_EVERY seconds: said at the first look only
+                    await emitter._compare_rates(room)
+            said.append([r.getMessage() for r in caplog.records if "not at this worker's" in r.getMessage()])
+    finally:
+        await connection.close()
+        await app.close()
+    assert [len(s) for s in said] == [1, 2, 3, 3], said  # 1002 at 20/s is another minter: said again
+    assert [m.split(" (pid ")[0] for m in said[-1]] == [
+        "job=limited: its tokens are minted at 20/s by token emitter of job limited at 20/s",
+        "job=limited: its tokens are minted at 20/s by token emitter of job limited at 20/s",
+        "job=limited: its tokens are minted at 25/s by token emitter of job limited at 25/s",
+    ]
+    assert [m.split(" (pid ")[1].split(",")[0] for m in said[-1]] == ["1001 on host-1001", "1002 on host-1002",
+                                                                       "1003 on host-1003"]  # fmt: skip
+
+
 async def test_a_killed_worker_leaves_few_waiting_deliveries_redelivered(broker: BrokerSettings, tmp_path: Path):
     """README "Rate limits": a process holds at most WAITING_PER_PROCESS deliveries waiting for a token, not
     --concurrency: only those come back marked redelivered (and run alone as suspects) when it is killed."""
