@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -320,9 +321,10 @@ def with_trace(headers: Mapping[str, Any], trace: Mapping[str, str]) -> dict[str
     return out
 
 
-def iso_utc(timestamp: float) -> str:
-    """Format seconds since the epoch as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_utc(timestamp: float | None = None) -> str:
+    """Seconds since the epoch (now when None) as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
+    when = time.time() if timestamp is None else timestamp
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def job_message(

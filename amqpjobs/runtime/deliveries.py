@@ -26,6 +26,7 @@ from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
+from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.events import event_for
 from amqpjobs.jobs.failure import (
     crash_error,
@@ -59,10 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpjobs.worker")
 
 
-def _now_iso() -> str:
-    return envelope.iso_utc(time.time())
-
-
 class DeliveryPath(HandlerRuns):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
@@ -72,6 +69,7 @@ class DeliveryPath(HandlerRuns):
     metrics: WorkerMetrics | None
     _on_outcome: Callable[[Outcome], None] | None
     _stop: asyncio.Event
+    _took_last: asyncio.Event  # set once the stopping worker's consumers are cancelled
     _gate: IsolationGate
     _holding: Holding
     _connection: Connection | None
@@ -108,7 +106,7 @@ class DeliveryPath(HandlerRuns):
         tracing = self.app.tracing
         try:
             if tracing is None:
-                await self._handle_delivery(layout, delivery, alone, hand_back)
+                await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
             else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
                 # failures are tracing's own (caught and logged there): they never reach the delivery
                 d, started = delivery, False
@@ -117,24 +115,25 @@ class DeliveryPath(HandlerRuns):
                                             d.delivery_tag, d.correlation_id,
                                             server_address(self._connection)) as process:  # fmt: skip
                         started = True
-                        outcome = await self._handle_delivery(layout, delivery, alone, hand_back, process.carry)
+                        outcome = await self._handle_delivery(layout, delivery, (alone, hand_back, rated),
+                                                              process.carry)  # fmt: skip
                         tracing.finished(process, outcome)
                 except Exception:
                     if started:
                         raise
                     # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
-                    await self._handle_delivery(layout, delivery, alone, hand_back)
+                    await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
         finally:
             if gauge is not None:
                 gauge.dec()
 
     async def _handle_delivery(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool, hand_back: bool, trace: Mapping[str, str] = {}
+        self, layout: JobQueueLayout, delivery: Received, how: tuple[bool, bool, bool], trace: Mapping[str, str] = {}
     ) -> Outcome:
-        """Decide, carry out, record; ``trace``: trace headers for the copies instead of the received ones."""
+        """Decide, carry out, record: ``how`` is (alone, hand_back, rated), ``trace`` the copies' trace headers."""
         try:
-            v = await self._process(layout, delivery, alone, hand_back)
+            v = await self._process(layout, delivery, *how)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             tb = "".join(traceback.format_exception(exc))
@@ -201,15 +200,18 @@ class DeliveryPath(HandlerRuns):
             self._on_outcome(outcome)
 
     async def _process(
-        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False
-    ) -> Outcome:
+        self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False,
+        rated: bool = False,
+    ) -> Outcome:  # fmt: skip
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
+        ``rated``: took its rate limit's token (none is given while paused): it starts even if a pause came since.
         """
         if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
-            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count)
+            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count), once this
+            await (self._took_last.wait() if self._stop.is_set() else asyncio.sleep(0))  # worker can't take it again
             return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
@@ -271,7 +273,7 @@ class DeliveryPath(HandlerRuns):
             return await self._start(*run)
         if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        if self._pauses.holds_back(layout.name):  # paused by an operator (a redelivered one was registered above)
+        if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
                 job, job_id, attempt, layout.tiers)) is not None:  # open: it waits ("Flow control")  # fmt: skip
@@ -319,7 +321,7 @@ class DeliveryPath(HandlerRuns):
         # from the attempt header a publisher may set to anything
         runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
-            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, _now_iso(),
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
                                     timestamp=delivery.timestamp)  # fmt: skip
             tier_queue = layout.tier_queues[delivery.queue][decision.tier]
             # ready in the work queue once the tier's delay is over: max_age counts from then
@@ -330,7 +332,7 @@ class DeliveryPath(HandlerRuns):
             # the suspects queue, a delivery handed back returns to its work queue
             register = decision if isinstance(decision, Register) else None
             headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
-                                        self._host, self._pid, _now_iso(), timestamp=delivery.timestamp)  # fmt: skip
+                                        self._host, self._pid, iso_utc(), timestamp=delivery.timestamp)  # fmt: skip
             target = layout.suspects_queue if register is not None else delivery.queue
             # handed back: ready in the work queue now (a suspect keeps its timestamp: not ready there)
             ready_at = None if register is not None else envelope.ready_at(time.time())
@@ -341,7 +343,7 @@ class DeliveryPath(HandlerRuns):
             headers = quarantine_headers(
                 received, decision.reason, v.failure, runs, queue=delivery.queue, exchange=delivery.exchange,
                 routing_key=delivery.routing_key, job=v.job, job_id=job_id, host=self._host, pid=self._pid,
-                version=__version__, app_version=self.app.app_version, now=_now_iso(), timestamp=delivery.timestamp,
+                version=__version__, app_version=self.app.app_version, now=iso_utc(), timestamp=delivery.timestamp,
             )  # fmt: skip
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
 

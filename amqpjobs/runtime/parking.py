@@ -163,7 +163,7 @@ async def park(
         report = report if report is not None else TakeReport(queue)
         report.queue, report.target = queue, target
         publisher = ConfirmedPublisher(connection)
-        parked_at = envelope.iso_utc(time.time())
+        parked_at = envelope.iso_utc()
 
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
             job_id = delivery.message_id or item.job_id or ""

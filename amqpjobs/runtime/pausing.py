@@ -9,7 +9,9 @@
   redelivered flag, so it never counts toward the crash bound, on every RabbitMQ version).
   The check comes after crash screening: a delivery the broker redelivered is registered
   in the suspects queue as ever (its earlier start did count), and no suspects turn runs
-  while its queue is paused;
+  while its queue is paused. A rate-limited job's delivery is asked at its token instead: its
+  :class:`~amqpjobs.runtime.rate_rooms.TokenGate` gives none while paused (what waits there
+  goes back without one), so a token taken is a start;
 * stops the sources of a paused job queue and the waiting rooms of its rate-limited jobs (no
   new deliveries; jobs running finish and are acked as usual; a source of a queue paused
   when the worker starts is created stopped, so it takes nothing) and starts them again on

@@ -152,7 +152,7 @@ class RateLimits:
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         headers = unstarted_headers(
             delivery.headers, None, delivery.queue, delivery.exchange, delivery.routing_key, self._host, self._pid,
-            envelope.iso_utc(time.time()), timestamp=delivery.timestamp,
+            envelope.iso_utc(), timestamp=delivery.timestamp,
         )  # fmt: skip
         headers[WAITING_FROM] = delivery.queue
         try:
@@ -186,6 +186,15 @@ class RateLimits:
         delivery.routing_key = header_text(delivery.headers.get(envelope.ORIGINAL_ROUTING_KEY)) or delivery.routing_key
         delivery.headers = {k: v for k, v in delivery.headers.items() if k != WAITING_FROM}
         return room
+
+    async def hold_back(self, job_queue: str) -> None:
+        """An operator paused ``job_queue``: its deliveries waiting for a token go back without one."""
+        await asyncio.gather(*(r.gate.hold_back() for r in self.rooms.values() if r.layout.name == job_queue))
+
+    def release(self) -> None:
+        """The stopping worker took its last delivery: what waits for a token goes back (each gate's ``release``)."""
+        for room in self.rooms.values():
+            room.gate.release()
 
     def room_of(self, layout: JobQueueLayout, delivery: Received) -> Room | None:
         """The rate-limited job's :class:`Room` a delivery of ``layout`` belongs to, or None."""
@@ -242,7 +251,7 @@ class RateLimits:
                 room.source.waited()
                 if gauge is not None:
                     gauge.dec()
-            if not got:  # the worker stops: handed back, never started
+            if not got and self._stop.is_set():  # the worker stops (or a pause came): handed back, never started
                 self.handed_back.add(task)
             try:
                 await run(room.layout, not got, True)(delivery)
@@ -295,11 +304,13 @@ async def start_rate_limits(
     inflight: set[Any],
     concurrency: int,
     starter: Starter | None = None,
+    holds_back: Callable[[str], bool] = lambda job_queue: False,
 ) -> RateLimits | None:
     """Declare the rate-limited jobs' queues, consume their waiting rooms, run their emitter candidates.
 
     None when no job of ``layouts`` has a rate limit. ``connections``: the worker's
-    (consuming, publishing) connections; ``run``, ``inflight``, ``starter``: see :meth:`RateLimits.start`.
+    (consuming, publishing) connections; ``run``, ``inflight``, ``starter``: see :meth:`RateLimits.start`;
+    ``holds_back(job_queue)``: whether an operator's pause holds a job queue back (its gates give no token).
 
     Raises:
         TopologyConflictError: a rate queue exists with other arguments.
@@ -313,9 +324,10 @@ async def start_rate_limits(
     await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
                               settings.safe_url)  # fmt: skip
     rooms = {
-        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop), decls)
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop, held_back), decls)
         for job, (rate, lay) in jobs.items()
         for decls in [rate_declarations(specs[lay.name], job)]
+        for held_back in [functools.partial(holds_back, lay.name)]
     }
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
     await limits.start(run, inflight, concurrency, settings.safe_url, starter)

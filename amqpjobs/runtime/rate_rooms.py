@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
@@ -20,6 +21,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import RateQueues
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.lock import LockHolder
 
 #: Deliveries of a rate-limited job a worker process holds waiting for a token, at most: one
 #: process starts at most one per token, so two keep it busy; more only come back marked
@@ -33,34 +35,42 @@ class TokenGate:
     Args:
         job: The job's name (for logs).
         rate: Its rate limit.
-        stop: Set when the worker stops: waiting ends without a token.
+        stop: Set when the worker stops: no token is given out from then, and waiting ends
+            without one at :meth:`release` (once the worker took its last delivery: what it
+            hands back then is not taken again by its own consumers).
+        held_back: Whether an operator's pause holds the job's job queue back now: no token is
+            given out then, and waiting ends without one (call :meth:`hold_back` when it starts).
     """
 
-    def __init__(self, job: str, rate: RateLimit, stop: asyncio.Event) -> None:
+    def __init__(
+        self, job: str, rate: RateLimit, stop: asyncio.Event, held_back: Callable[[], bool] = lambda: False
+    ) -> None:
         self.job = job
         self.rate = rate
         self.feed: WorkQueueConsumer | None = None  # the token queue's consumer, consuming while a delivery waits
         self._stop = stop
+        self._held_back = held_back
+        self._released = asyncio.Event()
         self._waiters: deque[asyncio.Future[float]] = deque()
         self._switching = asyncio.Lock()
         self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
 
     async def acquire(self, front: bool = False, within: float | None = None) -> bool:
-        """Wait for a fresh token; False when the worker stops first (the delivery is not to start).
+        """Wait for a fresh token; False when the worker stops or a pause holds it back first (not to start).
 
         ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
         """
         loop = asyncio.get_running_loop()
         first = not front
         deadline = None if within is None else time.monotonic() + within
-        while not self._stop.is_set():
+        while not self._released.is_set() and not self._held_back():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             waiter: asyncio.Future[float] = loop.create_future()
             (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
             first = False
-            stopping = loop.create_task(self._stop.wait())
+            stopping = loop.create_task(self._released.wait())
             try:
                 await self._want()
                 await asyncio.wait((waiter, stopping), timeout=left, return_when=asyncio.FIRST_COMPLETED)
@@ -72,8 +82,8 @@ class TokenGate:
                         self._waiters.remove(waiter)
                     await self._want()
             if waiter.cancelled():
-                if deadline is not None and not self._stop.is_set():
-                    continue  # out of time: said at the top
+                if deadline is not None and not self._released.is_set():
+                    continue  # out of time, or held back: said at the top
                 return False
             if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
                 self.taken += 1
@@ -82,9 +92,15 @@ class TokenGate:
         return False
 
     async def on_token(self, token: Delivery) -> None:
-        """A token from the token queue: hand it to the oldest waiter (acked), else put it back."""
+        """A token from the token queue: hand it to the oldest waiter (acked), else put it back.
+
+        Held back by a pause, it goes back, and so does every waiting delivery (:meth:`hold_back`);
+        so it does once the worker stops (its waiting deliveries go back at :meth:`release`).
+        """
         received = time.monotonic()
-        while self._waiters:
+        if self._held_back():
+            self._wake()
+        while self._waiters and not self._stop.is_set():
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(received)
@@ -96,10 +112,23 @@ class TokenGate:
         with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
             await token.requeue()
 
+    async def hold_back(self) -> None:
+        """A pause holds the job back: each waiting delivery stops waiting without a token (goes back unstarted)."""
+        self._wake()
+        await self._want()
+
+    def release(self) -> None:
+        """The stopping worker took its last delivery: each waiting one stops waiting without a token."""
+        self._released.set()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            self._waiters.popleft().cancel()
+
     async def _want(self) -> None:
         """Consume the token queue while a delivery waits here, not otherwise (tokens go where they are needed)."""
         async with self._switching:
-            feed, wanted = self.feed, any(not w.done() for w in self._waiters)
+            feed, wanted = self.feed, not self._stop.is_set() and any(not w.done() for w in self._waiters)
             if feed is None or wanted == (not feed.paused):
                 return
             await (feed.resume() if wanted else feed.pause())
@@ -117,7 +146,7 @@ class Room:
     declarations: Declarations  # its waiting room and token queue, declared again when found missing
     source: RoomSource | None = None  # its waiting room's consumer in this process
     look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
-    rates_warned: set[str] = field(default_factory=set)  # other minters' rates said once
+    minters_warned: set[LockHolder] = field(default_factory=set)  # minters at another rate (with it), each said once
 
 
 class RoomSource:

@@ -83,8 +83,10 @@ class SourceControl(DeliveryPath):
         return self._pauses.flagged(queue) if known else self._pauses.pauses(queue)
 
     async def _pause_job_queue(self, job_queue: str) -> None:
-        """An operator's pause: its work queues' sources and its waiting rooms."""
+        """An operator's pause: its work queues' sources and waiting rooms (whose waiting deliveries go back)."""
         await asyncio.gather(*(c.pause() for c in (*self._sources_of(job_queue), *self._rooms_of(job_queue))))
+        if self._rates is not None:
+            await self._rates.hold_back(job_queue)
 
     async def _resume_unheld(self, job_queue: str) -> None:
         """An operator's resume: its waiting rooms, and its sources unless a delivery of it is held.

@@ -4,7 +4,7 @@ Each worker process tries the job's emitter lock (an exclusive queue,
 :mod:`amqpjobs.wire.lock`) every :data:`TAKEOVER_EVERY` seconds; the holder mints a token
 every ``period / count`` seconds on absolute times (:mod:`amqpjobs.jobs.rate`), and carries
 its rate in the lock's arguments. A process that does not hold it looks at the holder's rate
-every :data:`MINTER_LOOK_EVERY` seconds and warns once per other rate it sees.
+every :data:`MINTER_LOOK_EVERY` seconds and warns once per minter (and its rate) at another rate.
 """
 
 from __future__ import annotations
@@ -92,12 +92,16 @@ class TokenEmitter:
                 await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
 
     async def _compare_rates(self, room: Room) -> None:
-        """Warn (once per rate seen) when the job's minter mints at another rate than this worker's."""
+        """Warn when the job's minter mints at another rate than this worker's: once per minter and rate.
+
+        A minter is its lock's holder (host, pid, since; its rate rides along), so a take-over by
+        another process at another rate is said again, even at a rate said before.
+        """
         _, holder = await lock_holder(self._settings, room.names.emitter)
         theirs = None if holder is None else holder.detail("rate")
-        if theirs is None or theirs == str(room.rate) or theirs in room.rates_warned:
+        if holder is None or theirs is None or theirs == str(room.rate) or holder in room.minters_warned:
             return
-        room.rates_warned.add(theirs)
+        room.minters_warned.add(holder)
         log.warning(
             "job=%s: its tokens are minted at %s by %s, not at this worker's %s: the minter's rate applies until "
             "another worker takes over minting (README \"Rate limits\": changing a rate)", logfmt_value(room.job),

@@ -93,6 +93,7 @@ class Worker(SuspectTurns):
         self.stats: Counter[str] = Counter()
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
+        self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies and events: an alarm blocks it, never the acks
         self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
@@ -191,6 +192,7 @@ class Worker(SuspectTurns):
         self._rates = await start_rate_limits(
             self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
             self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency, self._started,
+            self._pauses.holds_back,
         )  # fmt: skip
         self._background += self._rates.tasks if self._rates else []
         for layout in self._layouts.values():
@@ -348,8 +350,12 @@ class Worker(SuspectTurns):
         self._suspects_signal.set()
         for task in self._background:
             task.cancel()
-        for consumer in self._consumers:
-            await consumer.cancel()
+        try:  # then what is handed back (arrived meanwhile, or waiting for a token) is not taken again here
+            await asyncio.gather(*(consumer.cancel() for consumer in self._consumers))
+        finally:
+            self._took_last.set()
+            if self._rates is not None:
+                self._rates.release()
         await asyncio.sleep(0)
         code = 0
         jobs = set(self._inflight)
@@ -379,12 +385,9 @@ class Worker(SuspectTurns):
             await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
         for consumer in self._consumers:
             await consumer.flush_acks()
-        for publisher in (self._publisher, self._quarantiner, self._events):
-            if publisher is not None:
-                await publisher.close()
-        for connection in (self._connection, self._publishing):
-            if connection is not None:
-                await connection.close()
+        for closable in (self._publisher, self._quarantiner, self._events, self._connection, self._publishing):
+            if closable is not None:  # the publishers, then the connections
+                await closable.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)

@@ -23,7 +23,7 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import cli, depth
 from tests.integration.test_pause import _app_with_slow_job, _succeeded, _worker
-from tests.integration.test_rate_limits import in_process_app
+from tests.integration.test_rate_limits import in_process_app, most_in_one_second
 from tests.integration.worker_env import Recorder, make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -168,6 +168,40 @@ async def test_a_pause_stops_the_waiting_room_of_a_rate_limited_job(broker: Brok
         await app.close()
     ran = [o.job_id for o in recorder.outcomes if o.kind == "succeeded"]
     assert sorted(ran) == sorted(f"limited-{i}" for i in range(16))  # each once
+
+
+async def test_deliveries_waiting_for_a_token_at_a_pause_go_back_without_taking_one(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Each token taken starts a job: a delivery waiting at the pause goes back without one, and after the
+    resume the rate holds (2/s: at most count + 1 = 3 starts in any one second, none lost)."""
+    app = await in_process_app(broker, tmp_path, "2/s")
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=2, grace=10), recorder)
+    await worker.start()
+    assert worker._rates is not None
+    gate = worker._rates.rooms["limited"].gate
+    try:
+        for i in range(10):
+            await app.enqueue("limited", {}, job_id=f"limited-{i}")
+        await recorder.wait_for(lambda outs: len(_succeeded(recorder)) >= 2, 15)
+        await pause(broker, "work", "tokens")
+        await asyncio.sleep(1.6)  # over three token intervals: a delivery still waiting would have taken one
+        ran, back = len(_succeeded(recorder)), [o.job_id for o in recorder.outcomes if o.kind == "handed_back"]
+        assert back, "no delivery waited for a token at the pause"
+        assert (gate.taken, ran) == (ran, ran)  # no token taken by a delivery that then went back
+        resumed = time.monotonic()
+        assert await resume(broker, "work") is True
+        await recorder.wait_for(lambda outs: len(_succeeded(recorder)) >= 10, 30)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    ran_ids = [o.job_id for o in _succeeded(recorder)]
+    assert sorted(ran_ids) == sorted(f"limited-{i}" for i in range(10))  # each once
+    assert gate.taken == 10
+    after = sorted(o.started for o in _succeeded(recorder) if o.started > resumed)
+    assert most_in_one_second(after) <= 3
+    assert after[-1] - after[0] <= (len(after) - 1) * 0.5 + 1.0, after  # one every 0.5 s: no token gone missing
 
 
 @asynccontextmanager
