@@ -82,6 +82,28 @@ async def drain(settings: BrokerSettings, queue: str) -> list[aio_pika.abc.Abstr
 
 
 @contextmanager
+def consume_subprocess(
+    app_ref: str, env: dict[str, str], args: Sequence[str], log: Path, *, terminate: bool = False
+) -> Iterator[subprocess.Popen[str]]:
+    """``amqpjobs consume APP_REF ARGS`` run from the project root with ``env`` over ``os.environ``, its output
+    appended to ``log``. Afterwards one still running is killed (``terminate``: SIGTERM first, killed after 30 s)."""
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with log.open("a") as out:
+        proc = subprocess.Popen([str(exe), "consume", app_ref, *args], cwd=ROOT, env={**os.environ, **env},
+                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                (proc.terminate if terminate else proc.kill)()
+            try:
+                proc.wait(30 if terminate else 10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@contextmanager
 def fresh_database(base: str, prefix: str = "t") -> Iterator[str]:
     """A PostgreSQL database made for one test on the server of ``base`` (a URL); its URL, dropped after."""
     import psycopg

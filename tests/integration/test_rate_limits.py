@@ -8,7 +8,6 @@ import itertools
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, drain, raw_channel
+from tests.integration.helpers import consume_subprocess, depth, drain, raw_channel
 from tests.integration.worker_env import Recorder, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -48,27 +47,12 @@ ROOMS = rate_queue_names("work", "limited")
 
 @contextmanager
 def rate_workers(broker: BrokerSettings, tmp_path: Path, *args: str, **extra: str) -> Iterator[subprocess.Popen[str]]:
-    """``amqpjobs consume tests.integration.rateapp:app *args``, logs to worker.log."""
-    env = dict(
-        os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-        RATEAPP_TOPOLOGY=str(tmp_path / "topology.toml"), RATEAPP_RECORD=str(tmp_path / "record.txt"), **extra,
-    )  # fmt: skip
-    exe = Path(sys.executable).with_name("amqpjobs")
-    with (tmp_path / "worker.log").open("a") as log:
-        proc = subprocess.Popen(
-            [str(exe), "consume", "tests.integration.rateapp:app", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    """``amqpjobs consume tests.integration.rateapp:app *args``, logs to worker.log (SIGTERM at the end)."""
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "RATEAPP_TOPOLOGY": str(tmp_path / "topology.toml"), "RATEAPP_RECORD": str(tmp_path / "record.txt"),
+           **extra}  # fmt: skip
+    with consume_subprocess("tests.integration.rateapp:app", env, args, tmp_path / "worker.log", terminate=True) as p:
+        yield p
 
 
 async def publisher(broker: BrokerSettings, tmp_path: Path) -> App:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ import pytest
 from amqpjobs import App
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import ROOT, cli_subprocess, depth
+from tests.integration.helpers import ROOT, cli_subprocess, consume_subprocess, depth
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
 
 pytestmark = pytest.mark.broker
@@ -39,26 +37,10 @@ def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str, **extra: 
     """``amqpjobs consume tests.integration.procapp:app *args``, logs to worker.log (``extra``: more env vars)."""
     topo = tmp_path / "proc.toml"
     topo.write_text(APPLIED_TOPOLOGY)
-    env = dict(
-        os.environ,
-        AMQPJOBS_URL=broker.url,
-        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-        PROCAPP_TOPOLOGY=str(topo),
-        PROCAPP_RECORD=str(tmp_path / "record.txt"),
-        **extra,
-    )
-    exe = Path(sys.executable).with_name("amqpjobs")
-    with (tmp_path / "worker.log").open("a") as log:
-        proc = subprocess.Popen(
-            [str(exe), "consume", "tests.integration.procapp:app", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "record.txt"), **extra}  # fmt: skip
+    with consume_subprocess("tests.integration.procapp:app", env, args, tmp_path / "worker.log") as proc:
+        yield proc
 
 
 async def exit_code(proc: subprocess.Popen[str], timeout: float = 30) -> int:

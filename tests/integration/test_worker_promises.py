@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -28,10 +25,10 @@ from amqpjobs import JobContext, RetryPolicy, Worker, WorkerOptions
 from amqpjobs.jobs.evidence import ERROR_TYPE, REASON
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, drain, raw_channel
+from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.test_observability import scrape
-from tests.integration.test_worker_process import done_ids, publisher, read_record, wait_until
-from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app
+from tests.integration.test_worker_process import done_ids, publisher, read_record, wait_until, worker_process
+from tests.integration.worker_env import Recorder, make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -87,27 +84,8 @@ class LateProxy:
 @contextmanager
 def consume_process(broker: BrokerSettings, tmp_path: Path, *args: str, url: str | None = None) -> Iterator[Any]:
     """``amqpjobs consume tests.integration.procapp:app ARGS`` (log in tmp_path/worker.log)."""
-    topo = tmp_path / "proc.toml"
-    topo.write_text(APPLIED_TOPOLOGY)
-    env = dict(
-        os.environ,
-        AMQPJOBS_URL=url or broker.url,
-        AMQPJOBS_MANAGEMENT_URL=broker.management_url,
-        PROCAPP_TOPOLOGY=str(topo),
-        PROCAPP_RECORD=str(tmp_path / "record.txt"),
-    )
-    exe = Path(sys.executable).with_name("amqpjobs")
-    with (tmp_path / "worker.log").open("a") as log:
-        proc = subprocess.Popen(
-            [str(exe), "consume", "tests.integration.procapp:app", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+    with worker_process(broker, tmp_path, *args, AMQPJOBS_URL=url or broker.url) as proc:
+        yield proc
 
 
 async def wait_exit(proc: Any, timeout: float) -> tuple[int, float]:
