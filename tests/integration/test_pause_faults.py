@@ -14,6 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import aiormq
 import pytest
 
+from amqpjobs import App
 from amqpjobs.errors import BrokerError, SignalNotSentError
 from amqpjobs.runtime.pausing import pause, resume
 from amqpjobs.runtime.worker import Worker, WorkerOptions
@@ -54,16 +55,23 @@ async def test_pause_reaches_running_workers_whatever_exchange_a_user_deleted(br
     try:
         vhost = quote(broker.vhost, safe="")
         await asyncio.to_thread(_mgmt, broker, "DELETE", f"/exchanges/{vhost}/amqpjobs.control", allow_404=True)
-        for i in range(60):
-            await app.enqueue("slow", {"i": i}, job_id=f"job-{i}")
-        await _no_start_1s_after_pause(broker, starts)
-        assert await resume(broker, "work") is True
-        await rec.wait_for(lambda _: len(_succeeded(rec)) >= 60, timeout=30)
+        await _sixty_paused_then_resumed(app, broker, starts, rec)
     finally:
         await worker.shutdown()
         await app.close()
     assert all(len(s) == 1 for s in starts.values())
     assert sorted(starts) == list(range(60))
+
+
+async def _sixty_paused_then_resumed(
+    app: App, broker: BrokerSettings, starts: dict[int, list[float]], rec: Recorder
+) -> None:
+    """60 slow jobs enqueued, paused (no start 1 s after ``pause`` returned), resumed, all succeeded."""
+    for i in range(60):
+        await app.enqueue("slow", {"i": i}, job_id=f"job-{i}")
+    await _no_start_1s_after_pause(broker, starts)
+    assert await resume(broker, "work") is True
+    await rec.wait_for(lambda _: len(_succeeded(rec)) >= 60, timeout=30)
 
 
 async def test_a_deleted_listener_queue_is_declared_again_and_the_flags_read(broker: BrokerSettings, tmp_path: Path):
@@ -80,11 +88,7 @@ async def test_a_deleted_listener_queue_is_declared_again_and_the_flags_read(bro
         await channel.queue_delete(signals.name)
         await channel.close()
         await asyncio.sleep(1.0)  # the worker hears its consumer cancelled and listens again
-        for i in range(60):
-            await app.enqueue("slow", {"i": i}, job_id=f"job-{i}")
-        await _no_start_1s_after_pause(broker, starts)
-        assert await resume(broker, "work") is True
-        await rec.wait_for(lambda _: len(_succeeded(rec)) >= 60, timeout=30)
+        await _sixty_paused_then_resumed(app, broker, starts, rec)
     finally:
         await worker.shutdown()
         await app.close()
