@@ -21,6 +21,7 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli
+from tests.integration.test_consumer import SHARDED
 from tests.integration.worker_env import Recorder, make_app
 
 pytestmark = pytest.mark.broker
@@ -156,17 +157,6 @@ async def test_a_worker_reconnected_while_paused_starts_nothing_until_resume(bro
         await app.close()
     assert sorted(starts) == list(range(10))
     assert {o.kind for o in rec.outcomes} <= {"succeeded", "handed_back"}
-
-
-SHARDED = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "split"
-exchange = "jobs"
-shards = 2
-"""
 
 
 async def test_pause_covers_every_shard_of_a_sharded_job_queue(broker: BrokerSettings, tmp_path: Path):
