@@ -11,6 +11,7 @@ Where the broker comes from, in order:
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -194,6 +195,21 @@ def broker_root() -> Iterator[BrokerRoot]:
     finally:
         if container is not None:
             container.stop()
+
+
+@pytest.fixture(autouse=True)
+def _log_levels_as_before() -> Iterator[None]:
+    """Undo the log levels an in-process CLI call set (``-v``: the amqpjobs logger at DEBUG).
+
+    They outlived the test and changed the next one in the same process: the client
+    libraries' failover lines are shown at DEBUG (``amqpjobs.wire.cluster``), so a test
+    asserting they are hidden failed when it ran after a ``-v`` test.
+    """
+    root, ours = logging.getLogger(), logging.getLogger("amqpjobs")
+    levels = root.level, ours.level
+    yield
+    root.setLevel(levels[0])
+    ours.setLevel(levels[1])
 
 
 @pytest.fixture
