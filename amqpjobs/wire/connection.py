@@ -13,14 +13,13 @@ import errno
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
     AsyncRetrying,
-    RetryCallState,
     retry_if_exception_type,
     retry_if_not_exception_type,
 )
@@ -34,6 +33,15 @@ from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.probe import mismatch
+from amqpjobs.wire.rotation import (
+    NodeRefused,
+    Rotation,
+    attempt_line,
+    attempt_timeout,
+    every_node_refused,
+    pause_policy,
+    stop_policy,
+)
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
 
@@ -165,130 +173,42 @@ def quiet_client_loggers(names: tuple[str, ...] = CLIENT_LOGGERS) -> Iterator[No
             lg.removeFilter(quiet)
 
 
-class _NodeRefused(Exception):
-    """A node refused for good (its TLS certificate, or a scheme/port mismatch): not tried again."""
-
-
-class _Rotation:
-    """The nodes still to try, in order: a failed node goes to the back, a refused one leaves the list.
-
-    Attributes:
-        nodes: Every node (what a connection's reconnects go round).
-        left: Indexes into ``nodes`` of those still tried.
-        pos: Position in ``left`` of the node to try next.
-        rounds: How many times ``pos`` went back to the start (a round: each node tried once).
-        refusals: Why each refused node was refused (for the final error).
-        tried: The node of the last attempt.
-
-    """
-
-    def __init__(self, nodes: list[Node]) -> None:
-        self.nodes = nodes
-        self.left = list(range(len(nodes)))
-        self.pos = 0
-        self.rounds = 0
-        self.refusals: list[str] = []
-        self.tried = nodes[0]
-
-    @property
-    def at(self) -> int:
-        """Index into ``nodes`` of the node to try next."""
-        return self.left[self.pos]
-
-    def _wrap(self) -> None:
-        if self.pos >= len(self.left):
-            self.pos = 0
-            self.rounds += 1
-
-    def failed(self) -> None:
-        """The node at ``pos`` failed (it may answer later): go on to the next."""
-        self.pos += 1
-        self._wrap()
-
-    def refuse(self, why: str) -> None:
-        """The node at ``pos`` is refused for good because of ``why``."""
-        self.refusals.append(why)
-        del self.left[self.pos]
-        if self.left:
-            self._wrap()
-
-
-def _pause(rotation: _Rotation, deadline: float) -> Callable[[RetryCallState], float]:
-    """Tenacity's ``wait``: none before the next node of a round, else 0.2 s doubling up to 2 s.
-
-    A round is one attempt at each node left; no pause reaches past ``deadline`` (the last
-    attempt is at it).
-    """
-
-    def pause(state: RetryCallState) -> float:
-        if rotation.pos or not rotation.rounds:
-            return 0.0
-        backoff: float = min(2.0, 0.2 * 2.0 ** (rotation.rounds - 1))
-        return max(0.0, min(backoff, deadline - time.monotonic()))
-
-    return pause
-
-
-def _stop(rotation: _Rotation, deadline: float) -> Callable[[RetryCallState], bool]:
-    """Tenacity's ``stop``: at ``deadline``, once every node was tried (a 0 s timeout tries each once)."""
-
-    def stop(state: RetryCallState) -> bool:
-        return rotation.rounds >= 1 and time.monotonic() >= deadline
-
-    return stop
-
-
-def _attempt_line(rotation: _Rotation, wait: float, started: float) -> Callable[[RetryCallState], None]:
-    """Tenacity's ``before_sleep``: one WARNING line of ours per failed attempt, naming the node tried."""
-
-    def line(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        pause = state.next_action.sleep if state.next_action is not None else 0.0
-        tried, after = rotation.tried, rotation.nodes[rotation.at]
-        following = "retrying" if after is tried else f"trying {after.safe_url}"
-        if isinstance(exc, _NodeRefused):
-            log.warning("%s (not tried again); %s in %.1fs", exc, following, pause)
-            return
-        log.warning(
-            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; %s in %.1fs",
-            tried.safe_url, state.attempt_number, time.monotonic() - started, wait,
-            type(exc).__name__, exc, following, pause,
-        )  # fmt: skip
-
-    return line
-
-
 def _nobody_there(exc: BaseException) -> bool:
     """True for a refused TCP connect or an unknown host (no port to ask what it speaks)."""
     refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
     return refused or isinstance(exc, ConnectionRefusedError | socket.gaierror)
 
 
-async def _try_node(nodes: list[Node], at: int, name: str) -> AbstractRobustConnection:
+async def _try_node(nodes: list[Node], at: int, name: str, limit: float) -> AbstractRobustConnection:
     """A connection to ``nodes[at]`` (its reconnects go on to the next nodes), or the error of this one try.
 
+    ``limit``: seconds this attempt, and each later reconnect attempt, may take.
+
     Raises:
-        _NodeRefused: its certificate was refused, or its port speaks the other protocol
+        TimeoutError: the node did not answer within ``limit`` seconds (its message says so).
+        NodeRefused: its certificate was refused, or its port speaks the other protocol
             (``amqp://`` to a TLS port, ``amqps://`` to a plain one: :mod:`amqpjobs.wire.probe`).
 
     """
     connection = ClusterConnection(nodes, start=at, client_properties={"connection_name": name})
     try:
-        await connection.connect()
+        await connection.connect(timeout=limit)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             await connection.close()
+        if isinstance(exc, TimeoutError):  # accepted, never answered: a probe would get no answer either
+            raise TimeoutError(f"no answer within {limit:.3g}s") from exc
         if not isinstance(exc, _CONNECT_ERRORS):
             raise
         one = nodes[at]
         refused = refused_certificate(exc)
         if refused is not None:
-            raise _NodeRefused(f"TLS: {one.safe_url} refused: {certificate_problem(refused)}") from exc
+            raise NodeRefused(f"TLS: {one.safe_url} refused: {certificate_problem(refused)}") from exc
         if not any(_nobody_there(e) for e in exception_chain(exc)):  # something answered: which protocol?
             host, _, port = one.address.rpartition(":")
             why = await mismatch("amqps" if one.context else "amqp", host.strip("[]"), int(port))
             if why is not None:
-                raise _NodeRefused(f"broker at {one.safe_url}: {why}") from exc
+                raise NodeRefused(f"broker at {one.safe_url}: {why}") from exc
         raise
     return connection
 
@@ -306,7 +226,8 @@ async def connect(
 
     Each attempt tries one node; the next node is tried at once, and after a round of all of
     them the next round waits (0.2 s doubling up to 2 s). ``wait`` bounds the whole (every
-    node is tried at least once). Each failed attempt writes one WARNING line (logger
+    node is tried at least once); an attempt takes at most :func:`~amqpjobs.wire.rotation.attempt_timeout` (a node
+    that accepts but never answers is unreachable). Each failed attempt writes one WARNING line (logger
     ``amqpjobs.wire``) naming the node, password redacted; the client libraries' own lines
     are silenced meanwhile (:func:`quiet_client_loggers`).
 
@@ -335,34 +256,35 @@ async def connect(
     log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)
     given = [node(url, i) for i, url in enumerate(settings.nodes, start=1)]
     nodes = [given[i] for i in process_order(tuple(one.address for one in given))]
-    rotation = _Rotation(nodes)
+    rotation = Rotation(nodes)
     started = time.monotonic()
     try:
         with quiet_client_loggers():
             async for attempt in AsyncRetrying(
                 # refused credentials or a missing vhost won't fix themselves: no retry; a node refused
                 # for good (certificate, scheme/port mismatch) leaves the rotation, the others are tried
-                retry=retry_if_exception_type((*_CONNECT_ERRORS, _NodeRefused))
+                retry=retry_if_exception_type((*_CONNECT_ERRORS, NodeRefused))
                 & retry_if_not_exception_type(aiormq.exceptions.ProbableAuthenticationError),
-                stop=_stop(rotation, started + wait),
-                wait=_pause(rotation, started + wait),
-                before_sleep=_attempt_line(rotation, wait, started),
+                stop=stop_policy(rotation, started + wait),
+                wait=pause_policy(rotation, started + wait),
+                before_sleep=attempt_line(rotation, wait, started),
                 reraise=True,
             ):
                 with attempt:
                     rotation.tried = nodes[rotation.at]
+                    left = started + wait - time.monotonic()
                     try:
-                        return await _try_node(nodes, rotation.at, name)
-                    except _NodeRefused as exc:
+                        return await _try_node(nodes, rotation.at, name, attempt_timeout(left))
+                    except NodeRefused as exc:
                         rotation.refuse(str(exc))
                         if not rotation.left:
-                            raise BrokerUnavailableError(_every_node_refused(rotation.refusals)) from exc.__cause__
+                            raise BrokerUnavailableError(every_node_refused(rotation.refusals)) from exc.__cause__
                         raise
                     except BaseException:
                         rotation.failed()
                         raise
-    except _NodeRefused as exc:  # the last node left refused after the deadline  # pragma: no cover
-        raise BrokerUnavailableError(_every_node_refused(rotation.refusals)) from exc.__cause__
+    except NodeRefused as exc:  # the last node left refused after the deadline  # pragma: no cover
+        raise BrokerUnavailableError(every_node_refused(rotation.refusals)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
@@ -379,10 +301,3 @@ async def connect(
             f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover
-
-
-def _every_node_refused(refusals: list[str]) -> str:
-    """The error when every node was refused for good: each refusal."""
-    if len(refusals) == 1:
-        return refusals[0]
-    return f"each of the {len(refusals)} nodes refused: " + "; ".join(refusals)

@@ -1,0 +1,91 @@
+"""A node that accepts TCP connections but never answers (half-dead, or traffic dropped on the way).
+
+Every connect attempt is bounded (``amqpjobs.wire.connection.ATTEMPT_TIMEOUT``), so such a
+node counts as unreachable: the first connect gives up after the connect timeout like a
+refused port does, instead of hanging for good. No broker needed: the silent node is a
+listener of this test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from amqpjobs import App, BrokerUnavailableError
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.settings import broker_settings
+from tests.integration.helpers import cli_subprocess
+
+SECRET = "pw-silent"
+
+
+@asynccontextmanager
+async def silent_node() -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]]]:
+    """A TCP port that accepts connections, reads what comes and never writes: (port, connections)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        while await reader.read(4096):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], accepted
+    finally:
+        server.close()
+        for writer in accepted:
+            writer.close()
+        await server.wait_closed()
+
+
+async def test_a_first_connect_to_a_silent_node_gives_up_after_the_connect_timeout() -> None:
+    async with silent_node() as (port, accepted):
+        settings = broker_settings(f"amqp://guest:{SECRET}@127.0.0.1:{port}/").with_connect_timeout(3)
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError) as caught:
+            await asyncio.wait_for(connect(settings), 30)  # before: no end (the wait_for's TimeoutError)
+        took = time.monotonic() - started
+    assert 3 <= took <= 8, took  # one attempt of 3 s (the time left), then no round past the deadline
+    assert len(accepted) >= 1  # it did reach the node
+    assert f"broker at amqp://guest:***@127.0.0.1:{port}/ unreachable after 3s" in str(caught.value)
+    assert "no answer within 3s" in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+async def test_enqueue_through_a_silent_node_raises_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    from amqpjobs.runtime import app as app_module
+
+    shorter = lambda url: broker_settings(url).with_connect_timeout(3)  # noqa: E731  (the App's 30 s, shortened)
+    monkeypatch.setattr(app_module, "broker_settings", shorter)
+    async with silent_node() as (port, _):
+        app = App("silent", url=f"amqp://guest:{SECRET}@127.0.0.1:{port}/")
+        app.job("mail", queue="urgent")(lambda p, c: None)  # the project's topology/
+        try:
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailableError):
+                await asyncio.wait_for(app.enqueue("mail", {}), 60)  # before: no end
+            assert time.monotonic() - started <= 8
+        finally:
+            await app.close()
+
+
+def test_consume_against_a_silent_node_exits_3_after_its_connect_timeout() -> None:
+    async def run() -> tuple[int, str, float]:
+        async with silent_node() as (port, _):
+            down = broker_settings(f"amqp://guest:{SECRET}@127.0.0.1:{port}/", "http://127.0.0.1:9")
+            started = time.monotonic()
+            args = ("consume", "examples.shop:app", "--connect-timeout", "2s", "--queues", "urgent")
+            done = await asyncio.to_thread(cli_subprocess, down, *args, timeout=60)
+            return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+
+    code, output, took = asyncio.run(run())
+    assert code == 3, output
+    assert took <= 20, took  # a process start, one attempt of 2 s
+    assert "unreachable after 2s" in output
+    assert "no answer within 2s" in output
+    assert SECRET not in output
