@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.wire.urls import bracketed, management_base, parse_node, redact, same_cluster, split_urls, with_path
@@ -110,9 +111,10 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
             (``https`` for ``amqps``). Credentials in it are ignored; the AMQP URL's are used.
 
     Raises:
-        ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; or
-            the items of a list differ in scheme, vhost, user or password (the message names
-            which item and which of these; it never shows a password).
+        ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; the
+            items of a list differ in scheme, vhost, user or password (the message names
+            which item and which of these; it never shows a password); or the management URL
+            is no ``http(s)://host[:port]`` URL.
 
     """
     url = url or os.environ.get(URL_ENV)
@@ -125,7 +127,7 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     management_url = management_url or os.environ.get(MANAGEMENT_URL_ENV)
     derived = not management_url
     if management_url:
-        management_urls = [management_base(management_url)]
+        management_urls = [management_base(checked_management_url(management_url))]
     else:
         mscheme = "https" if first.scheme == "amqps" else "http"
         default_port = 5671 if first.scheme == "amqps" else 5672
@@ -143,3 +145,24 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
         management_urls=tuple(dict.fromkeys(management_urls)),
         node_management=tuple(management_urls) if derived else (),
     )
+
+
+def checked_management_url(url: str) -> str:
+    """``url`` when it is an ``http://`` or ``https://`` URL with a host and a valid port.
+
+    Raises:
+        ConfigurationError: it is not; the message names it (password redacted) and the form
+            it must have (RabbitMQ "Management Plugin" -> "Usage": port 15672, 15671 with TLS).
+    """
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # ValueError when out of range or not a number
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ConfigurationError(
+            f"management URL {redact(url)!r} is not an http(s) URL: give http://host:15672 or https://host:15671 "
+            f"(--management-url or {MANAGEMENT_URL_ENV})"
+        )
+    return url

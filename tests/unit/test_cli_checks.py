@@ -51,3 +51,16 @@ def test_schedule_list_of_an_app_without_schedules():
     result = cli(NOWHERE, "schedule", "list", "tests.integration.procapp:app")
     assert result.exit_code == 0, result.output
     assert result.output == "app 'procapp' has no schedules\n"
+
+
+@pytest.mark.parametrize(
+    "management_url", ["ftp://127.0.0.1:15682", "not a url", "http://", "http://127.0.0.1:99999", "//h:1"]
+)
+def test_a_management_url_that_is_no_http_url_is_a_usage_error(management_url: str) -> None:
+    """Exit 2 naming the value and the form it must have, not 3 ('unreachable'): nothing was asked of a broker."""
+    url = "amqp://guest:pw-sekret@127.0.0.1:1/"
+    result = cli(broker_settings(url, "http://127.0.0.1:1"), "status", "--management-url", management_url)
+    assert result.exit_code == 2, result.output
+    assert "is not an http(s) URL" in result.output  # named as far as it is safe (a password may be in it)
+    assert "http://host:15672 or https://host:15671" in result.output
+    assert "pw-sekret" not in result.output
