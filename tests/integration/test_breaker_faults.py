@@ -166,14 +166,30 @@ async def test_a_prober_that_lost_its_lock_ignores_its_probe(broker: BrokerSetti
     assert [t.state for _, t in board(worker).history] == ["open", "half-open", "closed"]
 
 
+async def _parking_app(broker: BrokerSettings, tmp_path: Path, name: str) -> App:
+    """The parking topology applied, and an app named ``name`` on it."""
+    topo = tmp_path / "parking.toml"
+    topo.write_text(PARKING_TOPOLOGY)
+    await apply_topology(topo, broker)
+    return App(name, topology=load_topology(topo).topology, url=broker.url)
+
+
+async def _write_record(broker: BrokerSettings, record: OpenRecord) -> None:
+    """Job flaky's breaker record on queue work as a worker would write it (replacing one there)."""
+    async with raw_channel(broker) as channel:
+        await channel.queue_delete(breaker_queue_name("work", "flaky"))
+        await channel.declare_queue(
+            breaker_queue_name("work", "flaky"),
+            durable=True,
+            arguments={"x-queue-type": "classic", **record.arguments()},
+        )
+
+
 async def test_a_record_from_a_clock_far_ahead_is_probed_after_one_cool_down(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
     """A record saying 'open until next year' waits one cool-down here, then one probe closes it and deletes it."""
-    topo = tmp_path / "parking.toml"
-    topo.write_text(PARKING_TOPOLOGY)
-    await apply_topology(topo, broker)
-    app = App("ahead", topology=load_topology(topo).topology, url=broker.url)
+    app = await _parking_app(broker, tmp_path, "ahead")
     started: list[float] = []
 
     async def run(payload: dict[str, Any], ctx: JobContext) -> None:
@@ -181,13 +197,7 @@ async def test_a_record_from_a_clock_far_ahead_is_probed_after_one_cool_down(
 
     app.job("flaky", queue="work", breaker=Breaker(failures=5, window=10, cool_down=2))(run)
     year = 365 * 86400.0
-    record = OpenRecord(time.time() + year, time.time() + year + 2, 5)  # written by a clock a year ahead
-    async with raw_channel(broker) as channel:
-        await channel.declare_queue(
-            breaker_queue_name("work", "flaky"),
-            durable=True,
-            arguments={"x-queue-type": "classic", **record.arguments()},
-        )
+    await _write_record(broker, OpenRecord(time.time() + year, time.time() + year + 2, 5))  # a clock a year ahead
     try:
         async with running_worker(app, broker, concurrency=2) as (worker, _):
             assert board(worker).state("flaky") == "open"  # read at start, cut to one cool-down from now
@@ -208,10 +218,7 @@ async def test_a_record_dated_ahead_over_an_opening_counted_here_adds_no_second_
     """This worker opened the breaker from the failures it counted; then a worker whose clock runs a
     year ahead wrote its record of the same opening over this one's. The probe comes one cool-down
     after the opening, not a second cool-down after this worker first reads that record."""
-    topo = tmp_path / "parking.toml"
-    topo.write_text(PARKING_TOPOLOGY)
-    await apply_topology(topo, broker)
-    app = App("ahead2", topology=load_topology(topo).topology, url=broker.url)
+    app = await _parking_app(broker, tmp_path, "ahead2")
     started: list[float] = []
 
     async def run(payload: dict[str, Any], ctx: JobContext) -> None:
@@ -230,11 +237,7 @@ async def test_a_record_dated_ahead_over_an_opening_counted_here_adds_no_second_
             await until(lambda: not _record_gone(broker, name), 5)  # this worker's own record
             year = 365 * 86400.0
             ahead = OpenRecord(opened + year, opened + year + 3, 3)  # the same opening, by a clock a year ahead
-            async with raw_channel(broker) as channel:
-                await channel.queue_delete(name)
-                await channel.declare_queue(
-                    name, durable=True, arguments={"x-queue-type": "classic", **ahead.arguments()}
-                )
+            await _write_record(broker, ahead)
             assert time.time() - opened < 3  # replaced within the cool-down
             await until(lambda: len(started) >= 4, 15)
             assert started[3] - opened <= 3 + 1.0, started[3] - opened  # one cool-down, then a 250 ms tier at most
@@ -252,17 +255,10 @@ async def test_status_says_a_record_dated_ahead_waits_one_cool_down_not_until_it
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
     """A record written by a clock years ahead: status flags it, and tells what workers do (no 'until 2030')."""
-    topo = tmp_path / "parking.toml"
-    topo.write_text(PARKING_TOPOLOGY)
-    await apply_topology(topo, broker)
+    app = await _parking_app(broker, tmp_path, "dated")
+    await app.close()  # only its topology: status reads the queues
     opened = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
-    record = OpenRecord(opened, opened + 2, 5)  # a 2 s cool-down, written by a worker whose clock is in 2030
-    async with raw_channel(broker) as channel:
-        await channel.declare_queue(
-            breaker_queue_name("work", "flaky"),
-            durable=True,
-            arguments={"x-queue-type": "classic", **record.arguments()},
-        )
+    await _write_record(broker, OpenRecord(opened, opened + 2, 5))  # a 2 s cool-down, by a clock in 2030
     text = (await asyncio.to_thread(cli, broker, "status", "--queues", "work")).output
     assert "no starts until 2030" not in text
     [entry] = (await status_json(broker))["breakers"]
