@@ -64,3 +64,10 @@ def test_a_management_url_that_is_no_http_url_is_a_usage_error(management_url: s
     assert "is not an http(s) URL" in result.output  # named as far as it is safe (a password may be in it)
     assert "http://host:15672 or https://host:15671" in result.output
     assert "pw-sekret" not in result.output
+
+
+@pytest.mark.parametrize(("left", "limit"), [(30.0, 10.0), (10.0, 10.0), (3.0, 3.0), (0.5, 2.0), (-1.0, 2.0)])
+def test_a_connect_attempt_takes_what_is_left_between_2_and_10_seconds(left: float, limit: float) -> None:
+    from amqpjobs.wire.rotation import attempt_timeout
+
+    assert attempt_timeout(left) == limit
