@@ -27,6 +27,7 @@ up_once() {  # start the 3 nodes and join 2 and 3 to 1; fails unless c1 then see
   if [ ! -s "$C/cookie" ]; then
     od -An -N20 -tu1 /dev/urandom | tr -s ' ' '\n' | awk 'NF { printf "%c", 65 + $1 % 26 }' >"$C/cookie"
   fi
+  local n pids=() failed=0
   for n in 1 2 3; do
     mkdir -p "$C/n$n/home"
     chmod 700 "$C/n$n/home"
@@ -34,12 +35,18 @@ up_once() {  # start the 3 nodes and join 2 and 3 to 1; fails unless c1 then see
       install -m 400 "$C/cookie" "$C/n$n/home/.erlang.cookie"
     fi
     echo local >"$C/n$n/mode"
-    broker "$n" up >/dev/null || return 1
   done
+  # The three boots at once (each waits mostly on its own node): 1 min less than one after another under CI load.
+  # Node 1 first gets epmd going when none runs, so the other two never race to start one.
+  epmd -names >/dev/null 2>&1 || { broker 1 up >/dev/null || return 1; }
+  for n in 1 2 3; do broker "$n" up >/dev/null & pids+=($!); done
+  for n in "${pids[@]}"; do wait "$n" || failed=1; done
+  [ "$failed" = 0 ] || return 1
   for n in 2 3; do
     if ! members | grep -q "amqpjobs-c$n@localhost"; then
       log "joining amqpjobs-c$n to amqpjobs-c1 ..."
-      { broker "$n" ctl -q stop_app && broker "$n" ctl -q reset &&
+      # (no `reset` first: join_cluster resets the node itself, rabbitmqctl(8))
+      { broker "$n" ctl -q stop_app &&
         broker "$n" ctl -q join_cluster amqpjobs-c1@localhost && broker "$n" ctl -q start_app; } >>"$C/join.log" 2>&1 || return 1
     fi
   done
