@@ -12,6 +12,7 @@ from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_cod
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
+from amqpjobs.topology.naming import vhost_problem
 
 
 @main.group()
@@ -80,6 +81,8 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
     """
     if not vhost:
         raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
+    if problem := vhost_problem(vhost):
+        raise ConfigurationError(f"--vhost: {problem}")
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
     if output:
         with open(output, "w", encoding="utf-8") as fh:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
 
 #: Query options an AMQP URL may have: RabbitMQ's TLS options (``wire/tls.py``) and those aio-pika /
@@ -24,6 +25,8 @@ from amqpjobs.wire.tls import TLS_OPTIONS
 #: mechanism, ``reconnect_interval`` seconds, ``fail_fast``).
 URL_OPTIONS = (*TLS_OPTIONS, "heartbeat", "timeout", "name", "auth", "reconnect_interval", "fail_fast")
 
+#: The largest TCP port.
+MAX_PORT = 65535
 _SCHEMES = ("amqp://", "amqps://", "http://", "https://")
 _COMMA_HINT = "items are separated by commas, so a comma inside a password must be %-encoded as %2C"
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
@@ -43,7 +46,8 @@ def _redact_one(url: str) -> str:
         return "<not a URL>" if url else ""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises on a password cut at a comma: "amqp://u:pa")
+        if "@" not in parts.netloc or port_problem(url) is None:  # a port after the userinfo is never a password
+            parts.port  # noqa: B018  (raises on a password cut at a comma: "amqp://u:pa")
     except ValueError:
         return f"{url.split('://', 1)[0]}://<unparseable URL>"
     if "@" not in parts.netloc:
@@ -54,6 +58,23 @@ def _redact_one(url: str) -> str:
     if ":" not in userinfo:
         return url
     return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
+
+
+def port_problem(url: str) -> str | None:
+    """What is wrong with the port of ``url``: a number out of 1-65535; None otherwise (no port, or fine).
+
+    The one port rule of every URL option (AMQP and management): a port that is not a number is
+    left to the URL's own parse (it may be a piece of a password), an out-of-range number is named.
+    """
+    try:
+        hostport = urlsplit(url).netloc.rpartition("@")[2]
+    except ValueError:
+        return None
+    port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    text = port.rpartition(":")[2] if ":" in port else ""
+    if text.isascii() and text.isdigit() and not 1 <= int(text) <= MAX_PORT:
+        return f"port {text} is out of range; a port must be 1-{MAX_PORT}"
+    return None
 
 
 def redact(url: str) -> str:
@@ -117,6 +138,10 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"several URLs run together would: separate the nodes of a cluster with commas (or repeat --url); "
             f"a blank or ';' inside a password must be %-encoded (%20, %3B)"
         )
+    if problem := port_problem(url):
+        safe = "@" in url.split("://", 1)[1].split("/", 1)[0] or count == 1  # else: maybe a password cut at a comma
+        shown = redact(url) if safe else "<not shown: it may hold part of a password>"
+        raise ConfigurationError(f"bad {where} {shown}: {problem if safe else 'its port is out of range (1-65535)'}")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -136,6 +161,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"known ones: {', '.join(URL_OPTIONS)}"
         )
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    if problem := vhost_problem(vhost):
+        raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
     user = unquote(parts.username or "guest")
     password = unquote(parts.password or "guest")
     verify = options.get("verify", "verify_peer")
