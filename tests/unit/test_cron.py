@@ -387,9 +387,7 @@ async def test_scheduler_refuses_unknown_schedule_names_before_connecting() -> N
     scheduler = Scheduler(
         listed, broker_settings("amqp://guest:guest@127.0.0.1:1/"), SchedulerOptions(("fast", "nope"))
     )
-    with pytest.raises(
-        ConfigurationError, match=r"unknown schedule\(s\) \['nope'\]; the app has \['fast', 'paris-daily'\]"
-    ):
+    with pytest.raises(ConfigurationError, match=r"unknown schedule\(s\) nope; the app has fast, paris-daily$"):
         await scheduler.start()
 
 
