@@ -150,7 +150,8 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
                     f"{MANAGEMENT_PORT_OFFSET} is out of range (a port must be 1-{MAX_PORT}); give --management-url "
                     f"or {MANAGEMENT_URL_ENV}"
                 )
-            management_urls.append(management_base(f"{mscheme}://{bracketed(one.host)}:{port + MANAGEMENT_PORT_OFFSET}"))
+            derived_port = port + MANAGEMENT_PORT_OFFSET
+            management_urls.append(management_base(f"{mscheme}://{bracketed(one.host)}:{derived_port}"))
     return BrokerSettings(
         url=",".join(nodes),
         management_url=management_urls[0],
