@@ -261,8 +261,8 @@ def test_bad_rules_are_refused(expression: str, tz: str, message: str) -> None:
         ({"name": "a b"}, "schedule name 'a b'"),
         ({"name": "x:y"}, "schedule name 'x:y'"),
         ({"name": ""}, "schedule name ''"),
-        ({"missed": "replay-all"}, "missed must be one of"),
-        ({"overlap": "queue"}, "overlap must be one of"),
+        ({"missed": "replay-all"}, "missed must be one of catch-up-once, skip$"),
+        ({"overlap": "queue"}, "overlap must be one of allow, skip$"),
         ({"grace": -1.0}, "grace must be >= 0"),
     ],
 )
