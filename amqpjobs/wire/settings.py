@@ -179,7 +179,7 @@ def checked_management_url(url: str) -> str:
     except ValueError:
         valid = False
     if valid and (problem := port_problem(url)):
-        shown = redact(url) if "@" in url else url  # no userinfo, no password to hide
+        shown = redact(url) if "@" in url else url  # without userinfo, no password to hide (redact can't parse it)
         raise ConfigurationError(f"management URL {shown!r}: {problem} (--management-url or {MANAGEMENT_URL_ENV})")
     if not valid:
         raise ConfigurationError(

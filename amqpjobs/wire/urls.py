@@ -61,15 +61,26 @@ def _redact_one(url: str) -> str:
 
 
 def port_problem(url: str) -> str | None:
-    """What is wrong with the port of ``url``: a number out of 1-65535; None otherwise (no port, or fine).
+    """What is wrong with the port of ``url`` (one URL): a number out of 1-65535; None otherwise.
 
-    The one port rule of every URL option (AMQP and management): a port that is not a number is
-    left to the URL's own parse (it may be a piece of a password), an out-of-range number is named.
+    The one port rule of every URL option (AMQP and management). Only a port that is surely a
+    port is named: one after the userinfo's ``@``, or in a URL without any ``@``. Anything else (a
+    port that is no number, or digits before a misplaced ``@``, which are a piece of a password)
+    is left to the URL's own parse, which never shows it.
+
+    Args:
+        url: One URL, as given (with credentials).
+
+    Returns:
+        ``"port N is out of range; a port must be 1-65535"``, or None.
     """
     try:
-        hostport = urlsplit(url).netloc.rpartition("@")[2]
+        netloc = urlsplit(url).netloc
     except ValueError:
         return None
+    if "@" in url and "@" not in netloc:
+        return None
+    hostport = netloc.rpartition("@")[2]
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     text = port.rpartition(":")[2] if ":" in port else ""
     if text.isascii() and text.isdigit() and not 1 <= int(text) <= MAX_PORT:
@@ -138,10 +149,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"several URLs run together would: separate the nodes of a cluster with commas (or repeat --url); "
             f"a blank or ';' inside a password must be %-encoded (%20, %3B)"
         )
-    if problem := port_problem(url):
-        safe = "@" in url.split("://", 1)[1].split("/", 1)[0] or count == 1  # else: maybe a password cut at a comma
-        shown = redact(url) if safe else "<not shown: it may hold part of a password>"
-        raise ConfigurationError(f"bad {where} {shown}: {problem if safe else 'its port is out of range (1-65535)'}")
+    if (problem := port_problem(url)) and ("@" in url or count == 1):  # else: maybe a password cut at a comma
+        raise ConfigurationError(f"bad {where} {redact(url) if '@' in url else url}: {problem}")
     try:
         parts = urlsplit(url)
         port = parts.port

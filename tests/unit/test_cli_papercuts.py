@@ -158,3 +158,32 @@ def test_the_demo_refuses_a_url_vhost_and_another_vhost_option() -> None:
     assert proc.stderr.endswith(
         "demo.py: error: --vhost 'other' and the vhost of --url 'shop-demo' differ: give the vhost once\n"
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:99999/x@127.0.0.1/",  # an unencoded '/' in the password: '99999' is a piece of it
+        "amqp://guest:99999,amqp://guest:pw@127.0.0.2/",  # a comma in the password cut it: '99999' is a piece
+    ],
+)
+def test_digits_of_a_password_are_never_named_as_a_port(url: str) -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", url)
+    assert result.exit_code == 2, result.output
+    assert "99999" not in result.output
+    assert "not a URL" in result.stderr
+
+
+def test_an_out_of_range_port_without_credentials_is_shown_as_given() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", "amqp://127.0.0.1:99999/")
+    assert (
+        result.stderr
+        == "error: bad broker URL amqp://127.0.0.1:99999/: port 99999 is out of range; a port must be 1-65535\n"
+    )
+
+
+def test_digits_of_a_password_in_a_management_url_are_never_named_as_a_port() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--management-url", "http://guest:99999/x@127.0.0.1:15672")
+    assert result.exit_code == 2, result.output
+    assert "99999" not in result.output
+    assert "is not an http(s) URL" in result.stderr
