@@ -123,8 +123,9 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     Raises:
         ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; the
             items of a list differ in scheme, vhost, user or password (the message names
-            which item and which of these; it never shows a password); or the management URL
-            is no ``http(s)://host[:port]`` URL.
+            which item and which of these; it never shows a password); the management URL
+            is no ``http(s)://host[:port]`` URL; a port is out of 1-65535 (given, or derived:
+            AMQP port + 10000 past 65535 asks for the management URL).
 
     """
     url = url or os.environ.get(URL_ENV)

@@ -133,9 +133,10 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
 
     Raises:
         ConfigurationError: not an ``amqp://``/``amqps://`` URL (several URLs run together with
-            blanks or ``;``, an unencoded reserved character in the password), no host, or a
-            query option not in :data:`URL_OPTIONS`; the message names the item and never shows
-            a password (nor a piece of a list that may hold one).
+            blanks or ``;``, an unencoded reserved character in the password), no host, a port
+            out of 1-65535 (:func:`port_problem`), a query option not in :data:`URL_OPTIONS`, or a
+            vhost with control characters (:func:`~amqpjobs.topology.naming.vhost_problem`); the
+            message names the item and never shows a password (nor a piece of a list that may hold one).
 
     """
     where = f"broker URL {position} of {count}" if count > 1 else "broker URL"
