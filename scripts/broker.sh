@@ -20,6 +20,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=other-node.sh
+. "$ROOT/scripts/other-node.sh"
 B=${AMQPJOBS_BROKER_DIR:-$ROOT/.broker}   # data, logs, config of this node
 LETTERS=ABCDEFGHIJKLMNOPQRSTUVWXYZ
 COMPOSE_FILE=$ROOT/compose.yaml
@@ -104,17 +106,6 @@ mgmt_ready() { local ov; ov=$(overview) && grep -qF "\"node\":\"$NODE\"" <<<"$ov
 
 port_busy() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
-# A RabbitMQ node someone else started, answering with guest/guest on $MGMT_PORT with its AMQP
-# listener on $PORT: prints "NODE VERSION", else fails.
-other_node() {
-  local ov node ver
-  ov=$(overview) || return 1
-  grep -qE "\"protocol\":\"amqp\",\"ip_address\":\"[^\"]*\",\"port\":$PORT[,}]" <<<"$ov" || return 1
-  node=$(grep -o '"node":"[^"]*"' <<<"$ov" | head -1 | cut -d'"' -f4)
-  ver=$(grep -o '"rabbitmq_version":"[^"]*"' <<<"$ov" | head -1 | cut -d'"' -f4)
-  [ -n "$node" ] || return 1
-  echo "$node ${ver:-unknown}"
-}
 reused() { [ -f "$B/reused" ]; }   # `up` found another's node running and uses it (never stops it)
 
 as_root_install() {   # $1 package
@@ -222,13 +213,13 @@ local_up() {
 
   load_ports fresh
   local p found
-  if found=$(other_node); then   # another checkout's node on our ports: use it rather than fail
+  if found=$(other_node "$PORT" "$MGMT_PORT"); then   # another checkout's node on our ports: use it rather than fail
     NODE=${found%% *}
     mkdir -p "$B"
     printf 'PORT=%s\nMGMT_PORT=%s\nDIST_PORT=%s\nNODE=%s\n' "$PORT" "$MGMT_PORT" "$DIST_PORT" "$NODE" >"$B/ports"
     echo "$NODE" >"$B/reused"
     echo local >"$B/mode"
-    log "using the RabbitMQ node already running on 127.0.0.1:$PORT ($NODE, RabbitMQ ${found#* }); this checkout did not start it, so \`make broker-down\` leaves it alone"
+    using_other_node broker "$PORT" "$found" "make broker-down"
     return 0
   fi
   rm -f "$B/reused"
@@ -329,7 +320,7 @@ local_status() {
   load_ports
   local ov ver found
   if reused; then
-    if found=$(other_node) && [ "${found%% *}" = "$NODE" ]; then
+    if found=$(other_node "$PORT" "$MGMT_PORT") && [ "${found%% *}" = "$NODE" ]; then
       echo "up (RabbitMQ node $NODE on 127.0.0.1:$PORT, not started by this checkout, RabbitMQ ${found#* })"
       return 0
     fi

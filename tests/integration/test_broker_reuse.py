@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.helpers import ROOT
 from tests.integration.own_node import BROKER, free_ports
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -125,3 +126,57 @@ def test_a_port_held_by_something_else_is_still_refused(tmp_path: Path) -> None:
     assert f"port 127.0.0.1:{amqp_port} is already in use by another process" in up.stderr
     assert "AMQPJOBS_BROKER_PORT" in up.stderr
     assert not (tmp_path / "broker" / "launcher.pid").exists()  # no node was started
+
+
+def test_the_4x_script_uses_a_node_already_answering_without_building_and_never_stops_it(
+    tmp_path: Path, first_node: dict[str, Any]
+) -> None:
+    """scripts/broker4.sh (and broker43.sh) in a second clone: no chroot build, no node started, none stopped.
+
+    The script runs from a copy (its folder is <copy>/.broker4); the node already answering is the
+    3.10 node on its ports. debootstrap, chroot, mount and epmd are stubs that record any call.
+    """
+    node, version = first_node["node"], first_node["rabbitmq_version"]
+    pid = node_pid(node)
+    (tmp_path / "scripts").mkdir()
+    for name in ("broker4.sh", "broker43.sh", "other-node.sh"):
+        source = ROOT / "scripts" / name
+        if source.exists():
+            (tmp_path / "scripts" / name).write_text(source.read_text())
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("debootstrap", "chroot", "mount", "umount", "mountpoint", "epmd", "apt-get"):
+        (stubs / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >>{calls}\nexit 1\n')
+        (stubs / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMQPJOBS_", "RABBITMQ_"))}
+    env.update(
+        PATH=f"{stubs}:{env['PATH']}", AMQPJOBS_BROKER4_PORT=str(PORT), AMQPJOBS_BROKER4_MGMT_PORT=str(MGMT_PORT)
+    )
+    script = ("bash", str(tmp_path / "scripts" / "broker4.sh"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*script, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    up = run("up")
+    assert (up.returncode, up.stdout) == (0, f"amqp://guest:***@127.0.0.1:{PORT}/\nhttp://127.0.0.1:{MGMT_PORT}/\n"), (
+        up.stderr
+    )
+    assert up.stderr == (
+        f"broker4: using the RabbitMQ node already running on 127.0.0.1:{PORT} ({node}, RabbitMQ {version}); "
+        "this checkout did not start it, so `scripts/broker4.sh down` leaves it alone\n"
+    )
+    status = run("status")
+    assert (status.returncode, status.stdout) == (
+        0,
+        f"up (RabbitMQ node {node} on 127.0.0.1:{PORT}, not started by this checkout, RabbitMQ {version})\n",
+    )
+    assert run("ctl", "list_queues").stderr.startswith(f"broker4: error: node {node} was not started by this checkout")
+    down = run("down")
+    assert (down.returncode, down.stderr) == (
+        0,
+        f"broker4: leaving node {node} running: this checkout did not start it "
+        f"(it was already answering on 127.0.0.1:{PORT})\n",
+    )
+    assert not calls.exists(), calls.read_text()  # nothing built, started, mounted or killed
+    assert node_pid(node) == pid
