@@ -41,6 +41,8 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
         seconds = float(value)
     elif isinstance(value, str):
         text = value.strip().lower()
+        if text.startswith("-") and _is_duration(text[1:]):  # '-1s': a duration, but not a positive one
+            raise _not_positive(value, allow_zero)
         if re.fullmatch(r"\d+(?:\.\d+)?", text):
             seconds = float(text)
         else:
@@ -65,9 +67,21 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
     if allow_zero and seconds == 0:
         return 0.0
     if not math.isfinite(seconds) or seconds <= 0:
-        zero = "0 or " if allow_zero else ""
-        raise ValueError(f"{value!r} must be {zero}a positive, finite duration (e.g. '5s')")
+        raise _not_positive(value, allow_zero)
     return seconds
+
+
+def _not_positive(value: object, allow_zero: bool) -> ValueError:
+    zero = "0 or " if allow_zero else ""
+    return ValueError(f"{value!r} must be {zero}a positive, finite duration (e.g. '5s')")
+
+
+def _is_duration(text: str) -> bool:
+    try:
+        parse_duration(text, allow_zero=True)
+    except ValueError:
+        return False
+    return True
 
 
 def duration_argument(argument: str, value: str | float | int, *, zero_means: str | None = None) -> float:

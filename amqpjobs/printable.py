@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from typing import Final
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -117,3 +118,15 @@ def shell_quote(text: str) -> str:
     if not _UNSAFE.search(text):
         return shlex.quote(text)
     return "$'" + _UNSAFE.sub(_bash_escape, text.replace("\\", "\\\\").replace("'", "\\'")) + "'"
+
+
+def listed(names: Iterable[object], empty: str = "none") -> str:
+    """Names as people write a list in a message: sorted, comma-separated, each made :func:`printable`.
+
+    The one form of every "known: ..." list (never a Python list's repr).
+
+    >>> listed(["urgent", "batch"]), listed([])
+    ('batch, urgent', 'none')
+    """
+    shown = sorted(printable(str(name)) for name in names)
+    return ", ".join(shown) if shown else empty

@@ -11,10 +11,11 @@
 
 Exit status 0 only when no job was lost, no side effect ran twice, every quarantined message
 has the expected reason, and the worker exited 0; otherwise 1. Options: ``--vhost NAME``
-(default ``amqpjobs-demo``), ``--cleanup`` (delete the vhost and the work folder at the end;
-by default both stay for inspection and the next run starts over), ``--url AMQP_URL`` and
-``--management-url URL`` (a broker of your own instead of step 1; the management URL is
-derived from the AMQP URL when left out: port + 10000).
+(default: the vhost the path of ``--url`` names, else ``amqpjobs-demo``; both naming two is
+refused, and so is ``/``: the demo deletes its vhost first), ``--cleanup`` (delete the vhost
+and the work folder at the end; by default both stay for inspection and the next run starts
+over), ``--url AMQP_URL`` and ``--management-url URL`` (a broker of your own instead of step 1;
+the management URL is derived from the AMQP URL when left out: port + 10000).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from datetime import date, timedelta
 from email import message_from_bytes
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import shop  # examples/shop.py (sys.path[0] when run as a script); the worker imports it as examples.shop
@@ -48,8 +50,10 @@ from pydantic import BaseModel
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.evidence import ERROR_MESSAGE, JOB, REASON
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
+from amqpjobs.wire.urls import split_urls
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VHOST = "amqpjobs-demo"
@@ -495,15 +499,41 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
     return 0
 
 
+def demo_vhost(url: str | None, vhost: str | None) -> str:
+    """The vhost the demo (re)creates: the one the path of ``url`` names, else ``vhost``, else amqpjobs-demo.
+
+    A URL without a path (or with ``/`` alone) names none. Raises ValueError when the URL and
+    ``vhost`` name two, when the URL names ``/`` (the demo deletes its vhost first), or when the
+    vhost has control characters.
+    """
+    path = urlsplit(split_urls(url)[0]).path if url and split_urls(url) else ""
+    named = unquote(path[1:]) if len(path) > 1 else None
+    if named == "/":
+        raise ValueError(
+            "--url names the vhost '/': the demo deletes and re-creates its vhost, so it never uses '/'; "
+            "give another vhost in the URL's path, or leave the path out (vhost amqpjobs-demo)"
+        )
+    if named is not None and vhost is not None and named != vhost:
+        raise ValueError(f"--vhost {vhost!r} and the vhost of --url {named!r} differ: give the vhost once")
+    chosen = named or vhost or DEFAULT_VHOST
+    if problem := vhost_problem(chosen):
+        raise ValueError(problem)
+    return chosen
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--vhost", default=DEFAULT_VHOST, help=f"vhost to (re)create (default {DEFAULT_VHOST})")
+    parser.add_argument("--vhost", help=f"vhost to (re)create (default: the path of --url, else {DEFAULT_VHOST})")
     parser.add_argument("--cleanup", action="store_true", help="delete the vhost and the work folder at the end")
     parser.add_argument("--url", help="AMQP URL of a broker to use instead of starting the local one")
     parser.add_argument("--management-url", help="its management API URL (default: AMQP port + 10000)")
     args = parser.parse_args()
     try:
-        return run(args.vhost, args.cleanup, args.url, args.management_url)
+        vhost = demo_vhost(args.url, args.vhost)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return run(vhost, args.cleanup, args.url, args.management_url)
     except AmqpJobsError as exc:  # messages never contain credentials
         say(f"demo: {type(exc).__name__}: {exc}")
         return 1

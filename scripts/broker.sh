@@ -12,12 +12,16 @@
 # <repo>/.broker/, listeners on 127.0.0.1 only. Local ports come from the environment at `up`:
 #   AMQPJOBS_BROKER_PORT (5682), AMQPJOBS_BROKER_MGMT_PORT (15682), AMQPJOBS_BROKER_DIST_PORT (25682)
 #   AMQPJOBS_BROKER_NODE (amqpjobs@localhost; change it to run a second checkout's node beside this one)
-# and are recorded in .broker/ports for the other commands. AMQPJOBS_BROKER_EXTRA_CONF names a
+# and are recorded in .broker/ports for the other commands. When a RabbitMQ node already answers
+# on those ports with guest/guest (another checkout's), `up` uses it and says so in one line;
+# `down` then leaves it running (this checkout did not start it) and `ctl` refuses. AMQPJOBS_BROKER_EXTRA_CONF names a
 # file of rabbitmq.conf lines appended to the node's config at `up` (TLS listeners, say).
 # Progress goes to stderr; stdout carries only URLs / status.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=other-node.sh
+. "$ROOT/scripts/other-node.sh"
 B=${AMQPJOBS_BROKER_DIR:-$ROOT/.broker}   # data, logs, config of this node
 LETTERS=ABCDEFGHIJKLMNOPQRSTUVWXYZ
 COMPOSE_FILE=$ROOT/compose.yaml
@@ -101,6 +105,8 @@ overview() {
 mgmt_ready() { local ov; ov=$(overview) && grep -qF "\"node\":\"$NODE\"" <<<"$ov"; }
 
 port_busy() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+reused() { [ -f "$B/reused" ]; }   # `up` found another's node running and uses it (never stops it)
 
 as_root_install() {   # $1 package
   [ "$(id -u)" = 0 ] || die "$1 is not installed; install it: sudo apt-get install -y $1"
@@ -206,13 +212,23 @@ local_up() {
   fi
 
   load_ports fresh
+  local p found
+  if found=$(other_node "$PORT" "$MGMT_PORT"); then   # another checkout's node on our ports: use it rather than fail
+    NODE=${found%% *}
+    mkdir -p "$B"
+    printf 'PORT=%s\nMGMT_PORT=%s\nDIST_PORT=%s\nNODE=%s\n' "$PORT" "$MGMT_PORT" "$DIST_PORT" "$NODE" >"$B/ports"
+    echo "$NODE" >"$B/reused"
+    echo local >"$B/mode"
+    using_other_node broker "$PORT" "$found" "make broker-down"
+    return 0
+  fi
+  rm -f "$B/reused"
   ensure_packages
-  local p
   if grep -q "^name ${NODE%@*} at port " <<<"$(epmd_names)"; then
     die "Erlang node name $NODE is already taken by another node on this machine (another checkout's broker?); stop it, or set AMQPJOBS_BROKER_NODE to another name (and other ports)"
   fi
   for p in "$PORT" "$MGMT_PORT" "$DIST_PORT"; do
-    port_busy "$p" && die "port 127.0.0.1:$p is already in use by another process (another broker? set AMQPJOBS_BROKER_PORT / _MGMT_PORT / _DIST_PORT)"
+    port_busy "$p" && die "port 127.0.0.1:$p is already in use by another process, not a RabbitMQ node answering with guest/guest on 127.0.0.1:$MGMT_PORT with AMQP on $PORT (which would be used); stop it, or set AMQPJOBS_BROKER_PORT / _MGMT_PORT / _DIST_PORT"
   done
   write_files
   rm -f "$B/rabbitmq.pid" "$B/launcher.pid" "$B/epmd.pid"
@@ -269,6 +285,11 @@ wait_gone() {   # $1 pid, $2 tenths of a second
 local_down() {
   load_ports
   local npid lpid p
+  if reused; then
+    log "leaving node $NODE running: this checkout did not start it (it was already answering on 127.0.0.1:$PORT)"
+    rm -f "$B/reused" "$B/mode"
+    return 0
+  fi
   npid=$(node_pid); lpid=$(launcher_pid)
   if node_alive; then
     log "stopping local node $NODE ..."
@@ -297,7 +318,15 @@ local_down() {
 
 local_status() {
   load_ports
-  local ov ver
+  local ov ver found
+  if reused; then
+    if found=$(other_node "$PORT" "$MGMT_PORT") && [ "${found%% *}" = "$NODE" ]; then
+      echo "up (RabbitMQ node $NODE on 127.0.0.1:$PORT, not started by this checkout, RabbitMQ ${found#* })"
+      return 0
+    fi
+    echo down
+    return 3
+  fi
   if node_alive && ov=$(overview) && grep -qF "\"node\":\"$NODE\"" <<<"$ov"; then
     ver=$(grep -o '"rabbitmq_version":"[^"]*"' <<<"$ov" | head -1 | cut -d'"' -f4)
     echo "up (local node $NODE, RabbitMQ ${ver:-unknown})"
@@ -371,6 +400,10 @@ case "$cmd" in
     if [ "$(current_mode)" = docker ]; then docker_url; else local_url; fi ;;
   ctl)
     if [ "$(current_mode)" = docker ]; then docker_ctl "$@"
-    else load_ports; node_env; exec "$RMQ_BIN/rabbitmqctl" -n "$NODE" "$@"; fi ;;
+    else
+      load_ports
+      reused && die "node $NODE was not started by this checkout (scripts/broker.sh up found it running on 127.0.0.1:$PORT); run rabbitmqctl where it was started (its checkout's scripts/broker.sh ctl), or use its management UI http://127.0.0.1:$MGMT_PORT/"
+      node_env; exec "$RMQ_BIN/rabbitmqctl" -n "$NODE" "$@"
+    fi ;;
   *) usage ;;
 esac

@@ -15,6 +15,10 @@
 #   scripts/broker4.sh url         two lines: AMQP URL (with credentials), management URL
 #   scripts/broker4.sh ctl ARGS... rabbitmqctl ARGS... against that node
 #
+# When a RabbitMQ node already answers on those ports with guest/guest and it is not this
+# checkout's (another clone's), `up` uses it and says so in one line (no chroot is built, no
+# node started); `down` then leaves it running (and its epmd), `ctl` refuses.
+#
 # Needs root (debootstrap, chroot). All listeners on 127.0.0.1 (AMQP, management, Erlang
 # distribution, epmd); each variant has its own epmd port, so neither meets the host's 3.10
 # node's epmd nor the other variant's.
@@ -45,6 +49,8 @@ esac
 DIR=$ROOT/.$NAME
 CH=$DIR/root
 NODE=amqpjobs${VARIANT%0}@localhost
+# shellcheck source=other-node.sh
+. "$ROOT/scripts/other-node.sh"
 
 log() { printf '%s: %s\n' "$NAME" "$*" >&2; }
 die() { printf '%s: error: %s\n' "$NAME" "$*" >&2; exit 1; }
@@ -119,11 +125,25 @@ url() {
   echo "http://127.0.0.1:$MPORT/"
 }
 
+# Our own node answers: the chroot is built and its rabbitmqctl (our cookie) reaches the node.
+own_node_runs() {
+  [ -x "$CH/usr/sbin/rabbitmqctl" ] && mount_proc && in_root "rabbitmqctl -n $NODE -q status >/dev/null 2>&1"
+}
+reused() { [ -f "$DIR/reused" ]; }   # `up` found another checkout's node on our ports and uses it
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   build) build ;;
   up)
+    if found=$(other_node "$PORT" "$MPORT") && ! own_node_runs; then
+      mkdir -p "$DIR"
+      printf '%s\n' "$found" >"$DIR/reused"
+      using_other_node "$NAME" "$PORT" "$found" "scripts/$NAME.sh down"
+      url | mask
+      exit 0
+    fi
+    rm -f "$DIR/reused"
     build
     if ! in_root "rabbitmqctl -n $NODE -q status >/dev/null 2>&1"; then
       log "starting $NODE on 127.0.0.1:$PORT (management $MPORT) ..."
@@ -136,6 +156,12 @@ case "$cmd" in
     answers || { tail -30 "$CH/var/log/rabbitmq/console.log" >&2 || true; die "the node did not come up"; }
     url | mask ;;
   down)
+    if reused; then
+      found=$(cat "$DIR/reused")
+      log "leaving node ${found%% *} running: this checkout did not start it (it was already answering on 127.0.0.1:$PORT)"
+      rm -f "$DIR/reused"
+      exit 0
+    fi
     if [ -x "$CH/usr/sbin/rabbitmqctl" ]; then
       mount_proc
       in_root "rabbitmqctl -n $NODE -q stop >/dev/null 2>&1" || true
@@ -143,13 +169,22 @@ case "$cmd" in
     fi
     if mountpoint -q "$CH/proc"; then umount "$CH/proc" || umount -l "$CH/proc"; fi ;;
   status)
-    if [ -x "$CH/usr/sbin/rabbitmqctl" ] && answers; then
+    if reused; then
+      if found=$(other_node "$PORT" "$MPORT") && [ "${found%% *}" = "$(cut -d' ' -f1 "$DIR/reused")" ]; then
+        echo "up (RabbitMQ node ${found%% *} on 127.0.0.1:$PORT, not started by this checkout, RabbitMQ ${found#* })"
+      else
+        echo down; exit 3
+      fi
+    elif [ -x "$CH/usr/sbin/rabbitmqctl" ] && answers; then
       echo "up (chroot node $NODE, RabbitMQ $(in_root "rabbitmq-diagnostics -n $NODE -q server_version" 2>/dev/null))"
     else
       echo down; exit 3
     fi ;;
   url) url ;;
   ctl)
+    if reused; then
+      die "node $(cut -d' ' -f1 "$DIR/reused") was not started by this checkout (scripts/$NAME.sh up found it running on 127.0.0.1:$PORT); run rabbitmqctl where it was started (its checkout's scripts/$NAME.sh ctl), or use its management UI http://127.0.0.1:$MPORT/"
+    fi
     # files given to import_definitions live on the host: copy them into the chroot first
     if [ "${1:-}" = import_definitions ] && [ -f "${2:-}" ]; then
       cp "$2" "$CH/tmp/amqpjobs-definitions.json"

@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from functools import wraps
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import click
@@ -30,6 +31,7 @@ from amqpjobs.errors import (
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
 from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
@@ -130,7 +132,8 @@ def errors_to_exit_codes(func: F) -> F:
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:
                 _broken_pipe()
-            click.echo(f"error: {redact_text(str(exc))}", err=True)
+            what = f"{printable(str(exc.filename))}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+            click.echo(f"error: {redact_text(what)}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
@@ -158,6 +161,43 @@ def duration_option(option: str, value: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise ConfigurationError(f"{option}: {exc}") from None
+
+
+def output_file(option: str, path: str | Path) -> Path:
+    """An output file option (``-o``, ``FILE``), checked before any work: its folder exists and it is no folder.
+
+    Raises:
+        ConfigurationError: the folder is missing or ``path`` is a folder; names the option, the
+            path and what to do (exit 2).
+
+    """
+    target = Path(path)
+    shown = printable(str(target))
+    if target.is_dir():
+        raise ConfigurationError(f"{option} {shown} is a folder; give the path of a file to write")
+    if not target.parent.is_dir():
+        folder = target.parent
+        raise ConfigurationError(
+            f"{option} {shown}: folder {printable(str(folder))} does not exist; create it "
+            f"(mkdir -p {shell_quote(str(folder))}) or give another path"
+        )
+    return target
+
+
+def write_output(option: str, path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to the output file of ``option``, checked by :func:`output_file` first.
+
+    Raises:
+        ConfigurationError: it can't be written; names the option, the path and why (exit 2).
+
+    """
+    target = output_file(option, path)
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{option} {printable(str(target))} can't be written ({exc.strerror or exc}); give another path"
+        ) from None
 
 
 def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:

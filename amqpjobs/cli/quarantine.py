@@ -17,6 +17,7 @@ from amqpjobs.cli._common import (
     closing_store,
     errors_to_exit_codes,
     filter_options,
+    output_file,
     queue_name_arg,
     selection,
     settings,
@@ -166,6 +167,7 @@ def quarantine_show(
 @errors_to_exit_codes
 def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
     """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
+    output_file("FILE", file)
     count = asyncio.run(export(settings(url, management_url), queue, file))
     click.echo(f"exported {count} message(s) to {file}; the queue still holds them")
 

@@ -8,10 +8,19 @@ import sys
 
 import click
 
-from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import (
+    EXIT_FOUND,
+    duration_option,
+    errors_to_exit_codes,
+    output_file,
+    settings,
+    url_options,
+    write_output,
+)
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
+from amqpjobs.topology.naming import vhost_problem
 
 
 @main.group()
@@ -80,10 +89,13 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
     """
     if not vhost:
         raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
+    if problem := vhost_problem(vhost):
+        raise ConfigurationError(f"--vhost: {problem}")
+    if output:
+        output_file("-o/--output", output)
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        write_output("-o/--output", output, text + "\n")
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)

@@ -6,11 +6,18 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import duration_option, errors_to_exit_codes, long_running_url_options, settings, verbose
+from amqpjobs.cli._common import (
+    duration_option,
+    errors_to_exit_codes,
+    long_running_url_options,
+    output_file,
+    settings,
+    verbose,
+    write_output,
+)
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
@@ -132,10 +139,12 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     For publishers in other languages: exchange, routing key and AMQP bindings of each
     channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
     """
+    if output:
+        output_file("-o/--output", output)
     app = load_app(app_ref)
     text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
     if output:
-        Path(output).write_text(text + "\n", encoding="utf-8")
+        write_output("-o/--output", output, text + "\n")
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)

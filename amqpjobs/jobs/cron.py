@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import listed
 
 MissedPolicy = Literal["catch-up-once", "skip"]
 OverlapPolicy = Literal["allow", "skip"]
@@ -254,9 +255,9 @@ class Schedule:
                 "letter or digit)"
             )
         if self.missed not in MISSED_POLICIES:
-            raise ConfigurationError(f"schedule {self.name!r}: missed must be one of {MISSED_POLICIES}")
+            raise ConfigurationError(f"schedule {self.name!r}: missed must be one of {listed(MISSED_POLICIES)}")
         if self.overlap not in OVERLAP_POLICIES:
-            raise ConfigurationError(f"schedule {self.name!r}: overlap must be one of {OVERLAP_POLICIES}")
+            raise ConfigurationError(f"schedule {self.name!r}: overlap must be one of {listed(OVERLAP_POLICIES)}")
         if not self.grace >= 0:
             raise ConfigurationError(f"schedule {self.name!r}: grace must be >= 0 seconds (got {self.grace!r})")
 

@@ -18,6 +18,7 @@ from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
+from amqpjobs.printable import listed
 from amqpjobs.topology.naming import rate_names_problem
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -241,7 +242,7 @@ class JobRegistry:
         else:
             found = next((j for j in self._jobs.values() if j.handler is job), None)
         if found is None:
-            raise ConfigurationError(f"no job {job!r} in app {self.name!r}; registered: {sorted(self._jobs)}")
+            raise ConfigurationError(f"no job {job!r} in app {self.name!r}; registered: {listed(self._jobs)}")
         return found
 
     def __iter__(self) -> Iterator[JobDef]:

@@ -19,6 +19,7 @@ from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
 from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.registry import JobDef
+from amqpjobs.printable import listed
 from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
@@ -173,7 +174,7 @@ class App(CronSchedules, JobResults):
         except KeyError:
             raise ConfigurationError(
                 f"job {jobdef.name!r} names job queue {jobdef.queue!r}, which the topology ({self.topology_origin}) "
-                f"does not declare; known: {sorted(q.name for q in topology.job_queues)}"
+                f"does not declare; known: {listed(q.name for q in topology.job_queues)}"
             ) from None
 
     def settings(self) -> BrokerSettings:

@@ -49,6 +49,7 @@ from typing import Any, Final
 from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.printable import listed
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
@@ -181,7 +182,7 @@ class Scheduler(TickFiring):
         names = self.options.schedules or tuple(schedules)
         unknown = sorted(set(names) - set(schedules))
         if unknown:
-            raise ConfigurationError(f"unknown schedule(s) {unknown}; the app has {sorted(schedules)}")
+            raise ConfigurationError(f"unknown schedule(s) {listed(unknown)}; the app has {listed(schedules)}")
         return [schedules[n] for n in sorted(set(names))]
 
     async def start(self) -> None:

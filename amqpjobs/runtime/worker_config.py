@@ -10,6 +10,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import retry_window
+from amqpjobs.printable import listed
 from amqpjobs.topology.models import JobQueueLayout
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def check_jobs(
     for name in job_queues:
         if name not in names:
             raise ConfigurationError(
-                f"job queue {name!r} is not in the topology ({app.topology_origin}); known: {sorted(names)}"
+                f"job queue {name!r} is not in the topology ({app.topology_origin}); known: {listed(names)}"
             )
         layouts[name] = topology.layout(name)
     for job in app:

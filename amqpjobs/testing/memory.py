@@ -29,6 +29,7 @@ from typing import Any
 
 from amqpjobs.errors import ConfigurationError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.printable import listed
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.declarations import Declarations
 
@@ -172,7 +173,7 @@ class MemoryBroker:
         try:
             return self.queues[name]
         except KeyError:
-            raise ConfigurationError(f"queue {name!r} does not exist; known: {sorted(self.queues)}") from None
+            raise ConfigurationError(f"queue {name!r} does not exist; known: {listed(self.queues)}") from None
 
     # ------------------------------------------------------------------ routing
     def route(self, exchange: str, routing_key: str, seen: frozenset[str] = frozenset()) -> list[str]:

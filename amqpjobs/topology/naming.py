@@ -140,6 +140,22 @@ def queue_name_problem(name: str) -> str | None:
     return None
 
 
+def vhost_problem(vhost: str) -> str | None:
+    """What makes ``vhost`` unusable as a vhost name, or None when it is fine (the one home of the rule).
+
+    AMQP 0-9-1 carries it in ``connection.open`` as a short string (at most 255 bytes of UTF-8);
+    control characters, line breaks and terminal escapes are refused as in queue names
+    (:func:`queue_name_problem`): no one means them, and they would be written into definitions
+    and logs. Empty is left to the caller (a URL without a path means ``/``).
+    """
+    if printable(vhost) != vhost:
+        return f"vhost {printable(repr(vhost))} has control characters; vhost names are printable text"
+    size = len(vhost.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        return f"vhost {printable(vhost[:40])}... is {size} bytes of UTF-8; AMQP allows at most {MAX_NAME_BYTES}"
+    return None
+
+
 def work_queue_name(job_queue: str, shard: int | None = None) -> str:
     """Name of the work queue (or of shard ``shard``) of job queue ``job_queue``."""
     return job_queue if shard is None else f"{job_queue}{SHARD_INFIX}{shard}"

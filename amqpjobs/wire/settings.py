@@ -12,7 +12,17 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.wire.urls import bracketed, management_base, parse_node, redact, same_cluster, split_urls, with_path
+from amqpjobs.wire.urls import (
+    MAX_PORT,
+    bracketed,
+    management_base,
+    parse_node,
+    port_problem,
+    redact,
+    same_cluster,
+    split_urls,
+    with_path,
+)
 
 #: Environment variable read when no URL is given.
 URL_ENV = "AMQPJOBS_URL"
@@ -113,8 +123,9 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     Raises:
         ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; the
             items of a list differ in scheme, vhost, user or password (the message names
-            which item and which of these; it never shows a password); or the management URL
-            is no ``http(s)://host[:port]`` URL.
+            which item and which of these; it never shows a password); the management URL
+            is no ``http(s)://host[:port]`` URL; a port is out of 1-65535 (given, or derived:
+            AMQP port + 10000 past 65535 asks for the management URL).
 
     """
     url = url or os.environ.get(URL_ENV)
@@ -131,10 +142,17 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     else:
         mscheme = "https" if first.scheme == "amqps" else "http"
         default_port = 5671 if first.scheme == "amqps" else 5672
-        management_urls = [
-            management_base(f"{mscheme}://{bracketed(one.host)}:{(one.port or default_port) + MANAGEMENT_PORT_OFFSET}")
-            for one in parsed
-        ]
+        management_urls = []
+        for node, one in zip(nodes, parsed, strict=True):
+            port = one.port or default_port
+            if port + MANAGEMENT_PORT_OFFSET > MAX_PORT:
+                raise ConfigurationError(
+                    f"the management port can't be derived from broker URL {redact(node)}: port {port} + "
+                    f"{MANAGEMENT_PORT_OFFSET} is out of range (a port must be 1-{MAX_PORT}); give --management-url "
+                    f"or {MANAGEMENT_URL_ENV}"
+                )
+            derived_port = port + MANAGEMENT_PORT_OFFSET
+            management_urls.append(management_base(f"{mscheme}://{bracketed(one.host)}:{derived_port}"))
     return BrokerSettings(
         url=",".join(nodes),
         management_url=management_urls[0],
@@ -157,9 +175,13 @@ def checked_management_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
-        _ = parts.port  # ValueError when out of range or not a number
+        if port_problem(url) is None:
+            _ = parts.port  # ValueError when not a number
     except ValueError:
         valid = False
+    if valid and (problem := port_problem(url)):
+        shown = redact(url) if "@" in url else url  # without userinfo, no password to hide (redact can't parse it)
+        raise ConfigurationError(f"management URL {shown!r}: {problem} (--management-url or {MANAGEMENT_URL_ENV})")
     if not valid:
         raise ConfigurationError(
             f"management URL {redact(url)!r} is not an http(s) URL: give http://host:15672 or https://host:15671 "

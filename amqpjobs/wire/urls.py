@@ -17,6 +17,7 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
 
 #: Query options an AMQP URL may have: RabbitMQ's TLS options (``wire/tls.py``) and those aio-pika /
@@ -24,6 +25,8 @@ from amqpjobs.wire.tls import TLS_OPTIONS
 #: mechanism, ``reconnect_interval`` seconds, ``fail_fast``).
 URL_OPTIONS = (*TLS_OPTIONS, "heartbeat", "timeout", "name", "auth", "reconnect_interval", "fail_fast")
 
+#: The largest TCP port.
+MAX_PORT = 65535
 _SCHEMES = ("amqp://", "amqps://", "http://", "https://")
 _COMMA_HINT = "items are separated by commas, so a comma inside a password must be %-encoded as %2C"
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
@@ -43,7 +46,8 @@ def _redact_one(url: str) -> str:
         return "<not a URL>" if url else ""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises on a password cut at a comma: "amqp://u:pa")
+        if "@" not in parts.netloc or port_problem(url) is None:  # a port after the userinfo is never a password
+            parts.port  # noqa: B018  (raises on a password cut at a comma: "amqp://u:pa")
     except ValueError:
         return f"{url.split('://', 1)[0]}://<unparseable URL>"
     if "@" not in parts.netloc:
@@ -54,6 +58,34 @@ def _redact_one(url: str) -> str:
     if ":" not in userinfo:
         return url
     return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query, parts.fragment))
+
+
+def port_problem(url: str) -> str | None:
+    """What is wrong with the port of ``url`` (one URL): a number out of 1-65535; None otherwise.
+
+    The one port rule of every URL option (AMQP and management). Only a port that is surely a
+    port is named: one after the userinfo's ``@``, or in a URL without any ``@``. Anything else (a
+    port that is no number, or digits before a misplaced ``@``, which are a piece of a password)
+    is left to the URL's own parse, which never shows it.
+
+    Args:
+        url: One URL, as given (with credentials).
+
+    Returns:
+        ``"port N is out of range; a port must be 1-65535"``, or None.
+    """
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return None
+    if "@" in url and "@" not in netloc:
+        return None
+    hostport = netloc.rpartition("@")[2]
+    port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    text = port.rpartition(":")[2] if ":" in port else ""
+    if text.isascii() and text.isdigit() and not 1 <= int(text) <= MAX_PORT:
+        return f"port {text} is out of range; a port must be 1-{MAX_PORT}"
+    return None
 
 
 def redact(url: str) -> str:
@@ -101,9 +133,10 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
 
     Raises:
         ConfigurationError: not an ``amqp://``/``amqps://`` URL (several URLs run together with
-            blanks or ``;``, an unencoded reserved character in the password), no host, or a
-            query option not in :data:`URL_OPTIONS`; the message names the item and never shows
-            a password (nor a piece of a list that may hold one).
+            blanks or ``;``, an unencoded reserved character in the password), no host, a port
+            out of 1-65535 (:func:`port_problem`), a query option not in :data:`URL_OPTIONS`, or a
+            vhost with control characters (:func:`~amqpjobs.topology.naming.vhost_problem`); the
+            message names the item and never shows a password (nor a piece of a list that may hold one).
 
     """
     where = f"broker URL {position} of {count}" if count > 1 else "broker URL"
@@ -117,6 +150,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"several URLs run together would: separate the nodes of a cluster with commas (or repeat --url); "
             f"a blank or ';' inside a password must be %-encoded (%20, %3B)"
         )
+    if (problem := port_problem(url)) and ("@" in url or count == 1):  # else: maybe a password cut at a comma
+        raise ConfigurationError(f"bad {where} {redact(url) if '@' in url else url}: {problem}")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -136,6 +171,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"known ones: {', '.join(URL_OPTIONS)}"
         )
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    if problem := vhost_problem(vhost):
+        raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
     user = unquote(parts.username or "guest")
     password = unquote(parts.password or "guest")
     verify = options.get("verify", "verify_peer")

@@ -31,11 +31,9 @@ def test_demo_runs_every_job_exactly_once_and_quarantines_the_poison(broker_root
         [
             sys.executable,
             str(ROOT / "examples" / "demo.py"),
-            "--vhost",
-            vhost,
             "--cleanup",
             "--url",
-            settings.url,
+            settings.with_vhost(vhost).url,  # the vhost as a user gives it: the URL's path (no --vhost)
             "--management-url",
             settings.management_url,
         ],

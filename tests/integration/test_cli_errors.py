@@ -45,7 +45,12 @@ def bad_url(broker: BrokerSettings, password: str = "wrong-secret", vhost: str |
 CASES = [
     # (id, args, expected exit code, words in the output)
     ("bad-port", ["topology", "plan", "topology"], 2, "bad broker URL"),
-    ("export-to-missing-dir", ["topology", "export", "topology", "-o", "/nonexistent/dir/x.json"], 2, "No such file"),
+    (
+        "export-to-missing-dir",
+        ["topology", "export", "topology", "-o", "/nonexistent/dir/x.json"],
+        2,
+        "folder /nonexistent/dir does not exist; create it (mkdir -p /nonexistent/dir)",
+    ),
     ("export-empty-vhost", ["topology", "export", "topology", "--vhost", ""], 2, "--vhost is empty"),
     ("consume-missing-module", ["consume", "no_such_module_xyz:app"], 2, "cannot import module"),
     ("consume-missing-attribute", ["consume", "tests.integration.procapp:nope"], 2, "has no attribute 'nope'"),

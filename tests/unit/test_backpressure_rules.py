@@ -64,7 +64,8 @@ def test_the_errors_sit_where_callers_catch_them():
 @pytest.mark.parametrize(
     ("value", "says"),
     [(-1, "-1 must be 0"), (float("nan"), "nan must be 0"), (float("inf"), "inf must be 0"),
-     ("soon", "'soon' is not a duration"), ("-2s", "'-2s' is not a duration"), (True, "True is not a duration")],
+     ("soon", "'soon' is not a duration"), ("-2s", "'-2s' must be 0 or a positive"),
+     (True, "True is not a duration")],
 )  # fmt: skip
 def test_bad_wait_options_are_refused_naming_the_argument(option: str, value: object, says: str):
     from amqpjobs import App, ConfigurationError

@@ -54,7 +54,7 @@ def test_schedule_list_of_an_app_without_schedules():
 
 
 @pytest.mark.parametrize(
-    "management_url", ["ftp://127.0.0.1:15682", "not a url", "http://", "http://127.0.0.1:99999", "//h:1"]
+    "management_url", ["ftp://127.0.0.1:15682", "not a url", "http://", "http://127.0.0.1:port", "//h:1"]
 )
 def test_a_management_url_that_is_no_http_url_is_a_usage_error(management_url: str) -> None:
     """Exit 2 naming the value and the form it must have, not 3 ('unreachable'): nothing was asked of a broker."""

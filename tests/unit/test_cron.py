@@ -261,8 +261,8 @@ def test_bad_rules_are_refused(expression: str, tz: str, message: str) -> None:
         ({"name": "a b"}, "schedule name 'a b'"),
         ({"name": "x:y"}, "schedule name 'x:y'"),
         ({"name": ""}, "schedule name ''"),
-        ({"missed": "replay-all"}, "missed must be one of"),
-        ({"overlap": "queue"}, "overlap must be one of"),
+        ({"missed": "replay-all"}, "missed must be one of catch-up-once, skip$"),
+        ({"overlap": "queue"}, "overlap must be one of allow, skip$"),
         ({"grace": -1.0}, "grace must be >= 0"),
     ],
 )
@@ -387,9 +387,7 @@ async def test_scheduler_refuses_unknown_schedule_names_before_connecting() -> N
     scheduler = Scheduler(
         listed, broker_settings("amqp://guest:guest@127.0.0.1:1/"), SchedulerOptions(("fast", "nope"))
     )
-    with pytest.raises(
-        ConfigurationError, match=r"unknown schedule\(s\) \['nope'\]; the app has \['fast', 'paris-daily'\]"
-    ):
+    with pytest.raises(ConfigurationError, match=r"unknown schedule\(s\) nope; the app has fast, paris-daily$"):
         await scheduler.start()
 
 

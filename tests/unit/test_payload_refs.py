@@ -238,7 +238,7 @@ def test_a_postgres_store_takes_urls_and_keyword_strings(dsn: str) -> None:
     ("option", "value", "says"),
     [("grace", -1, "-1 must be a positive, finite duration"), ("grace", float("nan"), "nan must be"),
      ("grace", float("inf"), "inf must be"), ("grace", "soon", "'soon' is not a duration"),
-     ("sweep_every", "-5s", "'-5s' is not a duration"), ("sweep_every", 0, "0 must be a positive")],
+     ("sweep_every", "-5s", "'-5s' must be a positive"), ("sweep_every", 0, "0 must be a positive")],
 )  # fmt: skip
 def test_bad_grace_or_sweep_every_names_the_argument(option: str, value: object, says: str) -> None:
     with pytest.raises(ConfigurationError) as err:

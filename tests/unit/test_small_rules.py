@@ -40,7 +40,7 @@ def test_job_registration_refuses_bad_arguments():
     ):
         with pytest.raises(ConfigurationError, match=words):
             app.job(**kwargs)
-    with pytest.raises(ConfigurationError, match=r"no job 'nope' in app 't'; registered: \['ok'\]"):
+    with pytest.raises(ConfigurationError, match=r"no job 'nope' in app 't'; registered: ok$"):
         app.resolve("nope")
     with pytest.raises(ConfigurationError, match="no job"):
         app.resolve(lambda p, c: None)

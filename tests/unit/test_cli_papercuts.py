@@ -1,0 +1,189 @@
+"""A fresh user's CLI papercuts (review of 2026-12-01): each refusal is exit 2, one line, says what to do.
+
+None of these needs a broker: every refusal comes before a connect (nothing listens on port 1).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from amqpjobs.cli import main
+from amqpjobs.durations import parse_duration
+from amqpjobs.wire.settings import broker_settings
+from tests.integration.helpers import ROOT, TOPOLOGY, cli
+
+NOWHERE = broker_settings("amqp://guest:guest@127.0.0.1:1/")
+
+
+# ---------------------------------------------------------------- durations: one parser says "positive"
+@pytest.mark.parametrize("value", ["-1s", "-1", " -5m", "-1h30m", "-250ms"])
+def test_a_negative_duration_is_said_to_be_negative(value: str) -> None:
+    with pytest.raises(ValueError, match="must be a positive") as caught:
+        parse_duration(value)
+    assert str(caught.value) == f"{value!r} must be a positive, finite duration (e.g. '5s')"
+
+
+def test_a_negative_duration_option_says_it_must_be_positive() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--max-age=-1s")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: --max-age: '-1s' must be a positive, finite duration (e.g. '5s')\n"
+
+
+# ---------------------------------------------------------------- ports: one rule for every URL option
+@pytest.mark.parametrize("port", ["99999", "65536", "0"])
+def test_an_amqp_url_port_out_of_range_is_named(port: str) -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", f"amqp://guest:pw-sekret@127.0.0.1:{port}/")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: bad broker URL amqp://guest:***@127.0.0.1:{port}/: port {port} is out of range; "
+        "a port must be 1-65535\n"
+    )
+
+
+def test_a_port_out_of_range_in_a_list_names_the_item_and_never_a_password() -> None:
+    url = "amqp://guest:pw-sekret@127.0.0.1:5682/,amqp://guest:pw-sekret@127.0.0.2:70000/"
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", url)
+    assert result.exit_code == 2, result.output
+    assert "bad broker URL 2 of 2 amqp://guest:***@127.0.0.2:70000/: port 70000 is out of range" in result.stderr
+    assert "pw-sekret" not in result.output
+
+
+@pytest.mark.parametrize("port", ["99999", "0"])
+def test_a_management_url_port_out_of_range_is_named(port: str) -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--management-url", f"http://127.0.0.1:{port}")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: management URL 'http://127.0.0.1:{port}': port {port} is out of range; a port must be 1-65535 "
+        "(--management-url or AMQPJOBS_MANAGEMENT_URL)\n"
+    )
+
+
+def test_a_derived_management_port_out_of_range_asks_for_the_management_url() -> None:
+    env = {"AMQPJOBS_URL": "amqp://guest:guest@127.0.0.1:60000/", "AMQPJOBS_MANAGEMENT_URL": None}
+    result = CliRunner().invoke(main, ["status", "--queues", "work"], env=env, catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: the management port can't be derived from broker URL amqp://guest:***@127.0.0.1:60000/: "
+        "port 60000 + 10000 is out of range (a port must be 1-65535); give --management-url or "
+        "AMQPJOBS_MANAGEMENT_URL\n"
+    )
+
+
+# ---------------------------------------------------------------- vhosts: control characters refused
+@pytest.mark.parametrize("vhost", ["a\nb", "shop\x1b[31m", "\t"])
+def test_export_refuses_a_vhost_with_control_characters(vhost: str) -> None:
+    result = cli(NOWHERE, "topology", "export", str(TOPOLOGY), "--vhost", vhost)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    shown = repr(vhost).replace("\x1b", "\\x1b")
+    assert result.stderr == f"error: --vhost: vhost {shown} has control characters; vhost names are printable text\n"
+
+
+def test_a_url_vhost_with_control_characters_is_refused_before_connecting() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", "amqp://guest:guest@127.0.0.1:1/a%0Ab")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: bad broker URL amqp://guest:***@127.0.0.1:1/a%0Ab: vhost 'a\\nb' has control characters; "
+        "vhost names are printable text\n"
+    )
+
+
+# ---------------------------------------------------------------- lists as people write them
+def test_listed_joins_names_with_commas() -> None:
+    from amqpjobs.printable import listed
+
+    assert listed(["urgent", "batch"]) == "batch, urgent"
+    assert listed([]) == "none"
+    assert listed(["a\nb"]) == "a\\nb"
+
+
+def test_consume_an_unknown_queue_lists_the_known_ones_with_commas() -> None:
+    result = cli(NOWHERE, "consume", "tests.integration.procapp:app", "-q", "nosuchq")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: job queue 'nosuchq' is not in the topology (loaded from {TOPOLOGY}); known: batch, billing, urgent\n"
+    )
+
+
+# ---------------------------------------------------------------- output files
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["topology", "export", str(TOPOLOGY), "-o"], "-o/--output"),
+        (["asyncapi", "examples.shop:app", "-o"], "-o/--output"),
+        (["quarantine", "export", "urgent.quarantine"], "FILE"),
+    ],
+)
+def test_an_output_file_in_a_missing_folder_is_named_with_what_to_do(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    target = tmp_path / "missing" / "x.json"
+    result = cli(NOWHERE, *args, str(target))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: {option} {target}: folder {target.parent} does not exist; create it (mkdir -p {target.parent}) "
+        "or give another path\n"
+    )
+    assert "Errno" not in result.output
+
+
+def test_an_output_file_that_is_a_folder_is_named(tmp_path: Path) -> None:
+    result = cli(NOWHERE, "topology", "export", str(TOPOLOGY), "-o", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "Errno" not in result.output
+    assert f"'{tmp_path}' is a directory" in result.stderr
+
+
+# ---------------------------------------------------------------- the demo: the URL's vhost counts
+def demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), *args],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_the_demo_uses_the_vhost_of_its_url() -> None:
+    proc = demo("--url", "amqp://guest:guest@127.0.0.1:1/shop-demo")  # nothing listens: it stops after step 1
+    assert "[1/6] broker amqp://guest:***@127.0.0.1:1/shop-demo " in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_demo_refuses_a_url_vhost_and_another_vhost_option() -> None:
+    proc = demo("--url", "amqp://guest:guest@127.0.0.1:1/shop-demo", "--vhost", "other")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.endswith(
+        "demo.py: error: --vhost 'other' and the vhost of --url 'shop-demo' differ: give the vhost once\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:99999/x@127.0.0.1/",  # an unencoded '/' in the password: '99999' is a piece of it
+        "amqp://guest:99999,amqp://guest:pw@127.0.0.2/",  # a comma in the password cut it: '99999' is a piece
+    ],
+)
+def test_digits_of_a_password_are_never_named_as_a_port(url: str) -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", url)
+    assert result.exit_code == 2, result.output
+    assert "99999" not in result.output
+    assert "not a URL" in result.stderr
+
+
+def test_an_out_of_range_port_without_credentials_is_shown_as_given() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", "amqp://127.0.0.1:99999/")
+    assert (
+        result.stderr
+        == "error: bad broker URL amqp://127.0.0.1:99999/: port 99999 is out of range; a port must be 1-65535\n"
+    )
+
+
+def test_digits_of_a_password_in_a_management_url_are_never_named_as_a_port() -> None:
+    result = cli(NOWHERE, "status", "--queues", "work", "--management-url", "http://guest:99999/x@127.0.0.1:15672")
+    assert result.exit_code == 2, result.output
+    assert "99999" not in result.output
+    assert "is not an http(s) URL" in result.stderr
