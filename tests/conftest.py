@@ -43,7 +43,7 @@ class BrokerRoot:
     """The broker under test, at its default vhost."""
 
     settings: BrokerSettings
-    source: str  # "env", "testcontainers" or "local"
+    source: str  # "env", "testcontainers", "local" or "other-checkout" (another checkout's node on our ports)
     version: tuple[int, ...]
     script: Path | None = None
 
@@ -152,6 +152,16 @@ def _local_node(script: Path) -> BrokerSettings:
     return settings
 
 
+def _started_here(script: Path) -> bool:
+    """Whether ``script``'s node was started by this checkout (``status`` says up, not "not started by this checkout").
+
+    Another checkout's node answering on the same ports is used, but never stopped or restarted:
+    the tests that restart the project's node skip there, saying so.
+    """
+    status = subprocess.run(["bash", str(script), "status"], capture_output=True, text=True, timeout=60)
+    return status.stdout.startswith("up (") and "not started by this checkout" not in status.stdout
+
+
 def _answers(settings: BrokerSettings) -> bool:
     try:
         with ManagementClient(settings) as client:
@@ -187,7 +197,7 @@ def broker_root() -> Iterator[BrokerRoot]:
             pytest.exit(f"{TEST_BROKER_ENV}={which!r}: use 3 (RabbitMQ 3.10), 4 (4.0) or 43 (4.3)", returncode=2)
         script = BROKER_SCRIPTS[which]
         settings = _local_node(script)
-        source = "local"
+        source = "local" if _started_here(script) else "other-checkout"
     with ManagementClient(settings) as mgmt_client:
         version = mgmt_client.broker_version()
     try:
