@@ -19,7 +19,6 @@ from amqpjobs.cli._common import (
     write_output,
 )
 from amqpjobs.cli._root import main
-from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.runtime.child import ChildSpec
@@ -104,17 +103,14 @@ def consume(
     management_url: str | None,
 ) -> None:
     """Run a worker for the app MODULE:APP until SIGTERM/SIGINT (then drain and exit 0)."""
-    try:
-        options = WorkerOptions(
-            queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
-            concurrency=concurrency,
-            grace=duration_option("--grace", grace),
-            consumer_timeout=duration_option("--consumer-timeout", consumer_timeout),
-            log_outcomes=log_outcomes,
-            outcome_events=outcome_events,
-        )
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+    options = WorkerOptions(
+        queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
+        concurrency=concurrency,
+        grace=duration_option("--grace", grace),
+        consumer_timeout=duration_option("--consumer-timeout", consumer_timeout),
+        log_outcomes=log_outcomes,
+        outcome_events=outcome_events,
+    )
     count = process_count(processes, usable_cpus())
     level = logging.DEBUG if verbose() else logging.INFO
     configure_logging(level, json_lines=log_json)

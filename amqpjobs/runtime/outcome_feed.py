@@ -1,15 +1,13 @@
-"""Outcome events as an async stream, for a page that refreshes when jobs end (``amqpjobs console``).
+"""Outcome events for a page that refreshes when jobs end (``amqpjobs console``'s ``/events``).
 
-Subscribes to the outcome events exchange (:func:`amqpjobs.wire.events.subscribe_outcomes`,
-an exclusive auto-delete queue of its own) for as long as the iteration runs;
-:class:`OutcomeHub` shares one such subscription among many readers.
+:class:`OutcomeHub` subscribes to the outcome events exchange (:func:`amqpjobs.wire.events.subscribe_outcomes`,
+an exclusive auto-delete queue of its own) and shares that one subscription among many readers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.jobs.events import OutcomeEvent, decode_event
@@ -24,34 +22,6 @@ BACKLOG = 1000
 CONNECT_WAIT = 2.0
 #: Seconds a failed connect is answered again without trying (each new page with the broker down).
 FAILURE_MEMORY = 5.0
-
-
-async def outcome_feed(settings: BrokerSettings) -> AsyncIterator[OutcomeEvent]:
-    """Each outcome event published in the vhost from now on, until the caller stops iterating.
-
-    Raises:
-        NotFoundError: the events exchange does not exist (apply the topology).
-        BrokerUnavailableError: the broker can't be reached.
-
-    """
-    events: asyncio.Queue[OutcomeEvent] = asyncio.Queue(BACKLOG)
-
-    def on_body(body: bytes) -> None:
-        event = decode_event(body)
-        if event is None:
-            return
-        if events.full():
-            events.get_nowait()
-        events.put_nowait(event)
-
-    async with session(settings) as connection:
-        watch = await subscribe_outcomes(connection, on_body)
-        try:
-            while True:
-                yield await events.get()
-        finally:
-            if not watch.is_closed:
-                await watch.close()
 
 
 class OutcomeHub:

@@ -400,3 +400,27 @@ def test_a_message_page_without_an_id_is_a_400_naming_it(broker: BrokerSettings,
         answer = c.get("/message", params={"queue": "work.quarantine"})
     assert answer.status_code == 400, answer.text
     assert "id: give the job id" in answer.text
+
+
+def test_a_wrong_action_url_or_queue_field_is_a_404_or_400_naming_it(broker: BrokerSettings, tmp_path: Path):
+    """A URL typed or kept by hand (an action that does not exist, one forgotten) and a post without its queue."""
+    with client(broker, tmp_path) as c:
+        kind = c.post("/actions/launch", data={"queue": "work.quarantine", "csrf_token": CSRF})
+        page = c.get("/action/no-such-run")
+        progress = c.get("/action/no-such-run.json")
+        stop = c.post("/action/no-such-run/stop", data={"csrf_token": CSRF})
+        empty = c.post("/actions/purge", data={"queue": "", "scope": "all", "csrf_token": CSRF})
+        control = c.post("/actions/park", data={"queue": "work\x1b[2J", "scope": "all", "csrf_token": CSRF})
+        lookup = c.get("/job")
+    assert (kind.status_code, page.status_code, progress.status_code, stop.status_code) == (404, 404, 404, 404)
+    assert "launch" in kind.text
+    assert "replay, park or purge" in kind.text
+    assert "no such action (the console keeps the last 200; see the audit log)" in page.text
+    assert "no such action (the console keeps the last 200; see the audit log)" in stop.text
+    assert progress.json() == {"error": "no such action"}
+    assert (empty.status_code, control.status_code) == (400, 400)
+    assert "give a quarantine or parked queue name" in empty.text
+    assert "has control characters; queue names are printable text" in control.text
+    assert lookup.status_code == 200
+    assert 'name="id"' in lookup.text
+    assert not (tmp_path / "audit.jsonl").exists() or (tmp_path / "audit.jsonl").read_text() == ""

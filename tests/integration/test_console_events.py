@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from amqpjobs.jobs.events import OutcomeEvent
+from amqpjobs.runtime.outcome_feed import BACKLOG, OutcomeHub
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.console_env import client, free_port, serve_console
@@ -134,3 +135,56 @@ def test_events_go_on_after_the_broker_closed_the_subscription(broker: BrokerSet
     assert seen.startswith("data:"), f"no event after the connection was closed; console log:\n{log}"
     assert json.loads(seen.removeprefix("data:")) == {"queue": "work", "outcome": "succeeded"}
     assert "Traceback" not in log, log
+
+
+async def _publish_bodies(broker: BrokerSettings, bodies: list[bytes]) -> None:
+    async with raw_channel(broker) as channel:
+        exchange = await channel.get_exchange(EVENTS_EXCHANGE)
+        for body in bodies:
+            await exchange.publish(aio_pika.Message(body), routing_key="work.succeeded")
+
+
+def _event(n: int) -> bytes:
+    return OutcomeEvent("mail", f"e-{n}", 1, "succeeded", "", "", "work").encode()
+
+
+def test_a_slow_reader_keeps_the_newest_events_and_no_body_that_is_no_event(broker: BrokerSettings, tmp_path: Path):
+    """A reader that never reads keeps the last BACKLOG events; a body that is no event reaches nobody."""
+
+    async def run() -> list[str]:
+        await make_app(broker, tmp_path)  # the events exchange exists
+        hub = OutcomeHub(broker)
+        reader = await hub.join()
+        try:
+            await _publish_bodies(broker, [b"not an event", b'{"no": "outcome"}'])
+            await _publish_bodies(broker, [_event(n) for n in range(BACKLOG + 5)])
+            deadline = time.monotonic() + 10
+            while reader.qsize() < BACKLOG and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)  # the last few deliveries, if any, drop the oldest in turn
+            return [reader.get_nowait().id for _ in range(reader.qsize())]
+        finally:
+            await hub.close()
+
+    ids = asyncio.run(run())
+    assert len(ids) == BACKLOG
+    assert (ids[0], ids[-1]) == ("e-5", f"e-{BACKLOG + 4}")
+
+
+def test_closing_the_hub_with_a_reader_left_closes_its_connection(broker: BrokerSettings, tmp_path: Path):
+    """The console shutting down while a client still reads: the subscription's connection goes at once."""
+
+    async def run() -> tuple[int, int, bool]:
+        await make_app(broker, tmp_path)
+        hub = OutcomeHub(broker)
+        reader = await hub.join()
+        during = await asyncio.to_thread(wait_count, broker, lambda n: n == 1)
+        await hub.close()
+        after = await asyncio.to_thread(wait_count, broker, lambda n: n == 0)
+        hub.leave(reader)  # the reader's own leave, after the close, changes nothing
+        again = await hub.join()  # and a new reader opens a new subscription
+        opened = await asyncio.to_thread(wait_count, broker, lambda n: n == 1) == 1
+        hub.leave(again)
+        return during, after, opened
+
+    assert asyncio.run(run()) == (1, 0, True)

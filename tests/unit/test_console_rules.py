@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from amqpjobs.console.audit import AuditEntry, AuditLog
 from amqpjobs.console.config import (
@@ -20,7 +26,7 @@ from amqpjobs.console.config import (
     is_loopback,
 )
 from amqpjobs.console.forms import filter_options, selection_of
-from amqpjobs.console.security import host_name
+from amqpjobs.console.security import MAX_FORM, Guard, host_name
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.wire.settings import broker_settings
@@ -131,3 +137,35 @@ def test_a_root_path_is_a_plain_url_path(root_path: str, ok: bool) -> None:
     else:
         with pytest.raises(ConfigurationError, match="is not a path like /jobs"):
             ConsoleConfig(broker, root_path=root_path)
+
+
+def _guarded(credentials: Credentials) -> TestClient:
+    """A one-route app behind the console's Guard: it answers the user and the size of the body it read."""
+
+    async def echo(request: Request) -> PlainTextResponse:
+        body = await request.body()
+        return PlainTextResponse(f"{request.scope['state']['user']}:{len(body)}")
+
+    broker = broker_settings("amqp://guest:guest@127.0.0.1:5672/", None)
+    config = ConsoleConfig(broker, credentials=credentials)
+    app = Guard(Starlette(routes=[Route("/", echo, methods=["GET", "POST", "PUT"])]), config, csrf_token="c" * 20)
+    return TestClient(app, base_url="http://127.0.0.1:8480")
+
+
+def test_the_guard_refuses_a_malformed_basic_header_takes_the_token_as_a_password_and_bounds_bodies() -> None:
+    token = "tok-0123456789abcdef"
+    c = _guarded(Credentials(token=token, user="ops", password="pw-0123456789"))
+
+    def basic(text: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(text.encode()).decode()}
+
+    assert c.get("/", headers={"Authorization": "Basic not-base64!"}).status_code == 401
+    assert c.get("/", headers=basic("ops:wrong")).status_code == 401
+    assert c.get("/", headers=basic(f"ci:{token}")).text == "ci:0"  # any user name with the token: that name
+    assert c.get("/", headers=basic(f":{token}")).text == "token:0"
+    put = c.put("/", headers=basic(f"ci:{token}"))
+    assert (put.status_code, put.text) == (405, "method not allowed")
+    csrf = {"X-CSRF-Token": "c" * 20, **basic(f"ci:{token}")}
+    assert c.post("/", headers=csrf, content=b"x" * MAX_FORM).text == f"ci:{MAX_FORM}"  # the body, replayed
+    big = c.post("/", headers=csrf, content=b"x" * (MAX_FORM + 1))
+    assert (big.status_code, big.text) == (413, "request body too large")

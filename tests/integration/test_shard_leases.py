@@ -1,0 +1,96 @@
+"""A sharded job queue's lease that the broker cancels: its shard's work queue deleted while it is leased.
+
+The lease's slots must come back to the worker (``LeaseKeeping._lost``): else the other
+shards run with fewer slots than ``--concurrency``, for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.jobs.registry import JobContext
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import raw_channel
+from tests.integration.test_consumer import SHARDED
+
+pytestmark = pytest.mark.broker
+
+
+def tenant_of(shard: int) -> str:
+    """A tenant whose jobs go to ``shard`` of the two (crc32 of the tenant, modulo 2)."""
+    return next(t for t in (f"t{i}" for i in range(100)) if zlib.crc32(t.encode()) % 2 == shard)
+
+
+async def consumers_on(broker: BrokerSettings, queue: str) -> int:
+    async with raw_channel(broker) as channel:
+        declared = await channel.declare_queue(queue, passive=True)
+        return declared.declaration_result.consumer_count or 0
+
+
+async def until(predicate: object, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+        await asyncio.sleep(0.02)
+
+
+async def test_a_lease_the_broker_cancels_gives_its_slots_back(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    release = asyncio.Event()
+    running: list[int] = []
+    most_late = 0
+    late_done: list[int] = []
+
+    @app.job("slow", queue="split")
+    async def slow(payload: dict[str, int], ctx: JobContext) -> None:
+        nonlocal most_late
+        running.append(payload["i"])
+        try:
+            if payload["late"]:
+                most_late = max(most_late, len([i for i in running if i >= 100]))
+                await asyncio.sleep(0.3)
+                late_done.append(payload["i"])
+            else:
+                await release.wait()
+        finally:
+            running.remove(payload["i"])
+
+    gone, kept = tenant_of(1), tenant_of(0)
+    for i in range(20):
+        await app.enqueue("slow", {"i": i, "late": 0}, tenant=gone)
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=4, grace=10))
+    task = asyncio.create_task(worker.run())
+    with caplog.at_level(logging.WARNING, logger="amqpjobs.worker"):
+        await asyncio.wait_for(worker.ready.wait(), 10)
+        await until(lambda: len(running) == 4, 10)
+        assert len(running) == 4  # the four slots hold jobs of shard 1
+        assert await consumers_on(broker, "split.shard-1") == 1  # a lease among them
+        async with raw_channel(broker) as channel:
+            await channel.queue_delete("split.shard-1")  # the broker cancels the lease
+        await until(lambda: "the broker cancelled the lease" in caplog.text, 10)
+        release.set()  # the four finish; their queue is gone
+        await until(lambda: not running, 10)
+        for i in range(100, 112):
+            await app.enqueue("slow", {"i": i, "late": 1}, tenant=kept)
+        await until(lambda: len(late_done) == 12, 20)
+        worker.request_stop()
+        code = await asyncio.wait_for(task, 20)
+    await app.close()
+    assert code == 0
+    assert "the broker cancelled the lease on split.shard-1 (queue deleted or moved)" in caplog.text
+    assert sorted(late_done) == list(range(100, 112))
+    assert most_late == 4  # the cancelled lease's slots came back: shard 0 runs four at once
