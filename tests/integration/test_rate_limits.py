@@ -198,11 +198,54 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     assert not any(m.redelivered for m in back)  # copies: their next start is no crash suspect
     assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
     assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
+    [draining] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("draining")]
+    assert draining == "draining: no job in flight"  # the one waiting for a token never runs: no job to drain
     [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker stopped")]
     assert stopped == (  # the one waiting delivery is no job finished
         "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
         "unstarted; exit 0"
     )
+
+
+async def test_the_draining_line_counts_running_handlers_not_deliveries_waiting_for_a_token(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """One handler runs and one delivery waits for its token at the stop: one job to drain, not two."""
+    caplog.set_level("INFO", logger="amqpjobs")
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    began, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(payload: dict[str, object], ctx: JobContext) -> None:
+        began.set()
+        await release.wait()
+
+    app.job("slow", queue="work")(slow)
+    worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=10), Recorder())
+    await worker.start()
+    try:
+        await app.enqueue("limited", {}, job_id="limited-0")
+        await wait_for(lambda: _waiting_in_room(worker), 10, "the limited job to wait for its token")
+        await app.enqueue("slow", {}, job_id="slow-0")
+        await asyncio.wait_for(began.wait(), 10)
+        stopping = asyncio.create_task(worker.shutdown())
+        await asyncio.sleep(0.5)
+        release.set()
+        assert await stopping == 0
+    finally:
+        release.set()
+        await app.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("draining")] == ["draining 1 in-flight job(s), grace 10s"]
+    assert [m for m in messages if m.startswith("worker stopped")] == [
+        "worker stopped: 1 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
+        "unstarted; exit 0"
+    ]
+    assert await depth(broker, "work") == 1  # the waiting one, back in its work queue unstarted
+
+
+async def _waiting_in_room(worker: Worker) -> bool:
+    rates = worker._rates
+    return rates is not None and any(r.source is not None and r.source._waiting for r in rates.rooms.values())
 
 
 async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(
