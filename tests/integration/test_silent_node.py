@@ -12,12 +12,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from amqpjobs import App, BrokerUnavailableError
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.settings import broker_settings
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import cli_subprocess
 
 SECRET = "pw-silent"
@@ -89,3 +90,33 @@ def test_consume_against_a_silent_node_exits_3_after_its_connect_timeout() -> No
     assert "unreachable after 2s" in output
     assert "no answer within 2s" in output
     assert SECRET not in output
+
+
+@pytest.mark.broker
+async def test_the_consoles_overview_over_a_silent_management_api_is_a_503_within_its_connect_wait(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """The management API's port accepts and never answers: the overview answers 503 within the console's
+    connect wait (CONNECT_WAIT, 2 s a request), as a silent AMQP node is bounded, not after httpx's 10 s."""
+    from tests.integration.console_env import client
+
+    async with silent_node() as (port, accepted):
+        silent = broker_settings(broker.url, f"http://guest:{SECRET}@127.0.0.1:{port}")
+        took: dict[str, float] = {}
+        codes: dict[str, int] = {}
+        texts: dict[str, str] = {}
+
+        def ask() -> None:
+            with client(silent, tmp_path) as c:
+                for path in ("/", "/fragments/overview"):
+                    started = time.monotonic()
+                    page = c.get(path)
+                    took[path] = time.monotonic() - started
+                    codes[path], texts[path] = page.status_code, page.text
+
+        await asyncio.to_thread(ask)
+    assert codes == {"/": 503, "/fragments/overview": 503}
+    assert len(accepted) >= 1  # it did reach the silent API
+    assert max(took.values()) <= 4.0, took  # one bounded request (2 s) and the page; before: 10 s each
+    assert f"management API at http://127.0.0.1:{port} unreachable: no answer within 2s" in texts["/"]
+    assert SECRET not in "".join(texts.values())
