@@ -127,6 +127,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
                     await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
         finally:
+            if self._rates is not None:  # a token taken for no start goes back (README "Rate limits")
+                await self._rates.give_back()
             if gauge is not None:
                 gauge.dec()
 

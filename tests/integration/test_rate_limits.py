@@ -18,14 +18,15 @@ from urllib.parse import quote
 import aiormq
 import pytest
 
-from amqpjobs import App, JobContext
+from amqpjobs import App, Breaker, JobContext
 from amqpjobs.jobs.rate import WAITING_FROM
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.status import collect
 from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
-from amqpjobs.topology.naming import rate_queue_names
+from amqpjobs.topology.naming import breaker_queue_name, rate_queue_names
+from amqpjobs.wire.breakers import OpenRecord
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import consume_subprocess, depth, drain, raw_channel
@@ -246,6 +247,40 @@ async def test_the_draining_line_counts_running_handlers_not_deliveries_waiting_
 async def _waiting_in_room(worker: Worker) -> bool:
     rates = worker._rates
     return rates is not None and any(r.source is not None and r.source._waiting for r in rates.rooms.values())
+
+
+async def test_a_token_is_spent_only_by_a_start_one_taken_by_a_delivery_told_to_wait_goes_back(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A rate-limited delivery that took its token and then does not start (here: its breaker is open, so it
+    waits in a tier) gives the token back (requeued, its expiry kept) for the next delivery: the token queue's
+    acks (tokens used, as the broker counts them) are the handler's starts, no more."""
+    app = await in_process_app(broker, tmp_path, "5/s")
+    starts: list[float] = []
+
+    async def counted(payload: dict[str, object], ctx: JobContext) -> None:
+        starts.append(time.time())
+
+    runner = App("rateapp", topology=app.topology(), url=broker.url)
+    runner.job("limited", queue="work", rate_limit="5/s", breaker=Breaker(failures=5, window=10, cool_down=3))(counted)
+    async with raw_channel(broker) as channel:  # open for 3 s from now, as a worker records it
+        now = time.time()
+        arguments = {"x-queue-type": "classic", **OpenRecord(now, now + 3, 5).arguments()}
+        await channel.declare_queue(breaker_queue_name("work", "limited"), durable=True, arguments=arguments)
+    async with running_worker(runner, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        for i in range(6):
+            await runner.enqueue("limited", {}, job_id=f"limited-{i}")
+        await recorder.wait_for(lambda outs: sum(o.kind == "succeeded" for o in outs) == 6, 30)
+        deferred = sum(o.kind == "deferred" for o in recorder.outcomes)
+    await runner.close()
+    await app.close()
+    assert len(starts) == 6
+    assert deferred >= 6  # each waited out the open breaker at least once, after taking a token
+    await asyncio.sleep(6)  # the management API's statistics are 5 s old at most
+    with ManagementClient(broker) as mgmt:
+        tokens = mgmt.queue(broker.vhost, ROOMS.tokens) or {}
+    used = (tokens.get("message_stats") or {}).get("ack", 0)
+    assert used == len(starts), f"{used} token(s) used for {len(starts)} start(s), {deferred} deferral(s)"
 
 
 async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(
