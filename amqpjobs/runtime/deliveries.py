@@ -18,7 +18,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -41,9 +41,11 @@ from amqpjobs.jobs.quarantine import REPLAY_ID
 from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
+from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
+from amqpjobs.runtime.recording import OutcomeRecords
 from amqpjobs.runtime.runs import HandlerRuns
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpjobs.worker")
 
 
-class DeliveryPath(HandlerRuns):
+class DeliveryPath(HandlerRuns, OutcomeRecords):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
     app: App
@@ -81,7 +83,7 @@ class DeliveryPath(HandlerRuns):
     _version: tuple[int, ...]
     _pauses: OperatorPauses
     _breakers: Breakers | None
-    _unstarted_at_stop: set[asyncio.Task[Any]]
+    _draining: Draining
 
     _layouts: dict[str, JobQueueLayout]
     _rates: RateLimits | None
@@ -125,6 +127,8 @@ class DeliveryPath(HandlerRuns):
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
                     await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
         finally:
+            if self._rates is not None:  # a token taken for no start goes back (README "Rate limits")
+                await self._rates.give_back()
             if gauge is not None:
                 gauge.dec()
 
@@ -156,8 +160,7 @@ class DeliveryPath(HandlerRuns):
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
-        if self._stop.is_set() and v.kind == "handed_back" and (task := asyncio.current_task()):
-            self._unstarted_at_stop.add(task)  # no job finished, for the stop's count
+        self._draining.handed_back(self._stop.is_set(), v.kind)  # no job finished, for the stop's count
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)
@@ -172,32 +175,6 @@ class DeliveryPath(HandlerRuns):
             # a replayed delivery's event is kept over the cap: a canary waits for it (bounded by --rate)
             self._events.emit(event_routing_key(event.queue, event.outcome), event.encode(), keep=bool(event.replay_id))
         return v
-
-    def _record(self, outcome: Outcome) -> None:
-        d = outcome.decision
-        kind = outcome.kind
-        self.stats[kind] += 1
-        if self.metrics is not None:
-            job = outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
-            ran = outcome.duration or outcome.latency is not None  # the handler ran (a first attempt: latency)
-            self.metrics.observe(
-                job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
-            )
-        if reported(self.options.log_outcomes, kind):
-            extra = ""
-            if isinstance(d, RetryLater):
-                extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
-            elif isinstance(d, Quarantine):
-                extra = f" reason={logfmt_value(d.reason)}"
-            if outcome.error:
-                extra += f" error={logfmt_value(outcome.error)}"
-            log.info(
-                "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
-                logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,
-                kind, extra, "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
-            )  # fmt: skip
-        if self._on_outcome is not None:
-            self._on_outcome(outcome)
 
     async def _process(
         self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False,
@@ -282,6 +259,7 @@ class DeliveryPath(HandlerRuns):
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         try:
+            self._draining.started()  # no pause since the stop was looked at: a job to drain from here
             return await self._start(*run)
         finally:
             self._gate.leave()

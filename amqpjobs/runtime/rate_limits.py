@@ -18,7 +18,10 @@ For each rate-limited job (``@app.job(..., rate_limit="10/s")``, :mod:`amqpjobs.
   most :data:`~.rate_rooms.WAITING_PER_PROCESS` waiting deliveries (:class:`.rate_rooms.RoomSource`),
   and, while a delivery of it waits, the token queue with prefetch 1; a token
   goes to the longest-waiting delivery of the process, which then runs through the usual decision path
-  (retries, quarantine, crash containment) as a delivery of the work queue it came from.
+  (retries, quarantine, crash containment) as a delivery of the work queue it came from. The token
+  is acked when the handler starts (:meth:`RateLimits.spend`), and requeued when the delivery is
+  settled without a start (:meth:`RateLimits.give_back`: a hand-back, an open breaker's wait, a
+  duplicate): a token counts only for a start.
   A token that comes when nothing waits here goes back to the queue (keeping its expiry).
 
 Why at most ``count + 1`` starts in any window of one period: a start uses a token minted
@@ -195,6 +198,18 @@ class RateLimits:
         """The stopping worker took its last delivery: what waits for a token goes back (each gate's ``release``)."""
         for room in self.rooms.values():
             room.gate.release()
+
+    async def spend(self) -> None:
+        """The current task's delivery starts its handler: the token it took, if any, is used (README "Rate limits")."""
+        task = asyncio.current_task()
+        for room in self.rooms.values():
+            await room.gate.spend(task)
+
+    async def give_back(self) -> None:
+        """The current task's delivery is settled without a start: the token it took, if any, goes back."""
+        task = asyncio.current_task()
+        for room in self.rooms.values():
+            await room.gate.give_back(task)
 
     def room_of(self, layout: JobQueueLayout, delivery: Received) -> Room | None:
         """The rate-limited job's :class:`Room` a delivery of ``layout`` belongs to, or None."""

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
 from amqpjobs.topology.declarations import Declarations
@@ -51,14 +52,17 @@ class TokenGate:
         self._stop = stop
         self._held_back = held_back
         self._released = asyncio.Event()
-        self._waiters: deque[asyncio.Future[float]] = deque()
+        self._waiters: deque[asyncio.Future[tuple[float, Delivery]]] = deque()
         self._switching = asyncio.Lock()
         self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
+        self._held: dict[asyncio.Task[Any], Delivery] = {}  # tokens taken, unacked until used (by the taker's task)
 
     async def acquire(self, front: bool = False, within: float | None = None) -> bool:
         """Wait for a fresh token; False when the worker stops or a pause holds it back first (not to start).
 
         ``front``: first in line (a suspect's turn); ``within``: seconds to wait at most (then False).
+        The token taken stays unacked, held by the calling task, until :meth:`spend` (its
+        handler starts) or :meth:`give_back` (it does not: the token goes back to its queue).
         """
         loop = asyncio.get_running_loop()
         first = not front
@@ -67,7 +71,7 @@ class TokenGate:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            waiter: asyncio.Future[float] = loop.create_future()
+            waiter: asyncio.Future[tuple[float, Delivery]] = loop.create_future()
             (self._waiters.append if first else self._waiters.appendleft)(waiter)  # a retry keeps its turn
             first = False
             stopping = loop.create_task(self._released.wait())
@@ -85,14 +89,39 @@ class TokenGate:
                 if deadline is not None and not self._released.is_set():
                     continue  # out of time, or held back: said at the top
                 return False
-            if time.monotonic() - waiter.result() <= self.rate.interval * HOLD_FRACTION:
+            received, token = waiter.result()
+            if time.monotonic() - received <= self.rate.interval * HOLD_FRACTION:
                 self.taken += 1
+                if (task := asyncio.current_task()) is not None:
+                    self._held[task] = token
                 return True
             # held too long before this delivery could take it (a blocked loop): dropped, wait for the next one
+            with contextlib.suppress(DeliveryChannelClosed):
+                await token.ack()
         return False
 
+    async def spend(self, task: asyncio.Task[Any] | None) -> None:
+        """``task``'s delivery starts its handler: the token it took, if any, is used (acked)."""
+        token = self._held.pop(task, None) if task is not None else None
+        if token is not None:
+            with contextlib.suppress(DeliveryChannelClosed):  # a closed channel put it back: a start more, once
+                await token.ack()
+
+    async def give_back(self, task: asyncio.Task[Any] | None) -> None:
+        """``task``'s delivery did not start: the token it took, if any, goes back to its queue (its expiry kept).
+
+        The broker hands it to the next delivery waiting for one, here or in another process
+        (requeued first in line: RabbitMQ "Negative Acknowledgements"); a newer token already
+        there drops it (``x-max-length`` 1), so one token at most waits, as ever.
+        """
+        token = self._held.pop(task, None) if task is not None else None
+        if token is not None:
+            await self._want()  # nothing waits here (a stop): stop consuming first, or it comes straight back
+            with contextlib.suppress(DeliveryChannelClosed):  # a closed channel puts it back anyway
+                await token.requeue()
+
     async def on_token(self, token: Delivery) -> None:
-        """A token from the token queue: hand it to the oldest waiter (acked), else put it back.
+        """A token from the token queue: hand it to the oldest waiter (unacked until used), else put it back.
 
         Held back by a pause, it goes back, and so does every waiting delivery (:meth:`hold_back`);
         so it does once the worker stops (its waiting deliveries go back at :meth:`release`).
@@ -103,9 +132,7 @@ class TokenGate:
         while self._waiters and not self._stop.is_set():
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(received)
-                with contextlib.suppress(DeliveryChannelClosed):
-                    await token.ack()
+                waiter.set_result((received, token))
                 await self._want()
                 return
         await self._want()  # stop consuming first, or the broker hands it straight back

@@ -33,6 +33,7 @@ from amqpjobs.wire.abc import Received
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.rate_limits import RateLimits
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -47,6 +48,7 @@ class HandlerRuns:
     _executor: ThreadPoolExecutor | None
     _stalls: StallWatch
     _results: ResultsWriter | None
+    _rates: RateLimits | None
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -142,6 +144,8 @@ class HandlerRuns:
         latency = None
         if attempt == 1 and ctx.enqueued_at is not None:
             latency = time.time() - ctx.enqueued_at.timestamp()
+        if self._rates is not None:  # the start uses the rate limit's token it took, if any (README "Rate limits")
+            await self._rates.spend()
         started = time.monotonic()
         self._note_running(job, job_id, attempt, delivery.queue)
         try:

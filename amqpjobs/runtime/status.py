@@ -21,9 +21,9 @@ from logging import Logger
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
-from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import shell_quote
+from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -35,7 +35,6 @@ from amqpjobs.topology.naming import (
     suspects_queue_name,
 )
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
-from amqpjobs.wire.breakers import probes_in, records_in
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
@@ -99,7 +98,8 @@ class JobQueueStatus:
         parked: Its parked queue (``amqpjobs quarantine park``), None when not looked at.
         notes: What an operator should know that is not unhealthy (parked jobs, a parked
             queue not declared yet, an open circuit breaker, an operator's pause).
-        breakers: The jobs whose circuit breaker is open or half-open (:func:`breaker_states`).
+        breakers: The jobs whose circuit breaker is open, half-open or dated ahead
+            (:func:`~amqpjobs.runtime.breaker_status.breaker_states`).
         paused: ``{"reason": ..., "since": ISO 8601 UTC}`` while an operator pauses it
             (``amqpjobs pause``), else None.
         rate_limits: Its rate-limited jobs (:meth:`.rate_status.RatedJob.to_json`: waiting room,
@@ -222,51 +222,6 @@ async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQue
                 "dropped shard(s) of %s hold jobs no worker reads: %s; %s (topology plan lists them as ORPHAN)",
                 lay.name, ", ".join(f"{n} ({m} message(s))" for n, m in held), orphan_fixes(layouts, held)[0],
             )  # fmt: skip
-
-
-def breaker_states(job_queue: str, live: Iterable[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """The open records of ``job_queue``'s jobs among ``live`` queues (management API), as JSON-ready dicts.
-
-    Each: ``job``, ``state`` (``open``, or ``half-open`` once the cool-down is over: the
-    next delivery of the job runs as the probe), ``opened_at`` and ``until`` (ISO 8601 UTC),
-    ``failures`` (that opened it; 0 when a failed probe re-opened it), ``cool_down`` (seconds:
-    ``until - opened_at``, the writer's cool-down), ``dated_ahead`` (``opened_at`` is after
-    ``now``: a worker whose clock runs ahead wrote it; workers don't wait for its ``until``,
-    each cuts it to one cool-down from when it reads it: :meth:`BreakerMachine.trusted`);
-    while a probe runs (its lock queue exists), ``probe``: ``job_id``, ``by``
-    (``host:pid:worker``) and ``since``. A job whose breaker is closed has no record.
-    ``now``: wall-clock seconds of this host.
-    """
-    mine = [q for q in live if (p := parse_queue_name(str(q.get("name", "")))).kind in ("breaker", "breaker-probe")
-            and p.job_queue == job_queue]  # fmt: skip
-    probes = {parse_queue_name(name).job: holder for name, holder in probes_in(mine).items()}
-    out: list[dict[str, Any]] = []
-    for queue_name, record in sorted(records_in(mine).items()):
-        job = parse_queue_name(queue_name).job
-        out.append({
-            "job": job, "state": "open" if record.until > now else "half-open",
-            "opened_at": iso_utc(record.opened_at), "until": iso_utc(record.until), "failures": record.failures,
-            "cool_down": round(record.until - record.opened_at, 3), "dated_ahead": record.opened_at > now,
-        })  # fmt: skip
-        if (probe := probes.get(job)) is not None:
-            out[-1]["probe"] = {"job_id": probe.job_id, "by": probe.by, "since": iso_utc(probe.since)}
-    return out
-
-
-def breaker_note(breaker: dict[str, Any]) -> str:
-    """A line for ``status`` about one open or half-open breaker (:func:`breaker_states`)."""
-    why = f"{breaker['failures']} failure(s)" if breaker["failures"] else "a failed probe"
-    if breaker["dated_ahead"] and breaker.get("probe") is None:
-        return (f"circuit breaker of job {breaker['job']!r} is open (after {why}); its record is dated ahead of this "
-                f"host's clock (opened {breaker['opened_at']}, until {breaker['until']}): a worker waits one cool-down "
-                f"({breaker['cool_down']:g}s) from when it reads it, then one delivery runs as the probe")  # fmt: skip
-    if breaker["state"] == "open":
-        return (f"circuit breaker of job {breaker['job']!r} is open (after {why}, since {breaker['opened_at']}): "
-                f"no starts until {breaker['until']}")  # fmt: skip
-    opened = f"circuit breaker of job {breaker['job']!r} is half-open (opened after {why} at {breaker['opened_at']})"
-    if (probe := breaker.get("probe")) is not None:
-        return f"{opened}: a probe runs (id {probe['job_id']!r}, since {probe['since']}, on {probe['by']})"
-    return f"{opened}: the next delivery of the job runs as the probe"
 
 
 async def collect(

@@ -32,12 +32,12 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
-from amqpjobs.jobs.outcome import handed_back_note
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.deploy import require_objects_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
+from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
@@ -101,7 +101,7 @@ class Worker(SuspectTurns):
         self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._unstarted_at_stop: set[asyncio.Task[Any]] = set()  # deliveries handed back while stopping
+        self._draining = Draining()  # handlers started, deliveries handed back while stopping: the stop's counts
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
@@ -358,9 +358,9 @@ class Worker(SuspectTurns):
                 self._rates.release()
         await asyncio.sleep(0)
         code = 0
-        jobs = set(self._inflight)
+        jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
-        running = len(jobs) + self._suspects_running  # jobs only: an idle suspects watcher is no job
+        running = self._draining.begin(suspects)  # handlers started only: no delivery that waits or goes back
         if running:
             log.info("draining %d in-flight job(s), grace %.0fs", running, self.options.grace)
         elif self.ready.is_set():  # it consumed (a failed start says why instead)
@@ -369,9 +369,10 @@ class Worker(SuspectTurns):
         abandoned = 0
         if jobs or watchers:
             _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
-            abandoned = len(still & jobs) + min(self._suspects_running, len(still & watchers))
+            abandoned = min(suspects, len(still & watchers))  # suspects' jobs; the started ones: the last line
             if still:
-                log.warning("%d job(s) still running after the grace period; they will be redelivered", abandoned)
+                log.warning("%d job(s) still running after the grace period; they will be redelivered",
+                            len(still & jobs) + abandoned)  # fmt: skip
                 code = 1
                 for task in still:
                     task.cancel()
@@ -391,8 +392,6 @@ class Worker(SuspectTurns):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
-            handed, waited = self._unstarted_at_stop, len(self._rates.handed_back) if self._rates else 0
-            log.info("worker stopped: %d in-flight job(s) finished, %d abandoned (redelivered)%s; exit %d",
-                     running - len(jobs & handed) - abandoned, abandoned, handed_back_note(len(handed), waited),
-                     code)  # fmt: skip
+            waited = len(self._rates.handed_back) if self._rates else 0
+            log.info(self._draining.stopped_line(still, (suspects, abandoned), waited, code))
         return code

@@ -18,6 +18,7 @@ from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.printable import shell_quote
 from amqpjobs.topology.plan import ObjectState, binding_name
 from amqpjobs.wire.cluster import connected_node, process_order
+from amqpjobs.wire.rotation import attempt_timeout
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address
@@ -43,7 +44,11 @@ class ManagementClient:
 
     Args:
         settings: Broker settings (management URL(s) and credentials).
-        timeout: Seconds to wait for each HTTP request.
+        timeout: Seconds to wait for each HTTP request (for its connection, and then for each
+            part of its answer), at most as long as one AMQP connect attempt may take with the
+            settings' connect timeout (:func:`~amqpjobs.wire.rotation.attempt_timeout`: 10 s by
+            default, 2 s for the console's reads): an API port that accepts and never answers
+            is unreachable as soon as a silent AMQP node is. Default: that bound.
 
     With several nodes and no management URL given, the client asks the API of the node this
     process's AMQP connection is on (:func:`~amqpjobs.wire.cluster.connected_node`), else the
@@ -57,8 +62,10 @@ class ManagementClient:
 
     """
 
-    def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
+    def __init__(self, settings: BrokerSettings, timeout: float | None = None) -> None:
         self.settings = settings
+        bound = attempt_timeout(settings.connect_timeout)
+        self.timeout = bound if timeout is None else min(timeout, bound)
         auth = (settings.username, settings.password)
         # (base, the node whose TLS options it uses): node i's derived API, or the one given (node 1's options)
         sources = list(zip(settings.node_management, range(len(settings.nodes)), strict=False)) or [
@@ -76,7 +83,7 @@ class ManagementClient:
             if base.startswith("https://"):
                 where = f"management API TLS (from broker URL {i + 1})"
                 verify = ssl_context(split_tls_options(settings.nodes[i])[1], where)
-            self._http[base] = httpx.Client(auth=auth, timeout=timeout, verify=verify)
+            self._http[base] = httpx.Client(auth=auth, timeout=self.timeout, verify=verify)
             self._node_of[base] = i
         self._bases = list(self._http)
 
@@ -139,7 +146,9 @@ class ManagementClient:
                     raise BrokerUnavailableError(
                         f"TLS: management API at {self.base_url} refused: {certificate_problem(refused)}"
                     ) from exc
-                failures.append((self.base_url, f"{type(exc).__name__}: {exc}"))
+                silent = isinstance(exc, httpx.TimeoutException)  # worded as a silent AMQP node is
+                failures.append((self.base_url, f"no answer within {self.timeout:g}s" if silent else
+                                 f"{type(exc).__name__}: {exc}"))  # fmt: skip
                 if not isinstance(exc, httpx.TransportError) or tried + 1 == len(self._bases):
                     raise BrokerUnavailableError(self._unreachable(failures)) from exc
                 self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last

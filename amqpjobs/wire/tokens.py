@@ -12,7 +12,8 @@ the emitter, on a channel in confirm mode: aiormq matches a ``basic.return`` to 
 logs each returned token as an error ("Unhandled message ... returning") and calls nothing.
 A token lost still costs one start, never an extra one.
 Workers take tokens with a :class:`~amqpjobs.wire.consume.WorkQueueConsumer` of prefetch 1
-(one token at a time per process, acked when used).
+(one token at a time per process, acked when a handler starts with it, requeued when its
+delivery does not start after all: :mod:`amqpjobs.runtime.rate_rooms`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.worker import Outcome
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import breaker_queue_name
-from amqpjobs.wire.breakers import OpenRecord
+from amqpjobs.wire.breakers import OpenRecord, ProbeHolder
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, raw_channel
@@ -262,12 +262,34 @@ async def test_status_says_a_record_dated_ahead_waits_one_cool_down_not_until_it
     text = (await asyncio.to_thread(cli, broker, "status", "--queues", "work")).output
     assert "no starts until 2030" not in text
     [entry] = (await status_json(broker))["breakers"]
-    assert entry == {
-        "job": "flaky", "state": "open", "opened_at": "2030-01-01T00:00:00.000Z", "until": "2030-01-01T00:00:02.000Z",
-        "failures": 5, "cool_down": 2.0, "dated_ahead": True,
+    assert entry == {  # not "open": no worker takes its date at its word (one rule for --json and the text)
+        "job": "flaky", "state": "dated-ahead", "opened_at": "2030-01-01T00:00:00.000Z",
+        "until": "2030-01-01T00:00:02.000Z", "failures": 5, "cool_down": 2.0, "dated_ahead": True,
     }  # fmt: skip
     assert (
-        "note work: circuit breaker of job 'flaky' is open (after 5 failure(s)); its record is dated ahead of this "
-        "host's clock (opened 2030-01-01T00:00:00.000Z, until 2030-01-01T00:00:02.000Z): a worker waits one "
+        "note work: circuit breaker of job 'flaky' is dated ahead (after 5 failure(s)); its record is dated ahead of "
+        "this host's clock (opened 2030-01-01T00:00:00.000Z, until 2030-01-01T00:00:02.000Z): a worker waits one "
         "cool-down (2s) from when it reads it, then one delivery runs as the probe"
+    ) in text
+
+
+async def test_status_says_a_probe_runs_over_a_record_dated_ahead(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A worker probes a record dated ahead (it never adopts its date): status says half-open, a probe runs,
+    in --json and in the text alike (not 'open ... no starts until 2030' beside a running probe)."""
+    app = await _parking_app(broker, tmp_path, "dated-probe")
+    await app.close()
+    opened = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
+    await _write_record(broker, OpenRecord(opened, opened + 2, 5))
+    since = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    async with raw_channel(broker) as channel:  # the probe lock, as a prober holds it (its holder in the arguments)
+        await channel.declare_queue(
+            "work.breaker-probe.flaky", exclusive=True, arguments=ProbeHolder("p-1", "h:1:w", since).arguments()
+        )
+        text = (await asyncio.to_thread(cli, broker, "status", "--queues", "work")).output
+        [entry] = (await status_json(broker))["breakers"]
+    assert (entry["state"], entry["dated_ahead"], entry["probe"]["job_id"]) == ("half-open", True, "p-1")
+    assert "no starts until 2030" not in text
+    assert (
+        "note work: circuit breaker of job 'flaky' is half-open (opened after 5 failure(s) at "
+        "2030-01-01T00:00:00.000Z): a probe runs (id 'p-1', since 2026-01-01T00:00:00.000Z, on h:1:w)"
     ) in text

@@ -18,14 +18,15 @@ from urllib.parse import quote
 import aiormq
 import pytest
 
-from amqpjobs import App, JobContext
+from amqpjobs import App, Breaker, JobContext
 from amqpjobs.jobs.rate import WAITING_FROM
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.status import collect
 from amqpjobs.runtime.worker import Outcome, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
-from amqpjobs.topology.naming import rate_queue_names
+from amqpjobs.topology.naming import breaker_queue_name, rate_queue_names
+from amqpjobs.wire.breakers import OpenRecord
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import consume_subprocess, depth, drain, raw_channel
@@ -198,11 +199,88 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     assert not any(m.redelivered for m in back)  # copies: their next start is no crash suspect
     assert [WAITING_FROM in (m.headers or {}) for m in back] == [False] * len(back)
     assert [(m.headers or {}).get("amqpjobs-attempt", 1) for m in back] == [1] * len(back)  # no attempt used
+    [draining] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("draining")]
+    assert draining == "draining: no job in flight"  # the one waiting for a token never runs: no job to drain
     [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker stopped")]
     assert stopped == (  # the one waiting delivery is no job finished
         "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
         "unstarted; exit 0"
     )
+
+
+async def test_the_draining_line_counts_running_handlers_not_deliveries_waiting_for_a_token(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """One handler runs and one delivery waits for its token at the stop: one job to drain, not two."""
+    caplog.set_level("INFO", logger="amqpjobs")
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    began, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(payload: dict[str, object], ctx: JobContext) -> None:
+        began.set()
+        await release.wait()
+
+    app.job("slow", queue="work")(slow)
+    worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=10), Recorder())
+    await worker.start()
+    try:
+        await app.enqueue("limited", {}, job_id="limited-0")
+        await wait_for(lambda: _waiting_in_room(worker), 10, "the limited job to wait for its token")
+        await app.enqueue("slow", {}, job_id="slow-0")
+        await asyncio.wait_for(began.wait(), 10)
+        stopping = asyncio.create_task(worker.shutdown())
+        await asyncio.sleep(0.5)
+        release.set()
+        assert await stopping == 0
+    finally:
+        release.set()
+        await app.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("draining")] == ["draining 1 in-flight job(s), grace 10s"]
+    assert [m for m in messages if m.startswith("worker stopped")] == [
+        "worker stopped: 1 in-flight job(s) finished, 0 abandoned (redelivered), 1 waiting for a token handed back "
+        "unstarted; exit 0"
+    ]
+    assert await depth(broker, "work") == 1  # the waiting one, back in its work queue unstarted
+
+
+async def _waiting_in_room(worker: Worker) -> bool:
+    rates = worker._rates
+    return rates is not None and any(r.source is not None and r.source._waiting for r in rates.rooms.values())
+
+
+async def test_a_token_is_spent_only_by_a_start_one_taken_by_a_delivery_told_to_wait_goes_back(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A rate-limited delivery that took its token and then does not start (here: its breaker is open, so it
+    waits in a tier) gives the token back (requeued, its expiry kept) for the next delivery: the token queue's
+    acks (tokens used, as the broker counts them) are the handler's starts, no more."""
+    app = await in_process_app(broker, tmp_path, "5/s")
+    starts: list[float] = []
+
+    async def counted(payload: dict[str, object], ctx: JobContext) -> None:
+        starts.append(time.time())
+
+    runner = App("rateapp", topology=app.topology(), url=broker.url)
+    runner.job("limited", queue="work", rate_limit="5/s", breaker=Breaker(failures=5, window=10, cool_down=3))(counted)
+    async with raw_channel(broker) as channel:  # open for 3 s from now, as a worker records it
+        now = time.time()
+        arguments = {"x-queue-type": "classic", **OpenRecord(now, now + 3, 5).arguments()}
+        await channel.declare_queue(breaker_queue_name("work", "limited"), durable=True, arguments=arguments)
+    async with running_worker(runner, broker, concurrency=2, queues=("work",)) as (_, recorder):
+        for i in range(6):
+            await runner.enqueue("limited", {}, job_id=f"limited-{i}")
+        await recorder.wait_for(lambda outs: sum(o.kind == "succeeded" for o in outs) == 6, 30)
+        deferred = sum(o.kind == "deferred" for o in recorder.outcomes)
+    await runner.close()
+    await app.close()
+    assert len(starts) == 6
+    assert deferred >= 6  # each waited out the open breaker at least once, after taking a token
+    await asyncio.sleep(6)  # the management API's statistics are 5 s old at most
+    with ManagementClient(broker) as mgmt:
+        tokens = mgmt.queue(broker.vhost, ROOMS.tokens) or {}
+    used = (tokens.get("message_stats") or {}).get("ack", 0)
+    assert used == len(starts), f"{used} token(s) used for {len(starts)} start(s), {deferred} deferral(s)"
 
 
 async def test_a_failing_rate_limited_job_is_retried_through_its_tier_then_quarantined(

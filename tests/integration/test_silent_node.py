@@ -1,23 +1,28 @@
 """A node that accepts TCP connections but never answers (half-dead, or traffic dropped on the way).
 
-Every connect attempt is bounded (``amqpjobs.wire.connection.ATTEMPT_TIMEOUT``), so such a
+Every connect attempt is bounded (``amqpjobs.wire.rotation.attempt_timeout``), so such a
 node counts as unreachable: the first connect gives up after the connect timeout like a
-refused port does, instead of hanging for good. No broker needed: the silent node is a
-listener of this test.
+refused port does, instead of hanging for good; a robust connection's reconnect attempt is
+bounded the same way, and so is each management API request (the console's overview). The
+silent node is a listener of this test; the tests marked ``broker`` put it beside the real
+node (a silent management port) or in front of it (a proxy of this test that goes silent:
+the shared node is never restarted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from amqpjobs import App, BrokerUnavailableError
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.settings import broker_settings
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import cli_subprocess
 
 SECRET = "pw-silent"
@@ -89,3 +94,138 @@ def test_consume_against_a_silent_node_exits_3_after_its_connect_timeout() -> No
     assert "unreachable after 2s" in output
     assert "no answer within 2s" in output
     assert SECRET not in output
+
+
+@pytest.mark.broker
+@pytest.mark.version_independent
+@pytest.mark.serial  # a wall-clock bound
+async def test_the_consoles_overview_over_a_silent_management_api_is_a_503_within_its_connect_wait(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """The management API's port accepts and never answers: the overview answers 503 within the console's
+    connect wait (CONNECT_WAIT, 2 s a request), as a silent AMQP node is bounded, not after httpx's 10 s."""
+    from tests.integration.console_env import client
+
+    async with silent_node() as (port, accepted):
+        silent = broker_settings(broker.url, f"http://guest:{SECRET}@127.0.0.1:{port}")
+        took: dict[str, float] = {}
+        codes: dict[str, int] = {}
+        texts: dict[str, str] = {}
+
+        def ask() -> None:
+            with client(silent, tmp_path) as c:
+                for path in ("/", "/fragments/overview"):
+                    started = time.monotonic()
+                    page = c.get(path)
+                    took[path] = time.monotonic() - started
+                    codes[path], texts[path] = page.status_code, page.text
+
+        await asyncio.to_thread(ask)
+    assert codes == {"/": 503, "/fragments/overview": 503}
+    assert len(accepted) >= 1  # it did reach the silent API
+    assert max(took.values()) <= 4.0, took  # one bounded request (2 s) and the page; before: 10 s each
+    assert f"management API at http://127.0.0.1:{port} unreachable: no answer within 2s" in texts["/"]
+    assert SECRET not in "".join(texts.values())
+
+
+class SilenceableProxy:
+    """A TCP proxy of this test in front of the broker's node: forwards, or (``silent``) accepts and never answers.
+
+    ``cut()`` closes every forwarded connection (the client sees its connection lost);
+    ``silent_accepted`` counts connections taken while silent, ``silent_closed`` those the
+    client has closed since (an attempt it gave up).
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.silent = False
+        self.silent_accepted = 0
+        self.silent_closed = 0
+        self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.silent:
+            self.silent_accepted += 1
+            while await reader.read(4096):
+                pass
+            self.silent_closed += 1  # the client closed it: it gave that attempt up
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self._pairs.append((writer, up_writer))
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def cut(self) -> None:
+        for client, upstream in self._pairs:
+            client.transport.abort()
+            upstream.transport.abort()
+        self._pairs.clear()
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+
+
+@pytest.mark.broker
+@pytest.mark.serial  # a wall-clock bound
+async def test_a_reconnect_to_a_node_gone_silent_is_bounded_by_the_attempt_timeout(broker: BrokerSettings) -> None:
+    """The node is lost, and the reconnect meets a node that accepts and never answers: that attempt gives
+    up after its bound (attempt_timeout of the connect timeout, 3 s here), and a later one gets through once
+    the node answers again, instead of waiting for good on the silent socket."""
+    node = urlsplit(broker.url)
+    proxy = SilenceableProxy((node.hostname or "127.0.0.1", node.port or 5672))
+    port = await proxy.start()
+    via = urlunsplit(node._replace(netloc=f"{node.username}:{node.password}@127.0.0.1:{port}"))
+    settings = broker_settings(via, broker.management_url).with_connect_timeout(3)
+    connection = await connect(settings, name="through-the-proxy")
+    try:
+        assert connection.connected.is_set()
+        proxy.silent = True
+        proxy.cut()  # the connection is lost; its reconnect attempt meets the silent node
+        await until_true(lambda: proxy.silent_accepted >= 1, 10)
+        assert not connection.connected.is_set()
+        cut_at = time.monotonic()
+        await asyncio.sleep(1.0)
+        proxy.silent = False  # the node answers again (new connections only: the stuck one stays silent)
+        await asyncio.wait_for(connection.connected.wait(), 30)  # before: no end
+        took = time.monotonic() - cut_at
+        assert proxy.silent_closed >= 1  # the silent attempt was given up, not left hanging
+        # one attempt of 3 s, aio-pika's reconnect interval (5 s), the next attempt: 8 s and a margin
+        assert took <= 12, took
+        channel = await connection.channel()  # and it works
+        await channel.close()
+    finally:
+        await connection.close()
+        await proxy.close()
+
+
+async def until_true(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
