@@ -36,8 +36,8 @@ broker43-down:
 	bash scripts/broker43.sh down
 
 lint: install  ## ruff and mypy (strict)
-	$(BIN)/ruff check amqpjobs amqpjobs_pytest tests examples bench
-	$(BIN)/ruff format --check amqpjobs amqpjobs_pytest tests examples bench
+	$(BIN)/ruff check amqpjobs amqpjobs_pytest tests examples bench scripts
+	$(BIN)/ruff format --check amqpjobs amqpjobs_pytest tests examples bench scripts
 	$(BIN)/mypy
 
 # The three suites run one after the other (each in parallel itself, see run_suite); only the
