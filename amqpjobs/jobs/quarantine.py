@@ -110,6 +110,15 @@ class QuarantinedJob:
         """The id of its failure group (:func:`~amqpjobs.jobs.fingerprint.group_id`)."""
         return group_id(self.job, self.reason, self.error_type, self.fingerprint)
 
+    def too_large(self, reason: str) -> str:
+        """The line naming this message when its copy (replay, park) can't be sent; it stays where it is.
+
+        ``job 'mail' id 'q-1': its copy would be too large: <reason>`` (the key stands for a
+        missing id; publisher text escaped). ``reason``: :attr:`MessageTooLargeError.reason`.
+        """
+        name = f"job {printable(repr(self.job or '?'))} id {printable(repr(self.job_id or self.key or '?'))}"
+        return f"{name}: its copy would be too large: {reason}"
+
     def summary_lines(self) -> list[str]:
         """The lines ``quarantine show`` prints about the job (publisher text escaped, so none forges a line)."""
         lines = [
