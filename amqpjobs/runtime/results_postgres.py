@@ -6,7 +6,7 @@ worker's :class:`~amqpjobs.runtime.results.ResultsWriter` counts it. Needs the
 ``postgres`` extra (psycopg 3).
 
 PostgreSQL text can't hold NUL (0x00), which a job id, an error message or a reason may
-carry: such a text is stored escaped (:func:`to_db`, :func:`from_db`), losslessly, so the
+carry: such a text is stored escaped (:mod:`amqpjobs.runtime.pg_text`), losslessly, so the
 job reads back as it was and a NUL id is found like any other.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -23,34 +22,11 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, StateRecord
 from amqpjobs.runtime.ledger_postgres import _psycopg
+from amqpjobs.runtime.pg_text import from_db, to_db
 from amqpjobs.runtime.results import _SCHEMA, COLUMNS, insert_apart, record_of, row_of
 
 #: Seconds to connect at most (libpq ``connect_timeout``).
 CONNECT_TIMEOUT = 5
-
-
-#: Starts a text stored escaped: U+FFFF, a noncharacter. A text that starts with it is escaped
-#: too, so every text has one stored form.
-_ESCAPED = "\uffff"
-_ESCAPES = re.compile(r"\\(.)", re.DOTALL)
-
-
-def to_db(text: str) -> str:
-    r"""``text`` as PostgreSQL can hold it: as it is, unless it has a NUL (or starts with the mark).
-
-    Then it is the mark, and ``text`` with ``\`` doubled and NUL as ``\0`` (one text each way:
-    :func:`from_db` gives it back, and no other text is stored the same).
-    """
-    if "\x00" not in text and not text.startswith(_ESCAPED):
-        return text
-    return _ESCAPED + text.replace("\\", "\\\\").replace("\x00", "\\0")
-
-
-def from_db(text: str) -> str:
-    """The text :func:`to_db` stored as ``text``."""
-    if not text.startswith(_ESCAPED):
-        return text
-    return _ESCAPES.sub(lambda m: "\x00" if m[1] == "0" else m[1], text[len(_ESCAPED) :])
 
 
 def _stored(row: Sequence[object]) -> tuple[object, ...]:

@@ -9,7 +9,7 @@ import pytest
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
-from amqpjobs.runtime.results_postgres import from_db, to_db
+from amqpjobs.runtime.pg_text import from_db, to_db
 
 pytestmark = pytest.mark.version_independent
 
