@@ -199,8 +199,7 @@ def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRec
         text, note = encode_value(value)
         return replace(base, state="succeeded", value=text, value_note=note)
     if isinstance(d, RetryLater):
-        why = "waiting for another worker's claim" if d.wait else f"attempt {d.next_attempt}"
-        return replace(base, state="retrying", detail=f"tier {d.tier + 1} ({d.delay:g}s), {why}", error=outcome.error)
+        return replace(base, state="retrying", detail=d.next_step, error=outcome.error)
     if isinstance(d, Quarantine):
         return replace(base, state="quarantined", detail=d.reason, error=outcome.error)
     return None
