@@ -16,6 +16,7 @@ from amqpjobs.runtime.parking import park
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.console_env import BASE, CSRF, client, wait_done
 from tests.integration.helpers import cli, depth, raw_channel
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.worker_env import make_app
@@ -121,3 +122,20 @@ async def test_park_skips_a_message_whose_copy_is_over_frame_max_and_parks_the_r
     assert "parked 5 message(s) from work.quarantine in work.parked; 2 left in work.quarantine" in result.stdout
     assert f"not parked {SKIPPED}: its copy would be too large: headers and properties of" in result.stderr
     assert q.describe(left[0].delivery.headers, "big-1", "mail").reason == "x-death:rejected"
+
+
+def test_the_console_names_the_message_a_replay_or_park_left(broker: BrokerSettings, tmp_path: Path):
+    asyncio.run(make_app(broker, tmp_path))
+    asyncio.run(fill_with_one_too_big(broker))
+    base = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF}
+    with client(broker, tmp_path) as c:
+        replayed = c.post("/actions/replay", data={**base, "rate": "100", "canary": ""})
+        replay_run = wait_done(c, replayed.headers["location"].replace(BASE, ""))
+        asyncio.run(fill_with_one_too_big(broker))
+        parked = c.post("/actions/park", data=base)
+        park_run = wait_done(c, parked.headers["location"].replace(BASE, ""))
+    assert (replay_run["state"], replay_run["moved"]) == ("done", 5), replay_run
+    assert "1 skipped: too large to send, still in work.quarantine" in replay_run["summary"]
+    assert [d.split(":")[0] for d in replay_run["details"]] == [f"not replayed {SKIPPED}"]
+    assert (park_run["state"], park_run["moved"], park_run["left"]) == ("done", 5, 2), park_run
+    assert [d.split(":")[0] for d in park_run["details"]] == [f"not parked {SKIPPED}"] * 2
