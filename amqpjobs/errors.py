@@ -16,7 +16,7 @@ The tree::
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
     │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
     │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent
-    │   └── MessageTooLargeError     bigger than the broker's max_message_size
+    │   └── MessageTooLargeError     bigger than max_message_size, or headers over frame_max
     ├── PublisherClosedError        a SyncPublisher used after its close (its with block): nothing sent
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
