@@ -16,7 +16,7 @@ The tree::
     │   ├── PublishNackedError       the broker nacked it (e.g. a full queue, reject-publish)
     │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
     │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent
-    │   └── MessageTooLargeError     bigger than the broker's max_message_size
+    │   └── MessageTooLargeError     bigger than max_message_size, or headers over frame_max
     ├── PublisherClosedError        a SyncPublisher used after its close (its with block): nothing sent
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
@@ -199,7 +199,18 @@ class BrokerBlockedError(PublishError):
 
 
 class MessageTooLargeError(PublishError):
-    """The message exceeds the broker's ``max_message_size``; nothing was sent."""
+    """The message exceeds the broker's ``max_message_size``, or its headers ``frame_max``; nothing was sent.
+
+    Attributes:
+        reason: What is too large, without the advice (``headers and properties of 131098
+            bytes, over the connection's frame_max of 131072 bytes ...``), for a caller that
+            words its own ("" when unknown).
+
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class TopologyError(AmqpJobsError):

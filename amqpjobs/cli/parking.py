@@ -8,6 +8,7 @@ import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match
 from amqpjobs.cli._common import (
+    EXIT_FOUND,
     app_results,
     app_results_option,
     closing_store,
@@ -63,7 +64,7 @@ def quarantine_park(
 
 
 def _park_end(report: TakeReport, census: Census, chosen: Selection) -> None:
-    """What a park that ran to its end prints."""
+    """What a park that ran to its end prints, and its exit code (1: some could not be parked, named)."""
     click.echo(
         f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
         f"{report.left} left in {printable(report.queue)}"
@@ -74,3 +75,7 @@ def _park_end(report: TakeReport, census: Census, chosen: Selection) -> None:
         click.echo(f"next: {command('status')} (parked jobs do not make it unhealthy; they wait in "
                    f"{printable(report.target)})")  # fmt: skip
     echo_no_match(census, chosen)
+    for line in report.not_moved:
+        click.echo(f"not parked {line}; it stays in {printable(report.queue)}", err=True)
+    if report.not_moved:
+        sys.exit(EXIT_FOUND)

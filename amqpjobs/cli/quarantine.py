@@ -332,10 +332,16 @@ def _replay_end(
         for job_id, target in report.moves:
             why = f" ({report.rerouted[job_id]})" if job_id in report.rerouted else ""
             click.echo(f"would replay {printable(job_id)} -> {printable(target)}{printable(why)}")
+        for line in report.not_moved:  # as the real run would skip it, and exit 1 as it would
+            click.echo(f"would not replay {line}; it would stay in {printable(report.queue)}", err=True)
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}{report.skip_reason()}")  # fmt: skip
+        if report.not_moved:
+            sys.exit(EXIT_FOUND)
         return
     click.echo(report.summary(canary is not None))
+    for line in report.not_moved:
+        click.echo(f"not replayed {line}; it stays in {printable(report.queue)}", err=True)
     if report.canary_failures and canary is not None:
         for line in failure_lines(report, options.selection):
             click.echo(line, err=True)
@@ -345,3 +351,5 @@ def _replay_end(
                    f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
         sys.exit(EXIT_FOUND)
     click.echo(after_replay(report.queue, report.left))
+    if report.not_moved:
+        sys.exit(EXIT_FOUND)

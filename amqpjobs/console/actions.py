@@ -157,10 +157,11 @@ class Actions:
             report = await replay(self.broker, queue, options, report=run.replay, census=run.census,
                                   results=self.results)  # fmt: skip
             run.summary = report.summary(canary is not None)
+            run.details = [f"not replayed {line}" for line in report.not_moved]
             if not report.canary_failures:
                 return "done"
             run.details = [f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not "
-                           "succeed; the rest stay in quarantine", *report.canary_failures]  # fmt: skip
+                           "succeed; the rest stay in quarantine", *report.canary_failures, *run.details]  # fmt: skip
             return "canary failed"
 
         return self._launch(run, go)
@@ -175,6 +176,7 @@ class Actions:
             report = await park(self.broker, queue, chosen, run.census, report=run.take, results=self.results)
             run.summary = (f"parked {report.taken} message(s) from {printable(report.queue)} in "
                            f"{printable(report.target)}; {report.left} left in {printable(report.queue)}")  # fmt: skip
+            run.details = [f"not parked {line}" for line in report.not_moved]
             return "done"
 
         return self._launch(run, go)

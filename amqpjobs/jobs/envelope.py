@@ -252,11 +252,16 @@ def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
 def job_id_problem(job_id: str) -> str | None:
     """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``).
 
-    A job id is the AMQP ``message_id`` (a shortstr): not empty nor blank, at most 255 UTF-8
-    bytes (:func:`shortstr_problem`).
+    A job id is the AMQP ``message_id`` (a shortstr): not empty nor blank, UTF-8 text (no lone
+    surrogate, which no message can carry; a NUL it can), at most 255 UTF-8 bytes
+    (:func:`shortstr_problem`).
     """
     if not job_id.strip():
         return "job_id is empty; give an id (or leave it out when enqueueing: a random UUID)"
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"job_id {job_id[:40]!r} is not UTF-8 text (a lone surrogate at {exc.start})"
     if problem := shortstr_problem("job_id", job_id):
         return f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})"
     return None

@@ -40,9 +40,16 @@ REASONS = (
 )
 
 
+# Each decision has a __str__: log lines name it as people read it ("republish for quarantine
+# (reason exhausted) failed"), never as its dataclass repr.
+
+
 @dataclass(frozen=True)
 class Ack:
     """The job is done: ack the delivery."""
+
+    def __str__(self) -> str:
+        return "ack"
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,15 @@ class RetryLater:
     delay: float
     wait: bool = False  # not a failure: waiting for another worker's claim (or the ledger) to clear
 
+    @property
+    def next_step(self) -> str:
+        """``tier 1 (5s), attempt 3`` (tiers counted from 1), or ``..., waiting for another worker's claim``."""
+        why = "waiting for another worker's claim" if self.wait else f"attempt {self.next_attempt}"
+        return f"tier {self.tier + 1} ({self.delay:g}s), {why}"
+
+    def __str__(self) -> str:
+        return f"retry to {self.next_step}"
+
 
 @dataclass(frozen=True)
 class Quarantine:
@@ -75,10 +91,16 @@ class Quarantine:
 
     reason: str
 
+    def __str__(self) -> str:
+        return f"quarantine (reason {self.reason})"
+
 
 @dataclass(frozen=True)
 class Duplicate:
     """An idempotent job whose key is already done: ack without running (or its effect was rolled back)."""
+
+    def __str__(self) -> str:
+        return "ack as a duplicate (already done)"
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,9 @@ class Register:
 
     start: int
 
+    def __str__(self) -> str:
+        return f"registration for start {self.start}"
+
 
 @dataclass(frozen=True)
 class HandBack:
@@ -99,6 +124,9 @@ class HandBack:
     Unlike a requeue this leaves no ``redelivered`` flag, so the job is not taken for one
     whose start ended without an outcome.
     """
+
+    def __str__(self) -> str:
+        return "hand-back unstarted"
 
 
 Decision = Ack | RetryLater | Quarantine | Duplicate | Register | HandBack

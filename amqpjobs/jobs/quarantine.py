@@ -28,6 +28,8 @@ BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
 #: The reason shown for a message with neither evidence of ours nor ``x-death``: no worker
 #: quarantined it and the broker did not dead-letter it, so something published it straight in.
 NO_EVIDENCE: Final = "no-evidence"
+#: The ``x-first-death-*`` / ``x-last-death-*`` fields read (besides ``x-death``'s entries).
+_DEATH_FIELDS: Final = ("reason", "queue")
 
 REPLAY_COUNT: Final = "amqpjobs-replay-count"
 REPLAY_ID: Final = "amqpjobs-replay-id"
@@ -108,6 +110,15 @@ class QuarantinedJob:
         """The id of its failure group (:func:`~amqpjobs.jobs.fingerprint.group_id`)."""
         return group_id(self.job, self.reason, self.error_type, self.fingerprint)
 
+    def too_large(self, reason: str) -> str:
+        """The line naming this message when its copy (replay, park) can't be sent; it stays where it is.
+
+        ``job 'mail' id 'q-1': its copy would be too large: <reason>`` (the key stands for a
+        missing id; publisher text escaped). ``reason``: :attr:`MessageTooLargeError.reason`.
+        """
+        name = f"job {printable(repr(self.job or '?'))} id {printable(repr(self.job_id or self.key or '?'))}"
+        return f"{name}: its copy would be too large: {reason}"
+
     def summary_lines(self) -> list[str]:
         """The lines ``quarantine show`` prints about the job (publisher text escaped, so none forges a line)."""
         lines = [
@@ -121,12 +132,22 @@ class QuarantinedJob:
         return lines
 
 
-def _first_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _deaths(headers: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``x-death`` entries, most recent first (RabbitMQ "Dead Letter Exchanges", 3.x and 4.x alike)."""
     deaths = headers.get("x-death")
-    if isinstance(deaths, list | tuple) and deaths and isinstance(deaths[0], Mapping):
-        # entries are most recent first; the first dead-lettering is the last entry
-        return deaths[-1] if isinstance(deaths[-1], Mapping) else deaths[0]
-    return None
+    return [d for d in deaths if isinstance(d, Mapping)] if isinstance(deaths, list | tuple) else []
+
+
+def _last(headers: Mapping[str, Any], latest: Mapping[str, Any], field: str) -> str:
+    """``field`` (``reason``, ``queue``) of the most recent dead-lettering ("" when unknown).
+
+    ``x-death[0]``, else ``x-last-death-<field>`` (3.13+), else ``x-first-death-<field>``
+    (then the only dead-lettering known).
+    """
+    for value in (latest.get(field), headers.get(f"x-last-death-{field}"), headers.get(f"x-first-death-{field}")):
+        if text := header_text(value):
+            return text
+    return ""
 
 
 def describe(
@@ -156,12 +177,12 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
             broker_side=False,
             fingerprint=stack_fingerprint(error_type, header_text(headers.get(evidence.TRACEBACK)), reason),
         )
-    death = _first_death(headers) or {}
-    latest = headers.get("x-death")
-    last = latest[0] if isinstance(latest, list | tuple) and latest and isinstance(latest[0], Mapping) else death
-    reason = header_text(headers.get("x-first-death-reason")) or header_text(death.get("reason"))
-    queue = header_text(headers.get("x-first-death-queue")) or header_text(death.get("queue"))
-    dead_lettered = bool(death) or "x-first-death-reason" in headers or "x-first-death-queue" in headers
+    # the reason and queue are the LAST dead-lettering's: a job that expired from a retry tier
+    # and was then rejected from its work queue says "rejected", and goes back to the work queue
+    deaths = _deaths(headers)
+    latest, earliest = (deaths[0], deaths[-1]) if deaths else ({}, {})
+    reason, queue = _last(headers, latest, "reason"), _last(headers, latest, "queue")
+    dead_lettered = bool(deaths) or any(f"x-{w}-death-{f}" in headers for w in ("first", "last") for f in _DEATH_FIELDS)
     label = f"x-death:{reason or 'unknown'}" if dead_lettered else NO_EVIDENCE
     return QuarantinedJob(
         job=job,
@@ -170,8 +191,8 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
         error_type="",
         error_message="",
         attempts=_int(headers.get(envelope.ATTEMPT)) - 1 if envelope.ATTEMPT in headers else 0,
-        failed_at=parse_time(last.get("time")),
-        first_failed_at=parse_time(death.get("time")),
+        failed_at=parse_time(latest.get("time")),
+        first_failed_at=parse_time(earliest.get("time")),
         original_queue=queue,
         replay_count=replay_count,
         broker_side=dead_lettered,

@@ -68,11 +68,13 @@ class ReplayReport:
     Attributes:
         queue: The quarantine queue.
         replayed: Messages moved back (or, on a dry run, that would move).
-        skipped: Messages looked at that did not match, had no known original queue, or
-            were replayed by this run and came back.
+        skipped: Messages looked at that did not match, had no known original queue, were
+            replayed by this run and came back, or can't be sent (``not_moved``).
         no_origin: Of ``skipped``, those that matched but name no queue to go back to
             (neither evidence nor ``x-death``: published straight into the queue) with no
             ``to`` given; the summary says so and how to move them.
+        not_moved: Of ``skipped``, one line for each matching message whose copy can't be
+            sent (``job 'mail' id 'q-1': its copy would be too large: ...``); it stays in quarantine.
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -92,6 +94,7 @@ class ReplayReport:
     replayed: int = 0
     skipped: int = 0
     no_origin: int = 0
+    not_moved: list[str] = field(default_factory=list)
     left: int = 0
     returned: int = 0
     stopped_early: bool = False
@@ -118,9 +121,12 @@ class ReplayReport:
 
     def skip_reason(self) -> str:
         """Why messages that matched were skipped ("" when none was): ``; 1 skipped: no queue to go back to ...``."""
+        why = ""
+        if self.not_moved:
+            why = f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
         if not self.no_origin:
-            return ""
-        return (
+            return why
+        return why + (
             f"; {self.no_origin} skipped: no queue to go back to (neither evidence of a worker nor x-death "
             "names one; published straight into the queue?): replay them with amqpjobs replay --to QUEUE"
         )

@@ -69,6 +69,22 @@ class StateRecord:
     value: str | None = None
     value_note: str = ""
 
+    def escaped(self) -> StateRecord:
+        r"""The record with its text spelt out where a database can't hold it; the job id (its key) as is.
+
+        NUL as ``\x00`` (PostgreSQL text can't hold it), a lone surrogate as ``\ud800``
+        (UTF-8 can't encode it; in ``value``, JSON text, that is the same character again). For
+        a record a store refused as it was: its state is kept, its text readable.
+        """
+        return replace(
+            self, job=_spelt(self.job), detail=_spelt(self.detail), error=_spelt(self.error), where=_spelt(self.where),
+            value=None if self.value is None else _spelt(self.value), value_note=_spelt(self.value_note),
+        )  # fmt: skip
+
+
+def _spelt(text: str) -> str:
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -183,8 +199,7 @@ def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRec
         text, note = encode_value(value)
         return replace(base, state="succeeded", value=text, value_note=note)
     if isinstance(d, RetryLater):
-        why = "waiting for another worker's claim" if d.wait else f"attempt {d.next_attempt}"
-        return replace(base, state="retrying", detail=f"tier {d.tier + 1} ({d.delay:g}s), {why}", error=outcome.error)
+        return replace(base, state="retrying", detail=d.next_step, error=outcome.error)
     if isinstance(d, Quarantine):
         return replace(base, state="quarantined", detail=d.reason, error=outcome.error)
     return None

@@ -3,6 +3,7 @@
 Same state machine as :class:`~amqpjobs.runtime.ledger.SqliteLedger` (see
 :mod:`amqpjobs.runtime.ledger`); claims use ``INSERT ... ON CONFLICT`` and a row lock
 (``SELECT ... FOR UPDATE``), so two hosts never both get ``CLAIMED`` for a live key.
+Keys go in through :func:`~amqpjobs.runtime.pg_text.to_db` (a job id may hold a NUL).
 Needs the ``postgres`` extra (psycopg 3).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
+from amqpjobs.runtime.pg_text import to_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
@@ -74,6 +76,7 @@ class PostgresLedger:
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.claim`."""
         await self.open()
+        key = to_db(key)  # a NUL in a job id: PostgreSQL text can't hold it as it is
         now = time.time()
         async with self._lock, self._conn.transaction():
             cur = await self._conn.execute(
@@ -109,6 +112,7 @@ class PostgresLedger:
     async def done(self, key: str, owner: str) -> bool:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.done`."""
         await self.open()
+        key = to_db(key)
         update, insert = self._mark_done_sql()
         now = time.time()
         async with self._lock, self._conn.transaction():
@@ -121,6 +125,7 @@ class PostgresLedger:
     async def release(self, key: str, owner: str) -> None:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.release`."""
         await self.open()
+        key = to_db(key)
         async with self._lock:
             await self._conn.execute(
                 "DELETE FROM amqpjobs_ledger WHERE key = %s AND owner = %s AND state = 'running'", (key, owner)
@@ -143,6 +148,7 @@ class PostgresLedger:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
         """
         psycopg = _psycopg()
+        shown, key = key, to_db(key)
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             conn = self._local.conn = psycopg.connect(self.dsn)
@@ -156,7 +162,7 @@ class PostgresLedger:
             if not cur.rowcount:
                 cur = conn.execute(insert, (key, owner, now, now))
                 if not cur.rowcount:
-                    raise DuplicateJobError(f"job {key!r} was already done: its effect was rolled back")
+                    raise DuplicateJobError(f"job {shown!r} was already done: its effect was rolled back")
 
     async def close(self) -> None:
         """Close the connections."""

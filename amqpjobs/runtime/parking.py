@@ -22,7 +22,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
+from amqpjobs.errors import (
+    AmqpJobsError,
+    BrokerError,
+    ConfigurationError,
+    MessageTooLargeError,
+    NotFoundError,
+    UnroutableError,
+)
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
@@ -50,6 +57,8 @@ class TakeReport:
         left: Messages in ``queue`` at the end.
         target: The parked queue ("" for a purge).
         job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
+        not_moved: One line for each matching message that could not be parked (``job 'mail' id
+            'q-1': its copy would be too large: ...``); it stays in ``queue``.
         payloads_marked: Stored payloads of the deleted messages given their done mark (a purge
             with the app's payload store; the sweep deletes them after the store's grace).
         payloads_spared: Stored payloads of deleted messages left as they are: a message left in
@@ -64,6 +73,7 @@ class TakeReport:
     left: int = 0
     target: str = ""
     job_ids: list[str] = field(default_factory=list)
+    not_moved: list[str] = field(default_factory=list)
     payloads_marked: int = 0
     payloads_spared: int = 0
     payloads_unmarked: int = 0
@@ -75,11 +85,11 @@ async def _take(
     queue: str,
     selection: q.Selection,
     action: str,
-    settle: Callable[[Delivery, q.QuarantinedJob], Awaitable[None]],
+    settle: Callable[[Delivery, q.QuarantinedJob], Awaitable[bool]],
     report: TakeReport,
     census: Census,
 ) -> None:
-    """Under the mover lock, call ``settle`` on each matching message (it must ack it); hold the rest.
+    """Under the mover lock, call ``settle`` on each matching message (it acks it, or returns False); hold the rest.
 
     ``census`` gets the queue, its depth and what every looked-at message holds.
     """
@@ -99,15 +109,16 @@ async def _take(
                 moving = asyncio.ensure_future(settle(delivery, item))
                 job_id = delivery.message_id or item.key  # its job id, else its content hash
                 try:
-                    await asyncio.shield(moving)
+                    taken = await asyncio.shield(moving)
                 except asyncio.CancelledError:
                     with contextlib.suppress(Exception):
-                        await moving
-                        report.taken += 1
-                        report.job_ids.append(job_id)
+                        if await moving:
+                            report.taken += 1
+                            report.job_ids.append(job_id)
                     raise
-                report.taken += 1
-                report.job_ids.append(job_id)
+                if taken:
+                    report.taken += 1
+                    report.job_ids.append(job_id)
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
@@ -165,14 +176,18 @@ async def park(
         publisher = ConfirmedPublisher(connection)
         parked_at = envelope.iso_utc()
 
-        async def move(delivery: Delivery, item: q.QuarantinedJob) -> None:
+        async def move(delivery: Delivery, item: q.QuarantinedJob) -> bool:
             job_id = delivery.message_id or item.job_id or ""
             at = time.time()
             copy = delivery.copy(
                 q.park_headers(delivery.headers, item, parked_at, timestamp=delivery.timestamp), job_id
             )
             try:
+                await publisher.check("", target, copy)  # a copy can't be sent: it stays, and the others go
                 await publisher.publish("", target, copy)
+            except MessageTooLargeError as exc:
+                report.not_moved.append(item.too_large(exc.reason or str(exc)))
+                return False
             except UnroutableError:
                 raise ConfigurationError(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
@@ -181,6 +196,7 @@ async def park(
             moved.append(StateRecord(job_id, item.job, "parked", item.attempts, at, detail=item.reason,
                                      error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
                                      where=target))  # fmt: skip
+            return True
 
         moved: list[StateRecord] = []
         try:
@@ -229,10 +245,11 @@ async def purge_matching(
 
         purged: set[PayloadRef] = set()
 
-        async def delete(delivery: Delivery, item: q.QuarantinedJob) -> None:
+        async def delete(delivery: Delivery, item: q.QuarantinedJob) -> bool:
             await delivery.ack()
             if payloads is not None and (ref := referenced(payloads, delivery.headers)) is not None:
                 purged.add(ref)
+            return True
 
         await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
         _, report.left = await resolve_quarantine_queue(connection, queue)

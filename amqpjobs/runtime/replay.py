@@ -20,7 +20,14 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, ConfigurationError, NotFoundError, UnroutableError
+from amqpjobs.errors import (
+    AmqpJobsError,
+    BrokerError,
+    ConfigurationError,
+    MessageTooLargeError,
+    NotFoundError,
+    UnroutableError,
+)
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
@@ -212,6 +219,9 @@ async def replay(
             try:
                 try:
                     await publisher.publish(planned.exchange, planned.routing_key, copy)
+                except MessageTooLargeError as exc:  # the broker's limit is lower than checked: it stays
+                    _too_large(delivery, exc, report)
+                    return
                 except UnroutableError:
                     raise ConfigurationError(
                         f"target queue {target!r} does not exist; {report.replayed} moved before it, "
@@ -243,6 +253,8 @@ async def replay(
                 planned = replay_move(delivery, options, replay_id, census, report)
                 if planned is None:
                     report.skipped += 1
+                    continue
+                if not await _fits(publisher, delivery, planned, report):
                     continue
                 if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
                     break
@@ -301,6 +313,27 @@ async def replay(
                     _, report.left = await resolve_quarantine_queue(connection, queue_name)
         _, report.left = await resolve_quarantine_queue(connection, queue_name)
     return report
+
+
+def _too_large(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:
+    """Count a message whose copy can't be sent as skipped, naming it in ``report.not_moved``; it stays."""
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
+    report.not_moved.append(item.too_large(exc.reason or str(exc)))
+    report.skipped += 1
+
+
+async def _fits(publisher: ConfirmedPublisher, delivery: Delivery, planned: ReplayMove, report: ReplayReport) -> bool:
+    """True when the copy can be sent; else it is skipped (:func:`_too_large`), dry run or not.
+
+    A copy is not the message: the replay's headers can push a message that fitted over
+    ``frame_max``. One such message stays in quarantine, named; it never stops the others.
+    """
+    try:
+        await publisher.check(planned.exchange, planned.routing_key, planned.copy)
+    except MessageTooLargeError as exc:
+        _too_large(delivery, exc, report)
+        return False
+    return True
 
 
 async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:

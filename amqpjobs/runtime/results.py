@@ -24,7 +24,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +32,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
-from amqpjobs.printable import logfmt_value
+from amqpjobs.printable import logfmt_value, printable
 from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
@@ -56,8 +56,12 @@ class ResultsStore(Protocol):
 
     retention: float
 
-    async def write(self, records: Sequence[StateRecord]) -> None:
-        """Append ``records`` in one transaction. Raises whatever the database raises."""
+    async def write(self, records: Sequence[StateRecord]) -> Sequence[StateRecord] | None:
+        """Append ``records`` in one transaction; returns those the database refused (None or empty: none).
+
+        A record the database can't hold (a value it refuses, not a failure of the database)
+        never costs the others: :func:`insert_apart`. Raises whatever else the database raises.
+        """
 
     async def history(self, job_id: str) -> list[StateRecord]:
         """Every record kept for ``job_id`` (any order). Raises ResultsUnavailableError."""
@@ -97,6 +101,46 @@ def record_of(row: Sequence[object]) -> StateRecord:
                        str(note))  # fmt: skip
 
 
+async def insert_apart(
+    insert: Callable[[Sequence[StateRecord]], Awaitable[None]],
+    records: Sequence[StateRecord],
+    refusals: tuple[type[Exception], ...],
+) -> list[StateRecord]:
+    """Insert ``records`` with ``insert`` (one transaction); the ones the database refuses are left out.
+
+    When the batch is refused with one of ``refusals`` (the database won't hold a value: a
+    NUL in PostgreSQL text, a lone surrogate that UTF-8 can't encode), each record is
+    inserted alone, a refused one again :meth:`~amqpjobs.jobs.results.StateRecord.escaped`
+    (its state kept, its text spelt out). Any other error (the database is down) is raised.
+
+    Returns:
+        The records still refused (not written); empty when all were written.
+    """
+    try:
+        await insert(records)
+        return []
+    except refusals:
+        pass
+    refused: list[StateRecord] = []
+    for record in records:
+        # a batch of one was tried as it is already
+        for candidate in (record, record.escaped()) if len(records) > 1 else (record.escaped(),):
+            try:
+                await insert([candidate])
+                break
+            except refusals:
+                continue
+        else:
+            refused.append(record)
+    return refused
+
+
+def refused_text(records: Sequence[StateRecord]) -> str:
+    r"""``refused by the database: job 'flaky' id 'a\x00b', ...`` (three named at most, text escaped)."""
+    named = ", ".join(f"job {printable(repr(r.job))} id {printable(repr(r.job_id))}" for r in records[:3])
+    return f"refused by the database: {named}" + (f" and {len(records) - 3} more" if len(records) > 3 else "")
+
+
 class SqliteResults:
     """A results store in a SQLite file (one host, any number of processes).
 
@@ -127,7 +171,7 @@ class SqliteResults:
         db.execute("PRAGMA busy_timeout=5000")
         return db
 
-    def _write(self, records: Sequence[StateRecord]) -> None:
+    def _insert(self, records: Sequence[StateRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
         with contextlib.closing(self._connect()) as db:
             db.execute("BEGIN IMMEDIATE")
@@ -149,9 +193,13 @@ class SqliteResults:
         with contextlib.closing(self._connect()) as db:
             return db.execute("DELETE FROM amqpjobs_results WHERE at < ?", (time.time() - older_than,)).rowcount
 
-    async def write(self, records: Sequence[StateRecord]) -> None:
-        """See :meth:`ResultsStore.write`."""
-        await asyncio.to_thread(self._write, records)
+    async def write(self, records: Sequence[StateRecord]) -> list[StateRecord]:
+        """See :meth:`ResultsStore.write` (refused: a text UTF-8 can't encode)."""
+
+        async def insert(batch: Sequence[StateRecord]) -> None:
+            await asyncio.to_thread(self._insert, batch)
+
+        return await insert_apart(insert, records, (ValueError, sqlite3.DataError))
 
     async def history(self, job_id: str) -> list[StateRecord]:
         """See :meth:`ResultsStore.history`."""
@@ -233,7 +281,9 @@ class ResultsWriter:
                 batch.append(self._queue.get_nowait())
             try:
                 async with asyncio.timeout(WRITE_TIMEOUT):
-                    await self.store.write(batch)
+                    refused = await self.store.write(batch)
+                if refused:  # the others were written
+                    self._fail(len(refused), refused_text(refused))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -266,12 +316,14 @@ async def record_quietly(store: ResultsStore | None, records: Sequence[StateReco
         return 0
     try:
         async with asyncio.timeout(WRITE_TIMEOUT):
-            await store.write(records)
+            refused = await store.write(records)
     except Exception as exc:
         log.warning("results store: %d park/replay record(s) not written (%s: %s)", len(records),
                     type(exc).__name__, str(exc)[:200])  # fmt: skip
         return len(records)
-    return 0
+    if refused:  # the others were written
+        log.warning("results store: %d park/replay record(s) not written (%s)", len(refused), refused_text(refused))
+    return len(refused or ())
 
 
 async def read_status(store: ResultsStore, job_id: str) -> JobStatus:

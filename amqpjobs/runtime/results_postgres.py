@@ -4,6 +4,10 @@ One async connection, reopened on the next call after it broke (the database res
 the network dropped), with a :data:`CONNECT_TIMEOUT`; a write that fails raises and the
 worker's :class:`~amqpjobs.runtime.results.ResultsWriter` counts it. Needs the
 ``postgres`` extra (psycopg 3).
+
+PostgreSQL text can't hold NUL (0x00), which a job id, an error message or a reason may
+carry: such a text is stored escaped (:mod:`amqpjobs.runtime.pg_text`), losslessly, so the
+job reads back as it was and a NUL id is found like any other.
 """
 
 from __future__ import annotations
@@ -18,10 +22,19 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, StateRecord
 from amqpjobs.runtime.ledger_postgres import _psycopg
-from amqpjobs.runtime.results import _SCHEMA, COLUMNS, record_of, row_of
+from amqpjobs.runtime.pg_text import from_db, to_db
+from amqpjobs.runtime.results import _SCHEMA, COLUMNS, insert_apart, record_of, row_of
 
 #: Seconds to connect at most (libpq ``connect_timeout``).
 CONNECT_TIMEOUT = 5
+
+
+def _stored(row: Sequence[object]) -> tuple[object, ...]:
+    return tuple(to_db(v) if isinstance(v, str) else v for v in row)
+
+
+def _read(row: Sequence[object]) -> tuple[object, ...]:
+    return tuple(from_db(v) if isinstance(v, str) else v for v in row)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -78,8 +91,8 @@ class PostgresResults:
         async with self._lock:
             await self.open()
             try:
-                if many:
-                    async with self._conn.cursor() as cur:
+                if many:  # all or none: a refused row leaves no other behind (insert_apart then goes one by one)
+                    async with self._conn.transaction(), self._conn.cursor() as cur:
                         await cur.executemany(sql, params)
                         return None
                 return await self._conn.execute(sql, params)
@@ -87,23 +100,28 @@ class PostgresResults:
                 await self._drop()  # reconnect on the next call
                 raise
 
-    async def write(self, records: Sequence[StateRecord]) -> None:
-        """See :meth:`amqpjobs.runtime.results.ResultsStore.write`."""
+    async def write(self, records: Sequence[StateRecord]) -> list[StateRecord]:
+        """See :meth:`amqpjobs.runtime.results.ResultsStore.write` (refused: a text UTF-8 can't encode)."""
+        psycopg = _psycopg()
         marks = ", ".join("%s" for _ in COLUMNS)
         sql = f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})"
-        await self._run(sql, [row_of(r) for r in records], many=True)
+
+        async def insert(batch: Sequence[StateRecord]) -> None:
+            await self._run(sql, [_stored(row_of(r)) for r in batch], many=True)
+
+        return await insert_apart(insert, records, (ValueError, psycopg.DataError))
 
     async def history(self, job_id: str) -> list[StateRecord]:
         """See :meth:`amqpjobs.runtime.results.ResultsStore.history`."""
         psycopg = _psycopg()
         try:
             cur = await self._run(
-                f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = %s ORDER BY at", (job_id,)
+                f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = %s ORDER BY at", (to_db(job_id),)
             )
             rows = await cur.fetchall()
         except psycopg.Error as exc:
             raise ResultsUnavailableError(f"can't read the PostgreSQL results store: {_one_line(exc)}") from exc
-        return [record_of(row) for row in rows]
+        return [record_of(_read(row)) for row in rows]
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`amqpjobs.runtime.results.ResultsStore.prune`."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.results import JobStatus, StateRecord
 from amqpjobs.runtime.results import ResultsStore, ResultsWriter, read_status, wait_result
 
@@ -52,7 +53,10 @@ class JobResults:
         if held is not None and held[0] is asyncio.get_running_loop():
             await held[1].close()
 
-    def _results_store(self) -> ResultsStore:
+    def _results_store(self, job_id: str) -> ResultsStore:
+        """The store to look ``job_id`` up in; an id no job can have is refused first (the ``enqueue`` rule)."""
+        if problem := job_id_problem(job_id):
+            raise ConfigurationError(problem)
         if self.results is None:
             raise ConfigurationError(
                 f"app {self.name!r} has no results store: App(..., results=SqliteResults(path) or PostgresResults(url))"
@@ -68,10 +72,11 @@ class JobResults:
             ``running`` record's lease passed (its worker vanished).
 
         Raises:
-            ConfigurationError: the app has no results store.
+            ConfigurationError: the app has no results store, or ``job_id`` is no job id (empty,
+                blank, over 255 UTF-8 bytes: :func:`~amqpjobs.jobs.envelope.job_id_problem`).
             ResultsUnavailableError: the store can't be read now.
         """
-        return await read_status(self._results_store(), job_id)
+        return await read_status(self._results_store(job_id), job_id)
 
     async def result(self, job_id: str, timeout: float | str = 60.0, poll: float | str = 0.2) -> Any:  # noqa: ASYNC109
         # the issue names it ``timeout=``: a polling deadline, not a cancellation scope
@@ -89,8 +94,8 @@ class JobResults:
             JobFailedError: the job was quarantined or parked (``reason``, ``error``).
             ResultsUnavailableError: it succeeded but its value was not stored (not JSON, too large).
             TimeoutError: no terminal state in time; the message names the last state seen.
-            ConfigurationError: the app has no results store.
+            ConfigurationError: the app has no results store, or ``job_id`` is no job id.
         """
         seconds = duration_argument("App.result(timeout=...)", timeout)
         every = duration_argument("App.result(poll=...)", poll)
-        return await wait_result(self._results_store(), job_id, seconds, every)
+        return await wait_result(self._results_store(job_id), job_id, seconds, every)

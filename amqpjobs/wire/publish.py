@@ -94,7 +94,20 @@ def check_header_fits(properties: aiormq.spec.Basic.Properties, headers: Mapping
     if size > frame_max:
         raise MessageTooLargeError(
             f"the message's headers and properties take {size} bytes, over the connection's frame_max of "
-            f"{frame_max} bytes (they travel in one frame); nothing was sent. Put large data in the body"
+            f"{frame_max} bytes (they travel in one frame); nothing was sent. Put large data in the body",
+            f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes "
+            "(one frame carries them)",
+        )
+
+
+def _check_body(message: OutgoingMessage, max_message_size: int | None) -> None:
+    """Refuse a body over ``max_message_size`` bytes (None: no check): the broker would close the channel."""
+    if max_message_size is not None and len(message.body) > max_message_size:
+        raise MessageTooLargeError(
+            f"message of {len(message.body)} bytes is over the broker's max_message_size of "
+            f"{max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
+            "reference in the payload (claim-check)",
+            f"a body of {len(message.body)} bytes, over the broker's max_message_size of {max_message_size} bytes",
         )
 
 
@@ -185,23 +198,36 @@ class ConfirmedPublisher:
         else:
             await self._publish(exchange, routing_key, message)
 
-    async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
-        if self.max_message_size is not None and len(message.body) > self.max_message_size:
-            raise MessageTooLargeError(
-                f"message of {len(message.body)} bytes is over the broker's max_message_size of "
-                f"{self.max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
-                "reference in the payload (claim-check)"
-            )
-        properties = amqp_properties(message)
-        sent = time.monotonic()
+    async def check(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
+        """Refuse ``message`` as :meth:`publish` would for its size, sending nothing (a dry run, or to skip it).
+
+        Raises:
+            MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
+                the connection's ``frame_max`` (its ``reason`` says which, with the sizes).
+            BrokerError, BrokerUnavailableError: no channel to read ``frame_max`` from.
+
+        """
+        _check_body(message, self.max_message_size)
+        channel = await self._open_channel(exchange, routing_key)
+        with broker_errors():
+            underlay = await channel.get_underlay_channel()
+        check_header_fits(amqp_properties(message), message.headers, underlay.connection.connection_tune.frame_max)
+
+    async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
         try:
-            channel = await self._ensure_channel()
+            return await self._ensure_channel()
         except RuntimeError as exc:  # aio-pika: the connection is closed (it reconnects by itself)
             raise BrokerUnavailableError(
                 f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
             ) from exc
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+
+    async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
+        _check_body(message, self.max_message_size)
+        properties = amqp_properties(message)
+        sent = time.monotonic()
+        channel = await self._open_channel(exchange, routing_key)
         try:
             with broker_errors():
                 underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more
@@ -230,7 +256,8 @@ class ConfirmedPublisher:
             if "max size" in str(exc) or "message size" in str(exc):
                 raise MessageTooLargeError(
                     f"{len(message.body)} bytes is over the broker's max_message_size; store large "
-                    "data elsewhere and put a reference in the payload"
+                    "data elsewhere and put a reference in the payload",
+                    f"a body of {len(message.body)} bytes, over the broker's max_message_size",
                 ) from exc.__cause__
             raise PublishError(f"the broker refused the publish: {exc}") from exc.__cause__
         except TimeoutError as exc:

@@ -187,6 +187,30 @@ async def test_ledger_claims_and_prunes(tmp_path: Path, ledger_spec: str):
         await ledger.close()
 
 
+async def test_a_key_with_a_nul_is_a_key_like_any_other(tmp_path: Path, ledger_spec: str):
+    """A job id (the default key) may carry a NUL, which PostgreSQL text can't hold: never 'the ledger is down'."""
+    ledger = make_ledger(ledger_spec)
+    key = "charge:\x00 7"
+    try:
+        assert await ledger.claim(key, "a", 5) is Claim.CLAIMED
+        assert await ledger.claim(key, "b", 5) is Claim.BUSY
+        assert await ledger.claim("charge:", "b", 5) is Claim.CLAIMED  # another key
+        assert await ledger.done(key, "a") is True
+        assert await ledger.claim(key, "c", 5) is Claim.DONE
+        assert await ledger.claim("t\x00", "a", 5) is Claim.CLAIMED
+
+        def effect() -> None:
+            with ledger.transaction("t\x00", "a"):
+                pass
+
+        await asyncio.to_thread(effect)
+        assert await ledger.claim("t\x00", "b", 5) is Claim.DONE
+        await ledger.release("charge:", "b")
+        assert await ledger.claim("charge:", "c", 5) is Claim.CLAIMED
+    finally:
+        await ledger.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 async def test_chaos_kill_9_twenty_times_exactly_one_effect_each(

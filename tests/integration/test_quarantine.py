@@ -216,6 +216,41 @@ async def test_broker_side_dead_letters_are_listed_and_replayable(broker: Broker
         await back.ack()
 
 
+async def test_a_dead_letter_is_shown_with_its_last_death_not_its_first(broker: BrokerSettings, tmp_path: Path):
+    """Expired from a retry tier back into ``work``, then rejected there: the last death is what counts."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        # into the 200 ms tier as a retry would put it; it expires back into work
+        await ch.default_exchange.publish(aio_pika.Message(b'{"n": 1}', message_id="twice-1", type="mail"),
+                                          routing_key="work.retry.200ms")  # fmt: skip
+        work = await ch.get_queue("work", ensure=False)
+        msg = None
+        for _ in range(50):
+            if (msg := await work.get(fail=False)) is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert msg is not None
+        assert msg.headers["x-first-death-queue"] == "work.retry.200ms"
+        await msg.reject(requeue=False)  # rejected by another consumer of work: into work.quarantine
+    await asyncio.sleep(0.2)
+    _, items = await browse(broker, "work.quarantine")
+    assert [(m.item.reason, m.item.original_queue) for m in items] == [("x-death:rejected", "work")]
+    deaths = items[0].delivery.headers["x-death"]
+    assert [(d["queue"], d["reason"]) for d in deaths] == [("work", "rejected"), ("work.retry.200ms", "expired")]
+    listed = await asyncio.to_thread(cli, broker, "quarantine", "list", "work")
+    assert listed.exit_code == 0, listed.output
+    assert "x-death:rejected" in listed.stdout
+    assert "x-death:expired" not in listed.stdout
+    shown = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json")
+    doc = json.loads(shown.stdout.splitlines()[0])
+    assert (doc["reason"], doc["original_queue"]) == ("x-death:rejected", "work")
+    none = await replay(broker, "work.quarantine", ReplayOptions(rate=100, selection=q.Selection(reason="expired")))
+    assert (none.replayed, none.left) == (0, 1)
+    r = await replay(broker, "work.quarantine", ReplayOptions(rate=100, selection=q.Selection(reason="rejected")))
+    assert (r.replayed, r.left) == (1, 0)
+    assert await depth(broker, "work") == 1  # back to work, not to the retry tier it once expired from
+
+
 async def test_list_show_export_purge(broker: BrokerSettings, tmp_path: Path):
     await make_app(broker, tmp_path)
     await fill_quarantine(broker, 3, job="mail", error_type="ValueError")

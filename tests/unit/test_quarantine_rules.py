@@ -61,6 +61,26 @@ DESCRIBE = [
         QuarantinedJob("j", "", "x-death:maxlen", "", "", 0, None, None, "q", 0, True, "x-death: maxlen"),
         id="first-death-headers-only",
     ),
+    pytest.param(  # most recent first (RabbitMQ "Dead Letter Exchanges", all versions): rejected from mail last
+        {"x-death": [{"reason": "rejected", "queue": "mail", "time": T2}, DEATH],
+         "x-first-death-reason": "expired", "x-first-death-queue": "mail.retry.2s"}, "m-3", "resize",
+        QuarantinedJob("resize", "m-3", "x-death:rejected", "", "", 0, T2, T1, "mail", 0, True, "x-death: rejected"),
+        id="last-death-wins-over-first",
+    ),
+    pytest.param(  # 3.13+ also say so in x-last-death-*; they agree with x-death[0]
+        {"x-death": [{"reason": "maxlen", "queue": "mail", "time": T2}, {**DEATH, "queue": "mail.retry.2s"}],
+         "x-first-death-reason": "expired", "x-first-death-queue": "mail.retry.2s",
+         "x-last-death-reason": "maxlen", "x-last-death-queue": "mail"}, "m-4", "resize",
+        QuarantinedJob("resize", "m-4", "x-death:maxlen", "", "", 0, T2, T1, "mail", 0, True, "x-death: maxlen"),
+        id="last-death-headers",
+    ),
+    pytest.param(
+        {"x-last-death-reason": "rejected", "x-last-death-queue": "mail",
+         "x-first-death-reason": "expired", "x-first-death-queue": "mail.retry.2s"}, "m-5", "resize",
+        QuarantinedJob("resize", "m-5", "x-death:rejected", "", "", 0, None, None, "mail", 0, True,
+                       "x-death: rejected"),
+        id="last-death-headers-without-x-death",
+    ),
     pytest.param(
         {}, None, None,
         QuarantinedJob("", "", "no-evidence", "", "", 0, None, None, "", 0, False, "no-evidence"),

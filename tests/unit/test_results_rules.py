@@ -9,6 +9,7 @@ import pytest
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
+from amqpjobs.runtime.pg_text import from_db, to_db
 
 pytestmark = pytest.mark.version_independent
 
@@ -89,7 +90,8 @@ def test_queued_is_a_state_that_is_not_terminal_and_sorts_before_the_run():
 @pytest.mark.parametrize(
     ("job_id", "problem"),
     [("", "job_id is empty"), ("  ", "job_id is empty"), ("é" * 128, "must be 1-255 UTF-8 bytes (got 256 bytes"),
-     ("invoice-7", None)],
+     ("invoice-7", None), ("x\x00y", None),  # AMQP carries a NUL in a message_id: a job can have it
+     ("a\ud800b", "job_id 'a\\ud800b' is not UTF-8 text (a lone surrogate at 1)")],
 )  # fmt: skip
 def test_one_job_id_rule(job_id: str, problem: str | None):
     found = job_id_problem(job_id)
@@ -105,3 +107,26 @@ def test_the_same_id_enqueued_again_after_success_still_reads_succeeded():
     ]
     status = status_of("j1", history, now=14.0)
     assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 4)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "plain", "a\x00b", "\x00", "back\\slash\x00", "\\0", "\uffff", "\uffffa\x00", "\\\x00\\"]
+)
+def test_postgres_text_escaping_gives_every_text_back_and_one_stored_form_each(text: str):
+    stored = to_db(text)
+    assert "\x00" not in stored
+    assert from_db(stored) == text
+    assert stored == text or stored.startswith("\uffff")
+
+
+def test_the_postgres_stored_forms_never_collide():
+    texts = ["a\x00b", "a\\0b", "\uffffa\\0b", "a\\x00b", "\uffffa\x00b"]
+    assert len({to_db(t) for t in texts}) == len(texts)
+
+
+def test_an_escaped_record_spells_out_what_a_database_cannot_hold_and_keeps_its_id():
+    record = StateRecord("x\x00y", "j\x00", "quarantined", 2, 1.0, detail="d\ud800", error="E: a\x00b",
+                         where="q", value='"\ud800"', value_note="")  # fmt: skip
+    assert record.escaped() == StateRecord("x\x00y", "j\\x00", "quarantined", 2, 1.0, detail="d\\ud800",
+                                           error="E: a\\x00b", where="q", value='"\\ud800"')  # fmt: skip
+    assert json.loads(record.escaped().value or "") == "\ud800"  # in JSON text, the same character
