@@ -56,7 +56,10 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
     for name, messages in orphans:
         parsed = parse_queue_name(name)
         if not messages:
-            fixes.append("it is empty: delete it (nothing routes there any more)")
+            fixes.append(
+                "it is empty: delete it (its bindings go with it: a publisher or worker still on the old topology "
+                "then has its publish returned as unroutable, never lost)"
+            )
         elif not unread(layouts, name):
             fixes.append(
                 f"its messages go back to {parsed.work_queue} when their delay ends (dead-lettering); delete it once "
