@@ -139,6 +139,19 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "job_queue[1].routing_keys",
         "work.shard-0",
     ),
+    "topic-wildcard-of-another-job-queue": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n' + job() + job('routing_keys = ["#"]', name="other"),
+        "job_queue[1].routing_keys",
+        "publishers use for job queue 'work'",
+    ),
+    "direct-user-binding-copies-a-job-queue": (
+        HEADER
+        + job()
+        + job(name="other")
+        + '[[binding]]\nsource = "jobs"\ndestination = "other"\nrouting_key = "work"\n',
+        "binding[0].routing_key",
+        "publishers use for job queue 'work'",
+    ),
     "shards-topic-user-binding-reaches-two-shards": (
         '[[exchange]]\nname = "jobs"\ntype = "topic"\n'
         + job("shards = 2")

@@ -87,6 +87,8 @@ def shard_routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             kind = types.get(jq.exchange)
+            if jq.shards == 1 and kind in ("direct", "topic"):
+                problems += _other_bindings_matching(jq.exchange, kind, jq.keys[0], jq.name, "job queue", bound)
             if jq.shards == 1 or kind is None:
                 continue
             if kind not in ("direct", "topic"):
@@ -108,19 +110,35 @@ def shard_routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
                 continue
             for s in range(jq.shards):
                 key = naming.shard_routing_key(jq.keys[0], s)
-                shard = naming.work_queue_name(jq.name, s)
-                for exchange, pattern, dest, where_file, where in bound:
-                    hit = pattern == key if kind == "direct" else topic_matches(pattern, key)
-                    if exchange == jq.exchange and dest != shard and hit:
-                        problems.append(
-                            Problem(where_file, where,
-                                    f"binding key {pattern!r} of exchange {jq.exchange!r} to {dest!r} also matches "
-                                    f"{key!r}, the routing key of shard {shard!r}: every job of that shard would run "
-                                    "twice",
-                                    "bind the other work queue with keys that no <key>.shard-<i> of a sharded job "
-                                    "queue matches")
-                        )  # fmt: skip
+                problems += _other_bindings_matching(jq.exchange, kind, key, naming.work_queue_name(jq.name, s),
+                                                     "shard", bound)  # fmt: skip
     return list(dict.fromkeys(problems))
+
+
+def _other_bindings_matching(
+    exchange: str, kind: str, key: str, work: str, what: str, bound: list[tuple[str, str, str, str, str]]
+) -> list[Problem]:
+    """Bindings in ``bound`` of ``exchange`` to a work queue other than ``work`` that match ``key``, its publish key.
+
+    ``what``: "shard" or "job queue", for the message. A job queue's own routing key shared
+    with another job queue on a direct exchange is :func:`routing_checks`' (not repeated here).
+    """
+    problems = []
+    for source, pattern, dest, where_file, where in bound:
+        hit = pattern == key if kind == "direct" else topic_matches(pattern, key)
+        if source != exchange or dest == work or not hit:
+            continue
+        if what == "job queue" and kind == "direct" and where.endswith(".routing_keys"):
+            continue  # routing_checks: "also routes to job queue ..."
+        problems.append(
+            Problem(where_file, where,
+                    f"binding key {pattern!r} of exchange {exchange!r} to {dest!r} also matches {key!r}, the routing "
+                    f"key publishers use for {what} {work!r}: every job of that {what} would also reach {dest!r} "
+                    "(run twice, or quarantined there as a job it does not know)",
+                    "bind the other work queue with keys that no job queue's publish key (its first routing key, "
+                    "or <key>.shard-<i> of a sharded one) matches")
+        )  # fmt: skip
+    return problems
 
 
 def _quorum_priority_rules(
