@@ -158,6 +158,7 @@ class Actions:
                                   results=self.results)  # fmt: skip
             run.summary = report.summary(canary is not None)
             run.details = [f"not replayed {line}" for line in report.not_moved]
+            run.details += not_found_note(chosen, report.replayed, queue)
             if not report.canary_failures:
                 return "done"
             run.details = [f"canary failed: {len(report.canary_failures)} of {report.canary_moved} did not "
@@ -177,6 +178,7 @@ class Actions:
             run.summary = (f"parked {report.taken} message(s) from {printable(report.queue)} in "
                            f"{printable(report.target)}; {report.left} left in {printable(report.queue)}")  # fmt: skip
             run.details = [f"not parked {line}" for line in report.not_moved]
+            run.details += not_found_note(chosen, report.taken, queue)
             return "done"
 
         return self._launch(run, go)
@@ -194,6 +196,7 @@ class Actions:
             assert run.take is not None
             report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take)
             run.summary = f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left"
+            run.details = not_found_note(chosen, report.taken, queue)
             return "done"
 
         return self._launch(run, go)
@@ -276,3 +279,19 @@ class Actions:
         for handle in list(self._tasks):
             handle.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def not_found_note(chosen: Selection, moved: int, queue: str) -> list[str]:
+    """A details line for the checked jobs (``chosen.job_ids``) an action found fewer copies of than were checked.
+
+    ``moved``: messages the action replayed, parked or purged. Another run or person may have
+    moved them since the page was shown; they are named as a count, the action having done
+    nothing to them. Empty when no job was checked or each was found.
+    """
+    if chosen.job_ids is None or moved >= len(chosen.job_ids):
+        return []
+    gone = len(chosen.job_ids) - moved
+    return [
+        f"{gone} of the {len(chosen.job_ids)} checked job(s) were no longer in {printable(queue)} (replayed, parked "
+        "or purged since the page was shown?): nothing was done to them"
+    ]

@@ -110,13 +110,14 @@ class ReplayReport:
         """The line a finished replay reports (``replay`` prints it; the console shows it).
 
         ``replayed 20, skipped 0, left 0 in work.quarantine (2.1s including the canary wait, 9.1/s)``:
-        the rate is moves per second between the first and the last move.
+        the rate is moves per second between the first and the last move, left out with fewer than 2 moves.
         """
-        rate_seen = (self.replayed - 1) / self.elapsed if self.elapsed > 0 else 0.0
         waited = " including the canary wait" if canary and self.replayed > self.canary_moved else ""
+        # a rate needs two moves and time between them: one move has none ("0.0/s" said nothing)
+        rate = f", {(self.replayed - 1) / self.elapsed:.1f}/s" if self.replayed > 1 and self.elapsed > 0 else ""
         return (
             f"replayed {self.replayed}, skipped {self.skipped}, left {self.left} in {printable(self.queue)} "
-            f"({self.elapsed:.1f}s{waited}, {rate_seen:.1f}/s){self.skip_reason()}"
+            f"({self.elapsed:.1f}s{waited}{rate}){self.skip_reason()}"
         )
 
     def skip_reason(self) -> str:
