@@ -41,12 +41,18 @@ __all__ = [
     "ACQUIRED_COUNT", "APP_VERSION", "ATTEMPTS", "DEFAULT_BUDGET", "DELIVERY_COUNT", "ERROR_MESSAGE",
     "ERROR_TYPE", "EVIDENCE_HEADERS",
     "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
-    "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HOST", "WORKER_PID",
-    "Failure", "delivery_counters", "evidence_headers",
+    "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HEADROOM", "WORKER_HOST",
+    "WORKER_PID", "Failure", "delivery_counters", "evidence_headers",
 ]  # fmt: skip
 
 #: Default byte budget for all evidence headers together (names + values, UTF-8).
 DEFAULT_BUDGET: Final = 16 * 1024
+#: Bytes of ``frame_max`` that ``enqueue`` leaves free for the headers a worker adds to its
+#: copies of a job: the evidence (:data:`DEFAULT_BUDGET`, on the quarantine copy) plus 4 KiB
+#: for the rest (a retry's ``amqpjobs-attempt``/``-runs``/``-first-failure-at``/``-original-*``,
+#: a suspect's ``amqpjobs-starts``/``-last-start-*``/``-work-queue`` with names of up to 255
+#: bytes, a generated job id, field encodings). README "Bad messages".
+WORKER_HEADROOM: Final = DEFAULT_BUDGET + 4 * 1024
 _MARK = "…[truncated]"
 
 
