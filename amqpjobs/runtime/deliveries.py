@@ -4,14 +4,15 @@ The worker's rules (README "Workers"): a delivery is acked only after its handle
 returned; a failed attempt is republished to the next delay tier (confirmed), then the
 original is acked; a permanent failure goes to quarantine with evidence headers
 (confirmed), then acked; if that republish fails, the delivery is held unacked until its
-target is back (:mod:`amqpjobs.runtime.holding`); a delivery from a channel that has since
-closed is never acked on a new channel. The pure rules are in :mod:`amqpjobs.jobs.failure`.
+target is back, or rejected once into quarantine when its copy can never go
+(:mod:`amqpjobs.runtime.fallback`); a delivery from a channel that has since closed is
+never acked on a new channel. The pure rules are in :mod:`amqpjobs.jobs.failure`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -42,7 +43,8 @@ from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.draining import Draining
-from amqpjobs.runtime.holding import Holding, needs_of
+from amqpjobs.runtime.fallback import ack, fall_back
+from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
@@ -51,7 +53,6 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.connection import server_address
-from amqpjobs.wire.delivery import DeliveryChannelClosed
 from amqpjobs.wire.events import OutcomeEvents
 
 if TYPE_CHECKING:
@@ -277,7 +278,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             await self._republish(layout, delivery, v, trace)
         except AmqpJobsError as exc:
             return await self._fallback(layout, delivery, v, exc, trace)
-        return await self._ack(delivery, v.job_id)
+        return await ack(delivery, v.job_id)
 
     async def _republish(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
@@ -325,52 +326,12 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             )  # fmt: skip
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
 
-    @staticmethod
-    async def _ack(delivery: Received, job_id: str) -> bool:
-        try:
-            await delivery.ack()
-        except DeliveryChannelClosed:
-            log.warning(
-                "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
-                "published makes this a duplicate the handler must tolerate)", job_id,
-            )  # fmt: skip
-            return False
-        return True
-
     async def _fallback(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
     ) -> bool:
-        """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
-
-        A copy that can never go (too large, a bug of ours) is left to the broker once the
-        quarantine exists: the delivery is rejected and dead-lettered into it (requeued when
-        it never ran this time).
-        """
-        decision = v.decision
-        settled = await self._holding.settle(
-            delivery.queue, needs_of(layout, delivery.queue, decision),
-            lambda: self._republish(layout, delivery, v, trace), exc, lambda: delivery.settleable,
-        )  # fmt: skip
-        if settled == "published":
-            return await self._ack(delivery, v.job_id)
-        if settled == "gone":
-            return False
-        if isinstance(decision, Register | HandBack):  # it never ran this time: back to its queue as it is
-            log.warning("putting job %s back on %s failed (%s); requeued instead", delivery.message_id,
-                        delivery.queue, exc)  # fmt: skip
-            with contextlib.suppress(DeliveryChannelClosed):
-                await delivery.requeue()
-            return False
-        try:
-            await delivery.reject()
-        except DeliveryChannelClosed:
-            log.warning("republish failed (%s) and the channel is gone: the broker redelivers", exc)
-            return False
-        log.error(
-            "republish for %s failed (%s); rejected the delivery so the broker dead-letters it into "
-            "quarantine with x-death reason 'rejected'", decision, exc,
-        )  # fmt: skip
-        return False
+        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
+        republish = functools.partial(self._republish, layout, delivery, v, trace)
+        return await fall_back(self._holding, layout, delivery, v.decision, v.job_id, exc, republish)
 
 
 def _job_id(delivery: Received) -> str:
