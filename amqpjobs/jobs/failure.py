@@ -142,7 +142,7 @@ def quarantine_headers(
     (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
-        runs = envelope.parse_runs(received.get(envelope.RUNS)) + crash.starts_of(received)
+        runs = envelope.parse_runs(received) + crash.starts_of(received)
     error_type, error_message, tb = error
     failure = Failure(
         reason=reason,

@@ -298,7 +298,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
         # handler runs so far, counted in our own header on our copies (absent = 0), never derived
         # from the attempt header a publisher may set to anything
-        runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
+        runs = envelope.parse_runs(received) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
             headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
                                     timestamp=delivery.timestamp)  # fmt: skip
