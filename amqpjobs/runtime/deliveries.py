@@ -234,7 +234,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone)
         if screening.action == "crashed":
             error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
             return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
@@ -249,8 +249,6 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
             return await self._start(*run)
-        if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
-            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
