@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from amqpjobs._version import __version__
-from amqpjobs.errors import AmqpJobsError
+from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.events import event_for
+from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import (
     crash_error,
     qualname,
@@ -317,12 +318,20 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             if register is not None:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
-            headers = quarantine_headers(
-                received, decision.reason, v.failure, runs, queue=delivery.queue, exchange=delivery.exchange,
-                routing_key=delivery.routing_key, job=v.job, job_id=job_id, host=self._host, pid=self._pid,
-                version=__version__, app_version=self.app.app_version, now=iso_utc(), timestamp=delivery.timestamp,
+            quarantine = functools.partial(
+                quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
+                exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=job_id,
+                host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
+                timestamp=delivery.timestamp,
             )  # fmt: skip
-            await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
+            exchange, headers = layout.quarantine_exchange, quarantine()
+            try:
+                await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
+            except MessageTooLargeError as exc:  # another publisher's headers leave less room than the evidence takes
+                if exc.excess is None or (budget := trimmed_budget(headers, exc.excess)) is None:
+                    raise  # no room worth it: rejected as it is (:mod:`.fallback`)
+                trimmed = delivery.copy(quarantine(budget=budget), job_id)
+                await self._quarantiner.publish(exchange, delivery.queue, trimmed)
 
     async def _fallback(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}

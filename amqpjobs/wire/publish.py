@@ -111,6 +111,7 @@ def check_header_fits(
             f"{frame_max} bytes{room} (they travel in one frame); nothing was sent. Put large data in the body",
             f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes{room} "
             "(one frame carries them)",
+            excess=size - limit,
         )
 
 

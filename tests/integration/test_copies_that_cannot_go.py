@@ -143,3 +143,32 @@ async def test_a_forged_start_count_on_a_work_queue_delivery_does_not_count(
     assert [o.kind for o in rec.outcomes] == ["redelivered", "succeeded"]
     assert ran == ["forged"]
     assert await depth(broker, "work.quarantine") == 0
+
+
+async def test_a_quarantine_copy_over_the_frame_gets_its_evidence_trimmed_to_the_room_left(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Another publisher's headers (125000 bytes) leave room for the retry copies but not for 16 KiB
+    of evidence: the quarantine copy carries the evidence trimmed to fit, not a bare x-death."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("fails", queue="work")
+    async def fails(payload: dict[str, int], ctx: JobContext) -> None:
+        raise ValueError("no " * 50_000)
+
+    pad = "z" * 125_000
+    async with running_worker(app, broker) as (_, rec), raw_channel(broker) as channel:
+        message = aio_pika.Message(b'{"i": 1}', message_id="near", type="fails", content_type="application/json",
+                                   headers={"big": pad})  # fmt: skip
+        await channel.default_exchange.publish(message, routing_key="work")
+        await rec.wait_for(lambda o: len(o) == 4, timeout=20)
+        await asyncio.sleep(0.3)
+    await app.close()
+    assert [o.kind for o in rec.outcomes] == ["retried", "retried", "retried", "quarantined"]
+    (copy,) = await drain(broker, "work.quarantine")
+    headers = copy.headers
+    assert "x-death" not in headers
+    assert (headers[evidence.REASON], headers[evidence.ATTEMPTS], headers["big"]) == ("exhausted", 4, pad)
+    assert str(headers[evidence.ERROR_MESSAGE]).startswith("no no ")
+    text = len(str(headers[evidence.ERROR_MESSAGE])) + len(str(headers[evidence.TRACEBACK]))
+    assert 0 < text < evidence.DEFAULT_BUDGET - 6_000  # trimmed to the room left, far under the budget
