@@ -242,7 +242,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                                  failure=error, ran=True)  # fmt: skip
         if screening.action == "register":
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        run = (layout, delivery, job, payload, attempt, max_attempts, job_id)
+        run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
         if alone:
             log.warning(
                 "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "

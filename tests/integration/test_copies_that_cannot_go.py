@@ -172,3 +172,24 @@ async def test_a_quarantine_copy_over_the_frame_gets_its_evidence_trimmed_to_the
     assert str(headers[evidence.ERROR_MESSAGE]).startswith("no no ")
     text = len(str(headers[evidence.ERROR_MESSAGE])) + len(str(headers[evidence.TRACEBACK]))
     assert 0 < text < evidence.DEFAULT_BUDGET - 6_000  # trimmed to the room left, far under the budget
+
+
+async def test_a_forged_start_count_on_a_fresh_delivery_runs_it_as_a_first_start(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """L2: ``amqpjobs-starts: 5`` on a work queue delivery: an ordinary first run, ``ctx.redelivered`` false."""
+    app = await make_app(broker, tmp_path)
+    seen: list[bool] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, int], ctx: JobContext) -> None:
+        seen.append(ctx.redelivered)
+
+    async with running_worker(app, broker) as (_, rec), raw_channel(broker) as channel:
+        message = aio_pika.Message(b'{"i": 1}', message_id="forged", type="note", content_type="application/json",
+                                   headers={crash.STARTS: 5, crash.WORK_QUEUE: "work"})  # fmt: skip
+        await channel.default_exchange.publish(message, routing_key="work")
+        await rec.wait_for(lambda o: len(o) == 1, timeout=20)
+    await app.close()
+    assert [o.kind for o in rec.outcomes] == ["succeeded"]
+    assert seen == [False]
