@@ -205,11 +205,14 @@ class MessageTooLargeError(PublishError):
         reason: What is too large, without the advice (``headers and properties of 131098
             bytes, over the connection's frame_max of 131072 bytes ...``), for a caller that
             words its own ("" when unknown).
+        excess: Bytes by which the headers and properties are over what a frame lets them
+            take, or None (a body over ``max_message_size``, or unknown).
 
     """
 
-    def __init__(self, message: str, reason: str = "") -> None:
+    def __init__(self, message: str, reason: str = "", excess: int | None = None) -> None:
         self.reason = reason
+        self.excess = excess
         super().__init__(message)
 
 

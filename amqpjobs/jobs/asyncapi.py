@@ -37,6 +37,7 @@ from pydantic.json_schema import models_json_schema
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.events import OUTCOMES, event_schema
+from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
@@ -67,7 +68,9 @@ def headers_schema() -> dict[str, Any]:
                 "type": "string",
                 "description": "Tenant key, optional; picks the shard of a sharded job queue. "
                 "'' (or blank) means no tenant. No length limit of ours (an AMQP long string: the "
-                "whole header table must fit in one frame, frame_max, 128 KiB by default).",
+                "whole header table must fit in one frame, frame_max, 128 KiB by default, less "
+                f"{WORKER_HEADROOM // 1024} KiB for the headers a worker adds to its copies: "
+                f"{128 * 1024 - WORKER_HEADROOM} bytes of properties and headers in all).",
             },
             envelope.ENQUEUED_AT: {
                 "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],

@@ -72,13 +72,17 @@ def starts_of(headers: Mapping[str, Any]) -> int:
     return parse_attempt(headers.get(STARTS))
 
 
-def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int) -> Screening:
+def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, *, registered: bool) -> Screening:
     """Decide about a delivery of a job before running it.
 
     Args:
         redelivered: The broker's ``redelivered`` flag (classic and quorum queues alike).
         headers: The delivery's headers (reads :data:`STARTS`).
         max_redeliveries: Starts without an outcome allowed after the first (>= 0).
+        registered: The delivery comes from the job queue's suspects queue, where workers
+            put the starts they register. Elsewhere :data:`STARTS` is not a count of ours
+            (workers never put a registered start back in a work queue) and is ignored: a
+            publisher's ``amqpjobs-starts`` never charges a job with crashes it did not have.
 
     Every redelivery counts as a start, on every version: the broker's counters can't tell a
     start from a hand-back (on 4.3 quorum queues a nack, a consumer timeout and a partition
@@ -91,9 +95,9 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int)
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
-    if not redelivered and STARTS not in headers:
+    if not redelivered and (STARTS not in headers or not registered):
         return _FIRST
-    start = starts_of(headers)
+    start = starts_of(headers) if registered else 1
     if not redelivered:
         return Screening("alone" if start > 1 else "run", start)
     if start > max_redeliveries:

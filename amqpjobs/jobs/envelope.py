@@ -218,16 +218,19 @@ def parse_attempt(value: Any) -> int:
     return number if number is not None and number >= 1 else 1
 
 
-def parse_runs(value: Any) -> int:
+def parse_runs(headers: Mapping[str, Any]) -> int:
     """Read :data:`RUNS`, the handler runs so far: missing, non-integer or negative values are 0.
 
     Only the worker writes it, on the copies it makes (retry tiers, quarantine, suspects).
     The evidence's ``amqpjobs-attempts`` is this count plus this delivery's run: never
     arithmetic on the attempt header, which a publisher may set to anything (attempt 999
-    quarantined without running has 0 runs, not 998).
+    quarantined without running has 0 runs, not 998). A count the worker can't have
+    written is not believed: each run it counts moved the job to its next attempt, so the
+    count is at most the attempt (:data:`ATTEMPT`) less one (a foreign ``amqpjobs-runs: 99``
+    on attempt 1 reads 0).
     """
-    number = header_int(value)
-    return number if number is not None and number >= 0 else 0
+    number = header_int(headers.get(RUNS))
+    return min(number, parse_attempt(headers.get(ATTEMPT)) - 1) if number is not None and number >= 0 else 0
 
 
 #: Longest AMQP ``shortstr`` in bytes (AMQP 0-9-1 §4.2.5.3): ``message_id``, ``type``, a

@@ -40,13 +40,21 @@ EVIDENCE_HEADERS: Final = (
 __all__ = [
     "ACQUIRED_COUNT", "APP_VERSION", "ATTEMPTS", "DEFAULT_BUDGET", "DELIVERY_COUNT", "ERROR_MESSAGE",
     "ERROR_TYPE", "EVIDENCE_HEADERS",
-    "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
-    "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HOST", "WORKER_PID",
-    "Failure", "delivery_counters", "evidence_headers",
+    "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "MIN_BUDGET", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
+    "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HEADROOM", "WORKER_HOST",
+    "WORKER_PID", "Failure", "delivery_counters", "evidence_headers", "trimmed_budget",
 ]  # fmt: skip
 
 #: Default byte budget for all evidence headers together (names + values, UTF-8).
 DEFAULT_BUDGET: Final = 16 * 1024
+#: Bytes of ``frame_max`` that ``enqueue`` leaves free for the headers a worker adds to its
+#: copies of a job: the evidence (:data:`DEFAULT_BUDGET`, on the quarantine copy) plus 4 KiB
+#: for the rest (a retry's ``amqpjobs-attempt``/``-runs``/``-first-failure-at``/``-original-*``,
+#: a suspect's ``amqpjobs-starts``/``-last-start-*``/``-work-queue`` with names of up to 255
+#: bytes, a generated job id, field encodings). README "Bad messages".
+WORKER_HEADROOM: Final = DEFAULT_BUDGET + 4 * 1024
+#: The least evidence worth a quarantine copy trimmed to fit a frame (:func:`trimmed_budget`).
+MIN_BUDGET: Final = 2 * 1024
 _MARK = "…[truncated]"
 
 
@@ -177,3 +185,24 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
     message = _trim_head(message, msg_room)
     tb = _trim_tail(tb, max(0, room - len(message.encode("utf-8"))))
     return {**short, ERROR_MESSAGE: message, TRACEBACK: tb}
+
+
+def trimmed_budget(headers: Mapping[str, object], excess: int) -> int | None:
+    """The evidence budget that lets a quarantine copy over its frame by ``excess`` bytes fit.
+
+    Another publisher's headers may leave less of ``frame_max`` than the evidence takes
+    (``enqueue`` leaves :data:`WORKER_HEADROOM`): the copy then carries its evidence built
+    again with this budget (the evidence in ``headers`` less ``excess`` and 256 bytes for
+    field encodings), error message and traceback trimmed first.
+
+    Args:
+        headers: The quarantine copy's headers, evidence included.
+        excess: Bytes by which the copy was over the frame.
+
+    Returns:
+        The smaller budget in bytes, or None when it would be under :data:`MIN_BUDGET`
+        (the delivery is then rejected as it is: README "Bad messages").
+    """
+    used = _size({k: v for k, v in headers.items() if k in EVIDENCE_HEADERS and isinstance(v, str | int)})
+    smaller = used - excess - 256
+    return smaller if smaller >= MIN_BUDGET else None

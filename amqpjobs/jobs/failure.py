@@ -14,7 +14,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.copy_headers import copy_headers
-from amqpjobs.jobs.evidence import Failure, delivery_counters, evidence_headers
+from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, delivery_counters, evidence_headers
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.retry import FailureKind
@@ -134,15 +134,17 @@ def quarantine_headers(
     app_version: str,
     now: str,
     timestamp: Any,
+    budget: int = DEFAULT_BUDGET,
 ) -> dict[str, Any]:
     """Headers of the copy that goes to quarantine: the received ones plus the failure's evidence.
 
     ``runs`` is the handler runs so far; for ``crashed`` the starts without an outcome are
     counted in too. ``timestamp``: the received ``timestamp`` property
-    (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
+    (:func:`~amqpjobs.jobs.copy_headers.copy_headers`). ``budget``: the evidence's bytes
+    (:func:`~amqpjobs.jobs.evidence.evidence_headers`).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
-        runs = envelope.parse_runs(received.get(envelope.RUNS)) + crash.starts_of(received)
+        runs = envelope.parse_runs(received) + crash.starts_of(received)
     error_type, error_message, tb = error
     failure = Failure(
         reason=reason,
@@ -166,5 +168,5 @@ def quarantine_headers(
     )
     headers = copy_headers(received, timestamp)
     headers[envelope.RUNS] = runs
-    headers.update(evidence_headers(failure))
+    headers.update(evidence_headers(failure, budget))
     return headers

@@ -18,6 +18,7 @@ from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
 from amqpjobs.jobs.envelope import job_message, with_trace
+from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.printable import listed
 from amqpjobs.runtime.backpressure import EnqueueGate
@@ -208,8 +209,9 @@ class App(CronSchedules, JobResults):
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(
-                    self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange
-                )
+                    self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
+                    header_reserve=WORKER_HEADROOM,  # a job it takes can always get its copies out
+                )  # fmt: skip
 
     def default_url(self, url: str) -> None:
         """Deprecated name of :meth:`set_default_url` (it sets, it does not return, the URL)."""
@@ -338,7 +340,8 @@ class App(CronSchedules, JobResults):
             QueueFullError: the work queue is over its ``max_depth`` / ``max_age`` (nothing sent),
                 or the broker nacked it at ``max_length`` (``reject-publish``).
             PublishNackedError: the broker refused it otherwise.
-            MessageTooLargeError: over the broker's ``max_message_size`` (nothing sent).
+            MessageTooLargeError: over the broker's ``max_message_size``, or headers and properties
+                over ``frame_max`` less :data:`~amqpjobs.jobs.evidence.WORKER_HEADROOM` (nothing sent).
             PayloadStoreError: the payload store could not keep a large payload (nothing sent).
             (After a definite refusal, ``UnroutableError``, ``PublishNackedError`` or
             ``MessageTooLargeError``, a payload stored for it is deleted before raising; after

@@ -4,14 +4,15 @@ The worker's rules (README "Workers"): a delivery is acked only after its handle
 returned; a failed attempt is republished to the next delay tier (confirmed), then the
 original is acked; a permanent failure goes to quarantine with evidence headers
 (confirmed), then acked; if that republish fails, the delivery is held unacked until its
-target is back (:mod:`amqpjobs.runtime.holding`); a delivery from a channel that has since
-closed is never acked on a new channel. The pure rules are in :mod:`amqpjobs.jobs.failure`.
+target is back, or rejected once into quarantine when its copy can never go
+(:mod:`amqpjobs.runtime.fallback`); a delivery from a channel that has since closed is
+never acked on a new channel. The pure rules are in :mod:`amqpjobs.jobs.failure`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -23,11 +24,12 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from amqpjobs._version import __version__
-from amqpjobs.errors import AmqpJobsError
+from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.events import event_for
+from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import (
     crash_error,
     qualname,
@@ -42,7 +44,8 @@ from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.draining import Draining
-from amqpjobs.runtime.holding import Holding, needs_of
+from amqpjobs.runtime.fallback import ack, fall_back
+from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
@@ -51,7 +54,6 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.connection import server_address
-from amqpjobs.wire.delivery import DeliveryChannelClosed
 from amqpjobs.wire.events import OutcomeEvents
 
 if TYPE_CHECKING:
@@ -233,14 +235,14 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone)
         if screening.action == "crashed":
             error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
             return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
                                  failure=error, ran=True)  # fmt: skip
         if screening.action == "register":
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
-        run = (layout, delivery, job, payload, attempt, max_attempts, job_id)
+        run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
         if alone:
             log.warning(
                 "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
@@ -248,8 +250,6 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
             return await self._start(*run)
-        if screening.action == "alone":  # a suspect outside the suspects queue: it waits there for its run
-            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
@@ -277,7 +277,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             await self._republish(layout, delivery, v, trace)
         except AmqpJobsError as exc:
             return await self._fallback(layout, delivery, v, exc, trace)
-        return await self._ack(delivery, v.job_id)
+        return await ack(delivery, v.job_id)
 
     async def _republish(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
@@ -297,7 +297,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
         # handler runs so far, counted in our own header on our copies (absent = 0), never derived
         # from the attempt header a publisher may set to anything
-        runs = envelope.parse_runs(received.get(envelope.RUNS)) + (1 if v.ran else 0)
+        runs = envelope.parse_runs(received) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
             headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
                                     timestamp=delivery.timestamp)  # fmt: skip
@@ -318,59 +318,27 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             if register is not None:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
-            headers = quarantine_headers(
-                received, decision.reason, v.failure, runs, queue=delivery.queue, exchange=delivery.exchange,
-                routing_key=delivery.routing_key, job=v.job, job_id=job_id, host=self._host, pid=self._pid,
-                version=__version__, app_version=self.app.app_version, now=iso_utc(), timestamp=delivery.timestamp,
+            quarantine = functools.partial(
+                quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
+                exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=job_id,
+                host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
+                timestamp=delivery.timestamp,
             )  # fmt: skip
-            await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, delivery.copy(headers, job_id))
-
-    @staticmethod
-    async def _ack(delivery: Received, job_id: str) -> bool:
-        try:
-            await delivery.ack()
-        except DeliveryChannelClosed:
-            log.warning(
-                "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
-                "published makes this a duplicate the handler must tolerate)", job_id,
-            )  # fmt: skip
-            return False
-        return True
+            exchange, headers = layout.quarantine_exchange, quarantine()
+            try:
+                await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
+            except MessageTooLargeError as exc:  # another publisher's headers leave less room than the evidence takes
+                if exc.excess is None or (budget := trimmed_budget(headers, exc.excess)) is None:
+                    raise  # no room worth it: rejected as it is (:mod:`.fallback`)
+                trimmed = delivery.copy(quarantine(budget=budget), job_id)
+                await self._quarantiner.publish(exchange, delivery.queue, trimmed)
 
     async def _fallback(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
     ) -> bool:
-        """Our republish failed: hold the delivery until its copy can go (:mod:`amqpjobs.runtime.holding`).
-
-        A copy that can never go (too large, a bug of ours) is left to the broker once the
-        quarantine exists: the delivery is rejected and dead-lettered into it (requeued when
-        it never ran this time).
-        """
-        decision = v.decision
-        settled = await self._holding.settle(
-            delivery.queue, needs_of(layout, delivery.queue, decision),
-            lambda: self._republish(layout, delivery, v, trace), exc, lambda: delivery.settleable,
-        )  # fmt: skip
-        if settled == "published":
-            return await self._ack(delivery, v.job_id)
-        if settled == "gone":
-            return False
-        if isinstance(decision, Register | HandBack):  # it never ran this time: back to its queue as it is
-            log.warning("putting job %s back on %s failed (%s); requeued instead", delivery.message_id,
-                        delivery.queue, exc)  # fmt: skip
-            with contextlib.suppress(DeliveryChannelClosed):
-                await delivery.requeue()
-            return False
-        try:
-            await delivery.reject()
-        except DeliveryChannelClosed:
-            log.warning("republish failed (%s) and the channel is gone: the broker redelivers", exc)
-            return False
-        log.error(
-            "republish for %s failed (%s); rejected the delivery so the broker dead-letters it into "
-            "quarantine with x-death reason 'rejected'", decision, exc,
-        )  # fmt: skip
-        return False
+        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
+        republish = functools.partial(self._republish, layout, delivery, v, trace)
+        return await fall_back(self._holding, layout, delivery, v.decision, v.job_id, exc, republish)
 
 
 def _job_id(delivery: Received) -> str:

@@ -273,17 +273,17 @@ def needs_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> fro
     """What the copy a ``decision`` publishes, and the worker's fallback, route into.
 
     A retry goes to its tier queue, a quarantine copy to the quarantine exchange and its
-    queue; both fall back to a reject, which the work queue dead-letters into that same
-    quarantine. A registered start goes to the suspects queue, a handed-back one to its
-    work queue; both fall back to a requeue.
+    queue, a registered start to the suspects queue, a handed-back one to its work queue.
+    Each falls back to a reject (a copy that can never go), which the work queue
+    dead-letters into that same quarantine (:mod:`amqpjobs.runtime.fallback`).
     """
     quarantine = {BrokerObject("exchange", layout.quarantine_exchange), BrokerObject("queue", layout.quarantine_queue)}
     if isinstance(decision, RetryLater):
         return frozenset({BrokerObject("queue", layout.tier_queues[work_queue][decision.tier]), *quarantine})
     if isinstance(decision, Register):
-        return frozenset({BrokerObject("queue", layout.suspects_queue)})
+        return frozenset({BrokerObject("queue", layout.suspects_queue), *quarantine})
     if isinstance(decision, HandBack):
-        return frozenset({BrokerObject("queue", work_queue)})
+        return frozenset({BrokerObject("queue", work_queue), *quarantine})
     return frozenset(quarantine)
 
 

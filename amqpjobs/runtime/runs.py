@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
-from amqpjobs.jobs import crash, envelope
+from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, qualname
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
@@ -95,8 +95,13 @@ class HandlerRuns:
         attempt: int,
         max_attempts: int,
         job_id: str,
+        start: int,
     ) -> Outcome:
-        """Claim (idempotent jobs), build the context and run the handler."""
+        """Claim (idempotent jobs), build the context and run the handler.
+
+        ``start``: the start this run is (:func:`amqpjobs.jobs.crash.screen`); after the
+        first, ``ctx.redelivered`` is true.
+        """
         ledger = self.app.ledger if job.idempotent else None
         owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
         transaction = None
@@ -136,7 +141,7 @@ class HandlerRuns:
             max_attempts=max_attempts,
             tenant=envelope.tenant_in(delivery.headers),
             queue=delivery.queue,
-            redelivered=delivery.redelivered or crash.STARTS in delivery.headers,
+            redelivered=delivery.redelivered or start > 1,
             enqueued_at=envelope.enqueued_at_of(delivery.headers, delivery.timestamp),
             headers=delivery.headers,
             ledger_transaction=transaction,

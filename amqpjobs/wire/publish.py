@@ -76,8 +76,10 @@ def _rough_size(value: object) -> int:
     return 1
 
 
-def check_header_fits(properties: aiormq.spec.Basic.Properties, headers: Mapping[str, Any], frame_max: int) -> None:
-    """Refuse properties that can't fit the connection's ``frame_max``.
+def check_header_fits(
+    properties: aiormq.spec.Basic.Properties, headers: Mapping[str, Any], frame_max: int, reserve: int = 0
+) -> None:
+    """Refuse properties that can't fit the connection's ``frame_max`` (less ``reserve`` bytes of it).
 
     A message's properties (its headers included) travel in one content-header frame: the
     body is split over frames, the header never is. A larger one makes the broker close the
@@ -85,18 +87,31 @@ def check_header_fits(properties: aiormq.spec.Basic.Properties, headers: Mapping
     a worker that republished a message with huge headers would lose every consumer of its
     connection. The exact size is computed only when a quick estimate comes near the limit.
 
+    Args:
+        properties: The message's properties, headers included.
+        headers: The same headers (for the quick estimate).
+        frame_max: The connection's negotiated ``frame_max`` in bytes (0: no limit).
+        reserve: Bytes of ``frame_max`` to leave free (what a worker adds to its copies of
+            an enqueued job); at most half of ``frame_max`` is reserved.
+
     Raises:
-        MessageTooLargeError: the properties take more than ``frame_max`` bytes (0: no limit).
+        MessageTooLargeError: the properties take more than ``frame_max - reserve`` bytes.
     """
-    if not frame_max or _rough_size(headers) * 2 < frame_max:
+    if not frame_max:
+        return
+    reserve = min(reserve, frame_max // 2)
+    limit = frame_max - reserve
+    if _rough_size(headers) * 2 < limit:
         return
     size = len(properties.marshal()) + _HEADER_FRAME_OVERHEAD
-    if size > frame_max:
+    if size > limit:
+        room = f" less the {reserve} bytes of it for the worker's own headers on its copies" if reserve else ""
         raise MessageTooLargeError(
             f"the message's headers and properties take {size} bytes, over the connection's frame_max of "
-            f"{frame_max} bytes (they travel in one frame); nothing was sent. Put large data in the body",
-            f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes "
+            f"{frame_max} bytes{room} (they travel in one frame); nothing was sent. Put large data in the body",
+            f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes{room} "
             "(one frame carries them)",
+            excess=size - limit,
         )
 
 
@@ -131,6 +146,9 @@ class ConfirmedPublisher:
             exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
             4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
             exchange is one (a name alone can't tell: a user's exchange may end in ``.shards``).
+        header_reserve: Bytes of the connection's ``frame_max`` a message's properties must
+            leave free (an app's enqueue: room for the headers a worker adds to its copies);
+            see :func:`check_header_fits`. Default 0.
     """
 
     def __init__(
@@ -141,8 +159,10 @@ class ConfirmedPublisher:
         on_confirm: Callable[[float], None] | None = None,
         serial: bool = False,
         is_modulus_exchange: Callable[[str], bool] | None = None,
+        header_reserve: int = 0,
     ) -> None:
         self._is_modulus_exchange = is_modulus_exchange
+        self._header_reserve = header_reserve
         self._on_confirm = on_confirm
         self._one_at_a_time = asyncio.Lock() if serial else None
         self._connection = connection
@@ -211,7 +231,8 @@ class ConfirmedPublisher:
         channel = await self._open_channel(exchange, routing_key)
         with broker_errors():
             underlay = await channel.get_underlay_channel()
-        check_header_fits(amqp_properties(message), message.headers, underlay.connection.connection_tune.frame_max)
+        frame_max = underlay.connection.connection_tune.frame_max
+        check_header_fits(amqp_properties(message), message.headers, frame_max, self._header_reserve)
 
     async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
         try:
@@ -231,7 +252,8 @@ class ConfirmedPublisher:
         try:
             with broker_errors():
                 underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more
-                check_header_fits(properties, message.headers, underlay.connection.connection_tune.frame_max)
+                frame_max = underlay.connection.connection_tune.frame_max
+                check_header_fits(properties, message.headers, frame_max, self._header_reserve)
                 await underlay.basic_publish(
                     message.body, exchange=exchange, routing_key=routing_key, properties=properties,
                     mandatory=True, timeout=self._timeout,

@@ -29,19 +29,36 @@ from amqpjobs.runtime.worker_config import default_timeout
     ],
 )
 def test_screen(redelivered: bool, headers: dict[str, object], expected: Screening) -> None:
-    assert screen(redelivered, headers, max_redeliveries=5) == expected
+    """A delivery from the suspects queue, where the start count is the workers' own."""
+    assert screen(redelivered, headers, max_redeliveries=5, registered=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("redelivered", "headers", "expected"),
+    [
+        (False, {}, Screening("run", 1)),
+        (False, {STARTS: 3}, Screening("run", 1)),  # not a registered start: an ordinary first one
+        (True, {}, Screening("register", 2)),
+        (True, {STARTS: 2**40}, Screening("register", 2)),  # a publisher's count charges no crash
+        (True, {STARTS: 6}, Screening("register", 2)),
+    ],
+)
+def test_screen_ignores_a_start_count_outside_the_suspects_queue(
+    redelivered: bool, headers: dict[str, object], expected: Screening
+) -> None:
+    assert screen(redelivered, headers, max_redeliveries=5, registered=False) == expected
 
 
 def test_screen_bound_of_one_quarantines_at_the_second_crash() -> None:
-    assert screen(True, {}, 1) == Screening("register", 2)
-    assert screen(True, {STARTS: 2}, 1) == Screening("crashed", 2)
+    assert screen(True, {}, 1, registered=False) == Screening("register", 2)
+    assert screen(True, {STARTS: 2}, 1, registered=True) == Screening("crashed", 2)
 
 
 def test_screen_takes_every_redelivery_for_a_start_whatever_its_counters() -> None:
     """4.3 quorum queues: a nack, a consumer timeout and a partition all raise only x-acquired-count
     (release notes 4.3.0), and a consumer timeout returns runs still going: no counter tells them apart."""
-    assert screen(True, {"x-acquired-count": 2}, 5) == Screening("register", 2)
-    assert screen(True, {"x-delivery-count": 1, "x-acquired-count": 3}, 5) == Screening("register", 2)
+    assert screen(True, {"x-acquired-count": 2}, 5, registered=False) == Screening("register", 2)
+    assert screen(True, {"x-delivery-count": 1, "x-acquired-count": 3}, 5, registered=False) == Screening("register", 2)
 
 
 async def test_isolation_gate_waits_for_ordinary_runs_and_refuses_others_meanwhile() -> None:

@@ -131,3 +131,19 @@ def test_quarantine_headers(reason: str, runs: int) -> None:
 )
 def test_the_stop_line_counts_deliveries_handed_back_apart_from_jobs(handed: int, waiting: int, note: str) -> None:
     assert handed_back_note(handed, waiting) == note
+
+
+@pytest.mark.parametrize(
+    ("headers", "runs"),
+    [
+        ({}, 0),
+        ({envelope.RUNS: 2, envelope.ATTEMPT: 3}, 2),  # as the worker writes it: one run per attempt moved
+        ({envelope.RUNS: 99}, 0),  # another publisher's count on a first attempt
+        ({envelope.RUNS: 99, envelope.ATTEMPT: 2}, 1),
+        ({envelope.RUNS: 1, envelope.ATTEMPT: 4}, 1),  # fewer runs than attempts: a store error moved it on
+        ({envelope.RUNS: -3, envelope.ATTEMPT: 4}, 0),
+        ({envelope.RUNS: "x", envelope.ATTEMPT: 4}, 0),
+    ],
+)
+def test_a_runs_count_is_believed_up_to_the_attempt_less_one(headers: dict[str, Any], runs: int) -> None:
+    assert envelope.parse_runs(headers) == runs

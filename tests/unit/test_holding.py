@@ -152,5 +152,6 @@ def test_needs_of_each_decision():
     assert needs_of(layout, "work", RetryLater(next_attempt=3, tier=1, delay=5.0)) == QUARANTINE | {
         BrokerObject("queue", "work.retry.5s")
     }
-    assert needs_of(layout, "work", Register(2)) == {BrokerObject("queue", "work.suspects")}
-    assert needs_of(layout, "work", HandBack()) == {BrokerObject("queue", "work")}
+    # unstarted copies too: one that can never go is rejected into the quarantine, never requeued
+    assert needs_of(layout, "work", Register(2)) == QUARANTINE | {BrokerObject("queue", "work.suspects")}
+    assert needs_of(layout, "work", HandBack()) == QUARANTINE | {BrokerObject("queue", "work")}

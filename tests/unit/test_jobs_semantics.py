@@ -17,11 +17,13 @@ from amqpjobs.jobs.evidence import (
     EVIDENCE_HEADERS,
     JOB,
     JOB_ID,
+    MIN_BUDGET,
     REASON,
     TENANT,
     TRACEBACK,
     Failure,
     evidence_headers,
+    trimmed_budget,
 )
 from amqpjobs.jobs.outcome import Quarantine, RetryLater
 from amqpjobs.jobs.retry import decide
@@ -67,6 +69,19 @@ def test_evidence_stays_under_budget(size: int) -> None:
     assert str(headers[TRACEBACK]).endswith("ValueError: boom")  # the end of a traceback is kept
     if size == 10:
         assert headers[ERROR_MESSAGE] == "m" * 10
+
+
+def test_evidence_trimmed_for_a_copy_over_its_frame_loses_the_excess() -> None:
+    """A quarantine copy 5000 bytes over its frame: the evidence built again is 5000+ bytes smaller."""
+    full = {"big": "z" * 120_000, **evidence_headers(failure("m" * 50_000, "t" * 50_000))}
+    budget = trimmed_budget(full, 5000)
+    assert budget is not None
+    trimmed = evidence_headers(failure("m" * 50_000, "t" * 50_000), budget)
+    size = sum(len(k.encode()) + len(str(v).encode()) + 6 for k, v in trimmed.items())  # AMQP: + length and type
+    used = sum(len(k.encode()) + len(str(v).encode()) + 6 for k, v in full.items() if k in EVIDENCE_HEADERS)
+    assert used - size >= 5000
+    assert str(trimmed[ERROR_MESSAGE]).startswith("mmm")
+    assert trimmed_budget(full, DEFAULT_BUDGET - MIN_BUDGET) is None  # too little left: rejected as it is
 
 
 def test_evidence_keeps_a_long_tenant_whole() -> None:

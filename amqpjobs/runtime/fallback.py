@@ -1,0 +1,85 @@
+"""A delivery whose copy could not be published: held until the copy goes, or rejected once into quarantine.
+
+A worker settles a delivery by publishing a copy (a delay tier, the quarantine, the suspects
+queue, its work queue) and then acking the original (:mod:`amqpjobs.runtime.deliveries`).
+When that publish fails:
+
+* a failure a wait can cure (a missing queue or exchange, a nack, no confirm in time): the
+  delivery is held unacked until its copy goes (:mod:`amqpjobs.runtime.holding`), then acked;
+* a copy that can never go (headers over ``frame_max``, a bug of ours), whatever the
+  decision: once the quarantine exists, the delivery is rejected and the broker
+  dead-letters it into the quarantine as it is (``x-death`` reason ``rejected``). Never a
+  requeue, not even for a registered start or a hand-back: the same delivery would come
+  straight back, ``redelivered``, to the same refusal, forever (README "Bad messages");
+* its channel closed meanwhile: the broker has the message back and redelivers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from amqpjobs.jobs.outcome import Decision
+from amqpjobs.runtime.holding import Holding, needs_of
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Received
+from amqpjobs.wire.delivery import DeliveryChannelClosed
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+async def ack(delivery: Received, job_id: str) -> bool:
+    """Ack ``delivery`` once its copy is out; False when its channel has closed (the broker redelivers it)."""
+    try:
+        await delivery.ack()
+    except DeliveryChannelClosed:
+        log.warning(
+            "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
+            "published makes this a duplicate the handler must tolerate)", job_id,
+        )  # fmt: skip
+        return False
+    return True
+
+
+async def fall_back(
+    holding: Holding,
+    layout: JobQueueLayout,
+    delivery: Received,
+    decision: Decision,
+    job_id: str,
+    error: Exception,
+    publish: Callable[[], Awaitable[None]],
+) -> bool:
+    """Settle ``delivery`` after publishing the copy ``decision`` needs failed with ``error``.
+
+    Args:
+        holding: The worker's holds (waits for missing broker objects).
+        layout: The delivery's job queue.
+        delivery: The delivery, unacked.
+        decision: What the worker decided; its copy is what failed.
+        job_id: The job id, for the log.
+        error: Why the first publish failed.
+        publish: Publishes the copy again (raises on failure).
+
+    Returns:
+        Whether the delivery was acked (False when rejected or its channel closed).
+    """
+    settled = await holding.settle(
+        delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable
+    )
+    if settled == "published":
+        return await ack(delivery, job_id)
+    if settled == "gone":
+        return False
+    try:  # "refused": the quarantine exists (settle waited for it), the copy can never go
+        await delivery.reject()
+    except DeliveryChannelClosed:
+        log.warning("job %s: its copy can't be published (%s) and the channel is gone: the broker redelivers",
+                    job_id, error)  # fmt: skip
+        return False
+    log.error(
+        "job %s: the copy for %s can never be published (%s); rejected the delivery of %s once, so the broker "
+        "dead-letters it into %s as it is, with x-death reason 'rejected'", job_id, decision, error,
+        delivery.queue, layout.quarantine_queue,
+    )  # fmt: skip
+    return False
