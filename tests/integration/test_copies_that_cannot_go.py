@@ -63,8 +63,12 @@ async def test_a_redelivery_whose_suspect_copy_cannot_fit_a_frame_is_quarantined
     assert ran == [2]
     (dead,) = await drain(broker, "work.quarantine")
     assert (dead.message_id, dead.headers["big"]) == ("big", pad)
-    (death,) = dead.headers["x-death"]  # type: ignore[misc]
-    assert (death["reason"], death["count"], death["queue"]) == ("rejected", 1, "work")  # type: ignore[index,call-overload]
+    deaths = dead.headers["x-death"]
+    assert isinstance(deaths, list), deaths
+    assert len(deaths) == 1, deaths
+    death = deaths[0]
+    assert isinstance(death, dict)
+    assert (death["reason"], death["count"], death["queue"]) == ("rejected", 1, "work")
     assert (await depth(broker, "work"), await depth(broker, "work.suspects")) == (0, 0)
 
 
