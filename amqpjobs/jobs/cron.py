@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.json_values import json_problem
 from amqpjobs.printable import listed
 
 MissedPolicy = Literal["catch-up-once", "skip"]
@@ -260,6 +261,9 @@ class Schedule:
             raise ConfigurationError(f"schedule {self.name!r}: overlap must be one of {listed(OVERLAP_POLICIES)}")
         if not self.grace >= 0:
             raise ConfigurationError(f"schedule {self.name!r}: grace must be >= 0 seconds (got {self.grace!r})")
+        problem = json_problem(self.payload)
+        if problem is not None:
+            raise ConfigurationError(f"schedule {self.name!r}: the payload holds a value JSON can't carry: {problem}")
 
 
 @dataclass(frozen=True)

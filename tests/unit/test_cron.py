@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import decimal
 import inspect
 import itertools
+import math
 import random
 import time
 from datetime import datetime, timedelta
@@ -333,6 +335,30 @@ def test_app_cron_refusals() -> None:
     with pytest.raises(ConfigurationError, match="registered twice"):
         app.cron("@hourly", payload={"kind": "x"})(plain)
     assert [s.name for s in app.schedules()] == ["plain"]
+
+
+def test_app_cron_refuses_a_payload_json_cannot_carry_at_import() -> None:
+    # review H2: a Decimal was accepted at import, then stopped every schedule of the app
+    app = App("crontest")
+
+    @app.job("tick", queue="batch")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("* * * * * */1", name="badpay", payload={"x": decimal.Decimal("1.5")})(tick)
+    assert str(caught.value) == (
+        "schedule 'badpay': the payload holds a value JSON can't carry: payload['x'] = Decimal('1.5') "
+        "(a Decimal; fix: give a str, int, float, bool, None, list or dict)"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="nan", payload={"a": [1, {"b": math.nan}]})(tick)
+    assert str(caught.value) == (
+        "schedule 'nan': the payload holds a value JSON can't carry: payload['a'][1]['b'] = nan "
+        "(NaN and Infinity are not JSON; fix: give a finite number)"
+    )
+    with pytest.raises(ConfigurationError, match=r"schedule 'direct': .* payload\[3\] = b'x'"):
+        Schedule("direct", "tick", CronRule("@daily"), {3: b"x"})  # type: ignore[dict-item]
+    assert app.schedules() == []
 
 
 # ---------------------------------------------------------------------------- amqpjobs schedule list
