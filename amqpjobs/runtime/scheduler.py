@@ -179,6 +179,8 @@ class Scheduler(TickFiring):
         schedules = {s.name: s for s in self.app.schedules()}
         if not schedules:
             raise ConfigurationError(f"app {self.app.name!r} has no schedules; declare some with @app.cron")
+        if self.options.schedules == ():
+            raise ConfigurationError(f"no schedule selected: name some of {listed(schedules)}, or None for all")
         names = self.options.schedules or tuple(schedules)
         unknown = sorted(set(names) - set(schedules))
         if unknown:

@@ -432,3 +432,14 @@ def test_schedule_list_count_gives_that_many_fire_times() -> None:
                   "tests.unit.test_cron:listed", "--count", "0")  # fmt: skip
     assert refused.exit_code == 2
     assert "--count" in refused.output
+
+
+def test_a_scheduler_refuses_an_empty_selection_of_schedules() -> None:
+    # review L11, the library's side: schedules=() ran every schedule like None
+    from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions
+    from amqpjobs.wire.settings import broker_settings
+
+    scheduler = Scheduler(listed, broker_settings("amqp://guest:guest@127.0.0.1:1/"), SchedulerOptions(schedules=()))
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler._select()
+    assert str(caught.value) == "no schedule selected: name some of fast, paris-daily, or None for all"

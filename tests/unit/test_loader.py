@@ -136,7 +136,7 @@ def test_a_type_error_does_not_hide_the_other_problems_of_its_job_queue(tmp_path
     assert problems_of(tmp_path, HEADER + job("max_priority = 5.0\ndelivery_limit = 3")) == [
         "job_queue[0].max_priority: Input should be a valid integer (got 5.0) (fix: give a whole number, without "
         "a decimal point)",
-        'job_queue[0].delivery_limit: delivery_limit applies to quorum queues only (fix: remove it, or use type = '
+        "job_queue[0].delivery_limit: delivery_limit applies to quorum queues only (fix: remove it, or use type = "
         '"quorum")',
     ]
 
