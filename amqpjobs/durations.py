@@ -15,6 +15,9 @@ from amqpjobs.errors import ConfigurationError
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: The longest duration taken, in seconds (100 years, ``36500d``): any duration fits a
+#: ``timedelta``, a date that far back or ahead, and a thread or event-loop timeout.
+MAX_DURATION = 36500 * 86400.0
 
 
 def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> float:
@@ -33,6 +36,7 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
     Raises:
         ValueError: the value is not a duration, or is zero (unless ``allow_zero``), negative,
             NaN or infinite. The message shows the accepted forms.
+        DurationTooLongError: (a ValueError) longer than :data:`MAX_DURATION` (100 years).
 
     """
     if isinstance(value, bool):
@@ -68,7 +72,13 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
         return 0.0
     if not math.isfinite(seconds) or seconds <= 0:
         raise _not_positive(value, allow_zero)
+    if seconds > MAX_DURATION:
+        raise DurationTooLongError(f"{value!r} is longer than 100 years (36500d), the longest duration taken")
     return seconds
+
+
+class DurationTooLongError(ValueError):
+    """A duration above :data:`MAX_DURATION` (a ``ValueError``: a duration, but not one taken)."""
 
 
 def _not_positive(value: object, allow_zero: bool) -> ValueError:

@@ -166,6 +166,27 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "binding[0].routing_key",
         "shard",
     ),
+    # review M1: integers AMQP can't carry (a signed 64-bit field-table long) half-applied a topology
+    "max-length-beyond-amqp": (
+        HEADER + job('max_length = 99999999999999999999\noverflow = "drop-head"'),
+        "job_queue[0].max_length",
+        "9223372036854775807",
+    ),
+    "delivery-limit-beyond-amqp": (
+        HEADER + job('type = "quorum"\ndelivery_limit = 9223372036854775808'),
+        "job_queue[0].delivery_limit",
+        "9223372036854775807",
+    ),
+    "max-depth-beyond-amqp": (
+        HEADER + job("max_depth = 9223372036854775808"),
+        "job_queue[0].max_depth",
+        "9223372036854775807",
+    ),
+    "sub-millisecond-tiers": (
+        HEADER + job("retry_tiers = [0.0001, 0.0004]"),
+        "job_queue[0].retry_tiers[0]",
+        "sub-millisecond",
+    ),
     "empty-file": ("# nothing here\n", "-", "declares nothing"),
     "table-not-list": ('[exchange]\nname = "jobs"\n', "exchange", "[[exchange]]"),
 }

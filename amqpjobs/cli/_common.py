@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import click
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
     BrokerError,
@@ -29,7 +29,7 @@ from amqpjobs.errors import (
     TopologyValidationError,
 )
 from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, Selection
+from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.loading import load_app
@@ -287,14 +287,17 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
     for flag, value in (("--job", job), ("--error-type", error_type), ("--reason", reason)):
         if value is not None and not value.strip():
             raise ConfigurationError(f"{flag} is empty: give a value or leave it out")
-    if reason is not None and reason not in REASONS and reason.removeprefix("x-death:") not in BROKER_REASONS:
+    if reason is not None and not is_shown_reason(reason):
         raise ConfigurationError(
-            f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, or x-death:<reason> "
-            f"({', '.join(BROKER_REASONS)}) for broker-side dead-letters"
+            f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, x-death:<reason> "
+            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, or {NO_EVIDENCE} "
+            "(published straight into the quarantine queue)"
         )
     if since:
         try:
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
+        except DurationTooLongError as exc:
+            raise ConfigurationError(f"--since {since!r}: {exc}") from None
         except ValueError:
             when = parse_time(since)
             if when is None:

@@ -38,7 +38,7 @@ from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, Selection, summarize
-from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target
 from amqpjobs.printable import json_safe, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
@@ -244,6 +244,7 @@ def replay_command(
     host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
     done, 1 when --stop-after-failures or a failed --canary stopped the run.
     """
+    check_replay_target(to)  # before any warning about it
     check_canary_options(click.get_current_context(), canary)
     broker = settings(url, management_url)
     store = app_results(app_ref, required=False)

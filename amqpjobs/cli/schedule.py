@@ -15,7 +15,7 @@ from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule, format_tick
 from amqpjobs.jobs.timestamps import parse_time
-from amqpjobs.printable import logfmt_value
+from amqpjobs.printable import listed, logfmt_value
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.processes import run_scheduler
@@ -41,9 +41,14 @@ def schedule_run(
     Run as many replicas as you like: the broker elects one, which enqueues each tick
     once; when it dies another takes over within seconds.
     """
-    names = tuple(n.strip() for n in schedules.split(",") if n.strip()) if schedules else None
+    names = None if schedules is None else tuple(n.strip() for n in schedules.split(",") if n.strip())
     configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
     app = load_app(app_ref)
+    if names == ():
+        raise ConfigurationError(
+            f"--schedules names no schedule: give names separated by commas (the app has "
+            f"{listed(s.name for s in app.schedules())}), or leave it out to run them all"
+        )
     sys.exit(asyncio.run(run_scheduler(app, settings(url, management_url), SchedulerOptions(schedules=names))))
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.durations import DurationTooLongError, format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import (  # shared with the CLI
@@ -188,6 +188,8 @@ def action_form(kind: str, form: Any) -> ActionForm:
         timeout_text = required(form, "canary_timeout", "how long to wait for the canaries, e.g. 30s")
         try:
             timeout = parse_duration(timeout_text)
+        except DurationTooLongError:
+            timeout = math.inf  # the ceiling's message below
         except ValueError:
             shown = repr(timeout_text)
             raise FormError("canary_timeout", f"give a duration such as 30s, 2m or 1m30s (got {shown})") from None

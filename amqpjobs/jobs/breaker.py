@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.topology.naming import breaker_probe_name, breaker_queue_name, own_queue_problem
@@ -85,6 +85,8 @@ class Breaker:
                     seconds = float(value)
                 else:  # its message says what a duration looks like
                     seconds = parse_duration(value, allow_zero=isinstance(value, str))
+            except DurationTooLongError:
+                seconds = math.inf  # the bound's message below says what is allowed here
             except ValueError as exc:
                 raise ConfigurationError(f"Breaker({name}={value!r}): {exc}") from None
             if seconds < MIN_SECONDS:

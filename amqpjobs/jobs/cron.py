@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.json_values import json_problem
 from amqpjobs.printable import listed
 
 MissedPolicy = Literal["catch-up-once", "skip"]
@@ -164,23 +165,29 @@ class CronRule:
         """The first tick strictly after ``after`` (aware), in UTC.
 
         Raises:
-            ConfigurationError: no tick within croniter's search horizon.
+            ConfigurationError: no tick within croniter's search horizon, or before the
+                calendar's end (year 9999).
             ValueError: ``after`` is naive.
 
         """
         after = _utc(after)
-        wall = after.astimezone(self.zone).replace(tzinfo=None, fold=0)
-        # A wall time before ``wall`` never maps past ``after`` (the mapping is monotonic),
-        # so scanning from ``wall`` finds the first tick; in a repeated hour's second pass
-        # the first-pass matches map before ``after`` and are passed over.
-        matches = croniter(self.expression.strip(), wall)
         try:
+            wall = after.astimezone(self.zone).replace(tzinfo=None, fold=0)
+            # A wall time before ``wall`` never maps past ``after`` (the mapping is monotonic),
+            # so scanning from ``wall`` finds the first tick; in a repeated hour's second pass
+            # the first-pass matches map before ``after`` and are passed over.
+            matches = croniter(self.expression.strip(), wall)
             for _ in range(_SEARCH_LIMIT):
                 tick = _wall_to_utc(matches.get_next(datetime), self.zone)
                 if tick > after:
                     return tick
         except CroniterError as exc:
             raise ConfigurationError(f"cron expression {self.expression!r}: no tick after {after}: {exc}") from None
+        except (OverflowError, ValueError):  # croniter and datetime past year 9999
+            raise ConfigurationError(
+                f"cron expression {self.expression!r}: no tick after {format_tick(after)}: the calendar ends at "
+                "9999-12-31T23:59:59Z"
+            ) from None
         raise ConfigurationError(f"cron expression {self.expression!r}: no tick found after {after}")
 
     def upcoming(self, after: datetime, count: int) -> list[datetime]:
@@ -260,6 +267,9 @@ class Schedule:
             raise ConfigurationError(f"schedule {self.name!r}: overlap must be one of {listed(OVERLAP_POLICIES)}")
         if not self.grace >= 0:
             raise ConfigurationError(f"schedule {self.name!r}: grace must be >= 0 seconds (got {self.grace!r})")
+        problem = json_problem(self.payload)
+        if problem is not None:
+            raise ConfigurationError(f"schedule {self.name!r}: the payload holds a value JSON can't carry: {problem}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.message_key import message_key
+from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 from amqpjobs.text import as_text
@@ -28,6 +29,8 @@ BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
 #: The reason shown for a message with neither evidence of ours nor ``x-death``: no worker
 #: quarantined it and the broker did not dead-letter it, so something published it straight in.
 NO_EVIDENCE: Final = "no-evidence"
+#: The reason shown for a dead-lettered message whose ``x-death`` names no reason.
+UNKNOWN_DEATH: Final = "x-death:unknown"
 #: The ``x-first-death-*`` / ``x-last-death-*`` fields read (besides ``x-death``'s entries).
 _DEATH_FIELDS: Final = ("reason", "queue")
 
@@ -46,6 +49,15 @@ _RESET: Final = frozenset(
     {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.RUNS, envelope.FIRST_FAILURE_AT}
     - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
 )
+
+
+def is_shown_reason(reason: str) -> bool:
+    """True when a quarantine listing can show ``reason``, so a filter may select it.
+
+    Ours (:data:`~amqpjobs.jobs.outcome.REASONS`), the broker's as ``x-death:<reason>``
+    (or bare: ``expired``) or :data:`UNKNOWN_DEATH`, and :data:`NO_EVIDENCE`.
+    """
+    return reason in (*REASONS, NO_EVIDENCE, UNKNOWN_DEATH) or reason.removeprefix("x-death:") in BROKER_REASONS
 
 
 def header_text(value: Any) -> str:
@@ -183,7 +195,7 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
     latest, earliest = (deaths[0], deaths[-1]) if deaths else ({}, {})
     reason, queue = _last(headers, latest, "reason"), _last(headers, latest, "queue")
     dead_lettered = bool(deaths) or any(f"x-{w}-death-{f}" in headers for w in ("first", "last") for f in _DEATH_FIELDS)
-    label = f"x-death:{reason or 'unknown'}" if dead_lettered else NO_EVIDENCE
+    label = (f"x-death:{reason}" if reason else UNKNOWN_DEATH) if dead_lettered else NO_EVIDENCE
     return QuarantinedJob(
         job=job,
         job_id=header_text(message_id),

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import parse_queue_name
 
 #: Ceilings of a replay asked for by a person, the same in the CLI (``replay --rate/--canary/
 #: --canary-timeout``, exit 2) and the console (HTTP 400 naming the field): a slip such as
@@ -24,6 +26,24 @@ MAX_CANARY: Final = 10_000
 MAX_CANARY_TIMEOUT: Final = 3600.0
 #: Seconds a canary replay waits for its canaries' outcomes unless told (CLI, console form and server alike).
 DEFAULT_CANARY_TIMEOUT: Final = 60.0
+
+
+def check_replay_target(to: str | None) -> None:
+    """Refuse a replay's ``to`` (``--to``) that is not a work queue (or a shard of one).
+
+    A quarantine, parked, suspects or delay-tier queue is no place to run jobs: they would
+    wait there unseen, or go round.
+
+    Raises:
+        ConfigurationError: ``to`` names a queue of another kind (the message says which).
+
+    """
+    kind = None if to is None else parse_queue_name(to).kind
+    if to is not None and kind not in ("work", "shard"):
+        raise ConfigurationError(
+            f"--to {to!r} is a {kind} queue: replay sends jobs back to a work queue (or leave --to out to send "
+            "each to the queue it failed on)"
+        )
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
-from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
 from amqpjobs.runtime.results import ResultsStore, record_quietly
-from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, parse_queue_name, quarantine_exchange_name
+from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route, replay_route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
@@ -173,11 +173,7 @@ async def replay(
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second (got {options.rate})"
         )
-    if options.to is not None and options.to.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)):
-        raise ConfigurationError(
-            f"--to {options.to!r} is a {parse_queue_name(options.to).kind} queue: replay sends jobs back to a work "
-            "queue (or leave --to out to send each to the queue it failed on)"
-        )
+    check_replay_target(options.to)
     replay_id = str(uuid.uuid4())
     report = report if report is not None else ReplayReport(queue=name)
     census = census if census is not None else Census()

@@ -179,6 +179,8 @@ class Scheduler(TickFiring):
         schedules = {s.name: s for s in self.app.schedules()}
         if not schedules:
             raise ConfigurationError(f"app {self.app.name!r} has no schedules; declare some with @app.cron")
+        if self.options.schedules == ():
+            raise ConfigurationError(f"no schedule selected: name some of {listed(schedules)}, or None for all")
         names = self.options.schedules or tuple(schedules)
         unknown = sorted(set(names) - set(schedules))
         if unknown:
@@ -365,11 +367,11 @@ class Scheduler(TickFiring):
                 try:
                     if cursors is None:
                         cursors = await self._load_cursors(token)
-                    now = self._clock()
-                    for schedule in self._schedules:
-                        await self._tick(schedule, now, cursors, token)
-                    due = min(s.rule.next_after(cursors[s.name]) for s in self._schedules)
-                    delay = min(max((due - self._clock()).total_seconds(), 0.0), delay)
+                    due, reread = await self._tick_all(self._clock(), cursors, token)
+                    if reread:
+                        cursors = None  # a commit whose answer was lost may have happened
+                    if due is not None:
+                        delay = min(max((due - self._clock()).total_seconds(), 0.0), delay)
                 except _NotLeader:
                     raise
                 except Exception as exc:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
@@ -193,6 +194,36 @@ class TickFiring:
                                   server_address(self._connection), root=True)  # fmt: skip
         headers = with_trace(message.headers, spans.enter_context(sending))
         return exchange, routing_key, dataclasses.replace(message, headers=headers)
+
+    async def _tick_all(self, now: datetime, cursors: dict[str, datetime], token: Any) -> tuple[datetime | None, bool]:
+        """Deal with each schedule's due ticks; one schedule failing never stops the others.
+
+        A schedule whose tick fails (its job can't be built, its transaction failed) is
+        logged and tried again at the next look; its cursor stays, so no tick is lost.
+
+        Returns:
+            The earliest next tick of the schedules that did not fail (None when all
+            failed), and whether a transaction failed: its answer may have been lost, so
+            the caller reads the tick stores again before the next look.
+
+        Raises:
+            _NotLeader: the token was lost.
+
+        """
+        due: list[datetime] = []
+        reread = False
+        for schedule in self._schedules:
+            try:
+                await self._tick(schedule, now, cursors, token)
+            except _NotLeader:
+                raise
+            except Exception as exc:
+                reread = reread or isinstance(exc, BrokerError)
+                log.warning("scheduler replica %s: schedule %s: %s; its tick waits, the other schedules go on",
+                            self.replica, schedule.name, exc, exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+                continue
+            due.append(schedule.rule.next_after(cursors[schedule.name]))
+        return min(due, default=None), reread
 
     async def _tick(
         self,

@@ -8,9 +8,9 @@ our own units (seconds); milliseconds appear only in :mod:`amqpjobs.wire.argumen
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 #: Exchange types we declare ourselves: the file's types and RabbitMQ 4.3's core ``x-modulus-hash``.
 DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash", "x-modulus-hash"]
@@ -18,6 +18,11 @@ DeclaredExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consis
 QueueType = Literal["classic", "quorum"]
 #: ``x-overflow`` of a queue we declare (RabbitMQ "Queue Length Limit" -> "Overflow Behaviour").
 Overflow = Literal["reject-publish", "drop-head"]
+#: The largest integer an AMQP argument carries: a field table's signed 64-bit long (the client
+#: refuses more). RabbitMQ takes any non-negative one for ``x-max-length`` and ``x-delivery-limit``.
+AMQP_INT_MAX: Final = 2**63 - 1
+#: An integer argument of a queue: 0 to :data:`AMQP_INT_MAX`.
+AmqpInt = Annotated[int, Field(ge=0, le=AMQP_INT_MAX)]
 QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked", "waiting", "tokens"]
 
 
@@ -59,13 +64,13 @@ class QueueDecl(_Frozen):
     role: QueueRole
     job_queue: str
     queue_type: QueueType = "classic"
-    max_priority: int | None = None
+    max_priority: AmqpInt | None = None
     message_ttl: float | None = None
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     dead_letter_strategy: Literal["at-least-once"] | None = None
-    delivery_limit: int | None = None
-    max_length: int | None = None
+    delivery_limit: AmqpInt | None = None
+    max_length: AmqpInt | None = None
     overflow: Overflow | None = None
 
 

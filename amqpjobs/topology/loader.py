@@ -7,6 +7,7 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem, TopologyValidationError
+from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.models import (
     BindingSpec,
     ExchangeSpec,
@@ -36,7 +38,7 @@ from amqpjobs.topology.naming import (
     paused_flag_name,
     unaddressable_problem,
 )
-from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
+from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks, tier_in_range
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
 
@@ -45,7 +47,7 @@ _FIXES = {
     "extra_forbidden": "remove the key or correct its spelling; see README 'Topology files'",
     "missing": "add the key",
     "literal_error": "use one of the values listed",
-    "int_type": "give a whole number, without quotes",
+    "int_type": "give a whole number",
     "int_parsing": "give a whole number",
     "bool_type": "give true or false",
     "string_type": "give a string",
@@ -56,6 +58,13 @@ _FIXES = {
     "string_too_long": "use at most 255 characters",
     "string_pattern_mismatch": "names may not contain whitespace",
     "value_error": "use a duration such as '500ms', '5s', '1m' or a number of seconds",
+}
+
+#: The fix of a value that is not a whole number, by the type the TOML file gave.
+_INT_FIXES: dict[type, str] = {
+    str: "give a whole number, without quotes",
+    float: "give a whole number, without a decimal point",
+    bool: "give a whole number such as 5, not true or false",
 }
 
 
@@ -127,6 +136,7 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
             parsed.append((name, TopologyFile.model_validate(raw)))
         except ValidationError as exc:
             problems.extend(_pydantic_problems(name, exc, raw))
+            problems.extend(_rules_beside_type_errors(name, exc, raw))
     if problems:
         raise TopologyValidationError(problems)
     if not any(tf.exchange or tf.job_queue or tf.binding for _, tf in parsed):
@@ -165,9 +175,57 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
         else:
             fix = _FIXES.get(kind, "correct the value")
             message = message.removeprefix("Value error, ")
+            if kind == "int_type":
+                fix = _INT_FIXES.get(type(err.get("input")), fix)
+            if kind == "less_than_equal" and err.get("ctx", {}).get("le") == AMQP_INT_MAX:
+                message += " (the largest integer an AMQP argument carries)"
             if "input" in err and kind not in ("missing",):
-                message = f"{message} (got {str(err['input'])[:100]!r})"
+                message = f"{message} (got {_as_toml(err['input'])})"
         problems.append(Problem(file, _key_path(loc), message, fix))
+    return problems
+
+
+def _as_toml(value: Any) -> str:
+    """``value`` as the TOML file spells it (``true``, ``"5"``, ``5.0``), at most 100 characters."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
+def _int_like(value: Any) -> int | None:
+    """The whole number ``value`` plainly means (``5.0``, ``"5"``), or None (``true``, ``5.5``, ``"five"``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _rules_beside_type_errors(file: str, exc: ValidationError, raw: dict[str, Any]) -> list[Problem]:
+    """The rules of a job queue that has a key of the wrong type, checked with that key's plain meaning.
+
+    ``max_priority = 5.0`` must not hide ``delivery_limit`` on a classic queue: the entry is
+    checked again with each refused whole number read as one (``5.0`` as 5). An entry with a
+    refused key of another kind is not: its other rules may depend on that key.
+    """
+    refused: dict[int, dict[str, Any]] = {}
+    for err in exc.errors(include_url=False):
+        loc = err["loc"]
+        if len(loc) == 3 and loc[0] == "job_queue" and isinstance(loc[1], int) and isinstance(loc[2], str):
+            refused.setdefault(loc[1], {})[loc[2]] = _int_like(err.get("input"))
+    entries = raw.get("job_queue")
+    problems: list[Problem] = []
+    for i, keys in sorted(refused.items()):
+        if None in keys.values() or not isinstance(entries, list) or not isinstance(entries[i], dict):
+            continue
+        try:
+            jq = JobQueueSpec.model_validate({**entries[i], **keys})
+        except ValidationError:
+            continue  # another error as well: reported by pydantic already
+        base = f"job_queue[{i}]"
+        bad_paths = {f"{base}.{key}" for key in keys}
+        problems += [p for p in queue_rules(file, base, jq, None, []) if p.key_path not in bad_paths]
     return problems
 
 
@@ -251,7 +309,9 @@ def _cross_checks(
             problems.extend(_reserved(file, f"{base}.name", jq.name))
             problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
-            decls = Topology(job_queues=(jq,)).declarations()
+            # a tier out of range is refused on its own (queue_rules); its queue name would only repeat it
+            in_range = jq.model_copy(update={"retry_tiers": tuple(t for t in jq.retry_tiers if tier_in_range(t))})
+            decls = Topology(job_queues=(in_range,)).declarations()
             expanded = (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges),
                         paused_flag_name(jq.name), pause_signal_key(jq.name))  # fmt: skip
             too_long = [n for n in expanded if len(n.encode("utf-8")) > 255]

@@ -36,7 +36,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 from amqpjobs.durations import parse_duration
 from amqpjobs.topology import naming
 from amqpjobs.topology.bounds import QueueBounds
-from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, Overflow, QueueDecl, QueueType
+from amqpjobs.topology.declarations import (
+    AMQP_INT_MAX,
+    BindingDecl,
+    Declarations,
+    ExchangeDecl,
+    Overflow,
+    QueueDecl,
+    QueueType,
+)
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
 ShardRouting = Literal["crc32", "modulus-hash"]
@@ -45,6 +53,9 @@ ShardRouting = Literal["crc32", "modulus-hash"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s]+$")]
 #: An integer written as one: not "5", 5.0 or true (pydantic's strict mode).
 StrictInt = Annotated[int, Strict()]
+#: A count of 1 or more that an AMQP argument can carry (at most
+#: :data:`~amqpjobs.topology.declarations.AMQP_INT_MAX`); settings with a tighter bound give their own.
+Count = Annotated[int, Strict(), Field(ge=1, le=AMQP_INT_MAX)]
 #: Seconds, read from a duration string ("30s", "5m") or a number of seconds.
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -133,10 +144,10 @@ class JobQueueSpec(_Frozen):
     type: QueueType = "classic"
     max_priority: StrictInt | None = Field(default=None, ge=1, le=255)
     retry_tiers: tuple[Seconds, ...] = ()
-    delivery_limit: StrictInt | None = Field(default=None, ge=1)
-    max_length: StrictInt | None = Field(default=None, ge=1)
+    delivery_limit: Count | None = None
+    max_length: Count | None = None
     overflow: Overflow = "reject-publish"
-    max_depth: StrictInt | None = Field(default=None, ge=1)
+    max_depth: Count | None = None
     max_age: Seconds | None = Field(default=None, gt=0)
     shards: StrictInt = Field(default=1, ge=1, le=MAX_SHARDS)
     shard_routing: ShardRouting = "crc32"

@@ -188,6 +188,11 @@ def _shard_routing_rules(
     return [] if refusal is None else [Problem(file, key, *refusal)]
 
 
+def tier_in_range(seconds: float) -> bool:
+    """True when a retry tier of ``seconds`` fits ``x-message-ttl``: 1 ms to 2**32-1 ms (~49 days)."""
+    return seconds >= 0.001 and seconds * 1000 <= 2**32 - 1
+
+
 def queue_rules(
     file: str,
     base: str,
@@ -257,6 +262,8 @@ def queue_rules(
         )
     tiers = jq.retry_tiers
     for j in range(1, len(tiers)):
+        if not (tier_in_range(tiers[j]) and tier_in_range(tiers[j - 1])):
+            continue  # refused below, on its own
         if round(tiers[j] * 1000) <= round(tiers[j - 1] * 1000):
             problems.append(
                 Problem(
@@ -267,12 +274,13 @@ def queue_rules(
                 )
             )
     for j, t in enumerate(tiers):
-        if t < 0.001 or t * 1000 > 2**32 - 1:
+        if not tier_in_range(t):
+            why = "sub-millisecond tiers are refused" if t < 0.001 else "longer than x-message-ttl takes"
             problems.append(
                 Problem(
                     file,
                     f"{base}.retry_tiers[{j}]",
-                    f"{t:g}s is outside what x-message-ttl takes (1 ms to ~49 days)",
+                    f"{t:g}s: {why} (x-message-ttl counts whole milliseconds, 1 ms to ~49 days)",
                     "use a delay between 1ms and 49d",
                 )
             )

@@ -405,3 +405,26 @@ def test_a_refused_declaration_says_what_remains(broker: BrokerSettings, mgmt: M
     assert "ACCESS_REFUSED" in result.stderr
     assert "objects declared before it remain" in result.stderr
     assert len(result.stderr.splitlines()) <= 3, result.stderr  # our one message, not a client library's logs
+
+
+def test_the_largest_integer_amqp_carries_applies_whole_and_plans_unchanged(
+    broker: BrokerSettings, mgmt: ManagementClient, tmp_path: Path
+) -> None:
+    # review M1: one past it half-applied (4 queues declared, then a pamqp TypeError); now the loader
+    # refuses that (tests/invalid_topologies.py), and the bound itself is what RabbitMQ takes
+    biggest = 2**63 - 1
+    path = tmp_path / "big.toml"
+    path.write_text(
+        '[[exchange]]\nname = "jobs"\n\n'
+        f'[[job_queue]]\nname = "q"\nexchange = "jobs"\nmax_length = {biggest}\noverflow = "drop-head"\n'
+        'retry_tiers = ["1s"]\n\n'
+        f'[[job_queue]]\nname = "qq"\nexchange = "jobs"\ntype = "quorum"\ndelivery_limit = {biggest}\n'
+    )
+    applied = cli(broker, "topology", "apply", str(path))
+    assert applied.exit_code == 0, applied.output
+    args = {q["name"]: q["arguments"] for q in mgmt.queues(broker.vhost)}
+    assert args["q"]["x-max-length"] == biggest
+    assert args["qq"]["x-delivery-limit"] == biggest
+    plan = cli(broker, "topology", "plan", str(path))
+    assert plan.exit_code == 0, plan.output
+    assert "\n0 to create, 17 unchanged, 0 conflict(s)\n" in plan.stdout

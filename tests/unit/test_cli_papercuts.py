@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from amqpjobs.cli import main
-from amqpjobs.durations import parse_duration
+from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.wire.settings import broker_settings
 from tests.integration.helpers import ROOT, TOPOLOGY, cli
 
@@ -187,3 +187,81 @@ def test_digits_of_a_password_in_a_management_url_are_never_named_as_a_port() ->
     assert result.exit_code == 2, result.output
     assert "99999" not in result.output
     assert "is not an http(s) URL" in result.stderr
+
+
+# ---------------------------------------------------------------- review of 2026-12-01 (cron10): L1-L4, L9, L11
+@pytest.mark.parametrize("value", ["100000000000000000000s", "99999999999999999999h", "36501d"])
+def test_a_duration_beyond_a_hundred_years_is_refused_by_the_one_parser(value: str) -> None:
+    with pytest.raises(DurationTooLongError) as caught:
+        parse_duration(value)
+    assert str(caught.value) == f"{value!r} is longer than 100 years (36500d), the longest duration taken"
+    assert parse_duration("36500d") == 36500 * 86400.0
+
+
+@pytest.mark.parametrize(
+    ("command", "value"),
+    [
+        (("replay", "work.quarantine", "--dry-run"), "100000000000000000000s"),
+        (("quarantine", "park", "work.quarantine", "--yes"), "99999999999999999999h"),
+        (("quarantine", "show", "work.quarantine"), "5000000d"),
+    ],
+)
+def test_a_since_too_far_back_is_exit_2_with_the_duration_rule(command: tuple[str, ...], value: str) -> None:
+    # review L1: an OverflowError traceback, exit 1
+    result = cli(NOWHERE, *command, "--since", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: --since {value!r}: {value!r} is longer than 100 years (36500d), the longest duration taken\n"
+    )
+
+
+def test_schedule_list_past_the_end_of_the_calendar_is_exit_2_in_one_line() -> None:
+    # review L2: OverflowError: date value out of range
+    result = cli(NOWHERE, "schedule", "list", "tests.unit.test_cron:listed", "--after", "9999-12-31T23:59Z")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: cron expression '* * * * * */20': no tick after 9999-12-31T23:59:40Z: the calendar ends at "
+        "9999-12-31T23:59:59Z\n"
+    )
+
+
+def test_every_reason_the_quarantine_list_shows_is_a_reason_to_select() -> None:
+    # review L3: --reason no-evidence was refused although `quarantine list` shows it
+    from amqpjobs.cli._common import selection
+
+    for reason in ("no-evidence", "x-death:unknown", "x-death:expired", "exhausted"):
+        assert selection(None, None, reason, None).reason == reason
+    result = cli(NOWHERE, "quarantine", "show", "work.quarantine", "--reason", "no-evidenc")
+    assert result.exit_code == 2, result.output
+    assert "no-evidence" in result.stderr
+    assert "x-death:unknown" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [
+        ("work.suspects", "suspects"),
+        ("work.retry.5s", "tier"),
+        ("work.quarantine", "quarantine"),
+        ("work.parked", "parked"),
+    ],
+)
+def test_replay_to_anything_but_a_work_queue_is_refused_before_any_warning(target: str, kind: str) -> None:
+    # review L4 (a suspects queue was accepted) and L9 (the --app warning came before the refusal)
+    result = cli(NOWHERE, "replay", "work.quarantine", "--to", target)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: --to {target!r} is a {kind} queue: replay sends jobs back to a work queue (or leave --to out "
+        "to send each to the queue it failed on)\n"
+    )
+
+
+@pytest.mark.parametrize("value", ["", " , "])
+def test_schedule_run_refuses_an_empty_selection(value: str) -> None:
+    # review L11: --schedules '' ran every schedule
+    result = cli(NOWHERE, "schedule", "run", "tests.unit.test_cron:listed", "--schedules", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: --schedules names no schedule: give names separated by commas (the app has fast, paris-daily), "
+        "or leave it out to run them all\n"
+    )

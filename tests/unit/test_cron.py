@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import decimal
 import inspect
 import itertools
+import math
 import random
 import time
 from datetime import datetime, timedelta
@@ -335,6 +337,30 @@ def test_app_cron_refusals() -> None:
     assert [s.name for s in app.schedules()] == ["plain"]
 
 
+def test_app_cron_refuses_a_payload_json_cannot_carry_at_import() -> None:
+    # review H2: a Decimal was accepted at import, then stopped every schedule of the app
+    app = App("crontest")
+
+    @app.job("tick", queue="batch")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("* * * * * */1", name="badpay", payload={"x": decimal.Decimal("1.5")})(tick)
+    assert str(caught.value) == (
+        "schedule 'badpay': the payload holds a value JSON can't carry: payload['x'] = Decimal('1.5') "
+        "(a Decimal; fix: give a str, int, float, bool, None, list or dict)"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="nan", payload={"a": [1, {"b": math.nan}]})(tick)
+    assert str(caught.value) == (
+        "schedule 'nan': the payload holds a value JSON can't carry: payload['a'][1]['b'] = nan "
+        "(NaN and Infinity are not JSON; fix: give a finite number)"
+    )
+    with pytest.raises(ConfigurationError, match=r"schedule 'direct': .* payload\[3\] = b'x'"):
+        Schedule("direct", "tick", CronRule("@daily"), {3: b"x"})  # type: ignore[dict-item]
+    assert app.schedules() == []
+
+
 # ---------------------------------------------------------------------------- amqpjobs schedule list
 listed = App("cronlist")
 
@@ -406,3 +432,14 @@ def test_schedule_list_count_gives_that_many_fire_times() -> None:
                   "tests.unit.test_cron:listed", "--count", "0")  # fmt: skip
     assert refused.exit_code == 2
     assert "--count" in refused.output
+
+
+def test_a_scheduler_refuses_an_empty_selection_of_schedules() -> None:
+    # review L11, the library's side: schedules=() ran every schedule like None
+    from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions
+    from amqpjobs.wire.settings import broker_settings
+
+    scheduler = Scheduler(listed, broker_settings("amqp://guest:guest@127.0.0.1:1/"), SchedulerOptions(schedules=()))
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler._select()
+    assert str(caught.value) == "no schedule selected: name some of fast, paris-daily, or None for all"

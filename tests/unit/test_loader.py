@@ -100,3 +100,51 @@ def test_max_age_on_a_quorum_job_queue_is_refused_naming_the_queue_and_the_fix(t
     assert problem.fix == 'use type = "classic" for max_age, or bound the queue with max_depth instead'
     ok = write(tmp_path, HEADER + job('type = "quorum"\nmax_depth = 100', name="emails"))
     assert load_topology(ok).topology.layout("emails").bounds.max_depth == 100
+
+
+def problems_of(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, text))
+    return [f"{p.key_path}: {p.message} (fix: {p.fix})" for p in info.value.problems]
+
+
+def test_integer_beyond_what_amqp_carries_is_one_rule_with_the_bound(tmp_path: Path) -> None:
+    # review M1: plan said "0 conflict(s)", apply declared 4 queues then died in pamqp
+    assert problems_of(tmp_path, HEADER + job('type = "quorum"\ndelivery_limit = 9223372036854775808')) == [
+        "job_queue[0].delivery_limit: Input should be less than or equal to 9223372036854775807 "
+        "(the largest integer an AMQP argument carries) (got 9223372036854775808) "
+        "(fix: lower the value to the maximum shown)"
+    ]
+    loaded = load_topology(write(tmp_path, HEADER + job('max_length = 9223372036854775807\noverflow = "drop-head"')))
+    assert loaded.topology.job_queues[0].max_length == 2**63 - 1
+
+
+def test_a_whole_number_error_names_the_toml_value_and_its_fix(tmp_path: Path) -> None:
+    # review L6: max_priority = true read "(got 'True') (fix: give a whole number, without quotes)"
+    assert problems_of(tmp_path, HEADER + job("max_priority = true")) == [
+        "job_queue[0].max_priority: Input should be a valid integer (got true) (fix: give a whole number such as 5, "
+        "not true or false)"
+    ]
+    assert problems_of(tmp_path, HEADER + job('max_priority = "5"')) == [
+        'job_queue[0].max_priority: Input should be a valid integer (got "5") (fix: give a whole number, without '
+        "quotes)"
+    ]
+
+
+def test_a_type_error_does_not_hide_the_other_problems_of_its_job_queue(tmp_path: Path) -> None:
+    # review L6: max_priority = 5.0 with delivery_limit = 3 on a classic queue reported 1 of 2 problems
+    assert problems_of(tmp_path, HEADER + job("max_priority = 5.0\ndelivery_limit = 3")) == [
+        "job_queue[0].max_priority: Input should be a valid integer (got 5.0) (fix: give a whole number, without "
+        "a decimal point)",
+        "job_queue[0].delivery_limit: delivery_limit applies to quorum queues only (fix: remove it, or use type = "
+        '"quorum")',
+    ]
+
+
+def test_sub_millisecond_tiers_are_refused_once_without_a_spurious_duplicate(tmp_path: Path) -> None:
+    # review L6: tiers [0.0001, 0.0004] also gave "duplicate queue ... 'q.retry.0d'"
+    assert problems_of(tmp_path, HEADER + job("retry_tiers = [0.0001, 0.0004]")) == [
+        f"job_queue[0].retry_tiers[{i}]: {t}s: sub-millisecond tiers are refused (x-message-ttl counts whole "
+        "milliseconds, 1 ms to ~49 days) (fix: use a delay between 1ms and 49d)"
+        for i, t in enumerate(("0.0001", "0.0004"))
+    ]

@@ -7,10 +7,12 @@ scenarios against a real broker are in tests/integration/test_testing_contract.p
 from __future__ import annotations
 
 import asyncio
+import decimal
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -311,6 +313,26 @@ async def test_one_leader_fires_and_the_next_takes_over_without_a_tick_twice(tmp
     ids = [job_id for job_id, _ in fired]
     assert ids == [f"cron:quarter:2026-03-01T{t}:00Z" for t in ("12:15", "12:30", "12:45", "13:00", "13:15")]
     assert [e.schedule for e in broker.ticks] == ["quarter"] * 5  # the stores carried the cursor over
+
+
+async def test_one_schedule_failing_to_enqueue_never_stops_the_others(tmp_path: Path) -> None:
+    # review H2, second line of defence: a schedule whose job can't be built (here its payload
+    # turned into a Decimal after import) kept the leader from firing any other schedule
+    fired: list[tuple[str, str]] = []
+    app = cron_app(tmp_path, fired)
+
+    @app.cron("*/30 * * * *", name="broken")
+    @app.job("other", queue="work")
+    async def other(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    broken = {s.name: s for s in app.schedules()}["broken"]
+    broken.payload["x"] = decimal.Decimal("1.5")  # type: ignore[index]
+    async with TestBroker(app, start=START) as broker:
+        await broker.advance("1h")
+    assert [job_id for job_id, _ in fired] == [
+        f"cron:quarter:2026-03-01T{t}:00Z" for t in ("12:15", "12:30", "12:45", "13:00")
+    ]
+    assert [(e.schedule, e.kind) for e in broker.ticks] == [("quarter", "fired")] * 4
 
 
 async def test_permanent_errors_retry_and_priorities_follow_the_job_policy(tmp_path: Path) -> None:
