@@ -80,13 +80,18 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
         ``("ValueError", "bad address", "Traceback (most recent call last): ...")``.
 
     """
-    message = _rendered(exc, "str")
+    message = message_of(exc)
     if isinstance(exc, QUITS):
         message = (
             f"{type(exc).__name__}({message}) raised by the handler, not a signal to the worker: a failure of "
             "this job (the worker went on)"
         )
-    return encodable(qualname(exc)), encodable(message), encodable(_rendered(exc, "traceback"))
+    return encodable(qualname(exc)), message, encodable(_rendered(exc, "traceback"))
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)`` made :func:`amqpjobs.text.encodable`; never raises (a note when ``str()`` raises)."""
+    return encodable(_rendered(exc, "str"))
 
 
 def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Mapping[str, Any]) -> tuple[str, str, str]:

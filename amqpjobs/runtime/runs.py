@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import crash, envelope
-from amqpjobs.jobs.failure import NO_ERROR, classify, describe, qualname
+from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
@@ -107,7 +107,7 @@ class HandlerRuns:
                 log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
                 later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
-                                     failure=(qualname(exc), str(exc), ""))  # fmt: skip
+                                     failure=(qualname(exc), message_of(exc), ""))  # fmt: skip
             if claim is Claim.DONE:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
