@@ -30,6 +30,7 @@ from typing import Any, Final
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
+from amqpjobs.text import encodable
 
 #: Version of the event body (``v``).
 VERSION: Final = 1
@@ -88,11 +89,12 @@ class OutcomeEvent:
         return self.error or self.reason or self.outcome
 
     def encode(self) -> bytes:
-        """The JSON body (UTF-8)."""
+        """The JSON body (UTF-8); text UTF-8 can't encode (a lone surrogate) as :func:`amqpjobs.text.encodable`."""
         # the fields by hand, in declaration order: dataclasses.asdict deep-copies each value (tens of µs per job)
-        doc = {"v": VERSION, "job": self.job, "id": self.id, "attempt": self.attempt, "outcome": self.outcome,
-               "reason": self.reason, "error": self.error[:MAX_ERROR], "queue": self.queue,
-               "replay_id": self.replay_id, "at": self.at}  # fmt: skip
+        e = encodable
+        doc = {"v": VERSION, "job": e(self.job), "id": e(self.id), "attempt": self.attempt,
+               "outcome": e(self.outcome), "reason": e(self.reason), "error": e(self.error[:MAX_ERROR]),
+               "queue": e(self.queue), "replay_id": e(self.replay_id), "at": e(self.at)}  # fmt: skip
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 

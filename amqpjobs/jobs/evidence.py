@@ -14,6 +14,7 @@ from typing import Final
 
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.envelope import FIRST_FAILURE_AT, JOB, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, TENANT
+from amqpjobs.text import encodable
 
 REASON: Final = "amqpjobs-reason"
 ERROR_TYPE: Final = "amqpjobs-error-type"
@@ -117,10 +118,6 @@ def delivery_counters(headers: Mapping[str, object]) -> dict[str, int]:
     return {"delivery_count": count(envelope.DELIVERY_COUNT), "acquired_count": count(envelope.ACQUIRED_COUNT)}
 
 
-def _clean(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
 def _size(headers: Mapping[str, str | int]) -> int:
     return sum(len(k.encode()) + len(str(v).encode("utf-8")) + 8 for k, v in headers.items())
 
@@ -176,11 +173,11 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         DELIVERY_COUNT: f.delivery_count,
         ACQUIRED_COUNT: f.acquired_count,
     }
-    short = {k: (_trim_head(_clean(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
+    short = {k: (_trim_head(encodable(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
     if f.tenant.strip():  # whole: the replayed copy must keep its tenant (and shard); it came in this size
-        short[TENANT] = _clean(f.tenant)
+        short[TENANT] = encodable(f.tenant)
     room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})
-    message, tb = _clean(f.error_message), _clean(f.traceback)
+    message, tb = encodable(f.error_message), encodable(f.traceback)
     msg_room = max(256, room // 4)
     message = _trim_head(message, msg_room)
     tb = _trim_tail(tb, max(0, room - len(message.encode("utf-8"))))

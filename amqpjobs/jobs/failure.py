@@ -8,6 +8,7 @@ the failure record quarantine evidence is built from. No I/O: the worker
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, delivery_counters, e
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.retry import FailureKind
+from amqpjobs.text import encodable
 
 #: (error type, message, traceback) of no failure.
 NO_ERROR: tuple[str, str, str] = ("", "", "")
@@ -42,6 +44,54 @@ def qualname(exc: BaseException) -> str:
     """The exception's class as evidence names it: ``ValueError``, ``myapp.errors.Gone``."""
     cls = type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: A handler's own raise of these is a failure of its job (README "Jobs"), never a stop of the worker.
+QUITS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
+
+
+def _rendered(exc: BaseException, how: str) -> str:
+    """``how`` (``str`` or ``traceback``) of ``exc``, or a note saying why it could not be rendered."""
+    try:
+        return "".join(traceback.format_exception(exc)) if how == "traceback" else str(exc)
+    except Exception as err:  # a __str__ or an argument's __repr__ that raises
+        try:
+            why = f"{qualname(err)}: {err}"
+        except Exception:
+            why = qualname(err)
+        if how == "str":
+            return f"(the message could not be rendered: str() raised {why})"
+        return f"(the traceback could not be rendered: {why})"
+
+
+def describe(exc: BaseException) -> tuple[str, str, str]:
+    """(error type, message, traceback) of a handler's exception, as every record of the failure shows them.
+
+    Never raises: a message whose ``str()`` raises (the exception's ``__str__``, or the
+    ``__repr__`` of one of its arguments) is a note saying so. A ``SystemExit`` or
+    ``KeyboardInterrupt`` raised by the handler (:data:`QUITS`) says it was the handler's raise.
+    All three are :func:`amqpjobs.text.encodable` (a lone surrogate as ``?``), the one rule for
+    evidence, events, logs, results and spans.
+
+    Args:
+        exc: The exception the handler raised (or that ended its run).
+
+    Returns:
+        ``("ValueError", "bad address", "Traceback (most recent call last): ...")``.
+
+    """
+    message = message_of(exc)
+    if isinstance(exc, QUITS):
+        message = (
+            f"{type(exc).__name__}({message}) raised by the handler, not a signal to the worker: a failure of "
+            "this job (the worker went on)"
+        )
+    return encodable(qualname(exc)), message, encodable(_rendered(exc, "traceback"))
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)`` made :func:`amqpjobs.text.encodable`; never raises (a note when ``str()`` raises)."""
+    return encodable(_rendered(exc, "str"))
 
 
 def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -15,7 +15,6 @@ import asyncio
 import functools
 import logging
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -32,7 +31,7 @@ from amqpjobs.jobs.events import event_for
 from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import (
     crash_error,
-    qualname,
+    describe,
     quarantine_headers,
     retry_headers,
     unstarted_headers,
@@ -142,9 +141,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             v = await self._process(layout, delivery, *how)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
-            tb = "".join(traceback.format_exception(exc))
             v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
-                              failure=(qualname(exc), str(exc), tb))  # fmt: skip
+                              failure=describe(exc))  # fmt: skip
         try:
             acked = await self._carry_out(layout, delivery, v, trace)
         except Exception as exc:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqpjobs.printable import json_safe, printable, printable_block
+from amqpjobs.text import encodable
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,12 +30,12 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": encodable(record.getMessage()),
         }
         if self._child is not None:
             doc["child"] = self._child
         if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
+            doc["exception"] = encodable(self.formatException(record.exc_info))
         return json_safe(json.dumps(doc, ensure_ascii=False))
 
 
@@ -47,7 +48,8 @@ class TextFormatter(logging.Formatter):
     One record is one line: control characters, line breaks and terminal escapes in any
     field (a job id, job name or exception message from a publisher) are escaped
     (:func:`amqpjobs.printable.printable`), so nothing can forge a line. A traceback
-    follows on lines of its own, each indented by four spaces.
+    follows on lines of its own, each indented by four spaces. Text UTF-8 can't encode (a
+    lone surrogate) is written as :func:`amqpjobs.text.encodable` makes it (``?``), in both formats.
 
     Args:
         child: The worker process's number under ``consume --processes N``: each line says
@@ -70,15 +72,15 @@ class TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         """The record's line, every field escaped (:func:`~amqpjobs.printable.printable`)."""
-        return printable(super().formatMessage(record))
+        return printable(encodable(super().formatMessage(record)))
 
     def formatException(self, ei: Any) -> str:
         """The traceback, each of its lines indented and escaped."""
-        return printable_block(super().formatException(ei))
+        return printable_block(encodable(super().formatException(ei)))
 
     def formatStack(self, stack_info: str) -> str:
         """The stack, each of its lines indented and escaped."""
-        return printable_block(stack_info)
+        return printable_block(encodable(stack_info))
 
 
 def configure_logging(level: int = logging.INFO, json_lines: bool = False, child: int | None = None) -> None:

@@ -10,7 +10,6 @@ import contextvars
 import logging
 import sys
 import time
-import traceback
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -20,13 +19,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.failure import NO_ERROR, classify, qualname
+from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.ledger import Claim, Ledger
 from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
@@ -112,7 +112,7 @@ class HandlerRuns:
                 log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
                 later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
-                                     failure=(qualname(exc), str(exc), ""))  # fmt: skip
+                                     failure=(qualname(exc), message_of(exc), ""))  # fmt: skip
             if claim is Claim.DONE:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
@@ -159,15 +159,16 @@ class HandlerRuns:
             took = time.monotonic() - started
             return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
                                  latency=latency, started=started)  # fmt: skip
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the handler's raise of one: its job's failure
+            if isinstance(exc, KeyboardInterrupt) and job.is_async and sigint_raises():
+                raise  # on the main thread under Python's own SIGINT handler: maybe a real Ctrl-C (embedded)
             took = time.monotonic() - started
             if ledger is not None:
                 await self._release(ledger, job_id, owner)
             kind = classify(job.retry.permanent, exc)
             decision = decide(kind, attempt, max_attempts, layout.tiers)
-            tb = "".join(traceback.format_exception(exc))
             return self._outcome(layout, delivery, decision, attempt, job_id, job.name,
-                                 failure=(qualname(exc), str(exc), tb), ran=True, duration=took, latency=latency,
+                                 failure=describe(exc), ran=True, duration=took, latency=latency,
                                  timed_out=kind == "timeout", started=started)  # fmt: skip
         took = time.monotonic() - started
         if ledger is not None:
@@ -216,16 +217,22 @@ class HandlerRuns:
             return await self._run_in_thread(job, payload, ctx, limit)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
+        scope = asyncio.timeout(limit)
         try:
-            async with asyncio.timeout(limit) as scope:
-                return await job.handler(payload, ctx)
-        except TimeoutError:
+            async with scope:
+                value = await job.handler(payload, ctx)
+        except Exception as exc:
             if not scope.expired():
                 raise
-            default = "" if job.timeout is not None else " (the default: just below the consumer timeout)"
-            raise TimeoutError(f"job {job.name} ran longer than its timeout of {limit:g}s{default}") from None
+            # past its timeout: a timeout, whatever the handler raised after the cancellation
+            raise _overran(job, limit, "" if isinstance(exc, TimeoutError) else f"then raised {qualname(exc)}") from (
+                None if isinstance(exc, TimeoutError) else exc
+            )
         finally:
             self._stalls.leave(stall_key)
+        if scope.expired():  # it caught the cancellation and returned: still a run past its timeout
+            raise _overran(job, limit, "went on; its result is not used")
+        return value
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
         # A thread can't be interrupted: retrying while it still runs could commit the side
@@ -243,3 +250,10 @@ class HandlerRuns:
                     job.name, ctx.job_id, limit,
                 )  # fmt: skip
         return await future
+
+
+def _overran(job: JobDef, limit: float | None, after_cancel: str) -> TimeoutError:
+    """The failure of a run of ``job`` past its ``limit`` (seconds); ``after_cancel``: what it did once cancelled."""
+    default = "" if job.timeout is not None else " (the default: just below the consumer timeout)"
+    caught = f" (it caught the cancellation and {after_cancel})" if after_cancel else ""
+    return TimeoutError(f"job {job.name} ran longer than its timeout of {limit:g}s{default}{caught}")

@@ -43,3 +43,16 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def sigint_raises() -> bool:
+    """Whether a SIGINT to this process may now raise ``KeyboardInterrupt`` in its main thread.
+
+    True under Python's own handler (``signal.default_int_handler``), and under
+    ``asyncio.Runner``'s (``asyncio.run``: its second Ctrl-C raises). False under a worker's
+    :func:`stop_on_signals` (the loop's handler only starts the graceful stop): there, a
+    ``KeyboardInterrupt`` can only be a handler's own raise.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    func = getattr(handler, "func", handler)  # asyncio.Runner installs a functools.partial of its method
+    return handler is signal.default_int_handler or isinstance(getattr(func, "__self__", None), asyncio.Runner)

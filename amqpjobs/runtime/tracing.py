@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 from amqpjobs._version import __version__
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.failure import qualname
+from amqpjobs.jobs.failure import message_of, qualname
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_COUNT
 from amqpjobs.jobs.tracecontext import consumer_destination, producer_destination, trace_carrier
@@ -114,7 +114,7 @@ class TracingFailures:
         self._next[kind] = now + self.every
         unlogged = self._unlogged.pop(kind, 0)
         more = f" ({unlogged} more since the last report)" if unlogged else ""
-        why = f"{qualname(exc)}: {str(exc)[:300]}" if exc is not None else detail
+        why = f"{qualname(exc)}: {message_of(exc)[:300]}" if exc is not None else detail
         log.warning(
             "tracing: %s failed (%s)%s; jobs run without this span or header; next report of this kind in %gs at "
             "the soonest", kind, why, more, self.every, exc_info=exc,
@@ -249,7 +249,7 @@ class Tracing:
         try:  # without a span (it failed to start), what is current: the caller's context
             yield self._inject(current or (parent if parent is not None else self._context.get_current()))
         except BaseException as exc:
-            self._mark_error(span, qualname(exc), f"{qualname(exc)}: {exc}"[:300])
+            self._mark_error(span, qualname(exc), f"{qualname(exc)}: {message_of(exc)}"[:300])
             raise
         finally:
             self._detach(token)

@@ -254,8 +254,8 @@ class TestBroker:
         try:
             await self.worker.handle(job_queue, delivery)
         except BaseException:
-            # SystemExit, KeyboardInterrupt, a cancellation: on RabbitMQ the unacked delivery
-            # returns when the worker's connection closes; here it goes back at once, redelivered
+            # a KeyboardInterrupt that may be a real Ctrl-C, GeneratorExit, a cancellation: on RabbitMQ the
+            # unacked delivery returns when the worker's connection closes; here it goes back at once, redelivered
             if not delivery.settled:
                 await delivery.requeue()
             raise

@@ -26,13 +26,32 @@ def _record(line: str) -> None:
 
 @app.job("poison", queue="work", timeout="60s")
 async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
-    """``payload["kind"]``: ``exit`` kills the worker, ``block`` blocks the loop ``seconds``, else sleeps."""
+    """``payload["kind"]``: ``exit`` kills the worker, ``block`` blocks the loop ``seconds``, else sleeps.
+
+    ``sysexit`` raises ``SystemExit(3)``, ``interrupt`` raises ``KeyboardInterrupt`` (the handler's own raise).
+    """
     _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)}")
     kind = payload.get("kind")
     if kind == "exit":
         os._exit(1)
+    _raise_if_asked(kind)
     if kind == "block":
         time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - blocking an async handler is the fault under test
     else:
         await asyncio.sleep(float(payload.get("seconds", 0)))
+    _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+def _raise_if_asked(kind: object) -> None:
+    if kind == "sysexit":
+        raise SystemExit(3)
+    if kind == "interrupt":
+        raise KeyboardInterrupt
+
+
+@app.job("poison_thread", queue="work", timeout="60s")
+def poison_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+    """A plain-function handler (it runs in a thread): ``sysexit`` / ``interrupt`` as :func:`poison`."""
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)}")
+    _raise_if_asked(payload.get("kind"))
     _record(f"done {ctx.job_id} {os.getpid()}")

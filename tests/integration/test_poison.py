@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -360,3 +361,80 @@ async def test_a_suspects_turn_ends_after_its_limit_and_the_work_queue_runs_betw
     assert order[:2] == ["s0", "s1"], order
     assert order[2] == "plain", order  # the turn ended at its limit: the work queue ran before s2
     assert sorted(order[3:]) == ["s2", "s3"], order
+
+
+QUIT_MESSAGE = "{what} raised by the handler, not a signal to the worker: a failure of this job (the worker went on)"
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize(("job", "kind", "what"), [
+    ("poison", "sysexit", "SystemExit(3)"),
+    ("poison", "interrupt", "KeyboardInterrupt()"),
+    ("poison_thread", "sysexit", "SystemExit(3)"),
+    ("poison_thread", "interrupt", "KeyboardInterrupt()"),
+], ids=["async-sysexit", "async-interrupt", "thread-sysexit", "thread-interrupt"])  # fmt: skip
+async def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_job_not_the_worker(
+    broker: BrokerSettings, tmp_path: Path, job: str, kind: str, what: str
+) -> None:
+    """Retry tiers then ``exhausted``, like any handler error; the worker never exits, its other jobs run once."""
+    app = await setup(broker, tmp_path, "classic")
+    app.job("poison_thread", queue="work")(lambda p, c: None)
+    try:
+        await app.enqueue(job, {"kind": kind}, job_id="quitter")
+        for i in range(3):
+            await app.enqueue("poison", {"seconds": 0.05}, job_id=f"ok-{i}")
+    finally:
+        await app.close()
+
+    async def finished() -> bool:
+        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
+        return len(done) == 3 and await depth(broker, "work.quarantine") == 1
+
+    supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "2")
+    await supervisor.run_until(finished, timeout=60)
+
+    log = supervisor.log.read_text()
+    assert supervisor.exits == 0, log[-3000:]
+    starts = Counter(r[1] for r in records(tmp_path) if r[0] == "start")
+    assert starts == {"quitter": 2, "ok-0": 1, "ok-1": 1, "ok-2": 1}  # two attempts (one tier), nothing redelivered
+    assert len({r[2] for r in records(tmp_path)}) == 1  # one worker process ran them all
+    message = (await drain(broker, "work.quarantine"))[0]
+    h = message.headers
+    error_type = what.split("(")[0]
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE], h[evidence.ATTEMPTS]) == ("exhausted", error_type, 2)
+    assert h[evidence.ERROR_MESSAGE] == QUIT_MESSAGE.format(what=what)
+    assert str(h[evidence.TRACEBACK]).rstrip().splitlines()[-1].startswith(error_type)
+    assert log.count(f"job={job} id=quitter attempt=1 ") == 1, log[-3000:]
+    assert f'outcome=quarantined reason=exhausted error="{error_type}: ' in log
+    for queue in ("work", "work.retry.1s", "work.suspects"):
+        assert await depth(broker, queue) == 0, queue
+
+
+@pytest.mark.version_independent
+async def test_a_real_sigint_still_stops_the_worker_gracefully(broker: BrokerSettings, tmp_path: Path) -> None:
+    """SIGINT to the worker process (not a raise in a handler): the running job finishes, exit 0."""
+    app = await setup(broker, tmp_path, "classic")
+    try:
+        await app.enqueue("poison", {"seconds": 1.5}, job_id="long")
+    finally:
+        await app.close()
+    supervisor = Supervisor(broker, tmp_path, 1)
+    proc = supervisor._spawn()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(r[0] == "start" for r in records(tmp_path)):
+            assert proc.poll() is None, supervisor.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, supervisor.log.read_text()[-3000:]
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = supervisor.log.read_text()
+    assert code == 0, log[-3000:]
+    assert [r[0] for r in records(tmp_path)] == ["start", "done"]
+    assert "job=poison id=long attempt=1 " in log
+    assert "outcome=succeeded" in log
+    assert "worker stopped: 1 in-flight job(s) finished, 0 abandoned" in log, log[-3000:]
+    assert await depth(broker, "work") == 0

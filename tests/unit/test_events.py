@@ -52,3 +52,17 @@ def test_the_body_carries_every_field_of_the_event_in_order_with_the_error_cut()
     assert doc["error"] == event.error[:MAX_ERROR]
     assert len(doc["error"]) == MAX_ERROR
     assert decode_event(event.encode()) == OutcomeEvent(**{**dataclasses.asdict(event), "error": doc["error"]})
+
+
+def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
+    """A lone surrogate (os.fsdecode of bad bytes) in any text field: '?' as in the evidence, the body still goes."""
+    bad = "\udcff\udcfe"
+    event = OutcomeEvent(job=f"fs{bad}", id=f"id-{bad}", attempt=1, outcome="quarantined", reason="exhausted",
+                         error=f"ValueError: /data/{bad}.csv", queue="work", replay_id=bad, at="t")  # fmt: skip
+    doc = json.loads(event.encode())
+    assert (doc["job"], doc["id"], doc["error"], doc["replay_id"]) == (
+        "fs??",
+        "id-??",
+        "ValueError: /data/??.csv",
+        "??",
+    )

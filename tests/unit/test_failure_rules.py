@@ -11,6 +11,7 @@ from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.failure import (
     classify,
     crash_error,
+    describe,
     qualname,
     quarantine_headers,
     retry_headers,
@@ -147,3 +148,36 @@ def test_the_stop_line_counts_deliveries_handed_back_apart_from_jobs(handed: int
 )
 def test_a_runs_count_is_believed_up_to_the_attempt_less_one(headers: dict[str, Any], runs: int) -> None:
     assert envelope.parse_runs(headers) == runs
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (ValueError("bad address"), ("ValueError", "bad address")),
+    (Gone("gone"), (f"{__name__}.Gone", "gone")),
+    (BadStr("x"), (f"{__name__}.BadStr", "(the message could not be rendered: str() raised RuntimeError: no text)")),
+    (ValueError(Unprintable(), 2),
+     ("ValueError", "(the message could not be rendered: str() raised RuntimeError: no repr)")),
+    (ValueError("/data/\udcff.csv"), ("ValueError", "/data/?.csv")),
+    (SystemExit(3), ("SystemExit", "SystemExit(3) raised by the handler, not a signal to the worker: a failure of this "
+                                   "job (the worker went on)")),
+    (KeyboardInterrupt(), ("KeyboardInterrupt", "KeyboardInterrupt() raised by the handler, not a signal to the "
+                                                "worker: a failure of this job (the worker went on)")),
+], ids=["plain", "own-class", "raising-str", "raising-repr", "surrogate", "sysexit", "interrupt"])  # fmt: skip
+def test_describe_never_raises_and_gives_encodable_text(exc: BaseException, expected: tuple[str, str]) -> None:
+    try:
+        raise exc
+    except BaseException as raised:  # with a traceback, as a handler's exception has one
+        error_type, message, tb = describe(raised)
+    assert (error_type, message) == expected
+    assert tb.startswith("Traceback (most recent call last):")
+    tb.encode("utf-8")  # every part can go on the wire
+    assert classify((), exc) == "error" or isinstance(exc, ValueError | Gone)

@@ -108,3 +108,19 @@ def test_text_log_line_of_a_hostile_job_id_has_one_outcome_key() -> None:
     )  # fmt: skip
     line = TextFormatter().format(rec)
     assert logfmt_keys(line.split(": ", 1)[1]) == ["job", "id", "outcome"], line
+
+
+def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
+    """A lone surrogate in a message or a traceback: '?' in both formats, as in evidence and events."""
+    rec = logging.LogRecord("amqpjobs.worker", logging.ERROR, __file__, 1, "job=%s failed", ("fs-\udcff",), None)
+    try:
+        raise ValueError("/data/\udcfe.csv")
+    except ValueError:
+        rec.exc_info = sys.exc_info()
+    text = TextFormatter().format(rec)
+    text.encode("utf-8")
+    assert "job=fs-? failed" in text
+    assert text.endswith("ValueError: /data/?.csv")
+    doc = json.loads(JsonFormatter().format(rec).encode("utf-8"))
+    assert doc["message"] == "job=fs-? failed"
+    assert doc["exception"].endswith("ValueError: /data/?.csv")

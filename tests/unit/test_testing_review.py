@@ -302,7 +302,30 @@ async def test_sync_publisher_from_the_loop_thread_is_refused(tmp_path: Path) ->
         await asyncio.sleep(0)
 
 
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+async def test_a_handler_raising_systemexit_fails_its_job_like_any_other_error(tmp_path: Path) -> None:
+    """As the worker: sys.exit() in a handler is its job's failure (retry tiers, then exhausted), not a stop."""
+    app = make_app(tmp_path)
+
+    @app.job("bye", queue="work", payload=Order, retry=RetryPolicy(max_attempts=2))
+    async def bye(o: Order, ctx: JobContext) -> None:
+        raise SystemExit(3)
+
+    async with TestBroker(app) as broker:
+        await app.enqueue("bye", {"order_id": 1}, job_id="bye-1")
+        done = await broker.drain()
+        [q] = broker.quarantine("work")
+    assert [p.kind for p in done] == ["retried", "quarantined"]
+    assert (q.reason, q.headers["amqpjobs-error-type"], q.headers["amqpjobs-attempts"]) == (
+        "exhausted",
+        "SystemExit",
+        2,
+    )
+    assert q.headers["amqpjobs-error-message"].startswith("SystemExit(3) raised by the handler, not a signal")
+
+
+# pytest runs tests under asyncio.Runner, whose SIGINT handler raises KeyboardInterrupt on a second
+# Ctrl-C: there a KeyboardInterrupt in an async handler may be a real one, and goes on as before
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), GeneratorExit()])
 async def test_a_handler_raising_a_base_exception_leaves_its_message_in_the_queue(
     tmp_path: Path, exc: BaseException
 ) -> None:

@@ -349,3 +349,23 @@ def test_a_delivery_without_a_traceparent_carries_its_process_span_to_its_copies
         assert trace.get_current_span() is process.span
     with _process(t.tracing, dict(TRACE)) as process:
         assert process.carry == {}  # it has one: the copies keep it
+
+
+class _BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize(("error", "description"), [
+    (_BadStr(), f"{__name__}._BadStr: (the message could not be rendered: str() raised RuntimeError: no text)"),
+    (ValueError("/data/\udcff.csv"), "ValueError: /data/?.csv"),
+], ids=["raising-str", "surrogate"])  # fmt: skip
+def test_a_send_span_ended_by_odd_text_keeps_the_error_and_says_it_encodably(
+    error: BaseException, description: str
+) -> None:
+    """The enqueue's own exception comes out (not the one its str() raised); the status text is encodable."""
+    t = Exported()
+    with pytest.raises(type(error)), t.tracing.sending("jobs", "work", "echo", "j1"):
+        raise error
+    (span,) = t.exporter.get_finished_spans()
+    assert span.status.description == description

@@ -1,0 +1,151 @@
+"""Handler failures that are odd but still handler failures (real broker).
+
+An exception whose text can't be rendered, text UTF-8 can't encode, a handler that
+swallows its timeout's cancellation: each is a failure of that job like any other (retry
+tiers, then quarantine with evidence), recorded everywhere with the same text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs.jobs import evidence
+from amqpjobs.jobs.registry import JobContext
+from amqpjobs.jobs.retry import RetryPolicy
+from amqpjobs.runtime.results import SqliteResults
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, drain
+from tests.integration.test_operator_events import until
+from tests.integration.test_outcome_levels import listening
+from tests.integration.worker_env import make_app, running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+class BadStr(Exception):
+    """Its ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class Unprintable:
+    """An argument whose ``repr()`` raises: a two-argument exception's ``str()`` fails on it."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+def bad_repr() -> Exception:
+    return ValueError(Unprintable(), "row 7")
+
+
+@pytest.mark.parametrize(("make", "error_type", "message"), [
+    (lambda: BadStr("x"), f"{__name__}.BadStr",
+     "(the message could not be rendered: str() raised RuntimeError: no text for you)"),
+    (bad_repr, "ValueError", "(the message could not be rendered: str() raised RuntimeError: no repr for you)"),
+], ids=["raising-str", "raising-repr"])  # fmt: skip
+async def test_an_exception_whose_text_cant_be_rendered_is_a_handler_failure_like_any_other(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, make: Any, error_type: str, message: str
+):
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    runs: list[int] = []
+
+    @app.job("odd", queue="work", retry=RetryPolicy(max_attempts=3))
+    async def odd(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        raise make()
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("odd", {"n": 1}, job_id="odd-1")
+        await rec.wait_for(lambda o: any(x.kind == "quarantined" for x in o))
+    await app.close()
+    assert runs == [1, 2, 3]
+    assert [o.kind for o in rec.outcomes] == ["retried", "retried", "quarantined"]
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE], h[evidence.ATTEMPTS]) == ("exhausted", error_type, 3)
+    assert h[evidence.ERROR_MESSAGE] == message
+    assert "Traceback (most recent call last)" in str(h[evidence.TRACEBACK])
+    assert rec.outcomes[-1].error == f"{error_type}: {message}"
+    assert "failed inside the worker" not in caplog.text
+
+
+SURROGATES = b"\xff\xfe".decode("utf-8", "surrogateescape")  # "\udcff\udcfe": what os.fsdecode makes of bad bytes
+
+
+async def test_text_utf8_cant_encode_reaches_every_record_made_encodable_by_one_rule(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The event is sent; evidence, event, log line and results record carry the same text ('?' for each)."""
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+
+    @app.job("fs", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def fs(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise ValueError(f"can't read /data/{SURROGATES}.csv")
+
+    async with listening(broker) as events, running_worker(app, broker) as (_, rec):
+        await app.enqueue("fs", {"n": 1}, job_id="fs-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+        await until(lambda: len(events) >= 1)
+    try:
+        expected = "ValueError: can't read /data/??.csv"
+        assert [(e.id, e.outcome, e.reason, e.error) for e in events] == [
+            ("fs-1", "quarantined", "exhausted", expected)
+        ]
+        (msg,) = await drain(broker, "work.quarantine")
+        assert msg.headers[evidence.ERROR_MESSAGE] == "can't read /data/??.csv"
+        assert str(msg.headers[evidence.TRACEBACK]).rstrip().endswith(expected)
+        assert rec.outcomes[0].error == expected
+        lines = [r.getMessage() for r in caplog.records if "outcome=" in r.getMessage()]
+        assert len(lines) == 1
+        assert lines[0].endswith(f'outcome=quarantined reason=exhausted error="{expected}"')
+        status = await app.job_status("fs-1")
+        assert (status.state, status.current.error if status.current else None) == ("quarantined", expected)
+        assert "Task exception was never retrieved" not in caplog.text
+    finally:
+        await app.close()
+
+
+async def test_a_run_that_overran_its_timeout_is_a_timeout_whatever_the_handler_did_with_the_cancel(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(broker, tmp_path)
+    ends: list[float] = []
+
+    @app.job("stubborn", queue="work", timeout="300ms", retry=RetryPolicy(max_attempts=1))
+    async def stubborn(payload: dict[str, Any], ctx: JobContext) -> str:
+        started = time.monotonic()
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:  # swallowed: the handler goes on past its timeout
+            await asyncio.sleep(0.5)
+        ends.append(time.monotonic() - started)
+        return "done anyway"
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("stubborn", {"n": 1}, job_id="st-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+    await app.close()
+    assert len(ends) == 1
+    assert ends[0] >= 0.8
+    (outcome,) = rec.outcomes
+    assert (outcome.kind, outcome.timed_out) == ("quarantined", True)
+    assert outcome.duration >= 0.8
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE], h[evidence.ATTEMPTS]) == ("timeout", "TimeoutError", 1)
+    assert h[evidence.ERROR_MESSAGE] == (
+        "job stubborn ran longer than its timeout of 0.3s (it caught the cancellation and went on; its result "
+        "is not used)"
+    )
+    assert await depth(broker, "work") == 0
