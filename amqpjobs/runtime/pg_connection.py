@@ -196,7 +196,7 @@ class PgConnection:
         self._why = one_line(exc)
         if self._down_since is None:
             self._down_since = now
-            log.warning("%s is unreachable (%s); trying again every %gs at most", self.what, self._why, LONGEST_PAUSE)
+            log.warning("%s is unreachable (%s)", self.what, self._why)
         self._pause = pause
         self._next_try = now + pause
 

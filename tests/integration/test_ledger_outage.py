@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,8 +27,8 @@ from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
 from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import fresh_database
-from tests.integration.worker_env import make_app, running_worker
+from tests.integration.helpers import ROOT, fresh_database
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 
 class StoppableProxy:
@@ -214,3 +217,35 @@ async def test_results_and_payload_stores_reconnect_after_an_outage(database: st
         assert await payloads.read("k2") == b"two"
         await results.close()
         await payloads.close()
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("dsn", "code", "says"),
+    [
+        (
+            "postgresql://amqpjobs:amqpjobs@127.0.0.1:1/amqpjobs",
+            3,
+            "ledger error: the PostgreSQL ledger is unreachable",
+        ),
+        ("postgresql://amqpjobs:amqpjobs@127.0.0.1:notaport/amqpjobs", 2, "PostgresLedger(dsn=...) names a port "),
+        ("nonsense", 2, "ConfigurationError: PostgresLedger(dsn=...) is not a URL (postgresql://...) nor "),
+    ],
+)
+async def test_worker_start_with_the_ledger_unreachable_exits_3_and_a_bad_dsn_2(
+    broker: BrokerSettings, tmp_path: Path, dsn: str, code: int, says: str
+) -> None:
+    """L13: README's exit codes say 3 for a service unreachable; 2 stays for invalid input (the DSN)."""
+    await make_app(broker, tmp_path)
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, LEDGERAPP_TOPOLOGY=str(topo), LEDGERAPP_LEDGER=dsn)
+    exe = str(Path(sys.executable).with_name("amqpjobs"))
+    done = await asyncio.to_thread(
+        subprocess.run, [exe, "consume", "tests.integration.ledgerapp:app"], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr, done.stderr
+    assert "amqpjobs:amqpjobs@" not in done.stderr  # no password shown
