@@ -163,6 +163,55 @@ async def test_idempotent_jobs_wait_out_a_ledger_outage_then_run_once_each(
     assert back_lines[0].startswith("the PostgreSQL ledger answers again after "), back_lines
 
 
+@pytest.mark.broker
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(120)
+async def test_an_outage_longer_than_the_patience_defers_each_job_once_per_ten_seconds(
+    broker: BrokerSettings, tmp_path: Path, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past LEDGER_PATIENCE (10 s) a waiting delivery goes to the first tier (no attempt used) and waits again:
+    over a 13 s outage, one ``deferred`` line per job and the outage's one WARNING; each job runs once after."""
+    runs: list[str] = []
+    base = await make_app(broker, tmp_path)
+    async with proxied(database) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        @app.job("charge", queue="work", idempotent=True, lease=5)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append(ctx.job_id)
+            with ctx.transaction() as db:
+                db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker, concurrency=2) as (_, rec):
+            await app.enqueue("charge", {}, job_id="v1")
+            await rec.wait_for(lambda o: len(o) == 1)
+            await proxy.stop()
+            mark = len(caplog.records)
+            await app.enqueue("charge", {}, job_id="v2")
+            await app.enqueue("charge", {}, job_id="v3")
+            await asyncio.sleep(13)
+            during = [f"{r.levelname} {r.getMessage()}" for r in caplog.records[mark:] if r.name.startswith("amqpjobs")]
+            await proxy.start()
+            back = time.monotonic()
+            await rec.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 3, timeout=40)
+            took = time.monotonic() - back
+        await app.close()
+    assert sorted(runs) == ["v1", "v2", "v3"]
+    assert effects(database) == ["v1", "v2", "v3"]
+    assert took <= 4.0, took
+    assert during[0].startswith("WARNING the PostgreSQL ledger is unreachable ("), during
+    deferred = sorted(line.split(" ")[2] for line in during[1:])
+    assert deferred == ["id=v2", "id=v3"], during  # one pass each in 13 s (before: one per 0.2 s, with an ERROR)
+    assert all("outcome=deferred" in line and "LedgerUnavailableError: the PostgreSQL ledger is unreachable" in line
+               for line in during[1:]), during  # fmt: skip
+    by_job = {o.job_id: [] for o in rec.outcomes}
+    for o in rec.outcomes:
+        by_job[o.job_id].append((o.kind, o.attempt))
+    assert by_job == {"v1": [("succeeded", 1)], "v2": [("deferred", 1), ("succeeded", 1)],
+                      "v3": [("deferred", 1), ("succeeded", 1)]}  # fmt: skip
+
+
 @pytest.mark.timeout(60)
 async def test_the_ledger_reconnects_and_tries_are_paced(database: str) -> None:
     """A claim after the database came back works on a new connection; while it is down, claims fail at once
