@@ -12,7 +12,6 @@ Needs the ``postgres`` extra (psycopg 3).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,7 +20,7 @@ from typing import Any
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
-from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT, PgConnection, psycopg_module
+from amqpjobs.runtime.pg_connection import PgConnection, ThreadConnections
 from amqpjobs.runtime.pg_text import to_db
 
 _SCHEMA = """
@@ -33,10 +32,6 @@ CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
     updated_at DOUBLE PRECISION NOT NULL
 )
 """
-
-
-def _psycopg() -> Any:
-    return psycopg_module("PostgresLedger")
 
 
 class PostgresLedger:
@@ -58,9 +53,7 @@ class PostgresLedger:
         self.retention = duration_argument("PostgresLedger(retention=...)", retention)
         self._db = PgConnection(dsn, "PostgresLedger", "the PostgreSQL ledger", (_SCHEMA,), LedgerUnavailableError)
         self.dsn = dsn
-        self._local = threading.local()  # one sync connection per handler thread
-        self._sync: list[Any] = []  # all of them, to close
-        self._sync_lock = threading.Lock()
+        self._threads = ThreadConnections(dsn, "PostgresLedger")  # one sync connection per handler thread
 
     async def open(self) -> None:
         """Connect (when not connected) and create the table when missing.
@@ -147,7 +140,7 @@ class PostgresLedger:
         shown, key = key, to_db(key)
         update, insert = self._mark_done_sql()
         with ExitStack() as stack:
-            conn = self._begun(stack)
+            conn = self._threads.begin(stack)
             yield conn
             now = time.time()
             cur = conn.execute(update, (owner, now, now, key))
@@ -156,28 +149,7 @@ class PostgresLedger:
                 if not cur.rowcount:
                     raise DuplicateJobError(f"job {shown!r} was already done: its effect was rolled back")
 
-    def _begun(self, stack: ExitStack) -> Any:
-        """The handler thread's connection, in a transaction ``stack`` ends; one found dead is replaced once."""
-        psycopg = _psycopg()
-        for _ in range(2):  # the second time with a new connection
-            conn: Any = getattr(self._local, "conn", None)
-            fresh = conn is None or conn.closed
-            if fresh:
-                conn = self._local.conn = psycopg.connect(self._db.dsn, connect_timeout=CONNECT_TIMEOUT)
-                with self._sync_lock:
-                    self._sync.append(conn)
-            try:
-                stack.enter_context(conn.transaction())
-                return conn
-            except psycopg.OperationalError:
-                if fresh or not conn.closed:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def close(self) -> None:
         """Close the connections."""
         await self._db.close()
-        with self._sync_lock:
-            conns, self._sync = self._sync, []
-        for conn in conns:
-            conn.close()
+        self._threads.close()

@@ -11,6 +11,9 @@ The one home of these rules for the PostgreSQL ledger, results store and payload
   :data:`LONGEST_PAUSE` s after the database is back.
 * **Told once**: one WARNING when the database stops answering, one INFO when it answers
   again (with how long it was away), nothing per use in between.
+* **A thread's connection** (:class:`ThreadConnections`, the ledger's ``transaction()`` for
+  plain-function handlers): one per thread, replaced when closed, and replaced once when its
+  ``BEGIN`` meets a lost connection (nothing of the caller's ran on it yet).
 * **Bad settings are not an outage**: a DSN that is no PostgreSQL connection string (or
   names a port that is no number) raises :class:`~amqpjobs.errors.ConfigurationError`.
 
@@ -22,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
@@ -213,3 +217,48 @@ class PgConnection:
     def twin(self) -> PgConnection:
         """A connection of the same settings, not connected yet (for a store's copy on another event loop)."""
         return PgConnection(self.dsn, self._owner, self.what, self._schema, self._unavailable)
+
+
+class ThreadConnections:
+    """Synchronous connections, one per thread (handler threads), for transactions the caller fills.
+
+    Args:
+        dsn: libpq connection string or URL (checked by the store's :class:`PgConnection`).
+        owner: The store's class name (for the message when psycopg is missing).
+    """
+
+    def __init__(self, dsn: str, owner: str) -> None:
+        self.dsn = dsn
+        self._owner = owner
+        self._local = threading.local()
+        self._all: list[Any] = []  # every thread's, to close
+        self._all_lock = threading.Lock()
+
+    def begin(self, stack: ExitStack) -> Any:
+        """The calling thread's psycopg connection, in a transaction that ``stack`` ends (commit, or rollback).
+
+        Raises:
+            psycopg.OperationalError: the database can't be reached.
+        """
+        psycopg = psycopg_module(self._owner)
+        for _ in range(2):  # the second time with a new connection
+            conn: Any = getattr(self._local, "conn", None)
+            fresh = conn is None or conn.closed
+            if fresh:
+                conn = self._local.conn = psycopg.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT)
+                with self._all_lock:
+                    self._all.append(conn)
+            try:
+                stack.enter_context(conn.transaction())
+                return conn
+            except psycopg.OperationalError:
+                if fresh or not conn.closed:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Close every thread's connection (call when no transaction runs)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
