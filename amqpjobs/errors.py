@@ -10,6 +10,7 @@ The tree::
     ├── BusyError                   another process holds the lock (e.g. moves that quarantine queue)
     ├── JobFailedError              App.result(): the job was quarantined or parked (carries the reason)
     ├── ResultsUnavailableError     the results store can't be read (database down or unusable)
+    ├── LedgerUnavailableError      the idempotency ledger's database can't be reached (down, refusing)
     ├── PayloadStoreError           the payload store failed to keep a large payload (nothing was sent)
     ├── PublishError                a publish was not confirmed by the broker
     │   ├── UnroutableError          returned (mandatory): no queue is bound for it; or its exchange is missing
@@ -104,6 +105,14 @@ class JobFailedError(AmqpJobsError):
 
 class ResultsUnavailableError(AmqpJobsError):
     """The results store can't be read (database down, unreachable or unusable); jobs are not affected."""
+
+
+class LedgerUnavailableError(AmqpJobsError):
+    """The idempotency ledger's database can't be reached now (down, unreachable, refusing the login).
+
+    An idempotent job then waits without using an attempt; at a worker's start it stops the
+    worker (exit 3). A bad connection string is a :class:`ConfigurationError` instead.
+    """
 
 
 class PayloadStoreError(AmqpJobsError):

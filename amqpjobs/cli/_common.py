@@ -22,6 +22,7 @@ from amqpjobs.errors import (
     BusyError,
     ConfigurationError,
     InvalidPayloadError,
+    LedgerUnavailableError,
     PayloadStoreError,
     PublishError,
     ResultsUnavailableError,
@@ -125,6 +126,9 @@ def errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_BROKER)
         except ResultsUnavailableError as exc:  # a service failed us, like the broker
             click.echo(f"results store error: {redact_text(str(exc))}", err=True)
+            sys.exit(EXIT_BROKER)
+        except LedgerUnavailableError as exc:  # likewise
+            click.echo(f"ledger error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except PayloadStoreError as exc:  # likewise
             click.echo(f"payload store error: {redact_text(str(exc))}", err=True)

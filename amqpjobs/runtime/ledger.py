@@ -33,10 +33,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, DuplicateJobError
+from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
 DEFAULT_RETENTION = 14 * 86400.0
+#: Seconds a delivery waits in its slot for an unreachable ledger before it waits in a retry tier instead.
+LEDGER_PATIENCE = 10.0
+#: Seconds between two looks at an unreachable ledger (a look costs nothing: its connection paces the tries).
+_LOOK_EVERY = 0.25
 
 
 class Claim(enum.Enum):
@@ -78,6 +82,32 @@ class Ledger(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+async def claim_waiting(
+    ledger: Ledger,
+    key: str,
+    owner: str,
+    lease: float,
+    patience: float = LEDGER_PATIENCE,
+    stop: asyncio.Event | None = None,
+) -> Claim:
+    """:meth:`Ledger.claim`, waiting for a ledger that can't be reached for up to ``patience`` seconds.
+
+    The job runs as soon as the ledger answers again (README "Idempotency": a ledger outage).
+
+    Raises:
+        LedgerUnavailableError: still unreachable after ``patience`` s, or when ``stop`` is set.
+        Exception: any other failure of the claim, at once.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return await ledger.claim(key, owner, lease)
+        except LedgerUnavailableError:
+            if time.monotonic() + _LOOK_EVERY > deadline or (stop is not None and stop.is_set()):
+                raise
+        await asyncio.sleep(_LOOK_EVERY)
 
 
 _SCHEMA = """

@@ -4,21 +4,23 @@ Same state machine as :class:`~amqpjobs.runtime.ledger.SqliteLedger` (see
 :mod:`amqpjobs.runtime.ledger`); claims use ``INSERT ... ON CONFLICT`` and a row lock
 (``SELECT ... FOR UPDATE``), so two hosts never both get ``CLAIMED`` for a live key.
 Keys go in through :func:`~amqpjobs.runtime.pg_text.to_db` (a job id may hold a NUL).
+The async connection is a :class:`~amqpjobs.runtime.pg_connection.PgConnection`: reopened
+after a loss, connect attempts paced while the database is down (then
+:class:`~amqpjobs.errors.LedgerUnavailableError`), one log line when it goes, one when it is back.
 Needs the ``postgres`` extra (psycopg 3).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, DuplicateJobError
+from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
+from amqpjobs.runtime.pg_connection import PgConnection, ThreadConnections
 from amqpjobs.runtime.pg_text import to_db
 
 _SCHEMA = """
@@ -32,14 +34,6 @@ CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
 """
 
 
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError("PostgresLedger needs psycopg: pip install 'amqpjobs[postgres]'") from exc
-    return psycopg
-
-
 class PostgresLedger:
     """A ledger in PostgreSQL.
 
@@ -50,43 +44,38 @@ class PostgresLedger:
     Call :meth:`open` (async) before use; the worker does.
 
     Raises:
-        ConfigurationError: psycopg is missing, or the database can't be reached.
+        ConfigurationError: ``dsn`` is not a PostgreSQL connection string (at once), or
+            psycopg is missing.
+        LedgerUnavailableError: (from the async methods) the database can't be reached now.
     """
 
     def __init__(self, dsn: str, retention: float | str = DEFAULT_RETENTION) -> None:
-        self.dsn = dsn
         self.retention = duration_argument("PostgresLedger(retention=...)", retention)
-        self._conn: Any = None
-        self._lock = asyncio.Lock()  # one async connection: one statement/transaction at a time
-        self._local = threading.local()  # one sync connection per handler thread
-        self._sync: list[Any] = []  # all of them, to close
-        self._sync_lock = threading.Lock()
+        self._db = PgConnection(dsn, "PostgresLedger", "the PostgreSQL ledger", (_SCHEMA,), LedgerUnavailableError)
+        self.dsn = dsn
+        self._threads = ThreadConnections(dsn, "PostgresLedger")  # one sync connection per handler thread
 
     async def open(self) -> None:
-        """Connect and create the table when missing."""
-        psycopg = _psycopg()
-        if self._conn is not None:
-            return
-        try:
-            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            await self._conn.execute(_SCHEMA)
-        except psycopg.Error as exc:
-            raise ConfigurationError(f"can't use the PostgreSQL ledger: {type(exc).__name__}: {exc}") from exc
+        """Connect (when not connected) and create the table when missing.
+
+        Raises:
+            LedgerUnavailableError: the database can't be reached.
+        """
+        await self._db.open()
 
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
-        """See :meth:`amqpjobs.runtime.ledger.Ledger.claim`."""
-        await self.open()
+        """See :meth:`amqpjobs.runtime.ledger.Ledger.claim` (``LedgerUnavailableError``: the database is away)."""
         key = to_db(key)  # a NUL in a job id: PostgreSQL text can't hold it as it is
         now = time.time()
-        async with self._lock, self._conn.transaction():
-            cur = await self._conn.execute(
+        async with self._db.use() as conn, conn.transaction():
+            cur = await conn.execute(
                 "INSERT INTO amqpjobs_ledger (key, state, owner, expires_at, updated_at) "
                 "VALUES (%s, 'running', %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
                 (key, owner, now + lease, now),
             )
             if await cur.fetchone() is not None:
                 return Claim.CLAIMED
-            cur = await self._conn.execute(
+            cur = await conn.execute(
                 "SELECT state, owner, expires_at FROM amqpjobs_ledger WHERE key = %s FOR UPDATE", (key,)
             )
             state, holder, expires_at = await cur.fetchone()
@@ -94,7 +83,7 @@ class PostgresLedger:
                 return Claim.DONE
             if holder != owner and expires_at > now:
                 return Claim.BUSY
-            await self._conn.execute(
+            await conn.execute(
                 "UPDATE amqpjobs_ledger SET owner = %s, expires_at = %s, updated_at = %s WHERE key = %s",
                 (owner, now + lease, now, key),
             )
@@ -111,31 +100,28 @@ class PostgresLedger:
 
     async def done(self, key: str, owner: str) -> bool:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.done`."""
-        await self.open()
         key = to_db(key)
         update, insert = self._mark_done_sql()
         now = time.time()
-        async with self._lock, self._conn.transaction():
-            cur = await self._conn.execute(update, (owner, now, now, key))
+        async with self._db.use() as conn, conn.transaction():
+            cur = await conn.execute(update, (owner, now, now, key))
             if cur.rowcount:
                 return True
-            cur = await self._conn.execute(insert, (key, owner, now, now))
+            cur = await conn.execute(insert, (key, owner, now, now))
             return bool(cur.rowcount)
 
     async def release(self, key: str, owner: str) -> None:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.release`."""
-        await self.open()
         key = to_db(key)
-        async with self._lock:
-            await self._conn.execute(
+        async with self._db.use() as conn:
+            await conn.execute(
                 "DELETE FROM amqpjobs_ledger WHERE key = %s AND owner = %s AND state = 'running'", (key, owner)
             )
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.prune`."""
-        await self.open()
-        async with self._lock:
-            cur = await self._conn.execute(
+        async with self._db.use() as conn:
+            cur = await conn.execute(
                 "DELETE FROM amqpjobs_ledger WHERE state = 'done' AND updated_at < %s", (time.time() - older_than,)
             )
         return int(cur.rowcount)
@@ -144,18 +130,17 @@ class PostgresLedger:
     def transaction(self, key: str, owner: str) -> Iterator[Any]:
         """A transaction (a psycopg connection, for plain-function handlers) that also marks ``key`` done.
 
+        The handler thread's connection is reopened when it died since its last use (the
+        database restarted): its ``BEGIN`` failed, so nothing of the handler's ran on it.
+
         Raises:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
+            psycopg.OperationalError: the database can't be reached (the handler fails: a retry).
         """
-        psycopg = _psycopg()
         shown, key = key, to_db(key)
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = self._local.conn = psycopg.connect(self.dsn)
-            with self._sync_lock:
-                self._sync.append(conn)
         update, insert = self._mark_done_sql()
-        with conn.transaction():
+        with ExitStack() as stack:
+            conn = self._threads.begin(stack)
             yield conn
             now = time.time()
             cur = conn.execute(update, (owner, now, now, key))
@@ -166,10 +151,5 @@ class PostgresLedger:
 
     async def close(self) -> None:
         """Close the connections."""
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-        with self._sync_lock:
-            conns, self._sync = self._sync, []
-        for conn in conns:
-            conn.close()
+        await self._db.close()
+        self._threads.close()

@@ -1,17 +1,20 @@
 """A payload store in PostgreSQL (the ledger's database, say): :class:`PostgresPayloadStore`.
 
 Needs the ``postgres`` extra (psycopg 3), like :class:`~amqpjobs.runtime.ledger_postgres.PostgresLedger`.
+Its connection is a :class:`~amqpjobs.runtime.pg_connection.PgConnection`: reopened after a
+loss, connect attempts paced while the database is down.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import Any, Unpack
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import PayloadStoreError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
+from amqpjobs.runtime.pg_connection import PgConnection, dsn_problem, psycopg_module
+
+__all__ = ["PostgresPayloadStore", "dsn_problem"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS amqpjobs_payloads (
@@ -24,36 +27,6 @@ CREATE TABLE IF NOT EXISTS amqpjobs_payloads (
 )
 """
 _INDEX = "CREATE INDEX IF NOT EXISTS amqpjobs_payloads_done ON amqpjobs_payloads (done_at) WHERE done_at IS NOT NULL"
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ConfigurationError("PostgresPayloadStore needs psycopg: pip install 'amqpjobs[postgres]'") from exc
-    return psycopg
-
-
-def dsn_problem(dsn: object) -> str | None:
-    """What is wrong with ``dsn`` as a PostgreSQL connection string, or None; never shows the password.
-
-    libpq takes a URI whose scheme is ``postgresql://`` or ``postgres://``, or ``keyword=value``
-    pairs (PostgreSQL docs "Connection Strings"). An empty string would connect to libpq's
-    defaults (``PG*`` variables, the local socket): refused, it is almost always a missing setting.
-    """
-    if not isinstance(dsn, str):
-        return f"is a {type(dsn).__name__}, not a str"
-    if not dsn.strip():
-        return "is empty"
-    if "://" in dsn:
-        scheme = dsn.split("://", 1)[0]
-        if scheme.lower() in ("postgresql", "postgres"):
-            return None
-        shown = repr(scheme) if scheme.isascii() and scheme.replace("+", "").isalnum() else "not postgresql"
-        return f"has scheme {shown}: not a PostgreSQL URL"
-    if "=" not in dsn:
-        return "is not a URL (postgresql://...) nor keyword=value pairs (host=... dbname=...)"
-    return None
 
 
 class PostgresPayloadStore(PayloadStore):
@@ -79,50 +52,27 @@ class PostgresPayloadStore(PayloadStore):
         **options: Unpack[StoreOptions],
     ) -> None:
         super().__init__(**options)
-        if problem := dsn_problem(dsn):
-            raise ConfigurationError(
-                f"PostgresPayloadStore(dsn=...) {problem}: give the database's URL, "
-                "postgresql://user:password@host:5432/dbname (or libpq keyword=value pairs)"
-            )
+        self._db = PgConnection(dsn, "PostgresPayloadStore", "the PostgreSQL payload store", (_SCHEMA, _INDEX),
+                                PayloadStoreError)  # fmt: skip
         self.dsn = dsn
-        self._conn: Any = None
-        self._lock: asyncio.Lock | None = None  # one connection: one statement (or connect) at a time
-        self._lock_loop: asyncio.AbstractEventLoop | None = None
 
     def _fresh(self) -> None:
         """See :meth:`PayloadStore._fresh`."""
-        self._conn, self._lock, self._lock_loop = None, None, None
-
-    def _locked(self) -> asyncio.Lock:
-        """The lock of the running event loop (a CLI may use the store from one loop after another)."""
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock_loop is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), loop
-        return self._lock
+        self._db = self._db.twin()
 
     async def open(self) -> None:
-        """Connect and create the table when missing."""
-        async with self._locked():
-            await self._connect()
+        """Connect (when not connected) and create the table when missing.
 
-    async def _connect(self) -> None:
-        """:meth:`open` under the lock: two callers at once never make two connections."""
-        if self._conn is not None and not self._conn.closed:
-            return
-        psycopg = _psycopg()
-        try:
-            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            for statement in (_SCHEMA, _INDEX):
-                with contextlib.suppress(psycopg.errors.UniqueViolation):  # another process created it just now
-                    await self._conn.execute(statement)
-        except psycopg.Error as exc:
-            raise ConfigurationError(f"can't use the PostgreSQL payload store: {type(exc).__name__}: {exc}") from exc
+        Raises:
+            PayloadStoreError: the database can't be reached.
+        """
+        psycopg_module("PostgresPayloadStore")
+        await self._db.open()
 
     async def _run(self, sql: str, params: tuple[Any, ...], fetch: bool = False) -> Any:
         """Execute ``sql``; returns the cursor, or (``fetch``) its first row, read under the lock."""
-        async with self._locked():
-            await self._connect()
-            cur = await self._conn.execute(sql, params)
+        async with self._db.use() as conn:
+            cur = await conn.execute(sql, params)
             return await cur.fetchone() if fetch else cur
 
     async def write(self, key: str, data: bytes) -> None:
@@ -159,6 +109,4 @@ class PostgresPayloadStore(PayloadStore):
 
     async def close(self) -> None:
         """Close the connection."""
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._db.close()

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from amqpjobs.errors import ConfigurationError, DuplicateJobError
+from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
-from amqpjobs.runtime.ledger import Claim, Ledger
+from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
@@ -49,6 +49,7 @@ class HandlerRuns:
     _stalls: StallWatch
     _results: ResultsWriter | None
     _rates: RateLimits | None
+    _stop: asyncio.Event
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -107,9 +108,10 @@ class HandlerRuns:
         transaction = None
         if ledger is not None:
             try:
-                claim = await ledger.claim(job_id, owner, self.lease_of(job))
+                claim = await claim_waiting(ledger, job_id, owner, self.lease_of(job), stop=self._stop)
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
-                log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
+                if not isinstance(exc, LedgerUnavailableError):  # an outage is logged by the ledger, once
+                    log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
                 later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=(qualname(exc), message_of(exc), ""))  # fmt: skip

@@ -45,7 +45,14 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from amqpjobs.errors import BrokerError, ConfigurationError
+from amqpjobs.errors import (
+    AmqpJobsError,
+    BrokerError,
+    ConfigurationError,
+    LedgerUnavailableError,
+    PayloadStoreError,
+    ResultsUnavailableError,
+)
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
 
@@ -285,13 +292,13 @@ class Supervisor:
             slot.error, slot.kind = str(doc["error"]), str(doc.get("kind"))
 
     @staticmethod
-    def _crash_loop_error(slot: Slot) -> ConfigurationError | BrokerError:
+    def _crash_loop_error(slot: Slot) -> AmqpJobsError:
         error = slot.error or "no error message (see its log lines above)"
         text = (
             f"worker child {slot.index} exited before it was ready {CRASH_LOOP_EXITS} times within "
             f"{CRASH_LOOP_WINDOW:.0f}s; every child was stopped. Its error: {error}"
         )
-        return BrokerError(text) if slot.kind == "BrokerError" else ConfigurationError(text)
+        return _SERVICE_ERRORS.get(slot.kind or "", ConfigurationError)(text)
 
     # ------------------------------------------------------------------ metrics and health
     def _serve(self) -> MetricsServer:
@@ -342,6 +349,12 @@ def _ask(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode("utf-8", "replace").strip()
     except OSError as exc:
         return 503, f"does not answer ({exc})"
+
+
+#: A child's error ``kind`` saying a service failed it (exit 3, as in one process), by name; any other is exit 2.
+_SERVICE_ERRORS: dict[str, type[AmqpJobsError]] = {
+    e.__name__: e for e in (BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError)
+}
 
 
 def _exit_text(code: int) -> str:

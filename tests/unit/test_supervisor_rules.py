@@ -16,11 +16,17 @@ from typing import Any
 
 import pytest
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import (
+    BrokerError,
+    ConfigurationError,
+    LedgerUnavailableError,
+    PayloadStoreError,
+    ResultsUnavailableError,
+)
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
-from amqpjobs.runtime.supervisor import Supervisor, process_count
+from amqpjobs.runtime.supervisor import Slot, Supervisor, process_count
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.settings import broker_settings
 
@@ -199,3 +205,18 @@ async def test_a_metrics_port_in_use_leaves_no_metrics_directory(
         with pytest.raises(ConfigurationError, match=f"can't serve metrics on 127.0.0.1:{port}: "):
             await Supervisor(spec, 2, "127.0.0.1", port).run()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "raised"),
+    [("BrokerError", BrokerError), ("LedgerUnavailableError", LedgerUnavailableError),
+     ("ResultsUnavailableError", ResultsUnavailableError), ("PayloadStoreError", PayloadStoreError),
+     ("ConfigurationError", ConfigurationError), (None, ConfigurationError)],
+)  # fmt: skip
+def test_a_crash_loop_is_raised_as_the_childs_kind_of_error_so_the_exit_code_is_one_processs(
+    kind: str | None, raised: type[Exception]
+) -> None:
+    """A service that failed every child (broker, ledger, results or payload store) is exit 3, as with one process."""
+    error = Supervisor._crash_loop_error(Slot(0, error="the PostgreSQL ledger is unreachable (...)", kind=kind))
+    assert type(error) is raised
+    assert "Its error: the PostgreSQL ledger is unreachable (...)" in str(error)

@@ -1,0 +1,264 @@
+"""One store's async PostgreSQL connection: opened on first use, reopened after a loss, tries paced.
+
+The one home of these rules for the PostgreSQL ledger, results store and payload store:
+
+* **Reopen**: a connection psycopg marks closed (it met a lost connection), or whose
+  statement failed with ``OperationalError``, is dropped; the next use connects again.
+* **Paced**: after a failed connect, the next is tried :data:`FIRST_PAUSE` s later, the
+  pause doubling up to :data:`LONGEST_PAUSE` s; a use in between fails at once with the
+  store's "unavailable" error, without touching the network. So N jobs waiting for the
+  database make one connect attempt per pause, and a use succeeds at most
+  :data:`LONGEST_PAUSE` s after the database is back.
+* **Told once**: one WARNING when the database stops answering, one INFO when it answers
+  again (with how long it was away), nothing per use in between.
+* **A thread's connection** (:class:`ThreadConnections`, the ledger's ``transaction()`` for
+  plain-function handlers): one per thread, replaced when closed, and replaced once when its
+  ``BEGIN`` meets a lost connection (nothing of the caller's ran on it yet).
+* **Bad settings are not an outage**: a DSN that is no PostgreSQL connection string (or
+  names a port that is no number) raises :class:`~amqpjobs.errors.ConfigurationError`.
+
+Needs the ``postgres`` extra (psycopg 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import ExitStack, asynccontextmanager
+from typing import Any
+
+from amqpjobs.errors import ConfigurationError
+
+#: Seconds to connect at most (libpq ``connect_timeout``).
+CONNECT_TIMEOUT = 5
+#: Seconds between a failed connect and the next try; doubled after each failure up to :data:`LONGEST_PAUSE`.
+FIRST_PAUSE = 0.25
+#: The longest pause (seconds) between two connect attempts while the database is down.
+LONGEST_PAUSE = 2.0
+
+log = logging.getLogger("amqpjobs.stores")
+
+
+def psycopg_module(what: str) -> Any:
+    """The ``psycopg`` module.
+
+    Raises:
+        ConfigurationError: it is not installed (``what`` names the class that needs it).
+    """
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(f"{what} needs psycopg: pip install 'amqpjobs[postgres]'") from exc
+    return psycopg
+
+
+def one_line(exc: BaseException) -> str:
+    """``"<type>: <message>"`` on one line (libpq's messages span lines), at most 200 characters of message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def dsn_problem(dsn: object) -> str | None:
+    """What is wrong with ``dsn`` as a PostgreSQL connection string, or None; never shows the password.
+
+    libpq takes a URI whose scheme is ``postgresql://`` or ``postgres://``, or ``keyword=value``
+    pairs (PostgreSQL docs "Connection Strings"). An empty string would connect to libpq's
+    defaults (``PG*`` variables, the local socket): refused, it is almost always a missing setting.
+    A string libpq can't parse, or whose port is no number, is a problem too.
+    """
+    if not isinstance(dsn, str):
+        return f"is a {type(dsn).__name__}, not a str"
+    if not dsn.strip():
+        return "is empty"
+    if "://" in dsn:
+        scheme = dsn.split("://", 1)[0]
+        if scheme.lower() not in ("postgresql", "postgres"):
+            shown = repr(scheme) if scheme.isascii() and scheme.replace("+", "").isalnum() else "not postgresql"
+            return f"has scheme {shown}: not a PostgreSQL URL"
+    elif "=" not in dsn:
+        return "is not a URL (postgresql://...) nor keyword=value pairs (host=... dbname=...)"
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        port = str(conninfo_to_dict(dsn).get("port") or "")
+    except ImportError:  # pragma: no cover - the store's own check names the extra
+        return None
+    except Exception:  # libpq's parser refused it: its message may quote the password
+        return "can't be parsed as a PostgreSQL connection string"
+    if port and not all(p.strip().isdigit() for p in port.split(",")):
+        return "names a port that is not a number"
+    return None
+
+
+class PgConnection:
+    """The async connection of one store, under a lock (one statement or transaction at a time).
+
+    Args:
+        dsn: libpq connection string or URL.
+        owner: The store's class name, for the message about a bad ``dsn``.
+        what: The store in words, for messages and log lines (``"the PostgreSQL ledger"``).
+        schema: Statements run after each connect (``CREATE TABLE IF NOT EXISTS ...``).
+        unavailable: Builds the store's error for "the database can't be reached now" from a message.
+
+    Raises:
+        ConfigurationError: ``dsn`` is not a PostgreSQL connection string (at once).
+    """
+
+    def __init__(
+        self, dsn: str, owner: str, what: str, schema: Sequence[str], unavailable: Callable[[str], Exception]
+    ) -> None:
+        self.what = what
+        self._owner = owner
+        if problem := dsn_problem(dsn):
+            raise ConfigurationError(
+                f"{owner}(dsn=...) {problem}: give the database's URL, "
+                "postgresql://user:password@host:5432/dbname (or libpq keyword=value pairs)"
+            )
+        self.dsn = dsn
+        self._schema = tuple(schema)
+        self._unavailable = unavailable
+        self._conn: Any = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._down_since: float | None = None  # monotonic time it stopped answering
+        self._pause = 0.0
+        self._next_try = 0.0
+        self._why = ""
+
+    def _locked(self) -> asyncio.Lock:
+        """The lock of the running event loop (a CLI may use a store from one loop after another)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
+    @property
+    def down(self) -> bool:
+        """True while the database is known not to answer (since a failure, until a connect succeeds)."""
+        return self._down_since is not None
+
+    async def open(self) -> None:
+        """Connect (when not connected) and run the schema statements.
+
+        Raises:
+            Exception: the store's ``unavailable`` error: the database can't be reached (now, or
+                since a failure less than the current pause ago: not tried again yet).
+        """
+        async with self._locked():
+            await self._connect()
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[Any]:
+        """The open psycopg ``AsyncConnection``, held alone for the ``async with`` block.
+
+        A lost connection inside the block is dropped (the next use reconnects) and raised as
+        the store's ``unavailable`` error; other errors (a refused value) pass through.
+        """
+        psycopg = psycopg_module(self.what)
+        async with self._locked():
+            await self._connect()
+            try:
+                yield self._conn
+            except psycopg.OperationalError as exc:
+                if self._conn is not None and not self._conn.closed:
+                    raise  # the database answered (a cancelled statement, a lock timeout): no outage
+                await self._drop()
+                self._went_down(exc, pause=0.0)  # reconnect at once on the next use: a restart may be over
+                raise self._unavailable(f"{self.what} lost its connection ({one_line(exc)})") from exc
+
+    async def _connect(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            return
+        await self._drop()
+        now = time.monotonic()
+        if self.down and now < self._next_try:
+            raise self._unavailable(
+                f"{self.what} is unreachable ({self._why}); down {now - (self._down_since or now):.1f}s, "
+                f"next try in {self._next_try - now:.1f}s"
+            )
+        psycopg = psycopg_module(self.what)
+        try:
+            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                               connect_timeout=CONNECT_TIMEOUT)  # fmt: skip
+            for statement in self._schema:
+                with contextlib.suppress(psycopg.errors.UniqueViolation):  # another process created it just now
+                    await self._conn.execute(statement)
+        except psycopg.Error as exc:
+            await self._drop()
+            self._went_down(exc, pause=min(LONGEST_PAUSE, max(FIRST_PAUSE, 2 * self._pause)))
+            raise self._unavailable(f"{self.what} is unreachable ({one_line(exc)})") from exc
+        if self._down_since is not None:
+            log.info("%s answers again after %.1fs", self.what, time.monotonic() - self._down_since)
+        self._down_since, self._pause, self._why = None, 0.0, ""
+
+    def _went_down(self, exc: BaseException, pause: float) -> None:
+        """Note a failure: one line when the outage starts, then the next try after ``pause`` seconds."""
+        now = time.monotonic()
+        self._why = one_line(exc)
+        if self._down_since is None:
+            self._down_since = now
+            log.warning("%s is unreachable (%s)", self.what, self._why)
+        self._pause = pause
+        self._next_try = now + pause
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to release
+                await conn.close()
+
+    async def close(self) -> None:
+        """Close the connection (a later use opens a new one)."""
+        await self._drop()
+
+    def twin(self) -> PgConnection:
+        """A connection of the same settings, not connected yet (for a store's copy on another event loop)."""
+        return PgConnection(self.dsn, self._owner, self.what, self._schema, self._unavailable)
+
+
+class ThreadConnections:
+    """Synchronous connections, one per thread (handler threads), for transactions the caller fills.
+
+    Args:
+        dsn: libpq connection string or URL (checked by the store's :class:`PgConnection`).
+        owner: The store's class name (for the message when psycopg is missing).
+    """
+
+    def __init__(self, dsn: str, owner: str) -> None:
+        self.dsn = dsn
+        self._owner = owner
+        self._local = threading.local()
+        self._all: list[Any] = []  # every thread's, to close
+        self._all_lock = threading.Lock()
+
+    def begin(self, stack: ExitStack) -> Any:
+        """The calling thread's psycopg connection, in a transaction that ``stack`` ends (commit, or rollback).
+
+        Raises:
+            psycopg.OperationalError: the database can't be reached.
+        """
+        psycopg = psycopg_module(self._owner)
+        for _ in range(2):  # the second time with a new connection
+            conn: Any = getattr(self._local, "conn", None)
+            fresh = conn is None or conn.closed
+            if fresh:
+                conn = self._local.conn = psycopg.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT)
+                with self._all_lock:
+                    self._all.append(conn)
+            try:
+                stack.enter_context(conn.transaction())
+                return conn
+            except psycopg.OperationalError:
+                if fresh or not conn.closed:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Close every thread's connection (call when no transaction runs)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
