@@ -2,9 +2,10 @@
 
 Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
-"done <id> <pid>" lines to; "count <id> <pid>" for the ``count`` job), ``PROCAPP_RESULTS`` (a
-SQLite results store; none when unset) and ``PROCAPP_FAIL_IMPORT`` (when set, importing this
-module appends "import <child> <pid>" to the record, then raises RuntimeError).
+"done <id> <pid>" lines to, with "yielded <id> <pid>" between for ``hold``; "count <id> <pid>" for the
+``count`` job), ``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
+``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
+to the record, then raises RuntimeError).
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
     """Sleep ``payload["seconds"]``, recording start and completion."""
     _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
     await asyncio.sleep(float(payload.get("seconds", 0)))
+    _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("hold", queue="work", timeout="60s")
+async def hold(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record start, yield 0.2 s to the loop, record "yielded"; a first delivery then holds 60 s, a redelivery ends."""
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    await asyncio.sleep(0.2)  # the loop turns: anything the worker queued (an ack) reaches the socket
+    _record(f"yielded {ctx.job_id} {os.getpid()}")
+    if not ctx.redelivered:
+        await asyncio.sleep(60)
     _record(f"done {ctx.job_id} {os.getpid()}")
 
 

@@ -323,3 +323,80 @@ async def test_transaction_twice_in_one_run_is_refused_and_quarantined(broker: B
     assert effects(f"sqlite:{path}") == ["t-1"]  # the first transaction committed, the second never ran
     assert any("outcome=quarantined reason=permanent error=\"amqpjobs.errors.ConfigurationError: job " in r.getMessage()
                for r in caplog.records)  # fmt: skip
+
+
+def mark_done_elsewhere(spec: str, key: str) -> None:
+    """Mark ``key`` done in the ledger as another run would have (its claim taken over after its lease)."""
+    sql = "UPDATE amqpjobs_ledger SET state = 'done', owner = 'elsewhere' WHERE key = {m} AND state = 'running'"
+    if spec.startswith("sqlite:"):
+        with sqlite3.connect(spec.removeprefix("sqlite:")) as db:
+            assert db.execute(sql.format(m="?"), (key,)).rowcount == 1
+        return
+    import psycopg
+
+    with psycopg.connect(spec) as db:
+        assert db.execute(sql.format(m="%s"), (key,)).rowcount == 1
+
+
+def ledger_rows(spec: str) -> list[tuple[str, str]]:
+    """(key, state) of each ledger row."""
+    sql = "SELECT key, state FROM amqpjobs_ledger ORDER BY key"
+    if spec.startswith("sqlite:"):
+        with sqlite3.connect(spec.removeprefix("sqlite:")) as db:
+            return [(r[0], r[1]) for r in db.execute(sql)]
+    import psycopg
+
+    with psycopg.connect(spec) as db:
+        return [(r[0], r[1]) for r in db.execute(sql).fetchall()]
+
+
+async def test_idempotent_handler_without_transaction_is_marked_done_and_runs_once(
+    broker: BrokerSettings, tmp_path: Path, ledger_spec: str
+):
+    # no ctx.transaction(): only the worker's ledger.done() after the handler returns marks the job done
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=make_ledger(ledger_spec))
+    runs: list[str] = []
+
+    @app.job("notify", queue="work", idempotent=True, lease=30, key=lambda p: f"notify:{p['order']}")
+    async def notify(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("notify", {"order": 3})
+        await rec.wait_for(lambda o: len(o) == 1)
+        await app.enqueue("notify", {"order": 3})  # after the first run ended: no live claim to wait for
+        await rec.wait_for(lambda o: len(o) == 2)
+    await app.close()
+    assert runs == ["notify:3"]
+    assert [o.kind for o in rec.outcomes] == ["succeeded", "duplicate"]
+    assert ledger_rows(ledger_spec) == [("notify:3", "done")]
+    assert await depth(broker, "work") == 0
+
+
+async def test_transaction_of_a_job_done_meanwhile_is_rolled_back_as_a_duplicate(
+    broker: BrokerSettings, tmp_path: Path, ledger_spec: str
+):
+    # the claim was taken, then the job was done by another run (its lease ran out meanwhile):
+    # the handler's transaction finds it done on commit and rolls its effect back
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=make_ledger(ledger_spec))
+    marker = "?" if ledger_spec.startswith("sqlite:") else "%s"
+    runs: list[str] = []
+
+    @app.job("charge", queue="work", idempotent=True, lease=30)
+    def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        mark_done_elsewhere(ledger_spec, ctx.job_id)
+        with ctx.transaction() as db:
+            db.execute(f"INSERT INTO effects (job_id) VALUES ({marker})", (ctx.job_id,))
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("charge", {}, job_id="late-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+    await app.close()
+    assert runs == ["late-1"]
+    assert effects(ledger_spec) == []  # rolled back
+    assert [o.kind for o in rec.outcomes] == ["duplicate"]
+    assert ledger_rows(ledger_spec) == [("late-1", "done")]
+    assert await depth(broker, "work") == 0

@@ -10,6 +10,7 @@ from typing import Any
 import aio_pika
 import pytest
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.parking import park
@@ -139,3 +140,19 @@ def test_the_console_names_the_message_a_replay_or_park_left(broker: BrokerSetti
     assert [d.split(":")[0] for d in replay_run["details"]] == [f"not replayed {SKIPPED}"]
     assert (park_run["state"], park_run["moved"], park_run["left"]) == ("done", 5, 2), park_run
     assert [d.split(":")[0] for d in park_run["details"]] == [f"not parked {SKIPPED}"] * 2
+
+
+async def test_replay_whose_copy_cannot_be_published_leaves_the_original_in_quarantine(
+    broker: BrokerSettings, tmp_path: Path
+):
+    # the target queue was deleted: each copy's publish is refused (unroutable), so no original may be acked
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 3)
+    async with raw_channel(broker) as ch:
+        await ch.queue_delete("work")
+    with pytest.raises(ConfigurationError) as caught:
+        await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
+    assert str(caught.value) == "target queue 'work' does not exist; 0 moved before it, the rest stay in quarantine"
+    _, left = await browse(broker, "work.quarantine")
+    assert sorted(m.delivery.message_id for m in left) == ["q-0", "q-1", "q-2"]
+    assert [q.describe(m.delivery.headers, m.delivery.message_id, m.delivery.type).attempts for m in left] == [4, 4, 4]

@@ -100,6 +100,35 @@ async def test_kill_9_mid_handler_job_is_redelivered_and_completes(broker: Broke
     assert await depth(broker, "work") == 0
 
 
+async def test_kill_9_after_the_handler_yielded_returns_the_unacked_job_and_it_completes(
+    broker: BrokerSettings, tmp_path: Path
+):
+    # the handler yielded to the loop (0.2 s) before the kill: an ack sent before the handler ran
+    # (even batched to the loop's next turn) would have reached the broker by then and lost the job
+    app = await publisher(broker, tmp_path)
+    app.job("hold", queue="work")(lambda p, c: None)
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path) as proc:
+        await app.enqueue("hold", {}, job_id="held")
+        await wait_until(lambda: any(r[0] == "yielded" for r in read_record(record)), 20, "the handler to yield")
+        proc.kill()  # SIGKILL mid-handler
+        proc.wait(10)
+    ready = 0
+    for _ in range(100):  # the broker requeues what the dead connection held
+        if (ready := await depth(broker, "work")) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert ready == 1  # unacked: back in its queue
+    with worker_process(broker, tmp_path) as again:
+        await wait_until(lambda: done_ids(record) == Counter({"held": 1}), 20, "redelivered job to complete")
+        again.send_signal(signal.SIGTERM)
+        assert await exit_code(again) == 0
+    await app.close()
+    starts = [r[:4] for r in read_record(record) if r[0] == "start"]
+    assert starts == [["start", "held", "1", "0"], ["start", "held", "1", "1"]]  # second run: redelivered
+    assert await depth(broker, "work") == 0
+
+
 @pytest.mark.version_independent
 async def test_after_a_kill_9_job_show_words_the_run_from_its_record_not_as_held(
     broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
