@@ -154,5 +154,5 @@ async def test_replay_whose_copy_cannot_be_published_leaves_the_original_in_quar
         await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
     assert str(caught.value) == "target queue 'work' does not exist; 0 moved before it, the rest stay in quarantine"
     _, left = await browse(broker, "work.quarantine")
-    assert sorted(m.delivery.message_id for m in left) == ["q-0", "q-1", "q-2"]
+    assert sorted(str(m.delivery.message_id) for m in left) == ["q-0", "q-1", "q-2"]
     assert [q.describe(m.delivery.headers, m.delivery.message_id, m.delivery.type).attempts for m in left] == [4, 4, 4]
