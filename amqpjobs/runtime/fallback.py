@@ -7,7 +7,8 @@ When that publish fails:
 * a failure a wait can cure (a missing queue or exchange, a nack, no confirm in time): the
   delivery is held unacked until its copy goes (:mod:`amqpjobs.runtime.holding`), then acked;
 * a copy that can never go (headers over ``frame_max``, a bug of ours), whatever the
-  decision: once the quarantine exists, the delivery is rejected and the broker
+  decision: once the quarantine exists and is bound to its exchange (bound again first:
+  a dead-letter into an exchange that routes nowhere is dropped), the delivery is rejected and the broker
   dead-letters it into the quarantine as it is (``x-death`` reason ``rejected``). Never a
   requeue, not even for a registered start or a hand-back: the same delivery would come
   straight back, ``redelivered``, to the same refusal, forever (README "Bad messages");
@@ -65,8 +66,9 @@ async def fall_back(
         Whether the delivery was acked (False when rejected or its channel closed).
     """
     settled = await holding.settle(
-        delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable
-    )
+        delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable,
+        route=(layout.quarantine_queue, layout.quarantine_exchange),
+    )  # fmt: skip
     if settled == "published":
         return await ack(delivery, job_id)
     if settled == "gone":
