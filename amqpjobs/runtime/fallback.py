@@ -20,13 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from amqpjobs.jobs.outcome import Decision
+from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
 from amqpjobs.wire.delivery import DeliveryChannelClosed
 
 log = logging.getLogger("amqpjobs.worker")
+
+#: The reason a delivery rejected into quarantine is reported with (the quarantine lists it so).
+REJECTED = "x-death:rejected"
 
 
 async def ack(delivery: Received, job_id: str) -> bool:
@@ -46,8 +49,7 @@ async def fall_back(
     holding: Holding,
     layout: JobQueueLayout,
     delivery: Received,
-    decision: Decision,
-    job_id: str,
+    outcome: Outcome,
     error: Exception,
     publish: Callable[[], Awaitable[None]],
 ) -> bool:
@@ -57,14 +59,16 @@ async def fall_back(
         holding: The worker's holds (waits for missing broker objects).
         layout: The delivery's job queue.
         delivery: The delivery, unacked.
-        decision: What the worker decided; its copy is what failed.
-        job_id: The job id, for the log.
+        outcome: What the worker decided (its copy is what failed): once rejected into
+            quarantine, marked :attr:`~amqpjobs.jobs.outcome.Outcome.rejected` with decision
+            ``Quarantine("x-death:rejected")`` (reported ``quarantined``, README "Workers").
         error: Why the first publish failed.
         publish: Publishes the copy again (raises on failure).
 
     Returns:
         Whether the delivery was acked (False when rejected or its channel closed).
     """
+    decision, job_id = outcome.decision, outcome.job_id
     settled = await holding.settle(
         delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable,
         route=(layout.quarantine_queue, layout.quarantine_exchange),
@@ -84,4 +88,7 @@ async def fall_back(
         "dead-letters it into %s as it is, with x-death reason 'rejected'", job_id, decision, error,
         delivery.queue, layout.quarantine_queue,
     )  # fmt: skip
+    outcome.decision, outcome.rejected = Quarantine(REJECTED), True
+    if not outcome.failure[0]:  # nothing failed in the handler: the copy's refusal is the error reported
+        outcome.failure = (type(error).__name__, str(error), "")
     return False
