@@ -61,6 +61,8 @@ async def test_a_redelivery_whose_suspect_copy_cannot_fit_a_frame_is_quarantined
     await app.close()
     # rejected once into quarantine, never acked: reported quarantined (README "Workers")
     assert [(o.kind, o.acked) for o in rec.outcomes if o.job_id == "big"] == [("quarantined", False)]
+    (big,) = [o for o in rec.outcomes if o.job_id == "big"]
+    assert big.error.startswith("MessageTooLargeError: the message's headers and properties take "), big.error
     assert ran == [2]
     (dead,) = await drain(broker, "work.quarantine")
     assert (dead.message_id, dead.headers["big"]) == ("big", pad)
