@@ -46,7 +46,9 @@ __all__ = [
     "WORKER_PID", "Failure", "delivery_counters", "evidence_headers", "trimmed_budget",
 ]  # fmt: skip
 
-#: Default byte budget for all evidence headers together (names + values, UTF-8).
+#: The evidence headers the budget holds: all but the tenant, which came on the job.
+_BUDGETED: Final = frozenset(EVIDENCE_HEADERS) - {TENANT}
+#: Default byte budget for all evidence headers together (names + values, UTF-8), the tenant's aside.
 DEFAULT_BUDGET: Final = 16 * 1024
 #: Bytes of ``frame_max`` that ``enqueue`` leaves free for the headers a worker adds to its
 #: copies of a job: the evidence (:data:`DEFAULT_BUDGET`, on the quarantine copy) plus 4 KiB
@@ -142,11 +144,13 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
     """Build the evidence headers for ``failure``, at most ``budget`` bytes in all.
 
     Short fields are each capped at 1 KiB; then the traceback (keeping its end, where the
-    error is) and the error message (keeping its start) share what the budget leaves.
+    error is) and the error message (keeping its start) share what the budget leaves. The
+    tenant is kept whole and outside the budget: it came on the job, whose size ``enqueue``
+    checked against ``frame_max`` with it, and the copy carries it once.
 
     Args:
         failure: The failure to describe.
-        budget: Byte budget for names + values (UTF-8), default 16 KiB.
+        budget: Byte budget for names + values (UTF-8) but the tenant's, default 16 KiB.
 
     Returns:
         Header name → ``str`` or ``int`` value, every name in :data:`EVIDENCE_HEADERS` but
@@ -174,9 +178,9 @@ def evidence_headers(failure: Failure, budget: int = DEFAULT_BUDGET) -> dict[str
         ACQUIRED_COUNT: f.acquired_count,
     }
     short = {k: (_trim_head(encodable(v), 1024) if isinstance(v, str) else v) for k, v in short.items()}
-    if f.tenant.strip():  # whole: the replayed copy must keep its tenant (and shard); it came in this size
-        short[TENANT] = encodable(f.tenant)
     room = budget - _size(short) - _size({ERROR_MESSAGE: "", TRACEBACK: ""})
+    if f.tenant.strip():  # whole: the replayed copy must keep its tenant (and shard); it came in this size
+        short[TENANT] = encodable(f.tenant)  # outside the budget: already on the job, in the frame enqueue sized
     message, tb = encodable(f.error_message), encodable(f.traceback)
     msg_room = max(256, room // 4)
     message = _trim_head(message, msg_room)
@@ -193,13 +197,14 @@ def trimmed_budget(headers: Mapping[str, object], excess: int) -> int | None:
     field encodings), error message and traceback trimmed first.
 
     Args:
-        headers: The quarantine copy's headers, evidence included.
+        headers: The quarantine copy's headers, evidence included (the tenant, outside the
+            budget, is not counted: :func:`evidence_headers`).
         excess: Bytes by which the copy was over the frame.
 
     Returns:
         The smaller budget in bytes, or None when it would be under :data:`MIN_BUDGET`
         (the delivery is then rejected as it is: README "Bad messages").
     """
-    used = _size({k: v for k, v in headers.items() if k in EVIDENCE_HEADERS and isinstance(v, str | int)})
+    used = _size({k: v for k, v in headers.items() if k in _BUDGETED and isinstance(v, str | int)})
     smaller = used - excess - 256
     return smaller if smaller >= MIN_BUDGET else None

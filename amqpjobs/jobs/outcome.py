@@ -157,6 +157,8 @@ class Outcome:
         ran: Whether the handler ran on this delivery.
         started: Monotonic time the handler started (when it ran).
         value: What the handler returned (None when it did not return), for the results store.
+        rejected: Rejected into quarantine (its copy could never be published): the broker
+            dead-lettered it there, and ``decision`` was replaced by ``Quarantine("x-death:rejected")``.
 
     """
 
@@ -175,6 +177,7 @@ class Outcome:
     ran: bool = False
     started: float = 0.0
     value: Any = None
+    rejected: bool = False
 
     @property
     def kind(self) -> str:
@@ -183,8 +186,11 @@ class Outcome:
         ``succeeded``, ``retried``, ``deferred`` (waited for a claim), ``duplicate``,
         ``quarantined``, ``ack_uncertain`` (succeeded, ack maybe lost), ``redelivered``
         (came back without an outcome: registered for its next start), ``handed_back`` (not
-        started while a suspect ran alone), or ``abandoned`` when not acked.
+        started while a suspect ran alone), or ``abandoned`` when not acked (``quarantined``
+        when rejected into quarantine: :attr:`rejected`).
         """
+        if self.rejected:
+            return "quarantined"
         if self.uncertain:
             return "ack_uncertain"
         if not self.acked:

@@ -336,7 +336,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
     ) -> bool:
         """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
         republish = functools.partial(self._republish, layout, delivery, v, trace)
-        return await fall_back(self._holding, layout, delivery, v.decision, v.job_id, exc, republish)
+        return await fall_back(self._holding, layout, delivery, v, exc, republish)
 
 
 def _job_id(delivery: Received) -> str:

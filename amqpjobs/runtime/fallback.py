@@ -7,7 +7,8 @@ When that publish fails:
 * a failure a wait can cure (a missing queue or exchange, a nack, no confirm in time): the
   delivery is held unacked until its copy goes (:mod:`amqpjobs.runtime.holding`), then acked;
 * a copy that can never go (headers over ``frame_max``, a bug of ours), whatever the
-  decision: once the quarantine exists, the delivery is rejected and the broker
+  decision: once the quarantine exists and is bound to its exchange (bound again first:
+  a dead-letter into an exchange that routes nowhere is dropped), the delivery is rejected and the broker
   dead-letters it into the quarantine as it is (``x-death`` reason ``rejected``). Never a
   requeue, not even for a registered start or a hand-back: the same delivery would come
   straight back, ``redelivered``, to the same refusal, forever (README "Bad messages");
@@ -19,13 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from amqpjobs.jobs.outcome import Decision
+from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
 from amqpjobs.wire.delivery import DeliveryChannelClosed
 
 log = logging.getLogger("amqpjobs.worker")
+
+#: The reason a delivery rejected into quarantine is reported with (the quarantine lists it so).
+REJECTED = "x-death:rejected"
 
 
 async def ack(delivery: Received, job_id: str) -> bool:
@@ -45,8 +49,7 @@ async def fall_back(
     holding: Holding,
     layout: JobQueueLayout,
     delivery: Received,
-    decision: Decision,
-    job_id: str,
+    outcome: Outcome,
     error: Exception,
     publish: Callable[[], Awaitable[None]],
 ) -> bool:
@@ -56,17 +59,20 @@ async def fall_back(
         holding: The worker's holds (waits for missing broker objects).
         layout: The delivery's job queue.
         delivery: The delivery, unacked.
-        decision: What the worker decided; its copy is what failed.
-        job_id: The job id, for the log.
+        outcome: What the worker decided (its copy is what failed): once rejected into
+            quarantine, marked :attr:`~amqpjobs.jobs.outcome.Outcome.rejected` with decision
+            ``Quarantine("x-death:rejected")`` (reported ``quarantined``, README "Workers").
         error: Why the first publish failed.
         publish: Publishes the copy again (raises on failure).
 
     Returns:
         Whether the delivery was acked (False when rejected or its channel closed).
     """
+    decision, job_id = outcome.decision, outcome.job_id
     settled = await holding.settle(
-        delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable
-    )
+        delivery.queue, needs_of(layout, delivery.queue, decision), publish, error, lambda: delivery.settleable,
+        route=(layout.quarantine_queue, layout.quarantine_exchange),
+    )  # fmt: skip
     if settled == "published":
         return await ack(delivery, job_id)
     if settled == "gone":
@@ -82,4 +88,7 @@ async def fall_back(
         "dead-letters it into %s as it is, with x-death reason 'rejected'", job_id, decision, error,
         delivery.queue, layout.quarantine_queue,
     )  # fmt: skip
+    outcome.decision, outcome.rejected = Quarantine(REJECTED), True
+    if not outcome.failure[0]:  # nothing failed in the handler: the copy's refusal is the error reported
+        outcome.failure = (type(error).__name__, str(error), "")
     return False

@@ -23,8 +23,11 @@ a quorum queue raise its delivery count toward the limit. So :class:`Holding`:
 A publish that fails while every object exists (a channel closed under it by another
 publish's error, a nack, no confirm in time) is tried again at once, then every round.
 A copy no wait can fix (its headers too large, a bug of ours) is ``refused`` once every
-object the caller's fallback routes into exists: the caller then rejects into a
-quarantine that is there.
+object the caller's fallback routes into exists and the dead-letter route into the
+quarantine queue is made sure of (its binding to the quarantine exchange declared again:
+a no-op when it is there): the caller then rejects into a quarantine that is there. A
+binding that can't be made (no permission, the broker refuses) holds the delivery as a
+missing object does, trying again every round.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs.outcome import Decision, HandBack, Register, RetryLater
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.declare import find_missing
+from amqpjobs.wire.declare import bind_queue, find_missing
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -69,6 +72,8 @@ class BrokerObject:
 Probe = Callable[[Collection[BrokerObject]], Awaitable[set[BrokerObject]]]
 #: Stop or start consuming one work queue.
 Switch = Callable[[str], Awaitable[None]]
+#: Binds a queue to an exchange (queue, exchange), a no-op when bound; raises when it can't.
+Bind = Callable[[str, str], Awaitable[None]]
 
 
 def _curable(error: BaseException) -> bool:
@@ -85,6 +90,7 @@ class Holding:
         resume: Consumes a work queue again (the caller decides whether it may).
         on_change: Called whenever a hold begins or ends.
         interval: Seconds between looks (default :data:`PROBE_INTERVAL`, read when built).
+        bind: Makes sure of a dead-letter route before a copy is ``refused`` (None: not checked).
     """
 
     def __init__(
@@ -94,8 +100,10 @@ class Holding:
         resume: Switch,
         on_change: Callable[[], None] = lambda: None,
         interval: float | None = None,
+        bind: Bind | None = None,
     ) -> None:
         self._probe = probe
+        self._bind = bind
         self._pause = pause
         self._resume = resume
         self._on_change = on_change
@@ -124,6 +132,7 @@ class Holding:
         publish: Callable[[], Awaitable[None]],
         error: BaseException,
         open_: Callable[[], bool],
+        route: tuple[str, str] | None = None,
     ) -> Settled:
         """Publish a delivery's copy after its first publish failed with ``error``, holding it as long as needed.
 
@@ -133,23 +142,41 @@ class Holding:
             publish: Publishes the copy (raises on failure).
             error: Why the first publish failed.
             open_: Whether the delivery's channel is still open.
+            route: (queue, exchange) the caller's fallback dead-letters through: bound before
+                ``refused`` is returned.
 
         Returns:
             ``published``, ``gone`` or ``refused`` (see :data:`Settled`).
         """
         missing = await self._look(needs)
+        why: BaseException = error
         if missing == set():
             if not _curable(error):
-                return "refused"
-            if not open_():
+                unbound = await self._routed(route)
+                if unbound is None:
+                    return "refused"
+                why = unbound
+            elif not open_():
                 return "gone"
-            try:
-                await publish()
-                return "published"
-            except Exception as exc:
-                error = exc
-                missing = await self._look(needs)
-        return await self._hold(work_queue, needs, missing or set(), publish, error, open_)
+            else:
+                try:
+                    await publish()
+                    return "published"
+                except Exception as exc:
+                    error = why = exc
+                    missing = await self._look(needs)
+        return await self._hold(work_queue, needs, missing or set(), publish, (error, why), open_, route)
+
+    async def _routed(self, route: tuple[str, str] | None) -> BaseException | None:
+        """Bind ``route`` (queue, exchange); None when bound (or nothing to bind), else why not."""
+        if route is None or self._bind is None:
+            return None
+        try:
+            await self._bind(*route)
+        except Exception as exc:
+            log.debug("binding %s to %s failed: %s", route[0], route[1], exc)
+            return AmqpJobsError(f"{route[0]} can't be bound to {route[1]}, so a reject would be dropped: {exc}")
+        return None
 
     async def _hold(
         self,
@@ -157,11 +184,13 @@ class Holding:
         needs: frozenset[BrokerObject],
         missing: set[BrokerObject],
         publish: Callable[[], Awaitable[None]],
-        error: BaseException,
+        errors: tuple[BaseException, BaseException],
         open_: Callable[[], bool],
+        route: tuple[str, str] | None,
     ) -> Settled:
+        error, why = errors  # the copy's last error; what is reported (the binding's when that failed)
         try:
-            await self._enter(work_queue, missing, error)
+            await self._enter(work_queue, missing, why)
             while True:
                 await self._next_round()
                 if not open_():
@@ -172,7 +201,12 @@ class Holding:
                 if needs & self._missing:
                     continue
                 if not _curable(error):
-                    return "refused"
+                    unbound = await self._routed(route)
+                    if unbound is None:
+                        return "refused"
+                    self._note(await self._look(needs) or set(), unbound, work_queue)
+                    self._changed()
+                    continue
                 try:
                     await publish()
                     return "published"
@@ -285,6 +319,15 @@ def needs_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> fro
     if isinstance(decision, HandBack):
         return frozenset({BrokerObject("queue", work_queue), *quarantine})
     return frozenset(quarantine)
+
+
+def broker_bind(connection: Connection) -> Bind:
+    """A :data:`Bind` on ``connection`` (:func:`amqpjobs.wire.declare.bind_queue`)."""
+
+    async def bind(queue: str, exchange: str) -> None:
+        await bind_queue(connection, queue, exchange)
+
+    return bind
 
 
 def broker_probe(connection: Connection) -> Probe:

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: The log line's end for an outcome not acked, by whether it was rejected into quarantine.
+_UNACKED = {
+    False: " (not acked: the broker will redeliver or dead-letter it)",
+    True: " (rejected: the broker dead-lettered it into quarantine)",
+}
+
 
 class OutcomeRecords:
     """The outcome-recording part of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
@@ -53,7 +59,7 @@ class OutcomeRecords:
             log.info(
                 "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
                 logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,
-                kind, extra, "" if outcome.acked else " (not acked: the broker will redeliver or dead-letter it)",
+                kind, extra, "" if outcome.acked else _UNACKED[outcome.rejected],
             )  # fmt: skip
         if self._on_outcome is not None:
             self._on_outcome(outcome)

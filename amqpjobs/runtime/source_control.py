@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.runtime.deliveries import DeliveryPath
-from amqpjobs.runtime.holding import BrokerObject, Holding, broker_probe
+from amqpjobs.runtime.holding import BrokerObject, Holding, broker_bind, broker_probe
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.worker_config import WorkerOptions
@@ -43,6 +43,11 @@ class SourceControl(DeliveryPath):
     async def _probe(self, objects: Collection[BrokerObject]) -> set[BrokerObject]:
         assert self._connection is not None
         return await broker_probe(self._connection)(objects)
+
+    async def _bind(self, queue: str, exchange: str) -> None:
+        """Bind ``queue`` to ``exchange`` (a no-op when bound): the dead-letter route of a reject into quarantine."""
+        assert self._connection is not None
+        await broker_bind(self._connection)(queue, exchange)
 
     def _sources_of(self, work_queue: str) -> list[Source]:
         """What takes from ``work_queue``: its consumer, or its sharded job queue's dispatcher (all shards)."""

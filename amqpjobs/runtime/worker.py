@@ -123,7 +123,8 @@ class Worker(SuspectTurns):
         self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
         self._version: tuple[int, ...] = (0,)  # the broker's, read at connect
         self._breakers: Breakers | None = None  # jobs with a circuit breaker (README "Flow control")
-        self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set)
+        self._holding = Holding(self._probe, self._pause_queue, self._resume_queue, self._held_changed.set,
+                               bind=self._bind)  # fmt: skip
         self._rates: RateLimits | None = None  # rate-limited jobs' waiting rooms and tokens (README "Flow control")
         self._pauses = OperatorPauses(settings, self._pause_job_queue, self._resume_unheld, metrics)  # amqpjobs pause
 

@@ -171,6 +171,31 @@ async def unbind(
     await close_channel(channel)
 
 
+async def bind_queue(connection: AbstractRobustConnection, queue: str, exchange: str, within: float = 5.0) -> None:
+    """Bind ``queue`` to ``exchange`` (routing key ``""``): a no-op when that binding exists (``queue.bind``).
+
+    Args:
+        connection: The connection to bind on (a throwaway channel of it).
+        queue: The queue (must exist).
+        exchange: The exchange (must exist).
+        within: Seconds the broker may take to answer.
+
+    Raises:
+        BrokerError: not connected, the broker refused (a queue or exchange missing, no
+            ``write`` permission on the queue or ``read`` on the exchange), or no answer in time.
+    """
+    transport = connection.transport
+    if transport is None:
+        raise BrokerError("not connected to the broker")
+    try:
+        channel = await transport.connection.channel(publisher_confirms=False)
+        async with declaring(f"binding {queue} to {exchange}", "the broker", within):
+            await channel.queue_bind(queue, exchange, routing_key="")
+    except LIBRARY_ERRORS as exc:
+        raise BrokerError(f"the broker refused to bind {queue} to {exchange}: {exc}") from exc
+    await close_channel(channel)
+
+
 async def _spread(
     channels: list[aiormq.abc.AbstractChannel], calls: list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]
 ) -> None:

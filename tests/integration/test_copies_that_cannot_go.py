@@ -16,7 +16,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import JobContext, MessageTooLargeError
+from amqpjobs import JobContext, MessageTooLargeError, RetryPolicy
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, drain, raw_channel
@@ -59,7 +59,10 @@ async def test_a_redelivery_whose_suspect_copy_cannot_fit_a_frame_is_quarantined
         await asyncio.sleep(2.0)  # a requeue loop turns hundreds of times meanwhile
         assert worker.readiness()[0]
     await app.close()
-    assert [o.kind for o in rec.outcomes if o.job_id == "big"] == ["abandoned"]  # rejected once, never acked
+    # rejected once into quarantine, never acked: reported quarantined (README "Workers")
+    assert [(o.kind, o.acked) for o in rec.outcomes if o.job_id == "big"] == [("quarantined", False)]
+    (big,) = [o for o in rec.outcomes if o.job_id == "big"]
+    assert big.error.startswith("MessageTooLargeError: the message's headers and properties take "), big.error
     assert ran == [2]
     (dead,) = await drain(broker, "work.quarantine")
     assert (dead.message_id, dead.headers["big"]) == ("big", pad)
@@ -197,3 +200,29 @@ async def test_a_forged_start_count_on_a_fresh_delivery_runs_it_as_a_first_start
     await app.close()
     assert [o.kind for o in rec.outcomes] == ["succeeded"]
     assert seen == [False]
+
+
+async def test_a_long_tenant_leaves_the_quarantine_evidence_its_budget(broker: BrokerSettings, tmp_path: Path) -> None:
+    """M2: a 110,300-character tenant (enqueue counts it in the frame) is not counted again against the
+    16 KiB evidence budget: the quarantine copy keeps a long error message and traceback, as with a custom
+    header of that size."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("hugeerr", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def hugeerr(payload: dict[str, int], ctx: JobContext) -> None:
+        raise ValueError("no " * 50_000)
+
+    tenant = "t" * 110_300
+    await app.enqueue("hugeerr", {}, job_id="he-ten", tenant=tenant)
+    async with running_worker(app, broker) as (_, rec):
+        await rec.wait_for(lambda o: len(o) == 1, timeout=20)
+    await app.close()
+    assert [o.kind for o in rec.outcomes] == ["quarantined"]
+    (copy,) = await drain(broker, "work.quarantine")
+    headers = copy.headers
+    assert (headers[evidence.REASON], headers[evidence.TENANT]) == ("exhausted", tenant)
+    assert "x-death" not in headers  # our copy with its evidence
+    message, traceback = str(headers[evidence.ERROR_MESSAGE]), str(headers[evidence.TRACEBACK])
+    assert message.startswith("no no ")
+    assert len(message) > 3_000, len(message)
+    assert len(traceback) > 10_000, len(traceback)

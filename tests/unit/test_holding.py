@@ -155,3 +155,41 @@ def test_needs_of_each_decision():
     # unstarted copies too: one that can never go is rejected into the quarantine, never requeued
     assert needs_of(layout, "work", Register(2)) == QUARANTINE | {BrokerObject("queue", "work.suspects")}
     assert needs_of(layout, "work", HandBack()) == QUARANTINE | {BrokerObject("queue", "work")}
+
+
+async def test_a_copy_too_large_is_refused_only_once_the_quarantine_binding_is_made():
+    """H1: the binding of the quarantine queue to its exchange can't be made (refused twice): held, not
+    refused (a reject would be dead-lettered nowhere); refused once the bind goes through."""
+    broker = FakeBroker()
+    binds: list[tuple[str, str]] = []
+    refusals = [BrokerError("ACCESS_REFUSED - write access to queue 'work.quarantine' refused")] * 2
+
+    async def bind(queue: str, exchange: str) -> None:
+        binds.append((queue, exchange))
+        if refusals:
+            raise refusals.pop()
+
+    holding = Holding(broker.probe, broker.pause, broker.resume, interval=0.01, bind=bind)
+    route = ("work.quarantine", "work.quarantine.x")
+    task = asyncio.create_task(
+        holding.settle("work", QUARANTINE, broker.publisher(QUARANTINE), MessageTooLargeError("big"), is_open, route)
+    )
+    await asyncio.sleep(0.005)
+    assert holding.summary == (
+        "holding 1 delivery(ies) unacked, not consuming their queues (work: 1): their copies can't be published "
+        "(AmqpJobsError: work.quarantine can't be bound to work.quarantine.x, so a reject would be dropped: "
+        "ACCESS_REFUSED - write access to queue 'work.quarantine' refused)"
+    )
+    assert await task == "refused"
+    assert binds == [route] * 3
+    assert broker.published == 0
+    assert broker.switches == ["pause work", "resume work"]
+    assert holding.summary == ""
+
+
+async def test_without_a_bind_a_copy_too_large_is_refused_at_once():
+    broker = FakeBroker()
+    holding = broker.holding()
+    route = ("work.quarantine", "work.quarantine")
+    assert await holding.settle("work", QUARANTINE, broker.publisher(QUARANTINE), MessageTooLargeError("big"),
+                                is_open, route) == "refused"  # fmt: skip

@@ -91,6 +91,23 @@ def test_evidence_keeps_a_long_tenant_whole() -> None:
     assert headers[TENANT] == tenant
 
 
+def test_a_long_tenant_leaves_the_error_and_traceback_their_budget() -> None:
+    """M2: the tenant came on the job (enqueue counted it in the frame) and is carried as it is: it takes no
+    room of the evidence budget, so error message and traceback are as long as without a tenant."""
+    big = failure("m" * 50_000, "t" * 50_000)
+    plain = evidence_headers(big)
+    tenanted = evidence_headers(replace(big, tenant="t" * 110_300))
+    assert tenanted[TENANT] == "t" * 110_300
+    assert (len(str(tenanted[ERROR_MESSAGE])), len(str(tenanted[TRACEBACK]))) == (
+        len(str(plain[ERROR_MESSAGE])),
+        len(str(plain[TRACEBACK])),
+    )
+    assert len(str(plain[ERROR_MESSAGE])) > 3_000
+    assert len(str(plain[TRACEBACK])) > 10_000
+    full = {**tenanted, "big": "z" * 5_000}  # over its frame by 5000: the tenant is no evidence to trim either
+    assert trimmed_budget(full, 5_000) == trimmed_budget({**plain, "big": "z" * 5_000}, 5_000)
+
+
 def test_evidence_survives_surrogates() -> None:
     """Lone surrogates (os.fsdecode of a non-UTF-8 path) can't be encoded: each becomes "?", the rest stays."""
     bad = replace(
