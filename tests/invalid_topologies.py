@@ -152,6 +152,42 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "binding[0].routing_key",
         "publishers use for job queue 'work'",
     ),
+    # review M4: an exchange-to-exchange binding passed job queue a's jobs on to job queue b
+    "exchange-binding-passes-jobs-to-another-job-queue": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n\n[[exchange]]\nname = "e2"\ntype = "fanout"\n\n'
+        + job(name="a")
+        + '[[job_queue]]\nname = "b"\nexchange = "e2"\n\n'
+        + '[[binding]]\nsource = "jobs"\ndestination = "e2"\ndestination_type = "exchange"\nrouting_key = "a"\n',
+        "binding[0].routing_key",
+        "binding of exchange 'jobs' to exchange 'e2' with key 'a' passes 'a', the routing key publishers use for "
+        "job queue 'a', on to 'b'",
+    ),
+    "exchange-bindings-pass-jobs-on-transitively": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n\n[[exchange]]\nname = "e2"\ntype = "direct"\n\n'
+        '[[exchange]]\nname = "e3"\ntype = "topic"\n\n'
+        + job(name="a")
+        + '[[job_queue]]\nname = "b"\nexchange = "e3"\nrouting_keys = ["#"]\n\n'
+        + '[[binding]]\nsource = "jobs"\ndestination = "e2"\ndestination_type = "exchange"\nrouting_key = "*"\n\n'
+        + '[[binding]]\nsource = "e2"\ndestination = "e3"\ndestination_type = "exchange"\nrouting_key = "a"\n',
+        "binding[0].routing_key",
+        "passes 'a', the routing key publishers use for job queue 'a', on to 'b'",
+    ),
+    # review L1: a binding into another job queue's quarantine queue
+    "binding-into-a-quarantine-queue": (
+        HEADER
+        + job(name="a")
+        + job(name="b")
+        + '[[binding]]\nsource = "jobs"\ndestination = "a.quarantine"\nrouting_key = "b"\n',
+        "binding[0].destination",
+        "queue 'a.quarantine' is the quarantine queue of job queue 'a', which amqpjobs alone fills",
+    ),
+    "binding-into-a-retry-tier": (
+        HEADER
+        + job('retry_tiers = ["5s"]', name="a")
+        + '[[binding]]\nsource = "jobs"\ndestination = "a.retry.5s"\nrouting_key = "x"\n',
+        "binding[0].destination",
+        "queue 'a.retry.5s' is a retry tier of job queue 'a', which amqpjobs alone fills",
+    ),
     "shards-topic-user-binding-reaches-two-shards": (
         '[[exchange]]\nname = "jobs"\ntype = "topic"\n'
         + job("shards = 2")

@@ -261,8 +261,10 @@ class TickFiring:
             if event.job_id is not None:
                 last_fired, last_job_id = event.tick, event.job_id
         record = cron.TickRecord(schedule.name, plan.cursor, last_fired, last_job_id, now, self.replica)
+        previous = cron.TickRecord(schedule.name, cursors[schedule.name], *self._last.get(schedule.name, (None, None)),
+                                   now, self.replica)  # fmt: skip
         with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
-            await self._commit(token, schedule, [self._traced(spans, job) for job in jobs], record)
+            await self._commit(token, schedule, [self._traced(spans, job) for job in jobs], record, previous)
         cursors[schedule.name] = plan.cursor
         self._last[schedule.name] = (last_fired, last_job_id)
         for event in events:
@@ -274,15 +276,42 @@ class TickFiring:
         schedule: cron.Schedule,
         jobs: list[tuple[str, str, OutgoingMessage]],
         record: cron.TickRecord,
+        previous: cron.TickRecord | None = None,
     ) -> None:
         """Publish ``jobs`` and ``record`` in one transaction, only while ``token`` is held.
 
+        A job the broker returns (``basic.return``: no queue is bound for it) was not
+        enqueued, but RabbitMQ returns it only while committing, so ``record`` was stored
+        with it: ``previous`` (the record before these ticks) is stored again, and the ticks
+        wait for the next look.
+
         Raises:
             _NotLeader: the token was lost; nothing was published.
-            BrokerError: the transaction failed (nothing was published), or its answer was
-                lost (the caller reads the tick store again before the next try).
+            BrokerError: the transaction failed (nothing was published), its answer was lost
+                (the caller reads the tick store again before the next try), or a job was
+                returned (``previous`` restored; the caller reads it back before the next try).
 
         """
+        messages = [(exchange, routing_key, message, True) for exchange, routing_key, message in jobs]
+        returned = await self._transaction(token, schedule, messages, record)
+        if not returned:
+            return
+        if previous is not None:
+            await self._transaction(token, schedule, [], previous)
+        back = f"its cursor stays at {cron.format_tick(previous.cursor)}" if previous is not None else ""
+        raise BrokerError(
+            f"the broker returned {len(returned)} of {len(jobs)} tick job(s) ({'; '.join(returned)}), "
+            f"so none counts as enqueued; {back}"
+        )
+
+    async def _transaction(
+        self,
+        token: Any,
+        schedule: cron.Schedule,
+        messages: list[tuple[str, str, OutgoingMessage, bool]],
+        record: cron.TickRecord,
+    ) -> list[str]:
+        """Publish ``messages`` and then ``record`` in one transaction: the messages returned (see :meth:`_commit`)."""
         assert self._connection is not None
         store = OutgoingMessage(
             body=record.to_bytes(),
@@ -290,17 +319,16 @@ class TickFiring:
             type="amqpjobs.tick-record",
             timestamp=time.time(),
         )
-        messages = [(exchange, routing_key, message, True) for exchange, routing_key, message in jobs]
-        messages.append(("", cron.tick_queue(self.app.name, schedule.name), store, False))
-        committed = await self._wire.publish_in_transaction(
+        returned = await self._wire.publish_in_transaction(
             self._connection,
-            messages,
+            [*messages, ("", cron.tick_queue(self.app.name, schedule.name), store, False)],
             lambda: self._wire.holds(token),
             what=f"schedule {schedule.name!r}: transaction failed, nothing was published",
             late=f"schedule {schedule.name!r}: no tx.commit-ok within 30s",
         )
-        if not committed:
+        if returned is None:
             raise _NotLeader
+        return returned
 
     def _record(self, event: TickEvent) -> None:
         self.stats[event.kind] += 1

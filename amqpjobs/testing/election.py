@@ -128,18 +128,22 @@ class MemoryTicks:
         what: str,
         late: str,
         commit_timeout: float = 30,
-    ) -> bool:
-        """Publish all of ``messages`` at once while ``still_allowed()``, else none (False).
+    ) -> list[str] | None:
+        """Publish all of ``messages`` at once while ``still_allowed()``, else none (None).
 
-        Like a committed AMQP transaction, an unroutable ``mandatory`` message is dropped
-        (returned), not an error.
+        Like a committed AMQP transaction, an unroutable ``mandatory`` message is dropped and
+        returned (listed in the answer), not an error; the other messages are published.
         """
         items = list(messages)
         if not still_allowed():
-            return False
-        for exchange, routing_key, message, _ in items:
+            return None
+        returned: list[str] = []
+        for exchange, routing_key, message, mandatory in items:
+            if mandatory and exchange in self._broker.exchanges and not self._broker.route(exchange, routing_key):
+                returned.append(f"to exchange {exchange!r} key {routing_key!r}: 312 NO_ROUTE")
+                continue
             self._broker.publish(exchange, routing_key, message, mandatory=False)
-        return True
+        return returned
 
     async def join_election(
         self,

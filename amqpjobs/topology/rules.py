@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from amqpjobs.errors import Problem
 from amqpjobs.topology import naming
 from amqpjobs.topology.models import JobQueueSpec, TopologyFile
@@ -13,7 +16,7 @@ PRIORITY_WARN_ABOVE = 10
 
 
 def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
-    """Routing keys that would make a job run twice, or that an exchange type can't take."""
+    """Routing keys and bindings that would make a job run twice, or that an exchange type can't take."""
     problems: list[Problem] = []
     types = {e.name: e.type for _, tf in parsed for e in tf.exchange}
     owner: dict[tuple[str, str], str] = {}
@@ -36,7 +39,44 @@ def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
                                     f"{other!r}: every such job would run twice",
                                     "give each job queue its own routing keys")
                         )  # fmt: skip
-    return problems + shard_routing_checks(parsed)
+    return problems + shard_routing_checks(parsed) + owned_queue_bindings(parsed)
+
+
+#: What each kind of queue amqpjobs declares and fills for a job queue is, for messages.
+_OWNED = {"tier": "a retry tier", "quarantine": "the quarantine queue", "suspects": "the suspects queue",
+          "parked": "the parked queue", "paused": "the pause flag", "breaker": "a circuit breaker queue",
+          "breaker-probe": "a circuit breaker queue", **dict.fromkeys(("waiting", "tokens", "emitter"),
+                                                                      "a rate limit queue")}  # fmt: skip
+
+
+def owned_queue_bindings(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
+    """``[[binding]]`` entries into a queue amqpjobs alone fills: the one rule for all of them.
+
+    A job queue's retry tiers, quarantine, suspects and parked queues, pause flag, breaker
+    and rate-limit queues, and the scheduler's queues hold what amqpjobs puts there (a
+    job's failure, a tick record, a token); a binding into one would add other messages,
+    e.g. another job queue's jobs into a quarantine as if they had failed there.
+    """
+    job_queues = {jq.name for _, tf in parsed for jq in tf.job_queue}
+    problems: list[Problem] = []
+    for file, tf in parsed:
+        for i, b in enumerate(tf.binding):
+            if b.destination_type != "queue":
+                continue
+            name = naming.parse_queue_name(b.destination)
+            if name.kind in ("leader", "ticks", "running"):
+                what = f"a queue of the scheduler of app {name.app!r}"
+            elif name.kind in _OWNED and name.job_queue in job_queues:
+                what = f"{_OWNED[name.kind]} of job queue {name.job_queue!r}"
+            else:
+                continue
+            problems.append(
+                Problem(file, f"binding[{i}].destination",
+                        f"queue {b.destination!r} is {what}, which amqpjobs alone fills: a binding into it would "
+                        "add messages amqpjobs did not put there",
+                        "remove the binding: a [[binding]] may lead to a job queue's work queue or to an exchange")
+            )  # fmt: skip
+    return problems
 
 
 def topic_matches(pattern: str, key: str) -> bool:
@@ -80,15 +120,20 @@ def shard_routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
                     for s in range(jq.shards)
                 )  # fmt: skip
     works = {w for _, _, w, _, _ in bound}
+    onward: list[tuple[str, str, str, str, str]] = []  # the same, of every exchange-to-exchange binding
     for file, tf in parsed:
         for i, b in enumerate(tf.binding):
-            if b.destination_type == "queue" and b.destination in works:
-                bound.append((b.source, b.routing_key, b.destination, file, f"binding[{i}].routing_key"))
+            entry = (b.source, b.routing_key, b.destination, file, f"binding[{i}].routing_key")
+            if b.destination_type == "exchange":
+                onward.append(entry)
+            elif b.destination in works:
+                bound.append(entry)
+    routes = _Routes(types, bound, onward)
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             kind = types.get(jq.exchange)
             if jq.shards == 1 and kind in ("direct", "topic"):
-                problems += _other_bindings_matching(jq.exchange, kind, jq.keys[0], jq.name, "job queue", bound)
+                problems += _other_bindings_matching(jq.exchange, kind, jq.keys[0], jq.name, "job queue", routes)
             if jq.shards == 1 or kind is None:
                 continue
             if kind not in ("direct", "topic"):
@@ -111,33 +156,92 @@ def shard_routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
             for s in range(jq.shards):
                 key = naming.shard_routing_key(jq.keys[0], s)
                 problems += _other_bindings_matching(jq.exchange, kind, key, naming.work_queue_name(jq.name, s),
-                                                     "shard", bound)  # fmt: skip
+                                                     "shard", routes)  # fmt: skip
     return list(dict.fromkeys(problems))
 
 
-def _other_bindings_matching(
-    exchange: str, kind: str, key: str, work: str, what: str, bound: list[tuple[str, str, str, str, str]]
-) -> list[Problem]:
-    """Bindings in ``bound`` of ``exchange`` to a work queue other than ``work`` that match ``key``, its publish key.
+def _takes(kind: str | None, pattern: str, key: str) -> bool:
+    """Whether a binding with key ``pattern`` of a ``kind`` exchange may take a message with routing key ``key``.
 
-    ``what``: "shard" or "job queue", for the message. A job queue's own routing key shared
-    with another job queue on a direct exchange is :func:`routing_checks`' (not repeated here).
+    A fanout or x-consistent-hash exchange may send any key to any of its bindings; a
+    headers exchange routes by headers, which are not known here (not counted).
+    """
+    if kind == "direct":
+        return pattern == key
+    if kind == "topic":
+        return topic_matches(pattern, key)
+    return kind in ("fanout", "x-consistent-hash")
+
+
+@dataclass(frozen=True)
+class _Routes:
+    """Where publishes go: exchange types, bindings to work queues and exchange-to-exchange bindings.
+
+    Each binding is ``(source exchange, binding key, destination, file, key path)``.
+    """
+
+    types: Mapping[str, str]
+    bound: list[tuple[str, str, str, str, str]]
+    onward: list[tuple[str, str, str, str, str]]
+
+    def behind(self, exchange: str, key: str, seen: frozenset[str] = frozenset()) -> list[str]:
+        """The work queues a message with routing key ``key`` reaches from ``exchange``.
+
+        Through exchange-to-exchange bindings too, followed transitively (each exchange once).
+        """
+        kind = self.types.get(exchange)
+        found = [
+            dest for source, pattern, dest, _, _ in self.bound if source == exchange and _takes(kind, pattern, key)
+        ]
+        for source, pattern, dest, _, _ in self.onward:
+            if source == exchange and dest not in seen and _takes(kind, pattern, key):
+                found += self.behind(dest, key, seen | {exchange})
+        return list(dict.fromkeys(found))
+
+
+def _other_bindings_matching(
+    exchange: str, kind: str, key: str, work: str, what: str, routes: _Routes
+) -> list[Problem]:
+    """Bindings that take ``key``, the publish key of ``work``, from ``exchange`` to another work queue.
+
+    Bindings of ``exchange`` to a work queue other than ``work``, and bindings of
+    ``exchange`` to another exchange that passes ``key`` on to one (RabbitMQ
+    "Exchange to Exchange Bindings"; followed transitively). ``what``: "shard" or "job
+    queue", for the message. A job queue's own routing key shared with another job queue on
+    a direct exchange is :func:`routing_checks`' (not repeated here).
     """
     problems = []
-    for source, pattern, dest, where_file, where in bound:
-        hit = pattern == key if kind == "direct" else topic_matches(pattern, key)
-        if source != exchange or dest == work or not hit:
+
+    def harm(dest: str) -> str:
+        return (f"every job of that {what} would also reach {dest!r} (run twice, or quarantined there as a job it "
+                "does not know)")  # fmt: skip
+
+    for source, pattern, dest, where_file, where in routes.bound:
+        if source != exchange or dest == work or not _takes(kind, pattern, key):
             continue
         if what == "job queue" and kind == "direct" and where.endswith(".routing_keys"):
             continue  # routing_checks: "also routes to job queue ..."
         problems.append(
             Problem(where_file, where,
                     f"binding key {pattern!r} of exchange {exchange!r} to {dest!r} also matches {key!r}, the routing "
-                    f"key publishers use for {what} {work!r}: every job of that {what} would also reach {dest!r} "
-                    "(run twice, or quarantined there as a job it does not know)",
+                    f"key publishers use for {what} {work!r}: " + harm(dest),
                     "bind the other work queue with keys that no job queue's publish key (its first routing key, "
                     "or <key>.shard-<i> of a sharded one) matches")
         )  # fmt: skip
+    for source, pattern, onto, where_file, where in routes.onward:
+        if source != exchange or not _takes(kind, pattern, key):
+            continue
+        for dest in routes.behind(onto, key, frozenset({exchange})):
+            if dest == work:
+                continue
+            problems.append(
+                Problem(where_file, where,
+                        f"binding of exchange {exchange!r} to exchange {onto!r} with key {pattern!r} passes {key!r}, "
+                        f"the routing key publishers use for {what} {work!r}, on to {dest!r}: "
+                        + harm(dest),
+                        "bind the exchange with a key that no job queue's publish key (its first routing key, or "
+                        "<key>.shard-<i> of a sharded one) matches, or bind the work queue elsewhere")
+            )  # fmt: skip
     return problems
 
 

@@ -178,8 +178,11 @@ class TickWire(Protocol):
         what: str,
         late: str,
         commit_timeout: float = 30,
-    ) -> bool:
-        """Publish ``(exchange, routing key, message, mandatory)`` all at once, or none; False: not allowed."""
+    ) -> list[str] | None:
+        """Publish ``(exchange, routing key, message, mandatory)`` all at once, or none (None: not allowed).
+
+        Returns the ``mandatory`` messages the broker returned (committed with the rest, but not enqueued).
+        """
         ...
 
     async def join_election(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -189,25 +190,32 @@ async def publish_in_transaction(
     what: str,
     late: str,
     commit_timeout: float = 30,
-) -> bool:
+) -> list[str] | None:
     """Publish ``(exchange, routing key, message, mandatory)`` items in one AMQP transaction.
 
     The commit is sent only when ``still_allowed()`` is true after the publishes; otherwise
-    closing the channel discards them.
+    closing the channel discards them. RabbitMQ routes each publish when it arrives but
+    returns an unroutable ``mandatory`` one (``basic.return``) only while committing, before
+    ``tx.commit-ok``: the rest of the transaction is committed all the same, and the returns
+    are collected here (aiormq drops them on a channel without publisher confirms).
 
     Returns:
-        True when committed, False when ``still_allowed()`` said no (nothing was published).
+        None when ``still_allowed()`` said no (nothing was published); else the returned
+        messages, each as ``"to exchange '<x>' key '<k>': <reply code> <reply text>"``
+        (empty: every mandatory message reached a queue).
 
     Raises:
         BrokerError: ``"<what>: <error>"`` (nothing was published), or ``late`` when no
             ``tx.commit-ok`` came within ``commit_timeout`` (the commit may have happened).
 
     """
+    returned: list[str] = []
     try:
         async with _on_channel(connection, what) as (channel, _):
             # The raw channel, so that a reconnect can't move our publishes onto a new
             # channel that is not in transaction mode.
             raw = await channel.get_underlay_channel()
+            _collect_returns(raw, returned)
             await raw.tx_select()
             for exchange, routing_key, message, mandatory in messages:
                 await raw.basic_publish(
@@ -215,11 +223,57 @@ async def publish_in_transaction(
                     properties=amqp_properties(message), mandatory=mandatory,
                 )  # fmt: skip
             if not still_allowed():
-                return False  # closing the channel discards the uncommitted publishes
-            await raw.tx_commit(timeout=commit_timeout)
+                return None  # closing the channel discards the uncommitted publishes
+            await raw.tx_commit(timeout=commit_timeout)  # the returns are read before its answer
     except TimeoutError as exc:
         raise BrokerError(late) from exc
-    return True
+    return returned
+
+
+def _collect_returns(raw: Any, returned: list[str]) -> None:
+    """Make ``raw`` (an aiormq channel without confirms) append each ``basic.return`` to ``returned``.
+
+    aiormq's reader reads a return's content and then logs it as unhandled, having no
+    publisher confirm to fail; the frames are read in order, so every return of a
+    transaction is in ``returned`` once ``tx.commit-ok`` is. ``_on_return_frame`` is aiormq
+    7's private hook (no public one sees returns without confirms); the scheduler's
+    returned-tick integration test fails if it changes.
+    """
+    read_content = raw._on_return_frame
+
+    async def on_return(frame: Any) -> None:
+        returned.append(f"to exchange {frame.exchange!r} key {frame.routing_key!r}: {frame.reply_code} "
+                        f"{frame.reply_text}")  # fmt: skip
+        with _quiet_unhandled(frame):
+            await read_content(frame)
+
+    raw._on_return_frame = on_return
+
+
+_AIORMQ_LOG = logging.getLogger("aiormq.channel")
+
+
+class _DropReturnOf(logging.Filter):
+    """Drops aiormq's "Unhandled message ... returning" record of the return ``frame`` only."""
+
+    def __init__(self, frame: Any) -> None:
+        super().__init__()
+        self.frame = frame
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and getattr(args[0], "delivery", None) is self.frame)
+
+
+@contextlib.contextmanager
+def _quiet_unhandled(frame: Any) -> Iterator[None]:
+    """Hide aiormq's log line for the return ``frame``, collected here."""
+    drop = _DropReturnOf(frame)
+    _AIORMQ_LOG.addFilter(drop)
+    try:
+        yield
+    finally:
+        _AIORMQ_LOG.removeFilter(drop)
 
 
 async def join_election(

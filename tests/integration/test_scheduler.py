@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import pytest
 from amqpjobs import App, BrokerError, JobContext, Scheduler, TickEvent, tick_id
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.cron import parse_tick
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, tick_records
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -428,3 +430,54 @@ async def test_scheduler_refuses_to_start_when_the_work_queue_is_missing(broker:
 
     with pytest.raises(BrokerError, match="work queue 'ghost' does not exist"):
         await Scheduler(app, broker).start()
+
+
+# ---------------------------------------------------------------------------- returned ticks
+async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_catches_up(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The work queue deleted under a leading scheduler (its exchange kept): each tick's job is
+    returned by the broker (mandatory), so none counts as fired and the cursor stays; once the
+    queue is back, one catch-up job covers the whole outage (``catch-up-once``)."""
+    app = await make_app(broker, tmp_path)
+
+    @app.cron("* * * * * *", name="every", missed="catch-up-once")
+    @app.job("tick", queue="work")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    events: list[TickEvent] = []
+    scheduler = Scheduler(app, broker, on_event=events.append)
+    await scheduler.start()
+    try:
+        await wait_until(lambda: len(fired_ticks(events, "every")) >= 2, 20, "two ticks")
+        async with raw_channel(broker) as channel:
+            await channel.queue_delete("work")  # the exchange "jobs" stays
+        before = len(events)
+        await asyncio.sleep(4)
+        during = events[before:]
+        # the job published while the queue was being deleted may have been enqueued into it
+        assert len(during) <= 1, during
+        last_before = events[-1].tick
+        await apply_topology(tmp_path / "applied.toml", broker)  # the queue is back
+        after = len(events)
+        await wait_until(lambda: len(events) >= after + 3, 20, "ticks after the queue is back")
+    finally:
+        await scheduler.shutdown()
+    back = events[after:]
+    catch_up = back[0]
+    assert catch_up.kind == "catch-up", back
+    assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, back[1].tick - SECOND)
+    assert catch_up.missed_until - catch_up.missed_from >= 3 * SECOND
+    assert [e.kind for e in back[1:]] == ["fired"] * (len(back) - 1)
+    ticks = covered(await drain(broker))
+    assert ticks == seconds_from(last_before + SECOND, len(ticks)), "every tick since the outage exactly once"
+    assert len(ticks) == (back[-1].tick - last_before) // SECOND
+    assert "Unhandled message" not in caplog.text
+    returned = [r.getMessage() for r in caplog.records if "the broker returned" in r.getMessage()]
+    assert len(returned) >= 3, returned  # one per look (about 1 s) while the queue was missing
+    returns = re.compile(
+        r"schedule every: the broker returned (\d) of \1 tick job\(s\) \(to exchange 'jobs' key 'work': 312 NO_ROUTE"
+        rf"(; to exchange 'jobs' key 'work': 312 NO_ROUTE)*\), so none counts as enqueued; its cursor stays at "
+        rf"{cron.format_tick(last_before)}; its tick waits"
+    )
+    assert all(returns.search(m) for m in returned), returned

@@ -450,3 +450,28 @@ async def test_a_delivery_whose_span_cannot_even_be_entered_still_runs_and_is_ac
     assert ran == ["o-1"]
     assert [(p.kind, p.outcome.acked) for p in done] == [("succeeded", True)]
     assert "it is processed without a span" in caplog.text
+
+
+async def test_a_tick_whose_job_no_queue_takes_waits_as_on_the_broker(tmp_path: Path) -> None:
+    # review H3, the double's side: a returned tick job is not enqueued and the cursor stays
+    fired: list[tuple[str, str]] = []
+    app = cron_app(tmp_path, fired)
+    async with TestBroker(app, start=START) as broker:
+        await broker.advance("30m")
+        jobs = broker.memory.exchanges["jobs"]
+        kept = list(jobs.bindings)
+        jobs.bindings[:] = [b for b in kept if b[1] != "work"]  # the work queue's binding is gone
+        await broker.advance("30m")
+        assert [e.kind for e in broker.ticks] == ["fired"] * 2
+        jobs.bindings[:] = kept
+        await broker.advance("15m")
+    assert fired == [
+        ("cron:quarter:2026-03-01T12:15:00Z", "fired"),
+        ("cron:quarter:2026-03-01T12:30:00Z", "fired"),
+        ("cron:quarter:2026-03-01T12:45:00Z", "catch-up"),  # at 13:00, the first look with the binding back
+        ("cron:quarter:2026-03-01T13:00:00Z", "fired"),
+        ("cron:quarter:2026-03-01T13:15:00Z", "fired"),
+    ]
+    catch_up = broker.ticks[2]
+    at_1245 = datetime(2026, 3, 1, 12, 45, tzinfo=UTC)
+    assert (catch_up.kind, catch_up.missed_from, catch_up.missed_until) == ("catch-up", at_1245, at_1245)
