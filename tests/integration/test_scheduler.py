@@ -467,6 +467,8 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
     catch_up = back[0]
     assert catch_up.kind == "catch-up", back
     assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, back[1].tick - SECOND)
+    assert catch_up.missed_until is not None
+    assert catch_up.missed_from is not None
     assert catch_up.missed_until - catch_up.missed_from >= 3 * SECOND
     assert [e.kind for e in back[1:]] == ["fired"] * (len(back) - 1)
     ticks = covered(await drain(broker))

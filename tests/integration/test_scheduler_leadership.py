@@ -43,7 +43,7 @@ class LosesTokenMidTick:
 
     async def publish_in_transaction(
         self, connection: Any, messages: Iterable[tuple[str, str, OutgoingMessage, bool]], *args: Any, **kw: Any
-    ) -> bool:
+    ) -> list[str] | None:
         items = list(messages)
         jobs = [m for _, _, m, mandatory in items if mandatory]
         if jobs and not self.pending:
