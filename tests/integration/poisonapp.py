@@ -1,7 +1,7 @@
 """A job app for the poison-containment tests: jobs that exit the worker, block its loop, or just run.
 
 Settings come from the environment: ``POISON_TOPOLOGY`` (topology file) and
-``POISON_RECORD`` (a file each run appends ``start <id> <pid> <redelivered>`` and
+``POISON_RECORD`` (a file each run appends ``start <id> <pid> <redelivered> <attempt>`` and
 ``done <id> <pid>`` lines to, fsynced, so a line written before ``os._exit`` is kept).
 """
 
@@ -28,18 +28,28 @@ def _record(line: str) -> None:
 async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
     """``payload["kind"]``: ``exit`` kills the worker, ``block`` blocks the loop ``seconds``, else sleeps.
 
+    ``fail`` sleeps ``seconds``, then raises a RuntimeError ``size`` characters long, ``depth`` frames deep.
     ``sysexit`` raises ``SystemExit(3)``, ``interrupt`` raises ``KeyboardInterrupt`` (the handler's own raise).
     """
-    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)}")
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
     kind = payload.get("kind")
     if kind == "exit":
         os._exit(1)
     _raise_if_asked(kind)
+    if kind == "fail":  # fails after ``seconds``, ``depth`` frames deep, with an error ``size`` characters long
+        await asyncio.sleep(float(payload.get("seconds", 0)))
+        _fail(int(payload.get("depth", 0)), "x" * int(payload.get("size", 10)))
     if kind == "block":
         time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - blocking an async handler is the fault under test
     else:
         await asyncio.sleep(float(payload.get("seconds", 0)))
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+def _fail(depth: int, message: str) -> None:
+    if depth > 0:
+        _fail(depth - 1, message)
+    raise RuntimeError(message)
 
 
 def _raise_if_asked(kind: object) -> None:

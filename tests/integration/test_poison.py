@@ -40,7 +40,7 @@ name = "jobs"
 name = "work"
 exchange = "jobs"
 type = "{qtype}"
-retry_tiers = ["1s"]
+retry_tiers = {tiers}
 {extra}
 """
 
@@ -99,9 +99,9 @@ def records(tmp_path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
-async def setup(broker: BrokerSettings, tmp_path: Path, qtype: str, extra: str = "") -> App:
+async def setup(broker: BrokerSettings, tmp_path: Path, qtype: str, extra: str = "", tiers: str = '["1s"]') -> App:
     topo = tmp_path / "topology.toml"
-    topo.write_text(TOPOLOGY.format(qtype=qtype, extra=extra))
+    topo.write_text(TOPOLOGY.format(qtype=qtype, extra=extra, tiers=tiers))
     await apply_topology(topo, broker)
     app = App("poison-test", topology=load_topology(topo).topology, url=broker.url)
     app.job("poison", queue="work")(lambda p, c: None)  # same name as poisonapp's job: only to publish
@@ -234,7 +234,7 @@ async def test_stall_warnings_name_each_blocking_job_with_its_own_share(
 ) -> None:
     """Two async handlers that block the loop, maybe back to back: one WARNING each, with its own seconds."""
     topo = tmp_path / "topology.toml"
-    topo.write_text(TOPOLOGY.format(qtype="classic", extra=""))
+    topo.write_text(TOPOLOGY.format(qtype="classic", extra="", tiers='["1s"]'))
     await apply_topology(topo, broker)
     app = App("stall-test", topology=load_topology(topo).topology, url=broker.url)
     done: list[str] = []
@@ -274,7 +274,7 @@ async def test_a_run_cut_off_by_a_lost_connection_is_reported_and_never_overlaps
 ) -> None:
     """A plain-function handler's thread outlives its channel: the rerun waits for it, and both runs are counted."""
     topo = tmp_path / "topology.toml"
-    topo.write_text(TOPOLOGY.format(qtype="classic", extra=""))
+    topo.write_text(TOPOLOGY.format(qtype="classic", extra="", tiers='["1s"]'))
     await apply_topology(topo, broker)
     app = App("cutoff-test", topology=load_topology(topo).topology, url=broker.url)
     runs: list[tuple[float, float]] = []
@@ -438,3 +438,50 @@ async def test_a_real_sigint_still_stops_the_worker_gracefully(broker: BrokerSet
     assert "outcome=succeeded" in log
     assert "worker stopped: 1 in-flight job(s) finished, 0 abandoned" in log, log[-3000:]
     assert await depth(broker, "work") == 0
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_a_suspect_that_failed_runs_each_attempt_once_when_the_next_suspect_crashes(
+    broker: BrokerSettings, tmp_path: Path, processes: int
+) -> None:
+    """A suspect retried, then a suspect that exits the worker: the first one's ack is at the broker before.
+
+    The failing job's retry copy (headers near the limit, a 100 kB error 300 frames deep: its
+    publish takes a while) is published before its ack; had that ack waited behind the next
+    suspect's crash, the broker would redeliver a suspect whose retry copy already exists,
+    and the job would live twice (seen with the ack of a suspect delayed 50 ms on purpose:
+    attempts 1/2/3 ran 6/5/5 times). ``--processes 2`` is the review's setting (H2).
+    """
+    app = await setup(broker, tmp_path, "classic", "max_redeliveries = 2", '["1s", "2s"]')  # attempts 1 to 3
+    try:
+        await app.enqueue("poison", {"kind": "fail", "size": 100_000, "depth": 300}, job_id="fails",
+                          headers={"pad": "p" * 110_000})  # 110 kB: enqueue's limit is 110592 bytes  # fmt: skip
+        await app.enqueue("poison", {"kind": "exit"}, job_id="crasher")
+        await app.enqueue("poison", {"seconds": 0}, job_id="ok")
+    finally:
+        await app.close()
+
+    async def finished() -> bool:
+        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
+        if "ok" not in done or await depth(broker, "work.quarantine") < 2:
+            return False
+        return all([await depth(broker, q) == 0 for q in ("work", "work.retry.1s", "work.retry.2s", "work.suspects")])
+
+    args = ("--processes", str(processes)) if processes > 1 else ()
+    supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "2", "--grace", "5s", *args)
+    await supervisor.run_until(finished, timeout=90)
+    await asyncio.sleep(3)  # a duplicate still in a tier would surface by now
+
+    starts = Counter((r[1], r[4]) for r in records(tmp_path) if r[0] == "start")
+    # attempt 1 ran beside the crasher, then once more alone; each later attempt exactly once
+    assert {k: n for k, n in starts.items() if k[0] == "fails"} == {("fails", "1"): 2, ("fails", "2"): 1,
+                                                                      ("fails", "3"): 1}, starts  # fmt: skip
+    assert starts[("crasher", "1")] == 3  # max_redeliveries + 1 starts, then quarantined crashed
+    assert supervisor.exits >= (2 if processes == 1 else 0)  # --processes: its parent restarts the children
+    quarantined = await drain(broker, "work.quarantine")
+    assert sorted((m.message_id, m.headers[evidence.REASON]) for m in quarantined) == [
+        ("crasher", "crashed"), ("fails", "exhausted")]  # fmt: skip
+    assert {m.message_id: m.headers.get(crash.STARTS) for m in quarantined}["crasher"] == 3
+    for queue in ("work", "work.retry.1s", "work.retry.2s", "work.suspects", "work.quarantine"):
+        assert await depth(broker, queue) == 0, queue
