@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from amqpjobs.jobs.replay_plan import replay_window
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import SCRIPT, Handler, failing_app, quarantine_jobs, serve_console
 from tests.integration.helpers import depth
@@ -255,4 +256,6 @@ async def test_stop_a_replay_from_its_page(broker: BrokerSettings, tmp_path: Pat
     assert seen["summary"].startswith(f"stopped by {getpass.getuser()} (local): moved {moved}, skipped 0, "), seen
     assert seen["stop_buttons"] == 0
     assert await depth(broker, "work.quarantine") == 6 - moved
-    assert await depth(broker, "work") == moved
+    # a Stop cuts the moves under way short: a job in flight may now be in both places, at most the
+    # --rate window of them (README "Console": duplicates, never losses); CI run 13 saw one
+    assert moved <= await depth(broker, "work") <= moved + replay_window(1)

@@ -242,7 +242,7 @@ async def test_a_copy_too_big_for_a_frame_is_rejected_to_quarantine_and_the_conn
         content_type="application/json", message_type="nope", message_id="huge", headers={"pad": pad}
     )
     outcomes = await raw_then_canary(broker, tmp_path, props)
-    assert sorted(o.kind for o in outcomes) == ["abandoned", "succeeded"]  # rejected: not acked by us
+    assert sorted(o.kind for o in outcomes) == ["quarantined", "succeeded"]  # rejected into quarantine, so reported
     (dead,) = await drain(broker, "work.quarantine")
     assert dead.message_id == "huge"
     assert dead.headers["pad"] == pad
