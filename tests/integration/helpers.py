@@ -116,3 +116,15 @@ def fresh_database(base: str, prefix: str = "t") -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole at once (a temporary file, then a rename).
+
+    A worker process still starting may be reading ``path`` while the test writes it again for
+    the next one: a plain rewrite truncates it first, and the worker read an empty topology
+    ("declares nothing") and exited (CI run 14: the kill -9 chaos test's restarted worker).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -24,7 +24,7 @@ from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import ROOT, depth
+from tests.integration.helpers import ROOT, depth, write_file
 from tests.integration.test_reconnect import force_close
 from tests.integration.test_worker_process import done_ids, read_record, worker_process
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
@@ -42,7 +42,7 @@ async def publisher(broker: BrokerSettings, tmp_path: Path) -> App:
 def spawn(broker: BrokerSettings, tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
     """A worker process of tests/integration/procapp.py (same settings as worker_process)."""
     topo = tmp_path / "proc.toml"
-    topo.write_text(APPLIED_TOPOLOGY)
+    write_file(topo, APPLIED_TOPOLOGY)  # whole at once: a worker still starting may be reading it
     env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
                PROCAPP_TOPOLOGY=str(topo), PROCAPP_RECORD=str(tmp_path / "record.txt"))  # fmt: skip
     with (tmp_path / "workers.log").open("a") as log:

@@ -16,7 +16,7 @@ import pytest
 from amqpjobs import App
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import ROOT, cli_subprocess, consume_subprocess, depth
+from tests.integration.helpers import ROOT, cli_subprocess, consume_subprocess, depth, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
 
 pytestmark = pytest.mark.broker
@@ -36,7 +36,7 @@ def done_ids(path: Path) -> Counter[str]:
 def worker_process(broker: BrokerSettings, tmp_path: Path, *args: str, **extra: str) -> Iterator[subprocess.Popen[str]]:
     """``amqpjobs consume tests.integration.procapp:app *args``, logs to worker.log (``extra``: more env vars)."""
     topo = tmp_path / "proc.toml"
-    topo.write_text(APPLIED_TOPOLOGY)
+    write_file(topo, APPLIED_TOPOLOGY)  # whole at once: a worker still starting may be reading it
     env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
            "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "record.txt"), **extra}  # fmt: skip
     with consume_subprocess("tests.integration.procapp:app", env, args, tmp_path / "worker.log") as proc:
