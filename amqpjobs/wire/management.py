@@ -138,7 +138,7 @@ class ManagementClient:
         self._follow_connection()
         for tried in range(len(self._bases)):
             try:
-                resp = self._http[self.base_url].request(method, self.base_url + url, json=json)
+                resp = self._send(method, url, json)
                 break
             except httpx.HTTPError as exc:
                 refused = refused_certificate(exc)
@@ -168,6 +168,19 @@ class ManagementClient:
         if not resp.content:
             return None
         return resp.json()
+
+    def _send(self, method: str, url: str, json: Any) -> httpx.Response:
+        """One request to the current base; once more on a new connection when a kept-alive one was closed.
+
+        The API may close an idle kept-alive connection just as it is reused: the request then
+        ends with "Server disconnected without sending a response" (``RemoteProtocolError``),
+        before any answer, and a new connection answers it (seen on RabbitMQ 4.3).
+        """
+        client = self._http[self.base_url]
+        try:
+            return client.request(method, self.base_url + url, json=json)
+        except httpx.RemoteProtocolError:
+            return client.request(method, self.base_url + url, json=json)
 
     def _refused(self, resp: httpx.Response) -> str:
         """What a 401 means: wrong credentials, or a user without a management tag.
