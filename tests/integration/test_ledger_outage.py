@@ -28,54 +28,8 @@ from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
 from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, fresh_database
+from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
-
-
-class StoppableProxy:
-    """A TCP proxy in front of the database: ``stop()`` closes its port, cuts its connections; ``start()`` reopens."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        self._pairs.append((writer, up_writer))
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except OSError:
-            pass
-        finally:
-            sink.close()
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for client, upstream in self._pairs:
-            client.transport.abort()
-            upstream.transport.abort()
-        self._pairs.clear()
-        for task in list(self._tasks):
-            task.cancel()
 
 
 def via(url: str, port: int) -> str:
@@ -96,9 +50,9 @@ def database(pg_url: str) -> Iterator[str]:
 
 
 @asynccontextmanager
-async def proxied(url: str) -> AsyncIterator[tuple[StoppableProxy, str]]:
+async def proxied(url: str) -> AsyncIterator[tuple[TcpProxy, str]]:
     parts = urlsplit(url)
-    proxy = StoppableProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
     port = await proxy.start()
     try:
         yield proxy, via(url, port)

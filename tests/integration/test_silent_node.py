@@ -24,6 +24,7 @@ from amqpjobs import App, BrokerUnavailableError
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import cli_subprocess
+from tests.integration.tcp_proxy import TcpProxy
 
 SECRET = "pw-silent"
 
@@ -128,69 +129,6 @@ async def test_the_consoles_overview_over_a_silent_management_api_is_a_503_withi
     assert SECRET not in "".join(texts.values())
 
 
-class SilenceableProxy:
-    """A TCP proxy of this test in front of the broker's node: forwards, or (``silent``) accepts and never answers.
-
-    ``cut()`` closes every forwarded connection (the client sees its connection lost);
-    ``silent_accepted`` counts connections taken while silent, ``silent_closed`` those the
-    client has closed since (an attempt it gave up).
-    """
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.silent = False
-        self.silent_accepted = 0
-        self.silent_closed = 0
-        self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.silent:
-            self.silent_accepted += 1
-            while await reader.read(4096):
-                pass
-            self.silent_closed += 1  # the client closed it: it gave that attempt up
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        self._pairs.append((writer, up_writer))
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except OSError:
-            pass
-        finally:
-            sink.close()
-
-    def cut(self) -> None:
-        for client, upstream in self._pairs:
-            client.transport.abort()
-            upstream.transport.abort()
-        self._pairs.clear()
-
-    async def close(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-
-
 @pytest.mark.broker
 @pytest.mark.serial  # a wall-clock bound
 async def test_a_reconnect_to_a_node_gone_silent_is_bounded_by_the_attempt_timeout(broker: BrokerSettings) -> None:
@@ -198,7 +136,7 @@ async def test_a_reconnect_to_a_node_gone_silent_is_bounded_by_the_attempt_timeo
     up after its bound (attempt_timeout of the connect timeout, 3 s here), and a later one gets through once
     the node answers again, instead of waiting for good on the silent socket."""
     node = urlsplit(broker.url)
-    proxy = SilenceableProxy((node.hostname or "127.0.0.1", node.port or 5672))
+    proxy = TcpProxy((node.hostname or "127.0.0.1", node.port or 5672))
     port = await proxy.start()
     via = urlunsplit(node._replace(netloc=f"{node.username}:{node.password}@127.0.0.1:{port}"))
     settings = broker_settings(via, broker.management_url).with_connect_timeout(3)
@@ -221,7 +159,7 @@ async def test_a_reconnect_to_a_node_gone_silent_is_bounded_by_the_attempt_timeo
         await channel.close()
     finally:
         await connection.close()
-        await proxy.close()
+        await proxy.stop()
 
 
 async def until_true(predicate: Callable[[], bool], timeout: float) -> None:
