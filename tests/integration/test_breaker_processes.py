@@ -58,27 +58,36 @@ def record(tmp_path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def opened(tmp_path: Path) -> int:
+    """How many times worker.log says the breaker of job ``flaky`` opened on 3 failures."""
+    log = (tmp_path / "worker.log").read_text()
+    return len(re.findall(r"breaker job=flaky open: 3 failure\(s\) within 10s", log))
+
+
 async def test_two_processes_share_the_breaker_and_one_gauge(broker: BrokerSettings, tmp_path: Path) -> None:
     app = await publisher(broker, tmp_path)
     app.job("flaky", queue="work")(lambda p, c: None)  # the same name as breakerapp's: only to publish
-    (tmp_path / "failing").touch()
-    with breaker_workers(broker, tmp_path) as proc:
-        port = await metrics_port(tmp_path)
-        await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "both children ready")
-        assert gauge(port) == 0  # closed
-        for i in range(3):
-            await app.enqueue("flaky", {}, job_id=f"f{i}")
-        await wait_until(lambda: gauge(port) == 1, 20, "the gauge says open")
-        log = (tmp_path / "worker.log").read_text()
-        assert len(re.findall(r"breaker job=flaky open: 3 failure\(s\) within 10s", log)) == 2  # each child
-        for i in range(4):
-            await app.enqueue("flaky", {}, job_id=f"g{i}")
-        (tmp_path / "failing").unlink()
-        await wait_until(lambda: gauge(port) == 0, 20, "the gauge says closed")
-        await wait_until(lambda: len([r for r in record(tmp_path) if r[0] == "start"]) == 3 + 7, 20, "all ran")
-        proc.send_signal(signal.SIGTERM)
-        assert await exit_code(proc) == 0
-    await app.close()
+    try:
+        (tmp_path / "failing").touch()
+        with breaker_workers(broker, tmp_path) as proc:
+            port = await metrics_port(tmp_path)
+            await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "both children ready")
+            assert gauge(port) == 0  # closed
+            for i in range(3):
+                await app.enqueue("flaky", {}, job_id=f"f{i}")
+            await wait_until(lambda: gauge(port) == 1, 20, "the gauge says open")
+            # each child logs the opening when it hears the third failure notice: the second may log just after the gauge
+            await wait_until(lambda: opened(tmp_path) == 2, 10, "both children log the breaker open")
+            assert opened(tmp_path) == 2
+            for i in range(4):
+                await app.enqueue("flaky", {}, job_id=f"g{i}")
+            (tmp_path / "failing").unlink()
+            await wait_until(lambda: gauge(port) == 0, 20, "the gauge says closed")
+            await wait_until(lambda: len([r for r in record(tmp_path) if r[0] == "start"]) == 3 + 7, 20, "all ran")
+            proc.send_signal(signal.SIGTERM)
+            assert await exit_code(proc) == 0
+    finally:
+        await app.close()  # also when an assertion fails: no management socket left to the next test
     rows = record(tmp_path)
     fails = [r for r in rows if r[0] == "fail"]
     assert len(fails) == 3
