@@ -49,7 +49,7 @@ from typing import Any, Final
 from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage
-from amqpjobs.printable import listed
+from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
@@ -275,9 +275,16 @@ class Scheduler(TickFiring):
         wanted += [(cron.tick_queue(self.app.name, s.name), TICK_QUEUE_ARGUMENTS) for s in self._schedules]
         for name, arguments in wanted:
             if not await self._wire.declare_durable(self._connection, name, arguments):
+                cursor = (
+                    ""
+                    if name == self.leader_queue
+                    else " (deleting a tick store forgets its cursor: the schedule starts from now)"
+                )
+                delete = f"rabbitmqctl delete_queue -p {shell_quote(self.settings.vhost)} {shell_quote(name)}"
                 raise BrokerError(
-                    f"queue {name!r} exists with other arguments than the scheduler's {dict(arguments)}: "
-                    "delete it (no scheduler may run meanwhile) and start again"
+                    f"queue {name!r} exists with other arguments than the scheduler declares "
+                    f"({toml_pairs(arguments)}): delete it while no scheduler of app {self.app.name!r} runs "
+                    f"({delete}, or the management UI), then start again{cursor}"
                 )
 
     def request_stop(self) -> None:
