@@ -22,6 +22,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
@@ -101,6 +102,7 @@ class TickFiring:
     _connection: Any
     #: Seconds before a tick store found empty is read once more (a browsing reader may hold its record).
     reread_after: float = 0.5
+    _warnings: PacedWarnings
     _schedules: list[cron.Schedule]
     _layouts: dict[str, JobQueueLayout]
     _last: dict[str, tuple[datetime | None, str | None]]
@@ -115,6 +117,11 @@ class TickFiring:
     def is_leader(self) -> bool:
         """True while this replica holds the leader token."""
         raise NotImplementedError
+
+    @property
+    def _who(self) -> str:
+        """The start of the replica's warnings (:class:`PacedWarnings` keys)."""
+        return f"scheduler replica {self.replica}"
 
     async def look_now(self) -> None:
         """Make the leader look at the clock now; returns once it has (at once when not leading).
@@ -219,9 +226,10 @@ class TickFiring:
                 raise
             except Exception as exc:
                 reread = reread or isinstance(exc, BrokerError)
-                log.warning("scheduler replica %s: schedule %s: %s; its tick waits, the other schedules go on",
-                            self.replica, schedule.name, exc, exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+                self._warnings.failed(f"{self._who}: schedule {schedule.name}", str(exc), "; its tick waits, the "
+                                      "other schedules go on", exc_info=not isinstance(exc, BrokerError))  # fmt: skip
                 continue
+            self._warnings.succeeded(f"{self._who}: schedule {schedule.name}")
             due.append(schedule.rule.next_after(cursors[schedule.name]))
         return min(due, default=None), reread
 

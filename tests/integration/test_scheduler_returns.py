@@ -8,6 +8,8 @@ at every look (about once a second).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -20,7 +22,7 @@ import pytest
 from amqpjobs import App, JobContext, Scheduler, TickEvent, tick_id
 from amqpjobs.jobs import cron
 from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS
+from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, SchedulerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import raw_channel
@@ -166,3 +168,49 @@ async def test_a_catch_up_returned_with_its_on_time_job_routed_never_sends_the_r
     assert len(ticks) >= 3  # the catch-up's tick, then at least two on-time ones
     # the catch-up covers from catch_up on (to on_time too, when the shard came back after on_time + 5 s)
     assert (events[0].kind, events[0].missed_from) == ("catch-up", catch_up), events
+
+
+async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_and_once_when_it_recovers(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Two every-second schedules, one losing its queue, the other its exchange, for 5 s while
+    warnings repeat at most every 2 s: per schedule one line when it starts failing, then one
+    every 2 s or more with the count of failed looks, and one when it recovers (was: one per look)."""
+    app = await topology_app(broker, tmp_path, TWO_QUEUES + '\n[[exchange]]\nname = "third"\n\n'
+                             '[[job_queue]]\nname = "third"\nexchange = "third"\n')  # fmt: skip
+
+    @app.cron("* * * * * *", name="noqueue")
+    @app.job("gone", queue="other")
+    async def gone(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    @app.cron("* * * * * *", name="noexchange")
+    @app.job("lost", queue="third")
+    async def lost(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    events: list[TickEvent] = []
+    scheduler = Scheduler(app, broker, SchedulerOptions(warn_every=2.0), on_event=events.append)
+    caplog.set_level(logging.INFO, logger="amqpjobs.scheduler")
+    await scheduler.start()
+    try:
+        await wait_until(lambda: len(events) >= 2, 20, "a tick of each")
+        async with raw_channel(broker) as channel:
+            await channel.queue_delete("other")
+            await channel.exchange_delete("third")
+        await asyncio.sleep(5)
+        await apply_topology(tmp_path / "app.toml", broker)
+        back = len(events)
+        await wait_until(lambda: {e.schedule for e in events[back:] if e.kind == "fired"} == {"noqueue", "noexchange"},
+                         20, "both schedules firing again")  # fmt: skip
+    finally:
+        await scheduler.shutdown()
+    for name in ("noqueue", "noexchange"):
+        lines = [r for r in caplog.records if f"schedule {name}:" in r.getMessage() and r.levelno == logging.WARNING]
+        messages = [r.getMessage() for r in lines]
+        assert len(lines) >= 3, messages
+        assert "its tick waits, the other schedules go on; repeated at most every 2s while it fails" in messages[0]
+        assert "recovered after" in messages[-1]
+        paced = messages[1:-1]
+        assert 1 <= len(paced) <= 3, messages  # one per 2 s or more over about 5-6 s
+        assert all("still failing:" in m and "failed look(s) in" in m for m in paced), messages
+        gaps = [b.created - a.created for a, b in itertools.pairwise(lines[:-1])]
+        assert all(gap >= 1.9 for gap in gaps), gaps

@@ -5,6 +5,7 @@ from __future__ import annotations
 import decimal
 import inspect
 import itertools
+import logging
 import math
 import random
 import time
@@ -26,6 +27,7 @@ from amqpjobs.jobs.cron import (
     running_queue,
     tick_queue,
 )
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
@@ -529,9 +531,35 @@ async def test_a_scheduler_queue_with_other_arguments_is_named_with_its_argument
         if which == "leader"
         else 'x-queue-type = "classic", x-max-length = 1, x-overflow = "drop-head"'
     )
-    forgets = "" if which == "leader" else " (deleting a tick store forgets its cursor: the schedule starts from now)"
+    forgets = "" if which == "leader" else " (it holds the cursor: the schedule starts from now)"
     assert str(caught.value) == (
         f"queue {queue!r} exists with other arguments than the scheduler declares ({declared}): delete it while "
         f"no scheduler of app 'cronargs' runs (rabbitmqctl delete_queue -p / {queue}, or the management UI), "
         f"then start again{forgets}"
     )
+
+
+def test_paced_warnings_one_line_when_failing_starts_then_one_per_period_with_a_count_then_one_on_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    warnings = PacedWarnings(logging.getLogger("amqpjobs.scheduler"), 60.0, lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="amqpjobs.scheduler")
+    schedule = "scheduler replica h:1: schedule a"
+    warnings.succeeded(schedule)  # never failed: nothing to say
+    for _ in range(130):  # one failed look a second for 130 s
+        warnings.failed(schedule, "NOT_FOUND - no exchange 'x'", "; its tick waits")
+        now[0] += 1.0
+    warnings.failed("scheduler replica h:1", "the broker went away", "; trying again in 1s")
+    warnings.succeeded(schedule)
+    warnings.succeeded(schedule)  # said once
+    assert [r.getMessage() for r in caplog.records] == [
+        "scheduler replica h:1: schedule a: NOT_FOUND - no exchange 'x'; its tick waits; repeated at most every 1m "
+        "while it fails",
+        "scheduler replica h:1: schedule a: still failing: 60 failed look(s) in 1m since the last line, failing for "
+        "1m: NOT_FOUND - no exchange 'x'",
+        "scheduler replica h:1: schedule a: still failing: 60 failed look(s) in 1m since the last line, failing for "
+        "2m: NOT_FOUND - no exchange 'x'",
+        "scheduler replica h:1: the broker went away; trying again in 1s; repeated at most every 1m while it fails",
+        "scheduler replica h:1: schedule a: recovered after 130 failed look(s) over 130s",
+    ]
