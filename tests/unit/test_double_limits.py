@@ -9,6 +9,7 @@ its copies: a job's headers and properties may take 110592 bytes, not one more (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -92,3 +93,34 @@ async def test_a_header_value_amqp_cannot_carry_is_refused_in_the_double_as_on_t
         "nothing was sent. Give header values AMQP carries: str, int (64-bit), float, Decimal, bool, bytes, "
         "datetime, None, or lists and dicts (str keys) of these"
     )
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        (
+            {"h" * 129: 1},
+            "job 'big': header 'hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh': header name must be at most 128 UTF-8 bytes "
+            "(got 129 bytes, 129 characters): AMQP field names are cut to 128 bytes on the way",
+        ),
+        (
+            {"meta": {"k" * 129: 1}},
+            "job 'big': header 'meta': table key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk' must be at most 128 UTF-8 "
+            "bytes (got 129 bytes, 129 characters): AMQP field names are cut to 128 bytes on the way",
+        ),
+        ({1: "a"}, "job 'big': header 1: header names must be str (got int)"),
+    ],
+    ids=["name", "nested-key", "not-a-str"],
+)
+async def test_a_header_name_the_wire_would_cut_short_is_refused(
+    tmp_path: Path, headers: dict[Any, Any], message: str
+) -> None:
+    # pamqp cuts a field name over 128 bytes to 128 (a log warning): a handler on RabbitMQ saw another
+    # name than the double's handler did, and two long names with one 128-byte prefix became one
+    app, ran = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("big", {"order_id": 1}, job_id="long-1", headers=headers)
+        await broker.drain()
+    assert ran == []
+    assert str(info.value) == message
