@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,7 +145,11 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     warnings: list[str] = []
     unsure = {name for part in partials.values() for name in part.unsure_job_queues}
     untyped = {name for part in partials.values() for name in part.untyped_exchanges}
-    for problem in _cross_checks(parsed, broker_version, warnings, unsure, untyped):
+
+    def in_file(file: str, path: str) -> str:
+        return partials[file].in_file(path) if file in partials else path
+
+    for problem in _cross_checks(parsed, broker_version, warnings, unsure, untyped, in_file):
         part = partials.get(problem.file)
         if part is None:
             problems.append(problem)
@@ -236,18 +241,20 @@ def _cross_checks(
     warnings: list[str],
     unsure: AbstractSet[str],
     untyped: AbstractSet[str],
+    in_file: Callable[[str, str], str],
 ) -> list[Problem]:
     """Checks across entries and files.
 
     ``unsure``: job queues whose queues' names are not known for sure (a key left out of a
-    file with type errors); ``untyped``: exchanges of no known type (their ``type`` left out).
+    file with type errors); ``untyped``: exchanges of no known type (their ``type`` left out);
+    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from").
     """
     problems: list[Problem] = []
     exchange_names: dict[str, str] = {}
     queue_names: dict[str, str] = {}
 
     def claim(table: dict[str, str], name: str, file: str, path: str, what: str) -> None:
-        where = f"{file}: {path}"
+        where = f"{file}: {in_file(file, path)}"
         if name in table:
             problems.append(
                 Problem(

@@ -65,14 +65,19 @@ class PartialFile:
     unsure_job_queues: frozenset[str] = field(default=frozenset())
     untyped_exchanges: frozenset[str] = field(default=frozenset())
 
+    def in_file(self, path: str) -> str:
+        """Key ``path`` of :attr:`topology_file` (``binding[1].source``) at its entry's index in the file."""
+        match = _ENTRY.match(path)
+        if match is None:
+            return path
+        section, index = match.group(1), int(match.group(2))
+        return f"{section}[{self.positions[section][index]}]" + path[match.end() :]
+
     def placed(self, problem: Problem) -> Problem:
         """``problem`` (found on :attr:`topology_file`) with its key path at its entry's index in the file."""
-        match = _ENTRY.match(problem.key_path)
-        if problem.file != self.file or match is None:
+        if problem.file != self.file:
             return problem
-        section, index = match.group(1), int(match.group(2))
-        moved = f"{section}[{self.positions[section][index]}]" + problem.key_path[match.end() :]
-        return Problem(problem.file, moved, problem.message, problem.fix)
+        return Problem(problem.file, self.in_file(problem.key_path), problem.message, problem.fix)
 
     def reports(self, problem: Problem) -> bool:
         """Whether ``problem`` (at its place in the file) is news: not at a refused key, nor resting on one."""
@@ -115,13 +120,10 @@ def partial_file(file: str, raw: dict[str, Any], exc: ValidationError) -> Partia
             if (section, i) in dropped_entries or not isinstance(entry, dict):
                 continue
             keys = changes.get((section, i), {})
-            fixed = {k: v for k, v in entry.items() if k not in keys or keys[k][0] is not None}
-            fixed |= {k: plain for k, (plain, _) in keys.items() if plain is not None}
-            try:
-                spec = model.model_validate(fixed)
-            except ValidationError:
+            read = _read(model, entry, keys) or _read(model, entry, {k: (None, u) for k, (_, u) in keys.items()})
+            if read is None:
                 continue  # a name missing or of the wrong type: nothing to check it by
-            left_out = {k for k, (plain, unknown) in keys.items() if plain is None and not unknown}
+            spec, left_out = read
             if section == "binding" and "destination_type" in left_out:
                 continue
             if isinstance(spec, JobQueueSpec) and left_out:
@@ -135,6 +137,22 @@ def partial_file(file: str, raw: dict[str, Any], exc: ValidationError) -> Partia
     return PartialFile(
         file, kept, positions, frozenset(refused), frozenset(unchecked), frozenset(unsure), frozenset(untyped)
     )
+
+
+def _read(
+    model: type[BaseModel], entry: dict[str, Any], keys: dict[str, tuple[int | None, bool]]
+) -> tuple[Any, set[str]] | None:
+    """``entry`` with each refused key read as its plain whole number, or left out (None: still invalid).
+
+    Returns the entry read and the keys left out that are not unknown ones (its rules may rest on them).
+    """
+    fixed = {k: v for k, v in entry.items() if k not in keys or keys[k][0] is not None}
+    fixed |= {k: plain for k, (plain, _) in keys.items() if plain is not None}
+    try:
+        spec = model.model_validate(fixed)
+    except ValidationError:
+        return None
+    return spec, {k for k, (plain, unknown) in keys.items() if plain is None and not unknown}
 
 
 def key_path(loc: tuple[int | str, ...]) -> str:

@@ -215,3 +215,18 @@ def test_checks_that_rest_on_a_refused_key_are_not_guessed(tmp_path: Path) -> No
         "or correct the name)",
         "t.toml: binding[1].destination: queue 'zzz' is not declared (fix: declare the queue or correct the name)",
     ]
+
+
+def test_entries_after_one_left_out_keep_their_place_in_the_file(tmp_path: Path) -> None:
+    # exchange[0] has no name (left out): the duplicate's "also from" names exchange[1], not exchange[0];
+    # max_priority = "300" reads as 300, still refused: the job queue is declared without it (no guessed
+    # "queue 'work' is not declared" for the binding into it)
+    (tmp_path / "t.toml").write_text(
+        '[[exchange]]\ntype = "topic"\n\n' + HEADER + HEADER + job('max_priority = "300"')
+        + '[[binding]]\nsource = "jobs"\ndestination = "work"\nrouting_key = "more"\n'
+    )  # fmt: skip
+    assert [p.split(" (fix:")[0] for p in problems_in(tmp_path)] == [
+        "t.toml: exchange[0].name: Field required",
+        't.toml: job_queue[0].max_priority: Input should be a valid integer (got "300")',
+        f"t.toml: exchange[2].name: duplicate exchange name 'jobs' (also from {tmp_path / 't.toml'}: exchange[1].name)",
+    ]
