@@ -289,8 +289,9 @@ class TestBroker:
     ) -> None:
         """Publish bytes as another producer might (invalid JSON, non-UTF-8, an unknown ``type`` ...).
 
-        No validation: ``body`` and the properties go as given, for testing how the worker
-        treats what :meth:`App.enqueue` would refuse to send. Run it with :meth:`drain`.
+        No validation of ours: ``body`` and the properties go as given, for testing how the
+        worker treats what :meth:`App.enqueue` would refuse to send; only what any AMQP
+        publish can't carry is refused, as on a broker. Run it with :meth:`drain`.
 
         Args:
             exchange: Exchange name (``""``: the default exchange, ``routing_key`` a queue).
@@ -303,6 +304,8 @@ class TestBroker:
 
         Raises:
             UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
+            MessageTooLargeError: its properties are over the double's ``frame_max``.
+            ConfigurationError: a header value AMQP can't carry (a set, a date ...).
 
         """
         message = OutgoingMessage(body=body, headers=dict(headers or {}), content_type=content_type,
