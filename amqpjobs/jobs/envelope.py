@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from amqpjobs.jobs.header_names import header_problem
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
@@ -234,7 +235,7 @@ def parse_runs(headers: Mapping[str, Any]) -> int:
 
 
 #: Longest AMQP ``shortstr`` in bytes (AMQP 0-9-1 §4.2.5.3): ``message_id``, ``type``, a
-#: header name, a routing key. pamqp raises a bare ``TypeError`` on a longer one.
+#: routing key. pamqp raises a bare ``TypeError`` on a longer one (a header name: :mod:`.header_names`).
 SHORTSTR_MAX_BYTES: Final = 255
 
 
@@ -359,17 +360,16 @@ def job_message(
             or ``amqpjobs-`` (ours).
 
     Raises:
-        ValueError: a reserved header name, a priority outside 0-255, an empty job id, a job id
-            or header name over 255 UTF-8 bytes (:func:`shortstr_problem`), or a payload JSON
+        ValueError: a reserved header name or one not a str, a priority outside 0-255, an empty job
+            id, a job id over 255 UTF-8 bytes (:func:`shortstr_problem`), a header name or a
+            table key within a header over 128 (:func:`field_name_problem`), or a payload JSON
             can't hold (NaN, sets, ...).
 
     """
     extra = dict(headers or {})
-    for name in extra:
-        if name.lower().startswith(("x-", "amqpjobs-")):
-            raise ValueError(f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved")
-        if problem := shortstr_problem("header name", name, min_bytes=0):
-            raise ValueError(f"header {name[:40]!r}: {problem}")
+    for name, value in extra.items():
+        if problem := header_problem(name, value):
+            raise ValueError(problem)
     if priority is not None and (isinstance(priority, bool) or not 0 <= priority <= 255):
         raise ValueError(f"priority must be an integer 0-255 (got {priority!r})")
     if problem := job_id_problem(job_id):

@@ -332,7 +332,7 @@ class App(CronSchedules, JobResults):
 
         Raises:
             InvalidPayloadError: the payload fails the job's model (nothing sent).
-            ConfigurationError: unknown job, bad header names or priority.
+            ConfigurationError: unknown job, bad header names or priority, header values AMQP can't carry.
             UnroutableError: no queue is bound for the job, or its exchange does not exist
                 (topology not applied).
             BrokerBlockedError: a resource alarm blocks publishing and did not clear within

@@ -5,7 +5,8 @@ effect on a durable key (the job id) in a store with a unique index. Per key, a 
 row moves through::
 
     (none) --claim--> running(owner, lease expiry) --done--> done
-                          |  failure: release (row removed, a retry may claim again)
+                          |  failure: release (row removed, a retry may claim again); a release
+                          |    that fails is owed and paid once the ledger answers (:mod:`.ledger_owed`)
                           |  owner died: lease expires, the next claim takes it over
 
 * :meth:`Ledger.claim` answers ``CLAIMED`` (run it), ``DONE`` (already done: ack without
@@ -84,15 +85,25 @@ class Ledger(Protocol):
         """Release connections."""
 
 
+class Claims(Protocol):
+    """What :func:`claim_waiting` claims from: a :class:`Ledger`, or a worker's :class:`OwedReleases`.
+
+    :class:`~amqpjobs.runtime.ledger_owed.OwedReleases` pays an owed release on the key first.
+    """
+
+    async def claim(self, key: str, owner: str, lease: float) -> Claim:
+        """See :meth:`Ledger.claim`."""
+
+
 async def claim_waiting(
-    ledger: Ledger,
+    ledger: Claims,
     key: str,
     owner: str,
     lease: float,
     patience: float = LEDGER_PATIENCE,
     stop: asyncio.Event | None = None,
 ) -> Claim:
-    """:meth:`Ledger.claim`, waiting for a ledger that can't be reached for up to ``patience`` seconds.
+    """``ledger.claim``, waiting for a ledger that can't be reached for up to ``patience`` seconds.
 
     The job runs as soon as the ledger answers again (README "Idempotency": a ledger outage).
 

@@ -25,6 +25,7 @@ from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
+from amqpjobs.runtime.ledger_owed import OwedReleases
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
@@ -50,6 +51,7 @@ class HandlerRuns:
     _results: ResultsWriter | None
     _rates: RateLimits | None
     _stop: asyncio.Event
+    _owed: OwedReleases | None = None  # claims given up whose release failed (made at the first)
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -105,10 +107,11 @@ class HandlerRuns:
         """
         ledger = self.app.ledger if job.idempotent else None
         owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
-        transaction = None
+        transaction, owed, lease_end = None, None, 0.0
         if ledger is not None:
-            try:
-                claim = await claim_waiting(ledger, job_id, owner, self.lease_of(job), stop=self._stop)
+            owed, lease = self._owed_of(ledger), self.lease_of(job)
+            try:  # an owed release of this key (an earlier run's here) is paid first
+                claim = await claim_waiting(owed, job_id, owner, lease, stop=self._stop)
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 if not isinstance(exc, LedgerUnavailableError):  # an outage is logged by the ledger, once
                     log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
@@ -122,6 +125,7 @@ class HandlerRuns:
                 why = "another worker holds a live claim on this job id"
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=("ClaimBusy", why, ""))  # fmt: skip
+            lease_end = time.monotonic() + lease  # then the claim is anyone's: no release is owed past it
 
             used = False
 
@@ -161,12 +165,16 @@ class HandlerRuns:
             took = time.monotonic() - started
             return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
                                  latency=latency, started=started)  # fmt: skip
+        except asyncio.CancelledError:  # a worker stopping past its grace: the run is over (an async handler's)
+            if owed is not None and job.is_async:  # a thread still runs (it can't be stopped): its claim stays
+                await owed.release(job_id, owner, lease_end)
+            raise
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the handler's raise of one: its job's failure
             if isinstance(exc, KeyboardInterrupt) and job.is_async and sigint_raises():
                 raise  # on the main thread under Python's own SIGINT handler: maybe a real Ctrl-C (embedded)
             took = time.monotonic() - started
-            if ledger is not None:
-                await self._release(ledger, job_id, owner)
+            if owed is not None:  # a release that fails is owed, paid once the ledger answers
+                await owed.release(job_id, owner, lease_end)
             kind = classify(job.retry.permanent, exc)
             decision = decide(kind, attempt, max_attempts, layout.tiers)
             return self._outcome(layout, delivery, decision, attempt, job_id, job.name,
@@ -188,12 +196,16 @@ class HandlerRuns:
         self._results.note(StateRecord(job_id, job.name, "running", attempt, now, where=work_queue,
                                        lease_until=now + self.lease_of(job)))  # fmt: skip
 
-    @staticmethod
-    async def _release(ledger: Ledger, key: str, owner: str) -> None:
-        try:
-            await ledger.release(key, owner)
-        except Exception as exc:  # the lease expires by itself
-            log.warning("releasing the claim on %s failed (%s); it expires with its lease", key, exc)
+    def _owed_of(self, ledger: Ledger) -> OwedReleases:
+        """The worker's owed releases to ``ledger`` (made on first use, again when the app's ledger changed)."""
+        if self._owed is None or self._owed.ledger is not ledger:
+            self._owed = OwedReleases(ledger)
+        return self._owed
+
+    async def _settle_owed(self) -> None:
+        """At stop, after the last run: one more try to pay the owed releases (what is left waits for its lease)."""
+        if self._owed is not None:
+            await self._owed.close()
 
     async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> Any:
         """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout; its return value."""

@@ -25,6 +25,7 @@ from typing import Any
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.outcome import Ack, Outcome
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.message import CONTENT_TYPE, OutgoingMessage
@@ -38,6 +39,7 @@ from amqpjobs.testing.election import MemoryConnection, MemoryTicks
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
 from amqpjobs.testing.records import Processed, QuarantinedMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Settings the worker and scheduler are built with; nothing connects to them.
@@ -65,6 +67,12 @@ class TestBroker:
             Default: when the app has ``idempotent=True`` jobs, a fresh
             :class:`~amqpjobs.runtime.ledger.SqliteLedger` in a temporary directory, so
             no run sees another's done-markers. Pass ``ledger=app.ledger`` to keep the app's.
+        frame_max: The ``frame_max`` in bytes every publish must fit, as a connection's
+            (default RabbitMQ's, 131072; 0: no limit). ``enqueue`` leaves the worker's
+            headroom of it free (:data:`~amqpjobs.jobs.evidence.WORKER_HEADROOM`: jobs whose
+            headers and properties take over 110592 bytes by default raise
+            ``MessageTooLargeError``), and refuses a body over ``app.max_message_size`` when
+            that is set, as on a broker.
 
     Raises:
         ConfigurationError: on enter, what a worker's start would refuse (a job queue
@@ -83,11 +91,15 @@ class TestBroker:
         scheduler: bool = True,
         max_deliveries: int = 10_000,
         ledger: Ledger | None = None,
+        frame_max: int = DEFAULT_FRAME_MAX,
     ) -> None:
         self.app = app
         self.clock = VirtualClock(start)
-        self.memory = MemoryBroker(self.clock)
+        self.memory = MemoryBroker(self.clock, frame_max)
+        #: What the worker publishes through (its copies), and a test's raw publishes: no reserve, as the worker's.
         self.publisher = MemoryPublisher(self.memory)
+        #: What ``app.enqueue`` publishes through: it leaves the worker's headroom, as the app's own publisher does.
+        self.enqueue_publisher = MemoryPublisher(self.memory, header_reserve=WORKER_HEADROOM)
         self.tick_wire = MemoryTicks(self.memory)
         #: The app's connection in the double: the overlap guard's running markers are held on it.
         self.marker_connection = MemoryConnection("app")
@@ -119,7 +131,8 @@ class TestBroker:
         self.memory.apply(app.topology().declarations())
         _OPEN[app] = self
         self._entered = True
-        self._previous = app.use_publisher(self.publisher, loop=asyncio.get_running_loop())
+        self.enqueue_publisher.max_message_size = app.max_message_size
+        self._previous = app.use_publisher(self.enqueue_publisher, loop=asyncio.get_running_loop())
         app.use_markers(self.tick_wire, self.marker_connection)
         self._apps_ledger = app.ledger
         if self._ledger is None and any(j.idempotent for j in app):
@@ -276,8 +289,9 @@ class TestBroker:
     ) -> None:
         """Publish bytes as another producer might (invalid JSON, non-UTF-8, an unknown ``type`` ...).
 
-        No validation: ``body`` and the properties go as given, for testing how the worker
-        treats what :meth:`App.enqueue` would refuse to send. Run it with :meth:`drain`.
+        No validation of ours: ``body`` and the properties go as given, for testing how the
+        worker treats what :meth:`App.enqueue` would refuse to send; only what any AMQP
+        publish can't carry is refused, as on a broker. Run it with :meth:`drain`.
 
         Args:
             exchange: Exchange name (``""``: the default exchange, ``routing_key`` a queue).
@@ -290,6 +304,8 @@ class TestBroker:
 
         Raises:
             UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
+            MessageTooLargeError: its properties are over the double's ``frame_max``.
+            ConfigurationError: a header value AMQP can't carry (a set, a date ...).
 
         """
         message = OutgoingMessage(body=body, headers=dict(headers or {}), content_type=content_type,

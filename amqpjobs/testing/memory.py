@@ -13,9 +13,14 @@ the runtime's decisions the same (README "Testing your jobs" lists what it does 
   message is dead-lettered to the queue's dead-letter exchange and routing key, at once
   and without ``x-death`` (the runtime strips it from its copies anyway);
 * a delivery is settled by ack (gone), reject (dead-lettered) or requeue (back at the
-  head, ``redelivered``).
+  head, ``redelivered``);
+* a publish is refused as the broker's publisher refuses it, by the same rule
+  (:func:`amqpjobs.wire.limits.check_fits`): properties over the double's ``frame_max``
+  (less the publisher's reserve: an enqueue's leaves the worker's headroom), a body over
+  its ``max_message_size`` when given (:class:`~amqpjobs.errors.MessageTooLargeError`).
 
-It never imports the client library: it implements :mod:`amqpjobs.wire.abc`.
+It never imports the client library: it implements :mod:`amqpjobs.wire.abc`, and sizes
+messages with :mod:`amqpjobs.wire.limits` (encoding only).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import listed
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.declarations import Declarations
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, check_fits
 
 _serial = itertools.count(1)
 
@@ -112,11 +118,14 @@ class MemoryBroker:
 
     Args:
         clock: The virtual clock TTLs run on.
+        frame_max: The ``frame_max`` in bytes its publishers' messages must fit (default
+            RabbitMQ's, 131072; 0: no limit).
 
     """
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, frame_max: int = DEFAULT_FRAME_MAX) -> None:
         self.clock = clock
+        self.frame_max = frame_max
         self.queues: dict[str, MemoryQueue] = {}
         self.exchanges: dict[str, MemoryExchange] = {}
         #: Called after a message lands in the queue of that name (the election's consumers).
@@ -251,14 +260,32 @@ class MemoryBroker:
 
 
 class MemoryPublisher:
-    """:class:`~amqpjobs.wire.abc.Publisher` into a :class:`MemoryBroker` (``mandatory``, confirmed at once)."""
+    """:class:`~amqpjobs.wire.abc.Publisher` into a :class:`MemoryBroker` (``mandatory``, confirmed at once).
 
-    def __init__(self, broker: MemoryBroker) -> None:
+    Args:
+        broker: The double it publishes into (its ``frame_max`` applies).
+        header_reserve: Bytes of ``frame_max`` a message's properties must leave free, as
+            :class:`~amqpjobs.wire.publish.ConfirmedPublisher`'s ``header_reserve`` (default 0).
+        max_message_size: Bodies larger than this many bytes are refused (None: no check).
+
+    """
+
+    def __init__(self, broker: MemoryBroker, header_reserve: int = 0, max_message_size: int | None = None) -> None:
         self._broker = broker
+        self.header_reserve = header_reserve
+        self.max_message_size = max_message_size
         self.published: list[tuple[str, str, OutgoingMessage]] = []
 
     async def publish(self, exchange: str, routing_key: str, message: Any) -> None:
-        """Route and store ``message`` (an :class:`~amqpjobs.message.OutgoingMessage`); errors as the real one's."""
+        """Route and store ``message`` (an :class:`~amqpjobs.message.OutgoingMessage`); errors as the real one's.
+
+        Raises:
+            MessageTooLargeError: its properties take more than the broker's ``frame_max`` less
+                ``header_reserve``, or its body more than ``max_message_size`` (nothing stored).
+            UnroutableError, PublishNackedError: as :meth:`MemoryBroker.publish`.
+
+        """
+        check_fits(message, self._broker.frame_max, self.header_reserve, self.max_message_size)
         self._broker.publish(exchange, routing_key, message)
         self.published.append((exchange, routing_key, message))
 

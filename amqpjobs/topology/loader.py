@@ -8,7 +8,8 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,6 @@ from amqpjobs.errors import Problem, TopologyValidationError
 from amqpjobs.printable import as_toml
 from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.models import (
-    BindingSpec,
-    ExchangeSpec,
-    JobQueueSpec,
     Topology,
     TopologyFile,
 )
@@ -38,6 +36,7 @@ from amqpjobs.topology.naming import (
     paused_flag_name,
     unaddressable_problem,
 )
+from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks, tier_in_range
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
@@ -125,6 +124,7 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     files = topology_files(path)
     problems: list[Problem] = []
     parsed: list[tuple[str, TopologyFile]] = []
+    partials: dict[str, PartialFile] = {}  # files with type errors: what they still declare
     for file in files:
         name = str(file)
         try:
@@ -136,15 +136,25 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
             parsed.append((name, TopologyFile.model_validate(raw)))
         except ValidationError as exc:
             problems.extend(_pydantic_problems(name, exc, raw))
-            problems.extend(_rules_beside_type_errors(name, exc, raw))
-    if problems:
-        raise TopologyValidationError(problems)
-    if not any(tf.exchange or tf.job_queue or tf.binding for _, tf in parsed):
+            partials[name] = partial_file(name, raw, exc)
+            parsed.append((name, partials[name].topology_file))
+    if not problems and not any(tf.exchange or tf.job_queue or tf.binding for _, tf in parsed):
         raise TopologyValidationError(
             [Problem(str(path), "-", "the topology declares nothing", "add [[exchange]] and [[job_queue]] entries")]
         )
     warnings: list[str] = []
-    problems.extend(_cross_checks(parsed, broker_version, warnings))
+    unsure = {name for part in partials.values() for name in part.unsure_job_queues}
+    untyped = {name for part in partials.values() for name in part.untyped_exchanges}
+
+    def in_file(file: str, path: str) -> str:
+        return partials[file].in_file(path) if file in partials else path
+
+    for problem in _cross_checks(parsed, broker_version, warnings, unsure, untyped, in_file):
+        part = partials.get(problem.file)
+        if part is None:
+            problems.append(problem)
+        elif part.reports(placed := part.placed(problem)):
+            problems.append(placed)
     if problems:
         raise TopologyValidationError(problems)
     topology = Topology(
@@ -153,13 +163,6 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
         bindings=tuple(b for _, f in parsed for b in f.binding),
     )
     return LoadedTopology(topology=topology, warnings=tuple(warnings), files=tuple(files))
-
-
-def _key_path(loc: Iterable[int | str]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "-"
 
 
 def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> list[Problem]:
@@ -181,55 +184,14 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
                 message += " (the largest integer an AMQP argument carries)"
             if "input" in err and kind not in ("missing",):
                 message = f"{message} (got {as_toml(err['input'])})"
-        problems.append(Problem(file, _key_path(loc), message, fix))
-    return problems
-
-
-def _int_like(value: Any) -> int | None:
-    """The whole number ``value`` plainly means (``5.0``, ``"5"``), or None (``true``, ``5.5``, ``"five"``)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
-
-
-def _rules_beside_type_errors(file: str, exc: ValidationError, raw: dict[str, Any]) -> list[Problem]:
-    """The rules of a job queue that has a key of the wrong type, checked with that key's plain meaning.
-
-    ``max_priority = 5.0`` must not hide ``delivery_limit`` on a classic queue: the entry is
-    checked again with each refused whole number read as one (``5.0`` as 5). An entry with a
-    refused key of another kind is not: its other rules may depend on that key.
-    """
-    refused: dict[int, dict[str, Any]] = {}
-    for err in exc.errors(include_url=False):
-        loc = err["loc"]
-        if len(loc) == 3 and loc[0] == "job_queue" and isinstance(loc[1], int) and isinstance(loc[2], str):
-            refused.setdefault(loc[1], {})[loc[2]] = _int_like(err.get("input"))
-    entries = raw.get("job_queue")
-    problems: list[Problem] = []
-    for i, keys in sorted(refused.items()):
-        if None in keys.values() or not isinstance(entries, list) or not isinstance(entries[i], dict):
-            continue
-        try:
-            jq = JobQueueSpec.model_validate({**entries[i], **keys})
-        except ValidationError:
-            continue  # another error as well: reported by pydantic already
-        base = f"job_queue[{i}]"
-        bad_paths = {f"{base}.{key}" for key in keys}
-        problems += [p for p in queue_rules(file, base, jq, None, []) if p.key_path not in bad_paths]
+        problems.append(Problem(file, key_path(loc), message, fix))
     return problems
 
 
 def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     model: type[BaseModel] = TopologyFile
-    sections: dict[str, type[BaseModel]] = {
-        "exchange": ExchangeSpec,
-        "job_queue": JobQueueSpec,
-        "binding": BindingSpec,
-    }
-    if len(loc) > 1 and isinstance(loc[0], str) and loc[0] in sections:
-        model = sections[loc[0]]
+    if len(loc) > 1 and isinstance(loc[0], str) and loc[0] in SECTIONS:
+        model = SECTIONS[loc[0]]
     return sorted(model.model_fields)
 
 
@@ -269,13 +231,22 @@ def _cross_checks(
     parsed: list[tuple[str, TopologyFile]],
     broker_version: tuple[int, ...] | None,
     warnings: list[str],
+    unsure: AbstractSet[str],
+    untyped: AbstractSet[str],
+    in_file: Callable[[str, str], str],
 ) -> list[Problem]:
+    """Checks across entries and files.
+
+    ``unsure``: job queues whose queues' names are not known for sure (a key left out of a
+    file with type errors); ``untyped``: exchanges of no known type (their ``type`` left out);
+    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from").
+    """
     problems: list[Problem] = []
     exchange_names: dict[str, str] = {}
     queue_names: dict[str, str] = {}
 
     def claim(table: dict[str, str], name: str, file: str, path: str, what: str) -> None:
-        where = f"{file}: {path}"
+        where = f"{file}: {in_file(file, path)}"
         if name in table:
             problems.append(
                 Problem(
@@ -338,7 +309,9 @@ def _cross_checks(
                     f"{base}.name",
                     f"exchange (expanded from job queue {jq.name!r})",
                 )
-    problems.extend(routing_checks(parsed))
+    typed = [(f, tf.model_copy(update={"exchange": tuple(e for e in tf.exchange if e.name not in untyped)}))
+             for f, tf in parsed]  # fmt: skip
+    problems.extend(routing_checks(typed))
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             if jq.exchange not in exchange_names:
@@ -357,7 +330,7 @@ def _cross_checks(
                             f"binding quarantine exchange {b.source!r} to {b.destination!r} sends failed jobs "
                             "straight back to work: a loop", "remove the binding; use `amqpjobs replay` instead")
                 )  # fmt: skip
-            if b.destination not in targets:
+            if b.destination not in targets and parse_queue_name(b.destination).job_queue not in unsure:
                 problems.append(
                     Problem(
                         file,

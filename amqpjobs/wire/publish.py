@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
 
-import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import (
@@ -31,99 +28,15 @@ from amqpjobs.errors import (
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.topology.versions import modulus_hash_refusal
 from amqpjobs.wire.connection import broker_info
-from amqpjobs.wire.copies import ReceivedCopy, encodable
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
-
-
-def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
-    """The AMQP basic properties of ``message``.
-
-    A new message is persistent (``delivery_mode`` 2); a copy of a received message
-    (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its properties and headers as received.
-    """
-    if isinstance(message, ReceivedCopy):
-        return message.amqp_properties()
-    return aiormq.spec.Basic.Properties(
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        headers=encodable(message.headers),  # a new dict, also for a read-only mapping
-        delivery_mode=2,
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        message_id=message.message_id,
-        timestamp=None if message.timestamp is None else datetime.fromtimestamp(message.timestamp, UTC),
-        message_type=message.type,
-        app_id=message.app_id,
-    )
-
-
-#: Bytes of a content-header frame besides the properties: frame header and end (8), class,
-#: weight and body size (12).
-_HEADER_FRAME_OVERHEAD = 20
-
-
-def _rough_size(value: object) -> int:
-    """A quick estimate of the encoded size of a header value, in bytes (never below half of it)."""
-    if isinstance(value, str):
-        return len(value) if value.isascii() else 4 * len(value)  # UTF-8: up to 4 bytes a character
-    if isinstance(value, bytes | bytearray):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(len(k) + 2 + _rough_size(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return sum(1 + _rough_size(v) for v in value)
-    return 1
-
-
-def check_header_fits(
-    properties: aiormq.spec.Basic.Properties, headers: Mapping[str, Any], frame_max: int, reserve: int = 0
-) -> None:
-    """Refuse properties that can't fit the connection's ``frame_max`` (less ``reserve`` bytes of it).
-
-    A message's properties (its headers included) travel in one content-header frame: the
-    body is split over frames, the header never is. A larger one makes the broker close the
-    whole connection with ``FRAME_ERROR`` (RabbitMQ "AMQP 0-9-1 Reference" → frame_max), so
-    a worker that republished a message with huge headers would lose every consumer of its
-    connection. The exact size is computed only when a quick estimate comes near the limit.
-
-    Args:
-        properties: The message's properties, headers included.
-        headers: The same headers (for the quick estimate).
-        frame_max: The connection's negotiated ``frame_max`` in bytes (0: no limit).
-        reserve: Bytes of ``frame_max`` to leave free (what a worker adds to its copies of
-            an enqueued job); at most half of ``frame_max`` is reserved.
-
-    Raises:
-        MessageTooLargeError: the properties take more than ``frame_max - reserve`` bytes.
-    """
-    if not frame_max:
-        return
-    reserve = min(reserve, frame_max // 2)
-    limit = frame_max - reserve
-    if _rough_size(headers) * 2 < limit:
-        return
-    size = len(properties.marshal()) + _HEADER_FRAME_OVERHEAD
-    if size > limit:
-        room = f" less the {reserve} bytes of it for the worker's own headers on its copies" if reserve else ""
-        raise MessageTooLargeError(
-            f"the message's headers and properties take {size} bytes, over the connection's frame_max of "
-            f"{frame_max} bytes{room} (they travel in one frame); nothing was sent. Put large data in the body",
-            f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes{room} "
-            "(one frame carries them)",
-            excess=size - limit,
-        )
-
-
-def _check_body(message: OutgoingMessage, max_message_size: int | None) -> None:
-    """Refuse a body over ``max_message_size`` bytes (None: no check): the broker would close the channel."""
-    if max_message_size is not None and len(message.body) > max_message_size:
-        raise MessageTooLargeError(
-            f"message of {len(message.body)} bytes is over the broker's max_message_size of "
-            f"{max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
-            "reference in the payload (claim-check)",
-            f"a body of {len(message.body)} bytes, over the broker's max_message_size of {max_message_size} bytes",
-        )
+from amqpjobs.wire.limits import (
+    ENCODING_ERRORS,
+    amqp_properties,
+    check_body,
+    check_fits,
+    check_header_fits,
+    encoded_size,
+)
 
 
 class ConfirmedPublisher:
@@ -209,6 +122,8 @@ class ConfirmedPublisher:
             PublishError: the confirm did not come in time.
             MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
                 the connection's ``frame_max`` (nothing sent).
+            ConfigurationError: pamqp can't encode its properties, e.g. a header value of a type AMQP
+                has no field type for (nothing sent; :func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerError: the channel or connection failed during the publish.
 
         """
@@ -224,15 +139,15 @@ class ConfirmedPublisher:
         Raises:
             MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
                 the connection's ``frame_max`` (its ``reason`` says which, with the sizes).
+            ConfigurationError: pamqp can't encode its properties (:func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerError, BrokerUnavailableError: no channel to read ``frame_max`` from.
 
         """
-        _check_body(message, self.max_message_size)
+        check_body(message, self.max_message_size)
         channel = await self._open_channel(exchange, routing_key)
         with broker_errors():
             underlay = await channel.get_underlay_channel()
-        frame_max = underlay.connection.connection_tune.frame_max
-        check_header_fits(amqp_properties(message), message.headers, frame_max, self._header_reserve)
+        check_fits(message, underlay.connection.connection_tune.frame_max, self._header_reserve)
 
     async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
         try:
@@ -245,7 +160,7 @@ class ConfirmedPublisher:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
 
     async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
-        _check_body(message, self.max_message_size)
+        check_body(message, self.max_message_size)
         properties = amqp_properties(message)
         sent = time.monotonic()
         channel = await self._open_channel(exchange, routing_key)
@@ -289,6 +204,9 @@ class ConfirmedPublisher:
             ) from exc
         except BrokerError as exc:  # the channel or connection failed under the publish
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc.__cause__}") from exc.__cause__
+        except ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp refusing the properties is named
+            encoded_size(properties)
+            raise
         if self._on_confirm is not None:
             self._on_confirm(time.monotonic() - sent)
 

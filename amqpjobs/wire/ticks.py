@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 from amqpjobs.errors import BrokerError, NotFoundError, PreconditionFailedError, ResourceLockedError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.errors import LIBRARY_ERRORS, error_kind
-from amqpjobs.wire.publish import amqp_properties
+from amqpjobs.wire.limits import amqp_properties
 
 #: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
 Connection = AbstractRobustConnection

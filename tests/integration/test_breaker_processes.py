@@ -76,7 +76,7 @@ async def test_two_processes_share_the_breaker_and_one_gauge(broker: BrokerSetti
             for i in range(3):
                 await app.enqueue("flaky", {}, job_id=f"f{i}")
             await wait_until(lambda: gauge(port) == 1, 20, "the gauge says open")
-            # each child logs the opening when it hears the third failure notice: the second may log just after the gauge
+            # each child logs the opening when it hears the third failure: the second a moment after the gauge
             await wait_until(lambda: opened(tmp_path) == 2, 10, "both children log the breaker open")
             assert opened(tmp_path) == 2
             for i in range(4):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,88 @@ async def test_the_double_decides_as_the_real_worker(broker: BrokerSettings, tmp
     assert {"x-death", "x-first-death-queue", "x-first-death-reason"} <= set(real_broker_set)
     assert real_broker_set.count("x-death") == 4
     assert double[3] == []
+
+
+#: What the double and RabbitMQ must refuse alike when enqueued (keyword arguments of ``app.enqueue``), each
+#: check of the real enqueue in turn: header names and types, job id, priority, JSON-only payloads.
+REFUSED: dict[str, dict[str, Any]] = {
+    "header-reserved-name": {"headers": {"x-mine": "1"}},
+    "header-name-over-255-bytes": {"headers": {"é" * 128: "1"}},
+    "header-name-over-128-bytes": {"headers": {"h" * 129: "1"}},  # pamqp cut it to 128 bytes on the way
+    "header-table-key-over-128-bytes": {"headers": {"meta": {"k" * 129: 1}}},
+    "header-name-not-a-str": {"headers": {1: "a"}},
+    "header-a-set": {"headers": {"tags": {"a"}}},
+    "header-a-date": {"headers": {"day": date(2026, 12, 1)}},
+    "header-int-beyond-64-bits": {"headers": {"n": 2**64}},
+    "header-table-int-key": {"headers": {"t": {1: "a"}}},
+    "header-lone-surrogate": {"headers": {"s": "\udcff"}},
+    "job-id-blank": {"job_id": " "},
+    "job-id-over-255-bytes": {"job_id": "é" * 128},
+    "priority-256": {"priority": 256},
+    "priority-negative": {"priority": -1},
+    "priority-bool": {"priority": True},
+    "payload-nan": {"payload": {"x": float("nan")}},
+    "payload-a-set": {"payload": {"x": {1}}},
+    "payload-a-model-field-wrong": {"job": "typed", "payload": {"order_id": "six"}},
+}
+
+
+def refusal_app(topology: Path, url: str | None) -> App:
+    app = App("refusals", topology=load_topology(topology).topology, url=url)
+
+    @app.job("loose", queue="qq")  # no model: any dict, as JSON carries it
+    async def loose(payload: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    @app.job("typed", queue="qq", payload=Order)
+    async def typed(order: Order, ctx: JobContext) -> None:
+        pass
+
+    return app
+
+
+async def refusal(app: App, case: dict[str, Any]) -> tuple[str, str, int | None]:
+    """How ``app.enqueue`` refuses ``case``: the error's class, its message, and ``excess`` when too large."""
+    kw = dict(case)
+    job, payload = kw.pop("job", "loose"), kw.pop("payload", {"order_id": 1})
+    kw.setdefault("job_id", "refused-1")
+    try:
+        await app.enqueue(job, payload, **kw)
+    except Exception as exc:
+        return type(exc).__name__, str(exc), getattr(exc, "excess", None)
+    raise AssertionError(f"enqueue took {case}")
+
+
+async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_error(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    on_broker = refusal_app(topology, broker.url)
+    try:
+        real = {name: await refusal(on_broker, case) for name, case in REFUSED.items()}
+        # one byte under and one over what enqueue leaves of frame_max: 131072 - 20480 = 110592 bytes
+        over = await refusal(on_broker, {"headers": {"pad": "x" * 120_000}})
+        assert over[2] is not None
+        fits = 120_000 - over[2]
+        await on_broker.enqueue("loose", {"n": 1}, job_id="fits-1", headers={"pad": "x" * fits})
+        real["one-byte-over"] = await refusal(on_broker, {"headers": {"pad": "x" * (fits + 1)}})
+    finally:
+        await on_broker.close()
+    [stored] = await drain(broker, "qq")  # only the one that fitted
+    assert (stored.message_id, len(stored.headers["pad"])) == ("fits-1", fits)  # type: ignore[arg-type]
+    assert real["one-byte-over"] == (
+        "MessageTooLargeError",
+        "the message's headers and properties take 110593 bytes, over the connection's frame_max of 131072 bytes "
+        "less the 20480 bytes of it for the worker's own headers on its copies (they travel in one frame); "
+        "nothing was sent. Put large data in the body",
+        1,
+    )
+    in_memory = refusal_app(topology, None)
+    async with TestBroker(in_memory) as double:
+        doubled = {name: await refusal(in_memory, case) for name, case in REFUSED.items()}
+        await in_memory.enqueue("loose", {"n": 1}, job_id="fits-1", headers={"pad": "x" * fits})
+        doubled["one-byte-over"] = await refusal(in_memory, {"headers": {"pad": "x" * (fits + 1)}})
+        assert [m.message.message_id for m in double.memory.queue("qq").messages] == ["fits-1"]
+    assert doubled == real

@@ -14,7 +14,7 @@ from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.wire.copies import ReceivedCopy, keep_received_properties, split_table
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
-from amqpjobs.wire.publish import amqp_properties
+from amqpjobs.wire.limits import amqp_properties
 from tests import amqp_frames as frames
 from tests.amqp_frames import DROPPED, SENT, encode_properties, split_properties
 

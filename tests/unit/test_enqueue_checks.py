@@ -54,7 +54,7 @@ def app(tmp_path: Any) -> App:
         # AMQP shortstr fields hold 255 bytes: 128 characters of 2 bytes each are 256
         ("p", {"job_id": "\u00e9" * 128}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
         ("p", {"job_id": "i" * 256}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes"),
-        ("p", {"headers": {"\u00e9" * 128: 1}}, "header name must be 0-255 UTF-8 bytes (got 256 bytes"),
+        ("p", {"headers": {"\u00e9" * 128: 1}}, "header name must be at most 128 UTF-8 bytes (got 256 bytes"),
     ],
 )
 async def test_enqueue_refuses_before_publishing(app: App, job: str, kwargs: dict[str, Any], words: str):

@@ -238,7 +238,7 @@ def test_header_names_that_are_not_utf8_decode_with_replacement_characters() -> 
 
 def test_bytes_in_headers_are_sent_as_byte_arrays() -> None:
     from amqpjobs.jobs.envelope import OutgoingMessage
-    from amqpjobs.wire.publish import amqp_properties
+    from amqpjobs.wire.limits import amqp_properties
 
     props = amqp_properties(OutgoingMessage(body=b"{}", headers={"v": b"\xff", "t": {"w": [b"\xfe"]}}))
     assert props.headers == {"v": bytearray(b"\xff"), "t": {"w": [bytearray(b"\xfe")]}}

@@ -36,8 +36,9 @@ FORBIDDEN = {
     "cli": (TESTING,),
     "testing": ("amqpjobs.cli", CONSOLE, "aio_pika", "aiormq", "pamqp"),
 }
-#: The wire modules the double may use: the protocols it implements, and settings (plain data).
-TESTING_MAY_USE = ("amqpjobs.wire.abc", "amqpjobs.wire.settings")
+#: The wire modules the double may use: the protocols it implements, settings (plain data), and
+#: the size rules of a publish (encoding only), so it refuses what the broker's publisher refuses.
+TESTING_MAY_USE = ("amqpjobs.wire.abc", "amqpjobs.wire.settings", "amqpjobs.wire.limits")
 
 
 def imports(path: Path) -> set[str]:

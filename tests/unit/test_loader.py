@@ -148,3 +148,85 @@ def test_sub_millisecond_tiers_are_refused_once_without_a_spurious_duplicate(tmp
         "milliseconds, 1 ms to ~49 days) (fix: use a delay between 1ms and 49d)"
         for i, t in enumerate(("0.0001", "0.0004"))
     ]
+
+
+def problems_in(folder: Path) -> list[str]:
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(folder)
+    return [f"{Path(p.file).name}: {p.key_path}: {p.message} (fix: {p.fix})" for p in info.value.problems]
+
+
+def test_a_type_error_in_an_exchange_or_binding_does_not_hide_the_cross_file_checks(tmp_path: Path) -> None:
+    # fresh-user review: `durable = "yes"` and `routing_key = 5` stopped the load, hiding the bindings
+    # to a queue and an exchange declared nowhere (the [[job_queue]] section's errors were already gathered)
+    (tmp_path / "a.toml").write_text('[[exchange]]\nname = "jobs"\ndurable = "yes"\n\n' + job())
+    (tmp_path / "b.toml").write_text(
+        '[[binding]]\nsource = "jobs"\ndestination = "nowhere"\nrouting_key = 5\n\n'
+        '[[binding]]\nsource = "jobs"\ndestination = "work"\nrouting_key = "extra"\n\n'
+        '[[binding]]\nsource = "elsewhere"\ndestination = "work"\n'
+    )
+    assert problems_in(tmp_path) == [
+        "a.toml: exchange[0].durable: unknown key 'durable' (fix: remove it or correct its spelling; allowed keys "
+        "here: name, type)",
+        "b.toml: binding[0].routing_key: Input should be a valid string (got 5) (fix: give a string)",
+        "b.toml: binding[0].destination: queue 'nowhere' is not declared (fix: declare the queue or correct the name)",
+        "b.toml: binding[2].source: exchange 'elsewhere' is not declared (fix: declare it in an [[exchange]] entry "
+        "or correct the name)",
+    ]
+
+
+def test_an_entry_with_a_type_error_still_counts_as_declared_and_its_other_keys_are_checked(tmp_path: Path) -> None:
+    # the job queue's exchange is the broken [[exchange]] entry: declared, so no "not declared" for it;
+    # the broken binding's own other key (a quarantine exchange bound back to work) is still checked
+    (tmp_path / "a.toml").write_text('[[exchange]]\nname = "jobs"\ntype = "topik"\n')
+    (tmp_path / "b.toml").write_text(
+        job()
+        + '[[binding]]\nsource = "work.quarantine"\ndestination = "work"\nrouting_key = ["a"]\n\n'
+        + '[[exchange]]\nname = "amq.mine"\nauto_delete = 1\n'
+    )
+    assert problems_in(tmp_path) == [
+        "a.toml: exchange[0].type: Input should be 'direct', 'topic', 'fanout', 'headers' or 'x-consistent-hash' "
+        '(got "topik") (fix: use one of the values listed)',
+        "b.toml: exchange[0].auto_delete: unknown key 'auto_delete' (fix: remove it or correct its spelling; "
+        "allowed keys here: name, type)",
+        "b.toml: binding[0].routing_key: Input should be a valid string (got ['a']) (fix: give a string)",
+        "b.toml: exchange[0].name: 'amq.mine': names starting 'amq.' are reserved by RabbitMQ (fix: choose another "
+        "name)",
+        "b.toml: binding[0].destination: binding quarantine exchange 'work.quarantine' to 'work' sends failed jobs "
+        "straight back to work: a loop (fix: remove the binding; use `amqpjobs replay` instead)",
+    ]
+
+
+def test_checks_that_rest_on_a_refused_key_are_not_guessed(tmp_path: Path) -> None:
+    # shards = true is refused: whether 'a.shard-2' exists rests on it (no "not declared" guessed);
+    # the next job queue keeps its own index, and the checks that don't rest on the refused key still run
+    (tmp_path / "t.toml").write_text(
+        HEADER + job("shards = true", name="a") + job('type = "quorom"\ndelivery_limit = 3', name="b")
+        + job(name="c").replace('"jobs"', '"nope"')
+        + '[[binding]]\nsource = "jobs"\ndestination = "a.shard-2"\nrouting_key = "k"\n\n'
+        + '[[binding]]\nsource = "jobs"\ndestination = "zzz"\n'
+    )  # fmt: skip
+    assert problems_in(tmp_path) == [
+        "t.toml: job_queue[0].shards: Input should be a valid integer (got true) (fix: give a whole number such as "
+        "5, not true or false)",
+        "t.toml: job_queue[1].type: Input should be 'classic' or 'quorum' (got \"quorom\") (fix: use one of the "
+        "values listed)",
+        "t.toml: job_queue[2].exchange: exchange 'nope' is not declared (fix: declare it in an [[exchange]] entry "
+        "or correct the name)",
+        "t.toml: binding[1].destination: queue 'zzz' is not declared (fix: declare the queue or correct the name)",
+    ]
+
+
+def test_entries_after_one_left_out_keep_their_place_in_the_file(tmp_path: Path) -> None:
+    # exchange[0] has no name (left out): the duplicate's "also from" names exchange[1], not exchange[0];
+    # max_priority = "300" reads as 300, still refused: the job queue is declared without it (no guessed
+    # "queue 'work' is not declared" for the binding into it)
+    (tmp_path / "t.toml").write_text(
+        '[[exchange]]\ntype = "topic"\n\n' + HEADER + HEADER + job('max_priority = "300"')
+        + '[[binding]]\nsource = "jobs"\ndestination = "work"\nrouting_key = "more"\n'
+    )  # fmt: skip
+    assert [p.split(" (fix:")[0] for p in problems_in(tmp_path)] == [
+        "t.toml: exchange[0].name: Field required",
+        't.toml: job_queue[0].max_priority: Input should be a valid integer (got "300")',
+        f"t.toml: exchange[2].name: duplicate exchange name 'jobs' (also from {tmp_path / 't.toml'}: exchange[1].name)",
+    ]

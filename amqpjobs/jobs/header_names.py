@@ -1,0 +1,61 @@
+"""Which header names ``enqueue`` takes from its caller: the one rule, for the broker and the in-memory double alike.
+
+A header table's keys are AMQP field names: pamqp cuts one over 128 UTF-8 bytes to 128 (with
+a log warning) at any depth, so a longer name would arrive as another name, and two long
+names with one 128-byte prefix as one. ``x-`` names are the broker's, ``amqpjobs-`` ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+#: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
+#: field-name limit, which pamqp applies by cutting a longer name to 128 bytes.
+FIELD_NAME_MAX_BYTES: Final = 128
+
+
+def field_name_problem(label: str, name: str) -> str | None:
+    """Why ``name`` can't be the field-table key ``label`` (over 128 UTF-8 bytes), or None."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size <= FIELD_NAME_MAX_BYTES:
+        return None
+    return (
+        f"{label} must be at most {FIELD_NAME_MAX_BYTES} UTF-8 bytes (got {size} bytes, {len(name)} characters): "
+        f"AMQP field names are cut to {FIELD_NAME_MAX_BYTES} bytes on the way"
+    )
+
+
+def _table_key_problem(value: Any) -> str | None:
+    """Why a key of a table within header value ``value`` would not arrive whole (the first), or None."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str) and (problem := field_name_problem(f"table key {key[:40]!r}", key)):
+                return problem
+            if problem := _table_key_problem(item):
+                return problem
+    elif isinstance(value, list | tuple):
+        return next((p for p in map(_table_key_problem, value) if p), None)
+    return None
+
+
+def header_problem(name: Any, value: Any) -> str | None:
+    """Why a caller's header ``name`` (with ``value``) can't be sent as given, or None.
+
+    Args:
+        name: The header name (a str, not starting ``x-`` or ``amqpjobs-``, at most 128 UTF-8 bytes).
+        value: Its value: a table's keys within it are field names too (at most 128 bytes each).
+
+    Returns:
+        e.g. ``"header 'x-mine': names starting 'x-' or 'amqpjobs-' are reserved"``, or None. (A
+        value AMQP can't carry at all, a set, is refused where it is encoded:
+        :func:`amqpjobs.wire.limits.encoded_size`.)
+
+    """
+    if not isinstance(name, str):
+        return f"header {name!r}: header names must be str (got {type(name).__name__})"
+    if name.lower().startswith(("x-", "amqpjobs-")):
+        return f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved"
+    if problem := field_name_problem("header name", name) or _table_key_problem(value):
+        return f"header {name[:40]!r}: {problem}"
+    return None

@@ -1,0 +1,165 @@
+"""What one publish may carry: encodable properties, a body within max_message_size, properties within frame_max.
+
+The one home of these rules. The broker's publisher (:class:`~amqpjobs.wire.publish.ConfirmedPublisher`)
+applies them with the connection's negotiated ``frame_max``; the in-memory double
+(:mod:`amqpjobs.testing`) with its own (:data:`DEFAULT_FRAME_MAX` unless told), so a job
+too large for a frame fails in a user's test exactly as in production. Encoding only: this
+module never talks to a broker.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import aiormq
+
+from amqpjobs.errors import ConfigurationError, MessageTooLargeError
+from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.copies import ReceivedCopy, encodable
+
+#: RabbitMQ's default ``frame_max`` in bytes (``rabbit.frame_max``), which the client takes as offered.
+DEFAULT_FRAME_MAX: Final = 131_072
+
+#: Bytes of a content-header frame besides the properties: frame header and end (8), class,
+#: weight and body size (12).
+_HEADER_FRAME_OVERHEAD: Final = 20
+
+
+def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
+    """The AMQP basic properties of ``message``.
+
+    A new message is persistent (``delivery_mode`` 2); a copy of a received message
+    (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its properties and headers as received.
+    """
+    if isinstance(message, ReceivedCopy):
+        return message.amqp_properties()
+    return aiormq.spec.Basic.Properties(
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers=encodable(message.headers),  # a new dict, also for a read-only mapping
+        delivery_mode=2,
+        priority=message.priority,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        message_id=message.message_id,
+        timestamp=None if message.timestamp is None else datetime.fromtimestamp(message.timestamp, UTC),
+        message_type=message.type,
+        app_id=message.app_id,
+    )
+
+
+#: What pamqp raises for properties it can't put in a frame: a header value of a type AMQP has
+#: no field type for (a set, a date), an integer beyond 64 bits, a lone surrogate in a string ...
+ENCODING_ERRORS: Final = (TypeError, ValueError, AttributeError, OverflowError, struct.error)
+
+
+def encoded_size(properties: aiormq.spec.Basic.Properties) -> int:
+    """Bytes the content-header frame carrying ``properties`` takes (pamqp's encoding, exactly).
+
+    Raises:
+        ConfigurationError: pamqp can't encode them (the message says why: which header, which
+            value); nothing was sent.
+    """
+    try:
+        return len(properties.marshal()) + _HEADER_FRAME_OVERHEAD
+    except ENCODING_ERRORS as exc:
+        raise ConfigurationError(
+            f"the message's headers can't be put in an AMQP frame ({exc}); nothing was sent. Give header values "
+            "AMQP carries: str, int (64-bit), float, Decimal, bool, bytes, datetime, None, or lists and dicts "
+            "(str keys) of these"
+        ) from exc
+
+
+def _rough_size(value: object) -> int:
+    """A quick estimate of the encoded size of a header value, in bytes (never below half of it)."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else 4 * len(value)  # UTF-8: up to 4 bytes a character
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + 2 + _rough_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(1 + _rough_size(v) for v in value)
+    return 1
+
+
+def check_header_fits(
+    properties: aiormq.spec.Basic.Properties, headers: Mapping[str, Any], frame_max: int, reserve: int = 0
+) -> None:
+    """Refuse properties that can't fit the connection's ``frame_max`` (less ``reserve`` bytes of it).
+
+    A message's properties (its headers included) travel in one content-header frame: the
+    body is split over frames, the header never is. A larger one makes the broker close the
+    whole connection with ``FRAME_ERROR`` (RabbitMQ "AMQP 0-9-1 Reference" → frame_max), so
+    a worker that republished a message with huge headers would lose every consumer of its
+    connection. The exact size is computed only when a quick estimate comes near the limit.
+
+    Args:
+        properties: The message's properties, headers included.
+        headers: The same headers (for the quick estimate).
+        frame_max: The connection's negotiated ``frame_max`` in bytes (0: no limit).
+        reserve: Bytes of ``frame_max`` to leave free (what a worker adds to its copies of
+            an enqueued job); at most half of ``frame_max`` is reserved.
+
+    Raises:
+        MessageTooLargeError: the properties take more than ``frame_max - reserve`` bytes.
+        ConfigurationError: pamqp can't encode them (:func:`encoded_size`), when they were sized.
+    """
+    if not frame_max:
+        return
+    reserve = min(reserve, frame_max // 2)
+    limit = frame_max - reserve
+    if _rough_size(headers) * 2 < limit:
+        return
+    size = encoded_size(properties)
+    if size > limit:
+        room = f" less the {reserve} bytes of it for the worker's own headers on its copies" if reserve else ""
+        raise MessageTooLargeError(
+            f"the message's headers and properties take {size} bytes, over the connection's frame_max of "
+            f"{frame_max} bytes{room} (they travel in one frame); nothing was sent. Put large data in the body",
+            f"headers and properties of {size} bytes, over the connection's frame_max of {frame_max} bytes{room} "
+            "(one frame carries them)",
+            excess=size - limit,
+        )
+
+
+def check_body(message: OutgoingMessage, max_message_size: int | None) -> None:
+    """Refuse a body over ``max_message_size`` bytes (None: no check): the broker would close the channel.
+
+    Raises:
+        MessageTooLargeError: ``message.body`` is longer than ``max_message_size`` bytes.
+    """
+    if max_message_size is not None and len(message.body) > max_message_size:
+        raise MessageTooLargeError(
+            f"message of {len(message.body)} bytes is over the broker's max_message_size of "
+            f"{max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
+            "reference in the payload (claim-check)",
+            f"a body of {len(message.body)} bytes, over the broker's max_message_size of {max_message_size} bytes",
+        )
+
+
+def check_fits(message: OutgoingMessage, frame_max: int, reserve: int = 0, max_message_size: int | None = None) -> None:
+    """Refuse ``message`` as a publish would, before anything is sent: its body, then its properties.
+
+    The properties are encoded whatever their size (the broker's publisher encodes them as it
+    sends, and names an encoding failure with :func:`encoded_size` too), so an in-memory
+    publish refuses exactly what a publish to RabbitMQ refuses.
+
+    Args:
+        message: The message (a new one, or a copy of a received one).
+        frame_max: The connection's ``frame_max`` in bytes (0: no limit).
+        reserve: Bytes of ``frame_max`` the properties must leave free (see :func:`check_header_fits`).
+        max_message_size: The broker's ``max_message_size`` in bytes (None: no check).
+
+    Raises:
+        MessageTooLargeError: the body is over ``max_message_size``, or the properties over
+            ``frame_max - reserve`` (its ``reason`` says which, with the sizes).
+        ConfigurationError: pamqp can't encode the properties (:func:`encoded_size`).
+    """
+    check_body(message, max_message_size)
+    properties = amqp_properties(message)
+    encoded_size(properties)
+    check_header_fits(properties, message.headers, frame_max, reserve)

@@ -1,0 +1,200 @@
+"""A claim the worker gave up while the ledger was away is released once it answers; a dead worker's waits.
+
+README "Idempotency". The ledger's PostgreSQL is reached through a TCP proxy of the test's
+own (stopped and started here); the shared server is never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.runtime.ledger import Claim, SqliteLedger
+from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, fresh_database
+from tests.integration.test_ledger_outage import effects, proxied
+from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def effects_db(pg_url: str) -> Iterator[str]:
+    """A fresh database with an ``effects`` table (no unique constraint): its URL."""
+    import psycopg
+
+    with fresh_database(pg_url) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        yield url
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(120)
+async def test_a_release_that_failed_in_an_outage_is_paid_when_the_ledger_returns(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fresh user's MEDIUM: the database goes away INSIDE three handlers' ``ctx.transaction()`` (the
+    commit fails: an attempt used), so releasing their claims fails too. The retries run within seconds of
+    the database's return, not once the 60 s lease ran out (before: ``deferred`` by their own stale claim,
+    about once a second), each effect exactly once; one log line per claim when owed, one when paid."""
+    keys = ("k1", "k2", "k3")
+    runs: list[str] = []
+    ran_at: dict[str, float] = {}
+    inside = threading.Semaphore(0)
+    cut = threading.Event()
+    base = await make_app(broker, tmp_path)
+    async with proxied(effects_db) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        @app.job("charge", queue="work", idempotent=True, lease=60)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append(ctx.job_id)
+            ran_at[ctx.job_id] = time.monotonic()
+            with ctx.transaction() as db:
+                db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+                if ctx.attempt == 1:  # the database goes away before the commit
+                    inside.release()
+                    cut.wait(30)
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker, concurrency=3) as (_, rec):
+            for key in keys:
+                await app.enqueue("charge", {}, job_id=key)
+            for _ in keys:
+                assert await asyncio.to_thread(inside.acquire, True, 30)
+            await proxy.stop()
+            cut.set()
+            await rec.wait_for(lambda o: sum(x.kind == "retried" for x in o) == 3, timeout=20)
+            await asyncio.sleep(3)  # the retries come back (0.2 s tier) and wait for the ledger in their slots
+            await proxy.start()
+            back = time.monotonic()
+            with contextlib.suppress(TimeoutError):  # closed below before any assertion (no connection left open)
+                await rec.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 3, timeout=20)
+        await app.close()
+    late = [(o.job_id, o.kind, o.failure[0]) for o in rec.outcomes if o.kind not in ("retried", "succeeded")]
+    assert not late, f"waited after the ledger's return: {late[:6]} ({len(late)} in all)"
+    assert Counter(runs) == {"k1": 2, "k2": 2, "k3": 2}  # the failed attempt, then the retry
+    assert sorted(effects(effects_db)) == list(keys)  # the first transactions rolled back: one effect each
+    took = max(ran_at.values()) - back
+    assert took <= 4.0, took  # paced tries: the longest pause between two is 2 s
+    lines = sorted(f"{r.levelname} {r.getMessage()}" for r in caplog.records if "the claim on job id" in r.getMessage())
+    assert len(lines) == 6, lines  # one when owed, one when paid, per claim: none per try
+    for key, line in zip(keys, lines[:3], strict=True):
+        assert line.startswith(f"INFO released the claim on job id {key} after "), lines
+    for key, line in zip(keys, lines[3:], strict=True):
+        assert line.startswith(f"WARNING releasing the claim on job id {key} failed (LedgerUnavailableError: the "
+                               "PostgreSQL ledger "), lines  # fmt: skip
+        assert line.endswith("; released as soon as the ledger answers"), lines
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(120)
+async def test_a_killed_workers_claim_still_waits_for_its_lease(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str
+) -> None:
+    """The crash rule stays: a worker killed (SIGKILL) mid-handler owes nothing it could pay, so its claim is
+    taken over only once its lease (6 s) has run out; meanwhile the redelivered job waits (``deferred``)."""
+    import psycopg
+
+    base = await make_app(broker, tmp_path)
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, LEDGERAPP_TOPOLOGY=str(topo), LEDGERAPP_LEDGER=effects_db,
+               LEDGERAPP_LEASE="6")  # fmt: skip
+    exe = str(Path(sys.executable).with_name("amqpjobs"))
+
+    def spawn() -> subprocess.Popen[bytes]:
+        with (tmp_path / "first.log").open("w") as out:
+            return subprocess.Popen([exe, "consume", "tests.integration.ledgerapp:app"], cwd=ROOT, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    first = spawn()
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(effects_db))
+    ran_at: list[float] = []
+
+    @app.job("insert", queue="work", idempotent=True, lease=6)
+    def insert(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran_at.append(time.time())
+        with ctx.transaction() as db:
+            db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+
+    try:
+        await app.enqueue("insert", {"before": 60}, job_id="lost")  # the first worker's run holds its claim
+        expires_at = None
+        deadline = time.monotonic() + 30
+        while expires_at is None and time.monotonic() < deadline:
+            with psycopg.connect(effects_db) as db, contextlib.suppress(psycopg.errors.UndefinedTable):
+                row: Any = None  # the worker has not made its table yet
+                row = db.execute("SELECT expires_at FROM amqpjobs_ledger WHERE key = 'lost' AND state = "
+                                 "'running'").fetchone()  # fmt: skip
+            expires_at = row[0] if row else None
+            await asyncio.sleep(0.1)
+        assert expires_at is not None, (tmp_path / "first.log").read_text()
+    finally:
+        first.kill()
+        first.wait(10)
+    async with running_worker(app, broker) as (_, rec):
+        await rec.wait_for(lambda o: any(x.kind == "succeeded" for x in o), timeout=40)
+    await app.close()
+    assert effects(effects_db) == ["lost"]
+    assert len(ran_at) == 1
+    assert expires_at <= ran_at[0] <= expires_at + 3, ran_at[0] - expires_at  # taken over at the lease's end
+    waited = [o for o in rec.outcomes if o.kind == "deferred"]
+    assert waited, [o.kind for o in rec.outcomes]
+    assert {o.failure[0] for o in waited} == {"ClaimBusy"}, [o.failure for o in waited]
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_stopping_past_its_grace_releases_a_cancelled_runs_claim_not_a_threads(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """At stop, past the grace period, an async handler is cancelled: its run is over, so its claim is
+    released and the redelivered job runs at once elsewhere (before: BUSY for the 60 s lease). A plain-function
+    handler's thread can't be stopped and may still commit: its claim stays until its lease runs out."""
+    base = await make_app(broker, tmp_path)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=ledger)
+    started: asyncio.Queue[str] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    finish = threading.Event()
+
+    @app.job("slow_async", queue="work", idempotent=True, lease=60)
+    async def slow_async(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.put_nowait(ctx.job_id)
+        await asyncio.sleep(60)
+
+    @app.job("slow_thread", queue="work", idempotent=True, lease=60)
+    def slow_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+        loop.call_soon_threadsafe(started.put_nowait, ctx.job_id)
+        finish.wait(30)
+
+    rec = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=0.5), rec)
+    await worker.start()
+    try:
+        await app.enqueue("slow_async", {}, job_id="a1")
+        await app.enqueue("slow_thread", {}, job_id="t1")
+        assert {await asyncio.wait_for(started.get(), 20) for _ in range(2)} == {"a1", "t1"}
+    finally:
+        assert await worker.shutdown() == 1  # both still running after the grace period
+    try:
+        assert await ledger.claim("a1", "another-worker", 60) is Claim.CLAIMED
+        assert await ledger.claim("t1", "another-worker", 60) is Claim.BUSY
+    finally:
+        finish.set()
+        await app.close()

@@ -1,0 +1,126 @@
+"""The in-memory double refuses what the broker's publisher refuses, by the same rule and with the same words.
+
+``enqueue`` leaves :data:`~amqpjobs.jobs.evidence.WORKER_HEADROOM` (20 KiB) of the
+connection's ``frame_max`` (131072 bytes by default) free for the headers a worker adds to
+its copies: a job's headers and properties may take 110592 bytes, not one more (README
+"Bad messages"). The same enqueues against RabbitMQ: tests/integration/test_testing_contract.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from amqpjobs import App, JobContext
+from amqpjobs.errors import ConfigurationError, MessageTooLargeError
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+#: What a job's headers and properties may take at the default frame_max: 131072 - 20480.
+LIMIT = 110_592
+
+
+class Order(BaseModel):
+    order_id: int
+
+
+def make_app(tmp_path: Path) -> tuple[App, list[int]]:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("limits", topology=load_topology(path).topology)
+    ran: list[int] = []
+
+    @app.job("big", queue="work", payload=Order)
+    async def big(order: Order, ctx: JobContext) -> None:
+        ran.append(order.order_id)
+
+    return app, ran
+
+
+async def refused(app: App, pad: int) -> MessageTooLargeError:
+    with pytest.raises(MessageTooLargeError) as info:
+        await app.enqueue("big", {"order_id": pad}, job_id="big-1", headers={"pad": "x" * pad})
+    return info.value
+
+
+async def test_enqueue_in_the_double_leaves_the_workers_headroom_of_frame_max(tmp_path: Path) -> None:
+    app, ran = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        over = await refused(app, 120_000)
+        assert over.excess is not None
+        assert over.excess > 0
+        fits = 120_000 - over.excess  # the header's bytes are its characters: one byte less per character
+        await app.enqueue("big", {"order_id": fits}, job_id="big-1", headers={"pad": "x" * fits})
+        one_over = await refused(app, fits + 1)
+        assert broker.memory.queue("work").messages[0].message.headers["pad"] == "x" * fits
+        await broker.drain()
+    assert ran == [fits]  # the one that fitted ran; the refused ones were never sent
+    assert one_over.excess == 1
+    assert str(one_over) == (
+        f"the message's headers and properties take {LIMIT + 1} bytes, over the connection's frame_max of 131072 "
+        "bytes less the 20480 bytes of it for the worker's own headers on its copies (they travel in one frame); "
+        "nothing was sent. Put large data in the body"
+    )
+    assert one_over.reason == (
+        f"headers and properties of {LIMIT + 1} bytes, over the connection's frame_max of 131072 bytes less the "
+        "20480 bytes of it for the worker's own headers on its copies (one frame carries them)"
+    )
+
+
+async def test_a_header_value_amqp_cannot_carry_is_refused_in_the_double_as_on_the_broker(tmp_path: Path) -> None:
+    # on RabbitMQ pamqp refuses a set while encoding the frame (nothing sent): the double took it and ran the job
+    app, ran = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("big", {"order_id": 1}, job_id="set-1", headers={"tags": {"a"}})
+        await broker.drain()
+    assert ran == []
+    assert str(info.value) == (
+        "the message's headers can't be put in an AMQP frame (tags error: Unknown type: <class 'set'> ({'a'})); "
+        "nothing was sent. Give header values AMQP carries: str, int (64-bit), float, Decimal, bool, bytes, "
+        "datetime, None, or lists and dicts (str keys) of these"
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        (
+            {"h" * 129: 1},
+            "job 'big': header 'hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh': header name must be at most 128 UTF-8 bytes "
+            "(got 129 bytes, 129 characters): AMQP field names are cut to 128 bytes on the way",
+        ),
+        (
+            {"meta": {"k" * 129: 1}},
+            "job 'big': header 'meta': table key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk' must be at most 128 UTF-8 "
+            "bytes (got 129 bytes, 129 characters): AMQP field names are cut to 128 bytes on the way",
+        ),
+        ({1: "a"}, "job 'big': header 1: header names must be str (got int)"),
+    ],
+    ids=["name", "nested-key", "not-a-str"],
+)
+async def test_a_header_name_the_wire_would_cut_short_is_refused(
+    tmp_path: Path, headers: dict[Any, Any], message: str
+) -> None:
+    # pamqp cuts a field name over 128 bytes to 128 (a log warning): a handler on RabbitMQ saw another
+    # name than the double's handler did, and two long names with one 128-byte prefix became one
+    app, ran = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("big", {"order_id": 1}, job_id="long-1", headers=headers)
+        await broker.drain()
+    assert ran == []
+    assert str(info.value) == message
