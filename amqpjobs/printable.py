@@ -22,10 +22,11 @@ JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dum
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 _JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -130,3 +131,24 @@ def listed(names: Iterable[object], empty: str = "none") -> str:
     """
     shown = sorted(printable(str(name)) for name in names)
     return ", ".join(shown) if shown else empty
+
+
+def as_toml(value: Any, limit: int = 100) -> str:
+    """``value`` as a TOML file spells it (``true``, ``"5"``, ``5.0``), at most ``limit`` characters.
+
+    >>> as_toml(True), as_toml("reject-publish"), as_toml(1)
+    ('true', '"reject-publish"', '1')
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def toml_pairs(items: Mapping[str, Any]) -> str:
+    """``items`` as TOML ``key = value`` pairs, comma-separated, in their order (never a Python dict's repr).
+
+    >>> toml_pairs({"x-max-length": 1, "x-overflow": "drop-head"})
+    'x-max-length = 1, x-overflow = "drop-head"'
+    """
+    return ", ".join(f"{key} = {as_toml(value)}" for key, value in items.items())

@@ -269,7 +269,7 @@ class Schedule:
             raise ConfigurationError(f"schedule {self.name!r}: grace must be >= 0 seconds (got {self.grace!r})")
         problem = json_problem(self.payload)
         if problem is not None:
-            raise ConfigurationError(f"schedule {self.name!r}: the payload holds a value JSON can't carry: {problem}")
+            raise ConfigurationError(f"schedule {self.name!r}: {problem}")
 
 
 @dataclass(frozen=True)

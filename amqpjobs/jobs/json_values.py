@@ -1,8 +1,9 @@
-"""Which value of a payload JSON can't carry: named by its path, for an error at import time."""
+"""Which value or key of a payload JSON can't carry as given: named by its path, for an error at import time."""
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,25 +11,38 @@ from amqpjobs.jobs.envelope import encode_payload
 
 _SCALARS = (str, int, bool, type(None))
 _FIX = "fix: give a str, int, float, bool, None, list or dict"
+_VALUE = "the payload holds a value JSON can't carry: "
+_KEY = "the payload holds a key JSON can't carry: "
+_NOT_STR = "the payload has a key that is not a str: "
+#: What strict JSON writes for a key that is not a str (``json.dumps`` turns it into a string).
+_KEY_TEXT: dict[object, str] = {None: "null", True: "true", False: "false"}
+_SHOWN = 100  # characters of a value's repr in a message
 
 
 def json_problem(payload: Mapping[str, Any]) -> str | None:
-    """Say which value of ``payload`` strict JSON can't carry, or None when it all can.
+    """Say which value or key of ``payload`` strict JSON can't carry as given, or None when it all can.
 
-    The rule is :func:`~amqpjobs.jobs.envelope.encode_payload` (strict ``json.dumps``);
-    this only names the first value it refuses, by its path.
+    Refused: what :func:`~amqpjobs.jobs.envelope.encode_payload` (strict ``json.dumps``, then
+    UTF-8) refuses (NaN, a Decimal, a lone surrogate, an int too long for Python to write),
+    and any dict key that is not a str: ``json.dumps`` silently turns ``1``, ``None`` or
+    ``1.5`` into the string ``"1"``, ``"null"`` or ``"1.5"``, so the job would not get the
+    key it was given.
 
     Args:
         payload: A payload object (dict of JSON-ready values).
 
     Returns:
-        e.g. ``"payload['x'] = Decimal('1.5') (a Decimal; fix: ...)"``, or None.
+        The first problem, by its path, with the fix, e.g. ``"the payload holds a value JSON
+        can't carry: payload['x'] = Decimal('1.5') (a Decimal; fix: ...)"``, or None.
 
     """
+    found = _first_problem(payload, "payload")
+    if found is not None:
+        return found
     try:
         encode_payload(payload)
     except ValueError:
-        return _first_problem(payload, "payload") or f"payload = {payload!r} ({_FIX})"
+        return f"{_VALUE}payload = {_shown(payload)} ({_FIX})"
     return None
 
 
@@ -36,14 +50,18 @@ def _first_problem(value: Any, path: str) -> str | None:
     if isinstance(value, float):
         if math.isfinite(value):
             return None
-        return f"{path} = {value!r} (NaN and Infinity are not JSON; fix: give a finite number)"
+        return f"{_VALUE}{path} = {value!r} (NaN and Infinity are not JSON; fix: give a finite number)"
+    if isinstance(value, str):
+        surrogate = _lone_surrogate(value)
+        return None if surrogate is None else f"{_VALUE}{path} = {_shown(value)} ({surrogate})"
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = _too_long(value)
+        return None if digits is None else f"{_VALUE}{path} = {digits}"
     if isinstance(value, _SCALARS):
         return None
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, (*_SCALARS, float)):
-                return f"{path} has the key {key!r} (a {type(key).__name__}; fix: give str keys)"
-            found = _first_problem(item, f"{path}[{key!r}]")
+            found = _key_problem(key, path) or _first_problem(item, f"{path}[{_shown(key)}]")
             if found is not None:
                 return found
         return None
@@ -53,4 +71,73 @@ def _first_problem(value: Any, path: str) -> str | None:
             if found is not None:
                 return found
         return None
-    return f"{path} = {value!r} (a {type(value).__name__}; {_FIX})"
+    return f"{_VALUE}{path} = {_shown(value)} (a {type(value).__name__}; {_FIX})"
+
+
+def _key_problem(key: object, path: str) -> str | None:
+    if isinstance(key, str):
+        surrogate = _lone_surrogate(key)
+        return None if surrogate is None else f"{_KEY}{path} has the key {_shown(key)} ({surrogate})"
+    what = "None" if key is None else f"{_shown(key)} ({_a(key)})"
+    gets = ""  # a key json.dumps refuses outright (a tuple, an int too long) gets no "would get"
+    if key is None or isinstance(key, bool):
+        gets = f", so the job would get {_KEY_TEXT[key]!r}"
+    elif isinstance(key, int) and _too_long(key) is None:
+        gets = f", so the job would get {str(key)!r}"
+    elif isinstance(key, float):
+        gets = (
+            f", so the job would get {repr(key)!r}"
+            if math.isfinite(key)
+            else " (and strict JSON has no NaN or Infinity)"
+        )
+    return f"{_NOT_STR}{path} has the key {what}; JSON object keys are strings{gets}; fix: write the key as a str"
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """Why UTF-8 can't encode ``text`` (a lone surrogate, where), or None when it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"a lone surrogate {text[exc.start]!r} at index {exc.start}, which UTF-8 can't encode; fix: remove it, "
+            "or decode the bytes the text came from with errors='replace'"
+        )
+    return None
+
+
+def _too_long(number: int) -> str | None:
+    """Why Python can't write ``number`` as text (it has more digits than its limit), or None when it can."""
+    limit = sys.get_int_max_str_digits()
+    try:
+        str(number)
+    except ValueError:
+        digits = _digits(number)
+        return (
+            f"an int of {digits} digits (longer than the {limit} digits Python writes as text; fix: give it as a str)"
+        )
+    return None
+
+
+def _digits(number: int) -> int:
+    """The number of decimal digits of ``number`` (without writing it as text)."""
+    number = abs(number)
+    digits = max(1, int(number.bit_length() * math.log10(2)))
+    while 10**digits <= number:
+        digits += 1
+    while digits > 1 and 10 ** (digits - 1) > number:
+        digits -= 1
+    return digits
+
+
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, at most :data:`_SHOWN` characters (an int too long to write shown by its length)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "an int too long to write" if isinstance(value, int) else f"a {type(value).__name__}"
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."

@@ -49,8 +49,9 @@ from typing import Any, Final
 from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage
-from amqpjobs.printable import listed
+from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
     TickEvent,
@@ -110,12 +111,15 @@ class SchedulerOptions:
             offer is refused while a token waits; it heals a token lost by a purge).
         max_sleep: Longest sleep in seconds between two looks at the clock while leading;
             bounds how late a wall-clock step or a lost leadership is noticed.
+        warn_every: Seconds between two warnings about a schedule that keeps failing (its
+            first failure and its recovery are logged at once).
 
     """
 
     schedules: tuple[str, ...] | None = None
     reoffer: float = 5.0
     max_sleep: float = 1.0
+    warn_every: float = 60.0
 
 
 def _replica_name() -> str:
@@ -163,6 +167,7 @@ class Scheduler(TickFiring):
         self._looks = 0  # looks done while leading; _looking: one under way
         self._looking = False
         self._last: dict[str, tuple[datetime | None, str | None]] = {}
+        self._warnings = PacedWarnings(log, self.options.warn_every)  # for the replica's life, not one leadership
 
     @property
     def is_leader(self) -> bool:
@@ -275,9 +280,12 @@ class Scheduler(TickFiring):
         wanted += [(cron.tick_queue(self.app.name, s.name), TICK_QUEUE_ARGUMENTS) for s in self._schedules]
         for name, arguments in wanted:
             if not await self._wire.declare_durable(self._connection, name, arguments):
+                cursor = "" if name == self.leader_queue else " (it holds the cursor: the schedule starts from now)"
+                delete = f"rabbitmqctl delete_queue -p {shell_quote(self.settings.vhost)} {shell_quote(name)}"
                 raise BrokerError(
-                    f"queue {name!r} exists with other arguments than the scheduler's {dict(arguments)}: "
-                    "delete it (no scheduler may run meanwhile) and start again"
+                    f"queue {name!r} exists with other arguments than the scheduler declares "
+                    f"({toml_pairs(arguments)}): delete it while no scheduler of app {self.app.name!r} runs "
+                    f"({delete}, or the management UI), then start again{cursor}"
                 )
 
     def request_stop(self) -> None:
@@ -368,6 +376,7 @@ class Scheduler(TickFiring):
                     if cursors is None:
                         cursors = await self._load_cursors(token)
                     due, reread = await self._tick_all(self._clock(), cursors, token)
+                    self._warnings.succeeded(self._who)
                     if reread:
                         cursors = None  # a commit whose answer was lost may have happened
                     if due is not None:
@@ -375,11 +384,9 @@ class Scheduler(TickFiring):
                 except _NotLeader:
                     raise
                 except Exception as exc:
-                    # A commit whose answer was lost may have happened: read the tick stores
-                    # again before trying, so that it is not fired twice.
-                    cursors = None
-                    log.warning("scheduler replica %s: %s; trying again in %gs", self.replica, exc, delay,
-                                exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+                    cursors = None  # a commit whose answer was lost may have happened: read the stores again
+                    self._warnings.failed(self._who, str(exc), f"; trying again in {delay:g}s",
+                                          exc_info=not isinstance(exc, BrokerError))  # fmt: skip
                 finally:
                     self._looking = False
                     self._looks += 1

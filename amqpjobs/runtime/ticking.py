@@ -22,6 +22,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from amqpjobs.runtime.tracing import Tracing
 
 log = logging.getLogger("amqpjobs.scheduler")
+#: A job to publish: exchange, routing key, message.
+_Job = tuple[str, str, OutgoingMessage]
 
 
 class ScheduledApp(Protocol):
@@ -99,6 +102,7 @@ class TickFiring:
     _connection: Any
     #: Seconds before a tick store found empty is read once more (a browsing reader may hold its record).
     reread_after: float = 0.5
+    _warnings: PacedWarnings
     _schedules: list[cron.Schedule]
     _layouts: dict[str, JobQueueLayout]
     _last: dict[str, tuple[datetime | None, str | None]]
@@ -113,6 +117,11 @@ class TickFiring:
     def is_leader(self) -> bool:
         """True while this replica holds the leader token."""
         raise NotImplementedError
+
+    @property
+    def _who(self) -> str:
+        """The start of the replica's warnings (:class:`PacedWarnings` keys)."""
+        return f"scheduler replica {self.replica}"
 
     async def look_now(self) -> None:
         """Make the leader look at the clock now; returns once it has (at once when not leading).
@@ -161,9 +170,7 @@ class TickFiring:
         )
         return found != "missing"
 
-    def _job(
-        self, schedule: cron.Schedule, tick: datetime, kind: cron.TickKind, plan: cron.TickPlan
-    ) -> tuple[str, str, OutgoingMessage]:
+    def _job(self, schedule: cron.Schedule, tick: datetime, kind: cron.TickKind, plan: cron.TickPlan) -> _Job:
         layout = self._layouts[schedule.name]
         job_id = cron.tick_id(schedule.name, tick)
         message = job_message(schedule.job, schedule.payload, job_id=job_id, now=time.time())
@@ -180,7 +187,7 @@ class TickFiring:
         # the rule of App.enqueue without a tenant
         return *layout.publish_target(job_id), dataclasses.replace(message, headers=headers)
 
-    def _traced(self, spans: ExitStack, job: tuple[str, str, OutgoingMessage]) -> tuple[str, str, OutgoingMessage]:
+    def _traced(self, spans: ExitStack, job: _Job) -> _Job:
         """``job`` with the trace headers of a ``send`` span entered on ``spans`` (as is without tracing).
 
         Each tick starts a trace of its own (the span has no parent); the worker's ``process``
@@ -219,9 +226,10 @@ class TickFiring:
                 raise
             except Exception as exc:
                 reread = reread or isinstance(exc, BrokerError)
-                log.warning("scheduler replica %s: schedule %s: %s; its tick waits, the other schedules go on",
-                            self.replica, schedule.name, exc, exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+                self._warnings.failed(f"{self._who}: schedule {schedule.name}", str(exc), "; its tick waits, the "
+                                      "other schedules go on", exc_info=not isinstance(exc, BrokerError))  # fmt: skip
                 continue
+            self._warnings.succeeded(f"{self._who}: schedule {schedule.name}")
             due.append(schedule.rule.next_after(cursors[schedule.name]))
         return min(due, default=None), reread
 
@@ -236,45 +244,51 @@ class TickFiring:
         if not plan.due:
             return
         running = schedule.overlap == "skip" and await self._is_running(schedule)
-        jobs: list[tuple[str, str, OutgoingMessage]] = []
-        events: list[TickEvent] = []
+        steps: list[tuple[TickEvent, _Job | None]] = []  # the missed window, then the on-time tick
         window = (plan.missed_from, plan.missed_until)
         if plan.missed_until is not None:
-            if schedule.missed == "skip":
-                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-missed", None, *window))
-            elif running:
-                events.append(TickEvent(schedule.name, plan.missed_until, "skipped-overlap", None, *window))
+            if schedule.missed == "skip" or running:
+                kind: cron.TickKind = "skipped-missed" if schedule.missed == "skip" else "skipped-overlap"
+                steps.append((TickEvent(schedule.name, plan.missed_until, kind, None, *window), None))
             else:
-                jobs.append(self._job(schedule, plan.missed_until, "catch-up", plan))
                 job_id = cron.tick_id(schedule.name, plan.missed_until)
-                events.append(TickEvent(schedule.name, plan.missed_until, "catch-up", job_id, *window))
+                steps.append((TickEvent(schedule.name, plan.missed_until, "catch-up", job_id, *window),
+                              self._job(schedule, plan.missed_until, "catch-up", plan)))  # fmt: skip
         if plan.on_time is not None:
-            if running:
-                events.append(TickEvent(schedule.name, plan.on_time, "skipped-overlap", None))
-            else:
-                jobs.append(self._job(schedule, plan.on_time, "fired", plan))
-                events.append(
-                    TickEvent(schedule.name, plan.on_time, "fired", cron.tick_id(schedule.name, plan.on_time))
-                )
-        last_fired, last_job_id = self._last.get(schedule.name, (None, None))
-        for event in events:
+            fired_id = None if running else cron.tick_id(schedule.name, plan.on_time)
+            steps.append((TickEvent(schedule.name, plan.on_time, "skipped-overlap" if running else "fired", fired_id),
+                          None if running else self._job(schedule, plan.on_time, "fired", plan)))  # fmt: skip
+        # One job per transaction: the broker may return one job of a transaction and route
+        # another, but a tick record can only say "every tick up to here was dealt with".
+        group: list[tuple[TickEvent, _Job | None]] = []
+        for step in steps:
+            group.append(step)
+            if step[1] is not None or step is steps[-1]:
+                await self._commit_steps(schedule, group, now, cursors, token)
+                group = []
+
+    async def _commit_steps(self, schedule: cron.Schedule, steps: list[tuple[TickEvent, _Job | None]],
+                            now: datetime, cursors: dict[str, datetime], token: Any) -> None:  # fmt: skip
+        """Commit ``steps`` (at most one job) and the tick record after them; then count them as done."""
+        last_fired, last_job_id = before = self._last.get(schedule.name, (None, None))
+        for event, _ in steps:
             if event.job_id is not None:
                 last_fired, last_job_id = event.tick, event.job_id
-        record = cron.TickRecord(schedule.name, plan.cursor, last_fired, last_job_id, now, self.replica)
-        previous = cron.TickRecord(schedule.name, cursors[schedule.name], *self._last.get(schedule.name, (None, None)),
-                                   now, self.replica)  # fmt: skip
+        cursor = steps[-1][0].tick  # a step's tick is the last one it deals with
+        record = cron.TickRecord(schedule.name, cursor, last_fired, last_job_id, now, self.replica)
+        previous = cron.TickRecord(schedule.name, cursors[schedule.name], *before, now, self.replica)
         with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
-            await self._commit(token, schedule, [self._traced(spans, job) for job in jobs], record, previous)
-        cursors[schedule.name] = plan.cursor
+            await self._commit(token, schedule, [self._traced(spans, job) for _, job in steps if job], record, previous)
+        cursors[schedule.name] = cursor
         self._last[schedule.name] = (last_fired, last_job_id)
-        for event in events:
+        for event, _ in steps:
             self._record(event)
 
     async def _commit(
         self,
         token: Any,
         schedule: cron.Schedule,
-        jobs: list[tuple[str, str, OutgoingMessage]],
+        jobs: list[_Job],
         record: cron.TickRecord,
         previous: cron.TickRecord | None = None,
     ) -> None:

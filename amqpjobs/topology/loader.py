@@ -7,7 +7,6 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -18,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem, TopologyValidationError
+from amqpjobs.printable import as_toml
 from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.models import (
     Topology,
@@ -183,17 +183,9 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
             if kind == "less_than_equal" and err.get("ctx", {}).get("le") == AMQP_INT_MAX:
                 message += " (the largest integer an AMQP argument carries)"
             if "input" in err and kind not in ("missing",):
-                message = f"{message} (got {_as_toml(err['input'])})"
+                message = f"{message} (got {as_toml(err['input'])})"
         problems.append(Problem(file, key_path(loc), message, fix))
     return problems
-
-
-def _as_toml(value: Any) -> str:
-    """``value`` as the TOML file spells it (``true``, ``"5"``, ``5.0``), at most 100 characters."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    text = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
-    return text if len(text) <= 100 else text[:100] + "..."
 
 
 def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:

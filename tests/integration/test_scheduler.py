@@ -476,7 +476,11 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
     assert len(ticks) == (back[-1].tick - last_before) // SECOND
     assert "Unhandled message" not in caplog.text
     returned = [r.getMessage() for r in caplog.records if "the broker returned" in r.getMessage()]
-    assert len(returned) >= 3, returned  # one per look (about 1 s) while the queue was missing
+    assert len(returned) == 1, returned  # when it starts failing; then paced, at most once a minute
+    recovered = [r.getMessage() for r in caplog.records if "recovered after" in r.getMessage()]
+    assert len(recovered) == 1, recovered
+    assert re.fullmatch(r"scheduler replica \S+: schedule every: recovered after ([3-9]|\d\d) failed look\(s\) over "
+                        r"\d+\.\ds", recovered[0]), recovered  # fmt: skip
     returns = re.compile(
         r"schedule every: the broker returned (\d) of \1 tick job\(s\) \(to exchange 'jobs' key 'work': 312 NO_ROUTE"
         rf"(; to exchange 'jobs' key 'work': 312 NO_ROUTE)*\), so none counts as enqueued; its cursor stays at "

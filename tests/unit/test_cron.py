@@ -5,16 +5,18 @@ from __future__ import annotations
 import decimal
 import inspect
 import itertools
+import logging
 import math
 import random
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from amqpjobs import App, ConfigurationError, CronRule, JobContext, Schedule, tick_id
+from amqpjobs import App, BrokerError, ConfigurationError, CronRule, JobContext, Schedule, tick_id
 from amqpjobs.jobs.cron import (
     TickRecord,
     format_tick,
@@ -25,7 +27,10 @@ from amqpjobs.jobs.cron import (
     running_queue,
     tick_queue,
 )
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
 from tests.integration.helpers import cli
 
 
@@ -356,8 +361,67 @@ def test_app_cron_refuses_a_payload_json_cannot_carry_at_import() -> None:
         "schedule 'nan': the payload holds a value JSON can't carry: payload['a'][1]['b'] = nan "
         "(NaN and Infinity are not JSON; fix: give a finite number)"
     )
-    with pytest.raises(ConfigurationError, match=r"schedule 'direct': .* payload\[3\] = b'x'"):
-        Schedule("direct", "tick", CronRule("@daily"), {3: b"x"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match=r"schedule 'direct': .* payload\['3'\] = b'x'"):
+        Schedule("direct", "tick", CronRule("@daily"), {"3": b"x"})
+    assert app.schedules() == []
+
+
+@pytest.mark.parametrize(
+    ("key", "shown", "arrives"),
+    [(1, "1 (an int)", "'1'"), (None, "None", "'null'"), (1.5, "1.5 (a float)", "'1.5'"),
+     (True, "True (a bool)", "'true'"), (math.nan, "nan (a float)", "")],
+)  # fmt: skip
+def test_app_cron_refuses_a_payload_key_json_would_turn_into_a_string(key: Any, shown: str, arrives: str) -> None:
+    # fresh-user review: {1: "a"} was accepted, and the job got {"1": "a"} (a NaN key was refused
+    # with the whole payload and "fix: give a str, int, float, ...")
+    gets = f", so the job would get {arrives}" if arrives else " (and strict JSON has no NaN or Infinity)"
+    app = App("crontest")
+
+    @app.job("tick", queue="batch")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="keys", payload={"a": {key: "x"}})(tick)
+    assert str(caught.value) == (
+        f"schedule 'keys': the payload has a key that is not a str: payload['a'] has the key {shown}; JSON object "
+        f"keys are strings{gets}; fix: write the key as a str"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="top", payload={key: "x"})(tick)
+    assert str(caught.value).startswith(
+        f"schedule 'top': the payload has a key that is not a str: payload has the key {shown};"
+    )
+    assert app.schedules() == []
+
+
+def test_app_cron_refusals_name_a_lone_surrogate_a_nan_key_and_a_huge_int_with_their_fix() -> None:
+    # fresh-user review: a lone surrogate was refused with "fix: give a str, ..." (it is a str), a
+    # NaN key with the whole payload and the same fix, and 10**5000 raised a plain ValueError
+    app = App("crontest")
+
+    @app.job("tick", queue="batch")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="text", payload={"s": ["ok", "ab\ud800c"]})(tick)
+    assert str(caught.value) == (
+        "schedule 'text': the payload holds a value JSON can't carry: payload['s'][1] = 'ab\\ud800c' (a lone "
+        "surrogate '\\ud800' at index 2, which UTF-8 can't encode; fix: remove it, or decode the bytes the text "
+        "came from with errors='replace')"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="textkey", payload={"\udc80": 1})(tick)
+    assert str(caught.value) == (
+        "schedule 'textkey': the payload holds a key JSON can't carry: payload has the key '\\udc80' (a lone "
+        "surrogate '\\udc80' at index 0, which UTF-8 can't encode; fix: remove it, or decode the bytes the text "
+        "came from with errors='replace')"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        app.cron("@daily", name="big", payload={"n": [10**5000]})(tick)
+    assert str(caught.value) == (
+        "schedule 'big': the payload holds a value JSON can't carry: payload['n'][0] = an int of 5001 digits "
+        "(longer than the 4300 digits Python writes as text; fix: give it as a str)"
+    )
     assert app.schedules() == []
 
 
@@ -443,3 +507,59 @@ def test_a_scheduler_refuses_an_empty_selection_of_schedules() -> None:
     with pytest.raises(ConfigurationError) as caught:
         scheduler._select()
     assert str(caught.value) == "no schedule selected: name some of fast, paris-daily, or None for all"
+
+
+@pytest.mark.parametrize("which", ["leader", "ticks"])
+async def test_a_scheduler_queue_with_other_arguments_is_named_with_its_arguments_as_toml(
+    tmp_path: Path, which: str
+) -> None:
+    # fresh-user review: the error printed the arguments as a Python dict ({'x-queue-type': 'classic', ...})
+    (tmp_path / "t.toml").write_text('[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n')
+    app = App("cronargs", topology=load_topology(tmp_path / "t.toml").topology)
+
+    @app.cron("@daily", name="nightly")
+    @app.job("tick", queue="work")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    async with TestBroker(app, scheduler=False) as broker:
+        queue = leader_queue("cronargs") if which == "leader" else tick_queue("cronargs", "nightly")
+        assert broker.memory.declare(queue, {"x-max-length": 5})
+        with pytest.raises(BrokerError) as caught:
+            await broker.add_scheduler()
+    declared = (
+        'x-queue-type = "classic", x-single-active-consumer = true, x-max-length = 1, x-overflow = "reject-publish"'
+        if which == "leader"
+        else 'x-queue-type = "classic", x-max-length = 1, x-overflow = "drop-head"'
+    )
+    forgets = "" if which == "leader" else " (it holds the cursor: the schedule starts from now)"
+    assert str(caught.value) == (
+        f"queue {queue!r} exists with other arguments than the scheduler declares ({declared}): delete it while "
+        f"no scheduler of app 'cronargs' runs (rabbitmqctl delete_queue -p / {queue}, or the management UI), "
+        f"then start again{forgets}"
+    )
+
+
+def test_paced_warnings_one_line_when_failing_starts_then_one_per_period_with_a_count_then_one_on_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    warnings = PacedWarnings(logging.getLogger("amqpjobs.scheduler"), 60.0, lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="amqpjobs.scheduler")
+    schedule = "scheduler replica h:1: schedule a"
+    warnings.succeeded(schedule)  # never failed: nothing to say
+    for _ in range(130):  # one failed look a second for 130 s
+        warnings.failed(schedule, "NOT_FOUND - no exchange 'x'", "; its tick waits")
+        now[0] += 1.0
+    warnings.failed("scheduler replica h:1", "the broker went away", "; trying again in 1s")
+    warnings.succeeded(schedule)
+    warnings.succeeded(schedule)  # said once
+    assert [r.getMessage() for r in caplog.records] == [
+        "scheduler replica h:1: schedule a: NOT_FOUND - no exchange 'x'; its tick waits; repeated at most every 1m "
+        "while it fails",
+        "scheduler replica h:1: schedule a: still failing: 60 failed look(s) in 1m since the last line, failing for "
+        "1m: NOT_FOUND - no exchange 'x'",
+        "scheduler replica h:1: schedule a: still failing: 60 failed look(s) in 1m since the last line, failing for "
+        "2m: NOT_FOUND - no exchange 'x'",
+        "scheduler replica h:1: the broker went away; trying again in 1s; repeated at most every 1m while it fails",
+        "scheduler replica h:1: schedule a: recovered after 130 failed look(s) over 130s",
+    ]
