@@ -247,7 +247,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 "alone on %s pid %d", logfmt_value(job.name), logfmt_value(job_id), screening.start,
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
-            return await self._start(*run)
+            return await self._start(*run, ordinary=False)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
@@ -256,8 +256,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         if self._stop.is_set() or not self._gate.try_enter():
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
-        try:
-            self._draining.started()  # no pause since the stop was looked at: a job to drain from here
+        try:  # a job to drain once its handler starts; stopping before (its claim waited), handed back
             return await self._start(*run)
         finally:
             self._gate.leave()
@@ -304,6 +303,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             back_at = envelope.ready_at(time.time(), decision.delay)
             await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id, back_at))
         elif isinstance(decision, Register | HandBack):
+            if isinstance(decision, HandBack) and self._stop.is_set():  # once no consumer here can take it back
+                await self._took_last.wait()
             # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
             # the suspects queue, a delivery handed back returns to its work queue
             register = decision if isinstance(decision, Register) else None
@@ -336,7 +337,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
     ) -> bool:
         """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
         republish = functools.partial(self._republish, layout, delivery, v, trace)
-        return await fall_back(self._holding, layout, delivery, v, exc, republish)
+        with self._draining.holding():  # a stopping worker's lines tell it from a running job
+            return await fall_back(self._holding, layout, delivery, v, exc, republish)
 
 
 def _job_id(delivery: Received) -> str:

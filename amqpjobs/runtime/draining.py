@@ -1,31 +1,38 @@
 """What a stopping worker drains: the handlers that run, not deliveries that only wait (README "Workers").
 
-At SIGTERM a worker holds deliveries of three kinds: those whose handler runs (it waits
+At SIGTERM a worker holds deliveries of four kinds: those whose handler runs (it waits
 for them, up to its grace), those that will go back unstarted (a rate-limited one waiting
-for its token, one taken after the signal, a look-ahead), and suspects running alone
+for its token, one taken after the signal, a look-ahead, one whose idempotency claim was
+still waiting), those held because their copy can't be published yet (:mod:`.holding`:
+the grace, then back to their queue with the connection), and suspects running alone
 (counted by the suspects watcher). Once the stop is set no handler starts but a suspect's
-(:class:`~amqpjobs.runtime.deliveries.DeliveryPath` looks at it last, with no pause before
-the start), so the handlers running then are the jobs to drain, exactly.
+(:meth:`~amqpjobs.runtime.runs.HandlerRuns._start` looks at it last, with no pause before
+the start), so the handlers running then are the jobs to drain, exactly. The stop's three
+lines (draining, the grace warning, stopped) are worded here, from the same sets.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from amqpjobs.jobs.outcome import handed_back_note
 
 
 class Draining:
-    """A worker's deliveries whose handler started (not yet settled), and those handed back unstarted at its stop."""
+    """A worker's deliveries whose handler started (not yet settled), held ones, and those handed back at its stop."""
 
     def __init__(self) -> None:
         self.ran: set[asyncio.Task[Any]] = set()  # delivery tasks whose handler started, until they end (settled)
         self.unstarted: set[asyncio.Task[Any]] = set()  # tasks that handed their delivery back while stopping
+        self.holds: set[asyncio.Task[Any]] = set()  # tasks whose delivery is held: its copy can't be published yet
         self._started: set[asyncio.Task[Any]] = set()  # the ``ran`` ones when the drain began
+        self._returned = 0  # deliveries never started, still unsettled after the grace: back to their queue
 
     def started(self) -> None:
-        """A handler starts in this delivery's task (claim, context, handler): a job to drain until it is settled."""
+        """A handler starts in this delivery's task (context, handler): a job to drain until it is settled."""
         task = asyncio.current_task()
         if task is not None and task not in self.ran:
             self.ran.add(task)
@@ -36,10 +43,53 @@ class Draining:
         if stopping and kind == "handed_back" and (task := asyncio.current_task()) is not None:
             self.unstarted.add(task)
 
-    def begin(self, suspects_running: int) -> int:
-        """The drain begins (the stop is set, consumers cancelled): the jobs to drain, suspects' included."""
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Mark the current task as holding its delivery while its copy can't be published (:mod:`.fallback`)."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self.holds.add(task)
+        try:
+            yield
+        finally:
+            self.holds.discard(task)
+
+    def begin(self, suspects_running: int, grace: float) -> str:
+        """The drain begins (the stop is set, consumers cancelled): its line.
+
+        Counts the jobs to drain (``suspects_running``: suspects' jobs running alone, included)
+        and the deliveries held but never started, which get the ``grace`` (seconds) too.
+        """
         self._started = set(self.ran)
-        return len(self._started) + suspects_running
+        running = len(self._started) + suspects_running
+        line = f"draining {running} in-flight job(s), grace {grace:.0f}s" if running else "draining: no job in flight"
+        held = len(self.holds - self._started)
+        if held:
+            what = "1 held delivery (never started: its copy can't be published yet) waits" if held == 1 else (
+                f"{held} held deliveries (never started: their copies can't be published yet) wait")  # fmt: skip
+            line += f"; {what} up to the grace of {grace:.0f}s"
+        return line
+
+    def grace_lines(self, still: set[asyncio.Task[Any]], jobs: set[asyncio.Task[Any]], suspects: int) -> list[str]:
+        """The warnings when the grace is over: ``still`` tasks not done (to be cancelled).
+
+        ``jobs``: the delivery tasks when the drain began; ``suspects``: suspects' jobs
+        abandoned. A delivery never started is no running job: it returns to its queue.
+        """
+        lines = []
+        running = len(still & self._started) + suspects
+        if running:
+            lines.append(f"{running} job(s) still running after the grace period; they will be redelivered")
+        self._returned = len((still & jobs) - self._started)
+        if self._returned == 1:
+            lines.append("1 held delivery (never started) still held after the grace period; it returns to its "
+                         "queue (redelivered)")  # fmt: skip
+        elif self._returned:
+            lines.append(f"{self._returned} held deliveries (never started) still held after the grace period; "
+                         "they return to their queues (redelivered)")  # fmt: skip
+        return lines
 
     def stopped_line(self, still: set[asyncio.Task[Any]], suspects: tuple[int, int], waited: int, code: int) -> str:
         """The stopped worker's last line.
@@ -51,5 +101,9 @@ class Draining:
         finished = len(self._started - still) + suspects[0] - suspects[1]
         abandoned = len(still & self._started) + suspects[1]
         note = handed_back_note(len(self.unstarted), waited)
+        if self._returned:
+            held = "1 held delivery" if self._returned == 1 else f"{self._returned} held deliveries"
+            note += f", {held} returned to {'its queue' if self._returned == 1 else 'their queues'} unstarted " \
+                    "(redelivered)"  # fmt: skip
         return (f"worker stopped: {finished} in-flight job(s) finished, {abandoned} abandoned (redelivered)"
                 f"{note}; exit {code}")  # fmt: skip

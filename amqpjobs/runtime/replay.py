@@ -207,15 +207,17 @@ async def replay(
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
         routed: set[str] = set()
+        proven = 0  # the largest body confirmed in this run: a larger copy is sent alone (see _alone)
 
         async def move(delivery: Delivery, planned: ReplayMove, started: float) -> None:
             """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
+            nonlocal proven
             at = time.time()  # before the publish: a worker may run the copy before the ack below
             target, copy = planned.target, planned.copy
             try:
                 try:
                     await publisher.publish(planned.exchange, planned.routing_key, copy)
-                except MessageTooLargeError as exc:  # the broker's limit is lower than checked: it stays
+                except MessageTooLargeError as exc:  # over the broker's max_message_size: it stays (see _alone)
                     _too_large(delivery, exc, report)
                     return
                 except UnroutableError:
@@ -223,6 +225,7 @@ async def replay(
                         f"target queue {target!r} does not exist; {report.replayed} moved before it, "
                         "the rest stay in quarantine"
                     ) from None
+                proven = max(proven, len(copy.body))
                 await delivery.ack()
                 report.moves.append((copy.message_id or "", target))
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
@@ -277,10 +280,15 @@ async def replay(
                 if failures:
                     break
                 lock.check()
+                alone = len(planned.copy.body) > proven
+                if alone:
+                    await _alone(moving)
                 task = asyncio.create_task(move(delivery, planned, started))
                 moving.add(task)
                 task.add_done_callback(moving.discard)
                 launched += 1
+                if alone:
+                    await _alone(moving)
             if canary is not None and not canary.judged and canary.expected:  # fewer than K matched
                 await canary.judge(moving, failures, report)
             await asyncio.gather(*moving, return_exceptions=True)
@@ -309,6 +317,17 @@ async def replay(
                     _, report.left = await resolve_quarantine_queue(connection, queue_name)
         _, report.left = await resolve_quarantine_queue(connection, queue_name)
     return report
+
+
+async def _alone(moving: set[asyncio.Task[None]]) -> None:
+    """Let the moves under way settle: a copy larger than any confirmed so far is published with none beside it.
+
+    The broker's ``max_message_size`` can't be read (not in ``connection.tune``); a body over it
+    closes the channel (406), failing every publish in flight on it (stored or not). Alone, only
+    that copy is refused and stays, named (:func:`_too_large`); the refusal tells the limit, so
+    later copies over it are skipped before sending (:func:`_fits`), and the run goes on.
+    """
+    await asyncio.gather(*moving, return_exceptions=True)
 
 
 def _too_large(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:

@@ -6,6 +6,7 @@ Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import sys
@@ -20,10 +21,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
-from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Outcome
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
+from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedReleases
 from amqpjobs.runtime.results import ResultsWriter
@@ -52,6 +54,9 @@ class HandlerRuns:
     _rates: RateLimits | None
     _stop: asyncio.Event
     _owed: OwedReleases | None = None  # claims given up whose release failed (made at the first)
+    _draining: Draining
+    #: Claims a stopping worker gave up waiting for, released once they come (it waits for them up to its grace).
+    _late_claims: set[asyncio.Task[None]]
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
@@ -99,11 +104,14 @@ class HandlerRuns:
         max_attempts: int,
         job_id: str,
         start: int,
+        ordinary: bool = True,
     ) -> Outcome:
         """Claim (idempotent jobs), build the context and run the handler.
 
         ``start``: the start this run is (:func:`amqpjobs.jobs.crash.screen`); after the
-        first, ``ctx.redelivered`` is true.
+        first, ``ctx.redelivered`` is true. ``ordinary``: not a suspect running alone; once
+        the worker stops, it does not start (its claim, waited for or made, is given up):
+        handed back unstarted (:mod:`amqpjobs.runtime.draining`).
         """
         ledger = self.app.ledger if job.idempotent else None
         owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
@@ -111,13 +119,15 @@ class HandlerRuns:
         if ledger is not None:
             owed, lease = self._owed_of(ledger), self.lease_of(job)
             try:  # an owed release of this key (an earlier run's here) is paid first
-                claim = await claim_waiting(owed, job_id, owner, lease, stop=self._stop)
+                claim = await self._claim(owed, job_id, owner, lease, ordinary)
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 if not isinstance(exc, LedgerUnavailableError):  # an outage is logged by the ledger, once
                     log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
                 later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=(qualname(exc), message_of(exc), ""))  # fmt: skip
+            if claim is None:  # the stop came while the claim waited (a locked or slow ledger): never started
+                return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
             if claim is Claim.DONE:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
@@ -140,6 +150,12 @@ class HandlerRuns:
                 used = True
                 return ledger.transaction(job_id, owner)
 
+        if ordinary:  # no pause from here to the handler's start: a job to drain, unless the stop came first
+            if self._stop.is_set():
+                if owed is not None:  # a release that fails is owed, paid once the ledger answers
+                    await owed.release(job_id, owner, lease_end)
+                return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
+            self._draining.started()
         ctx = JobContext(
             job=job.name,
             job_id=job_id,
@@ -187,6 +203,44 @@ class HandlerRuns:
                                 latency=latency, started=started)  # fmt: skip
         outcome.value = value
         return outcome
+
+    async def _claim(self, owed: OwedReleases, key: str, owner: str, lease: float, ordinary: bool) -> Claim | None:
+        """:func:`claim_waiting` for ``key``; None when the worker stops first (``ordinary`` runs only).
+
+        A claim can wait long: SQLite's write lock held by another run's ``ctx.transaction()``,
+        a row lock, a slow database. The stop does not wait for it: the delivery is handed
+        back unstarted, and a claim that still comes is released (the worker waits for it up to its grace).
+        """
+        claiming = asyncio.ensure_future(claim_waiting(owed, key, owner, lease, stop=self._stop))
+        if not ordinary:
+            return await claiming
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({claiming, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            claiming.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if claiming.done():
+            return claiming.result()
+
+        async def give_up() -> None:  # the stopping worker waits for it (up to its grace) before closing
+            with contextlib.suppress(Exception):
+                if await claiming is Claim.CLAIMED:
+                    await owed.release(key, owner, time.monotonic() + lease)
+
+        task = asyncio.get_running_loop().create_task(give_up())
+        self._late_claims.add(task)
+        task.add_done_callback(self._late_claims.discard)
+        return None
+
+    async def _settle_late_claims(self, until: float) -> None:
+        """Wait for the claims given up at the stop (:meth:`_claim`) until ``until`` (monotonic); cancel the rest."""
+        if late := set(self._late_claims):
+            _, left = await asyncio.wait(late, timeout=max(0.01, until - time.monotonic()))
+            for task in left:
+                task.cancel()
 
     def _note_running(self, job: JobDef, job_id: str, attempt: int, work_queue: str) -> None:
         """Queue the ``running`` record (lease: twice the job's timeout here, as the ledger's claim)."""

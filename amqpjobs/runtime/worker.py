@@ -102,6 +102,7 @@ class Worker(SuspectTurns):
         self._consumers: list[Source] = []  # a consumer per unsharded work queue, a dispatcher per sharded job queue
         self._inflight: set[asyncio.Task[Any]] = set()
         self._draining = Draining()  # handlers started, deliveries handed back while stopping: the stop's counts
+        self._late_claims: set[asyncio.Task[None]] = set()  # idempotency claims given up at the stop (runs.py)
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
@@ -361,23 +362,23 @@ class Worker(SuspectTurns):
         code = 0
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
-        running = self._draining.begin(suspects)  # handlers started only: no delivery that waits or goes back
-        if running:
-            log.info("draining %d in-flight job(s), grace %.0fs", running, self.options.grace)
-        elif self.ready.is_set():  # it consumed (a failed start says why instead)
-            log.info("draining: no job in flight")
+        draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
+        if self.ready.is_set():  # it consumed (a failed start says why instead)
+            log.info(draining)
         still: set[asyncio.Task[Any]] = set()
         abandoned = 0
+        ends = time.monotonic() + self.options.grace
         if jobs or watchers:
             _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
             abandoned = min(suspects, len(still & watchers))  # suspects' jobs; the started ones: the last line
             if still:
-                log.warning("%d job(s) still running after the grace period; they will be redelivered",
-                            len(still & jobs) + abandoned)  # fmt: skip
+                for line in self._draining.grace_lines(still, jobs, abandoned):
+                    log.warning(line)
                 code = 1
                 for task in still:
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
+        await self._settle_late_claims(ends)  # released as they come, before the ledger closes
         await self._settle_owed()  # claims given up here whose release failed: one more try
         await self._holding.close()
         await self._pauses.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Callable
 
@@ -37,6 +38,9 @@ from amqpjobs.wire.limits import (
     check_header_fits,
     encoded_size,
 )
+
+#: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
+_MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
 
 
 class ConfirmedPublisher:
@@ -191,11 +195,7 @@ class ConfirmedPublisher:
             raise UnroutableError(self._missing_exchange(exchange)) from exc.__cause__
         except PreconditionFailedError as exc:
             if "max size" in str(exc) or "message size" in str(exc):
-                raise MessageTooLargeError(
-                    f"{len(message.body)} bytes is over the broker's max_message_size; store large "
-                    "data elsewhere and put a reference in the payload",
-                    f"a body of {len(message.body)} bytes, over the broker's max_message_size",
-                ) from exc.__cause__
+                await self._over_max_size(message, str(exc), exc.__cause__)
             raise PublishError(f"the broker refused the publish: {exc}") from exc.__cause__
         except TimeoutError as exc:
             raise PublishError(
@@ -209,6 +209,36 @@ class ConfirmedPublisher:
             raise
         if self._on_confirm is not None:
             self._on_confirm(time.monotonic() - sent)
+
+    async def _over_max_size(self, message: OutgoingMessage, refusal: str, cause: BaseException | None) -> None:
+        """The broker closed the channel: a body over its ``max_message_size`` (406 ``PRECONDITION_FAILED``).
+
+        The broker names no setting at connect (``connection.tune`` has no such field), only this
+        refusal: ``message size N is larger than configured max size M``. ``M`` becomes
+        :attr:`max_message_size` (later bodies over it are refused before sending, no channel
+        lost), and the closed channel is replaced at the next publish.
+
+        Raises:
+            MessageTooLargeError: ``message`` is over the limit (its ``reason`` names both sizes).
+            BrokerError: it is not: another publish's refusal closed the channel under it (not
+                confirmed; it may or may not be stored).
+        """
+        await self._discard_channel()
+        found = _MAX_SIZE.search(refusal)
+        limit = int(found.group(1)) if found else None
+        if limit is not None:
+            self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
+        if limit is None or len(message.body) > limit:
+            of = f" of {limit} bytes" if limit is not None else ""
+            raise MessageTooLargeError(
+                f"{len(message.body)} bytes is over the broker's max_message_size{of}; store large "
+                "data elsewhere and put a reference in the payload",
+                f"a body of {len(message.body)} bytes, over the broker's max_message_size{of}",
+            ) from cause
+        raise BrokerError(
+            f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
+            f"broker's max_message_size of {limit} bytes ({refusal}); not confirmed, it may or may not be stored"
+        ) from cause
 
     async def close(self) -> None:
         """Close the publisher's channel."""
