@@ -5,8 +5,9 @@ effect on a durable key (the job id) in a store with a unique index. Per key, a 
 row moves through::
 
     (none) --claim--> running(owner, lease expiry) --done--> done
-                          |  failure: release (row removed, a retry may claim again); a release
-                          |    that fails is owed and paid once the ledger answers (:mod:`.ledger_owed`)
+                          |  failure: release (row removed, a retry may claim again)
+                          |  a release or done-mark that fails is owed and paid once the ledger
+                          |    answers (:mod:`.ledger_owed`; an owed done-mark answers DONE here)
                           |  owner died: lease expires, the next claim takes it over
 
 * :meth:`Ledger.claim` answers ``CLAIMED`` (run it), ``DONE`` (already done: ack without
@@ -86,9 +87,10 @@ class Ledger(Protocol):
 
 
 class Claims(Protocol):
-    """What :func:`claim_waiting` claims from: a :class:`Ledger`, or a worker's :class:`OwedReleases`.
+    """What :func:`claim_waiting` claims from: a :class:`Ledger`, or a worker's :class:`OwedWrites`.
 
-    :class:`~amqpjobs.runtime.ledger_owed.OwedReleases` pays an owed release on the key first.
+    :class:`~amqpjobs.runtime.ledger_owed.OwedWrites` pays an owed release on the key first, and
+    answers ``DONE`` for a key whose done-mark it owes.
     """
 
     async def claim(self, key: str, owner: str, lease: float) -> Claim:

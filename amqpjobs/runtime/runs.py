@@ -27,7 +27,7 @@ from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
-from amqpjobs.runtime.ledger_owed import OwedReleases
+from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
@@ -53,7 +53,7 @@ class HandlerRuns:
     _results: ResultsWriter | None
     _rates: RateLimits | None
     _stop: asyncio.Event
-    _owed: OwedReleases | None = None  # claims given up whose release failed (made at the first)
+    _owed: OwedWrites | None = None  # ledger writes that failed: releases, done-marks (made at the first)
     _draining: Draining
     #: Claims a stopping worker gave up waiting for, released once they come (it waits for them up to its grace).
     _late_claims: set[asyncio.Task[None]]
@@ -197,14 +197,14 @@ class HandlerRuns:
                                  failure=describe(exc), ran=True, duration=took, latency=latency,
                                  timed_out=kind == "timeout", started=started)  # fmt: skip
         took = time.monotonic() - started
-        if ledger is not None:
-            await ledger.done(job_id, owner)  # False when its transaction() already marked it: fine
+        if owed is not None:  # the run succeeded: a done-mark that fails is owed (answers DONE here meanwhile)
+            await owed.done(job_id, owner)
         outcome = self._outcome(layout, delivery, Ack(), attempt, job_id, job.name, ran=True, duration=took,
                                 latency=latency, started=started)  # fmt: skip
         outcome.value = value
         return outcome
 
-    async def _claim(self, owed: OwedReleases, key: str, owner: str, lease: float, ordinary: bool) -> Claim | None:
+    async def _claim(self, owed: OwedWrites, key: str, owner: str, lease: float, ordinary: bool) -> Claim | None:
         """:func:`claim_waiting` for ``key``; None when the worker stops first (``ordinary`` runs only).
 
         A claim can wait long: SQLite's write lock held by another run's ``ctx.transaction()``,
@@ -250,14 +250,14 @@ class HandlerRuns:
         self._results.note(StateRecord(job_id, job.name, "running", attempt, now, where=work_queue,
                                        lease_until=now + self.lease_of(job)))  # fmt: skip
 
-    def _owed_of(self, ledger: Ledger) -> OwedReleases:
-        """The worker's owed releases to ``ledger`` (made on first use, again when the app's ledger changed)."""
+    def _owed_of(self, ledger: Ledger) -> OwedWrites:
+        """The worker's owed writes to ``ledger`` (made on first use, again when the app's ledger changed)."""
         if self._owed is None or self._owed.ledger is not ledger:
-            self._owed = OwedReleases(ledger)
+            self._owed = OwedWrites(ledger)
         return self._owed
 
     async def _settle_owed(self) -> None:
-        """At stop, after the last run: one more try to pay the owed releases (what is left waits for its lease)."""
+        """At stop, after the last run: one more try to pay the owed writes (what is left waits for its lease)."""
         if self._owed is not None:
             await self._owed.close()
 

@@ -379,7 +379,7 @@ class Worker(SuspectTurns):
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
         await self._settle_late_claims(ends)  # released as they come, before the ledger closes
-        await self._settle_owed()  # claims given up here whose release failed: one more try
+        await self._settle_owed()  # ledger writes owed here (releases, done-marks): one more try
         await self._holding.close()
         await self._pauses.close()
         if self._breakers is not None:

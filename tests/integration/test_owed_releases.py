@@ -1,4 +1,7 @@
-"""A claim the worker gave up while the ledger was away is released once it answers; a dead worker's waits.
+"""Ledger writes owed while the ledger was away are paid once it answers; a dead worker's claim waits.
+
+A claim the worker gave up is released, a succeeded run's done-mark is written (and answers DONE
+here meanwhile).
 
 README "Idempotency". The ledger's PostgreSQL is reached through a TCP proxy of the test's
 own (stopped and started here); the shared server is never stopped.
@@ -25,7 +28,7 @@ from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, fresh_database
+from tests.integration.helpers import ROOT, depth, fresh_database
 from tests.integration.test_ledger_outage import effects, proxied
 from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
@@ -100,6 +103,70 @@ async def test_a_release_that_failed_in_an_outage_is_paid_when_the_ledger_return
         assert line.startswith(f"WARNING releasing the claim on job id {key} failed (LedgerUnavailableError: the "
                                "PostgreSQL ledger "), lines  # fmt: skip
         assert line.endswith("; released as soon as the ledger answers"), lines
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(120)
+async def test_a_done_mark_that_failed_after_the_handler_succeeded_is_owed_and_the_job_succeeds(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HIGH (README: never run a side effect twice): the database goes away between the handler's return and
+    its done-mark (the handler, without ``ctx.transaction()``, stops the proxy itself). The run is a success
+    (acked, not quarantined as ``worker-error`` with its claim left running), the done-mark is owed: the same
+    key meanwhile runs nothing (``duplicate``, answered here), the mark is written within seconds of the
+    return, and the key enqueued again afterwards runs nothing. One log line when owed, one when paid."""
+    import psycopg
+
+    runs: list[str] = []
+    loop = asyncio.get_running_loop()
+    base = await make_app(broker, tmp_path)
+    state: list[Any] = []
+    async with proxied(effects_db) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        @app.job("charge", queue="work", idempotent=True, lease=60)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append(ctx.job_id)
+            with psycopg.connect(effects_db, autocommit=True) as db:  # the effect, outside the ledger
+                db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+            if len(runs) == 1:  # the database goes away after the effect, before the done-mark
+                asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker) as (_, rec):
+            with contextlib.suppress(TimeoutError):  # asserted below, after the worker stopped
+                await app.enqueue("charge", {}, job_id="d1")
+                await rec.wait_for(lambda o: len(o) == 1, timeout=20)
+                await app.enqueue("charge", {}, job_id="d1")  # the same key while the mark is owed
+                await rec.wait_for(lambda o: len(o) == 2, timeout=20)
+            await proxy.start()
+            back = time.monotonic()
+            while time.monotonic() - back < 10:
+                with psycopg.connect(effects_db) as db:
+                    state = db.execute("SELECT state FROM amqpjobs_ledger WHERE key = 'd1'").fetchall()
+                if state == [("done",)]:
+                    break
+                await asyncio.sleep(0.1)
+            took = time.monotonic() - back
+            with contextlib.suppress(TimeoutError):
+                await app.enqueue("charge", {}, job_id="d1")  # afterwards: the ledger says done
+                await rec.wait_for(lambda o: len(o) == 3, timeout=20)
+        await app.close()
+    quarantined = await depth(broker, "work.quarantine")
+    seen = [(o.kind, o.ran, o.failure[0]) for o in rec.outcomes]
+    assert seen == [("succeeded", True, ""), ("duplicate", False, ""), ("duplicate", False, "")], seen
+    assert quarantined == 0
+    assert runs == ["d1"]
+    assert effects(effects_db) == ["d1"]
+    assert state == [("done",)]
+    assert took <= 4.0, took  # paced tries: the longest pause between two is 2 s
+    lines = [f"{r.levelname} {r.getMessage()}" for r in caplog.records if "done-mark of job id" in r.getMessage()]
+    assert len(lines) == 2, lines  # one when owed, one when paid: none per try
+    assert lines[0].startswith("WARNING writing the done-mark of job id d1 failed (LedgerUnavailableError: the "
+                               "PostgreSQL ledger "), lines  # fmt: skip
+    assert lines[0].endswith("); the run succeeded: written as soon as the ledger answers"), lines
+    assert lines[1].startswith("INFO wrote the done-mark of job id d1 after "), lines
+    assert lines[1].endswith("s owed"), lines
 
 
 @pytest.mark.serial  # wall-clock bounds
