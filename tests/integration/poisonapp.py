@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from amqpjobs import App, JobContext
+from amqpjobs import App, JobContext, Reject
 
 app = App("poisonapp", topology=os.environ.get("POISON_TOPOLOGY", "topology"))
 
@@ -30,11 +30,18 @@ async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
 
     ``fail`` sleeps ``seconds``, then raises a RuntimeError ``size`` characters long, ``depth`` frames deep.
     ``sysexit`` raises ``SystemExit(3)``, ``interrupt`` raises ``KeyboardInterrupt`` (the handler's own raise).
+    ``reject`` sleeps ``seconds``, then raises :class:`~amqpjobs.Reject` (quarantined at once, reason ``rejected``).
+    ``hang`` waits for its worker to be killed (by the test) on its first start, exits it at once on a later one.
     """
     _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
     kind = payload.get("kind")
-    if kind == "exit":
+    if kind == "hang" and not ctx.redelivered:
+        await asyncio.sleep(50)
+    if kind in ("exit", "hang"):
         os._exit(1)
+    if kind == "reject":
+        await asyncio.sleep(float(payload.get("seconds", 0)))
+        raise Reject("rejected on purpose")
     _raise_if_asked(kind)
     if kind == "fail":  # fails after ``seconds``, ``depth`` frames deep, with an error ``size`` characters long
         await asyncio.sleep(float(payload.get("seconds", 0)))

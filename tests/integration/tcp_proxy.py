@@ -11,7 +11,9 @@ class TcpProxy:
     ``start()`` opens the port (the same one again after ``stop()``); ``cut()`` closes every
     forwarded connection (the client sees its connection lost); ``stop()`` closes the port and
     cuts. ``silent_accepted`` counts connections taken while silent, ``silent_closed`` those the
-    client has closed since (an attempt it gave up).
+    client has closed since (an attempt it gave up). ``hold_sends(keep)`` stops forwarding what
+    clients send, from then on, on every open connection whose first bytes (the AMQP handshake
+    names the connection) do not contain ``keep``: their acks, say, never reach the broker.
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
@@ -23,6 +25,9 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sent: list[bytearray] = []  # each client's first bytes, in the order accepted
+        self._held: set[int] = set()  # ids of those whose sends are held (hold_sends)
+        self._never = asyncio.Event()  # awaited by held sends (never set)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -39,15 +44,24 @@ class TcpProxy:
             return
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         self._pairs.append((writer, up_writer))
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink))
+        self._sent.append(first := bytearray())
+        for source, sink, sent in ((reader, up_writer, first), (up_reader, writer, None)):
+            task = asyncio.create_task(self._pipe(source, sink, sent))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    def hold_sends(self, keep: bytes) -> None:
+        """Forward nothing more that clients send on open connections whose first bytes lack ``keep``."""
+        self._held |= {id(sent) for sent in self._sent if keep not in sent}
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, sent: bytearray | None) -> None:
+        """Forward ``source`` to ``sink``; ``sent``: a client's first bytes (None: the upstream's answers)."""
         try:
             while data := await source.read(65536):
+                if sent is not None:
+                    sent += data[: max(0, 4096 - len(sent))]
+                    if id(sent) in self._held:
+                        await self._never.wait()  # held: until the connection is cut
                 sink.write(data)
                 await sink.drain()
         except OSError:
