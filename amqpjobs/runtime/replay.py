@@ -223,13 +223,15 @@ async def replay(
                         f"target queue {target!r} does not exist; {report.replayed} moved before it, "
                         "the rest stay in quarantine"
                     ) from None
-                await delivery.ack()
+                # the copy is confirmed: it moved, whatever becomes of the ack (a failed one leaves the
+                # original in both places, a duplicate, never a loss)
                 report.moves.append((copy.message_id or "", target))
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
+                await delivery.ack()
                 if progress is not None:
                     progress(report)
             except Exception as exc:  # raised by replay() once the moves under way are settled
@@ -294,10 +296,19 @@ async def replay(
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
-            raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
+            await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
+            size = replay_window(options.rate)
+            in_flight = (
+                "the one in flight may be in both places: a duplicate, never a loss" if size == 1
+                else f"the {size} at most in flight may be in both places: duplicates, never losses"
+            )  # fmt: skip
+            raise BrokerError(
+                f"replay from {queue_name!r} interrupted after {report.replayed} moved ({in_flight}): {exc}"
+            ) from exc
         finally:
-            for task in moving:
-                task.cancel()
+            if interrupted:  # Ctrl-C: cut the moves short; else each ends at its confirm and is counted
+                for task in moving:
+                    task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
             await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()
