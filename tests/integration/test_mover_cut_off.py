@@ -30,7 +30,7 @@ async def delete_queue_after(broker: BrokerSettings, queue: str, seconds: float)
 async def delete_queue_once(broker: BrokerSettings, queue: str, watched: str, count: int) -> None:
     """Delete ``queue`` once ``watched`` holds ``count`` messages (a mover is under way)."""
     async with raw_channel(broker) as channel:
-        while (await channel.declare_queue(watched, passive=True)).declaration_result.message_count < count:
+        while ((await channel.declare_queue(watched, passive=True)).declaration_result.message_count or 0) < count:
             await asyncio.sleep(0.01)
         await channel.queue_delete(queue)
 
