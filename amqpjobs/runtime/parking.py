@@ -64,6 +64,7 @@ class TakeReport:
         payloads_spared: Stored payloads of deleted messages left as they are: a message left in
             the queue or its quarantine/parked sibling still names them.
         payloads_unmarked: Stored payloads whose mark failed (the store erred; logged): they stay.
+        payloads_gone: Stored payloads of deleted messages that were gone already (nothing to mark).
 
     """
 
@@ -77,6 +78,7 @@ class TakeReport:
     payloads_marked: int = 0
     payloads_spared: int = 0
     payloads_unmarked: int = 0
+    payloads_gone: int = 0
 
 
 async def _take(
@@ -289,7 +291,10 @@ async def purge_matching(
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)
         for ref in sorted(purged - held, key=str):
-            if await retire(payloads, ref):
+            marked = await retire(payloads, ref)
+            if marked is None:
+                report.payloads_gone += 1
+            elif marked:
                 report.payloads_marked += 1
             else:
                 report.payloads_unmarked += 1
