@@ -86,6 +86,9 @@ def test_a_finished_replay_of_a_group_shows_what_was_looked_at(broker: BrokerSet
     assert (progress["looked"], progress["total"]) == (6, 6)  # the bar is full: every message was looked at
     assert '<progress id="bar" max="6" value="6">' in page.text
     assert 'id="stop-form"' not in page.text
+    asked = page.text.split("<h2>Asked</h2>", 1)[1]
+    assert "<tr><th>canary</th><td>no canary</td></tr>" in asked  # the canary field left empty
+    assert "None" not in asked
 
 
 def test_park_and_purge_audit_the_job_ids_they_took(broker: BrokerSettings, tmp_path: Path, quarantined):
@@ -240,3 +243,4 @@ def test_enter_in_a_field_of_the_action_form_submits_nothing(broker, tmp_path: P
     assert 'type="submit"' in first.group(0)
     assert " disabled" in first.group(0), first.group(0)
     assert "name=" not in first.group(0)
+
