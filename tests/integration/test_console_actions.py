@@ -21,7 +21,7 @@ from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import BASE, CSRF, Handler, client, quarantine_six, wait_done
-from tests.integration.helpers import depth
+from tests.integration.helpers import depth, drain
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -244,3 +244,21 @@ def test_enter_in_a_field_of_the_action_form_submits_nothing(broker, tmp_path: P
     assert " disabled" in first.group(0), first.group(0)
     assert "name=" not in first.group(0)
 
+
+def test_a_replay_cut_off_by_a_deleted_quarantine_queue_names_every_job_it_moved(
+    broker: BrokerSettings, tmp_path: Path, quarantined
+):
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "2", "canary": ""}
+    with client(broker, tmp_path) as c:
+        started = c.post("/actions/replay", data=form)
+        assert started.status_code == 303, started.text
+        asyncio.run(asyncio.sleep(1.6))  # at 2 per second: 4 moves started, the 4th maybe not yet acked
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/work.quarantine")
+        progress = wait_done(c, started.headers["location"].replace(BASE, ""))
+    arrived = sorted(m.message_id or "" for m in asyncio.run(drain(broker, "work")))
+    assert progress["state"] == "failed", progress
+    assert progress["moved"] == len(arrived) >= 3, (progress, arrived)
+    assert f"interrupted after {len(arrived)} moved" in progress["summary"]
+    (entry,) = audit_lines(tmp_path)
+    assert (entry["result"], sorted(entry["job_ids"])) == ("error", arrived)
