@@ -13,7 +13,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
 from amqpjobs.runtime.parking import TakeReport, park
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import drain, raw_channel
+from tests.integration.helpers import cli, drain, raw_channel
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.worker_env import make_app
 
@@ -85,3 +85,18 @@ async def test_a_park_cut_off_by_a_deleted_quarantine_queue_counts_names_and_rec
     for job_id in parked:
         assert [r.state for r in await results.history(job_id)] == ["parked"], job_id
     await results.close()
+
+
+@pytest.mark.timeout(60)
+async def test_the_cli_says_how_many_a_cut_off_replay_moved(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 10)
+    deleting = asyncio.create_task(delete_queue_after(broker, "work.quarantine", 2.5))
+    out = await asyncio.to_thread(cli, broker, "replay", "work.quarantine", "--rate", "2")
+    await deleting
+    arrived = await ids_in(broker, "work")
+    assert out.exit_code == 3, out.output
+    assert (
+        f"broker error: replay from 'work.quarantine' interrupted after {len(arrived)} moved (the one in flight may "
+        "be in both places: a duplicate, never a loss): NOT_FOUND"
+    ) in out.stderr, out.stderr
