@@ -34,6 +34,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.payload_refs import PayloadRef
+from amqpjobs.jobs.replay_plan import in_flight_note
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
 from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_quarantine_queue, session
@@ -153,7 +154,7 @@ async def _settled(moving: Awaitable[bool]) -> bool:
 def _interrupted(action: str, queue: str, report: TakeReport, exc: BaseException) -> BrokerError:
     """The error of a park or purge the broker cut short, saying how many were taken before it."""
     done = {"park": "parked", "purge": "deleted"}.get(action, "taken")
-    in_flight = " (the one in flight may be in both places: a duplicate, never a loss)" if action == "park" else ""
+    in_flight = f" ({in_flight_note(1)})" if action == "park" else ""  # a park moves one at a time
     return BrokerError(f"{action} of {queue!r} interrupted after {report.taken} {done}{in_flight}: {exc}")
 
 

@@ -223,15 +223,13 @@ async def replay(
                         f"target queue {target!r} does not exist; {report.replayed} moved before it, "
                         "the rest stay in quarantine"
                     ) from None
-                # the copy is confirmed: it moved, whatever becomes of the ack (a failed one leaves the
-                # original in both places, a duplicate, never a loss)
-                report.moves.append((copy.message_id or "", target))
+                report.moves.append((copy.message_id or "", target))  # confirmed: it moved, whatever the ack does
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
-                await delivery.ack()
+                await delivery.ack()  # a failed ack leaves the original in both places: a duplicate, never a loss
                 if progress is not None:
                     progress(report)
             except Exception as exc:  # raised by replay() once the moves under way are settled
@@ -297,18 +295,10 @@ async def replay(
             raise
         except INTERRUPTED as exc:
             await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
-            size = replay_window(options.rate)
-            in_flight = (
-                "the one in flight may be in both places: a duplicate, never a loss" if size == 1
-                else f"the {size} at most in flight may be in both places: duplicates, never losses"
-            )  # fmt: skip
-            raise BrokerError(
-                f"replay from {queue_name!r} interrupted after {report.replayed} moved ({in_flight}): {exc}"
-            ) from exc
+            raise BrokerError(report.cut_short(options.rate, exc)) from exc
         finally:
-            if interrupted:  # Ctrl-C: cut the moves short; else each ends at its confirm and is counted
-                for task in moving:
-                    task.cancel()
+            for task in moving if interrupted else ():  # Ctrl-C cuts them short; else each ends at its confirm
+                task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
             await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()
