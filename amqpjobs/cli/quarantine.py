@@ -203,9 +203,10 @@ def quarantine_purge(
         if store is not None:
             unmarked = report.payloads_unmarked
             failed = f"; {unmarked} could not be marked (see the warnings)" if unmarked else ""
+            gone = f"; {report.payloads_gone} already gone (nothing to mark)" if report.payloads_gone else ""
             click.echo(f"marked {report.payloads_marked} stored payload(s) for deletion after the store's grace "
                        f"({store.grace:g}s); {report.payloads_spared} still named by a message left"
-                       f"{failed}")  # fmt: skip
+                       f"{gone}{failed}")  # fmt: skip
         echo_no_match(census, chosen)
         return
     name, removed = asyncio.run(purge(broker, queue))

@@ -97,6 +97,13 @@ class ActionRun:
             left = self.left_now
         return moved, skipped, left
 
+    def asked(self) -> list[tuple[str, str]]:
+        """What was asked (:attr:`params`) as the page shows it: (name, text) pairs, an empty canary as ``no canary``.
+
+        The audit keeps :attr:`params` as they are (JSON ``null`` for no canary).
+        """
+        return [(k, "no canary" if k == "canary" and v is None else str(v)) for k, v in self.params.items()]
+
     def moved_ids(self) -> list[str]:
         """The job ids moved (replay, park) or deleted (purge), in order; messages without one are left out."""
         if self.replay is not None:

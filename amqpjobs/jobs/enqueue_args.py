@@ -27,13 +27,12 @@ def checked_job_id(
             or returned no non-empty str.
 
     """
-    for label, value in (("job_id", job_id), ("tenant", tenant)):
-        if value is not None and not isinstance(value, str):
-            raise ConfigurationError(f"job {jobdef.name!r}: {label} must be a str (got {type(value).__name__})")
+    if job_id is not None and (problem := job_id_problem(job_id)):  # the one job-id rule, its type too
+        raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
+    if tenant is not None and not isinstance(tenant, str):
+        raise ConfigurationError(f"job {jobdef.name!r}: tenant must be a str (got {type(tenant).__name__})")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
-    if job_id is not None and (problem := job_id_problem(job_id)):
-        raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
     if tenant is not None and not tenant.strip():
         raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
     if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):

@@ -253,13 +253,15 @@ def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
     )
 
 
-def job_id_problem(job_id: str) -> str | None:
-    """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``).
+def job_id_problem(job_id: object) -> str | None:
+    """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``, ``job_status``).
 
-    A job id is the AMQP ``message_id`` (a shortstr): not empty nor blank, UTF-8 text (no lone
-    surrogate, which no message can carry; a NUL it can), at most 255 UTF-8 bytes
-    (:func:`shortstr_problem`).
+    A job id is the AMQP ``message_id`` (a shortstr): a str (``job_id must be a str (got
+    int)``), not empty nor blank, UTF-8 text (no lone surrogate, which no message can carry; a
+    NUL it can), at most 255 UTF-8 bytes (:func:`shortstr_problem`).
     """
+    if not isinstance(job_id, str):
+        return f"job_id must be a str (got {type(job_id).__name__})"
     if not job_id.strip():
         return "job_id is empty; give an id (or leave it out when enqueueing: a random UUID)"
     try:

@@ -99,7 +99,7 @@ class ReplayReport:
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
         elapsed: Seconds from the first to the last move.
-        moves: (job id, target queue) of each move done, once acked (on a dry run: each planned move).
+        moves: (job id, target queue) of each move done, once its copy is confirmed (on a dry run: each planned move).
         rerouted: Job id -> why it went elsewhere than the queue it failed on (a dropped shard).
         phase: ``canary`` while the canaries move and are waited for, ``rest`` after they
             passed, "" without a canary.
@@ -140,6 +140,15 @@ class ReplayReport:
             f"({self.elapsed:.1f}s{waited}{rate}){self.skip_reason()}"
         )
 
+    def cut_short(self, rate: float, why: object) -> str:
+        """The error of a run at ``rate`` messages/s the broker cut short (``why``): how many moved, what may be twice.
+
+        ``replay from 'work.quarantine' interrupted after 4 moved (the one in flight may be in both
+        places: a duplicate, never a loss): NOT_FOUND ...``; every move whose copy was confirmed counts.
+        """
+        note = in_flight_note(replay_window(rate))
+        return f"replay from {self.queue!r} interrupted after {self.replayed} moved ({note}): {why}"
+
     def skip_reason(self) -> str:
         """Why messages that matched were skipped ("" when none was): ``; 1 skipped: no queue to go back to ...``."""
         why = ""
@@ -163,3 +172,14 @@ def replay_window(rate: float) -> int:
     work queue (duplicates, which replaying an idempotent job tolerates).
     """
     return max(1, math.ceil(rate * 0.02))
+
+
+def in_flight_note(window: int) -> str:
+    """What a move cut short may leave, ``window`` moves being in flight at once (:func:`replay_window`; park: 1).
+
+    The one note of a replay or park the broker interrupts: a copy confirmed whose original's
+    ack did not go, or one sent whose confirm never came, is in both places.
+    """
+    if window == 1:
+        return "the one in flight may be in both places: a duplicate, never a loss"
+    return f"the {window} at most in flight may be in both places: duplicates, never losses"

@@ -34,6 +34,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.payload_refs import PayloadRef
+from amqpjobs.jobs.replay_plan import in_flight_note
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
 from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_quarantine_queue, session
@@ -64,6 +65,7 @@ class TakeReport:
         payloads_spared: Stored payloads of deleted messages left as they are: a message left in
             the queue or its quarantine/parked sibling still names them.
         payloads_unmarked: Stored payloads whose mark failed (the store erred; logged): they stay.
+        payloads_gone: Stored payloads of deleted messages that were gone already (nothing to mark).
 
     """
 
@@ -77,6 +79,7 @@ class TakeReport:
     payloads_marked: int = 0
     payloads_spared: int = 0
     payloads_unmarked: int = 0
+    payloads_gone: int = 0
 
 
 async def _take(
@@ -112,19 +115,47 @@ async def _take(
                     taken = await asyncio.shield(moving)
                 except asyncio.CancelledError:
                     with contextlib.suppress(Exception):
-                        if await moving:
+                        taken = await _settled(moving)
+                        if taken:
                             report.taken += 1
                             report.job_ids.append(job_id)
                     raise
+                except _Cut as cut:  # its copy is confirmed, its ack failed: taken (maybe still in the queue too)
+                    report.taken += 1
+                    report.job_ids.append(job_id)
+                    raise _interrupted(action, queue, report, cut.cause) from cut.cause
                 if taken:
                     report.taken += 1
                     report.job_ids.append(job_id)
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
-            raise BrokerError(f"{action} of {queue!r} interrupted after {report.taken}: {exc}") from exc
+            raise _interrupted(action, queue, report, exc) from exc
         finally:
             await browser.close_quietly()  # the messages kept return to the queue, in their place
+
+
+class _Cut(Exception):
+    """A move whose copy is confirmed but whose ack failed (``cause``): it counts as taken."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+async def _settled(moving: Awaitable[bool]) -> bool:
+    """Whether the move took its message: True also for one cut off after its copy was confirmed (:class:`_Cut`)."""
+    try:
+        return await moving
+    except _Cut:
+        return True
+
+
+def _interrupted(action: str, queue: str, report: TakeReport, exc: BaseException) -> BrokerError:
+    """The error of a park or purge the broker cut short, saying how many were taken before it."""
+    done = {"park": "parked", "purge": "deleted"}.get(action, "taken")
+    in_flight = f" ({in_flight_note(1)})" if action == "park" else ""  # a park moves one at a time
+    return BrokerError(f"{action} of {queue!r} interrupted after {report.taken} {done}{in_flight}: {exc}")
 
 
 async def park(
@@ -192,10 +223,15 @@ async def park(
                 raise ConfigurationError(
                     f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
                 ) from None
-            await delivery.ack()
+            # the copy is confirmed: it is parked, whatever becomes of the ack (a failed one leaves the
+            # original in quarantine too, a duplicate, never a loss)
             moved.append(StateRecord(job_id, item.job, "parked", item.attempts, at, detail=item.reason,
                                      error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
                                      where=target))  # fmt: skip
+            try:
+                await delivery.ack()
+            except INTERRUPTED as exc:
+                raise _Cut(exc) from exc
             return True
 
         moved: list[StateRecord] = []
@@ -256,7 +292,10 @@ async def purge_matching(
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)
         for ref in sorted(purged - held, key=str):
-            if await retire(payloads, ref):
+            marked = await retire(payloads, ref)
+            if marked is None:
+                report.payloads_gone += 1
+            elif marked:
                 report.payloads_marked += 1
             else:
                 report.payloads_unmarked += 1

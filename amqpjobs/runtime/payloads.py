@@ -123,8 +123,12 @@ class PayloadStore(abc.ABC):
         """The payload under ``key``, or None when there is none."""
 
     @abc.abstractmethod
-    async def mark_done(self, key: str, at: float) -> None:
-        """Record that ``key``'s job succeeded at ``at`` (seconds since the epoch); nothing if it is gone."""
+    async def mark_done(self, key: str, at: float) -> bool:
+        """Record that ``key``'s job succeeded at ``at`` (seconds since the epoch); nothing if it is gone.
+
+        Returns:
+            True when the mark was written, False when there is no payload under ``key`` (nothing written).
+        """
 
     @abc.abstractmethod
     async def unmark(self, key: str) -> None:
@@ -353,19 +357,19 @@ def referenced(store: PayloadStore, headers: Mapping[str, Any]) -> PayloadRef | 
     return ref if ref.store == store.name else None
 
 
-async def retire(store: PayloadStore, ref: PayloadRef) -> bool:
+async def retire(store: PayloadStore, ref: PayloadRef) -> bool | None:
     """Give the payload of a purged message its done mark: the sweep deletes it after the grace (best effort).
 
     Not deleted at once: another copy may still name it (a forged or duplicated quarantine
     copy, a copy a killed replay left in the work queue). Within the grace a worker that
     quarantines such a copy removes the mark again, and one that runs it re-marks it.
-    Returns whether it is marked (False: the store failed, logged; the payload stays).
+    Returns True when it is marked, None when it was gone already (nothing to mark), False
+    when the store failed (logged; the payload stays).
     """
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
             await store.open()
-            await store.mark_done(ref.key, time.time())
+            return True if await store.mark_done(ref.key, time.time()) else None
     except Exception as exc:
         log.warning("marking purged stored payload %s for deletion failed (%s); it stays", ref, _what(exc))
         return False
-    return True

@@ -82,10 +82,12 @@ class FilePayloadStore(PayloadStore):
         except FileNotFoundError:
             return None
 
-    async def mark_done(self, key: str, at: float) -> None:
+    async def mark_done(self, key: str, at: float) -> bool:
         """See :meth:`PayloadStore.mark_done`."""
-        if (self._data / key).exists():
-            (self._done / key).write_text(repr(at), encoding="ascii")
+        if not (self._data / key).exists():
+            return False
+        (self._done / key).write_text(repr(at), encoding="ascii")
+        return True
 
     async def unmark(self, key: str) -> None:
         """See :meth:`PayloadStore.unmark`."""

@@ -88,9 +88,12 @@ class PostgresPayloadStore(PayloadStore):
         row = await self._run(sql, (self.name, key), fetch=True)
         return None if row is None else bytes(row[0])
 
-    async def mark_done(self, key: str, at: float) -> None:
+    async def mark_done(self, key: str, at: float) -> bool:
         """See :meth:`PayloadStore.mark_done`."""
-        await self._run("UPDATE amqpjobs_payloads SET done_at = %s WHERE store = %s AND key = %s", (at, self.name, key))
+        cur = await self._run(
+            "UPDATE amqpjobs_payloads SET done_at = %s WHERE store = %s AND key = %s", (at, self.name, key)
+        )
+        return int(cur.rowcount) > 0
 
     async def unmark(self, key: str) -> None:
         """See :meth:`PayloadStore.unmark`."""

@@ -111,9 +111,16 @@ class S3PayloadStore(PayloadStore):
         """See :meth:`PayloadStore.read`."""
         return await self._get(f"{self.prefix}data/{key}")
 
-    async def mark_done(self, key: str, at: float) -> None:
-        """See :meth:`PayloadStore.mark_done` (``at`` is the mark's body, as text)."""
+    async def mark_done(self, key: str, at: float) -> bool:
+        """See :meth:`PayloadStore.mark_done` (``at`` is the mark's body, as text; one HEAD of the payload first)."""
+        try:
+            await self._call("head_object", Key=f"{self.prefix}data/{key}")
+        except Exception as exc:
+            if self._missing(exc):
+                return False
+            raise
         await self._call("put_object", Key=f"{self.prefix}done/{key}", Body=repr(at).encode("ascii"))
+        return True
 
     async def read_mark(self, key: str) -> float | None:
         """The time in ``key``'s done mark, or None (no mark; an unreadable one counts as ``0``: due)."""

@@ -226,13 +226,13 @@ async def replay(
                         "the rest stay in quarantine"
                     ) from None
                 proven = max(proven, len(copy.body))
-                await delivery.ack()
-                report.moves.append((copy.message_id or "", target))
+                report.moves.append((copy.message_id or "", target))  # confirmed: it moved, whatever the ack does
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
                 moved.append(StateRecord(copy.message_id or "", was.job, "replayed", was.attempts, at,
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
+                await delivery.ack()  # a failed ack leaves the original in both places: a duplicate, never a loss
                 if progress is not None:
                     progress(report)
             except Exception as exc:  # raised by replay() once the moves under way are settled
@@ -302,9 +302,10 @@ async def replay(
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
-            raise BrokerError(f"replay from {queue_name!r} interrupted: {exc}") from exc
+            await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
+            raise BrokerError(report.cut_short(options.rate, exc)) from exc
         finally:
-            for task in moving:
+            for task in moving if interrupted else ():  # Ctrl-C cuts them short; else each ends at its confirm
                 task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
             await browser.close_quietly()  # held (skipped) messages return to quarantine

@@ -21,7 +21,7 @@ from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import BASE, CSRF, Handler, client, quarantine_six, wait_done
-from tests.integration.helpers import depth
+from tests.integration.helpers import depth, drain
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -86,6 +86,9 @@ def test_a_finished_replay_of_a_group_shows_what_was_looked_at(broker: BrokerSet
     assert (progress["looked"], progress["total"]) == (6, 6)  # the bar is full: every message was looked at
     assert '<progress id="bar" max="6" value="6">' in page.text
     assert 'id="stop-form"' not in page.text
+    asked = page.text.split("<h2>Asked</h2>", 1)[1]
+    assert "<tr><th>canary</th><td>no canary</td></tr>" in asked  # the canary field left empty
+    assert "None" not in asked
 
 
 def test_park_and_purge_audit_the_job_ids_they_took(broker: BrokerSettings, tmp_path: Path, quarantined):
@@ -240,3 +243,22 @@ def test_enter_in_a_field_of_the_action_form_submits_nothing(broker, tmp_path: P
     assert 'type="submit"' in first.group(0)
     assert " disabled" in first.group(0), first.group(0)
     assert "name=" not in first.group(0)
+
+
+def test_a_replay_cut_off_by_a_deleted_quarantine_queue_names_every_job_it_moved(
+    broker: BrokerSettings, tmp_path: Path, quarantined
+):
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "2", "canary": ""}
+    with client(broker, tmp_path) as c:
+        started = c.post("/actions/replay", data=form)
+        assert started.status_code == 303, started.text
+        asyncio.run(asyncio.sleep(1.6))  # at 2 per second: 4 moves started, the 4th maybe not yet acked
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/work.quarantine")
+        progress = wait_done(c, started.headers["location"].replace(BASE, ""))
+    arrived = sorted(m.message_id or "" for m in asyncio.run(drain(broker, "work")))
+    assert progress["state"] == "failed", progress
+    assert progress["moved"] == len(arrived) >= 3, (progress, arrived)
+    assert f"interrupted after {len(arrived)} moved" in progress["summary"]
+    (entry,) = audit_lines(tmp_path)
+    assert (entry["result"], sorted(entry["job_ids"])) == ("error", arrived)

@@ -70,6 +70,26 @@ async def test_purge_with_the_app_counts_the_payloads_it_marked(
     assert sorted(p.name for p in (tmp_path / "payloads" / "done").iterdir()) == sorted([one.key, two.key])
 
 
+async def test_purge_counts_only_the_marks_it_made_and_names_the_payloads_already_gone(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    await make_app(broker, tmp_path)
+    store = FilePayloadStore(tmp_path / "payloads")
+    there, gone = [await store.put(envelope.encode_payload({"n": n})) for n in range(2)]
+    await store.remove(gone.key)  # a sweep (or a person) took it already
+    for job_id, ref in (("a", there), ("b", gone)):
+        await _publish(broker, "work.quarantine", job_id, str(ref))
+    app_ref = app_module(tmp_path, f"FilePayloadStore({str(tmp_path / 'payloads')!r})", monkeypatch)
+    out = await asyncio.to_thread(cli, broker, "quarantine", "purge", "work.quarantine", "--yes", "--app", app_ref)
+    assert out.exit_code == 0, out.output
+    assert "purged 2 message(s) from work.quarantine; 0 left" in out.stdout
+    assert (
+        "marked 1 stored payload(s) for deletion after the store's grace (3600s); 0 still named by a message left; "
+        "1 already gone (nothing to mark)\n"
+    ) in out.stdout, out.stdout
+    assert [p.name for p in (tmp_path / "payloads" / "done").iterdir()] == [there.key]
+
+
 def test_a_401_for_a_user_without_the_management_tag_says_so(broker: BrokerSettings):
     user = f"notag-{uuid.uuid4().hex[:8]}"
     with ManagementClient(broker) as admin:

@@ -68,3 +68,12 @@ def test_the_progress_line_names_the_phase_only_of_a_canary_run():
     assert progress_line(report, 50) == "canary: replayed 40 of 50"
     report.phase = "rest"
     assert progress_line(report, 2) == "rest: replayed 40 (50/s)"
+
+
+def test_a_cut_short_replay_says_how_many_moved_and_how_many_may_be_in_both_places():
+    report = ReplayReport(queue="work.quarantine", replayed=4)
+    assert report.cut_short(2, "NOT_FOUND - no queue") == (
+        "replay from 'work.quarantine' interrupted after 4 moved (the one in flight may be in both places: "
+        "a duplicate, never a loss): NOT_FOUND - no queue"
+    )
+    assert "(the 10 at most in flight may be in both places: duplicates, never losses)" in report.cut_short(500, "x")

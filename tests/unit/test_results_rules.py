@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
+from amqpjobs import App, SqliteResults
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
 from amqpjobs.runtime.pg_text import from_db, to_db
+from amqpjobs.topology.models import Topology
 
 pytestmark = pytest.mark.version_independent
 
@@ -130,3 +135,20 @@ def test_an_escaped_record_spells_out_what_a_database_cannot_hold_and_keeps_its_
     assert record.escaped() == StateRecord("x\x00y", "j\\x00", "quarantined", 2, 1.0, detail="d\\ud800",
                                            error="E: a\\x00b", where="q", value='"\\ud800"')  # fmt: skip
     assert json.loads(record.escaped().value or "") == "\ud800"  # in JSON text, the same character
+
+
+@pytest.mark.parametrize(("job_id", "named"), [(None, "NoneType"), (5, "int"), (b"j1", "bytes")])
+async def test_job_status_and_result_refuse_an_id_that_is_no_str_by_the_enqueue_rule(
+    job_id: object, named: str, tmp_path: Path
+) -> None:
+    app = App("reads", topology=Topology(), url="amqp://guest:guest@127.0.0.1:1/",
+              results=SqliteResults(tmp_path / "r.db"))  # fmt: skip
+    expected = f"job_id must be a str (got {named})"
+    assert job_id_problem(job_id) == expected
+    for read in (app.job_status(job_id), app.result(job_id, timeout=1)):  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError) as caught:
+            await read
+        assert str(caught.value) == expected
+    with app.sync_publisher() as publisher, pytest.raises(ConfigurationError) as caught:
+        await asyncio.to_thread(publisher.job_status, job_id)  # type: ignore[arg-type]
+    assert str(caught.value) == expected
