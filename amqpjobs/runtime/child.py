@@ -117,7 +117,8 @@ async def run_child(spec: ChildSpec) -> int:
 
     Returns:
         0 after a clean drain, 1 when in-flight work was abandoned or the worker could not start
-        (after its ``error`` status line).
+        (after its ``error`` status line). A plain-function handler's thread still running after
+        the grace ends the process at once instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
     """
     try:
         app = load_app(spec.app_ref)
@@ -134,7 +135,7 @@ async def run_child(spec: ChildSpec) -> int:
     reporter = asyncio.create_task(_report_ready(worker))
     try:
         with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
-            return await worker.run()
+            return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
     except AmqpJobsError as exc:
         return _failed(exc)
     finally:

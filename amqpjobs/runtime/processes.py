@@ -41,6 +41,10 @@ async def run_worker(
 
     Returns:
         The process exit code: 0 after a clean drain, 1 when in-flight work was abandoned.
+        When a plain-function handler's thread still runs after the grace, the process ends
+        (exit 1) before its connection closes, so that the thread can't finish beside its
+        redelivery: this never returns then, and the app's stores are not closed
+        (:mod:`amqpjobs.runtime.handler_threads`).
 
     Raises:
         ConfigurationError: the metrics port can't be bound.
@@ -57,7 +61,7 @@ async def run_worker(
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
     try:
         with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
-            return await worker.run()
+            return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
     finally:
         if server is not None:
             server.stop()

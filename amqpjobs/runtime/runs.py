@@ -12,7 +12,6 @@ import logging
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.draining import Draining
+from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.results import ResultsWriter
@@ -48,7 +48,7 @@ class HandlerRuns:
     _host: str
     _pid: int
     _timeouts: dict[str, float]
-    _executor: ThreadPoolExecutor | None
+    _threads: HandlerThreads  # plain-function handlers' pool and the runs going in it
     _stalls: StallWatch
     _results: ResultsWriter | None
     _rates: RateLimits | None
@@ -308,7 +308,7 @@ class HandlerRuns:
         # run by its result.
         # in a copy of this context, as asyncio.to_thread does: the handler sees its span and baggage (tracing)
         run = contextvars.copy_context().run
-        future = asyncio.get_running_loop().run_in_executor(self._executor, run, job.handler, payload, ctx)
+        future = self._threads.run(run, job.handler, payload, ctx)  # counted until it returns, also once cancelled
         if limit is not None:
             done, _ = await asyncio.wait({future}, timeout=limit)
             if not done:

@@ -26,7 +26,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
@@ -38,6 +37,7 @@ from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.deploy import require_objects_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
+from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
@@ -48,7 +48,7 @@ from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.status import warn_dropped_shards
-from amqpjobs.runtime.suspects import SuspectTurns
+from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_jobs
 from amqpjobs.topology.models import JobQueueLayout
@@ -67,7 +67,7 @@ log = logging.getLogger("amqpjobs.worker")
 STUCK_AFTER = 3.0
 
 
-class Worker(SuspectTurns):
+class Worker(WorkerStop):
     """Consumes an app's job queues until stopped.
 
     Args:
@@ -103,7 +103,7 @@ class Worker(SuspectTurns):
         self._inflight: set[asyncio.Task[Any]] = set()
         self._draining = Draining()  # handlers started, deliveries handed back while stopping: the stop's counts
         self._late_claims: set[asyncio.Task[None]] = set()  # idempotency claims given up at the stop (runs.py)
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads = HandlerThreads()  # plain-function handlers' pool; past the grace, see before_close
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
@@ -155,7 +155,7 @@ class Worker(SuspectTurns):
         self.app.set_default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         slots += len(rate_limited(self.app, self._layouts.values())) * self.options.concurrency  # waiting rooms
-        self._executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="amqpjobs-sync")
+        self._threads.open(slots, "amqpjobs-sync")
         await require_objects_at_start(self.settings, self._layouts.values())
         if (store := self.app.payload_store) is not None:  # else every large job would fail into quarantine
             await open_store(
@@ -218,7 +218,7 @@ class Worker(SuspectTurns):
         quarantine) goes through ``publisher``.
         """
         self._check()
-        self._executor = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency), thread_name_prefix="amqpjobs")
+        self._threads.open(self.options.concurrency, "amqpjobs")
         self._publisher = self._quarantiner = publisher
         opener = getattr(self.app.ledger, "open", None)
         if opener is not None and any(j.idempotent for j in self.app):
@@ -313,8 +313,12 @@ class Worker(SuspectTurns):
         """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""
         self._stop.set()
 
-    async def run(self) -> int:
-        """Start, consume until :meth:`request_stop`, then drain and close.
+    async def run(self, *, own_process: bool = False) -> int:
+        """Start, consume until :meth:`request_stop`, then drain and close (:meth:`shutdown`).
+
+        Args:
+            own_process: The worker is its process's whole life (``amqpjobs consume`` and
+                each ``--processes`` child pass True): see :meth:`shutdown`.
 
         Returns:
             0 when every in-flight handler finished and was acked within the grace period,
@@ -331,70 +335,11 @@ class Worker(SuspectTurns):
         if not starting.done():
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
-            await self.shutdown()
+            await self.shutdown(own_process=own_process)
             return 0
         if starting.exception() is not None:
             stopping.cancel()
-            await self.shutdown()
+            await self.shutdown(own_process=own_process)
             raise starting.exception()  # type: ignore[misc]
         await stopping
-        return await self.shutdown()
-
-    async def shutdown(self) -> int:
-        """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
-
-        Returns:
-            0 when all in-flight work finished, else 1.
-
-        """
-        self._stop.set()
-        self._stalls.stop()
-        self._suspects_signal.set()
-        for task in self._background:
-            task.cancel()
-        try:  # then what is handed back (arrived meanwhile, or waiting for a token) is not taken again here
-            await asyncio.gather(*(consumer.cancel() for consumer in self._consumers))
-        finally:
-            self._took_last.set()
-            if self._rates is not None:
-                self._rates.release()
-        await asyncio.sleep(0)
-        code = 0
-        jobs, suspects = set(self._inflight), self._suspects_running
-        watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
-        draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
-        if self.ready.is_set():  # it consumed (a failed start says why instead)
-            log.info(draining)
-        still: set[asyncio.Task[Any]] = set()
-        abandoned = 0
-        ends = time.monotonic() + self.options.grace
-        if jobs or watchers:
-            _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
-            abandoned = min(suspects, len(still & watchers))  # suspects' jobs; the started ones: the last line
-            if still:
-                for line in self._draining.grace_lines(still, jobs, abandoned):
-                    log.warning(line)
-                code = 1
-                for task in still:
-                    task.cancel()
-                await asyncio.wait(still)  # each held delivery's hold ends before the channels close
-        await self._settle_late_claims(ends)  # released as they come, before the ledger closes
-        await self._settle_owed()  # ledger writes owed here (releases, done-marks): one more try
-        await self._holding.close()
-        await self._pauses.close()
-        if self._breakers is not None:
-            await self._breakers.close()
-        if self._results is not None:
-            await self._results.close()
-            await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
-        for consumer in self._consumers:
-            await consumer.flush_acks()
-        for closable in (self._publisher, self._quarantiner, self._events, self._connection, self._publishing):
-            if closable is not None:  # the publishers, then the connections
-                await closable.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        if self.ready.is_set():  # it consumed: say that it is gone (a failed start says why instead)
-            waited = len(self._rates.handed_back) if self._rates else 0
-            log.info(self._draining.stopped_line(still, (suspects, abandoned), waited, code))
-        return code
+        return await self.shutdown(own_process=own_process)

@@ -3,7 +3,8 @@
 Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
 "done <id> <pid>" lines to, with "yielded <id> <pid>" between for ``hold``; "count <id> <pid>" for the
-``count`` job), ``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
+``count`` job; "effect <id> <pid>" for the plain-function ``effect`` job, which has no "done"),
+``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
 ``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
 to the record, then raises RuntimeError).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from amqpjobs import App, JobContext, SqliteResults
@@ -53,6 +55,14 @@ async def hold(payload: dict[str, Any], ctx: JobContext) -> None:
     if not ctx.redelivered:
         await asyncio.sleep(60)
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("effect", queue="work", timeout="60s")
+def effect(payload: dict[str, Any], ctx: JobContext) -> None:
+    """A plain function (it runs in a thread): record its start, sleep ``payload["seconds"]``, record its effect."""
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    time.sleep(float(payload.get("seconds", 0)))
+    _record(f"effect {ctx.job_id} {os.getpid()}")
 
 
 @app.job("count", queue="work", timeout="60s")

@@ -232,7 +232,8 @@ async def test_a_worker_stopping_past_its_grace_releases_a_cancelled_runs_claim_
 ) -> None:
     """At stop, past the grace period, an async handler is cancelled: its run is over, so its claim is
     released and the redelivered job runs at once elsewhere (before: BUSY for the 60 s lease). A plain-function
-    handler's thread can't be stopped and may still commit: its claim stays until its lease runs out."""
+    handler's thread can't be stopped and may still commit: its claim stays until its lease runs out (the worker,
+    awaited in-process, keeps its connection and the delivery until that thread ends)."""
     base = await make_app(broker, tmp_path)
     ledger = SqliteLedger(tmp_path / "ledger.db")
     app = App("idem", topology=base.topology(), url=broker.url, ledger=ledger)
@@ -253,15 +254,21 @@ async def test_a_worker_stopping_past_its_grace_releases_a_cancelled_runs_claim_
     rec = Recorder()
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=0.5), rec)
     await worker.start()
+    stopping = None
     try:
         await app.enqueue("slow_async", {}, job_id="a1")
         await app.enqueue("slow_thread", {}, job_id="t1")
         assert {await asyncio.wait_for(started.get(), 20) for _ in range(2)} == {"a1", "t1"}
-    finally:
-        assert await worker.shutdown() == 1  # both still running after the grace period
-    try:
-        assert await ledger.claim("a1", "another-worker", 60) is Claim.CLAIMED
+        # both still running after the grace period; the worker then waits for the thread (README "Workers")
+        stopping = asyncio.create_task(worker.shutdown())
+        for _ in range(100):  # the async run is cancelled at the grace (0.5 s) and its claim released
+            if (a1 := await ledger.claim("a1", "another-worker", 60)) is Claim.CLAIMED:
+                break
+            await asyncio.sleep(0.05)
+        assert a1 is Claim.CLAIMED
+        assert not stopping.done()  # the thread runs on
         assert await ledger.claim("t1", "another-worker", 60) is Claim.BUSY
     finally:
         finish.set()
+        assert await (stopping if stopping is not None else worker.shutdown()) == 1
         await app.close()

@@ -1,0 +1,115 @@
+"""Plain-function handlers' threads, and what a stopping worker does about those past its grace (README "Workers").
+
+A thread can't be stopped. The rule: the broker must not get a delivery back (its channel
+or connection closed) while that delivery's handler thread may still run, or the
+redelivery runs beside it and the side effect is committed twice, at once. So a worker
+stopping past its grace, with handler threads still running (their tasks cancelled, their
+deliveries unacked), first flushes the acks of finished jobs and closes its publishers
+(their confirms in), then, before the consumer connection closes:
+
+- when it is its process's whole life (``amqpjobs consume``, each ``--processes`` child):
+  logs its stop lines, flushes logging and ends the process with ``os._exit(1)``. The
+  threads die with the process; only then does the OS close the socket and the broker
+  requeue. Nothing after that runs (the app's stores are not closed: as after a kill);
+- awaited in a program of its user's (:meth:`~amqpjobs.runtime.worker.Worker.run`,
+  :meth:`~amqpjobs.runtime.worker.Worker.shutdown`): a hard exit would end that program,
+  so it keeps the consumer connection open, the deliveries unacked, until the threads
+  end (however long that takes), then closes.
+
+An async handler is cancelled at the grace and ends with its task: it is none of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NoReturn
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+class HandlerThreads:
+    """A worker's thread pool for plain-function handlers, and the runs still going in it."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: set[Future[Any]] = set()  # submitted, not yet returned (a cancelled task's thread included)
+        self._lock = threading.Lock()  # a future's done callback runs in its thread
+
+    def open(self, threads: int, prefix: str) -> None:
+        """Make the pool: ``threads`` (at least 1) threads named ``prefix``-N."""
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix=prefix)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` in a pool thread, counted as running until it returns; its result as an asyncio future.
+
+        Cancelling that future cancels a run not started yet; one started goes on (and counts).
+
+        Raises:
+            RuntimeError: :meth:`open` was not called (the worker has not started).
+        """
+        if self._pool is None:
+            raise RuntimeError("the worker has not started: no thread pool for plain-function handlers")
+        future = self._pool.submit(fn, *args)
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._ended)
+        return asyncio.wrap_future(future)
+
+    def _ended(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    @property
+    def running(self) -> int:
+        """How many handler threads run now."""
+        with self._lock:
+            return len(self._running)
+
+    async def before_close(self, own_process: bool, stopped: str | None) -> None:
+        """The stop's step before the consumer connection closes: past the grace, no delivery back beside its thread.
+
+        With no handler thread running, returns at once. Else, ``own_process``: logs why,
+        then ``stopped`` (the worker's last line; None: none to log), flushes logging and
+        ends the process (exit 1), never returning. Not ``own_process``: logs why, and
+        returns once every handler thread has ended.
+        """
+        running = self.running
+        if not running:
+            return
+        why = f"{running} plain-function handler thread(s) still running can't be stopped: "
+        if own_process:
+            log.warning(why + "the process ends at once, before its connection closes, so that no abandoned thread "
+                        "finishes beside its redelivery")  # fmt: skip
+            if stopped is not None:
+                log.info(stopped)
+            end_process(1)
+        log.warning(why + "the worker keeps its connection (their deliveries unacked) until they end, so that none "
+                    "finishes beside its redelivery")  # fmt: skip
+        began = time.monotonic()
+        with self._lock:
+            futures = [asyncio.wrap_future(f) for f in self._running]
+        if futures:  # the last may have ended meanwhile
+            await asyncio.wait(futures)
+        log.info("the handler thread(s) ended after %.1fs; closing the connection", time.monotonic() - began)
+
+    def close(self) -> None:
+        """Shut the pool down without waiting (runs not started are cancelled)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process now with ``code``, its threads with it: logging and stdio flushed first, nothing else runs."""
+    logging.shutdown()  # every handler flushed: the stop lines are out
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to say
+            stream.flush()
+    os._exit(code)

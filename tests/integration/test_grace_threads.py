@@ -1,0 +1,198 @@
+"""A plain-function handler still running after the stop's grace: its delivery never goes back while it may run.
+
+A thread can't be stopped. ``amqpjobs consume`` (and each ``--processes`` child) ends its
+process at once, before the consumer connection closes, so the thread dies before the
+broker requeues the delivery; a :class:`Worker` awaited in-process keeps its connection
+(the delivery unacked) until the thread ends. Either way the redelivery runs only after
+the first run ended (README "Workers").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqpjobs import JobContext
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, depth, write_file
+from tests.integration.test_worker_process import exit_code, publisher, read_record, wait_until
+from tests.integration.test_worker_processes import wait_until_depth
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+ENDS_AT_ONCE = (
+    "the process ends at once, before its connection closes, so that no abandoned thread finishes beside its redelivery"
+)
+
+
+@contextmanager
+def worker(broker: BrokerSettings, tmp_path: Path, name: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``amqpjobs consume tests.integration.procapp:app *args``, its output in ``<name>.log``."""
+    topo = tmp_path / "proc.toml"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+    with consume_subprocess("tests.integration.procapp:app", env, args, tmp_path / f"{name}.log") as proc:
+        yield proc
+
+
+def log_of(tmp_path: Path, name: str) -> str:
+    path = tmp_path / f"{name}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def ended(pid: int) -> bool:
+    """The process is gone or a zombie (it exited; its parent has not reaped it yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def assert_runs_never_overlap(record: list[list[str]]) -> None:
+    """Each start comes after the previous run's effect, or the previous run has none (its process ended first)."""
+    starts = [i for i, r in enumerate(record) if r[0] == "start"]
+    for previous, start in itertools.pairwise(starts):
+        pid = record[previous][4]
+        effects = [i for i, r in enumerate(record) if r[0] == "effect" and r[2] == pid and i > previous]
+        assert not effects or effects[0] < start, f"run 2 started beside run 1: {record}"
+
+
+async def abandon_a_thread(broker: BrokerSettings, tmp_path: Path, *a_args: str) -> tuple[int, float, int]:
+    """Worker A runs ``effect`` (8 s) and gets SIGTERM 6 s in (grace 1 s) while worker B waits.
+
+    Returns A's exit code, the seconds from the SIGTERM until the process that ran the job
+    was gone, and that process's pid; B has run the redelivery to its end and stopped (exit 0).
+    """
+    app = await publisher(broker, tmp_path)
+    app.job("effect", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "1s", *a_args) as a:
+        await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
+        await app.enqueue("effect", {"seconds": 8}, job_id="once")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "run 1 to start")
+        began = time.monotonic()
+        ran_in = int(read_record(record)[0][4])
+        with worker(broker, tmp_path, "b", "--concurrency", "1") as b:
+            await wait_until(lambda: "worker consuming" in log_of(tmp_path, "b"), 30, "B consuming")
+            await asyncio.sleep(max(0.0, began + 6 - time.monotonic()))
+            a.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            await wait_until(lambda: ended(ran_in), 30, "A's process to end")
+            gone = time.monotonic() - sent
+            code = await exit_code(a)
+            await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "start") == 2, 30, "run 2")
+            await wait_until(lambda: any(r[0] == "effect" and r[2] == str(b.pid) for r in read_record(record)),
+                             30, "B's effect")  # fmt: skip
+            b.send_signal(signal.SIGTERM)
+            assert await exit_code(b) == 0, log_of(tmp_path, "b")
+    await app.close()
+    return code, gone, ran_in
+
+
+@pytest.mark.serial  # a wall-clock bound: A gone within 1 s of its grace
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_a_thread_past_the_grace_ends_with_its_process_before_the_redelivery_runs(
+    broker: BrokerSettings, tmp_path: Path, processes: str
+) -> None:
+    """Before: A logged "1 abandoned (redelivered)" and closed its connection, B started run 2, and A's
+    thread wrote its effect 1 s later, beside run 2 (two effects, overlapping runs)."""
+    code, gone, ran_in = await abandon_a_thread(broker, tmp_path, "--processes", processes)
+    record = read_record(tmp_path / "record.txt")
+    out = log_of(tmp_path, "a")
+    b = [r[4] for r in record if r[0] == "start"][1]
+    assert_runs_never_overlap(record)
+    starts = [r[:4] for r in record if r[0] == "start"]
+    assert starts == [["start", "once", "1", "0"], ["start", "once", "1", "1"]], record  # 2 runs: the bound
+    assert [r for r in record if r[0] == "effect"] == [["effect", "once", b]], record  # A's thread died with A
+    assert int(b) != ran_in
+    assert code == 1, out
+    assert gone < 2.0, f"A's process took {gone:.2f}s after the SIGTERM (grace 1s)"
+    assert "1 job(s) still running after the grace period; they will be redelivered" in out, out
+    assert f"1 plain-function handler thread(s) still running can't be stopped: {ENDS_AT_ONCE}" in out, out
+    assert "worker stopped: 0 in-flight job(s) finished, 1 abandoned (redelivered); exit 1" in out, out
+    assert await depth(broker, "work") == 0
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_an_async_handler_past_the_grace_is_cancelled_and_the_worker_exits_1(
+    broker: BrokerSettings, tmp_path: Path, processes: str
+) -> None:
+    app = await publisher(broker, tmp_path)
+    record = tmp_path / "record.txt"
+    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "1s", "--processes", processes) as a:
+        await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
+        await app.enqueue("sleep", {"seconds": 8}, job_id="cut")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the run to start")
+        a.send_signal(signal.SIGTERM)
+        code = await exit_code(a)
+    await app.close()
+    out = log_of(tmp_path, "a")
+    assert code == 1, out
+    assert "1 job(s) still running after the grace period; they will be redelivered" in out, out
+    assert "worker stopped: 0 in-flight job(s) finished, 1 abandoned (redelivered); exit 1" in out, out
+    assert "thread(s) still running" not in out, out  # cancelled: nothing runs on
+    assert [r[0] for r in read_record(record)] == ["start"]
+    await wait_until_depth(broker, "work", 1)
+
+
+@pytest.mark.timeout(60)
+async def test_an_awaited_worker_keeps_a_running_threads_delivery_until_the_thread_ends(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process (no hard exit): past the grace the connection stays open, the delivery unacked, until the
+    thread ends; then it closes and the broker requeues. Before: closed at the grace while the thread ran on."""
+    app = await make_app(broker, tmp_path)
+    started, release = threading.Event(), threading.Event()
+    effects: list[str] = []
+
+    @app.job("slow", queue="work")
+    def slow(payload: dict[str, Any], ctx: JobContext) -> None:
+        started.set()
+        release.wait(30)
+        effects.append(ctx.job_id)
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    embedded = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=0.5))
+    await embedded.start()
+    await app.enqueue("slow", {}, job_id="t1")
+    assert await asyncio.to_thread(started.wait, 20)
+    stopping = asyncio.create_task(embedded.shutdown())
+    try:
+        await asyncio.sleep(1.5)  # the grace is over, the thread runs on
+        assert not stopping.done(), "the worker closed while the handler's thread still ran"
+        assert await depth(broker, "work") == 0  # still unacked on the open connection: not back
+        assert effects == []
+        release.set()
+        assert await asyncio.wait_for(stopping, 10) == 1
+    finally:
+        release.set()
+        await app.close()
+    assert effects == ["t1"]  # the run ended before the delivery went back
+    for _ in range(100):
+        if await depth(broker, "work") == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await depth(broker, "work") == 1
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("amqpjobs")]
+    assert "1 job(s) still running after the grace period; they will be redelivered" in lines
+    assert any(re.fullmatch(
+        r"1 plain-function handler thread\(s\) still running can't be stopped: the worker keeps its connection "
+        r"\(their deliveries unacked\) until they end, so that none finishes beside its redelivery", line)
+        for line in lines), lines  # fmt: skip
