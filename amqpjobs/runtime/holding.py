@@ -321,6 +321,21 @@ def needs_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> fro
     return frozenset(quarantine)
 
 
+def pending_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> tuple[str, str]:
+    """What a held delivery's copy carries out, and the queue or exchange it goes to (the stop's lines).
+
+    ``('quarantine', 'work.quarantine')``, ``('retry', <tier queue>)``, ``('registration',
+    <suspects queue>)``, ``('hand-back', <work queue>)``.
+    """
+    if isinstance(decision, RetryLater):
+        return "retry", layout.tier_queues[work_queue][decision.tier]
+    if isinstance(decision, Register):
+        return "registration", layout.suspects_queue
+    if isinstance(decision, HandBack):
+        return "hand-back", work_queue
+    return "quarantine", layout.quarantine_exchange
+
+
 def broker_bind(connection: Connection) -> Bind:
     """A :data:`Bind` on ``connection`` (:func:`amqpjobs.wire.declare.bind_queue`)."""
 
