@@ -259,5 +259,7 @@ async def test_a_held_delivery_whose_handler_ran_is_named_apart_from_running_job
         "its queue (redelivered); exit 1",
     ]
     assert effects == ["rej-1", "slow-1"]  # rej's handler ran once, before the stop
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.worker"]
+    assert "no delivery of work is held any more" not in lines  # it is not released: it goes back to its queue
     back = await drain(broker, "work")
     assert [(m.message_id, m.redelivered) for m in back] == [("rej-1", True)]
