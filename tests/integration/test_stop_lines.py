@@ -263,3 +263,51 @@ async def test_a_held_delivery_whose_handler_ran_is_named_apart_from_running_job
     assert "no delivery of work is held any more" not in lines  # it is not released: it goes back to its queue
     back = await drain(broker, "work")
     assert [(m.message_id, m.redelivered) for m in back] == [("rej-1", True)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.xfail(
+    strict=True,
+    reason="held11 step 2 not done: a held delivery whose handler ran goes back as a "
+    "plain redelivery; the next run registers it as start 2 and runs the handler again (README)",
+)
+async def test_a_held_delivery_whose_handler_ran_is_not_run_again_after_the_restart(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Review held11: 'rej' writes its effect and raises Reject; its quarantine copy is held (work.quarantine
+    deleted) until the stop's grace is over. After ``topology apply`` and a restart the decided quarantine
+    should be carried out without running the handler again (effects 1). Today it runs again (effects 2)."""
+    app = await make_app(broker, tmp_path)
+    effects: list[tuple[str, bool]] = []
+
+    @app.job("rej", queue="work")
+    async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
+        effects.append((ctx.job_id, ctx.redelivered))
+        raise Reject("no")
+
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=1), Recorder())
+    await worker.start()
+    try:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/{quote('work.quarantine', safe='')}")
+        await app.enqueue("rej", {}, job_id="rej-1")
+        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
+        worker.request_stop()
+    finally:
+        assert await worker.shutdown() == 1
+    await apply_topology(tmp_path / "applied.toml", broker)
+    caplog.clear()
+    recorder = Recorder()
+    later = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=1), recorder)
+    await later.start()
+    try:
+        await recorder.wait_for(lambda outs: any(o.kind == "quarantined" for o in outs), 30)
+        await asyncio.sleep(0.5)
+    finally:
+        await later.shutdown()
+        await app.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.worker"]
+    assert [m.headers.get("amqpjobs-reason") for m in await drain(broker, "work.quarantine")] == ["rejected"]
+    assert effects == [("rej-1", False)]  # ran once: its decided quarantine carried out, not run again
+    assert not [line for line in lines if "ended without an outcome" in line]
