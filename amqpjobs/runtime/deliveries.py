@@ -44,7 +44,7 @@ from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.fallback import ack, fall_back
-from amqpjobs.runtime.holding import Holding
+from amqpjobs.runtime.holding import Holding, pending_of
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
@@ -337,7 +337,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
     ) -> bool:
         """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
         republish = functools.partial(self._republish, layout, delivery, v, trace)
-        with self._draining.holding():  # a stopping worker's lines tell it from a running job
+        pending = pending_of(layout, delivery.queue, v.decision)
+        with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
             return await fall_back(self._holding, layout, delivery, v, exc, republish)
 
 

@@ -5,7 +5,9 @@ for them, up to its grace), those that will go back unstarted (a rate-limited on
 for its token, one taken after the signal, a look-ahead, one whose idempotency claim was
 still waiting), those held because their copy can't be published yet (:mod:`.holding`:
 the grace, then back to their queue with the connection), and suspects running alone
-(counted by the suspects watcher). Once the stop is set no handler starts but a suspect's
+(counted by the suspects watcher). A held delivery whose handler ran (it finished; its
+outcome, say a quarantine, waits for the missing object) is no running job either: it is
+counted and worded apart, with the outcome it waits to carry out. Once the stop is set no handler starts but a suspect's
 (:meth:`~amqpjobs.runtime.runs.HandlerRuns._start` looks at it last, with no pause before
 the start), so the handlers running then are the jobs to drain, exactly. The stop's three
 lines (draining, the grace warning, stopped) are worded here, from the same sets.
@@ -14,7 +16,8 @@ lines (draining, the grace warning, stopped) are worded here, from the same sets
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,9 +30,11 @@ class Draining:
     def __init__(self) -> None:
         self.ran: set[asyncio.Task[Any]] = set()  # delivery tasks whose handler started, until they end (settled)
         self.unstarted: set[asyncio.Task[Any]] = set()  # tasks that handed their delivery back while stopping
-        self.holds: set[asyncio.Task[Any]] = set()  # tasks whose delivery is held: its copy can't be published yet
+        #: tasks whose delivery is held (its copy can't be published yet) -> (outcome, what it waits for)
+        self.holds: dict[asyncio.Task[Any], tuple[str, str]] = {}
         self._started: set[asyncio.Task[Any]] = set()  # the ``ran`` ones when the drain began
         self._returned = 0  # deliveries never started, still unsettled after the grace: back to their queue
+        self._returned_ran = 0  # held deliveries whose handler ran, still held after the grace: back to their queue
 
     def started(self) -> None:
         """A handler starts in this delivery's task (context, handler): a job to drain until it is settled."""
@@ -44,17 +49,31 @@ class Draining:
             self.unstarted.add(task)
 
     @contextmanager
-    def holding(self) -> Iterator[None]:
-        """Mark the current task as holding its delivery while its copy can't be published (:mod:`.fallback`)."""
+    def holding(self, outcome: str, target: str) -> Iterator[None]:
+        """Mark the current task as holding its delivery while its copy can't be published (:mod:`.fallback`).
+
+        ``outcome``: what the copy carries out (``quarantine``, ``retry``, ...); ``target``:
+        the queue or exchange it goes to (:func:`amqpjobs.runtime.holding.pending_of`).
+        """
         task = asyncio.current_task()
         if task is None:
             yield
             return
-        self.holds.add(task)
+        self.holds[task] = (outcome, target)
         try:
             yield
         finally:
-            self.holds.discard(task)
+            self.holds.pop(task, None)
+
+    def _held_ran(self, tasks: Iterable[asyncio.Task[Any]]) -> str:
+        """``1 held delivery (ran; its outcome 'quarantine' waits for work.quarantine)``, or the plural."""
+        pending = Counter(self.holds[t] for t in tasks if t in self.holds)
+        count = sum(pending.values())
+        if count == 1:
+            [(outcome, target)] = pending
+            return f"1 held delivery (ran; its outcome '{outcome}' waits for {target})"
+        waits = ", ".join(f"{n} '{outcome}' for {target}" for (outcome, target), n in sorted(pending.items()))
+        return f"{count} held deliveries (ran; their outcomes wait: {waits})"
 
     def begin(self, suspects_running: int, grace: float) -> str:
         """The drain begins (the stop is set, consumers cancelled): its line.
@@ -63,9 +82,13 @@ class Draining:
         and the deliveries held but never started, which get the ``grace`` (seconds) too.
         """
         self._started = set(self.ran)
-        running = len(self._started) + suspects_running
+        held_ran = self._started & self.holds.keys()  # handler finished, outcome waiting: no running job
+        running = len(self._started - held_ran) + suspects_running
         line = f"draining {running} in-flight job(s), grace {grace:.0f}s" if running else "draining: no job in flight"
-        held = len(self.holds - self._started)
+        if held_ran:
+            line += f"; {self._held_ran(held_ran)} {'waits' if len(held_ran) == 1 else 'wait'}"
+            line += f" up to the grace of {grace:.0f}s"
+        held = len(self.holds.keys() - self._started)
         if held:
             what = "1 held delivery (never started: its copy can't be published yet) waits" if held == 1 else (
                 f"{held} held deliveries (never started: their copies can't be published yet) wait")  # fmt: skip
@@ -76,13 +99,19 @@ class Draining:
         """The warnings when the grace is over: ``still`` tasks not done (to be cancelled).
 
         ``jobs``: the delivery tasks when the drain began; ``suspects``: suspects' jobs
-        abandoned. A delivery never started is no running job: it returns to its queue.
+        abandoned. A held delivery is no running job (whether its handler ran or never
+        started): it returns to its queue.
         """
         lines = []
-        running = len(still & self._started) + suspects
+        held_ran = still & self.ran & self.holds.keys()  # its handler finished (maybe during the grace)
+        self._returned_ran = len(held_ran)
+        running = len((still & self._started) - held_ran) + suspects
         if running:
             lines.append(f"{running} job(s) still running after the grace period; they will be redelivered")
-        self._returned = len((still & jobs) - self._started)
+        if held_ran:
+            its = "it returns to its queue" if len(held_ran) == 1 else "they return to their queues"
+            lines.append(f"{self._held_ran(held_ran)} still held after the grace period; {its} (redelivered)")
+        self._returned = len((still & jobs) - self._started - held_ran)
         if self._returned == 1:
             lines.append("1 held delivery (never started) still held after the grace period; it returns to its "
                          "queue (redelivered)")  # fmt: skip
@@ -99,8 +128,12 @@ class Draining:
         waiting for a rate limit's token (handed back unstarted); ``code``: the exit code.
         """
         finished = len(self._started - still) + suspects[0] - suspects[1]
-        abandoned = len(still & self._started) + suspects[1]
+        abandoned = len(still & self._started) - self._returned_ran + suspects[1]
         note = handed_back_note(len(self.unstarted), waited)
+        if self._returned_ran:
+            held = "1 held delivery" if self._returned_ran == 1 else f"{self._returned_ran} held deliveries"
+            note += f", {held} (ran) returned to {'its queue' if self._returned_ran == 1 else 'their queues'} " \
+                    "(redelivered)"  # fmt: skip
         if self._returned:
             held = "1 held delivery" if self._returned == 1 else f"{self._returned} held deliveries"
             note += f", {held} returned to {'its queue' if self._returned == 1 else 'their queues'} unstarted " \

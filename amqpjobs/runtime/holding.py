@@ -189,6 +189,7 @@ class Holding:
         route: tuple[str, str] | None,
     ) -> Settled:
         error, why = errors  # the copy's last error; what is reported (the binding's when that failed)
+        released = True  # False when cancelled (the stop's grace is over): the delivery goes back, not released
         try:
             await self._enter(work_queue, missing, why)
             while True:
@@ -214,8 +215,11 @@ class Holding:
                     error = exc
                     self._note(await self._look(needs) or set(), error, work_queue)
                     self._changed()
+        except asyncio.CancelledError:
+            released = False
+            raise
         finally:
-            await self._leave(work_queue)
+            await self._leave(work_queue, released)
 
     async def _look(self, objects: Collection[BrokerObject]) -> set[BrokerObject] | None:
         """The missing ones among ``objects``, or None when the broker can't be asked now."""
@@ -250,7 +254,8 @@ class Holding:
         if first:
             await self._pause(work_queue)
 
-    async def _leave(self, work_queue: str) -> None:
+    async def _leave(self, work_queue: str, released: bool = True) -> None:
+        """A hold ends; ``released``: not cancelled (a cancelled one goes back to its queue: the stop says so)."""
         self._held[work_queue] -= 1
         last = self._held[work_queue] <= 0
         if last:
@@ -260,7 +265,8 @@ class Holding:
             self._failing = ""
         self._changed()
         if last:
-            log.info("no delivery of %s is held any more", work_queue)
+            if released:
+                log.info("no delivery of %s is held any more", work_queue)
             with contextlib.suppress(Exception):
                 await self._resume(work_queue)
 
@@ -319,6 +325,21 @@ def needs_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> fro
     if isinstance(decision, HandBack):
         return frozenset({BrokerObject("queue", work_queue), *quarantine})
     return frozenset(quarantine)
+
+
+def pending_of(layout: JobQueueLayout, work_queue: str, decision: Decision) -> tuple[str, str]:
+    """What a held delivery's copy carries out, and the queue or exchange it goes to (the stop's lines).
+
+    ``('quarantine', 'work.quarantine')``, ``('retry', <tier queue>)``, ``('registration',
+    <suspects queue>)``, ``('hand-back', <work queue>)``.
+    """
+    if isinstance(decision, RetryLater):
+        return "retry", layout.tier_queues[work_queue][decision.tier]
+    if isinstance(decision, Register):
+        return "registration", layout.suspects_queue
+    if isinstance(decision, HandBack):
+        return "hand-back", work_queue
+    return "quarantine", layout.quarantine_exchange
 
 
 def broker_bind(connection: Connection) -> Bind:

@@ -16,7 +16,7 @@ async def _tasks(draining: Draining, running: int, held: int, held_running: int)
         if ran:
             draining.started()
         if holds:
-            with draining.holding():
+            with draining.holding(*(("retry", "work.tier-1") if ran else ("quarantine", "work.quarantine"))):
                 await release.wait()
         await release.wait()
 
@@ -52,15 +52,30 @@ async def test_one_held_delivery_never_started_is_named_apart_in_each_line() -> 
 
 
 async def test_running_jobs_and_held_deliveries_are_counted_each_once() -> None:
-    """A held delivery whose handler ran (its retry copy can't go) is a job; one never started is not."""
+    """A held delivery whose handler ran (its retry copy can't go) is no running job, nor one never started."""
     assert await _stop(2, 2, 1) == [
-        "draining 3 in-flight job(s), grace 30s; 2 held deliveries (never started: their copies can't be published "
-        "yet) wait up to the grace of 30s",
-        "3 job(s) still running after the grace period; they will be redelivered",
+        "draining 2 in-flight job(s), grace 30s; 1 held delivery (ran; its outcome 'retry' waits for work.tier-1) "
+        "waits up to the grace of 30s; 2 held deliveries (never started: their copies can't be published yet) wait "
+        "up to the grace of 30s",
+        "2 job(s) still running after the grace period; they will be redelivered",
+        "1 held delivery (ran; its outcome 'retry' waits for work.tier-1) still held after the grace period; it "
+        "returns to its queue (redelivered)",
         "2 held deliveries (never started) still held after the grace period; they return to their queues "
         "(redelivered)",
-        "worker stopped: 0 in-flight job(s) finished, 3 abandoned (redelivered), 2 held deliveries returned to "
-        "their queues unstarted (redelivered); exit 1",
+        "worker stopped: 0 in-flight job(s) finished, 2 abandoned (redelivered), 1 held delivery (ran) returned to "
+        "its queue (redelivered), 2 held deliveries returned to their queues unstarted (redelivered); exit 1",
+    ]
+
+
+async def test_held_deliveries_that_ran_are_named_with_each_outcome_they_wait_to_carry_out() -> None:
+    """Only held deliveries whose handler ran: no job in flight; the plural names each pending outcome."""
+    assert await _stop(0, 0, 2, grace=5) == [
+        "draining: no job in flight; 2 held deliveries (ran; their outcomes wait: 2 'retry' for work.tier-1) wait "
+        "up to the grace of 5s",
+        "2 held deliveries (ran; their outcomes wait: 2 'retry' for work.tier-1) still held after the grace "
+        "period; they return to their queues (redelivered)",
+        "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 2 held deliveries (ran) returned "
+        "to their queues (redelivered); exit 1",
     ]
 
 
