@@ -121,3 +121,18 @@ async def test_a_tag_not_noted_yet_stops_the_run() -> None:
     await acks.ack(4)
     await turn(acks)
     assert channel.sent == [(1, True), (3, False), (4, True)]  # 2, 3, 4 settled in a row: one ack covers them
+
+
+async def test_an_ack_at_once_goes_before_the_loop_turns_with_those_batched_before_it() -> None:
+    """The ack of a delivery whose copy is confirmed (README "When a job crashes"): no wait for the loop's turn."""
+    acks, channel = batcher(range(1, 5))
+    await acks.ack(1)
+    await acks.ack(3, at_once=True)
+    assert channel.sent == [(1, True), (3, False)]  # 1 batched before it goes along; 3 behind a running 2: singly
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False)]  # nothing left for the turn
+    await acks.ack(2, at_once=True)
+    assert channel.sent == [(1, True), (3, False), (2, True)]  # covers 2 only: 3 was acked already
+    await acks.ack(4)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False), (2, True), (4, True)]
