@@ -63,6 +63,9 @@ class AckBatcher:
         self._acked: set[int] = set()  # settled by an ack not yet sent
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
+        # one send at a time, in order: a put into aiormq's write queue (10 frames) may wait, and a
+        # later send's multiple ack must never reach the socket before an earlier send's single acks
+        self._one_send = asyncio.Lock()
 
     def delivered(self, tag: int) -> None:
         """Note a delivery from the channel (in delivery order)."""
@@ -101,6 +104,10 @@ class AckBatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self) -> None:
+        async with self._one_send:
+            await self._send_settled()
+
+    async def _send_settled(self) -> None:
         head = self._cleared  # the end of the run of settled tags that follow one another from the start
         for tag in sorted(self._unsettled):
             if tag != head + 1 or not self._unsettled[tag]:
