@@ -274,7 +274,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             await self._republish(layout, delivery, v, trace)
         except AmqpJobsError as exc:
             return await self._fallback(layout, delivery, v, exc, trace)
-        return await ack(delivery, v.job_id)
+        return await ack(delivery, v.job_id, copied=not isinstance(v.decision, Ack | Duplicate))
 
     async def _republish(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}

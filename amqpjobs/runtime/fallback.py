@@ -32,10 +32,14 @@ log = logging.getLogger("amqpjobs.worker")
 REJECTED = "x-death:rejected"
 
 
-async def ack(delivery: Received, job_id: str) -> bool:
-    """Ack ``delivery`` once its copy is out; False when its channel has closed (the broker redelivers it)."""
+async def ack(delivery: Received, job_id: str, copied: bool = True) -> bool:
+    """Ack ``delivery``; False when its channel has closed (the broker redelivers it).
+
+    ``copied``: its copy is confirmed, so the ack goes at once, not batched: until the broker
+    has it, a worker that dies leaves the job two lives (README "When a job crashes").
+    """
     try:
-        await delivery.ack()
+        await delivery.ack(at_once=copied)
     except DeliveryChannelClosed:
         log.warning(
             "job %s: its channel closed before the ack; the broker redelivers it (the copy already "

@@ -173,7 +173,7 @@ class RateLimits:
             await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
             return False
         try:
-            await delivery.ack()
+            await delivery.ack(at_once=True)  # its copy is confirmed (README "When a job crashes")
         except DeliveryChannelClosed:
             log.warning("job %s: its channel closed before the ack; the broker redelivers it (a duplicate of the "
                         "copy in waiting room %s)", job_id, room.names.waiting)  # fmt: skip
@@ -237,7 +237,7 @@ class RateLimits:
             return None
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         await self._publisher.publish("", layout.suspects_queue, delivery.copy(delivery.headers, job_id))
-        await delivery.ack()
+        await delivery.ack(at_once=True)
         log.info("job=%s id=%s: no token came for this suspect in its turn; it waits in %s for a later one",
                  logfmt_value(room.job), logfmt_value(job_id), layout.suspects_queue)  # fmt: skip
         now, lead = time.time(), min(SUSPECT_LEAD, rate.interval / 2)

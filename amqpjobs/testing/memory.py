@@ -355,8 +355,8 @@ class MemoryDelivery:
             raise RuntimeError(f"delivery of {self.message_id} settled twice ({self.settled}, then {how})")
         self.settled = how
 
-    async def ack(self) -> None:
-        """The broker forgets it."""
+    async def ack(self, at_once: bool = False) -> None:
+        """The broker forgets it (``at_once``: as sent at once, like every ack here)."""
         self._settle("ack")
 
     async def reject(self) -> None:

@@ -61,8 +61,8 @@ class TransactionalPublisher(Protocol):
 class Acknowledgeable(Protocol):
     """One delivery, settled on the channel it came on (never on another)."""
 
-    async def ack(self) -> None:
-        """Acknowledge it (the broker forgets it)."""
+    async def ack(self, at_once: bool = False) -> None:
+        """Acknowledge it (the broker forgets it); ``at_once``: not batched (its copy is out)."""
 
     async def reject(self) -> None:
         """Reject it without requeue (a work queue dead-letters it into quarantine)."""

@@ -63,13 +63,21 @@ class AckBatcher:
         self._acked: set[int] = set()  # settled by an ack not yet sent
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
+        # one send at a time, in order: a put into aiormq's write queue (10 frames) may wait, and a
+        # later send's multiple ack must never reach the socket before an earlier send's single acks
+        self._one_send = asyncio.Lock()
 
     def delivered(self, tag: int) -> None:
         """Note a delivery from the channel (in delivery order)."""
         self._unsettled[tag] = False
 
-    async def ack(self, tag: int) -> None:
+    async def ack(self, tag: int, at_once: bool = False) -> None:
         """Settle ``tag`` by an ack, sent on the loop's next turn (at once when not batching).
+
+        Args:
+            tag: The delivery tag.
+            at_once: Send it now, with the acks batched before it (a delivery whose copy is
+                confirmed: until its ack is out, a worker dying leaves the job two lives).
 
         Raises:
             DeliveryChannelClosed: the channel is already closed (the broker redelivers).
@@ -78,7 +86,7 @@ class AckBatcher:
             raise DeliveryChannelClosed(f"channel {self.channel.number} is closed")
         self._unsettled[tag] = True
         self._acked.add(tag)
-        if not self.batch:
+        if at_once or not self.batch:
             await self._send()
         elif not self._scheduled:
             self._scheduled = True
@@ -96,6 +104,10 @@ class AckBatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self) -> None:
+        async with self._one_send:
+            await self._send_settled()
+
+    async def _send_settled(self) -> None:
         head = self._cleared  # the end of the run of settled tags that follow one another from the start
         for tag in sorted(self._unsettled):
             if tag != head + 1 or not self._unsettled[tag]:
@@ -231,15 +243,19 @@ class Delivery:
         """Whether the channel it came on is still open; once closed, the broker has the message back."""
         return not self._channel.is_closed
 
-    async def ack(self) -> None:
+    async def ack(self, at_once: bool = False) -> None:
         """Ack on the delivery's own channel.
+
+        Args:
+            at_once: A worker's consumer batches its acks per loop turn (:class:`AckBatcher`);
+                True sends this one now (its copy is confirmed: README "When a job crashes").
 
         Raises:
             DeliveryChannelClosed: that channel is closed; the broker redelivers.
 
         """
-        if self._acks is not None:  # a worker's consumer: batched per loop turn
-            await self._acks.ack(self.delivery_tag)
+        if self._acks is not None:  # a worker's consumer: batched per loop turn, unless at once
+            await self._acks.ack(self.delivery_tag, at_once)
             return
         try:
             # no wait for the socket drain: an ack has no reply either way, and a lost one means a

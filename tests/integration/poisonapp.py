@@ -2,7 +2,8 @@
 
 Settings come from the environment: ``POISON_TOPOLOGY`` (topology file) and
 ``POISON_RECORD`` (a file each run appends ``start <id> <pid> <redelivered> <attempt>`` and
-``done <id> <pid>`` lines to, fsynced, so a line written before ``os._exit`` is kept).
+``done <id> <pid>`` lines to, fsynced, so a line written before ``os._exit`` is kept), and
+``POISON_LEDGER`` (the SQLite ledger of the idempotent job :func:`once`, with its ``effects`` table).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 import time
 from typing import Any
 
-from amqpjobs import App, JobContext, Reject
+from amqpjobs import App, JobContext, Reject, SqliteLedger
 
-app = App("poisonapp", topology=os.environ.get("POISON_TOPOLOGY", "topology"))
+ledger = SqliteLedger(os.environ["POISON_LEDGER"]) if "POISON_LEDGER" in os.environ else None
+app = App("poisonapp", topology=os.environ.get("POISON_TOPOLOGY", "topology"), ledger=ledger)
 
 
 def _record(line: str) -> None:
@@ -71,4 +73,16 @@ def poison_thread(payload: dict[str, Any], ctx: JobContext) -> None:
     """A plain-function handler (it runs in a thread): ``sysexit`` / ``interrupt`` as :func:`poison`."""
     _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)}")
     _raise_if_asked(payload.get("kind"))
+    _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("once", queue="work", timeout="60s", idempotent=True)
+def once(payload: dict[str, Any], ctx: JobContext) -> None:
+    """An idempotent job: fails its first attempt, then writes its effect with its done-mark (``ctx.transaction()``)."""
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 0)))
+        raise RuntimeError("first attempt fails on purpose")
+    with ctx.transaction() as db:
+        db.execute("INSERT INTO effects (job_id, pid) VALUES (?, ?)", (ctx.job_id, os.getpid()))
     _record(f"done {ctx.job_id} {os.getpid()}")

@@ -121,3 +121,49 @@ async def test_a_tag_not_noted_yet_stops_the_run() -> None:
     await acks.ack(4)
     await turn(acks)
     assert channel.sent == [(1, True), (3, False), (4, True)]  # 2, 3, 4 settled in a row: one ack covers them
+
+
+async def test_an_ack_at_once_goes_before_the_loop_turns_with_those_batched_before_it() -> None:
+    """The ack of a delivery whose copy is confirmed (README "When a job crashes"): no wait for the loop's turn."""
+    acks, channel = batcher(range(1, 5))
+    await acks.ack(1)
+    await acks.ack(3, at_once=True)
+    assert channel.sent == [(1, True), (3, False)]  # 1 batched before it goes along; 3 behind a running 2: singly
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False)]  # nothing left for the turn
+    await acks.ack(2, at_once=True)
+    assert channel.sent == [(1, True), (3, False), (2, True)]  # covers 2 only: 3 was acked already
+    await acks.ack(4)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False), (2, True), (4, True)]
+
+
+async def test_an_ack_at_once_never_overtakes_acks_still_on_their_way() -> None:
+    """Acks 2 and 4 (behind a running 1) wait for room in the connection's frame queue; 1, 3, 5 settle meanwhile.
+
+    A multiple ack up to 5 sent before the single acks of 2 and 4 would make them acks of
+    unknown tags (the broker closes the channel): the sends keep their order.
+    """
+    acks, channel = batcher(range(1, 6))
+    room = asyncio.Event()
+    record = channel.basic_ack
+
+    async def full_queue(delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
+        if not channel.sent and delivery_tag == 2:  # aiormq's write queue (10 frames) was full: this put waits,
+            await room.wait()  # and a put that finds the room freed before this one resumes goes first
+        await record(delivery_tag, multiple, wait)
+
+    channel.basic_ack = full_queue  # type: ignore[method-assign]
+    await acks.ack(2)
+    await acks.ack(4)
+    await asyncio.sleep(0)  # the loop's turn: the batched send starts, and waits for room
+    await asyncio.sleep(0)
+    await acks.ack(1)
+    await acks.ack(3)
+    at_once = asyncio.create_task(acks.ack(5, at_once=True))
+    await asyncio.sleep(0)
+    room.set()
+    await asyncio.sleep(0)
+    await at_once
+    await acks.flush()
+    assert channel.sent == [(2, False), (4, False), (5, True)]
