@@ -261,6 +261,12 @@ REFUSED: dict[str, dict[str, Any]] = {
     "header-a-date": {"headers": {"day": date(2026, 12, 1)}},
     "header-int-beyond-64-bits": {"headers": {"n": 2**64}},
     "header-table-int-key": {"headers": {"t": {1: "a"}}},
+    "header-table-int-key-in-a-list": {"headers": {"t": [{1: 1}]}},
+    "header-nan": {"headers": {"h": float("nan")}},
+    "header-inf": {"headers": {"h": float("inf")}},
+    "header-minus-inf": {"headers": {"h": float("-inf")}},
+    "header-nan-in-a-list": {"headers": {"h": [1.5, float("nan")]}},
+    "header-inf-in-a-table": {"headers": {"h": {"k": [float("inf")]}}},
     "header-lone-surrogate": {"headers": {"s": "\udcff"}},
     "job-id-blank": {"job_id": " "},
     "job-id-over-255-bytes": {"job_id": "é" * 128},
@@ -324,6 +330,19 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
         "less the 20480 bytes of it for the worker's own headers on its copies (they travel in one frame); "
         "nothing was sent. Put large data in the body",
         1,
+    )
+    # NaN and infinities: RabbitMQ closed the publisher's connection (INTERNAL_ERROR), failing every enqueue on it
+    assert real["header-inf-in-a-table"] == (
+        "ConfigurationError",
+        "job 'loose': header 'h': value['k'][0] is inf, a float RabbitMQ can't take (it closes the connection "
+        "with INTERNAL_ERROR on NaN and infinities); nothing was sent. Send it as a str (e.g. 'inf') or None",
+        None,
+    )
+    assert real["header-table-int-key-in-a-list"] == (
+        "ConfigurationError",
+        "job 'loose': header 't': value[0] has table key 1 (int): table keys must be str; nothing was sent. "
+        "Use str keys (e.g. '1')",
+        None,
     )
     in_memory = refusal_app(topology, None)
     async with TestBroker(in_memory) as double:
