@@ -351,3 +351,27 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
         doubled["one-byte-over"] = await refusal(in_memory, {"headers": {"pad": "x" * (fits + 1)}})
         assert [m.message.message_id for m in double.memory.queue("qq").messages] == ["fits-1"]
     assert doubled == real
+
+
+async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Before: the NaN went out and the broker closed the publisher's connection (INTERNAL_ERROR), failing the
+    good enqueues sent at the same time (4 of 4 on 4.3)."""
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    app = refusal_app(topology, broker.url)
+    try:
+        await app.enqueue("loose", {"n": 0}, job_id="warm-up")  # connected: the five go out side by side
+        good = [app.enqueue("loose", {"n": n}, job_id=f"good-{n}", headers={"h": 1.5}) for n in range(4)]
+        bad = app.enqueue("loose", {"n": 9}, job_id="nan-1", headers={"h": [float("nan")]})
+        results = await asyncio.gather(bad, *good, return_exceptions=True)
+    finally:
+        await app.close()
+    assert [type(r).__name__ if isinstance(r, BaseException) else r for r in results] == [
+        "ConfigurationError", "good-0", "good-1", "good-2", "good-3"
+    ]  # fmt: skip
+    assert sorted(m.message_id or "" for m in await drain(broker, "qq")) == [
+        "good-0", "good-1", "good-2", "good-3", "warm-up"
+    ]  # fmt: skip
