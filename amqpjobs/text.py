@@ -1,4 +1,4 @@
-"""Header and property values as text: the one bytes-to-text rule (no I/O, no imports of ours)."""
+"""Text rules: bytes to text, text UTF-8 can encode, and text shortened for a log line (no I/O, no imports of ours)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,43 @@ def encodable(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+#: Closing bracket of each opening one, for :func:`shorten`.
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """``text`` cut to about ``limit`` characters at a word, with an ellipsis, its open brackets closed.
+
+    The one rule for shortening an error's text in a log line: a cut inside a word or a
+    parenthesis left open reads as another text ("... before or while proc); released ...").
+    Text of at most ``limit`` characters is returned as it is. Otherwise it is cut before
+    the last word that does not fit whole (mid-word only when a word alone is longer), ``…``
+    added, then a closing bracket for each ``(``, ``[`` or ``{`` left open, innermost first
+    (so the result may be a few characters over ``limit``).
+
+    Args:
+        text: The text (one line, see :func:`one_line`).
+        limit: Characters to keep, the ellipsis included (at least 2).
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if text[limit - 1].isspace() or " " in cut:  # at a word: the last one that fits whole
+        cut = cut if text[limit - 1].isspace() else cut[: cut.rindex(" ")]
+        short = f"{cut.rstrip()} …"
+    else:  # one word longer than the limit
+        short = f"{cut}…"
+    opened: list[str] = []
+    for char in short:
+        if char in _CLOSERS:
+            opened.append(_CLOSERS[char])
+        elif opened and char == opened[-1]:
+            opened.pop()
+    return short + "".join(reversed(opened))
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """``"<type>: <message>"`` on one line (whitespace runs made one space), the message cut by :func:`shorten`."""
+    return f"{type(exc).__name__}: {shorten(' '.join(str(exc).split()), limit)}"

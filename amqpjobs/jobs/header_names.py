@@ -3,12 +3,16 @@
 A header table's keys are AMQP field names: pamqp cuts one over 128 UTF-8 bytes to 128 (with
 a log warning) at any depth, so a longer name would arrive as another name, and two long
 names with one 128-byte prefix as one. ``x-`` names are the broker's, ``amqpjobs-`` ours.
+Within a value, table keys must be str and floats finite (:func:`header_problem`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
+
+from amqpjobs.text import as_text
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
 #: field-name limit, which pamqp applies by cutting a longer name to 128 bytes.
@@ -26,16 +30,33 @@ def field_name_problem(label: str, name: str) -> str | None:
     )
 
 
-def _table_key_problem(value: Any) -> str | None:
-    """Why a key of a table within header value ``value`` would not arrive whole (the first), or None."""
+def _value_problem(value: Any, path: str = "value") -> str | None:
+    """Why header value ``value`` (at ``path`` within the header) can't be sent as given (the first), or None.
+
+    A table key that is not a str (pamqp fails on it, naming no header), a key over 128 UTF-8
+    bytes (cut on the way), or a float that is NaN or infinite: pamqp encodes it, and RabbitMQ
+    (3.10 to 4.3) closes the publisher's whole connection with ``INTERNAL_ERROR``, failing the
+    publishes beside it.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"{path} is {value!r}, a float RabbitMQ can't take (it closes the connection with INTERNAL_ERROR on "
+            f"NaN and infinities); nothing was sent. Send it as a str (e.g. {str(value)!r}) or None"
+        )
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if isinstance(key, str) and (problem := field_name_problem(f"table key {key[:40]!r}", key)):
+            if not isinstance(key, str):
+                shown = as_text(key)
+                return (
+                    f"{path} has table key {key!r} ({type(key).__name__}): table keys must be str; nothing was "
+                    f"sent. Use str keys (e.g. {shown[:40]!r})"
+                )
+            if problem := field_name_problem(f"table key {key[:40]!r}", key):
                 return problem
-            if problem := _table_key_problem(item):
+            if problem := _value_problem(item, f"{path}[{key[:40]!r}]"):
                 return problem
     elif isinstance(value, list | tuple):
-        return next((p for p in map(_table_key_problem, value) if p), None)
+        return next((p for i, v in enumerate(value) if (p := _value_problem(v, f"{path}[{i}]"))), None)
     return None
 
 
@@ -44,10 +65,12 @@ def header_problem(name: Any, value: Any) -> str | None:
 
     Args:
         name: The header name (a str, not starting ``x-`` or ``amqpjobs-``, at most 128 UTF-8 bytes).
-        value: Its value: a table's keys within it are field names too (at most 128 bytes each).
+        value: Its value: a table's keys within it are field names too (str, at most 128 bytes each);
+            no float within it may be NaN or infinite (RabbitMQ closes the connection on one).
 
     Returns:
-        e.g. ``"header 'x-mine': names starting 'x-' or 'amqpjobs-' are reserved"``, or None. (A
+        e.g. ``"header 'x-mine': names starting 'x-' or 'amqpjobs-' are reserved"`` or ``"header 'h':
+        value[0] is nan, ..."`` (the path within the value, and the fix), or None. (A
         value AMQP can't carry at all, a set, is refused where it is encoded:
         :func:`amqpjobs.wire.limits.encoded_size`.)
 
@@ -56,6 +79,6 @@ def header_problem(name: Any, value: Any) -> str | None:
         return f"header {name!r}: header names must be str (got {type(name).__name__})"
     if name.lower().startswith(("x-", "amqpjobs-")):
         return f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved"
-    if problem := field_name_problem("header name", name) or _table_key_problem(value):
+    if problem := field_name_problem("header name", name) or _value_problem(value):
         return f"header {name[:40]!r}: {problem}"
     return None

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from amqpjobs.runtime.ledger import Claim, Ledger
-from amqpjobs.runtime.pg_connection import one_line
+from amqpjobs.text import one_line
 
 #: Seconds between two rounds of tries to pay what is owed (a try costs nothing while a
 #: PostgreSQL ledger's connect attempts are paced: it fails at once, without the network).

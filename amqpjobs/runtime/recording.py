@@ -1,5 +1,9 @@
 """An outcome's record in the worker: its count, metrics, log line and ``on_outcome`` callback (README "Workers").
 
+A delivery waiting on another worker's live claim passes through the first retry tier again
+and again for the claim's lease: each pass is an outcome (counted, observed, an event), but
+its log line is paced per job id (:class:`PacedDeferrals`).
+
 Part of the worker's one-delivery path (:mod:`.deliveries`), called on the loop's next turn
 after the delivery is settled; its state is the worker's.
 """
@@ -7,10 +11,13 @@ after the delivery is settled; its state is the worker's.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
+from amqpjobs.durations import format_duration
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater, reported
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.metrics import WorkerMetrics
@@ -28,6 +35,57 @@ _UNACKED = {
 }
 
 
+#: Seconds between two log lines of one job id waiting on another worker's live claim (README "Idempotency").
+CLAIM_BUSY_LINE_EVERY: Final = 10.0
+
+
+@dataclass
+class _Waiting:
+    logged: float  # monotonic time of its last line
+    seen: float  # monotonic time of its last deferral
+    unlogged: int = 0  # deferrals since the last line
+
+
+class PacedDeferrals:
+    """Which ``ClaimBusy`` deferral lines to log: per job id the first, then at most one per ``every`` seconds.
+
+    Args:
+        every: Seconds between two lines of one job id (> 0).
+        clock: Monotonic seconds (tests may pass another).
+    """
+
+    def __init__(self, every: float = CLAIM_BUSY_LINE_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self._clock = clock
+        self._waiting: dict[str, _Waiting] = {}
+        self._pruned = clock()
+
+    def note(self, outcome: Outcome) -> str | None:
+        """The end of ``outcome``'s log line ("" when no pacing applies), or None to log no line.
+
+        A ``ClaimBusy`` deferral's first line ends ``"; logged at most every 10s per job id while
+        it waits"``, a later one ``" (N more not logged since the last line)"``; any other
+        outcome of the job id ends its waiting (its next deferral is logged again).
+        """
+        now = self._clock()
+        if now - self._pruned >= self.every:  # ids that stopped coming back (gone to another worker)
+            self._pruned = now
+            self._waiting = {k: w for k, w in self._waiting.items() if now - w.seen < 6 * self.every}
+        if outcome.kind != "deferred" or outcome.failure[0] != "ClaimBusy":
+            self._waiting.pop(outcome.job_id, None)
+            return ""
+        waiting = self._waiting.get(outcome.job_id)
+        if waiting is None:
+            self._waiting[outcome.job_id] = _Waiting(logged=now, seen=now)
+            return f"; logged at most every {format_duration(self.every)} per job id while it waits"
+        waiting.seen = now
+        if now - waiting.logged < self.every:
+            waiting.unlogged += 1
+            return None
+        unlogged, waiting.logged, waiting.unlogged = waiting.unlogged, now, 0
+        return f" ({unlogged} more not logged since the last line)"
+
+
 class OutcomeRecords:
     """The outcome-recording part of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
@@ -35,6 +93,7 @@ class OutcomeRecords:
     options: WorkerOptions
     stats: Counter[str]
     metrics: WorkerMetrics | None
+    _deferral_lines: PacedDeferrals
     _on_outcome: Callable[[Outcome], None] | None
 
     def _record(self, outcome: Outcome) -> None:
@@ -48,7 +107,7 @@ class OutcomeRecords:
             self.metrics.observe(
                 job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
             )
-        if reported(self.options.log_outcomes, kind):
+        if reported(self.options.log_outcomes, kind) and (paced := self._deferral_lines.note(outcome)) is not None:
             extra = ""
             if isinstance(d, RetryLater):
                 extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
@@ -56,6 +115,7 @@ class OutcomeRecords:
                 extra = f" reason={logfmt_value(d.reason)}"
             if outcome.error:
                 extra += f" error={logfmt_value(outcome.error)}"
+            extra += paced
             log.info(
                 "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
                 logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,

@@ -44,6 +44,7 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
+from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
@@ -91,6 +92,7 @@ class Worker(WorkerStop):
         self.settings = settings
         self.options = options or WorkerOptions()
         self.stats: Counter[str] = Counter()
+        self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)

@@ -272,3 +272,43 @@ async def test_a_worker_stopping_past_its_grace_releases_a_cancelled_runs_claim_
         finish.set()
         assert await (stopping if stopping is not None else worker.shutdown()) == 1
         await app.close()
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(90)
+async def test_waiting_on_another_workers_live_claim_logs_a_deferral_line_at_most_every_10s(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fresh user's LOW: a copy waiting on a live claim elsewhere logged one ``outcome=deferred ... ClaimBusy``
+    INFO line per pass of the first retry tier (1 s) for the whole lease (about 3,400 with the default lease).
+    Now one when it starts waiting, then at most one per 10 s, naming how many were not logged; the outcomes
+    (events, metrics, ``on_outcome``) still count each deferral."""
+    base = await make_app(broker, tmp_path)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=ledger)
+    runs: list[str] = []
+
+    @app.job("insert", queue="work", idempotent=True, lease=60)
+    def insert(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+
+    assert await ledger.claim("busy", "another-worker", 25) is Claim.CLAIMED  # live for 25 s, then taken over
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("insert", {}, job_id="busy")
+        await rec.wait_for(lambda o: any(x.kind == "succeeded" for x in o), timeout=60)
+    await app.close()
+    assert runs == ["busy"]
+    deferred = [o for o in rec.outcomes if o.kind == "deferred"]
+    assert len(deferred) >= 15, len(deferred)  # every pass is an outcome (about one a second)
+    assert {o.failure[0] for o in deferred} == {"ClaimBusy"}
+    lines = [r.getMessage() for r in caplog.records if "outcome=deferred" in r.getMessage()]
+    assert len(lines) == 3, lines  # at about 0 s, 10 s and 20 s
+    assert lines[0].endswith(
+        'error="ClaimBusy: another worker holds a live claim on this job id"; logged at most every 10s per job id '
+        "while it waits"
+    ), lines[0]
+    unlogged = [int(line.rsplit(" (", 1)[1].split(" ")[0]) for line in lines[1:]]
+    assert all(n >= 20 for n in unlogged), unlogged  # 10 s of passes through the 200 ms tier
+    assert sum(unlogged) + len(lines) <= len(deferred), (unlogged, len(deferred))  # the rest: after the last line
+    assert all(line.endswith(" more not logged since the last line)") for line in lines[1:]), lines

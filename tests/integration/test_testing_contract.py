@@ -261,6 +261,12 @@ REFUSED: dict[str, dict[str, Any]] = {
     "header-a-date": {"headers": {"day": date(2026, 12, 1)}},
     "header-int-beyond-64-bits": {"headers": {"n": 2**64}},
     "header-table-int-key": {"headers": {"t": {1: "a"}}},
+    "header-table-int-key-in-a-list": {"headers": {"t": [{1: 1}]}},
+    "header-nan": {"headers": {"h": float("nan")}},
+    "header-inf": {"headers": {"h": float("inf")}},
+    "header-minus-inf": {"headers": {"h": float("-inf")}},
+    "header-nan-in-a-list": {"headers": {"h": [1.5, float("nan")]}},
+    "header-inf-in-a-table": {"headers": {"h": {"k": [float("inf")]}}},
     "header-lone-surrogate": {"headers": {"s": "\udcff"}},
     "job-id-blank": {"job_id": " "},
     "job-id-over-255-bytes": {"job_id": "é" * 128},
@@ -325,6 +331,19 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
         "nothing was sent. Put large data in the body",
         1,
     )
+    # NaN and infinities: RabbitMQ closed the publisher's connection (INTERNAL_ERROR), failing every enqueue on it
+    assert real["header-inf-in-a-table"] == (
+        "ConfigurationError",
+        "job 'loose': header 'h': value['k'][0] is inf, a float RabbitMQ can't take (it closes the connection "
+        "with INTERNAL_ERROR on NaN and infinities); nothing was sent. Send it as a str (e.g. 'inf') or None",
+        None,
+    )
+    assert real["header-table-int-key-in-a-list"] == (
+        "ConfigurationError",
+        "job 'loose': header 't': value[0] has table key 1 (int): table keys must be str; nothing was sent. "
+        "Use str keys (e.g. '1')",
+        None,
+    )
     in_memory = refusal_app(topology, None)
     async with TestBroker(in_memory) as double:
         doubled = {name: await refusal(in_memory, case) for name, case in REFUSED.items()}
@@ -332,3 +351,27 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
         doubled["one-byte-over"] = await refusal(in_memory, {"headers": {"pad": "x" * (fits + 1)}})
         assert [m.message.message_id for m in double.memory.queue("qq").messages] == ["fits-1"]
     assert doubled == real
+
+
+async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Before: the NaN went out and the broker closed the publisher's connection (INTERNAL_ERROR), failing the
+    good enqueues sent at the same time (4 of 4 on 4.3)."""
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    app = refusal_app(topology, broker.url)
+    try:
+        await app.enqueue("loose", {"n": 0}, job_id="warm-up")  # connected: the five go out side by side
+        good = [app.enqueue("loose", {"n": n}, job_id=f"good-{n}", headers={"h": 1.5}) for n in range(4)]
+        bad = app.enqueue("loose", {"n": 9}, job_id="nan-1", headers={"h": [float("nan")]})
+        results = await asyncio.gather(bad, *good, return_exceptions=True)
+    finally:
+        await app.close()
+    assert [type(r).__name__ if isinstance(r, BaseException) else r for r in results] == [
+        "ConfigurationError", "good-0", "good-1", "good-2", "good-3"
+    ]  # fmt: skip
+    assert sorted(m.message_id or "" for m in await drain(broker, "qq")) == [
+        "good-0", "good-1", "good-2", "good-3", "warm-up"
+    ]  # fmt: skip

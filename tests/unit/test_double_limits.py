@@ -124,3 +124,54 @@ async def test_a_header_name_the_wire_would_cut_short_is_refused(
         await broker.drain()
     assert ran == []
     assert str(info.value) == message
+
+
+_NAN_FIX = (
+    "a float RabbitMQ can't take (it closes the connection with INTERNAL_ERROR on NaN and infinities); "
+    "nothing was sent. Send it as a str"
+)
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"h": float("nan")}, f"job 'big': header 'h': value is nan, {_NAN_FIX} (e.g. 'nan') or None"),
+        ({"h": float("inf")}, f"job 'big': header 'h': value is inf, {_NAN_FIX} (e.g. 'inf') or None"),
+        ({"h": float("-inf")}, f"job 'big': header 'h': value is -inf, {_NAN_FIX} (e.g. '-inf') or None"),
+        ({"h": [1.5, float("nan")]}, f"job 'big': header 'h': value[1] is nan, {_NAN_FIX} (e.g. 'nan') or None"),
+        (
+            {"ok": 1.5, "h": {"k": [float("inf")]}},
+            f"job 'big': header 'h': value['k'][0] is inf, {_NAN_FIX} (e.g. 'inf') or None",
+        ),
+        (
+            {"h": {1: "a"}},
+            "job 'big': header 'h': value has table key 1 (int): table keys must be str; nothing was sent. "
+            "Use str keys (e.g. '1')",
+        ),
+        (
+            {"h": [{1: 1}]},
+            "job 'big': header 'h': value[0] has table key 1 (int): table keys must be str; nothing was sent. "
+            "Use str keys (e.g. '1')",
+        ),
+        (
+            {"h": {"a": {b"k": 1}}},
+            "job 'big': header 'h': value['a'] has table key b'k' (bytes): table keys must be str; nothing was "
+            "sent. Use str keys (e.g. 'k')",
+        ),
+    ],
+    ids=["nan", "inf", "minus-inf", "nan-in-a-list", "inf-in-a-table", "int-key", "int-key-in-a-list", "bytes-key"],
+)
+async def test_a_header_value_rabbitmq_closes_the_connection_on_is_refused_naming_header_and_path(
+    tmp_path: Path, headers: dict[str, Any], message: str
+) -> None:
+    # NaN / infinities: RabbitMQ 3.10 and 4.3 closed the publisher's connection (INTERNAL_ERROR), failing the
+    # good enqueues beside it, while the double took them; a non-str table key: pamqp's "'int' object has no
+    # attribute 'encode'", naming neither header nor path
+    app, ran = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("big", {"order_id": 1}, job_id="nan-1", headers=headers)
+        await app.enqueue("big", {"order_id": 2}, job_id="fine-1", headers={"h": 1.5, "t": {"k": [0.0]}})
+        await broker.drain()
+    assert ran == [2]
+    assert str(info.value) == message

@@ -209,3 +209,30 @@ async def test_a_done_mark_still_owed_at_stop_is_told_and_its_claim_left_to_its_
     ledger.down = False
     assert await ledger.claim("d", "elsewhere", 300) is Claim.BUSY
     await ledger.close()
+
+
+class Wordy(Away):
+    """A ledger whose errors run past 200 characters, with a parenthesis open across the cut."""
+
+    async def release(self, key: str, owner: str) -> None:
+        raise LedgerUnavailableError("the ledger lost its connection " + "word " * 30 + "(server closed the "
+                                     "connection unexpectedly; this probably means the server terminated "
+                                     "abnormally before or while processing the request)")  # fmt: skip
+
+
+async def test_an_owed_release_warning_cuts_a_long_error_at_a_word_with_brackets_balanced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the error was cut at 200 characters mid-word, "...before or while proc); released as soon as"."""
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    ledger = Wordy(tmp_path / "ledger.db")
+    owed = OwedWrites(ledger, every=60)
+    await owed.release("k", "run-1", time.monotonic() + 300)
+    [line] = told(caplog)
+    assert line == (
+        "WARNING releasing the claim on job id k failed (LedgerUnavailableError: the ledger lost its connection "
+        + "word " * 30
+        + "(server closed the …)); released as soon as the ledger answers"
+    )
+    await owed.close()
+    await ledger.close()
