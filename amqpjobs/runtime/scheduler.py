@@ -52,13 +52,12 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.tick_store import read_tick_record, tick_records
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
     TickEvent,
     TickFiring,
     _NotLeader,
-    read_tick_record,
-    tick_records,
     utc_now,
 )
 from amqpjobs.topology.models import JobQueueLayout

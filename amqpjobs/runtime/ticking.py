@@ -1,8 +1,8 @@
 """Leading: the cursors, one tick's plan into jobs and a tick record, the tick transaction.
 
 The leader's part of :class:`~amqpjobs.runtime.scheduler.Scheduler` (design in that
-module's docstring), and reading the tick stores. The broker work is in
-:mod:`amqpjobs.wire.ticks`.
+module's docstring). Reading the tick stores is in :mod:`amqpjobs.runtime.tick_store`,
+the broker work in :mod:`amqpjobs.wire.ticks`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.tick_store import read_tick_record
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
-from amqpjobs.wire.connection import connect, server_address
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.connection import server_address
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.tracing import Tracing
@@ -356,37 +355,3 @@ class TickFiring:
         )  # fmt: skip
         if self._on_event is not None:
             self._on_event(event)
-
-
-async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) -> cron.TickRecord | None:
-    """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
-
-    Any replica (or a tool) may read it; reading holds the message unacked for a moment
-    and then returns it by closing the channel.
-
-    Raises:
-        BrokerError: the queue does not exist or the broker failed.
-
-    """
-    records: list[cron.TickRecord] = []
-    for body in await wire.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
-        try:
-            records.append(cron.TickRecord.from_bytes(body))
-        except ValueError as exc:
-            log.warning("tick store %s holds a message that is not a tick record: %s", queue, exc)
-    return cron.latest_record(records)
-
-
-async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str, cron.TickRecord | None]:
-    """The stored state of each of ``app``'s schedules (None: never run), by schedule name.
-
-    Raises:
-        BrokerUnavailableError: the broker can't be reached.
-        BrokerError: a tick store is missing (the scheduler never ran) or the broker failed.
-
-    """
-    connection = await connect(settings, name=f"{app.name}-tick-reader")
-    try:
-        return {s.name: await read_tick_record(connection, cron.tick_queue(app.name, s.name)) for s in app.schedules()}
-    finally:
-        await connection.close()
