@@ -52,13 +52,12 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.tick_events import TickEvent
+from amqpjobs.runtime.tick_store import read_tick_record, tick_records
 from amqpjobs.runtime.ticking import (
     ScheduledApp,
-    TickEvent,
     TickFiring,
     _NotLeader,
-    read_tick_record,
-    tick_records,
     utc_now,
 )
 from amqpjobs.topology.models import JobQueueLayout
@@ -167,6 +166,7 @@ class Scheduler(TickFiring):
         self._looks = 0  # looks done while leading; _looking: one under way
         self._looking = False
         self._last: dict[str, tuple[datetime | None, str | None]] = {}
+        self._held = {}  # returned ticks, tried again first (ticking.py)
         self._warnings = PacedWarnings(log, self.options.warn_every)  # for the replica's life, not one leadership
 
     @property

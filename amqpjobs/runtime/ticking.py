@@ -1,8 +1,8 @@
 """Leading: the cursors, one tick's plan into jobs and a tick record, the tick transaction.
 
 The leader's part of :class:`~amqpjobs.runtime.scheduler.Scheduler` (design in that
-module's docstring), and reading the tick stores. The broker work is in
-:mod:`amqpjobs.wire.ticks`.
+module's docstring). Reading the tick stores is in :mod:`amqpjobs.runtime.tick_store`,
+the broker work in :mod:`amqpjobs.wire.ticks`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,11 +22,11 @@ from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.tick_events import TickEvent
+from amqpjobs.runtime.tick_store import read_tick_record
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
-from amqpjobs.wire.connection import connect, server_address
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.connection import server_address
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.tracing import Tracing
@@ -35,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpjobs.scheduler")
 #: A job to publish: exchange, routing key, message.
 _Job = tuple[str, str, OutgoingMessage]
+#: One transaction's worth of a schedule's ticks: what each did, with its job (at most one has one).
+_Steps = list[tuple["TickEvent", _Job | None]]
 
 
 class ScheduledApp(Protocol):
@@ -59,29 +60,6 @@ class ScheduledApp(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class TickEvent:
-    """What the leader did about one tick (for logs, stats and tests).
-
-    Attributes:
-        schedule: Schedule name.
-        tick: The tick (UTC).
-        kind: ``fired`` (on time), ``catch-up`` (one job for a missed window),
-            ``skipped-missed`` (a missed window under the ``skip`` policy) or
-            ``skipped-overlap`` (the previous run was still running).
-        job_id: The enqueued job's id, or None when nothing was enqueued.
-        missed_from / missed_until: The missed window, for ``catch-up`` and ``skipped-missed``.
-
-    """
-
-    schedule: str
-    tick: datetime
-    kind: cron.TickKind
-    job_id: str | None
-    missed_from: datetime | None = None
-    missed_until: datetime | None = None
-
-
 def utc_now() -> datetime:
     """The time now, UTC (the scheduler's clock; the in-memory double gives it a virtual one)."""
     return datetime.now(UTC)
@@ -89,6 +67,14 @@ def utc_now() -> datetime:
 
 class _NotLeader(Exception):
     """The token was lost before a commit: nothing was published."""
+
+
+class _Returned(BrokerError):
+    """The broker returned a tick's job (no queue bound for it): the :class:`PacedWarnings` key is its destination."""
+
+    def __init__(self, message: str, target: str) -> None:
+        super().__init__(message)
+        self.target = target
 
 
 class TickFiring:
@@ -106,6 +92,8 @@ class TickFiring:
     _schedules: list[cron.Schedule]
     _layouts: dict[str, JobQueueLayout]
     _last: dict[str, tuple[datetime | None, str | None]]
+    #: Per schedule: the cursor and the steps whose job the broker returned; tried again first.
+    _held: dict[str, tuple[datetime, _Steps]]
     _on_event: Callable[[TickEvent], None] | None
     _lead_task: asyncio.Task[None] | None
     _wakeup: asyncio.Event
@@ -224,6 +212,10 @@ class TickFiring:
                 await self._tick(schedule, now, cursors, token)
             except _NotLeader:
                 raise
+            except _Returned as exc:  # keyed by destination: a tick routed elsewhere is no recovery
+                reread = True
+                self._warnings.failed(exc.target, str(exc), "; its tick waits, the other schedules go on")
+                continue
             except Exception as exc:
                 reread = reread or isinstance(exc, BrokerError)
                 self._warnings.failed(f"{self._who}: schedule {schedule.name}", str(exc), "; its tick waits, the "
@@ -240,12 +232,17 @@ class TickFiring:
         cursors: dict[str, datetime],
         token: Any,
     ) -> None:
+        held = self._held.get(schedule.name)
+        if held is not None and held[0] != cursors[schedule.name]:  # another replica moved the cursor
+            del self._held[schedule.name]
+            held = None
+        why = None if held is None else "target-missing"  # the window waited behind a returned tick
         plan = cron.plan_ticks(schedule, cursors[schedule.name], now)
         if not plan.due:
             return
         running = schedule.overlap == "skip" and await self._is_running(schedule)
         steps: list[tuple[TickEvent, _Job | None]] = []  # the missed window, then the on-time tick
-        window = (plan.missed_from, plan.missed_until)
+        window = (plan.missed_from, plan.missed_until, why)
         if plan.missed_until is not None:
             if schedule.missed == "skip" or running:
                 kind: cron.TickKind = "skipped-missed" if schedule.missed == "skip" else "skipped-overlap"
@@ -258,6 +255,14 @@ class TickFiring:
             fired_id = None if running else cron.tick_id(schedule.name, plan.on_time)
             steps.append((TickEvent(schedule.name, plan.on_time, "skipped-overlap" if running else "fired", fired_id),
                           None if running else self._job(schedule, plan.on_time, "fired", plan)))  # fmt: skip
+        # A returned tick holds the schedule: while the next job would go elsewhere (another
+        # shard), the returned one is tried again as it was, alone; the ticks after it wait.
+        jobs = [job[:2] for _, job in steps if job is not None]
+        if held is not None and held[1] and jobs[:1] != [job[:2] for _, job in held[1] if job is not None]:
+            await self._commit_steps(schedule, held[1], now, cursors, token)
+            self._held[schedule.name] = (cursors[schedule.name], [])  # routed: the next window says why
+            return
+        self._held.pop(schedule.name, None)  # a return below holds the schedule again
         # One job per transaction: the broker may return one job of a transaction and route
         # another, but a tick record can only say "every tick up to here was dealt with".
         group: list[tuple[TickEvent, _Job | None]] = []
@@ -267,9 +272,13 @@ class TickFiring:
                 await self._commit_steps(schedule, group, now, cursors, token)
                 group = []
 
-    async def _commit_steps(self, schedule: cron.Schedule, steps: list[tuple[TickEvent, _Job | None]],
-                            now: datetime, cursors: dict[str, datetime], token: Any) -> None:  # fmt: skip
-        """Commit ``steps`` (at most one job) and the tick record after them; then count them as done."""
+    async def _commit_steps(self, schedule: cron.Schedule, steps: _Steps, now: datetime, cursors: dict[str, datetime],
+                            token: Any) -> None:  # fmt: skip
+        """Commit ``steps`` (at most one job) and the tick record after them; then count them as done.
+
+        Raises:
+            _Returned: the job was returned; ``steps`` are held, to be tried again first.
+        """
         last_fired, last_job_id = before = self._last.get(schedule.name, (None, None))
         for event, _ in steps:
             if event.job_id is not None:
@@ -277,8 +286,13 @@ class TickFiring:
         cursor = steps[-1][0].tick  # a step's tick is the last one it deals with
         record = cron.TickRecord(schedule.name, cursor, last_fired, last_job_id, now, self.replica)
         previous = cron.TickRecord(schedule.name, cursors[schedule.name], *before, now, self.replica)
-        with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
-            await self._commit(token, schedule, [self._traced(spans, job) for _, job in steps if job], record, previous)
+        try:
+            with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
+                jobs = [self._traced(spans, job) for _, job in steps if job]
+                await self._commit(token, schedule, jobs, record, previous)
+        except _Returned:
+            self._held[schedule.name] = (cursors[schedule.name], steps)
+            raise
         cursors[schedule.name] = cursor
         self._last[schedule.name] = (last_fired, last_job_id)
         for event, _ in steps:
@@ -308,14 +322,19 @@ class TickFiring:
         """
         messages = [(exchange, routing_key, message, True) for exchange, routing_key, message in jobs]
         returned = await self._transaction(token, schedule, messages, record)
+        # one job per transaction (but a cursor's first record): its destination routed or returned
+        targets = [f"{self._who}: schedule {schedule.name}: tick jobs to exchange {e!r} key {k!r}" for e, k, _ in jobs]
         if not returned:
+            for target in targets:
+                self._warnings.succeeded(target)
             return
         if previous is not None:
             await self._transaction(token, schedule, [], previous)
         back = f"its cursor stays at {cron.format_tick(previous.cursor)}" if previous is not None else ""
-        raise BrokerError(
+        raise _Returned(
             f"the broker returned {len(returned)} of {len(jobs)} tick job(s) ({'; '.join(returned)}), "
-            f"so none counts as enqueued; {back}"
+            f"so none counts as enqueued; {back}",
+            "; ".join(targets),
         )
 
     async def _transaction(
@@ -348,7 +367,8 @@ class TickFiring:
         self.stats[event.kind] += 1
         extra = ""
         if event.missed_from is not None and event.missed_until is not None:
-            extra = f" missed={cron.format_tick(event.missed_from)}..{cron.format_tick(event.missed_until)}"
+            window = f"{cron.format_tick(event.missed_from)}..{cron.format_tick(event.missed_until)}"
+            extra = f" missed={window}" if event.why is None else f" waited={window} why={event.why}"
         log.info(
             "schedule=%s tick=%s id=%s outcome=%s%s",
             logfmt_value(event.schedule), cron.format_tick(event.tick), logfmt_value(event.job_id or "-"), event.kind,
@@ -356,37 +376,3 @@ class TickFiring:
         )  # fmt: skip
         if self._on_event is not None:
             self._on_event(event)
-
-
-async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) -> cron.TickRecord | None:
-    """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
-
-    Any replica (or a tool) may read it; reading holds the message unacked for a moment
-    and then returns it by closing the channel.
-
-    Raises:
-        BrokerError: the queue does not exist or the broker failed.
-
-    """
-    records: list[cron.TickRecord] = []
-    for body in await wire.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
-        try:
-            records.append(cron.TickRecord.from_bytes(body))
-        except ValueError as exc:
-            log.warning("tick store %s holds a message that is not a tick record: %s", queue, exc)
-    return cron.latest_record(records)
-
-
-async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str, cron.TickRecord | None]:
-    """The stored state of each of ``app``'s schedules (None: never run), by schedule name.
-
-    Raises:
-        BrokerUnavailableError: the broker can't be reached.
-        BrokerError: a tick store is missing (the scheduler never ran) or the broker failed.
-
-    """
-    connection = await connect(settings, name=f"{app.name}-tick-reader")
-    try:
-        return {s.name: await read_tick_record(connection, cron.tick_queue(app.name, s.name)) for s in app.schedules()}
-    finally:
-        await connection.close()

@@ -465,7 +465,7 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
         await scheduler.shutdown()
     back = events[after:]
     catch_up = back[0]
-    assert catch_up.kind == "catch-up", back
+    assert (catch_up.kind, catch_up.why) == ("catch-up", "target-missing"), back
     assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, back[1].tick - SECOND)
     assert catch_up.missed_until is not None
     assert catch_up.missed_from is not None
@@ -479,10 +479,11 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
     assert len(returned) == 1, returned  # when it starts failing; then paced, at most once a minute
     recovered = [r.getMessage() for r in caplog.records if "recovered after" in r.getMessage()]
     assert len(recovered) == 1, recovered
-    assert re.fullmatch(r"scheduler replica \S+: schedule every: recovered after ([3-9]|\d\d) failed look\(s\) over "
-                        r"\d+\.\ds", recovered[0]), recovered  # fmt: skip
+    assert re.fullmatch(r"scheduler replica \S+: schedule every: tick jobs to exchange 'jobs' key 'work': recovered "
+                        r"after ([3-9]|\d\d) failed look\(s\) over \d+\.\ds", recovered[0]), recovered  # fmt: skip
     returns = re.compile(
-        r"schedule every: the broker returned (\d) of \1 tick job\(s\) \(to exchange 'jobs' key 'work': 312 NO_ROUTE"
+        r"schedule every: tick jobs to exchange 'jobs' key 'work': the broker returned (\d) of \1 tick job\(s\) "
+        r"\(to exchange 'jobs' key 'work': 312 NO_ROUTE"
         rf"(; to exchange 'jobs' key 'work': 312 NO_ROUTE)*\), so none counts as enqueued; its cursor stays at "
         rf"{cron.format_tick(last_before)}; its tick waits"
     )

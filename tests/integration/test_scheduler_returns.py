@@ -29,6 +29,7 @@ from tests.integration.helpers import raw_channel
 from tests.integration.test_scheduler import Fired, drain, fired_ticks, seconds_from, wait_until
 
 pytestmark = pytest.mark.broker
+SEC = timedelta(seconds=1)
 
 TWO_QUEUES = """
 [[exchange]]
@@ -214,3 +215,94 @@ async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_an
         assert all("still failing:" in m and "failed look(s) in" in m for m in paced), messages
         gaps = [b.created - a.created for a, b in itertools.pairwise(lines[:-1])]
         assert all(gap >= 1.9 for gap in gaps), gaps
+
+
+TWO_SHARDS = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "sh"
+exchange = "jobs"
+shards = 2
+"""
+
+
+def every_3s(fired: list[Fired]) -> list[datetime]:
+    """The ticks of an every-3-s schedule the jobs stand for (a catch-up job: its whole window)."""
+    ticks: list[datetime] = []
+    for f in fired:
+        tick = f.missed_from if f.kind == "catch-up" and f.missed_from is not None else f.tick
+        while tick <= f.tick:
+            ticks.append(tick)
+            tick += timedelta(seconds=3)
+    return ticks
+
+
+async def test_a_deleted_shard_holds_the_schedule_warns_once_and_recovers_once_when_it_is_back(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The review's case: a ``*/3`` s schedule on a 2-shard job queue, shard 1 deleted for ~15 s.
+    Before: the schedule flipped between failing and "recovered" whenever a tick hashed to
+    shard 0, and the shard-1 ticks went out inside catch-up jobs routed to shard 0. Now: one
+    warning keyed by the returned destination, no "recovered" while it is missing, no tick
+    after the returned one goes out meanwhile; once back, the returned tick goes out with its
+    own id when the window's id is shard 0's (else the window covers it), the ticks after it as
+    one catch-up that says why, each tick exactly once."""
+    app = await topology_app(broker, tmp_path, TWO_SHARDS)
+
+    @app.job("sh", queue="sh")
+    async def sh(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    layout = app.layout_of("sh")
+    missing = layout.work_queues[1]
+
+    def shard(name: str, tick: datetime) -> str:
+        return layout.work_queue_for(layout.routing_key_for(tick_id(name, tick)))
+
+    # blocked: the first tick from 3 s on whose shard differs from the tick before it (with two
+    # shards that does not depend on the name, crc32 being linear); a name that puts it on shard 1
+    first = datetime.fromtimestamp(time.time() // 3 * 3 + 3, UTC)
+    blocked = next(
+        first + k * 3 * SEC
+        for k in range(1, 30)
+        if shard("s", first + k * 3 * SEC) != shard("s", first + (k - 1) * 3 * SEC)
+    )
+    name = next(f"s{i}" for i in range(1000) if shard(f"s{i}", blocked) == missing)
+    app.cron("* * * * * */3", name=name)(sh)
+    caplog.set_level(logging.INFO, logger="amqpjobs.scheduler")
+    events: list[TickEvent] = []
+    scheduler = Scheduler(app, broker, on_event=events.append)
+    await scheduler.start()
+    try:
+        async with raw_channel(broker) as channel:
+            await channel.queue_delete(missing)
+        assert datetime.now(UTC) < blocked - SEC  # shard 1 is gone before its tick is due
+        await asyncio.sleep((blocked - datetime.now(UTC)).total_seconds() + 12)  # ~15 s missing or more
+        missing_lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        meanwhile = list(events)
+        await apply_topology(tmp_path / "app.toml", broker)
+        await wait_until(lambda: any(e.tick > blocked + 15 * SEC for e in events), 20, "ticks after the shard is back")
+    finally:
+        await scheduler.shutdown()
+    returned = [m for m in missing_lines if "NO_ROUTE" in m or "still failing" in m]
+    assert len(returned) == 1, missing_lines
+    assert f"key {layout.shard_routing_keys[1]!r}" in returned[0], returned
+    assert [m for m in missing_lines if "recovered" in m] == [], missing_lines
+    assert [e.tick for e in meanwhile if e.tick >= blocked] == [], meanwhile  # no tick after the returned one
+    recovered = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
+    assert len(recovered) == 1, recovered
+    assert f"key {layout.shard_routing_keys[1]!r}" in recovered[0], recovered
+    after = events[len(meanwhile) :]
+    if after[0].kind == "fired":  # the returned tick alone, with its own id (the window's id is shard 0's)
+        assert (after[0].tick, after[0].job_id) == (blocked, tick_id(name, blocked)), after
+        after = after[1:]
+    catch_up = (after[0].kind, after[0].missed_from, after[0].why)
+    assert catch_up == ("catch-up", after[0].missed_from, "target-missing"), after
+    assert after[0].missed_from in (blocked, blocked + 3 * SEC), after
+    assert "why=target-missing" in caplog.text
+    fired = [f for queue in layout.work_queues for f in await drain(broker, queue)]
+    assert twice(fired) == [], Counter(f.job_id for f in fired)
+    ticks = sorted(every_3s(fired))
+    assert ticks == [ticks[0] + i * 3 * SEC for i in range(len(ticks))], "each due tick exactly once"
+    assert ticks[-1] > blocked + 15 * SEC
