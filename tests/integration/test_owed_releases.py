@@ -333,8 +333,8 @@ async def test_a_done_mark_over_a_black_holed_connection_is_owed_within_the_boun
         await app.close()
     seen = [(o.job_id, o.kind, o.failure[0]) for o in rec.outcomes]
     assert seen[0] == ("d1", "succeeded", ""), seen
-    assert {(j, k, f) for j, k, f in seen[1:]} == {("d2", "deferred", "LedgerUnavailable"), ("d1", "duplicate", ""),
-                                                   ("d2", "succeeded", "")}, seen  # fmt: skip
+    away = "amqpjobs.errors.LedgerUnavailableError"
+    assert set(seen[1:]) == {("d2", "deferred", away), ("d1", "duplicate", ""), ("d2", "succeeded", "")}, seen
     assert CONNECT_TIMEOUT - 0.5 <= owed_after <= CONNECT_TIMEOUT + 2.0, owed_after
     assert Counter(runs) == {"d1": 1, "d2": 1}
     assert effects(effects_db) == ["d1", "d2"]
