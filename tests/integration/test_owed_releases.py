@@ -346,3 +346,56 @@ async def test_a_done_mark_over_a_black_holed_connection_is_owed_within_the_boun
                         f"ledger got no answer within {CONNECT_TIMEOUT}s: its connection was closed); the run "
                         "succeeded: written as soon as the ledger answers"), lines  # fmt: skip
     assert lines[1].startswith("INFO wrote the done-mark of job id d1 after "), lines
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(90)
+async def test_a_transaction_commit_over_a_black_holed_connection_fails_within_the_bound(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same cut INSIDE a handler's ``ctx.transaction()`` (both ledger connections black-holed before the
+    done-mark and the commit): the commit fails within the bound (an attempt used, the claim's release owed,
+    the effect rolled back), not hangs the handler thread for good; once the network is back the retry runs
+    and commits: one effect."""
+    runs: list[tuple[str, int]] = []
+    loop = asyncio.get_running_loop()
+    base = await make_app(broker, tmp_path)
+    holed: list[float] = []
+    failed: list[float] = []
+    async with proxied(effects_db) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        def black_hole() -> None:
+            proxy.black_hole()
+            holed.append(time.monotonic())
+
+        @app.job("charge", queue="work", idempotent=True, lease=60)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append((ctx.job_id, ctx.attempt))
+            try:
+                with ctx.transaction() as db:
+                    db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+                    if ctx.attempt == 1:  # the network is cut before the done-mark and the commit
+                        loop.call_soon_threadsafe(black_hole)
+                        while not holed:
+                            time.sleep(0.01)
+            except Exception:
+                failed.append(time.monotonic())
+                raise
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker) as (_, rec):
+            await app.enqueue("charge", {}, job_id="t1")
+            await rec.wait_for(lambda o: len(o) == 1, timeout=25)  # main: hangs here (the commit never returns)
+            proxy.black_hole(False)
+            await rec.wait_for(lambda o: any(x.kind == "succeeded" for x in o), timeout=25)
+        await app.close()
+    seen = [(o.kind, o.failure[0]) for o in rec.outcomes]
+    assert seen[0] == ("retried", "psycopg.OperationalError"), seen
+    assert seen[-1] == ("succeeded", ""), seen
+    failed_after = failed[0] - holed[0]
+    assert CONNECT_TIMEOUT - 0.5 <= failed_after <= CONNECT_TIMEOUT + 2.0, failed_after
+    assert runs == [("t1", 1), ("t1", 2)], runs
+    assert effects(effects_db) == ["t1"]
+    failure = rec.outcomes[0].failure[1]
+    assert failure == f"the PostgreSQL ledger got no answer within {CONNECT_TIMEOUT}s: its connection was closed"
