@@ -131,6 +131,33 @@ def deadline(conn: Any, seconds: float) -> Iterator[list[float]]:
         handle.cancel()
 
 
+@contextlib.contextmanager
+def thread_deadline(conn: Any, seconds: float, what: str) -> Iterator[None]:
+    """Within the block, ``conn`` (psycopg, sync, this thread's) gets ``seconds`` to answer, then :func:`shut`.
+
+    Raises:
+        psycopg.OperationalError: (from the block, once the deadline passed) saying ``what`` got no answer.
+    """
+    psycopg = psycopg_module(what)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        shut(conn)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if not expired.is_set():
+            raise
+        raise psycopg.OperationalError(f"{what} got no answer within {seconds}s: its connection was closed") from exc
+    finally:
+        timer.cancel()
+
+
 class PgConnection:
     """The async connection of one store, under a lock (one statement or transaction at a time).
 
@@ -272,14 +299,20 @@ class PgConnection:
 class ThreadConnections:
     """Synchronous connections, one per thread (handler threads), for transactions the caller fills.
 
+    Their ``BEGIN`` and what :meth:`bounded` covers (the caller's closing statements and the
+    commit or rollback) get :data:`CONNECT_TIMEOUT` s to answer; the caller's own statements
+    in between are not bounded.
+
     Args:
         dsn: libpq connection string or URL (checked by the store's :class:`PgConnection`).
         owner: The store's class name (for the message when psycopg is missing).
+        what: The store in words, for the message when the database does not answer.
     """
 
-    def __init__(self, dsn: str, owner: str) -> None:
+    def __init__(self, dsn: str, owner: str, what: str) -> None:
         self.dsn = dsn
         self._owner = owner
+        self._what = what
         self._local = threading.local()
         self._all: list[Any] = []  # every thread's, to close
         self._all_lock = threading.Lock()
@@ -299,12 +332,21 @@ class ThreadConnections:
                 with self._all_lock:
                     self._all.append(conn)
             try:
-                stack.enter_context(conn.transaction())
+                with self.bounded(conn):
+                    stack.enter_context(conn.transaction())
                 return conn
             except psycopg.OperationalError:
                 if fresh or not conn.closed:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def bounded(self, conn: Any) -> contextlib.AbstractContextManager[None]:
+        """A block in which ``conn`` gets :data:`CONNECT_TIMEOUT` s to answer, then its socket is shut down.
+
+        Raises:
+            psycopg.OperationalError: (from the block) no answer in time: "<what> got no answer within 5s: ...".
+        """
+        return thread_deadline(conn, CONNECT_TIMEOUT, self._what)
 
     def close(self) -> None:
         """Close every thread's connection (call when no transaction runs)."""
