@@ -53,7 +53,7 @@ class PostgresLedger:
         self.retention = duration_argument("PostgresLedger(retention=...)", retention)
         self._db = PgConnection(dsn, "PostgresLedger", "the PostgreSQL ledger", (_SCHEMA,), LedgerUnavailableError)
         self.dsn = dsn
-        self._threads = ThreadConnections(dsn, "PostgresLedger")  # one sync connection per handler thread
+        self._threads = ThreadConnections(dsn, "PostgresLedger", self._db.what)  # one sync connection per thread
 
     async def open(self) -> None:
         """Connect (when not connected) and create the table when missing.
@@ -132,16 +132,23 @@ class PostgresLedger:
 
         The handler thread's connection is reopened when it died since its last use (the
         database restarted): its ``BEGIN`` failed, so nothing of the handler's ran on it.
+        The ``BEGIN``, and the done-mark with the commit (or the rollback), get the connect's
+        patience each (:data:`~amqpjobs.runtime.pg_connection.CONNECT_TIMEOUT` s), then the
+        connection is closed; the handler's own statements are not bounded.
 
         Raises:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
-            psycopg.OperationalError: the database can't be reached (the handler fails: a retry).
+            psycopg.OperationalError: the database can't be reached, or gave no answer in time
+                (the handler fails: a retry).
         """
         shown, key = key, to_db(key)
         update, insert = self._mark_done_sql()
-        with ExitStack() as stack:
+        with ExitStack() as bound, ExitStack() as stack:  # bound ends after the commit or rollback
             conn = self._threads.begin(stack)
-            yield conn
+            try:
+                yield conn
+            finally:
+                bound.enter_context(self._threads.bounded(conn))
             now = time.time()
             cur = conn.execute(update, (owner, now, now, key))
             if not cur.rowcount:

@@ -4,6 +4,11 @@ The one home of these rules for the PostgreSQL ledger, results store and payload
 
 * **Reopen**: a connection psycopg marks closed (it met a lost connection), or whose
   statement failed with ``OperationalError``, is dropped; the next use connects again.
+* **Bounded**: a connect waits :data:`CONNECT_TIMEOUT` s at most, and so does each use of an
+  open connection (its statements, its commit): past it the connection's socket is shut down
+  (no cancel request: that needs a new connection, which a cut network leaves unanswered
+  too), so the waiting statement fails as a lost connection, the store's "unavailable" error.
+  A network cut that keeps the connection open but answers nothing is an outage like a reset.
 * **Paced**: after a failed connect, the next is tried :data:`FIRST_PAUSE` s later, the
   pause doubling up to :data:`LONGEST_PAUSE` s; a use in between fails at once with the
   store's "unavailable" error, without touching the network. So N jobs waiting for the
@@ -25,15 +30,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
 
-#: Seconds to connect at most (libpq ``connect_timeout``).
+#: Seconds to wait for the database at most: a connect (libpq ``connect_timeout``), and each use of an
+#: open connection (:meth:`PgConnection.use`: its statements and commit), then it counts as away.
 CONNECT_TIMEOUT = 5
 #: Seconds between a failed connect and the next try; doubled after each failure up to :data:`LONGEST_PAUSE`.
 FIRST_PAUSE = 0.25
@@ -91,6 +99,63 @@ def dsn_problem(dsn: object) -> str | None:
     if port and not all(p.strip().isdigit() for p in port.split(",")):
         return "names a port that is not a number"
     return None
+
+
+def shut(conn: Any) -> None:
+    """Shut the socket of the psycopg connection ``conn`` down, both ways (nothing when it has none).
+
+    Its waiting statement then fails at once as a lost connection (``OperationalError``);
+    the connection is not closed (its owner closes it), so the descriptor is not freed under
+    a waiting reader.
+    """
+    with contextlib.suppress(Exception), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def deadline(conn: Any, seconds: float) -> Iterator[list[float]]:
+    """Within the block, ``conn`` (psycopg, async) gets ``seconds`` to answer, then :func:`shut`.
+
+    Yields a list that holds the seconds waited once the deadline passed (empty before).
+    """
+    expired: list[float] = []
+
+    def expire() -> None:
+        expired.append(seconds)
+        shut(conn)
+
+    handle = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        yield expired
+    finally:
+        handle.cancel()
+
+
+@contextlib.contextmanager
+def thread_deadline(conn: Any, seconds: float, what: str) -> Iterator[None]:
+    """Within the block, ``conn`` (psycopg, sync, this thread's) gets ``seconds`` to answer, then :func:`shut`.
+
+    Raises:
+        psycopg.OperationalError: (from the block, once the deadline passed) saying ``what`` got no answer.
+    """
+    psycopg = psycopg_module(what)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        shut(conn)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if not expired.is_set():
+            raise
+        raise psycopg.OperationalError(f"{what} got no answer within {seconds}s: its connection was closed") from exc
+    finally:
+        timer.cancel()
 
 
 class PgConnection:
@@ -155,19 +220,28 @@ class PgConnection:
         """The open psycopg ``AsyncConnection``, held alone for the ``async with`` block.
 
         A lost connection inside the block is dropped (the next use reconnects) and raised as
-        the store's ``unavailable`` error; other errors (a refused value) pass through.
+        the store's ``unavailable`` error; so is a block that got no answer within
+        :data:`CONNECT_TIMEOUT` s (its socket is shut down); other errors (a refused value) pass through.
         """
         psycopg = psycopg_module(self.what)
         async with self._locked():
             await self._connect()
-            try:
-                yield self._conn
-            except psycopg.OperationalError as exc:
-                if self._conn is not None and not self._conn.closed:
-                    raise  # the database answered (a cancelled statement, a lock timeout): no outage
-                await self._drop()
-                self._went_down(exc, pause=0.0)  # reconnect at once on the next use: a restart may be over
-                raise self._unavailable(f"{self.what} lost its connection ({one_line(exc)})") from exc
+            conn = self._conn
+            with deadline(conn, CONNECT_TIMEOUT) as expired:
+                try:
+                    yield conn
+                except psycopg.Error as exc:
+                    if not expired and (not isinstance(exc, psycopg.OperationalError) or not conn.closed):
+                        raise  # the database answered (a cancelled statement, a lock timeout): no outage
+                    await self._drop()
+                    if expired:
+                        why = f"got no answer within {CONNECT_TIMEOUT}s: its connection was closed"
+                        self._went_down(why, pause=0.0)
+                        raise self._unavailable(f"{self.what} {why}") from exc
+                    self._went_down(
+                        one_line(exc), pause=0.0
+                    )  # reconnect at once on the next use: a restart may be over
+                    raise self._unavailable(f"{self.what} lost its connection ({one_line(exc)})") from exc
 
     async def _connect(self) -> None:
         if self._conn is not None and not self._conn.closed:
@@ -180,24 +254,27 @@ class PgConnection:
                 f"next try in {self._next_try - now:.1f}s"
             )
         psycopg = psycopg_module(self.what)
+        expired: list[float] = []
         try:
             self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
                                                                connect_timeout=CONNECT_TIMEOUT)  # fmt: skip
-            for statement in self._schema:
-                with contextlib.suppress(psycopg.errors.UniqueViolation):  # another process created it just now
-                    await self._conn.execute(statement)
+            with deadline(self._conn, CONNECT_TIMEOUT) as expired:
+                for statement in self._schema:
+                    with contextlib.suppress(psycopg.errors.UniqueViolation):  # another process created it just now
+                        await self._conn.execute(statement)
         except psycopg.Error as exc:
             await self._drop()
-            self._went_down(exc, pause=min(LONGEST_PAUSE, max(FIRST_PAUSE, 2 * self._pause)))
-            raise self._unavailable(f"{self.what} is unreachable ({one_line(exc)})") from exc
+            why = f"got no answer within {CONNECT_TIMEOUT}s after connecting" if expired else one_line(exc)
+            self._went_down(why, pause=min(LONGEST_PAUSE, max(FIRST_PAUSE, 2 * self._pause)))
+            raise self._unavailable(f"{self.what} is unreachable ({why})") from exc
         if self._down_since is not None:
             log.info("%s answers again after %.1fs", self.what, time.monotonic() - self._down_since)
         self._down_since, self._pause, self._why = None, 0.0, ""
 
-    def _went_down(self, exc: BaseException, pause: float) -> None:
-        """Note a failure: one line when the outage starts, then the next try after ``pause`` seconds."""
+    def _went_down(self, why: str, pause: float) -> None:
+        """Note a failure (``why``, one line): one line when the outage starts, then the next try after ``pause`` s."""
         now = time.monotonic()
-        self._why = one_line(exc)
+        self._why = why
         if self._down_since is None:
             self._down_since = now
             log.warning("%s is unreachable (%s)", self.what, self._why)
@@ -222,14 +299,20 @@ class PgConnection:
 class ThreadConnections:
     """Synchronous connections, one per thread (handler threads), for transactions the caller fills.
 
+    Their ``BEGIN`` and what :meth:`bounded` covers (the caller's closing statements and the
+    commit or rollback) get :data:`CONNECT_TIMEOUT` s to answer; the caller's own statements
+    in between are not bounded.
+
     Args:
         dsn: libpq connection string or URL (checked by the store's :class:`PgConnection`).
         owner: The store's class name (for the message when psycopg is missing).
+        what: The store in words, for the message when the database does not answer.
     """
 
-    def __init__(self, dsn: str, owner: str) -> None:
+    def __init__(self, dsn: str, owner: str, what: str) -> None:
         self.dsn = dsn
         self._owner = owner
+        self._what = what
         self._local = threading.local()
         self._all: list[Any] = []  # every thread's, to close
         self._all_lock = threading.Lock()
@@ -249,12 +332,21 @@ class ThreadConnections:
                 with self._all_lock:
                     self._all.append(conn)
             try:
-                stack.enter_context(conn.transaction())
+                with self.bounded(conn):
+                    stack.enter_context(conn.transaction())
                 return conn
             except psycopg.OperationalError:
                 if fresh or not conn.closed:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def bounded(self, conn: Any) -> contextlib.AbstractContextManager[None]:
+        """A block in which ``conn`` gets :data:`CONNECT_TIMEOUT` s to answer, then its socket is shut down.
+
+        Raises:
+            psycopg.OperationalError: (from the block) no answer in time: "<what> got no answer within 5s: ...".
+        """
+        return thread_deadline(conn, CONNECT_TIMEOUT, self._what)
 
     def close(self) -> None:
         """Close every thread's connection (call when no transaction runs)."""

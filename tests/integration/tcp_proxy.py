@@ -14,6 +14,9 @@ class TcpProxy:
     client has closed since (an attempt it gave up). ``hold_sends(keep)`` stops forwarding what
     clients send, from then on, on every open connection whose first bytes (the AMQP handshake
     names the connection) do not contain ``keep``: their acks, say, never reach the broker.
+    ``black_hole()`` is a network cut without a reset: open connections stay open but every byte,
+    both ways, is dropped from then on, and new connections are taken silently;
+    ``black_hole(False)`` passes bytes again (on the connections still open, and new ones).
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
@@ -22,6 +25,7 @@ class TcpProxy:
         self.silent = False
         self.silent_accepted = 0
         self.silent_closed = 0
+        self.dropping = False  # black_hole(): open connections forward nothing
         self._server: asyncio.Server | None = None
         self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -54,6 +58,10 @@ class TcpProxy:
         """Forward nothing more that clients send on open connections whose first bytes lack ``keep``."""
         self._held |= {id(sent) for sent in self._sent if keep not in sent}
 
+    def black_hole(self, on: bool = True) -> None:
+        """Drop every byte both ways on open connections and answer no new one (``on``); else pass again."""
+        self.dropping = self.silent = on
+
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, sent: bytearray | None) -> None:
         """Forward ``source`` to ``sink``; ``sent``: a client's first bytes (None: the upstream's answers)."""
         try:
@@ -62,6 +70,8 @@ class TcpProxy:
                     sent += data[: max(0, 4096 - len(sent))]
                     if id(sent) in self._held:
                         await self._never.wait()  # held: until the connection is cut
+                if self.dropping:
+                    continue  # the black hole: read and lost
                 sink.write(data)
                 await sink.drain()
         except OSError:

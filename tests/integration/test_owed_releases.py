@@ -27,6 +27,7 @@ import pytest
 from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
+from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, fresh_database
 from tests.integration.test_ledger_outage import effects, proxied
@@ -312,3 +313,129 @@ async def test_waiting_on_another_workers_live_claim_logs_a_deferral_line_at_mos
     assert all(n >= 20 for n in unlogged), unlogged  # 10 s of passes through the 200 ms tier
     assert sum(unlogged) + len(lines) <= len(deferred), (unlogged, len(deferred))  # the rest: after the last line
     assert all(line.endswith(" more not logged since the last line)") for line in lines[1:]), lines
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(90)
+async def test_a_done_mark_over_a_black_holed_connection_is_owed_within_the_bound(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fresh user's HIGH: the network is cut under the ESTABLISHED ledger connection, no reset (the proxy
+    keeps it open and drops every byte, both ways). The done-mark gets no answer: within the bound
+    (``CONNECT_TIMEOUT``, the connect's patience) the connection is closed and the mark owed, the job
+    succeeded; another key meanwhile waits (``deferred``), it does not hang behind the mark. After the
+    network is back the mark is written, the same key is a duplicate and the other key runs: one effect
+    each (before: the done-mark hung for good, the other claim behind it, and a stop left the key to run
+    again)."""
+    import psycopg
+
+    runs: list[str] = []
+    loop = asyncio.get_running_loop()
+    base = await make_app(broker, tmp_path)
+    state: list[Any] = []
+    holed: list[float] = []
+    async with proxied(effects_db) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        def black_hole() -> None:
+            proxy.black_hole()
+            holed.append(time.monotonic())
+
+        @app.job("charge", queue="work", idempotent=True, lease=60)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append(ctx.job_id)
+            with psycopg.connect(effects_db, autocommit=True) as db:  # the effect, outside the ledger
+                db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+            if len(runs) == 1:  # the network is cut after the effect, before the done-mark
+                loop.call_soon_threadsafe(black_hole)
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker, concurrency=2) as (_, rec):
+            await app.enqueue("charge", {}, job_id="d1")
+            await rec.wait_for(lambda o: len(o) == 1, timeout=20)  # main: hangs here (the mark never returns)
+            owed_after = time.monotonic() - holed[0]
+            await app.enqueue("charge", {}, job_id="d2")  # another key during the cut: waits, never hangs
+            await rec.wait_for(lambda o: any(x.kind == "deferred" for x in o), timeout=25)
+            await app.enqueue("charge", {}, job_id="d1")  # the same key while the mark is owed
+            await rec.wait_for(lambda o: [x.job_id for x in o if x.kind == "duplicate"] == ["d1"], timeout=20)
+            proxy.black_hole(False)
+            back = time.monotonic()
+            while time.monotonic() - back < 10:
+                with psycopg.connect(effects_db) as db:
+                    state = db.execute("SELECT state FROM amqpjobs_ledger WHERE key = 'd1'").fetchall()
+                if state == [("done",)]:
+                    break
+                await asyncio.sleep(0.1)
+            took = time.monotonic() - back
+            await rec.wait_for(lambda o: any(x.kind == "succeeded" and x.job_id == "d2" for x in o), timeout=25)
+            await app.enqueue("charge", {}, job_id="d1")  # afterwards: the ledger says done
+            await rec.wait_for(lambda o: sum(x.job_id == "d1" and x.kind == "duplicate" for x in o) == 2, timeout=20)
+        await app.close()
+    seen = [(o.job_id, o.kind, o.failure[0]) for o in rec.outcomes]
+    assert seen[0] == ("d1", "succeeded", ""), seen
+    away = "amqpjobs.errors.LedgerUnavailableError"
+    assert set(seen[1:]) == {("d2", "deferred", away), ("d1", "duplicate", ""), ("d2", "succeeded", "")}, seen
+    assert CONNECT_TIMEOUT - 0.5 <= owed_after <= CONNECT_TIMEOUT + 2.0, owed_after
+    assert Counter(runs) == {"d1": 1, "d2": 1}
+    assert effects(effects_db) == ["d1", "d2"]
+    assert state == [("done",)]
+    assert took <= 4.0, took  # paced tries: the longest pause between two is 2 s
+    lines = [f"{r.levelname} {r.getMessage()}" for r in caplog.records if "done-mark of job id" in r.getMessage()]
+    assert len(lines) == 2, lines  # one when owed, one when paid: none per try
+    assert lines[0] == ("WARNING writing the done-mark of job id d1 failed (LedgerUnavailableError: the PostgreSQL "
+                        f"ledger got no answer within {CONNECT_TIMEOUT}s: its connection was closed); the run "
+                        "succeeded: written as soon as the ledger answers"), lines  # fmt: skip
+    assert lines[1].startswith("INFO wrote the done-mark of job id d1 after "), lines
+
+
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(90)
+async def test_a_transaction_commit_over_a_black_holed_connection_fails_within_the_bound(
+    broker: BrokerSettings, tmp_path: Path, effects_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same cut INSIDE a handler's ``ctx.transaction()`` (both ledger connections black-holed before the
+    done-mark and the commit): the commit fails within the bound (an attempt used, the claim's release owed,
+    the effect rolled back), not hangs the handler thread for good; once the network is back the retry runs
+    and commits: one effect."""
+    runs: list[tuple[str, int]] = []
+    loop = asyncio.get_running_loop()
+    base = await make_app(broker, tmp_path)
+    holed: list[float] = []
+    failed: list[float] = []
+    async with proxied(effects_db) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        def black_hole() -> None:
+            proxy.black_hole()
+            holed.append(time.monotonic())
+
+        @app.job("charge", queue="work", idempotent=True, lease=60)
+        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+            runs.append((ctx.job_id, ctx.attempt))
+            try:
+                with ctx.transaction() as db:
+                    db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
+                    if ctx.attempt == 1:  # the network is cut before the done-mark and the commit
+                        loop.call_soon_threadsafe(black_hole)
+                        while not holed:
+                            time.sleep(0.01)
+            except Exception:
+                failed.append(time.monotonic())
+                raise
+
+        caplog.set_level(logging.INFO, logger="amqpjobs")
+        async with running_worker(app, broker) as (_, rec):
+            await app.enqueue("charge", {}, job_id="t1")
+            await rec.wait_for(lambda o: len(o) == 1, timeout=25)  # main: hangs here (the commit never returns)
+            proxy.black_hole(False)
+            await rec.wait_for(lambda o: any(x.kind == "succeeded" for x in o), timeout=25)
+        await app.close()
+    seen = [(o.kind, o.failure[0]) for o in rec.outcomes]
+    assert seen[0] == ("retried", "psycopg.OperationalError"), seen
+    assert seen[-1] == ("succeeded", ""), seen
+    failed_after = failed[0] - holed[0]
+    assert CONNECT_TIMEOUT - 0.5 <= failed_after <= CONNECT_TIMEOUT + 2.0, failed_after
+    assert runs == [("t1", 1), ("t1", 2)], runs
+    assert effects(effects_db) == ["t1"]
+    failure = rec.outcomes[0].failure[1]
+    assert failure == f"the PostgreSQL ledger got no answer within {CONNECT_TIMEOUT}s: its connection was closed"
