@@ -120,11 +120,9 @@ class PostgresLedger:
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.prune`."""
-        async with self._db.use() as conn:
-            cur = await conn.execute(
-                "DELETE FROM amqpjobs_ledger WHERE state = 'done' AND updated_at < %s", (time.time() - older_than,)
-            )
-        return int(cur.rowcount)
+        return await self._db.prune(
+            "amqpjobs_ledger", "state = 'done' AND updated_at < %s", (time.time() - older_than,)
+        )
 
     @contextmanager
     def transaction(self, key: str, owner: str) -> Iterator[Any]:

@@ -105,10 +105,9 @@ class PostgresPayloadStore(PayloadStore):
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`PayloadStore.prune`."""
-        cur = await self._run(
-            "DELETE FROM amqpjobs_payloads WHERE store = %s AND done_at < %s", (self.name, time.time() - older_than)
+        return await self._db.prune(
+            "amqpjobs_payloads", "store = %s AND done_at < %s", (self.name, time.time() - older_than)
         )
-        return int(cur.rowcount)
 
     async def close(self) -> None:
         """Close the connection."""

@@ -47,6 +47,9 @@ CONNECT_TIMEOUT = 5
 FIRST_PAUSE = 0.25
 #: The longest pause (seconds) between two connect attempts while the database is down.
 LONGEST_PAUSE = 2.0
+#: Rows one prune statement deletes at most: each batch is one use (bounded by :data:`CONNECT_TIMEOUT`),
+#: so a large backlog is pruned in turns, and claims and done-marks get the connection between two batches.
+PRUNE_BATCH = 2000
 
 log = logging.getLogger("amqpjobs.stores")
 
@@ -242,6 +245,23 @@ class PgConnection:
                         one_line(exc), pause=0.0
                     )  # reconnect at once on the next use: a restart may be over
                     raise self._unavailable(f"{self.what} lost its connection ({one_line(exc)})") from exc
+
+    async def prune(self, table: str, where: str, params: tuple[Any, ...]) -> int:
+        """Delete the rows of ``table`` matching ``where`` in batches of :data:`PRUNE_BATCH`; how many went.
+
+        ``table`` and ``where`` are the store's own SQL (never user input); ``params`` fill ``where``'s ``%s``.
+
+        Raises:
+            The store's ``unavailable`` error, as :meth:`use` (the batches done stay done).
+        """
+        sql = f"DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table} WHERE {where} LIMIT {PRUNE_BATCH})"
+        total = 0
+        while True:
+            async with self.use() as conn:
+                gone = int((await conn.execute(sql, params)).rowcount)
+            total += gone
+            if gone < PRUNE_BATCH:
+                return total
 
     async def _connect(self) -> None:
         if self._conn is not None and not self._conn.closed:

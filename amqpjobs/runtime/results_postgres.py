@@ -98,8 +98,7 @@ class PostgresResults:
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`amqpjobs.runtime.results.ResultsStore.prune`."""
-        cur = await self._run("DELETE FROM amqpjobs_results WHERE at < %s", (time.time() - older_than,))
-        return int(cur.rowcount)
+        return await self._db.prune("amqpjobs_results", "at < %s", (time.time() - older_than,))
 
     def copy(self) -> PostgresResults:
         """See :meth:`amqpjobs.runtime.results.ResultsStore.copy`."""

@@ -187,6 +187,34 @@ async def test_ledger_claims_and_prunes(tmp_path: Path, ledger_spec: str):
         await ledger.close()
 
 
+@pytest.mark.version_independent
+async def test_a_postgres_prune_of_many_rows_goes_in_batches_and_keeps_the_fresh_ones(pg_url: str) -> None:
+    """Each use of the connection is bounded (CONNECT_TIMEOUT), so a prune deletes PRUNE_BATCH rows per statement:
+    a backlog of exactly two batches and a few rows more all go, the fresh done-markers and the claims stay."""
+    import psycopg
+
+    from amqpjobs.runtime.pg_connection import PRUNE_BATCH
+
+    with fresh_database(pg_url) as url:
+        ledger = PostgresLedger(url)
+        try:
+            assert await ledger.claim("fresh", "a", 60) is Claim.CLAIMED  # creates the table
+            assert await ledger.done("fresh", "a") is True
+            assert await ledger.claim("running", "a", 60) is Claim.CLAIMED
+            old = time.time() - 7200
+            with psycopg.connect(url, autocommit=True) as db:
+                db.execute("INSERT INTO amqpjobs_ledger (key, state, owner, expires_at, updated_at) "
+                           "SELECT 'old:' || i, 'done', 'w', %s, %s FROM generate_series(1, %s) AS i",
+                           (old, old, 2 * PRUNE_BATCH + 3))  # fmt: skip
+            assert await ledger.prune(3600) == 2 * PRUNE_BATCH + 3
+            assert await ledger.prune(3600) == 0
+            with psycopg.connect(url) as db:
+                left = sorted(r[0] for r in db.execute("SELECT key FROM amqpjobs_ledger"))
+            assert left == ["fresh", "running"]
+        finally:
+            await ledger.close()
+
+
 async def test_a_key_with_a_nul_is_a_key_like_any_other(tmp_path: Path, ledger_spec: str):
     """A job id (the default key) may carry a NUL, which PostgreSQL text can't hold: never 'the ledger is down'."""
     ledger = make_ledger(ledger_spec)
