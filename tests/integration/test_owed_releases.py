@@ -33,7 +33,7 @@ from tests.integration.helpers import ROOT, depth, fresh_database
 from tests.integration.test_ledger_outage import effects, proxied
 from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
-pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the ledger side of a worker: the same on every broker version
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the ledger side: any broker version
 
 
 @pytest.fixture
