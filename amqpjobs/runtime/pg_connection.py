@@ -39,6 +39,7 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.text import one_line
 
 #: Seconds to wait for the database at most: a connect (libpq ``connect_timeout``), and each use of an
 #: open connection (:meth:`PgConnection.use`: its statements and commit), then it counts as away.
@@ -65,11 +66,6 @@ def psycopg_module(what: str) -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigurationError(f"{what} needs psycopg: pip install 'amqpjobs[postgres]'") from exc
     return psycopg
-
-
-def one_line(exc: BaseException) -> str:
-    """``"<type>: <message>"`` on one line (libpq's messages span lines), at most 200 characters of message."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
 def dsn_problem(dsn: object) -> str | None:

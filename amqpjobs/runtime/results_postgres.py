@@ -19,9 +19,10 @@ from typing import Any
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, StateRecord
-from amqpjobs.runtime.pg_connection import PgConnection, one_line, psycopg_module
+from amqpjobs.runtime.pg_connection import PgConnection, psycopg_module
 from amqpjobs.runtime.pg_text import from_db, to_db
 from amqpjobs.runtime.results import _SCHEMA, COLUMNS, insert_apart, record_of, row_of
+from amqpjobs.text import one_line
 
 
 def _psycopg() -> Any:
