@@ -3,18 +3,19 @@
 A thread can't be stopped. The rule: the broker must not get a delivery back (its channel
 or connection closed) while that delivery's handler thread may still run, or the
 redelivery runs beside it and the side effect is committed twice, at once. So a worker
-stopping past its grace, with handler threads still running (their tasks cancelled, their
-deliveries unacked), first flushes the acks of finished jobs and closes its publishers
-(their confirms in), then, before the consumer connection closes:
+stopping past its grace, with handler threads still running (their deliveries unacked):
 
 - when it is its process's whole life (``amqpjobs consume``, each ``--processes`` child):
-  logs its stop lines, flushes logging and ends the process with ``os._exit(1)``. The
-  threads die with the process; only then does the OS close the socket and the broker
-  requeue. Nothing after that runs (the app's stores are not closed: as after a kill);
+  right at the grace's end (each ms later is one in which a thread may finish its effect
+  and still be abandoned), flushes the acks of finished jobs, logs its stop lines, flushes
+  logging and ends the process with ``os._exit(1)``. The threads die with the process; only
+  then does the OS close the socket and the broker requeue. Nothing after that runs (the
+  app's stores are not closed, owed ledger writes are left to their leases: as after a kill);
 - awaited in a program of its user's (:meth:`~amqpjobs.runtime.worker.Worker.run`,
   :meth:`~amqpjobs.runtime.worker.Worker.shutdown`): a hard exit would end that program,
-  so it keeps the consumer connection open, the deliveries unacked, until the threads
-  end (however long that takes), then closes.
+  so it cancels their tasks, flushes the acks of finished jobs and closes its publishers
+  (their confirms in), and keeps the consumer connection open, the deliveries unacked,
+  until the threads end (however long that takes), then closes.
 
 An async handler is cancelled at the grace and ends with its task: it is none of these.
 """

@@ -70,6 +70,12 @@ class WorkerStop(SuspectTurns):
                 for line in self._draining.grace_lines(still, jobs, abandoned):
                     log.warning(line)
                 code = 1
+                if own_process and self._threads.running:  # end now: in each ms left, a thread may finish its effect
+                    for consumer in self._consumers:
+                        await consumer.flush_acks()  # the jobs that did finish stay done
+                    waited = len(self._rates.handed_back) if self._rates else 0
+                    last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
+                    await self._threads.before_close(True, last if self.ready.is_set() else None)
                 for task in still:
                     task.cancel()
                 await asyncio.wait(still)  # each held delivery's hold ends before the channels close
