@@ -9,6 +9,7 @@ Within a value, table keys must be str and floats finite (:func:`header_problem`
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -30,18 +31,33 @@ def field_name_problem(label: str, name: str) -> str | None:
     )
 
 
+def _as_float32(value: float) -> float | None:
+    """``value`` as a 32-bit float reads it back (pamqp writes a header's float as ``f``); None: too large for one."""
+    try:
+        return float(struct.unpack("!f", struct.pack("!f", value))[0])
+    except OverflowError:
+        return None
+
+
 def _value_problem(value: Any, path: str = "value") -> str | None:
     """Why header value ``value`` (at ``path`` within the header) can't be sent as given (the first), or None.
 
     A table key that is not a str (pamqp fails on it, naming no header), a key over 128 UTF-8
-    bytes (cut on the way), or a float that is NaN or infinite: pamqp encodes it, and RabbitMQ
+    bytes (cut on the way), a float that is NaN or infinite (pamqp encodes it, and RabbitMQ
     (3.10 to 4.3) closes the publisher's whole connection with ``INTERNAL_ERROR``, failing the
-    publishes beside it.
+    publishes beside it), or a float a 32-bit AMQP float can't hold exactly (pamqp's
+    ``encode_table_value`` writes every Python float as ``f``: 0.1 would arrive as
+    0.10000000149011612, 1e308 fails to pack).
     """
     if isinstance(value, float) and not math.isfinite(value):
         return (
             f"{path} is {value!r}, a float RabbitMQ can't take (it closes the connection with INTERNAL_ERROR on "
             f"NaN and infinities); nothing was sent. Send it as a str (e.g. {str(value)!r}) or None"
+        )
+    if isinstance(value, float) and _as_float32(value) != value:
+        return (
+            f"{path} is {value!r}, which pamqp sends as a 32-bit AMQP float: it would arrive as "
+            f"{_as_float32(value)!r}; nothing was sent. Send it as a str (e.g. {repr(value)!r}) or a decimal.Decimal"
         )
     if isinstance(value, Mapping):
         for key, item in value.items():

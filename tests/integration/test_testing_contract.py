@@ -267,6 +267,8 @@ REFUSED: dict[str, dict[str, Any]] = {
     "header-minus-inf": {"headers": {"h": float("-inf")}},
     "header-nan-in-a-list": {"headers": {"h": [1.5, float("nan")]}},
     "header-inf-in-a-table": {"headers": {"h": {"k": [float("inf")]}}},
+    "header-float-not-exact-in-32-bits": {"headers": {"h": {"k": 0.1}}},  # pamqp sends a float as 32 bits
+    "header-float-too-large-for-32-bits": {"headers": {"h": 1e308}},
     "header-lone-surrogate": {"headers": {"s": "\udcff"}},
     "job-id-blank": {"job_id": " "},
     "job-id-over-255-bytes": {"job_id": "é" * 128},
@@ -330,6 +332,13 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
         "less the 20480 bytes of it for the worker's own headers on its copies (they travel in one frame); "
         "nothing was sent. Put large data in the body",
         1,
+    )
+    # a float 32 bits can't hold exactly: it arrived as 0.10000000149011612 (1e308: pamqp's own struct.error)
+    assert real["header-float-not-exact-in-32-bits"] == (
+        "ConfigurationError",
+        "job 'loose': header 'h': value['k'] is 0.1, which pamqp sends as a 32-bit AMQP float: it would arrive as "
+        "0.10000000149011612; nothing was sent. Send it as a str (e.g. '0.1') or a decimal.Decimal",
+        None,
     )
     # NaN and infinities: RabbitMQ closed the publisher's connection (INTERNAL_ERROR), failing every enqueue on it
     assert real["header-inf-in-a-table"] == (
