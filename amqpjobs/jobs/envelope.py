@@ -365,7 +365,7 @@ def job_message(
         ValueError: a reserved header name or one not a str, a priority outside 0-255, an empty job
             id, a job id over 255 UTF-8 bytes (:func:`shortstr_problem`), a header name or a
             table key within a header over 128 (:func:`field_name_problem`) or not a str, a header
-            float NaN or infinite (:func:`header_problem`), or a payload JSON
+            float NaN, infinite or not exact in 32 bits (:func:`header_problem`), or a payload JSON
             can't hold (NaN, sets, ...).
 
     """

@@ -3,7 +3,7 @@
 A header table's keys are AMQP field names: pamqp cuts one over 128 UTF-8 bytes to 128 (with
 a log warning) at any depth, so a longer name would arrive as another name, and two long
 names with one 128-byte prefix as one. ``x-`` names are the broker's, ``amqpjobs-`` ours.
-Within a value, table keys must be str and floats finite (:func:`header_problem`).
+Within a value, table keys must be str and floats finite and exact in 32 bits (:func:`header_problem`).
 """
 
 from __future__ import annotations
