@@ -171,10 +171,6 @@ async def test_a_catch_up_returned_with_its_on_time_job_routed_never_sends_the_r
     assert (events[0].kind, events[0].missed_from) == ("catch-up", catch_up), events
 
 
-# One broker version: the pacing rule is ours. On 4.3 a failing transaction (missing exchange) sometimes drops the
-# scheduler's whole connection (CHANNEL_ERROR "expected 'channel.open'", the close-crossing fault left open in
-# wire/ticks.py), which adds a second failure ("could not open a channel") with its own lines (CI run 18)
-@pytest.mark.version_independent
 async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_and_once_when_it_recovers(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
