@@ -17,6 +17,43 @@ if TYPE_CHECKING:  # the app makes these (App.sync_publisher): no import of app 
 T = TypeVar("T")
 
 
+def _call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    """Run ``coro`` as a task on ``loop`` (another thread's) and return its result, waiting ``timeout`` seconds.
+
+    What ``asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)`` does, with one lock
+    instead of a ``concurrent.futures.Future`` (its condition variable and chained callbacks):
+    a sync enqueue pays this hand-off once per job.
+
+    Raises:
+        TimeoutError: no outcome within ``timeout`` (the task goes on, as run_coroutine_threadsafe's would).
+        RuntimeError: ``loop`` is closed.
+        (Else whatever ``coro`` raised.)
+    """
+    done = threading.Lock()
+    done.acquire()
+    outcome: list[asyncio.Future[T]] = []
+
+    def finished(task: asyncio.Future[T]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved here: a task that outlived the timeout logs nothing
+        outcome.append(task)
+        done.release()
+
+    def start() -> None:
+        try:
+            task: asyncio.Future[T] = loop.create_task(coro)
+        except BaseException as exc:  # handed to the caller, as run_coroutine_threadsafe would
+            failed: asyncio.Future[T] = loop.create_future()
+            failed.set_exception(exc)
+            task = failed
+        task.add_done_callback(finished)
+
+    loop.call_soon_threadsafe(start)
+    if not done.acquire(timeout=timeout):
+        raise TimeoutError(f"no outcome within {timeout:g}s")
+    return outcome[0].result()
+
+
 class SyncPublisher:
     """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
 
@@ -61,7 +98,7 @@ class SyncPublisher:
                 "SyncPublisher called from its event loop's own thread would wait for itself forever; "
                 "in async code use await app.enqueue(...)"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return _call_on(self._loop, coro, timeout)
 
     def enqueue(
         self,
