@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
@@ -26,6 +27,7 @@ def _call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], time
 
     Raises:
         TimeoutError: no outcome within ``timeout`` (the task goes on, as run_coroutine_threadsafe's would).
+        concurrent.futures.CancelledError: the task was cancelled.
         RuntimeError: ``loop`` is closed.
         (Else whatever ``coro`` raised.)
     """
@@ -51,6 +53,8 @@ def _call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], time
     loop.call_soon_threadsafe(start)
     if not done.acquire(timeout=timeout):
         raise TimeoutError(f"no outcome within {timeout:g}s")
+    if outcome[0].cancelled():  # an Exception, as run_coroutine_threadsafe's future raised (asyncio's is not)
+        raise concurrent.futures.CancelledError()
     return outcome[0].result()
 
 
