@@ -145,7 +145,7 @@ class EnqueueGate:
             QueueFullError: ``work_queue`` stayed over ``max_depth`` / ``max_age`` for ``full_wait``.
 
         """
-        await self._unblocked(connection)
+        await self.unblocked(connection)
         if not bounds.checked:
             yield
             return
@@ -156,7 +156,13 @@ class EnqueueGate:
         finally:
             queue.settled += 1
 
-    async def _unblocked(self, connection: Connection) -> None:
+    async def unblocked(self, connection: Connection) -> None:
+        """Return once no resource alarm blocks publishing (all :meth:`admitted` asks of a queue without bounds).
+
+        Raises:
+            BrokerBlockedError: a resource alarm did not clear within ``blocked_timeout``.
+
+        """
         started = time.monotonic()
         while (alarm := await self._alarm(connection)) is not None:
             waited = time.monotonic() - started

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 #: large). A payload stored for it is deleted; after any other failure (no confirm in time, connection
 #: lost) it is kept.
 REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
+_UNGATED: AbstractAsyncContextManager[None] = nullcontext()
 
 
 async def send(
@@ -41,9 +42,12 @@ async def send(
         PublishError, BrokerError: the outcome is uncertain; a stored payload is kept.
 
     """
-    gated: AbstractAsyncContextManager[None] = nullcontext()
+    gated: AbstractAsyncContextManager[None] = _UNGATED
     if gate is not None and connection is not None and isinstance(publisher, ConfirmedPublisher):  # not a double's
-        gated = gate.admitted(connection, layout.work_queue_for(routing_key), layout.bounds)
+        if layout.bounds.checked:
+            gated = gate.admitted(connection, layout.work_queue_for(routing_key), layout.bounds)
+        else:  # no bounds to count against: only the alarm check (without admitted()'s generator, per enqueue)
+            await gate.unblocked(connection)
     async with gated:  # counted against max_depth from here until published (README "Backpressure")
         ref = None
         if store is not None:  # claim-check: a large body goes to the store

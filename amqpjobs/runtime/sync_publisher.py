@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
@@ -15,6 +16,46 @@ if TYPE_CHECKING:  # the app makes these (App.sync_publisher): no import of app 
     from amqpjobs.runtime.app import App, JobRef
 
 T = TypeVar("T")
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    """Run ``coro`` as a task on ``loop`` (another thread's) and return its result, waiting ``timeout`` seconds.
+
+    What ``asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)`` does, with one lock
+    instead of a ``concurrent.futures.Future`` (its condition variable and chained callbacks):
+    a sync enqueue pays this hand-off once per job.
+
+    Raises:
+        TimeoutError: no outcome within ``timeout`` (the task goes on, as run_coroutine_threadsafe's would).
+        concurrent.futures.CancelledError: the task was cancelled.
+        RuntimeError: ``loop`` is closed.
+        (Else whatever ``coro`` raised.)
+    """
+    done = threading.Lock()
+    done.acquire()
+    outcome: list[asyncio.Future[T]] = []
+
+    def finished(task: asyncio.Future[T]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved here: a task that outlived the timeout logs nothing
+        outcome.append(task)
+        done.release()
+
+    def start() -> None:
+        try:
+            task: asyncio.Future[T] = loop.create_task(coro)
+        except BaseException as exc:  # handed to the caller, as run_coroutine_threadsafe would
+            failed: asyncio.Future[T] = loop.create_future()
+            failed.set_exception(exc)
+            task = failed
+        task.add_done_callback(finished)
+
+    loop.call_soon_threadsafe(start)
+    if not done.acquire(timeout=timeout):
+        raise TimeoutError(f"no outcome within {timeout:g}s")
+    if outcome[0].cancelled():  # an Exception, as run_coroutine_threadsafe's future raised (asyncio's is not)
+        raise concurrent.futures.CancelledError()
+    return outcome[0].result()
 
 
 class SyncPublisher:
@@ -61,7 +102,7 @@ class SyncPublisher:
                 "SyncPublisher called from its event loop's own thread would wait for itself forever; "
                 "in async code use await app.enqueue(...)"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return _call_on(self._loop, coro, timeout)
 
     def enqueue(
         self,

@@ -13,7 +13,9 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
+from typing import cast
 
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import (
@@ -167,15 +169,20 @@ class ConfirmedPublisher:
         check_body(message, self.max_message_size)
         properties = amqp_properties(message)
         sent = time.monotonic()
-        channel = await self._open_channel(exchange, routing_key)
+        channel = self._channel
+        if channel is None or channel.is_closed:  # the common case skips the open's awaits
+            channel = await self._open_channel(exchange, routing_key)
         try:
             with broker_errors():
-                underlay = await channel.get_underlay_channel()  # aio-pika's per-message objects cost more
+                # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
+                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
                 frame_max = underlay.connection.connection_tune.frame_max
                 check_header_fits(properties, message.headers, frame_max, self._header_reserve)
+                # wait=False: the confirm is what is waited for (it comes after the frames were written, and a
+                # lost connection fails it as it fails the drain); not also a loop turn for the write's drain
                 await underlay.basic_publish(
                     message.body, exchange=exchange, routing_key=routing_key, properties=properties,
-                    mandatory=True, timeout=self._timeout,
+                    mandatory=True, timeout=self._timeout, wait=False,
                 )  # fmt: skip
         except UnroutableError as exc:
             raise UnroutableError(
