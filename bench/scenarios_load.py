@@ -175,9 +175,9 @@ class LoadScenarios(Harness):
         )
         batched = self.goal("enqueueb/rawb", ratio(rates["ajb"], rates["rawb"]),
                             f"{rates['ajb'].median:,.0f} vs {rates['rawb'].median:,.0f} msg/s")  # fmt: skip
-        single_ = self.goal("enqueue1/raw1", ratio(rates["aj1"], rates["raw1"]),
+        one_by_one = self.goal("enqueue1/raw1", ratio(rates["aj1"], rates["raw1"]),
                             f"{rates['aj1'].median:,.0f} vs {rates['raw1'].median:,.0f} msg/s")  # fmt: skip
-        self.report.add(f"enqueue / raw aio-pika: one by one {single_}; batched {batched}.", "")
+        self.report.add(f"enqueue / raw aio-pika: one by one {one_by_one}; batched {batched}.", "")
         self.results.update({f"pub.{k}": v for k, v in rates.items()})
         self.results.update({f"cpu.pub.{k}": v for k, v in cpus.items()})
 
