@@ -98,6 +98,6 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: bench
-bench: install broker-up  ## every benchmark of issue 9 against the peers, written to bench/RESULTS.md (N=20000 by default; BENCH_ARGS="--quick" for a smoke run)
+bench: install broker-up  ## every benchmark of issue 9 against the peers and issue 22's goals (closing table), written to bench/RESULTS.md (N=20000 by default; BENCH_ARGS="--quick" for a smoke run)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

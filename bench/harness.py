@@ -22,7 +22,7 @@ import aio_pika
 import psutil
 from aio_pika.abc import AbstractChannel, DeliveryMode
 from common import EXCHANGE, JOB, QUEUE, TOPOLOGY, count, read_records
-from report import AMQPJOBS_CLI, BENCH, PY, ROOT, Machine, Report, Stat
+from report import AMQPJOBS_CLI, BENCH, GOALS, PY, ROOT, Machine, Report, Stat
 
 from amqpjobs import JobContext
 from amqpjobs.jobs.envelope import iso_utc, job_message
@@ -212,6 +212,7 @@ class Harness:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.report = Report()
         self.results: dict[str, Stat] = {}
+        self.figures: dict[str, tuple[float, str]] = {}  # goal key (report.GOALS): value, detail
 
     # -- vhosts and processes
     async def vhost(self, key: str, topology: bool = True) -> BrokerSettings:
@@ -392,6 +393,16 @@ class Harness:
     # ------------------------------------------------------------------------------ sections
     def header(self, title: str) -> None:
         self.report.add(f"## {title}", "", self.machine.line(), "")
+
+    def goal(self, key: str, value: float, detail: str = "") -> str:
+        """Record the figure of goal ``key`` (report.GOALS) for the closing table; "1.23× (target ≥ 1.3×: met)".
+
+        A NaN (a contestant left out) is not recorded: the closing table says "not measured".
+        """
+        goal = GOALS[key]
+        if value == value:
+            self.figures[key] = (value, detail)
+        return f"{goal.fmt(value)} (target {goal.target_text()}: {goal.verdict(value)})"
 
 
 async def _noop(payload: dict[str, Any], ctx: JobContext) -> None:

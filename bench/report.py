@@ -63,6 +63,72 @@ def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     return "met" if ok else "**missed**"
 
 
+# ---------------------------------------------------------------------------------- goals
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One target of the bench: a figure (a ratio unless ``unit`` says otherwise) against ``target``."""
+
+    text: str  # what the goal asks, as the closing table names it
+    target: float
+    unit: str = "×"
+    higher_is_better: bool = True
+    issue: int = 22
+
+    def fmt(self, value: float) -> str:
+        if value != value:
+            return "–"
+        return f"{value:.2f}×" if self.unit == "×" else f"{value:.1f} {self.unit}"
+
+    def target_text(self) -> str:
+        """``≥ 1.0×``, ``≥ 1.35×``, ``≤ 60 MB``: a ratio keeps at least one decimal, as issue 22 writes them."""
+        sign = "≥" if self.higher_is_better else "≤"
+        if self.unit != "×":
+            return f"{sign} {self.target:g} {self.unit}"
+        digits = f"{self.target:.2f}".rstrip("0")
+        return f"{sign} {digits}{'0' if digits.endswith('.') else ''}×"
+
+    def verdict(self, value: float) -> str:
+        return verdict(value, self.target, self.higher_is_better)
+
+    def missed(self, value: float) -> bool:
+        return self.verdict(value) == "**missed**"
+
+
+#: Every target the bench judges, by key: the goals of issue 22 (the closing table lists them, in this order)
+#: and issue 9's that table 1 still shows. Sections and the profile read their targets here only.
+GOALS: dict[str, Goal] = {
+    "aj16/dramatiq": Goal("16 slots (`amqpjobs consume` defaults) / Dramatiq 8 threads, jobs/s", 2.2),
+    "aj16/raw16": Goal("16 slots (`amqpjobs consume` defaults) / raw aio-pika prefetch 16, jobs/s", 1.3),
+    "p2/p1": Goal("`consume --processes 2` / `--processes 1`, jobs/s (2 cores)", 1.35),
+    "p2/p1.cpu": Goal("jobs per client CPU-second, `--processes 2` / `--processes 1`", 0.9),
+    "sync/dramatiq": Goal("`sync_publisher().enqueue` one at a time / Dramatiq `send` (confirm_delivery=True)", 1.2),
+    "enqueue1/raw1": Goal("async `enqueue` one at a time / raw aio-pika publish, confirms awaited", 1.0),
+    "enqueueb/rawb": Goal("batched `enqueue` (gather 500) / raw aio-pika batched", 0.9),
+    "p99/raw": Goal("p99 latency enqueue → handler start, amqpjobs / raw aio-pika", 1.0, higher_is_better=False),
+    "rss": Goal("worker RSS per process (the larger of after 10k and after 200k jobs)", 60, "MB", False),
+    "rss.growth": Goal("worker RSS flat to 200k jobs: growth after 10k jobs (either way)", 2, "MB", False),
+    "aj1/raw1": Goal("1 slot / raw aio-pika prefetch 1, jobs/s", 0.9, issue=9),
+    "aj16/celery": Goal("16 slots / Celery -c 2, jobs/s", 3.0, issue=9),
+}
+
+
+def goals_table(figures: dict[str, tuple[float, str]], issue: int = 22) -> list[list[str]]:
+    """Rows goal | figure | target | verdict of ``issue``'s goals; "not measured" for those without a figure."""
+    rows = []
+    for key, goal in GOALS.items():
+        if goal.issue != issue:
+            continue
+        if key not in figures:
+            rows.append([goal.text, "not measured in this run", goal.target_text(), "–"])
+            continue
+        value, detail = figures[key]
+        figure = goal.fmt(value) + (f" ({detail})" if detail else "")
+        rows.append([goal.text, figure, goal.target_text(), goal.verdict(value)])
+    return rows
+
+
 class Report:
     """Markdown for RESULTS.md, echoed to stdout as it is written."""
 

@@ -1,4 +1,4 @@
-"""Bench sections 5-7: worker RSS, retry-tier and replay timing, ``topology apply`` time."""
+"""Bench sections 6-8: worker RSS, retry-tier and replay timing, ``topology apply`` time."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from amqpjobs.topology.loader import load_topology
 
 
 class LimitScenarios(Harness):
-    """Sections 5-7."""
+    """Sections 6-8."""
 
     async def rss(self) -> None:
         total = 200_000 if not self.args.quick else max(2000, self.args.n * 5)
         first = 10_000 if not self.args.quick else max(200, self.args.n // 2)
         marks = sorted({first, total // 4, total // 2, 3 * total // 4, total})
-        self.header(f"5. Worker RSS while it runs {total:,} jobs (amqpjobs consume, 16 slots; one run)")
+        self.header(f"6. Worker RSS while it runs {total:,} jobs (amqpjobs consume, 16 slots; one run)")
         cs = {c.key: c for c in contestants()}
         rows = []
         for key in ("aj16", "raw16"):
@@ -38,12 +38,9 @@ class LimitScenarios(Harness):
                 self.results["rss.last"] = Stat([got[total] / 2**20])
         self.report.table(["RSS, MB", "idle", *(f"after {x:,} jobs" for x in marks)], rows)
         a, b = self.results["rss.first"].median, self.results["rss.last"].median
-        self.report.add(
-            f"amqpjobs worker RSS {a:.1f} MB after {first:,} jobs, {b:.1f} MB after {total:,} "
-            f"(growth {b - a:+.1f} MB); target ≤ 60 MB and flat: {verdict(max(a, b), 60, False)}"
-            f"{'' if abs(b - a) <= 2 else ' (not flat)'}.",
-            "",
-        )
+        most = self.goal("rss", max(a, b), f"{a:.1f} MB after {first:,} jobs, {b:.1f} MB after {total:,}")
+        flat = self.goal("rss.growth", abs(b - a), f"{b - a:+.1f} MB from {first:,} to {total:,} jobs")
+        self.report.add(f"amqpjobs worker RSS: the larger {most}; growth {flat}.", "")
 
     async def rss_run(self, c: Contestant, total: int, marks: list[int]) -> dict[int, int]:
         settings = await self.vhost(c.key)
@@ -79,7 +76,7 @@ class LimitScenarios(Harness):
     async def retry_timing(self) -> None:
         reps = self.args.reps
         jobs = 100 if not self.args.quick else 20
-        self.header(f"6. Retry-tier timing error ({jobs} jobs failing twice: tiers 1 s then 5 s) and replay rate error")
+        self.header(f"7. Retry-tier timing error ({jobs} jobs failing twice: tiers 1 s then 5 s) and replay rate error")
         errors = {tier: {p: Stat() for p in ("p50", "p99", "max")} for tier in (1.0, 5.0)}
         for rep in range(reps):
             got = await self.retry_run(jobs, rep)
@@ -157,7 +154,7 @@ class LimitScenarios(Harness):
         d = load_topology(path).topology.declarations()
         self.apply_objects = len(d.exchanges) + len(d.queues) + len(d.bindings)
         self.header(
-            f"7. `amqpjobs topology apply` for {queues} job queues with 3 retry tiers each ({len(d.exchanges):,} "
+            f"8. `amqpjobs topology apply` for {queues} job queues with 3 retry tiers each ({len(d.exchanges):,} "
             f"exchanges, {len(d.queues):,} queues, {len(d.bindings):,} bindings)"
         )
         first, second = Stat(), Stat()

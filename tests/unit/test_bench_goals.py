@@ -1,0 +1,70 @@
+"""bench/report.py's goals: issue 22's targets have one home, and the closing table judges each figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+pytestmark = pytest.mark.version_independent
+
+
+def load_report() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_report_goals_under_test", BENCH / "report.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_issue_22_goals_and_their_targets() -> None:
+    report = load_report()
+    goals = {key: goal.target_text() for key, goal in report.GOALS.items() if goal.issue == 22}
+    assert goals == {
+        "aj16/dramatiq": "≥ 2.2×",
+        "aj16/raw16": "≥ 1.3×",
+        "p2/p1": "≥ 1.35×",
+        "p2/p1.cpu": "≥ 0.9×",
+        "sync/dramatiq": "≥ 1.2×",
+        "enqueue1/raw1": "≥ 1.0×",
+        "enqueueb/rawb": "≥ 0.9×",
+        "p99/raw": "≤ 1.0×",
+        "rss": "≤ 60 MB",
+        "rss.growth": "≤ 2 MB",
+    }
+
+
+def test_the_closing_table_judges_each_figure_and_names_what_was_not_measured() -> None:
+    report = load_report()
+    rows = report.goals_table(
+        {
+            "aj16/dramatiq": (1.5, "3,636 vs 2,423 jobs/s"),
+            "p2/p1": (1.35, ""),
+            "p99/raw": (1.01, "3.51 vs 3.48 ms"),
+            "rss": (48.0, "48.0 MB after 10,000 jobs, 48.0 MB after 200,000"),
+        }
+    )
+    by_goal = {row[0]: row[1:] for row in rows}
+    assert len(rows) == 10
+    goals = report.GOALS
+    assert by_goal[goals["aj16/dramatiq"].text] == ["1.50× (3,636 vs 2,423 jobs/s)", "≥ 2.2×", "**missed**"]
+    assert by_goal[goals["p2/p1"].text] == ["1.35×", "≥ 1.35×", "met"]
+    assert by_goal[goals["p99/raw"].text] == ["1.01× (3.51 vs 3.48 ms)", "≤ 1.0×", "**missed**"]
+    assert by_goal[goals["rss"].text] == [
+        "48.0 MB (48.0 MB after 10,000 jobs, 48.0 MB after 200,000)",
+        "≤ 60 MB",
+        "met",
+    ]
+    assert by_goal[goals["sync/dramatiq"].text] == ["not measured in this run", "≥ 1.2×", "–"]
+    assert [row[0] for row in rows][:2] == [goals["aj16/dramatiq"].text, goals["aj16/raw16"].text]
