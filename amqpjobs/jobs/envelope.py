@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
+from amqpjobs.jobs.json_fast import fast_object
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
@@ -160,7 +161,7 @@ def decode_body(
         DecodeError: ``unsupported-content-type``, ``undecodable`` or ``invalid-payload``.
 
     """
-    if content_type is not None:
+    if content_type is not None and content_type != CONTENT_TYPE:
         media = content_type.split(";", 1)[0].strip().lower()
         if media != CONTENT_TYPE:
             raise DecodeError(
@@ -168,6 +169,8 @@ def decode_body(
             )
     if content_encoding not in (None, "", "identity", "utf-8", "UTF-8"):
         raise DecodeError("undecodable", f"content_encoding {content_encoding[:100]!r} is not supported")
+    if (fast := fast_object(body, MAX_JSON_DEPTH)) is not None:  # orjson, where it decides as the rest would
+        return fast
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -24,6 +24,7 @@ from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
+from amqpjobs.runtime.deadlines import Deadlines
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
@@ -50,6 +51,7 @@ class HandlerRuns:
     _timeouts: dict[str, float]
     _threads: HandlerThreads  # plain-function handlers' pool and the runs going in it
     _stalls: StallWatch
+    _deadlines: Deadlines  # handler timeouts, one loop timer per limit
     _results: ResultsWriter | None
     _rates: RateLimits | None
     _stop: asyncio.Event
@@ -285,21 +287,27 @@ class HandlerRuns:
             return await self._run_in_thread(job, payload, ctx, limit)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
-        scope = asyncio.timeout(limit)
+        # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
+        deadline = self._deadlines.start(limit) if limit is not None else None
         try:
-            async with scope:
-                value = await job.handler(payload, ctx)
-        except Exception as exc:
-            if not scope.expired():
+            value = await job.handler(payload, ctx)
+        except BaseException as exc:
+            if deadline is None:
                 raise
+            timed_out = deadline.end(exc)  # its own cancellation: the timeout's TimeoutError
+            if not deadline.expired or not (timed_out or isinstance(exc, Exception)):
+                raise  # in time, or another cancellation came too (the stop), or a KeyboardInterrupt/SystemExit
             # past its timeout: a timeout, whatever the handler raised after the cancellation
-            raise _overran(job, limit, "" if isinstance(exc, TimeoutError) else f"then raised {qualname(exc)}") from (
-                None if isinstance(exc, TimeoutError) else exc
+            timeout = timed_out or isinstance(exc, TimeoutError)
+            raise _overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (
+                None if timeout else exc
             )
         finally:
             self._stalls.leave(stall_key)
-        if scope.expired():  # it caught the cancellation and returned: still a run past its timeout
-            raise _overran(job, limit, "went on; its result is not used")
+        if deadline is not None:
+            deadline.end(None)
+            if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
+                raise _overran(job, limit, "went on; its result is not used")
         return value
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:

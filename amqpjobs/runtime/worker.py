@@ -34,6 +34,7 @@ from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_o
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
+from amqpjobs.runtime.deadlines import Deadlines
 from amqpjobs.runtime.deploy import require_objects_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
@@ -121,6 +122,7 @@ class Worker(WorkerStop):
         self._suspects_running = 0  # suspects' jobs running alone now (not in _inflight)
         self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
+        self._deadlines = Deadlines()  # async handlers' timeouts
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
         self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect
