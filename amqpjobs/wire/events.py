@@ -78,7 +78,7 @@ log = logging.getLogger("amqpjobs.worker")
 MAX_PENDING = 1000
 #: Events written to the socket in one batch at most (one ``write``; a batch of 300-byte events is ~100 KB).
 BATCH = 256
-#: Seconds the sender waits, once woken by an event, for more to send with it (one write, one task for them all).
+#: Seconds the sender waits before each batch short of :data:`BATCH`, for more events to send with it (one write).
 LINGER = 0.005
 #: Seconds after events went off (or were last checked) before an event checks the exchange again.
 RECHECK_AFTER = 10.0
@@ -101,7 +101,7 @@ async def exchange_exists(connection: Connection, name: str) -> bool:
         await close_channel(channel)
 
 
-def _closing(underlay: aiormq.Channel) -> bool:
+def _heard_close(underlay: aiormq.Channel) -> bool:
     """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step)."""
     return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
 
@@ -266,8 +266,9 @@ class OutcomeEvents:
         return b"".join(parts)
 
     async def _send(self) -> None:
-        await asyncio.sleep(LINGER)  # the events of the jobs ending meanwhile join the first batch
         while self._kept or self._waiting:
+            if len(self._kept) + len(self._waiting) < BATCH:
+                await asyncio.sleep(LINGER)  # the events of the jobs ending meanwhile join this batch
             batch = self._take()
             self._sending = len(batch)
             channel = self._channel
@@ -278,7 +279,7 @@ class OutcomeEvents:
                 payload = self._frames(underlay.number, underlay.max_content_size, batch)
                 queue = underlay.connection.write_queue  # aiormq's writer: one ``write`` per item
                 while True:  # from the check to the put, no await: see the module docstring
-                    if _closing(underlay):
+                    if _heard_close(underlay):
                         raise ConnectionError("channel closed")
                     if not queue.full():
                         written = underlay.create_future()  # failed if the channel or connection goes
