@@ -98,7 +98,7 @@ class Worker(WorkerStop):
         self._stop = asyncio.Event()
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
-        self._publishing: Connection | None = None  # copies and events: an alarm blocks it, never the acks
+        self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks
         self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: Publisher | None = None  # to quarantine exchanges, which may be missing
         self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
@@ -179,7 +179,8 @@ class Worker(WorkerStop):
         self._publisher = ConfirmedPublisher(publishing, on_confirm=on_confirm)
         self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
-        self._events = await OutcomeEvents.open(publishing, dropped)
+        # a connection of their own: a close crossing an event can cost only it (amqpjobs.wire.events)
+        self._events = await OutcomeEvents.connect(self.settings, f"{self.app.name}-worker-events", dropped)
         self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics,
                                              self._timeouts)  # fmt: skip
         self._background.append(asyncio.create_task(self._beat()))

@@ -7,7 +7,7 @@ makes a job wait and never fails one: :meth:`OutcomeEvents.emit` only queues a p
 and drops the event (counting it) when events are off (the exchange was missing at start,
 or the broker closed the channel), or :data:`MAX_PENDING` events are still waiting to
 reach the socket (the broker blocked the connection under a resource alarm, RabbitMQ
-"Blocked Connection Notifications", a burst of fast jobs, or the network stalls).
+"Blocked Connection Notifications", a burst of jobs faster than the socket, or the network stalls).
 
 Two exceptions keep what a replay's canary needs (:mod:`amqpjobs.runtime.canary`):
 
@@ -21,16 +21,30 @@ Two exceptions keep what a replay's canary needs (:mod:`amqpjobs.runtime.canary`
 
 The exchange is probed once at start (a passive declare on a throwaway channel). A
 publish to a missing exchange (deleted under a running worker) makes the broker close the
-channel (``404``), and a frame sent on that channel after aiormq answered the close makes
-the broker close the whole connection (``504 CHANNEL_ERROR - expected 'channel.open'``),
-and with it the unacked jobs of every consumer on it: measured here, 3 runs in 4 when the
-events went out back to back. So one task sends them, one at a time, each after the
-previous one's publisher confirm (the confirm paces the sender; no job waits for it): a
-close then always arrives before the next publish, and turns events off for good. This
-caps events near one per broker round trip (about 2,000 a second on a local broker);
-beyond that the queue of :data:`MAX_PENDING` fills and events are dropped. Sending a batch
-before waiting is not safe: aiormq's write queue holds 10 frames, so a publish of a batch
-can wait for room while the broker's close of an earlier one comes in.
+channel (``404``); it ignores what comes on that channel until our ``close-ok``, but a
+frame sent after the ``close-ok`` makes it close the whole connection (``504
+CHANNEL_ERROR - expected 'channel.open'``), and with it every channel on it (measured here
+when events shared the worker's publishing connection: 3 runs in 4 when they went out back
+to back through aiormq's ``basic_publish``, whose publish can wait for room in the write
+queue while the close comes in). Two things keep that from costing a job:
+
+* The worker gives events a connection of their own (:meth:`OutcomeEvents.connect`): the
+  worst a crossing close can cost is that connection, never a consumer's unacked jobs nor
+  a retry or quarantine copy.
+* One task sends them, all the events waiting at each turn in one write (the frames of
+  up to :data:`BATCH` publishes in one item of aiormq's write queue: no confirm, no round
+  trip per event; it waits only until the write reached the socket, then takes the next
+  batch). aiormq queues its ``close-ok`` in the same step in which it learns of the close
+  (and notes the close in the channel's ``_close_exception``); the sender checks for the
+  close and queues its batch in one step too (no await between), so a batch goes either
+  ahead of the ``close-ok`` (the broker ignores it) or not at all. The close then turns
+  events off. (Should a later aiormq drop that attribute, the check falls back to
+  ``is_closed``, set a few steps later: a crossing becomes possible again, and costs only
+  the events connection, which aio-pika reopens.)
+
+A batch counts as published once it is written to the socket; a batch the broker ignored
+(sent between the exchange's deletion and our hearing of the close) still counts as
+published: events are a signal, not a record.
 """
 
 from __future__ import annotations
@@ -40,28 +54,38 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aiormq.abc import ChannelFrame
+from pamqp import commands
+from pamqp.body import ContentBody
+from pamqp.frame import marshal
+from pamqp.header import ContentHeader
 
 from amqpjobs.errors import NotFoundError
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch
-from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import broker_errors
+from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
 
 #: Events that may wait to be published at once; more are dropped (events with ``keep`` aside).
 MAX_PENDING = 1000
+#: Events written to the socket in one batch at most (one ``write``; a batch of 300-byte events is ~100 KB).
+BATCH = 256
+#: Seconds the sender waits before each batch short of :data:`BATCH`, for more events to send with it (one write).
+LINGER = 0.005
 #: Seconds after events went off (or were last checked) before an event checks the exchange again.
 RECHECK_AFTER = 10.0
-#: Seconds the sender waits for an event's confirm before it drops the event and sends the next.
-CONFIRM_TIMEOUT = 5.0
-#: Basic properties of an event: JSON, transient (``delivery_mode`` 1), no confirm.
+#: Basic properties of an event: JSON, transient (``delivery_mode`` 1).
 _PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
+#: Marshalled frames kept for reuse (per channel and routing key; per body size): cleared past this many.
+_CACHE_SIZE = 512
 
 
 async def exchange_exists(connection: Connection, name: str) -> bool:
@@ -77,17 +101,24 @@ async def exchange_exists(connection: Connection, name: str) -> bool:
         await close_channel(channel)
 
 
+def _heard_close(underlay: aiormq.Channel) -> bool:
+    """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step)."""
+    return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
+
+
 class OutcomeEvents:
     """The worker's outcome event publisher (see the module docstring).
 
-    Build it with :meth:`open`. One publish at a time goes out, first from the queue of
-    kept events (unbounded), then from the queue of at most :data:`MAX_PENDING` others.
+    Build it with :meth:`connect` (a connection of its own, closed with it) or :meth:`open`.
+    Each batch takes first from the queue of kept events (unbounded), then from the queue
+    of at most :data:`MAX_PENDING` others, :data:`BATCH` events at most.
     Attributes ``published`` and ``dropped`` count events; ``recheck_after`` is seconds.
 
     Args:
-        channel: A channel with publisher confirms (they pace the sender), or None: events off.
+        channel: A channel without publisher confirms, or None: events off.
         on_drop: Called once per dropped event (a metric).
         connection: Where to reopen a channel once the exchange exists again (None: never).
+        owned: Close ``connection`` in :meth:`close`.
     """
 
     def __init__(
@@ -95,32 +126,58 @@ class OutcomeEvents:
         channel: AbstractChannel | None,
         on_drop: Callable[[], None] | None = None,
         connection: Connection | None = None,
+        owned: bool = False,
     ) -> None:
         self._channel = channel
         self._on_drop = on_drop
         self._connection = connection
+        self._owned = owned
         self._waiting: deque[tuple[str, bytes]] = deque()
         self._kept: deque[tuple[str, bytes]] = deque()
         self._checked = time.monotonic()  # when events were last known off, or checked
         self._reopening: asyncio.Task[None] | None = None
         self.recheck_after = RECHECK_AFTER
         self._sender: asyncio.Task[None] | None = None
+        self._sending = 0  # events of the batch the sender holds
         self._closing = False  # close() was called: the channel's close is ours
+        self._publish_frames: dict[tuple[int, str], bytes] = {}
+        self._headers: dict[tuple[int, int], bytes] = {}
         self.published = 0
         self.dropped = 0
         if channel is not None:
             channel.close_callbacks.add(self._on_close)
 
     @classmethod
-    async def open(cls, connection: Connection, on_drop: Callable[[], None] | None = None) -> OutcomeEvents:
-        """A publisher on a channel of ``connection``; events off (all dropped) when the exchange is missing."""
+    async def connect(
+        cls, settings: BrokerSettings, name: str, on_drop: Callable[[], None] | None = None
+    ) -> OutcomeEvents:
+        """A publisher on a connection of its own named ``name`` (closed by :meth:`close`).
+
+        Raises:
+            BrokerUnavailableError: the broker can't be reached (:func:`~amqpjobs.wire.connection.connect`).
+        """
+        connection = await connect(settings, name=name)
+        try:
+            return await cls.open(connection, on_drop, owned=True)
+        except BaseException:
+            await connection.close()
+            raise
+
+    @classmethod
+    async def open(
+        cls, connection: Connection, on_drop: Callable[[], None] | None = None, owned: bool = False
+    ) -> OutcomeEvents:
+        """A publisher on a channel of ``connection``; events off (all dropped) when the exchange is missing.
+
+        ``owned``: :meth:`close` closes ``connection`` too.
+        """
         if not await exchange_exists(connection, EVENTS_EXCHANGE):
             log.warning(
                 "outcome events are off: exchange %s does not exist (amqpjobs topology apply declares it); "
                 "jobs run as usual", EVENTS_EXCHANGE,
             )  # fmt: skip
-            return cls(None, on_drop, connection)
-        return cls(await connection.channel(publisher_confirms=True), on_drop, connection)
+            return cls(None, on_drop, connection, owned)
+        return cls(await connection.channel(publisher_confirms=False), on_drop, connection, owned)
 
     def _on_close(self, channel: Any, exc: BaseException | None) -> None:
         """The broker closed the channel (say, the exchange was deleted: 404): events off, no reopening.
@@ -171,7 +228,7 @@ class OutcomeEvents:
         try:
             if not await exchange_exists(connection, EVENTS_EXCHANGE):
                 return
-            channel = await connection.channel(publisher_confirms=True)
+            channel = await connection.channel(publisher_confirms=False)
         except Exception:  # the connection is down: the next check tries again
             return
         if self._closing:
@@ -181,24 +238,60 @@ class OutcomeEvents:
         self._channel = channel
         log.warning("outcome events are on again: exchange %s exists", EVENTS_EXCHANGE)
 
+    def _take(self) -> list[tuple[str, bytes]]:
+        """The next batch: kept events first, :data:`BATCH` at most."""
+        batch: list[tuple[str, bytes]] = []
+        for pending in (self._kept, self._waiting):
+            while pending and len(batch) < BATCH:
+                batch.append(pending.popleft())
+        return batch
+
+    def _frames(self, number: int, limit: int, batch: list[tuple[str, bytes]]) -> bytes:
+        """``batch``'s publish frames on channel ``number`` (bodies split at ``limit`` bytes), as one payload."""
+        publishes, headers = self._publish_frames, self._headers
+        if len(publishes) > _CACHE_SIZE or len(headers) > _CACHE_SIZE:
+            publishes.clear()
+            headers.clear()
+        parts: list[bytes] = []
+        for routing_key, body in batch:
+            publish = publishes.get((number, routing_key))
+            if publish is None:
+                frame = commands.Basic.Publish(exchange=EVENTS_EXCHANGE, routing_key=routing_key)
+                publish = publishes[number, routing_key] = marshal(frame, number)
+            header = headers.get((number, len(body)))
+            if header is None:
+                header = headers[number, len(body)] = marshal(ContentHeader(0, len(body), _PROPERTIES), number)
+            parts += (publish, header)
+            parts += (marshal(ContentBody(body[i : i + limit]), number) for i in range(0, len(body), limit))
+        return b"".join(parts)
+
     async def _send(self) -> None:
         while self._kept or self._waiting:
-            pending = self._kept or self._waiting
-            routing_key, body = pending[0]
+            if len(self._kept) + len(self._waiting) < BATCH:
+                await asyncio.sleep(LINGER)  # the events of the jobs ending meanwhile join this batch
+            batch = self._take()
+            self._sending = len(batch)
             channel = self._channel
             try:
                 if channel is None or channel.is_closed:
                     raise ConnectionError("channel closed")
-                underlay = await channel.get_underlay_channel()
-                async with asyncio.timeout(CONFIRM_TIMEOUT):  # a blocked connection: the queue fills meanwhile
-                    await underlay.basic_publish(
-                        body, exchange=EVENTS_EXCHANGE, routing_key=routing_key, properties=_PROPERTIES
-                    )  # the confirm paces this sender only; no job waits for it
-                self.published += 1
+                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+                payload = self._frames(underlay.number, underlay.max_content_size, batch)
+                queue = underlay.connection.write_queue  # aiormq's writer: one ``write`` per item
+                while True:  # from the check to the put, no await: see the module docstring
+                    if _heard_close(underlay):
+                        raise ConnectionError("channel closed")
+                    if not queue.full():
+                        written = underlay.create_future()  # failed if the channel or connection goes
+                        queue.put_nowait(ChannelFrame(payload=payload, should_close=False, drain_future=written))
+                        break
+                    await asyncio.sleep(0.001)
+                await written  # on the socket: a blocked connection holds this, and the queue fills meanwhile
+                self.published += len(batch)
             except Exception:  # closed or closing channel, connection lost: events are best effort
-                self._drop()
-            finally:
-                pending.popleft()
+                for _ in batch:
+                    self._drop()
+            self._sending = 0
 
     def _drop(self) -> None:
         self.dropped += 1
@@ -206,18 +299,23 @@ class OutcomeEvents:
             self._on_drop()
 
     async def close(self) -> None:
-        """Give the events waiting a moment (0.5 s), then close the channel (the rest are dropped)."""
+        """Give the events waiting a moment (0.5 s), then close the channel (the rest are dropped).
+
+        Closes the connection too when the publisher owns it (:meth:`connect`).
+        """
         self._closing = True
         if self._sender is not None and not self._sender.done():
             _, late = await asyncio.wait({self._sender}, timeout=0.5)
             for task in late:
                 task.cancel()
-                for _ in range(len(self._kept) + len(self._waiting)):
+                for _ in range(self._sending + len(self._kept) + len(self._waiting)):
                     self._drop()
         if self._reopening is not None and not self._reopening.done():
             self._reopening.cancel()
         if self._channel is not None:
             await close_channel(self._channel)
+        if self._owned and self._connection is not None:
+            await self._connection.close()
 
 
 async def subscribe_outcomes(
