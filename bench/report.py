@@ -114,8 +114,12 @@ GOALS: dict[str, Goal] = {
 }
 
 
-def goals_table(figures: dict[str, tuple[float, str]], issue: int = 22) -> list[list[str]]:
-    """Rows goal | figure | target | verdict of ``issue``'s goals; "not measured" for those without a figure."""
+def goals_table(figures: dict[str, tuple[float, str]], issue: int = 22, judged: bool = True) -> list[list[str]]:
+    """Rows goal | figure | target | verdict of ``issue``'s goals; "not measured" for those without a figure.
+
+    ``judged`` False (a ``--quick`` smoke run: small runs, one repetition): the verdict column
+    says "not judged (--quick)", since such figures say nothing about a goal.
+    """
     rows = []
     for key, goal in GOALS.items():
         if goal.issue != issue:
@@ -125,7 +129,7 @@ def goals_table(figures: dict[str, tuple[float, str]], issue: int = 22) -> list[
             continue
         value, detail = figures[key]
         figure = goal.fmt(value) + (f" ({detail})" if detail else "")
-        rows.append([goal.text, figure, goal.target_text(), goal.verdict(value)])
+        rows.append([goal.text, figure, goal.target_text(), goal.verdict(value) if judged else "not judged (--quick)"])
     return rows
 
 

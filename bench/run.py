@@ -187,7 +187,11 @@ class Bench(LoadScenarios, LimitScenarios):
             "(bench/report.py `GOALS`); the issue stays open while one is missed.",
             "",
         )
-        self.report.table(["goal", "figure (this run)", "target", "verdict"], goals_table(self.figures))
+        if self.args.quick:
+            self.report.add("A smoke run (`--quick`): small runs of one repetition, so no goal is judged here.", "")
+        self.report.table(
+            ["goal", "figure (this run)", "target", "verdict"], goals_table(self.figures, judged=not self.args.quick)
+        )
 
     # -- all
     async def run(self) -> str:

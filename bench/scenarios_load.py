@@ -110,7 +110,8 @@ class LoadScenarios(Harness):
         )  # fmt: skip
         per_cpu = cpu1.median / cpu2.median if cpu2.median else float("nan")
         speed = self.goal("p2/p1", ratio(rate2, rate1), f"{rate2.median:,.0f} vs {rate1.median:,.0f} jobs/s")
-        thrift = self.goal("p2/p1.cpu", per_cpu, f"{cpu2.median:.0f} vs {cpu1.median:.0f} µs CPU/job")
+        per_second = [f"{1e6 / c.median:,.0f}" if c.median else "–" for c in (cpu2, cpu1)]
+        thrift = self.goal("p2/p1.cpu", per_cpu, f"{per_second[0]} vs {per_second[1]} jobs per client CPU-second")
         self.report.add(
             f"`--processes 2` / `--processes 1`: jobs/s {speed}; jobs per client CPU-second {thrift}. 2 cores "
             "shared by the workers, the broker and the harness: the ideal is well below 2×.",

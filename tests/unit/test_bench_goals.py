@@ -68,3 +68,12 @@ def test_the_closing_table_judges_each_figure_and_names_what_was_not_measured() 
     ]
     assert by_goal[goals["sync/dramatiq"].text] == ["not measured in this run", "≥ 1.2×", "–"]
     assert [row[0] for row in rows][:2] == [goals["aj16/dramatiq"].text, goals["aj16/raw16"].text]
+
+
+def test_a_smoke_run_judges_no_goal() -> None:
+    report = load_report()
+    rows = report.goals_table({"rss": (48.0, ""), "p2/p1": (2.0, "")}, judged=False)
+    by_goal = {row[0]: row[1:] for row in rows}
+    assert by_goal[report.GOALS["rss"].text] == ["48.0 MB", "≤ 60 MB", "not judged (--quick)"]
+    assert by_goal[report.GOALS["p2/p1"].text] == ["2.00×", "≥ 1.35×", "not judged (--quick)"]
+    assert by_goal[report.GOALS["sync/dramatiq"].text] == ["not measured in this run", "≥ 1.2×", "–"]
