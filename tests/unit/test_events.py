@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_for
+from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_body, event_for
 from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
 from amqpjobs.text import encodable
 from amqpjobs.topology.naming import event_routing_key
@@ -101,3 +101,18 @@ def test_the_body_is_byte_for_byte_the_stdlib_one_for_tricky_text_and_numbers() 
         assert body == _stdlib_body(event), event
         assert decode_event(body) == decode_event(_stdlib_body(event))
         assert json.loads(body)["attempt"] == event.attempt
+
+
+def test_the_workers_body_of_an_outcome_is_the_events_body() -> None:
+    """event_body (the worker's path, no OutcomeEvent in between) writes what event_for(...).encode() writes."""
+    long = "E: " + "x" * 500
+    outcomes = [
+        Outcome(Quarantine("exhausted"), "mail", "j-1", 3, 0.1, True, queue="mail", error=long),
+        Outcome(Ack(), "send_welcome", "7c1f0e2a", 1, 0.0, True, queue="mail"),
+        Outcome(RetryLater(2, 0, 5.0), "mäil", "日本", 2, 0.0, True, queue="q\n", error="E: \x00\udcff"),
+        Outcome(RetryLater(1, 0, 5.0, wait=True), "", "j", 2**64, 0.0, False, queue="mail"),
+    ]
+    for outcome in outcomes:
+        for replay in ("", "r-9", "\udcfe"):
+            expected = event_for(outcome, {q.REPLAY_ID: replay.encode("utf-8", "surrogateescape")}, 1_796_000_000.9996)
+            assert event_body(outcome, outcome.kind, expected.replay_id, 1_796_000_000.9996) == expected.encode()
