@@ -100,7 +100,7 @@ def _body(job: str, id: str, attempt: int, outcome: str, reason: str, error: str
           at: str) -> bytes:  # fmt: skip
     """The one writer of the body (positional: the worker calls it per outcome).
 
-    Compact, non-ASCII as is, keys in declaration order. orjson writes it (0.5 µs, the stdlib
+    Compact, non-ASCII as is, keys in declaration order. orjson writes it (under 1 µs, the stdlib
     4 µs), byte for byte what ``json.dumps(doc, ensure_ascii=False, separators=(",", ":"))``
     writes (tests/unit/test_events.py); what orjson refuses (a lone surrogate, an integer
     beyond 64 bits) the stdlib writes, each text through :func:`amqpjobs.text.encodable`.
