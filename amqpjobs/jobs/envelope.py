@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
 from amqpjobs.jobs.json_fast import fast_object
+from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
@@ -333,12 +333,6 @@ def with_trace(headers: Mapping[str, Any], trace: Mapping[str, str]) -> dict[str
     out = {k: v for k, v in headers.items() if k not in TRACE_HEADERS}
     out.update(trace)
     return out
-
-
-def iso_utc(timestamp: float | None = None) -> str:
-    """Seconds since the epoch (now when None) as ISO-8601 UTC with milliseconds (``2026-11-29T09:00:00.123Z``)."""
-    when = time.time() if timestamp is None else timestamp
-    return datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def job_message(

@@ -27,7 +27,7 @@ from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
 from amqpjobs.jobs.envelope import iso_utc
-from amqpjobs.jobs.events import event_for
+from amqpjobs.jobs.events import event_body
 from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import (
     crash_error,
@@ -38,7 +38,7 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
-from amqpjobs.jobs.quarantine import REPLAY_ID
+from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.retry import decide
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
@@ -168,12 +168,14 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             self._results.note_outcome(layout, delivery.queue, v)
         if self._breakers is not None:  # a failure notice, or the end of this worker's probe (README "Flow control")
             self._breakers.after(v)
+        kind = v.kind
         if self._events is not None and (  # fire and forget: the job's fate is settled above
-            reported(self.options.outcome_events, v.kind) or REPLAY_ID in delivery.headers
+            reported(self.options.outcome_events, kind) or REPLAY_ID in delivery.headers
         ):
-            event = event_for(v, delivery.headers, time.time())
+            replay_id = header_text(delivery.headers.get(REPLAY_ID))
+            body = event_body(v, kind, replay_id, time.time())
             # a replayed delivery's event is kept over the cap: a canary waits for it (bounded by --rate)
-            self._events.emit(event_routing_key(event.queue, event.outcome), event.encode(), keep=bool(event.replay_id))
+            self._events.emit(event_routing_key(v.queue, kind), body, keep=bool(replay_id))
         return v
 
     async def _process(

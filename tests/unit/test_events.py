@@ -6,8 +6,9 @@ import dataclasses
 import json
 
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_for
+from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_body, event_for
 from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
+from amqpjobs.text import encodable
 from amqpjobs.topology.naming import event_routing_key
 
 
@@ -66,3 +67,52 @@ def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
         "ValueError: /data/??.csv",
         "??",
     )
+
+
+def _stdlib_body(event: OutcomeEvent) -> bytes:
+    """The body as the stdlib made it before orjson (compact, UTF-8 as is, lone surrogates as '?'): the reference."""
+    doc = {"v": 1, **{f.name: getattr(event, f.name) for f in dataclasses.fields(OutcomeEvent)}}
+    doc["error"] = doc["error"][:MAX_ERROR]
+    doc = {k: encodable(v) if isinstance(v, str) else v for k, v in doc.items()}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+_CONTROLS = "".join(chr(n) for n in range(0x20)) + "\x7f"
+_TRICKY = [
+    OutcomeEvent(
+        "mail", "7c1f0e2a", 1, "retried", "", "ValueError: bad address", "mail", "", "2026-11-30T03:00:00.123Z"
+    ),
+    OutcomeEvent(f"job{_CONTROLS}", "id\n\r\t", 2, "quarantined", "exhausted", f"E: {_CONTROLS}", "q\b\f", "r", "t"),
+    OutcomeEvent(
+        "mäil", "日本🎉", 3, "retried", "", 'E: "quoted" \\ back/slash </script>', "q\u2028\u2029", "\ufeff", ""
+    ),
+    OutcomeEvent("mail", "j", 2**63 - 1, "succeeded", "", "", "mail"),
+    OutcomeEvent("mail", "j", 2**64, "succeeded", "", "", "mail"),  # orjson refuses beyond 64 bits
+    OutcomeEvent("mail", "j", -(2**63) - 1, "succeeded", "", "", "mail"),
+    OutcomeEvent("fs\udcff", "j", 1, "quarantined", "exhausted", "E: /data/\udcfe.csv", "mail", "\udcff"),  # surrogates
+    OutcomeEvent("mail", "j", 1, "retried", "", "E: " + "é" * 300, "mail"),  # cut at MAX_ERROR characters, not bytes
+]
+
+
+def test_the_body_is_byte_for_byte_the_stdlib_one_for_tricky_text_and_numbers() -> None:
+    """Control characters, non-ASCII, quotes, integers past 64 bits, lone surrogates: the body the stdlib made."""
+    for event in _TRICKY:
+        body = event.encode()
+        assert body == _stdlib_body(event), event
+        assert decode_event(body) == decode_event(_stdlib_body(event))
+        assert json.loads(body)["attempt"] == event.attempt
+
+
+def test_the_workers_body_of_an_outcome_is_the_events_body() -> None:
+    """event_body (the worker's path, no OutcomeEvent in between) writes what event_for(...).encode() writes."""
+    long = "E: " + "x" * 500
+    outcomes = [
+        Outcome(Quarantine("exhausted"), "mail", "j-1", 3, 0.1, True, queue="mail", error=long),
+        Outcome(Ack(), "send_welcome", "7c1f0e2a", 1, 0.0, True, queue="mail"),
+        Outcome(RetryLater(2, 0, 5.0), "mäil", "日本", 2, 0.0, True, queue="q\n", error="E: \x00\udcff"),
+        Outcome(RetryLater(1, 0, 5.0, wait=True), "", "j", 2**64, 0.0, False, queue="mail"),
+    ]
+    for outcome in outcomes:
+        for replay in ("", "r-9", "\udcfe"):
+            expected = event_for(outcome, {q.REPLAY_ID: replay.encode("utf-8", "surrogateescape")}, 1_796_000_000.9996)
+            assert event_body(outcome, outcome.kind, expected.replay_id, 1_796_000_000.9996) == expected.encode()
