@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from amqpjobs import App
-from amqpjobs.errors import MessageTooLargeError, PublisherClosedError, QueueFullError, UnroutableError
+from amqpjobs.errors import (
+    ConfigurationError,
+    MessageTooLargeError,
+    PublisherClosedError,
+    QueueFullError,
+    UnroutableError,
+)
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
@@ -176,3 +182,33 @@ async def test_close_while_threads_enqueue_answers_every_call_truthfully(
     logged = caplog.text + capfd.readouterr().err
     assert "Task was destroyed" not in logged
     assert "Event loop is closed" not in logged
+
+
+async def test_an_app_used_under_a_second_asyncio_run_says_the_rule(broker: BrokerSettings, tmp_path: Path):
+    """An App connected on a loop that ended: ConfigurationError naming the rule; close() frees it for a new loop."""
+    app = await make(broker, tmp_path)
+
+    def script() -> list[str]:
+        sent = [asyncio.run(app.enqueue("work", {}, job_id="first-run"))]  # connects on this loop; never closed
+        with pytest.raises(ConfigurationError) as caught:
+            asyncio.run(app.enqueue("work", {}, job_id="second-run"))
+        assert str(caught.value) == (
+            f"app {app.name!r} connected to the broker on an event loop that has ended (an earlier asyncio.run()); "
+            "an App is bound to the event loop it connected on: await app.close() before that loop ends (the next "
+            "enqueue connects again, on its own loop), or run the program's async work under one asyncio.run(); "
+            "from synchronous code use app.sync_publisher()"
+        )
+
+        async def close_then_enqueue() -> str:
+            await app.close()  # drops the connection of the ended loop: its broker connection can't be closed from here
+            job_id = await app.enqueue("work", {}, job_id="third-run")
+            await app.close()
+            return job_id
+
+        sent.append(asyncio.run(close_then_enqueue()))
+        sent.append(asyncio.run(app.enqueue("work", {}, job_id="fourth-run")))
+        asyncio.run(app.close())
+        return sent
+
+    assert await asyncio.to_thread(script) == ["first-run", "third-run", "fourth-run"]
+    assert [m.message_id for m in await drain(broker, "work")] == ["first-run", "third-run", "fourth-run"]
