@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ from amqpjobs.jobs.envelope import job_message, with_trace
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.printable import listed
+from amqpjobs.runtime import loop_binding
 from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
@@ -140,6 +140,7 @@ class App(CronSchedules, JobResults):
         self._topology: Topology | None = topology if isinstance(topology, Topology) else None
         self._url = url
         self._connection: Connection | None = None
+        self._connected_on: asyncio.AbstractEventLoop | None = None  # the loop _connection lives on
         self._publisher: Publisher | None = None
         self._publisher_loop: asyncio.AbstractEventLoop | None = None
         self._markers: tuple[TickWire, Any] | None = None
@@ -196,12 +197,15 @@ class App(CronSchedules, JobResults):
 
         Raises:
             BrokerUnavailableError: the broker can't be reached.
+            ConfigurationError: the app connected on another event loop (README "Enqueueing").
 
         """
+        loop_binding.refuse_another_loop(self)
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
             if self._connection is None or self._connection.is_closed:
+                self._connected_on = asyncio.get_running_loop()
                 settings = settings or self.settings()
                 self._connection = await connect(settings, name=f"{self.name}-publisher")
                 if self._gate is not None:
@@ -233,16 +237,7 @@ class App(CronSchedules, JobResults):
         connections (``.copy()``), closed by the copy's :meth:`close`. The ledger is left out
         (enqueue never uses it, and the copy must not close the app's).
         """
-        twin = copy.copy(self)
-        twin._url = url or self._url
-        twin.ledger = None
-        twin.results = self.results.copy() if self.results is not None else None
-        twin.payload_store = self.payload_store.copy() if self.payload_store is not None else None
-        twin._connection = twin._publisher = twin._gate = twin._connect_lock = None
-        twin._publisher_loop = None
-        twin._markers = None
-        twin._queued_writer = None
-        return twin
+        return loop_binding.copy_for_another_loop(self, url)
 
     def use_publisher(
         self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None
@@ -285,7 +280,14 @@ class App(CronSchedules, JobResults):
         return f"loaded from {Path(str(self._topology_source)).resolve()}"
 
     async def close(self) -> None:
-        """Write the pending ``queued`` records, then close the publishing connection and the stores' connections."""
+        """Write the pending ``queued`` records, then close the publishing connection and the stores' connections.
+
+        A connection made on an event loop that has ended is dropped, not closed (README "Enqueueing").
+
+        Raises:
+            ConfigurationError: the connection lives on another thread's loop, still running.
+        """
+        loop_binding.forget_an_ended_loop(self)
         await self.flush_queued()
         if self.ledger is not None:
             await self.ledger.close()
@@ -299,7 +301,7 @@ class App(CronSchedules, JobResults):
             await self._connection.close()
         if self._gate is not None:
             self._gate.close()
-        self._connection = self._gate = None
+        self._connection = self._gate = self._connected_on = None
         self._publisher = None
 
     async def enqueue(
@@ -332,7 +334,8 @@ class App(CronSchedules, JobResults):
 
         Raises:
             InvalidPayloadError: the payload fails the job's model (nothing sent).
-            ConfigurationError: unknown job, bad header names or priority, header values AMQP can't carry.
+            ConfigurationError: unknown job, bad header names or priority, header values AMQP can't carry;
+                the app connected on an event loop that has ended, or another thread's (README "Enqueueing").
             UnroutableError: no queue is bound for the job, or its exchange does not exist
                 (topology not applied).
             BrokerBlockedError: a resource alarm blocks publishing and did not clear within
@@ -375,7 +378,8 @@ class App(CronSchedules, JobResults):
                                       tenant=tenant, headers=headers)  # fmt: skip
             except ValueError as exc:
                 raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
-            if self._publisher is None:
+            on = self._connected_on  # a connection of another loop: connect() says what to do
+            if self._publisher is None or (on is not None and on is not asyncio.get_running_loop()):
                 await self.connect()
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))

@@ -63,3 +63,15 @@ def test_a_cancelled_task_is_a_concurrent_futures_cancelled_error(loop: asyncio.
     with pytest.raises(concurrent.futures.CancelledError) as caught:
         _call_on(loop, cancelled(), 5)
     assert isinstance(caught.value, Exception)  # an except Exception in the caller's code still catches it
+
+
+def test_once_refused_a_call_the_loop_had_not_started_is_closed_unrun(loop: asyncio.AbstractEventLoop) -> None:
+    ran = threading.Event()
+
+    async def send() -> None:
+        ran.set()
+
+    refusal: list[BaseException] = [LookupError("closing: nothing was sent")]
+    with pytest.raises(LookupError, match="closing: nothing was sent"):
+        _call_on(loop, send(), 5, refusal)
+    assert not ran.is_set()  # and no "coroutine was never awaited": it was closed
