@@ -160,7 +160,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
-        self._draining.handed_back(self._stop.is_set(), v.kind)  # no job finished, for the stop's count
+        self._draining.settled(self._stop.is_set(), v.kind)  # for the stop's counts
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
         asyncio.get_running_loop().call_soon(self._record, v)

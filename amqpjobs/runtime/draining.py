@@ -9,8 +9,12 @@ the grace, then back to their queue with the connection), and suspects running a
 outcome, say a quarantine, waits for the missing object) is no running job either: it is
 counted and worded apart, with the outcome it waits to carry out. Once the stop is set no handler starts but a suspect's
 (:meth:`~amqpjobs.runtime.runs.HandlerRuns._start` looks at it last, with no pause before
-the start), so the handlers running then are the jobs to drain, exactly. The stop's three
-lines (draining, the grace warning, stopped) are worded here, from the same sets.
+the start), so the handlers running then are the jobs to drain, exactly. At the grace's end
+the jobs still running are cancelled; each is then counted by what became of it: back to its
+queue (cancelled, or still running when its process ends), or settled by its own end (an
+async handler that caught the cancellation and raised or returned: its outcome, say
+``retried``, was carried out). The stop's lines (draining, the grace warnings, stopped) are
+worded here, from the same sets.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class Draining:
         self._started: set[asyncio.Task[Any]] = set()  # the ``ran`` ones when the drain began
         self._returned = 0  # deliveries never started, still unsettled after the grace: back to their queue
         self._returned_ran = 0  # held deliveries whose handler ran, still held after the grace: back to their queue
+        self._held_lines: list[str] = []  # the grace's lines about held deliveries, worded before their cancel
+        self._cancelled: set[asyncio.Task[Any]] = set()  # jobs running at the grace's end (cancelled then)
+        self._kinds: dict[asyncio.Task[Any], str] = {}  # outcome kinds of the tasks settled while stopping
 
     def started(self) -> None:
         """A handler starts in this delivery's task (context, handler): a job to drain until it is settled."""
@@ -43,10 +50,16 @@ class Draining:
             self.ran.add(task)
             task.add_done_callback(self.ran.discard)
 
-    def handed_back(self, stopping: bool, kind: str) -> None:
-        """An outcome of ``kind`` was recorded for this task: one handed back while ``stopping`` counts as unstarted."""
-        if stopping and kind == "handed_back" and (task := asyncio.current_task()) is not None:
-            self.unstarted.add(task)
+    def settled(self, stopping: bool, kind: str) -> None:
+        """The current task's delivery was settled with an outcome of ``kind`` (:attr:`.Outcome.kind`).
+
+        While ``stopping``: one ``handed_back`` counts as unstarted; the kind of each is kept
+        (a job cancelled at the grace's end may still end with an outcome of its own).
+        """
+        if stopping and (task := asyncio.current_task()) is not None:
+            self._kinds[task] = kind
+            if kind == "handed_back":
+                self.unstarted.add(task)
 
     @contextmanager
     def holding(self, outcome: str, target: str) -> Iterator[None]:
@@ -95,41 +108,85 @@ class Draining:
             line += f"; {what} up to the grace of {grace:.0f}s"
         return line
 
-    def grace_lines(self, still: set[asyncio.Task[Any]], jobs: set[asyncio.Task[Any]], suspects: int) -> list[str]:
-        """The warnings when the grace is over: ``still`` tasks not done (to be cancelled).
+    def grace_over(self, still: set[asyncio.Task[Any]], jobs: set[asyncio.Task[Any]]) -> None:
+        """The grace is over: sort the ``still`` tasks (running jobs, held deliveries) before their cancel.
 
-        ``jobs``: the delivery tasks when the drain began; ``suspects``: suspects' jobs
-        abandoned. A held delivery is no running job (whether its handler ran or never
-        started): it returns to its queue.
+        ``still``: tasks not done (to be cancelled now; the cancel ends their holds);
+        ``jobs``: the delivery tasks at :meth:`begin`. A held delivery is no running job
+        (whether its handler ran or never started): it returns to its queue.
         """
-        lines = []
         held_ran = still & self.ran & self.holds.keys()  # its handler finished (maybe during the grace)
         self._returned_ran = len(held_ran)
-        running = len((still & self._started) - held_ran) + suspects
-        if running:
-            lines.append(f"{running} job(s) still running after the grace period; they will be redelivered")
+        self._cancelled = (still & self._started) - held_ran
+        self._held_lines = []
         if held_ran:
             its = "it returns to its queue" if len(held_ran) == 1 else "they return to their queues"
-            lines.append(f"{self._held_ran(held_ran)} still held after the grace period; {its} (redelivered)")
+            self._held_lines.append(f"{self._held_ran(held_ran)} still held after the grace period; {its} "
+                                    "(redelivered)")  # fmt: skip
         self._returned = len((still & jobs) - self._started - held_ran)
         if self._returned == 1:
-            lines.append("1 held delivery (never started) still held after the grace period; it returns to its "
-                         "queue (redelivered)")  # fmt: skip
+            self._held_lines.append("1 held delivery (never started) still held after the grace period; it returns "
+                                    "to its queue (redelivered)")  # fmt: skip
         elif self._returned:
-            lines.append(f"{self._returned} held deliveries (never started) still held after the grace period; "
-                         "they return to their queues (redelivered)")  # fmt: skip
-        return lines
+            self._held_lines.append(f"{self._returned} held deliveries (never started) still held after the grace "
+                                    "period; they return to their queues (redelivered)")  # fmt: skip
+
+    def _ended_anyway(self) -> Counter[str]:
+        """Outcome kinds of the jobs cancelled at the grace's end that settled their delivery themselves."""
+        return Counter(k for t in self._cancelled if (k := self._kinds.get(t, "abandoned")) != "abandoned")
+
+    def grace_lines(self, suspects: int, still_going: Iterable[asyncio.Task[Any]] = ()) -> list[str]:
+        """The warnings once the grace is over (after :meth:`grace_over`) and its jobs were cancelled.
+
+        ``suspects``: suspects' jobs abandoned; ``still_going``: tasks still running after
+        their cancellation whose process does not end now (their worker waits for them; none
+        when the process ends: they go back with its connection).
+        """
+        lines = []
+        going_on = len(self._cancelled.intersection(still_going))
+        running = len(self._cancelled) + suspects
+        ended = self._ended_anyway()
+        back = running - sum(ended.values()) - going_on
+        if running and not ended and not going_on:
+            lines.append(f"{running} job(s) still running after the grace period; they will be redelivered")
+        elif running:
+            parts = [f"{back} will be redelivered"] if back else []
+            if ended:
+                parts.append(f"{sum(ended.values())} ended anyway ({_kinds(ended)})")
+            if going_on:
+                parts.append(f"{going_on} {'goes' if going_on == 1 else 'go'} on regardless")
+            lines.append(f"{running} job(s) still running after the grace period; cancelled: {', '.join(parts)}")
+        return lines + self._held_lines
+
+    @staticmethod
+    def going_on_line(count: int, bound: float, own_process: bool) -> str:
+        """The warning about ``count`` async handlers still running ``bound`` seconds after their cancellation.
+
+        ``own_process``: the process ends at once; else the worker waits for them, its connection open.
+        """
+        why = f"{count} async handler(s) still running {bound:g}s after their cancellation: "
+        if own_process:
+            return why + "the process ends at once, before its connection closes, so that none finishes beside " \
+                         "its redelivery"  # fmt: skip
+        return why + "the worker keeps its connection (their deliveries unacked) until they end, so that none " \
+                     "finishes beside its redelivery"  # fmt: skip
 
     def stopped_line(self, still: set[asyncio.Task[Any]], suspects: tuple[int, int], waited: int, code: int) -> str:
         """The stopped worker's last line.
 
-        ``still``: tasks still running after the grace (cancelled); ``suspects``: (suspects'
-        jobs running at :meth:`begin`, of which abandoned); ``waited``: deliveries that were
-        waiting for a rate limit's token (handed back unstarted); ``code``: the exit code.
+        ``still``: tasks still running after the grace (cancelled; each counted by what became
+        of it, :meth:`grace_over`); ``suspects``: (suspects' jobs running at :meth:`begin`,
+        of which abandoned); ``waited``: deliveries that were waiting for a rate limit's token
+        (handed back unstarted); ``code``: the exit code.
         """
         finished = len(self._started - still) + suspects[0] - suspects[1]
-        abandoned = len(still & self._started) - self._returned_ran + suspects[1]
-        note = handed_back_note(len(self.unstarted), waited)
+        ended = self._ended_anyway()  # a job still running here (its process ends now) is abandoned
+        abandoned = len(self._cancelled) - sum(ended.values()) + suspects[1]
+        note = ""
+        if ended:
+            n = sum(ended.values())
+            note += f", {n} ended after {'its' if n == 1 else 'their'} cancellation ({_kinds(ended)})"
+        note += handed_back_note(len(self.unstarted), waited)
         if self._returned_ran:
             held = "1 held delivery" if self._returned_ran == 1 else f"{self._returned_ran} held deliveries"
             note += f", {held} (ran) returned to {'its queue' if self._returned_ran == 1 else 'their queues'} " \
@@ -140,3 +197,8 @@ class Draining:
                     "(redelivered)"  # fmt: skip
         return (f"worker stopped: {finished} in-flight job(s) finished, {abandoned} abandoned (redelivered)"
                 f"{note}; exit {code}")  # fmt: skip
+
+
+def _kinds(kinds: Counter[str]) -> str:
+    """``1 retried, 2 succeeded``: outcome kinds with their counts, by name."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))

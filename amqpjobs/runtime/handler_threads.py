@@ -17,7 +17,9 @@ stopping past its grace, with handler threads still running (their deliveries un
   (their confirms in), and keeps the consumer connection open, the deliveries unacked,
   until the threads end (however long that takes), then closes.
 
-An async handler is cancelled at the grace and ends with its task: it is none of these.
+An async handler is cancelled at the grace and ends with its task: it is none of these,
+unless it goes on after its cancellation; then :mod:`amqpjobs.runtime.stopping` treats it
+the same way once :data:`~amqpjobs.runtime.stopping.CANCEL_BOUND` has passed.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Part of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's). The stop's
 lines are worded in :mod:`amqpjobs.runtime.draining`; what happens past the grace to a
 plain-function handler's thread, which can't be stopped, in
-:mod:`amqpjobs.runtime.handler_threads`.
+:mod:`amqpjobs.runtime.handler_threads`. An async handler still running at the grace's end
+is cancelled; one that has not ended :data:`CANCEL_BOUND` seconds later (it caught the
+cancellation and goes on) is treated as such a thread: its delivery must not go back while
+it may still run.
 """
 
 from __future__ import annotations
@@ -11,12 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
+from amqpjobs.runtime.handler_threads import end_process
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.wire.abc import Connection
 
 log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds an async handler cancelled at the grace's end gets to end (README "Workers"): one
+#: still running then (it caught the cancellation) is treated as a stuck thread.
+CANCEL_BOUND = 1.0
 
 
 class WorkerStop(SuspectTurns):
@@ -31,12 +39,14 @@ class WorkerStop(SuspectTurns):
     async def shutdown(self, *, own_process: bool = False) -> int:
         """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
 
-        Past the grace an async handler is cancelled. A plain function's thread can't be, and
-        its delivery must not go back to the broker while it may still run (its redelivery
-        would run beside it): with ``own_process`` the process then ends at once (exit 1,
-        after the stop lines; this never returns), before the consumer connection closes;
-        without it (a worker awaited in your program) the connection stays open, those
-        deliveries unacked, until the threads end (:mod:`amqpjobs.runtime.handler_threads`).
+        Past the grace an async handler is cancelled, and gets :data:`CANCEL_BOUND` seconds to
+        end. A plain function's thread can't be stopped, nor can an async handler that goes on
+        after its cancellation, and its delivery must not go back to the broker while it may
+        still run (its redelivery would run beside it): with ``own_process`` the process then
+        ends at once (exit 1, after the stop lines; this never returns), before the consumer
+        connection closes; without it (a worker awaited in your program) the connection stays
+        open, those deliveries unacked, until they end (:mod:`amqpjobs.runtime.handler_threads`;
+        an async run that ends carries out its own outcome).
 
         Returns:
             0 when all in-flight work finished, else 1.
@@ -67,18 +77,25 @@ class WorkerStop(SuspectTurns):
             _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
             abandoned = min(suspects, len(still & watchers))  # suspects' jobs; the started ones: the last line
             if still:
-                for line in self._draining.grace_lines(still, jobs, abandoned):
-                    log.warning(line)
                 code = 1
+                self._draining.grace_over(still, jobs)
                 if own_process and self._threads.running:  # end now: in each ms left, a thread may finish its effect
-                    for consumer in self._consumers:
-                        await consumer.flush_acks()  # the jobs that did finish stay done
-                    waited = len(self._rates.handed_back) if self._rates else 0
-                    last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
-                    await self._threads.before_close(True, last if self.ready.is_set() else None)
+                    for line in self._draining.grace_lines(abandoned):
+                        log.warning(line)
+                    await self._end_process(self._stopped_line(still, suspects, abandoned, code))
                 for task in still:
                     task.cancel()
-                await asyncio.wait(still)  # each held delivery's hold ends before the channels close
+                _, going_on = await asyncio.wait(still, timeout=CANCEL_BOUND)  # each held delivery's hold ends too
+                for line in self._draining.grace_lines(abandoned, () if own_process else going_on):
+                    log.warning(line)
+                if going_on:
+                    log.warning(self._draining.going_on_line(len(going_on), CANCEL_BOUND, own_process))
+                    if own_process:
+                        await self._end_process(self._stopped_line(still, suspects, abandoned, code))
+                    began = time.monotonic()
+                    await asyncio.wait(going_on)  # before the channels close: its delivery stays unacked
+                    log.info("the cancelled handler(s) ended after %.1fs; closing the connection",
+                             time.monotonic() - began)  # fmt: skip
         await self._settle_late_claims(ends)  # released as they come, before the ledger closes
         await self._settle_owed()  # ledger writes owed here (releases, done-marks): one more try
         await self._holding.close()
@@ -90,9 +107,7 @@ class WorkerStop(SuspectTurns):
             await self.app.flush_queued()  # the ``queued`` records of enqueues from its handlers
         for consumer in self._consumers:
             await consumer.flush_acks()
-        waited = len(self._rates.handed_back) if self._rates else 0
-        last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
-        stopped = last if self.ready.is_set() else None  # it consumed: say that it is gone (a failed start says why)
+        stopped = self._stopped_line(still, suspects, abandoned, code)
         for publisher in (self._publisher, self._quarantiner, self._events):  # their confirms in
             if publisher is not None:
                 await publisher.close()
@@ -104,3 +119,23 @@ class WorkerStop(SuspectTurns):
         if stopped is not None:
             log.info(stopped)
         return code
+
+    def _stopped_line(self, still: set[asyncio.Task[Any]], suspects: int, abandoned: int, code: int) -> str | None:
+        """The stopped worker's last line, None when it never consumed (a failed start says why instead)."""
+        waited = len(self._rates.handed_back) if self._rates else 0
+        last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
+        return last if self.ready.is_set() else None
+
+    async def _end_process(self, stopped: str | None) -> NoReturn:
+        """Past the grace, runs that can't be stopped: the acks of finished jobs out, then ``stopped``, then exit 1.
+
+        A plain-function thread's warning is logged by :meth:`HandlerThreads.before_close`
+        (it ends the process); else (an async handler going on after its cancellation) it
+        ends here. Never returns.
+        """
+        for consumer in self._consumers:
+            await consumer.flush_acks()  # the jobs that did finish stay done
+        await self._threads.before_close(True, stopped)
+        if stopped is not None:
+            log.info(stopped)
+        end_process(1)

@@ -3,7 +3,8 @@
 Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RECORD`` (a file each run appends "start <id> <attempt> <redelivered 0|1> <pid>" and
 "done <id> <pid>" lines to, with "yielded <id> <pid>" between for ``hold``; "count <id> <pid>" for the
-``count`` job; "effect <id> <pid>" for the plain-function ``effect`` job, which has no "done"),
+``count`` job; "effect <id> <pid>" for the plain-function ``effect`` job, which has no "done";
+"cancelled <id> <pid>" for each cancellation the ``stubborn`` job swallows),
 ``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
 ``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
 to the record, then raises RuntimeError).
@@ -74,3 +75,31 @@ async def count(payload: dict[str, Any], ctx: JobContext) -> None:
 def _append(line: str) -> None:
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
+
+
+@app.job("stubborn", queue="work", timeout="60s")
+async def stubborn(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start; a first delivery ignores every cancellation for ``payload["seconds"]``, a redelivery ends.
+
+    Each cancellation it swallows appends "cancelled <id> <pid>".
+    """
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    if not ctx.redelivered:
+        end = time.monotonic() + float(payload.get("seconds", 0))
+        while (left := end - time.monotonic()) > 0:
+            try:
+                await asyncio.sleep(left)
+            except asyncio.CancelledError:
+                _record(f"cancelled {ctx.job_id} {os.getpid()}")
+    _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("raiser", queue="work", timeout="60s")
+async def raiser(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start and sleep ``payload["seconds"]``; cancelled, it raises RuntimeError instead."""
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    try:
+        await asyncio.sleep(float(payload.get("seconds", 0)))
+    except asyncio.CancelledError:
+        raise RuntimeError("cancelled, and raised this instead") from None
+    _record(f"done {ctx.job_id} {os.getpid()}")

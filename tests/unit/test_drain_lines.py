@@ -33,7 +33,8 @@ async def _stop(running: int, held: int, held_running: int, grace: float = 30) -
     tasks = await _tasks(draining, running, held, held_running)
     lines = [draining.begin(0, grace)]
     still = set(tasks)
-    lines += draining.grace_lines(still, set(tasks), 0)
+    draining.grace_over(still, set(tasks))
+    lines += draining.grace_lines(0)
     lines.append(draining.stopped_line(still, (0, 0), 0, 1))
     for task in tasks:
         task.cancel()
@@ -82,7 +83,58 @@ async def test_held_deliveries_that_ran_are_named_with_each_outcome_they_wait_to
 async def test_an_idle_stop_says_no_job_in_flight() -> None:
     draining = Draining()
     assert draining.begin(0, 10) == "draining: no job in flight"
-    assert draining.grace_lines(set(), set(), 0) == []
+    draining.grace_over(set(), set())
+    assert draining.grace_lines(0) == []
     assert draining.stopped_line(set(), (0, 0), 0, 0) == (
         "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered); exit 0"
+    )
+
+
+async def test_jobs_cancelled_at_the_grace_end_are_counted_by_what_became_of_each() -> None:
+    """One ends cancelled (back to its queue), one raises and is retried, one succeeds, one goes on (its worker
+    waits). Before: all four were "still running ...; they will be redelivered" and "4 abandoned (redelivered)"."""
+    draining = Draining()
+    release = asyncio.Event()
+
+    async def run(after_cancel: str) -> None:
+        draining.started()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if after_cancel == "cancelled":
+                raise
+            if after_cancel == "goes on":
+                await release.wait()
+                after_cancel = "succeeded"
+            draining.settled(True, after_cancel)  # its outcome, carried out
+
+    tasks = [asyncio.create_task(run(how)) for how in ("cancelled", "retried", "succeeded", "goes on")]
+    await asyncio.sleep(0)
+    assert draining.begin(0, 2) == "draining 4 in-flight job(s), grace 2s"
+    still = set(tasks)
+    draining.grace_over(still, still)
+    for task in tasks:
+        task.cancel()
+    _, going_on = await asyncio.wait(still, timeout=0.05)
+    assert draining.grace_lines(0, going_on) == [
+        "4 job(s) still running after the grace period; cancelled: 1 will be redelivered, 2 ended anyway "
+        "(1 retried, 1 succeeded), 1 goes on regardless"
+    ]
+    assert draining.grace_lines(0) == [  # its process ends now: the one going on goes back too
+        "4 job(s) still running after the grace period; cancelled: 2 will be redelivered, 2 ended anyway "
+        "(1 retried, 1 succeeded)"
+    ]
+    assert draining.stopped_line(still, (0, 0), 0, 1) == (
+        "worker stopped: 0 in-flight job(s) finished, 2 abandoned (redelivered), 2 ended after their cancellation "
+        "(1 retried, 1 succeeded); exit 1"
+    )
+    release.set()
+    await asyncio.wait(going_on)
+    assert draining.stopped_line(still, (0, 0), 0, 1) == (
+        "worker stopped: 0 in-flight job(s) finished, 1 abandoned (redelivered), 3 ended after their cancellation "
+        "(1 retried, 2 succeeded); exit 1"
+    )
+    assert draining.going_on_line(1, 1.0, True) == (
+        "1 async handler(s) still running 1s after their cancellation: the process ends at once, before its "
+        "connection closes, so that none finishes beside its redelivery"
     )
