@@ -70,6 +70,7 @@ from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import broker_errors
+from amqpjobs.wire.publish import heard_close
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
@@ -99,11 +100,6 @@ async def exchange_exists(connection: Connection, name: str) -> bool:
         return False
     finally:
         await close_channel(channel)
-
-
-def _heard_close(underlay: aiormq.Channel) -> bool:
-    """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step)."""
-    return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
 
 
 class OutcomeEvents:
@@ -279,7 +275,7 @@ class OutcomeEvents:
                 payload = self._frames(underlay.number, underlay.max_content_size, batch)
                 queue = underlay.connection.write_queue  # aiormq's writer: one ``write`` per item
                 while True:  # from the check to the put, no await: see the module docstring
-                    if _heard_close(underlay):
+                    if heard_close(underlay):
                         raise ConnectionError("channel closed")
                     if not queue.full():
                         written = underlay.create_future()  # failed if the channel or connection goes
