@@ -30,6 +30,7 @@ from amqpjobs.errors import (
 )
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.topology.versions import modulus_hash_refusal
+from amqpjobs.wire.browse import exchange_exists
 from amqpjobs.wire.connection import broker_info
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.limits import (
@@ -111,6 +112,9 @@ class ConfirmedPublisher:
         self.max_message_size = max_message_size
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
+        #: Exchanges seen to exist (a passive declare, or a confirm): a publish to another is checked first.
+        self._known: set[str] = {""}
+        self._checks: dict[str, asyncio.Future[bool]] = {}
 
     def _missing_exchange(self, exchange: str) -> str:
         """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
@@ -199,6 +203,31 @@ class ConfirmedPublisher:
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
 
+    async def _check_exchange(self, exchange: str) -> None:
+        """Check that ``exchange`` exists before a first publish to it on the shared channel.
+
+        A publish to a missing exchange makes the broker close the channel (404), and every
+        publish in flight on it is cut off (not confirmed: it may or may not be stored). A
+        passive declare on a throwaway channel of its own costs that channel only: once per
+        exchange seen to exist (concurrent publishes wait for one check), at every publish to
+        one that is missing. An exchange deleted after its check still costs the shared channel
+        once (:meth:`_closed_under` forgets it, so the next publish to it is checked again).
+
+        Raises:
+            UnroutableError: it does not exist (nothing sent).
+        """
+        check = self._checks.get(exchange)
+        if check is None:
+            check = self._checks[exchange] = asyncio.ensure_future(exchange_exists(self._connection, exchange))
+            check.add_done_callback(lambda _: self._checks.pop(exchange, None))
+        try:
+            exists = await asyncio.shield(check)  # a waiter's cancellation leaves the check to the others
+        except Exception:  # not connected, or a name the client refuses: the publish itself says so
+            return
+        if not exists:
+            raise UnroutableError(self._missing_exchange(exchange))
+        self._known.add(exchange)
+
     async def _writable(
         self, exchange: str, routing_key: str, started: float
     ) -> tuple[AbstractChannel, aiormq.Channel]:
@@ -239,6 +268,8 @@ class ConfirmedPublisher:
         check_body(message, self.max_message_size)
         properties = amqp_properties(message)
         sent = time.monotonic()
+        if exchange not in self._known:  # the first publish to it: a 404 would cut off every publish beside it
+            await self._check_exchange(exchange)
         channel, underlay = await self._writable(exchange, routing_key, sent)
         try:
             with broker_errors():
@@ -301,6 +332,7 @@ class ConfirmedPublisher:
             await self._discard_channel(channel)
         kind = error_kind(reason)
         if kind is NotFoundError and f"no exchange '{exchange}' in vhost" in text:  # this one's: nothing stored
+            self._known.discard(exchange)
             raise UnroutableError(self._missing_exchange(exchange)) from reason
         if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
             await self._over_max_size(channel, message, text, reason)

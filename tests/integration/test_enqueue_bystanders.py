@@ -50,15 +50,19 @@ UNCERTAIN = "may or may not be stored"
 
 
 async def make(broker: BrokerSettings, tmp_path: Path, name: str) -> App:
-    """An app over jobs (intact) and jobs2 (deleted after the topology is applied)."""
+    """An app over jobs and jobs2 (see :func:`lose_jobs2`)."""
     path = tmp_path / "t.toml"
     path.write_text(TOPOLOGY)
     await apply_topology(path, broker)
-    await asyncio.to_thread(delete, broker, "exchanges", "jobs2")
     app = App(name, topology=load_topology(path).topology, url=fast_reconnect(broker).url)
     app.job("good", queue="work")(lambda p, c: None)
     app.job("bad", queue="other")(lambda p, c: None)
     return app
+
+
+def lose_jobs2(broker: BrokerSettings) -> None:
+    """Delete exchange jobs2 after the publisher has seen it (so its next publish there goes out: a 404)."""
+    delete(broker, "exchanges", "jobs2")
 
 
 def judged(results: dict[str, BaseException | None], stored: Counter[str]) -> None:
@@ -84,6 +88,8 @@ async def test_a_missing_exchange_cuts_off_the_enqueues_beside_it_without_false_
     lost: list[object] = []
     app._connection.close_callbacks.add(lambda _, exc: lost.append(exc))
     try:
+        await app.enqueue("bad", {}, job_id="seen")  # jobs2 is known to exist, then deleted
+        await asyncio.to_thread(lose_jobs2, broker)
         for r in range(10):
             ids = [f"g-{r}-{i}" for i in range(12)]
             calls = [app.enqueue("good", {}, job_id=i) for i in ids]
@@ -95,6 +101,9 @@ async def test_a_missing_exchange_cuts_off_the_enqueues_beside_it_without_false_
             for result in results[12:]:  # the broker named its exchange: a definite refusal
                 assert isinstance(result, UnroutableError), result
                 assert "exchange 'jobs2' does not exist: apply the topology" in str(result)
+        # the 404 made the publisher forget jobs2: later enqueues to it are checked first (a passive declare
+        # on a channel of its own) and never reach the shared channel, so every enqueue beside them is confirmed
+        assert [j for j, result in good.items() if result is not None and not j.startswith("g-0-")] == []
         await app.enqueue("good", {}, job_id="after")  # the replaced channel works
         assert lost == []  # the broker never closed the publisher's connection
     finally:
@@ -115,6 +124,8 @@ async def test_threads_on_one_sync_publisher_with_a_missing_exchange_keep_its_co
     def publish() -> None:
         with app.sync_publisher() as pub:
             pub.enqueue("good", {}, job_id="first")
+            pub.enqueue("bad", {}, job_id="seen")
+            lose_jobs2(broker)
             while not (listed := connections(broker, "threads-publisher")):  # the API lists it within seconds
                 time.sleep(0.2)
             seen.append([c["name"] for c in listed])
