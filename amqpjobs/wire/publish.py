@@ -44,6 +44,8 @@ from amqpjobs.wire.limits import (
 
 #: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
 _MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
+#: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
+_CLOSED: tuple[type[BaseException], ...] = (RuntimeError, *LIBRARY_ERRORS)
 
 
 def heard_close(underlay: aiormq.Channel) -> bool:
@@ -249,7 +251,7 @@ class ConfirmedPublisher:
             try:
                 # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
                 underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
-            except (RuntimeError, *LIBRARY_ERRORS) as exc:  # closed under us: nothing sent yet
+            except _CLOSED as exc:  # closed under us: nothing sent yet
                 await self._discard_channel(channel)
                 raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
             if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
