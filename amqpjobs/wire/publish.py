@@ -81,11 +81,11 @@ class ConfirmedPublisher:
         on_confirm: Called with the seconds from publish to confirm, for each confirmed publish.
         serial: One publish at a time, each waiting for its confirm before the next is sent.
             For exchanges that may be missing: a publish to a missing exchange makes the
-            broker close the channel (404), and aiormq can still send a concurrent publish's
-            frames after its ``close-ok``; the broker then closes the whole connection
-            (``504 CHANNEL_ERROR - expected 'channel.open'``), and with it every consumer's
-            unacked deliveries. Measured here: 7 connections lost in 40 rounds of 4
-            concurrent publishes to a missing exchange; none with one at a time.
+            broker close the channel (404), cutting off the publishes in flight beside it
+            (each then ends uncertain). The first publish to each exchange is checked first
+            (:meth:`_check_exchange`) and no frame is queued after the channel's close (see
+            :func:`heard_close`: the broker would close the whole connection, ``504
+            CHANNEL_ERROR``), so only an exchange deleted after its check can cut off others.
         is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
             exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
             4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
@@ -164,13 +164,13 @@ class ConfirmedPublisher:
                 ``exchange`` does not exist (404 naming it: the broker closed the channel; a new one
                 is opened for the next publish).
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
-            PublishError: sent, but the outcome is unknown (see above; the message names the job);
-                or not sent: the connection's write queue stayed full for ``timeout``.
+            PublishError: sent, but the outcome is unknown (see above; the message names the job).
             MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
                 the connection's ``frame_max`` (nothing sent).
             ConfigurationError: pamqp can't encode its properties, e.g. a header value of a type AMQP
                 has no field type for (nothing sent; :func:`~amqpjobs.wire.limits.encoded_size`).
-            BrokerUnavailableError, BrokerError: no channel to publish on (nothing sent).
+            BrokerUnavailableError, BrokerError: no channel to publish on, or the connection's write
+                queue stayed full for ``timeout`` (nothing sent).
 
         """
         if self._one_at_a_time is not None:
@@ -241,8 +241,8 @@ class ConfirmedPublisher:
         publish waits (polling, as aiormq's own writers would wait on the full queue) for room.
 
         Raises:
-            BrokerUnavailableError, BrokerError: no channel could be opened (nothing sent).
-            PublishError: the write queue stayed full for ``timeout`` seconds (nothing sent).
+            BrokerUnavailableError, BrokerError: no channel could be opened, or the write queue
+                stayed full for ``timeout`` seconds (nothing sent).
         """
         while True:
             channel = self._channel
@@ -259,7 +259,7 @@ class ConfirmedPublisher:
             elif not underlay.connection.write_queue.full():
                 return channel, underlay
             elif time.monotonic() - started > self._timeout:
-                raise PublishError(
+                raise BrokerError(
                     f"publish to {exchange!r} / {routing_key!r} not sent: the connection's write queue stayed "
                     f"full for {self._timeout:g}s (a blocked or stalled connection)"
                 )
