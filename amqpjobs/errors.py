@@ -139,7 +139,12 @@ class BusyError(AmqpJobsError):
 
 
 class PublishError(AmqpJobsError):
-    """The broker did not confirm a publish: the message may not have been stored."""
+    """The broker did not confirm a publish: the message may not have been stored.
+
+    Raised as this class itself (not a subclass), the outcome is unknown: no confirm came in
+    time, or the channel or connection closed under the publish. The message names the job and
+    says it may or may not be stored. The subclasses are definite refusals (nothing stored).
+    """
 
 
 class UnroutableError(PublishError):

@@ -348,9 +348,10 @@ class App(CronSchedules, JobResults):
             PayloadStoreError: the payload store could not keep a large payload (nothing sent).
             (After a definite refusal, ``UnroutableError``, ``PublishNackedError`` or
             ``MessageTooLargeError``, a payload stored for it is deleted before raising; after
-            ``PublishError`` / ``BrokerError``, where the broker may have it, the payload is kept.)
-            PublishError: the exchange does not exist, or no confirm came.
-            BrokerUnavailableError: the broker can't be reached.
+            ``PublishError``, where the broker may have it, the payload is kept.)
+            PublishError: the outcome is unknown: no confirm came, or the channel or connection closed
+                under the publish (the message names the job: it may or may not be stored).
+            BrokerUnavailableError: the broker can't be reached (nothing sent).
 
         """
         jobdef = self.resolve(job)

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from amqpjobs.runtime.payloads import PayloadStore
 
 #: A publish the broker definitely did not take: nacked (a queue at max_length with reject-publish),
-#: returned (mandatory, no queue bound), its exchange missing (404) or refused before sending (too
-#: large). A payload stored for it is deleted; after any other failure (no confirm in time, connection
-#: lost) it is kept.
+#: returned (mandatory, no queue bound), its exchange missing (a 404 naming it) or refused before sending
+#: (too large). A payload stored for it is deleted; after any other failure (no confirm in time, the
+#: channel or connection closed under it) it is kept.
 REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
 _UNGATED: AbstractAsyncContextManager[None] = nullcontext()
 
@@ -39,7 +39,8 @@ async def send(
         PayloadStoreError: the store could not keep a large body; nothing sent.
         PublishNackedError, UnroutableError, MessageTooLargeError: refused by the broker; its
             stored payload, if any, was deleted.
-        PublishError, BrokerError: the outcome is uncertain; a stored payload is kept.
+        PublishError: the outcome is uncertain; a stored payload is kept.
+        BrokerError: no channel to publish on (nothing sent); a stored payload is kept.
 
     """
     gated: AbstractAsyncContextManager[None] = _UNGATED

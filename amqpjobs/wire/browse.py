@@ -19,6 +19,19 @@ from amqpjobs.wire.delivery import Delivery, get_unacked
 from amqpjobs.wire.errors import broker_errors
 
 
+async def exchange_exists(connection: Connection, name: str) -> bool:
+    """Whether exchange ``name`` exists (a passive declare on a throwaway channel)."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        with broker_errors(name):
+            await channel.declare_exchange(name, passive=True)
+        return True
+    except NotFoundError:
+        return False
+    finally:
+        await close_channel(channel)
+
+
 async def probe_queue(connection: Connection, name: str) -> int:
     """The message count of queue ``name`` (a passive declare on a throwaway channel).
 

@@ -64,12 +64,12 @@ from pamqp.body import ContentBody
 from pamqp.frame import marshal
 from pamqp.header import ContentHeader
 
-from amqpjobs.errors import NotFoundError
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.browse import Watch
+from amqpjobs.wire.browse import Watch, exchange_exists
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import broker_errors
+from amqpjobs.wire.publish import heard_close
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
@@ -86,24 +86,6 @@ RECHECK_AFTER = 10.0
 _PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
 #: Marshalled frames kept for reuse (per channel and routing key; per body size): cleared past this many.
 _CACHE_SIZE = 512
-
-
-async def exchange_exists(connection: Connection, name: str) -> bool:
-    """Whether exchange ``name`` exists (a passive declare on a throwaway channel)."""
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        with broker_errors(name):
-            await channel.declare_exchange(name, passive=True)
-        return True
-    except NotFoundError:
-        return False
-    finally:
-        await close_channel(channel)
-
-
-def _heard_close(underlay: aiormq.Channel) -> bool:
-    """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step)."""
-    return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
 
 
 class OutcomeEvents:
@@ -279,7 +261,7 @@ class OutcomeEvents:
                 payload = self._frames(underlay.number, underlay.max_content_size, batch)
                 queue = underlay.connection.write_queue  # aiormq's writer: one ``write`` per item
                 while True:  # from the check to the put, no await: see the module docstring
-                    if _heard_close(underlay):
+                    if heard_close(underlay):
                         raise ConnectionError("channel closed")
                     if not queue.full():
                         written = underlay.create_future()  # failed if the channel or connection goes

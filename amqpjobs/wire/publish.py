@@ -13,7 +13,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import NoReturn, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
@@ -30,8 +30,9 @@ from amqpjobs.errors import (
 )
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.topology.versions import modulus_hash_refusal
+from amqpjobs.wire.browse import exchange_exists
 from amqpjobs.wire.connection import broker_info
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.limits import (
     ENCODING_ERRORS,
     amqp_properties,
@@ -43,6 +44,30 @@ from amqpjobs.wire.limits import (
 
 #: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
 _MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
+#: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
+_CLOSED: tuple[type[BaseException], ...] = (RuntimeError, *LIBRARY_ERRORS)
+
+
+def heard_close(underlay: aiormq.Channel) -> bool:
+    """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step).
+
+    A frame sent on a channel after its ``close-ok`` makes RabbitMQ close the whole connection
+    (``504 CHANNEL_ERROR - expected 'channel.open'``). aiormq queues the ``close-ok`` in the step
+    in which it reads the broker's close and notes the close in ``_close_exception``; a writer
+    that checks this and queues its frames in one step (no await between) goes ahead of the
+    ``close-ok`` (the broker ignores it) or not at all. ``is_closed`` alone is set a few steps later.
+    (Should a later aiormq drop that attribute, only ``is_closed`` is checked: a crossing is possible again.)
+    """
+    return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
+
+
+def uncertain(what_happened: str, message: OutgoingMessage) -> str:
+    """The words of an unconfirmed publish whose outcome is unknown: it names the job, claims no failure."""
+    job = f"job {message.message_id!r}" if message.message_id is not None else "the message"
+    if message.type:
+        job += f" ({message.type})"
+    return (f"{what_happened}; {job} may or may not be stored (not confirmed): enqueueing it again may store it "
+            "twice; with the same job id an idempotent job runs once")  # fmt: skip
 
 
 class ConfirmedPublisher:
@@ -56,11 +81,11 @@ class ConfirmedPublisher:
         on_confirm: Called with the seconds from publish to confirm, for each confirmed publish.
         serial: One publish at a time, each waiting for its confirm before the next is sent.
             For exchanges that may be missing: a publish to a missing exchange makes the
-            broker close the channel (404), and aiormq can still send a concurrent publish's
-            frames after its ``close-ok``; the broker then closes the whole connection
-            (``504 CHANNEL_ERROR - expected 'channel.open'``), and with it every consumer's
-            unacked deliveries. Measured here: 7 connections lost in 40 rounds of 4
-            concurrent publishes to a missing exchange; none with one at a time.
+            broker close the channel (404), cutting off the publishes in flight beside it
+            (each then ends uncertain). The first publish to each exchange is checked first
+            (:meth:`_check_exchange`) and no frame is queued after the channel's close (see
+            :func:`heard_close`: the broker would close the whole connection, ``504
+            CHANNEL_ERROR``), so only an exchange deleted after its check can cut off others.
         is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
             exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
             4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
@@ -89,6 +114,9 @@ class ConfirmedPublisher:
         self.max_message_size = max_message_size
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
+        #: Exchanges seen to exist (a passive declare, or a confirm): a publish to another is checked first.
+        self._known: set[str] = {""}
+        self._checks: dict[str, asyncio.Future[bool]] = {}
 
     def _missing_exchange(self, exchange: str) -> str:
         """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
@@ -100,8 +128,14 @@ class ConfirmedPublisher:
                     return f"{text}: {refusal[0]}; {refusal[1]}"
         return f"{text}: apply the topology (amqpjobs topology apply)"
 
-    async def _discard_channel(self) -> None:
-        """Close and forget a channel the broker closed (a 404): stops aio-pika reopening it beside a new one."""
+    async def _discard_channel(self, channel: AbstractChannel | None = None) -> None:
+        """Close and forget a channel the broker closed (a 404): stops aio-pika reopening it beside a new one.
+
+        ``channel``: only if it is still the current one (a publish cut off by the close must not
+        discard the channel that replaced it); None: the current one.
+        """
+        if channel is not None and channel is not self._channel:
+            return
         old, self._channel = self._channel, None
         if old is not None:
             with contextlib.suppress(Exception):
@@ -120,17 +154,23 @@ class ConfirmedPublisher:
     async def publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         """Publish ``message`` to ``exchange`` (``""`` = default exchange) and wait for the confirm.
 
+        An error says "not stored" only when the broker said so for this publish: a return, a nack,
+        or a 404 naming this publish's own exchange. Any other end of a publish sent but not
+        confirmed (the channel closed by another publish's error, the connection lost or closed,
+        no confirm in time) is a :class:`PublishError` saying it may or may not be stored.
+
         Raises:
             UnroutableError: the broker returned it (no queue bound for ``routing_key``), or
-                ``exchange`` does not exist (404: the broker closed the channel; a new one is opened
-                for the next publish).
+                ``exchange`` does not exist (404 naming it: the broker closed the channel; a new one
+                is opened for the next publish).
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
-            PublishError: the confirm did not come in time.
+            PublishError: sent, but the outcome is unknown (see above; the message names the job).
             MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
                 the connection's ``frame_max`` (nothing sent).
             ConfigurationError: pamqp can't encode its properties, e.g. a header value of a type AMQP
                 has no field type for (nothing sent; :func:`~amqpjobs.wire.limits.encoded_size`).
-            BrokerError: the channel or connection failed during the publish.
+            BrokerUnavailableError, BrokerError: no channel to publish on, or the connection's write
+                queue stayed full for ``timeout`` (nothing sent).
 
         """
         if self._one_at_a_time is not None:
@@ -163,61 +203,148 @@ class ConfirmedPublisher:
                 f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
             ) from exc
         except LIBRARY_ERRORS as exc:
-            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc}") from exc
+            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
+
+    async def _check_exchange(self, exchange: str) -> None:
+        """Check that ``exchange`` exists before a first publish to it on the shared channel.
+
+        A publish to a missing exchange makes the broker close the channel (404), and every
+        publish in flight on it is cut off (not confirmed: it may or may not be stored). A
+        passive declare on a throwaway channel of its own costs that channel only: once per
+        exchange seen to exist (concurrent publishes wait for one check), at every publish to
+        one that is missing. An exchange deleted after its check still costs the shared channel
+        once (:meth:`_closed_under` forgets it, so the next publish to it is checked again).
+
+        Raises:
+            UnroutableError: it does not exist (nothing sent).
+        """
+        check = self._checks.get(exchange)
+        if check is None:
+            check = self._checks[exchange] = asyncio.ensure_future(exchange_exists(self._connection, exchange))
+            check.add_done_callback(lambda _: self._checks.pop(exchange, None))
+        try:
+            exists = await asyncio.shield(check)  # a waiter's cancellation leaves the check to the others
+        except Exception:  # not connected, or a name the client refuses: the publish itself says so
+            return
+        if not exists:
+            raise UnroutableError(self._missing_exchange(exchange))
+        self._known.add(exchange)
+
+    async def _writable(
+        self, exchange: str, routing_key: str, started: float
+    ) -> tuple[AbstractChannel, aiormq.Channel]:
+        """A channel a publish can be queued on now without crossing a close (see :func:`heard_close`).
+
+        The caller queues its publish with no ``await`` in between: aiormq's ``basic_publish``
+        writes without suspending while the write queue has room (the checked channel's lock is
+        then free: it is held only across a put). A channel the broker closed is replaced; the
+        publish waits (polling, as aiormq's own writers would wait on the full queue) for room.
+
+        Raises:
+            BrokerUnavailableError, BrokerError: no channel could be opened, or the write queue
+                stayed full for ``timeout`` seconds (nothing sent).
+        """
+        while True:
+            channel = self._channel
+            if channel is None or channel.is_closed:
+                channel = await self._open_channel(exchange, routing_key)
+            try:
+                # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
+                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+            except _CLOSED as exc:  # closed under us: nothing sent yet
+                await self._discard_channel(channel)
+                raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
+            if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
+                await self._discard_channel(channel)
+            elif not underlay.connection.write_queue.full():
+                return channel, underlay
+            elif time.monotonic() - started > self._timeout:
+                raise BrokerError(
+                    f"publish to {exchange!r} / {routing_key!r} not sent: the connection's write queue stayed "
+                    f"full for {self._timeout:g}s (a blocked or stalled connection)"
+                )
+            else:
+                await asyncio.sleep(0.001)
 
     async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         check_body(message, self.max_message_size)
         properties = amqp_properties(message)
         sent = time.monotonic()
-        channel = self._channel
-        if channel is None or channel.is_closed:  # the common case skips the open's awaits
-            channel = await self._open_channel(exchange, routing_key)
+        if exchange not in self._known:  # the first publish to it: a 404 would cut off every publish beside it
+            await self._check_exchange(exchange)
+        channel, underlay = await self._writable(exchange, routing_key, sent)
         try:
             with broker_errors():
-                # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
-                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
                 frame_max = underlay.connection.connection_tune.frame_max
                 check_header_fits(properties, message.headers, frame_max, self._header_reserve)
                 # wait=False: the confirm is what is waited for (it comes after the frames were written, and a
-                # lost connection fails it as it fails the drain); not also a loop turn for the write's drain
+                # lost connection fails it as it fails the drain); not also a loop turn for the write's drain.
+                # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
                 await underlay.basic_publish(
                     message.body, exchange=exchange, routing_key=routing_key, properties=properties,
                     mandatory=True, timeout=self._timeout, wait=False,
                 )  # fmt: skip
-        except UnroutableError as exc:
+        except UnroutableError as exc:  # a basic.return of this very message
             raise UnroutableError(
                 f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
                 f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue"
             ) from exc.__cause__
-        except PublishNackedError as exc:
+        except PublishNackedError as exc:  # a nack of this publish's delivery tag
             raise PublishNackedError(
                 f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
                 "(queue full with overflow reject-publish, or a broker-side failure)"
             ) from exc.__cause__
-        except NotFoundError as exc:
-            # the broker closed the channel: close ours now, so that no task of aio-pika's is left holding
-            # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
-            await self._discard_channel()
-            # a definite refusal, as a return is: nothing was stored (a claim-checked payload goes too)
-            raise UnroutableError(self._missing_exchange(exchange)) from exc.__cause__
-        except PreconditionFailedError as exc:
-            if "max size" in str(exc) or "message size" in str(exc):
-                await self._over_max_size(message, str(exc), exc.__cause__)
-            raise PublishError(f"the broker refused the publish: {exc}") from exc.__cause__
         except TimeoutError as exc:
-            raise PublishError(
-                f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}; "
-                "the message may or may not be stored"
-            ) from exc
-        except BrokerError as exc:  # the channel or connection failed under the publish
-            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} failed: {exc.__cause__}") from exc.__cause__
+            raise PublishError(uncertain(
+                f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}", message
+            )) from exc  # fmt: skip
         except ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp refusing the properties is named
             encoded_size(properties)
             raise
+        except BrokerError as exc:  # the channel or connection closed under the publish (404, lost, forced, ...)
+            await self._closed_under(channel, underlay, exchange, routing_key, message, exc.__cause__ or exc)
+        except Exception as exc:
+            if type(exc) is not Exception:  # ours (MessageTooLargeError ...) or a bug: as it is
+                raise
+            # aiormq fails the confirms of a channel closed without a reason with a bare Exception
+            await self._closed_under(channel, underlay, exchange, routing_key, message, exc)
         if self._on_confirm is not None:
             self._on_confirm(time.monotonic() - sent)
 
-    async def _over_max_size(self, message: OutgoingMessage, refusal: str, cause: BaseException | None) -> None:
+    async def _closed_under(
+        self, channel: AbstractChannel, underlay: aiormq.Channel, exchange: str, routing_key: str,
+        message: OutgoingMessage, exc: BaseException,
+    ) -> NoReturn:  # fmt: skip
+        """The channel or connection closed under an unconfirmed publish: what that says about this one.
+
+        The broker's reason for closing the channel (aiormq's ``_close_exception``; else ``exc``)
+        is read, whichever publish's confirm failed first: a 404 naming this publish's exchange
+        is a definite refusal, a 406 over ``max_message_size`` is :meth:`_over_max_size`'s;
+        anything else (another publish's 404, a lost or forced connection) leaves it uncertain.
+
+        Raises:
+            UnroutableError, MessageTooLargeError: the broker's close was about this publish.
+            PublishError: it may or may not be stored.
+        """
+        reason = getattr(underlay, "_close_exception", None) or exc
+        text = str(reason)
+        if heard_close(underlay):
+            # the broker closed the channel: close ours now, so that no task of aio-pika's is left holding
+            # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
+            await self._discard_channel(channel)
+        kind = error_kind(reason)
+        if kind is NotFoundError and f"no exchange '{exchange}' in vhost" in text:  # this one's: nothing stored
+            self._known.discard(exchange)
+            raise UnroutableError(self._missing_exchange(exchange)) from reason
+        if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
+            await self._over_max_size(channel, message, text, reason)
+        raise PublishError(uncertain(
+            f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
+        )) from reason  # fmt: skip
+
+    async def _over_max_size(
+        self, channel: AbstractChannel, message: OutgoingMessage, refusal: str, cause: BaseException | None
+    ) -> None:
         """The broker closed the channel: a body over its ``max_message_size`` (406 ``PRECONDITION_FAILED``).
 
         The broker names no setting at connect (``connection.tune`` has no such field), only this
@@ -227,10 +354,10 @@ class ConfirmedPublisher:
 
         Raises:
             MessageTooLargeError: ``message`` is over the limit (its ``reason`` names both sizes).
-            BrokerError: it is not: another publish's refusal closed the channel under it (not
+            PublishError: it is not: another publish's refusal closed the channel under it (not
                 confirmed; it may or may not be stored).
         """
-        await self._discard_channel()
+        await self._discard_channel(channel)
         found = _MAX_SIZE.search(refusal)
         limit = int(found.group(1)) if found else None
         if limit is not None:
@@ -242,10 +369,10 @@ class ConfirmedPublisher:
                 "data elsewhere and put a reference in the payload",
                 f"a body of {len(message.body)} bytes, over the broker's max_message_size{of}",
             ) from cause
-        raise BrokerError(
+        raise PublishError(uncertain(
             f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
-            f"broker's max_message_size of {limit} bytes ({refusal}); not confirmed, it may or may not be stored"
-        ) from cause
+            f"broker's max_message_size of {limit} bytes ({refusal})", message
+        )) from cause  # fmt: skip
 
     async def close(self) -> None:
         """Close the publisher's channel."""
