@@ -116,6 +116,9 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except (InvalidPayloadError, PublishError) as exc:
+            if type(exc) is PublishError:  # the outcome is unknown (no confirm, closed under it): the broker's side
+                click.echo(f"broker error: {redact_text(str(exc))}", err=True)
+                sys.exit(EXIT_BROKER)
             click.echo(f"error: {redact_text(str(exc))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except BusyError as exc:

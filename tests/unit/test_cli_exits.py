@@ -17,3 +17,22 @@ def interrupted() -> None:
 def test_ctrl_c_in_any_command_exits_130_with_one_line():
     result = CliRunner().invoke(interrupted, [])
     assert (result.exit_code, result.stderr, result.stdout) == (130, "interrupted\n", "")
+
+
+def _raising(exc: Exception) -> click.Command:
+    @click.command()
+    @errors_to_exit_codes
+    def command() -> None:
+        raise exc
+
+    return command
+
+
+def test_a_publish_whose_outcome_is_unknown_exits_3_as_broker_trouble_not_2():
+    """Plain PublishError (no confirm, channel or connection closed under it) is the broker's side."""
+    from amqpjobs.errors import PublishError, UnroutableError
+
+    unknown = CliRunner().invoke(_raising(PublishError("job 'x' may or may not be stored")), [])
+    assert (unknown.exit_code, unknown.stderr) == (3, "broker error: job 'x' may or may not be stored\n")
+    refused = CliRunner().invoke(_raising(UnroutableError("exchange 'jobs' does not exist")), [])
+    assert (refused.exit_code, refused.stderr) == (2, "error: exchange 'jobs' does not exist\n")
