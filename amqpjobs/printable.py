@@ -65,6 +65,7 @@ def printable_lines(text: str) -> str:
     >>> printable_lines("a\n\x1b[31mb\r")
     'a\n\\x1b[31mb\\r'
     """
+    text = encodable(text)
     return "\n".join(printable(line) for line in text.split("\n")) if _UNSAFE.search(text) else text
 
 
@@ -78,7 +79,7 @@ def logfmt_value(value: object) -> str:
     >>> logfmt_value("order-42"), logfmt_value('x outcome="ok"')
     ('order-42', '"x outcome=\\"ok\\""')
     """
-    text = str(value)
+    text = encodable(str(value))
     if text and not _NEEDS_QUOTES.search(text) and not _UNSAFE.search(text):
         return text
     return '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'

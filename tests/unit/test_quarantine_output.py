@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from amqpjobs.jobs.quarantine import QuarantinedJob
-from amqpjobs.printable import json_text, printable
+from amqpjobs.printable import json_text, logfmt_value, printable, printable_block, printable_lines
 from amqpjobs.runtime.quarantine import QuarantinedMessage
 from amqpjobs.wire.delivery import Delivery
 
@@ -59,3 +59,9 @@ def test_json_text_writes_a_non_finite_header_float_as_text() -> None:
         '{"a": "NaN", "b": ["Infinity", "-Infinity"], "c": 1.5}'
     )
     assert json_text({"x": "\u2028\x9b"}) == '{"x": "\\u2028\\u009b"}'  # still terminal-safe (json_safe)
+
+
+def test_every_printable_form_writes_a_lone_surrogate_as_a_question_mark() -> None:
+    assert printable_lines("a\ud800") == "a?"
+    assert logfmt_value("a\ud800") == "a?"
+    assert printable_block("x\udc00\ny") == "    x?\n    y"
