@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from amqpjobs.console.views import payload_view
 from amqpjobs.jobs.quarantine import QuarantinedJob
 from amqpjobs.printable import json_text, logfmt_value, printable, printable_block, printable_lines
 from amqpjobs.runtime.quarantine import QuarantinedMessage
@@ -65,3 +66,7 @@ def test_every_printable_form_writes_a_lone_surrogate_as_a_question_mark() -> No
     assert printable_lines("a\ud800") == "a?"
     assert logfmt_value("a\ud800") == "a?"
     assert printable_block("x\udc00\ny") == "    x?\n    y"
+
+
+def test_the_console_shows_a_lone_surrogate_in_a_payload_as_a_question_mark() -> None:
+    assert payload_view(b'{"msg": "bad \\ud800 end"}') == ("JSON: 25 bytes", '{\n  "msg": "bad ? end"\n}', "")
