@@ -18,15 +18,22 @@ instead of adding an ``outcome`` key.
 
 JSON text (``--json``, JSON log lines) escapes C0 controls by itself (``json.dumps``);
 :func:`json_safe` escapes the rest of the list above as ``\uXXXX`` (still the same JSON).
+
+Text UTF-8 can't encode (a lone surrogate, which a JSON body's ``"\ud800"`` escape decodes
+to) is written with ``?`` (:func:`amqpjobs.text.encodable`) by :func:`printable` and
+:func:`json_text`, so writing it to a terminal or a UTF-8 file never raises.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+
+from amqpjobs.text import encodable
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 _JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -46,6 +53,7 @@ def printable(text: str) -> str:
     >>> printable("id-1\n2026-11-30 INFO forged\x1b[31m")
     'id-1\\n2026-11-30 INFO forged\\x1b[31m'
     """
+    text = encodable(text)
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
@@ -57,6 +65,7 @@ def printable_lines(text: str) -> str:
     >>> printable_lines("a\n\x1b[31mb\r")
     'a\n\\x1b[31mb\\r'
     """
+    text = encodable(text)
     return "\n".join(printable(line) for line in text.split("\n")) if _UNSAFE.search(text) else text
 
 
@@ -70,7 +79,7 @@ def logfmt_value(value: object) -> str:
     >>> logfmt_value("order-42"), logfmt_value('x outcome="ok"')
     ('order-42', '"x outcome=\\"ok\\""')
     """
-    text = str(value)
+    text = encodable(str(value))
     if text and not _NEEDS_QUOTES.search(text) and not _UNSAFE.search(text):
         return text
     return '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
@@ -93,6 +102,31 @@ def json_safe(text: str) -> str:
     strings. Only those are replaced, so the result parses to the same value.
     """
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    r"""``value`` as JSON text for output (``--json``, an export file): strict JSON, UTF-8 can encode it.
+
+    A lone surrogate is written as ``?`` (:func:`~amqpjobs.text.encodable`), what a terminal
+    could act on as ``\uXXXX`` (:func:`json_safe`), and a float NaN or infinite (a header's:
+    AMQP can carry one) as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so the
+    text parses back with any strict JSON parser.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, indent=indent, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere
+        text = json.dumps(_finite(value), ensure_ascii=False, indent=indent, allow_nan=False)
+    return json_safe(encodable(text))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _bash_escape(match: re.Match[str]) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import asdict
 
 import click
@@ -12,7 +11,7 @@ from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.results import JobStatus
-from amqpjobs.printable import printable
+from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.whereabouts import where_now
 
@@ -54,7 +53,7 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
     if as_json:
         doc = {"job_id": status.job_id, "state": status.state, "note": status.note, "where": where,
                "history": [asdict(r) for r in status.history]}  # fmt: skip
-        click.echo(json.dumps(doc, ensure_ascii=False))
+        click.echo(json_text(doc))
         return
     for line in status.report():
         click.echo(printable(line))

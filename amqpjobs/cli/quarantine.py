@@ -39,7 +39,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, Selection, summarize
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target
-from amqpjobs.printable import json_safe, printable
+from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
@@ -135,7 +135,7 @@ def quarantine_show(
             doc["payload"] = data
             doc["stored_payload_problem"] = problem if store is not None else NOT_READ
         if as_json:
-            click.echo(json_safe(json.dumps(doc, ensure_ascii=False)))
+            click.echo(json_text(doc))
             continue
         # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
         for line in m.item.summary_lines():

@@ -18,6 +18,7 @@ from amqpjobs.runtime.app import App
 from amqpjobs.runtime.quarantine import QuarantinedMessage, browse, quarantine_queues
 from amqpjobs.runtime.status import JobQueueStatus, collect
 from amqpjobs.runtime.whereabouts import where_now
+from amqpjobs.text import encodable
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX, parked_queue_name
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
@@ -154,6 +155,7 @@ def payload_view(body: bytes) -> tuple[str, str, str]:
         )
     try:
         text, kind = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True), "JSON"
+        text = encodable(text)  # a lone surrogate (a "\ud800" escape) as "?": the page is UTF-8
     except (ValueError, RecursionError):
         kind = "text (UTF-8, not JSON)"
     data = text.encode("utf-8")

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
-from amqpjobs.jobs.json_fast import fast_object
+from amqpjobs.jobs.json_fast import fast_object, strict_loads
 from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
@@ -107,14 +107,6 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-#: One decoder for every body (``json.loads`` with options builds a new one per call).
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
 def _depth_ok(text: str) -> bool:
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # fast path: can't be deeper than that
         return True
@@ -151,7 +143,8 @@ def decode_body(
       allowed) or absent (then the body is read as JSON);
     * ``content_encoding`` must be absent, ``identity`` or ``utf-8``;
     * the body must be UTF-8 (a leading byte-order mark is accepted and skipped) and
-      strict JSON (no ``NaN``/``Infinity``), nested at most :data:`MAX_JSON_DEPTH` deep;
+      strict JSON (no ``NaN``/``Infinity``, no number too large for a float: ``1e400``),
+      nested at most :data:`MAX_JSON_DEPTH` deep;
     * the top level must be an object.
 
     ``what`` names ``body`` in the error messages (``"stored payload 'file:k'"`` for a payload
@@ -181,7 +174,7 @@ def decode_body(
     if not _depth_ok(text):
         raise DecodeError("undecodable", f"{what}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = _DECODER.decode(text)
+        value = strict_loads(text)
     except (ValueError, RecursionError) as exc:
         raise DecodeError("undecodable", f"{what} is not JSON: {str(exc)[:200]}") from None
     if not isinstance(value, dict):

@@ -19,7 +19,6 @@ failures. Browsing does not take the lock (see :func:`browse`).
 from __future__ import annotations
 
 import base64
-import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -37,6 +36,8 @@ from amqpjobs.errors import (
 )
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.json_fast import strict_loads
+from amqpjobs.printable import json_text
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser, probe_queue, purge_queue
@@ -59,13 +60,22 @@ class QuarantinedMessage:
     item: q.QuarantinedJob
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form for ``show --json`` / ``export``: properties, all headers, payload and raw body."""
+        """JSON form for ``show --json`` / ``export``: properties, all headers, payload and raw body.
+
+        ``payload`` is the body as strict JSON (:func:`~amqpjobs.jobs.json_fast.strict_loads`),
+        else None; a UTF-8 body that is not strict JSON (``NaN``, ``1e400``, not JSON at all)
+        also gets ``payload_text``, its text. Write it with :func:`~amqpjobs.printable.json_text`.
+        """
         d = self.delivery
+        payload: Any = None
+        text: str | None = None
         try:
-            payload: Any = json.loads(d.body.decode("utf-8-sig"))
+            text = d.body.decode("utf-8-sig")
+            payload = strict_loads(text)
+            text = None
         except (UnicodeDecodeError, ValueError, RecursionError):
-            payload = None
-        return {
+            pass
+        doc: dict[str, Any] = {
             "queue": d.queue,
             "message_id": d.message_id,
             "type": d.type,
@@ -82,6 +92,9 @@ class QuarantinedMessage:
             "payload": payload,
             "body_b64": base64.b64encode(d.body).decode("ascii"),
         }
+        if text is not None:
+            doc["payload_text"] = text
+        return doc
 
 
 async def resolve_quarantine_queue(connection: Connection, name: str) -> tuple[str, int]:
@@ -246,5 +259,5 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
     _, messages = await browse(settings, name)
     with path.open("w", encoding="utf-8") as fh:
         for message in messages:
-            fh.write(json.dumps(message.to_json(), ensure_ascii=False) + "\n")
+            fh.write(json_text(message.to_json()) + "\n")
     return len(messages)

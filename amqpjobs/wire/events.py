@@ -5,7 +5,8 @@ Events (their body is :mod:`amqpjobs.jobs.events`'s; this layer moves bytes) go 
 ``mandatory``: nobody subscribed means nobody hears them, by design. The publisher never
 makes a job wait and never fails one: :meth:`OutcomeEvents.emit` only queues a publish,
 and drops the event (counting it) when events are off (the exchange was missing at start,
-or the broker closed the channel), or :data:`MAX_PENDING` events are still waiting to
+or the broker closed the channel) and no check of the exchange is under way (below), or
+:data:`MAX_PENDING` events are still waiting to
 reach the socket (the broker blocked the connection under a resource alarm, RabbitMQ
 "Blocked Connection Notifications", a burst of jobs faster than the socket, or the network stalls).
 
@@ -15,9 +16,13 @@ Two exceptions keep what a replay's canary needs (:mod:`amqpjobs.runtime.canary`
   never dropped over the cap: it waits in a queue of its own, sent ahead of the others.
   Those are bounded by the replay's ``--rate``, not by the workers' speed.
 * Events off are not off for good: the next event at least :attr:`OutcomeEvents.recheck_after`
-  seconds (default :data:`RECHECK_AFTER`) after events went off (or were last checked)
-  checks the exchange again in the background, and reopens the channel when it exists
-  (``amqpjobs topology apply`` re-declared it under the running worker).
+  seconds (default :data:`RECHECK_AFTER`) after events went off (or were last checked),
+  and any kept event, checks the exchange again in the background, and reopens the channel
+  when it exists (``amqpjobs topology apply`` re-declared it under the running worker).
+  The events emitted while a check is under way (that one too) wait for it, the others up
+  to :data:`MAX_PENDING`, and go out on the reopened channel; when the exchange is still
+  missing they are dropped and counted. (Before, the event that started the check was
+  dropped: a canary replayed right after ``topology apply`` waited in vain for its event.)
 
 The exchange is probed once at start (a passive declare on a throwaway channel). A
 publish to a missing exchange (deleted under a running worker) makes the broker close the
@@ -184,9 +189,10 @@ class OutcomeEvents:
                 event of a replayed delivery, which a canary waits for).
         """
         if self._channel is None or self._channel.is_closed:
-            self._maybe_reopen()
-            self._drop()
-            return
+            self._maybe_reopen(now=keep and self._channel is None)
+            if not self._rechecking():
+                self._drop()
+                return
         if keep:
             self._kept.append((routing_key, body))
         elif len(self._waiting) >= MAX_PENDING:
@@ -197,11 +203,18 @@ class OutcomeEvents:
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send())
 
-    def _maybe_reopen(self) -> None:
-        """Events are off: check the exchange again in the background, at most once per ``recheck_after``."""
-        if self._connection is None or self._closing or time.monotonic() - self._checked < self.recheck_after:
+    def _rechecking(self) -> bool:
+        """Whether a check of the exchange is under way (the events queued meanwhile wait for it)."""
+        return self._reopening is not None and not self._reopening.done()
+
+    def _maybe_reopen(self, now: bool = False) -> None:
+        """Events are off: check the exchange again in the background, at most once per ``recheck_after``.
+
+        ``now``: check whatever the time since the last check (a kept event's: few, at the replay's rate).
+        """
+        if self._connection is None or self._closing or self._rechecking():
             return
-        if self._reopening is not None and not self._reopening.done():
+        if not now and time.monotonic() - self._checked < self.recheck_after:
             return
         self._checked = time.monotonic()
         self._reopening = asyncio.get_running_loop().create_task(self._reopen(self._connection))
@@ -249,6 +262,8 @@ class OutcomeEvents:
 
     async def _send(self) -> None:
         while self._kept or self._waiting:
+            if self._reopening is not None and self._rechecking():  # sent on the channel it opens, or dropped
+                await asyncio.wait({self._reopening})
             if len(self._kept) + len(self._waiting) < BATCH:
                 await asyncio.sleep(LINGER)  # the events of the jobs ending meanwhile join this batch
             batch = self._take()
@@ -286,14 +301,18 @@ class OutcomeEvents:
         Closes the connection too when the publisher owns it (:meth:`connect`).
         """
         self._closing = True
+        if self._reopening is not None and not self._reopening.done():
+            self._reopening.cancel()  # the events waiting for it are dropped (by the sender, or below)
         if self._sender is not None and not self._sender.done():
             _, late = await asyncio.wait({self._sender}, timeout=0.5)
             for task in late:
                 task.cancel()
-                for _ in range(self._sending + len(self._kept) + len(self._waiting)):
+                for _ in range(self._sending):
                     self._drop()
-        if self._reopening is not None and not self._reopening.done():
-            self._reopening.cancel()
+        for _ in range(len(self._kept) + len(self._waiting)):
+            self._drop()
+        self._kept.clear()
+        self._waiting.clear()
         if self._channel is not None:
             await close_channel(self._channel)
         if self._owned and self._connection is not None:

@@ -252,6 +252,7 @@ EXPECT: dict[str, Expect] = {
     "wrong-types": fails_model(),
     "deep-nesting": undecodable(f"nested deeper than {envelope.MAX_JSON_DEPTH}"),
     "nan-literal": undecodable("NaN is not valid JSON"),
+    "number-overflow": undecodable("body is not JSON: number 1e400 is too large for a float"),
     "bom": processed(),
     "text-plain": quarantined("unsupported-content-type", "DecodeError", "'text/plain'"),
     "gzip-claimed": undecodable("content_encoding 'gzip' is not supported"),

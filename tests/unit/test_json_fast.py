@@ -28,6 +28,8 @@ def _stdlib_outcome(body: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, 
         return _outcome(body)
 
 
+_TOO_LARGE = "is too large for a float (it would read as Infinity, not valid JSON)"
+
 # Where orjson and the stdlib differ: each body, what orjson alone does, and what decode_body must give
 # (the stdlib's answer). orjson's answer is asserted too, so a new orjson that changes is noticed here.
 DIFFERENCES: list[tuple[bytes, Any, tuple[str, str]]] = [
@@ -39,8 +41,13 @@ DIFFERENCES: list[tuple[bytes, Any, tuple[str, str]]] = [
         {"a": 1.2345678901234568e29},
         ("value", "{'a': 123456789012345678901234567890}"),
     ),
-    # too large for a float: orjson refuses, the stdlib reads inf
-    (b'{"a":1e400}', orjson.JSONDecodeError, ("value", "{'a': inf}")),
+    # too large for a float: orjson refuses, the stdlib would read inf: undecodable, as the Infinity literal
+    (b'{"a":1e400}', orjson.JSONDecodeError, ("undecodable", f"body is not JSON: number 1e400 {_TOO_LARGE}")),
+    (b'{"a":[1,-1e400]}', orjson.JSONDecodeError, ("undecodable", f"body is not JSON: number -1e400 {_TOO_LARGE}")),
+    (b'{"a":1e99999}', orjson.JSONDecodeError, ("undecodable", f"body is not JSON: number 1e99999 {_TOO_LARGE}")),
+    (b'{"a":1E+309}', orjson.JSONDecodeError, ("undecodable", f"body is not JSON: number 1E+309 {_TOO_LARGE}")),
+    # the largest float: a value for both
+    (b'{"a":1.7976931348623157e308}', {"a": 1.7976931348623157e308}, ("value", "{'a': 1.7976931348623157e+308}")),
     # a lone surrogate escape: orjson refuses, the stdlib keeps it
     (b'{"a":"\\ud800"}', orjson.JSONDecodeError, ("value", "{'a': '\\ud800'}")),
     # a byte-order mark: orjson refuses, decode_body skips it
