@@ -28,6 +28,7 @@ class TcpProxy:
         self.dropping = False  # black_hole(): open connections forward nothing
         self._server: asyncio.Server | None = None
         self._pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._silent: set[asyncio.StreamWriter] = set()  # connections taken while silent, still open
         self._tasks: set[asyncio.Task[None]] = set()
         self._sent: list[bytearray] = []  # each client's first bytes, in the order accepted
         self._held: set[int] = set()  # ids of those whose sends are held (hold_sends)
@@ -41,8 +42,14 @@ class TcpProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.silent:
             self.silent_accepted += 1
-            while await reader.read(4096):
-                pass
+            self._silent.add(writer)
+            try:
+                while await reader.read(4096):
+                    pass
+            except OSError:  # cut() aborted it
+                return
+            finally:
+                self._silent.discard(writer)
             self.silent_closed += 1  # the client closed it: it gave that attempt up
             writer.close()
             return
@@ -84,6 +91,8 @@ class TcpProxy:
             client.transport.abort()
             upstream.transport.abort()
         self._pairs.clear()
+        for writer in list(self._silent):  # else left open past the test's loop (a ResourceWarning later)
+            writer.transport.abort()
 
     async def stop(self) -> None:
         if self._server is not None:
