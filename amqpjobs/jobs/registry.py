@@ -10,10 +10,10 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from amqpjobs.durations import parse_duration
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
@@ -135,6 +135,22 @@ class JobDef:
         if not isinstance(value, dict):
             raise ConfigurationError(f"job {self.name!r}: payload must be a dict or a pydantic model")
         return value
+
+    def payload_body(self, payload: Any) -> dict[str, Any]:
+        """:meth:`to_json` for a publish: a payload that fails the job's model is :class:`InvalidPayloadError`.
+
+        Raises:
+            InvalidPayloadError: with pydantic's errors (``errors``, no URLs) and the job's name.
+            ConfigurationError: the payload is neither a dict nor a pydantic model.
+        """
+        try:
+            return self.to_json(payload)
+        except ValidationError as exc:
+            raise InvalidPayloadError(
+                self.name,
+                [dict(e) for e in exc.errors(include_url=False)],
+                f"payload for job {self.name!r} is invalid: {exc}",
+            ) from None
 
 
 class JobRegistry:

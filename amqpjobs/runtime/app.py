@@ -10,10 +10,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
-
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, InvalidPayloadError
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
 from amqpjobs.jobs.envelope import job_message, with_trace
@@ -355,14 +353,7 @@ class App(CronSchedules, JobResults):
 
         """
         jobdef = self.resolve(job)
-        try:
-            body = jobdef.to_json(payload)
-        except ValidationError as exc:
-            raise InvalidPayloadError(
-                jobdef.name,
-                [dict(e) for e in exc.errors(include_url=False)],
-                f"payload for job {jobdef.name!r} is invalid: {exc}",
-            ) from None
+        body = jobdef.payload_body(payload)
         layout = self.layout_of(jobdef)
         job_id = checked_job_id(jobdef, layout, payload, job_id=job_id, priority=priority, tenant=tenant)
         exchange, routing_key = layout.publish_target(tenant or job_id)
