@@ -46,6 +46,9 @@ from amqpjobs.wire.limits import (
 _MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
 #: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
 _CLOSED: tuple[type[BaseException], ...] = (RuntimeError, *LIBRARY_ERRORS)
+#: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
+#: own writers would be woken by any frame taken; the queue need not empty while other channels write).
+_ROOM_RECHECK = 0.001
 
 
 def heard_close(underlay: aiormq.Channel) -> bool:
@@ -114,6 +117,8 @@ class ConfirmedPublisher:
         self.max_message_size = max_message_size
         self._channel: AbstractChannel | None = None
         self._lock = asyncio.Lock()
+        #: Publishes that found the connection's write queue full wait here, in turn (see :meth:`_writable`).
+        self._room = asyncio.Lock()
         #: Exchanges seen to exist (a passive declare, or a confirm): a publish to another is checked first.
         self._known: set[str] = {""}
         self._checks: dict[str, asyncio.Future[bool]] = {}
@@ -237,34 +242,49 @@ class ConfirmedPublisher:
 
         The caller queues its publish with no ``await`` in between: aiormq's ``basic_publish``
         writes without suspending while the write queue has room (the checked channel's lock is
-        then free: it is held only across a put). A channel the broker closed is replaced; the
-        publish waits (polling, as aiormq's own writers would wait on the full queue) for room.
+        then free: it is held only across a put). A channel the broker closed is replaced. While
+        the write queue is full, publishes wait in turn (:attr:`_room`, FIFO): the first one in
+        line wakes when the connection's writer has emptied the queue (``Queue.join``; it takes
+        every frame in one step), looking again at least every :data:`_ROOM_RECHECK` seconds (a
+        close, the timeout); the others sleep until it is through, so a thousand waiting
+        publishes cost one wake-up each, not one per poll.
 
         Raises:
             BrokerUnavailableError, BrokerError: no channel could be opened, or the write queue
                 stayed full for ``timeout`` seconds (nothing sent).
         """
-        while True:
-            channel = self._channel
-            if channel is None or channel.is_closed:
-                channel = await self._open_channel(exchange, routing_key)
-            try:
-                # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
-                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
-            except _CLOSED as exc:  # closed under us: nothing sent yet
-                await self._discard_channel(channel)
-                raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
-            if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
-                await self._discard_channel(channel)
-            elif not underlay.connection.write_queue.full():
-                return channel, underlay
-            elif time.monotonic() - started > self._timeout:
-                raise BrokerError(
-                    f"publish to {exchange!r} / {routing_key!r} not sent: the connection's write queue stayed "
-                    f"full for {self._timeout:g}s (a blocked or stalled connection)"
-                )
-            else:
-                await asyncio.sleep(0.001)
+        in_line = False
+        try:
+            while True:
+                channel = self._channel
+                if channel is None or channel.is_closed:
+                    channel = await self._open_channel(exchange, routing_key)
+                try:
+                    # aio-pika's per-message objects cost more; an aiormq.Channel (its abc has no ``wait``)
+                    underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+                except _CLOSED as exc:  # closed under us: nothing sent yet
+                    await self._discard_channel(channel)
+                    raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
+                write_queue = underlay.connection.write_queue
+                if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
+                    await self._discard_channel(channel)
+                elif not write_queue.full() and (in_line or not self._room.locked()):
+                    return channel, underlay  # (the room lock is released below, without a step in between)
+                elif time.monotonic() - started > self._timeout:
+                    raise BrokerError(
+                        f"publish to {exchange!r} / {routing_key!r} not sent: the connection's write queue stayed "
+                        f"full for {self._timeout:g}s (a blocked or stalled connection)"
+                    )
+                elif not in_line:
+                    await self._room.acquire()
+                    in_line = True
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_ROOM_RECHECK):
+                            await write_queue.join()  # the writer took every frame queued
+        finally:
+            if in_line:
+                self._room.release()
 
     async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         check_body(message, self.max_message_size)
