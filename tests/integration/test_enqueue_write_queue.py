@@ -52,13 +52,13 @@ async def test_gathered_enqueues_wait_for_room_in_turn_not_by_polling(broker: Br
         timers += 1
         return call_at(when, callback, *args, context=context)
 
-    loop.call_at = counting_call_at  # type: ignore[method-assign]
+    loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
     try:
         await asyncio.gather(*(app.enqueue("one", {"i": i}, job_id=f"j{i}") for i in range(N)))
     finally:
         del loop.call_at  # the instance attribute: the class's method again
         await app.close()
-    stored = [m.message_id for m in await drain(broker, "work")]
+    stored = [str(m.message_id) for m in await drain(broker, "work")]
     assert len(stored) == N + 1
     assert sorted(stored) == sorted(["warm-up", *(f"j{i}" for i in range(N))])
     # aiormq arms one timer per publish (its confirm timeout); waiting for room adds at most a few per batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
 
@@ -85,3 +87,52 @@ def test_zero_wait_means_refuse_at_once(zero: object):
     assert (app.blocked_timeout, app.queue_full_wait) == (0.0, 0.0)
     assert (App("t").blocked_timeout, App("t").queue_full_wait) == (10.0, 0.0)
     assert App("t", queue_full_wait="1m30s").queue_full_wait == 90.0
+
+
+async def test_enqueues_that_keep_coming_never_wait_for_the_alarm_read(monkeypatch: pytest.MonkeyPatch):
+    """A steady stream of enqueues: the alarms are read ahead in the background; none waits for the management API.
+
+    The clock and the read are the test's: a read stays under way until the test lets it answer.
+    """
+    from types import SimpleNamespace
+
+    from amqpjobs.runtime import backpressure
+    from amqpjobs.wire.settings import broker_settings
+
+    now = [100.0]
+    monkeypatch.setattr(backpressure, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    reads: list[asyncio.Future[list[str]]] = []
+
+    async def read(question: object, otherwise: list[str]) -> list[str]:
+        reads.append(asyncio.get_running_loop().create_future())
+        return await reads[-1]
+
+    settings = broker_settings("amqp://guest:guest@127.0.0.1:1/")
+    gate = backpressure.EnqueueGate(settings, blocked_timeout=0.0, full_wait=0.0)
+    monkeypatch.setattr(gate, "_read", read)
+    connection = SimpleNamespace()  # never told it is blocked
+    first = asyncio.ensure_future(gate.unblocked(connection))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert len(reads) == 1
+    assert not first.done()  # never read: the first enqueue waits for the answer
+    reads[0].set_result([])
+    await first
+    for _ in range(8):  # an enqueue every 0.3 s; each read answers before the next enqueue
+        now[0] += 0.3
+        await asyncio.wait_for(gate.unblocked(connection), 1.0)  # type: ignore[arg-type]  # no wait for a read
+        await asyncio.sleep(0)  # a read ahead it started is under way
+        if reads and not reads[-1].done():
+            reads[-1].set_result([])
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+    assert 4 <= len(reads) <= 6, len(reads)  # read again about every 0.6 s (each at half a second old, or more)
+    now[0] += 0.6  # the last figure is now over half a second old: read ahead, and a memory alarm is the answer
+    await gate.unblocked(connection)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert not reads[-1].done()
+    reads[-1].set_result(["memory"])
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    with pytest.raises(BrokerBlockedError, match=r"resource alarm \(memory\)"):
+        await gate.unblocked(connection)  # type: ignore[arg-type]
+    gate.close()
