@@ -6,7 +6,7 @@ import asyncio
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,7 +24,7 @@ from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
-from amqpjobs.runtime.sending import send
+from amqpjobs.runtime.sending import get_ready, send
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -191,7 +191,7 @@ class App(CronSchedules, JobResults):
             self._url = url
 
     async def connect(self, settings: BrokerSettings | None = None) -> None:
-        """Open the publishing connection now (otherwise the first enqueue does).
+        """Open the publishing connection now (else the first enqueue does), ready: exchanges checked, alarms read.
 
         Raises:
             BrokerUnavailableError: the broker can't be reached.
@@ -207,18 +207,25 @@ class App(CronSchedules, JobResults):
                 settings = settings or self.settings()
                 self._connection = await connect(settings, name=f"{self.name}-publisher")
                 if self._gate is not None:
-                    self._gate.close()
+                    await self._gate.aclose()
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM,  # a job it takes can always get its copies out
                 )  # fmt: skip
+                await get_ready(self._publisher, self._gate, self._connection, self._layouts_of_jobs())
 
     def default_url(self, url: str) -> None:
         """Deprecated name of :meth:`set_default_url` (it sets, it does not return, the URL)."""
         warnings.warn("App.default_url() is deprecated: use App.set_default_url()", DeprecationWarning, stacklevel=2)
         self.set_default_url(url)
+
+    def _layouts_of_jobs(self) -> list[JobQueueLayout]:
+        """The job queues of the app's jobs that its topology declares (the others' enqueues say what is wrong)."""
+        with suppress(ConfigurationError):
+            return [self.layout_of(jobdef) for jobdef in self]
+        return []  # a job names an undeclared queue: no warm-up (its enqueue says what is wrong)
 
     def _is_modulus_exchange(self, exchange: str) -> bool:
         """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""
@@ -298,7 +305,7 @@ class App(CronSchedules, JobResults):
         if self._connection is not None:
             await self._connection.close()
         if self._gate is not None:
-            self._gate.close()
+            await self._gate.aclose()
         self._connection = self._gate = self._connected_on = None
         self._publisher = None
 

@@ -196,6 +196,10 @@ class EnqueueGate:
             self._early_read.add_done_callback(self._early_read_done)
         return " & ".join(self._alarms[0]) or None
 
+    async def read_ahead(self, connection: Connection) -> None:
+        """Read the broker's alarms now unless read within :data:`EARLY_REFRESH` (so a first enqueue won't wait)."""
+        await self._alarm(connection)
+
     async def _read_alarms(self) -> None:
         async with self._alarm_lock:
             if time.monotonic() - self._alarms[1] >= EARLY_REFRESH:  # not read meanwhile by another enqueue
@@ -300,8 +304,14 @@ class EnqueueGate:
             )  # fmt: skip
             return otherwise
 
+    async def aclose(self) -> None:
+        """:meth:`close` once a read ahead under way has ended (its thread uses a client; bounded by its timeout)."""
+        if self._early_read is not None:
+            await asyncio.wait([self._early_read])
+        self.close()
+
     def close(self) -> None:
-        """Close the management API clients (a read ahead under way is cancelled)."""
+        """Close the management API clients (a read ahead under way is cancelled: on a loop that ended)."""
         if self._early_read is not None:
             self._early_read.cancel()
         for client in self._management.values():

@@ -6,6 +6,8 @@ body over the store's threshold is stored and the message carries a reference).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -65,3 +67,18 @@ async def send(
             if full is None or not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
                 raise
             raise full from exc
+
+
+async def get_ready(
+    publisher: Publisher, gate: EnqueueGate, connection: Connection, layouts: Iterable[JobQueueLayout]
+) -> None:
+    """Do what the first enqueues would wait for, at once: the broker's alarms read, each exchange checked.
+
+    ``layouts``: the job queues the app's jobs go to; the exchange each publishes to (its
+    ``x-modulus-hash`` exchange, if any) is seen to exist (:meth:`ConfirmedPublisher.known`).
+    Raises nothing: a missing exchange or an alarm is each enqueue's error, as before.
+    """
+    if not isinstance(publisher, ConfirmedPublisher):  # a double's: nothing to get ready
+        return
+    exchanges = {layout.shards_exchange or layout.exchange for layout in layouts}
+    await asyncio.gather(gate.read_ahead(connection), *(publisher.known(exchange) for exchange in exchanges))

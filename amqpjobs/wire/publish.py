@@ -210,6 +210,13 @@ class ConfirmedPublisher:
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
 
+    async def known(self, exchange: str) -> bool:
+        """Whether ``exchange`` exists, checked now unless seen (:meth:`_check_exchange`); False if it could not be."""
+        if exchange not in self._known:
+            with contextlib.suppress(UnroutableError):
+                await self._check_exchange(exchange)
+        return exchange in self._known
+
     async def _check_exchange(self, exchange: str) -> None:
         """Check that ``exchange`` exists before a first publish to it on the shared channel.
 
@@ -241,13 +248,10 @@ class ConfirmedPublisher:
         """A channel a publish can be queued on now without crossing a close (see :func:`heard_close`).
 
         The caller queues its publish with no ``await`` in between: aiormq's ``basic_publish``
-        writes without suspending while the write queue has room (the checked channel's lock is
-        then free: it is held only across a put). A channel the broker closed is replaced. While
-        the write queue is full, publishes wait in turn (:attr:`_room`, FIFO): the first one in
-        line wakes when the connection's writer has emptied the queue (``Queue.join``; it takes
-        every frame in one step), looking again at least every :data:`_ROOM_RECHECK` seconds (a
-        close, the timeout); the others sleep until it is through, so a thousand waiting
-        publishes cost one wake-up each, not one per poll.
+        writes without suspending while the write queue has room (the channel's lock is held only
+        across a put). A channel the broker closed is replaced. Publishes that find the queue full
+        wait in turn (:attr:`_room`, FIFO): the first wakes when the writer emptied it
+        (``Queue.join``) or :data:`_ROOM_RECHECK` later; the others sleep behind it.
 
         Raises:
             BrokerUnavailableError, BrokerError: no channel could be opened, or the write queue

@@ -135,4 +135,4 @@ async def test_enqueues_that_keep_coming_never_wait_for_the_alarm_read(monkeypat
     await asyncio.sleep(0)
     with pytest.raises(BrokerBlockedError, match=r"resource alarm \(memory\)"):
         await gate.unblocked(connection)  # type: ignore[arg-type]
-    gate.close()
+    await gate.aclose()
