@@ -160,15 +160,15 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
-        self._draining.settled(self._stop.is_set(), v.kind)  # for the stop's counts
+        kind = v.kind  # settled: read once, for the stop's counts, the record and the event
+        self._draining.settled(self._stop.is_set(), kind)  # for the stop's counts
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
-        asyncio.get_running_loop().call_soon(self._record, v)
+        asyncio.get_running_loop().call_soon(self._record, v, kind)
         if self._results is not None:  # its results-store record, queued (never waits)
             self._results.note_outcome(layout, delivery.queue, v)
         if self._breakers is not None:  # a failure notice, or the end of this worker's probe (README "Flow control")
             self._breakers.after(v)
-        kind = v.kind
         if self._events is not None and (  # fire and forget: the job's fate is settled above
             reported(self.options.outcome_events, kind) or REPLAY_ID in delivery.headers
         ):
