@@ -113,7 +113,7 @@ class OutcomeRecords:
                 job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
             )
         paced = self._deferral_lines.note(outcome, kind) if reported(self.options.log_outcomes, kind) else None
-        if paced is not None:
+        if paced is not None and log.isEnabledFor(logging.INFO):  # its values worded only for a line written
             extra = ""
             if isinstance(d, RetryLater):
                 extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"
