@@ -267,16 +267,18 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
     ) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
-        if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
+        copied = not isinstance(v.decision, Ack | Duplicate)  # a decision carried out by a copy, then the ack
+        if copied and delivery.channel_closed:
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
                         v.job_id, v.decision)  # fmt: skip
             return False
-        try:
-            await self._republish(layout, delivery, v, trace)
-        except AmqpJobsError as exc:
-            return await self._fallback(layout, delivery, v, exc, trace)
-        return await ack(delivery, v.job_id, copied=not isinstance(v.decision, Ack | Duplicate))
+        if copied:
+            try:
+                await self._republish(layout, delivery, v, trace)
+            except AmqpJobsError as exc:
+                return await self._fallback(layout, delivery, v, exc, trace)
+        return await ack(delivery, v.job_id, copied=copied)
 
     async def _republish(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
