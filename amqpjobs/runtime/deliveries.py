@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: How a delivery is handled: (alone, hand_back, rated, its task when known), :meth:`DeliveryPath._process`'s arguments.
+_How = tuple[bool, bool, bool, "asyncio.Task[Any] | None"]
+
 
 class DeliveryPath(HandlerRuns, OutcomeRecords):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
@@ -100,16 +103,19 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         alone: bool = False,
         hand_back: bool = False,
         rated: bool = False,
+        task: asyncio.Task[Any] | None = None,
     ) -> None:
+        """Decide, carry out and settle one delivery; ``task``: the delivery's task, when the caller has it."""
         if self._rates is not None and not (alone or hand_back or rated) and await self._rates.divert(layout, delivery):
             return  # a rate-limited job's: moved to its waiting room (README "Flow control")
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
         tracing = self.app.tracing
+        how = (alone, hand_back, rated, task)
         try:
             if tracing is None:
-                await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
+                await self._handle_delivery(layout, delivery, how)
             else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
                 # failures are tracing's own (caught and logged there): they never reach the delivery
                 d, started = delivery, False
@@ -118,7 +124,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                                             d.delivery_tag, d.correlation_id,
                                             server_address(self._connection)) as process:  # fmt: skip
                         started = True
-                        outcome = await self._handle_delivery(layout, delivery, (alone, hand_back, rated),
+                        outcome = await self._handle_delivery(layout, delivery, how,
                                                               process.carry)  # fmt: skip
                         tracing.finished(process, outcome)
                 except Exception:
@@ -126,7 +132,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                         raise
                     # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
-                    await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
+                    await self._handle_delivery(layout, delivery, how)
         finally:
             if self._rates is not None:  # a token taken for no start goes back (README "Rate limits")
                 await self._rates.give_back()
@@ -134,9 +140,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 gauge.dec()
 
     async def _handle_delivery(
-        self, layout: JobQueueLayout, delivery: Received, how: tuple[bool, bool, bool], trace: Mapping[str, str] = {}
+        self, layout: JobQueueLayout, delivery: Received, how: _How, trace: Mapping[str, str] = {}
     ) -> Outcome:
-        """Decide, carry out, record: ``how`` is (alone, hand_back, rated), ``trace`` the copies' trace headers."""
+        """Decide, carry out, record: ``how`` as :data:`_How`, ``trace`` the copies' trace headers."""
         try:
             v = await self._process(layout, delivery, *how)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -180,13 +186,14 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
 
     async def _process(
         self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False,
-        rated: bool = False,
+        rated: bool = False, task: asyncio.Task[Any] | None = None,
     ) -> Outcome:  # fmt: skip
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
         ``rated``: took its rate limit's token (none is given while paused): it starts even if a pause came since.
+        ``task``: the delivery's (current) task, when the caller has it.
         """
         if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
             # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count), once this
@@ -249,7 +256,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 "alone on %s pid %d", logfmt_value(job.name), logfmt_value(job_id), screening.start,
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
-            return await self._start(*run, ordinary=False)
+            return await self._start(*run, ordinary=False, task=task)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
@@ -259,7 +266,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         try:  # a job to drain once its handler starts; stopping before (its claim waited), handed back
-            return await self._start(*run)
+            return await self._start(*run, task=task)
         finally:
             self._gate.leave()
 
