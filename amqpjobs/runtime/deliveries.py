@@ -124,8 +124,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                                             d.delivery_tag, d.correlation_id,
                                             server_address(self._connection)) as process:  # fmt: skip
                         started = True
-                        outcome = await self._handle_delivery(layout, delivery, how,
-                                                              process.carry)  # fmt: skip
+                        outcome = await self._handle_delivery(layout, delivery, how, process.carry)
                         tracing.finished(process, outcome)
                 except Exception:
                     if started:
