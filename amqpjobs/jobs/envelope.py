@@ -192,6 +192,8 @@ def header_int(value: Any) -> int | None:
     bytes from some clients), surrounded by blanks, at most 20 digits. Anything else
     (booleans, fractions, signs, other types) is None.
     """
+    if type(value) is int:  # the commonest (a bool is no int here: its type is bool)
+        return value
     if isinstance(value, bool):
         return None
     if isinstance(value, float):

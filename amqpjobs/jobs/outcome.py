@@ -195,16 +195,16 @@ class Outcome:
             return "ack_uncertain"
         if not self.acked:
             return "abandoned"
-        d = self.decision
+        d = self.decision  # the decision classes are disjoint: the commonest is looked at first
+        if isinstance(d, Ack):
+            return "succeeded"
+        if isinstance(d, RetryLater):
+            return "deferred" if d.wait else "retried"
         if isinstance(d, Register):
             return "redelivered"
         if isinstance(d, HandBack):
             return "handed_back"
-        if isinstance(d, Duplicate):
-            return "duplicate"
-        if isinstance(d, RetryLater) and d.wait:
-            return "deferred"
-        return "succeeded" if isinstance(d, Ack) else "retried" if isinstance(d, RetryLater) else "quarantined"
+        return "duplicate" if isinstance(d, Duplicate) else "quarantined"
 
 
 #: Levels of ``--log-outcomes`` and ``--outcome-events``: every outcome, all but successes, none.

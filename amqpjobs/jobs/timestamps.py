@@ -40,7 +40,7 @@ def parse_time(value: Any) -> datetime | None:
     time out of range, is None.
     """
     if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return _in_utc(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not value >= 0:  # before 1970 (and NaN): no enqueue time of a job
             return None
@@ -56,7 +56,12 @@ def parse_time(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parse_time(parsed)
+    return _in_utc(parsed)
+
+
+def _in_utc(value: datetime) -> datetime:
+    """``value`` as an aware datetime in UTC (naive: taken as UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 @functools.lru_cache(maxsize=8)

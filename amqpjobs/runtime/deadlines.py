@@ -83,14 +83,17 @@ class Deadlines:
     def __init__(self) -> None:
         self._lanes: dict[float, _Lane] = {}
 
-    def start(self, limit: float) -> Deadline:
+    def start(self, limit: float, task: asyncio.Task[Any] | None = None) -> Deadline:
         """Cancel the current task ``limit`` seconds from now unless its :class:`Deadline` ends first.
+
+        ``task``: the current task, when the caller has it already (else looked up here).
 
         Raises:
             RuntimeError: not called from a task on a running loop.
         """
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
+        if task is None:
+            task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline is for code running in a task")
         lane = self._lanes.get(limit)

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: How a delivery is handled: (alone, hand_back, rated, its task when known), :meth:`DeliveryPath._process`'s arguments.
+_How = tuple[bool, bool, bool, "asyncio.Task[Any] | None"]
+
 
 class DeliveryPath(HandlerRuns, OutcomeRecords):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
@@ -100,16 +103,19 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         alone: bool = False,
         hand_back: bool = False,
         rated: bool = False,
+        task: asyncio.Task[Any] | None = None,
     ) -> None:
+        """Decide, carry out and settle one delivery; ``task``: the delivery's task, when the caller has it."""
         if self._rates is not None and not (alone or hand_back or rated) and await self._rates.divert(layout, delivery):
             return  # a rate-limited job's: moved to its waiting room (README "Flow control")
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
         tracing = self.app.tracing
+        how = (alone, hand_back, rated, task)
         try:
             if tracing is None:
-                await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
+                await self._handle_delivery(layout, delivery, how)
             else:  # a CONSUMER span around it, current while the handler runs (README "Tracing"); its
                 # failures are tracing's own (caught and logged there): they never reach the delivery
                 d, started = delivery, False
@@ -118,15 +124,14 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                                             d.delivery_tag, d.correlation_id,
                                             server_address(self._connection)) as process:  # fmt: skip
                         started = True
-                        outcome = await self._handle_delivery(layout, delivery, (alone, hand_back, rated),
-                                                              process.carry)  # fmt: skip
+                        outcome = await self._handle_delivery(layout, delivery, how, process.carry)
                         tracing.finished(process, outcome)
                 except Exception:
                     if started:
                         raise
                     # a bug of ours in tracing must not wedge the slot either: the delivery goes on untraced
                     log.exception("tracing a delivery from %s failed; it is processed without a span", d.queue)
-                    await self._handle_delivery(layout, delivery, (alone, hand_back, rated))
+                    await self._handle_delivery(layout, delivery, how)
         finally:
             if self._rates is not None:  # a token taken for no start goes back (README "Rate limits")
                 await self._rates.give_back()
@@ -134,9 +139,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 gauge.dec()
 
     async def _handle_delivery(
-        self, layout: JobQueueLayout, delivery: Received, how: tuple[bool, bool, bool], trace: Mapping[str, str] = {}
+        self, layout: JobQueueLayout, delivery: Received, how: _How, trace: Mapping[str, str] = {}
     ) -> Outcome:
-        """Decide, carry out, record: ``how`` is (alone, hand_back, rated), ``trace`` the copies' trace headers."""
+        """Decide, carry out, record: ``how`` as :data:`_How`, ``trace`` the copies' trace headers."""
         try:
             v = await self._process(layout, delivery, *how)
         except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
@@ -160,15 +165,15 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             uncertain = not acked or (0 < self._heartbeat_timeout <= stalled)
         v.acked, v.uncertain = acked, uncertain
         v.error = f"{v.failure[0]}: {v.failure[1]}"[:300] if v.failure[0] else ""
-        self._draining.settled(self._stop.is_set(), v.kind)  # for the stop's counts
+        kind = v.kind  # settled: read once, for the stop's counts, the record and the event
+        self._draining.settled(self._stop.is_set(), kind)  # for the stop's counts
         # logs and metrics on the loop's next turn: the ack queued above reaches the socket first
         # (with one slot, the broker sends the next delivery only once it has the ack)
-        asyncio.get_running_loop().call_soon(self._record, v)
+        asyncio.get_running_loop().call_soon(self._record, v, kind)
         if self._results is not None:  # its results-store record, queued (never waits)
             self._results.note_outcome(layout, delivery.queue, v)
         if self._breakers is not None:  # a failure notice, or the end of this worker's probe (README "Flow control")
             self._breakers.after(v)
-        kind = v.kind
         if self._events is not None and (  # fire and forget: the job's fate is settled above
             reported(self.options.outcome_events, kind) or REPLAY_ID in delivery.headers
         ):
@@ -180,13 +185,14 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
 
     async def _process(
         self, layout: JobQueueLayout, delivery: Received, alone: bool = False, hand_back: bool = False,
-        rated: bool = False,
+        rated: bool = False, task: asyncio.Task[Any] | None = None,
     ) -> Outcome:  # fmt: skip
         """Decide about one delivery (runs the handler when the delivery is a job it can run).
 
         ``alone``: the delivery is a suspect taken while nothing else runs or is held here.
         ``hand_back``: not to be started (a look-ahead delivery that got no slot in time).
         ``rated``: took its rate limit's token (none is given while paused): it starts even if a pause came since.
+        ``task``: the delivery's (current) task, when the caller has it.
         """
         if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
             # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count), once this
@@ -249,7 +255,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                 "alone on %s pid %d", logfmt_value(job.name), logfmt_value(job_id), screening.start,
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
-            return await self._start(*run, ordinary=False)
+            return await self._start(*run, ordinary=False, task=task)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
@@ -259,7 +265,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         try:  # a job to drain once its handler starts; stopping before (its claim waited), handed back
-            return await self._start(*run)
+            return await self._start(*run, task=task)
         finally:
             self._gate.leave()
 
@@ -267,16 +273,18 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
     ) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
-        if delivery.channel_closed and not isinstance(v.decision, Ack | Duplicate):
+        copied = not isinstance(v.decision, Ack | Duplicate)  # a decision carried out by a copy, then the ack
+        if copied and delivery.channel_closed:
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
                         v.job_id, v.decision)  # fmt: skip
             return False
-        try:
-            await self._republish(layout, delivery, v, trace)
-        except AmqpJobsError as exc:
-            return await self._fallback(layout, delivery, v, exc, trace)
-        return await ack(delivery, v.job_id, copied=not isinstance(v.decision, Ack | Duplicate))
+        if copied:
+            try:
+                await self._republish(layout, delivery, v, trace)
+            except AmqpJobsError as exc:
+                return await self._fallback(layout, delivery, v, exc, trace)
+        return await ack(delivery, v.job_id, copied=copied)
 
     async def _republish(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}

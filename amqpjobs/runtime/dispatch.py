@@ -306,22 +306,26 @@ class ShardDispatcher(LeaseKeeping):
         self._kick()
 
     # ------------------------------------------------------------------ running slots
-    async def _run_one(self, delivery: Delivery) -> None:
+    async def _run_one(self, delivery: Delivery) -> float | None:
         """Run a delivery's handler in a running slot (waiting for one: the look-ahead delivery).
 
         One not granted a slot (paused, stopping, or waiting past :data:`LOOKAHEAD_WAIT`) goes
-        to the hand-back handler: not started, back to its shard.
+        to the hand-back handler: not started, back to its shard. Returns the monotonic time
+        the run ended and its slot was freed (None: not granted one).
         """
         granted = await self._start_slot()
         if not granted and not self._paused and self._may_take():  # waited in vain: the running jobs are long
             self._timed(LOOKAHEAD_BELOW, at_least=True)
         started = time.monotonic()
+        ended = None
         try:
             await (self._handler if granted else self._hand_back)(delivery)
         finally:
             if granted:
                 self._end_slot()
-                self._timed(time.monotonic() - started)
+                ended = time.monotonic()
+                self._timed(ended - started)
+        return ended
 
     def _timed(self, seconds: float, at_least: bool = False) -> None:
         """A handler ran ``seconds``: keep the look-ahead token while jobs are short.

@@ -43,9 +43,13 @@ class Draining:
         self._cancelled: set[asyncio.Task[Any]] = set()  # jobs running at the grace's end (cancelled then)
         self._kinds: dict[asyncio.Task[Any], str] = {}  # outcome kinds of the tasks settled while stopping
 
-    def started(self) -> None:
-        """A handler starts in this delivery's task (context, handler): a job to drain until it is settled."""
-        task = asyncio.current_task()
+    def started(self, task: asyncio.Task[Any] | None = None) -> None:
+        """A handler starts in this delivery's task (context, handler): a job to drain until it is settled.
+
+        ``task``: the current task, when the caller has it already (else looked up here).
+        """
+        if task is None:
+            task = asyncio.current_task()
         if task is not None and task not in self.ran:
             self.ran.add(task)
             task.add_done_callback(self.ran.discard)

@@ -61,7 +61,7 @@ class LeaseKeeping:
     def _spawn(self, coro: Coroutine[Any, Any, None], into: set[asyncio.Task[Any]]) -> None:
         raise NotImplementedError
 
-    async def _run_one(self, delivery: Delivery) -> None:
+    async def _run_one(self, delivery: Delivery) -> float | None:
         raise NotImplementedError
 
     async def _release(self, lane: Lane) -> None:
@@ -152,12 +152,13 @@ class LeaseKeeping:
         lease.last = time.monotonic()
         if lease.held == lease.size and self._free > self._pending:
             self._kick()  # its credit is used up: its shard can take a turn again
+        ended = None
         try:
-            await self._run_one(delivery)
+            ended = await self._run_one(delivery)  # the time its slot was freed (None: no slot)
         finally:
             self._inflight.discard(task)
             lease.held -= 1
-            lease.last = time.monotonic()  # its credit is free from now: DRY counts from here
+            lease.last = time.monotonic() if ended is None else ended  # its credit is free from now: DRY counts here
             if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
                 lease.tokens -= 1
                 await self._release(self._lease_lane)

@@ -60,8 +60,10 @@ class PacedDeferrals:
         self._waiting: dict[str, _Waiting] = {}
         self._pruned = clock()
 
-    def note(self, outcome: Outcome) -> str | None:
+    def note(self, outcome: Outcome, kind: str | None = None) -> str | None:
         """The end of ``outcome``'s log line ("" when no pacing applies), or None to log no line.
+
+        ``kind``: ``outcome.kind`` when the caller has it already (else read here).
 
         A ``ClaimBusy`` deferral's first line ends ``"; logged at most every 10s per job id while
         it waits"``, a later one ``" (N more not logged since the last line)"``; any other
@@ -71,7 +73,7 @@ class PacedDeferrals:
         if now - self._pruned >= self.every:  # ids that stopped coming back (gone to another worker)
             self._pruned = now
             self._waiting = {k: w for k, w in self._waiting.items() if now - w.seen < 6 * self.every}
-        if outcome.kind != "deferred" or outcome.failure[0] != "ClaimBusy":
+        if (outcome.kind if kind is None else kind) != "deferred" or outcome.failure[0] != "ClaimBusy":
             self._waiting.pop(outcome.job_id, None)
             return ""
         waiting = self._waiting.get(outcome.job_id)
@@ -96,10 +98,13 @@ class OutcomeRecords:
     _deferral_lines: PacedDeferrals
     _on_outcome: Callable[[Outcome], None] | None
 
-    def _record(self, outcome: Outcome) -> None:
-        """Count, observe and log one settled outcome (``--log-outcomes``), then call ``on_outcome``."""
+    def _record(self, outcome: Outcome, kind: str | None = None) -> None:
+        """Count, observe and log one settled outcome (``--log-outcomes``), then call ``on_outcome``.
+
+        ``kind``: ``outcome.kind`` when the caller has it already (else read here).
+        """
         d = outcome.decision
-        kind = outcome.kind
+        kind = outcome.kind if kind is None else kind
         self.stats[kind] += 1
         if self.metrics is not None:
             job = outcome.job if outcome.job and self.app.get(outcome.job) else "(unknown)"
@@ -107,7 +112,8 @@ class OutcomeRecords:
             self.metrics.observe(
                 job, outcome.queue, kind, outcome.duration if ran else None, outcome.latency, outcome.timed_out
             )
-        if reported(self.options.log_outcomes, kind) and (paced := self._deferral_lines.note(outcome)) is not None:
+        paced = self._deferral_lines.note(outcome, kind) if reported(self.options.log_outcomes, kind) else None
+        if paced is not None and log.isEnabledFor(logging.INFO):  # its values worded only for a line written
             extra = ""
             if isinstance(d, RetryLater):
                 extra = f" next_attempt={d.next_attempt} delay={d.delay:g}s"

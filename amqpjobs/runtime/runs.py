@@ -107,13 +107,15 @@ class HandlerRuns:
         job_id: str,
         start: int,
         ordinary: bool = True,
+        task: asyncio.Task[Any] | None = None,
     ) -> Outcome:
         """Claim (idempotent jobs), build the context and run the handler.
 
         ``start``: the start this run is (:func:`amqpjobs.jobs.crash.screen`); after the
         first, ``ctx.redelivered`` is true. ``ordinary``: not a suspect running alone; once
         the worker stops, it does not start (its claim, waited for or made, is given up):
-        handed back unstarted (:mod:`amqpjobs.runtime.draining`).
+        handed back unstarted (:mod:`amqpjobs.runtime.draining`). ``task``: the current task, when
+        the caller has it (else looked up here).
         """
         ledger = self.app.ledger if job.idempotent else None
         owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:12]}" if ledger is not None else ""
@@ -152,12 +154,13 @@ class HandlerRuns:
                 used = True
                 return ledger.transaction(job_id, owner)
 
+        task = asyncio.current_task() if task is None else task  # the drain's and the deadline's, looked up once
         if ordinary:  # no pause from here to the handler's start: a job to drain, unless the stop came first
             if self._stop.is_set():
                 if owed is not None:  # a release that fails is owed, paid once the ledger answers
                     await owed.release(job_id, owner, lease_end)
                 return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
-            self._draining.started()
+            self._draining.started(task)
         ctx = JobContext(
             job=job.name,
             job_id=job_id,
@@ -178,7 +181,7 @@ class HandlerRuns:
         started = time.monotonic()
         self._note_running(job, job_id, attempt, delivery.queue)
         try:
-            value = await self._run_handler(job, payload, ctx)
+            value = await self._run_handler(job, payload, ctx, task)
         except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
             took = time.monotonic() - started
             return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
@@ -263,11 +266,16 @@ class HandlerRuns:
         if self._owed is not None:
             await self._owed.close()
 
-    async def _run_handler(self, job: JobDef, payload: Any, ctx: JobContext) -> Any:
-        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout; its return value."""
+    async def _run_handler(
+        self, job: JobDef, payload: Any, ctx: JobContext, task: asyncio.Task[Any] | None = None
+    ) -> Any:
+        """Run the handler once, or with ``immediate_retries`` via tenacity, within its timeout; its return value.
+
+        ``task``: the current task, when the caller has it (its timeout cancels it).
+        """
         timeout = self._timeouts.get(job.name, job.timeout)
         if job.retry.immediate_retries == 0:
-            return await self._run_once(job, payload, ctx, timeout)
+            return await self._run_once(job, payload, ctx, timeout, task)
 
         def transient(exc: BaseException) -> bool:
             return classify(job.retry.permanent, exc) in ("error", "timeout")
@@ -279,16 +287,18 @@ class HandlerRuns:
             reraise=True,
         ):
             with attempt:
-                value = await self._run_once(job, payload, ctx, timeout)
+                value = await self._run_once(job, payload, ctx, timeout, task)
         return value
 
-    async def _run_once(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
+    async def _run_once(
+        self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None, task: asyncio.Task[Any] | None = None
+    ) -> Any:
         if not job.is_async:
             return await self._run_in_thread(job, payload, ctx, limit)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
-        deadline = self._deadlines.start(limit) if limit is not None else None
+        deadline = self._deadlines.start(limit, task) if limit is not None else None
         try:
             value = await job.handler(payload, ctx)
         except BaseException as exc:

@@ -256,7 +256,7 @@ class Worker(WorkerStop):
             inflight.add(task)
             self._held += 1
             try:
-                await self._handle(layout, delivery, hand_back=hand_back, rated=rated)
+                await self._handle(layout, delivery, hand_back=hand_back, rated=rated, task=task)
             finally:
                 inflight.discard(task)
                 self._held -= 1

@@ -8,7 +8,7 @@ import pytest
 
 from amqpjobs.jobs.crash import STARTS, Screening, screen
 from amqpjobs.jobs.isolation import IsolationGate
-from amqpjobs.jobs.outcome import Ack, HandBack, Register
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Quarantine, Register, RetryLater
 from amqpjobs.runtime.worker import Outcome
 from amqpjobs.runtime.worker_config import default_timeout
 
@@ -98,3 +98,10 @@ def test_outcome_kinds() -> None:
     assert kind(Register(2)) == "redelivered"
     assert kind(HandBack()) == "handed_back"
     assert kind(Register(2), acked=False) == "abandoned"
+    assert kind(RetryLater(2, 0, 1.0)) == "retried"
+    assert kind(RetryLater(1, 0, 1.0, wait=True)) == "deferred"
+    assert kind(Duplicate()) == "duplicate"
+    assert kind(Quarantine("exhausted")) == "quarantined"
+    assert kind(Quarantine("exhausted"), acked=False) == "abandoned"
+    rejected = Outcome(Quarantine("x-death:rejected"), "j", "id", 1, 0.0, False, rejected=True)
+    assert rejected.kind == "quarantined"
