@@ -75,10 +75,10 @@ async def get_ready(
     """Do what the first enqueues would wait for, at once: the broker's alarms read, each exchange checked.
 
     ``layouts``: the job queues the app's jobs go to; the exchange each publishes to (its
-    ``x-modulus-hash`` exchange, if any) is seen to exist (:meth:`ConfirmedPublisher.known`).
+    ``x-modulus-hash`` exchange, if any) is seen to exist (:meth:`~amqpjobs.wire.exchange_checks.ExchangeChecks.known`).
     Raises nothing: a missing exchange or an alarm is each enqueue's error, as before.
     """
     if not isinstance(publisher, ConfirmedPublisher):  # a double's: nothing to get ready
         return
     exchanges = {layout.shards_exchange or layout.exchange for layout in layouts}
-    await asyncio.gather(gate.read_ahead(connection), *(publisher.known(exchange) for exchange in exchanges))
+    await asyncio.gather(gate.read_ahead(connection), *(publisher.exchanges.known(name) for name in exchanges))

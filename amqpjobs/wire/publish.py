@@ -29,10 +29,8 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.topology.versions import modulus_hash_refusal
-from amqpjobs.wire.browse import exchange_exists
-from amqpjobs.wire.connection import broker_info
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
+from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
     ENCODING_ERRORS,
     amqp_properties,
@@ -86,8 +84,8 @@ class ConfirmedPublisher:
             For exchanges that may be missing: a publish to a missing exchange makes the
             broker close the channel (404), cutting off the publishes in flight beside it
             (each then ends uncertain). The first publish to each exchange is checked first
-            (:meth:`_check_exchange`) and no frame is queued after the channel's close (see
-            :func:`heard_close`: the broker would close the whole connection, ``504
+            (:class:`~amqpjobs.wire.exchange_checks.ExchangeChecks`) and no frame is queued after
+            the channel's close (see :func:`heard_close`: the broker would close the whole connection, ``504
             CHANNEL_ERROR``), so only an exchange deleted after its check can cut off others.
         is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
             exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
@@ -108,7 +106,6 @@ class ConfirmedPublisher:
         is_modulus_exchange: Callable[[str], bool] | None = None,
         header_reserve: int = 0,
     ) -> None:
-        self._is_modulus_exchange = is_modulus_exchange
         self._header_reserve = header_reserve
         self._on_confirm = on_confirm
         self._one_at_a_time = asyncio.Lock() if serial else None
@@ -119,19 +116,8 @@ class ConfirmedPublisher:
         self._lock = asyncio.Lock()
         #: Publishes that found the connection's write queue full wait here, in turn (see :meth:`_writable`).
         self._room = asyncio.Lock()
-        #: Exchanges seen to exist (a passive declare, or a confirm): a publish to another is checked first.
-        self._known: set[str] = {""}
-        self._checks: dict[str, asyncio.Future[bool]] = {}
-
-    def _missing_exchange(self, exchange: str) -> str:
-        """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
-        text = f"exchange {exchange!r} does not exist"
-        if self._is_modulus_exchange is not None and self._is_modulus_exchange(exchange):
-            with contextlib.suppress(BrokerUnavailableError):
-                refusal = modulus_hash_refusal(broker_info(self._connection).version)
-                if refusal is not None:  # topology apply refuses modulus-hash here: "apply" would be a dead end
-                    return f"{text}: {refusal[0]}; {refusal[1]}"
-        return f"{text}: apply the topology (amqpjobs topology apply)"
+        #: Exchanges seen to exist: a publish to another is checked first.
+        self.exchanges = ExchangeChecks(connection, is_modulus_exchange)
 
     async def _discard_channel(self, channel: AbstractChannel | None = None) -> None:
         """Close and forget a channel the broker closed (a 404): stops aio-pika reopening it beside a new one.
@@ -210,38 +196,6 @@ class ConfirmedPublisher:
         except LIBRARY_ERRORS as exc:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
 
-    async def known(self, exchange: str) -> bool:
-        """Whether ``exchange`` exists, checked now unless seen (:meth:`_check_exchange`); False if it could not be."""
-        if exchange not in self._known:
-            with contextlib.suppress(UnroutableError):
-                await self._check_exchange(exchange)
-        return exchange in self._known
-
-    async def _check_exchange(self, exchange: str) -> None:
-        """Check that ``exchange`` exists before a first publish to it on the shared channel.
-
-        A publish to a missing exchange makes the broker close the channel (404), and every
-        publish in flight on it is cut off (not confirmed: it may or may not be stored). A
-        passive declare on a throwaway channel of its own costs that channel only: once per
-        exchange seen to exist (concurrent publishes wait for one check), at every publish to
-        one that is missing. An exchange deleted after its check still costs the shared channel
-        once (:meth:`_closed_under` forgets it, so the next publish to it is checked again).
-
-        Raises:
-            UnroutableError: it does not exist (nothing sent).
-        """
-        check = self._checks.get(exchange)
-        if check is None:
-            check = self._checks[exchange] = asyncio.ensure_future(exchange_exists(self._connection, exchange))
-            check.add_done_callback(lambda _: self._checks.pop(exchange, None))
-        try:
-            exists = await asyncio.shield(check)  # a waiter's cancellation leaves the check to the others
-        except Exception:  # not connected, or a name the client refuses: the publish itself says so
-            return
-        if not exists:
-            raise UnroutableError(self._missing_exchange(exchange))
-        self._known.add(exchange)
-
     async def _writable(
         self, exchange: str, routing_key: str, started: float
     ) -> tuple[AbstractChannel, aiormq.Channel]:
@@ -249,7 +203,9 @@ class ConfirmedPublisher:
 
         The caller queues its publish with no ``await`` in between: aiormq's ``basic_publish``
         writes without suspending while the write queue has room (the channel's lock is held only
-        across a put). A channel the broker closed is replaced. Publishes that find the queue full
+        across a put). A channel the broker closed is replaced; an exchange not seen to exist, or
+        named missing by a 404 meanwhile, is checked first (so only the publishes queued before the
+        broker's 404 was heard are cut off by it, once). Publishes that find the queue full
         wait in turn (:attr:`_room`, FIFO): the first wakes when the writer emptied it
         (``Queue.join``) or :data:`_ROOM_RECHECK` later; the others sleep behind it.
 
@@ -258,6 +214,7 @@ class ConfirmedPublisher:
                 stayed full for ``timeout`` seconds (nothing sent).
         """
         in_line = False
+        checks = 0  # of the exchange, by this publish (one that could not be made lets it go: it says why)
         try:
             while True:
                 channel = self._channel
@@ -271,7 +228,14 @@ class ConfirmedPublisher:
                     raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
                 write_queue = underlay.connection.write_queue
                 if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
+                    self.exchanges.forget_missing(getattr(underlay, "_close_exception", None))
                     await self._discard_channel(channel)
+                elif not self.exchanges.seen(exchange) and checks < 2:  # first publish to it, or a 404 named it since
+                    if in_line:  # no room taken while the check's round trip runs
+                        self._room.release()
+                        in_line = False
+                    checks += 1
+                    await self.exchanges.check(exchange)
                 elif not write_queue.full() and (in_line or not self._room.locked()):
                     return channel, underlay  # (the room lock is released below, without a step in between)
                 elif time.monotonic() - started > self._timeout:
@@ -294,8 +258,6 @@ class ConfirmedPublisher:
         check_body(message, self.max_message_size)
         properties = amqp_properties(message)
         sent = time.monotonic()
-        if exchange not in self._known:  # the first publish to it: a 404 would cut off every publish beside it
-            await self._check_exchange(exchange)
         channel, underlay = await self._writable(exchange, routing_key, sent)
         try:
             with broker_errors():
@@ -357,9 +319,9 @@ class ConfirmedPublisher:
             # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
             await self._discard_channel(channel)
         kind = error_kind(reason)
+        self.exchanges.forget_missing(reason)
         if kind is NotFoundError and f"no exchange '{exchange}' in vhost" in text:  # this one's: nothing stored
-            self._known.discard(exchange)
-            raise UnroutableError(self._missing_exchange(exchange)) from reason
+            raise UnroutableError(self.exchanges.missing(exchange)) from reason
         if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
             await self._over_max_size(channel, message, text, reason)
         raise PublishError(uncertain(

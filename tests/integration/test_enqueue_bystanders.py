@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,48 @@ async def test_a_missing_exchange_cuts_off_the_enqueues_beside_it_without_false_
     stored = Counter(str(m.message_id) for m in await drain(broker, "work"))
     assert stored.pop("after") == 1
     judged(good, stored)
+
+
+async def test_an_exchange_deleted_after_its_check_costs_the_channel_once_in_a_big_gather(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """3,000 enqueues gathered, every third to an exchange deleted after its check: one channel close, not one per wave.
+
+    The publishes to it queued before the broker's 404 was heard are cut off with those beside
+    them (once); each one after is checked again (a passive declare on a channel of its own) and
+    refused, so the shared channel is reopened once. Before, each that had passed its check
+    before the 404 went out on the reopened channel and closed it again: 1,766 of 2,000 good
+    enqueues ended uncertain (a fresh-user review).
+    """
+    app = await make(broker, tmp_path, "wave")
+    await app.connect()
+    assert app._connection is not None
+    opened: list[int] = []
+    channel = app._connection.channel
+
+    def counting_channel(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("publisher_confirms"):  # the shared publishing channel (a check's own has no confirms)
+            opened.append(1)
+        return channel(*args, **kwargs)
+
+    try:
+        await app.enqueue("good", {}, job_id="first")
+        await app.enqueue("bad", {}, job_id="seen")
+        await asyncio.to_thread(lose_jobs2, broker)
+        app._connection.channel = counting_channel  # type: ignore[method-assign]
+        ids = [f"{'b' if i % 3 == 0 else 'g'}-{i}" for i in range(3000)]
+        results = await asyncio.gather(
+            *(app.enqueue("bad" if i.startswith("b") else "good", {}, job_id=i) for i in ids), return_exceptions=True
+        )
+    finally:
+        await app.close()
+    bad = [r for i, r in zip(ids, results, strict=True) if i.startswith("b")]
+    assert all(isinstance(r, UnroutableError) and "exchange 'jobs2' does not exist" in str(r) for r in bad), bad[:3]
+    good = {i: (r if isinstance(r, BaseException) else None) for i, r in zip(ids, results, strict=True) if i[0] == "g"}
+    stored = Counter(str(m.message_id) for m in await drain(broker, "work"))
+    assert stored.pop("first") == 1
+    judged(good, stored)
+    assert len(opened) <= 1, f"the shared channel was reopened {len(opened)} times"
 
 
 async def test_threads_on_one_sync_publisher_with_a_missing_exchange_keep_its_connection(

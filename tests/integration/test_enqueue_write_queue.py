@@ -74,14 +74,14 @@ async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
     enqueue made meanwhile waited behind it: the worst latencies of bench/ section 5.
     """
     from amqpjobs.runtime import backpressure
-    from amqpjobs.wire import publish
+    from amqpjobs.wire import exchange_checks
 
     path = tmp_path / "t.toml"
     path.write_text(TOPOLOGY + '\n[[exchange]]\nname = "jobs2"\n\n[[job_queue]]\nname = "other"\nexchange = "jobs2"\n')
     await apply_topology(path, broker)
     checked: list[str] = []
     reads: list[str] = []
-    exchange_exists = publish.exchange_exists  # type: ignore[attr-defined]
+    exchange_exists = exchange_checks.exchange_exists  # type: ignore[attr-defined]
     read = backpressure.EnqueueGate._read
 
     async def counting_exists(connection: Any, name: str) -> bool:
@@ -92,7 +92,7 @@ async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
         reads.append(question.__name__)
         return await read(self, question, otherwise)
 
-    monkeypatch.setattr(publish, "exchange_exists", counting_exists)
+    monkeypatch.setattr(exchange_checks, "exchange_exists", counting_exists)
     monkeypatch.setattr(backpressure.EnqueueGate, "_read", counting_read)
     app = App("ready", topology=load_topology(path).topology, url=broker.url)
     app.job("one", queue="work")(lambda p, c: None)
