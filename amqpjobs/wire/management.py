@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
-from amqpjobs.printable import shell_quote
+from amqpjobs.printable import printable, shell_quote
 from amqpjobs.topology.plan import ObjectState, binding_name
 from amqpjobs.wire.cluster import connected_node, process_order
 from amqpjobs.wire.rotation import attempt_timeout
@@ -164,7 +164,8 @@ class ManagementClient:
         if resp.status_code == 401:
             raise ManagementApiError(self._refused(resp), 401)
         if resp.status_code >= 400 and resp.status_code not in answers:
-            raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {resp.text[:500]}", resp.status_code)
+            answer = printable(resp.text[:500])  # its text reaches log lines: no control characters
+            raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {answer}", resp.status_code)
         if not resp.content:
             return None
         return resp.json()
