@@ -223,9 +223,11 @@ class App(CronSchedules, JobResults):
 
     def _layouts_of_jobs(self) -> list[JobQueueLayout]:
         """The job queues of the app's jobs that its topology declares (the others' enqueues say what is wrong)."""
-        with suppress(ConfigurationError):
-            return [self.layout_of(jobdef) for jobdef in self]
-        return []  # a job names an undeclared queue: no warm-up (its enqueue says what is wrong)
+        layouts = []
+        for jobdef in self:
+            with suppress(ConfigurationError):  # a job naming an undeclared queue: its enqueue says so
+                layouts.append(self.layout_of(jobdef))
+        return layouts
 
     def _is_modulus_exchange(self, exchange: str) -> bool:
         """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""

@@ -72,7 +72,7 @@ async def send(
 async def get_ready(
     publisher: Publisher, gate: EnqueueGate, connection: Connection, layouts: Iterable[JobQueueLayout]
 ) -> None:
-    """Do what the first enqueues would wait for, at once: the broker's alarms read, each exchange checked.
+    """Do what the first enqueues would wait for, at once: alarms read, publishing channel open, exchanges checked.
 
     ``layouts``: the job queues the app's jobs go to; the exchange each publishes to (its
     ``x-modulus-hash`` exchange, if any) is seen to exist (:meth:`~amqpjobs.wire.exchange_checks.ExchangeChecks.known`).
@@ -81,4 +81,6 @@ async def get_ready(
     if not isinstance(publisher, ConfirmedPublisher):  # a double's: nothing to get ready
         return
     exchanges = {layout.shards_exchange or layout.exchange for layout in layouts}
-    await asyncio.gather(gate.read_ahead(connection), *(publisher.exchanges.known(name) for name in exchanges))
+    await asyncio.gather(
+        gate.read_ahead(connection), publisher.ready(), *(publisher.exchanges.known(name) for name in exchanges)
+    )

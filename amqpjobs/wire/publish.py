@@ -170,6 +170,11 @@ class ConfirmedPublisher:
         else:
             await self._publish(exchange, routing_key, message)
 
+    async def ready(self) -> None:
+        """Open the publishing channel now, else the first publish does (raises nothing: that publish says why not)."""
+        with contextlib.suppress(BrokerError, BrokerUnavailableError):
+            await self._open_channel("", "")
+
     async def check(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         """Refuse ``message`` as :meth:`publish` would for its size, sending nothing (a dry run, or to skip it).
 

@@ -20,6 +20,7 @@ import pytest
 from amqpjobs import App
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import drain
 
@@ -68,7 +69,7 @@ async def test_gathered_enqueues_wait_for_room_in_turn_not_by_polling(broker: Br
 async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
     broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``App.connect()`` checks the jobs' exchanges and reads the alarms; the first enqueues then wait for neither.
+    """``App.connect()`` opens the channel, checks the exchanges, reads the alarms: the first enqueues wait for none.
 
     Before, the first enqueue after ``connect()`` waited for both (about 30 ms here), and every
     enqueue made meanwhile waited behind it: the worst latencies of bench/ section 5.
@@ -98,10 +99,15 @@ async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
     app.job("one", queue="work")(lambda p, c: None)
     app.job("two", queue="other")(lambda p, c: None)
     app.job("three", queue="work")(lambda p, c: None)
+    app.job("ghost", queue="undeclared")(lambda p, c: None)  # its enqueues fail; the others' exchanges are checked
     try:
         await app.connect()
         assert sorted(checked) == ["jobs", "jobs2"]
         assert reads == ["_management_alarms"]
+        publisher = app._publisher
+        assert isinstance(publisher, ConfirmedPublisher)
+        assert publisher._channel is not None  # the publishing channel is open
+        assert not publisher._channel.is_closed
         await asyncio.gather(app.enqueue("one", {}, job_id="a"), app.enqueue("two", {}, job_id="b"))
         assert sorted(checked) == ["jobs", "jobs2"]  # nothing more checked
         assert reads == ["_management_alarms"]  # nor read
