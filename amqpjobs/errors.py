@@ -18,7 +18,7 @@ The tree::
     │   │   └── QueueFullError        the work queue is over its max_depth / max_age / max_length (not sent)
     │   ├── BrokerBlockedError       a resource alarm blocks publishing (memory, disk); not sent
     │   └── MessageTooLargeError     bigger than max_message_size, or headers over frame_max
-    ├── PublisherClosedError        a SyncPublisher used after its close (its with block): nothing sent
+    ├── PublisherClosedError        a SyncPublisher used after its close, or App.close() under an enqueue: not sent
     ├── TopologyError
     │   ├── TopologyValidationError  topology files are invalid (carries each problem)
     │   └── TopologyConflictError    live broker objects differ from the desired ones
@@ -188,6 +188,10 @@ class PublisherClosedError(AmqpJobsError):
 
     Its connection and event loop thread are gone; nothing was sent. Keep the calls inside
     the ``with app.sync_publisher() as publisher:`` block, or make another publisher.
+
+    Also raised by ``App.enqueue`` (and a ``ConfirmedPublisher``'s publish) that ``App.close()``
+    cut off before the message was sent: nothing was sent. One cut off after it was sent raises
+    :class:`PublishError` (it may or may not be stored).
     """
 
 

@@ -212,7 +212,7 @@ class App(CronSchedules, JobResults):
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
-                    header_reserve=WORKER_HEADROOM,  # a job it takes can always get its copies out
+                    header_reserve=WORKER_HEADROOM, owner="the app",  # room for a worker's copies' headers
                 )  # fmt: skip
                 await get_ready(self._publisher, self._gate, self._connection, self._layouts_of_jobs())
 
@@ -289,27 +289,26 @@ class App(CronSchedules, JobResults):
     async def close(self) -> None:
         """Write the pending ``queued`` records, then close the publishing connection and the stores' connections.
 
-        A connection made on an event loop that has ended is dropped, not closed (README "Enqueueing").
+        A connect under way (an enqueue's) ends first and what it opened is closed. An enqueue cut off
+        raises ``PublisherClosedError`` (not sent) or ``PublishError`` (sent, not confirmed). A connection
+        made on an event loop that has ended is dropped, not closed (README "Enqueueing").
 
         Raises:
             ConfigurationError: the connection lives on another thread's loop, still running.
         """
         loop_binding.forget_an_ended_loop(self)
-        await self.flush_queued()
-        if self.ledger is not None:
-            await self.ledger.close()
-        if self.results is not None:
-            await self.results.close()
-        if self.payload_store is not None:
-            await self.payload_store.close()
-        if self._publisher is not None:
-            await self._publisher.close()
-        if self._connection is not None:
-            await self._connection.close()
-        if self._gate is not None:
-            await self._gate.aclose()
-        self._connection = self._gate = self._connected_on = None
-        self._publisher = None
+        async with self._connect_lock or nullcontext():
+            await self.flush_queued()
+            for store in (self.ledger, self.results, self.payload_store):
+                if store is not None:
+                    await store.close()
+            if self._publisher is not None:
+                await self._publisher.close()
+            if self._connection is not None:
+                await self._connection.close()
+            if self._gate is not None:
+                await self._gate.aclose()
+            self._connection = self._gate = self._connected_on = self._publisher = None
 
     async def enqueue(
         self,
@@ -357,7 +356,8 @@ class App(CronSchedules, JobResults):
             ``MessageTooLargeError``, a payload stored for it is deleted before raising; after
             ``PublishError``, where the broker may have it, the payload is kept.)
             PublishError: the outcome is unknown: no confirm came, or the channel or connection closed
-                under the publish (the message names the job: it may or may not be stored).
+                under the publish, :meth:`close` too (the message names the job: it may or may not be stored).
+            PublisherClosedError: :meth:`close` was called before it was sent (nothing sent).
             BrokerUnavailableError: the broker can't be reached (nothing sent).
 
         """

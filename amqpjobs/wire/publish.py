@@ -24,6 +24,7 @@ from amqpjobs.errors import (
     MessageTooLargeError,
     NotFoundError,
     PreconditionFailedError,
+    PublisherClosedError,
     PublishError,
     PublishNackedError,
     UnroutableError,
@@ -94,6 +95,7 @@ class ConfirmedPublisher:
         header_reserve: Bytes of the connection's ``frame_max`` a message's properties must
             leave free (an app's enqueue: room for the headers a worker adds to its copies);
             see :func:`check_header_fits`. Default 0.
+        owner: Who closes it, named when :meth:`close` cuts off a publish (default ``"the publisher"``).
     """
 
     def __init__(
@@ -105,7 +107,10 @@ class ConfirmedPublisher:
         serial: bool = False,
         is_modulus_exchange: Callable[[str], bool] | None = None,
         header_reserve: int = 0,
+        owner: str = "the publisher",
     ) -> None:
+        self._owner = owner
+        self._closed = False  # close() was called: no channel opens again, publishes cut off say so
         self._header_reserve = header_reserve
         self._on_confirm = on_confirm
         self._one_at_a_time = asyncio.Lock() if serial else None
@@ -139,7 +144,12 @@ class ConfirmedPublisher:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self._discard_channel()
+                if self._closed:
+                    raise PublisherClosedError(f"{self._owner} was closed")
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+                if self._closed:  # closed while the channel opened: it is closed too
+                    await self._discard_channel()
+                    raise PublisherClosedError(f"{self._owner} was closed")
             return self._channel
 
     async def publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
@@ -162,13 +172,33 @@ class ConfirmedPublisher:
                 has no field type for (nothing sent; :func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerUnavailableError, BrokerError: no channel to publish on, or the connection's write
                 queue stayed full for ``timeout`` (nothing sent).
+            PublisherClosedError: :meth:`close` was called before it was sent (nothing sent); after,
+                a :class:`PublishError` saying it may or may not be stored.
 
         """
-        if self._one_at_a_time is not None:
-            async with self._one_at_a_time:
+        try:
+            if self._one_at_a_time is not None:
+                async with self._one_at_a_time:
+                    await self._publish(exchange, routing_key, message)
+            else:
                 await self._publish(exchange, routing_key, message)
-        else:
-            await self._publish(exchange, routing_key, message)
+        except PublishError:  # sent, or refused: its own words
+            raise
+        except BaseException as exc:
+            if not self._cut_off(exc):
+                raise
+            raise PublisherClosedError(
+                f"{self._owner} was closed under the publish to {exchange!r} / {routing_key!r}: not sent"
+            ) from exc
+
+    def _cut_off(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is what :meth:`close` did to a publish under way (the caller's own cancel is not)."""
+        if not self._closed:
+            return False
+        if isinstance(exc, asyncio.CancelledError):  # a future aio-pika cancelled at the close, not the task
+            task = asyncio.current_task()
+            return task is None or task.cancelling() == 0
+        return type(exc) is Exception or isinstance(exc, (RuntimeError, BrokerError, PublisherClosedError, *_CLOSED))
 
     async def ready(self) -> None:
         """Open the publishing channel now, else the first publish does (raises nothing: that publish says why not)."""
@@ -232,7 +262,9 @@ class ConfirmedPublisher:
                     await self._discard_channel(channel)
                     raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
                 write_queue = underlay.connection.write_queue
-                if heard_close(underlay):  # the broker closed it (another publish's 404): a new one
+                if self._closed:
+                    raise PublisherClosedError(f"{self._owner} was closed")
+                elif heard_close(underlay):  # the broker closed it (another publish's 404): a new one
                     self.exchanges.forget_missing(getattr(underlay, "_close_exception", None))
                     await self._discard_channel(channel)
                 elif not self.exchanges.seen(exchange) and checks < 2:  # first publish to it, or a 404 named it since
@@ -285,6 +317,10 @@ class ConfirmedPublisher:
                 f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
                 "(queue full with overflow reject-publish, or a broker-side failure)"
             ) from exc.__cause__
+        except asyncio.CancelledError as exc:  # the confirm's future, cancelled when close() closed the connection
+            if not self._cut_off(exc):
+                raise
+            await self._closed_under(channel, underlay, exchange, routing_key, message, exc)
         except TimeoutError as exc:
             raise PublishError(uncertain(
                 f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}", message
@@ -329,9 +365,10 @@ class ConfirmedPublisher:
             raise UnroutableError(self.exchanges.missing(exchange)) from reason
         if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
             await self._over_max_size(channel, message, text, reason)
-        raise PublishError(uncertain(
-            f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
-        )) from reason  # fmt: skip
+        what = f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})"
+        if self._closed:
+            what = f"{self._owner} was closed under the publish to {exchange!r} / {routing_key!r}"
+        raise PublishError(uncertain(what, message)) from reason
 
     async def _over_max_size(
         self, channel: AbstractChannel, message: OutgoingMessage, refusal: str, cause: BaseException | None
@@ -366,7 +403,12 @@ class ConfirmedPublisher:
         )) from cause  # fmt: skip
 
     async def close(self) -> None:
-        """Close the publisher's channel."""
+        """Close the publisher's channel; a publish under way or later raises :class:`PublisherClosedError` (not sent).
+
+        A publish sent but not confirmed when the channel or connection closes raises
+        :class:`PublishError` (it may or may not be stored).
+        """
+        self._closed = True
         if self._channel is not None and not self._channel.is_closed:
             await self._channel.close()
         self._channel = None

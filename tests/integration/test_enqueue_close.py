@@ -1,0 +1,142 @@
+"""``App.close()`` under enqueues in flight, on the real broker (README "Enqueueing").
+
+Every enqueue cut off by ``close()`` gets our error saying the app was closed under it:
+``PublisherClosedError`` when nothing was sent, the uncertain ``PublishError`` ("may or may
+not be stored") when it was sent but not confirmed; never a ``CancelledError`` of a task
+nobody cancelled, a bare ``Exception``, nor "it reconnects by itself". ``close()`` during a
+connect waits for it and closes what it opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import drain
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "urgent"
+exchange = "jobs"
+"""
+
+CLOSED = "the app was closed under the publish to 'jobs' / 'urgent': not sent"
+UNCERTAIN = (
+    "the app was closed under the publish to 'jobs' / 'urgent'; job {!r} (u.job) may or may not be stored "
+    "(not confirmed): enqueueing it again may store it twice; with the same job id an idempotent job runs once"
+)
+
+
+def assert_answers(results: dict[str, tuple[str, str]], stored: Counter[str | None]) -> None:
+    """Each enqueue: returned and stored once, PublisherClosedError and not stored, or the uncertain PublishError."""
+    for job_id, (kind, text) in results.items():
+        assert (kind, text) in {
+            ("ok", job_id),
+            ("PublisherClosedError", CLOSED),
+            ("PublishError", UNCERTAIN.format(job_id)),
+        }
+        assert stored[job_id] == (1 if kind == "ok" else 0 if kind == "PublisherClosedError" else stored[job_id])
+    assert max(stored.values(), default=1) == 1  # nothing stored twice
+
+
+async def make(broker: BrokerSettings, tmp_path: Path) -> App:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    app = App("closing", topology=path, url=broker.url)
+    app.job("u.job", queue="urgent")(lambda p, c: None)
+    return app
+
+
+async def outcome(app: App, job_id: str) -> tuple[str, str]:
+    """What one enqueue ended with: ("ok", id) or (error type, message); a CancelledError is noted, not raised."""
+    try:
+        return "ok", await app.enqueue("u.job", {}, job_id=job_id)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        assert task is not None
+        return "CancelledError", f"cancelling={task.cancelling()}"
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("n", [1, 10])
+async def test_close_while_enqueues_wait_for_the_channel_says_the_app_was_closed(
+    broker: BrokerSettings, tmp_path: Path, n: int
+) -> None:
+    app = await make(broker, tmp_path)
+    await app.connect()  # the publishing channel opens at the first publish
+    tasks = [asyncio.create_task(outcome(app, f"c{i}")) for i in range(n)]
+    await asyncio.sleep(0)  # every enqueue waits for the channel to open
+    await app.close()
+    results = dict(zip((f"c{i}" for i in range(n)), await asyncio.gather(*tasks), strict=True))
+    assert {kind for kind, _ in results.values()} - {"ok"}  # close() cut some off (none a CancelledError)
+    assert_answers(results, Counter(m.message_id for m in await drain(broker, "urgent")))
+    await app.close()
+
+
+async def test_close_under_a_stream_of_enqueues_leaves_each_an_answer_of_ours(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """200 enqueues, close() while some are confirmed, some sent and some not yet sent."""
+    app = await make(broker, tmp_path)
+    await app.connect()
+    await app.enqueue("u.job", {}, job_id="warm")  # the channel is open: publishes go out at once
+    tasks = [asyncio.create_task(outcome(app, f"j{i}")) for i in range(200)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await app.close()
+    results = dict(zip((f"j{i}" for i in range(200)), await asyncio.gather(*tasks), strict=True))
+    kinds = Counter(kind for kind, _ in results.values())
+    assert set(kinds) <= {"ok", "PublisherClosedError", "PublishError"}, kinds
+    assert kinds["PublisherClosedError"] + kinds["PublishError"] > 0, kinds  # close() did cut some off
+    for job_id, (kind, text) in results.items():
+        if kind == "PublisherClosedError":
+            assert text == CLOSED
+        elif kind == "PublishError":
+            assert text == UNCERTAIN.format(job_id)
+    stored = Counter(m.message_id for m in await drain(broker, "urgent"))
+    returned = {job_id for job_id, (kind, _) in results.items() if kind == "ok"} | {"warm"}
+    not_sent = {job_id for job_id, (kind, _) in results.items() if kind == "PublisherClosedError"}
+    assert returned <= set(stored)  # every job id returned is stored ...
+    assert max(stored.values()) == 1  # ... exactly once
+    assert not (not_sent & set(stored))  # "not sent" is true
+    await app.close()
+
+
+@pytest.mark.parametrize("phase", ["handshake", "get_ready"])
+async def test_close_during_the_first_enqueues_connect_closes_what_it_opened(
+    broker: BrokerSettings, tmp_path: Path, phase: str
+) -> None:
+    app = await make(broker, tmp_path)
+    task = asyncio.create_task(outcome(app, "during-connect"))
+    while app._connect_lock is None or not app._connect_lock.locked():
+        await asyncio.sleep(0)
+    if phase == "get_ready":  # connected, the exchanges and alarms being read
+        while app._connection is None:
+            await asyncio.sleep(0.001)
+    else:
+        assert app._connection is None  # the AMQP handshake is under way
+    await app.close()
+    assert app._connection is None
+    answer = await task
+    assert answer[0] != "ok"  # cut off by close()
+    assert app._connection is None  # the enqueue did not connect again
+    assert_answers({"during-connect": answer}, Counter(m.message_id for m in await drain(broker, "urgent")))
+    await asyncio.sleep(6)  # the management API's connection list lags by its stats interval (5 s)
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+    assert [c.get("user_provided_name") for c in listed] == []
