@@ -74,7 +74,7 @@ from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch, exchange_exists
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import broker_errors
-from amqpjobs.wire.publish import heard_close
+from amqpjobs.wire.publish_outcome import heard_close
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")

@@ -40,6 +40,7 @@ from amqpjobs.wire.limits import (
     check_header_fits,
     encoded_size,
 )
+from amqpjobs.wire.publish_outcome import heard_close, uncertain
 
 #: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
 _MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
@@ -48,28 +49,6 @@ _CLOSED: tuple[type[BaseException], ...] = (RuntimeError, *LIBRARY_ERRORS)
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001
-
-
-def heard_close(underlay: aiormq.Channel) -> bool:
-    """Whether aiormq closed ``underlay``, or heard the broker's close (its ``close-ok`` queued, same step).
-
-    A frame sent on a channel after its ``close-ok`` makes RabbitMQ close the whole connection
-    (``504 CHANNEL_ERROR - expected 'channel.open'``). aiormq queues the ``close-ok`` in the step
-    in which it reads the broker's close and notes the close in ``_close_exception``; a writer
-    that checks this and queues its frames in one step (no await between) goes ahead of the
-    ``close-ok`` (the broker ignores it) or not at all. ``is_closed`` alone is set a few steps later.
-    (Should a later aiormq drop that attribute, only ``is_closed`` is checked: a crossing is possible again.)
-    """
-    return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
-
-
-def uncertain(what_happened: str, message: OutgoingMessage) -> str:
-    """The words of an unconfirmed publish whose outcome is unknown: it names the job, claims no failure."""
-    job = f"job {message.message_id!r}" if message.message_id is not None else "the message"
-    if message.type:
-        job += f" ({message.type})"
-    return (f"{what_happened}; {job} may or may not be stored (not confirmed): enqueueing it again may store it "
-            "twice; with the same job id an idempotent job runs once")  # fmt: skip
 
 
 class ConfirmedPublisher:
