@@ -32,7 +32,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
-from amqpjobs.runtime.processes import close_stores
+from amqpjobs.runtime.processes import close_app
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
@@ -142,7 +142,7 @@ async def run_child(spec: ChildSpec) -> int:
         reporter.cancel()
         if server is not None:
             server.stop()
-        await close_stores(app)
+        await close_app(app)
 
 
 def _failed(exc: AmqpJobsError) -> int:

@@ -43,8 +43,8 @@ async def run_worker(
         The process exit code: 0 after a clean drain, 1 when in-flight work was abandoned.
         When a plain-function handler's thread still runs after the grace, the process ends
         (exit 1) before its connection closes, so that the thread can't finish beside its
-        redelivery: this never returns then, and the app's stores are not closed
-        (:mod:`amqpjobs.runtime.handler_threads`).
+        redelivery: this never returns then, and the app is not closed
+        (:mod:`amqpjobs.runtime.handler_threads`). Else the app is closed last (:func:`close_app`).
 
     Raises:
         ConfigurationError: the metrics port can't be bound.
@@ -65,17 +65,22 @@ async def run_worker(
     finally:
         if server is not None:
             server.stop()
-        await close_stores(app)
+        await close_app(app)
 
 
-async def close_stores(app: App) -> None:
-    """Close the app's ledger, results store and payload store (a worker's last step, on the loop that opened them)."""
-    if app.ledger is not None:
-        await app.ledger.close()
-    if app.results is not None:
-        await app.results.close()
-    if app.payload_store is not None:
-        await app.payload_store.close()
+async def close_app(app: App) -> None:
+    """A worker process's last step, once its last handler has ended: :meth:`App.close`, on the loop that opened it.
+
+    Its ``queued`` records, ledger, results and payload stores, and the publishing connection
+    with its enqueue gate's management API client that handlers' ``await app.enqueue(...)``
+    opened (else the process's exit drops that connection: ``connection ... lost`` after the
+    stop line, and an unclosed socket). A :class:`~amqpjobs.runtime.worker.Worker` awaited in
+    your own program leaves the app to you (README "Workers").
+
+    Raises:
+        ConfigurationError: the app connected on another thread's loop, still running.
+    """
+    await app.close()
 
 
 async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: SchedulerOptions) -> int:
