@@ -6,7 +6,7 @@ import asyncio
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -214,20 +214,12 @@ class App(CronSchedules, JobResults):
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM, owner="the app",  # room for a worker's copies' headers
                 )  # fmt: skip
-                await get_ready(self._publisher, self._gate, self._connection, self._layouts_of_jobs())
+                await get_ready(self._publisher, self._gate, self._connection, self.layout_of, list(self))
 
     def default_url(self, url: str) -> None:
         """Deprecated name of :meth:`set_default_url` (it sets, it does not return, the URL)."""
         warnings.warn("App.default_url() is deprecated: use App.set_default_url()", DeprecationWarning, stacklevel=2)
         self.set_default_url(url)
-
-    def _layouts_of_jobs(self) -> list[JobQueueLayout]:
-        """The job queues of the app's jobs that its topology declares (the others' enqueues say what is wrong)."""
-        layouts = []
-        for jobdef in self:
-            with suppress(ConfigurationError):  # a job naming an undeclared queue: its enqueue says so
-                layouts.append(self.layout_of(jobdef))
-        return layouts
 
     def _is_modulus_exchange(self, exchange: str) -> bool:
         """Whether ``exchange`` is the ``x-modulus-hash`` exchange of a job queue this app enqueued to."""

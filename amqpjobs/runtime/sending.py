@@ -7,12 +7,19 @@ body over the store's threshold is stored and the message carries a reference).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from typing import TYPE_CHECKING
 
-from amqpjobs.errors import MessageTooLargeError, PublishNackedError, QueueFullError, UnroutableError
+from amqpjobs.errors import (
+    ConfigurationError,
+    MessageTooLargeError,
+    PublishNackedError,
+    QueueFullError,
+    UnroutableError,
+)
 from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
@@ -70,17 +77,24 @@ async def send(
 
 
 async def get_ready(
-    publisher: Publisher, gate: EnqueueGate, connection: Connection, layouts: Iterable[JobQueueLayout]
-) -> None:
+    publisher: Publisher, gate: EnqueueGate, connection: Connection,
+    layout_of: Callable[[JobDef], JobQueueLayout], jobs: Iterable[JobDef],
+) -> None:  # fmt: skip
     """Do what the first enqueues would wait for, at once: alarms read, publishing channel open, exchanges checked.
 
-    ``layouts``: the job queues the app's jobs go to; the exchange each publishes to (its
-    ``x-modulus-hash`` exchange, if any) is seen to exist (:meth:`~amqpjobs.wire.exchange_checks.ExchangeChecks.known`).
-    Raises nothing: a missing exchange or an alarm is each enqueue's error, as before.
+    ``layout_of`` gives each of ``jobs`` its job queue (``ConfigurationError`` for an undeclared
+    one: that job is left to its enqueue, which says so); the exchange each publishes to (its
+    ``x-modulus-hash`` exchange, if any) is seen to exist
+    (:meth:`~amqpjobs.wire.exchange_checks.ExchangeChecks.known`). Raises nothing: a missing
+    exchange or an alarm is each enqueue's error, as before.
     """
     if not isinstance(publisher, ConfirmedPublisher):  # a double's: nothing to get ready
         return
-    exchanges = {layout.shards_exchange or layout.exchange for layout in layouts}
+    exchanges = set()
+    for job in jobs:
+        with suppress(ConfigurationError):
+            layout = layout_of(job)
+            exchanges.add(layout.shards_exchange or layout.exchange)
     await asyncio.gather(
         gate.read_ahead(connection), publisher.ready(), *(publisher.exchanges.known(name) for name in exchanges)
     )
