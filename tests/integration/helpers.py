@@ -16,7 +16,9 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 from click.testing import CliRunner, Result
 
+from amqpjobs import App
 from amqpjobs.cli import main
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +63,14 @@ def write_json(path: Path, doc: Any) -> Path:
 
 def binding_triples(mgmt: Any, vhost: str) -> Sequence[tuple[str, str, str]]:
     return sorted((b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(vhost) if b["source"])
+
+
+async def applied_app(settings: BrokerSettings, tmp_path: Path, topology: str, name: str) -> App:
+    """An App named ``name`` over ``topology`` (TOML text), the topology applied first in ``settings``' vhost."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(topology)
+    await apply_topology(path, settings)
+    return App(name, topology=path, url=settings.url)
 
 
 async def depth(settings: BrokerSettings, queue: str) -> int:

@@ -18,10 +18,9 @@ from urllib.parse import quote
 import pytest
 
 from amqpjobs import App
-from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import drain
+from tests.integration.helpers import applied_app, drain
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -54,10 +53,7 @@ def assert_answers(results: dict[str, tuple[str, str]], stored: Counter[str | No
 
 
 async def make(broker: BrokerSettings, tmp_path: Path) -> App:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    await apply_topology(path, broker)
-    app = App("closing", topology=path, url=broker.url)
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "closing")
     app.job("u.job", queue="urgent")(lambda p, c: None)
     return app
 

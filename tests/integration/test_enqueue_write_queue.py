@@ -17,12 +17,9 @@ from typing import Any
 
 import pytest
 
-from amqpjobs import App
-from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import drain
+from tests.integration.helpers import applied_app, drain
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -38,10 +35,7 @@ N = 2_000
 
 
 async def test_gathered_enqueues_wait_for_room_in_turn_not_by_polling(broker: BrokerSettings, tmp_path: Path) -> None:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    await apply_topology(path, broker)
-    app = App("room", topology=load_topology(path).topology, url=broker.url)
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "room")
     app.job("one", queue="work")(lambda p, c: None)
     await app.enqueue("one", {"i": -1}, job_id="warm-up")  # connection, channel and exchange check done
     loop = asyncio.get_running_loop()
@@ -77,9 +71,7 @@ async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
     from amqpjobs.runtime import backpressure
     from amqpjobs.wire import exchange_checks
 
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY + '\n[[exchange]]\nname = "jobs2"\n\n[[job_queue]]\nname = "other"\nexchange = "jobs2"\n')
-    await apply_topology(path, broker)
+    two = TOPOLOGY + '\n[[exchange]]\nname = "jobs2"\n\n[[job_queue]]\nname = "other"\nexchange = "jobs2"\n'
     checked: list[str] = []
     reads: list[str] = []
     exchange_exists = exchange_checks.exchange_exists  # type: ignore[attr-defined]
@@ -95,7 +87,7 @@ async def test_connect_leaves_nothing_for_the_first_enqueue_to_wait_for(
 
     monkeypatch.setattr(exchange_checks, "exchange_exists", counting_exists)
     monkeypatch.setattr(backpressure.EnqueueGate, "_read", counting_read)
-    app = App("ready", topology=load_topology(path).topology, url=broker.url)
+    app = await applied_app(broker, tmp_path, two, "ready")
     app.job("one", queue="work")(lambda p, c: None)
     app.job("two", queue="other")(lambda p, c: None)
     app.job("three", queue="work")(lambda p, c: None)
@@ -127,10 +119,7 @@ async def test_closing_while_the_alarms_are_read_ahead_leaves_no_socket_open(bro
     import gc
     import warnings
 
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    await apply_topology(path, broker)
-    app = App("close", topology=load_topology(path).topology, url=broker.url)
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "close")
     app.job("one", queue="work")(lambda p, c: None)
     await app.connect()  # alarms read
     await asyncio.sleep(0.6)  # older than half a second: the next enqueue reads them again in the background

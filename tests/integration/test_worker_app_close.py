@@ -22,7 +22,7 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import consume_subprocess, depth, drain, write_file
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the app's close is ours, not the broker's
 
 TOPOLOGY = """
 [[exchange]]
