@@ -225,7 +225,12 @@ async def test_a_held_delivery_whose_connection_dies_comes_back(broker: BrokerSe
             await app.enqueue("hole", {}, job_id=job_id)
         await wait_until(lambda: not worker.readiness()[0], 10, "readiness to report the hole")
         await close_connections(broker)
-        await asyncio.sleep(2.0)  # the worker reconnects; the held deliveries went back to the broker
+        # the held deliveries went back to the broker with their channel; once the worker is back they are
+        # redelivered, run again, and held again while the quarantine is still missing (how long the reconnect
+        # takes is the broker's and the load's: 0.25 s to 4 s seen, so no fixed sleep)
+        await recorder.wait_for(lambda o: [x.kind for x in o].count("abandoned") == 2, timeout=20)
+        await recorder.wait_for(lambda o: [x.kind for x in o].count("redelivered") >= 1, timeout=20)
+        await wait_until(lambda: "work.quarantine missing" in worker.readiness()[1], 20, "the hole reported again")
         assert not worker.readiness()[0]
         await reapply(broker, tmp_path)
         await recorder.wait_for(lambda o: sum(x.kind == "quarantined" for x in o) == 2, timeout=30)
