@@ -104,6 +104,11 @@ async def depth(settings: BrokerSettings, queue: str) -> int:
         return declared.declaration_result.message_count or 0
 
 
+async def depth_at_least(settings: BrokerSettings, queue: str, count: int) -> bool:
+    """Whether ``queue`` holds ``count`` ready messages or more (a predicate for :func:`wait_until_async`)."""
+    return await depth(settings, queue) >= count
+
+
 async def drain(settings: BrokerSettings, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Take every message out of ``queue`` (acking), returning them in order."""
     out = []
