@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,28 @@ from amqpjobs.wire.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topology"
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Return once ``predicate()`` is true (looked at every 50 ms); TimeoutError naming ``what`` after ``timeout`` s.
+
+    For a state that the broker, a reconnect or another process reaches in its own time: wait for it, never a
+    fixed sleep before asserting it.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """:func:`wait_until` for a predicate that must be awaited (a broker or API look; every 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
 
 
 @asynccontextmanager
@@ -78,6 +102,11 @@ async def depth(settings: BrokerSettings, queue: str) -> int:
     async with raw_channel(settings) as ch:
         declared = await ch.declare_queue(queue, passive=True)
         return declared.declaration_result.message_count or 0
+
+
+async def depth_at_least(settings: BrokerSettings, queue: str, count: int) -> bool:
+    """Whether ``queue`` holds ``count`` ready messages or more (a predicate for :func:`wait_until_async`)."""
+    return await depth(settings, queue) >= count
 
 
 async def drain(settings: BrokerSettings, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:

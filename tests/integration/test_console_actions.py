@@ -21,7 +21,7 @@ from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.console_env import BASE, CSRF, Handler, client, quarantine_six, wait_done
-from tests.integration.helpers import depth, drain
+from tests.integration.helpers import depth, depth_at_least, drain, wait_until_async
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -252,7 +252,9 @@ def test_a_replay_cut_off_by_a_deleted_quarantine_queue_names_every_job_it_moved
     with client(broker, tmp_path) as c:
         started = c.post("/actions/replay", data=form)
         assert started.status_code == 303, started.text
-        asyncio.run(asyncio.sleep(1.6))  # at 2 per second: 4 moves started, the 4th maybe not yet acked
+        # at 2 per second, once the replay is under way (its start is the load's: no fixed 1.6 s): 3 moved, the
+        # 4th maybe not yet acked
+        asyncio.run(wait_until_async(lambda: depth_at_least(broker, "work", 3), 30, "3 moves"))
         with ManagementClient(broker) as mgmt:
             mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/work.quarantine")
         progress = wait_done(c, started.headers["location"].replace(BASE, ""))

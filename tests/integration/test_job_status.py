@@ -289,12 +289,11 @@ async def test_a_running_state_past_its_lease_reads_unknown_never_a_stale_runnin
     async with running_worker(app, broker):
         job_id = await app.enqueue("slow", {})
         await asyncio.wait_for(started.wait(), 10)
-        await asyncio.sleep(0.3)
-        status = await app.job_status(job_id)
-        assert status.state == "running"
+        status = await wait_state(app, job_id, "running")  # written in the background: not a fixed 0.3 s after
         assert status.current is not None
         assert 0.9 < status.current.lease_until - status.current.at < 1.1  # the job's lease (1 s)
-        await asyncio.sleep(1.0)
+        # the lease is counted from the record's own time: just past it (not a fixed 1.0 s after the look above)
+        await asyncio.sleep(max(0.0, status.current.lease_until - time.time()) + 0.1)
         late = await app.job_status(job_id)
         assert (late.state, late.note) == ("unknown", "running, but its worker's lease passed")
         assert await app.result(job_id, timeout=10) == "late"

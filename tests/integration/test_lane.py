@@ -12,7 +12,7 @@ from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import drain, raw_channel
+from tests.integration.helpers import drain, raw_channel, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -39,12 +39,15 @@ async def test_a_lease_holds_its_prefetch_and_a_get_says_what_is_left(broker: Br
         assert taken is not None
         assert (taken.delivery.message_id, taken.remaining) == ("m-0", 9)
         await lane.lease("q", 3, hold, lambda: None)
-        await asyncio.sleep(0.3)
+        # the deliveries come in the broker's time (a loaded broker: more than the 0.3 s once slept here)
+        await wait_until(lambda: len(got) >= 3, 10, "the lease's 3 deliveries")
+        await asyncio.sleep(0.3)  # a fourth, if the prefetch let it through, would be here by now
         assert [d.message_id for d in got] == ["m-1", "m-2", "m-3"]  # the prefetch, no more
         await got[0].ack()
         await taken.delivery.ack()  # a get's tag and a lease's on one channel: acks in any order
         await lane.flush_acks()
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: len(got) >= 4, 10, "the delivery the ack made room for")
+        await asyncio.sleep(0.3)  # a fifth would be here by now
         assert [d.message_id for d in got] == ["m-1", "m-2", "m-3", "m-4"]
         for d in got[1:]:
             await d.ack()

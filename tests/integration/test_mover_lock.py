@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
 import pytest
 
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.errors import BrokerError, BusyError
+from amqpjobs.jobs import quarantine as q
 from amqpjobs.runtime.quarantine import browse, mover_lock
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, cli, depth, drain
+from tests.integration.helpers import ROOT, cli, depth, drain, raw_channel, wait_until_async
 from tests.integration.test_quarantine import cli_env, fill_quarantine
 from tests.integration.worker_env import make_app, running_worker
 
@@ -99,7 +101,19 @@ async def test_a_killed_replay_frees_the_lock(broker: BrokerSettings, tmp_path: 
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     proc.communicate()
-    await asyncio.sleep(0.3)  # the broker closes the dead connection (and with it the lock)
+
+    async def lock_gone() -> bool:
+        try:
+            async with raw_channel(broker) as channel:
+                await channel.declare_queue(q.mover_lock_queue("work.quarantine"), passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return True
+        except aiormq.exceptions.ChannelLockedResource:  # still held by the dead process's connection
+            return False
+        raise AssertionError("the lock queue is declared and not exclusive to anyone")
+
+    # the broker closes the dead connection, and with it the lock, in its own time (not a fixed 0.3 s)
+    await wait_until_async(lock_gone, 30, "the killed replay's lock to go with its connection")
     again = await asyncio.to_thread(cli, broker, "replay", "work.quarantine", "--rate", "1000")
     assert again.exit_code == 0, again.output
     assert await depth(broker, "work.quarantine") == 0

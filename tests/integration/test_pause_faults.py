@@ -22,7 +22,7 @@ from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.wire.flags import read_flags
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.helpers import cli, depth
+from tests.integration.helpers import cli, depth, wait_until
 from tests.integration.test_pause import _app_with_slow_job, _succeeded, _worker
 from tests.integration.test_rate_limits import in_process_app, most_in_one_second
 from tests.integration.worker_env import Recorder, make_app
@@ -74,8 +74,11 @@ async def _sixty_paused_then_resumed(
     await rec.wait_for(lambda _: len(_succeeded(rec)) >= 60, timeout=30)
 
 
-async def test_a_deleted_listener_queue_is_declared_again_and_the_flags_read(broker: BrokerSettings, tmp_path: Path):
+async def test_a_deleted_listener_queue_is_declared_again_and_the_flags_read(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
     app = await make_app(broker, tmp_path)
+    caplog.set_level(logging.INFO, "amqpjobs")
     starts: dict[int, list[float]] = {}
     _app_with_slow_job(app, starts, 0.1)
     worker, rec = await _worker(app, broker)
@@ -87,7 +90,10 @@ async def test_a_deleted_listener_queue_is_declared_again_and_the_flags_read(bro
         channel = await worker._connection.channel()
         await channel.queue_delete(signals.name)
         await channel.close()
-        await asyncio.sleep(1.0)  # the worker hears its consumer cancelled and listens again
+        # the worker hears its consumer cancelled (the broker's notice, in its own time), listens again and reads
+        # the flags: wait for that, or the pause below could come before it and prove nothing about the new queue
+        await wait_until(lambda: "pause flags read again" in caplog.text, 15, "the flags read after listening again")
+        assert f"the queue for pause signals {signals.name} was deleted; declared it again" in caplog.text
         await _sixty_paused_then_resumed(app, broker, starts, rec)
     finally:
         await worker.shutdown()

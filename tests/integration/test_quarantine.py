@@ -23,7 +23,7 @@ from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, raw_channel
+from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, depth_at_least, raw_channel, wait_until_async
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -98,7 +98,13 @@ async def test_replay_killed_halfway_loses_nothing(broker: BrokerSettings, tmp_p
         await asyncio.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    await asyncio.sleep(0.5)  # the broker requeues what the dead connection held
+
+    async def all_back() -> bool:
+        return await depth(broker, "work.quarantine") + await depth(broker, "work") >= 2000
+
+    # the broker requeues what the dead connection held once it has seen it close (its time, not a fixed 0.5 s);
+    # never back in full: lost messages, and the wait fails
+    await wait_until_async(all_back, 30, "all 2000 back in work or work.quarantine")
     in_quarantine = await depth(broker, "work.quarantine")
     in_work = await depth(broker, "work")
     assert 600 <= in_work < 2000
@@ -158,9 +164,11 @@ async def test_replayed_job_failing_again_carries_both_failures_and_stop_after_f
         raise KeyError("still broken")
 
     await fill_quarantine(broker, 40)
-    async with running_worker(app, broker) as _:
+    async with running_worker(app, broker) as (_, rec):
         report = await replay(broker, "work.quarantine", ReplayOptions(rate=20, stop_after_failures=5))
-        await asyncio.sleep(0.5)
+        # the replayed jobs still in work run in the worker's time: each one's outcome, then a window for more
+        await rec.wait_for(lambda o: len(o) >= report.replayed, timeout=30)
+        await asyncio.sleep(0.5)  # a run beyond the replayed ones would come by now
     assert report.stopped_early
     assert report.returned >= 5
     assert 5 <= report.replayed < 40
@@ -193,7 +201,8 @@ async def test_broker_side_dead_letters_are_listed_and_replayable(broker: Broker
         assert msg is not None
         assert msg.message_id == "rej-1"
         await msg.reject(requeue=False)
-    await asyncio.sleep(0.2)
+    # the dead-letter hop is the broker's, in its own time (not a fixed 0.2 s)
+    await wait_until_async(lambda: depth_at_least(broker, "work.quarantine", 2), 10, "both dead letters")
     result = await asyncio.to_thread(cli, broker, "quarantine", "list", "work")
     assert result.exit_code == 0, result.output
     assert "work.quarantine: 2 message(s)" in result.stdout
@@ -232,7 +241,7 @@ async def test_a_dead_letter_is_shown_with_its_last_death_not_its_first(broker: 
         assert msg is not None
         assert msg.headers["x-first-death-queue"] == "work.retry.200ms"
         await msg.reject(requeue=False)  # rejected by another consumer of work: into work.quarantine
-    await asyncio.sleep(0.2)
+    await wait_until_async(lambda: depth_at_least(broker, "work.quarantine", 1), 10, "the dead letter")
     _, items = await browse(broker, "work.quarantine")
     assert [(m.item.reason, m.item.original_queue) for m in items] == [("x-death:rejected", "work")]
     deaths = items[0].delivery.headers["x-death"]

@@ -542,7 +542,13 @@ async def test_a_killed_worker_leaves_few_waiting_deliveries_redelivered(broker:
         with rate_workers(broker, tmp_path, "--concurrency", "8", RATEAPP_RATE="1/h") as proc:
             await wait_for(lambda: _consumed(broker, ROOMS.waiting), 30, "the worker consuming the waiting room")
             await enqueue_all(app, [("limited", {})] * 10)
-            await asyncio.sleep(2.0)  # moved into the waiting room, and the worker took what it takes
+
+            async def moved() -> bool:  # all moved into the waiting room, and the worker took what it takes
+                return (
+                    await depth(broker, "work") == 0 and await depth(broker, ROOMS.waiting) == 10 - WAITING_PER_PROCESS
+                )
+
+            await wait_for(moved, 30, "the 10 moved into the waiting room, 2 of them held by the worker")
             proc.kill()
             proc.wait(10)
         back = await drain(broker, ROOMS.waiting)
@@ -609,7 +615,11 @@ async def test_a_stop_of_2_processes_hands_each_waiting_delivery_back_once_per_c
 
             await wait_for(ready, 60, "2 worker processes consuming the work queue and the waiting room")
             await enqueue_all(app, [("limited", {})] * 12)
-            await asyncio.sleep(2.0)  # moved into the waiting room; each child holds 2 waiting
+
+            async def moved() -> bool:  # moved into the waiting room; each child holds 2 waiting
+                return await depth(broker, "work") == 0 and await depth(broker, ROOMS.waiting) == 12 - 2 * 2
+
+            await wait_for(moved, 30, "the 12 moved into the waiting room, 2 held by each child")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
         out = (tmp_path / "worker.log").read_text()

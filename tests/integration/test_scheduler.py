@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,7 +32,7 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, tick_records
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, raw_channel
+from tests.integration.helpers import ROOT, depth, raw_channel, wait_until, wait_until_async
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -107,22 +107,6 @@ def covered(fired: list[Fired]) -> list[datetime]:
 
 def seconds_from(first: datetime, count: int) -> list[datetime]:
     return [first + i * SECOND for i in range(count)]
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def wait_until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def jobs_in(broker: BrokerSettings, count: int) -> bool:

@@ -21,8 +21,8 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.runtime.scheduler import tick_records
 from amqpjobs.wire import ticks
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import raw_channel
-from tests.integration.test_scheduler import covered, drain, seconds_from, stopped_ago, wait_until
+from tests.integration.helpers import raw_channel, wait_until
+from tests.integration.test_scheduler import covered, drain, seconds_from, stopped_ago
 from tests.integration.worker_env import make_app
 
 pytestmark = pytest.mark.broker

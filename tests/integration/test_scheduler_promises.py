@@ -24,8 +24,8 @@ from amqpjobs.jobs import cron
 from amqpjobs.runtime.ledger import Claim
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, raw_channel
-from tests.integration.test_scheduler import covered, drain, jobs_in, seconds_from, wait_until, wait_until_async
+from tests.integration.helpers import ROOT, raw_channel, wait_until, wait_until_async
+from tests.integration.test_scheduler import covered, drain, jobs_in, seconds_from
 from tests.integration.worker_env import APPLIED_TOPOLOGY, FAST_TOPOLOGY, make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]

@@ -25,8 +25,8 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, SchedulerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import raw_channel
-from tests.integration.test_scheduler import Fired, drain, fired_ticks, seconds_from, wait_until
+from tests.integration.helpers import raw_channel, wait_until
+from tests.integration.test_scheduler import Fired, drain, fired_ticks, seconds_from
 
 pytestmark = pytest.mark.broker
 SEC = timedelta(seconds=1)

@@ -22,7 +22,7 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.helpers import cli, depth, depth_at_least, raw_channel, wait_until_async
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -85,7 +85,8 @@ async def test_quorum_job_queue_never_drops_a_job_after_20_redeliveries(broker: 
             await msg.reject(requeue=True)  # charged on every version (4.3 no longer charges a nack)
             if deliveries == 21:
                 assert await depth(broker, "money") == 1, "still there after 20 redeliveries (4.x's default limit)"
-        await asyncio.sleep(0.5)
+        # the dead-letter hop is the broker's, in its own time (not a fixed 0.5 s); never: dropped, and the wait fails
+        await wait_until_async(lambda: depth_at_least(broker, "money.quarantine", 1), 10, "the dead letter")
         quarantine = await ch.get_queue("money.quarantine", ensure=False)
         dead = await quarantine.get(timeout=5, fail=False)
         assert dead is not None, "dead-lettered into quarantine, not dropped"

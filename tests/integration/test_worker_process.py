@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from amqpjobs import App
+from amqpjobs import App, SqliteResults
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import ROOT, cli_subprocess, consume_subprocess, depth, write_file
+from tests.integration.helpers import ROOT, cli_subprocess, consume_subprocess, depth, wait_until_async, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
 
 pytestmark = pytest.mark.broker
@@ -129,6 +130,13 @@ async def test_kill_9_after_the_handler_yielded_returns_the_unacked_job_and_it_c
     assert await depth(broker, "work") == 0
 
 
+async def _has_state(results: SqliteResults, job_id: str, state: str) -> bool:
+    try:
+        return state in [r.state for r in await results.history(job_id)]
+    except sqlite3.OperationalError:  # the worker is creating the store or writing to it
+        return False
+
+
 @pytest.mark.version_independent
 async def test_after_a_kill_9_job_show_words_the_run_from_its_record_not_as_held(
     broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -136,13 +144,16 @@ async def test_after_a_kill_9_job_show_words_the_run_from_its_record_not_as_held
     monkeypatch.setenv("PROCAPP_RESULTS", str(tmp_path / "results.db"))
     app = await publisher(broker, tmp_path)
     record = tmp_path / "record.txt"
+    results = SqliteResults(tmp_path / "results.db")
     with worker_process(broker, tmp_path) as proc:
         await app.enqueue("sleep", {"seconds": 30}, job_id="lost-run")
         await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 20, "the job to start")
-        await asyncio.sleep(0.5)  # the running record is written in the background
+        # the running record is written in the background, in the worker's time (not a fixed 0.5 s)
+        await wait_until_async(lambda: _has_state(results, "lost-run", "running"), 20, "the running record")
         proc.kill()  # SIGKILL mid-handler: the broker returns the message to the ready queue
         proc.wait(10)
     await app.close()
+    await results.close()
     for _ in range(100):
         if await depth(broker, "work") == 1:
             break
