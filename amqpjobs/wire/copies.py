@@ -40,6 +40,8 @@ from pamqp import commands, encode
 from pamqp.header import ContentHeader
 
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire import header_decoding
+from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
 #: Attribute of a received pamqp ContentHeader holding its frame payload (class id, weight,
 #: body size, flags, property list), as received.
@@ -63,19 +65,21 @@ _FIXED_SIZE = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"
                b"d": 8, b"D": 5, b"T": 8, b"V": 0}  # fmt: skip
 _LONG_SIZED = frozenset({b"S", b"x", b"A", b"F"})
 
-_original_unmarshal = ContentHeader.unmarshal
-
 
 def _unmarshal_keeping_bytes(self: ContentHeader, data: bytes) -> None:
-    _original_unmarshal(self, data)
+    header_decoding.unmarshal(self, data)
     setattr(self, _RECEIVED, data)
 
 
 def keep_received_properties() -> None:
     """Make every content header pamqp decodes keep its bytes, for exact copies (idempotent).
 
-    Costs one attribute per delivery; nothing is parsed until a copy is made.
+    Costs one attribute per delivery; nothing is parsed until a copy is made. The header
+    itself is decoded by :func:`amqpjobs.wire.header_decoding.unmarshal` (pamqp's values,
+    faster), with the lenient rules it follows installed for pamqp too
+    (:func:`~amqpjobs.wire.lenient_decoding.install_lenient_decoding`).
     """
+    install_lenient_decoding()
     ContentHeader.unmarshal = _unmarshal_keeping_bytes  # type: ignore[method-assign]
 
 
