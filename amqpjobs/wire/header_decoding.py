@@ -52,32 +52,43 @@ _FLOAT = struct.Struct(">f")
 _DOUBLE = struct.Struct(">d")
 _DECIMAL = struct.Struct(">Bi")
 
-#: The basic properties in AMQP order: pamqp's attribute name, flag bit, kind
-#: (0 short string, 1 field table, 2 octet, 3 timestamp).
-_PROPERTIES = (
-    ("content_type", 0x8000, 0), ("content_encoding", 0x4000, 0), ("headers", 0x2000, 1),
-    ("delivery_mode", 0x1000, 2), ("priority", 0x0800, 2), ("correlation_id", 0x0400, 0),
-    ("reply_to", 0x0200, 0), ("expiration", 0x0100, 0), ("message_id", 0x0080, 0),
-    ("timestamp", 0x0040, 3), ("message_type", 0x0020, 0), ("user_id", 0x0010, 0),
-    ("app_id", 0x0008, 0), ("cluster_id", 0x0004, 0),
+#: The basic properties in AMQP order: name, flag bit, field kind. pamqp calls ``type``
+#: ``message_type``.
+PROPERTY_LAYOUT = (
+    ("content_type", 0x8000, "shortstr"), ("content_encoding", 0x4000, "shortstr"), ("headers", 0x2000, "table"),
+    ("delivery_mode", 0x1000, "octet"), ("priority", 0x0800, "octet"), ("correlation_id", 0x0400, "shortstr"),
+    ("reply_to", 0x0200, "shortstr"), ("expiration", 0x0100, "shortstr"), ("message_id", 0x0080, "shortstr"),
+    ("timestamp", 0x0040, "timestamp"), ("type", 0x0020, "shortstr"), ("user_id", 0x0010, "shortstr"),
+    ("app_id", 0x0008, "shortstr"), ("cluster_id", 0x0004, "shortstr"),
 )  # fmt: skip
+#: Field kinds as :func:`decode` tells them apart.
+_KINDS = {"shortstr": 0, "table": 1, "octet": 2, "timestamp": 3}
 #: Flag bits pamqp reads no property for (1: another word of flags follows): left to pamqp.
 _OTHER_FLAGS = 0x0003
 
+#: Field value sizes after the type code: fixed ones, and those with a 4-byte length first.
+FIXED_SIZES = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"l": 8, b"L": 8, b"f": 4,
+               b"d": 8, b"D": 5, b"T": 8, b"V": 0}  # fmt: skip
+LONG_SIZED = frozenset({b"S", b"x", b"A", b"F"})
+
 _T, _V, _NUL = ord("t"), ord("V"), 0
 _LONG_STRING, _TABLE, _ARRAY, _BYTES, _TIME = ord("S"), ord("F"), ord("A"), ord("x"), ord("T")
-#: Fixed-size field types: type code -> (struct, size).
+#: Fixed-size numbers: type code -> (struct, size).
 _FIXED: dict[int, tuple[struct.Struct, int]] = {
-    ord("b"): (_INT8, 1), ord("B"): (struct.Struct(">B"), 1), ord("s"): (_INT16, 2), ord("u"): (_UINT16, 2),
-    ord("I"): (_INT32, 4), ord("i"): (_UINT32, 4), ord("l"): (_INT64, 8), ord("L"): (_INT64, 8),
-    ord("f"): (_FLOAT, 4), ord("d"): (_DOUBLE, 8),
+    code[0]: (number, FIXED_SIZES[code])
+    for code, number in [
+        (b"b", _INT8), (b"B", struct.Struct(">B")), (b"s", _INT16), (b"u", _UINT16), (b"I", _INT32),
+        (b"i", _UINT32), (b"l", _INT64), (b"L", _INT64), (b"f", _FLOAT), (b"d", _DOUBLE),
+    ]
 }  # fmt: skip
 
 
 @functools.cache  # one entry per set of properties seen: at most 2**14
 def _present(flags: int) -> tuple[tuple[str, int], ...]:
-    """The (name, kind) of each property ``flags`` says is present, in AMQP order."""
-    return tuple((name, kind) for name, flag, kind in _PROPERTIES if flags & flag)
+    """The attribute name (pamqp's) and kind of each property ``flags`` says is present, in AMQP order."""
+    present = (name for name, flag, _ in PROPERTY_LAYOUT if flags & flag)
+    kinds = {name: _KINDS[kind] for name, _, kind in PROPERTY_LAYOUT}
+    return tuple(("message_type" if name == "type" else name, kinds[name]) for name in present)
 
 
 class _NotHere(Exception):
