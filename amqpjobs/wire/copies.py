@@ -40,6 +40,9 @@ from pamqp import commands, encode
 from pamqp.header import ContentHeader
 
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire import header_decoding
+from amqpjobs.wire.header_decoding import FIXED_SIZES, LONG_SIZED, PROPERTY_LAYOUT
+from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
 #: Attribute of a received pamqp ContentHeader holding its frame payload (class id, weight,
 #: body size, flags, property list), as received.
@@ -47,35 +50,24 @@ _RECEIVED = "_amqpjobs_received"
 #: Bytes before the property flags in a content-header payload: class id, weight, body size.
 _PREFIX = 12
 
-#: Basic properties in AMQP order: name, flag bit, field kind.
-_LAYOUT = (
-    ("content_type", 0x8000, "shortstr"), ("content_encoding", 0x4000, "shortstr"), ("headers", 0x2000, "table"),
-    ("delivery_mode", 0x1000, "octet"), ("priority", 0x0800, "octet"), ("correlation_id", 0x0400, "shortstr"),
-    ("reply_to", 0x0200, "shortstr"), ("expiration", 0x0100, "shortstr"), ("message_id", 0x0080, "shortstr"),
-    ("timestamp", 0x0040, "timestamp"), ("type", 0x0020, "shortstr"), ("user_id", 0x0010, "shortstr"),
-    ("app_id", 0x0008, "shortstr"), ("cluster_id", 0x0004, "shortstr"),
-)  # fmt: skip
 #: Properties a copy never carries (see the module docstring).
 DROPPED = frozenset({"expiration", "user_id"})
 
-#: Field value sizes after the type code: fixed ones, and those with a 4-byte length first.
-_FIXED_SIZE = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"l": 8, b"L": 8, b"f": 4,
-               b"d": 8, b"D": 5, b"T": 8, b"V": 0}  # fmt: skip
-_LONG_SIZED = frozenset({b"S", b"x", b"A", b"F"})
-
-_original_unmarshal = ContentHeader.unmarshal
-
 
 def _unmarshal_keeping_bytes(self: ContentHeader, data: bytes) -> None:
-    _original_unmarshal(self, data)
+    header_decoding.unmarshal(self, data)
     setattr(self, _RECEIVED, data)
 
 
 def keep_received_properties() -> None:
     """Make every content header pamqp decodes keep its bytes, for exact copies (idempotent).
 
-    Costs one attribute per delivery; nothing is parsed until a copy is made.
+    Costs one attribute per delivery; nothing is parsed until a copy is made. The header
+    itself is decoded by :func:`amqpjobs.wire.header_decoding.unmarshal` (pamqp's values,
+    faster), with the lenient rules it follows installed for pamqp too
+    (:func:`~amqpjobs.wire.lenient_decoding.install_lenient_decoding`).
     """
+    install_lenient_decoding()
     ContentHeader.unmarshal = _unmarshal_keeping_bytes  # type: ignore[method-assign]
 
 
@@ -98,7 +90,7 @@ def split_properties(payload: bytes) -> dict[str, bytes]:
         raise ValueError("content header truncated")
     (flags,) = struct.unpack_from(">H", payload, _PREFIX)
     offset, out = _PREFIX + 2, {}
-    for name, flag, kind in _LAYOUT:
+    for name, flag, kind in PROPERTY_LAYOUT:
         if not flags & flag:
             continue
         if kind == "shortstr":
@@ -131,9 +123,9 @@ def split_table(table: bytes) -> dict[str, tuple[bytes, bytes]]:
         key = table[offset + 1 : offset + 1 + table[offset]]
         offset += 1 + len(key)
         code = table[offset : offset + 1]
-        size = _FIXED_SIZE.get(code)
+        size = FIXED_SIZES.get(code)
         if size is None:
-            if code not in _LONG_SIZED:
+            if code not in LONG_SIZED:
                 raise ValueError(f"unknown field type {code!r}")
             size = 4 + int.from_bytes(table[offset + 1 : offset + 5], "big")
         if offset + 1 + size > end:
@@ -203,7 +195,7 @@ def copy_properties(
     if timestamp is not None:
         props["timestamp"] = struct.pack(">Q", timestamp)
     flags, parts = 0, []
-    for name, flag, _ in _LAYOUT:
+    for name, flag, _ in PROPERTY_LAYOUT:
         if name in props and name not in DROPPED:
             flags |= flag
             parts.append(props[name])
