@@ -36,16 +36,17 @@ queue while the close comes in). Two things keep that from costing a job:
 * The worker gives events a connection of their own (:meth:`OutcomeEvents.connect`): the
   worst a crossing close can cost is that connection, never a consumer's unacked jobs nor
   a retry or quarantine copy.
-* One task sends them, all the events waiting at each turn in one write (the frames of
-  up to :data:`BATCH` publishes in one item of aiormq's write queue: no confirm, no round
-  trip per event; it waits only until the write reached the socket, then takes the next
-  batch). aiormq queues its ``close-ok`` in the same step in which it learns of the close
-  (and notes the close in the channel's ``_close_exception``); the sender checks for the
-  close and queues its batch in one step too (no await between), so a batch goes either
-  ahead of the ``close-ok`` (the broker ignores it) or not at all. The close then turns
-  events off. (Should a later aiormq drop that attribute, the check falls back to
-  ``is_closed``, set a few steps later: a crossing becomes possible again, and costs only
-  the events connection, which aio-pika reopens.)
+* One task sends them, all the events waiting at each turn in one write (the frames of up to
+  :data:`BATCH` publishes in one item of aiormq's write queue, packed from cached bytes by
+  :mod:`amqpjobs.wire.event_frames`: no confirm, no round trip per event; it waits only
+  until the write reached the socket, then takes the next batch). aiormq queues its
+  ``close-ok`` in the same step in which it learns of the close (and notes the close in the
+  channel's ``_close_exception``); the sender checks for the close and queues its batch in
+  one step too (no await between), so a batch goes either ahead of the ``close-ok`` (the
+  broker ignores it) or not at all. The close then turns events off. (Should a later aiormq
+  drop that attribute, the check falls back to ``is_closed``, set a few steps later: a
+  crossing becomes possible again, and costs only the events connection, which aio-pika
+  reopens.)
 
 A batch counts as published once it is written to the socket; a batch the broker ignored
 (sent between the exchange's deletion and our hearing of the close) still counts as
