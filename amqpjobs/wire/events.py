@@ -36,16 +36,17 @@ queue while the close comes in). Two things keep that from costing a job:
 * The worker gives events a connection of their own (:meth:`OutcomeEvents.connect`): the
   worst a crossing close can cost is that connection, never a consumer's unacked jobs nor
   a retry or quarantine copy.
-* One task sends them, all the events waiting at each turn in one write (the frames of
-  up to :data:`BATCH` publishes in one item of aiormq's write queue: no confirm, no round
-  trip per event; it waits only until the write reached the socket, then takes the next
-  batch). aiormq queues its ``close-ok`` in the same step in which it learns of the close
-  (and notes the close in the channel's ``_close_exception``); the sender checks for the
-  close and queues its batch in one step too (no await between), so a batch goes either
-  ahead of the ``close-ok`` (the broker ignores it) or not at all. The close then turns
-  events off. (Should a later aiormq drop that attribute, the check falls back to
-  ``is_closed``, set a few steps later: a crossing becomes possible again, and costs only
-  the events connection, which aio-pika reopens.)
+* One task sends them, all the events waiting at each turn in one write (the frames of up to
+  :data:`BATCH` publishes in one item of aiormq's write queue, packed from cached bytes by
+  :mod:`amqpjobs.wire.event_frames`: no confirm, no round trip per event; it waits only
+  until the write reached the socket, then takes the next batch). aiormq queues its
+  ``close-ok`` in the same step in which it learns of the close (and notes the close in the
+  channel's ``_close_exception``); the sender checks for the close and queues its batch in
+  one step too (no await between), so a batch goes either ahead of the ``close-ok`` (the
+  broker ignores it) or not at all. The close then turns events off. (Should a later aiormq
+  drop that attribute, the check falls back to ``is_closed``, set a few steps later: a
+  crossing becomes possible again, and costs only the events connection, which aio-pika
+  reopens.)
 
 A batch counts as published once it is written to the socket; a batch the broker ignored
 (sent between the exchange's deletion and our hearing of the close) still counts as
@@ -64,16 +65,13 @@ from typing import Any, cast
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq.abc import ChannelFrame
-from pamqp import commands
-from pamqp.body import ContentBody
-from pamqp.frame import marshal
-from pamqp.header import ContentHeader
 
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch, exchange_exists
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import broker_errors
+from amqpjobs.wire.event_frames import EventFrames
 from amqpjobs.wire.publish_outcome import heard_close
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -88,9 +86,7 @@ LINGER = 0.005
 #: Seconds after events went off (or were last checked) before an event checks the exchange again.
 RECHECK_AFTER = 10.0
 #: Basic properties of an event: JSON, transient (``delivery_mode`` 1).
-_PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
-#: Marshalled frames kept for reuse (per channel and routing key; per body size): cleared past this many.
-_CACHE_SIZE = 512
+EVENT_PROPERTIES = aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=1)
 
 
 class OutcomeEvents:
@@ -127,8 +123,7 @@ class OutcomeEvents:
         self._sender: asyncio.Task[None] | None = None
         self._sending = 0  # events of the batch the sender holds
         self._closing = False  # close() was called: the channel's close is ours
-        self._publish_frames: dict[tuple[int, str], bytes] = {}
-        self._headers: dict[tuple[int, int], bytes] = {}
+        self._frames: EventFrames | None = None  # of the channel last sent on
         self.published = 0
         self.dropped = 0
         if channel is not None:
@@ -241,24 +236,12 @@ class OutcomeEvents:
                 batch.append(pending.popleft())
         return batch
 
-    def _frames(self, number: int, limit: int, batch: list[tuple[str, bytes]]) -> bytes:
+    def _payload(self, number: int, limit: int, batch: list[tuple[str, bytes]]) -> bytes:
         """``batch``'s publish frames on channel ``number`` (bodies split at ``limit`` bytes), as one payload."""
-        publishes, headers = self._publish_frames, self._headers
-        if len(publishes) > _CACHE_SIZE or len(headers) > _CACHE_SIZE:
-            publishes.clear()
-            headers.clear()
-        parts: list[bytes] = []
-        for routing_key, body in batch:
-            publish = publishes.get((number, routing_key))
-            if publish is None:
-                frame = commands.Basic.Publish(exchange=EVENTS_EXCHANGE, routing_key=routing_key)
-                publish = publishes[number, routing_key] = marshal(frame, number)
-            header = headers.get((number, len(body)))
-            if header is None:
-                header = headers[number, len(body)] = marshal(ContentHeader(0, len(body), _PROPERTIES), number)
-            parts += (publish, header)
-            parts += (marshal(ContentBody(body[i : i + limit]), number) for i in range(0, len(body), limit))
-        return b"".join(parts)
+        frames = self._frames
+        if frames is None or frames.number != number:
+            frames = self._frames = EventFrames(number, EVENTS_EXCHANGE, EVENT_PROPERTIES)
+        return frames.payload(batch, limit)
 
     async def _send(self) -> None:
         while self._kept or self._waiting:
@@ -273,7 +256,7 @@ class OutcomeEvents:
                 if channel is None or channel.is_closed:
                     raise ConnectionError("channel closed")
                 underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
-                payload = self._frames(underlay.number, underlay.max_content_size, batch)
+                payload = self._payload(underlay.number, underlay.max_content_size, batch)
                 queue = underlay.connection.write_queue  # aiormq's writer: one ``write`` per item
                 while True:  # from the check to the put, no await: see the module docstring
                     if heard_close(underlay):
