@@ -30,6 +30,7 @@ from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
+from amqpjobs.wire.frame_reading import install_fast_frame_reading
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.probe import mismatch
@@ -251,6 +252,7 @@ async def connect(
     """
     install_lenient_decoding()
     keep_received_properties()
+    install_fast_frame_reading()
     install_blocked_tracking()
     wait = settings.connect_timeout if wait is None else wait
     log.debug("connecting to %s as %r (retrying a refused connect for %gs)", settings.safe_url, name, wait)

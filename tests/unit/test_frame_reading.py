@@ -1,0 +1,120 @@
+"""Frames read by :func:`amqpjobs.wire.frame_reading.get_frame` are aiormq's own reader's, frame for frame.
+
+Both readers get the same bytes in a ``StreamReader`` (whole, cut at every byte, with a
+protocol header first, with a broken frame end, failing with a socket error) and must give the
+same frames (compared by their marshalled bytes and type) and then the same exception, its
+type and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pamqp.frame
+import pytest
+from aiormq.connection import FrameReceiver
+from pamqp import commands
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+from amqpjobs.wire import frame_reading
+
+ORIGINAL = frame_reading._original
+
+
+def stream() -> bytes:
+    """A delivery (method, header, body), a heartbeat, and a delivery on another channel with an empty body."""
+    properties = commands.Basic.Properties(content_type="application/json", message_id="m-1", headers={"a": 1})
+    parts = [
+        pamqp.frame.marshal(commands.Basic.Deliver("ctag", 7, False, "jobs", "mail"), 1),
+        pamqp.frame.marshal(ContentHeader(0, 13, properties), 1),
+        pamqp.frame.marshal(ContentBody(b'{"to":"a@b"}\n'), 1),
+        pamqp.frame.marshal(Heartbeat(), 0),
+        pamqp.frame.marshal(commands.Basic.Deliver("c2", 2**63 - 1, True, "", "r\u00e9"), 65535),
+        pamqp.frame.marshal(ContentHeader(0, 0, commands.Basic.Properties()), 65535),
+    ]
+    return b"".join(parts)
+
+
+async def read_all(get_frame: Any, data: bytes, error: Exception | None = None) -> list[Any]:
+    """Each frame ``get_frame`` reads from ``data`` (then ``error``, else EOF), and how it ended."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    if error is None:
+        reader.feed_eof()
+    else:
+        reader.set_exception(error)
+    receiver = FrameReceiver(reader)
+    got: list[Any] = []
+    while True:
+        try:
+            channel, frame = (await get_frame(receiver))[1:]
+        except BaseException as exc:  # the kind and message are compared
+            got.append(("ended", type(exc).__name__, str(exc), type(exc.__cause__).__name__))
+            return got
+        got.append((type(frame).__name__, channel, pamqp.frame.marshal(frame, channel)))
+
+
+def both(data: bytes, error: Exception | None = None) -> tuple[list[Any], list[Any]]:
+    return asyncio.run(read_all(ORIGINAL, data, error)), asyncio.run(read_all(frame_reading.get_frame, data, error))
+
+
+def test_a_whole_stream_gives_the_same_frames_then_the_same_end() -> None:
+    old, new = both(stream())
+    assert new == old
+    assert [kind for kind, *_ in new] == ["Deliver", "ContentHeader", "ContentBody", "Heartbeat", "Deliver",
+                                          "ContentHeader", "ended"]  # fmt: skip
+    assert new[-1] == ("ended", "StopAsyncIteration", "", "NoneType")
+
+
+def test_a_stream_cut_at_every_byte_ends_the_same_way() -> None:
+    data = stream()
+    for cut in range(len(data)):
+        old, new = both(data[:cut])
+        assert new == old, cut
+    old, new = both(data[:3])
+    assert new[-1] == ("ended", "AMQPConnectionError", "Server connection unexpectedly closed. Read 2 bytes but "
+                       "6 bytes expected", "IncompleteReadError")  # fmt: skip
+
+
+def test_a_protocol_header_first_is_refused_the_same_way() -> None:
+    old, new = both(b"AMQP\x00\x00\x09\x01" + stream())
+    assert new == old
+    assert new == [("ended", "ProtocolSyntaxError", "Unexpected AMQP protocol header", "NoneType")]
+
+
+@pytest.mark.parametrize("damage", ["frame end", "frame type"])
+def test_a_broken_frame_fails_the_same_way(damage: str) -> None:
+    data = bytearray(stream())
+    first = 7 + int.from_bytes(data[3:7], "big")  # the first frame's end octet
+    if damage == "frame end":
+        data[first] = 0
+    else:
+        data[first + 1] = 9  # the second frame's type
+    old, new = both(bytes(data))
+    assert new == old
+    assert new[-1][:2] == ("ended", "InvalidFrameError")
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError(104, "reset"), ConnectionRefusedError(111, "refused"),
+                                   BrokenPipeError(32, "pipe"), TimeoutError("slow")])  # fmt: skip
+def test_a_socket_error_mid_frame_is_told_the_same_way(error: Exception) -> None:
+    data = stream()
+    old, new = both(data[:10], error)
+    assert new == old
+    assert new[-1][1] == "AMQPConnectionError"
+    assert repr(error) in new[-1][2]
+
+
+def test_it_is_installed_only_over_the_audited_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FrameReceiver, "get_frame", ORIGINAL)
+    monkeypatch.setattr(frame_reading, "AUDITED", frozenset({"another aiormq"}))
+    assert frame_reading.install_fast_frame_reading() is False
+    assert FrameReceiver.get_frame is ORIGINAL
+    monkeypatch.undo()
+    monkeypatch.setattr(FrameReceiver, "get_frame", ORIGINAL)
+    assert frame_reading.install_fast_frame_reading() is True
+    assert FrameReceiver.get_frame is frame_reading.get_frame
+    assert frame_reading.install_fast_frame_reading() is True
