@@ -123,8 +123,11 @@ def install_method_decoding() -> None:
     """Make every frame aiormq reads go through :func:`unmarshal` (idempotent).
 
     aiormq calls ``pamqp.frame.unmarshal`` by module attribute for each frame it reads.
-    The lenient rules the fast path follows are installed for pamqp too
+    Only pamqp's own is replaced: a hook someone else put there (a test capturing the
+    frames it receives) is left in place, and frames keep going through it to pamqp. The
+    lenient rules the fast path follows are installed for pamqp too
     (:func:`~amqpjobs.wire.lenient_decoding.install_lenient_decoding`).
     """
     install_lenient_decoding()
-    pamqp.frame.unmarshal = unmarshal
+    if pamqp.frame.unmarshal is pamqp_unmarshal:
+        pamqp.frame.unmarshal = unmarshal

@@ -253,3 +253,19 @@ def test_installing_makes_pamqp_frame_unmarshal_the_fast_path_with_the_lenient_r
         frame = unmarshal(data)[2]
         assert isinstance(frame, commands.Basic.Deliver)
         assert frame.routing_key == "\ufffd"
+
+
+def test_installing_leaves_a_hook_someone_else_put_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bytes] = []
+
+    def capture(data_in: bytes) -> method_decoding.Unmarshaled:  # as tests/integration/test_exact_copies.py does
+        seen.append(data_in)
+        return method_decoding.pamqp_unmarshal(data_in)
+
+    monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
+    method_decoding.install_method_decoding()  # every connect installs it again
+    assert pamqp.frame.unmarshal is capture
+    data = deliver(b"c", 1, 0, b"", b"k")
+    assert fast(data) == reference(data)
+    pamqp.frame.unmarshal(data)
+    assert seen == [data]
