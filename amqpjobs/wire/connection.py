@@ -33,6 +33,7 @@ from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
 from amqpjobs.wire.frame_reading import install_fast_frame_reading
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
+from amqpjobs.wire.method_decoding import install_method_decoding
 from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.rotation import (
     NodeRefused,
@@ -252,6 +253,7 @@ async def connect(
     """
     install_lenient_decoding()
     keep_received_properties()
+    install_method_decoding()
     install_fast_frame_reading()
     install_blocked_tracking()
     wait = settings.connect_timeout if wait is None else wait
