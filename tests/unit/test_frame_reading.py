@@ -22,6 +22,11 @@ from pamqp.heartbeat import Heartbeat
 from amqpjobs.wire import frame_reading
 
 ORIGINAL = frame_reading._original
+#: The comparisons below are with the aiormq reader ours replaces; another aiormq keeps its own (last test).
+audited = pytest.mark.skipif(
+    frame_reading.source_digest(ORIGINAL) not in frame_reading.AUDITED,
+    reason="this aiormq's FrameReceiver.get_frame is not the audited one: ours is not installed over it",
+)
 
 
 def stream() -> bytes:
@@ -61,6 +66,7 @@ def both(data: bytes, error: Exception | None = None) -> tuple[list[Any], list[A
     return asyncio.run(read_all(ORIGINAL, data, error)), asyncio.run(read_all(frame_reading.get_frame, data, error))
 
 
+@audited
 def test_a_whole_stream_gives_the_same_frames_then_the_same_end() -> None:
     old, new = both(stream())
     assert new == old
@@ -69,6 +75,7 @@ def test_a_whole_stream_gives_the_same_frames_then_the_same_end() -> None:
     assert new[-1] == ("ended", "StopAsyncIteration", "", "NoneType")
 
 
+@audited
 def test_a_stream_cut_at_every_byte_ends_the_same_way() -> None:
     data = stream()
     for cut in range(len(data)):
@@ -79,12 +86,14 @@ def test_a_stream_cut_at_every_byte_ends_the_same_way() -> None:
                        "6 bytes expected", "IncompleteReadError")  # fmt: skip
 
 
+@audited
 def test_a_protocol_header_first_is_refused_the_same_way() -> None:
     old, new = both(b"AMQP\x00\x00\x09\x01" + stream())
     assert new == old
     assert new == [("ended", "ProtocolSyntaxError", "Unexpected AMQP protocol header", "NoneType")]
 
 
+@audited
 @pytest.mark.parametrize("damage", ["frame end", "frame type"])
 def test_a_broken_frame_fails_the_same_way(damage: str) -> None:
     data = bytearray(stream())
@@ -98,6 +107,7 @@ def test_a_broken_frame_fails_the_same_way(damage: str) -> None:
     assert new[-1][:2] == ("ended", "InvalidFrameError")
 
 
+@audited
 @pytest.mark.parametrize("error", [ConnectionResetError(104, "reset"), ConnectionRefusedError(111, "refused"),
                                    BrokenPipeError(32, "pipe"), TimeoutError("slow")])  # fmt: skip
 def test_a_socket_error_mid_frame_is_told_the_same_way(error: Exception) -> None:
