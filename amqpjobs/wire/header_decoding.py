@@ -40,6 +40,12 @@ pamqp_unmarshal: Callable[[ContentHeader, bytes], None] = ContentHeader.unmarsha
 #: for each property present, in AMQP order.
 Decoded = tuple[int, int, int, list[tuple[str, Any]]]
 
+#: Tables and arrays nested deeper than this inside a header's value decode as None (the bytes are still
+#: kept for copies): the broker accepts a table hundreds deep, and pamqp's decoding of one (and
+#: any of Python's) would exceed the recursion limit, fail the frame, and with it the
+#: connection, on every redelivery (a queue stopped by one message).
+MAX_DEPTH = 64
+
 _HEAD = struct.Struct(">HHQH")  # class id, weight, body size, the first word of property flags
 _UINT32 = struct.Struct(">I")
 _INT8 = struct.Struct(">b")
@@ -103,8 +109,12 @@ def _timestamp(seconds: int) -> datetime | None:
         return None
 
 
-def _value(data: bytes, code: int, offset: int, end: int) -> tuple[Any, int]:
-    """The field value of type ``code`` at ``offset``, and the offset after it (at most ``end``)."""
+def _value(data: bytes, code: int, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    """The field value of type ``code`` at ``offset``, and the offset after it (at most ``end``).
+
+    ``depth``: how many tables and arrays inside the headers hold it; a table or array inside
+    :data:`MAX_DEPTH` of them is None.
+    """
     fixed = _FIXED.get(code)
     if fixed is not None:
         after = offset + fixed[1]
@@ -130,7 +140,9 @@ def _value(data: bytes, code: int, offset: int, end: int) -> tuple[Any, int]:
         after = offset + 4 + _UINT32.unpack_from(data, offset)[0]
         if after > end:
             raise _NotHere
-        return (_table if code == _TABLE else _array)(data, offset + 4, after), after
+        if depth >= MAX_DEPTH:
+            return None, after
+        return (_table if code == _TABLE else _array)(data, offset + 4, after, depth + 1), after
     if code == _T:
         if offset + 1 > end:
             raise _NotHere
@@ -149,8 +161,8 @@ def _value(data: bytes, code: int, offset: int, end: int) -> tuple[Any, int]:
     raise _NotHere  # a type pamqp refuses (pamqp says which)
 
 
-def _table(data: bytes, offset: int, end: int) -> dict[str, Any]:
-    """The field table whose entries are ``data[offset:end]``."""
+def _table(data: bytes, offset: int, end: int, depth: int = 0) -> dict[str, Any]:
+    """The field table whose entries are ``data[offset:end]``, in ``depth`` tables and arrays (0: the headers)."""
     table: dict[str, Any] = {}
     while offset < end:
         key_end = offset + 1 + data[offset]
@@ -178,15 +190,15 @@ def _table(data: bytes, offset: int, end: int) -> dict[str, Any]:
             table[key] = fixed[0].unpack_from(data, offset)[0]
             offset = after
         else:
-            table[key], offset = _value(data, code, offset, end)
+            table[key], offset = _value(data, code, offset, end, depth)
     return table
 
 
-def _array(data: bytes, offset: int, end: int) -> list[Any]:
-    """The field array whose values are ``data[offset:end]``."""
+def _array(data: bytes, offset: int, end: int, depth: int) -> list[Any]:
+    """The field array whose values are ``data[offset:end]``, in ``depth`` tables and arrays (itself included)."""
     array = []
     while offset < end:
-        value, offset = _value(data, data[offset], offset + 1, end)
+        value, offset = _value(data, data[offset], offset + 1, end, depth)
         array.append(value)
     return array
 

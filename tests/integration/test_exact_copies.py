@@ -17,6 +17,7 @@ the same type code and the same bytes, and every property with the same bytes, e
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.replay import replay
+from amqpjobs.wire import header_decoding
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import (
     DROPPED,
@@ -40,10 +42,12 @@ from tests.amqp_frames import (
     RawProperties,
     encode_properties,
     long_bytes,
+    short_bytes,
     split_properties,
     split_table,
+    table,
 )
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -138,3 +142,49 @@ async def test_copies_keep_header_types_and_properties_byte_exact(
     assert started <= ready["retry"] <= int(time.time()), ready  # its publish + the 200 ms tier
     assert ready["quarantine"] == ready["retry"]  # the retry copy's, as it came
     assert ready["retry"] <= ready["replay"] <= int(time.time()), ready
+
+
+async def test_a_header_nested_thousands_deep_neither_stops_the_queue_nor_loses_its_bytes(
+    broker: BrokerSettings, tmp_path: Path, received: list[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker accepts a table 2,000 deep; decoding it whole would exceed Python's recursion limit.
+
+    Before: every decode of its content header raised RecursionError, the connection was
+    lost, the message redelivered, and again (review16: every ~5 s, the queue stopped).
+    """
+    caplog.set_level(logging.WARNING, "amqpjobs")
+    app = await make_app(broker, tmp_path)
+    seen: dict[str, Any] = {}
+
+    @app.job("mail", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen[ctx.job_id] = ctx.headers.get("deep")
+        if ctx.job_id == "deep-1":
+            raise RuntimeError("fails: quarantined with its headers")
+
+    deep = b"I" + struct.pack(">i", 1)
+    for _ in range(2000):
+        deep = b"F" + table([(b"in", deep)])
+    async with running_worker(app, broker) as (_, rec):
+        async with raw_channel(broker) as ch:
+            underlay = await ch.get_underlay_channel()
+            for message_id in ("deep-1", "after-1"):  # a job behind it runs too
+                values = {"type": short_bytes(b"mail"), "message_id": short_bytes(message_id.encode())}
+                if message_id == "deep-1":
+                    values["headers"] = table([(b"deep", deep)])
+                properties = RawProperties(encode_properties(values), message_id=message_id)
+                await underlay.basic_publish(b"{}", exchange="jobs", routing_key="work", properties=properties)
+        await rec.wait_for(lambda o: len(o) == 2, timeout=20)
+    assert sorted(seen) == ["after-1", "deep-1"]  # each ran once
+    levels, inner = 0, seen["deep-1"]
+    while isinstance(inner, dict):
+        inner, levels = inner["in"], levels + 1
+    assert (levels, inner) == (header_decoding.MAX_DEPTH, None)  # decoded 64 deep, None from there in
+    assert [o.kind for o in rec.outcomes if o.job_id == "deep-1"] == ["quarantined"]
+    assert await depth(broker, "work.quarantine") == 1
+    # its bytes, all 2,000 deep, in the quarantine copy (found by our evidence: pamqp can't split it, too deep)
+    (taken,) = await drain(broker, "work.quarantine")
+    assert taken.message_id == "deep-1"
+    (copy,) = [p for p in received if evidence.REASON.encode() in p]
+    assert short_bytes(b"deep") + deep in copy
+    assert not [r.getMessage() for r in caplog.records if " lost " in r.getMessage()]  # no connection lost

@@ -345,3 +345,38 @@ def test_a_header_pamqp_decodes_loosely_is_left_to_pamqp() -> None:
     unknown = PREFIX + struct.pack(">H", 0x2000) + frames.table([(b"k", b"Z")])
     assert header_decoding.decode(unknown) is None
     assert fast(unknown) == reference(unknown) == ("raised", "ValueError", "Unknown type: b'Z'")
+
+
+def nested(levels: int, code: bytes = b"F") -> bytes:
+    """A headers table whose one header ``deep`` holds tables (``F``) or arrays (``A``) ``levels`` deep, a 1 inside."""
+    value = b"I" + struct.pack(">i", 1)
+    for _ in range(levels):
+        value = code + frames.long_bytes((frames.short_bytes(b"in") if code == b"F" else b"") + value)
+    return frames.table([(b"amqpjobs-job", b"S" + frames.long_bytes(b"mail")), (b"deep", value)])
+
+
+def depth_of(value: Any) -> tuple[int, Any]:
+    """How many tables or arrays ``value`` nests, and what is innermost."""
+    levels = 0
+    while isinstance(value, dict | list):
+        value = value["in"] if isinstance(value, dict) else value[0]
+        levels += 1
+    return levels, value
+
+
+@pytest.mark.parametrize("code", [b"F", b"A"])
+@pytest.mark.parametrize("levels", [header_decoding.MAX_DEPTH, header_decoding.MAX_DEPTH + 1, 490, 3000])
+def test_a_header_nested_deeper_than_python_recurses_decodes_to_none_inside(code: bytes, levels: int) -> None:
+    """A table nested hundreds deep (the broker accepts it) never fails the frame: past MAX_DEPTH it is None."""
+    payload = PREFIX + frames.encode_properties({"headers": nested(levels, code), "message_id": b"\x04deep"})
+    header = ContentHeader()
+    header_decoding.unmarshal(header, payload)
+    headers = header.properties.headers
+    assert headers is not None
+    assert headers["amqpjobs-job"] == "mail"
+    assert header.properties.message_id == "deep"
+    if levels <= header_decoding.MAX_DEPTH:  # as deep as this is decoded whole, as pamqp does
+        assert depth_of(headers["deep"]) == (levels, 1)
+        assert outcome(header_decoding.unmarshal, payload) == reference(payload)
+    else:
+        assert depth_of(headers["deep"]) == (header_decoding.MAX_DEPTH, None)
