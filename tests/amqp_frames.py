@@ -13,11 +13,21 @@ import asyncio
 import struct
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pamqp import commands, decode, encode
 
 from amqpjobs.wire.settings import BrokerSettings
+
+
+def shape(value: Any) -> Any:
+    """``value`` with its type at every depth, comparable with ``==`` (NaN included): decoders compared with pamqp."""
+    if isinstance(value, dict):
+        return ("dict", [(shape(k), shape(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [shape(v) for v in value])
+    return (type(value).__name__, repr(value))
 
 
 def long_bytes(payload: bytes) -> bytes:

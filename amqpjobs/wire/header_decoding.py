@@ -79,6 +79,7 @@ LONG_SIZED = frozenset({b"S", b"x", b"A", b"F"})
 
 _T, _V, _NUL = ord("t"), ord("V"), 0
 _LONG_STRING, _TABLE, _ARRAY, _BYTES, _TIME = ord("S"), ord("F"), ord("A"), ord("x"), ord("T")
+_LONG_CODES = frozenset(code[0] for code in LONG_SIZED)  # the same, as ints (a byte of the payload)
 #: Fixed-size numbers: type code -> (struct, size).
 _FIXED: dict[int, tuple[struct.Struct, int]] = {
     code[0]: (number, FIXED_SIZES[code])
@@ -121,25 +122,20 @@ def _value(data: bytes, code: int, offset: int, end: int, depth: int) -> tuple[A
         if after > end:
             raise _NotHere
         return fixed[0].unpack_from(data, offset)[0], after
-    if code in (_LONG_STRING, _BYTES):
+    if code in _LONG_CODES:  # a 4-byte length, then that many bytes
         if offset + 4 > end:
             raise _NotHere
         after = offset + 4 + _UINT32.unpack_from(data, offset)[0]
         if after > end:
             raise _NotHere
-        raw = data[offset + 4 : after]
+        if code == _LONG_STRING:
+            raw = data[offset + 4 : after]
+            try:
+                return raw.decode("utf-8"), after
+            except UnicodeDecodeError:
+                return raw, after
         if code == _BYTES:
-            return bytearray(raw), after
-        try:
-            return raw.decode("utf-8"), after
-        except UnicodeDecodeError:
-            return raw, after
-    if code in (_TABLE, _ARRAY):
-        if offset + 4 > end:
-            raise _NotHere
-        after = offset + 4 + _UINT32.unpack_from(data, offset)[0]
-        if after > end:
-            raise _NotHere
+            return bytearray(data[offset + 4 : after]), after
         if depth >= MAX_DEPTH:
             return None, after
         return (_table if code == _TABLE else _array)(data, offset + 4, after, depth + 1), after

@@ -26,20 +26,12 @@ from amqpjobs.wire import header_decoding
 from amqpjobs.wire.copies import keep_received_properties, received_bytes
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from tests import amqp_frames as frames
+from tests.amqp_frames import shape
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bad-messages.jsonl"
 #: pamqp's attribute names for the basic properties, in AMQP order (``type`` is ``message_type``).
 NAMES = [name if name != "type" else "message_type" for name, _, _ in frames.PROPERTY_LAYOUT]
 PREFIX = struct.pack(">HHQ", 60, 0, 1234)
-
-
-def shape(value: Any) -> Any:
-    """``value`` with its type at every depth, comparable with ``==`` (NaN included)."""
-    if isinstance(value, dict):
-        return ("dict", [(shape(k), shape(v)) for k, v in value.items()])
-    if isinstance(value, list):
-        return ("list", [shape(v) for v in value])
-    return (type(value).__name__, repr(value))
 
 
 def outcome(unmarshal: Any, payload: bytes) -> Any:

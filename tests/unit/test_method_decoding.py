@@ -22,6 +22,7 @@ from pamqp import body, commands, header, heartbeat
 
 from amqpjobs.wire import method_decoding
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
+from tests.amqp_frames import shape
 
 DELIVER = struct.pack(">HH", 60, 60)
 GET_OK = struct.pack(">HH", 60, 71)
@@ -44,10 +45,6 @@ def get_ok(tag: int, bits: int, exchange: bytes, key: bytes, count: int, channel
     return method_frame(
         GET_OK + struct.pack(">QB", tag, bits) + short(exchange) + short(key) + struct.pack(">I", count), channel
     )
-
-
-def shape(value: Any) -> Any:
-    return (type(value).__name__, repr(value))
 
 
 def outcome(unmarshal: Any, data: bytes) -> Any:
