@@ -132,6 +132,21 @@ def split_table(table: bytes) -> dict[bytes, bytes]:
     return out
 
 
+def table_entries(table: bytes) -> list[tuple[bytes, bytes]]:
+    """Every entry of an encoded field table, in its order: (raw key, type code + value bytes).
+
+    Unlike :func:`split_table`, keeps a name that occurs twice (twice).
+    """
+    end, offset, out = 4 + int.from_bytes(table[:4], "big"), 4, []
+    while offset < end:
+        key = table[offset + 1 : offset + 1 + table[offset]]
+        offset += 1 + len(key)
+        consumed, _ = decode.embedded_value(table[offset:end])
+        out.append((key, table[offset : offset + consumed]))
+        offset += consumed
+    return out
+
+
 class RawProperties(commands.Basic.Properties):
     """Properties sent exactly as given (aiormq reads ``message_id`` to match confirms)."""
 
