@@ -121,7 +121,10 @@ def split_properties(payload: bytes) -> dict[str, bytes]:
 
 
 def split_table(table: bytes) -> dict[bytes, bytes]:
-    """Raw key -> type code + value bytes, for each entry of an encoded field table."""
+    """Raw key -> type code + value bytes, for each entry of an encoded field table (of a key twice: the last).
+
+    :func:`table_entries` keeps every entry.
+    """
     end, offset, out = 4 + int.from_bytes(table[:4], "big"), 4, {}
     while offset < end:
         key = table[offset + 1 : offset + 1 + table[offset]]
