@@ -17,6 +17,8 @@ one of the two names that are not UTF-8; 4.0.5: one of those two).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +44,7 @@ from tests.amqp_frames import (
     table_entries,
 )
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import cli, depth, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -121,6 +123,25 @@ async def test_copies_keep_every_entry_of_a_name_that_occurs_twice(
         await rec.wait_for(lambda o: len(o) == 3, timeout=20)
     assert sorted(o.kind for o in rec.outcomes) == ["quarantined", "quarantined", "retried"]
     assert await depth(broker, "work.quarantine") == 2
+    # what `quarantine show` says of them: every entry too (the decoded "headers" hold one per name)
+    shown = await asyncio.to_thread(cli, broker, "quarantine", "show", "work", "--json")
+    assert shown.exit_code == 0, shown.output
+    docs = {doc["message_id"]: doc for doc in map(json.loads, shown.output.splitlines())}
+    four = broker_root.version >= (4,)
+    for name in ("once", "twice"):
+        entries = [[k, v] for k, v in docs[f"{name}-1"]["header_entries"] if not k.startswith("amqpjobs-")]
+        assert entries == (
+            [["aa", -3], ["dup", "first"], ["name-\ufffd", 1.1], ["name-\ufffd", "ff"], ["zz", "last by name"]] if four
+            else [["zz", "last by name"], ["dup", "first"], ["aa", -3], ["dup", 2], ["name-\ufffd", "ff"],
+                  ["name-\ufffd", 1.1]] if name == "once"
+            else [["aa", -3], ["dup", "first"], ["dup", 2], ["name-\ufffd", 1.1], ["name-\ufffd", "ff"],
+                  ["zz", "last by name"]]
+        ), name  # fmt: skip
+        assert docs[f"{name}-1"]["headers"]["dup"] == ("first" if four else 2)  # the last entry's
+    text = await asyncio.to_thread(cli, broker, "quarantine", "show", "work")
+    lines = text.output.splitlines()
+    assert lines.count('    dup: "first"') == 2, text.output  # both jobs
+    assert lines.count("    dup: 2") == (0 if four else 2), text.output
     report = await replay(broker, "work.quarantine", ReplayOptions(rate=100))  # frames as the broker delivers them
     assert report.replayed == 2
     async with raw_channel(broker) as ch:
@@ -128,7 +149,6 @@ async def test_copies_keep_every_entry_of_a_name_that_occurs_twice(
         for _ in range(2):
             assert (await underlay.basic_get("work", no_ack=True)).body == b"{}"  # the replayed copies
 
-    four = broker_root.version >= (4,)
     # what the worker received: 3.10 passes the table through, and after the delay tier delivers it in name
     # order (dup's two entries in their order); 4.0.5 sorts every table and keeps the first entry of a name
     by_name = [AA, DUP_FIRST, DUP_SECOND, BAD_FE, BAD_FF, ZZ]
@@ -139,13 +159,13 @@ async def test_copies_keep_every_entry_of_a_name_that_occurs_twice(
     for job, expected in delivered.items():
         frames = stages(received, job + b"-1")
         assert {k: len(v) for k, v in frames.items()} == (
-            {"original": 1, "retry": 1, "quarantine": 1, "replay": 1}
+            {"original": 1, "retry": 1, "quarantine": 3, "replay": 1}  # quarantined: taken by 2 shows, 1 replay
             if job == b"twice"
-            else {"original": 1, "quarantine": 1, "replay": 1}
+            else {"original": 1, "quarantine": 3, "replay": 1}
         )
         # the delivery the worker quarantined: the retry back from its tier, or the original
         assert theirs(frames["retry" if job == b"twice" else "original"][0]) == expected, job
-        # the quarantined copy (as the replay took it) and the replayed one: every entry, in that order
-        # (4.0.5 delivers them sorted by name again, which is their order already)
-        assert theirs(frames["quarantine"][0]) == expected, job
+        # the quarantined copy (as the shows and the replay took it) and the replayed one: every entry, in
+        # that order (4.0.5 delivers them sorted by name again, which is their order already)
+        assert [theirs(f) for f in frames["quarantine"]] == [expected] * 3, job
         assert theirs(frames["replay"][0]) == expected, job
