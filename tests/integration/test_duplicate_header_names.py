@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,7 @@ from tests.amqp_frames import (
     table_entries,
 )
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.helpers import cli, depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -169,3 +170,44 @@ async def test_copies_keep_every_entry_of_a_name_that_occurs_twice(
         # that order (4.0.5 delivers them sorted by name again, which is their order already)
         assert [theirs(f) for f in frames["quarantine"]] == [expected] * 3, job
         assert theirs(frames["replay"][0]) == expected, job
+
+
+async def test_a_copy_whose_entries_outgrow_the_frame_never_goes_out_whole(
+    broker: BrokerSettings,
+    broker_root: BrokerRoot,
+    tmp_path: Path,
+    received: list[bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A name three times, 43,000 bytes each: the message fits a frame, its quarantine copy with evidence not.
+
+    The frame check sized a copy from its decoded headers (one of the three entries) and let
+    it go: a content-header frame over ``frame_max`` makes the broker close the connection.
+    The copy is sized exactly now: its evidence is trimmed to the room left (README "Bad messages").
+    Before: the worker's publisher connection was closed (``FRAME_ERROR``, ``frame_too_large``,
+    134452 > 131064) at every try, and the worker held the delivery and consumed nothing more.
+    RabbitMQ 4.0.5 delivers one entry of the three (the first): there the copy fits anyway.
+    """
+    caplog.set_level(logging.WARNING, "amqpjobs")
+    app = await make_app(broker, tmp_path)
+
+    @app.job("big", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def big(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise RuntimeError("fails: quarantined " + "with a long message " * 100)
+
+    entry = (b"big", b"S" + long_bytes(b"v" * 43_000))
+    async with running_worker(app, broker) as (_, rec):
+        async with raw_channel(broker) as ch:
+            underlay = await ch.get_underlay_channel()
+            values = {"headers": table([entry] * 3), "type": short_bytes(b"big"), "message_id": short_bytes(b"big-1")}
+            raw = RawProperties(encode_properties(values), message_id="big-1")
+            await underlay.basic_publish(b"{}", exchange="jobs", routing_key="work", properties=raw)
+        await rec.wait_for(lambda o: len(o) >= 1, timeout=20)
+    assert [o.kind for o in rec.outcomes] == ["quarantined"]
+    assert await depth(broker, "work.quarantine") == 1
+    (taken,) = await drain(broker, "work.quarantine")
+    assert taken.message_id == "big-1"
+    # the copy as the raw consumer got it: every entry delivered to the worker
+    assert theirs(received[-1]) == [entry] * (1 if broker_root.version >= (4,) else 3)
+    assert len(received[-1]) <= 131_072 - 8  # in one frame
+    assert not [r.getMessage() for r in caplog.records if " lost " in r.getMessage()]  # no connection lost

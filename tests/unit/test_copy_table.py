@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from pamqp import encode
 
+from amqpjobs.errors import MessageTooLargeError
 from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.wire import copies
 from amqpjobs.wire.copies import copy_table, split_table
 from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, amqp_properties, check_header_fits, encoded_size
 from tests import amqp_frames as frames
 from tests.unit.test_copies import received, sent
 
@@ -98,3 +100,20 @@ def test_an_entry_is_encoded_as_pamqp_encodes_a_table(value: Any) -> None:
 def test_a_value_pamqp_cannot_encode_is_refused_naming_its_header() -> None:
     with pytest.raises(TypeError, match=r"^odd error: Unknown type"):
         copies._entry("odd", object())
+
+
+def test_a_copy_whose_entries_outgrow_the_frame_is_refused_though_its_decoded_headers_fit() -> None:
+    """The frame check's quick estimate reads the decoded headers: one entry of a name sent three times.
+
+    The received message fits a frame (3 x 40,000 bytes); its quarantine copy, with 16,000 bytes of
+    evidence, does not. Unrefused, its content-header frame makes the broker close the connection.
+    """
+    value = b"S" + frames.long_bytes(b"v" * 40_000)
+    delivery = delivery_of([(b"big", value)] * 3)
+    headers = dict(delivery.headers)
+    headers["amqpjobs-error-traceback"] = "t" * 16_000
+    copy = delivery.copy(headers, "job-1")
+    properties = amqp_properties(copy)
+    assert encoded_size(properties) > DEFAULT_FRAME_MAX
+    with pytest.raises(MessageTooLargeError, match=r"over the connection's frame_max of 131072 bytes"):
+        check_header_fits(properties, copy.headers, DEFAULT_FRAME_MAX)
