@@ -184,7 +184,10 @@ def copy_table(received: bytes, received_headers: Mapping[str, Any] | None, head
     it, ``is``) goes out as received, name, type code and value bytes; every entry of a
     name that occurs twice (or of names that decode alike) does. A name the copy changed
     goes out once, encoded anew, at its first entry's place; a name the copy left out is
-    gone. Names that are new go last, in ``headers`` order.
+    gone. Names that are new go last, in ``headers`` order. (``is`` can't tell a value set
+    anew that is the very object decoded, such as a small ``int`` CPython shares, from one
+    left as received: such a name goes out as received, all its entries, the last of which,
+    the one decoded, is the value set.)
 
     Args:
         received: The received table, as :func:`split_properties` gives it (length first).

@@ -181,7 +181,8 @@ class Delivery:
 
         Args:
             headers: The copy's headers. Values left as received (the same objects) go out
-                as received: same type code, same bytes.
+                as received: same type code, same bytes, every entry of their name in the
+                received order (a name twice in the table is one key here), :func:`~amqpjobs.wire.copies.copy_table`.
             job_id: The copy's ``message_id`` when the message came without one.
             ready_at: The copy's ``timestamp`` (whole seconds since the epoch: when it becomes
                 ready in the work queue), or None to
