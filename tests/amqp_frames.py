@@ -121,13 +121,31 @@ def split_properties(payload: bytes) -> dict[str, bytes]:
 
 
 def split_table(table: bytes) -> dict[bytes, bytes]:
-    """Raw key -> type code + value bytes, for each entry of an encoded field table."""
+    """Raw key -> type code + value bytes, for each entry of an encoded field table (of a key twice: the last).
+
+    :func:`table_entries` keeps every entry.
+    """
     end, offset, out = 4 + int.from_bytes(table[:4], "big"), 4, {}
     while offset < end:
         key = table[offset + 1 : offset + 1 + table[offset]]
         offset += 1 + len(key)
         consumed, _ = decode.embedded_value(table[offset:end])
         out[key] = table[offset : offset + consumed]
+        offset += consumed
+    return out
+
+
+def table_entries(table: bytes) -> list[tuple[bytes, bytes]]:
+    """Every entry of an encoded field table, in its order: (raw key, type code + value bytes).
+
+    Unlike :func:`split_table`, keeps a name that occurs twice (twice).
+    """
+    end, offset, out = 4 + int.from_bytes(table[:4], "big"), 4, []
+    while offset < end:
+        key = table[offset + 1 : offset + 1 + table[offset]]
+        offset += 1 + len(key)
+        consumed, _ = decode.embedded_value(table[offset:end])
+        out.append((key, table[offset : offset + consumed]))
         offset += consumed
     return out
 

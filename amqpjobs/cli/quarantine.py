@@ -147,7 +147,7 @@ def quarantine_show(
         elif problem:
             shown = f"(stored, not readable) {problem}"
         click.echo(f"    payload:    {printable(shown[:1000])}")
-        for key, value in sorted(doc["headers"].items()):
+        for key, value in sorted(doc.get("header_entries") or doc["headers"].items(), key=lambda kv: kv[0]):
             if key == "amqpjobs-traceback":
                 tail = str(value).strip().splitlines()[-3:]
                 click.echo("    traceback:  ..." + printable(" | ".join(tail)))

@@ -105,7 +105,11 @@ def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
         "payload_note": note,
         "properties": properties_shown(message.delivery),
         "headers": sorted(
-            (k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in headers.items()
+            (
+                (k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+                for k, v in doc.get("header_entries") or headers.items()
+            ),
+            key=lambda kv: kv[0],
         ),
         "history": [(k, headers[k]) for k in HISTORY if k in headers],
     }

@@ -64,7 +64,10 @@ class QuarantinedMessage:
 
         ``payload`` is the body as strict JSON (:func:`~amqpjobs.jobs.json_fast.strict_loads`),
         else None; a UTF-8 body that is not strict JSON (``NaN``, ``1e400``, not JSON at all)
-        also gets ``payload_text``, its text. Write it with :func:`~amqpjobs.printable.json_text`.
+        also gets ``payload_text``, its text. ``headers`` holds one value per name (the last
+        entry's); when the header table holds a name more than once (another publisher's, or
+        two names that are not UTF-8 and read alike), ``header_entries`` lists every entry,
+        ``[name, value]`` in the received order. Write it with :func:`~amqpjobs.printable.json_text`.
         """
         d = self.delivery
         payload: Any = None
@@ -94,6 +97,9 @@ class QuarantinedMessage:
         }
         if text is not None:
             doc["payload_text"] = text
+        entries = d.header_entries()
+        if len(entries) > len({name for name, _ in entries}):
+            doc["header_entries"] = [[name, q.jsonable(value)] for name, value in entries]
         return doc
 
 

@@ -8,13 +8,24 @@ timestamp sent in milliseconds comes back in seconds and one in microseconds (de
 None, :mod:`amqpjobs.wire.lenient_decoding`) as void, a string that is not UTF-8 as a byte
 array, a header name that is not UTF-8 with U+FFFD, and the table is sorted by name.
 
+A decoded table also holds one value per name, where the received table may hold more
+entries: a name that occurs twice (another publisher's doing), or two names that are not
+UTF-8 and read alike.
+
 So the bytes of every content header received are kept (one reference, no decoding:
 :func:`keep_received_properties`), and a copy is encoded from them
-(:func:`copy_properties`): each header whose value the copy left as received goes out
-with its own name bytes, type code and value bytes, in the received order; only the
-headers the copy sets or changes (ours, ``amqpjobs-*``) are encoded anew, and the ones it
-left out (the broker's ``x-death`` & co) are gone. Every property goes out as received,
-except:
+(:func:`copy_properties`, :func:`copy_table`): the received header table is walked entry by
+entry, and every entry of a header the copy left as received goes out with its own name
+bytes, type code and value bytes, in the received order, all entries of a name that occurs
+twice included; only the headers the copy sets or changes (ours, ``amqpjobs-*``) are
+encoded anew (once, in the place of the name's first entry; new ones last), and the ones
+it left out (the broker's ``x-death`` & co) are gone, every entry of them. "Received"
+means as the broker delivered it: RabbitMQ 3.10 passes a published table through as it
+came, but re-encodes a dead-lettered one (a retry back from its delay tier) in name order,
+entries of one name kept in their order; RabbitMQ 4.0.5 re-encodes every table it delivers
+in name order and keeps only the first entry of a name that occurs twice (names whose bytes
+differ stay apart). What the broker dropped, a copy can't carry. Every property goes out as
+received, except:
 
 * ``headers``: as above;
 * ``message_id``: set to the job id when the message came without one (so every copy of
@@ -106,11 +117,13 @@ def split_properties(payload: bytes) -> dict[str, bytes]:
     return out
 
 
-def split_table(table: bytes) -> dict[str, tuple[bytes, bytes]]:
-    """Each entry of an encoded field table: name (as decoded) -> (name bytes, type code + value bytes).
+def split_table(table: bytes) -> list[tuple[str, bytes]]:
+    """Every entry of an encoded field table, in its order: (name as decoded, the entry's bytes).
 
-    Names that are not UTF-8 read with U+FFFD, as :mod:`amqpjobs.wire.lenient_decoding`
-    decodes them; of two names alike that way, the last wins (as in the decoded table).
+    An entry's bytes are its name (length and bytes), type code and value, as in the table.
+    A name that occurs twice is two entries, and so are two names that are not UTF-8 and
+    read alike (U+FFFD for the bad bytes, as :mod:`amqpjobs.wire.lenient_decoding` decodes
+    them): a decoded table (a dict) keeps one of them, this keeps both.
 
     Raises:
         ValueError: an unknown type code, or a table shorter than its length says.
@@ -118,20 +131,20 @@ def split_table(table: bytes) -> dict[str, tuple[bytes, bytes]]:
     end = 4 + int.from_bytes(table[:4], "big")
     if end > len(table):
         raise ValueError("field table truncated")
-    offset, out = 4, {}
+    offset, out = 4, []
     while offset < end:
-        key = table[offset + 1 : offset + 1 + table[offset]]
-        offset += 1 + len(key)
-        code = table[offset : offset + 1]
+        at = offset + 1 + table[offset]  # the type code
+        code = table[at : at + 1]
         size = FIXED_SIZES.get(code)
         if size is None:
             if code not in LONG_SIZED:
                 raise ValueError(f"unknown field type {code!r}")
-            size = 4 + int.from_bytes(table[offset + 1 : offset + 5], "big")
-        if offset + 1 + size > end:
+            size = 4 + int.from_bytes(table[at + 1 : at + 5], "big")
+        after = at + 1 + size
+        if after > end:
             raise ValueError("field table entry truncated")
-        out[key.decode("utf-8", "replace")] = (key, table[offset : offset + 1 + size])
-        offset += 1 + size
+        out.append((table[offset + 1 : at].decode("utf-8", "replace"), table[offset:after]))
+        offset = after
     return out
 
 
@@ -150,11 +163,55 @@ def encodable(value: Any) -> Any:
     return value
 
 
-def _short(text: bytes) -> bytes:
-    return bytes([len(text)]) + text
+def _entry(key: str, value: Any) -> bytes:
+    """One field table entry (name, type code, value) encoded by pamqp, as ``encode.field_table`` would."""
+    if len(key.encode("utf-8")) > 128:  # pamqp truncates it (and warns): its own way
+        return encode.field_table({key: encodable(value)})[4:]
+    try:
+        return encode.short_string(key) + encode.encode_table_value(encodable(value))
+    except TypeError as err:
+        raise TypeError(f"{key} error: {err}") from err
 
 
 _MISSING = object()
+
+
+def copy_table(received: bytes, received_headers: Mapping[str, Any] | None, headers: Mapping[str, Any]) -> bytes:
+    """The encoded header table (length first) of a copy of a received message.
+
+    Walks the received table entry by entry, in its order (:func:`split_table`): an entry
+    whose name the copy left as received (``headers`` holds the very object decoded for
+    it, ``is``) goes out as received, name, type code and value bytes; every entry of a
+    name that occurs twice (or of names that decode alike) does. A name the copy changed
+    goes out once, encoded anew, at its first entry's place; a name the copy left out is
+    gone. Names that are new go last, in ``headers`` order. (``is`` can't tell a value set
+    anew that is the very object decoded, such as a small ``int`` CPython shares, from one
+    left as received: such a name goes out as received, all its entries, the last of which,
+    the one decoded, is the value set.)
+
+    Args:
+        received: The received table, as :func:`split_properties` gives it (length first).
+        received_headers: That table as decoded (one value per name), or None.
+        headers: The copy's headers.
+
+    Raises:
+        ValueError: ``received`` is not a well-formed table.
+        TypeError: a header value pamqp can't encode.
+    """
+    decoded = received_headers or {}
+    parts, kept = [], set()
+    for key, raw in split_table(received):
+        value = headers.get(key, _MISSING)
+        if value is _MISSING:
+            continue
+        if value is decoded.get(key, _MISSING):
+            parts.append(raw)
+        elif key not in kept:
+            parts.append(_entry(key, value))
+        kept.add(key)
+    parts.extend(_entry(key, value) for key, value in headers.items() if key not in kept)
+    body = b"".join(parts)
+    return struct.pack(">I", len(body)) + body
 
 
 def copy_properties(
@@ -170,7 +227,8 @@ def copy_properties(
         received: The content-header payload the message came with (:func:`received_bytes`).
         received_headers: Its headers as pamqp decoded them (never handed out, so unchanged).
         headers: The copy's headers. A value that is the very object decoded (``is``) goes
-            out as received; any other is encoded by pamqp (bytes as a byte array).
+            out as received, every entry of its name; any other is encoded by pamqp (bytes
+            as a byte array), once (:func:`copy_table`).
         message_id: The copy's ``message_id``; encoded anew only if the message had none.
         timestamp: The copy's ``timestamp`` (whole seconds since the epoch), or None: as received.
 
@@ -179,17 +237,7 @@ def copy_properties(
         TypeError: a header value pamqp can't encode.
     """
     props = split_properties(received)
-    table = split_table(props["headers"]) if "headers" in props else {}
-    decoded = received_headers or {}
-    entries = []
-    for key, value in headers.items():
-        raw = table.get(key)
-        if raw is not None and decoded.get(key, _MISSING) is value:
-            entries.append(_short(raw[0]) + raw[1])
-        else:
-            entries.append(encode.field_table({key: encodable(value)})[4:])
-    body = b"".join(entries)
-    props["headers"] = struct.pack(">I", len(body)) + body
+    props["headers"] = copy_table(props.get("headers", b"\0\0\0\0"), received_headers, headers)
     if "message_id" not in props or props["message_id"] == b"\x00":
         props["message_id"] = encode.short_string(message_id)
     if timestamp is not None:

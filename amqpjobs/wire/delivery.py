@@ -21,8 +21,9 @@ from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.copies import ReceivedCopy, received_bytes
+from amqpjobs.wire.copies import ReceivedCopy, received_bytes, split_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS
+from amqpjobs.wire.header_decoding import table_entries
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -180,7 +181,8 @@ class Delivery:
 
         Args:
             headers: The copy's headers. Values left as received (the same objects) go out
-                as received: same type code, same bytes.
+                as received: same type code, same bytes, every entry of their name in the
+                received order (a name twice in the table is one key here), :func:`~amqpjobs.wire.copies.copy_table`.
             job_id: The copy's ``message_id`` when the message came without one.
             ready_at: The copy's ``timestamp`` (whole seconds since the epoch: when it becomes
                 ready in the work queue), or None to
@@ -211,6 +213,25 @@ class Delivery:
             return plain
         same = {f.name: getattr(plain, f.name) for f in fields(plain)}
         return ReceivedCopy(**same, received=raw, received_headers=received.properties.headers, ready_at=ready_at)
+
+    def header_entries(self) -> list[tuple[str, Any]]:
+        """Every entry of the header table as received, in its order, decoded: ``[(name, value), ...]``.
+
+        Where :attr:`headers` (a dict) holds one value per name (the last entry's), this holds
+        every entry: a name another publisher sent twice, two names that are not UTF-8 and
+        read alike (U+FFFD). Without the received bytes (or a table only pamqp could
+        decode), the items of :attr:`headers`.
+        """
+        raw = None if self._received is None else received_bytes(self._received)
+        if raw is not None:
+            try:
+                table = split_properties(raw).get("headers")
+            except ValueError:
+                table = None
+            entries = None if table is None else table_entries(table)
+            if entries is not None:
+                return entries
+        return list(self.headers.items())
 
     def properties(self) -> dict[str, Any]:
         """Every basic property as received, by its AMQP name (AMQP 0-9-1 class ``basic``: 14 properties).

@@ -248,6 +248,34 @@ def decode(payload: bytes) -> Decoded | None:
     return class_id, weight, body_size, properties
 
 
+def table_entries(table: bytes) -> list[tuple[str, Any]] | None:
+    """Every entry of an encoded field table, in its order, decoded as :func:`decode` decodes headers.
+
+    A name that occurs twice is two entries (a decoded table, a dict, holds the last).
+
+    Args:
+        table: The table as a property list holds it: its 4-byte length, then its entries.
+
+    Returns:
+        ``[(name, value), ...]``, or None: not a table this reads strictly. Never raises.
+    """
+    try:
+        end = 4 + _UINT32.unpack_from(table)[0]
+        if end > len(table):
+            return None
+        offset, out = 4, []
+        while offset < end:
+            key_end = offset + 1 + table[offset]
+            if key_end >= end:
+                return None
+            value, after = _value(table, table[key_end], key_end + 1, end, 0)
+            out.append((table[offset + 1 : key_end].decode("utf-8", "replace"), value))
+            offset = after
+        return out
+    except (_NotHere, IndexError, RecursionError, struct.error):
+        return None
+
+
 def unmarshal(header: ContentHeader, payload: bytes) -> None:
     """Decode ``payload`` into ``header`` (a fresh one), as pamqp's ``ContentHeader.unmarshal`` does.
 

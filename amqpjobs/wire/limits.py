@@ -18,7 +18,7 @@ import aiormq
 
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.copies import ReceivedCopy, encodable
+from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
 
 #: RabbitMQ's default ``frame_max`` in bytes (``rabbit.frame_max``), which the client takes as offered.
 DEFAULT_FRAME_MAX: Final = 131_072
@@ -95,7 +95,10 @@ def check_header_fits(
     body is split over frames, the header never is. A larger one makes the broker close the
     whole connection with ``FRAME_ERROR`` (RabbitMQ "AMQP 0-9-1 Reference" → frame_max), so
     a worker that republished a message with huge headers would lose every consumer of its
-    connection. The exact size is computed only when a quick estimate comes near the limit.
+    connection. The exact size is computed only when a quick estimate comes near the limit;
+    a copy of a received message (:class:`~amqpjobs.wire.copies.ExactProperties`) is always
+    sized exactly (its encoding is at hand), as its decoded ``headers`` can hold fewer entries
+    than it carries (a name another publisher sent twice).
 
     Args:
         properties: The message's properties, headers included.
@@ -112,9 +115,12 @@ def check_header_fits(
         return
     reserve = min(reserve, frame_max // 2)
     limit = frame_max - reserve
-    if _rough_size(headers) * 2 < limit:
+    if isinstance(properties, ExactProperties):
+        size = len(properties.encoded) + _HEADER_FRAME_OVERHEAD
+    elif _rough_size(headers) * 2 < limit:
         return
-    size = encoded_size(properties)
+    else:
+        size = encoded_size(properties)
     if size > limit:
         room = f" less the {reserve} bytes of it for the worker's own headers on its copies" if reserve else ""
         raise MessageTooLargeError(
