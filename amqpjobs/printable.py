@@ -37,7 +37,8 @@ from amqpjobs.text import encodable
 
 _UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 _JSON_UNSAFE: Final = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
-_NEEDS_QUOTES: Final = re.compile(r'[\s="\\]')
+#: What makes a logfmt value need quotes: whitespace, ``=``, ``"``, a backslash or an :data:`_UNSAFE` character.
+_NOT_BARE: Final = re.compile('[\\s="\\\\' + _UNSAFE.pattern[1:])
 _NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -80,7 +81,7 @@ def logfmt_value(value: object) -> str:
     ('order-42', '"x outcome=\\"ok\\""')
     """
     text = encodable(str(value))
-    if text and not _NEEDS_QUOTES.search(text) and not _UNSAFE.search(text):
+    if text and not _NOT_BARE.search(text):
         return text
     return '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 

@@ -280,6 +280,8 @@ def tenant_of(value: Any) -> str | None:
     tenant"); an integer names the tenant of its decimal digits; absent and any other AMQP
     type (table, array, boolean, float, decimal, timestamp, void) name none.
     """
+    if type(value) is str:  # the commonest: no other type tests first
+        return value if value.strip() else None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str | bytes | bytearray):

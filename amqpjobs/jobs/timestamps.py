@@ -39,6 +39,8 @@ def parse_time(value: Any) -> datetime | None:
     offset; none means UTC). Anything else (a negative number, a table, a boolean), or a
     time out of range, is None.
     """
+    if type(value) is str:  # the commonest (our own headers' text): no other type tests first
+        return _from_text(value)
     if isinstance(value, datetime):
         return _in_utc(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -50,10 +52,16 @@ def parse_time(value: Any) -> datetime | None:
             return None
     if isinstance(value, bytes | bytearray):
         value = as_text(value)
-    if not isinstance(value, str) or not value.strip():
+    return _from_text(value) if isinstance(value, str) else None
+
+
+def _from_text(value: str) -> datetime | None:
+    """ISO-8601 text as an aware UTC datetime (:func:`parse_time`'s rule), or None."""
+    text = value.strip()
+    if not text:
         return None
     try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
     return _in_utc(parsed)

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from amqpjobs.runtime.worker_config import WorkerOptions
 
 log = logging.getLogger("amqpjobs.worker")
+
+#: Decisions carried out by the ack alone, no copy (a tuple: ``Ack | Duplicate`` would be built again per delivery).
+_ACK_ONLY: Final = (Ack, Duplicate)
 
 #: How a delivery is handled: (alone, hand_back, rated, its task when known), :meth:`DeliveryPath._process`'s arguments.
 _How = tuple[bool, bool, bool, "asyncio.Task[Any] | None"]
@@ -158,7 +161,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
 
             await payload_after(self.app.payload_store, delivery.headers, v.decision, acked)
         uncertain = False
-        if v.ran and isinstance(v.decision, Ack | Duplicate):
+        if v.ran and isinstance(v.decision, _ACK_ONLY):
             # a run the broker may not have seen finish: its ack was never sent, or sent into a
             # connection the broker had already given up on (no heartbeat during a stall)
             stalled = self._stalls.longest_since(v.started)
@@ -273,7 +276,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
     ) -> bool:
         """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
-        copied = not isinstance(v.decision, Ack | Duplicate)  # a decision carried out by a copy, then the ack
+        copied = not isinstance(v.decision, _ACK_ONLY)  # a decision carried out by a copy, then the ack
         if copied and delivery.channel_closed:
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",

@@ -10,6 +10,7 @@ after the delivery is settled; its state is the worker's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -37,6 +38,12 @@ _UNACKED = {
 
 #: Seconds between two log lines of one job id waiting on another worker's live claim (README "Idempotency").
 CLAIM_BUSY_LINE_EVERY: Final = 10.0
+
+
+@functools.lru_cache(maxsize=256)
+def _name_text(name: str) -> str:
+    """A job name as its outcome line writes it (:func:`logfmt_value`): the same few names, worded once."""
+    return logfmt_value(name)
 
 
 @dataclass
@@ -69,11 +76,14 @@ class PacedDeferrals:
         it waits"``, a later one ``" (N more not logged since the last line)"``; any other
         outcome of the job id ends its waiting (its next deferral is logged again).
         """
+        kind = outcome.kind if kind is None else kind
+        if kind != "deferred" and not self._waiting:  # nothing paced: no clock, no pruning (most outcomes)
+            return ""
         now = self._clock()
         if now - self._pruned >= self.every:  # ids that stopped coming back (gone to another worker)
             self._pruned = now
             self._waiting = {k: w for k, w in self._waiting.items() if now - w.seen < 6 * self.every}
-        if (outcome.kind if kind is None else kind) != "deferred" or outcome.failure[0] != "ClaimBusy":
+        if kind != "deferred" or outcome.failure[0] != "ClaimBusy":
             self._waiting.pop(outcome.job_id, None)
             return ""
         waiting = self._waiting.get(outcome.job_id)
@@ -124,7 +134,7 @@ class OutcomeRecords:
             extra += paced
             log.info(
                 "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
-                logfmt_value(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,
+                _name_text(outcome.job or "?"), logfmt_value(outcome.job_id), outcome.attempt, outcome.duration,
                 kind, extra, "" if outcome.acked else _UNACKED[outcome.rejected],
             )  # fmt: skip
         if self._on_outcome is not None:
