@@ -163,6 +163,15 @@ class EnqueueGate:
         finally:
             queue.settled += 1
 
+    def clear(self, connection: Connection) -> bool:
+        """Whether :meth:`unblocked` would return at once and start no read: a publish need not await it.
+
+        True while ``connection`` is not blocked and the alarms read less than
+        :data:`EARLY_REFRESH` ago were none (the common case: an enqueue skips two coroutines).
+        """
+        alarms, read_at = self._alarms
+        return not alarms and time.monotonic() - read_at < EARLY_REFRESH and blocked_by(connection) is None
+
     async def unblocked(self, connection: Connection) -> None:
         """Return once no resource alarm blocks publishing (all :meth:`admitted` asks of a queue without bounds).
 

@@ -56,7 +56,7 @@ async def send(
     if gate is not None and connection is not None and isinstance(publisher, ConfirmedPublisher):  # not a double's
         if layout.bounds.checked:
             gated = gate.admitted(connection, layout.work_queue_for(routing_key), layout.bounds)
-        else:  # no bounds to count against: only the alarm check (without admitted()'s generator, per enqueue)
+        elif not gate.clear(connection):  # no bounds to count against: only the alarm check, awaited when it may wait
             await gate.unblocked(connection)
     async with gated:  # counted against max_depth from here until published (README "Backpressure")
         ref = None

@@ -40,6 +40,7 @@ from amqpjobs.wire.limits import (
     check_header_fits,
     encoded_size,
 )
+from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_outcome import heard_close, uncertain
 
 #: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
@@ -272,7 +273,8 @@ class ConfirmedPublisher:
 
     async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
         check_body(message, self.max_message_size)
-        properties = amqp_properties(message)
+        exact = exact_properties(message)  # the bytes pamqp would write, in one pass (None: pamqp encodes them)
+        properties = amqp_properties(message) if exact is None else exact
         sent = time.monotonic()
         channel, underlay = await self._writable(exchange, routing_key, sent)
         try:

@@ -136,3 +136,69 @@ async def test_enqueues_that_keep_coming_never_wait_for_the_alarm_read(monkeypat
     with pytest.raises(BrokerBlockedError, match=r"resource alarm \(memory\)"):
         await gate.unblocked(connection)  # type: ignore[arg-type]
     await gate.aclose()
+
+
+async def test_an_enqueue_awaits_the_alarm_check_only_when_it_may_wait(monkeypatch: pytest.MonkeyPatch):
+    """``send`` skips ``unblocked`` (two coroutines per enqueue) while the alarms read are fresh and none.
+
+    Not otherwise: a figure half a second old (a read ahead is due), an alarm read, or the
+    connection told it is blocked each make the enqueue await :meth:`EnqueueGate.unblocked`.
+    """
+    from types import SimpleNamespace
+
+    from amqpjobs.jobs import envelope
+    from amqpjobs.runtime import backpressure
+    from amqpjobs.runtime.sending import send
+    from amqpjobs.wire.publish import ConfirmedPublisher
+    from amqpjobs.wire.settings import broker_settings
+
+    now = [100.0]
+    monkeypatch.setattr(backpressure, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    answer: list[str] = []
+
+    async def read(question: object, otherwise: list[str]) -> list[str]:
+        return list(answer)
+
+    gate = backpressure.EnqueueGate(broker_settings("amqp://guest:guest@127.0.0.1:1/"), 0.0, 0.0)
+    monkeypatch.setattr(gate, "_read", read)
+    awaited: list[object] = []
+    unblocked = gate.unblocked
+
+    async def counting(connection: object) -> None:
+        awaited.append(connection)
+        await unblocked(connection)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gate, "unblocked", counting)
+
+    class Sent(ConfirmedPublisher):  # a broker's publisher as send() tells it apart; nothing goes anywhere
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def publish(self, exchange: str, routing_key: str, message: envelope.OutgoingMessage) -> None:
+            self.sent.append(routing_key)
+
+    publisher, connection = Sent(), SimpleNamespace()  # a connection never told it is blocked
+    layout = topology().layout("work")
+    message = envelope.job_message("j", {}, job_id="id-1", now=0.0)
+
+    async def enqueue() -> None:
+        await send(publisher, gate, connection, None, layout, "jobs", "work", message, "id-1")  # type: ignore[arg-type]
+
+    await enqueue()  # never read: awaited (it reads)
+    assert len(awaited) == 1
+    now[0] += 0.4
+    await enqueue()  # read 0.4 s ago, no alarm: not awaited
+    assert len(awaited) == 1
+    assert gate.clear(connection)  # type: ignore[arg-type]
+    now[0] += 0.2  # 0.6 s old: a read ahead is due, so unblocked() runs
+    await enqueue()
+    assert len(awaited) == 2
+    await asyncio.sleep(0)  # the read ahead answers: no alarm
+    answer.append("memory")  # the next read's answer
+    now[0] += 1.1  # too old to use: read (and refused at once, blocked_timeout 0)
+    with pytest.raises(BrokerBlockedError):
+        await enqueue()
+    assert len(awaited) == 3
+    assert not gate.clear(connection)  # type: ignore[arg-type]
+    assert publisher.sent == ["work"] * 3
+    await gate.aclose()

@@ -95,3 +95,21 @@ def test_settings_refuse_bad_urls_and_never_print_passwords(monkeypatch: pytest.
     assert redact("amqp://guest@h/") == "amqp://guest@h/"
     assert redact("amqp://h/") == "amqp://h/"
     assert broker_settings("amqp://u:secret@h/").with_vhost("a b").safe_url == "amqp://u:***@h/a%20b"
+
+
+def test_a_random_job_id_is_a_uuid4_in_its_usual_text():
+    import uuid
+
+    from amqpjobs.jobs.enqueue_args import random_job_id
+
+    ids = {random_job_id() for _ in range(2_000)}
+    assert len(ids) == 2_000
+    for job_id in ids:
+        parsed = uuid.UUID(job_id)
+        assert str(parsed) == job_id  # lower-case hex, dashes 8-4-4-4-12
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+    # every other bit varies: 122 random bits, as uuid4's
+    bits = [uuid.UUID(job_id).int for job_id in ids]
+    fixed = (0xF000 << 64) | (0xC000 << 48)
+    assert all(any(b >> i & 1 for b in bits) and not all(b >> i & 1 for b in bits)
+               for i in range(128) if not fixed >> i & 1)  # fmt: skip
