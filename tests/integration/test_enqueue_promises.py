@@ -213,6 +213,25 @@ async def test_headers_over_frame_max_are_refused_before_sending(broker: BrokerS
     assert [m.message_id for m in await drain(broker, "capped")] == ["fits"]
 
 
+async def test_headers_of_many_small_items_over_frame_max_are_refused_before_sending(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """15,000 large ints take 135,000 bytes (type code and 8 bytes each), not the 2 each a quick estimate said.
+
+    Before, they went out unsized: the broker closed the connection (FRAME_ERROR) and the
+    enqueue raised a connection error, the enqueue after it a PublishError.
+    """
+    app = await make(broker, tmp_path)
+    try:
+        refused = "take 135148 bytes, over the connection's frame_max of 131072 bytes less the 20480"
+        with pytest.raises(MessageTooLargeError, match=refused):
+            await app.enqueue("cap", {}, job_id="big", headers={"ids": [2**40] * 15_000})
+        await app.enqueue("cap", {}, job_id="fits", headers={"ids": [2**40] * 5_000})
+    finally:
+        await app.close()
+    assert [m.message_id for m in await drain(broker, "capped")] == ["fits"]
+
+
 async def test_a_job_without_tenant_goes_to_the_shard_of_its_job_id(broker: BrokerSettings, tmp_path: Path):
     app = await make(broker, tmp_path)
     ids = [f"job-{i}" for i in range(12)]
