@@ -11,6 +11,8 @@ from typing import Any, Final
 
 #: The content type of a job message (README "Wire format").
 CONTENT_TYPE: Final = "application/json"
+#: What the names of our headers start with (:mod:`amqpjobs.jobs.envelope`); reserved to us.
+OUR_PREFIX: Final = "amqpjobs-"
 
 
 @dataclass(frozen=True)

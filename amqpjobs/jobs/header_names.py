@@ -13,6 +13,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any, Final
 
+from amqpjobs.message import OUR_PREFIX
 from amqpjobs.text import as_text
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
@@ -93,7 +94,7 @@ def header_problem(name: Any, value: Any) -> str | None:
     """
     if not isinstance(name, str):
         return f"header {name!r}: header names must be str (got {type(name).__name__})"
-    if name.lower().startswith(("x-", "amqpjobs-")):
+    if name.lower().startswith(("x-", OUR_PREFIX)):
         return f"header {name!r}: names starting 'x-' or 'amqpjobs-' are reserved"
     if problem := field_name_problem("header name", name) or _value_problem(value):
         return f"header {name[:40]!r}: {problem}"

@@ -50,7 +50,7 @@ from typing import Any
 from pamqp import commands, encode
 from pamqp.header import ContentHeader
 
-from amqpjobs.message import OutgoingMessage
+from amqpjobs.message import OUR_PREFIX, OutgoingMessage
 from amqpjobs.wire import header_decoding
 from amqpjobs.wire.header_decoding import FIXED_SIZES, LONG_SIZED, PROPERTY_LAYOUT
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
@@ -184,10 +184,12 @@ def copy_table(received: bytes, received_headers: Mapping[str, Any] | None, head
     it, ``is``) goes out as received, name, type code and value bytes; every entry of a
     name that occurs twice (or of names that decode alike) does. A name the copy changed
     goes out once, encoded anew, at its first entry's place; a name the copy left out is
-    gone. Names that are new go last, in ``headers`` order. (``is`` can't tell a value set
-    anew that is the very object decoded, such as a small ``int`` CPython shares, from one
-    left as received: such a name goes out as received, all its entries, the last of which,
-    the one decoded, is the value set.)
+    gone. Names that are new go last, in ``headers`` order. A header of ours (``amqpjobs-*``)
+    goes out once whatever the received table held: the value the worker read (the last
+    entry, the decoded one) as received when the copy kept it, at the name's first place;
+    ``is`` can't tell a value set anew that is the very object decoded (a small ``int`` or
+    ``""`` CPython shares) from one kept, and a stale entry of ours ahead of it would be
+    what RabbitMQ 4.x reads (it keeps the first entry of a name twice).
 
     Args:
         received: The received table, as :func:`split_properties` gives it (length first).
@@ -199,12 +201,17 @@ def copy_table(received: bytes, received_headers: Mapping[str, Any] | None, head
         TypeError: a header value pamqp can't encode.
     """
     decoded = received_headers or {}
+    entries = split_table(received)
+    last = {key: raw for key, raw in entries if key.startswith(OUR_PREFIX)}  # of ours: the entry decoded
     parts, kept = [], set()
-    for key, raw in split_table(received):
+    for key, raw in entries:
         value = headers.get(key, _MISSING)
         if value is _MISSING:
             continue
-        if value is decoded.get(key, _MISSING):
+        if key in last:
+            if key not in kept:
+                parts.append(last[key] if value is decoded.get(key, _MISSING) else _entry(key, value))
+        elif value is decoded.get(key, _MISSING):
             parts.append(raw)
         elif key not in kept:
             parts.append(_entry(key, value))

@@ -69,6 +69,24 @@ def test_a_name_the_copy_changes_goes_out_once_in_its_first_place_and_one_it_dro
     ]
 
 
+@pytest.mark.parametrize("value", [1, ""])
+def test_a_header_of_ours_set_to_the_value_decoded_goes_out_once(value: Any) -> None:
+    """review18: a replay sets attempt 1 against a received [5, 1]; CPython shares small ints and "".
+
+    The copy carried both entries (5 first), and RabbitMQ 4.0.5, which keeps the first entry
+    of a name twice, would have read attempt 5. A header of ours goes out once: the value
+    the worker read (the last entry, the decoded one), in the name's first place.
+    """
+    encoded = b"b\x01" if value == 1 else b"S" + frames.long_bytes(b"")
+    stale = b"b\x05" if value == 1 else b"S" + frames.long_bytes(b"9.9-forged")
+    name = b"amqpjobs-attempt" if value == 1 else b"amqpjobs-app-version"
+    delivery = delivery_of([(name, stale), B, (name, encoded)])
+    headers = copy_headers.strip_broker_headers(delivery.headers)
+    headers[name.decode()] = value
+    assert headers[name.decode()] is delivery.headers[name.decode()]  # the case: the very object decoded
+    assert copied(delivery, headers) == [(name, encoded), B]
+
+
 def test_without_a_name_twice_the_order_is_the_decoded_headers_order() -> None:
     """What a copy was before: received names in their order, changed ones in place, new ones last."""
     entries = [(b"one", b"b\x01"), (b"two", b"b\x02"), (b"three", b"b\x03")]
