@@ -11,6 +11,10 @@ from typing import Any, Final
 
 #: The content type of a job message (README "Wire format").
 CONTENT_TYPE: Final = "application/json"
+#: Tables and arrays nested deeper than this inside a header value: a worker decodes what is
+#: deeper as None (:mod:`amqpjobs.wire.header_decoding`), so ``enqueue`` refuses them
+#: (:mod:`amqpjobs.jobs.header_names`).
+MAX_NESTING: Final = 64
 #: What the names of our headers start with (:mod:`amqpjobs.jobs.envelope`); reserved to us.
 OUR_PREFIX: Final = "amqpjobs-"
 

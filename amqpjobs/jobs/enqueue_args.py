@@ -34,7 +34,7 @@ def checked_job_id(
         ConfigurationError: ``job_id`` or ``tenant`` not a str, or empty; ``job_id`` not an AMQP
             short string (1-255 UTF-8 bytes); ``priority`` not an int, or above the job queue's
             ``max_priority`` (or given to a classic queue without one); the key function failed
-            or returned no non-empty str.
+            or returned no non-empty str; ``tenant`` not UTF-8 text (a lone surrogate).
 
     """
     if job_id is not None and (problem := job_id_problem(job_id)):  # the one job-id rule, its type too
@@ -45,6 +45,8 @@ def checked_job_id(
         raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
     if tenant is not None and not tenant.strip():
         raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
+    if tenant is not None and (problem := _not_utf8(tenant)):
+        raise ConfigurationError(f"job {jobdef.name!r}: tenant {tenant[:40]!r} is not UTF-8 text ({problem})")
     if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
         if layout.max_priority is None:
             raise ConfigurationError(
@@ -67,3 +69,12 @@ def checked_job_id(
             )
         job_id = derived
     return job_id or random_job_id()
+
+
+def _not_utf8(text: str) -> str | None:
+    """Where ``text`` stops being UTF-8 text (``"a lone surrogate at 3"``), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate at {exc.start}"
+    return None

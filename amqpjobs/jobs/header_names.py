@@ -13,7 +13,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any, Final
 
-from amqpjobs.message import OUR_PREFIX
+from amqpjobs.message import MAX_NESTING, OUR_PREFIX
 from amqpjobs.text import as_text
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
@@ -40,7 +40,7 @@ def _as_float32(value: float) -> float | None:
         return None
 
 
-def _value_problem(value: Any, path: str = "value") -> str | None:
+def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | None:
     """Why header value ``value`` (at ``path`` within the header) can't be sent as given (the first), or None.
 
     A table key that is not a str (pamqp fails on it, naming no header), a key over 128 UTF-8
@@ -48,8 +48,21 @@ def _value_problem(value: Any, path: str = "value") -> str | None:
     (3.10 to 4.3) closes the publisher's whole connection with ``INTERNAL_ERROR``, failing the
     publishes beside it), or a float a 32-bit AMQP float can't hold exactly (pamqp's
     ``encode_table_value`` writes every Python float as ``f``: 0.1 would arrive as
-    0.10000000149011612, 1e308 fails to pack).
+    0.10000000149011612, 1e308 fails to pack), a str that is not UTF-8 text (a lone
+    surrogate), or tables and arrays nested more than :data:`~amqpjobs.message.MAX_NESTING`
+    deep (a worker reads what is deeper as None).
     """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path} is not UTF-8 text (a lone surrogate at {exc.start}); nothing was sent"
+        return None
+    if isinstance(value, Mapping | list | tuple) and depth >= MAX_NESTING:
+        return (
+            f"header value is nested more than {MAX_NESTING} deep (tables and arrays); nothing was sent. A worker "
+            "reads what is deeper as None: flatten it, or put it in the payload"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         return (
             f"{path} is {value!r}, a float RabbitMQ can't take (it closes the connection with INTERNAL_ERROR on "
@@ -70,10 +83,10 @@ def _value_problem(value: Any, path: str = "value") -> str | None:
                 )
             if problem := field_name_problem(f"table key {key[:40]!r}", key):
                 return problem
-            if problem := _value_problem(item, f"{path}[{key[:40]!r}]"):
+            if problem := _value_problem(item, f"{path}[{key[:40]!r}]", depth + 1):
                 return problem
     elif isinstance(value, list | tuple):
-        return next((p for i, v in enumerate(value) if (p := _value_problem(v, f"{path}[{i}]"))), None)
+        return next((p for i, v in enumerate(value) if (p := _value_problem(v, f"{path}[{i}]", depth + 1))), None)
     return None
 
 

@@ -33,6 +33,8 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
+from amqpjobs.message import MAX_NESTING
+
 #: pamqp's own ``ContentHeader.unmarshal``, kept before anything replaces it: the fallback.
 pamqp_unmarshal: Callable[[ContentHeader, bytes], None] = ContentHeader.unmarshal
 
@@ -44,7 +46,7 @@ Decoded = tuple[int, int, int, list[tuple[str, Any]]]
 #: kept for copies): the broker accepts a table hundreds deep, and pamqp's decoding of one (and
 #: any of Python's) would exceed the recursion limit, fail the frame, and with it the
 #: connection, on every redelivery (a queue stopped by one message).
-MAX_DEPTH = 64
+MAX_DEPTH = MAX_NESTING
 
 _HEAD = struct.Struct(">HHQH")  # class id, weight, body size, the first word of property flags
 _UINT32 = struct.Struct(">I")

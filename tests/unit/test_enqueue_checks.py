@@ -24,7 +24,19 @@ exchange = "jobs"
 name = "ranked"
 exchange = "jobs"
 max_priority = 5
+
+[[job_queue]]
+name = "spread"
+exchange = "jobs"
+shards = 4
 """
+
+
+def nested(depth: int, inner: Any, kind: type) -> Any:
+    for _ in range(depth):
+        inner = [inner] if kind is list else {"k": inner}
+    return inner
+
 
 NOWHERE = "amqp://guest:guest@127.0.0.1:1/"  # nothing listens: a publish let through would fail to connect
 
@@ -35,6 +47,7 @@ def app(tmp_path: Any) -> App:
     app = App("checks", topology=load_topology(tmp_path / "t.toml").topology, url=NOWHERE)
     app.job("p", queue="plain")(lambda p, c: None)
     app.job("r", queue="ranked")(lambda p, c: None)
+    app.job("s", queue="spread")(lambda p, c: None)
     return app
 
 
@@ -50,6 +63,15 @@ def app(tmp_path: Any) -> App:
         ("p", {"headers": {"AMQPJOBS-Tenant": "a"}}, "header 'AMQPJOBS-Tenant': names starting"),
         ("p", {"job_id": " "}, "job_id is empty"),
         ("p", {"tenant": ""}, "tenant is empty"),
+        # review18: a bare UnicodeEncodeError (sharded) or words about header types (not sharded)
+        ("s", {"tenant": "a\ud800"}, "tenant 'a\\ud800' is not UTF-8 text (a lone surrogate at 1)"),
+        ("p", {"tenant": "a\ud800"}, "tenant 'a\\ud800' is not UTF-8 text (a lone surrogate at 1)"),
+        ("p", {"headers": {"h": "a\ud800"}}, "header 'h': value is not UTF-8 text (a lone surrogate at 1)"),
+        ("p", {"headers": {"h": {"k": [1, "\ud800"]}}}, "header 'h': value['k'][1] is not UTF-8 text"),
+        # review18: a bare RecursionError 500 deep; a worker reads what is over 64 deep as None
+        ("p", {"headers": {"deep": nested(65, 1, list)}}, "is nested more than 64 deep"),
+        ("p", {"headers": {"deep": nested(500, 1, list)}}, "is nested more than 64 deep"),
+        ("p", {"headers": {"deep": nested(500, 1, dict)}}, "is nested more than 64 deep"),
         ("p", {"job_id": 7}, "job_id must be a str (got int)"),
         # AMQP shortstr fields hold 255 bytes: 128 characters of 2 bytes each are 256
         ("p", {"job_id": "\u00e9" * 128}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
