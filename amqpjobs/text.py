@@ -26,6 +26,20 @@ def encodable(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def lone_surrogate(text: str) -> str | None:
+    """Where ``text`` stops being UTF-8 text, as ``"a lone surrogate at 3"`` (an index), or None.
+
+    The one rule for text we send as given (a job id, a tenant, a header string): AMQP
+    carries UTF-8, and a lone surrogate has no UTF-8 form (encoding it raises
+    ``UnicodeEncodeError``).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate at {exc.start}"
+    return None
+
+
 #: Closing bracket of each opening one, for :func:`shorten`.
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 

@@ -8,6 +8,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
+from amqpjobs.text import lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
 
 #: The bits ``uuid.uuid4()`` sets in 128 random ones: version 4 (bits 76-79), RFC 4122 variant (bits 62-63).
@@ -45,7 +46,7 @@ def checked_job_id(
         raise ConfigurationError(f"job {jobdef.name!r}: priority must be an int (got {priority!r})")
     if tenant is not None and not tenant.strip():
         raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
-    if tenant is not None and (problem := _not_utf8(tenant)):
+    if tenant is not None and (problem := lone_surrogate(tenant)):
         raise ConfigurationError(f"job {jobdef.name!r}: tenant {tenant[:40]!r} is not UTF-8 text ({problem})")
     if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
         if layout.max_priority is None:
@@ -69,12 +70,3 @@ def checked_job_id(
             )
         job_id = derived
     return job_id or random_job_id()
-
-
-def _not_utf8(text: str) -> str | None:
-    """Where ``text`` stops being UTF-8 text (``"a lone surrogate at 3"``), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"a lone surrogate at {exc.start}"
-    return None

@@ -28,7 +28,7 @@ from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
-from amqpjobs.text import as_text
+from amqpjobs.text import as_text, lone_surrogate
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -262,10 +262,8 @@ def job_id_problem(job_id: object) -> str | None:
         return f"job_id must be a str (got {type(job_id).__name__})"
     if not job_id.strip():
         return "job_id is empty; give an id (or leave it out when enqueueing: a random UUID)"
-    try:
-        job_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"job_id {job_id[:40]!r} is not UTF-8 text (a lone surrogate at {exc.start})"
+    if where := lone_surrogate(job_id):
+        return f"job_id {job_id[:40]!r} is not UTF-8 text ({where})"
     if problem := shortstr_problem("job_id", job_id):
         return f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})"
     return None

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from amqpjobs.message import MAX_NESTING, OUR_PREFIX
-from amqpjobs.text import as_text
+from amqpjobs.text import as_text, lone_surrogate
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
 #: field-name limit, which pamqp applies by cutting a longer name to 128 bytes.
@@ -53,11 +53,8 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
     deep (a worker reads what is deeper as None).
     """
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return f"{path} is not UTF-8 text (a lone surrogate at {exc.start}); nothing was sent"
-        return None
+        where = lone_surrogate(value)
+        return None if where is None else f"{path} is not UTF-8 text ({where}); nothing was sent"
     if isinstance(value, Mapping | list | tuple) and depth >= MAX_NESTING:
         return (
             f"header value is nested more than {MAX_NESTING} deep (tables and arrays); nothing was sent. A worker "

@@ -167,3 +167,28 @@ def write_file(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def capture_content_headers(monkeypatch: Any) -> list[bytes]:
+    """From now on, the payload of every content-header frame this process receives, in order, as raw bytes.
+
+    Wraps ``pamqp.frame.unmarshal`` (through ``monkeypatch``, undone after the test): the
+    bytes as the broker sent them, before any decoding of ours.
+    """
+    import struct
+
+    import pamqp.frame
+    from pamqp import header
+
+    frames: list[bytes] = []
+    original: Callable[[bytes], Any] = pamqp.frame.unmarshal
+
+    def capture(data: bytes) -> Any:
+        result = original(data)
+        if isinstance(result[2], header.ContentHeader):
+            (size,) = struct.unpack(">I", data[3:7])
+            frames.append(bytes(data[7 : 7 + size]))
+        return result
+
+    monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
+    return frames

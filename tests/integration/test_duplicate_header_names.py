@@ -20,14 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pamqp.frame
 import pytest
-from pamqp import encode, header
+from pamqp import encode
 
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import evidence
@@ -45,7 +42,7 @@ from tests.amqp_frames import (
     table_entries,
 )
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli, depth, drain, raw_channel
+from tests.integration.helpers import capture_content_headers, cli, depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -63,18 +60,7 @@ SENT = [ZZ, DUP_FIRST, AA, DUP_SECOND, BAD_FF, BAD_FE]
 @pytest.fixture
 def received(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Payloads of every content-header frame this process receives, in order, as raw bytes."""
-    frames: list[bytes] = []
-    original: Callable[[bytes], Any] = pamqp.frame.unmarshal
-
-    def capture(data: bytes) -> Any:
-        result = original(data)
-        if isinstance(result[2], header.ContentHeader):
-            (size,) = struct.unpack(">I", data[3:7])
-            frames.append(bytes(data[7 : 7 + size]))
-        return result
-
-    monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
-    return frames
+    return capture_content_headers(monkeypatch)
 
 
 def theirs(payload: bytes) -> list[tuple[bytes, bytes]]:

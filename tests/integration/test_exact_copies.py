@@ -20,13 +20,11 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pamqp.frame
 import pytest
-from pamqp import decode, header
+from pamqp import decode
 
 from amqpjobs import JobContext, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
@@ -47,7 +45,7 @@ from tests.amqp_frames import (
     split_table,
     table,
 )
-from tests.integration.helpers import depth, drain, raw_channel
+from tests.integration.helpers import capture_content_headers, depth, drain, raw_channel
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -56,18 +54,7 @@ pytestmark = pytest.mark.broker
 @pytest.fixture
 def received(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Payloads of every content-header frame this process receives, in order."""
-    frames: list[bytes] = []
-    original: Callable[[bytes], Any] = pamqp.frame.unmarshal
-
-    def capture(data: bytes) -> Any:
-        result = original(data)
-        if isinstance(result[2], header.ContentHeader):
-            (size,) = struct.unpack(">I", data[3:7])
-            frames.append(bytes(data[7 : 7 + size]))
-        return result
-
-    monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
-    return frames
+    return capture_content_headers(monkeypatch)
 
 
 def stage(frames: list[bytes], name: str) -> dict[str, bytes]:
