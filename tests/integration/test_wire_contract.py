@@ -240,13 +240,16 @@ async def test_a_hostile_value_forges_no_key_in_the_plain_log(
     assert sorted(outcomes) == ["quarantined"] * 3
 
 
-async def wait_for_head_timestamp(broker: BrokerSettings, queue: str) -> int:
-    """The management API refreshes its figures every few seconds; wait for the head timestamp."""
+async def wait_for_head_timestamp(broker: BrokerSettings, queue: str, stale: int | None = None) -> int:
+    """The management API refreshes its figures every few seconds; wait for the head timestamp.
+
+    ``stale``: a head timestamp from before (a message since gone): wait for another one.
+    """
     deadline = time.monotonic() + 15
     with ManagementClient(broker) as mgmt:
         while time.monotonic() < deadline:
             head = (mgmt.queue(broker.vhost, queue) or {}).get("head_message_timestamp")
-            if head is not None:
+            if head is not None and int(head) != stale:
                 return int(head)
             await asyncio.sleep(0.25)
     raise AssertionError("management statistics did not refresh")
