@@ -315,19 +315,25 @@ class Delivery:
 
 
 def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher | None = None) -> Delivery:
-    """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue``.
+    """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue`` (:func:`delivery_from_frames`)."""
+    return delivery_from_frames(message.delivery, message.header, message.body, message.channel, queue, acks)
 
-    The hot path of the worker (:mod:`amqpjobs.wire.consume`): properties are read straight
-    from pamqp's decoded content header. With ``acks`` (the channel's batcher), the
-    delivery is noted there and its :meth:`Delivery.ack` is batched.
+
+def delivery_from_frames(
+    frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel, queue: str, acks: AckBatcher | None = None
+) -> Delivery:
+    """Wrap a delivery read off ``channel`` (a ``basic.deliver`` or ``basic.get-ok`` frame, its header and body).
+
+    The hot path of the worker (:mod:`amqpjobs.wire.consume`, :mod:`amqpjobs.wire.delivery_tap`):
+    properties are read straight from pamqp's decoded content header. With ``acks`` (the
+    channel's batcher), the delivery is noted there and its :meth:`Delivery.ack` is batched.
     """
-    p = message.header.properties
-    frame: Any = message.delivery
+    p = header.properties
     if acks is not None:
         acks.delivered(frame.delivery_tag)
     ts = p.timestamp
     return Delivery(
-        message.body,
+        body,
         dict(p.headers) if p.headers else {},
         p.content_type,
         p.content_encoding,
@@ -343,9 +349,9 @@ def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher
         frame.routing_key or "",
         queue,
         frame.delivery_tag,
-        message.channel,
+        channel,
         acks,
-        message.header,
+        header,
     )
 
 
