@@ -41,7 +41,7 @@ from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_frames
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
 from amqpjobs.wire.errors import error_kind
 
@@ -195,11 +195,7 @@ class WorkQueueConsumer:
             acks = self._acks = AckBatcher(channel, batch=self.prefetch > 1)
         # a task of our own: aiormq cancels the tasks it started when the channel closes, which would
         # cut a run off without an outcome (and leave a plain-function handler's thread running unseen)
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
-            self.handler(delivery_from_frames(frame, header, body, channel, self.queue, acks))
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        run_handler(self._tasks, self.handler(delivery_from_frames(frame, header, body, channel, self.queue, acks)))
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (call before closing the connection)."""

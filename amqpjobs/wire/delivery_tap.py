@@ -143,7 +143,13 @@ class DeliveryTap:
         self._reset()
         on_delivery = self._consumers.get(deliver.consumer_tag or "")
         if on_delivery is not None and not self._channel.is_closed:
-            on_delivery(deliver, header, body, self._channel)
+            try:
+                on_delivery(deliver, header, body, self._channel)
+            except Exception:  # a bug of ours: it must not end the connection's reader (and every channel with it)
+                log.exception(
+                    "consumer %s could not take delivery %s on channel %s: it stays unacked until the channel closes",
+                    deliver.consumer_tag, deliver.delivery_tag, self._channel.number,
+                )  # fmt: skip
 
     def _reset(self) -> None:
         self._deliver = self._header = None

@@ -41,7 +41,7 @@ from pamqp.header import ContentHeader
 
 from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq, delivery_from_frames
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap, untap
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
@@ -191,11 +191,8 @@ class Lane:
         tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
 
         def on_frames(frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel) -> None:
-            # a task of our own: aiormq cancels the tasks it started when the channel closes (a run cut off)
             delivery = delivery_from_frames(frame, header, body, channel, queue, self._acks_for(channel))
-            task = asyncio.get_running_loop().create_task(handler(delivery))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            run_handler(self._tasks, handler(delivery))  # not aiormq's task: a closing channel would cancel it
 
         async def on_message(message: DeliveredMessage) -> None:  # through aiormq (not the audited one)
             on_frames(message.delivery, message.header, message.body, message.channel)

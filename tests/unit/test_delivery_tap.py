@@ -19,6 +19,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from amqpjobs.wire import delivery_tap
+from amqpjobs.wire.delivery import run_handler
 from amqpjobs.wire.delivery_tap import DeliveryTap, tap, untap
 
 Deliver = commands.Basic.Deliver
@@ -28,6 +29,7 @@ Deliver = commands.Basic.Deliver
 class Channel:
     frames: Any = field(default_factory=asyncio.Queue)
     is_closed: bool = False
+    number: int = 7
 
 
 def deliver(tag: str, n: int) -> Deliver:
@@ -150,3 +152,48 @@ def test_no_tap_over_an_aiormq_that_is_not_the_audited_one(monkeypatch: pytest.M
 
 def test_this_aiormq_is_the_audited_one() -> None:
     assert delivery_tap.audited(), "aiormq changed: read its reader again and audit the tap (wire/delivery_tap.py)"
+
+
+async def test_a_consumer_callback_that_raises_is_logged_and_the_frames_after_it_still_pass(
+    channel: Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    t, seen = tapped(channel), Seen()
+    calls = 0
+
+    def broken(frame: Deliver, head: ContentHeader, body: bytes, ch: Any) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("a bug of ours")
+
+    t.consume("a", broken)
+    t.consume("b", seen)
+    qos_ok = commands.Basic.QosOk()
+    await feed(
+        t, [deliver("a", 1), header(1), ContentBody(b"1"), qos_ok, deliver("b", 2), header(1), ContentBody(b"2")]
+    )
+    assert calls == 1
+    assert seen.got == [("b", 2, 1, b"2")]
+    assert left(channel) == [qos_ok]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "consumer a could not take delivery 1 on channel 7: it stays unacked until the channel closes"
+    ]
+
+
+async def test_a_handler_that_fails_is_logged_and_forgotten(caplog: pytest.LogCaptureFixture) -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def works() -> None:
+        return None
+
+    run_handler(tasks, fails())
+    run_handler(tasks, works())
+    assert len(tasks) == 2
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert tasks == set()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in errors] == ["a delivery's handler failed: RuntimeError('boom')"]
+    assert errors[0].exc_info is not None
