@@ -144,7 +144,7 @@ class LeaseKeeping:
         self._kick()
 
     async def _leased(self, lease: _Lease, delivery: Delivery) -> None:
-        """A delivery of a lease: run it on a token the lease already owns (in aiormq's task)."""
+        """A delivery of a lease: run it on a token the lease already owns (in a task of the lane's)."""
         task = asyncio.current_task()
         assert task is not None
         self._inflight.add(task)

@@ -8,7 +8,9 @@ prefetch 1, at a fraction of the client cost: one channel instead of N).
 
 Deliveries are taken at aiormq's level (``basic.consume`` on the robust channel's
 underlying channel) and turned straight into :class:`Delivery`, skipping aio-pika's
-per-message object and second task, the largest per-job cost of a Python consumer.
+per-message object and second task, the largest per-job cost of a Python consumer; where
+aiormq is the audited one, straight off its connection reader
+(:mod:`amqpjobs.wire.delivery_tap`: no frame queue, no task of aiormq's per delivery).
 Reconnecting stays aio-pika's job (STYLE 7): the robust connection reopens the channel,
 restores its QoS, and calls our re-declare hook, which looks for the queue on a throwaway
 channel and consumes again under the same consumer tag. A ``basic.cancel`` from the broker (the queue
@@ -29,15 +31,18 @@ from typing import Any, cast
 import aiormq
 import pamqp.exceptions
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aiormq.abc import AbstractChannel as UnderlayChannel
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_frames, run_handler
+from amqpjobs.wire.delivery_tap import tap
 from amqpjobs.wire.errors import error_kind
 
 log = logging.getLogger("amqpjobs.wire")
@@ -154,7 +159,15 @@ class WorkQueueConsumer:
             await underlay.basic_qos(prefetch_count=self.prefetch)
             self._qos_on = (id(underlay), self.prefetch)
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
-        await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
+        tapped = tap(underlay)
+        if tapped is not None:  # registered before the consume: its first delivery may follow consume-ok at once
+            tapped.consume(self.tag, self._on_frames)
+        try:
+            await underlay.basic_consume(self.queue, self._on_message, consumer_tag=self.tag, arguments=self.arguments)
+        except BaseException:
+            if tapped is not None:
+                tapped.forget(self.tag)
+            raise
         if self._consuming_on is not underlay:
             underlay.closing.add_done_callback(self._on_channel_closed)
         self._consuming_on = underlay
@@ -172,16 +185,17 @@ class WorkQueueConsumer:
             )  # fmt: skip
 
     async def _on_message(self, message: DeliveredMessage) -> None:
+        """A delivery through aiormq's channel reader (an aiormq the tap was not audited against)."""
+        self._on_frames(message.delivery, message.header, message.body, message.channel)
+
+    def _on_frames(self, frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel) -> None:
+        """A delivery: run the handler in a task of its own (straight from :mod:`~amqpjobs.wire.delivery_tap`)."""
         acks = self._acks
-        if acks is None or acks.channel is not message.channel:  # first delivery, or one after a reconnect
-            acks = self._acks = AckBatcher(message.channel, batch=self.prefetch > 1)
+        if acks is None or acks.channel is not channel:  # first delivery, or one after a reconnect
+            acks = self._acks = AckBatcher(channel, batch=self.prefetch > 1)
         # a task of our own: aiormq cancels the tasks it started when the channel closes, which would
         # cut a run off without an outcome (and leave a plain-function handler's thread running unseen)
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
-            self.handler(delivery_from_aiormq(message, self.queue, acks))
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        run_handler(self._tasks, self.handler(delivery_from_frames(frame, header, body, channel, self.queue, acks)))
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (call before closing the connection)."""

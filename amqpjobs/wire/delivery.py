@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any
 
 import aiormq
@@ -135,6 +136,25 @@ class AckBatcher:
             self._send_soon()
         while self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+def run_handler(tasks: set[asyncio.Task[None]], handling: Coroutine[Any, Any, None]) -> None:
+    """Run a delivery's handler in a task of our own, kept in ``tasks`` while it runs.
+
+    Ours, not aiormq's: aiormq cancels the tasks it started when their channel closes,
+    which would cut a run off without an outcome. A handler that fails is logged (ERROR,
+    with its traceback) as aiormq logs a consumer callback that fails; its delivery stays
+    unsettled until its channel closes, and the broker then redelivers it.
+    """
+    task = asyncio.get_running_loop().create_task(handling)
+    tasks.add(task)
+    task.add_done_callback(partial(_handled, tasks))
+
+
+def _handled(tasks: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    tasks.discard(task)
+    if not task.cancelled() and (failed := task.exception()) is not None:
+        log.error("a delivery's handler failed: %r", failed, exc_info=failed)
 
 
 @dataclass(slots=True)
@@ -315,19 +335,25 @@ class Delivery:
 
 
 def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher | None = None) -> Delivery:
-    """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue``.
+    """Wrap an aiormq delivery (``basic.deliver`` or ``basic.get-ok``) from ``queue`` (:func:`delivery_from_frames`)."""
+    return delivery_from_frames(message.delivery, message.header, message.body, message.channel, queue, acks)
 
-    The hot path of the worker (:mod:`amqpjobs.wire.consume`): properties are read straight
-    from pamqp's decoded content header. With ``acks`` (the channel's batcher), the
-    delivery is noted there and its :meth:`Delivery.ack` is batched.
+
+def delivery_from_frames(
+    frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel, queue: str, acks: AckBatcher | None = None
+) -> Delivery:
+    """Wrap a delivery read off ``channel`` (a ``basic.deliver`` or ``basic.get-ok`` frame, its header and body).
+
+    The hot path of the worker (:mod:`amqpjobs.wire.consume`, :mod:`amqpjobs.wire.delivery_tap`):
+    properties are read straight from pamqp's decoded content header. With ``acks`` (the
+    channel's batcher), the delivery is noted there and its :meth:`Delivery.ack` is batched.
     """
-    p = message.header.properties
-    frame: Any = message.delivery
+    p = header.properties
     if acks is not None:
         acks.delivered(frame.delivery_tag)
     ts = p.timestamp
     return Delivery(
-        message.body,
+        body,
         dict(p.headers) if p.headers else {},
         p.content_type,
         p.content_encoding,
@@ -343,9 +369,9 @@ def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher
         frame.routing_key or "",
         queue,
         frame.delivery_tag,
-        message.channel,
+        channel,
         acks,
-        message.header,
+        header,
     )
 
 

@@ -2,12 +2,12 @@
 
 Every frame a worker receives (a delivery is three: ``basic.deliver``, its content header and
 its body) goes through aiormq's ``FrameReceiver.get_frame``, which copies the frame through
-a ``BytesIO`` in three reads (1 byte, 6 bytes, then the payload and the frame end) and looks
-at the buffer four times. :func:`install_fast_frame_reading` puts in its place a
-reader of the same frames in two reads (the 7-byte frame header, then the payload and the
-frame end, AMQP 0-9-1 section 4.2.3 "General Frame Format") that decodes them with the same
-``pamqp.frame.unmarshal`` and raises the same exceptions with the same messages, so aiormq's
-connection sees no difference.
+a ``BytesIO`` in three reads of the stream (1 byte, 6 bytes, then the payload and the frame
+end) and looks at the buffer four times. :func:`install_fast_frame_reading` puts in its
+place a reader of the same frames that takes the stream's bytes in large pieces and cuts
+the frames out of them (AMQP 0-9-1 section 4.2.3 "General Frame Format"), decodes them with
+the same ``pamqp.frame.unmarshal`` and raises the same exceptions with the same messages, so
+aiormq's connection sees no difference.
 
 It replaces aiormq's only when that is exactly the code it was written against (its source
 text, :data:`AUDITED`): an aiormq that changed its reader keeps its own, unpatched.
@@ -46,8 +46,45 @@ def source_digest(function: Any) -> str:
         return ""
 
 
+#: Bytes taken from the stream at most per read: every whole frame in them is decoded without another read.
+READ_SIZE = 65536
+
+
+async def _at_least(self: FrameReceiver, reader: asyncio.StreamReader, n: int) -> tuple[bytes, int]:
+    """The receiver's unread bytes and where they start, ``n`` of them at least (read from ``reader`` as needed).
+
+    Raises:
+        asyncio.IncompleteReadError: the stream ended first; counted as aiormq's three reads
+            of a frame would have counted (1 byte, then 6, then the payload and the frame end).
+        (Else what ``reader.read`` raises: the stream's exception.)
+    """
+    buf: bytes = getattr(self, "_amqpjobs_buf", b"")
+    at: int = getattr(self, "_amqpjobs_at", 0)
+    while len(buf) - at < n:
+        more = await reader.read(READ_SIZE)
+        if not more:
+            got = buf[at:]
+            if not got:
+                raise asyncio.IncompleteReadError(b"", 1)
+            if len(got) < 7:
+                raise asyncio.IncompleteReadError(got[1:], 6)
+            raise asyncio.IncompleteReadError(got[7:], _HEADER.unpack_from(got)[2] + 1)
+        buf, at = buf[at:] + more, 0
+        self._amqpjobs_buf, self._amqpjobs_at = buf, 0  # type: ignore[attr-defined]
+    return buf, at
+
+
 async def get_frame(self: FrameReceiver) -> Any:
-    """The next frame from ``self.reader``, decoded: aiormq's ``get_frame`` in two reads.
+    """The next frame from ``self.reader``, decoded: aiormq's ``get_frame``, reading the stream in large pieces.
+
+    aiormq reads each frame in three reads of the stream (1 byte, 6 bytes, then the payload
+    and the frame end); here the bytes are taken from the stream up to :data:`READ_SIZE` at
+    a time and the frames cut out of them (AMQP 0-9-1 section 4.2.3 "General Frame Format"),
+    so a delivery's three frames usually cost one read. The same frames, decoded by the same
+    ``pamqp.frame.unmarshal``, and the same exceptions with the same messages as aiormq's
+    reader: the stream's exception is raised as soon as it is set (as each of aiormq's reads
+    raises it, bytes received before it or not), and a stream that ends inside a frame is
+    told in aiormq's byte counts.
 
     Raises:
         StopAsyncIteration: the stream ended before the frame began.
@@ -57,24 +94,24 @@ async def get_frame(self: FrameReceiver) -> Any:
         InvalidFrameError: pamqp can't decode the frame.
     """
     reader = self.reader
-    if reader.at_eof():
+    if len(getattr(self, "_amqpjobs_buf", b"")) == getattr(self, "_amqpjobs_at", 0) and reader.at_eof():
         del self.reader
         raise StopAsyncIteration
     async with self.lock:
         try:
-            try:
-                head = await reader.readexactly(7)
-            except asyncio.IncompleteReadError as e:  # counted as aiormq's reads would: 1 byte, then 6
-                if e.partial:
-                    raise asyncio.IncompleteReadError(e.partial[1:], 6) from None
-                raise asyncio.IncompleteReadError(e.partial, 1) from None
+            failed = reader.exception()
+            if failed is not None:  # aiormq's first read raises it, whatever was received before it
+                raise failed
+            buf, at = await _at_least(self, reader, 7)
             if self.reader is None:
                 raise AMQPConnectionError()
-            if not self.started and head.startswith(b"AMQP"):
+            if not self.started and buf.startswith(b"AMQP", at):
                 raise ProtocolSyntaxError("Unexpected AMQP protocol header")
             self.started = True
-            frame_length = _HEADER.unpack(head)[2]
-            data = head + await reader.readexactly(frame_length + 1)
+            end = 8 + _HEADER.unpack_from(buf, at)[2]
+            buf, at = await _at_least(self, reader, end)
+            data = buf[at : at + end]
+            self._amqpjobs_at = at + end  # type: ignore[attr-defined]
         except asyncio.IncompleteReadError as e:
             raise AMQPConnectionError(
                 f"Server connection unexpectedly closed. Read {len(e.partial)} bytes but {e.expected} bytes expected",

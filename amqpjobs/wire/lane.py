@@ -24,27 +24,32 @@ leases and delivery tags are gone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aiormq.abc import AbstractChannel as UnderlayChannel
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq
+from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
+from amqpjobs.wire.delivery_tap import tap, untap
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
 
 log = logging.getLogger("amqpjobs.wire")
 
-#: Called with each delivery of a lease, in a task of its own (aiormq's); it must settle it.
-LeaseHandler = Callable[[Delivery], Awaitable[None]]
+#: Called with each delivery of a lease, in a task of its own (the lane's: a closing channel does not
+#: cancel it); it must settle it.
+LeaseHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
 #: Called once when the broker cancels a lease (queue deleted, node down).
 LeaseLost = Callable[[], None]
 
@@ -84,6 +89,7 @@ class Lane:
         self._probe = ""  # a queue whose passive declare is the lane's round trip (settle)
         # lease tag -> (the channel it consumes on, its broker-cancel callback there)
         self._leases: dict[str, tuple[aiormq.Channel, Callable[[Basic.Cancel], None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # lease handlers under way (strong references)
 
     async def open(self, queues: Sequence[str]) -> None:
         """Open the channel and check that the queues it will take from exist.
@@ -184,8 +190,12 @@ class Lane:
         """
         tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
 
-        async def on_message(message: DeliveredMessage) -> None:
-            await handler(delivery_from_aiormq(message, queue, self._acks_for(message.channel)))
+        def on_frames(frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel) -> None:
+            delivery = delivery_from_frames(frame, header, body, channel, queue, self._acks_for(channel))
+            run_handler(self._tasks, handler(delivery))  # not aiormq's task: a closing channel would cancel it
+
+        async def on_message(message: DeliveredMessage) -> None:  # through aiormq (not the audited one)
+            on_frames(message.delivery, message.header, message.body, message.channel)
 
         def on_cancel(frame: Basic.Cancel) -> None:
             if frame.consumer_tag == tag:
@@ -198,6 +208,9 @@ class Lane:
             await underlay.basic_qos(prefetch_count=prefetch)  # per consumer: for the consumer started next
             underlay.on_consumer_cancel_callbacks.add(on_cancel)
             self._leases[tag] = (underlay, on_cancel)
+            tapped = tap(underlay)
+            if tapped is not None:  # registered before the consume: its first delivery may follow consume-ok at once
+                tapped.consume(tag, on_frames)
             await underlay.basic_consume(queue, on_message, consumer_tag=tag)
         except _FAILURES as exc:
             self._forget(tag)
@@ -209,6 +222,7 @@ class Lane:
         if entry is not None:
             underlay, callback = entry
             underlay.on_consumer_cancel_callbacks.discard(callback)
+            untap(underlay, tag)
 
     async def end_lease(self, tag: str) -> None:
         """Cancel a lease's consumer and return at ``cancel-ok`` (at once when its channel is gone).

@@ -128,3 +128,62 @@ def test_it_is_installed_only_over_the_audited_reader(monkeypatch: pytest.Monkey
     assert frame_reading.install_fast_frame_reading() is True
     assert FrameReceiver.get_frame is frame_reading.get_frame
     assert frame_reading.install_fast_frame_reading() is True
+
+
+async def read_fed(get_frame: Any, data: bytes, piece: int) -> list[Any]:
+    """The frames ``get_frame`` reads while ``data`` arrives ``piece`` bytes at a time, then EOF."""
+    reader = asyncio.StreamReader()
+    receiver = FrameReceiver(reader)
+
+    async def feed() -> None:
+        for at in range(0, len(data), piece):
+            reader.feed_data(data[at : at + piece])
+            await asyncio.sleep(0)
+        reader.feed_eof()
+
+    feeding = asyncio.create_task(feed())
+    got: list[Any] = []
+    while True:
+        try:
+            channel, frame = (await get_frame(receiver))[1:]
+        except BaseException as exc:
+            got.append(("ended", type(exc).__name__, str(exc)))
+            break
+        got.append((type(frame).__name__, channel, pamqp.frame.marshal(frame, channel)))
+    await feeding
+    return got
+
+
+@audited
+@pytest.mark.parametrize("piece", [1, 2, 5, 7, 13, 100, 10_000])
+def test_frames_arriving_in_pieces_are_the_same_frames(piece: int) -> None:
+    data = stream() + pamqp.frame.marshal(ContentBody(b"x" * 70_000), 3)  # one frame over READ_SIZE
+    old = asyncio.run(read_fed(ORIGINAL, data, piece))
+    new = asyncio.run(read_fed(frame_reading.get_frame, data, piece))
+    assert new == old
+    assert [kind for kind, *_ in new] == ["Deliver", "ContentHeader", "ContentBody", "Heartbeat", "Deliver",
+                                          "ContentHeader", "ContentBody", "ended"]  # fmt: skip
+
+
+async def read_then_fail(get_frame: Any, data: bytes, error: Exception) -> list[Any]:
+    """One frame of ``data`` (all received), then ``error`` set on the stream, then the next read."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    receiver = FrameReceiver(reader)
+    first = (await get_frame(receiver))[2]
+    reader.set_exception(error)
+    try:
+        await get_frame(receiver)
+    except BaseException as exc:
+        return [type(first).__name__, type(exc).__name__, str(exc)]
+    return [type(first).__name__, "no error"]
+
+
+@audited
+def test_a_socket_error_after_whole_frames_were_received_ends_at_once_as_aiormqs() -> None:
+    """aiormq raises the stream's exception before the bytes received ahead of it: frames read ahead are not given."""
+    error = ConnectionResetError(104, "reset")
+    old = asyncio.run(read_then_fail(ORIGINAL, stream(), error))
+    new = asyncio.run(read_then_fail(frame_reading.get_frame, stream(), error))
+    assert new == old
+    assert new == ["Deliver", "AMQPConnectionError", f"Server connection reset: {error!r}"]

@@ -1,0 +1,110 @@
+"""Deliveries taken straight off aiormq's reader (:mod:`amqpjobs.wire.delivery_tap`) against the real broker.
+
+A body larger than ``frame_max`` comes in several body frames, an empty one in none; the
+consumer and the lease must see each whole, in order, with the broker's delivery tags, and
+the broker must take their acks. On the lease's channel, ``basic.get`` and a passive
+declare (frames the tap leaves to aiormq) keep working between deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import pytest
+
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.delivery_tap import DeliveryTap
+from amqpjobs.wire.lane import Lane
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, raw_channel
+
+pytestmark = pytest.mark.broker
+
+#: Bodies: empty (no body frame), over three frames at the default frame_max of 131,072 bytes, and small.
+BODIES = [b"", bytes(range(256)) * 1200, b'{"i": 3}']
+
+
+async def fill(broker: BrokerSettings, queue: str, bodies: list[bytes]) -> None:
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue(queue, durable=True)
+        for i, body in enumerate(bodies):
+            message = aio_pika.Message(body, message_id=f"m-{i}", headers={"i": i, "size": len(body)})
+            await ch.default_exchange.publish(message, routing_key=queue)
+
+
+async def until(check: object, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_consumer_gets_every_body_whole_in_order_and_its_acks_settle(broker: BrokerSettings) -> None:
+    await fill(broker, "tapped", BODIES)
+    got: list[Delivery] = []
+
+    async def handler(delivery: Delivery) -> None:
+        got.append(delivery)
+        await delivery.ack()
+
+    connection = await connect(broker)
+    consumer = WorkQueueConsumer(connection, "tapped", 2, handler)
+    try:
+        await consumer.start()
+        assert consumer._consuming_on is not None
+        assert isinstance(consumer._consuming_on.frames, DeliveryTap)
+        await until(lambda: len(got) == 3)
+        await consumer.settle()
+        assert [d.body for d in got] == BODIES
+        assert [d.delivery_tag for d in got] == [1, 2, 3]
+        assert [(d.message_id, d.headers) for d in got] == [(f"m-{i}", {"i": i, "size": len(b)}) for i, b in
+                                                            enumerate(BODIES)]  # fmt: skip
+        assert [d.queue for d in got] == ["tapped"] * 3
+        assert await depth(broker, "tapped") == 0
+        await consumer.close()
+        await fill(broker, "tapped", [b"after"])
+        await asyncio.sleep(0.3)
+        assert len(got) == 3  # cancelled: nothing more arrives
+        assert await depth(broker, "tapped") == 1
+    finally:
+        await consumer.close()
+        await connection.close()
+
+
+async def test_a_lease_and_gets_share_a_channel(broker: BrokerSettings) -> None:
+    await fill(broker, "leased", BODIES)
+    await fill(broker, "got", [b"x" * 200_000])
+    got: list[Delivery] = []
+    hold = asyncio.Event()
+
+    async def handler(delivery: Delivery) -> None:
+        got.append(delivery)
+        await hold.wait()
+        await delivery.ack()
+
+    connection = await connect(broker)
+    lane = Lane(connection, "leases")
+    try:
+        await lane.open(["leased", "got"])
+        tag = await lane.lease("leased", 2, handler, lambda: None)
+        await until(lambda: len(got) == 2)  # prefetch 2: the third waits in the queue
+        taken = await lane.get("got")  # a get-ok and its content between deliveries of the lease
+        assert taken is not None
+        assert taken.delivery.body == b"x" * 200_000
+        assert taken.remaining == 0
+        assert await lane.exists("leased")  # a passive declare: its declare-ok goes to aiormq
+        await taken.delivery.ack()
+        hold.set()
+        await until(lambda: len(got) == 3)
+        await lane.end_lease(tag)
+        await lane.settle()
+        assert [d.body for d in got] == BODIES
+        assert await depth(broker, "leased") == 0
+        assert await depth(broker, "got") == 0
+    finally:
+        hold.set()
+        await lane.close()
+        await connection.close()
