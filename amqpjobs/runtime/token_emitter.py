@@ -67,7 +67,13 @@ class TokenEmitter:
         self._pid = os.getpid()
 
     async def run(self, room: Room) -> None:
-        """Try the job's emitter lock every :data:`TAKEOVER_EVERY` seconds; while held, mint its tokens."""
+        """Try the job's emitter lock every :data:`TAKEOVER_EVERY` seconds; while held, mint its tokens.
+
+        Runs until the worker stops: a lost connection, a refusal or any other failure only
+        costs the try (it was the one candidate of this process: review 16 saw a connection
+        still down at the next try end it with aio-pika's ``RuntimeError``, and its job's
+        tokens with it).
+        """
         what = f"the rate-limit tokens of job {room.job!r}"
         while not self._stop.is_set():
             holder = LockHolder(f"token emitter of job {room.job} at {room.rate}", self._host, self._pid,
@@ -88,6 +94,9 @@ class TokenEmitter:
                     await self._compare_rates(room)
             except AmqpJobsError as exc:
                 log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
+            except Exception as exc:  # one failure unforeseen here must not end the job's minting for good
+                log.warning("job=%s: trying its emitter lock failed (%s: %s); trying again in %gs",
+                            logfmt_value(room.job), type(exc).__name__, exc, TAKEOVER_EVERY, exc_info=True)  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
 

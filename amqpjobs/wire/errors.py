@@ -56,6 +56,9 @@ ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = 
 #: Every client-library exception the map knows (for an ``except`` that only needs "the
 #: broker failed", on a hot path where building our exception would cost).
 LIBRARY_ERRORS: Final[tuple[type[BaseException], ...]] = tuple(library for library, _ in ERROR_MAP)
+#: What opening a channel raises while its connection is down (aio-pika reconnects by itself): the library's
+#: errors, and the ``RuntimeError`` of aio-pika ("Connection was not opened") and aiormq ("<Connection ...> closed").
+CHANNEL_OPEN_ERRORS: Final[tuple[type[BaseException], ...]] = (*LIBRARY_ERRORS, RuntimeError)
 
 
 #: pamqp's own words when it refuses a name before sending a frame (``pamqp.commands`` validate()).

@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiormq
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from amqpjobs.errors import AmqpJobsError, BrokerError, BusyError, ResourceLockedError
+from amqpjobs.errors import AmqpJobsError, BrokerError, BrokerUnavailableError, BusyError, ResourceLockedError
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.errors import LIBRARY_ERRORS, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -149,6 +149,18 @@ async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None
     return exists, None if holder is None else str(holder)
 
 
+async def _open_channel(connection: AbstractRobustConnection, what: str) -> AbstractChannel:
+    """A channel of ``connection`` to take a lock on.
+
+    Raises:
+        BrokerUnavailableError: the connection is down (it reconnects by itself: try again later).
+    """
+    try:
+        return await connection.channel(publisher_confirms=False)
+    except CHANNEL_OPEN_ERRORS as exc:  # aio-pika: RuntimeError "Connection was not opened" while reconnecting
+        raise BrokerUnavailableError(f"could not take the lock on {what}: not connected ({exc})") from exc
+
+
 @asynccontextmanager
 async def exclusive_lock(
     connection: AbstractRobustConnection,
@@ -172,15 +184,19 @@ async def exclusive_lock(
     Raises:
         BusyError: another connection holds the lock (at once, no waiting); the message
             names the holder when the management API could read it.
+        BrokerUnavailableError: not connected (the connection reconnects by itself: try again later).
         BrokerError: the broker failed while taking the lock, or did not answer in time
             (:data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
 
     """
-    channel = await connection.channel(publisher_confirms=False)
+    channel = await _open_channel(connection, what)
     try:
         for attempt in range(_ATTEMPTS):
             # on the underlying channel: tied to this very connection, and never re-declared on reconnect
-            underlay = await channel.get_underlay_channel()
+            try:
+                underlay = await channel.get_underlay_channel()
+            except CHANNEL_OPEN_ERRORS as exc:
+                raise BrokerUnavailableError(f"could not take the lock on {what}: not connected ({exc})") from exc
             try:
                 async with declaring(f"taking the lock on {what}", settings.safe_url):
                     await underlay.queue_declare(
@@ -201,7 +217,7 @@ async def exclusive_lock(
                         held_by,
                     ) from None
                 await close_channel(channel)  # the holder let go meanwhile: try again
-                channel = await connection.channel(publisher_confirms=False)
+                channel = await _open_channel(connection, what)
         lock = HeldLock(name, what, underlay)
         try:
             yield lock

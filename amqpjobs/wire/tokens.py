@@ -30,7 +30,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.wire.arguments import to_milliseconds
 from amqpjobs.wire.declare import declare
-from amqpjobs.wire.errors import LIBRARY_ERRORS
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -84,7 +84,7 @@ class TokenMinter:
         try:
             # confirms: so a returned token reaches _on_return (see the module docstring), not aiormq's error log
             channel = await transport.connection.channel(publisher_confirms=True, on_return_raises=False)
-        except LIBRARY_ERRORS as exc:
+        except CHANNEL_OPEN_ERRORS as exc:  # the connection closed meanwhile (aiormq: RuntimeError)
             raise BrokerError(f"could not open a channel to mint tokens into {queue!r}: {exc}") from exc
         return cls(channel, queue)
 

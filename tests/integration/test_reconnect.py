@@ -56,8 +56,8 @@ async def force_close(broker: BrokerSettings, name: str) -> int:
 
 
 @asynccontextmanager
-async def cut_off(broker: BrokerSettings, name: str) -> AsyncIterator[None]:
-    """Close the connections named ``name`` and keep them from coming back until the block ends.
+async def cut_off(broker: BrokerSettings, *names: str) -> AsyncIterator[None]:
+    """Close the connections named ``names`` and keep them from coming back until the block ends.
 
     aio-pika reconnects within milliseconds; with the test vhost's connection limit at 0,
     every attempt is refused, so "reconnecting" lasts as long as the block (the management
@@ -67,7 +67,8 @@ async def cut_off(broker: BrokerSettings, name: str) -> AsyncIterator[None]:
     with ManagementClient(broker) as mgmt:
         mgmt.request("PUT", path, json={"value": 0})
     try:
-        await force_close(broker, name)
+        for name in names:
+            await force_close(broker, name)
         yield
     finally:
         with ManagementClient(broker) as mgmt:
