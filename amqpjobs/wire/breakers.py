@@ -43,7 +43,7 @@ from amqpjobs.errors import AmqpJobsError, ResourceLockedError
 from amqpjobs.topology.naming import BREAKER_EXCHANGE, BREAKER_HEADER, breaker_probe_name, breaker_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -58,7 +58,7 @@ _PROBE_SINCE: Final = "amqpjobs-probe-since"
 #: Seconds the management API gets to read records (a worker's start, a won probe lock).
 _LOOKUP_TIMEOUT: Final = 3.0
 # RuntimeError: aio-pika opening a channel while the connection is closed (it reconnects by itself)
-_BROKER_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError, TimeoutError)
+_BROKER_ERRORS: tuple[type[BaseException], ...] = (*CHANNEL_OPEN_ERRORS, TimeoutError)
 #: Seconds a record write or a lock declare may take before it is given up (and logged).
 _CALL_TIMEOUT: Final = 10.0
 

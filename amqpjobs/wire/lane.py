@@ -43,7 +43,7 @@ from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap, untap
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, broker_errors
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -53,7 +53,7 @@ LeaseHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
 #: Called once when the broker cancels a lease (queue deleted, node down).
 LeaseLost = Callable[[], None]
 
-_FAILURES: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError)
+_FAILURES = CHANNEL_OPEN_ERRORS
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
     ENCODING_ERRORS,
@@ -46,7 +46,7 @@ from amqpjobs.wire.publish_outcome import heard_close, uncertain
 #: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
 _MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
 #: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
-_CLOSED: tuple[type[BaseException], ...] = (RuntimeError, *LIBRARY_ERRORS)
+_CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001

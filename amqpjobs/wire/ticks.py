@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 
 from amqpjobs.errors import BrokerError, NotFoundError, PreconditionFailedError, ResourceLockedError
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.errors import LIBRARY_ERRORS, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind
 from amqpjobs.wire.limits import amqp_properties
 
 #: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
@@ -36,7 +36,7 @@ RawChannel = aiormq.abc.AbstractChannel
 
 #: What the client library raises when the broker or the connection fails (the one error map's).
 BROKER_ERRORS: tuple[type[BaseException], ...] = LIBRARY_ERRORS
-_OPEN_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, RuntimeError, TimeoutError)
+_OPEN_ERRORS: tuple[type[BaseException], ...] = (*CHANNEL_OPEN_ERRORS, TimeoutError)
 
 Refusal = Literal["missing", "locked", "mismatch"]
 #: Our errors (:mod:`amqpjobs.wire.errors`) the scheduler expects as answers, not failures.
