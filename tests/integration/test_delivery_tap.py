@@ -13,9 +13,10 @@ import asyncio
 import aio_pika
 import pytest
 
+from amqpjobs.wire import delivery_tap
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
-from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
 from amqpjobs.wire.delivery_tap import DeliveryTap
 from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
@@ -42,7 +43,13 @@ async def until(check: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_consumer_gets_every_body_whole_in_order_and_its_acks_settle(broker: BrokerSettings) -> None:
+@pytest.mark.parametrize("tapped", [True, False], ids=["tapped", "through-aiormq"])
+async def test_a_consumer_gets_every_body_whole_in_order_and_its_acks_settle(
+    broker: BrokerSettings, tapped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on both paths: the tap, and aiormq's own (an aiormq the tap was not audited against)."""
+    if not tapped:
+        monkeypatch.setattr(delivery_tap, "_audited", False)
     await fill(broker, "tapped", BODIES)
     got: list[Delivery] = []
 
@@ -55,7 +62,7 @@ async def test_a_consumer_gets_every_body_whole_in_order_and_its_acks_settle(bro
     try:
         await consumer.start()
         assert consumer._consuming_on is not None
-        assert isinstance(consumer._consuming_on.frames, DeliveryTap)
+        assert isinstance(consumer._consuming_on.frames, DeliveryTap) is tapped
         await until(lambda: len(got) == 3)
         await consumer.settle()
         assert [d.body for d in got] == BODIES
@@ -106,5 +113,55 @@ async def test_a_lease_and_gets_share_a_channel(broker: BrokerSettings) -> None:
         assert await depth(broker, "got") == 0
     finally:
         hold.set()
+        await lane.close()
+        await connection.close()
+
+
+async def test_a_lease_handler_outlives_its_channel_closing_and_the_broker_redelivers(broker: BrokerSettings) -> None:
+    """A lease's handler runs in a task of ours: the channel closing under it does not cancel it.
+
+    aiormq cancels the tasks it started when their channel closes; a run cut off so has no
+    outcome. Here the run goes on to its end, its ack is refused (the channel is gone), and
+    the broker has the message back, marked redelivered.
+    """
+    await fill(broker, "closing", [b'{"i": 0}'])
+    started, release = asyncio.Event(), asyncio.Event()
+    ends: list[str] = []
+
+    async def handler(delivery: Delivery) -> None:
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            ends.append("cancelled")
+            raise
+        try:
+            await delivery.ack()
+        except DeliveryChannelClosed:
+            ends.append("ack refused")
+
+    connection = await connect(broker)
+    lane = Lane(connection, "leases")
+    try:
+        await lane.open(["closing"])
+        await lane.lease("closing", 1, handler, lambda: None)
+        await asyncio.wait_for(started.wait(), 10)
+        assert lane.channel is not None
+        underlay = await lane.channel.get_underlay_channel()
+        await underlay.close()  # the channel closes under the running handler
+        await asyncio.sleep(0.2)
+        release.set()
+        await until(lambda: len(ends) == 1)
+        assert ends == ["ack refused"]
+        assert await depth(broker, "closing") == 1  # back in the queue: nothing was acked
+        async with raw_channel(broker) as ch:
+            queue = await ch.get_queue("closing", ensure=False)
+            back = await queue.get(fail=False)
+            assert back is not None
+            assert back.redelivered
+            assert back.body == b'{"i": 0}'
+            await back.ack()
+    finally:
+        release.set()
         await lane.close()
         await connection.close()
