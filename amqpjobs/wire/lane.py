@@ -87,8 +87,8 @@ class Lane:
         self.on_reopen: Callable[[], None] = lambda: None
         self._acks: AckBatcher | None = None
         self._probe = ""  # a queue whose passive declare is the lane's round trip (settle)
-        # lease tag -> (the channel it consumes on, its broker-cancel callback there)
-        self._leases: dict[str, tuple[aiormq.Channel, Callable[[Basic.Cancel], None]]] = {}
+        # lease tag -> (the channel it consumes on, what to call if the broker cancels it)
+        self._leases: dict[str, tuple[aiormq.Channel, Callable[[], None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # lease handlers under way (strong references)
 
     async def open(self, queues: Sequence[str]) -> None:
@@ -120,7 +120,7 @@ class Lane:
 
     def _reopened(self, *_: Any) -> None:
         log.info("channel for %s reopened after a reconnect", self.name)
-        self._leases.clear()  # their callbacks were on the old channel
+        self._leases.clear()  # they were on the old channel
         self.on_reopen()
 
     async def _underlay(self) -> aiormq.Channel:
@@ -197,17 +197,16 @@ class Lane:
         async def on_message(message: DeliveredMessage) -> None:  # through aiormq (not the audited one)
             on_frames(message.delivery, message.header, message.body, message.channel)
 
-        def on_cancel(frame: Basic.Cancel) -> None:
-            if frame.consumer_tag == tag:
-                self._forget(tag)
-                log.warning("the broker cancelled the lease on %s (queue deleted or moved)", queue)
-                lost()
+        def on_lost() -> None:
+            log.warning("the broker cancelled the lease on %s (queue deleted or moved)", queue)
+            lost()
 
         underlay = await self._underlay()
         try:
             await underlay.basic_qos(prefetch_count=prefetch)  # per consumer: for the consumer started next
-            underlay.on_consumer_cancel_callbacks.add(on_cancel)
-            self._leases[tag] = (underlay, on_cancel)
+            if self._on_cancel not in underlay.on_consumer_cancel_callbacks:  # once per channel, for good
+                underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+            self._leases[tag] = (underlay, on_lost)
             tapped = tap(underlay)
             if tapped is not None:  # registered before the consume: its first delivery may follow consume-ok at once
                 tapped.consume(tag, on_frames)
@@ -217,12 +216,24 @@ class Lane:
             raise BrokerError(f"consuming {queue} failed: {type(exc).__name__}: {exc}") from exc
         return tag
 
+    def _on_cancel(self, frame: Basic.Cancel) -> None:
+        """The broker cancelled a consumer on one of the lane's channels: tell its lease, if it is one.
+
+        One callback per channel, never removed: aiormq calls its cancel callbacks while
+        iterating their set, and a callback that changes the set ("Set changed size during
+        iteration") ends the channel's frame reader; its close then waits 10 s for a close-ok
+        nobody reads, and aiormq's second ``channel.close`` makes the broker close the whole
+        connection (504 "expected 'channel.open'").
+        """
+        entry = self._leases.get(frame.consumer_tag or "")
+        if entry is not None:
+            self._forget(frame.consumer_tag or "")
+            entry[1]()
+
     def _forget(self, tag: str) -> None:
         entry = self._leases.pop(tag, None)
         if entry is not None:
-            underlay, callback = entry
-            underlay.on_consumer_cancel_callbacks.discard(callback)
-            untap(underlay, tag)
+            untap(entry[0], tag)
 
     async def end_lease(self, tag: str) -> None:
         """Cancel a lease's consumer and return at ``cancel-ok`` (at once when its channel is gone).

@@ -86,3 +86,45 @@ async def test_ending_a_busy_lease_on_a_classic_queue_leaves_nothing_in_flight(b
     left = await drain(broker, "busy")
     assert len(got) + len(left) == 600
     assert not [m.message_id for m in left if m.redelivered]
+
+
+async def test_a_lease_the_broker_cancels_leaves_its_channel_working(broker: BrokerSettings):
+    """The broker cancelling a lease (its queue deleted) must not stop the channel's frame reader.
+
+    The lease's cancel callback once removed itself from aiormq's callback set while aiormq
+    iterated it: the reader died of "Set changed size during iteration", the channel's close
+    waited 10 s for a close-ok nobody read, and aiormq's second ``channel.close`` then made
+    the broker drop the whole connection (504 "expected 'channel.open'", CI run 32).
+    """
+    await fill(broker, "doomed", 1)
+    await fill(broker, "kept", 0)
+    connection = await connect(broker)
+    lane = Lane(connection, "doomed")
+    lost: list[str] = []
+    kept: list[str] = []
+
+    async def hold(delivery: Delivery) -> None:  # the doomed queue's delivery stays unacked
+        pass
+
+    async def take(delivery: Delivery) -> None:
+        kept.append(delivery.message_id or "")
+        await delivery.ack()
+
+    try:
+        await lane.open(["doomed", "kept"])
+        await lane.lease("doomed", 1, hold, lambda: lost.append("doomed"))
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete("doomed")
+        await wait_until(lambda: lost == ["doomed"], 10, "the broker's cancel of the lease")
+        # the same channel leases again and gets deliveries: its reader still runs
+        await asyncio.wait_for(lane.lease("kept", 2, take, lambda: lost.append("kept")), 5)
+        await fill(broker, "kept", 3)
+        await wait_until(lambda: len(kept) == 3, 10, "the second lease's 3 deliveries")
+        assert kept == ["m-0", "m-1", "m-2"]
+        await lane.flush_acks()
+        assert lane.is_open
+        assert connection.is_closed is False
+    finally:
+        await connection.close()
+    assert lost == ["doomed"]
+    assert await drain(broker, "kept") == []
