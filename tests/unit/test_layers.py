@@ -41,9 +41,17 @@ FORBIDDEN = {
 TESTING_MAY_USE = ("amqpjobs.wire.abc", "amqpjobs.wire.settings", "amqpjobs.wire.limits")
 
 
+#: Every module's syntax tree, parsed once when this file is collected: before any test runs,
+#: so before any test leaves a thread behind. CPython 3.11's ``ast.parse`` keeps its recursion
+#: depth in state the whole interpreter shares, and a thread parsing at the same moment makes it
+#: fail at random with "SystemError: AST constructor recursion depth mismatch" (python/cpython
+#: gh-106905; CI run 32 failed so on a file that had not changed).
+TREES = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
 def imports(path: Path) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(TREES[path]):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -104,7 +112,7 @@ def _module_imports(path: Path, modules: set[str]) -> set[str]:
                 found.update(n for n in names if n in modules)
             visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(TREES[path])
     return found
 
 
