@@ -142,19 +142,31 @@ async def test_three_one_slot_workers_share_twelve_jobs(broker: BrokerSettings, 
     apps = [worker_app(n, path, broker, runs, 1.0) for n in ("A", "B", "C")]
     await enqueue(apps[0], tenant_per_shard() * 3)
     workers = [worker(app, broker) for app in apps]
+    began = time.monotonic()
+    ready: dict[str, float] = {}
+
+    async def start(name: str, w: Worker, after: float) -> None:
+        await asyncio.sleep(after)
+        await w.start()
+        ready[name] = time.monotonic() - began
+
+    # started half a second apart, each start not waiting for the one before to be ready: a
+    # start takes about a second on a loaded machine (CI), and chained, C came 3 s late (A 5, B 5, C 2)
+    starts = [asyncio.create_task(start(n, w, 0.5 * i)) for i, (n, w) in enumerate(zip("ABC", workers, strict=True))]
     try:
-        for w in workers:  # one after the other, half a second apart
-            await w.start()
-            await asyncio.sleep(0.5)
+        await asyncio.gather(*starts)
         await runs.until(12, timeout=20)
     finally:
+        for task in starts:
+            task.cancel()
+        await asyncio.gather(*starts, return_exceptions=True)
         for w in workers:
             await w.shutdown()
         for app in apps:
             await app.close()
     counts = {n: runs.by(n) for n in ("A", "B", "C")}
-    print(f"jobs run per worker: {counts}")
-    assert min(counts.values()) >= 3, counts
+    print(f"jobs run per worker: {counts}; ready at {ready}")
+    assert min(counts.values()) >= 3, (counts, ready)
     assert max(runs.peak.values()) == 1
 
 
