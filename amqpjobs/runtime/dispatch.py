@@ -262,8 +262,10 @@ class ShardDispatcher(LeaseKeeping):
         for shard, size in sizes.items():
             if shard in self._leases:
                 continue
-            if self._free >= size and self._may_take():
-                self._arm(shard, size)
+            if self._free >= 1 and self._may_take():
+                # what is free now (at most its share): waiting for the whole share while the other
+                # tokens run long jobs would idle the free ones with a backlog waiting; it grows later
+                self._arm(shard, min(size, self._free))
             else:
                 self._pending += size  # the turns leave it the tokens it waits for
         return wake

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,50 @@ async def test_a_lease_the_broker_cancels_gives_its_slots_back(
     assert "the broker cancelled the lease on split.shard-1 (queue deleted or moved)" in caplog.text
     assert sorted(late_done) == list(range(100, 112))
     assert most_late == 4  # the cancelled lease's slots came back: shard 0 runs four at once
+
+
+async def test_a_backlog_runs_on_the_one_free_slot_while_the_others_hold_long_jobs(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Three of four slots run long jobs of shard 0; shard 1's backlog must run on the fourth.
+
+    Shard 1's lease share is 3 tokens and only 1 was free: the dispatcher kept that token
+    for the lease (no take by turns) until the long jobs ended, and the free slot idled
+    with 20 jobs waiting (none of them ran in 10 s).
+    """
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    release = asyncio.Event()
+    starts: Counter[int] = Counter()
+
+    @app.job("slow", queue="split")
+    async def slow(payload: dict[str, int], ctx: JobContext) -> None:
+        starts[payload["i"]] += 1
+        if payload["i"] < 100:
+            await release.wait()
+        else:
+            await asyncio.sleep(0.05)
+
+    for i in range(3):
+        await app.enqueue("slow", {"i": i}, tenant=tenant_of(0))
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=4, grace=10))
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), 10)
+        await until(lambda: len(starts) == 3, 10)
+        began = time.monotonic()
+        for i in range(100, 120):
+            await app.enqueue("slow", {"i": i}, tenant=tenant_of(1))
+        await until(lambda: len(starts) == 23, 10)
+        took = time.monotonic() - began
+        assert len(starts) == 23, sorted(starts)  # 20 jobs of 0.05 s on one slot: about 1 s
+        assert took < 5, took
+    finally:
+        release.set()
+        worker.request_stop()
+        code = await asyncio.wait_for(task, 20)
+        await app.close()
+    assert code == 0
+    assert set(starts.values()) == {1}
