@@ -112,9 +112,9 @@ class ShardDispatcher(LeaseKeeping):
         self._may_take = may_take
         self._leasing = lease
         self._work_queues = tuple(work_queues)
-        # gets on one channel wait for each other: a lane per shard; the leases share one (one ack frame per turn)
+        # a channel per shard, for its gets and its lease: gets on one channel wait for each other, and a
+        # take or a consume that meets a deleted shard (404) closes only that shard's channel
         self._lanes = [Lane(connection, q, batch_acks=slots > 1, safe_url=safe_url) for q in work_queues]
-        self._lease_lane = Lane(connection, f"{job_queue} (leases)", batch_acks=slots > 1, safe_url=safe_url)
         self._turns = ShardTurns(len(work_queues))
         self._lookahead = lookahead
         self._ahead = 0  # the look-ahead token in use now (0 or 1): deliveries held at most = slots + this
@@ -153,10 +153,7 @@ class ShardDispatcher(LeaseKeeping):
         """Whether it takes from every shard: every channel open, no take failing."""
         loop = self._loop
         running = loop is not None and not loop.done()
-        return running and not self._closing and not self._failed and all(lane.is_open for lane in self._all())
-
-    def _all(self) -> list[Lane]:
-        return [*self._lanes, self._lease_lane] if self._leasing else self._lanes
+        return running and not self._closing and not self._failed and all(lane.is_open for lane in self._lanes)
 
     async def start(self) -> None:
         """Open a channel per shard and start taking.
@@ -169,11 +166,8 @@ class ShardDispatcher(LeaseKeeping):
             for shard, lane in enumerate(self._lanes):
                 await lane.open([self._work_queues[shard]])
                 lane.on_reopen = partial(self._lane_reopened, shard)
-            if self._leasing:
-                await self._lease_lane.open(self._work_queues)
-                self._lease_lane.on_reopen = self._reopened
         except BaseException:
-            for lane in self._all():
+            for lane in self._lanes:
                 await lane.close()
             raise
         self._loop = asyncio.get_running_loop().create_task(self._run())
@@ -208,11 +202,11 @@ class ShardDispatcher(LeaseKeeping):
 
     async def settle(self) -> None:
         """Make sure the broker has every ack sent so far (a round trip on each shard's channel)."""
-        await asyncio.gather(*(lane.settle() for lane in self._all()))
+        await asyncio.gather(*(lane.settle() for lane in self._lanes))
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (before closing the connection)."""
-        await asyncio.gather(*(lane.flush_acks() for lane in self._all()))
+        await asyncio.gather(*(lane.flush_acks() for lane in self._lanes))
 
     # ------------------------------------------------------------------ the loop
     def _kick(self) -> None:

@@ -44,7 +44,6 @@ class _Lease:
 class LeaseKeeping:
     """Arms, ends and runs the leases of :class:`~amqpjobs.runtime.dispatch.ShardDispatcher`."""
 
-    _lease_lane: Lane
     _lanes: list[Lane]
     _turns: ShardTurns
     _work_queues: tuple[str, ...]
@@ -74,11 +73,10 @@ class LeaseKeeping:
         self._spawn(self._start_lease(lease), self._chores)
 
     async def _start_lease(self, lease: _Lease) -> None:
-        lane = self._lease_lane
-        queue = self._work_queues[lease.shard]
+        lane = self._lanes[lease.shard]  # the shard's own channel: a consume there that meets a deleted queue
+        queue = self._work_queues[lease.shard]  # (404) closes only it, never another shard's running jobs' channel
         try:
-            # a consume on a deleted shard would close the channel every lease shares (404): look first, on its own
-            if not await self._lanes[lease.shard].exists(queue):
+            if not await lane.exists(queue):
                 raise BrokerError(f"work queue {queue!r} does not exist (apply the topology)")
             lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
         except BrokerError as exc:
@@ -106,7 +104,7 @@ class LeaseKeeping:
         # still being armed: _start_lease cancels it once consuming
 
     async def _cancel_lease(self, lease: _Lease) -> None:
-        await self._lease_lane.end_lease(lease.tag)
+        await self._lanes[lease.shard].end_lease(lease.tag)
         self._ended(lease)
 
     def _ended(self, lease: _Lease) -> None:
@@ -127,20 +125,16 @@ class LeaseKeeping:
         self._ended(lease)
 
     def _lane_reopened(self, shard: int) -> None:
-        """A shard's get channel was reopened (a reconnect, or the broker closed it): take from it again.
+        """A shard's channel was reopened (a reconnect, or the broker closed it): its lease went with the old one.
 
-        It counts as taking again (ready) once a take there succeeded (at most
-        :data:`RETRY_AFTER` later): a channel the broker closed because the queue is
-        missing is reopened too, and fails again.
+        The shard takes again by turns (ready once a take there succeeded, at most
+        :data:`RETRY_AFTER` later: a channel the broker closed because the queue is missing
+        is reopened too, and fails again), and gets a lease again once a take sees a backlog.
         """
-        self._kick()
-
-    def _reopened(self) -> None:
-        """The leases' channel was reopened after a reconnect: the leases went with the old one."""
-        for lease in list(self._leases.values()):
-            if lease.consuming:
-                self._ended(lease)
-        self._busy.clear()
+        lease = self._leases.get(shard)
+        if lease is not None and lease.consuming:
+            self._ended(lease)
+        self._busy.discard(shard)
         self._kick()
 
     async def _leased(self, lease: _Lease, delivery: Delivery) -> None:
@@ -161,4 +155,4 @@ class LeaseKeeping:
             lease.last = time.monotonic() if ended is None else ended  # its credit is free from now: DRY counts here
             if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
                 lease.tokens -= 1
-                await self._release(self._lease_lane)
+                await self._release(self._lanes[lease.shard])

@@ -14,12 +14,13 @@ Two ways to take, both unacked and both bounded by the caller:
   the queue marked ``redelivered`` (a worker takes them for crashed starts): the
   dispatcher leases only classic queues.
 
-The dispatcher gets from each shard on a lane of its own (gets on one channel wait for
-each other) and holds all its leases on one more lane, so that the acks of all its busy
-shards finished in one turn of the event loop go out as one frame (:class:`AckBatcher`;
-every delivery of a lane is noted there, gets and consumers alike). Reconnecting is
-aio-pika's robust channel; :attr:`Lane.on_reopen` is told, since the old channel's
-leases and delivery tags are gone.
+The dispatcher gets from each shard and leases it on a lane of its own: gets on one
+channel wait for each other, and a ``basic.get`` or ``basic.consume`` that meets a deleted
+shard (404) closes only that shard's channel, never the one another shard's running jobs
+will ack on (they would be redelivered and run twice). Acks of one lane finished in one
+turn of the event loop go out as one frame (:class:`AckBatcher`; every delivery of a lane
+is noted there, gets and consumers alike). Reconnecting is aio-pika's robust channel;
+:attr:`Lane.on_reopen` is told, since the old channel's leases and delivery tags are gone.
 """
 
 from __future__ import annotations

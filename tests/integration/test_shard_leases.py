@@ -18,8 +18,10 @@ import pytest
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import raw_channel
 from tests.integration.test_consumer import SHARDED
@@ -142,3 +144,67 @@ async def test_a_backlog_runs_on_the_one_free_slot_while_the_others_hold_long_jo
         await app.close()
     assert code == 0
     assert set(starts.values()) == {1}
+
+
+async def test_a_lease_that_meets_a_deleted_shard_leaves_the_other_shards_jobs_alone(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The shard's queue deleted between the lease's look (``Lane.exists``) and its ``basic.consume``.
+
+    The consume's 404 closes the channel it is sent on. When every lease shared one channel,
+    the jobs of the other shard leased there and still running lost their channel: their
+    acks were refused and the broker ran them again (review 17: 17 of 1,800 ran twice
+    over 500 deletes). Here the race is made certain: the look deletes the queue itself.
+    """
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    release = asyncio.Event()
+    starts: Counter[int] = Counter()
+    kept_shard, gone_shard = tenant_of(0), tenant_of(1)
+
+    @app.job("slow", queue="split")
+    async def slow(payload: dict[str, int], ctx: JobContext) -> None:
+        starts[payload["i"]] += 1
+        if payload["i"] < 100:
+            await release.wait()
+        else:
+            await asyncio.sleep(0.2)
+
+    for i in range(3):  # three of the four slots: one token stays free for shard 1
+        await app.enqueue("slow", {"i": i}, tenant=kept_shard)
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=4, grace=10))
+    real_exists = Lane.exists
+    deleted: list[str] = []
+
+    async def exists_then_deleted(lane: Lane, queue: str) -> bool:
+        found = await real_exists(lane, queue)
+        if queue == "split.shard-1" and found and not deleted:
+            async with raw_channel(broker) as channel:
+                await channel.queue_delete(queue)
+            deleted.append(queue)
+        return found
+
+    monkeypatch.setattr(Lane, "exists", exists_then_deleted)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(worker.ready.wait(), 10)
+    await until(lambda: len(starts) == 3, 10)
+    (dispatcher,) = worker._consumers
+    assert isinstance(dispatcher, ShardDispatcher)
+    await until(lambda: 0 in dispatcher._leases and dispatcher._leases[0].held > 0, 10)
+    assert dispatcher._leases[0].held > 0  # shard 0's running jobs hold deliveries of its lease
+    for i in range(100, 120):  # a backlog on shard 1: a take there leases it
+        await app.enqueue("slow", {"i": i}, tenant=gone_shard)
+    await until(lambda: bool(deleted), 10)
+    assert deleted == ["split.shard-1"]
+    await asyncio.sleep(0.5)  # the consume on the deleted queue is answered (404) by now
+    release.set()
+    await until(lambda: set(range(3)) <= set(starts), 20)
+    await asyncio.sleep(1.0)  # a second start of any of them would be here by now
+    worker.request_stop()
+    code = await asyncio.wait_for(task, 20)
+    await app.close()
+    assert code == 0
+    assert deleted == ["split.shard-1"]
+    assert {i: n for i, n in starts.items() if i < 100} == {i: 1 for i in range(3)}
