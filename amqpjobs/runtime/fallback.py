@@ -41,10 +41,12 @@ async def ack(delivery: Received, job_id: str, copied: bool = True) -> bool:
     try:
         await delivery.ack(at_once=copied)
     except DeliveryChannelClosed:
-        log.warning(
-            "job %s: its channel closed before the ack; the broker redelivers it (the copy already "
-            "published makes this a duplicate the handler must tolerate)", job_id,
-        )  # fmt: skip
+        what = (
+            "the copy already published makes this a duplicate the handler must tolerate"
+            if copied
+            else "no copy was made: it is handled again, unless its queue was deleted"
+        )
+        log.warning("job %s: its channel closed before the ack; the broker redelivers it (%s)", job_id, what)
         return False
     return True
 
