@@ -46,6 +46,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
 from amqpjobs.jobs.slots import RunningSlots
 from amqpjobs.runtime.leases import LeaseKeeping, _Lease
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
@@ -57,6 +58,8 @@ log = logging.getLogger("amqpjobs.worker")
 DRY = 0.05
 #: Seconds a shard is left alone after a take failed (channel closed, queue missing).
 RETRY_AFTER = 1.0
+#: Seconds between two warnings about a shard whose takes keep failing (the first is logged at once).
+WARN_EVERY = 60.0
 #: The look-ahead delivery is taken only while the job queue's recent jobs ran shorter than this (seconds).
 LOOKAHEAD_BELOW = 0.1
 #: Seconds the look-ahead delivery waits for a running slot at most; then (the running jobs
@@ -116,6 +119,7 @@ class ShardDispatcher(LeaseKeeping):
         # take or a consume that meets a deleted shard (404) closes only that shard's channel
         self._lanes = [Lane(connection, q, batch_acks=slots > 1, safe_url=safe_url) for q in work_queues]
         self._turns = ShardTurns(len(work_queues))
+        self._warnings = PacedWarnings(log, every=WARN_EVERY)  # a missing shard fails every RETRY_AFTER
         self._lookahead = lookahead
         self._ahead = 0  # the look-ahead token in use now (0 or 1): deliveries held at most = slots + this
         self._job_seconds: float | None = None  # moving average of recent handler runs
@@ -357,12 +361,15 @@ class ShardDispatcher(LeaseKeeping):
         try:
             taken = await lane.get(self._work_queues[shard])
         except Exception as exc:  # BrokerError; anything else is a bug of ours, but must not lose the token
-            log.warning("taking from %s failed (%s); trying again in %gs", lane.name, exc, RETRY_AFTER,
-                        exc_info=not isinstance(exc, BrokerError))  # fmt: skip
+            hint = "; apply the topology (amqpjobs topology apply)" if "NOT_FOUND" in str(exc) else ""
+            self._warnings.failed(f"taking from {lane.name}", str(exc), f"{hint}; trying again every {RETRY_AFTER:g}s",
+                                  exc_info=not isinstance(exc, BrokerError))  # fmt: skip
             self._failed.add(shard)
             self._turns.hold(shard, time.monotonic() + RETRY_AFTER)
             taken = None
         else:
+            if shard in self._failed:
+                self._warnings.succeeded(f"taking from {lane.name}")
             self._failed.discard(shard)
         finally:
             self._taking.discard(shard)

@@ -120,7 +120,8 @@ class Lane:
         return self.channel is not None and not self.channel.is_closed
 
     def _reopened(self, *_: Any) -> None:
-        log.info("channel for %s reopened after a reconnect", self.name)
+        # after a reconnect (the connection's own lines say so), or after the broker closed it (a missing queue's 404)
+        log.debug("channel for %s reopened", self.name)
         self._leases.clear()  # they were on the old channel
         self.on_reopen()
 

@@ -95,6 +95,10 @@ async def test_a_lease_the_broker_cancels_gives_its_slots_back(
     await app.close()
     assert code == 0
     assert "the broker cancelled the lease on split.shard-1 (queue deleted or moved)" in caplog.text
+    # the deleted shard's takes fail every second: one line, with the fix, then at most one a minute
+    takes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("taking from split.shard-1")]
+    assert len(takes) == 1, takes
+    assert "apply the topology (amqpjobs topology apply); trying again every 1s; repeated at most every 1m" in takes[0]
     assert sorted(late_done) == list(range(100, 112))
     assert most_late == 4  # the cancelled lease's slots came back: shard 0 runs four at once
 
