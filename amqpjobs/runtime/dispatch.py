@@ -129,6 +129,7 @@ class ShardDispatcher(LeaseKeeping):
         self._failed: set[int] = set()  # shards whose last take failed (not ready)
         self._busy: set[int] = set()  # shards seen with a backlog (they get leases)
         self._leases: dict[int, _Lease] = {}  # each shard's current lease (being armed or consuming)
+        self._ending: dict[int, _Lease] = {}  # a shard's lease being cancelled (until cancel-ok)
         self._pending = 0  # tokens the leases waiting to be armed need
         self._chores: set[asyncio.Task[None]] = set()  # arming and cancelling leases
         self._changed = asyncio.Event()
@@ -254,11 +255,16 @@ class ShardDispatcher(LeaseKeeping):
             wake = due if wake is None else min(wake, due)
         sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
         for shard, lease in list(self._leases.items()):
-            if lease.consuming and resize(lease.size, sizes.get(shard, 0)):
+            target = sizes.get(shard, 0)
+            if target > lease.size:  # it grows only into the tokens a new lease would have at once (the free
+                # ones, its unused credit): one armed with fewer than its share while the others run long jobs
+                # would else be cancelled and armed again with as few, over and over
+                target = max(lease.size, min(target, self._free + lease.tokens - lease.held))
+            if lease.consuming and resize(lease.size, target):
                 self._end(lease)
         self._pending = 0
         for shard, size in sizes.items():
-            if shard in self._leases:
+            if shard in self._leases or shard in self._ending:  # armed, or its tokens not back yet
                 continue
             if self._free >= 1 and self._may_take():
                 # what is free now (at most its share): waiting for the whole share while the other

@@ -48,6 +48,7 @@ class LeaseKeeping:
     _turns: ShardTurns
     _work_queues: tuple[str, ...]
     _leases: dict[int, _Lease]
+    _ending: dict[int, _Lease]
     _busy: set[int]
     _free: int
     _pending: int
@@ -99,6 +100,7 @@ class LeaseKeeping:
         lease.ending = True
         if self._leases.get(lease.shard) is lease:
             del self._leases[lease.shard]
+        self._ending[lease.shard] = lease  # its shard gets a new lease once this one ended (its tokens back)
         if lease.consuming:
             self._spawn(self._cancel_lease(lease), self._chores)
         # still being armed: _start_lease cancels it once consuming
@@ -111,6 +113,8 @@ class LeaseKeeping:
         """Nothing more arrives for the lease: its unused credit returns to the pool."""
         if self._leases.get(lease.shard) is lease:
             del self._leases[lease.shard]
+        if self._ending.get(lease.shard) is lease:
+            del self._ending[lease.shard]
         if lease.ended:
             return
         lease.ended = lease.ending = True
