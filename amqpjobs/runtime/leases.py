@@ -157,6 +157,9 @@ class LeaseKeeping:
             self._inflight.discard(task)
             lease.held -= 1
             lease.last = time.monotonic() if ended is None else ended  # its credit is free from now: DRY counts here
+            if ended is None and not lease.ended:  # handed back, no slot (the look-ahead waited in vain): the
+                self._end(lease)  # lease ends, else the broker sends it the next job at once, to be handed back
+                # too, every 0.2 s while the long jobs run; its token goes to the pool at cancel-ok
             if lease.ended:  # else the token stays with the lease: the broker sends the next delivery for it
                 lease.tokens -= 1
                 await self._release(self._lanes[lease.shard])

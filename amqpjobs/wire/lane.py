@@ -161,9 +161,9 @@ class Lane:
     async def exists(self, queue: str) -> bool:
         """Whether ``queue`` exists (a passive declare on this lane's channel).
 
-        A missing queue closes only this channel (404), which is reopened; a lease checks
-        its shard here first so that a ``basic.consume`` on a deleted shard can't close the
-        channel the other shards' leases share.
+        A missing queue closes this channel (404), which is reopened: a lease looks here first,
+        so that its ``basic.consume`` rarely meets a deleted shard (when it does, only this
+        shard's channel closes: each shard has its own).
 
         Raises:
             BrokerError: the channel or connection failed otherwise.

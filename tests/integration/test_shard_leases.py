@@ -26,6 +26,7 @@ from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import raw_channel
 from tests.integration.test_consumer import SHARDED
+from tests.integration.worker_env import Recorder
 
 pytestmark = pytest.mark.broker
 
@@ -224,3 +225,55 @@ async def test_a_lease_that_meets_a_deleted_shard_leaves_the_other_shards_jobs_a
     assert code == 0
     assert deleted == ["split.shard-1"]
     assert {i: n for i, n in starts.items() if i < 100} == {i: 1 for i in range(3)}
+
+
+async def test_a_look_ahead_handed_back_is_not_replaced_while_every_slot_runs_a_long_job(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Review 17b: the look-ahead token, once a lease's, stayed with the lease after its delivery was
+    handed back: the broker sent the lease the next job at once, handed back 0.2 s later, and so on
+    (19 hand-backs in 4 s; a second worker's free slots never saw that job).
+    """
+    path = tmp_path / "s.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    release = asyncio.Event()
+    starts: Counter[int] = Counter()
+
+    @app.job("slow", queue="split")
+    async def slow(payload: dict[str, int], ctx: JobContext) -> None:
+        starts[payload["i"]] += 1
+        if payload["i"] % 100 == 50:
+            await release.wait()
+        else:
+            await asyncio.sleep(0.005)  # short jobs: the worker takes its look-ahead delivery
+
+    for shard in (0, 1):  # per shard: 30 short jobs, a long one, 30 short ones
+        for i in range(61):
+            await app.enqueue("slow", {"i": 100 * shard + i}, tenant=tenant_of(shard))
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=2, grace=10), recorder)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), 10)
+        await until(lambda: 50 in starts and 150 in starts, 20)
+        assert 50 in starts  # both slots run a long job
+        assert 150 in starts
+        began = len([o for o in recorder.outcomes if o.kind == "handed_back"])
+        await asyncio.sleep(1.5)
+        first = len([o for o in recorder.outcomes if o.kind == "handed_back"]) - began
+        await asyncio.sleep(3.0)
+        handed = len([o for o in recorder.outcomes if o.kind == "handed_back"]) - began
+    finally:
+        release.set()
+    await until(lambda: len(starts) == 122, 20)
+    worker.request_stop()
+    code = await asyncio.wait_for(task, 20)
+    await app.close()
+    assert code == 0
+    print(f"handed back: {first} in the first 1.5 s of the long jobs, {handed - first} in the next 3 s")
+    assert first <= 2, first  # what waited for a slot goes back (on 7f00eb2..e820e7a: one every 0.2 s)
+    assert handed == first, (first, handed)  # then nothing more is taken to be handed back
+    assert len(starts) == 122, starts
+    assert set(starts.values()) == {1}, starts
