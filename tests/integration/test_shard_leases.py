@@ -48,13 +48,18 @@ async def until(predicate: object, seconds: float) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_lease_the_broker_cancels_gives_its_slots_back(
-    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
-):
+async def sharded_app(broker: BrokerSettings, tmp_path: Path) -> App:
+    """An App on job queue ``split`` (2 shards), its topology applied on ``broker``."""
     path = tmp_path / "s.toml"
     path.write_text(SHARDED)
     await apply_topology(path, broker)
-    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    return App("split", topology=load_topology(path).topology, url=broker.url)
+
+
+async def test_a_lease_the_broker_cancels_gives_its_slots_back(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    app = await sharded_app(broker, tmp_path)
     release = asyncio.Event()
     running: list[int] = []
     most_late = 0
@@ -114,10 +119,7 @@ async def test_a_backlog_runs_on_the_one_free_slot_while_the_others_hold_long_jo
     for the lease (no take by turns) until the long jobs ended, and the free slot idled
     with 20 jobs waiting (none of them ran in 10 s).
     """
-    path = tmp_path / "s.toml"
-    path.write_text(SHARDED)
-    await apply_topology(path, broker)
-    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    app = await sharded_app(broker, tmp_path)
     release = asyncio.Event()
     starts: Counter[int] = Counter()
 
@@ -173,10 +175,7 @@ async def test_a_lease_that_meets_a_deleted_shard_leaves_the_other_shards_jobs_a
     acks were refused and the broker ran them again (review 17: 17 of 1,800 ran twice
     over 500 deletes). Here the race is made certain: the look deletes the queue itself.
     """
-    path = tmp_path / "s.toml"
-    path.write_text(SHARDED)
-    await apply_topology(path, broker)
-    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    app = await sharded_app(broker, tmp_path)
     release = asyncio.Event()
     starts: Counter[int] = Counter()
     kept_shard, gone_shard = tenant_of(0), tenant_of(1)
@@ -234,10 +233,7 @@ async def test_a_look_ahead_handed_back_is_not_replaced_while_every_slot_runs_a_
     handed back: the broker sent the lease the next job at once, handed back 0.2 s later, and so on
     (19 hand-backs in 4 s; a second worker's free slots never saw that job).
     """
-    path = tmp_path / "s.toml"
-    path.write_text(SHARDED)
-    await apply_topology(path, broker)
-    app = App("split", topology=load_topology(path).topology, url=broker.url)
+    app = await sharded_app(broker, tmp_path)
     release = asyncio.Event()
     starts: Counter[int] = Counter()
 
