@@ -48,7 +48,7 @@ async def finished(proc: subprocess.Popen[str], timeout: float) -> float:
     return time.monotonic()
 
 
-@pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (the loser ends < 2.5 s)
+@pytest.mark.serial  # wall-clock comparison: CPU contention from parallel tests would blur it
 @pytest.mark.timeout(60)
 async def test_two_replays_started_together_one_moves_each_job_once(broker: BrokerSettings, tmp_path: Path):
     app = await make_app(broker, tmp_path)
@@ -71,7 +71,11 @@ async def test_two_replays_started_together_one_moves_each_job_once(broker: Brok
         await rec.wait_for(lambda o: len(o) >= 200, timeout=20)
         await asyncio.sleep(0.5)  # nothing more comes
     refused = outputs[loser][1]
-    assert ended[loser] - started < 2.5, (ended[loser] - started, refused)
+    # The loser is refused at once, not after waiting for the winner's lock: both started
+    # together (same start-up cost), the winner then moves 200 jobs at 100/s, >= 2 s.
+    # An absolute bound from the start (< 2.5 s) failed on a slower machine (2.84 s on 4.3.6,
+    # CI run of session 17's stop): interpreter start and import are most of it.
+    assert ended[winner] - ended[loser] > 1.0, (ended[loser] - started, ended[winner] - started, refused)
     assert "Traceback" not in refused
     assert "work.quarantine" in refused
     assert f"pid {procs[winner].pid}" in refused
