@@ -24,7 +24,7 @@ from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
-from amqpjobs.wire.delivery import DeliveryChannelClosed
+from amqpjobs.wire.acks import DeliveryChannelClosed
 
 log = logging.getLogger("amqpjobs.worker")
 

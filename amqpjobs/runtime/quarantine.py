@@ -40,9 +40,10 @@ from amqpjobs.jobs.json_fast import strict_loads
 from amqpjobs.printable import json_text
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.browse import QueueBrowser, probe_queue, purge_queue
 from amqpjobs.wire.connection import connect
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient

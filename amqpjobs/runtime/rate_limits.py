@@ -60,9 +60,10 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.topology.rate_queues import rate_declarations
 from amqpjobs.wire.abc import Connection, Publisher, Received
+from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.declare import find_missing
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tokens import RATE_ARGUMENT, declare_rate_queues
 

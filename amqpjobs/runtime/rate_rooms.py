@@ -20,8 +20,9 @@ from amqpjobs.jobs.rate import HOLD_FRACTION, RateLimit
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import RateQueues
+from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.consume import WorkQueueConsumer
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lock import LockHolder
 
 #: Deliveries of a rate-limited job a worker process holds waiting for a token, at most: one

@@ -38,10 +38,11 @@ from pamqp.header import ContentHeader
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError, NotFoundError
+from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_frames, run_handler
+from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
 from amqpjobs.wire.errors import error_kind
 

@@ -22,120 +22,12 @@ from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.acks import AckBatcher, DeliveryChannelClosed
 from amqpjobs.wire.copies import ReceivedCopy, received_bytes, split_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.header_decoding import table_entries
 
 log = logging.getLogger("amqpjobs.wire")
-
-
-class DeliveryChannelClosed(Exception):
-    """The channel a delivery came on has closed; the broker will redeliver the message."""
-
-
-_CHANNEL_GONE = LIBRARY_ERRORS
-
-
-class AckBatcher:
-    """The acks of one consumer channel, sent once per turn of the event loop.
-
-    A busy worker finishes several deliveries in one turn of the loop; sending each ack as
-    a frame of its own costs a socket write per job (the largest single cost in a profile
-    of the worker, bench/RESULTS.md). Here :meth:`ack` only notes the delivery tag, and on
-    the loop's next turn one ``basic.ack`` with ``multiple=true`` settles the run of
-    settled tags at the head of the channel's unsettled deliveries (RabbitMQ "Consumer
-    Acknowledgements": "Acknowledging Multiple Deliveries at Once"); acks behind a delivery
-    still running go singly, at once. A multiple ack covers every delivery of the channel
-    up to its tag, so every delivery of the channel (of consumers or of ``basic.get``)
-    must be noted here; as a channel numbers its deliveries 1, 2, 3, ..., a tag not noted
-    yet (a ``get-ok`` still on its way to the code that took it, while a later consumer
-    delivery already finished) stops the run: it is never covered before it is settled.
-
-    Args:
-        channel: The aiormq channel the deliveries came on.
-        batch: False sends every ack at once: with ``prefetch_count`` 1 there is never a
-            second delivery to batch with, and the broker sends the next one only after the ack.
-    """
-
-    def __init__(self, channel: UnderlayChannel, batch: bool = True) -> None:
-        self.channel = channel
-        self.batch = batch
-        self._unsettled: dict[int, bool] = {}  # delivery tag above _cleared -> settled
-        self._cleared = 0  # every tag up to this one is settled and its ack sent
-        self._acked: set[int] = set()  # settled by an ack not yet sent
-        self._scheduled = False
-        self._sending: set[asyncio.Task[None]] = set()
-        # one send at a time, in order: a put into aiormq's write queue (10 frames) may wait, and a
-        # later send's multiple ack must never reach the socket before an earlier send's single acks
-        self._one_send = asyncio.Lock()
-
-    def delivered(self, tag: int) -> None:
-        """Note a delivery from the channel (in delivery order)."""
-        self._unsettled[tag] = False
-
-    async def ack(self, tag: int, at_once: bool = False) -> None:
-        """Settle ``tag`` by an ack, sent on the loop's next turn (at once when not batching).
-
-        Args:
-            tag: The delivery tag.
-            at_once: Send it now, with the acks batched before it (a delivery whose copy is
-                confirmed: until its ack is out, a worker dying leaves the job two lives).
-
-        Raises:
-            DeliveryChannelClosed: the channel is already closed (the broker redelivers).
-        """
-        if self.channel.is_closed:
-            raise DeliveryChannelClosed(f"channel {self.channel.number} is closed")
-        self._unsettled[tag] = True
-        self._acked.add(tag)
-        if at_once or not self.batch:
-            await self._send()
-        elif not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_soon)
-
-    def rejected(self, tag: int) -> None:
-        """Note that ``tag`` was settled by a reject already sent."""
-        if tag in self._unsettled:
-            self._unsettled[tag] = True
-
-    def _send_soon(self) -> None:  # a callback: runs _send in a task of its own
-        self._scheduled = False
-        task = asyncio.get_running_loop().create_task(self._send())
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(self) -> None:
-        async with self._one_send:
-            await self._send_settled()
-
-    async def _send_settled(self) -> None:
-        head = self._cleared  # the end of the run of settled tags that follow one another from the start
-        for tag in sorted(self._unsettled):
-            if tag != head + 1 or not self._unsettled[tag]:
-                break
-            head = tag
-        singles = sorted(t for t in self._acked if t > head)  # they stay noted (settled) until the run reaches them
-        covered = [t for t in self._acked if t <= head]
-        for tag in range(self._cleared + 1, head + 1):
-            del self._unsettled[tag]
-        self._cleared = head
-        self._acked.clear()
-        try:
-            if covered:  # up to the last acked tag: a multiple ack's own tag must still be unsettled
-                await self.channel.basic_ack(max(covered), multiple=True, wait=False)
-            for tag in singles:
-                await self.channel.basic_ack(tag, wait=False)
-        except _CHANNEL_GONE as exc:  # the broker requeues what this channel held
-            log.warning("acks of %d deliveries lost with their channel (%s): the broker redelivers them",
-                        len(covered) + len(singles), exc)  # fmt: skip
-
-    async def flush(self) -> None:
-        """Send pending acks now and wait until they are queued for the socket (before a close)."""
-        if self._scheduled:
-            self._send_soon()
-        while self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
 
 
 def run_handler(tasks: set[asyncio.Task[None]], handling: Coroutine[Any, Any, None]) -> None:
@@ -302,7 +194,7 @@ class Delivery:
             # no wait for the socket drain: an ack has no reply either way, and a lost one means a
             # redelivery (at least once); a closed channel still raises here, before anything is sent
             await self._channel.basic_ack(self.delivery_tag, wait=False)
-        except _CHANNEL_GONE as exc:
+        except LIBRARY_ERRORS as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
 
     async def reject(self) -> None:
@@ -314,7 +206,7 @@ class Delivery:
         """
         try:
             await self._channel.basic_reject(self.delivery_tag, requeue=False)
-        except _CHANNEL_GONE as exc:
+        except LIBRARY_ERRORS as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
         if self._acks is not None:
             self._acks.rejected(self.delivery_tag)
@@ -328,7 +220,7 @@ class Delivery:
         """
         try:
             await self._channel.basic_nack(self.delivery_tag, requeue=True)
-        except _CHANNEL_GONE as exc:
+        except LIBRARY_ERRORS as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
         if self._acks is not None:
             self._acks.rejected(self.delivery_tag)

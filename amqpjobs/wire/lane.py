@@ -41,8 +41,9 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from amqpjobs.errors import BrokerError, NotFoundError
+from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.delivery import AckBatcher, Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
+from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap, untap
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, broker_errors
 

@@ -14,9 +14,10 @@ import aio_pika
 import pytest
 
 from amqpjobs.wire import delivery_tap
+from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
-from amqpjobs.wire.delivery import Delivery, DeliveryChannelClosed
+from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.delivery_tap import DeliveryTap
 from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings

@@ -6,21 +6,53 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiormq.abc import ChannelFrame
+from pamqp import commands as spec
+from pamqp.frame import unmarshal
 
-from amqpjobs.wire.delivery import AckBatcher, DeliveryChannelClosed
+from amqpjobs.wire.acks import AckBatcher, DeliveryChannelClosed
+
+
+class RecordingQueue(asyncio.Queue[ChannelFrame]):
+    """Stands in for aiormq's write queue of a connection: decodes each frame put into it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(maxsize=10)
+        self.writes: list[
+            list[tuple[int, int, bool]]
+        ] = []  # a list per frame queued (a write): (channel, tag, multiple)
+        self.jammed = False
+
+    def full(self) -> bool:
+        return self.jammed
+
+    def put_nowait(self, item: ChannelFrame) -> None:
+        assert not self.jammed
+        data, acks = item.payload, []
+        while data:
+            used, number, frame = unmarshal(data)
+            assert isinstance(frame, spec.Basic.Ack)
+            acks.append((number, frame.delivery_tag, frame.multiple))
+            data = data[used:]
+        self.writes.append(acks)
 
 
 class RecordingChannel:
-    """Stands in for an aiormq channel: records the ack frames it is asked to send."""
+    """Stands in for an aiormq channel: records the ack frames it is asked to send, alone or in a connection's write."""
 
-    number = 1
-
-    def __init__(self) -> None:
+    def __init__(self, queue: RecordingQueue | None = None, number: int = 1) -> None:
+        self.number = number
         self.is_closed = False
-        self.sent: list[tuple[int, bool]] = []
+        self.write_queue = queue or RecordingQueue()
+        self.alone: list[tuple[int, bool]] = []
 
     async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
-        self.sent.append((delivery_tag, multiple))
+        self.write_queue.writes.append([(self.number, delivery_tag, multiple)])
+
+    @property
+    def sent(self) -> list[tuple[int, bool]]:
+        """This channel's acks in the order they were queued for the socket."""
+        return [(tag, multiple) for write in self.write_queue.writes for n, tag, multiple in write if n == self.number]
 
 
 def batcher(tags: range, batch: bool = True) -> tuple[AckBatcher, RecordingChannel]:
@@ -154,6 +186,7 @@ async def test_an_ack_at_once_never_overtakes_acks_still_on_their_way() -> None:
         await record(delivery_tag, multiple, wait)
 
     channel.basic_ack = full_queue  # type: ignore[method-assign]
+    channel.write_queue.jammed = True  # the batched send waits for room, in a task of its own
     await acks.ack(2)
     await acks.ack(4)
     await asyncio.sleep(0)  # the loop's turn: the batched send starts, and waits for room
@@ -163,7 +196,45 @@ async def test_an_ack_at_once_never_overtakes_acks_still_on_their_way() -> None:
     at_once = asyncio.create_task(acks.ack(5, at_once=True))
     await asyncio.sleep(0)
     room.set()
+    channel.write_queue.jammed = False
     await asyncio.sleep(0)
     await at_once
     await acks.flush()
     assert channel.sent == [(2, False), (4, False), (5, True)]
+
+
+async def test_the_acks_of_a_turn_on_several_channels_of_one_connection_are_one_write() -> None:
+    """A sharded worker's lanes: 3 channels of one connection, acks due in the same turn: one frame for the writer."""
+    queue = RecordingQueue()
+    channels = [RecordingChannel(queue, number) for number in (1, 2, 3)]
+    batchers = [AckBatcher(channel) for channel in channels]  # type: ignore[arg-type]
+    for acks in batchers:
+        for tag in (1, 2, 3):
+            acks.delivered(tag)
+    await batchers[0].ack(1)
+    await batchers[0].ack(2)
+    await batchers[1].ack(2)  # behind a running 1: singly
+    await batchers[2].ack(1)
+    await asyncio.sleep(0)
+    assert queue.writes == [[(1, 2, True), (2, 2, False), (3, 1, True)]]
+    await batchers[1].ack(1)
+    await batchers[0].ack(3)
+    await asyncio.sleep(0)
+    assert queue.writes[1:] == [[(2, 1, True), (1, 3, True)]]  # in the order they became due
+
+
+async def test_a_channel_the_broker_closed_sends_no_acks_and_the_others_still_do(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ack after our close-ok would be on a channel number not open: the broker closes the connection (504)."""
+    queue = RecordingQueue()
+    closing, open_ = RecordingChannel(queue, 1), RecordingChannel(queue, 2)
+    batchers = [AckBatcher(closing), AckBatcher(open_)]  # type: ignore[arg-type]
+    for acks in batchers:
+        acks.delivered(1)
+        await acks.ack(1)
+    closing._Channel__close_event = asyncio.Event()  # type: ignore[attr-defined]  # aiormq's, set at the broker's channel.close
+    closing._Channel__close_event.set()  # type: ignore[attr-defined]
+    await asyncio.sleep(0)
+    assert queue.writes == [[(2, 1, True)]]
+    assert "acks of 1 deliveries lost with their channel (1 closed)" in caplog.text

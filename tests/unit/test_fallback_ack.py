@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from amqpjobs.runtime.fallback import ack
-from amqpjobs.wire.delivery import DeliveryChannelClosed
+from amqpjobs.wire.acks import DeliveryChannelClosed
 
 
 class ClosedChannelDelivery:
