@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import Counter
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -203,6 +204,8 @@ class FrameTap:
         self.outstanding: dict[int, set[int]] = {}
         #: The most deliveries outstanding at once, over all channels (as this relay saw them pass).
         self.peak_outstanding = 0
+        #: Method frames clients sent, by (class id, method id): (60, 20) ``basic.consume``, (60, 30) ``basic.cancel``.
+        self.methods: Counter[tuple[int, int]] = Counter()
         self.settings = broker
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
@@ -267,6 +270,7 @@ class FrameTap:
             if kind != 1:  # method frames only
                 continue
             class_id, method_id = struct.unpack(">HH", payload[:4])
+            self.methods[class_id, method_id] += 1
             if class_id == 60 and method_id in SETTLE_METHODS:
                 tag, bits = struct.unpack(">QB", payload[4:13])
                 multiple = bool(bits & 1) and method_id != 90

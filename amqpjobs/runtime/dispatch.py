@@ -9,16 +9,20 @@ a delivery can only come for a token set aside before the take:
 * **turns**: a free token takes one job with ``basic.get`` from the shard whose turn it is
   (:class:`~amqpjobs.jobs.fairness.ShardTurns`: round-robin; a shard found empty is skipped
   for 1 ms doubling to 100 ms, so an idle worker asks each shard ~10 times a second);
-* **leases** (classic queues): a shard seen with a backlog (``get-ok`` says messages are
-  left) gets a consumer whose prefetch is its share of the tokens
+* **leases**: a shard seen with a backlog (``get-ok`` says messages are left) gets a
+  consumer whose prefetch is its share of the tokens
   (:func:`~amqpjobs.jobs.fairness.lease_sizes`), reserved before ``basic.consume``: the
   broker streams to it what the worker can run, without a ``basic.get`` round trip per
   job. A lease whose credit stays unused for :data:`DRY` seconds (its shard ran dry), or
   whose share changed, is cancelled; its tokens return at ``cancel-ok``, after every
-  delivery the broker sent before it (classic queues). Quorum queues return deliveries in
-  flight at a cancel as redelivered (taken for crashed starts): they are only taken by
-  turns. While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose lease has
-  credit to spare: the lease brings its next job for less than a ``basic.get``;
+  delivery the broker sent before it (classic queues). A quorum queue returns the
+  deliveries in flight at a cancel to the queue marked redelivered (taken for crashed
+  starts), so a quorum lease is drained first (:meth:`~amqpjobs.wire.lane.Lane.end_lease`:
+  its acks wait until the broker has no credit left for it, or until no delivery came for
+  :data:`QUORUM_QUIET` seconds), and kept through pauses in its shard's traffic shorter
+  than :data:`QUORUM_DRY` (a message published during a dry lease's cancel still goes
+  back redelivered). While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose
+  lease has credit to spare: the lease brings its next job for less than a ``basic.get``;
 * **look-ahead** (``lookahead=1``): while recent jobs ran shorter than
   :data:`LOOKAHEAD_BELOW`, one token more than N: the delivery it brings waits, unacked,
   for the next free running slot, so a slot freed by a short job does not idle during the
@@ -48,6 +52,7 @@ from amqpjobs.jobs.slots import RunningSlots
 from amqpjobs.runtime.leases import LeaseKeeping, _Lease
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
@@ -56,6 +61,13 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds a lease's credit may stay unused (no delivery since it was freed) before it is cancelled: its shard ran dry.
 DRY = 0.05
+#: :data:`DRY` for a quorum queue's lease: its cancel, once its shard ran dry, returns a message
+#: published during the cancel's round trip to the queue as redelivered (see the module docstring),
+#: so a lease whose shard is fed in bursts is kept between them.
+QUORUM_DRY = 0.5
+#: Seconds without a delivery after which a quorum queue's lease being ended, its credit not used up,
+#: is cancelled (its shard ran dry; see the module docstring).
+QUORUM_QUIET = 0.25
 #: Seconds a shard is left alone after a take failed (channel closed, queue missing).
 RETRY_AFTER = 1.0
 #: Seconds between two warnings about a shard whose takes keep failing (the first is logged at once).
@@ -81,7 +93,10 @@ class ShardDispatcher(LeaseKeeping):
         handler: Called with each delivery; it must settle it.
         inflight: The worker's set of running deliveries: each handler's task is added while it runs.
         may_take: Whether a new take may start now (False after SIGTERM, while a suspect runs alone).
-        lease: Lease busy shards (classic queues only; see the module docstring).
+        lease: Lease busy shards (see the module docstring).
+        quorum: The shards are quorum queues: a lease's end drains its credit first (see the module docstring).
+        consumer_timeout: Seconds, the leases' ``x-consumer-timeout`` consume argument (quorum
+            queues on RabbitMQ 4.3+); None sends none.
         safe_url: The broker URL without password, for error messages.
         lookahead: 1: hold one delivery more than ``slots`` while recent jobs ran shorter than
             :data:`LOOKAHEAD_BELOW` (it waits for a running slot; see the module docstring); 0: never.
@@ -101,6 +116,8 @@ class ShardDispatcher(LeaseKeeping):
         inflight: set[asyncio.Task[Any]],
         may_take: Callable[[], bool] = lambda: True,
         lease: bool = True,
+        quorum: bool = False,
+        consumer_timeout: float | None = None,
         safe_url: str = "",
         lookahead: int = 0,
         hand_back: DeliveryHandler | None = None,
@@ -114,6 +131,9 @@ class ShardDispatcher(LeaseKeeping):
         self._inflight = inflight
         self._may_take = may_take
         self._leasing = lease
+        self._quiet = QUORUM_QUIET if quorum else 0.0
+        self._dry = QUORUM_DRY if quorum else DRY
+        self._consume_arguments = consume_arguments(consumer_timeout)
         self._work_queues = tuple(work_queues)
         # a channel per shard, for its gets and its lease: gets on one channel wait for each other, and a
         # take or a consume that meets a deleted shard (404) closes only that shard's channel
@@ -247,11 +267,11 @@ class ShardDispatcher(LeaseKeeping):
         for shard, lease in list(self._leases.items()):
             if not lease.consuming:
                 continue
-            if lease.held < lease.size and now - lease.last >= DRY:
+            if lease.held < lease.size and now - lease.last >= self._dry:
                 self._busy.discard(shard)  # credit and no delivery: its shard ran dry
                 continue
             # look again when it could be dry (its handlers free credit without waking this loop)
-            due = lease.last + DRY if lease.held < lease.size else now + DRY
+            due = lease.last + self._dry if lease.held < lease.size else now + self._dry
             wake = due if wake is None else min(wake, due)
         sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
         for shard, lease in list(self._leases.items()):

@@ -54,6 +54,8 @@ class LeaseKeeping:
     _pending: int
     _inflight: set[asyncio.Task[Any]]
     _chores: set[asyncio.Task[None]]
+    _quiet: float  # quorum queues: a lease's end drains its credit, waiting at most this long (s) for deliveries
+    _consume_arguments: dict[str, Any]
 
     def _kick(self) -> None:
         raise NotImplementedError
@@ -79,7 +81,8 @@ class LeaseKeeping:
         try:
             if not await lane.exists(queue):
                 raise BrokerError(f"work queue {queue!r} does not exist (apply the topology)")
-            lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease))
+            lease.tag = await lane.lease(queue, lease.size, partial(self._leased, lease), partial(self._lost, lease),
+                                         self._consume_arguments, drain=self._quiet > 0)  # fmt: skip
         except BrokerError as exc:
             log.warning("leasing %s failed (%s); taking it by turns, trying again in %gs", queue, exc, LEASE_RETRY)
             self._busy.discard(lease.shard)  # no new lease at once (a storm of them): its next take decides
@@ -89,7 +92,7 @@ class LeaseKeeping:
         lease.consuming = True
         lease.last = time.monotonic()
         if lease.ending:  # paused or resized while it was being armed
-            await lane.end_lease(lease.tag)
+            await lane.end_lease(lease.tag, self._quiet)
             self._ended(lease)
         self._kick()
 
@@ -106,7 +109,7 @@ class LeaseKeeping:
         # still being armed: _start_lease cancels it once consuming
 
     async def _cancel_lease(self, lease: _Lease) -> None:
-        await self._lanes[lease.shard].end_lease(lease.tag)
+        await self._lanes[lease.shard].end_lease(lease.tag, self._quiet)
         self._ended(lease)
 
     def _ended(self, lease: _Lease) -> None:

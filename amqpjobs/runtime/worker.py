@@ -279,7 +279,8 @@ class Worker(WorkerStop):
         dispatcher = ShardDispatcher(
             self._connection, layout.name, layout.work_queues, self.options.concurrency, self._held_by(layout),
             self._inflight, may_take=lambda: not self._stop.is_set() and not self._gate.suspect_pending,
-            lease=layout.queue_type == "classic", safe_url=self.settings.safe_url,
+            quorum=layout.queue_type == "quorum", consumer_timeout=self._consumer_timeouts.get(layout.name),
+            safe_url=self.settings.safe_url,
             lookahead=1 if first else 0,  # one look-ahead delivery per worker (README "Tenant fairness")
             hand_back=self._held_by(layout, hand_back=True),
         )  # fmt: skip

@@ -58,15 +58,39 @@ class AckBatcher:
         self._unsettled: dict[int, bool] = {}  # delivery tag above _cleared -> settled
         self._cleared = 0  # every tag up to this one is settled and its ack sent
         self._acked: set[int] = set()  # settled by an ack not yet sent
+        self._owner: dict[int, str] = {}  # delivery tag above _cleared -> the consumer tag that may hold it
+        self._held: set[str] = set()  # consumer tags whose acks are held (hold .. release)
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         # one send at a time, in order: a put into aiormq's write queue (10 frames) may wait, and a
         # later send's multiple ack must never reach the socket before an earlier send's single acks
         self._one_send = asyncio.Lock()
 
-    def delivered(self, tag: int) -> None:
-        """Note a delivery from the channel (in delivery order)."""
+    def delivered(self, tag: int, owner: str = "") -> None:
+        """Note a delivery from the channel (in delivery order); ``owner``: its consumer tag, for :meth:`hold`."""
         self._unsettled[tag] = False
+        if owner:
+            self._owner[tag] = owner
+
+    def hold(self, owner: str) -> None:
+        """Send no ack of ``owner``'s deliveries (a consumer tag given to :meth:`delivered`) until :meth:`release`.
+
+        Ending a quorum queue's consumer: while its acks are held the broker's credit for it
+        only shrinks, and once none is left nothing is in flight to it, so a ``basic.cancel``
+        returns nothing to the queue (see :meth:`amqpjobs.wire.lane.Lane.end_lease`).
+        """
+        self._held.add(owner)
+
+    async def release(self, owner: str) -> None:
+        """Send the held acks of ``owner``'s deliveries now (and no longer hold them)."""
+        self._held.discard(owner)
+        await self._send()
+
+    def outstanding(self, owner: str) -> int:
+        """How many of ``owner``'s deliveries the broker still counts as unacked (no ack or reject sent)."""
+        return sum(
+            1 for tag, who in self._owner.items() if who == owner and (not self._unsettled[tag] or tag in self._acked)
+        )
 
     async def ack(self, tag: int, at_once: bool = False) -> None:
         """Settle ``tag`` by an ack, sent on the loop's next turn (at once when not batching).
@@ -133,17 +157,20 @@ class AckBatcher:
 
     def _settled(self) -> list[spec.Basic.Ack]:
         """The ack frames for what was settled since the last send, counted as sent."""
+        held = {t for t in self._acked if self._owner.get(t) in self._held} if self._held else set()
         head = self._cleared  # the end of the run of settled tags that follow one another from the start
         for tag in sorted(self._unsettled):
-            if tag != head + 1 or not self._unsettled[tag]:
+            if tag != head + 1 or not self._unsettled[tag] or tag in held:
                 break
             head = tag
-        singles = sorted(t for t in self._acked if t > head)  # they stay noted (settled) until the run reaches them
+        # they stay noted (settled) until the run reaches them
+        singles = sorted(t for t in self._acked if t > head and t not in held)
         covered = [t for t in self._acked if t <= head]
         for tag in range(self._cleared + 1, head + 1):
             del self._unsettled[tag]
+            self._owner.pop(tag, None)
         self._cleared = head
-        self._acked.clear()
+        self._acked = held
         # a multiple ack goes up to the last acked tag: its own tag must still be unsettled
         frames = [spec.Basic.Ack(delivery_tag=max(covered), multiple=True)] if covered else []
         return frames + [spec.Basic.Ack(delivery_tag=tag) for tag in singles]

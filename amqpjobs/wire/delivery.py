@@ -232,17 +232,24 @@ def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher
 
 
 def delivery_from_frames(
-    frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel, queue: str, acks: AckBatcher | None = None
+    frame: Any,
+    header: ContentHeader,
+    body: bytes,
+    channel: UnderlayChannel,
+    queue: str,
+    acks: AckBatcher | None = None,
+    owner: str = "",
 ) -> Delivery:
     """Wrap a delivery read off ``channel`` (a ``basic.deliver`` or ``basic.get-ok`` frame, its header and body).
 
     The hot path of the worker (:mod:`amqpjobs.wire.consume`, :mod:`amqpjobs.wire.delivery_tap`):
     properties are read straight from pamqp's decoded content header. With ``acks`` (the
-    channel's batcher), the delivery is noted there and its :meth:`Delivery.ack` is batched.
+    channel's batcher), the delivery is noted there and its :meth:`Delivery.ack` is batched;
+    ``owner`` (its consumer tag) lets :meth:`AckBatcher.hold` hold its ack.
     """
     p = header.properties
     if acks is not None:
-        acks.delivered(frame.delivery_tag)
+        acks.delivered(frame.delivery_tag, owner)
     ts = p.timestamp
     return Delivery(
         body,

@@ -11,8 +11,8 @@ Two ways to take, both unacked and both bounded by the caller:
   On classic queues every delivery the broker sent before it read the cancel arrives
   before the ``cancel-ok``, so a caller that keeps the lease's slots until then never
   holds more than it reserved. On quorum queues a cancel returns deliveries in flight to
-  the queue marked ``redelivered`` (a worker takes them for crashed starts): the
-  dispatcher leases only classic queues.
+  the queue marked ``redelivered`` (a worker takes them for crashed starts): a lease
+  there is drained before its cancel (``drain``, see :meth:`Lane.end_lease`).
 
 The dispatcher gets from each shard and leases it on a lane of its own: gets on one
 channel wait for each other, and a ``basic.get`` or ``basic.consume`` that meets a deleted
@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiormq
@@ -56,6 +57,17 @@ LeaseHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
 LeaseLost = Callable[[], None]
 
 _FAILURES = CHANNEL_OPEN_ERRORS
+
+
+@dataclass(eq=False, slots=True)
+class _Consumer:
+    """A lease's consumer: the channel it consumes on, what to call if the broker cancels it."""
+
+    underlay: aiormq.Channel
+    lost: Callable[[], None]
+    prefetch: int
+    last: float = field(default_factory=time.monotonic)  # when its last delivery came (or it started)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set at each delivery (a draining end waits)
 
 
 @dataclass(slots=True)
@@ -89,8 +101,7 @@ class Lane:
         self.on_reopen: Callable[[], None] = lambda: None
         self._acks: AckBatcher | None = None
         self._probe = ""  # a queue whose passive declare is the lane's round trip (settle)
-        # lease tag -> (the channel it consumes on, what to call if the broker cancels it)
-        self._leases: dict[str, tuple[aiormq.Channel, Callable[[], None]]] = {}
+        self._leases: dict[str, _Consumer] = {}  # lease (consumer) tag -> its consumer
         self._tasks: set[asyncio.Task[None]] = set()  # lease handlers under way (strong references)
 
     async def open(self, queues: Sequence[str]) -> None:
@@ -178,7 +189,15 @@ class Lane:
             return False
         return True
 
-    async def lease(self, queue: str, prefetch: int, handler: LeaseHandler, lost: LeaseLost) -> str:
+    async def lease(
+        self,
+        queue: str,
+        prefetch: int,
+        handler: LeaseHandler,
+        lost: LeaseLost,
+        arguments: Mapping[str, Any] | None = None,
+        drain: bool = False,
+    ) -> str:
         """Consume ``queue`` with ``prefetch`` under a new consumer tag; returns the tag.
 
         Args:
@@ -186,22 +205,30 @@ class Lane:
             prefetch: Unacked deliveries the broker may hand this consumer (>= 1).
             handler: Called with each delivery (see :data:`LeaseHandler`).
             lost: Called once if the broker cancels the consumer.
+            arguments: ``basic.consume`` arguments (``x-consumer-timeout``, milliseconds).
+            drain: A quorum queue: :meth:`end_lease` first uses up the consumer's credit
+                (see there), so its cancel returns nothing to the queue.
 
         Raises:
             BrokerError: the channel failed (no consumer is left behind).
 
         """
         tag = f"amqpjobs.{uuid.uuid4().hex[:16]}"
+        owner = tag if drain else ""
 
         def on_frames(frame: Any, header: ContentHeader, body: bytes, channel: UnderlayChannel) -> None:
-            delivery = delivery_from_frames(frame, header, body, channel, queue, self._acks_for(channel))
+            delivery = delivery_from_frames(frame, header, body, channel, queue, self._acks_for(channel), owner)
+            if drain and (consumer := self._leases.get(tag)) is not None:
+                consumer.last = time.monotonic()
+                consumer.arrived.set()
             run_handler(self._tasks, handler(delivery))  # not aiormq's task: a closing channel would cancel it
 
         async def on_message(message: DeliveredMessage) -> None:  # through aiormq (not the audited one)
             on_frames(message.delivery, message.header, message.body, message.channel)
 
         def on_lost() -> None:
-            log.warning("the broker cancelled the lease on %s (queue deleted or moved)", queue)
+            log.warning("the broker cancelled the lease on %s (queue deleted or moved, or a run past its "
+                        "x-consumer-timeout, which returns to the queue)", queue)  # fmt: skip
             lost()
 
         underlay = await self._underlay()
@@ -209,11 +236,11 @@ class Lane:
             await underlay.basic_qos(prefetch_count=prefetch)  # per consumer: for the consumer started next
             if self._on_cancel not in underlay.on_consumer_cancel_callbacks:  # once per channel, for good
                 underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
-            self._leases[tag] = (underlay, on_lost)
+            self._leases[tag] = _Consumer(underlay, on_lost, prefetch)
             tapped = tap(underlay)
             if tapped is not None:  # registered before the consume: its first delivery may follow consume-ok at once
                 tapped.consume(tag, on_frames)
-            await underlay.basic_consume(queue, on_message, consumer_tag=tag)
+            await underlay.basic_consume(queue, on_message, consumer_tag=tag, arguments=dict(arguments or {}))
         except _FAILURES as exc:
             self._forget(tag)
             raise BrokerError(f"consuming {queue} failed: {type(exc).__name__}: {exc}") from exc
@@ -231,28 +258,62 @@ class Lane:
         entry = self._leases.get(frame.consumer_tag or "")
         if entry is not None:
             self._forget(frame.consumer_tag or "")
-            entry[1]()
+            entry.lost()
 
     def _forget(self, tag: str) -> None:
         entry = self._leases.pop(tag, None)
         if entry is not None:
-            untap(entry[0], tag)
+            untap(entry.underlay, tag)
+            entry.arrived.set()  # a drain waiting for it ends
 
-    async def end_lease(self, tag: str) -> None:
+    def _gone(self, tag: str) -> bool:
+        entry = self._leases.get(tag)
+        return entry is None or entry.underlay.is_closed or tag not in entry.underlay.consumers
+
+    async def end_lease(self, tag: str, quiet: float = 0.0) -> None:
         """Cancel a lease's consumer and return at ``cancel-ok`` (at once when its channel is gone).
 
         Every delivery the broker sent to it before it read the cancel has reached the
         lease's handler by then (classic queues).
+
+        A quorum queue instead returns to the queue, marked ``redelivered`` (a worker takes
+        them for crashed starts), the deliveries in flight to a consumer it cancels. So a
+        lease leased with ``drain`` first holds its acks (:meth:`AckBatcher.hold`): the
+        broker's credit for it only shrinks, and once it is used up (``prefetch`` deliveries
+        unacked) nothing can be in flight and the cancel is sent; or once no delivery came
+        for ``quiet`` seconds (its queue ran dry: a message published during the cancel's
+        round trip may still go back as redelivered). The held acks go out after ``cancel-ok``.
+
+        Args:
+            tag: The lease's consumer tag.
+            quiet: Seconds without a delivery after which a draining lease is cancelled.
         """
         entry = self._leases.get(tag)
+        if entry is None or self._gone(tag):
+            self._forget(tag)
+            return  # its channel is gone (nothing more arrives on it), or the broker cancelled it
+        acks = self._acks_for(entry.underlay) if quiet > 0 else None
         try:
-            if entry is None or entry[0].is_closed or tag not in entry[0].consumers:
-                return  # its channel is gone (nothing more arrives on it), or the broker cancelled it
-            await entry[0].basic_cancel(tag)
+            if acks is not None:
+                acks.hold(tag)
+                began = time.monotonic()  # acks sent just before may still bring deliveries: wait from here too
+                while not self._gone(tag) and acks.outstanding(tag) < entry.prefetch:
+                    left = max(began, entry.last) + quiet - time.monotonic()
+                    if left <= 0:
+                        break
+                    entry.arrived.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(left):
+                            await entry.arrived.wait()
+                if self._gone(tag):
+                    return
+            await entry.underlay.basic_cancel(tag)
         except _FAILURES as exc:  # the channel closed meanwhile
             log.debug("cancelling lease %s for %s failed: %s", tag, self.name, exc)
         finally:
             self._forget(tag)
+            if acks is not None:
+                await acks.release(tag)
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (before closing the connection, or before taking again)."""

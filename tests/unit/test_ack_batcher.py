@@ -238,3 +238,32 @@ async def test_a_channel_the_broker_closed_sends_no_acks_and_the_others_still_do
     await asyncio.sleep(0)
     assert queue.writes == [[(2, 1, True)]]
     assert "acks of 1 deliveries lost with their channel (1 closed)" in caplog.text
+
+
+async def test_held_acks_of_one_consumer_wait_for_release_and_stop_the_run() -> None:
+    """A quorum lease being drained: its acks wait; the channel's other deliveries' acks still go."""
+    acks, channel = batcher(range(0))
+    for tag, owner in ((1, ""), (2, "lease"), (3, ""), (4, "lease")):
+        acks.delivered(tag, owner)
+    acks.hold("lease")
+    for tag in (1, 2, 3, 4):
+        await acks.ack(tag)
+    await turn(acks)
+    assert channel.sent == [(1, True), (3, False)]  # 2 held stops the run; 3 goes singly, 4 waits
+    assert acks.outstanding("lease") == 2  # the broker still counts both unacked: no credit freed
+    await acks.release("lease")
+    assert channel.sent == [(1, True), (3, False), (4, True)]  # one multiple ack covers 2, 3, 4
+    assert acks.outstanding("lease") == 0
+
+
+async def test_outstanding_counts_what_the_broker_has_not_seen_settled() -> None:
+    acks, _ = batcher(range(0))
+    for tag in (1, 2, 3):
+        acks.delivered(tag, "lease")
+    acks.hold("lease")
+    assert acks.outstanding("lease") == 3  # running
+    await acks.ack(1)
+    acks.rejected(2)  # a reject goes out at once, not through the batcher: settled on the broker
+    await turn(acks)
+    assert acks.outstanding("lease") == 2  # 1 held, 3 running
+    assert acks.outstanding("other") == 0
