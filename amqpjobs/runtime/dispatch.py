@@ -20,8 +20,9 @@ a delivery can only come for a token set aside before the take:
   starts), so a quorum lease is drained first (:meth:`~amqpjobs.wire.lane.Lane.end_lease`:
   its acks wait until the broker has no credit left for it, or until no delivery came for
   :data:`QUORUM_QUIET` seconds), and kept through pauses in its shard's traffic shorter
-  than :data:`QUORUM_DRY` (a message published during a dry lease's cancel still goes
-  back redelivered). While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose
+  than :data:`QUORUM_DRY`. A message published during a dry lease's cancel still goes back
+  redelivered, so quorum shards get leases only while jobs are short
+  (:data:`QUORUM_LEASE_BELOW`). While jobs are tiny (:data:`TURN_BELOW`), a turn skips a shard whose
   lease has credit to spare: the lease brings its next job for less than a ``basic.get``;
 * **look-ahead** (``lookahead=1``): while recent jobs ran shorter than
   :data:`LOOKAHEAD_BELOW`, one token more than N: the delivery it brings waits, unacked,
@@ -65,6 +66,10 @@ DRY = 0.05
 #: published during the cancel's round trip to the queue as redelivered (see the module docstring),
 #: so a lease whose shard is fed in bursts is kept between them.
 QUORUM_DRY = 0.5
+#: A quorum queue's shards get leases only while the job queue's recent jobs ran shorter than this
+#: (seconds): there a ``basic.get`` round trip per job costs most of the throughput, and a job that
+#: comes back redelivered from a dry lease's cancel (above) runs alone only briefly.
+QUORUM_LEASE_BELOW = 0.1
 #: Seconds without a delivery after which a quorum queue's lease being ended, its credit not used up,
 #: is cancelled (its shard ran dry; see the module docstring).
 QUORUM_QUIET = 0.25
@@ -274,6 +279,9 @@ class ShardDispatcher(LeaseKeeping):
             due = lease.last + self._dry if lease.held < lease.size else now + self._dry
             wake = due if wake is None else min(wake, due)
         sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
+        average = self._job_seconds
+        if self._quiet and (average is None or average >= QUORUM_LEASE_BELOW):
+            sizes = {}  # quorum: turns only, unless jobs are short (see QUORUM_LEASE_BELOW)
         for shard, lease in list(self._leases.items()):
             target = sizes.get(shard, 0)
             if target > lease.size:  # it grows only into the tokens a new lease would have at once (the free

@@ -19,6 +19,7 @@ import pytest
 
 from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
 from tests.amqp_frames import FrameTap
 from tests.integration.test_shard_dispatch import tenant_per_shard, topology
@@ -85,3 +86,37 @@ async def test_leases_ended_again_and_again_return_nothing_redelivered(broker: B
     assert sorted(ran) == list(range(n))
     assert set(ran.values()) == {1}
     assert tap.peak_outstanding <= 5  # 4 slots + the look-ahead: a draining lease holds no more than its credit
+
+
+@pytest.mark.timeout(60)
+async def test_quorum_shards_with_longer_jobs_are_taken_by_turns_only(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Jobs of 150 ms (over QUORUM_LEASE_BELOW): no lease, so no cancel that could return a job redelivered."""
+    path = await topology(broker, tmp_path, "quorum")
+    app = App("qq-long", topology=load_topology(path).topology, url=broker.url)
+    leases: list[str] = []
+    real_lease = Lane.lease
+
+    async def counted(lane: Lane, queue: str, *args: Any, **options: Any) -> str:
+        leases.append(queue)
+        return await real_lease(lane, queue, *args, **options)
+
+    monkeypatch.setattr(Lane, "lease", counted)
+
+    @app.job("sleep", queue="sharded")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(0.15)
+
+    for i, tenant in enumerate(tenant_per_shard() * 6):  # a backlog on every shard: 6 jobs each
+        await app.enqueue("sleep", {"i": i}, tenant=tenant)
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("sharded",), concurrency=4, grace=10), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: len(o) >= 24, timeout=30)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert Counter(o.kind for o in recorder.outcomes) == {"succeeded": 24}
+    assert leases == []
