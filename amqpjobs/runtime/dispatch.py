@@ -48,9 +48,9 @@ from functools import partial
 from typing import Any
 
 from amqpjobs.errors import BrokerError
-from amqpjobs.jobs.fairness import ShardTurns, lease_sizes, resize
+from amqpjobs.jobs.fairness import ShardTurns
 from amqpjobs.jobs.slots import RunningSlots
-from amqpjobs.runtime.leases import LeaseKeeping, _Lease
+from amqpjobs.runtime.leases import DRY, QUORUM_DRY, QUORUM_QUIET, LeaseKeeping, _Lease
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.arguments import consume_arguments
@@ -60,19 +60,6 @@ from amqpjobs.wire.lane import Lane
 
 log = logging.getLogger("amqpjobs.worker")
 
-#: Seconds a lease's credit may stay unused (no delivery since it was freed) before it is cancelled: its shard ran dry.
-DRY = 0.05
-#: :data:`DRY` for a quorum queue's lease: its cancel, once its shard ran dry, returns a message
-#: published during the cancel's round trip to the queue as redelivered (see the module docstring),
-#: so a lease whose shard is fed in bursts is kept between them.
-QUORUM_DRY = 0.5
-#: A quorum queue's shards get leases only while the job queue's recent jobs ran shorter than this
-#: (seconds): there a ``basic.get`` round trip per job costs most of the throughput, and a job that
-#: comes back redelivered from a dry lease's cancel (above) runs alone only briefly.
-QUORUM_LEASE_BELOW = 0.1
-#: Seconds without a delivery after which a quorum queue's lease being ended, its credit not used up,
-#: is cancelled (its shard ran dry; see the module docstring).
-QUORUM_QUIET = 0.25
 #: Seconds a shard is left alone after a take failed (channel closed, queue missing).
 RETRY_AFTER = 1.0
 #: Seconds between two warnings about a shard whose takes keep failing (the first is logged at once).
@@ -263,44 +250,6 @@ class ShardDispatcher(LeaseKeeping):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, wake - now)):
                     await self._changed.wait()
-
-    def _plan(self, now: float) -> float | None:
-        """End dry or resized leases, arm the shares that have their tokens; returns when to look again."""
-        if not self._leasing:
-            return None
-        wake: float | None = None
-        for shard, lease in list(self._leases.items()):
-            if not lease.consuming:
-                continue
-            if lease.held < lease.size and now - lease.last >= self._dry:
-                self._busy.discard(shard)  # credit and no delivery: its shard ran dry
-                continue
-            # look again when it could be dry (its handlers free credit without waking this loop)
-            due = lease.last + self._dry if lease.held < lease.size else now + self._dry
-            wake = due if wake is None else min(wake, due)
-        sizes = lease_sizes(self.slots, len(self._lanes), self._busy)
-        average = self._job_seconds
-        if self._quiet and (average is None or average >= QUORUM_LEASE_BELOW):
-            sizes = {}  # quorum: turns only, unless jobs are short (see QUORUM_LEASE_BELOW)
-        for shard, lease in list(self._leases.items()):
-            target = sizes.get(shard, 0)
-            if target > lease.size:  # it grows only into the tokens a new lease would have at once (the free
-                # ones, its unused credit): one armed with fewer than its share while the others run long jobs
-                # would else be cancelled and armed again with as few, over and over
-                target = max(lease.size, min(target, self._free + lease.tokens - lease.held))
-            if lease.consuming and resize(lease.size, target):
-                self._end(lease)
-        self._pending = 0
-        for shard, size in sizes.items():
-            if shard in self._leases or shard in self._ending:  # armed, or its tokens not back yet
-                continue
-            if self._free >= 1 and self._may_take():
-                # what is free now (at most its share): waiting for the whole share while the other
-                # tokens run long jobs would idle the free ones with a backlog waiting; it grows later
-                self._arm(shard, min(size, self._free))
-            else:
-                self._pending += size  # the turns leave it the tokens it waits for
-        return wake
 
     def _take(self, now: float) -> float | None:
         """Start gets with the tokens the leases do not wait for; returns when a skipped shard's turn comes."""
