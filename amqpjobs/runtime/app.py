@@ -14,7 +14,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import checked_job_id
-from amqpjobs.jobs.envelope import job_message, with_trace
+from amqpjobs.jobs.envelope import with_trace
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.printable import listed
@@ -24,7 +24,7 @@ from amqpjobs.runtime.ledger import Ledger
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
-from amqpjobs.runtime.sending import get_ready, send
+from amqpjobs.runtime.sending import get_ready, new_message, send
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -353,11 +353,7 @@ class App(CronSchedules, JobResults):
             BrokerUnavailableError: the broker can't be reached (nothing sent).
 
         """
-        jobdef = self.resolve(job)
-        body = jobdef.payload_body(payload)
-        layout = self.layout_of(jobdef)
-        job_id = checked_job_id(jobdef, layout, payload, job_id=job_id, priority=priority, tenant=tenant)
-        exchange, routing_key = layout.publish_target(tenant or job_id)
+        jobdef, body, layout, job_id, exchange, routing_key = self._addressed(job, payload, job_id, priority, tenant)
         tracing = self.tracing
         span = nullcontext(_NO_HEADERS) if tracing is None else tracing.sending(
             exchange, routing_key, jobdef.name, job_id
@@ -366,11 +362,7 @@ class App(CronSchedules, JobResults):
             if tracing is not None:  # only the current context's trace headers: a caller's stale ones are dropped
                 headers = with_trace(headers or {}, trace_headers)
             now = time.time()
-            try:
-                message = job_message(jobdef.name, body, job_id=job_id, now=now, priority=priority,
-                                      tenant=tenant, headers=headers)  # fmt: skip
-            except ValueError as exc:
-                raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
+            message = new_message(jobdef, body, job_id, now, priority, tenant, headers)
             on = self._connected_on  # a connection of another loop: connect() says what to do
             if self._publisher is None or (on is not None and on is not asyncio.get_running_loop()):
                 await self.connect()
@@ -381,6 +373,21 @@ class App(CronSchedules, JobResults):
                        routing_key, message, job_id)  # fmt: skip
         self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
+
+    def _addressed(
+        self, job: JobRef, payload: Any, job_id: str | None, priority: int | None, tenant: str | None
+    ) -> tuple[JobDef, dict[str, Any], JobQueueLayout, str, str, str]:
+        """An enqueue's checks and address: (job, body, job queue, job id, exchange, routing key).
+
+        Raises:
+            InvalidPayloadError, ConfigurationError: as :meth:`enqueue` (nothing sent).
+        """
+        jobdef = self.resolve(job)
+        body = jobdef.payload_body(payload)
+        layout = self.layout_of(jobdef)
+        job_id = checked_job_id(jobdef, layout, payload, job_id=job_id, priority=priority, tenant=tenant)
+        exchange, routing_key = layout.publish_target(tenant or job_id)
+        return jobdef, body, layout, job_id, exchange, routing_key
 
     def sync_publisher(self, url: str | None = None) -> SyncPublisher:
         """A publisher for code that is not async (a Flask/Django view, a script, a plain-function handler).

@@ -116,6 +116,17 @@ class _Queue:
         return self.figures.ready < bounds.max_depth <= self.figures.ready + self.unread
 
 
+def blocked_error(alarm: str, waited: float, timeout: float) -> BrokerBlockedError:
+    """The refusal of an enqueue a resource ``alarm`` blocked for ``waited`` s (``blocked_timeout`` ``timeout`` s)."""
+    return BrokerBlockedError(
+        f"the broker is blocking publishers: resource alarm ({alarm}); not cleared after {waited:.1f}s "
+        f"(blocked_timeout {timeout:g}s); the job was NOT sent, enqueue it again later "
+        '(RabbitMQ "Memory and Disk Alarms": free memory or disk on the node)',
+        alarm=alarm,
+        waited=waited,
+    )
+
+
 class EnqueueGate:
     """Refuses or holds an enqueue while the broker is blocked or the work queue is over its bounds.
 
@@ -183,13 +194,7 @@ class EnqueueGate:
         while (alarm := await self._alarm(connection)) is not None:
             waited = time.monotonic() - started
             if waited >= self.blocked_timeout:
-                raise BrokerBlockedError(
-                    f"the broker is blocking publishers: resource alarm ({alarm}); not cleared after "
-                    f"{waited:.1f}s (blocked_timeout {self.blocked_timeout:g}s); the job was NOT sent, enqueue "
-                    'it again later (RabbitMQ "Memory and Disk Alarms": free memory or disk on the node)',
-                    alarm=alarm,
-                    waited=waited,
-                )
+                raise blocked_error(alarm, waited, self.blocked_timeout)
             await asyncio.sleep(min(_POLL, self.blocked_timeout - waited))
 
     async def _alarm(self, connection: Connection) -> str | None:
@@ -204,6 +209,14 @@ class EnqueueGate:
             self._early_read = asyncio.ensure_future(self._read_alarms())
             self._early_read.add_done_callback(self._early_read_done)
         return " & ".join(self._alarms[0]) or None
+
+    def known_alarms(self) -> tuple[list[str], float]:
+        """The alarms last read from the management API and their age in seconds (inf: never read).
+
+        One read of one attribute, so another thread may call it (the sync publisher's fast path).
+        """
+        alarms, read_at = self._alarms
+        return alarms, time.monotonic() - read_at
 
     async def read_ahead(self, connection: Connection) -> None:
         """Read the broker's alarms now unless read within :data:`EARLY_REFRESH` (so a first enqueue won't wait)."""

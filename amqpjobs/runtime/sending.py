@@ -7,9 +7,9 @@ body over the store's threshold is stored and the message carries a reference).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext, suppress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amqpjobs.errors import (
     ConfigurationError,
@@ -18,7 +18,7 @@ from amqpjobs.errors import (
     QueueFullError,
     UnroutableError,
 )
-from amqpjobs.jobs.envelope import OutgoingMessage
+from amqpjobs.jobs.envelope import OutgoingMessage, job_message
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.backpressure import EnqueueGate, full_at_max_length
 from amqpjobs.topology.models import JobQueueLayout
@@ -34,6 +34,21 @@ if TYPE_CHECKING:
 #: channel or connection closed under it) it is kept.
 REFUSED = (PublishNackedError, UnroutableError, MessageTooLargeError)
 _UNGATED: AbstractAsyncContextManager[None] = nullcontext()
+
+
+def new_message(
+    jobdef: JobDef, body: dict[str, Any], job_id: str, now: float, priority: int | None, tenant: str | None,
+    headers: Mapping[str, Any] | None,
+) -> OutgoingMessage:  # fmt: skip
+    """An enqueue's message (:func:`~amqpjobs.jobs.envelope.job_message`; ``now``: epoch seconds).
+
+    Raises:
+        ConfigurationError: headers that can't be sent (the message names the job and the header).
+    """
+    try:
+        return job_message(jobdef.name, body, job_id=job_id, now=now, priority=priority, tenant=tenant, headers=headers)
+    except ValueError as exc:
+        raise ConfigurationError(f"job {jobdef.name!r}: {exc}") from None
 
 
 async def send(
@@ -70,10 +85,20 @@ async def send(
             if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
                 assert store is not None
                 await forget(store, ref)  # best effort: a failure is logged
-            full = full_at_max_length(layout, routing_key, job_id)
-            if full is None or not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
+            if (full := full_refusal(exc, layout, routing_key, job_id)) is None:
                 raise
             raise full from exc
+
+
+def full_refusal(exc: BaseException, layout: JobQueueLayout, routing_key: str, job_id: str) -> QueueFullError | None:
+    """The :class:`QueueFullError` a nack of job ``job_id``'s publish means (its work queue at ``max_length``).
+
+    None when ``exc`` is not a plain nack, or the work queue has no ``max_length`` with
+    ``reject-publish``: the error stands as it is.
+    """
+    if not isinstance(exc, PublishNackedError) or isinstance(exc, QueueFullError):
+        return None
+    return full_at_max_length(layout, routing_key, job_id)
 
 
 async def get_ready(

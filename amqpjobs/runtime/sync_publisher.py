@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from amqpjobs.errors import BrokerBlockedError, BrokerError, PublisherClosedError, PublishError, QueueFullError
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.sending import REFUSED
+from amqpjobs.runtime.sync_fast import FastPath
 
 if TYPE_CHECKING:  # the app makes these (App.sync_publisher): no import of app at run time
     from amqpjobs.runtime.app import App, JobRef
@@ -84,7 +85,11 @@ async def _cancel_the_rest() -> None:
 
 
 class SyncPublisher:
-    """Enqueue from synchronous code: runs the app's async publisher on a private event loop thread.
+    """Enqueue from synchronous code: from the calling thread where it can, else on a private event loop thread.
+
+    Once its first call connected the app and read the broker's alarms, ``enqueue`` publishes
+    from the calling thread on pooled blocking connections (:class:`~amqpjobs.runtime.sync_fast.FastPath`,
+    which says when it steps aside); else it runs ``App.enqueue`` on the publisher's loop thread.
 
     Thread-safe; use as a context manager or call :meth:`close`. ``enqueue`` takes the same
     arguments and raises the same errors as :meth:`App.enqueue`; every call after :meth:`close`
@@ -106,12 +111,14 @@ class SyncPublisher:
         self._idle = threading.Condition(self._lock)
         self._refusal: list[BaseException] = []  # once set, a call the loop had not started is refused unrun
         self._cut: float | None = None  # close()'s wait, when it ran out with calls still in flight
+        self._fast: FastPath | None = None  # publishing from the calling thread (runtime/sync_fast.py)
         if routed is not None:
             self._app, self._loop = app, routed
             self._thread: threading.Thread | None = None
             return
         self._app = app.for_another_loop(url)
         self._loop = asyncio.new_event_loop()
+        self._fast = FastPath(self._app, self._loop)
         self._thread = thread = threading.Thread(
             target=self._loop.run_forever, name="amqpjobs-sync-publisher", daemon=True
         )
@@ -128,11 +135,11 @@ class SyncPublisher:
                 "SyncPublisher called from its event loop's own thread would wait for itself forever; "
                 "in async code use await app.enqueue(...)"
             )
-        with self._lock:
-            if self._closed and self._owned:
-                coro.close()
-                raise PublisherClosedError(_CLOSED)
-            self._in_flight += 1
+        try:
+            self._admit()
+        except PublisherClosedError:
+            coro.close()
+            raise
         try:
             return _call_on(self._loop, coro, timeout, self._refusal)
         except RuntimeError:
@@ -141,10 +148,20 @@ class SyncPublisher:
             coro.close()  # the loop never got it: nothing was sent
             raise PublisherClosedError(_CLOSED) from None
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                if self._closed and not self._in_flight:
-                    self._idle.notify_all()
+            self._done()
+
+    def _admit(self) -> None:
+        """Count a call in flight (:meth:`close` waits for it); PublisherClosedError once close began."""
+        with self._lock:
+            if self._closed and self._owned:
+                raise PublisherClosedError(_CLOSED)
+            self._in_flight += 1
+
+    def _done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._closed and not self._in_flight:
+                self._idle.notify_all()
 
     def enqueue(
         self,
@@ -168,6 +185,14 @@ class SyncPublisher:
         waits = self._app.blocked_timeout + self._app.queue_full_wait  # the enqueue's own waits come first
         limit = 60.0 + waits
         try:
+            if self._fast is not None:
+                self._admit()
+                try:
+                    sent = self._fast.enqueue(job, payload, job_id, priority, tenant, headers)
+                finally:
+                    self._done()
+                if sent is not None:
+                    return sent
             return self._run(
                 self._app.enqueue(job, payload, job_id=job_id, priority=priority, tenant=tenant, headers=headers),
                 limit,
@@ -203,6 +228,8 @@ class SyncPublisher:
             if not self._idle.wait_for(lambda: not self._in_flight, timeout):
                 self._cut = timeout
         self._refusal.append(PublisherClosedError(_CLOSED))  # an admitted call the loop has not started: never sent
+        if self._fast is not None:
+            self._fast.close(cut=self._cut is not None)
         try:
             _call_on(self._loop, self._app.close(), 30.0)
         finally:

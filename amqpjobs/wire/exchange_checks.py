@@ -82,11 +82,27 @@ class ExchangeChecks:
             self._known.discard(named.group(1))
 
     def missing(self, exchange: str) -> str:
-        """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist."""
-        text = f"exchange {exchange!r} does not exist"
+        """Why ``exchange`` is missing and the fix (:func:`missing_exchange`)."""
+        version = None
         if self._is_modulus_exchange is not None and self._is_modulus_exchange(exchange):
             with contextlib.suppress(BrokerUnavailableError):
-                refusal = modulus_hash_refusal(broker_info(self._connection).version)
-                if refusal is not None:  # topology apply refuses modulus-hash here: "apply" would be a dead end
-                    return f"{text}: {refusal[0]}; {refusal[1]}"
-        return f"{text}: apply the topology (amqpjobs topology apply)"
+                version = broker_info(self._connection).version
+        return missing_exchange(exchange, version, self._is_modulus_exchange)
+
+
+def missing_exchange(
+    exchange: str, version: tuple[int, ...] | None, is_modulus_exchange: Callable[[str], bool] | None
+) -> str:
+    """Why ``exchange`` is missing and the fix: before RabbitMQ 4.3 a modulus-hash exchange can't exist.
+
+    Args:
+        exchange: The exchange a 404 or a passive declare found missing.
+        version: The broker's version (None: not known).
+        is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash`` exchange.
+    """
+    text = f"exchange {exchange!r} does not exist"
+    if version is not None and is_modulus_exchange is not None and is_modulus_exchange(exchange):
+        refusal = modulus_hash_refusal(version)
+        if refusal is not None:  # topology apply refuses modulus-hash here: "apply" would be a dead end
+            return f"{text}: {refusal[0]}; {refusal[1]}"
+    return f"{text}: apply the topology (amqpjobs topology apply)"

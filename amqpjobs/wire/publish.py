@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable
 from typing import NoReturn, cast
@@ -21,7 +20,6 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from amqpjobs.errors import (
     BrokerError,
     BrokerUnavailableError,
-    MessageTooLargeError,
     NotFoundError,
     PreconditionFailedError,
     PublisherClosedError,
@@ -41,10 +39,8 @@ from amqpjobs.wire.limits import (
     encoded_size,
 )
 from amqpjobs.wire.property_encoding import exact_properties
-from amqpjobs.wire.publish_outcome import heard_close, uncertain
+from amqpjobs.wire.publish_outcome import heard_close, max_size_in, nacked, too_large, uncertain, unroutable
 
-#: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
-_MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
 #: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
 _CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
@@ -289,15 +285,9 @@ class ConfirmedPublisher:
                     mandatory=True, timeout=self._timeout, wait=False,
                 )  # fmt: skip
         except UnroutableError as exc:  # a basic.return of this very message
-            raise UnroutableError(
-                f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
-                f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue"
-            ) from exc.__cause__
+            raise UnroutableError(unroutable(exchange, routing_key)) from exc.__cause__
         except PublishNackedError as exc:  # a nack of this publish's delivery tag
-            raise PublishNackedError(
-                f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
-                "(queue full with overflow reject-publish, or a broker-side failure)"
-            ) from exc.__cause__
+            raise PublishNackedError(nacked(exchange, routing_key)) from exc.__cause__
         except asyncio.CancelledError as exc:  # the confirm's future, cancelled when close() closed the connection
             if not self._cut_off(exc):
                 raise
@@ -367,17 +357,11 @@ class ConfirmedPublisher:
                 confirmed; it may or may not be stored).
         """
         await self._discard_channel(channel)
-        found = _MAX_SIZE.search(refusal)
-        limit = int(found.group(1)) if found else None
+        limit = max_size_in(refusal)
         if limit is not None:
             self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
-        if limit is None or len(message.body) > limit:
-            of = f" of {limit} bytes" if limit is not None else ""
-            raise MessageTooLargeError(
-                f"{len(message.body)} bytes is over the broker's max_message_size{of}; store large "
-                "data elsewhere and put a reference in the payload",
-                f"a body of {len(message.body)} bytes, over the broker's max_message_size{of}",
-            ) from cause
+        if (refused := too_large(len(message.body), refusal)) is not None:
+            raise refused from cause
         raise PublishError(uncertain(
             f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
             f"broker's max_message_size of {limit} bytes ({refusal})", message

@@ -7,8 +7,11 @@ uncertain (README "Enqueueing").
 
 from __future__ import annotations
 
+import re
+
 import aiormq
 
+from amqpjobs.errors import MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
 
 
@@ -32,3 +35,42 @@ def uncertain(what_happened: str, message: OutgoingMessage) -> str:
         job += f" ({message.type})"
     return (f"{what_happened}; {job} may or may not be stored (not confirmed): enqueueing it again may store it "
             "twice; with the same job id an idempotent job runs once")  # fmt: skip
+
+
+def unroutable(exchange: str, routing_key: str) -> str:
+    """The words of a ``basic.return`` of a mandatory publish: no queue is bound for it (not stored)."""
+    return (f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "
+            f"{routing_key!r}; apply the topology (amqpjobs topology apply) or fix the job's queue")  # fmt: skip
+
+
+def nacked(exchange: str, routing_key: str) -> str:
+    """The words of a ``basic.nack`` of a publish (not stored)."""
+    return (f"the broker nacked the publish to {exchange or '(default)'!r} / {routing_key!r} "
+            "(queue full with overflow reject-publish, or a broker-side failure)")  # fmt: skip
+
+
+#: The broker's refusal of a body over its ``max_message_size`` (RabbitMQ 3.x and 4.x ``rabbit_channel``).
+_MAX_SIZE = re.compile(r"larger than (?:configured )?max size (\d+)")
+
+
+def max_size_in(refusal: str) -> int | None:
+    """The ``max_message_size`` a 406 channel close names (``... is larger than configured max size M``), or None."""
+    found = _MAX_SIZE.search(refusal)
+    return int(found.group(1)) if found else None
+
+
+def too_large(size: int, refusal: str) -> MessageTooLargeError | None:
+    """The error for a body of ``size`` bytes the broker refused over its ``max_message_size`` (a 406 close).
+
+    None when ``size`` is within the limit the refusal names: it was another message's
+    refusal, and this publish was only cut off (uncertain).
+    """
+    limit = max_size_in(refusal)
+    if limit is not None and size <= limit:
+        return None
+    of = f" of {limit} bytes" if limit is not None else ""
+    return MessageTooLargeError(
+        f"{size} bytes is over the broker's max_message_size{of}; store large "
+        "data elsewhere and put a reference in the payload",
+        f"a body of {size} bytes, over the broker's max_message_size{of}",
+    )

@@ -1,0 +1,487 @@
+"""A blocking publisher: one AMQP 0-9-1 connection and one confirm channel, used from one thread.
+
+``App.sync_publisher().enqueue`` is called from code that is not async (a web view, a
+script), one job at a time, each waiting for the broker's confirm. Handing each call to an
+event loop thread and publishing through aio-pika costs a thread hand-off and four or five
+loop turns per call (bench/RESULTS.md, issue 22: 0.86x Dramatiq's ``send``, whose pika
+``BlockingConnection`` does the same over a plain socket). :class:`BlockingPublisher` writes
+the publish's frames (pamqp's encoding; the properties by
+:func:`~amqpjobs.wire.property_encoding.exact_properties` when it can) with one ``sendall``
+and reads until the confirm, in the calling thread.
+
+What it honours, as the async publisher (:mod:`amqpjobs.wire.publish`) does:
+
+* publisher confirms and ``mandatory``: a ``basic.return`` of the publish (no queue bound)
+  is :class:`~amqpjobs.errors.UnroutableError`, a ``basic.nack`` is
+  :class:`~amqpjobs.errors.PublishNackedError`, a 404 channel close naming the exchange is
+  :class:`~amqpjobs.errors.UnroutableError`: the broker said it was not stored;
+* a body over ``max_message_size`` and properties over ``frame_max`` are refused before
+  anything is sent; a 406 over the broker's own limit is :class:`~amqpjobs.errors.MessageTooLargeError`;
+* anything else after the frames went out (no confirm within ``confirm_timeout``, the
+  connection lost) is :class:`~amqpjobs.errors.PublishError` worded by
+  :func:`~amqpjobs.wire.publish_outcome.uncertain`: it may or may not be stored;
+* ``connection.blocked`` (RabbitMQ "Blocked Connection Notifications"): read before each
+  publish; :meth:`BlockingPublisher.blocked` says by what, :meth:`BlockingPublisher.wait_unblocked` waits.
+
+Between calls nothing reads the socket, so nothing answers the broker's heartbeats: a
+connection idle for half its heartbeat timeout or more (when the broker may be about to
+give up on it, RabbitMQ "Detecting Dead TCP Connections with Heartbeats") is replaced before
+the next publish, and one the broker closed or reset meanwhile is seen before it too. A
+publish is therefore never written to a connection that may already be dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
+from urllib.parse import parse_qsl, urlsplit
+
+from pamqp import commands as spec
+from pamqp import frame as frames
+from pamqp import heartbeat
+
+from amqpjobs._version import __version__
+from amqpjobs.errors import BrokerUnavailableError, PublishError, PublishNackedError, UnroutableError
+from amqpjobs.message import OutgoingMessage
+from amqpjobs.text import as_text
+from amqpjobs.wire.cluster import node, process_order
+from amqpjobs.wire.connection import default_max_message_size
+from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
+from amqpjobs.wire.management import parse_version
+from amqpjobs.wire.property_encoding import exact_properties
+from amqpjobs.wire.publish_outcome import max_size_in, nacked, too_large, uncertain, unroutable
+from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.tls import TLS_OPTIONS
+from amqpjobs.wire.urls import parse_node
+
+#: The URL options a blocking publisher honours; any other (``auth``, ...) leaves publishing to the async path.
+OPTIONS: Final = frozenset({"heartbeat", "timeout", "name", *TLS_OPTIONS})
+_CHANNEL: Final = 1
+_FRAME_END: Final = b"\xce"
+_HEADER: Final = struct.Struct(">BHI")  # frame type, channel, size
+_CONTENT: Final = struct.Struct(">HHQ")  # class id (60, basic), weight, body size
+#: Seconds a blocking read waits at most before the deadline of what it waits for is looked at again.
+_RECV_SLICE: Final = 1.0
+#: The start of a ``basic.ack`` method frame on the channel (type 1, channel 1, size 13, class 60, method 80);
+#: its delivery tag (64 bits) and ``multiple`` bit follow, then the frame end: 21 bytes.
+_ACK_FRAME: Final = bytes.fromhex("0100010000000d003c0050")
+_TAG: Final = struct.Struct(">Q")
+_CAPABILITIES: Final[dict[str, Any]] = {
+    "publisher_confirms": True, "basic.nack": True, "connection.blocked": True,
+    "authentication_failure_close": True, "consumer_cancel_notify": True,
+}  # fmt: skip
+
+
+class ConnectFailed(Exception):
+    """No connection could be opened (socket, TLS, a refused handshake, a URL it can't use); ``__cause__`` says why."""
+
+
+class _Closed(Exception):
+    """The broker closed the channel (``reply_code``, ``reply_text``) or the connection went."""
+
+    def __init__(self, text: str, code: int = 0, channel: bool = False) -> None:
+        super().__init__(text)
+        self.code = code
+        self.channel = channel
+
+
+class BlockingPublisher:
+    """A connection of its own with one confirm-mode channel; every method blocks; one thread at a time.
+
+    Args:
+        settings: The broker (a cluster's nodes are tried in this process's order,
+            :func:`~amqpjobs.wire.cluster.process_order`); ``amqps://`` verified as :func:`~amqpjobs.wire.cluster.node`.
+        name: The connection's name in the management UI.
+        confirm_timeout: Seconds to wait for each publish's confirm (default 30, as the async publisher).
+        max_message_size: Bodies over this many bytes are refused before sending; None: the
+            broker's default for its version (:func:`~amqpjobs.wire.connection.default_max_message_size`).
+        header_reserve: Bytes of ``frame_max`` a message's properties must leave free
+            (:func:`~amqpjobs.wire.limits.check_header_fits`).
+        missing_exchange: The words for a missing exchange, given its name and the broker's
+            version (:func:`~amqpjobs.wire.exchange_checks.missing_exchange`).
+
+    When it cannot connect, :meth:`blocked` raises :class:`ConnectFailed`; the caller
+    (:mod:`amqpjobs.runtime.sync_fast`) then publishes on the async path, which retries and
+    words those failures.
+    """
+
+    def __init__(
+        self, settings: BrokerSettings, name: str, *, confirm_timeout: float = 30.0,
+        max_message_size: int | None = None, header_reserve: int = 0,
+        missing_exchange: Callable[[str, tuple[int, ...]], str] | None = None,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.name = name
+        self.confirm_timeout = confirm_timeout
+        self._max_message_size = max_message_size
+        self._header_reserve = header_reserve
+        self._missing_exchange = missing_exchange
+        self._sock: socket.socket | None = None
+        self._tls = False
+        self._timeout_set: float | None = None  # the socket's timeout as last set
+        self._kernel = False  # blocking mode with kernel timeouts (see _read)
+        self._buffer = bytearray()
+        self._tag = 0  # the channel's last publish sequence number (confirm.select: 1, 2, 3, ...)
+        self._confirmed = 0  # every tag up to this one is answered
+        self._nacked: set[int] = set()
+        self._returned = False  # a basic.return came since the last publish was written
+        self._blocked: str | None = None
+        self._channel_open = False
+        self._frame_max = 131072
+        self._heartbeat = 0.0
+        self._last_write = 0.0
+        self.version: tuple[int, ...] = (0,)
+        self.connects = 0  # connections opened, for tests and the bench
+
+    @staticmethod
+    def usable(settings: BrokerSettings) -> bool:
+        """Whether every node URL uses only :data:`OPTIONS` (else the async path publishes)."""
+        return all(set(dict(parse_qsl(urlsplit(url).query))) <= OPTIONS for url in settings.nodes)
+
+    # connection ------------------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        nodes = list(self.settings.nodes)
+        given = [node(url, i) for i, url in enumerate(nodes, start=1)]
+        last: BaseException | None = None
+        for at in process_order(tuple(one.address for one in given)):
+            try:
+                self._open(nodes[at], given[at].context, len(nodes), at + 1)
+                return
+            except (OSError, _Closed, ValueError) as exc:
+                self._drop()
+                last = exc
+        assert last is not None
+        raise last
+
+    def _open(self, url: str, context: ssl.SSLContext | None, count: int, position: int) -> None:
+        parsed = parse_node(url, position, count)
+        options = dict(parse_qsl(urlsplit(url).query))
+        timeout = float(options.get("timeout") or min(10.0, self.settings.connect_timeout or 10.0))
+        sock = socket.create_connection((parsed.host, parsed.port or (5671 if context else 5672)), timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname=parsed.host)
+        self._sock, self._buffer, self._tls = sock, bytearray(), context is not None
+        self._timeout_set = timeout
+        self._kernel = False
+        self._sock.sendall(b"AMQP\x00\x00\x09\x01")
+        start = self._expect(spec.Connection.Start, timeout)
+        self.version = parse_version(as_text(start.server_properties.get("version", "0")))
+        self._send(0, spec.Connection.StartOk(
+            client_properties={"product": "amqpjobs", "version": __version__, "platform": "Python",
+                               "connection_name": self.name, "capabilities": _CAPABILITIES},
+            mechanism="PLAIN", response=f"\0{parsed.user}\0{parsed.password}", locale="en_US",
+        ))  # fmt: skip
+        tune = self._expect(spec.Connection.Tune, timeout)
+        self._frame_max = tune.frame_max or 131072
+        beat = int(options["heartbeat"]) if "heartbeat" in options else (tune.heartbeat or 0)  # the URL's, as aio-pika
+        self._heartbeat = float(beat)
+        self._send(0, spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=self._frame_max, heartbeat=beat))
+        self._send(0, spec.Connection.Open(virtual_host=parsed.vhost))
+        self._expect(spec.Connection.OpenOk, timeout)
+        self._open_channel(timeout)
+        self._kernel_timeouts()
+        self.connects += 1
+
+    def _open_channel(self, timeout: float) -> None:
+        self._send(_CHANNEL, spec.Channel.Open())
+        self._expect(spec.Channel.OpenOk, timeout)
+        self._send(_CHANNEL, spec.Confirm.Select())
+        self._expect(spec.Confirm.SelectOk, timeout)
+        self._tag = self._confirmed = 0
+        self._nacked.clear()
+        self._channel_open = True
+
+    def _drop(self) -> None:
+        """Forget the connection (closed or not to be trusted)."""
+        sock, self._sock = self._sock, None
+        self._channel_open = False
+        self._blocked = None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def close(self) -> None:
+        """Close the connection (``connection.close``, its ``close-ok`` awaited up to 1 s); no error."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            self._send(0, spec.Connection.Close(reply_code=200, reply_text="Normal shutdown", class_id=0, method_id=0))
+            self._expect(spec.Connection.CloseOk, 1.0)
+        except (OSError, _Closed, ValueError):
+            pass
+        self._drop()
+
+    def cut(self) -> None:
+        """Shut the socket down from another thread: a call waiting for its confirm ends (uncertain)."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _ready(self) -> None:
+        """A connection and channel to publish on now: a stale, closed or broken one replaced."""
+        if self._sock is not None:
+            idle = time.monotonic() - self._last_write
+            try:
+                if self._heartbeat and idle >= self._heartbeat / 2:
+                    raise _Closed("idle for half the heartbeat timeout")
+                self._poll()
+                if not self._channel_open:
+                    self._open_channel(10.0)
+            except (OSError, _Closed, ValueError):
+                self.close()
+        if self._sock is None:
+            self._connect()
+        self._last_write = time.monotonic()
+
+    # frames ----------------------------------------------------------------------------------------------
+
+    def _send(self, channel: int, *methods: frames.FrameTypes) -> None:
+        assert self._sock is not None
+        self._sock.sendall(b"".join(frames.marshal(method, channel) for method in methods))
+
+    def _frame(self) -> tuple[int, frames.FrameTypes] | None:
+        """The next whole frame of the buffer, or None."""
+        buffer = self._buffer
+        if len(buffer) < 7:
+            return None
+        end = _HEADER.unpack_from(buffer)[2] + 8
+        if len(buffer) < end:
+            return None
+        _, channel, frame = frames.unmarshal(bytes(buffer[:end]))
+        del buffer[:end]
+        return channel, frame
+
+    def _read(self, deadline: float | None) -> None:
+        """Read what the socket has (waiting until ``deadline``; None: not at all) into the buffer.
+
+        Once connected, a plain socket is in blocking mode with kernel timeouts
+        (``SO_RCVTIMEO`` of :data:`_RECV_SLICE`, see :meth:`_kernel_timeouts`): a read is one
+        system call (Python's own timeouts poll before each), and one with ``MSG_DONTWAIT``
+        does not wait. A TLS socket (and any socket before that) uses Python's timeouts.
+        """
+        sock = self._sock
+        assert sock is not None
+        while True:
+            if deadline is not None and (left := deadline - time.monotonic()) <= 0:
+                raise TimeoutError
+            try:
+                if self._kernel:
+                    data = sock.recv(65536, socket.MSG_DONTWAIT if deadline is None else 0)
+                else:
+                    wait = 0.0 if deadline is None else left
+                    if wait != self._timeout_set:
+                        sock.settimeout(wait)
+                        self._timeout_set = wait
+                    data = sock.recv(65536)
+                break
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, TimeoutError):
+                if deadline is None:
+                    return
+        if not data:
+            raise _Closed("the broker closed the connection")
+        self._buffer += data
+
+    def _kernel_timeouts(self) -> None:
+        """Put a plain connected socket in blocking mode with kernel timeouts (see :meth:`_read`)."""
+        sock = self._sock
+        if sock is None or self._tls:
+            return
+        sock.settimeout(None)
+        self._timeout_set = None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_RECV_SLICE))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.confirm_timeout))
+        self._kernel = True
+
+    def _handle(self, channel: int, frame: frames.FrameTypes) -> None:
+        """Note what an incoming frame says (all but the one a caller waits for)."""
+        if isinstance(frame, heartbeat.Heartbeat):
+            return
+        if isinstance(frame, spec.Connection.Blocked):
+            self._blocked = as_text(frame.reason or "") or "blocked"
+        elif isinstance(frame, spec.Connection.Unblocked):
+            self._blocked = None
+        elif isinstance(frame, spec.Connection.Close):
+            self._send(0, spec.Connection.CloseOk())
+            code = frame.reply_code or 0
+            raise _Closed(f"connection closed by the broker: {code} {frame.reply_text}", code)
+        elif isinstance(frame, spec.Channel.Close):
+            self._send(_CHANNEL, spec.Channel.CloseOk())
+            self._channel_open = False
+            raise _Closed(f"{frame.reply_code} {frame.reply_text}", frame.reply_code or 0, channel=True)
+        elif isinstance(frame, spec.Basic.Ack | spec.Basic.Nack):  # one publish in flight: it answers all up to it
+            upto = frame.delivery_tag or self._tag
+            if isinstance(frame, spec.Basic.Nack):
+                self._nacked.update(range(self._confirmed + 1, upto + 1))
+            self._confirmed = max(self._confirmed, upto)
+        elif isinstance(frame, spec.Basic.Return):
+            self._returned = True
+        # content header and body frames of a returned message, channel.flow-ok, ...: nothing to note
+
+    def _poll(self) -> None:
+        """Handle every frame the broker sent meanwhile, without waiting."""
+        while True:
+            while (got := self._frame()) is not None:
+                self._handle(*got)
+            before = len(self._buffer)
+            self._read(None)
+            if len(self._buffer) == before:
+                return
+
+    def _expect(self, kind: type, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            while (got := self._frame()) is not None:
+                if isinstance(got[1], kind):
+                    return got[1]
+                self._handle(*got)
+            self._read(deadline)
+
+    # publishing ------------------------------------------------------------------------------------------
+
+    def blocked(self) -> str | None:
+        """The reason of the broker's ``connection.blocked`` in force (connecting first if need be), or None.
+
+        Raises:
+            ConnectFailed: no connection could be opened.
+        """
+        try:
+            self._ready()
+        except (OSError, _Closed, ValueError) as exc:
+            self._drop()
+            raise ConnectFailed(str(exc)) from exc
+        return self._blocked
+
+    def wait_unblocked(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``connection.unblocked``; whether it came (False: still blocked or lost)."""
+        deadline = time.monotonic() + seconds
+        try:
+            while self._blocked is not None:
+                while (got := self._frame()) is not None:
+                    self._handle(*got)
+                if self._blocked is not None:
+                    self._read(deadline)
+        except (OSError, _Closed, ValueError):
+            self._drop()
+            return False
+        self._last_write = time.monotonic()
+        return True
+
+    def publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
+        """Publish ``message`` with ``mandatory`` and wait for the broker's confirm (call :meth:`blocked` first).
+
+        Raises:
+            MessageTooLargeError: over ``max_message_size`` or ``frame_max`` (nothing sent), or
+                the broker closed the channel over its own ``max_message_size`` (not stored).
+            UnroutableError: returned (no queue bound), or the exchange does not exist (not stored).
+            PublishNackedError: nacked (not stored).
+            ConfigurationError: properties pamqp can't encode (nothing sent).
+            PublishError: sent and not confirmed (no answer within ``confirm_timeout``, the
+                connection lost or closed): it may or may not be stored.
+            BrokerUnavailableError: no connection could be opened (nothing sent).
+        """
+        if self._sock is None:
+            try:
+                self._ready()
+            except (OSError, _Closed, ValueError) as exc:
+                raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
+        limit = self._max_message_size or default_max_message_size(self.version)
+        check_body(message, limit)
+        exact = exact_properties(message)
+        properties = amqp_properties(message) if exact is None else exact
+        check_header_fits(properties, message.headers, self._frame_max, self._header_reserve)
+        try:
+            encoded = properties.marshal()
+        except ENCODING_ERRORS:
+            encoded_size(properties)  # names what pamqp refused
+            raise
+        payload = self._payload(exchange, routing_key, message.body, encoded)
+        self._returned = False
+        self._tag += 1
+        tag = self._tag
+        try:
+            assert self._sock is not None
+            self._sock.sendall(payload)
+            self._last_write = time.monotonic()
+            self._confirm(tag, time.monotonic() + self.confirm_timeout)
+        except _Closed as exc:
+            if not exc.channel:
+                self._drop()
+            self._refused(exc, exchange, routing_key, message)
+        except TimeoutError as exc:
+            self._drop()  # its answer may still come: a new publish must not read it as its own
+            raise PublishError(uncertain(
+                f"no publisher confirm within {self.confirm_timeout:g}s for {exchange!r} / {routing_key!r}", message
+            )) from exc  # fmt: skip
+        except (OSError, ValueError) as exc:
+            self._drop()
+            raise PublishError(uncertain(
+                f"the connection was lost under the publish to {exchange!r} / {routing_key!r} ({exc})", message
+            )) from exc  # fmt: skip
+        if tag in self._nacked:
+            self._nacked.discard(tag)
+            raise PublishNackedError(nacked(exchange, routing_key))
+        if self._returned:
+            raise UnroutableError(unroutable(exchange, routing_key))
+
+    def _payload(self, exchange: str, routing_key: str, body: bytes, properties: bytes) -> bytes:
+        """The publish's method, content header and body frames, as one payload."""
+        method = _publish_frame(exchange, routing_key)
+        header = _CONTENT.pack(60, 0, len(body)) + properties
+        parts = [method, _HEADER.pack(2, _CHANNEL, len(header)), header, _FRAME_END]
+        chunk = self._frame_max - 8
+        for at in range(0, len(body), chunk):
+            piece = body[at : at + chunk]
+            parts += (_HEADER.pack(3, _CHANNEL, len(piece)), piece, _FRAME_END)
+        return b"".join(parts)
+
+    def _confirm(self, tag: int, deadline: float) -> None:
+        while self._confirmed < tag:
+            buffer = self._buffer
+            if (
+                len(buffer) >= 21 and buffer[:11] == _ACK_FRAME and buffer[20] == 0xCE
+            ):  # the common answer, read without pamqp
+                self._confirmed = max(self._confirmed, _TAG.unpack_from(buffer, 11)[0])
+                del buffer[:21]
+                continue
+            while (got := self._frame()) is not None and self._confirmed < tag:
+                self._handle(*got)
+            if self._confirmed < tag:
+                self._read(deadline)
+
+    def _refused(self, exc: _Closed, exchange: str, routing_key: str, message: OutgoingMessage) -> NoReturn:
+        """The channel or connection closed under the publish: what that says about it."""
+        text = str(exc)
+        if exc.channel and exc.code == 404 and f"no exchange '{exchange}' in vhost" in text:
+            words = (self._missing_exchange(exchange, self.version) if self._missing_exchange is not None
+                     else f"exchange {exchange!r} does not exist")  # fmt: skip
+            raise UnroutableError(words) from exc
+        if exc.channel and exc.code == 406 and ("max size" in text or "message size" in text):
+            if (limit := max_size_in(text)) is not None:  # later bodies over it are refused before sending
+                self._max_message_size = min(limit, self._max_message_size or limit)
+            if (refused := too_large(len(message.body), text)) is not None:
+                raise refused from exc
+        raise PublishError(uncertain(
+            f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
+        )) from exc  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _publish_frame(exchange: str, routing_key: str) -> bytes:
+    """The ``basic.publish`` method frame (``mandatory``) on the channel: the same for every job of a queue."""
+    return frames.marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True), _CHANNEL)
+
+
+def _timeval(seconds: float) -> bytes:
+    """``struct timeval`` of ``seconds`` for ``SO_RCVTIMEO``/``SO_SNDTIMEO``."""
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))

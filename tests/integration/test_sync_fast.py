@@ -1,0 +1,239 @@
+"""The sync publisher's fast path on the real broker: what the calling thread publishes is ``App.enqueue``'s.
+
+README "Enqueueing" (from synchronous code): once the app is connected and the broker's alarms
+are known, ``sync_publisher().enqueue`` publishes from the calling thread on a blocking
+connection of its own (``amqpjobs/runtime/sync_fast.py``, ``amqpjobs/wire/blocking.py``). These
+tests hold that path to the async enqueue's promises: the same message on the queue, the same
+errors for the same refusals, a connection the broker closed or left idle replaced before a
+publish (never an uncertain error for it), one connection per call at once, all closed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs import App
+from amqpjobs.errors import MessageTooLargeError, QueueFullError, UnroutableError
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.sync_publisher import SyncPublisher
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, drain, wait_until
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+
+[[job_queue]]
+name = "other"
+exchange = "jobs"
+
+[[job_queue]]
+name = "capped"
+exchange = "jobs"
+max_length = 1
+"""
+UNAPPLIED = '\n[[exchange]]\nname = "later"\n\n[[job_queue]]\nname = "unapplied"\nexchange = "later"\n'
+
+
+async def make(broker: BrokerSettings, tmp_path: Path, url: str | None = None) -> App:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    full = tmp_path / "app.toml"
+    full.write_text(TOPOLOGY + UNAPPLIED)
+    app = App("fast", topology=load_topology(full).topology, url=url or broker.url)
+    app.job("work", queue="work")(lambda p, c: None)
+    app.job("other", queue="other")(lambda p, c: None)
+    app.job("cap", queue="capped")(lambda p, c: None)
+    app.job("early", queue="unapplied")(lambda p, c: None)
+    return app
+
+
+def fast_calls(pub: SyncPublisher) -> int:
+    assert pub._fast is not None
+    return pub._fast.calls
+
+
+def connects(pub: SyncPublisher) -> list[int]:
+    assert pub._fast is not None
+    return [one.connects for one in pub._fast.connections()]
+
+
+def warm(pub: SyncPublisher) -> None:
+    """The first enqueue connects the app (the async path) and reads the alarms; the next ones are fast."""
+    pub.enqueue("other", {"warm": True})
+
+
+async def test_the_calling_thread_publishes_what_enqueue_publishes(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+    await app.enqueue("work", {"n": 0}, job_id="by-async", tenant="acme", headers={"note": "a"})
+    await app.close()
+
+    def publish() -> tuple[int, list[int]]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            for n in range(1, 21):
+                pub.enqueue("work", {"n": n}, job_id=f"by-sync-{n}", tenant="acme", headers={"note": "a"})
+            return fast_calls(pub), connects(pub)
+
+    calls, opened = await asyncio.to_thread(publish)
+    assert calls == 20
+    assert opened == [1]
+    got = await drain(broker, "work")
+    assert [m.message_id for m in got] == ["by-async", *(f"by-sync-{n}" for n in range(1, 21))]
+    first, fast = got[0], got[1]
+    for name in ("content_type", "content_encoding", "delivery_mode", "priority", "type", "app_id", "expiration"):
+        assert getattr(fast, name) == getattr(first, name), name
+    assert sorted(fast.headers) == sorted(first.headers)
+    assert fast.headers["note"] == "a"
+    assert fast.headers["amqpjobs-tenant"] == first.headers["amqpjobs-tenant"] == "acme"
+    assert fast.body == b'{"n":1}' or fast.body.replace(b" ", b"") == b'{"n":1}'
+
+
+async def test_refusals_on_the_fast_path_are_enqueues_refusals(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+
+    def publish() -> tuple[list[str], int, list[int]]:
+        seen = []
+        with app.sync_publisher() as pub:
+            warm(pub)
+            with pytest.raises(UnroutableError, match="exchange 'later' does not exist: apply the topology"):
+                pub.enqueue("early", {})
+            with pytest.raises(MessageTooLargeError, match="over the connection's frame_max of 131072 bytes"):
+                pub.enqueue("work", {}, headers={"note": "x" * 140_000})
+            seen.append(pub.enqueue("cap", {}, job_id="first"))  # the channel the 404 closed was replaced
+            with pytest.raises(QueueFullError, match="work queue 'capped' is full: the broker nacked job 'second'"):
+                pub.enqueue("cap", {}, job_id="second")
+            seen.append(pub.enqueue("work", {}, job_id="after"))
+            return seen, fast_calls(pub), connects(pub)
+
+    seen, calls, opened = await asyncio.to_thread(publish)
+    assert seen == ["first", "after"]
+    assert calls == 5  # each on the fast path (the too-large one refused before anything was written)
+    assert opened == [1]  # a 404 closes the channel only
+    assert await depth(broker, "capped") == 1
+    assert [m.message_id for m in await drain(broker, "work")] == ["after"]
+
+
+async def test_a_publish_with_no_queue_bound_is_unroutable(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+    vhost = quote(broker.vhost, safe="")
+    with ManagementClient(broker) as mgmt:
+        (binding,) = [b for b in mgmt.request("GET", f"/exchanges/{vhost}/jobs/bindings/source")
+                      if b["destination"].startswith("other")]  # fmt: skip
+        mgmt.request("DELETE", f"/bindings/{vhost}/e/jobs/q/{quote(binding['destination'], safe='')}/"
+                               f"{quote(binding['properties_key'], safe='')}")  # fmt: skip
+
+    def publish() -> int:
+        with app.sync_publisher() as pub:
+            pub.enqueue("work", {})  # connects, reads the alarms (async path)
+            with pytest.raises(UnroutableError, match="unroutable: no queue is bound to exchange 'jobs'"):
+                pub.enqueue("other", {}, job_id="lost")
+            pub.enqueue("work", {}, job_id="next")
+            return fast_calls(pub)
+
+    assert await asyncio.to_thread(publish) == 2
+    assert [m.message_id for m in await drain(broker, "work")][-1] == "next"
+
+
+def blocking_connections(broker: BrokerSettings) -> list[str]:
+    """The names of the sync publisher's blocking connections the management API lists."""
+    with ManagementClient(broker) as mgmt:
+        return [c["name"] for c in mgmt.request("GET", "/connections")
+                if (c.get("client_properties") or {}).get("connection_name") == "fast-sync-publisher"]  # fmt: skip
+
+
+async def test_a_connection_the_broker_closed_between_calls_is_replaced(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+
+    def publish() -> tuple[list[int], list[int]]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            pub.enqueue("work", {}, job_id="before")
+            before = connects(pub)
+            deadline = time.monotonic() + 15
+            while not (names := blocking_connections(broker)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with ManagementClient(broker) as mgmt:
+                for name in names:
+                    mgmt.request("DELETE", f"/connections/{quote(name, safe='')}")
+            time.sleep(0.3)  # the broker's connection.close is on its way (or read already)
+            pub.enqueue("work", {}, job_id="after")  # the alarms are a second old by now: read again (async path)
+            calls = fast_calls(pub)
+            pub.enqueue("work", {}, job_id="again")
+            assert fast_calls(pub) == calls + 1
+            return before, connects(pub)
+
+    before, after = await asyncio.to_thread(publish)
+    assert before == [1]
+    assert after == [2]
+    assert [m.message_id for m in await drain(broker, "work")] == ["before", "after", "again"]
+
+
+async def test_a_connection_idle_for_half_its_heartbeat_is_replaced(broker: BrokerSettings, tmp_path: Path):
+    url = broker.url + ("&" if "?" in broker.url else "?") + "heartbeat=2"
+    app = await make(broker, tmp_path, url=url)
+
+    def publish() -> tuple[list[int], list[int], int]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            pub.enqueue("work", {}, job_id="one")
+            before = connects(pub)
+            time.sleep(1.2)  # past half the heartbeat (and the alarms' age: the next call reads them again)
+            pub.enqueue("work", {}, job_id="two")
+            pub.enqueue("work", {}, job_id="three")
+            return before, connects(pub), fast_calls(pub)
+
+    before, after, calls = await asyncio.to_thread(publish)
+    assert before == [1]
+    assert after == [2]
+    assert calls >= 2
+    assert [m.message_id for m in await drain(broker, "work")] == ["one", "two", "three"]
+
+
+async def test_threads_share_a_pool_and_close_closes_every_connection(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+    ids: list[str] = []
+    failures: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def publish() -> tuple[int, int]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+
+            def one_thread(t: int) -> None:
+                start.wait()
+                try:
+                    ids.extend(pub.enqueue("work", {"t": t}, job_id=f"t{t}-{i}") for i in range(50))
+                except BaseException as exc:  # the assertion names it
+                    failures.append(exc)
+
+            threads = [threading.Thread(target=one_thread, args=(t,)) for t in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            return len(connects(pub)), fast_calls(pub)
+
+    pooled, calls = await asyncio.to_thread(publish)
+    assert failures == []
+    assert 1 <= pooled <= 4
+    assert calls >= 150  # the alarms are read again each second: a call may take the async path then
+    assert sorted(str(m.message_id) for m in await drain(broker, "work")) == sorted(ids)
+    assert len(ids) == 200
+
+    await wait_until(lambda: not blocking_connections(broker), 10, "the sync publisher's blocking connections closed")

@@ -1,0 +1,70 @@
+"""The blocking publisher's own frame writing and confirm reading, checked against pamqp's encoding."""
+
+from __future__ import annotations
+
+from pamqp import commands as spec
+from pamqp import frame as frames
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+
+from amqpjobs.wire.blocking import BlockingPublisher
+from amqpjobs.wire.settings import broker_settings
+
+
+def publisher(frame_max: int = 4096) -> BlockingPublisher:
+    one = BlockingPublisher(broker_settings("amqp://guest:guest@127.0.0.1:1/"), "t")
+    one._frame_max = frame_max
+    return one
+
+
+def unmarshal_all(data: bytes) -> list[tuple[int, object]]:
+    out = []
+    while data:
+        used, channel, frame = frames.unmarshal(data)
+        out.append((channel, frame))
+        data = data[used:]
+    return out
+
+
+def test_a_publish_is_pamqps_method_header_and_body_frames_split_at_frame_max():
+    properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id="m-1",
+                                       headers={"amqpjobs-job": "a", "n": 7})  # fmt: skip
+    body = bytes(range(256)) * 40  # 10,240 bytes: three body frames of at most 4,088
+    got = unmarshal_all(publisher()._payload("jobs", "rk", body, properties.marshal()))
+    assert [channel for channel, _ in got] == [1, 1, 1, 1, 1]
+    method, header, *bodies = (frame for _, frame in got)
+    assert isinstance(method, spec.Basic.Publish)
+    assert (method.exchange, method.routing_key, method.mandatory) == ("jobs", "rk", True)
+    assert isinstance(header, ContentHeader)
+    assert header.body_size == 10_240
+    assert header.properties.message_id == "m-1"
+    assert header.properties.headers == {"amqpjobs-job": "a", "n": 7}
+    assert all(isinstance(b, ContentBody) for b in bodies)
+    assert [len(b.value) for b in bodies] == [4088, 4088, 2064]  # type: ignore[attr-defined]
+    assert b"".join(b.value for b in bodies) == body  # type: ignore[attr-defined]
+
+
+def test_an_empty_body_has_no_body_frame():
+    got = unmarshal_all(publisher()._payload("", "q", b"", spec.Basic.Properties(message_id="x").marshal()))
+    assert [type(frame).__name__ for _, frame in got] == ["Publish", "ContentHeader"]
+
+
+def test_confirms_are_read_by_hand_and_by_pamqp_alike():
+    one = publisher()
+    one._tag = 3
+    one._buffer += frames.marshal(spec.Basic.Ack(delivery_tag=1), 1)  # the hand-read form
+    one._buffer += frames.marshal(spec.Basic.Nack(delivery_tag=2), 1)  # through pamqp
+    one._buffer += frames.marshal(spec.Basic.Ack(delivery_tag=3, multiple=True), 1)
+    one._confirm(3, deadline=float("inf"))
+    assert one._confirmed == 3
+    assert one._nacked == {2}
+    assert one._buffer == bytearray()
+
+
+def test_a_nack_with_multiple_names_every_tag_up_to_it():
+    one = publisher()
+    one._tag = 4
+    one._confirmed = 1
+    one._buffer += frames.marshal(spec.Basic.Nack(delivery_tag=4, multiple=True), 1)
+    one._confirm(4, deadline=float("inf"))
+    assert (one._confirmed, one._nacked) == (4, {2, 3, 4})
