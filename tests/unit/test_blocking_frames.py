@@ -18,7 +18,7 @@ def publisher(frame_max: int = 4096) -> BlockingPublisher:
 
 
 def unmarshal_all(data: bytes) -> list[tuple[int, object]]:
-    out = []
+    out: list[tuple[int, object]] = []
     while data:
         used, channel, frame = frames.unmarshal(data)
         out.append((channel, frame))
