@@ -29,7 +29,7 @@ from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.amqp_frames import short_bytes
-from tests.integration.helpers import depth
+from tests.integration.helpers import depth, drain
 from tests.integration.own_node import OwnNode, own_node
 from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
 
@@ -54,6 +54,10 @@ max_age = "1s"
 name = "other"
 exchange = "jobs"
 max_depth = 100
+
+[[job_queue]]
+name = "plain"
+exchange = "jobs"
 
 [[job_queue]]
 name = "returning"
@@ -107,6 +111,7 @@ async def make_app(settings: BrokerSettings, tmp_path: Path, **options: float | 
     app = App("bp", topology=load_topology(path).topology, url=settings.url, **options)  # type: ignore[arg-type]
     app.job("ok", queue="work")(lambda p, c: None)
     app.job("aged", queue="aged")(lambda p, c: None)
+    app.job("plain", queue="plain")(lambda p, c: None)
     return app
 
 
@@ -141,6 +146,42 @@ async def test_a_memory_alarm_refuses_enqueue_unsent_and_enqueue_works_once_it_c
         assert await depth(on_alarm_node, "work") == 3
     finally:
         publisher.close()
+        await app.close()
+
+
+@pytest.mark.serial  # wall-clock bounds, as the test above
+async def test_the_sync_fast_path_under_an_alarm_holds_one_publish_then_steps_aside(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    publisher = app.sync_publisher()
+    try:
+        await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="warm")  # connects, reads the alarms
+        await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="before")
+        assert publisher._fast is not None
+        assert publisher._fast.calls == 1
+        alarm_node.memory_alarm(True)
+        # the alarm came after the last read (rabbitmqctl may take a second here: that read is made "now"):
+        # the fast path publishes, and the broker holds it unread
+        gate = publisher._app._gate
+        assert gate is not None
+        gate._alarms = ([], time.monotonic())
+        held = asyncio.ensure_future(asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="held"))
+        await asyncio.sleep(1.5)
+        assert not held.done()
+        started = time.monotonic()  # the alarms read again meanwhile: the async path refuses, nothing sent
+        with pytest.raises(BrokerBlockedError, match=r"resource alarm \(memory\).*NOT sent"):
+            await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="refused")
+        assert 1.0 <= time.monotonic() - started < 2.5
+        alarm_node.memory_alarm(False)
+        assert await asyncio.wait_for(held, 10) == "held"  # stored once the alarm cleared, confirmed
+        await asyncio.sleep(1.1)
+        await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="after")
+        ids = [m.message_id for m in await drain(on_alarm_node, "plain")]
+        assert ids == ["warm", "before", "held", "after"]
+    finally:
+        alarm_node.memory_alarm(False)
+        await asyncio.to_thread(publisher.close)
         await app.close()
 
 

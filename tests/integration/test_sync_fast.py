@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -237,3 +238,26 @@ async def test_threads_share_a_pool_and_close_closes_every_connection(broker: Br
     assert len(ids) == 200
 
     await wait_until(lambda: not blocking_connections(broker), 10, "the sync publisher's blocking connections closed")
+
+
+async def test_a_blocking_connection_that_cannot_open_leaves_the_call_to_the_async_path(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await make(broker, tmp_path)
+
+    def publish() -> tuple[list[str], int, bool]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            assert pub._fast is not None
+            # a node that refuses (nothing listens on port 1): the blocking connect fails, the enqueue still goes out
+            pub._fast._settings = replace(broker, url=broker.url.replace(f":{urlsplit(broker.url).port}/", ":1/"))
+            sent = [pub.enqueue("work", {}, job_id="via-loop")]
+            retry_later = pub._fast._down_until > time.monotonic()
+            sent.append(pub.enqueue("work", {}, job_id="still-via-loop"))  # not tried again for 5 s
+            return sent, fast_calls(pub), retry_later
+
+    sent, calls, retry_later = await asyncio.to_thread(publish)
+    assert sent == ["via-loop", "still-via-loop"]
+    assert calls == 0
+    assert retry_later
+    assert [m.message_id for m in await drain(broker, "work")] == sent
