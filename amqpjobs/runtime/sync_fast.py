@@ -19,17 +19,19 @@ puts it back, so there are as many as calls ever ran at once, whatever the threa
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from amqpjobs.errors import PublishNackedError
+from amqpjobs.errors import ConfigurationError, PublishNackedError
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.runtime.backpressure import EARLY_REFRESH, REFRESH, blocked_error
 from amqpjobs.runtime.sending import full_refusal, new_message
 from amqpjobs.wire.blocking import BlockingPublisher, ConnectFailed
 from amqpjobs.wire.exchange_checks import missing_exchange
+from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App, JobRef
@@ -59,9 +61,9 @@ class FastPath:
         self._closed = False
         #: Enqueues written on a blocking connection (confirmed or refused), for tests and the bench.
         self.calls = 0
-        settings = app.settings()
-        self._usable = BlockingPublisher.usable(settings) and app.payload_store is None and app.tracing is None
-        self._settings = settings
+        self._pid = os.getpid()  # a forked child steps aside: the pool's sockets are the parent's
+        self._settings: BrokerSettings | None = None  # read at the first call, as the async path reads them
+        self._usable = app.payload_store is None and app.tracing is None
 
     def enqueue(
         self, job: JobRef, payload: Any, job_id: str | None, priority: int | None, tenant: str | None,
@@ -73,7 +75,18 @@ class FastPath:
             (The errors of :meth:`App.enqueue`, with the same words.)
         """
         app = self._app
-        if not self._usable or time.monotonic() < self._down_until or not self._alarms_clear():
+        if not self._usable or os.getpid() != self._pid or time.monotonic() < self._down_until:
+            return None
+        if self._settings is None:
+            try:
+                settings = app.settings()
+            except ConfigurationError:  # the async path raises it, in its words
+                return None
+            self._usable = BlockingPublisher.usable(settings)
+            self._settings = settings
+            if not self._usable:
+                return None
+        if not self._alarms_clear():
             return None
         jobdef, body, layout, job_id, exchange, routing_key = app._addressed(job, payload, job_id, priority, tenant)
         if layout.bounds.checked:
@@ -137,6 +150,7 @@ class FastPath:
             publisher = self._free.pop() if self._free else None
             if publisher is None:
                 app = self._app
+                assert self._settings is not None
                 publisher = BlockingPublisher(
                     self._settings, f"{app.name}-sync-publisher", max_message_size=app.max_message_size,
                     header_reserve=WORKER_HEADROOM, missing_exchange=lambda name, version: missing_exchange(

@@ -422,8 +422,10 @@ class BlockingPublisher:
             raise PublishError(uncertain(
                 f"no publisher confirm within {self.confirm_timeout:g}s for {exchange!r} / {routing_key!r}", message
             )) from exc  # fmt: skip
-        except (OSError, ValueError) as exc:
+        except BaseException as exc:  # an interrupt (a signal handler's exception) too: its answer may still come
             self._drop()
+            if not isinstance(exc, OSError | ValueError):
+                raise
             raise PublishError(uncertain(
                 f"the connection was lost under the publish to {exchange!r} / {routing_key!r} ({exc})", message
             )) from exc  # fmt: skip

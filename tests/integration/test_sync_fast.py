@@ -11,6 +11,7 @@ publish (never an uncertain error for it), one connection per call at once, all 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +25,7 @@ from amqpjobs.errors import MessageTooLargeError, QueueFullError, UnroutableErro
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.sync_publisher import SyncPublisher
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.blocking import BlockingPublisher
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, drain, wait_until
@@ -261,3 +263,57 @@ async def test_a_blocking_connection_that_cannot_open_leaves_the_call_to_the_asy
     assert calls == 0
     assert retry_later
     assert [m.message_id for m in await drain(broker, "work")] == sent
+
+
+async def test_a_call_interrupted_while_it_waits_leaves_no_answer_for_the_next(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    app = await make(broker, tmp_path)
+    vhost = quote(broker.vhost, safe="")
+    with ManagementClient(broker) as mgmt:  # "other" unroutable: its return and confirm come after the interrupt
+        (binding,) = [b for b in mgmt.request("GET", f"/exchanges/{vhost}/jobs/bindings/source")
+                      if b["destination"].startswith("other")]  # fmt: skip
+        mgmt.request("DELETE", f"/bindings/{vhost}/e/jobs/q/{quote(binding['destination'], safe='')}/"
+                               f"{quote(binding['properties_key'], safe='')}")  # fmt: skip
+    confirm = BlockingPublisher._confirm
+
+    def interrupted(self: BlockingPublisher, tag: int, deadline: float) -> None:
+        monkeypatch.setattr(BlockingPublisher, "_confirm", confirm)
+        raise KeyboardInterrupt  # as a signal handler's exception would, after the frames went out
+
+    def publish() -> tuple[str, list[int]]:
+        with app.sync_publisher() as pub:
+            pub.enqueue("work", {}, job_id="warm")
+            monkeypatch.setattr(BlockingPublisher, "_confirm", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                pub.enqueue("other", {}, job_id="interrupted")
+            return pub.enqueue("work", {}, job_id="next"), connects(pub)
+
+    sent, opened = await asyncio.to_thread(publish)
+    assert sent == "next"
+    assert opened == [2]  # the interrupted call's connection was dropped, not pooled with its answer pending
+    assert [m.message_id for m in await drain(broker, "work")] == ["warm", "next"]
+
+
+async def test_a_forked_child_leaves_the_parents_connections_alone(broker: BrokerSettings, tmp_path: Path):
+    app = await make(broker, tmp_path)
+
+    def publish() -> tuple[int, int]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            pub.enqueue("work", {}, job_id="parent-1")
+            assert pub._fast is not None
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: the fast path steps aside (the parent's pooled socket is not its own)
+                answer = pub._fast.enqueue("work", {}, "child", None, None, None)
+                os.write(write, b"none" if answer is None else b"sent")
+                os._exit(0)
+            os.waitpid(pid, 0)
+            assert os.read(read, 4) == b"none"
+            pub.enqueue("work", {}, job_id="parent-2")
+            return fast_calls(pub), len(connects(pub))
+
+    calls, pooled = await asyncio.to_thread(publish)
+    assert (calls, pooled) == (2, 1)
+    assert [m.message_id for m in await drain(broker, "work")] == ["parent-1", "parent-2"]
