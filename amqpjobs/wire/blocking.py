@@ -33,10 +33,8 @@ publish is therefore never written to a connection that may already be dead.
 from __future__ import annotations
 
 import contextlib
-import functools
 import socket
 import ssl
-import struct
 import time
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
@@ -55,6 +53,7 @@ from amqpjobs.wire.connection import default_max_message_size
 from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.property_encoding import exact_properties
+from amqpjobs.wire.publish_frames import FRAME_HEADER, ack_at_head, publish_payload, timeval
 from amqpjobs.wire.publish_outcome import max_size_in, nacked, too_large, uncertain, unroutable
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import TLS_OPTIONS
@@ -63,15 +62,8 @@ from amqpjobs.wire.urls import parse_node
 #: The URL options a blocking publisher honours; any other (``auth``, ...) leaves publishing to the async path.
 OPTIONS: Final = frozenset({"heartbeat", "timeout", "name", *TLS_OPTIONS})
 _CHANNEL: Final = 1
-_FRAME_END: Final = b"\xce"
-_HEADER: Final = struct.Struct(">BHI")  # frame type, channel, size
-_CONTENT: Final = struct.Struct(">HHQ")  # class id (60, basic), weight, body size
 #: Seconds a blocking read waits at most before the deadline of what it waits for is looked at again.
 _RECV_SLICE: Final = 1.0
-#: The start of a ``basic.ack`` method frame on the channel (type 1, channel 1, size 13, class 60, method 80);
-#: its delivery tag (64 bits) and ``multiple`` bit follow, then the frame end: 21 bytes.
-_ACK_FRAME: Final = bytes.fromhex("0100010000000d003c0050")
-_TAG: Final = struct.Struct(">Q")
 _CAPABILITIES: Final[dict[str, Any]] = {
     "publisher_confirms": True, "basic.nack": True, "connection.blocked": True,
     "authentication_failure_close": True, "consumer_cancel_notify": True,
@@ -254,7 +246,7 @@ class BlockingPublisher:
         buffer = self._buffer
         if len(buffer) < 7:
             return None
-        end = _HEADER.unpack_from(buffer)[2] + 8
+        end = FRAME_HEADER.unpack_from(buffer)[2] + 8
         if len(buffer) < end:
             return None
         _, channel, frame = frames.unmarshal(bytes(buffer[:end]))
@@ -298,8 +290,8 @@ class BlockingPublisher:
             return
         sock.settimeout(None)
         self._timeout_set = None
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_RECV_SLICE))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.confirm_timeout))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(_RECV_SLICE))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(self.confirm_timeout))
         self._kernel = True
 
     def _handle(self, channel: int, frame: frames.FrameTypes) -> None:
@@ -436,24 +428,13 @@ class BlockingPublisher:
             raise UnroutableError(unroutable(exchange, routing_key))
 
     def _payload(self, exchange: str, routing_key: str, body: bytes, properties: bytes) -> bytes:
-        """The publish's method, content header and body frames, as one payload."""
-        method = _publish_frame(exchange, routing_key)
-        header = _CONTENT.pack(60, 0, len(body)) + properties
-        parts = [method, _HEADER.pack(2, _CHANNEL, len(header)), header, _FRAME_END]
-        chunk = self._frame_max - 8
-        for at in range(0, len(body), chunk):
-            piece = body[at : at + chunk]
-            parts += (_HEADER.pack(3, _CHANNEL, len(piece)), piece, _FRAME_END)
-        return b"".join(parts)
+        """The publish's frames as one payload (:func:`~amqpjobs.wire.publish_frames.publish_payload`)."""
+        return publish_payload(_CHANNEL, exchange, routing_key, body, properties, self._frame_max)
 
     def _confirm(self, tag: int, deadline: float) -> None:
         while self._confirmed < tag:
-            buffer = self._buffer
-            if (
-                len(buffer) >= 21 and buffer[:11] == _ACK_FRAME and buffer[20] == 0xCE
-            ):  # the common answer, read without pamqp
-                self._confirmed = max(self._confirmed, _TAG.unpack_from(buffer, 11)[0])
-                del buffer[:21]
+            if (acked := ack_at_head(self._buffer)) is not None:
+                self._confirmed = max(self._confirmed, acked)
                 continue
             while (got := self._frame()) is not None and self._confirmed < tag:
                 self._handle(*got)
@@ -475,15 +456,3 @@ class BlockingPublisher:
         raise PublishError(uncertain(
             f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
         )) from exc  # fmt: skip
-
-
-@functools.lru_cache(maxsize=1024)
-def _publish_frame(exchange: str, routing_key: str) -> bytes:
-    """The ``basic.publish`` method frame (``mandatory``) on the channel: the same for every job of a queue."""
-    return frames.marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True), _CHANNEL)
-
-
-def _timeval(seconds: float) -> bytes:
-    """``struct timeval`` of ``seconds`` for ``SO_RCVTIMEO``/``SO_SNDTIMEO``."""
-    whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
