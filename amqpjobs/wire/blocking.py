@@ -32,7 +32,6 @@ publish is therefore never written to a connection that may already be dead.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 import time
@@ -50,10 +49,11 @@ from amqpjobs.message import OutgoingMessage
 from amqpjobs.text import as_text
 from amqpjobs.wire.cluster import node, process_order
 from amqpjobs.wire.connection import default_max_message_size
+from amqpjobs.wire.frame_socket import Closed, FrameSocket
 from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.property_encoding import exact_properties
-from amqpjobs.wire.publish_frames import FRAME_HEADER, ack_at_head, publish_payload, timeval
+from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
 from amqpjobs.wire.publish_outcome import max_size_in, nacked, too_large, uncertain, unroutable
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import TLS_OPTIONS
@@ -62,8 +62,6 @@ from amqpjobs.wire.urls import parse_node
 #: The URL options a blocking publisher honours; any other (``auth``, ...) leaves publishing to the async path.
 OPTIONS: Final = frozenset({"heartbeat", "timeout", "name", *TLS_OPTIONS})
 _CHANNEL: Final = 1
-#: Seconds a blocking read waits at most before the deadline of what it waits for is looked at again.
-_RECV_SLICE: Final = 1.0
 _CAPABILITIES: Final[dict[str, Any]] = {
     "publisher_confirms": True, "basic.nack": True, "connection.blocked": True,
     "authentication_failure_close": True, "consumer_cancel_notify": True,
@@ -72,15 +70,6 @@ _CAPABILITIES: Final[dict[str, Any]] = {
 
 class ConnectFailed(Exception):
     """No connection could be opened (socket, TLS, a refused handshake, a URL it can't use); ``__cause__`` says why."""
-
-
-class _Closed(Exception):
-    """The broker closed the channel (``reply_code``, ``reply_text``) or the connection went."""
-
-    def __init__(self, text: str, code: int = 0, channel: bool = False) -> None:
-        super().__init__(text)
-        self.code = code
-        self.channel = channel
 
 
 class BlockingPublisher:
@@ -114,11 +103,7 @@ class BlockingPublisher:
         self._max_message_size = max_message_size
         self._header_reserve = header_reserve
         self._missing_exchange = missing_exchange
-        self._sock: socket.socket | None = None
-        self._tls = False
-        self._timeout_set: float | None = None  # the socket's timeout as last set
-        self._kernel = False  # blocking mode with kernel timeouts (see _read)
-        self._buffer = bytearray()
+        self._io: FrameSocket | None = None
         self._tag = 0  # the channel's last publish sequence number (confirm.select: 1, 2, 3, ...)
         self._confirmed = 0  # every tag up to this one is answered
         self._nacked: set[int] = set()
@@ -146,7 +131,7 @@ class BlockingPublisher:
             try:
                 self._open(nodes[at], given[at].context, len(nodes), at + 1)
                 return
-            except (OSError, _Closed, ValueError) as exc:
+            except (OSError, Closed, ValueError) as exc:
                 self._drop()
                 last = exc
         assert last is not None
@@ -160,10 +145,8 @@ class BlockingPublisher:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if context is not None:
             sock = context.wrap_socket(sock, server_hostname=parsed.host)
-        self._sock, self._buffer, self._tls = sock, bytearray(), context is not None
-        self._timeout_set = timeout
-        self._kernel = False
-        self._sock.sendall(b"AMQP\x00\x00\x09\x01")
+        self._io = FrameSocket(sock, timeout)
+        self._io.send(b"AMQP\x00\x00\x09\x01")
         start = self._expect(spec.Connection.Start, timeout)
         self.version = parse_version(as_text(start.server_properties.get("version", "0")))
         self._send(0, spec.Connection.StartOk(
@@ -179,7 +162,7 @@ class BlockingPublisher:
         self._send(0, spec.Connection.Open(virtual_host=parsed.vhost))
         self._expect(spec.Connection.OpenOk, timeout)
         self._open_channel(timeout)
-        self._kernel_timeouts()
+        self._io.kernel_timeouts(self.confirm_timeout)
         self.connects += 1
 
     def _open_channel(self, timeout: float) -> None:
@@ -193,106 +176,58 @@ class BlockingPublisher:
 
     def _drop(self) -> None:
         """Forget the connection (closed or not to be trusted)."""
-        sock, self._sock = self._sock, None
+        io, self._io = self._io, None
         self._channel_open = False
         self._blocked = None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
+        if io is not None:
+            io.close()
 
     def close(self) -> None:
         """Close the connection (``connection.close``, its ``close-ok`` awaited up to 1 s); no error."""
-        sock = self._sock
-        if sock is None:
+        if self._io is None:
             return
         try:
             self._send(0, spec.Connection.Close(reply_code=200, reply_text="Normal shutdown", class_id=0, method_id=0))
             self._expect(spec.Connection.CloseOk, 1.0)
-        except (OSError, _Closed, ValueError):
+        except (OSError, Closed, ValueError):
             pass
         self._drop()
 
     def cut(self) -> None:
         """Shut the socket down from another thread: a call waiting for its confirm ends (uncertain)."""
-        sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        io = self._io
+        if io is not None:
+            io.shutdown()
 
     def _ready(self) -> None:
         """A connection and channel to publish on now: a stale, closed or broken one replaced."""
-        if self._sock is not None:
+        if self._io is not None:
             idle = time.monotonic() - self._last_write
             try:
                 if self._heartbeat and idle >= self._heartbeat / 2:
-                    raise _Closed("idle for half the heartbeat timeout")
+                    raise Closed("idle for half the heartbeat timeout")
                 self._poll()
                 if not self._channel_open:
                     self._open_channel(10.0)
-            except (OSError, _Closed, ValueError):
+            except (OSError, Closed, ValueError):
                 self.close()
-        if self._sock is None:
+        if self._io is None:
             self._connect()
         self._last_write = time.monotonic()
 
     # frames ----------------------------------------------------------------------------------------------
 
     def _send(self, channel: int, *methods: frames.FrameTypes) -> None:
-        assert self._sock is not None
-        self._sock.sendall(b"".join(frames.marshal(method, channel) for method in methods))
+        assert self._io is not None
+        self._io.send_methods(channel, *methods)
 
     def _frame(self) -> tuple[int, frames.FrameTypes] | None:
-        """The next whole frame of the buffer, or None."""
-        buffer = self._buffer
-        if len(buffer) < 7:
-            return None
-        end = FRAME_HEADER.unpack_from(buffer)[2] + 8
-        if len(buffer) < end:
-            return None
-        _, channel, frame = frames.unmarshal(bytes(buffer[:end]))
-        del buffer[:end]
-        return channel, frame
+        assert self._io is not None
+        return self._io.frame()
 
     def _read(self, deadline: float | None) -> None:
-        """Read what the socket has (waiting until ``deadline``; None: not at all) into the buffer.
-
-        Once connected, a plain socket is in blocking mode with kernel timeouts
-        (``SO_RCVTIMEO`` of :data:`_RECV_SLICE`, see :meth:`_kernel_timeouts`): a read is one
-        system call (Python's own timeouts poll before each), and one with ``MSG_DONTWAIT``
-        does not wait. A TLS socket (and any socket before that) uses Python's timeouts.
-        """
-        sock = self._sock
-        assert sock is not None
-        while True:
-            if deadline is not None and (left := deadline - time.monotonic()) <= 0:
-                raise TimeoutError
-            try:
-                if self._kernel:
-                    data = sock.recv(65536, socket.MSG_DONTWAIT if deadline is None else 0)
-                else:
-                    wait = 0.0 if deadline is None else left
-                    if wait != self._timeout_set:
-                        sock.settimeout(wait)
-                        self._timeout_set = wait
-                    data = sock.recv(65536)
-                break
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, TimeoutError):
-                if deadline is None:
-                    return
-        if not data:
-            raise _Closed("the broker closed the connection")
-        self._buffer += data
-
-    def _kernel_timeouts(self) -> None:
-        """Put a plain connected socket in blocking mode with kernel timeouts (see :meth:`_read`)."""
-        sock = self._sock
-        if sock is None or self._tls:
-            return
-        sock.settimeout(None)
-        self._timeout_set = None
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(_RECV_SLICE))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(self.confirm_timeout))
-        self._kernel = True
+        assert self._io is not None
+        self._io.read(deadline)
 
     def _handle(self, channel: int, frame: frames.FrameTypes) -> None:
         """Note what an incoming frame says (all but the one a caller waits for)."""
@@ -305,11 +240,11 @@ class BlockingPublisher:
         elif isinstance(frame, spec.Connection.Close):
             self._send(0, spec.Connection.CloseOk())
             code = frame.reply_code or 0
-            raise _Closed(f"connection closed by the broker: {code} {frame.reply_text}", code)
+            raise Closed(f"connection closed by the broker: {code} {frame.reply_text}", code)
         elif isinstance(frame, spec.Channel.Close):
             self._send(_CHANNEL, spec.Channel.CloseOk())
             self._channel_open = False
-            raise _Closed(f"{frame.reply_code} {frame.reply_text}", frame.reply_code or 0, channel=True)
+            raise Closed(f"{frame.reply_code} {frame.reply_text}", frame.reply_code or 0, channel=True)
         elif isinstance(frame, spec.Basic.Ack | spec.Basic.Nack):  # one publish in flight: it answers all up to it
             upto = frame.delivery_tag or self._tag
             if isinstance(frame, spec.Basic.Nack):
@@ -324,9 +259,10 @@ class BlockingPublisher:
         while True:
             while (got := self._frame()) is not None:
                 self._handle(*got)
-            before = len(self._buffer)
-            self._read(None)
-            if len(self._buffer) == before:
+            assert self._io is not None
+            before = len(self._io.buffer)
+            self._io.read(None)
+            if len(self._io.buffer) == before:
                 return
 
     def _expect(self, kind: type, timeout: float) -> Any:
@@ -348,7 +284,7 @@ class BlockingPublisher:
         """
         try:
             self._ready()
-        except (OSError, _Closed, ValueError) as exc:
+        except (OSError, Closed, ValueError) as exc:
             self._drop()
             raise ConnectFailed(str(exc)) from exc
         return self._blocked
@@ -362,7 +298,7 @@ class BlockingPublisher:
                     self._handle(*got)
                 if self._blocked is not None:
                     self._read(deadline)
-        except (OSError, _Closed, ValueError):
+        except (OSError, Closed, ValueError):
             self._drop()
             return False
         self._last_write = time.monotonic()
@@ -381,10 +317,10 @@ class BlockingPublisher:
                 connection lost or closed): it may or may not be stored.
             BrokerUnavailableError: no connection could be opened (nothing sent).
         """
-        if self._sock is None:
+        if self._io is None:
             try:
                 self._ready()
-            except (OSError, _Closed, ValueError) as exc:
+            except (OSError, Closed, ValueError) as exc:
                 raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
         limit = self._max_message_size or default_max_message_size(self.version)
         check_body(message, limit)
@@ -401,11 +337,11 @@ class BlockingPublisher:
         self._tag += 1
         tag = self._tag
         try:
-            assert self._sock is not None
-            self._sock.sendall(payload)
+            assert self._io is not None
+            self._io.send(payload)
             self._last_write = time.monotonic()
             self._confirm(tag, time.monotonic() + self.confirm_timeout)
-        except _Closed as exc:
+        except Closed as exc:
             if not exc.channel:
                 self._drop()
             self._refused(exc, exchange, routing_key, message)
@@ -433,7 +369,8 @@ class BlockingPublisher:
 
     def _confirm(self, tag: int, deadline: float) -> None:
         while self._confirmed < tag:
-            if (acked := ack_at_head(self._buffer)) is not None:
+            assert self._io is not None
+            if (acked := ack_at_head(self._io.buffer)) is not None:
                 self._confirmed = max(self._confirmed, acked)
                 continue
             while (got := self._frame()) is not None and self._confirmed < tag:
@@ -441,7 +378,7 @@ class BlockingPublisher:
             if self._confirmed < tag:
                 self._read(deadline)
 
-    def _refused(self, exc: _Closed, exchange: str, routing_key: str, message: OutgoingMessage) -> NoReturn:
+    def _refused(self, exc: Closed, exchange: str, routing_key: str, message: OutgoingMessage) -> NoReturn:
         """The channel or connection closed under the publish: what that says about it."""
         text = str(exc)
         if exc.channel and exc.code == 404 and f"no exchange '{exchange}' in vhost" in text:

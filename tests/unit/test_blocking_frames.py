@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
 from pamqp import commands as spec
 from pamqp import frame as frames
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from amqpjobs.wire.blocking import BlockingPublisher
+from amqpjobs.wire.frame_socket import Closed, FrameSocket
 from amqpjobs.wire.settings import broker_settings
 
 
@@ -15,6 +21,17 @@ def publisher(frame_max: int = 4096) -> BlockingPublisher:
     one = BlockingPublisher(broker_settings("amqp://guest:guest@127.0.0.1:1/"), "t")
     one._frame_max = frame_max
     return one
+
+
+@pytest.fixture
+def wired() -> Iterator[tuple[BlockingPublisher, socket.socket]]:
+    """A publisher whose connection is one end of a socket pair; the other end plays the broker."""
+    ours, broker = socket.socketpair()
+    one = publisher()
+    one._io = FrameSocket(ours, 1.0)
+    yield one, broker
+    ours.close()
+    broker.close()
 
 
 def unmarshal_all(data: bytes) -> list[tuple[int, object]]:
@@ -49,22 +66,42 @@ def test_an_empty_body_has_no_body_frame():
     assert [type(frame).__name__ for _, frame in got] == ["Publish", "ContentHeader"]
 
 
-def test_confirms_are_read_by_hand_and_by_pamqp_alike():
-    one = publisher()
+def test_confirms_are_read_by_hand_and_by_pamqp_alike(wired: tuple[BlockingPublisher, socket.socket]):
+    one, broker = wired
     one._tag = 3
-    one._buffer += frames.marshal(spec.Basic.Ack(delivery_tag=1), 1)  # the hand-read form
-    one._buffer += frames.marshal(spec.Basic.Nack(delivery_tag=2), 1)  # through pamqp
-    one._buffer += frames.marshal(spec.Basic.Ack(delivery_tag=3, multiple=True), 1)
-    one._confirm(3, deadline=float("inf"))
+    broker.sendall(frames.marshal(spec.Basic.Ack(delivery_tag=1), 1))  # the hand-read form
+    broker.sendall(frames.marshal(spec.Basic.Nack(delivery_tag=2), 1))  # through pamqp
+    broker.sendall(frames.marshal(spec.Basic.Ack(delivery_tag=3, multiple=True), 1)[:9])  # in two reads
+    broker.sendall(frames.marshal(spec.Basic.Ack(delivery_tag=3, multiple=True), 1)[9:])
+    one._confirm(3, deadline=time.monotonic() + 5)
     assert one._confirmed == 3
     assert one._nacked == {2}
-    assert one._buffer == bytearray()
+    assert one._io is not None
+    assert one._io.buffer == bytearray()
 
 
-def test_a_nack_with_multiple_names_every_tag_up_to_it():
-    one = publisher()
+def test_a_nack_with_multiple_names_every_tag_up_to_it(wired: tuple[BlockingPublisher, socket.socket]):
+    one, broker = wired
     one._tag = 4
     one._confirmed = 1
-    one._buffer += frames.marshal(spec.Basic.Nack(delivery_tag=4, multiple=True), 1)
-    one._confirm(4, deadline=float("inf"))
+    broker.sendall(frames.marshal(spec.Basic.Nack(delivery_tag=4, multiple=True), 1))
+    one._confirm(4, deadline=time.monotonic() + 5)
     assert (one._confirmed, one._nacked) == (4, {2, 3, 4})
+
+
+def test_bytes_that_are_no_frame_close_the_connection_and_a_silent_one_times_out(
+    wired: tuple[BlockingPublisher, socket.socket],
+):
+    one, broker = wired
+    one._tag = 1
+    broker.sendall(bytes.fromhex("09000100000001") + b"x\xce")  # frame type 9: no such type
+    with pytest.raises(Closed, match="no AMQP frame"):
+        one._confirm(1, deadline=time.monotonic() + 5)
+    ours, theirs = socket.socketpair()
+    quiet = FrameSocket(ours, 1.0)
+    with pytest.raises(TimeoutError):
+        quiet.read(deadline=0.0)
+    theirs.close()
+    with pytest.raises(Closed, match="closed the connection"):
+        quiet.read(deadline=time.monotonic() + 5)
+    ours.close()
