@@ -89,12 +89,21 @@ def binding_triples(mgmt: Any, vhost: str) -> Sequence[tuple[str, str, str]]:
     return sorted((b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(vhost) if b["source"])
 
 
-async def applied_app(settings: BrokerSettings, tmp_path: Path, topology: str, name: str) -> App:
-    """An App named ``name`` over ``topology`` (TOML text), the topology applied first in ``settings``' vhost."""
+async def applied_app(
+    settings: BrokerSettings, tmp_path: Path, topology: str, name: str, unapplied: str = "", url: str | None = None
+) -> App:
+    """An App named ``name`` over ``topology`` (TOML text), the topology applied first in ``settings``' vhost.
+
+    ``unapplied``: more TOML the app knows but the broker does not (never applied);
+    ``url``: the app's broker URL (default ``settings.url``).
+    """
     path = tmp_path / f"{name}.toml"
     path.write_text(topology)
     await apply_topology(path, settings)
-    return App(name, topology=path, url=settings.url)
+    if unapplied:
+        path = tmp_path / f"{name}-app.toml"
+        path.write_text(topology + unapplied)
+    return App(name, topology=path, url=url or settings.url)
 
 
 async def depth(settings: BrokerSettings, queue: str) -> int:

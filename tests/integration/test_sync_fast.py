@@ -22,13 +22,11 @@ import pytest
 
 from amqpjobs import App
 from amqpjobs.errors import MessageTooLargeError, QueueFullError, UnroutableError
-from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.sync_publisher import SyncPublisher
-from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.blocking import BlockingPublisher
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain, wait_until
+from tests.integration.helpers import applied_app, depth, drain, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -53,12 +51,7 @@ UNAPPLIED = '\n[[exchange]]\nname = "later"\n\n[[job_queue]]\nname = "unapplied"
 
 
 async def make(broker: BrokerSettings, tmp_path: Path, url: str | None = None) -> App:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    await apply_topology(path, broker)
-    full = tmp_path / "app.toml"
-    full.write_text(TOPOLOGY + UNAPPLIED)
-    app = App("fast", topology=load_topology(full).topology, url=url or broker.url)
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "fast", unapplied=UNAPPLIED, url=url)
     app.job("work", queue="work")(lambda p, c: None)
     app.job("other", queue="other")(lambda p, c: None)
     app.job("cap", queue="capped")(lambda p, c: None)

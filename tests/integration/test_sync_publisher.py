@@ -24,10 +24,8 @@ from amqpjobs.errors import (
     QueueFullError,
     UnroutableError,
 )
-from amqpjobs.runtime.deploy import apply_topology
-from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain
+from tests.integration.helpers import applied_app, depth, drain
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -48,12 +46,7 @@ UNAPPLIED = '\n[[exchange]]\nname = "later"\n\n[[job_queue]]\nname = "unapplied"
 
 
 async def make(broker: BrokerSettings, tmp_path: Path) -> App:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    await apply_topology(path, broker)
-    full = tmp_path / "app.toml"
-    full.write_text(TOPOLOGY + UNAPPLIED)
-    app = App("sync", topology=load_topology(full).topology, url=broker.url)
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "sync", unapplied=UNAPPLIED)
     app.job("work", queue="work")(lambda p, c: None)
     app.job("cap", queue="capped")(lambda p, c: None)
     app.job("early", queue="unapplied")(lambda p, c: None)
