@@ -39,6 +39,8 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
+from aiormq.channel import exception_by_code as channel_error
+from aiormq.connection import exception_by_code as connection_error
 from pamqp import commands as spec
 from pamqp import frame as frames
 from pamqp import heartbeat
@@ -239,12 +241,11 @@ class BlockingPublisher:
             self._blocked = None
         elif isinstance(frame, spec.Connection.Close):
             self._send(0, spec.Connection.CloseOk())
-            code = frame.reply_code or 0
-            raise Closed(f"connection closed by the broker: {code} {frame.reply_text}", code)
+            raise Closed(str(connection_error(frame)), frame.reply_code or 0)  # the async path's words
         elif isinstance(frame, spec.Channel.Close):
             self._send(_CHANNEL, spec.Channel.CloseOk())
             self._channel_open = False
-            raise Closed(f"{frame.reply_code} {frame.reply_text}", frame.reply_code or 0, channel=True)
+            raise Closed(str(channel_error(frame)), frame.reply_code or 0, channel=True)
         elif isinstance(frame, spec.Basic.Ack | spec.Basic.Nack):  # one publish in flight: it answers all up to it
             upto = frame.delivery_tag or self._tag
             if isinstance(frame, spec.Basic.Nack):

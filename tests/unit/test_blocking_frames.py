@@ -12,6 +12,8 @@ from pamqp import frame as frames
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from amqpjobs.errors import PublishError
+from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.blocking import BlockingPublisher
 from amqpjobs.wire.frame_socket import Closed, FrameSocket
 from amqpjobs.wire.settings import broker_settings
@@ -105,3 +107,28 @@ def test_bytes_that_are_no_frame_close_the_connection_and_a_silent_one_times_out
     with pytest.raises(Closed, match="closed the connection"):
         quiet.read(deadline=time.monotonic() + 5)
     ours.close()
+
+
+def test_a_close_under_the_publish_is_worded_as_the_async_path_words_it(
+    wired: tuple[BlockingPublisher, socket.socket],
+):
+    """A forced close reads as aiormq's ConnectionClosed does ("[Errno 320] ..."), a channel close as its reply text."""
+    one, broker = wired
+    forced = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+    broker.sendall(frames.marshal(spec.Connection.Close(reply_code=320, reply_text=forced, class_id=0, method_id=0), 0))
+    with pytest.raises(PublishError) as raised:
+        one.publish("jobs", "work", OutgoingMessage(body=b"{}", message_id="m-1"))
+    assert f"the channel or connection closed under the publish to 'jobs' / 'work' ([Errno 320] {forced})" in str(
+        raised.value
+    )
+    assert one._io is None  # dropped: the next publish opens a new connection
+    ours, theirs = socket.socketpair()
+    one._io = FrameSocket(ours, 1.0)
+    denied = "ACCESS_REFUSED - write access to exchange 'jobs' in vhost '/' refused for user 'u'"
+    theirs.sendall(frames.marshal(spec.Channel.Close(reply_code=403, reply_text=denied, class_id=60, method_id=40), 1))
+    with pytest.raises(PublishError) as raised:
+        one.publish("jobs", "work", OutgoingMessage(body=b"{}", message_id="m-2"))
+    assert f"under the publish to 'jobs' / 'work' ({denied})" in str(raised.value)
+    assert theirs.recv(4096).endswith(frames.marshal(spec.Channel.CloseOk(), 1))  # the close answered
+    ours.close()
+    theirs.close()
