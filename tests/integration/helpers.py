@@ -51,8 +51,13 @@ async def wait_until_async(predicate: Callable[[], Awaitable[bool]], timeout: fl
 
 @asynccontextmanager
 async def raw_channel(settings: BrokerSettings) -> AsyncIterator[AbstractChannel]:
-    """A plain aio-pika channel on the test vhost."""
-    connection = await aio_pika.connect(settings.url)
+    """A plain aio-pika channel on the test vhost (``amqps://``: verified by the URL's TLS options, as amqpjobs is)."""
+    if settings.url.startswith("amqps://"):
+        from amqpjobs.wire.connection import connect
+
+        connection: aio_pika.abc.AbstractConnection = await connect(settings, wait=10, name="test-raw")
+    else:
+        connection = await aio_pika.connect(settings.url)
     try:
         yield await connection.channel()
     finally:

@@ -22,10 +22,14 @@ from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import broker_info, connect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import broker_settings
+from tests.integration.helpers import applied_app, drain
 from tests.integration.own_node import free_ports, own_node
 
 # always the host's 3.10 node; one xdist worker runs the module, so the TLS node starts once
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent, pytest.mark.xdist_group("tls")]
+
+
+TOPOLOGY = '[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n'
 
 
 @dataclass(frozen=True)
@@ -182,3 +186,37 @@ async def test_amqp_to_the_tls_port_fails_at_once_saying_so(tls_node: TlsNode):
     ):
         await connect(settings, wait=20)
     assert time.monotonic() - started < 5
+
+
+async def test_the_sync_publisher_publishes_from_the_calling_thread_over_verified_tls(
+    tls_node: TlsNode, tmp_path: Path
+):
+    """The sync publisher's blocking connections (wire/blocking.py) verify the node as aio-pika does and carry jobs."""
+    settings = broker_settings(url(tls_node, cacertfile=str(tls_node.ca_file)))
+    app = await applied_app(settings, tmp_path, TOPOLOGY, "tls-sync")
+    app.job("work", queue="work")(lambda p, c: None)
+    names = "tls-sync-sync-publisher"
+
+    def publish() -> tuple[int, list[int]]:
+        with app.sync_publisher() as pub:
+            pub.enqueue("work", {"n": 0}, job_id="warm")  # connects the app (the async path)
+            for n in range(1, 31):
+                pub.enqueue("work", {"n": n}, job_id=f"j-{n}")
+            assert pub._fast is not None
+            opened = [one.connects for one in pub._fast.connections()]
+            with ManagementClient(settings) as mgmt:
+                deadline = time.monotonic() + 10
+                while not (mine := [c for c in mgmt.request("GET", "/connections") if named(c, names)]):
+                    assert time.monotonic() < deadline, "the broker never listed the blocking connection"
+                    time.sleep(0.2)
+                assert [(c["ssl"], c["port"]) for c in mine] == [(True, tls_node.port)]
+            return pub._fast.calls, opened
+
+    try:
+        calls, opened = await asyncio.to_thread(publish)
+    finally:
+        await app.close()
+    assert (calls, opened) == (30, [1])
+    got = await drain(settings, "work")
+    assert [m.message_id for m in got] == ["warm", *(f"j-{n}" for n in range(1, 31))]
+    assert [m.body for m in got[1:3]] == [b'{"n":1}', b'{"n":2}']
