@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
-from amqpjobs.errors import PublishNackedError
+from amqpjobs.errors import PublishError, PublishNackedError
 from amqpjobs.jobs import envelope
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
@@ -183,6 +183,39 @@ async def test_the_sync_fast_path_under_an_alarm_holds_one_publish_then_steps_as
         alarm_node.memory_alarm(False)
         await asyncio.to_thread(publisher.close)
         await app.close()
+
+
+@pytest.mark.serial  # a wall-clock bound: close() returns within its timeout + 2 s
+async def test_closing_the_sync_publisher_cuts_a_fast_path_call_held_by_an_alarm(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    """A call whose publish the broker holds (blocked connection) ends when close(timeout) runs out, in the
+    words close() gives a call it cut on either path (README "Enqueueing"); close() does not hang."""
+    app = await make_app(on_alarm_node, tmp_path)
+    publisher = app.sync_publisher()
+    await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="warm")
+    alarm_node.memory_alarm(True)
+    gate = publisher._app._gate
+    assert gate is not None
+    gate._alarms = ([], time.monotonic())  # read before the alarm: the fast path publishes, the broker holds it
+    held = asyncio.ensure_future(asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="held"))
+    await asyncio.sleep(1.0)
+    assert not held.done()
+    assert publisher._fast is not None
+    assert publisher._fast.calls == 1
+    started = time.monotonic()
+    await asyncio.to_thread(publisher.close, 1.0)
+    assert time.monotonic() - started < 3.0
+    with pytest.raises(PublishError) as raised:
+        await asyncio.wait_for(held, 5)
+    assert str(raised.value) == (
+        "this SyncPublisher closed before the broker confirmed job 'held': close() waited 1s for the calls in "
+        "flight, then closed the connection; it may or may not be stored"
+    )
+    alarm_node.memory_alarm(False)
+    await app.close()
+    ids = [m.message_id for m in await drain(on_alarm_node, "plain")]
+    assert ids in (["warm"], ["warm", "held"])  # the broker had read it or not: both are what was said
 
 
 async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
