@@ -95,12 +95,16 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
     """Encode a payload object as compact, strict UTF-8 JSON.
 
     Raises:
-        ValueError: the payload holds NaN/Infinity or something JSON can't hold.
+        ValueError: the payload holds NaN/Infinity, a dict or list inside itself, or something JSON can't hold.
 
     """
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as exc:
+        if str(exc) == "Circular reference detected":  # json.dumps's other ValueError (check_circular)
+            raise ValueError(
+                "payload holds a circular reference (a dict or list inside itself), which JSON can't carry"
+            ) from None
         raise ValueError(f"payload holds NaN or Infinity, which strict JSON can't carry ({exc})") from None
     except TypeError as exc:
         raise ValueError(f"payload holds a value JSON can't carry: {exc}") from None

@@ -70,6 +70,13 @@ def test_encoding_refuses_what_strict_json_cannot_carry():
         encode_payload({"x": float("nan")})
     with pytest.raises(ValueError, match="a value JSON can't carry"):
         encode_payload({"x": {1, 2}})
+    looped: dict[str, object] = {"a": [1]}
+    looped["self"] = looped
+    with pytest.raises(ValueError, match="circular reference") as raised:  # not "NaN or Infinity": it holds neither
+        encode_payload(looped)
+    assert str(raised.value) == (
+        "payload holds a circular reference (a dict or list inside itself), which JSON can't carry"
+    )
     with pytest.raises(ValueError, match="job_id must be 1-255 UTF-8 bytes"):
         job_message("j", {}, job_id="i" * 256, now=0)
     assert job_message("j", {}, job_id="\u00e9" * 127 + "i", now=0).message_id == "\u00e9" * 127 + "i"  # 255 bytes
