@@ -16,7 +16,6 @@ says where a message that cannot be decoded goes (quarantine reason).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -24,6 +23,7 @@ from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
 from amqpjobs.jobs.json_fast import fast_object, strict_loads
+from amqpjobs.jobs.json_values import encode_payload as encode_payload  # re-exported
 from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
@@ -89,26 +89,6 @@ class DecodeError(Exception):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}")
-
-
-def encode_payload(payload: Mapping[str, Any]) -> bytes:
-    """Encode a payload object as compact, strict UTF-8 JSON.
-
-    Raises:
-        ValueError: the payload holds NaN/Infinity, a dict or list inside itself, or something JSON can't hold.
-
-    """
-    try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        if str(exc) == "Circular reference detected":  # json.dumps's other ValueError (check_circular)
-            raise ValueError(
-                "payload holds a circular reference (a dict or list inside itself), which JSON can't carry"
-            ) from None
-        raise ValueError(f"payload holds NaN or Infinity, which strict JSON can't carry ({exc})") from None
-    except TypeError as exc:
-        raise ValueError(f"payload holds a value JSON can't carry: {exc}") from None
-    return text.encode("utf-8")
 
 
 def _depth_ok(text: str) -> bool:

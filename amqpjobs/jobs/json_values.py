@@ -1,13 +1,14 @@
-"""Which value or key of a payload JSON can't carry as given: named by its path, for an error at import time."""
+"""A payload's JSON: encoding it, and which value or key JSON can't carry as given, named by its path."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from amqpjobs.jobs.envelope import encode_payload
+import orjson
 
 _SCALARS = (str, int, bool, type(None))
 _FIX = "fix: give a str, int, float, bool, None, list or dict"
@@ -19,10 +20,59 @@ _KEY_TEXT: dict[object, str] = {None: "null", True: "true", False: "false"}
 _SHOWN = 100  # characters of a value's repr in a message
 
 
+def encode_payload(payload: Mapping[str, Any]) -> bytes:
+    """``payload`` as compact, strict UTF-8 JSON that decodes to the same keys and values.
+
+    The stdlib ``json.dumps`` writes it (``allow_nan=False``); orjson then checks it in
+    ~0.3 µs: it refuses every dict key that is not a str and every lone surrogate, where
+    ``json.dumps`` writes ``{1: 2}`` as ``{"1": 2}`` (the job would not get the key it was
+    given) and leaves a surrogate to fail in UTF-8. Only when either refuses is the payload
+    walked (:func:`json_problem`'s rule) to name the value or key by its path; what orjson
+    alone refuses but JSON carries (an int past 64 bits, nesting past 254 levels) is kept.
+
+    Raises:
+        ValueError: a dict key that is not a str, NaN or Infinity, a lone surrogate, a dict or
+            list inside itself, or a value JSON can't hold (a set, a Decimal, ...); the message
+            names where (``payload['a'][1] has the key 7 (an int) ...``) and the fix.
+
+    """
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        if str(exc) == "Circular reference detected":  # json.dumps's other ValueError (check_circular)
+            raise ValueError(
+                "payload holds a circular reference (a dict or list inside itself), which JSON can't carry"
+            ) from None
+        raise ValueError(
+            _named(payload, f"payload holds NaN or Infinity, which strict JSON can't carry ({exc})")
+        ) from None
+    except TypeError as exc:
+        raise ValueError(_named(payload, f"payload holds a value JSON can't carry: {exc}")) from None
+    try:
+        orjson.dumps(payload, default=_anything)
+    except orjson.JSONEncodeError:
+        if (problem := _first_problem(payload, "payload")) is not None:  # no cycle: json.dumps checked
+            raise ValueError(problem) from None
+    return text.encode("utf-8")
+
+
+def _anything(value: object) -> None:
+    """Orjson's ``default``: a type it does not know is json.dumps's business (already written)."""
+    return None
+
+
+def _named(payload: Mapping[str, Any], fallback: str) -> str:
+    """The first problem of ``payload`` by its path, or ``fallback`` when the walk can't say."""
+    try:
+        return _first_problem(payload, "payload") or fallback
+    except RecursionError:  # a cycle json.dumps did not reach before its TypeError
+        return fallback
+
+
 def json_problem(payload: Mapping[str, Any]) -> str | None:
     """Say which value or key of ``payload`` strict JSON can't carry as given, or None when it all can.
 
-    Refused: what :func:`~amqpjobs.jobs.envelope.encode_payload` (strict ``json.dumps``, then
+    Refused: what :func:`encode_payload` (strict ``json.dumps``, then
     UTF-8) refuses (NaN, a Decimal, a lone surrogate, an int too long for Python to write),
     and any dict key that is not a str: ``json.dumps`` silently turns ``1``, ``None`` or
     ``1.5`` into the string ``"1"``, ``"null"`` or ``"1.5"``, so the job would not get the

@@ -24,6 +24,30 @@ from amqpjobs.topology.naming import rate_names_problem
 H = TypeVar("H", bound=Callable[..., Any])
 
 
+def handler_problem(name: str, handler: object) -> str | None:
+    """Why the worker can't call ``handler`` as ``handler(payload, ctx)`` (job ``name``), or None when it can.
+
+    The worker calls every handler with two positional arguments (README "Jobs"); a handler that
+    can't take them would fail every run (retried, then quarantined ``exhausted``). A callable
+    without a signature Python can read (some builtins) is taken as is.
+    """
+    if not callable(handler):
+        return f"job {name!r}: the handler must be callable (got {type(handler).__name__} {handler!r:.60})"
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        called = getattr(handler, "__name__", type(handler).__name__)
+        return (
+            f"job {name!r}: the worker calls its handler as handler(payload, ctx), and {called}{signature} can't be "
+            f"called so ({exc}); fix: take two parameters, e.g. async def {called}(payload, ctx)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a handler knows about the delivery it runs for.
@@ -232,6 +256,8 @@ class JobRegistry:
             raise ConfigurationError(problem)
 
         def register(handler: H) -> H:
+            if problem := handler_problem(name, handler):
+                raise ConfigurationError(problem)
             policy = retry or RetryPolicy()
             self._jobs[name] = JobDef(
                 name, queue, handler, payload, policy, seconds, idempotent, key, hold, breaker, rate

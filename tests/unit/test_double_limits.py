@@ -175,3 +175,24 @@ async def test_a_header_value_rabbitmq_closes_the_connection_on_is_refused_namin
         await broker.drain()
     assert ran == [2]
     assert str(info.value) == message
+
+
+async def test_a_payload_key_json_would_rewrite_is_refused_naming_the_job(tmp_path: Path) -> None:
+    # json.dumps wrote {1: 2} as {"1": 2}: the handler got a key it was not given
+    app, _ = make_app(tmp_path)
+    got: list[dict[str, Any]] = []
+
+    @app.job("free", queue="work")
+    async def free(payload: dict[str, Any], ctx: JobContext) -> None:
+        got.append(payload)
+
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("free", {"ids": {1: "a"}})
+        await app.enqueue("free", {"ids": {"1": "a"}})
+        await broker.drain()
+    assert got == [{"ids": {"1": "a"}}]
+    assert str(info.value) == (
+        "job 'free': the payload has a key that is not a str: payload['ids'] has the key 1 (an int); JSON object "
+        "keys are strings, so the job would get '1'; fix: write the key as a str"
+    )

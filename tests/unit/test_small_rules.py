@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from amqpjobs import App, ConfigurationError, JobContext, RetryPolicy
 from amqpjobs.durations import parse_duration
-from amqpjobs.jobs.envelope import MAX_JSON_DEPTH, DecodeError, decode_body, encode_payload, job_message
+from amqpjobs.jobs.envelope import MAX_JSON_DEPTH, DecodeError, decode_body, job_message
+from amqpjobs.jobs.json_values import encode_payload
 from amqpjobs.wire.urls import redact
 
 
@@ -46,6 +47,47 @@ def test_job_registration_refuses_bad_arguments():
         app.resolve(lambda p, c: None)
 
 
+def test_job_registration_refuses_a_handler_that_cannot_take_payload_and_ctx():
+    """The worker calls handler(payload, ctx): a handler that can't take it failed every run (retried, quarantined)."""
+    app = App("t")
+
+    async def one(payload: Any) -> None: ...
+
+    def three(payload: Any, ctx: Any, extra: Any) -> None: ...
+
+    async def keyword_only(*, payload: Any, ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigurationError) as raised:
+        app.job("one", queue="q")(one)
+    assert str(raised.value) == (
+        "job 'one': the worker calls its handler as handler(payload, ctx), and one(payload: 'Any') -> 'None' "
+        "can't be called so (too many positional arguments); fix: take two parameters, e.g. "
+        "async def one(payload, ctx)"
+    )
+    with pytest.raises(ConfigurationError, match=r"three\(payload: 'Any', ctx: 'Any', extra: 'Any'\).*"
+                       r"\(missing a required argument: 'extra'\)"):  # fmt: skip
+        app.job("three", queue="q")(three)
+    with pytest.raises(ConfigurationError, match=r"\(too many positional arguments\)"):
+        app.job("kw", queue="q")(keyword_only)
+    with pytest.raises(ConfigurationError, match=r"job 'n': the handler must be callable \(got int 5\)"):
+        app.job("n", queue="q")(5)  # type: ignore[type-var]
+    assert app.get("one") is None  # nothing registered by a refusal
+    assert app.get("three") is None
+
+    # what can take (payload, ctx) is taken: defaults, *args, a bound method, a callable object
+    async def defaults(payload: Any, ctx: Any = None, more: int = 1) -> None: ...
+
+    def star(*args: Any) -> None: ...
+
+    class Sender:
+        async def send(self, payload: Any, ctx: Any) -> None: ...
+
+        def __call__(self, payload: Any, ctx: Any) -> None: ...
+
+    for name, handler in (("d", defaults), ("s", star), ("m", Sender().send), ("c", Sender())):
+        app.job(name, queue="q")(handler)
+        assert app.get(name) is not None
+
 def test_payloads_are_validated_and_converted():
     app = App("t")
     app.job("typed", queue="q", payload=Order)(lambda p, c: None)
@@ -66,7 +108,7 @@ def test_transaction_needs_an_idempotent_job():
 
 
 def test_encoding_refuses_what_strict_json_cannot_carry():
-    with pytest.raises(ValueError, match="NaN or Infinity"):
+    with pytest.raises(ValueError, match=r"payload\[.x.\] = nan \(NaN and Infinity are not JSON"):
         encode_payload({"x": float("nan")})
     with pytest.raises(ValueError, match="a value JSON can't carry"):
         encode_payload({"x": {1, 2}})
@@ -104,3 +146,30 @@ def test_policies_and_durations_refuse_nonsense():
     with pytest.raises(ValueError, match="is not a duration; give seconds or a string"):
         parse_duration([30])  # type: ignore[arg-type]
     assert redact("amqp://u:p@[::1") == "<unparseable URL>"
+
+
+def test_encoding_refuses_a_key_json_would_rewrite_and_names_it():
+    """json.dumps turns 1, None, True, 1.5 keys into strings: the job would not get the key it was given."""
+    with pytest.raises(ValueError, match="not a str") as raised:
+        encode_payload({"a": [{"ok": 1}, {7: "x"}]})
+    assert str(raised.value) == (
+        "the payload has a key that is not a str: payload['a'][1] has the key 7 (an int); JSON object keys are "
+        "strings, so the job would get '7'; fix: write the key as a str"
+    )
+    keys: tuple[tuple[Any, str], ...] = ((None, "'null'"), (True, "'true'"), (1.5, "'1.5'"))
+    for key, gets in keys:
+        with pytest.raises(ValueError, match=f"so the job would get {gets}"):
+            encode_payload({key: 1})
+    with pytest.raises(ValueError, match=r"a lone surrogate '\\ud800' at index 1, which UTF-8 can't encode"):
+        encode_payload({"s": "a\ud800"})
+    # what json.dumps writes as given is still taken: an int past 64 bits, a str subclass key, deep nesting
+    assert encode_payload({"n": 2**70}) == b'{"n":1180591620717411303424}'
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    assert encode_payload({"d": deep}) == b'{"d":' + b"[" * 300 + b"1" + b"]" * 300 + b"}"
+
+    class Name(str):
+        pass
+
+    assert encode_payload({Name("k"): "v\u00e9"}) == '{"k":"v\u00e9"}'.encode()
