@@ -88,6 +88,7 @@ def test_job_registration_refuses_a_handler_that_cannot_take_payload_and_ctx():
         app.job(name, queue="q")(handler)
         assert app.get(name) is not None
 
+
 def test_payloads_are_validated_and_converted():
     app = App("t")
     app.job("typed", queue="q", payload=Order)(lambda p, c: None)
