@@ -29,6 +29,35 @@ URL_OPTIONS = (*TLS_OPTIONS, "heartbeat", "timeout", "name", "auth", "reconnect_
 MAX_PORT = 65535
 _SCHEMES = ("amqp://", "amqps://", "http://", "https://")
 _COMMA_HINT = "items are separated by commas, so a comma inside a password must be %-encoded as %2C"
+#: parse_bool of aiormq takes these as true; anything else it reads as false.
+_TRUE = frozenset({"true", "yes", "y", "enable", "on", "enabled", "1"})
+_FALSE = frozenset({"false", "no", "n", "disable", "off", "disabled", "0"})
+
+
+def _whole(text: str, low: int, high: int) -> bool:
+    return text.isascii() and text.isdigit() and low <= int(text) <= high
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
+
+
+#: A value aiormq / aio-pika would misread (its parsers turn what they can't read into 0 or
+#: false: ``heartbeat=abc`` is heartbeats off, ``reconnect_interval=x`` reconnects at once):
+#: option -> (the test of its value, what it must be).
+_VALUES = {
+    "heartbeat": (lambda v: _whole(v, 0, 65534), "a whole number of seconds 0-65534 (0 turns heartbeats off)"),
+    "timeout": (lambda v: _whole(v, 1, 10**6), "a whole number of seconds of at least 1"),
+    "auth": (
+        lambda v: v.lower() in ("plain", "external"),
+        "a mechanism amqpjobs speaks: use auth=plain (the default) or auth=external",
+    ),
+    "reconnect_interval": (_seconds, "a number of seconds of at least 0"),
+    "fail_fast": (lambda v: v.lower() in _TRUE | _FALSE, "true or false (1/0, yes/no, on/off)"),
+}
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
 #: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
 #: before a blank, comma or semicolon (so an unencoded ``@``, ``#`` or ``/`` in it is covered too).
@@ -134,7 +163,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
     Raises:
         ConfigurationError: not an ``amqp://``/``amqps://`` URL (several URLs run together with
             blanks or ``;``, an unencoded reserved character in the password), no host, a port
-            out of 1-65535 (:func:`port_problem`), a query option not in :data:`URL_OPTIONS`, or a
+            out of 1-65535 (:func:`port_problem`), a query option not in :data:`URL_OPTIONS` or a
+            value of one aiormq would misread as 0 or false (``heartbeat=abc``: heartbeats off), or a
             vhost with control characters (:func:`~amqpjobs.topology.naming.vhost_problem`); the
             message names the item and never shows a password (nor a piece of a list that may hold one).
 
@@ -170,6 +200,9 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"bad {where} {redact(url)}: unknown query option {', '.join(map(repr, unknown))}; "
             f"known ones: {', '.join(URL_OPTIONS)}"
         )
+    for option, (good, must_be) in _VALUES.items():
+        if option in options and not good(options[option]):
+            raise ConfigurationError(f"bad {where} {redact(url)}: {option}={options[option]!r} is not {must_be}")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")

@@ -14,6 +14,7 @@ from amqpjobs.wire.tls import ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
 
 PW = "Pw9secret"
+OFF = " (0 turns heartbeats off)"
 
 
 @pytest.mark.parametrize("sep", [" ", ";", "\t", "; ", " ;"])
@@ -121,3 +122,35 @@ def test_settings_copied_with_another_url_or_management_url_never_keep_the_old_n
     other_api = replace(two, management_url="http://127.0.0.9:15999")
     assert other_api.management_urls == ("http://127.0.0.9:15999",)
     assert two.with_vhost("w").nodes == ("amqp://u:p@127.0.0.1:5682/w", "amqp://u:p@127.0.0.2:5682/w")
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        # aiormq reads a heartbeat it can't parse as 0: heartbeats off, silently
+        ("heartbeat=abc", "heartbeat='abc' is not a whole number of seconds 0-65534 (0 turns heartbeats off)"),
+        ("heartbeat=1.5", "heartbeat='1.5' is not a whole number of seconds 0-65534" + OFF),
+        ("heartbeat=65535", "heartbeat='65535' is not a whole number of seconds 0-65534" + OFF),
+        ("heartbeat=-1", "heartbeat='-1' is not a whole number of seconds 0-65534" + OFF),
+        ("timeout=soon", "timeout='soon' is not a whole number of seconds of at least 1"),
+        ("timeout=0", "timeout='0' is not a whole number of seconds of at least 1"),
+        ("timeout=2.5", "timeout='2.5' is not a whole number of seconds of at least 1"),
+        # aiormq knows PLAIN and EXTERNAL; another was refused by the broker's handshake, retried for 30 s
+        ("auth=foo", "auth='foo' is not a mechanism amqpjobs speaks: use auth=plain (the default) or auth=external"),
+        ("reconnect_interval=x", "reconnect_interval='x' is not a number of seconds of at least 0"),
+        ("reconnect_interval=-2", "reconnect_interval='-2' is not a number of seconds of at least 0"),
+        ("fail_fast=maybe", "fail_fast='maybe' is not true or false (1/0, yes/no, on/off)"),
+    ],
+)
+def test_a_url_option_value_aiormq_would_misread_is_refused(query: str, words: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        broker_settings(f"amqp://u:secret@h1/v?{query}")
+    assert str(err.value) == f"bad broker URL amqp://u:***@h1/v?{query}: {words}"
+    with pytest.raises(ConfigurationError, match=r"broker URL 2 of 2 .*: " + words.split(" ", 1)[0]):
+        broker_settings(f"amqp://u:secret@h1/v,amqp://u:secret@h2/v?{query}")
+
+
+def test_url_option_values_aiormq_reads_as_given_are_taken() -> None:
+    ok = "heartbeat=0&timeout=3&auth=PLAIN&reconnect_interval=0.5&fail_fast=false&name=web%201"
+    assert len(broker_settings(f"amqp://u:p@h1/v?{ok}").nodes) == 1
+    assert len(broker_settings("amqps://u:p@h1/v?auth=external&heartbeat=65534&fail_fast=YES").nodes) == 1
