@@ -13,6 +13,7 @@ Everything printed or logged about a URL goes through :func:`redact`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
@@ -48,7 +49,7 @@ def _seconds(text: str) -> bool:
 #: A value aiormq / aio-pika would misread (its parsers turn what they can't read into 0 or
 #: false: ``heartbeat=abc`` is heartbeats off, ``reconnect_interval=x`` reconnects at once):
 #: option -> (the test of its value, what it must be).
-_VALUES = {
+_VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
     "heartbeat": (lambda v: _whole(v, 0, 65534), "a whole number of seconds 0-65534 (0 turns heartbeats off)"),
     "timeout": (lambda v: _whole(v, 1, 10**6), "a whole number of seconds of at least 1"),
     "auth": (
