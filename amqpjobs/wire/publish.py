@@ -46,6 +46,8 @@ _CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001
+#: Seconds a publish waiting for a reconnect sleeps at most before it looks again (a close() meanwhile ends it).
+_RECONNECT_CHECK = 0.25
 
 
 class ConfirmedPublisher:
@@ -198,14 +200,35 @@ class ConfirmedPublisher:
         check_fits(message, underlay.connection.connection_tune.frame_max, self._header_reserve)
 
     async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
-        try:
-            return await self._ensure_channel()
-        except RuntimeError as exc:  # aio-pika: the connection is closed (it reconnects by itself)
-            raise BrokerUnavailableError(
-                f"not connected to the broker ({exc}); it reconnects by itself, try again shortly"
-            ) from exc
-        except LIBRARY_ERRORS as exc:
-            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
+        """The publishing channel; while the robust connection reconnects, waiting for it up to ``timeout``.
+
+        Raises:
+            BrokerUnavailableError: the connection was lost and did not come back within ``timeout``.
+            BrokerError: the broker refused the channel. PublisherClosedError: :meth:`close` was called.
+        """
+        give_up = time.monotonic() + self._timeout
+        while True:
+            try:
+                return await self._ensure_channel()
+            except RuntimeError as exc:  # aio-pika: the connection is closed (a robust one reconnects by itself)
+                if time.monotonic() >= give_up:
+                    raise BrokerUnavailableError(
+                        f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker; the "
+                        f"connection was lost and has not come back for {self._timeout:g}s (it goes on reconnecting)"
+                    ) from exc
+                await self._reconnected(give_up)
+            except LIBRARY_ERRORS as exc:
+                raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
+
+    async def _reconnected(self, give_up: float) -> None:
+        """Wait until the connection is up again, :data:`_RECONNECT_CHECK` at most (to see a close meanwhile)."""
+        left = min(give_up - time.monotonic(), _RECONNECT_CHECK)
+        if self._connection.connected.is_set():  # the loss is not handled yet: aio-pika clears it soon
+            await asyncio.sleep(min(left, 0.05))
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(left, 0)):
+                await self._connection.connected.wait()
 
     async def _writable(
         self, exchange: str, routing_key: str, started: float

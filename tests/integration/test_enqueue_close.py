@@ -161,3 +161,25 @@ async def test_close_during_the_first_enqueues_connect_closes_what_it_opened(
                 break
             await asyncio.sleep(0.5)
     assert [c.get("user_provided_name") for c in listed] == []
+
+
+async def test_an_enqueue_while_the_connection_reconnects_waits_for_it_and_is_stored(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """aio-pika reconnects by itself after a lost connection: an enqueue meanwhile waits for it, as the sync
+    publisher's does (it reconnects before its call), instead of refusing with "try again shortly"."""
+    from tests.integration.test_reconnect import force_close
+
+    app = await make(broker, tmp_path)
+    try:
+        first = await app.enqueue("u.job", {"n": 0})
+        assert await force_close(broker, "closing-publisher") == 1
+        await asyncio.sleep(0.2)  # the close is heard; aio-pika's reconnect comes 1-2 s later here
+        started = asyncio.get_running_loop().time()
+        second = await app.enqueue("u.job", {"n": 1})
+        waited = asyncio.get_running_loop().time() - started
+        third = await app.enqueue("u.job", {"n": 2})  # on the new connection at once
+    finally:
+        await app.close()
+    assert waited < 10.0, waited
+    assert [m.message_id for m in await drain(broker, "urgent")] == [first, second, third]
