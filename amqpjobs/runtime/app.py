@@ -213,6 +213,7 @@ class App(CronSchedules, JobResults):
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM, owner="the app",  # room for a worker's copies' headers
+                    wait_reconnect=True,
                 )  # fmt: skip
                 await get_ready(self._publisher, self._gate, self._connection, self.layout_of, list(self))
 

@@ -8,6 +8,7 @@ is gone (``wire/cluster.py``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -305,3 +306,17 @@ async def connect(
             f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover
+
+
+async def reconnected(connection: AbstractRobustConnection, at_most: float) -> None:
+    """Wait until aio-pika has ``connection`` up again, ``at_most`` seconds (then return all the same).
+
+    A loss aio-pika has not handled yet (its ``connected`` event still set) is waited out 50 ms
+    at a time. Raises nothing: the caller tries its channel again and decides.
+    """
+    if connection.connected.is_set():
+        await asyncio.sleep(min(max(at_most, 0), 0.05))
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(at_most, 0)):
+            await connection.connected.wait()

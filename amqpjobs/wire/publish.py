@@ -28,6 +28,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.connection import reconnected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
@@ -74,6 +75,10 @@ class ConfirmedPublisher:
             leave free (an app's enqueue: room for the headers a worker adds to its copies);
             see :func:`check_header_fits`. Default 0.
         owner: Who closes it, named when :meth:`close` cuts off a publish (default ``"the publisher"``).
+        wait_reconnect: While the connection is lost, a publish waits up to ``timeout`` for aio-pika
+            to reconnect it (an app's enqueue: nothing depends on the old connection). Default
+            False: it raises :class:`BrokerUnavailableError` at once (a worker's copy of a delivery
+            must not go out once the delivery's own channel may be gone: its fallback decides).
     """
 
     def __init__(
@@ -86,8 +91,10 @@ class ConfirmedPublisher:
         is_modulus_exchange: Callable[[str], bool] | None = None,
         header_reserve: int = 0,
         owner: str = "the publisher",
+        wait_reconnect: bool = False,
     ) -> None:
         self._owner = owner
+        self._wait_reconnect = wait_reconnect
         self._closed = False  # close() was called: no channel opens again, publishes cut off say so
         self._header_reserve = header_reserve
         self._on_confirm = on_confirm
@@ -200,10 +207,11 @@ class ConfirmedPublisher:
         check_fits(message, underlay.connection.connection_tune.frame_max, self._header_reserve)
 
     async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
-        """The publishing channel; while the robust connection reconnects, waiting for it up to ``timeout``.
+        """The publishing channel; with ``wait_reconnect``, waiting up to ``timeout`` while the connection reconnects.
 
         Raises:
-            BrokerUnavailableError: the connection was lost and did not come back within ``timeout``.
+            BrokerUnavailableError: the connection is lost (and, ``wait_reconnect``, did not come back
+                within ``timeout``).
             BrokerError: the broker refused the channel. PublisherClosedError: :meth:`close` was called.
         """
         give_up = time.monotonic() + self._timeout
@@ -211,24 +219,19 @@ class ConfirmedPublisher:
             try:
                 return await self._ensure_channel()
             except RuntimeError as exc:  # aio-pika: the connection is closed (a robust one reconnects by itself)
+                if not self._wait_reconnect:
+                    raise BrokerUnavailableError(
+                        f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker (the "
+                        f"connection was lost; it reconnects by itself)"
+                    ) from exc
                 if time.monotonic() >= give_up:
                     raise BrokerUnavailableError(
                         f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker; the "
                         f"connection was lost and has not come back for {self._timeout:g}s (it goes on reconnecting)"
                     ) from exc
-                await self._reconnected(give_up)
+                await reconnected(self._connection, min(give_up - time.monotonic(), _RECONNECT_CHECK))
             except LIBRARY_ERRORS as exc:
                 raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
-
-    async def _reconnected(self, give_up: float) -> None:
-        """Wait until the connection is up again, :data:`_RECONNECT_CHECK` at most (to see a close meanwhile)."""
-        left = min(give_up - time.monotonic(), _RECONNECT_CHECK)
-        if self._connection.connected.is_set():  # the loss is not handled yet: aio-pika clears it soon
-            await asyncio.sleep(min(left, 0.05))
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(left, 0)):
-                await self._connection.connected.wait()
 
     async def _writable(
         self, exchange: str, routing_key: str, started: float

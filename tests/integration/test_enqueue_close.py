@@ -183,3 +183,34 @@ async def test_an_enqueue_while_the_connection_reconnects_waits_for_it_and_is_st
         await app.close()
     assert waited < 10.0, waited
     assert [m.message_id for m in await drain(broker, "urgent")] == [first, second, third]
+
+
+async def test_a_publisher_of_copies_does_not_wait_for_a_reconnect(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A worker's copy of a delivery must not go out after a reconnect (the delivery's channel may be gone, the
+    original redelivered): its publisher refuses at once, and the worker's fallback decides (README "Workers")."""
+    from amqpjobs.errors import BrokerUnavailableError
+    from amqpjobs.message import OutgoingMessage
+    from amqpjobs.wire.connection import connect
+    from amqpjobs.wire.publish import ConfirmedPublisher
+    from tests.integration.test_reconnect import force_close
+
+    app = await make(broker, tmp_path)
+    await app.close()  # only its topology is used
+    connection = await connect(broker, name="copies")
+    publisher = ConfirmedPublisher(connection)
+    try:
+        await publisher.publish("", "urgent", OutgoingMessage(b"{}", message_id="one"))
+        assert await force_close(broker, "copies") == 1
+        await asyncio.sleep(0.2)  # the close is heard
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BrokerUnavailableError) as refused:
+            await publisher.publish("", "urgent", OutgoingMessage(b"{}", message_id="two"))
+        assert asyncio.get_running_loop().time() - started < 0.5
+        assert str(refused.value) == (
+            "publish to '' / 'urgent' not sent: not connected to the broker (the connection was lost; it "
+            "reconnects by itself)"
+        )
+    finally:
+        await publisher.close()
+        await connection.close()
+    assert [m.message_id for m in await drain(broker, "urgent")] == ["one"]
