@@ -33,19 +33,39 @@ def handler_problem(name: str, handler: object) -> str | None:
     """
     if not callable(handler):
         return f"job {name!r}: the handler must be callable (got {type(handler).__name__} {handler!r:.60})"
-    try:
-        signature = inspect.signature(handler)
+    called = getattr(handler, "__name__", type(handler).__name__)
+    if any(is_(handler) or is_(_call_of(handler)) for is_ in (inspect.isgeneratorfunction, inspect.isasyncgenfunction)):
+        return (
+            f"job {name!r}: the handler {called} is a generator function (it has a yield): calling it runs none of "
+            "its body; fix: return a value instead of yielding it"
+        )
+    try:  # the signature the worker calls: a decorator's wrapper's own, not the function it wraps
+        signature = inspect.signature(handler, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
     try:
         signature.bind(None, None)
     except TypeError as exc:
-        called = getattr(handler, "__name__", type(handler).__name__)
         return (
             f"job {name!r}: the worker calls its handler as handler(payload, ctx), and {called}{signature} can't be "
             f"called so ({exc}); fix: take two parameters, e.g. async def {called}(payload, ctx)"
         )
     return None
+
+
+def _call_of(handler: object) -> object:
+    """The ``__call__`` of a callable object (None for a function or method: theirs is not the code run)."""
+    if inspect.isfunction(handler) or inspect.ismethod(handler):
+        return None
+    return getattr(type(handler), "__call__", None)  # noqa: B004 (its code, not whether it has one)
+
+
+def is_coroutine_handler(handler: object) -> bool:
+    """Whether calling ``handler`` returns a coroutine to await.
+
+    True for an ``async def`` (a partial or bound method of one too) and an object whose ``__call__`` is one.
+    """
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(_call_of(handler))
 
 
 @dataclass(frozen=True)
@@ -132,7 +152,7 @@ class JobDef:
     @cached_property
     def is_async(self) -> bool:
         """True when the handler is a coroutine function (read once: it is on every job's path)."""
-        return inspect.iscoroutinefunction(self.handler)
+        return is_coroutine_handler(self.handler)
 
     def validate(self, payload: Any) -> Any:
         """Validate ``payload`` (dict or model instance) into what the handler receives.

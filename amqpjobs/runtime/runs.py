@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -294,13 +296,24 @@ class HandlerRuns:
         self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None, task: asyncio.Task[Any] | None = None
     ) -> Any:
         if not job.is_async:
-            return await self._run_in_thread(job, payload, ctx, limit)
+            value = await self._run_in_thread(job, payload, ctx, limit)
+            if not inspect.isawaitable(value):
+                return value
+            # a plain function returned an awaitable (a lambda or a sync wrapper around an async def): it is
+            # the run, on the loop as an async handler's (never left unawaited, the body not run, "succeeded")
+            return await self._run_on_loop(job, lambda: value, ctx, limit, task)
+        return await self._run_on_loop(job, lambda: job.handler(payload, ctx), ctx, limit, task)
+
+    async def _run_on_loop(
+        self, job: JobDef, run: Callable[[], Awaitable[Any]], ctx: JobContext, limit: float | None,
+        task: asyncio.Task[Any] | None,
+    ) -> Any:  # fmt: skip
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         deadline = self._deadlines.start(limit, task) if limit is not None else None
         try:
-            value = await job.handler(payload, ctx)
+            value = await run()
         except BaseException as exc:
             if deadline is None:
                 raise

@@ -8,6 +8,7 @@ its copies: a job's headers and properties may take 110592 bytes, not one more (
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,33 @@ async def test_a_payload_key_json_would_rewrite_is_refused_naming_the_job(tmp_pa
         "job 'free': the payload has a key that is not a str: payload['ids'] has the key 1 (an int); JSON object "
         "keys are strings, so the job would get '1'; fix: write the key as a str"
     )
+
+
+async def test_a_handler_that_returns_an_awaitable_has_it_run(tmp_path: Path) -> None:
+    # review 21 H1: run in the thread pool and never awaited, these were "succeeded" with their body never run
+    app, _ = make_app(tmp_path)
+    ran: list[str] = []
+
+    async def real(payload: dict[str, Any], ctx: JobContext) -> str:
+        ran.append(ctx.job)
+        return ctx.job
+
+    class AsyncCall:
+        async def __call__(self, payload: dict[str, Any], ctx: JobContext) -> str:
+            return await real(payload, ctx)
+
+    @functools.wraps(real)
+    def wrapper(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return real(payload, ctx)
+
+    app.job("object", queue="work")(AsyncCall())
+    app.job("lambda", queue="work")(lambda p, c: real(p, c))
+    app.job("wrapper", queue="work")(wrapper)
+    async with TestBroker(app) as broker:
+        for name in ("object", "lambda", "wrapper"):
+            await app.enqueue(name, {})
+        done = await broker.drain()
+    assert sorted(ran) == ["lambda", "object", "wrapper"]
+    assert sorted((p.outcome.job, p.outcome.kind, p.outcome.value) for p in done) == [
+        ("lambda", "succeeded", "lambda"), ("object", "succeeded", "object"), ("wrapper", "succeeded", "wrapper")
+    ]  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -71,6 +72,20 @@ def test_job_registration_refuses_a_handler_that_cannot_take_payload_and_ctx():
         app.job("kw", queue="q")(keyword_only)
     with pytest.raises(ConfigurationError, match=r"job 'n': the handler must be callable \(got int 5\)"):
         app.job("n", queue="q")(5)  # type: ignore[type-var]
+
+    def gen(payload: Any, ctx: Any) -> Any:
+        yield 1
+
+    async def agen(payload: Any, ctx: Any) -> Any:
+        yield 1
+
+    for name, generator in (("gen", gen), ("agen", agen)):
+        with pytest.raises(ConfigurationError) as raised:
+            app.job(name, queue="q")(generator)
+        assert str(raised.value) == (
+            f"job {name!r}: the handler {generator.__name__} is a generator function (it has a yield): calling it "
+            "runs none of its body; fix: return a value instead of yielding it"
+        )
     assert app.get("one") is None  # nothing registered by a refusal
     assert app.get("three") is None
 
@@ -84,7 +99,13 @@ def test_job_registration_refuses_a_handler_that_cannot_take_payload_and_ctx():
 
         def __call__(self, payload: Any, ctx: Any) -> None: ...
 
-    for name, handler in (("d", defaults), ("s", star), ("m", Sender().send), ("c", Sender())):
+    def needs_db(payload: Any, ctx: Any, db: str) -> None: ...
+
+    @functools.wraps(needs_db)
+    def with_db(payload: Any, ctx: Any) -> None:  # a decorator's wrapper: its own signature is what is called
+        return needs_db(payload, ctx, "db")
+
+    for name, handler in (("d", defaults), ("s", star), ("m", Sender().send), ("c", Sender()), ("w", with_db)):
         app.job(name, queue="q")(handler)
         assert app.get(name) is not None
 
