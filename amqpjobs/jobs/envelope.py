@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
+from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # re-exported
 from amqpjobs.jobs.json_fast import fast_object, strict_loads
 from amqpjobs.jobs.json_values import encode_payload as encode_payload  # re-exported
 from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
@@ -70,9 +71,6 @@ TRACE_HEADERS: Final = {
 #: ``x-acquired-count`` (also nack, consumer timeout, partitions; release notes 4.3.0).
 DELIVERY_COUNT: Final = "x-delivery-count"
 ACQUIRED_COUNT: Final = "x-acquired-count"
-
-#: Deepest JSON nesting accepted in a payload.
-MAX_JSON_DEPTH: Final = 64
 
 
 class DecodeError(Exception):

@@ -29,6 +29,9 @@ from typing import Any, Final
 
 import orjson
 
+#: Deepest JSON nesting accepted in a payload (the payload object is level 1): a worker decodes
+#: no deeper (quarantined ``undecodable``), and enqueue refuses more.
+MAX_JSON_DEPTH: Final = 64
 #: 19 digits in a row: an integer that may not fit in 64 bits (orjson would make it a float).
 _LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
 

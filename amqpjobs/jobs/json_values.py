@@ -10,7 +10,14 @@ from typing import Any
 
 import orjson
 
+from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH
+
 _SCALARS = (str, int, bool, type(None))
+_TOO_DEEP = (
+    f"the payload is nested deeper than {MAX_JSON_DEPTH} levels (dicts and lists inside each other), more than a "
+    "worker reads (it would quarantine the job as undecodable); fix: flatten it, or send the deep part as a JSON "
+    "string"
+)
 _FIX = "fix: give a str, int, float, bool, None, list or dict"
 _VALUE = "the payload holds a value JSON can't carry: "
 _KEY = "the payload holds a key JSON can't carry: "
@@ -32,12 +39,15 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
 
     Raises:
         ValueError: a dict key that is not a str, NaN or Infinity, a lone surrogate, a dict or
-            list inside itself, or a value JSON can't hold (a set, a Decimal, ...); the message
+            list inside itself, nesting deeper than :data:`MAX_JSON_DEPTH` (what a worker decodes),
+            or a value JSON can't hold (a set, a Decimal, ...); the message
             names where (``payload['a'][1] has the key 7 (an int) ...``) and the fix.
 
     """
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
     except ValueError as exc:
         if str(exc) == "Circular reference detected":  # json.dumps's other ValueError (check_circular)
             raise ValueError(
@@ -48,12 +58,27 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
         ) from None
     except TypeError as exc:
         raise ValueError(_named(payload, f"payload holds a value JSON can't carry: {exc}")) from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):  # no cycle: json.dumps checked
+        raise ValueError(_TOO_DEEP)
     try:
         orjson.dumps(payload, default=_anything)
     except orjson.JSONEncodeError:
         if (problem := _first_problem(payload, "payload")) is not None:  # no cycle: json.dumps checked
             raise ValueError(problem) from None
     return text.encode("utf-8")
+
+
+def _too_deep(payload: Mapping[str, Any]) -> bool:
+    """Whether ``payload`` nests dicts and lists deeper than :data:`MAX_JSON_DEPTH` (itself level 1)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        for item in value.values() if isinstance(value, Mapping) else value:
+            if isinstance(item, Mapping | list | tuple):
+                stack.append((item, depth + 1))
+    return False
 
 
 def _anything(value: object) -> None:

@@ -160,6 +160,32 @@ def test_nesting_depth_counts_brackets_outside_strings_only():
         decode_body(json.dumps(deep).encode(), None, None)
 
 
+def test_encoding_refuses_nesting_a_worker_would_not_read():
+    """A worker decodes at most MAX_JSON_DEPTH levels (deeper: quarantined undecodable); enqueue refuses more."""
+    at_limit: Any = 1
+    for _ in range(MAX_JSON_DEPTH - 1):
+        at_limit = [at_limit]
+    body = encode_payload({"d": at_limit})  # the payload object is level 1
+    assert decode_body(body, None, None) == {"d": at_limit}
+    words = (
+        f"the payload is nested deeper than {MAX_JSON_DEPTH} levels (dicts and lists inside each other), more than a "
+        "worker reads (it would quarantine the job as undecodable); fix: flatten it, or send the deep part as a "
+        "JSON string"
+    )
+    for deeper in ({"d": [at_limit]}, {"d": {"e": at_limit}}):
+        with pytest.raises(ValueError, match="nested deeper") as raised:
+            encode_payload(deeper)
+        assert str(raised.value) == words
+    very: Any = 1
+    for _ in range(5000):  # json.dumps's own RecursionError
+        very = [very]
+    with pytest.raises(ValueError, match="nested deeper") as raised:
+        encode_payload({"v": very})
+    assert str(raised.value) == words
+    wide = {"rows": [[i, [i]] for i in range(500)], "s": "[[[[" * 100}  # many brackets, shallow
+    assert decode_body(encode_payload(wide), None, None) == wide
+
+
 def test_policies_and_durations_refuse_nonsense():
     with pytest.raises(ValueError, match="max_attempts must be >= 1"):
         RetryPolicy(max_attempts=0)
@@ -184,12 +210,8 @@ def test_encoding_refuses_a_key_json_would_rewrite_and_names_it():
             encode_payload({key: 1})
     with pytest.raises(ValueError, match=r"a lone surrogate '\\ud800' at index 1, which UTF-8 can't encode"):
         encode_payload({"s": "a\ud800"})
-    # what json.dumps writes as given is still taken: an int past 64 bits, a str subclass key, deep nesting
+    # what json.dumps writes as given is still taken: an int past 64 bits (orjson refuses it), a str subclass key
     assert encode_payload({"n": 2**70}) == b'{"n":1180591620717411303424}'
-    deep: Any = 1
-    for _ in range(300):
-        deep = [deep]
-    assert encode_payload({"d": deep}) == b'{"d":' + b"[" * 300 + b"1" + b"]" * 300 + b"}"
 
     class Name(str):
         pass
