@@ -116,8 +116,8 @@ def json_problem(payload: Mapping[str, Any]) -> str | None:
         return found
     try:
         encode_payload(payload)
-    except ValueError:
-        return f"{_VALUE}payload = {_shown(payload)} ({_FIX})"
+    except ValueError as exc:
+        return _TOO_DEEP if str(exc) == _TOO_DEEP else f"{_VALUE}payload = {_shown(payload)} ({_FIX})"
     return None
 
 
