@@ -12,6 +12,7 @@ Everything printed or logged about a URL goes through :func:`redact`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -41,7 +42,7 @@ def _whole(text: str, low: int, high: int) -> bool:
 
 def _seconds(text: str) -> bool:
     try:
-        return float(text) >= 0
+        return 0 <= float(text) < math.inf
     except ValueError:
         return False
 
@@ -194,16 +195,16 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({_ENCODE_HINT})")
     if not parts.hostname:
         raise ConfigurationError(f"bad {where} {redact(url)}: expected amqp://user:pass@host:port/vhost")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    options = dict(pairs)
     unknown = sorted(set(options) - set(URL_OPTIONS))
     if unknown:
         raise ConfigurationError(
             f"bad {where} {redact(url)}: unknown query option {', '.join(map(repr, unknown))}; "
             f"known ones: {', '.join(URL_OPTIONS)}"
         )
-    for option, (good, must_be) in _VALUES.items():
-        if option in options and not good(options[option]):
-            raise ConfigurationError(f"bad {where} {redact(url)}: {option}={options[option]!r} is not {must_be}")
+    if problem := _options_problem(parts.scheme.lower(), pairs, options):
+        raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
@@ -211,6 +212,35 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
     password = unquote(parts.password or "guest")
     verify = options.get("verify", "verify_peer")
     return NodeURL(parts.scheme.lower(), user, password, vhost, port, parts.hostname, verify)
+
+
+def _options_problem(scheme: str, pairs: list[tuple[str, str]], options: dict[str, str]) -> str | None:
+    """What is wrong with a URL's known query options, or None.
+
+    aiormq reads the first of a repeated option (we the last); its parsers read what they can't
+    as 0 or false (:data:`_VALUES`); aio-pika's ``fail_fast=false`` waits forever for a connect
+    the broker refuses; TLS options on ``amqp://`` are ignored; ``auth=external`` logs in with a
+    TLS client certificate (RabbitMQ "Authentication, Authorisation, Access Control" -> x509).
+    """
+    if len(options) < len(pairs):
+        twice = next(name for name in options if sum(1 for key, _ in pairs if key == name) > 1)
+        return f"option {twice!r} is given twice; give it once"
+    for option, (good, must_be) in _VALUES.items():
+        if option in options and not good(options[option]):
+            return f"{option}={options[option]!r} is not {must_be}"
+    if options.get("fail_fast", "1").lower() in _FALSE:
+        return (
+            f"fail_fast={options['fail_fast']} would make a refused connect wait forever; amqpjobs retries a connect "
+            "itself (up to its connect wait): leave fail_fast out"
+        )
+    if options.get("auth", "").lower() == "external" and (scheme != "amqps" or "certfile" not in options):
+        return (
+            "auth=external is a TLS client certificate login: it needs amqps:// with certfile and keyfile (and the "
+            "broker's rabbitmq_auth_mechanism_ssl plugin)"
+        )
+    if scheme == "amqp" and (tls := next((o for o in TLS_OPTIONS if o in options), None)):
+        return f"{tls} is a TLS option and this URL is amqp:// (no TLS): use amqps://"
+    return None
 
 
 def same_cluster(nodes: list[str], parsed: list[NodeURL]) -> None:

@@ -140,6 +140,24 @@ def test_settings_copied_with_another_url_or_management_url_never_keep_the_old_n
         ("reconnect_interval=x", "reconnect_interval='x' is not a number of seconds of at least 0"),
         ("reconnect_interval=-2", "reconnect_interval='-2' is not a number of seconds of at least 0"),
         ("fail_fast=maybe", "fail_fast='maybe' is not true or false (1/0, yes/no, on/off)"),
+        ("reconnect_interval=inf", "reconnect_interval='inf' is not a number of seconds of at least 0"),
+        ("reconnect_interval=nan", "reconnect_interval='nan' is not a number of seconds of at least 0"),
+        # review 21: aiormq reads the first of a repeated option (heartbeat=x&heartbeat=5 was heartbeats off)
+        ("heartbeat=x&heartbeat=5", "option 'heartbeat' is given twice; give it once"),
+        ("name=a&name=b", "option 'name' is given twice; give it once"),
+        # aio-pika's fail_fast=false waits forever for a connect the broker refuses (bad credentials)
+        (
+            "fail_fast=0",
+            "fail_fast=0 would make a refused connect wait forever; amqpjobs retries a connect itself "
+            "(up to its connect wait): leave fail_fast out",
+        ),
+        (
+            "auth=external",
+            "auth=external is a TLS client certificate login: it needs amqps:// with certfile and "
+            "keyfile (and the broker's rabbitmq_auth_mechanism_ssl plugin)",
+        ),
+        ("cacertfile=/ca.pem", "cacertfile is a TLS option and this URL is amqp:// (no TLS): use amqps://"),
+        ("verify=verify_none", "verify is a TLS option and this URL is amqp:// (no TLS): use amqps://"),
     ],
 )
 def test_a_url_option_value_aiormq_would_misread_is_refused(query: str, words: str) -> None:
@@ -151,6 +169,10 @@ def test_a_url_option_value_aiormq_would_misread_is_refused(query: str, words: s
 
 
 def test_url_option_values_aiormq_reads_as_given_are_taken() -> None:
-    ok = "heartbeat=0&timeout=3&auth=PLAIN&reconnect_interval=0.5&fail_fast=false&name=web%201"
+    ok = "heartbeat=0&timeout=3&auth=PLAIN&reconnect_interval=0.5&fail_fast=true&name=web%201"
     assert len(broker_settings(f"amqp://u:p@h1/v?{ok}").nodes) == 1
-    assert len(broker_settings("amqps://u:p@h1/v?auth=external&heartbeat=65534&fail_fast=YES").nodes) == 1
+    assert (
+        len(broker_settings("amqps://u:p@h1/v?auth=external&certfile=/c.pem&heartbeat=65534&fail_fast=YES").nodes) == 1
+    )
+    with pytest.raises(ConfigurationError, match="auth=external is a TLS client certificate login: it needs amqps://"):
+        broker_settings("amqps://u:p@h1/v?auth=external")  # no certfile
