@@ -133,6 +133,8 @@ class ClusterConnection(RobustConnection):
         self._nodes = nodes
         self._at = start % len(nodes)
         self._was_connected = False  # a failed first connect is reported by connect()'s own line
+        #: Why the last reconnect attempt failed (None once connected): see :func:`~amqpjobs.wire.connection.refusal`.
+        self.last_failure: BaseException | None = None
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -159,6 +161,7 @@ class ClusterConnection(RobustConnection):
             )  # fmt: skip
 
     async def _on_connected(self) -> None:
+        self.last_failure = None
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
         if self._was_connected:  # a reconnect: say where before the consumers are restored
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
@@ -178,6 +181,7 @@ class ClusterConnection(RobustConnection):
     async def _RobustConnection__connect_transport(self) -> None:
         try:
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
-        except Exception:
+        except Exception as exc:
+            self.last_failure = exc
             self._move_on("could not reach")
             raise

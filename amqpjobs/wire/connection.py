@@ -24,6 +24,7 @@ from tenacity import (
     retry_if_exception_type,
     retry_if_not_exception_type,
 )
+from yarl import URL
 
 from amqpjobs.errors import BrokerUnavailableError
 from amqpjobs.text import as_text
@@ -320,3 +321,22 @@ async def reconnected(connection: AbstractRobustConnection, at_most: float) -> N
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(max(at_most, 0)):
             await connection.connected.wait()
+
+
+def refusal(connection: AbstractRobustConnection) -> str | None:
+    """Why the broker refuses ``connection``'s reconnects for good, in words, or None (not refused so far).
+
+    Its last reconnect attempt failed on the credentials, or on ``connection.open`` (the vhost
+    gone, or no permissions on it: 530 NOT_ALLOWED, RabbitMQ "Access Control"); neither fixes
+    itself soon, so a publish waiting for the reconnect says so instead of waiting on.
+    """
+    exc = getattr(connection, "last_failure", None)
+    if exc is None:
+        return None
+    url = URL(str(getattr(connection, "url", "amqp:///")))  # aio-pika's (the node being tried)
+    user = url.user or "guest"
+    if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
+        return f"the broker refused the credentials (user {user!r})"
+    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.OpenOk" in str(exc):
+        return refused_connect_reason(exc, url.path[1:] or "/", user)
+    return None

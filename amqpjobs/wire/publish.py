@@ -28,7 +28,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.connection import reconnected
+from amqpjobs.wire.connection import reconnected, refusal
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
@@ -40,7 +40,15 @@ from amqpjobs.wire.limits import (
     encoded_size,
 )
 from amqpjobs.wire.property_encoding import exact_properties
-from amqpjobs.wire.publish_outcome import heard_close, max_size_in, nacked, too_large, uncertain, unroutable
+from amqpjobs.wire.publish_outcome import (
+    heard_close,
+    max_size_in,
+    nacked,
+    not_connected,
+    too_large,
+    uncertain,
+    unroutable,
+)
 
 #: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
 _CLOSED = CHANNEL_OPEN_ERRORS
@@ -220,15 +228,9 @@ class ConfirmedPublisher:
                 return await self._ensure_channel()
             except RuntimeError as exc:  # aio-pika: the connection is closed (a robust one reconnects by itself)
                 if not self._wait_reconnect:
-                    raise BrokerUnavailableError(
-                        f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker (the "
-                        f"connection was lost; it reconnects by itself)"
-                    ) from exc
-                if time.monotonic() >= give_up:
-                    raise BrokerUnavailableError(
-                        f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker; the "
-                        f"connection was lost and has not come back for {self._timeout:g}s (it goes on reconnecting)"
-                    ) from exc
+                    raise BrokerUnavailableError(not_connected(exchange, routing_key)) from exc
+                if (why := refusal(self._connection)) is not None or time.monotonic() >= give_up:
+                    raise BrokerUnavailableError(not_connected(exchange, routing_key, why, self._timeout)) from exc
                 await reconnected(self._connection, min(give_up - time.monotonic(), _RECONNECT_CHECK))
             except LIBRARY_ERRORS as exc:
                 raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc

@@ -37,6 +37,19 @@ def uncertain(what_happened: str, message: OutgoingMessage) -> str:
             "twice; with the same job id an idempotent job runs once")  # fmt: skip
 
 
+def not_connected(exchange: str, routing_key: str, refused: str | None = None, waited: float | None = None) -> str:
+    """The words of a publish not sent for want of a connection.
+
+    Lost (``waited``: seconds waited for it to come back), or its reconnect ``refused`` (why).
+    """
+    words = f"publish to {exchange!r} / {routing_key!r} not sent: not connected to the broker"
+    if refused is not None:
+        return f"{words}; it refuses the reconnect: {refused}"
+    if waited is not None:
+        return f"{words}; the connection was lost and has not come back for {waited:g}s (it goes on reconnecting)"
+    return f"{words} (the connection was lost; it reconnects by itself)"
+
+
 def unroutable(exchange: str, routing_key: str) -> str:
     """The words of a ``basic.return`` of a mandatory publish: no queue is bound for it (not stored)."""
     return (f"unroutable: no queue is bound to exchange {exchange or '(default)'!r} with routing key "

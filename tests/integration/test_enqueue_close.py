@@ -214,3 +214,29 @@ async def test_a_publisher_of_copies_does_not_wait_for_a_reconnect(broker: Broke
         await publisher.close()
         await connection.close()
     assert [m.message_id for m in await drain(broker, "urgent")] == ["one"]
+
+
+async def test_an_enqueue_whose_reconnect_the_broker_refuses_says_why_at_once(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Review 21 M3: the vhost deleted under a connected app, every enqueue waited the full 30 s for a reconnect the
+    broker refuses for good, then said "has not come back"; it says why as soon as a reconnect was refused."""
+    from amqpjobs.errors import BrokerUnavailableError
+
+    app = await make(broker, tmp_path)
+    try:
+        await app.enqueue("u.job", {"n": 0})
+        with ManagementClient(broker) as mgmt:
+            mgmt.delete_vhost(broker.vhost)  # closes the app's connection; every reconnect is refused (530)
+        await asyncio.sleep(0.5)  # the close is heard (an enqueue sent before that is uncertain, not this test's)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BrokerUnavailableError) as refused:
+            await app.enqueue("u.job", {"n": 1})
+        waited = asyncio.get_running_loop().time() - started
+    finally:
+        await app.close()
+    assert waited < 15.0, waited
+    assert str(refused.value) == (
+        "publish to 'jobs' / 'urgent' not sent: not connected to the broker; it refuses the reconnect: vhost "
+        f"{broker.vhost!r} does not exist or user {broker.username!r} has no access to it"
+    )
