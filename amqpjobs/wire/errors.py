@@ -148,10 +148,11 @@ def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str
     """Why the broker refused a connect after the handshake, in words (``exc``: what the client raised).
 
     RabbitMQ answers ``connection.open`` of a vhost that does not exist, or that the user
-    has no permissions on, with ``connection.close`` 530 NOT_ALLOWED (RabbitMQ "Access
-    Control": "virtual host access"); aiormq reports that as an ``InvalidFrameError``
-    ("Expected one of ['Connection.OpenOk'], got <Connection.Close ...>") and keeps no reply
-    code, so the expected/got text is what tells it apart.
+    has no permissions on, or whose ``max-connections`` limit is reached, with
+    ``connection.close`` 530 NOT_ALLOWED (RabbitMQ "Access Control": "virtual host access";
+    "Virtual Hosts": limits); aiormq reports that as an ``InvalidFrameError`` ("Expected one of
+    ['Connection.OpenOk'], got <Connection.Close ...>") and keeps no reply code nor text, so the
+    expected/got text is what tells it apart (and can't tell those three apart).
     """
     text = str(exc)
     if (
@@ -159,5 +160,8 @@ def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str
         and "Connection.OpenOk" in text
         and "Connection.Close" in text
     ):
-        return f"vhost {vhost!r} does not exist or user {username!r} has no access to it"
+        return (
+            f"vhost {vhost!r} does not exist or user {username!r} has no access to it (or the vhost's connection "
+            "limit is reached)"
+        )
     return f"{type(exc).__name__}: {exc} (does vhost {vhost!r} exist, with permissions for {username!r}?)"

@@ -192,7 +192,7 @@ async def test_a_publisher_of_copies_does_not_wait_for_a_reconnect(broker: Broke
     from amqpjobs.message import OutgoingMessage
     from amqpjobs.wire.connection import connect
     from amqpjobs.wire.publish import ConfirmedPublisher
-    from tests.integration.test_reconnect import force_close
+    from tests.integration.test_reconnect import cut_off
 
     app = await make(broker, tmp_path)
     await app.close()  # only its topology is used
@@ -200,12 +200,12 @@ async def test_a_publisher_of_copies_does_not_wait_for_a_reconnect(broker: Broke
     publisher = ConfirmedPublisher(connection)
     try:
         await publisher.publish("", "urgent", OutgoingMessage(b"{}", message_id="one"))
-        assert await force_close(broker, "copies") == 1
-        await asyncio.sleep(0.2)  # the close is heard
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(BrokerUnavailableError) as refused:
-            await publisher.publish("", "urgent", OutgoingMessage(b"{}", message_id="two"))
-        assert asyncio.get_running_loop().time() - started < 0.5
+        async with cut_off(broker, "copies"):  # its reconnects refused meanwhile
+            await asyncio.sleep(0.2)  # the close is heard
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(BrokerUnavailableError) as refused:
+                await publisher.publish("", "urgent", OutgoingMessage(b"{}", message_id="two"))
+            assert asyncio.get_running_loop().time() - started < 0.5
         assert str(refused.value) == (
             "publish to '' / 'urgent' not sent: not connected to the broker (the connection was lost; it "
             "reconnects by itself)"
@@ -238,5 +238,6 @@ async def test_an_enqueue_whose_reconnect_the_broker_refuses_says_why_at_once(
     assert waited < 15.0, waited
     assert str(refused.value) == (
         "publish to 'jobs' / 'urgent' not sent: not connected to the broker; it refuses the reconnect: vhost "
-        f"{broker.vhost!r} does not exist or user {broker.username!r} has no access to it"
+        f"{broker.vhost!r} does not exist or user {broker.username!r} has no access to it (or the vhost's "
+        "connection limit is reached)"
     )
