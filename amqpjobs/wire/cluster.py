@@ -175,7 +175,7 @@ class ClusterConnection(RobustConnection):
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
-            self._move_on("lost", f" ({redact_text(str(exc))})" if exc else "")
+            self._move_on("lost", _cause(exc))
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
@@ -183,5 +183,18 @@ class ClusterConnection(RobustConnection):
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
             self.last_failure = exc
-            self._move_on("could not reach")
+            self._move_on("could not reach", _cause(exc))
             raise
+
+
+def _cause(exc: BaseException | None) -> str:
+    """`` (why)`` for a log line: aiormq's words, credentials hidden; a refused ``connection.open`` worded."""
+    if exc is None:
+        return ""
+    text = str(exc)
+    if "Connection.OpenOk" in text and "Connection.Close" in text:  # aiormq: "Expected ..., got <Connection.Close ...>"
+        text = (
+            "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
+            "or its connection limit is reached)"
+        )
+    return f" ({redact_text(text) or type(exc).__name__})"
