@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -33,7 +34,10 @@ def handler_problem(name: str, handler: object) -> str | None:
     """
     if not callable(handler):
         return f"job {name!r}: the handler must be callable (got {type(handler).__name__} {handler!r:.60})"
-    called = getattr(handler, "__name__", type(handler).__name__)
+    if isinstance(handler, functools.partial):
+        called = f"partial({getattr(handler.func, '__name__', type(handler.func).__name__)}, ...)"
+    else:
+        called = getattr(handler, "__name__", type(handler).__name__)
     if any(is_(handler) or is_(_call_of(handler)) for is_ in (inspect.isgeneratorfunction, inspect.isasyncgenfunction)):
         return (
             f"job {name!r}: the handler {called} is a generator function (it has a yield): calling it runs none of "
@@ -48,7 +52,8 @@ def handler_problem(name: str, handler: object) -> str | None:
     except TypeError as exc:
         return (
             f"job {name!r}: the worker calls its handler as handler(payload, ctx), and {called}{signature} can't be "
-            f"called so ({exc}); fix: take two parameters, e.g. async def {called}(payload, ctx)"
+            f"called so ({exc}); fix: take two parameters, e.g. async def {called if called.isidentifier() else 'handler'}"
+            "(payload, ctx)"
         )
     return None
 

@@ -70,6 +70,12 @@ def test_job_registration_refuses_a_handler_that_cannot_take_payload_and_ctx():
         app.job("three", queue="q")(three)
     with pytest.raises(ConfigurationError, match=r"\(too many positional arguments\)"):
         app.job("kw", queue="q")(keyword_only)
+    with pytest.raises(ConfigurationError) as raised:
+        app.job("p", queue="q")(functools.partial(three, 1, 2))
+    assert str(raised.value).endswith(
+        "partial(three, ...)(extra: 'Any') -> 'None' can't be called so (too many positional "
+        "arguments); fix: take two parameters, e.g. async def handler(payload, ctx)"
+    )
     with pytest.raises(ConfigurationError, match=r"job 'n': the handler must be callable \(got int 5\)"):
         app.job("n", queue="q")(5)  # type: ignore[type-var]
 
