@@ -50,10 +50,10 @@ def handler_problem(name: str, handler: object) -> str | None:
     try:
         signature.bind(None, None)
     except TypeError as exc:
+        example = called if called.isidentifier() else "handler"
         return (
             f"job {name!r}: the worker calls its handler as handler(payload, ctx), and {called}{signature} can't be "
-            f"called so ({exc}); fix: take two parameters, e.g. async def {called if called.isidentifier() else 'handler'}"
-            "(payload, ctx)"
+            f"called so ({exc}); fix: take two parameters, e.g. async def {example}(payload, ctx)"
         )
     return None
 
