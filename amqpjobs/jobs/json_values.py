@@ -13,7 +13,8 @@ import orjson
 from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH
 
 _SCALARS = (str, int, bool, type(None))
-_TOO_DEEP = (
+#: The words for a payload nested deeper than a worker decodes (also a pydantic model's, :mod:`.registry`).
+TOO_DEEP = (
     f"the payload is nested deeper than {MAX_JSON_DEPTH} levels (dicts and lists inside each other), more than a "
     "worker reads (it would quarantine the job as undecodable); fix: flatten it, or send the deep part as a JSON "
     "string"
@@ -47,7 +48,7 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except RecursionError:
-        raise ValueError(_TOO_DEEP) from None
+        raise ValueError(TOO_DEEP) from None
     except ValueError as exc:
         if str(exc) == "Circular reference detected":  # json.dumps's other ValueError (check_circular)
             raise ValueError(
@@ -59,7 +60,7 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
     except TypeError as exc:
         raise ValueError(_named(payload, f"payload holds a value JSON can't carry: {exc}")) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):  # no cycle: json.dumps checked
-        raise ValueError(_TOO_DEEP)
+        raise ValueError(TOO_DEEP)
     try:
         orjson.dumps(payload, default=_anything)
     except orjson.JSONEncodeError:
@@ -111,13 +112,16 @@ def json_problem(payload: Mapping[str, Any]) -> str | None:
         can't carry: payload['x'] = Decimal('1.5') (a Decimal; fix: ...)"``, or None.
 
     """
-    found = _first_problem(payload, "payload")
+    try:
+        found = _first_problem(payload, "payload")
+    except RecursionError:  # deeper than Python's stack: encoding words it (too deep, or inside itself)
+        found = None
     if found is not None:
         return found
     try:
         encode_payload(payload)
     except ValueError as exc:
-        return _TOO_DEEP if str(exc) == _TOO_DEEP else f"{_VALUE}payload = {_shown(payload)} ({_FIX})"
+        return TOO_DEEP if str(exc) == TOO_DEEP else f"{_VALUE}payload = {_shown(payload)} ({_FIX})"
     return None
 
 

@@ -17,6 +17,7 @@ from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
 from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
+from amqpjobs.jobs.json_values import TOO_DEEP
 from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.printable import listed
@@ -180,7 +181,12 @@ class JobDef:
         """Validate ``payload`` and return its JSON-ready dict form."""
         value = self.validate(payload)
         if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
+            try:
+                return value.model_dump(mode="json")
+            except ValueError as exc:  # pydantic-core's recursion guard, past 255 levels
+                if "serialization depth" not in str(exc):
+                    raise
+                raise ConfigurationError(f"job {self.name!r}: {TOO_DEEP}") from None
         if not isinstance(value, dict):
             raise ConfigurationError(f"job {self.name!r}: payload must be a dict or a pydantic model")
         return value

@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -296,24 +295,19 @@ class HandlerRuns:
         self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None, task: asyncio.Task[Any] | None = None
     ) -> Any:
         if not job.is_async:
+            started = time.monotonic()
             value = await self._run_in_thread(job, payload, ctx, limit)
             if not inspect.isawaitable(value):
-                return value
+                return _settled_value(value)
             # a plain function returned an awaitable (a lambda or a sync wrapper around an async def): it is
-            # the run, on the loop as an async handler's (never left unawaited, the body not run, "succeeded")
-            return await self._run_on_loop(job, lambda: value, ctx, limit, task)
-        return await self._run_on_loop(job, lambda: job.handler(payload, ctx), ctx, limit, task)
-
-    async def _run_on_loop(
-        self, job: JobDef, run: Callable[[], Awaitable[Any]], ctx: JobContext, limit: float | None,
-        task: asyncio.Task[Any] | None,
-    ) -> Any:  # fmt: skip
+            # the rest of the run, on the loop (never left unawaited, the body not run, "succeeded")
+            return await _rest_of_run(job, value, limit, started)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         deadline = self._deadlines.start(limit, task) if limit is not None else None
         try:
-            value = await run()
+            value = await _settled(job.handler(payload, ctx))
         except BaseException as exc:
             if deadline is None:
                 raise
@@ -349,6 +343,50 @@ class HandlerRuns:
                     job.name, ctx.job_id, limit,
                 )  # fmt: skip
         return await future
+
+
+#: A run that returned a generator: its body never ran (a generator function wrapped past the registration check).
+_GENERATOR = (
+    "the handler returned a generator: none of its body ran (a wrapper around a generator function?); fix: return "
+    "a value, not a generator"
+)
+
+
+def _settled_value(value: Any) -> Any:
+    """A run's value, refused when it is a generator (TypeError: nothing ran)."""
+    if inspect.isgenerator(value):
+        value.close()
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        raise TypeError(_GENERATOR)
+    return value
+
+
+async def _settled(value: Any) -> Any:
+    """``value`` awaited until it is no awaitable (an async handler that returned a coroutine runs it too)."""
+    while inspect.isawaitable(value):
+        value = await value
+    return _settled_value(value)
+
+
+async def _rest_of_run(job: JobDef, value: Any, limit: float | None, started: float) -> Any:
+    """The awaitable a plain-function handler returned, run within what its thread left of ``limit`` (seconds).
+
+    Raises:
+        TimeoutError: the limit ran out (in the thread: the awaitable is not started).
+    """
+    left = None if limit is None else limit - (time.monotonic() - started)
+    if left is not None and left <= 0:
+        if inspect.iscoroutine(value):
+            value.close()
+        raise _overran(job, limit, "")
+    scope = asyncio.timeout(left)
+    try:
+        async with scope:
+            return await _settled(value)
+    except TimeoutError:
+        if scope.expired():
+            raise _overran(job, limit, "") from None
+        raise
 
 
 def _overran(job: JobDef, limit: float | None, after_cancel: str) -> TimeoutError:

@@ -27,6 +27,7 @@ from amqpjobs.jobs.cron import (
     running_queue,
     tick_queue,
 )
+from amqpjobs.jobs.json_values import json_problem
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE
 from amqpjobs.testing import TestBroker
@@ -563,3 +564,14 @@ def test_paced_warnings_one_line_when_failing_starts_then_one_per_period_with_a_
         "scheduler replica h:1: the broker went away; trying again in 1s; repeated at most every 1m while it fails",
         "scheduler replica h:1: schedule a: recovered after 130 failed look(s) over 130s",
     ]
+
+
+def test_a_cron_payload_too_deep_for_python_is_refused_with_the_depth_words() -> None:
+    # review 22 M1: the payload walk itself raised RecursionError past ~1,000 levels
+    deep: Any = 1
+    for _ in range(1200):
+        deep = {"d": deep}
+    assert json_problem({"d": deep}) == (
+        "the payload is nested deeper than 64 levels (dicts and lists inside each other), more than a worker reads "
+        "(it would quarantine the job as undecodable); fix: flatten it, or send the deep part as a JSON string"
+    )

@@ -8,14 +8,16 @@ its copies: a job's headers and properties may take 110592 bytes, not one more (
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from amqpjobs import App, JobContext
+from amqpjobs import App, JobContext, RetryPolicy
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
@@ -227,3 +229,72 @@ async def test_a_handler_that_returns_an_awaitable_has_it_run(tmp_path: Path) ->
     assert sorted((p.outcome.job, p.outcome.kind, p.outcome.value) for p in done) == [
         ("lambda", "succeeded", "lambda"), ("object", "succeeded", "object"), ("wrapper", "succeeded", "wrapper")
     ]  # fmt: skip
+
+
+async def test_a_run_that_returns_a_generator_or_an_awaitable_within_an_awaitable_is_judged(tmp_path: Path) -> None:
+    # review 22 H1, H2: a wrapped generator, or an async def returning a coroutine: "succeeded", the body never run
+    app, _ = make_app(tmp_path)
+    ran: list[str] = []
+
+    def gen(payload: dict[str, Any], ctx: JobContext) -> Any:
+        ran.append("gen")
+        yield 1
+
+    async def body(payload: dict[str, Any], ctx: JobContext) -> str:
+        ran.append(ctx.job)
+        return "done"
+
+    async def returns_coroutine(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return body(payload, ctx)
+
+    app.job("wrapped-gen", queue="work", retry=RetryPolicy(max_attempts=1))(lambda p, c: gen(p, c))
+    app.job("nested", queue="work")(returns_coroutine)
+    async with TestBroker(app) as broker:
+        await app.enqueue("wrapped-gen", {})
+        await app.enqueue("nested", {})
+        done = {p.outcome.job: p.outcome for p in await broker.drain()}
+    assert ran == ["nested"]
+    assert (done["nested"].kind, done["nested"].value) == ("succeeded", "done")
+    assert done["wrapped-gen"].kind == "quarantined"
+    assert done["wrapped-gen"].error == (
+        "TypeError: the handler returned a generator: none of its body ran (a wrapper around a generator "
+        "function?); fix: return a value, not a generator"
+    )
+
+
+async def test_the_timeout_covers_a_plain_function_and_the_awaitable_it_returns(tmp_path: Path) -> None:
+    # review 22 H3: the awaitable got a fresh full timeout after the thread's part
+    app, _ = make_app(tmp_path)
+
+    def split(payload: dict[str, Any], ctx: JobContext) -> Any:
+        time.sleep(0.3)
+
+        async def rest() -> str:
+            await asyncio.sleep(0.3)
+            return "late"
+
+        return rest()
+
+    app.job("split", queue="work", timeout=0.5, retry=RetryPolicy(max_attempts=1))(split)
+    async with TestBroker(app) as broker:
+        await app.enqueue("split", {})
+        (done,) = await broker.drain()
+    assert done.outcome.kind == "quarantined"
+    assert done.outcome.error == "TimeoutError: job split ran longer than its timeout of 0.5s"
+
+
+async def test_a_model_payload_nested_too_deep_is_refused_with_the_depth_words(tmp_path: Path) -> None:
+    # review 22 M1: pydantic's own "Maximum serialization depth exceeded" (a raw ValueError) past 255 levels
+    app, _ = make_app(tmp_path)
+
+    class Loose(BaseModel):
+        data: Any
+
+    app.job("loose", queue="work", payload=Loose)(lambda p, c: None)
+    deep: Any = 1
+    for _ in range(300):
+        deep = {"d": deep}
+    async with TestBroker(app):
+        with pytest.raises(ConfigurationError) as info:
+            await app.enqueue("loose", Loose(data=deep))
+    assert str(info.value).startswith("job 'loose': the payload is nested deeper than 64 levels")
