@@ -307,7 +307,9 @@ class HandlerRuns:
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         deadline = self._deadlines.start(limit, task) if limit is not None else None
         try:
-            value = await _settled(job.handler(payload, ctx))
+            value = await job.handler(payload, ctx)
+            if value is not None and _unsettled(value):  # most return None: no checks on the hot path
+                value = await _settled(value)
         except BaseException as exc:
             if deadline is None:
                 raise
@@ -350,6 +352,11 @@ _GENERATOR = (
     "the handler returned a generator: none of its body ran (a wrapper around a generator function?); fix: return "
     "a value, not a generator"
 )
+
+
+def _unsettled(value: Any) -> bool:
+    """Whether a run's value is an awaitable or a generator (see :func:`_settled`), not a result."""
+    return inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)
 
 
 def _settled_value(value: Any) -> Any:
