@@ -349,8 +349,8 @@ class HandlerRuns:
 
 #: A run that returned a generator: its body never ran (a generator function wrapped past the registration check).
 _GENERATOR = (
-    "the handler returned a generator: none of its body ran (a wrapper around a generator function?); fix: return "
-    "a value, not a generator"
+    "the handler returned a generator: none of its body ran; fix: return a value, not a generator (as a wrapper "
+    "around a generator function does)"
 )
 
 
@@ -389,11 +389,15 @@ async def _rest_of_run(job: JobDef, value: Any, limit: float | None, started: fl
     scope = asyncio.timeout(left)
     try:
         async with scope:
-            return await _settled(value)
-    except TimeoutError:
-        if scope.expired():
-            raise _overran(job, limit, "") from None
-        raise
+            value = await _settled(value)
+    except BaseException as exc:  # judged as an async handler's run past its deadline (``_run_once``)
+        if not scope.expired() or not isinstance(exc, Exception):
+            raise
+        timeout = isinstance(exc, TimeoutError)
+        raise _overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)
+    if scope.expired():  # it caught the cancellation and returned
+        raise _overran(job, limit, "went on; its result is not used")
+    return value
 
 
 def _overran(job: JobDef, limit: float | None, after_cancel: str) -> TimeoutError:

@@ -88,6 +88,9 @@ class CronSchedules(JobRegistry):
                 body = jobdef.to_json({} if payload is None else payload)
             except ValidationError as exc:
                 raise ConfigurationError(f"cron {expression!r}: payload for job {jobdef.name!r}: {exc}") from None
+            except ConfigurationError as exc:  # the model's JSON too deep (:meth:`JobDef.to_json`): the schedule's
+                said = str(exc).removeprefix(f"job {jobdef.name!r}: ")
+                raise ConfigurationError(f"schedule {name or jobdef.name!r}: {said}") from None
             schedule = Schedule(name or jobdef.name, jobdef.name, rule, body, missed, overlap, grace_seconds)
             if schedule.name in self._schedules:
                 raise ConfigurationError(f"schedule {schedule.name!r} is registered twice; give each a name=")

@@ -257,8 +257,8 @@ async def test_a_run_that_returns_a_generator_or_an_awaitable_within_an_awaitabl
     assert (done["nested"].kind, done["nested"].value) == ("succeeded", "done")
     assert done["wrapped-gen"].kind == "quarantined"
     assert done["wrapped-gen"].error == (
-        "TypeError: the handler returned a generator: none of its body ran (a wrapper around a generator "
-        "function?); fix: return a value, not a generator"
+        "TypeError: the handler returned a generator: none of its body ran; fix: return a value, not a generator "
+        "(as a wrapper around a generator function does)"
     )
 
 
@@ -298,3 +298,42 @@ async def test_a_model_payload_nested_too_deep_is_refused_with_the_depth_words(t
         with pytest.raises(ConfigurationError) as info:
             await app.enqueue("loose", Loose(data=deep))
     assert str(info.value).startswith("job 'loose': the payload is nested deeper than 64 levels")
+
+
+async def test_the_awaitable_a_plain_function_returns_cannot_outlive_the_timeout_by_catching_it(
+    tmp_path: Path,
+) -> None:
+    # review 23: catching the timeout's cancellation and returning (or raising) was "succeeded" (or "exhausted")
+    app, _ = make_app(tmp_path)
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            return "caught"
+        return "slept"
+
+    async def raises_after() -> str:
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            raise ValueError("raised after cancel") from None
+        return "slept"
+
+    once = RetryPolicy(max_attempts=1)
+    app.job("stubborn", queue="work", timeout=0.3, retry=once)(lambda p, c: stubborn())
+    app.job("raises", queue="work", timeout=0.3, retry=once)(lambda p, c: raises_after())
+    async with TestBroker(app) as broker:
+        await app.enqueue("stubborn", {})
+        await app.enqueue("raises", {})
+        done = {p.outcome.job: p.outcome for p in await broker.drain()}
+    assert (done["stubborn"].kind, done["stubborn"].error) == (
+        "quarantined",
+        "TimeoutError: job stubborn ran longer than its timeout of 0.3s (it caught the cancellation and went on; "
+        "its result is not used)",
+    )
+    assert (done["raises"].kind, done["raises"].error) == (
+        "quarantined",
+        "TimeoutError: job raises ran longer than its timeout of 0.3s (it caught the cancellation and then raised "
+        "ValueError)",
+    )
