@@ -31,6 +31,7 @@ from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.topology.models import JobQueueLayout
@@ -298,18 +299,18 @@ class HandlerRuns:
             started = time.monotonic()
             value = await self._run_in_thread(job, payload, ctx, limit)
             if not inspect.isawaitable(value):
-                return _settled_value(value)
+                return settled_value(value)
             # a plain function returned an awaitable (a lambda or a sync wrapper around an async def): it is
             # the rest of the run, on the loop (never left unawaited, the body not run, "succeeded")
-            return await _rest_of_run(job, value, limit, started)
+            return await rest_of_run(job, value, limit, started)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         deadline = self._deadlines.start(limit, task) if limit is not None else None
         try:
             value = await job.handler(payload, ctx)
-            if value is not None and _unsettled(value):  # most return None: no checks on the hot path
-                value = await _settled(value)
+            if value is not None and unsettled(value):  # most return None: no checks on the hot path
+                value = await settled(value)
         except BaseException as exc:
             if deadline is None:
                 raise
@@ -318,15 +319,13 @@ class HandlerRuns:
                 raise  # in time, or another cancellation came too (the stop), or a KeyboardInterrupt/SystemExit
             # past its timeout: a timeout, whatever the handler raised after the cancellation
             timeout = timed_out or isinstance(exc, TimeoutError)
-            raise _overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (
-                None if timeout else exc
-            )
+            raise overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)
         finally:
             self._stalls.leave(stall_key)
         if deadline is not None:
             deadline.end(None)
             if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
-                raise _overran(job, limit, "went on; its result is not used")
+                raise overran(job, limit, "went on; its result is not used")
         return value
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
@@ -345,63 +344,3 @@ class HandlerRuns:
                     job.name, ctx.job_id, limit,
                 )  # fmt: skip
         return await future
-
-
-#: A run that returned a generator: its body never ran (a generator function wrapped past the registration check).
-_GENERATOR = (
-    "the handler returned a generator: none of its body ran; fix: return a value, not a generator (as a wrapper "
-    "around a generator function does)"
-)
-
-
-def _unsettled(value: Any) -> bool:
-    """Whether a run's value is an awaitable or a generator (see :func:`_settled`), not a result."""
-    return inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)
-
-
-def _settled_value(value: Any) -> Any:
-    """A run's value, refused when it is a generator (TypeError: nothing ran)."""
-    if inspect.isgenerator(value):
-        value.close()
-    if inspect.isgenerator(value) or inspect.isasyncgen(value):
-        raise TypeError(_GENERATOR)
-    return value
-
-
-async def _settled(value: Any) -> Any:
-    """``value`` awaited until it is no awaitable (an async handler that returned a coroutine runs it too)."""
-    while inspect.isawaitable(value):
-        value = await value
-    return _settled_value(value)
-
-
-async def _rest_of_run(job: JobDef, value: Any, limit: float | None, started: float) -> Any:
-    """The awaitable a plain-function handler returned, run within what its thread left of ``limit`` (seconds).
-
-    Raises:
-        TimeoutError: the limit ran out (in the thread: the awaitable is not started).
-    """
-    left = None if limit is None else limit - (time.monotonic() - started)
-    if left is not None and left <= 0:
-        if inspect.iscoroutine(value):
-            value.close()
-        raise _overran(job, limit, "")
-    scope = asyncio.timeout(left)
-    try:
-        async with scope:
-            value = await _settled(value)
-    except BaseException as exc:  # judged as an async handler's run past its deadline (``_run_once``)
-        if not scope.expired() or not isinstance(exc, Exception):
-            raise
-        timeout = isinstance(exc, TimeoutError)
-        raise _overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)
-    if scope.expired():  # it caught the cancellation and returned
-        raise _overran(job, limit, "went on; its result is not used")
-    return value
-
-
-def _overran(job: JobDef, limit: float | None, after_cancel: str) -> TimeoutError:
-    """The failure of a run of ``job`` past its ``limit`` (seconds); ``after_cancel``: what it did once cancelled."""
-    default = "" if job.timeout is not None else " (the default: just below the consumer timeout)"
-    caught = f" (it caught the cancellation and {after_cancel})" if after_cancel else ""
-    return TimeoutError(f"job {job.name} ran longer than its timeout of {limit:g}s{default}{caught}")
