@@ -327,8 +327,10 @@ def refusal(connection: AbstractRobustConnection) -> str | None:
     """Why the broker refuses ``connection``'s reconnects for good, in words, or None (not refused so far).
 
     Its last reconnect attempt failed on the credentials, or on ``connection.open`` (the vhost
-    gone, or no permissions on it: 530 NOT_ALLOWED, RabbitMQ "Access Control"); neither fixes
-    itself soon, so a publish waiting for the reconnect says so instead of waiting on.
+    gone, no permissions on it, or its connection limit reached: 530 NOT_ALLOWED, RabbitMQ
+    "Access Control"); none fixes itself soon, so a publish waiting for the reconnect says so
+    instead of waiting on (the first connect does not retry these either). Once aio-pika's next
+    attempt succeeds (every ``reconnect_interval``, 5 s by default) it is None again.
     """
     exc = getattr(connection, "last_failure", None)
     if exc is None:
