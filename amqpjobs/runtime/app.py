@@ -212,8 +212,7 @@ class App(CronSchedules, JobResults):
                 limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
-                    header_reserve=WORKER_HEADROOM, owner="the app",  # room for a worker's copies' headers
-                    wait_reconnect=True,
+                    header_reserve=WORKER_HEADROOM, owner="the app", wait_reconnect=True,  # room for copies' headers
                 )  # fmt: skip
                 await get_ready(self._publisher, self._gate, self._connection, self.layout_of, list(self))
 

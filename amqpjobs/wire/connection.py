@@ -14,8 +14,9 @@ import errno
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
@@ -37,6 +38,7 @@ from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.method_decoding import install_method_decoding
 from amqpjobs.wire.probe import mismatch
+from amqpjobs.wire.publish_outcome import not_connected
 from amqpjobs.wire.rotation import (
     NodeRefused,
     Rotation,
@@ -52,6 +54,9 @@ from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_cert
 log = logging.getLogger("amqpjobs.wire")
 
 #: Errors that mean "the broker is not (yet) there" on connect.
+T = TypeVar("T")
+#: Seconds a publish waiting for a reconnect sleeps at most before it looks again (:func:`when_connected`).
+RECONNECT_CHECK = 0.25
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
@@ -342,3 +347,31 @@ def refusal(connection: AbstractRobustConnection) -> str | None:
     if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.OpenOk" in str(exc):
         return refused_connect_reason(exc, url.path[1:] or "/", user)
     return None
+
+
+async def when_connected(
+    connection: AbstractRobustConnection, open_: Callable[[], Awaitable[T]], wait: float | None, exchange: str,
+    routing_key: str,
+) -> T:  # fmt: skip
+    """``open_()`` (a channel of ``connection``), tried again while aio-pika reconnects it, up to ``wait`` seconds.
+
+    aio-pika raises ``RuntimeError`` for a channel of a closed connection. ``wait`` None: no wait
+    (a worker's copies: a copy sent after a reconnect, its delivery's channel gone, would be a
+    duplicate). A reconnect the broker refuses (:func:`refusal`) ends the wait at once; between
+    tries, :func:`reconnected` waits :data:`RECONNECT_CHECK` at most (an ``open_`` that raises
+    another error, e.g. the publisher closed meanwhile, ends it).
+
+    Raises:
+        BrokerUnavailableError: not connected, naming the publish (``exchange`` / ``routing_key``),
+            why (refused) or how long it waited (:func:`~amqpjobs.wire.publish_outcome.not_connected`).
+    """
+    give_up = time.monotonic() + (wait or 0.0)
+    while True:
+        try:
+            return await open_()
+        except RuntimeError as exc:
+            if wait is None:
+                raise BrokerUnavailableError(not_connected(exchange, routing_key)) from exc
+            if (why := refusal(connection)) is not None or time.monotonic() >= give_up:
+                raise BrokerUnavailableError(not_connected(exchange, routing_key, why, wait)) from exc
+            await reconnected(connection, min(give_up - time.monotonic(), RECONNECT_CHECK))

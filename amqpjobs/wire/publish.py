@@ -28,7 +28,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.connection import reconnected, refusal
+from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
@@ -44,7 +44,6 @@ from amqpjobs.wire.publish_outcome import (
     heard_close,
     max_size_in,
     nacked,
-    not_connected,
     too_large,
     uncertain,
     unroutable,
@@ -55,8 +54,6 @@ _CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001
-#: Seconds a publish waiting for a reconnect sleeps at most before it looks again (a close() meanwhile ends it).
-_RECONNECT_CHECK = 0.25
 
 
 class ConfirmedPublisher:
@@ -218,22 +215,14 @@ class ConfirmedPublisher:
         """The publishing channel; with ``wait_reconnect``, waiting up to ``timeout`` while the connection reconnects.
 
         Raises:
-            BrokerUnavailableError: the connection is lost (and, ``wait_reconnect``, did not come back
-                within ``timeout``).
+            BrokerUnavailableError: not connected (:func:`~amqpjobs.wire.connection.when_connected`).
             BrokerError: the broker refused the channel. PublisherClosedError: :meth:`close` was called.
         """
-        give_up = time.monotonic() + self._timeout
-        while True:
-            try:
-                return await self._ensure_channel()
-            except RuntimeError as exc:  # aio-pika: the connection is closed (a robust one reconnects by itself)
-                if not self._wait_reconnect:
-                    raise BrokerUnavailableError(not_connected(exchange, routing_key)) from exc
-                if (why := refusal(self._connection)) is not None or time.monotonic() >= give_up:
-                    raise BrokerUnavailableError(not_connected(exchange, routing_key, why, self._timeout)) from exc
-                await reconnected(self._connection, min(give_up - time.monotonic(), _RECONNECT_CHECK))
-            except LIBRARY_ERRORS as exc:
-                raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
+        wait = self._timeout if self._wait_reconnect else None
+        try:
+            return await when_connected(self._connection, self._ensure_channel, wait, exchange, routing_key)
+        except LIBRARY_ERRORS as exc:
+            raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
 
     async def _writable(
         self, exchange: str, routing_key: str, started: float
