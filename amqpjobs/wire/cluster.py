@@ -20,6 +20,7 @@ from typing import Any
 from aio_pika import RobustConnection
 from yarl import URL
 
+from amqpjobs.wire.errors import open_refused
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
 
@@ -192,7 +193,7 @@ def _cause(exc: BaseException | None) -> str:
     if exc is None:
         return ""
     text = str(exc)
-    if "Connection.OpenOk" in text and "Connection.Close" in text:  # aiormq: "Expected ..., got <Connection.Close ...>"
+    if open_refused(exc):  # aiormq: "Expected ..., got <Connection.Close object at 0x...>"
         text = (
             "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
             "or its connection limit is reached)"

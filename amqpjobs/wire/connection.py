@@ -32,7 +32,7 @@ from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
 from amqpjobs.wire.copies import keep_received_properties
-from amqpjobs.wire.errors import LIBRARY_ERRORS, refused_connect_reason
+from amqpjobs.wire.errors import LIBRARY_ERRORS, open_refused, refused_connect_reason
 from amqpjobs.wire.frame_reading import install_fast_frame_reading
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
@@ -344,7 +344,7 @@ def refusal(connection: AbstractRobustConnection) -> str | None:
     user = url.user or "guest"
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
         return f"the broker refused the credentials (user {user!r})"
-    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.OpenOk" in str(exc):
+    if open_refused(exc):
         return refused_connect_reason(exc, url.path[1:] or "/", user)
     return None
 

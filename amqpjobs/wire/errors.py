@@ -144,6 +144,16 @@ def broker_errors(name: str | None = None) -> _Translating:
     return _TRANSLATING if name is None else _Translating(name)
 
 
+def open_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is aiormq's word for the broker's 530 answer to ``connection.open`` (see below)."""
+    text = str(exc)
+    return (
+        isinstance(exc, aiormq.exceptions.InvalidFrameError)
+        and "Connection.OpenOk" in text
+        and "Connection.Close" in text
+    )
+
+
 def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str:
     """Why the broker refused a connect after the handshake, in words (``exc``: what the client raised).
 
@@ -154,12 +164,7 @@ def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str
     ['Connection.OpenOk'], got <Connection.Close ...>") and keeps no reply code nor text, so the
     expected/got text is what tells it apart (and can't tell those three apart).
     """
-    text = str(exc)
-    if (
-        isinstance(exc, aiormq.exceptions.InvalidFrameError)
-        and "Connection.OpenOk" in text
-        and "Connection.Close" in text
-    ):
+    if open_refused(exc):
         return (
             f"vhost {vhost!r} does not exist or user {username!r} has no access to it (or the vhost's connection "
             "limit is reached)"
