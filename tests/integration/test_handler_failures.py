@@ -149,3 +149,53 @@ async def test_a_run_that_overran_its_timeout_is_a_timeout_whatever_the_handler_
         "is not used)"
     )
     assert await depth(broker, "work") == 0
+
+
+async def test_handlers_that_return_an_awaitable_or_a_generator_are_judged_by_what_ran(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """A plain callable returning a coroutine has it run (its value, its timeout); a generator is a failure.
+
+    On the old code each of these was acked "succeeded" with none of its body run (reviews 21-23).
+    """
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+    once = RetryPolicy(max_attempts=1)
+
+    async def body(ctx: JobContext, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        ran.append(ctx.job_id)
+        return ctx.job_id
+
+    def gen(payload: dict[str, Any], ctx: JobContext) -> Any:
+        ran.append("gen")
+        yield 1
+
+    class AsyncCall:
+        async def __call__(self, payload: dict[str, Any], ctx: JobContext) -> str:
+            return await body(ctx, 0)
+
+    app.job("lambda", queue="work", retry=once)(lambda p, c: body(c, 0))
+    app.job("object", queue="work", retry=once)(AsyncCall())
+    app.job("slow", queue="work", timeout=0.5, retry=once)(lambda p, c: (time.sleep(0.3), body(c, 0.4))[1])
+    app.job("gen", queue="work", retry=once)(lambda p, c: gen(p, c))
+    async with running_worker(app, broker, concurrency=4) as (_, rec):
+        for job in ("lambda", "object", "slow", "gen"):
+            await app.enqueue(job, {}, job_id=f"{job}-1")
+        await rec.wait_for(lambda o: len(o) == 4)
+    await app.close()
+    got = {o.job: (o.kind, o.value if o.kind == "succeeded" else o.error) for o in rec.outcomes}
+    assert got == {
+        "lambda": ("succeeded", "lambda-1"),
+        "object": ("succeeded", "object-1"),
+        "slow": ("quarantined", "TimeoutError: job slow ran longer than its timeout of 0.5s"),
+        "gen": ("quarantined", "TypeError: the handler returned a generator: none of its body ran; fix: return a "
+                "value, not a generator (as a wrapper around a generator function does)"),
+    }  # fmt: skip
+    assert sorted(ran) == ["lambda-1", "object-1"]
+    quarantined = {m.message_id: m.headers for m in await drain(broker, "work.quarantine")}
+    assert {k: (h[evidence.REASON], h[evidence.ERROR_TYPE]) for k, h in quarantined.items()} == {
+        "slow-1": ("timeout", "TimeoutError"),
+        "gen-1": ("exhausted", "TypeError"),
+    }
+    assert await depth(broker, "work") == 0
