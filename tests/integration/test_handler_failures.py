@@ -177,7 +177,11 @@ async def test_handlers_that_return_an_awaitable_or_a_generator_are_judged_by_wh
 
     app.job("lambda", queue="work", retry=once)(lambda p, c: body(c, 0))
     app.job("object", queue="work", retry=once)(AsyncCall())
-    app.job("slow", queue="work", timeout=0.5, retry=once)(lambda p, c: (time.sleep(0.3), body(c, 0.4))[1])
+    def slow(payload: dict[str, Any], ctx: JobContext) -> Any:
+        time.sleep(0.3)  # in its thread
+        return body(ctx, 0.4)  # 0.7 s in all: past its 0.5 s
+
+    app.job("slow", queue="work", timeout=0.5, retry=once)(slow)
     app.job("gen", queue="work", retry=once)(lambda p, c: gen(p, c))
     async with running_worker(app, broker, concurrency=4) as (_, rec):
         for job in ("lambda", "object", "slow", "gen"):
