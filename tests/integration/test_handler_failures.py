@@ -177,6 +177,7 @@ async def test_handlers_that_return_an_awaitable_or_a_generator_are_judged_by_wh
 
     app.job("lambda", queue="work", retry=once)(lambda p, c: body(c, 0))
     app.job("object", queue="work", retry=once)(AsyncCall())
+
     def slow(payload: dict[str, Any], ctx: JobContext) -> Any:
         time.sleep(0.3)  # in its thread
         return body(ctx, 0.4)  # 0.7 s in all: past its 0.5 s
