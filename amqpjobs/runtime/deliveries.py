@@ -197,10 +197,13 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         ``rated``: took its rate limit's token (none is given while paused): it starts even if a pause came since.
         ``task``: the delivery's (current) task, when the caller has it.
         """
-        if hand_back or (self._stop.is_set() and not alone):  # arrived, or got its slot, after SIGTERM: not started,
-            # handed back as a copy (a requeue would mark it redelivered: a start, for the crash count), once this
-            await (self._took_last.wait() if self._stop.is_set() else asyncio.sleep(0))  # worker can't take it again
+        unstarted = hand_back or (self._stop.is_set() and not alone)  # arrived, or got its slot, after SIGTERM
+        if unstarted and not delivery.redelivered:  # handed back as a copy (a requeue would mark it redelivered:
+            # a start, for the crash count), once this worker can't take it again
+            await (self._took_last.wait() if self._stop.is_set() else asyncio.sleep(0))
             return self._outcome(layout, delivery, HandBack(), 1, _job_id(delivery))
+        # a redelivery is screened even when it will not start here: a plain copy back would drop the
+        # evidence of its earlier start (review 24); it is registered for its next start, or quarantined
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
         if not delivery.message_id:
@@ -251,6 +254,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
                                  failure=error, ran=True)  # fmt: skip
         if screening.action == "register":
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
+        if unstarted:  # (a redelivery not run alone is registered or quarantined above: this stays a guard)
+            return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
         if alone:
             log.warning(

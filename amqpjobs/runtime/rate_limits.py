@@ -148,10 +148,12 @@ class RateLimits:
 
         False for any other delivery (the usual path goes on), and when the move failed:
         then the delivery waits here for its token, in its work queue's slot (a start,
-        still within the rate).
+        still within the rate). False for a redelivery too: a copy would drop the evidence
+        of its earlier start, so the usual path registers it for its next start, which
+        then runs alone (a suspect takes no token; README "When a job crashes").
         """
         room = self.room_of(layout, delivery)
-        if room is None or self._stop.is_set():
+        if room is None or self._stop.is_set() or delivery.redelivered:
             return False
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         headers = unstarted_headers(

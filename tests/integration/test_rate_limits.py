@@ -650,3 +650,31 @@ async def test_a_stop_of_2_processes_hands_each_waiting_delivery_back_once_per_c
     assert len(per_id) == 4  # the 2 waiting in each child
     assert set(per_child.values()) == {1}, stopping  # no child hands the same job back twice
     assert all(n <= 2 for n in per_id.values()), stopping  # at most once more, by the other child
+
+
+async def test_a_redelivered_rate_limited_delivery_keeps_its_start(broker: BrokerSettings, tmp_path: Path) -> None:
+    """Review 24 (1), the same fault in the move to the waiting room: a rate-limited job's delivery
+    that comes back redelivered from its work queue (a worker started it in its slot, the move having
+    failed, and died) is registered for its next start, not moved as a fresh one; it then runs alone
+    with ``ctx.redelivered``."""
+    app = await publisher(broker, tmp_path)
+    runner = App("rateapp", topology=app.topology(), url=broker.url)
+    seen: dict[str, bool] = {}
+
+    async def limited(payload: dict[str, object], ctx: JobContext) -> None:
+        seen[ctx.job_id] = ctx.redelivered
+
+    runner.job("limited", queue="work", rate_limit="100/s")(limited)
+    await app.enqueue("limited", {}, job_id="redo")
+    async with raw_channel(broker) as holder:
+        queue = await holder.get_queue("work", ensure=False)
+        held = await queue.get(no_ack=False)
+        assert held is not None
+        assert held.message_id == "redo"
+    # the holder's connection closed: "redo" is back in "work", redelivered
+    async with running_worker(runner, broker, concurrency=2) as (_, recorder):
+        await recorder.wait_for(lambda o: any(x.job_id == "redo" and x.kind == "succeeded" for x in o), timeout=20)
+    kinds = [x.kind for x in recorder.outcomes if x.job_id == "redo"]
+    assert seen == {"redo": True}, (seen, kinds)
+    assert kinds == ["redelivered", "succeeded"], kinds
+    await app.close()

@@ -129,7 +129,7 @@ async def test_a_worker_starting_later_takes_what_the_busy_one_could_not_start(b
         await b_app.close()
     finishes = sorted(f for *_, f in runs.runs)
     spread = finishes[-1] - finishes[0]
-    print(f"A ran {runs.by('A')}, B ran {runs.by('B')}; last finished {spread:.2f}s after the first")
+    print(f"A ran {runs.by('A')}, B ran {runs.by('B')}; last finished {spread:.2f}s after the first one finished")
     assert runs.by("B") >= 1, runs.runs
     assert spread <= 4.6, runs.runs
 
@@ -499,3 +499,46 @@ async def test_status_counts_an_idle_worker_taking_by_basic_get_as_serving_the_s
         await w.shutdown()
         await app.close()
     assert found == (0, []), found
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+@pytest.mark.timeout(60)
+async def test_a_redelivered_look_ahead_handed_back_keeps_its_start(broker: BrokerSettings, tmp_path: Path, qtype: str):
+    """Review 24 (1): a redelivered delivery taken as the look-ahead behind a long job and handed
+    back unstarted keeps the evidence of its earlier start: it is registered (suspects queue,
+    start 2) and runs alone with ``ctx.redelivered``, not copied back as a fresh first start."""
+    path = await topology(broker, tmp_path, qtype)
+    tenants = tenant_per_shard()
+    app = App("A", topology=load_topology(path).topology, url=broker.url)
+    seen: dict[str, bool] = {}
+
+    @app.job("sleep", queue="sharded")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(payload["s"])
+        seen[ctx.job_id] = ctx.redelivered
+
+    await app.enqueue("sleep", {"s": 0.005}, job_id="redo", tenant=tenants[1])
+    recorder = Recorder()
+    a = worker(app, broker, recorder=recorder)
+    async with raw_channel(broker) as holder:
+        shard = await holder.get_queue(SHARD_QUEUES[1], ensure=False)
+        held = await shard.get(no_ack=False)  # a worker that took it and died: unacked, then requeued
+        assert held is not None
+        assert held.message_id == "redo"
+        await a.start()
+        try:
+            for i in range(40):
+                await app.enqueue("sleep", {"s": 0.005}, tenant=tenants[(0, 2, 3)[i % 3]])
+            await recorder.wait_for(lambda o: len(o) >= 40, timeout=20)
+            await app.enqueue("sleep", {"s": 2.0}, job_id="long", tenant=tenants[0])
+            await asyncio.sleep(0.3)  # "long" runs; recent jobs were short: the look-ahead token is out
+            await holder.close()  # "redo" back in shard 1, redelivered: the look-ahead takes it, no slot comes
+            await recorder.wait_for(lambda o: "redo" in seen and "long" in seen, timeout=20)
+        finally:
+            await a.shutdown()
+            await app.close()
+    kinds = Counter((o.job_id, o.kind) for o in recorder.outcomes if o.job_id in ("redo", "long"))
+    print(f"outcomes of redo and long: {dict(kinds)}")
+    assert seen["redo"] is True, kinds  # the start before counts: run as a redelivery
+    assert kinds[("redo", "succeeded")] == 1, kinds
+    assert kinds[("redo", "handed_back")] == 0, kinds  # not copied back as unstarted (evidence lost)
