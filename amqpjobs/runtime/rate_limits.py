@@ -257,7 +257,7 @@ class RateLimits:
         async def waiting(delivery: Delivery) -> None:
             room = self.admit(delivery)
             assert room.source is not None
-            room.source.received()
+            consumer = room.source.received()
             task = asyncio.current_task()
             inflight.add(task)
             gauge = None if self._metrics is None else self._metrics.rate_waiting.labels(room.job)
@@ -275,7 +275,7 @@ class RateLimits:
                 await run(room.layout, not got, True)(delivery)
             finally:
                 inflight.discard(task)
-                room.source.settled()
+                room.source.settled(consumer)
 
         return waiting
 
@@ -298,7 +298,9 @@ class RateLimits:
             consumer = WorkQueueConsumer(self._connection, room.names.waiting, concurrency, handler, safe_url)
             consumer.on_missing = functools.partial(self.declare_again, room, "consuming the waiting room: 404")
             consumer.arguments = {**consumer.arguments, RATE_ARGUMENT: str(room.rate)}  # for status
-            room.source = RoomSource(consumer, concurrency)  # few waiting deliveries held (README "Rate limits")
+            room.source = RoomSource(  # few waiting deliveries held (README "Rate limits")
+                consumer, concurrency, quorum=room.layout.queue_type == "quorum"
+            )
             await (room.source.start() if starter is None else starter(room.source))
             self.consumers.append(room.source)
             self.tasks.append(asyncio.create_task(self._emitter.run(room)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,20 +181,28 @@ class RoomSource:
     """A waiting room's consumer holding few waiting deliveries: at most :data:`WAITING_PER_PROCESS`.
 
     Its runs (a delivery that took its token runs on, unacked until its outcome) hold slots
-    too: ``concurrency`` deliveries in all. After each token taken or run ended it consumes
+    too: ``concurrency`` deliveries in all. When a token taken or a run ended leaves room for
+    more than its consumer's credit (its prefetch less its unsettled deliveries), it consumes
     again (``basic.cancel``, then ``basic.consume`` under a new tag) with a prefetch of what
     it may still take (per consumer: RabbitMQ "Consumer Prefetch"), so a killed process
-    leaves only those few waiting ones marked redelivered. It is a
+    leaves only those few waiting ones marked redelivered. A quorum waiting room is consumed
+    again only once the consumer's credit is used up: a quorum queue returns a delivery on
+    its way to a cancelled consumer marked ``redelivered`` (README "Tenant fairness",
+    leases), which a worker takes for a crashed start. It is a
     :class:`~amqpjobs.runtime.sources.Source`: the worker pauses and resumes it as any other.
 
     Args:
         inner: The waiting room's consumer (its handler is :meth:`deliver`'s caller's).
         concurrency: The process's slots for this waiting room.
+        quorum: The waiting room is a quorum queue (the job queue's type).
     """
 
-    def __init__(self, inner: WorkQueueConsumer, concurrency: int) -> None:
+    def __init__(self, inner: WorkQueueConsumer, concurrency: int, quorum: bool = False) -> None:
         self.inner = inner
         self._concurrency = concurrency
+        self._quorum = quorum
+        self._consumer = 0  # which consume deliveries come from now (bumped at each basic.consume)
+        self._unsettled: Counter[int] = Counter()  # received, not yet settled, by the consume they came from
         self._waiting = 0  # received, not yet past their token wait
         self._held = 0  # received, not yet settled (waiting or running)
         self._paused = False  # by the worker: a suspects turn, a missing target, an operator's pause
@@ -205,6 +213,10 @@ class RoomSource:
 
     def _room(self) -> int:
         return min(WAITING_PER_PROCESS - self._waiting, self._concurrency - self._held)
+
+    def _credit(self) -> int:
+        """Deliveries the broker may still send the current consumer (0 when not consuming); never above the room."""
+        return max(0, self.inner.prefetch - self._unsettled[self._consumer]) if self.inner.consuming else 0
 
     @property
     def queue(self) -> str:
@@ -221,19 +233,27 @@ class RoomSource:
         """Paused by the worker."""
         return self._paused
 
-    def received(self) -> None:
-        """A delivery arrived (call first in the handler)."""
+    def received(self) -> int:
+        """A delivery arrived (call first in the handler); returns what to give :meth:`settled`."""
         self._waiting += 1
         self._held += 1
+        consumer = self._consumer
+        self._unsettled[consumer] += 1
+        if self._quorum and self._credit() <= 0 < self._room():  # safe to consume again now: nothing on its way
+            self._again()
+        return consumer
 
     def waited(self) -> None:
         """Its wait for a token is over (it runs, or goes back): room for another waiting delivery."""
         self._waiting -= 1
         self._again()
 
-    def settled(self) -> None:
-        """It is settled (call last in the handler)."""
+    def settled(self, consumer: int) -> None:
+        """It is settled (call last in the handler), ``consumer``: what :meth:`received` returned for it."""
         self._held -= 1
+        self._unsettled[consumer] -= 1
+        if self._unsettled[consumer] <= 0:
+            del self._unsettled[consumer]
         self._again()
 
     def _again(self) -> None:
@@ -246,13 +266,16 @@ class RoomSource:
         self._busy += 1
         try:
             async with self._lock:
-                room = self._room()
-                if self._paused or room <= 0:
+                room, credit = self._room(), self._credit()
+                if self._paused or room <= credit:  # the consumer may already bring all there is room for
                     return
+                if self._quorum and credit > 0:  # a cancel would send what is on its way back redelivered:
+                    return  # consumed again once the credit is used (received)
                 await self.inner.pause()
                 if self._paused:  # paused meanwhile
                     return
                 self.inner.prefetch = room
+                self._consumer += 1
                 await self.inner.resume()
         finally:
             self._busy -= 1
@@ -273,6 +296,7 @@ class RoomSource:
         async with self._lock:
             if not self._paused and (room := self._room()) > 0:
                 self.inner.prefetch = room
+                self._consumer += 1
                 await self.inner.resume()
 
     async def cancel(self) -> None:
