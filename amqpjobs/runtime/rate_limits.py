@@ -197,6 +197,17 @@ class RateLimits:
         """An operator paused ``job_queue``: its deliveries waiting for a token go back without one."""
         await asyncio.gather(*(r.gate.hold_back() for r in self.rooms.values() if r.layout.name == job_queue))
 
+    async def set_aside(self, aside: bool) -> None:
+        """A suspect's turn starts (``aside``) or ends: while it runs, no delivery waits for a token.
+
+        At the start, each waiting one goes back to its work queue unstarted (a suspect runs
+        alone, README "When a job crashes, hangs or stalls its worker"), and this returns once
+        each has gone on to its hand-back (counted among the worker's held deliveries).
+        """
+        await asyncio.gather(*(r.gate.set_aside(aside) for r in self.rooms.values()))
+        if aside:
+            await asyncio.gather(*(r.source.none_waiting() for r in self.rooms.values() if r.source is not None))
+
     def release(self) -> None:
         """The stopping worker took its last delivery: what waits for a token goes back (each gate's ``release``)."""
         for room in self.rooms.values():

@@ -53,6 +53,7 @@ class TokenGate:
         self._stop = stop
         self._held_back = held_back
         self._released = asyncio.Event()
+        self._aside = False  # a suspect's turn: only the suspect (``front``) waits for a token
         self._waiters: deque[asyncio.Future[tuple[float, Delivery]]] = deque()
         self._switching = asyncio.Lock()
         self.taken = 0  # tokens taken by deliveries of this process (suspects' included)
@@ -68,7 +69,7 @@ class TokenGate:
         loop = asyncio.get_running_loop()
         first = not front
         deadline = None if within is None else time.monotonic() + within
-        while not self._released.is_set() and not self._held_back():
+        while not self._released.is_set() and not self._held_back() and (front or not self._aside):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
@@ -145,6 +146,17 @@ class TokenGate:
         self._wake()
         await self._want()
 
+    async def set_aside(self, aside: bool) -> None:
+        """A suspect's turn starts (``aside``) or ends.
+
+        While it runs, each waiting delivery stops waiting without a token, and none waits
+        until it ends, bar the suspect's own :meth:`acquire` with ``front``.
+        """
+        self._aside = aside
+        if aside:
+            self._wake()
+            await self._want()
+
     def release(self) -> None:
         """The stopping worker took its last delivery: each waiting one stops waiting without a token."""
         self._released.set()
@@ -205,6 +217,8 @@ class RoomSource:
         self._unsettled: Counter[int] = Counter()  # received, not yet settled, by the consume they came from
         self._waiting = 0  # received, not yet past their token wait
         self._held = 0  # received, not yet settled (waiting or running)
+        self._none_waiting = asyncio.Event()  # set while nothing received waits for a token
+        self._none_waiting.set()
         self._paused = False  # by the worker: a suspects turn, a missing target, an operator's pause
         self._busy = 0  # consuming again under way
         self._lock = asyncio.Lock()
@@ -233,10 +247,15 @@ class RoomSource:
         """Paused by the worker."""
         return self._paused
 
+    async def none_waiting(self) -> None:
+        """Return once no delivery received waits for a token (each gone on to run or to its hand-back)."""
+        await self._none_waiting.wait()
+
     def received(self) -> int:
         """A delivery arrived (call first in the handler); returns what to give :meth:`settled`."""
         self._waiting += 1
         self._held += 1
+        self._none_waiting.clear()
         consumer = self._consumer
         self._unsettled[consumer] += 1
         if self._quorum and self._credit() <= 0 < self._room():  # safe to consume again now: nothing on its way
@@ -246,6 +265,8 @@ class RoomSource:
     def waited(self) -> None:
         """Its wait for a token is over (it runs, or goes back): room for another waiting delivery."""
         self._waiting -= 1
+        if not self._waiting:
+            self._none_waiting.set()
         self._again()
 
     def settled(self, consumer: int) -> None:

@@ -88,6 +88,8 @@ class SuspectTurns(SourceControl):
         try:
             # no new deliveries; what arrives meanwhile (prefetched, or a take answered now) is handed back unstarted
             await asyncio.gather(*(c.pause() for c in self._consumers))
+            if self._rates is not None:  # deliveries waiting for a token go back unstarted (counted as held then)
+                await self._rates.set_aside(True)
             await self._gate.idle()
             while self._held > self._holding.count:
                 self._held_changed.clear()
@@ -111,6 +113,8 @@ class SuspectTurns(SourceControl):
                 finally:
                     self._suspects_running -= 1
         finally:
+            if self._rates is not None:
+                await self._rates.set_aside(False)
             self._gate.release_alone()
             if not self._stop.is_set():
                 await asyncio.gather(*(c.resume() for c in self._consumers

@@ -713,3 +713,59 @@ async def test_a_quorum_waiting_room_marks_no_job_redelivered_that_never_started
     print(f"concurrency {concurrency}: {dict(kinds)}")
     assert kinds["redelivered"] == 0, kinds
     assert again == [], again
+
+
+async def test_a_suspect_runs_with_no_delivery_waiting_for_a_token_beside_it(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Review 25 (1): a suspect runs alone, "with nothing else held" (README "When a job crashes"). The
+    deliveries of a rate-limited job waiting for a token stayed held during the turn, so a suspect that
+    killed its process sent them back redelivered, charged with its crash (2 a crash). They are handed
+    back unstarted before the suspect starts, and come back to wait once the turn is over."""
+    app = await publisher(broker, tmp_path)
+    runner = App("rateapp", topology=app.topology(), url=broker.url)
+    held_beside: list[int] = []
+    worker: Worker | None = None
+
+    def waiting_here() -> int:
+        assert worker is not None
+        assert worker._rates is not None
+        return sum(r.source._held for r in worker._rates.rooms.values() if r.source is not None)
+
+    async def other(payload: dict[str, object], ctx: JobContext) -> None:
+        if ctx.job_id == "redo":
+            held_beside.append(waiting_here())
+
+    runner.job("limited", queue="work", rate_limit="1/h")(lambda p, c: None)
+    runner.job("other", queue="work")(other)
+    await app.enqueue("other", {}, job_id="redo")
+    recorder = Recorder()
+    worker = Worker(runner, broker, WorkerOptions(concurrency=4, grace=10), recorder)
+    try:
+        async with raw_channel(broker) as holder:
+            queue = await holder.get_queue("work", ensure=False)
+            held = await queue.get(no_ack=False)
+            assert held is not None
+            await worker.start()
+            await app.enqueue("limited", {}, job_id="first")  # takes the hour's one token and runs
+            for i in range(3):
+                await app.enqueue("limited", {}, job_id=f"waits-{i}")
+            deadline = time.monotonic() + 10
+            while waiting_here() < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert waiting_here() == 2  # two wait for a token in this process, the third in the room
+        # the holder's connection closed: "redo" is back in "work", redelivered: a suspect
+        await recorder.wait_for(lambda o: any(x.job_id == "redo" and x.kind == "succeeded" for x in o), timeout=20)
+        deadline = time.monotonic() + 10
+        while waiting_here() < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        after = waiting_here()
+    finally:
+        await worker.shutdown()
+        await app.close()
+    kinds = Counter((x.job_id, x.kind) for x in recorder.outcomes)
+    print(f"held beside the suspect: {held_beside}; outcomes: {dict(kinds)}")
+    assert held_beside == [0], kinds
+    assert after == 2  # waiting again after the turn
+    assert kinds[("redo", "redelivered")] == 1, kinds
+    assert not [k for k in kinds if k[1] == "redelivered" and k[0] != "redo"], kinds
