@@ -206,7 +206,7 @@ async def _try_node(nodes: list[Node], at: int, name: str, limit: float) -> Abst
         with contextlib.suppress(Exception):
             await connection.close()
         if isinstance(exc, TimeoutError):  # accepted, never answered: a probe would get no answer either
-            raise TimeoutError(f"no answer within {limit:.3g}s") from exc
+            raise TimeoutError(f"no answer within {limit:.2g}s") from exc  # 2.99 s left of 3: "3s"
         if not isinstance(exc, _CONNECT_ERRORS):
             raise
         one = nodes[at]

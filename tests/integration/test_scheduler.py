@@ -401,7 +401,9 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     assert all(b - a >= 3 * SECOND for a, b in itertools.pairwise(starts))
     # the control schedule did overlap
     assert max_concurrent([(start, end) for start, end, _ in runs["free"]]) >= 2
-    assert {e.kind for e in events if e.schedule == "free"} == {"fired"}
+    free_kinds = {e.kind for e in events if e.schedule == "free"}
+    assert "fired" in free_kinds
+    assert free_kinds <= {"fired", "catch-up"}, free_kinds  # a loop late by a tick under load catches up (CI once)
 
 
 # ---------------------------------------------------------------------------- refusals

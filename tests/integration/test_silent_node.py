@@ -12,6 +12,7 @@ the shared node is never restarted).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -59,7 +60,7 @@ async def test_a_first_connect_to_a_silent_node_gives_up_after_the_connect_timeo
     assert 3 <= took <= 8, took  # one attempt of 3 s (the time left), then no round past the deadline
     assert len(accepted) >= 1  # it did reach the node
     assert f"broker at amqp://guest:***@127.0.0.1:{port}/ unreachable after 3s" in str(caught.value)
-    assert "no answer within 3s" in str(caught.value)
+    assert re.search(r"no answer within (3|2\.[5-9])s", str(caught.value)), caught.value  # the time left of 3 s
     assert SECRET not in str(caught.value)
 
 
