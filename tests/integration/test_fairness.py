@@ -215,7 +215,7 @@ async def test_workers_split_by_class_keep_urgent_jobs_fast(broker: BrokerSettin
 @pytest.mark.serial  # waits compared across floods: CPU contention from parallel tests skews them
 @pytest.mark.timeout(300)
 async def test_small_tenant_wait_does_not_grow_with_the_flood(broker: BrokerSettings, tmp_path: Path):
-    """B's p99 wait behind 500 vs 5,000 jobs of A (the better of two runs each) differs by less than 20%."""
+    """B's p99 wait behind 500 vs 5,000 jobs of A (the better of three runs each) differs by less than 20%."""
     app = await setup(broker, tmp_path)
     a, b = tenants_on_distinct_shards(2)
     waits: list[tuple[str, float]] = []
@@ -246,9 +246,15 @@ async def test_small_tenant_wait_does_not_grow_with_the_flood(broker: BrokerSett
         assert len(b_waits) == 50
         return b_waits[int(0.99 * len(b_waits))]
 
-    # each the better of two runs: one broker or GC hiccup during one run's last B job made the p99 (the
-    # largest of 50) 20% off once in CI (0.449 vs 0.540 s); a wait that grows with the flood grows in both
-    small = min([await p99_with_backlog(500) for _ in range(2)])
-    big = min([await p99_with_backlog(5000) for _ in range(2)])
+    # each the better of three runs, taken in turns (500, 5,000, 500, ...): one broker or GC hiccup during
+    # one run's last B job made the p99 (the largest of 50) 20% off in CI (0.449 vs 0.540 s; with the two
+    # small runs first, then the two big ones, 0.412 vs 0.498 s once more: the load of CI drifts); a wait
+    # that grows with the flood grows in every run
+    runs: dict[int, list[float]] = {500: [], 5000: []}
+    for _ in range(3):
+        for backlog in runs:
+            runs[backlog].append(await p99_with_backlog(backlog))
     await app.close()
+    small, big = min(runs[500]), min(runs[5000])
+    print(f"B's p99 wait (s) behind 500 of A: {runs[500]}, behind 5,000: {runs[5000]}")
     assert abs(big - small) / small < 0.2, (small, big)
