@@ -40,6 +40,7 @@ from amqpjobs.wire.limits import (
     encoded_size,
 )
 from amqpjobs.wire.property_encoding import exact_properties
+from amqpjobs.wire.publish_now import queue_publish
 from amqpjobs.wire.publish_outcome import (
     heard_close,
     max_size_in,
@@ -294,13 +295,15 @@ class ConfirmedPublisher:
             with broker_errors():
                 frame_max = underlay.connection.connection_tune.frame_max
                 check_header_fits(properties, message.headers, frame_max, self._header_reserve)
-                # wait=False: the confirm is what is waited for (it comes after the frames were written, and a
-                # lost connection fails it as it fails the drain); not also a loop turn for the write's drain.
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
-                await underlay.basic_publish(
-                    message.body, exchange=exchange, routing_key=routing_key, properties=properties,
-                    mandatory=True, timeout=self._timeout, wait=False,
-                )  # fmt: skip
+                if (confirmation := queue_publish(underlay, exchange, routing_key, message.body, properties)) is not None:
+                    async with asyncio.timeout(self._timeout):  # aiormq's bookkeeping, without its objects
+                        await confirmation
+                else:  # wait=False: the confirm is what is waited for (a lost connection fails it, as the drain)
+                    await underlay.basic_publish(
+                        message.body, exchange=exchange, routing_key=routing_key, properties=properties,
+                        mandatory=True, timeout=self._timeout, wait=False,
+                    )  # fmt: skip
         except UnroutableError as exc:  # a basic.return of this very message
             raise UnroutableError(unroutable(exchange, routing_key)) from exc.__cause__
         except PublishNackedError as exc:  # a nack of this publish's delivery tag

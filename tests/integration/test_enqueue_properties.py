@@ -1,9 +1,9 @@
 """``enqueue`` writes a job's properties in one pass (wire/property_encoding.py): pamqp's bytes, on a real broker.
 
-The publisher hands aiormq the properties encoded already
-(:class:`~amqpjobs.wire.copies.ExactProperties`) for what ``enqueue`` sends, and pamqp's own
-``Basic.Properties`` for anything else (here a float header): either way the broker stores
-the same properties.
+The publisher encodes the properties itself (:class:`~amqpjobs.wire.copies.ExactProperties`)
+for what ``enqueue`` sends and queues the publish's frames in one step (wire/publish_now.py),
+and hands aiormq pamqp's own ``Basic.Properties`` for anything else (here a float header):
+either way the broker stores the same properties.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 import aiormq
 import pytest
 
+from amqpjobs.wire import publish as wire_publish
+from amqpjobs.wire import publish_now
 from amqpjobs.wire.copies import ExactProperties
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import applied_app, drain
@@ -37,19 +39,27 @@ async def test_a_job_goes_out_with_its_properties_encoded_in_one_pass(
     app = await applied_app(broker, tmp_path, TOPOLOGY, "props")
     app.job("one", queue="work")(lambda p, c: None)
     handed: list[type] = []
+    queued: list[tuple[type, bool]] = []
     publish = aiormq.Channel.basic_publish
 
     async def recording(self: aiormq.Channel, body: bytes, **kwargs: Any) -> Any:
         handed.append(type(kwargs["properties"]))
         return await publish(self, body, **kwargs)
 
+    def queueing(underlay: aiormq.Channel, *args: Any) -> Any:
+        confirmation = publish_now.queue_publish(underlay, *args)
+        queued.append((type(args[-1]), confirmation is not None))
+        return confirmation
+
     monkeypatch.setattr(aiormq.Channel, "basic_publish", recording)
+    monkeypatch.setattr(wire_publish, "queue_publish", queueing)
     try:
         await app.enqueue("one", {"n": 1}, job_id="fast", priority=3, tenant="acme", headers={"k": "v"})
         await app.enqueue("one", {"n": 2}, job_id="pamqp", headers={"ratio": 0.5})  # a float: pamqp encodes it
     finally:
         await app.close()
-    assert handed == [ExactProperties, aiormq.spec.Basic.Properties]
+    assert queued == [(ExactProperties, True), (aiormq.spec.Basic.Properties, False)]
+    assert handed == [aiormq.spec.Basic.Properties]  # only the float's publish went through aiormq's
     fast, slow = await drain(broker, "work")
     assert (fast.message_id, fast.type, fast.priority, fast.app_id) == ("fast", "one", 3, "amqpjobs")
     assert (fast.content_type, fast.delivery_mode.value) == ("application/json", 2)
