@@ -296,7 +296,8 @@ class ConfirmedPublisher:
                 frame_max = underlay.connection.connection_tune.frame_max
                 check_header_fits(properties, message.headers, frame_max, self._header_reserve)
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
-                if (confirmation := queue_publish(underlay, exchange, routing_key, message.body, properties)) is not None:
+                confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
+                if confirmation is not None:
                     async with asyncio.timeout(self._timeout):  # aiormq's bookkeeping, without its objects
                         await confirmation
                 else:  # wait=False: the confirm is what is waited for (a lost connection fails it, as the drain)
