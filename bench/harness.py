@@ -14,18 +14,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import psutil
-from aio_pika.abc import AbstractChannel, DeliveryMode
+from aio_pika.abc import AbstractChannel
 from common import EXCHANGE, JOB, QUEUE, TOPOLOGY, count, read_records
 from report import AMQPJOBS_CLI, BENCH, GOALS, PY, ROOT, Machine, Report, Stat
 
 from amqpjobs import JobContext
-from amqpjobs.jobs.envelope import iso_utc, job_message
+from amqpjobs.jobs.envelope import job_message
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -43,19 +42,6 @@ def amqpjobs_message(now: float) -> tuple[bytes, Any]:
         headers=dict(m.headers), delivery_mode=2,
     )  # fmt: skip
     return m.body, props
-
-
-def raw_message(now: float) -> aio_pika.Message:
-    """The same wire format, built by hand as a raw aio-pika publisher would."""
-    return aio_pika.Message(
-        json.dumps({"t": now}).encode(),
-        content_type="application/json",
-        message_id=str(uuid.uuid4()),
-        type=JOB,
-        timestamp=datetime.fromtimestamp(now, UTC),
-        headers={"amqpjobs-attempt": 1, "amqpjobs-enqueued-at": iso_utc(now)},
-        delivery_mode=DeliveryMode.PERSISTENT,
-    )
 
 
 def dramatiq_message(now: float) -> tuple[bytes, Any]:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 import aio_pika
 import sync_publish
 from common import EXCHANGE, JOB, QUEUE, count, read_records
-from harness import Contestant, Harness, _noop, contestants, own_cpu, percentile, raw_message
-from report import GOALS, Stat, per_cpu_second, ratio
+from harness import Contestant, Harness, _noop, contestants, percentile
+from publishers import raw_message
+from report import BENCH, GOALS, PY, Stat, per_cpu_second, ratio
 
 from amqpjobs import App
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.settings import BrokerSettings
 
 
 def one_at_a_time(n: int) -> int:
@@ -124,63 +128,76 @@ class LoadScenarios(Harness):
         single = one_at_a_time(n)
         self.header(f"3. Publish rate with publisher confirms ({single:,} one by one, {n:,} batched 500 at a time)")
         settings = await self.vhost("publish")
-        app = App("bench", topology=load_topology(self.tmp / "bench.toml").topology, url=settings.url)
-        app.job(JOB, queue=QUEUE)(_noop)
-        await app.connect()
-        connection = await aio_pika.connect_robust(settings.url)
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(EXCHANGE, ensure=False)
-
-        async def aj_one(k: int) -> None:
-            for _ in range(k):
-                await app.enqueue(JOB, {"t": time.time()})
-
-        async def aj_batch(k: int) -> None:
-            for start in range(0, k, 500):
-                await asyncio.gather(*(app.enqueue(JOB, {"t": time.time()}) for _ in range(min(500, k - start))))
-
-        async def raw_one(k: int) -> None:
-            for _ in range(k):
-                await exchange.publish(raw_message(time.time()), QUEUE)
-
-        async def raw_batch(k: int) -> None:
-            for start in range(0, k, 500):
-                now = time.time()
-                await asyncio.gather(*(exchange.publish(raw_message(now), QUEUE) for _ in range(min(500, k - start))))
-
-        cases: list[tuple[str, str, Callable[[int], Awaitable[None]], int]] = [
-            ("aj1", "amqpjobs `enqueue`, one by one", aj_one, single),
-            ("raw1", "raw aio-pika publish, one by one", raw_one, single),
-            ("ajb", "amqpjobs `enqueue`, batched (gather 500)", aj_batch, n),
-            ("rawb", "raw aio-pika publish, batched (gather 500)", raw_batch, n),
+        procs = {key: await self.publisher(key, settings) for key in ("amqpjobs", "raw")}
+        cases = [
+            ("aj1", "amqpjobs `enqueue`, one by one", "amqpjobs", "one", single),
+            ("raw1", "raw aio-pika publish, one by one", "raw", "one", single),
+            ("ajb", "amqpjobs `enqueue`, batched (gather 500)", "amqpjobs", "batch", n),
+            ("rawb", "raw aio-pika publish, batched (gather 500)", "raw", "batch", n),
         ]
         rates = {key: Stat() for key, *_ in cases}
         cpus = {key: Stat() for key, *_ in cases}
         try:
             for rep in range(reps):
-                for key, _, fn, k in cases:
+                for key, _, who, mode, k in cases:
                     await self.purge(settings)
-                    c0, t0 = own_cpu(), time.perf_counter()
-                    await fn(k)
-                    elapsed, cpu = time.perf_counter() - t0, own_cpu() - c0
-                    rates[key].add(k / elapsed)
-                    cpus[key].add(cpu / k * 1e6)
-                    print(f"  rep {rep + 1}/{reps} {key:<5} {k / elapsed:8.0f} msg/s", flush=True)
+                    got = await self.ask(procs[who], f"{mode} {k}")
+                    rates[key].add(got["rate"])
+                    cpus[key].add(got["cpu_us"])
+                    print(f"  rep {rep + 1}/{reps} {key:<5} {got['rate']:8.0f} msg/s", flush=True)
             await self.purge(settings)
         finally:
-            await connection.close()
-            await app.close()
+            for proc in procs.values():
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 15)
+                if proc.returncode is None:
+                    proc.kill()
         self.report.table(
-            ["publisher", "msg/s median (min–max)", "client CPU µs/msg"],
+            ["publisher (a process of its own)", "msg/s median (min–max)", "client CPU µs/msg"],
             [[label, rates[key].fmt(), cpus[key].fmt()] for key, label, *_ in cases],
         )
         batched = self.goal("enqueueb/rawb", ratio(rates["ajb"], rates["rawb"]),
                             f"{rates['ajb'].median:,.0f} vs {rates['rawb'].median:,.0f} msg/s")  # fmt: skip
         one_by_one = self.goal("enqueue1/raw1", ratio(rates["aj1"], rates["raw1"]),
                             f"{rates['aj1'].median:,.0f} vs {rates['raw1'].median:,.0f} msg/s")  # fmt: skip
-        self.report.add(f"enqueue / raw aio-pika: one by one {one_by_one}; batched {batched}.", "")
+        self.report.add(
+            f"enqueue / raw aio-pika: one by one {one_by_one}; batched {batched}. Each publisher runs in a process "
+            "of its own (bench/publishers.py): amqpjobs replaces aiormq's frame reader for every connection of "
+            "its process, so a raw aio-pika publisher beside it would read its confirms with amqpjobs' code.",
+            "",
+        )
         self.results.update({f"pub.{k}": v for k, v in rates.items()})
         self.results.update({f"cpu.pub.{k}": v for k, v in cpus.items()})
+
+    async def publisher(self, who: str, settings: BrokerSettings) -> asyncio.subprocess.Process:
+        """A section-3 publisher process (bench/publishers.py), connected and warmed up."""
+        topology = str(self.tmp / "bench.toml")
+        argv = [PY, str(BENCH / "publishers.py"), who, "--url", settings.url, "--topology", topology]
+        path = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=BENCH, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"publisher {who} did not start (exit {await proc.wait()}): {line!r}")
+        return proc
+
+    @staticmethod
+    async def ask(proc: asyncio.subprocess.Process, command: str) -> dict[str, float]:
+        """Send one command to a publisher process and read its JSON answer."""
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(command.encode() + b"\n")
+        await proc.stdin.drain()
+        line = await asyncio.wait_for(proc.stdout.readline(), 600)
+        if not line:
+            raise RuntimeError(f"publisher process ended (exit {await proc.wait()}) on {command!r}")
+        answer: dict[str, float] = json.loads(line)
+        return answer
 
     async def sync_publish(self) -> None:
         reps = self.args.reps
