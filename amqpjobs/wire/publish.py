@@ -40,12 +40,12 @@ from amqpjobs.wire.limits import (
     encoded_size,
 )
 from amqpjobs.wire.property_encoding import exact_properties
-from amqpjobs.wire.publish_now import queue_publish
+from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 from amqpjobs.wire.publish_outcome import (
     heard_close,
     max_size_in,
     nacked,
-    too_large,
+    size_refusal,
     uncertain,
     unroutable,
 )
@@ -226,7 +226,7 @@ class ConfirmedPublisher:
             raise BrokerError(f"publish to {exchange!r} / {routing_key!r} not sent: no channel ({exc})") from exc
 
     async def _writable(
-        self, exchange: str, routing_key: str, started: float
+        self, exchange: str, routing_key: str, started: float, message_id: str | None = None
     ) -> tuple[AbstractChannel, aiormq.Channel]:
         """A channel a publish can be queued on now without crossing a close (see :func:`heard_close`).
 
@@ -234,13 +234,14 @@ class ConfirmedPublisher:
         writes without suspending while the write queue has room (the channel's lock is held only
         across a put). A channel the broker closed is replaced; an exchange not seen to exist, or
         named missing by a 404 meanwhile, is checked first (so only the publishes queued before the
-        broker's 404 was heard are cut off by it, once). Publishes that find the queue full
+        broker's 404 was heard are cut off by it, once). A publish whose message id is in flight on the
+        channel waits for that publish's answer (:func:`same_id_in_flight`). Publishes that find the queue full
         wait in turn (:attr:`_room`, FIFO): the first wakes when the writer emptied it
         (``Queue.join``) or :data:`_ROOM_RECHECK` later; the others sleep behind it.
 
         Raises:
-            BrokerUnavailableError, BrokerError: no channel could be opened, or the write queue
-                stayed full for ``timeout`` seconds (nothing sent).
+            BrokerUnavailableError, BrokerError: no channel could be opened, the write queue stayed
+                full, or the publish of the same id before it had no answer, for ``timeout`` seconds (nothing sent).
         """
         in_line = False
         checks = 0  # of the exchange, by this publish (one that could not be made lets it go: it says why)
@@ -267,6 +268,16 @@ class ConfirmedPublisher:
                         in_line = False
                     checks += 1
                     await self.exchanges.check(exchange)
+                elif (earlier := same_id_in_flight(underlay, message_id)) is not None:  # one answer each
+                    if (left := self._timeout - (time.monotonic() - started)) <= 0:
+                        raise BrokerError(
+                            f"publish to {exchange!r} / {routing_key!r} not sent: the publish of id "
+                            f"{message_id!r} before it had no answer within {self._timeout:g}s"
+                        )
+                    if in_line:
+                        self._room.release()
+                        in_line = False
+                    await asyncio.wait([earlier], timeout=left)
                 elif not write_queue.full() and (in_line or not self._room.locked()):
                     return channel, underlay  # (the room lock is released below, without a step in between)
                 elif time.monotonic() - started > self._timeout:
@@ -290,7 +301,7 @@ class ConfirmedPublisher:
         exact = exact_properties(message)  # the bytes pamqp would write, in one pass (None: pamqp encodes them)
         properties = amqp_properties(message) if exact is None else exact
         sent = time.monotonic()
-        channel, underlay = await self._writable(exchange, routing_key, sent)
+        channel, underlay = await self._writable(exchange, routing_key, sent, message.message_id)
         try:
             with broker_errors():
                 frame_max = underlay.connection.connection_tune.frame_max
@@ -338,7 +349,7 @@ class ConfirmedPublisher:
 
         The broker's reason for closing the channel (aiormq's ``_close_exception``; else ``exc``)
         is read, whichever publish's confirm failed first: a 404 naming this publish's exchange
-        is a definite refusal, a 406 over ``max_message_size`` is :meth:`_over_max_size`'s;
+        is a definite refusal, a 406 over ``max_message_size`` is :func:`size_refusal`'s;
         anything else (another publish's 404, a lost or forced connection) leaves it uncertain.
 
         Raises:
@@ -356,37 +367,14 @@ class ConfirmedPublisher:
         if kind is NotFoundError and f"no exchange '{exchange}' in vhost" in text:  # this one's: nothing stored
             raise UnroutableError(self.exchanges.missing(exchange)) from reason
         if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
-            await self._over_max_size(channel, message, text, reason)
+            await self._discard_channel(channel)  # the next publish opens another
+            if (limit := max_size_in(text)) is not None:  # later bodies over it are refused before sending
+                self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
+            raise size_refusal(message, text) from reason
         what = f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})"
         if self._closed:
             what = f"{self._owner} was closed under the publish to {exchange!r} / {routing_key!r}"
         raise PublishError(uncertain(what, message)) from reason
-
-    async def _over_max_size(
-        self, channel: AbstractChannel, message: OutgoingMessage, refusal: str, cause: BaseException | None
-    ) -> None:
-        """The broker closed the channel: a body over its ``max_message_size`` (406 ``PRECONDITION_FAILED``).
-
-        The broker names no setting at connect (``connection.tune`` has no such field), only this
-        refusal: ``message size N is larger than configured max size M``. ``M`` becomes
-        :attr:`max_message_size` (later bodies over it are refused before sending, no channel
-        lost), and the closed channel is replaced at the next publish.
-
-        Raises:
-            MessageTooLargeError: ``message`` is over the limit (its ``reason`` names both sizes).
-            PublishError: it is not: another publish's refusal closed the channel under it (not
-                confirmed; it may or may not be stored).
-        """
-        await self._discard_channel(channel)
-        limit = max_size_in(refusal)
-        if limit is not None:
-            self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
-        if (refused := too_large(len(message.body), refusal)) is not None:
-            raise refused from cause
-        raise PublishError(uncertain(
-            f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
-            f"broker's max_message_size of {limit} bytes ({refusal})", message
-        )) from cause  # fmt: skip
 
     async def close(self) -> None:
         """Close the publisher's channel; a publish under way or later raises :class:`PublisherClosedError` (not sent).

@@ -83,3 +83,18 @@ def queue_publish(
     confirmation.add_done_callback(forget)
     queue.put_nowait(ChannelFrame(payload=payload, should_close=False))
     return confirmation
+
+
+def same_id_in_flight(underlay: aiormq.Channel, message_id: str | None) -> asyncio.Future[Any] | None:
+    """The confirm's future of a publish of ``message_id`` in flight on ``underlay``, or None.
+
+    aiormq matches a ``basic.return`` to its publish by the returned message's ``message_id``,
+    keeping one delivery tag per id (the latest): with two publishes of one id in flight, a
+    return would fail the wrong one and leave the returned one to be confirmed as if stored.
+    A publish of that id must wait for this future first (any outcome).
+    """
+    if not message_id:
+        return None
+    tag = underlay.message_id_delivery_tag.get(message_id)
+    earlier = None if tag is None else underlay.confirmations.get(tag)
+    return earlier if earlier is not None and not earlier.done() else None

@@ -11,7 +11,7 @@ import re
 
 import aiormq
 
-from amqpjobs.errors import MessageTooLargeError
+from amqpjobs.errors import MessageTooLargeError, PublishError
 from amqpjobs.message import OutgoingMessage
 
 
@@ -87,3 +87,23 @@ def too_large(size: int, refusal: str) -> MessageTooLargeError | None:
         "data elsewhere and put a reference in the payload",
         f"a body of {size} bytes, over the broker's max_message_size{of}",
     )
+
+
+def size_refusal(message: OutgoingMessage, refusal: str) -> MessageTooLargeError | PublishError:
+    """What a channel closed over the broker's ``max_message_size`` (406 ``PRECONDITION_FAILED``) says of a publish.
+
+    The broker names no such setting at connect (``connection.tune`` has no field for it),
+    only this refusal: ``message size N is larger than configured max size M`` (the caller
+    keeps ``M``, :func:`max_size_in`, to refuse later bodies over it before sending).
+
+    Returns:
+        :class:`MessageTooLargeError` when ``message`` is over the limit (its ``reason`` names
+        both sizes); else :class:`PublishError`: another publish's refusal closed the channel
+        under it (not confirmed; it may or may not be stored).
+    """
+    if (refused := too_large(len(message.body), refusal)) is not None:
+        return refused
+    return PublishError(uncertain(
+        f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
+        f"broker's max_message_size of {max_size_in(refusal)} bytes ({refusal})", message
+    ))  # fmt: skip
