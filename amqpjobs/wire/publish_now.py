@@ -3,8 +3,9 @@
 aiormq's ``Channel.basic_publish`` builds a ``Basic.Publish``, a ``ContentHeader`` and body
 frames, marshals them through pamqp one by one, and enters three context managers (the
 channel's close watcher, a timeout, the channel's lock) and a ``Queue.put`` coroutine around
-one write: about a third of the client CPU of an ``enqueue`` one at a time (bench/ section
-3). :func:`queue_publish` does the same bookkeeping as that method, on the same channel
+one write: about a third of the publishing thread's samples in a py-spy profile of ``enqueue``
+one at a time; queued here, an enqueue took 257 instead of 277 µs of client CPU (bench/RESULTS.md,
+2026-12-03 evening). :func:`queue_publish` does the same bookkeeping as that method, on the same channel
 attributes (``delivery_tag``, ``confirmations``, ``message_id_delivery_tag``, a confirmation
 future from the channel's future store), and puts the frames
 (:func:`~amqpjobs.wire.publish_frames.publish_payload`, the bytes pamqp writes, tested

@@ -15,7 +15,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from amqpjobs.wire.copies import ExactProperties
-from amqpjobs.wire.publish_now import queue_publish
+from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 
 
 @dataclass
@@ -122,3 +122,19 @@ async def test_it_declines_while_the_channel_lock_is_held_or_the_write_queue_is_
     channel.connection.write_queue.put_nowait(ChannelFrame(payload=b"x", should_close=False))
     assert queued(channel, "jobs", "rk", b"{}", PROPS) is None
     assert channel.delivery_tag == 0
+
+
+async def test_a_publish_of_the_same_message_id_in_flight_is_found_until_it_is_answered():
+    channel = Channel()
+    underlay = cast(aiormq.Channel, channel)
+    assert same_id_in_flight(underlay, "job-1") is None
+    first = queued(channel, "jobs", "rk", b"{}", PROPS)
+    assert first is not None
+    assert same_id_in_flight(underlay, "job-1") is first
+    assert same_id_in_flight(underlay, "job-2") is None
+    assert same_id_in_flight(underlay, "") is None
+    assert same_id_in_flight(underlay, None) is None
+    first.set_result(spec.Basic.Ack(delivery_tag=1))
+    assert same_id_in_flight(underlay, "job-1") is None  # answered: its entry may linger a step, not waited for
+    await asyncio.sleep(0)
+    assert channel.message_id_delivery_tag == {}
