@@ -11,6 +11,7 @@ fork (Celery's prefork pool) need no shared counter.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -29,6 +30,12 @@ name = "{QUEUE}"
 exchange = "{EXCHANGE}"
 retry_tiers = ["1s", "5s"]
 """
+
+
+def own_cpu() -> float:
+    """User + system CPU seconds of this process so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 class Recorder:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import time
@@ -108,11 +107,6 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
                     t = p.cpu_times()
                     total += t.user + t.system
     return total
-
-
-def own_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def percentile(sorted_values: list[float], p: float) -> float:

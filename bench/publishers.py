@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import sys
 import time
 import uuid
@@ -29,7 +28,7 @@ from datetime import UTC, datetime
 
 import aio_pika
 from aio_pika.abc import DeliveryMode
-from common import EXCHANGE, JOB, QUEUE
+from common import EXCHANGE, JOB, QUEUE, own_cpu
 
 #: Publishes gathered at once by ``batch``.
 BATCH = 500
@@ -51,11 +50,6 @@ def raw_message(now: float) -> aio_pika.Message:
         },
         delivery_mode=DeliveryMode.PERSISTENT,
     )
-
-
-def own_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 #: A contestant: publish one job (awaitable), and close.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import statistics
 import time
 import uuid
@@ -25,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from common import JOB, QUEUE, TOPOLOGY
+from common import JOB, QUEUE, TOPOLOGY, own_cpu
 from harness import _noop
 
 from amqpjobs import App
@@ -38,17 +37,12 @@ from amqpjobs.wire.settings import BrokerSettings, broker_settings
 KEYS = ("amqpjobs", "dramatiq", "hand-off")
 
 
-def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def timed(n: int, one: Callable[[int], object]) -> tuple[float, float]:
     """(msg/s, CPU µs per call) of ``n`` calls of ``one``."""
-    t0, c0 = time.perf_counter(), cpu()
+    t0, c0 = time.perf_counter(), own_cpu()
     for i in range(n):
         one(i)
-    wall, used = time.perf_counter() - t0, cpu() - c0
+    wall, used = time.perf_counter() - t0, own_cpu() - c0
     return n / wall, used / n * 1e6
 
 
