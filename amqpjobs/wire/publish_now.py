@@ -89,10 +89,17 @@ def queue_publish(
 def same_id_in_flight(underlay: aiormq.Channel, message_id: str | None) -> asyncio.Future[Any] | None:
     """The confirm's future of a publish of ``message_id`` in flight on ``underlay``, or None.
 
-    aiormq matches a ``basic.return`` to its publish by the returned message's ``message_id``,
-    keeping one delivery tag per id (the latest): with two publishes of one id in flight, a
-    return would fail the wrong one and leave the returned one to be confirmed as if stored.
-    A publish of that id must wait for this future first (any outcome).
+    A ``basic.return`` carries no delivery tag: the broker sends it before the ``basic.ack`` of
+    the same publish (RabbitMQ "Consumer Acknowledgements and Publisher Confirms", "When Will
+    Published Messages Be Confirmed by the Broker?"), and aiormq (``Channel._on_return_frame``)
+    matches it to its publish by the returned message's ``message_id``, keeping one delivery tag
+    per id (the latest). With two publishes of one id in flight, a return would fail the wrong
+    one and leave the returned one to be confirmed as if stored, so a publish of that id waits
+    for this future first (any outcome). Raises nothing.
+
+    Args:
+        underlay: aiormq's channel.
+        message_id: The publish's message id (None or "": aiormq invents one; never in flight twice).
     """
     if not message_id:
         return None
