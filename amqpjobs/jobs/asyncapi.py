@@ -13,7 +13,7 @@ the wire format (README "Wire format"):
   ``deliveryMode: 2``, ``mandatory: true``, ``timestamp: true``;
 * the **outcome events** workers publish (README "Wire format" → "Outcome events"): one
   channel on the topic exchange ``amqpjobs.events``, address ``{jobQueue}.{outcome}``, with a
-  ``receive`` operation and the event message (:func:`amqpjobs.jobs.events.event_schema`);
+  ``receive`` operation and the events message (:func:`amqpjobs.jobs.events.message_schema`);
 * one **message** per job: ``payload`` is the JSON Schema of the job's pydantic model
   (``{"type": "object"}`` for a job without one), ``headers`` the JSON Schema of our
   headers, the AMQP message binding's ``messageType`` the job name, and an
@@ -36,7 +36,7 @@ from pydantic.json_schema import models_json_schema
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.events import OUTCOMES, event_schema
+from amqpjobs.jobs.events import OUTCOMES, message_schema
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -195,9 +195,10 @@ def _add_outcome_events(
     messages[message] = {
         "name": "outcome-event",
         "title": "outcome event",
-        "summary": "One delivery's outcome, published by a worker without publisher confirms (may be lost).",
+        "summary": "Delivery outcomes of one job queue and outcome (a JSON array, in the order recorded), "
+        "published by a worker without publisher confirms (may be lost).",
         "contentType": envelope.CONTENT_TYPE,
-        "payload": event_schema(),
+        "payload": message_schema(),
     }
     channels[channel] = {
         "address": "{jobQueue}.{outcome}",

@@ -1,29 +1,34 @@
-"""Outcome events: one small JSON message per delivery outcome, for whoever listens (no I/O).
+"""Outcome events: small JSON messages of delivery outcomes, for whoever listens (no I/O).
 
-A worker publishes one event per outcome to the topic exchange
+A worker publishes the events of its outcomes to the topic exchange
 :data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE` (``amqpjobs.events``) with routing key
 ``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`), and no
-job waits for it (:mod:`amqpjobs.wire.events`): events are a signal, not a record. An
+job waits for them (:mod:`amqpjobs.wire.events`): events are a signal, not a record. An
 event can be lost (the exchange is missing, the channel is closed or blocked, nobody is
 subscribed); a job's fate never depends on one (README "Wire format" → "Outcome events").
 
-The body (``content_type`` ``application/json``)::
+A message (``content_type`` ``application/json``) is a JSON array of one or more events,
+all of its routing key (one job queue, one outcome), in the order the worker recorded them
+(:func:`event_messages`: the events a worker sends in one write, one message per routing
+key, so a busy worker costs the broker one publish per key and write, not one per job)::
 
-    {"v": 1, "job": "mail", "id": "7c1f...", "attempt": 1, "outcome": "retried",
-     "reason": "", "error": "ValueError: bad address", "queue": "mail",
-     "replay_id": "", "at": "2026-11-30T03:00:00.123Z"}
+    [{"v": 2, "job": "mail", "id": "7c1f...", "attempt": 1, "outcome": "retried",
+      "reason": "", "error": "ValueError: bad address", "queue": "mail",
+      "replay_id": "", "at": "2026-11-30T03:00:00.123Z"}]
 
 ``outcome`` is :attr:`amqpjobs.jobs.outcome.Outcome.kind`; ``reason`` is the quarantine
 reason (:data:`~amqpjobs.jobs.outcome.REASONS`) for ``quarantined``, else ``""``; ``error``
 is ``"<type>: <message>"`` of the failure (at most :data:`MAX_ERROR` characters) or ``""``;
 ``replay_id`` names the replay run that moved the job back (``amqpjobs-replay-id``) or is
 ``""``. Unknown keys are to be ignored by readers (later versions may add some).
+Version 1 (workers before 2026-12-03) sent one event per message, the object alone:
+:func:`decode_events` reads both, so listeners keep working through a rolling upgrade.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,8 +39,8 @@ from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.text import encodable
 
-#: Version of the event body (``v``).
-VERSION: Final = 1
+#: Version of the event body (``v``): 2 since events travel as arrays (1: one object per message).
+VERSION: Final = 2
 #: Characters of ``error`` kept in an event.
 MAX_ERROR: Final = 200
 #: Every outcome an event can carry (:attr:`amqpjobs.jobs.outcome.Outcome.kind`).
@@ -115,8 +120,34 @@ def _body(job: str, id: str, attempt: int, outcome: str, reason: str, error: str
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def message_schema() -> dict[str, Any]:
+    """JSON Schema of an events message's body (the AsyncAPI document's outcome events message)."""
+    return {"type": "array", "minItems": 1, "items": event_schema(),
+            "description": "One or more events, all of the message's routing key, in the order recorded."}  # fmt: skip
+
+
+def event_messages(events: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The messages that carry ``events``: one per routing key, its events' bodies as one JSON array.
+
+    Args:
+        events: (routing key, body of one event from :func:`event_body`) in the order recorded.
+
+    Returns:
+        (routing key, message body) in the order of each key's first event; within a message the
+        events keep their order. No event is left out or repeated.
+    """
+    bodies: dict[str, list[bytes]] = {}
+    for routing_key, body in events:
+        same = bodies.get(routing_key)
+        if same is None:
+            bodies[routing_key] = [body]
+        else:
+            same.append(body)
+    return [(routing_key, b"[" + b",".join(same) + b"]") for routing_key, same in bodies.items()]
+
+
 def event_schema() -> dict[str, Any]:
-    """JSON Schema of an event body (the AsyncAPI document's outcome event message)."""
+    """JSON Schema of one event (an item of a message, :func:`message_schema`)."""
     text = {"type": "string"}
     return {
         "type": "object",
@@ -176,14 +207,26 @@ def _text(doc: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def decode_event(body: bytes) -> OutcomeEvent | None:
-    """Read an event body; None when it is not one (not JSON, not an object, no ``outcome``)."""
+def decode_events(body: bytes) -> list[OutcomeEvent]:
+    """The events of a message body, in order: a JSON array of events (version 2), or one event (version 1).
+
+    What is not an event is left out: a body that is not JSON, an item that is not an object
+    or has no text ``outcome`` (a body that is none of these gives ``[]``); a value of the
+    wrong type reads as ``""`` (text) or ``0`` (``attempt``). Never raises.
+
+    Args:
+        body: The message body as received (UTF-8 JSON).
+    """
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("outcome"), str):
-        return None
+        return []
+    docs = doc if isinstance(doc, list) else [doc]
+    return [_event(item) for item in docs if isinstance(item, dict) and isinstance(item.get("outcome"), str)]
+
+
+def _event(doc: dict[str, Any]) -> OutcomeEvent:
+    """An event from its decoded JSON object (which has a text ``outcome``)."""
     attempt = doc.get("attempt")
     return OutcomeEvent(
         job=_text(doc, "job"),

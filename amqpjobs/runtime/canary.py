@@ -28,7 +28,7 @@ from typing import Any
 
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError, NotFoundError
-from amqpjobs.jobs.events import OutcomeEvent, decode_event
+from amqpjobs.jobs.events import OutcomeEvent, decode_events
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.replay_plan import ReplayReport
 from amqpjobs.printable import printable
@@ -77,10 +77,10 @@ class Canary:
 
     def on_body(self, body: bytes) -> None:
         """Note an event when it is a final outcome of one of this run's canaries."""
-        event = decode_event(body)
-        if event is not None and event.replay_id == self.replay_id and event.final and event.id not in self.outcomes:
-            self.outcomes[event.id] = event
-            self._changed.set()
+        for event in decode_events(body):
+            if event.replay_id == self.replay_id and event.final and event.id not in self.outcomes:
+                self.outcomes[event.id] = event
+                self._changed.set()
 
     def on_returned(self, headers: Mapping[str, Any], message_id: str) -> None:
         """Note a message reaching the quarantine exchange: a canary of this run that failed."""

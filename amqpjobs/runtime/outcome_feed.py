@@ -10,7 +10,7 @@ import asyncio
 import time
 
 from amqpjobs.errors import BrokerUnavailableError
-from amqpjobs.jobs.events import OutcomeEvent, decode_event
+from amqpjobs.jobs.events import OutcomeEvent, decode_events
 from amqpjobs.runtime.quarantine import session
 from amqpjobs.wire.events import subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings
@@ -45,13 +45,11 @@ class OutcomeHub:
         self._lock = asyncio.Lock()
 
     def _on_body(self, body: bytes) -> None:
-        event = decode_event(body)
-        if event is None:
-            return
-        for reader in self._readers:
-            if reader.full():
-                reader.get_nowait()
-            reader.put_nowait(event)
+        for event in decode_events(body):
+            for reader in self._readers:
+                if reader.full():
+                    reader.get_nowait()
+                reader.put_nowait(event)
 
     async def _run(self, ready: asyncio.Future[None]) -> None:
         try:

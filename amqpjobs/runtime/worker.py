@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.events import event_messages
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
 from amqpjobs.runtime.app import App
@@ -180,7 +181,9 @@ class Worker(WorkerStop):
         self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
         # a connection of their own: a close crossing an event can cost only it (amqpjobs.wire.events)
-        self._events = await OutcomeEvents.connect(self.settings, f"{self.app.name}-worker-events", dropped)
+        self._events = await OutcomeEvents.connect(
+            self.settings, f"{self.app.name}-worker-events", event_messages, dropped
+        )
         self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics,
                                              self._timeouts)  # fmt: skip
         self._background.append(asyncio.create_task(self._beat()))

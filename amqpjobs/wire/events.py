@@ -36,10 +36,13 @@ queue while the close comes in). Two things keep that from costing a job:
 * The worker gives events a connection of their own (:meth:`OutcomeEvents.connect`): the
   worst a crossing close can cost is that connection, never a consumer's unacked jobs nor
   a retry or quarantine copy.
-* One task sends them, all the events waiting at each turn in one write (the frames of up to
-  :data:`BATCH` publishes in one item of aiormq's write queue, packed from cached bytes by
+* One task sends them, all the events waiting at each turn (up to :data:`BATCH`) in one write:
+  the caller's ``pack`` turns them into messages (the worker's,
+  :func:`amqpjobs.jobs.events.event_messages`: one message per routing key, its events as one
+  JSON array, so the broker routes one publish per key and write, not one per job), and their
+  publish frames go in one item of aiormq's write queue, packed from cached bytes by
   :mod:`amqpjobs.wire.event_frames`: no confirm, no round trip per event; it waits only
-  until the write reached the socket, then takes the next batch). aiormq queues its
+  until the write reached the socket, then takes the next batch. aiormq queues its
   ``close-ok`` in the same step in which it learns of the close (and notes the close in the
   channel's ``_close_exception``); the sender checks for the close and queues its batch in
   one step too (no await between), so a batch goes either ahead of the ``close-ok`` (the
@@ -75,6 +78,9 @@ from amqpjobs.wire.event_frames import EventFrames
 from amqpjobs.wire.publish_outcome import heard_close
 from amqpjobs.wire.settings import BrokerSettings
 
+#: Turns the events of one write, (routing key, body) in order, into the messages to publish, (routing key, body).
+Pack = Callable[[Sequence[tuple[str, bytes]]], list[tuple[str, bytes]]]
+
 log = logging.getLogger("amqpjobs.worker")
 
 #: Events that may wait to be published at once; more are dropped (events with ``keep`` aside).
@@ -99,6 +105,8 @@ class OutcomeEvents:
 
     Args:
         channel: A channel without publisher confirms, or None: events off.
+        pack: The messages of a batch's events (:data:`Pack`; the worker's is
+            :func:`amqpjobs.jobs.events.event_messages`); ``published`` and ``dropped`` count events.
         on_drop: Called once per dropped event (a metric).
         connection: Where to reopen a channel once the exchange exists again (None: never).
         owned: Close ``connection`` in :meth:`close`.
@@ -107,11 +115,13 @@ class OutcomeEvents:
     def __init__(
         self,
         channel: AbstractChannel | None,
+        pack: Pack,
         on_drop: Callable[[], None] | None = None,
         connection: Connection | None = None,
         owned: bool = False,
     ) -> None:
         self._channel = channel
+        self._pack = pack
         self._on_drop = on_drop
         self._connection = connection
         self._owned = owned
@@ -131,35 +141,35 @@ class OutcomeEvents:
 
     @classmethod
     async def connect(
-        cls, settings: BrokerSettings, name: str, on_drop: Callable[[], None] | None = None
+        cls, settings: BrokerSettings, name: str, pack: Pack, on_drop: Callable[[], None] | None = None
     ) -> OutcomeEvents:
-        """A publisher on a connection of its own named ``name`` (closed by :meth:`close`).
+        """A publisher on a connection of its own named ``name`` (closed by :meth:`close`); ``pack``: as the class's.
 
         Raises:
             BrokerUnavailableError: the broker can't be reached (:func:`~amqpjobs.wire.connection.connect`).
         """
         connection = await connect(settings, name=name)
         try:
-            return await cls.open(connection, on_drop, owned=True)
+            return await cls.open(connection, pack, on_drop, owned=True)
         except BaseException:
             await connection.close()
             raise
 
     @classmethod
     async def open(
-        cls, connection: Connection, on_drop: Callable[[], None] | None = None, owned: bool = False
+        cls, connection: Connection, pack: Pack, on_drop: Callable[[], None] | None = None, owned: bool = False
     ) -> OutcomeEvents:
         """A publisher on a channel of ``connection``; events off (all dropped) when the exchange is missing.
 
-        ``owned``: :meth:`close` closes ``connection`` too.
+        ``pack``: as the class's; ``owned``: :meth:`close` closes ``connection`` too.
         """
         if not await exchange_exists(connection, EVENTS_EXCHANGE):
             log.warning(
                 "outcome events are off: exchange %s does not exist (amqpjobs topology apply declares it); "
                 "jobs run as usual", EVENTS_EXCHANGE,
             )  # fmt: skip
-            return cls(None, on_drop, connection, owned)
-        return cls(await connection.channel(publisher_confirms=False), on_drop, connection, owned)
+            return cls(None, pack, on_drop, connection, owned)
+        return cls(await connection.channel(publisher_confirms=False), pack, on_drop, connection, owned)
 
     def _on_close(self, channel: Any, exc: BaseException | None) -> None:
         """The broker closed the channel (say, the exchange was deleted: 404): events off, no reopening.
@@ -179,7 +189,7 @@ class OutcomeEvents:
 
         Args:
             routing_key: ``<job queue>.<outcome>`` (:func:`~amqpjobs.topology.naming.event_routing_key`).
-            body: The event's JSON body (:meth:`amqpjobs.jobs.events.OutcomeEvent.encode`).
+            body: The event's JSON body (:func:`amqpjobs.jobs.events.event_body`).
             keep: Never drop it over :data:`MAX_PENDING`, and send it before the others (an
                 event of a replayed delivery, which a canary waits for).
         """
@@ -237,11 +247,11 @@ class OutcomeEvents:
         return batch
 
     def _payload(self, number: int, limit: int, batch: list[tuple[str, bytes]]) -> bytes:
-        """``batch``'s publish frames on channel ``number`` (bodies split at ``limit`` bytes), as one payload."""
+        """The publish frames of the messages of ``batch`` on channel ``number`` (bodies cut at ``limit`` bytes)."""
         frames = self._frames
         if frames is None or frames.number != number:
             frames = self._frames = EventFrames(number, EVENTS_EXCHANGE, EVENT_PROPERTIES)
-        return frames.payload(batch, limit)
+        return frames.payload(self._pack(batch), limit)
 
     async def _send(self) -> None:
         while self._kept or self._waiting:
@@ -312,8 +322,8 @@ async def subscribe_outcomes(
 
     Args:
         connection: An open connection (the queue lives as long as the returned watch's channel).
-        on_body: Called with each event's body, in arrival order (read it with
-            :func:`amqpjobs.jobs.events.decode_event`).
+        on_body: Called with each message's body, in arrival order (its events:
+            :func:`amqpjobs.jobs.events.decode_events`).
         binding_keys: Topic binding keys, e.g. ``["mail.*"]`` for every outcome of job queue
             ``mail``, ``["*.quarantined"]``; default every event.
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import JobContext, Reject, RetryPolicy
-from amqpjobs.jobs.events import OutcomeEvent, decode_event
+from amqpjobs.jobs.events import OutcomeEvent, decode_events
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.connection import connect
@@ -36,10 +36,11 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def decoded(body: bytes) -> OutcomeEvent:
-    event = decode_event(body)
-    assert event is not None, body
-    return event
+def decoded(body: bytes) -> list[OutcomeEvent]:
+    """The events of one message body (at least one: a worker never sends an empty message)."""
+    events = decode_events(body)
+    assert events, body
+    return events
 
 
 @pytest.mark.version_independent
@@ -61,8 +62,8 @@ async def test_each_outcome_is_one_event_routed_by_job_queue_and_outcome(
     quarantined: list[OutcomeEvent] = []
     connection = await connect(broker, name="listener")
     try:
-        await subscribe_outcomes(connection, lambda body: every.append(decoded(body)), ["work.*"])
-        await subscribe_outcomes(connection, lambda body: quarantined.append(decoded(body)), ["*.quarantined"])
+        await subscribe_outcomes(connection, lambda body: every.extend(decoded(body)), ["work.*"])
+        await subscribe_outcomes(connection, lambda body: quarantined.extend(decoded(body)), ["*.quarantined"])
         async with running_worker(app, broker) as _:
             for n in range(3):
                 await app.enqueue("mail", {"n": n}, job_id=f"e-{n}")

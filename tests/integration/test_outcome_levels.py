@@ -43,7 +43,7 @@ async def listening(broker: BrokerSettings) -> AsyncIterator[list[OutcomeEvent]]
     events: list[OutcomeEvent] = []
     connection = await connect(broker, name="listener")
     try:
-        await subscribe_outcomes(connection, lambda body: events.append(decoded(body)), ["work.*"])
+        await subscribe_outcomes(connection, lambda body: events.extend(decoded(body)), ["work.*"])
         yield events
     finally:
         await connection.close()

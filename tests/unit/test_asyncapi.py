@@ -24,7 +24,7 @@ from amqpjobs.cli import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.asyncapi import asyncapi_document
-from amqpjobs.jobs.events import OutcomeEvent
+from amqpjobs.jobs.events import OutcomeEvent, event_messages
 from amqpjobs.topology.loader import load_topology
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "asyncapi" / "asyncapi-3.0.0.schema.json"
@@ -164,9 +164,11 @@ def test_outcome_events_are_a_receive_channel_on_the_topic_exchange(tmp_path: Pa
     assert doc["operations"]["receive.amqpjobs.events"]["action"] == "receive"
     schema = doc["components"]["messages"]["amqpjobs.outcome-event"]["payload"]
     event = OutcomeEvent("mail", "j-1", 2, "quarantined", "exhausted", "E: x", "mail", "", "2026-11-30T03:00:00.000Z")
-    jsonschema.validate(json.loads(event.encode()), schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**json.loads(event.encode()), "outcome": "exploded"}, schema)
+    _, body = event_messages([("mail.quarantined", event.encode()), ("mail.quarantined", event.encode())])[0]
+    jsonschema.validate(json.loads(body), schema)
+    for wrong in ([], [{**json.loads(event.encode()), "outcome": "exploded"}], json.loads(event.encode())):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
 
 
 def test_shard_rule_in_the_document_is_the_enqueue_rule(tmp_path: Path) -> None:

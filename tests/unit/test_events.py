@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_event, event_body, event_for
+from amqpjobs.jobs.events import MAX_ERROR, OutcomeEvent, decode_events, event_body, event_for, event_messages
 from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
 from amqpjobs.text import encodable
 from amqpjobs.topology.naming import event_routing_key
@@ -21,8 +21,8 @@ def test_a_quarantined_outcome_becomes_an_event_with_its_reason_and_replay_id() 
     assert (event.failed, event.final) == (True, True)
     assert event_routing_key(event.queue, event.outcome) == "mail.quarantined"
     doc = json.loads(event.encode())
-    assert doc["v"] == 1
-    assert decode_event(event.encode()) == event
+    assert doc["v"] == 2
+    assert decode_events(event.encode()) == [event]
 
 
 def test_success_retry_and_deferral_are_told_apart() -> None:
@@ -35,24 +35,42 @@ def test_success_retry_and_deferral_are_told_apart() -> None:
     assert retried.why() == "E: e"
 
 
-def test_bodies_that_are_not_events_are_none_and_unknown_keys_are_ignored() -> None:
-    assert decode_event(b"not json") is None
-    assert decode_event(b"[1]") is None
-    assert decode_event(b'{"job": "x"}') is None
-    read = decode_event(b'{"outcome": "succeeded", "id": "a", "attempt": true, "new_key": 1}')
-    assert read == OutcomeEvent(job="", id="a", attempt=0, outcome="succeeded", reason="", error="", queue="")
+def test_what_is_not_an_event_is_left_out_and_unknown_keys_are_ignored() -> None:
+    for body in (b"not json", b"", b"\xff\xfe", b"[1]", b"[]", b'{"job": "x"}', b'[{"outcome": 3}]', b"null",
+                 b'"succeeded"', b"[" * 100_000):  # fmt: skip
+        assert decode_events(body) == [], body
+    read = decode_events(b'{"outcome": "succeeded", "id": "a", "attempt": true, "new_key": 1}')  # version 1: one object
+    assert read == [OutcomeEvent(job="", id="a", attempt=0, outcome="succeeded", reason="", error="", queue="")]
+    mixed = decode_events(b'[{"outcome": "retried", "id": "a"}, 7, {"id": "b"}, [], {"outcome": "retried", "id": "c"}]')
+    assert [e.id for e in mixed] == ["a", "c"]
+
+
+def test_a_message_carries_the_events_of_one_routing_key_in_order_as_a_json_array() -> None:
+    """event_messages: one message per routing key (first-seen order), every event once, in its order within."""
+    events = [OutcomeEvent("mail", f"j{n}", 1, "succeeded" if n % 3 else "retried", "", "", "mail" if n % 2 else "sms",
+                           "", "t") for n in range(12)]  # fmt: skip
+    batch = [(event_routing_key(e.queue, e.outcome), e.encode()) for e in events]
+    messages = event_messages(batch)
+    assert [key for key, _ in messages] == ["sms.retried", "mail.succeeded", "sms.succeeded", "mail.retried"]
+    for key, body in messages:
+        assert (body[:1], body[-1:]) == (b"[", b"]")
+        assert decode_events(body) == [e for e in events if event_routing_key(e.queue, e.outcome) == key]
+    assert sorted(e.id for _, body in messages for e in decode_events(body)) == sorted(e.id for e in events)
+    assert event_messages([]) == []
+    one = events[1].encode()
+    assert event_messages([("mail.succeeded", one)]) == [("mail.succeeded", b"[" + one + b"]")]
 
 
 def test_the_body_carries_every_field_of_the_event_in_order_with_the_error_cut() -> None:
     event = OutcomeEvent("mail", "j1", 2, "retried", "", "E: " + "x" * 500, "mail", "r9", "2026-11-30T03:00:00.123Z")
     doc = json.loads(event.encode())
     assert list(doc) == ["v", *(f.name for f in dataclasses.fields(OutcomeEvent))]
-    assert doc["v"] == 1
+    assert doc["v"] == 2
     assert doc["attempt"] == 2
     assert doc["replay_id"] == "r9"
     assert doc["error"] == event.error[:MAX_ERROR]
     assert len(doc["error"]) == MAX_ERROR
-    assert decode_event(event.encode()) == OutcomeEvent(**{**dataclasses.asdict(event), "error": doc["error"]})
+    assert decode_events(event.encode()) == [OutcomeEvent(**{**dataclasses.asdict(event), "error": doc["error"]})]
 
 
 def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
@@ -71,7 +89,7 @@ def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
 
 def _stdlib_body(event: OutcomeEvent) -> bytes:
     """The body as the stdlib made it before orjson (compact, UTF-8 as is, lone surrogates as '?'): the reference."""
-    doc = {"v": 1, **{f.name: getattr(event, f.name) for f in dataclasses.fields(OutcomeEvent)}}
+    doc = {"v": 2, **{f.name: getattr(event, f.name) for f in dataclasses.fields(OutcomeEvent)}}
     doc["error"] = doc["error"][:MAX_ERROR]
     doc = {k: encodable(v) if isinstance(v, str) else v for k, v in doc.items()}
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
@@ -99,7 +117,7 @@ def test_the_body_is_byte_for_byte_the_stdlib_one_for_tricky_text_and_numbers() 
     for event in _TRICKY:
         body = event.encode()
         assert body == _stdlib_body(event), event
-        assert decode_event(body) == decode_event(_stdlib_body(event))
+        assert decode_events(body) == decode_events(_stdlib_body(event))
         assert json.loads(body)["attempt"] == event.attempt
 
 
