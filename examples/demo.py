@@ -31,6 +31,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -298,9 +299,11 @@ async def read_quarantine(settings: BrokerSettings) -> list[tuple[str, str, str,
 
 # ---------------------------------------------------------------------------- the run
 def broker_urls() -> tuple[str, str]:
-    out = subprocess.run(
+    """The broker's AMQP and management URLs; starts the node first unless it runs (``make demo`` started it)."""
+    status = subprocess.run(["bash", str(ROOT / "scripts" / "broker.sh"), "status"], capture_output=True, text=True)
+    out = status if status.returncode == 0 else subprocess.run(
         ["bash", str(ROOT / "scripts" / "broker.sh"), "up"], stdout=subprocess.PIPE, text=True, timeout=900
-    )
+    )  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"demo: scripts/broker.sh up failed (exit {out.returncode}); see its messages above")
     urls = subprocess.run(["bash", str(ROOT / "scripts" / "broker.sh"), "url"], stdout=subprocess.PIPE, text=True)
@@ -459,8 +462,8 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
         "quarantine queues)")  # fmt: skip
     for (queue, reason), n in sorted(found.items()):
         example = next((job, err) for q, r, job, err in quarantine if (q, r) == (queue, reason))
-        detail = example[1].splitlines()[0] if example[1] else ""
-        say(f"    {queue:<19} {reason:<25} {n}  job={example[0] or '?'}: {detail[:70]}")
+        detail = textwrap.shorten(example[1].splitlines()[0], 70, placeholder=" ...") if example[1] else ""
+        say(f"    {queue:<19} {reason:<25} {n}  job={example[0] or '?'}: {detail}")
     if found != QUARANTINE_EXPECTED:
         problems.append(f"quarantine holds {dict(found)}, expected {dict(QUARANTINE_EXPECTED)}")
 
