@@ -9,8 +9,9 @@ subscribed); a job's fate never depends on one (README "Wire format" → "Outcom
 
 A message (``content_type`` ``application/json``) is a JSON array of one or more events,
 all of its routing key (one job queue, one outcome), in the order the worker recorded them
-(:func:`event_messages`: the events a worker sends in one write, one message per routing
-key, so a busy worker costs the broker one publish per key and write, not one per job)::
+but for events of replayed deliveries, which go ahead of the others (:mod:`amqpjobs.wire.events`).
+:func:`event_messages` makes them from the events a worker sends in one write, one message per
+routing key, so a busy worker costs the broker one publish per key and write, not one per job::
 
     [{"v": 2, "job": "mail", "id": "7c1f...", "attempt": 1, "outcome": "retried",
       "reason": "", "error": "ValueError: bad address", "queue": "mail",
@@ -203,23 +204,26 @@ def event_body(outcome: Outcome, kind: str, replay_id: str, now: float) -> bytes
 
 
 def _text(doc: dict[str, Any], key: str) -> str:
-    value = doc.get(key, "")
-    return value if isinstance(value, str) else str(value)
+    """Field ``key`` as text: missing or null as ``""``, another JSON value as ``str()`` of it (``5`` → ``"5"``)."""
+    value = doc.get(key)
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
-def decode_events(body: bytes) -> list[OutcomeEvent]:
+def decode_events(body: bytes | bytearray | memoryview | str) -> list[OutcomeEvent]:
     """The events of a message body, in order: a JSON array of events (version 2), or one event (version 1).
 
-    What is not an event is left out: a body that is not JSON, an item that is not an object
-    or has no text ``outcome`` (a body that is none of these gives ``[]``); a value of the
-    wrong type reads as ``""`` (text) or ``0`` (``attempt``). Never raises.
+    What is not an event is left out: a body that is not JSON (or nested past Python's
+    recursion limit), an item that is not an object or has no text ``outcome`` (a body that
+    is none of these gives ``[]``). A text field that is missing or null reads as ``""``,
+    another JSON value as ``str()`` of it; an ``attempt`` that is not an integer as ``0``.
+    Never raises, whatever ``body`` is.
 
     Args:
-        body: The message body as received (UTF-8 JSON).
+        body: The message body as received (UTF-8 JSON; aio-pika gives ``bytes``).
     """
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = json.loads(body.tobytes() if isinstance(body, memoryview) else body)
+    except (ValueError, TypeError, RecursionError):  # UnicodeDecodeError is a ValueError
         return []
     docs = doc if isinstance(doc, list) else [doc]
     return [_event(item) for item in docs if isinstance(item, dict) and isinstance(item.get("outcome"), str)]

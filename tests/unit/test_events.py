@@ -43,6 +43,12 @@ def test_what_is_not_an_event_is_left_out_and_unknown_keys_are_ignored() -> None
     assert read == [OutcomeEvent(job="", id="a", attempt=0, outcome="succeeded", reason="", error="", queue="")]
     mixed = decode_events(b'[{"outcome": "retried", "id": "a"}, 7, {"id": "b"}, [], {"outcome": "retried", "id": "c"}]')
     assert [e.id for e in mixed] == ["a", "c"]
+    assert decode_events(memoryview(b'[{"outcome": "retried", "id": "m"}]'))[0].id == "m"
+    assert decode_events('[{"outcome": "retried", "id": "s"}]')[0].id == "s"
+    for not_a_body in (None, 7, object()):
+        assert decode_events(not_a_body) == []  # type: ignore[arg-type]
+    (odd,) = decode_events(b'[{"outcome": "succeeded", "job": 5, "id": null, "queue": ["q"], "attempt": 2.0}]')
+    assert (odd.job, odd.id, odd.queue, odd.attempt, odd.reason) == ("5", "", "['q']", 0, "")
 
 
 def test_a_message_carries_the_events_of_one_routing_key_in_order_as_a_json_array() -> None:
