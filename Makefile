@@ -43,14 +43,18 @@ lint: install  ## ruff and mypy (strict)
 # The three suites run one after the other (each in parallel itself, see run_suite); only the
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
 # host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
-test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3
+test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3 (then stops the 3-node clusters the suites started)
 	@mkdir -p .broker4 .broker43
+	listening() { bash -c "exec 3<>/dev/tcp/127.0.0.1/$$1" 2>/dev/null; }; \
+	if listening 5701; then c3=kept; else c3=ours; fi; if listening 5731; then c43=kept; else c43=ours; fi; \
 	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
 	  bash scripts/broker43.sh build >.broker43/build.log 2>&1; } & builds=$$!; \
 	rc=0; $(MAKE) test-3 || rc=1; \
 	wait $$builds || { tail -30 .broker4/build.log .broker43/build.log; rc=1; }; \
 	$(MAKE) test-4 || rc=1; \
 	$(MAKE) test-43 || rc=1; \
+	[ $$c3 = kept ] || bash scripts/cluster.sh down >/dev/null 2>&1 || true; \
+	[ $$c43 = kept ] || bash scripts/cluster43.sh down >/dev/null 2>&1 || true; \
 	exit $$rc
 
 postgres-up:  ## start (or reuse) the PostgreSQL cluster for the ledger tests
