@@ -195,8 +195,8 @@ def _add_outcome_events(
     messages[message] = {
         "name": "outcome-event",
         "title": "outcome event",
-        "summary": "Delivery outcomes of one job queue and outcome (a JSON array, in the order recorded), "
-        "published by a worker without publisher confirms (may be lost).",
+        "summary": "Delivery outcomes of one job queue and outcome (a JSON array, in the order recorded, "
+        "replayed jobs' first), published by a worker without publisher confirms (may be lost).",
         "contentType": envelope.CONTENT_TYPE,
         "payload": message_schema(),
     }

@@ -124,7 +124,8 @@ def _body(job: str, id: str, attempt: int, outcome: str, reason: str, error: str
 def message_schema() -> dict[str, Any]:
     """JSON Schema of an events message's body (the AsyncAPI document's outcome events message)."""
     return {"type": "array", "minItems": 1, "items": event_schema(),
-            "description": "One or more events, all of the message's routing key, in the order recorded."}  # fmt: skip
+            "description": "One or more events, all of the message's routing key, in the order recorded "
+                           "(events of replayed deliveries first)."}  # fmt: skip
 
 
 def event_messages(events: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
