@@ -321,3 +321,20 @@ async def test_only_names_we_would_create_are_orphans_and_a_stray_shard_hides_no
     rows = [line.split()[0] for line in status.stdout.splitlines()]
     assert "mail" in rows, status.stdout
     assert "queue mail does not exist" not in status.stdout
+
+
+async def test_a_message_of_events_larger_than_a_frame_arrives_whole(broker: BrokerSettings, tmp_path: Path):
+    """256 events of ~1 KB on one routing key: one message over frame_max (131,072), split into body frames."""
+    await make_app(broker, tmp_path)
+    connection = await connect(broker)
+    heard: list[bytes] = []
+    watch = await subscribe_outcomes(connection, heard.append)
+    events = await OutcomeEvents.open(connection, event_messages)
+    for n in range(256):
+        events.emit("work.retried", json.dumps({"outcome": "retried", "id": f"big-{n}", "error": "E" * 1000}).encode())
+    await until(lambda: sum(len(decode_events(b)) for b in heard) >= 256, timeout=10)
+    await events.close()
+    await watch.close()
+    await connection.close()
+    assert len(heard) == 1 and len(heard[0]) > 131_072  # noqa: PT018
+    assert [e.id for e in decode_events(heard[0])] == [f"big-{n}" for n in range(256)]
