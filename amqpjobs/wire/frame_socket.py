@@ -5,12 +5,14 @@ section 4.2.3, "Frame Format": type, channel, 32-bit size, payload, frame end), 
 pamqp. A read either waits up to a deadline or not at all. Once the connection is open, a
 plain socket is put in blocking mode with kernel timeouts (``SO_RCVTIMEO``,
 ``SO_SNDTIMEO``): a read is then one system call (Python's own socket timeouts poll before
-each) and one with ``MSG_DONTWAIT`` does not wait. A TLS socket keeps Python's timeouts.
+each), and one that must not wait asks ``poll`` first (an empty socket: no exception to raise
+and catch) and reads with ``MSG_DONTWAIT``. A TLS socket keeps Python's timeouts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import ssl
 import time
@@ -51,6 +53,7 @@ class FrameSocket:
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._timeout_set: float | None = timeout  # the socket's Python timeout as last set (None: kernel timeouts)
         self._kernel = False
+        self._ready = select.poll()  # with kernel timeouts: whether bytes (or the end of the stream) wait
         sock.settimeout(timeout)
 
     def send(self, payload: bytes) -> None:
@@ -93,6 +96,8 @@ class FrameSocket:
                 raise TimeoutError
             try:
                 if self._kernel:
+                    if deadline is None and not self._ready.poll(0):  # nothing came (no exception raised for it)
+                        return
                     data = sock.recv(65536, socket.MSG_DONTWAIT if deadline is None else 0)
                 else:
                     wait = 0.0 if deadline is None else left
@@ -119,6 +124,7 @@ class FrameSocket:
         self._timeout_set = None
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(RECV_SLICE))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(send_timeout))
+        self._ready.register(self.sock, select.POLLIN)
         self._kernel = True
 
     def shutdown(self) -> None:
