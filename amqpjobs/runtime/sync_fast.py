@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any
 from amqpjobs.errors import ConfigurationError, PublishNackedError
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.runtime.backpressure import EARLY_REFRESH, REFRESH, blocked_error
+from amqpjobs.runtime.job_stencil import JobStencil
 from amqpjobs.runtime.sending import full_refusal, new_message
 from amqpjobs.wire.blocking import BlockingPublisher, ConnectFailed
 from amqpjobs.wire.exchange_checks import missing_exchange
 from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:
+    from amqpjobs.jobs.registry import JobDef
     from amqpjobs.runtime.app import App, JobRef
 
 #: Seconds the fast path is not tried again after it could not connect (the async path publishes meanwhile).
@@ -64,6 +66,7 @@ class FastPath:
         self._pid = os.getpid()  # a forked child steps aside: the pool's sockets are the parent's
         self._settings: BrokerSettings | None = None  # read at the first call, as the async path reads them
         self._usable = app.payload_store is None and app.tracing is None
+        self._stencils: dict[str, JobStencil | None] = {}  # by job name
 
     def enqueue(
         self, job: JobRef, payload: Any, job_id: str | None, priority: int | None, tenant: str | None,
@@ -91,6 +94,7 @@ class FastPath:
         jobdef, body, layout, job_id, exchange, routing_key = app._addressed(job, payload, job_id, priority, tenant)
         if layout.bounds.checked:
             return None
+        stencil = self._stencil(jobdef) if priority is None and tenant is None and not headers else None
         publisher = self._take()
         try:
             try:
@@ -104,10 +108,14 @@ class FastPath:
                 if not publisher.wait_unblocked(app.blocked_timeout):
                     raise blocked_error(alarm, time.monotonic() - started, app.blocked_timeout)
             now = time.time()
-            message = new_message(jobdef, body, job_id, now, priority, tenant, headers)
+            filled = None if stencil is None else stencil.fill(job_id, now, body)
             self.calls += 1
             try:
-                publisher.publish(exchange, routing_key, message)
+                if filled is None:
+                    publisher.publish(exchange, routing_key, new_message(jobdef, body, job_id, now, priority, tenant,
+                                                                          headers))  # fmt: skip
+                else:
+                    publisher.publish_encoded(exchange, routing_key, *filled, job_id, jobdef.name)
             except PublishNackedError as exc:
                 if (full := full_refusal(exc, layout, routing_key, job_id)) is None:
                     raise
@@ -117,6 +125,14 @@ class FastPath:
         if app.results is not None:  # the queued record, written by the loop's writer (never waits nor raises)
             self._loop.call_soon_threadsafe(app._note_queued, jobdef.name, job_id, layout.name, now)
         return job_id
+
+    def _stencil(self, jobdef: JobDef) -> JobStencil | None:
+        """The job's :class:`~amqpjobs.runtime.job_stencil.JobStencil`, made at its first enqueue (None: none)."""
+        try:
+            return self._stencils[jobdef.name]
+        except KeyError:
+            stencil = self._stencils[jobdef.name] = JobStencil.of(jobdef)
+            return stencil
 
     def _alarms_clear(self) -> bool:
         """Whether the alarms were read recently and none is in force (a read ahead started when due)."""

@@ -52,7 +52,15 @@ from amqpjobs.text import as_text
 from amqpjobs.wire.cluster import node, process_order
 from amqpjobs.wire.connection import default_max_message_size
 from amqpjobs.wire.frame_socket import Closed, FrameSocket
-from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
+from amqpjobs.wire.limits import (
+    ENCODING_ERRORS,
+    amqp_properties,
+    check_body,
+    check_body_size,
+    check_encoded_header,
+    check_header_fits,
+    encoded_size,
+)  # fmt: skip
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
@@ -318,11 +326,7 @@ class BlockingPublisher:
                 connection lost or closed): it may or may not be stored.
             BrokerUnavailableError: no connection could be opened (nothing sent).
         """
-        if self._io is None:
-            try:
-                self._ready()
-            except (OSError, Closed, ValueError) as exc:
-                raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
+        self._connected(exchange, routing_key)
         limit = self._max_message_size or default_max_message_size(self.version)
         check_body(message, limit)
         exact = exact_properties(message)
@@ -333,7 +337,36 @@ class BlockingPublisher:
         except ENCODING_ERRORS:
             encoded_size(properties)  # names what pamqp refused
             raise
-        payload = self._payload(exchange, routing_key, message.body, encoded)
+        self._confirmed_publish(exchange, routing_key, message.body, encoded, message.message_id, message.type)
+
+    def publish_encoded(
+        self, exchange: str, routing_key: str, body: bytes, properties: bytes, message_id: str, job: str
+    ) -> None:
+        """:meth:`publish` of a message whose property list is encoded already (a :class:`PropertyStencil`'s).
+
+        ``properties`` must be the bytes :func:`~amqpjobs.wire.property_encoding.exact_properties`
+        writes for the message; ``message_id`` and ``job`` (its ``type``) only word the errors.
+
+        Raises:
+            (As :meth:`publish`, but for ``ConfigurationError``: nothing is left to encode.)
+        """
+        self._connected(exchange, routing_key)
+        check_body_size(len(body), self._max_message_size or default_max_message_size(self.version))
+        check_encoded_header(len(properties), self._frame_max, self._header_reserve)
+        self._confirmed_publish(exchange, routing_key, body, properties, message_id, job)
+
+    def _connected(self, exchange: str, routing_key: str) -> None:
+        if self._io is None:
+            try:
+                self._ready()
+            except (OSError, Closed, ValueError) as exc:
+                raise BrokerUnavailableError(f"publish to {exchange!r} / {routing_key!r} not sent: {exc}") from exc
+
+    def _confirmed_publish(
+        self, exchange: str, routing_key: str, body: bytes, properties: bytes, message_id: str | None, job: str | None
+    ) -> None:  # fmt: skip
+        """Write the publish and wait for its confirm; its ``message_id`` and ``type`` (``job``) word the errors."""
+        payload = self._payload(exchange, routing_key, body, properties)
         self._returned = False
         self._tag += 1
         tag = self._tag
@@ -345,19 +378,15 @@ class BlockingPublisher:
         except Closed as exc:
             if not exc.channel:
                 self._drop()
-            self._refused(exc, exchange, routing_key, message)
-        except TimeoutError as exc:
-            self._drop()  # its answer may still come: a new publish must not read it as its own
-            raise PublishError(uncertain(
-                f"no publisher confirm within {self.confirm_timeout:g}s for {exchange!r} / {routing_key!r}", message
-            )) from exc  # fmt: skip
+            self._refused(exc, exchange, routing_key, OutgoingMessage(body, message_id=message_id, type=job))
         except BaseException as exc:  # an interrupt (a signal handler's exception) too: its answer may still come
-            self._drop()
+            self._drop()  # a new publish must not read that answer as its own
             if not isinstance(exc, OSError | ValueError):
                 raise
-            raise PublishError(uncertain(
-                f"the connection was lost under the publish to {exchange!r} / {routing_key!r} ({exc})", message
-            )) from exc  # fmt: skip
+            to = f"{exchange!r} / {routing_key!r}"
+            what = (f"no publisher confirm within {self.confirm_timeout:g}s for {to}" if isinstance(exc, TimeoutError)
+                    else f"the connection was lost under the publish to {to} ({exc})")  # fmt: skip
+            raise PublishError(uncertain(what, OutgoingMessage(body, message_id=message_id, type=job))) from exc
         if tag in self._nacked:
             self._nacked.discard(tag)
             raise PublishNackedError(nacked(exchange, routing_key))

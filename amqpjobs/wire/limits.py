@@ -130,14 +130,25 @@ def check_header_fits(
     """
     if not frame_max:
         return
+    if isinstance(properties, ExactProperties):
+        check_encoded_header(len(properties.encoded), frame_max, reserve)
+        return
+    bound = header_bound(headers) + _OTHER_PROPERTIES_MAX + _HEADER_FRAME_OVERHEAD
+    if bound > frame_max - min(reserve, frame_max // 2):
+        check_encoded_header(encoded_size(properties) - _HEADER_FRAME_OVERHEAD, frame_max, reserve)
+
+
+def check_encoded_header(encoded: int, frame_max: int, reserve: int = 0) -> None:
+    """Refuse a property list of ``encoded`` bytes that can't fit ``frame_max`` (:func:`check_header_fits`'s rule).
+
+    Raises:
+        MessageTooLargeError: its content-header frame takes more than ``frame_max - reserve`` bytes.
+    """
+    if not frame_max:
+        return
     reserve = min(reserve, frame_max // 2)
     limit = frame_max - reserve
-    if isinstance(properties, ExactProperties):
-        size = len(properties.encoded) + _HEADER_FRAME_OVERHEAD
-    elif header_bound(headers) + _OTHER_PROPERTIES_MAX + _HEADER_FRAME_OVERHEAD <= limit:
-        return
-    else:
-        size = encoded_size(properties)
+    size = encoded + _HEADER_FRAME_OVERHEAD
     if size > limit:
         room = f" less the {reserve} bytes of it for the worker's own headers on its copies" if reserve else ""
         raise MessageTooLargeError(
@@ -155,12 +166,21 @@ def check_body(message: OutgoingMessage, max_message_size: int | None) -> None:
     Raises:
         MessageTooLargeError: ``message.body`` is longer than ``max_message_size`` bytes.
     """
-    if max_message_size is not None and len(message.body) > max_message_size:
+    check_body_size(len(message.body), max_message_size)
+
+
+def check_body_size(size: int, max_message_size: int | None) -> None:
+    """:func:`check_body` of a body of ``size`` bytes.
+
+    Raises:
+        MessageTooLargeError: ``size`` is over ``max_message_size``.
+    """
+    if max_message_size is not None and size > max_message_size:
         raise MessageTooLargeError(
-            f"message of {len(message.body)} bytes is over the broker's max_message_size of "
+            f"message of {size} bytes is over the broker's max_message_size of "
             f"{max_message_size} bytes; nothing was sent. Store large data elsewhere and put a "
             "reference in the payload (claim-check)",
-            f"a body of {len(message.body)} bytes, over the broker's max_message_size of {max_message_size} bytes",
+            f"a body of {size} bytes, over the broker's max_message_size of {max_message_size} bytes",
         )
 
 

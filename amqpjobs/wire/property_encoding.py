@@ -158,3 +158,78 @@ def exact_properties(message: OutgoingMessage) -> ExactProperties | None:
     except (_Unusual, TypeError, ValueError, OverflowError, struct.error):  # pamqp's integer rule: TypeError
         return None
     return ExactProperties(_FLAGS.pack(flags) + b"".join(parts), message.message_id)
+
+
+def timestamp_field(when: float) -> bytes | None:
+    """The ``timestamp`` property's 8 bytes for ``when`` (epoch seconds) as :func:`exact_properties` writes them.
+
+    None where it leaves the timestamp to pamqp (a fraction pamqp's ``datetime`` may round up
+    to the next second, NaN, before 1970 or after 9999).
+    """
+    try:
+        return _timestamp(when)
+    except (_Unusual, ValueError, OverflowError):
+        return None
+
+
+class PropertyStencil:
+    """:func:`exact_properties` of messages alike but for ``message_id``, ``timestamp`` and one header's text.
+
+    A publisher sending many messages of one kind (the sync publisher's fast path: one job's
+    fresh messages without options) encodes the properties once and then only puts the three
+    values in their places: the same bytes as :func:`exact_properties`, a fraction of its work.
+    Build with :meth:`of`; :meth:`fill` gives the bytes or None (then encode the message itself).
+    """
+
+    def __init__(self, parts: tuple[bytes, bytes, bytes, bytes], width: int) -> None:
+        self._parts = parts
+        self._width = width  # UTF-8 bytes of the header's text: its table's size is fixed
+
+    @classmethod
+    def of(cls, sample: OutgoingMessage, header: str, other: OutgoingMessage) -> PropertyStencil | None:
+        """The stencil of ``sample``'s kind, or None when it can't be sure of the bytes.
+
+        Args:
+            sample: One message of the kind; its ``message_id``, ``timestamp`` and text header
+                ``header`` must each be found exactly once in its encoding.
+            header: The name of the header whose text varies (always as many UTF-8 bytes).
+            other: ``sample`` with other values of those three (a ``message_id`` of another
+                length): the stencil is kept only if it fills in ``other``'s exactly.
+        """
+        encoded = exact_properties(sample)
+        text = sample.headers.get(header)
+        if encoded is None or sample.timestamp is None or type(text) is not str:
+            return None
+        try:
+            raw = text.encode("utf-8")
+            fields = (b"S" + _UINT32.pack(len(raw)) + raw, _short(sample.message_id), _timestamp(sample.timestamp))
+        except (_Unusual, UnicodeEncodeError, ValueError, OverflowError):
+            return None
+        data = encoded.encoded
+        if any(data.count(field) != 1 for field in fields):
+            return None
+        at = [data.index(field) for field in fields]
+        if not at[0] < at[1] < at[2]:  # pamqp's order: headers, message_id, timestamp
+            return None
+        ends = [where + len(field) for where, field in zip(at, fields, strict=True)]
+        stencil = cls((data[: at[0] + 5], data[ends[0] : at[1]], data[ends[1] : at[2]], data[ends[2] :]), len(raw))
+        check, again = exact_properties(other), other.headers.get(header)
+        if check is None or other.timestamp is None or type(again) is not str or other.message_id is None:
+            return None
+        if stencil.fill(other.message_id, other.timestamp, again) != check.encoded:
+            return None
+        return stencil
+
+    def fill(self, message_id: str, timestamp: float, text: str) -> bytes | None:
+        """The encoded properties with these values; None: a value :func:`exact_properties` would not take as is.
+
+        ``text`` must be as many UTF-8 bytes as the sample's (else None).
+        """
+        try:
+            short, raw = _short(message_id), text.encode("utf-8")
+        except (_Unusual, UnicodeEncodeError):
+            return None
+        if len(raw) != self._width or (stamp := timestamp_field(timestamp)) is None:
+            return None
+        head, between, after, tail = self._parts
+        return b"".join((head, raw, between, short, after, stamp, tail))

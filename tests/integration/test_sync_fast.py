@@ -14,8 +14,11 @@ import asyncio
 import os
 import threading
 import time
+import uuid
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -98,6 +101,44 @@ async def test_the_calling_thread_publishes_what_enqueue_publishes(broker: Broke
     assert fast.headers["note"] == "a"
     assert fast.headers["amqpjobs-tenant"] == first.headers["amqpjobs-tenant"] == "acme"
     assert fast.body == b'{"n":1}' or fast.body.replace(b" ", b"") == b'{"n":1}'
+
+
+async def test_an_enqueue_without_options_is_filled_in_from_the_jobs_stencil(broker: BrokerSettings, tmp_path: Path):
+    """No priority, tenant or headers: the properties come from the job's stencil, as App.enqueue's would be."""
+    app = await make(broker, tmp_path)
+    started = time.time()
+    await app.enqueue("work", {"n": 0, "x": 1.5, "s": "é"})
+    await app.close()
+
+    def publish() -> tuple[list[str], int, dict[str, Any]]:
+        with app.sync_publisher() as pub:
+            warm(pub)
+            ids = [pub.enqueue("work", {"n": n, "x": 1.5, "s": "é"}) for n in range(1, 11)]
+            assert pub._fast is not None
+            return ids, fast_calls(pub), dict(pub._fast._stencils)
+
+    ids, calls, stencils = await asyncio.to_thread(publish)
+    assert calls == 10
+    assert stencils["work"] is not None  # the path under test was taken
+    got = await drain(broker, "work")
+    assert [m.message_id for m in got[1:]] == ids
+    assert len({m.message_id for m in got}) == 11
+    assert all(uuid.UUID(one).version == 4 for one in ids)
+    first = got[0]
+    for n, fast in enumerate(got[1:], start=1):
+        for name in ("content_type", "content_encoding", "delivery_mode", "priority", "type", "app_id", "expiration",
+                     "correlation_id", "reply_to"):  # fmt: skip
+            assert getattr(fast, name) == getattr(first, name), name
+        assert fast.priority == 0
+        assert sorted(fast.headers) == sorted(first.headers) == ["amqpjobs-attempt", "amqpjobs-enqueued-at"]
+        assert fast.headers["amqpjobs-attempt"] == 1
+        assert fast.timestamp is not None
+        sent = fast.timestamp.timestamp()
+        assert int(started) <= sent <= time.time()
+        enqueued = datetime.fromisoformat(str(fast.headers["amqpjobs-enqueued-at"]).replace("Z", "+00:00"))
+        assert int(enqueued.timestamp()) == sent  # the same time, to the second the timestamp property holds
+        assert fast.body == f'{{"n":{n},"x":1.5,"s":"é"}}'.encode()
+    assert first.body == '{"n":0,"x":1.5,"s":"é"}'.encode()
 
 
 async def test_refusals_on_the_fast_path_are_enqueues_refusals(broker: BrokerSettings, tmp_path: Path):

@@ -17,7 +17,7 @@ from amqpjobs.jobs.envelope import job_message
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.copies import ExactProperties
 from amqpjobs.wire.limits import amqp_properties
-from amqpjobs.wire.property_encoding import exact_properties
+from amqpjobs.wire.property_encoding import PropertyStencil, exact_properties
 
 NOW = 1_764_650_000.123456
 
@@ -125,3 +125,71 @@ def test_the_deprecated_integer_rule_of_pamqp_is_followed(monkeypatch: pytest.Mo
     exact = exact_properties(message)
     assert exact is not None
     assert exact.marshal() == pamqp_bytes(message)
+
+
+def _job(job_id: str, now: float, job: str = "orders.confirm") -> OutgoingMessage:
+    return job_message(job, {"order": 17}, job_id=job_id, now=now)
+
+
+ENQUEUED = "amqpjobs-enqueued-at"
+
+
+def _stencil(job: str = "orders.confirm") -> PropertyStencil:
+    stencil = PropertyStencil.of(_job("a" * 36, NOW, job), ENQUEUED, _job("other-id", NOW + 86_400.5, job))
+    assert stencil is not None
+    return stencil
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stencil_fills_in_the_bytes_exact_properties_and_pamqp_write(seed: int) -> None:
+    rng = random.Random(seed)
+    stencil = _stencil()
+    for _ in range(300):
+        job_id = _text(rng, 80).strip("\x00\n ") or "x"
+        now = rng.uniform(0, 4_000_000_000)
+        message = _job(job_id, now)
+        filled = stencil.fill(job_id, now, message.headers[ENQUEUED])
+        if now - int(now) >= 0.999:  # pamqp's datetime may round it up a second: left to pamqp
+            assert filled is None
+            continue
+        assert filled == pamqp_bytes(message)
+        exact = exact_properties(message)
+        assert exact is not None
+        assert filled == exact.encoded
+
+
+def test_a_stencil_is_per_kind_of_message() -> None:
+    one, two = _stencil("orders.confirm"), _stencil("orders.cancel")
+    message = _job("id-1", NOW, "orders.cancel")
+    assert two.fill("id-1", NOW, message.headers[ENQUEUED]) == pamqp_bytes(message)
+    assert one.fill("id-1", NOW, message.headers[ENQUEUED]) != pamqp_bytes(message)
+
+
+@pytest.mark.parametrize(
+    ("job_id", "now", "text"),
+    [
+        ("x" * 256, NOW, "2025-12-02T04:33:20.123Z"),  # over a shortstr
+        ("\ud800", NOW, "2025-12-02T04:33:20.123Z"),  # no UTF-8
+        (17, NOW, "2025-12-02T04:33:20.123Z"),  # not a str
+        ("id", 1_764_650_000.9995, "2025-12-02T04:33:20.999Z"),  # a fraction pamqp may round up
+        ("id", float("nan"), "2025-12-02T04:33:20.123Z"),
+        ("id", -1.0, "2025-12-02T04:33:20.123Z"),
+        ("id", 253_402_300_800.0, "2025-12-02T04:33:20.123Z"),  # past 9999
+        ("id", NOW, "2025-12-02T04:33:20.123"),  # another width: the table's size would change
+        ("id", NOW, "2025-12-02T04:33:20.12\ud800"),
+    ],
+)
+def test_a_stencil_leaves_what_exact_properties_would_not_take_as_is(job_id: Any, now: float, text: str) -> None:
+    assert _stencil().fill(job_id, now, text) is None
+
+
+def test_no_stencil_when_the_sample_does_not_tell_where_the_values_go() -> None:
+    sample, other = _job("a" * 36, NOW), _job("b", NOW + 1)
+    same_text = replace(sample, message_id=sample.headers[ENQUEUED])  # the id is found twice
+    assert PropertyStencil.of(same_text, ENQUEUED, other) is None
+    assert PropertyStencil.of(sample, "amqpjobs-attempt", other) is None  # not a text header
+    assert PropertyStencil.of(sample, "missing", other) is None
+    assert PropertyStencil.of(replace(sample, timestamp=None), ENQUEUED, other) is None
+    assert PropertyStencil.of(sample, ENQUEUED, replace(other, type="another")) is None  # other is not alike
+    assert PropertyStencil.of(sample, ENQUEUED, replace(other, headers={**other.headers, "n": 1})) is None
+    assert PropertyStencil.of(sample, ENQUEUED, other) is not None
