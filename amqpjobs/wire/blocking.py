@@ -49,22 +49,15 @@ from amqpjobs._version import __version__
 from amqpjobs.errors import BrokerUnavailableError, PublishError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.text import as_text
+from amqpjobs.wire import limits
 from amqpjobs.wire.cluster import node, process_order
 from amqpjobs.wire.connection import default_max_message_size
 from amqpjobs.wire.frame_socket import Closed, FrameSocket
-from amqpjobs.wire.limits import (
-    ENCODING_ERRORS,
-    amqp_properties,
-    check_body,
-    check_body_size,
-    check_encoded_header,
-    check_header_fits,
-    encoded_size,
-)  # fmt: skip
+from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
-from amqpjobs.wire.publish_outcome import max_size_in, nacked, too_large, uncertain, unroutable
+from amqpjobs.wire.publish_outcome import closed_under, max_size_in, nacked, uncertain, unroutable
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import TLS_OPTIONS
 from amqpjobs.wire.urls import parse_node
@@ -327,8 +320,7 @@ class BlockingPublisher:
             BrokerUnavailableError: no connection could be opened (nothing sent).
         """
         self._connected(exchange, routing_key)
-        limit = self._max_message_size or default_max_message_size(self.version)
-        check_body(message, limit)
+        check_body(message, self._max_message_size or default_max_message_size(self.version))
         exact = exact_properties(message)
         properties = amqp_properties(message) if exact is None else exact
         check_header_fits(properties, message.headers, self._frame_max, self._header_reserve)
@@ -351,8 +343,8 @@ class BlockingPublisher:
             (As :meth:`publish`, but for ``ConfigurationError``: nothing is left to encode.)
         """
         self._connected(exchange, routing_key)
-        check_body_size(len(body), self._max_message_size or default_max_message_size(self.version))
-        check_encoded_header(len(properties), self._frame_max, self._header_reserve)
+        limits.check_body_size(len(body), self._max_message_size or default_max_message_size(self.version))
+        limits.check_encoded_header(len(properties), self._frame_max, self._header_reserve)
         self._confirmed_publish(exchange, routing_key, body, properties, message_id, job)
 
     def _connected(self, exchange: str, routing_key: str) -> None:
@@ -409,17 +401,12 @@ class BlockingPublisher:
                 self._read(deadline)
 
     def _refused(self, exc: Closed, exchange: str, routing_key: str, message: OutgoingMessage) -> NoReturn:
-        """The channel or connection closed under the publish: what that says about it."""
+        """The channel or connection closed under the publish: what that says about it (:func:`closed_under`)."""
         text = str(exc)
-        if exc.channel and exc.code == 404 and f"no exchange '{exchange}' in vhost" in text:
-            words = (self._missing_exchange(exchange, self.version) if self._missing_exchange is not None
-                     else f"exchange {exchange!r} does not exist")  # fmt: skip
-            raise UnroutableError(words) from exc
-        if exc.channel and exc.code == 406 and ("max size" in text or "message size" in text):
-            if (limit := max_size_in(text)) is not None:  # later bodies over it are refused before sending
-                self._max_message_size = min(limit, self._max_message_size or limit)
-            if (refused := too_large(len(message.body), text)) is not None:
-                raise refused from exc
-        raise PublishError(uncertain(
-            f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
-        )) from exc  # fmt: skip
+        if exc.channel and exc.code == 406 and (limit := max_size_in(text)) is not None:
+            self._max_message_size = min(limit, self._max_message_size or limit)  # later bodies over it: not sent
+        missing = self._missing_exchange
+        raise closed_under(
+            text, exc.code if exc.channel else None, exchange, routing_key, message,
+            lambda: missing(exchange, self.version) if missing is not None else f"exchange {exchange!r} does not exist",
+        ) from exc  # fmt: skip

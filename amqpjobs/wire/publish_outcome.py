@@ -8,10 +8,11 @@ uncertain (README "Enqueueing").
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import aiormq
 
-from amqpjobs.errors import MessageTooLargeError, PublishError
+from amqpjobs.errors import MessageTooLargeError, PublishError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 
 
@@ -106,4 +107,33 @@ def size_refusal(message: OutgoingMessage, refusal: str) -> MessageTooLargeError
     return PublishError(uncertain(
         f"the channel closed under this publish ({len(message.body)} bytes): another message was over the "
         f"broker's max_message_size of {max_size_in(refusal)} bytes ({refusal})", message
+    ))  # fmt: skip
+
+
+def closed_under(
+    text: str, channel_code: int | None, exchange: str, routing_key: str, message: OutgoingMessage,
+    missing: Callable[[], str],
+) -> UnroutableError | MessageTooLargeError | PublishError:  # fmt: skip
+    """What a channel or connection closed under a publish says of it (the blocking publisher's reading).
+
+    Args:
+        text: The close's words (``reply_text``, as the error map words it).
+        channel_code: The channel close's reply code; None: the connection closed.
+        exchange: The publish's exchange.
+        routing_key: Its routing key.
+        message: The publish (its size and id word the error).
+        missing: The words for the exchange missing (called only then).
+
+    Returns:
+        :class:`UnroutableError` for a 404 naming ``exchange`` (not stored); a 406 over the
+        broker's ``max_message_size`` is :func:`too_large`'s when ``message`` is over it; else
+        :class:`PublishError`: it may or may not be stored.
+    """
+    if channel_code == 404 and f"no exchange '{exchange}' in vhost" in text:
+        return UnroutableError(missing())
+    over = channel_code == 406 and ("max size" in text or "message size" in text)
+    if over and (refused := too_large(len(message.body), text)) is not None:
+        return refused
+    return PublishError(uncertain(
+        f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
     ))  # fmt: skip
