@@ -3,7 +3,9 @@
 A sync enqueue handed to the publisher's event loop thread pays the hand-off and the async
 publish's loop turns (bench/RESULTS.md, issue 22). Where nothing of the enqueue needs the
 loop, :class:`FastPath` checks and builds the message as :meth:`App.enqueue` does
-(:meth:`App._addressed`, :func:`~amqpjobs.runtime.sending.new_message`) and publishes it on a
+(:meth:`App._addressed`, :func:`~amqpjobs.runtime.sending.new_message`; for an enqueue without
+priority, tenant or headers, the job's :class:`~amqpjobs.runtime.job_stencil.JobStencil`
+fills in the same bytes) and publishes it on a
 :class:`~amqpjobs.wire.blocking.BlockingPublisher` in the calling thread. It steps aside
 (returns None: the loop thread's ``App.enqueue`` publishes) for what only the async path
 does: a payload store (claim-check), tracing, a job queue with ``max_depth``/``max_age``
