@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import ENQUEUED_AT, encode_payload, iso_utc
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.runtime.sending import new_message
@@ -38,7 +39,10 @@ class JobStencil:
     @classmethod
     def of(cls, jobdef: JobDef) -> JobStencil | None:
         """The stencil of ``jobdef``'s messages, or None when its samples don't give one that fills in exactly."""
-        samples = [new_message(jobdef, _SAMPLE_BODY, job_id, now, None, None, None) for now, job_id in _SAMPLES]
+        try:
+            samples = [new_message(jobdef, _SAMPLE_BODY, job_id, now, None, None, None) for now, job_id in _SAMPLES]
+        except ConfigurationError:  # no sample: the job's enqueues build their messages (and say what is wrong)
+            return None
         for (now, _), sample in zip(_SAMPLES, samples, strict=True):  # the values fill() computes are the message's
             if sample.headers.get(ENQUEUED_AT) != iso_utc(now) or sample.body != encode_payload(_SAMPLE_BODY):
                 return None
