@@ -54,7 +54,7 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
             names where (``payload['a'][1] has the key 7 (an int) ...``) and the fix.
 
     """
-    if type(payload) is dict and _flat(payload):
+    if _ORJSON_AS_STDLIB and type(payload) is dict and _flat(payload):
         try:
             return orjson.dumps(payload)
         except orjson.JSONEncodeError:  # a lone surrogate, an int past 64 bits: the stdlib's path
@@ -101,6 +101,10 @@ def _flat(payload: dict[Any, Any]) -> bool:
 
 
 _FLAT: Final = frozenset({str, int, bool, type(None)})
+#: Whether this orjson writes floats in the stdlib's digits (before 3.11.7 it wrote ``1e16`` for ``1e+16``):
+#: else no payload is written by it.
+PROBE: Final = ([1e16, 1.5e300, 1e-4, 0.1, -0.0], b"[1e+16,1.5e+300,0.0001,0.1,-0.0]")
+_ORJSON_AS_STDLIB: Final = orjson.dumps(PROBE[0]) == PROBE[1]
 _LARGEST: Final = sys.float_info.max
 
 

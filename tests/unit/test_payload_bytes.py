@@ -15,8 +15,10 @@ import struct
 import uuid
 from typing import Any
 
+import orjson
 import pytest
 
+from amqpjobs.jobs import json_values
 from amqpjobs.jobs.json_values import encode_payload
 
 
@@ -109,3 +111,21 @@ def test_what_orjson_would_write_otherwise_is_left_to_the_stdlib(payload: dict[A
 def test_subclasses_keep_the_stdlibs_text() -> None:
     payload = {"level": Level.HIGH, "name": Name("x"), "n": True}
     assert encode_payload(payload) == stdlib(payload) == b'{"level":3,"name":"x","n":true}'
+
+
+def test_an_orjson_writing_other_digits_writes_no_payload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson before 3.11.7 wrote 1e16 for the stdlib's 1e+16 (review 29): then the stdlib writes every payload."""
+    assert json_values._ORJSON_AS_STDLIB  # the orjson installed (pyproject: >= 3.11.7) writes the stdlib's digits
+    real = orjson.dumps
+
+    def older(value: Any, default: Any = None, option: Any = None) -> bytes:
+        if default is None:  # as a writer (the check after the stdlib passes a default)
+            return real(value).replace(b"e+", b"e")
+        return real(value, default=default)
+
+    monkeypatch.setattr(orjson, "dumps", older)
+    assert older([1e16, 1.5e300]) == b"[1e16,1.5e300]"
+    monkeypatch.setattr(json_values, "_ORJSON_AS_STDLIB", older(json_values.PROBE[0]) == json_values.PROBE[1])
+    assert not json_values._ORJSON_AS_STDLIB
+    payload = {"f": 1e16, "g": 1.5e300, "s": "x"}
+    assert encode_payload(payload) == stdlib(payload) == b'{"f":1e+16,"g":1.5e+300,"s":"x"}'
