@@ -12,6 +12,8 @@ from amqpjobs.text import lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
 
 #: The bits ``uuid.uuid4()`` sets in 128 random ones: version 4 (bits 76-79), RFC 4122 variant (bits 62-63).
+#: The fix for a key function's result over 255 UTF-8 bytes (:func:`~amqpjobs.jobs.envelope.job_id_problem`).
+_SHORTER_KEY = "return a shorter key (for a long one, a hash of it: hashlib.sha256(key.encode()).hexdigest())"
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (4 << 76) | (0x8000 << 48)
 
@@ -67,6 +69,11 @@ def checked_job_id(
             raise ConfigurationError(
                 f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
                 "that identifies the job (jobs with the same key run once)"
+            )
+        if problem := job_id_problem(derived, _SHORTER_KEY):  # the one job-id rule, worded as the key function's
+            shown = f"{derived[:40]!r}..." if len(derived) > 40 else repr(derived)
+            raise ConfigurationError(
+                f"job {jobdef.name!r}: its key function returned {shown}, which can't be a job id: {problem}"
             )
         job_id = derived
     return job_id or random_job_id()

@@ -233,21 +233,27 @@ def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
     )
 
 
-def job_id_problem(job_id: object) -> str | None:
+#: The fix :func:`job_id_problem` names for an id over 255 UTF-8 bytes.
+SHORTER_ID: Final = "a shorter id (for a long key, a hash of it: hashlib.sha256(key.encode()).hexdigest())"
+
+
+def job_id_problem(job_id: object, too_long: str = SHORTER_ID) -> str | None:
     """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``, ``job_status``).
 
     A job id is the AMQP ``message_id`` (a shortstr): a str (``job_id must be a str (got
     int)``), not empty nor blank, UTF-8 text (no lone surrogate, which no message can carry; a
-    NUL it can), at most 255 UTF-8 bytes (:func:`shortstr_problem`).
+    NUL it can), at most 255 UTF-8 bytes (:func:`shortstr_problem`; the words then end with
+    ``fix: `` and ``too_long``).
     """
     if not isinstance(job_id, str):
         return f"job_id must be a str (got {type(job_id).__name__})"
     if not job_id.strip():
-        return "job_id is empty; give an id (or leave it out when enqueueing: a random UUID)"
+        return "job_id is empty or blank; give an id (or leave it out when enqueueing: a random UUID)"
     if where := lone_surrogate(job_id):
         return f"job_id {job_id[:40]!r} is not UTF-8 text ({where})"
     if problem := shortstr_problem("job_id", job_id):
-        return f"{problem} ({job_id[:40]!r}...)" if len(job_id) > 40 else f"{problem} ({job_id!r})"
+        shown = f"{job_id[:40]!r}..." if len(job_id) > 40 else repr(job_id)
+        return f"{problem} ({shown}); fix: {too_long}"
     return None
 
 

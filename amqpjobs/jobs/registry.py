@@ -188,7 +188,9 @@ class JobDef:
                     raise
                 raise ConfigurationError(f"job {self.name!r}: {TOO_DEEP}") from None
         if not isinstance(value, dict):
-            raise ConfigurationError(f"job {self.name!r}: payload must be a dict or a pydantic model")
+            raise ConfigurationError(
+                f"job {self.name!r}: payload must be a dict or a pydantic model (got {type(value).__name__})"
+            )
         return value
 
     def payload_body(self, payload: Any) -> dict[str, Any]:

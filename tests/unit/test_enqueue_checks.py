@@ -48,7 +48,24 @@ def app(tmp_path: Any) -> App:
     app.job("p", queue="plain")(lambda p, c: None)
     app.job("r", queue="ranked")(lambda p, c: None)
     app.job("s", queue="spread")(lambda p, c: None)
+    app.job("k", queue="plain", key=lambda p: p["k"])(lambda p, c: None)
     return app
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [  # review 29: named a job_id the caller never gave
+        ("\u00e9" * 128, "job 'k': its key function returned '\u00e9\u00e9"),
+        ("\u00e9" * 128, "which can't be a job id: job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
+        ("\u00e9" * 128, "fix: return a shorter key (for a long one, a hash of it"),
+        ("a\ud800", "its key function returned 'a\\ud800', which can't be a job id: job_id 'a\\ud800' is not UTF-8"),
+    ],
+)
+async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app: App, key: str, words: str):
+    with pytest.raises(ConfigurationError) as caught:
+        await app.enqueue("k", {"k": key})
+    assert words in str(caught.value)
+    assert app._connection is None
 
 
 @pytest.mark.parametrize(
@@ -61,7 +78,7 @@ def app(tmp_path: Any) -> App:
         ("p", {"headers": {"x-trace": "1"}}, "header 'x-trace': names starting 'x-' or 'amqpjobs-' are reserved"),
         ("p", {"headers": {"amqpjobs-attempt": 3}}, "header 'amqpjobs-attempt': names starting 'x-' or 'amqpjobs-'"),
         ("p", {"headers": {"AMQPJOBS-Tenant": "a"}}, "header 'AMQPJOBS-Tenant': names starting"),
-        ("p", {"job_id": " "}, "job_id is empty"),
+        ("p", {"job_id": " "}, "job_id is empty or blank"),
         ("p", {"tenant": ""}, "tenant is empty"),
         # review18: a bare UnicodeEncodeError (sharded) or words about header types (not sharded)
         ("s", {"tenant": "a\ud800"}, "tenant 'a\\ud800' is not UTF-8 text (a lone surrogate at 1)"),
@@ -76,6 +93,7 @@ def app(tmp_path: Any) -> App:
         # AMQP shortstr fields hold 255 bytes: 128 characters of 2 bytes each are 256
         ("p", {"job_id": "\u00e9" * 128}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
         ("p", {"job_id": "i" * 256}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes"),
+        ("p", {"job_id": "i" * 256}, "fix: a shorter id (for a long key, a hash of it"),
         ("p", {"headers": {"\u00e9" * 128: 1}}, "header name must be at most 128 UTF-8 bytes (got 256 bytes"),
     ],
 )
