@@ -4,9 +4,9 @@ Alarms: RabbitMQ tells a connection it is blocked (``connection.blocked``) only 
 published during the alarm, and holds that first publish unread until the alarm clears
 (RabbitMQ "Blocked Connection Notifications": sent "to publishing connections"). So the
 gate also asks the management API for the cluster's alarms (a figure is used for at most
-:data:`REFRESH`, and read again in the background after :data:`EARLY_REFRESH`) and
-refuses before the first publish; without the management API it only knows what
-``connection.blocked`` told it.
+:data:`REFRESH`, and read again in the background after :data:`EARLY_REFRESH`, once the
+enqueue that found it that old is answered) and refuses before the first publish; without
+the management API it only knows what ``connection.blocked`` told it.
 
 Bounds: the work queue's ready messages (a passive declare: exact when read) and, for
 ``max_age``, its oldest message's timestamp (management API; seconds, or milliseconds by
@@ -51,7 +51,9 @@ T = TypeVar("T")
 REFRESH = 1.0
 #: The alarms are read again in the background by an enqueue that finds them this old (seconds), so
 #: that while enqueues keep coming none waits for the management API (it answers in ms to tens of ms:
-#: the worst enqueue latencies of a steady stream, bench/ section 5).
+#: the worst enqueue latencies of a steady stream, bench/ section 5). The read begins once that
+#: enqueue's publish is answered (:meth:`EnqueueGate.read_ahead_if_due`): its thread holds the GIL
+#: for about 0.7 ms of client CPU, which made that publish late (bench/RESULTS.md, section 5's notes).
 EARLY_REFRESH = REFRESH / 2
 #: While waiting, the gate looks again this often (seconds).
 _POLL = 0.1
@@ -148,6 +150,7 @@ class EnqueueGate:
         self._ages_lock = asyncio.Lock()  # one age question to the management API at a time
         self._alarms: tuple[list[str], float] = ([], float("-inf"))  # (alarms, monotonic time read)
         self._early_read: asyncio.Future[None] | None = None  # a read ahead of need (EARLY_REFRESH)
+        self._read_due = False  # an enqueue found the alarms EARLY_REFRESH old: read once its publish ends
         self._management_down_until = float("-inf")
         self._queues: dict[str, _Queue] = {}
 
@@ -205,10 +208,20 @@ class EnqueueGate:
         age = time.monotonic() - self._alarms[1]
         if age >= REFRESH:  # too old to use (or never read): wait for a read
             await self._read_alarms()
-        elif age >= EARLY_REFRESH and self._early_read is None:  # read ahead, the enqueue goes on meanwhile
+        elif age >= EARLY_REFRESH and self._early_read is None:  # read ahead once this enqueue's publish ends
+            self._read_due = True
+        return " & ".join(self._alarms[0]) or None
+
+    def read_ahead_if_due(self) -> None:
+        """Begin the read ahead an enqueue found due (:data:`EARLY_REFRESH`); call once its publish is answered.
+
+        The read runs in a thread (a management API request), which would otherwise compete
+        for the GIL with the publish that found it due. No read is begun when none is due.
+        """
+        if self._read_due and self._early_read is None:
             self._early_read = asyncio.ensure_future(self._read_alarms())
             self._early_read.add_done_callback(self._early_read_done)
-        return " & ".join(self._alarms[0]) or None
+        self._read_due = False
 
     def known_alarms(self) -> tuple[list[str], float]:
         """The alarms last read from the management API and their age in seconds (inf: never read).
@@ -219,8 +232,12 @@ class EnqueueGate:
         return alarms, time.monotonic() - read_at
 
     async def read_ahead(self, connection: Connection) -> None:
-        """Read the broker's alarms now unless read within :data:`EARLY_REFRESH` (so a first enqueue won't wait)."""
+        """Read the broker's alarms now unless read within :data:`EARLY_REFRESH` (so a first enqueue won't wait).
+
+        Waits for the read only when the alarms are :data:`REFRESH` old or were never read.
+        """
         await self._alarm(connection)
+        self.read_ahead_if_due()
 
     async def _read_alarms(self) -> None:
         async with self._alarm_lock:

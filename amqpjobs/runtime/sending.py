@@ -73,21 +73,26 @@ async def send(
             gated = gate.admitted(connection, layout.work_queue_for(routing_key), layout.bounds)
         elif not gate.clear(connection):  # no bounds to count against: only the alarm check, awaited when it may wait
             await gate.unblocked(connection)
-    async with gated:  # counted against max_depth from here until published (README "Backpressure")
-        ref = None
-        if store is not None:  # claim-check: a large body goes to the store
-            from amqpjobs.runtime.payloads import check_in, forget  # loaded only by an app with a store
+    try:
+        async with gated:  # counted against max_depth from here until published (README "Backpressure")
+            ref = None
+            if store is not None:  # claim-check: a large body goes to the store
+                from amqpjobs.runtime.payloads import check_in, forget  # loaded only by an app with a store
 
-            message, ref = await check_in(store, message)
-        try:
-            await publisher.publish(exchange, routing_key, message)
-        except REFUSED as exc:
-            if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
-                assert store is not None
-                await forget(store, ref)  # best effort: a failure is logged
-            if (full := full_refusal(exc, layout, routing_key, job_id)) is None:
-                raise
-            raise full from exc
+                message, ref = await check_in(store, message)
+            try:
+                await publisher.publish(exchange, routing_key, message)
+            except REFUSED as exc:
+                if ref is not None:  # a definite refusal: the message is not in any queue, so neither is its payload
+                    assert store is not None
+                    await forget(store, ref)  # best effort: a failure is logged
+                if (full := full_refusal(exc, layout, routing_key, job_id)) is None:
+                    raise
+                raise full from exc
+
+    finally:
+        if gate is not None:  # its read ahead, if this enqueue found one due, begins only now (EARLY_REFRESH)
+            gate.read_ahead_if_due()
 
 
 def full_refusal(exc: BaseException, layout: JobQueueLayout, routing_key: str, job_id: str) -> QueueFullError | None:

@@ -124,6 +124,7 @@ class FastPath:
                 raise full from exc
         finally:
             self._give_back(publisher)
+            self._read_ahead_if_due()
         if app.results is not None:  # the queued record, written by the loop's writer (never waits nor raises)
             self._loop.call_soon_threadsafe(app._note_queued, jobdef.name, job_id, layout.name, now)
         return job_id
@@ -137,17 +138,24 @@ class FastPath:
             return stencil
 
     def _alarms_clear(self) -> bool:
-        """Whether the alarms were read recently and none is in force (a read ahead started when due)."""
+        """Whether the alarms were read within :data:`REFRESH` and none is in force."""
         gate = self._app._gate
         if gate is None:  # not connected yet: the first enqueue is the async path's
             return False
         alarms, age = gate.known_alarms()
-        if age >= REFRESH or alarms:
-            return False
-        if age >= EARLY_REFRESH and not self._reading:
+        return age < REFRESH and not alarms
+
+    def _read_ahead_if_due(self) -> None:
+        """After a publish: have the loop read the alarms again if they are :data:`EARLY_REFRESH` old.
+
+        Not before the publish: the read's thread (a management API request) would compete for
+        the GIL with it (as the async gate's
+        :meth:`~amqpjobs.runtime.backpressure.EnqueueGate.read_ahead_if_due`).
+        """
+        gate = self._app._gate
+        if gate is not None and not self._reading and gate.known_alarms()[1] >= EARLY_REFRESH:
             self._reading = True
             self._loop.call_soon_threadsafe(self._read_ahead)
-        return True
 
     def _read_ahead(self) -> None:
         """On the loop: read the alarms again (as the async gate does for a steady stream of enqueues)."""

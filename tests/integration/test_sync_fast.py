@@ -351,3 +351,50 @@ async def test_a_forked_child_leaves_the_parents_connections_alone(broker: Broke
     calls, pooled = await asyncio.to_thread(publish)
     assert (calls, pooled) == (2, 1)
     assert [m.message_id for m in await drain(broker, "work")] == ["parent-1", "parent-2"]
+
+
+async def test_the_alarm_read_ahead_begins_once_the_calling_threads_publish_is_answered(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """As the async gate's (test_enqueue_write_queue.py): the read's thread does not compete with the publish."""
+    app = await make(broker, tmp_path)
+    events: list[str] = []
+    for name in ("publish", "publish_encoded"):
+        real = getattr(BlockingPublisher, name)
+
+        def publishing(self: BlockingPublisher, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            events.append("publish")
+            try:
+                return _real(self, *args, **kwargs)
+            finally:
+                events.append("answered")
+
+        monkeypatch.setattr(BlockingPublisher, name, publishing)
+
+    def publish() -> tuple[int, list[str]]:
+        with app.sync_publisher() as pub:
+            warm(pub)  # the async path: alarms read
+            assert pub._fast is not None
+            gate = pub._fast._app._gate  # the app bound to the publisher's loop
+            assert gate is not None
+            read_alarms = gate._management_alarms
+
+            def reading() -> list[str]:
+                events.append("read")
+                return read_alarms()
+
+            gate._management_alarms = reading  # type: ignore[method-assign]
+            events.clear()
+            time.sleep(0.6)  # older than half a second: the next call has them read again on the loop
+            pub.enqueue("work", {}, job_id="a")
+            deadline = time.monotonic() + 3
+            while "read" not in events and time.monotonic() < deadline:
+                time.sleep(0.01)
+            pub.enqueue("work", {}, job_id="b")  # read just now: no read
+            time.sleep(0.1)
+            return fast_calls(pub), list(events)
+
+    calls, seen = await asyncio.to_thread(publish)
+    assert calls == 2
+    assert seen == ["publish", "answered", "read", "publish", "answered"]
+    assert [m.message_id for m in await drain(broker, "work")] == ["a", "b"]
