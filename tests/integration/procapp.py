@@ -103,3 +103,11 @@ async def raiser(payload: dict[str, Any], ctx: JobContext) -> None:
     except asyncio.CancelledError:
         raise RuntimeError("cancelled, and raised this instead") from None
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("heap", queue="work", timeout="60s")
+async def heap(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record "heap <id> <objects frozen out of collections> <gc enabled 0/1> <pid>" (worker.settle_heap)."""
+    import gc
+
+    _record(f"heap {ctx.job_id} {gc.get_freeze_count()} {int(gc.isenabled())} {os.getpid()}")
