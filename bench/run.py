@@ -17,7 +17,8 @@ process of its own, started and ended by PID here, in a throwaway vhost of its o
 2. ``amqpjobs consume --processes 2`` vs ``--processes 1``, in turns: jobs/s and jobs per client CPU-second;
 3. publish rate: enqueue one by one and batched vs raw aio-pika with confirms;
 4. the sync publisher: ``sync_publisher().enqueue`` one at a time vs Dramatiq's ``send`` (bench/sync_publish.py);
-5. latency enqueue → handler start at a steady 200 jobs/s, amqpjobs vs raw aio-pika;
+5. latency enqueue → handler start at a steady 200 jobs/s, amqpjobs vs raw aio-pika, in turns and both at once
+   (the p99 goal is judged on both at once: a stall of the broker or the machine meets both);
 6. worker RSS after 10k and after 200k jobs;
 7. retry-tier timing error and replay rate error;
 8. ``amqpjobs topology apply`` time for 200 job queues, first and second run;

@@ -8,6 +8,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable, Coroutine
 
 import aio_pika
 import sync_publish
@@ -234,65 +235,99 @@ class LoadScenarios(Harness):
         rate = 200.0
         self.header(f"5. Latency, enqueue → handler start, {m:,} jobs at a steady {rate:.0f} jobs/s")
         cs = {c.key: c for c in contestants()}
-        p50 = {k: Stat() for k in ("aj16", "raw16")}
-        p99 = {k: Stat() for k in ("aj16", "raw16")}
-        worst = {k: Stat() for k in ("aj16", "raw16")}
+        keys = ("aj16", "raw16")
+        stats = {(mode, k, q): Stat() for mode in ("turns", "once") for k in keys for q in ("p50", "p99", "max")}
         for rep in range(reps):
-            for key in ("aj16", "raw16"):
-                lat = await self.paced(cs[key], m, rate, rep)
-                p50[key].add(percentile(lat, 0.50))
-                p99[key].add(percentile(lat, 0.99))
-                worst[key].add(lat[-1])
-                print(f"  rep {rep + 1}/{reps} {key:<6} p50 {lat[len(lat) // 2] * 1e3:6.2f} ms "
+            runs = {("turns", key): (await self.paced([cs[key]], m, rate, rep))[0] for key in keys}
+            order = [cs[k] for k in (keys if rep % 2 == 0 else keys[::-1])]  # who sends first alternates
+            together = await self.paced(order, m, rate, rep)
+            runs.update({("once", c.key): lat for c, lat in zip(order, together, strict=True)})
+            for (mode, key), lat in runs.items():
+                for q, value in (("p50", percentile(lat, 0.50)), ("p99", percentile(lat, 0.99)), ("max", lat[-1])):
+                    stats[mode, key, q].add(value)
+                print(f"  rep {rep + 1}/{reps} {mode:<5} {key:<6} p50 {percentile(lat, 0.5) * 1e3:6.2f} ms "
                       f"p99 {percentile(lat, 0.99) * 1e3:6.2f} ms", flush=True)  # fmt: skip
+        modes = {"once": "both at once", "turns": "in turns"}
         self.report.table(
-            ["consumer (publisher)", "p50 ms", "p99 ms", "max ms"],
+            ["consumer (publisher)", "runs", "p50 ms", "p99 ms", "max ms"],
             [
-                [f"{cs[k].label} ({'App.enqueue' if k == 'aj16' else 'raw aio-pika publish'})",
-                 p50[k].fmt(".2f", 1e3), p99[k].fmt(".2f", 1e3), worst[k].fmt(".2f", 1e3)]
-                for k in ("aj16", "raw16")
+                [f"{cs[k].label} ({'App.enqueue' if k == 'aj16' else 'raw aio-pika publish'})", modes[mode],
+                 *(stats[mode, k, q].fmt(".2f", 1e3) for q in ("p50", "p99", "max"))]
+                for mode in modes for k in keys
             ],
         )  # fmt: skip
-        r = self.goal("p99/raw", ratio(p99["aj16"], p99["raw16"]),
-                      f"{p99['aj16'].median * 1e3:.2f} vs {p99['raw16'].median * 1e3:.2f} ms")  # fmt: skip
-        self.report.add(f"p99 amqpjobs / raw: {r}.", "")
-        self.results["lat.p99.aj16"], self.results["lat.p99.raw16"] = p99["aj16"], p99["raw16"]
+        p99 = {(mode, k): stats[mode, k, "p99"] for mode in modes for k in keys}
+        turns = ratio(p99["turns", "aj16"], p99["turns", "raw16"])
+        ours, raw = p99["once", "aj16"], p99["once", "raw16"]
+        r = self.goal("p99/raw", ratio(ours, raw), f"{ours.median * 1e3:.2f} vs {raw.median * 1e3:.2f} ms")
+        self.report.add(
+            f"p99 amqpjobs / raw, both at once: {r}; in turns: {turns:.2f}× "
+            f"({p99['turns', 'aj16'].median * 1e3:.2f} vs {p99['turns', 'raw16'].median * 1e3:.2f} ms). "
+            "*Both at once*: the two consumers run side by side, each fed at the steady rate, the sends half a "
+            "period apart (who sends first alternates by repetition), so a stall of the broker or the machine "
+            "meets both; *in turns*: one after the other, as before, where a burst of stalls decides the 20th "
+            "worst of 2,000 samples of whichever contestant it meets. The goal is judged on *both at once*.",
+            "",
+        )
+        self.results["lat.p99.aj16"], self.results["lat.p99.raw16"] = ours, raw
 
-    async def paced(self, c: Contestant, m: int, rate: float, rep: int) -> list[float]:
-        settings = await self.vhost(c.key)
-        await self.purge(settings)
-        out = self.tmp / f"lat-{c.key}-{rep}.rec"
-        proc = self.spawn(c.argv, settings, out, f"lat-{c.key}-{rep}")
-        app = App("bench", topology=load_topology(self.tmp / "bench.toml").topology, url=settings.url)
-        app.job(JOB, queue=QUEUE)(_noop)
-        connection = await aio_pika.connect_robust(settings.url)
+    async def paced(self, cs: list[Contestant], m: int, rate: float, rep: int) -> list[list[float]]:
+        """Feed each consumer of ``cs`` ``m`` jobs at ``rate`` jobs/s, all at once, the sends evenly apart.
+
+        Returns each consumer's latencies (handler start - sent, seconds), sorted.
+        """
+        tag = "+".join(c.key for c in cs)
+        stack = contextlib.AsyncExitStack()
+        procs, outs, senders = [], [], []
         try:
-            await self.wait_ready(settings, c.consumers, [proc])
-            channel = await connection.channel(publisher_confirms=True)
-            exchange = await channel.get_exchange(EXCHANGE, ensure=False)
-            await app.connect()
-
-            async def send() -> None:
-                if c.key == "aj16":
-                    await app.enqueue(JOB, {"t": time.time()})
-                else:
-                    await exchange.publish(raw_message(time.time()), QUEUE)
-
+            for c in cs:
+                settings = await self.vhost(c.key)
+                await self.purge(settings)
+                out = self.tmp / f"lat-{tag}-{c.key}-{rep}.rec"
+                procs.append(self.spawn(c.argv, settings, out, f"lat-{tag}-{c.key}-{rep}"))
+                outs.append(out)
+                senders.append(await self._sender(c, settings, stack))
+            for c, proc in zip(cs, procs, strict=True):
+                await self.wait_ready(self.vhosts[c.key], c.consumers, [proc])
             tasks: set[asyncio.Task[None]] = set()
+            step = 1 / (rate * len(cs))
             t0 = time.monotonic()
-            for i in range(m):
-                delay = t0 + i / rate - time.monotonic()
+            for i in range(m * len(cs)):
+                delay = t0 + i * step - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(send())
+                task = asyncio.create_task(senders[i % len(cs)]())
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks)
             deadline = time.monotonic() + 60
-            while count(out) < m and time.monotonic() < deadline:
+            while any(count(out) < m for out in outs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         finally:
-            await connection.close()
-            await app.close()
-            self.stop([proc])
-        return sorted(start - sent for start, sent in read_records(out))
+            await stack.aclose()
+            self.stop(procs)
+        return [sorted(start - sent for start, sent in read_records(out)) for out in outs]
+
+    async def _sender(
+        self, c: Contestant, settings: BrokerSettings, stack: contextlib.AsyncExitStack
+    ) -> Callable[[], Coroutine[None, None, None]]:
+        """A coroutine function that sends one job stamped with the time: App.enqueue for amqpjobs, else raw."""
+        if c.key == "aj16":
+            app = App("bench", topology=load_topology(self.tmp / "bench.toml").topology, url=settings.url)
+            app.job(JOB, queue=QUEUE)(_noop)
+            await app.connect()
+            stack.push_async_callback(app.close)
+
+            async def enqueue() -> None:
+                await app.enqueue(JOB, {"t": time.time()})
+
+            return enqueue
+        connection = await aio_pika.connect_robust(settings.url)
+        stack.push_async_callback(connection.close)
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+
+        async def publish() -> None:
+            await exchange.publish(raw_message(time.time()), QUEUE)
+
+        return publish
