@@ -92,7 +92,9 @@ def test_zero_wait_means_refuse_at_once(zero: object):
 async def test_enqueues_that_keep_coming_never_wait_for_the_alarm_read(monkeypatch: pytest.MonkeyPatch):
     """A steady stream of enqueues: the alarms are read ahead in the background; none waits for the management API.
 
-    The clock and the read are the test's: a read stays under way until the test lets it answer.
+    Each enqueue is what ``send()`` does: ``unblocked``, its publish, then ``read_ahead_if_due``
+    (the read begins only once the publish is answered). The clock and the read are the test's: a
+    read stays under way until the test lets it answer.
     """
     from types import SimpleNamespace
 
@@ -119,15 +121,23 @@ async def test_enqueues_that_keep_coming_never_wait_for_the_alarm_read(monkeypat
     await first
     for _ in range(8):  # an enqueue every 0.3 s; each read answers before the next enqueue
         now[0] += 0.3
+        before = len(reads)
         await asyncio.wait_for(gate.unblocked(connection), 1.0)  # type: ignore[arg-type]  # no wait for a read
+        await asyncio.sleep(0)
+        assert len(reads) == before  # its publish not answered yet: no read begun (its thread would compete)
+        gate.read_ahead_if_due()  # what send() does once the publish is answered
         await asyncio.sleep(0)  # a read ahead it started is under way
         if reads and not reads[-1].done():
             reads[-1].set_result([])
             await asyncio.sleep(0)
             await asyncio.sleep(0)
     assert 4 <= len(reads) <= 6, len(reads)  # read again about every 0.6 s (each at half a second old, or more)
+    gate.read_ahead_if_due()  # nothing due: no read
+    await asyncio.sleep(0)
+    assert reads[-1].done()
     now[0] += 0.6  # the last figure is now over half a second old: read ahead, and a memory alarm is the answer
     await gate.unblocked(connection)  # type: ignore[arg-type]
+    gate.read_ahead_if_due()
     await asyncio.sleep(0)
     assert not reads[-1].done()
     reads[-1].set_result(["memory"])
