@@ -44,7 +44,7 @@ lint: install  ## ruff and mypy (strict)
 # chroot builds of the two 4.x nodes overlap the 3.10 suite (one after the other, and after the
 # host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a time).
 test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3 (then stops the 3-node clusters the suites started)
-	@mkdir -p .broker4 .broker43
+	@mkdir -p .broker4 .broker43; rm -rf .test-results
 	listening() { bash -c "exec 3<>/dev/tcp/127.0.0.1/$$1" 2>/dev/null; }; \
 	if listening 5701; then c3=kept; else c3=ours; fi; if listening 5731; then c43=kept; else c43=ours; fi; \
 	{ bash scripts/broker4.sh build >.broker4/build.log 2>&1 && \
@@ -74,22 +74,24 @@ screenshots: install browser-deps  ## PNGs of the console (overview, a group, a 
 # marked `serial` (they stop the node or assert wall-clock bounds) alone; exit 5 (no test
 # selected) is not a failure there. TEST_WORKERS=4 on 2 cores: the tests wait far more than they compute.
 # --durations=25: each suite ends with its slowest tests, where to look when the run grows (issue 29).
+# --junitxml: each run's results in .test-results/<suite>[-serial].xml, from which .ci/run ends its
+# log with every failed test of every suite (scripts/failures.py).
 TEST_WORKERS ?= 4
 PYTEST_COV := $(BIN)/pytest --cov --cov-report= --durations=25
 define run_suite
-	rc=0; $(2) $(PYTEST_COV) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" || rc=1; \
-	$(2) $(PYTEST_COV) --cov-append -m "$(1)serial" || [ $$? -eq 5 ] || rc=1; \
+	rc=0; $(2) $(PYTEST_COV) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" --junitxml=.test-results/$(4).xml || rc=1; \
+	$(2) $(PYTEST_COV) --cov-append -m "$(1)serial" --junitxml=.test-results/$(4)-serial.xml || [ $$? -eq 5 ] || rc=1; \
 	exit $$rc
 endef
 
 test-3: install broker-up postgres-up node-deps browser-deps  ## the whole suite against the 3.10 node (coverage of amqpjobs/ into .coverage)
-	$(call run_suite,,,)
+	$(call run_suite,,,,3)
 
 test-4: install broker-up broker4-up postgres-up  ## the broker-facing suite against the 4.x node (not the version-independent tests)
-	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=4,--cov-append)
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=4,--cov-append,4)
 
 test-43: install broker-up broker43-up postgres-up  ## the broker-facing suite against the 4.3.x node (not the version-independent tests)
-	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=43,--cov-append)
+	$(call run_suite,broker and not version_independent and ,AMQPJOBS_TEST_BROKER=43,--cov-append,43)
 
 test-fast: install broker-up  ## the suite without tests marked slow
 	rc=0; $(BIN)/pytest -n $(TEST_WORKERS) -m "not slow and not serial" || rc=1; \

@@ -1,0 +1,57 @@
+"""scripts/failures.py: the end of a CI log names each failed or errored test of each suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAILURES = str(ROOT / "scripts" / "failures.py")
+
+SUITE = """
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("the fixture broke")
+
+def test_passes():
+    assert 1 == 1
+
+def test_fails():
+    used = 0
+    assert used == 6, f"{used} token(s) used for 6 start(s)"
+
+def test_errors(broken):
+    pass
+"""
+
+
+def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_when_a_suite_had_none(tmp_path: Path):
+    (tmp_path / "test_sample.py").write_text(SUITE)
+    (tmp_path / "test_clean.py").write_text("def test_ok():\n    assert True\n")
+    results = tmp_path / "results"
+    for suite, target in (("3", "test_sample.py"), ("4-serial", "test_clean.py")):
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:amqpjobs",
+             f"--junitxml={results / f'{suite}.xml'}", target],
+            cwd=tmp_path, capture_output=True, check=False,
+        )  # fmt: skip
+    (results / "43.xml").write_text("<testsuites><testsuite")  # a run cut off mid-write
+    out = subprocess.run([sys.executable, FAILURES, str(results)], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "suite 3: 2 failed or errored"
+    assert "  test_sample::test_fails" in lines
+    assert "    failure: AssertionError: 0 token(s) used for 6 start(s)" in lines
+    assert "  test_sample::test_errors" in lines
+    assert any(line.startswith("    error: failed on setup") for line in lines), out
+    assert any("RuntimeError: the fixture broke" in line for line in lines), out
+    assert "test_passes" not in out
+    assert "suite 4-serial: 0 failed or errored" in lines
+    assert any(line.startswith("suite 43: unreadable JUnit XML") for line in lines), out
+
+
+def test_failures_says_so_when_there_is_no_result_file(tmp_path: Path):
+    out = subprocess.run([sys.executable, FAILURES, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert out == f"failures: no JUnit XML in {tmp_path}\n"
