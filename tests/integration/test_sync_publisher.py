@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -166,7 +167,11 @@ async def test_close_while_threads_enqueue_answers_every_call_truthfully(
     closed = {j for j, o in outcomes.items() if o == "closed"}
     assert len(confirmed) >= 50
     assert len(closed) >= 10
-    assert max(refusals) < 0.1  # no wait on the loop: the 70 s hang was a call handed to a loop already stopped
+    # No wait on the loop: the 70 s hang was a call handed to a loop already stopped. A refusal takes
+    # microseconds; the bound on the slowest leaves room for 10 threads' GIL waits on a loaded CI machine
+    # (0.105 s was seen under -n 4 with coverage), far under any hang.
+    assert statistics.median(refusals) < 0.01, sorted(refusals)[-5:]
+    assert max(refusals) < 1.0, sorted(refusals)[-5:]
     stored = {str(m.message_id) for m in await drain(broker, "work")}
     assert confirmed <= stored
     assert closed.isdisjoint(stored)
