@@ -45,16 +45,15 @@ from pamqp import commands as spec
 from pamqp import frame as frames
 from pamqp import heartbeat
 
-from amqpjobs._version import __version__
 from amqpjobs.errors import BrokerUnavailableError, PublishError, PublishNackedError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.text import as_text
 from amqpjobs.wire import limits
+from amqpjobs.wire.blocking_handshake import DEFAULT_FRAME_MAX, handshake
 from amqpjobs.wire.cluster import node, process_order
 from amqpjobs.wire.connection import default_max_message_size
 from amqpjobs.wire.frame_socket import Closed, FrameSocket
 from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
-from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
 from amqpjobs.wire.publish_outcome import closed_under, max_size_in, nacked, uncertain, unroutable
@@ -65,10 +64,6 @@ from amqpjobs.wire.urls import parse_node
 #: The URL options a blocking publisher honours; any other (``auth``, ...) leaves publishing to the async path.
 OPTIONS: Final = frozenset({"heartbeat", "timeout", "name", *TLS_OPTIONS})
 _CHANNEL: Final = 1
-_CAPABILITIES: Final[dict[str, Any]] = {
-    "publisher_confirms": True, "basic.nack": True, "connection.blocked": True,
-    "authentication_failure_close": True, "consumer_cancel_notify": True,
-}  # fmt: skip
 
 
 class ConnectFailed(Exception):
@@ -113,7 +108,7 @@ class BlockingPublisher:
         self._returned = False  # a basic.return came since the last publish was written
         self._blocked: str | None = None
         self._channel_open = False
-        self._frame_max = 131072
+        self._frame_max = DEFAULT_FRAME_MAX
         self._heartbeat = 0.0
         self._last_write = 0.0
         self.version: tuple[int, ...] = (0,)
@@ -149,21 +144,12 @@ class BlockingPublisher:
         if context is not None:
             sock = context.wrap_socket(sock, server_hostname=parsed.host)
         self._io = FrameSocket(sock, timeout)
-        self._io.send(b"AMQP\x00\x00\x09\x01")
-        start = self._expect(spec.Connection.Start, timeout)
-        self.version = parse_version(as_text(start.server_properties.get("version", "0")))
-        self._send(0, spec.Connection.StartOk(
-            client_properties={"product": "amqpjobs", "version": __version__, "platform": "Python",
-                               "connection_name": self.name, "capabilities": _CAPABILITIES},
-            mechanism="PLAIN", response=f"\0{parsed.user}\0{parsed.password}", locale="en_US",
-        ))  # fmt: skip
-        tune = self._expect(spec.Connection.Tune, timeout)
-        self._frame_max = tune.frame_max or 131072
-        beat = int(options["heartbeat"]) if "heartbeat" in options else (tune.heartbeat or 0)  # the URL's, as aio-pika
-        self._heartbeat = float(beat)
-        self._send(0, spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=self._frame_max, heartbeat=beat))
-        self._send(0, spec.Connection.Open(virtual_host=parsed.vhost))
-        self._expect(spec.Connection.OpenOk, timeout)
+        tuned = handshake(
+            self._io, user=parsed.user, password=parsed.password, vhost=parsed.vhost, name=self.name,
+            heartbeat=int(options["heartbeat"]) if "heartbeat" in options else None,
+            expect=self._expect, timeout=timeout,
+        )  # fmt: skip
+        self.version, self._frame_max, self._heartbeat = tuned.version, tuned.frame_max, tuned.heartbeat
         self._open_channel(timeout)
         self._io.kernel_timeouts(self.confirm_timeout)
         self.connects += 1
