@@ -39,6 +39,11 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
             cwd=tmp_path, capture_output=True, check=False,
         )  # fmt: skip
     (results / "43.xml").write_text("<testsuites><testsuite")  # a run cut off mid-write
+    (results / "5.xml").mkdir()  # not a file
+    (results / "6.xml").write_text(  # a terminal escape (C1 CSI, which XML allows) in a test id, message and traceback
+        '<testsuites><testsuite><testcase classname="t" name="x&#155;2J&#10;y">'
+        '<failure message="red &#155;31m text">tb &#155;0m end</failure></testcase></testsuite></testsuites>'
+    )
     out = subprocess.run([sys.executable, FAILURES, str(results)], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert lines[0] == "suite 3: 2 failed or errored"
@@ -50,6 +55,11 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
     assert "test_passes" not in out
     assert "suite 4-serial: 0 failed or errored" in lines
     assert any(line.startswith("suite 43: unreadable JUnit XML") for line in lines), out
+    assert any(line.startswith("suite 5: unreadable JUnit XML ([Errno 21] Is a directory") for line in lines), out
+    assert "  t::x\\x9b2J\\ny" in lines, out
+    assert "    failure: red \\x9b31m text" in lines, out
+    assert "      tb \\x9b0m end" in lines, out
+    assert "\x9b" not in out
 
 
 def test_failures_says_so_when_there_is_no_result_file(tmp_path: Path):
