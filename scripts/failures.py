@@ -17,11 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: Traceback lines kept per failure (its end: the assertion and its values).
 TAIL = 12
+#: Characters kept of each printed line (after escaping), and failures listed per suite: a
+#: mass failure must not push the other suites' out of a log kept by its tail.
+WIDTH = 300
+MOST = 20
 
 
 def shown(text: str) -> str:
     """``text`` with every character that is not printable (control characters, terminal escapes) escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= WIDTH else out[: WIDTH - 1] + "…"
 
 
 def failures(path: Path) -> list[tuple[str, str, str]]:
@@ -33,28 +38,40 @@ def failures(path: Path) -> list[tuple[str, str, str]]:
                 test = shown(f"{case.get('classname', '')}::{case.get('name', '')}")
                 message = (bad.get("message") or kind).splitlines() or [kind]
                 tail = "\n".join(shown(line) for line in (bad.text or "").rstrip().splitlines()[-TAIL:])
-                found.append((test, shown(f"{kind}: {message[0][:300]}"), tail))
+                found.append((test, shown(f"{kind}: {message[0][: WIDTH * 4]}"), tail))
     return found
 
 
 def main() -> int:
-    """Print each suite's failures (or that it had none); 0 always."""
+    """Print each suite's failures (or that it had none, or no results); 0 always.
+
+    Arguments: the results folder (default ``.test-results``), then the suites expected, by
+    name (``3 3-serial 4 ...``): one without its file is reported as never run or cut off.
+    """
+    sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".test-results"
-    files = sorted(folder.glob("*.xml"))
-    if not files:
-        print(f"failures: no JUnit XML in {folder}")
+    expected = sys.argv[2:]
+    files = {path.stem: path for path in sorted(folder.glob("*.xml"))}
+    if not files and not expected:
+        print(f"failures: no JUnit XML in {shown(str(folder))}")
         return 0
-    for path in files:
+    for name in [*expected, *(stem for stem in files if stem not in expected)]:
+        path = files.get(name)
+        if path is None:
+            print(f"suite {shown(name)}: no results ({name}.xml missing: the suite did not run, or was cut off)")
+            continue
         try:
             found = failures(path)
         except (ET.ParseError, OSError) as exc:
-            print(f"suite {shown(path.stem)}: unreadable JUnit XML ({shown(str(exc))})")
+            print(f"suite {shown(name)}: unreadable JUnit XML ({shown(str(exc))})")
             continue
-        print(f"suite {shown(path.stem)}: {len(found)} failed or errored")
-        for test, message, tail in found:
+        print(f"suite {shown(name)}: {len(found)} failed or errored")
+        for test, message, tail in found[:MOST]:
             print(f"  {test}\n    {message}")
             for line in tail.splitlines():
                 print(f"      {line}")
+        if len(found) > MOST:
+            print(f"  ... and {len(found) - MOST} more (the suite's own summary in the log lists them)")
     return 0
 
 

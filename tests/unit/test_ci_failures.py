@@ -44,9 +44,13 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
         '<testsuites><testsuite><testcase classname="t" name="x&#155;2J&#10;y">'
         '<failure message="red &#155;31m text">tb &#155;0m end</failure></testcase></testsuite></testsuites>'
     )
-    out = subprocess.run([sys.executable, FAILURES, str(results)], capture_output=True, text=True, check=True).stdout
+    expected = ["3", "3-serial", "4-serial"]
+    done = subprocess.run([sys.executable, FAILURES, str(results), *expected], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     lines = out.splitlines()
     assert lines[0] == "suite 3: 2 failed or errored"
+    assert "suite 3-serial: no results (3-serial.xml missing: the suite did not run, or was cut off)" in lines
     assert "  test_sample::test_fails" in lines
     assert "    failure: AssertionError: 0 token(s) used for 6 start(s)" in lines
     assert "  test_sample::test_errors" in lines
@@ -65,3 +69,17 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
 def test_failures_says_so_when_there_is_no_result_file(tmp_path: Path):
     out = subprocess.run([sys.executable, FAILURES, str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert out == f"failures: no JUnit XML in {tmp_path}\n"
+
+
+def test_failures_lists_at_most_20_per_suite_and_cuts_long_lines(tmp_path: Path):
+    cases = "".join(
+        f'<testcase classname="t" name="n{i}"><failure message="{"x" * 5000}">{"y" * 5000}</failure></testcase>'
+        for i in range(25)
+    )
+    (tmp_path / "3.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    out = subprocess.run([sys.executable, FAILURES, str(tmp_path), "3"], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "suite 3: 25 failed or errored"
+    assert [line for line in lines if line.startswith("  t::")] == [f"  t::n{i}" for i in range(20)]
+    assert lines[-1] == "  ... and 5 more (the suite's own summary in the log lists them)"
+    assert max(len(line) for line in lines) == 6 + 300  # the indent, then 299 characters and "…"
