@@ -34,6 +34,7 @@ from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.logs import flush_logs
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
@@ -149,7 +150,10 @@ def errors_to_exit_codes(func: F) -> F:
 def _with_tracebacks(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run the command; with ``-v``, an error of ours also prints its traceback (and its cause's) first."""
     try:
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:  # the log lines kept for the end of a loop turn go out before any error line
+            flush_logs()
     except (AmqpJobsError, OSError) as exc:
         if verbose() and not isinstance(exc, BrokenPipeError):
             traceback.print_exception(exc, file=sys.stderr)

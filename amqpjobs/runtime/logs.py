@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -59,8 +60,26 @@ class TextFormatter(logging.Formatter):
     def __init__(self, child: int | None = None) -> None:
         who = "" if child is None else f"[child {child}] "
         super().__init__(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
+        self._who = who
         self._second = -1
         self._text = ""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, then its traceback and stack if any, escaped; as ``logging.Formatter.format`` with less work.
+
+        A worker writes one line per job outcome: the generic steps (the format's ``%``
+        over the record's fields) were a share of its cost.
+        """
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        line = printable(f"{record.asctime} {record.levelname} {self._who}{record.name}: {record.message}")
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line = f"{line}\n{record.exc_text}"
+        if record.stack_info:
+            line = f"{line}\n{self.formatStack(record.stack_info)}"
+        return line
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         """Local time as ``YYYY-MM-DD HH:MM:SS,mmm`` (the stdlib default format)."""
@@ -69,10 +88,6 @@ class TextFormatter(logging.Formatter):
             self._text = time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
             self._second = second
         return f"{self._text},{int(record.msecs):03d}"
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        """The record's line, every field escaped (:func:`~amqpjobs.printable.printable`)."""
-        return printable(encodable(super().formatMessage(record)))
 
     def formatException(self, ei: Any) -> str:
         """The traceback, each of its lines indented and escaped."""
@@ -83,6 +98,97 @@ class TextFormatter(logging.Formatter):
         return printable_block(encodable(stack_info))
 
 
+class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A ``StreamHandler`` that writes the INFO and DEBUG lines of one event-loop turn together.
+
+    A busy worker logs a line per job outcome, and a ``write`` system call per line was a
+    third of a line's cost (bench/RESULTS.md, "Where the time goes"). Here a line below WARNING logged on
+    the thread of a running event loop waits for the end of that loop's turn (a
+    ``call_soon`` callback), and the turn's lines go out in writes of whole lines of at
+    most :data:`ATOMIC_WRITE` bytes: each write stays in one piece on a pipe that other
+    processes share (POSIX ``PIPE_BUF``; ``consume --processes N`` children share stderr).
+
+    Nothing waits longer than that, and the order of lines is kept: a WARNING or higher
+    line, a line from any other thread or loop, and :meth:`flush` (``logging.shutdown`` at
+    exit, the CLI at the end of each command) first write whatever is waiting.
+
+    Args:
+        stream: Where lines go (default ``sys.stderr`` when the handler is made).
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._waiting: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose turn end will write them
+        self._last: logging.LogRecord | None = None  # the last line kept (named if writing them fails)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the record's line now, or keep it for the end of this loop turn (see the class)."""
+        try:
+            line = self.format(record) + self.terminator
+            loop = asyncio._get_running_loop() if record.levelno < logging.WARNING else None
+            if loop is not None and (self._loop is None or self._loop is loop):
+                self._waiting.append(line)
+                self._last = record
+                if self._loop is None:
+                    self._loop = loop
+                    loop.call_soon(self._turn_end)
+                return
+            if self._waiting:
+                self._write_waiting()
+            self.stream.write(line)
+            self.stream.flush()
+        except RecursionError:  # as logging.StreamHandler.emit
+            raise
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        """Write the lines waiting for the end of the turn, then flush the stream."""
+        self.acquire()
+        try:
+            if self._waiting:
+                self._write_waiting()
+            if self.stream and hasattr(self.stream, "flush"):
+                self.stream.flush()
+        finally:
+            self.release()
+
+    def _turn_end(self) -> None:
+        try:
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:  # a closed or broken stream: reported as a failed emit is
+            self.handleError(self._last or logging.makeLogRecord({"msg": "(lines kept for the end of a loop turn)"}))
+
+    def _write_waiting(self) -> None:
+        """Write the waiting lines: whole lines, at most :data:`ATOMIC_WRITE` bytes a write (a longer line alone)."""
+        lines, self._waiting, self._loop = self._waiting, [], None
+        chunk: list[str] = []
+        size = 0
+        for line in lines:
+            n = len(line) if line.isascii() else len(line.encode("utf-8", "replace"))
+            if chunk and size + n > ATOMIC_WRITE:
+                self.stream.write("".join(chunk))
+                self.stream.flush()  # one write each, also on a stream that is not line-buffered
+                chunk, size = [], 0
+            chunk.append(line)
+            size += n
+        self.stream.write("".join(chunk))
+        self.stream.flush()
+
+
+#: Bytes one write may carry and still reach a shared pipe in one piece (POSIX ``PIPE_BUF``, 4096 on Linux).
+ATOMIC_WRITE = 4096
+
+
+def flush_logs() -> None:
+    """Write every line the root logger's handlers hold (a :class:`TurnHandler`'s waiting lines)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
 def configure_logging(level: int = logging.INFO, json_lines: bool = False, child: int | None = None) -> None:
     """Send amqpjobs logs to stderr at ``level``, as text or JSON lines (``child``: the lines name that child).
 
@@ -90,7 +196,7 @@ def configure_logging(level: int = logging.INFO, json_lines: bool = False, child
     no line it writes uses, namely the caller's file and line, thread and process names
     (the "Optimization" section of Python's logging HOWTO).
     """
-    handler = logging.StreamHandler()
+    handler = TurnHandler()
     handler.setFormatter(JsonFormatter(child) if json_lines else TextFormatter(child))
     logging._srcfile = None  # documented in the HOWTO's "Optimization"
     logging.logThreads = False
