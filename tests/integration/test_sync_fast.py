@@ -188,9 +188,12 @@ async def test_a_publish_with_no_queue_bound_is_unroutable(broker: BrokerSetting
 
 
 def blocking_connections(broker: BrokerSettings) -> list[str]:
-    """The names of the sync publisher's blocking connections the management API lists."""
+    """The names of the sync publisher's blocking connections the management API lists in the test's vhost.
+
+    The test's own: tests running beside it (pytest -n) have connections of that name in their vhosts.
+    """
     with ManagementClient(broker) as mgmt:
-        return [c["name"] for c in mgmt.request("GET", "/connections")
+        return [c["name"] for c in mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
                 if (c.get("client_properties") or {}).get("connection_name") == "fast-sync-publisher"]  # fmt: skip
 
 
