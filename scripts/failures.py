@@ -10,6 +10,7 @@ Exit 0 always, whatever the files hold: the suites' own exit codes decide the ru
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,17 +30,18 @@ def shown(text: str) -> str:
     return out if len(out) <= WIDTH else out[: WIDTH - 1] + "…"
 
 
-def failures(path: Path) -> list[tuple[str, str, str]]:
-    """(test id, first line of the message, traceback tail) of each failed or errored test case in ``path``."""
+def failures(path: Path) -> tuple[int, list[tuple[str, str, str]]]:
+    """How many test cases ``path`` holds, and (test id, message's first line, traceback tail) of each that failed."""
     found = []
-    for case in ET.parse(path).iter("testcase"):
+    cases = list(ET.parse(path).iter("testcase"))
+    for case in cases:
         for kind in ("failure", "error"):
             for bad in case.iter(kind):
                 test = shown(f"{case.get('classname', '')}::{case.get('name', '')}")
                 message = (bad.get("message") or kind).splitlines() or [kind]
                 tail = "\n".join(shown(line) for line in (bad.text or "").rstrip().splitlines()[-TAIL:])
                 found.append((test, shown(f"{kind}: {message[0][: WIDTH * 4]}"), tail))
-    return found
+    return len(cases), found
 
 
 def main() -> int:
@@ -61,11 +63,14 @@ def main() -> int:
             print(f"suite {shown(name)}: no results ({name}.xml missing: the suite did not run, or was cut off)")
             continue
         try:
-            found = failures(path)
+            cases, found = failures(path)
         except (ET.ParseError, OSError) as exc:
             print(f"suite {shown(name)}: unreadable JUnit XML ({shown(str(exc))})")
             continue
-        print(f"suite {shown(name)}: {len(found)} failed or errored")
+        if not cases:
+            print(f"suite {shown(name)}: no test cases in {shown(path.name)} (not JUnit XML, or no test ran)")
+            continue
+        print(f"suite {shown(name)}: {len(found)} of {cases} failed or errored")
         for test, message, tail in found[:MOST]:
             print(f"  {test}\n    {message}")
             for line in tail.splitlines():
@@ -75,5 +80,16 @@ def main() -> int:
     return 0
 
 
+def run() -> int:
+    """:func:`main`; a reader that goes away (``| head``) ends it quietly (``signal`` docs, "Note on SIGPIPE")."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

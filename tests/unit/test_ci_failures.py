@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
         )  # fmt: skip
     (results / "43.xml").write_text("<testsuites><testsuite")  # a run cut off mid-write
     (results / "5.xml").mkdir()  # not a file
+    (results / "7.xml").write_text("<coverage><packages/></coverage>")  # well-formed, but no JUnit
+    (results / "8.xml").write_text("<testsuites><testsuite/></testsuites>")  # no test ran
     (results / "6.xml").write_text(  # a terminal escape (C1 CSI, which XML allows) in a test id, message and traceback
         '<testsuites><testsuite><testcase classname="t" name="x&#155;2J&#10;y">'
         '<failure message="red &#155;31m text">tb &#155;0m end</failure></testcase></testsuite></testsuites>'
@@ -49,7 +52,7 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
     assert done.returncode == 0, done.stderr
     out = done.stdout
     lines = out.splitlines()
-    assert lines[0] == "suite 3: 2 failed or errored"
+    assert lines[0] == "suite 3: 2 of 3 failed or errored"
     assert "suite 3-serial: no results (3-serial.xml missing: the suite did not run, or was cut off)" in lines
     assert "  test_sample::test_fails" in lines
     assert "    failure: AssertionError: 0 token(s) used for 6 start(s)" in lines
@@ -57,9 +60,11 @@ def test_failures_names_each_failed_and_errored_test_with_its_message_and_says_w
     assert any(line.startswith("    error: failed on setup") for line in lines), out
     assert any("RuntimeError: the fixture broke" in line for line in lines), out
     assert "test_passes" not in out
-    assert "suite 4-serial: 0 failed or errored" in lines
+    assert "suite 4-serial: 0 of 1 failed or errored" in lines
     assert any(line.startswith("suite 43: unreadable JUnit XML") for line in lines), out
     assert any(line.startswith("suite 5: unreadable JUnit XML ([Errno 21] Is a directory") for line in lines), out
+    assert "suite 7: no test cases in 7.xml (not JUnit XML, or no test ran)" in lines
+    assert "suite 8: no test cases in 8.xml (not JUnit XML, or no test ran)" in lines
     assert "  t::x\\x9b2J\\ny" in lines, out
     assert "    failure: red \\x9b31m text" in lines, out
     assert "      tb \\x9b0m end" in lines, out
@@ -79,7 +84,20 @@ def test_failures_lists_at_most_20_per_suite_and_cuts_long_lines(tmp_path: Path)
     (tmp_path / "3.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
     out = subprocess.run([sys.executable, FAILURES, str(tmp_path), "3"], capture_output=True, text=True, check=True)
     lines = out.stdout.splitlines()
-    assert lines[0] == "suite 3: 25 failed or errored"
+    assert lines[0] == "suite 3: 25 of 25 failed or errored"
     assert [line for line in lines if line.startswith("  t::")] == [f"  t::n{i}" for i in range(20)]
     assert lines[-1] == "  ... and 5 more (the suite's own summary in the log lists them)"
     assert max(len(line) for line in lines) == 6 + 300  # the indent, then 299 characters and "…"
+
+
+def test_failures_ends_quietly_when_its_reader_goes_away(tmp_path: Path):
+    case = '<testcase classname="t" name="n{}"><failure message="m">tb</failure></testcase>'
+    cases = "".join(case.format(i) for i in range(20))
+    for suite in range(40):
+        (tmp_path / f"{suite}.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    done = subprocess.run(  # `| head -1`: the reader reads one line and closes the pipe
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(FAILURES))} {shlex.quote(str(tmp_path))} | head -1",
+        shell=True, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.stdout == "suite 0: 20 of 20 failed or errored\n"
+    assert done.stderr == ""
