@@ -12,6 +12,23 @@ from typing import Any
 from amqpjobs.printable import json_safe, printable, printable_block
 from amqpjobs.text import encodable
 
+#: Characters a log line keeps (the record's line, each line of a traceback; a JSON line's
+#: message, escaped): a longer one is cut and ends :func:`cut`'s marker. 1,000 characters are
+#: at most 4,000 bytes in UTF-8, so one line always fits in one write that a pipe takes whole
+#: (:data:`ATOMIC_WRITE`); a job name or id from a publisher can be of any length.
+MAX_LINE = 1000
+
+
+def cut(line: str, most: int = MAX_LINE) -> str:
+    """``line``, or its first characters and ``…[N more characters]``: at most ``most`` characters in all.
+
+    A backslash at the end of what is kept goes too (it would escape the marker's ``…``), and counts as cut.
+    """
+    if len(line) <= most:
+        return line
+    kept = line[: most - 30].rstrip("\\")  # room for the marker (N has at most 19 digits)
+    return f"{kept}…[{len(line) - len(kept)} more characters]"
+
 
 class JsonFormatter(logging.Formatter):
     """Formats each record as one JSON object: time, level, logger, message (and exception).
@@ -31,13 +48,22 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": encodable(record.getMessage()),
+            "message": _json_message(encodable(record.getMessage())),
         }
         if self._child is not None:
             doc["child"] = self._child
         if record.exc_info:
             doc["exception"] = encodable(self.formatException(record.exc_info))
         return json_safe(json.dumps(doc, ensure_ascii=False))
+
+
+def _json_message(message: str) -> str:
+    """``message`` cut so that its JSON string (escapes included) holds at most :data:`MAX_LINE` characters."""
+    if len(message) * 6 <= MAX_LINE:  # an escape (\u0001) is at most 6 characters: fits whatever it holds
+        return message
+    while len(json.dumps(message, ensure_ascii=False)) > MAX_LINE:
+        message = cut(message, max(40, len(message) * MAX_LINE // len(json.dumps(message, ensure_ascii=False)) - 1))
+    return message
 
 
 class TextFormatter(logging.Formatter):
@@ -72,7 +98,7 @@ class TextFormatter(logging.Formatter):
         """
         record.message = record.getMessage()
         record.asctime = self.formatTime(record)
-        line = printable(f"{record.asctime} {record.levelname} {self._who}{record.name}: {record.message}")
+        line = cut(printable(f"{record.asctime} {record.levelname} {self._who}{record.name}: {record.message}"))
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
@@ -90,12 +116,16 @@ class TextFormatter(logging.Formatter):
         return f"{self._text},{int(record.msecs):03d}"
 
     def formatException(self, ei: Any) -> str:
-        """The traceback, each of its lines indented and escaped."""
-        return printable_block(encodable(super().formatException(ei)))
+        """The traceback, each of its lines indented, escaped and :func:`cut`."""
+        return _cut_lines(printable_block(encodable(super().formatException(ei))))
 
     def formatStack(self, stack_info: str) -> str:
-        """The stack, each of its lines indented and escaped."""
-        return printable_block(encodable(stack_info))
+        """The stack, each of its lines indented, escaped and :func:`cut`."""
+        return _cut_lines(printable_block(encodable(stack_info)))
+
+
+def _cut_lines(block: str) -> str:
+    return "\n".join(cut(line) for line in block.split("\n"))
 
 
 class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -134,10 +164,8 @@ class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
                     self._loop = loop
                     loop.call_soon(self._turn_end)
                 return
-            if self._waiting:
-                self._write_waiting()
-            self.stream.write(line)
-            self.stream.flush()
+            self._waiting.append(line)
+            self._write_waiting()
         except RecursionError:  # as logging.StreamHandler.emit
             raise
         except Exception:
@@ -163,20 +191,41 @@ class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(self._last or logging.makeLogRecord({"msg": "(lines kept for the end of a loop turn)"}))
 
     def _write_waiting(self) -> None:
-        """Write the waiting lines: whole lines, at most :data:`ATOMIC_WRITE` bytes a write (a longer line alone)."""
-        lines, self._waiting, self._loop = self._waiting, [], None
+        """Write the waiting records: whole lines, at most :data:`ATOMIC_WRITE` bytes a write.
+
+        A record over that (a long traceback) is split between writes at its line breaks; a
+        line over it (possible only with many characters the stream's encoding makes long) is
+        a write of its own.
+        """
+        records, self._waiting, self._loop = self._waiting, [], None
+        stream = self.stream
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        errors = getattr(stream, "errors", None) or "strict"
         chunk: list[str] = []
         size = 0
-        for line in lines:
-            n = len(line) if line.isascii() else len(line.encode("utf-8", "replace"))
-            if chunk and size + n > ATOMIC_WRITE:
-                self.stream.write("".join(chunk))
-                self.stream.flush()  # one write each, also on a stream that is not line-buffered
-                chunk, size = [], 0
-            chunk.append(line)
-            size += n
-        self.stream.write("".join(chunk))
-        self.stream.flush()
+        for record in records:
+            whole = _bytes(record, encoding, errors)
+            for line in [record] if whole <= ATOMIC_WRITE else record.splitlines(keepends=True):
+                n = whole if whole <= ATOMIC_WRITE else _bytes(line, encoding, errors)
+                if chunk and size + n > ATOMIC_WRITE:
+                    stream.write("".join(chunk))
+                    stream.flush()  # one write each, also on a stream that is not line-buffered
+                    chunk, size = [], 0
+                chunk.append(line)
+                size += n
+        if chunk:
+            stream.write("".join(chunk))
+            stream.flush()
+
+
+def _bytes(text: str, encoding: str, errors: str) -> int:
+    r"""Bytes ``text`` takes on a stream with ``encoding`` and ``errors`` (``\u65e5`` is 6 with backslashreplace)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode(encoding, errors))
+    except (UnicodeError, LookupError):  # strict: the stream would fail too; an estimate will do
+        return len(text.encode("utf-8", "replace"))
 
 
 #: Bytes one write may carry and still reach a shared pipe in one piece (POSIX ``PIPE_BUF``, 4096 on Linux).

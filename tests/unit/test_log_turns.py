@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -10,7 +11,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from click.testing import CliRunner
 
-from amqpjobs.runtime.logs import ATOMIC_WRITE, TextFormatter, TurnHandler, configure_logging
+from amqpjobs.runtime.logs import (
+    ATOMIC_WRITE,
+    MAX_LINE,
+    JsonFormatter,
+    TextFormatter,
+    TurnHandler,
+    configure_logging,
+    cut,
+)
 
 
 class Writes:
@@ -74,9 +83,10 @@ def test_a_warning_writes_the_waiting_lines_first_and_itself_at_once(logger: tup
         await asyncio.sleep(0)
         return written
 
-    assert asyncio.run(main()) == 2  # "one two" together, then "three"
+    assert asyncio.run(main()) == 1  # "one", "two" and "three" at once, in one write
     assert stream.lines() == ["one", "two", "three", "four"]
-    assert stream.writes[1].endswith("WARNING amqpjobs.test-turns: three\n")
+    assert stream.writes[0].endswith("WARNING amqpjobs.test-turns: three\n")
+    assert len(stream.writes) == 2
 
 
 def test_a_line_from_another_thread_goes_out_at_once_after_the_waiting_ones(
@@ -198,3 +208,73 @@ def test_a_cli_command_writes_its_last_lines_before_it_returns() -> None:
         logging.getLogger().handlers.clear()
     assert result.exit_code == 0, result.output
     assert result.stderr.endswith("INFO amqpjobs.test-cli: the last line\n")
+
+
+def test_a_hostile_long_job_name_gives_a_line_of_at_most_1000_characters(logger: tuple[logging.Logger, Writes]) -> None:
+    log, stream = logger
+    name = "\x01" * 6000  # from an amqpjobs-job header: no length limit on the wire
+    log.warning("job=%s id=%s outcome=quarantined", name, "m-1")
+    (write,) = stream.writes
+    line = write.rstrip("\n")
+    assert "\n" not in line
+    assert MAX_LINE - 30 <= len(line) <= MAX_LINE
+    prefix = line[: line.index("job=")]
+    full = prefix + "job=" + "\\x01" * 6000 + " id=m-1 outcome=quarantined"  # escaped: 4 characters each
+    kept, marker = line.split("…")
+    assert full.startswith(kept)
+    assert not kept.endswith("\\")
+    assert marker == f"[{len(full) - len(kept)} more characters]"
+    assert len(write.encode()) <= ATOMIC_WRITE
+    doc = json.loads(JsonFormatter().format(logging.makeLogRecord({"msg": "job=%s", "args": (name,)})))
+    assert len(json.dumps(doc["message"], ensure_ascii=False)) <= MAX_LINE
+    assert doc["message"].startswith("job=\x01\x01")
+    assert doc["message"].endswith("more characters]")
+
+
+def test_cut_keeps_what_fits_and_says_how_much_is_gone() -> None:
+    assert cut("x" * MAX_LINE) == "x" * MAX_LINE
+    long = cut("x" * 5000)
+    kept = MAX_LINE - 30
+    assert long == "x" * kept + f"…[{5000 - kept} more characters]"
+    assert len(long) <= MAX_LINE
+    assert cut("a" * (kept - 1) + "\\" + "b" * 100) == "a" * (kept - 1) + "…[101 more characters]"
+
+
+def test_a_record_over_4096_bytes_is_split_between_writes_at_its_line_breaks(
+    logger: tuple[logging.Logger, Writes],
+) -> None:
+    log, stream = logger
+    try:
+        raise ValueError("\n".join(f"detail line {i} " + "y" * 200 for i in range(60)))
+    except ValueError:
+        log.exception("the handler failed")
+    assert len(stream.writes) > 1
+    assert all(w.endswith("\n") and len(w.encode()) <= ATOMIC_WRITE for w in stream.writes)
+    text = "".join(stream.writes)
+    assert "ERROR amqpjobs.test-turns: the handler failed\n" in text
+    assert all(f"detail line {i} " in text for i in range(60))
+
+
+def test_chunks_are_measured_in_the_bytes_the_stream_writes(logger: tuple[logging.Logger, Writes]) -> None:
+    log, _ = logger
+
+    class Ascii(Writes):  # PYTHONIOENCODING=ascii: stderr writes 日 as \u65e5, 6 bytes
+        encoding = "ascii"
+        errors = "backslashreplace"
+
+    stream = Ascii()
+    handler = log.handlers[0]
+    assert isinstance(handler, TurnHandler)
+    handler.setStream(stream)
+
+    async def main() -> None:
+        for i in range(200):
+            log.info("id=%s-%06d", "日" * 80, i)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert len(stream.writes) > 1
+    for write in stream.writes:
+        assert len(write.encode("ascii", "backslashreplace")) <= ATOMIC_WRITE
+    assert stream.lines() == [f"id={'日' * 80}-{i:06d}" for i in range(200)]
