@@ -10,6 +10,7 @@ Exit 0 always, whatever the files hold: the suites' own exit codes decide the ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -38,7 +39,7 @@ def failures(path: Path) -> tuple[int, list[tuple[str, str, str]]]:
         for kind in ("failure", "error"):
             for bad in case.iter(kind):
                 test = shown(f"{case.get('classname', '')}::{case.get('name', '')}")
-                message = (bad.get("message") or kind).splitlines() or [kind]
+                message = [line for line in (bad.get("message") or "").splitlines() if line.strip()] or [kind]
                 tail = "\n".join(shown(line) for line in (bad.text or "").rstrip().splitlines()[-TAIL:])
                 found.append((test, shown(f"{kind}: {message[0][: WIDTH * 4]}"), tail))
     return len(cases), found
@@ -53,14 +54,23 @@ def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".test-results"
     expected = sys.argv[2:]
-    files = {path.stem: path for path in sorted(folder.glob("*.xml"))}
+    if not folder.is_dir():
+        print(f"failures: no results folder {shown(str(folder))} (no suite ran, or a file was given)")
+        folder_files: list[Path] = []
+    else:
+        folder_files = sorted(folder.glob("*.xml"))
+    files = {path.stem: path for path in folder_files}
     if not files and not expected:
-        print(f"failures: no JUnit XML in {shown(str(folder))}")
+        if folder.is_dir():
+            print(f"failures: no JUnit XML in {shown(str(folder))}")
         return 0
     for name in [*expected, *(stem for stem in files if stem not in expected)]:
         path = files.get(name)
         if path is None:
             print(f"suite {shown(name)}: no results ({name}.xml missing: the suite did not run, or was cut off)")
+            continue
+        if not path.is_file() and path.exists() and not path.is_dir():  # a FIFO or device: reading could wait forever
+            print(f"suite {shown(name)}: unreadable JUnit XML ({shown(path.name)} is not a regular file)")
             continue
         try:
             cases, found = failures(path)
@@ -82,13 +92,19 @@ def main() -> int:
 
 def run() -> int:
     """:func:`main`; a reader that goes away (``| head``) ends it quietly (``signal`` docs, "Note on SIGPIPE")."""
+    if sys.stdout is None:  # started with stdout closed (>&-): nowhere to say anything
+        return 0
     try:
-        code = main()
+        main()
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return code
+    except OSError as exc:  # a full disk (/dev/full), a closed descriptor: the suites' exit codes still decide
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, AttributeError):
+            sys.stderr.write(f"failures: can't write the report: {exc}\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -101,3 +102,28 @@ def test_failures_ends_quietly_when_its_reader_goes_away(tmp_path: Path):
     )  # fmt: skip
     assert done.stdout == "suite 0: 20 of 20 failed or errored\n"
     assert done.stderr == ""
+
+
+def test_failures_survives_a_stdout_it_cannot_write_and_a_fifo_and_names_a_missing_folder(tmp_path: Path):
+    (tmp_path / "3.xml").write_text(
+        '<testsuites><testsuite><testcase classname="t" name="n">'
+        '<failure message="&#10;  &#10;AssertionError: the real reason">tb</failure>'
+        "</testcase></testsuite></testsuites>"
+    )
+    os.mkfifo(tmp_path / "4.xml")  # nobody writes it: reading it would wait forever
+    run = [sys.executable, FAILURES, str(tmp_path), "3", "4"]
+    out = subprocess.run(run, capture_output=True, text=True, check=True, timeout=30).stdout.splitlines()
+    assert "    failure: AssertionError: the real reason" in out  # the first line that says something
+    assert "suite 4: unreadable JUnit XML (4.xml is not a regular file)" in out
+    for how in ("2>&1 >&-", "2>&1 >/dev/full"):  # stdout closed, a full disk
+        done = subprocess.run(
+            " ".join([*map(shlex.quote, run), how]), shell=True, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, (how, done.stdout)
+        assert "Traceback" not in done.stdout, how
+    missing = tmp_path / "nothing-here"
+    gone = subprocess.run([sys.executable, FAILURES, str(missing), "3"], capture_output=True, text=True, check=True)
+    assert gone.stdout.splitlines() == [
+        f"failures: no results folder {missing} (no suite ran, or a file was given)",
+        "suite 3: no results (3.xml missing: the suite did not run, or was cut off)",
+    ]
