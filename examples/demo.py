@@ -337,8 +337,9 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
     started = time.monotonic()
     problems: list[str] = []
     say("amqpjobs demo: a shop's background jobs on RabbitMQ, end to end")
-    say("  It starts RabbitMQ, a mail sink and a worker process, enqueues a few hundred jobs plus some bad")
-    say("  messages, and checks that every job ran exactly once or was quarantined with a reason.")
+    say("  It starts RabbitMQ (or uses the node already running), a mail sink and a worker process, enqueues")
+    say("  a few hundred jobs plus some bad messages, and checks that every job ran exactly once or was")
+    say("  quarantined with a reason.")
     say("  jobs: examples/shop.py   topology: topology/jobs.toml   this script: examples/demo.py")
     say()
 
