@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth
+from tests.integration.helpers import ROOT, depth
 from tests.integration.test_worker_process import (
     done_ids,
     exit_code,
@@ -27,6 +29,7 @@ from tests.integration.test_worker_process import (
     wait_until,
     worker_process,
 )
+from tests.integration.worker_env import APPLIED_TOPOLOGY
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -213,3 +216,69 @@ async def wait_until_depth(broker: BrokerSettings, queue: str, expected: int, ti
     while (found := await depth(broker, queue)) != expected:
         assert time.monotonic() < deadline, f"{queue} holds {found} message(s), not {expected}"
         await asyncio.sleep(0.25)
+
+
+async def test_children_sharing_a_slow_pipe_write_every_outcome_line_whole_even_for_a_hostile_name(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """2 children, one stderr pipe read slowly (it fills), 2,000 jobs and 50 named by 6,000 control characters.
+
+    Each outcome line must arrive whole, once, with its outcome: no line over 1,000 characters,
+    none split or mixed with another child's (writes of at most PIPE_BUF bytes).
+    """
+    import aio_pika
+
+    app = await publisher(broker, tmp_path)
+    app.job("count", queue="work")(lambda p, c: None)
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange("jobs")
+        for i in range(2000):
+            await app.enqueue("count", {}, job_id=f"c-{i:04d}")
+            if i % 40 == 0:  # another publisher's: a job name of any length, in the amqpjobs-job header
+                await exchange.publish(aio_pika.Message(b"{}", message_id=f"L-{i:04d}", content_type="application/json",
+                                       headers={"amqpjobs-job": "\x01" * 6000}), routing_key="work")  # fmt: skip
+    topo = tmp_path / "proc.toml"
+    topo.write_text(APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    got = bytearray()
+    proc = subprocess.Popen([str(exe), "consume", "tests.integration.procapp:app", "--processes", "2",  # noqa: ASYNC220
+                             "--concurrency", "16"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    assert proc.stdout is not None
+    out = proc.stdout
+
+    def slow_reader() -> None:  # 1,000 bytes per 0.5 ms at most: the pipe fills, the children's writes wait
+        while chunk := os.read(out.fileno(), 1000):
+            got.extend(chunk)
+            time.sleep(0.0005)
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    try:
+        outcome = re.compile(rb" id=(c-\d{4}|L-\d{4}) attempt=1 duration=\S+ outcome=(succeeded|quarantined)\b")
+        await wait_until(lambda: len(outcome.findall(bytes(got))) >= 2050, 120, "2,050 outcome lines")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(30)
+        out.close()
+    lines = bytes(got).decode().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+    line = re.compile(stamp + r"(INFO|WARNING|ERROR) (\[child [12]\] )?amqpjobs[\w.]*: [^\n]*")
+    broken = [x[:120] for x in lines if not x.startswith("    ") and not line.fullmatch(x)]
+    assert broken == []
+    assert [x for x in lines if len(x) > 1000] == []
+    assert [x[:120] for x in lines if len(re.findall(stamp, x)) > 1] == []  # none mixed
+    seen = Counter((m[0], m[1]) for m in outcome.findall(bytes(got)))
+    assert sum(seen.values()) == 2050
+    assert {k for k, n in seen.items() if n != 1} == set()
+    assert sorted(k[0] for k in seen if k[1] == b"succeeded") == [f"c-{i:04d}".encode() for i in range(2000)]
+    assert sorted(k[0] for k in seen if k[1] == b"quarantined") == [f"L-{i:04d}".encode() for i in range(0, 2000, 40)]
+    await app.close()
