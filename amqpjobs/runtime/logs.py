@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,23 @@ def cut(line: str, most: int = MAX_LINE) -> str:
         return line
     kept = line[: most - 30].rstrip("\\")  # room for the marker (N has at most 19 digits)
     return f"{kept}…[{len(line) - len(kept)} more characters]"
+
+
+def fit(value: str, most: int, render: Callable[[str], str]) -> tuple[str, str]:
+    """``value`` cut (:func:`cut`) so that ``render`` of it, its escaped form, has at most ``most`` characters.
+
+    Returns:
+        (the value, cut or not; its rendering). Escapes make the rendering longer than the
+        value, so the value is cut in proportion until it fits; 40 characters always stay,
+        so a ``most`` too small for 40 escaped ones is exceeded rather than looped on.
+    """
+    text = render(value)
+    kept = value
+    while len(text) > most and len(kept) > 40:
+        keep = max(40, min(len(kept) - 1, len(kept) * most // len(text)))
+        kept = cut(value, keep)
+        text = render(kept)
+    return kept, text
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,9 +79,11 @@ def _json_message(message: str) -> str:
     """``message`` cut so that its JSON string (escapes included) holds at most :data:`MAX_LINE` characters."""
     if len(message) * 6 <= MAX_LINE:  # an escape (\u0001) is at most 6 characters: fits whatever it holds
         return message
-    while len(json.dumps(message, ensure_ascii=False)) > MAX_LINE:
-        message = cut(message, max(40, len(message) * MAX_LINE // len(json.dumps(message, ensure_ascii=False)) - 1))
-    return message
+    return fit(message, MAX_LINE, _json_string)[0]
+
+
+def _json_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
 class TextFormatter(logging.Formatter):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from amqpjobs.durations import format_duration
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater, reported
 from amqpjobs.printable import logfmt_value
-from amqpjobs.runtime.logs import cut
+from amqpjobs.runtime.logs import fit
 from amqpjobs.runtime.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -49,13 +49,8 @@ MAX_ERROR_FIELD: Final = 300
 
 
 def _field(value: str, most: int = MAX_FIELD) -> str:
-    """``value`` as a logfmt value (:func:`logfmt_value`) of at most ``most`` characters (cut: :func:`cut`'s marker)."""
-    text = logfmt_value(value)
-    keep = len(value)
-    while len(text) > most:  # escapes make the text longer than the value: cut the value in proportion
-        keep = max(40, min(keep - 1, keep * most // len(text)))
-        text = logfmt_value(cut(value, keep))
-    return text
+    """``value`` as a logfmt value (:func:`logfmt_value`) of at most ``most`` characters (:func:`fit`)."""
+    return fit(value, most, logfmt_value)[1]
 
 
 @functools.lru_cache(maxsize=256)

@@ -10,7 +10,8 @@ import pytest
 
 from amqpjobs import App, WorkerOptions
 from amqpjobs.jobs.outcome import Outcome, Quarantine
-from amqpjobs.runtime.logs import MAX_LINE, TextFormatter
+from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import MAX_LINE, TextFormatter, fit
 from amqpjobs.runtime.recording import OutcomeRecords, PacedDeferrals
 
 
@@ -55,3 +56,15 @@ def test_ordinary_values_are_written_whole(caplog: pytest.LogCaptureFixture) -> 
     assert record.getMessage() == (
         'job=mail.send id=order-42 attempt=2 duration=0.250s outcome=quarantined reason=rejected error="Reject: no"'
     )
+
+
+def test_fit_cuts_in_proportion_and_never_loops_on_a_limit_too_small() -> None:
+    value, text = fit("\x01" * 6000, 200, logfmt_value)
+    assert len(text) <= 200
+    assert text == logfmt_value(value)
+    assert value.startswith("\x01")
+    assert value.endswith("more characters]")
+    assert fit("order-42", 200, logfmt_value) == ("order-42", "order-42")
+    value, text = fit("\x01" * 6000, 10, logfmt_value)  # 40 characters stay, escaped over 10: returned, not looped
+    assert len(value) <= 40
+    assert text == logfmt_value(value)
