@@ -258,6 +258,16 @@ async def stopped_ago(app: App, broker: BrokerSettings, seconds: int) -> datetim
     return last
 
 
+def assert_only_late_looks(windows: list[tuple[datetime | None, datetime | None]], first_after: datetime) -> None:
+    """Missed windows besides the downtime's: only what a look late by a tick or two leaves (the
+    loop stalled over a second under CI load), after the first tick on time."""
+    for start, end in windows:
+        assert start is not None
+        assert end is not None
+        assert start > first_after, windows
+        assert end - start <= SECOND, windows
+
+
 @pytest.mark.parametrize("down", [6, 30], ids=["down-6s", "down-30s-backdated"])
 async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: BrokerSettings, tmp_path: Path, down: int):
     """Down 6 s for real (a leader stops, another starts 6 s later); down 30 s as the tick store such a
@@ -291,13 +301,13 @@ async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: Bro
     jobs = [f for f in fired if f.schedule == "catchup"]
     last_fired, first_after = previous["catchup"], fired_ticks(second, "catchup")[0]
     catch_ups = [f for f in jobs if f.kind == "catch-up"]
-    assert len(catch_ups) == 1
-    (catch_up,) = catch_ups
+    (catch_up,) = [f for f in catch_ups if f.missed_from == last_fired + SECOND]  # the downtime's: one job
     assert (catch_up.missed_from, catch_up.missed_until) == (last_fired + SECOND, first_after - SECOND)
     assert catch_up.job_id == tick_id("catchup", first_after - SECOND)
     assert (first_after - last_fired) >= timedelta(seconds=down)
     assert [e.kind for e in second if e.schedule == "catchup"][:2] == ["catch-up", "fired"]
-    assert len(jobs) == len(before["catchup"]) + 1 + len(fired_ticks(second, "catchup"))
+    assert_only_late_looks([(f.missed_from, f.missed_until) for f in catch_ups if f is not catch_up], first_after)
+    assert len(jobs) == len(before["catchup"]) + len(catch_ups) + len(fired_ticks(second, "catchup"))
     ticks = covered(jobs)
     assert ticks == seconds_from(ticks[0], len(ticks))
     assert ticks[0] == (before["catchup"] or [last_fired + SECOND])[0]
@@ -307,9 +317,10 @@ async def test_downtime_catch_up_once_enqueues_one_job_and_skip_none(broker: Bro
     last_fired, first_after = previous["skipper"], fired_ticks(second, "skipper")[0]
     assert {f.kind for f in jobs} == {"fired"}
     skipped = [e for e in second if e.schedule == "skipper" and e.kind == "skipped-missed"]
-    assert [(e.missed_from, e.missed_until, e.job_id) for e in skipped] == [
+    assert [(e.missed_from, e.missed_until, e.job_id) for e in skipped[:1]] == [
         (last_fired + SECOND, first_after - SECOND, None)
     ]
+    assert_only_late_looks([(e.missed_from, e.missed_until) for e in skipped[1:]], first_after)
     assert (first_after - last_fired) >= timedelta(seconds=down)
     assert [f.tick for f in jobs] == before["skipper"] + fired_ticks(second, "skipper")
     assert [f.tick for f in jobs if last_fired < f.tick < first_after] == []
@@ -444,8 +455,8 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
         # the job published while the queue was being deleted may have been enqueued into it
         assert len(during) <= 1, during
         last_before = events[-1].tick
+        after = len(events)  # before the apply: a look can commit the catch-up before apply_topology returns
         await apply_topology(tmp_path / "applied.toml", broker)  # the queue is back
-        after = len(events)
         await wait_until(lambda: len(events) >= after + 3, 20, "ticks after the queue is back")
     finally:
         await scheduler.shutdown()

@@ -177,7 +177,7 @@ async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_an
     """Two every-second schedules, one losing its queue, the other its exchange, for 5 s while
     warnings repeat at most every 2 s: per schedule one line when it starts failing, then one
     every 2 s or more with the count of failed looks, and one when it recovers (was: one per look).
-    The exchange comes back 1.5 s before its queue's binding (as a re-apply can leave it for a
+    The exchange comes back before its queue's binding (as a re-apply can leave it for a
     moment): the returned tick is warned about under its own key, and recovers too (CI once
     saw this by chance and the test, expecting one key, failed)."""
     app = await topology_app(broker, tmp_path, TWO_QUEUES + '\n[[exchange]]\nname = "third"\n\n'
@@ -203,7 +203,8 @@ async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_an
         await asyncio.sleep(4)
         async with raw_channel(broker) as channel:  # the exchange back first, its queue's binding not yet
             await channel.declare_exchange("third", aio_pika.ExchangeType.DIRECT, durable=True)
-        await asyncio.sleep(1.5)  # a look sees the tick's job returned: a failure with its own key
+        await wait_until(lambda: any("tick jobs to exchange 'third'" in r.getMessage() for r in caplog.records), 10,
+                         "a look that sees the tick's job returned: a failure with its own key")  # fmt: skip
         await apply_topology(tmp_path / "app.toml", broker)
         back = len(events)
         await wait_until(lambda: {e.schedule for e in events[back:] if e.kind == "fired"} == {"noqueue", "noexchange"},
@@ -218,7 +219,7 @@ async def test_a_missing_queue_or_exchange_warns_once_then_paced_with_a_count_an
 
 def assert_paced_per_key(lines: list[logging.LogRecord], name: str) -> list[str]:
     """Per key (the line's first argument, what fails): one first line, paced lines 1.9 s apart
-    or more (1-3 for the failure of the whole 5 s), one recovery line, the last line of all
+    or more (at least one for the failure of the whole 5 s), one recovery line, the last line of all
     being the first key's.  While the topology comes back, the exchange can be there a moment
     before its queue's binding: a look then sees the tick's job returned, a failure with its own
     key (its destination), which also starts with a first line and ends recovered.
@@ -242,8 +243,8 @@ def assert_paced_per_key(lines: list[logging.LogRecord], name: str) -> list[str]
         assert all("still failing:" in m and "failed look(s) in" in m for m in paced), messages
         gaps = [b.created - a.created for a, b in itertools.pairwise(records[:-1])]
         assert all(gap >= 1.9 for gap in gaps), gaps
-        if key == first_key:  # failing for the whole 5 s
-            assert 1 <= len(paced) <= 3, messages  # one per 2 s or more over about 5-6 s
+        if key == first_key:  # failing for 5 s and more: at least one paced line (at most one per 1.9 s: the gaps)
+            assert paced, messages
     assert isinstance(lines[-1].args, tuple)
     assert lines[-1].args[0] == first_key, "the last line: the first key's recovery"
     return list(by_key)

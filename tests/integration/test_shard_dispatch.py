@@ -121,6 +121,7 @@ async def test_a_worker_starting_later_takes_what_the_busy_one_could_not_start(b
     try:
         await asyncio.sleep(2.5)
         await b.start()
+        b_ready = time.monotonic()
         await runs.until(4, timeout=20)
     finally:
         await a.shutdown()
@@ -131,7 +132,10 @@ async def test_a_worker_starting_later_takes_what_the_busy_one_could_not_start(b
     spread = finishes[-1] - finishes[0]
     print(f"A ran {runs.by('A')}, B ran {runs.by('B')}; last finished {spread:.2f}s after the first one finished")
     assert runs.by("B") >= 1, runs.runs
-    assert spread <= 4.6, runs.runs
+    # B took a job waiting behind busy A as soon as it was ready (was: none until A was free); measured
+    # from B's ready, not from A's start: under CI load B's start alone took over 2 s
+    first_on_b = min(started for name, _, started, _ in runs.runs if name == "B")
+    assert first_on_b - b_ready <= 1.0, (first_on_b - b_ready, runs.runs)
 
 
 @pytest.mark.version_independent
