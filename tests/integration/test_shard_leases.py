@@ -152,7 +152,7 @@ async def test_a_backlog_runs_on_the_one_free_slot_while_the_others_hold_long_jo
         await until(lambda: len(starts) == 23, 10)
         took = time.monotonic() - began
         assert len(starts) == 23, sorted(starts)  # 20 jobs of 0.05 s on one slot: about 1 s
-        assert took < 5, took
+        assert took < 8, took  # was: none ran in 10 s; 8, not 5: a slot's round trips under CI load
         await asyncio.sleep(1.0)  # the long jobs still run: shard 1's lease of one must not be cancelled and
         # armed again and again for the share it can't have yet (a lease grows only into tokens free now)
         assert leases["split.shard-1"] <= 3, leases
