@@ -16,7 +16,7 @@ from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
-from amqpjobs.topology.plan import Plan, binding_name, make_plan
+from amqpjobs.topology.plan import ObjectState, Plan, binding_name, make_plan
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
@@ -125,20 +125,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
             vhost does not exist.
 
     """
-    with ManagementClient(settings) as mgmt:
-        version = mgmt.broker_version()
-        loaded = load_topology(path, broker_version=version)
-        try:
-            live = mgmt.live_state(settings.vhost)
-        except ManagementApiError as exc:
-            if exc.status == 404:
-                raise ManagementApiError(
-                    f"vhost {settings.vhost!r} does not exist on the broker: create it first "
-                    "(rabbitmqctl add_vhost) or fix the URL's path",
-                    404,
-                ) from exc
-            raise
-        raw_bindings = mgmt.bindings(settings.vhost)
+    version, loaded, live, raw_bindings = await asyncio.to_thread(_read_live, path, settings)  # httpx blocks
     desired = desired_state(loaded.topology.declarations())
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
@@ -163,6 +150,26 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
     return PlanResult(
         loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority, settings
     )
+
+
+def _read_live(
+    path: str | Path, settings: BrokerSettings
+) -> tuple[tuple[int, ...], LoadedTopology, list[ObjectState], list[dict[str, Any]]]:
+    """The broker's version, the topology validated for it, the vhost's objects and bindings (management API)."""
+    with ManagementClient(settings) as mgmt:
+        version = mgmt.broker_version()
+        loaded = load_topology(path, broker_version=version)
+        try:
+            live = mgmt.live_state(settings.vhost)
+        except ManagementApiError as exc:
+            if exc.status == 404:
+                raise ManagementApiError(
+                    f"vhost {settings.vhost!r} does not exist on the broker: create it first "
+                    "(rabbitmqctl add_vhost) or fix the URL's path",
+                    404,
+                ) from exc
+            raise
+        return version, loaded, live, mgmt.bindings(settings.vhost)
 
 
 def _routing_changes(
@@ -358,7 +365,7 @@ async def apply_topology(
             refused before planning, even when nothing would be created).
 
     """
-    require_majority(settings, "topology apply")
+    await asyncio.to_thread(require_majority, settings, "topology apply")
     result = await plan_topology(path, settings)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())

@@ -14,6 +14,7 @@ timestamp: their age shows as unknown.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -207,8 +208,7 @@ async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQue
     """
     layouts = list(layouts)
     try:
-        with ManagementClient(settings, timeout=5.0) as mgmt:
-            live = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+        live = await asyncio.to_thread(_queue_names, settings)  # httpx blocks: not on the worker's loop
         names = [n for n in orphan_queues(layouts, live) if unread(layouts, n)]
         depths = await probe_queues(settings, names) if names else {}
     except AmqpJobsError as exc:  # best effort: no reason to refuse a start
@@ -222,6 +222,24 @@ async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQue
                 "dropped shard(s) of %s hold jobs no worker reads: %s; %s (topology plan lists them as ORPHAN)",
                 lay.name, ", ".join(f"{n} ({m} message(s))" for n, m in held), orphan_fixes(layouts, held)[0],
             )  # fmt: skip
+
+
+def _queue_names(settings: BrokerSettings) -> list[str]:
+    with ManagementClient(settings, timeout=5.0) as mgmt:
+        return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+
+
+def _read_vhost(
+    settings: BrokerSettings,
+) -> tuple[dict[str, Any], set[str], set[tuple[str, str]], dict[str, dict[str, Any]]]:
+    """The vhost's queues by name, exchange names, (source, destination) bindings, and waiting rooms' details."""
+    with ManagementClient(settings) as mgmt:
+        live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
+        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
+        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
+        # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
+        rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
+    return live, exchanges, bound, rooms
 
 
 async def collect(
@@ -246,12 +264,7 @@ async def collect(
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
-    with ManagementClient(settings) as mgmt:
-        live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
-        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
-        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
-        # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
-        rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
+    live, exchanges, bound, rooms = await asyncio.to_thread(_read_vhost, settings)  # httpx blocks: not on the loop
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
