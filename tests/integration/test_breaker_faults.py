@@ -226,7 +226,7 @@ async def test_a_record_dated_ahead_over_an_opening_counted_here_adds_no_second_
         if len(started) <= 3:
             raise RuntimeError("the service is down")
 
-    app.job("flaky", queue="work", breaker=Breaker(failures=3, window=10, cool_down=3))(run)
+    app.job("flaky", queue="work", breaker=Breaker(failures=3, window=10, cool_down=4))(run)
     name = breaker_queue_name("work", "flaky")
     try:
         async with running_worker(app, broker, concurrency=1) as (worker, _):
@@ -236,11 +236,11 @@ async def test_a_record_dated_ahead_over_an_opening_counted_here_adds_no_second_
             opened = next(t.at for _, t in board(worker).history if t.state == "open")
             await until(lambda: not _record_gone(broker, name), 5)  # this worker's own record
             year = 365 * 86400.0
-            ahead = OpenRecord(opened + year, opened + year + 3, 3)  # the same opening, by a clock a year ahead
+            ahead = OpenRecord(opened + year, opened + year + 4, 3)  # the same opening, by a clock a year ahead
             await _write_record(broker, ahead)
-            assert time.time() - opened < 3  # replaced within the cool-down
+            assert time.time() - opened < 4  # replaced within the cool-down (4 s: slack for a loaded CI)
             await until(lambda: len(started) >= 4, 15)
-            assert started[3] - opened <= 3 + 1.0, started[3] - opened  # one cool-down, then a 250 ms tier at most
+            assert started[3] - opened <= 4 + 1.0, started[3] - opened  # one cool-down, then a 250 ms tier at most
             await until(lambda: board(worker).state("flaky") == "closed", 5)
     finally:
         await app.close()
