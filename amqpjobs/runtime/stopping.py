@@ -31,6 +31,7 @@ class WorkerStop(SuspectTurns):
     """:meth:`shutdown` of :class:`~amqpjobs.runtime.worker.Worker` (see the module's docstring)."""
 
     ready: asyncio.Event
+    took_deliveries: bool
     _background: list[asyncio.Task[None]]
     _inflight: set[asyncio.Task[Any]]
     _suspect_tasks: list[asyncio.Task[None]]
@@ -68,7 +69,7 @@ class WorkerStop(SuspectTurns):
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
-        if self.ready.is_set():  # it consumed (a failed start says why instead)
+        if self.ready.is_set() or self.took_deliveries:  # it consumed (a start failed or abandoned before: no line)
             log.info(draining)
         still: set[asyncio.Task[Any]] = set()
         abandoned = 0
@@ -124,7 +125,7 @@ class WorkerStop(SuspectTurns):
         """The stopped worker's last line, None when it never consumed (a failed start says why instead)."""
         waited = len(self._rates.handed_back) if self._rates else 0
         last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
-        return last if self.ready.is_set() else None
+        return last if self.ready.is_set() or self.took_deliveries else None
 
     async def _end_process(self, stopped: str | None) -> NoReturn:
         """Past the grace, runs that can't be stopped: the acks of finished jobs out, then ``stopped``, then exit 1.

@@ -125,6 +125,7 @@ class Worker(WorkerStop):
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
+        self.took_deliveries = False  # a consumer handed it a delivery (maybe before ready: a start has steps after)
         self._own_process = False  # run(own_process=True): the process is this worker's (settle_heap)
         self.metrics = metrics
         self.heartbeat_at = time.monotonic()
@@ -273,6 +274,7 @@ class Worker(WorkerStop):
         async def held(delivery: Delivery) -> None:
             task = asyncio.current_task()
             assert task is not None
+            self.took_deliveries = True
             inflight.add(task)
             self._held += 1
             try:

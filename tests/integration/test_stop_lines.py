@@ -311,3 +311,67 @@ async def test_a_held_delivery_whose_handler_ran_is_not_run_again_after_the_rest
     assert [m.headers.get("amqpjobs-reason") for m in await drain(broker, "work.quarantine")] == ["rejected"]
     assert effects == [("rej-1", False)]  # ran once: its decided quarantine carried out, not run again
     assert not [line for line in lines if "ended without an outcome" in line]
+
+
+TWO_QUEUES = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "first"
+exchange = "jobs"
+
+[[job_queue]]
+name = "second"
+exchange = "jobs"
+"""
+
+
+@pytest.mark.version_independent
+async def test_a_stop_while_the_start_goes_on_still_drains_and_says_so_for_jobs_already_running(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
+    """SIGTERM after the first queue's consumer took a job, before the start is over (here: the second
+    queue's consumer held back): the job finishes and is acked, and the draining and stopped lines
+    count it (was: both left out, as for a worker that never consumed; CI saw it when a start step
+    awaited the management API)."""
+    path = tmp_path / "two.toml"
+    path.write_text(TWO_QUEUES)
+    await apply_topology(path, broker)
+    app = App("midstart", topology=load_topology(path).topology, url=broker.url)
+    runs: list[str] = []
+    began = asyncio.Event()
+
+    @app.job("long", queue="first")
+    async def long(payload: dict[str, Any], ctx: JobContext) -> None:
+        began.set()
+        await asyncio.sleep(1.0)
+        runs.append(ctx.job_id)
+
+    real = Worker._start_consumer
+    never = asyncio.Event()
+
+    async def held_back(worker: Worker, layout: Any, work_queue: str) -> None:
+        if work_queue == "second":
+            await never.wait()  # the start is still going on at the stop
+        await real(worker, layout, work_queue)
+
+    monkeypatch.setattr(Worker, "_start_consumer", held_back)
+    await app.enqueue("long", {}, job_id="j1")
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+    worker = Worker(app, broker, WorkerOptions(queues=("first", "second"), concurrency=2, grace=10), Recorder())
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(began.wait(), 15)
+        assert not worker.ready.is_set()
+        worker.request_stop()
+        code = await asyncio.wait_for(running, 20)
+    finally:
+        await app.close()
+    assert code == 0
+    assert runs == ["j1"]
+    assert stop_lines(caplog) == [
+        "draining 1 in-flight job(s), grace 10s",
+        "worker stopped: 1 in-flight job(s) finished, 0 abandoned (redelivered); exit 0",
+    ]
+    assert await depth(broker, "first") == 0  # acked: not back in its queue
