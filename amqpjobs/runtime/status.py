@@ -225,6 +225,7 @@ async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQue
 
 
 def _queue_names(settings: BrokerSettings) -> list[str]:
+    """The vhost's queue names (management API, 5 s per request; its errors raised)."""
     with ManagementClient(settings, timeout=5.0) as mgmt:
         return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
 

@@ -69,7 +69,7 @@ class WorkerStop(SuspectTurns):
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
-        if self.ready.is_set() or self.took_deliveries:  # it consumed (a start failed or abandoned before: no line)
+        if self._consumed:
             log.info(draining)
         still: set[asyncio.Task[Any]] = set()
         abandoned = 0
@@ -121,11 +121,19 @@ class WorkerStop(SuspectTurns):
             log.info(stopped)
         return code
 
+    @property
+    def _consumed(self) -> bool:
+        """Whether the stop gets the draining and stopped lines: ready, or a delivery taken before that.
+
+        A start that failed or was abandoned before any delivery says why instead, or nothing.
+        """
+        return self.ready.is_set() or self.took_deliveries
+
     def _stopped_line(self, still: set[asyncio.Task[Any]], suspects: int, abandoned: int, code: int) -> str | None:
         """The stopped worker's last line, None when it never consumed (a failed start says why instead)."""
         waited = len(self._rates.handed_back) if self._rates else 0
         last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
-        return last if self.ready.is_set() or self.took_deliveries else None
+        return last if self._consumed else None
 
     async def _end_process(self, stopped: str | None) -> NoReturn:
         """Past the grace, runs that can't be stopped: the acks of finished jobs out, then ``stopped``, then exit 1.

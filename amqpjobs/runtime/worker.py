@@ -94,6 +94,12 @@ class Worker(WorkerStop):
         on_outcome: Optional callback called with each :class:`Outcome` (tests, metrics).
         metrics: Prometheus metrics to record into (see :mod:`amqpjobs.runtime.metrics`).
 
+    Attributes:
+        ready: Set once :meth:`start` is over: consuming every assigned queue (``/readyz``).
+        took_deliveries: True once a consumer handed the worker a delivery, which can be before
+            ``ready`` (the start's steps after its first consumer); a stop then drains and logs
+            its draining and stopped lines as for a ready worker.
+
     """
 
     def __init__(
