@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import click
 
 from amqpjobs._version import __version__
+from amqpjobs.cli._common import EXIT_INTERRUPTED
+from amqpjobs.runtime import held_signals
 
 
 @click.group()
@@ -18,3 +22,23 @@ def main(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    release_held_signals_unless("consume", "schedule")
+
+
+def release_held_signals_unless(*long_running: str) -> None:
+    """A group's first step: unless its subcommand is one of ``long_running``, end the signals' hold.
+
+    The console script holds SIGTERM and SIGINT while the CLI loads
+    (:mod:`amqpjobs.runtime.held_signals`); a long-running command (``consume``, ``schedule
+    run``) takes them over when its loop's handlers are in place, every other command gets
+    Python's handling back here. A signal held meanwhile then ends the command as it would
+    have: SIGTERM kills the process, Ctrl-C exits 130 with "interrupted".
+    """
+    if click.get_current_context().invoked_subcommand in long_running:
+        return
+    held = held_signals.release()
+    if held == signal.SIGINT:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if held is not None:
+        signal.raise_signal(held)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import click
 
 from amqpjobs.cli._common import errors_to_exit_codes, long_running_url_options, settings, verbose
-from amqpjobs.cli._root import main
+from amqpjobs.cli._root import main, release_held_signals_unless
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule, format_tick
@@ -25,6 +25,7 @@ from amqpjobs.runtime.scheduler import SchedulerOptions
 @main.group()
 def schedule() -> None:
     """Cron schedules: run a scheduler replica, list the next fire times."""
+    release_held_signals_unless("run")
 
 
 @schedule.command("run")

@@ -52,6 +52,7 @@ from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.tick_events import TickEvent
 from amqpjobs.runtime.tick_store import read_tick_record, tick_records
 from amqpjobs.runtime.ticking import (
@@ -297,11 +298,13 @@ class Scheduler(TickFiring):
         """Start, run until :meth:`request_stop`, then hand leadership over and close.
 
         Returns:
-            0.
+            0. A stop requested while still starting gives the start up (0 too).
 
+        Raises:
+            The errors of :meth:`start`.
         """
-        await self.start()
-        await self._stop.wait()
+        if await start_unless_stopped(self.start(), self._stop):
+            await self._stop.wait()
         await self.shutdown()
         return 0
 

@@ -53,6 +53,7 @@ from amqpjobs.errors import (
     PayloadStoreError,
     ResultsUnavailableError,
 )
+from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
 
@@ -175,6 +176,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        for signum in held_signals.take():  # one since the process started: no child is started then
+            loop.call_soon(self._on_signal, signum)
         try:
             codes = await asyncio.gather(*(self._keep(slot) for slot in self._slots))
         finally:

@@ -51,6 +51,7 @@ from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
+from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
@@ -364,17 +365,13 @@ class Worker(WorkerStop):
             The errors of :meth:`start`; what was opened is closed first.
         """
         self._own_process = own_process
-        starting = asyncio.create_task(self.start())
-        stopping = asyncio.create_task(self._stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
+        try:
+            started = await start_unless_stopped(self.start(), self._stop)
+        except Exception:
+            await self.shutdown(own_process=own_process)
+            raise
+        if not started:
             await self.shutdown(own_process=own_process)
             return 0
-        if starting.exception() is not None:
-            stopping.cancel()
-            await self.shutdown(own_process=own_process)
-            raise starting.exception()  # type: ignore[misc]
-        await stopping
+        await self._stop.wait()
         return await self.shutdown(own_process=own_process)

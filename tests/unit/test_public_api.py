@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 import amqpjobs
 from amqpjobs import errors
 
@@ -32,3 +34,15 @@ def test_default_url_is_a_deprecated_alias_of_set_default_url() -> None:
     given = amqpjobs.App("given", topology=Topology(), url="amqp://guest:guest@127.0.0.1:5998/")
     given.set_default_url("amqp://guest:guest@127.0.0.1:5999/")  # a URL of its own wins
     assert given.settings().url == "amqp://guest:guest@127.0.0.1:5998/"
+
+
+def test_each_name_is_its_home_modules_object_loaded_when_first_used() -> None:
+    import importlib
+
+    homes = amqpjobs._HOMES
+    assert set(amqpjobs.__all__) == {*homes, "__version__"}
+    for name, home in homes.items():
+        assert getattr(amqpjobs, name) is getattr(importlib.import_module(home), name), name
+    assert set(amqpjobs.__all__) <= set(dir(amqpjobs))
+    with pytest.raises(AttributeError, match="module 'amqpjobs' has no attribute 'Nope'"):
+        amqpjobs.Nope  # type: ignore[attr-defined]  # noqa: B018

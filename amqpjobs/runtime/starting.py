@@ -1,0 +1,45 @@
+"""A start that a stop request cuts short: a worker's and a scheduler replica's (README "Workers").
+
+A long-running process may be asked to stop while it still starts: while its first connect
+is retried (up to ``--connect-timeout``, default 30 s), while it declares, or before its loop
+turned once (a signal held since the process started, :mod:`amqpjobs.runtime.held_signals`).
+It then gives the start up at once, instead of finishing it only to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+
+async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run ``start`` until it ends or ``stop`` is set, whichever comes first; whether it ended.
+
+    Args:
+        start: The start (its own ``except``/``finally`` close what it opened when it is
+            cancelled).
+        stop: Set by the stop request.
+
+    Returns:
+        True when ``start`` ended (``stop`` may be set by then too); False when ``stop`` was
+        set first: ``start`` was cancelled and has ended.
+
+    Raises:
+        What ``start`` raised, when it ended first.
+    """
+    starting = asyncio.ensure_future(start)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # our caller was cancelled: so is the start (it closes what it opened)
+        stopping.cancel()
+        starting.cancel()
+        raise
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return False
+    starting.result()
+    return True

@@ -1,0 +1,192 @@
+"""A signal at any moment of a long-running command's start stops it well (real broker).
+
+README "Workers": SIGTERM or Ctrl-C stops ``amqpjobs consume`` with exit 0, also while it is
+still starting. Before its event loop's handlers are in place, the process imports the CLI
+(about 0.5 s on a quiet machine, over 1 s under load) and then the app's module (as long as the
+user's code takes). A signal in that time met Python's default handling: exit by SIGTERM with
+no line, or a KeyboardInterrupt traceback. Each test signals at a moment it can see: the CLI's
+import of aio-pika has ended (``python -X importtime`` writes one line per import to stderr), or
+the app module has begun to load (it writes "importing" to the record, then sleeps).
+
+A one-shot command keeps Python's handling (it dies by SIGTERM; Ctrl-C exits 130): the signal
+held while the CLI was imported is raised again when the command starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, write_file
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+SCRIPT = Path(sys.executable).with_name("amqpjobs")
+#: The line ``-X importtime`` writes once the CLI's import of aio-pika has ended (more imports follow).
+AIO_PIKA_IMPORTED = re.compile(r"^import time:.*\|\s*aio_pika$", re.MULTILINE)
+
+
+@contextmanager
+def started(
+    tmp_path: Path, broker: BrokerSettings, args: Sequence[str], **extra: str
+) -> Iterator[subprocess.Popen[str]]:
+    """``python -X importtime amqpjobs ARGS``, stdout and stderr to tmp_path/out.log; killed if still running after."""
+    topo = tmp_path / "proc.toml"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "SCHEDAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt"), **extra}  # fmt: skip
+    with (tmp_path / "out.log").open("a") as out:
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", str(SCRIPT), *args], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def log(tmp_path: Path) -> str:
+    return (tmp_path / "out.log").read_text()
+
+
+def lines_of_ours(tmp_path: Path) -> list[str]:
+    """The output without the import-time lines."""
+    return [line for line in log(tmp_path).splitlines() if not line.startswith("import time:")]
+
+
+async def until(condition: object, timeout: float, what: str) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.002)
+
+
+async def exit_code(proc: subprocess.Popen[str], timeout: float) -> tuple[int, float]:
+    t0 = time.monotonic()
+    code = await asyncio.to_thread(proc.wait, timeout)
+    return code, time.monotonic() - t0
+
+
+async def signal_while_the_cli_is_imported(proc: subprocess.Popen[str], tmp_path: Path, sig: int) -> None:
+    await until(lambda: AIO_PIKA_IMPORTED.search(log(tmp_path)) is not None or proc.poll() is not None, 30,
+                "the CLI's import of aio-pika")  # fmt: skip
+    assert proc.poll() is None, log(tmp_path)
+    proc.send_signal(sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_consume_signalled_while_the_cli_is_imported_starts_stopping_and_exits_0(
+    broker: BrokerSettings, tmp_path: Path, sig: signal.Signals
+):
+    with started(tmp_path, broker, ["consume", "tests.integration.procapp:app"]) as proc:
+        await signal_while_the_cli_is_imported(proc, tmp_path, sig)
+        code, took = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 0, ours
+    assert f"signal {int(sig)}: no new deliveries; draining (a second signal exits at once)" in ours
+    assert "Traceback" not in ours
+    assert "worker consuming" not in ours  # it stopped before it consumed
+    assert took < 15, took
+
+
+async def test_consume_signalled_while_the_app_module_loads_exits_0_once_loaded(broker: BrokerSettings, tmp_path: Path):
+    record = tmp_path / "record.txt"
+    with started(tmp_path, broker, ["consume", "tests.integration.procapp:app"], PROCAPP_SLOW_IMPORT="2") as proc:
+        await until(lambda: record.exists() and record.read_text().startswith("importing"), 30, "the app's import")
+        proc.send_signal(signal.SIGTERM)
+        code, took = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 0, ours
+    assert "signal 15: no new deliveries; draining (a second signal exits at once)" in ours
+    assert "Traceback" not in ours
+    assert record.read_text().split() == ["importing", str(proc.pid)]  # loaded once, ran nothing
+    assert took < 2 + 10, took
+
+
+async def test_a_second_signal_while_starting_exits_at_once_with_128_plus_it(broker: BrokerSettings, tmp_path: Path):
+    record = tmp_path / "record.txt"
+    with started(tmp_path, broker, ["consume", "tests.integration.procapp:app"], PROCAPP_SLOW_IMPORT="20") as proc:
+        await until(lambda: record.exists() and record.read_text().startswith("importing"), 30, "the app's import")
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert proc.poll() is None, "\n".join(lines_of_ours(tmp_path))  # the first one is held
+        proc.send_signal(signal.SIGINT)
+        code, took = await exit_code(proc, 10)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 128 + signal.SIGINT, ours
+    assert took < 3, took  # not after the 20 s import
+    assert "second signal 2 while starting: exiting now" in ours
+
+
+async def test_consume_processes_2_signalled_while_the_cli_is_imported_exits_0(broker: BrokerSettings, tmp_path: Path):
+    with started(tmp_path, broker, ["consume", "tests.integration.procapp:app", "--processes", "2"]) as proc:
+        await signal_while_the_cli_is_imported(proc, tmp_path, signal.SIGTERM)
+        code, _ = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 0, ours
+    assert "signal 15: every child drains" in ours
+    assert "every child stopped" in ours
+    assert "Traceback" not in ours
+
+
+async def test_schedule_run_signalled_while_the_cli_is_imported_exits_0(broker: BrokerSettings, tmp_path: Path):
+    with started(tmp_path, broker, ["schedule", "run", "tests.integration.schedapp:app"]) as proc:
+        await signal_while_the_cli_is_imported(proc, tmp_path, signal.SIGINT)
+        code, _ = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 0, ours
+    assert "signal 2: handing leadership over and stopping" in ours
+    assert "Traceback" not in ours
+
+
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)],
+                         ids=["SIGTERM", "SIGINT"])  # fmt: skip
+async def test_a_one_shot_command_signalled_while_the_cli_is_imported_ends_as_python_would(
+    broker: BrokerSettings, tmp_path: Path, sig: signal.Signals, expected: int
+):
+    """Not held for good: the command ends by the signal (SIGTERM), or as interrupted (Ctrl-C: 130)."""
+    with started(tmp_path, broker, ["status", "--json"]) as proc:
+        await signal_while_the_cli_is_imported(proc, tmp_path, sig)
+        code, took = await exit_code(proc, 30)
+    ours = lines_of_ours(tmp_path)
+    assert code == expected, ours
+    assert took < 10, took
+    if sig == signal.SIGINT:
+        assert ours == ["interrupted"]
+
+
+async def test_schedule_run_signalled_while_still_connecting_gives_the_start_up_and_exits_0(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """As a worker does (README "Workers"): the first connect is retried for up to 30 s; a stop does not wait for it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = broker.url.replace(f":{urlsplit(broker.url).port}/", f":{s.getsockname()[1]}/")
+    with started(tmp_path, broker, ["schedule", "run", "tests.integration.schedapp:app"], AMQPJOBS_URL=nowhere) as proc:
+        await until(lambda: "not reachable (attempt 1" in log(tmp_path) or proc.poll() is not None, 30,
+                    "the first connect attempt")  # fmt: skip
+        assert proc.poll() is None, log(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        code, took = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 0, ours
+    assert took < 3, took
+    assert "signal 15: handing leadership over and stopping" in ours
+    assert "Traceback" not in ours
