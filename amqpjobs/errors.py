@@ -245,7 +245,8 @@ class Problem:
     Attributes:
         file: Path of the file (as given) the problem is in, or ``"<topology>"`` for
             problems that span files.
-        key_path: Dotted key path inside the file, e.g. ``job_queues[1].retry_tiers[0]``.
+        key_path: Dotted key path inside the file, e.g. ``job_queues[1].retry_tiers[0]``;
+            ``"-"`` for the whole file (missing, not TOML, empty): the text then leaves it out.
         message: What is wrong.
         fix: How to fix it.
 
@@ -257,7 +258,8 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.key_path}: {self.message} (fix: {self.fix})"
+        where = self.file if self.key_path == "-" else f"{self.file}: {self.key_path}"
+        return f"{where}: {self.message} (fix: {self.fix})"
 
 
 class TopologyValidationError(TopologyError):

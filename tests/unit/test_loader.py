@@ -79,8 +79,16 @@ def test_folder_merges_files_and_checks_across_them(tmp_path: Path) -> None:
 
 
 def test_missing_path_is_a_validation_error(tmp_path: Path) -> None:
-    with pytest.raises(TopologyValidationError, match="no such file"):
+    with pytest.raises(TopologyValidationError, match="no such file") as info:
         load_topology(tmp_path / "nope.toml")
+    # a whole-file problem has no key path: none is printed (it was "nope.toml: -: no such ...")
+    assert [str(p) for p in info.value.problems] == [
+        f"{tmp_path / 'nope.toml'}: no such file or folder (fix: give a topology file or folder)"
+    ]
+    (tmp_path / "bad.toml").write_text("[[job_queue]]\nname = 'x'\nretry_tiers = 3\n")
+    with pytest.raises(TopologyValidationError) as keyed:
+        load_topology(tmp_path / "bad.toml")
+    assert str(keyed.value.problems[0]).startswith(f"{tmp_path / 'bad.toml'}: job_queue[0].")
 
 
 def test_shipped_example_topology_is_valid() -> None:
