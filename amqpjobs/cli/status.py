@@ -12,15 +12,18 @@ import click
 from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.printable import printable
+from amqpjobs.printable import listed, printable
 from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import queue_name_problem
 
 
 @main.command("status")
 @click.argument("path", required=False, type=click.Path())
-@click.option("--queues", "-q", help="Comma-separated job queue names (instead of a topology PATH).")
+@click.option(
+    "--queues", "-q", help="Comma-separated job queue names (instead of a topology PATH, or to narrow it to those)."
+)
 @click.option("--max-age", default=None, help="Unhealthy when a work queue's oldest message is older (e.g. 60s).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @url_options
@@ -32,9 +35,9 @@ def status_command(
     """Golden signals per job queue; exit 1 when unhealthy (usable as an alert check).
 
     Job queues come from the topology at PATH (default: ./topology when it exists), or
-    --queues. Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no
-    consumer, a queue or quarantine exchange is missing, or an oldest message is older
-    than --max-age.
+    --queues (found on the broker by name); with both, the topology's job queues named.
+    Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no consumer, a
+    queue or quarantine exchange is missing, or an oldest message is older than --max-age.
     """
     broker = settings(url, management_url)
     bound = duration_option("--max-age", max_age) if max_age is not None else None
@@ -46,12 +49,15 @@ def status_command(
             raise ConfigurationError(f"--queues: {problem}")
     layouts = None
     source = f"--queues {','.join(names)}" if names else ""
-    if not names:
+    if not names or path is not None:
         where = Path(path or "topology")
         if path is None and not where.exists():
             raise ConfigurationError("give a topology PATH or --queues (no ./topology here)")
         layouts = list(load_topology(where).topology.layouts())
         source = f"topology {where.resolve()}" + (" (the default ./topology: no PATH given)" if path is None else "")
+        if names:  # both: the topology's job queues, narrowed to those
+            layouts, source = _narrowed(layouts, names, where), f"{source}, job queue(s) {','.join(names)}"
+            names = None
     report = asyncio.run(collect(broker, layouts, names, bound))
     unhealthy = any(j.problems for j in report)
     if as_json:
@@ -63,3 +69,18 @@ def status_command(
             click.echo(line)
     if unhealthy:
         sys.exit(EXIT_FOUND)
+
+
+def _narrowed(layouts: list[JobQueueLayout], names: list[str], where: Path) -> list[JobQueueLayout]:
+    """The layouts of the job queues ``names``, in that order.
+
+    Raises:
+        ConfigurationError: a name is no job queue of the topology at ``where``.
+    """
+    known = {lay.name: lay for lay in layouts}
+    if unknown := [n for n in names if n not in known]:
+        raise ConfigurationError(
+            f"--queues: {listed(unknown)}: not a job queue of the topology {printable(str(where))} (its job queues: "
+            f"{listed(known)}; leave PATH out to look for any job queue on the broker)"
+        )
+    return [known[n] for n in dict.fromkeys(names)]

@@ -23,7 +23,7 @@ from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
-from amqpjobs.printable import shell_quote
+from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
@@ -138,6 +138,15 @@ def status_report(report: list[JobQueueStatus]) -> list[str]:
     if not any(j.problems for j in report):
         lines.append("healthy")
     return lines
+
+
+def _no_such_job_queue(name: str, vhost: str, live: Iterable[str]) -> str:
+    """The one problem of a job queue named on the command line (``--queues``) none of whose queues exist."""
+    here = {q.job_queue for q in map(parse_queue_name, live) if q.kind == "quarantine"}
+    return (
+        f"no job queue {printable(name)} on vhost {vhost!r}: none of its queues exist (check the name; job queues "
+        f"here: {listed(here)}; or apply the topology that declares it)"
+    )
 
 
 def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str], list[str], str]:
@@ -280,6 +289,7 @@ async def collect(
     dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
     exact = await probe_queues(settings, looks + dropped)
     out = []
+    topology_names = {lay.name for lay in layouts or []}
     for name, works, tiers, quarantine in plan:
 
         def figures(queue: str) -> QueueStatus:
@@ -304,7 +314,8 @@ async def collect(
             name, [figures(w) for w in works], [figures(t) for t in tiers], figures(quarantine),
             figures(suspects_queue_name(name)),
         )  # fmt: skip
-        for q in [*status.work, *status.tiers, status.quarantine, status.suspects]:
+        own = [*status.work, *status.tiers, status.quarantine, status.suspects]
+        for q in own:
             if not q.exists:
                 status.problems.append(f"queue {q.name} does not exist (apply the topology)")
             elif q.unaddressable:
@@ -314,6 +325,10 @@ async def collect(
             status.problems.append(f"exchange {exchange} does not exist (apply the topology)")
         elif status.quarantine.exists and (exchange, quarantine) not in bound:
             status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
+        if name not in topology_names and exchange not in exchanges and not any(q.exists for q in own):
+            status.problems = [_no_such_job_queue(name, settings.vhost, live)]  # a name given, maybe misspelt
+            out.append(status)
+            continue
         if status.quarantine.ready:
             status.problems.append(
                 f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name} "
