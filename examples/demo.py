@@ -13,9 +13,10 @@ Exit status 0 only when no job was lost, no side effect ran twice, every quarant
 has the expected reason, and the worker exited 0; otherwise 1. Options: ``--vhost NAME``
 (default: the vhost the path of ``--url`` names, else ``amqpjobs-demo``; both naming two is
 refused, and so is ``/``: the demo deletes its vhost first), ``--cleanup`` (delete the vhost
-and the work folder at the end; by default both stay for inspection and the next run starts
-over), ``--url AMQP_URL`` and ``--management-url URL`` (a broker of your own instead of step 1;
-the management URL is derived from the AMQP URL when left out: port + 10000).
+and the work folder, ``.demo/<vhost>``, at the end; by default both stay for inspection and
+the next run starts over with both), ``--url AMQP_URL`` and ``--management-url URL`` (a broker
+of your own instead of step 1; the management URL is derived from the AMQP URL when left out:
+port + 10000).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -40,7 +40,7 @@ from datetime import date, timedelta
 from email import message_from_bytes
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import aio_pika
 import shop  # examples/shop.py (sys.path[0] when run as a script); the worker imports it as examples.shop
@@ -356,7 +356,9 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
     say(f"[2/6] fresh vhost {vhost!r}; topology/ applied: {len(applied.plan.creates)} objects created, "
         f"{len(queues)} of them queues (work queues urgent, batch, billing; retry tiers; quarantine)")  # fmt: skip
 
-    workdir = Path(tempfile.mkdtemp(prefix="amqpjobs-demo-"))
+    workdir = ROOT / ".demo" / quote(vhost, safe="")  # one per vhost: the next run starts over, as with the vhost
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
     db = workdir / "shop.sqlite3"
     log_path = workdir / "worker.log"
     sink = MailSink()
@@ -365,7 +367,8 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
     controller.start()
     worker: subprocess.Popen[bytes] | None = None
     try:
-        say(f"[3/6] SMTP mail sink listening on 127.0.0.1:{smtp_port} (receives the confirmation e-mails)")
+        say(f"[3/6] SMTP mail sink listening on 127.0.0.1:{smtp_port} (receives the confirmation e-mails); "
+            f"work folder {workdir.relative_to(ROOT)} (the shop's database, the worker's log)")  # fmt: skip
 
         exe = Path(sys.executable).with_name("amqpjobs")
         if not exe.exists():
