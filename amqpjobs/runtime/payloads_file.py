@@ -19,7 +19,9 @@ class FilePayloadStore(PayloadStore):
     Layout: ``<root>/data/<key>`` holds a payload (written to a temporary name, then renamed
     into place: a reader never sees half a file); ``<root>/done/<key>`` is its done mark,
     the time of the success as text (seconds since the epoch). See
-    :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments.
+    :mod:`amqpjobs.runtime.payloads` for the rules and the other arguments. Every file
+    operation runs in a thread (``asyncio.to_thread``): a slow shared mount stalls that
+    call, never the event loop with its other jobs and heartbeats.
 
     Args:
         root: The shared directory (created when missing), the same on every host. A relative
@@ -57,6 +59,9 @@ class FilePayloadStore(PayloadStore):
 
     async def open(self) -> None:
         """Create the directories when missing."""
+        await asyncio.to_thread(self._open)
+
+    def _open(self) -> None:
         self._data.mkdir(parents=True, exist_ok=True)
         self._done.mkdir(parents=True, exist_ok=True)
 
@@ -84,6 +89,9 @@ class FilePayloadStore(PayloadStore):
 
     async def mark_done(self, key: str, at: float) -> bool:
         """See :meth:`PayloadStore.mark_done`."""
+        return await asyncio.to_thread(self._mark_done, key, at)
+
+    def _mark_done(self, key: str, at: float) -> bool:
         if not (self._data / key).exists():
             return False
         (self._done / key).write_text(repr(at), encoding="ascii")
@@ -91,10 +99,13 @@ class FilePayloadStore(PayloadStore):
 
     async def unmark(self, key: str) -> None:
         """See :meth:`PayloadStore.unmark`."""
-        (self._done / key).unlink(missing_ok=True)
+        await asyncio.to_thread((self._done / key).unlink, missing_ok=True)
 
     async def remove(self, key: str) -> None:
         """See :meth:`PayloadStore.remove`: the payload first, then its mark."""
+        await asyncio.to_thread(self._remove, key)
+
+    def _remove(self, key: str) -> None:
         (self._data / key).unlink(missing_ok=True)
         (self._done / key).unlink(missing_ok=True)
 
