@@ -71,8 +71,49 @@ class JsonFormatter(logging.Formatter):
         if self._child is not None:
             doc["child"] = self._child
         if record.exc_info:
-            doc["exception"] = encodable(self.formatException(record.exc_info))
-        return json_safe(json.dumps(doc, ensure_ascii=False))
+            return _with_exception(doc, encodable(self.formatException(record.exc_info)))
+        return _json_line(doc)
+
+
+#: UTF-8 bytes a JSON line's ``exception`` keeps at least (the message is cut further to leave them).
+EXCEPTION_ROOM = 1024
+
+
+def _json_line(doc: dict[str, Any]) -> str:
+    return json_safe(json.dumps(doc, ensure_ascii=False))
+
+
+def _size(line: str) -> int:
+    return len(line.encode("utf-8", "backslashreplace")) + 1  # and its line break
+
+
+def _with_exception(doc: dict[str, Any], exception: str) -> str:
+    """The JSON line of ``doc`` with ``exception``, in at most :data:`ATOMIC_WRITE` bytes (its line break too).
+
+    ``consume --processes N`` children share stderr, where a longer write can interleave with
+    another child's. A traceback too long for what the line has left loses its middle (the
+    outer frames): its first line, then ``…[N characters of the traceback cut]``, then as many
+    of its last whole lines as fit (the innermost frames and what was raised).
+    """
+    doc["exception"] = exception
+    line = _json_line(doc)
+    if _size(line) <= ATOMIC_WRITE:
+        return line
+    doc["exception"] = ""
+    message = doc["message"]
+    while _size(_json_line(doc)) > ATOMIC_WRITE - EXCEPTION_ROOM and len(doc["message"]) > 40:
+        doc["message"] = cut(message, max(40, len(doc["message"]) * 4 // 5))  # long characters: it gives way
+    head, _, rest = exception.partition("\n")
+    tail = len(rest)
+    while True:
+        kept = rest[len(rest) - tail :]
+        if tail < len(rest) and "\n" in kept:
+            kept = kept[kept.index("\n") + 1 :]  # whole lines only
+        doc["exception"] = f"{head}\n  …[{len(rest) - len(kept)} characters of the traceback cut]\n{kept}"
+        line = _json_line(doc)
+        if _size(line) <= ATOMIC_WRITE or not kept:
+            return line
+        tail = min(len(kept) - 1, len(kept) * (ATOMIC_WRITE - 1) // _size(line))
 
 
 def _json_message(message: str) -> str:

@@ -124,3 +124,50 @@ def test_text_utf8_cant_encode_is_made_encodable_by_the_evidence_rule() -> None:
     doc = json.loads(JsonFormatter().format(rec).encode("utf-8"))
     assert doc["message"] == "job=fs-? failed"
     assert doc["exception"].endswith("ValueError: /data/?.csv")
+
+
+def _raised(depth: int, text: str) -> logging.LogRecord:
+    """A record carrying the traceback of a ValueError ending a chain of ``depth`` others (no repeat to fold)."""
+
+    def down(n: int) -> None:
+        if n == 0:
+            raise KeyError("the start of it")
+        try:
+            down(n - 1)
+        except LookupError as exc:
+            raise (ValueError(text) if n == depth else LookupError(f"level {n}")) from exc
+
+    try:
+        down(depth)
+    except ValueError:
+        rec = logging.LogRecord("amqpjobs.worker", logging.ERROR, __file__, 1, "job failed", None, sys.exc_info())
+    return rec
+
+
+@pytest.mark.parametrize("message", ["job failed", "日" * 2000, "\x01" * 3000], ids=["short", "cjk", "escapes"])
+def test_a_json_line_with_a_long_traceback_fits_one_pipe_write_and_keeps_both_ends(message: str) -> None:
+    """``consume --processes N`` children share stderr: a line over PIPE_BUF (4096 bytes) can interleave."""
+    rec = _raised(60, "the end of it")
+    rec.msg = message
+    line = JsonFormatter(child=3).format(rec)
+    assert len((line + "\n").encode("utf-8")) <= 4096
+    doc = json.loads(line)
+    exc = doc["exception"]
+    assert exc.startswith("Traceback (most recent call last):\n")
+    assert exc.endswith("ValueError: the end of it")  # what was raised stays
+    cut_here = re.search(r"\n  …\[(\d+) characters of the traceback cut\]\n", exc)
+    assert cut_here is not None, exc[:300]
+    whole = JsonFormatter().formatException(rec.exc_info)  # type: ignore[arg-type]
+    kept = len(exc) - len(cut_here.group(0)) + 1  # the marker replaces one line break
+    assert int(cut_here.group(1)) == len(whole) - kept
+    tail = exc[cut_here.end() :]
+    assert whole.endswith(tail)
+    assert whole[len(whole) - len(tail) - 1] == "\n"  # whole lines kept
+    room = 3000 if message == "job failed" else 900  # what the message left, or at least about EXCEPTION_ROOM
+    assert len(json.dumps(exc, ensure_ascii=False).encode()) >= room
+
+
+def test_a_json_line_with_a_short_traceback_is_whole() -> None:
+    rec = _raised(3, "boom")
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["exception"] == JsonFormatter().formatException(rec.exc_info)  # type: ignore[arg-type]
