@@ -56,6 +56,7 @@ from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, RetryLater
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import wait_later
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import breaker_queue_name
@@ -166,7 +167,7 @@ class Breakers:
         cut = self._machines[job].trusted(opened_at, until, self._clock())
         if cut != (opened_at, until):
             log.warning("breaker job=%s: the opening from %s says until %s (opened %s); cut to %s: a clock ahead of "
-                        "this one's, or a bad value (keep the hosts' clocks in step: NTP)", logfmt_value(job), source,
+                        "this one's, or a bad value (keep the hosts' clocks in step: NTP)", field_value(job), source,
                         _when(until), _when(opened_at), iso_utc(cut[1]))  # fmt: skip
         return cut
 
@@ -240,7 +241,7 @@ class Breakers:
         timeout = self._timeouts.get(job.name, job.timeout)
         timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, self._overdue, job, job_id)
         self._probing[job.name] = _Probe(job_id, lock, timer)
-        log.info("breaker job=%s probe: id=%s runs here (%s)", logfmt_value(job.name), logfmt_value(job_id),
+        log.info("breaker job=%s probe: id=%s runs here (%s)", field_value(job.name), field_value(job_id),
                  self.origin)  # fmt: skip
         return "start"
 
@@ -268,7 +269,7 @@ class Breakers:
         del self._probing[job.name]
         log.warning("breaker job=%s: the probe id=%s runs past its timeout of %gs: it failed; a plain function's "
                     "thread can't be interrupted, and its result, when it returns, closes and opens nothing",
-                    logfmt_value(job.name), logfmt_value(job_id),
+                    field_value(job.name), field_value(job_id),
                     self._timeouts.get(job.name, job.timeout or 0))  # fmt: skip
         self._spawn(self._probe_ended(job, self._machines[job.name], None, probe.lock))
 
@@ -282,7 +283,7 @@ class Breakers:
             if not lock.held:  # its connection dropped: the broker deleted the lock, another worker may probe now
                 log.warning("breaker job=%s: this worker lost its probe lock during the probe (its connection "
                             "dropped; another worker may have probed meanwhile): the probe's result, %s, closes and "
-                            "opens nothing; the next delivery probes", logfmt_value(job.name),
+                            "opens nothing; the next delivery probes", field_value(job.name),
                             outcome.kind if outcome is not None else "overdue")  # fmt: skip
             elif outcome is not None and outcome.ran and isinstance(outcome.decision, Ack | Duplicate):
                 self._apply(job.name, machine.closed(now))
@@ -296,7 +297,7 @@ class Breakers:
                 self._wire.send(job.queue, Notice("open", job.name, now, machine.until, self.origin).encode())
             else:
                 log.info("breaker job=%s: the probe ended %s, which says nothing; the next delivery probes",
-                         logfmt_value(job.name), outcome.kind)  # fmt: skip
+                         field_value(job.name), outcome.kind)  # fmt: skip
         finally:
             await lock.release()
 

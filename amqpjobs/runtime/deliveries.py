@@ -40,11 +40,11 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.retry import decide
-from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.fallback import ack, fall_back
 from amqpjobs.runtime.holding import Holding, pending_of
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
@@ -207,7 +207,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
         if not delivery.message_id:
-            log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, job_id)
+            log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, field_value(job_id))
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
         if job is None or job.queue != layout.name:
@@ -260,7 +260,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         if alone:
             log.warning(
                 "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
-                "alone on %s pid %d", logfmt_value(job.name), logfmt_value(job_id), screening.start,
+                "alone on %s pid %d", field_value(job.name), field_value(job_id), screening.start,
                 layout.max_redeliveries + 1, self._host, self._pid,
             )  # fmt: skip
             return await self._start(*run, ordinary=False, task=task)
@@ -285,7 +285,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         if copied and delivery.channel_closed:
             # the broker has already put it back (redelivered): a copy now would only be a duplicate
             log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
-                        v.job_id, v.decision)  # fmt: skip
+                        field_value(v.job_id), v.decision)  # fmt: skip
             return False
         if copied:
             try:

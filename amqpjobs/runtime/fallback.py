@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.runtime.holding import Holding, needs_of
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
 from amqpjobs.wire.acks import DeliveryChannelClosed
@@ -46,7 +47,9 @@ async def ack(delivery: Received, job_id: str, copied: bool = True) -> bool:
             if copied
             else "no copy was made: it is handled again, unless its queue was deleted"
         )
-        log.warning("job %s: its channel closed before the ack; the broker redelivers it (%s)", job_id, what)
+        log.warning(
+            "job %s: its channel closed before the ack; the broker redelivers it (%s)", field_value(job_id), what
+        )
         return False
     return True
 
@@ -87,11 +90,11 @@ async def fall_back(
         await delivery.reject()
     except DeliveryChannelClosed:
         log.warning("job %s: its copy can't be published (%s) and the channel is gone: the broker redelivers",
-                    job_id, error)  # fmt: skip
+                    field_value(job_id), error)  # fmt: skip
         return False
     log.error(
         "job %s: the copy for %s can never be published (%s); rejected the delivery of %s once, so the broker "
-        "dead-letters it into %s as it is, with x-death reason 'rejected'", job_id, decision, error,
+        "dead-letters it into %s as it is, with x-death reason 'rejected'", field_value(job_id), decision, error,
         delivery.queue, layout.quarantine_queue,
     )  # fmt: skip
     outcome.decision, outcome.rejected = Quarantine(REJECTED), True

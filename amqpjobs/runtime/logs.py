@@ -8,9 +8,9 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
-from amqpjobs.printable import json_safe, printable, printable_block
+from amqpjobs.printable import json_safe, logfmt_value, printable, printable_block
 from amqpjobs.text import encodable
 
 #: Characters a log line keeps (the record's line, each line of a traceback; a JSON line's
@@ -29,6 +29,22 @@ def cut(line: str, most: int = MAX_LINE) -> str:
         return line
     kept = line[: most - 30].rstrip("\\")  # room for the marker (N has at most 19 digits)
     return f"{kept}…[{len(line) - len(kept)} more characters]"
+
+
+#: Characters (escaped, quoted) of a job name or id a log line keeps, and of an outcome's error:
+#: another publisher's name or id can be of any length, and what the line says after it (an
+#: outcome line's attempt, outcome and reason; a warning's what-happens-now) must still fit in
+#: :data:`MAX_LINE`.
+MAX_FIELD: Final = 200
+MAX_ERROR_FIELD: Final = 300
+
+
+def field_value(value: str, most: int = MAX_FIELD) -> str:
+    """``value`` as a logfmt value (:func:`~amqpjobs.printable.logfmt_value`) of at most ``most`` characters.
+
+    How every log line names a job or a job id (a test checks each logging call in ``amqpjobs/``).
+    """
+    return fit(value, most, logfmt_value)[1]
 
 
 def fit(value: str, most: int, render: Callable[[str], str]) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.registry import JobContext
-from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.text import as_text
 from amqpjobs.wire.abc import TickWire
 
@@ -97,7 +97,7 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
             return await handler(payload, ctx)
         if name in held:
             log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
-                     logfmt_value(ctx.job), logfmt_value(ctx.job_id), name)  # fmt: skip
+                     field_value(ctx.job), field_value(ctx.job_id), name)  # fmt: skip
             return None
         held.add(name)
         try:
@@ -105,7 +105,7 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
             marker = _Marker(wire, connection, cron.running_queue(app.name, name))
             if not await marker.acquire():
                 log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
-                         logfmt_value(ctx.job), logfmt_value(ctx.job_id), name)  # fmt: skip
+                         field_value(ctx.job), field_value(ctx.job_id), name)  # fmt: skip
                 return None
             try:
                 return await handler(payload, ctx)

@@ -53,6 +53,7 @@ from amqpjobs.jobs.rate import (
     tick_time,
 )
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.rate_rooms import Room, RoomSource, TokenGate
 from amqpjobs.runtime.token_emitter import TokenEmitter
 from amqpjobs.topology.declarations import Declarations
@@ -141,7 +142,7 @@ class RateLimits:
                 return
             await declare_rate_queues(self._connection, room.declarations, self._settings.safe_url)
         log.warning("job=%s: rate queue(s) %s missing (%s; deleted by hand?): this worker declared it again",
-                    logfmt_value(room.job), ", ".join(sorted(missing)), found)  # fmt: skip
+                    field_value(room.job), ", ".join(sorted(missing)), found)  # fmt: skip
 
     async def divert(self, layout: JobQueueLayout, delivery: Received) -> bool:
         """Move a rate-limited job's delivery from its work queue into its waiting room; True once moved.
@@ -171,7 +172,7 @@ class RateLimits:
             why = f"waiting room missing, declaring it failed: {exc}" if isinstance(exc, UnroutableError) else exc
             log.warning(
                 "job=%s id=%s: moving it to waiting room %s failed (%s); it waits for its token in its slot",
-                logfmt_value(room.job), logfmt_value(job_id), room.names.waiting, why,
+                field_value(room.job), field_value(job_id), room.names.waiting, why,
             )  # fmt: skip
             await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
             return False
@@ -179,7 +180,7 @@ class RateLimits:
             await delivery.ack(at_once=True)  # its copy is confirmed (README "When a job crashes")
         except DeliveryChannelClosed:
             log.warning("job %s: its channel closed before the ack; the broker redelivers it (a duplicate of the "
-                        "copy in waiting room %s)", job_id, room.names.waiting)  # fmt: skip
+                        "copy in waiting room %s)", field_value(job_id), room.names.waiting)  # fmt: skip
         return True
 
     def admit(self, delivery: Delivery) -> Room:
@@ -253,7 +254,7 @@ class RateLimits:
         await self._publisher.publish("", layout.suspects_queue, delivery.copy(delivery.headers, job_id))
         await delivery.ack(at_once=True)
         log.info("job=%s id=%s: no token came for this suspect in its turn; it waits in %s for a later one",
-                 logfmt_value(room.job), logfmt_value(job_id), layout.suspects_queue)  # fmt: skip
+                 field_value(room.job), field_value(job_id), layout.suspects_queue)  # fmt: skip
         now, lead = time.time(), min(SUSPECT_LEAD, rate.interval / 2)
         due = tick_time(rate, first_tick(rate, now + lead)) - lead - now
         return max(1.0, min(due, SUSPECT_LOOK_MAX))

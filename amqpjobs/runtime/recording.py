@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from amqpjobs.durations import format_duration
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater, reported
 from amqpjobs.printable import logfmt_value
-from amqpjobs.runtime.logs import fit
+from amqpjobs.runtime.logs import MAX_ERROR_FIELD, field_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -41,22 +41,10 @@ _UNACKED = {
 CLAIM_BUSY_LINE_EVERY: Final = 10.0
 
 
-#: Characters (escaped, quoted) of a job name or id an outcome line keeps, and of its error:
-#: another publisher's name or id can be of any length, and the line's later fields (attempt,
-#: outcome, reason) must still fit in it (:data:`~amqpjobs.runtime.logs.MAX_LINE`).
-MAX_FIELD: Final = 200
-MAX_ERROR_FIELD: Final = 300
-
-
-def _field(value: str, most: int = MAX_FIELD) -> str:
-    """``value`` as a logfmt value (:func:`logfmt_value`) of at most ``most`` characters (:func:`fit`)."""
-    return fit(value, most, logfmt_value)[1]
-
-
 @functools.lru_cache(maxsize=256)
 def _name_text(name: str) -> str:
-    """A job name as its outcome line writes it (:func:`_field`): the same few names, worded once."""
-    return _field(name)
+    """A job name as its outcome line writes it (:func:`field_value`): the same few names, worded once."""
+    return field_value(name)
 
 
 @dataclass
@@ -143,11 +131,11 @@ class OutcomeRecords:
             elif isinstance(d, Quarantine):
                 extra = f" reason={logfmt_value(d.reason)}"
             if outcome.error:
-                extra += f" error={_field(outcome.error, MAX_ERROR_FIELD)}"
+                extra += f" error={field_value(outcome.error, MAX_ERROR_FIELD)}"
             extra += paced
             log.info(
                 "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",
-                _name_text(outcome.job or "?"), _field(outcome.job_id), outcome.attempt, outcome.duration,
+                _name_text(outcome.job or "?"), field_value(outcome.job_id), outcome.attempt, outcome.duration,
                 kind, extra, "" if outcome.acked else _UNACKED[outcome.rejected],
             )  # fmt: skip
         if self._on_outcome is not None:

@@ -32,7 +32,8 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
-from amqpjobs.printable import logfmt_value, printable
+from amqpjobs.printable import printable
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
@@ -255,7 +256,7 @@ class ResultsWriter:
         if record is None:
             return
         if record.value_note:
-            log.warning("job=%s id=%s: return value %s", logfmt_value(v.job), logfmt_value(v.job_id), record.value_note)
+            log.warning("job=%s id=%s: return value %s", field_value(v.job), field_value(v.job_id), record.value_note)
         self.note(record)
 
     def note(self, record: StateRecord) -> None:

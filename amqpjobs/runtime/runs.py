@@ -30,6 +30,7 @@ from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
@@ -128,7 +129,8 @@ class HandlerRuns:
                 claim = await self._claim(owed, job_id, owner, lease, ordinary)
             except Exception as exc:  # the ledger is down: try again later, without using an attempt
                 if not isinstance(exc, LedgerUnavailableError):  # an outage is logged by the ledger, once
-                    log.error("job %s id %s: idempotency ledger failed (%s); retrying later", job.name, job_id, exc)
+                    log.error("job %s id %s: idempotency ledger failed (%s); retrying later",
+                              field_value(job.name), field_value(job_id), exc)  # fmt: skip
                 later = wait_later(attempt, layout.tiers)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=(qualname(exc), message_of(exc), ""))  # fmt: skip
@@ -341,6 +343,6 @@ class HandlerRuns:
                 log.warning(
                     "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
                     "cancelled, so the worker waits for it and judges it by its result",
-                    job.name, ctx.job_id, limit,
+                    field_value(job.name), field_value(ctx.job_id), limit,
                 )  # fmt: skip
         return await future

@@ -27,7 +27,7 @@ from collections import deque
 from types import FrameType
 from typing import Any
 
-from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -116,7 +116,7 @@ class StallWatch:
                 "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
                 "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
                 "thread) or move the blocking call into `await asyncio.to_thread(...)`",
-                logfmt_value(job), logfmt_value(job_id), blocked,
+                field_value(job), field_value(job_id), blocked,
             )  # fmt: skip
 
     def _watch(self) -> None:

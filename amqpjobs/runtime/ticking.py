@@ -21,6 +21,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.tick_events import TickEvent
 from amqpjobs.runtime.tick_store import read_tick_record
@@ -371,7 +372,7 @@ class TickFiring:
             extra = f" missed={window}" if event.why is None else f" waited={window} why={event.why}"
         log.info(
             "schedule=%s tick=%s id=%s outcome=%s%s",
-            logfmt_value(event.schedule), cron.format_tick(event.tick), logfmt_value(event.job_id or "-"), event.kind,
+            logfmt_value(event.schedule), cron.format_tick(event.tick), field_value(event.job_id or "-"), event.kind,
             extra,
         )  # fmt: skip
         if self._on_event is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from amqpjobs.errors import AmqpJobsError, BusyError
 from amqpjobs.jobs.rate import first_tick, next_tick, tick_time, token_expiration
 from amqpjobs.printable import logfmt_value
+from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.rate_rooms import Room
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.lock import LockHolder, exclusive_lock, lock_holder
@@ -82,21 +83,21 @@ class TokenEmitter:
                 async with exclusive_lock(
                     self._publishing, self._settings, room.names.emitter, holder, what, look_up=False
                 ) as lock:
-                    log.info("job=%s: this worker (pid %d on %s) now mints its tokens, %s", logfmt_value(room.job),
+                    log.info("job=%s: this worker (pid %d on %s) now mints its tokens, %s", field_value(room.job),
                              self._pid, self._host, room.rate)  # fmt: skip
                     await self._mint(room, lambda: lock.held)
                     if not self._stop.is_set():
                         log.warning("job=%s: stopped minting its tokens (connection lost); another worker takes over",
-                                    logfmt_value(room.job))  # fmt: skip
+                                    field_value(room.job))  # fmt: skip
             except BusyError:  # another process mints them: at our rate? (looked at now and then)
                 if time.monotonic() >= room.look_at_minter:
                     room.look_at_minter = time.monotonic() + MINTER_LOOK_EVERY
                     await self._compare_rates(room)
             except AmqpJobsError as exc:
-                log.debug("job %s: emitter lock not taken (%s)", room.job, exc)
+                log.debug("job %s: emitter lock not taken (%s)", field_value(room.job), exc)
             except Exception as exc:  # one failure unforeseen here must not end the job's minting for good
                 log.warning("job=%s: trying its emitter lock failed (%s: %s); trying again in %gs",
-                            logfmt_value(room.job), type(exc).__name__, exc, TAKEOVER_EVERY, exc_info=True)  # fmt: skip
+                            field_value(room.job), type(exc).__name__, exc, TAKEOVER_EVERY, exc_info=True)  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), TAKEOVER_EVERY)
 
@@ -113,7 +114,7 @@ class TokenEmitter:
         room.minters_warned.add(holder)
         log.warning(
             "job=%s: its tokens are minted at %s by %s, not at this worker's %s: the minter's rate applies until "
-            "another worker takes over minting (README \"Rate limits\": changing a rate)", logfmt_value(room.job),
+            "another worker takes over minting (README \"Rate limits\": changing a rate)", field_value(room.job),
             logfmt_value(theirs), holder, room.rate,
         )  # fmt: skip
 
@@ -141,7 +142,7 @@ class TokenEmitter:
                         minted.inc()
                 k = next_tick(rate, k, time.time())
         except AmqpJobsError as exc:
-            log.warning("job=%s: minting tokens failed (%s)", logfmt_value(room.job), exc)
+            log.warning("job=%s: minting tokens failed (%s)", field_value(room.job), exc)
         finally:
             if gauge is not None:
                 gauge.set(0)
