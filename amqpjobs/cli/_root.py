@@ -30,7 +30,7 @@ def release_held_signals_unless(*long_running: str) -> None:
 
     The console script holds SIGTERM and SIGINT while the CLI loads
     (:mod:`amqpjobs.runtime.held_signals`); a long-running command (``consume``, ``schedule
-    run``) takes them over when its loop's handlers are in place, every other command gets
+    run``) exits 0 on one until its loop's handlers are in place, every other command gets
     Python's handling back here. A signal held meanwhile then ends the command as it would
     have: SIGTERM kills the process, Ctrl-C exits 130 with "interrupted".
     """

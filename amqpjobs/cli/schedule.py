@@ -16,6 +16,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule, format_tick
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import listed, logfmt_value
+from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.processes import run_scheduler
@@ -44,6 +45,7 @@ def schedule_run(
     """
     names = None if schedules is None else tuple(n.strip() for n in schedules.split(",") if n.strip())
     configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
+    held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     app = load_app(app_ref)
     if names == ():
         raise ConfigurationError(

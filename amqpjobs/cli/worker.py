@@ -21,6 +21,7 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._root import main
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
+from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
@@ -114,6 +115,7 @@ def consume(
     count = process_count(processes, usable_cpus())
     level = logging.DEBUG if verbose() else logging.INFO
     configure_logging(level, json_lines=log_json)
+    held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     broker = settings(url, management_url)
     factory = loop_factory(loop)
     if count > 1:

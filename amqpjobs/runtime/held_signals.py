@@ -1,73 +1,94 @@
-"""SIGTERM and SIGINT held from a process's first moment until its event loop's handlers take over.
+"""SIGTERM and SIGINT from a process's first moment until its event loop's handlers take over.
 
 ``amqpjobs consume`` and ``amqpjobs schedule run`` import the CLI (aio-pika, pydantic, ...:
 0.5 s on a quiet machine, over 1 s under load), then the app's module (as long as its code
-takes), before :func:`amqpjobs.runtime.signals.stop_on_signals` (or the ``--processes``
-supervisor) puts its loop's handlers in place. Python's own handling would end a SIGTERM
-there with no line (exit by the signal), and a SIGINT with a ``KeyboardInterrupt`` traceback,
-where the README promises a stop with exit 0 "also while it is still starting".
+takes, maybe forever: a database that does not answer), before
+:func:`amqpjobs.runtime.signals.stop_on_signals` (or the ``--processes`` supervisor) puts its
+loop's handlers in place. Python's own handling would end a SIGTERM there with no line (exit
+by the signal) and a SIGINT with a ``KeyboardInterrupt`` traceback, where the README promises
+a stop with exit 0 "also while it is still starting".
 
 The console script (:mod:`amqpjobs.__main__`) calls :func:`hold` before it imports anything
-else; a signal is then noted, not acted on. Later, one of two:
+else: a signal is noted, not acted on, while the command is not known yet. Then one of two:
 
-- :func:`take`, once the loop's handlers are in place: the held signal is handed over, and the
-  caller acts on it as on one that came then (a worker starts already stopping);
-- :func:`release`, for every other command: Python's handling is back, and the held signal, if
-  any, is returned for the caller to raise (it ends the command as it would have).
+- :func:`release`, for a one-shot command: the handlers from before are back, and the held
+  signal, if any, is returned for the caller to raise (it ends the command as it would have);
+- :func:`exit_on_signal`, for a long-running one once its logging is set up: until :func:`end`
+  (its loop's handlers are in place), a signal, or the one held, ends the process at once with
+  exit 0 and a line. Nothing was taken from the broker yet, so there is nothing to drain.
 
-A second signal while held exits at once with ``128 + signal``, as a second signal does once
-the loop runs. Nothing is held in a process that never called :func:`hold` (a ``Worker`` in
-your own program, a ``--processes`` child): :func:`take` then returns ``()``.
+A second signal exits at once with ``128 + signal`` (the first one's exit was caught, or it is
+still held), as a second signal does once the loop runs. A process that never called
+:func:`hold` (a ``Worker`` in your own program, a ``--processes`` child) is not affected.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
+
+log = logging.getLogger("amqpjobs.signals")
 
 #: The signals held.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+_mode: Literal["off", "hold", "exit"] = "off"
 _held: list[int] = []
-_holding = False
+_exiting = False  # a first signal's exit is under way
 _previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}  # the handlers before hold()
 
 
 def hold() -> None:
     """Hold SIGTERM and SIGINT from now on (the main thread only: elsewhere this does nothing)."""
-    global _holding
+    global _mode, _exiting
     if threading.current_thread() is not threading.main_thread():
         return
     _held.clear()
-    _holding = True
+    _mode, _exiting = "hold", False
     for sig in SIGNALS:
-        _previous[sig] = signal.signal(sig, _note)
+        _previous[sig] = signal.signal(sig, _on_signal)
 
 
-def _note(signum: int, frame: FrameType | None) -> None:
-    if _held:  # a second one: no loop runs yet to stop gracefully, nothing was taken from the broker
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _held or _exiting:  # a second one: nothing was taken from the broker, nothing to wait for
         os.write(2, f"second signal {signum} while starting: exiting now\n".encode())
         os._exit(128 + signum)
+    if _mode == "exit":
+        _exit_now(signum)
     _held.append(signum)
 
 
-def take() -> tuple[int, ...]:
-    """Stop holding; the signal held, if any (``()`` or one signal number).
+def _exit_now(signum: int) -> None:
+    global _exiting
+    _exiting = True
+    log.info("signal %d while starting: exiting (nothing was taken from the broker yet)", signum)
+    raise SystemExit(0)
 
-    Call it once your own handlers replaced ours (``loop.add_signal_handler`` for both
-    signals): a signal between the two would otherwise be lost.
+
+def exit_on_signal() -> None:
+    """From now until :func:`end`, a signal ends the process at once: ``SystemExit(0)``, after an INFO line.
+
+    Raises:
+        SystemExit: with code 0, at once when a signal is held already, else from the
+            signal's handler (wherever the main thread is then: importing the app, connecting).
     """
-    global _holding
-    if not _holding:
-        return ()
-    _holding = False
-    taken = tuple(_held)
-    _held.clear()
-    return taken
+    global _mode
+    if _mode != "hold":
+        return
+    _mode = "exit"
+    if _held:
+        _exit_now(_held.pop())
+
+
+def end() -> None:
+    """Stop; call it once your own handlers replaced ours (``loop.add_signal_handler`` for both signals)."""
+    global _mode
+    _mode = "off"
 
 
 def release() -> int | None:
@@ -76,10 +97,10 @@ def release() -> int | None:
     ``signal.raise_signal`` of it ends the process as it would have ended (by SIGTERM; a
     ``KeyboardInterrupt`` for SIGINT).
     """
-    global _holding
-    if not _holding:
+    global _mode
+    if _mode != "hold":
         return None
-    _holding = False
+    _mode = "off"
     for sig, handler in _previous.items():
         signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     return _held.pop() if _held else None

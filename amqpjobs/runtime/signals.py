@@ -19,9 +19,8 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
     """Within the block, the first SIGTERM/SIGINT calls ``request_stop``; a second exits at once.
 
     The immediate exit uses ``os._exit(128 + signum)``: unacked deliveries return to their
-    queues by themselves (the broker requeues them when the connection drops). A signal held
-    since the process started (:mod:`amqpjobs.runtime.held_signals`: the console script holds
-    them while the CLI and the app load) counts as one that comes at the loop's next turn.
+    queues by themselves (the broker requeues them when the connection drops). Before, from
+    the console script's first moment, :mod:`amqpjobs.runtime.held_signals` answers them.
 
     Args:
         request_stop: Starts a graceful stop (must not block).
@@ -42,8 +41,7 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    for signum in held_signals.take():
-        loop.call_soon(on_signal, signum)
+    held_signals.end()
     try:
         yield
     finally:

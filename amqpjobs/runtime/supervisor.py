@@ -176,8 +176,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        for signum in held_signals.take():  # one since the process started: no child is started then
-            loop.call_soon(self._on_signal, signum)
+        held_signals.end()  # from here on a signal stops the children (before: the process exits, none started)
         try:
             codes = await asyncio.gather(*(self._keep(slot) for slot in self._slots))
         finally:

@@ -6,11 +6,13 @@ tested against the broker in tests/integration/test_signals_at_start.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +22,11 @@ from amqpjobs.runtime import held_signals
 pytestmark = pytest.mark.version_independent
 
 
+def _signal_self(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(1)  # a handler runs as soon as this thread runs Python again: it raises here
+
+
 @pytest.fixture
 def handlers_kept() -> Iterator[None]:
     """The test's own process: whatever a test leaves held is released, the handlers put back."""
@@ -27,56 +34,76 @@ def handlers_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        held_signals.release()
+        held_signals.end()
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
 
-def test_a_held_signal_is_noted_not_acted_on_and_taken_once(handlers_kept: None) -> None:
-    held_signals.hold()
-    os.kill(os.getpid(), signal.SIGTERM)  # the default would end this process
-    assert held_signals.take() == (signal.SIGTERM,)
-    assert held_signals.take() == ()  # handed over once
-    assert held_signals.release() is None  # no longer held: nothing to put back
-
-
-def test_release_puts_the_handlers_from_before_back_and_returns_the_held_signal(handlers_kept: None) -> None:
+def test_a_held_signal_is_noted_then_released_with_the_handlers_from_before(handlers_kept: None) -> None:
     before = {sig: signal.getsignal(sig) for sig in held_signals.SIGNALS}
     held_signals.hold()
     assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
     os.kill(os.getpid(), signal.SIGINT)  # Python's handler would raise KeyboardInterrupt here
     assert held_signals.release() == signal.SIGINT
     assert {sig: signal.getsignal(sig) for sig in held_signals.SIGNALS} == before
-    assert held_signals.take() == ()
+    assert held_signals.release() is None  # released once
 
 
-def test_nothing_is_held_without_hold_or_off_the_main_thread(handlers_kept: None) -> None:
+def test_exit_on_signal_exits_0_at_once_for_the_held_signal(
+    handlers_kept: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    held_signals.hold()
+    os.kill(os.getpid(), signal.SIGTERM)  # the default would end this process
+    with caplog.at_level(logging.INFO, logger="amqpjobs.signals"), pytest.raises(SystemExit) as exited:
+        held_signals.exit_on_signal()
+    assert exited.value.code == 0
+    assert caplog.messages == ["signal 15 while starting: exiting (nothing was taken from the broker yet)"]
+
+
+def test_exit_on_signal_makes_the_next_signal_exit_0_until_end(
+    handlers_kept: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    held_signals.hold()
+    held_signals.exit_on_signal()  # nothing held: returns
+    with caplog.at_level(logging.INFO, logger="amqpjobs.signals"), pytest.raises(SystemExit) as exited:
+        _signal_self(signal.SIGINT)
+    assert exited.value.code == 0
+    assert caplog.messages == ["signal 2 while starting: exiting (nothing was taken from the broker yet)"]
+    held_signals.hold()
+    held_signals.exit_on_signal()
+    held_signals.end()  # the loop's handlers took over: ours does nothing any more
+    assert held_signals.release() is None
+
+
+def test_nothing_is_held_off_the_main_thread(handlers_kept: None) -> None:
     before = {sig: signal.getsignal(sig) for sig in held_signals.SIGNALS}
-    assert (held_signals.take(), held_signals.release()) == ((), None)
     thread = threading.Thread(target=held_signals.hold)
     thread.start()
     thread.join()
     assert {sig: signal.getsignal(sig) for sig in held_signals.SIGNALS} == before
-    assert held_signals.take() == ()
+    assert held_signals.release() is None
 
 
-def test_a_second_signal_while_held_exits_at_once_with_128_plus_it() -> None:
+@pytest.mark.parametrize("exit_mode", [False, True], ids=["held", "exit-caught"])
+def test_a_second_signal_while_starting_exits_at_once_with_128_plus_it(exit_mode: bool) -> None:
     code = (
         "import os, signal, time\n"
         "from amqpjobs.runtime import held_signals\n"
         "held_signals.hold()\n"
-        "os.kill(os.getpid(), signal.SIGTERM)\n"
-        "print('first held', flush=True)\n"
+        f"if {exit_mode}: held_signals.exit_on_signal()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.1)\n"
+        "except SystemExit:\n"
+        "    pass  # an app that swallows it\n"
+        "print('first', flush=True)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "time.sleep(5)\n"
         "print('not reached')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert (done.returncode, done.stdout, done.stderr) == (
-        130,
-        "first held\n",
-        "second signal 2 while starting: exiting now\n",
-    )
+    assert (done.returncode, done.stdout) == (130, "first\n")
+    assert done.stderr.endswith("second signal 2 while starting: exiting now\n")
 
 
 def test_the_console_script_imports_only_the_hold_before_it_holds() -> None:
