@@ -7,12 +7,10 @@ slow imports (:mod:`amqpjobs.__main__`), and an app without a payload store neve
 
 from __future__ import annotations
 
-import importlib as _importlib
-import typing as _typing
-
 from amqpjobs._version import __version__
 
-if _typing.TYPE_CHECKING:
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's idiom without importing typing (the console script's start)
+if TYPE_CHECKING:
     from amqpjobs.durations import format_duration, parse_duration
     from amqpjobs.errors import (
         AmqpJobsError,
@@ -138,15 +136,20 @@ _HOMES: dict[str, str] = {
 }
 
 
-if not _typing.TYPE_CHECKING:  # type checkers see the imports above: a misspelt name stays an error there
+if not TYPE_CHECKING:  # type checkers see the imports above: a misspelt name stays an error there
 
-    def __getattr__(name: str) -> _typing.Any:
+    def __getattr__(name: str) -> object:
         home = _HOMES.get(name)
         if home is None:
             raise AttributeError(f"module 'amqpjobs' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(home), name)
+        import importlib  # here: the console script's start imports nothing it can leave out
+
+        value = getattr(importlib.import_module(home), name)
         globals()[name] = value  # the next use is a plain global
         return value
+
+
+del TYPE_CHECKING
 
 
 def __dir__() -> list[str]:

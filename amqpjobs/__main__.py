@@ -14,8 +14,12 @@ def main() -> None:
     """Hold the signals, import the CLI, run it (click exits the process with the command's code)."""
     held_signals.hold()
     from amqpjobs.cli import main as cli
+    from amqpjobs.cli._root import release_held_signals
 
-    cli()
+    try:
+        cli()
+    finally:  # what never reached a command (--help, a usage error) still ends by a signal held meanwhile
+        release_held_signals()
 
 
 if __name__ == "__main__":

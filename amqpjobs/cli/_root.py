@@ -34,8 +34,19 @@ def release_held_signals_unless(*long_running: str) -> None:
     Python's handling back here. A signal held meanwhile then ends the command as it would
     have: SIGTERM kills the process, Ctrl-C exits 130 with "interrupted".
     """
-    if click.get_current_context().invoked_subcommand in long_running:
-        return
+    if click.get_current_context().invoked_subcommand not in long_running:
+        release_held_signals()
+
+
+def release_held_signals() -> None:
+    """End the signals' hold (when not ended yet) and act on the one held: see :func:`release_held_signals_unless`.
+
+    The console script calls it once the CLI returns too, for what never reached a command
+    (``--help``, ``--version``, a usage error).
+
+    Raises:
+        SystemExit: 130 for a held SIGINT. A held SIGTERM ends the process by that signal.
+    """
     held = held_signals.release()
     if held == signal.SIGINT:
         click.echo("interrupted", err=True)

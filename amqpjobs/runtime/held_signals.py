@@ -24,15 +24,15 @@ still held), as a second signal does once the loop runs. A process that never ca
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import threading
-from collections.abc import Callable
-from types import FrameType
-from typing import Any, Literal
+import sys
 
-log = logging.getLogger("amqpjobs.signals")
+TYPE_CHECKING = False  # typing's idiom without importing typing: this module is the console script's first
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+    from typing import Any, Literal
 
 #: The signals held.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -40,23 +40,44 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _mode: Literal["off", "hold", "exit"] = "off"
 _held: list[int] = []
 _exiting = False  # a first signal's exit is under way
-_previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}  # the handlers before hold()
+_previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}  # the handlers hold() replaced
 
 
 def hold() -> None:
-    """Hold SIGTERM and SIGINT from now on (the main thread only: elsewhere this does nothing)."""
+    """Hold SIGTERM and SIGINT from now on.
+
+    A signal ignored when the process started (``SIG_IGN``: SIGINT for a job a
+    non-interactive shell put in the background, ``nohup``) stays ignored. Off the main
+    thread (where no handler can be set) this does nothing.
+    """
     global _mode, _exiting
-    if threading.current_thread() is not threading.main_thread():
-        return
     _held.clear()
+    _previous.clear()
     _mode, _exiting = "hold", False
     for sig in SIGNALS:
-        _previous[sig] = signal.signal(sig, _on_signal)
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        try:
+            _previous[sig] = signal.signal(sig, _on_signal)
+        except ValueError:  # not the main thread
+            _mode = "off"
+            return
+
+
+def _say(line: str) -> None:
+    """Write ``line`` to stderr as our log lines go, when logging is set up (exit mode), else plainly."""
+    if _mode == "exit" and (logging := sys.modules.get("logging")) is not None:
+        logging.getLogger("amqpjobs.signals").warning("%s", line)
+        return
+    try:  # noqa: SIM105  (contextlib is one import more before the hold)
+        os.write(2, f"{line}\n".encode())
+    except OSError:  # stderr closed or full: the exit still comes
+        pass
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _held or _exiting:  # a second one: nothing was taken from the broker, nothing to wait for
-        os.write(2, f"second signal {signum} while starting: exiting now\n".encode())
+        _say(f"second signal {signum} while starting: exiting now")
         os._exit(128 + signum)
     if _mode == "exit":
         _exit_now(signum)
@@ -66,7 +87,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def _exit_now(signum: int) -> None:
     global _exiting
     _exiting = True
-    log.info("signal %d while starting: exiting (nothing was taken from the broker yet)", signum)
+    logging = sys.modules.get("logging")  # set up by then (exit_on_signal comes after the command's logging)
+    if logging is not None:
+        logging.getLogger("amqpjobs.signals").info(
+            "signal %d while starting: exiting (nothing was taken from the broker yet)", signum
+        )
     raise SystemExit(0)
 
 
@@ -104,3 +129,6 @@ def release() -> int | None:
     for sig, handler in _previous.items():
         signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     return _held.pop() if _held else None
+
+
+del TYPE_CHECKING

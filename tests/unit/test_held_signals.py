@@ -117,3 +117,26 @@ def test_the_console_script_imports_only_the_hold_before_it_holds() -> None:
     assert done.stdout.strip() == str(
         ["amqpjobs", "amqpjobs.__main__", "amqpjobs._version", "amqpjobs.runtime", "amqpjobs.runtime.held_signals"]
     )
+
+
+def test_a_signal_ignored_from_the_start_stays_ignored(handlers_kept: None) -> None:
+    """``cmd &`` in a non-interactive shell starts with SIGINT ignored: holding must not make it count."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held_signals.hold()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGINT)
+    assert held_signals.release() is None
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_second_signal_exits_128_plus_it_also_with_stderr_closed() -> None:
+    code = (
+        "import os, signal, time\n"
+        "from amqpjobs.runtime import held_signals\n"
+        "held_signals.hold()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(5)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=30, preexec_fn=lambda: os.close(2))
+    assert done.returncode == 143
