@@ -303,9 +303,12 @@ class Scheduler(TickFiring):
         Raises:
             The errors of :meth:`start`.
         """
-        if await start_unless_stopped(self.start(), self._stop):
+        started = await start_unless_stopped(self.start(), self._stop)
+        if started:
             await self._stop.wait()
         await self.shutdown()
+        if not started:
+            log.info("scheduler replica %s stopped while starting; exit 0", self.replica)
         return 0
 
     async def shutdown(self, grace: float = 10.0) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 from amqpjobs.runtime import held_signals
 
@@ -47,6 +48,24 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if seen:
+            exit_at_once_on_signals()
+
+
+def exit_at_once_on_signals() -> None:
+    """From now on SIGTERM or SIGINT exits at once (``128 + signal``): it is a second signal.
+
+    For what a process still does after its stop's loop handlers are gone (closing the app,
+    the loop's thread pool waiting for a management API request), so that a second signal
+    there still ends it as the README says (143 or 130), not by Python's default handling.
+    """
+
+    def second(signum: int, frame: FrameType | None) -> None:
+        log.warning("second signal %d: exiting now", signum)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, second)
 
 
 def sigint_raises() -> bool:

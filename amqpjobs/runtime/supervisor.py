@@ -56,6 +56,7 @@ from amqpjobs.errors import (
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
+from amqpjobs.runtime.signals import exit_at_once_on_signals
 
 log = logging.getLogger("amqpjobs.supervisor")
 
@@ -182,6 +183,8 @@ class Supervisor:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            if self._signals:
+                exit_at_once_on_signals()
             if server is not None:
                 server.stop()
             if self._metrics_dir is not None:

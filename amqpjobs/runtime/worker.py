@@ -359,7 +359,8 @@ class Worker(WorkerStop):
             0 when every in-flight handler finished and was acked within the grace period,
             1 when some had to be abandoned (their deliveries return to the queue).
 
-        A stop requested while still connecting abandons the start (exit code 0).
+        A stop requested while still starting (connecting, declaring, checking) gives the
+        start up: ``worker stopped while starting: no delivery was taken; exit 0``.
 
         Raises:
             The errors of :meth:`start`; what was opened is closed first.
@@ -371,7 +372,9 @@ class Worker(WorkerStop):
             await self.shutdown(own_process=own_process)
             raise
         if not started:
-            await self.shutdown(own_process=own_process)
-            return 0
+            code = await self.shutdown(own_process=own_process)
+            if not self.took_deliveries:  # else the stop's own lines said it
+                log.info("worker stopped while starting: no delivery was taken; exit %d", code)
+            return code
         await self._stop.wait()
         return await self.shutdown(own_process=own_process)

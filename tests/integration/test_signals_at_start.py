@@ -185,3 +185,36 @@ async def test_schedule_run_signalled_while_still_connecting_gives_the_start_up_
     assert took < 3, took
     assert "signal 15: handing leadership over and stopping" in ours
     assert "Traceback" not in ours
+
+
+@contextmanager
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a management API that hangs)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        server.close()
+
+
+async def test_a_second_signal_while_a_stopped_start_winds_down_exits_143(broker: BrokerSettings, tmp_path: Path):
+    """After the stop's loop handlers are gone, the process still waits for a management API request in a thread
+    (5 s timeout): a second SIGTERM there exits 143 at once, as README "Exit codes" says, not by the signal."""
+    with silent_port() as port:
+        env = {"AMQPJOBS_MANAGEMENT_URL": f"http://guest:guest@127.0.0.1:{port}"}
+        with started(tmp_path, broker, ["consume", "tests.integration.procapp:app"], **env) as proc:
+            await until(lambda: " connected to " in log(tmp_path) or proc.poll() is not None, 30, "the connection")
+            await asyncio.sleep(0.5)  # the start waits for the silent management API now
+            assert proc.poll() is None, log(tmp_path)
+            proc.send_signal(signal.SIGTERM)
+            stopped = "worker stopped while starting: no delivery was taken; exit 0"
+            await until(lambda: stopped in log(tmp_path) or proc.poll() is not None, 10, "the stopped line")
+            assert proc.poll() is None, "\n".join(lines_of_ours(tmp_path))  # the request's thread still runs
+            proc.send_signal(signal.SIGTERM)
+            code, took = await exit_code(proc, 30)
+    ours = "\n".join(lines_of_ours(tmp_path))
+    assert code == 128 + signal.SIGTERM, ours
+    assert took < 1.5, took
+    assert "second signal 15: exiting now" in ours
