@@ -16,7 +16,7 @@ from amqpjobs.printable import listed, printable
 from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import queue_name_problem
+from amqpjobs.topology.naming import own_queue_words, parse_queue_name, queue_name_problem, unaddressable_problem
 
 
 @main.command("status")
@@ -41,12 +41,14 @@ def status_command(
     """
     broker = settings(url, management_url)
     bound = duration_option("--max-age", max_age) if max_age is not None else None
-    if queues is not None and not queues.strip(", "):
+    names = list(dict.fromkeys(q.strip() for q in queues.split(",") if q.strip())) if queues is not None else None
+    if names == []:
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
-    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     for name in names or []:
-        if problem := queue_name_problem(name):
-            raise ConfigurationError(f"--queues: {problem}")
+        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
+            raise ConfigurationError(f"--queues: {problem}: no job queue has such a name")
+        if (kind := parse_queue_name(name)).kind != "work":
+            raise ConfigurationError(f"--queues: {printable(name)} is {own_queue_words(kind)}: give job queue names")
     layouts = None
     source = f"--queues {','.join(names)}" if names else ""
     if not names or path is not None:

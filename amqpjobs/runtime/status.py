@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from logging import Logger
 from typing import Any
 
+from amqpjobs.durations import parse_duration
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
@@ -159,7 +160,8 @@ def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str],
     # a stray shard (``mail.shard-1`` of an unsharded ``mail``) must not hide the work queue itself
     works = [job_queue] if job_queue in live or not shards else []
     works += [n for _, n in shards]
-    tiers = [n for w in works for n, q in parsed if q.kind == "tier" and q.work_queue == w]
+    by_delay = sorted(((n, q) for n, q in parsed if q.kind == "tier"), key=lambda p: parse_duration(p[1].tier or ""))
+    tiers = [n for w in works for n, q in by_delay if q.work_queue == w]  # 5s before 30s
     return works, tiers, quarantine_queue_name(job_queue)
 
 

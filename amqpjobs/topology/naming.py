@@ -312,6 +312,23 @@ def _work(name: str) -> QueueName:
     return QueueName("work", name, name)
 
 
+def own_queue_words(q: QueueName) -> str:
+    """What a queue that is not a work queue is, in words (``the quarantine queue of job queue urgent``).
+
+    For a queue name given where a job queue's name belongs (``status --queues urgent.quarantine``).
+    """
+    job_queue = printable(q.job_queue)
+    if q.kind == "shard":
+        return f"shard {q.shard} of job queue {job_queue}"
+    if q.kind == "tier":
+        return f"retry tier {q.tier} of work queue {printable(q.work_queue)} (job queue {job_queue})"
+    if q.kind in ("leader", "ticks", "running"):
+        return f"a scheduler queue of app {printable(q.app or '')}"
+    if q.job is not None:
+        return f"job {printable(q.job)}'s {q.kind} queue in job queue {job_queue}"
+    return f"the {'pause flag' if q.kind == 'paused' else q.kind + ' queue'} of job queue {job_queue}"
+
+
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 

@@ -82,3 +82,42 @@ async def test_a_queues_name_with_none_of_its_queues_on_the_broker_is_one_proble
         f"UNHEALTHY wrok: no job queue wrok on vhost {broker.vhost!r}: none of its queues exist (check the "
         "name; job queues here: work; or apply the topology that declares it)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("queues", "error"),
+    [
+        ("work.quarantine", "--queues: work.quarantine is the quarantine queue of job queue work: give job queue "
+         "names"),
+        ("work.retry.400ms", "--queues: work.retry.400ms is retry tier 400ms of work queue work (job queue work): give "
+         "job queue names"),
+        ("work.shard-1", "--queues: work.shard-1 is shard 1 of job queue work: give job queue names"),
+        ("work.parked,work", "--queues: work.parked is the parked queue of job queue work: give job queue names"),
+        ("ürgent", "--queues: queue name 'ürgent' has characters the AMQP client refuses (only letters a-z A-Z, "
+         "digits, space and - _ . : @ # , / +): no job queue has such a name"),
+        ("a*b", "--queues: queue name 'a*b' has characters the AMQP client refuses (only letters a-z A-Z, "
+         "digits, space and - _ . : @ # , / +): no job queue has such a name"),
+        (" \t, ", "--queues is empty: give job queue names, or a topology PATH"),
+    ],
+)  # fmt: skip
+async def test_a_queues_name_no_job_queue_can_have_is_bad_input(broker: BrokerSettings, tmp_path: Path, queues: str,
+                                                                 error: str):  # fmt: skip
+    await topology(broker, tmp_path)
+    result = await status(broker, "--queues", queues)
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {error}\n", "")
+
+
+async def test_queues_named_twice_are_shown_once_and_tiers_in_the_order_of_their_delays(
+    broker: BrokerSettings, tmp_path: Path
+):
+    (tmp_path / "tiered.toml").write_text(
+        '[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "tiered"\nexchange = "jobs"\n'
+        'retry_tiers = ["5s", "30s", "2m"]\n'
+    )
+    await apply_topology(tmp_path / "tiered.toml", broker)
+    result = await status(broker, "--queues", "tiered,tiered", "--json")
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "--queues tiered"
+    assert [j["name"] for j in doc["job_queues"]] == ["tiered"]
+    tiers = [t["name"] for t in doc["job_queues"][0]["tiers"]]
+    assert tiers == ["tiered.retry.5s", "tiered.retry.30s", "tiered.retry.2m"]  # by name: 2m, 30s, 5s
