@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amqpjobs.printable import printable
+
 
 class AmqpJobsError(Exception):
     """Root of every error raised by amqpjobs."""
@@ -258,7 +260,7 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        where = self.file if self.key_path == "-" else f"{self.file}: {self.key_path}"
+        where = printable(self.file) if self.key_path == "-" else f"{printable(self.file)}: {printable(self.key_path)}"
         return f"{where}: {self.message} (fix: {self.fix})"
 
 

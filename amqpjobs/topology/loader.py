@@ -87,19 +87,25 @@ def topology_files(path: str | Path) -> list[Path]:
     """Return the topology files at ``path``: the file itself, or a folder's ``*.toml`` sorted.
 
     Raises:
-        TopologyValidationError: the path does not exist or holds no ``.toml`` file.
+        TopologyValidationError: the path does not exist, is no regular file or folder, or
+            holds no ``.toml`` file, or one of its ``*.toml`` entries is no regular file.
 
     """
     p = Path(path)
     if p.is_dir():
         files = sorted(p.glob("*.toml"))
+        if odd := [f for f in files if not f.is_file()]:
+            why, fix = (
+                "not a regular file (a folder, or a link to nothing)",
+                "remove it from the folder, or make it a topology file",
+            )
+            raise TopologyValidationError([Problem(str(f), "-", why, fix) for f in odd])
         if not files:
             raise TopologyValidationError([Problem(str(p), "-", "folder holds no *.toml topology file", "add one")])
         return files
     if not p.is_file():
-        raise TopologyValidationError(
-            [Problem(str(p), "-", "no such file or folder", "give a topology file or folder")]
-        )
+        why = "not a regular file or folder" if p.exists() else "no such file or folder"  # /dev/null, a FIFO
+        raise TopologyValidationError([Problem(str(p), "-", why, "give a topology file or folder")])
     return [p]
 
 

@@ -231,7 +231,8 @@ def test_invalid_topology_exit_2_names_key_path_declares_nothing(
     path.write_text(text)
     result = cli(broker, "topology", "apply", str(path))
     assert result.exit_code == 2, result.output
-    assert f"{path}: {key_path}:" in result.stderr
+    where = f"{path}: " if key_path == "-" else f"{path}: {key_path}: "  # a whole-file problem has no key path
+    assert f"  - {where}" in result.stderr
     assert "fix:" in result.stderr
     assert queue_names(mgmt, broker.vhost) == []
     assert exchange_names(mgmt, broker.vhost) == []

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,41 @@ def test_entries_after_one_left_out_keep_their_place_in_the_file(tmp_path: Path)
         't.toml: job_queue[0].max_priority: Input should be a valid integer (got "300")',
         f"t.toml: exchange[2].name: duplicate exchange name 'jobs' (also from {tmp_path / 't.toml'}: exchange[1].name)",
     ]
+
+
+def test_a_path_that_is_neither_file_nor_folder_is_named_so(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(TopologyValidationError) as info:
+            load_topology(path)  # must not hang on the FIFO either
+        assert [str(p) for p in info.value.problems] == [
+            f"{path}: not a regular file or folder (fix: give a topology file or folder)"
+        ]
+
+
+def test_a_folder_entry_that_is_no_file_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "good.toml").write_text("[[exchange]]\nname = 'jobs'\n")
+    (tmp_path / "sub.toml").mkdir()
+    (tmp_path / "gone.toml").symlink_to(tmp_path / "nowhere.toml")
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(tmp_path)
+    fix = "(fix: remove it from the folder, or make it a topology file)"
+    assert [str(p) for p in info.value.problems] == [
+        f"{tmp_path / 'gone.toml'}: not a regular file (a folder, or a link to nothing) {fix}",
+        f"{tmp_path / 'sub.toml'}: not a regular file (a folder, or a link to nothing) {fix}",
+    ]
+
+
+def test_file_names_and_key_paths_are_escaped_in_problems(tmp_path: Path) -> None:
+    forged = tmp_path / "x\n  - forged.toml: ok\ny.toml"
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(forged)
+    assert "\n" not in str(info.value.problems[0])
+    assert "\\n  - forged.toml: ok\\ny.toml: no such file or folder" in str(info.value.problems[0])
+    (tmp_path / "keys.toml").write_text('"evil\\u001b[31m\\nforged" = 1\n')
+    with pytest.raises(TopologyValidationError) as keyed:
+        load_topology(tmp_path / "keys.toml")
+    text = str(keyed.value.problems[0])
+    assert "\n" not in text
+    assert "\x1b" not in text
