@@ -6,7 +6,6 @@ tested against the broker in tests/integration/test_signals_at_start.py.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -49,30 +48,70 @@ def test_a_held_signal_is_noted_then_released_with_the_handlers_from_before(hand
     assert held_signals.release() is None  # released once
 
 
-def test_exit_on_signal_exits_0_at_once_for_the_held_signal(
-    handlers_kept: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    held_signals.hold()
-    os.kill(os.getpid(), signal.SIGTERM)  # the default would end this process
-    with caplog.at_level(logging.INFO, logger="amqpjobs.signals"), pytest.raises(SystemExit) as exited:
-        held_signals.exit_on_signal()
-    assert exited.value.code == 0
-    assert caplog.messages == ["signal 15 while starting: exiting (nothing was taken from the broker yet)"]
+def _python(code: str, *, timeout: float = 30, signals: tuple[int, ...] = ()) -> tuple[int, str, str, float]:
+    """Run ``code`` (after logging at INFO is set up) in a child; send it ``signals`` once it prints "ready".
+
+    Returns:
+        (exit code, stdout, stderr, seconds from the first signal to the exit).
+    """
+    head = "import logging, os, signal, sys, threading, time\nlogging.basicConfig(level=logging.INFO)\n"
+    head += "from amqpjobs.runtime import held_signals\n"
+    child = subprocess.Popen([sys.executable, "-c", head + code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    assert child.stdout is not None
+    t0 = time.monotonic()
+    if signals:
+        assert child.stdout.readline() == "ready\n"
+        t0 = time.monotonic()
+        for sig in signals:
+            child.send_signal(sig)
+            time.sleep(0.2)
+    out, err = child.communicate(timeout=timeout)
+    return child.returncode, out, err, time.monotonic() - t0
 
 
-def test_exit_on_signal_makes_the_next_signal_exit_0_until_end(
-    handlers_kept: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    held_signals.hold()
-    held_signals.exit_on_signal()  # nothing held: returns
-    with caplog.at_level(logging.INFO, logger="amqpjobs.signals"), pytest.raises(SystemExit) as exited:
-        _signal_self(signal.SIGINT)
-    assert exited.value.code == 0
-    assert caplog.messages == ["signal 2 while starting: exiting (nothing was taken from the broker yet)"]
-    held_signals.hold()
-    held_signals.exit_on_signal()
-    held_signals.end()  # the loop's handlers took over: ours does nothing any more
-    assert held_signals.release() is None
+EXITING = "INFO:amqpjobs.signals:signal {n} while starting: exiting (nothing was taken from the broker yet)\n"
+
+
+def test_exit_on_signal_exits_0_at_once_for_the_held_signal() -> None:
+    code = (
+        "held_signals.hold()\nos.kill(os.getpid(), signal.SIGTERM)\nheld_signals.exit_on_signal()\nprint('not reached')"
+    )
+    assert _python(code)[:3] == (0, "", EXITING.format(n=15))
+
+
+def test_in_exit_mode_a_signal_exits_0_at_once_though_a_thread_of_the_app_would_keep_the_process() -> None:
+    """No interpreter shutdown: it would wait for the app's non-daemon thread (here 60 s)."""
+    code = (
+        "held_signals.hold()\nheld_signals.exit_on_signal()\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    exit_code, out, err, took = _python(code, signals=(signal.SIGINT,))
+    assert (exit_code, out, err) == (0, "", EXITING.format(n=2))
+    assert took < 5, took
+
+
+def test_in_exit_mode_another_signal_of_the_apps_does_not_exit_and_end_stops_it() -> None:
+    code = (
+        "signal.signal(signal.SIGUSR1, lambda *a: print('usr1', flush=True))\n"
+        "held_signals.hold()\nheld_signals.exit_on_signal()\n"
+        "print('ready', flush=True)\ntime.sleep(1)\n"
+        "held_signals.end()\nsignal.signal(signal.SIGTERM, lambda *a: print('ours', flush=True))\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.5)\nprint('went on', flush=True)\n"
+    )
+    assert _python(code, signals=(signal.SIGUSR1,))[:3] == (0, "usr1\nours\nwent on\n", "")
+
+
+def test_release_in_exit_mode_puts_the_handlers_back() -> None:
+    """A long-running command that failed before its loop: its error's exit code stands (here: the signal's)."""
+    code = (
+        "held_signals.hold()\nheld_signals.exit_on_signal()\n"
+        "assert held_signals.release() is None\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "print('ready', flush=True)\ntime.sleep(30)\n"
+    )
+    assert _python(code, signals=(signal.SIGTERM,))[:3] == (-signal.SIGTERM, "", "")
 
 
 def test_nothing_is_held_off_the_main_thread(handlers_kept: None) -> None:
@@ -84,26 +123,13 @@ def test_nothing_is_held_off_the_main_thread(handlers_kept: None) -> None:
     assert held_signals.release() is None
 
 
-@pytest.mark.parametrize("exit_mode", [False, True], ids=["held", "exit-caught"])
-def test_a_second_signal_while_starting_exits_at_once_with_128_plus_it(exit_mode: bool) -> None:
+def test_a_second_signal_while_held_exits_at_once_with_128_plus_it() -> None:
     code = (
-        "import os, signal, time\n"
-        "from amqpjobs.runtime import held_signals\n"
-        "held_signals.hold()\n"
-        f"if {exit_mode}: held_signals.exit_on_signal()\n"
-        "try:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    time.sleep(0.1)\n"
-        "except SystemExit:\n"
-        "    pass  # an app that swallows it\n"
-        "print('first', flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "time.sleep(5)\n"
-        "print('not reached')\n"
+        "held_signals.hold()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('first', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\nprint('not reached')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert (done.returncode, done.stdout) == (130, "first\n")
-    assert done.stderr.endswith("second signal 2 while starting: exiting now\n")
+    exit_code, out, err, _ = _python(code)
+    assert (exit_code, out, err) == (130, "first\n", "second signal 2 while starting: exiting now\n")
 
 
 def test_the_console_script_imports_only_the_hold_before_it_holds() -> None:
