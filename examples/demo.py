@@ -356,7 +356,9 @@ def run(vhost: str, cleanup: bool, url: str | None = None, management_url: str |
     say(f"[2/6] fresh vhost {vhost!r}; topology/ applied: {len(applied.plan.creates)} objects created, "
         f"{len(queues)} of them queues (work queues urgent, batch, billing; retry tiers; quarantine)")  # fmt: skip
 
-    workdir = ROOT / ".demo" / quote(vhost, safe="")  # one per vhost: the next run starts over, as with the vhost
+    # one per vhost: the next run starts over, as with the vhost; dots encoded too, so that ".." is no way out
+    workdir = ROOT / ".demo" / quote(vhost, safe="").replace(".", "%2E")
+    assert workdir.parent == ROOT / ".demo", workdir
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     db = workdir / "shop.sqlite3"

@@ -78,16 +78,17 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Return the record as a JSON line."""
+        message = encodable(record.getMessage())
         doc: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": _json_message(encodable(record.getMessage())),
+            "message": _json_message(message),
         }
         if self._child is not None:
             doc["child"] = self._child
         if record.exc_info:
-            return _with_exception(doc, encodable(self.formatException(record.exc_info)))
+            return _with_exception(doc, message, encodable(self.formatException(record.exc_info)))
         return _json_line(doc)
 
 
@@ -103,33 +104,45 @@ def _size(line: str) -> int:
     return len(line.encode("utf-8", "backslashreplace")) + 1  # and its line break
 
 
-def _with_exception(doc: dict[str, Any], exception: str) -> str:
+def _with_exception(doc: dict[str, Any], message: str, exception: str) -> str:
     """The JSON line of ``doc`` with ``exception``, in at most :data:`ATOMIC_WRITE` bytes (its line break too).
 
     ``consume --processes N`` children share stderr, where a longer write can interleave with
     another child's. A traceback too long for what the line has left loses its middle (the
-    outer frames): its first line, then ``…[N characters of the traceback cut]``, then as many
-    of its last whole lines as fit (the innermost frames and what was raised).
+    outer frames): its first line (at most 200 characters), then ``…[N characters of the
+    traceback cut]``, then as many of its last whole lines as fit (the innermost frames and
+    what was raised), or else the start of its last line (the exception's type). The message
+    (``message``, as logged) gives way first when its characters are long, to leave
+    :data:`EXCEPTION_ROOM`.
     """
     doc["exception"] = exception
     line = _json_line(doc)
     if _size(line) <= ATOMIC_WRITE:
         return line
     doc["exception"] = ""
-    message = doc["message"]
     while _size(_json_line(doc)) > ATOMIC_WRITE - EXCEPTION_ROOM and len(doc["message"]) > 40:
         doc["message"] = cut(message, max(40, len(doc["message"]) * 4 // 5))  # long characters: it gives way
-    head, _, rest = exception.partition("\n")
-    tail = len(rest)
-    while True:
-        kept = rest[len(rest) - tail :]
-        if tail < len(rest) and "\n" in kept:
-            kept = kept[kept.index("\n") + 1 :]  # whole lines only
+    first, _, rest = exception.partition("\n")
+    head, lines = cut(first, 200), rest.split("\n")
+
+    def fits(kept: str) -> str | None:
         doc["exception"] = f"{head}\n  …[{len(rest) - len(kept)} characters of the traceback cut]\n{kept}"
         line = _json_line(doc)
-        if _size(line) <= ATOMIC_WRITE or not kept:
-            return line
-        tail = min(len(kept) - 1, len(kept) * (ATOMIC_WRITE - 1) // _size(line))
+        return line if _size(line) <= ATOMIC_WRITE else None
+
+    low, high = 0, len(lines)  # the fewest last lines that fit: bisected (each check is a JSON dump)
+    while low < high:
+        middle = (low + high) // 2
+        if fits("\n".join(lines[middle:])) is not None:
+            high = middle
+        else:
+            low = middle + 1
+    if low < len(lines) and (whole_lines := fits("\n".join(lines[low:]))) is not None:
+        return whole_lines
+    for most in (1000, 400, 100, 40):  # not even the last line: its start, which names what was raised
+        if (start := fits(cut(lines[-1], most))) is not None:
+            return start
+    return fits("") or _json_line(doc)
 
 
 def _json_message(message: str) -> str:

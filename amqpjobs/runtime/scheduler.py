@@ -204,7 +204,6 @@ class Scheduler(TickFiring):
                 the topology), the scheduler's queues exist with other arguments, or the
                 declarations got no answer in time (RabbitMQ 4.3, a node in a minority;
                 :data:`~amqpjobs.wire.declare.DECLARE_TIMEOUT`).
-
         """
         self._schedules = self._select()
         self._layouts = {s.name: self.app.layout_of(s.job) for s in self._schedules}
@@ -230,7 +229,6 @@ class Scheduler(TickFiring):
 
         Raises:
             The errors of :meth:`start`.
-
         """
         self._wire, self._clock, self._connection = wire, clock, connection
         self._schedules = self._select()
@@ -316,7 +314,6 @@ class Scheduler(TickFiring):
 
         Args:
             grace: Seconds a wake-up in progress (a tick being committed) gets to finish.
-
         """
         self._stop.set()
         self._wakeup.set()

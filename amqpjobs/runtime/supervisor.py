@@ -173,12 +173,13 @@ class Supervisor:
                 own error in the message); BrokerError when that error was the broker's.
                 Also: the metrics port can't be bound.
         """
-        server = self._serve() if self._metrics_port is not None else None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         held_signals.end()  # from here on a signal stops the children (before: the process exits, none started)
-        try:
+        server = None
+        try:  # the metrics folder is made inside: its removal below covers a failed bind and a signal
+            server = self._serve() if self._metrics_port is not None else None
             codes = await asyncio.gather(*(self._keep(slot) for slot in self._slots))
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -25,7 +25,12 @@ from amqpjobs.wire.urls import node_address
 
 
 def _q(name: str) -> str:
-    return quote(name, safe="")
+    """``name`` as one path segment of a management API URL: every reserved character and dot percent-encoded.
+
+    A vhost or queue named ``.`` or ``..`` would otherwise be a dot segment, which the HTTP
+    client removes (RFC 3986 5.2.4): ``/api/vhosts/..`` is sent as ``/api``.
+    """
+    return quote(name, safe="").replace(".", "%2E")
 
 
 def delete_exchange_command(settings: BrokerSettings, exchange: str) -> str:

@@ -16,6 +16,7 @@ held while the CLI was imported is raised again when the command starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -78,7 +80,7 @@ async def until(condition: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.01)
 
 
 async def exit_code(proc: subprocess.Popen[str], timeout: float) -> tuple[int, float]:
@@ -188,26 +190,37 @@ async def test_schedule_run_signalled_while_still_connecting_gives_the_start_up_
 
 
 @contextmanager
-def silent_port() -> Iterator[int]:
-    """A loopback port that accepts connections and never answers (a management API that hangs)."""
+def silent_port() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A loopback port that accepts connections and never answers (a management API that hangs); and its accepted."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
     try:
-        yield int(server.getsockname()[1])
+        yield int(server.getsockname()[1]), accepted
     finally:
+        server.shutdown(socket.SHUT_RDWR)
         server.close()
+        for conn in accepted:
+            conn.close()
 
 
 async def test_a_second_signal_while_a_stopped_start_winds_down_exits_143(broker: BrokerSettings, tmp_path: Path):
     """After the stop's loop handlers are gone, the process still waits for a management API request in a thread
     (5 s timeout): a second SIGTERM there exits 143 at once, as README "Exit codes" says, not by the signal."""
-    with silent_port() as port:
+    with silent_port() as (port, accepted):
         env = {"AMQPJOBS_MANAGEMENT_URL": f"http://guest:guest@127.0.0.1:{port}"}
         with started(tmp_path, broker, ["consume", "tests.integration.procapp:app"], **env) as proc:
-            await until(lambda: " connected to " in log(tmp_path) or proc.poll() is not None, 30, "the connection")
-            await asyncio.sleep(0.5)  # the start waits for the silent management API now
-            assert proc.poll() is None, log(tmp_path)
+            await until(lambda: accepted or proc.poll() is not None, 30, "a management API request")
+            assert proc.poll() is None, log(tmp_path)  # the start waits for it now (5 s)
             proc.send_signal(signal.SIGTERM)
             stopped = "worker stopped while starting: no delivery was taken; exit 0"
             await until(lambda: stopped in log(tmp_path) or proc.poll() is not None, 10, "the stopped line")

@@ -171,3 +171,34 @@ def test_a_json_line_with_a_short_traceback_is_whole() -> None:
     rec = _raised(3, "boom")
     doc = json.loads(JsonFormatter().format(rec))
     assert doc["exception"] == JsonFormatter().formatException(rec.exc_info)  # type: ignore[arg-type]
+
+
+def test_a_json_line_keeps_what_was_raised_when_its_last_line_alone_is_too_long() -> None:
+    rec = _raised(3, "y" * 6000)
+    line = JsonFormatter().format(rec)
+    assert len((line + "\n").encode("utf-8")) <= 4096
+    exc = json.loads(line)["exception"]
+    assert exc.startswith("Traceback (most recent call last):\n  …[")
+    last = exc.rsplit("\n", 1)[1]
+    assert last.startswith("ValueError: yyy")  # the start of the line: its type
+    assert re.search(r"…\[\d+ more characters\]$", last)
+
+
+def test_a_json_line_of_a_huge_exception_line_without_traceback_fits() -> None:
+    try:
+        raise ValueError("z" * 10_000)
+    except ValueError:
+        rec = logging.LogRecord("amqpjobs.worker", logging.ERROR, __file__, 1, "x", None, sys.exc_info())
+    rec.exc_info = (ValueError, ValueError("z" * 10_000), None)  # no traceback: the exception line is the first
+    line = JsonFormatter().format(rec)
+    assert len((line + "\n").encode("utf-8")) <= 4096
+    assert json.loads(line)["exception"].startswith("ValueError: zzz")
+
+
+def test_the_message_given_way_counts_what_it_lost_of_the_message_as_logged() -> None:
+    rec = _raised(60, "the end of it")
+    rec.msg = "\U0001d11e" * 5000  # 4 bytes each: cut to 1,000 characters it still leaves the traceback too little
+    message = json.loads(JsonFormatter().format(rec))["message"]
+    assert len(message) < 900
+    kept, marker = message.split("…")
+    assert marker == f"[{5000 - len(kept)} more characters]"
