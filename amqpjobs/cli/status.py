@@ -16,7 +16,7 @@ from amqpjobs.printable import listed, printable
 from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import own_queue_words, parse_queue_name, queue_name_problem, unaddressable_problem
+from amqpjobs.topology.naming import own_queue_words, parse_queue_name, queue_name_problem
 
 
 @main.command("status")
@@ -45,8 +45,8 @@ def status_command(
     if names == []:
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     for name in names or []:
-        if problem := queue_name_problem(name) or unaddressable_problem(name, "queue"):
-            raise ConfigurationError(f"--queues: {problem}: no job queue has such a name")
+        if problem := queue_name_problem(name):
+            raise ConfigurationError(f"--queues: {problem}")
         if (kind := parse_queue_name(name)).kind != "work":
             raise ConfigurationError(f"--queues: {printable(name)} is {own_queue_words(kind)}: give job queue names")
     layouts = None

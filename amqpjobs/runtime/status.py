@@ -295,7 +295,7 @@ async def collect(
     for name, works, tiers, quarantine in plan:
 
         def figures(queue: str) -> QueueStatus:
-            if queue not in exact:
+            if queue not in exact or (exact[queue].unaddressable and queue not in live):  # the API lists them all
                 return QueueStatus(queue, exists=False)
             if exact[queue].unaddressable:
                 return QueueStatus(queue, unaddressable=exact[queue].unaddressable)

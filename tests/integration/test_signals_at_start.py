@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
+from tests.child_signals import SIGNALS_DEFAULT
 from tests.integration.helpers import ROOT, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -56,8 +57,8 @@ def started(
            "PROCAPP_TOPOLOGY": str(topo), "SCHEDAPP_TOPOLOGY": str(topo),
            "PROCAPP_RECORD": str(tmp_path / "record.txt"), **extra}  # fmt: skip
     with (tmp_path / "out.log").open("a") as out:
-        proc = subprocess.Popen([sys.executable, "-X", "importtime", str(SCRIPT), *args], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        command = [*SIGNALS_DEFAULT, sys.executable, "-X", "importtime", str(SCRIPT), *args]
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         try:
             yield proc
         finally:

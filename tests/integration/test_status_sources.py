@@ -77,6 +77,15 @@ async def test_a_queues_name_with_none_of_its_queues_on_the_broker_is_one_proble
         "here: work; or apply the topology that declares it)"
     ]
     assert found["work"] == ["no consumer on work"]
+    for odd in ("ürgent", "a*b"):  # names the AMQP client can't send: the management API's list tells
+        found = {
+            j["name"]: j["problems"]
+            for j in json.loads((await status(broker, "-q", odd, "--json")).stdout)["job_queues"]
+        }
+        assert found[odd] == [
+            f"no job queue {odd} on vhost {broker.vhost!r}: none of its queues exist (check the name; job queues "
+            "here: work; or apply the topology that declares it)"
+        ]
     text = await status(broker, "--queues", "wrok")
     assert [line for line in text.stdout.splitlines() if line.startswith(("UNHEALTHY", "note"))] == [
         f"UNHEALTHY wrok: no job queue wrok on vhost {broker.vhost!r}: none of its queues exist (check the "
@@ -93,10 +102,6 @@ async def test_a_queues_name_with_none_of_its_queues_on_the_broker_is_one_proble
          "job queue names"),
         ("work.shard-1", "--queues: work.shard-1 is shard 1 of job queue work: give job queue names"),
         ("work.parked,work", "--queues: work.parked is the parked queue of job queue work: give job queue names"),
-        ("ürgent", "--queues: queue name 'ürgent' has characters the AMQP client refuses (only letters a-z A-Z, "
-         "digits, space and - _ . : @ # , / +): no job queue has such a name"),
-        ("a*b", "--queues: queue name 'a*b' has characters the AMQP client refuses (only letters a-z A-Z, "
-         "digits, space and - _ . : @ # , / +): no job queue has such a name"),
         (" \t, ", "--queues is empty: give job queue names, or a topology PATH"),
     ],
 )  # fmt: skip

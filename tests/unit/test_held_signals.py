@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from amqpjobs.runtime import held_signals
+from tests.child_signals import SIGNALS_DEFAULT
 
 pytestmark = pytest.mark.version_independent
 
@@ -30,10 +31,12 @@ def _signal_self(sig: int) -> None:
 def handlers_kept() -> Iterator[None]:
     """The test's own process: whatever a test leaves held is released, the handlers put back."""
     before = {sig: signal.getsignal(sig) for sig in held_signals.SIGNALS}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not SIG_IGN, as in a job a non-interactive shell started (CI)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        held_signals.end()
+        held_signals.release()
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
@@ -56,8 +59,8 @@ def _python(code: str, *, timeout: float = 30, signals: tuple[int, ...] = ()) ->
     """
     head = "import logging, os, signal, sys, threading, time\nlogging.basicConfig(level=logging.INFO)\n"
     head += "from amqpjobs.runtime import held_signals\n"
-    child = subprocess.Popen([sys.executable, "-c", head + code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    command = [*SIGNALS_DEFAULT, sys.executable, "-c", head + code]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None
     t0 = time.monotonic()
     if signals:
@@ -164,5 +167,5 @@ def test_a_second_signal_exits_128_plus_it_also_with_stderr_closed() -> None:
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(5)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], timeout=30, preexec_fn=lambda: os.close(2))
+    done = subprocess.run([*SIGNALS_DEFAULT, sys.executable, "-c", code], timeout=30, preexec_fn=lambda: os.close(2))
     assert done.returncode == 143
