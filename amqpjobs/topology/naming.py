@@ -146,8 +146,12 @@ def vhost_problem(vhost: str) -> str | None:
     AMQP 0-9-1 carries it in ``connection.open`` as a short string (at most 255 bytes of UTF-8);
     control characters, line breaks and terminal escapes are refused as in queue names
     (:func:`queue_name_problem`): no one means them, and they would be written into definitions
-    and logs. Empty is left to the caller (a URL without a path means ``/``).
+    and logs. Empty is left to the caller (a URL without a path means ``/``). ``.`` and ``..`` are
+    refused: the management API can't address them (RabbitMQ answers 405 to ``/api/vhosts/%2E``,
+    as to any dot segment of a path, RFC 3986 5.2.4).
     """
+    if vhost in (".", ".."):
+        return f"vhost {vhost!r} can't be named in a management API URL (a dot segment); give the vhost another name"
     if printable(vhost) != vhost:
         return f"vhost {printable(repr(vhost))} has control characters; vhost names are printable text"
     size = len(vhost.encode("utf-8", "surrogatepass"))

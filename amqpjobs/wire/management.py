@@ -168,8 +168,10 @@ class ManagementClient:
             )
         if resp.status_code == 401:
             raise ManagementApiError(self._refused(resp), 401)
-        if resp.status_code >= 400 and resp.status_code not in answers:
+        if resp.status_code >= 300 and resp.status_code not in answers:  # a redirect answers another URL: no answer
             answer = printable(resp.text[:500])  # its text reaches log lines: no control characters
+            if 300 <= resp.status_code < 400:
+                answer = f"redirected to {printable(resp.headers.get('location', '?'))} (not followed)"
             raise ManagementApiError(f"{method} {url} -> {resp.status_code}: {answer}", resp.status_code)
         if not resp.content:
             return None

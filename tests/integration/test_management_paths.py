@@ -1,16 +1,19 @@
 """Names with dots through the management API: queues of a job queue, and vhosts named ``.`` and ``..`` (real broker).
 
 An HTTP client removes dot segments from a path (RFC 3986 5.2.4), so ``/api/vhosts/..`` went out
-as ``/api``; every segment now has its dots percent-encoded, which the broker decodes.
+as ``/api``; every segment now has its dots percent-encoded, which the broker decodes in names.
+A whole segment ``.`` or ``..`` it still takes for a dot segment, so such vhosts are refused.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from amqpjobs.errors import ConfigurationError, ManagementApiError
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.management import ManagementClient
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.conftest import BrokerRoot
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -26,13 +29,13 @@ async def test_a_queue_name_with_dots_reads_back(broker: BrokerSettings, mgmt: M
 
 
 @pytest.mark.parametrize("vhost", [".", ".."])
-def test_a_vhost_named_by_dots_is_made_read_and_deleted(broker_root: BrokerRoot, vhost: str):
-    with ManagementClient(broker_root.settings) as mgmt:
-        mgmt.delete_vhost(vhost)
-        try:
-            mgmt.create_vhost(vhost)
-            assert vhost in {v["name"] for v in mgmt.request("GET", "/vhosts")}
-            assert mgmt.queues(vhost) == []  # was a GET of /api/queues (every vhost's) or of /api
-        finally:
-            mgmt.delete_vhost(vhost)
-        assert vhost not in {v["name"] for v in mgmt.request("GET", "/vhosts")}
+def test_a_vhost_named_by_dots_is_refused_before_any_request(broker_root: BrokerRoot, vhost: str):
+    """The broker's side first: encoded or not, RabbitMQ routes no such vhost in its management API."""
+    expected = "-> 405" if vhost == "." else "-> 301: redirected to "  # "..": redirected up, which was taken for done
+    with ManagementClient(broker_root.settings) as mgmt, pytest.raises(ManagementApiError, match=expected):
+        mgmt.delete_vhost(vhost)  # was sent as DELETE /api (the client removed the dot segment)
+    assert vhost_problem(vhost) == (
+        f"vhost {vhost!r} can't be named in a management API URL (a dot segment); give the vhost another name"
+    )
+    with pytest.raises(ConfigurationError, match="a dot segment"):
+        broker_settings("amqp://guest:guest@127.0.0.1:5682/" + vhost.replace(".", "%2E"))
