@@ -1,9 +1,9 @@
 """A start that a stop request cuts short: a worker's and a scheduler replica's (README "Workers").
 
 A long-running process may be asked to stop while it still starts: while its first connect
-is retried (up to ``--connect-timeout``, default 30 s), while it declares, or before its loop
-turned once (a signal held since the process started, :mod:`amqpjobs.runtime.held_signals`).
-It then gives the start up at once, instead of finishing it only to stop.
+is retried (up to ``--connect-timeout``, default 30 s), while it declares or checks. It then
+gives the start up at once, instead of finishing it only to stop. (Before its loop's signal
+handlers, a signal ends the process at once: :mod:`amqpjobs.runtime.held_signals`.)
 """
 
 from __future__ import annotations
