@@ -42,6 +42,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _mode: Literal["off", "hold", "exit"] = "off"
 _held: list[int] = []
+_exit_once = [True]  # taken by the first _exit_now
 _previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}  # the handlers hold() replaced
 
 
@@ -75,8 +76,8 @@ def _say(line: str) -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    if _mode == "exit":  # the watcher thread, woken by the same signal, exits
-        return
+    if _mode == "exit":  # also the watcher thread, woken by the same signal (if a loop took the wakeup fd: not)
+        _exit_now(signum)
     if _held:  # a second one: nothing was taken from the broker, nothing to wait for
         _say(f"second signal {signum} while starting: exiting now")
         os._exit(128 + signum)
@@ -84,7 +85,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def _exit_now(signum: int) -> None:
-    """The line, then exit 0 at once (no interpreter shutdown: it could wait for the app's threads)."""
+    """The line, then exit 0 at once (no interpreter shutdown: it could wait for the app's threads).
+
+    From the main thread's handler or the watcher thread, whichever runs first: the other returns.
+    """
+    try:
+        _exit_once.pop()  # atomic: one caller gets it
+    except IndexError:
+        return
     logging = sys.modules.get("logging")  # set up by then (exit_on_signal comes after the command's logging)
     if logging is not None:
         logging.getLogger("amqpjobs.signals").info(
