@@ -64,7 +64,9 @@ def _python(code: str, *, timeout: float = 30, signals: tuple[int, ...] = ()) ->
     assert child.stdout is not None
     t0 = time.monotonic()
     if signals:
-        assert child.stdout.readline() == "ready\n"
+        if (first := child.stdout.readline()) != "ready\n":
+            child.kill()
+            pytest.fail(f"the child did not get ready: {first!r}, stderr {child.communicate()[1]!r}")
         t0 = time.monotonic()
         for sig in signals:
             child.send_signal(sig)
@@ -109,9 +111,10 @@ def test_in_exit_mode_another_signal_of_the_apps_does_not_exit_and_end_stops_it(
 def test_release_in_exit_mode_puts_the_handlers_back() -> None:
     """A long-running command that failed before its loop: its error's exit code stands (here: the signal's)."""
     code = (
+        "before = signal.getsignal(signal.SIGTERM)\n"  # SIG_DFL, or coverage's (its sigterm option, under --cov)
         "held_signals.hold()\nheld_signals.exit_on_signal()\n"
         "assert held_signals.release() is None\n"
-        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "assert signal.getsignal(signal.SIGTERM) is before, signal.getsignal(signal.SIGTERM)\n"
         "print('ready', flush=True)\ntime.sleep(30)\n"
     )
     assert _python(code, signals=(signal.SIGTERM,))[:3] == (-signal.SIGTERM, "", "")
