@@ -25,12 +25,14 @@ from amqpjobs.wire.urls import node_address
 
 
 def _q(name: str) -> str:
-    """``name`` as one path segment of a management API URL: every reserved character and dot percent-encoded.
+    """``name`` as one path segment of a management API URL: every reserved character percent-encoded.
 
-    A vhost or queue named ``.`` or ``..`` would otherwise be a dot segment, which the HTTP
-    client removes (RFC 3986 5.2.4): ``/api/vhosts/..`` is sent as ``/api``.
+    Dots stay (they are fine inside a name, and the curl commands we print stay readable); a
+    whole segment ``.`` or ``..`` is a dot segment to the HTTP client and to RabbitMQ alike, even
+    encoded (RFC 3986 5.2.4), so such vhosts are refused before any request
+    (:func:`~amqpjobs.topology.naming.vhost_problem`).
     """
-    return quote(name, safe="").replace(".", "%2E")
+    return quote(name, safe="")
 
 
 def delete_exchange_command(settings: BrokerSettings, exchange: str) -> str:
