@@ -35,12 +35,12 @@ from typing import TypeVar
 
 from amqpjobs.errors import AmqpJobsError, BrokerBlockedError, QueueFullError
 from amqpjobs.jobs.timestamps import epoch_seconds
+from amqpjobs.runtime.shared_clients import SharedManagementClients
 from amqpjobs.topology.bounds import QueueBounds
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.browse import queue_state
-from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.publisher")
@@ -145,7 +145,7 @@ class EnqueueGate:
         self.settings = settings
         self.blocked_timeout = blocked_timeout
         self.full_wait = full_wait
-        self._management: dict[str, ManagementClient] = {}  # one client per lock that uses it: alarms, ages
+        self._management = SharedManagementClients(settings, timeout=2.0)  # one client per lock: alarms, ages
         self._alarm_lock = asyncio.Lock()  # one read of the alarms at a time; the others use it
         self._ages_lock = asyncio.Lock()  # one age question to the management API at a time
         self._alarms: tuple[list[str], float] = ([], float("-inf"))  # (alarms, monotonic time read)
@@ -311,17 +311,11 @@ class EnqueueGate:
                 age = await self._read(lambda: self._oldest_age(work_queue), None)
         return QueueFigures(ready, age, began)
 
-    def _client(self, use: str) -> ManagementClient:
-        """The management API client for ``use`` ("alarms" or "ages"): each is used under its own lock."""
-        if use not in self._management:
-            self._management[use] = ManagementClient(self.settings, timeout=2.0)
-        return self._management[use]
-
     def _management_alarms(self) -> list[str]:
-        return self._client("alarms").alarms()
+        return self._management.ask("alarms", lambda client: client.alarms(), [])
 
     def _oldest_age(self, work_queue: str) -> float | None:
-        info = self._client("ages").queue(self.settings.vhost, work_queue) or {}
+        info = self._management.ask("ages", lambda client: client.queue(self.settings.vhost, work_queue), None) or {}
         head = info.get("head_message_timestamp")
         if not isinstance(head, int | float) or isinstance(head, bool):
             return None
@@ -329,7 +323,7 @@ class EnqueueGate:
 
     async def _read(self, question: Callable[[], T], otherwise: T) -> T:
         """Ask the management API ``question`` (a blocking call) off the loop; ``otherwise`` when it fails."""
-        if time.monotonic() < self._management_down_until:
+        if time.monotonic() < self._management_down_until or self._management.closed:
             return otherwise
         try:
             return await asyncio.to_thread(question)  # one at a time per client: callers hold its lock
@@ -350,9 +344,11 @@ class EnqueueGate:
         self.close()
 
     def close(self) -> None:
-        """Close the management API clients (a read ahead under way is cancelled: on a loop that ended)."""
+        """Close the management API clients once no thread uses them (a read ahead under way is cancelled).
+
+        A read still in its thread (its enqueue was cancelled, or this loop ended) keeps its
+        client until its request ends (bounded by the client's timeout); no read begins after.
+        """
         if self._early_read is not None:
             self._early_read.cancel()
-        for client in self._management.values():
-            client.close()
-        self._management.clear()
+        self._management.close()
