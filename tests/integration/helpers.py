@@ -141,9 +141,20 @@ def consume_subprocess(
     """``amqpjobs consume APP_REF ARGS`` run from the project root with ``env`` over ``os.environ``, its output
     appended to ``log``. Afterwards one still running is killed (``terminate``: SIGTERM first, killed after 30 s)."""
     exe = Path(sys.executable).with_name("amqpjobs")
+    with process_running([str(exe), "consume", app_ref, *args], {**os.environ, **env}, log, terminate=terminate) as p:
+        yield p
+
+
+@contextmanager
+def process_running(
+    command: Sequence[str], env: dict[str, str], log: Path, *, terminate: bool = False
+) -> Iterator[subprocess.Popen[str]]:
+    """``command`` run from the project root with exactly ``env``, stdout and stderr appended to ``log``.
+
+    Afterwards one still running is killed (``terminate``: SIGTERM first, killed after 30 s).
+    """
     with log.open("a") as out:
-        proc = subprocess.Popen([str(exe), "consume", app_ref, *args], cwd=ROOT, env={**os.environ, **env},
-                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         try:
             yield proc
         finally:

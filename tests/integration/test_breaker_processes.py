@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT
+from tests.integration.helpers import consume_subprocess
 from tests.integration.test_worker_process import exit_code, publisher, wait_until
 from tests.integration.test_worker_processes import get, metrics_port
 from tests.integration.worker_env import APPLIED_TOPOLOGY
@@ -33,17 +32,9 @@ def breaker_workers(broker: BrokerSettings, tmp_path: Path) -> Iterator[subproce
         BREAKERAPP_TOPOLOGY=str(topo), BREAKERAPP_RECORD=str(tmp_path / "record.txt"),
         BREAKERAPP_FAILING=str(tmp_path / "failing"),
     )  # fmt: skip
-    exe = Path(sys.executable).with_name("amqpjobs")
-    args = ["consume", "tests.integration.breakerapp:app", "--processes", "2", "--concurrency", "2"]
-    with (tmp_path / "worker.log").open("a") as log:
-        proc = subprocess.Popen([str(exe), *args, "--metrics-port", "0"], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+    args = ["--processes", "2", "--concurrency", "2", "--metrics-port", "0"]
+    with consume_subprocess("tests.integration.breakerapp:app", env, args, tmp_path / "worker.log") as proc:
+        yield proc
 
 
 def gauge(port: int) -> float | None:

@@ -35,7 +35,7 @@ import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
 from tests.child_signals import SIGNALS_DEFAULT
-from tests.integration.helpers import ROOT, write_file
+from tests.integration.helpers import process_running, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -56,15 +56,9 @@ def started(
     env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
            "PROCAPP_TOPOLOGY": str(topo), "SCHEDAPP_TOPOLOGY": str(topo),
            "PROCAPP_RECORD": str(tmp_path / "record.txt"), **extra}  # fmt: skip
-    with (tmp_path / "out.log").open("a") as out:
-        command = [*SIGNALS_DEFAULT, sys.executable, "-X", "importtime", str(SCRIPT), *args]
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    command = [*SIGNALS_DEFAULT, sys.executable, "-X", "importtime", str(SCRIPT), *args]
+    with process_running(command, env, tmp_path / "out.log") as proc:
+        yield proc
 
 
 def log(tmp_path: Path) -> str:
