@@ -92,8 +92,19 @@ def _broken_pipe() -> None:
     sys.exit(EXIT_BROKEN_PIPE)
 
 
+def declares(func: F) -> F:
+    """Mark a command that declares on the broker (below :func:`errors_to_exit_codes`).
+
+    Its invalid topology adds ``nothing was declared``: a command that only reads
+    (``status``, ``topology plan``) would not have declared anything anyway.
+    """
+    func.declares_topology = True  # type: ignore[attr-defined]
+    return func
+
+
 def errors_to_exit_codes(func: F) -> F:
     """Wrap a command so our errors print one line and exit with the documented code."""
+    nothing_declared = getattr(func, "declares_topology", False)
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -106,7 +117,8 @@ def errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
             click.echo(f"error: {redact_text(str(exc))}", err=True)
-            click.echo("nothing was declared", err=True)
+            if nothing_declared:
+                click.echo("nothing was declared", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except TopologyConflictError as exc:
             click.echo(exc.report)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, long_running_url_options, settings, verbose
+from amqpjobs.cli._common import declares, errors_to_exit_codes, long_running_url_options, settings, verbose
 from amqpjobs.cli._root import main, release_held_signals_unless
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
@@ -35,6 +35,7 @@ def schedule() -> None:
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
 @long_running_url_options
 @errors_to_exit_codes
+@declares
 def schedule_run(
     app_ref: str, schedules: str | None, log_json: bool, url: str | None, management_url: str | None
 ) -> None:

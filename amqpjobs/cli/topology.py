@@ -10,6 +10,7 @@ import click
 
 from amqpjobs.cli._common import (
     EXIT_FOUND,
+    declares,
     duration_option,
     errors_to_exit_codes,
     output_file,
@@ -61,6 +62,7 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
 )  # fmt: skip
 @url_options
 @errors_to_exit_codes
+@declares
 def topology_apply(path: str, declare_timeout: str, url: str | None, management_url: str | None) -> None:
     """Declare the topology at PATH; with any conflict, declare nothing and print the plan.
 

@@ -10,6 +10,7 @@ import sys
 import click
 
 from amqpjobs.cli._common import (
+    declares,
     duration_option,
     errors_to_exit_codes,
     long_running_url_options,
@@ -87,6 +88,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
 )
 @long_running_url_options
 @errors_to_exit_codes
+@declares
 def consume(
     app_ref: str,
     queues: str | None,

@@ -155,7 +155,11 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
 def _read_live(
     path: str | Path, settings: BrokerSettings
 ) -> tuple[tuple[int, ...], LoadedTopology, list[ObjectState], list[dict[str, Any]]]:
-    """The broker's version, the topology validated for it, the vhost's objects and bindings (management API)."""
+    """The broker's version, the topology validated for it, the vhost's objects and bindings (management API).
+
+    The file's own problems are found first, without the broker: a broker away hides none.
+    """
+    load_topology(path)
     with ManagementClient(settings) as mgmt:
         version = mgmt.broker_version()
         loaded = load_topology(path, broker_version=version)
@@ -356,7 +360,8 @@ async def apply_topology(
         The plan that was carried out (its ``creates`` are what was created).
 
     Raises:
-        TopologyValidationError: the files are invalid (nothing declared).
+        TopologyValidationError: the files are invalid (nothing declared; found before the
+            broker is asked, but for rules of its version).
         TopologyConflictError: live objects differ (nothing declared); ``report`` names
             each differing argument with both values and the remedy.
         BrokerUnavailableError, ManagementApiError: the broker could not be reached.
@@ -365,6 +370,7 @@ async def apply_topology(
             refused before planning, even when nothing would be created).
 
     """
+    await asyncio.to_thread(load_topology, path)  # the file's own problems first, as plan_topology finds them
     await asyncio.to_thread(require_majority, settings, "topology apply")
     result = await plan_topology(path, settings)
     if result.plan.conflicts:
