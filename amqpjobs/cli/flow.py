@@ -5,7 +5,6 @@ README "Flow control" → "Pause and resume"; the mechanism is :mod:`amqpjobs.ru
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ import click
 
 from amqpjobs.cli._common import EXIT_UNSIGNALLED, errors_to_exit_codes, queue_name_arg, settings, url_options
 from amqpjobs.cli._root import main
+from amqpjobs.cli._running import run_command
 from amqpjobs.errors import SignalNotSentError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.pausing import pause, resume
@@ -24,7 +24,7 @@ T = TypeVar("T")
 def _signalled(change: Coroutine[Any, Any, T]) -> T:
     """Run ``change``; a refused signal (the flag changed all the same) is a warning and exit 5."""
     try:
-        return asyncio.run(change)
+        return run_command(change)
     except SignalNotSentError as exc:
         click.echo(f"warning: {exc}", err=True)
         sys.exit(EXIT_UNSIGNALLED)

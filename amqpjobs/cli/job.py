@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict
 
 import click
 
 from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
+from amqpjobs.cli._running import run_command
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import json_text, printable
@@ -49,7 +49,7 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
         finally:
             await app.close()
 
-    status, where = asyncio.run(run())
+    status, where = run_command(run())
     if as_json:
         doc = {"job_id": status.job_id, "state": status.state, "note": status.note, "where": where,
                "history": [asdict(r) for r in status.history]}  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from amqpjobs.cli._payloads import (
     payload_store_option,
 )
 from amqpjobs.cli._root import main
+from amqpjobs.cli._running import run_command
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter, replay_rate
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
@@ -78,7 +78,7 @@ def quarantine_list(
     refused: list[UnaddressableNameError] = []
     for name in names:
         try:
-            queue_name, messages = asyncio.run(browse(broker, name))
+            queue_name, messages = run_command(browse(broker, name))
         except UnaddressableNameError as exc:
             if not all_queues:
                 raise
@@ -127,7 +127,7 @@ def quarantine_show(
     broker = settings(url, management_url)
     chosen, census = selection(job, error_type, reason, since), Census()
     store = app_payload_store(app_ref)
-    _, messages, stored = asyncio.run(browse_with_payloads(broker, queue, limit, chosen, census, store))
+    _, messages, stored = run_command(browse_with_payloads(broker, queue, limit, chosen, census, store))
     for m, (data, problem) in zip(messages, stored, strict=True):
         doc = m.to_json()
         by_ref = envelope.PAYLOAD_REF in m.delivery.headers
@@ -168,7 +168,7 @@ def quarantine_show(
 def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
     """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
     output_file("FILE", file)
-    count = asyncio.run(export(settings(url, management_url), queue, file))
+    count = run_command(export(settings(url, management_url), queue, file))
     click.echo(f"exported {count} message(s) to {file}; the queue still holds them")
 
 
@@ -198,7 +198,7 @@ def quarantine_purge(
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
-        report = asyncio.run(closing_store(purge_matching(broker, queue, chosen, census, store), store))
+        report = run_command(closing_store(purge_matching(broker, queue, chosen, census, store), store))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
         if store is not None:
             unmarked = report.payloads_unmarked
@@ -209,7 +209,7 @@ def quarantine_purge(
                        f"{gone}{failed}")  # fmt: skip
         echo_no_match(census, chosen)
         return
-    name, removed = asyncio.run(purge(broker, queue))
+    name, removed = run_command(purge(broker, queue))
     click.echo(f"purged {removed} message(s) from {name}")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import click
 
 from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
+from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import listed, printable
 from amqpjobs.runtime.status import collect, status_report
@@ -60,7 +60,7 @@ def status_command(
         if names:  # both: the topology's job queues, narrowed to those
             layouts, source = _narrowed(layouts, names, where), f"{source}, job queue(s) {','.join(names)}"
             names = None
-    report = asyncio.run(collect(broker, layouts, names, bound))
+    report = run_command(collect(broker, layouts, names, bound))
     unhealthy = any(j.problems for j in report)
     if as_json:
         doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
@@ -19,6 +18,7 @@ from amqpjobs.cli._common import (
     write_output,
 )
 from amqpjobs.cli._root import main
+from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.topology.naming import vhost_problem
@@ -41,7 +41,7 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
     broker errors.
     """
     broker = settings(url, management_url)
-    result = asyncio.run(plan_topology(path, broker))
+    result = run_command(plan_topology(path, broker))
     for warning in (*result.loaded.warnings, *result.routing_notes, *filter(None, [result.no_majority])):
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"broker {broker.safe_url} (RabbitMQ {'.'.join(map(str, result.broker_version))})")
@@ -70,7 +70,7 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
     """
     timeout = duration_option("--declare-timeout", declare_timeout)
     broker = settings(url, management_url)
-    result = asyncio.run(apply_topology(path, broker, timeout))
+    result = run_command(apply_topology(path, broker, timeout))
     for warning in (*result.loaded.warnings, *result.routing_notes):
         click.echo(f"warning: {warning}", err=True)
     for line in result.orphan_report():

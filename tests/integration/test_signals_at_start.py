@@ -16,7 +16,6 @@ held while the CLI was imported is raised again when the command starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -24,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +35,7 @@ from amqpjobs.wire.settings import BrokerSettings
 from tests.child_signals import SIGNALS_DEFAULT
 from tests.integration.helpers import process_running, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY
+from tests.silent_port import silent_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -182,30 +181,6 @@ async def test_schedule_run_signalled_while_still_connecting_gives_the_start_up_
     assert took < 3, took
     assert "signal 15: handing leadership over and stopping" in ours
     assert "Traceback" not in ours
-
-
-@contextmanager
-def silent_port() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A loopback port that accepts connections and never answers (a management API that hangs); and its accepted."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    accepted: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):  # closed at the end
-            while True:
-                accepted.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield int(server.getsockname()[1]), accepted
-    finally:
-        server.shutdown(socket.SHUT_RDWR)
-        server.close()
-        for conn in accepted:
-            conn.close()
 
 
 async def test_a_second_signal_while_a_stopped_start_winds_down_exits_143(broker: BrokerSettings, tmp_path: Path):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
@@ -10,6 +15,8 @@ from click.testing import CliRunner
 
 from amqpjobs.cli import main
 from amqpjobs.cli._common import errors_to_exit_codes
+from tests.child_signals import SIGNALS_DEFAULT
+from tests.silent_port import silent_port
 
 
 @click.command()
@@ -61,3 +68,36 @@ def test_an_invalid_topology_says_nothing_was_declared_only_where_a_command_decl
     assert result.stderr.startswith("error: invalid topology (1 problem(s)):\n")
     assert ("nothing was declared\n" in result.stderr) is declares
     assert result.stdout == ""
+
+
+OK_TOPOLOGY = '[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\n'
+
+
+@pytest.mark.parametrize("args", [["topology", "plan"], ["status"]])
+def test_ctrl_c_while_a_management_api_request_hangs_exits_130_at_once(tmp_path: Path, args: list[str]):
+    """The request runs in a thread (up to its 5 s timeout); Ctrl-C must not wait for it at exit."""
+    path = tmp_path / "t.toml"
+    path.write_text(OK_TOPOLOGY)
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with silent_port() as (port, accepted):
+        env = {**os.environ, "AMQPJOBS_URL": f"amqp://guest:guest@127.0.0.1:{port}/",
+               "AMQPJOBS_MANAGEMENT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+        proc = subprocess.Popen([*SIGNALS_DEFAULT, str(exe), *args, str(path)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not accepted and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert proc.poll() is None, proc.communicate()
+            assert accepted, "no request reached the silent management API"
+            time.sleep(0.3)  # well inside the request (its timeout is 5 s)
+            proc.send_signal(signal.SIGINT)
+            sent = time.monotonic()
+            out, err = proc.communicate(timeout=15)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert (proc.returncode, err, out) == (130, "interrupted\n", "")
+    assert took < 1.5, took
