@@ -118,6 +118,23 @@ async def test_consume_signalled_while_the_app_module_loads_exits_0_at_once(brok
     assert record.read_text().split() == ["importing", str(proc.pid)]  # loaded once, ran nothing
 
 
+async def test_schedule_run_signalled_while_the_app_module_loads_exits_0_at_once(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """As a worker's: the app's import (60 s) is cut short, and no replica ever joined the election."""
+    record = tmp_path / "sched-record.txt"
+    args = ["schedule", "run", "tests.integration.schedapp:app", "--log-json"]
+    with started(tmp_path, broker, args, SCHEDAPP_SLOW_IMPORT="60", SCHEDAPP_RECORD=str(record)) as proc:
+        await until(lambda: record.exists() and record.read_text().startswith("importing"), 30, "the app's import")
+        proc.send_signal(signal.SIGINT)
+        code, took = await exit_code(proc, 30)
+    ours = lines_of_ours(tmp_path)
+    assert code == 0, ours
+    assert took < 5, took
+    assert [json.loads(line)["message"] for line in ours] == [EXITING.format(n=2)]
+    assert record.read_text().split() == ["importing", str(proc.pid)]
+
+
 async def test_consume_processes_2_signalled_while_the_cli_is_imported_exits_0(broker: BrokerSettings, tmp_path: Path):
     with started(tmp_path, broker, ["consume", "tests.integration.procapp:app", "--processes", "2"]) as proc:
         await signal_while_the_cli_is_imported(proc, tmp_path, signal.SIGTERM)
