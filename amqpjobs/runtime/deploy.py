@@ -112,12 +112,14 @@ class PlanResult:
         return lines
 
 
-async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResult:
+async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_majority: bool = True) -> PlanResult:
     """Validate the topology at ``path`` for the connected broker and compare it with the live vhost.
 
     Arguments and types come from the management API; the depth of each conflicting
     queue (for the remedy) from a passive declare on a throwaway channel, since the
     management API's counts lag by its statistics interval. Nothing is declared.
+    ``check_majority``: also say whether apply would be refused now (:func:`require_majority`;
+    False where the caller has just required it, as :func:`apply_topology` does).
 
     Raises:
         TopologyValidationError: the files are invalid.
@@ -140,7 +142,8 @@ async def plan_topology(path: str | Path, settings: BrokerSettings) -> PlanResul
         orphans = tuple((n, probes[n].messages) for n in sorted(probes))
     no_majority = ""
     try:
-        await asyncio.to_thread(require_majority, settings, "topology apply")
+        if check_majority:
+            await asyncio.to_thread(require_majority, settings, "topology apply")
     except (BrokerUnavailableError, ManagementApiError) as exc:
         log.debug("cluster majority not checked (management API: %s)", exc)
     except BrokerError as exc:
@@ -372,7 +375,7 @@ async def apply_topology(
     """
     await asyncio.to_thread(load_topology, path)  # the file's own problems first, as plan_topology finds them
     await asyncio.to_thread(require_majority, settings, "topology apply")
-    result = await plan_topology(path, settings)
+    result = await plan_topology(path, settings, check_majority=False)
     if result.plan.conflicts:
         raise TopologyConflictError(result.plan.report())
     if not result.plan.creates and not result.stray_bindings:
