@@ -241,7 +241,8 @@ class Worker(WorkerStop):
             "worker consuming %s with %d slot(s) per queue",
             ", ".join(self._layouts), self.options.concurrency,
         )  # fmt: skip
-        await warn_dropped_shards(self.settings, self._layouts.values(), log)  # README "Sharding"
+        # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
+        self._background.append(asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log)))
         self.ready.set()
 
     async def start_on(self, publisher: Publisher) -> None:

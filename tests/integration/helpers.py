@@ -217,3 +217,11 @@ def capture_content_headers(monkeypatch: Any) -> list[bytes]:
 
     monkeypatch.setattr(pamqp.frame, "unmarshal", capture)
     return frames
+
+
+async def until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "the condition") -> None:
+    """Return once ``predicate()`` is true (polled every 10 ms); fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
+        await asyncio.sleep(0.01)

@@ -25,7 +25,7 @@ from amqpjobs.runtime.replay import replay
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
-from tests.integration.helpers import cli_subprocess, depth, raw_channel
+from tests.integration.helpers import cli_subprocess, depth, raw_channel, until
 
 pytestmark = pytest.mark.broker
 
@@ -145,7 +145,8 @@ async def test_worker_start_warns_about_dropped_shards_holding_jobs(
     app.job("export", queue="exports")(lambda p, c: None)
     worker = Worker(app, broker, WorkerOptions(queues=("exports",), concurrency=2))
     with caplog.at_level(logging.WARNING):
-        await worker.start()
+        await worker.start()  # ready at once; the check runs in the background
+        await until(lambda: "dropped shard(s) of exports" in caplog.text)
         await worker.shutdown()
     await app.close()
     text = "\n".join(r.getMessage() for r in caplog.records)
