@@ -21,7 +21,7 @@ from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.delivery_tap import DeliveryTap
 from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, raw_channel
+from tests.integration.helpers import depth, raw_channel, until
 
 pytestmark = pytest.mark.broker
 
@@ -35,13 +35,6 @@ async def fill(broker: BrokerSettings, queue: str, bodies: list[bytes]) -> None:
         for i, body in enumerate(bodies):
             message = aio_pika.Message(body, message_id=f"m-{i}", headers={"i": i, "size": len(body)})
             await ch.default_exchange.publish(message, routing_key=queue)
-
-
-async def until(check: object, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("tapped", [True, False], ids=["tapped", "through-aiormq"])

@@ -15,8 +15,8 @@ from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import MAX_PENDING, subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth
-from tests.integration.test_operator_events import decoded, until
+from tests.integration.helpers import depth, until
+from tests.integration.test_operator_events import decoded
 from tests.integration.test_reconnect import connections
 from tests.integration.test_topology_holes import delete
 from tests.integration.worker_env import make_app, running_worker

@@ -20,8 +20,7 @@ from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain
-from tests.integration.test_operator_events import until
+from tests.integration.helpers import depth, drain, until
 from tests.integration.test_outcome_levels import listening
 from tests.integration.worker_env import make_app, running_worker
 

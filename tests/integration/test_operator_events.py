@@ -21,19 +21,12 @@ from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import subscribe_outcomes
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import cli, depth, wait_until
+from tests.integration.helpers import cli, depth, until, wait_until
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.test_topology_holes import delete
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
-
-
-async def until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 def decoded(body: bytes) -> list[OutcomeEvent]:

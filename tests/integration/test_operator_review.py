@@ -19,8 +19,7 @@ from amqpjobs.topology.naming import EVENTS_EXCHANGE
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import MAX_PENDING, OutcomeEvents, subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.helpers import ROOT, cli, depth, raw_channel
-from tests.integration.test_operator_events import until
+from tests.integration.helpers import ROOT, cli, depth, raw_channel, until
 from tests.integration.test_operator_papercuts import EXE, env_for
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.test_topology_holes import delete

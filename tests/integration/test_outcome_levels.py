@@ -19,8 +19,8 @@ from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import cli
-from tests.integration.test_operator_events import decoded, until
+from tests.integration.helpers import cli, until
+from tests.integration.test_operator_events import decoded
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.worker_env import Recorder, make_app
 

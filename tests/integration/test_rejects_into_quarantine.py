@@ -20,8 +20,7 @@ from amqpjobs import JobContext
 from amqpjobs.jobs.outcome import Quarantine
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain, raw_channel
-from tests.integration.test_operator_events import until
+from tests.integration.helpers import depth, drain, raw_channel, until
 from tests.integration.test_outcome_levels import listening, worker_at
 from tests.integration.test_pause_faults import _mgmt, _user
 from tests.integration.worker_env import Recorder, make_app, running_worker

@@ -33,7 +33,7 @@ import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
 from tests.child_signals import SIGNALS_DEFAULT
-from tests.integration.helpers import process_running, write_file
+from tests.integration.helpers import process_running, until, write_file
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 from tests.silent_port import silent_port
 
@@ -67,14 +67,6 @@ def log(tmp_path: Path) -> str:
 def lines_of_ours(tmp_path: Path) -> list[str]:
     """The output without the import-time lines."""
     return [line for line in log(tmp_path).splitlines() if not line.startswith("import time:")]
-
-
-async def until(condition: object, timeout: float, what: str) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def exit_code(proc: subprocess.Popen[str], timeout: float) -> tuple[int, float]:
