@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from amqpjobs.wire.connection import CHANNEL_LOGGERS, CLIENT_LOGGERS, quiet_client_loggers
+
 
 async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
     """Run ``start`` until it ends or ``stop`` is set, whichever comes first; whether it ended.
@@ -23,7 +25,9 @@ async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.E
 
     Returns:
         True when ``start`` ended (``stop`` may be set by then too); False when ``stop`` was
-        set first: ``start`` was cancelled and has ended.
+        set first: ``start`` was cancelled and has ended. The AMQP client's lines about the
+        calls the cancellation cut short (``Closing channel ... because RPC call ... cancelled``,
+        a WARNING) are not logged then, unless at DEBUG.
 
     Raises:
         What ``start`` raised, when it ended first.
@@ -38,8 +42,9 @@ async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.E
         raise
     stopping.cancel()
     if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+        with quiet_client_loggers((*CLIENT_LOGGERS, *CHANNEL_LOGGERS)):
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
         return False
     starting.result()
     return True
