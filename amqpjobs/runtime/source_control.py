@@ -75,9 +75,12 @@ class SourceControl(DeliveryPath):
         ]
 
     async def _started(self, source: Source) -> None:
-        """Start ``source``, paused when an operator paused its job queue: it takes no delivery until resumed."""
+        """Start ``source``, paused when an operator paused its job queue or a suspects turn is under way.
+
+        Paused, it takes no delivery until resumed (the turn's end resumes every source).
+        """
         self._consumers.append(source)  # first: a pause signalled while it starts finds it
-        if self._operator_paused(source):
+        if self._operator_paused(source) or self._gate.suspect_pending:  # a turn's pause did not find it
             await source.pause()
         await source.start()
 

@@ -138,10 +138,21 @@ class WorkQueueConsumer:
                 "apply the topology first (amqpjobs topology apply)"
             ) from exc
         channel.reopen_callbacks.add(self._on_reopen)
-        if self._paused:  # paused before it started: it consumes at resume()
-            return
         async with declaring(f"consuming {self.queue!r}", self.safe_url):
-            await self._consume()
+            await self._consume_unless_paused(self._consume)  # paused before: it consumes at resume()
+
+    async def _consume_unless_paused(self, consume: Callable[[], Awaitable[None]]) -> bool:
+        """``consume()`` under the switch unless paused or closing by then; whether it ran.
+
+        Every consume goes through here (start, resume, reopen, retry): a :meth:`pause` or
+        :meth:`cancel` asked meanwhile waits for it, then cancels what it began, so once they
+        return nothing more is delivered. Not before :meth:`start` opened the channel.
+        """
+        async with self._switch:
+            if self._closing or self._paused or self.channel is None:
+                return False
+            await consume()
+            return True
 
     async def _consume(self) -> None:
         assert self.channel is not None
@@ -210,9 +221,9 @@ class WorkQueueConsumer:
         ``cancel-ok``) and go to the handler as usual.
         """
         self._paused = True
-        if self._retry is not None:
-            self._retry.cancel()
-        async with self._switch:  # after a resume still under way
+        async with self._switch:  # after a consume under way (start, resume, reopen, retry): never cut one short
+            if self._retry is not None:  # waiting for its next try: no consume of it is under way now
+                self._retry.cancel()
             underlay = self._consuming_on
             if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
                 return
@@ -228,15 +239,16 @@ class WorkQueueConsumer:
         the cancelled one.
         """
         self._paused = False
-        async with self._switch:
-            if self._closing or self._paused:  # paused again meanwhile
-                return
+
+        async def consume() -> None:
             self.tag = _new_tag()
-            try:
-                await self._consume_or_declare()
-            except Exception as exc:
-                log.warning("consuming %s again failed (%s); retrying every second", self.queue, exc)
-                self._retry_later()
+            await self._consume_or_declare()
+
+        try:
+            await self._consume_unless_paused(consume)
+        except Exception as exc:
+            log.warning("consuming %s again failed (%s); retrying every second", self.queue, exc)
+            self._retry_later()
 
     async def settle(self) -> None:
         """Make sure the broker has every ack sent so far: flush the batch, then a round trip on the channel.
@@ -254,11 +266,9 @@ class WorkQueueConsumer:
 
     async def _on_reopen(self, *_: Any) -> None:
         """aio-pika reopened the channel after a reconnect: consume again (STYLE 7: its re-declare hook)."""
-        if self._closing or self._paused:
-            return
         try:
-            await self._consume_or_declare()
-            log.info("consuming %s again after a reconnect", self.queue)
+            if await self._consume_unless_paused(self._consume_or_declare):
+                log.info("consuming %s again after a reconnect", self.queue)
         except Exception as exc:
             log.warning("consuming %s again after a reconnect failed (%s); retrying every second", self.queue, exc)
             self._retry_later()
@@ -291,19 +301,19 @@ class WorkQueueConsumer:
     async def _consume_until_back(self) -> None:
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
-                if self._closing or self._paused:
+                if not await self._consume_unless_paused(self._consume_or_declare):
                     return
-                await self._consume_or_declare()
         log.info("consuming %s again", self.queue)
 
     async def cancel(self) -> None:
         """Stop deliveries (``basic.cancel``); deliveries already received can still be acked."""
         self._closing = True
-        if self._retry is not None:
-            self._retry.cancel()
-        underlay = self._consuming_on
-        if underlay is None or underlay.is_closed:
-            return
+        async with self._switch:  # after a consume under way
+            if self._retry is not None:
+                self._retry.cancel()
+            underlay = self._consuming_on
+            if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
+                return
         try:
             await underlay.basic_cancel(self.tag)
         except Exception as exc:  # the channel is gone: nothing more arrives on it

@@ -1,0 +1,172 @@
+"""A pause that comes while a consumer is still starting to consume holds (README "When a job crashes").
+
+A worker's suspects turn pauses every consumer, settles their acks and runs the suspect with
+nothing else held. A consumer still between its start's ``_paused`` check and its
+``basic.consume`` (five round trips) took the pause as "not consuming yet: nothing to cancel",
+then consumed anyway: the deliveries it got were handed back while the suspect ran, and a
+suspect that crashed the worker then left their originals unacked beside confirmed copies.
+Each ran twice (found by an outsider with two job queues and ``--processes 2``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.connection import connect
+from amqpjobs.wire.consume import WorkQueueConsumer
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, raw_channel, until
+from tests.integration.worker_env import Recorder
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+async def fill(broker: BrokerSettings, queue: str, n: int) -> None:
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue(queue, durable=True)
+        for i in range(n):
+            await ch.default_exchange.publish(aio_pika.Message(b"{}", message_id=f"m-{i}"), routing_key=queue)
+
+
+def slowed(consumer: WorkQueueConsumer, entered: asyncio.Event) -> None:
+    """Make ``consumer``'s consume take 0.2 s longer before its first round trip, and say when it began."""
+    consume = consumer._consume
+
+    async def slow() -> None:
+        entered.set()
+        await asyncio.sleep(0.2)
+        await consume()
+
+    consumer._consume = slow  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("way", ["start", "consuming again after the broker cancelled it"])
+async def test_a_pause_while_the_consume_is_under_way_holds_once_it_returns(broker: BrokerSettings, way: str) -> None:
+    """Deliveries the broker sent before the cancel went to the handler before pause() returned; none come after."""
+    got: list[Delivery] = []
+
+    async def handler(delivery: Delivery) -> None:
+        got.append(delivery)
+        await delivery.ack()
+
+    connection = await connect(broker)
+    consumer = WorkQueueConsumer(connection, "racing", 2, handler)
+    entered = asyncio.Event()
+    try:
+        if way == "start":
+            await fill(broker, "racing", 3)
+            slowed(consumer, entered)
+            consuming: asyncio.Task[Any] | None = asyncio.create_task(consumer.start())
+        else:  # the queue deleted: the broker cancels the consumer, which tries to consume again every second
+            await fill(broker, "racing", 0)
+            await consumer.start()
+            async with raw_channel(broker) as ch:
+                await ch.queue_delete("racing")
+            await until(lambda: consumer._retry is not None)
+            slowed(consumer, entered)
+            await fill(broker, "racing", 3)  # back, with work: the next try consumes
+            consuming = None
+        await asyncio.wait_for(entered.wait(), 10)
+        await consumer.pause()
+        taken = len(got)
+        if consuming is not None:
+            await consuming
+        await asyncio.sleep(0.6)
+        assert len(got) == taken  # nothing delivered once pause() returned
+        assert not consumer.consuming
+        assert await depth(broker, "racing") == 3 - taken
+        await consumer.resume()  # and the rest are taken after the pause
+        await until(lambda: len(got) == 3)
+        assert sorted(str(d.message_id) for d in got) == ["m-0", "m-1", "m-2"]
+    finally:
+        await consumer.close()
+        await connection.close()
+
+
+TWO_QUEUES = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "alpha"
+exchange = "jobs"
+
+[[job_queue]]
+name = "beta"
+exchange = "jobs"
+"""
+
+
+@pytest.mark.parametrize("slowed_step", ["consume", "start"])
+async def test_a_suspect_runs_with_nothing_handed_back_beside_it_while_another_consumer_still_starts(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slowed_step: str
+) -> None:
+    """Job queue alpha's suspects turn begins while beta's consumer is still starting (its consume slowed), or
+    before it began (its start slowed: the turn's pause did not find it): beta takes nothing while the suspect
+    runs, and each of its jobs runs once (the outsider's case)."""
+    path = tmp_path / "two.toml"
+    path.write_text(TWO_QUEUES)
+    await apply_topology(path, broker)
+    app = App("race", topology=load_topology(path).topology, url=broker.url)
+    runs: list[str] = []
+    handed_back_while_alone: list[int] = []
+    recorder = Recorder()
+
+    def handed_back() -> int:
+        return sum(1 for o in recorder.outcomes if o.kind == "handed_back")
+
+    @app.job("suspect", queue="alpha")
+    async def suspect(payload: dict[str, Any], ctx: JobContext) -> None:
+        before = handed_back()
+        await asyncio.sleep(1.0)  # beta's slowed consume ends meanwhile on the old code
+        handed_back_while_alone.append(handed_back() - before)
+
+    @app.job("ordinary", queue="beta")
+    async def ordinary(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+
+    async with raw_channel(broker) as ch:
+        headers: dict[str, Any] = {envelope.JOB: "suspect", crash.STARTS: 2, crash.WORK_QUEUE: "alpha"}
+        message = aio_pika.Message(b"{}", message_id="the-suspect", headers=headers, content_type="application/json")
+        await ch.default_exchange.publish(message, "alpha.suspects")
+    for i in range(3):
+        await app.enqueue("ordinary", {}, job_id=f"b{i}")
+    if slowed_step == "consume":
+        consume = WorkQueueConsumer._consume
+
+        async def slow_consume(self: WorkQueueConsumer) -> None:
+            if self.queue == "beta":
+                await asyncio.sleep(1.5)  # the first look at alpha's suspects comes after 1 s
+            await consume(self)
+
+        monkeypatch.setattr(WorkQueueConsumer, "_consume", slow_consume)
+    else:
+        start_consumer = Worker._start_consumer
+
+        async def slow_start(self: Worker, layout: JobQueueLayout, work_queue: str) -> None:
+            if layout.name == "beta":
+                await asyncio.sleep(1.5)
+            await start_consumer(self, layout, work_queue)
+
+        monkeypatch.setattr(Worker, "_start_consumer", slow_start)
+    worker = Worker(app, broker, WorkerOptions(queues=("alpha", "beta"), concurrency=2), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: sum(1 for x in o if x.kind == "succeeded") >= 4, timeout=30)
+        await asyncio.sleep(0.5)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert handed_back_while_alone == [0]
+    assert sorted(runs) == ["b0", "b1", "b2"]  # once each
