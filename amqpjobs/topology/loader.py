@@ -12,13 +12,14 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem, TopologyValidationError
 from amqpjobs.printable import as_toml
 from amqpjobs.topology.declarations import AMQP_INT_MAX
+from amqpjobs.topology.derived_names import derived_name_limit, derived_names_too_long
 from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
@@ -218,12 +219,14 @@ def _job_marker(file: str, path: str, name: str) -> list[Problem]:
                     "\"Flow control\")", f"choose a name without {found[0]!r}")]  # fmt: skip
 
 
-def _unaddressable(file: str, path: str, name: str, kind: NameKind) -> list[Problem]:
-    """The problem with ``name`` when the AMQP client can't send it (:func:`.naming.unaddressable_problem`)."""
-    if issue := unaddressable_problem(name, kind):
-        fix = (f"rename it within {ADDRESSABLE_CHARS}, at most {MAX_CLIENT_NAME[kind]} characters "
-               "(a job queue's names add suffixes such as .quarantine)")  # fmt: skip
-        return [Problem(file, path, issue, fix)]
+def _unaddressable(file: str, path: str, name: str, kind: str, limit: int | None = None) -> list[Problem]:
+    """The problem with ``name`` when the AMQP client can't send it (:func:`.naming.unaddressable_problem`).
+
+    ``limit``: the most characters the name as written may have (a job queue's: its derived names' limit).
+    """
+    if issue := unaddressable_problem(name, cast(NameKind, kind)):
+        most = MAX_CLIENT_NAME[cast(NameKind, kind)] if limit is None else limit
+        return [Problem(file, path, issue, f"rename it within {ADDRESSABLE_CHARS}, at most {most} characters")]
     return []
 
 
@@ -281,20 +284,19 @@ def _cross_checks(
             # a tier out of range is refused on its own (queue_rules); its queue name would only repeat it
             in_range = jq.model_copy(update={"retry_tiers": tuple(t for t in jq.retry_tiers if tier_in_range(t))})
             decls = Topology(job_queues=(in_range,)).declarations()
-            expanded = (*(q.name for q in decls.queues), *(e.name for e in decls.exchanges),
-                        paused_flag_name(jq.name), pause_signal_key(jq.name))  # fmt: skip
-            too_long = [n for n in expanded if len(n.encode("utf-8")) > 255]
-            if too_long:
+            derived: list[tuple[str, str]] = [("queue", q.name) for q in decls.queues]
+            derived += [("exchange", e.name) for e in decls.exchanges]
+            derived += [("queue", paused_flag_name(jq.name)), ("routing key", pause_signal_key(jq.name))]
+            limit = derived_name_limit(jq.name, derived)
+            if too_long := derived_names_too_long(jq.name, derived):
                 problems.append(
                     Problem(file, f"{base}.name",
-                            f"expanded name {too_long[0][:40]!r}... is {len(too_long[0].encode('utf-8'))} bytes; "
-                            "RabbitMQ allows 255", "shorten the job queue name (tiers, quarantine and pause add to it)")
+                            f"job queue name {jq.name[:40]!r}... is {len(jq.name)} characters, too long for the names "
+                            f"derived from it: {'; '.join(too_long)}",
+                            f"use at most {limit} characters (tiers, quarantine and pause add to the name)")
                 )  # fmt: skip
-            named: list[tuple[NameKind, str]] = [("queue", jq.name)]  # the name as written first, then its expansion
-            named += [("queue", q.name) for q in decls.queues] + [("exchange", e.name) for e in decls.exchanges]
-            if not too_long and (
-                refused := [p for kind, n in named for p in _unaddressable(file, f"{base}.name", n, kind)]
-            ):
+            elif refused := [p for kind, n in [("queue", jq.name), *derived] if kind != "routing key"
+                             for p in _unaddressable(file, f"{base}.name", n, kind, limit)]:  # fmt: skip
                 problems.append(refused[0])
             if len(set(jq.keys)) != len(jq.keys):
                 problems.append(

@@ -277,3 +277,23 @@ def test_file_names_and_key_paths_are_escaped_in_problems(tmp_path: Path) -> Non
     text = str(keyed.value.problems[0])
     assert "\n" not in text
     assert "\x1b" not in text
+
+
+def test_a_job_queue_name_too_long_for_its_derived_names_lists_each_and_the_limit(tmp_path: Path) -> None:
+    """Its ``<name>.quarantine`` exchange must fit pamqp's 127 characters, so a job queue's name at most 116."""
+    assert load_topology(write(tmp_path, HEADER + job("", name="a" * 116))).topology.layout("a" * 116)
+    (problem,) = problems_of(tmp_path, HEADER + job("", name="a" * 244))
+    assert problem == (
+        f"job_queue[0].name: job queue name {'a' * 40!r}... is 244 characters, too long for the names derived from "
+        f"it: exchange {'a' * 40!r}... is 255 characters (the AMQP client takes at most 127); routing key "
+        f"{'amqpjobs.pause.' + 'a' * 25!r}... is 259 bytes (RabbitMQ allows 255) (fix: use at most 116 characters "
+        "(tiers, quarantine and pause add to the name))"
+    )
+    (problem,) = problems_of(tmp_path, HEADER + job("", name="a" * 117))
+    assert f"exchange {'a' * 40!r}... is 128 characters (the AMQP client takes at most 127)" in problem
+
+
+def test_a_job_queue_name_the_client_cant_send_gets_the_job_queue_limit_in_its_fix(tmp_path: Path) -> None:
+    (problem,) = problems_of(tmp_path, HEADER + job("", name="wé"))
+    assert problem.startswith("job_queue[0].name: queue name 'wé' has characters the AMQP client refuses")
+    assert problem.endswith(", at most 116 characters)")
