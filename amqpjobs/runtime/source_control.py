@@ -11,7 +11,7 @@ the worker's).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.runtime.deliveries import DeliveryPath
@@ -21,6 +21,16 @@ from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
+
+
+def consuming_words(queues: Sequence[str], slots: int) -> str:
+    """``"work with 2 slot(s)"``, ``"a, b with 2 slot(s) per queue"`` or ``"nothing with 0 slot(s)"``.
+
+    The one wording of the worker's start line and its /readyz answer (``slots``: each queue's).
+    """
+    if not queues:
+        return "nothing with 0 slot(s)"
+    return f"{', '.join(queues)} with {slots} slot(s){' per queue' if len(queues) > 1 else ''}"
 
 
 class SourceControl(DeliveryPath):
@@ -111,6 +121,4 @@ class SourceControl(DeliveryPath):
         """What /readyz says when ready: the queues taken from, their slots, and the job queues paused."""
         active = sorted(c.queue for c in self._consumers if not self._operator_paused(c, known=True))
         paused = f"; paused: {', '.join(sorted(self._pauses.flags))}" if self._pauses.flags else ""
-        return (
-            f"consuming {', '.join(active) or 'nothing'} with {len(active) * self.options.concurrency} slot(s){paused}"
-        )
+        return f"consuming {consuming_words(active, self.options.concurrency)}{paused}"

@@ -49,6 +49,7 @@ from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.source_control import consuming_words
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
@@ -237,10 +238,7 @@ class Worker(WorkerStop):
                 await self._start_consumer(layout, layout.work_queues[0])
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
-        log.info(
-            "worker consuming %s with %d slot(s) per queue",
-            ", ".join(self._layouts), self.options.concurrency,
-        )  # fmt: skip
+        log.info("worker consuming %s", consuming_words(list(self._layouts), self.options.concurrency))
         # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
         self._background.append(asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log)))
         self.ready.set()
