@@ -10,7 +10,12 @@ alone, a crash is its own. :class:`IsolationGate` is the per-process rule:
 * one suspect at a time: it waits until the ordinary runs already started have finished
   (no new ones start), runs, and lets ordinary starts in again; a second suspect arriving
   meanwhile is refused (the worker hands it back unstarted) rather than held, so a
-  crashing suspect is never charged to another.
+  crashing suspect is never charged to another;
+* a redelivery's registration (a copy to the suspects queue, then the ack) makes ordinary
+  starts wait until it is done, a few ms: a job that killed the process in between would
+  leave the registered job a second life (the original redelivered beside its copy). A
+  restarted worker gets the dead one's redeliveries and the queue's next jobs at once, and
+  the next job may be the one that killed it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ class IsolationGate:
         self._suspect = False  # a suspect waits or runs
         self._idle = asyncio.Event()
         self._idle.set()
+        self._registering = 0  # registrations under way (copy, then ack)
+        self._registered = asyncio.Event()  # set while none is
+        self._registered.set()
 
     @property
     def suspect_pending(self) -> bool:
@@ -53,6 +61,25 @@ class IsolationGate:
         self._running -= 1
         if self._running == 0:
             self._idle.set()
+
+    def registration_begins(self) -> None:
+        """A registration's copy is about to be published: ordinary starts wait (:meth:`until_registered`).
+
+        Pair with :meth:`registration_ends` once its ack is sent (or it failed).
+        """
+        self._registering += 1
+        self._registered.clear()
+
+    def registration_ends(self) -> None:
+        """A registration is done (acked, or settled otherwise)."""
+        self._registering -= 1
+        if self._registering == 0:
+            self._registered.set()
+
+    async def until_registered(self) -> None:
+        """Return once no registration is under way (at once when none is)."""
+        if self._registering:
+            await self._registered.wait()
 
     def try_alone(self) -> bool:
         """Claim the process for a suspect: False when another suspect waits or runs.

@@ -151,11 +151,17 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
                               failure=describe(exc))  # fmt: skip
+        registering = isinstance(v.decision, Register)  # ordinary starts wait meanwhile (jobs.isolation)
+        if registering:
+            self._gate.registration_begins()
         try:
             acked = await self._carry_out(layout, delivery, v, trace)
         except Exception as exc:
             log.exception("carrying out %s failed inside the worker", v.decision)
             acked = await self._fallback(layout, delivery, v, exc, trace)
+        finally:
+            if registering:
+                self._gate.registration_ends()
         if envelope.PAYLOAD_REF in delivery.headers:  # a success marks its stored payload, a quarantine keeps it
             from amqpjobs.runtime.payloads import after_outcome as payload_after
 
@@ -269,6 +275,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         if job.breaker is not None and self._breakers is not None and (wait := await self._breakers.gate(
                 job, job_id, attempt, layout.tiers)) is not None:  # open: it waits ("Flow control")  # fmt: skip
             return self._outcome(layout, delivery, wait, attempt, job_id, job.name, failure=breaker_open(job.name))
+        await self._gate.until_registered()  # a job killing the process now would give a registered one two lives
         if self._stop.is_set() or not self._gate.try_enter():
             # stopping (a take answered after SIGTERM), or a suspect waits or runs alone here: don't start or hold it
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)

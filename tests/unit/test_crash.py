@@ -105,3 +105,17 @@ def test_outcome_kinds() -> None:
     assert kind(Quarantine("exhausted"), acked=False) == "abandoned"
     rejected = Outcome(Quarantine("x-death:rejected"), "j", "id", 1, 0.0, False, rejected=True)
     assert rejected.kind == "quarantined"
+
+
+async def test_ordinary_starts_wait_while_a_registration_is_under_way():
+    gate = IsolationGate()
+    await asyncio.wait_for(gate.until_registered(), 1)  # none: at once
+    gate.registration_begins()
+    gate.registration_begins()
+    waiting = asyncio.ensure_future(gate.until_registered())
+    gate.registration_ends()
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # one is still under way
+    gate.registration_ends()
+    await asyncio.wait_for(waiting, 1)
+    assert gate.try_enter()  # and ordinary starts go on
