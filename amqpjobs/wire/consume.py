@@ -139,6 +139,7 @@ class WorkQueueConsumer:
             ) from exc
         channel.reopen_callbacks.add(self._on_reopen)
         async with declaring(f"consuming {self.queue!r}", self.safe_url):
+            await self.connection.connected.wait()  # a drop since the declare: wait here, not under the switch
             await self._consume_unless_paused(self._consume)  # paused before: it consumes at resume()
 
     async def _consume_unless_paused(self, consume: Callable[[], Awaitable[None]]) -> bool:
@@ -147,10 +148,18 @@ class WorkQueueConsumer:
         Every consume goes through here (start, resume, reopen, retry): a :meth:`pause` or
         :meth:`cancel` asked meanwhile waits for it, then cancels what it began, so once they
         return nothing more is delivered. Not before :meth:`start` opened the channel.
+
+        Raises:
+            ConnectionError: the connection is down (the caller retries; the reopen consumes
+                once it is back). Not waited for under the switch: a pause or cancel would
+                wait for the whole outage (a worker's stop too).
+            What ``consume`` raises.
         """
         async with self._switch:
             if self._closing or self._paused or self.channel is None:
                 return False
+            if not self.connection.connected.is_set():  # else it would hold the switch until reconnected
+                raise ConnectionError(f"not connected to the broker (consuming {self.queue!r} waits for it)")
             await consume()
             return True
 
@@ -241,6 +250,8 @@ class WorkQueueConsumer:
         self._paused = False
 
         async def consume() -> None:
+            if self.consuming:  # not paused after all (a resume twice): a second tag would go on after a pause
+                return
             self.tag = _new_tag()
             await self._consume_or_declare()
 

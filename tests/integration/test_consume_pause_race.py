@@ -11,9 +11,12 @@ Each ran twice (found by an outsider with two job queues and ``--processes 2``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import pytest
@@ -29,6 +32,7 @@ from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, raw_channel, until
+from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.worker_env import Recorder, make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -207,3 +211,32 @@ async def test_a_job_received_after_a_redelivery_starts_once_its_registration_is
     await app.close()
     assert [what for what, _ in sorted(events, key=lambda e: e[1])][:2] == ["r1 acked", "fresh started"]
     assert await depth(broker, "work.suspects") == 1  # r1, registered once
+
+
+async def test_pause_and_cancel_do_not_wait_for_a_broker_outage(broker: BrokerSettings) -> None:
+    """A consume tried again during an outage must not hold the switch until the broker is back: a worker's stop
+    (cancel) would wait for the whole outage before its drain began (found by a review of the switch)."""
+    await fill(broker, "outage", 0)
+    node = urlsplit(broker.url)
+    proxy = TcpProxy((node.hostname or "127.0.0.1", node.port or 5672))
+    via = urlunsplit(node._replace(netloc=f"{node.username}:{node.password}@127.0.0.1:{await proxy.start()}"))
+    connection = await connect(replace(broker, url=via))
+
+    async def handler(delivery: Delivery) -> None:
+        await delivery.ack()
+
+    consumer = WorkQueueConsumer(connection, "outage", 2, handler)
+    try:
+        await consumer.start()
+        async with raw_channel(broker) as ch:  # the broker cancels the consumer: it tries again every second
+            await ch.queue_delete("outage")
+        await until(lambda: consumer._retry is not None)
+        await proxy.stop()  # the broker is away (connections cut, new ones refused)
+        await asyncio.sleep(2.5)  # a try or two meet the outage
+        await asyncio.wait_for(consumer.pause(), 2)
+        await asyncio.wait_for(consumer.cancel(), 2)
+    finally:
+        await consumer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.close(), 2)
+        await proxy.stop()
