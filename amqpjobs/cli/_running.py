@@ -4,7 +4,8 @@ Management API requests run in threads (``asyncio.to_thread``: httpx blocks) for
 timeout (5 s for a one-shot command). A thread can't be stopped: on Ctrl-C, ``asyncio.run``
 cancels the command's task (its connections close), then waits for the default executor's
 threads, and Python joins them again at exit. Against a silent management API, Ctrl-C took
-up to 5 s to end the command. :func:`run_command` exits 130 once the task has ended instead.
+up to 5 s to end the command. :func:`run_command` exits 130 once the task has ended instead,
+at once when a thread is still busy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import click
@@ -28,28 +30,46 @@ T = TypeVar("T")
 def run_command(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)``, except that Ctrl-C does not wait for requests still in threads.
 
+    The loop's default executor is one of ours: on Ctrl-C it is shut down, and when its threads
+    have not all ended within :data:`_JOIN` seconds (a request still waiting for its answer),
+    ``interrupted`` is printed and the process ends at once with 130 (``os._exit``: Python
+    would join them at exit).
+
     Returns:
         What ``main`` returns.
 
     Raises:
-        KeyboardInterrupt: Ctrl-C while no other thread runs (the command's wrapper,
+        KeyboardInterrupt: Ctrl-C once no thread is busy (the command's wrapper,
             :func:`~amqpjobs.cli._common.errors_to_exit_codes`, prints ``interrupted`` and exits 130).
         What ``main`` raises.
     """
     runner = asyncio.Runner()
+    executor = ThreadPoolExecutor(thread_name_prefix="amqpjobs-cli")
+    runner.get_loop().set_default_executor(executor)
     try:
         return runner.run(main)
     except KeyboardInterrupt:
-        if _threads_still_running():
+        if not _threads_end(executor):
             _exit_interrupted_now()
         raise
     finally:
         runner.close()
 
 
-def _threads_still_running() -> bool:
-    main = threading.main_thread()
-    return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
+#: Seconds Ctrl-C waits for the executor's threads to end (idle ones end at once).
+_JOIN = 0.2
+
+
+def _threads_end(executor: ThreadPoolExecutor) -> bool:
+    """Shut ``executor`` down; whether its threads all ended within :data:`_JOIN` seconds."""
+    done = threading.Event()
+
+    def shutdown() -> None:
+        executor.shutdown(wait=True)
+        done.set()
+
+    threading.Thread(target=shutdown, daemon=True).start()
+    return done.wait(_JOIN)
 
 
 def _exit_interrupted_now() -> None:

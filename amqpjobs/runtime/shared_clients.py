@@ -22,8 +22,10 @@ T = TypeVar("T")
 class SharedManagementClients:
     """One management API client per use (a name), shared by the threads that ask through it.
 
-    Thread-safe. A caller serialises the requests of one use itself (an ``httpx.Client`` may
-    be shared, but its owner's locks keep one request per use at a time).
+    Thread-safe. Its owner's locks usually keep one request per use at a time, but not
+    always: a caller cancelled while its request goes on in a thread releases its lock, and
+    the next request of that use then overlaps it on the same client (``httpx.Client`` is
+    thread-safe; the client's failover order may then be updated by both, harmlessly).
 
     Args:
         settings: The broker whose management API the clients ask.

@@ -118,5 +118,5 @@ class SuspectTurns(SourceControl):
             self._gate.release_alone()
             if not self._stop.is_set():
                 await asyncio.gather(*(c.resume() for c in self._consumers
-                                       if not self._holds_any(c) and not self._pauses.pauses(c.queue)))  # fmt: skip
+                                       if not self._holds_any(c) and not self._operator_paused(c)))  # fmt: skip
         return None

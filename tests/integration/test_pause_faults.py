@@ -11,18 +11,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import aio_pika
 import aiormq
 import pytest
 
 from amqpjobs import App
 from amqpjobs.errors import BrokerError, SignalNotSentError
+from amqpjobs.jobs import crash, envelope
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.pausing import pause, resume
 from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.naming import rate_queue_names
 from amqpjobs.wire.flags import read_flags
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.helpers import cli, depth, wait_until
+from tests.integration.helpers import cli, depth, raw_channel, wait_until
 from tests.integration.test_pause import _app_with_slow_job, _succeeded, _worker
 from tests.integration.test_rate_limits import in_process_app, most_in_one_second
 from tests.integration.worker_env import Recorder, make_app
@@ -263,3 +267,55 @@ async def test_pause_whose_signal_is_refused_says_so_and_the_flag_stays(broker: 
         assert "resumed job queue work: flag deleted, but the signal could not be sent" in out.output
         assert "workers notice within 30 s" in out.output
         assert await asyncio.to_thread(read_flags, broker, ["work"]) == {}
+
+
+TWO_QUEUES = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+
+[[job_queue]]
+name = "side"
+exchange = "jobs"
+"""
+
+
+async def test_a_suspects_turn_of_another_job_queue_leaves_a_paused_ones_waiting_room_paused(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """The turn's end resumes the sources it stopped, not those an operator paused: a waiting room's queue
+    (``work.rate-waiting.limited``) belongs to job queue ``work`` (README "Pause and resume"; found by a review)."""
+    path = tmp_path / "two.toml"
+    path.write_text(TWO_QUEUES)
+    await apply_topology(path, broker)
+    app = App("turns", topology=load_topology(path).topology, url=broker.url)
+    app.job("limited", queue="work", rate_limit="4/s")(lambda p, c: None)
+    app.job("suspect", queue="side")(lambda p, c: None)
+    room = rate_queue_names("work", "limited").waiting
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("work", "side"), concurrency=2, grace=10), recorder)
+    await worker.start()
+    try:
+        for i in range(16):
+            await app.enqueue("limited", {}, job_id=f"limited-{i}")
+        await recorder.wait_for(lambda outs: len(outs) >= 2, 15)
+        await pause(broker, "work", "rooms stay paused")
+        await asyncio.sleep(1.0)  # the ones waiting for a token at the pause are handed back by then
+        seen, waiting = len(recorder.outcomes), await depth(broker, room)
+        assert waiting > 0
+        async with raw_channel(broker) as ch:  # a suspect of job queue side: its turn pauses and resumes sources
+            headers: dict[str, Any] = {envelope.JOB: "suspect", crash.STARTS: 2, crash.WORK_QUEUE: "side"}
+            message = aio_pika.Message(b"{}", message_id="s1", headers=headers, content_type="application/json")
+            await ch.default_exchange.publish(message, "side.suspects")
+        await recorder.wait_for(lambda outs: any(o.job_id == "s1" for o in outs), 15)
+        await asyncio.sleep(2.0)
+        assert [o.job_id for o in recorder.outcomes[seen:]] == ["s1"]  # nothing of work's room taken
+        assert await depth(broker, room) == waiting
+        assert await resume(broker, "work") is True
+        await recorder.wait_for(lambda outs: len({o.job_id for o in outs if o.kind == "succeeded"}) >= 17, 30)
+    finally:
+        await worker.shutdown()
+        await app.close()
