@@ -49,7 +49,6 @@ from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results import ResultsWriter
-from amqpjobs.runtime.source_control import consuming_words
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
@@ -71,6 +70,12 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds the event loop may go without a heartbeat before /readyz says not ready.
 STUCK_AFTER = 3.0
+
+
+def _say_if_failed(task: asyncio.Task[None]) -> None:
+    """Log what a best-effort background check raised (else: "Task exception was never retrieved")."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("a background check of the worker failed: %s", exc, exc_info=exc)
 
 
 def settle_heap() -> None:
@@ -238,9 +243,11 @@ class Worker(WorkerStop):
                 await self._start_consumer(layout, layout.work_queues[0])
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
-        log.info("worker consuming %s", consuming_words(list(self._layouts), self.options.concurrency))
+        log.info("worker %s", self._consuming())  # as /readyz says it
         # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
-        self._background.append(asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log)))
+        check = asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log))
+        check.add_done_callback(_say_if_failed)
+        self._background.append(check)
         self.ready.set()
 
     async def start_on(self, publisher: Publisher) -> None:
