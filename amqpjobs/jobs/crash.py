@@ -43,7 +43,14 @@ LAST_START_AT: Final = "amqpjobs-last-start-at"
 #: The work queue a suspect came from (it waits in the job queue's suspects queue meanwhile).
 WORK_QUEUE: Final = "amqpjobs-work-queue"
 #: Headers of the start count: reset on every copy made after an outcome (retry tiers, replay).
-START_HEADERS: Final = (STARTS, LAST_START_HOST, LAST_START_PID, LAST_START_AT, WORK_QUEUE)
+#: A registered start that waits in a retry tier (its idempotency claim was busy, or the ledger
+#: down): the copy that comes back from the tier is registered again for this start, not run from
+#: the work queue, where :data:`STARTS` is ignored (the count would begin again: a job killing
+#: its workers while a dead worker's claim lives would never reach ``crashed``). Honoured on a
+#: work queue delivery: a publisher setting it only makes a job run alone, and one that then
+#: crashes is charged from that start.
+WAITING_START: Final = "amqpjobs-waiting-start"
+START_HEADERS: Final = (STARTS, LAST_START_HOST, LAST_START_PID, LAST_START_AT, WORK_QUEUE, WAITING_START)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,8 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int,
             put the starts they register. Elsewhere :data:`STARTS` is not a count of ours
             (workers never put a registered start back in a work queue) and is ignored: a
             publisher's ``amqpjobs-starts`` never charges a job with crashes it did not have.
+            A registered start that waited in a retry tier comes back with :data:`WAITING_START`
+            and is registered again for that start (redelivered or not: it never runs there).
 
     Every redelivery counts as a start, on every version: the broker's counters can't tell a
     start from a hand-back (on 4.3 quorum queues a nack, a consumer timeout and a partition
@@ -95,6 +104,8 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int,
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
+    if not registered and WAITING_START in headers:  # a registered start back from its wait: register it again
+        return Screening("register", min(parse_attempt(headers.get(WAITING_START)), max_redeliveries + 1))
     if not redelivered and (STARTS not in headers or not registered):
         return _FIRST
     start = starts_of(headers) if registered else 1

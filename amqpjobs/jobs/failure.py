@@ -128,6 +128,9 @@ def retry_headers(
     if not decision.wait:  # an outcome was reached: the start count begins again
         for name in crash.START_HEADERS:
             headers.pop(name, None)
+    headers.pop(crash.WAITING_START, None)
+    if decision.wait and decision.start > 1:  # a suspect waits: registered again when it comes back
+        headers[crash.WAITING_START] = decision.start
     headers[envelope.ATTEMPT] = decision.next_attempt
     headers[envelope.RUNS] = runs
     if not decision.wait:
@@ -156,6 +159,7 @@ def unstarted_headers(
     """
     headers = copy_headers(received, timestamp)
     if register is not None:
+        headers.pop(crash.WAITING_START, None)  # registered now: a suspect like any other
         headers[crash.STARTS] = register.start
         headers[crash.LAST_START_HOST] = host
         headers[crash.LAST_START_PID] = pid

@@ -62,6 +62,8 @@ class RetryLater:
         delay: The tier's delay in seconds.
         wait: True when nothing failed: the job waits for another worker's claim on its key
             (or for the ledger to answer); it uses no attempt.
+        start: For a waiting suspect, the registered start it waits with (its copy carries
+            :data:`~amqpjobs.jobs.crash.WAITING_START`); 0 otherwise.
 
     """
 
@@ -69,6 +71,7 @@ class RetryLater:
     tier: int
     delay: float
     wait: bool = False  # not a failure: waiting for another worker's claim (or the ledger) to clear
+    start: int = 0  # a waiting registered start (> 1): registered again for it when back (crash.WAITING_START)
 
     @property
     def next_step(self) -> str:

@@ -69,13 +69,14 @@ def decide(kind: FailureKind, attempt: int, max_attempts: int, tiers: tuple[floa
     return RetryLater(next_attempt=attempt + 1, tier=tier, delay=tiers[tier])
 
 
-def wait_later(attempt: int, tiers: tuple[float, ...], tier: int = 0) -> RetryLater:
+def wait_later(attempt: int, tiers: tuple[float, ...], tier: int = 0, start: int = 0) -> RetryLater:
     """Wait in tier ``tier`` without using an attempt (nothing failed: a claim, the ledger, an open breaker).
 
     The first tier by default; an open breaker picks the longest that fits in its cool-down.
-    The copy keeps attempt ``attempt``; the job queue must have tiers.
+    The copy keeps attempt ``attempt``; the job queue must have tiers. ``start``: a suspect's
+    registered start (> 1), kept for when it comes back (:data:`~amqpjobs.jobs.crash.WAITING_START`).
     """
-    return RetryLater(next_attempt=attempt, tier=tier, delay=tiers[tier], wait=True)
+    return RetryLater(next_attempt=attempt, tier=tier, delay=tiers[tier], wait=True, start=start)
 
 
 def retry_window(tiers: tuple[float, ...], attempts: int) -> float:

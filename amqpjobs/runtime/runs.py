@@ -131,7 +131,7 @@ class HandlerRuns:
                 if not isinstance(exc, LedgerUnavailableError):  # an outage is logged by the ledger, once
                     log.error("job %s id %s: idempotency ledger failed (%s); retrying later",
                               field_value(job.name), field_value(job_id), exc)  # fmt: skip
-                later = wait_later(attempt, layout.tiers)
+                later = wait_later(attempt, layout.tiers, start=0 if ordinary else start)
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=(qualname(exc), message_of(exc), ""))  # fmt: skip
             if claim is None:  # the stop came while the claim waited (a locked or slow ledger): never started
@@ -139,7 +139,7 @@ class HandlerRuns:
             if claim is Claim.DONE:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
-                later = wait_later(attempt, layout.tiers)
+                later = wait_later(attempt, layout.tiers, start=0 if ordinary else start)
                 why = "another worker holds a live claim on this job id"
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=("ClaimBusy", why, ""))  # fmt: skip

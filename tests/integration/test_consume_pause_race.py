@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.runtime import deliveries, fallback
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
@@ -33,7 +35,7 @@ from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, raw_channel, until
 from tests.integration.tcp_proxy import TcpProxy
-from tests.integration.worker_env import Recorder, make_app, running_worker
+from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -240,3 +242,44 @@ async def test_pause_and_cancel_do_not_wait_for_a_broker_outage(broker: BrokerSe
         with contextlib.suppress(Exception):
             await asyncio.wait_for(connection.close(), 2)
         await proxy.stop()
+
+
+async def test_a_suspect_waiting_for_a_dead_workers_claim_keeps_its_start_count(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idempotent suspect meets the claim its dead worker left (a live lease): it waits in a retry tier and
+    comes back registered for the same start, run alone; from the work queue its count began again at 2 each
+    time, so an idempotent job killing its workers never reached ``crashed`` (an outsider's report)."""
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    path = tmp_path / "app.toml"
+    path.write_text(APPLIED_TOPOLOGY)
+    await apply_topology(path, broker)
+    ledger = SqliteLedger(str(tmp_path / "ledger.db"))
+    app = App("claims", topology=load_topology(path).topology, url=broker.url, ledger=ledger)
+    ran: list[tuple[Any, bool]] = []
+
+    @app.job("charge", queue="work", idempotent=True, lease="30s")
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append((ctx.headers.get(crash.STARTS), ctx.redelivered))
+
+    assert await ledger.claim("j1", "the-dead-worker", 30.0) is Claim.CLAIMED
+    async with raw_channel(broker) as ch:
+        headers: dict[str, Any] = {envelope.JOB: "charge", crash.STARTS: 3, crash.WORK_QUEUE: "work"}
+        message = aio_pika.Message(b"{}", message_id="j1", headers=headers, content_type="application/json")
+        await ch.default_exchange.publish(message, "work.suspects")
+    seen: list[Recorder] = []
+
+    def kinds() -> list[str]:
+        return [o.kind for o in seen[0].outcomes if o.job_id == "j1"]
+
+    async with running_worker(app, broker, concurrency=2) as (_, recorder):
+        seen.append(recorder)
+        await until(lambda: kinds().count("deferred") >= 2, 20, "two waits for the claim")
+        await ledger.release("j1", "the-dead-worker")
+        await until(lambda: "succeeded" in kinds(), 20, "the run once the claim is free")
+    await app.close()
+    assert kinds()[:3] == ["deferred", "redelivered", "deferred"]  # waited, registered again, still busy
+    assert ran == [(3, True)]  # once, alone, as start 3
+    alone = [r.getMessage() for r in caplog.records if "running it alone" in r.getMessage()]
+    assert alone, caplog.text
+    assert all("start 3 of at most 6" in line for line in alone), alone

@@ -119,3 +119,27 @@ async def test_ordinary_starts_wait_while_a_registration_is_under_way():
     gate.registration_ends()
     await asyncio.wait_for(waiting, 1)
     assert gate.try_enter()  # and ordinary starts go on
+
+
+@pytest.mark.parametrize("redelivered", [False, True])
+def test_a_waiting_start_back_from_its_tier_is_registered_again_for_that_start(redelivered: bool):
+    from amqpjobs.jobs.crash import WAITING_START
+
+    assert screen(redelivered, {WAITING_START: 4, STARTS: 4}, 5, registered=False) == Screening("register", 4)
+    assert screen(False, {WAITING_START: 99}, 5, registered=False) == Screening("register", 6)  # at most the last
+    assert screen(False, {STARTS: 4}, 5, registered=False) == Screening("run", 1)  # without it: ignored as before
+
+
+def test_only_a_suspects_wait_carries_the_waiting_start():
+    from amqpjobs.jobs.crash import WAITING_START
+    from amqpjobs.jobs.failure import retry_headers, unstarted_headers
+
+    def tier_copy(decision: RetryLater, received: dict[str, object]) -> dict[str, object]:
+        return retry_headers(received, decision, 0, "jobs", "work", "now", timestamp=None)
+
+    assert tier_copy(RetryLater(1, 0, 1.0, wait=True, start=3), {STARTS: 3})[WAITING_START] == 3
+    assert WAITING_START not in tier_copy(RetryLater(1, 0, 1.0, wait=True), {WAITING_START: 3})  # an ordinary wait
+    assert WAITING_START not in tier_copy(RetryLater(2, 0, 1.0), {WAITING_START: 3, STARTS: 3})  # an outcome
+    registered = unstarted_headers({WAITING_START: 3}, Register(3), "work", "jobs", "work", "h", 1, "now",
+                                   timestamp=None)  # fmt: skip
+    assert (registered[STARTS], WAITING_START in registered) == (3, False)
