@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 #: How a key that is not a job id starts.
@@ -29,3 +29,23 @@ def message_key(job_id: str, headers: Mapping[str, Any], body: bytes) -> str:
     digest.update(b"\x00")
     digest.update(body)
     return KEY_PREFIX + digest.hexdigest()[:KEY_LENGTH]
+
+
+def unnamed_idempotency_key(
+    key: Callable[[Any], str] | None, payload: Any, headers: Mapping[str, Any], body: bytes
+) -> str:
+    """The idempotency key of a delivery that came without a ``message_id`` (a publisher of another stack).
+
+    The job's ``key`` function of the validated ``payload`` when it has one and it gives a
+    non-empty ``str``, else :func:`message_key` of ``headers`` and ``body``: the same each time
+    the broker redelivers it, so a redelivery finds the claim or done-mark of its first run
+    (a random id per delivery ran the effect twice). Two identical such messages count as one.
+    """
+    if key is not None:
+        try:
+            derived = key(payload)
+        except Exception:  # the enqueue side refuses such a key; here the hash still keys it
+            derived = None
+        if isinstance(derived, str) and derived:
+            return derived
+    return message_key("", headers, body)

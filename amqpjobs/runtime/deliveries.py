@@ -37,6 +37,7 @@ from amqpjobs.jobs.failure import (
     unstarted_headers,
 )
 from amqpjobs.jobs.isolation import IsolationGate
+from amqpjobs.jobs.message_key import unnamed_idempotency_key
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.retry import decide
@@ -248,6 +249,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         except ValidationError as exc:
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
+        if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
+            job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
+            log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))
         max_attempts = job.retry.attempts_for(layout.tiers)
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -23,6 +24,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, fresh_database, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
@@ -428,3 +430,32 @@ async def test_transaction_of_a_job_done_meanwhile_is_rolled_back_as_a_duplicate
     assert [o.kind for o in rec.outcomes] == ["duplicate"]
     assert ledger_rows(ledger_spec) == [("late-1", "done")]
     assert await depth(broker, "work") == 0
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("keyed", [True, False], ids=["key-function", "message-hash"])
+async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_duplicate(
+    broker: BrokerSettings, tmp_path: Path, keyed: bool
+) -> None:
+    """A publisher of another stack sends no message_id: the worker keyed each delivery with a random id, so a
+    redelivery (or the same message twice) ran the effect twice (an outsider's report). Now the key function of
+    the payload, else a hash of the message, is the key."""
+    base = await make_app(broker, tmp_path)
+    app = App("unnamed", topology=base.topology(), url=broker.url, ledger=SqliteLedger(str(tmp_path / "l.db")))
+    ran: list[str] = []
+
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    app.job("charge", queue="work", idempotent=True, key=(lambda p: f"charge:{p['order']}") if keyed else None)(charge)
+    published = {"properties": {"headers": {envelope.JOB: "charge"}, "content_type": "application/json"},
+                 "routing_key": "work", "payload": '{"order": 81}', "payload_encoding": "string"}  # fmt: skip
+    with ManagementClient(broker) as mgmt:  # as the management UI or a shell script publishes: no message_id
+        for _ in range(2):
+            mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/amq.default/publish", json=published)
+    async with running_worker(app, broker, concurrency=1) as (_, recorder):
+        await recorder.wait_for(lambda o: len(o) >= 2, timeout=20)
+    await app.close()
+    assert sorted(o.kind for o in recorder.outcomes) == ["duplicate", "succeeded"]
+    assert len(ran) == 1
+    assert ran[0] == "charge:81" if keyed else ran[0].startswith("sha256:")
