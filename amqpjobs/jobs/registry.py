@@ -136,7 +136,8 @@ class JobDef:
         key: Derives the job id (the idempotency key) from the validated payload when
             ``enqueue`` gets no ``job_id``.
         lease: Seconds a claim holds before another worker may take it over; None: twice
-            the timeout the worker gives a job without one (at least 60 s).
+            the timeout the worker gives a job without one (at least 60 s). Given without a
+            ``timeout``, the worker times the job out at half of it.
         breaker: Its circuit breaker (:mod:`amqpjobs.jobs.breaker`), or None.
         rate_limit: At most that many starts per period across the app's workers, or None
             (README "Flow control" -> "Rate limits").
@@ -252,7 +253,9 @@ class JobRegistry:
                 ``lambda p: f"charge:{p.order_id}"``.
             lease: How long a claim holds (seconds or duration); default twice the
                 timeout, at least 60 s (for a job without ``timeout``: twice the worker's
-                default timeout, just below ``consumer_timeout``). Must exceed the run time.
+                default timeout, just below ``consumer_timeout``). Must exceed the run time:
+                given without ``timeout``, the job's timeout is half the lease (at most the
+                worker's default), so a claim never ends under a run still going.
             breaker: A circuit breaker shared by all the app's workers (README "Flow
                 control"), e.g. ``Breaker(failures=20, window="1m", cool_down="30s")``.
             rate_limit: ``"<count>/s"``, ``"/m"`` or ``"/h"``: at most that many starts per

@@ -103,6 +103,10 @@ def check_jobs(
                 "bounds how late the probe starts)"
             )
         timeouts[job.name] = job.timeout if job.timeout is not None else default_timeout(consumer_timeout)
+        if job.timeout is None and job.idempotent and job.lease is not None:
+            # its claim must outlive the run, or a second worker takes it over while it still runs
+            half = job.lease / 2
+            timeouts[job.name] = min(timeouts[job.name], half) if timeouts[job.name] > 0 else half
     return layouts, timeouts
 
 

@@ -124,6 +124,24 @@ async def test_concurrency_below_1_is_refused(tmp_path: Path):
         await worker(app, concurrency=0).start()
 
 
+def test_an_idempotent_job_with_a_lease_and_no_timeout_times_out_at_half_its_lease(tmp_path: Path):
+    """Its default timeout (1710 s) outlived a 3 s lease: a second worker took the claim over while the first
+    still ran, and both succeeded (an outsider's report). An explicit timeout is checked when the job is made."""
+    from amqpjobs import SqliteLedger
+
+    app = make(tmp_path)
+    app.ledger = SqliteLedger(tmp_path / "l.db", retention="30d")
+    app.job("tiny", queue="work", idempotent=True, lease="3s")(lambda p, c: None)
+    app.job("own", queue="work", idempotent=True, lease="7m")(lambda p, c: None)
+    app.job("plain", queue="work", lease="3s")(lambda p, c: None)  # not idempotent: no claim to outlive
+    w = worker(app, consumer_timeout=1800.0)
+    w._check()
+    assert (w._timeouts["tiny"], w._timeouts["own"], w._timeouts["plain"]) == (1.5, 210.0, 1710.0)
+    assert w.lease_of(app.resolve("tiny")) == 3.0
+    with pytest.raises(ConfigurationError, match="lease 3s must be longer than the timeout 10s"):
+        app.job("explicit", queue="work", idempotent=True, lease="3s", timeout="10s")(lambda p, c: None)
+
+
 def test_readiness_says_stopping_and_a_blocked_loop(tmp_path: Path):
     import time
 
