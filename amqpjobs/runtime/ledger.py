@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 
+_said = logging.getLogger("amqpjobs.worker")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
 DEFAULT_RETENTION = 14 * 86400.0
 #: Seconds a delivery waits in its slot for an unreachable ledger before it waits in a retry tier instead.
@@ -266,11 +267,18 @@ class SqliteLedger:
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
+            if not db.in_transaction:  # the handler committed (or rolled back) itself: the mark goes alone
+                _said.warning(
+                    "job %s: the handler ended ctx.transaction()'s transaction itself (commit or rollback); its "
+                    "effect and the done-mark are no longer one: never commit inside it", key[:200],
+                )  # fmt: skip
+                db.execute("BEGIN IMMEDIATE")
             if not self._mark_done(db, key, owner):
                 raise DuplicateJobError(f"job {key!r} was already done: its effect was rolled back")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # else a ROLLBACK would fail and hide what the handler raised
+                db.execute("ROLLBACK")
             raise
 
     async def close(self) -> None:
