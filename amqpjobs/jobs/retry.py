@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.outcome import Decision, Quarantine, RetryLater
 
 FailureKind = Literal["error", "retry", "timeout", "permanent", "reject"]
@@ -31,10 +32,28 @@ class RetryPolicy:
     immediate_wait: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1 (got {self.max_attempts})")
-        if self.immediate_retries < 0:
-            raise ValueError(f"immediate_retries must be >= 0 (got {self.immediate_retries})")
+        """Check the values where they are written (not at the first failure, inside a worker).
+
+        Raises:
+            ConfigurationError: a count that is not a whole number in range, a ``permanent``
+                entry that is not an exception class (a name in quotes, say), a negative wait.
+        """
+        for name, low in (("max_attempts", 1), ("immediate_retries", 0)):
+            value = getattr(self, name)
+            if value is None and name == "max_attempts":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigurationError(f"RetryPolicy: {name} must be a whole number >= {low} (got {value!r})")
+        if not isinstance(self.permanent, tuple) or not all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in self.permanent
+        ):
+            raise ConfigurationError(
+                f"RetryPolicy: permanent must be a tuple of exception classes, e.g. (ValueError,), not names "
+                f"(got {self.permanent!r})"
+            )
+        wait = self.immediate_wait
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf"):
+            raise ConfigurationError(f"RetryPolicy: immediate_wait must be seconds >= 0 (got {wait!r})")
 
     def attempts_for(self, tiers: tuple[float, ...]) -> int:
         """Effective max attempts for a job queue with ``tiers`` (seconds)."""

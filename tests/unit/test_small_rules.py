@@ -193,10 +193,18 @@ def test_encoding_refuses_nesting_a_worker_would_not_read():
 
 
 def test_policies_and_durations_refuse_nonsense():
-    with pytest.raises(ValueError, match="max_attempts must be >= 1"):
+    with pytest.raises(ConfigurationError, match="max_attempts must be a whole number >= 1"):
         RetryPolicy(max_attempts=0)
-    with pytest.raises(ValueError, match="immediate_retries must be >= 0"):
+    with pytest.raises(ConfigurationError, match="immediate_retries must be a whole number >= 0"):
         RetryPolicy(immediate_retries=-1)
+    for bad in (2.5, True, "3"):  # an outsider's: 2.5 ran twice, then said "above max_attempts 2.5"
+        with pytest.raises(ConfigurationError, match=r"max_attempts must be a whole number >= 1 \(got"):
+            RetryPolicy(max_attempts=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"permanent must be a tuple of exception classes"):
+        RetryPolicy(permanent=("ValueError",))  # type: ignore[arg-type]  # each failure was a worker-error
+    with pytest.raises(ConfigurationError, match="immediate_wait must be seconds >= 0"):
+        RetryPolicy(immediate_wait=float("nan"))
+    assert RetryPolicy(max_attempts=3, permanent=(ValueError, KeyError)).max_attempts == 3
     with pytest.raises(ValueError, match="is not a duration; give seconds or a string"):
         parse_duration([30])  # type: ignore[arg-type]
     assert redact("amqp://u:p@[::1") == "<unparseable URL>"
