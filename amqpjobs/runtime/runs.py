@@ -140,7 +140,7 @@ class HandlerRuns:
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name)
             if claim is Claim.BUSY:  # another live claim runs it now: look again after a tier, not a busy loop
                 later = wait_later(attempt, layout.tiers, start=0 if ordinary else start)
-                why = "another worker holds a live claim on this job id"
+                why = "another run holds a live claim on this job id (in this worker or another)"
                 return self._outcome(layout, delivery, later, attempt, job_id, job.name,
                                      failure=("ClaimBusy", why, ""))  # fmt: skip
             lease_end = time.monotonic() + lease  # then the claim is anyone's: no release is owed past it

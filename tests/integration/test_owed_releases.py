@@ -306,8 +306,8 @@ async def test_waiting_on_another_workers_live_claim_logs_a_deferral_line_at_mos
     lines = [r.getMessage() for r in caplog.records if "outcome=deferred" in r.getMessage()]
     assert len(lines) == 3, lines  # at about 0 s, 10 s and 20 s
     assert lines[0].endswith(
-        'error="ClaimBusy: another worker holds a live claim on this job id"; logged at most every 10s per job id '
-        "while it waits"
+        'error="ClaimBusy: another run holds a live claim on this job id (in this worker or another)"; '
+        "logged at most every 10s per job id while it waits"
     ), lines[0]
     unlogged = [int(line.rsplit(" (", 1)[1].split(" ")[0]) for line in lines[1:]]
     assert all(n >= 20 for n in unlogged), unlogged  # 10 s of passes through the 200 ms tier

@@ -30,10 +30,12 @@ class Records(OutcomeRecords):
         self._deferral_lines = PacedDeferrals(clock=lambda: self.now)
 
 
+WHY = "another run holds a live claim on this job id (in this worker or another)"
+
+
 def busy(job_id: str) -> Outcome:
     return Outcome(RetryLater(next_attempt=1, tier=0, delay=1.0, wait=True), "insert", job_id, 1, 0.0, True,
-                   error="ClaimBusy: another worker holds a live claim on this job id",
-                   failure=("ClaimBusy", "another worker holds a live claim on this job id", ""))  # fmt: skip
+                   error=f"ClaimBusy: {WHY}", failure=("ClaimBusy", WHY, ""))  # fmt: skip
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -42,7 +44,7 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 LINE = (
     'job=insert id={id} attempt=1 duration=0.000s outcome=deferred next_attempt=1 delay=1s error="ClaimBusy: '
-    'another worker holds a live claim on this job id"'
+    'another run holds a live claim on this job id (in this worker or another)"'
 )
 
 
