@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from amqpjobs.errors import BrokerError, ConfigurationError, PublishNackedError
+from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs import cron
-from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.printable import listed, shell_quote, toml_pairs
+from amqpjobs.runtime.election import Election
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.starting import start_unless_stopped
@@ -126,7 +126,7 @@ def _replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Scheduler(TickFiring):
+class Scheduler(Election, TickFiring):
     """One scheduler replica of an app: follows, or leads and enqueues the app's cron ticks.
 
     Args:
@@ -334,35 +334,6 @@ class Scheduler(TickFiring):
             await self._connection.close()
         if was_leader:
             log.info("scheduler replica %s stopped and handed leadership over", self.replica)
-
-    # ------------------------------------------------------------------ election
-    async def _offer_token(self) -> None:
-        assert self._publisher is not None
-        token = OutgoingMessage(body=b"leader", content_type="text/plain", type="amqpjobs.scheduler-token")
-        try:
-            await self._publisher.publish("", self.leader_queue, token)
-            log.debug("offered a leader token")
-        except PublishNackedError:
-            pass  # a token already waits: x-max-length 1, reject-publish
-
-    async def _follow(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.options.reoffer)
-            if self._stop.is_set() or self.is_leader:
-                continue
-            try:
-                await self._offer_token()
-            except Exception as exc:  # the broker may be away; the next offer comes in a few seconds
-                log.debug("token offer failed: %s", exc)
-
-    async def _on_token(self, message: Any) -> None:
-        if self._stop.is_set() or self.is_leader:
-            return  # held unacked: it returns to the queue with our channel
-        self._token = message
-        if self._lead_task is not None and not self._lead_task.done():
-            self._lead_task.cancel()
-        self._lead_task = asyncio.create_task(self._lead(message), name="amqpjobs-scheduler-lead")
 
     # ------------------------------------------------------------------ leading
     async def _lead(self, token: Any) -> None:

@@ -37,13 +37,13 @@ from amqpjobs.runtime.app import App
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.broker_rules import check_layouts, consumer_timeouts
 from amqpjobs.runtime.deadlines import Deadlines
-from amqpjobs.runtime.deploy import require_objects_at_start
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
