@@ -29,6 +29,7 @@ from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import cli, depth, raw_channel, wait_until
 from tests.integration.test_pause import _app_with_slow_job, _succeeded, _worker
 from tests.integration.test_rate_limits import in_process_app, most_in_one_second
+from tests.integration.test_worker_app_close import TOPOLOGY as WORK_AND_SIDE
 from tests.integration.worker_env import Recorder, make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -269,27 +270,13 @@ async def test_pause_whose_signal_is_refused_says_so_and_the_flag_stays(broker: 
         assert await asyncio.to_thread(read_flags, broker, ["work"]) == {}
 
 
-TWO_QUEUES = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-
-[[job_queue]]
-name = "side"
-exchange = "jobs"
-"""
-
-
 async def test_a_suspects_turn_of_another_job_queue_leaves_a_paused_ones_waiting_room_paused(
     broker: BrokerSettings, tmp_path: Path
 ):
     """The turn's end resumes the sources it stopped, not those an operator paused: a waiting room's queue
     (``work.rate-waiting.limited``) belongs to job queue ``work`` (README "Pause and resume"; found by a review)."""
     path = tmp_path / "two.toml"
-    path.write_text(TWO_QUEUES)
+    path.write_text(WORK_AND_SIDE)  # the same two job queues as the app-close tests
     await apply_topology(path, broker)
     app = App("turns", topology=load_topology(path).topology, url=broker.url)
     app.job("limited", queue="work", rate_limit="4/s")(lambda p, c: None)
