@@ -58,7 +58,8 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     type=click.Choice(REPORT_LEVELS),
     default="all",
     show_default=True,
-    help="Which job outcomes get a log line: all, failures (not succeeded/duplicate) or none (metrics count all).",
+    help="Which job outcomes get a log line: all, failures (not succeeded/duplicate/skipped) or none "
+    "(metrics count all).",
 )
 @click.option(
     "--outcome-events",

@@ -47,10 +47,10 @@ MAX_ERROR: Final = 200
 #: Every outcome an event can carry (:attr:`amqpjobs.jobs.outcome.Outcome.kind`).
 OUTCOMES: Final = (
     "succeeded", "retried", "quarantined", "deferred", "duplicate", "ack_uncertain", "redelivered", "handed_back",
-    "abandoned",
+    "abandoned", "skipped",
 )  # fmt: skip
-#: Outcomes that end a delivery well: the job is done.
-SUCCESS: Final = frozenset({"succeeded", "duplicate", "ack_uncertain"})
+#: Outcomes that end a delivery well: the job is done (or, ``skipped``, left unrun by design).
+SUCCESS: Final = frozenset({"succeeded", "duplicate", "ack_uncertain", "skipped"})
 #: Outcomes that are a failure of the run: it will be retried or it is quarantined.
 FAILURE: Final = frozenset({"retried", "quarantined"})
 

@@ -24,6 +24,23 @@ class Reject(Exception):
     """Raise from a handler to quarantine the job now (reason ``rejected``), without retries."""
 
 
+class Skipped(Exception):
+    """Raised by a handler's wrapper that left the handler unrun by design: the delivery is acked as :class:`Skip`.
+
+    The overlap guard (:mod:`amqpjobs.runtime.overlap`) raises it when the previous run of
+    the job's schedule still runs. Not a failure: no attempt is used, nothing is retried.
+
+    Args:
+        reason: One word (``overlap``).
+        subject: What it names (``schedule nightly``).
+    """
+
+    def __init__(self, reason: str, subject: str) -> None:
+        super().__init__(f"{reason}: {subject}")
+        self.reason = reason
+        self.subject = subject
+
+
 #: Quarantine reasons (the ``amqpjobs-reason`` evidence header).
 REASONS = (
     "exhausted",  # transient failures used up max_attempts
@@ -107,6 +124,24 @@ class Duplicate:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Left unrun by design (:class:`Skipped`): ack without running, neither a success nor a failure.
+
+    Attributes:
+        reason: ``overlap``: the previous run of the job's schedule still runs (README "Overlap guard").
+        subject: What it names (``schedule nightly``).
+    """
+
+    reason: str
+    subject: str
+
+    def __str__(self) -> str:
+        if self.reason == "overlap":
+            return f"ack as skipped (the previous run of {self.subject} is still running)"
+        return f"ack as skipped ({self.reason}: {self.subject})"
+
+
+@dataclass(frozen=True)
 class Register:
     """The delivery came back without an outcome: republish a copy registered for start ``start``, then ack.
 
@@ -132,7 +167,7 @@ class HandBack:
         return "hand-back unstarted"
 
 
-Decision = Ack | RetryLater | Quarantine | Duplicate | Register | HandBack
+Decision = Ack | RetryLater | Quarantine | Duplicate | Register | HandBack | Skip
 
 
 @dataclass(slots=True)
@@ -187,10 +222,10 @@ class Outcome:
         """What happened, as one word.
 
         ``succeeded``, ``retried``, ``deferred`` (waited for a claim), ``duplicate``,
-        ``quarantined``, ``ack_uncertain`` (succeeded, ack maybe lost), ``redelivered``
-        (came back without an outcome: registered for its next start), ``handed_back`` (not
-        started while a suspect ran alone), or ``abandoned`` when not acked (``quarantined``
-        when rejected into quarantine: :attr:`rejected`).
+        ``skipped`` (left unrun by design: :class:`Skip`), ``quarantined``, ``ack_uncertain``
+        (succeeded, ack maybe lost), ``redelivered`` (came back without an outcome: registered
+        for its next start), ``handed_back`` (not started while a suspect ran alone), or
+        ``abandoned`` when not acked (``quarantined`` when rejected into quarantine: :attr:`rejected`).
         """
         if self.rejected:
             return "quarantined"
@@ -207,13 +242,15 @@ class Outcome:
             return "redelivered"
         if isinstance(d, HandBack):
             return "handed_back"
+        if isinstance(d, Skip):
+            return "skipped"
         return "duplicate" if isinstance(d, Duplicate) else "quarantined"
 
 
 #: Levels of ``--log-outcomes`` and ``--outcome-events``: every outcome, all but successes, none.
 REPORT_LEVELS = ("all", "failures", "none")
-#: Outcomes that are successes, left out at level ``failures`` (the job's effect is done).
-SUCCESS_KINDS = frozenset({"succeeded", "duplicate"})
+#: Outcomes left out at level ``failures``: successes (the job's effect is done), and runs skipped by design.
+SUCCESS_KINDS = frozenset({"succeeded", "duplicate", "skipped"})
 
 
 def reported(level: str, kind: str) -> bool:

@@ -3,6 +3,7 @@
 A job's state, as the worker records it (README "Job status and results")::
 
     queued --> running --> succeeded
+                  |------> skipped (the overlap guard left it unrun)
                   |------> retrying (next tier) --> running ...
                   '------> quarantined (reason) --> parked (operator) --> replayed --> running ...
                                                '--> replayed --> running ...
@@ -14,7 +15,7 @@ A job's state, as the worker records it (README "Job status and results")::
 * no record at all (enqueued by an app without a results store; never written: the store
   was down; pruned; never enqueued) reads
   ``unknown`` too;
-* ``succeeded``, ``quarantined`` and ``parked`` are terminal for :meth:`App.result`
+* ``succeeded``, ``skipped``, ``quarantined`` and ``parked`` are terminal for :meth:`App.result`
   (a replay moves a job on again).
 
 A return value is stored when it is JSON-serialisable and at most :data:`MAX_VALUE` bytes
@@ -27,12 +28,14 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater
+from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater, Skip
 
 #: Every state a job can read as.
-STATES: Final = ("queued", "running", "succeeded", "retrying", "quarantined", "parked", "replayed", "unknown")
+STATES: Final = (
+    "queued", "running", "succeeded", "skipped", "retrying", "quarantined", "parked", "replayed", "unknown",
+)  # fmt: skip
 #: States :meth:`App.result` stops waiting at.
-TERMINAL: Final = frozenset({"succeeded", "quarantined", "parked"})
+TERMINAL: Final = frozenset({"succeeded", "skipped", "quarantined", "parked"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
 MAX_VALUE: Final = 64 * 1024
 #: Default retention of records: 1 day (seconds).
@@ -184,7 +187,8 @@ def encode_value(value: Any) -> tuple[str | None, str]:
 def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRecord | None:
     """The record of a settled delivery's ``outcome``, or None when it changes no state.
 
-    Recorded: success (``succeeded``, ack uncertain included: the handler returned),
+    Recorded: success (``succeeded``, ack uncertain included: the handler returned), ``skipped``
+    (with ``<reason>: <subject>``: the overlap guard left it unrun),
     ``retrying`` (with the next tier and attempt) and ``quarantined`` (with the reason),
     each only once the delivery was acked. Not recorded: duplicates (the first run's record
     stands), hand-backs and redeliveries (not started), and what was not acked (the broker
@@ -200,6 +204,8 @@ def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRec
         return replace(base, state="succeeded", value=text, value_note=note)
     if isinstance(d, RetryLater):
         return replace(base, state="retrying", detail=d.next_step, error=outcome.error)
+    if isinstance(d, Skip):
+        return replace(base, state="skipped", detail=f"{d.reason}: {d.subject}")
     if isinstance(d, Quarantine):
         return replace(base, state="quarantined", detail=d.reason, error=outcome.error)
     return None

@@ -38,7 +38,7 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
-from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, reported
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.breakers import Breakers
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpjobs.worker")
 
 #: Decisions carried out by the ack alone, no copy (a tuple: ``Ack | Duplicate`` would be built again per delivery).
-_ACK_ONLY: Final = (Ack, Duplicate)
+_ACK_ONLY: Final = (Ack, Duplicate, Skip)
 
 #: How a delivery is handled: (alone, hand_back, rated, its task when known), :meth:`DeliveryPath._process`'s arguments.
 _How = tuple[bool, bool, bool, "asyncio.Task[Any] | None"]

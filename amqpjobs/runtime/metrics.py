@@ -12,7 +12,8 @@ name                                          type       meaning
                                                          quarantined, ack_uncertain (ack maybe
                                                          lost), redelivered (came back without an
                                                          outcome), handed_back (not started while
-                                                         a suspect ran alone), abandoned (left for
+                                                         a suspect ran alone), skipped (the overlap
+                                                         guard left it unrun), abandoned (left for
                                                          redelivery)
 ``amqpjobs_timeouts_total{job,queue}``        counter    handler runs that hit their timeout
 ``amqpjobs_job_duration_seconds{job,queue}``  histogram  handler run time, every run

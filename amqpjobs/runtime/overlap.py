@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron
+from amqpjobs.jobs.outcome import Skipped
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.text import as_text
@@ -73,8 +74,9 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
     """Wrap an async job handler so that runs of a schedule with ``overlap="skip"`` never overlap.
 
     For a delivery enqueued by such a schedule (header ``amqpjobs-cron-schedule``), the
-    wrapper holds the schedule's running marker while ``handler`` runs, and returns
-    without running it when another run holds the marker (logged; the delivery is acked).
+    wrapper holds the schedule's running marker while ``handler`` runs, and raises
+    :class:`~amqpjobs.jobs.outcome.Skipped` without running it when another run holds the
+    marker (logged; the worker acks the delivery, outcome ``skipped``).
     Other deliveries run ``handler`` unchanged. The marker lives on the app's own
     connection (``App(url=...)`` or ``$AMQPJOBS_URL``, as for enqueueing from a handler).
 
@@ -96,17 +98,13 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
         if name is None or schedule is None or schedule.overlap != "skip":
             return await handler(payload, ctx)
         if name in held:
-            log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
-                     field_value(ctx.job), field_value(ctx.job_id), name)  # fmt: skip
-            return None
+            _skip(ctx, name)
         held.add(name)
         try:
             wire, connection = await app.marker_wire()
             marker = _Marker(wire, connection, cron.running_queue(app.name, name))
             if not await marker.acquire():
-                log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
-                         field_value(ctx.job), field_value(ctx.job_id), name)  # fmt: skip
-                return None
+                _skip(ctx, name)
             try:
                 return await handler(payload, ctx)
             finally:
@@ -116,3 +114,10 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
 
     setattr(guarded, GUARD_ATTRIBUTE, True)
     return guarded
+
+
+def _skip(ctx: JobContext, schedule: str) -> NoReturn:
+    """Leave the run out: logged, then :class:`~amqpjobs.jobs.outcome.Skipped` (the worker acks it as ``skipped``)."""
+    log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
+             field_value(ctx.job), field_value(ctx.job_id), field_value(schedule))  # fmt: skip
+    raise Skipped("overlap", f"schedule {schedule}")

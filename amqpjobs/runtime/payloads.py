@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Final, TypedDict
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, PayloadStoreError
 from amqpjobs.jobs.envelope import PAYLOAD_REF, DecodeError, OutgoingMessage, decode_body
-from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine, Skip
 from amqpjobs.jobs.payload_refs import REASONS, PayloadRef, PayloadRefError, parse_ref, store_name_problem
 
 log = logging.getLogger("amqpjobs.payloads")
@@ -290,13 +290,14 @@ async def after_outcome(
 ) -> None:
     """Keep the stored payload's deletion rule after a delivery was settled (best effort; failures logged).
 
-    A success (acked :class:`Ack` or :class:`Duplicate`) gets its done mark; a job quarantined
+    A success (acked :class:`Ack` or :class:`Duplicate`), or a run skipped for good (:class:`Skip`),
+    gets its done mark; a job quarantined
     for its own failure (not a payload problem) loses it, so the copy in quarantine keeps its
     payload. Anything else (a retry, a hand-back) changes nothing.
     """
     if store is None or PAYLOAD_REF not in headers:
         return
-    done = isinstance(decision, Ack | Duplicate) and acked
+    done = isinstance(decision, Ack | Duplicate | Skip) and acked
     kept = isinstance(decision, Quarantine) and decision.reason not in REASONS
     if not (done or kept):
         return

@@ -91,7 +91,7 @@ class JobResults:
             The handler's return value (decoded JSON; None when it returned None).
 
         Raises:
-            JobFailedError: the job was quarantined or parked (``reason``, ``error``).
+            JobFailedError: the job was quarantined, parked or skipped (``state``, ``reason``, ``error``).
             ResultsUnavailableError: it succeeded but its value was not stored (not JSON, too large).
             TimeoutError: no terminal state in time; the message names the last state seen.
             ConfigurationError: the app has no results store, or ``job_id`` is no job id.

@@ -21,7 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
-from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome
+from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, Skip, Skipped
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
@@ -190,6 +190,11 @@ class HandlerRuns:
             took = time.monotonic() - started
             return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
                                  latency=latency, started=started)  # fmt: skip
+        except Skipped as exc:  # its wrapper left the handler unrun (the overlap guard): acked, no attempt used
+            if owed is not None:
+                await owed.release(job_id, owner, lease_end)
+            return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name,
+                                 duration=time.monotonic() - started)  # fmt: skip
         except asyncio.CancelledError:  # a worker stopping past its grace: the run is over (an async handler's)
             if owed is not None and job.is_async:  # a thread still runs (it can't be stopped): its claim stays
                 await owed.release(job_id, owner, lease_end)

@@ -51,7 +51,7 @@ class Processed:
 
     @property
     def kind(self) -> str:
-        """``succeeded``, ``retried``, ``quarantined``, ``duplicate`` ... (:attr:`Outcome.kind`)."""
+        """``succeeded``, ``retried``, ``quarantined``, ``duplicate``, ``skipped`` ... (:attr:`Outcome.kind`)."""
         return self.outcome.kind
 
     @property

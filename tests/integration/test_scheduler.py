@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -404,6 +405,9 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     assert worker_skips >= 2, worker_skips  # the jobs queued before the worker started, but the first
     assert ran_ids <= fired
     assert len(fired) - len(ran_ids) == worker_skips
+    # a skipped job is its own outcome, never a success (metrics, events, job status)
+    kinds = Counter(o.kind for o in recorder.outcomes if o.job == "slow-guarded")
+    assert kinds == {"succeeded": len(ran_ids), "skipped": worker_skips}, kinds
     # every tick of the schedule is accounted for once: enqueued, or skipped while a run ran
     accounted = sorted(e.tick for e in guarded)
     assert accounted == seconds_from(accounted[0], len(accounted))

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from amqpjobs import App, SqliteResults
+from amqpjobs import App, JobFailedError, SqliteResults
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
-from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater, Skip
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
 from amqpjobs.runtime.pg_text import from_db, to_db
+from amqpjobs.runtime.results import wait_result
 from amqpjobs.topology.models import Topology
 
 pytestmark = pytest.mark.version_independent
@@ -70,6 +72,12 @@ def test_each_settled_outcome_maps_to_one_state():
     assert record_for(outcome(Duplicate()), None, "work", 5.0) is None  # the first run's record stands
     assert record_for(outcome(HandBack(), ran=False), None, "work", 5.0) is None
     assert record_for(outcome(Ack(), acked=False), 1, "work", 5.0) is None  # redelivered: the lease covers it
+    skipped = record_for(outcome(Skip("overlap", "schedule quarter"), ran=False), None, "work", 5.0)
+    assert skipped is not None  # the handler never ran: not a success, and result() stops waiting
+    assert (skipped.state, skipped.detail, skipped.value) == ("skipped", "overlap: schedule quarter", None)
+    status = status_of("j1", [skipped], now=6.0)
+    assert (status.state, status.terminal) == ("skipped", True)
+    assert "skipped" in STATES
 
 
 def test_a_succeeded_job_that_returned_none_shows_result_null_and_a_stored_value_shows_itself():
@@ -152,3 +160,16 @@ async def test_job_status_and_result_refuse_an_id_that_is_no_str_by_the_enqueue_
     with app.sync_publisher() as publisher, pytest.raises(ConfigurationError) as caught:
         await asyncio.to_thread(publisher.job_status, job_id)  # type: ignore[arg-type]
     assert str(caught.value) == expected
+
+
+async def test_result_stops_at_a_skipped_run_with_the_skip_as_its_reason(tmp_path: Path):
+    store = SqliteResults(tmp_path / "results.db")
+    skipped = StateRecord("j1", "tick", "skipped", 1, time.time(), detail="overlap: schedule quarter", where="work")
+    await store.write([StateRecord("j1", "tick", "queued", 0, time.time() - 1, where="work"), skipped])
+    started = time.monotonic()
+    with pytest.raises(JobFailedError) as failed:
+        await wait_result(store, "j1", limit=5.0, every=0.05)
+    assert time.monotonic() - started < 1.0  # a terminal state: no waiting out the timeout
+    assert (failed.value.state, failed.value.reason, failed.value.error) == ("skipped", "overlap: schedule quarter", "")
+    assert str(failed.value) == "job j1 is skipped: reason overlap: schedule quarter"
+    await store.close()

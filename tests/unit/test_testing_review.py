@@ -110,7 +110,11 @@ async def test_overlap_skip_runs_its_guard_on_the_doubles_queues(
         # a tick that was already queued when the other run started: the worker's guard skips it (acked, not run)
         late = {cron.SCHEDULE_HEADER: "quarter", cron.TICK_HEADER: "2026-03-01T12:45:00Z"}
         await broker.publish_raw("jobs", "work", b"{}", type="tick", message_id="late-1", headers=late)
-        assert [(p.job_id, p.kind) for p in await broker.drain()] == [("late-1", "succeeded")]
+        skipped = await broker.drain()
+        assert [(p.job_id, p.kind, p.outcome.ran) for p in skipped] == [("late-1", "skipped", False)]  # not a success
+        assert (
+            str(skipped[0].outcome.decision) == "ack as skipped (the previous run of schedule quarter is still running)"
+        )
         await broker.tick_wire.delete_queue(elsewhere, marker, 1)
         assert [p.kind for p in await broker.advance("15m")] == ["succeeded"]
     assert ran == [
