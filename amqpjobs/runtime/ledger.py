@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
+from amqpjobs.runtime.sqlite_open import open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
@@ -144,7 +145,10 @@ class SqliteLedger:
         retention: How long done-markers are kept: seconds or a duration string (default 14 days).
 
     Raises:
-        ConfigurationError: the file can't be opened.
+        ConfigurationError: the file can't be used (a missing directory, no permission, not a
+            SQLite file): the message names the fix.
+        LedgerUnavailableError: the database is locked past the 30 s busy timeout, or the disk
+            failed (:mod:`amqpjobs.runtime.sqlite_open`).
     """
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
@@ -158,7 +162,7 @@ class SqliteLedger:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute(_SCHEMA)
         except sqlite3.Error as exc:
-            raise ConfigurationError(f"can't open the SQLite ledger at {self.path}: {exc}") from exc
+            raise open_failure("ledger", self.path, exc) from exc
 
     def _connect(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
 from amqpjobs.runtime.app import App
 
 
@@ -16,8 +16,10 @@ def load_app(reference: str) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App.
 
     Raises:
-        ConfigurationError: malformed reference, module not importable, attribute missing
-            or not an :class:`App`.
+        ConfigurationError: malformed reference, module not importable (or raising while
+            imported), attribute missing or not an :class:`App`.
+        LedgerUnavailableError, ResultsUnavailableError: raised by the
+            module while imported (a store it opened is unavailable now), unchanged.
 
     """
     module_name, _, attribute = reference.partition(":")
@@ -29,6 +31,8 @@ def load_app(reference: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
+    except (LedgerUnavailableError, ResultsUnavailableError):
+        raise  # a store the module opened is unavailable now: exit 3, as at any other time
     except Exception as exc:  # the user's module raised while importing
         raise ConfigurationError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     if not hasattr(module, attribute):

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
+from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.logs import field_value
+from amqpjobs.runtime.sqlite_open import open_failure
 from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
@@ -153,7 +154,10 @@ class SqliteResults:
         retention: How long records are kept: seconds or a duration string (default 1 day).
 
     Raises:
-        ConfigurationError: the file can't be opened or the table created.
+        ConfigurationError: the file can't be used (a missing directory, no permission, not a
+            SQLite file): the message names the fix.
+        ResultsUnavailableError: the database is locked past the 5 s busy timeout, or the disk
+            failed (:mod:`amqpjobs.runtime.sqlite_open`).
     """
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
@@ -165,7 +169,7 @@ class SqliteResults:
                 for statement in _SCHEMA:
                     db.execute(statement)
         except sqlite3.Error as exc:
-            raise ConfigurationError(f"can't open the SQLite results store at {self.path}: {exc}") from exc
+            raise open_failure("results store", self.path, exc) from exc
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=5, isolation_level=None)
