@@ -98,6 +98,7 @@ class ReplayReport:
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
+        limit_reached: The ``limit`` when it stopped the run with messages still to look at; else None.
         elapsed: Seconds from the first to the last move.
         moves: (job id, target queue) of each move done, once its copy is confirmed (on a dry run: each planned move).
         rerouted: Job id -> why it went elsewhere than the queue it failed on (a dropped shard).
@@ -118,6 +119,7 @@ class ReplayReport:
     left: int = 0
     returned: int = 0
     stopped_early: bool = False
+    limit_reached: int | None = None
     elapsed: float = 0.0
     moves: list[tuple[str, str]] = field(default_factory=list)
     rerouted: dict[str, str] = field(default_factory=dict)
@@ -150,10 +152,15 @@ class ReplayReport:
         return f"replay from {self.queue!r} interrupted after {self.replayed} moved ({note}): {why}"
 
     def skip_reason(self) -> str:
-        """Why messages that matched were skipped ("" when none was): ``; 1 skipped: no queue to go back to ...``."""
+        """Why messages that matched were skipped, and where ``limit`` stopped the run ("" when neither).
+
+        ``; 1 skipped: no queue to go back to ...``, ``; stopped at --limit 2 (the rest were not looked at)``.
+        """
         why = ""
+        if self.limit_reached is not None:
+            why = f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
         if self.not_moved:
-            why = f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
+            why += f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
         if not self.no_origin:
             return why
         return why + (

@@ -240,14 +240,18 @@ async def replay(
             finally:
                 window.release()
 
+        def came_back() -> bool:
+            """Whether ``stop_after_failures`` replayed jobs came back: no more moves (``stopped_early``)."""
+            if watch is not None and report.returned >= (options.stop_after_failures or 0):
+                report.stopped_early = True
+            return report.stopped_early
+
         try:
             async for delivery in browser.deliveries(queue_name, depth):
                 if options.limit is not None and launched >= options.limit:
+                    report.limit_reached = options.limit
                     break
-                if failures:
-                    break
-                if watch is not None and report.returned >= (options.stop_after_failures or 0):
-                    report.stopped_early = True
+                if failures or came_back():
                     break
                 planned = replay_move(delivery, options, replay_id, census, report)
                 if planned is None:
@@ -277,7 +281,8 @@ async def replay(
                 if due > now:
                     await asyncio.sleep(due - now)
                 await window.acquire()
-                if failures:
+                if failures or came_back():  # one may have come back while this move waited its turn
+                    window.release()
                     break
                 lock.check()
                 alone = len(planned.copy.body) > proven

@@ -121,6 +121,45 @@ async def test_stop_after_failures_exits_1(broker: BrokerSettings, tmp_path: Pat
     assert int(stopped.group(1)) >= 2
 
 
+async def test_stop_after_failures_moves_nothing_once_k_came_back(broker: BrokerSettings, tmp_path: Path):
+    # at 2/s each failure is back well before the next move is due: the K-th one stops the run
+    # there, not one move later (an outsider's --stop-after-failures 3 stopped after 4)
+    app = await make_app(broker, tmp_path)
+
+    @app.job("mail", queue="work", retry=RetryPolicy(max_attempts=1))
+    async def mail(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise KeyError("still broken")
+
+    await fill_quarantine(broker, 10)
+    async with running_worker(app, broker):
+        result = await asyncio.to_thread(
+            cli, broker, "replay", "work", "--rate", "2", "--stop-after-failures", "3"
+        )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("replayed 3, skipped 0, left 10 in work.quarantine"), result.stdout
+    assert "stopped: 3 replayed job(s) came back to quarantine (--stop-after-failures 3)" in result.stderr
+
+
+async def test_a_dry_run_and_a_run_cut_by_limit_say_so(broker: BrokerSettings, tmp_path: Path):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 5)
+    dry = await asyncio.to_thread(cli, broker, "replay", "work", "--limit", "2", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.count("would replay q-") == 2
+    assert dry.stdout.splitlines()[-1] == (
+        "dry run: 2 would be replayed, 0 skipped, nothing moved; 5 in work.quarantine; "
+        "stopped at --limit 2 (the rest were not looked at)"
+    )
+    run = await asyncio.to_thread(cli, broker, "replay", "work", "--limit", "2", "--rate", "100")
+    assert run.exit_code == 0, run.output
+    assert re.match(r"replayed 2, skipped 0, left 3 in work\.quarantine \([0-9.]+s, [0-9.]+/s\); "
+                    r"stopped at --limit 2 \(the rest were not looked at\)\n", run.stdout), run.stdout  # fmt: skip
+    exact = await asyncio.to_thread(cli, broker, "replay", "work", "--limit", "3", "--dry-run")
+    assert (
+        exact.stdout.splitlines()[-1] == "dry run: 3 would be replayed, 0 skipped, nothing moved; 3 in work.quarantine"
+    )
+
+
 async def test_status_path_text_names_a_missing_queue(broker: BrokerSettings, tmp_path: Path):
     await make_app(broker, tmp_path)
     topology = tmp_path / "status.toml"
