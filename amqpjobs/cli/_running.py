@@ -49,11 +49,20 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
     try:
         return runner.run(main)
     except KeyboardInterrupt:
-        if not _threads_end(executor):
-            _exit_interrupted_now()
+        _interrupted(executor)
         raise
     finally:
-        runner.close()
+        try:
+            runner.close()  # joins the executor's threads: a request still waiting holds it up
+        except KeyboardInterrupt:  # Ctrl-C during that join (the command had ended): as during the run
+            _interrupted(executor)
+            raise
+
+
+def _interrupted(executor: ThreadPoolExecutor) -> None:
+    """On Ctrl-C: return when ``executor``'s threads all end within :data:`_JOIN`, else end the process (130)."""
+    if not _threads_end(executor):
+        _exit_interrupted_now()
 
 
 #: Seconds Ctrl-C waits for the executor's threads to end (idle ones end at once).
