@@ -459,3 +459,30 @@ async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_
     assert sorted(o.kind for o in recorder.outcomes) == ["duplicate", "succeeded"]
     assert len(ran) == 1
     assert ran[0] == "charge:81" if keyed else ran[0].startswith("sha256:")
+
+
+@pytest.mark.version_independent
+async def test_a_commit_inside_a_postgres_transaction_is_refused_and_keeps_nothing(pg_url: str) -> None:
+    """psycopg refuses ``commit()`` inside ``conn.transaction()``: the run fails, its effect is rolled back."""
+    import psycopg
+
+    with fresh_database(pg_url) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        ledger = PostgresLedger(url)
+        try:
+            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+
+            def handler() -> None:
+                with ledger.transaction("k", "me") as db:
+                    db.execute("INSERT INTO effects VALUES ('k')")
+                    db.commit()
+
+            with pytest.raises(psycopg.ProgrammingError, match=r"Explicit commit\(\) forbidden within a Transaction"):
+                await asyncio.to_thread(handler)
+            assert effects(url) == []  # the effect went with the rollback
+            assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
+            await ledger.release("k", "me")  # as the worker does after a failed run
+            assert await ledger.claim("k", "other", 30) is Claim.CLAIMED  # the retry runs it
+        finally:
+            await ledger.close()
