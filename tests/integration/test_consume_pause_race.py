@@ -32,6 +32,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.consume import WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.lane import Lane
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, raw_channel, until
 from tests.integration.tcp_proxy import TcpProxy
@@ -178,6 +179,83 @@ async def test_a_suspect_runs_with_nothing_handed_back_beside_it_while_another_c
         await app.close()
     assert handed_back_while_alone == [0]
     assert sorted(runs) == ["b0", "b1", "b2"]  # once each
+
+
+SHARDED_BETA = TWO_QUEUES.replace(
+    'name = "beta"\nexchange = "jobs"\n', 'name = "beta"\nexchange = "jobs"\nshards = 2\n'
+)
+
+
+@pytest.mark.parametrize("slowed_step", ["lease", "get", "start"])
+async def test_a_suspect_runs_with_nothing_taken_beside_it_while_a_shard_dispatcher_still_takes(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slowed_step: str
+) -> None:
+    """As above with beta sharded: its dispatcher's lease (basic.consume), get or start is still under way when
+    alpha's suspects turn begins. Beta starts no job while the suspect runs, and each of its jobs runs once."""
+    assert "shards = 2" in SHARDED_BETA
+    path = tmp_path / "two.toml"
+    path.write_text(SHARDED_BETA)
+    await apply_topology(path, broker)
+    app = App("race", topology=load_topology(path).topology, url=broker.url)
+    runs: list[tuple[str, float, float]] = []
+    alone: list[tuple[float, float]] = []
+
+    recorder = Recorder()
+    handed_back_while_alone: list[int] = []
+
+    def handed_back() -> int:
+        return sum(1 for o in recorder.outcomes if o.kind == "handed_back")
+
+    @app.job("suspect", queue="alpha")
+    async def suspect(payload: dict[str, Any], ctx: JobContext) -> None:
+        began, before = time.monotonic(), handed_back()
+        await asyncio.sleep(1.0)  # beta's slowed step ends meanwhile
+        alone.append((began, time.monotonic()))
+        handed_back_while_alone.append(handed_back() - before)
+
+    @app.job("ordinary", queue="beta")
+    async def ordinary(payload: dict[str, Any], ctx: JobContext) -> None:
+        started = time.monotonic()
+        await asyncio.sleep(0.2)  # a backlog is still there when the slowed step ends
+        runs.append((ctx.job_id, started, time.monotonic()))
+
+    async with raw_channel(broker) as ch:
+        headers: dict[str, Any] = {envelope.JOB: "suspect", crash.STARTS: 2, crash.WORK_QUEUE: "alpha"}
+        message = aio_pika.Message(b"{}", message_id="the-suspect", headers=headers, content_type="application/json")
+        await ch.default_exchange.publish(message, "alpha.suspects")
+    for i in range(16):
+        await app.enqueue("ordinary", {}, job_id=f"b{i}", tenant=f"tenant-{i}")
+    if slowed_step in ("lease", "get"):
+        original = getattr(Lane, slowed_step)
+
+        async def slow(self: Lane, queue: str, *args: Any, **kw: Any) -> Any:
+            if queue.startswith("beta"):
+                await asyncio.sleep(1.5)  # the first look at alpha's suspects comes after 1 s
+            return await original(self, queue, *args, **kw)
+
+        monkeypatch.setattr(Lane, slowed_step, slow)
+    else:
+        start_dispatcher = Worker._start_dispatcher
+
+        async def slow_start(self: Worker, layout: JobQueueLayout) -> None:
+            if layout.name == "beta":
+                await asyncio.sleep(1.5)
+            await start_dispatcher(self, layout)
+
+        monkeypatch.setattr(Worker, "_start_dispatcher", slow_start)
+    worker = Worker(app, broker, WorkerOptions(queues=("alpha", "beta"), concurrency=2), recorder)
+    await worker.start()
+    try:
+        await recorder.wait_for(lambda o: sum(1 for x in o if x.kind == "succeeded") >= 17, timeout=30)
+        await asyncio.sleep(0.5)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert len(alone) == 1
+    assert handed_back_while_alone == [0]  # nothing taken, so nothing to hand back
+    began, ended = alone[0]
+    assert [job_id for job_id, start, end in runs if start < ended and end > began] == []  # none ran beside it
+    assert sorted(job_id for job_id, _, _ in runs) == sorted(f"b{i}" for i in range(16))  # once each
 
 
 async def test_a_job_received_after_a_redelivery_starts_once_its_registration_is_acked(
