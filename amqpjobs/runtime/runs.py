@@ -193,8 +193,7 @@ class HandlerRuns:
         except Skipped as exc:  # its wrapper left the handler unrun (the overlap guard): acked, no attempt used
             if owed is not None:
                 await owed.release(job_id, owner, lease_end)
-            return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name,
-                                 duration=time.monotonic() - started)  # fmt: skip
+            return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
         except asyncio.CancelledError:  # a worker stopping past its grace: the run is over (an async handler's)
             if owed is not None and job.is_async:  # a thread still runs (it can't be stopped): its claim stays
                 await owed.release(job_id, owner, lease_end)

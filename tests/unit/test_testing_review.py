@@ -111,7 +111,9 @@ async def test_overlap_skip_runs_its_guard_on_the_doubles_queues(
         late = {cron.SCHEDULE_HEADER: "quarter", cron.TICK_HEADER: "2026-03-01T12:45:00Z"}
         await broker.publish_raw("jobs", "work", b"{}", type="tick", message_id="late-1", headers=late)
         skipped = await broker.drain()
-        assert [(p.job_id, p.kind, p.outcome.ran) for p in skipped] == [("late-1", "skipped", False)]  # not a success
+        assert [(p.job_id, p.kind, p.outcome.ran, p.outcome.duration) for p in skipped] == [
+            ("late-1", "skipped", False, 0.0)  # not a success, and no handler run for the duration histogram
+        ]
         assert (
             str(skipped[0].outcome.decision) == "ack as skipped (the previous run of schedule quarter is still running)"
         )
