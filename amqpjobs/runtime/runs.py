@@ -31,6 +31,7 @@ from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
+from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
@@ -60,6 +61,8 @@ class HandlerRuns:
     _stop: asyncio.Event
     _owed: OwedWrites | None = None  # ledger writes that failed: releases, done-marks (made at the first)
     _draining: Draining
+    _overruns: Overruns
+    _suspects_running: int
     #: Claims a stopping worker gave up waiting for, released once they come (it waits for them up to its grace).
     _late_claims: set[asyncio.Task[None]]
 
@@ -341,12 +344,18 @@ class HandlerRuns:
         # in a copy of this context, as asyncio.to_thread does: the handler sees its span and baggage (tracing)
         run = contextvars.copy_context().run
         future = self._threads.run(run, job.handler, payload, ctx)  # counted until it returns, also once cancelled
-        if limit is not None:
-            done, _ = await asyncio.wait({future}, timeout=limit)
-            if not done:
-                log.warning(
-                    "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be "
-                    "cancelled, so the worker waits for it and judges it by its result",
-                    field_value(job.name), field_value(ctx.job_id), limit,
-                )  # fmt: skip
-        return await future
+        if limit is None:
+            return await future
+        done, _ = await asyncio.wait({future}, timeout=limit)
+        if done:
+            return future.result()
+        alone = self._suspects_running > 0
+        stop = self._overruns.begin(job.name, ctx.job_id, limit, alone)
+        try:
+            if not stop and not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
+                stop = self._overruns.hung_past(job.name, ctx.job_id, limit)
+            if stop:  # only the process's end stops the thread (amqpjobs.runtime.overruns)
+                self._stop.set()
+            return await future
+        finally:
+            self._overruns.end()

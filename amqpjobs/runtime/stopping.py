@@ -50,7 +50,8 @@ class WorkerStop(SuspectTurns):
         an async run that ends carries out its own outcome).
 
         Returns:
-            0 when all in-flight work finished, else 1.
+            0 when all in-flight work finished, else 1 (also when a suspect's thread past its
+            timeout stopped the worker: :mod:`amqpjobs.runtime.overruns`).
 
         """
         self._stop.set()
@@ -65,7 +66,7 @@ class WorkerStop(SuspectTurns):
             if self._rates is not None:
                 self._rates.release()
         await asyncio.sleep(0)
-        code = 0
+        code = 1 if self._overruns.hung else 0  # a suspect hung it: exit 1 whatever its thread does (.overruns)
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from amqpjobs.jobs import crash
 from amqpjobs.jobs.quarantine import header_text
+from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.source_control import SourceControl
 from amqpjobs.runtime.sources import Source
@@ -46,6 +47,7 @@ class SuspectTurns(SourceControl):
     _layouts: dict[str, JobQueueLayout]
     _pauses: OperatorPauses
     _rates: RateLimits | None
+    _overruns: Overruns
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""
@@ -71,7 +73,8 @@ class SuspectTurns(SourceControl):
                     self._lanes_missing.discard(fetcher.queue)
                     log.info("suspects queue %s is back", fetcher.queue)
                 wait = SUSPECTS_POLL
-                if depth:  # a rate-limited suspect that missed its token: look again before a later one
+                if depth and not self._overruns.holds_suspects(layout.name):  # (not beside a thread past its timeout)
+                    # a rate-limited suspect that missed its token: look again before a later one
                     wait = await self._run_suspects(layout, fetcher) or SUSPECTS_POLL
             except Exception as exc:  # the connection dropped: the next look tries again
                 log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
@@ -90,7 +93,8 @@ class SuspectTurns(SourceControl):
             await asyncio.gather(*(c.pause() for c in self._consumers))
             if self._rates is not None:  # deliveries waiting for a token go back unstarted (counted as held then)
                 await self._rates.set_aside(True)
-            await self._gate.idle()
+            if not await self._overruns.idle_unless_overrun(self._gate.idle()):
+                return None  # a run here passed its timeout in a thread: not now (amqpjobs.runtime.overruns)
             while self._held > self._holding.count:
                 self._held_changed.clear()
                 await self._held_changed.wait()

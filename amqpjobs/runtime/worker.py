@@ -44,6 +44,7 @@ from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.missing_objects import require_objects_at_start
+from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
@@ -150,6 +151,7 @@ class Worker(WorkerStop):
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
         self._suspects_running = 0  # suspects' jobs running alone now (not in _inflight)
+        self._overruns = Overruns(self.options.grace)  # plain-function runs past their timeout (amqpjobs.runtime.overruns)
         self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
         self._deadlines = Deadlines()  # async handlers' timeouts

@@ -86,3 +86,10 @@ def once(payload: dict[str, Any], ctx: JobContext) -> None:
     with ctx.transaction() as db:
         db.execute("INSERT INTO effects (job_id, pid) VALUES (?, ?)", (ctx.job_id, os.getpid()))
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("hang_thread", queue="work", timeout="1s")
+def hang_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+    """A plain-function handler that never ends in time (its thread can't be stopped): only its process's end stops it."""
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
+    time.sleep(600)

@@ -593,3 +593,185 @@ async def test_a_job_whose_copy_is_out_when_its_worker_dies_before_the_ack_lives
             assert db.execute("SELECT job_id FROM effects").fetchall() == [("fails",)]
     for queue in ("work", "work.retry.1s", "work.retry.2s", "work.suspects", "work.quarantine"):
         assert await depth(broker, queue) == 0, queue
+
+
+async def put_suspect(broker: BrokerSettings, job: str, job_id: str) -> None:
+    """A registered suspect, as a worker leaves one: start 2, from work queue ``work``."""
+    async with raw_channel(broker) as ch:
+        message = aio_pika.Message(b"{}", type=job, message_id=job_id, content_type="application/json",
+                                   headers={crash.STARTS: 2, crash.WORK_QUEUE: "work"})  # fmt: skip
+        await ch.default_exchange.publish(message, routing_key="work.suspects")
+
+
+@pytest.mark.version_independent
+async def test_a_plain_function_suspect_past_its_timeout_stops_its_worker_instead_of_every_queue_for_ever(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing may run beside a suspect and its thread can't be stopped: the worker stops (exit 1), so the
+    process (restarted by its supervisor) ends the thread, and the start counts like a crash (an outsider's
+    hung job held a worker's every queue for good)."""
+    import threading
+
+    from tests.integration.worker_env import make_app
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.job("hung", queue="work", timeout="1s")
+    def hung(payload: dict[str, str], ctx: JobContext) -> None:
+        release.wait(60)
+
+    @app.job("plain", queue="work")
+    async def plain(payload: dict[str, str], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    await put_suspect(broker, "hung", "the-hung-one")
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
+    running = asyncio.create_task(worker.run())
+    try:
+        while "running it alone" not in caplog.text and not running.done():
+            await asyncio.sleep(0.05)
+        await app.enqueue("plain", {}, job_id="beside")  # waits: nothing runs beside the suspect
+        # `amqpjobs consume` ends its process here (with the thread); a worker awaited in a program keeps its
+        # connection, the suspect unacked, until the thread ends
+        deadline = time.monotonic() + 20
+        while "thread(s) still running can't be stopped" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        release.set()
+        code = await asyncio.wait_for(running, 20)
+    finally:
+        release.set()
+        await app.close()
+    assert code == 1
+    assert ran == []
+    stopped = [r for r in caplog.records if "passed its timeout of 1s while running alone" in r.getMessage()]
+    assert [r.levelname for r in stopped] == ["ERROR"]
+    assert "this worker stops (exit 1)" in stopped[0].getMessage()
+    assert "job hung id the-hung-one" in stopped[0].getMessage()
+    # its delivery went back to the broker: the next worker registers start 3 (or quarantines it, crashed)
+    assert await depth(broker, "work.suspects") == 1
+    assert await depth(broker, "work") == 1
+
+
+@pytest.mark.version_independent
+async def test_a_worker_whose_plain_function_run_is_past_its_timeout_leaves_suspects_to_others_and_goes_on(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A suspects turn waits for the running jobs to end: one hung in a thread kept the consumers paused for good.
+    The turn is not taken while a run is past its timeout here: the other slot goes on, the suspect waits."""
+    import threading
+
+    from tests.integration.worker_env import make_app
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.job("hung", queue="work", timeout="1s")
+    def hung(payload: dict[str, str], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        release.wait(60)
+
+    @app.job("plain", queue="work")
+    async def plain(payload: dict[str, str], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=30))
+    await worker.start()
+    try:
+        await app.enqueue("hung", {}, job_id="slow-thread")
+        while "passed its timeout of 1s" not in caplog.text:
+            await asyncio.sleep(0.05)
+        await put_suspect(broker, "plain", "a-suspect")
+        await asyncio.sleep(1.5)  # a look at the suspects queue comes every second
+        for i in range(5):
+            await app.enqueue("plain", {}, job_id=f"p{i}")
+        deadline = time.monotonic() + 10
+        while len(ran) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert sorted(ran) == ["p0", "p1", "p2", "p3", "p4", "slow-thread"]
+        assert await depth(broker, "work.suspects") == 1  # left for a worker that can run it alone
+        waiting = [r for r in caplog.records if "suspects of work wait" in r.getMessage()]
+        assert [r.levelname for r in waiting] == ["WARNING"]  # said once, not at every look
+        release.set()  # the thread ends: the suspect runs alone here
+        deadline = time.monotonic() + 10
+        while "a-suspect" not in ran and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert ran[-1] == "a-suspect"
+    finally:
+        release.set()
+        await worker.shutdown()
+        await app.close()
+
+
+@pytest.mark.version_independent
+async def test_a_plain_function_run_still_going_the_grace_past_its_timeout_stops_its_worker(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its thread would hold a slot for good: the worker stops (exit 1) so that its process ends the thread."""
+    import threading
+
+    from tests.integration.worker_env import make_app
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    release = threading.Event()
+
+    @app.job("hung", queue="work", timeout="1s")
+    def hung(payload: dict[str, str], ctx: JobContext) -> None:
+        release.wait(60)
+
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
+    running = asyncio.create_task(worker.run())
+    try:
+        await app.enqueue("hung", {}, job_id="stuck")
+        deadline = time.monotonic() + 20
+        while "thread(s) still running can't be stopped" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        release.set()
+        code = await asyncio.wait_for(running, 20)
+    finally:
+        release.set()
+        await app.close()
+    assert code == 1
+    lines = [r.getMessage() for r in caplog.records if "id stuck" in r.getMessage()]
+    assert lines[0].endswith("judges it by its result (for 1s more at most: then it stops)")
+    assert "still runs 1s past its timeout of 1s" in lines[1]
+    assert "this worker stops (exit 1)" in lines[1]
+    assert await depth(broker, "work") == 1  # back for the next worker: registered, run alone
+
+
+@pytest.mark.version_independent
+async def test_a_plain_function_job_that_hangs_every_worker_is_quarantined_crashed_and_the_rest_run(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """`amqpjobs consume` processes under a supervisor: each worker the hung job reaches stops, its process ending
+    the thread; the job is charged a start each time and quarantined `crashed`; the other jobs all run."""
+    app = await setup(broker, tmp_path, "classic")
+    app.job("hang_thread", queue="work")(lambda p, c: None)  # only to publish
+    try:
+        await app.enqueue("hang_thread", {}, job_id="hanger")
+        for i in range(20):
+            await app.enqueue("poison", {"seconds": 0.02}, job_id=f"ok-{i}")
+    finally:
+        await app.close()
+
+    async def finished() -> bool:
+        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
+        return len(done) == 20 and await depth(broker, "work.quarantine") == 1
+
+    supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "2", "--grace", "1s")
+    await supervisor.run_until(finished, timeout=120)
+    starts = Counter(r[1] for r in records(tmp_path) if r[0] == "start")
+    assert starts["hanger"] == MAX_REDELIVERIES + 1, starts
+    assert supervisor.exits >= MAX_REDELIVERIES  # each start but the last stopped its worker
+    quarantined = await drain(broker, "work.quarantine")
+    assert [m.message_id for m in quarantined] == ["hanger"]
+    assert quarantined[0].headers[evidence.REASON] == "crashed"
+    assert quarantined[0].headers[crash.STARTS] == MAX_REDELIVERIES + 1
+    log = supervisor.log.read_text()
+    assert log.count("while running alone as a suspect") == MAX_REDELIVERIES  # starts 2..6 ran alone, and hung
+    assert "still runs 1s past its timeout of 1s" in log  # the first, among the others

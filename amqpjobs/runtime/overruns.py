@@ -1,0 +1,106 @@
+"""Plain-function runs past their timeout, and what they mean for a worker's suspects (README "Crash containment").
+
+A thread can't be stopped, and retrying its job while it still runs could commit the
+effect twice, so the worker waits for a plain-function handler past its timeout and
+judges the run by its result. A suspect, though, runs alone (nothing else held or
+running in the process): a thread past its timeout stands in its way.
+
+* While a run of this worker is past its timeout in a thread, its suspects turns are not
+  taken (a turn waits for the running jobs: one that never ends would keep every consumer
+  paused for good). The suspects wait in their queue for another worker, or for this one
+  once the thread ended; said once per such stretch, as a WARNING.
+* A suspect's own plain-function run past its timeout stops the worker, as SIGTERM does
+  (the grace for the thread, then the process ends with it): nothing may run beside a
+  suspect, and only the process's end stops the thread. Any other run still going the
+  grace (``--grace``) after its timeout stops it too: its thread holds a slot for good
+  otherwise (Celery's hard time limit likewise ends the process). Either way the worker
+  exits 1 whatever the thread does meanwhile, so its supervisor (``--processes``,
+  systemd, Kubernetes) starts another, and the run's start counts like a crash: a job
+  that hangs every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+from amqpjobs.runtime.logs import field_value
+
+log = logging.getLogger("amqpjobs.worker")
+
+
+class Overruns:
+    """The plain-function runs of one worker past their timeout (threads still running), and the stop they cause."""
+
+    def __init__(self, grace: float) -> None:
+        #: Seconds an ordinary run may go on past its timeout before it stops the worker (the worker's grace).
+        self.grace = grace
+        self.count = 0
+        #: Why the worker stops (a suspect's thread past its timeout), or "": it then exits 1.
+        self.hung = ""
+        self._began = asyncio.Event()
+        self._said = False  # the suspects' wait was said in this stretch
+
+    def begin(self, job: str, job_id: str, limit: float, alone: bool) -> bool:
+        """A run's thread passed its timeout ``limit`` (seconds); ``alone``: it is a suspect's. Whether to stop."""
+        self.count += 1
+        self._began.set()
+        if not alone:
+            log.warning(
+                "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be cancelled, so "
+                "the worker waits for it and judges it by its result (for %gs more at most: then it stops)",
+                field_value(job), field_value(job_id), limit, self.grace,
+            )  # fmt: skip
+            return False
+        self.hung = f"job {job} id {job_id}"
+        log.error(
+            "job %s id %s: plain-function handler passed its timeout of %gs while running alone as a suspect; "
+            "its thread can't be stopped and nothing may run beside it, so this worker stops (exit 1): its "
+            "process ends the thread, and the start counts like a crash", field_value(job), field_value(job_id), limit,
+        )  # fmt: skip
+        return True
+
+    def hung_past(self, job: str, job_id: str, limit: float) -> bool:
+        """An ordinary run is still going :attr:`grace` seconds past its timeout ``limit``: the worker stops (True)."""
+        self.hung = f"job {job} id {job_id}"
+        log.error(
+            "job %s id %s: plain-function handler still runs %gs past its timeout of %gs; its thread can't be "
+            "stopped and holds a slot for good, so this worker stops (exit 1): its process ends the thread, and "
+            "the start counts like a crash", field_value(job), field_value(job_id), self.grace, limit,
+        )  # fmt: skip
+        return True
+
+    def end(self) -> None:
+        """That run's thread returned (or raised)."""
+        self.count -= 1
+        if not self.count:
+            self._began.clear()
+            self._said = False
+
+    def holds_suspects(self, job_queue: str) -> bool:
+        """Whether a suspects turn of ``job_queue`` must not be taken now (a thread past its timeout runs here)."""
+        if not self.count:
+            return False
+        if not self._said:
+            self._said = True
+            log.warning(
+                "suspects of %s wait: a plain-function run of this worker is past its timeout and still runs "
+                "(a thread can't be stopped); they run alone here once it ended, or on another worker",
+                field_value(job_queue),
+            )  # fmt: skip
+        return True
+
+    async def idle_unless_overrun(self, idle: Awaitable[None]) -> bool:
+        """Await ``idle`` (the running jobs' end); False as soon as a run passes its timeout in a thread first."""
+        if self.count:
+            return False
+        idling = asyncio.ensure_future(idle)
+        overran = asyncio.ensure_future(self._began.wait())
+        try:
+            await asyncio.wait({idling, overran}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            overran.cancel()
+            if not idling.done():
+                idling.cancel()
+        return idling.done() and not idling.cancelled()
