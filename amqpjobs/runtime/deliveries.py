@@ -268,11 +268,12 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
         if alone:
-            log.warning(
-                "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
-                "alone on %s pid %d", field_value(job.name), field_value(job_id), screening.start,
-                layout.max_redeliveries + 1, self._host, self._pid,
-            )  # fmt: skip
+            if self._deferral_lines.alone_line_due(job_id):  # paced for one waiting on a live claim
+                log.warning(
+                    "job=%s id=%s: start %d of at most %d (earlier starts ended without an outcome); running it "
+                    "alone on %s pid %d", field_value(job.name), field_value(job_id), screening.start,
+                    layout.max_redeliveries + 1, self._host, self._pid,
+                )  # fmt: skip
             return await self._start(*run, ordinary=False, task=task)
         if self._pauses.holds_back(layout.name) and not rated:  # operator-paused (a redelivered one: registered above)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)

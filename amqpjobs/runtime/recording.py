@@ -51,7 +51,8 @@ def _name_text(name: str) -> str:
 class _Waiting:
     logged: float  # monotonic time of its last line
     seen: float  # monotonic time of its last deferral
-    unlogged: int = 0  # deferrals since the last line
+    alone_logged: float  # monotonic time of its last "running it alone" WARNING
+    unlogged: int = 0  # deferrals (and registrations) since the last line
 
 
 class PacedDeferrals:
@@ -74,8 +75,10 @@ class PacedDeferrals:
         ``kind``: ``outcome.kind`` when the caller has it already (else read here).
 
         A ``ClaimBusy`` deferral's first line ends ``"; logged at most every 10s per job id while
-        it waits"``, a later one ``" (N more not logged since the last line)"``; any other
-        outcome of the job id ends its waiting (its next deferral is logged again).
+        it waits"``, a later one ``" (N more not logged since the last line)"``. A waiting
+        suspect (an idempotent one under a dead worker's live claim) is registered again at
+        each pass: its ``redelivered`` outcomes get no line while it waits, and count among
+        those N. Any other outcome of the job id ends its waiting (its next deferral is logged again).
         """
         kind = outcome.kind if kind is None else kind
         if kind != "deferred" and not self._waiting:  # nothing paced: no clock, no pruning (most outcomes)
@@ -84,12 +87,15 @@ class PacedDeferrals:
         if now - self._pruned >= self.every:  # ids that stopped coming back (gone to another worker)
             self._pruned = now
             self._waiting = {k: w for k, w in self._waiting.items() if now - w.seen < 6 * self.every}
+        if kind == "redelivered" and (waiting := self._waiting.get(outcome.job_id)) is not None:
+            waiting.unlogged += 1  # a waiting suspect's registration for the same start: part of its wait
+            return None
         if kind != "deferred" or outcome.failure[0] != "ClaimBusy":
             self._waiting.pop(outcome.job_id, None)
             return ""
         waiting = self._waiting.get(outcome.job_id)
         if waiting is None:
-            self._waiting[outcome.job_id] = _Waiting(logged=now, seen=now)
+            self._waiting[outcome.job_id] = _Waiting(logged=now, seen=now, alone_logged=now)
             return f"; logged at most every {format_duration(self.every)} per job id while it waits"
         waiting.seen = now
         if now - waiting.logged < self.every:
@@ -97,6 +103,21 @@ class PacedDeferrals:
             return None
         unlogged, waiting.logged, waiting.unlogged = waiting.unlogged, now, 0
         return f" ({unlogged} more not logged since the last line)"
+
+    def alone_line_due(self, job_id: str) -> bool:
+        """Whether a suspect's "running it alone" WARNING is logged now.
+
+        Always, but at most one per ``every`` seconds for a job id waiting on a live claim
+        (each of its passes runs it alone again).
+        """
+        waiting = self._waiting.get(job_id)
+        if waiting is None:
+            return True
+        now = self._clock()
+        if now - waiting.alone_logged < self.every:
+            return False
+        waiting.alone_logged = now
+        return True
 
 
 class OutcomeRecords:

@@ -151,7 +151,9 @@ class Worker(WorkerStop):
         self._suspects_signal = asyncio.Event()  # a suspect was registered here: look at once
         self._suspect_tasks: list[asyncio.Task[None]] = []
         self._suspects_running = 0  # suspects' jobs running alone now (not in _inflight)
-        self._overruns = Overruns(self.options.grace)  # plain-function runs past their timeout (amqpjobs.runtime.overruns)
+        self._overruns = Overruns(
+            self.options.grace
+        )  # plain-function runs past their timeout (amqpjobs.runtime.overruns)
         self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
         self._deadlines = Deadlines()  # async handlers' timeouts

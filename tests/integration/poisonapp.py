@@ -90,6 +90,6 @@ def once(payload: dict[str, Any], ctx: JobContext) -> None:
 
 @app.job("hang_thread", queue="work", timeout="1s")
 def hang_thread(payload: dict[str, Any], ctx: JobContext) -> None:
-    """A plain-function handler that never ends in time (its thread can't be stopped): only its process's end stops it."""
+    """A plain-function handler that never ends in time (a thread can't be stopped): its process's end stops it."""
     _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
     time.sleep(600)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from amqpjobs.jobs.outcome import Ack, Outcome, RetryLater
+from amqpjobs.jobs.outcome import Ack, Outcome, Register, RetryLater
 from amqpjobs.runtime.recording import OutcomeRecords, PacedDeferrals
 from amqpjobs.runtime.worker_config import WorkerOptions
 
@@ -97,3 +97,29 @@ def test_other_deferrals_are_not_paced(caplog: pytest.LogCaptureFixture) -> None
                                 error="BreakerOpen: open", failure=("BreakerOpen", "open", "")))  # fmt: skip
     assert len(lines(caplog)) == 3
     assert not any("logged at most" in line for line in lines(caplog))
+
+
+def registered(job_id: str, start: int) -> Outcome:
+    return Outcome(Register(start), "insert", job_id, 1, 0.0, True)
+
+
+def test_a_waiting_suspects_registrations_and_alone_starts_share_its_pace(caplog: pytest.LogCaptureFixture) -> None:
+    """An idempotent suspect under a dead worker's live claim goes round: registered again (``redelivered``),
+    run alone (a WARNING), deferred (ClaimBusy), for the whole lease. Each round ended the wait, so nothing was
+    paced: 175 lines of each kind in 3 minutes (an outsider's report). One line per 10 s per job id."""
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    records = Records()
+    paced = records._deferral_lines
+    alone_lines = 0
+    for second in range(30):  # a round a second for 30 s
+        records.now = float(second)
+        records._record(registered("a", 3))
+        alone_lines += paced.alone_line_due("a")
+        records._record(busy("a"))
+    kinds = [line.split(" outcome=")[1].split(" ")[0] for line in lines(caplog)]
+    assert kinds == ["redelivered", "deferred", "deferred", "deferred"]  # the first of each, then one per 10 s
+    assert lines(caplog)[2].endswith(" (19 more not logged since the last line)")  # 10 registrations, 9 deferrals
+    assert alone_lines == 3  # its first alone start, then one per 10 s
+    assert records.stats == Counter({"redelivered": 30, "deferred": 30})  # every outcome still counts
+    records._record(Outcome(Ack(), "insert", "a", 1, 0.5, True))  # it ran: its wait is over
+    assert paced.alone_line_due("a")
