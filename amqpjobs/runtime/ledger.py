@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime.sqlite_open import open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
@@ -269,20 +269,24 @@ class SqliteLedger:
         """
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
+        ended = _Guard()
+        db.set_authorizer(ended)  # the handler's COMMIT / ROLLBACK / BEGIN are refused while it runs
         try:
-            yield db
-            if not db.in_transaction:  # the handler committed (or rolled back) itself: the mark goes alone
-                _said.warning(
-                    "job %s: the handler ended ctx.transaction()'s transaction itself (commit or rollback); its "
-                    "effect and the done-mark are no longer one: never commit inside it", key[:200],
-                )  # fmt: skip
-                db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            finally:
+                db.set_authorizer(None)
+            if ended.tried:  # it caught the refusal: its transaction still ends refused
+                raise ended.error(key)
             if not self._mark_done(db, key, owner):
                 raise DuplicateJobError(f"job {key!r} was already done: its effect was rolled back")
             db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:  # else a ROLLBACK would fail and hide what the handler raised
+        except BaseException as exc:
+            db.set_authorizer(None)
+            if db.in_transaction:
                 db.execute("ROLLBACK")
+            if ended.tried and not isinstance(exc, ConfigurationError):
+                raise ended.error(key) from exc
             raise
 
     async def close(self) -> None:
@@ -292,6 +296,42 @@ class SqliteLedger:
         for db in conns:
             db.close()
         self._local = threading.local()
+
+
+class _Guard:
+    """A SQLite authorizer (``Connection.set_authorizer``) refusing statements that end or begin a transaction.
+
+    Inside ``ctx.transaction()`` the effect and the job's done-mark commit together when the
+    block ends; a ``COMMIT`` of the handler's own (``db.commit()``, ``executescript``, raw
+    SQL) would split them (https://www.sqlite.org/c3ref/set_authorizer.html: action
+    ``SQLITE_TRANSACTION``). Savepoints stay the handler's.
+    """
+
+    def __init__(self) -> None:
+        self.tried = False
+
+    def __call__(self, action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION:
+            self.tried = True
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    @staticmethod
+    def error(key: str) -> ConfigurationError:
+        """What the run fails with (:func:`ended_inside`)."""
+        return ended_inside(key, "COMMIT, ROLLBACK, BEGIN or executescript")
+
+
+def ended_inside(key: str, how: str, after: str = "") -> ConfigurationError:
+    """The error of a run whose handler ended ``ctx.transaction()``'s transaction itself (``how``: by what).
+
+    A permanent failure: its job is quarantined with it at once (:func:`amqpjobs.jobs.failure.classify`),
+    and no retry repeats what may have been committed. ``after``: what to check before a replay.
+    """
+    return ConfigurationError(
+        f"job {key!r}: ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+        f"the handler tried to end the transaction itself ({how}): remove that{after}"
+    )
 
 
 class Prunable(Protocol):

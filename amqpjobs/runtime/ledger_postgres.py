@@ -19,7 +19,7 @@ from typing import Any
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
+from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim, ended_inside
 from amqpjobs.runtime.pg_connection import PgConnection, ThreadConnections
 from amqpjobs.runtime.pg_text import to_db
 
@@ -32,6 +32,14 @@ CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
     updated_at DOUBLE PRECISION NOT NULL
 )
 """
+
+
+#: The current transaction's id (assigned if need be): the same at the block's end unless the handler ended it.
+_XACT = "SELECT txid_current()"
+#: Words of psycopg's ProgrammingError for ``commit()`` / ``rollback()`` inside ``Connection.transaction()``.
+_FORBIDDEN = "forbidden within a Transaction context"
+#: What to check before replaying a job whose handler committed part of its effect itself.
+_CHECK = "; what it did before its own COMMIT is committed, without the done-mark: check it before replaying the job"
 
 
 class PostgresLedger:
@@ -136,6 +144,10 @@ class PostgresLedger:
 
         Raises:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
+            ConfigurationError: the handler ended the transaction itself: psycopg refuses its
+                ``commit()``/``rollback()`` there; a ``COMMIT`` of its own SQL is seen at the end
+                (the transaction id changed): the current transaction is rolled back, the job not
+                marked done, and the error says what may be committed (:func:`~amqpjobs.runtime.ledger.ended_inside`).
             psycopg.OperationalError: the database can't be reached, or gave no answer in time
                 (the handler fails: a retry).
         """
@@ -143,10 +155,18 @@ class PostgresLedger:
         update, insert = self._mark_done_sql()
         with ExitStack() as bound, ExitStack() as stack:  # bound ends after the commit or rollback
             conn = self._threads.begin(stack)
+            with self._threads.bounded(conn):
+                began = conn.execute(_XACT).fetchone()
             try:
                 yield conn
+            except Exception as exc:
+                if _FORBIDDEN in str(exc):  # psycopg refused the handler's commit() / rollback() inside
+                    raise ended_inside(shown, "commit() or rollback()") from exc
+                raise
             finally:
                 bound.enter_context(self._threads.bounded(conn))
+            if conn.execute(_XACT).fetchone() != began:  # a COMMIT / ROLLBACK of its own SQL: another transaction now
+                raise ended_inside(shown, "COMMIT or ROLLBACK", _CHECK)
             now = time.time()
             cur = conn.execute(update, (owner, now, now, key))
             if not cur.rowcount:

@@ -462,9 +462,16 @@ async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_
 
 
 @pytest.mark.version_independent
-async def test_a_commit_inside_a_postgres_transaction_is_refused_and_keeps_nothing(pg_url: str) -> None:
-    """psycopg refuses ``commit()`` inside ``conn.transaction()``: the run fails, its effect is rolled back."""
+@pytest.mark.parametrize("ending", ["commit()", "rollback()", "COMMIT", "ROLLBACK"])
+async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permanently_unmarked(
+    pg_url: str, ending: str
+) -> None:
+    """psycopg refuses ``commit()`` inside ``conn.transaction()``, not a ``COMMIT`` of the handler's SQL: that one is
+    seen at the end (another transaction id). Either way the run fails permanently (no retry repeats the effect)
+    and the job is not marked done; what a raw COMMIT committed stays, and the error says so."""
     import psycopg
+
+    from amqpjobs.jobs.failure import classify
 
     with fresh_database(pg_url) as url:
         with psycopg.connect(url, autocommit=True) as db:
@@ -475,14 +482,28 @@ async def test_a_commit_inside_a_postgres_transaction_is_refused_and_keeps_nothi
 
             def handler() -> None:
                 with ledger.transaction("k", "me") as db:
-                    db.execute("INSERT INTO effects VALUES ('k')")
-                    db.commit()
+                    db.execute("INSERT INTO effects VALUES ('before')")
+                    if ending.endswith("()"):
+                        getattr(db, ending[:-2])()
+                    else:
+                        db.execute(ending)
+                    db.execute("INSERT INTO effects VALUES ('after')")
 
-            with pytest.raises(psycopg.ProgrammingError, match=r"Explicit commit\(\) forbidden within a Transaction"):
+            with pytest.raises(ConfigurationError) as refused:
                 await asyncio.to_thread(handler)
-            assert effects(url) == []  # the effect went with the rollback
+            assert classify((), refused.value) == "permanent"
+            message = str(refused.value)
+            assert message.startswith(
+                "job 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+                "the handler tried to end the transaction itself ("
+            )
+            if ending == "COMMIT":  # committed by the handler's own SQL before the end could see it
+                assert effects(url) == ["before"]
+                assert message.endswith("without the done-mark: check it before replaying the job")
+            else:
+                assert effects(url) == []
             assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
             await ledger.release("k", "me")  # as the worker does after a failed run
-            assert await ledger.claim("k", "other", 30) is Claim.CLAIMED  # the retry runs it
+            assert await ledger.claim("k", "other", 30) is Claim.CLAIMED
         finally:
             await ledger.close()

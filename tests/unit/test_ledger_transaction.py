@@ -1,12 +1,24 @@
-"""ctx.transaction() on SQLite when the handler ends the transaction itself (an outsider's report)."""
+"""ctx.transaction() on SQLite when the handler tries to end the transaction itself (outsiders' reports).
+
+The effect and the job's done-mark commit together when the ``with`` block ends. A commit of the
+handler's own inside it split them: a commit then a raise kept the effect without the mark, so
+every retry and replay did it again (3 effects, then 6). Ending the transaction inside is now
+refused, as psycopg refuses ``commit()`` there: the run fails with a ConfigurationError (its job
+is quarantined ``permanent`` at once), and nothing of it is kept.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.failure import classify
 from amqpjobs.runtime.ledger import Claim, SqliteLedger
 
 
@@ -17,25 +29,86 @@ def make(tmp_path: Path) -> SqliteLedger:
     return ledger
 
 
-def test_a_commit_then_a_raise_keeps_the_handlers_error(tmp_path: Path):
+def effects(ledger: SqliteLedger) -> list[str]:
+    with sqlite3.connect(ledger.path) as db:
+        return [row[0] for row in db.execute("SELECT v FROM effects")]
+
+
+ENDINGS: dict[str, Callable[[sqlite3.Connection], object]] = {
+    "commit()": lambda db: db.commit(),
+    "rollback()": lambda db: db.rollback(),
+    "COMMIT": lambda db: db.execute("COMMIT"),
+    "END": lambda db: db.execute("end transaction"),
+    "ROLLBACK": lambda db: db.execute("ROLLBACK"),
+    "BEGIN": lambda db: db.execute("BEGIN"),
+    "executescript": lambda db: db.executescript("INSERT INTO effects VALUES ('script');"),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_ending_the_transaction_inside_is_refused_and_keeps_nothing(tmp_path: Path, ending: str):
     ledger = make(tmp_path)
     assert asyncio.run(ledger.claim("k", "me", 60.0)) is Claim.CLAIMED
 
     def handler() -> None:
         with ledger.transaction("k", "me") as db:
             db.execute("INSERT INTO effects VALUES ('x')")
-            db.commit()
-            raise ValueError("after commit")  # was hidden by "cannot rollback - no transaction is active"
+            ENDINGS[ending](db)
+            raise ValueError("after the commit")  # never reached: the commit is refused
 
-    with pytest.raises(ValueError, match="after commit"):
+    with pytest.raises(ConfigurationError) as refused:
         handler()
+    assert str(refused.value) == (
+        "job 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+        "the handler tried to end the transaction itself (COMMIT, ROLLBACK, BEGIN or executescript): remove that"
+    )
+    assert classify((), refused.value) == "permanent"  # quarantined at once, with that error as evidence
+    assert effects(ledger) == []  # nothing kept: a replay after the fix runs it once
+    assert asyncio.run(ledger.claim("k", "other", 60.0)) is Claim.BUSY  # not done: the run's claim, released next
+    asyncio.run(ledger.release("k", "me"))
+    assert asyncio.run(ledger.claim("k", "other", 60.0)) is Claim.CLAIMED
 
 
-def test_a_commit_inside_still_marks_the_key_done(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+def test_a_refusal_the_handler_catches_still_fails_the_run(tmp_path: Path):
+    ledger = make(tmp_path)
+    assert asyncio.run(ledger.claim("k", "me", 60.0)) is Claim.CLAIMED
+
+    def handler() -> None:
+        with ledger.transaction("k", "me") as db:
+            db.execute("INSERT INTO effects VALUES ('x')")
+            with contextlib.suppress(sqlite3.DatabaseError):  # swallowed: the transaction still ends refused
+                db.commit()
+
+    with pytest.raises(ConfigurationError, match="tried to end the transaction itself"):
+        handler()
+    assert effects(ledger) == []
+
+
+def test_savepoints_inside_are_the_handlers_and_commit_with_the_mark(tmp_path: Path):
     ledger = make(tmp_path)
     assert asyncio.run(ledger.claim("k", "me", 60.0)) is Claim.CLAIMED
     with ledger.transaction("k", "me") as db:
-        db.execute("INSERT INTO effects VALUES ('x')")
-        db.commit()
-    assert "never commit inside it" in caplog.text
-    assert asyncio.run(ledger.claim("k", "other", 60.0)) is Claim.DONE  # a retry or replay is a duplicate
+        db.execute("SAVEPOINT part")
+        db.execute("INSERT INTO effects VALUES ('undone')")
+        db.execute("ROLLBACK TO part")
+        db.execute("RELEASE part")
+        db.execute("INSERT INTO effects VALUES ('kept')")
+    assert effects(ledger) == ["kept"]
+    assert asyncio.run(ledger.claim("k", "other", 60.0)) is Claim.DONE
+
+
+def test_the_connection_takes_commits_again_after_the_block(tmp_path: Path):
+    ledger = make(tmp_path)
+    assert asyncio.run(ledger.claim("k", "me", 60.0)) is Claim.CLAIMED
+
+    def handler() -> None:
+        with ledger.transaction("k", "me") as db:
+            db.commit()
+
+    with pytest.raises(ConfigurationError):
+        handler()
+    db = ledger._connect()  # the thread's connection, used again by the next run
+    db.execute("BEGIN")
+    db.execute("INSERT INTO effects VALUES ('later')")
+    db.execute("COMMIT")
+    assert effects(ledger) == ["later"]
