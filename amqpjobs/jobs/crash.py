@@ -47,8 +47,9 @@ WORK_QUEUE: Final = "amqpjobs-work-queue"
 #: down): the copy that comes back from the tier is registered again for this start, not run from
 #: the work queue, where :data:`STARTS` is ignored (the count would begin again: a job killing
 #: its workers while a dead worker's claim lives would never reach ``crashed``). Honoured on a
-#: work queue delivery: a publisher setting it only makes a job run alone, and one that then
-#: crashes is charged from that start.
+#: work queue delivery of an idempotent job only (the only kind that waits so); there a
+#: publisher setting it makes the job run alone, and one that then crashes is charged from
+#: that start (a message can't prove where a header came from). On other jobs it is ignored.
 WAITING_START: Final = "amqpjobs-waiting-start"
 START_HEADERS: Final = (STARTS, LAST_START_HOST, LAST_START_PID, LAST_START_AT, WORK_QUEUE, WAITING_START)
 
@@ -79,7 +80,9 @@ def starts_of(headers: Mapping[str, Any]) -> int:
     return parse_attempt(headers.get(STARTS))
 
 
-def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, *, registered: bool) -> Screening:
+def screen(
+    redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, *, registered: bool, waits: bool = False
+) -> Screening:
     """Decide about a delivery of a job before running it.
 
     Args:
@@ -92,6 +95,9 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int,
             publisher's ``amqpjobs-starts`` never charges a job with crashes it did not have.
             A registered start that waited in a retry tier comes back with :data:`WAITING_START`
             and is registered again for that start (redelivered or not: it never runs there).
+        waits: The job is idempotent: only its suspects wait in a tier with their start (on
+            another's claim, or for the ledger). On any other job :data:`WAITING_START` can
+            only be another publisher's, and is ignored like :data:`STARTS`.
 
     Every redelivery counts as a start, on every version: the broker's counters can't tell a
     start from a hand-back (on 4.3 quorum queues a nack, a consumer timeout and a partition
@@ -104,7 +110,7 @@ def screen(redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int,
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
-    if not registered and WAITING_START in headers:  # a registered start back from its wait: register it again
+    if waits and not registered and WAITING_START in headers:  # a registered start back from its wait: again
         return Screening("register", min(parse_attempt(headers.get(WAITING_START)), max_redeliveries + 1))
     if not redelivered and (STARTS not in headers or not registered):
         return _FIRST

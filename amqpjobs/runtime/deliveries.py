@@ -257,7 +257,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone)
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
+                                 waits=job.idempotent)  # fmt: skip
         if screening.action == "crashed":
             error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
             return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,

@@ -125,9 +125,20 @@ async def test_ordinary_starts_wait_while_a_registration_is_under_way():
 def test_a_waiting_start_back_from_its_tier_is_registered_again_for_that_start(redelivered: bool):
     from amqpjobs.jobs.crash import WAITING_START
 
-    assert screen(redelivered, {WAITING_START: 4, STARTS: 4}, 5, registered=False) == Screening("register", 4)
-    assert screen(False, {WAITING_START: 99}, 5, registered=False) == Screening("register", 6)  # at most the last
-    assert screen(False, {STARTS: 4}, 5, registered=False) == Screening("run", 1)  # without it: ignored as before
+    waits = {"registered": False, "waits": True}  # an idempotent job's: the only ones that wait with a start
+    assert screen(redelivered, {WAITING_START: 4, STARTS: 4}, 5, **waits) == Screening("register", 4)
+    assert screen(False, {WAITING_START: 99}, 5, **waits) == Screening("register", 6)  # at most the last
+    assert screen(False, {STARTS: 4}, 5, **waits) == Screening("run", 1)  # without it: ignored as before
+
+
+@pytest.mark.parametrize("value", [4, 99, "abc", {"a": 1}])
+def test_a_waiting_start_on_a_job_that_never_waits_is_a_publishers_and_ignored(value: object):
+    """Only an idempotent job's suspect waits in a tier with its start; on any other job the header can only be
+    another publisher's, and charges nothing (an outsider's forged 99 quarantined a job after one crash)."""
+    from amqpjobs.jobs.crash import WAITING_START
+
+    assert screen(False, {WAITING_START: value}, 3, registered=False, waits=False) == Screening("run", 1)
+    assert screen(True, {WAITING_START: value}, 3, registered=False, waits=False) == Screening("register", 2)
 
 
 def test_only_a_suspects_wait_carries_the_waiting_start():
