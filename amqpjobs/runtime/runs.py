@@ -13,7 +13,8 @@ import logging
 import sys
 import time
 import uuid
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
@@ -148,18 +149,23 @@ class HandlerRuns:
                                      failure=("ClaimBusy", why, ""))  # fmt: skip
             lease_end = time.monotonic() + lease  # then the claim is anyone's: no release is owed past it
 
-            used = False
+            used, committed = False, False
 
-            def transaction() -> AbstractContextManager[Any]:
-                nonlocal used
+            @contextmanager
+            def transaction() -> Iterator[Any]:
+                nonlocal used, committed
                 assert ledger is not None
                 if used:
                     raise ConfigurationError(
-                        f"job {job.name!r}: ctx.transaction() can be used once per run (its commit marks the job "
-                        "done); put the whole effect in one transaction"
-                    )
+                        f"job {job.name!r}: ctx.transaction() can be used once per run; "
+                        + ("the first one committed with the job's done-mark, so the job counts as done (a replay "
+                           "acks it as a duplicate) and the rest of this run did not happen: " if committed else "")
+                        + "put the whole effect in one transaction"
+                    )  # fmt: skip
                 used = True
-                return ledger.transaction(job_id, owner)
+                with ledger.transaction(job_id, owner) as db:
+                    yield db
+                committed = True
 
         task = asyncio.current_task() if task is None else task  # the drain's and the deadline's, looked up once
         if ordinary:  # no pause from here to the handler's start: a job to drain, unless the stop came first
