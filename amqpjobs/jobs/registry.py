@@ -135,9 +135,9 @@ class JobDef:
         idempotent: Gate the effect on the idempotency ledger (claim before, done after).
         key: Derives the job id (the idempotency key) from the validated payload when
             ``enqueue`` gets no ``job_id``.
-        lease: Seconds a claim holds before another worker may take it over; None: twice
-            the timeout the worker gives a job without one (at least 60 s). Given without a
-            ``timeout``, the worker times the job out at half of it.
+        lease: Seconds a claim holds before another worker may take it over; None: the
+            worker's default (:func:`amqpjobs.runtime.worker_config.default_lease`). Given
+            without a ``timeout``, the worker times the job out at half of it.
         breaker: Its circuit breaker (:mod:`amqpjobs.jobs.breaker`), or None.
         rate_limit: At most that many starts per period across the app's workers, or None
             (README "Flow control" -> "Rate limits").
@@ -252,8 +252,10 @@ class JobRegistry:
             key: Function of the validated payload giving the job id, e.g.
                 ``lambda p: f"charge:{p.order_id}"``.
             lease: How long a claim holds (seconds or duration); default twice the
-                timeout, at least 60 s (for a job without ``timeout``: twice the worker's
-                default timeout, just below ``consumer_timeout``). Must exceed the run time:
+                timeout, at least the timeout plus twice the worker's grace plus 5 s (a thread
+                past its timeout goes on that long), at least 60 s (for a job without
+                ``timeout``: from the worker's default timeout, just below ``consumer_timeout``;
+                :func:`amqpjobs.runtime.worker_config.default_lease`). Must exceed the run time:
                 given without ``timeout``, the job's timeout is half the lease (at most the
                 worker's default), so a claim never ends under a run still going.
             breaker: A circuit breaker shared by all the app's workers (README "Flow
@@ -279,7 +281,7 @@ class JobRegistry:
             raise ConfigurationError(f"job {name!r}: timeout: {exc}") from None
 
         try:
-            hold = parse_duration(lease) if lease is not None else (max(60.0, 2 * seconds) if seconds else None)
+            hold = parse_duration(lease) if lease is not None else None  # None: the worker's default_lease
         except ValueError as exc:
             raise ConfigurationError(f"job {name!r}: lease: {exc}") from None
         if seconds is not None and hold is not None and hold <= seconds:

@@ -37,6 +37,7 @@ from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
+from amqpjobs.runtime.worker_config import default_lease
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
 
@@ -68,8 +69,8 @@ class HandlerRuns:
     _late_claims: set[asyncio.Task[None]]
 
     def lease_of(self, job: JobDef) -> float:
-        """Seconds a claim on ``job`` holds: its ``lease``, else twice its timeout here (at least 60 s)."""
-        return job.lease if job.lease is not None else max(60.0, 2 * self._timeouts[job.name])
+        """Seconds a claim on ``job`` holds: its ``lease``, else the worker's default (``default_lease``)."""
+        return job.lease if job.lease is not None else default_lease(self._timeouts[job.name], self._overruns.grace)
 
     @staticmethod
     def _outcome(

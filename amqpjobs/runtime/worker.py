@@ -56,7 +56,7 @@ from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
-from amqpjobs.runtime.worker_config import check_jobs
+from amqpjobs.runtime.worker_config import check_jobs, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
@@ -174,6 +174,8 @@ class Worker(WorkerStop):
 
     def _check(self) -> None:
         self._layouts, self._timeouts = check_jobs(self.app, self.job_queues(), self.options.consumer_timeout)
+        for line in lease_warnings(self.app, self._timeouts, self.options.grace):
+            log.warning(line)
 
     async def start(self) -> None:
         """Connect and start consuming. Returns once every slot consumes.

@@ -65,6 +65,43 @@ class WorkerOptions:
                 raise ConfigurationError(f"{name}={level!r}: use one of {', '.join(REPORT_LEVELS)}")
 
 
+#: Seconds a default claim outlives the longest a run may go on (README "Idempotency").
+LEASE_MARGIN = 5.0
+
+
+def longest_run(timeout: float, grace: float) -> float:
+    """Seconds a run may go on: its ``timeout``, then a thread past it for the ``grace``, then the stop's ``grace``.
+
+    (:mod:`amqpjobs.runtime.overruns`: a plain function's thread can't be stopped before its process ends.)
+    """
+    return timeout + 2 * grace
+
+
+def default_lease(timeout: float, grace: float) -> float:
+    """A claim's lease (seconds) for a job without ``lease=``: it never expires under a run still going.
+
+    Twice ``timeout``, at least the :func:`longest_run` plus :data:`LEASE_MARGIN`, at least 60 s.
+    """
+    return max(60.0, 2 * timeout, longest_run(timeout, grace) + LEASE_MARGIN)
+
+
+def lease_warnings(app: App, timeouts: dict[str, float], grace: float) -> list[str]:
+    """One line per idempotent plain-function job whose own ``lease`` a run past its timeout can outlive."""
+    lines = []
+    for job in app:
+        if not job.idempotent or job.is_async or job.lease is None:  # an async run is cancelled at its timeout
+            continue
+        timeout = timeouts[job.name]
+        if job.lease < (needed := longest_run(timeout, grace) + LEASE_MARGIN):
+            lines.append(
+                f"job {job.name!r}: its claim (lease {job.lease:g}s) can expire under a run past its timeout "
+                f"({timeout:g}s): a plain function's thread goes on for the grace ({grace:g}s), then for the "
+                f"stop's grace ({grace:g}s), so another worker could run it beside; give it lease= at least "
+                f"{needed:g}s, or a shorter timeout or --grace"
+            )
+    return lines
+
+
 def check_jobs(
     app: App, job_queues: Iterable[str], consumer_timeout: float
 ) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:

@@ -94,7 +94,8 @@ def test_consumer_timeout_counts_the_wait_for_a_slot_on_sharded_queues():
     assert consumer_timeout(100.0) == 100.0 + CONSUMER_TIMEOUT_MARGIN
 
 
-def test_default_lease_is_twice_the_timeout_at_least_60s(tmp_path: Path):
+def test_default_lease_is_twice_the_timeout_at_least_the_longest_run_and_60s(tmp_path: Path):
+    """A run may go on its timeout, the grace past it (a thread), then the stop's grace: the claim outlives that."""
     from amqpjobs import SqliteLedger
 
     app = make(tmp_path)
@@ -107,14 +108,17 @@ def test_default_lease_is_twice_the_timeout_at_least_60s(tmp_path: Path):
     w._check()
     assert w._timeouts["untimed"] == 1710.0
     assert {name: w.lease_of(app.resolve(name)) for name in ("quick", "slow", "untimed", "own")} == {
-        "quick": 60.0,
+        "quick": 75.0,  # 10 s + 30 s past it + 30 s of the stop's grace + 5 s
         "slow": 240.0,
         "untimed": 3420.0,  # twice the 1710 s it may run: a claim never expires under a run that is still allowed
         "own": 420.0,
     }
     short = worker(app, consumer_timeout=5.0)
     short._check()
-    assert short.lease_of(app.resolve("untimed")) == 60.0  # 4 s timeout: at least 60 s
+    assert short.lease_of(app.resolve("untimed")) == 69.0  # 4 s timeout: 4 + 2 x 30 + 5
+    brief = worker(app, consumer_timeout=5.0, grace=5.0)
+    brief._check()
+    assert brief.lease_of(app.resolve("untimed")) == 60.0  # 4 + 2 x 5 + 5 = 19: at least 60 s
 
 
 async def test_concurrency_below_1_is_refused(tmp_path: Path):
@@ -166,3 +170,30 @@ async def test_a_metrics_port_in_use_is_a_configuration_error(tmp_path: Path):
         port = busy.getsockname()[1]
         with pytest.raises(ConfigurationError, match=f"can't serve metrics on 127.0.0.1:{port}"):
             await run_worker(app, broker_settings("amqp://guest:guest@127.0.0.1:1/"), WorkerOptions(), port)
+
+
+def test_an_idempotent_plain_function_job_whose_lease_a_run_past_its_timeout_outlives_is_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A thread past its timeout goes on for the grace, then the stop's grace: its claim can expire under it and a
+    second worker take it over while it still runs (an outsider saw both run at once for 5 s)."""
+    from amqpjobs import SqliteLedger
+
+    caplog.set_level(logging.WARNING, logger="amqpjobs")
+    app = make(tmp_path)
+    app.ledger = SqliteLedger(tmp_path / "l.db", retention="30d")
+    app.job("short", queue="work", idempotent=True, lease="20s")(lambda p, c: None)  # timeout 10 s
+    app.job("roomy", queue="work", idempotent=True, lease="2m", timeout="10s")(lambda p, c: None)
+
+    @app.job("async", queue="work", idempotent=True, lease="20s")  # cancelled at its timeout: no thread goes on
+    async def not_a_thread(p: object, c: object) -> None:
+        pass
+
+    w = worker(app, consumer_timeout=1800.0, grace=30.0)
+    w._check()
+    warned = [r.getMessage() for r in caplog.records if "can expire under" in r.getMessage()]
+    assert warned == [
+        "job 'short': its claim (lease 20s) can expire under a run past its timeout (10s): a plain function's thread "
+        "goes on for the grace (30s), then for the stop's grace (30s), so another worker could run it beside; give "
+        "it lease= at least 75s, or a shorter timeout or --grace"
+    ]
