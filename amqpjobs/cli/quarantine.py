@@ -167,6 +167,8 @@ def quarantine_show(
 @errors_to_exit_codes
 def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
     """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
+    if str(file) == "-":  # stdout carries the summary line here: a file keeps the export apart from it
+        raise ConfigurationError("FILE '-': give the path of a file to write (the summary goes to stdout)")
     output_file("FILE", file)
     count = run_command(export(settings(url, management_url), queue, file))
     click.echo(f"exported {count} message(s) to {file}; the queue still holds them")

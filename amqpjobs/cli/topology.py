@@ -82,7 +82,12 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
 @topology.command("export")
 @click.argument("path", type=click.Path())
 @click.option("--vhost", default="/", show_default=True, help="Vhost written into every object.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    help="File to write (default, or -: stdout).",
+)
 @errors_to_exit_codes
 def topology_export(path: str, vhost: str, output: str | None) -> None:
     """Write RabbitMQ definitions JSON for the topology at PATH (for `rabbitmqctl import_definitions`).
@@ -93,6 +98,7 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
         raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"--vhost: {problem}")
+    output = None if output == "-" else output  # the Unix convention: - is stdout
     if output:
         output_file("-o/--output", output)
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)

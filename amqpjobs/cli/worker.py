@@ -20,6 +20,7 @@ from amqpjobs.cli._common import (
     write_output,
 )
 from amqpjobs.cli._root import main
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.runtime import held_signals
@@ -107,8 +108,14 @@ def consume(
     management_url: str | None,
 ) -> None:
     """Run a worker for the app MODULE:APP until SIGTERM/SIGINT (then drain and exit 0)."""
+    named = None if queues is None else tuple(q.strip() for q in queues.split(",") if q.strip())
+    if named == ():
+        raise ConfigurationError(
+            "--queues names no job queue: give them comma-separated (e.g. --queues mail,billing), "
+            "or leave the option out to consume every job queue the app's jobs use"
+        )
     options = WorkerOptions(
-        queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
+        queues=named,
         concurrency=concurrency,
         grace=duration_option("--grace", grace),
         consumer_timeout=duration_option("--consumer-timeout", consumer_timeout),
@@ -132,7 +139,12 @@ def consume(
 
 @main.command("asyncapi")
 @click.argument("app_ref", metavar="MODULE:APP")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    help="File to write (default, or -: stdout).",
+)
 @errors_to_exit_codes
 def asyncapi(app_ref: str, output: str | None) -> None:
     """Write an AsyncAPI 3.0 document of MODULE:APP: a channel per job queue and shard, a message per job.
@@ -140,6 +152,7 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     For publishers in other languages: exchange, routing key and AMQP bindings of each
     channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
     """
+    output = None if output == "-" else output  # the Unix convention: - is stdout
     if output:
         output_file("-o/--output", output)
     app = load_app(app_ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -378,6 +379,16 @@ def queue_rules(
                 )
             )
     for j, t in enumerate(tiers):
+        if tier_in_range(t) and abs(t * 1000 - round(t * 1000)) > 1e-6:  # 1.5ms: no TTL of it (never rounded)
+            ms = t * 1000
+            problems.append(
+                Problem(
+                    file,
+                    f"{base}.retry_tiers[{j}]",
+                    f"{ms:g}ms: x-message-ttl counts whole milliseconds",
+                    f"write {math.floor(ms)}ms or {math.ceil(ms)}ms",
+                )
+            )
         if not tier_in_range(t):
             why = "sub-millisecond tiers are refused" if t < 0.001 else "longer than x-message-ttl takes"
             problems.append(

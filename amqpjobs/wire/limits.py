@@ -15,9 +15,11 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiormq
+from pamqp import encode
 
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.printable import printable
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
 
 #: RabbitMQ's default ``frame_max`` in bytes (``rabbit.frame_max``), which the client takes as offered.
@@ -66,8 +68,15 @@ def encoded_size(properties: aiormq.spec.Basic.Properties) -> int:
     try:
         return len(properties.marshal()) + _HEADER_FRAME_OVERHEAD
     except ENCODING_ERRORS as exc:
+        what, why = "the message's headers", str(exc)
+        for name, value in (properties.headers or {}).items():  # name the header (pamqp says "<name> error: ...")
+            try:
+                encode.field_table({name: value})
+            except ENCODING_ERRORS as one:
+                what, why = f"header {printable(str(name))!r}", str(one).removeprefix(f"{name} error: ")
+                break
         raise ConfigurationError(
-            f"the message's headers can't be put in an AMQP frame ({exc}); nothing was sent. Give header values "
+            f"{what} can't be put in an AMQP frame ({why}); nothing was sent. Give header values "
             "AMQP carries: str, int (64-bit), float, Decimal, bool, bytes, datetime, None, or lists and dicts "
             "(str keys) of these"
         ) from exc

@@ -265,3 +265,30 @@ def test_schedule_run_refuses_an_empty_selection(value: str) -> None:
         "error: --schedules names no schedule: give names separated by commas (the app has fast, paris-daily), "
         "or leave it out to run them all\n"
     )
+
+
+# ---------------------------------------------------------------- an outsider's papercuts (2026-12-05)
+def test_topology_export_to_dash_writes_stdout_not_a_file_named_dash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli(NOWHERE, "topology", "export", str(TOPOLOGY), "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert '"queues"' in result.stdout
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("queues", ["", " , ", ","])
+def test_consume_with_an_empty_queues_option_is_refused_not_every_queue(queues: str):
+    result = cli(NOWHERE, "consume", "examples.shop:app", "--queues", queues)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: --queues names no job queue: give them comma-separated (e.g. --queues mail,billing), "
+        "or leave the option out to consume every job queue the app's jobs use\n"
+    )
+
+
+def test_quarantine_export_to_dash_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli(NOWHERE, "quarantine", "export", "work.quarantine", "-")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: FILE '-': give the path of a file to write (the summary goes to stdout)\n"
+    assert not (tmp_path / "-").exists()

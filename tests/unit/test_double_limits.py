@@ -92,7 +92,7 @@ async def test_a_header_value_amqp_cannot_carry_is_refused_in_the_double_as_on_t
         await broker.drain()
     assert ran == []
     assert str(info.value) == (
-        "the message's headers can't be put in an AMQP frame (tags error: Unknown type: <class 'set'> ({'a'})); "
+        "header 'tags' can't be put in an AMQP frame (Unknown type: <class 'set'> ({'a'})); "
         "nothing was sent. Give header values AMQP carries: str, int (64-bit), float, Decimal, bool, bytes, "
         "datetime, None, or lists and dicts (str keys) of these"
     )

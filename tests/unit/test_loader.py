@@ -159,6 +159,14 @@ def test_sub_millisecond_tiers_are_refused_once_without_a_spurious_duplicate(tmp
     ]
 
 
+def test_a_tier_between_two_milliseconds_is_refused_not_rounded(tmp_path: Path) -> None:
+    # an outsider's "1.5ms" became queue q.retry.2ms silently
+    assert problems_of(tmp_path, HEADER + job('retry_tiers = ["1.5ms", "2.0004s", "5s"]')) == [
+        "job_queue[0].retry_tiers[0]: 1.5ms: x-message-ttl counts whole milliseconds (fix: write 1ms or 2ms)",
+        "job_queue[0].retry_tiers[1]: 2000.4ms: x-message-ttl counts whole milliseconds (fix: write 2000ms or 2001ms)",
+    ]
+
+
 def problems_in(folder: Path) -> list[str]:
     with pytest.raises(TopologyValidationError) as info:
         load_topology(folder)
