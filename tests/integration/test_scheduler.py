@@ -470,7 +470,10 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
     assert (catch_up.missed_from, catch_up.missed_until) == (last_before + SECOND, back[1].tick - SECOND)
     assert catch_up.missed_until is not None
     assert catch_up.missed_from is not None
-    assert catch_up.missed_until - catch_up.missed_from >= 3 * SECOND
+    # 4 s without the queue; a tick published while it was being deleted may have gone in (``during``), and under
+    # load the scheduler's looks come late, so the outage's ticks span 2 s at least (3 s from a quiet machine;
+    # 2 s once on 4.0 in a local CI): the ticks' exact count is checked below
+    assert catch_up.missed_until - catch_up.missed_from >= 2 * SECOND
     assert [e.kind for e in back[1:]] == ["fired"] * (len(back) - 1)
     ticks = covered(await drain(broker))
     assert ticks == seconds_from(last_before + SECOND, len(ticks)), "every tick since the outage exactly once"
