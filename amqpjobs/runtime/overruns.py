@@ -10,6 +10,7 @@ running in the process): a thread past its timeout stands in its way.
   paused for good). The suspects wait in their queue for another worker, or for this one
   once the thread ended; said once per such stretch, as a WARNING.
 * A suspect's own plain-function run past its timeout stops the worker, as SIGTERM does
+  (an async one too, when it goes on :data:`CANCEL_BOUND` s after its timeout's cancellation)
   (the grace for the thread, then the process ends with it): nothing may run beside a
   suspect, and only the process's end stops the thread. Any other run still going the
   grace (``--grace``) after its timeout stops it too: its thread holds a slot for good
@@ -28,6 +29,10 @@ from collections.abc import Awaitable
 from amqpjobs.runtime.logs import field_value
 
 log = logging.getLogger("amqpjobs.worker")
+
+#: Seconds an async handler gets to end once cancelled (at its timeout, or at the stop's grace): one
+#: still running then (it caught the cancellation) is treated as a stuck thread (README "Workers").
+CANCEL_BOUND = 1.0
 
 
 class Overruns:
@@ -70,6 +75,19 @@ class Overruns:
             "the start counts like a crash", field_value(job), field_value(job_id), self.grace, limit,
         )  # fmt: skip
         return True
+
+    def async_went_on(self, job: str, job_id: str, limit: float) -> None:
+        """A suspect's async handler still runs :data:`CANCEL_BOUND` s after its timeout ``limit`` cancelled it.
+
+        It catches the cancellation: it can't be stopped, like a thread; the worker stops (:attr:`hung`).
+        """
+        self.hung = f"job {job} id {job_id}"
+        log.error(
+            "job %s id %s: async handler went on %gs after its timeout's cancellation (%gs) while running alone "
+            "as a suspect; it catches the cancellation, so it can't be stopped and nothing may run beside it: "
+            "this worker stops (exit 1), and the start counts like a crash",
+            field_value(job), field_value(job_id), CANCEL_BOUND, limit,
+        )  # fmt: skip
 
     def end(self) -> None:
         """That run's thread returned (or raised)."""

@@ -32,7 +32,7 @@ from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
-from amqpjobs.runtime.overruns import Overruns
+from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
@@ -323,6 +323,9 @@ class HandlerRuns:
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         deadline = self._deadlines.start(limit, task) if limit is not None else None
+        watch = None  # a suspect that goes on after its timeout's cancellation stops the worker (.overruns)
+        if limit is not None and self._suspects_running:
+            watch = asyncio.get_running_loop().call_later(limit + CANCEL_BOUND, self._went_on, job, ctx, limit)
         try:
             value = await job.handler(payload, ctx)
             if value is not None and unsettled(value):  # most return None: no checks on the hot path
@@ -338,11 +341,17 @@ class HandlerRuns:
             raise overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)
         finally:
             self._stalls.leave(stall_key)
+            if watch is not None:
+                watch.cancel()
         if deadline is not None:
             deadline.end(None)
             if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
                 raise overran(job, limit, "went on; its result is not used")
         return value
+
+    def _went_on(self, job: JobDef, ctx: JobContext, limit: float) -> None:
+        self._overruns.async_went_on(job.name, ctx.job_id, limit)
+        self._stop.set()
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
         # A thread can't be interrupted: retrying while it still runs could commit the side

@@ -17,14 +17,11 @@ import time
 from typing import Any, NoReturn
 
 from amqpjobs.runtime.handler_threads import end_process
+from amqpjobs.runtime.overruns import CANCEL_BOUND
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.wire.abc import Connection
 
 log = logging.getLogger("amqpjobs.worker")
-
-#: Seconds an async handler cancelled at the grace's end gets to end (README "Workers"): one
-#: still running then (it caught the cancellation) is treated as a stuck thread.
-CANCEL_BOUND = 1.0
 
 
 class WorkerStop(SuspectTurns):

@@ -775,3 +775,50 @@ async def test_a_plain_function_job_that_hangs_every_worker_is_quarantined_crash
     log = supervisor.log.read_text()
     assert log.count("while running alone as a suspect") == MAX_REDELIVERIES  # starts 2..6 ran alone, and hung
     assert "still runs 1s past its timeout of 1s" in log  # the first, among the others
+
+
+@pytest.mark.version_independent
+async def test_an_async_suspect_that_goes_on_after_its_cancellation_stops_its_worker(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler that catches every cancellation can't be stopped either: as a suspect it held the turn (and
+    every queue of the worker) for good. 1 s after its timeout's cancellation, the worker stops as for a thread."""
+    from tests.integration.worker_env import make_app
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    release = asyncio.Event()
+
+    @app.job("stubborn", queue="work", timeout="1s")
+    async def stubborn(payload: dict[str, str], ctx: JobContext) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue  # swallowed, every time
+
+    await put_suspect(broker, "stubborn", "the-stubborn-one")
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
+    running = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 20
+        while "went on 1s after its timeout" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert "went on 1s after its timeout" in caplog.text
+        await asyncio.sleep(2.5)  # the stop's grace and cancel bound: then a worker awaited in a program waits
+        release.set()
+        code = await asyncio.wait_for(running, 20)
+    finally:
+        release.set()
+        await app.close()
+    assert code == 1
+    stopped = [r for r in caplog.records if "went on 1s after its timeout" in r.getMessage()]
+    assert [r.levelname for r in stopped] == ["ERROR"]
+    assert (
+        stopped[0]
+        .getMessage()
+        .startswith(
+            "job stubborn id the-stubborn-one: async handler went on 1s after its timeout's cancellation (1s) while "
+            "running alone as a suspect"
+        )
+    )
