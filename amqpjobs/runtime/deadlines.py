@@ -18,6 +18,7 @@ no other cancellation came meanwhile (the worker stopping past its grace).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
@@ -29,14 +30,19 @@ class Deadline:
         expired: Whether it was cancelled for its deadline.
     """
 
-    __slots__ = ("_cancelling", "_lane", "_task", "at", "expired")
+    __slots__ = ("_cancelling", "_lane", "_task", "at", "counted", "ended", "expired", "what")
 
-    def __init__(self, task: asyncio.Task[Any], at: float, lane: dict[Deadline, None]) -> None:
+    def __init__(self, task: asyncio.Task[Any], at: float, lane: dict[Deadline, None], what: Any) -> None:
         self._task = task
         self._cancelling = task.cancelling()
         self._lane = lane
         self.at = at
         self.expired = False
+        self.ended = False
+        #: What the caller said the run is (:meth:`Deadlines.start`), for ``on_expired``.
+        self.what = what
+        #: Free for ``on_expired``'s owner: it counted the run as going on past its cancellation.
+        self.counted = False
 
     def _expire(self) -> None:
         self.expired = True
@@ -49,6 +55,7 @@ class Deadline:
         other cancellation of the task is pending: the caller raises its ``TimeoutError``.
         """
         self._lane.pop(self, None)
+        self.ended = True
         if not self.expired:
             return False
         return self._task.uncancel() <= self._cancelling and isinstance(exc, asyncio.CancelledError)
@@ -57,10 +64,11 @@ class Deadline:
 class _Lane:
     """The runs of one time limit on one loop, in deadline order, and the timer for the earliest."""
 
-    __slots__ = ("loop", "runs", "timer")
+    __slots__ = ("loop", "on_expired", "runs", "timer")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_expired: Callable[[Deadline], None] | None) -> None:
         self.loop = loop
+        self.on_expired = on_expired
         self.runs: dict[Deadline, None] = {}  # insertion order = deadline order
         self.timer: asyncio.TimerHandle | None = None
 
@@ -75,18 +83,23 @@ class _Lane:
                 return
             del runs[first]
             first._expire()
+            if self.on_expired is not None:
+                self.on_expired(first)
 
 
 class Deadlines:
     """The time limits of the handler runs on one event loop (a worker's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_expired: Callable[[Deadline], None] | None = None) -> None:
+        """``on_expired``: called with each deadline that cancelled its run, right after the cancel."""
         self._lanes: dict[float, _Lane] = {}
+        self._on_expired = on_expired
 
-    def start(self, limit: float, task: asyncio.Task[Any] | None = None) -> Deadline:
+    def start(self, limit: float, task: asyncio.Task[Any] | None = None, what: Any = None) -> Deadline:
         """Cancel the current task ``limit`` seconds from now unless its :class:`Deadline` ends first.
 
         ``task``: the current task, when the caller has it already (else looked up here).
+        ``what``: kept on the deadline for ``on_expired`` (:attr:`Deadline.what`).
 
         Raises:
             RuntimeError: not called from a task on a running loop.
@@ -98,9 +111,9 @@ class Deadlines:
             raise RuntimeError("a deadline is for code running in a task")
         lane = self._lanes.get(limit)
         if lane is None or lane.loop is not loop:
-            lane = self._lanes[limit] = _Lane(loop)
+            lane = self._lanes[limit] = _Lane(loop, self._on_expired)
         at = loop.time() + limit
-        deadline = Deadline(task, at, lane.runs)
+        deadline = Deadline(task, at, lane.runs, what)
         lane.runs[deadline] = None
         if lane.timer is None:
             lane.timer = loop.call_at(at, lane.fire, at)

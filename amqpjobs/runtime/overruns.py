@@ -36,7 +36,11 @@ CANCEL_BOUND = 1.0
 
 
 class Overruns:
-    """The plain-function runs of one worker past their timeout (threads still running), and the stop they cause."""
+    """The runs of one worker that went on past their timeout (threads, async handlers catching their cancellation).
+
+    Args:
+        grace: Seconds an ordinary such run may go on before it stops the worker (the worker's grace).
+    """
 
     def __init__(self, grace: float) -> None:
         #: Seconds an ordinary run may go on past its timeout before it stops the worker (the worker's grace).
@@ -47,50 +51,47 @@ class Overruns:
         self._began = asyncio.Event()
         self._said = False  # the suspects' wait was said in this stretch
 
-    def begin(self, job: str, job_id: str, limit: float, alone: bool) -> bool:
-        """A run's thread passed its timeout ``limit`` (seconds); ``alone``: it is a suspect's. Whether to stop."""
+    def begin(self, job: str, job_id: str, limit: float, alone: bool, thread: bool = True) -> bool:
+        """A run went on past its timeout ``limit`` (seconds); whether the worker stops now.
+
+        ``thread``: a plain-function handler's thread passed its timeout; else an async handler
+        still runs :data:`CANCEL_BOUND` s after its timeout's cancellation (it catches it).
+        ``alone``: it is a suspect's: the worker stops (True, :attr:`hung`); else it is counted
+        (no suspects turn meanwhile) and logged, and may go on for :attr:`grace` seconds more.
+        """
         self.count += 1
         self._began.set()
+        what = "plain-function handler passed its timeout of" if thread else (
+            f"async handler went on {CANCEL_BOUND:g}s after its timeout's cancellation, of"
+        )  # fmt: skip
         if not alone:
+            why = "threads can't be cancelled" if thread else "it catches the cancellation"
             log.warning(
-                "job %s id %s: plain-function handler passed its timeout of %gs; threads can't be cancelled, so "
-                "the worker waits for it and judges it by its result (for %gs more at most: then it stops)",
-                field_value(job), field_value(job_id), limit, self.grace,
+                "job %s id %s: %s %gs; %s, so the worker waits for it and judges it by its result (for %gs more "
+                "at most: then it stops)", field_value(job), field_value(job_id), what, limit, why, self.grace,
             )  # fmt: skip
             return False
         self.hung = f"job {job} id {job_id}"
         log.error(
-            "job %s id %s: plain-function handler passed its timeout of %gs while running alone as a suspect; "
-            "its thread can't be stopped and nothing may run beside it, so this worker stops (exit 1): its "
-            "process ends the thread, and the start counts like a crash", field_value(job), field_value(job_id), limit,
+            "job %s id %s: %s %gs while running alone as a suspect; it can't be stopped and nothing may run beside "
+            "it, so this worker stops (exit 1): its process's end stops the run, and the start counts like a crash",
+            field_value(job), field_value(job_id), what, limit,
         )  # fmt: skip
         return True
 
-    def hung_past(self, job: str, job_id: str, limit: float) -> bool:
-        """An ordinary run is still going :attr:`grace` seconds past its timeout ``limit``: the worker stops (True)."""
+    def hung_past(self, job: str, job_id: str, limit: float, thread: bool = True) -> bool:
+        """An ordinary run is still going :attr:`grace` seconds more (see :meth:`begin`): the worker stops (True)."""
         self.hung = f"job {job} id {job_id}"
+        what = "plain-function handler" if thread else "async handler (it catches its cancellation)"
         log.error(
-            "job %s id %s: plain-function handler still runs %gs past its timeout of %gs; its thread can't be "
-            "stopped and holds a slot for good, so this worker stops (exit 1): its process ends the thread, and "
-            "the start counts like a crash", field_value(job), field_value(job_id), self.grace, limit,
+            "job %s id %s: %s still runs %gs past its timeout of %gs; it can't be stopped and holds a slot for "
+            "good, so this worker stops (exit 1): its process's end stops the run, and the start counts like a "
+            "crash", field_value(job), field_value(job_id), what, self.grace, limit,
         )  # fmt: skip
         return True
-
-    def async_went_on(self, job: str, job_id: str, limit: float) -> None:
-        """A suspect's async handler still runs :data:`CANCEL_BOUND` s after its timeout ``limit`` cancelled it.
-
-        It catches the cancellation: it can't be stopped, like a thread; the worker stops (:attr:`hung`).
-        """
-        self.hung = f"job {job} id {job_id}"
-        log.error(
-            "job %s id %s: async handler went on %gs after its timeout's cancellation (%gs) while running alone "
-            "as a suspect; it catches the cancellation, so it can't be stopped and nothing may run beside it: "
-            "this worker stops (exit 1), and the start counts like a crash",
-            field_value(job), field_value(job_id), CANCEL_BOUND, limit,
-        )  # fmt: skip
 
     def end(self) -> None:
-        """That run's thread returned (or raised)."""
+        """That run ended (its thread returned or raised, its async handler ended)."""
         self.count -= 1
         if not self.count:
             self._began.clear()
@@ -103,8 +104,8 @@ class Overruns:
         if not self._said:
             self._said = True
             log.warning(
-                "suspects of %s wait: a plain-function run of this worker is past its timeout and still runs "
-                "(a thread can't be stopped); they run alone here once it ended, or on another worker",
+                "suspects of %s wait: a run of this worker is past its timeout and still runs (a thread, or an "
+                "async handler catching its cancellation); they run alone here once it ended, or on another worker",
                 field_value(job_queue),
             )  # fmt: skip
         return True

@@ -26,7 +26,7 @@ from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, S
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
-from amqpjobs.runtime.deadlines import Deadlines
+from amqpjobs.runtime.deadlines import Deadline, Deadlines
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
@@ -322,10 +322,8 @@ class HandlerRuns:
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
         stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
-        deadline = self._deadlines.start(limit, task) if limit is not None else None
-        watch = None  # a suspect that goes on after its timeout's cancellation stops the worker (.overruns)
-        if limit is not None and self._suspects_running:
-            watch = asyncio.get_running_loop().call_later(limit + CANCEL_BOUND, self._went_on, job, ctx, limit)
+        # (``what``: for a run that goes on after its timeout's cancellation, amqpjobs.runtime.overruns)
+        deadline = self._deadlines.start(limit, task, (job.name, ctx.job_id, limit)) if limit is not None else None
         try:
             value = await job.handler(payload, ctx)
             if value is not None and unsettled(value):  # most return None: no checks on the hot path
@@ -341,17 +339,34 @@ class HandlerRuns:
             raise overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)
         finally:
             self._stalls.leave(stall_key)
-            if watch is not None:
-                watch.cancel()
+            if deadline is not None and deadline.counted:  # it went on after its cancellation, and ended now
+                self._overruns.end()
         if deadline is not None:
             deadline.end(None)
             if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
                 raise overran(job, limit, "went on; its result is not used")
         return value
 
-    def _went_on(self, job: JobDef, ctx: JobContext, limit: float) -> None:
-        self._overruns.async_went_on(job.name, ctx.job_id, limit)
-        self._stop.set()
+    def _timed_out(self, deadline: Deadline) -> None:
+        """An async run was cancelled at its timeout (``Deadlines(on_expired=)``): look again in a second."""
+        asyncio.get_running_loop().call_later(CANCEL_BOUND, self._went_on, deadline)
+
+    def _went_on(self, deadline: Deadline) -> None:
+        """Still running :data:`CANCEL_BOUND` s after its timeout's cancellation: it catches it (.overruns)."""
+        if deadline.ended:
+            return
+        job, job_id, limit = deadline.what
+        deadline.counted = True
+        if self._overruns.begin(job, job_id, limit, alone=self._suspects_running > 0, thread=False):
+            self._stop.set()
+        else:
+            asyncio.get_running_loop().call_later(self._overruns.grace, self._hung_past, deadline)
+
+    def _hung_past(self, deadline: Deadline) -> None:
+        if not deadline.ended:
+            job, job_id, limit = deadline.what
+            if self._overruns.hung_past(job, job_id, limit, thread=False):
+                self._stop.set()
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
         # A thread can't be interrupted: retrying while it still runs could commit the side

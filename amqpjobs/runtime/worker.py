@@ -156,7 +156,7 @@ class Worker(WorkerStop):
         )  # plain-function runs past their timeout (amqpjobs.runtime.overruns)
         self._lanes_missing: set[str] = set()  # suspects queues found missing
         self._stalls = StallWatch()
-        self._deadlines = Deadlines()  # async handlers' timeouts
+        self._deadlines = Deadlines(on_expired=self._timed_out)  # async handlers' timeouts
         self._heartbeat_timeout = 0.0
         self._timeouts: dict[str, float] = {}
         self._consumer_timeouts: dict[str, float | None] = {}  # job queue -> x-consumer-timeout (s), set at connect

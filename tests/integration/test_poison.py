@@ -818,7 +818,55 @@ async def test_an_async_suspect_that_goes_on_after_its_cancellation_stops_its_wo
         stopped[0]
         .getMessage()
         .startswith(
-            "job stubborn id the-stubborn-one: async handler went on 1s after its timeout's cancellation (1s) while "
+            "job stubborn id the-stubborn-one: async handler went on 1s after its timeout's cancellation, of 1s while "
             "running alone as a suspect"
         )
     )
+
+
+@pytest.mark.version_independent
+async def test_an_async_run_that_goes_on_after_its_cancellation_holds_no_suspect_and_stops_its_worker_after_the_grace(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Like a hung thread: a suspects turn would wait for it for good, and its slot is lost. Counted 1 s after its
+    timeout's cancellation (no suspects turn meanwhile), then the grace, then the worker stops (exit 1)."""
+    from tests.integration.worker_env import make_app
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    release = asyncio.Event()
+
+    @app.job("stubborn", queue="work", timeout="1s")
+    async def stubborn(payload: dict[str, str], ctx: JobContext) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue  # swallowed, every time
+
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=2))
+    running = asyncio.create_task(worker.run())
+    try:
+        await app.enqueue("stubborn", {}, job_id="s-1")
+        deadline = time.monotonic() + 20
+        while "went on 1s after its timeout's cancellation" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await put_suspect(broker, "stubborn", "a-suspect")  # not taken beside it
+        while "still runs 2s past its timeout" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3.5)  # the stop's grace and cancel bound: then a worker awaited in a program waits
+        release.set()
+        code = await asyncio.wait_for(running, 20)
+    finally:
+        release.set()
+        await app.close()
+    assert code == 1
+    lines = [r for r in caplog.records if "id s-1" in r.getMessage()]
+    assert [r.levelname for r in lines[:2]] == ["WARNING", "ERROR"]
+    assert lines[0].getMessage() == (
+        "job stubborn id s-1: async handler went on 1s after its timeout's cancellation, of 1s; it catches the "
+        "cancellation, so the worker waits for it and judges it by its result (for 2s more at most: then it stops)"
+    )
+    assert "this worker stops (exit 1)" in lines[1].getMessage()
+    assert "a-suspect" not in caplog.text  # never run beside it
+    assert await depth(broker, "work.suspects") == 1
