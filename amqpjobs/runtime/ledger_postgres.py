@@ -20,7 +20,7 @@ from typing import Any
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim, ended_inside
-from amqpjobs.runtime.pg_connection import PgConnection, ThreadConnections
+from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT, PgConnection, ThreadConnections, psycopg_module
 from amqpjobs.runtime.pg_text import to_db
 
 _SCHEMA = """
@@ -156,23 +156,50 @@ class PostgresLedger:
         with ExitStack() as bound, ExitStack() as stack:  # bound ends after the commit or rollback
             conn = self._threads.begin(stack)
             with self._threads.bounded(conn):
-                began = conn.execute(_XACT).fetchone()
+                began = conn.execute(_XACT).fetchone()[0]
             try:
                 yield conn
             except Exception as exc:
                 if _FORBIDDEN in str(exc):  # psycopg refused the handler's commit() / rollback() inside
                     raise ended_inside(shown, "commit() or rollback()") from exc
+                ended = self._ended(conn, began)  # a COMMIT of its own, then a raise: no retry may repeat it
+                if ended is not None:
+                    raise ended_inside(shown, *ended) from exc
                 raise
             finally:
                 bound.enter_context(self._threads.bounded(conn))
-            if conn.execute(_XACT).fetchone() != began:  # a COMMIT / ROLLBACK of its own SQL: another transaction now
-                raise ended_inside(shown, "COMMIT or ROLLBACK", _CHECK)
+            if conn.execute(_XACT).fetchone()[0] != began:  # a COMMIT / ROLLBACK of its own SQL: another transaction
+                raise ended_inside(shown, *(self._ended(conn, began) or ("COMMIT or ROLLBACK", _CHECK)))
             now = time.time()
             cur = conn.execute(update, (owner, now, now, key))
             if not cur.rowcount:
                 cur = conn.execute(insert, (key, owner, now, now))
                 if not cur.rowcount:
                     raise DuplicateJobError(f"job {shown!r} was already done: its effect was rolled back")
+
+    def _ended(self, conn: Any, began: int) -> tuple[str, str] | None:
+        """How the handler ended ``ctx.transaction()``'s transaction ``began`` (a txid) with its own SQL, if it did.
+
+        ``txid_status`` (PostgreSQL 10+): ``("COMMIT", check)`` when it committed (what came
+        before is kept, without the done-mark), ``("ROLLBACK", "")`` when it was rolled back,
+        None while it is still the connection's open transaction, or when that can't be read.
+        Asked on ``conn``, or on a connection of its own when ``conn``'s transaction is aborted.
+        """
+        psycopg = psycopg_module("PostgresLedger")
+        query = "SELECT txid_status(%s)"
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+                with self._threads.bounded(conn):
+                    row = conn.execute(query, (began,)).fetchone()
+            else:
+                with psycopg.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True) as other:
+                    row = other.execute(query, (began,)).fetchone()
+        except psycopg.Error:
+            return None
+        status = row[0] if row else None
+        if status == "committed":
+            return "COMMIT", _CHECK
+        return ("ROLLBACK", "") if status == "aborted" else None
 
     async def close(self) -> None:
         """Close the connections."""

@@ -467,9 +467,10 @@ async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_
 
 
 @pytest.mark.version_independent
+@pytest.mark.parametrize("then", ["returns", "raises", "fails in SQL"])
 @pytest.mark.parametrize("ending", ["commit()", "rollback()", "COMMIT", "ROLLBACK"])
 async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permanently_unmarked(
-    pg_url: str, ending: str
+    pg_url: str, ending: str, then: str
 ) -> None:
     """psycopg refuses ``commit()`` inside ``conn.transaction()``, not a ``COMMIT`` of the handler's SQL: that one is
     seen at the end (another transaction id). Either way the run fails permanently (no retry repeats the effect)
@@ -493,6 +494,10 @@ async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permane
                     else:
                         db.execute(ending)
                     db.execute("INSERT INTO effects VALUES ('after')")
+                    if then == "raises":  # an outsider's: retried, its own COMMIT kept a row at every attempt
+                        raise ValueError("after my own commit")
+                    if then == "fails in SQL":  # the transaction is aborted: nothing more runs on it
+                        db.execute("SELECT no_such_column FROM effects")
 
             with pytest.raises(ConfigurationError) as refused:
                 await asyncio.to_thread(handler)
@@ -505,8 +510,9 @@ async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permane
             if ending == "COMMIT":  # committed by the handler's own SQL before the end could see it
                 assert effects(url) == ["before"]
                 assert message.endswith("without the done-mark: check it before replaying the job")
-            else:
+            else:  # nothing of it was committed: nothing to check
                 assert effects(url) == []
+                assert message.endswith(": remove that")
             assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
             await ledger.release("k", "me")  # as the worker does after a failed run
             assert await ledger.claim("k", "other", 30) is Claim.CLAIMED
