@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.sqlite_open import open_failure
+from amqpjobs.runtime.sqlite_open import file_path, open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
@@ -152,7 +152,7 @@ class SqliteLedger:
     """
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
-        self.path = Path(path)
+        self.path = file_path("SqliteLedger", path)
         self.retention = duration_argument("SqliteLedger(retention=...)", retention)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -166,6 +166,10 @@ class SqliteLedger:
 
     def _connect(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None and not _open(db):  # a handler closed it (its run failed): this thread opens another
+            with self._all_lock:
+                self._all = [c for c in self._all if c is not db]
+            db = None
         if db is None:
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA busy_timeout=30000")
@@ -275,13 +279,18 @@ class SqliteLedger:
             try:
                 yield db
             finally:
-                db.set_authorizer(None)
+                if _open(db):
+                    db.set_authorizer(None)
+                else:  # the handler closed the connection (SQLite rolled back): nothing of the run is kept
+                    ended.closed = True
             if ended.tried:  # it caught the refusal: its transaction still ends refused
                 raise ended.error(key)
             if not self._mark_done(db, key, owner):
                 raise DuplicateJobError(f"job {key!r} was already done: its effect was rolled back")
             db.execute("COMMIT")
         except BaseException as exc:
+            if ended.closed:
+                raise ended_inside(key, "close()") from exc
             db.set_authorizer(None)
             if db.in_transaction:
                 db.execute("ROLLBACK")
@@ -298,6 +307,15 @@ class SqliteLedger:
         self._local = threading.local()
 
 
+def _open(db: sqlite3.Connection) -> bool:
+    """Whether ``db`` is still open (``sqlite3.Connection`` has no flag for it)."""
+    try:
+        db.in_transaction  # noqa: B018 - raises ProgrammingError on a closed connection
+    except sqlite3.ProgrammingError:
+        return False
+    return True
+
+
 class _Guard:
     """A SQLite authorizer (``Connection.set_authorizer``) refusing statements that end or begin a transaction.
 
@@ -309,6 +327,7 @@ class _Guard:
 
     def __init__(self) -> None:
         self.tried = False
+        self.closed = False  # the handler closed the connection
 
     def __call__(self, action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
         if action == sqlite3.SQLITE_TRANSACTION:

@@ -34,7 +34,7 @@ from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.logs import field_value
-from amqpjobs.runtime.sqlite_open import open_failure
+from amqpjobs.runtime.sqlite_open import file_path, open_failure
 from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
@@ -161,7 +161,7 @@ class SqliteResults:
     """
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
-        self.path = Path(path)
+        self.path = file_path("SqliteResults", path)
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         try:
             with contextlib.closing(self._connect()) as db:

@@ -52,3 +52,18 @@ def open_failure(
         return LedgerUnavailableError(text) if what == "ledger" else ResultsUnavailableError(text)
     fix = _FIX.get(primary if primary is not None else 14, _FIX[14])
     return ConfigurationError(f"can't open the SQLite {what} at {path}: {said}; {fix}")
+
+
+def file_path(owner: str, path: str | Path) -> Path:
+    """The absolute path of a SQLite store's file (the worker's threads and processes each open it).
+
+    Raises:
+        ConfigurationError: ``path`` is ``:memory:`` or empty (SQLite's in-memory and temporary
+            databases): each connection would have its own, so no table is found.
+    """
+    if str(path) in (":memory:", ""):
+        raise ConfigurationError(
+            f"{owner}({str(path)!r}): an in-memory or temporary SQLite database is one connection's own, and the "
+            "worker's threads and processes each open their own; give the path of a file"
+        )
+    return Path(path).absolute()

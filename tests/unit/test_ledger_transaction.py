@@ -112,3 +112,43 @@ def test_the_connection_takes_commits_again_after_the_block(tmp_path: Path):
     db.execute("INSERT INTO effects VALUES ('later')")
     db.execute("COMMIT")
     assert effects(ledger) == ["later"]
+
+
+def test_a_handler_that_closes_the_connection_fails_permanently_and_the_next_run_gets_a_new_one(tmp_path: Path):
+    """The thread's connection was kept closed: every later idempotent job of that worker failed (a retest)."""
+    ledger = make(tmp_path)
+    assert asyncio.run(ledger.claim("k", "me", 60.0)) is Claim.CLAIMED
+
+    def closer() -> None:
+        with ledger.transaction("k", "me") as db:
+            db.execute("INSERT INTO effects VALUES ('x')")
+            db.close()
+
+    with pytest.raises(ConfigurationError, match=r"tried to end the transaction itself \(close\(\)\)"):
+        closer()
+    assert effects(ledger) == []
+    assert asyncio.run(ledger.claim("k2", "me", 60.0)) is Claim.CLAIMED
+    with ledger.transaction("k2", "me") as db:  # the same thread: a new connection
+        db.execute("INSERT INTO effects VALUES ('next')")
+    assert effects(ledger) == ["next"]
+
+
+@pytest.mark.parametrize("store", ["ledger", "results"])
+@pytest.mark.parametrize("path", [":memory:", ""])
+def test_an_in_memory_sqlite_store_is_refused(path: str, store: str):
+    """Each connection (thread, process) would have a database of its own: 'no such table' at every job."""
+    from amqpjobs import SqliteResults
+
+    kind = SqliteLedger if store == "ledger" else SqliteResults
+    with pytest.raises(ConfigurationError) as refused:
+        kind(path)
+    assert str(refused.value) == (
+        f"{kind.__name__}({path!r}): an in-memory or temporary SQLite database is one connection's own, and the "
+        "worker's threads and processes each open their own; give the path of a file"
+    )
+
+
+def test_a_relative_path_is_made_absolute_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    ledger = SqliteLedger("rel.db")
+    assert ledger.path == tmp_path / "rel.db"
