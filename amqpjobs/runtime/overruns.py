@@ -9,15 +9,14 @@ running in the process): a thread past its timeout stands in its way.
   taken (a turn waits for the running jobs: one that never ends would keep every consumer
   paused for good). The suspects wait in their queue for another worker, or for this one
   once the thread ended; said once per such stretch, as a WARNING.
-* A suspect's own plain-function run past its timeout stops the worker, as SIGTERM does
-  (an async one too, when it goes on :data:`CANCEL_BOUND` s after its timeout's cancellation)
-  (the grace for the thread, then the process ends with it): nothing may run beside a
-  suspect, and only the process's end stops the thread. Any other run still going the
-  grace (``--grace``) after its timeout stops it too: its thread holds a slot for good
-  otherwise (Celery's hard time limit likewise ends the process). Either way the worker
-  exits 1 whatever the thread does meanwhile, so its supervisor (``--processes``,
-  systemd, Kubernetes) starts another, and the run's start counts like a crash: a job
-  that hangs every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts.
+* A run still going the grace (``--grace``) after its timeout (an async one: after
+  :data:`CANCEL_BOUND` s more, as it catches its timeout's cancellation) stops the worker,
+  as SIGTERM does (the grace for the run, then the process ends with it): a thread holds a
+  slot for good otherwise, and a suspect's holds every queue of the worker (nothing may run
+  beside it); only the process's end stops it (Celery's hard time limit likewise ends the
+  process). The worker exits 1 whatever the run does meanwhile, so its supervisor
+  (``--processes``, systemd, Kubernetes) starts another, and the run's start counts like a
+  crash: a job that hangs every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts.
 """
 
 from __future__ import annotations
@@ -51,36 +50,28 @@ class Overruns:
         self._began = asyncio.Event()
         self._said = False  # the suspects' wait was said in this stretch
 
-    def begin(self, job: str, job_id: str, limit: float, alone: bool, thread: bool = True) -> bool:
-        """A run went on past its timeout ``limit`` (seconds); whether the worker stops now.
+    def begin(self, job: str, job_id: str, limit: float, alone: bool, thread: bool = True) -> None:
+        """A run went on past its timeout ``limit`` (seconds): counted (no suspects turn meanwhile) and logged.
 
         ``thread``: a plain-function handler's thread passed its timeout; else an async handler
         still runs :data:`CANCEL_BOUND` s after its timeout's cancellation (it catches it).
-        ``alone``: it is a suspect's: the worker stops (True, :attr:`hung`); else it is counted
-        (no suspects turn meanwhile) and logged, and may go on for :attr:`grace` seconds more.
+        ``alone``: it is a suspect's (nothing else runs meanwhile). It may go on for :attr:`grace`
+        seconds more: a run that ends in them is judged by its result; else :meth:`hung_past`.
         """
         self.count += 1
         self._began.set()
         what = "plain-function handler passed its timeout of" if thread else (
             f"async handler went on {CANCEL_BOUND:g}s after its timeout's cancellation, of"
         )  # fmt: skip
-        if not alone:
-            why = "threads can't be cancelled" if thread else "it catches the cancellation"
-            log.warning(
-                "job %s id %s: %s %gs; %s, so the worker waits for it and judges it by its result (for %gs more "
-                "at most: then it stops)", field_value(job), field_value(job_id), what, limit, why, self.grace,
-            )  # fmt: skip
-            return False
-        self.hung = f"job {job} id {job_id}"
-        log.error(
-            "job %s id %s: %s %gs while running alone as a suspect; it can't be stopped and nothing may run beside "
-            "it, so this worker stops (exit 1): its process's end stops the run, and the start counts like a crash",
-            field_value(job), field_value(job_id), what, limit,
+        why = "threads can't be cancelled" if thread else "it catches the cancellation"
+        log.warning(
+            "job %s id %s: %s %gs%s; %s, so the worker waits for it and judges it by its result (for %gs more at "
+            "most: then it stops)", field_value(job), field_value(job_id), what, limit,
+            " while running alone as a suspect" if alone else "", why, self.grace,
         )  # fmt: skip
-        return True
 
     def hung_past(self, job: str, job_id: str, limit: float, thread: bool = True) -> bool:
-        """An ordinary run is still going :attr:`grace` seconds more (see :meth:`begin`): the worker stops (True)."""
+        """A run is still going :attr:`grace` seconds more (see :meth:`begin`): the worker stops (True)."""
         self.hung = f"job {job} id {job_id}"
         what = "plain-function handler" if thread else "async handler (it catches its cancellation)"
         log.error(

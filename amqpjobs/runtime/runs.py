@@ -357,10 +357,8 @@ class HandlerRuns:
             return
         job, job_id, limit = deadline.what
         deadline.counted = True
-        if self._overruns.begin(job, job_id, limit, alone=self._suspects_running > 0, thread=False):
-            self._stop.set()
-        else:
-            asyncio.get_running_loop().call_later(self._overruns.grace, self._hung_past, deadline)
+        self._overruns.begin(job, job_id, limit, alone=self._suspects_running > 0, thread=False)
+        asyncio.get_running_loop().call_later(self._overruns.grace, self._hung_past, deadline)
 
     def _hung_past(self, deadline: Deadline) -> None:
         if not deadline.ended:
@@ -380,13 +378,11 @@ class HandlerRuns:
         done, _ = await asyncio.wait({future}, timeout=limit)
         if done:
             return future.result()
-        alone = self._suspects_running > 0
-        stop = self._overruns.begin(job.name, ctx.job_id, limit, alone)
+        self._overruns.begin(job.name, ctx.job_id, limit, alone=self._suspects_running > 0)
         try:
-            if not stop and not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
-                stop = self._overruns.hung_past(job.name, ctx.job_id, limit)
-            if stop:  # only the process's end stops the thread (amqpjobs.runtime.overruns)
-                self._stop.set()
+            if not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
+                self._overruns.hung_past(job.name, ctx.job_id, limit)
+                self._stop.set()  # only the process's end stops the thread (amqpjobs.runtime.overruns)
             return await future
         finally:
             self._overruns.end()
