@@ -38,7 +38,7 @@ from amqpjobs.topology.naming import (
     unaddressable_problem,
 )
 from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
-from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks, tier_in_range
+from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks, usable_tiers
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
 
@@ -281,8 +281,8 @@ def _cross_checks(
             problems.extend(_reserved(file, f"{base}.name", jq.name))
             problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
-            # a tier out of range is refused on its own (queue_rules); its queue name would only repeat it
-            in_range = jq.model_copy(update={"retry_tiers": tuple(t for t in jq.retry_tiers if tier_in_range(t))})
+            # a tier refused on its own (queue_rules: out of range, a fraction of a ms, twice): no queue name of it
+            in_range = jq.model_copy(update={"retry_tiers": usable_tiers(jq.retry_tiers)})
             decls = Topology(job_queues=(in_range,)).declarations()
             derived: list[tuple[str, str]] = [("queue", q.name) for q in decls.queues]
             derived += [("exchange", e.name) for e in decls.exchanges]

@@ -153,9 +153,9 @@ def test_a_type_error_does_not_hide_the_other_problems_of_its_job_queue(tmp_path
 def test_sub_millisecond_tiers_are_refused_once_without_a_spurious_duplicate(tmp_path: Path) -> None:
     # review L6: tiers [0.0001, 0.0004] also gave "duplicate queue ... 'q.retry.0d'"
     assert problems_of(tmp_path, HEADER + job("retry_tiers = [0.0001, 0.0004]")) == [
-        f"job_queue[0].retry_tiers[{i}]: {t}s: sub-millisecond tiers are refused (x-message-ttl counts whole "
+        f"job_queue[0].retry_tiers[{i}]: {t}: sub-millisecond tiers are refused (x-message-ttl counts whole "
         "milliseconds, 1 ms to ~49 days) (fix: use a delay between 1ms and 49d)"
-        for i, t in enumerate(("0.0001", "0.0004"))
+        for i, t in enumerate(("0.1ms", "0.4ms"))
     ]
 
 
@@ -305,3 +305,22 @@ def test_a_job_queue_name_the_client_cant_send_gets_the_job_queue_limit_in_its_f
     (problem,) = problems_of(tmp_path, HEADER + job("", name="wé"))
     assert problem.startswith("job_queue[0].name: queue name 'wé' has characters the AMQP client refuses")
     assert problem.endswith(", at most 116 characters)")
+
+
+@pytest.mark.parametrize(
+    ("tiers", "expected"),
+    [
+        ('["1.5ms", "2ms"]', ["job_queue[0].retry_tiers[0]: 1.5ms: x-message-ttl counts whole milliseconds (fix: "
+                              "write 1ms or 2ms)"]),
+        ('["1s", "1s"]', ["job_queue[0].retry_tiers[1]: retry tiers must strictly increase (1s then 1s) (fix: list "
+                          "tiers from shortest to longest, each once)"]),
+        ('["1h", "3600s"]', ["job_queue[0].retry_tiers[1]: retry tiers must strictly increase (1h then 1h) (fix: "
+                             "list tiers from shortest to longest, each once)"]),
+        ('["50d"]', ["job_queue[0].retry_tiers[0]: 50d: longer than x-message-ttl takes (x-message-ttl counts "
+                     "whole milliseconds, 1 ms to ~49 days) (fix: use a delay between 1ms and 49d)"]),
+    ],
+)  # fmt: skip
+def test_each_bad_tier_is_one_true_problem(tmp_path: Path, tiers: str, expected: list[str]) -> None:
+    # a retest: "1.5ms" then "2ms" was also "must strictly increase (0.0015s then 0.002s)"; equal tiers were also
+    # a duplicate queue "give each ... job queue a unique name"; 50d read "4.32e+06s"
+    assert problems_of(tmp_path, HEADER + job(f"retry_tiers = {tiers}")) == expected
