@@ -344,11 +344,13 @@ class _Guard:
 def ended_inside(key: str, how: str, after: str = "") -> ConfigurationError:
     """The error of a run whose handler ended ``ctx.transaction()``'s transaction itself (``how``: by what).
 
+    ``key``: the job id (the idempotency key); the quarantine evidence names the job.
+
     A permanent failure: its job is quarantined with it at once (:func:`amqpjobs.jobs.failure.classify`),
     and no retry repeats what may have been committed. ``after``: what to check before a replay.
     """
     return ConfigurationError(
-        f"job {key!r}: ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+        f"job id {key!r}: ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
         f"the handler tried to end the transaction itself ({how}): remove that{after}"
     )
 

@@ -504,7 +504,7 @@ async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permane
             assert classify((), refused.value) == "permanent"
             message = str(refused.value)
             assert message.startswith(
-                "job 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+                "job id 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
                 "the handler tried to end the transaction itself ("
             )
             if ending == "COMMIT":  # committed by the handler's own SQL before the end could see it

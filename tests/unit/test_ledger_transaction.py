@@ -59,7 +59,7 @@ def test_ending_the_transaction_inside_is_refused_and_keeps_nothing(tmp_path: Pa
     with pytest.raises(ConfigurationError) as refused:
         handler()
     assert str(refused.value) == (
-        "job 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+        "job id 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
         "the handler tried to end the transaction itself (COMMIT, ROLLBACK, BEGIN or executescript): remove that"
     )
     assert classify((), refused.value) == "permanent"  # quarantined at once, with that error as evidence
