@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 from amqpjobs.message import MAX_NESTING, OUR_PREFIX
@@ -38,6 +40,10 @@ def _as_float32(value: float) -> float | None:
         return float(struct.unpack("!f", struct.pack("!f", value))[0])
     except OverflowError:
         return None
+
+
+#: The header values pamqp encodes (``encode.encode_table_value``), besides datetime.
+_CARRIED: Final = (str, int, float, Decimal, bytes, bytearray, type(None), Mapping, list, tuple)
 
 
 def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | None:
@@ -69,6 +75,23 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
         return (
             f"{path} is {value!r}, which pamqp sends as a 32-bit AMQP float: it would arrive as "
             f"{_as_float32(value)!r}; nothing was sent. Send it as a str (e.g. {repr(value)!r}) or a decimal.Decimal"
+        )
+    if isinstance(value, datetime):
+        if value.microsecond:  # pamqp writes whole seconds (AMQP 0-9-1 timestamp): the rest would vanish
+            return (
+                f"{path} is {value}, and an AMQP timestamp is whole seconds: its {value.microsecond} µs would be "
+                "lost; nothing was sent. Send it without them (.replace(microsecond=0)) or as an ISO str"
+            )
+        if value.timestamp() < 0:
+            return (
+                f"{path} is {value}, before 1970: an AMQP timestamp is unsigned seconds since then; nothing was "
+                "sent. Send it as an ISO str"
+            )
+        return None
+    if not isinstance(value, _CARRIED):
+        return (
+            f"{path} is a {type(value).__name__}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), "
+            "float, Decimal, bool, bytes, datetime, None, or lists and dicts (str keys) of these"
         )
     if isinstance(value, Mapping):
         for key, item in value.items():

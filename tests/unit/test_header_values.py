@@ -1,0 +1,50 @@
+"""Header values enqueue refuses before anything is sent, each named by its path in the header (a retest)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from amqpjobs.jobs.header_names import header_problem
+
+pytestmark = pytest.mark.version_independent
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "text", 7, 2**63 - 1, 0.5, Decimal("0.1"), True, b"\xff", bytearray(b"x"), None,
+        datetime(2026, 12, 5, 3, 0, tzinfo=UTC), {"a": [1, {"b": None}]}, (1, 2),
+    ],
+)  # fmt: skip
+def test_values_amqp_carries_exactly_pass(value: object) -> None:
+    assert header_problem("h", value) is None
+
+
+def test_a_datetime_with_microseconds_would_lose_them_and_is_refused() -> None:
+    problem = header_problem("when", datetime(2026, 12, 5, 3, 0, 0, 500000, tzinfo=UTC))
+    assert problem == (
+        "header 'when': value is 2026-12-05 03:00:00.500000+00:00, and an AMQP timestamp is whole seconds: its "
+        "500000 µs would be lost; nothing was sent. Send it without them (.replace(microsecond=0)) or as an ISO str"
+    )
+
+
+def test_a_datetime_before_1970_is_refused_with_why() -> None:
+    problem = header_problem("born", {"at": [datetime(1969, 7, 20, tzinfo=UTC)]})
+    assert problem == (
+        "header 'born': value['at'][0] is 1969-07-20 00:00:00+00:00, before 1970: an AMQP timestamp is unsigned "
+        "seconds since then; nothing was sent. Send it as an ISO str"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "kind"),
+    [({1, 2}, "value", "set"), ({"a": [{"b": {2}}]}, "value['a'][0]['b']", "set"), ([object()], "value[0]", "object")],
+)
+def test_a_value_amqp_cannot_carry_is_named_by_its_path(value: object, path: str, kind: str) -> None:
+    assert header_problem("h", value) == (
+        f"header 'h': {path} is a {kind}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), float, "
+        "Decimal, bool, bytes, datetime, None, or lists and dicts (str keys) of these"
+    )
