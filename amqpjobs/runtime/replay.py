@@ -34,15 +34,14 @@ from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, replay_window
 from amqpjobs.jobs.results import StateRecord
-from amqpjobs.printable import printable
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
+from amqpjobs.runtime.replay_checks import check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route, replay_route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
-from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
@@ -183,9 +182,9 @@ async def replay(
         _, depth = await resolve_quarantine_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
         if options.to is not None:  # a typo fails at once, also when nothing would move
-            await _check_targets(connection, [options.to])
+            await check_targets(connection, [options.to])
             if options.job_queues is not None:  # before any move: the target's workers must handle every job
-                await _check_jobs_belong(connection, queue_name, depth, options)
+                await check_jobs_belong(connection, queue_name, depth, options)
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
@@ -300,7 +299,7 @@ async def replay(
             if failures:
                 raise failures[0]
             if options.dry_run:
-                await _check_targets(connection, [target for _, target in report.moves if target not in routed])
+                await check_targets(connection, [target for _, target in report.moves if target not in routed])
         except asyncio.CancelledError:
             interrupted = True
             raise
@@ -355,51 +354,3 @@ async def _fits(publisher: ConfirmedPublisher, delivery: Delivery, planned: Repl
         _too_large(delivery, exc, report)
         return False
     return True
-
-
-async def _check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
-    """Refuse a ``--to`` whose workers do not handle every job that would move (``options.job_queues``).
-
-    A worker quarantines a delivery of a job it does not serve as ``unknown-job``
-    (:mod:`amqpjobs.runtime.deliveries`), so such a replay would only put the jobs back in
-    quarantine. The matching messages are browsed (and returned) before anything moves.
-
-    Raises:
-        ConfigurationError: some would not be handled; names them and the job queue that does.
-
-    """
-    assert options.to is not None
-    assert options.job_queues is not None
-    target = parse_queue_name(options.to).job_queue
-    strays: dict[str, int] = {}
-    browser = await QueueBrowser.open(connection)
-    try:
-        async for delivery in browser.deliveries(queue_name, depth):
-            item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
-                strays[item.job] = strays.get(item.job, 0) + 1
-    finally:
-        await browser.close_quietly()
-    if strays:
-        owners = "; ".join(
-            f"{printable(repr(job))} ({count} message(s)): "
-            + (f"job queue {printable(repr(options.job_queues[job]))} does" if job in options.job_queues
-               else "no job queue of the app does")
-            for job, count in sorted(strays.items())
-        )  # fmt: skip
-        raise ConfigurationError(
-            f"--to {printable(repr(options.to))}: {printable(repr(target))} workers do not handle job(s) {owners}; "
-            "they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job goes "
-            "back to the queue it failed on), or narrow the replay with --job"
-        )
-
-
-async def _check_targets(connection: Connection, targets: list[str]) -> None:
-    """What a real run finds at its first move to each target, checked before: the queue must exist."""
-    missing, _ = await find_missing(connection, targets)
-    if missing:
-        raise ConfigurationError(
-            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
-            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
-            "the topology)"
-        )

@@ -38,7 +38,8 @@ from amqpjobs.topology.naming import (
     unaddressable_problem,
 )
 from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
-from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks, usable_tiers
+from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
+from amqpjobs.topology.tiers import usable_tiers
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
 

@@ -778,6 +778,18 @@ async def test_a_plain_function_job_that_hangs_every_worker_is_quarantined_crash
     assert "still runs 1s past its timeout of 1s" in log  # the first, among the others
 
 
+def stubborn_job(app: App, release: asyncio.Event) -> None:
+    """Job ``stubborn`` (timeout 1 s): an async handler that swallows every cancellation until ``release``."""
+
+    @app.job("stubborn", queue="work", timeout="1s")
+    async def stubborn(payload: dict[str, str], ctx: JobContext) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue  # swallowed, every time
+
+
 @pytest.mark.version_independent
 async def test_an_async_suspect_that_goes_on_after_its_cancellation_stops_its_worker(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -790,13 +802,7 @@ async def test_an_async_suspect_that_goes_on_after_its_cancellation_stops_its_wo
     app = await make_app(broker, tmp_path)
     release = asyncio.Event()
 
-    @app.job("stubborn", queue="work", timeout="1s")
-    async def stubborn(payload: dict[str, str], ctx: JobContext) -> None:
-        while not release.is_set():
-            try:
-                await asyncio.sleep(0.1)
-            except asyncio.CancelledError:
-                continue  # swallowed, every time
+    stubborn_job(app, release)
 
     await put_suspect(broker, "stubborn", "the-stubborn-one")
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
@@ -838,13 +844,7 @@ async def test_an_async_run_that_goes_on_after_its_cancellation_holds_no_suspect
     app = await make_app(broker, tmp_path)
     release = asyncio.Event()
 
-    @app.job("stubborn", queue="work", timeout="1s")
-    async def stubborn(payload: dict[str, str], ctx: JobContext) -> None:
-        while not release.is_set():
-            try:
-                await asyncio.sleep(0.1)
-            except asyncio.CancelledError:
-                continue  # swallowed, every time
+    stubborn_job(app, release)
 
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=2))
     running = asyncio.create_task(worker.run())

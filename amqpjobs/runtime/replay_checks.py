@@ -1,0 +1,66 @@
+"""What a replay checks before it moves anything (README "Quarantine and replay"), dry run or not.
+
+A ``--to`` whose workers would not handle the jobs that move (they would only come back as
+``unknown-job``), and target queues that do not exist (a real run would stop at the first
+message for one), are refused with nothing moved.
+"""
+
+from __future__ import annotations
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.printable import printable
+from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.browse import QueueBrowser
+from amqpjobs.wire.declare import find_missing
+
+
+async def check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
+    """Refuse a ``--to`` whose workers do not handle every job that would move (``options.job_queues``).
+
+    A worker quarantines a delivery of a job it does not serve as ``unknown-job``
+    (:mod:`amqpjobs.runtime.deliveries`), so such a replay would only put the jobs back in
+    quarantine. The matching messages are browsed (and returned) before anything moves.
+
+    Raises:
+        ConfigurationError: some would not be handled; names them and the job queue that does.
+
+    """
+    assert options.to is not None
+    assert options.job_queues is not None
+    target = parse_queue_name(options.to).job_queue
+    strays: dict[str, int] = {}
+    browser = await QueueBrowser.open(connection)
+    try:
+        async for delivery in browser.deliveries(queue_name, depth):
+            item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
+            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+                strays[item.job] = strays.get(item.job, 0) + 1
+    finally:
+        await browser.close_quietly()
+    if strays:
+        owners = "; ".join(
+            f"{printable(repr(job))} ({count} message(s)): "
+            + (f"job queue {printable(repr(options.job_queues[job]))} does" if job in options.job_queues
+               else "no job queue of the app does")
+            for job, count in sorted(strays.items())
+        )  # fmt: skip
+        raise ConfigurationError(
+            f"--to {printable(repr(options.to))}: {printable(repr(target))} workers do not handle job(s) {owners}; "
+            "they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job goes "
+            "back to the queue it failed on), or narrow the replay with --job"
+        )
+
+
+async def check_targets(connection: Connection, targets: list[str]) -> None:
+    """What a real run finds at its first move to each target, checked before: the queue must exist."""
+    missing, _ = await find_missing(connection, targets)
+    if missing:
+        raise ConfigurationError(
+            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
+            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
+            "the topology)"
+        )
