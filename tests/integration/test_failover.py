@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import random
+import re
 import subprocess
 import time
 import uuid
@@ -115,6 +116,28 @@ def longest_gap(times: list[float], since: float) -> float:
     return max(b - a for a, b in itertools.pairwise(points)) if times else 0.0
 
 
+def twice_account(
+    caplog: pytest.LogCaptureFixture,
+    job_id: str,
+    runs: list[tuple[float, float, bool]],
+    stopping: float,
+    lost: float,
+    moved: float,
+) -> str:
+    """A job that ran twice: its runs (seconds from the stop) and the worker's log lines about it."""
+
+    def at(t: float) -> str:
+        return f"{t - stopping:+.3f}"
+
+    lines = [
+        f"  {at(r.created)} {r.levelname} {r.getMessage()[:160]}"
+        for r in caplog.records
+        if re.search(rf"\b{re.escape(job_id)}\b", r.getMessage())
+    ]
+    spans = ", ".join(f"{at(a)}..{at(b)}{' redelivered' if again else ''}" for a, b, again in runs)
+    return f"{job_id}: runs {spans} (lost {at(lost)}, moved {at(moved)})\n" + "\n".join(lines)
+
+
 async def start_node(n: int) -> None:
     done = await asyncio.to_thread(subprocess.run, ["bash", str(CLUSTER), "start", str(n)], capture_output=True)
     assert done.returncode == 0
@@ -155,6 +178,7 @@ async def test_a_worker_moves_to_another_node_when_its_node_stops(
     app = App("fo", topology=load_topology(path).topology, url=vhost_on.url)
     done: Counter[str] = Counter()
     finished: list[float] = []
+    runs: dict[str, list[tuple[float, float, bool]]] = {}  # job id -> (start, end, ctx.redelivered) of each run
     # While node X stops, each job takes 0.2 s: the 1,700 left last ~85 s at 4 at a time, so work is
     # still queued when X closes the connection (CI run 27, loaded: X took 29.9 s, and at 0.05 s a job
     # all 2,000 had run through X before it closed). Before the stop and after the move: 0.05 s.
@@ -162,14 +186,17 @@ async def test_a_worker_moves_to_another_node_when_its_node_stops(
 
     @app.job("pay", queue="money")
     async def pay(payload: dict[str, Any], ctx: JobContext) -> None:
+        began = time.time()
         await asyncio.sleep(pace["seconds"])
         done[ctx.job_id] += 1
         finished.append(time.time())
+        runs.setdefault(ctx.job_id, []).append((began, finished[-1], ctx.redelivered))
 
     for i in range(2000):
         await app.enqueue("pay", {"i": i}, job_id=f"p-{i}")
     await app.close()
     caplog.set_level(logging.INFO, "amqpjobs.wire")
+    caplog.set_level(logging.INFO, "amqpjobs.worker")
     worker = Worker(app, vhost_on, WorkerOptions(queues=("money",), concurrency=4))
     await worker.start()
     try:
@@ -200,7 +227,15 @@ async def test_a_worker_moves_to_another_node_when_its_node_stops(
     await start_node(x)  # home of the classic quarantine queue (docs/scaling.md "Placement")
     quarantined = await messages_in(vhost_on, "money.quarantine")
     assert set(done) | set(quarantined) == {f"p-{i}" for i in range(2000)}, "none lost"
-    assert sum(done.values()) - len(done) <= 4, "at most the 4 in-flight deliveries of the lost connection ran twice"
+    # At-least-once: a job runs again when the broker did not get its ack, the 4 in flight on the lost
+    # connection, and (CI, stop 50: p-670) deliveries whose acks were in transit as the node stopped or
+    # as the quorum queue's leader moved off it, at most a prefetch window (4) more. Every repeat must
+    # have been announced to the handler (ctx.redelivered): a copy of ours never runs a job twice unseen.
+    twice = sorted(j for j, n in done.items() if n > 1)
+    account = "\n".join(twice_account(caplog, j, runs[j], stopping, lost, moved) for j in twice)
+    unannounced = [j for j in twice if not all(again for _, _, again in sorted(runs[j])[1:])]
+    assert not unannounced, f"repeats the handler was not told of (ctx.redelivered False): {unannounced}\n{account}"
+    assert len(twice) <= 8, f"{len(twice)} jobs ran twice, more than the deliveries in flight:\n{account}"
     assert await messages_in(vhost_on, "money") == []
 
 
