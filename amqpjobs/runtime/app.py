@@ -371,7 +371,7 @@ class App(CronSchedules, JobResults):
             assert self._publisher is not None
             await send(self._publisher, self._gate, self._connection, self.payload_store, layout, exchange,
                        routing_key, message, job_id)  # fmt: skip
-        self._note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
+        self.note_queued(jobdef.name, job_id, layout.name, now)  # after the confirm; never waits nor raises
         return job_id
 
     def _addressed(

@@ -28,11 +28,13 @@ class JobResults:
     results_failed: Callable[[int], None] | None = None
     _queued_writer: tuple[asyncio.AbstractEventLoop, ResultsWriter] | None = None
 
-    def _note_queued(self, job: str, job_id: str, queue: str, at: float) -> None:
+    def note_queued(self, job: str, job_id: str, queue: str, at: float) -> None:
         """Queue the ``queued`` record of a confirmed enqueue (``at``: when it was enqueued); never waits nor raises.
 
-        No-op without a results store. The writer lives on the running loop (a new one when
-        the app is used from another loop).
+        Called by :meth:`App.enqueue`, the sync publisher and the scheduler once the broker
+        confirmed (or committed) the job; ``queue``: its job queue's name. No-op without a
+        results store. The writer lives on the running loop (a new one when the app is used
+        from another loop); :meth:`flush_queued` writes what is left.
         """
         if self.results is None:
             return

@@ -332,6 +332,7 @@ class Scheduler(Election, TickFiring):
         await self._wire.close_quietly(self._publisher)
         if self._connection is not None:
             await self._connection.close()
+        await self.app.flush_queued()  # the ``queued`` records of the tick jobs committed
         if was_leader:
             log.info("scheduler replica %s stopped and handed leadership over", self.replica)
 

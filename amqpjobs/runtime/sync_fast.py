@@ -126,7 +126,7 @@ class FastPath:
             self._give_back(publisher)
             self._read_ahead_if_due()
         if app.results is not None:  # the queued record, written by the loop's writer (never waits nor raises)
-            self._loop.call_soon_threadsafe(app._note_queued, jobdef.name, job_id, layout.name, now)
+            self._loop.call_soon_threadsafe(app.note_queued, jobdef.name, job_id, layout.name, now)
         return job_id
 
     def _stencil(self, jobdef: JobDef) -> JobStencil | None:

@@ -60,6 +60,14 @@ class ScheduledApp(Protocol):
         """The app's tracing (``App(tracing=True)``), or None: a ``send`` span per tick enqueued."""
         ...
 
+    def note_queued(self, job: str, job_id: str, queue: str, at: float) -> None:
+        """Record a committed tick job as ``queued`` in the app's results store (none: nothing)."""
+        ...
+
+    async def flush_queued(self) -> None:
+        """Write the ``queued`` records still waiting (the scheduler's shutdown)."""
+        ...
+
 
 def utc_now() -> datetime:
     """The time now, UTC (the scheduler's clock; the in-memory double gives it a virtual one)."""
@@ -296,7 +304,10 @@ class TickFiring:
             raise
         cursors[schedule.name] = cursor
         self._last[schedule.name] = (last_fired, last_job_id)
-        for event, _ in steps:
+        committed, queue = time.time(), self._layouts[schedule.name].name
+        for event, job in steps:
+            if job is not None and event.job_id is not None:  # as enqueue's, after the broker has it
+                self.app.note_queued(schedule.job, event.job_id, queue, committed)
             self._record(event)
 
     async def _commit(

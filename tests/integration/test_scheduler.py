@@ -26,7 +26,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs import App, BrokerError, JobContext, Scheduler, TickEvent, tick_id
+from amqpjobs import App, BrokerError, JobContext, Scheduler, SqliteResults, TickEvent, tick_id
 from amqpjobs.jobs import cron
 from amqpjobs.jobs.cron import parse_tick
 from amqpjobs.runtime.deploy import apply_topology
@@ -419,6 +419,28 @@ async def test_overlap_guard_3s_job_on_1s_schedule_never_runs_twice_at_once(
     free_kinds = {e.kind for e in events if e.schedule == "free"}
     assert "fired" in free_kinds
     assert free_kinds <= {"fired", "catch-up"}, free_kinds  # a loop late by a tick under load catches up (CI once)
+
+
+async def test_a_fired_tick_job_has_its_queued_record_in_the_results_store(broker: BrokerSettings, tmp_path: Path):
+    """As ``enqueue``'s: written after the commit (README "Job status and results"), so ``job show`` of a tick job
+    that no worker took yet says ``queued``, not ``unknown``."""
+    base = await make_app(broker, tmp_path)
+    app = App("test", topology=base.topology(), url=broker.url, results=SqliteResults(tmp_path / "results.db"))
+
+    @app.cron("* * * * * *", name="every-second")
+    @app.job("tick-job", queue="work")
+    async def tick_job(payload: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    events = await lead_until(app, broker, lambda events: len(fired_ticks(events, "every-second")) >= 2)
+    await app.close()
+    ids = [e.job_id for e in events if e.job_id is not None]
+    assert len(ids) >= 2
+    for job_id in ids:
+        status = await app.job_status(job_id)
+        assert status.state == "queued", (job_id, status)
+        assert [(r.state, r.job, r.where) for r in status.history] == [("queued", "tick-job", "work")]
+    assert len(await drain(broker)) == len(ids)  # each record is of a job in the work queue
 
 
 # ---------------------------------------------------------------------------- refusals
