@@ -148,6 +148,8 @@ class PostgresLedger:
                 ``commit()``/``rollback()`` there; a ``COMMIT`` of its own SQL is seen at the end
                 (the transaction id changed): the current transaction is rolled back, the job not
                 marked done, and the error says what may be committed (:func:`~amqpjobs.runtime.ledger.ended_inside`).
+                A ``close()`` of the connection too (the server rolls the transaction back, as
+                SQLite's ledger says of its own).
             psycopg.OperationalError: the database can't be reached, or gave no answer in time
                 (the handler fails: a retry).
         """
@@ -162,12 +164,16 @@ class PostgresLedger:
             except Exception as exc:
                 if _FORBIDDEN in str(exc):  # psycopg refused the handler's commit() / rollback() inside
                     raise ended_inside(shown, "commit() or rollback()") from exc
+                if _closed_by_handler(conn):
+                    raise ended_inside(shown, "close()") from exc
                 ended = self._ended(conn, began)  # a COMMIT of its own, then a raise: no retry may repeat it
                 if ended is not None:
                     raise ended_inside(shown, *ended) from exc
                 raise
             finally:
                 bound.enter_context(self._threads.bounded(conn))
+            if _closed_by_handler(conn):
+                raise ended_inside(shown, "close()")
             if conn.execute(_XACT).fetchone()[0] != began:  # a COMMIT / ROLLBACK of its own SQL: another transaction
                 raise ended_inside(shown, *(self._ended(conn, began) or ("COMMIT or ROLLBACK", _CHECK)))
             now = time.time()
@@ -205,3 +211,8 @@ class PostgresLedger:
         """Close the connections."""
         await self._db.close()
         self._threads.close()
+
+
+def _closed_by_handler(conn: Any) -> bool:
+    """Whether ``conn`` was closed by a ``close()`` (psycopg: closed, not broken by a lost connection)."""
+    return bool(conn.closed) and not bool(conn.broken)

@@ -518,3 +518,85 @@ async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permane
             assert await ledger.claim("k", "other", 30) is Claim.CLAIMED
         finally:
             await ledger.close()
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("then", ["returns", "raises", "runs SQL"])
+async def test_a_postgres_handler_that_closes_the_connection_of_ctx_transaction_fails_permanently_unmarked(
+    pg_url: str, then: str
+) -> None:
+    """``db.close()`` in the block ends the transaction as a ``ROLLBACK`` would (the server rolls it back): the
+    run fails permanently with the error SQLite's ledger gives (psycopg's "the connection is closed" said
+    nothing of the handler, and was retried), nothing is committed, the key is not marked done, and the
+    ledger's next transaction works on a connection of its own."""
+    import psycopg
+
+    from amqpjobs.jobs.failure import classify
+
+    with fresh_database(pg_url) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        ledger = PostgresLedger(url)
+        try:
+            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+
+            def closing() -> None:
+                with ledger.transaction("k", "me") as db:
+                    db.execute("INSERT INTO effects VALUES ('closed')")
+                    db.close()
+                    if then == "raises":
+                        raise ValueError("after my own close")
+                    if then == "runs SQL":
+                        db.execute("INSERT INTO effects VALUES ('after')")
+
+            with pytest.raises(ConfigurationError) as refused:
+                await asyncio.to_thread(closing)
+            assert classify((), refused.value) == "permanent"
+            assert str(refused.value).endswith("the handler tried to end the transaction itself (close()): remove that")
+            assert effects(url) == []
+            assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
+            await ledger.release("k", "me")
+            assert await ledger.claim("k", "again", 30) is Claim.CLAIMED
+
+            def again() -> None:
+                with ledger.transaction("k", "again") as db:
+                    db.execute("INSERT INTO effects VALUES ('again')")
+
+            await asyncio.to_thread(again)
+            assert effects(url) == ["again"]
+            assert await ledger.claim("k", "third", 30) is Claim.DONE
+        finally:
+            await ledger.close()
+
+
+@pytest.mark.version_independent
+async def test_a_postgres_connection_the_server_ends_inside_ctx_transaction_is_a_retry_not_a_handler_fault(
+    pg_url: str,
+) -> None:
+    """The other side of the ``close()`` rule: a connection lost under the handler (its backend terminated)
+    stays psycopg's ``OperationalError``, a transient failure the worker retries; nothing committed."""
+    import psycopg
+
+    from amqpjobs.jobs.failure import classify
+
+    with fresh_database(pg_url) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        ledger = PostgresLedger(url)
+        try:
+            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+
+            def cut_off() -> None:
+                with ledger.transaction("k", "me") as db:
+                    db.execute("INSERT INTO effects VALUES ('cut')")
+                    pid = db.info.backend_pid
+                    with psycopg.connect(url, autocommit=True) as admin:
+                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    db.execute("INSERT INTO effects VALUES ('after')")
+
+            with pytest.raises(psycopg.OperationalError) as lost:
+                await asyncio.to_thread(cut_off)
+            assert classify((), lost.value) != "permanent"
+            assert effects(url) == []
+        finally:
+            await ledger.close()
