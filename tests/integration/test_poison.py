@@ -746,12 +746,13 @@ async def test_a_plain_function_run_still_going_the_grace_past_its_timeout_stops
 
 
 @pytest.mark.version_independent
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
 async def test_a_plain_function_job_that_hangs_every_worker_is_quarantined_crashed_and_the_rest_run(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, qtype: str
 ) -> None:
     """`amqpjobs consume` processes under a supervisor: each worker the hung job reaches stops, its process ending
     the thread; the job is charged a start each time and quarantined `crashed`; the other jobs all run."""
-    app = await setup(broker, tmp_path, "classic")
+    app = await setup(broker, tmp_path, qtype)
     app.job("hang_thread", queue="work")(lambda p, c: None)  # only to publish
     try:
         await app.enqueue("hang_thread", {}, job_id="hanger")
