@@ -304,10 +304,11 @@ class TickFiring:
             raise
         cursors[schedule.name] = cursor
         self._last[schedule.name] = (last_fired, last_job_id)
-        committed, queue = time.time(), self._layouts[schedule.name].name
+        queue = self._layouts[schedule.name].name
         for event, job in steps:
-            if job is not None and event.job_id is not None:  # as enqueue's, after the broker has it
-                self.app.note_queued(schedule.job, event.job_id, queue, committed)
+            if job is not None and event.job_id is not None:  # as enqueue's: written once the broker has it,
+                # timed when the job was made (before the publish): a worker may start it before this runs
+                self.app.note_queued(schedule.job, event.job_id, queue, job[2].timestamp or time.time())
             self._record(event)
 
     async def _commit(
