@@ -28,14 +28,21 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from amqpjobs.jobs.outcome import Ack, Outcome, Quarantine, RetryLater, Skip
+from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, Quarantine, RetryLater, Skip
 
 #: Every state a job can read as.
 STATES: Final = (
-    "queued", "running", "succeeded", "skipped", "retrying", "quarantined", "parked", "replayed", "unknown",
+    "queued", "running", "succeeded", "skipped", "duplicate", "retrying", "quarantined", "parked", "replayed",
+    "unknown",
 )  # fmt: skip
 #: States :meth:`App.result` stops waiting at.
-TERMINAL: Final = frozenset({"succeeded", "skipped", "quarantined", "parked"})
+TERMINAL: Final = frozenset({"succeeded", "skipped", "duplicate", "quarantined", "parked"})
+#: What a ``duplicate`` record says (an idempotent job whose key was already done when this delivery came):
+#: not run, or run and its ``ctx.transaction()`` effect rolled back (it found the key done at its end).
+DUPLICATE_DETAIL: Final = "already done: acked without running"
+DUPLICATE_ROLLED_BACK: Final = "already done: this run's effect was rolled back"
+#: Records that don't replace a ``succeeded`` state: the same id enqueued again, and acked as a duplicate.
+_AFTER_DONE: Final = frozenset({"queued", "duplicate"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
 MAX_VALUE: Final = 64 * 1024
 #: Default retention of records: 1 day (seconds).
@@ -153,9 +160,9 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """The status of ``job_id`` from its records (any order), read at ``now`` (seconds since the epoch).
 
     The current state is the latest record's; a ``running`` one whose lease passed, and no
-    record at all, read ``unknown``. A ``queued`` record after the job succeeded does not
-    count (the same id enqueued again: an idempotent job's worker acks it as a duplicate
-    and records nothing, so it would read ``queued`` for ever).
+    record at all, read ``unknown``. A ``queued`` or ``duplicate`` record after the job
+    succeeded does not count: the same id enqueued again is acked as a duplicate (an
+    idempotent job), and the job keeps reading ``succeeded``, with its value.
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
@@ -163,8 +170,8 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
         return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
     done = next((r for r in ordered if r.state == "succeeded"), None)
-    if cur.state == "queued" and done is not None:  # enqueued again once done: acked as a duplicate, no record
-        cur = max((r for r in ordered if r.state != "queued"), key=lambda r: r.at)
+    if cur.state in _AFTER_DONE and done is not None:  # enqueued again once done: a duplicate of the success
+        cur = max((r for r in ordered if r.state not in _AFTER_DONE), key=lambda r: r.at)
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
     return JobStatus(job_id, cur.state, cur, ordered)
@@ -189,11 +196,11 @@ def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRec
 
     Recorded: success (``succeeded``, ack uncertain included: the handler returned), ``skipped``
     (with ``<reason>: <subject>``: the overlap guard left it unrun),
-    ``retrying`` (with the next tier and attempt) and ``quarantined`` (with the reason),
-    each only once the delivery was acked. Not recorded: duplicates (the first run's record
-    stands), hand-backs and redeliveries (not started), and what was not acked (the broker
-    redelivers it: the ``running`` lease covers the gap). ``where``: the queue the copy went
-    to (tier or quarantine queue), or the work queue.
+    ``retrying`` (with the next tier and attempt), ``quarantined`` (with the reason) and
+    ``duplicate`` (the job was already done: :data:`DUPLICATE_DETAIL`, or :data:`DUPLICATE_ROLLED_BACK`),
+    each only once the delivery was acked. Not recorded: hand-backs and redeliveries (not
+    started), and what was not acked (the broker redelivers it: the ``running`` lease covers
+    the gap). ``where``: the queue the copy went to (tier or quarantine queue), or the work queue.
     """
     d = outcome.decision
     if not outcome.acked and not outcome.uncertain:
@@ -208,4 +215,6 @@ def record_for(outcome: Outcome, value: Any, where: str, now: float) -> StateRec
         return replace(base, state="skipped", detail=f"{d.reason}: {d.subject}")
     if isinstance(d, Quarantine):
         return replace(base, state="quarantined", detail=d.reason, error=outcome.error)
+    if isinstance(d, Duplicate):
+        return replace(base, state="duplicate", detail=DUPLICATE_ROLLED_BACK if outcome.ran else DUPLICATE_DETAIL)
     return None

@@ -357,6 +357,8 @@ async def wait_result(store: ResultsStore, job_id: str, limit: float, every: flo
                 if cur.value_note:
                     raise ResultsUnavailableError(f"job {job_id} succeeded but its value was {cur.value_note}")
                 return status.value()
+            if status.state == "duplicate":  # done by a run whose value was not recorded (it did not succeed)
+                return None
             raise JobFailedError(
                 f"job {job_id} is {status.state}" + (f": reason {cur.detail}" if cur.detail else "")
                 + (f" ({cur.error})" if cur.error else ""), job_id, status.state, cur.detail, cur.error,

@@ -90,7 +90,9 @@ class JobResults:
             poll: Seconds between reads of the store.
 
         Returns:
-            The handler's return value (decoded JSON; None when it returned None).
+            The handler's return value (decoded JSON; None when it returned None). None for a
+            job that reads ``duplicate``: acked without running, already done by a run whose
+            value was not recorded (one that raised after its ``ctx.transaction()`` committed).
 
         Raises:
             JobFailedError: the job was quarantined, parked or skipped (``state``, ``reason``, ``error``).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -13,12 +14,14 @@ from typing import Any
 import pytest
 
 from amqpjobs import (
+    App,
     JobContext,
     JobFailedError,
     PostgresResults,
     Reject,
     ResultsStore,
     ResultsUnavailableError,
+    SqliteLedger,
     SqliteResults,
     StateRecord,
     Worker,
@@ -29,6 +32,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pg_connection import LONGEST_PAUSE
 from amqpjobs.runtime.replay import replay
+from amqpjobs.runtime.whereabouts import where_now
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, fresh_database
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
@@ -419,3 +423,42 @@ async def test_a_running_record_whose_lease_passed_says_where_it_was_started_not
         "after a worker loss" in shown.stdout
     )
     assert "held by a worker" not in shown.stdout
+
+
+async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(broker: BrokerSettings, tmp_path: Path):
+    """A retry (or replay) of a job already done is acked without running. Its state was the last record's, for
+    ever: ``retrying`` with "now: delay tier ...", or ``replayed`` "waiting", and ``result()`` never ended (a
+    retest). Now it records ``duplicate``, terminal: ``result()`` returns None; a job that succeeded before keeps
+    reading ``succeeded`` (its value)."""
+    base = await make_app(broker, tmp_path)
+    app = App("dup", topology=base.topology(), url=broker.url, ledger=SqliteLedger(str(tmp_path / "ledger.db")),
+              results=SqliteResults(tmp_path / "results.db"))  # fmt: skip
+    with contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        db.execute("CREATE TABLE effects (job_id TEXT)")
+        db.commit()
+
+    @app.job("charge", queue="work", idempotent=True)
+    def charge(payload: dict[str, Any], ctx: JobContext) -> str:
+        with ctx.transaction() as db:
+            db.execute("INSERT INTO effects VALUES (?)", (ctx.job_id,))
+        if payload["raise_after"]:  # the effect and its done-mark are committed: the job counts as done
+            raise ValueError("after the block")
+        return "charged"
+
+    await app.enqueue("charge", {"raise_after": True}, job_id="c-raised")
+    await app.enqueue("charge", {"raise_after": False}, job_id="c-ok")
+    await app.enqueue("charge", {"raise_after": False}, job_id="c-ok")  # the same job again: a duplicate
+    async with running_worker(app, broker) as (_, recorder):
+        await recorder.wait_for(lambda o: sum(x.kind == "duplicate" for x in o) == 2, 20)
+    raised = await app.job_status("c-raised")
+    assert states(raised.history) == [("queued", 0), ("running", 1), ("retrying", 1), ("duplicate", 2)]
+    assert (raised.state, raised.terminal, raised.current and raised.current.detail) == (
+        "duplicate", True, "already done: acked without running")  # fmt: skip
+    assert await app.result("c-raised", timeout=2) is None
+    assert await where_now(broker, app, raised) == (
+        "nowhere: it was already done (its effect committed by an earlier run) and was acked without running"
+    )
+    ok = await app.job_status("c-ok")
+    assert [s for s, _ in states(ok.history)] == ["queued", "queued", "running", "succeeded", "duplicate"]
+    assert (ok.state, await app.result("c-ok", timeout=2)) == ("succeeded", "charged")
+    await app.close()

@@ -69,7 +69,18 @@ def test_each_settled_outcome_maps_to_one_state():
     bad = record_for(outcome(Quarantine("permanent")), None, "work.quarantine", 5.0)
     assert bad is not None
     assert (bad.state, bad.detail) == ("quarantined", "permanent")
-    assert record_for(outcome(Duplicate()), None, "work", 5.0) is None  # the first run's record stands
+    dup = record_for(outcome(Duplicate(), ran=False), None, "work", 5.0)
+    assert dup is not None  # acked without running: terminal, so result() stops waiting (a retest)
+    assert (dup.state, dup.detail, dup.value, dup.attempt) == (
+        "duplicate",
+        "already done: acked without running",
+        None,
+        2,
+    )
+    assert status_of("j1", [dup], now=6.0).terminal
+    rolled = record_for(outcome(Duplicate(), ran=True), None, "work", 5.0)  # its ctx.transaction() found it done
+    assert rolled is not None
+    assert rolled.detail == "already done: this run's effect was rolled back"
     assert record_for(outcome(HandBack(), ran=False), None, "work", 5.0) is None
     assert record_for(outcome(Ack(), acked=False), 1, "work", 5.0) is None  # redelivered: the lease covers it
     skipped = record_for(outcome(Skip("overlap", "schedule quarter"), ran=False), None, "work", 5.0)
@@ -116,10 +127,12 @@ def test_the_same_id_enqueued_again_after_success_still_reads_succeeded():
         StateRecord("j1", "mail", "queued", 0, 10.0),
         StateRecord("j1", "mail", "running", 1, 11.0, lease_until=99.0),
         StateRecord("j1", "mail", "succeeded", 1, 12.0, value="7"),
-        StateRecord("j1", "mail", "queued", 0, 13.0),  # a duplicate: acked, nothing recorded
+        StateRecord("j1", "mail", "queued", 0, 13.0),  # enqueued again, then acked as a duplicate
+        StateRecord("j1", "mail", "duplicate", 1, 14.0, detail="already done: acked without running"),
     ]
-    status = status_of("j1", history, now=14.0)
-    assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 4)
+    status = status_of("j1", history, now=15.0)
+    assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 5)
+    assert status_of("j1", history[:4], now=15.0).state == "succeeded"  # before the duplicate's record
 
 
 @pytest.mark.parametrize(
