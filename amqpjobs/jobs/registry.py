@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -109,14 +110,32 @@ class JobContext:
         effect and the done-mark commit together, so a crash can't leave one without the
         other, and a second run's effect is rolled back (``DuplicateJobError``, counted as
         a duplicate). SQLite: a ``sqlite3.Connection``; PostgreSQL: a psycopg connection.
-        For plain-function handlers (the connections are synchronous).
+        For plain-function handlers (the connections are synchronous), or code an async
+        handler runs in a thread (``asyncio.to_thread``).
 
         Raises:
-            ConfigurationError: the job is not declared ``idempotent=True``.
+            ConfigurationError: the job is not declared ``idempotent=True``; or it is called on
+                the event loop (an ``async def`` handler): its database calls would block every
+                other job of the worker, and its timeout could not cut it off.
         """
         if self.ledger_transaction is None:
             raise ConfigurationError(f"job {self.job!r}: transaction() needs @app.job(..., idempotent=True)")
+        if _on_event_loop():
+            raise ConfigurationError(
+                f"job {self.job!r}: ctx.transaction() was called on the event loop (an async def handler); its "
+                "database calls block, stopping every other job of the worker: make the handler a plain def (it "
+                "runs in a thread), or run that part with asyncio.to_thread"
+            )
         return self.ledger_transaction()
+
+
+def _on_event_loop() -> bool:
+    """Whether the calling thread is running an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

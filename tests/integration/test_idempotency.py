@@ -600,3 +600,32 @@ async def test_a_postgres_connection_the_server_ends_inside_ctx_transaction_is_a
             assert effects(url) == []
         finally:
             await ledger.close()
+
+
+@pytest.mark.version_independent
+async def test_ctx_transaction_in_an_async_handler_is_quarantined_permanent_with_its_reason(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """On the event loop its database calls would block every other job (a retest: it ran there); refused, the job
+    is quarantined at once with the error naming the fix, nothing kept, not marked done."""
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=SqliteLedger(str(tmp_path / "l.db")))
+
+    @app.job("charge", queue="work", idempotent=True)
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        with ctx.transaction() as db:
+            db.execute("SELECT 1")
+
+    await app.enqueue("charge", {}, job_id="async-1")
+    async with running_worker(app, broker) as (_, recorder):
+        await recorder.wait_for(lambda o: len(o) >= 1, timeout=20)
+    await app.close()
+    assert [(o.kind, o.attempt) for o in recorder.outcomes] == [("quarantined", 1)]
+    assert await depth(broker, "work.quarantine") == 1
+    async with raw_channel(broker) as ch:
+        queue = await ch.declare_queue("work.quarantine", passive=True)
+        message = await queue.get()
+        assert message.headers[evidence.REASON] == "permanent"
+        assert "ctx.transaction() was called on the event loop" in str(message.headers[evidence.ERROR_MESSAGE])
+        await message.ack()
+    assert await SqliteLedger(str(tmp_path / "l.db")).claim("async-1", "me", 30) is Claim.CLAIMED  # not done

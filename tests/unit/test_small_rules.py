@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 from typing import Any
@@ -126,6 +128,28 @@ def test_payloads_are_validated_and_converted():
     assert free.to_json(Order(order_id=5)) == {"order_id": 5}  # no model: a model's JSON form
     with pytest.raises(ConfigurationError, match=r"job 'free': payload must be a dict or a pydantic model \(got list"):
         free.to_json([1, 2])
+
+
+def test_transaction_is_refused_on_the_event_loop():
+    """An async def handler's ``ctx.transaction()`` would block the loop (a retest: it was not refused); from a
+    thread it is handed the ledger's transaction."""
+    handed: list[str] = []
+
+    def transaction() -> Any:
+        handed.append("tx")
+        return contextlib.nullcontext("db")
+
+    ctx = JobContext(job="j", job_id="1", attempt=1, max_attempts=1, tenant=None, queue="q", redelivered=False,
+                     enqueued_at=None, headers={}, ledger_transaction=transaction)  # fmt: skip
+
+    async def on_the_loop() -> None:
+        with pytest.raises(ConfigurationError, match=r"job 'j': ctx.transaction\(\) was called on the event loop"):
+            ctx.transaction()
+        with await asyncio.to_thread(ctx.transaction) as db:  # asyncio.to_thread: a thread of its own
+            assert db == "db"
+
+    asyncio.run(on_the_loop())
+    assert handed == ["tx"]
 
 
 def test_transaction_needs_an_idempotent_job():
