@@ -15,6 +15,7 @@ module, at import). SQLite's result code tells the two kinds of failure apart
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Final, Literal
@@ -59,8 +60,13 @@ def file_path(owner: str, path: str | Path) -> Path:
 
     Raises:
         ConfigurationError: ``path`` is ``:memory:`` or empty (SQLite's in-memory and temporary
-            databases): each connection would have its own, so no table is found.
+            databases): each connection would have its own, so no table is found; or it is no
+            path (not a ``str`` or ``os.PathLike``, or it holds a NUL character).
     """
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigurationError(f"{owner}(path): a file path is a str or pathlib.Path, got {type(path).__name__}")
+    if "\x00" in str(os.fspath(path)):
+        raise ConfigurationError(f"{owner}({str(path)!r}): a file path can't hold a NUL character")
     if str(path) in (":memory:", ""):
         raise ConfigurationError(
             f"{owner}({str(path)!r}): an in-memory or temporary SQLite database is one connection's own, and the "

@@ -14,6 +14,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,6 +147,23 @@ def test_an_in_memory_sqlite_store_is_refused(path: str, store: str):
         f"{kind.__name__}({path!r}): an in-memory or temporary SQLite database is one connection's own, and the "
         "worker's threads and processes each open their own; give the path of a file"
     )
+
+
+@pytest.mark.parametrize("store", ["ledger", "results"])
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [(5, "(path): a file path is a str or pathlib.Path, got int"),
+     (None, "(path): a file path is a str or pathlib.Path, got NoneType"),
+     ("a\x00b.db", "('a\\x00b.db'): a file path can't hold a NUL character")],
+)  # fmt: skip
+def test_what_is_no_file_path_is_refused_with_the_store_named(path: Any, said: str, store: str):
+    """A retest: a plain TypeError / ValueError from deep inside said nothing of which store was given what."""
+    from amqpjobs import SqliteResults
+
+    kind = SqliteLedger if store == "ledger" else SqliteResults
+    with pytest.raises(ConfigurationError) as refused:
+        kind(path)
+    assert str(refused.value) == kind.__name__ + said
 
 
 def test_a_relative_path_is_made_absolute_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
