@@ -160,17 +160,20 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """The status of ``job_id`` from its records (any order), read at ``now`` (seconds since the epoch).
 
     The current state is the latest record's; a ``running`` one whose lease passed, and no
-    record at all, read ``unknown``. A ``queued`` or ``duplicate`` record after the job
-    succeeded does not count: the same id enqueued again is acked as a duplicate (an
-    idempotent job), and the job keeps reading ``succeeded``, with its value.
+    record at all, read ``unknown``. Once the job succeeded, a ``queued`` record after it does
+    not count, and a ``duplicate`` one settles it back to ``succeeded`` (with its value),
+    whatever came between (a replay of an older quarantined copy: ``replayed``): the same
+    id enqueued or replayed again is acked as a duplicate (an idempotent job).
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
         why = "no record: enqueued without a results store, store down, pruned, or never enqueued"
         return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
-    done = next((r for r in ordered if r.state == "succeeded"), None)
-    if cur.state in _AFTER_DONE and done is not None:  # enqueued again once done: a duplicate of the success
+    done = [r for r in ordered if r.state == "succeeded"]
+    if cur.state == "duplicate" and done:  # acked as already done, after whatever came since the success
+        cur = done[-1]  # (a replayed or re-enqueued copy): the success stands, with its value
+    elif cur.state in _AFTER_DONE and done:  # enqueued again once done: a duplicate of the success to come
         cur = max((r for r in ordered if r.state not in _AFTER_DONE), key=lambda r: r.at)
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")

@@ -363,6 +363,7 @@ async def wait_result(store: ResultsStore, job_id: str, limit: float, every: flo
                 f"job {job_id} is {status.state}" + (f": reason {cur.detail}" if cur.detail else "")
                 + (f" ({cur.error})" if cur.error else ""), job_id, status.state, cur.detail, cur.error,
             )  # fmt: skip
-        if time.monotonic() + every > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:  # the last read was at the deadline (a retest: it gave up a poll early, saying it waited)
             raise TimeoutError(f"job {job_id}: no terminal state within {limit:g}s; last state: {last}")
-        await asyncio.sleep(every)
+        await asyncio.sleep(min(every, left))

@@ -63,10 +63,21 @@ def file_path(owner: str, path: str | Path) -> Path:
             databases): each connection would have its own, so no table is found; or it is no
             path (not a ``str`` or ``os.PathLike``, or it holds a NUL character).
     """
-    if not isinstance(path, str | os.PathLike):
-        raise ConfigurationError(f"{owner}(path): a file path is a str or pathlib.Path, got {type(path).__name__}")
-    if "\x00" in str(os.fspath(path)):
-        raise ConfigurationError(f"{owner}({str(path)!r}): a file path can't hold a NUL character")
+    try:
+        text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    except TypeError:  # an os.PathLike whose __fspath__ gives neither str nor bytes
+        text = None
+    if not isinstance(text, str):
+        raise ConfigurationError(
+            f"{owner}(path): a file path is a str or pathlib.Path, got {type(path).__name__}"
+            + (" giving bytes" if isinstance(text, bytes) else "")
+        )
+    if "\x00" in text:
+        raise ConfigurationError(f"{owner}({text!r}): a file path can't hold a NUL character")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as exc:  # a lone surrogate the file system can't take
+        raise ConfigurationError(f"{owner}({text!r}): the file system can't encode this path ({exc.reason})") from None
     if str(path) in (":memory:", ""):
         raise ConfigurationError(
             f"{owner}({str(path)!r}): an in-memory or temporary SQLite database is one connection's own, and the "

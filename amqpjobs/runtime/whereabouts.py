@@ -38,6 +38,8 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
         )
     if status.state == "succeeded":
         return "nowhere: it succeeded and was acked"
+    if status.state == "skipped":
+        return f"nowhere: its run was skipped ({cur.detail}) and acked"
     if status.state == "duplicate":
         return "nowhere: it was already done (its effect committed by an earlier run) and was acked without running"
     if status.state in ("queued", "replayed"):

@@ -149,12 +149,25 @@ def test_an_in_memory_sqlite_store_is_refused(path: str, store: str):
     )
 
 
+class _FsPath:
+    """An ``os.PathLike`` giving what it was made with."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __fspath__(self) -> Any:
+        return self.value
+
+
 @pytest.mark.parametrize("store", ["ledger", "results"])
 @pytest.mark.parametrize(
     ("path", "said"),
     [(5, "(path): a file path is a str or pathlib.Path, got int"),
      (None, "(path): a file path is a str or pathlib.Path, got NoneType"),
-     ("a\x00b.db", "('a\\x00b.db'): a file path can't hold a NUL character")],
+     ("a\x00b.db", "('a\\x00b.db'): a file path can't hold a NUL character"),
+     (_FsPath(b"x.db"), "(path): a file path is a str or pathlib.Path, got _FsPath giving bytes"),
+     (_FsPath(5), "(path): a file path is a str or pathlib.Path, got _FsPath"),
+     ("x\ud800.db", "('x\\ud800.db'): the file system can't encode this path (surrogates not allowed)")],
 )  # fmt: skip
 def test_what_is_no_file_path_is_refused_with_the_store_named(path: Any, said: str, store: str):
     """A retest: a plain TypeError / ValueError from deep inside said nothing of which store was given what."""

@@ -133,6 +133,16 @@ def test_the_same_id_enqueued_again_after_success_still_reads_succeeded():
     status = status_of("j1", history, now=15.0)
     assert (status.state, status.value(), len(status.history)) == ("succeeded", 7, 5)
     assert status_of("j1", history[:4], now=15.0).state == "succeeded"  # before the duplicate's record
+    # an older copy, quarantined before the success, replayed after it: acked as a duplicate (a retest: read
+    # "replayed", waiting, for ever)
+    replayed = [
+        *history[:3],
+        StateRecord("j1", "mail", "replayed", 1, 20.0, detail="replay run r1"),
+        StateRecord("j1", "mail", "duplicate", 1, 21.0, detail="already done: acked without running"),
+    ]
+    status = status_of("j1", replayed, now=22.0)
+    assert (status.state, status.value(), status.terminal) == ("succeeded", 7, True)
+    assert status_of("j1", replayed[:4], now=22.0).state == "replayed"  # the copy on its way: not yet known
 
 
 @pytest.mark.parametrize(
@@ -186,3 +196,41 @@ async def test_result_stops_at_a_skipped_run_with_the_skip_as_its_reason(tmp_pat
     assert (failed.value.state, failed.value.reason, failed.value.error) == ("skipped", "overlap: schedule quarter", "")
     assert str(failed.value) == "job j1 is skipped: reason overlap: schedule quarter"
     await store.close()
+
+
+async def test_result_reads_once_more_at_its_timeout_and_waits_all_of_it(tmp_path: Path):
+    """``timeout=1.5, poll=0.8``: reads at 0, 0.8 and 1.5 s, so a success at 1.1 s is returned (a retest: it gave up
+    at 0.8 s, "no terminal state within 1.5s"); a job that never ends raises after the whole timeout."""
+    store = SqliteResults(tmp_path / "results.db")
+    await store.write([StateRecord("j1", "mail", "queued", 0, time.time(), where="work")])
+
+    async def succeed_later() -> None:
+        await asyncio.sleep(1.1)
+        await store.write([StateRecord("j1", "mail", "succeeded", 1, time.time(), value="7", where="work")])
+
+    later = asyncio.create_task(succeed_later())
+    assert await wait_result(store, "j1", limit=1.5, every=0.8) == 7
+    await later
+    await store.write([StateRecord("j2", "mail", "queued", 0, time.time(), where="work")])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"job j2: no terminal state within 0.5s; last state: queued"):
+        await wait_result(store, "j2", limit=0.5, every=0.2)
+    assert time.monotonic() - started >= 0.5
+    await store.close()
+
+
+async def test_job_show_says_a_skipped_or_duplicate_job_is_nowhere_without_browsing():
+    """Both were acked: nothing to look for (a retest: a skipped one had its quarantine and parked queue browsed)."""
+    from typing import Any, cast
+
+    from amqpjobs.runtime.whereabouts import where_now
+
+    skipped = StateRecord("j1", "tick", "skipped", 1, 5.0, detail="overlap: schedule quarter", where="work")
+    dup = StateRecord("j2", "mail", "duplicate", 2, 5.0, detail="already done: acked without running", where="work")
+    nothing = cast(Any, None)  # no broker, no app: these answers never browse
+    assert await where_now(nothing, nothing, status_of("j1", [skipped], now=6.0)) == (
+        "nowhere: its run was skipped (overlap: schedule quarter) and acked"
+    )
+    assert (await where_now(nothing, nothing, status_of("j2", [dup], now=6.0))).startswith(
+        "nowhere: it was already done"
+    )
