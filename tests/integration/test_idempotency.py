@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -11,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -466,6 +467,22 @@ async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_
     assert ran[0] == "charge:81" if keyed else ran[0].startswith("sha256:")
 
 
+@contextlib.asynccontextmanager
+async def claimed_pg_ledger(pg_url: str) -> AsyncIterator[tuple[str, PostgresLedger]]:
+    """A fresh database with an ``effects`` table, and a ledger on it whose key ``k`` is claimed by ``me``."""
+    import psycopg
+
+    with fresh_database(pg_url) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        ledger = PostgresLedger(url)
+        try:
+            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+            yield url, ledger
+        finally:
+            await ledger.close()
+
+
 @pytest.mark.version_independent
 @pytest.mark.parametrize("then", ["returns", "raises", "fails in SQL"])
 @pytest.mark.parametrize("ending", ["commit()", "rollback()", "COMMIT", "ROLLBACK"])
@@ -475,49 +492,41 @@ async def test_a_postgres_handler_that_ends_ctx_transaction_itself_fails_permane
     """psycopg refuses ``commit()`` inside ``conn.transaction()``, not a ``COMMIT`` of the handler's SQL: that one is
     seen at the end (another transaction id). Either way the run fails permanently (no retry repeats the effect)
     and the job is not marked done; what a raw COMMIT committed stays, and the error says so."""
-    import psycopg
 
     from amqpjobs.jobs.failure import classify
 
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
-        ledger = PostgresLedger(url)
-        try:
-            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+    async with claimed_pg_ledger(pg_url) as (url, ledger):
 
-            def handler() -> None:
-                with ledger.transaction("k", "me") as db:
-                    db.execute("INSERT INTO effects VALUES ('before')")
-                    if ending.endswith("()"):
-                        getattr(db, ending[:-2])()
-                    else:
-                        db.execute(ending)
-                    db.execute("INSERT INTO effects VALUES ('after')")
-                    if then == "raises":  # an outsider's: retried, its own COMMIT kept a row at every attempt
-                        raise ValueError("after my own commit")
-                    if then == "fails in SQL":  # the transaction is aborted: nothing more runs on it
-                        db.execute("SELECT no_such_column FROM effects")
+        def handler() -> None:
+            with ledger.transaction("k", "me") as db:
+                db.execute("INSERT INTO effects VALUES ('before')")
+                if ending.endswith("()"):
+                    getattr(db, ending[:-2])()
+                else:
+                    db.execute(ending)
+                db.execute("INSERT INTO effects VALUES ('after')")
+                if then == "raises":  # an outsider's: retried, its own COMMIT kept a row at every attempt
+                    raise ValueError("after my own commit")
+                if then == "fails in SQL":  # the transaction is aborted: nothing more runs on it
+                    db.execute("SELECT no_such_column FROM effects")
 
-            with pytest.raises(ConfigurationError) as refused:
-                await asyncio.to_thread(handler)
-            assert classify((), refused.value) == "permanent"
-            message = str(refused.value)
-            assert message.startswith(
-                "job id 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
-                "the handler tried to end the transaction itself ("
-            )
-            if ending == "COMMIT":  # committed by the handler's own SQL before the end could see it
-                assert effects(url) == ["before"]
-                assert message.endswith("without the done-mark: check it before replaying the job")
-            else:  # nothing of it was committed: nothing to check
-                assert effects(url) == []
-                assert message.endswith(": remove that")
-            assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
-            await ledger.release("k", "me")  # as the worker does after a failed run
-            assert await ledger.claim("k", "other", 30) is Claim.CLAIMED
-        finally:
-            await ledger.close()
+        with pytest.raises(ConfigurationError) as refused:
+            await asyncio.to_thread(handler)
+        assert classify((), refused.value) == "permanent"
+        message = str(refused.value)
+        assert message.startswith(
+            "job id 'k': ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
+            "the handler tried to end the transaction itself ("
+        )
+        if ending == "COMMIT":  # committed by the handler's own SQL before the end could see it
+            assert effects(url) == ["before"]
+            assert message.endswith("without the done-mark: check it before replaying the job")
+        else:  # nothing of it was committed: nothing to check
+            assert effects(url) == []
+            assert message.endswith(": remove that")
+        assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
+        await ledger.release("k", "me")  # as the worker does after a failed run
+        assert await ledger.claim("k", "other", 30) is Claim.CLAIMED
 
 
 @pytest.mark.version_independent
@@ -529,44 +538,36 @@ async def test_a_postgres_handler_that_closes_the_connection_of_ctx_transaction_
     run fails permanently with the error SQLite's ledger gives (psycopg's "the connection is closed" said
     nothing of the handler, and was retried), nothing is committed, the key is not marked done, and the
     ledger's next transaction works on a connection of its own."""
-    import psycopg
 
     from amqpjobs.jobs.failure import classify
 
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
-        ledger = PostgresLedger(url)
-        try:
-            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+    async with claimed_pg_ledger(pg_url) as (url, ledger):
 
-            def closing() -> None:
-                with ledger.transaction("k", "me") as db:
-                    db.execute("INSERT INTO effects VALUES ('closed')")
-                    db.close()
-                    if then == "raises":
-                        raise ValueError("after my own close")
-                    if then == "runs SQL":
-                        db.execute("INSERT INTO effects VALUES ('after')")
+        def closing() -> None:
+            with ledger.transaction("k", "me") as db:
+                db.execute("INSERT INTO effects VALUES ('closed')")
+                db.close()
+                if then == "raises":
+                    raise ValueError("after my own close")
+                if then == "runs SQL":
+                    db.execute("INSERT INTO effects VALUES ('after')")
 
-            with pytest.raises(ConfigurationError) as refused:
-                await asyncio.to_thread(closing)
-            assert classify((), refused.value) == "permanent"
-            assert str(refused.value).endswith("the handler tried to end the transaction itself (close()): remove that")
-            assert effects(url) == []
-            assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
-            await ledger.release("k", "me")
-            assert await ledger.claim("k", "again", 30) is Claim.CLAIMED
+        with pytest.raises(ConfigurationError) as refused:
+            await asyncio.to_thread(closing)
+        assert classify((), refused.value) == "permanent"
+        assert str(refused.value).endswith("the handler tried to end the transaction itself (close()): remove that")
+        assert effects(url) == []
+        assert await ledger.claim("k", "other", 30) is Claim.BUSY  # not done: still the run's claim
+        await ledger.release("k", "me")
+        assert await ledger.claim("k", "again", 30) is Claim.CLAIMED
 
-            def again() -> None:
-                with ledger.transaction("k", "again") as db:
-                    db.execute("INSERT INTO effects VALUES ('again')")
+        def again() -> None:
+            with ledger.transaction("k", "again") as db:
+                db.execute("INSERT INTO effects VALUES ('again')")
 
-            await asyncio.to_thread(again)
-            assert effects(url) == ["again"]
-            assert await ledger.claim("k", "third", 30) is Claim.DONE
-        finally:
-            await ledger.close()
+        await asyncio.to_thread(again)
+        assert effects(url) == ["again"]
+        assert await ledger.claim("k", "third", 30) is Claim.DONE
 
 
 @pytest.mark.version_independent
@@ -579,27 +580,20 @@ async def test_a_postgres_connection_the_server_ends_inside_ctx_transaction_is_a
 
     from amqpjobs.jobs.failure import classify
 
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
-        ledger = PostgresLedger(url)
-        try:
-            assert await ledger.claim("k", "me", 30) is Claim.CLAIMED
+    async with claimed_pg_ledger(pg_url) as (url, ledger):
 
-            def cut_off() -> None:
-                with ledger.transaction("k", "me") as db:
-                    db.execute("INSERT INTO effects VALUES ('cut')")
-                    pid = db.info.backend_pid
-                    with psycopg.connect(url, autocommit=True) as admin:
-                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                    db.execute("INSERT INTO effects VALUES ('after')")
+        def cut_off() -> None:
+            with ledger.transaction("k", "me") as db:
+                db.execute("INSERT INTO effects VALUES ('cut')")
+                pid = db.info.backend_pid
+                with psycopg.connect(url, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                db.execute("INSERT INTO effects VALUES ('after')")
 
-            with pytest.raises(psycopg.OperationalError) as lost:
-                await asyncio.to_thread(cut_off)
-            assert classify((), lost.value) != "permanent"
-            assert effects(url) == []
-        finally:
-            await ledger.close()
+        with pytest.raises(psycopg.OperationalError) as lost:
+            await asyncio.to_thread(cut_off)
+        assert classify((), lost.value) != "permanent"
+        assert effects(url) == []
 
 
 @pytest.mark.version_independent
