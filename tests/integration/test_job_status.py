@@ -439,6 +439,8 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
 
     @app.job("charge", queue="work", idempotent=True)
     def charge(payload: dict[str, Any], ctx: JobContext) -> str:
+        if payload.get("reject"):
+            raise Reject("refused before its effect")
         with ctx.transaction() as db:
             db.execute("INSERT INTO effects VALUES (?)", (ctx.job_id,))
         if payload["raise_after"]:  # the effect and its done-mark are committed: the job counts as done
@@ -458,6 +460,19 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
     assert await where_now(broker, app, raised) == (
         "nowhere: it was already done (its effect committed by an earlier run) and was acked without running"
     )
+    # an older copy, quarantined before the job succeeded, replayed after it: acked as a duplicate, and the job
+    # reads succeeded again (a retest: "replayed", waiting, for ever)
+    await app.enqueue("charge", {"raise_after": False, "reject": True}, job_id="c-late")
+    await app.enqueue("charge", {"raise_after": False}, job_id="c-late")
+    async with running_worker(app, broker) as (_, recorder):
+        await recorder.wait_for(lambda o: len(o) == 2, 20)
+        moved = await replay(broker, "work.quarantine", ReplayOptions(rate=100), results=app.results)
+        assert moved.replayed == 1
+        await recorder.wait_for(lambda o: len(o) == 3, 20)
+    assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded", "duplicate"]
+    late = await app.job_status("c-late")
+    assert [s for s, _ in states(late.history)][-2:] == ["replayed", "duplicate"]
+    assert (late.state, await app.result("c-late", timeout=2)) == ("succeeded", "charged")
     ok = await app.job_status("c-ok")
     assert [s for s, _ in states(ok.history)] == ["queued", "queued", "running", "succeeded", "duplicate"]
     assert (ok.state, await app.result("c-ok", timeout=2)) == ("succeeded", "charged")
