@@ -106,7 +106,7 @@ class JobStatus:
             lease has passed.
         current: The latest record (None when there is none).
         history: Every record kept, oldest first.
-        note: Why the state is ``unknown`` ("" otherwise).
+        note: Why the state is ``unknown``, or that an older copy of a succeeded job was parked ("" otherwise).
     """
 
     job_id: str
@@ -163,7 +163,9 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     record at all, read ``unknown``. Once the job succeeded, a ``queued`` record after it does
     not count, and a ``duplicate`` one settles it back to ``succeeded`` (with its value),
     whatever came between (a replay of an older quarantined copy: ``replayed``): the same
-    id enqueued or replayed again is acked as a duplicate (an idempotent job).
+    id enqueued or replayed again is acked as a duplicate (an idempotent job). A ``parked``
+    record after the success, of a copy quarantined before it (the same id enqueued again
+    after a failed run), leaves it ``succeeded`` too, with a note saying where that copy is.
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
@@ -171,13 +173,22 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
         return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
     done = [r for r in ordered if r.state == "succeeded"]
+    note = ""
     if cur.state == "duplicate" and done:  # acked as already done, after whatever came since the success
         cur = done[-1]  # (a replayed or re-enqueued copy): the success stands, with its value
     elif cur.state in _AFTER_DONE and done:  # enqueued again once done: a duplicate of the success to come
         cur = max((r for r in ordered if r.state not in _AFTER_DONE), key=lambda r: r.at)
+    elif cur.state == "parked" and done and _quarantined_before(ordered, cur) < done[-1].at:
+        note = f"an older copy, quarantined before the success, was parked in {cur.where}"
+        cur = done[-1]  # the stale copy of a failed run is parked: the job's success stands
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
-    return JobStatus(job_id, cur.state, cur, ordered)
+    return JobStatus(job_id, cur.state, cur, ordered, note=note)
+
+
+def _quarantined_before(ordered: tuple[StateRecord, ...], parked: StateRecord) -> float:
+    """When the copy ``parked`` took was quarantined: the latest ``quarantined`` record before it (-inf: none kept)."""
+    return max((r.at for r in ordered if r.state == "quarantined" and r.at <= parked.at), default=float("-inf"))
 
 
 def encode_value(value: Any) -> tuple[str | None, str]:

@@ -37,7 +37,12 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
             "queue(s) browsed); work and tier queues are not browsed"
         )
     if status.state == "succeeded":
-        return "nowhere: it succeeded and was acked"
+        last = status.history[-1] if status.history else cur
+        if last.state != "parked":
+            return "nowhere: it succeeded and was acked"
+        found = await _browse(settings, _layouts(app, cur.job), status.job_id)  # an older copy (status_of)
+        copy = f"is in {found} (found by browsing)" if found else f"was parked in {last.where}, not there now (browsed)"
+        return f"nowhere: it succeeded and was acked; an older copy, quarantined before the success, {copy}"
     if status.state == "skipped":
         return f"nowhere: its run was skipped ({cur.detail}) and acked"
     if status.state == "duplicate":
@@ -51,10 +56,7 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
         )
     if status.state == "retrying":
         return f"delay tier {cur.where} ({cur.detail}; by its record, tier queues are not browsed)"
-    try:
-        layouts = (app.layout_of(cur.job),)
-    except ConfigurationError:
-        layouts = app.topology().layouts()  # the job is not in this app: every job queue's
+    layouts = _layouts(app, cur.job)
     found = await _browse(settings, layouts, status.job_id)
     if found:
         return f"{found} (found by browsing)"
@@ -73,3 +75,11 @@ async def _browse(settings: BrokerSettings, layouts: tuple[JobQueueLayout, ...],
             if any((m.delivery.message_id or m.item.job_id) == job_id for m in found):
                 return name
     return None
+
+
+def _layouts(app: App, job: str) -> tuple[JobQueueLayout, ...]:
+    """The job queue of ``job``, or every job queue of the app when the job is not in it."""
+    try:
+        return (app.layout_of(job),)
+    except ConfigurationError:
+        return app.topology().layouts()

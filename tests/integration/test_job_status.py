@@ -30,6 +30,7 @@ from amqpjobs import (
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.metrics import WorkerMetrics
+from amqpjobs.runtime.parking import park
 from amqpjobs.runtime.pg_connection import LONGEST_PAUSE
 from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.whereabouts import where_now
@@ -476,4 +477,38 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
     ok = await app.job_status("c-ok")
     assert [s for s, _ in states(ok.history)] == ["queued", "queued", "running", "succeeded", "duplicate"]
     assert (ok.state, await app.result("c-ok", timeout=2)) == ("succeeded", "charged")
+    await app.close()
+
+
+async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(broker: BrokerSettings, tmp_path: Path):
+    """The same id enqueued again after its first copy was quarantined, and that copy parked once the second
+    succeeded: the job reads ``succeeded`` with its value (a retest: ``parked``, and ``result()`` raised
+    ``JobFailedError``); ``job show`` says where the older copy is, and it is there."""
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+
+    @app.job("mail", queue="work")
+    def mail(payload: dict[str, Any], ctx: JobContext) -> str:
+        if payload["reject"]:
+            raise Reject("no address")
+        return "sent"
+
+    await app.enqueue("mail", {"reject": True}, job_id="m-1")
+    async with running_worker(app, broker) as (_, recorder):
+        await recorder.wait_for(lambda o: len(o) == 1, 20)
+        await app.enqueue("mail", {"reject": False}, job_id="m-1")
+        await recorder.wait_for(lambda o: len(o) == 2, 20)
+    assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded"]
+    moved = await park(broker, "work.quarantine", results=app.results)
+    assert moved.taken == 1
+    status = await app.job_status("m-1")
+    assert [s for s, _ in states(status.history)] == ["queued", "running", "quarantined", "queued", "running",
+                                                      "succeeded", "parked"]  # fmt: skip
+    assert (status.state, status.note) == ("succeeded", "an older copy, quarantined before the success, was parked "
+                                                        "in work.parked")  # fmt: skip
+    assert await app.result("m-1", timeout=2) == "sent"
+    assert await where_now(broker, app, status) == (
+        "nowhere: it succeeded and was acked; an older copy, quarantined before the success, is in work.parked "
+        "(found by browsing)"
+    )
     await app.close()

@@ -234,3 +234,21 @@ async def test_job_show_says_a_skipped_or_duplicate_job_is_nowhere_without_brows
     assert (await where_now(nothing, nothing, status_of("j2", [dup], now=6.0))).startswith(
         "nowhere: it was already done"
     )
+
+
+def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded():
+    """A copy quarantined before the job succeeded (the same id enqueued again), parked after the success: the job's
+    run succeeded and the parked copy is a stale one (a retest: read ``parked``, and ``result()`` raised
+    ``JobFailedError``). A copy quarantined after the success (a later run failed) and then parked reads parked."""
+    quarantined = StateRecord("j1", "mail", "quarantined", 1, 10.0, detail="rejected", where="work.quarantine")
+    succeeded = StateRecord("j1", "mail", "succeeded", 1, 12.0, value="7")
+    parked = StateRecord("j1", "mail", "parked", 1, 20.0, detail="rejected", where="work.parked")
+    status = status_of("j1", [quarantined, succeeded, parked], now=21.0)
+    assert (status.state, status.value(), status.terminal, len(status.history)) == ("succeeded", 7, True, 3)
+    assert status.note == "an older copy, quarantined before the success, was parked in work.parked"
+    assert f"job j1: succeeded ({status.note})" in status.report()
+    later = StateRecord("j1", "mail", "quarantined", 2, 15.0, detail="crashed", where="work.quarantine")
+    again = status_of("j1", [quarantined, succeeded, later, parked], now=21.0)  # a run after the success failed
+    assert (again.state, again.note, again.current) == ("parked", "", parked)
+    alone = status_of("j1", [quarantined, parked], now=21.0)
+    assert (alone.state, alone.note) == ("parked", "")
