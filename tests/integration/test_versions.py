@@ -230,3 +230,37 @@ async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
         assert outcomes == ["urgent-0", "urgent-1", "plain"]
         assert fast_calls == 2
         assert await depth(broker, "money") == 3
+
+
+async def test_a_priority_for_a_strict_quorum_job_queue_before_43_is_refused_and_nothing_sent(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """max_priority on a quorum job queue asks for 4.3's strict priorities: 4.0-4.2 have two levels, 3.x none.
+
+    The declarations are the same with or without it (no x-max-priority is sent), so an app whose
+    topology says max_priority can publish to a queue applied without it; before 4.3 it is refused.
+    """
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    strict = tmp_path / "strict.toml"
+    strict.write_text(QUORUM.replace("delivery_limit = 25", "delivery_limit = 25\nmax_priority = 10"))
+    app = App("p", topology=load_topology(strict).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    try:
+        if broker_root.version < (4, 3):
+            with pytest.raises(ConfigurationError) as caught:
+                await app.enqueue("pay", {}, job_id="urgent", priority=7)
+            shown = ".".join(map(str, broker_root.version))
+            assert str(caught.value).startswith(
+                "job 'pay': priority 7 can't be kept: job queue 'money' (quorum, max_priority 10): quorum-queue "
+                f"priorities 0-31 need RabbitMQ 4.3+ (connected: {shown}); nothing was sent (fix: upgrade the broker"
+            )
+            expected = 0
+        else:
+            await app.enqueue("pay", {}, job_id="urgent", priority=7)
+            expected = 1
+        await app.enqueue("pay", {}, job_id="plain")
+    finally:
+        await app.close()
+    assert await depth(broker, "money") == expected + 1
