@@ -148,7 +148,8 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
     elif layout.queue_type == "quorum":
         props["priority"] = {
             "type": "integer", "minimum": 0, "maximum": 255,
-            "description": "Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31." + quorum_default,
+            "description": "Quorum queues: 4.0-4.2 two levels (0-4 normal, above 4 high), 4.3 0-31; before 4.0"
+            " none (the broker ignores it; amqpjobs' enqueue refuses one)." + quorum_default,
         }  # fmt: skip
     return {
         "type": "object",

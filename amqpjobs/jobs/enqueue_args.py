@@ -1,4 +1,8 @@
-"""What ``enqueue`` refuses before it publishes: the job id, tenant and priority it was given (README "Enqueueing")."""
+"""What ``enqueue`` refuses before it publishes: the job id, tenant and priority it was given (README "Enqueueing").
+
+:func:`checked_job_id` runs before connecting; :func:`check_broker_priority` once the broker's
+version is known (after connecting, still before anything is sent).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.text import lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.versions import QUORUM_TWO_LEVELS_SINCE, Version, quorum_priority_refusal
 
 #: The bits ``uuid.uuid4()`` sets in 128 random ones: version 4 (bits 76-79), RFC 4122 variant (bits 62-63).
 #: The fix for a key function's result over 255 UTF-8 bytes (:func:`~amqpjobs.jobs.envelope.job_id_problem`).
@@ -22,6 +27,52 @@ def random_job_id() -> str:
     """``str(uuid.uuid4())``: the same bits from ``os.urandom``, same text, without a ``UUID`` object (1 µs less)."""
     x = f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
     return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+def check_broker_priority(jobdef: JobDef, layout: JobQueueLayout, priority: int | None, version: Version) -> None:
+    """Refuse a ``priority`` that job queue ``layout`` would store and ignore on RabbitMQ ``version``.
+
+    The one rule of :meth:`App.enqueue <amqpjobs.runtime.app.App.enqueue>` and the sync
+    publisher's fast path, asked once the broker's version is known (connection properties),
+    before publishing. Quorum queues have no priorities before RabbitMQ 4.0, two levels on
+    4.0-4.2 (0-4 normal, 5+ high), strict ones 0-31 from 4.3 (release notes 4.0.0 and 4.3.0;
+    README "RabbitMQ 3.10, 4.0 and 4.3"). An explicit ``priority=0`` is refused too, as on a
+    classic job queue without ``max_priority`` (:func:`checked_job_id`): a caller that passes a
+    priority expects it to order jobs, and one computed per job (0 for most) would otherwise
+    fail only for the few that need it. ``None`` (no priority asked) is always taken.
+
+    Args:
+        jobdef: The job enqueued.
+        layout: Its job queue.
+        priority: The priority asked for, already checked against ``max_priority`` by
+            :func:`checked_job_id`; None: none.
+        version: The connected broker's version, e.g. ``(3, 10, 8)``.
+
+    Raises:
+        ConfigurationError: a priority for a quorum job queue on RabbitMQ before 4.0, or for one
+            with ``max_priority`` before 4.3 (the message names the job, the queue, the version
+            and the fixes; nothing was sent).
+
+    """
+    if priority is None or layout.queue_type != "quorum":
+        return
+    head = f"job {jobdef.name!r}: priority {priority} can't be kept: job queue {layout.name!r}"
+    if layout.max_priority is not None:  # strict priorities, the topology's rule: 4.3+ (the worker refuses it too)
+        if (refusal := quorum_priority_refusal(version)) is not None:
+            message, fix = refusal
+            raise ConfigurationError(
+                f"{head} (quorum, max_priority {layout.max_priority}): {message}; nothing was sent (fix: {fix})"
+            )
+        return
+    if version < QUORUM_TWO_LEVELS_SINCE:
+        connected = ".".join(map(str, version))
+        raise ConfigurationError(
+            f"{head} is a quorum queue, and quorum queues have no priorities before RabbitMQ 4.0 (connected: "
+            f"{connected}); nothing was sent. Fix: leave priority out (every job then goes with 0), or a classic "
+            'job queue with max_priority (type = "classic", under a new name: a queue\'s type is fixed when it '
+            "is declared), or upgrade the broker to RabbitMQ 4.0+ (quorum queues: 0-4 normal, 5+ high; 4.3+: "
+            "strict 0-31 with max_priority)"
+        )
 
 
 def checked_job_id(

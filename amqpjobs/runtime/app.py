@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.enqueue_args import checked_job_id
+from amqpjobs.jobs.enqueue_args import check_broker_priority, checked_job_id
 from amqpjobs.jobs.envelope import with_trace
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
@@ -140,6 +140,7 @@ class App(CronSchedules, JobResults):
         self._connection: Connection | None = None
         self._connected_on: asyncio.AbstractEventLoop | None = None  # the loop _connection lives on
         self._publisher: Publisher | None = None
+        self._broker_version: tuple[int, ...] = (0,)  # read at connect
         self._publisher_loop: asyncio.AbstractEventLoop | None = None
         self._markers: tuple[TickWire, Any] | None = None
         self._connect_lock: asyncio.Lock | None = None
@@ -209,7 +210,8 @@ class App(CronSchedules, JobResults):
                 if self._gate is not None:
                     await self._gate.aclose()
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
-                limit = self.max_message_size or default_max_message_size(broker_info(self._connection).version)
+                self._broker_version = version = broker_info(self._connection).version
+                limit = self.max_message_size or default_max_message_size(version)
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM, owner="the app", wait_reconnect=True,  # room for copies' headers
@@ -322,8 +324,8 @@ class App(CronSchedules, JobResults):
             payload: A dict or an instance of the job's payload model.
             job_id: Job id (``message_id``); default a random UUID. Give a business
                 identity (e.g. ``"invoice-2026-11-0042"``) to make duplicates recognisable.
-            priority: AMQP priority 0..the job queue's ``max_priority`` (default 0). A quorum job
-                queue without ``max_priority`` takes any (4.0-4.2: 0-4 normal, 5+ high).
+            priority: AMQP priority 0..the job queue's ``max_priority`` (default 0). A quorum job queue
+                without ``max_priority`` takes any from RabbitMQ 4.0 (4.0-4.2: 0-4 normal, 5+ high), none before.
             tenant: Tenant key (header ``amqpjobs-tenant``; picks the shard of a sharded queue).
             headers: Extra headers (not ``x-*`` nor ``amqpjobs-*``).
 
@@ -332,7 +334,8 @@ class App(CronSchedules, JobResults):
 
         Raises:
             InvalidPayloadError: the payload fails the job's model (nothing sent).
-            ConfigurationError: unknown job, bad header names or priority, header values AMQP can't carry;
+            ConfigurationError: unknown job, bad header names or priority (any, 0 too, to a quorum job queue
+                before RabbitMQ 4.0: once connected, still before sending), header values AMQP can't carry;
                 the app connected on an event loop that has ended, or another thread's (README "Enqueueing").
             UnroutableError: no queue is bound for the job, or its exchange does not exist
                 (topology not applied).
@@ -366,6 +369,8 @@ class App(CronSchedules, JobResults):
             on = self._connected_on  # a connection of another loop: connect() says what to do
             if self._publisher is None or (on is not None and on is not asyncio.get_running_loop()):
                 await self.connect()
+            if isinstance(self._publisher, ConfirmedPublisher):  # a broker's (not a double's): what it would ignore
+                check_broker_priority(jobdef, layout, priority, self._broker_version)
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None

@@ -3,7 +3,8 @@
 A sync enqueue handed to the publisher's event loop thread pays the hand-off and the async
 publish's loop turns (bench/RESULTS.md, issue 22). Where nothing of the enqueue needs the
 loop, :class:`FastPath` checks and builds the message as :meth:`App.enqueue` does
-(:meth:`App._addressed`, :func:`~amqpjobs.runtime.sending.new_message`; for an enqueue without
+(:meth:`App._addressed`, :func:`~amqpjobs.runtime.sending.new_message`, and once its connection
+knows the broker's version :func:`~amqpjobs.jobs.enqueue_args.check_broker_priority`; for an enqueue without
 priority, tenant or headers, the job's :class:`~amqpjobs.runtime.job_stencil.JobStencil`
 fills in the same bytes) and publishes it on a
 :class:`~amqpjobs.wire.blocking.BlockingPublisher` in the calling thread. It steps aside
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from amqpjobs.errors import ConfigurationError, PublishNackedError
+from amqpjobs.jobs.enqueue_args import check_broker_priority
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.runtime.backpressure import EARLY_REFRESH, REFRESH, blocked_error
 from amqpjobs.runtime.job_stencil import JobStencil
@@ -105,6 +107,7 @@ class FastPath:
                 self._down_until = time.monotonic() + RETRY_CONNECT
                 publisher.close()
                 return None
+            check_broker_priority(jobdef, layout, priority, publisher.version)  # the broker's it goes to: connected
             if alarm is not None:
                 started = time.monotonic()
                 if not publisher.wait_unblocked(app.blocked_timeout):

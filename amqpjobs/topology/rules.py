@@ -264,8 +264,8 @@ def _quorum_priority_rules(
         ]  # fmt: skip
     if broker_version is None:
         warnings.append(
-            f"{file}: {key}: quorum-queue priorities need RabbitMQ 4.3+; `topology apply` and the worker "
-            "refuse it on an older broker"
+            f"{file}: {key}: quorum-queue priorities need RabbitMQ 4.3+; `topology apply`, the worker "
+            "and an enqueue with a priority refuse it on an older broker"
         )
         return []
     refusal = quorum_priority_refusal(broker_version)

@@ -12,6 +12,10 @@ from typing import Final, Literal
 
 Version = tuple[int, ...]
 
+#: RabbitMQ 4.0.0 release notes: quorum queues take message priorities, two levels (0-4
+#: normal, 5-255 high, delivered about 2:1); before 4.0 they have none (a priority is stored
+#: with the message and never acted on).
+QUORUM_TWO_LEVELS_SINCE: Final = (4, 0)
 #: RabbitMQ 4.3.0 release notes: quorum queues have strict priorities 0..31 (a message
 #: without a priority counts as 4) and ignore ``x-max-priority``.
 QUORUM_PRIORITIES_SINCE: Final = (4, 3)

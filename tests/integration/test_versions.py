@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from amqpjobs import App, MessageTooLargeError
+from amqpjobs import App, ConfigurationError, MessageTooLargeError
 from amqpjobs.errors import TopologyValidationError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
@@ -144,3 +144,123 @@ def test_quorum_priorities_are_judged_for_the_connected_version(
     # the library judges the file for the connected version as the CLI did
     with pytest.raises(TopologyValidationError, match=r"quorum-queue priorities 0-31 need RabbitMQ 4\.3"):
         load_topology(path, broker_root.version)
+
+
+def priority_refused_on(version: tuple[int, ...]) -> bool:
+    """Quorum queues have no priorities before RabbitMQ 4.0 (4.0: two levels, 0-4 normal, 5+ high)."""
+    return version < (4, 0)
+
+
+def assert_the_quorum_priority_refusal(exc: ConfigurationError, version: tuple[int, ...]) -> None:
+    shown = ".".join(map(str, version))
+    assert str(exc) == (
+        "job 'pay': priority 7 can't be kept: job queue 'money' is a quorum queue, and quorum queues have no "
+        f"priorities before RabbitMQ 4.0 (connected: {shown}); nothing was sent. Fix: leave priority out (every "
+        'job then goes with 0), or a classic job queue with max_priority (type = "classic", under a new name: a '
+        "queue's type is fixed when it is declared), or upgrade the broker to RabbitMQ 4.0+ (quorum queues: 0-4 "
+        "normal, 5+ high; 4.3+: strict 0-31 with max_priority)"
+    )
+
+
+async def test_a_priority_for_a_quorum_job_queue_before_40_is_refused_and_nothing_sent(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """Before the fix RabbitMQ 3.10 stored the job and dropped its priority without a word."""
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    try:
+        await app.enqueue("pay", {}, job_id="plain")  # no priority: taken on every version
+        if priority_refused_on(broker_root.version):
+            with pytest.raises(ConfigurationError) as caught:
+                await app.enqueue("pay", {}, job_id="urgent", priority=7)
+            assert_the_quorum_priority_refusal(caught.value, broker_root.version)
+            with pytest.raises(ConfigurationError, match="priority 0 can't be kept"):
+                await app.enqueue("pay", {}, job_id="zero", priority=0)
+            await app.enqueue("pay", {}, job_id="after")  # the connection is healthy: the refusal sent nothing
+            expected = {"plain": 0, "after": 0}
+        else:
+            await app.enqueue("pay", {}, job_id="urgent", priority=7)  # 4.0-4.2: high; 4.3: 7 of 0-31
+            expected = {"plain": 0, "urgent": 7}
+    finally:
+        await app.close()
+    assert await depth(broker, "money") == len(expected)
+    async with raw_channel(broker) as ch:
+        queue = await ch.get_queue("money", ensure=False)
+        got = {}
+        while (msg := await queue.get(fail=False)) is not None:
+            got[msg.message_id] = msg.priority
+            await msg.ack()
+    assert got == expected
+
+
+async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """The first call goes through App.enqueue (it connects the app), the next ones the calling thread's fast path."""
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    refused = priority_refused_on(broker_root.version)
+
+    def publish() -> tuple[list[str], int, int]:
+        outcomes = []
+        with app.sync_publisher() as pub:
+            for n in range(2):  # the async path (not connected yet), then the fast path
+                try:
+                    outcomes.append(pub.enqueue("pay", {}, job_id=f"urgent-{n}", priority=7))
+                except ConfigurationError as exc:
+                    assert_the_quorum_priority_refusal(exc, broker_root.version)
+                    outcomes.append("refused")
+            outcomes.append(pub.enqueue("pay", {}, job_id="plain"))
+            assert pub._fast is not None
+            return outcomes, pub._fast.calls, len(pub._fast.connections())
+
+    outcomes, fast_calls, fast_connections = await asyncio.to_thread(publish)
+    assert fast_connections == 1  # the fast path took the second and third calls
+    if refused:
+        assert outcomes == ["refused", "refused", "plain"]
+        assert fast_calls == 1  # only "plain" was written on the blocking connection
+        assert await depth(broker, "money") == 1
+    else:
+        assert outcomes == ["urgent-0", "urgent-1", "plain"]
+        assert fast_calls == 2
+        assert await depth(broker, "money") == 3
+
+
+async def test_a_priority_for_a_strict_quorum_job_queue_before_43_is_refused_and_nothing_sent(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """max_priority on a quorum job queue asks for 4.3's strict priorities: 4.0-4.2 have two levels, 3.x none.
+
+    The declarations are the same with or without it (no x-max-priority is sent), so an app whose
+    topology says max_priority can publish to a queue applied without it; before 4.3 it is refused.
+    """
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    strict = tmp_path / "strict.toml"
+    strict.write_text(QUORUM.replace("delivery_limit = 25", "delivery_limit = 25\nmax_priority = 10"))
+    app = App("p", topology=load_topology(strict).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    try:
+        if broker_root.version < (4, 3):
+            with pytest.raises(ConfigurationError) as caught:
+                await app.enqueue("pay", {}, job_id="urgent", priority=7)
+            shown = ".".join(map(str, broker_root.version))
+            assert str(caught.value).startswith(
+                "job 'pay': priority 7 can't be kept: job queue 'money' (quorum, max_priority 10): quorum-queue "
+                f"priorities 0-31 need RabbitMQ 4.3+ (connected: {shown}); nothing was sent (fix: upgrade the broker"
+            )
+            expected = 0
+        else:
+            await app.enqueue("pay", {}, job_id="urgent", priority=7)
+            expected = 1
+        await app.enqueue("pay", {}, job_id="plain")
+    finally:
+        await app.close()
+    assert await depth(broker, "money") == expected + 1

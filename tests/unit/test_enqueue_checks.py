@@ -153,3 +153,82 @@ def test_a_random_job_id_is_a_uuid4_in_its_usual_text():
     fixed = (0xF000 << 64) | (0xC000 << 48)
     assert all(any(b >> i & 1 for b in bits) and not all(b >> i & 1 for b in bits)
                for i in range(128) if not fixed >> i & 1)  # fmt: skip
+
+
+QUORUM_TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+
+[[job_queue]]
+name = "ranked-money"
+exchange = "jobs"
+type = "quorum"
+max_priority = 10
+
+[[job_queue]]
+name = "ranked"
+exchange = "jobs"
+max_priority = 5
+"""
+
+
+@pytest.fixture
+def quorum_app(tmp_path: Any) -> App:
+    (tmp_path / "q.toml").write_text(QUORUM_TOPOLOGY)
+    app = App("q", topology=load_topology(tmp_path / "q.toml").topology, url=NOWHERE)
+    app.job("pay", queue="money")(lambda p, c: None)
+    app.job("rush", queue="ranked-money")(lambda p, c: None)
+    app.job("rank", queue="ranked")(lambda p, c: None)
+    return app
+
+
+#: (job, priority, broker version) -> the words of the refusal, None: taken. RabbitMQ 3.x quorum queues have
+#: no priorities; 4.0 two levels (0-4 normal, 5+ high); 4.3 strict 0-31 with our max_priority (release notes).
+BROKER_PRIORITY_CASES: list[tuple[str, int | None, tuple[int, ...], str | None]] = [
+    ("pay", None, (3, 10, 8), None),  # no priority asked: nothing to ignore, on any version
+    ("pay", 3, (3, 10, 8), "quorum queues have no priorities before RabbitMQ 4.0 (connected: 3.10.8)"),
+    ("pay", 5, (3, 13, 7), "job 'pay': priority 5 can't be kept: job queue 'money' is a quorum queue"),
+    ("pay", 0, (3, 10, 8), "nothing was sent"),  # explicit 0 too: as on a classic queue without max_priority
+    ("pay", 9, (3, 10, 8), "leave priority out"),
+    ("pay", 9, (3, 10, 8), 'or a classic job queue with max_priority (type = "classic", under a new name'),
+    ("pay", 9, (3, 10, 8), "or upgrade the broker to RabbitMQ 4.0+"),
+    ("pay", 0, (4, 0, 5), None),
+    ("pay", 9, (4, 0, 5), None),  # 4.0-4.2: two levels, 9 is high
+    ("pay", 255, (4, 2, 1), None),
+    ("pay", 9, (4, 3, 6), None),  # 4.3 without max_priority: as before (README "RabbitMQ 3.10, 4.0 and 4.3")
+    ("rush", None, (3, 10, 8), None),
+    ("rush", 3, (3, 10, 8), "quorum-queue priorities 0-31 need RabbitMQ 4.3+ (connected: 3.10.8)"),
+    ("rush", 3, (4, 0, 5), "job 'rush': priority 3 can't be kept: job queue 'ranked-money' (quorum, max_priority"),
+    ("rush", 3, (4, 2, 1), "4.0-4.2 quorum queues have two levels"),
+    ("rush", 3, (4, 3, 0), None),
+    ("rush", 10, (4, 3, 6), None),
+    ("rank", 5, (3, 10, 8), None),  # classic: x-max-priority on every version
+]
+
+
+@pytest.mark.parametrize(("job", "priority", "version", "words"), BROKER_PRIORITY_CASES)
+def test_a_priority_the_connected_broker_would_ignore_is_refused(
+    quorum_app: App, job: str, priority: int | None, version: tuple[int, ...], words: str | None
+):
+    from amqpjobs.jobs.enqueue_args import check_broker_priority
+
+    jobdef = quorum_app.resolve(job)
+    layout = quorum_app.layout_of(jobdef)
+    if words is None:
+        check_broker_priority(jobdef, layout, priority, version)
+        return
+    with pytest.raises(ConfigurationError) as caught:
+        check_broker_priority(jobdef, layout, priority, version)
+    assert words in str(caught.value)
+
+
+async def test_the_bounds_before_connecting_still_come_first(quorum_app: App):
+    """A priority above max_priority is refused before any connect, whatever the broker (checked_job_id)."""
+    with pytest.raises(ConfigurationError, match="priority 11 is above job queue 'ranked-money''s max_priority 10"):
+        await quorum_app.enqueue("rush", {}, priority=11)
+    assert quorum_app._connection is None
