@@ -27,6 +27,7 @@ from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
+from amqpjobs.runtime.preflight import check_before_children
 from amqpjobs.runtime.processes import run_worker
 from amqpjobs.runtime.supervisor import Supervisor, process_count, usable_cpus
 from amqpjobs.runtime.worker_config import WorkerOptions
@@ -129,6 +130,7 @@ def consume(
     broker = settings(url, management_url)
     factory = loop_factory(loop)
     if count > 1:
+        check_before_children(app_ref, options)  # what each child would refuse at its start: refused here, at once
         spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop)
         with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
             sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))

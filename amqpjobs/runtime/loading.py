@@ -8,7 +8,13 @@ import os
 import sys
 from collections.abc import Callable
 
-from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+from amqpjobs.errors import (
+    AmqpJobsError,
+    ConfigurationError,
+    LedgerUnavailableError,
+    ResultsUnavailableError,
+    TopologyError,
+)
 from amqpjobs.runtime.app import App
 
 
@@ -41,6 +47,29 @@ def load_app(reference: str) -> App:
     if not isinstance(app, App):
         raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
     return app
+
+
+def raised_by_module(exc: AmqpJobsError) -> bool:
+    """Whether :func:`load_app`'s error ``exc`` is the app module's own code failing while imported.
+
+    Such an error may pass (the module reads a file, an environment variable or a service at
+    import), so ``consume --processes N`` leaves it to its children and their crash loop
+    (:mod:`amqpjobs.runtime.preflight`). Every other error of :func:`load_app` is the same at
+    every try: a reference that names no module (``ImportError``: a module or a package it
+    imports is not there), no attribute or no App, or a configuration or topology error of
+    amqpjobs raised by the module (a bad ``PostgresLedger`` DSN).
+
+    Args:
+        exc: What :func:`load_app` raised.
+
+    Returns:
+        True for a ledger or results store unavailable, and for any other exception of the
+        module's (chained as the ``ConfigurationError``'s cause); False otherwise.
+    """
+    if isinstance(exc, (LedgerUnavailableError, ResultsUnavailableError)):
+        return True
+    cause = exc.__cause__
+    return cause is not None and not isinstance(cause, (ImportError, ConfigurationError, TopologyError))
 
 
 #: Event loops ``consume --loop`` offers.

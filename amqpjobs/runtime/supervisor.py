@@ -6,9 +6,10 @@ A worker is one Python process on one core; the supervisor starts N children
 - restarts a child that exits, after a backoff that doubles with each exit of that child
   in the last 60 s (0.25 s, 0.5 s, ... at most 30 s);
 - stops everything when one child exits before it became ready ``CRASH_LOOP_EXITS`` (5)
-  times within ``CRASH_LOOP_WINDOW`` (60 s) — a crash loop (an import error, a missing
-  queue): the error is raised again with the child's own message (a poison job that kills
-  a *ready* child is the poison-containment bound's business, not this);
+  times within ``CRASH_LOOP_WINDOW`` (60 s) — a crash loop (the app module's own error at
+  import, a work queue missing on the broker): the error is raised again with the child's
+  own message (a poison job that kills a *ready* child is the poison-containment bound's
+  business, not this);
 - on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
   does) and returns 0 when all exited cleanly; a second signal is passed on (the children
   exit at once) and the exit code is then 128 + that signal, as a single worker's (130 for
@@ -20,7 +21,9 @@ A worker is one Python process on one core; the supervisor starts N children
   503 while any child is starting, restarting, or its own endpoint answers 503 (stalled,
   not consuming).
 
-The app is imported by the children only. ``schedule run`` is not multiplied: it stays one
+The app is imported by each child; ``consume`` imports and checks it once before it starts
+the supervisor (:mod:`amqpjobs.runtime.preflight`), so what every child would refuse at its
+start is refused at once, without a crash loop. ``schedule run`` is not multiplied: it stays one
 process (replicas elect a leader among themselves).
 """
 

@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.events import event_messages
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Outcome as Outcome  # re-exported: Worker(on_outcome=) gets these
@@ -56,7 +55,7 @@ from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
-from amqpjobs.runtime.worker_config import check_jobs, lease_warnings
+from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
@@ -170,10 +169,10 @@ class Worker(WorkerStop):
     # ------------------------------------------------------------------ lifecycle
     def job_queues(self) -> tuple[str, ...]:
         """The job queues this worker consumes."""
-        return self.options.queues if self.options.queues else tuple(self.app.queues())
+        return consumed_job_queues(self.app, self.options)
 
     def _check(self) -> None:
-        self._layouts, self._timeouts = check_jobs(self.app, self.job_queues(), self.options.consumer_timeout)
+        self._layouts, self._timeouts = check_worker(self.app, self.options)
         for line in lease_warnings(self.app, self._timeouts, self.options.grace):
             log.warning(line)
 
@@ -181,16 +180,15 @@ class Worker(WorkerStop):
         """Connect and start consuming. Returns once every slot consumes.
 
         Raises:
-            ConfigurationError: a job queue is missing from the topology, or a job's
-                policy can't work with its queue.
+            ConfigurationError: concurrency below 1, a job queue is missing from the topology,
+                or a job's policy can't work with its queue (:func:`check_worker`).
+            TopologyValidationError: the app's topology files are invalid.
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a work queue does not exist on the broker (apply the topology), or
                 (RabbitMQ 4.3+) fewer than a majority of the cluster's nodes run.
             PayloadStoreError: the app's payload store can't be opened.
 
         """
-        if self.options.concurrency < 1:
-            raise ConfigurationError(f"concurrency must be >= 1 (got {self.options.concurrency})")
         self._check()
         self.app.set_default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency

@@ -102,6 +102,33 @@ def lease_warnings(app: App, timeouts: dict[str, float], grace: float) -> list[s
     return lines
 
 
+def consumed_job_queues(app: App, options: WorkerOptions) -> tuple[str, ...]:
+    """The job queues a worker with ``options`` consumes: ``options.queues``, else every one the app's jobs use."""
+    return options.queues if options.queues else tuple(app.queues())
+
+
+def check_worker(app: App, options: WorkerOptions) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:
+    """Everything a worker's start checks of the app and its options before it connects; (layouts, timeouts).
+
+    The one home of these rules: a worker's start (:meth:`~amqpjobs.runtime.worker.Worker.start`,
+    in ``consume`` and in each ``--processes`` child) and the supervisor's check before it starts
+    any child (:mod:`amqpjobs.runtime.preflight`) call it, so both refuse with the same error.
+    It reads the topology files and nothing else (no broker, no store).
+
+    Returns:
+        What :func:`check_jobs` returns for the job queues consumed (:func:`consumed_job_queues`).
+
+    Raises:
+        ConfigurationError: ``concurrency`` below 1, a job queue named in ``options.queues`` that
+            is not in the topology (naming it and the topology's job queues), or a job's policy
+            that can't work with its queue (:func:`check_jobs`).
+        TopologyValidationError: the app's topology files are invalid.
+    """
+    if options.concurrency < 1:
+        raise ConfigurationError(f"concurrency must be >= 1 (got {options.concurrency})")
+    return check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
+
+
 def check_jobs(
     app: App, job_queues: Iterable[str], consumer_timeout: float
 ) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:
