@@ -91,8 +91,11 @@ pid_running() {   # $1 pid: exists and is not a zombie
   [[ ${1:-} =~ ^[0-9]+$ ]] && st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) && [ "${st%% *}" != Z ]
 }
 pid_is_ours() {   # $1 pid: running and started with this checkout's .broker
-  pid_running "${1:-}" &&
-    tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | grep -qxF "RABBITMQ_MNESIA_BASE=$B/mnesia"
+  # Read whole before grep (no pipe): under pipefail, `tr | grep -q` failed whenever grep exited before tr's
+  # last write (SIGPIPE), and a node with a long environment was now and then taken for dead.
+  local env
+  pid_running "${1:-}" && env=$(tr '\0' '\n' 2>/dev/null <"/proc/$1/environ") &&
+    grep -qxF "RABBITMQ_MNESIA_BASE=$B/mnesia" <<<"$env"
 }
 node_pid() { cat "$B/rabbitmq.pid" 2>/dev/null || true; }
 launcher_pid() { cat "$B/launcher.pid" 2>/dev/null || true; }

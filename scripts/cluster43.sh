@@ -89,7 +89,9 @@ case "${1:-}" in
     for n in 1 2 3; do up_node "$n"; done
     for n in 1 2 3; do wait_node "$n"; done
     for n in 2 3; do
-      if ! ctl "$n" -q cluster_status 2>/dev/null | grep -q "$(node_name 1)"; then
+      # Read whole before grep (no pipe): under pipefail, grep -q exiting at the first match could fail the pipe.
+      status=$(ctl "$n" -q cluster_status 2>/dev/null || true)
+      if ! grep -qF "$(node_name 1)" <<<"$status"; then
         log "joining $(node_name "$n") to $(node_name 1) ..."
         {
           ctl "$n" -q stop_app
