@@ -14,7 +14,13 @@ from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.text import lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.versions import QUORUM_TWO_LEVELS_SINCE, Version, quorum_priority_refusal
+from amqpjobs.topology.versions import (
+    QUORUM_MAX_PRIORITY,
+    QUORUM_TWO_LEVELS_SINCE,
+    Version,
+    quorum_priorities,
+    quorum_priority_refusal,
+)
 
 #: The bits ``uuid.uuid4()`` sets in 128 random ones: version 4 (bits 76-79), RFC 4122 variant (bits 62-63).
 #: The fix for a key function's result over 255 UTF-8 bytes (:func:`~amqpjobs.jobs.envelope.job_id_problem`).
@@ -50,8 +56,9 @@ def check_broker_priority(jobdef: JobDef, layout: JobQueueLayout, priority: int 
 
     Raises:
         ConfigurationError: a priority for a quorum job queue on RabbitMQ before 4.0, or for one
-            with ``max_priority`` before 4.3 (the message names the job, the queue, the version
-            and the fixes; nothing was sent).
+            with ``max_priority`` before 4.3, or one over 31 for one without ``max_priority`` on
+            4.3+ (delivered as 31, as a classic queue delivers one over its ``x-max-priority``;
+            the message names the job, the queue, the version and the fixes; nothing was sent).
 
     """
     if priority is None or layout.queue_type != "quorum":
@@ -72,6 +79,13 @@ def check_broker_priority(jobdef: JobDef, layout: JobQueueLayout, priority: int 
             'job queue with max_priority (type = "classic", under a new name: a queue\'s type is fixed when it '
             "is declared), or upgrade the broker to RabbitMQ 4.0+ (quorum queues: 0-4 normal, 5+ high; 4.3+: "
             "strict 0-31 with max_priority)"
+        )
+    if priority > QUORUM_MAX_PRIORITY and quorum_priorities(version):
+        raise ConfigurationError(
+            f"{head} is a quorum queue, and RabbitMQ 4.3+ has quorum-queue priorities 0-{QUORUM_MAX_PRIORITY} "
+            f"(connected: {'.'.join(map(str, version))}), a higher one is delivered as {QUORUM_MAX_PRIORITY}; "
+            f"nothing was sent. Fix: a priority of 0-{QUORUM_MAX_PRIORITY} (a job without one counts as 4), or "
+            "max_priority on the job queue to have enqueue check a lower bound"
         )
 
 

@@ -324,8 +324,8 @@ class App(CronSchedules, JobResults):
             payload: A dict or an instance of the job's payload model.
             job_id: Job id (``message_id``); default a random UUID. Give a business
                 identity (e.g. ``"invoice-2026-11-0042"``) to make duplicates recognisable.
-            priority: AMQP priority 0..the job queue's ``max_priority`` (default 0). A quorum job queue
-                without ``max_priority`` takes any from RabbitMQ 4.0 (4.0-4.2: 0-4 normal, 5+ high), none before.
+            priority: AMQP priority 0..the job queue's ``max_priority`` (default 0). A quorum job queue without
+                ``max_priority``: none before RabbitMQ 4.0, 4.0-4.2 0-4 normal and 5+ high, 4.3+ 0-31.
             tenant: Tenant key (header ``amqpjobs-tenant``; picks the shard of a sharded queue).
             headers: Extra headers (not ``x-*`` nor ``amqpjobs-*``).
 

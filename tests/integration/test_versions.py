@@ -196,6 +196,47 @@ async def test_a_priority_for_a_quorum_job_queue_before_40_is_refused_and_nothin
     assert got == expected
 
 
+async def test_a_priority_over_31_for_a_quorum_job_queue_on_43_is_refused_and_nothing_sent(
+    broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
+):
+    """RabbitMQ 4.3 delivers a quorum-queue priority over 31 as 31 (seen here: 31, 40, 31 and 255 in publish
+    order, then 30, then 0), as a classic queue does one over its ``x-max-priority``, which enqueue refuses;
+    4.0-4.2 read any priority over 4 as their high level."""
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app = App("p", topology=load_topology(path).topology, url=broker.url)
+    app.job("pay", queue="money")(lambda p, c: None)
+    shown = ".".join(map(str, broker_root.version))
+    try:
+        if broker_root.version < (4, 0):
+            pytest.skip("quorum queues have no priorities before 4.0: any is refused (the test above)")
+        if broker_root.version >= (4, 3):
+            with pytest.raises(ConfigurationError) as caught:
+                await app.enqueue("pay", {}, job_id="over", priority=40)
+            assert str(caught.value) == (
+                "job 'pay': priority 40 can't be kept: job queue 'money' is a quorum queue, and RabbitMQ 4.3+ "
+                f"has quorum-queue priorities 0-31 (connected: {shown}), a higher one is delivered as 31; nothing "
+                "was sent. Fix: a priority of 0-31 (a job without one counts as 4), or max_priority on the job "
+                "queue to have enqueue check a lower bound"
+            )
+            expected = {"top": 31}
+        else:
+            await app.enqueue("pay", {}, job_id="over", priority=40)  # 4.0-4.2: the high level
+            expected = {"over": 40, "top": 31}
+        await app.enqueue("pay", {}, job_id="top", priority=31)
+    finally:
+        await app.close()
+    assert await depth(broker, "money") == len(expected)
+    async with raw_channel(broker) as ch:
+        queue = await ch.get_queue("money", ensure=False)
+        got = {}
+        while (msg := await queue.get(fail=False)) is not None:
+            got[msg.message_id] = msg.priority
+            await msg.ack()
+    assert got == expected
+
+
 async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
 ):

@@ -201,6 +201,9 @@ BROKER_PRIORITY_CASES: list[tuple[str, int | None, tuple[int, ...], str | None]]
     ("pay", 9, (4, 0, 5), None),  # 4.0-4.2: two levels, 9 is high
     ("pay", 255, (4, 2, 1), None),
     ("pay", 9, (4, 3, 6), None),  # 4.3 without max_priority: as before (README "RabbitMQ 3.10, 4.0 and 4.3")
+    ("pay", 31, (4, 3, 6), None),
+    ("pay", 32, (4, 3, 6), "quorum-queue priorities 0-31 (connected: 4.3.6), a higher one is delivered as 31"),
+    ("pay", 255, (4, 3, 0), "Fix: a priority of 0-31 (a job without one counts as 4)"),
     ("rush", None, (3, 10, 8), None),
     ("rush", 3, (3, 10, 8), "quorum-queue priorities 0-31 need RabbitMQ 4.3+ (connected: 3.10.8)"),
     ("rush", 3, (4, 0, 5), "job 'rush': priority 3 can't be kept: job queue 'ranked-money' (quorum, max_priority"),
