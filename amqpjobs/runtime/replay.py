@@ -288,7 +288,12 @@ async def replay(
                 if failures or came_back():  # one may have come back while this move waited its turn
                     window.release()
                     break
-                lock.check()
+                try:
+                    lock.check()
+                except BrokerError as exc:  # its connection dropped (a broker restart): say what moved before it
+                    window.release()
+                    await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
+                    raise BrokerError(report.cut_short(options.rate, exc)) from exc
                 alone = len(planned.copy.body) > proven
                 if alone:
                     await _alone(moving)
