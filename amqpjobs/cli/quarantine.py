@@ -78,7 +78,7 @@ def quarantine_list(
     refused: list[UnaddressableNameError] = []
     for name in names:
         try:
-            queue_name, messages = run_command(browse(broker, name))
+            queue_name, messages = run_command(browse(broker, name, keep_bodies=0))  # counts: no body needed
         except UnaddressableNameError as exc:
             if not all_queues:
                 raise

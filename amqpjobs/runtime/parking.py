@@ -310,7 +310,7 @@ async def _still_named(settings: BrokerSettings, queue: str, payloads: PayloadSt
     held: set[PayloadRef] = set()
     for name in (queue, sibling):
         try:
-            _, messages = await browse(settings, name)
+            _, messages = await browse(settings, name, keep_bodies=0)  # the references are headers
         except ConfigurationError:  # no such queue
             continue
         held.update(ref for m in messages if (ref := referenced(payloads, m.delivery.headers)) is not None)
