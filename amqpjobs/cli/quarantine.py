@@ -78,7 +78,7 @@ def quarantine_list(
     refused: list[UnaddressableNameError] = []
     for name in names:
         try:
-            queue_name, messages = run_command(browse(broker, name))
+            queue_name, messages = run_command(browse(broker, name, keep_bodies=0))  # counts: no body needed
         except UnaddressableNameError as exc:
             if not all_queues:
                 raise
@@ -171,7 +171,7 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
         raise ConfigurationError("FILE '-': give the path of a file to write (the summary goes to stdout)")
     output_file("FILE", file)
     count = run_command(export(settings(url, management_url), queue, file))
-    click.echo(f"exported {count} message(s) to {file}; the queue still holds them")
+    click.echo(f"exported {count} message(s) to {printable(str(file))}; the queue still holds them")
 
 
 @quarantine.command("purge")

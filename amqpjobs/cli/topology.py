@@ -20,6 +20,7 @@ from amqpjobs.cli._common import (
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import printable
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.topology.naming import vhost_problem
 
@@ -104,6 +105,6 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
     if output:
         write_output("-o/--output", output, text + "\n")
-        click.echo(f"wrote {output}", err=True)
+        click.echo(f"wrote {printable(output)}", err=True)
     else:
         click.echo(text)

@@ -23,6 +23,7 @@ from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
+from amqpjobs.printable import printable
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
@@ -161,6 +162,6 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
     if output:
         write_output("-o/--output", output, text + "\n")
-        click.echo(f"wrote {output}", err=True)
+        click.echo(f"wrote {printable(output)}", err=True)
     else:
         click.echo(text)

@@ -89,21 +89,39 @@ class AuditLog:
                 os.fsync(fh.fileno())
 
     def recent(self, limit: int = 200) -> list[AuditEntry]:
-        """The last ``limit`` entries, newest first (lines that are not entries are skipped)."""
+        """The last ``limit`` entries, newest first (lines that are not entries are skipped).
+
+        Not an entry: not JSON (bytes that are not UTF-8 read as U+FFFD, so the line is skipped,
+        not the page), not an object of the entry's fields, or a field of another type (a torn or
+        hand-edited line): the audit page and each message page read every line.
+        """
         if not self.path.exists():
             return []
         kept: deque[AuditEntry] = deque(maxlen=limit)
-        with self.path.open(encoding="utf-8") as fh:
+        with self.path.open(encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                try:
-                    kept.append(AuditEntry(**json.loads(line)))
-                except (ValueError, TypeError):
-                    continue
+                if (entry := _entry(line)) is not None:
+                    kept.append(entry)
         return list(reversed(kept))
 
     def for_job(self, job_id: str, limit: int = 50) -> list[AuditEntry]:
         """Entries that moved or deleted ``job_id``, newest first."""
         return [e for e in self.recent(10_000) if job_id in e.job_ids][:limit]
+
+
+def _entry(line: str) -> AuditEntry | None:
+    """The entry ``line`` holds, or None when it holds none (see :meth:`AuditLog.recent`)."""
+    try:
+        doc = json.loads(line)
+        entry = AuditEntry(**doc) if isinstance(doc, dict) else None
+    except (ValueError, TypeError):
+        return None
+    if entry is None or not isinstance(entry.params, dict) or not isinstance(entry.job_ids, list):
+        return None
+    texts = (entry.at, entry.who, entry.client, entry.action, entry.queue, entry.result, entry.summary)
+    if not all(isinstance(t, str) for t in (*texts, *entry.job_ids)):
+        return None
+    return entry
 
 
 def now_iso() -> str:

@@ -89,6 +89,18 @@ def positive_number(form: Any, name: str, ceiling: float, meaning: str, example:
     return value
 
 
+def whole_number(text: str, ceiling: int) -> int | None:
+    """``text`` as a whole number when it is ASCII digits only, else None; past ``ceiling``: ``ceiling + 1``.
+
+    A number of more digits than ``ceiling`` has is above it, whatever they are, and is not
+    converted: ``int()`` raises ``ValueError`` past 4300 digits (``sys.get_int_max_str_digits``).
+    """
+    if not (text.isdigit() and text.isascii()):
+        return None
+    significant = text.lstrip("0") or "0"
+    return int(significant) if len(significant) <= len(str(ceiling)) else ceiling + 1
+
+
 def queue_of(value: str | None) -> str:
     """A quarantine or parked queue name as given.
 
@@ -178,7 +190,7 @@ def action_form(kind: str, form: Any) -> ActionForm:
         return ActionForm(queue, chosen, params)
     rate = positive_number(form, "rate", MAX_REPLAY_RATE, "messages per second", "10")
     canary_text = text_of(form, "canary")
-    canary = int(canary_text) if canary_text.isdigit() and canary_text.isascii() else None
+    canary = whole_number(canary_text, MAX_CANARY)
     if canary_text and (canary is None or canary < 1):
         raise FormError("canary", f"give a whole number of jobs, at least 1, or leave it empty (got {canary_text!r})")
     if canary is not None and canary > MAX_CANARY:

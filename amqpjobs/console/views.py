@@ -76,7 +76,7 @@ async def quarantine_page(broker: BrokerSettings, queue: str, chosen: Selection)
 
     """
     census = Census()
-    name, found = await browse(broker, queue, None, chosen, census)
+    name, found = await browse(broker, queue, None, chosen, census, keep_bodies=0)  # the page shows no payload
     present = {
         "jobs": sorted(census.jobs),
         "reasons": sorted(census.reasons),

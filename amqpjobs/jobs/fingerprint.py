@@ -20,8 +20,10 @@ from datetime import datetime
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Final, Protocol
 
-#: A frame line of a Python traceback: ``  File "/srv/app/mail.py", line 12, in send``.
-_FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"\n]*)", line \d+, in (?P<func>[^\s]+)\s*$', re.MULTILINE)
+#: A frame line of a Python traceback: ``  File "/srv/app/mail.py", line 12, in send``. Its blanks are
+#: spaces and tabs (a ``\r`` at its end): ``\s*`` at the start also ran over line feeds, so each line
+#: start of a run of blank lines was tried to its end (120,000 blank lines: 20 s).
+_FRAME: Final = re.compile(r'^[ \t]*File "(?P<path>[^"\n]*)", line \d+, in (?P<func>\S+)[ \t\r]*$', re.MULTILINE)
 #: Length of :func:`fingerprint_id` (hex digits of a SHA-256).
 ID_LENGTH: Final = 12
 
@@ -34,7 +36,7 @@ _RELEASE: Final = re.compile(
     r"""^(?:
         .*\d{6,}.*                               # 20261130, 20261130120501, build-1234567
       | .*\d{4}-\d{2}-\d{2}.*                     # 2026-11-30_12-00
-      | v?\d+(?:[._-]\d+)+[\w.+-]*               # v1.4.2, 1.5.0rc1
+      | v?\d+[._-]\d[\w.+-]*                     # v1.4.2, 1.5.0rc1 (one way to match: no backtracking over splits)
       | (?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]{7,40}   # a commit id: 3f9a2c1e7b
     )$""",
     re.IGNORECASE | re.VERBOSE,

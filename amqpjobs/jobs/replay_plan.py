@@ -93,6 +93,9 @@ class ReplayReport:
         no_origin: Of ``skipped``, those that matched but name no queue to go back to
             (neither evidence nor ``x-death``: published straight into the queue) with no
             ``to`` given; the summary says so and how to move them.
+        far_origin: Of ``skipped``, those that matched but whose evidence names a queue over 255
+            bytes of UTF-8 (another stack's evidence, or a forged one), which no publish can address
+            (the routing key is an AMQP short string), with no ``to`` given; the summary says so and how to move them.
         not_moved: Of ``skipped``, one line for each matching message whose copy can't be
             sent (``job 'mail' id 'q-1': its copy would be too large: ...``); it stays in quarantine.
         left: Messages in the quarantine queue at the end.
@@ -115,6 +118,7 @@ class ReplayReport:
     replayed: int = 0
     skipped: int = 0
     no_origin: int = 0
+    far_origin: int = 0
     not_moved: list[str] = field(default_factory=list)
     left: int = 0
     returned: int = 0
@@ -161,6 +165,9 @@ class ReplayReport:
             why = f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
         if self.not_moved:
             why += f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
+        if self.far_origin:
+            why += (f"; {self.far_origin} skipped: the queue their evidence names is over 255 bytes, which no publish "
+                    "can address (another stack's evidence?): replay them with amqpjobs replay --to QUEUE")  # fmt: skip
         if not self.no_origin:
             return why
         return why + (

@@ -67,9 +67,18 @@ def _from_text(value: str) -> datetime | None:
     return _in_utc(parsed)
 
 
-def _in_utc(value: datetime) -> datetime:
-    """``value`` as an aware datetime in UTC (naive: taken as UTC)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+def _in_utc(value: datetime) -> datetime | None:
+    """``value`` as an aware datetime in UTC (naive: taken as UTC), None when UTC is out of range.
+
+    An offset can move a time at either end of ``datetime``'s years 1-9999 out of them:
+    ``0001-01-01T00:00:00+01:00`` is in year 0 in UTC, and ``astimezone`` raises ``OverflowError``.
+    """
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 #: The text after the whole second for each millisecond (``.000Z`` ... ``.999Z``): looked up, not formatted.

@@ -28,6 +28,7 @@ from amqpjobs.errors import (
     ConfigurationError,
     MessageTooLargeError,
     NotFoundError,
+    PublishError,
     UnroutableError,
 )
 from amqpjobs.jobs import envelope
@@ -106,7 +107,10 @@ async def _take(
                 if not census.matches(item, selection):
                     report.kept += 1
                     continue
-                lock.check()
+                try:
+                    lock.check()
+                except BrokerError as exc:  # its connection dropped (a broker restart): say what moved before it
+                    raise _interrupted(action, queue, report, exc) from exc
                 # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
                 # parked queue is acked, so no message is left in both places
                 moving = asyncio.ensure_future(settle(delivery, item))
@@ -127,7 +131,9 @@ async def _take(
                 if taken:
                     report.taken += 1
                     report.job_ids.append(job_id)
-        except AmqpJobsError:
+        except AmqpJobsError as exc:
+            if type(exc) is PublishError:  # the channel or connection closed under a copy's publish
+                raise _interrupted(action, queue, report, exc) from exc
             raise
         except INTERRUPTED as exc:
             raise _interrupted(action, queue, report, exc) from exc
@@ -310,7 +316,7 @@ async def _still_named(settings: BrokerSettings, queue: str, payloads: PayloadSt
     held: set[PayloadRef] = set()
     for name in (queue, sibling):
         try:
-            _, messages = await browse(settings, name)
+            _, messages = await browse(settings, name, keep_bodies=0)  # the references are headers
         except ConfigurationError:  # no such queue
             continue
         held.update(ref for m in messages if (ref := referenced(payloads, m.delivery.headers)) is not None)

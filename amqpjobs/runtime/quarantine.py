@@ -200,6 +200,7 @@ async def browse(
     limit: int | None = None,
     selection: q.Selection | None = None,
     census: Census | None = None,
+    keep_bodies: int | None = None,
 ) -> tuple[str, list[QuarantinedMessage]]:
     """Read messages of quarantine queue ``name`` without removing any.
 
@@ -214,6 +215,10 @@ async def browse(
         selection: Filters; non-matching messages are skipped (and stay).
         census: Filled with the queue's depth and what every looked-at message holds
             (to show what is there when the filters matched none).
+        keep_bodies: Keep the body of the first this many matching messages only (None: of all);
+            the others come with an empty body, what they say about themselves (their
+            :attr:`~QuarantinedMessage.item`, their key included) read first. A reader that shows no
+            payload (a listing, a count, a lookup) then holds no quarantine's worth of bodies in memory.
 
     Returns:
         (quarantine queue name, matching messages in queue order).
@@ -234,6 +239,8 @@ async def browse(
             async for delivery in browser.deliveries(queue_name, depth):
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 if census.matches(item, selection):
+                    if keep_bodies is not None and len(out) >= keep_bodies:
+                        delivery.body = b""
                     out.append(QuarantinedMessage(delivery, item))
                     if limit is not None and len(out) >= limit:
                         break

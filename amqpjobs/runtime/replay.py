@@ -31,7 +31,7 @@ from amqpjobs.errors import (
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
+from amqpjobs.jobs.envelope import OutgoingMessage, shortstr_problem, tenant_in
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
@@ -100,7 +100,8 @@ def replay_move(
 
     Skipped: it came back failing from this run (it carries ``replay_id``), it names no
     queue to go back to (no evidence, no ``x-death``) and ``options.to`` is unset (counted
-    in ``report.no_origin``, so the summary says why), or ``options.selection`` leaves it out.
+    in ``report.no_origin``, so the summary says why), it names one over 255 bytes, which no publish can
+    address (``report.far_origin``), or ``options.selection`` leaves it out.
     A job of a shard the topology no longer has (``options.layouts``) goes by the current
     shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
@@ -114,6 +115,10 @@ def replay_move(
     if ours or not target or not matched:
         if report is not None and matched and not ours and not target:
             report.no_origin += 1
+        return None
+    if not options.to and shortstr_problem("queue", target) is not None:  # no routing key can name it
+        if report is not None:
+            report.far_origin += 1
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
@@ -283,7 +288,12 @@ async def replay(
                 if failures or came_back():  # one may have come back while this move waited its turn
                     window.release()
                     break
-                lock.check()
+                try:
+                    lock.check()
+                except BrokerError as exc:  # its connection dropped (a broker restart): say what moved before it
+                    window.release()
+                    await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
+                    raise BrokerError(report.cut_short(options.rate, exc)) from exc
                 alone = len(planned.copy.body) > proven
                 if alone:
                     await _alone(moving)

@@ -69,7 +69,7 @@ async def _browse(settings: BrokerSettings, layouts: tuple[JobQueueLayout, ...],
     for layout in layouts:
         for queue in (layout.quarantine_queue, parked_queue_name(layout.name)):
             try:
-                name, found = await browse(settings, queue)
+                name, found = await browse(settings, queue, keep_bodies=0)  # ids only
             except ConfigurationError:  # that queue does not exist (no parked queue declared)
                 continue
             if any((m.delivery.message_id or m.item.job_id) == job_id for m in found):

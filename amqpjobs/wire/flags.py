@@ -87,7 +87,7 @@ class PauseFlag:
         """Read a pause back from its flag queue's arguments (missing ones: no reason, since unknown = epoch)."""
         try:
             since = datetime.fromisoformat(str(arguments[_SINCE])).astimezone(UTC)
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OverflowError):  # OverflowError: a since whose UTC is out of range
             since = datetime.fromtimestamp(0, UTC)
         return cls(job_queue, printable(str(arguments.get(_REASON, "")))[:MAX_REASON], since)
 

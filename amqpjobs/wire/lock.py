@@ -92,7 +92,7 @@ class LockHolder:
             details = tuple(sorted((k.removeprefix(_PREFIX), str(v)) for k, v in arguments.items()
                                    if k.startswith(_PREFIX) and k not in _OWN))  # fmt: skip
             return cls(str(arguments[_ACTION]), str(arguments[_HOST]), int(arguments[_PID]), since, details)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: a since whose UTC is out of range
             return None
 
 

@@ -52,6 +52,7 @@ from pydantic import BaseModel
 from amqpjobs.jobs import copy_headers, envelope, evidence
 from amqpjobs.jobs.outcome import Ack, Quarantine, RetryLater
 from amqpjobs.jobs.registry import JobContext
+from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.worker import Outcome
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -233,6 +234,12 @@ def _poison_evidence(seen: Seen) -> None:
     assert decisions == ["RetryLater"] * (MAX_ATTEMPTS - 1) + ["Quarantine"]
 
 
+def _enqueue_time_readable(seen: Seen) -> None:
+    """The unreadable enqueue time was replaced (:func:`amqpjobs.jobs.copy_headers.copy_headers`) by a readable one."""
+    _poison_evidence(seen)
+    assert parse_time(seen.quarantined[0].headers[envelope.ENQUEUED_AT]) is not None
+
+
 def _poison_evidence_with_tenant(seen: Seen) -> None:
     _poison_evidence(seen)
     assert seen.quarantined[0].headers[evidence.TENANT] == "acme"
@@ -399,6 +406,21 @@ OWN_CASES: list[Case] = [
         _mail(),
         quarantined("undecodable", "DecodeError", "body is not JSON", check=_generated_id_in_quarantine),
         via="management",
+    ),
+    # an enqueue time (ISO text, with an offset) whose UTC time falls outside datetime's years 1-9999: unreadable, so
+    # unknown (ctx.enqueued_at None), never an OverflowError that quarantines a good job as worker-error
+    Case(
+        "enqueued-at-out-of-range",
+        VALID_BODY,
+        _mail(headers={envelope.ENQUEUED_AT: "0001-01-01T00:00:00+01:00"}),
+        processed(),
+    ),
+    # the same on a job that fails: each retry copy and the quarantined one are built from its headers
+    Case(
+        "poison-enqueued-at-out-of-range",
+        VALID_BODY,
+        {"content_type": JSON, "type": "poison", "headers": {envelope.ENQUEUED_AT: "9999-12-31T23:59:59-01:00"}},
+        poisoned(_enqueue_time_readable),
     ),
     # Node amqplib users often pass Date.now(): milliseconds, not seconds
     Case("timestamp-milliseconds", VALID_BODY, _mail(timestamp=1_764_406_800_123), processed(), via="management"),
@@ -589,6 +611,8 @@ async def test_bad_message(broker: BrokerSettings, tmp_path: Path, caplog: pytes
         assert msg.type == props.get("type")
         assert msg.correlation_id == props.get("correlation_id")
         for name, value in props.get("headers", {}).items():
+            if name == envelope.ENQUEUED_AT and len(exp.runs) > 1:  # an unreadable one: the copy's timestamp's
+                continue  # (copy_headers: a retry copy's timestamp is when it became ready; _enqueue_time_readable)
             if name != envelope.ATTEMPT or not exp.runs:  # a retried copy carries its own attempt
                 assert h[name] == value, name
         # last, so that a known-wrong count (KNOWN_BUGS) can't hide another failure

@@ -152,6 +152,9 @@ FORM_ERRORS = [
     pytest.param("replay", {"canary": "100000000000000000000000"}, "canary: at most 10000 jobs "
                  "(got &#39;100000000000000000000000&#39;)", 'name="canary" value="100000000000000000000000"',
                  id="canary-too-many"),
+    # more digits than Python's int() takes (4300): refused as too many, not a 500 from int()'s ValueError
+    pytest.param("replay", {"canary": "9" * 4301}, f"canary: at most 10000 jobs (got &#39;{'9' * 4301}&#39;)",
+                 f'name="canary" value="{"9" * 4301}"', id="canary-past-int-digits"),
     pytest.param("replay", {"canary_timeout": "100000000000000000000h"}, "canary_timeout: at most 1h "
                  "(got &#39;100000000000000000000h&#39;)",
                  'name="canary_timeout" value="100000000000000000000h"', id="timeout-too-long"),

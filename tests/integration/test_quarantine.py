@@ -293,6 +293,17 @@ async def test_list_show_export_purge(broker: BrokerSettings, tmp_path: Path):
     assert "no quarantine queue" in missing.stderr
 
 
+async def test_export_names_its_file_with_control_characters_escaped(broker: BrokerSettings, tmp_path: Path):
+    """A file name holding an escape sequence or a line feed must not repaint the terminal nor forge a line."""
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 1)
+    out = tmp_path / "q\x1b[2J\n.jsonl"
+    exported = await asyncio.to_thread(cli, broker, "quarantine", "export", "work", str(out))
+    assert exported.exit_code == 0, exported.output
+    assert [json.loads(line)["message_id"] for line in out.read_text().splitlines()] == ["q-0"]
+    assert exported.stdout == f"exported 1 message(s) to {tmp_path}/q\\x1b[2J\\n.jsonl; the queue still holds them\n"
+
+
 @pytest.mark.parametrize("command", [("quarantine", "list"), ("quarantine", "purge", "--yes"), ("replay",)])
 async def test_a_quarantine_queue_exclusive_to_another_connection_is_named(
     broker: BrokerSettings, command: tuple[str, ...]

@@ -156,3 +156,36 @@ async def test_replay_whose_copy_cannot_be_published_leaves_the_original_in_quar
     _, left = await browse(broker, "work.quarantine")
     assert sorted(str(m.delivery.message_id) for m in left) == ["q-0", "q-1", "q-2"]
     assert [q.describe(m.delivery.headers, m.delivery.message_id, m.delivery.type).attempts for m in left] == [4, 4, 4]
+
+
+#: A work queue name as another stack's worker might write it in its evidence: 300 bytes, which no
+#: publish can carry (the routing key is an AMQP short string: at most 255 bytes).
+TOO_LONG = "w" * 300
+
+
+async def test_replay_skips_a_message_whose_evidence_names_a_queue_no_publish_can_address(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 2)
+    async with raw_channel(broker) as ch:
+        ex = await ch.get_exchange("work.quarantine")
+        await ex.publish(aio_pika.Message(b'{"n": 9}', message_id="long-1", type="mail",
+                                          headers={"amqpjobs-reason": "exhausted",
+                                                   "amqpjobs-original-queue": TOO_LONG}),
+                         routing_key="work")  # fmt: skip
+    await fill_quarantine(broker, 1)  # q-0 again, after it
+    said = "; 1 skipped: the queue their evidence names is over 255 bytes, which no publish can address"
+    dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "dry run: 3 would be replayed, 1 skipped, nothing moved; 4 in work.quarantine" + said in dry.stdout
+    run = await asyncio.to_thread(cli, broker, "replay", "work", "--rate", "1000")
+    assert run.exit_code == 0, run.output
+    assert "replayed 3, skipped 1, left 1 in work.quarantine (" in run.stdout
+    assert said + " (another stack's evidence?): replay them with amqpjobs replay --to QUEUE" in run.stdout
+    assert await depth(broker, "work") == 3
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["long-1"]  # nothing lost: it stays, as it was
+    moved = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "work")
+    assert moved.exit_code == 0, moved.output
+    assert "replayed 1, skipped 0, left 0 in work.quarantine" in moved.stdout

@@ -292,3 +292,16 @@ def test_quarantine_export_to_dash_is_refused(tmp_path: Path, monkeypatch: pytes
     assert result.exit_code == 2, result.output
     assert result.stderr == "error: FILE '-': give the path of a file to write (the summary goes to stdout)\n"
     assert not (tmp_path / "-").exists()
+
+
+# ---------------------------------------------------------------- a file name the operator gave, echoed escaped
+@pytest.mark.parametrize("command", [["topology", "export", str(TOPOLOGY)], ["asyncapi", "examples.shop:app"]])
+def test_the_file_a_command_wrote_is_named_with_its_control_characters_escaped(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A name holding an escape sequence or a line feed (a script's variable) must not repaint nor forge a line."""
+    out = tmp_path / "defs\x1b[2J\n.json"
+    result = CliRunner().invoke(main, [*command, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text().startswith("{")
+    assert result.stderr == f"wrote {tmp_path}/defs\\x1b[2J\\n.json\n"

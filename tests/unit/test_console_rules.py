@@ -92,6 +92,28 @@ def test_the_audit_log_refuses_a_number_json_has_not(tmp_path: Path, number: flo
     assert json.loads(line)["params"] == {"rate": 1.5}
 
 
+def test_audit_lines_that_are_no_entries_are_skipped_whatever_they_hold(tmp_path: Path) -> None:
+    """A torn, hand-edited or foreign line (bytes that are not UTF-8, a field of the wrong type) is skipped.
+
+    The audit page and every message page (its audit entries) read the whole log: one such line
+    made both a 500.
+    """
+    log = AuditLog(tmp_path / "audit.jsonl")
+    good = AuditEntry("2026-11-30T00:00:00.000Z", "ops", "127.0.0.1", "replay", "q", {"rate": 1.5}, "ok", "s", ["m-1"])
+    log.append(good)
+    fields = json.dumps({**json.loads(json.dumps(good.__dict__)), "job_ids": None})
+    with (tmp_path / "audit.jsonl").open("ab") as fh:
+        fh.write(b"\xff\xfe not UTF-8\n")
+        fh.write(fields.encode() + b"\n")  # job_ids null
+        fh.write(fields.replace('"summary": "s"', '"summary": 5').replace("null", '["m-1"]').encode() + b"\n")
+        fh.write(fields.replace("null", '"m-1"').encode() + b"\n")  # a string, not a list: no substring match
+        fh.write(b'{"at": "2026-11-30T00:00:01.000Z"}\n[1, 2]\n"text"\n')
+    log.append(good)
+    assert log.recent() == [good, good]
+    assert log.for_job("m-1") == [good, good]
+    assert log.for_job("m") == []
+
+
 def test_filter_options_select_the_unknown_one_only_when_it_is_chosen() -> None:
     """A job (or reason) present as "" is the "(unknown)" option; no filter chosen selects none of them."""
     present = ["", "mail"]

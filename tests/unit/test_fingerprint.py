@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -147,3 +148,26 @@ def test_package_folders_with_digits_are_kept() -> None:
     """A package named with a few digits (``oauth2``, ``py3``) is code, not a release folder."""
     assert frames(_frame("/srv/app/oauth2/client.py")) == ["oauth2.client:send"]
     assert frames(_frame("/srv/app/api/v2.py")) == ["api.v2:send"]
+
+
+# A traceback header comes from whoever published into the quarantine (another stack's worker, a
+# hand-made message): up to frame_max (128 KiB). Its reading must take time in proportion to its
+# size: `^\s*File` tried at each of 120,000 line starts of blank lines, or a release-folder rule
+# trying every split of a 120 KB folder name, took 20-40 s per message, in every browse (list,
+# show, replay, park, each console page).
+@pytest.mark.serial  # a wall-clock bound (2 s, for work of milliseconds; the old rules took 20 s and more)
+@pytest.mark.parametrize(
+    ("traceback", "expected"),
+    [
+        pytest.param("\n" * 120_000, "ValueError", id="blank-lines"),
+        pytest.param("\n \n" * 40_000 + TB_PACKAGE_INIT, "ValueError @ billing:charge", id="blank-lines-then-a-frame"),
+        pytest.param(f'  File "/srv/{"1." * 60_000}x!/app/mail.py", line 1, in send\n', "ValueError @ app.mail:send",
+                     id="folder-name-like-a-version"),
+        pytest.param(f'  File "/srv/{"1." + "1" * 120_000}x!/app/mail.py", line 1, in send\n',
+                     "ValueError @ app.mail:send", id="folder-name-of-digits"),
+    ],
+)  # fmt: skip
+def test_a_hostile_traceback_is_read_in_time_proportional_to_its_size(traceback: str, expected: str) -> None:
+    started = time.perf_counter()
+    assert stack_fingerprint("ValueError", traceback, "exhausted") == expected
+    assert time.perf_counter() - started < 2.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -330,6 +330,10 @@ def test_evidence_and_replay_carry_no_empty_tenant() -> None:
         (1_764_493_200_123.0, "2025-11-30T09:00:00.123000+00:00"),  # a float of milliseconds
         (-1, None), (-1.5, None), (-(10**12), None),  # before 1970: no enqueue time, not 1969
         (float("nan"), None), (float("inf"), None), ({"t": 1}, None), ([1], None),
+        # ISO text whose UTC time falls outside datetime's years 1-9999: out of range, not an OverflowError
+        ("0001-01-01T00:00:00+01:00", None), ("9999-12-31T23:59:59-01:00", None),
+        (b"0001-01-01T00:30:00+00:31", None), (datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))), None),
+        ("0001-01-01T00:00:00Z", "0001-01-01T00:00:00+00:00"),  # the first instant datetime has: in range
     ],
 )  # fmt: skip
 def test_one_time_rule(value: object, expected: str | None) -> None:

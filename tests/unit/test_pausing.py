@@ -115,6 +115,13 @@ def test_signals_round_trip_and_junk_is_ignored():
     assert PauseFlag.from_arguments("work", FLAG.arguments()) == FLAG
 
 
+@pytest.mark.parametrize("since", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "yesterday"])
+def test_a_pause_flag_whose_since_no_datetime_holds_in_utc_reads_since_unknown(since: str) -> None:
+    """A flag queue declared with a time whose UTC is out of range: since unknown (the epoch), not an OverflowError."""
+    flag = PauseFlag.from_arguments("work", {**FLAG.arguments(), "amqpjobs-paused-since": since})
+    assert (flag.reason, flag.since) == (FLAG.reason, datetime.fromtimestamp(0, UTC))
+
+
 def test_a_pause_flag_is_no_orphan_and_collides_with_a_job_queue_of_its_name(tmp_path):
     from amqpjobs.errors import TopologyValidationError
     from amqpjobs.topology.loader import load_topology

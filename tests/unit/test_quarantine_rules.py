@@ -86,6 +86,13 @@ DESCRIBE = [
         QuarantinedJob("", "", "no-evidence", "", "", 0, None, None, "", 0, False, "no-evidence"),
         id="nothing-known",
     ),
+    pytest.param(  # another publisher's evidence times whose UTC falls outside years 1-9999: unknown, not a crash
+        {**OURS, evidence.LAST_FAILURE_AT: "9999-12-31T23:59:59-01:00",
+         evidence.FIRST_FAILURE_AT: "0001-01-01T00:00:00+01:00"}, "m-1", None,
+        QuarantinedJob("send_mail", "id-1", "exhausted", "smtplib.SMTPException", "refused", 3, None, None, "mail", 0,
+                       False, "smtplib.SMTPException"),
+        id="evidence-times-out-of-range",
+    ),
 ]  # fmt: skip
 
 
@@ -160,3 +167,10 @@ def test_replay_headers_count_up_and_bound_the_message() -> None:
     assert out[PREVIOUS_ERROR_MESSAGE] == "x" * 1024
     unknown = describe({}, None, None)
     assert replay_headers({}, unknown, "r", timestamp=None)[PREVIOUS_FAILURE_AT] == ""
+
+
+def test_replay_headers_of_a_job_whose_enqueue_time_is_out_of_range() -> None:
+    """An ``amqpjobs-enqueued-at`` whose UTC time datetime can't hold is unreadable: the copy takes the timestamp's."""
+    headers = {**OURS, envelope.ENQUEUED_AT: "0001-01-01T00:00:00+01:00"}
+    out = replay_headers(headers, describe(headers, None, None), "r", timestamp=1_764_403_200)
+    assert out[envelope.ENQUEUED_AT] == "2025-11-29T08:00:00.000Z"

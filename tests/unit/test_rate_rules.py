@@ -232,6 +232,13 @@ def test_a_lock_holder_carries_details_in_its_arguments() -> None:
     assert (LockHolder.from_arguments(plain.arguments()), plain.detail("rate")) == (plain, None)
 
 
+@pytest.mark.parametrize("since", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "yesterday"])
+def test_a_lock_holder_whose_since_no_datetime_holds_in_utc_is_no_holder(since: str) -> None:
+    """Whoever declared the lock queue wrote a time whose UTC is out of range: unknown holder, not an OverflowError."""
+    plain = LockHolder("replay", "web-1", 1, datetime(2026, 12, 1, 5, 0, tzinfo=UTC))
+    assert LockHolder.from_arguments({**plain.arguments(), "amqpjobs-lock-since": since}) is None
+
+
 def test_status_reads_the_minters_rate_each_workers_rate_and_missing_rate_queues() -> None:
     since = datetime(2026, 12, 1, 5, 0, tzinfo=UTC)
     holder = LockHolder("token emitter of job sms at 1/h", "web-1", 4242, since, (("rate", "1/h"),))
