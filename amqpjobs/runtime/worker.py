@@ -236,7 +236,7 @@ class Worker(WorkerStop):
         self._rates = await start_rate_limits(
             self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
             self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency, self._started,
-            self._pauses.holds_back,
+            self._pauses.holds_back, self.options.consumer_timeout,
         )  # fmt: skip
         self._background += self._rates.tasks if self._rates else []
         if self._own_process:
