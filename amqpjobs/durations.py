@@ -42,7 +42,10 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float (10**400): far longer than the longest taken
+            raise _too_long(value) from None
     elif isinstance(value, str):
         text = value.strip().lower()
         if text.startswith("-") and _is_duration(text[1:]):  # '-1s': a duration, but not a positive one
@@ -66,6 +69,8 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
                     f"{value!r} is not a duration; use forms like '250ms', '30s', '5m', '1h30m' "
                     "(each unit once, largest first)"
                 )
+        if math.isinf(seconds):  # digits beyond any float ('1' * 400 + 's'): a duration, far too long
+            raise _too_long(value)
     else:
         raise ValueError(f"{value!r} is not a duration; give seconds or a string like '30s', '5m'")
     if allow_zero and seconds == 0:
@@ -73,8 +78,15 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
     if not math.isfinite(seconds) or seconds <= 0:
         raise _not_positive(value, allow_zero)
     if seconds > MAX_DURATION:
-        raise DurationTooLongError(f"{value!r} is longer than 100 years (36500d), the longest duration taken")
+        raise _too_long(value)
     return seconds
+
+
+def _too_long(value: str | float | int) -> DurationTooLongError:
+    shown = repr(value) if not isinstance(value, int) or value.bit_length() <= 1024 else "an integer over 1e308"
+    if len(shown) > 80:  # hundreds of digits: the start says what it was
+        shown = f"{shown[:40]}... ({len(shown)} characters)"
+    return DurationTooLongError(f"{shown} is longer than 100 years (36500d), the longest duration taken")
 
 
 class DurationTooLongError(ValueError):

@@ -142,3 +142,22 @@ def checked_job_id(
             )
         job_id = derived
     return job_id or random_job_id()
+
+
+def checked_max_message_size(value: object) -> int | None:
+    """``App(max_message_size=...)`` as given: None, or a whole number of bytes >= 1.
+
+    Raises:
+        ConfigurationError: anything else (``"16MiB"``, ``0``, ``-1``, ``True``, ``1.5e6``), naming
+            what was given and how to write a size. Taken as given, a str failed every enqueue
+            with a ``TypeError``, 0 meant the broker's default, and -1 or ``True`` refused every job
+            as too large.
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    kind = f", a {type(value).__name__}" if isinstance(value, bool) or not isinstance(value, int) else ""
+    raise ConfigurationError(
+        f"App(max_message_size=...) must be a whole number of bytes >= 1 (got {value!r}{kind}): the largest "
+        "message body the broker takes, e.g. 16 * 1024 * 1024 for 16 MiB; leave it out (None) for the broker's "
+        "default for its version (128 MiB before RabbitMQ 4.0, 16 MiB from 4.0)"
+    )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule
-from amqpjobs.jobs.enqueue_args import check_broker_priority, checked_job_id
+from amqpjobs.jobs.enqueue_args import check_broker_priority, checked_job_id, checked_max_message_size
 from amqpjobs.jobs.envelope import with_trace
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.registry import JobDef
@@ -87,7 +87,8 @@ class App(CronSchedules, JobResults):
     Raises:
         ConfigurationError: ``tracing=True`` without OpenTelemetry (``pip install 'amqpjobs[otel]'``);
             ``payload_store`` not a payload store; ``blocked_timeout`` or ``queue_full_wait``
-            negative, NaN, infinite or not a duration.
+            negative, NaN, infinite or not a duration; ``max_message_size`` not a whole number
+            of bytes >= 1.
 
     Example::
 
@@ -118,7 +119,7 @@ class App(CronSchedules, JobResults):
     ) -> None:
         super().__init__(name, app_version=app_version)
         self.tracing: Tracing | None = tracing_for(tracing)
-        self.max_message_size = max_message_size
+        self.max_message_size = checked_max_message_size(max_message_size)
         self._layouts: dict[str, JobQueueLayout] = {}
         self.ledger = ledger
         self.results = results

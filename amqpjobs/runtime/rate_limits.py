@@ -124,6 +124,10 @@ class RateLimits:
         self.consumers: list[RoomSource] = []  # the waiting rooms' (the worker drives them with its own)
         self.tasks: list[asyncio.Task[None]] = []  # the emitter candidates
         self.handed_back: set[Any] = set()  # the tasks of deliveries that waited for a token when the worker stopped
+        #: Seconds a delivery waits for a token at most, then goes back to its work queue unstarted (None: no
+        #: bound). A waiting delivery is held unacked: past the broker's consumer_timeout the broker would close
+        #: the waiting room's channel and redeliver it marked redelivered, a crash start though it never started.
+        self.wait_at_most: float | None = None
         self._declaring = asyncio.Lock()
         self._emitter = TokenEmitter(publishing, settings, stop, metrics, self.declare_again)
 
@@ -276,7 +280,8 @@ class RateLimits:
             if gauge is not None:
                 gauge.inc()
             try:  # a redelivered one is registered as a suspect, never started here: it needs no token
-                got = delivery.redelivered or await room.gate.acquire()
+                # one that waited wait_at_most goes back to its work queue unstarted, then to the waiting room's end
+                got = delivery.redelivered or await room.gate.acquire(within=self.wait_at_most)
             finally:
                 room.source.waited()
                 if gauge is not None:
@@ -337,12 +342,15 @@ async def start_rate_limits(
     concurrency: int,
     starter: Starter | None = None,
     holds_back: Callable[[str], bool] = lambda job_queue: False,
+    consumer_timeout: float | None = None,
 ) -> RateLimits | None:
     """Declare the rate-limited jobs' queues, consume their waiting rooms, run their emitter candidates.
 
     None when no job of ``layouts`` has a rate limit. ``connections``: the worker's
     (consuming, publishing) connections; ``run``, ``inflight``, ``starter``: see :meth:`RateLimits.start`;
     ``holds_back(job_queue)``: whether an operator's pause holds a job queue back (its gates give no token).
+    ``consumer_timeout``: the broker's delivery acknowledgement timeout (seconds; the worker's
+    ``--consumer-timeout``): a delivery waits for a token half as long at most (:attr:`RateLimits.wait_at_most`).
 
     Raises:
         TopologyConflictError: a rate queue exists with other arguments.
@@ -362,6 +370,7 @@ async def start_rate_limits(
         for held_back in [functools.partial(holds_back, lay.name)]
     }
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
+    limits.wait_at_most = None if consumer_timeout is None else consumer_timeout / 2
     await limits.start(run, inflight, concurrency, settings.safe_url, starter)
     log.info("rate-limited: %s", ", ".join(f"job={logfmt_value(j)} {r.rate}" for j, r in rooms.items()))
     return limits

@@ -210,8 +210,9 @@ class Worker(WorkerStop):
         on_confirm = self.metrics.confirm.observe if self.metrics is not None else None
         # RabbitMQ "Memory and Disk Alarms": use separate connections to publish and to consume
         self._publishing = publishing = await connect(self.settings, name=f"{self.app.name}-worker-publisher")
-        self._publisher = ConfirmedPublisher(publishing, on_confirm=on_confirm)
-        self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True)
+        # a copy the broker holds during a resource alarm is stored once it clears: never sent twice
+        self._publisher = ConfirmedPublisher(publishing, on_confirm=on_confirm, wait_while_blocked=True)
+        self._quarantiner = ConfirmedPublisher(publishing, on_confirm=on_confirm, serial=True, wait_while_blocked=True)
         dropped = self.metrics.events_dropped_one if self.metrics else None
         # a connection of their own: a close crossing an event can cost only it (amqpjobs.wire.events)
         self._events = await OutcomeEvents.connect(
@@ -235,7 +236,7 @@ class Worker(WorkerStop):
         self._rates = await start_rate_limits(
             self.app, self._layouts.values(), (self._connection, publishing), self._publisher, self.settings,
             self._stop, self.metrics, self._held_by, self._inflight, self.options.concurrency, self._started,
-            self._pauses.holds_back,
+            self._pauses.holds_back, self.options.consumer_timeout,
         )  # fmt: skip
         self._background += self._rates.tasks if self._rates else []
         if self._own_process:

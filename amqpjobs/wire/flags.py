@@ -180,7 +180,7 @@ async def set_flags(
                         if name not in missing:  # paused already: replace it (new reason and since)
                             await channel.queue_delete(name)
                         await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
-                unsent = await _send_all(channel, [(f.job_queue, f) for f in flags])
+                unsent = await _send_all(settings, channel, [(f.job_queue, f) for f in flags])
             finally:
                 await close_channel(channel)
     finally:
@@ -188,8 +188,34 @@ async def set_flags(
     return flags, unsent
 
 
-async def _send_all(channel: AbstractChannel, signals: list[tuple[str, PauseFlag | None]]) -> SignalNotSent | None:
-    """Send each signal; the first refused stops the rest (its channel is closed): which and why."""
+async def _blocking_alarm(settings: BrokerSettings) -> str | None:
+    """The resource alarm that blocks publishers now (``memory``, ``disk``, ...), from the management API.
+
+    None when there is none, or the API can't say (the signal is then sent as ever).
+    """
+
+    def ask() -> list[str]:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            return mgmt.alarms()
+
+    try:
+        return " & ".join(await asyncio.to_thread(ask)) or None
+    except AmqpJobsError:
+        return None
+
+
+async def _send_all(
+    settings: BrokerSettings, channel: AbstractChannel, signals: list[tuple[str, PauseFlag | None]]
+) -> SignalNotSent | None:
+    """Send each signal; the first refused stops the rest (its channel is closed): which and why.
+
+    None is sent during a resource alarm: the broker would hold the publish unread until the
+    alarm clears (and hold the command with it, its channel's close too); the flags are
+    changed, and workers read them within :data:`RECHECK` seconds.
+    """
+    if signals and (alarm := await _blocking_alarm(settings)) is not None:
+        held = f"the broker is blocking publishers: resource alarm ({alarm}); the signal would be held until it clears"
+        return SignalNotSent(signals[0][0], held)
     for job_queue, flag in signals:
         if (why := await _send(channel, job_queue, flag)) is not None:
             return SignalNotSent(job_queue, why)
@@ -218,7 +244,7 @@ async def clear_flags(settings: BrokerSettings, job_queues: Iterable[str]) -> tu
                 for queue in paused:
                     with broker_errors(paused_flag_name(queue)):
                         await channel.queue_delete(paused_flag_name(queue))
-                unsent = await _send_all(channel, [(q, None) for q in paused])
+                unsent = await _send_all(settings, channel, [(q, None) for q in paused])
             finally:
                 await close_channel(channel)
     finally:

@@ -28,6 +28,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
@@ -55,6 +56,34 @@ _CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001
+#: Seconds between two looks at the connection of a publish awaiting its confirm (``wait_while_blocked``):
+#: while it is blocked, the confirm wait starts again.
+_BLOCKED_RECHECK = 0.5
+
+
+class _WhileBlocked:
+    """Pushes a confirm wait's end to ``timeout`` seconds from now whenever its connection is seen blocked.
+
+    A resource alarm's broker holds a blocked connection's publishes unread and stores them once the
+    alarm clears (then confirms them): the wait for their confirms goes on meanwhile. Looks every
+    :data:`_BLOCKED_RECHECK` seconds until :meth:`cancel`.
+    """
+
+    def __init__(self, connection: AbstractRobustConnection, window: asyncio.Timeout, timeout: float) -> None:
+        self._connection = connection
+        self._window = window
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(_BLOCKED_RECHECK, self._look)
+
+    def _look(self) -> None:
+        if blocked_by(self._connection) is not None:
+            self._window.reschedule(self._loop.time() + self._timeout)
+        self._handle = self._loop.call_later(_BLOCKED_RECHECK, self._look)
+
+    def cancel(self) -> None:
+        """Stop looking (the confirm came, or the wait ended otherwise)."""
+        self._handle.cancel()
 
 
 class ConfirmedPublisher:
@@ -85,6 +114,12 @@ class ConfirmedPublisher:
             to reconnect it (an app's enqueue: nothing depends on the old connection). Default
             False: it raises :class:`BrokerUnavailableError` at once (a worker's copy of a delivery
             must not go out once the delivery's own channel may be gone: its fallback decides).
+        wait_while_blocked: While a resource alarm blocks the connection (``connection.blocked``),
+            a publish sent waits for its confirm however long the alarm lasts: ``timeout`` counts
+            from the last moment the connection was seen blocked. The broker holds the publish
+            unread and stores it once the alarm clears, so a publish given up on and sent again
+            would be stored twice (a worker's copy: two lives of its job). Default False: an
+            app's enqueue raises :class:`PublishError` after ``timeout`` (its caller decides).
     """
 
     def __init__(
@@ -98,8 +133,10 @@ class ConfirmedPublisher:
         header_reserve: int = 0,
         owner: str = "the publisher",
         wait_reconnect: bool = False,
+        wait_while_blocked: bool = False,
     ) -> None:
         self._owner = owner
+        self._wait_while_blocked = wait_while_blocked
         self._wait_reconnect = wait_reconnect
         self._closed = False  # close() was called: no channel opens again, publishes cut off say so
         self._header_reserve = header_reserve
@@ -308,14 +345,21 @@ class ConfirmedPublisher:
                 check_header_fits(properties, message.headers, frame_max, self._header_reserve)
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
                 confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
-                if confirmation is not None:
-                    async with asyncio.timeout(self._timeout):  # aiormq's bookkeeping, without its objects
-                        await confirmation
-                else:  # wait=False: the confirm is what is waited for (a lost connection fails it, as the drain)
-                    await underlay.basic_publish(
-                        message.body, exchange=exchange, routing_key=routing_key, properties=properties,
-                        mandatory=True, timeout=self._timeout, wait=False,
-                    )  # fmt: skip
+                async with asyncio.timeout(self._timeout) as window:
+                    stretched = (
+                        _WhileBlocked(self._connection, window, self._timeout) if self._wait_while_blocked else None
+                    )
+                    try:
+                        if confirmation is not None:  # aiormq's bookkeeping, without its objects
+                            await confirmation
+                        else:  # wait=False: the confirm is what is waited for (a lost connection fails it)
+                            await underlay.basic_publish(
+                                message.body, exchange=exchange, routing_key=routing_key, properties=properties,
+                                mandatory=True, wait=False,
+                            )  # fmt: skip
+                    finally:
+                        if stretched is not None:
+                            stretched.cancel()
         except UnroutableError as exc:  # a basic.return of this very message
             raise UnroutableError(unroutable(exchange, routing_key)) from exc.__cause__
         except PublishNackedError as exc:  # a nack of this publish's delivery tag

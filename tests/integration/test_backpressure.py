@@ -10,6 +10,7 @@ tests use the ordinary test broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 import time
 import uuid
@@ -23,13 +24,16 @@ import pytest
 from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
 from amqpjobs.errors import PublishError, PublishNackedError
 from amqpjobs.jobs import envelope
+from amqpjobs.runtime import worker as worker_module
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.alarms import blocked_by
+from amqpjobs.wire.flags import read_flags
 from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.amqp_frames import short_bytes
-from tests.integration.helpers import depth, drain
+from tests.integration.helpers import cli, depth, drain, wait_until
 from tests.integration.own_node import OwnNode, own_node
 from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
 
@@ -263,6 +267,72 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
         await worker.shutdown()
     assert sorted(done) == ["a", "b", "fails-once"]
     assert await depth(on_alarm_node, "work") == 0
+
+
+@pytest.mark.serial  # alarms the dedicated node
+async def test_a_copy_held_by_an_alarm_past_its_confirm_wait_is_never_published_again(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The broker stores every publish it held once the alarm clears: a copy published again after its confirm
+    wait ran out would be a second life of the job (a retry copy, a hand-back at a pause, a quarantine copy).
+    The confirm wait is cut to 1 s here (30 s in a worker) so that an alarm of a few seconds outlasts it."""
+    monkeypatch.setattr(worker_module, "ConfirmedPublisher", functools.partial(ConfirmedPublisher, timeout=1.0))
+    app = await make_app(on_alarm_node, tmp_path)
+    runs: list[int] = []
+
+    @app.job("fails-first", queue="work")
+    async def fails_first(payload: dict[str, object], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise RuntimeError("the first attempt fails: its retry copy is published during the alarm")
+
+    await app.enqueue("fails-first", {}, job_id="once")
+    await app.close()
+    alarm_node.memory_alarm(True)
+    worker = Worker(app, on_alarm_node, WorkerOptions(queues=("work",), concurrency=1))
+    await worker.start()
+    try:
+        await wait_until(lambda: runs == [1], 10, "the first attempt")
+        await asyncio.sleep(7)  # the held copy's confirm wait (1 s) runs out several times, and the hold's rounds (5 s)
+        assert worker._publishing is not None
+        assert blocked_by(worker._publishing) == "memory"
+        alarm_node.memory_alarm(False)
+        await wait_until(lambda: len(runs) >= 2, 15, "the retry after the alarm")
+        await asyncio.sleep(3)  # a second copy would come back from the 1 s tier meanwhile
+    finally:
+        alarm_node.memory_alarm(False)  # a blocked connection can't even close
+        await worker.shutdown()
+    assert runs == [1, 2]
+    assert await depth(on_alarm_node, "work") == 0
+    assert await depth(on_alarm_node, "work.retry.1s") == 0
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_pause_and_resume_during_an_alarm_change_the_flag_and_say_at_once_that_the_signal_was_not_sent(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    """The signal to the workers is a publish, which the broker holds during an alarm: `pause` waited for it
+    (about 90 s on 3.10), then said a declaration got no answer (a Khepri minority?) and exited 3, "nothing
+    changed", with the flag set. The flag changes; the signal is not sent (exit 5): workers read the flags
+    within 30 s."""
+    app = await make_app(on_alarm_node, tmp_path)
+    await app.close()
+    alarm_node.memory_alarm(True)
+    try:
+        for command, done in ((("pause", "work", "--reason", "alarm"), "paused job queue work: flag set"),
+                              (("resume", "work"), "resumed job queue work: flag deleted")):  # fmt: skip
+            started = time.monotonic()
+            out = await asyncio.to_thread(cli, on_alarm_node, *command)
+            assert time.monotonic() - started < 10, out.output
+            assert out.exit_code == 5, out.output
+            assert (
+                f"warning: {done}, but the signal could not be sent (the broker is blocking publishers: resource "
+                "alarm (memory); the signal would be held until it clears): workers notice within 30 s"
+            ) in out.output
+            paused = await asyncio.to_thread(read_flags, on_alarm_node, ["work"])
+            assert list(paused) == (["work"] if command[0] == "pause" else [])
+    finally:
+        alarm_node.memory_alarm(False)
 
 
 async def test_a_queue_over_max_depth_refuses_enqueue_then_waits_when_asked(broker: BrokerSettings, tmp_path: Path):

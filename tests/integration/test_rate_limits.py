@@ -209,6 +209,31 @@ async def test_waiting_jobs_hold_no_slot_and_a_stopping_worker_hands_them_back_u
     )
 
 
+async def test_a_delivery_waiting_for_a_token_goes_back_unstarted_before_the_broker_consumer_timeout(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A waiting delivery is held unacked: at a slow rate (1/h, or 10/h over 4 processes: 8 waiting, 48 min) it
+    outlived the broker's consumer_timeout (30 min), the broker closed the waiting room's channel (seen on 3.10:
+    PRECONDITION_FAILED - delivery acknowledgement timed out) and the deliveries came back redelivered, each
+    registered as a crash start (start 2 of at most 6) though it never started. At half the consumer timeout
+    (--consumer-timeout, 4 s here) it goes back to its work queue unstarted, and on to the waiting room's end."""
+    app = await in_process_app(broker, tmp_path, "1/h")  # no token in this test (bar an hour's turn)
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=5, consumer_timeout=4), recorder)
+    await worker.start()
+    try:
+        await app.enqueue("limited", {}, job_id="waits")
+        started = time.monotonic()
+        await recorder.wait_for(lambda outs: any(o.job_id == "waits" and o.kind == "handed_back" for o in outs), 8)
+        assert time.monotonic() - started >= 1.5, "handed back before half the consumer timeout"
+        await recorder.wait_for(lambda outs: sum(o.job_id == "waits" and o.kind == "handed_back" for o in outs) >= 2, 8)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    kinds = {o.kind for o in recorder.outcomes if o.job_id == "waits"}
+    assert kinds == {"handed_back"}, kinds  # never registered as a crash start, never run (no token)
+
+
 async def test_the_draining_line_counts_running_handlers_not_deliveries_waiting_for_a_token(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):

@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from amqpjobs import App
+from amqpjobs import App, Breaker, FilePayloadStore
 from amqpjobs.cli import main
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.durations import DurationTooLongError, parse_duration
+from amqpjobs.errors import ConfigurationError, TopologyValidationError
 from amqpjobs.runtime.ledger import SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.runtime.results_postgres import PostgresResults
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import Topology
 
 pytestmark = pytest.mark.version_independent
@@ -61,3 +63,45 @@ def test_consume_names_the_option_with_a_bad_duration(option: str, value: str) -
     assert result.exit_code == 2, result.output
     assert f"{option}: {value!r}" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- a duration beyond a float (flow control review)
+HUGE = 10**400  # an int float() can't take: OverflowError, not a ValueError
+
+
+@pytest.mark.parametrize(
+    "value", [HUGE, "1" * 400 + "s", "9" * 400, "1" * 320 + "d"], ids=["int", "seconds", "digits", "days"]
+)
+def test_a_duration_beyond_a_float_is_too_long_never_an_overflow_traceback(value: object) -> None:
+    with pytest.raises(DurationTooLongError) as caught:
+        parse_duration(value)  # type: ignore[arg-type]
+    assert "is longer than 100 years (36500d), the longest duration taken" in str(caught.value)
+    assert len(str(caught.value)) < 600  # the value is not written out digit by digit
+
+
+FLOW_CASES: list[tuple[str, Callable[[Path], object]]] = [
+    ("App(blocked_timeout=...)", lambda tmp: _app(tmp, blocked_timeout=HUGE)),
+    ("App(queue_full_wait=...)", lambda tmp: _app(tmp, queue_full_wait=HUGE)),
+    ("payload store 'file': grace", lambda tmp: FilePayloadStore(tmp, grace=HUGE)),
+    ("Breaker(window=", lambda tmp: Breaker(window=HUGE)),
+]
+
+
+@pytest.mark.parametrize(("argument", "make"), FLOW_CASES, ids=[c[0] for c in FLOW_CASES])
+def test_flow_control_settings_beyond_a_float_are_configuration_errors(
+    tmp_path: Path, argument: str, make: Callable[[Path], object]
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        make(tmp_path)
+    assert str(caught.value).startswith(argument), str(caught.value)
+
+
+def test_a_topology_max_age_beyond_a_float_is_a_validation_problem(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\nmax_age = {HUGE}\n'
+    )
+    with pytest.raises(TopologyValidationError) as caught:
+        load_topology(path)
+    assert "max_age" in str(caught.value)
+    assert "longer than 100 years" in str(caught.value)

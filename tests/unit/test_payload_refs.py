@@ -202,6 +202,26 @@ def test_an_app_refuses_a_payload_store_of_the_wrong_type(store: object, got: st
     assert "FilePayloadStore('/mnt/shared/payloads')" in says  # what to give instead
 
 
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [("16MiB", "got '16MiB', a str"), (0, "got 0"), (-1, "got -1"), (True, "got True, a bool"),
+     (1.5e6, "got 1500000.0, a float")],
+    ids=["a-str", "zero", "negative", "a-bool", "a-float"],
+)  # fmt: skip
+def test_an_app_refuses_a_max_message_size_that_is_no_count_of_bytes(value: object, got: str) -> None:
+    """Was taken as given: '16MiB' failed every enqueue with a TypeError, 0 meant the broker's default, -1
+    refused every message as too large, True let through 1 byte."""
+    from amqpjobs import App
+
+    with pytest.raises(ConfigurationError) as err:
+        App("t", max_message_size=value)  # type: ignore[arg-type]
+    says = str(err.value)
+    assert says.startswith("App(max_message_size=...) must be a whole number of bytes >= 1"), says
+    assert got in says
+    assert "16 * 1024 * 1024" in says  # how to write 16 MiB
+    assert App("t", max_message_size=16 * 1024 * 1024).max_message_size == 16 * 1024 * 1024
+
+
 @pytest.mark.parametrize("root", ["", "   ", Path("")])
 def test_a_file_store_refuses_an_empty_root(root: str | Path) -> None:
     with pytest.raises(ConfigurationError, match=r"FilePayloadStore\(root=\.\.\.\) is empty"):
