@@ -68,3 +68,33 @@ def blocked_by(connection: Connection) -> str | None:
         return None
     transport = getattr(connection, "transport", None)
     return alarm_of(_REASONS.get(getattr(transport, "connection", None), ""))
+
+
+#: Seconds between two looks at the connection of a publish awaiting its confirm (``wait_while_blocked``):
+#: while it is blocked, the confirm wait starts again.
+BLOCKED_RECHECK = 0.5
+
+
+class WhileBlocked:
+    """Pushes a confirm wait's end to ``timeout`` seconds from now whenever its connection is seen blocked.
+
+    A resource alarm's broker holds a blocked connection's publishes unread and stores them once the
+    alarm clears (then confirms them): the wait for their confirms goes on meanwhile. Looks every
+    :data:`BLOCKED_RECHECK` seconds until :meth:`cancel`.
+    """
+
+    def __init__(self, connection: Connection, window: asyncio.Timeout, timeout: float) -> None:
+        self._connection = connection
+        self._window = window
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(BLOCKED_RECHECK, self._look)
+
+    def _look(self) -> None:
+        if blocked_by(self._connection) is not None:
+            self._window.reschedule(self._loop.time() + self._timeout)
+        self._handle = self._loop.call_later(BLOCKED_RECHECK, self._look)
+
+    def cancel(self) -> None:
+        """Stop looking (the confirm came, or the wait ended otherwise)."""
+        self._handle.cancel()

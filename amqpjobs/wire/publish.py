@@ -28,7 +28,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.alarms import blocked_by
+from amqpjobs.wire.alarms import WhileBlocked
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
 from amqpjobs.wire.exchange_checks import ExchangeChecks
@@ -56,34 +56,6 @@ _CLOSED = CHANNEL_OPEN_ERRORS
 #: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
 #: own writers would be woken by any frame taken; the queue need not empty while other channels write).
 _ROOM_RECHECK = 0.001
-#: Seconds between two looks at the connection of a publish awaiting its confirm (``wait_while_blocked``):
-#: while it is blocked, the confirm wait starts again.
-_BLOCKED_RECHECK = 0.5
-
-
-class _WhileBlocked:
-    """Pushes a confirm wait's end to ``timeout`` seconds from now whenever its connection is seen blocked.
-
-    A resource alarm's broker holds a blocked connection's publishes unread and stores them once the
-    alarm clears (then confirms them): the wait for their confirms goes on meanwhile. Looks every
-    :data:`_BLOCKED_RECHECK` seconds until :meth:`cancel`.
-    """
-
-    def __init__(self, connection: AbstractRobustConnection, window: asyncio.Timeout, timeout: float) -> None:
-        self._connection = connection
-        self._window = window
-        self._timeout = timeout
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(_BLOCKED_RECHECK, self._look)
-
-    def _look(self) -> None:
-        if blocked_by(self._connection) is not None:
-            self._window.reschedule(self._loop.time() + self._timeout)
-        self._handle = self._loop.call_later(_BLOCKED_RECHECK, self._look)
-
-    def cancel(self) -> None:
-        """Stop looking (the confirm came, or the wait ended otherwise)."""
-        self._handle.cancel()
 
 
 class ConfirmedPublisher:
@@ -347,7 +319,7 @@ class ConfirmedPublisher:
                 confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
                 async with asyncio.timeout(self._timeout) as window:
                     stretched = (
-                        _WhileBlocked(self._connection, window, self._timeout) if self._wait_while_blocked else None
+                        WhileBlocked(self._connection, window, self._timeout) if self._wait_while_blocked else None
                     )
                     try:
                         if confirmation is not None:  # aiormq's bookkeeping, without its objects
