@@ -56,8 +56,9 @@ def raised_by_module(exc: AmqpJobsError) -> bool:
     import), so ``consume --processes N`` leaves it to its children and their crash loop
     (:mod:`amqpjobs.runtime.preflight`). Every other error of :func:`load_app` is the same at
     every try: a reference that names no module (``ImportError``: a module or a package it
-    imports is not there), no attribute or no App, or a configuration or topology error of
-    amqpjobs raised by the module (a bad ``PostgresLedger`` DSN).
+    imports is not there), a syntax error in it or in a module it imports (``SyntaxError``),
+    no attribute or no App, or a configuration or topology error of amqpjobs raised by the
+    module (a bad ``PostgresLedger`` DSN).
 
     Args:
         exc: What :func:`load_app` raised.
@@ -69,7 +70,7 @@ def raised_by_module(exc: AmqpJobsError) -> bool:
     if isinstance(exc, (LedgerUnavailableError, ResultsUnavailableError)):
         return True
     cause = exc.__cause__
-    return cause is not None and not isinstance(cause, (ImportError, ConfigurationError, TopologyError))
+    return cause is not None and not isinstance(cause, (ImportError, SyntaxError, ConfigurationError, TopologyError))
 
 
 #: Event loops ``consume --loop`` offers.

@@ -184,6 +184,8 @@ MODULES = {
         "from amqpjobs.topology.loader import load_topology\nload_topology(__import__('pathlib').Path('nowhere'))"
     ),
     "imports_missing": "import no_such_dependency_at_all",
+    "bad_syntax": "def broken(:\n    pass",
+    "imports_bad_syntax": "import bad_syntax",
     "not_an_app": "app = 1",
     "an_app": "from amqpjobs import App\napp = App('ok', topology='topology')",
 }
@@ -197,6 +199,8 @@ MODULES = {
         ("raises_ours:app", False),  # a configuration error of ours: the same at every try
         ("bad_topology:app", False),
         ("imports_missing:app", False),
+        ("bad_syntax:app", False),  # a syntax error never passes (helper-172: 10 child starts, then the crash loop)
+        ("imports_bad_syntax:app", False),
         ("no_such_module_here:app", False),
         ("not_an_app:app", False),
         ("an_app:nope", False),
