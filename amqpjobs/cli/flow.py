@@ -32,7 +32,9 @@ def _signalled(change: Coroutine[Any, Any, T]) -> T:
 
 @main.command("pause")
 @click.argument("job_queue", callback=queue_name_arg)
-@click.option("--reason", default="", help="Why (shown by status, metrics and the workers' logs).")
+@click.option(
+    "--reason", default="", help="Why, at most 500 characters (shown by status, metrics and the workers' logs)."
+)
 @url_options
 @errors_to_exit_codes
 def pause_command(job_queue: str, reason: str, url: str | None, management_url: str | None) -> None:

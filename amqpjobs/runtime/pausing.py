@@ -39,6 +39,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.flags import (
+    MAX_REASON,
     RECHECK,
     PauseFlag,
     PauseSignals,
@@ -230,11 +231,17 @@ async def pause(settings: BrokerSettings, job_queue: str, reason: str = "") -> P
         The pause as stored (a queue paused already gets the new reason and since).
 
     Raises:
-        ConfigurationError: no such job queue on the broker (the message lists them).
+        ConfigurationError: no such job queue on the broker (the message lists them), or
+            ``reason`` over :data:`~amqpjobs.wire.flags.MAX_REASON` (500) characters (nothing asked).
         SignalNotSentError: the flag is set, but the broker refused the signal (workers
             notice within :data:`~amqpjobs.wire.flags.RECHECK` seconds); the message says why.
         BrokerUnavailableError, ManagementApiError, BrokerError: the broker can't be asked or refused (nothing changed).
     """
+    if len(reason) > MAX_REASON:
+        raise ConfigurationError(
+            f"the pause reason is {len(reason)} characters; at most {MAX_REASON} are kept: shorten it "
+            "(nothing was paused)"
+        )
     await asyncio.to_thread(_known, settings, job_queue)
     flags, unsent = await set_flags(settings, [job_queue], reason)
     _say_unsent(unsent, ("paused", "flag set"))

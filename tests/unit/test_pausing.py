@@ -160,3 +160,24 @@ async def test_a_flag_read_without_reason_keeps_the_known_one_and_is_not_a_new_p
     worker._pauses._set("work", PauseFlag("work", "", datetime.fromtimestamp(0, UTC)))  # passive declares found it
     assert worker._pauses.flags["work"] == FLAG
     assert caplog.records == []
+
+
+def test_a_reason_over_500_characters_is_refused_before_the_broker_is_asked():
+    """``pause --reason`` of 70,000 characters was cut to 500 without a word (helper-172); now it is refused, the
+    broker not asked (this settings' port answers nothing), and 500 are taken."""
+    import asyncio
+
+    from amqpjobs.errors import ConfigurationError
+    from amqpjobs.runtime.pausing import pause
+    from amqpjobs.wire.settings import broker_settings
+
+    nowhere = broker_settings("amqp://guest:guest@127.0.0.1:1/", "http://127.0.0.1:1/")
+    with pytest.raises(ConfigurationError) as caught:
+        asyncio.run(pause(nowhere, "work", "x" * 70_000))
+    assert str(caught.value) == (
+        "the pause reason is 70000 characters; at most 500 are kept: shorten it (nothing was paused)"
+    )
+    from amqpjobs.errors import BrokerUnavailableError
+
+    with pytest.raises(BrokerUnavailableError, match="unreachable"):  # 500 pass the check: the broker is asked
+        asyncio.run(pause(nowhere, "work", "x" * 500))
