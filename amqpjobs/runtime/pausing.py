@@ -42,13 +42,13 @@ from amqpjobs.wire.flags import (
     MAX_REASON,
     RECHECK,
     PauseFlag,
-    PauseSignals,
     SignalNotSent,
     clear_flags,
     look_for_flags,
     set_flags,
 )
 from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.pause_listener import PauseSignals
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
