@@ -146,6 +146,17 @@ def test_quorum_priorities_are_judged_for_the_connected_version(
         load_topology(path, broker_root.version)
 
 
+async def drained_priorities(broker: BrokerSettings, queue_name: str) -> dict[str | None, int | None]:
+    """Take every message of ``queue_name`` (acked): {message_id: priority}."""
+    async with raw_channel(broker) as ch:
+        queue = await ch.get_queue(queue_name, ensure=False)
+        got = {}
+        while (msg := await queue.get(fail=False)) is not None:
+            got[msg.message_id] = msg.priority
+            await msg.ack()
+    return got
+
+
 def priority_refused_on(version: tuple[int, ...]) -> bool:
     """Quorum queues have no priorities before RabbitMQ 4.0 (4.0: two levels, 0-4 normal, 5+ high)."""
     return version < (4, 0)
@@ -187,13 +198,7 @@ async def test_a_priority_for_a_quorum_job_queue_before_40_is_refused_and_nothin
     finally:
         await app.close()
     assert await depth(broker, "money") == len(expected)
-    async with raw_channel(broker) as ch:
-        queue = await ch.get_queue("money", ensure=False)
-        got = {}
-        while (msg := await queue.get(fail=False)) is not None:
-            got[msg.message_id] = msg.priority
-            await msg.ack()
-    assert got == expected
+    assert await drained_priorities(broker, "money") == expected
 
 
 async def test_a_priority_over_31_for_a_quorum_job_queue_on_43_is_refused_and_nothing_sent(
@@ -228,13 +233,7 @@ async def test_a_priority_over_31_for_a_quorum_job_queue_on_43_is_refused_and_no
     finally:
         await app.close()
     assert await depth(broker, "money") == len(expected)
-    async with raw_channel(broker) as ch:
-        queue = await ch.get_queue("money", ensure=False)
-        got = {}
-        while (msg := await queue.get(fail=False)) is not None:
-            got[msg.message_id] = msg.priority
-            await msg.ack()
-    assert got == expected
+    assert await drained_priorities(broker, "money") == expected
 
 
 async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
