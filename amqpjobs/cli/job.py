@@ -9,7 +9,7 @@ import click
 from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
-from amqpjobs.jobs.envelope import job_id_problem
+from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app
@@ -23,7 +23,7 @@ def job() -> None:
 
 def _job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """Click callback: the job-id rule of ``enqueue`` (:func:`amqpjobs.jobs.envelope.job_id_problem`), exit 2."""
-    if problem := job_id_problem(value):
+    if problem := job_id_problem(value, blank=BLANK_AT_LOOKUP):
         raise click.BadParameter(problem)
     return value
 

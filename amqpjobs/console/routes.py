@@ -18,7 +18,7 @@ from amqpjobs.console.actions import Actions
 from amqpjobs.console.forms import FILTERS, FormError, action_form, filter_options, queue_of, selection_of, text_of
 from amqpjobs.console.views import find_message, lookup, message_doc, overview, quarantine_page
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, NotFoundError
-from amqpjobs.jobs.envelope import job_id_problem
+from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.quarantine import Selection, format_when
 from amqpjobs.jobs.replay_plan import DEFAULT_CANARY_TIMEOUT
 from amqpjobs.printable import printable
@@ -196,7 +196,7 @@ async def job(request: Request) -> Response:
     job_id = request.query_params.get("id", "").strip()
     if not job_id:
         return render(request, "job.html", found=None, job_id="")
-    if issue := job_id_problem(job_id):
+    if issue := job_id_problem(job_id, blank=BLANK_AT_LOOKUP):
         return problem(request, issue, 400)
     try:
         found = await lookup(_state(request).reads, _state(request).app, job_id)

@@ -236,19 +236,26 @@ def shortstr_problem(label: str, value: str, min_bytes: int = 1) -> str | None:
 #: The fix :func:`job_id_problem` names for an id over 255 UTF-8 bytes.
 SHORTER_ID: Final = "a shorter id (for a long key, a hash of it: hashlib.sha256(key.encode()).hexdigest())"
 
+#: What to do about an empty or blank id, at enqueue (:func:`job_id_problem`'s default).
+BLANK_AT_ENQUEUE: Final = "give an id (or leave it out when enqueueing: a random UUID)"
 
-def job_id_problem(job_id: object, too_long: str = SHORTER_ID) -> str | None:
+#: What to do about an empty or blank id given to look a job up (``job show``, ``job_status``, the console).
+BLANK_AT_LOOKUP: Final = "give the id of the job to look up (the one enqueue returned)"
+
+
+def job_id_problem(job_id: object, too_long: str = SHORTER_ID, blank: str = BLANK_AT_ENQUEUE) -> str | None:
     """Why ``job_id`` can't be a job id, or None: the one job-id rule (``enqueue``, ``job show``, ``job_status``).
 
     A job id is the AMQP ``message_id`` (a shortstr): a str (``job_id must be a str (got
     int)``), not empty nor blank, UTF-8 text (no lone surrogate, which no message can carry; a
     NUL it can), at most 255 UTF-8 bytes (:func:`shortstr_problem`; the words then end with
-    ``fix: `` and ``too_long``).
+    ``fix: `` and ``too_long``). An empty or blank one's words end with ``blank``: how to mend
+    it where the id was given (:data:`BLANK_AT_ENQUEUE`, :data:`BLANK_AT_LOOKUP`).
     """
     if not isinstance(job_id, str):
         return f"job_id must be a str (got {type(job_id).__name__})"
     if not job_id.strip():
-        return "job_id is empty or blank; give an id (or leave it out when enqueueing: a random UUID)"
+        return f"job_id is empty or blank; {blank}"
     if where := lone_surrogate(job_id):
         return f"job_id {job_id[:40]!r} is not UTF-8 text ({where})"
     if problem := shortstr_problem("job_id", job_id):

@@ -14,7 +14,7 @@ from typing import Any
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.envelope import job_id_problem
+from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus, StateRecord
 from amqpjobs.runtime.results import ResultsStore, ResultsWriter, read_status, wait_result
 
@@ -57,7 +57,7 @@ class JobResults:
 
     def _results_store(self, job_id: str) -> ResultsStore:
         """The store to look ``job_id`` up in; an id no job can have is refused first (the ``enqueue`` rule)."""
-        if problem := job_id_problem(job_id):
+        if problem := job_id_problem(job_id, blank=BLANK_AT_LOOKUP):
             raise ConfigurationError(problem)
         if self.results is None:
             raise ConfigurationError(

@@ -305,3 +305,22 @@ def test_the_file_a_command_wrote_is_named_with_its_control_characters_escaped(
     assert result.exit_code == 0, result.output
     assert out.read_text().startswith("{")
     assert result.stderr == f"wrote {tmp_path}/defs\\x1b[2J\\n.json\n"
+
+
+# ---------------------------------------------------------------- a blank job id to look up (helper-172)
+@pytest.mark.parametrize("value", ["", "  "])
+def test_job_show_of_a_blank_id_asks_for_the_id_not_for_leaving_it_out(value: str) -> None:
+    result = cli(NOWHERE, "job", "show", value)
+    assert result.exit_code == 2, result.output
+    assert "job_id is empty or blank; give the id of the job to look up" in result.stderr
+    assert "leave it out" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+async def test_job_status_of_a_blank_id_asks_for_the_id(value: str) -> None:
+    from amqpjobs import App
+    from amqpjobs.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as caught:
+        await App("a").job_status(value)
+    assert str(caught.value).startswith("job_id is empty or blank; give the id of the job to look up")
