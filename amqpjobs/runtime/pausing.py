@@ -201,23 +201,33 @@ class OperatorPauses:
             await self._signals.close()
 
 
-def broker_job_queues(settings: BrokerSettings) -> list[str]:
+def broker_job_queues(settings: BrokerSettings, names: list[str] | None = None) -> list[str]:
     """The job queues of the vhost: those with a suspects queue (the topology declares one per job queue).
+
+    ``names``: the vhost's queue names if already read (else the management API is asked).
 
     Raises:
         BrokerUnavailableError, ManagementApiError: the management API can't be asked.
     """
-    with ManagementClient(settings) as mgmt:
-        names = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+    if names is None:
+        with ManagementClient(settings) as mgmt:
+            names = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
     return sorted({p.job_queue for p in map(parse_queue_name, names) if p.kind == "suspects"})
 
 
 def _known(settings: BrokerSettings, job_queue: str) -> None:
-    known = broker_job_queues(settings)
+    with ManagementClient(settings) as mgmt:
+        names = [str(q["name"]) for q in mgmt.queues(settings.vhost)]
+    known = broker_job_queues(settings, names)
     if job_queue not in known:
         hint = ""
         if (parsed := parse_queue_name(job_queue)).kind != "work" and parsed.job_queue in known:
-            hint = f" ({job_queue!r} is a {parsed.kind} queue of job queue {parsed.job_queue!r}: give that name)"
+            shown = printable(repr(job_queue))
+            hint = (
+                f" ({shown} is a {parsed.kind} queue of job queue {parsed.job_queue!r}: give that name)"
+                if job_queue in names
+                else f" (job queue {parsed.job_queue!r} has no queue {shown}: give {parsed.job_queue!r})"
+            )
         raise ConfigurationError(
             f"no job queue {printable(repr(job_queue))} on vhost {settings.vhost!r}{hint}; its job queues: "
             f"{', '.join(known) or 'none (apply the topology: amqpjobs topology apply)'}"

@@ -200,6 +200,11 @@ async def test_cli_pause_resume_status_and_errors(broker: BrokerSettings, tmp_pa
     shard = await asyncio.to_thread(run, "resume", "work.quarantine")
     assert shard.exit_code == 2, shard.output
     assert "give that name" in shard.output
+    assert "('work.quarantine' is a quarantine queue of job queue 'work': give that name)" in shard.output
+    missing = await asyncio.to_thread(run, "resume", "work.shard-0")  # 'work' is not sharded: no such queue
+    assert missing.exit_code == 2, missing.output
+    assert "is a shard queue" not in missing.output
+    assert "(job queue 'work' has no queue 'work.shard-0': give 'work')" in missing.output
 
     not_paused = await asyncio.to_thread(run, "resume", "work")
     assert not_paused.exit_code == 0, not_paused.output
