@@ -37,12 +37,19 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
             "queue(s) browsed); work and tier queues are not browsed"
         )
     if status.state == "succeeded":
+        done = "nowhere: it succeeded and was acked"
         last = status.history[-1] if status.history else cur
-        if last.state != "parked":
-            return "nowhere: it succeeded and was acked"
-        found = await _browse(settings, _layouts(app, cur.job), status.job_id)  # an older copy (status_of)
-        copy = f"is in {found} (found by browsing)" if found else f"was parked in {last.where}, not there now (browsed)"
-        return f"nowhere: it succeeded and was acked; an older copy, quarantined before the success, {copy}"
+        if not any(r.state in ("quarantined", "parked") for r in status.history):
+            return done
+        # an older copy, quarantined before the success (status_of: one quarantined after it reads quarantined),
+        # may still be in quarantine or parked
+        found = await _browse(settings, _layouts(app, cur.job), status.job_id)
+        older = "; an older copy, quarantined before the success,"
+        if found:
+            return f"{done}{older} is in {found} (found by browsing)"
+        if last.state == "parked":
+            return f"{done}{older} was parked in {last.where}, not there now (browsed)"
+        return done
     if status.state == "skipped":
         return f"nowhere: its run was skipped ({cur.detail}) and acked"
     if status.state == "duplicate":

@@ -473,6 +473,7 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
     assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded", "duplicate"]
     late = await app.job_status("c-late")
     assert [s for s, _ in states(late.history)][-2:] == ["replayed", "duplicate"]
+    assert await where_now(broker, app, late) == "nowhere: it succeeded and was acked"  # its older copy: replayed
     assert (late.state, await app.result("c-late", timeout=2)) == ("succeeded", "charged")
     ok = await app.job_status("c-ok")
     assert [s for s, _ in states(ok.history)] == ["queued", "queued", "running", "succeeded", "duplicate"]
@@ -499,6 +500,12 @@ async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(
         await app.enqueue("mail", {"reject": False}, job_id="m-1")
         await recorder.wait_for(lambda o: len(o) == 2, 20)
     assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded"]
+    waiting = await app.job_status("m-1")  # the older copy still in quarantine: job show names it (helper-172)
+    assert waiting.state == "succeeded"
+    assert await where_now(broker, app, waiting) == (
+        "nowhere: it succeeded and was acked; an older copy, quarantined before the success, is in "
+        "work.quarantine (found by browsing)"
+    )
     moved = await park(broker, "work.quarantine", results=app.results)
     assert moved.taken == 1
     status = await app.job_status("m-1")
