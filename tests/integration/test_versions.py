@@ -239,37 +239,48 @@ async def test_a_priority_over_31_for_a_quorum_job_queue_on_43_is_refused_and_no
 async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
     broker: BrokerSettings, broker_root: BrokerRoot, tmp_path: Path
 ):
-    """The first call goes through App.enqueue (it connects the app), the next ones the calling thread's fast path."""
+    """The first call of a sync publisher goes through App.enqueue (it connects the app), the next ones the
+    calling thread's fast path: priority 7 (refused before 4.0) and 40 (refused before 4.0 and from 4.3, where
+    it would be delivered as 31) through each."""
     path = tmp_path / "q.toml"
     path.write_text(QUORUM)
     await apply_topology(path, broker)
     app = App("p", topology=load_topology(path).topology, url=broker.url)
     app.job("pay", queue="money")(lambda p, c: None)
-    refused = priority_refused_on(broker_root.version)
+    version = broker_root.version
+    shown = ".".join(map(str, version))
 
-    def publish() -> tuple[list[str], int, int]:
+    def publish(priority: int) -> tuple[list[str], int, int]:
         outcomes = []
         with app.sync_publisher() as pub:
             for n in range(2):  # the async path (not connected yet), then the fast path
                 try:
-                    outcomes.append(pub.enqueue("pay", {}, job_id=f"urgent-{n}", priority=7))
+                    outcomes.append(pub.enqueue("pay", {}, job_id=f"p{priority}-{n}", priority=priority))
                 except ConfigurationError as exc:
-                    assert_the_quorum_priority_refusal(exc, broker_root.version)
+                    if priority == 7:
+                        assert_the_quorum_priority_refusal(exc, version)
+                    elif version < (4, 0):
+                        assert "quorum queues have no priorities before RabbitMQ 4.0" in str(exc)
+                    else:
+                        assert f"has quorum-queue priorities 0-31 (connected: {shown}), a higher one is" in str(exc)
                     outcomes.append("refused")
-            outcomes.append(pub.enqueue("pay", {}, job_id="plain"))
+            outcomes.append(pub.enqueue("pay", {}, job_id=f"plain-{priority}"))
             assert pub._fast is not None
             return outcomes, pub._fast.calls, len(pub._fast.connections())
 
-    outcomes, fast_calls, fast_connections = await asyncio.to_thread(publish)
-    assert fast_connections == 1  # the fast path took the second and third calls
-    if refused:
-        assert outcomes == ["refused", "refused", "plain"]
-        assert fast_calls == 1  # only "plain" was written on the blocking connection
-        assert await depth(broker, "money") == 1
-    else:
-        assert outcomes == ["urgent-0", "urgent-1", "plain"]
-        assert fast_calls == 2
-        assert await depth(broker, "money") == 3
+    sent = 0
+    for priority, refused in ((7, version < (4, 0)), (40, version < (4, 0) or version >= (4, 3))):
+        outcomes, fast_calls, fast_connections = await asyncio.to_thread(publish, priority)
+        assert fast_connections == 1  # the fast path took the second and third calls
+        if refused:
+            assert outcomes == ["refused", "refused", f"plain-{priority}"]
+            assert fast_calls == 1  # only "plain" was written on the blocking connection
+            sent += 1
+        else:
+            assert outcomes == [f"p{priority}-0", f"p{priority}-1", f"plain-{priority}"]
+            assert fast_calls == 2
+            sent += 3
+        assert await depth(broker, "money") == sent
 
 
 async def test_a_priority_for_a_strict_quorum_job_queue_before_43_is_refused_and_nothing_sent(
