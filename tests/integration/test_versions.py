@@ -250,6 +250,8 @@ async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
     version = broker_root.version
     shown = ".".join(map(str, version))
 
+    refusals: list[ConfigurationError] = []
+
     def publish(priority: int) -> tuple[list[str], int, int]:
         outcomes = []
         with app.sync_publisher() as pub:
@@ -257,12 +259,7 @@ async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
                 try:
                     outcomes.append(pub.enqueue("pay", {}, job_id=f"p{priority}-{n}", priority=priority))
                 except ConfigurationError as exc:
-                    if priority == 7:
-                        assert_the_quorum_priority_refusal(exc, version)
-                    elif version < (4, 0):
-                        assert "quorum queues have no priorities before RabbitMQ 4.0" in str(exc)
-                    else:
-                        assert f"has quorum-queue priorities 0-31 (connected: {shown}), a higher one is" in str(exc)
+                    refusals.append(exc)
                     outcomes.append("refused")
             outcomes.append(pub.enqueue("pay", {}, job_id=f"plain-{priority}"))
             assert pub._fast is not None
@@ -276,9 +273,18 @@ async def test_the_sync_publisher_refuses_it_too_on_both_its_paths(
             assert outcomes == ["refused", "refused", f"plain-{priority}"]
             assert fast_calls == 1  # only "plain" was written on the blocking connection
             sent += 1
+            assert len(refusals) == 2
+            for exc in refusals:
+                if priority == 7:
+                    assert_the_quorum_priority_refusal(exc, version)
+                elif version < (4, 0):
+                    assert "quorum queues have no priorities before RabbitMQ 4.0" in str(exc)
+                else:
+                    assert f"has quorum-queue priorities 0-31 (connected: {shown}), a higher one is" in str(exc)
+            refusals.clear()
         else:
             assert outcomes == [f"p{priority}-0", f"p{priority}-1", f"plain-{priority}"]
-            assert fast_calls == 2
+            assert (fast_calls, refusals) == (2, [])
             sent += 3
         assert await depth(broker, "money") == sent
 
