@@ -481,12 +481,14 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
     await app.close()
 
 
-async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(broker: BrokerSettings, tmp_path: Path):
+async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(
+    broker: BrokerSettings, tmp_path: Path, store_url: str
+):
     """The same id enqueued again after its first copy was quarantined, and that copy parked once the second
     succeeded: the job reads ``succeeded`` with its value (a retest: ``parked``, and ``result()`` raised
     ``JobFailedError``); ``job show`` says where the older copy is, and it is there."""
     app = await make_app(broker, tmp_path)
-    app.results = SqliteResults(tmp_path / "results.db")
+    app.results = store_for(store_url)
 
     @app.job("mail", queue="work")
     def mail(payload: dict[str, Any], ctx: JobContext) -> str:
