@@ -50,6 +50,12 @@ retry_tiers = ["1s"]
 max_depth = 3
 
 [[job_queue]]
+name = "qwork"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = ["1s"]
+
+[[job_queue]]
 name = "aged"
 exchange = "jobs"
 max_age = "1s"
@@ -270,8 +276,9 @@ async def test_a_worker_keeps_acking_during_an_alarm_its_retry_copy_waits(
 
 
 @pytest.mark.serial  # alarms the dedicated node
+@pytest.mark.parametrize("queue", ["work", "qwork"])  # a classic and a quorum job queue
 async def test_a_copy_held_by_an_alarm_past_its_confirm_wait_is_never_published_again(
-    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue: str
 ):
     """The broker stores every publish it held once the alarm clears: a copy published again after its confirm
     wait ran out would be a second life of the job (a retry copy, a hand-back at a pause, a quarantine copy).
@@ -280,7 +287,7 @@ async def test_a_copy_held_by_an_alarm_past_its_confirm_wait_is_never_published_
     app = await make_app(on_alarm_node, tmp_path)
     runs: list[int] = []
 
-    @app.job("fails-first", queue="work")
+    @app.job("fails-first", queue=queue)
     async def fails_first(payload: dict[str, object], ctx: JobContext) -> None:
         runs.append(ctx.attempt)
         if ctx.attempt == 1:
@@ -289,7 +296,7 @@ async def test_a_copy_held_by_an_alarm_past_its_confirm_wait_is_never_published_
     await app.enqueue("fails-first", {}, job_id="once")
     await app.close()
     alarm_node.memory_alarm(True)
-    worker = Worker(app, on_alarm_node, WorkerOptions(queues=("work",), concurrency=1))
+    worker = Worker(app, on_alarm_node, WorkerOptions(queues=(queue,), concurrency=1))
     await worker.start()
     try:
         await wait_until(lambda: runs == [1], 10, "the first attempt")
@@ -303,8 +310,8 @@ async def test_a_copy_held_by_an_alarm_past_its_confirm_wait_is_never_published_
         alarm_node.memory_alarm(False)  # a blocked connection can't even close
         await worker.shutdown()
     assert runs == [1, 2]
-    assert await depth(on_alarm_node, "work") == 0
-    assert await depth(on_alarm_node, "work.retry.1s") == 0
+    assert await depth(on_alarm_node, queue) == 0
+    assert await depth(on_alarm_node, f"{queue}.retry.1s") == 0
 
 
 @pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
