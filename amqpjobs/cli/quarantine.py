@@ -15,13 +15,12 @@ from amqpjobs.cli._common import (
     app_results,
     closing_store,
     errors_to_exit_codes,
-    filter_options,
     output_file,
     queue_name_arg,
-    selection,
     settings,
     url_options,
 )
+from amqpjobs.cli._filters import filter_options, selection
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
