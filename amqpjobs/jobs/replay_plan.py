@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
 from amqpjobs.printable import printable
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
@@ -96,8 +96,12 @@ class ReplayReport:
         far_origin: Of ``skipped``, those that matched but whose evidence names a queue over 255
             bytes of UTF-8 (another stack's evidence, or a forged one), which no publish can address
             (the routing key is an AMQP short string), with no ``to`` given; the summary says so and how to move them.
-        not_moved: Of ``skipped``, one line for each matching message whose copy can't be
-            sent (``job 'mail' id 'q-1': its copy would be too large: ...``); it stays in quarantine.
+        not_moved: Of ``skipped``, one line for each matching message that can't go, and why: its copy
+            can't be sent (``job 'mail' id 'q-1': its copy would be too large: ...``, counted in
+            ``too_large``), or its target queue does not exist (``missing``); it stays in quarantine.
+        too_large: Of ``not_moved``, those whose copy would be too large to send.
+        missing: Of ``not_moved``, target queue -> messages for it that stayed because it does not exist
+            (found so before the first move to it, or deleted under the run: its publish came back unroutable).
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -120,6 +124,8 @@ class ReplayReport:
     no_origin: int = 0
     far_origin: int = 0
     not_moved: list[str] = field(default_factory=list)
+    too_large: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
     left: int = 0
     returned: int = 0
     stopped_early: bool = False
@@ -146,6 +152,27 @@ class ReplayReport:
             f"({self.elapsed:.1f}s{waited}{rate}){self.skip_reason()}"
         )
 
+    @property
+    def partial(self) -> bool:
+        """True when matching messages stayed in quarantine for a reason to act on (``replay`` exits 1).
+
+        Each is counted in the summary (:meth:`skip_reason`) with its fix: ``not_moved`` (named one by
+        one), ``no_origin`` and ``far_origin``. A message this run replayed that came back, or one the
+        filters left out, is no such reason.
+        """
+        return bool(self.not_moved or self.no_origin or self.far_origin)
+
+    def stays(self, line: str) -> None:
+        """Count a matching message that can't go as skipped, ``line`` naming it and why; it stays in quarantine."""
+        self.not_moved.append(line)
+        self.skipped += 1
+
+    def target_missing(self, item: QuarantinedJob, target: str) -> None:
+        """Count ``item`` as skipped because its target queue ``target`` does not exist; it stays, named."""
+        self.missing[target] = self.missing.get(target, 0) + 1
+        self.stays(item.stays(f"its target queue {printable(repr(target))} does not exist (apply the topology: "
+                              "amqpjobs topology apply, or replay it with --to QUEUE)"))  # fmt: skip
+
     def cut_short(self, rate: float, why: object) -> str:
         """The error of a run at ``rate`` messages/s the broker cut short (``why``): how many moved, what may be twice.
 
@@ -163,8 +190,14 @@ class ReplayReport:
         why = ""
         if self.limit_reached is not None:
             why = f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
-        if self.not_moved:
-            why += f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
+        if self.too_large:
+            why += f"; {self.too_large} skipped: too large to send, still in {printable(self.queue)}"
+        if self.missing:
+            many = len(self.missing) > 1
+            names = ", ".join(printable(repr(t)) + (f" ({n})" if many else "") for t, n in sorted(self.missing.items()))
+            why += (f"; {sum(self.missing.values())} skipped: target queue{'s' if many else ''} {names} "
+                    f"do{'' if many else 'es'} not exist, still in {printable(self.queue)}: apply the topology "
+                    "(amqpjobs topology apply) or replay them with amqpjobs replay --to QUEUE")  # fmt: skip
         if self.far_origin:
             why += (f"; {self.far_origin} skipped: the queue their evidence names is over 255 bytes, which no publish "
                     "can address (another stack's evidence?): replay them with amqpjobs replay --to QUEUE")  # fmt: skip

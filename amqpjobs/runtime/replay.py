@@ -36,7 +36,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
-from amqpjobs.runtime.replay_checks import check_jobs_belong, check_targets
+from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route, replay_route
@@ -150,7 +150,8 @@ async def replay(
 
     Holds the queue's :func:`mover_lock` throughout. A dry run moves nothing but checks
     what a real run checks: it takes the lock too (exit 4 while another mover runs), and
-    every target queue must exist.
+    a message whose target queue does not exist is skipped, named, as a real run skips it
+    (:class:`~amqpjobs.runtime.replay_checks.Targets`): one message never blocks the others.
 
     Args:
         settings: Broker settings.
@@ -166,10 +167,9 @@ async def replay(
             at the end of the run, :func:`~amqpjobs.runtime.results.record_quietly`).
 
     Raises:
-        ConfigurationError: no such quarantine queue, a bad option, or (dry run) a target
-            queue that does not exist.
+        ConfigurationError: no such quarantine queue, a bad option, or a ``--to`` queue that does
+            not exist (nothing was moved).
         BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
-        UnroutableError: a target work queue does not exist (that message stays in quarantine).
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
     """
@@ -203,6 +203,7 @@ async def replay(
                 progress(report)
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
+        targets = Targets(connection)
         started: float | None = None
         interrupted = False
         launched = 0
@@ -210,7 +211,6 @@ async def replay(
         moving: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
-        routed: set[str] = set()
         proven = 0  # the largest body confirmed in this run: a larger copy is sent alone (see _alone)
 
         async def move(delivery: Delivery, planned: ReplayMove, started: float) -> None:
@@ -224,11 +224,10 @@ async def replay(
                 except MessageTooLargeError as exc:  # over the broker's max_message_size: it stays (see _alone)
                     _too_large(delivery, exc, report)
                     return
-                except UnroutableError:
-                    raise ConfigurationError(
-                        f"target queue {target!r} does not exist; {report.replayed} moved before it, "
-                        "the rest stay in quarantine"
-                    ) from None
+                except UnroutableError:  # deleted under the run: this one stays, named, and the run goes on
+                    targets.gone(target)
+                    report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type), target)
+                    return
                 proven = max(proven, len(copy.body))
                 report.moves.append((copy.message_id or "", target))  # confirmed: it moved, whatever the ack does
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
@@ -263,14 +262,16 @@ async def replay(
                     continue
                 if not await _fits(publisher, delivery, planned, report):
                     continue
+                if not planned.exchange and not await targets.exists(planned.target):  # it stays, named
+                    report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type),
+                                          planned.target)  # fmt: skip
+                    continue
                 if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
                     break
                 target = planned.target
                 if canary is not None and launched < canary.size:
                     job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
                     canary.expect(planned.job_id, job, target)
-                if planned.exchange:
-                    routed.add(target)  # an exchange (modulus-hash): the broker picks the queue
                 if planned.rerouted:
                     report.rerouted[planned.job_id] = planned.rerouted
                 if options.dry_run:
@@ -308,8 +309,6 @@ async def replay(
             await asyncio.gather(*moving, return_exceptions=True)
             if failures:
                 raise failures[0]
-            if options.dry_run:
-                await check_targets(connection, [target for _, target in report.moves if target not in routed])
         except asyncio.CancelledError:
             interrupted = True
             raise
@@ -348,8 +347,8 @@ async def _alone(moving: set[asyncio.Task[None]]) -> None:
 def _too_large(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:
     """Count a message whose copy can't be sent as skipped, naming it in ``report.not_moved``; it stays."""
     item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-    report.not_moved.append(item.too_large(exc.reason or str(exc)))
-    report.skipped += 1
+    report.too_large += 1
+    report.stays(item.too_large(exc.reason or str(exc)))
 
 
 async def _fits(publisher: ConfirmedPublisher, delivery: Delivery, planned: ReplayMove, report: ReplayReport) -> bool:
