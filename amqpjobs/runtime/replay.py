@@ -31,15 +31,15 @@ from amqpjobs.errors import (
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.envelope import OutgoingMessage, shortstr_problem, tenant_in
-from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, replay_window
+from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, destination, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
 from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
-from amqpjobs.topology.orphans import Route, replay_route
+from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
@@ -98,36 +98,37 @@ def replay_move(
 ) -> ReplayMove | None:
     """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
 
-    Skipped: it came back failing from this run (it carries ``replay_id``), it names no
-    queue to go back to (no evidence, no ``x-death``) and ``options.to`` is unset (counted
-    in ``report.no_origin``, so the summary says why), it names one over 255 bytes, which no publish can
-    address (``report.far_origin``), or ``options.selection`` leaves it out.
-    A job of a shard the topology no longer has (``options.layouts``) goes by the current
-    shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
+    Where it goes is :func:`~amqpjobs.jobs.replay_plan.destination` (the one home of the rule).
+    Skipped: it came back failing from this run (it carries ``replay_id``), ``options.selection``
+    leaves it out, or it has no destination: it names no queue to go back to (counted in
+    ``report.no_origin``, so the summary says why), one over 255 bytes, which no publish can
+    address (``report.far_origin``), or a queue of ours that holds no jobs (``report.misdirected``,
+    named in ``report.not_moved``).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
     Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
     counts the message (and whether the filters matched it).
     """
     item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-    target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
-    if ours or not target or not matched:
-        if report is not None and matched and not ours and not target:
-            report.no_origin += 1
-        return None
-    if not options.to and shortstr_problem("queue", target) is not None:  # no routing key can name it
-        if report is not None:
-            report.far_origin += 1
+    if ours or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+    goes = destination(item.original_queue, tenant_in(delivery.headers) or job_id, options.to, options.layouts)
+    if goes.route is None:  # it stays: counted by why, so the summary says it with the fix
+        if report is not None and goes.skip == "no-work-queue":
+            report.misdirected += 1
+            report.not_moved.append(item.stays(goes.problem))
+        elif report is not None:
+            report.far_origin += goes.skip == "far"
+            report.no_origin += goes.skip == "no-origin"
+        return None
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
     # ready in the work queue on its publish, now: max_age and status count its age from then
     copy = delivery.copy(headers, job_id, envelope.ready_at(time.time()))
     if options.to:
-        return ReplayMove(target, job_id, copy)
-    route, why = replay_route(target, tenant_in(delivery.headers) or job_id, options.layouts)
-    return ReplayMove(route.target, job_id, copy, route, why)
+        return ReplayMove(goes.route.target, job_id, copy)
+    return ReplayMove(goes.route.target, job_id, copy, goes.route, goes.why)
 
 
 async def replay(
