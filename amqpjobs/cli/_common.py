@@ -17,6 +17,7 @@ import click
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerBlockedError,
     BrokerError,
     BusyError,
     ConfigurationError,
@@ -141,7 +142,8 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo(f"error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except (InvalidPayloadError, PublishError) as exc:
-            if type(exc) is PublishError:  # the outcome is unknown (no confirm, closed under it): the broker's side
+            # the outcome is unknown (no confirm, closed under it), or an alarm blocks publishers: the broker's side
+            if type(exc) is PublishError or isinstance(exc, BrokerBlockedError):
                 click.echo(f"broker error: {error_text(exc)}", err=True)
                 sys.exit(EXIT_BROKER)
             click.echo(f"error: {error_text(exc)}", err=True)

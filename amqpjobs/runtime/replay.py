@@ -41,6 +41,7 @@ from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
+from amqpjobs.wire.alarms import refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -187,6 +188,8 @@ async def replay(
         lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
         _, depth = await resolve_quarantine_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
+        if depth and not options.dry_run:  # a copy's publish would be held, the run with it, without a word
+            await refuse_while_blocked(settings, f"replay of {queue_name!r}")
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await check_targets(connection, [options.to])
             if options.job_queues is not None:  # before any move: the target's workers must handle every job

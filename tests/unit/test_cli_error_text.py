@@ -96,3 +96,14 @@ def test_schedule_list_after_a_time_whose_utc_falls_after_year_9999_is_called_so
         "error: --after '9999-12-31T23:59-01:00' is an ISO-8601 time, but in UTC it falls after the year 9999, "
         "later than any time this reads; give an earlier one\n"
     )
+
+
+def test_a_resource_alarm_that_blocks_publishers_is_the_brokers_side_exit_3():
+    from amqpjobs.errors import BrokerBlockedError
+
+    exc = BrokerBlockedError("replay of 'work.quarantine': the broker is blocking publishers", alarm="memory")
+    result = CliRunner().invoke(_raising(exc), [])
+    assert (result.exit_code, result.stderr) == (
+        3,
+        "broker error: replay of 'work.quarantine': the broker is blocking publishers\n",
+    )
