@@ -8,7 +8,7 @@ one that does not exist stays in quarantine, named, and the others go.
 
 from __future__ import annotations
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.replay_plan import ReplayOptions
@@ -79,9 +79,17 @@ class Targets:
         self._exists: dict[str, bool] = {}
 
     async def exists(self, queue: str) -> bool:
-        """Whether queue ``queue`` exists (asked of the broker the first time only)."""
+        """Whether queue ``queue`` exists (asked of the broker the first time only).
+
+        A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
+        :class:`~amqpjobs.errors.UnaddressableNameError`) can't be looked up, yet a publish's routing
+        key can name it: True, so its publish decides (returned unroutable when it is missing).
+        """
         if queue not in self._exists:
-            missing, _ = await find_missing(self._connection, [queue])
+            try:
+                missing, _ = await find_missing(self._connection, [queue])
+            except UnaddressableNameError:
+                missing = set()
             self._exists[queue] = queue not in missing
         return self._exists[queue]
 

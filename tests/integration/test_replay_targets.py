@@ -133,3 +133,17 @@ async def test_a_target_queue_deleted_mid_run_leaves_its_messages_and_the_run_go
         "other",
         "other",
     ]
+
+
+async def test_a_target_name_the_client_cannot_look_up_is_left_to_its_publish(broker: BrokerSettings, tmp_path: Path):
+    """pamqp refuses to declare a queue named outside ``[a-zA-Z0-9-_.:@#,/+ ]`` (RabbitMQ takes any UTF-8), so
+    the look-up raised and stopped the run; a publish can still be routed to it. Missing: it stays, named."""
+    await make_app(broker, tmp_path)
+    await quarantine_one(broker, "q-0", naming("work", "q-0"))
+    await quarantine_one(broker, "u-1", naming("wörk", "u-1"))
+    await quarantine_one(broker, "q-1", naming("work", "q-1"))
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
+    assert sorted(job_id for job_id, _ in report.moves) == ["q-0", "q-1"]
+    assert (report.replayed, report.skipped, report.left, report.missing) == (2, 1, 1, {"wörk": 1})
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["u-1"]
