@@ -107,3 +107,18 @@ def test_a_resource_alarm_that_blocks_publishers_is_the_brokers_side_exit_3():
         3,
         "broker error: replay of 'work.quarantine': the broker is blocking publishers\n",
     )
+
+
+def test_the_warning_of_a_pause_whose_signal_was_not_sent_is_escaped_too(capsys: pytest.CaptureFixture[str]):
+    from amqpjobs.cli.flow import _signalled
+    from amqpjobs.errors import SignalNotSentError
+
+    async def refused() -> None:
+        raise SignalNotSentError(f"paused job queue work: flag set, but the signal could not be sent ({FORGING})",
+                                 "work", True)  # fmt: skip
+
+    with pytest.raises(SystemExit) as exited:
+        _signalled(refused())
+    assert exited.value.code == 5
+    err = capsys.readouterr().err
+    assert err == f"warning: paused job queue work: flag set, but the signal could not be sent ({ESCAPED})\n"
