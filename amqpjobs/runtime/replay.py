@@ -230,6 +230,8 @@ async def replay(
                     return
                 except UnroutableError:  # deleted under the run: this one stays, named, and the run goes on
                     targets.gone(target)
+                    if canary is not None:  # not moved: no outcome to wait for
+                        canary.drop(planned.job_id)
                     report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type), target)
                     return
                 proven = max(proven, len(copy.body))

@@ -147,3 +147,33 @@ async def test_a_target_name_the_client_cannot_look_up_is_left_to_its_publish(br
     assert (report.replayed, report.skipped, report.left, report.missing) == (2, 1, 1, {"wörk": 1})
     _, left = await browse(broker, "work.quarantine")
     assert [m.delivery.message_id for m in left] == ["u-1"]
+
+
+async def test_a_canary_whose_target_vanished_under_its_move_is_not_waited_for(broker: BrokerSettings, tmp_path: Path):
+    """Found at its look-up, deleted while the canary waited its turn (--rate 1): its publish came back unroutable.
+
+    It stays, named; it is no canary that went (before: waited for, then said to be "not in other nor back in
+    work.quarantine, so most likely done")."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue("other", durable=True)
+    await quarantine_one(broker, "m-0", naming("work", "m-0"))
+    await quarantine_one(broker, "m-1", naming("other", "m-1"))
+    deleted: list[asyncio.Task[None]] = []
+
+    async def delete_other() -> None:
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete("other")
+
+    def progress(report: ReplayReport) -> None:
+        if report.replayed == 1 and not deleted:
+            deleted.append(asyncio.ensure_future(delete_other()))
+
+    options = ReplayOptions(rate=1, canary=2, canary_timeout=1.0)
+    report = await replay(broker, "work.quarantine", options, progress)
+    await asyncio.gather(*deleted)
+    assert (report.replayed, report.missing, report.canary_moved) == (1, {"other": 1}, 1)
+    assert [line.split(":")[0] for line in report.canary_failures] == ["m-0 (mail)"]  # no worker runs: it waits
+    assert "no worker took it (still in work, which has no consumer)" in report.canary_failures[0]
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["m-1"]
