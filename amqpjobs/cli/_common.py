@@ -8,16 +8,16 @@ import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from functools import wraps
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import click
 
-from amqpjobs.durations import DurationTooLongError, parse_duration
+from amqpjobs.durations import parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerBlockedError,
     BrokerError,
     BusyError,
     ConfigurationError,
@@ -29,10 +29,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
-from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
-from amqpjobs.jobs.timestamps import parse_time
-from amqpjobs.printable import printable, shell_quote
+from amqpjobs.printable import printable, printable_lines, shell_quote
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import flush_logs
 from amqpjobs.runtime.results import ResultsStore
@@ -102,8 +99,24 @@ def declares(func: F) -> F:
     return func
 
 
+def error_text(exc: BaseException) -> str:
+    """The text of ``exc`` as an error line prints it: credentials redacted, then control characters escaped.
+
+    An error's text can hold what a publisher, a queue name, a file or an option put there; a line
+    feed in it would forge a line, an escape sequence steer the terminal (:func:`~amqpjobs.printable.printable`).
+    An invalid topology keeps its one line per problem (each problem escaped).
+    """
+    if isinstance(exc, TopologyValidationError):
+        head = str(exc).split("\n", 1)[0]
+        return "\n".join([head, *(f"  - {printable(redact_text(str(p)))}" for p in exc.problems)])
+    return printable(redact_text(str(exc)))
+
+
 def errors_to_exit_codes(func: F) -> F:
-    """Wrap a command so our errors print one line and exit with the documented code."""
+    """Wrap a command so our errors print one line and exit with the documented code.
+
+    The line is :func:`error_text`: credentials redacted and control characters escaped.
+    """
     nothing_declared = getattr(func, "declares_topology", False)
 
     @wraps(func)
@@ -116,44 +129,45 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except TopologyValidationError as exc:
-            click.echo(f"error: {redact_text(str(exc))}", err=True)
+            click.echo(f"error: {error_text(exc)}", err=True)
             if nothing_declared:
                 click.echo("nothing was declared", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except TopologyConflictError as exc:
-            click.echo(exc.report)
+            click.echo(printable_lines(redact_text(exc.report)))
             if exc.declared_nothing:
                 click.echo("conflicts found: nothing was declared", err=True)
             sys.exit(EXIT_FOUND)
         except ConfigurationError as exc:
-            click.echo(f"error: {redact_text(str(exc))}", err=True)
+            click.echo(f"error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except (InvalidPayloadError, PublishError) as exc:
-            if type(exc) is PublishError:  # the outcome is unknown (no confirm, closed under it): the broker's side
-                click.echo(f"broker error: {redact_text(str(exc))}", err=True)
+            # the outcome is unknown (no confirm, closed under it), or an alarm blocks publishers: the broker's side
+            if type(exc) is PublishError or isinstance(exc, BrokerBlockedError):
+                click.echo(f"broker error: {error_text(exc)}", err=True)
                 sys.exit(EXIT_BROKER)
-            click.echo(f"error: {redact_text(str(exc))}", err=True)
+            click.echo(f"error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except BusyError as exc:
-            click.echo(f"busy: {redact_text(str(exc))}", err=True)
+            click.echo(f"busy: {error_text(exc)}", err=True)
             sys.exit(EXIT_BUSY)
         except BrokerError as exc:
-            click.echo(f"broker error: {redact_text(str(exc))}", err=True)
+            click.echo(f"broker error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BROKER)
         except ResultsUnavailableError as exc:  # a service failed us, like the broker
-            click.echo(f"results store error: {redact_text(str(exc))}", err=True)
+            click.echo(f"results store error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BROKER)
         except LedgerUnavailableError as exc:  # likewise
-            click.echo(f"ledger error: {redact_text(str(exc))}", err=True)
+            click.echo(f"ledger error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BROKER)
         except PayloadStoreError as exc:  # likewise
-            click.echo(f"payload store error: {redact_text(str(exc))}", err=True)
+            click.echo(f"payload store error: {error_text(exc)}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:
                 _broken_pipe()
-            what = f"{printable(str(exc.filename))}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
-            click.echo(f"error: {redact_text(what)}", err=True)
+            what = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+            click.echo(f"error: {printable(redact_text(what))}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
@@ -300,43 +314,6 @@ def queue_name_arg(ctx: click.Context, param: click.Parameter, value: str | None
     if value is not None and (problem := queue_name_problem(value)):
         raise click.BadParameter(problem)
     return value
-
-
-def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
-    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give."""
-    when = None
-    if since is not None and not since.strip():
-        raise ConfigurationError("--since is empty: give a duration ('2h') or an ISO-8601 time, or leave it out")
-    for flag, value in (("--job", job), ("--error-type", error_type), ("--reason", reason)):
-        if value is not None and not value.strip():
-            raise ConfigurationError(f"{flag} is empty: give a value or leave it out")
-    if reason is not None and not is_shown_reason(reason):
-        raise ConfigurationError(
-            f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, x-death:<reason> "
-            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, or {NO_EVIDENCE} "
-            "(published straight into the quarantine queue)"
-        )
-    if since:
-        try:
-            when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
-        except DurationTooLongError as exc:
-            raise ConfigurationError(f"--since {since!r}: {exc}") from None
-        except ValueError:
-            when = parse_time(since)
-            if when is None:
-                raise ConfigurationError(
-                    f"--since {since!r}: give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
-                ) from None
-    return Selection(job=job, error_type=error_type, reason=reason, since=when)
-
-
-def filter_options(func: F) -> F:
-    """Add the quarantine filter options to a command."""
-    func = click.option("--since", help="Only failures at or after this: a duration ago ('2h') or an ISO time.")(func)
-    func = click.option("--reason", help="Only this reason (exhausted, permanent, ..., or x-death:expired).")(func)
-    func = click.option("--error-type", help="Only this error type (e.g. ValueError).")(func)
-    func = click.option("--job", help="Only this job name.")(func)
-    return func
 
 
 def app_results_option(func: F) -> F:

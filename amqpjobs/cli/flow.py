@@ -11,7 +11,14 @@ from typing import Any, TypeVar
 
 import click
 
-from amqpjobs.cli._common import EXIT_UNSIGNALLED, errors_to_exit_codes, queue_name_arg, settings, url_options
+from amqpjobs.cli._common import (
+    EXIT_UNSIGNALLED,
+    error_text,
+    errors_to_exit_codes,
+    queue_name_arg,
+    settings,
+    url_options,
+)
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
 from amqpjobs.errors import SignalNotSentError
@@ -26,7 +33,7 @@ def _signalled(change: Coroutine[Any, Any, T]) -> T:
     try:
         return run_command(change)
     except SignalNotSentError as exc:
-        click.echo(f"warning: {exc}", err=True)
+        click.echo(f"warning: {error_text(exc)}", err=True)
         sys.exit(EXIT_UNSIGNALLED)
 
 

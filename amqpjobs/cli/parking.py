@@ -13,12 +13,11 @@ from amqpjobs.cli._common import (
     app_results_option,
     closing_store,
     errors_to_exit_codes,
-    filter_options,
     queue_name_arg,
-    selection,
     settings,
     url_options,
 )
+from amqpjobs.cli._filters import filter_options, selection
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine

@@ -15,13 +15,12 @@ from amqpjobs.cli._common import (
     app_results,
     closing_store,
     errors_to_exit_codes,
-    filter_options,
     output_file,
     queue_name_arg,
-    selection,
     settings,
     url_options,
 )
+from amqpjobs.cli._filters import filter_options, selection
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
@@ -245,7 +244,9 @@ def replay_command(
 
     One replay per quarantine queue at a time: exit 4 at once, naming the running one (its
     host, pid and start), while another process moves QUARANTINE's messages. Exit 0 when
-    done, 1 when --stop-after-failures or a failed --canary stopped the run.
+    done, 1 when --stop-after-failures or a failed --canary stopped the run, or when matching
+    messages stayed (a copy too large to send, a target queue that does not exist, no queue to
+    go back to): the others were replayed, and the summary counts each kind with its fix.
     """
     check_replay_target(to)  # before any warning about it
     check_canary_options(click.get_current_context(), canary)
@@ -340,7 +341,7 @@ def _replay_end(
             click.echo(f"would not replay {line}; it would stay in {printable(report.queue)}", err=True)
         click.echo(f"dry run: {report.replayed} would be replayed, {report.skipped} skipped, nothing moved; "
                    f"{report.left} in {report.queue}{report.skip_reason()}")  # fmt: skip
-        if report.not_moved:
+        if report.partial:
             sys.exit(EXIT_FOUND)
         return
     click.echo(report.summary(canary is not None))
@@ -355,5 +356,5 @@ def _replay_end(
                    f"{stop_after_failures}); fix the cause before replaying the rest", err=True)  # fmt: skip
         sys.exit(EXIT_FOUND)
     click.echo(after_replay(report.queue, report.left))
-    if report.not_moved:
+    if report.partial:  # matching messages stayed, each kind counted in the summary with its fix
         sys.exit(EXIT_FOUND)

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import click
 
 from amqpjobs.cli._common import declares, errors_to_exit_codes, long_running_url_options, settings, verbose
+from amqpjobs.cli._filters import time_option
 from amqpjobs.cli._root import main, release_held_signals_unless
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.cron import Schedule, format_tick
-from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import listed, logfmt_value
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.loading import load_app
@@ -64,9 +64,8 @@ def schedule_run(
 def schedule_list(app_ref: str, count: int, after: str | None) -> None:
     """Each schedule of MODULE:APP with its next fire times, in UTC and in the schedule's local time."""
     app = load_app(app_ref)
-    start = datetime.now(UTC) if after is None else parse_time(after)
-    if start is None:
-        raise ConfigurationError(f"--after {after!r}: give an ISO-8601 time such as 2026-03-29T00:00Z")
+    expected = "give an ISO-8601 time such as 2026-03-29T00:00Z"
+    start = datetime.now(UTC) if after is None else time_option("--after", after, expected)
     schedules = app.schedules()
     if not schedules:
         click.echo(f"app {app.name!r} has no schedules")

@@ -125,11 +125,18 @@ class QuarantinedJob:
     def too_large(self, reason: str) -> str:
         """The line naming this message when its copy (replay, park) can't be sent; it stays where it is.
 
-        ``job 'mail' id 'q-1': its copy would be too large: <reason>`` (the key stands for a
-        missing id; publisher text escaped). ``reason``: :attr:`MessageTooLargeError.reason`.
+        ``job 'mail' id 'q-1': its copy would be too large: <reason>`` (:meth:`stays`).
+        ``reason``: :attr:`MessageTooLargeError.reason`.
+        """
+        return self.stays(f"its copy would be too large: {reason}")
+
+    def stays(self, why: str) -> str:
+        """The line naming this message when a replay or park leaves it where it is: ``job 'mail' id 'q-1': <why>``.
+
+        The key stands for a missing id; publisher text is escaped.
         """
         name = f"job {printable(repr(self.job or '?'))} id {printable(repr(self.job_id or self.key or '?'))}"
-        return f"{name}: its copy would be too large: {reason}"
+        return f"{name}: {why}"
 
     def summary_lines(self) -> list[str]:
         """The lines ``quarantine show`` prints about the job (publisher text escaped, so none forges a line)."""

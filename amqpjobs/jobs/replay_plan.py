@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.quarantine import Selection
+from amqpjobs.jobs.envelope import shortstr_problem
+from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
 from amqpjobs.printable import printable
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.topology.naming import own_queue_words, parse_queue_name
+from amqpjobs.topology.orphans import Route, replay_route
 
 #: Ceilings of a replay asked for by a person, the same in the CLI (``replay --rate/--canary/
 #: --canary-timeout``, exit 2) and the console (HTTP 400 naming the field): a slip such as
@@ -44,6 +46,70 @@ def check_replay_target(to: str | None) -> None:
             f"--to {to!r} is a {kind} queue: replay sends jobs back to a work queue (or leave --to out to send "
             "each to the queue it failed on)"
         )
+
+
+#: Queues of a job queue that hold its jobs but run none: a message whose evidence names one goes back to
+#: the job queue's work queue. A retry tier dead-letters there by itself; the quarantine, suspects and
+#: parked queues and a rate-limited job's waiting room are where its jobs wait (README "Quarantine and replay").
+HOLDING_KINDS: Final = ("tier", "quarantine", "suspects", "parked", "waiting")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a quarantined message goes back to, or why it can't: :func:`destination`.
+
+    Attributes:
+        route: Where its copy is published; None when it stays (``skip`` says why).
+        why: Why ``route`` is not the queue its evidence names ("" when it is): a dropped shard
+            re-routed, or a queue that runs no jobs sent to its work queue.
+        skip: ``no-origin`` (no queue named), ``far`` (a name over 255 bytes, which no publish
+            can address), ``no-work-queue`` (a queue of ours that holds no jobs of a job queue),
+            or "" when it goes.
+        problem: For ``no-work-queue``, what its evidence names, in words, and the fix.
+
+    """
+
+    route: Route | None
+    why: str = ""
+    skip: str = ""
+    problem: str = ""
+
+
+def destination(named: str, key: str, to: str | None, layouts: Mapping[str, JobQueueLayout] | None) -> Destination:
+    """Where a quarantined message whose evidence names queue ``named`` goes back to: the one home of the rule.
+
+    ``to`` (``--to``) wins. Else a work queue or shard goes back there (a shard the topology no
+    longer has by the current shard rule: :func:`~amqpjobs.topology.orphans.replay_route`). A queue
+    that holds a job queue's jobs but runs none (:data:`HOLDING_KINDS`: a retry tier, the
+    quarantine, suspects or parked queue, a waiting room) sends it to that job queue's work queue,
+    as the broker would from a tier: the tier's own work queue, else the job queue's (a sharded one
+    of ``layouts`` by the shard rule, keyed ``key``: its tenant, else its job id). Without the app's
+    layouts a sharded job queue has no queue of its name: that message then stays, its target
+    missing. Any other queue of ours (a pause flag, a scheduler's, breaker's or token queue)
+    holds no jobs: it stays, with the fix (``--to``). The names are read by
+    :func:`~amqpjobs.topology.naming.parse_queue_name`; nothing is asked of the broker.
+    """
+    if to:
+        return Destination(Route("", to, to))
+    if not named:
+        return Destination(None, skip="no-origin")
+    if shortstr_problem("queue", named) is not None:  # no routing key can name it
+        return Destination(None, skip="far")
+    parsed = parse_queue_name(named)
+    if parsed.kind in ("work", "shard"):
+        return Destination(*replay_route(named, key, layouts))
+    said = f"its evidence names {printable(named)}, {own_queue_words(parsed)}, which runs no jobs"
+    if parsed.kind not in HOLDING_KINDS:
+        return Destination(None, skip="no-work-queue", problem=f"{said}: replay it with --to QUEUE")
+    home = f"{said}: back to its work queue"
+    layout = (layouts or {}).get(parsed.job_queue)
+    if parsed.kind != "tier" and layout is not None and (layout.shard_routing_keys or layout.shards_exchange):
+        exchange, routing_key = layout.publish_target(key)  # sharded: the shard rule picks, as for an enqueue
+        shown = exchange if exchange == layout.shards_exchange else layout.work_queue_for(routing_key)
+        return Destination(Route(exchange, routing_key, shown), home)
+    work_queue = parsed.work_queue if parsed.kind == "tier" else parsed.job_queue
+    route, rerouted = replay_route(work_queue, key, layouts)
+    return Destination(route, f"{home}; {rerouted}" if rerouted else home)
 
 
 @dataclass(frozen=True)
@@ -96,8 +162,14 @@ class ReplayReport:
         far_origin: Of ``skipped``, those that matched but whose evidence names a queue over 255
             bytes of UTF-8 (another stack's evidence, or a forged one), which no publish can address
             (the routing key is an AMQP short string), with no ``to`` given; the summary says so and how to move them.
-        not_moved: Of ``skipped``, one line for each matching message whose copy can't be
-            sent (``job 'mail' id 'q-1': its copy would be too large: ...``); it stays in quarantine.
+        not_moved: Of ``skipped``, one line for each matching message that can't go, and why: its copy
+            can't be sent (``job 'mail' id 'q-1': its copy would be too large: ...``, counted in
+            ``too_large``), or its target queue does not exist (``missing``); it stays in quarantine.
+        too_large: Of ``not_moved``, those whose copy would be too large to send.
+        misdirected: Of ``not_moved``, those whose evidence names a queue of ours that holds no jobs
+            of a job queue (a pause flag, a scheduler's or breaker's queue: :func:`destination`).
+        missing: Of ``not_moved``, target queue -> messages for it that stayed because it does not exist
+            (found so before the first move to it, or deleted under the run: its publish came back unroutable).
         left: Messages in the quarantine queue at the end.
         returned: Replayed jobs that came back to quarantine during the run.
         stopped_early: True when ``stop_after_failures`` stopped the run.
@@ -120,6 +192,9 @@ class ReplayReport:
     no_origin: int = 0
     far_origin: int = 0
     not_moved: list[str] = field(default_factory=list)
+    too_large: int = 0
+    misdirected: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
     left: int = 0
     returned: int = 0
     stopped_early: bool = False
@@ -146,6 +221,27 @@ class ReplayReport:
             f"({self.elapsed:.1f}s{waited}{rate}){self.skip_reason()}"
         )
 
+    @property
+    def partial(self) -> bool:
+        """True when matching messages stayed in quarantine for a reason to act on (``replay`` exits 1).
+
+        Each is counted in the summary (:meth:`skip_reason`) with its fix: ``not_moved`` (named one by
+        one), ``no_origin`` and ``far_origin``. A message this run replayed that came back, or one the
+        filters left out, is no such reason.
+        """
+        return bool(self.not_moved or self.no_origin or self.far_origin)
+
+    def stays(self, line: str) -> None:
+        """Count a matching message that can't go as skipped, ``line`` naming it and why; it stays in quarantine."""
+        self.not_moved.append(line)
+        self.skipped += 1
+
+    def target_missing(self, item: QuarantinedJob, target: str) -> None:
+        """Count ``item`` as skipped because its target queue ``target`` does not exist; it stays, named."""
+        self.missing[target] = self.missing.get(target, 0) + 1
+        self.stays(item.stays(f"its target queue {printable(repr(target))} does not exist (apply the topology: "
+                              "amqpjobs topology apply, or replay it with --to QUEUE)"))  # fmt: skip
+
     def cut_short(self, rate: float, why: object) -> str:
         """The error of a run at ``rate`` messages/s the broker cut short (``why``): how many moved, what may be twice.
 
@@ -163,8 +259,17 @@ class ReplayReport:
         why = ""
         if self.limit_reached is not None:
             why = f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
-        if self.not_moved:
-            why += f"; {len(self.not_moved)} skipped: too large to send, still in {printable(self.queue)}"
+        if self.too_large:
+            why += f"; {self.too_large} skipped: too large to send, still in {printable(self.queue)}"
+        if self.missing:
+            many = len(self.missing) > 1
+            names = ", ".join(printable(repr(t)) + (f" ({n})" if many else "") for t, n in sorted(self.missing.items()))
+            why += (f"; {sum(self.missing.values())} skipped: target queue{'s' if many else ''} {names} "
+                    f"do{'' if many else 'es'} not exist, still in {printable(self.queue)}: apply the topology "
+                    "(amqpjobs topology apply) or replay them with amqpjobs replay --to QUEUE")  # fmt: skip
+        if self.misdirected:
+            why += (f"; {self.misdirected} skipped: the queue their evidence names runs no jobs, still in "
+                    f"{printable(self.queue)}: replay them with amqpjobs replay --to QUEUE")  # fmt: skip
         if self.far_origin:
             why += (f"; {self.far_origin} skipped: the queue their evidence names is over 255 bytes, which no publish "
                     "can address (another stack's evidence?): replay them with amqpjobs replay --to QUEUE")  # fmt: skip

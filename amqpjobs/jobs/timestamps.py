@@ -67,6 +67,22 @@ def _from_text(value: str) -> datetime | None:
     return _in_utc(parsed)
 
 
+def utc_out_of_range(value: str) -> str | None:
+    """``"before"`` or ``"after"`` when ``value`` is ISO-8601 text whose UTC falls outside years 1-9999, else None.
+
+    :func:`parse_time` reads such a time as None, as it reads text that is no time at all; this
+    tells them apart, so a refusal can say which (``--since 0001-01-01T00:00+01:00`` is a time,
+    an hour before the year 1 in UTC). None too for text that is no ISO-8601 time, or a time in range.
+    """
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None or _in_utc(parsed) is not None:
+        return None
+    return "before" if parsed.year == 1 else "after"
+
+
 def _in_utc(value: datetime) -> datetime | None:
     """``value`` as an aware datetime in UTC (naive: taken as UTC), None when UTC is out of range.
 

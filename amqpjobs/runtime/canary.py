@@ -97,6 +97,11 @@ class Canary:
         self.expected[job_id] = job
         self.targets[job_id] = target
 
+    def drop(self, job_id: str) -> None:
+        """Forget canary ``job_id``: its copy did not go (its target vanished under the move): no outcome comes."""
+        self.expected.pop(job_id, None)
+        self.targets.pop(job_id, None)
+
     async def judge(
         self, moving: Collection[asyncio.Task[None]], failures: list[BaseException], report: ReplayReport
     ) -> bool:

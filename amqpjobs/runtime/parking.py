@@ -42,6 +42,7 @@ from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.alarms import refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -196,7 +197,7 @@ async def park(
     """
     selection = selection or q.Selection()
     async with session(settings) as connection:
-        queue, _ = await resolve_quarantine_queue(connection, name)
+        queue, depth = await resolve_quarantine_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
             raise ConfigurationError(f"{queue!r} is a parked queue already: park takes from a quarantine queue")
@@ -208,6 +209,8 @@ async def park(
                 f"parked queue {target!r} does not exist: apply the topology (amqpjobs topology apply) to declare "
                 "it; nothing was moved"
             ) from None
+        if depth:  # a copy's publish would be held, the park with it, without a word
+            await refuse_while_blocked(settings, f"park of {queue!r}")
         report = report if report is not None else TakeReport(queue)
         report.queue, report.target = queue, target
         publisher = ConfirmedPublisher(connection)

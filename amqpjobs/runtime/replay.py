@@ -31,16 +31,17 @@ from amqpjobs.errors import (
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.envelope import OutgoingMessage, shortstr_problem, tenant_in
-from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, replay_window
+from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, destination, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
-from amqpjobs.runtime.replay_checks import check_jobs_belong, check_targets
+from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
-from amqpjobs.topology.orphans import Route, replay_route
+from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
+from amqpjobs.wire.alarms import refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -98,36 +99,37 @@ def replay_move(
 ) -> ReplayMove | None:
     """The move of one quarantined message in a replay run ``replay_id``, or None: it is skipped.
 
-    Skipped: it came back failing from this run (it carries ``replay_id``), it names no
-    queue to go back to (no evidence, no ``x-death``) and ``options.to`` is unset (counted
-    in ``report.no_origin``, so the summary says why), it names one over 255 bytes, which no publish can
-    address (``report.far_origin``), or ``options.selection`` leaves it out.
-    A job of a shard the topology no longer has (``options.layouts``) goes by the current
-    shard rule (:func:`~amqpjobs.topology.orphans.replay_route`).
+    Where it goes is :func:`~amqpjobs.jobs.replay_plan.destination` (the one home of the rule).
+    Skipped: it came back failing from this run (it carries ``replay_id``), ``options.selection``
+    leaves it out, or it has no destination: it names no queue to go back to (counted in
+    ``report.no_origin``, so the summary says why), one over 255 bytes, which no publish can
+    address (``report.far_origin``), or a queue of ours that holds no jobs (``report.misdirected``,
+    named in ``report.not_moved``).
     The copy starts at attempt 1 with the replay provenance (:func:`amqpjobs.jobs.quarantine.replay_headers`).
     Used by :func:`replay` and by the in-memory double (:mod:`amqpjobs.testing`). ``census``
     counts the message (and whether the filters matched it).
     """
     item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-    target = options.to or item.original_queue
     ours = q.header_text(delivery.headers.get(q.REPLAY_ID)) == replay_id  # it came back failing
     matched = (census or Census()).matches(item, options.selection)
-    if ours or not target or not matched:
-        if report is not None and matched and not ours and not target:
-            report.no_origin += 1
-        return None
-    if not options.to and shortstr_problem("queue", target) is not None:  # no routing key can name it
-        if report is not None:
-            report.far_origin += 1
+    if ours or not matched:
         return None
     job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+    goes = destination(item.original_queue, tenant_in(delivery.headers) or job_id, options.to, options.layouts)
+    if goes.route is None:  # it stays: counted by why, so the summary says it with the fix
+        if report is not None and goes.skip == "no-work-queue":
+            report.misdirected += 1
+            report.not_moved.append(item.stays(goes.problem))
+        elif report is not None:
+            report.far_origin += goes.skip == "far"
+            report.no_origin += goes.skip == "no-origin"
+        return None
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
     # ready in the work queue on its publish, now: max_age and status count its age from then
     copy = delivery.copy(headers, job_id, envelope.ready_at(time.time()))
     if options.to:
-        return ReplayMove(target, job_id, copy)
-    route, why = replay_route(target, tenant_in(delivery.headers) or job_id, options.layouts)
-    return ReplayMove(route.target, job_id, copy, route, why)
+        return ReplayMove(goes.route.target, job_id, copy)
+    return ReplayMove(goes.route.target, job_id, copy, goes.route, goes.why)
 
 
 async def replay(
@@ -150,7 +152,8 @@ async def replay(
 
     Holds the queue's :func:`mover_lock` throughout. A dry run moves nothing but checks
     what a real run checks: it takes the lock too (exit 4 while another mover runs), and
-    every target queue must exist.
+    a message whose target queue does not exist is skipped, named, as a real run skips it
+    (:class:`~amqpjobs.runtime.replay_checks.Targets`): one message never blocks the others.
 
     Args:
         settings: Broker settings.
@@ -166,10 +169,9 @@ async def replay(
             at the end of the run, :func:`~amqpjobs.runtime.results.record_quietly`).
 
     Raises:
-        ConfigurationError: no such quarantine queue, a bad option, or (dry run) a target
-            queue that does not exist.
+        ConfigurationError: no such quarantine queue, a bad option, or a ``--to`` queue that does
+            not exist (nothing was moved).
         BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
-        UnroutableError: a target work queue does not exist (that message stays in quarantine).
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
     """
@@ -186,6 +188,8 @@ async def replay(
         lock = await stack.enter_async_context(mover_lock(connection, settings, queue_name, "replay"))
         _, depth = await resolve_quarantine_queue(connection, queue_name)  # as the previous mover left it
         report.queue, report.left = census.queue, census.depth = queue_name, depth
+        if depth and not options.dry_run:  # a copy's publish would be held, the run with it, without a word
+            await refuse_while_blocked(settings, f"replay of {queue_name!r}")
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await check_targets(connection, [options.to])
             if options.job_queues is not None:  # before any move: the target's workers must handle every job
@@ -203,6 +207,7 @@ async def replay(
                 progress(report)
         publisher = ConfirmedPublisher(connection)
         browser = await QueueBrowser.open(connection)
+        targets = Targets(connection)
         started: float | None = None
         interrupted = False
         launched = 0
@@ -210,7 +215,6 @@ async def replay(
         moving: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
-        routed: set[str] = set()
         proven = 0  # the largest body confirmed in this run: a larger copy is sent alone (see _alone)
 
         async def move(delivery: Delivery, planned: ReplayMove, started: float) -> None:
@@ -224,11 +228,12 @@ async def replay(
                 except MessageTooLargeError as exc:  # over the broker's max_message_size: it stays (see _alone)
                     _too_large(delivery, exc, report)
                     return
-                except UnroutableError:
-                    raise ConfigurationError(
-                        f"target queue {target!r} does not exist; {report.replayed} moved before it, "
-                        "the rest stay in quarantine"
-                    ) from None
+                except UnroutableError:  # deleted under the run: this one stays, named, and the run goes on
+                    targets.gone(target)
+                    if canary is not None:  # not moved: no outcome to wait for
+                        canary.drop(planned.job_id)
+                    report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type), target)
+                    return
                 proven = max(proven, len(copy.body))
                 report.moves.append((copy.message_id or "", target))  # confirmed: it moved, whatever the ack does
                 was = q.describe(delivery.headers, delivery.message_id, delivery.type)
@@ -263,14 +268,16 @@ async def replay(
                     continue
                 if not await _fits(publisher, delivery, planned, report):
                     continue
+                if not planned.exchange and not await targets.exists(planned.target):  # it stays, named
+                    report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type),
+                                          planned.target)  # fmt: skip
+                    continue
                 if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
                     break
                 target = planned.target
                 if canary is not None and launched < canary.size:
                     job = q.describe(delivery.headers, delivery.message_id, delivery.type).job
                     canary.expect(planned.job_id, job, target)
-                if planned.exchange:
-                    routed.add(target)  # an exchange (modulus-hash): the broker picks the queue
                 if planned.rerouted:
                     report.rerouted[planned.job_id] = planned.rerouted
                 if options.dry_run:
@@ -308,8 +315,6 @@ async def replay(
             await asyncio.gather(*moving, return_exceptions=True)
             if failures:
                 raise failures[0]
-            if options.dry_run:
-                await check_targets(connection, [target for _, target in report.moves if target not in routed])
         except asyncio.CancelledError:
             interrupted = True
             raise
@@ -348,8 +353,8 @@ async def _alone(moving: set[asyncio.Task[None]]) -> None:
 def _too_large(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:
     """Count a message whose copy can't be sent as skipped, naming it in ``report.not_moved``; it stays."""
     item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-    report.not_moved.append(item.too_large(exc.reason or str(exc)))
-    report.skipped += 1
+    report.too_large += 1
+    report.stays(item.too_large(exc.reason or str(exc)))
 
 
 async def _fits(publisher: ConfirmedPublisher, delivery: Delivery, planned: ReplayMove, report: ReplayReport) -> bool:

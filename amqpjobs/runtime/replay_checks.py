@@ -1,13 +1,14 @@
 """What a replay checks before it moves anything (README "Quarantine and replay"), dry run or not.
 
 A ``--to`` whose workers would not handle the jobs that move (they would only come back as
-``unknown-job``), and target queues that do not exist (a real run would stop at the first
-message for one), are refused with nothing moved.
+``unknown-job``), and a ``--to`` queue that does not exist, are refused with nothing moved.
+Without ``--to``, each message's own target is looked up once (:class:`Targets`): a message for
+one that does not exist stays in quarantine, named, and the others go.
 """
 
 from __future__ import annotations
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.replay_plan import ReplayOptions
@@ -56,11 +57,42 @@ async def check_jobs_belong(connection: Connection, queue_name: str, depth: int,
 
 
 async def check_targets(connection: Connection, targets: list[str]) -> None:
-    """What a real run finds at its first move to each target, checked before: the queue must exist."""
+    """Refuse a ``--to`` queue that does not exist: every message would stay; checked before anything moves."""
     missing, _ = await find_missing(connection, targets)
     if missing:
         raise ConfigurationError(
-            f"target queue(s) {', '.join(repr(t) for t in sorted(missing))} do not exist: a replay would stop at the "
-            "first message for one, leaving it and the rest in quarantine; nothing was moved (check --to, or apply "
-            "the topology)"
+            f"target queue(s) {', '.join(printable(repr(t)) for t in sorted(missing))} do not exist; nothing was "
+            "moved (check --to, or apply the topology: amqpjobs topology apply)"
         )
+
+
+class Targets:
+    """Which target queues of a replay exist: each looked up once (a passive declare), then remembered.
+
+    A message whose target does not exist stays in quarantine, named
+    (:meth:`~amqpjobs.jobs.replay_plan.ReplayReport.target_missing`); one missing never blocks the
+    others. A target deleted under the run is found by its publish, returned unroutable (:meth:`gone`).
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._exists: dict[str, bool] = {}
+
+    async def exists(self, queue: str) -> bool:
+        """Whether queue ``queue`` exists (asked of the broker the first time only).
+
+        A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
+        :class:`~amqpjobs.errors.UnaddressableNameError`) can't be looked up, yet a publish's routing
+        key can name it: True, so its publish decides (returned unroutable when it is missing).
+        """
+        if queue not in self._exists:
+            try:
+                missing, _ = await find_missing(self._connection, [queue])
+            except UnaddressableNameError:
+                missing = set()
+            self._exists[queue] = queue not in missing
+        return self._exists[queue]
+
+    def gone(self, queue: str) -> None:
+        """Remember that ``queue`` went missing (a publish to it came back unroutable): later messages for it stay."""
+        self._exists[queue] = False

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from amqpjobs.durations import parse_duration
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.jobs.outcome import Ack, Outcome
@@ -356,7 +356,11 @@ class TestBroker:
                 kept.append(delivery.stored)
                 moved += planned is not None
                 continue
-            await self.publisher.publish("", planned.target, planned.copy)
+            try:
+                await self.publisher.publish("", planned.target, planned.copy)
+            except UnroutableError:  # its target does not exist: it stays, as in a real replay
+                kept.append(delivery.stored)
+                continue
             await delivery.ack()
             moved += 1
         self.memory.queue(source).messages[:0] = kept

@@ -10,9 +10,11 @@ consumes and acks is not blocked, which is why workers publish on a connection o
 The broker blocks a connection only when it publishes during the alarm: the first publish
 is then held unread (it is stored once the alarm clears) and only the later ones can be
 refused before they are written. :func:`blocked_by` reads the notification;
-:func:`amqpjobs.wire.management.ManagementClient.alarms` asks the node before that first
-publish. aiormq keeps the blocked state but drops the reason, so
-:func:`install_blocked_tracking` records it.
+:func:`alarm_now` asks the node (management API) before that first publish, and
+:func:`refuse_while_blocked` is the one check of an operator command that publishes (``replay``,
+``quarantine park``; ``pause``/``resume`` send no signal then): refused at once, saying why,
+instead of held without a word until the alarm clears. aiormq keeps the blocked state but
+drops the reason, so :func:`install_blocked_tracking` records it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from typing import Any
 
 import aiormq
 
+from amqpjobs.errors import AmqpJobsError, BrokerBlockedError
 from amqpjobs.text import as_text
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
 
 #: The reason of the last ``connection.blocked`` of each aiormq connection.
 _REASONS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -68,6 +73,42 @@ def blocked_by(connection: Connection) -> str | None:
         return None
     transport = getattr(connection, "transport", None)
     return alarm_of(_REASONS.get(getattr(transport, "connection", None), ""))
+
+
+async def alarm_now(settings: BrokerSettings) -> str | None:
+    """The resource alarm that blocks publishers now (``memory``, ``disk``, ``disk & memory``), from the management API.
+
+    None when there is none, or the API can't say (a publish then goes as ever). Asked in a thread
+    (the HTTP client blocks), at most 5 s.
+    """
+
+    def ask() -> list[str]:
+        with ManagementClient(settings, timeout=5.0) as mgmt:
+            return mgmt.alarms()
+
+    try:
+        return " & ".join(await asyncio.to_thread(ask)) or None
+    except AmqpJobsError:
+        return None
+
+
+async def refuse_while_blocked(settings: BrokerSettings, what: str) -> None:
+    """Refuse an operator command that publishes (``what``: ``replay of 'Q'``) while a resource alarm is raised.
+
+    The broker would hold its first publish unread until the alarm clears, and the command with it
+    (a replay waited without a word until killed). Call it before anything is moved.
+
+    Raises:
+        BrokerBlockedError: an alarm is raised; the message names it and says nothing was moved (exit 3).
+
+    """
+    alarm = await alarm_now(settings)
+    if alarm is not None:
+        raise BrokerBlockedError(
+            f"{what}: the broker is blocking publishers: resource alarm ({alarm}); each copy would be held unread "
+            "until it clears, so nothing was moved: run it again once the alarm clears",
+            alarm=alarm,
+        )
 
 
 #: Seconds between two looks at the connection of a publish awaiting its confirm (``wait_while_blocked``):

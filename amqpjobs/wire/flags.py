@@ -44,6 +44,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import LISTENER_PREFIX, SIGNAL_EXCHANGE, pause_signal_key, paused_flag_name
+from amqpjobs.wire.alarms import alarm_now
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.declare import declaring, find_missing
 from amqpjobs.wire.errors import broker_errors
@@ -185,22 +186,6 @@ async def set_flags(
     return flags, unsent
 
 
-async def _blocking_alarm(settings: BrokerSettings) -> str | None:
-    """The resource alarm that blocks publishers now (``memory``, ``disk``, ...), from the management API.
-
-    None when there is none, or the API can't say (the signal is then sent as ever).
-    """
-
-    def ask() -> list[str]:
-        with ManagementClient(settings, timeout=5.0) as mgmt:
-            return mgmt.alarms()
-
-    try:
-        return " & ".join(await asyncio.to_thread(ask)) or None
-    except AmqpJobsError:
-        return None
-
-
 async def _send_all(
     settings: BrokerSettings, channel: AbstractChannel, signals: list[tuple[str, PauseFlag | None]]
 ) -> SignalNotSent | None:
@@ -210,7 +195,7 @@ async def _send_all(
     alarm clears (and hold the command with it, its channel's close too); the flags are
     changed, and workers read them within :data:`RECHECK` seconds.
     """
-    if signals and (alarm := await _blocking_alarm(settings)) is not None:
+    if signals and (alarm := await alarm_now(settings)) is not None:
         held = f"the broker is blocking publishers: resource alarm ({alarm}); the signal would be held until it clears"
         return SignalNotSent(signals[0][0], held)
     for job_queue, flag in signals:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 from amqpjobs import App, BrokerBlockedError, JobContext, QueueFullError, Worker, WorkerOptions
@@ -33,7 +34,7 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.amqp_frames import short_bytes
-from tests.integration.helpers import cli, depth, drain, wait_until
+from tests.integration.helpers import cli, cli_subprocess, depth, drain, raw_channel, wait_until
 from tests.integration.own_node import OwnNode, own_node
 from tests.integration.test_wire_contract import publish_raw, wait_for_head_timestamp
 
@@ -340,6 +341,53 @@ async def test_pause_and_resume_during_an_alarm_change_the_flag_and_say_at_once_
             assert list(paused) == (["work"] if command[0] == "pause" else [])
     finally:
         alarm_node.memory_alarm(False)
+
+
+async def quarantine_three(settings: BrokerSettings) -> None:
+    """Three quarantined jobs of work (q-0 .. q-2), published before any alarm."""
+    async with raw_channel(settings) as ch:
+        ex = await ch.get_exchange("work.quarantine")
+        for i in range(3):
+            await ex.publish(aio_pika.Message(b"{}", message_id=f"q-{i}", type="ok",
+                                              headers={"amqpjobs-reason": "exhausted",
+                                                       "amqpjobs-original-queue": "work"}),
+                             routing_key="work")  # fmt: skip
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_replay_and_park_during_an_alarm_say_at_once_why_and_move_nothing(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+):
+    """A replay's or park's copies are publishes, which the broker holds during an alarm: `replay` hung without
+    a word (150 s until killed, nothing duplicated), as `pause` did. Refused at once, exit 3, nothing moved; a
+    dry run and a purge (no publish) still work."""
+    app = await make_app(on_alarm_node, tmp_path)
+    await app.close()
+    await quarantine_three(on_alarm_node)
+    alarm_node.memory_alarm(True)
+    try:
+        for command, what in ((("replay", "work", "--rate", "1000"), "replay"),
+                              (("quarantine", "park", "work", "--yes"), "park")):  # fmt: skip
+            started = time.monotonic()
+            out = await asyncio.to_thread(cli_subprocess, on_alarm_node, *command, timeout=30)
+            assert time.monotonic() - started < 10, out
+            assert out.returncode == 3, out
+            assert out.stderr == (
+                f"broker error: {what} of 'work.quarantine': the broker is blocking publishers: resource alarm "
+                "(memory); each copy would be held unread until it clears, so nothing was moved: run it again once "
+                "the alarm clears\n"
+            )
+        dry = await asyncio.to_thread(cli_subprocess, on_alarm_node, "replay", "work", "--dry-run", timeout=30)
+        assert dry.returncode == 0, dry
+        assert "dry run: 3 would be replayed, 0 skipped, nothing moved; 3 in work.quarantine" in dry.stdout
+        purged = await asyncio.to_thread(cli_subprocess, on_alarm_node, "quarantine", "purge", "work", "--yes",
+                                         "--job", "ok", timeout=30)  # fmt: skip
+        assert purged.returncode == 0, purged
+        assert "purged 3 message(s) from work.quarantine; 0 left" in purged.stdout
+    finally:
+        alarm_node.memory_alarm(False)
+    assert await depth(on_alarm_node, "work") == 0
+    assert await depth(on_alarm_node, "work.parked") == 0
 
 
 async def test_a_queue_over_max_depth_refuses_enqueue_then_waits_when_asked(broker: BrokerSettings, tmp_path: Path):

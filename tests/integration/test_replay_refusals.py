@@ -10,7 +10,6 @@ from typing import Any
 import aio_pika
 import pytest
 
-from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.parking import park
@@ -145,14 +144,14 @@ def test_the_console_names_the_message_a_replay_or_park_left(broker: BrokerSetti
 async def test_replay_whose_copy_cannot_be_published_leaves_the_original_in_quarantine(
     broker: BrokerSettings, tmp_path: Path
 ):
-    # the target queue was deleted: each copy's publish is refused (unroutable), so no original may be acked
+    # the target queue was deleted: no copy can go, so no original may be acked; each stays, named
     await make_app(broker, tmp_path)
     await fill_quarantine(broker, 3)
     async with raw_channel(broker) as ch:
         await ch.queue_delete("work")
-    with pytest.raises(ConfigurationError) as caught:
-        await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
-    assert str(caught.value) == "target queue 'work' does not exist; 0 moved before it, the rest stay in quarantine"
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
+    assert (report.replayed, report.skipped, report.left, report.missing) == (0, 3, 3, {"work": 3})
+    assert [line.split(":")[0] for line in report.not_moved] == [f"job 'mail' id 'q-{i}'" for i in range(3)]
     _, left = await browse(broker, "work.quarantine")
     assert sorted(str(m.delivery.message_id) for m in left) == ["q-0", "q-1", "q-2"]
     assert [q.describe(m.delivery.headers, m.delivery.message_id, m.delivery.type).attempts for m in left] == [4, 4, 4]
@@ -177,10 +176,10 @@ async def test_replay_skips_a_message_whose_evidence_names_a_queue_no_publish_ca
     await fill_quarantine(broker, 1)  # q-0 again, after it
     said = "; 1 skipped: the queue their evidence names is over 255 bytes, which no publish can address"
     dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
-    assert dry.exit_code == 0, dry.output
+    assert dry.exit_code == 1, dry.output  # partial: a matching message stays
     assert "dry run: 3 would be replayed, 1 skipped, nothing moved; 4 in work.quarantine" + said in dry.stdout
     run = await asyncio.to_thread(cli, broker, "replay", "work", "--rate", "1000")
-    assert run.exit_code == 0, run.output
+    assert run.exit_code == 1, run.output
     assert "replayed 3, skipped 1, left 1 in work.quarantine (" in run.stdout
     assert said + " (another stack's evidence?): replay them with amqpjobs replay --to QUEUE" in run.stdout
     assert await depth(broker, "work") == 3

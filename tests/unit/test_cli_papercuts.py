@@ -227,7 +227,7 @@ def test_schedule_list_past_the_end_of_the_calendar_is_exit_2_in_one_line() -> N
 
 def test_every_reason_the_quarantine_list_shows_is_a_reason_to_select() -> None:
     # review L3: --reason no-evidence was refused although `quarantine list` shows it
-    from amqpjobs.cli._common import selection
+    from amqpjobs.cli._filters import selection
 
     for reason in ("no-evidence", "x-death:unknown", "x-death:expired", "exhausted"):
         assert selection(None, None, reason, None).reason == reason

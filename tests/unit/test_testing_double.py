@@ -7,6 +7,7 @@ scenarios against a real broker are in tests/integration/test_testing_contract.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import decimal
 import threading
 import time
@@ -175,6 +176,27 @@ async def test_replay_sends_a_quarantined_job_back_and_it_runs(tmp_path: Path) -
     assert (h["amqpjobs-replay-count"], h["amqpjobs-previous-reason"]) == (1, "rejected")
     assert h["amqpjobs-previous-error-message"] == "gateway misconfigured"
     assert "amqpjobs-reason" not in h
+
+
+async def test_replay_leaves_a_message_whose_target_queue_does_not_exist_and_moves_the_rest(tmp_path: Path) -> None:
+    """As a real replay (tests/integration/test_replay_targets.py): the double lost the held messages instead."""
+    app = make_app(tmp_path)
+
+    @app.job("pay", queue="money", payload=Order)
+    async def pay(order: Order, ctx: JobContext) -> None:
+        raise Reject("gateway misconfigured")
+
+    async with TestBroker(app, start=START) as broker:
+        for i in range(3):
+            await app.enqueue("pay", {"order_id": i}, job_id=f"p-{i}")
+        await broker.drain()
+        stored = broker.memory.queue("money.quarantine").messages[1]
+        stored.message = dataclasses.replace(
+            stored.message, headers={**stored.message.headers, "amqpjobs-original-queue": "gone"}
+        )  # another stack's evidence: no such queue
+        assert await broker.replay("money") == 2
+        assert [m.message_id for m in broker.quarantine("money")] == ["p-1"]
+        assert broker.quarantine("money")[0].headers["amqpjobs-original-queue"] == "gone"
 
 
 async def test_enqueue_from_a_handler_goes_to_the_double_and_runs(tmp_path: Path) -> None:

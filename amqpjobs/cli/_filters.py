@@ -1,0 +1,73 @@
+"""The quarantine filter options (``--job/--error-type/--reason/--since``) and the CLI's ISO-time options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+
+from amqpjobs.durations import DurationTooLongError, parse_duration
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.outcome import REASONS
+from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
+from amqpjobs.jobs.timestamps import parse_time, utc_out_of_range
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
+    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give."""
+    when = None
+    if since is not None and not since.strip():
+        raise ConfigurationError("--since is empty: give a duration ('2h') or an ISO-8601 time, or leave it out")
+    for flag, value in (("--job", job), ("--error-type", error_type), ("--reason", reason)):
+        if value is not None and not value.strip():
+            raise ConfigurationError(f"{flag} is empty: give a value or leave it out")
+    if reason is not None and not is_shown_reason(reason):
+        raise ConfigurationError(
+            f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, x-death:<reason> "
+            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, or {NO_EVIDENCE} "
+            "(published straight into the quarantine queue)"
+        )
+    if since:
+        try:
+            when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
+        except DurationTooLongError as exc:
+            raise ConfigurationError(f"--since {since!r}: {exc}") from None
+        except ValueError:
+            expected = "give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
+            when = time_option("--since", since, expected)
+    return Selection(job=job, error_type=error_type, reason=reason, since=when)
+
+
+def time_option(option: str, value: str, expected: str) -> datetime:
+    """An option's ISO-8601 time (``--since``, ``--after``) as an aware UTC datetime.
+
+    Raises:
+        ConfigurationError: ``value`` is no such time (the message is ``option``, ``value`` and
+            ``expected``), or one whose UTC falls outside years 1-9999, said so (exit 2).
+
+    """
+    when = parse_time(value)
+    if when is not None:
+        return when
+    side = utc_out_of_range(value)
+    if side is not None:
+        earlier, later = ("earlier", "later") if side == "before" else ("later", "earlier")
+        year = 1 if side == "before" else 9999
+        raise ConfigurationError(
+            f"{option} {value!r} is an ISO-8601 time, but in UTC it falls {side} the year {year}, {earlier} than any "
+            f"time this reads; give {'an' if later == 'earlier' else 'a'} {later} one"
+        )
+    raise ConfigurationError(f"{option} {value!r}: {expected}")
+
+
+def filter_options(func: F) -> F:
+    """Add the quarantine filter options to a command."""
+    func = click.option("--since", help="Only failures at or after this: a duration ago ('2h') or an ISO time.")(func)
+    func = click.option("--reason", help="Only this reason (exhausted, permanent, ..., or x-death:expired).")(func)
+    func = click.option("--error-type", help="Only this error type (e.g. ValueError).")(func)
+    func = click.option("--job", help="Only this job name.")(func)
+    return func

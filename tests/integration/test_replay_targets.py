@@ -1,0 +1,179 @@
+"""A replay whose target queue is missing (real broker): one message never blocks the others, nothing is lost.
+
+A message whose target queue does not exist stays in quarantine as it was, named in the report
+with the fix, and the rest are replayed (exit 1: partial).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
+from amqpjobs.runtime.quarantine import browse
+from amqpjobs.runtime.replay import replay
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import cli, depth, raw_channel
+from tests.integration.test_quarantine import evidence_for
+from tests.integration.worker_env import make_app
+
+pytestmark = pytest.mark.broker
+
+
+async def quarantine_one(broker: BrokerSettings, job_id: str, headers: dict[str, Any]) -> None:
+    """Publish one message straight into work.quarantine (through its fanout exchange)."""
+    async with raw_channel(broker) as ch:
+        ex = await ch.get_exchange("work.quarantine")
+        await ex.publish(aio_pika.Message(json.dumps({"id": job_id}).encode(), message_id=job_id, type="mail",
+                                          headers=headers),
+                         routing_key="work")  # fmt: skip
+
+
+def naming(queue: str, job_id: str) -> dict[str, Any]:
+    """Our evidence of job ``job_id``, failed on ``queue``."""
+    return {**evidence_for(0), "amqpjobs-original-queue": queue, "amqpjobs-job-id": job_id}
+
+
+def died_in(queue: str, reason: str = "rejected") -> dict[str, Any]:
+    """A broker-side dead-letter from ``queue`` (``x-death`` only)."""
+    return {"x-death": [{"queue": queue, "reason": reason, "count": 1, "exchange": "", "routing-keys": [queue]}]}
+
+
+async def fill_with_a_missing_target(broker: BrokerSettings) -> None:
+    """q-0, q-1 for work; g-1 for 'ghost' (in the app's topology, never applied); q-2, q-3 for work after it."""
+    for i in range(2):
+        await quarantine_one(broker, f"q-{i}", naming("work", f"q-{i}"))
+    await quarantine_one(broker, "g-1", naming("ghost", "g-1"))
+    for i in range(2, 4):
+        await quarantine_one(broker, f"q-{i}", naming("work", f"q-{i}"))
+
+
+GHOST_LINE = (
+    "job 'mail' id 'g-1': its target queue 'ghost' does not exist (apply the topology: amqpjobs topology apply, "
+    "or replay it with --to QUEUE)"
+)
+GHOST_SUMMARY = (
+    "; 1 skipped: target queue 'ghost' does not exist, still in work.quarantine: apply the topology (amqpjobs "
+    "topology apply) or replay them with amqpjobs replay --to QUEUE"
+)
+
+
+async def test_a_message_whose_target_queue_does_not_exist_stays_and_the_others_are_replayed(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await make_app(broker, tmp_path)
+    await fill_with_a_missing_target(broker)
+    _, before = await browse(broker, "work.quarantine")
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
+    assert (report.replayed, report.skipped, report.left) == (4, 1, 1)
+    assert sorted(job_id for job_id, _ in report.moves) == ["q-0", "q-1", "q-2", "q-3"]
+    assert report.not_moved == [GHOST_LINE]
+    assert report.missing == {"ghost": 1}
+    assert report.summary(canary=False).endswith(GHOST_SUMMARY)
+    assert await depth(broker, "work") == 4
+    _, left = await browse(broker, "work.quarantine")  # untouched: the same message, headers and body
+    ghost = next(m for m in before if m.delivery.message_id == "g-1")
+    assert [m.delivery.message_id for m in left] == ["g-1"]
+    assert (left[0].delivery.headers, left[0].delivery.body) == (ghost.delivery.headers, ghost.delivery.body)
+
+
+async def test_cli_replay_names_the_message_whose_target_is_missing_and_exits_1_dry_run_alike(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await make_app(broker, tmp_path)
+    await fill_with_a_missing_target(broker)
+    dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
+    assert dry.exit_code == 1, dry.output
+    assert "dry run: 4 would be replayed, 1 skipped, nothing moved; 5 in work.quarantine" + GHOST_SUMMARY in dry.stdout
+    assert f"would not replay {GHOST_LINE}; it would stay in work.quarantine\n" in dry.stderr
+    run = await asyncio.to_thread(cli, broker, "replay", "work", "--rate", "1000")
+    assert run.exit_code == 1, run.output
+    assert "replayed 4, skipped 1, left 1 in work.quarantine (" in run.stdout
+    assert GHOST_SUMMARY in run.stdout
+    assert f"not replayed {GHOST_LINE}; it stays in work.quarantine\n" in run.stderr
+    assert await depth(broker, "work") == 4
+    moved = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "work")  # the fix the line names
+    assert moved.exit_code == 0, moved.output
+    assert "replayed 1, skipped 0, left 0 in work.quarantine" in moved.stdout
+
+
+async def test_a_target_queue_deleted_mid_run_leaves_its_messages_and_the_run_goes_on(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Found at the first move (it existed then), deleted before the second: a publish returned unroutable."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue("other", durable=True)
+    for i, queue in enumerate(("other", "work", "other", "work", "other")):
+        await quarantine_one(broker, f"m-{i}", naming(queue, f"m-{i}"))
+    deleted: list[asyncio.Task[None]] = []
+
+    async def delete_other() -> None:
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete("other")
+
+    def progress(report: ReplayReport) -> None:
+        if report.replayed == 1 and not deleted:
+            deleted.append(asyncio.ensure_future(delete_other()))
+
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=5), progress)
+    await asyncio.gather(*deleted)
+    assert sorted(job_id for job_id, _ in report.moves) == ["m-0", "m-1", "m-3"]
+    assert (report.replayed, report.skipped, report.left, report.missing) == (3, 2, 2, {"other": 2})
+    assert [line.split(":")[0] for line in report.not_moved] == ["job 'mail' id 'm-2'", "job 'mail' id 'm-4'"]
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["m-2", "m-4"]
+    assert [q.describe(m.delivery.headers, m.delivery.message_id, m.delivery.type).original_queue for m in left] == [
+        "other",
+        "other",
+    ]
+
+
+async def test_a_target_name_the_client_cannot_look_up_is_left_to_its_publish(broker: BrokerSettings, tmp_path: Path):
+    """pamqp refuses to declare a queue named outside ``[a-zA-Z0-9-_.:@#,/+ ]`` (RabbitMQ takes any UTF-8), so
+    the look-up raised and stopped the run; a publish can still be routed to it. Missing: it stays, named."""
+    await make_app(broker, tmp_path)
+    await quarantine_one(broker, "q-0", naming("work", "q-0"))
+    await quarantine_one(broker, "u-1", naming("wörk", "u-1"))
+    await quarantine_one(broker, "q-1", naming("work", "q-1"))
+    report = await replay(broker, "work.quarantine", ReplayOptions(rate=1000))
+    assert sorted(job_id for job_id, _ in report.moves) == ["q-0", "q-1"]
+    assert (report.replayed, report.skipped, report.left, report.missing) == (2, 1, 1, {"wörk": 1})
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["u-1"]
+
+
+async def test_a_canary_whose_target_vanished_under_its_move_is_not_waited_for(broker: BrokerSettings, tmp_path: Path):
+    """Found at its look-up, deleted while the canary waited its turn (--rate 1): its publish came back unroutable.
+
+    It stays, named; it is no canary that went (before: waited for, then said to be "not in other nor back in
+    work.quarantine, so most likely done")."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        await ch.declare_queue("other", durable=True)
+    await quarantine_one(broker, "m-0", naming("work", "m-0"))
+    await quarantine_one(broker, "m-1", naming("other", "m-1"))
+    deleted: list[asyncio.Task[None]] = []
+
+    async def delete_other() -> None:
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete("other")
+
+    def progress(report: ReplayReport) -> None:
+        if report.replayed == 1 and not deleted:
+            deleted.append(asyncio.ensure_future(delete_other()))
+
+    options = ReplayOptions(rate=1, canary=2, canary_timeout=1.0)
+    report = await replay(broker, "work.quarantine", options, progress)
+    await asyncio.gather(*deleted)
+    assert (report.replayed, report.missing, report.canary_moved) == (1, {"other": 1}, 1)
+    assert [line.split(":")[0] for line in report.canary_failures] == ["m-0 (mail)"]  # no worker runs: it waits
+    assert "no worker took it (still in work, which has no consumer)" in report.canary_failures[0]
+    _, left = await browse(broker, "work.quarantine")
+    assert [m.delivery.message_id for m in left] == ["m-1"]
