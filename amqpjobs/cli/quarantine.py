@@ -14,6 +14,7 @@ from amqpjobs.cli._common import (
     EXIT_FOUND,
     app_results,
     closing_store,
+    error_text,
     errors_to_exit_codes,
     output_file,
     queue_name_arg,
@@ -87,7 +88,7 @@ def quarantine_list(
         doc.append((queue_name, len(messages), groups))
     _list_doc(doc, as_json)
     for refusal in refused:
-        click.echo(f"error: {printable(str(refusal))}", err=True)
+        click.echo(f"error: {error_text(refusal)}", err=True)
     if refused:
         sys.exit(EXIT_BAD_INPUT)
 

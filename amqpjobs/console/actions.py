@@ -32,6 +32,7 @@ from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.urls import redact_text
 
 #: Runs kept for their pages (the oldest finished ones go first).
 KEPT_RUNS = 200
@@ -246,9 +247,9 @@ class Actions:
                     raise
                 ended = "stopped"
             except AmqpJobsError as exc:
-                ended, run.summary = "failed", printable(str(exc))
+                ended, run.summary = "failed", printable(redact_text(str(exc)))
             except Exception as exc:  # an action's failure is shown and audited, never lost in a log
-                ended, run.summary = "failed", printable(f"{type(exc).__name__}: {exc}")
+                ended, run.summary = "failed", printable(redact_text(f"{type(exc).__name__}: {exc}"))
             finally:
                 self._bodies.pop(run.id, None)
             await self._end(run, ended)

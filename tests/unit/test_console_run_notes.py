@@ -1,10 +1,19 @@
-"""What a finished console action says about checked jobs it did not find, and a replay's rate line (pure)."""
+"""What a finished console action says: checked jobs it did not find, a replay's rate line, a failure's text."""
 
 from __future__ import annotations
 
-from amqpjobs.console.actions import not_found_note
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.console import actions as actions_module
+from amqpjobs.console.actions import Actions, not_found_note
+from amqpjobs.console.audit import AuditLog
+from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import ReplayReport
+from amqpjobs.wire.settings import broker_settings
 
 
 def test_a_replay_of_one_message_states_no_rate() -> None:
@@ -29,3 +38,26 @@ def test_no_note_when_every_checked_job_was_found_or_nothing_was_checked() -> No
     assert not_found_note(Selection(job_ids=frozenset({"a", "b"})), moved=2, queue="q") == []
     assert not_found_note(Selection(job_ids=frozenset({"a"})), moved=3, queue="q") == []  # one id, several copies
     assert not_found_note(Selection(), moved=0, queue="q") == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError, BrokerError])
+async def test_a_failed_action_shows_no_password_and_no_control_character(
+    tmp_path: Path, error: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An action's failure text is shown on its page and written to the audit log: a URL in it is redacted."""
+    monkeypatch.setattr(actions_module, "LEFT_TIMEOUT", 0.2)  # what is left is asked of a broker not there
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    actions = Actions(broker_settings("amqp://guest:guest@127.0.0.1:1/"), audit)  # nothing listens on port 1
+    run = actions._new("purge", "work.quarantine", {}, "op", "127.0.0.1")
+
+    async def body() -> str:
+        raise error("could not reach amqp://ops:hunter2@node-a:5672/\nerror: forged")
+
+    actions._launch(run, body)
+    await asyncio.wait_for(asyncio.gather(*actions._tasks), 10)
+    assert run.state == "failed"
+    assert "hunter2" not in run.summary
+    assert "amqp://ops:***@node-a:5672/" in run.summary
+    assert "\n" not in run.summary
+    logged = (tmp_path / "audit.jsonl").read_text()
+    assert "hunter2" not in logged
