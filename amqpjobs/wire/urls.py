@@ -309,12 +309,12 @@ def same_cluster(nodes: list[str], parsed: list[NodeURL]) -> None:
 
     """
     first = parsed[0]
-    seen: dict[tuple[str, int | None], int] = {}
-    for i, one in enumerate(parsed, start=1):
-        j = seen.setdefault((one.host.lower(), one.port), i)
+    seen: dict[str, int] = {}
+    for i, url in enumerate(nodes, start=1):
+        j = seen.setdefault(node_address(url), i)
         if j != i:
             raise ConfigurationError(
-                f"broker URL {i} ({redact(nodes[i - 1])}) names the same node as broker URL {j}: give each node once"
+                f"broker URL {i} ({redact(url)}) names the same node as broker URL {j}: give each node once"
             )
     for i, one in enumerate(parsed[1:], start=2):
         node = f"broker URL {i} ({redact(nodes[i - 1])})"
@@ -352,10 +352,19 @@ def with_path(url: str, vhost: str) -> str:
 
 
 def node_address(url: str) -> str:
-    """``host:port`` of an AMQP URL (IPv6 in brackets; no port: 5672, ``amqps``: 5671)."""
+    """``host:port`` of an AMQP URL, one text per node: the same for every way of writing it.
+
+    No port: the scheme's (5672, ``amqps``: 5671); a name lowercased, without a trailing dot; an
+    IP address in its compressed form (``[0:0::1]`` and ``[::1]`` are one), IPv6 in brackets.
+    """
     parts = urlsplit(url)
     port = parts.port or (5671 if parts.scheme.lower() == "amqps" else 5672)
-    return f"{bracketed((parts.hostname or '').lower())}:{port}"
+    host = (parts.hostname or "").lower()
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        host = host.rstrip(".") or host
+    return f"{bracketed(host)}:{port}"
 
 
 def management_base(url: str) -> str:

@@ -81,3 +81,17 @@ def test_a_management_url_whose_host_no_request_could_use_is_refused(management_
 )
 def test_the_hosts_a_connect_can_use_are_taken(url: str) -> None:
     broker_settings(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://u:p@h1/,amqp://u:p@h1:5672/",  # no port: the scheme's, 5672
+        "amqps://u:p@h1:5671/,amqps://u:p@h1/",  # amqps: 5671
+        "amqp://u:p@[::1]:5672/,amqp://u:p@[0:0::1]:5672/",  # one IPv6 address written two ways
+        "amqp://u:p@[::ffff:7f00:1]:5672/,amqp://u:p@[::FFFF:127.0.0.1]:5672/",
+    ],
+)
+def test_a_node_named_twice_in_other_words_is_refused(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="names the same node as broker URL 1: give each node once"):
+        broker_settings(url)
