@@ -95,3 +95,20 @@ def test_the_hosts_a_connect_can_use_are_taken(url: str) -> None:
 def test_a_node_named_twice_in_other_words_is_refused(url: str) -> None:
     with pytest.raises(ConfigurationError, match="names the same node as broker URL 1: give each node once"):
         broker_settings(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (f"amqp://u:{SECRET}@h:5672/%FF", "the vhost (the path) holds a %-escape that is no UTF-8"),
+        (f"amqp://u%FF:{SECRET}@h:5672/", "the user holds a %-escape that is no UTF-8"),
+        (f"amqp://u:{SECRET}%E9@h:5672/", "the password holds a %-escape that is no UTF-8"),
+    ],
+)
+def test_a_percent_escape_that_is_no_utf8_is_refused_not_read_two_ways(url: str, words: str) -> None:
+    # aiormq logs in with the text as written ("u%FF"), the management API was asked with "u\ufffd"
+    with pytest.raises(ConfigurationError) as err:
+        broker_settings(url)
+    assert words in str(err.value)
+    assert "%-encode each byte of its UTF-8" in str(err.value)
+    assert SECRET not in str(err.value)
