@@ -73,10 +73,16 @@ class TestBroker:
             headers and properties take over 110592 bytes by default raise
             ``MessageTooLargeError``), and refuses a body over ``app.max_message_size`` when
             that is set, as on a broker.
+        broker_version: The RabbitMQ version to behave as, e.g. ``(3, 13, 7)``: ``enqueue``
+            (the sync publisher's too) and the worker's start refuse what a broker of that
+            version would (a priority for a quorum job queue before 4.0, ``max_priority`` on
+            one or ``shard_routing = "modulus-hash"`` before 4.3), with the same messages.
+            Default None: the newest broker's behaviour (nothing refused for its version).
 
     Raises:
-        ConfigurationError: on enter, what a worker's start would refuse (a job queue
-            missing from the topology ...); another TestBroker open on the same app.
+        ConfigurationError: ``broker_version`` is no version (a tuple of whole numbers >= 0);
+            on enter, what a worker's start would refuse (a job queue missing from the
+            topology, one ``broker_version`` can't serve ...); another TestBroker open on the same app.
 
     """
 
@@ -92,7 +98,19 @@ class TestBroker:
         max_deliveries: int = 10_000,
         ledger: Ledger | None = None,
         frame_max: int = DEFAULT_FRAME_MAX,
+        broker_version: tuple[int, ...] | None = None,
     ) -> None:
+        if broker_version is not None and not (
+            isinstance(broker_version, tuple)
+            and broker_version
+            and all(type(n) is int and n >= 0 for n in broker_version)
+        ):
+            raise ConfigurationError(
+                f"TestBroker(broker_version={broker_version!r}): give a RabbitMQ version as a tuple of whole numbers, "
+                "e.g. (3, 13, 7), or leave it out for the newest broker's behaviour"
+            )
+        #: The RabbitMQ version the double behaves as (None: the newest).
+        self.broker_version = broker_version
         self.app = app
         self.clock = VirtualClock(start)
         self.memory = MemoryBroker(self.clock, frame_max)
@@ -132,7 +150,9 @@ class TestBroker:
         _OPEN[app] = self
         self._entered = True
         self.enqueue_publisher.max_message_size = app.max_message_size
-        self._previous = app.use_publisher(self.enqueue_publisher, loop=asyncio.get_running_loop())
+        self._previous = app.use_publisher(
+            self.enqueue_publisher, loop=asyncio.get_running_loop(), broker_version=self.broker_version
+        )
         app.use_markers(self.tick_wire, self.marker_connection)
         self._apps_ledger = app.ledger
         if self._ledger is None and any(j.idempotent for j in app):
@@ -141,7 +161,7 @@ class TestBroker:
         if self._ledger is not None:
             app.ledger = self._ledger
         try:
-            await self.worker.start_on(self.publisher)
+            await self.worker.start_on(self.publisher, self.broker_version)
             if self._want_scheduler and self.app.schedules():
                 await self.add_scheduler()
         except BaseException:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.outcome import Quarantine, Reject, RetryLater
 from amqpjobs.jobs.quarantine import Selection
@@ -384,3 +385,36 @@ async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
     assert sorted(m.message_id or "" for m in await drain(broker, "qq")) == [
         "good-0", "good-1", "good-2", "good-3", "warm-up"
     ]  # fmt: skip
+
+
+async def test_the_double_given_the_brokers_version_refuses_a_priority_as_the_broker_does(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    refusals: list[str] = []
+    app = build_app(topology, "qq", broker.url, [], [])
+    try:
+        await app.connect()
+        version = app._broker_version
+        try:
+            await app.enqueue("ok", {"order_id": 1}, priority=3)
+        except ConfigurationError as exc:
+            refusals.append(str(exc))
+    finally:
+        await app.close()
+    double_app = build_app(topology, "qq", None, [], [])
+    async with TestBroker(double_app, broker_version=version) as double:
+        try:
+            await double_app.enqueue("ok", {"order_id": 1}, priority=3)
+        except ConfigurationError as exc:
+            refusals.append(str(exc))
+        assert await double.drain() == []
+    if version >= (4, 0):  # quorum queues take priorities there: neither refuses
+        assert refusals == []
+    else:
+        assert len(refusals) == 2
+        assert refusals[0] == refusals[1]
+        assert refusals[0].startswith("job 'ok': priority 3 can't be kept: job queue 'qq'")
+    assert await drain(broker, "qq") == []  # nothing of the refused job reached the broker

@@ -1,0 +1,128 @@
+"""``TestBroker(app, broker_version=...)``: the double refuses what that RabbitMQ version would.
+
+Without a version the double takes everything the newest broker takes (a priority for a
+quorum job queue included); given one, ``enqueue`` and the worker's start apply the same
+version rules as on a broker of that version (``jobs/enqueue_args.check_broker_priority``,
+``runtime/broker_rules.check_layouts``), with the same messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App, JobContext
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
+
+pytestmark = pytest.mark.asyncio
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = ["1s"]
+"""
+
+STRICT = (
+    TOPOLOGY
+    + """
+[[job_queue]]
+name = "ranked"
+exchange = "jobs"
+type = "quorum"
+max_priority = 9
+retry_tiers = ["1s"]
+"""
+)
+
+
+def make_app(tmp_path: Path, topology: str = TOPOLOGY) -> App:
+    path = tmp_path / "t.toml"
+    path.write_text(topology)
+    app = App("v", topology=load_topology(path).topology)
+
+    @app.job("pay", queue="money")
+    async def pay(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    return app
+
+
+async def test_without_a_version_the_double_takes_a_quorum_priority_as_the_newest_broker(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        await app.enqueue("pay", {"n": 1}, priority=7)
+        assert [p.kind for p in await broker.drain()] == ["succeeded"]
+
+
+@pytest.mark.parametrize("version", [(3, 10, 0), (3, 13, 7)])
+async def test_on_3x_a_quorum_priority_is_refused_as_enqueue_on_that_broker_refuses_it(
+    tmp_path: Path, version: tuple[int, ...]
+) -> None:
+    app = make_app(tmp_path)
+    async with TestBroker(app, broker_version=version) as broker:
+        with pytest.raises(ConfigurationError, match=r"job 'pay': priority 7 can't be kept: job queue 'money'") as err:
+            await app.enqueue("pay", {"n": 1}, priority=7)
+        assert ".".join(map(str, version)) in str(err.value)
+        await app.enqueue("pay", {"n": 2})  # no priority: taken
+        assert [p.payload for p in await broker.drain()] == [{"n": 2}]  # nothing of the refused one was sent
+
+
+async def test_on_4_0_a_quorum_priority_is_taken(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with TestBroker(app, broker_version=(4, 0, 5)) as broker:
+        await app.enqueue("pay", {"n": 1}, priority=7)
+        assert [p.kind for p in await broker.drain()] == ["succeeded"]
+
+
+async def test_a_sync_publisher_under_the_double_refuses_the_same(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    errors: list[BaseException] = []
+
+    async with TestBroker(app, broker_version=(3, 10, 0)):
+
+        def call() -> None:
+            with app.sync_publisher() as sync:
+                try:
+                    sync.enqueue("pay", {"n": 1}, priority=7)
+                except BaseException as exc:  # kept for the assertion
+                    errors.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        while thread.is_alive():  # the sync publisher's calls run on this loop: keep it turning
+            await asyncio.sleep(0.01)
+    assert [type(e) for e in errors] == [ConfigurationError]
+    assert "priority 7 can't be kept" in str(errors[0])
+
+
+async def test_a_worker_start_refuses_strict_quorum_priorities_before_4_3(tmp_path: Path) -> None:
+    app = make_app(tmp_path, STRICT)
+
+    @app.job("rank", queue="ranked")
+    async def rank(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    with pytest.raises(
+        ConfigurationError, match=r"job queue\(s\) ranked: max_priority: .*need RabbitMQ 4.3\+ \(connected: 4.0.5\)"
+    ):
+        async with TestBroker(app, broker_version=(4, 0, 5)):
+            pass
+    async with TestBroker(app, broker_version=(4, 3, 0)) as broker:  # the app is free again, and 4.3 takes it
+        await app.enqueue("rank", {"n": 1}, priority=9)
+        assert [p.kind for p in await broker.drain()] == ["succeeded"]
+
+
+@pytest.mark.parametrize("version", [(), ("3", 10), (3, -1), 3.10, (True, 0)])
+async def test_a_version_that_is_no_version_is_refused(tmp_path: Path, version: object) -> None:
+    with pytest.raises(ConfigurationError, match="broker_version"):
+        TestBroker(make_app(tmp_path), broker_version=version)  # type: ignore[arg-type]
