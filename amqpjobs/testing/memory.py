@@ -37,7 +37,7 @@ from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import listed
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.declarations import Declarations
-from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, check_fits
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, as_delivered, check_fits
 
 _serial = itertools.count(1)
 
@@ -200,7 +200,7 @@ class MemoryBroker:
         return found
 
     def publish(self, exchange: str, routing_key: str, message: OutgoingMessage, mandatory: bool = True) -> None:
-        """Route and store a message (its headers copied, as the wire would).
+        """Route and store a message, its headers as a broker delivers them (wire/limits.as_delivered).
 
         Raises:
             UnroutableError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
@@ -224,7 +224,7 @@ class MemoryBroker:
                 raise PublishNackedError(f"queue {name!r} is full (x-max-length {q.max_length}, reject-publish)")
         for name in targets:
             q = self.queues[name]
-            frozen = dataclasses.replace(message, headers=copy.deepcopy(dict(message.headers)))
+            frozen = dataclasses.replace(message, headers=as_delivered(message.headers))
             expires = None if q.message_ttl is None else self.clock.seconds + q.message_ttl
             q.put(Stored(frozen, exchange, routing_key, expires))
             while q.max_length is not None and len(q.messages) > q.max_length:

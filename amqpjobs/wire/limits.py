@@ -15,12 +15,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiormq
-from pamqp import encode
+from pamqp import decode, encode
 
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import printable
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
+from amqpjobs.wire.header_decoding import table_entries
 
 #: RabbitMQ's default ``frame_max`` in bytes (``rabbit.frame_max``), which the client takes as offered.
 DEFAULT_FRAME_MAX: Final = 131_072
@@ -215,3 +216,18 @@ def check_fits(message: OutgoingMessage, frame_max: int, reserve: int = 0, max_m
     properties = amqp_properties(message)
     encoded_size(properties)
     check_header_fits(properties, message.headers, frame_max, reserve)
+
+
+def as_delivered(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """``headers`` as a consumer gets them from a broker: a field table encoded by pamqp and decoded back.
+
+    A tuple comes back a list and ``bytes`` a ``bytearray``, at any depth, as from RabbitMQ
+    (:mod:`amqpjobs.testing` delivers its messages' headers this way).
+
+    Raises:
+        TypeError, ValueError: a value AMQP can't carry (a publish checks for these first:
+            :func:`check_fits`).
+    """
+    table = encode.field_table(encodable(dict(headers)))
+    entries = table_entries(table)
+    return dict(entries) if entries is not None else decode.field_table(table)[1]
