@@ -34,11 +34,13 @@ from amqpjobs.runtime.ledger import Ledger, SqliteLedger
 from amqpjobs.runtime.replay import replay_move
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.runtime.worker_config import job_queue_layout
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.testing.election import MemoryConnection, MemoryTicks
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
 from amqpjobs.testing.records import Processed, QuarantinedMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.topology.versions import checked_version
 from amqpjobs.wire.limits import DEFAULT_FRAME_MAX
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -100,17 +102,8 @@ class TestBroker:
         frame_max: int = DEFAULT_FRAME_MAX,
         broker_version: tuple[int, ...] | None = None,
     ) -> None:
-        if broker_version is not None and not (
-            isinstance(broker_version, tuple)
-            and broker_version
-            and all(type(n) is int and n >= 0 for n in broker_version)
-        ):
-            raise ConfigurationError(
-                f"TestBroker(broker_version={broker_version!r}): give a RabbitMQ version as a tuple of whole numbers, "
-                "e.g. (3, 13, 7), or leave it out for the newest broker's behaviour"
-            )
         #: The RabbitMQ version the double behaves as (None: the newest).
-        self.broker_version = broker_version
+        self.broker_version = None if broker_version is None else checked_version(broker_version, "TestBroker")
         self.app = app
         self.clock = VirtualClock(start)
         self.memory = MemoryBroker(self.clock, frame_max)
@@ -338,7 +331,7 @@ class TestBroker:
         return [p for p in self.processed if isinstance(p.outcome.decision, Ack) and job in (None, p.job)]
 
     def _quarantine_queue(self, name: str) -> str:
-        return name if name.endswith(QUARANTINE_SUFFIX) else self.app.topology().layout(name).quarantine_queue
+        return name if name.endswith(QUARANTINE_SUFFIX) else job_queue_layout(self.app, name).quarantine_queue
 
     def quarantine(self, job_queue: str) -> list[QuarantinedMessage]:
         """The messages in ``job_queue``'s quarantine (a job queue or quarantine queue name), oldest first."""

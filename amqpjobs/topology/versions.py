@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Literal
 
+from amqpjobs.errors import ConfigurationError
+
 Version = tuple[int, ...]
 
 #: RabbitMQ 4.0.0 release notes: quorum queues take message priorities, two levels (0-4
@@ -125,4 +127,19 @@ def raft_majority_refusal(version: Version, running: Mapping[str, bool]) -> str 
         f"{len(running)} for any declaration (quorum queues need a majority of their members too). Bring "
         "the stopped nodes back (`rabbitmq-diagnostics cluster_status` lists them), or connect to a node of "
         "the majority's side of a partition, then try again"
+    )
+
+
+def checked_version(version: object, where: str) -> Version:
+    """``version`` when it is a RabbitMQ version: a non-empty tuple of whole numbers >= 0, e.g. ``(3, 13, 7)``.
+
+    Raises:
+        ConfigurationError: it is not (the message names ``where`` and the form).
+
+    """
+    if isinstance(version, tuple) and version and all(type(n) is int and n >= 0 for n in version):
+        return version
+    raise ConfigurationError(
+        f"{where}(broker_version={version!r}): give a RabbitMQ version as a tuple of whole numbers, e.g. "
+        "(3, 13, 7), or leave it out for the newest broker's behaviour"
     )

@@ -1,0 +1,50 @@
+"""A TestBroker asked about a job queue the topology lacks says so, naming the known ones (not ``KeyError``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App, JobContext
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
+
+pytestmark = pytest.mark.asyncio
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+
+@pytest.mark.parametrize("name", ["nope", "wrok", ""])
+async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the_known_ones(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    async with TestBroker(app) as broker:
+        words = rf"job queue {name!r} is not in the topology \(given to App\(\) as a Topology object\); known: work"
+        with pytest.raises(ConfigurationError, match=words):
+            broker.quarantine(name)
+        with pytest.raises(ConfigurationError, match=words):
+            await broker.replay(name, ReplayOptions())
+        with pytest.raises(
+            ConfigurationError, match=r"queue 'nope.quarantine' does not exist; known: .*work.quarantine"
+        ):
+            broker.quarantine("nope.quarantine")
+        assert broker.quarantine("work") == broker.quarantine("work.quarantine") == []
