@@ -293,7 +293,7 @@ class TestBroker:
         self,
         exchange: str,
         routing_key: str,
-        body: bytes,
+        body: bytes | bytearray,
         *,
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = CONTENT_TYPE,
@@ -319,9 +319,12 @@ class TestBroker:
             UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
             MessageTooLargeError: its properties are over the double's ``frame_max``.
             ConfigurationError: a header value AMQP can't carry (a set, a date ...).
+            TypeError: ``body`` is not bytes.
 
         """
-        message = OutgoingMessage(body=body, headers=dict(headers or {}), content_type=content_type,
+        if not isinstance(body, bytes | bytearray):  # a str would reach the handler as no broker delivers it
+            raise TypeError(f"publish_raw() body must be bytes (what AMQP carries), not {body.__class__.__name__}")
+        message = OutgoingMessage(body=bytes(body), headers=dict(headers or {}), content_type=content_type,
                                   message_id=message_id, type=type)  # fmt: skip
         await self.publisher.publish(exchange, routing_key, message)
 

@@ -48,3 +48,23 @@ async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the
         ):
             broker.quarantine("nope.quarantine")
         assert broker.quarantine("work") == broker.quarantine("work.quarantine") == []
+
+
+@pytest.mark.parametrize("body", ["{}", {"a": 1}, None, 7])
+async def test_publish_raw_takes_bytes_only_as_any_amqp_publish(tmp_path: Path, body: object) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    async with TestBroker(app) as broker:
+        with pytest.raises(TypeError, match=r"publish_raw\(\) body must be bytes .*, not "):
+            await broker.publish_raw("jobs", "work", body, type="j")  # type: ignore[arg-type]
+        assert await broker.drain() == []  # nothing was stored
+        await broker.publish_raw("jobs", "work", bytearray(b"{}"), type="j", message_id="ba")
+        [done] = await broker.drain()
+        assert (done.kind, done.job_id) == ("succeeded", "ba")
+        assert broker.memory.queue("work").messages == []
