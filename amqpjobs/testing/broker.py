@@ -41,7 +41,7 @@ from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublishe
 from amqpjobs.testing.records import Processed, QuarantinedMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
 from amqpjobs.topology.versions import checked_version
-from amqpjobs.wire.limits import DEFAULT_FRAME_MAX
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, checked_frame_max
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Settings the worker and scheduler are built with; nothing connects to them.
@@ -82,7 +82,8 @@ class TestBroker:
             Default None: the newest broker's behaviour (nothing refused for its version).
 
     Raises:
-        ConfigurationError: ``broker_version`` is no version (a tuple of whole numbers >= 0);
+        ConfigurationError: ``broker_version`` is no version (a tuple of whole numbers >= 0), a
+            ``frame_max`` no broker has, ``max_deliveries`` below 1;
             on enter, what a worker's start would refuse (a job queue missing from the
             topology, one ``broker_version`` can't serve ...); another TestBroker open on the same app.
 
@@ -104,9 +105,11 @@ class TestBroker:
     ) -> None:
         #: The RabbitMQ version the double behaves as (None: the newest).
         self.broker_version = None if broker_version is None else checked_version(broker_version, "TestBroker")
+        if type(max_deliveries) is not int or max_deliveries < 1:
+            raise ConfigurationError(f"TestBroker(max_deliveries={max_deliveries!r}): a whole number of at least 1")
         self.app = app
         self.clock = VirtualClock(start)
-        self.memory = MemoryBroker(self.clock, frame_max)
+        self.memory = MemoryBroker(self.clock, checked_frame_max(frame_max, "TestBroker"))
         #: What the worker publishes through (its copies), and a test's raw publishes: no reserve, as the worker's.
         self.publisher = MemoryPublisher(self.memory)
         #: What ``app.enqueue`` publishes through: it leaves the worker's headroom, as the app's own publisher does.

@@ -31,6 +31,25 @@ DEFAULT_FRAME_MAX: Final = 131_072
 _HEADER_FRAME_OVERHEAD: Final = 20
 
 
+#: AMQP 0-9-1's smallest ``frame_max`` (``frame-min-size``); the field is a 32-bit unsigned long.
+FRAME_MIN_SIZE: Final = 4096
+
+
+def checked_frame_max(frame_max: object, where: str) -> int:
+    """``frame_max`` when a broker could have it: 0 (no limit) or 4096 to 2**32 - 1 bytes.
+
+    Raises:
+        ConfigurationError: it is not (naming ``where`` and the range).
+
+    """
+    if type(frame_max) is int and (frame_max == 0 or FRAME_MIN_SIZE <= frame_max < 2**32):
+        return frame_max
+    raise ConfigurationError(
+        f"{where}(frame_max={frame_max!r}): a frame_max is 0 (no limit) or {FRAME_MIN_SIZE}-{2**32 - 1} bytes "
+        f"(AMQP 0-9-1; RabbitMQ's default is {DEFAULT_FRAME_MAX})"
+    )
+
+
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
     """The AMQP basic properties of ``message``.
 

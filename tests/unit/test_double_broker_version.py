@@ -126,3 +126,27 @@ async def test_a_worker_start_refuses_strict_quorum_priorities_before_4_3(tmp_pa
 async def test_a_version_that_is_no_version_is_refused(tmp_path: Path, version: object) -> None:
     with pytest.raises(ConfigurationError, match="broker_version"):
         TestBroker(make_app(tmp_path), broker_version=version)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"frame_max": -1}, r"TestBroker\(frame_max=-1\): a frame_max is 0 \(no limit\) or 4096-4294967295 bytes"),
+        ({"frame_max": 100}, r"TestBroker\(frame_max=100\)"),
+        ({"frame_max": True}, r"TestBroker\(frame_max=True\)"),
+        ({"frame_max": 2**32}, r"TestBroker\(frame_max=4294967296\)"),
+        ({"max_deliveries": 0}, r"TestBroker\(max_deliveries=0\): a whole number of at least 1"),
+        ({"max_deliveries": -5}, r"TestBroker\(max_deliveries=-5\)"),
+        ({"max_deliveries": 1.5}, r"TestBroker\(max_deliveries=1.5\)"),
+    ],
+)
+async def test_a_frame_max_or_max_deliveries_no_broker_could_have_is_refused(
+    tmp_path: Path, kwargs: dict[str, object], words: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        TestBroker(make_app(tmp_path), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("frame_max", [0, 4096, 131072, 2**32 - 1])
+async def test_the_frame_max_a_broker_can_have_is_taken(tmp_path: Path, frame_max: int) -> None:
+    TestBroker(make_app(tmp_path), frame_max=frame_max)
