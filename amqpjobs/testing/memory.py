@@ -132,9 +132,18 @@ class MemoryBroker:
         self.on_message: dict[str, Callable[[], None]] = {}
         #: Delivery tags handed out, from 1 (one counter for the whole double).
         self.delivery_tags = itertools.count(1)
+        self.applied = False  # a topology was applied: the TestBroker was opened
+
+    def _opened(self) -> None:
+        if not self.applied:
+            raise ConfigurationError(
+                "this TestBroker is not open yet: use it as `async with TestBroker(app) as broker:` (its topology is "
+                "declared on entering)"
+            )
 
     def apply(self, declarations: Declarations) -> None:
         """Declare a topology's objects (what ``amqpjobs topology apply`` declares on a broker)."""
+        self.applied = True
         for e in declarations.exchanges:
             self.exchanges.setdefault(e.name, MemoryExchange(e.name, e.type))
         for q in declarations.queues:
@@ -176,9 +185,11 @@ class MemoryBroker:
         """The queue ``name``.
 
         Raises:
-            ConfigurationError: no such queue (the topology does not declare it).
+            ConfigurationError: no such queue (the topology does not declare it), or no topology
+                was applied yet (the TestBroker is not open).
 
         """
+        self._opened()
         try:
             return self.queues[name]
         except KeyError:
@@ -206,8 +217,10 @@ class MemoryBroker:
             UnroutableError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
             UnroutableError: ``mandatory`` and no queue took it.
             PublishNackedError: a target queue is full with ``reject-publish``.
+            ConfigurationError: no topology was applied yet (the TestBroker is not open).
 
         """
+        self._opened()
         if exchange and exchange not in self.exchanges:
             raise UnroutableError(f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)")
         targets = self.route(exchange, routing_key)

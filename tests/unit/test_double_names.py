@@ -68,3 +68,29 @@ async def test_publish_raw_takes_bytes_only_as_any_amqp_publish(tmp_path: Path, 
         [done] = await broker.drain()
         assert (done.kind, done.job_id) == ("succeeded", "ba")
         assert broker.memory.queue("work").messages == []
+
+
+async def test_a_testbroker_used_before_it_is_open_says_so_not_that_the_topology_is_missing(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    broker = TestBroker(app)  # no `async with`
+    words = r"this TestBroker is not open yet: use it as `async with TestBroker\(app\) as broker:`"
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.drain()
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.advance("1s")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.publish_raw("jobs", "work", b"{}", type="j")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.replay("work", ReplayOptions())
+    with pytest.raises(ConfigurationError, match=words):
+        broker.messages("work")
+    async with broker:  # and it opens as usual afterwards
+        await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-1")
+        assert [p.kind for p in await broker.drain()] == ["succeeded"]
