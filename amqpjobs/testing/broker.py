@@ -109,7 +109,7 @@ class TestBroker:
             raise ConfigurationError(f"TestBroker(max_deliveries={max_deliveries!r}): a whole number of at least 1")
         self.app = app
         self.clock = VirtualClock(start)
-        self.memory = MemoryBroker(self.clock, checked_frame_max(frame_max, "TestBroker"))
+        self.memory = MemoryBroker(self.clock, checked_frame_max(frame_max, "TestBroker"), self.broker_version)
         #: What the worker publishes through (its copies), and a test's raw publishes: no reserve, as the worker's.
         self.publisher = MemoryPublisher(self.memory)
         #: What ``app.enqueue`` publishes through: it leaves the worker's headroom, as the app's own publisher does.
@@ -302,6 +302,7 @@ class TestBroker:
         content_type: str | None = CONTENT_TYPE,
         message_id: str | None = None,
         type: str | None = None,
+        priority: int | None = None,
     ) -> None:
         """Publish bytes as another producer might (invalid JSON, non-UTF-8, an unknown ``type`` ...).
 
@@ -317,6 +318,7 @@ class TestBroker:
             content_type: ``content_type`` property (default ``application/json``; None: none).
             message_id: ``message_id`` (the job id).
             type: ``type`` (the job name).
+            priority: ``priority`` (None: none, which a 4.3 quorum queue counts as 4).
 
         Raises:
             UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
@@ -328,7 +330,7 @@ class TestBroker:
         if not isinstance(body, bytes | bytearray):  # a str would reach the handler as no broker delivers it
             raise TypeError(f"publish_raw() body must be bytes (what AMQP carries), not {body.__class__.__name__}")
         message = OutgoingMessage(body=bytes(body), headers=dict(headers or {}), content_type=content_type,
-                                  message_id=message_id, type=type)  # fmt: skip
+                                  message_id=message_id, type=type, priority=priority)  # fmt: skip
         await self.publisher.publish(exchange, routing_key, message)
 
     # ------------------------------------------------------------------ looking

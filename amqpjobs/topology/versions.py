@@ -36,6 +36,16 @@ def quorum_priorities(version: Version) -> bool:
     return version >= QUORUM_PRIORITIES_SINCE
 
 
+def quorum_order(version: tuple[int, ...] | None) -> str:
+    """How a quorum queue orders by priority on ``version`` (None: the newest): ``strict``, ``two`` levels or ``fifo``.
+
+    RabbitMQ release notes 4.0.0 (two levels, 5+ high) and 4.3.0 (strict 0-31, none counts as 4).
+    """
+    if version is None or quorum_priorities(version):
+        return "strict"
+    return "two" if version >= QUORUM_TWO_LEVELS_SINCE else "fifo"
+
+
 def consumer_timeout(longest_job_timeout: float) -> float:
     """The ``x-consumer-timeout`` for a job queue's consumers, seconds.
 

@@ -9,6 +9,7 @@ version rules as on a broker of that version (``jobs/enqueue_args.check_broker_p
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
@@ -150,3 +151,62 @@ async def test_a_frame_max_or_max_deliveries_no_broker_could_have_is_refused(
 @pytest.mark.parametrize("frame_max", [0, 4096, 131072, 2**32 - 1])
 async def test_the_frame_max_a_broker_can_have_is_taken(tmp_path: Path, frame_max: int) -> None:
     TestBroker(make_app(tmp_path), frame_max=frame_max)
+
+
+ORDERED = (
+    TOPOLOGY
+    + """
+[[job_queue]]
+name = "strict"
+exchange = "jobs"
+type = "quorum"
+max_priority = 9
+retry_tiers = ["1s"]
+"""
+)
+
+
+async def order_of(tmp_path: Path, queue: str, version: tuple[int, ...] | None) -> list[str]:
+    app = make_app(tmp_path, ORDERED)
+    order: list[str] = []
+
+    @app.job("rank", queue=queue)
+    async def rank(payload: dict[str, str], ctx: JobContext) -> None:
+        order.append(payload["name"])
+
+    async with TestBroker(app, broker_version=version) as broker:
+        for name, priority in [("two", 2), ("none", None), ("top", 31), ("five", 5), ("huge", 200), ("four", 4)]:
+            if queue == "strict" and priority is not None and priority > 9:
+                priority = 9  # enqueue checks max_priority
+            if name == "huge" and version is not None and version >= (4, 3):
+                continue  # enqueue on 4.3 refuses a priority over 31
+            await app.enqueue("rank", {"name": name}, priority=priority)
+        await broker.drain()
+    return order
+
+
+@pytest.mark.parametrize("version", [None, (4, 3, 0)])
+async def test_a_quorum_job_queue_delivers_by_strict_priority_0_31_as_rabbitmq_4_3(
+    tmp_path: Path, version: tuple[int, ...] | None
+) -> None:
+    # 4.3: strict 0-31, over 31 as 31 (release notes 4.3.0); enqueue sends a job without one as 0
+    expected = (
+        ["top", "huge", "five", "four", "two", "none"] if version is None else ["top", "five", "four", "two", "none"]
+    )
+    assert await order_of(tmp_path, "money", version) == expected
+    # x-max-priority is ignored by 4.3 quorum queues: the same rule (enqueue caps at max_priority 9)
+    assert await order_of(tmp_path, "strict", version) == expected
+
+
+async def test_on_4_0_a_quorum_job_queue_has_two_levels(tmp_path: Path) -> None:
+    # 0-4 normal, 5+ high (RabbitMQ delivers them about 2:1; the double: every high one first), FIFO within each
+    assert await order_of(tmp_path, "money", (4, 0, 5)) == ["top", "five", "huge", "two", "none", "four"]
+
+
+async def test_on_4_3_a_foreign_message_without_a_priority_counts_as_4(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with TestBroker(app) as broker:
+        for name, priority in [("three", 3), ("unset", None), ("five", 5)]:
+            body = json.dumps({"n": 1}).encode()
+            await broker.publish_raw("jobs", "money", body, type="pay", message_id=name, priority=priority)
+        assert [p.job_id for p in await broker.drain()] == ["five", "unset", "three"]
