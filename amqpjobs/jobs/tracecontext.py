@@ -7,6 +7,7 @@ Destination names follow the OpenTelemetry semantic conventions for RabbitMQ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -21,6 +22,10 @@ from amqpjobs.text import as_text
 HEADER_LIMITS: Final = {TRACEPARENT: 256, TRACESTATE: 512, BAGGAGE: 8192}
 #: The most list-members a ``tracestate`` may hold (W3C Trace Context, "tracestate Header").
 TRACESTATE_MEMBERS: Final = 32
+#: A control character (C0 but the tab, DEL, C1) or a line separator: no W3C trace header holds
+#: one (they are printable ASCII, blanks and tabs), and the propagators log what they can't parse
+#: as it is, so a foreign ``baggage: "k=v\nWARNING:..."`` would forge a log line.
+_CONTROL: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def producer_destination(exchange: str, routing_key: str) -> str:
@@ -41,10 +46,11 @@ def consumer_destination(exchange: str, routing_key: str, queue: str) -> str:
 
 
 def trace_carrier(headers: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The trace headers of a delivery to extract from, and the names of those ignored as too long.
+    """The trace headers of a delivery to extract from, and the names of those ignored (too long, control characters).
 
     Only text (str, or bytes read as UTF-8) within :data:`HEADER_LIMITS` (a ``tracestate`` of at
-    most :data:`TRACESTATE_MEMBERS` members) is kept; anything else reads as absent.
+    most :data:`TRACESTATE_MEMBERS` members) and without a control character is kept; anything
+    else reads as absent. Each header is judged alone.
     """
     carrier: dict[str, str] = {}
     ignored: list[str] = []
@@ -53,8 +59,9 @@ def trace_carrier(headers: Mapping[str, Any]) -> tuple[dict[str, str], list[str]
         if not isinstance(value, str | bytes | bytearray):
             continue
         size = len(value.encode() if isinstance(value, str) else value)
-        if size > limit or (name == TRACESTATE and as_text(value).count(",") >= TRACESTATE_MEMBERS):
+        text = as_text(value) if size <= limit else ""
+        if size > limit or (name == TRACESTATE and text.count(",") >= TRACESTATE_MEMBERS) or _CONTROL.search(text):
             ignored.append(name)
             continue
-        carrier[name] = as_text(value)
+        carrier[name] = text
     return carrier, ignored

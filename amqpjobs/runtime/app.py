@@ -143,6 +143,7 @@ class App(CronSchedules, JobResults):
         self._publisher: Publisher | None = None
         self._broker_version: tuple[int, ...] = (0,)  # read at connect
         self._publisher_loop: asyncio.AbstractEventLoop | None = None
+        self._routed_version: tuple[int, ...] | None = None  # the version use_publisher's publisher stands for
         self._markers: tuple[TickWire, Any] | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
@@ -242,7 +243,11 @@ class App(CronSchedules, JobResults):
         return loop_binding.copy_for_another_loop(self, url)
 
     def use_publisher(
-        self, publisher: Publisher | None, *, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        publisher: Publisher | None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        broker_version: tuple[int, ...] | None = None,
     ) -> Publisher | None:
         """Send every enqueue through ``publisher`` from now on; returns the publisher it replaces.
 
@@ -250,9 +255,13 @@ class App(CronSchedules, JobResults):
         in-memory broker. ``None``: the next enqueue connects to the broker again.
         ``loop``: the event loop ``publisher`` lives on; while set, :meth:`sync_publisher`
         enqueues through it (from other threads) instead of connecting to a broker.
+        ``broker_version``: the RabbitMQ version ``publisher`` stands for, whose refusals enqueue
+        applies as on a broker of that version (:func:`~amqpjobs.jobs.enqueue_args.check_broker_priority`);
+        None: none (the newest broker's behaviour).
         """
         previous, self._publisher = self._publisher, publisher
         self._publisher_loop = loop if publisher is not None else None
+        self._routed_version = broker_version if publisher is not None else None
         return previous
 
     def use_markers(self, wire: TickWire | None, connection: Any = None) -> None:
@@ -370,8 +379,10 @@ class App(CronSchedules, JobResults):
             on = self._connected_on  # a connection of another loop: connect() says what to do
             if self._publisher is None or (on is not None and on is not asyncio.get_running_loop()):
                 await self.connect()
-            if isinstance(self._publisher, ConfirmedPublisher):  # a broker's (not a double's): what it would ignore
-                check_broker_priority(jobdef, layout, priority, self._broker_version)
+            # what the broker would ignore: a broker's version, or the one a double stands for (if given)
+            version = self._broker_version if isinstance(self._publisher, ConfirmedPublisher) else self._routed_version
+            if version is not None:
+                check_broker_priority(jobdef, layout, priority, version)
             if tracing is not None:  # the node, known once connected (none through amqpjobs.testing)
                 tracing.at_server(server_address(self._connection))
             assert self._publisher is not None

@@ -78,7 +78,7 @@ def copy_for_another_loop(app: App, url: str | None) -> App:
     twin.results = app.results.copy() if app.results is not None else None
     twin.payload_store = app.payload_store.copy() if app.payload_store is not None else None
     twin._connection = twin._publisher = twin._gate = twin._connect_lock = twin._connected_on = None
-    twin._publisher_loop = None
+    twin._publisher_loop = twin._routed_version = None
     twin._markers = None
     twin._queued_writer = None
     return twin

@@ -26,7 +26,7 @@ from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, S
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
-from amqpjobs.runtime.deadlines import Deadline, Deadlines
+from amqpjobs.runtime.deadlines import Deadline, Deadlines, cancel_pending
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
@@ -204,11 +204,11 @@ class HandlerRuns:
             if owed is not None:
                 await owed.release(job_id, owner, lease_end)
             return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
-        except asyncio.CancelledError:  # a worker stopping past its grace: the run is over (an async handler's)
-            if owed is not None and job.is_async:  # a thread still runs (it can't be stopped): its claim stays
-                await owed.release(job_id, owner, lease_end)
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the handler's raise of one: its job's failure
+        except (Exception, SystemExit, KeyboardInterrupt, asyncio.CancelledError) as exc:  # the handler's: a failure
+            if isinstance(exc, asyncio.CancelledError) and cancel_pending():  # not one the handler raised itself:
+                if owed is not None and job.is_async:  # a worker stopping past its grace; a thread still runs
+                    await owed.release(job_id, owner, lease_end)  # (it can't be stopped): its claim stays
+                raise
             if isinstance(exc, KeyboardInterrupt) and job.is_async and sigint_raises():
                 raise  # on the main thread under Python's own SIGINT handler: maybe a real Ctrl-C (embedded)
             took = time.monotonic() - started

@@ -283,14 +283,15 @@ class Tracing:
 
         Its parent and its one link are the producer's context from ``headers``; without a valid
         one it starts a new trace (and :attr:`ProcessSpan.carry` holds its context for the
-        copies). Trace headers over :data:`~amqpjobs.jobs.tracecontext.HEADER_LIMITS` are
-        ignored. Inside, the context from ``headers`` (its baggage too) replaces whatever was
+        copies). Trace headers over :data:`~amqpjobs.jobs.tracecontext.HEADER_LIMITS`, or with
+        a control character, are ignored. Inside, the context from ``headers`` (its baggage too) replaces whatever was
         current. Call :meth:`finished` with the delivery's outcome before the block ends. Never
         raises for tracing's own failures (logged; the block then runs with ``span`` None).
         """
         carrier, ignored = trace_carrier(headers)
         if ignored:
-            self.failures("reading trace headers", detail=f"ignored {', '.join(ignored)}: over the W3C size limits")
+            why = "over the W3C size limits or holding a control character"
+            self.failures("reading trace headers", detail=f"ignored {', '.join(ignored)}: {why}")
         parent = self._extract(carrier)
         producer = self._trace.get_current_span(parent).get_span_context()
         links = [self._trace.Link(producer)] if producer.is_valid else None

@@ -255,13 +255,17 @@ class Worker(WorkerStop):
         self._background.append(check)
         self.ready.set()
 
-    async def start_on(self, publisher: Publisher) -> None:
+    async def start_on(self, publisher: Publisher, version: tuple[int, ...] | None = None) -> None:
         """Get ready for :meth:`handle` on another wire (:mod:`amqpjobs.testing`): no connection, no consumers.
 
-        Checks the jobs as :meth:`start` does (``ConfigurationError``); every copy (tiers,
-        quarantine) goes through ``publisher``.
+        Checks the jobs as :meth:`start` does (``ConfigurationError``), and the job queues against
+        ``version`` when given (the RabbitMQ version the wire stands for:
+        :func:`~amqpjobs.runtime.broker_rules.check_layouts`); every copy (tiers, quarantine) goes
+        through ``publisher``.
         """
         self._check()
+        if version is not None:
+            check_layouts(self._layouts.values(), version)
         self._threads.open(self.options.concurrency, "amqpjobs")
         self._publisher = self._quarantiner = publisher
         opener = getattr(self.app.ledger, "open", None)

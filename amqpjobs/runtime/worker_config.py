@@ -129,6 +129,24 @@ def check_worker(app: App, options: WorkerOptions) -> tuple[dict[str, JobQueueLa
     return check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
 
 
+def job_queue_layout(app: App, name: str) -> JobQueueLayout:
+    """The layout of the app's job queue ``name``.
+
+    Raises:
+        ConfigurationError: the app's topology has no such job queue (naming where the topology
+            came from and its job queues).
+
+    """
+    topology = app.topology()
+    try:
+        return topology.layout(name)
+    except KeyError:
+        names = [q.name for q in topology.job_queues]
+        raise ConfigurationError(
+            f"job queue {name!r} is not in the topology ({app.topology_origin}); known: {listed(names)}"
+        ) from None
+
+
 def check_jobs(
     app: App, job_queues: Iterable[str], consumer_timeout: float
 ) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:
@@ -142,14 +160,8 @@ def check_jobs(
     """
     layouts: dict[str, JobQueueLayout] = {}
     timeouts: dict[str, float] = {}
-    topology = app.topology()
-    names = {q.name for q in topology.job_queues}
     for name in job_queues:
-        if name not in names:
-            raise ConfigurationError(
-                f"job queue {name!r} is not in the topology ({app.topology_origin}); known: {listed(names)}"
-            )
-        layouts[name] = topology.layout(name)
+        layouts[name] = job_queue_layout(app, name)
     for job in app:
         layout = app.layout_of(job)  # ConfigurationError naming the topology when it has no such job queue
         attempts = job.retry.attempts_for(layout.tiers)

@@ -34,12 +34,14 @@ from amqpjobs.runtime.ledger import Ledger, SqliteLedger
 from amqpjobs.runtime.replay import replay_move
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
 from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.runtime.worker_config import job_queue_layout
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.testing.election import MemoryConnection, MemoryTicks
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
 from amqpjobs.testing.records import Processed, QuarantinedMessage
 from amqpjobs.topology.naming import QUARANTINE_SUFFIX
-from amqpjobs.wire.limits import DEFAULT_FRAME_MAX
+from amqpjobs.topology.versions import checked_version
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, checked_frame_max
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Settings the worker and scheduler are built with; nothing connects to them.
@@ -73,10 +75,17 @@ class TestBroker:
             headers and properties take over 110592 bytes by default raise
             ``MessageTooLargeError``), and refuses a body over ``app.max_message_size`` when
             that is set, as on a broker.
+        broker_version: The RabbitMQ version to behave as, e.g. ``(3, 13, 7)``: ``enqueue``
+            (the sync publisher's too) and the worker's start refuse what a broker of that
+            version would (a priority for a quorum job queue before 4.0, ``max_priority`` on
+            one or ``shard_routing = "modulus-hash"`` before 4.3), with the same messages.
+            Default None: the newest broker's behaviour (nothing refused for its version).
 
     Raises:
-        ConfigurationError: on enter, what a worker's start would refuse (a job queue
-            missing from the topology ...); another TestBroker open on the same app.
+        ConfigurationError: ``broker_version`` is no version (a tuple of whole numbers >= 0), a
+            ``frame_max`` no broker has, ``max_deliveries`` below 1;
+            on enter, what a worker's start would refuse (a job queue missing from the
+            topology, one ``broker_version`` can't serve ...); another TestBroker open on the same app.
 
     """
 
@@ -92,10 +101,15 @@ class TestBroker:
         max_deliveries: int = 10_000,
         ledger: Ledger | None = None,
         frame_max: int = DEFAULT_FRAME_MAX,
+        broker_version: tuple[int, ...] | None = None,
     ) -> None:
+        #: The RabbitMQ version the double behaves as (None: the newest).
+        self.broker_version = None if broker_version is None else checked_version(broker_version, "TestBroker")
+        if type(max_deliveries) is not int or max_deliveries < 1:
+            raise ConfigurationError(f"TestBroker(max_deliveries={max_deliveries!r}): a whole number of at least 1")
         self.app = app
         self.clock = VirtualClock(start)
-        self.memory = MemoryBroker(self.clock, frame_max)
+        self.memory = MemoryBroker(self.clock, checked_frame_max(frame_max, "TestBroker"), self.broker_version)
         #: What the worker publishes through (its copies), and a test's raw publishes: no reserve, as the worker's.
         self.publisher = MemoryPublisher(self.memory)
         #: What ``app.enqueue`` publishes through: it leaves the worker's headroom, as the app's own publisher does.
@@ -132,7 +146,9 @@ class TestBroker:
         _OPEN[app] = self
         self._entered = True
         self.enqueue_publisher.max_message_size = app.max_message_size
-        self._previous = app.use_publisher(self.enqueue_publisher, loop=asyncio.get_running_loop())
+        self._previous = app.use_publisher(
+            self.enqueue_publisher, loop=asyncio.get_running_loop(), broker_version=self.broker_version
+        )
         app.use_markers(self.tick_wire, self.marker_connection)
         self._apps_ledger = app.ledger
         if self._ledger is None and any(j.idempotent for j in app):
@@ -141,7 +157,7 @@ class TestBroker:
         if self._ledger is not None:
             app.ledger = self._ledger
         try:
-            await self.worker.start_on(self.publisher)
+            await self.worker.start_on(self.publisher, self.broker_version)
             if self._want_scheduler and self.app.schedules():
                 await self.add_scheduler()
         except BaseException:
@@ -280,12 +296,13 @@ class TestBroker:
         self,
         exchange: str,
         routing_key: str,
-        body: bytes,
+        body: bytes | bytearray,
         *,
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = CONTENT_TYPE,
         message_id: str | None = None,
         type: str | None = None,
+        priority: int | None = None,
     ) -> None:
         """Publish bytes as another producer might (invalid JSON, non-UTF-8, an unknown ``type`` ...).
 
@@ -301,15 +318,19 @@ class TestBroker:
             content_type: ``content_type`` property (default ``application/json``; None: none).
             message_id: ``message_id`` (the job id).
             type: ``type`` (the job name).
+            priority: ``priority`` (None: none, which a 4.3 quorum queue counts as 4).
 
         Raises:
             UnroutableError: no queue is bound for it (as with a ``mandatory`` publish).
             MessageTooLargeError: its properties are over the double's ``frame_max``.
             ConfigurationError: a header value AMQP can't carry (a set, a date ...).
+            TypeError: ``body`` is not bytes.
 
         """
-        message = OutgoingMessage(body=body, headers=dict(headers or {}), content_type=content_type,
-                                  message_id=message_id, type=type)  # fmt: skip
+        if not isinstance(body, bytes | bytearray):  # a str would reach the handler as no broker delivers it
+            raise TypeError(f"publish_raw() body must be bytes (what AMQP carries), not {body.__class__.__name__}")
+        message = OutgoingMessage(body=bytes(body), headers=dict(headers or {}), content_type=content_type,
+                                  message_id=message_id, type=type, priority=priority)  # fmt: skip
         await self.publisher.publish(exchange, routing_key, message)
 
     # ------------------------------------------------------------------ looking
@@ -318,7 +339,7 @@ class TestBroker:
         return [p for p in self.processed if isinstance(p.outcome.decision, Ack) and job in (None, p.job)]
 
     def _quarantine_queue(self, name: str) -> str:
-        return name if name.endswith(QUARANTINE_SUFFIX) else self.app.topology().layout(name).quarantine_queue
+        return name if name.endswith(QUARANTINE_SUFFIX) else job_queue_layout(self.app, name).quarantine_queue
 
     def quarantine(self, job_queue: str) -> list[QuarantinedMessage]:
         """The messages in ``job_queue``'s quarantine (a job queue or quarantine queue name), oldest first."""

@@ -37,7 +37,8 @@ from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import listed
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.topology.declarations import Declarations
-from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, check_fits
+from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_order
+from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, as_delivered, check_fits
 
 _serial = itertools.count(1)
 
@@ -67,6 +68,8 @@ class MemoryQueue:
     overflow: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     messages: list[Stored] = field(default_factory=list)
+    #: A quorum queue's priorities (``quorum_order``): None (classic: ``max_priority``), "fifo", "two", "strict".
+    quorum: str | None = None
 
     def put(self, stored: Stored, head: bool = False) -> None:
         """Add a message at the tail (``head``: at the head, a requeue)."""
@@ -75,17 +78,27 @@ class MemoryQueue:
         else:
             self.messages.append(stored)
 
+    def _rank(self, priority: int | None) -> int | None:
+        """Where a message of ``priority`` goes: higher first; None: FIFO (no priorities)."""
+        if self.quorum == "strict":  # 4.3+: 0-31, none counts as 4, x-max-priority ignored
+            return min(4 if priority is None else priority, QUORUM_MAX_PRIORITY)
+        if self.quorum == "two":  # 4.0-4.2: 5+ high, 0-4 normal (delivered about 2:1 there; here high first)
+            return int((priority or 0) >= 5)
+        if self.quorum is None and self.max_priority is not None:
+            return min(priority or 0, self.max_priority)
+        return None
+
     def take(self) -> Stored | None:
         """The next message out: the first of the highest priority (FIFO without priorities)."""
         if not self.messages:
             return None
-        index = 0
-        if self.max_priority is not None:
-            best = -1
-            for i, s in enumerate(self.messages):
-                p = min(s.message.priority or 0, self.max_priority)
-                if p > best:
-                    best, index = p, i
+        index, best = 0, -1
+        for i, s in enumerate(self.messages):
+            rank = self._rank(s.message.priority)
+            if rank is None:
+                break
+            if rank > best:
+                best, index = rank, i
         return self.messages.pop(index)
 
 
@@ -123,8 +136,12 @@ class MemoryBroker:
 
     """
 
-    def __init__(self, clock: VirtualClock, frame_max: int = DEFAULT_FRAME_MAX) -> None:
+    def __init__(
+        self, clock: VirtualClock, frame_max: int = DEFAULT_FRAME_MAX, version: tuple[int, ...] | None = None
+    ) -> None:
         self.clock = clock
+        #: The RabbitMQ version it behaves as (None: the newest): a quorum queue's priorities follow it.
+        self.version = version
         self.frame_max = frame_max
         self.queues: dict[str, MemoryQueue] = {}
         self.exchanges: dict[str, MemoryExchange] = {}
@@ -132,9 +149,18 @@ class MemoryBroker:
         self.on_message: dict[str, Callable[[], None]] = {}
         #: Delivery tags handed out, from 1 (one counter for the whole double).
         self.delivery_tags = itertools.count(1)
+        self.applied = False  # a topology was applied: the TestBroker was opened
+
+    def _opened(self) -> None:
+        if not self.applied:
+            raise ConfigurationError(
+                "this TestBroker is not open yet: use it as `async with TestBroker(app) as broker:` (its topology is "
+                "declared on entering)"
+            )
 
     def apply(self, declarations: Declarations) -> None:
         """Declare a topology's objects (what ``amqpjobs topology apply`` declares on a broker)."""
+        self.applied = True
         for e in declarations.exchanges:
             self.exchanges.setdefault(e.name, MemoryExchange(e.name, e.type))
         for q in declarations.queues:
@@ -149,6 +175,7 @@ class MemoryBroker:
                     dead_letter_routing_key=q.dead_letter_routing_key,
                     max_length=q.max_length,
                     overflow=overflow,
+                    quorum=quorum_order(self.version) if q.queue_type == "quorum" else None,
                 ),
             )
         for b in declarations.bindings:
@@ -176,9 +203,11 @@ class MemoryBroker:
         """The queue ``name``.
 
         Raises:
-            ConfigurationError: no such queue (the topology does not declare it).
+            ConfigurationError: no such queue (the topology does not declare it), or no topology
+                was applied yet (the TestBroker is not open).
 
         """
+        self._opened()
         try:
             return self.queues[name]
         except KeyError:
@@ -200,14 +229,16 @@ class MemoryBroker:
         return found
 
     def publish(self, exchange: str, routing_key: str, message: OutgoingMessage, mandatory: bool = True) -> None:
-        """Route and store a message (its headers copied, as the wire would).
+        """Route and store a message, its headers as a broker delivers them (wire/limits.as_delivered).
 
         Raises:
             UnroutableError: the exchange does not exist (as the real publisher says on ``NOT_FOUND``).
             UnroutableError: ``mandatory`` and no queue took it.
             PublishNackedError: a target queue is full with ``reject-publish``.
+            ConfigurationError: no topology was applied yet (the TestBroker is not open).
 
         """
+        self._opened()
         if exchange and exchange not in self.exchanges:
             raise UnroutableError(f"exchange {exchange!r} does not exist: apply the topology (amqpjobs topology apply)")
         targets = self.route(exchange, routing_key)
@@ -224,7 +255,7 @@ class MemoryBroker:
                 raise PublishNackedError(f"queue {name!r} is full (x-max-length {q.max_length}, reject-publish)")
         for name in targets:
             q = self.queues[name]
-            frozen = dataclasses.replace(message, headers=copy.deepcopy(dict(message.headers)))
+            frozen = dataclasses.replace(message, headers=as_delivered(message.headers))
             expires = None if q.message_ttl is None else self.clock.seconds + q.message_ttl
             q.put(Stored(frozen, exchange, routing_key, expires))
             while q.max_length is not None and len(q.messages) > q.max_length:

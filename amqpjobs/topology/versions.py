@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Literal
 
+from amqpjobs.errors import ConfigurationError
+
 Version = tuple[int, ...]
 
 #: RabbitMQ 4.0.0 release notes: quorum queues take message priorities, two levels (0-4
@@ -32,6 +34,16 @@ CONSUMER_TIMEOUT_MARGIN: Final = 60.0
 def quorum_priorities(version: Version) -> bool:
     """Whether quorum queues take priorities 0..31 on RabbitMQ ``version`` (4.3+)."""
     return version >= QUORUM_PRIORITIES_SINCE
+
+
+def quorum_order(version: tuple[int, ...] | None) -> str:
+    """How a quorum queue orders by priority on ``version`` (None: the newest): ``strict``, ``two`` levels or ``fifo``.
+
+    RabbitMQ release notes 4.0.0 (two levels, 5+ high) and 4.3.0 (strict 0-31, none counts as 4).
+    """
+    if version is None or quorum_priorities(version):
+        return "strict"
+    return "two" if version >= QUORUM_TWO_LEVELS_SINCE else "fifo"
 
 
 def consumer_timeout(longest_job_timeout: float) -> float:
@@ -125,4 +137,19 @@ def raft_majority_refusal(version: Version, running: Mapping[str, bool]) -> str 
         f"{len(running)} for any declaration (quorum queues need a majority of their members too). Bring "
         "the stopped nodes back (`rabbitmq-diagnostics cluster_status` lists them), or connect to a node of "
         "the majority's side of a partition, then try again"
+    )
+
+
+def checked_version(version: object, where: str) -> Version:
+    """``version`` when it is a RabbitMQ version: a non-empty tuple of whole numbers >= 0, e.g. ``(3, 13, 7)``.
+
+    Raises:
+        ConfigurationError: it is not (the message names ``where`` and the form).
+
+    """
+    if isinstance(version, tuple) and version and all(type(n) is int and n >= 0 for n in version):
+        return version
+    raise ConfigurationError(
+        f"{where}(broker_version={version!r}): give a RabbitMQ version as a tuple of whole numbers, e.g. "
+        "(3, 13, 7), or leave it out for the newest broker's behaviour"
     )

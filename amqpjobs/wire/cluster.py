@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aio_pika import RobustConnection
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
 from amqpjobs.wire.errors import open_refused
@@ -185,6 +186,11 @@ class ClusterConnection(RobustConnection):
         except Exception as exc:
             self.last_failure = exc
             self._move_on("could not reach", _cause(exc))
+            first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
+            if not isinstance(exc, CONNECTION_EXCEPTIONS) and not first.done():
+                # aio-pika hands only its connection errors to a waiting connect(); anything else
+                # (UnicodeError from getaddrinfo, TypeError from ssl) it would retry without end
+                first.set_exception(exc)
             raise
 
 

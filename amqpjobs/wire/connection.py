@@ -27,7 +27,7 @@ from tenacity import (
 )
 from yarl import URL
 
-from amqpjobs.errors import BrokerUnavailableError
+from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError
 from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
 from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
@@ -50,6 +50,7 @@ from amqpjobs.wire.rotation import (
 )
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
+from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -255,6 +256,7 @@ async def connect(
             host name mismatch) or its port speaking the other protocol (``amqp://`` to a TLS
             port, ``amqps://`` to a plain one). A refused node is not tried again, the others
             are; the message names each refusal. Messages name URLs without passwords.
+            Any other error of a connect (a ``TypeError`` from ``ssl``) too, naming the node.
         ConfigurationError: a TLS option of the URL can't be used (unreadable CA file...).
 
     """
@@ -310,6 +312,15 @@ async def connect(
         raise BrokerUnavailableError(
             f"broker at {settings.safe_url} refused the connection: "
             f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
+        ) from exc
+    except AmqpJobsError:
+        raise
+    except (
+        Exception
+    ) as exc:  # neither a connection error nor a refusal (TypeError from ssl ...): said, never a traceback
+        raise BrokerUnavailableError(
+            f"broker at {settings.safe_url}: the connect to {rotation.tried.safe_url} failed: "
+            f"{type(exc).__name__}: {redact_text(str(exc))}"
         ) from exc
     raise BrokerUnavailableError(f"broker at {settings.safe_url} unreachable")  # pragma: no cover
 

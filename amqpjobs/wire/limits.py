@@ -15,12 +15,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiormq
-from pamqp import encode
+from pamqp import decode, encode
 
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import printable
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
+from amqpjobs.wire.header_decoding import table_entries
 
 #: RabbitMQ's default ``frame_max`` in bytes (``rabbit.frame_max``), which the client takes as offered.
 DEFAULT_FRAME_MAX: Final = 131_072
@@ -28,6 +29,25 @@ DEFAULT_FRAME_MAX: Final = 131_072
 #: Bytes of a content-header frame besides the properties: frame header and end (8), class,
 #: weight and body size (12).
 _HEADER_FRAME_OVERHEAD: Final = 20
+
+
+#: AMQP 0-9-1's smallest ``frame_max`` (``frame-min-size``); the field is a 32-bit unsigned long.
+FRAME_MIN_SIZE: Final = 4096
+
+
+def checked_frame_max(frame_max: object, where: str) -> int:
+    """``frame_max`` when a broker could have it: 0 (no limit) or 4096 to 2**32 - 1 bytes.
+
+    Raises:
+        ConfigurationError: it is not (naming ``where`` and the range).
+
+    """
+    if type(frame_max) is int and (frame_max == 0 or FRAME_MIN_SIZE <= frame_max < 2**32):
+        return frame_max
+    raise ConfigurationError(
+        f"{where}(frame_max={frame_max!r}): a frame_max is 0 (no limit) or {FRAME_MIN_SIZE}-{2**32 - 1} bytes "
+        f"(AMQP 0-9-1; RabbitMQ's default is {DEFAULT_FRAME_MAX})"
+    )
 
 
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
@@ -215,3 +235,18 @@ def check_fits(message: OutgoingMessage, frame_max: int, reserve: int = 0, max_m
     properties = amqp_properties(message)
     encoded_size(properties)
     check_header_fits(properties, message.headers, frame_max, reserve)
+
+
+def as_delivered(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """``headers`` as a consumer gets them from a broker: a field table encoded by pamqp and decoded back.
+
+    A tuple comes back a list and ``bytes`` a ``bytearray``, at any depth, as from RabbitMQ
+    (:mod:`amqpjobs.testing` delivers its messages' headers this way).
+
+    Raises:
+        TypeError, ValueError: a value AMQP can't carry (a publish checks for these first:
+            :func:`check_fits`).
+    """
+    table = encode.field_table(encodable(dict(headers)))
+    entries = table_entries(table)
+    return dict(entries) if entries is not None else decode.field_table(table)[1]

@@ -16,6 +16,7 @@ from amqpjobs.wire.urls import (
     MAX_PORT,
     bracketed,
     management_base,
+    netloc_problem,
     parse_node,
     port_problem,
     redact,
@@ -179,7 +180,7 @@ def checked_management_url(url: str) -> str:
             _ = parts.port  # ValueError when not a number
     except ValueError:
         valid = False
-    if valid and (problem := port_problem(url)):
+    if valid and (problem := port_problem(url) or netloc_problem(parts.netloc, parts.hostname or "")):
         shown = redact(url) if "@" in url else url  # without userinfo, no password to hide (redact can't parse it)
         raise ConfigurationError(f"management URL {shown!r}: {problem} (--management-url or {MANAGEMENT_URL_ENV})")
     if not valid:

@@ -16,7 +16,9 @@ An ``amqps://`` URL is never tried as plain AMQP, and a refused certificate is n
 
 from __future__ import annotations
 
+import os
 import ssl
+import stat
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -72,7 +74,8 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
 
     Raises:
         ConfigurationError: an unknown ``verify`` value, a ``keyfile`` without ``certfile``, a
-            file that can't be read or is not PEM, a key not matching the certificate, or a
+            file that can't be read, is no regular file (``/dev/zero``, a FIFO), holds a NUL
+            or is over 64 MiB, or is not PEM, a key not matching the certificate, or a
             certfile without key and no keyfile (the message names the option and file).
 
     """
@@ -81,6 +84,9 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
         raise ConfigurationError(f"{where}: verify={verify!r} is not a TLS option; use verify_peer or verify_none")
     if "keyfile" in options and "certfile" not in options:
         raise ConfigurationError(f"{where}: keyfile is given without certfile; give both, or neither")
+    for option in ("cacertfile", "certfile", "keyfile"):
+        if option in options and (why := _file_problem(options[option])):
+            raise ConfigurationError(f"{where}: {option}={options[option]!r} {why}")
     sni = options.get("server_name_indication")
     context: ssl.SSLContext = _NamedContext(ssl.PROTOCOL_TLS_CLIENT) if sni else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if sni and isinstance(context, _NamedContext):
@@ -100,6 +106,31 @@ def ssl_context(options: dict[str, str], where: str = "broker URL") -> ssl.SSLCo
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+#: The largest TLS file read (a CA bundle of every public root is about 250 KiB).
+_MAX_PEM = 64 * 1024 * 1024
+
+
+def _file_problem(path: str) -> str | None:
+    """Why ``path`` is no TLS file to read (a NUL, a device, a FIFO, too large), or None (missing: the read says).
+
+    A device or a FIFO would be read as it is: ``/dev/zero`` without end, a FIFO's open
+    waiting for a writer; a path with a NUL makes ``open`` raise ``ValueError``.
+    """
+    if "\x00" in path:
+        return "holds a NUL character; give the path of a PEM file"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # the read says what (no such file, permission denied ...)
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a PEM file's path)"
+    if st.st_size > _MAX_PEM:
+        return (
+            f"is {st.st_size // (1024 * 1024)} MiB: larger than any PEM file ({_MAX_PEM // (1024 * 1024)} MiB at most)"
+        )
+    return None
 
 
 def _load_client_certificate(context: ssl.SSLContext, certfile: str, keyfile: str | None, where: str) -> None:

@@ -12,6 +12,7 @@ Everything printed or logged about a URL goes through :func:`redact`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable
@@ -119,6 +120,54 @@ def port_problem(url: str) -> str | None:
     return None
 
 
+_HOST_HINT = "give the node's DNS name or IP address (an IPv6 address in brackets: [::1])"
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is no name a connect could use (as socket and ssl encode it: IDNA), or None.
+
+    The one host rule of every URL (AMQP nodes, management URLs) and of
+    ``server_name_indication``: an IP address, or a name whose labels IDNA can encode (1-63
+    characters each, no blank or control character; a trailing dot is allowed), as ``getaddrinfo``
+    and ``ssl`` need it (they raise ``UnicodeError`` or ``TypeError`` at connect otherwise).
+
+    Returns:
+        The reason (``"label empty or too long"``...), or None for a usable host.
+
+    """
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return None
+    if not host:
+        return "it is empty"
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in host):
+        return "it holds a blank or a control character"
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        return str(exc.__cause__ or exc)
+    return None
+
+
+def netloc_problem(netloc: str, hostname: str) -> str | None:
+    """What is wrong with the host of a URL (its ``netloc`` and ``hostname`` as urlsplit gives them), or None.
+
+    An IPv6 address in brackets followed by anything but a port (``[::1]x``), or a host
+    :func:`host_problem` refuses; the message names the host (never the userinfo) and the fix.
+    """
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        if (rest := hostport.partition("]")[2]) and not rest.startswith(":"):
+            return f"{hostport!r} is not an IPv6 address in brackets with an optional port ([::1]:5672)"
+        return None
+    if why := host_problem(hostname):
+        return f"host {hostname!r} is not a host name: {why}; {_HOST_HINT}"
+    return None
+
+
 def redact(url: str) -> str:
     """Return ``url`` with every password replaced by ``***`` (safe to print or log).
 
@@ -164,8 +213,10 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
 
     Raises:
         ConfigurationError: not an ``amqp://``/``amqps://`` URL (several URLs run together with
-            blanks or ``;``, an unencoded reserved character in the password), no host, a port
-            out of 1-65535 (:func:`port_problem`), a query option not in :data:`URL_OPTIONS` or a
+            blanks or ``;``, an unencoded reserved character in the password), no host, a host no
+            connect could use (:func:`netloc_problem`: ``a..b``, ``[::1]x``), a port
+            out of 1-65535 (:func:`port_problem`), a ``server_name_indication`` that is empty or
+            no host name, a query option not in :data:`URL_OPTIONS` or a
             value of one aiormq would misread as 0 or false (``heartbeat=abc``: heartbeats off), or a
             vhost with control characters (:func:`~amqpjobs.topology.naming.vhost_problem`); the
             message names the item and never shows a password (nor a piece of a list that may hold one).
@@ -195,6 +246,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({_ENCODE_HINT})")
     if not parts.hostname:
         raise ConfigurationError(f"bad {where} {redact(url)}: expected amqp://user:pass@host:port/vhost")
+    if problem := netloc_problem(parts.netloc, parts.hostname):
+        raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     options = dict(pairs)
     unknown = sorted(set(options) - set(URL_OPTIONS))
@@ -205,6 +258,13 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         )
     if problem := _options_problem(parts.scheme.lower(), pairs, options):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
+    # aiormq reads a %-escape that is no UTF-8 as written ("%FF"), unquote as "\ufffd": one reading only
+    texts = {"the vhost (the path)": parts.path, "the user": parts.username, "the password": parts.password}
+    if part := next((k for k, v in texts.items() if v and unquote(v) != unquote(v, errors="surrogateescape")), None):
+        raise ConfigurationError(
+            f"bad {where} {redact(url)}: {part} holds a %-escape that is no UTF-8 (such as %FF): "
+            f"%-encode each byte of its UTF-8 (é is %C3%A9)"
+        )
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
@@ -240,6 +300,11 @@ def _options_problem(scheme: str, pairs: list[tuple[str, str]], options: dict[st
         )
     if scheme == "amqp" and (tls := next((o for o in TLS_OPTIONS if o in options), None)):
         return f"{tls} is a TLS option and this URL is amqp:// (no TLS): use amqps://"
+    sni = options.get("server_name_indication")
+    if sni == "":
+        return "server_name_indication is empty: give the host name the certificate names, or disable (send none)"
+    if sni is not None and sni != "disable" and (why := host_problem(sni)):
+        return f"server_name_indication {sni!r} is not a host name: {why}; give the host name the certificate names"
     return None
 
 
@@ -251,12 +316,12 @@ def same_cluster(nodes: list[str], parsed: list[NodeURL]) -> None:
 
     """
     first = parsed[0]
-    seen: dict[tuple[str, int | None], int] = {}
-    for i, one in enumerate(parsed, start=1):
-        j = seen.setdefault((one.host.lower(), one.port), i)
+    seen: dict[str, int] = {}
+    for i, url in enumerate(nodes, start=1):
+        j = seen.setdefault(node_address(url), i)
         if j != i:
             raise ConfigurationError(
-                f"broker URL {i} ({redact(nodes[i - 1])}) names the same node as broker URL {j}: give each node once"
+                f"broker URL {i} ({redact(url)}) names the same node as broker URL {j}: give each node once"
             )
     for i, one in enumerate(parsed[1:], start=2):
         node = f"broker URL {i} ({redact(nodes[i - 1])})"
@@ -294,10 +359,19 @@ def with_path(url: str, vhost: str) -> str:
 
 
 def node_address(url: str) -> str:
-    """``host:port`` of an AMQP URL (IPv6 in brackets; no port: 5672, ``amqps``: 5671)."""
+    """``host:port`` of an AMQP URL, one text per node: the same for every way of writing it.
+
+    No port: the scheme's (5672, ``amqps``: 5671); a name lowercased, without a trailing dot; an
+    IP address in its compressed form (``[0:0::1]`` and ``[::1]`` are one), IPv6 in brackets.
+    """
     parts = urlsplit(url)
     port = parts.port or (5671 if parts.scheme.lower() == "amqps" else 5672)
-    return f"{bracketed((parts.hostname or '').lower())}:{port}"
+    host = (parts.hostname or "").lower()
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        host = host.rstrip(".") or host
+    return f"{bracketed(host)}:{port}"
 
 
 def management_base(url: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_message
 from amqpjobs.jobs.outcome import Quarantine, Reject, RetryLater
 from amqpjobs.jobs.quarantine import Selection
@@ -384,3 +385,71 @@ async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
     assert sorted(m.message_id or "" for m in await drain(broker, "qq")) == [
         "good-0", "good-1", "good-2", "good-3", "warm-up"
     ]  # fmt: skip
+
+
+async def test_the_double_given_the_brokers_version_refuses_a_priority_as_the_broker_does(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    refusals: list[str] = []
+    app = build_app(topology, "qq", broker.url, [], [])
+    try:
+        await app.connect()
+        version = app._broker_version
+        try:
+            await app.enqueue("ok", {"order_id": 1}, priority=3)
+        except ConfigurationError as exc:
+            refusals.append(str(exc))
+    finally:
+        await app.close()
+    double_app = build_app(topology, "qq", None, [], [])
+    async with TestBroker(double_app, broker_version=version) as double:
+        try:
+            await double_app.enqueue("ok", {"order_id": 1}, priority=3)
+        except ConfigurationError as exc:
+            refusals.append(str(exc))
+        assert await double.drain() == []
+    if version >= (4, 0):  # quorum queues take priorities there: neither refuses
+        assert refusals == []
+    else:
+        assert len(refusals) == 2
+        assert refusals[0] == refusals[1]
+        assert refusals[0].startswith("job 'ok': priority 3 can't be kept: job queue 'qq'")
+    assert await drain(broker, "qq") == []  # nothing of the refused job reached the broker
+
+
+#: Header values whose Python type the AMQP encoding changes (a tuple is an array, bytes a byte array).
+ODD_HEADERS: dict[str, Any] = {"pair": (1, 2), "raw": b"\x00\xff", "nested": {"list": (b"a", (3,))}, "flag": True}
+
+
+async def test_a_handler_sees_the_same_header_values_and_types_on_the_broker_and_in_the_double(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    seen: dict[str, list[Any]] = {"real": [], "double": []}
+
+    def build(url: str | None, where: str) -> App:
+        app = App("contract", topology=load_topology(topology).topology, url=url)
+
+        @app.job("ok", queue="cq", payload=Order)
+        async def ok(order: Order, ctx: JobContext) -> None:
+            seen[where].append([(k, type(ctx.headers[k]).__name__, ctx.headers[k]) for k in ODD_HEADERS])
+
+        return app
+
+    real = build(broker.url, "real")
+    async with running_worker(real, broker, queues=("cq",)) as (_, rec):
+        await real.enqueue("ok", {"order_id": 1}, headers=ODD_HEADERS)
+        await rec.wait_for(lambda o: len(o) >= 1, timeout=20)
+    await real.close()
+    double = build(None, "double")
+    async with TestBroker(double) as memory:
+        await double.enqueue("ok", {"order_id": 1}, headers=ODD_HEADERS)
+        await memory.drain()
+    assert seen["real"][0][0] == ("pair", "list", [1, 2])
+    assert seen["real"][0][1] == ("raw", "bytearray", bytearray(b"\x00\xff"))
+    assert seen["double"] == seen["real"]

@@ -592,3 +592,46 @@ async def test_a_span_processor_failing_on_end_does_not_break_a_suspects_turn(
     assert not [r.getMessage() for r in caplog.records if "running the suspects of" in r.getMessage()]
     assert app.tracing is not None
     assert app.tracing.failures.counts == {"ending a span": 3}
+
+
+async def test_trace_headers_with_control_characters_are_read_as_absent_and_never_reach_the_logs(
+    broker: BrokerSettings, tmp_path: Path, spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await make_app(broker, tmp_path, tracing=True)
+    seen: dict[str, dict[str, object]] = {}
+
+    @app.job("echo", queue="work")
+    async def echo(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen[ctx.job_id] = dict(baggage.get_all())
+
+    forged = "\nWARNING:amqpjobs.worker:forged line"
+    foreign: dict[str, dict[str, Any]] = {
+        "baggage-lf": {"baggage": f"user=alice,k=v{forged}"},
+        "baggage-nul": {"baggage": "k=v\x00"},
+        "tracestate-cr": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                          "tracestate": f"v=1\r{forged}"},
+        "traceparent-lf": {"traceparent": f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01{forged}"},
+    }  # fmt: skip
+    caplog.set_level(logging.WARNING)
+    async with running_worker(app, broker) as (_, recorder), raw_channel(broker) as channel:
+        exchange = await channel.get_exchange("jobs")
+        for job_id, headers in foreign.items():
+            message = aio_pika.Message(b"{}", headers=headers, message_id=job_id, type="echo",
+                                       content_type="application/json")  # fmt: skip
+            await exchange.publish(message, routing_key="work")
+        await recorder.wait_for(lambda o: len(o) == 4)
+    await app.close()
+    assert [o.kind for o in recorder.outcomes] == ["succeeded"] * 4
+    assert seen == {job_id: {} for job_id in foreign}  # read as absent: no baggage from them
+    ended = {str((s.attributes or {})["messaging.message.id"]): s for s in spans.get_finished_spans()}
+    assert sorted(ended) == sorted(foreign)
+    # each header is judged alone, as for the size limits: a good traceparent beside a bad tracestate is kept
+    assert {job_id: parent_id(s) for job_id, s in ended.items()} == {
+        "baggage-lf": None, "baggage-nul": None, "tracestate-cr": "00f067aa0ba902b7", "traceparent-lf": None
+    }  # fmt: skip
+    assert ended["tracestate-cr"].get_span_context().trace_state.to_header() == ""  # type: ignore[union-attr]
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [line for line in lines if "forged" in line or "\x00" in line], lines
+    said = [line for line in lines if "reading trace headers" in line]
+    assert said, lines
+    assert "control character" in said[0]

@@ -317,6 +317,11 @@ def test_tracing_failures_are_logged_once_per_kind_then_once_per_period(caplog: 
         ({"baggage": "k=" + "v" * 8190}, ["baggage"], []),  # 8192 bytes: fine
         ({"baggage": "k=" + "é" * 4096}, [], ["baggage"]),  # 8194 bytes in 4098 characters
         ({"baggage": 7, "traceparent": None}, [], []),  # not text: absent
+        ({"baggage": "k=v\nWARNING:forged", "tracestate": "a=b"}, ["tracestate"], ["baggage"]),  # a control character
+        ({"tracestate": "a=b\r", "traceparent": TRACE["traceparent"]}, ["traceparent"], ["tracestate"]),
+        ({"traceparent": bytearray(b"00-\xc2\x85-01")}, [], ["traceparent"]),  # C1 (NEL, in UTF-8)
+        ({"baggage": "k=v\u2028x"}, [], ["baggage"]),  # a line separator
+        ({"baggage": "k=v\t,k2=v2"}, ["baggage"], []),  # a tab is a blank W3C allows
     ],
 )
 def test_the_worker_reads_trace_headers_within_the_w3c_limits(

@@ -1,0 +1,96 @@
+"""A TestBroker asked about a job queue the topology lacks says so, naming the known ones (not ``KeyError``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpjobs import App, JobContext
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.testing import TestBroker
+from amqpjobs.topology.loader import load_topology
+
+pytestmark = pytest.mark.asyncio
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+
+@pytest.mark.parametrize("name", ["nope", "wrok", ""])
+async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the_known_ones(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    async with TestBroker(app) as broker:
+        words = rf"job queue {name!r} is not in the topology \(given to App\(\) as a Topology object\); known: work"
+        with pytest.raises(ConfigurationError, match=words):
+            broker.quarantine(name)
+        with pytest.raises(ConfigurationError, match=words):
+            await broker.replay(name, ReplayOptions())
+        with pytest.raises(
+            ConfigurationError, match=r"queue 'nope.quarantine' does not exist; known: .*work.quarantine"
+        ):
+            broker.quarantine("nope.quarantine")
+        assert broker.quarantine("work") == broker.quarantine("work.quarantine") == []
+
+
+@pytest.mark.parametrize("body", ["{}", {"a": 1}, None, 7])
+async def test_publish_raw_takes_bytes_only_as_any_amqp_publish(tmp_path: Path, body: object) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    async with TestBroker(app) as broker:
+        with pytest.raises(TypeError, match=r"publish_raw\(\) body must be bytes .*, not "):
+            await broker.publish_raw("jobs", "work", body, type="j")  # type: ignore[arg-type]
+        assert await broker.drain() == []  # nothing was stored
+        await broker.publish_raw("jobs", "work", bytearray(b"{}"), type="j", message_id="ba")
+        [done] = await broker.drain()
+        assert (done.kind, done.job_id) == ("succeeded", "ba")
+        assert broker.memory.queue("work").messages == []
+
+
+async def test_a_testbroker_used_before_it_is_open_says_so_not_that_the_topology_is_missing(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    broker = TestBroker(app)  # no `async with`
+    words = r"this TestBroker is not open yet: use it as `async with TestBroker\(app\) as broker:`"
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.drain()
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.advance("1s")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.publish_raw("jobs", "work", b"{}", type="j")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.replay("work", ReplayOptions())
+    with pytest.raises(ConfigurationError, match=words):
+        broker.messages("work")
+    async with broker:  # and it opens as usual afterwards
+        await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-1")
+        assert [p.kind for p in await broker.drain()] == ["succeeded"]
