@@ -21,6 +21,7 @@ from amqpjobs.printable import listed
 from amqpjobs.runtime import loop_binding
 from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
+from amqpjobs.runtime.publisher_routing import PublisherRouting
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
@@ -43,7 +44,7 @@ JobRef = str | Callable[..., Any] | JobDef
 _NO_HEADERS: Mapping[str, str] = {}
 
 
-class App(CronSchedules, JobResults):
+class App(CronSchedules, JobResults, PublisherRouting):
     """An amqpjobs application: its jobs, its topology, and a publisher.
 
     Args:
@@ -142,9 +143,6 @@ class App(CronSchedules, JobResults):
         self._connected_on: asyncio.AbstractEventLoop | None = None  # the loop _connection lives on
         self._publisher: Publisher | None = None
         self._broker_version: tuple[int, ...] = (0,)  # read at connect
-        self._publisher_loop: asyncio.AbstractEventLoop | None = None
-        self._routed_version: tuple[int, ...] | None = None  # the version use_publisher's publisher stands for
-        self._markers: tuple[TickWire, Any] | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._schedules: dict[str, Schedule] = {}
 
@@ -241,35 +239,6 @@ class App(CronSchedules, JobResults):
         (enqueue never uses it, and the copy must not close the app's).
         """
         return loop_binding.copy_for_another_loop(self, url)
-
-    def use_publisher(
-        self,
-        publisher: Publisher | None,
-        *,
-        loop: asyncio.AbstractEventLoop | None = None,
-        broker_version: tuple[int, ...] | None = None,
-    ) -> Publisher | None:
-        """Send every enqueue through ``publisher`` from now on; returns the publisher it replaces.
-
-        :mod:`amqpjobs.testing` uses it to route ``enqueue`` (from handlers too) into its
-        in-memory broker. ``None``: the next enqueue connects to the broker again.
-        ``loop``: the event loop ``publisher`` lives on; while set, :meth:`sync_publisher`
-        enqueues through it (from other threads) instead of connecting to a broker.
-        ``broker_version``: the RabbitMQ version ``publisher`` stands for, whose refusals enqueue
-        applies as on a broker of that version (:func:`~amqpjobs.jobs.enqueue_args.check_broker_priority`);
-        None: none (the newest broker's behaviour).
-        """
-        previous, self._publisher = self._publisher, publisher
-        self._publisher_loop = loop if publisher is not None else None
-        self._routed_version = broker_version if publisher is not None else None
-        return previous
-
-    def use_markers(self, wire: TickWire | None, connection: Any = None) -> None:
-        """Hold the overlap guard's running markers through ``wire`` on ``connection`` (None: on the app's broker).
-
-        :mod:`amqpjobs.testing` uses it so ``overlap="skip"`` runs on its in-memory queues.
-        """
-        self._markers = None if wire is None else (wire, connection)
 
     async def marker_wire(self) -> tuple[TickWire, Any]:
         """Where the overlap guard holds its running markers: :meth:`use_markers`'s, else the app's connection.
