@@ -1,0 +1,74 @@
+"""The test double's quarantine: what is in it, and replay (as ``amqpjobs quarantine replay`` does, no rate limit)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from amqpjobs.errors import UnroutableError
+from amqpjobs.jobs import quarantine as q
+from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.replay import replay_move
+from amqpjobs.runtime.worker_config import job_queue_layout
+from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
+from amqpjobs.testing.records import QuarantinedMessage
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+
+
+class QuarantineView:
+    """The quarantine half of :class:`~amqpjobs.testing.broker.TestBroker` (its ``app``, ``memory``, ``publisher``)."""
+
+    app: App
+    memory: MemoryBroker
+    publisher: MemoryPublisher
+    _names: itertools.count[int]
+
+    def _quarantine_queue(self, name: str) -> str:
+        return name if name.endswith(QUARANTINE_SUFFIX) else job_queue_layout(self.app, name).quarantine_queue
+
+    def quarantine(self, job_queue: str) -> list[QuarantinedMessage]:
+        """The messages in ``job_queue``'s quarantine (a job queue or quarantine queue name), oldest first."""
+        out = []
+        for stored in self.memory.queue(self._quarantine_queue(job_queue)).messages:
+            m = stored.message
+            headers = dict(m.headers)
+            info = q.describe(headers, m.message_id, m.type, m.body)
+            out.append(QuarantinedMessage(headers, m.body, m.message_id, m.type, info))
+        return out
+
+    def messages(self, queue: str) -> list[dict[str, Any]]:
+        """Headers of the messages waiting in any queue (a work or tier queue ...), oldest first."""
+        return [dict(s.message.headers) for s in self.memory.queue(queue).messages]
+
+    async def replay(self, job_queue: str, options: ReplayOptions | None = None) -> int:
+        """Move quarantined messages back to their work queues as ``amqpjobs quarantine replay`` does.
+
+        No rate limit applies; the messages left out stay in order. Run them with :meth:`drain`.
+
+        Returns:
+            How many were moved.
+
+        """
+        options = options or ReplayOptions()
+        source = self._quarantine_queue(job_queue)
+        run = f"test-replay-{next(self._names)}"
+        moved, kept = 0, []
+        for _ in range(len(self.memory.queue(source).messages)):
+            delivery = MemoryDelivery.take(self.memory, source)
+            assert delivery is not None
+            full = options.limit is not None and moved >= options.limit
+            planned = None if full else replay_move(delivery, options, run)
+            if planned is None or options.dry_run:
+                kept.append(delivery.stored)
+                moved += planned is not None
+                continue
+            try:
+                await self.publisher.publish("", planned.target, planned.copy)
+            except UnroutableError:  # its target does not exist: it stays, as in a real replay
+                kept.append(delivery.stored)
+                continue
+            await delivery.ack()
+            moved += 1
+        self.memory.queue(source).messages[:0] = kept
+        return moved
