@@ -374,3 +374,27 @@ def test_a_send_span_ended_by_odd_text_keeps_the_error_and_says_it_encodably(
         raise error
     (span,) = t.exporter.get_finished_spans()
     assert span.status.description == description
+
+
+def test_malformed_trace_headers_on_every_delivery_log_once_a_period_not_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OpenTelemetry warns about each malformed ``baggage``/``tracestate`` it reads: a foreign publisher's on
+    every delivery would flood the log. The worker's reads say so through its failure log (one line a period,
+    counted); OpenTelemetry's own warnings outside the worker's reads are left as they are (helper-175)."""
+    tracing = Tracing()
+    bad = {"traceparent": TRACE["traceparent"], "tracestate": "a=1,!!!=2", "baggage": "no equals sign here"}
+    with caplog.at_level(logging.WARNING):
+        for _ in range(50):
+            tracing._extract(trace_carrier(bad)[0])
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in lines] == ["amqpjobs.tracing"], [r.getMessage() for r in lines]
+    assert "reading a delivery's trace headers failed" in lines[0].getMessage()
+    assert "no equals sign here" in lines[0].getMessage() or "!!!" in lines[0].getMessage()
+    assert tracing.failures.counts["reading a delivery's trace headers"] >= 50
+    caplog.clear()
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+    with caplog.at_level(logging.WARNING):  # the same read by other code of the process: OpenTelemetry's line stays
+        W3CBaggagePropagator().extract({"baggage": "no equals sign here"})
+    assert [r.name for r in caplog.records] == ["opentelemetry.baggage.propagation"]
