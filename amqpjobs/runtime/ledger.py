@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.sqlite_open import file_path, open_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
@@ -140,8 +140,9 @@ class SqliteLedger:
     """A ledger in a SQLite file: safe across processes on one host (WAL, ``BEGIN IMMEDIATE``).
 
     Args:
-        path: Database file (created when missing). Put your effect's tables in the same
-            file to use :meth:`transaction`.
+        path: Database file (created when missing, by this first open only: deleted, moved away or
+            replaced later, it is a :class:`~amqpjobs.errors.LedgerUnavailableError` naming it, never
+            a new empty ledger). Put your effect's tables in the same file to use :meth:`transaction`.
         retention: How long done-markers are kept: seconds or a duration string (default 14 days).
 
     Raises:
@@ -157,25 +158,36 @@ class SqliteLedger:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._file = StoreFile("ledger", self.path)
         try:
-            with self._connect() as db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute(_SCHEMA)
+            db = self._keep(self._file.create(timeout=30))  # the only open that may create the file
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(_SCHEMA)
         except sqlite3.Error as exc:
             raise open_failure("ledger", self.path, exc) from exc
 
     def _connect(self) -> sqlite3.Connection:
+        """The calling thread's connection, once the path is found to name the file first opened (:class:`StoreFile`).
+
+        Raises:
+            LedgerUnavailableError: the file is gone or replaced (a cached connection would go on with
+                the old one, a new one would find an empty file), or can't be opened now.
+        """
+        self._file.check()
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is not None and not _open(db):  # a handler closed it (its run failed): this thread opens another
             with self._all_lock:
                 self._all = [c for c in self._all if c is not db]
             db = None
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA busy_timeout=30000")
-            self._local.db = db
-            with self._all_lock:
-                self._all.append(db)
+            db = self._keep(self._file.connect(timeout=30))
+        return db
+
+    def _keep(self, db: sqlite3.Connection) -> sqlite3.Connection:
+        """Make ``db`` this thread's connection (closed by :meth:`close`)."""
+        self._local.db = db
+        with self._all_lock:
+            self._all.append(db)
         return db
 
     def _claim(self, key: str, owner: str, lease: float) -> Claim:
