@@ -46,6 +46,8 @@ QUEUE_SIZE = 10_000
 BATCH = 500
 #: Seconds a batch write may take before it counts as failed.
 WRITE_TIMEOUT = 10.0
+#: Seconds a SQLite statement waits for the file's write lock (held by another write transaction).
+BUSY_TIMEOUT = 5.0
 #: Columns of ``amqpjobs_results``, in :class:`StateRecord` field order.
 COLUMNS = ("job_id", "job", "state", "attempt", "at", "detail", "error", "queue", "lease_until", "value", "value_note")
 
@@ -168,7 +170,7 @@ class SqliteResults:
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         self._file = StoreFile("results store", self.path)
         try:
-            with contextlib.closing(self._file.create(timeout=5)) as db:  # the only open that may create the file
+            with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open that creates it
                 db.execute("PRAGMA journal_mode=WAL")
                 for statement in _SCHEMA:
                     db.execute(statement)
@@ -177,12 +179,15 @@ class SqliteResults:
 
     def _connect(self) -> sqlite3.Connection:
         """A connection to the file first opened (ResultsUnavailableError: it is gone or replaced)."""
-        return self._file.connect(timeout=5)
+        return self._file.connect(timeout=BUSY_TIMEOUT)
 
     def _insert(self, records: Sequence[StateRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
         with contextlib.closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # the file's write lock held past the busy timeout: say by what
+                raise (self._file.locked(exc, BUSY_TIMEOUT) or exc) from exc
             db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
                            [row_of(r) for r in records])  # fmt: skip
             db.execute("COMMIT")

@@ -200,6 +200,22 @@ class StoreFile:
                         self._lost = False
                         log.warning("the SQLite %s at %s is back: in use again", self.what, self.path)
 
+    def locked(self, exc: BaseException, seconds: float) -> LedgerUnavailableError | ResultsUnavailableError | None:
+        """The error for ``exc`` when it is SQLite's "locked" past the busy timeout (``seconds``); else None.
+
+        SQLite has one writer per file: a write transaction that stays open (a ``ctx.transaction()``
+        whose handler runs long or hangs) makes every other write wait, then fail ``SQLITE_BUSY``.
+        """
+        code = getattr(exc, "sqlite_errorcode", None)
+        if not isinstance(exc, sqlite3.OperationalError) or not isinstance(code, int) or code & 0xFF not in (5, 6):
+            return None
+        waits = "idempotent jobs wait meanwhile, using no attempt" if self.what == "ledger" else "records are dropped"
+        return self._error(
+            f"the SQLite {self.what} at {self.path} is locked: a write transaction has held the whole file for over "
+            f"{seconds:g}s (a ctx.transaction() of a job that runs long or hangs, in this worker or another process "
+            f"of the host, or another program's); {waits}: keep ctx.transaction() short ({exc})"
+        )
+
     def _fail(self, how: str) -> None:
         if self.what == "ledger":
             then = ("idempotent jobs wait in a retry tier, using no attempt, until it is back: move it back, or "
