@@ -33,6 +33,8 @@ from typing import Final, Literal
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
 
 log = logging.getLogger("amqpjobs.stores")
+#: Whether a store's first open in this process may create its file (not in a --processes child: no_new_files).
+_creates = True
 #: The file's token, written by the first open that finds none: a later connection to another file
 #: at the path (one whose inode number a deleted file's freed) finds another token, or none.
 _TOKEN_TABLE: Final = "CREATE TABLE IF NOT EXISTS amqpjobs_store_file (token TEXT NOT NULL)"
@@ -104,6 +106,17 @@ def file_path(owner: str, path: str | Path) -> Path:
 _REPLACED: Final = "is another file than the one this process opened (replaced since)"
 
 
+def no_new_files() -> None:
+    """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
+
+    For a ``consume --processes N`` child, whose supervisor loaded the app (so opened each store,
+    creating its file) before it started the children: a child restarted after the file was
+    deleted or moved away fails its start with the store's error, instead of making an empty one.
+    """
+    global _creates
+    _creates = False
+
+
 class StoreFile:
     """The file of one SQLite store: created by :meth:`create` (the store's first open) only, then the same or none.
 
@@ -121,12 +134,19 @@ class StoreFile:
         self._said = threading.Lock()
 
     def create(self, timeout: float) -> sqlite3.Connection:
-        """The first connection: creates the file when missing and remembers which file it is.
+        """The first connection: creates the file when missing (unless :func:`no_new_files`), remembers which it is.
 
         Raises:
+            LedgerUnavailableError, ResultsUnavailableError: (by ``what``) after :func:`no_new_files`, the
+                file is missing.
             sqlite3.Error: as :func:`sqlite3.connect` (the caller maps it with :func:`open_failure`).
         """
-        db = _connect(str(self.path), timeout, uri=False)
+        if _creates:
+            db = _connect(str(self.path), timeout, uri=False)
+        else:  # a --processes child: the supervisor's load of the app opened (created) it first
+            if not os.path.exists(self.path):
+                self._fail("is gone (deleted or moved away since the supervisor of this worker process opened it)")
+            db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)
         try:
             db.execute("BEGIN IMMEDIATE")
             try:

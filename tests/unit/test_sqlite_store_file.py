@@ -21,6 +21,7 @@ import pytest
 
 from amqpjobs.errors import LedgerUnavailableError, ResultsUnavailableError
 from amqpjobs.jobs.results import StateRecord
+from amqpjobs.runtime import sqlite_open
 from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.runtime.results import SqliteResults
 
@@ -135,3 +136,23 @@ async def test_a_results_file_lost_is_an_error_and_not_created_again(tmp_path: P
     with pytest.raises(ResultsUnavailableError, match=word):
         results.copy()  # another event loop's store on the same file: never a new file either
     assert path.exists() == (how == "replaced")
+
+
+async def test_after_no_new_files_a_first_open_finds_the_file_or_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --processes child: the supervisor opened the stores first, so a missing file is gone, not new."""
+    made = tmp_path / "ledger.db"
+    SqliteLedger(made)  # the supervisor's open
+    monkeypatch.setattr(sqlite_open, "_creates", True)  # restored after the test
+    sqlite_open.no_new_files()
+    ledger = SqliteLedger(made)  # the child's: the file as it is
+    assert await ledger.claim("a", "w", 30) is Claim.CLAIMED
+    await ledger.close()
+    missing = tmp_path / "gone.db"
+    with pytest.raises(LedgerUnavailableError, match=r"is gone .* since the supervisor of this worker process"):
+        SqliteLedger(missing)
+    with pytest.raises(ResultsUnavailableError, match="is gone"):
+        SqliteResults(tmp_path / "results.db")
+    assert not missing.exists()
+    assert not (tmp_path / "results.db").exists()
