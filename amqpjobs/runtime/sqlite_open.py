@@ -148,16 +148,18 @@ class StoreFile:
                 self._fail("is gone (deleted or moved away since the supervisor of this worker process opened it)")
             db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute(_TOKEN_TABLE)
-                db.execute("INSERT INTO amqpjobs_store_file (token) SELECT ? "
-                           "WHERE NOT EXISTS (SELECT 1 FROM amqpjobs_store_file)", (uuid.uuid4().hex,))  # fmt: skip
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            self._token = _token_of(db)
+            self._token = _token_of(db, missing_ok=True)  # a read: no write lock unless the file has no token yet
+            if self._token is None:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute(_TOKEN_TABLE)
+                    db.execute("INSERT INTO amqpjobs_store_file (token) SELECT ? "
+                               "WHERE NOT EXISTS (SELECT 1 FROM amqpjobs_store_file)", (uuid.uuid4().hex,))  # fmt: skip
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                self._token = _token_of(db)
             st = os.stat(self.path)
         except OSError as exc:
             db.close()
@@ -181,12 +183,10 @@ class StoreFile:
         except sqlite3.Error as exc:
             raise self._error(f"can't open the SQLite {self.what} at {self.path}: {exc}") from exc
         try:
-            token = _token_of(db)
+            token = _token_of(db, missing_ok=True)
         except sqlite3.Error as exc:
             db.close()
-            if "no such table" not in str(exc):
-                raise self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}") from exc
-            token = None
+            raise self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}") from exc
         except BaseException:
             db.close()
             raise
@@ -256,8 +256,14 @@ class StoreFile:
         return LedgerUnavailableError(text) if self.what == "ledger" else ResultsUnavailableError(text)
 
 
-def _token_of(db: sqlite3.Connection) -> str | None:
-    row = db.execute("SELECT token FROM amqpjobs_store_file LIMIT 1").fetchone()
+def _token_of(db: sqlite3.Connection, missing_ok: bool = False) -> str | None:
+    """The file's token (:data:`_TOKEN_TABLE`); None when it has none (``missing_ok``: nor the table)."""
+    try:
+        row = db.execute("SELECT token FROM amqpjobs_store_file LIMIT 1").fetchone()
+    except sqlite3.OperationalError as exc:
+        if missing_ok and "no such table" in str(exc):
+            return None
+        raise
     return None if row is None else str(row[0])
 
 

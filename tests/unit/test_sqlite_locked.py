@@ -73,3 +73,18 @@ async def test_a_results_store_behind_a_held_write_lock_says_so(tmp_path: Path, 
         await results.write([StateRecord("m-1", "mail", "succeeded", 1, 1.0e9)])
     lock.close()
     assert not await results.write([StateRecord("m-1", "mail", "succeeded", 1, 1.0e9)])
+
+
+def test_a_store_opened_while_the_write_lock_is_held_needs_no_write(tmp_path: Path, short: None) -> None:
+    """A process starting (or ``job show`` loading the app) while a ctx.transaction() runs: the file's token is
+    read, not written, once it has one, so the first open waits for no lock."""
+    path = tmp_path / "shared.db"
+    SqliteLedger(path)
+    SqliteResults(path)
+    lock = held(path)
+    next(lock)
+    started = time.monotonic()
+    SqliteLedger(path)
+    SqliteResults(path)
+    assert time.monotonic() - started < 0.3
+    lock.close()
