@@ -218,7 +218,7 @@ class StoreFile:
                 with self._said:
                     if self._lost:
                         self._lost = False
-                        log.warning("the SQLite %s at %s is back: in use again", self.what, self.path)
+                        log.info("the SQLite %s at %s is back: in use again", self.what, self.path)
 
     def locked(self, exc: BaseException, seconds: float) -> LedgerUnavailableError | ResultsUnavailableError | None:
         """The error for ``exc`` when it is SQLite's "locked" past the busy timeout (``seconds``); else None.
