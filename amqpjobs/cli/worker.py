@@ -131,8 +131,10 @@ def consume(
     broker = settings(url, management_url)
     factory = loop_factory(loop)
     if count > 1:
-        check_before_children(app_ref, options)  # what each child would refuse at its start: refused here, at once
-        spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop)
+        # what each child would refuse at its start: refused here, at once (and its store files opened first)
+        opened = check_before_children(app_ref, options)
+        spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop,
+                         stores_opened=opened)  # fmt: skip
         with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
             sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
     app = load_app(app_ref)

@@ -34,6 +34,7 @@ from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.processes import close_app
 from amqpjobs.runtime.signals import stop_on_signals
+from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.settings import BrokerSettings
@@ -59,6 +60,8 @@ class ChildSpec:
         log_level: Level of amqpjobs loggers (``logging.INFO``, ``logging.DEBUG``).
         log_json: One JSON object per log line.
         loop: The event loop (:data:`~amqpjobs.runtime.loading.LOOPS`).
+        stores_opened: The supervisor loaded the app, so its SQLite stores' files were opened (created)
+            first: the child's first opens never create one (:func:`~amqpjobs.runtime.sqlite_open.no_new_files`).
     """
 
     app_ref: str
@@ -69,6 +72,7 @@ class ChildSpec:
     log_level: int = logging.INFO
     log_json: bool = False
     loop: str = "asyncio"
+    stores_opened: bool = False
 
     def to_json(self) -> str:
         """The spec as one JSON line (no newline inside)."""
@@ -120,6 +124,8 @@ async def run_child(spec: ChildSpec) -> int:
         (after its ``error`` status line). A plain-function handler's thread still running after
         the grace ends the process at once instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
     """
+    if spec.stores_opened:  # the supervisor's load of the app opened each SQLite store first: none is created here
+        no_new_files()
     try:
         app = load_app(spec.app_ref)
         metrics = WorkerMetrics() if spec.metrics else None

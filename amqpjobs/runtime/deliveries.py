@@ -40,6 +40,7 @@ from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
+from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.draining import Draining
@@ -49,7 +50,7 @@ from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
-from amqpjobs.runtime.runs import HandlerRuns
+from amqpjobs.runtime.runs import HandlerRuns, Unread
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -225,33 +226,15 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip
-        body, what = delivery.body, "body"
-        if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
-            from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
-            from amqpjobs.runtime.payloads import check_out as payload_of
-            from amqpjobs.runtime.payloads import stored_label
-
-            try:
-                body = await payload_of(self.app.payload_store, delivery.headers) or b""
-            except PayloadRefError as exc:  # the store failing is retried like a handler error, the rest quarantined
-                later = decide("error", attempt, job.retry.attempts_for(layout.tiers), layout.tiers)
-                retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)
-                return self._outcome(layout, delivery, later if retry else Quarantine(exc.reason), attempt, job_id,
-                                     job.name, failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
-            what = stored_label(delivery.headers)  # a decode error names the stored payload, not the empty body
-        try:
-            raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding, what)
-        except envelope.DecodeError as exc:
-            return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
-                                 failure=("DecodeError", exc.detail, ""))  # fmt: skip
-        try:
-            payload = job.validate(raw)
-        except ValidationError as exc:
-            return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
-                                 failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
-        if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
-            job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
-            log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))
+        # a stored payload (claim-check) is read only when the job is about to run: not for a wait on a pause or
+        # an open breaker, where a read would be wasted each pass and a store failing it would use up an attempt
+        # (early still for an idempotent job without message_id: its job id is keyed from its payload)
+        early = envelope.PAYLOAD_REF not in delivery.headers or (not delivery.message_id and job.idempotent)
+        loaded = await self._payload(layout, delivery, job, attempt, job_id) if early else None
+        if isinstance(loaded, Outcome):
+            return loaded
+        if loaded is not None:
+            job_id = loaded[1]
         max_attempts = job.retry.attempts_for(layout.tiers)
         if attempt > max_attempts:
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
@@ -267,7 +250,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if unstarted:  # (a redelivery not run alone is registered or quarantined above: this stays a guard)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
-        run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
+        # a stored payload not read yet is read by the start, once its job's claim is had (a duplicate reads none)
+        payload = Unread(functools.partial(self._payload, layout, delivery, job, attempt, job_id))
+        run = (layout, delivery, job, payload if loaded is None else loaded[0], attempt, max_attempts, job_id,
+               screening.start)  # fmt: skip
         if alone:
             if self._deferral_lines.alone_line_due(job_id):  # paced for one waiting on a live claim
                 log.warning(
@@ -289,6 +275,43 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             return await self._start(*run, task=task)
         finally:
             self._gate.leave()
+
+    async def _payload(
+        self, layout: JobQueueLayout, delivery: Received, job: JobDef, attempt: int, job_id: str
+    ) -> tuple[Any, str] | Outcome:
+        """The delivery's validated payload and its job id (a key of its payload without ``message_id``).
+
+        Reads a stored payload from the app's store (claim-check). Returns the outcome instead when the
+        payload can't be had: a store failing the read is retried like a handler error, the rest quarantined.
+        """
+        body, what = delivery.body, "body"
+        if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
+            from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
+            from amqpjobs.runtime.payloads import check_out as payload_of
+            from amqpjobs.runtime.payloads import stored_label
+
+            try:
+                body = await payload_of(self.app.payload_store, delivery.headers) or b""
+            except PayloadRefError as exc:
+                later = decide("error", attempt, job.retry.attempts_for(layout.tiers), layout.tiers)
+                retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)
+                return self._outcome(layout, delivery, later if retry else Quarantine(exc.reason), attempt, job_id,
+                                     job.name, failure=("PayloadRefError", exc.detail, ""))  # fmt: skip
+            what = stored_label(delivery.headers)  # a decode error names the stored payload, not the empty body
+        try:
+            raw = envelope.decode_body(body, delivery.content_type, delivery.content_encoding, what)
+        except envelope.DecodeError as exc:
+            return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
+                                 failure=("DecodeError", exc.detail, ""))  # fmt: skip
+        try:
+            payload = job.validate(raw)
+        except ValidationError as exc:
+            return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
+                                 failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
+        if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
+            job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
+            log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))
+        return payload, job_id
 
     async def _carry_out(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}

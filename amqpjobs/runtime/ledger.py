@@ -29,20 +29,26 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.sqlite_open import file_path, open_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
+_stores = logging.getLogger("amqpjobs.stores")
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
 DEFAULT_RETENTION = 14 * 86400.0
 #: Seconds a delivery waits in its slot for an unreachable ledger before it waits in a retry tier instead.
 LEDGER_PATIENCE = 10.0
+#: Seconds a SQLite ledger's statement waits for the file's write lock (another write transaction) before it
+#: fails as a ledger outage: a claim waits no longer in its slot than for any unreachable ledger.
+BUSY_TIMEOUT = LEDGER_PATIENCE
 #: Seconds between two looks at an unreachable ledger (a look costs nothing: its connection paces the tries).
 _LOOK_EVERY = 0.25
 
@@ -140,15 +146,17 @@ class SqliteLedger:
     """A ledger in a SQLite file: safe across processes on one host (WAL, ``BEGIN IMMEDIATE``).
 
     Args:
-        path: Database file (created when missing). Put your effect's tables in the same
-            file to use :meth:`transaction`.
+        path: Database file (created when missing, by this first open only: deleted, moved away or
+            replaced later, it is a :class:`~amqpjobs.errors.LedgerUnavailableError` naming it, never
+            a new empty ledger). Put your effect's tables in the same file to use :meth:`transaction`.
         retention: How long done-markers are kept: seconds or a duration string (default 14 days).
 
     Raises:
         ConfigurationError: the file can't be used (a missing directory, no permission, not a
             SQLite file): the message names the fix.
-        LedgerUnavailableError: the database is locked past the 30 s busy timeout, or the disk
-            failed (:mod:`amqpjobs.runtime.sqlite_open`).
+        LedgerUnavailableError: the database is locked past the 10 s busy timeout, or the disk
+            failed (:mod:`amqpjobs.runtime.sqlite_open`). Later, a statement that waits that long for
+            the file's write lock (another write transaction: a long ``ctx.transaction()``) fails so.
     """
 
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
@@ -157,25 +165,37 @@ class SqliteLedger:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._file = StoreFile("ledger", self.path)
+        self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
         try:
-            with self._connect() as db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute(_SCHEMA)
+            db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(_SCHEMA)
         except sqlite3.Error as exc:
             raise open_failure("ledger", self.path, exc) from exc
 
     def _connect(self) -> sqlite3.Connection:
+        """The calling thread's connection, once the path is found to name the file first opened (:class:`StoreFile`).
+
+        Raises:
+            LedgerUnavailableError: the file is gone or replaced (a cached connection would go on with
+                the old one, a new one would find an empty file), or can't be opened now.
+        """
+        self._file.check()
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is not None and not _open(db):  # a handler closed it (its run failed): this thread opens another
             with self._all_lock:
                 self._all = [c for c in self._all if c is not db]
             db = None
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA busy_timeout=30000")
-            self._local.db = db
-            with self._all_lock:
-                self._all.append(db)
+            db = self._keep(self._file.connect(timeout=BUSY_TIMEOUT))
+        return db
+
+    def _keep(self, db: sqlite3.Connection) -> sqlite3.Connection:
+        """Make ``db`` this thread's connection (closed by :meth:`close`)."""
+        self._local.db = db
+        with self._all_lock:
+            self._all.append(db)
         return db
 
     def _claim(self, key: str, owner: str, lease: float) -> Claim:
@@ -246,21 +266,39 @@ class SqliteLedger:
         )
         return cur.rowcount
 
+    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn`` in a thread; SQLite's "locked" past the busy timeout as LedgerUnavailableError, said once."""
+        try:
+            result = await asyncio.to_thread(fn, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            error = self._file.locked(exc, BUSY_TIMEOUT)
+            if error is None:
+                raise
+            if self._locked_since is None:
+                self._locked_since = time.monotonic() - BUSY_TIMEOUT  # it waited that long
+                _stores.warning("%s", error)
+            raise error from exc
+        if self._locked_since is not None:
+            _stores.info("the SQLite ledger at %s answers again after %.1fs", self.path,
+                         time.monotonic() - self._locked_since)  # fmt: skip
+            self._locked_since = None
+        return result
+
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
         """See :meth:`Ledger.claim`."""
-        return await asyncio.to_thread(self._claim, key, owner, lease)
+        return await self._call(self._claim, key, owner, lease)
 
     async def done(self, key: str, owner: str) -> bool:
         """See :meth:`Ledger.done`."""
-        return await asyncio.to_thread(self._done, key, owner)
+        return await self._call(self._done, key, owner)
 
     async def release(self, key: str, owner: str) -> None:
         """See :meth:`Ledger.release`."""
-        await asyncio.to_thread(self._release, key, owner)
+        await self._call(self._release, key, owner)
 
     async def prune(self, older_than: float) -> int:
         """See :meth:`Ledger.prune`."""
-        return await asyncio.to_thread(self._prune, older_than)
+        return await self._call(self._prune, older_than)
 
     @contextmanager
     def transaction(self, key: str, owner: str) -> Iterator[sqlite3.Connection]:
@@ -272,7 +310,10 @@ class SqliteLedger:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
         """
         db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise (self._file.locked(exc, BUSY_TIMEOUT) or exc) from exc
         ended = _Guard()
         db.set_authorizer(ended)  # the handler's COMMIT / ROLLBACK / BEGIN are refused while it runs
         try:
@@ -353,28 +394,3 @@ def ended_inside(key: str, how: str, after: str = "") -> ConfigurationError:
         f"job id {key!r}: ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
         f"the handler tried to end the transaction itself ({how}): remove that{after}"
     )
-
-
-class Prunable(Protocol):
-    """A store whose old records a worker prunes: the ledger, the results store."""
-
-    retention: float
-
-    async def prune(self, older_than: float) -> int:
-        """Remove records older than ``older_than`` seconds; returns how many."""
-
-
-async def keep_pruned(store: Prunable, every: float = 600.0, what: str = "done-marker(s)") -> None:
-    """Prune ``store``'s records older than its retention every ``every`` seconds, forever (a worker's task).
-
-    ``what`` names the records in the log line (``"result record(s)"``).
-    """
-    log = logging.getLogger("amqpjobs.worker")
-    while True:
-        try:
-            removed = await store.prune(store.retention)
-            if removed:
-                log.info("pruned %d %s older than %gs", removed, what, store.retention)
-        except Exception as exc:
-            log.warning("pruning %s failed: %s", what, exc)
-        await asyncio.sleep(every)

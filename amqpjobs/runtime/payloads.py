@@ -99,7 +99,7 @@ class PayloadStore(abc.ABC):
         self.threshold = threshold
         self.grace = duration_argument(f"payload store {self.name!r}: grace", grace)
         self.sweep_every = duration_argument(f"payload store {self.name!r}: sweep_every", sweep_every)
-        self.retention = self.grace  # what the worker's sweep (amqpjobs.runtime.ledger.keep_pruned) reads
+        self.retention = self.grace  # what the worker's sweep (amqpjobs.runtime.pruning.keep_pruned) reads
 
     # ------------------------------------------------------------------ storage primitives
     def copy(self) -> PayloadStore:

@@ -25,7 +25,7 @@ from amqpjobs.wire.urls import redact_text
 log = logging.getLogger("amqpjobs.supervisor")
 
 
-def check_before_children(app_ref: str, options: WorkerOptions) -> None:
+def check_before_children(app_ref: str, options: WorkerOptions) -> bool:
     """Load the app ``app_ref`` and check it with ``options`` as each child's start would, in this process.
 
     Reads the app's module and topology files only: no broker, no store is asked (what needs
@@ -35,6 +35,10 @@ def check_before_children(app_ref: str, options: WorkerOptions) -> None:
     Args:
         app_ref: ``module:attribute`` of the App, as given to ``consume``.
         options: The options every child gets.
+
+    Returns:
+        Whether the app was loaded (so its SQLite stores' files were opened here first): False when
+        the app module's own code raised.
 
     Raises:
         ConfigurationError: ``app_ref`` names no module (or a module that can't be imported),
@@ -54,5 +58,6 @@ def check_before_children(app_ref: str, options: WorkerOptions) -> None:
             "times within 60s stops them all)",
             redact_text(str(exc)),
         )
-        return
+        return False
     check_worker(app, options)
+    return True

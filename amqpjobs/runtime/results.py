@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import sqlite3
 import time
@@ -34,7 +35,7 @@ from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, record_for, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.logs import field_value
-from amqpjobs.runtime.sqlite_open import file_path, open_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
 from amqpjobs.topology.models import JobQueueLayout
 
 log = logging.getLogger("amqpjobs.results")
@@ -45,6 +46,8 @@ QUEUE_SIZE = 10_000
 BATCH = 500
 #: Seconds a batch write may take before it counts as failed.
 WRITE_TIMEOUT = 10.0
+#: Seconds a SQLite statement waits for the file's write lock (held by another write transaction).
+BUSY_TIMEOUT = 5.0
 #: Columns of ``amqpjobs_results``, in :class:`StateRecord` field order.
 COLUMNS = ("job_id", "job", "state", "attempt", "at", "detail", "error", "queue", "lease_until", "value", "value_note")
 
@@ -150,7 +153,9 @@ class SqliteResults:
     file made unusable fails the next call instead of a cached connection hiding it.
 
     Args:
-        path: Database file (created when missing); may be the ledger's.
+        path: Database file (created when missing, by this first open only: deleted, moved away or
+            replaced later, it is a :class:`~amqpjobs.errors.ResultsUnavailableError` naming it); may be
+            the ledger's.
         retention: How long records are kept: seconds or a duration string (default 1 day).
 
     Raises:
@@ -163,8 +168,9 @@ class SqliteResults:
     def __init__(self, path: str | Path, retention: float | str = DEFAULT_RETENTION) -> None:
         self.path = file_path("SqliteResults", path)
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
+        self._file = StoreFile("results store", self.path)
         try:
-            with contextlib.closing(self._connect()) as db:
+            with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open that creates it
                 db.execute("PRAGMA journal_mode=WAL")
                 for statement in _SCHEMA:
                     db.execute(statement)
@@ -172,14 +178,16 @@ class SqliteResults:
             raise open_failure("results store", self.path, exc) from exc
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=5, isolation_level=None)
-        db.execute("PRAGMA busy_timeout=5000")
-        return db
+        """A connection to the file first opened (ResultsUnavailableError: it is gone or replaced)."""
+        return self._file.connect(timeout=BUSY_TIMEOUT)
 
     def _insert(self, records: Sequence[StateRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
         with contextlib.closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # the file's write lock held past the busy timeout: say by what
+                raise (self._file.locked(exc, BUSY_TIMEOUT) or exc) from exc
             db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
                            [row_of(r) for r in records])  # fmt: skip
             db.execute("COMMIT")
@@ -218,8 +226,10 @@ class SqliteResults:
         """Nothing to release: every call closes its connection."""
 
     def copy(self) -> SqliteResults:
-        """See :meth:`ResultsStore.copy`."""
-        return SqliteResults(self.path, self.retention)
+        """See :meth:`ResultsStore.copy` (the same file: ResultsUnavailableError when it is gone or replaced)."""
+        with contextlib.closing(self._connect()):  # the file first opened, or ResultsUnavailableError
+            pass
+        return copy.copy(self)  # every call opens its own connection: nothing else to make
 
 
 class ResultsWriter:

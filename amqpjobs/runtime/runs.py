@@ -13,8 +13,9 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
@@ -46,6 +47,16 @@ if TYPE_CHECKING:
     from amqpjobs.runtime.rate_limits import RateLimits
 
 log = logging.getLogger("amqpjobs.worker")
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A stored payload (claim-check) not read yet: :meth:`HandlerRuns._start` reads it once the job is to run.
+
+    ``read()`` gives (the validated payload, its job id), or the outcome when it can't be had.
+    """
+
+    read: Callable[[], Awaitable[tuple[Any, str] | Outcome]]
 
 
 class HandlerRuns:
@@ -119,10 +130,12 @@ class HandlerRuns:
     ) -> Outcome:
         """Claim (idempotent jobs), build the context and run the handler.
 
-        ``start``: the start this run is (:func:`amqpjobs.jobs.crash.screen`); after the
-        first, ``ctx.redelivered`` is true. ``ordinary``: not a suspect running alone; once
-        the worker stops, it does not start (its claim, waited for or made, is given up):
-        handed back unstarted (:mod:`amqpjobs.runtime.draining`). ``task``: the current task, when
+        ``payload``: the validated payload, or an :class:`Unread` stored one, read once the claim
+        is had (a duplicate, or a job waiting on a claim or the ledger, reads none). ``start``: the
+        start this run is (:func:`amqpjobs.jobs.crash.screen`); after the first, ``ctx.redelivered``
+        is true. ``ordinary``: not a suspect running alone; once the worker stops, it does not start
+        (its claim, waited for or made, is given up): handed back unstarted
+        (:mod:`amqpjobs.runtime.draining`). ``task``: the current task, when
         the caller has it (else looked up here).
         """
         ledger = self.app.ledger if job.idempotent else None
@@ -168,6 +181,13 @@ class HandlerRuns:
                     yield db
                 committed = True
 
+        if isinstance(payload, Unread):  # a stored payload, read now that the job runs (README "Large payloads")
+            read = await payload.read()
+            if isinstance(read, Outcome):
+                if owed is not None:
+                    await owed.release(job_id, owner, lease_end)
+                return read
+            payload = read[0]
         task = asyncio.current_task() if task is None else task  # the drain's and the deadline's, looked up once
         if ordinary:  # no pause from here to the handler's start: a job to drain, unless the stop came first
             if self._stop.is_set():

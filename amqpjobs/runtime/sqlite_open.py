@@ -11,16 +11,33 @@ module, at import). SQLite's result code tells the two kinds of failure apart
   process holds it past the busy timeout; ``SQLITE_IOERR``, ``SQLITE_FULL``): the store is
   unavailable, :class:`~amqpjobs.errors.LedgerUnavailableError` /
   :class:`~amqpjobs.errors.ResultsUnavailableError` (exit 3, as when it fails later).
+
+Only that first open may create the file (:class:`StoreFile`): every later connection opens
+it ``mode=rw`` (https://www.sqlite.org/uri.html), and only while the path still names the
+file first opened (its inode, and a token written in it). A file deleted, moved away or
+replaced while the app runs is a store error naming the path and what to do, never a new
+empty file: an empty ledger would forget every done-marker, and a redelivered idempotent
+job would run its effect again.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import threading
+import uuid
 from pathlib import Path
 from typing import Final, Literal
 
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+
+log = logging.getLogger("amqpjobs.stores")
+#: Whether a store's first open in this process may create its file (not in a --processes child: no_new_files).
+_creates = True
+#: The file's token, written by the first open that finds none: a later connection to another file
+#: at the path (one whose inode number a deleted file's freed) finds another token, or none.
+_TOKEN_TABLE: Final = "CREATE TABLE IF NOT EXISTS amqpjobs_store_file (token TEXT NOT NULL)"
 
 #: Primary result codes that mean "not now" (https://www.sqlite.org/rescode.html).
 _NOT_NOW: Final = {5: "another process holds it locked: try again", 6: "another process holds it locked: try again",
@@ -84,3 +101,178 @@ def file_path(owner: str, path: str | Path) -> Path:
             "worker's threads and processes each open their own; give the path of a file"
         )
     return Path(path).absolute()
+
+
+_REPLACED: Final = "is another file than the one this process opened (replaced since)"
+
+
+def no_new_files() -> None:
+    """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
+
+    For a ``consume --processes N`` child, whose supervisor loaded the app (so opened each store,
+    creating its file) before it started the children: a child restarted after the file was
+    deleted or moved away fails its start with the store's error, instead of making an empty one.
+    """
+    global _creates
+    _creates = False
+
+
+class StoreFile:
+    """The file of one SQLite store: created by :meth:`create` (the store's first open) only, then the same or none.
+
+    Args:
+        what: ``"ledger"`` or ``"results store"``: which error a lost file is, and its words.
+        path: The absolute path (:func:`file_path`).
+    """
+
+    def __init__(self, what: Literal["ledger", "results store"], path: Path) -> None:
+        self.what = what
+        self.path = path
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file first opened
+        self._token: str | None = None  # its token (_TOKEN_TABLE)
+        self._lost = False  # said once per loss (a look that finds it back says so)
+        self._said = threading.Lock()
+
+    def create(self, timeout: float) -> sqlite3.Connection:
+        """The first connection: creates the file when missing (unless :func:`no_new_files`), remembers which it is.
+
+        Raises:
+            LedgerUnavailableError, ResultsUnavailableError: (by ``what``) after :func:`no_new_files`, the
+                file is missing.
+            sqlite3.Error: as :func:`sqlite3.connect` (the caller maps it with :func:`open_failure`).
+        """
+        if _creates:
+            db = _connect(str(self.path), timeout, uri=False)
+        else:  # a --processes child: the supervisor's load of the app opened (created) it first
+            if not os.path.exists(self.path):
+                self._fail("is gone (deleted or moved away since the supervisor of this worker process opened it)")
+            db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)
+        try:
+            self._token = _token_of(db, missing_ok=True)  # a read: no write lock unless the file has no token yet
+            if self._token is None:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute(_TOKEN_TABLE)
+                    db.execute("INSERT INTO amqpjobs_store_file (token) SELECT ? "
+                               "WHERE NOT EXISTS (SELECT 1 FROM amqpjobs_store_file)", (uuid.uuid4().hex,))  # fmt: skip
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                self._token = _token_of(db)
+            st = os.stat(self.path)
+        except OSError as exc:
+            db.close()
+            raise sqlite3.OperationalError(f"the file vanished as it was opened: {exc}") from exc
+        except BaseException:
+            db.close()
+            raise
+        self._identity = (st.st_dev, st.st_ino)
+        return db
+
+    def connect(self, timeout: float) -> sqlite3.Connection:
+        """A further connection (``timeout``: the busy timeout, seconds), to the file :meth:`create` opened only.
+
+        Raises:
+            LedgerUnavailableError, ResultsUnavailableError: (by ``what``) the file is gone or another
+                one (:meth:`check`), or SQLite can't open it now.
+        """
+        self.check()
+        try:
+            db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)  # never creates it
+        except sqlite3.Error as exc:
+            raise self._error(f"can't open the SQLite {self.what} at {self.path}: {exc}") from exc
+        try:
+            token = _token_of(db, missing_ok=True)
+        except sqlite3.Error as exc:
+            db.close()
+            raise self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}") from exc
+        except BaseException:
+            db.close()
+            raise
+        if token != self._token:  # a new file that got the freed inode number of the one deleted
+            db.close()
+            self._fail(_REPLACED)
+        self.check()  # swapped while it was opened: the connection may be to the other file
+        return db
+
+    def check(self) -> None:
+        """Raise unless the path still names the file first opened (one ``stat``; a cached connection's guard).
+
+        Raises:
+            LedgerUnavailableError, ResultsUnavailableError: (by ``what``) the file is gone (deleted or
+                moved away), or the path names another file (replaced); the message names the path and the fix.
+        """
+        if self._identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._fail("is gone (deleted or moved away since this process opened it)")
+        except OSError as exc:
+            raise self._error(f"can't look at the SQLite {self.what} at {self.path}: {exc}") from exc
+        else:
+            if (st.st_dev, st.st_ino) != self._identity:
+                self._fail(_REPLACED)
+            if self._lost:
+                with self._said:
+                    if self._lost:
+                        self._lost = False
+                        log.info("the SQLite %s at %s is back: in use again", self.what, self.path)
+
+    def locked(self, exc: BaseException, seconds: float) -> LedgerUnavailableError | ResultsUnavailableError | None:
+        """The error for ``exc`` when it is SQLite's "locked" past the busy timeout (``seconds``); else None.
+
+        SQLite has one writer per file: a write transaction that stays open (a ``ctx.transaction()``
+        whose handler runs long or hangs) makes every other write wait, then fail ``SQLITE_BUSY``.
+        """
+        code = getattr(exc, "sqlite_errorcode", None)
+        if not isinstance(exc, sqlite3.OperationalError) or not isinstance(code, int) or code & 0xFF not in (5, 6):
+            return None
+        waits = "idempotent jobs wait meanwhile, using no attempt" if self.what == "ledger" else "records are dropped"
+        return self._error(
+            f"the SQLite {self.what} at {self.path} is locked: a write transaction has held the whole file for over "
+            f"{seconds:g}s (a ctx.transaction() of a job that runs long or hangs, in this worker or another process "
+            f"of the host, or another program's); {waits}: keep ctx.transaction() short ({exc})"
+        )
+
+    def _fail(self, how: str) -> None:
+        if self.what == "ledger":
+            then = ("idempotent jobs wait in a retry tier, using no attempt, until it is back: move it back, or "
+                    "restore it from a backup and restart the workers; amqpjobs never creates it again while it "
+                    "runs, as a new empty ledger would run again every job it had marked done")  # fmt: skip
+        else:
+            then = ("results are not recorded and status reads fail until it is back: move it back, or restore it "
+                    "from a backup (or let a new one be made) and restart the workers; amqpjobs never creates it "
+                    "again while it runs")  # fmt: skip
+        text = f"the SQLite {self.what} at {self.path} {how}: {then}"
+        with self._said:
+            if not self._lost:
+                self._lost = True
+                log.error("%s", text)
+        raise self._error(text)
+
+    def _error(self, text: str) -> LedgerUnavailableError | ResultsUnavailableError:
+        return LedgerUnavailableError(text) if self.what == "ledger" else ResultsUnavailableError(text)
+
+
+def _token_of(db: sqlite3.Connection, missing_ok: bool = False) -> str | None:
+    """The file's token (:data:`_TOKEN_TABLE`); None when it has none (``missing_ok``: nor the table)."""
+    try:
+        row = db.execute("SELECT token FROM amqpjobs_store_file LIMIT 1").fetchone()
+    except sqlite3.OperationalError as exc:
+        if missing_ok and "no such table" in str(exc):
+            return None
+        raise
+    return None if row is None else str(row[0])
+
+
+def _connect(target: str, timeout: float, uri: bool) -> sqlite3.Connection:
+    """A connection to ``target`` in autocommit mode, busy timeout ``timeout`` seconds, any thread."""
+    db = sqlite3.connect(target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=uri)
+    try:
+        db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    except BaseException:
+        db.close()
+        raise
+    return db

@@ -40,12 +40,12 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.holding import Holding
-from amqpjobs.runtime.ledger import keep_pruned
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
+from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results import ResultsWriter

@@ -200,18 +200,25 @@ class Relay:
 
 @contextlib.asynccontextmanager
 async def broken_store(store_url: str) -> AsyncIterator[tuple[ResultsStore, Any]]:
-    """(the store, break it, mend it): SQLite file overwritten with junk; PostgreSQL behind a relay we close."""
+    """(the store, break it, mend it): SQLite file moved aside, junk in its place, then moved back (a new file
+    there would be another store's: refused); PostgreSQL behind a relay we close."""
     if store_url.startswith("sqlite:"):
         path = Path(store_url.removeprefix("sqlite:"))
         store: ResultsStore = SqliteResults(path)
+        files = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
 
         def mend_or_break(broken: bool) -> None:
-            for extra in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-                extra.unlink(missing_ok=True)
+            for extra in files:
+                aside = extra.with_name(extra.name + ".aside")
+                if broken:
+                    if extra.exists():
+                        extra.rename(aside)
+                else:
+                    extra.unlink(missing_ok=True)
+                    if aside.exists():
+                        aside.rename(extra)
             if broken:
                 path.write_bytes(b"not a database " * 512)
-            else:
-                SqliteResults(path)
 
         async def breaking(broken: bool) -> None:
             await asyncio.to_thread(mend_or_break, broken)

@@ -287,3 +287,23 @@ async def test_children_sharing_a_slow_pipe_write_every_outcome_line_whole_even_
     assert sorted(k[0] for k in seen if k[1] == b"succeeded") == [f"c-{i:04d}".encode() for i in range(2000)]
     assert sorted(k[0] for k in seen if k[1] == b"quarantined") == [f"L-{i:04d}".encode() for i in range(0, 2000, 40)]
     await app.close()
+
+
+async def test_a_restarted_child_never_creates_a_store_file_deleted_meanwhile(broker: BrokerSettings, tmp_path: Path):
+    """The supervisor's load of the app opened (created) the SQLite results store first; a child restarted after
+    the file was deleted opens it as it is: an error naming the file, never a new empty one (before: created)."""
+    app = await publisher(broker, tmp_path)  # the topology applied
+    await app.close()
+    results = tmp_path / "results.db"
+    with supervisor(broker, tmp_path, "--metrics-port", "0", PROCAPP_RESULTS=str(results)):
+        port = await metrics_port(tmp_path)
+        await wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "both children ready")
+        assert results.exists()
+        for p in (results, Path(f"{results}-wal"), Path(f"{results}-shm")):
+            p.unlink(missing_ok=True)
+        os.kill(dict(child_pids(tmp_path))[1], signal.SIGKILL)
+        await wait_until(lambda: len(child_pids(tmp_path)) >= 3, 10, "child 1 restarted")
+        await wait_until(lambda: "is gone" in log_text(tmp_path) or results.exists(), 20, "the restarted child's open")
+        await asyncio.sleep(1.0)
+        assert not results.exists()  # before: created again, empty, by the restarted child
+    assert f"the SQLite results store at {results} is gone" in log_text(tmp_path)
