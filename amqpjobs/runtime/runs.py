@@ -21,7 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
+from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname, stops_the_run
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, Skip, Skipped
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
@@ -204,13 +204,11 @@ class HandlerRuns:
             if owed is not None:
                 await owed.release(job_id, owner, lease_end)
             return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
-        except asyncio.CancelledError:  # a worker stopping past its grace: the run is over (an async handler's)
-            if owed is not None and job.is_async:  # a thread still runs (it can't be stopped): its claim stays
-                await owed.release(job_id, owner, lease_end)
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the handler's raise of one: its job's failure
-            if isinstance(exc, KeyboardInterrupt) and job.is_async and sigint_raises():
-                raise  # on the main thread under Python's own SIGINT handler: maybe a real Ctrl-C (embedded)
+        except BaseException as exc:  # the handler's raise, of any class: its job's failure, unless it stops the run
+            if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
+                if owed is not None and job.is_async and isinstance(exc, asyncio.CancelledError):
+                    await owed.release(job_id, owner, lease_end)  # (a thread still runs, unstoppable: its claim stays)
+                raise  # a worker stopping past its grace, or maybe a real Ctrl-C (embedded, on the loop's thread)
             took = time.monotonic() - started
             if owed is not None:  # a release that fails is owed, paid once the ledger answers
                 await owed.release(job_id, owner, lease_end)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from amqpjobs.jobs import evidence
+from amqpjobs.jobs.failure import qualname
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.results import SqliteResults
@@ -203,3 +204,57 @@ async def test_handlers_that_return_an_awaitable_or_a_generator_are_judged_by_wh
         "gen-1": ("exhausted", "TypeError"),
     }
     assert await depth(broker, "work") == 0
+
+
+class Abort(BaseException):
+    """A handler's own ``BaseException`` subclass (as some libraries raise to unwind)."""
+
+
+def own_cancel() -> BaseException:
+    return asyncio.CancelledError("the handler's own raise, not a cancellation of its run")
+
+
+@pytest.mark.parametrize("make", [lambda: GeneratorExit("g"), own_cancel, lambda: Abort("a")],
+                         ids=["GeneratorExit", "CancelledError", "BaseException-subclass"])  # fmt: skip
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "thread"])
+async def test_a_handlers_own_raise_of_any_base_exception_is_its_jobs_failure_and_the_worker_goes_on(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, make: Any, is_async: bool
+) -> None:
+    """Retried, then quarantined ``exhausted`` with its type; the slot comes back (a later job runs).
+
+    On the old code (helper-176) only ``Exception``, ``SystemExit`` and ``KeyboardInterrupt``
+    were a failure: any other raise ended the delivery's task ("a delivery's handler failed"),
+    the delivery stayed unacked and its one slot taken: no outcome, and the next job never ran.
+    """
+    app = await make_app(broker, tmp_path)
+    runs: list[int] = []
+    once_more = RetryPolicy(max_attempts=2)
+
+    async def odd(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        raise make()
+
+    def odd_in_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        raise make()
+
+    app.job("odd", queue="work", retry=once_more)(odd if is_async else odd_in_thread)
+    app.job("fine", queue="work")(lambda p, c: "ok")
+    error_type = qualname(make())
+    async with running_worker(app, broker, concurrency=1) as (_, rec):
+        await app.enqueue("odd", {"n": 1}, job_id="odd-1")
+        await app.enqueue("fine", {"n": 2}, job_id="fine-1")
+        await rec.wait_for(lambda o: len(o) == 3, timeout=10)
+    await app.close()
+    assert runs == [1, 2]
+    assert [(o.job_id, o.kind) for o in rec.outcomes] == [
+        ("odd-1", "retried"),
+        ("fine-1", "succeeded"),
+        ("odd-1", "quarantined"),
+    ]
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE], h[evidence.ATTEMPTS]) == ("exhausted", error_type, 2)
+    assert "raised by the handler, not a signal to the worker" in str(h[evidence.ERROR_MESSAGE])
+    assert await depth(broker, "work") == 0
+    assert "a delivery's handler failed" not in caplog.text
