@@ -293,7 +293,9 @@ class HandlerRuns:
         if job.retry.immediate_retries == 0:
             return await self._run_once(job, payload, ctx, timeout, task)
 
-        def transient(exc: BaseException) -> bool:
+        def transient(exc: BaseException) -> bool:  # never the run's stop (a cancellation at the grace's end)
+            if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
+                return False
             return classify(job.retry.permanent, exc) in ("error", "timeout")
 
         async for attempt in AsyncRetrying(
