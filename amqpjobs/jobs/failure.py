@@ -27,7 +27,17 @@ NO_ERROR: tuple[str, str, str] = ("", "", "")
 
 
 def classify(permanent: tuple[type[BaseException], ...], exc: BaseException) -> FailureKind:
-    """What kind of failure ``exc`` is, for a job whose ``RetryPolicy.permanent`` is ``permanent``."""
+    """What kind of failure ``exc`` is, for a job whose ``RetryPolicy.permanent`` is ``permanent``.
+
+    An exception group (an ``asyncio.TaskGroup``'s) is judged by the exceptions in it, at any
+    depth: ``reject`` when one is a :class:`Reject`, else ``permanent`` when one is permanent,
+    else ``timeout`` when all are timeouts, else ``error`` (unless the group's own class is
+    listed in ``permanent``).
+    """
+    if isinstance(exc, BaseExceptionGroup) and not (permanent and isinstance(exc, permanent)):
+        kinds = {classify(permanent, inner) for inner in exc.exceptions}
+        final = next((kind for kind in ("reject", "permanent") if kind in kinds), None)
+        return final or ("timeout" if kinds == {"timeout"} else "error")
     if isinstance(exc, Reject):
         return "reject"
     if isinstance(exc, Retry):

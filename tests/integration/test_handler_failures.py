@@ -17,6 +17,7 @@ import pytest
 
 from amqpjobs.jobs import evidence
 from amqpjobs.jobs.failure import qualname
+from amqpjobs.jobs.outcome import Reject
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.results import SqliteResults
@@ -258,3 +259,51 @@ async def test_a_handlers_own_raise_of_any_base_exception_is_its_jobs_failure_an
     assert "raised by the handler, not a signal to the worker" in str(h[evidence.ERROR_MESSAGE])
     assert await depth(broker, "work") == 0
     assert "a delivery's handler failed" not in caplog.text
+
+
+class BadAddress(Exception):
+    """A permanent failure of the ``group`` job below."""
+
+
+@pytest.mark.parametrize(
+    ("leaf", "reason", "runs"),
+    [
+        (lambda: Reject("no such customer"), "rejected", 1),
+        (lambda: BadAddress("x@"), "permanent", 1),
+        (lambda: TimeoutError("slow api"), "timeout", 2),
+        (lambda: ValueError("blip"), "exhausted", 2),
+    ],
+    ids=["reject", "permanent", "timeout", "error"],
+)
+async def test_a_task_groups_failure_is_judged_by_what_its_tasks_raised(
+    broker: BrokerSettings, tmp_path: Path, leaf: Any, reason: str, runs: int
+) -> None:
+    """An async handler's TaskGroup raises an ExceptionGroup: a Reject or a permanent error in it counts as such.
+
+    Before (helper-176): every group was an ordinary transient error, so a Reject or a
+    permanent error raised in a TaskGroup ran the job (and its other tasks' effects) again
+    through every retry tier, then quarantined it "exhausted".
+    """
+    app = await make_app(broker, tmp_path)
+    effects: list[int] = []
+
+    @app.job("group", queue="work", retry=RetryPolicy(max_attempts=2, permanent=(BadAddress,)))
+    async def group(payload: dict[str, Any], ctx: JobContext) -> None:
+        async def effect() -> None:
+            effects.append(ctx.attempt)
+
+        async def fail() -> None:
+            await asyncio.sleep(0.01)
+            raise leaf()
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(effect())
+            tg.create_task(fail())
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("group", {}, job_id="g-1")
+        await rec.wait_for(lambda o: any(x.kind == "quarantined" for x in o))
+    await app.close()
+    assert effects == list(range(1, runs + 1))
+    (msg,) = await drain(broker, "work.quarantine")
+    assert (msg.headers[evidence.REASON], msg.headers[evidence.ERROR_TYPE]) == (reason, "ExceptionGroup")

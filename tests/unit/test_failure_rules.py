@@ -38,6 +38,14 @@ class Gone(Exception):
         (Gone(), (KeyError,), "error"),
         (ValueError(), (), "error"),
         (Reject("first"), (Reject,), "reject"),
+        # an asyncio.TaskGroup's ExceptionGroup: judged by what is in it (helper-176: always "error")
+        (ExceptionGroup("g", [ValueError(), Reject("no")]), (), "reject"),
+        (ExceptionGroup("g", [ValueError(), ExceptionGroup("inner", [Gone()])]), (Gone,), "permanent"),
+        (ExceptionGroup("g", [Gone(), Reject("no")]), (Gone,), "reject"),
+        (ExceptionGroup("g", [TimeoutError(), TimeoutError()]), (), "timeout"),
+        (ExceptionGroup("g", [TimeoutError(), Retry()]), (), "error"),
+        (ExceptionGroup("g", [ValueError()]), (ExceptionGroup,), "permanent"),
+        (BaseExceptionGroup("g", [KeyboardInterrupt(), ConfigurationError("misuse")]), (), "permanent"),
     ],
 )
 def test_classify(exc: BaseException, permanent: tuple[type[BaseException], ...], kind: FailureKind) -> None:
