@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
@@ -184,7 +185,7 @@ class HandlerRuns:
             queue=delivery.queue,
             redelivered=delivery.redelivered or start > 1,
             enqueued_at=envelope.enqueued_at_of(delivery.headers, delivery.timestamp),
-            headers=delivery.headers,
+            headers=MappingProxyType(delivery.headers),  # read-only: its copies and evidence are made of them
             ledger_transaction=transaction,
         )
         latency = None

@@ -307,3 +307,36 @@ async def test_a_task_groups_failure_is_judged_by_what_its_tasks_raised(
     assert effects == list(range(1, runs + 1))
     (msg,) = await drain(broker, "work.quarantine")
     assert (msg.headers[evidence.REASON], msg.headers[evidence.ERROR_TYPE]) == (reason, "ExceptionGroup")
+
+
+async def test_a_handler_cant_change_the_headers_its_jobs_copies_and_evidence_are_made_of(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """``ctx.headers`` is read-only: the retry copies keep the tenant, the run count and the origin.
+
+    Before (helper-176): it was the delivery's own dict; a handler that cleared it (or popped
+    a header it wanted for itself) changed what its retry copies and its evidence were made
+    of: the tenant was gone from attempt 2 on, the evidence said 1 attempt after 3 runs, and
+    the original exchange was "" instead of "jobs".
+    """
+    app = await make_app(broker, tmp_path)
+    seen: list[tuple[int, Any, str]] = []
+
+    @app.job("meddle", queue="work", retry=RetryPolicy(max_attempts=3))
+    async def meddle(payload: dict[str, Any], ctx: JobContext) -> None:
+        refused = ""
+        try:
+            ctx.headers.clear()  # type: ignore[attr-defined]
+        except (AttributeError, TypeError) as exc:
+            refused = type(exc).__name__
+        seen.append((ctx.attempt, ctx.headers.get("amqpjobs-tenant"), refused))
+        raise ValueError("meddled")
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("meddle", {}, job_id="md-1", tenant="acme")
+        await rec.wait_for(lambda o: any(x.kind == "quarantined" for x in o))
+    await app.close()
+    assert seen == [(1, "acme", "AttributeError"), (2, "acme", "AttributeError"), (3, "acme", "AttributeError")]
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.ATTEMPTS], h["amqpjobs-tenant"], h["amqpjobs-original-exchange"]) == (3, "acme", "jobs")
