@@ -13,14 +13,12 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname, stops_the_run
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, Skip, Skipped
@@ -35,6 +33,7 @@ from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
 from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
@@ -151,23 +150,7 @@ class HandlerRuns:
                                      failure=("ClaimBusy", why, ""))  # fmt: skip
             lease_end = time.monotonic() + lease  # then the claim is anyone's: no release is owed past it
 
-            used, committed = False, False
-
-            @contextmanager
-            def transaction() -> Iterator[Any]:
-                nonlocal used, committed
-                assert ledger is not None
-                if used:
-                    raise ConfigurationError(
-                        f"job {job.name!r}: ctx.transaction() can be used once per run; "
-                        + ("the first one committed with the job's done-mark, so the job counts as done (a replay "
-                           "acks it as a duplicate) and the rest of this run did not happen: " if committed else "")
-                        + "put the whole effect in one transaction"
-                    )  # fmt: skip
-                used = True
-                with ledger.transaction(job_id, owner) as db:
-                    yield db
-                committed = True
+            transaction = RunTransaction(ledger, job.name, job_id, owner)
 
         task = asyncio.current_task() if task is None else task  # the drain's and the deadline's, looked up once
         if ordinary:  # no pause from here to the handler's start: a job to drain, unless the stop came first
@@ -297,7 +280,10 @@ class HandlerRuns:
         def transient(exc: BaseException) -> bool:  # never the run's stop (a cancellation at the grace's end)
             if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
                 return False
-            return classify(job.retry.permanent, exc) in ("error", "timeout")
+            if isinstance(exc, DuplicateJobError) or classify(job.retry.permanent, exc) not in ("error", "timeout"):
+                return False  # a duplicate: done by another run, nothing to run again
+            # an idempotent job's run whose transaction committed is not run again; one that rolled back gets a new one
+            return not isinstance(ctx.ledger_transaction, RunTransaction) or ctx.ledger_transaction.next_run()
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(transient),
