@@ -319,8 +319,9 @@ class HandlerRuns:
             if deadline is None:
                 raise
             timed_out = deadline.end(exc)  # its own cancellation: the timeout's TimeoutError
-            if not deadline.expired or not (timed_out or isinstance(exc, Exception)):
-                raise  # in time, or another cancellation came too (the stop), or a KeyboardInterrupt/SystemExit
+            cancelling = task.cancelling() if task is not None else 0
+            if not deadline.expired or (not timed_out and stops_the_run(exc, cancelling, sigint_raises())):
+                raise  # in time, or another cancellation came too (the stop), or maybe a real Ctrl-C
             # past its timeout: a timeout, whatever the handler raised after the cancellation
             timeout = timed_out or isinstance(exc, TimeoutError)
             raise overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)

@@ -340,3 +340,31 @@ async def test_a_handler_cant_change_the_headers_its_jobs_copies_and_evidence_ar
     (msg,) = await drain(broker, "work.quarantine")
     h = msg.headers
     assert (h[evidence.ATTEMPTS], h["amqpjobs-tenant"], h["amqpjobs-original-exchange"]) == (3, "acme", "jobs")
+
+
+@pytest.mark.parametrize("make", [lambda: GeneratorExit("g"), lambda: SystemExit(2), lambda: Abort("a")],
+                         ids=["GeneratorExit", "SystemExit", "BaseException-subclass"])  # fmt: skip
+async def test_a_base_exception_raised_after_the_timeouts_cancellation_is_a_timeout_like_any_other_raise(
+    broker: BrokerSettings, tmp_path: Path, make: Any
+) -> None:
+    """Before (helper-176): only an ``Exception`` raised after the cancellation made the run a timeout;
+    these were the job's ordinary failure (reason ``exhausted``, their own type)."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("late", queue="work", timeout="200ms", retry=RetryPolicy(max_attempts=1))
+    async def late(payload: dict[str, Any], ctx: JobContext) -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            raise make() from None
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("late", {}, job_id="late-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+    await app.close()
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE]) == ("timeout", "TimeoutError")
+    assert h[evidence.ERROR_MESSAGE] == (
+        f"job late ran longer than its timeout of 0.2s (it caught the cancellation and then raised {qualname(make())})"
+    )
