@@ -225,6 +225,16 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip
+        # before the payload is fetched, decoded and validated (app code: a model's validators): a start that
+        # kills the worker there is counted like one in the handler, and a redelivery never gets that far again
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
+                                 waits=job.idempotent)  # fmt: skip
+        if screening.action == "crashed":
+            error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
+            return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
+                                 failure=error, ran=True)  # fmt: skip
+        if screening.action == "register":
+            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         body, what = delivery.body, "body"
         if envelope.PAYLOAD_REF in delivery.headers:  # claim-check: the payload is kept in the app's store
             from amqpjobs.jobs.payload_refs import PayloadRefError  # here: no import cost without stored payloads
@@ -257,14 +267,6 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
-                                 waits=job.idempotent)  # fmt: skip
-        if screening.action == "crashed":
-            error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
-            return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
-                                 failure=error, ran=True)  # fmt: skip
-        if screening.action == "register":
-            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if unstarted:  # (a redelivery not run alone is registered or quarantined above: this stays a guard)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         run = (layout, delivery, job, payload, attempt, max_attempts, job_id, screening.start)
