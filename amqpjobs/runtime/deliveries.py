@@ -50,6 +50,7 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
 from amqpjobs.runtime.runs import HandlerRuns
+from amqpjobs.runtime.signals import ends_the_task
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -148,7 +149,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         """Decide, carry out, record: ``how`` as :data:`_How`, ``trace`` the copies' trace headers."""
         try:
             v = await self._process(layout, delivery, *how)
-        except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
+        except BaseException as exc:  # a bug of ours (or app code's SystemExit...) never wedges a slot unacked
+            if ends_the_task(exc):
+                raise
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
                               failure=describe(exc))  # fmt: skip
@@ -259,6 +262,11 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         except ValidationError as exc:
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
+        except BaseException as exc:  # a validator's own raise of another kind (app code): refused all the same
+            if ends_the_task(exc):
+                raise
+            return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
+                                 failure=describe(exc))  # fmt: skip
         if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))

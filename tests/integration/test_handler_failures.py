@@ -8,12 +8,15 @@ tiers, then quarantine with evidence), recorded everywhere with the same text.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
+from pydantic import BaseModel, field_validator
 
 from amqpjobs.jobs import evidence
 from amqpjobs.jobs.failure import qualname
@@ -22,7 +25,7 @@ from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain, until
+from tests.integration.helpers import depth, drain, raw_channel, until
 from tests.integration.test_outcome_levels import listening
 from tests.integration.worker_env import make_app, running_worker
 
@@ -368,3 +371,55 @@ async def test_a_base_exception_raised_after_the_timeouts_cancellation_is_a_time
     assert h[evidence.ERROR_MESSAGE] == (
         f"job late ran longer than its timeout of 0.2s (it caught the cancellation and then raised {qualname(make())})"
     )
+
+
+class Order(BaseModel):
+    """A payload model whose validator (app code, run before the handler) raises what ``ref`` names."""
+
+    ref: str
+
+    @field_validator("ref")
+    @classmethod
+    def _check(cls, ref: str) -> str:
+        if ref == "sysexit":
+            raise SystemExit(3)
+        if ref == "genexit":
+            raise GeneratorExit()
+        if ref == "runtime":
+            raise RuntimeError("the reference service is down")
+        return ref
+
+
+@pytest.mark.parametrize(("ref", "error_type"), [("sysexit", "SystemExit"), ("genexit", "GeneratorExit"),
+                                                 ("runtime", "RuntimeError")])  # fmt: skip
+async def test_a_payload_validator_raising_anything_refuses_the_payload_and_the_worker_goes_on(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, ref: str, error_type: str
+) -> None:
+    """Quarantined ``invalid-payload`` with the validator's error; the next job runs.
+
+    Before (helper-176): a validator's SystemExit or GeneratorExit ended the delivery's task ("a
+    delivery's handler failed"): the delivery unacked, its slot taken, nothing ran after it; a
+    RuntimeError was quarantined ``worker-error``, blamed on the worker ("failed inside the worker").
+    """
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+
+    @app.job("order", queue="work", payload=Order)
+    async def order(payload: Order, ctx: JobContext) -> None:
+        ran.append(payload.ref)
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    async with running_worker(app, broker, concurrency=1) as (_, rec), raw_channel(broker) as ch:
+        exchange = await ch.get_exchange("jobs")
+        body = json.dumps({"ref": ref}).encode()
+        message = aio_pika.Message(body, content_type="application/json", type="order", message_id="bad-1")
+        await exchange.publish(message, routing_key="work")
+        await app.enqueue("order", {"ref": "fine"}, job_id="fine-1")
+        await rec.wait_for(lambda o: len(o) == 2, timeout=10)
+    await app.close()
+    assert ran == ["fine"]
+    assert sorted((o.job_id, o.kind) for o in rec.outcomes) == [("bad-1", "quarantined"), ("fine-1", "succeeded")]
+    (msg,) = await drain(broker, "work.quarantine")
+    assert (msg.headers[evidence.REASON], msg.headers[evidence.ERROR_TYPE]) == ("invalid-payload", error_type)
+    assert "a delivery's handler failed" not in caplog.text
+    assert "failed inside the worker" not in caplog.text
