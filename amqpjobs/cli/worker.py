@@ -26,6 +26,7 @@ from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.printable import printable
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
+from amqpjobs.runtime.handler_threads import bound_the_exit
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.preflight import check_before_children
@@ -139,7 +140,9 @@ def consume(
             sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
     app = load_app(app_ref)
     with asyncio.Runner(loop_factory=factory) as runner:
-        sys.exit(runner.run(run_worker(app, broker, options, metrics_port, metrics_host)))
+        code = runner.run(run_worker(app, broker, options, metrics_port, metrics_host))
+        bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)
+    sys.exit(code)
 
 
 @main.command("asyncapi")

@@ -8,6 +8,7 @@ the failure record quarantine evidence is built from. No I/O: the worker
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,17 @@ NO_ERROR: tuple[str, str, str] = ("", "", "")
 
 
 def classify(permanent: tuple[type[BaseException], ...], exc: BaseException) -> FailureKind:
-    """What kind of failure ``exc`` is, for a job whose ``RetryPolicy.permanent`` is ``permanent``."""
+    """What kind of failure ``exc`` is, for a job whose ``RetryPolicy.permanent`` is ``permanent``.
+
+    An exception group (an ``asyncio.TaskGroup``'s) is judged by the exceptions in it, at any
+    depth: ``reject`` when one is a :class:`Reject`, else ``permanent`` when one is permanent,
+    else ``timeout`` when all are timeouts, else ``error`` (unless the group's own class is
+    listed in ``permanent``).
+    """
+    if isinstance(exc, BaseExceptionGroup) and not (permanent and isinstance(exc, permanent)):
+        kinds = {classify(permanent, inner) for inner in exc.exceptions}
+        final = next((kind for kind in ("reject", "permanent") if kind in kinds), None)
+        return final or ("timeout" if kinds == {"timeout"} else "error")
     if isinstance(exc, Reject):
         return "reject"
     if isinstance(exc, Retry):
@@ -46,8 +57,20 @@ def qualname(exc: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-#: A handler's own raise of these is a failure of its job (README "Jobs"), never a stop of the worker.
-QUITS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
+def stops_the_run(exc: BaseException, cancelling: int, sigint_may_raise: bool) -> bool:
+    """Whether ``exc``, out of a handler's run, ends the run instead of failing its job (README "Jobs").
+
+    Only two things do: a ``CancelledError`` while the run's task is being cancelled
+    (``cancelling``: its ``task.cancelling()``, above 0 when the worker cancels it at its
+    grace's end), and a ``KeyboardInterrupt`` that may be a real Ctrl-C (``sigint_may_raise``:
+    an async handler's, on a loop under Python's own SIGINT handler). Anything else the
+    handler raises, of any class (``SystemExit``, ``GeneratorExit``, a ``CancelledError`` of
+    its own, a library's ``BaseException`` subclass), is a failure of its job: retried, then
+    quarantined, and the worker goes on.
+    """
+    if isinstance(exc, asyncio.CancelledError):
+        return cancelling > 0
+    return isinstance(exc, KeyboardInterrupt) and sigint_may_raise
 
 
 def _rendered(exc: BaseException, how: str) -> str:
@@ -68,8 +91,8 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     """(error type, message, traceback) of a handler's exception, as every record of the failure shows them.
 
     Never raises: a message whose ``str()`` raises (the exception's ``__str__``, or the
-    ``__repr__`` of one of its arguments) is a note saying so. A ``SystemExit`` or
-    ``KeyboardInterrupt`` raised by the handler (:data:`QUITS`) says it was the handler's raise.
+    ``__repr__`` of one of its arguments) is a note saying so. A ``BaseException`` that is
+    no ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ...) says it was the handler's raise.
     All three are :func:`amqpjobs.text.encodable` (a lone surrogate as ``?``), the one rule for
     evidence, events, logs, results and spans.
 
@@ -81,7 +104,7 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
 
     """
     message = message_of(exc)
-    if isinstance(exc, QUITS):
+    if not isinstance(exc, Exception):
         message = (
             f"{type(exc).__name__}({message}) raised by the handler, not a signal to the worker: a failure of "
             "this job (the worker went on)"

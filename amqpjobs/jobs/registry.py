@@ -88,7 +88,8 @@ class JobContext:
         queue: The work queue the delivery came from.
         redelivered: The broker's ``redelivered`` flag (the delivery may have run before).
         enqueued_at: When the job was first enqueued (UTC), when known.
-        headers: The message's headers as received.
+        headers: The message's headers as received, read-only (a mapping proxy in a worker: the job's
+            retry copies and evidence are made of them, so a handler can't change them).
 
     """
 

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from amqpjobs.jobs.failure import message_of
 from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, Quarantine, RetryLater, Skip
 
 #: Every state a job can read as.
@@ -195,11 +196,11 @@ def encode_value(value: Any) -> tuple[str | None, str]:
     """(JSON text, "") for a storable return value; (None, why) otherwise; (None, "") for None."""
     if value is None:
         return None, ""
-    try:
+    try:  # the app's value: whatever encoding it raises leaves it unstored, never the record unwritten
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        return None, f"not stored: not JSON-serialisable ({type(exc).__name__}: {str(exc)[:100]})"
-    size = len(text.encode())
+        size = len(text.encode())  # a lone surrogate in a string or a key: UnicodeEncodeError
+    except Exception as exc:  # TypeError, ValueError, RecursionError, a mapping subclass's own error ...
+        return None, f"not stored: not JSON-serialisable ({type(exc).__name__}: {message_of(exc)[:100]})"
     if size > MAX_VALUE:
         return None, f"not stored: {size} bytes of JSON, over the {MAX_VALUE}-byte limit"
     return text, ""

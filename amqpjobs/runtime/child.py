@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
+from amqpjobs.runtime.handler_threads import bound_the_exit
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
@@ -192,7 +193,9 @@ def main() -> None:
     spec = read_spec(line)
     configure_logging(spec.log_level, json_lines=spec.log_json, child=spec.index)
     with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
-        sys.exit(runner.run(run_child(spec)))
+        code = runner.run(run_child(spec))
+        bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -22,17 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-def cancel_pending() -> bool:
-    """Whether the current task has a cancellation pending (``Task.cancelling()``), or there is no task.
-
-    A ``CancelledError`` while none is pending was raised by the code run, not by a
-    ``cancel()`` of the task: an inner task's cancellation awaited, a library raising it. A
-    worker takes that for the handler's failure, not for its own stop.
-    """
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
 class Deadline:
     """One run's deadline (:meth:`Deadlines.start`); :meth:`end` it exactly once, when the run ends.
 

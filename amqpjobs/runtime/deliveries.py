@@ -51,6 +51,7 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
 from amqpjobs.runtime.runs import HandlerRuns, Unread
+from amqpjobs.runtime.signals import ends_the_task
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -149,7 +150,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         """Decide, carry out, record: ``how`` as :data:`_How`, ``trace`` the copies' trace headers."""
         try:
             v = await self._process(layout, delivery, *how)
-        except Exception as exc:  # a bug of ours must never wedge a slot with an unacked delivery
+        except BaseException as exc:  # a bug of ours (or app code's SystemExit...) never wedges a slot unacked
+            if ends_the_task(exc):
+                raise
             log.exception("processing a delivery from %s failed inside the worker", delivery.queue)
             v = self._outcome(layout, delivery, Quarantine("worker-error"), 1, _job_id(delivery),
                               failure=describe(exc))  # fmt: skip
@@ -226,6 +229,16 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             )
             return self._outcome(layout, delivery, Quarantine("unknown-job"), attempt, job_id,
                                  failure=("UnknownJob", why, ""))  # fmt: skip
+        # before the payload is fetched, decoded and validated (app code: a model's validators): a start that
+        # kills the worker there is counted like one in the handler, and a redelivery never gets that far again
+        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
+                                 waits=job.idempotent)  # fmt: skip
+        if screening.action == "crashed":
+            error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
+            return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
+                                 failure=error, ran=True)  # fmt: skip
+        if screening.action == "register":
+            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         # a stored payload (claim-check) is read only when the job is about to run: not for a wait on a pause or
         # an open breaker, where a read would be wasted each pass and a store failing it would use up an attempt
         # (early still for an idempotent job without message_id: its job id is keyed from its payload)
@@ -240,14 +253,6 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
-        screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
-                                 waits=job.idempotent)  # fmt: skip
-        if screening.action == "crashed":
-            error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
-            return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,
-                                 failure=error, ran=True)  # fmt: skip
-        if screening.action == "register":
-            return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         if unstarted:  # (a redelivery not run alone is registered or quarantined above: this stays a guard)
             return self._outcome(layout, delivery, HandBack(), attempt, job_id, job.name)
         # a stored payload not read yet is read by the start, once its job's claim is had (a duplicate reads none)
@@ -308,6 +313,11 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
         except ValidationError as exc:
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=("pydantic.ValidationError", str(exc), ""))  # fmt: skip
+        except BaseException as exc:  # a validator's own raise of another kind (app code): refused all the same
+            if ends_the_task(exc):
+                raise
+            return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
+                                 failure=describe(exc))  # fmt: skip
         if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))

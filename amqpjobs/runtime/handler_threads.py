@@ -37,6 +37,9 @@ from typing import Any, NoReturn
 
 log = logging.getLogger("amqpjobs.worker")
 
+#: Seconds a worker's own process, its worker stopped, waits for the threads the app left running.
+EXIT_BOUND = 5.0
+
 
 class HandlerThreads:
     """A worker's thread pool for plain-function handlers, and the runs still going in it."""
@@ -116,3 +119,30 @@ def end_process(code: int) -> NoReturn:
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to say
             stream.flush()
     os._exit(code)
+
+
+def bound_the_exit(code: int, seconds: float = EXIT_BOUND) -> None:
+    """Arm the end of a worker's own process whose worker stopped (exit ``code``): at most ``seconds`` from now.
+
+    Python's end waits for every non-daemon thread and ``asyncio.Runner``'s close for the
+    loop's default executor: a thread an app's job left running (its own
+    ``threading.Thread``, a library's poller, ``asyncio.to_thread`` or ``run_in_executor``
+    work that goes on) would keep the process up after the worker stopped, so that SIGTERM
+    never ends it. A daemon thread waits ``seconds``; if the process is still there, it logs
+    a WARNING naming the threads still running and ends the process (:func:`end_process`,
+    the same ``code``: every delivery was settled). Call it once the worker's run returned,
+    before the Runner closes.
+    """
+    main = threading.main_thread()
+    there = [t for t in threading.enumerate() if t is not main and not t.daemon]  # the app's (none of ours is)
+
+    def watch() -> None:
+        time.sleep(seconds)
+        left = [t.name for t in there if t.is_alive()]
+        log.warning(
+            "%d thread(s) the app left running (%s) still run %gs after the worker stopped: the process ends "
+            "without them (exit %d)", len(left), ", ".join(left) or "none: an exit function waits", seconds, code,
+        )  # fmt: skip
+        end_process(code)
+
+    threading.Thread(target=watch, name="amqpjobs-exit-bound", daemon=True).start()

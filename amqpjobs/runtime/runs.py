@@ -13,21 +13,21 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname
+from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname, stops_the_run
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, Skip, Skipped
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.jobs.retry import decide, wait_later
-from amqpjobs.runtime.deadlines import Deadline, Deadlines, cancel_pending
+from amqpjobs.runtime.deadlines import Deadline, Deadlines
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
@@ -35,6 +35,7 @@ from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
 from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
 from amqpjobs.runtime.stall import StallWatch
@@ -163,23 +164,7 @@ class HandlerRuns:
                                      failure=("ClaimBusy", why, ""))  # fmt: skip
             lease_end = time.monotonic() + lease  # then the claim is anyone's: no release is owed past it
 
-            used, committed = False, False
-
-            @contextmanager
-            def transaction() -> Iterator[Any]:
-                nonlocal used, committed
-                assert ledger is not None
-                if used:
-                    raise ConfigurationError(
-                        f"job {job.name!r}: ctx.transaction() can be used once per run; "
-                        + ("the first one committed with the job's done-mark, so the job counts as done (a replay "
-                           "acks it as a duplicate) and the rest of this run did not happen: " if committed else "")
-                        + "put the whole effect in one transaction"
-                    )  # fmt: skip
-                used = True
-                with ledger.transaction(job_id, owner) as db:
-                    yield db
-                committed = True
+            transaction = RunTransaction(ledger, job.name, job_id, owner)
 
         if isinstance(payload, Unread):  # a stored payload, read now that the job runs (README "Large payloads")
             read = await payload.read()
@@ -204,7 +189,7 @@ class HandlerRuns:
             queue=delivery.queue,
             redelivered=delivery.redelivered or start > 1,
             enqueued_at=envelope.enqueued_at_of(delivery.headers, delivery.timestamp),
-            headers=delivery.headers,
+            headers=MappingProxyType(delivery.headers),  # read-only: its copies and evidence are made of them
             ledger_transaction=transaction,
         )
         latency = None
@@ -224,13 +209,11 @@ class HandlerRuns:
             if owed is not None:
                 await owed.release(job_id, owner, lease_end)
             return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
-        except (Exception, SystemExit, KeyboardInterrupt, asyncio.CancelledError) as exc:  # the handler's: a failure
-            if isinstance(exc, asyncio.CancelledError) and cancel_pending():  # not one the handler raised itself:
-                if owed is not None and job.is_async:  # a worker stopping past its grace; a thread still runs
-                    await owed.release(job_id, owner, lease_end)  # (it can't be stopped): its claim stays
-                raise
-            if isinstance(exc, KeyboardInterrupt) and job.is_async and sigint_raises():
-                raise  # on the main thread under Python's own SIGINT handler: maybe a real Ctrl-C (embedded)
+        except BaseException as exc:  # the handler's raise, of any class: its job's failure, unless it stops the run
+            if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
+                if owed is not None and job.is_async and isinstance(exc, asyncio.CancelledError):
+                    await owed.release(job_id, owner, lease_end)  # (a thread still runs, unstoppable: its claim stays)
+                raise  # a worker stopping past its grace, or maybe a real Ctrl-C (embedded, on the loop's thread)
             took = time.monotonic() - started
             if owed is not None:  # a release that fails is owed, paid once the ledger answers
                 await owed.release(job_id, owner, lease_end)
@@ -315,8 +298,13 @@ class HandlerRuns:
         if job.retry.immediate_retries == 0:
             return await self._run_once(job, payload, ctx, timeout, task)
 
-        def transient(exc: BaseException) -> bool:
-            return classify(job.retry.permanent, exc) in ("error", "timeout")
+        def transient(exc: BaseException) -> bool:  # never the run's stop (a cancellation at the grace's end)
+            if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
+                return False
+            if isinstance(exc, DuplicateJobError) or classify(job.retry.permanent, exc) not in ("error", "timeout"):
+                return False  # a duplicate: done by another run, nothing to run again
+            # an idempotent job's run whose transaction committed is not run again; one that rolled back gets a new one
+            return not isinstance(ctx.ledger_transaction, RunTransaction) or ctx.ledger_transaction.next_run()
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(transient),
@@ -352,8 +340,9 @@ class HandlerRuns:
             if deadline is None:
                 raise
             timed_out = deadline.end(exc)  # its own cancellation: the timeout's TimeoutError
-            if not deadline.expired or not (timed_out or isinstance(exc, Exception)):
-                raise  # in time, or another cancellation came too (the stop), or a KeyboardInterrupt/SystemExit
+            cancelling = task.cancelling() if task is not None else 0
+            if not deadline.expired or (not timed_out and stops_the_run(exc, cancelling, sigint_raises())):
+                raise  # in time, or another cancellation came too (the stop), or maybe a real Ctrl-C
             # past its timeout: a timeout, whatever the handler raised after the cancellation
             timeout = timed_out or isinstance(exc, TimeoutError)
             raise overran(job, limit, "" if timeout else f"then raised {qualname(exc)}") from (None if timeout else exc)

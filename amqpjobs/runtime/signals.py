@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from amqpjobs.jobs.failure import stops_the_run
 from amqpjobs.runtime import held_signals
 
 log = logging.getLogger("amqpjobs.signals")
@@ -79,3 +80,13 @@ def sigint_raises() -> bool:
     handler = signal.getsignal(signal.SIGINT)
     func = getattr(handler, "func", handler)  # asyncio.Runner installs a functools.partial of its method
     return handler is signal.default_int_handler or isinstance(getattr(func, "__self__", None), asyncio.Runner)
+
+
+def ends_the_task(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by app code on the loop's current task, stops that task instead of failing its job.
+
+    :func:`amqpjobs.jobs.failure.stops_the_run` for the current task: its cancellation (the
+    worker's stop past its grace), or a ``KeyboardInterrupt`` that may be a real Ctrl-C.
+    """
+    task = asyncio.current_task()
+    return stops_the_run(exc, task.cancelling() if task is not None else 0, sigint_raises())

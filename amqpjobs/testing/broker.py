@@ -279,7 +279,7 @@ class TestBroker(QuarantineView):
         try:
             await self.worker.handle(job_queue, delivery)
         except BaseException:
-            # a KeyboardInterrupt that may be a real Ctrl-C, GeneratorExit, a cancellation: on RabbitMQ the
+            # a KeyboardInterrupt that may be a real Ctrl-C, a cancellation of the run: on RabbitMQ the
             # unacked delivery returns when the worker's connection closes; here it goes back at once, redelivered
             if not delivery.settled:
                 await delivery.requeue()

@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any
 
+from pydantic import BaseModel, field_validator
+
 from amqpjobs import App, JobContext, Reject, SqliteLedger
 
 ledger = SqliteLedger(os.environ["POISON_LEDGER"]) if "POISON_LEDGER" in os.environ else None
@@ -93,3 +95,24 @@ def hang_thread(payload: dict[str, Any], ctx: JobContext) -> None:
     """A plain-function handler that never ends in time (a thread can't be stopped): its process's end stops it."""
     _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
     time.sleep(600)
+
+
+class Checked(BaseModel):
+    """A payload whose validation (app code, run before the handler) kills the worker when ``kill`` is true."""
+
+    kill: bool = False
+
+    @field_validator("kill")
+    @classmethod
+    def _check(cls, kill: bool) -> bool:
+        _record(f"validate - {os.getpid()}")
+        if kill:
+            os._exit(1)
+        return kill
+
+
+@app.job("checked", queue="work", payload=Checked, timeout="60s")
+async def checked(payload: Checked, ctx: JobContext) -> None:
+    """Runs only for a payload that passed its validation."""
+    _record(f"start {ctx.job_id} {os.getpid()} {int(ctx.redelivered)} {ctx.attempt}")
+    _record(f"done {ctx.job_id} {os.getpid()}")

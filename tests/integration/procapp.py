@@ -117,3 +117,17 @@ async def heap(payload: dict[str, Any], ctx: JobContext) -> None:
     import gc
 
     _record(f"heap {ctx.job_id} {gc.get_freeze_count()} {int(gc.isenabled())} {os.getpid()}")
+
+
+@app.job("leak", queue="work", timeout="60s")
+async def leak(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Leave a thread running ``payload["seconds"]`` and return: ``payload["how"]`` ``thread`` (a plain
+    non-daemon ``threading.Thread``) or ``executor`` (the loop's default executor, as ``asyncio.to_thread``)."""
+    import threading
+
+    seconds = float(payload.get("seconds", 0))
+    if payload.get("how") == "executor":
+        asyncio.get_running_loop().run_in_executor(None, time.sleep, seconds)
+    else:
+        threading.Thread(target=time.sleep, args=(seconds,), name="app-poller").start()
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import JobContext
+from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth
@@ -147,3 +148,46 @@ async def test_an_awaited_worker_keeps_the_delivery_of_an_async_handler_ignoring
     ) in lines, lines
     assert ("worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 1 ended after its "
             "cancellation (1 succeeded); exit 1") in lines, lines  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "thread"])
+async def test_immediate_retries_never_run_a_job_again_after_its_cancellation_at_the_grace_end(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, is_async: bool
+) -> None:
+    """The stop's cancellation ends the run: no in-process retry (``immediate_retries``) starts it again.
+
+    Before (helper-176): tenacity took the cancellation for a failure of the run and ran the
+    handler again, after the stop: 2 starts; an async one held the stop 5.5 s, not 0.5 s, and
+    its second run was acked "succeeded"; a thread's second run started when the first ended.
+    """
+    app = await make_app(broker, tmp_path)
+    starts: list[str] = []
+
+    async def slow(payload: dict[str, Any], ctx: JobContext) -> None:
+        starts.append(ctx.job_id)
+        await asyncio.sleep(2)
+
+    def slow_in_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+        starts.append(ctx.job_id)
+        time.sleep(2)
+
+    blips = RetryPolicy(immediate_retries=2, immediate_wait=0.01)
+    app.job("slow", queue="work", retry=blips)(slow if is_async else slow_in_thread)
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    embedded = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=0.5))
+    await embedded.start()
+    try:
+        await app.enqueue("slow", {}, job_id="s1")
+        await wait_until(lambda: len(starts) == 1, 20, "the first start")
+        sent = time.monotonic()
+        await embedded.shutdown()
+        took = time.monotonic() - sent
+        await asyncio.sleep(2.5)  # a thread's run is over: a retry in process would have started by now
+    finally:
+        await app.close()
+    assert starts == ["s1"]
+    if is_async:
+        assert took < 1.5, f"the stop took {took:.2f}s (grace 0.5s)"
+    await wait_until_depth(broker, "work", 1)  # its delivery, back for another worker
+    assert "outcome=succeeded" not in caplog.text

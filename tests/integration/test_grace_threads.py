@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import JobContext
+from amqpjobs.runtime.handler_threads import EXIT_BOUND
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import consume_subprocess, depth, write_file
@@ -196,3 +197,40 @@ async def test_an_awaited_worker_keeps_a_running_threads_delivery_until_the_thre
         r"1 plain-function handler thread\(s\) still running can't be stopped: the worker keeps its connection "
         r"\(their deliveries unacked\) until they end, so that none finishes beside its redelivery", line)
         for line in lines), lines  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", ["1", "2"])
+@pytest.mark.parametrize("how", ["thread", "executor"])
+async def test_a_thread_the_app_left_running_does_not_keep_a_stopped_worker_process_alive(
+    broker: BrokerSettings, tmp_path: Path, processes: str, how: str
+) -> None:
+    """A job that returned, leaving a thread of its own (a non-daemon thread, the loop's default executor).
+
+    Before (helper-176): the worker logged "worker stopped ... exit 0", then its process stayed
+    up as long as that thread (here 300 s; Python joins non-daemon threads and the default
+    executor at its end), so a SIGTERM never ended it: only a second signal or SIGKILL did.
+    """
+    app = await publisher(broker, tmp_path)
+    app.job("leak", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "1s", "--processes", processes) as a:
+        await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
+        await app.enqueue("leak", {"seconds": 300, "how": how}, job_id="leaky")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the run")
+        await wait_until(lambda: "outcome=succeeded" in log_of(tmp_path, "a"), 30, "its outcome")
+        ran_in = int(read_record(record)[0][4])
+        a.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        await wait_until(lambda: ended(ran_in), 30, "the process that ran it to end")
+        gone = time.monotonic() - sent
+        code = await exit_code(a)
+    await app.close()
+    out = log_of(tmp_path, "a")
+    assert code == 0, out
+    assert gone < EXIT_BOUND + 3, f"{gone:.1f}s after the SIGTERM"
+    assert "exit 0" in out, out
+    thread = "app-poller" if how == "thread" else "asyncio_0"
+    assert re.search(rf"1 thread\(s\) the app left running \(.*{thread}.*\) still run {EXIT_BOUND:g}s after the "
+                     r"worker stopped: the process ends without them", out), out  # fmt: skip
+    assert await depth(broker, "work") == 0

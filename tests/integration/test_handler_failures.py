@@ -8,19 +8,24 @@ tiers, then quarantine with evidence), recorded everywhere with the same text.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
+from pydantic import BaseModel, field_validator
 
 from amqpjobs.jobs import evidence
+from amqpjobs.jobs.failure import qualname
+from amqpjobs.jobs.outcome import Reject
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, drain, until
+from tests.integration.helpers import depth, drain, raw_channel, until
 from tests.integration.test_outcome_levels import listening
 from tests.integration.worker_env import make_app, running_worker
 
@@ -203,3 +208,218 @@ async def test_handlers_that_return_an_awaitable_or_a_generator_are_judged_by_wh
         "gen-1": ("exhausted", "TypeError"),
     }
     assert await depth(broker, "work") == 0
+
+
+class Abort(BaseException):
+    """A handler's own ``BaseException`` subclass (as some libraries raise to unwind)."""
+
+
+def own_cancel() -> BaseException:
+    return asyncio.CancelledError("the handler's own raise, not a cancellation of its run")
+
+
+@pytest.mark.parametrize("make", [lambda: GeneratorExit("g"), own_cancel, lambda: Abort("a")],
+                         ids=["GeneratorExit", "CancelledError", "BaseException-subclass"])  # fmt: skip
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "thread"])
+async def test_a_handlers_own_raise_of_any_base_exception_is_its_jobs_failure_and_the_worker_goes_on(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, make: Any, is_async: bool
+) -> None:
+    """Retried, then quarantined ``exhausted`` with its type; the slot comes back (a later job runs).
+
+    On the old code (helper-176) only ``Exception``, ``SystemExit`` and ``KeyboardInterrupt``
+    were a failure: any other raise ended the delivery's task ("a delivery's handler failed"),
+    the delivery stayed unacked and its one slot taken: no outcome, and the next job never ran.
+    """
+    app = await make_app(broker, tmp_path)
+    runs: list[int] = []
+    once_more = RetryPolicy(max_attempts=2)
+
+    async def odd(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        raise make()
+
+    def odd_in_thread(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        raise make()
+
+    app.job("odd", queue="work", retry=once_more)(odd if is_async else odd_in_thread)
+    app.job("fine", queue="work")(lambda p, c: "ok")
+    error_type = qualname(make())
+    async with running_worker(app, broker, concurrency=1) as (_, rec):
+        await app.enqueue("odd", {"n": 1}, job_id="odd-1")
+        await app.enqueue("fine", {"n": 2}, job_id="fine-1")
+        await rec.wait_for(lambda o: len(o) == 3, timeout=10)
+    await app.close()
+    assert runs == [1, 2]
+    assert [(o.job_id, o.kind) for o in rec.outcomes] == [
+        ("odd-1", "retried"),
+        ("fine-1", "succeeded"),
+        ("odd-1", "quarantined"),
+    ]
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE], h[evidence.ATTEMPTS]) == ("exhausted", error_type, 2)
+    assert "raised by the handler, not a signal to the worker" in str(h[evidence.ERROR_MESSAGE])
+    assert await depth(broker, "work") == 0
+    assert "a delivery's handler failed" not in caplog.text
+
+
+class BadAddress(Exception):
+    """A permanent failure of the ``group`` job below."""
+
+
+@pytest.mark.parametrize(
+    ("leaf", "reason", "runs"),
+    [
+        (lambda: Reject("no such customer"), "rejected", 1),
+        (lambda: BadAddress("x@"), "permanent", 1),
+        (lambda: TimeoutError("slow api"), "timeout", 2),
+        (lambda: ValueError("blip"), "exhausted", 2),
+    ],
+    ids=["reject", "permanent", "timeout", "error"],
+)
+async def test_a_task_groups_failure_is_judged_by_what_its_tasks_raised(
+    broker: BrokerSettings, tmp_path: Path, leaf: Any, reason: str, runs: int
+) -> None:
+    """An async handler's TaskGroup raises an ExceptionGroup: a Reject or a permanent error in it counts as such.
+
+    Before (helper-176): every group was an ordinary transient error, so a Reject or a
+    permanent error raised in a TaskGroup ran the job (and its other tasks' effects) again
+    through every retry tier, then quarantined it "exhausted".
+    """
+    app = await make_app(broker, tmp_path)
+    effects: list[int] = []
+
+    @app.job("group", queue="work", retry=RetryPolicy(max_attempts=2, permanent=(BadAddress,)))
+    async def group(payload: dict[str, Any], ctx: JobContext) -> None:
+        async def effect() -> None:
+            effects.append(ctx.attempt)
+
+        async def fail() -> None:
+            await asyncio.sleep(0.01)
+            raise leaf()
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(effect())
+            tg.create_task(fail())
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("group", {}, job_id="g-1")
+        await rec.wait_for(lambda o: any(x.kind == "quarantined" for x in o))
+    await app.close()
+    assert effects == list(range(1, runs + 1))
+    (msg,) = await drain(broker, "work.quarantine")
+    assert (msg.headers[evidence.REASON], msg.headers[evidence.ERROR_TYPE]) == (reason, "ExceptionGroup")
+
+
+async def test_a_handler_cant_change_the_headers_its_jobs_copies_and_evidence_are_made_of(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """``ctx.headers`` is read-only: the retry copies keep the tenant, the run count and the origin.
+
+    Before (helper-176): it was the delivery's own dict; a handler that cleared it (or popped
+    a header it wanted for itself) changed what its retry copies and its evidence were made
+    of: the tenant was gone from attempt 2 on, the evidence said 1 attempt after 3 runs, and
+    the original exchange was "" instead of "jobs".
+    """
+    app = await make_app(broker, tmp_path)
+    seen: list[tuple[int, Any, str]] = []
+
+    @app.job("meddle", queue="work", retry=RetryPolicy(max_attempts=3))
+    async def meddle(payload: dict[str, Any], ctx: JobContext) -> None:
+        refused = ""
+        try:
+            ctx.headers.clear()  # type: ignore[attr-defined]
+        except (AttributeError, TypeError) as exc:
+            refused = type(exc).__name__
+        seen.append((ctx.attempt, ctx.headers.get("amqpjobs-tenant"), refused))
+        raise ValueError("meddled")
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("meddle", {}, job_id="md-1", tenant="acme")
+        await rec.wait_for(lambda o: any(x.kind == "quarantined" for x in o))
+    await app.close()
+    assert seen == [(1, "acme", "AttributeError"), (2, "acme", "AttributeError"), (3, "acme", "AttributeError")]
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.ATTEMPTS], h["amqpjobs-tenant"], h["amqpjobs-original-exchange"]) == (3, "acme", "jobs")
+
+
+@pytest.mark.parametrize("make", [lambda: GeneratorExit("g"), lambda: SystemExit(2), lambda: Abort("a")],
+                         ids=["GeneratorExit", "SystemExit", "BaseException-subclass"])  # fmt: skip
+async def test_a_base_exception_raised_after_the_timeouts_cancellation_is_a_timeout_like_any_other_raise(
+    broker: BrokerSettings, tmp_path: Path, make: Any
+) -> None:
+    """Before (helper-176): only an ``Exception`` raised after the cancellation made the run a timeout;
+    these were the job's ordinary failure (reason ``exhausted``, their own type)."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("late", queue="work", timeout="200ms", retry=RetryPolicy(max_attempts=1))
+    async def late(payload: dict[str, Any], ctx: JobContext) -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            raise make() from None
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("late", {}, job_id="late-1")
+        await rec.wait_for(lambda o: len(o) == 1)
+    await app.close()
+    (msg,) = await drain(broker, "work.quarantine")
+    h = msg.headers
+    assert (h[evidence.REASON], h[evidence.ERROR_TYPE]) == ("timeout", "TimeoutError")
+    assert h[evidence.ERROR_MESSAGE] == (
+        f"job late ran longer than its timeout of 0.2s (it caught the cancellation and then raised {qualname(make())})"
+    )
+
+
+class Order(BaseModel):
+    """A payload model whose validator (app code, run before the handler) raises what ``ref`` names."""
+
+    ref: str
+
+    @field_validator("ref")
+    @classmethod
+    def _check(cls, ref: str) -> str:
+        if ref == "sysexit":
+            raise SystemExit(3)
+        if ref == "genexit":
+            raise GeneratorExit()
+        if ref == "runtime":
+            raise RuntimeError("the reference service is down")
+        return ref
+
+
+@pytest.mark.parametrize(("ref", "error_type"), [("sysexit", "SystemExit"), ("genexit", "GeneratorExit"),
+                                                 ("runtime", "RuntimeError")])  # fmt: skip
+async def test_a_payload_validator_raising_anything_refuses_the_payload_and_the_worker_goes_on(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, ref: str, error_type: str
+) -> None:
+    """Quarantined ``invalid-payload`` with the validator's error; the next job runs.
+
+    Before (helper-176): a validator's SystemExit or GeneratorExit ended the delivery's task ("a
+    delivery's handler failed"): the delivery unacked, its slot taken, nothing ran after it; a
+    RuntimeError was quarantined ``worker-error``, blamed on the worker ("failed inside the worker").
+    """
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+
+    @app.job("order", queue="work", payload=Order)
+    async def order(payload: Order, ctx: JobContext) -> None:
+        ran.append(payload.ref)
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    async with running_worker(app, broker, concurrency=1) as (_, rec), raw_channel(broker) as ch:
+        exchange = await ch.get_exchange("jobs")
+        body = json.dumps({"ref": ref}).encode()
+        message = aio_pika.Message(body, content_type="application/json", type="order", message_id="bad-1")
+        await exchange.publish(message, routing_key="work")
+        await app.enqueue("order", {"ref": "fine"}, job_id="fine-1")
+        await rec.wait_for(lambda o: len(o) == 2, timeout=10)
+    await app.close()
+    assert ran == ["fine"]
+    assert sorted((o.job_id, o.kind) for o in rec.outcomes) == [("bad-1", "quarantined"), ("fine-1", "succeeded")]
+    (msg,) = await drain(broker, "work.quarantine")
+    assert (msg.headers[evidence.REASON], msg.headers[evidence.ERROR_TYPE]) == ("invalid-payload", error_type)
+    assert "a delivery's handler failed" not in caplog.text
+    assert "failed inside the worker" not in caplog.text

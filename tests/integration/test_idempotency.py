@@ -22,6 +22,7 @@ import pytest
 from amqpjobs import App, ConfigurationError, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.runtime.ledger import Claim, Ledger, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay
@@ -623,3 +624,50 @@ async def test_ctx_transaction_in_an_async_handler_is_quarantined_permanent_with
         assert "ctx.transaction() was called on the event loop" in str(message.headers[evidence.ERROR_MESSAGE])
         await message.ack()
     assert await SqliteLedger(str(tmp_path / "l.db")).claim("async-1", "me", 30) is Claim.CLAIMED  # not done
+
+
+@pytest.mark.version_independent
+async def test_immediate_retries_of_an_idempotent_job_get_a_transaction_each_and_stop_at_a_duplicate(
+    broker: BrokerSettings, tmp_path: Path, ledger_spec: str
+):
+    """``immediate_retries`` on an idempotent job: a run whose transaction rolled back gets a new one.
+
+    Before (helper-176): the "once per run" rule counted every handler run of the delivery as
+    one, so the immediate retry after a blip inside ``ctx.transaction()`` was refused
+    (ConfigurationError: quarantined ``permanent``, the job never done), and a transaction
+    that found the job done (DuplicateJobError) ran the handler again, to that same refusal.
+    """
+    base = await make_app(broker, tmp_path)
+    app = App("idem", topology=base.topology(), url=broker.url, ledger=make_ledger(ledger_spec))
+    marker = "?" if ledger_spec.startswith("sqlite:") else "%s"
+    runs: list[str] = []
+    blips = RetryPolicy(immediate_retries=2, immediate_wait=0.01)
+
+    @app.job("blip", queue="work", idempotent=True, retry=blips)
+    def blip(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        with ctx.transaction() as db:
+            db.execute(f"INSERT INTO effects (job_id) VALUES ({marker})", (ctx.job_id,))
+            if runs.count(ctx.job_id) == 1:
+                raise ConnectionResetError("blip")  # rolled back: nothing of this run is kept
+
+    @app.job("late", queue="work", idempotent=True, retry=blips, lease=30)
+    def late(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        mark_done_elsewhere(ledger_spec, ctx.job_id)
+        with ctx.transaction() as db:
+            db.execute(f"INSERT INTO effects (job_id) VALUES ({marker})", (ctx.job_id,))
+
+    async with running_worker(app, broker) as (_, rec):
+        await app.enqueue("blip", {}, job_id="b-1")
+        await app.enqueue("late", {}, job_id="l-1")
+        await rec.wait_for(lambda o: len(o) == 2)
+    await app.close()
+    assert sorted((o.job_id, o.kind, o.error) for o in rec.outcomes) == [
+        ("b-1", "succeeded", ""),
+        ("l-1", "duplicate", ""),
+    ]
+    assert runs == ["b-1", "b-1", "l-1"]
+    assert effects(ledger_spec) == ["b-1"]
+    assert ledger_rows(ledger_spec) == [("b-1", "done"), ("l-1", "done")]
+    assert await depth(broker, "work.quarantine") == 0

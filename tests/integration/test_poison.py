@@ -904,3 +904,40 @@ async def test_a_suspect_a_little_slower_than_its_timeout_succeeds_and_the_worke
         await app.close()
     assert [(o.job_id, o.kind) for o in recorder.outcomes] == [("a-bit-slow", "succeeded"), ("after", "succeeded")]
     assert "this worker stops" not in caplog.text
+
+
+@pytest.mark.version_independent
+async def test_a_payload_whose_validation_kills_the_worker_is_quarantined_crashed(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """The payload model's validation is app code that runs before the handler: it is contained like the handler.
+
+    Before (helper-176): a redelivery was screened for crashes only after its payload was
+    decoded and validated, so a validator that killed the worker (or blocked its loop past the
+    heartbeat) killed every worker that took it, for ever: never registered, never quarantined.
+    """
+    app = await setup(broker, tmp_path, "classic")
+    app.job("checked", queue="work")(lambda p, c: None)  # same name as poisonapp's job: only to publish
+    try:
+        await app.enqueue("checked", {"kill": True}, job_id="killer")
+        for i in range(5):
+            await app.enqueue("poison", {"seconds": 0.02}, job_id=f"ok-{i}")
+    finally:
+        await app.close()
+
+    async def finished() -> bool:
+        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
+        return len(done) == 5 and await depth(broker, "work.quarantine") == 1
+
+    supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "1", "--grace", "5s")
+    await supervisor.run_until(finished, timeout=60)
+    validations = sum(1 for r in records(tmp_path) if r[0] == "validate")
+    assert validations == MAX_REDELIVERIES + 1
+    (msg,) = await drain(broker, "work.quarantine")
+    assert (msg.message_id, msg.headers[evidence.REASON], msg.headers[crash.STARTS]) == (
+        "killer",
+        "crashed",
+        MAX_REDELIVERIES + 1,
+    )
+    for queue in ("work", "work.suspects"):
+        assert await depth(broker, queue) == 0, queue

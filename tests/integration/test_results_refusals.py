@@ -6,14 +6,23 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amqpjobs import ConfigurationError, PostgresResults, ResultsStore, SqliteResults, StateRecord
+from amqpjobs import (
+    ConfigurationError,
+    JobContext,
+    PostgresResults,
+    ResultsStore,
+    ResultsUnavailableError,
+    SqliteResults,
+    StateRecord,
+)
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import fresh_database
-from tests.integration.worker_env import make_app
+from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -79,3 +88,50 @@ async def test_job_status_refuses_an_id_no_job_can_have(broker: BrokerSettings, 
     finally:
         await app.close()
         await store.close()
+
+
+class LazyMapping(dict[str, int]):
+    """A dict subclass whose items can't be had (a lazy mapping whose source is gone): json.dumps raises."""
+
+    def items(self) -> Any:
+        raise LookupError("the source of this mapping is gone")
+
+    def keys(self) -> Any:
+        raise LookupError("the source of this mapping is gone")
+
+
+async def test_a_return_value_that_cant_be_encoded_is_not_stored_and_the_job_reads_succeeded(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lone surrogate in a returned string or key, a mapping that raises: "not stored", as any non-JSON value.
+
+    Before (helper-176): UnicodeEncodeError / LookupError out of the record's encoding ("a
+    delivery's handler failed"); the job was acked but its record never written, so it read
+    "running" (then "unknown" once the lease passed) and result() waited for its timeout.
+    """
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+    values: dict[str, Any] = {"text": "caf\udce9", "key": {"\udcfe": 1}, "mapping": LazyMapping(a=1), "fine": [1]}
+
+    @app.job("give", queue="work")
+    async def give(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return values[payload["k"]]
+
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    try:
+        async with running_worker(app, broker) as (_, rec):
+            for k in values:
+                await app.enqueue("give", {"k": k}, job_id=f"give-{k}")
+            await rec.wait_for(lambda o: len(o) == len(values), timeout=15)
+        got = {k: await app.job_status(f"give-{k}") for k in values}
+        assert {k: s.state for k, s in got.items()} == dict.fromkeys(values, "succeeded")
+        assert got["fine"].value() == [1]
+        for k in ("text", "key", "mapping"):
+            current = got[k].current
+            note = current.value_note if current is not None else ""
+            assert note.startswith("not stored: not JSON-serialisable ("), (k, note)
+            with pytest.raises(ResultsUnavailableError):
+                await app.result(f"give-{k}", timeout=1)
+        assert "a delivery's handler failed" not in caplog.text
+    finally:
+        await app.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def normal(value: Any) -> Any:
     """Header values as comparable data: text for bytes, tables and lists recursively, varying keys out."""
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # ctx.headers is a read-only mapping
         return {str(k): normal(v) for k, v in sorted(value.items()) if k not in VARYING and not k.startswith("x-")}
     if isinstance(value, list | tuple):
         return [normal(v) for v in value]

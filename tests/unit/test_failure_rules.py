@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from amqpjobs.jobs.failure import (
     qualname,
     quarantine_headers,
     retry_headers,
+    stops_the_run,
     unstarted_headers,
 )
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, handed_back_note
@@ -36,6 +38,14 @@ class Gone(Exception):
         (Gone(), (KeyError,), "error"),
         (ValueError(), (), "error"),
         (Reject("first"), (Reject,), "reject"),
+        # an asyncio.TaskGroup's ExceptionGroup: judged by what is in it (helper-176: always "error")
+        (ExceptionGroup("g", [ValueError(), Reject("no")]), (), "reject"),
+        (ExceptionGroup("g", [ValueError(), ExceptionGroup("inner", [Gone()])]), (Gone,), "permanent"),
+        (ExceptionGroup("g", [Gone(), Reject("no")]), (Gone,), "reject"),
+        (ExceptionGroup("g", [TimeoutError(), TimeoutError()]), (), "timeout"),
+        (ExceptionGroup("g", [TimeoutError(), Retry()]), (), "error"),
+        (ExceptionGroup("g", [ValueError()]), (ExceptionGroup,), "permanent"),
+        (BaseExceptionGroup("g", [KeyboardInterrupt(), ConfigurationError("misuse")]), (), "permanent"),
     ],
 )
 def test_classify(exc: BaseException, permanent: tuple[type[BaseException], ...], kind: FailureKind) -> None:
@@ -181,3 +191,26 @@ def test_describe_never_raises_and_gives_encodable_text(exc: BaseException, expe
     assert tb.startswith("Traceback (most recent call last):")
     tb.encode("utf-8")  # every part can go on the wire
     assert classify((), exc) == "error" or isinstance(exc, ValueError | Gone)
+
+
+class Unwind(BaseException):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "cancelling", "sigint_may_raise", "stops"),
+    [
+        (asyncio.CancelledError(), 1, False, True),  # the worker's cancel at its grace's end
+        (asyncio.CancelledError(), 0, False, False),  # the handler's own raise (helper-176: it wedged the slot)
+        (KeyboardInterrupt(), 0, True, True),  # maybe a real Ctrl-C (embedded, Python's own SIGINT handler)
+        (KeyboardInterrupt(), 0, False, False),
+        (GeneratorExit(), 1, True, False),
+        (SystemExit(3), 1, True, False),
+        (Unwind(), 0, True, False),
+        (ValueError("x"), 1, True, False),
+    ],
+)
+def test_only_the_workers_cancel_or_a_maybe_real_ctrl_c_stops_a_run(
+    exc: BaseException, cancelling: int, sigint_may_raise: bool, stops: bool
+) -> None:
+    assert stops_the_run(exc, cancelling, sigint_may_raise) is stops

@@ -55,6 +55,9 @@ def test_values_are_stored_as_json_up_to_64_kib_else_the_record_says_why():
     assert text is None
     assert note.startswith("not stored: not JSON-serialisable (TypeError: Object of type set")
     assert encode_value(float("nan"))[1].startswith("not stored: not JSON-serialisable (ValueError")
+    # a lone surrogate (helper-176: UnicodeEncodeError escaped and the record was never written)
+    assert encode_value({"k": "caf\udce9"})[1].startswith("not stored: not JSON-serialisable (UnicodeEncodeError: ")
+    assert encode_value({"\udcfe": 1})[1].startswith("not stored: not JSON-serialisable (UnicodeEncodeError: ")
 
 
 def test_each_settled_outcome_maps_to_one_state():

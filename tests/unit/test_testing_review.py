@@ -309,13 +309,19 @@ async def test_sync_publisher_from_the_loop_thread_is_refused(tmp_path: Path) ->
         await asyncio.sleep(0)
 
 
-async def test_a_handler_raising_systemexit_fails_its_job_like_any_other_error(tmp_path: Path) -> None:
-    """As the worker: sys.exit() in a handler is its job's failure (retry tiers, then exhausted), not a stop."""
+@pytest.mark.parametrize(("exc", "shown"), [(SystemExit(3), "SystemExit(3)"), (GeneratorExit(), "GeneratorExit()")])
+async def test_a_handler_raising_systemexit_fails_its_job_like_any_other_error(
+    tmp_path: Path, exc: BaseException, shown: str
+) -> None:
+    """As the worker: sys.exit() in a handler is its job's failure (retry tiers, then exhausted), not a stop.
+
+    So is any other ``BaseException`` of the handler's (``GeneratorExit``: helper-176).
+    """
     app = make_app(tmp_path)
 
     @app.job("bye", queue="work", payload=Order, retry=RetryPolicy(max_attempts=2))
     async def bye(o: Order, ctx: JobContext) -> None:
-        raise SystemExit(3)
+        raise exc
 
     async with TestBroker(app) as broker:
         await app.enqueue("bye", {"order_id": 1}, job_id="bye-1")
@@ -324,16 +330,16 @@ async def test_a_handler_raising_systemexit_fails_its_job_like_any_other_error(t
     assert [p.kind for p in done] == ["retried", "quarantined"]
     assert (q.reason, q.headers["amqpjobs-error-type"], q.headers["amqpjobs-attempts"]) == (
         "exhausted",
-        "SystemExit",
+        type(exc).__name__,
         2,
     )
-    assert q.headers["amqpjobs-error-message"].startswith("SystemExit(3) raised by the handler, not a signal")
+    assert q.headers["amqpjobs-error-message"].startswith(f"{shown} raised by the handler, not a signal")
 
 
 # Under Python's own SIGINT handler (or asyncio.Runner's, whose second Ctrl-C raises) a KeyboardInterrupt in
 # an async handler may be a real one, and goes on as before. The test sets that handler itself: which one is
 # installed when it starts depends on the tests run before it in the same process (CI run 17: not Python's)
-@pytest.mark.parametrize("exc", [KeyboardInterrupt(), GeneratorExit()])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt()])
 async def test_a_handler_raising_a_base_exception_leaves_its_message_in_the_queue(
     tmp_path: Path, exc: BaseException, request: pytest.FixtureRequest
 ) -> None:
