@@ -20,6 +20,7 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.printable import printable
 from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
 
@@ -60,6 +61,11 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
     ),
     "reconnect_interval": (_seconds, "a number of seconds of at least 0"),
     "fail_fast": (lambda v: v.lower() in _TRUE | _FALSE, "true or false (1/0, yes/no, on/off)"),
+    # shown by the management UI and written into the broker's log: a line feed there forges a line
+    "name": (
+        lambda v: 0 < len(v.encode("utf-8", "surrogatepass")) <= 255 and printable(v) == v,
+        "a connection name of 1-255 bytes without control characters",
+    ),
 }
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
 #: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
