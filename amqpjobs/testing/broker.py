@@ -182,6 +182,7 @@ class TestBroker(QuarantineView):
             self._temp = self._ledger = None
         _OPEN.pop(self.app, None)
         self._entered = False
+        self._closed = True
 
     # ------------------------------------------------------------------ running
     async def drain(self) -> list[Processed]:
@@ -198,6 +199,7 @@ class TestBroker(QuarantineView):
                 stays in its queue).
 
         """
+        self._still_open()
         first = len(self.processed)
         self._delivered = 0
         await self._look()
@@ -219,6 +221,7 @@ class TestBroker(QuarantineView):
             What was processed in this call, in order.
 
         """
+        self._still_open()
         seconds = by.total_seconds() if isinstance(by, timedelta) else parse_duration(by)
         if seconds < 0:
             raise ValueError(f"the virtual clock only moves forward (got {by!r})")
@@ -321,8 +324,10 @@ class TestBroker(QuarantineView):
             MessageTooLargeError: its properties are over the double's ``frame_max``.
             ConfigurationError: a header value AMQP can't carry (a set, a date ...).
             TypeError: ``body`` is not bytes.
+            ConfigurationError: the TestBroker was closed.
 
         """
+        self._still_open()
         if not isinstance(body, bytes | bytearray):  # a str would reach the handler as no broker delivers it
             raise TypeError(f"publish_raw() body must be bytes (what AMQP carries), not {body.__class__.__name__}")
         message = OutgoingMessage(body=bytes(body), headers=dict(headers or {}), content_type=content_type,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from amqpjobs.errors import UnroutableError
+from amqpjobs.errors import ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.app import App
@@ -23,6 +23,20 @@ class QuarantineView:
     memory: MemoryBroker
     publisher: MemoryPublisher
     _names: itertools.count[int]
+    #: Closed after being open: it runs nothing more (its records stay readable).
+    _closed: bool = False
+
+    def _still_open(self) -> None:
+        """Refuse what runs or moves jobs once the double was closed (its worker is gone: a drain would spin).
+
+        Raises:
+            ConfigurationError: it was closed.
+        """
+        if self._closed:
+            raise ConfigurationError(
+                "this TestBroker is closed: it runs jobs only inside `async with TestBroker(app) as broker:`; what it "
+                "recorded (completed(), quarantine(), messages()) can still be read"
+            )
 
     def _quarantine_queue(self, name: str) -> str:
         return name if name.endswith(QUARANTINE_SUFFIX) else job_queue_layout(self.app, name).quarantine_queue
@@ -50,6 +64,7 @@ class QuarantineView:
             How many were moved.
 
         """
+        self._still_open()
         options = options or ReplayOptions()
         source = self._quarantine_queue(job_queue)
         run = f"test-replay-{next(self._names)}"

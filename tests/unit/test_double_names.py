@@ -94,3 +94,31 @@ async def test_a_testbroker_used_before_it_is_open_says_so_not_that_the_topology
     async with broker:  # and it opens as usual afterwards
         await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-1")
         assert [p.kind for p in await broker.drain()] == ["succeeded"]
+
+
+async def test_a_closed_testbroker_runs_nothing_more_and_says_so_but_its_records_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+    runs: list[str] = []
+
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+
+    async with TestBroker(app) as broker:
+        await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-1")
+        await broker.drain()
+        await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-2")  # left in its queue
+    words = r"this TestBroker is closed: it runs jobs only inside `async with TestBroker\(app\) as broker:`"
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.drain()
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.advance("1s")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.publish_raw("jobs", "work", b"{}", type="j", message_id="m-3")
+    with pytest.raises(ConfigurationError, match=words):
+        await broker.replay("work", ReplayOptions())
+    assert runs == ["m-1"]
+    assert [p.job_id for p in broker.completed()] == ["m-1"]  # what it recorded stays readable
+    assert [h.get("amqpjobs-attempt") for h in broker.messages("work")] == [None]
