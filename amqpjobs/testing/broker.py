@@ -357,7 +357,16 @@ class TestBroker(QuarantineView):
         return next((r for r in self.schedulers if r.is_leader), None)
 
     async def stop_scheduler(self, replica: Scheduler, *, crash: bool = False) -> None:
-        """Stop a replica: a clean shutdown, or (``crash``) its connection dies first, as under ``kill -9``."""
+        """Stop a replica: a clean shutdown, or (``crash``) its connection dies first, as under ``kill -9``.
+
+        Raises:
+            ConfigurationError: ``replica`` is not one of :attr:`schedulers` (stopped already, or not a replica).
+        """
+        if not any(replica is r for r in self.schedulers):
+            raise ConfigurationError(
+                f"stop_scheduler({replica!r:.80}): not a running scheduler replica of this TestBroker (stopped "
+                f"already, or not one); its replicas: {[r.replica for r in self.schedulers]}"
+            )
         if crash:
             await replica._connection.close()
         await replica.shutdown(grace=1.0)

@@ -122,3 +122,24 @@ async def test_a_closed_testbroker_runs_nothing_more_and_says_so_but_its_records
     assert runs == ["m-1"]
     assert [p.job_id for p in broker.completed()] == ["m-1"]  # what it recorded stays readable
     assert [h.get("amqpjobs-attempt") for h in broker.messages("work")] == [None]
+
+
+async def test_stopping_what_is_no_running_scheduler_replica_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("n", topology=load_topology(path).topology)
+
+    @app.cron("0 8 * * *", name="daily")
+    @app.job("j", queue="work")
+    async def j(payload: dict[str, int], ctx: JobContext) -> None:
+        return None
+
+    async with TestBroker(app, scheduler=False) as broker:
+        replica = await broker.add_scheduler("s-1")
+        with pytest.raises(
+            ConfigurationError, match=r"stop_scheduler\(99\): not a running scheduler replica .*\['s-1'\]"
+        ):
+            await broker.stop_scheduler(99)  # type: ignore[arg-type]
+        await broker.stop_scheduler(replica)
+        with pytest.raises(ConfigurationError, match=r"not a running scheduler replica .* its replicas: \[\]"):
+            await broker.stop_scheduler(replica)  # twice
