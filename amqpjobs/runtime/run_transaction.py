@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, DuplicateJobError
 from amqpjobs.runtime.ledger import Ledger
 
 
@@ -23,6 +23,9 @@ class RunTransaction:
 
     Attributes:
         committed: A transaction committed the effect with the done-mark.
+        found_done: A transaction found the job marked done by another run (it raised
+            :class:`~amqpjobs.errors.DuplicateJobError`, the effect rolled back): the one way a run
+            ends as a duplicate; the same error raised by the handler itself is its job's failure.
     """
 
     def __init__(self, ledger: Ledger, job: str, key: str, owner: str) -> None:
@@ -32,6 +35,7 @@ class RunTransaction:
         self._owner = owner
         self._used = False
         self.committed = False
+        self.found_done = False
 
     @contextmanager
     def __call__(self) -> Iterator[Any]:
@@ -48,8 +52,17 @@ class RunTransaction:
                 + "put the whole effect in one transaction"
             )  # fmt: skip
         self._used = True
-        with self._ledger.transaction(self._key, self._owner) as db:
-            yield db
+        inside = False  # the block's own DuplicateJobError (the handler's) is not the ledger's word
+        try:
+            with self._ledger.transaction(self._key, self._owner) as db:
+                try:
+                    yield db
+                except DuplicateJobError:
+                    inside = True
+                    raise
+        except DuplicateJobError:
+            self.found_done = not inside
+            raise
         self.committed = True
 
     def next_run(self) -> bool:

@@ -201,10 +201,6 @@ class HandlerRuns:
         self._note_running(job, job_id, attempt, delivery.queue)
         try:
             value = await self._run_handler(job, payload, ctx, task)
-        except DuplicateJobError:  # its transaction found the job done by another run: effect rolled back
-            took = time.monotonic() - started
-            return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True, duration=took,
-                                 latency=latency, started=started)  # fmt: skip
         except Skipped as exc:  # its wrapper left the handler unrun (the overlap guard): acked, no attempt used
             if owed is not None:
                 await owed.release(job_id, owner, lease_end)
@@ -215,6 +211,9 @@ class HandlerRuns:
                     await owed.release(job_id, owner, lease_end)  # (a thread still runs, unstoppable: its claim stays)
                 raise  # a worker stopping past its grace, or maybe a real Ctrl-C (embedded, on the loop's thread)
             took = time.monotonic() - started
+            if transaction is not None and transaction.found_done:  # another run did it: this effect rolled back
+                return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True,
+                                     duration=took, latency=latency, started=started)  # fmt: skip
             if owed is not None:  # a release that fails is owed, paid once the ledger answers
                 await owed.release(job_id, owner, lease_end)
             kind = classify(job.retry.permanent, exc)
