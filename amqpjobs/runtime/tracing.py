@@ -42,7 +42,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,7 +52,7 @@ from amqpjobs.jobs.failure import message_of, qualname
 from amqpjobs.jobs.outcome import Outcome, Quarantine
 from amqpjobs.jobs.quarantine import REPLAY_COUNT
 from amqpjobs.jobs.tracecontext import consumer_destination, producer_destination, trace_carrier
-from amqpjobs.printable import printable
+from amqpjobs.runtime.propagation_logs import hold_propagation_warnings, warnings_into
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -76,42 +75,6 @@ INSTALL_HINT: Final = "pip install 'amqpjobs[otel]'"
 
 #: Seconds between two log lines about tracing failures of one kind (the others are counted).
 FAILURE_LOG_EVERY: Final = 60.0
-
-#: OpenTelemetry's loggers that warn about a malformed ``traceparent``, ``tracestate`` or ``baggage`` read.
-PROPAGATION_LOGGERS: Final = (
-    "opentelemetry.baggage.propagation", "opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext",
-)  # fmt: skip
-
-#: The failure log of the :class:`Tracing` reading a delivery's trace headers now (in this task or thread), if any.
-_READING: ContextVar[TracingFailures | None] = ContextVar("amqpjobs_reading_trace_headers", default=None)
-
-
-class _WhileReading(logging.Filter):
-    """Takes what OpenTelemetry warns while a worker reads a delivery's trace headers into its failure log.
-
-    A foreign publisher's malformed ``baggage`` or ``tracestate`` on every message would otherwise
-    be a warning per delivery; the failure log says it once a period, counted. Outside a worker's
-    read (another library of the process extracting) the record passes as it is.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        failures = _READING.get()
-        if failures is None:
-            return True
-        try:
-            said = record.getMessage()
-        except Exception:  # a record whose arguments don't fit its format: its format says enough
-            said = str(record.msg)
-        failures("reading a delivery's trace headers", detail=f"OpenTelemetry: {printable(said[:300])}")
-        return False
-
-
-def _hold_propagation_warnings() -> None:
-    """Put :class:`_WhileReading` on OpenTelemetry's propagation loggers, once per process."""
-    for name in PROPAGATION_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _WhileReading) for f in logger.filters):
-            logger.addFilter(_WhileReading())
 
 
 def _header_getter() -> Getter[Mapping[str, str]]:
@@ -196,7 +159,7 @@ class Tracing:
         self._trace = trace
         self._getter = _header_getter()
         self.failures = TracingFailures()
-        _hold_propagation_warnings()
+        hold_propagation_warnings()
         # before a global provider is set, the API hands out a proxy that uses the provider once it is set
         self._tracer: Tracer = trace.get_tracer(
             "amqpjobs", __version__, schema_url=f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -310,14 +273,12 @@ class Tracing:
 
         What OpenTelemetry warns about the headers meanwhile goes to :attr:`failures` (one line a period).
         """
-        reading = _READING.set(self.failures)
-        try:
-            return self._propagate.extract(carrier, context=self._context.Context(), getter=self._getter)
-        except Exception as exc:  # a propagator must not fail a job over a foreign header
-            self.failures("extracting trace headers", exc)
-            return self._context.Context()
-        finally:
-            _READING.reset(reading)
+        with warnings_into(self.failures):
+            try:
+                return self._propagate.extract(carrier, context=self._context.Context(), getter=self._getter)
+            except Exception as exc:  # a propagator must not fail a job over a foreign header
+                self.failures("extracting trace headers", exc)
+                return self._context.Context()
 
     @contextmanager
     def processing(
