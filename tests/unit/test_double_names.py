@@ -25,17 +25,29 @@ retry_tiers = ["1s"]
 """
 
 
-@pytest.mark.parametrize("name", ["nope", "wrok", ""])
-async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the_known_ones(
-    tmp_path: Path, name: str
-) -> None:
+def make_app(tmp_path: Path) -> App:
+    """An app on :data:`TOPOLOGY` (given as a Topology object), no jobs yet."""
     path = tmp_path / "t.toml"
     path.write_text(TOPOLOGY)
-    app = App("n", topology=load_topology(path).topology)
+    return App("n", topology=load_topology(path).topology)
+
+
+def app_with_a_job(tmp_path: Path) -> App:
+    """:func:`make_app` with job ``j`` on ``work``, whose handler does nothing."""
+    app = make_app(tmp_path)
 
     @app.job("j", queue="work")
     async def j(payload: dict[str, int], ctx: JobContext) -> None:
         return None
+
+    return app
+
+
+@pytest.mark.parametrize("name", ["nope", "wrok", ""])
+async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the_known_ones(
+    tmp_path: Path, name: str
+) -> None:
+    app = app_with_a_job(tmp_path)
 
     async with TestBroker(app) as broker:
         words = rf"job queue {name!r} is not in the topology \(given to App\(\) as a Topology object\); known: work"
@@ -52,13 +64,7 @@ async def test_quarantine_and_replay_of_a_job_queue_not_in_the_topology_name_the
 
 @pytest.mark.parametrize("body", ["{}", {"a": 1}, None, 7])
 async def test_publish_raw_takes_bytes_only_as_any_amqp_publish(tmp_path: Path, body: object) -> None:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("n", topology=load_topology(path).topology)
-
-    @app.job("j", queue="work")
-    async def j(payload: dict[str, int], ctx: JobContext) -> None:
-        return None
+    app = app_with_a_job(tmp_path)
 
     async with TestBroker(app) as broker:
         with pytest.raises(TypeError, match=r"publish_raw\(\) body must be bytes .*, not "):
@@ -71,13 +77,7 @@ async def test_publish_raw_takes_bytes_only_as_any_amqp_publish(tmp_path: Path, 
 
 
 async def test_a_testbroker_used_before_it_is_open_says_so_not_that_the_topology_is_missing(tmp_path: Path) -> None:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("n", topology=load_topology(path).topology)
-
-    @app.job("j", queue="work")
-    async def j(payload: dict[str, int], ctx: JobContext) -> None:
-        return None
+    app = app_with_a_job(tmp_path)
 
     broker = TestBroker(app)  # no `async with`
     words = r"this TestBroker is not open yet: use it as `async with TestBroker\(app\) as broker:`"
@@ -97,9 +97,7 @@ async def test_a_testbroker_used_before_it_is_open_says_so_not_that_the_topology
 
 
 async def test_a_closed_testbroker_runs_nothing_more_and_says_so_but_its_records_stay_readable(tmp_path: Path) -> None:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("n", topology=load_topology(path).topology)
+    app = make_app(tmp_path)
     runs: list[str] = []
 
     @app.job("j", queue="work")
@@ -125,9 +123,7 @@ async def test_a_closed_testbroker_runs_nothing_more_and_says_so_but_its_records
 
 
 async def test_stopping_what_is_no_running_scheduler_replica_says_so(tmp_path: Path) -> None:
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("n", topology=load_topology(path).topology)
+    app = make_app(tmp_path)
 
     @app.cron("0 8 * * *", name="daily")
     @app.job("j", queue="work")
