@@ -56,7 +56,7 @@ from amqpjobs.wire.frame_socket import Closed, FrameSocket
 from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
-from amqpjobs.wire.publish_outcome import closed_under, max_size_in, nacked, uncertain, unroutable
+from amqpjobs.wire.publish_outcome import closed_under, max_size_in, nacked, over_max_size, uncertain, unroutable
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import TLS_OPTIONS
 from amqpjobs.wire.urls import parse_node
@@ -389,7 +389,7 @@ class BlockingPublisher:
     def _refused(self, exc: Closed, exchange: str, routing_key: str, message: OutgoingMessage) -> NoReturn:
         """The channel or connection closed under the publish: what that says about it (:func:`closed_under`)."""
         text = str(exc)
-        if exc.channel and exc.code == 406 and (limit := max_size_in(text)) is not None:
+        if exc.channel and over_max_size(exc.code, text) and (limit := max_size_in(text)) is not None:
             self._max_message_size = min(limit, self._max_message_size or limit)  # later bodies over it: not sent
         missing = self._missing_exchange
         raise closed_under(

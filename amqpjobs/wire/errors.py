@@ -89,6 +89,17 @@ def unaddressable(exc: BaseException, name: str | None) -> UnaddressableNameErro
     return ours
 
 
+#: The channel-close reply codes (AMQP 0-9-1 "Constants") of the errors the map names by code.
+_REPLY_CODES: Final[dict[type[AmqpJobsError], int]] = {NotFoundError: 404, ResourceLockedError: 405,
+                                                        PreconditionFailedError: 406}  # fmt: skip
+
+
+def reply_code(exc: BaseException) -> int | None:
+    """The channel-close reply code (404, 405, 406) client-library exception ``exc`` stands for (None: another)."""
+    kind = error_kind(exc)
+    return None if kind is None else _REPLY_CODES.get(kind)
+
+
 def error_kind(exc: BaseException) -> type[AmqpJobsError] | None:
     """Which of our exceptions client-library exception ``exc`` maps to (None: not one)."""
     for library, ours in ERROR_MAP:

@@ -20,8 +20,6 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from amqpjobs.errors import (
     BrokerError,
     BrokerUnavailableError,
-    NotFoundError,
-    PreconditionFailedError,
     PublisherClosedError,
     PublishError,
     PublishNackedError,
@@ -30,7 +28,7 @@ from amqpjobs.errors import (
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.wire.alarms import WhileBlocked
 from amqpjobs.wire.connection import when_connected
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, reply_code
 from amqpjobs.wire.exchange_checks import ExchangeChecks
 from amqpjobs.wire.limits import (
     ENCODING_ERRORS,
@@ -43,10 +41,11 @@ from amqpjobs.wire.limits import (
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 from amqpjobs.wire.publish_outcome import (
+    closed_under,
     heard_close,
     max_size_in,
     nacked,
-    size_refusal,
+    over_max_size,
     uncertain,
     unroutable,
 )
@@ -177,10 +176,7 @@ class ConfirmedPublisher:
 
         """
         try:
-            if self._one_at_a_time is not None:
-                async with self._one_at_a_time:
-                    await self._publish(exchange, routing_key, message)
-            else:
+            async with self._one_at_a_time or contextlib.nullcontext():
                 await self._publish(exchange, routing_key, message)
         except PublishError:  # sent, or refused: its own words
             raise
@@ -361,12 +357,10 @@ class ConfirmedPublisher:
         self, channel: AbstractChannel, underlay: aiormq.Channel, exchange: str, routing_key: str,
         message: OutgoingMessage, exc: BaseException,
     ) -> NoReturn:  # fmt: skip
-        """The channel or connection closed under an unconfirmed publish: what that says about this one.
+        """The channel or connection closed under an unconfirmed publish: what that says of it (:func:`closed_under`).
 
         The broker's reason for closing the channel (aiormq's ``_close_exception``; else ``exc``)
-        is read, whichever publish's confirm failed first: a 404 naming this publish's exchange
-        is a definite refusal, a 406 over ``max_message_size`` is :func:`size_refusal`'s;
-        anything else (another publish's 404, a lost or forced connection) leaves it uncertain.
+        is read, whichever publish's confirm failed first.
 
         Raises:
             UnroutableError, MessageTooLargeError: the broker's close was about this publish.
@@ -378,19 +372,21 @@ class ConfirmedPublisher:
             # the broker closed the channel: close ours now, so that no task of aio-pika's is left holding
             # the 404 unretrieved ("unhandled exception during asyncio.run() shutdown") if the app is not closed
             await self._discard_channel(channel)
-        kind = error_kind(reason)
         self.exchanges.forget_missing(reason)
-        if kind is NotFoundError and f"no exchange '{exchange}' in vhost" in text:  # this one's: nothing stored
-            raise UnroutableError(self.exchanges.missing(exchange)) from reason
-        if kind is PreconditionFailedError and ("max size" in text or "message size" in text):
+        code = reply_code(reason)
+        if over_max_size(code, text):
             await self._discard_channel(channel)  # the next publish opens another
             if (limit := max_size_in(text)) is not None:  # later bodies over it are refused before sending
                 self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
-            raise size_refusal(message, text) from reason
-        what = f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})"
-        if self._closed:
-            what = f"{self._owner} was closed under the publish to {exchange!r} / {routing_key!r}"
-        raise PublishError(uncertain(what, message)) from reason
+        raise closed_under(
+            text,
+            code,
+            exchange,
+            routing_key,
+            message,
+            lambda: self.exchanges.missing(exchange),
+            self._owner if self._closed else None,
+        ) from reason
 
     async def close(self) -> None:
         """Close the publisher's channel; a publish under way or later raises :class:`PublisherClosedError` (not sent).

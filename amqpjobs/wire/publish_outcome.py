@@ -110,11 +110,20 @@ def size_refusal(message: OutgoingMessage, refusal: str) -> MessageTooLargeError
     ))  # fmt: skip
 
 
+def over_max_size(channel_code: int | None, text: str) -> bool:
+    """Whether a close (reply code, None for a connection's; words) is the broker's ``max_message_size`` refusal.
+
+    The broker closes the channel with 406 PRECONDITION_FAILED naming the limit (RabbitMQ
+    "Configuration": ``max_message_size``).
+    """
+    return channel_code == 406 and ("max size" in text or "message size" in text)
+
+
 def closed_under(
     text: str, channel_code: int | None, exchange: str, routing_key: str, message: OutgoingMessage,
-    missing: Callable[[], str],
+    missing: Callable[[], str], closed_by: str | None = None,
 ) -> UnroutableError | MessageTooLargeError | PublishError:  # fmt: skip
-    """What a channel or connection closed under a publish says of it (the blocking publisher's reading).
+    """What a channel or connection closed under a publish says of it (both publishers' reading).
 
     Args:
         text: The close's words (``reply_text``, as the error map words it).
@@ -123,17 +132,18 @@ def closed_under(
         routing_key: Its routing key.
         message: The publish (its size and id word the error).
         missing: The words for the exchange missing (called only then).
+        closed_by: Who closed the publisher under the publish (its own close), if it was closed.
 
     Returns:
         :class:`UnroutableError` for a 404 naming ``exchange`` (not stored); a 406 over the
-        broker's ``max_message_size`` is :func:`too_large`'s when ``message`` is over it; else
-        :class:`PublishError`: it may or may not be stored.
+        broker's ``max_message_size`` is :func:`size_refusal`'s; else :class:`PublishError`: it
+        may or may not be stored.
     """
     if channel_code == 404 and f"no exchange '{exchange}' in vhost" in text:
         return UnroutableError(missing())
-    over = channel_code == 406 and ("max size" in text or "message size" in text)
-    if over and (refused := too_large(len(message.body), text)) is not None:
-        return refused
-    return PublishError(uncertain(
-        f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})", message
-    ))  # fmt: skip
+    if over_max_size(channel_code, text):
+        return size_refusal(message, text)
+    what = f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})"
+    if closed_by is not None:
+        what = f"{closed_by} was closed under the publish to {exchange!r} / {routing_key!r}"
+    return PublishError(uncertain(what, message))
