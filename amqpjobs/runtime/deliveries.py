@@ -1,4 +1,4 @@
-"""One delivery, start to end: decide, run (:mod:`.runs`), carry the decision out, record it.
+"""One delivery, start to end: decide, run (:mod:`.runs`), carry the decision out (:mod:`.carrying_out`), record it.
 
 The worker's rules (README "Workers"): a delivery is acked only after its handler
 returned; a failed attempt is republished to the next delay tier (confirmed), then the
@@ -18,34 +18,27 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from amqpjobs._version import __version__
-from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
-from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.events import event_body
-from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import (
     crash_error,
     describe,
-    quarantine_headers,
-    retry_headers,
-    unstarted_headers,
 )
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
-from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip, reported
+from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import decide
 from amqpjobs.runtime.breakers import Breakers
+from amqpjobs.runtime.carrying_out import ACK_ONLY, CarryingOut
 from amqpjobs.runtime.draining import Draining
-from amqpjobs.runtime.fallback import ack, fall_back
-from amqpjobs.runtime.holding import Holding, pending_of
+from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.pausing import OperatorPauses
@@ -65,14 +58,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpjobs.worker")
 
-#: Decisions carried out by the ack alone, no copy (a tuple: ``Ack | Duplicate`` would be built again per delivery).
-_ACK_ONLY: Final = (Ack, Duplicate, Skip)
 
 #: How a delivery is handled: (alone, hand_back, rated, its task when known), :meth:`DeliveryPath._process`'s arguments.
 _How = tuple[bool, bool, bool, "asyncio.Task[Any] | None"]
 
 
-class DeliveryPath(HandlerRuns, OutcomeRecords):
+class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
     """The one-delivery path of :class:`~amqpjobs.runtime.worker.Worker` (its state is the worker's)."""
 
     app: App
@@ -172,7 +163,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
 
             await payload_after(self.app.payload_store, delivery.headers, v.decision, acked)
         uncertain = False
-        if v.ran and isinstance(v.decision, _ACK_ONLY):
+        if v.ran and isinstance(v.decision, ACK_ONLY):
             # a run the broker may not have seen finish: its ack was never sent, or sent into a
             # connection the broker had already given up on (no heartbeat during a stall)
             stalled = self._stalls.longest_since(v.started)
@@ -322,88 +313,6 @@ class DeliveryPath(HandlerRuns, OutcomeRecords):
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))
         return payload, job_id
-
-    async def _carry_out(
-        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
-    ) -> bool:
-        """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
-        copied = not isinstance(v.decision, _ACK_ONLY)  # a decision carried out by a copy, then the ack
-        if copied and delivery.channel_closed:
-            # the broker has already put it back (redelivered): a copy now would only be a duplicate
-            log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
-                        field_value(v.job_id), v.decision)  # fmt: skip
-            return False
-        if copied:
-            try:
-                await self._republish(layout, delivery, v, trace)
-            except AmqpJobsError as exc:
-                return await self._fallback(layout, delivery, v, exc, trace)
-        return await ack(delivery, v.job_id, copied=copied)
-
-    async def _republish(
-        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
-    ) -> None:
-        """Publish the copy the decision needs, if any (confirmed).
-
-        ``trace``: trace headers the copy gets instead of the received ones (a delivery that
-        came without a valid ``traceparent``: its first ``process`` span's, so later attempts
-        join that trace; :class:`amqpjobs.runtime.tracing.ProcessSpan`).
-
-        Raises:
-            AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
-        """
-        assert self._publisher is not None
-        assert self._quarantiner is not None
-        decision, job_id = v.decision, v.job_id
-        received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
-        # handler runs so far, counted in our own header on our copies (absent = 0), never derived
-        # from the attempt header a publisher may set to anything
-        runs = envelope.parse_runs(received) + (1 if v.ran else 0)
-        if isinstance(decision, RetryLater):
-            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
-                                    timestamp=delivery.timestamp)  # fmt: skip
-            tier_queue = layout.tier_queues[delivery.queue][decision.tier]
-            # ready in the work queue once the tier's delay is over: max_age counts from then
-            back_at = envelope.ready_at(time.time(), decision.delay)
-            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id, back_at))
-        elif isinstance(decision, Register | HandBack):
-            if isinstance(decision, HandBack) and self._stop.is_set():  # once no consumer here can take it back
-                await self._took_last.wait()
-            # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
-            # the suspects queue, a delivery handed back returns to its work queue
-            register = decision if isinstance(decision, Register) else None
-            headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
-                                        self._host, self._pid, iso_utc(), timestamp=delivery.timestamp)  # fmt: skip
-            target = layout.suspects_queue if register is not None else delivery.queue
-            # handed back: ready in the work queue now (a suspect keeps its timestamp: not ready there)
-            ready_at = None if register is not None else envelope.ready_at(time.time())
-            await self._publisher.publish("", target, delivery.copy(headers, job_id, ready_at))
-            if register is not None:
-                self._suspects_signal.set()
-        elif isinstance(decision, Quarantine):
-            quarantine = functools.partial(
-                quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
-                exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=job_id,
-                host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
-                timestamp=delivery.timestamp,
-            )  # fmt: skip
-            exchange, headers = layout.quarantine_exchange, quarantine()
-            try:
-                await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
-            except MessageTooLargeError as exc:  # another publisher's headers leave less room than the evidence takes
-                if exc.excess is None or (budget := trimmed_budget(headers, exc.excess)) is None:
-                    raise  # no room worth it: rejected as it is (:mod:`.fallback`)
-                trimmed = delivery.copy(quarantine(budget=budget), job_id)
-                await self._quarantiner.publish(exchange, delivery.queue, trimmed)
-
-    async def _fallback(
-        self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
-    ) -> bool:
-        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
-        republish = functools.partial(self._republish, layout, delivery, v, trace)
-        pending = pending_of(layout, delivery.queue, v.decision)
-        with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
-            return await fall_back(self._holding, layout, delivery, v, exc, republish)
 
 
 def _job_id(delivery: Received) -> str:

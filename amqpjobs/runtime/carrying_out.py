@@ -1,0 +1,138 @@
+"""Carrying a delivery's decision out: the copy it needs (confirmed), then the ack (README "Workers").
+
+A failed attempt's copy goes to its next delay tier, a registered start's to the suspects queue,
+a delivery handed back to its own work queue, a permanent failure's to quarantine with evidence
+headers (trimmed when another publisher's headers leave less room); the original is acked only
+after its copy was confirmed. When the copy can't go, :mod:`.fallback` holds the delivery or
+rejects it once into quarantine. A decision carried out by the ack alone makes no copy.
+
+Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+from amqpjobs._version import __version__
+from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
+from amqpjobs.jobs import envelope
+from amqpjobs.jobs.envelope import iso_utc
+from amqpjobs.jobs.evidence import trimmed_budget
+from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
+from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip
+from amqpjobs.runtime.draining import Draining
+from amqpjobs.runtime.fallback import ack, fall_back
+from amqpjobs.runtime.holding import Holding, pending_of
+from amqpjobs.runtime.logs import field_value
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Publisher, Received
+
+if TYPE_CHECKING:
+    from amqpjobs.runtime.app import App
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: Decisions carried out by the ack alone, no copy (a tuple: ``Ack | Duplicate`` would be built again per delivery).
+ACK_ONLY: Final = (Ack, Duplicate, Skip)
+
+
+class CarryingOut:
+    """Carrying out decisions, for :class:`~amqpjobs.runtime.deliveries.DeliveryPath` (its state is the worker's)."""
+
+    app: App
+    _stop: asyncio.Event
+    _took_last: asyncio.Event  # set once the stopping worker's consumers are cancelled
+    _holding: Holding
+    _publisher: Publisher | None
+    _quarantiner: Publisher | None
+    _suspects_signal: asyncio.Event
+    _draining: Draining
+    _host: str
+    _pid: int
+
+    async def _carry_out(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
+    ) -> bool:
+        """Publish what the decision needs, then ack. Returns whether the delivery was acked."""
+        copied = not isinstance(v.decision, ACK_ONLY)  # a decision carried out by a copy, then the ack
+        if copied and delivery.channel_closed:
+            # the broker has already put it back (redelivered): a copy now would only be a duplicate
+            log.warning("job %s: its channel closed before %s could be carried out; the broker redelivers it",
+                        field_value(v.job_id), v.decision)  # fmt: skip
+            return False
+        if copied:
+            try:
+                await self._republish(layout, delivery, v, trace)
+            except AmqpJobsError as exc:
+                return await self._fallback(layout, delivery, v, exc, trace)
+        return await ack(delivery, v.job_id, copied=copied)
+
+    async def _republish(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
+    ) -> None:
+        """Publish the copy the decision needs, if any (confirmed).
+
+        ``trace``: trace headers the copy gets instead of the received ones (a delivery that
+        came without a valid ``traceparent``: its first ``process`` span's, so later attempts
+        join that trace; :class:`amqpjobs.runtime.tracing.ProcessSpan`).
+
+        Raises:
+            AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
+        """
+        assert self._publisher is not None
+        assert self._quarantiner is not None
+        decision, job_id = v.decision, v.job_id
+        received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
+        # handler runs so far, counted in our own header on our copies (absent = 0), never derived
+        # from the attempt header a publisher may set to anything
+        runs = envelope.parse_runs(received) + (1 if v.ran else 0)
+        if isinstance(decision, RetryLater):
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
+                                    timestamp=delivery.timestamp)  # fmt: skip
+            tier_queue = layout.tier_queues[delivery.queue][decision.tier]
+            # ready in the work queue once the tier's delay is over: max_age counts from then
+            back_at = envelope.ready_at(time.time(), decision.delay)
+            await self._publisher.publish("", tier_queue, delivery.copy(headers, job_id, back_at))
+        elif isinstance(decision, Register | HandBack):
+            if isinstance(decision, HandBack) and self._stop.is_set():  # once no consumer here can take it back
+                await self._took_last.wait()
+            # unstarted, as a copy (not a requeue: no redelivered flag): a registered start waits in
+            # the suspects queue, a delivery handed back returns to its work queue
+            register = decision if isinstance(decision, Register) else None
+            headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
+                                        self._host, self._pid, iso_utc(), timestamp=delivery.timestamp)  # fmt: skip
+            target = layout.suspects_queue if register is not None else delivery.queue
+            # handed back: ready in the work queue now (a suspect keeps its timestamp: not ready there)
+            ready_at = None if register is not None else envelope.ready_at(time.time())
+            await self._publisher.publish("", target, delivery.copy(headers, job_id, ready_at))
+            if register is not None:
+                self._suspects_signal.set()
+        elif isinstance(decision, Quarantine):
+            quarantine = functools.partial(
+                quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
+                exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=job_id,
+                host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
+                timestamp=delivery.timestamp,
+            )  # fmt: skip
+            exchange, headers = layout.quarantine_exchange, quarantine()
+            try:
+                await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
+            except MessageTooLargeError as exc:  # another publisher's headers leave less room than the evidence takes
+                if exc.excess is None or (budget := trimmed_budget(headers, exc.excess)) is None:
+                    raise  # no room worth it: rejected as it is (:mod:`.fallback`)
+                trimmed = delivery.copy(quarantine(budget=budget), job_id)
+                await self._quarantiner.publish(exchange, delivery.queue, trimmed)
+
+    async def _fallback(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
+    ) -> bool:
+        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
+        republish = functools.partial(self._republish, layout, delivery, v, trace)
+        pending = pending_of(layout, delivery.queue, v.decision)
+        with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
+            return await fall_back(self._holding, layout, delivery, v, exc, republish)
