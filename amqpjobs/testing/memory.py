@@ -13,8 +13,8 @@ the runtime's decisions the same (README "Testing your jobs" lists what it does 
 * a queue's message TTL runs on the virtual clock (:meth:`MemoryBroker.expire`): an expired
   message is dead-lettered to the queue's dead-letter exchange and routing key, at once
   and without ``x-death`` (the runtime strips it from its copies anyway);
-* a delivery is settled by ack (gone), reject (dead-lettered) or requeue (back at the
-  head, ``redelivered``);
+* a delivery is settled by ack (gone), reject (dead-lettered) or requeue (``redelivered``,
+  back where it was on a classic queue, first out on a quorum queue);
 * a publish is refused as the broker's publisher refuses it, by the same rule
   (:func:`amqpjobs.wire.limits.check_fits`): properties over the double's ``frame_max``
   (less the publisher's reserve: an enqueue's leaves the worker's headroom), a body over
@@ -337,7 +337,7 @@ class MemoryDelivery:
         self.broker.dead_letter(self.source, self.stored)
 
     async def requeue(self) -> None:
-        """Back at the head of its queue, ``redelivered``."""
+        """Back in its queue, ``redelivered``: where it was (classic), or first out (quorum; ``MemoryQueue.put``)."""
         self._settle("requeue")
         self.stored.redelivered = True
         self.source.put(self.stored, head=True)

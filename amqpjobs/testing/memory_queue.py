@@ -4,7 +4,8 @@ The order is the RabbitMQ one the double stands for (checked against RabbitMQ 3.
 and 4.3.6 nodes by ``tests/integration/test_priority_contract.py``):
 
 * a classic queue is FIFO, or with ``max_priority`` highest priority first (over the maximum
-  as the maximum), FIFO within a priority; a requeued message goes back at the head;
+  as the maximum), FIFO within a priority; a requeued message goes back where it was (in
+  publish order, whatever order several came back in);
 * a quorum queue hands out what came back (a requeue, a closed channel's unacked delivery)
   before anything else, in the order it came back, whatever the priorities; then
   * before 4.0: FIFO (no priorities);
@@ -69,13 +70,15 @@ class MemoryQueue:
     def put(self, stored: Stored, head: bool = False) -> None:
         """Add a message at the tail (``head``: it came back, a requeue).
 
-        On a classic queue a message that came back is at the head; on a quorum queue it goes
-        after those that came back before it, and all of them leave before the rest.
+        On a classic queue a message that came back goes back where it was (before the messages
+        published after it, whatever order they came back in); on a quorum queue it goes after
+        those that came back before it, and all of them leave before the rest.
         """
         if not head:
             self.messages.append(stored)
-        elif self.quorum is None:
-            self.messages.insert(0, stored)
+        elif self.quorum is None:  # back where it was: before every message published after it
+            at = next((i for i, s in enumerate(self.messages) if s.serial > stored.serial), len(self.messages))
+            self.messages.insert(at, stored)
         else:
             stored.returned = True
             back = next((i for i, s in enumerate(self.messages) if not s.returned), len(self.messages))

@@ -38,6 +38,17 @@ name = "qq"
 exchange = "jobs"
 type = "quorum"
 retry_tiers = ["1s"]
+
+[[job_queue]]
+name = "cq"
+exchange = "jobs"
+retry_tiers = ["1s"]
+
+[[job_queue]]
+name = "pq"
+exchange = "jobs"
+max_priority = 9
+retry_tiers = ["1s"]
 """
 
 Messages = list[tuple[str, int | None]]
@@ -78,14 +89,14 @@ def rank_app(topology: Path, url: str | None, order: list[str]) -> App:
     return app
 
 
-async def publish(broker: BrokerSettings, messages: Messages) -> None:
+async def publish(broker: BrokerSettings, messages: Messages, queue: str = "qq") -> None:
     """Publish through aiormq: aio-pika's Message would send a priority None as 0, and 4.3 counts none as 4."""
     async with raw_channel(broker) as ch:
         underlay = await ch.get_underlay_channel()
         for job_id, priority in messages:
             properties = Basic.Properties(content_type="application/json", message_type="rank", message_id=job_id,
                                           priority=priority, delivery_mode=2)  # fmt: skip
-            await underlay.basic_publish(b"{}", exchange="jobs", routing_key="qq", properties=properties)
+            await underlay.basic_publish(b"{}", exchange="jobs", routing_key=queue, properties=properties)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -114,7 +125,7 @@ async def test_a_worker_takes_a_quorum_job_queue_in_the_same_order_on_the_broker
     assert double == real, f"RabbitMQ {'.'.join(map(str, version))}"
 
 
-#: Steps on one quorum queue: publish messages, take N (acked), hold one (unacked), hand the held one back.
+#: Steps on one queue: publish messages, take N (acked), hold N (unacked), hand back the held one at that index.
 Step = tuple[str, Messages | int]
 STEPS: dict[str, list[Step]] = {
     # 4.0's count of three runs on over the queue's life: one take before shifts the turn
@@ -125,20 +136,23 @@ STEPS: dict[str, list[Step]] = {
                 ("back", 0), ("take", 4)],
     "two-back": [("publish", [("a", 0), ("b", 1)]), ("hold", 1), ("hold", 1),
                  ("publish", [("high", 9)]), ("back", 0), ("back", 0), ("take", 3)],
+    # handed back in the other order than taken (a classic queue puts each back where it was)
+    "back-reversed": [("publish", [("a", 0), ("b", 0), ("c", 0)]), ("hold", 1), ("hold", 1),
+                      ("back", 1), ("back", 0), ("take", 3)],
 }  # fmt: skip
 
 
-async def on_the_broker(broker: BrokerSettings, steps: list[Step]) -> list[str]:
+async def on_the_broker(broker: BrokerSettings, steps: list[Step], queue_name: str) -> list[str]:
     taken: list[str] = []
     held: list[aio_pika.abc.AbstractIncomingMessage] = []
     async with raw_channel(broker) as ch:
-        queue = await ch.get_queue("qq", ensure=False)
+        queue = await ch.get_queue(queue_name, ensure=False)
         for what, arg in steps:
             if what == "publish":
                 assert isinstance(arg, list)
-                await publish(broker, arg)
+                await publish(broker, arg, queue_name)
             elif what == "back":
-                await held.pop(0).nack(requeue=True)
+                await held.pop(int(arg)).nack(requeue=True)  # type: ignore[arg-type]
                 await asyncio.sleep(0.2)  # the nack is not confirmed: let the queue take it back
             else:
                 for _ in range(int(arg)):  # type: ignore[arg-type]
@@ -151,19 +165,19 @@ async def on_the_broker(broker: BrokerSettings, steps: list[Step]) -> list[str]:
     return taken
 
 
-async def on_the_double(memory: TestBroker, steps: list[Step]) -> list[str]:
+async def on_the_double(memory: TestBroker, steps: list[Step], queue: str) -> list[str]:
     taken: list[str] = []
     held: list[MemoryDelivery] = []
     for what, arg in steps:
         if what == "publish":
             assert isinstance(arg, list)
             for job_id, priority in arg:
-                await memory.publish_raw("jobs", "qq", b"{}", type="rank", message_id=job_id, priority=priority)
+                await memory.publish_raw("jobs", queue, b"{}", type="rank", message_id=job_id, priority=priority)
         elif what == "back":
-            await held.pop(0).requeue()
+            await held.pop(int(arg)).requeue()  # type: ignore[arg-type]
         else:
             for _ in range(int(arg)):  # type: ignore[arg-type]
-                delivery = MemoryDelivery.take(memory.memory, "qq")
+                delivery = MemoryDelivery.take(memory.memory, queue)
                 assert delivery is not None
                 taken.append(delivery.message_id or "")
                 if what == "take":
@@ -173,15 +187,16 @@ async def on_the_double(memory: TestBroker, steps: list[Step]) -> list[str]:
     return taken
 
 
+@pytest.mark.parametrize("queue", ["qq", "cq", "pq"], ids=["quorum", "classic", "classic-priority"])
 @pytest.mark.parametrize("case", list(STEPS))
-async def test_a_quorum_queue_hands_back_and_turns_as_the_broker_does(
-    broker: BrokerSettings, tmp_path: Path, case: str
+async def test_a_queue_hands_back_and_turns_as_the_broker_does(
+    broker: BrokerSettings, tmp_path: Path, case: str, queue: str
 ) -> None:
     topology = tmp_path / "t.toml"
     topology.write_text(TOPOLOGY)
     await apply_topology(topology, broker)
-    real = await on_the_broker(broker, STEPS[case])
+    real = await on_the_broker(broker, STEPS[case], queue)
     version = broker_version(broker)
     async with TestBroker(rank_app(topology, None, []), broker_version=version) as memory:
-        double = await on_the_double(memory, STEPS[case])
+        double = await on_the_double(memory, STEPS[case], queue)
     assert double == real, f"RabbitMQ {'.'.join(map(str, version))}"
