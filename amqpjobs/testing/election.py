@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.testing.memory import MemoryBroker, Stored
+from amqpjobs.testing.memory import MemoryBroker
+from amqpjobs.testing.memory_queue import Stored
 
 
 @dataclass(eq=False)

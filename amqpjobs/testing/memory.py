@@ -6,14 +6,15 @@ the runtime's decisions the same (README "Testing your jobs" lists what it does 
 * exchanges ``direct``, ``topic``, ``fanout`` and the default exchange, bindings to queues
   and to exchanges; a ``mandatory`` publish nobody takes raises
   :class:`~amqpjobs.errors.UnroutableError`, as the real publisher does on ``basic.return``;
-* queues are FIFO, highest ``priority`` first when the queue has ``max_priority``;
+* queues are FIFO, highest ``priority`` first when the queue has ``max_priority``; a quorum
+  queue orders as the RabbitMQ version it stands for (:mod:`amqpjobs.testing.memory_queue`);
   ``x-max-length`` with ``reject-publish`` (:class:`~amqpjobs.errors.PublishNackedError`) or
   ``drop-head``;
 * a queue's message TTL runs on the virtual clock (:meth:`MemoryBroker.expire`): an expired
   message is dead-lettered to the queue's dead-letter exchange and routing key, at once
   and without ``x-death`` (the runtime strips it from its copies anyway);
-* a delivery is settled by ack (gone), reject (dead-lettered) or requeue (back at the
-  head, ``redelivered``);
+* a delivery is settled by ack (gone), reject (dead-lettered) or requeue (``redelivered``,
+  back where it was on a classic queue, first out on a quorum queue);
 * a publish is refused as the broker's publisher refuses it, by the same rule
   (:func:`amqpjobs.wire.limits.check_fits`): properties over the double's ``frame_max``
   (less the publisher's reserve: an enqueue's leaves the worker's headroom), a body over
@@ -36,70 +37,10 @@ from amqpjobs.errors import ConfigurationError, PublishNackedError, UnroutableEr
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import listed
 from amqpjobs.testing.clock import VirtualClock
+from amqpjobs.testing.memory_queue import MemoryQueue, Stored
 from amqpjobs.topology.declarations import Declarations
-from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, quorum_order
+from amqpjobs.topology.versions import quorum_order
 from amqpjobs.wire.limits import DEFAULT_FRAME_MAX, as_delivered, check_fits
-
-_serial = itertools.count(1)
-
-
-@dataclass
-class Stored:
-    """A message in a queue: what was published, where, and when it expires (virtual seconds)."""
-
-    message: OutgoingMessage
-    exchange: str
-    routing_key: str
-    expires_at: float | None = None
-    redelivered: bool = False
-    serial: int = field(default_factory=lambda: next(_serial))
-
-
-@dataclass
-class MemoryQueue:
-    """One queue: its messages and the arguments that matter here."""
-
-    name: str
-    max_priority: int | None = None
-    message_ttl: float | None = None  # seconds
-    dead_letter_exchange: str | None = None
-    dead_letter_routing_key: str | None = None
-    max_length: int | None = None
-    overflow: str | None = None
-    arguments: dict[str, Any] = field(default_factory=dict)
-    messages: list[Stored] = field(default_factory=list)
-    #: A quorum queue's priorities (``quorum_order``): None (classic: ``max_priority``), "fifo", "two", "strict".
-    quorum: str | None = None
-
-    def put(self, stored: Stored, head: bool = False) -> None:
-        """Add a message at the tail (``head``: at the head, a requeue)."""
-        if head:
-            self.messages.insert(0, stored)
-        else:
-            self.messages.append(stored)
-
-    def _rank(self, priority: int | None) -> int | None:
-        """Where a message of ``priority`` goes: higher first; None: FIFO (no priorities)."""
-        if self.quorum == "strict":  # 4.3+: 0-31, none counts as 4, x-max-priority ignored
-            return min(4 if priority is None else priority, QUORUM_MAX_PRIORITY)
-        if self.quorum == "two":  # 4.0-4.2: 5+ high, 0-4 normal (delivered about 2:1 there; here high first)
-            return int((priority or 0) >= 5)
-        if self.quorum is None and self.max_priority is not None:
-            return min(priority or 0, self.max_priority)
-        return None
-
-    def take(self) -> Stored | None:
-        """The next message out: the first of the highest priority (FIFO without priorities)."""
-        if not self.messages:
-            return None
-        index, best = 0, -1
-        for i, s in enumerate(self.messages):
-            rank = self._rank(s.message.priority)
-            if rank is None:
-                break
-            if rank > best:
-                best, index = rank, i
-        return self.messages.pop(index)
 
 
 @dataclass
@@ -396,7 +337,7 @@ class MemoryDelivery:
         self.broker.dead_letter(self.source, self.stored)
 
     async def requeue(self) -> None:
-        """Back at the head of its queue, ``redelivered``."""
+        """Back in its queue, ``redelivered``: where it was (classic), or first out (quorum; ``MemoryQueue.put``)."""
         self._settle("requeue")
         self.stored.redelivered = True
         self.source.put(self.stored, head=True)

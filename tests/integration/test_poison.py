@@ -907,8 +907,9 @@ async def test_a_suspect_a_little_slower_than_its_timeout_succeeds_and_the_worke
 
 
 @pytest.mark.version_independent
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
 async def test_a_payload_whose_validation_kills_the_worker_is_quarantined_crashed(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, qtype: str
 ) -> None:
     """The payload model's validation is app code that runs before the handler: it is contained like the handler.
 
@@ -916,7 +917,7 @@ async def test_a_payload_whose_validation_kills_the_worker_is_quarantined_crashe
     decoded and validated, so a validator that killed the worker (or blocked its loop past the
     heartbeat) killed every worker that took it, for ever: never registered, never quarantined.
     """
-    app = await setup(broker, tmp_path, "classic")
+    app = await setup(broker, tmp_path, qtype)
     app.job("checked", queue="work")(lambda p, c: None)  # same name as poisonapp's job: only to publish
     try:
         await app.enqueue("checked", {"kill": True}, job_id="killer")

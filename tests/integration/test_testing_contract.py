@@ -36,7 +36,7 @@ from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import drain
 from tests.integration.worker_env import running_worker
 
-pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+pytestmark = pytest.mark.broker
 
 TOPOLOGY = """
 [[exchange]]
@@ -213,6 +213,7 @@ async def on_the_double(tmp_path: Path, queue: str) -> Result:
             per_job(broker.outcomes))  # fmt: skip
 
 
+@pytest.mark.version_independent
 @pytest.mark.parametrize("queue", ["cq", "qq"], ids=["classic", "quorum"])
 async def test_the_double_decides_as_the_real_worker(broker: BrokerSettings, tmp_path: Path, queue: str) -> None:
     real = await on_the_broker(broker, tmp_path, queue)
@@ -309,6 +310,7 @@ async def refusal(app: App, case: dict[str, Any]) -> tuple[str, str, int | None]
     raise AssertionError(f"enqueue took {case}")
 
 
+@pytest.mark.version_independent
 async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_error(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
@@ -364,6 +366,7 @@ async def test_the_double_refuses_each_enqueue_the_broker_refuses_with_the_same_
     assert doubled == real
 
 
+@pytest.mark.version_independent
 async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
@@ -388,9 +391,10 @@ async def test_a_nan_header_refused_leaves_the_enqueues_sent_beside_it_stored(
     ]  # fmt: skip
 
 
-async def test_the_double_given_the_brokers_version_refuses_a_priority_as_the_broker_does(
+async def test_the_double_given_the_brokers_version_takes_or_refuses_a_priority_as_the_broker_does(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
+    """Version-dependent on purpose: 3.x refuses a priority for a quorum job queue, 4.0+ takes it (CI: each version)."""
     topology = tmp_path / "t.toml"
     topology.write_text(TOPOLOGY)
     await apply_topology(topology, broker)
@@ -400,7 +404,7 @@ async def test_the_double_given_the_brokers_version_refuses_a_priority_as_the_br
         await app.connect()
         version = app._broker_version
         try:
-            await app.enqueue("ok", {"order_id": 1}, priority=3)
+            await app.enqueue("ok", {"order_id": 1}, job_id="prio-3", priority=3)
         except ConfigurationError as exc:
             refusals.append(str(exc))
     finally:
@@ -408,23 +412,28 @@ async def test_the_double_given_the_brokers_version_refuses_a_priority_as_the_br
     double_app = build_app(topology, "qq", None, [], [])
     async with TestBroker(double_app, broker_version=version) as double:
         try:
-            await double_app.enqueue("ok", {"order_id": 1}, priority=3)
+            await double_app.enqueue("ok", {"order_id": 1}, job_id="prio-3", priority=3)
         except ConfigurationError as exc:
             refusals.append(str(exc))
-        assert await double.drain() == []
-    if version >= (4, 0):  # quorum queues take priorities there: neither refuses
+        ran = [(p.outcome.job_id, type(p.outcome.decision).__name__) for p in await double.drain()]
+    stored = [(m.message_id, m.priority) for m in await drain(broker, "qq")]
+    if version >= (4, 0):  # quorum queues take priorities there: neither refuses, both hold the job
         assert refusals == []
+        assert ran == [("prio-3", "Ack")]
+        assert stored == [("prio-3", 3)]
     else:
         assert len(refusals) == 2
         assert refusals[0] == refusals[1]
         assert refusals[0].startswith("job 'ok': priority 3 can't be kept: job queue 'qq'")
-    assert await drain(broker, "qq") == []  # nothing of the refused job reached the broker
+        assert ran == []
+        assert stored == []  # nothing of the refused job reached the broker
 
 
 #: Header values whose Python type the AMQP encoding changes (a tuple is an array, bytes a byte array).
 ODD_HEADERS: dict[str, Any] = {"pair": (1, 2), "raw": b"\x00\xff", "nested": {"list": (b"a", (3,))}, "flag": True}
 
 
+@pytest.mark.version_independent
 async def test_a_handler_sees_the_same_header_values_and_types_on_the_broker_and_in_the_double(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
