@@ -62,6 +62,7 @@ class Supervisor:
             POISON_LEDGER=str(tmp_path / "ledger.db"),
         )
         self.args = args
+        self.broker, self.tmp_path = broker, tmp_path
         self.log = tmp_path / "workers.log"
         self.procs: list[subprocess.Popen[str]] = []
         self.n = n
@@ -74,6 +75,15 @@ class Supervisor:
                 [str(exe), "consume", "tests.integration.poisonapp:app", *self.args],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
+
+    async def run_until_done(self, done: int, quarantined: int, timeout: float) -> None:
+        """:meth:`run_until` ``done`` distinct jobs recorded done and ``work.quarantine`` holds ``quarantined``."""
+
+        async def finished() -> bool:
+            ran = {r[1] for r in records(self.tmp_path) if r[0] == "done"}
+            return len(ran) == done and await depth(self.broker, "work.quarantine") == quarantined
+
+        await self.run_until(finished, timeout)
 
     async def run_until(self, done: object, timeout: float) -> None:
         assert callable(done)
@@ -123,12 +133,8 @@ async def crash_run(broker: BrokerSettings, tmp_path: Path, qtype: str, concurre
     finally:
         await app.close()
 
-    async def finished() -> bool:
-        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
-        return len(done) == 50 and await depth(broker, "work.quarantine") == 1
-
     supervisor = Supervisor(broker, tmp_path, workers, "--concurrency", str(concurrency), "--grace", "5s")
-    await supervisor.run_until(finished, timeout=90)
+    await supervisor.run_until_done(50, 1, timeout=90)
 
     starts = Counter(r[1] for r in records(tmp_path) if r[0] == "start")
     done = Counter(r[1] for r in records(tmp_path) if r[0] == "done")
@@ -391,12 +397,8 @@ async def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_job_n
     finally:
         await app.close()
 
-    async def finished() -> bool:
-        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
-        return len(done) == 3 and await depth(broker, "work.quarantine") == 1
-
     supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "2")
-    await supervisor.run_until(finished, timeout=60)
+    await supervisor.run_until_done(3, 1, timeout=60)
 
     log = supervisor.log.read_text()
     assert supervisor.exits == 0, log[-3000:]
@@ -761,12 +763,8 @@ async def test_a_plain_function_job_that_hangs_every_worker_is_quarantined_crash
     finally:
         await app.close()
 
-    async def finished() -> bool:
-        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
-        return len(done) == 20 and await depth(broker, "work.quarantine") == 1
-
     supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "2", "--grace", "1s")
-    await supervisor.run_until(finished, timeout=120)
+    await supervisor.run_until_done(20, 1, timeout=120)
     starts = Counter(r[1] for r in records(tmp_path) if r[0] == "start")
     assert starts["hanger"] == MAX_REDELIVERIES + 1, starts
     assert supervisor.exits >= MAX_REDELIVERIES  # each start but the last stopped its worker
@@ -926,12 +924,8 @@ async def test_a_payload_whose_validation_kills_the_worker_is_quarantined_crashe
     finally:
         await app.close()
 
-    async def finished() -> bool:
-        done = {r[1] for r in records(tmp_path) if r[0] == "done"}
-        return len(done) == 5 and await depth(broker, "work.quarantine") == 1
-
     supervisor = Supervisor(broker, tmp_path, 1, "--concurrency", "1", "--grace", "5s")
-    await supervisor.run_until(finished, timeout=60)
+    await supervisor.run_until_done(5, 1, timeout=60)
     validations = sum(1 for r in records(tmp_path) if r[0] == "validate")
     assert validations == MAX_REDELIVERIES + 1
     (msg,) = await drain(broker, "work.quarantine")
