@@ -48,6 +48,7 @@ from typing import Literal
 
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.printable import printable
+from amqpjobs.text import ascii_digits
 
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
@@ -311,7 +312,7 @@ def _is_tier_name(tier: str) -> bool:
 
 def _work(name: str) -> QueueName:
     base, infix, index = name.rpartition(SHARD_INFIX)
-    if infix and base and index.isascii() and index.isdigit() and str(int(index)) == index:
+    if infix and base and ascii_digits(index) and str(int(index)) == index:
         return QueueName("shard", base, name, shard=int(index))
     return QueueName("work", name, name)
 
