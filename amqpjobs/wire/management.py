@@ -161,6 +161,8 @@ class ManagementClient:
                 self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last
         if resp.status_code == 404 and allow_404:
             return None
+        if resp.status_code == 404 and (path == "/overview" or not self._api_answers()):
+            raise ManagementApiError(self._no_api(), 404)
         if resp.status_code == 404 and path != f"/vhosts/{_q(self.settings.vhost)}" and not self._vhost_exists():
             vhost = self.settings.vhost
             raise ManagementApiError(
@@ -221,6 +223,17 @@ class ManagementClient:
             return f"management API at {base}{hint} unreachable: {why}"
         each = "; ".join(f"{base}: {why}" for base, why in failures)
         return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}"
+
+    def _api_answers(self) -> bool:
+        """True when a management API answers at the base URL (asked after a 404: was it the URL that was wrong?)."""
+        return self.request("GET", "/overview", allow_404=True) is not None
+
+    def _no_api(self) -> str:
+        """The message for a base URL where no management API answers (``/api`` appended, a wrong path)."""
+        return (
+            f"no RabbitMQ management API answers at {self.base_url} (GET {self.base_url}/api/overview -> 404): "
+            "give the API's base URL, http(s)://host:port with no /api (--management-url or $AMQPJOBS_MANAGEMENT_URL)"
+        )
 
     def _vhost_exists(self) -> bool:
         """True when the settings' vhost exists (asked after a 404: was it the vhost that was missing?)."""
