@@ -324,3 +324,23 @@ def test_each_bad_tier_is_one_true_problem(tmp_path: Path, tiers: str, expected:
     # a retest: "1.5ms" then "2ms" was also "must strictly increase (0.0015s then 0.002s)"; equal tiers were also
     # a duplicate queue "give each ... job queue a unique name"; 50d read "4.32e+06s"
     assert problems_of(tmp_path, HEADER + job(f"retry_tiers = {tiers}")) == expected
+
+
+def test_a_file_that_is_no_utf8_or_starts_with_a_bom_says_so_with_the_line_and_the_fix(tmp_path: Path) -> None:
+    """Was: 'Invalid statement (at line 1, column 1)' for a BOM, and "'utf-8' codec can't decode byte 0xff in
+    position 20: invalid start byte (fix: fix the file's syntax)" for Latin-1 bytes (helper-177)."""
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + HEADER.encode() + job().encode())
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(bom)
+    assert [(p.message, p.fix) for p in info.value.problems] == [
+        ("the file starts with a UTF-8 byte order mark (BOM), which TOML does not allow",
+         "save it as UTF-8 without a BOM"),
+    ]  # fmt: skip
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(HEADER.encode() + b'[[job_queue]]\nname = "caf\xe9"\nexchange = "jobs"\n')
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(latin)
+    assert [(p.message, p.fix) for p in info.value.problems] == [
+        ("not UTF-8: byte 0xe9 at line 5, column 12 can't be decoded", "save the file as UTF-8"),
+    ]
