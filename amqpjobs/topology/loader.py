@@ -18,7 +18,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem, TopologyValidationError
-from amqpjobs.printable import as_toml
+from amqpjobs.printable import as_toml, printable
 from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.derived_names import derived_name_limit, derived_names_too_long
 from amqpjobs.topology.models import (
@@ -26,12 +26,13 @@ from amqpjobs.topology.models import (
     TopologyFile,
 )
 from amqpjobs.topology.naming import (
-    ADDRESSABLE_CHARS,
+    ADDRESSABLE_NAME,
     BREAKER_INFIX,
     BREAKER_PROBE_INFIX,
     EVENTS_EXCHANGE,
     JOB_MARKERS,
     MAX_CLIENT_NAME,
+    TOPOLOGY_NAME_CHARS,
     NameKind,
     parse_queue_name,
     pause_signal_key,
@@ -58,7 +59,7 @@ _FIXES = {
     "less_than_equal": "lower the value to the maximum shown",
     "string_too_short": "give a non-empty name",
     "string_too_long": "use at most 255 characters",
-    "string_pattern_mismatch": "names may not contain whitespace",
+    "string_pattern_mismatch": f"take {TOPOLOGY_NAME_CHARS} only",  # Name's one pattern: no whitespace
     "value_error": "use a duration such as '500ms', '5s', '1m' or a number of seconds",
 }
 
@@ -212,6 +213,8 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
             message = message.removeprefix("Value error, ")
             if kind == "int_type":
                 fix = _INT_FIXES.get(type(err.get("input")), fix)
+            if kind == "string_pattern_mismatch":  # pydantic would show the regex
+                message = "a name can't hold whitespace (a space, tab or line break)"
             if kind == "less_than_equal" and err.get("ctx", {}).get("le") == AMQP_INT_MAX:
                 message += " (the largest integer an AMQP argument carries)"
             if "input" in err and kind not in ("missing",):
@@ -251,7 +254,9 @@ def _unaddressable(file: str, path: str, name: str, kind: str, limit: int | None
     """
     if issue := unaddressable_problem(name, cast(NameKind, kind)):
         most = MAX_CLIENT_NAME[cast(NameKind, kind)] if limit is None else limit
-        return [Problem(file, path, issue, f"rename it within {ADDRESSABLE_CHARS}, at most {most} characters")]
+        if not ADDRESSABLE_NAME.fullmatch(name):  # its list offers a space, which a topology name can't take
+            issue = f"{kind} name {printable(repr(name))} has characters the AMQP client refuses"
+        return [Problem(file, path, issue, f"rename it within {TOPOLOGY_NAME_CHARS}, at most {most} characters")]
     return []
 
 

@@ -101,6 +101,9 @@ MAX_NAME_BYTES = 255
 ADDRESSABLE_NAME = re.compile(r"[a-zA-Z0-9-_.:@#,/+ ]*")
 #: :data:`ADDRESSABLE_NAME` in words, for messages.
 ADDRESSABLE_CHARS = "letters a-z A-Z, digits, space and - _ . : @ # , / +"
+#: What a name in a topology file takes, in words: :data:`ADDRESSABLE_CHARS` without the space
+#: (the models' ``Name`` refuses whitespace, so a message never offers one).
+TOPOLOGY_NAME_CHARS = "letters a-z A-Z, digits and - _ . : @ # , / +"
 #: pamqp's longest names, in characters (``Exchange.Declare`` / ``Queue.Declare`` validate()).
 MAX_CLIENT_NAME = {"queue": 256, "exchange": 127}
 

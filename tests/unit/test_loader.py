@@ -344,3 +344,16 @@ def test_a_file_that_is_no_utf8_or_starts_with_a_bom_says_so_with_the_line_and_t
     assert [(p.message, p.fix) for p in info.value.problems] == [
         ("not UTF-8: byte 0xe9 at line 5, column 12 can't be decoded", "save the file as UTF-8"),
     ]
+
+
+def test_a_topology_name_takes_no_whitespace_and_no_message_says_it_may(tmp_path: Path) -> None:
+    """Was: "String should match pattern '^[^\\s]+$'" for a blank, and for an escape character the fix
+    'rename it within letters a-z A-Z, digits, space and ...': a space, then refused (helper-177)."""
+    assert problems_of(tmp_path, '[[exchange]]\nname = "a b"\n') == [
+        'exchange[0].name: a name can\'t hold whitespace (a space, tab or line break) (got "a b") '
+        "(fix: take letters a-z A-Z, digits and - _ . : @ # , / + only)"
+    ]
+    assert problems_of(tmp_path, '[[exchange]]\nname = "a\\u001bb"\n') == [
+        "exchange[0].name: exchange name 'a\\x1bb' has characters the AMQP client refuses "
+        "(fix: rename it within letters a-z A-Z, digits and - _ . : @ # , / +, at most 127 characters)"
+    ]
