@@ -283,6 +283,7 @@ def _cross_checks(
     problems: list[Problem] = []
     exchange_names: dict[str, str] = {}
     queue_names: dict[str, str] = {}
+    job_queue_names: dict[str, str] = {}
 
     def claim(table: dict[str, str], name: str, file: str, path: str, what: str) -> None:
         where = f"{file}: {in_file(file, path)}"
@@ -332,6 +333,17 @@ def _cross_checks(
                 problems.append(
                     Problem(file, f"{base}.routing_keys", "a routing key is listed twice", "list each key once")
                 )
+            if jq.name in job_queue_names:  # one problem, not one per name it expands to
+                problems.append(
+                    Problem(
+                        file,
+                        f"{base}.name",
+                        f"duplicate job queue name {jq.name!r} (also from {job_queue_names[jq.name]})",
+                        "give each exchange / job queue a unique name",
+                    )
+                )
+                continue
+            job_queue_names[jq.name] = f"{file}: {in_file(file, f'{base}.name')}"
             for q in decls.queues:
                 claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
             # its pause flag, declared by `amqpjobs pause` only, must not be another job queue's queue

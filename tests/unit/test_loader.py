@@ -357,3 +357,12 @@ def test_a_topology_name_takes_no_whitespace_and_no_message_says_it_may(tmp_path
         "exchange[0].name: exchange name 'a\\x1bb' has characters the AMQP client refuses "
         "(fix: rename it within letters a-z A-Z, digits and - _ . : @ # , / +, at most 127 characters)"
     ]
+
+
+def test_a_job_queue_declared_twice_is_one_problem_naming_it(tmp_path: Path) -> None:
+    """Was 6 problems, one per derived name ('duplicate queue (expanded from job queue 'work') name
+    'work.quarantine'', '... 'work.parked'', ... 'pause flag ...', 'exchange ...') (helper-177)."""
+    assert problems_of(tmp_path, HEADER + job('retry_tiers = ["1s"]') + job()) == [
+        f"job_queue[1].name: duplicate job queue name 'work' (also from {tmp_path / 't.toml'}: job_queue[0].name) "
+        "(fix: give each exchange / job queue a unique name)"
+    ]
