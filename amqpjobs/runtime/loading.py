@@ -36,6 +36,12 @@ def load_app(reference: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and not (module_name == missing or module_name.startswith(f"{missing}.")):
+            raise ConfigurationError(  # the module is there; a package it imports is not
+                f"importing module {module_name!r} failed: it imports {missing!r}, which is not installed ({exc}): "
+                "install it in this environment, or fix the import"
+            ) from exc
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
     except (LedgerUnavailableError, ResultsUnavailableError):
         raise  # a store the module opened is unavailable now: exit 3, as at any other time

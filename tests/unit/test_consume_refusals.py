@@ -111,7 +111,9 @@ CASES = [
     ),
     pytest.param(
         ["missingdepapp:app"],
-        "error: cannot import module 'missingdepapp': No module named 'no_such_dependency'",
+        # was "cannot import module 'missingdepapp': No module named ...": read as the module not found (helper-177)
+        "error: importing module 'missingdepapp' failed: it imports 'no_such_dependency', which is not installed "
+        "(No module named 'no_such_dependency'): install it in this environment, or fix the import",
         id="module-imports-a-missing-package",
     ),
     pytest.param(
