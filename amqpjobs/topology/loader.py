@@ -7,8 +7,6 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 
 from __future__ import annotations
 
-import codecs
-import tomllib
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from amqpjobs.errors import Problem, TopologyValidationError
 from amqpjobs.printable import as_toml, printable
 from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.derived_names import derived_name_limit, derived_names_too_long
+from amqpjobs.topology.file_text import read_toml
 from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
@@ -137,14 +136,9 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     partials: dict[str, PartialFile] = {}  # files with type errors: what they still declare
     for file in files:
         name = str(file)
-        data = file.read_bytes()
-        if encoding := _encoding_problem(name, data):
-            problems.append(encoding)
-            continue
-        try:
-            raw = tomllib.loads(data.decode("utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            problems.append(Problem(name, "-", f"not valid TOML: {exc}", "fix the file's syntax"))
+        raw = read_toml(name, file.read_bytes())
+        if isinstance(raw, Problem):
+            problems.append(raw)
             continue
         try:
             parsed.append((name, TopologyFile.model_validate(raw)))
@@ -177,25 +171,6 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
         bindings=tuple(b for _, f in parsed for b in f.binding),
     )
     return LoadedTopology(topology=topology, warnings=tuple(warnings), files=tuple(files))
-
-
-def _encoding_problem(file: str, data: bytes) -> Problem | None:
-    """What keeps ``data`` from being TOML text (a byte order mark, bytes that are not UTF-8), or None.
-
-    tomllib's own words for these are a byte offset, or "Invalid statement" at line 1, column 1.
-    """
-    if data.startswith(codecs.BOM_UTF8):
-        return Problem(file, "-", "the file starts with a UTF-8 byte order mark (BOM), which TOML does not allow",
-                       "save it as UTF-8 without a BOM")  # fmt: skip
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = len(data[line_start : exc.start].decode("utf-8", "replace")) + 1
-        return Problem(file, "-", f"not UTF-8: byte 0x{data[exc.start]:02x} at line {line}, column {column} can't be "
-                       "decoded", "save the file as UTF-8")  # fmt: skip
-    return None
 
 
 def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> list[Problem]:

@@ -366,3 +366,15 @@ def test_a_job_queue_declared_twice_is_one_problem_naming_it(tmp_path: Path) -> 
         f"job_queue[1].name: duplicate job queue name 'work' (also from {tmp_path / 't.toml'}: job_queue[0].name) "
         "(fix: give each exchange / job queue a unique name)"
     ]
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_values_nested_past_reading_are_one_problem_not_a_traceback(tmp_path: Path, depth: int) -> None:
+    """Was (100,000): RecursionError out of tomllib, a traceback and exit 1; ~900 in retry_tiers too (helper-177)."""
+    text = HEADER + job("retry_tiers = " + "[" * depth + "]" * depth)
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, text))
+    assert [(p.key_path, p.message, p.fix) for p in info.value.problems] == [
+        ("-", "its arrays or inline tables nest deeper than 32 levels",
+         "a topology file nests a few levels at most: remove the extra [ ] or { }"),
+    ]  # fmt: skip
