@@ -114,6 +114,12 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "job_queue[0].routing_keys",
         "weights",
     ),
+    # RabbitMQ: "The binding key must be greater than 0", after the job queue's queues were declared (helper-177)
+    "hash-exchange-key-zero": (
+        '[[exchange]]\nname = "jobs"\ntype = "x-consistent-hash"\n' + job('routing_keys = ["0"]'),
+        "job_queue[0].routing_keys",
+        "weights",
+    ),
     "duration-not-ascii-digits": (HEADER + job('retry_tiers = ["\uff15s"]'), "job_queue[0].retry_tiers[0]", "duration"),
     "quarantine-loop": (
         HEADER + job() + '[[binding]]\nsource = "work.quarantine"\ndestination = "work"\n',
