@@ -41,6 +41,7 @@ from amqpjobs.topology.naming import (
 from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 from amqpjobs.topology.tiers import usable_tiers
+from amqpjobs.topology.versions import exchange_type_refusal
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
 
@@ -112,13 +113,17 @@ def topology_files(path: str | Path) -> list[Path]:
     return [p]
 
 
-def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = None) -> LoadedTopology:
+def load_topology(
+    path: str | Path, broker_version: tuple[int, ...] | None = None, exchange_types: AbstractSet[str] | None = None
+) -> LoadedTopology:
     """Read and validate the topology at ``path`` (a ``.toml`` file or a folder of them).
 
     Args:
         path: A topology file, or a folder whose ``*.toml`` files are merged.
         broker_version: The connected broker's version (e.g. ``(3, 10, 8)``), to check
             version-dependent rules; None checks what holds on every supported version.
+        exchange_types: The exchange types the connected broker offers (its management API's
+            ``exchange_types``: ``x-consistent-hash`` only with its plugin enabled); None: not checked.
 
     Returns:
         The validated topology with its warnings.
@@ -157,7 +162,7 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     def in_file(file: str, path: str) -> str:
         return partials[file].in_file(path) if file in partials else path
 
-    for problem in _cross_checks(parsed, broker_version, warnings, unsure, untyped, in_file):
+    for problem in _cross_checks(parsed, (broker_version, exchange_types), warnings, unsure, untyped, in_file):
         part = partials.get(problem.file)
         if part is None:
             problems.append(problem)
@@ -243,7 +248,7 @@ def _undeclared_exchange(file: str, path: str, name: str) -> Problem:
 
 def _cross_checks(
     parsed: list[tuple[str, TopologyFile]],
-    broker_version: tuple[int, ...] | None,
+    broker: tuple[tuple[int, ...] | None, AbstractSet[str] | None],
     warnings: list[str],
     unsure: AbstractSet[str],
     untyped: AbstractSet[str],
@@ -253,8 +258,10 @@ def _cross_checks(
 
     ``unsure``: job queues whose queues' names are not known for sure (a key left out of a
     file with type errors); ``untyped``: exchanges of no known type (their ``type`` left out);
-    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from").
+    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from");
+    ``broker``: the connected broker's version and exchange types (None: not known).
     """
+    broker_version, exchange_types = broker
     problems: list[Problem] = []
     exchange_names: dict[str, str] = {}
     queue_names: dict[str, str] = {}
@@ -279,6 +286,8 @@ def _cross_checks(
             path = f"exchange[{i}].name"
             problems.extend(_reserved(file, path, ex.name))
             problems.extend(_unaddressable(file, path, ex.name, "exchange"))
+            if exchange_types is not None and ex.name not in untyped and ex.type not in exchange_types:
+                problems.append(exchange_type_refusal(file, f"exchange[{i}].type", ex.type, exchange_types))
             claim(exchange_names, ex.name, file, path, "exchange")
     events_claimed = False
     for file, tf in parsed:

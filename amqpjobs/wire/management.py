@@ -248,6 +248,10 @@ class ManagementClient:
         """The broker's version as a tuple, e.g. ``(3, 10, 8)``."""
         return parse_version(str(self.overview().get("rabbitmq_version", "0")))
 
+    def exchange_types(self) -> frozenset[str]:
+        """The exchange types the broker offers (``GET /api/overview``: ``x-consistent-hash`` only with its plugin)."""
+        return frozenset(str(t.get("name")) for t in self.overview().get("exchange_types") or ())
+
     def running_nodes(self) -> dict[str, bool]:
         """Each cluster node's name and whether it runs, as the answering node sees it (``GET /api/nodes``)."""
         nodes: list[dict[str, Any]] = self.request("GET", "/nodes?columns=name,running")
