@@ -13,7 +13,7 @@ import re
 
 from amqpjobs.errors import ConfigurationError
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")  # ASCII digits: \d takes any script's
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The longest duration taken, in seconds (100 years, ``36500d``): any duration fits a
 #: ``timedelta``, a date that far back or ahead, and a thread or event-loop timeout.
@@ -50,7 +50,7 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
         text = value.strip().lower()
         if text.startswith("-") and _is_duration(text[1:]):  # '-1s': a duration, but not a positive one
             raise _not_positive(value, allow_zero)
-        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
             seconds = float(text)
         else:
             pos = 0

@@ -12,6 +12,17 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more of the digits 0-9 and nothing else.
+
+    The one rule for a number written in text (a port, a duration, a weight, a count):
+    ``str.isdigit()``, a regex's digit class and ``int()``/``float()`` also take other scripts' digits
+    (Arabic-Indic ``'١'``, full-width ``'５'``), which RabbitMQ, libpq and every other reader
+    refuse, so a value passing our check would fail later, half done.
+    """
+    return text.isascii() and text.isdigit()
+
+
 def encodable(text: str) -> str:
     """``text`` as UTF-8 can encode it: each lone surrogate becomes ``?``, everything else stays.
 

@@ -512,15 +512,15 @@ def demo_vhost(url: str | None, vhost: str | None) -> str:
     """The vhost the demo (re)creates: the one the path of ``url`` names, else ``vhost``, else amqpjobs-demo.
 
     A URL without a path (or with ``/`` alone) names none. Raises ValueError when the URL and
-    ``vhost`` name two, when the URL names ``/`` (the demo deletes its vhost first), or when the
+    ``vhost`` name two, when either names ``/`` (the demo deletes its vhost first), or when the
     vhost has control characters.
     """
     path = urlsplit(split_urls(url)[0]).path if url and split_urls(url) else ""
     named = unquote(path[1:]) if len(path) > 1 else None
-    if named == "/":
+    if "/" in (named, vhost):  # --vhost / as much as a URL's %2F: the demo would delete everything in it
         raise ValueError(
-            "--url names the vhost '/': the demo deletes and re-creates its vhost, so it never uses '/'; "
-            "give another vhost in the URL's path, or leave the path out (vhost amqpjobs-demo)"
+            "the vhost '/' is the broker's default: the demo deletes and re-creates its vhost, so it never uses "
+            "'/'; give another (--vhost, or the URL's path), or leave both out (vhost amqpjobs-demo)"
         )
     if named is not None and vhost is not None and named != vhost:
         raise ValueError(f"--vhost {vhost!r} and the vhost of --url {named!r} differ: give the vhost once")

@@ -107,6 +107,20 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "job_queue[0].routing_keys",
         "weights",
     ),
+    # Unicode digits (Arabic-Indic '١', full-width '５') are digits to str.isdigit() and \d, not to RabbitMQ
+    # (helper-177: the weight passed the loader, apply declared the job queue, then the broker refused the binding)
+    "hash-exchange-key-not-ascii": (
+        '[[exchange]]\nname = "jobs"\ntype = "x-consistent-hash"\n' + job('routing_keys = ["\u0661"]'),
+        "job_queue[0].routing_keys",
+        "weights",
+    ),
+    # RabbitMQ: "The binding key must be greater than 0", after the job queue's queues were declared (helper-177)
+    "hash-exchange-key-zero": (
+        '[[exchange]]\nname = "jobs"\ntype = "x-consistent-hash"\n' + job('routing_keys = ["0"]'),
+        "job_queue[0].routing_keys",
+        "weights",
+    ),
+    "duration-not-ascii-digits": (HEADER + job('retry_tiers = ["\uff15s"]'), "job_queue[0].retry_tiers[0]", "duration"),
     "quarantine-loop": (
         HEADER + job() + '[[binding]]\nsource = "work.quarantine"\ndestination = "work"\n',
         "binding[0].destination",

@@ -232,9 +232,16 @@ def write_output(option: str, path: str | Path, text: str) -> None:
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise ConfigurationError(
-            f"{option} {printable(str(target))} can't be written ({exc.strerror or exc}); give another path"
-        ) from None
+        raise unwritable(option, target, exc) from None
+
+
+def unwritable(option: str, path: str | Path, exc: OSError) -> ConfigurationError:
+    """The error for the output file of ``option`` failing while written (a full disk, no permission; exit 2).
+
+    The one wording for every output file: names the option, the path, the system's reason and the fix.
+    """
+    reason = exc.strerror or exc
+    return ConfigurationError(f"{option} {printable(str(path))} can't be written ({reason}); give another path")
 
 
 def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:

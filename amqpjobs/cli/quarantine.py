@@ -19,6 +19,7 @@ from amqpjobs.cli._common import (
     output_file,
     queue_name_arg,
     settings,
+    unwritable,
     url_options,
 )
 from amqpjobs.cli._filters import filter_options, selection
@@ -170,7 +171,12 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
     if str(file) == "-":  # stdout carries the summary line here: a file keeps the export apart from it
         raise ConfigurationError("FILE '-': give the path of a file to write (the summary goes to stdout)")
     output_file("FILE", file)
-    count = run_command(export(settings(url, management_url), queue, file))
+    try:
+        count = run_command(export(settings(url, management_url), queue, file))
+    except OSError as exc:
+        if exc.filename != str(file):
+            raise
+        raise unwritable("FILE", file, exc) from None
     click.echo(f"exported {count} message(s) to {printable(str(file))}; the queue still holds them")
 
 

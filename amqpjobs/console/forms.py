@@ -23,6 +23,7 @@ from amqpjobs.jobs.replay_plan import (  # shared with the CLI
     MAX_CANARY_TIMEOUT,
     MAX_REPLAY_RATE,
 )
+from amqpjobs.text import ascii_digits
 from amqpjobs.topology.naming import queue_name_problem
 
 #: Filter fields of a quarantine page and of an action's form.
@@ -95,7 +96,7 @@ def whole_number(text: str, ceiling: int) -> int | None:
     A number of more digits than ``ceiling`` has is above it, whatever they are, and is not
     converted: ``int()`` raises ``ValueError`` past 4300 digits (``sys.get_int_max_str_digits``).
     """
-    if not (text.isdigit() and text.isascii()):
+    if not ascii_digits(text):
         return None
     significant = text.lstrip("0") or "0"
     return int(significant) if len(significant) <= len(str(ceiling)) else ceiling + 1

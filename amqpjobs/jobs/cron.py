@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.cron_fields import FIELD_FORMS, bad_field
 from amqpjobs.jobs.json_values import json_problem
 from amqpjobs.printable import listed
 
@@ -145,6 +146,8 @@ class CronRule:
         text = self.expression.strip()
         fields = text.split()
         if not (text in _ALIASES or len(fields) in (5, 6)) or not croniter.is_valid(text):
+            if field := bad_field(fields):
+                raise ConfigurationError(f"cron expression {self.expression!r} is invalid: {field}; {FIELD_FORMS}")
             raise ConfigurationError(
                 f"cron expression {self.expression!r} is invalid: give 5 fields (minute hour day month "
                 "weekday), 6 with seconds last, or one of " + ", ".join(_ALIASES)

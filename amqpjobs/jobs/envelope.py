@@ -29,7 +29,7 @@ from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
-from amqpjobs.text import as_text, lone_surrogate
+from amqpjobs.text import as_text, ascii_digits, lone_surrogate
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -184,7 +184,7 @@ def header_int(value: Any) -> int | None:
         value = bytes(value).decode("ascii", "replace")
     if isinstance(value, str):
         text = value.strip()
-        return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+        return int(text) if ascii_digits(text) and len(text) <= 20 else None
     return value if isinstance(value, int) else None
 
 

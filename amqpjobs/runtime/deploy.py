@@ -163,7 +163,7 @@ def _read_live(
     load_topology(path)
     with ManagementClient(settings) as mgmt:
         version = mgmt.broker_version()
-        loaded = load_topology(path, broker_version=version)
+        loaded = load_topology(path, broker_version=version, exchange_types=mgmt.exchange_types())
         try:
             live = mgmt.live_state(settings.vhost)
         except ManagementApiError as exc:

@@ -22,8 +22,8 @@ def load_app(reference: str) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App.
 
     Raises:
-        ConfigurationError: malformed reference, module not importable (or raising while
-            imported), attribute missing or not an :class:`App`.
+        ConfigurationError: malformed reference, module not importable (or raising, or
+            calling ``sys.exit()``, while imported), attribute missing or not an :class:`App`.
         LedgerUnavailableError, ResultsUnavailableError: raised by the
             module while imported (a store it opened is unavailable now), unchanged.
 
@@ -36,11 +36,23 @@ def load_app(reference: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and not (module_name == missing or module_name.startswith(f"{missing}.")):
+            raise ConfigurationError(  # the module is there; a package it imports is not
+                f"importing module {module_name!r} failed: it imports {missing!r}, which is not installed ({exc}): "
+                "install it in this environment, or fix the import"
+            ) from exc
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
     except (LedgerUnavailableError, ResultsUnavailableError):
         raise  # a store the module opened is unavailable now: exit 3, as at any other time
     except Exception as exc:  # the user's module raised while importing
         raise ConfigurationError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    except SystemExit as exc:  # sys.exit() at import would end the CLI with the module's code and no word of ours
+        code = "" if exc.code is None else repr(exc.code)
+        raise ConfigurationError(
+            f"importing module {module_name!r} failed: it called sys.exit({code}) while imported "
+            "(a module an app is loaded from must not end the program: raise an exception instead)"
+        ) from exc
     if not hasattr(module, attribute):
         raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
     app = getattr(module, attribute)

@@ -39,7 +39,7 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.text import one_line
+from amqpjobs.text import ascii_digits, one_line
 
 #: Seconds to wait for the database at most: a connect (libpq ``connect_timeout``), and each use of an
 #: open connection (:meth:`PgConnection.use`: its statements and commit), then it counts as away.
@@ -95,7 +95,7 @@ def dsn_problem(dsn: object) -> str | None:
         return None
     except Exception:  # libpq's parser refused it: its message may quote the password
         return "can't be parsed as a PostgreSQL connection string"
-    if port and not all(p.strip().isdigit() for p in port.split(",")):
+    if port and not all(ascii_digits(p.strip()) for p in port.split(",")):
         return "names a port that is not a number"
     return None
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import base64
 import os
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from amqpjobs.errors import (
     BrokerError,
@@ -48,6 +48,8 @@ from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
+
+_T = TypeVar("_T")
 
 #: A move (replay, park, filtered purge) stopped by the broker: the channel or connection failed mid-move.
 INTERRUPTED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, DeliveryChannelClosed)
@@ -288,6 +290,8 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
     Raises:
         ConfigurationError: no such quarantine queue.
         BrokerUnavailableError: the broker can't be reached.
+        OSError: the file can't be opened, written or closed (a full disk): its ``filename`` is
+            ``str(path)`` (a write's own error names no file). The messages stay queued.
 
     """
     count = 0
@@ -296,13 +300,23 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
         try:
             async for message in messages:
                 if fh is None:
-                    fh = path.open("w", encoding="utf-8")
-                fh.write(json_text(message.to_json()) + "\n")
+                    fh = _named(path, path.open, "w", encoding="utf-8")
+                _named(path, fh.write, json_text(message.to_json()) + "\n")
                 message.delivery.body = b""  # written: not held until the browser closes
                 count += 1
             if fh is None:  # an empty queue: an empty file, as before
-                fh = path.open("w", encoding="utf-8")
+                fh = _named(path, path.open, "w", encoding="utf-8")
         finally:
             if fh is not None:
-                fh.close()
+                _named(path, fh.close)
     return count
+
+
+def _named(path: Path, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)``, a file operation on ``path``: an OSError naming no file is given ``path``'s name."""
+    try:
+        return call(*args, **kwargs)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc

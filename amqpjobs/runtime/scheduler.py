@@ -161,7 +161,8 @@ class Scheduler(Election, TickFiring):
         self._token: Any = None  # the leader token delivery, held unacked while leading
         self._lead_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._stop = asyncio.Event()  # set by request_stop and by shutdown (a failed start's included)
+        self._requested = asyncio.Event()  # request_stop only: what run() waits for (a failed start is no stop)
         self._wakeup = asyncio.Event()  # the leader looks at the clock now (stop, or look_now)
         self._looked = asyncio.Event()  # set after each look of the leader
         self._looks = 0  # looks done while leading; _looking: one under way
@@ -289,6 +290,7 @@ class Scheduler(Election, TickFiring):
 
     def request_stop(self) -> None:
         """Ask the replica to stop (safe from signal handlers)."""
+        self._requested.set()
         self._stop.set()
         self._wakeup.set()
 
@@ -301,9 +303,9 @@ class Scheduler(Election, TickFiring):
         Raises:
             The errors of :meth:`start`.
         """
-        started = await start_unless_stopped(self.start(), self._stop)
+        started = await start_unless_stopped(self.start(), self._requested)
         if started:
-            await self._stop.wait()
+            await self._requested.wait()
         await self.shutdown()
         if not started:
             log.info("scheduler replica %s stopped while starting; exit 0", self.replica)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import uuid
 from pathlib import Path
@@ -78,7 +79,8 @@ def file_path(owner: str, path: str | Path) -> Path:
     Raises:
         ConfigurationError: ``path`` is ``:memory:`` or empty (SQLite's in-memory and temporary
             databases): each connection would have its own, so no table is found; or it is no
-            path (not a ``str`` or ``os.PathLike``, or it holds a NUL character).
+            path (not a ``str`` or ``os.PathLike``, or it holds a NUL character); or it names a
+            folder, a FIFO, a device or a socket.
     """
     try:
         text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
@@ -100,8 +102,23 @@ def file_path(owner: str, path: str | Path) -> Path:
             f"{owner}({str(path)!r}): an in-memory or temporary SQLite database is one connection's own, and the "
             "worker's threads and processes each open their own; give the path of a file"
         )
-    return Path(path).absolute()
+    absolute = Path(path).absolute()
+    try:
+        mode: int | None = os.stat(absolute).st_mode
+    except OSError:  # missing (the first open creates it) or out of reach: the open says why
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # SQLite would fail on it with words about disks or rollbacks
+        kind = _KINDS.get(stat.S_IFMT(mode), "no regular file")
+        raise ConfigurationError(
+            f"{owner}({text!r}): {absolute} is {kind}, not a regular file; give the path of a SQLite database "
+            "file (created when missing)"
+        )
+    return absolute
 
+
+#: What a path that is no regular file is, by its file type.
+_KINDS: Final = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
+                 stat.S_IFSOCK: "a socket"}  # fmt: skip
 
 _REPLACED: Final = "is another file than the one this process opened (replaced since)"
 

@@ -21,7 +21,8 @@ async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.E
     Args:
         start: The start (its own ``except``/``finally`` close what it opened when it is
             cancelled).
-        stop: Set by the stop request.
+        stop: Set by the stop request, and by nothing else: an event that ``start``'s own clean-up
+            after a failure sets too would hide that failure (cancelled as if stopped, exit 0).
 
     Returns:
         True when ``start`` ended (``stop`` may be set by then too); False when ``stop`` was

@@ -7,7 +7,6 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -17,20 +16,22 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem, TopologyValidationError
-from amqpjobs.printable import as_toml
+from amqpjobs.printable import as_toml, printable
 from amqpjobs.topology.declarations import AMQP_INT_MAX
 from amqpjobs.topology.derived_names import derived_name_limit, derived_names_too_long
+from amqpjobs.topology.file_text import read_toml
 from amqpjobs.topology.models import (
     Topology,
     TopologyFile,
 )
 from amqpjobs.topology.naming import (
-    ADDRESSABLE_CHARS,
+    ADDRESSABLE_NAME,
     BREAKER_INFIX,
     BREAKER_PROBE_INFIX,
     EVENTS_EXCHANGE,
     JOB_MARKERS,
     MAX_CLIENT_NAME,
+    TOPOLOGY_NAME_CHARS,
     NameKind,
     parse_queue_name,
     pause_signal_key,
@@ -40,6 +41,7 @@ from amqpjobs.topology.naming import (
 from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
 from amqpjobs.topology.tiers import usable_tiers
+from amqpjobs.topology.versions import exchange_type_refusal
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
 
@@ -57,7 +59,7 @@ _FIXES = {
     "less_than_equal": "lower the value to the maximum shown",
     "string_too_short": "give a non-empty name",
     "string_too_long": "use at most 255 characters",
-    "string_pattern_mismatch": "names may not contain whitespace",
+    "string_pattern_mismatch": f"take {TOPOLOGY_NAME_CHARS} only",  # Name's one pattern: no whitespace
     "value_error": "use a duration such as '500ms', '5s', '1m' or a number of seconds",
 }
 
@@ -111,13 +113,17 @@ def topology_files(path: str | Path) -> list[Path]:
     return [p]
 
 
-def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = None) -> LoadedTopology:
+def load_topology(
+    path: str | Path, broker_version: tuple[int, ...] | None = None, exchange_types: AbstractSet[str] | None = None
+) -> LoadedTopology:
     """Read and validate the topology at ``path`` (a ``.toml`` file or a folder of them).
 
     Args:
         path: A topology file, or a folder whose ``*.toml`` files are merged.
         broker_version: The connected broker's version (e.g. ``(3, 10, 8)``), to check
             version-dependent rules; None checks what holds on every supported version.
+        exchange_types: The exchange types the connected broker offers (its management API's
+            ``exchange_types``: ``x-consistent-hash`` only with its plugin enabled); None: not checked.
 
     Returns:
         The validated topology with its warnings.
@@ -135,10 +141,9 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     partials: dict[str, PartialFile] = {}  # files with type errors: what they still declare
     for file in files:
         name = str(file)
-        try:
-            raw = tomllib.loads(file.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            problems.append(Problem(name, "-", f"not valid TOML: {exc}", "fix the file's syntax"))
+        raw = read_toml(name, file.read_bytes())
+        if isinstance(raw, Problem):
+            problems.append(raw)
             continue
         try:
             parsed.append((name, TopologyFile.model_validate(raw)))
@@ -157,7 +162,7 @@ def load_topology(path: str | Path, broker_version: tuple[int, ...] | None = Non
     def in_file(file: str, path: str) -> str:
         return partials[file].in_file(path) if file in partials else path
 
-    for problem in _cross_checks(parsed, broker_version, warnings, unsure, untyped, in_file):
+    for problem in _cross_checks(parsed, (broker_version, exchange_types), warnings, unsure, untyped, in_file):
         part = partials.get(problem.file)
         if part is None:
             problems.append(problem)
@@ -188,6 +193,8 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
             message = message.removeprefix("Value error, ")
             if kind == "int_type":
                 fix = _INT_FIXES.get(type(err.get("input")), fix)
+            if kind == "string_pattern_mismatch":  # pydantic would show the regex
+                message = "a name can't hold whitespace (a space, tab or line break)"
             if kind == "less_than_equal" and err.get("ctx", {}).get("le") == AMQP_INT_MAX:
                 message += " (the largest integer an AMQP argument carries)"
             if "input" in err and kind not in ("missing",):
@@ -227,7 +234,9 @@ def _unaddressable(file: str, path: str, name: str, kind: str, limit: int | None
     """
     if issue := unaddressable_problem(name, cast(NameKind, kind)):
         most = MAX_CLIENT_NAME[cast(NameKind, kind)] if limit is None else limit
-        return [Problem(file, path, issue, f"rename it within {ADDRESSABLE_CHARS}, at most {most} characters")]
+        if not ADDRESSABLE_NAME.fullmatch(name):  # its list offers a space, which a topology name can't take
+            issue = f"{kind} name {printable(repr(name))} has characters the AMQP client refuses"
+        return [Problem(file, path, issue, f"rename it within {TOPOLOGY_NAME_CHARS}, at most {most} characters")]
     return []
 
 
@@ -239,7 +248,7 @@ def _undeclared_exchange(file: str, path: str, name: str) -> Problem:
 
 def _cross_checks(
     parsed: list[tuple[str, TopologyFile]],
-    broker_version: tuple[int, ...] | None,
+    broker: tuple[tuple[int, ...] | None, AbstractSet[str] | None],
     warnings: list[str],
     unsure: AbstractSet[str],
     untyped: AbstractSet[str],
@@ -249,11 +258,14 @@ def _cross_checks(
 
     ``unsure``: job queues whose queues' names are not known for sure (a key left out of a
     file with type errors); ``untyped``: exchanges of no known type (their ``type`` left out);
-    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from").
+    ``in_file(file, key path)``: where an entry of ``parsed`` is in its file (for "also from");
+    ``broker``: the connected broker's version and exchange types (None: not known).
     """
+    broker_version, exchange_types = broker
     problems: list[Problem] = []
     exchange_names: dict[str, str] = {}
     queue_names: dict[str, str] = {}
+    job_queue_names: dict[str, str] = {}
 
     def claim(table: dict[str, str], name: str, file: str, path: str, what: str) -> None:
         where = f"{file}: {in_file(file, path)}"
@@ -274,6 +286,8 @@ def _cross_checks(
             path = f"exchange[{i}].name"
             problems.extend(_reserved(file, path, ex.name))
             problems.extend(_unaddressable(file, path, ex.name, "exchange"))
+            if exchange_types is not None and ex.name not in untyped and ex.type not in exchange_types:
+                problems.append(exchange_type_refusal(file, f"exchange[{i}].type", ex.type, exchange_types))
             claim(exchange_names, ex.name, file, path, "exchange")
     events_claimed = False
     for file, tf in parsed:
@@ -303,6 +317,17 @@ def _cross_checks(
                 problems.append(
                     Problem(file, f"{base}.routing_keys", "a routing key is listed twice", "list each key once")
                 )
+            if jq.name in job_queue_names:  # one problem, not one per name it expands to
+                problems.append(
+                    Problem(
+                        file,
+                        f"{base}.name",
+                        f"duplicate job queue name {jq.name!r} (also from {job_queue_names[jq.name]})",
+                        "give each exchange / job queue a unique name",
+                    )
+                )
+                continue
+            job_queue_names[jq.name] = f"{file}: {in_file(file, f'{base}.name')}"
             for q in decls.queues:
                 claim(queue_names, q.name, file, f"{base}.name", f"queue (expanded from job queue {jq.name!r})")
             # its pause flag, declared by `amqpjobs pause` only, must not be another job queue's queue

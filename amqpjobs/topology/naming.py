@@ -48,6 +48,7 @@ from typing import Literal
 
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.printable import printable
+from amqpjobs.text import ascii_digits
 
 QUARANTINE_SUFFIX = ".quarantine"
 SUSPECTS_SUFFIX = ".suspects"
@@ -100,6 +101,9 @@ MAX_NAME_BYTES = 255
 ADDRESSABLE_NAME = re.compile(r"[a-zA-Z0-9-_.:@#,/+ ]*")
 #: :data:`ADDRESSABLE_NAME` in words, for messages.
 ADDRESSABLE_CHARS = "letters a-z A-Z, digits, space and - _ . : @ # , / +"
+#: What a name in a topology file takes, in words: :data:`ADDRESSABLE_CHARS` without the space
+#: (the models' ``Name`` refuses whitespace, so a message never offers one).
+TOPOLOGY_NAME_CHARS = "letters a-z A-Z, digits and - _ . : @ # , / +"
 #: pamqp's longest names, in characters (``Exchange.Declare`` / ``Queue.Declare`` validate()).
 MAX_CLIENT_NAME = {"queue": 256, "exchange": 127}
 
@@ -311,7 +315,7 @@ def _is_tier_name(tier: str) -> bool:
 
 def _work(name: str) -> QueueName:
     base, infix, index = name.rpartition(SHARD_INFIX)
-    if infix and base and index.isascii() and index.isdigit() and str(int(index)) == index:
+    if infix and base and ascii_digits(index) and str(int(index)) == index:
         return QueueName("shard", base, name, shard=int(index))
     return QueueName("work", name, name)
 

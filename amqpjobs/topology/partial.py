@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from amqpjobs.errors import Problem
+from amqpjobs.text import ascii_digits
 from amqpjobs.topology.models import BindingSpec, ExchangeSpec, JobQueueSpec, TopologyFile
 
 SECTIONS: dict[str, type[BaseModel]] = {"exchange": ExchangeSpec, "job_queue": JobQueueSpec, "binding": BindingSpec}
@@ -37,7 +38,7 @@ def int_like(value: Any) -> int | None:
     """The whole number ``value`` plainly means (``5.0``, ``"5"``), or None (``true``, ``5.5``, ``"five"``)."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and ascii_digits(value.strip()):
         return int(value)
     return None
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from amqpjobs.errors import Problem
+from amqpjobs.text import ascii_digits
 from amqpjobs.topology import naming
 from amqpjobs.topology.models import JobQueueSpec, TopologyFile
 from amqpjobs.topology.tiers import tier_problems
@@ -24,10 +25,10 @@ def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
     for file, tf in parsed:
         for i, jq in enumerate(tf.job_queue):
             kind = types.get(jq.exchange)
-            if kind == "x-consistent-hash" and not all(k.isdigit() for k in jq.keys):
-                problems.append(
+            if kind == "x-consistent-hash" and not all(ascii_digits(k) and k.strip("0") for k in jq.keys):
+                problems.append(  # RabbitMQ refuses 0 too ("The binding key must be greater than 0")
                     Problem(file, f"job_queue[{i}].routing_keys",
-                            "an x-consistent-hash exchange binds queues with integer weights",
+                            "an x-consistent-hash exchange binds queues with integer weights of 1 or more",
                             'set routing_keys to weights such as ["1"]')
                 )  # fmt: skip
             if kind in ("direct", "topic"):

@@ -8,9 +8,10 @@ never guessed. Each rule cites the release note it follows (README "RabbitMQ 3.1
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Final, Literal
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, Problem
 
 Version = tuple[int, ...]
 
@@ -153,3 +154,22 @@ def checked_version(version: object, where: str) -> Version:
         f"{where}(broker_version={version!r}): give a RabbitMQ version as a tuple of whole numbers, e.g. "
         "(3, 13, 7), or leave it out for the newest broker's behaviour"
     )
+
+
+#: The plugin that offers each exchange type a topology may use beyond AMQP's own four.
+_TYPE_PLUGINS: Final = {"x-consistent-hash": "rabbitmq_consistent_hash_exchange"}
+
+
+def exchange_type_refusal(file: str, key_path: str, wanted: str, offered: AbstractSet[str]) -> Problem:
+    """The problem of an exchange whose type the connected broker does not offer (its plugin is not enabled).
+
+    RabbitMQ refuses such a declaration with ``COMMAND_INVALID - invalid exchange type`` and
+    closes the connection: found at plan time, ``apply`` declares nothing.
+    """
+    plugin = _TYPE_PLUGINS.get(wanted)
+    fix = f"enable its plugin (rabbitmq-plugins enable {plugin})" if plugin else "use a type the broker offers"
+    return Problem(
+        file, key_path,
+        f"the broker offers no exchange type {wanted!r} (it offers {', '.join(sorted(offered))})",
+        f"{fix}, or another type",
+    )  # fmt: skip

@@ -161,6 +161,8 @@ class ManagementClient:
                 self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last
         if resp.status_code == 404 and allow_404:
             return None
+        if resp.status_code == 404 and (path == "/overview" or not self._api_answers()):
+            raise ManagementApiError(self._no_api(), 404)
         if resp.status_code == 404 and path != f"/vhosts/{_q(self.settings.vhost)}" and not self._vhost_exists():
             vhost = self.settings.vhost
             raise ManagementApiError(
@@ -222,6 +224,17 @@ class ManagementClient:
         each = "; ".join(f"{base}: {why}" for base, why in failures)
         return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}"
 
+    def _api_answers(self) -> bool:
+        """True when a management API answers at the base URL (asked after a 404: was it the URL that was wrong?)."""
+        return self.request("GET", "/overview", allow_404=True) is not None
+
+    def _no_api(self) -> str:
+        """The message for a base URL where no management API answers (``/api`` appended, a wrong path)."""
+        return (
+            f"no RabbitMQ management API answers at {self.base_url} (GET {self.base_url}/api/overview -> 404): "
+            "give the API's base URL, http(s)://host:port with no /api (--management-url or $AMQPJOBS_MANAGEMENT_URL)"
+        )
+
     def _vhost_exists(self) -> bool:
         """True when the settings' vhost exists (asked after a 404: was it the vhost that was missing?)."""
         return self.request("GET", f"/vhosts/{_q(self.settings.vhost)}", allow_404=True) is not None
@@ -234,6 +247,10 @@ class ManagementClient:
     def broker_version(self) -> tuple[int, ...]:
         """The broker's version as a tuple, e.g. ``(3, 10, 8)``."""
         return parse_version(str(self.overview().get("rabbitmq_version", "0")))
+
+    def exchange_types(self) -> frozenset[str]:
+        """The exchange types the broker offers (``GET /api/overview``: ``x-consistent-hash`` only with its plugin)."""
+        return frozenset(str(t.get("name")) for t in self.overview().get("exchange_types") or ())
 
     def running_nodes(self) -> dict[str, bool]:
         """Each cluster node's name and whether it runs, as the answering node sees it (``GET /api/nodes``)."""

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable
+from amqpjobs.text import ascii_digits
 from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
 
@@ -39,7 +40,7 @@ _FALSE = frozenset({"false", "no", "n", "disable", "off", "disabled", "0"})
 
 
 def _whole(text: str, low: int, high: int) -> bool:
-    return text.isascii() and text.isdigit() and low <= int(text) <= high
+    return ascii_digits(text) and low <= int(text) <= high
 
 
 def _seconds(text: str) -> bool:
@@ -121,7 +122,7 @@ def port_problem(url: str) -> str | None:
     hostport = netloc.rpartition("@")[2]
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     text = port.rpartition(":")[2] if ":" in port else ""
-    if text.isascii() and text.isdigit() and not 1 <= int(text) <= MAX_PORT:
+    if ascii_digits(text) and not 1 <= int(text) <= MAX_PORT:
         return f"port {text} is out of range; a port must be 1-{MAX_PORT}"
     return None
 

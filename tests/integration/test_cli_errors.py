@@ -94,6 +94,12 @@ CASES = [
         2,
         "target queue(s) 'nosuchqueue' do not exist",
     ),
+    (  # was 'error: [Errno 28] No space left on device': no file named, no fix (helper-177)
+        "quarantine-export-to-a-full-disk",
+        ["quarantine", "export", "work", "/dev/full"],
+        2,
+        "error: FILE /dev/full can't be written (No space left on device); give another path\n",
+    ),
 ]
 
 
@@ -101,7 +107,7 @@ CASES = [
 async def test_bad_command_lines(broker: BrokerSettings, tmp_path: Path, case: str, args: list[str], code: int,
                                  words: str):  # fmt: skip
     await make_app(broker, tmp_path)
-    if case == "replay-to-missing-queue":
+    if case in ("replay-to-missing-queue", "quarantine-export-to-a-full-disk"):
         from tests.integration.test_quarantine import fill_quarantine
 
         await fill_quarantine(broker, 2)
@@ -110,7 +116,7 @@ async def test_bad_command_lines(broker: BrokerSettings, tmp_path: Path, case: s
     assert got == code, out
     assert words in out, out
     assert "Traceback" not in out
-    if case == "replay-to-missing-queue":
+    if case in ("replay-to-missing-queue", "quarantine-export-to-a-full-disk"):
         assert await depth(broker, "work.quarantine") == 2  # nothing lost
 
 

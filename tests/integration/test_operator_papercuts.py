@@ -175,6 +175,31 @@ async def test_status_names_its_topology_and_vhost_and_management_errors_say_how
     assert "404" not in missing.stderr
 
 
+@pytest.mark.parametrize("suffix", ["/api", "/api/", "/rabbitmq"])
+async def test_a_management_url_that_is_no_api_is_said_so_not_taken_for_a_missing_vhost(
+    broker: BrokerSettings, tmp_path: Path, suffix: str
+):
+    """Was: 'vhost ... does not exist on http://...:15797/api ... create it (rabbitmqctl add_vhost ...)' (helper-177).
+
+    A management URL with ``/api`` appended (the API's own paths add it again) or any path no API
+    answers on gives 404 for every request: the vhost exists, the URL is what is wrong.
+    """
+    await make_app(broker, tmp_path)
+    wrong = broker.management_url.rstrip("/") + suffix
+    runner = CliRunner()
+    for args in (["status", "--queues", "work"], ["topology", "plan", str(tmp_path / "applied.toml")]):
+        got = await asyncio.to_thread(
+            runner.invoke, main, args, env={"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": wrong}
+        )
+        assert got.exit_code == 3, (args, got.output)
+        shown = wrong.rstrip("/")
+        assert (
+            f"broker error: no RabbitMQ management API answers at {shown} (GET {shown}/api/overview -> 404): give "
+            "the API's base URL, http(s)://host:port with no /api (--management-url or $AMQPJOBS_MANAGEMENT_URL)\n"
+        ) in got.stderr, got.stderr
+        assert "add_vhost" not in got.stderr
+
+
 @pytest.mark.version_independent
 @pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (< 6 s, 4 attempts in 1.5 s)
 def test_connect_timeout_retries_with_one_line_per_attempt_and_v_reaches_the_worker(tmp_path: Path):

@@ -181,6 +181,10 @@ async def test_a_scheduler_refuses_to_start_without_its_targets_or_with_foreign_
         await ch.queue_delete("work")
     with pytest.raises(BrokerError, match=r"work queue 'work' does not exist on .*: apply the topology first"):
         await Scheduler(app, broker).start()
+    # run() (`amqpjobs schedule run`) too: its failed start's own shutdown set the stop event, so run() took it
+    # for a stop request: "scheduler replica ... stopped while starting; exit 0" (helper-177)
+    with pytest.raises(BrokerError, match=r"work queue 'work' does not exist on .*: apply the topology first"):
+        await Scheduler(app, broker).run()
     async with raw_channel(broker) as ch:
         await ch.exchange_delete("jobs")
     with pytest.raises(BrokerError, match=r"exchange 'jobs' does not exist on .*: apply the topology first"):
@@ -190,6 +194,8 @@ async def test_a_scheduler_refuses_to_start_without_its_targets_or_with_foreign_
         await ch.declare_queue(cron.tick_queue("clocks", "sec"), durable=True)
     with pytest.raises(BrokerError, match=r"queue 'amqpjobs.scheduler.clocks.ticks.sec' exists with other arguments"):
         await Scheduler(app, broker).start()
+    with pytest.raises(BrokerError, match=r"queue 'amqpjobs.scheduler.clocks.ticks.sec' exists with other arguments"):
+        await Scheduler(app, broker).run()
 
 
 async def test_a_foreign_message_in_the_tick_store_is_skipped(

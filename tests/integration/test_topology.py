@@ -429,3 +429,11 @@ def test_the_largest_integer_amqp_carries_applies_whole_and_plans_unchanged(
     plan = cli(broker, "topology", "plan", str(path))
     assert plan.exit_code == 0, plan.output
     assert "\n0 to create, 17 unchanged, 0 conflict(s)\n" in plan.stdout
+
+
+def test_the_management_api_names_the_exchange_types_the_broker_offers(mgmt: ManagementClient) -> None:
+    """What plan checks each exchange's type against (helper-177): AMQP's four at least (x-consistent-hash
+    with its plugin, which scripts/broker.sh enables; a testcontainers node may not)."""
+    offered = mgmt.exchange_types()
+    assert {"direct", "fanout", "headers", "topic"} <= offered
+    assert all(isinstance(name, str) and name for name in offered)

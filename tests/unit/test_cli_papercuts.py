@@ -161,6 +161,26 @@ def test_the_demo_refuses_a_url_vhost_and_another_vhost_option() -> None:
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["--vhost", "/"],  # was taken: the demo deleted and re-created the default vhost, and all in it (helper-177)
+        ["--url", "amqp://guest:guest@127.0.0.1:1/%2F"],
+        ["--url", "amqp://guest:guest@127.0.0.1:1/%2F", "--vhost", "/"],
+    ],
+)
+def test_the_demo_never_takes_the_default_vhost_whichever_way_it_is_named(args: list[str]) -> None:
+    if "--url" not in args:
+        args = [*args, "--url", "amqp://guest:guest@127.0.0.1:1"]  # nothing listens: had it gone on, step 1 ends it
+    proc = demo(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "[1/6]" not in proc.stdout
+    assert proc.stderr.endswith(
+        "demo.py: error: the vhost '/' is the broker's default: the demo deletes and re-creates its vhost, so it "
+        "never uses '/'; give another (--vhost, or the URL's path), or leave both out (vhost amqpjobs-demo)\n"
+    ), proc.stderr
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "amqp://guest:99999/x@127.0.0.1/",  # an unencoded '/' in the password: '99999' is a piece of it

@@ -111,7 +111,9 @@ CASES = [
     ),
     pytest.param(
         ["missingdepapp:app"],
-        "error: cannot import module 'missingdepapp': No module named 'no_such_dependency'",
+        # was "cannot import module 'missingdepapp': No module named ...": read as the module not found (helper-177)
+        "error: importing module 'missingdepapp' failed: it imports 'no_such_dependency', which is not installed "
+        "(No module named 'no_such_dependency'): install it in this environment, or fix the import",
         id="module-imports-a-missing-package",
     ),
     pytest.param(
@@ -188,6 +190,7 @@ MODULES = {
     "imports_bad_syntax": "import bad_syntax",
     "not_an_app": "app = 1",
     "an_app": "from amqpjobs import App\napp = App('ok', topology='topology')",
+    "exits_at_import": "import sys\nsys.exit(7)",
 }
 
 
@@ -196,6 +199,7 @@ MODULES = {
     [
         ("raises_runtime:app", True),  # the module's own code: may pass (the children's crash loop decides)
         ("reads_env:app", True),
+        ("exits_at_import:app", True),  # sys.exit() in the module's own code: its failure, like a raise
         ("raises_ours:app", False),  # a configuration error of ours: the same at every try
         ("bad_topology:app", False),
         ("imports_missing:app", False),
@@ -232,3 +236,20 @@ def test_a_store_unavailable_while_the_module_imports_is_left_to_the_children() 
 
     assert raised_by_module(LedgerUnavailableError("the PostgreSQL ledger is unreachable"))
     assert raised_by_module(ResultsUnavailableError("the results store is unreachable"))
+
+
+@pytest.mark.parametrize("code", ["7", "0", "'DATABASE_URL is not set'"])
+def test_a_module_that_calls_sys_exit_while_imported_is_an_import_error_exit_2(tmp_path: Path, code: str) -> None:
+    """Was: the CLI ended with the module's exit code (7, 0, or 1 with its text), no line of ours (helper-177)."""
+    (tmp_path / "exitapp.py").write_text(f"import sys\nsys.exit({code})\n")
+    exe = Path(sys.executable).with_name("amqpjobs")
+    env = {**os.environ, "AMQPJOBS_URL": "amqp://guest:guest@127.0.0.1:1/"}
+    for args in (["consume", "exitapp:app"], ["quarantine", "show", "work", "--app", "exitapp:app"]):
+        done = subprocess.run(
+            [str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, (args, done.returncode, done.stderr)
+        assert error_of(done.stderr) == (
+            f"error: importing module 'exitapp' failed: it called sys.exit({code}) while imported "
+            "(a module an app is loaded from must not end the program: raise an exception instead)\n"
+        ), done.stderr

@@ -264,6 +264,28 @@ def test_bad_rules_are_refused(expression: str, tz: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("expression", "said"),
+    [
+        ("61 * * * *", "its minute field '61' is not taken (minute: 0-59)"),
+        ("0 24 * * *", "its hour field '24' is not taken (hour: 0-23)"),
+        ("0 8 0 * *", "its day-of-month field '0' is not taken (day of month: 1-31)"),
+        ("0 8 * 13 *", "its month field '13' is not taken (month: 1-12 or jan-dec)"),
+        ("0 8 * * 8", "its weekday field '8' is not taken (weekday: 0-7 or sun-sat, 0 and 7 are Sunday)"),
+        ("*/0 * * * *", "its minute field '*/0' is not taken (minute: 0-59)"),
+        ("0 8 * * mon 61", "its second field '61' is not taken (second: 0-59)"),
+    ],
+)
+def test_a_cron_field_out_of_range_is_named_with_its_range(expression: str, said: str) -> None:
+    """Was: "... is invalid: give 5 fields (minute hour day month weekday) ..." when 5 were given (helper-177)."""
+    with pytest.raises(ConfigurationError) as refused:
+        CronRule(expression)
+    assert str(refused.value) == (
+        f"cron expression {expression!r} is invalid: {said}; each field takes numbers, a list (1,5), a range "
+        "(1-5), a step (*/15) or *"
+    )
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"name": "a b"}, "schedule name 'a b'"),

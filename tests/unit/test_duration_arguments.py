@@ -105,3 +105,21 @@ def test_a_topology_max_age_beyond_a_float_is_a_validation_problem(tmp_path: Pat
         load_topology(path)
     assert "max_age" in str(caught.value)
     assert "longer than 100 years" in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["\u0661s", "\uff15m", "\uff11", "1.\u0665s", "\u0661\u0660"])
+def test_a_duration_is_written_with_ascii_digits(text: str) -> None:
+    """Was: '١s' and '５m' were 1 s and 5 min (regex \\d and float() take any Unicode digit) (helper-177)."""
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+    done = CliRunner().invoke(main, ["status", "--connect-timeout", text, "nowhere"])
+    assert done.exit_code == 2, done.output
+    assert "is not a duration" in done.output
+
+
+def test_a_postgres_dsn_port_in_other_digits_is_refused_before_connecting() -> None:
+    from amqpjobs.runtime.pg_connection import dsn_problem
+
+    assert dsn_problem("postgresql://u@127.0.0.1:\u0665432/db") is not None
+    assert dsn_problem("host=127.0.0.1 port=\uff15\uff14\uff13\uff12 dbname=db") == "names a port that is not a number"
+    assert dsn_problem("host=127.0.0.1 port=5432 dbname=db") is None

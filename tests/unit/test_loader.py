@@ -324,3 +324,75 @@ def test_each_bad_tier_is_one_true_problem(tmp_path: Path, tiers: str, expected:
     # a retest: "1.5ms" then "2ms" was also "must strictly increase (0.0015s then 0.002s)"; equal tiers were also
     # a duplicate queue "give each ... job queue a unique name"; 50d read "4.32e+06s"
     assert problems_of(tmp_path, HEADER + job(f"retry_tiers = {tiers}")) == expected
+
+
+def test_a_file_that_is_no_utf8_or_starts_with_a_bom_says_so_with_the_line_and_the_fix(tmp_path: Path) -> None:
+    """Was: 'Invalid statement (at line 1, column 1)' for a BOM, and "'utf-8' codec can't decode byte 0xff in
+    position 20: invalid start byte (fix: fix the file's syntax)" for Latin-1 bytes (helper-177)."""
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + HEADER.encode() + job().encode())
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(bom)
+    assert [(p.message, p.fix) for p in info.value.problems] == [
+        ("the file starts with a UTF-8 byte order mark (BOM), which TOML does not allow",
+         "save it as UTF-8 without a BOM"),
+    ]  # fmt: skip
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(HEADER.encode() + b'[[job_queue]]\nname = "caf\xe9"\nexchange = "jobs"\n')
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(latin)
+    assert [(p.message, p.fix) for p in info.value.problems] == [
+        ("not UTF-8: byte 0xe9 at line 5, column 12 can't be decoded", "save the file as UTF-8"),
+    ]
+
+
+def test_a_topology_name_takes_no_whitespace_and_no_message_says_it_may(tmp_path: Path) -> None:
+    """Was: "String should match pattern '^[^\\s]+$'" for a blank, and for an escape character the fix
+    'rename it within letters a-z A-Z, digits, space and ...': a space, then refused (helper-177)."""
+    assert problems_of(tmp_path, '[[exchange]]\nname = "a b"\n') == [
+        'exchange[0].name: a name can\'t hold whitespace (a space, tab or line break) (got "a b") '
+        "(fix: take letters a-z A-Z, digits and - _ . : @ # , / + only)"
+    ]
+    assert problems_of(tmp_path, '[[exchange]]\nname = "a\\u001bb"\n') == [
+        "exchange[0].name: exchange name 'a\\x1bb' has characters the AMQP client refuses "
+        "(fix: rename it within letters a-z A-Z, digits and - _ . : @ # , / +, at most 127 characters)"
+    ]
+
+
+def test_a_job_queue_declared_twice_is_one_problem_naming_it(tmp_path: Path) -> None:
+    """Was 6 problems, one per derived name ('duplicate queue (expanded from job queue 'work') name
+    'work.quarantine'', '... 'work.parked'', ... 'pause flag ...', 'exchange ...') (helper-177)."""
+    assert problems_of(tmp_path, HEADER + job('retry_tiers = ["1s"]') + job()) == [
+        f"job_queue[1].name: duplicate job queue name 'work' (also from {tmp_path / 't.toml'}: job_queue[0].name) "
+        "(fix: give each exchange / job queue a unique name)"
+    ]
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_values_nested_past_reading_are_one_problem_not_a_traceback(tmp_path: Path, depth: int) -> None:
+    """Was (100,000): RecursionError out of tomllib, a traceback and exit 1; ~900 in retry_tiers too (helper-177)."""
+    text = HEADER + job("retry_tiers = " + "[" * depth + "]" * depth)
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, text))
+    assert [(p.key_path, p.message, p.fix) for p in info.value.problems] == [
+        ("-", "its arrays or inline tables nest deeper than 32 levels",
+         "a topology file nests a few levels at most: remove the extra [ ] or { }"),
+    ]  # fmt: skip
+
+
+def test_an_exchange_type_the_broker_does_not_offer_is_refused_naming_its_plugin(tmp_path: Path) -> None:
+    """Was: plan '17 to create, 0 conflict(s)'; apply declared the other exchanges, then the broker closed the
+    connection, COMMAND_INVALID - invalid exchange type 'x-consistent-hash', exit 3 (helper-177: seen with the
+    plugin's type unregistered on a 3.10 node)."""
+    path = write(tmp_path, HEADER + '[[exchange]]\nname = "hash"\ntype = "x-consistent-hash"\n' + job())
+    amqp_own = frozenset({"direct", "fanout", "headers", "topic"})
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(path, exchange_types=amqp_own)
+    assert [(p.key_path, p.message, p.fix) for p in info.value.problems] == [
+        ("exchange[1].type", "the broker offers no exchange type 'x-consistent-hash' (it offers direct, fanout, "
+         "headers, topic)", "enable its plugin (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange), or "
+         "another type"),
+    ]  # fmt: skip
+    assert load_topology(path, exchange_types=amqp_own | {"x-consistent-hash"}).topology.exchanges[1].type == (
+        "x-consistent-hash"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -35,6 +36,28 @@ def test_a_file_that_is_no_sqlite_database_is_a_setting(tmp_path: Path, store: t
         store(path)
     assert "file is not a database (SQLITE_NOTADB); point it at a SQLite file of its own" in str(refused.value)
     assert path.read_bytes().startswith(b"these are my notes")  # left as it was
+
+
+@pytest.mark.parametrize("store", [SqliteLedger, SqliteResults])
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+def test_a_path_that_is_no_regular_file_is_a_setting_naming_what_it_is(tmp_path: Path, store: type, kind: str):
+    """Was: a FIFO 'disk I/O error (SQLITE_IOERR_READ); the disk failed a read or write' (exit 3), /dev/null
+    'cannot rollback - no transaction is active (SQLITE_ERROR); check that its directory exists ...' (helper-177).
+    """
+    if kind == "folder":
+        path, what = tmp_path, "a folder"
+    elif kind == "fifo":
+        path, what = tmp_path / "pipe", "a FIFO"
+        os.mkfifo(path)
+    else:
+        path, what = Path("/dev/null"), "a device"
+    with pytest.raises(ConfigurationError) as refused:
+        store(path)
+    owner = store.__name__
+    assert str(refused.value) == (
+        f"{owner}({str(path)!r}): {path} is {what}, not a regular file; give the path of a SQLite database "
+        "file (created when missing)"
+    )
 
 
 def busy_error(path: Path) -> sqlite3.Error:
