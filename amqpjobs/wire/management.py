@@ -248,9 +248,13 @@ class ManagementClient:
         """The broker's version as a tuple, e.g. ``(3, 10, 8)``."""
         return parse_version(str(self.overview().get("rabbitmq_version", "0")))
 
-    def exchange_types(self) -> frozenset[str]:
-        """The exchange types the broker offers (``GET /api/overview``: ``x-consistent-hash`` only with its plugin)."""
-        return frozenset(str(t.get("name")) for t in self.overview().get("exchange_types") or ())
+    def exchange_types(self) -> frozenset[str] | None:
+        """The exchange types the broker offers (``GET /api/overview``: ``x-consistent-hash`` only with its plugin).
+
+        None when the overview lists none (not a broker that offers no type: nothing to check against).
+        """
+        types = frozenset(str(t.get("name")) for t in self.overview().get("exchange_types") or ())
+        return types or None
 
     def running_nodes(self) -> dict[str, bool]:
         """Each cluster node's name and whether it runs, as the answering node sees it (``GET /api/nodes``)."""
