@@ -43,6 +43,7 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    _second_exits_without_the_loop()
     held_signals.end()
     try:
         yield
@@ -51,6 +52,30 @@ def stop_on_signals(request_stop: Callable[[], None], what: str) -> Iterator[Non
             loop.remove_signal_handler(sig)
         if seen:
             exit_at_once_on_signals()
+
+
+def _second_exits_without_the_loop() -> None:
+    """Make a second SIGTERM/SIGINT exit at once even while the event loop is blocked.
+
+    The loop's handlers (``loop.add_signal_handler``) run only when the loop turns, and an
+    ``async def`` handler that blocks it (``time.sleep(600)``, a CPU-bound loop) would keep a
+    second Ctrl-C from ending the process until it returns. The signal module still wakes
+    the loop for the first signal (its wakeup fd is written by the C-level handler whatever
+    Python handler is set), and Python runs the handler set here in the main thread between
+    bytecodes, also while that thread waits in ``time.sleep``: the second signal seen here
+    ends the process (``128 + signal``), as the loop's own handler would have.
+    """
+    seen = 0
+
+    def counted(signum: int, frame: FrameType | None) -> None:
+        nonlocal seen
+        seen += 1
+        if seen > 1:
+            log.warning("second signal %d: exiting now; unacked deliveries return to their queues", signum)
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, counted)
 
 
 def exit_at_once_on_signals() -> None:

@@ -131,3 +131,12 @@ async def leak(payload: dict[str, Any], ctx: JobContext) -> None:
     else:
         threading.Thread(target=time.sleep, args=(seconds,), name="app-poller").start()
     _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+
+
+@app.job("wedge", queue="work", timeout="60s")
+async def wedge(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start, then block the event loop ``payload["seconds"]`` (``time.sleep`` in an async handler)."""
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    time.sleep(float(payload.get("seconds", 0)))  # noqa: ASYNC251 -- the point: it blocks the loop
+    _record(f"done {ctx.job_id} {os.getpid()}")
+

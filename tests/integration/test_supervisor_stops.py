@@ -1,0 +1,40 @@
+"""``consume`` (one process or ``--processes N``) stopped while a worker can't act on its signals."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.test_worker_process import exit_code, publisher, read_record, wait_until, worker_process
+from tests.integration.test_worker_processes import log_text, wait_until_depth
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_a_second_signal_ends_a_worker_whose_loop_is_blocked(
+    broker: BrokerSettings, tmp_path: Path, processes: str
+):
+    """Ctrl-C twice while an async handler blocks its loop for 120 s: exit 130 at once, the job back in its queue."""
+    app = await publisher(broker, tmp_path)
+    app.job("wedge", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--processes", processes, "--grace", "60s") as proc:
+        await app.enqueue("wedge", {"seconds": 120}, job_id="wedged")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the job to start")
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code = await exit_code(proc, 60)
+        took = time.monotonic() - started
+    out = log_text(tmp_path)
+    assert code == 130, out
+    assert took < 10, f"exited {took:.1f}s after the second signal\n{out}"
+    await app.close()
+    await wait_until_depth(broker, "work", 1)
