@@ -140,3 +140,14 @@ async def wedge(payload: dict[str, Any], ctx: JobContext) -> None:
     time.sleep(float(payload.get("seconds", 0)))  # noqa: ASYNC251 -- the point: it blocks the loop
     _record(f"done {ctx.job_id} {os.getpid()}")
 
+
+@app.job("deaf", queue="work", timeout="60s")
+async def deaf(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start, make its process ignore SIGTERM and SIGINT, then sleep ``payload["seconds"]``."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    _record(f"done {ctx.job_id} {os.getpid()}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,15 @@ from tests.integration.test_worker_process import exit_code, publisher, read_rec
 from tests.integration.test_worker_processes import log_text, wait_until_depth
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
@@ -36,5 +46,29 @@ async def test_a_second_signal_ends_a_worker_whose_loop_is_blocked(
     out = log_text(tmp_path)
     assert code == 130, out
     assert took < 10, f"exited {took:.1f}s after the second signal\n{out}"
+    await app.close()
+    await wait_until_depth(broker, "work", 1)
+
+
+async def test_a_second_signal_kills_a_child_that_ignores_sigterm(broker: BrokerSettings, tmp_path: Path):
+    """Ctrl-C twice while a child's app made it ignore SIGTERM: the supervisor still exits 130, no child left."""
+    app = await publisher(broker, tmp_path)
+    app.job("deaf", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--processes", "2", "--grace", "60s") as proc:
+        await app.enqueue("deaf", {"seconds": 120}, job_id="deaf-1")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the job to start")
+        pid = next(int(r[4]) for r in read_record(record) if r[0] == "start")
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code = await exit_code(proc, 60)
+        took = time.monotonic() - started
+    out = log_text(tmp_path)
+    assert code == 130, out
+    assert took < 10, f"exited {took:.1f}s after the second signal\n{out}"
+    assert not running(pid), f"child pid {pid} still runs\n{out}"
+    assert "killing child" in out, out
     await app.close()
     await wait_until_depth(broker, "work", 1)
