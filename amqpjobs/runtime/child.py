@@ -141,7 +141,7 @@ async def run_child(spec: ChildSpec) -> int:
     _stop_when_stdin_ends(asyncio.get_running_loop(), worker)
     reporter = asyncio.create_task(_report_ready(worker))
     try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
+        with stop_on_signals(worker.request_stop, "no new deliveries; draining", spec.options.grace):
             return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
     except AmqpJobsError as exc:
         return _failed(exc)

@@ -72,3 +72,24 @@ async def test_a_second_signal_kills_a_child_that_ignores_sigterm(broker: Broker
     assert "killing child" in out, out
     await app.close()
     await wait_until_depth(broker, "work", 1)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_the_grace_ends_a_worker_whose_loop_is_blocked(broker: BrokerSettings, tmp_path: Path, processes: str):
+    """One SIGTERM, --grace 2s, an async handler blocking its loop for 60 s: the process ends soon after the grace."""
+    app = await publisher(broker, tmp_path)
+    app.job("wedge", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--processes", processes, "--grace", "2s") as proc:
+        await app.enqueue("wedge", {"seconds": 60}, job_id="wedged")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the job to start")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = await exit_code(proc, 40)
+        took = time.monotonic() - started
+    out = log_text(tmp_path)
+    assert code == 1, out  # work abandoned
+    assert took < 15, f"exited {took:.1f}s after the signal, with --grace 2s\n{out}"
+    assert "the event loop has not answered for 5s, 8s after the stop began (grace 2s)" in out, out
+    await app.close()
+    await wait_until_depth(broker, "work", 1)
