@@ -8,7 +8,8 @@ Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
 ``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
 to the record, then raises RuntimeError) and ``PROCAPP_SLOW_IMPORT`` (seconds: importing this
-module appends "importing <pid>" to the record, then sleeps that long: an app slow to load).
+module appends "importing <pid>" to the record, then sleeps that long: an app slow to load;
+``PROCAPP_CHILD_SLOW_IMPORT`` the same in a ``--processes`` child only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ if os.environ.get("PROCAPP_FAIL_IMPORT"):
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
         _fh.write(f"import {os.environ.get('AMQPJOBS_CHILD', '-')} {os.getpid()}\n")
     raise RuntimeError("procapp configured to fail at import (PROCAPP_FAIL_IMPORT)")
+
+if os.environ.get("AMQPJOBS_CHILD") and os.environ.get("PROCAPP_CHILD_SLOW_IMPORT"):  # children only
+    with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
+        _fh.write(f"importing {os.getpid()}\n")
+    time.sleep(float(os.environ["PROCAPP_CHILD_SLOW_IMPORT"]))
 
 if os.environ.get("PROCAPP_SLOW_IMPORT"):
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:

@@ -93,3 +93,22 @@ async def test_the_grace_ends_a_worker_whose_loop_is_blocked(broker: BrokerSetti
     assert "the event loop has not answered for 5s, 8s after the stop began (grace 2s)" in out, out
     await app.close()
     await wait_until_depth(broker, "work", 1)
+
+
+async def test_children_still_importing_the_app_end_when_their_supervisor_is_killed(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """The supervisor SIGKILLed while both children import an app that takes 60 s: they end at once (was: 60 s on)."""
+    record = tmp_path / "record.txt"
+    with worker_process(broker, tmp_path, "--processes", "2", PROCAPP_CHILD_SLOW_IMPORT="60") as proc:
+        await wait_until(lambda: sum(1 for r in read_record(record) if r[0] == "importing") == 2, 30, "2 imports")
+        pids = [int(r[1]) for r in read_record(record) if r[0] == "importing"]
+        proc.kill()
+        await exit_code(proc)
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        left = [pid for pid in pids if running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], (tmp_path / "worker.log").read_text()
