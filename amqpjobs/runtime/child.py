@@ -4,7 +4,8 @@ The supervisor (:mod:`amqpjobs.runtime.supervisor`) starts this module with one 
 line on stdin (:class:`ChildSpec`: the app reference, the worker options, the broker
 settings — credentials travel on the pipe, never on a command line), and keeps stdin
 open: its end (the supervisor is gone, even by SIGKILL) stops this worker as SIGTERM
-would. The child answers on stdout with status lines, ``STATUS_PREFIX`` + a JSON object:
+would, or, while the app still loads, ends the process at once. The child answers on
+stdout with status lines, ``STATUS_PREFIX`` + a JSON object:
 
 - ``{"port": N}``: its own ``/metrics``, ``/healthz``, ``/readyz`` (loopback, port 0), which
   the supervisor asks for health; metrics go to ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus
@@ -98,16 +99,35 @@ def status(**fields: Any) -> None:
     sys.stdout.flush()
 
 
-def _stop_when_stdin_ends(loop: asyncio.AbstractEventLoop, worker: Worker) -> None:
-    """Stop ``worker`` (drain, as SIGTERM) when stdin reaches its end: the supervisor is gone."""
+class _SupervisorWatch:
+    """Watches stdin from the child's first moment: its end (the supervisor is gone) stops the worker.
 
-    def watch() -> None:  # raw reads: a buffered reader's lock would block the interpreter's exit
+    A worker drains (as on SIGTERM); before there is one (the app still loading, maybe
+    forever: a database that does not answer) the process exits at once with
+    :data:`EXIT_NO_SUPERVISOR`: nothing was taken from the broker, and nobody would stop it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._worker: Worker | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="amqpjobs-supervisor-watch", daemon=True).start()
+
+    def watch(self, worker: Worker) -> None:
+        """From now on the supervisor's end drains ``worker``."""
+        with self._lock:
+            self._worker = worker
+
+    def _watch(self) -> None:  # raw reads: a buffered reader's lock would block the interpreter's exit
         while os.read(0, 4096):
             pass
+        with self._lock:
+            worker = self._worker
+            if worker is None:
+                log.warning("the supervisor is gone while this child starts: exiting (nothing was taken yet)")
+                os._exit(EXIT_NO_SUPERVISOR)
         log.warning("the supervisor is gone: draining")
-        loop.call_soon_threadsafe(worker.request_stop)
-
-    threading.Thread(target=watch, name="amqpjobs-supervisor-watch", daemon=True).start()
+        self._loop.call_soon_threadsafe(worker.request_stop)
 
 
 async def _report_ready(worker: Worker) -> None:
@@ -125,6 +145,7 @@ async def run_child(spec: ChildSpec) -> int:
         (after its ``error`` status line). A plain-function handler's thread still running after
         the grace ends the process at once instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
     """
+    supervisor = _SupervisorWatch(asyncio.get_running_loop())
     if spec.stores_opened:  # the supervisor's load of the app opened each SQLite store first: none is created here
         no_new_files()
     try:
@@ -138,10 +159,10 @@ async def run_child(spec: ChildSpec) -> int:
         server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, "127.0.0.1", 0)
         server.start()
         status(port=server.port)
-    _stop_when_stdin_ends(asyncio.get_running_loop(), worker)
+    supervisor.watch(worker)
     reporter = asyncio.create_task(_report_ready(worker))
     try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
+        with stop_on_signals(worker.request_stop, "no new deliveries; draining", spec.options.grace):
             return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
     except AmqpJobsError as exc:
         return _failed(exc)

@@ -60,7 +60,7 @@ async def run_worker(
             raise ConfigurationError(f"can't serve metrics on {metrics_host}:{metrics_port}: {exc}") from None
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
     try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining"):
+        with stop_on_signals(worker.request_stop, "no new deliveries; draining", options.grace):
             return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
     finally:
         if server is not None:

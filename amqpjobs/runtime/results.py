@@ -8,7 +8,8 @@ The store never decides a job's fate (README "Job status and results"):
   delivery was settled;
 * a batch that can't be written (the database is down, slow past :data:`WRITE_TIMEOUT`,
   or the queue is full) is dropped and counted (``amqpjobs_results_write_failures_total``),
-  never retried: jobs still run and ack;
+  never retried: jobs still run and ack; a warning at most every :data:`WARN_EVERY` s
+  counts the records not written since the previous one, so the lines add up to the metric;
 * reads (:meth:`ResultsStore.history`) raise :class:`~amqpjobs.errors.ResultsUnavailableError`
   when the store can't be read.
 
@@ -46,6 +47,8 @@ QUEUE_SIZE = 10_000
 BATCH = 500
 #: Seconds a batch write may take before it counts as failed.
 WRITE_TIMEOUT = 10.0
+#: Seconds between two warnings about records not written (each line counts those since the previous one).
+WARN_EVERY = 10.0
 #: Seconds a SQLite statement waits for the file's write lock (held by another write transaction).
 BUSY_TIMEOUT = 5.0
 #: Columns of ``amqpjobs_results``, in :class:`StateRecord` field order.
@@ -249,6 +252,8 @@ class ResultsWriter:
         self._queue: asyncio.Queue[StateRecord] = asyncio.Queue(size)
         self._task: asyncio.Task[None] | None = None
         self._warned_at = 0.0
+        self._unsaid = 0  # records not written since the last line
+        self._why = ""  # the last reason
 
     def start(self) -> None:
         """Start the background task (on the running loop)."""
@@ -284,14 +289,29 @@ class ResultsWriter:
         self.failed += count
         if self._on_failed is not None:
             self._on_failed(count)
-        now = time.monotonic()
-        if now - self._warned_at >= 10.0:  # one line per 10 s, not one per job
-            self._warned_at = now
-            log.warning("results store: %d record(s) not written (%s); jobs are not affected", count, why)
+        self._unsaid, self._why = self._unsaid + count, why
+        if time.monotonic() - self._warned_at >= WARN_EVERY:  # one line per WARN_EVERY, not one per job
+            self._say()
+
+    def _say(self) -> None:
+        """Warn of every record not written since the last line (none are left unsaid: they add up to the metric)."""
+        if self._unsaid:
+            log.warning("results store: %d record(s) not written (%s); jobs are not affected", self._unsaid, self._why)
+            self._warned_at, self._unsaid = time.monotonic(), 0
+
+    async def _next(self) -> StateRecord:
+        """The next record to write; meanwhile, the records not written yet unsaid are said once the pace allows."""
+        while self._unsaid:
+            try:
+                async with asyncio.timeout(max(0.0, self._warned_at + WARN_EVERY - time.monotonic())):
+                    return await self._queue.get()
+            except TimeoutError:
+                self._say()
+        return await self._queue.get()
 
     async def _run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            batch = [await self._next()]
             while len(batch) < BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
@@ -320,6 +340,7 @@ class ResultsWriter:
         self._task = None
         if self._queue.qsize():
             self._fail(self._queue.qsize(), "the worker stopped first")
+        self._say()
 
 
 async def record_quietly(store: ResultsStore | None, records: Sequence[StateRecord]) -> int:

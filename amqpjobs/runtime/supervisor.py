@@ -13,8 +13,9 @@ A worker is one Python process on one core; the supervisor starts N children
 - on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
   does) and returns 0 when all exited cleanly; a second signal is passed on (the children
   exit at once) and the exit code is then 128 + that signal, as a single worker's (130 for
-  Ctrl-C). Children run in a session of their own, so a terminal's Ctrl-C reaches
-  them once, through the supervisor; a child whose supervisor died drains by itself;
+  Ctrl-C); a child still running ``KILL_AFTER`` (3) s later is killed (SIGKILL: it ignores
+  SIGTERM, or its main thread is stuck). Children run in a session of their own, so a
+  terminal's Ctrl-C reaches them once, through the supervisor; a child whose supervisor died drains by itself;
 - with ``metrics_port``: one ``/metrics`` summing every child's metrics, the exited ones'
   counts included (prometheus-client's multiprocess mode: each child writes its values to
   files in a directory of the supervisor's), and ``/healthz`` and ``/readyz`` that answer
@@ -71,6 +72,8 @@ CRASH_LOOP_WINDOW = 60.0
 FIRST_BACKOFF = 0.25
 #: The longest wait before a restart, seconds.
 MAX_BACKOFF = 30.0
+#: Seconds after the second signal before a child still running is killed (SIGKILL).
+KILL_AFTER = 3.0
 #: The environment variable that tells a child its number (1..N).
 CHILD_ENV = "AMQPJOBS_CHILD"
 #: prometheus-client's multiprocess directory variable (read by the children's client at import).
@@ -217,8 +220,19 @@ class Supervisor:
             log.warning("second signal %d: children exit now; unacked deliveries return to their queues", signum)
             if self._hurried_by is None:
                 self._hurried_by = signum
+                asyncio.get_running_loop().call_later(KILL_AFTER, self._kill_the_rest)
             for slot in self._slots:
                 self._signal_child(slot, signal.SIGTERM)
+
+    def _kill_the_rest(self) -> None:
+        """SIGKILL every child still running :data:`KILL_AFTER` s after the second signal (it can't act on SIGTERM)."""
+        for slot in self._slots:
+            if slot.process is not None and slot.process.returncode is None:
+                log.warning(
+                    "killing child %d (pid %d): still running %.0fs after the second signal (SIGTERM ignored or its "
+                    "main thread stuck)", slot.index, slot.process.pid, KILL_AFTER,
+                )  # fmt: skip
+                self._signal_child(slot, signal.SIGKILL)
 
     @staticmethod
     def _signal_child(slot: Slot, signum: int) -> None:

@@ -8,7 +8,8 @@ Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_RESULTS`` (a SQLite results store; none when unset) and
 ``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
 to the record, then raises RuntimeError) and ``PROCAPP_SLOW_IMPORT`` (seconds: importing this
-module appends "importing <pid>" to the record, then sleeps that long: an app slow to load).
+module appends "importing <pid>" to the record, then sleeps that long: an app slow to load;
+``PROCAPP_CHILD_SLOW_IMPORT`` the same in a ``--processes`` child only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ if os.environ.get("PROCAPP_FAIL_IMPORT"):
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
         _fh.write(f"import {os.environ.get('AMQPJOBS_CHILD', '-')} {os.getpid()}\n")
     raise RuntimeError("procapp configured to fail at import (PROCAPP_FAIL_IMPORT)")
+
+if os.environ.get("AMQPJOBS_CHILD") and os.environ.get("PROCAPP_CHILD_SLOW_IMPORT"):  # children only
+    with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
+        _fh.write(f"importing {os.getpid()}\n")
+    time.sleep(float(os.environ["PROCAPP_CHILD_SLOW_IMPORT"]))
 
 if os.environ.get("PROCAPP_SLOW_IMPORT"):
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
@@ -131,3 +137,23 @@ async def leak(payload: dict[str, Any], ctx: JobContext) -> None:
     else:
         threading.Thread(target=time.sleep, args=(seconds,), name="app-poller").start()
     _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+
+
+@app.job("wedge", queue="work", timeout="60s")
+async def wedge(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start, then block the event loop ``payload["seconds"]`` (``time.sleep`` in an async handler)."""
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    time.sleep(float(payload.get("seconds", 0)))  # noqa: ASYNC251 -- the point: it blocks the loop
+    _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("deaf", queue="work", timeout="60s")
+async def deaf(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record its start, make its process ignore SIGTERM and SIGINT, then sleep ``payload["seconds"]``."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    _record(f"done {ctx.job_id} {os.getpid()}")

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from amqpjobs import App, JobFailedError, SqliteResults
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import ConfigurationError, ResultsUnavailableError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater, Skip
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
 from amqpjobs.runtime.pg_text import from_db, to_db
-from amqpjobs.runtime.results import wait_result
+from amqpjobs.runtime.results import ResultsWriter, wait_result
 from amqpjobs.topology.models import Topology
 
 pytestmark = pytest.mark.version_independent
@@ -255,3 +255,43 @@ def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded():
     assert (again.state, again.note, again.current) == ("parked", "", parked)
     alone = status_of("j1", [quarantined, parked], now=21.0)
     assert (alone.state, alone.note) == ("parked", "")
+
+
+class _FullDisk:
+    """A results store whose writes fail (a full disk) until ``ok`` is set."""
+
+    retention = 86400.0
+
+    def __init__(self) -> None:
+        self.ok = False
+        self.written: list[StateRecord] = []
+
+    async def write(self, records: list[StateRecord]) -> list[StateRecord]:
+        if not self.ok:
+            raise ResultsUnavailableError("database or disk is full (SQLITE_FULL)")
+        self.written.extend(records)
+        return []
+
+
+async def test_every_record_not_written_is_said_in_the_log_within_the_pace_not_only_the_first(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
+    """600 records lost in a burst, then the store writes again: the lines add up to 600 (was: "1", then silence)."""
+    monkeypatch.setattr("amqpjobs.runtime.results.WARN_EVERY", 0.3, raising=False)
+    store = _FullDisk()
+    writer = ResultsWriter(store)  # type: ignore[arg-type]
+    writer.start()
+    for i in range(600):
+        writer.note(StateRecord(f"j-{i}", "mail", "running", 1, at=1.0))
+        if i % 50 == 0:
+            await asyncio.sleep(0)  # the writer takes a batch now and then, as under a real burst
+    await asyncio.sleep(0.05)
+    store.ok = True
+    writer.note(StateRecord("after", "mail", "running", 1, at=2.0))
+    await asyncio.sleep(0.6)  # past the pace: the rest is said without waiting for the stop
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.results"]
+    await writer.close()
+    counts = [int(m.split(": ", 1)[1].split()[0]) for m in lines]
+    assert writer.failed == 600
+    assert sum(counts) == 600, lines
+    assert [r.job_id for r in store.written] == ["after"]
