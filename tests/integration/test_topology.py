@@ -435,5 +435,6 @@ def test_the_management_api_names_the_exchange_types_the_broker_offers(mgmt: Man
     """What plan checks each exchange's type against (helper-177): AMQP's four at least (x-consistent-hash
     with its plugin, which scripts/broker.sh enables; a testcontainers node may not)."""
     offered = mgmt.exchange_types()
+    assert offered is not None
     assert {"direct", "fanout", "headers", "topic"} <= offered
     assert all(isinstance(name, str) and name for name in offered)
