@@ -632,7 +632,7 @@ async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses
     async with raw_channel(on_alarm_node) as ch:
         ex = await ch.get_exchange("plain.quarantine")
         for i in range(total):
-            headers = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
+            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
             await ex.publish(aio_pika.Message(b"{}", message_id=f"r-{i}", type="plain", headers=headers),
                              routing_key="plain")  # fmt: skip
     report = ReplayReport(queue="plain")
