@@ -15,9 +15,16 @@ def main() -> None:
     held_signals.hold()
     from amqpjobs.cli import main as cli
     from amqpjobs.cli._root import release_held_signals
+    from amqpjobs.runtime.handler_threads import bound_if_wanted
 
     try:
         cli()
+    except SystemExit as exc:  # a worker's process ends within the bound, whatever ended its command
+        bound_if_wanted(exc.code)
+        raise
+    except BaseException:
+        bound_if_wanted(1)
+        raise
     finally:  # what never reached a command (--help, a usage error) still ends by a signal held meanwhile
         release_held_signals()
 

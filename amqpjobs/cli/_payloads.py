@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import click
@@ -12,7 +13,7 @@ from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.payloads import PayloadStore, peek
-from amqpjobs.runtime.quarantine import QuarantinedMessage, browse
+from amqpjobs.runtime.quarantine import QuarantinedMessage, browsing
 from amqpjobs.wire.settings import BrokerSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,21 +44,32 @@ def app_payload_store(app_ref: str | None) -> PayloadStore | None:
     return app.payload_store
 
 
-async def browse_with_payloads(
-    settings: BrokerSettings, name: str, limit: int, selection: Selection, census: Census, store: PayloadStore | None
-) -> tuple[str, list[QuarantinedMessage], list[tuple[dict[str, Any] | None, str]]]:
-    """:func:`~amqpjobs.runtime.quarantine.browse`, and each message's stored payload (or problem) read from ``store``.
+async def each_with_payload(
+    settings: BrokerSettings,
+    name: str,
+    limit: int,
+    selection: Selection,
+    census: Census,
+    store: PayloadStore | None,
+    each: Callable[[QuarantinedMessage, dict[str, Any] | None, str], None],
+) -> int:
+    """``each(message, stored payload, problem)`` for each matching message as it is read; how many there were.
 
-    Without ``store`` every message gets ``(None, "")``; see :func:`~amqpjobs.runtime.payloads.peek`.
+    :func:`~amqpjobs.runtime.quarantine.browsing`: each message's body is let go once ``each``
+    returned, so ``quarantine show --limit N`` holds about one body at a time, not N. Without
+    ``store`` every message gets ``(None, "")``; see :func:`~amqpjobs.runtime.payloads.peek`.
     """
-    queue, messages = await browse(settings, name, limit, selection, census)
-    if store is None:
-        return queue, messages, [(None, "")] * len(messages)
+    count = 0
     try:
-        stored = []
-        for m in messages:
-            d = m.delivery
-            stored.append(await peek(store, d.headers, d.content_type, d.content_encoding))
-        return queue, messages, stored
+        async with aclosing(browsing(settings, name, limit, selection, census)) as messages:
+            async for m in messages:
+                d = m.delivery
+                data, problem = (None, "") if store is None else await peek(store, d.headers, d.content_type,
+                                                                            d.content_encoding)  # fmt: skip
+                each(m, data, problem)
+                d.body = b""  # shown: not held until the browser closes
+                count += 1
+        return count
     finally:
-        await store.close()
+        if store is not None:
+            await store.close()

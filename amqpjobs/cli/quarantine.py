@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,7 +27,7 @@ from amqpjobs.cli._filters import filter_options, selection
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
-    browse_with_payloads,
+    each_with_payload,
     payload_store_option,
 )
 from amqpjobs.cli._root import main
@@ -43,7 +44,7 @@ from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_
 from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
-from amqpjobs.runtime.quarantine import browse, export, purge, quarantine_queues
+from amqpjobs.runtime.quarantine import QuarantinedMessage, browse, export, purge, quarantine_queues
 from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.status import unread_queues
 from amqpjobs.topology.models import JobQueueLayout
@@ -128,37 +129,44 @@ def quarantine_show(
     broker = settings(url, management_url)
     chosen, census = selection(job, error_type, reason, since), Census()
     store = app_payload_store(app_ref)
-    _, messages, stored = run_command(browse_with_payloads(broker, queue, limit, chosen, census, store))
-    for m, (data, problem) in zip(messages, stored, strict=True):
-        doc = m.to_json()
-        by_ref = envelope.PAYLOAD_REF in m.delivery.headers
-        if by_ref:  # the body is empty: the payload is the stored one, or what kept it from being read
-            doc["payload"] = data
-            doc["stored_payload_problem"] = problem if store is not None else NOT_READ
-        if as_json:
-            click.echo(json_text(doc))
-            continue
-        # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
-        for line in m.item.summary_lines():
-            click.echo(line)
-        payload = doc["payload"]
-        shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
-        if by_ref and store is None:
-            shown = "(stored: give --app MODULE:APP to read it from the app's payload store)"
-        elif problem:
-            shown = f"(stored, not readable) {problem}"
-        click.echo(f"    payload:    {printable(shown[:1000])}")
-        for key, value in sorted(doc.get("header_entries") or doc["headers"].items(), key=lambda kv: kv[0]):
-            if key == "amqpjobs-traceback":
-                tail = str(value).strip().splitlines()[-3:]
-                click.echo("    traceback:  ..." + printable(" | ".join(tail)))
-            elif key not in ("amqpjobs-error-message",):
-                click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
+
+    def each(m: QuarantinedMessage, data: dict[str, Any] | None, problem: str) -> None:
+        _show_one(m, data, problem, as_json, reading=store is not None)
+
+    shown = run_command(each_with_payload(broker, queue, limit, chosen, census, store, each))
     if not as_json:
-        click.echo(shown_line(len(messages), census, limit, chosen))
-        if messages:
-            click.echo(after_show(messages[0].delivery.queue, chosen))
+        click.echo(shown_line(shown, census, limit, chosen))
+        if shown:
+            click.echo(after_show(census.queue, chosen))
     echo_no_match(census, chosen)
+
+
+def _show_one(m: QuarantinedMessage, data: dict[str, Any] | None, problem: str, as_json: bool, reading: bool) -> None:
+    """Print one message of ``quarantine show`` (``reading``: --app gave a payload store to read it from)."""
+    doc = m.to_json()
+    by_ref = envelope.PAYLOAD_REF in m.delivery.headers
+    if by_ref:  # the body is empty: the payload is the stored one, or what kept it from being read
+        doc["payload"] = data
+        doc["stored_payload_problem"] = problem if reading else NOT_READ
+    if as_json:
+        click.echo(json_text(doc))
+        return
+    # every field is the publisher's text: escaped, so none can forge a line or steer the terminal
+    for line in m.item.summary_lines():
+        click.echo(line)
+    payload = doc["payload"]
+    shown = json.dumps(payload, ensure_ascii=False) if payload is not None else f"(raw) {m.delivery.body[:200]!r}"
+    if by_ref and not reading:
+        shown = "(stored: give --app MODULE:APP to read it from the app's payload store)"
+    elif problem:
+        shown = f"(stored, not readable) {problem}"
+    click.echo(f"    payload:    {printable(shown[:1000])}")
+    for key, value in sorted(doc.get("header_entries") or doc["headers"].items(), key=lambda kv: kv[0]):
+        if key == "amqpjobs-traceback":
+            tail = str(value).strip().splitlines()[-3:]
+            click.echo("    traceback:  ..." + printable(" | ".join(tail)))
+        elif key not in ("amqpjobs-error-message",):
+            click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")
 
 
 @quarantine.command("export")

@@ -26,7 +26,7 @@ from amqpjobs.jobs.outcome import REPORT_LEVELS
 from amqpjobs.printable import printable
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
-from amqpjobs.runtime.handler_threads import bound_the_exit
+from amqpjobs.runtime.handler_threads import bound_the_exit, want_exit_bound
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.preflight import check_before_children
@@ -131,6 +131,7 @@ def consume(
     held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     broker = settings(url, management_url)
     factory = loop_factory(loop)
+    want_exit_bound()  # threads the app left running never keep this process, however the command ends
     if count > 1:
         # what each child would refuse at its start: refused here, at once (and its store files opened first)
         opened = check_before_children(app_ref, options)

@@ -17,7 +17,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, delivery_counters, evidence_headers
-from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater
+from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, Skipped
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.retry import FailureKind
 from amqpjobs.text import encodable
@@ -49,6 +49,33 @@ def classify(permanent: tuple[type[BaseException], ...], exc: BaseException) -> 
     if permanent and isinstance(exc, permanent):
         return "permanent"
     return "error"
+
+
+def framework_word(exc: BaseException, *, guarded: bool, found_done: bool) -> str | None:
+    """What amqpjobs itself made of a run that raised ``exc``: ``skipped``, ``duplicate``, or None (README "Jobs").
+
+    The one rule for the two exceptions of ours that are no failure. Only where amqpjobs
+    speaks do they count: a :class:`~amqpjobs.jobs.outcome.Skipped` the overlap guard raised
+    before its handler ran (``guarded``: the job's handler is the guard; ``exc.unrun``), and a
+    ``DuplicateJobError`` the run's ``ctx.transaction()`` got from the ledger (``found_done``:
+    the effect rolled back, whatever the handler raised with it, bare or in an exception group).
+    The same classes raised by the handler itself (its own raise, a guarded function it
+    awaited, a task of its ``asyncio.TaskGroup``, at any depth of a group) are its job's
+    failure, judged by :func:`classify` as any other: an exception group is never a skip.
+
+    Args:
+        exc: What the run raised.
+        guarded: The job's handler is the overlap guard (``overlap="skip"``).
+        found_done: The run's ``ctx.transaction()`` found the job done by another run.
+
+    Returns:
+        ``"duplicate"``, ``"skipped"``, or None: a failure (or the run's stop, :func:`stops_the_run`).
+    """
+    if found_done:
+        return "duplicate"
+    if guarded and isinstance(exc, Skipped) and exc.unrun:
+        return "skipped"
+    return None
 
 
 def qualname(exc: BaseException) -> str:

@@ -30,15 +30,21 @@ class Skipped(Exception):
     The overlap guard (:mod:`amqpjobs.runtime.overlap`) raises it when the previous run of
     the job's schedule still runs. Not a failure: no attempt is used, nothing is retried.
 
+    Only the guard's own word counts (:func:`amqpjobs.jobs.failure.framework_word`): ``unrun``
+    True, raised before the job's handler ran. One a handler raises (a guarded function it
+    awaited, a task of its ``asyncio.TaskGroup``) is its job's failure like any other raise.
+
     Args:
         reason: One word (``overlap``).
         subject: What it names (``schedule nightly``).
+        unrun: The guard raised it for its job's run, before running anything (default False).
     """
 
-    def __init__(self, reason: str, subject: str) -> None:
+    def __init__(self, reason: str, subject: str, *, unrun: bool = False) -> None:
         super().__init__(f"{reason}: {subject}")
         self.reason = reason
         self.subject = subject
+        self.unrun = unrun
 
 
 #: Quarantine reasons (the ``amqpjobs-reason`` evidence header).

@@ -213,9 +213,13 @@ def main() -> None:
         line += chunk
     spec = read_spec(line)
     configure_logging(spec.log_level, json_lines=spec.log_json, child=spec.index)
-    with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
-        code = runner.run(run_child(spec))
-        bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(spec.loop)) as runner:
+            code = runner.run(run_child(spec))
+            bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)
+    except BaseException:  # an error of none of ours (run_child maps those to codes): Python's exit 1, bounded too
+        bound_the_exit(1)
+        raise
     sys.exit(code)
 
 

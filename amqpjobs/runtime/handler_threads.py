@@ -121,18 +121,44 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+#: Whether this process runs a worker (or a supervisor of some), and whether its exit's bound is armed.
+_bound = {"wanted": False, "armed": False}
+
+
+def want_exit_bound() -> None:
+    """Say this process runs a worker (``amqpjobs consume``, a supervisor, a child): its end is bounded.
+
+    However the command ends, its entry point then arms :func:`bound_the_exit` (:func:`bound_if_wanted`),
+    so a thread the app left running (at import, or from a job) never keeps the process after an error.
+    """
+    _bound["wanted"] = True
+
+
+def bound_if_wanted(code: object) -> None:
+    """At a process's entry point, as it exits with ``code`` (a ``SystemExit``'s): :func:`bound_the_exit` if wanted.
+
+    ``code``: None is 0, an int itself, anything else 1 (as Python's own exit). Nothing unless
+    :func:`want_exit_bound` was called (a command run in-process, as by click's ``CliRunner``, is no process's end).
+    """
+    if _bound["wanted"]:
+        bound_the_exit(0 if code is None else code if isinstance(code, int) else 1)
+
+
 def bound_the_exit(code: int, seconds: float = EXIT_BOUND) -> None:
     """Arm the end of a worker's own process whose worker stopped (exit ``code``): at most ``seconds`` from now.
 
     Python's end waits for every non-daemon thread and ``asyncio.Runner``'s close for the
-    loop's default executor: a thread an app's job left running (its own
+    loop's default executor: a thread an app's job or its import left running (its own
     ``threading.Thread``, a library's poller, ``asyncio.to_thread`` or ``run_in_executor``
     work that goes on) would keep the process up after the worker stopped, so that SIGTERM
     never ends it. A daemon thread waits ``seconds``; if the process is still there, it logs
     a WARNING naming the threads still running and ends the process (:func:`end_process`,
-    the same ``code``: every delivery was settled). Call it once the worker's run returned,
-    before the Runner closes.
+    the same ``code``). Call it once the worker's run returned, before the Runner closes; an
+    error that ends the command arms it at the entry point (:func:`bound_if_wanted`). Armed once.
     """
+    if _bound["armed"]:
+        return
+    _bound["armed"] = True
     main = threading.main_thread()
     there = [t for t in threading.enumerate() if t is not main and not t.daemon]  # the app's (none of ours is)
 

@@ -12,6 +12,7 @@ scheduler imports :mod:`amqpjobs.runtime.app`.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -70,6 +71,10 @@ class _Marker:
             log.warning("running marker %s not deleted (%s); it goes with the connection", self.queue, exc)
 
 
+#: Set while a guarded handler runs (its tasks inherit it): a guard entered then is not its job's own.
+_inside: contextvars.ContextVar[bool] = contextvars.ContextVar("amqpjobs_overlap_inside", default=False)
+
+
 def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Wrap an async job handler so that runs of a schedule with ``overlap="skip"`` never overlap.
 
@@ -97,17 +102,20 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
         schedule = next((s for s in app.schedules() if s.name == name), None)
         if name is None or schedule is None or schedule.overlap != "skip":
             return await handler(payload, ctx)
+        outer = not _inside.get()  # the job's own guard, not one a handler's code awaited
         if name in held:
-            _skip(ctx, name)
+            _skip(ctx, name, outer)
         held.add(name)
         try:
             wire, connection = await app.marker_wire()
             marker = _Marker(wire, connection, cron.running_queue(app.name, name))
             if not await marker.acquire():
-                _skip(ctx, name)
+                _skip(ctx, name, outer)
+            token = _inside.set(True)  # its handler's tasks inherit it
             try:
                 return await handler(payload, ctx)
             finally:
+                _inside.reset(token)
                 await marker.release()
         finally:
             held.discard(name)
@@ -116,8 +124,12 @@ def overlap_guarded(app: GuardedApp, handler: Callable[..., Awaitable[Any]]) -> 
     return guarded
 
 
-def _skip(ctx: JobContext, schedule: str) -> NoReturn:
-    """Leave the run out: logged, then :class:`~amqpjobs.jobs.outcome.Skipped` (the worker acks it as ``skipped``)."""
+def _skip(ctx: JobContext, schedule: str, outer: bool) -> NoReturn:
+    """Leave the run out: logged, then :class:`~amqpjobs.jobs.outcome.Skipped` (the worker acks it as ``skipped``).
+
+    ``outer``: the job's own guard (unrun); else a guarded function a running handler
+    awaited, whose Skipped is that handler's failure (:func:`amqpjobs.jobs.failure.framework_word`).
+    """
     log.info("job=%s id=%s skipped: the previous run of schedule %s is still running",
              field_value(ctx.job), field_value(ctx.job_id), field_value(schedule))  # fmt: skip
-    raise Skipped("overlap", f"schedule {schedule}")
+    raise Skipped("overlap", f"schedule {schedule}", unrun=outer)

@@ -230,7 +230,9 @@ async def park(
                 return False
             except UnroutableError:
                 raise ConfigurationError(
-                    f"parked queue {target!r} went missing; {report.taken} parked before it, the rest stay in {queue}"
+                    f"parked queue {target!r} went missing; {report.taken} parked before it (if it was deleted, "
+                    f"they went with it), the rest stay in {queue}, the one in hand too: declare it again "
+                    "(amqpjobs topology apply), then park again"
                 ) from None
             # the copy is confirmed: it is parked, whatever becomes of the ack (a failed one leaves the
             # original in quarantine too, a duplicate, never a loss)

@@ -230,18 +230,44 @@ async def browse(
         BrokerUnavailableError: the broker can't be reached.
 
     """
-    selection = selection or q.Selection()
     census = census if census is not None else Census()
     out: list[QuarantinedMessage] = []
+    async with aclosing(browsing(settings, name, limit, selection, census)) as messages:
+        async for message in messages:
+            if keep_bodies is not None and len(out) >= keep_bodies:
+                message.delivery.body = b""
+            out.append(message)
+    return census.queue, out
+
+
+async def browsing(
+    settings: BrokerSettings,
+    name: str,
+    limit: int | None = None,
+    selection: q.Selection | None = None,
+    census: Census | None = None,
+) -> AsyncGenerator[QuarantinedMessage, None]:
+    """Each matching message of quarantine queue ``name`` as it is read, without removing any (:func:`browse`).
+
+    A reader that lets go of each message (``quarantine show`` prints it, then drops its body)
+    holds about one body at a time, not ``limit`` of them. Close it (``contextlib.aclosing``):
+    its channel closes and every message returns to the queue. Arguments as :func:`browse`'s;
+    ``census.queue`` names the quarantine queue once the first message (or the end) came.
+
+    Raises:
+        ConfigurationError: no such quarantine queue.
+        BrokerUnavailableError: the broker can't be reached.
+    """
+    selection = selection or q.Selection()
+    census = census if census is not None else Census()
+    matched = 0
     async with aclosing(_browsed(settings, name, census)) as messages:
         async for message in messages:
             if census.matches(message.item, selection):
-                if keep_bodies is not None and len(out) >= keep_bodies:
-                    message.delivery.body = b""
-                out.append(message)
-                if limit is not None and len(out) >= limit:
+                yield message
+                matched += 1
+                if limit is not None and matched >= limit:
                     break
-    return census.queue, out
 
 
 async def _browsed(settings: BrokerSettings, name: str, census: Census) -> AsyncGenerator[QuarantinedMessage, None]:

@@ -26,7 +26,7 @@ import copy
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -180,24 +180,36 @@ class SqliteResults:
         except sqlite3.Error as exc:
             raise open_failure("results store", self.path, exc) from exc
 
-    def _connect(self) -> sqlite3.Connection:
-        """A connection to the file first opened (ResultsUnavailableError: it is gone or replaced)."""
-        return self._file.connect(timeout=BUSY_TIMEOUT)
+    def _connect(self, waits: str = "") -> sqlite3.Connection:
+        """A connection to the file first opened (ResultsUnavailableError: it is gone or replaced, or held locked).
+
+        ``waits``: what a lock held past the busy timeout means for the caller (:meth:`StoreFile.locked`).
+        """
+        return self._file.connect(timeout=BUSY_TIMEOUT, waits=waits)
+
+    @contextlib.contextmanager
+    def _said(self, waits: str) -> Iterator[None]:
+        """SQLite's "locked" past the busy timeout, out of the block, as the store's error (``waits``: what then)."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:  # the file's lock held past the busy timeout: say by what
+            if (error := self._file.locked(exc, BUSY_TIMEOUT, waits)) is None:
+                raise
+            raise error from exc
 
     def _insert(self, records: Sequence[StateRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
-        with contextlib.closing(self._connect()) as db:
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:  # the file's write lock held past the busy timeout: say by what
-                raise (self._file.locked(exc, BUSY_TIMEOUT) or exc) from exc
+        waits = "records are dropped"
+        with contextlib.closing(self._connect(waits)) as db, self._said(waits):
+            db.execute("BEGIN IMMEDIATE")
             db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
                            [row_of(r) for r in records])  # fmt: skip
             db.execute("COMMIT")
 
     def _history(self, job_id: str) -> list[StateRecord]:
         try:
-            with contextlib.closing(self._connect()) as db:
+            waits = "status reads fail meanwhile: try again"
+            with contextlib.closing(self._connect(waits)) as db, self._said(waits):
                 rows = db.execute(
                     f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = ? ORDER BY at", (job_id,)
                 ).fetchall()
@@ -206,7 +218,8 @@ class SqliteResults:
         return [record_of(row) for row in rows]
 
     def _prune(self, older_than: float) -> int:
-        with contextlib.closing(self._connect()) as db:
+        waits = "nothing was pruned: the sweep runs again later"
+        with contextlib.closing(self._connect(waits)) as db, self._said(waits):
             return db.execute("DELETE FROM amqpjobs_results WHERE at < ?", (time.time() - older_than,)).rowcount
 
     async def write(self, records: Sequence[StateRecord]) -> list[StateRecord]:

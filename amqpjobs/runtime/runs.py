@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import LedgerUnavailableError
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.failure import NO_ERROR, classify, describe, message_of, qualname, stops_the_run
+from amqpjobs.jobs.failure import NO_ERROR, classify, describe, framework_word, message_of, qualname, stops_the_run
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, HandBack, Outcome, Skip, Skipped
 from amqpjobs.jobs.registry import JobContext, JobDef
 from amqpjobs.jobs.results import StateRecord
@@ -33,6 +33,7 @@ from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
 from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
+from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE
 from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
 from amqpjobs.runtime.results import ResultsWriter
 from amqpjobs.runtime.run_transaction import RunTransaction
@@ -201,17 +202,19 @@ class HandlerRuns:
         self._note_running(job, job_id, attempt, delivery.queue)
         try:
             value = await self._run_handler(job, payload, ctx, task)
-        except Skipped as exc:  # its wrapper left the handler unrun (the overlap guard): acked, no attempt used
-            if owed is not None:
-                await owed.release(job_id, owner, lease_end)
-            return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
         except BaseException as exc:  # the handler's raise, of any class: its job's failure, unless it stops the run
             if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
                 if owed is not None and job.is_async and isinstance(exc, asyncio.CancelledError):
                     await owed.release(job_id, owner, lease_end)  # (a thread still runs, unstoppable: its claim stays)
                 raise  # a worker stopping past its grace, or maybe a real Ctrl-C (embedded, on the loop's thread)
             took = time.monotonic() - started
-            if transaction is not None and transaction.found_done:  # another run did it: this effect rolled back
+            guarded = bool(getattr(job.handler, GUARD_ATTRIBUTE, False))  # overlap="skip"
+            word = framework_word(exc, guarded=guarded, found_done=transaction is not None and transaction.found_done)
+            if word == "skipped" and isinstance(exc, Skipped):  # the overlap guard left it unrun: no attempt used
+                if owed is not None:
+                    await owed.release(job_id, owner, lease_end)
+                return self._outcome(layout, delivery, Skip(exc.reason, exc.subject), attempt, job_id, job.name)
+            if word == "duplicate":  # another run did it: this effect rolled back
                 return self._outcome(layout, delivery, Duplicate(), attempt, job_id, job.name, ran=True,
                                      duration=took, latency=latency, started=started)  # fmt: skip
             if owed is not None:  # a release that fails is owed, paid once the ledger answers
@@ -300,8 +303,11 @@ class HandlerRuns:
         def transient(exc: BaseException) -> bool:  # never the run's stop (a cancellation at the grace's end)
             if stops_the_run(exc, task.cancelling() if task is not None else 0, job.is_async and sigint_raises()):
                 return False
-            if isinstance(exc, DuplicateJobError) or classify(job.retry.permanent, exc) not in ("error", "timeout"):
-                return False  # a duplicate: done by another run, nothing to run again
+            done = isinstance(ctx.ledger_transaction, RunTransaction) and ctx.ledger_transaction.found_done
+            if framework_word(exc, guarded=bool(getattr(job.handler, GUARD_ATTRIBUTE, False)), found_done=done):
+                return False  # a duplicate (done by another run) or a skip: nothing to run again
+            if classify(job.retry.permanent, exc) not in ("error", "timeout"):
+                return False
             # an idempotent job's run whose transaction committed is not run again; one that rolled back gets a new one
             return not isinstance(ctx.ledger_transaction, RunTransaction) or ctx.ledger_transaction.next_run()
 

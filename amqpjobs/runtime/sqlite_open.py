@@ -187,12 +187,13 @@ class StoreFile:
         self._identity = (st.st_dev, st.st_ino)
         return db
 
-    def connect(self, timeout: float) -> sqlite3.Connection:
+    def connect(self, timeout: float, waits: str = "") -> sqlite3.Connection:
         """A further connection (``timeout``: the busy timeout, seconds), to the file :meth:`create` opened only.
 
         Raises:
             LedgerUnavailableError, ResultsUnavailableError: (by ``what``) the file is gone or another
-                one (:meth:`check`), or SQLite can't open it now.
+                one (:meth:`check`), or SQLite can't open it now; held locked, it says so as
+                :meth:`locked` does (``waits``: what it means for the caller).
         """
         self.check()
         try:
@@ -203,7 +204,10 @@ class StoreFile:
             token = _token_of(db, missing_ok=True)
         except sqlite3.Error as exc:
             db.close()
-            raise self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}") from exc
+            raise (
+                self.locked(exc, timeout, waits)
+                or self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}")
+            ) from exc
         except BaseException:
             db.close()
             raise
@@ -237,16 +241,23 @@ class StoreFile:
                         self._lost = False
                         log.info("the SQLite %s at %s is back: in use again", self.what, self.path)
 
-    def locked(self, exc: BaseException, seconds: float) -> LedgerUnavailableError | ResultsUnavailableError | None:
+    def locked(
+        self, exc: BaseException, seconds: float, waits: str = ""
+    ) -> LedgerUnavailableError | ResultsUnavailableError | None:
         """The error for ``exc`` when it is SQLite's "locked" past the busy timeout (``seconds``); else None.
 
         SQLite has one writer per file: a write transaction that stays open (a ``ctx.transaction()``
-        whose handler runs long or hangs) makes every other write wait, then fail ``SQLITE_BUSY``.
+        whose handler runs long or hangs) makes every other write wait, then fail ``SQLITE_BUSY``;
+        one holding the file for itself (another program's ``locking_mode=EXCLUSIVE``) every read too.
+        ``waits``: what it means for the statement that failed (default: the ledger's jobs wait,
+        the results store's records are dropped).
         """
         code = getattr(exc, "sqlite_errorcode", None)
         if not isinstance(exc, sqlite3.OperationalError) or not isinstance(code, int) or code & 0xFF not in (5, 6):
             return None
-        waits = "idempotent jobs wait meanwhile, using no attempt" if self.what == "ledger" else "records are dropped"
+        waits = waits or (
+            "idempotent jobs wait meanwhile, using no attempt" if self.what == "ledger" else "records are dropped"
+        )
         return self._error(
             f"the SQLite {self.what} at {self.path} is locked: a write transaction has held the whole file for over "
             f"{seconds:g}s (a ctx.transaction() of a job that runs long or hangs, in this worker or another process "

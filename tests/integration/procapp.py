@@ -9,7 +9,9 @@ Settings come from the environment: ``PROCAPP_TOPOLOGY`` (topology file),
 ``PROCAPP_FAIL_IMPORT`` (when set, importing this module appends "import <child> <pid>"
 to the record, then raises RuntimeError) and ``PROCAPP_SLOW_IMPORT`` (seconds: importing this
 module appends "importing <pid>" to the record, then sleeps that long: an app slow to load;
-``PROCAPP_CHILD_SLOW_IMPORT`` the same in a ``--processes`` child only).
+``PROCAPP_CHILD_SLOW_IMPORT`` the same in a ``--processes`` child only), and
+``PROCAPP_IMPORT_THREAD`` (seconds: importing this module starts a non-daemon thread ``import-poller`` that
+sleeps that long).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ if os.environ.get("PROCAPP_SLOW_IMPORT"):
     with open(os.environ["PROCAPP_RECORD"], "a", encoding="utf-8") as _fh:
         _fh.write(f"importing {os.getpid()}\n")
     time.sleep(float(os.environ["PROCAPP_SLOW_IMPORT"]))
+
+if os.environ.get("PROCAPP_IMPORT_THREAD"):  # a library's poller, started at import: a non-daemon thread
+    import threading
+
+    threading.Thread(
+        target=time.sleep, args=(float(os.environ["PROCAPP_IMPORT_THREAD"]),), name="import-poller"
+    ).start()
 
 _results = os.environ.get("PROCAPP_RESULTS")
 app = App(
@@ -157,3 +166,17 @@ async def deaf(payload: dict[str, Any], ctx: JobContext) -> None:
     _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
     await asyncio.sleep(float(payload.get("seconds", 0)))
     _record(f"done {ctx.job_id} {os.getpid()}")
+
+
+@app.job("leak_sync", queue="work", timeout="1s")
+def leak_sync(payload: dict[str, Any], ctx: JobContext) -> None:
+    """A plain function that leaves a non-daemon thread (``app-poller``) running ``payload["seconds"]``, then
+    ends as ``payload["end"]`` says: ``return``, ``raise`` (ValueError) or ``timeout`` (sleeps past its 1 s)."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(float(payload.get("seconds", 0)),), name="app-poller").start()
+    _record(f"start {ctx.job_id} {ctx.attempt} {int(ctx.redelivered)} {os.getpid()}")
+    if payload.get("end") == "raise":
+        raise ValueError("left a thread, then failed")
+    if payload.get("end") == "timeout":
+        time.sleep(3)

@@ -608,3 +608,54 @@ async def test_an_empty_queue_has_no_age_whatever_a_stale_head_timestamp_says(
         assert await depth(broker, "aged") == 1
     finally:
         await app.close()
+
+
+@pytest.mark.serial  # raises the dedicated node's alarm; asserts a wall-clock bound
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(
+    raises=asyncio.TimeoutError,
+    strict=True,
+    reason="open (helper-178): a replay that meets an alarm mid-way hangs (no end 60 s after the alarm, no word "
+    "of ours); the fix must stop it with BrokerBlockedError and end a blocked connection that can't close",
+)
+async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_nothing(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+) -> None:
+    """A memory alarm raised while a replay runs: its copies are held unread by the broker. The replay stops
+    with a BrokerBlockedError naming the alarm, what moved and what stays (exit 3 in the CLI), within the
+    publish's confirm wait; nothing is lost once the alarm clears."""
+    from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
+    from amqpjobs.runtime.replay import replay
+
+    await make_app(on_alarm_node, tmp_path)
+    total = 300
+    async with raw_channel(on_alarm_node) as ch:
+        ex = await ch.get_exchange("plain.quarantine")
+        for i in range(total):
+            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
+            await ex.publish(aio_pika.Message(b"{}", message_id=f"r-{i}", type="plain", headers=headers),
+                             routing_key="plain")  # fmt: skip
+    report = ReplayReport(queue="plain")
+    running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
+    try:
+        await wait_until(lambda: report.replayed >= 10 or running.done(), 30, "10 replayed")
+        alarm_node.memory_alarm(True)
+        raised = time.monotonic()
+        with pytest.raises(BrokerBlockedError) as caught:
+            await asyncio.wait_for(asyncio.shield(running), 60)
+        took = time.monotonic() - raised
+    finally:
+        alarm_node.memory_alarm(False)
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    said = str(caught.value)
+    assert caught.value.alarm == "memory", said
+    assert said.startswith("replay of 'plain.quarantine' stopped: the broker is blocking publishers: resource "
+                           "alarm (memory)"), said  # fmt: skip
+    assert f"{report.replayed} replayed before it" in said, said
+    assert took < 40, f"{took:.1f}s after the alarm"
+    await asyncio.sleep(1)  # once cleared, the held copies are stored
+    moved, left = await depth(on_alarm_node, "plain"), await depth(on_alarm_node, "plain.quarantine")
+    assert moved >= report.replayed
+    assert moved + left >= total  # none lost (a copy held unread, its original unacked, may be in both)

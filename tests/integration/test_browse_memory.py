@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +26,7 @@ from amqpjobs.console.views import quarantine_page
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.runtime.quarantine import browse, export
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import cli, raw_channel
+from tests.integration.helpers import cli, cli_subprocess, raw_channel
 from tests.integration.worker_env import make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -100,3 +103,27 @@ async def test_quarantine_export_streams_each_body_to_the_file(broker: BrokerSet
     assert peak < 10 * SIZE, f"{peak:,} bytes held at the peak for {COUNT} bodies of {SIZE:,}"
     _, left = await browse(broker, "work.quarantine", keep_bodies=0)  # the messages stay
     assert len(left) == COUNT
+
+
+def max_rss(settings: BrokerSettings, *args: str) -> tuple[int, int]:
+    """The installed ``amqpjobs ARGS``'s exit code and peak resident memory (bytes); its output counted, never kept."""
+    env = dict(os.environ, AMQPJOBS_URL=settings.url, AMQPJOBS_MANAGEMENT_URL=settings.management_url)
+    exe = Path(sys.executable).with_name("amqpjobs")
+    proc = subprocess.Popen([str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss * 1024  # Linux: KiB
+
+
+async def test_quarantine_show_json_streams_each_message(broker: BrokerSettings, tmp_path: Path) -> None:
+    """`quarantine show --json --limit 20` held all 20 messages (and their JSON lines) until it printed the first.
+
+    `show --limit 1` is the baseline: --limit 20 holds no more than a few MB beyond it (one message at a time)."""
+    await quarantine_big(broker, tmp_path)
+    one, base = await asyncio.to_thread(max_rss, broker, "quarantine", "show", "work", "--json", "--limit", "1")
+    shown, peak = await asyncio.to_thread(max_rss, broker, "quarantine", "show", "work", "--json", "--limit", "20")
+    assert (one, shown) == (0, 0)
+    assert peak - base < 5 * SIZE, f"--limit 20: {peak / 2**20:.1f} MiB max RSS, --limit 1: {base / 2**20:.1f} MiB"
+    lines = await asyncio.to_thread(cli_subprocess, broker, "quarantine", "show", "work", "--json", "--limit", "3")
+    docs = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert [(d["message_id"], len(d["payload"]["pad"])) for d in docs] == [(f"big-{i}", SIZE) for i in range(3)]

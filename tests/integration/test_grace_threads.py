@@ -234,3 +234,59 @@ async def test_a_thread_the_app_left_running_does_not_keep_a_stopped_worker_proc
     assert re.search(rf"1 thread\(s\) the app left running \(.*{thread}.*\) still run {EXIT_BOUND:g}s after the "
                      r"worker stopped: the process ends without them", out), out  # fmt: skip
     assert await depth(broker, "work") == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end", ["return", "raise", "timeout"])
+async def test_a_thread_a_plain_function_left_running_does_not_keep_the_process_whatever_its_end(
+    broker: BrokerSettings, tmp_path: Path, end: str
+) -> None:
+    """A plain-function handler that leaves a non-daemon thread, then returns, raises, or runs on past its timeout
+    (the worker then stops itself, exit 1): the process ends within EXIT_BOUND of the worker's stop."""
+    app = await publisher(broker, tmp_path)
+    app.job("leak_sync", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    record = tmp_path / "record.txt"
+    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "1s") as a:
+        await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
+        await app.enqueue("leak_sync", {"seconds": 300, "end": end}, job_id="leaky")
+        await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the run")
+        if end == "timeout":  # it stops itself
+            await wait_until(lambda: "worker stopped" in log_of(tmp_path, "a"), 30, "the worker's stop")
+        else:
+            outcome = "outcome=succeeded" if end == "return" else "outcome=retried"
+            await wait_until(lambda: outcome in log_of(tmp_path, "a"), 30, "its outcome")
+            a.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        code = await exit_code(a, 60)
+        gone = time.monotonic() - stopped
+    await app.close()
+    out = log_of(tmp_path, "a")
+    assert gone < EXIT_BOUND + 3, f"{gone:.1f}s after the stop: {out}"
+    assert re.search(r"thread\(s\) the app left running \(.*app-poller.*\) still run", out), out
+    assert code == (1 if end == "timeout" else 0), out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_a_worker_whose_start_fails_ends_its_process_though_the_app_left_a_thread(
+    broker: BrokerSettings, tmp_path: Path, processes: str
+) -> None:
+    """The bound holds however the worker's run ends, not only when it returns: here its start fails (a job queue
+    not in the topology, exit 2) while a thread the app's import started runs on. Before (helper-178): the error
+    line, then the process stayed up as long as that thread (300 s here)."""
+    topo = tmp_path / "proc.toml"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(tmp_path / "record.txt"),
+           "PROCAPP_IMPORT_THREAD": "300"}  # fmt: skip
+    log = tmp_path / "a.log"
+    args = ("--queues", "nosuch", "--processes", processes)
+    with consume_subprocess("tests.integration.procapp:app", env, args, log) as a:
+        await wait_until(lambda: "nosuch" in log_of(tmp_path, "a"), 60, "the start's error")
+        said = time.monotonic()
+        code = await exit_code(a, 60)
+        gone = time.monotonic() - said
+    out = log_of(tmp_path, "a")
+    assert gone < EXIT_BOUND + 3, f"{gone:.1f}s after the error: {out}"
+    assert code == 2, out
+    assert re.search(r"thread\(s\) the app left running \(.*import-poller.*\) still run", out), out

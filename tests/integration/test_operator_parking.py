@@ -200,3 +200,37 @@ async def test_the_3am_drill_each_step_names_the_next(broker: BrokerSettings, tm
         assert code == 0, out
         assert "note work: 2 job(s) parked in work.parked" in out
         assert out.rstrip().endswith("healthy")
+
+
+@pytest.mark.version_independent
+@pytest.mark.timeout(120)
+async def test_a_parked_queue_deleted_mid_park_loses_no_message_and_the_error_names_it_and_the_fix(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """An operator deletes work.parked while a park runs: the message in hand stays in quarantine (its copy came
+    back unroutable, its original unacked), every other untaken message too; the error names the queue and the
+    fix. What was parked before the deletion went with the queue (the operator's deletion)."""
+    from amqpjobs.errors import ConfigurationError
+    from amqpjobs.runtime.parking import TakeReport, park
+
+    await make_app(broker, tmp_path)
+    total = 3000
+    await fill_quarantine(broker, total)
+    report = TakeReport("work.quarantine")
+    parking = asyncio.create_task(park(broker, "work", report=report))
+    while report.taken < 50 and not parking.done():
+        await asyncio.sleep(0.001)
+    await asyncio.to_thread(delete, broker, "queues", "work.parked")
+    with pytest.raises(ConfigurationError) as caught:
+        await parking
+    said = str(caught.value)
+    assert said.startswith(f"parked queue 'work.parked' went missing; {report.taken} parked before it"), said
+    assert "amqpjobs topology apply" in said, said
+    assert 0 < report.taken < total
+    left = 0
+    for _ in range(100):  # the held messages come back as the park's channel closes
+        left = await depth(broker, "work.quarantine")
+        if left >= total - report.taken:
+            break
+        await asyncio.sleep(0.05)
+    assert left == total - report.taken  # the one in hand included: none lost, none twice

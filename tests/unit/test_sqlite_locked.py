@@ -88,3 +88,39 @@ def test_a_store_opened_while_the_write_lock_is_held_needs_no_write(tmp_path: Pa
     SqliteResults(path)
     assert time.monotonic() - started < 0.3
     lock.close()
+
+
+def locked_whole(path: Path) -> Generator[sqlite3.Connection, None, None]:
+    """Another program holding the file for itself (``locking_mode=EXCLUSIVE``): reads wait too, even in WAL."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA locking_mode=EXCLUSIVE")
+    db.execute("BEGIN EXCLUSIVE")
+    db.execute("DELETE FROM amqpjobs_results WHERE job_id = 'none'")
+    try:
+        yield db
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+
+
+async def test_every_results_store_statement_behind_a_held_lock_says_so(tmp_path: Path, short: None) -> None:
+    """A read (job status) and the retention sweep, not only a batch's write. Before: the read said "can't read
+    the SQLite results store at P: database is locked" (no lock, no holder), the sweep raised SQLite's own
+    ``OperationalError: database is locked``."""
+    path = tmp_path / "results.db"
+    results = SqliteResults(path)
+    assert not await results.write([StateRecord("m-1", "mail", "succeeded", 1, 1.0e9)])
+    lock = locked_whole(path)
+    next(lock)
+    said = f"^the SQLite results store at {path} is locked: a write transaction has held the whole file for over 0.3s"
+    with pytest.raises(ResultsUnavailableError, match=said) as read:
+        await results.history("m-1")
+    assert "status reads fail meanwhile" in str(read.value)
+    with pytest.raises(ResultsUnavailableError, match=said) as swept:
+        await results.prune(60)
+    assert "the sweep runs again later" in str(swept.value)
+    with pytest.raises(ResultsUnavailableError, match=said) as wrote:
+        await results.write([StateRecord("m-2", "mail", "succeeded", 1, 1.0e9)])
+    assert "records are dropped" in str(wrote.value)
+    lock.close()
+    assert [r.state for r in await results.history("m-1")] == ["succeeded"]
