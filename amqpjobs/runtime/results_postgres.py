@@ -3,7 +3,7 @@
 One async connection, a :class:`~amqpjobs.runtime.pg_connection.PgConnection`: reopened
 on the next call after it broke (the database restarted, the network dropped), connect
 attempts paced while the database is down; a write that fails raises and the worker's
-:class:`~amqpjobs.runtime.results.ResultsWriter` counts it. Needs the ``postgres`` extra (psycopg 3).
+:class:`~amqpjobs.runtime.results_writer.ResultsWriter` counts it. Needs the ``postgres`` extra (psycopg 3).
 
 PostgreSQL text can't hold NUL (0x00), which a job id, an error message or a reason may
 carry: such a text is stored escaped (:mod:`amqpjobs.runtime.pg_text`), losslessly, so the

@@ -1,7 +1,7 @@
 """The app's side of the results store (README "Job status and results").
 
 Reading job states back (:meth:`App.job_status`, :meth:`App.result`), and the ``queued``
-record of each enqueue: handed to a :class:`~amqpjobs.runtime.results.ResultsWriter` of the
+record of each enqueue: handed to a :class:`~amqpjobs.runtime.results_writer.ResultsWriter` of the
 app's own once the broker confirmed the publish, so the store is never on the publish
 path (its latency or its failures); a record not written is counted like a worker's.
 """
@@ -16,7 +16,8 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus, StateRecord
-from amqpjobs.runtime.results import ResultsStore, ResultsWriter, read_status, wait_result
+from amqpjobs.runtime.results import ResultsStore, read_status, wait_result
+from amqpjobs.runtime.results_writer import ResultsWriter
 
 
 class JobResults:

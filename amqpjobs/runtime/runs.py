@@ -35,7 +35,7 @@ from amqpjobs.runtime.ledger_owed import OwedWrites
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE
 from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
-from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.results_writer import ResultsWriter
 from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises

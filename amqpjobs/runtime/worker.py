@@ -48,7 +48,7 @@ from amqpjobs.runtime.payloads import open_store
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
-from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.results_writer import ResultsWriter
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped

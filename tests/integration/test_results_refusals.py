@@ -19,7 +19,7 @@ from amqpjobs import (
     SqliteResults,
     StateRecord,
 )
-from amqpjobs.runtime.results import ResultsWriter
+from amqpjobs.runtime.results_writer import ResultsWriter
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import fresh_database
 from tests.integration.worker_env import make_app, running_worker

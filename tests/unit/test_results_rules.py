@@ -15,7 +15,8 @@ from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, RetryLater, Skip
 from amqpjobs.jobs.results import MAX_VALUE, STATES, StateRecord, encode_value, record_for, status_of
 from amqpjobs.runtime.pg_text import from_db, to_db
-from amqpjobs.runtime.results import ResultsWriter, wait_result
+from amqpjobs.runtime.results import wait_result
+from amqpjobs.runtime.results_writer import ResultsWriter
 from amqpjobs.topology.models import Topology
 
 pytestmark = pytest.mark.version_independent
@@ -277,7 +278,7 @@ async def test_every_record_not_written_is_said_in_the_log_within_the_pace_not_o
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):
     """600 records lost in a burst, then the store writes again: the lines add up to 600 (was: "1", then silence)."""
-    monkeypatch.setattr("amqpjobs.runtime.results.WARN_EVERY", 0.3, raising=False)
+    monkeypatch.setattr("amqpjobs.runtime.results_writer.WARN_EVERY", 0.3)
     store = _FullDisk()
     writer = ResultsWriter(store)  # type: ignore[arg-type]
     writer.start()
