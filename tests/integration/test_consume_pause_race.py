@@ -24,7 +24,7 @@ import pytest
 
 from amqpjobs import App, JobContext, Worker, WorkerOptions
 from amqpjobs.jobs import crash, envelope
-from amqpjobs.runtime import deliveries, fallback
+from amqpjobs.runtime import carrying_out, fallback
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.topology.loader import load_topology
@@ -280,7 +280,7 @@ async def test_a_job_received_after_a_redelivery_starts_once_its_registration_is
         events.append((f"{job_id} acked", time.monotonic()))
         return acked
 
-    monkeypatch.setattr(deliveries, "ack", noted_ack)  # the name the worker calls
+    monkeypatch.setattr(carrying_out, "ack", noted_ack)  # the name the worker calls
     await app.enqueue("registered", {}, job_id="r1")
     async with raw_channel(broker) as ch:  # a worker that took it and died: the broker requeues it redelivered
         queue = await ch.get_queue("work", ensure=False)
