@@ -23,7 +23,6 @@ Rules (README "Schedules"):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,7 +60,12 @@ _SEARCH_LIMIT: Final = 200_000
 _SECOND: Final = timedelta(seconds=1)
 
 
-def _utc(moment: datetime) -> datetime:
+def utc_of(moment: datetime) -> datetime:
+    """``moment`` in UTC.
+
+    Raises:
+        ValueError: ``moment`` is naive (no time zone): the scheduler never guesses one.
+    """
     if moment.tzinfo is None:
         raise ValueError(f"{moment!r} is a naive datetime; give an aware one (e.g. datetime.now(UTC))")
     return moment.astimezone(UTC)
@@ -74,7 +78,7 @@ def format_tick(tick: datetime) -> str:
         ValueError: ``tick`` is naive.
 
     """
-    return _utc(tick).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_of(tick).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_tick(text: str) -> datetime:
@@ -84,7 +88,7 @@ def parse_tick(text: str) -> datetime:
         ValueError: not an ISO-8601 time with a zone.
 
     """
-    return _utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    return utc_of(datetime.fromisoformat(text.replace("Z", "+00:00")))
 
 
 def tick_id(schedule: str, tick: datetime) -> str:
@@ -101,7 +105,7 @@ def tick_id(schedule: str, tick: datetime) -> str:
     return f"cron:{schedule}:{format_tick(tick)}"
 
 
-def _wall_to_utc(wall: datetime, zone: ZoneInfo) -> datetime:
+def _wall_toutc_of(wall: datetime, zone: ZoneInfo) -> datetime:
     """The tick a naive wall time of ``zone`` stands for (the DST policy of the module docstring)."""
     first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
     second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
@@ -173,7 +177,7 @@ class CronRule:
             ValueError: ``after`` is naive.
 
         """
-        after = _utc(after)
+        after = utc_of(after)
         try:
             wall = after.astimezone(self.zone).replace(tzinfo=None, fold=0)
             # A wall time before ``wall`` never maps past ``after`` (the mapping is monotonic),
@@ -181,7 +185,7 @@ class CronRule:
             # the first-pass matches map before ``after`` and are passed over.
             matches = croniter(self.expression.strip(), wall)
             for _ in range(_SEARCH_LIMIT):
-                tick = _wall_to_utc(matches.get_next(datetime), self.zone)
+                tick = _wall_toutc_of(matches.get_next(datetime), self.zone)
                 if tick > after:
                     return tick
         except CroniterError as exc:
@@ -217,7 +221,7 @@ class CronRule:
             ValueError: ``floor`` is after ``at``, or a time is naive.
 
         """
-        at, floor = _utc(at), _utc(floor)
+        at, floor = utc_of(at), utc_of(floor)
         if floor > at:
             raise ValueError(f"floor {floor} is after {at}")
         window = _SECOND
@@ -313,7 +317,7 @@ def plan_ticks(schedule: Schedule, cursor: datetime, now: datetime) -> TickPlan:
         The plan; ``plan.due`` is False when no tick is due yet (the cursor stays).
 
     """
-    cursor, now = _utc(cursor), _utc(now)
+    cursor, now = utc_of(cursor), utc_of(now)
     first = schedule.rule.next_after(cursor)
     if first > now:
         return TickPlan(None, None, None, cursor)
@@ -324,68 +328,6 @@ def plan_ticks(schedule: Schedule, cursor: datetime, now: datetime) -> TickPlan:
         before = schedule.rule.latest_at_or_before(latest - _SECOND, floor=first)
         return TickPlan(latest, first, before, latest)
     return TickPlan(None, first, latest, latest)
-
-
-@dataclass(frozen=True)
-class TickRecord:
-    """The durable state of one schedule (the body of its tick-store message, JSON).
-
-    Attributes:
-        schedule: Schedule name.
-        cursor: Every tick at or before this instant has been dealt with (fired or skipped).
-        last_fired: The last tick that enqueued a job, or None.
-        last_job_id: That job's id, or None.
-        written_at: When the record was written (UTC).
-        written_by: ``host:pid`` of the scheduler replica that wrote it.
-
-    """
-
-    schedule: str
-    cursor: datetime
-    last_fired: datetime | None
-    last_job_id: str | None
-    written_at: datetime
-    written_by: str
-
-    def to_bytes(self) -> bytes:
-        """Encode as UTF-8 JSON."""
-        doc = {
-            "version": 1,
-            "schedule": self.schedule,
-            "cursor": format_tick(self.cursor),
-            "last_fired": None if self.last_fired is None else format_tick(self.last_fired),
-            "last_job_id": self.last_job_id,
-            "written_at": _utc(self.written_at).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "written_by": self.written_by,
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, body: bytes) -> TickRecord:
-        """Decode a record written by :meth:`to_bytes`.
-
-        Raises:
-            ValueError: not a tick record.
-
-        """
-        try:
-            doc = json.loads(body)
-            last = doc.get("last_fired")
-            return cls(
-                schedule=str(doc["schedule"]),
-                cursor=parse_tick(str(doc["cursor"])),
-                last_fired=None if last is None else parse_tick(str(last)),
-                last_job_id=None if doc.get("last_job_id") is None else str(doc["last_job_id"]),
-                written_at=parse_tick(str(doc["written_at"])),
-                written_by=str(doc.get("written_by", "")),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"not a tick record: {exc}") from None
-
-
-def latest_record(records: list[TickRecord]) -> TickRecord | None:
-    """The record with the latest cursor (a store may briefly hold two), or None."""
-    return max(records, key=lambda r: (r.cursor, r.written_at), default=None)
 
 
 def leader_queue(app: str) -> str:

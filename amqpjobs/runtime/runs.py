@@ -6,7 +6,6 @@ Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the wo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
@@ -30,12 +29,12 @@ from amqpjobs.jobs.retry import decide, wait_later
 from amqpjobs.runtime.deadlines import Deadline, Deadlines
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
-from amqpjobs.runtime.ledger import Claim, Ledger, claim_waiting
-from amqpjobs.runtime.ledger_owed import OwedWrites
+from amqpjobs.runtime.ledger import Claim
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE
 from amqpjobs.runtime.overruns import CANCEL_BOUND, Overruns
 from amqpjobs.runtime.results_writer import ResultsWriter
+from amqpjobs.runtime.run_claims import RunClaims
 from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
@@ -61,7 +60,7 @@ class Unread:
     read: Callable[[], Awaitable[tuple[Any, str] | Outcome]]
 
 
-class HandlerRuns:
+class HandlerRuns(RunClaims):
     """Runs handlers for :class:`~amqpjobs.runtime.worker.Worker` and builds each delivery's :class:`Outcome`."""
 
     app: App
@@ -74,12 +73,9 @@ class HandlerRuns:
     _results: ResultsWriter | None
     _rates: RateLimits | None
     _stop: asyncio.Event
-    _owed: OwedWrites | None = None  # ledger writes that failed: releases, done-marks (made at the first)
     _draining: Draining
     _overruns: Overruns
     _suspects_running: int
-    #: Claims a stopping worker gave up waiting for, released once they come (it waits for them up to its grace).
-    _late_claims: set[asyncio.Task[None]]
 
     def lease_of(self, job: JobDef) -> float:
         """Seconds a claim on ``job`` holds: its ``lease``, else the worker's default (``default_lease``)."""
@@ -232,44 +228,6 @@ class HandlerRuns:
         outcome.value = value
         return outcome
 
-    async def _claim(self, owed: OwedWrites, key: str, owner: str, lease: float, ordinary: bool) -> Claim | None:
-        """:func:`claim_waiting` for ``key``; None when the worker stops first (``ordinary`` runs only).
-
-        A claim can wait long: SQLite's write lock held by another run's ``ctx.transaction()``,
-        a row lock, a slow database. The stop does not wait for it: the delivery is handed
-        back unstarted, and a claim that still comes is released (the worker waits for it up to its grace).
-        """
-        claiming = asyncio.ensure_future(claim_waiting(owed, key, owner, lease, stop=self._stop))
-        if not ordinary:
-            return await claiming
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({claiming, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            claiming.cancel()
-            raise
-        finally:
-            stopping.cancel()
-        if claiming.done():
-            return claiming.result()
-
-        async def give_up() -> None:  # the stopping worker waits for it (up to its grace) before closing
-            with contextlib.suppress(Exception):
-                if await claiming is Claim.CLAIMED:
-                    await owed.release(key, owner, time.monotonic() + lease)
-
-        task = asyncio.get_running_loop().create_task(give_up())
-        self._late_claims.add(task)
-        task.add_done_callback(self._late_claims.discard)
-        return None
-
-    async def _settle_late_claims(self, until: float) -> None:
-        """Wait for the claims given up at the stop (:meth:`_claim`) until ``until`` (monotonic); cancel the rest."""
-        if late := set(self._late_claims):
-            _, left = await asyncio.wait(late, timeout=max(0.01, until - time.monotonic()))
-            for task in left:
-                task.cancel()
-
     def _note_running(self, job: JobDef, job_id: str, attempt: int, work_queue: str) -> None:
         """Queue the ``running`` record (lease: twice the job's timeout here, as the ledger's claim)."""
         if self._results is None:
@@ -277,17 +235,6 @@ class HandlerRuns:
         now = time.time()
         self._results.note(StateRecord(job_id, job.name, "running", attempt, now, where=work_queue,
                                        lease_until=now + self.lease_of(job)))  # fmt: skip
-
-    def _owed_of(self, ledger: Ledger) -> OwedWrites:
-        """The worker's owed writes to ``ledger`` (made on first use, again when the app's ledger changed)."""
-        if self._owed is None or self._owed.ledger is not ledger:
-            self._owed = OwedWrites(ledger)
-        return self._owed
-
-    async def _settle_owed(self) -> None:
-        """At stop, after the last run: one more try to pay the owed writes (what is left waits for its lease)."""
-        if self._owed is not None:
-            await self._owed.close()
 
     async def _run_handler(
         self, job: JobDef, payload: Any, ctx: JobContext, task: asyncio.Task[Any] | None = None

@@ -13,7 +13,7 @@ Design (README "Schedules"):
   tokens are harmless because only the active consumer is ever served.
 * **Durable tick store.** Each schedule has a durable queue
   ``amqpjobs.scheduler.<app>.ticks.<schedule>`` (``x-max-length: 1``, ``drop-head``:
-  the newest message replaces the old) holding a JSON :class:`~amqpjobs.jobs.cron.TickRecord`
+  the newest message replaces the old) holding a JSON :class:`~amqpjobs.jobs.tick_record.TickRecord`
   with the cursor (every tick up to it was dealt with) and the last fired tick. A new
   leader browses it (``basic.get``, then closing the channel returns the message).
 * **A tick fires atomically.** The job and the new tick record are published in one AMQP

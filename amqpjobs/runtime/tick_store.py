@@ -1,11 +1,11 @@
-"""Reading the tick stores: a schedule's latest :class:`~amqpjobs.jobs.cron.TickRecord` (any replica or tool)."""
+"""Reading the tick stores: a schedule's latest :class:`~amqpjobs.jobs.tick_record.TickRecord` (any replica or tool)."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import TickWire
 from amqpjobs.wire.connection import connect
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpjobs.scheduler")
 
 
-async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) -> cron.TickRecord | None:
+async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) -> tick_record.TickRecord | None:
     """Browse a tick store: the latest record in ``queue``, or None. The messages stay.
 
     Any replica (or a tool) may read it; reading holds the message unacked for a moment
@@ -27,16 +27,16 @@ async def read_tick_record(connection: Any, queue: str, wire: TickWire = ticks) 
         BrokerError: the queue does not exist or the broker failed.
 
     """
-    records: list[cron.TickRecord] = []
+    records: list[tick_record.TickRecord] = []
     for body in await wire.browse_bodies(connection, queue, 16, f"reading tick store {queue!r} failed"):
         try:
-            records.append(cron.TickRecord.from_bytes(body))
+            records.append(tick_record.TickRecord.from_bytes(body))
         except ValueError as exc:
             log.warning("tick store %s holds a message that is not a tick record: %s", queue, exc)
-    return cron.latest_record(records)
+    return tick_record.latest_record(records)
 
 
-async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str, cron.TickRecord | None]:
+async def tick_records(app: ScheduledApp, settings: BrokerSettings) -> dict[str, tick_record.TickRecord | None]:
     """The stored state of each of ``app``'s schedules (None: never run), by schedule name.
 
     Raises:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amqpjobs.errors import BrokerError
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.logs import field_value
@@ -146,7 +146,7 @@ class TickFiring:
                 record = await self._read_record(schedule)
             if record is None:
                 now = self._clock().replace(microsecond=0)
-                baseline = cron.TickRecord(schedule.name, now, None, None, now, self.replica)
+                baseline = tick_record.TickRecord(schedule.name, now, None, None, now, self.replica)
                 await self._commit(token, schedule, [], baseline)
                 log.info("schedule %s is new: it fires from %s on", schedule.name, cron.format_tick(now))
                 record = baseline
@@ -154,7 +154,7 @@ class TickFiring:
             self._last[schedule.name] = (record.last_fired, record.last_job_id)
         return cursors
 
-    async def _read_record(self, schedule: cron.Schedule) -> cron.TickRecord | None:
+    async def _read_record(self, schedule: cron.Schedule) -> tick_record.TickRecord | None:
         assert self._connection is not None
         return await read_tick_record(self._connection, cron.tick_queue(self.app.name, schedule.name), self._wire)
 
@@ -293,8 +293,8 @@ class TickFiring:
             if event.job_id is not None:
                 last_fired, last_job_id = event.tick, event.job_id
         cursor = steps[-1][0].tick  # a step's tick is the last one it deals with
-        record = cron.TickRecord(schedule.name, cursor, last_fired, last_job_id, now, self.replica)
-        previous = cron.TickRecord(schedule.name, cursors[schedule.name], *before, now, self.replica)
+        record = tick_record.TickRecord(schedule.name, cursor, last_fired, last_job_id, now, self.replica)
+        previous = tick_record.TickRecord(schedule.name, cursors[schedule.name], *before, now, self.replica)
         try:
             with ExitStack() as spans:  # with tracing on, a send span per job, ended with the transaction
                 jobs = [self._traced(spans, job) for _, job in steps if job]
@@ -316,8 +316,8 @@ class TickFiring:
         token: Any,
         schedule: cron.Schedule,
         jobs: list[_Job],
-        record: cron.TickRecord,
-        previous: cron.TickRecord | None = None,
+        record: tick_record.TickRecord,
+        previous: tick_record.TickRecord | None = None,
     ) -> None:
         """Publish ``jobs`` and ``record`` in one transaction, only while ``token`` is held.
 
@@ -355,7 +355,7 @@ class TickFiring:
         token: Any,
         schedule: cron.Schedule,
         messages: list[tuple[str, str, OutgoingMessage, bool]],
-        record: cron.TickRecord,
+        record: tick_record.TickRecord,
     ) -> list[str]:
         """Publish ``messages`` and then ``record`` in one transaction: the messages returned (see :meth:`_commit`)."""
         assert self._connection is not None

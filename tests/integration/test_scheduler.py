@@ -27,7 +27,7 @@ import aio_pika
 import pytest
 
 from amqpjobs import App, BrokerError, JobContext, Scheduler, SqliteResults, TickEvent, tick_id
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.jobs.cron import parse_tick
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, tick_records
@@ -253,7 +253,7 @@ async def stopped_ago(app: App, broker: BrokerSettings, seconds: int) -> datetim
         for schedule in app.schedules():
             queue = cron.tick_queue(app.name, schedule.name)
             await channel.declare_queue(queue, durable=True, arguments=dict(TICK_QUEUE_ARGUMENTS))
-            record = cron.TickRecord(schedule.name, last, last, tick_id(schedule.name, last), last, "test:0")
+            record = tick_record.TickRecord(schedule.name, last, last, tick_id(schedule.name, last), last, "test:0")
             message = aio_pika.Message(record.to_bytes(), content_type="application/json", type="amqpjobs.tick-record")
             await channel.default_exchange.publish(message, queue)
     return last

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from amqpjobs import JobContext, Scheduler, TickEvent, tick_id
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.jobs.envelope import OutgoingMessage
 from amqpjobs.runtime.scheduler import tick_records
 from amqpjobs.wire import ticks
@@ -104,13 +104,13 @@ async def test_a_new_leader_reads_a_tick_store_held_by_a_browser_again_and_keeps
     queue = cron.tick_queue(app.name, "every-second")
     events: list[TickEvent] = []
     scheduler = Scheduler(app, broker, on_event=events.append)
-    reads: list[cron.TickRecord | None] = []
+    reads: list[tick_record.TickRecord | None] = []
     async with raw_channel(broker) as browser:
         held = await (await browser.get_queue(queue, ensure=False)).get(no_ack=False)  # unacked: the store is empty
-        assert cron.TickRecord.from_bytes(held.body).cursor == last
+        assert tick_record.TickRecord.from_bytes(held.body).cursor == last
         read = scheduler._read_record
 
-        async def first_read_while_held(schedule: cron.Schedule) -> cron.TickRecord | None:
+        async def first_read_while_held(schedule: cron.Schedule) -> tick_record.TickRecord | None:
             record = await read(schedule)
             reads.append(record)
             if len(reads) == 1:

@@ -20,7 +20,7 @@ import aio_pika
 import pytest
 
 from amqpjobs import App, BrokerError, JobContext, Scheduler, SqliteLedger, TickEvent, Worker, WorkerOptions
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.runtime.ledger import Claim
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.settings import BrokerSettings
@@ -124,7 +124,7 @@ async def test_a_new_leader_whose_clock_is_behind_waits_for_the_cursor(broker: B
         await first.shutdown()
     # the old leader's clock ran 2 s ahead of ours: it dealt with every tick up to now + 2 s
     ahead = datetime.now(UTC).replace(microsecond=0) + 2 * SECOND
-    record = cron.TickRecord("sec", ahead, ahead, cron.tick_id("sec", ahead), ahead, "ahead:1")
+    record = tick_record.TickRecord("sec", ahead, ahead, cron.tick_id("sec", ahead), ahead, "ahead:1")
     async with raw_channel(broker) as ch:
         await ch.default_exchange.publish(
             aio_pika.Message(record.to_bytes(), content_type="application/json", delivery_mode=2),

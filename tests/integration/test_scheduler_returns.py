@@ -20,7 +20,7 @@ import aio_pika
 import pytest
 
 from amqpjobs import App, JobContext, Scheduler, TickEvent, tick_id
-from amqpjobs.jobs import cron
+from amqpjobs.jobs import cron, tick_record
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, SchedulerOptions
 from amqpjobs.topology.loader import load_topology
@@ -145,7 +145,7 @@ async def test_a_catch_up_returned_with_its_on_time_job_routed_never_sends_the_r
         queue = cron.tick_queue(app.name, name)
         await channel.declare_queue(queue, durable=True, arguments=dict(TICK_QUEUE_ARGUMENTS))
         last = on_time - timedelta(seconds=10)
-        record = cron.TickRecord(name, last, last, tick_id(name, last), last, "test:0")
+        record = tick_record.TickRecord(name, last, last, tick_id(name, last), last, "test:0")
         message = aio_pika.Message(record.to_bytes(), content_type="application/json", type="amqpjobs.tick-record")
         await channel.default_exchange.publish(message, queue)
         # the shard stays (the scheduler checks at start that it exists) but routes nothing

@@ -18,9 +18,7 @@ from pydantic import BaseModel
 
 from amqpjobs import App, BrokerError, ConfigurationError, CronRule, JobContext, Schedule, tick_id
 from amqpjobs.jobs.cron import (
-    TickRecord,
     format_tick,
-    latest_record,
     leader_queue,
     parse_tick,
     plan_ticks,
@@ -28,6 +26,7 @@ from amqpjobs.jobs.cron import (
     tick_queue,
 )
 from amqpjobs.jobs.json_values import json_problem
+from amqpjobs.jobs.tick_record import TickRecord, latest_record
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.scheduler import GUARD_ATTRIBUTE
 from amqpjobs.testing import TestBroker
