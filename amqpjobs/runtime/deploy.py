@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
-from amqpjobs.topology.declarations import BindingDecl
+from amqpjobs.topology.declarations import BindingDecl, Declarations
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
@@ -101,6 +101,8 @@ class PlanResult:
         created = self.plan.creates
         lines = [f"created   {item.desired.kind:<8} {item.desired.name}" for item in created]
         lines += self.removal_report(done=True)
+        kept = [i for i in self.plan.items if i.note]
+        lines += [f"kept      {i.desired.kind:<8} {i.desired.name}\n            note: {i.note}" for i in kept]
         unchanged = self.plan.counts()["unchanged"]
         removed = f"{len(self.stray_bindings)} binding(s) removed, " if self.stray_bindings else ""
         if created or removed:
@@ -314,13 +316,22 @@ async def apply_topology(
     connection = await connect(settings)
     try:
         if result.plan.creates:
-            await declare(connection, result.loaded.topology.declarations(), declare_timeout, settings.safe_url)
+            await declare(connection, _to_declare(result), declare_timeout, settings.safe_url)
         if result.stray_bindings:
             await unbind(connection, result.stray_bindings, declare_timeout, settings.safe_url)
     finally:
         with contextlib.suppress(TimeoutError):  # a node in a minority may not answer the close either
             await asyncio.wait_for(connection.close(), 5)
     return result
+
+
+def _to_declare(result: PlanResult) -> Declarations:
+    """The topology's declarations but the queues found in their legacy shape (``PlanItem.note``): left as is."""
+    declarations = result.loaded.topology.declarations()
+    kept = {i.desired.name for i in result.plan.items if i.note and i.desired.kind == "queue"}
+    if not kept:
+        return declarations
+    return declarations.model_copy(update={"queues": tuple(q for q in declarations.queues if q.name not in kept)})
 
 
 def export_topology(path: str | Path, vhost: str = "/") -> dict[str, Any]:

@@ -57,6 +57,9 @@ class QueueDecl(_Frozen):
         delivery_limit: Quorum only, ``x-delivery-limit`` or None.
         max_length: ``x-max-length`` or None.
         overflow: ``x-overflow`` or None.
+        legacy_note: Non-empty when an earlier amqpjobs declared this queue as a plain
+            classic queue (no arguments) and that shape is still accepted as it is: what it
+            lacks and how to move on (:mod:`amqpjobs.topology.holding_queues`).
 
     """
 
@@ -72,6 +75,7 @@ class QueueDecl(_Frozen):
     delivery_limit: AmqpInt | None = None
     max_length: AmqpInt | None = None
     overflow: Overflow | None = None
+    legacy_note: str = ""
 
 
 class BindingDecl(_Frozen):

@@ -17,8 +17,9 @@ Two layers, both frozen pydantic models without I/O:
   - a fanout quarantine exchange and queue, which is the work queue's dead-letter
     exchange, so every broker-side dead-letter (rejected, expired, maxlen,
     delivery_limit) lands in quarantine instead of being dropped;
-  - a parked queue (classic, durable, no arguments, like the quarantine queue) where an
-    operator parks quarantined jobs that are known failures (``amqpjobs quarantine park``);
+  - a parked queue where an operator parks quarantined jobs that are known failures
+    (``amqpjobs quarantine park``); it and the quarantine queue are of the job queue's
+    type (:mod:`amqpjobs.topology.holding_queues`);
   - once per topology with job queues, the topic exchange of outcome events
     (:data:`~amqpjobs.topology.naming.EVENTS_EXCHANGE`; :mod:`amqpjobs.jobs.events`).
 
@@ -45,6 +46,7 @@ from amqpjobs.topology.declarations import (
     QueueDecl,
     QueueType,
 )
+from amqpjobs.topology.holding_queues import holding_queues
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers", "x-consistent-hash"]
 ShardRouting = Literal["crc32", "modulus-hash"]
@@ -281,9 +283,10 @@ class Topology(_Frozen):
             exchanges.append(ExchangeDecl(name=lay.quarantine_exchange, type="fanout"))
             if lay.shards_exchange is not None:
                 exchanges.append(ExchangeDecl(name=lay.shards_exchange, type="x-modulus-hash"))
-            queues.append(QueueDecl(name=lay.quarantine_queue, role="quarantine", job_queue=spec.name))
+            quarantine, parked = holding_queues(spec.name, spec.type, lay.quarantine_queue, lay.parked_queue)
+            queues.append(quarantine)
             bindings.append(BindingDecl(source=lay.quarantine_exchange, destination=lay.quarantine_queue))
-            queues.append(QueueDecl(name=lay.parked_queue, role="parked", job_queue=spec.name))
+            queues.append(parked)
             quorum = spec.type == "quorum"
             queues.append(
                 QueueDecl(

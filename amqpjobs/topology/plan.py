@@ -52,6 +52,9 @@ class ObjectState:
         auto_delete: Auto-delete flag.
         arguments: AMQP arguments (milliseconds for durations).
         messages: Live queues only: messages in the queue, when known.
+        legacy: Desired objects only: an older shape of this object that an earlier
+            amqpjobs declared, still accepted as it is (not a conflict), and the note the
+            plan prints about it (what it lacks, how to move on); None when there is none.
 
     """
 
@@ -62,6 +65,7 @@ class ObjectState:
     auto_delete: bool = False
     arguments: Mapping[str, Any] = field(default_factory=dict)
     messages: int | None = None
+    legacy: tuple[ObjectState, str] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -110,6 +114,8 @@ class PlanItem:
         action: create, unchanged or CONFLICT.
         differences: For a conflict, every differing setting.
         remedy: For a conflict, what the operator can do.
+        note: For an unchanged object found in its legacy shape (:attr:`ObjectState.legacy`),
+            what that shape lacks and how to move on; otherwise empty.
 
     """
 
@@ -117,6 +123,7 @@ class PlanItem:
     action: Action
     differences: tuple[Difference, ...] = ()
     remedy: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,8 @@ class Plan:
                 lines.append(f"            {diff}")
             if item.remedy:
                 lines.append(f"            remedy: {item.remedy}")
+            if item.note:
+                lines.append(f"            note: {item.note}")
         c = self.counts()
         lines.append(f"{c['create']} to create, {c['unchanged']} unchanged, {c['CONFLICT']} conflict(s)")
         return "\n".join(lines)
@@ -162,7 +171,8 @@ def make_plan(desired: Sequence[ObjectState], live: Sequence[ObjectState]) -> Pl
         live: Objects found on the broker (any order; extra live objects are ignored).
 
     Returns:
-        A :class:`Plan` with one item per desired object.
+        A :class:`Plan` with one item per desired object. A live object in its desired
+        object's legacy shape (:attr:`ObjectState.legacy`) is unchanged, with its note.
 
     """
     found = {obj.key: obj for obj in live}
@@ -175,6 +185,8 @@ def make_plan(desired: Sequence[ObjectState], live: Sequence[ObjectState]) -> Pl
         diffs = _differences(want, have)
         if not diffs:
             items.append(PlanItem(want, Action.UNCHANGED))
+        elif want.legacy is not None and not _differences(want.legacy[0], have):
+            items.append(PlanItem(want, Action.UNCHANGED, note=want.legacy[1]))
         else:
             items.append(PlanItem(want, Action.CONFLICT, diffs, _remedy(want, have, diffs)))
     return Plan(tuple(items))

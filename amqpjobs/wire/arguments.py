@@ -80,8 +80,9 @@ def exchange_state(exchange: ExchangeDecl) -> ObjectState:
 
 
 def queue_state(queue: QueueDecl) -> ObjectState:
-    """The desired state of ``queue``."""
-    return ObjectState("queue", queue.name, queue.queue_type, True, False, queue_arguments(queue))
+    """The desired state of ``queue``; with a legacy note, a plain classic queue is its accepted legacy shape."""
+    legacy = (ObjectState("queue", queue.name, "classic"), queue.legacy_note) if queue.legacy_note else None
+    return ObjectState("queue", queue.name, queue.queue_type, True, False, queue_arguments(queue), legacy=legacy)
 
 
 def desired_state(declarations: Declarations) -> list[ObjectState]:

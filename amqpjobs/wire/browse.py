@@ -6,6 +6,7 @@ functions and :mod:`amqpjobs.errors` classes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -67,24 +68,59 @@ async def queue_state(connection: Connection, name: str) -> QueueProbe | None:
         await close_channel(channel)
 
 
+#: Seconds :meth:`QueueBrowser.close` waits at most for the messages it held to be ready again.
+RETURN_WAIT = 2.0
+
+
 class QueueBrowser:
     """A channel for ``basic.get`` without acking: closing it returns every message it holds."""
 
-    def __init__(self, channel: AbstractChannel) -> None:
+    def __init__(self, channel: AbstractChannel, connection: Connection | None = None) -> None:
         self._channel = channel
+        self._connection = connection
+        self._held: dict[str, int] = {}
 
     @classmethod
     async def open(cls, connection: Connection) -> QueueBrowser:
         """A browser on a new channel of ``connection``."""
-        return cls(await connection.channel(publisher_confirms=False))
+        return cls(await connection.channel(publisher_confirms=False), connection)
 
-    def deliveries(self, queue: str, max_count: int) -> AsyncIterator[Delivery]:
+    async def deliveries(self, queue: str, max_count: int) -> AsyncIterator[Delivery]:
         """Up to ``max_count`` deliveries of ``queue``, unacked (see :func:`~amqpjobs.wire.delivery.get_unacked`)."""
-        return get_unacked(self._channel, queue, max_count)
+        async for delivery in get_unacked(self._channel, queue, max_count):
+            self._held[queue] = self._held.get(queue, 0) + 1
+            yield delivery
 
     async def close(self) -> None:
-        """Close the channel: the broker requeues every message still held."""
+        """Close the channel of a browser that acked nothing, and wait until every message it held is ready again.
+
+        The broker requeues them when the channel closes, but a quorum queue does so after the
+        close is answered (a Raft command: 1-4 ms measured on 3.10.8, 4.0.5 and 4.3.6), so a
+        browse right after this one would otherwise see fewer. The wait ends when each queue's
+        ready count (a passive declare) is back to what it was before the close plus what was
+        held, or after :data:`RETURN_WAIT` seconds (another reader took some meanwhile).
+        """
+        expected: dict[str, int] = {}
+        try:
+            for queue, held in self._held.items():
+                with broker_errors(queue):
+                    ready = (await self._channel.declare_queue(queue, passive=True)).declaration_result.message_count
+                expected[queue] = (ready or 0) + held
+        except NotFoundError:  # deleted meanwhile: nothing comes back to wait for; the broker closed the channel
+            await close_channel(self._channel)
+            return
         await self._channel.close()
+        if self._connection is None:
+            return
+        deadline = asyncio.get_running_loop().time() + RETURN_WAIT
+        try:
+            for queue, want in expected.items():
+                while await probe_queue(self._connection, queue) < want:
+                    if asyncio.get_running_loop().time() >= deadline:
+                        return
+                    await asyncio.sleep(0.005)
+        except NotFoundError:
+            return
 
     async def close_quietly(self) -> None:
         """Close the channel for good, ignoring a channel the broker already closed."""

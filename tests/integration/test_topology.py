@@ -89,7 +89,7 @@ EXPECTED_QUEUE_ARGS: dict[str, dict[str, object]] = {
         }
         for t, ms in (("5s", 5000), ("1m", 60000), ("15m", 900000))
     },
-    "billing.quarantine": {"x-queue-type": "classic"},
+    "billing.quarantine": {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1},  # the job queue's type
     "urgent.suspects": {"x-queue-type": "classic", "x-dead-letter-exchange": "urgent.quarantine"},
     "batch.suspects": {"x-queue-type": "classic", "x-dead-letter-exchange": "batch.quarantine"},
     "billing.suspects": {
@@ -99,7 +99,8 @@ EXPECTED_QUEUE_ARGS: dict[str, dict[str, object]] = {
         "x-delivery-limit": 5,
         "x-overflow": "reject-publish",
     },
-    **{f"{jq}.parked": {"x-queue-type": "classic"} for jq in ("urgent", "batch", "billing")},
+    **{f"{jq}.parked": {"x-queue-type": "classic"} for jq in ("urgent", "batch")},
+    "billing.parked": {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1},
 }
 EXPECTED_EXCHANGES = {
     "jobs": "direct",

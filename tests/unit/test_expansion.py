@@ -4,7 +4,8 @@ import pytest
 
 from amqpjobs.durations import format_duration, parse_duration
 from amqpjobs.topology.models import ExchangeSpec, JobQueueSpec, Topology
-from amqpjobs.wire.arguments import queue_arguments, to_milliseconds
+from amqpjobs.topology.plan import Action, ObjectState, make_plan
+from amqpjobs.wire.arguments import desired_state, queue_arguments, to_milliseconds
 
 
 def topo(**kw: object) -> Topology:
@@ -55,6 +56,32 @@ def test_quorum_job_queue_has_explicit_delivery_limit_and_at_least_once() -> Non
     tier = next(q for q in decls.queues if q.name == "mail.retry.5s")
     assert queue_arguments(tier)["x-dead-letter-strategy"] == "at-least-once"
     assert queue_arguments(tier)["x-overflow"] == "reject-publish"
+    for name in ("mail.quarantine", "mail.parked"):  # as safe as the work queue; no limit browsing could reach
+        holding = next(q for q in decls.queues if q.name == name)
+        assert queue_arguments(holding) == {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1}
+        assert holding.legacy_note.startswith(f"{name} is classic, as amqpjobs declared it before")
+
+
+def test_a_quorum_quarantine_found_classic_is_kept_with_a_note_and_anything_else_conflicts() -> None:
+    desired = {s.name: s for s in desired_state(topo(type="quorum").declarations())}
+    quarantine = desired["mail.quarantine"]
+    old = ObjectState("queue", "mail.quarantine", "classic", arguments={"x-queue-type": "classic"}, messages=4)
+    (item,) = make_plan([quarantine], [old]).items
+    assert (item.action, item.differences, item.remedy) == (Action.UNCHANGED, (), "")
+    assert item.note.endswith("delete it (`rabbitmqctl delete_queue --if-empty`) and apply again")
+    assert "note: mail.quarantine is classic" in make_plan([quarantine], [old]).report()
+    for other in (
+        ObjectState("queue", "mail.quarantine", "classic", arguments={"x-max-length": 5}),
+        ObjectState("queue", "mail.quarantine", "quorum", arguments={"x-delivery-limit": 20}),
+        ObjectState("queue", "mail.quarantine", "classic", durable=False),
+    ):
+        (conflict,) = make_plan([quarantine], [other]).items
+        assert (conflict.action, conflict.note) == (Action.CONFLICT, "")
+    work = desired["mail"]  # a work queue has no legacy shape
+    (item,) = make_plan([work], [ObjectState("queue", "mail", "classic")]).items
+    assert item.action is Action.CONFLICT
+    classic = {s.name: s for s in desired_state(topo().declarations())}["mail.quarantine"]
+    assert classic.legacy is None
 
 
 def test_shards_get_own_tiers_returning_to_their_own_shard() -> None:

@@ -1,0 +1,132 @@
+"""A quorum job queue's quarantine and parked queues are quorum too, on every version (3.10, 4.0, 4.3).
+
+A classic queue lives on one node and, on RabbitMQ 4.x, confirms before it fsyncs (README "Durability:
+what a confirmed job survives"); a job quarantined out of a quorum job queue must not lose that. Browsing
+returns messages, which raises a quorum queue's ``x-delivery-count`` on 4.0-4.2, and 4.0 drops a message
+past its default limit of 20: the holding queues carry a limit of 2**31 - 1, so 25 browses keep the job.
+A classic quarantine an earlier amqpjobs declared stays usable: the plan notes it instead of refusing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from amqpjobs import App, JobContext, Reject
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.quarantine import browse
+from amqpjobs.topology.holding_queues import HOLDING_DELIVERY_LIMIT
+from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import cli, depth, raw_channel, wait_until_async
+from tests.integration.worker_env import running_worker
+
+pytestmark = pytest.mark.broker
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "money"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = []
+"""
+
+BROWSES = 25  # past RabbitMQ 4.0's default delivery limit of 20
+
+
+def quorum_app(broker: BrokerSettings, path: Path, runs: list[int]) -> App:
+    app = App("t", topology=load_topology(path).topology, url=broker.url)
+
+    @app.job("pay", queue="money")
+    async def pay(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(payload["n"])
+        if payload.get("fail"):
+            raise Reject("card declined")
+
+    return app
+
+
+async def browse_many(broker: BrokerSettings, queue: str) -> list[dict[str, Any]]:
+    """Browse ``queue`` :data:`BROWSES` times; the payloads seen each time."""
+    seen: list[dict[str, Any]] = []
+    for _ in range(BROWSES):
+        _, items = await browse(broker, queue)
+        seen.extend(json.loads(m.delivery.body) for m in items)
+    return seen
+
+
+async def test_a_quorum_job_queues_holding_queues_are_quorum_and_keep_a_job_browsed_25_times(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    for name in ("money.quarantine", "money.parked"):
+        live = mgmt.queue(broker.vhost, name)
+        assert live is not None
+        assert (live["type"], live["durable"], live["arguments"]) == (
+            "quorum",
+            True,
+            {"x-queue-type": "quorum", "x-delivery-limit": HOLDING_DELIVERY_LIMIT},
+        )
+    runs: list[int] = []
+    app = quorum_app(broker, path, runs)
+    async with running_worker(app, broker, queues=("money",)):
+        for n in (1, 2, 3):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "the jobs in quarantine")
+    assert runs == [1, 2, 3]
+    jobs = [{"n": n, "fail": True} for n in (1, 2, 3)]
+    assert await browse_many(broker, "money.quarantine") == jobs * BROWSES  # none lost, none out of order
+    assert await depth(broker, "money.quarantine") == 3
+
+    parked = await asyncio.to_thread(cli, broker, "quarantine", "park", "money", "--yes")
+    assert parked.exit_code == 0, parked.output
+    assert (await depth(broker, "money.quarantine"), await depth(broker, "money.parked")) == (0, 3)
+    assert await browse_many(broker, "money.parked") == jobs * BROWSES
+    assert await depth(broker, "money.parked") == 3
+
+
+async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_note(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    async with raw_channel(broker) as ch:  # as amqpjobs declared them before they followed the job queue's type
+        for name in ("money.quarantine", "money.parked"):
+            await ch.declare_queue(name, durable=True)
+        await ch.declare_exchange("money.quarantine", aio_pika.ExchangeType.FANOUT, durable=True)
+        await (await ch.get_queue("money.quarantine", ensure=False)).bind("money.quarantine")
+        await (await ch.get_exchange("money.quarantine")).publish(
+            aio_pika.Message(b'{"n": 0}', message_id="old-1", type="pay", delivery_mode=2), routing_key=""
+        )
+    path = tmp_path / "q.toml"
+    path.write_text(TOPOLOGY)
+    plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(path))
+    assert plan.exit_code == 0, plan.output
+    for name in ("money.quarantine", "money.parked"):
+        assert f"unchanged queue    {name}\n            note: {name} is classic, as amqpjobs declared it" in plan.stdout
+    assert "0 conflict(s)" in plan.stdout
+    applied = await asyncio.to_thread(cli, broker, "topology", "apply", str(path))
+    assert applied.exit_code == 0, applied.output
+    assert "kept      queue    money.quarantine\n            note: money.quarantine is classic" in applied.stdout
+    assert "To make it quorum: empty it (`amqpjobs replay` or `amqpjobs quarantine park` empties it)" in applied.stdout
+
+    runs: list[int] = []
+    app = quorum_app(broker, path, runs)
+    async with running_worker(app, broker, queues=("money",)):
+        await app.enqueue("pay", {"n": 2, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "the job in the old quarantine")
+    _, items = await browse(broker, "money.quarantine")
+    assert [json.loads(m.delivery.body) for m in items] == [{"n": 0}, {"n": 2, "fail": True}]
+
+
+async def _depth_is(broker: BrokerSettings, queue: str, n: int) -> bool:
+    return await depth(broker, queue) == n
