@@ -95,6 +95,13 @@ async def test_a_quorum_job_queues_holding_queues_are_quorum_and_keep_a_job_brow
     assert await browse_many(broker, "money.parked") == jobs * BROWSES
     assert await depth(broker, "money.parked") == 3
 
+    replayed = await asyncio.to_thread(cli, broker, "replay", "money.parked", "--rate", "100")
+    assert replayed.exit_code == 0, replayed.output
+    assert (await depth(broker, "money.parked"), await depth(broker, "money")) == (0, 3)
+    async with running_worker(app, broker, queues=("money",)):  # they fail again: back into quarantine
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "the replayed jobs back")
+    assert runs == [1, 2, 3, 1, 2, 3]
+
 
 async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_note(
     broker: BrokerSettings, tmp_path: Path
