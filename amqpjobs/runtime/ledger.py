@@ -38,6 +38,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
+from amqpjobs.runtime.ledger_key import sqlite_seal_key
 from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
@@ -294,6 +295,10 @@ class SqliteLedger:
     async def confirm(self) -> None:
         """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
         await self._call(origin.sqlite_confirm, self._connect)
+
+    async def seal_key(self) -> bytes:
+        """See :class:`~amqpjobs.runtime.ledger_key.KeyedLedger`."""
+        return await self._call(sqlite_seal_key, self._connect)
 
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
         """See :meth:`Ledger.claim`."""

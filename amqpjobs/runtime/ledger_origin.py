@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, runtime_checkable
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.ledger_key import seal_key_of
 from amqpjobs.wire import ticks
 
 log = logging.getLogger("amqpjobs.worker")
@@ -162,3 +163,19 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
                  ledger.where, app, created, marker)  # fmt: skip
+
+
+async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> bytes | None:
+    """A worker's start with its ledger: open it, :func:`check_new_ledger`, and read its seal key.
+
+    Returns:
+        The key that seals a waiting suspect's start (:mod:`amqpjobs.runtime.ledger_key`), or None.
+
+    Raises:
+        The errors of the ledger's ``open`` and of :func:`check_new_ledger`.
+    """
+    opener = getattr(ledger, "open", None)
+    if opener is not None:
+        await opener()
+    await check_new_ledger(ledger, app, connection, vhost, new_ledger)
+    return await seal_key_of(ledger)

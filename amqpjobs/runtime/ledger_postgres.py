@@ -22,6 +22,7 @@ from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
 from amqpjobs.runtime.ledger_guard import ended_inside
+from amqpjobs.runtime.ledger_key import KEY_TABLE, new_key
 from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT, PgConnection, ThreadConnections, psycopg_module
 from amqpjobs.runtime.pg_text import to_db
 
@@ -41,6 +42,7 @@ _SCHEMA = (
     "INSERT INTO amqpjobs_ledger_origin (created_at, created_by) VALUES "
     "(extract(epoch FROM clock_timestamp()), 'PostgreSQL user ' || current_user); END IF; END $$",
     origin.ORIGIN_TABLE,
+    KEY_TABLE,
 )
 
 
@@ -81,6 +83,14 @@ class PostgresLedger:
             LedgerUnavailableError: the database can't be reached.
         """
         await self._db.open()
+
+    async def seal_key(self) -> bytes:
+        """See :class:`~amqpjobs.runtime.ledger_key.KeyedLedger`."""
+        async with self._db.use() as conn, conn.transaction():
+            await conn.execute("INSERT INTO amqpjobs_ledger_key (id, key) VALUES (1, %s) ON CONFLICT (id) DO NOTHING",
+                               (new_key(),))  # fmt: skip
+            row = await (await conn.execute("SELECT key FROM amqpjobs_ledger_key WHERE id = 1")).fetchone()
+        return bytes.fromhex(str(row[0]))
 
     async def unconfirmed(self) -> str | None:
         """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
