@@ -258,7 +258,8 @@ class TickFiring:
                               token: Any) -> None:  # fmt: skip
         """Start ``schedule`` again from now when its cursor is far ahead of the clock; say so when waiting for it."""
         cursor = cursors[schedule.name]
-        ahead = f"its cursor {cron.format_tick(cursor)} is {cursor - now} ahead of this replica's clock"
+        lead = timedelta(seconds=round((cursor - now).total_seconds()))  # whole seconds, as the ticks
+        ahead = f"its cursor {cron.format_tick(cursor)} is {lead} ahead of this replica's clock"
         rewound = cron.rewound_cursor(cursor, now, self.clock_tolerance)
         if rewound is not None:
             record = tick_record.TickRecord(schedule.name, rewound, *self._last.get(schedule.name, (None, None)), now,
