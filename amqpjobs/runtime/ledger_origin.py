@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol, runtime_checkable
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.runtime.ledger_key import seal_key_of
 from amqpjobs.wire import ticks
 
@@ -112,7 +112,7 @@ def sqlite_confirm(connect: Callable[[], sqlite3.Connection]) -> None:
 class NewLedger(Protocol):
     """A ledger that knows whether it was created by its open and not yet confirmed (both backends)."""
 
-    #: Where the ledger is, for messages: ``SQLite ledger at /path`` or ``PostgreSQL ledger (dsn)``.
+    #: Where the ledger is, for messages: ``SQLite ledger at /path``, ``PostgreSQL ledger (database db on h:5432)``.
     where: str
 
     async def unconfirmed(self) -> str | None:
@@ -134,16 +134,22 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
 
     Raises:
         ConfigurationError: the ledger is new and the app had one before.
-        BrokerError: the marker could not be looked at or declared.
+
+    A marker the broker refuses to show or declare (a user without configure or read
+    permission on it) is warned about, and the start goes on unchecked.
     """
     if not isinstance(ledger, NewLedger):
         return
     marker = marker_queue(app)
     created = await ledger.unconfirmed()
-    if created is None:
-        await ticks.declare_durable(connection, marker, MARKER_ARGUMENTS)  # a ledger made before this rule
+    try:
+        if created is None:
+            await _mark(connection, marker)  # a ledger made before this rule
+            return
+        had_one = await ticks.probe(connection, marker, f"looking for queue {marker}") != "missing"
+    except BrokerError as exc:  # a user without the permissions: the start goes on unchecked, said once
+        _unmarked(app, marker, exc)
         return
-    had_one = await ticks.exists(connection, "queue", marker)
     if had_one and not new_ledger:
         if await ledger.unconfirmed() is None:  # another process of this start (--processes) confirmed it meanwhile
             return
@@ -156,13 +162,29 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
         )
     await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
     if not had_one:
-        await ticks.declare_durable(connection, marker, MARKER_ARGUMENTS)
+        try:
+            await _mark(connection, marker)
+        except BrokerError as exc:
+            _unmarked(app, marker, exc)
     if had_one:
         log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again",
                     ledger.where, app, created)  # fmt: skip
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
                  ledger.where, app, created, marker)  # fmt: skip
+
+
+def _unmarked(app: str, marker: str, exc: BrokerError) -> None:
+    log.warning("can't keep the broker's mark of app %s's ledger (%s): a ledger lost later can't be told from a "
+                "first start; give this user configure and read permission on queue %s", app, exc, marker)  # fmt: skip
+
+
+async def _mark(connection: Any, marker: str) -> None:
+    """Declare the marker (durable, empty); a broker error as :class:`BrokerError`."""
+    try:
+        await ticks.declare_durable(connection, marker, MARKER_ARGUMENTS)
+    except ticks.BROKER_ERRORS as exc:
+        raise BrokerError(f"declaring queue {marker} failed: {exc}") from exc
 
 
 async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> bytes | None:

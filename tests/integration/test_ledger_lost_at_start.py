@@ -193,3 +193,22 @@ async def test_a_ledger_made_before_the_marker_rule_is_established(
     assert runs == []
     assert "created a new" not in caplog.text
     assert await depth(broker, MARKER) == 0  # declared: a lost file is refused from now on
+
+
+async def test_a_user_refused_the_marker_starts_unchecked_with_a_warning(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tight permissions (configure on the app's own names only) must not stop a worker: it says what it can't check."""
+    from tests.integration.test_pause_faults import _user
+
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+    runs: list[str] = []
+    async with _user(broker, configure=r"^(?!amqpjobs\.ledger\.).*") as limited:
+        app = ledger_app(base, limited, tmp_path / "ledger.db", runs)
+        async with running_worker(app, limited):
+            await app.enqueue("charge", {}, job_id="charge:1")
+            await wait_until(lambda: runs == ["charge:1"], 20, "the run")
+        await app.close()
+    assert "can't keep the broker's mark of app idem's ledger" in caplog.text
+    assert "configure and read permission on queue amqpjobs.ledger.idem" in caplog.text
