@@ -91,6 +91,12 @@ from amqpjobs.runtime.worker_config import WorkerOptions
         "a child that dies and serves one --metrics-port for all. At most 4 per CPU."
     ),
 )
+@click.option(
+    "--new-ledger",
+    is_flag=True,
+    help="Begin with a new, empty idempotency ledger although the app had one (its file lost, another "
+    "database): the jobs it had marked done may run again. Without it such a start is refused.",
+)
 @long_running_url_options
 @errors_to_exit_codes
 @declares
@@ -107,6 +113,7 @@ def consume(
     metrics_port: int | None,
     metrics_host: str,
     processes: str,
+    new_ledger: bool,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -124,6 +131,7 @@ def consume(
         consumer_timeout=duration_option("--consumer-timeout", consumer_timeout),
         log_outcomes=log_outcomes,
         outcome_events=outcome_events,
+        new_ledger=new_ledger,
     )
     count = process_count(processes, usable_cpus())
     level = logging.DEBUG if verbose() else logging.INFO

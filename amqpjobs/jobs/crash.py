@@ -28,6 +28,8 @@ Pure rules; the worker carries them out (:mod:`amqpjobs.runtime.worker`).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -47,9 +49,12 @@ WORK_QUEUE: Final = "amqpjobs-work-queue"
 #: down): the copy that comes back from the tier is registered again for this start, not run from
 #: the work queue, where :data:`STARTS` is ignored (the count would begin again: a job killing
 #: its workers while a dead worker's claim lives would never reach ``crashed``). Honoured on a
-#: work queue delivery of an idempotent job only (the only kind that waits so); there a
-#: publisher setting it makes the job run alone, and one that then crashes is charged from
-#: that start (a message can't prove where a header came from). On other jobs it is ignored.
+#: work queue delivery of an idempotent job only (the only kind that waits so), and only when a
+#: worker of the same ledger wrote it: its value is ``<start>:<seal>``, the seal an HMAC-SHA256
+#: of the job id and the start under a key the ledger keeps (:func:`seal_waiting_start`). Another
+#: publisher's value (a bare number, a wrong seal, another job's) is ignored, as :data:`STARTS`
+#: is: it could otherwise register a fresh job as a suspect at its last start, run it alone, and
+#: have one crash (a worker killed by a deploy) quarantine it. On other jobs it is ignored.
 WAITING_START: Final = "amqpjobs-waiting-start"
 START_HEADERS: Final = (STARTS, LAST_START_HOST, LAST_START_PID, LAST_START_AT, WORK_QUEUE, WAITING_START)
 
@@ -80,8 +85,45 @@ def starts_of(headers: Mapping[str, Any]) -> int:
     return parse_attempt(headers.get(STARTS))
 
 
+def _seal(key: bytes, job_id: str, start: int) -> str:
+    return hmac.new(key, f"{job_id}\n{start}".encode(errors="surrogatepass"), hashlib.sha256).hexdigest()[:32]
+
+
+def seal_waiting_start(key: bytes | None, job_id: str, start: int) -> str | int:
+    """The :data:`WAITING_START` value of job ``job_id``'s copy waiting with registered start ``start``.
+
+    ``<start>:<seal>``, the seal an HMAC-SHA256 (32 hex digits) of the job id and the start under
+    ``key``, the ledger's (:mod:`amqpjobs.runtime.ledger_key`); the bare ``start`` without a key
+    (a ledger of another kind, that keeps none: any publisher's value is honoured then).
+    """
+    return start if key is None else f"{start}:{_seal(key, job_id, start)}"
+
+
+def waiting_start(headers: Mapping[str, Any], job_id: str, key: bytes | None) -> int | None:
+    """The registered start a delivery of job ``job_id`` waited with, when a worker of this ledger sealed it.
+
+    None when the header is missing or is another publisher's: no ``<start>:<seal>`` of this job
+    under ``key``. Without a key, the value as is (:func:`seal_waiting_start`).
+    """
+    value = headers.get(WAITING_START)
+    if value is None:
+        return None
+    if key is None:
+        return parse_attempt(value)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    start, colon, seal = text.partition(":") if isinstance(text, str) else ("", "", "")
+    if not colon or not start.isascii() or not start.isdigit() or len(start) > 6:
+        return None
+    return int(start) if hmac.compare_digest(seal, _seal(key, job_id, int(start))) else None
+
+
 def screen(
-    redelivered: bool, headers: Mapping[str, Any], max_redeliveries: int, *, registered: bool, waits: bool = False
+    redelivered: bool,
+    headers: Mapping[str, Any],
+    max_redeliveries: int,
+    *,
+    registered: bool,
+    waiting: int | None = None,
 ) -> Screening:
     """Decide about a delivery of a job before running it.
 
@@ -95,9 +137,10 @@ def screen(
             publisher's ``amqpjobs-starts`` never charges a job with crashes it did not have.
             A registered start that waited in a retry tier comes back with :data:`WAITING_START`
             and is registered again for that start (redelivered or not: it never runs there).
-        waits: The job is idempotent: only its suspects wait in a tier with their start (on
-            another's claim, or for the ledger). On any other job :data:`WAITING_START` can
-            only be another publisher's, and is ignored like :data:`STARTS`.
+        waiting: That start, read by :func:`waiting_start` (an idempotent job's only: only its
+            suspects wait in a tier with their start, on another's claim or for the ledger);
+            None for any other job, or a value no worker of the ledger sealed: another
+            publisher's, ignored like :data:`STARTS`.
 
     Every redelivery counts as a start, on every version: the broker's counters can't tell a
     start from a hand-back (on 4.3 quorum queues a nack, a consumer timeout and a partition
@@ -110,8 +153,8 @@ def screen(
         ``max_redeliveries + 1`` ended without an outcome, is ``crashed``.
 
     """
-    if waits and not registered and WAITING_START in headers:  # a registered start back from its wait: again
-        return Screening("register", min(parse_attempt(headers.get(WAITING_START)), max_redeliveries + 1))
+    if waiting is not None and not registered:  # a registered start back from its wait: again
+        return Screening("register", min(max(waiting, 1), max_redeliveries + 1))
     if not redelivered and (STARTS not in headers or not registered):
         return _FIRST
     start = starts_of(headers) if registered else 1

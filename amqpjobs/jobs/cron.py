@@ -330,6 +330,32 @@ def plan_ticks(schedule: Schedule, cursor: datetime, now: datetime) -> TickPlan:
     return TickPlan(None, first, latest, latest)
 
 
+def rewound_cursor(cursor: datetime, now: datetime, tolerance: float) -> datetime | None:
+    """The cursor a leader starts again from when ``cursor`` is far ahead of its clock, or None.
+
+    A cursor is the last tick dealt with, so it is never ahead of the clock that wrote it.
+    One ahead of ``now`` by at most ``tolerance`` seconds is a leader whose clock runs a
+    little behind the previous leader's: it waits for the cursor, and no tick fires twice.
+    One further ahead was written by a clock stepped forward (then back) or far off; waiting
+    would stop the schedule for as long, so, as cron(8) takes a large clock change for a
+    correction, the schedule starts again from the second before ``now`` (a tick at ``now``
+    fires on time).
+
+    Args:
+        cursor: The schedule's cursor.
+        now: The leader's clock (aware).
+        tolerance: Seconds the cursor may be ahead of ``now`` and be waited for.
+
+    Returns:
+        The new cursor, or None to keep ``cursor`` (and wait for it while it is ahead).
+
+    """
+    cursor, now = utc_of(cursor), utc_of(now)
+    if (cursor - now).total_seconds() <= tolerance:
+        return None
+    return now.replace(microsecond=0) - _SECOND
+
+
 def leader_queue(app: str) -> str:
     """Queue whose token the leading scheduler replica holds: ``amqpjobs.scheduler.<app>.leader``."""
     return f"amqpjobs.scheduler.{app}.leader"

@@ -169,10 +169,14 @@ def retry_headers(
     now: str,
     *,
     timestamp: Any,
+    job_id: str = "",
+    key: bytes | None = None,
 ) -> dict[str, Any]:
     """Headers of the copy that goes to a retry tier (``attempt`` + 1, or the same attempt when it waits).
 
     ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
+    ``job_id`` and ``key`` (the ledger's): a waiting suspect's :data:`~amqpjobs.jobs.crash.WAITING_START`
+    is sealed with them (:func:`~amqpjobs.jobs.crash.seal_waiting_start`).
     """
     headers = copy_headers(received, timestamp)
     if not decision.wait:  # an outcome was reached: the start count begins again
@@ -180,7 +184,7 @@ def retry_headers(
             headers.pop(name, None)
     headers.pop(crash.WAITING_START, None)
     if decision.wait and decision.start > 1:  # a suspect waits: registered again when it comes back
-        headers[crash.WAITING_START] = decision.start
+        headers[crash.WAITING_START] = crash.seal_waiting_start(key, job_id, decision.start)
     headers[envelope.ATTEMPT] = decision.next_attempt
     headers[envelope.RUNS] = runs
     if not decision.wait:

@@ -54,6 +54,8 @@ class CarryingOut:
     _draining: Draining
     _host: str
     _pid: int
+    #: The ledger's key that seals a waiting suspect's start (:mod:`amqpjobs.runtime.ledger_key`), once started.
+    _seal_key: bytes | None = None
 
     async def _carry_out(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
@@ -93,7 +95,7 @@ class CarryingOut:
         runs = envelope.parse_runs(received) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
             headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
-                                    timestamp=delivery.timestamp)  # fmt: skip
+                                    timestamp=delivery.timestamp, job_id=job_id, key=self._seal_key)  # fmt: skip
             tier_queue = layout.tier_queues[delivery.queue][decision.tier]
             # ready in the work queue once the tier's delay is over: max_age counts from then
             back_at = envelope.ready_at(time.time(), decision.delay)

@@ -222,8 +222,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                                  failure=("UnknownJob", why, ""))  # fmt: skip
         # before the payload is fetched, decoded and validated (app code: a model's validators): a start that
         # kills the worker there is counted like one in the handler, and a redelivery never gets that far again
+        waiting = crash.waiting_start(delivery.headers, job_id, self._seal_key) if job.idempotent else None
         screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
-                                 waits=job.idempotent)  # fmt: skip
+                                 waiting=waiting)  # fmt: skip
         if screening.action == "crashed":
             error = crash_error(layout.name, layout.max_redeliveries, screening.start, delivery.headers)
             return self._outcome(layout, delivery, Quarantine("crashed"), attempt, job_id, job.name,

@@ -36,6 +36,9 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
+from amqpjobs.runtime import ledger_origin as origin
+from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
+from amqpjobs.runtime.ledger_key import sqlite_seal_key
 from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
 
 _said = logging.getLogger("amqpjobs.worker")
@@ -166,11 +169,12 @@ class SqliteLedger:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._file = StoreFile("ledger", self.path)
+        self.where = f"SQLite ledger at {self.path}"
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
         try:
             db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SCHEMA)
+            origin.sqlite_schema(db, _SCHEMA)  # noting a new ledger: the worker's start checks it with the broker
         except sqlite3.Error as exc:
             raise open_failure("ledger", self.path, exc) from exc
 
@@ -284,6 +288,18 @@ class SqliteLedger:
             self._locked_since = None
         return result
 
+    async def unconfirmed(self) -> str | None:
+        """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
+        return await self._call(origin.sqlite_unconfirmed, self._connect)
+
+    async def confirm(self) -> None:
+        """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
+        await self._call(origin.sqlite_confirm, self._connect)
+
+    async def seal_key(self) -> bytes:
+        """See :class:`~amqpjobs.runtime.ledger_key.KeyedLedger`."""
+        return await self._call(sqlite_seal_key, self._connect)
+
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
         """See :meth:`Ledger.claim`."""
         return await self._call(self._claim, key, owner, lease)
@@ -314,7 +330,7 @@ class SqliteLedger:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             raise (self._file.locked(exc, BUSY_TIMEOUT) or exc) from exc
-        ended = _Guard()
+        ended = TransactionGuard()
         db.set_authorizer(ended)  # the handler's COMMIT / ROLLBACK / BEGIN are refused while it runs
         try:
             try:
@@ -355,42 +371,3 @@ def _open(db: sqlite3.Connection) -> bool:
     except sqlite3.ProgrammingError:
         return False
     return True
-
-
-class _Guard:
-    """A SQLite authorizer (``Connection.set_authorizer``) refusing statements that end or begin a transaction.
-
-    Inside ``ctx.transaction()`` the effect and the job's done-mark commit together when the
-    block ends; a ``COMMIT`` of the handler's own (``db.commit()``, ``executescript``, raw
-    SQL) would split them (https://www.sqlite.org/c3ref/set_authorizer.html: action
-    ``SQLITE_TRANSACTION``). Savepoints stay the handler's.
-    """
-
-    def __init__(self) -> None:
-        self.tried = False
-        self.closed = False  # the handler closed the connection
-
-    def __call__(self, action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-        if action == sqlite3.SQLITE_TRANSACTION:
-            self.tried = True
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
-
-    @staticmethod
-    def error(key: str) -> ConfigurationError:
-        """What the run fails with (:func:`ended_inside`)."""
-        return ended_inside(key, "COMMIT, ROLLBACK, BEGIN or executescript")
-
-
-def ended_inside(key: str, how: str, after: str = "") -> ConfigurationError:
-    """The error of a run whose handler ended ``ctx.transaction()``'s transaction itself (``how``: by what).
-
-    ``key``: the job id (the idempotency key); the quarantine evidence names the job.
-
-    A permanent failure: its job is quarantined with it at once (:func:`amqpjobs.jobs.failure.classify`),
-    and no retry repeats what may have been committed. ``after``: what to check before a replay.
-    """
-    return ConfigurationError(
-        f"job id {key!r}: ctx.transaction() commits the effect with the job's done-mark when its with block ends; "
-        f"the handler tried to end the transaction itself ({how}): remove that{after}"
-    )

@@ -19,11 +19,14 @@ from typing import Any
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim, ended_inside
+from amqpjobs.runtime import ledger_origin as origin
+from amqpjobs.runtime.ledger import DEFAULT_RETENTION, Claim
+from amqpjobs.runtime.ledger_guard import ended_inside
+from amqpjobs.runtime.ledger_key import KEY_TABLE, new_key
 from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT, PgConnection, ThreadConnections, psycopg_module
 from amqpjobs.runtime.pg_text import to_db
 
-_SCHEMA = """
+_TABLE = """
 CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
     key TEXT PRIMARY KEY,
     state TEXT NOT NULL CHECK (state IN ('running', 'done')),
@@ -32,6 +35,15 @@ CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
     updated_at DOUBLE PRECISION NOT NULL
 )
 """
+#: The table, and a note that this open created it (``amqpjobs_ledger_origin``: the worker's start checks it
+#: with the broker, :mod:`amqpjobs.runtime.ledger_origin`); then the note's table for a ledger older than it.
+_SCHEMA = (
+    "DO $$ BEGIN IF to_regclass('amqpjobs_ledger') IS NULL THEN " + _TABLE + "; " + origin.ORIGIN_TABLE + "; "
+    "INSERT INTO amqpjobs_ledger_origin (created_at, created_by) VALUES "
+    "(extract(epoch FROM clock_timestamp()), 'PostgreSQL user ' || current_user); END IF; END $$",
+    origin.ORIGIN_TABLE,
+    KEY_TABLE,
+)
 
 
 #: The current transaction's id (assigned if need be): the same at the block's end unless the handler ended it.
@@ -59,8 +71,9 @@ class PostgresLedger:
 
     def __init__(self, dsn: str, retention: float | str = DEFAULT_RETENTION) -> None:
         self.retention = duration_argument("PostgresLedger(retention=...)", retention)
-        self._db = PgConnection(dsn, "PostgresLedger", "the PostgreSQL ledger", (_SCHEMA,), LedgerUnavailableError)
+        self._db = PgConnection(dsn, "PostgresLedger", "the PostgreSQL ledger", _SCHEMA, LedgerUnavailableError)
         self.dsn = dsn
+        self.where = _where(dsn)
         self._threads = ThreadConnections(dsn, "PostgresLedger", self._db.what)  # one sync connection per thread
 
     async def open(self) -> None:
@@ -70,6 +83,26 @@ class PostgresLedger:
             LedgerUnavailableError: the database can't be reached.
         """
         await self._db.open()
+
+    async def seal_key(self) -> bytes:
+        """See :class:`~amqpjobs.runtime.ledger_key.KeyedLedger`."""
+        async with self._db.use() as conn, conn.transaction():
+            await conn.execute("INSERT INTO amqpjobs_ledger_key (id, key) VALUES (1, %s) ON CONFLICT (id) DO NOTHING",
+                               (new_key(),))  # fmt: skip
+            row = await (await conn.execute("SELECT key FROM amqpjobs_ledger_key WHERE id = 1")).fetchone()
+        return bytes.fromhex(str(row[0]))
+
+    async def unconfirmed(self) -> str | None:
+        """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
+        async with self._db.use() as conn:
+            row = await (await conn.execute(origin.UNCONFIRMED)).fetchone()
+        return None if row is None else origin.origin_words(float(row[0]), str(row[1]))
+
+    async def confirm(self) -> None:
+        """See :class:`~amqpjobs.runtime.ledger_origin.NewLedger`."""
+        async with self._db.use() as conn, conn.transaction():
+            await conn.execute("UPDATE amqpjobs_ledger_origin SET confirmed_at = %s WHERE confirmed_at IS NULL",
+                               (time.time(),))  # fmt: skip
 
     async def claim(self, key: str, owner: str, lease: float) -> Claim:
         """See :meth:`amqpjobs.runtime.ledger.Ledger.claim` (``LedgerUnavailableError``: the database is away)."""
@@ -147,7 +180,8 @@ class PostgresLedger:
             ConfigurationError: the handler ended the transaction itself: psycopg refuses its
                 ``commit()``/``rollback()`` there; a ``COMMIT`` of its own SQL is seen at the end
                 (the transaction id changed): the current transaction is rolled back, the job not
-                marked done, and the error says what may be committed (:func:`~amqpjobs.runtime.ledger.ended_inside`).
+                marked done, and the error says what may be committed
+                (:func:`~amqpjobs.runtime.ledger_guard.ended_inside`).
                 A ``close()`` of the connection too (the server rolls the transaction back, as
                 SQLite's ledger says of its own).
             psycopg.OperationalError: the database can't be reached, or gave no answer in time
@@ -211,6 +245,18 @@ class PostgresLedger:
         """Close the connections."""
         await self._db.close()
         self._threads.close()
+
+
+def _where(dsn: str) -> str:
+    """``PostgreSQL ledger (database shop on db1:5432)``, for messages: never the password."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        info = conninfo_to_dict(dsn)
+    except Exception:  # psycopg missing, or a string it can't parse (its message may quote the password)
+        return "PostgreSQL ledger"
+    database, host = info.get("dbname") or info.get("user") or "?", info.get("host") or "the local socket"
+    return f"PostgreSQL ledger (database {database} on {host}:{info.get('port') or 5432})"
 
 
 def _closed_by_handler(conn: Any) -> bool:

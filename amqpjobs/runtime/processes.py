@@ -13,9 +13,9 @@ import logging
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.runtime.scheduled_app import ScheduledApp
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions
 from amqpjobs.runtime.signals import stop_on_signals
-from amqpjobs.runtime.ticking import ScheduledApp
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.settings import BrokerSettings

@@ -52,11 +52,11 @@ from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.election import Election
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.scheduled_app import ScheduledApp
 from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.tick_events import TickEvent
 from amqpjobs.runtime.tick_store import read_tick_record, tick_records
 from amqpjobs.runtime.ticking import (
-    ScheduledApp,
     TickFiring,
     _NotLeader,
     utc_now,
@@ -113,6 +113,10 @@ class SchedulerOptions:
             bounds how late a wall-clock step or a lost leadership is noticed.
         warn_every: Seconds between two warnings about a schedule that keeps failing (its
             first failure and its recovery are logged at once).
+        clock_tolerance: Seconds a schedule's cursor may be ahead of this replica's clock and
+            be waited for (a leader whose clock runs behind the previous one's: no tick fires
+            twice). A cursor further ahead (a clock stepped forward, then back) is not waited
+            for: the schedule fires again from now on, with a warning (README "Clocks").
 
     """
 
@@ -120,6 +124,7 @@ class SchedulerOptions:
     reoffer: float = 5.0
     max_sleep: float = 1.0
     warn_every: float = 60.0
+    clock_tolerance: float = 60.0
 
 
 def _replica_name() -> str:
@@ -169,6 +174,8 @@ class Scheduler(Election, TickFiring):
         self._looking = False
         self._last: dict[str, tuple[datetime | None, str | None]] = {}
         self._held = {}  # returned ticks, tried again first (ticking.py)
+        self._clock_waits = set()
+        self.clock_tolerance = self.options.clock_tolerance
         self._warnings = PacedWarnings(log, self.options.warn_every)  # for the replica's life, not one leadership
 
     @property

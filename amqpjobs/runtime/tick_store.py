@@ -12,7 +12,7 @@ from amqpjobs.wire.connection import connect
 from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:
-    from amqpjobs.runtime.ticking import ScheduledApp
+    from amqpjobs.runtime.scheduled_app import ScheduledApp
 
 log = logging.getLogger("amqpjobs.scheduler")
 

@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs import cron, tick_record
@@ -23,50 +23,19 @@ from amqpjobs.jobs.envelope import OutgoingMessage, job_message, with_trace
 from amqpjobs.printable import logfmt_value
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.scheduled_app import ScheduledApp
 from amqpjobs.runtime.tick_events import TickEvent
 from amqpjobs.runtime.tick_store import read_tick_record
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import TickWire
 from amqpjobs.wire.connection import server_address
 
-if TYPE_CHECKING:
-    from amqpjobs.runtime.tracing import Tracing
-
 log = logging.getLogger("amqpjobs.scheduler")
+_SECOND = timedelta(seconds=1)
 #: A job to publish: exchange, routing key, message.
 _Job = tuple[str, str, OutgoingMessage]
 #: One transaction's worth of a schedule's ticks: what each did, with its job (at most one has one).
 _Steps = list[tuple["TickEvent", _Job | None]]
-
-
-class ScheduledApp(Protocol):
-    """What the scheduler needs of an :class:`~amqpjobs.App`: its name, schedules and job layouts."""
-
-    @property
-    def name(self) -> str:
-        """The app's name."""
-        ...
-
-    def schedules(self) -> Sequence[cron.Schedule]:
-        """The app's schedules."""
-        ...
-
-    def layout_of(self, job: str) -> JobQueueLayout:
-        """The layout of the job queue of job ``job``."""
-        ...
-
-    @property
-    def tracing(self) -> Tracing | None:
-        """The app's tracing (``App(tracing=True)``), or None: a ``send`` span per tick enqueued."""
-        ...
-
-    def note_queued(self, job: str, job_id: str, queue: str, at: float) -> None:
-        """Record a committed tick job as ``queued`` in the app's results store (none: nothing)."""
-        ...
-
-    async def flush_queued(self) -> None:
-        """Write the ``queued`` records still waiting (the scheduler's shutdown)."""
-        ...
 
 
 def utc_now() -> datetime:
@@ -97,6 +66,9 @@ class TickFiring:
     _connection: Any
     #: Seconds before a tick store found empty is read once more (a browsing reader may hold its record).
     reread_after: float = 0.5
+    #: Seconds a cursor may be ahead of the clock and be waited for (:func:`cron.rewound_cursor`).
+    clock_tolerance: float = 60.0
+    _clock_waits: set[str]  # the schedules whose cursor is ahead of the clock, waited for
     _warnings: PacedWarnings
     _schedules: list[cron.Schedule]
     _layouts: dict[str, JobQueueLayout]
@@ -241,6 +213,7 @@ class TickFiring:
         cursors: dict[str, datetime],
         token: Any,
     ) -> None:
+        await self._mind_the_clock(schedule, now, cursors, token)
         held = self._held.get(schedule.name)
         if held is not None and held[0] != cursors[schedule.name]:  # another replica moved the cursor
             del self._held[schedule.name]
@@ -280,6 +253,33 @@ class TickFiring:
             if step[1] is not None or step is steps[-1]:
                 await self._commit_steps(schedule, group, now, cursors, token)
                 group = []
+
+    async def _mind_the_clock(self, schedule: cron.Schedule, now: datetime, cursors: dict[str, datetime],
+                              token: Any) -> None:  # fmt: skip
+        """Start ``schedule`` again from now when its cursor is far ahead of the clock; say so when waiting for it."""
+        cursor = cursors[schedule.name]
+        lead = timedelta(seconds=round((cursor - now).total_seconds()))  # whole seconds, as the ticks
+        ahead = f"its cursor {cron.format_tick(cursor)} is {lead} ahead of this replica's clock"
+        rewound = cron.rewound_cursor(cursor, now, self.clock_tolerance)
+        if rewound is not None:
+            record = tick_record.TickRecord(schedule.name, rewound, *self._last.get(schedule.name, (None, None)), now,
+                                            self.replica)  # fmt: skip
+            await self._commit(token, schedule, [], record)
+            cursors[schedule.name] = rewound
+            self.stats["rewound"] += 1
+            log.warning(
+                "schedule %s: %s (%s): a clock ran ahead when it was written, or this one was stepped back. "
+                "It fires again from %s on, as this clock reaches each tick; the ticks after that which were "
+                "enqueued early come again with the same job id (an idempotent job runs once per id)",
+                schedule.name, ahead, cron.format_tick(now), cron.format_tick(rewound + _SECOND),
+            )  # fmt: skip
+        elif cursor > now and schedule.name not in self._clock_waits:
+            self._clock_waits.add(schedule.name)
+            log.info("schedule %s: %s (at most %gs, SchedulerOptions.clock_tolerance): every tick up to it was "
+                     "dealt with; waiting for this clock to reach it", schedule.name, ahead,
+                     self.clock_tolerance)  # fmt: skip
+        elif cursor <= now:
+            self._clock_waits.discard(schedule.name)
 
     async def _commit_steps(self, schedule: cron.Schedule, steps: _Steps, now: datetime, cursors: dict[str, datetime],
                             token: Any) -> None:  # fmt: skip

@@ -40,6 +40,8 @@ from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.holding import Holding
+from amqpjobs.runtime.ledger_key import seal_key_of
+from amqpjobs.runtime.ledger_origin import start_ledger
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
@@ -224,9 +226,8 @@ class Worker(WorkerStop):
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
         if self.app.ledger is not None and any(j.idempotent for j in self.app):
-            opener = getattr(self.app.ledger, "open", None)
-            if opener is not None:
-                await opener()
+            self._seal_key = await start_ledger(self.app.ledger, self.app.name, self._connection, self.settings.vhost,
+                                                self.options.new_ledger)  # fmt: skip
             self._background.append(asyncio.create_task(keep_pruned(self.app.ledger)))
         self._start_results()
         if store is not None:  # any worker sweeps: deletion needs no one process
@@ -271,6 +272,7 @@ class Worker(WorkerStop):
         opener = getattr(self.app.ledger, "open", None)
         if opener is not None and any(j.idempotent for j in self.app):
             await opener()
+            self._seal_key = await seal_key_of(self.app.ledger)
         self._start_results()
         self.ready.set()
 

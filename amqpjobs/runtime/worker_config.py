@@ -47,6 +47,9 @@ class WorkerOptions:
             ``failures`` (not ``succeeded``/``duplicate``) or ``none`` (metrics still count all).
         outcome_events: Which outcomes are published as outcome events, the same levels; an
             event of a replayed job (a canary waits for it) is sent at every level.
+        new_ledger: Begin with a new, empty ledger although the app had one before (its file
+            lost, another database): the jobs it had marked done may run again. Without it such
+            a start is refused (:mod:`amqpjobs.runtime.ledger_origin`; ``consume --new-ledger``).
 
     Raises:
         ConfigurationError: a level that is not one of :data:`~amqpjobs.jobs.outcome.REPORT_LEVELS`.
@@ -58,6 +61,7 @@ class WorkerOptions:
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
     log_outcomes: str = "all"
     outcome_events: str = "all"
+    new_ledger: bool = False
 
     def __post_init__(self) -> None:
         for name, level in (("log_outcomes", self.log_outcomes), ("outcome_events", self.outcome_events)):

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from amqpjobs.jobs.crash import STARTS, Screening, screen
+from amqpjobs.jobs.crash import STARTS, Screening, screen, seal_waiting_start, waiting_start
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Quarantine, Register, RetryLater
 from amqpjobs.runtime.worker import Outcome
@@ -125,10 +125,11 @@ async def test_ordinary_starts_wait_while_a_registration_is_under_way():
 def test_a_waiting_start_back_from_its_tier_is_registered_again_for_that_start(redelivered: bool):
     from amqpjobs.jobs.crash import WAITING_START
 
-    waits = {"registered": False, "waits": True}  # an idempotent job's: the only ones that wait with a start
-    assert screen(redelivered, {WAITING_START: 4, STARTS: 4}, 5, **waits) == Screening("register", 4)
-    assert screen(False, {WAITING_START: 99}, 5, **waits) == Screening("register", 6)  # at most the last
-    assert screen(False, {STARTS: 4}, 5, **waits) == Screening("run", 1)  # without it: ignored as before
+    sealed = {WAITING_START: seal_waiting_start(KEY, "j", 4), STARTS: 4}
+    waiting = waiting_start(sealed, "j", KEY)  # an idempotent job's, sealed by a worker of its ledger
+    assert screen(redelivered, sealed, 5, registered=False, waiting=waiting) == Screening("register", 4)
+    assert screen(False, {}, 5, registered=False, waiting=99) == Screening("register", 6)  # at most the last
+    assert screen(False, {STARTS: 4}, 5, registered=False, waiting=None) == Screening("run", 1)  # ignored as before
 
 
 @pytest.mark.parametrize("value", [4, 99, "abc", {"a": 1}])
@@ -137,8 +138,39 @@ def test_a_waiting_start_on_a_job_that_never_waits_is_a_publishers_and_ignored(v
     another publisher's, and charges nothing (an outsider's forged 99 quarantined a job after one crash)."""
     from amqpjobs.jobs.crash import WAITING_START
 
-    assert screen(False, {WAITING_START: value}, 3, registered=False, waits=False) == Screening("run", 1)
-    assert screen(True, {WAITING_START: value}, 3, registered=False, waits=False) == Screening("register", 2)
+    assert screen(False, {WAITING_START: value}, 3, registered=False, waiting=None) == Screening("run", 1)
+    assert screen(True, {WAITING_START: value}, 3, registered=False, waiting=None) == Screening("register", 2)
+
+
+KEY = bytes(range(32))
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [4, "4", "4:", b"4", "4:" + "0" * 32, "x:" + "0" * 32, "-4:abc", "4:" + "g" * 32, "9" * 7 + ":ab", {"a": 1}],
+)
+def test_a_waiting_start_without_the_ledgers_seal_is_a_publishers_and_ignored(forged: object):
+    """Before: any value was honoured on an idempotent job (registered as a suspect at that start)."""
+    from amqpjobs.jobs.crash import WAITING_START
+
+    assert waiting_start({WAITING_START: forged}, "charge:1", KEY) is None
+    assert waiting_start({}, "charge:1", KEY) is None
+
+
+def test_a_sealed_waiting_start_holds_for_its_job_and_start_only():
+    from amqpjobs.jobs.crash import WAITING_START
+
+    sealed = seal_waiting_start(KEY, "charge:1", 3)
+    assert isinstance(sealed, str)
+    assert sealed.startswith("3:")
+    assert waiting_start({WAITING_START: sealed}, "charge:1", KEY) == 3
+    assert waiting_start({WAITING_START: sealed.encode()}, "charge:1", KEY) == 3  # a bytes header (longstr)
+    assert waiting_start({WAITING_START: sealed}, "charge:2", KEY) is None  # copied onto another job
+    assert waiting_start({WAITING_START: "5" + sealed[1:]}, "charge:1", KEY) is None  # its start raised
+    assert waiting_start({WAITING_START: sealed}, "charge:1", bytes(32)) is None  # another ledger's
+    # a ledger that keeps no key: the value as it is (as before)
+    assert seal_waiting_start(None, "charge:1", 3) == 3
+    assert waiting_start({WAITING_START: 3}, "charge:1", None) == 3
 
 
 def test_only_a_suspects_wait_carries_the_waiting_start():
@@ -149,6 +181,9 @@ def test_only_a_suspects_wait_carries_the_waiting_start():
         return retry_headers(received, decision, 0, "jobs", "work", "now", timestamp=None)
 
     assert tier_copy(RetryLater(1, 0, 1.0, wait=True, start=3), {STARTS: 3})[WAITING_START] == 3
+    sealed = retry_headers({STARTS: 3}, RetryLater(1, 0, 1.0, wait=True, start=3), 0, "jobs", "work", "now",
+                           timestamp=None, job_id="j", key=KEY)[WAITING_START]  # fmt: skip
+    assert sealed == seal_waiting_start(KEY, "j", 3)
     assert WAITING_START not in tier_copy(RetryLater(1, 0, 1.0, wait=True), {WAITING_START: 3})  # an ordinary wait
     assert WAITING_START not in tier_copy(RetryLater(2, 0, 1.0), {WAITING_START: 3, STARTS: 3})  # an outcome
     registered = unstarted_headers({WAITING_START: 3}, Register(3), "work", "jobs", "work", "h", 1, "now",

@@ -22,6 +22,7 @@ from amqpjobs.jobs.cron import (
     leader_queue,
     parse_tick,
     plan_ticks,
+    rewound_cursor,
     running_queue,
     tick_queue,
 )
@@ -596,3 +597,12 @@ def test_a_cron_payload_too_deep_for_python_is_refused_with_the_depth_words() ->
         "the payload is nested deeper than 64 levels (dicts and lists inside each other), more than a worker reads "
         "(it would quarantine the job as undecodable); fix: flatten it, or send the deep part as a JSON string"
     )
+
+
+def test_a_cursor_ahead_of_the_clock_is_waited_for_within_the_tolerance_and_rewound_past_it():
+    now = datetime.fromisoformat("2026-12-05T10:00:00.400+00:00")
+    assert rewound_cursor(now - timedelta(seconds=5), now, 60) is None  # behind: nothing to say
+    assert rewound_cursor(now + timedelta(seconds=60), now, 60) is None  # a clock a minute behind waits
+    # stepped forward an hour and back: start again from the second before now (its tick fires)
+    assert rewound_cursor(now + timedelta(hours=1), now, 60) == datetime.fromisoformat("2026-12-05T09:59:59+00:00")
+    assert rewound_cursor(now + timedelta(seconds=2), now, 0) == datetime.fromisoformat("2026-12-05T09:59:59+00:00")

@@ -1,0 +1,203 @@
+"""A ledger new at a worker's start: the app's first, or one that replaced a lost ledger (README "Idempotency").
+
+A SQLite ledger file missing when the app is loaded is created empty: rightly on the first
+start, wrongly when a ledger was in use and its file is lost (deleted, another path after a
+deploy, a new container without its volume): every done-mark is gone, and a redelivered or
+replayed idempotent job would run its effect again. The same holds for a PostgreSQL ledger
+whose table is missing (another database after a deploy, a restore without it).
+
+The two cases can only be told apart by something that outlives the ledger and belongs to
+the jobs whose redeliveries are at stake: the broker. A ledger created by its open notes when
+and by whom in a table of its own (``amqpjobs_ledger_origin``, a row that stays *unconfirmed*).
+A worker that starts on such a ledger looks for the app's marker, the durable queue
+``amqpjobs.ledger.<app>`` in the app's vhost:
+
+* missing: this is the app's first ledger; the worker declares the marker, confirms the
+  ledger, and says where it created it (INFO);
+* present: the app had a ledger before, so this one replaced a lost one: the worker refuses
+  to start (:class:`~amqpjobs.errors.ConfigurationError`, exit 2), naming the ledger and the
+  fixes, unless told to begin a new ledger knowingly (``WorkerOptions(new_ledger=True)``,
+  ``consume --new-ledger``), which confirms it.
+
+A ledger found established (no unconfirmed row; every ledger made before this rule) makes
+sure the marker exists. The broker losing the marker too (a new broker) loses the messages
+whose redeliveries were at stake with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol, runtime_checkable
+
+from amqpjobs.errors import BrokerError, ConfigurationError
+from amqpjobs.runtime.ledger_key import seal_key_of
+from amqpjobs.wire import ticks
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: The table in which a ledger created by its open notes it (SQLite and PostgreSQL alike).
+ORIGIN_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS amqpjobs_ledger_origin "
+    "(created_at DOUBLE PRECISION NOT NULL, created_by TEXT NOT NULL, confirmed_at DOUBLE PRECISION)"
+)
+#: The marker's arguments: a classic durable queue that holds nothing.
+MARKER_ARGUMENTS: Final = {"x-queue-type": "classic", "x-max-length": 0}
+
+
+def marker_queue(app: str) -> str:
+    """The broker's marker that app ``app`` has had a ledger: ``amqpjobs.ledger.<app>``."""
+    return f"amqpjobs.ledger.{app}"
+
+
+def creator() -> str:
+    """Who creates a ledger: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def origin_words(created_at: float, created_by: str) -> str:
+    """``created 2026-12-05T19:40:02Z by host:pid``."""
+    return f"created {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(created_at))} by {created_by}"
+
+
+_TABLES: Final = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('amqpjobs_ledger', 'amqpjobs_ledger_origin')"
+)
+
+
+def sqlite_schema(db: sqlite3.Connection, schema: str) -> None:
+    """Create the ledger's table when missing, noting in the same transaction that this open created it.
+
+    Only a read when both tables are there: a process starting while a ``ctx.transaction()``
+    holds the file's write lock does not wait for it.
+    """
+    if len(db.execute(_TABLES).fetchall()) == 2:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'amqpjobs_ledger'").fetchone()
+        db.execute(schema)
+        db.execute(ORIGIN_TABLE)
+        if found is None:
+            db.execute("INSERT INTO amqpjobs_ledger_origin (created_at, created_by) VALUES (?, ?)",
+                       (time.time(), creator()))  # fmt: skip
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+#: The unconfirmed row, if any (both backends; no placeholders).
+UNCONFIRMED: Final = (
+    "SELECT created_at, created_by FROM amqpjobs_ledger_origin WHERE confirmed_at IS NULL ORDER BY created_at LIMIT 1"
+)
+
+
+def sqlite_unconfirmed(connect: Callable[[], sqlite3.Connection]) -> str | None:
+    """:meth:`NewLedger.unconfirmed` of a SQLite ledger (``connect``: the calling thread's connection)."""
+    row = connect().execute(UNCONFIRMED).fetchone()
+    return None if row is None else origin_words(float(row[0]), str(row[1]))
+
+
+def sqlite_confirm(connect: Callable[[], sqlite3.Connection]) -> None:
+    """:meth:`NewLedger.confirm` of a SQLite ledger."""
+    connect().execute("UPDATE amqpjobs_ledger_origin SET confirmed_at = ? WHERE confirmed_at IS NULL", (time.time(),))
+
+
+@runtime_checkable
+class NewLedger(Protocol):
+    """A ledger that knows whether it was created by its open and not yet confirmed (both backends)."""
+
+    #: Where the ledger is, for messages: ``SQLite ledger at /path``, ``PostgreSQL ledger (database db on h:5432)``.
+    where: str
+
+    async def unconfirmed(self) -> str | None:
+        """How the ledger was created (:func:`origin_words`) while not yet confirmed; None once established."""
+
+    async def confirm(self) -> None:
+        """Mark the ledger established: the app's ledger from now on."""
+
+
+async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> None:
+    """Refuse a new ledger when the app had one before; otherwise confirm it and keep the marker (module docstring).
+
+    Args:
+        ledger: The app's ledger (one that is no :class:`NewLedger` is left alone).
+        app: The app's name.
+        connection: A broker connection (the app's vhost).
+        vhost: The vhost, for messages.
+        new_ledger: Begin a new ledger knowingly, though the app had one (``consume --new-ledger``).
+
+    Raises:
+        ConfigurationError: the ledger is new and the app had one before.
+
+    A marker the broker refuses to show or declare (a user without configure or read
+    permission on it) is warned about, and the start goes on unchecked.
+    """
+    if not isinstance(ledger, NewLedger):
+        return
+    marker = marker_queue(app)
+    created = await ledger.unconfirmed()
+    try:
+        if created is None:
+            await _mark(connection, marker)  # a ledger made before this rule
+            return
+        had_one = await ticks.probe(connection, marker, f"looking for queue {marker}") != "missing"
+    except BrokerError as exc:  # a user without the permissions: the start goes on unchecked, said once
+        _unmarked(app, marker, exc)
+        return
+    if had_one and not new_ledger:
+        if await ledger.unconfirmed() is None:  # another process of this start (--processes) confirmed it meanwhile
+            return
+        raise ConfigurationError(
+            f"the {ledger.where} is new ({created}), but app {app!r} had a ledger before (queue {marker} in vhost "
+            f"{vhost!r} marks it): its done-marks are lost, and a redelivered or replayed idempotent job would run "
+            "its effect again. Point the app at the ledger it had (the path or database after a deploy, the "
+            "container's volume), or restore it from a backup, and start again; to begin with an empty ledger "
+            "knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+        )
+    await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
+    if not had_one:
+        try:
+            await _mark(connection, marker)
+        except BrokerError as exc:
+            _unmarked(app, marker, exc)
+    if had_one:
+        log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again",
+                    ledger.where, app, created)  # fmt: skip
+    else:
+        log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
+                 ledger.where, app, created, marker)  # fmt: skip
+
+
+def _unmarked(app: str, marker: str, exc: BrokerError) -> None:
+    log.warning("can't keep the broker's mark of app %s's ledger (%s): a ledger lost later can't be told from a "
+                "first start; give this user configure and read permission on queue %s", app, exc, marker)  # fmt: skip
+
+
+async def _mark(connection: Any, marker: str) -> None:
+    """Declare the marker (durable, empty); a broker error as :class:`BrokerError`."""
+    try:
+        await ticks.declare_durable(connection, marker, MARKER_ARGUMENTS)
+    except ticks.BROKER_ERRORS as exc:
+        raise BrokerError(f"declaring queue {marker} failed: {exc}") from exc
+
+
+async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> bytes | None:
+    """A worker's start with its ledger: open it, :func:`check_new_ledger`, and read its seal key.
+
+    Returns:
+        The key that seals a waiting suspect's start (:mod:`amqpjobs.runtime.ledger_key`), or None.
+
+    Raises:
+        The errors of the ledger's ``open`` and of :func:`check_new_ledger`.
+    """
+    opener = getattr(ledger, "open", None)
+    if opener is not None:
+        await opener()
+    await check_new_ledger(ledger, app, connection, vhost, new_ledger)
+    return await seal_key_of(ledger)
