@@ -659,3 +659,52 @@ async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses
     assert report.left == left
     assert f"{left} still in plain.quarantine" in said, said
     assert said.endswith("none is in both places); run it again once the alarm clears"), said
+
+
+@pytest.mark.serial  # raises the dedicated node's alarm; asserts a wall-clock bound
+@pytest.mark.timeout(180)
+async def test_a_park_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_nothing(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path
+) -> None:
+    """A park's copies are publishes too: an alarm raised while it runs holds one unread. The park stops with a
+    BrokerBlockedError naming the alarm, what was parked and what stays, within the held copy's wait (5 s); the
+    held copy is dropped with its connection (reset), its original stays: none lost, none in both queues.
+
+    Before: no end 60 s after the alarm (the copy's confirm wait, 30 s, then the close of its blocked channel)."""
+    from amqpjobs.runtime.parking import TakeReport, park
+
+    await make_app(on_alarm_node, tmp_path)
+    total = 5000  # parked one at a time, each confirmed: still parking when the alarm is raised
+    async with raw_channel(on_alarm_node) as ch:
+        ex = await ch.get_exchange("plain.quarantine")
+        for i in range(total):
+            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
+            await ex.publish(aio_pika.Message(b"{}", message_id=f"p-{i}", type="plain", headers=headers),
+                             routing_key="plain")  # fmt: skip
+    report = TakeReport("plain.quarantine")
+    running = asyncio.create_task(park(on_alarm_node, "plain", report=report))
+    try:
+        await wait_until(lambda: report.taken >= 10 or running.done(), 30, "10 parked")
+        alarm_node.memory_alarm(True)
+        raised = time.monotonic()
+        with pytest.raises(BrokerBlockedError) as caught:
+            await asyncio.wait_for(asyncio.shield(running), 60)
+        took = time.monotonic() - raised
+    finally:
+        alarm_node.memory_alarm(False)
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    said = str(caught.value)
+    assert caught.value.alarm == "memory", said
+    assert took < 15, f"{took:.1f}s after the alarm"
+    await asyncio.sleep(2)  # once cleared, a held copy would be stored now
+    parked, left = await depth(on_alarm_node, "plain.parked"), await depth(on_alarm_node, "plain.quarantine")
+    assert 10 <= report.taken < total
+    assert (parked, left) == (report.taken, total - report.taken)  # none lost, none in both
+    assert said == (
+        "park of 'plain.quarantine' stopped: the broker is blocking publishers: resource alarm (memory): "
+        f"{report.taken} parked before it, {left} still in plain.quarantine (the 1 copy the broker held unread was "
+        "dropped with the connection, so that job stays there; none is in both places); run it again once the "
+        "alarm clears"
+    )
