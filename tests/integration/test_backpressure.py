@@ -708,3 +708,60 @@ async def test_a_park_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_n
         "dropped with the connection, so that job stays there; none is in both places); run it again once the "
         "alarm clears"
     )
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+@pytest.mark.parametrize("path", ["async", "sync"])
+async def test_an_enqueue_written_before_the_alarm_is_seen_ends_at_its_confirm_wait_and_is_stored_once(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+):
+    """``blocked_timeout`` bounds only the wait before a publish is written. One written when the gate had not yet
+    seen the alarm is held unread by the broker: the enqueue ends at its confirm wait (30 s; cut to 2 s here),
+    never waits for the alarm, and says the job may or may not be stored (PublishError, not BrokerBlockedError:
+    it is not "NOT sent"). The app's connection stays open, so the broker stores it once the alarm clears:
+    once, not lost (helper-181, task 2: found bounded, no fix needed)."""
+    from amqpjobs.runtime import app as app_module
+    from amqpjobs.runtime import sync_fast
+    from amqpjobs.wire.blocking import BlockingPublisher
+
+    class ShortWait(ConfirmedPublisher):  # a class: the app tells its publisher by isinstance
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "timeout": 2.0})
+
+    monkeypatch.setattr(app_module, "ConfirmedPublisher", ShortWait)
+
+    class ShortConfirmWait(BlockingPublisher):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "confirm_timeout": 2.0})
+
+    monkeypatch.setattr(sync_fast, "BlockingPublisher", ShortConfirmWait)
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="10s")
+    publisher = app.sync_publisher()
+    try:
+        await app.enqueue("plain", {}, job_id="warm")
+        await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="warm-sync")
+        alarm_node.memory_alarm(True)
+        gate = app._gate
+        assert gate is not None
+        gate._alarms = ([], time.monotonic())  # read just before the alarm: the publish is written
+        started = time.monotonic()
+        held = (
+            app.enqueue("plain", {}, job_id="held")
+            if path == "async"
+            else asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="held")
+        )
+        with pytest.raises(PublishError) as caught:
+            await held
+        took = time.monotonic() - started
+        assert not isinstance(caught.value, BrokerBlockedError)
+        assert 2.0 <= took < 5.0, took  # its confirm wait, not blocked_timeout (10 s) nor the alarm's length
+        assert "no publisher confirm within 2s" in str(caught.value), caught.value
+        assert "job 'held' (plain) may or may not be stored (not confirmed)" in str(caught.value), caught.value
+        alarm_node.memory_alarm(False)
+        await asyncio.sleep(1.5)  # the broker reads what it held
+        ids = [m.message_id or "" for m in await drain(on_alarm_node, "plain")]
+        assert sorted(ids) == ["held", "warm", "warm-sync"]  # stored once, once the alarm cleared
+    finally:
+        alarm_node.memory_alarm(False)
+        await asyncio.to_thread(publisher.close)
+        await app.close()
