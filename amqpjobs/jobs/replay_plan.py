@@ -251,6 +251,10 @@ class ReplayReport:
         note = in_flight_note(replay_window(rate))
         return f"replay from {self.queue!r} interrupted after {self.replayed} moved ({note}): {why}"
 
+    def stopped_by_alarm(self, alarm: str, held: int) -> str:
+        """The error of a run a resource alarm (``alarm``: ``"memory"``) stopped: :func:`stopped_by_alarm`."""
+        return stopped_by_alarm("replay", "replayed", self.queue, self.replayed, self.left, alarm, held)
+
     def skip_reason(self) -> str:
         """Why messages that matched were skipped, and where ``limit`` stopped the run ("" when neither).
 
@@ -302,3 +306,22 @@ def in_flight_note(window: int) -> str:
     if window == 1:
         return "the one in flight may be in both places: a duplicate, never a loss"
     return f"the {window} at most in flight may be in both places: duplicates, never losses"
+
+
+def stopped_by_alarm(action: str, done: str, queue: str, moved: int, left: int, alarm: str, held: int) -> str:
+    """The error of a mover (``action``: ``replay``, ``park``) a resource alarm stopped, in the operator's words.
+
+    ``replay of 'work.quarantine' stopped: the broker is blocking publishers: resource alarm (memory): 12
+    replayed before it, 288 still in work.quarantine (the 1 copy the broker held unread was dropped with
+    the connection, so that job stays there; none is in both places); run it again once the alarm clears``.
+    ``done`` is the past of ``action`` (``replayed``); ``moved`` the copies confirmed, ``left`` the
+    messages counted in ``queue`` at the end, ``held`` the copies held unread, dropped with their
+    connection (:func:`amqpjobs.wire.reset.reset`): their jobs stay in ``queue``.
+    """
+    copies = f"the {held} copies the broker held unread were" if held != 1 else "the 1 copy the broker held unread was"
+    jobs = "those jobs stay" if held != 1 else "that job stays"
+    return (
+        f"{action} of {queue!r} stopped: the broker is blocking publishers: resource alarm ({alarm}): {moved} "
+        f"{done} before it, {left} still in {printable(queue)} ({copies} dropped with the connection, so {jobs} "
+        "there; none is in both places); run it again once the alarm clears"
+    )

@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerBlockedError,
     BrokerError,
     ConfigurationError,
     MessageTooLargeError,
@@ -35,17 +37,26 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.payload_refs import PayloadRef
-from amqpjobs.jobs.replay_plan import in_flight_note
+from amqpjobs.jobs.replay_plan import in_flight_note, stopped_by_alarm
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
-from amqpjobs.runtime.quarantine import INTERRUPTED, browse, mover_lock, resolve_quarantine_queue, session
+from amqpjobs.runtime.quarantine import (
+    HELD_COPY_WAIT,
+    INTERRUPTED,
+    browse,
+    mover_lock,
+    publishing_session,
+    resolve_quarantine_queue,
+    session,
+)
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.alarms import refuse_while_blocked
+from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, probe_queue
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
 
 
@@ -196,7 +207,7 @@ async def park(
 
     """
     selection = selection or q.Selection()
-    async with session(settings) as connection:
+    async with session(settings) as connection, AsyncExitStack() as stack:
         queue, depth = await resolve_quarantine_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
@@ -213,8 +224,10 @@ async def park(
             await refuse_while_blocked(settings, f"park of {queue!r}")
         report = report if report is not None else TakeReport(queue)
         report.queue, report.target = queue, target
-        publisher = ConfirmedPublisher(connection)
+        publishing = await stack.enter_async_context(publishing_session(settings, "park"))
+        publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
         parked_at = envelope.iso_utc()
+        blocked: BrokerBlockedError | None = None  # its copy held by a resource alarm stopped the park
 
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> bool:
             job_id = delivery.message_id or item.job_id or ""
@@ -248,14 +261,22 @@ async def park(
         moved: list[StateRecord] = []
         try:
             await _take(connection, settings, queue, selection, "park", move, report, census or Census())
+        except BrokerBlockedError as exc:  # said once its held copy is dropped and what stays is counted
+            blocked = exc
         except asyncio.CancelledError:  # the held messages are back: count them for the caller's summary
             with contextlib.suppress(Exception):
                 _, report.left = await resolve_quarantine_queue(connection, queue)
             raise
         finally:
+            if blocked_by(publishing) is not None:  # its copy held unread is dropped: the original stays
+                await reset(publishing)
             await publisher.close()
             await record_quietly(results, moved)
         _, report.left = await resolve_quarantine_queue(connection, queue)
+    if blocked is not None:  # one copy at a time: the one held
+        raise BrokerBlockedError(
+            stopped_by_alarm("park", "parked", queue, report.taken, report.left, blocked.alarm, 1), alarm=blocked.alarm
+        ) from blocked
     return report
 
 

@@ -41,12 +41,14 @@ from amqpjobs.printable import json_text
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.acks import DeliveryChannelClosed
+from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.browse import QueueBrowser, probe_queue, purge_queue
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import LIBRARY_ERRORS
 from amqpjobs.wire.lock import HeldLock, LockHolder, exclusive_lock
 from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
 
 _T = TypeVar("_T")
@@ -164,6 +166,33 @@ async def session(settings: BrokerSettings) -> AsyncIterator[Connection]:
         yield connection
     finally:
         await connection.close()
+
+
+#: Seconds a mover's copy waits for its confirm while a resource alarm blocks its connection (then it stops).
+HELD_COPY_WAIT = 5.0
+
+
+@asynccontextmanager
+async def publishing_session(settings: BrokerSettings, action: str) -> AsyncIterator[Connection]:
+    """The connection a mover (``action``: ``"replay"``, ``"park"``) publishes its copies on, apart from the session.
+
+    A resource alarm blocks only a connection that publishes: the mover's gets, acks and lock stay on
+    :func:`session`'s, which the broker goes on reading. Left blocked, this one is reset, not closed
+    (:func:`~amqpjobs.wire.reset.reset`): the copies the broker holds unread are dropped, never stored,
+    so their originals (not acked) are the jobs' only place, and the command ends at once.
+
+    Raises:
+        BrokerUnavailableError: the broker can't be reached.
+
+    """
+    connection = await connect(settings, name=f"amqpjobs-{action}-copies")
+    try:
+        yield connection
+    finally:
+        if blocked_by(connection) is not None:
+            await reset(connection)
+        else:
+            await connection.close()
 
 
 @asynccontextmanager

@@ -22,6 +22,7 @@ from typing import Any
 
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerBlockedError,
     BrokerError,
     ConfigurationError,
     MessageTooLargeError,
@@ -35,16 +36,24 @@ from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, destination, replay_window
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
-from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue, session
+from amqpjobs.runtime.quarantine import (
+    HELD_COPY_WAIT,
+    INTERRUPTED,
+    mover_lock,
+    publishing_session,
+    resolve_quarantine_queue,
+    session,
+)
 from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
-from amqpjobs.wire.alarms import refuse_while_blocked
+from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
 
 
@@ -205,7 +214,8 @@ async def replay(
             report.phase = "canary"
             if progress is not None:  # checked and subscribed: the caller may now say what the canary does
                 progress(report)
-        publisher = ConfirmedPublisher(connection)
+        publishing = await stack.enter_async_context(publishing_session(settings, "replay"))
+        publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
         browser = await QueueBrowser.open(connection)
         targets = Targets(connection)
         started: float | None = None
@@ -216,6 +226,7 @@ async def replay(
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
         proven = 0  # the largest body confirmed in this run: a larger copy is sent alone (see _alone)
+        blocked: BrokerBlockedError | None = None  # a copy held by a resource alarm stopped the run
 
         async def move(delivery: Delivery, planned: ReplayMove, started: float) -> None:
             """Publish the copy, and ack the quarantined message only once the copy is confirmed."""
@@ -318,6 +329,8 @@ async def replay(
         except asyncio.CancelledError:
             interrupted = True
             raise
+        except BrokerBlockedError as exc:  # said once the held copies are dropped and what stays is counted
+            blocked = exc
         except AmqpJobsError:
             raise
         except INTERRUPTED as exc:
@@ -327,6 +340,8 @@ async def replay(
             for task in moving if interrupted else ():  # Ctrl-C cuts them short; else each ends at its confirm
                 task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
+            if blocked_by(publishing) is not None:  # its copies held unread are dropped: their originals stay
+                await reset(publishing)
             await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()
             await record_quietly(results, moved)
@@ -336,6 +351,9 @@ async def replay(
                 with contextlib.suppress(Exception):
                     _, report.left = await resolve_quarantine_queue(connection, queue_name)
         _, report.left = await resolve_quarantine_queue(connection, queue_name)
+    if blocked is not None:
+        held = sum(isinstance(exc, BrokerBlockedError) for exc in failures)
+        raise BrokerBlockedError(report.stopped_by_alarm(blocked.alarm, held), alarm=blocked.alarm) from blocked
     return report
 
 

@@ -139,3 +139,38 @@ class WhileBlocked:
     def cancel(self) -> None:
         """Stop looking (the confirm came, or the wait ended otherwise)."""
         self._handle.cancel()
+
+
+class GiveUpWhileBlocked:
+    """Ends a confirm wait once its connection has been seen blocked for ``bound`` seconds in a row.
+
+    Then :attr:`alarm` names the alarm (``"memory"`` ...) and the wait's window ends now. A publish whose
+    confirm is awaited when the connection is blocked was held unread by the broker (what it had read
+    before the block is confirmed meanwhile); the caller decides what becomes of it (a reset drops it:
+    :func:`~amqpjobs.wire.reset.reset`). Looks every :data:`BLOCKED_RECHECK` seconds until :meth:`cancel`.
+    """
+
+    def __init__(self, connection: Connection, window: asyncio.Timeout, bound: float) -> None:
+        self.alarm: str | None = None
+        self._connection = connection
+        self._window = window
+        self._bound = bound
+        self._since: float | None = None
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_soon(self._look)
+
+    def _look(self) -> None:
+        alarm, now = blocked_by(self._connection), self._loop.time()
+        if alarm is None:
+            self._since = None
+        elif self._since is None:
+            self._since = now
+        elif now - self._since >= self._bound:
+            self.alarm = alarm
+            self._window.reschedule(now)
+            return
+        self._handle = self._loop.call_later(BLOCKED_RECHECK, self._look)
+
+    def cancel(self) -> None:
+        """Stop looking (the confirm came, or the wait ended otherwise)."""
+        self._handle.cancel()

@@ -22,6 +22,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
 from amqpjobs.wire.errors import open_refused
+from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
 
@@ -140,6 +141,8 @@ class ClusterConnection(RobustConnection):
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
+        # each (re)connect's socket is kept, for a reset of a blocked connection (amqpjobs.wire.reset)
+        self.kwargs["transport_factory"] = RecordingTransports()
 
     @property
     def name(self) -> str:

@@ -26,7 +26,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.alarms import WhileBlocked
+from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, reply_code
 from amqpjobs.wire.exchange_checks import ExchangeChecks
@@ -43,6 +43,7 @@ from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 from amqpjobs.wire.publish_outcome import (
     closed_under,
     heard_close,
+    held_unread,
     max_size_in,
     nacked,
     over_max_size,
@@ -91,6 +92,9 @@ class ConfirmedPublisher:
             unread and stores it once the alarm clears, so a publish given up on and sent again
             would be stored twice (a worker's copy: two lives of its job). Default False: an
             app's enqueue raises :class:`PublishError` after ``timeout`` (its caller decides).
+        give_up_blocked: Seconds a confirm is awaited while a resource alarm blocks the connection, then
+            :class:`BrokerBlockedError` (held unread: stored once the alarm clears unless the connection is
+            reset, :func:`~amqpjobs.wire.reset.reset`). None (default): ``timeout`` alone bounds the wait.
     """
 
     def __init__(
@@ -105,8 +109,10 @@ class ConfirmedPublisher:
         owner: str = "the publisher",
         wait_reconnect: bool = False,
         wait_while_blocked: bool = False,
+        give_up_blocked: float | None = None,
     ) -> None:
         self._owner = owner
+        self._give_up_blocked = None if wait_while_blocked else give_up_blocked
         self._wait_while_blocked = wait_while_blocked
         self._wait_reconnect = wait_reconnect
         self._closed = False  # close() was called: no channel opens again, publishes cut off say so
@@ -307,6 +313,7 @@ class ConfirmedPublisher:
         properties = amqp_properties(message) if exact is None else exact
         sent = time.monotonic()
         channel, underlay = await self._writable(exchange, routing_key, sent, message.message_id)
+        stretched: WhileBlocked | GiveUpWhileBlocked | None = None
         try:
             with broker_errors():
                 frame_max = underlay.connection.connection_tune.frame_max
@@ -314,9 +321,10 @@ class ConfirmedPublisher:
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
                 confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
                 async with asyncio.timeout(self._timeout) as window:
-                    stretched = (
-                        WhileBlocked(self._connection, window, self._timeout) if self._wait_while_blocked else None
-                    )
+                    if self._wait_while_blocked:
+                        stretched = WhileBlocked(self._connection, window, self._timeout)
+                    elif self._give_up_blocked is not None:
+                        stretched = GiveUpWhileBlocked(self._connection, window, self._give_up_blocked)
                     try:
                         if confirmation is not None:  # aiormq's bookkeeping, without its objects
                             await confirmation
@@ -337,6 +345,8 @@ class ConfirmedPublisher:
                 raise
             await self._closed_under(channel, underlay, exchange, routing_key, message, exc)
         except TimeoutError as exc:
+            if isinstance(stretched, GiveUpWhileBlocked) and stretched.alarm is not None:
+                raise held_unread(exchange, routing_key, stretched.alarm, self._give_up_blocked or 0.0) from exc
             raise PublishError(uncertain(
                 f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}", message
             )) from exc  # fmt: skip

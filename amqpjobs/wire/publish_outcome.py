@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import aiormq
 
-from amqpjobs.errors import MessageTooLargeError, PublishError, UnroutableError
+from amqpjobs.errors import BrokerBlockedError, MessageTooLargeError, PublishError, UnroutableError
 from amqpjobs.message import OutgoingMessage
 
 
@@ -147,3 +147,13 @@ def closed_under(
     if closed_by is not None:
         what = f"{closed_by} was closed under the publish to {exchange!r} / {routing_key!r}"
     return PublishError(uncertain(what, message))
+
+
+def held_unread(exchange: str, routing_key: str, alarm: str, waited: float) -> BrokerBlockedError:
+    """The error of a publish a resource alarm's broker held unread for ``waited`` seconds (``alarm``: ``"memory"``)."""
+    return BrokerBlockedError(
+        f"publish to {exchange!r} / {routing_key!r} held unread by the broker: resource alarm ({alarm}) for "
+        f"{waited:g}s; it is stored once the alarm clears unless the connection is reset",
+        alarm=alarm,
+        waited=waited,
+    )

@@ -37,3 +37,21 @@ def test_the_ceilings_have_one_home() -> None:
         assert console[name] is getattr(replay_plan, name), name
     ceilings = (replay_plan.MAX_REPLAY_RATE, replay_plan.MAX_CANARY, replay_plan.MAX_CANARY_TIMEOUT)
     assert ceilings == (10_000.0, 10_000, 3600.0)
+
+
+@pytest.mark.parametrize(
+    ("held", "words"),
+    [
+        (1, "the 1 copy the broker held unread was dropped with the connection, so that job stays there"),
+        (3, "the 3 copies the broker held unread were dropped with the connection, so those jobs stay there"),
+    ],
+)
+def test_a_run_a_resource_alarm_stopped_says_what_moved_what_stays_and_when_to_run_again(held: int, words: str):
+    from amqpjobs.jobs.replay_plan import ReplayReport
+
+    report = ReplayReport(queue="work.quarantine", replayed=12, left=288)
+    assert report.stopped_by_alarm("memory", held) == (
+        "replay of 'work.quarantine' stopped: the broker is blocking publishers: resource alarm (memory): 12 "
+        f"replayed before it, 288 still in work.quarantine ({words}; none is in both places); run it again once "
+        "the alarm clears"
+    )
