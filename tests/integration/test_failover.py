@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 import aio_pika
 import pytest
 
-from amqpjobs import App, JobContext, Worker, WorkerOptions
+from amqpjobs import App, JobContext, Reject, Worker, WorkerOptions
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
@@ -171,8 +171,8 @@ async def test_a_worker_moves_to_another_node_when_its_node_stops(
 ):
     path = tmp_path / "q.toml"
     path.write_text(QUORUM)
-    # The hardest case: the worker's node X is also the home of the classic queues (quarantine)
-    # and the first leader of the quorum job queue: all declared through node 1, the worker on it.
+    # The hardest case: the worker's node X is also the first leader of the quorum job queue and of
+    # its quarantine (quorum too): all declared through node 1, the worker on it.
     await apply_topology(path, broker_settings(vhost_on.nodes[0]))
     monkeypatch.setattr(random, "shuffle", lambda nodes: None)  # node 1 first, in this test only
     app = App("fo", topology=load_topology(path).topology, url=vhost_on.url)
@@ -224,7 +224,7 @@ async def test_a_worker_moves_to_another_node_when_its_node_stops(
         f"no job finished for {outage:.1f}s (the node closed the connection {lost - stopping:.1f}s after the "
         f"stop began, the worker connected to node {y} {moved - lost:.1f}s later)"
     )
-    await start_node(x)  # home of the classic quarantine queue (docs/scaling.md "Placement")
+    await start_node(x)  # back for the count (the quarantine, quorum, answers without it too)
     quarantined = await messages_in(vhost_on, "money.quarantine")
     assert set(done) | set(quarantined) == {f"p-{i}" for i in range(2000)}, "none lost"
     # At-least-once: a job runs again when the broker did not get its ack, the 4 in flight on the lost
@@ -294,3 +294,39 @@ async def test_a_publisher_moves_to_another_node_when_its_node_stops(
     )
     assert len(raised) < 300, f"node {y}: calls kept failing after the stop: {sorted(raised.items())[:3]}"
     assert all(f"e-{i}" in confirmed for i in range(sent - 100, sent)), "enqueues confirmed again on another node"
+
+
+@pytest.mark.timeout(300)
+async def test_a_quorum_job_queue_quarantines_while_the_node_that_declared_it_is_down(
+    vhost_on: BrokerSettings, tmp_path: Path
+):
+    """Its quarantine is quorum too: with a majority up, a job is moved there while node 1 (where
+    apply declared everything) is down. (A classic one lived on node 1 only: the broker returned the
+    move, 312 NO_ROUTE, and the worker held the job and stopped consuming until node 1 came back.)"""
+    path = tmp_path / "q.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker_settings(vhost_on.nodes[0]))
+    app = App("foq", topology=load_topology(path).topology, url=vhost_on.url)
+    runs: Counter[str] = Counter()
+
+    @app.job("pay", queue="money")
+    async def pay(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs[ctx.job_id] += 1
+        raise Reject("card declined")
+
+    await stop_node(1)
+    for i in range(20):
+        await app.enqueue("pay", {"i": i}, job_id=f"r-{i}")
+    await app.close()
+    worker = Worker(app, vhost_on, WorkerOptions(queues=("money",), concurrency=4))
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(runs) < 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        quarantined = await messages_in(vhost_on, "money.quarantine")  # node 1 still down
+    finally:
+        await worker.shutdown()
+    assert runs == Counter({f"r-{i}": 1 for i in range(20)})
+    assert sorted(quarantined) == sorted(f"r-{i}" for i in range(20))
+    assert await messages_in(vhost_on, "money") == []

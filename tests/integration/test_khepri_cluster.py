@@ -202,7 +202,7 @@ async def test_worker_names_the_down_node_of_a_classic_queue_not_apply(
 ):
     n1, n2 = vhost_nodes[0], vhost_nodes[1]
     work = tmp_path / "work.toml"
-    work.write_text(WORK)
+    work.write_text(WORK.replace('type = "quorum"', 'type = "classic"'))  # a classic job queue's quarantine
     applied = cli_subprocess(n2, "topology", "apply", str(work))  # classic queues live on the declaring node
     assert applied.returncode == 0, applied.stderr
     with ManagementClient(n1) as mgmt:
