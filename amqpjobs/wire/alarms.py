@@ -174,3 +174,16 @@ class GiveUpWhileBlocked:
     def cancel(self) -> None:
         """Stop looking (the confirm came, or the wait ended otherwise)."""
         self._handle.cancel()
+
+
+def confirm_watch(
+    connection: Connection, window: asyncio.Timeout, timeout: float, wait_while_blocked: bool, give_up: float | None
+) -> WhileBlocked | GiveUpWhileBlocked | None:
+    """What watches a confirm wait's ``window`` for a blocked connection, as its publisher chose.
+
+    ``wait_while_blocked``: :class:`WhileBlocked` (the wait goes on while blocked, ``timeout`` seconds
+    at a time); else ``give_up`` seconds: :class:`GiveUpWhileBlocked`; else None (``timeout`` alone).
+    """
+    if wait_while_blocked:
+        return WhileBlocked(connection, window, timeout)
+    return None if give_up is None else GiveUpWhileBlocked(connection, window, give_up)

@@ -26,7 +26,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked
+from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked, confirm_watch
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, reply_code
 from amqpjobs.wire.exchange_checks import ExchangeChecks
@@ -42,12 +42,12 @@ from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 from amqpjobs.wire.publish_outcome import (
     closed_under,
+    cut_off,
     heard_close,
-    held_unread,
     max_size_in,
     nacked,
+    no_confirm,
     over_max_size,
-    uncertain,
     unroutable,
 )
 
@@ -187,20 +187,11 @@ class ConfirmedPublisher:
         except PublishError:  # sent, or refused: its own words
             raise
         except BaseException as exc:
-            if not self._cut_off(exc):
+            if not cut_off(self._closed, exc):
                 raise
             raise PublisherClosedError(
                 f"{self._owner} was closed under the publish to {exchange!r} / {routing_key!r}: not sent"
             ) from exc
-
-    def _cut_off(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is what :meth:`close` did to a publish under way (the caller's own cancel is not)."""
-        if not self._closed:
-            return False
-        if isinstance(exc, asyncio.CancelledError):  # a future aio-pika cancelled at the close, not the task
-            task = asyncio.current_task()
-            return task is None or task.cancelling() == 0
-        return type(exc) is Exception or isinstance(exc, (RuntimeError, BrokerError, PublisherClosedError, *_CLOSED))
 
     async def ready(self) -> None:
         """Open the publishing channel now, else the first publish does (raises nothing: that publish says why not)."""
@@ -321,10 +312,9 @@ class ConfirmedPublisher:
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
                 confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
                 async with asyncio.timeout(self._timeout) as window:
-                    if self._wait_while_blocked:
-                        stretched = WhileBlocked(self._connection, window, self._timeout)
-                    elif self._give_up_blocked is not None:
-                        stretched = GiveUpWhileBlocked(self._connection, window, self._give_up_blocked)
+                    stretched = confirm_watch(
+                        self._connection, window, self._timeout, self._wait_while_blocked, self._give_up_blocked
+                    )
                     try:
                         if confirmation is not None:  # aiormq's bookkeeping, without its objects
                             await confirmation
@@ -341,15 +331,14 @@ class ConfirmedPublisher:
         except PublishNackedError as exc:  # a nack of this publish's delivery tag
             raise PublishNackedError(nacked(exchange, routing_key)) from exc.__cause__
         except asyncio.CancelledError as exc:  # the confirm's future, cancelled when close() closed the connection
-            if not self._cut_off(exc):
+            if not cut_off(self._closed, exc):
                 raise
             await self._closed_under(channel, underlay, exchange, routing_key, message, exc)
         except TimeoutError as exc:
-            if isinstance(stretched, GiveUpWhileBlocked) and stretched.alarm is not None:
-                raise held_unread(exchange, routing_key, stretched.alarm, self._give_up_blocked or 0.0) from exc
-            raise PublishError(uncertain(
-                f"no publisher confirm within {self._timeout:g}s for {exchange!r} / {routing_key!r}", message
-            )) from exc  # fmt: skip
+            alarm = stretched.alarm if isinstance(stretched, GiveUpWhileBlocked) else None
+            raise no_confirm(
+                exchange, routing_key, message, self._timeout, alarm, self._give_up_blocked or 0.0
+            ) from exc
         except ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp refusing the properties is named
             encoded_size(properties)
             raise

@@ -7,13 +7,22 @@ uncertain (README "Enqueueing").
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 
 import aiormq
 
-from amqpjobs.errors import BrokerBlockedError, MessageTooLargeError, PublishError, UnroutableError
+from amqpjobs.errors import (
+    BrokerBlockedError,
+    BrokerError,
+    MessageTooLargeError,
+    PublisherClosedError,
+    PublishError,
+    UnroutableError,
+)
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS
 
 
 def heard_close(underlay: aiormq.Channel) -> bool:
@@ -147,6 +156,36 @@ def closed_under(
     if closed_by is not None:
         what = f"{closed_by} was closed under the publish to {exchange!r} / {routing_key!r}"
     return PublishError(uncertain(what, message))
+
+
+def cut_off(closed: bool, exc: BaseException) -> bool:
+    """Whether ``exc`` is what a publisher's close (``closed``: it was called) did to a publish under way.
+
+    The caller's own cancel is not: only a future aio-pika cancelled at the close, or what reading a
+    channel or connection closed under it raises.
+    """
+    if not closed:
+        return False
+    if isinstance(exc, asyncio.CancelledError):  # a future aio-pika cancelled at the close, not the task
+        task = asyncio.current_task()
+        return task is None or task.cancelling() == 0
+    closing: tuple[type[BaseException], ...] = (RuntimeError, BrokerError, PublisherClosedError, *CHANNEL_OPEN_ERRORS)
+    return type(exc) is Exception or isinstance(exc, closing)
+
+
+def no_confirm(
+    exchange: str, routing_key: str, message: OutgoingMessage, timeout: float, alarm: str | None, waited: float
+) -> PublishError:
+    """The error of a confirm wait that ended unanswered.
+
+    Held by resource alarm ``alarm`` for ``waited`` seconds (:func:`held_unread`), or (``alarm`` None)
+    no confirm within ``timeout`` seconds: it may or may not be stored.
+    """
+    if alarm is not None:
+        return held_unread(exchange, routing_key, alarm, waited)
+    return PublishError(
+        uncertain(f"no publisher confirm within {timeout:g}s for {exchange!r} / {routing_key!r}", message)
+    )
 
 
 def held_unread(exchange: str, routing_key: str, alarm: str, waited: float) -> BrokerBlockedError:
