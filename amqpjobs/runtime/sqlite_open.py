@@ -41,13 +41,19 @@ _creates = True
 _TOKEN_TABLE: Final = "CREATE TABLE IF NOT EXISTS amqpjobs_store_file (token TEXT NOT NULL)"
 
 #: Primary result codes that mean "not now" (https://www.sqlite.org/rescode.html).
-_NOT_NOW: Final = {5: "another process holds it locked: try again", 6: "another process holds it locked: try again",
-                   10: "the disk failed a read or write", 13: "the disk is full"}  # fmt: skip
+_NOT_NOW: Final = {
+    5: "another process holds it locked: try again",
+    6: "another process holds it locked: try again",
+    10: "the disk failed a read or write: check that its file system has free space (SQLite writes -wal and -shm "
+    "files beside the file) and is not failing",
+    13: "the disk is full: free space on the file system that holds it",
+}
 #: What to do about a code that means "not this file" (the rest get the first one's words).
 _FIX: Final = {
     14: "check that its directory exists and that this user can create and write files in it",
     26: "point it at a SQLite file of its own",
-    8: "this user must be able to write the file and its directory (SQLite writes -wal and -shm files beside it)",
+    8: "this user must be able to write the file and its directory (SQLite writes -wal and -shm files beside it), "
+    "on a file system not mounted read-only",
     3: "this user must be able to write the file and its directory",
 }
 
@@ -71,6 +77,35 @@ def open_failure(
         return LedgerUnavailableError(text) if what == "ledger" else ResultsUnavailableError(text)
     fix = _FIX.get(primary if primary is not None else 14, _FIX[14])
     return ConfigurationError(f"can't open the SQLite {what} at {path}: {said}; {fix}")
+
+
+def trouble(exc: BaseException) -> str:
+    """SQLite's words for ``exc``, its code's name, what to do (``disk I/O error (SQLITE_IOERR_SHMSIZE); ...``)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    name = getattr(exc, "sqlite_errorname", None)
+    said = f"{exc} ({name})" if name else str(exc)
+    primary = code & 0xFF if isinstance(code, int) else None
+    fix = _NOT_NOW.get(primary) if primary is not None else None
+    fix = fix or (_FIX.get(primary) if primary is not None else None)
+    return f"{said}; {fix}" if fix else said
+
+
+def store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database failing (an I/O error, a full or read-only disk, a lock, a damaged file).
+
+    A value the database refuses (``sqlite3.DataError``, a ``ValueError``) is not: the caller tells those apart.
+    """
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+
+
+def rollback(db: sqlite3.Connection) -> None:
+    """Roll back ``db``'s open transaction, if one is left.
+
+    SQLite ends some itself on failure (a full disk): a ROLLBACK then would raise "no
+    transaction is active" over the error that ended it.
+    """
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 def file_path(owner: str, path: str | Path) -> Path:
@@ -174,7 +209,7 @@ class StoreFile:
                                "WHERE NOT EXISTS (SELECT 1 FROM amqpjobs_store_file)", (uuid.uuid4().hex,))  # fmt: skip
                     db.execute("COMMIT")
                 except BaseException:
-                    db.execute("ROLLBACK")
+                    rollback(db)
                     raise
                 self._token = _token_of(db)
             st = os.stat(self.path)
@@ -187,8 +222,11 @@ class StoreFile:
         self._identity = (st.st_dev, st.st_ino)
         return db
 
-    def connect(self, timeout: float, waits: str = "") -> sqlite3.Connection:
+    def connect(self, timeout: float, waits: str = "", doing: str = "open") -> sqlite3.Connection:
         """A further connection (``timeout``: the busy timeout, seconds), to the file :meth:`create` opened only.
+
+        ``doing``: the caller's operation, as the error words it (``"write records to"``: "can't
+        write records to the SQLite results store at PATH: ...").
 
         Raises:
             LedgerUnavailableError, ResultsUnavailableError: (by ``what``) the file is gone or another
@@ -199,15 +237,12 @@ class StoreFile:
         try:
             db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)  # never creates it
         except sqlite3.Error as exc:
-            raise self._error(f"can't open the SQLite {self.what} at {self.path}: {exc}") from exc
+            raise self.failure(exc, doing, timeout, waits) from exc
         try:
             token = _token_of(db, missing_ok=True)
         except sqlite3.Error as exc:
             db.close()
-            raise (
-                self.locked(exc, timeout, waits)
-                or self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}")
-            ) from exc
+            raise self.failure(exc, doing, timeout, waits) from exc
         except BaseException:
             db.close()
             raise
@@ -262,6 +297,17 @@ class StoreFile:
             f"the SQLite {self.what} at {self.path} is locked: a write transaction has held the whole file for over "
             f"{seconds:g}s (a ctx.transaction() of a job that runs long or hangs, in this worker or another process "
             f"of the host, or another program's); {waits}: keep ctx.transaction() short ({exc})"
+        )
+
+    def failure(
+        self, exc: BaseException, doing: str, seconds: float, waits: str = ""
+    ) -> LedgerUnavailableError | ResultsUnavailableError:
+        """The store's error for SQLite's ``exc`` met while ``doing`` (``"write records to"``): path and fix named.
+
+        Held locked past the busy timeout (``seconds``), it is :meth:`locked`'s error.
+        """
+        return self.locked(exc, seconds, waits) or self._error(
+            f"can't {doing} the SQLite {self.what} at {self.path}: {trouble(exc)}"
         )
 
     def _fail(self, how: str) -> None:
