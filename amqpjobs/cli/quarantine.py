@@ -17,13 +17,12 @@ from amqpjobs.cli._common import (
     closing_store,
     error_text,
     errors_to_exit_codes,
-    output_file,
     queue_name_arg,
     settings,
-    unwritable,
     url_options,
 )
 from amqpjobs.cli._filters import filter_options, selection
+from amqpjobs.cli._outputs import output_target, unwritable
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
@@ -171,21 +170,22 @@ def _show_one(m: QuarantinedMessage, data: dict[str, Any] | None, problem: str, 
 
 @quarantine.command("export")
 @click.argument("queue", callback=queue_name_arg)
-@click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @url_options
 @errors_to_exit_codes
 def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
-    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
-    if str(file) == "-":  # stdout carries the summary line here: a file keeps the export apart from it
-        raise ConfigurationError("FILE '-': give the path of a file to write (the summary goes to stdout)")
-    output_file("FILE", file)
+    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued.
+
+    FILE - (or /dev/stdout) writes them to stdout, and the summary line to stderr.
+    """
+    out = output_target("FILE", file)
     try:
-        count = run_command(export(settings(url, management_url), queue, file))
+        count = run_command(export(settings(url, management_url), queue, file, out.open))
     except OSError as exc:
         if exc.filename != str(file):
             raise
-        raise unwritable("FILE", file, exc) from None
-    click.echo(f"exported {count} message(s) to {printable(str(file))}; the queue still holds them")
+        raise unwritable("FILE", out.shown, exc) from None
+    click.echo(f"exported {count} message(s) to {out.shown}; the queue still holds them", err=out.path is None)
 
 
 @quarantine.command("purge")

@@ -14,16 +14,14 @@ from amqpjobs.cli._common import (
     duration_option,
     errors_to_exit_codes,
     long_running_url_options,
-    output_file,
     settings,
     verbose,
-    write_output,
 )
+from amqpjobs.cli._outputs import output_target
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
-from amqpjobs.printable import printable
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.handler_threads import bound_the_exit, want_exit_bound
@@ -151,7 +149,7 @@ def consume(
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    type=click.Path(allow_dash=True),
     help="File to write (default, or -: stdout).",
 )
 @errors_to_exit_codes
@@ -161,13 +159,9 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     For publishers in other languages: exchange, routing key and AMQP bindings of each
     channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
     """
-    output = None if output == "-" else output  # the Unix convention: - is stdout
-    if output:
-        output_file("-o/--output", output)
+    out = output_target("-o/--output", output)  # left out, - or /dev/stdout: stdout
     app = load_app(app_ref)
     text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
-    if output:
-        write_output("-o/--output", output, text + "\n")
-        click.echo(f"wrote {printable(output)}", err=True)
-    else:
-        click.echo(text)
+    out.write(text + "\n")
+    if out.path is not None:
+        click.echo(f"wrote {out.shown}", err=True)
