@@ -199,6 +199,29 @@ def duration_option(option: str, value: str) -> float:
         raise ConfigurationError(f"{option}: {exc}") from None
 
 
+class WholeNumber(click.IntRange):
+    """click's ``IntRange`` for the digits 0-9 only: ``int()`` also reads other scripts' digits (``'٣'``, ``'５'``).
+
+    Every number option of ours has this type (or :class:`Decimal`): a test walks the commands.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as an int in the range; text holding anything but ASCII is refused (exit 2)."""
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{printable(repr(value))} is not a whole number in the digits 0-9", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class Decimal(click.FloatRange):
+    """click's ``FloatRange`` for the digits 0-9 only (as :class:`WholeNumber`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as a float in the range; text holding anything but ASCII is refused (exit 2)."""
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{printable(repr(value))} is not a number in the digits 0-9", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:
     try:
         seconds = parse_duration(value)

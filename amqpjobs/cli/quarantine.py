@@ -13,6 +13,8 @@ from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines,
 from amqpjobs.cli._common import (
     EXIT_BAD_INPUT,
     EXIT_FOUND,
+    Decimal,
+    WholeNumber,
     app_results,
     closing_store,
     error_text,
@@ -114,7 +116,7 @@ def _list_doc(doc: list[tuple[str, int, list[Group]]], as_json: bool) -> None:
 
 @quarantine.command("show")
 @click.argument("queue", callback=queue_name_arg)
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=WholeNumber(1), default=20, show_default=True)
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @payload_store_option
@@ -241,11 +243,11 @@ def quarantine_purge(
     help="The app: --to is refused when its workers do not handle the jobs (they would be quarantined), and "
     "with a results store (App(results=...)) each replayed job is recorded 'replayed'.",
 )  # fmt: skip
-@click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
-@click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
+@click.option("--rate", type=Decimal(), default=50.0, show_default=True, help="At most this many messages per second.")
+@click.option("--limit", type=WholeNumber(1), help="Replay at most this many.")
 @filter_options
 @click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
-@click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
+@click.option("--stop-after-failures", type=WholeNumber(1), help="Stop after K replayed jobs came back.")
 @canary_options
 @url_options
 @errors_to_exit_codes

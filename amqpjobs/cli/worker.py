@@ -10,6 +10,7 @@ import sys
 import click
 
 from amqpjobs.cli._common import (
+    WholeNumber,
     declares,
     duration_option,
     errors_to_exit_codes,
@@ -39,7 +40,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
 @click.option(
     "--concurrency",
     "-c",
-    type=click.IntRange(1, 256),
+    type=WholeNumber(1, 256),
     default=1,
     show_default=True,
     help=(
@@ -77,7 +78,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     show_default=True,
     help="Event loop: asyncio, or uvloop (pip install 'amqpjobs[uvloop]').",
 )
-@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
+@click.option("--metrics-port", type=WholeNumber(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
 @click.option(
     "--processes",

@@ -61,6 +61,7 @@ from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
 from amqpjobs.runtime.signals import exit_at_once_on_signals
+from amqpjobs.text import ascii_digits
 
 log = logging.getLogger("amqpjobs.supervisor")
 
@@ -112,10 +113,7 @@ def process_count(value: str, cpus: int) -> int:
     """
     if value.strip().lower() == "auto":
         return cpus
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
+    count = int(value) if ascii_digits(value.strip()) else 0  # int() also reads other scripts' digits
     if count < 1:
         raise ConfigurationError(f"--processes {value!r}: give a positive number of processes, or auto (one per CPU)")
     limit = PROCESSES_PER_CPU * cpus
