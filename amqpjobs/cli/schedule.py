@@ -70,7 +70,7 @@ def schedule_run(
 @errors_to_exit_codes
 def schedule_list(app_ref: str, count: int, after: str | None) -> None:
     """Each schedule of MODULE:APP with its next fire times, in UTC and in the schedule's local time."""
-    app = load_app(app_ref)
+    app = load_app(app_ref, reading=True)
     expected = "give an ISO-8601 time such as 2026-03-29T00:00Z"
     start = datetime.now(UTC) if after is None else time_option("--after", after, expected)
     schedules = app.schedules()

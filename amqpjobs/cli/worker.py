@@ -161,7 +161,7 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
     """
     out = output_target("-o/--output", output)  # left out, - or /dev/stdout: stdout
-    app = load_app(app_ref)
+    app = load_app(app_ref, reading=True)
     text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
     out.write(text + "\n")
     if out.path is not None:

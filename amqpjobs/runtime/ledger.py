@@ -36,7 +36,8 @@ from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure, rollback, store_failure
+from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 _said = logging.getLogger("amqpjobs.worker")
 _stores = logging.getLogger("amqpjobs.stores")
@@ -170,6 +171,9 @@ class SqliteLedger:
         self._all_lock = threading.Lock()
         self._file = StoreFile("ledger", self.path)
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
+        if self._file.reading:  # a reading command (job show) loads the app: the ledger is not written
+            self._file.open_reading(BUSY_TIMEOUT)
+            return
         try:
             db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
             db.execute("PRAGMA journal_mode=WAL")
@@ -178,12 +182,7 @@ class SqliteLedger:
             raise open_failure("ledger", self.path, exc) from exc
 
     def _connect(self, doing: str = "open") -> sqlite3.Connection:
-        """The thread's connection, once the path names the file first opened (``doing``: :meth:`StoreFile.connect`).
-
-        Raises:
-            LedgerUnavailableError: the file is gone or replaced (a cached connection would go on with
-                the old one, a new one would find an empty file), or can't be opened now.
-        """
+        """The thread's connection to the file first opened (LedgerUnavailableError: gone, replaced, can't open)."""
         self._file.check()
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is not None and not _open(db):  # a handler closed it (its run failed): this thread opens another

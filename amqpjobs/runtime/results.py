@@ -29,7 +29,8 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure, rollback, store_failure
+from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 log = logging.getLogger("amqpjobs.results")
 
@@ -158,6 +159,9 @@ class SqliteResults:
         self.path = file_path("SqliteResults", path)
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         self._file = StoreFile("results store", self.path)
+        if self._file.reading:  # a reading command (job show): read-only, never created nor changed
+            self._file.open_reading(BUSY_TIMEOUT)
+            return
         try:
             with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open that creates it
                 db.execute("PRAGMA journal_mode=WAL")
@@ -196,6 +200,8 @@ class SqliteResults:
                 rollback(db)  # after a failed statement
 
     def _history(self, job_id: str) -> list[StateRecord]:
+        if self._file.absent:  # a reading command found no file: nothing was recorded
+            return []
         try:
             with self._session("read", "status reads fail meanwhile: try again") as db:
                 rows = db.execute(
