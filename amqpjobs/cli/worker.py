@@ -90,6 +90,13 @@ from amqpjobs.runtime.worker_config import WorkerOptions
         "a child that dies and serves one --metrics-port for all. At most 4 per CPU."
     ),
 )
+@click.option(
+    "--start-timeout",
+    default="2m",
+    show_default=True,
+    help="With --processes: a child not ready this long after its start (its app's import hangs) is killed and "
+    "counted as a failed start (five within 60 s stop the supervisor). At least --connect-timeout.",
+)
 @long_running_url_options
 @errors_to_exit_codes
 @declares
@@ -106,6 +113,7 @@ def consume(
     metrics_port: int | None,
     metrics_host: str,
     processes: str,
+    start_timeout: str,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -125,10 +133,16 @@ def consume(
         outcome_events=outcome_events,
     )
     count = process_count(processes, usable_cpus())
+    start_bound = duration_option("--start-timeout", start_timeout)
     level = logging.DEBUG if verbose() else logging.INFO
     configure_logging(level, json_lines=log_json)
     held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     broker = settings(url, management_url)
+    if start_bound < broker.connect_timeout:
+        raise ConfigurationError(
+            f"--start-timeout {start_timeout} is shorter than --connect-timeout ({broker.connect_timeout:g}s): a "
+            "child still retrying its first connect would be killed; give it more"
+        )
     factory = loop_factory(loop)
     want_exit_bound()  # threads the app left running never keep this process, however the command ends
     if count > 1:
@@ -137,7 +151,7 @@ def consume(
         spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop,
                          stores_opened=opened)  # fmt: skip
         with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
-            sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
+            sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port, start_bound).run()))
     app = load_app(app_ref)
     with asyncio.Runner(loop_factory=factory) as runner:
         code = runner.run(run_worker(app, broker, options, metrics_port, metrics_host))
