@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import click
+
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.quarantine import TextSink
@@ -61,7 +63,11 @@ class Output:
 
         Raises:
             ConfigurationError: it can't be written (a full disk, no permission): :func:`unwritable`.
+            BrokenPipeError: stdout's reader went away (the CLI's exit 141, as for every command).
         """
+        if self.path is None:
+            click.echo(text, nl=False)
+            return
         try:
             with contextlib.closing(self.open()) as fh:
                 fh.write(text)

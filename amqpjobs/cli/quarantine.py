@@ -184,7 +184,7 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
     try:
         count = run_command(export(settings(url, management_url), queue, file, out.open))
     except OSError as exc:
-        if exc.filename != str(file):
+        if exc.filename != str(file) or out.path is None:  # stdout's reader gone: exit 141, as every command
             raise
         raise unwritable("FILE", out.shown, exc) from None
     click.echo(f"exported {count} message(s) to {out.shown}; the queue still holds them", err=out.path is None)

@@ -123,3 +123,23 @@ async def test_a_socket_is_refused_naming_it(broker: BrokerSettings, tmp_path: P
     assert proc.returncode == 2, proc.stdout + proc.stderr
     said = "FILE" if door == "quarantine export" else "-o/--output"
     assert proc.stderr == f"error: {said} {path} is a socket; give the path of a file to write\n"
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+async def test_stdout_whose_reader_went_away_ends_quietly_with_141(
+    broker: BrokerSettings, tmp_path: Path, door: str
+) -> None:
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 2)
+    read, write = os.pipe()
+    os.close(read)  # the reader (head -5) is gone
+    argv = [EXE, *(a.replace("{}", "-") for a in DOORS[door])]
+    try:
+        proc = await asyncio.to_thread(
+            subprocess.run, argv, env=cli_env(broker), cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True,
+            timeout=30,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, ""), door
+    assert await depth(broker, "work.quarantine") == 2
