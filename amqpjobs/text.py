@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 
@@ -89,3 +90,26 @@ def shorten(text: str, limit: int = 200) -> str:
 def one_line(exc: BaseException, limit: int = 200) -> str:
     """``"<type>: <message>"`` on one line (whitespace runs made one space), the message cut by :func:`shorten`."""
     return f"{type(exc).__name__}: {shorten(' '.join(str(exc).split()), limit)}"
+
+
+def url_text_problem(url: str, blanks: bool = True, what: str = "a URL has none (%-encode it)") -> str | None:
+    r"""What makes ``url`` no URL by its characters alone, or None; the one rule for every URL and DSN we take.
+
+    RFC 3986 has no blank nor control character in a URL (they are %-encoded), and Python's
+    ``urlsplit`` drops tabs and line feeds without a word, so ``http://host/\tx`` would reach
+    another path than written. An invisible format character (a zero-width space, a direction
+    mark) is never meant. The character is named by its code point, never shown: it may sit in
+    a password. ``blanks=False``: blanks are taken (libpq's ``keyword=value`` pairs); ``what``:
+    the tail of the words.
+    """
+    for ch in url:
+        if ch.isspace() and blanks:
+            kind = "a blank"
+        elif unicodedata.category(ch) == "Cc":
+            kind = "a control character"
+        elif unicodedata.category(ch) == "Cf":
+            kind = "an invisible format character"
+        else:
+            continue
+        return f"it holds {kind} (U+{ord(ch):04X}): {what}"
+    return None

@@ -9,7 +9,6 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import click
@@ -29,7 +28,7 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
-from amqpjobs.printable import printable, printable_lines, shell_quote
+from amqpjobs.printable import printable, printable_lines
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import flush_logs
 from amqpjobs.runtime.results import ResultsStore
@@ -200,48 +199,27 @@ def duration_option(option: str, value: str) -> float:
         raise ConfigurationError(f"{option}: {exc}") from None
 
 
-def output_file(option: str, path: str | Path) -> Path:
-    """An output file option (``-o``, ``FILE``), checked before any work: its folder exists and it is no folder.
+class WholeNumber(click.IntRange):
+    """click's ``IntRange`` for the digits 0-9 only: ``int()`` also reads other scripts' digits (``'٣'``, ``'５'``).
 
-    Raises:
-        ConfigurationError: the folder is missing or ``path`` is a folder; names the option, the
-            path and what to do (exit 2).
-
+    Every number option of ours has this type (or :class:`Decimal`): a test walks the commands.
     """
-    target = Path(path)
-    shown = printable(str(target))
-    if target.is_dir():
-        raise ConfigurationError(f"{option} {shown} is a folder; give the path of a file to write")
-    if not target.parent.is_dir():
-        folder = target.parent
-        raise ConfigurationError(
-            f"{option} {shown}: folder {printable(str(folder))} does not exist; create it "
-            f"(mkdir -p {shell_quote(str(folder))}) or give another path"
-        )
-    return target
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as an int in the range; text holding anything but ASCII is refused (exit 2)."""
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{printable(repr(value))} is not a whole number in the digits 0-9", param, ctx)
+        return super().convert(value, param, ctx)
 
 
-def write_output(option: str, path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to the output file of ``option``, checked by :func:`output_file` first.
+class Decimal(click.FloatRange):
+    """click's ``FloatRange`` for the digits 0-9 only (as :class:`WholeNumber`)."""
 
-    Raises:
-        ConfigurationError: it can't be written; names the option, the path and why (exit 2).
-
-    """
-    target = output_file(option, path)
-    try:
-        target.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise unwritable(option, target, exc) from None
-
-
-def unwritable(option: str, path: str | Path, exc: OSError) -> ConfigurationError:
-    """The error for the output file of ``option`` failing while written (a full disk, no permission; exit 2).
-
-    The one wording for every output file: names the option, the path, the system's reason and the fix.
-    """
-    reason = exc.strerror or exc
-    return ConfigurationError(f"{option} {printable(str(path))} can't be written ({reason}); give another path")
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as a float in the range; text holding anything but ASCII is refused (exit 2)."""
+        if isinstance(value, str) and not value.isascii():
+            self.fail(f"{printable(repr(value))} is not a number in the digits 0-9", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _keep_connect_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from amqpjobs.cli._common import duration_option
+from amqpjobs.cli._common import WholeNumber, duration_option
 from amqpjobs.cli.next_steps import command, filter_args
 from amqpjobs.durations import format_duration
 from amqpjobs.errors import ConfigurationError
@@ -31,7 +31,7 @@ def canary_options(func: F) -> F:
         help="How long to wait for the canaries' outcomes (a duration: '60s', '2m').",
     )(func)  # fmt: skip
     func = click.option(
-        "--canary", type=click.IntRange(1, MAX_CANARY),
+        "--canary", type=WholeNumber(1, MAX_CANARY),
         help="Move K jobs first and go on only if all K succeed (their outcome events); else stop, exit 1.",
     )(func)  # fmt: skip
     return func

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import WholeNumber, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 
@@ -18,7 +18,7 @@ from amqpjobs.errors import ConfigurationError
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; beyond loopback it needs AMQPJOBS_CONSOLE_TOKEN, or "
               "AMQPJOBS_CONSOLE_USER and AMQPJOBS_CONSOLE_PASSWORD, in the environment.")  # fmt: skip
-@click.option("--port", type=click.IntRange(0, 65535), default=8480, show_default=True)
+@click.option("--port", type=WholeNumber(0, 65535), default=8480, show_default=True)
 @click.option("--read-only", is_flag=True, help="Offer no action (replay, park, purge); refuse every POST.")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A host name the browser may use besides localhost and --host (a proxy's). Repeatable.")  # fmt: skip

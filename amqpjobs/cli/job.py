@@ -39,7 +39,7 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
 
     Exit 2 when the app has no results store, 3 when the store or the broker can't be reached.
     """
-    app = load_app(app_ref)
+    app = load_app(app_ref, reading=True)
     broker = settings(url, management_url)
 
     async def run() -> tuple[JobStatus, str]:

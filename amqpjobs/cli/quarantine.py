@@ -13,17 +13,18 @@ from amqpjobs.cli._census import confirm_take, echo_no_match, interrupted_lines,
 from amqpjobs.cli._common import (
     EXIT_BAD_INPUT,
     EXIT_FOUND,
+    Decimal,
+    WholeNumber,
     app_results,
     closing_store,
     error_text,
     errors_to_exit_codes,
-    output_file,
     queue_name_arg,
     settings,
-    unwritable,
     url_options,
 )
 from amqpjobs.cli._filters import filter_options, selection
+from amqpjobs.cli._outputs import output_target, unwritable
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
@@ -115,7 +116,7 @@ def _list_doc(doc: list[tuple[str, int, list[Group]]], as_json: bool) -> None:
 
 @quarantine.command("show")
 @click.argument("queue", callback=queue_name_arg)
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=WholeNumber(1), default=20, show_default=True)
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @payload_store_option
@@ -171,21 +172,22 @@ def _show_one(m: QuarantinedMessage, data: dict[str, Any] | None, problem: str, 
 
 @quarantine.command("export")
 @click.argument("queue", callback=queue_name_arg)
-@click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @url_options
 @errors_to_exit_codes
 def quarantine_export(queue: str, file: Path, url: str | None, management_url: str | None) -> None:
-    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued."""
-    if str(file) == "-":  # stdout carries the summary line here: a file keeps the export apart from it
-        raise ConfigurationError("FILE '-': give the path of a file to write (the summary goes to stdout)")
-    output_file("FILE", file)
+    """Write QUEUE's messages to FILE as JSON lines (payload + all headers); they stay queued.
+
+    FILE - (or /dev/stdout) writes them to stdout, and the summary line to stderr.
+    """
+    out = output_target("FILE", file)
     try:
-        count = run_command(export(settings(url, management_url), queue, file))
+        count = run_command(export(settings(url, management_url), queue, file, out.open))
     except OSError as exc:
-        if exc.filename != str(file):
+        if exc.filename != str(file) or out.path is None:  # stdout's reader gone: exit 141, as every command
             raise
-        raise unwritable("FILE", file, exc) from None
-    click.echo(f"exported {count} message(s) to {printable(str(file))}; the queue still holds them")
+        raise unwritable("FILE", out.shown, exc) from None
+    click.echo(f"exported {count} message(s) to {out.shown}; the queue still holds them", err=out.path is None)
 
 
 @quarantine.command("purge")
@@ -241,11 +243,11 @@ def quarantine_purge(
     help="The app: --to is refused when its workers do not handle the jobs (they would be quarantined), and "
     "with a results store (App(results=...)) each replayed job is recorded 'replayed'.",
 )  # fmt: skip
-@click.option("--rate", type=float, default=50.0, show_default=True, help="At most this many messages per second.")
-@click.option("--limit", type=click.IntRange(1), help="Replay at most this many.")
+@click.option("--rate", type=Decimal(), default=50.0, show_default=True, help="At most this many messages per second.")
+@click.option("--limit", type=WholeNumber(1), help="Replay at most this many.")
 @filter_options
 @click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
-@click.option("--stop-after-failures", type=click.IntRange(1), help="Stop after K replayed jobs came back.")
+@click.option("--stop-after-failures", type=WholeNumber(1), help="Stop after K replayed jobs came back.")
 @canary_options
 @url_options
 @errors_to_exit_codes

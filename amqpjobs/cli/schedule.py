@@ -9,7 +9,14 @@ from datetime import UTC, datetime
 
 import click
 
-from amqpjobs.cli._common import declares, errors_to_exit_codes, long_running_url_options, settings, verbose
+from amqpjobs.cli._common import (
+    WholeNumber,
+    declares,
+    errors_to_exit_codes,
+    long_running_url_options,
+    settings,
+    verbose,
+)
 from amqpjobs.cli._filters import time_option
 from amqpjobs.cli._root import main, release_held_signals_unless
 from amqpjobs.durations import format_duration
@@ -58,12 +65,12 @@ def schedule_run(
 
 @schedule.command("list")
 @click.argument("app_ref", metavar="MODULE:APP")
-@click.option("--count", type=click.IntRange(1, 100), default=3, show_default=True, help="Fire times per schedule.")
+@click.option("--count", type=WholeNumber(1, 100), default=3, show_default=True, help="Fire times per schedule.")
 @click.option("--after", help="Count from this ISO-8601 time instead of now (e.g. 2026-03-29T00:00Z).")
 @errors_to_exit_codes
 def schedule_list(app_ref: str, count: int, after: str | None) -> None:
     """Each schedule of MODULE:APP with its next fire times, in UTC and in the schedule's local time."""
-    app = load_app(app_ref)
+    app = load_app(app_ref, reading=True)
     expected = "give an ISO-8601 time such as 2026-03-29T00:00Z"
     start = datetime.now(UTC) if after is None else time_option("--after", after, expected)
     schedules = app.schedules()

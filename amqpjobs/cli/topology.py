@@ -12,15 +12,13 @@ from amqpjobs.cli._common import (
     declares,
     duration_option,
     errors_to_exit_codes,
-    output_file,
     settings,
     url_options,
-    write_output,
 )
+from amqpjobs.cli._outputs import output_target
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.printable import printable
 from amqpjobs.runtime.deploy import apply_topology, export_topology, plan_topology
 from amqpjobs.topology.naming import vhost_problem
 
@@ -86,7 +84,7 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    type=click.Path(allow_dash=True),
     help="File to write (default, or -: stdout).",
 )
 @errors_to_exit_codes
@@ -99,12 +97,8 @@ def topology_export(path: str, vhost: str, output: str | None) -> None:
         raise ConfigurationError("--vhost is empty: give a vhost name, e.g. / (the default)")
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"--vhost: {problem}")
-    output = None if output == "-" else output  # the Unix convention: - is stdout
-    if output:
-        output_file("-o/--output", output)
+    out = output_target("-o/--output", output)  # left out, - or /dev/stdout: stdout
     text = json.dumps(export_topology(path, vhost), indent=2, sort_keys=True)
-    if output:
-        write_output("-o/--output", output, text + "\n")
-        click.echo(f"wrote {printable(output)}", err=True)
-    else:
-        click.echo(text)
+    out.write(text + "\n")
+    if out.path is not None:
+        click.echo(f"wrote {out.shown}", err=True)

@@ -10,20 +10,19 @@ import sys
 import click
 
 from amqpjobs.cli._common import (
+    WholeNumber,
     declares,
     duration_option,
     errors_to_exit_codes,
     long_running_url_options,
-    output_file,
     settings,
     verbose,
-    write_output,
 )
+from amqpjobs.cli._outputs import output_target
 from amqpjobs.cli._root import main
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.asyncapi import asyncapi_document
 from amqpjobs.jobs.outcome import REPORT_LEVELS
-from amqpjobs.printable import printable
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.handler_threads import bound_the_exit, want_exit_bound
@@ -41,7 +40,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
 @click.option(
     "--concurrency",
     "-c",
-    type=click.IntRange(1, 256),
+    type=WholeNumber(1, 256),
     default=1,
     show_default=True,
     help=(
@@ -79,7 +78,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     show_default=True,
     help="Event loop: asyncio, or uvloop (pip install 'amqpjobs[uvloop]').",
 )
-@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
+@click.option("--metrics-port", type=WholeNumber(0, 65535), help="Serve /metrics, /healthz, /readyz on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface for --metrics-port.")
 @click.option(
     "--processes",
@@ -96,6 +95,13 @@ from amqpjobs.runtime.worker_config import WorkerOptions
     is_flag=True,
     help="Begin with a new, empty idempotency ledger although the app had one (its file lost, another "
     "database): the jobs it had marked done may run again. Without it such a start is refused.",
+)
+@click.option(
+    "--start-timeout",
+    default="2m",
+    show_default=True,
+    help="With --processes: a child not ready this long after its start (its app's import hangs) is killed and "
+    "counted as a failed start (five within 60 s stop the supervisor). At least --connect-timeout.",
 )
 @long_running_url_options
 @errors_to_exit_codes
@@ -114,6 +120,7 @@ def consume(
     metrics_host: str,
     processes: str,
     new_ledger: bool,
+    start_timeout: str,
     url: str | None,
     management_url: str | None,
 ) -> None:
@@ -134,10 +141,16 @@ def consume(
         new_ledger=new_ledger,
     )
     count = process_count(processes, usable_cpus())
+    start_bound = duration_option("--start-timeout", start_timeout)
     level = logging.DEBUG if verbose() else logging.INFO
     configure_logging(level, json_lines=log_json)
     held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     broker = settings(url, management_url)
+    if start_bound < broker.connect_timeout:
+        raise ConfigurationError(
+            f"--start-timeout {start_timeout} is shorter than --connect-timeout ({broker.connect_timeout:g}s): a "
+            "child still retrying its first connect would be killed; give it more"
+        )
     factory = loop_factory(loop)
     want_exit_bound()  # threads the app left running never keep this process, however the command ends
     if count > 1:
@@ -146,7 +159,7 @@ def consume(
         spec = ChildSpec(app_ref, 0, options, broker, log_level=level, log_json=log_json, loop=loop,
                          stores_opened=opened)  # fmt: skip
         with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
-            sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port).run()))
+            sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port, start_bound).run()))
     app = load_app(app_ref)
     with asyncio.Runner(loop_factory=factory) as runner:
         code = runner.run(run_worker(app, broker, options, metrics_port, metrics_host))
@@ -159,7 +172,7 @@ def consume(
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    type=click.Path(allow_dash=True),
     help="File to write (default, or -: stdout).",
 )
 @errors_to_exit_codes
@@ -169,13 +182,9 @@ def asyncapi(app_ref: str, output: str | None) -> None:
     For publishers in other languages: exchange, routing key and AMQP bindings of each
     channel, each job's payload JSON Schema (from its pydantic model) and our headers' schema.
     """
-    output = None if output == "-" else output  # the Unix convention: - is stdout
-    if output:
-        output_file("-o/--output", output)
-    app = load_app(app_ref)
+    out = output_target("-o/--output", output)  # left out, - or /dev/stdout: stdout
+    app = load_app(app_ref, reading=True)
     text = json.dumps(asyncapi_document(app.name, app.app_version, app, app.topology()), indent=2)
-    if output:
-        write_output("-o/--output", output, text + "\n")
-        click.echo(f"wrote {printable(output)}", err=True)
-    else:
-        click.echo(text)
+    out.write(text + "\n")
+    if out.path is not None:
+        click.echo(f"wrote {out.shown}", err=True)

@@ -80,7 +80,7 @@ def positive_number(form: Any, name: str, ceiling: float, meaning: str, example:
     """
     text = required(form, name, f"a positive number of {meaning}, e.g. {example}")
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else math.nan  # float() also reads other scripts' digits
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:

@@ -32,17 +32,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 from amqpjobs.durations import duration_argument
 from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
 from amqpjobs.runtime.ledger_key import sqlite_seal_key
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
+from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 _said = logging.getLogger("amqpjobs.worker")
 _stores = logging.getLogger("amqpjobs.stores")
+#: What each statement does, as its errors say ("can't claim a job in the SQLite ledger at ...").
+_DOING: Final = {"_claim": "claim a job in", "_done": "mark a job done in", "_release": "release a claim in",
+                 "_prune": "prune"}  # fmt: skip
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 #: Default time a done-marker is kept (README "Idempotency" → "Retention").
@@ -171,6 +175,9 @@ class SqliteLedger:
         self._file = StoreFile("ledger", self.path)
         self.where = f"SQLite ledger at {self.path}"
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
+        if self._file.reading:  # a reading command (job show) loads the app: the ledger is not written
+            self._file.open_reading(BUSY_TIMEOUT)
+            return
         try:
             db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
             db.execute("PRAGMA journal_mode=WAL")
@@ -178,13 +185,8 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             raise open_failure("ledger", self.path, exc) from exc
 
-    def _connect(self) -> sqlite3.Connection:
-        """The calling thread's connection, once the path is found to name the file first opened (:class:`StoreFile`).
-
-        Raises:
-            LedgerUnavailableError: the file is gone or replaced (a cached connection would go on with
-                the old one, a new one would find an empty file), or can't be opened now.
-        """
+    def _connect(self, doing: str = "open") -> sqlite3.Connection:
+        """The thread's connection to the file first opened (LedgerUnavailableError: gone, replaced, can't open)."""
         self._file.check()
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is not None and not _open(db):  # a handler closed it (its run failed): this thread opens another
@@ -192,7 +194,7 @@ class SqliteLedger:
                 self._all = [c for c in self._all if c is not db]
             db = None
         if db is None:
-            db = self._keep(self._file.connect(timeout=BUSY_TIMEOUT))
+            db = self._keep(self._file.connect(timeout=BUSY_TIMEOUT, doing=doing))
         return db
 
     def _keep(self, db: sqlite3.Connection) -> sqlite3.Connection:
@@ -203,7 +205,7 @@ class SqliteLedger:
         return db
 
     def _claim(self, key: str, owner: str, lease: float) -> Claim:
-        db = self._connect()
+        db = self._connect(_DOING["_claim"])
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -228,7 +230,7 @@ class SqliteLedger:
             db.execute("COMMIT")
             return result
         except BaseException:
-            db.execute("ROLLBACK")
+            rollback(db)
             raise
 
     @staticmethod
@@ -249,35 +251,36 @@ class SqliteLedger:
         return bool(cur.rowcount)
 
     def _done(self, key: str, owner: str) -> bool:
-        db = self._connect()
+        db = self._connect(_DOING["_done"])
         db.execute("BEGIN IMMEDIATE")
         try:
             ok = self._mark_done(db, key, owner)
             db.execute("COMMIT")
             return ok
         except BaseException:
-            db.execute("ROLLBACK")
+            rollback(db)
             raise
 
     def _release(self, key: str, owner: str) -> None:
-        self._connect().execute(
+        self._connect(_DOING["_release"]).execute(
             "DELETE FROM amqpjobs_ledger WHERE key = ? AND owner = ? AND state = 'running'", (key, owner)
         )
 
     def _prune(self, older_than: float) -> int:
-        cur = self._connect().execute(
+        cur = self._connect(_DOING["_prune"]).execute(
             "DELETE FROM amqpjobs_ledger WHERE state = 'done' AND updated_at < ?", (time.time() - older_than,)
         )
         return cur.rowcount
 
     async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn`` in a thread; SQLite's "locked" past the busy timeout as LedgerUnavailableError, said once."""
+        """``fn`` in a thread; the database failing is LedgerUnavailableError (:data:`_DOING`; a lock said once)."""
         try:
             result = await asyncio.to_thread(fn, *args, **kwargs)
-        except sqlite3.OperationalError as exc:
-            error = self._file.locked(exc, BUSY_TIMEOUT)
-            if error is None:
+        except sqlite3.Error as exc:
+            if not store_failure(exc):
                 raise
+            if (error := self._file.locked(exc, BUSY_TIMEOUT)) is None:
+                raise self._file.failure(exc, _DOING.get(fn.__name__, "use"), BUSY_TIMEOUT) from exc
             if self._locked_since is None:
                 self._locked_since = time.monotonic() - BUSY_TIMEOUT  # it waited that long
                 _stores.warning("%s", error)
@@ -325,7 +328,7 @@ class SqliteLedger:
         Raises:
             DuplicateJobError: ``key`` was already done; the effect was rolled back.
         """
-        db = self._connect()
+        db = self._connect("begin a transaction in")
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:

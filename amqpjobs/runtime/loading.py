@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import sys
@@ -16,10 +17,15 @@ from amqpjobs.errors import (
     TopologyError,
 )
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.sqlite_open import reading_only
 
 
-def load_app(reference: str) -> App:
+def load_app(reference: str, reading: bool = False) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App.
+
+    ``reading``: for a command that only reads (``job show``): the SQLite stores the module
+    builds open their files read-only, never creating nor changing them
+    (:func:`~amqpjobs.runtime.sqlite_open.reading_only`).
 
     Raises:
         ConfigurationError: malformed reference, module not importable (or raising, or
@@ -34,7 +40,8 @@ def load_app(reference: str) -> App:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        with reading_only() if reading else contextlib.nullcontext():
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing and not (module_name == missing or module_name.startswith(f"{missing}.")):

@@ -15,8 +15,11 @@ running in the process): a thread past its timeout stands in its way.
   slot for good otherwise, and a suspect's holds every queue of the worker (nothing may run
   beside it); only the process's end stops it (Celery's hard time limit likewise ends the
   process). The worker exits 1 whatever the run does meanwhile, so its supervisor
-  (``--processes``, systemd, Kubernetes) starts another, and the run's start counts like a
-  crash: a job that hangs every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts.
+  (``--processes``, systemd, Kubernetes) starts another. A run still going at the end of the
+  stop's grace is ended with the process, and its start counts like a crash: a job that hangs
+  every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts. A run that ends
+  during the stop's grace did finish: it is judged by its result like any other (its outcome
+  line, its record and its ack agree), and the lines say the exit 1 is the worker's own stop.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Overruns:
         self.count = 0
         #: Why the worker stops (a suspect's thread past its timeout), or "": it then exits 1.
         self.hung = ""
+        #: How that run, ended after all during the stop, was judged ("": it did not end).
+        self.hung_ended = ""
         self._began = asyncio.Event()
         self._said = False  # the suspects' wait was said in this stretch
 
@@ -76,10 +81,30 @@ class Overruns:
         what = "plain-function handler" if thread else "async handler (it catches its cancellation)"
         log.error(
             "job %s id %s: %s still runs %gs past its timeout of %gs; it can't be stopped and holds a slot for "
-            "good, so this worker stops (exit 1): its process's end stops the run, and the start counts like a "
-            "crash", field_value(job), field_value(job_id), what, self.grace, limit,
+            "good, so this worker stops (exit 1, for its supervisor to start another): a run still going at the "
+            "end of the stop's grace ends with the process and its start counts like a crash; one that ends "
+            "before is judged by its result", field_value(job), field_value(job_id), what, self.grace, limit,
         )  # fmt: skip
         return True
+
+    def ended_late(self, job: str, job_id: str, limit: float, past: float, thread: bool = True) -> None:
+        """The run that stopped the worker (:meth:`hung_past`) ended ``past`` seconds after its timeout ``limit``.
+
+        A thread's run is judged by its result; an async one's is a timeout (its result is not used).
+        """
+        self.hung_ended = "judged by its result" if thread else "a timeout, its result not used"
+        log.warning(
+            "job %s id %s: its run ended %.1fs past its timeout of %gs, after this worker began to stop for it: "
+            "%s (its outcome line follows); the worker still exits 1, as it stopped on its own",
+            field_value(job), field_value(job_id), past, limit, self.hung_ended,
+        )  # fmt: skip
+
+    def stop_note(self) -> str:
+        """What the stopped line adds to its exit 1 when a run past its timeout stopped the worker, else ""."""
+        if not self.hung:
+            return ""
+        then = f"; that run then ended, {self.hung_ended}" if self.hung_ended else ""
+        return f" (it stopped on its own for {self.hung}, past its timeout{then})"
 
     def end(self) -> None:
         """That run ended (its thread returned or raised, its async handler ended)."""

@@ -39,7 +39,7 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.text import ascii_digits, one_line
+from amqpjobs.text import ascii_digits, one_line, url_text_problem
 
 #: Seconds to wait for the database at most: a connect (libpq ``connect_timeout``), and each use of an
 #: open connection (:meth:`PgConnection.use`: its statements and commit), then it counts as away.
@@ -80,7 +80,12 @@ def dsn_problem(dsn: object) -> str | None:
         return f"is a {type(dsn).__name__}, not a str"
     if not dsn.strip():
         return "is empty"
-    if "://" in dsn:
+    uri = "://" in dsn
+    if problem := url_text_problem(
+        dsn.strip(), blanks=uri, what="a connection string has none" if not uri else "a URL has none (%-encode it)"
+    ):
+        return problem.removeprefix("it ")
+    if uri:
         scheme = dsn.split("://", 1)[0]
         if scheme.lower() not in ("postgresql", "postgres"):
             shown = repr(scheme) if scheme.isascii() and scheme.replace("+", "").isalnum() else "not postgresql"

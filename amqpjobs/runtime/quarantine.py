@@ -26,7 +26,7 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from amqpjobs.errors import (
     BrokerError,
@@ -332,8 +332,21 @@ async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:
             return queue_name, await purge_queue(connection, queue_name)
 
 
-async def export(settings: BrokerSettings, name: str, path: Path) -> int:
+class TextSink(Protocol):
+    """Where an export writes: a text file, stdout, a FIFO's write end."""
+
+    def write(self, text: str, /) -> int:
+        """Write ``text``."""
+
+    def close(self) -> None:
+        """Done writing."""
+
+
+async def export(settings: BrokerSettings, name: str, path: Path, opener: Callable[[], TextSink] | None = None) -> int:
     """Write every message of quarantine queue ``name`` to ``path`` as JSON lines; leave them queued.
+
+    ``opener``: opens where to write (stdout, a FIFO's end already open), instead of ``path``
+    (then only its name, in errors).
 
     Each message is written as it is read and its body let go (:func:`_browsed`): an export holds
     about one body at a time, not the quarantine's worth (20 bodies of 1 MB: 27 MB at the peak before).
@@ -351,16 +364,17 @@ async def export(settings: BrokerSettings, name: str, path: Path) -> int:
     """
     count = 0
     async with aclosing(_browsed(settings, name, Census())) as messages:
-        fh = None
+        fh: TextSink | None = None
+        opened = opener or (lambda: path.open("w", encoding="utf-8"))
         try:
             async for message in messages:
                 if fh is None:
-                    fh = _named(path, path.open, "w", encoding="utf-8")
+                    fh = _named(path, opened)
                 _named(path, fh.write, json_text(message.to_json()) + "\n")
                 message.delivery.body = b""  # written: not held until the browser closes
                 count += 1
             if fh is None:  # an empty queue: an empty file, as before
-                fh = _named(path, path.open, "w", encoding="utf-8")
+                fh = _named(path, opened)
         finally:
             if fh is not None:
                 _named(path, fh.close)

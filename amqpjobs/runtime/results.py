@@ -29,7 +29,8 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, open_failure
+from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 log = logging.getLogger("amqpjobs.results")
 
@@ -158,6 +159,9 @@ class SqliteResults:
         self.path = file_path("SqliteResults", path)
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         self._file = StoreFile("results store", self.path)
+        if self._file.reading:  # a reading command (job show): read-only, never created nor changed
+            self._file.open_reading(BUSY_TIMEOUT)
+            return
         try:
             with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open that creates it
                 db.execute("PRAGMA journal_mode=WAL")
@@ -166,46 +170,49 @@ class SqliteResults:
         except sqlite3.Error as exc:
             raise open_failure("results store", self.path, exc) from exc
 
-    def _connect(self, waits: str = "") -> sqlite3.Connection:
-        """A connection to the file first opened (ResultsUnavailableError: it is gone or replaced, or held locked).
+    @contextlib.contextmanager
+    def _session(self, doing: str, waits: str) -> Iterator[sqlite3.Connection]:
+        """A connection to the file first opened, closed after the block.
+
+        The database failing, in it or at the open, is :class:`ResultsUnavailableError` naming
+        ``doing`` (``"write records to"``), the path and the fix.
 
         ``waits``: what a lock held past the busy timeout means for the caller (:meth:`StoreFile.locked`).
+        A value the database refuses (``sqlite3.DataError``, ``ValueError``) is raised as it is.
         """
-        return self._file.connect(timeout=BUSY_TIMEOUT, waits=waits)
-
-    @contextlib.contextmanager
-    def _said(self, waits: str) -> Iterator[None]:
-        """SQLite's "locked" past the busy timeout, out of the block, as the store's error (``waits``: what then)."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:  # the file's lock held past the busy timeout: say by what
-            if (error := self._file.locked(exc, BUSY_TIMEOUT, waits)) is None:
-                raise
-            raise error from exc
+        with contextlib.closing(self._file.connect(timeout=BUSY_TIMEOUT, waits=waits, doing=doing)) as db:
+            try:
+                yield db
+            except sqlite3.Error as exc:
+                if not store_failure(exc):
+                    raise
+                raise self._file.failure(exc, doing, BUSY_TIMEOUT, waits) from exc
 
     def _insert(self, records: Sequence[StateRecord]) -> None:
         marks = ", ".join("?" for _ in COLUMNS)
-        waits = "records are dropped"
-        with contextlib.closing(self._connect(waits)) as db, self._said(waits):
+        with self._session("write records to", "records are dropped") as db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
-                           [row_of(r) for r in records])  # fmt: skip
-            db.execute("COMMIT")
+            try:
+                db.executemany(f"INSERT INTO amqpjobs_results ({', '.join(COLUMNS)}) VALUES ({marks})",
+                               [row_of(r) for r in records])  # fmt: skip
+                db.execute("COMMIT")
+            finally:
+                rollback(db)  # after a failed statement
 
     def _history(self, job_id: str) -> list[StateRecord]:
+        if self._file.absent:  # a reading command found no file: nothing was recorded
+            return []
         try:
-            waits = "status reads fail meanwhile: try again"
-            with contextlib.closing(self._connect(waits)) as db, self._said(waits):
+            with self._session("read", "status reads fail meanwhile: try again") as db:
                 rows = db.execute(
                     f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = ? ORDER BY at", (job_id,)
                 ).fetchall()
-        except sqlite3.Error as exc:
+        except sqlite3.Error as exc:  # not the database failing (those are said by _session)
             raise ResultsUnavailableError(f"can't read the SQLite results store at {self.path}: {exc}") from exc
         return [record_of(row) for row in rows]
 
     def _prune(self, older_than: float) -> int:
-        waits = "nothing was pruned: the sweep runs again later"
-        with contextlib.closing(self._connect(waits)) as db, self._said(waits):
+        with self._session("prune", "nothing was pruned: the sweep runs again later") as db:
             return db.execute("DELETE FROM amqpjobs_results WHERE at < ?", (time.time() - older_than,)).rowcount
 
     async def write(self, records: Sequence[StateRecord]) -> list[StateRecord]:
@@ -229,7 +236,7 @@ class SqliteResults:
 
     def copy(self) -> SqliteResults:
         """See :meth:`ResultsStore.copy` (the same file: ResultsUnavailableError when it is gone or replaced)."""
-        with contextlib.closing(self._connect()):  # the file first opened, or ResultsUnavailableError
+        with self._session("open", ""):  # the file first opened, or ResultsUnavailableError
             pass
         return copy.copy(self)  # every call opens its own connection: nothing else to make
 

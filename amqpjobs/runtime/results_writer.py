@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import StateRecord, record_for
 from amqpjobs.runtime.logs import field_value
@@ -119,8 +120,9 @@ class ResultsWriter:
                     self._fail(len(refused), refused_text(refused))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                self._fail(len(batch), f"{type(exc).__name__}: {str(exc)[:200]}")
+            except Exception as exc:  # our own error is whole (it names the operation, path and fix); others cut
+                text = str(exc) if isinstance(exc, ResultsUnavailableError) else str(exc)[:200]
+                self._fail(len(batch), f"{type(exc).__name__}: {text}")
             finally:
                 for _ in batch:
                     self._queue.task_done()

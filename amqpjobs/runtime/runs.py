@@ -38,7 +38,7 @@ from amqpjobs.runtime.run_claims import RunClaims
 from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
-from amqpjobs.runtime.stall import StallWatch
+from amqpjobs.runtime.stall import StallWatch, handler_name
 from amqpjobs.runtime.worker_config import default_lease
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
@@ -280,7 +280,7 @@ class HandlerRuns(RunClaims):
             # the rest of the run, on the loop (never left unawaited, the body not run, "succeeded")
             return await rest_of_run(job, value, limit, started)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
-        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id)
+        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id, handler_name(job.handler))
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         # (``what``: for a run that goes on after its timeout's cancellation, amqpjobs.runtime.overruns)
         deadline = self._deadlines.start(limit, task, (job.name, ctx.job_id, limit)) if limit is not None else None
@@ -302,6 +302,10 @@ class HandlerRuns(RunClaims):
             self._stalls.leave(stall_key)
             if deadline is not None and deadline.counted:  # it went on after its cancellation, and ended now
                 self._overruns.end()
+                if self._overruns.hung == f"job {job.name} id {ctx.job_id}":  # in the stop it caused
+                    self._overruns.ended_late(
+                        job.name, ctx.job_id, limit or 0, asyncio.get_running_loop().time() - deadline.at, thread=False
+                    )
         if deadline is not None:
             deadline.end(None)
             if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
@@ -334,16 +338,20 @@ class HandlerRuns(RunClaims):
         # in a copy of this context, as asyncio.to_thread does: the handler sees its span and baggage (tracing)
         run = contextvars.copy_context().run
         future = self._threads.run(run, job.handler, payload, ctx)  # counted until it returns, also once cancelled
+        began = time.monotonic()
         if limit is None:
             return await future
         done, _ = await asyncio.wait({future}, timeout=limit)
         if done:
             return future.result()
         self._overruns.begin(job.name, ctx.job_id, limit, alone=self._suspects_running > 0)
+        hung = False
         try:
             if not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
-                self._overruns.hung_past(job.name, ctx.job_id, limit)
+                hung = self._overruns.hung_past(job.name, ctx.job_id, limit)
                 self._stop.set()  # only the process's end stops the thread (amqpjobs.runtime.overruns)
             return await future
         finally:
             self._overruns.end()
+            if hung and future.done():  # it ended in the stop's grace: judged by its result, said so
+                self._overruns.ended_late(job.name, ctx.job_id, limit, time.monotonic() - began - limit)

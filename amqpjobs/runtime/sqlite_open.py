@@ -12,6 +12,11 @@ module, at import). SQLite's result code tells the two kinds of failure apart
   unavailable, :class:`~amqpjobs.errors.LedgerUnavailableError` /
   :class:`~amqpjobs.errors.ResultsUnavailableError` (exit 3, as when it fails later).
 
+In a reading command (``job show``: :func:`reading_only`), a store only reads: its file is
+opened read-only (``mode=ro``, or ``immutable=1`` where SQLite can't make its ``-shm`` file:
+a read-only mount), never created nor changed, so an operator's account that may read the
+file but not write it, or a read-only mount of it, reads it.
+
 Only that first open may create the file (:class:`StoreFile`): every later connection opens
 it ``mode=rw`` (https://www.sqlite.org/uri.html), and only while the path still names the
 file first opened (its inode, and a token written in it). A file deleted, moved away or
@@ -22,55 +27,40 @@ job would run its effect again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import stat
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Literal
 
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+from amqpjobs.runtime.sqlite_errors import open_failure, trouble
 
 log = logging.getLogger("amqpjobs.stores")
 #: Whether a store's first open in this process may create its file (not in a --processes child: no_new_files).
 _creates = True
+#: Whether the stores built now only read (:func:`reading_only`).
+_reading = False
+#: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable.
+_READ_MODES: Final = ("mode=ro", "immutable=1")
 #: The file's token, written by the first open that finds none: a later connection to another file
 #: at the path (one whose inode number a deleted file's freed) finds another token, or none.
 _TOKEN_TABLE: Final = "CREATE TABLE IF NOT EXISTS amqpjobs_store_file (token TEXT NOT NULL)"
 
-#: Primary result codes that mean "not now" (https://www.sqlite.org/rescode.html).
-_NOT_NOW: Final = {5: "another process holds it locked: try again", 6: "another process holds it locked: try again",
-                   10: "the disk failed a read or write", 13: "the disk is full"}  # fmt: skip
-#: What to do about a code that means "not this file" (the rest get the first one's words).
-_FIX: Final = {
-    14: "check that its directory exists and that this user can create and write files in it",
-    26: "point it at a SQLite file of its own",
-    8: "this user must be able to write the file and its directory (SQLite writes -wal and -shm files beside it)",
-    3: "this user must be able to write the file and its directory",
-}
 
+def rollback(db: sqlite3.Connection) -> None:
+    """Roll back ``db``'s open transaction, if one is left.
 
-def open_failure(
-    what: Literal["ledger", "results store"], path: str | Path, exc: sqlite3.Error
-) -> ConfigurationError | LedgerUnavailableError | ResultsUnavailableError:
-    """The error to raise for ``exc``, met while opening the SQLite ``what`` at ``path``.
-
-    Returns:
-        :class:`ConfigurationError` naming the file and the fix, or, for a database busy or
-        failing now, :class:`LedgerUnavailableError` (``what="ledger"``) /
-        :class:`ResultsUnavailableError`. An error without a SQLite code is read as a setting.
+    SQLite ends some itself on failure (a full disk): a ROLLBACK then would raise "no
+    transaction is active" over the error that ended it.
     """
-    code = getattr(exc, "sqlite_errorcode", None)
-    name = getattr(exc, "sqlite_errorname", None)
-    said = f"{exc} ({name})" if name else str(exc)
-    primary = code & 0xFF if isinstance(code, int) else None
-    if primary in _NOT_NOW:
-        text = f"can't open the SQLite {what} at {path} now: {said}; {_NOT_NOW[primary]}"
-        return LedgerUnavailableError(text) if what == "ledger" else ResultsUnavailableError(text)
-    fix = _FIX.get(primary if primary is not None else 14, _FIX[14])
-    return ConfigurationError(f"can't open the SQLite {what} at {path}: {said}; {fix}")
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 def file_path(owner: str, path: str | Path) -> Path:
@@ -123,6 +113,20 @@ _KINDS: Final = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR:
 _REPLACED: Final = "is another file than the one this process opened (replaced since)"
 
 
+@contextlib.contextmanager
+def reading_only() -> Iterator[None]:
+    """The SQLite stores built in the block only read: their files opened read-only, never created nor changed.
+
+    For a reading command's load of the app (``job show``): its module builds the stores.
+    """
+    global _reading
+    before, _reading = _reading, True
+    try:
+        yield
+    finally:
+        _reading = before
+
+
 def no_new_files() -> None:
     """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
 
@@ -149,6 +153,34 @@ class StoreFile:
         self._token: str | None = None  # its token (_TOKEN_TABLE)
         self._lost = False  # said once per loss (a look that finds it back says so)
         self._said = threading.Lock()
+        self.reading = _reading  # a reading command's store: read-only, never created (reading_only)
+        self.absent = False  # reading: the file was not there (nothing recorded)
+        self._mode = "mode=rw"  # the URI parameter of every further connection
+
+    def open_reading(self, timeout: float) -> None:
+        """A reading store's first open: the file, read-only (``absent`` when missing: nothing is created).
+
+        Raises:
+            ConfigurationError, LedgerUnavailableError, ResultsUnavailableError: as
+                :func:`open_failure` says, reading (this user can't read it; no SQLite file).
+        """
+        if not os.path.exists(self.path):
+            self.absent = True
+            return
+        failed: sqlite3.Error | None = None
+        for mode in _READ_MODES:
+            try:
+                with contextlib.closing(_connect(f"{self.path.as_uri()}?{mode}", timeout, uri=True)) as db:
+                    self._token = _token_of(db, missing_ok=True)
+            except sqlite3.Error as exc:
+                failed = failed or exc  # the read-only open's own words say why
+                continue
+            self._mode = mode
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)
+            return
+        assert failed is not None
+        raise open_failure(self.what, self.path, failed, reading=True) from failed
 
     def create(self, timeout: float) -> sqlite3.Connection:
         """The first connection: creates the file when missing (unless :func:`no_new_files`), remembers which it is.
@@ -174,7 +206,7 @@ class StoreFile:
                                "WHERE NOT EXISTS (SELECT 1 FROM amqpjobs_store_file)", (uuid.uuid4().hex,))  # fmt: skip
                     db.execute("COMMIT")
                 except BaseException:
-                    db.execute("ROLLBACK")
+                    rollback(db)
                     raise
                 self._token = _token_of(db)
             st = os.stat(self.path)
@@ -187,8 +219,11 @@ class StoreFile:
         self._identity = (st.st_dev, st.st_ino)
         return db
 
-    def connect(self, timeout: float, waits: str = "") -> sqlite3.Connection:
+    def connect(self, timeout: float, waits: str = "", doing: str = "open") -> sqlite3.Connection:
         """A further connection (``timeout``: the busy timeout, seconds), to the file :meth:`create` opened only.
+
+        ``doing``: the caller's operation, as the error words it (``"write records to"``: "can't
+        write records to the SQLite results store at PATH: ...").
 
         Raises:
             LedgerUnavailableError, ResultsUnavailableError: (by ``what``) the file is gone or another
@@ -197,17 +232,14 @@ class StoreFile:
         """
         self.check()
         try:
-            db = _connect(self.path.as_uri() + "?mode=rw", timeout, uri=True)  # never creates it
+            db = _connect(f"{self.path.as_uri()}?{self._mode}", timeout, uri=True)  # never creates it
         except sqlite3.Error as exc:
-            raise self._error(f"can't open the SQLite {self.what} at {self.path}: {exc}") from exc
+            raise self.failure(exc, doing, timeout, waits) from exc
         try:
             token = _token_of(db, missing_ok=True)
         except sqlite3.Error as exc:
             db.close()
-            raise (
-                self.locked(exc, timeout, waits)
-                or self._error(f"can't read the SQLite {self.what} at {self.path}: {exc}")
-            ) from exc
+            raise self.failure(exc, doing, timeout, waits) from exc
         except BaseException:
             db.close()
             raise
@@ -262,6 +294,17 @@ class StoreFile:
             f"the SQLite {self.what} at {self.path} is locked: a write transaction has held the whole file for over "
             f"{seconds:g}s (a ctx.transaction() of a job that runs long or hangs, in this worker or another process "
             f"of the host, or another program's); {waits}: keep ctx.transaction() short ({exc})"
+        )
+
+    def failure(
+        self, exc: BaseException, doing: str, seconds: float, waits: str = ""
+    ) -> LedgerUnavailableError | ResultsUnavailableError:
+        """The store's error for SQLite's ``exc`` met while ``doing`` (``"write records to"``): path and fix named.
+
+        Held locked past the busy timeout (``seconds``), it is :meth:`locked`'s error.
+        """
+        return self.locked(exc, seconds, waits) or self._error(
+            f"can't {doing} the SQLite {self.what} at {self.path}: {trouble(exc)}"
         )
 
     def _fail(self, how: str) -> None:

@@ -14,6 +14,11 @@ broker, so the run must not be counted a success.
   :data:`WARN_AFTER` seconds it finds the handler run on the loop thread's stack (each run
   registers its frame) and charges it the time, so the WARNING names each job that
   blocked, with its own share (two handlers blocking back to back are two warnings).
+
+The loop writes that WARNING once it is back. A block that goes on is said while it lasts
+too: the watching thread writes one WARNING per run once the loop has not answered for
+:data:`BLOCKED_WARN_AFTER` seconds (job, id, handler, and that heartbeats stopped with it),
+as an operator reading the log of a worker stuck for ten minutes needs it then, not after.
 """
 
 from __future__ import annotations
@@ -35,6 +40,16 @@ log = logging.getLogger("amqpjobs.worker")
 TICK = 0.1
 #: A stall longer than this (seconds) while a handler runs is logged as a WARNING (once per run).
 WARN_AFTER = 1.0
+#: Seconds the loop may not answer before the watching thread says so, during the block (once per run): well
+#: inside a heartbeat timeout (60 s by default: the broker closes the connection after it).
+BLOCKED_WARN_AFTER = 5.0
+
+
+def handler_name(handler: object) -> str:
+    """``module.qualname`` of a job's handler (``myapp.jobs.resize``), for the words about its stall."""
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    module = getattr(handler, "__module__", None)
+    return f"{module}.{name}" if module else str(name)
 
 
 class StallWatch:
@@ -49,7 +64,9 @@ class StallWatch:
         self.episodes: deque[tuple[float, float]] = deque(maxlen=64)
         self._last_tick = time.monotonic()
         self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
+        self._handlers: dict[int, str] = {}  # id(frame) -> the handler's name
         self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
+        self._said_live: set[int] = set()  # runs said by the watching thread while they block
         self._shares: dict[int, list[Any]] = {}  # run key -> [job, job id, seconds] in the current stall
         self._shares_lock = threading.Lock()
         self._loop_thread = threading.get_ident()
@@ -71,16 +88,19 @@ class StallWatch:
         if self._task is not None:
             self._task.cancel()
 
-    def enter(self, frame: FrameType, job: str, job_id: str) -> int:
-        """Register a handler run by the frame it runs in; returns the run's key for :meth:`leave`."""
+    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "") -> int:
+        """Register a handler run by the frame it runs in (``handler``: its name); returns the key for :meth:`leave`."""
         key = id(frame)
         self._runs[key] = (job, job_id)
+        self._handlers[key] = handler
         return key
 
     def leave(self, key: int) -> None:
         """The run ended."""
         self._runs.pop(key, None)
+        self._handlers.pop(key, None)
         self._warned.discard(key)
+        self._said_live.discard(key)
 
     def longest_since(self, since: float) -> float:
         """The longest stall (seconds) that overlapped ``since`` .. now, one still going on included."""
@@ -135,5 +155,19 @@ class StallWatch:
                         share = self._shares.setdefault(id(frame), [*run, 0.0])
                         # the first look in a stall charges the whole time stuck so far
                         share[2] += stuck if len(self._shares) == 1 and share[2] == 0.0 else since
+                    if stuck >= BLOCKED_WARN_AFTER and id(frame) not in self._said_live:
+                        self._said_live.add(id(frame))
+                        self._say_live(*run, self._handlers.get(id(frame), ""))
                     break
                 frame = frame.f_back
+
+    @staticmethod
+    def _say_live(job: str, job_id: str, handler: str) -> None:
+        """The WARNING of a block still going on (from the watching thread: the loop can't write it)."""
+        log.warning(
+            "job=%s id=%s handler=%s has blocked the event loop for %gs and still does: heartbeats have stopped "
+            "with it, so the broker closes the connection after its heartbeat timeout and redelivers every "
+            "unacked job, and /readyz answers 503. Make the handler a plain `def` (it then runs in a thread) or "
+            "move the blocking call into `await asyncio.to_thread(...)`",
+            field_value(job), field_value(job_id), field_value(handler or "?"), BLOCKED_WARN_AFTER,
+        )  # fmt: skip

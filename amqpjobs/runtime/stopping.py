@@ -131,6 +131,8 @@ class WorkerStop(SuspectTurns):
         """The stopped worker's last line, None when it never consumed (a failed start says why instead)."""
         waited = len(self._rates.handed_back) if self._rates else 0
         last = self._draining.stopped_line(still, (suspects, abandoned), waited, code)
+        if code:
+            last += self._overruns.stop_note()
         return last if self._consumed else None
 
     async def _end_process(self, stopped: str | None) -> NoReturn:

@@ -3,6 +3,8 @@
 A worker is one Python process on one core; the supervisor starts N children
 (:mod:`amqpjobs.runtime.child`, each with ``--concurrency`` slots per job queue) and:
 
+- kills a child not ready ``start_timeout`` s (``--start-timeout``, default 2 minutes) after its
+  start (its app's import hangs): an exit before ready like any other;
 - restarts a child that exits, after a backoff that doubles with each exit of that child
   in the last 60 s (0.25 s, 0.5 s, ... at most 30 s);
 - stops everything when one child exits before it became ready ``CRASH_LOOP_EXITS`` (5)
@@ -61,6 +63,7 @@ from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
 from amqpjobs.runtime.signals import exit_at_once_on_signals
+from amqpjobs.text import ascii_digits
 
 log = logging.getLogger("amqpjobs.supervisor")
 
@@ -74,6 +77,8 @@ FIRST_BACKOFF = 0.25
 MAX_BACKOFF = 30.0
 #: Seconds after the second signal before a child still running is killed (SIGKILL).
 KILL_AFTER = 3.0
+#: Seconds a child may take from its start to ready (import, connect with its 30 s retry, checks) before it is killed.
+DEFAULT_START_TIMEOUT = 120.0
 #: The environment variable that tells a child its number (1..N).
 CHILD_ENV = "AMQPJOBS_CHILD"
 #: prometheus-client's multiprocess directory variable (read by the children's client at import).
@@ -112,10 +117,7 @@ def process_count(value: str, cpus: int) -> int:
     """
     if value.strip().lower() == "auto":
         return cpus
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
+    count = int(value) if ascii_digits(value.strip()) else 0  # int() also reads other scripts' digits
     if count < 1:
         raise ConfigurationError(f"--processes {value!r}: give a positive number of processes, or auto (one per CPU)")
     limit = PROCESSES_PER_CPU * cpus
@@ -151,11 +153,13 @@ class Supervisor:
         processes: How many children, at least 1.
         metrics_host: Interface for the one metrics and health endpoint.
         metrics_port: Its TCP port (0: a free one, logged); None: no endpoint.
+        start_timeout: Seconds from a child's start to ready, after which it is killed (a failed start).
     """
 
     def __init__(self, spec: ChildSpec, processes: int, metrics_host: str = "127.0.0.1",
-                 metrics_port: int | None = None) -> None:  # fmt: skip
+                 metrics_port: int | None = None, start_timeout: float = DEFAULT_START_TIMEOUT) -> None:  # fmt: skip
         self._spec = spec
+        self._start_timeout = start_timeout
         self._slots = [Slot(i) for i in range(1, processes + 1)]
         self._metrics_host = metrics_host
         self._metrics_port = metrics_port
@@ -282,6 +286,7 @@ class Supervisor:
         )  # fmt: skip
         slot.process = process
         log.info("child %d started (pid %d)", slot.index, process.pid)
+        overdue = asyncio.get_running_loop().call_later(self._start_timeout, self._start_overdue, slot, process)
         assert process.stdin is not None
         assert process.stdout is not None
         try:
@@ -294,11 +299,21 @@ class Supervisor:
         async for raw in process.stdout:
             self._on_line(slot, raw.decode("utf-8", "replace"))
         code = await process.wait()
+        overdue.cancel()
         process.stdin.close()
         if self._metrics_dir is not None:  # its live gauges go; its counts stay in the sum
             mark_process_dead(process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
         slot.process = None
         return code
+
+    def _start_overdue(self, slot: Slot, process: asyncio.subprocess.Process) -> None:
+        """Kill ``slot``'s child ``process`` when it is still not ready (SIGKILL: it took no work)."""
+        if slot.process is not process or slot.state != "starting" or process.returncode is not None:
+            return
+        slot.kind = None
+        slot.error = f"not ready within {self._start_timeout:g}s of its start {_HANGS}"
+        log.warning("child %d (pid %d) %s", slot.index, process.pid, slot.error)
+        self._signal_child(slot, signal.SIGKILL)
 
     def _on_line(self, slot: Slot, line: str) -> None:
         if not line.startswith(STATUS_PREFIX):
@@ -374,6 +389,8 @@ def _ask(port: int, path: str) -> tuple[int, str]:
         return 503, f"does not answer ({exc})"
 
 
+_HANGS = ("(its app's import or its start hangs): killed; find what it waits for (py-spy dump --pid PID), "
+          "or give --start-timeout more")  # fmt: skip
 #: A child's error ``kind`` saying a service failed it (exit 3, as in one process), by name; any other is exit 2.
 _SERVICE_ERRORS: dict[str, type[AmqpJobsError]] = {
     e.__name__: e for e in (BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError)

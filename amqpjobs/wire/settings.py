@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.text import url_text_problem
 from amqpjobs.wire.urls import (
     MAX_PORT,
     bracketed,
@@ -167,12 +168,16 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
 
 
 def checked_management_url(url: str) -> str:
-    """``url`` when it is an ``http://`` or ``https://`` URL with a host and a valid port.
+    """``url`` (blanks around it left out) when it is an ``http://`` or ``https://`` URL with a host and a valid port.
 
     Raises:
-        ConfigurationError: it is not; the message names it (password redacted) and the form
-            it must have (RabbitMQ "Management Plugin" -> "Usage": port 15672, 15671 with TLS).
+        ConfigurationError: it is not, or it holds a blank or a control character
+            (:func:`~amqpjobs.text.url_text_problem`); the message names it (password redacted) and
+            the form it must have (RabbitMQ "Management Plugin" -> "Usage": port 15672, 15671 with TLS).
     """
+    url = url.strip()
+    odd = url_text_problem(url)  # a blank in a password also hides it from redact(): then never shown
+    shown = "<not shown: it may hold a password>" if odd and "@" in url else repr(redact(url) if "@" in url else url)
     try:
         parts = urlsplit(url)
         valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
@@ -180,12 +185,11 @@ def checked_management_url(url: str) -> str:
             _ = parts.port  # ValueError when not a number
     except ValueError:
         valid = False
-    if valid and (problem := port_problem(url) or netloc_problem(parts.netloc, parts.hostname or "")):
-        shown = redact(url) if "@" in url else url  # without userinfo, no password to hide (redact can't parse it)
-        raise ConfigurationError(f"management URL {shown!r}: {problem} (--management-url or {MANAGEMENT_URL_ENV})")
+    if valid and (problem := port_problem(url) or netloc_problem(parts.netloc, parts.hostname or "") or odd):
+        raise ConfigurationError(f"management URL {shown}: {problem} (--management-url or {MANAGEMENT_URL_ENV})")
     if not valid:
         raise ConfigurationError(
-            f"management URL {redact(url)!r} is not an http(s) URL: give http://host:15672 or https://host:15671 "
+            f"management URL {shown} is not an http(s) URL: give http://host:15672 or https://host:15671 "
             f"(--management-url or {MANAGEMENT_URL_ENV})"
         )
     return url

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable
-from amqpjobs.text import ascii_digits
+from amqpjobs.text import ascii_digits, url_text_problem
 from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
 
@@ -255,6 +255,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         raise ConfigurationError(f"bad {where} {redact(url)}: expected amqp://user:pass@host:port/vhost")
     if problem := netloc_problem(parts.netloc, parts.hostname):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
+    if problem := url_text_problem(url):  # urlsplit drops tabs and line feeds: checked on the text as given
+        raise ConfigurationError(f"bad {where} <not shown: it may hold a password>: {problem}")
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     options = dict(pairs)
     unknown = sorted(set(options) - set(URL_OPTIONS))

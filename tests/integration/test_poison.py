@@ -652,7 +652,7 @@ async def test_a_plain_function_suspect_past_its_timeout_stops_its_worker_instea
     assert [r.levelname for r in lines[:2]] == ["WARNING", "ERROR"]  # past its timeout, then the grace later
     assert "passed its timeout of 1s while running alone as a suspect" in lines[0].getMessage()
     assert "still runs 1s past its timeout of 1s" in lines[1].getMessage()
-    assert "this worker stops (exit 1)" in lines[1].getMessage()
+    assert "this worker stops (exit 1, for its supervisor to start another)" in lines[1].getMessage()
     # its delivery went back to the broker: the next worker registers start 3 (or quarantines it, crashed)
     assert await depth(broker, "work.suspects") == 1
     assert await depth(broker, "work") == 1
@@ -743,7 +743,7 @@ async def test_a_plain_function_run_still_going_the_grace_past_its_timeout_stops
     lines = [r.getMessage() for r in caplog.records if "id stuck" in r.getMessage()]
     assert lines[0].endswith("judges it by its result (for 1s more at most: then it stops)")
     assert "still runs 1s past its timeout of 1s" in lines[1]
-    assert "this worker stops (exit 1)" in lines[1]
+    assert "this worker stops (exit 1, for its supervisor to start another)" in lines[1]
     assert await depth(broker, "work") == 1  # back for the next worker: registered, run alone
 
 
@@ -868,7 +868,7 @@ async def test_an_async_run_that_goes_on_after_its_cancellation_holds_no_suspect
         "job stubborn id s-1: async handler went on 1s after its timeout's cancellation, of 1s; it catches the "
         "cancellation, so the worker waits for it and judges it by its result (for 2s more at most: then it stops)"
     )
-    assert "this worker stops (exit 1)" in lines[1].getMessage()
+    assert "this worker stops (exit 1, for its supervisor to start another)" in lines[1].getMessage()
     assert "a-suspect" not in caplog.text  # never run beside it
     assert await depth(broker, "work.suspects") == 1
 

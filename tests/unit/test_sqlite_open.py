@@ -11,7 +11,7 @@ import pytest
 from amqpjobs import SqliteLedger, SqliteResults
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
 from amqpjobs.runtime.loading import load_app
-from amqpjobs.runtime.sqlite_open import open_failure
+from amqpjobs.runtime.sqlite_errors import open_failure
 
 pytestmark = pytest.mark.version_independent
 
