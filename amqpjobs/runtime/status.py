@@ -26,6 +26,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
+from amqpjobs.runtime.policy_checks import live_effects
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -268,7 +269,9 @@ async def collect(
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
     oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or
     (``layouts``) a shard its topology no longer has (``shards`` lowered, ``topology plan``'s
-    ORPHAN) holds jobs: no worker reads it.
+    ORPHAN) holds jobs: no worker reads it, or a policy on one of its queues can lose jobs (a
+    policy that only changes when a job comes back or is quarantined is a note:
+    :mod:`amqpjobs.topology.policy_effects`).
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
     problem when it holds jobs that no worker consumes or no worker mints tokens for
     (:mod:`amqpjobs.runtime.rate_status`).
@@ -365,6 +368,9 @@ async def collect(
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
+        held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
+        for found in live_effects(live, held).values():  # a policy overriding what the topology declared
+            (status.problems if found.loses else status.notes).append(str(found))
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
         problems, notes = rate_findings(rated[name], figures, paused=status.paused is not None)

@@ -45,6 +45,7 @@ from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
+from amqpjobs.runtime.policy_checks import warn_policy_effects
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
@@ -251,6 +252,9 @@ class Worker(WorkerStop):
         log.info("worker %s", self._consuming())  # as /readyz says it
         # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
         check = asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log))
+        check.add_done_callback(_say_if_failed)
+        self._background.append(check)
+        check = asyncio.create_task(warn_policy_effects(self.settings, self._layouts.values(), log))
         check.add_done_callback(_say_if_failed)
         self._background.append(check)
         self.ready.set()

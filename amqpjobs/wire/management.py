@@ -309,6 +309,18 @@ class ManagementClient:
         result: list[dict[str, Any]] = self.request("GET", f"/bindings/{_q(vhost)}")
         return result
 
+    def policies(self, vhost: str, operator: bool = False) -> list[dict[str, Any]]:
+        """The policies (``operator``: the operator policies) of ``vhost``: ``GET /api/[operator-]policies/<vhost>``.
+
+        Raises:
+            ManagementApiError: also when the user may not read them (RabbitMQ lets a
+                ``policymaker`` or ``administrator`` tag read policies).
+
+        """
+        kind = "operator-policies" if operator else "policies"
+        result: list[dict[str, Any]] = self.request("GET", f"/{kind}/{_q(vhost)}") or []
+        return result
+
     def import_definitions(self, vhost: str, definitions: dict[str, Any]) -> None:
         """``POST /api/definitions/<vhost>``: import a definitions document into ``vhost``."""
         self.request("POST", f"/definitions/{_q(vhost)}", json=definitions)
