@@ -1,9 +1,12 @@
-"""Policies on our queues that can lose jobs, read from the broker: for plan, status and a worker's start.
+"""What on the broker overrides the topology: policies on our queues, and queues declared again with other arguments.
 
 The rule of what a policy does to a queue lives in :mod:`amqpjobs.topology.policy_effects`;
 this module reads the vhost through the management API and applies it: a live queue by its
 ``effective_policy_definition``, a queue ``topology plan`` would create by the vhost's
-policies and operator policies (the ones that would match it once declared).
+policies and operator policies (the ones that would match it once declared). A queue whose
+arguments differ from the topology's (deleted and declared again by another program) is a
+plan's CONFLICT (:func:`~amqpjobs.topology.plan.make_plan`): ``status`` and a worker's start
+say so too (:func:`argument_drift`), since ``plan`` is only run at deploy time.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, ManagementApiError
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.plan import ObjectState
+from amqpjobs.topology.plan import ObjectState, make_plan
 from amqpjobs.topology.policy_effects import PolicyEffect, effect, from_management, matching, source_type
-from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.management import ManagementClient, queue_state
 from amqpjobs.wire.settings import BrokerSettings
 
 
@@ -56,6 +59,25 @@ def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[Object
     return out
 
 
+def argument_drift(
+    desired: Sequence[ObjectState], live: Mapping[str, Mapping[str, Any]], names: Iterable[str]
+) -> list[str]:
+    """One problem per queue of ``names`` whose live type, flags or arguments differ from ``desired``'s.
+
+    ``live``: queues by name as the management API lists them. A queue missing on either side
+    is left out (a missing one is its own problem).
+    """
+    wanted = {d.name: d for d in desired if d.kind == "queue"}
+    pairs = [(wanted[n], queue_state(dict(live[n]))) for n in names if n in wanted and n in live]
+    plan = make_plan([want for want, _ in pairs], [have for _, have in pairs])
+    return [
+        f"queue {item.desired.name} differs from the topology: {'; '.join(map(str, item.differences))} (declared "
+        "again by another program?); what the broker dead-letters, expires or pushes out of it may not reach its "
+        "quarantine: amqpjobs topology plan shows the remedy"
+        for item in plan.conflicts
+    ]
+
+
 def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:
     """Every queue of ``layouts`` that holds jobs: work queues, tiers, quarantine, suspects, parked."""
     out: list[str] = []
@@ -65,23 +87,25 @@ def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:
     return out
 
 
-async def warn_policy_effects(settings: BrokerSettings, layouts: Iterable[JobQueueLayout], log: Logger) -> None:
-    """Warn (``log``) once per queue of ``layouts`` whose policies can lose jobs (a worker's start).
+async def warn_overrides(
+    settings: BrokerSettings, layouts: Iterable[JobQueueLayout], desired: Sequence[ObjectState], log: Logger
+) -> None:
+    """Warn (``log``) once per queue of ``layouts`` whose policies can lose jobs or whose arguments differ.
 
-    Best effort: without the management API nothing is said (``amqpjobs status`` and
-    ``topology plan`` still tell).
+    A worker's start; ``desired``: the app's topology's objects. Best effort: without the
+    management API nothing is said (``amqpjobs status`` and ``topology plan`` still tell).
     """
     names = layout_queues(layouts)
 
-    def read() -> dict[str, PolicyEffect]:
+    def read() -> tuple[dict[str, PolicyEffect], list[str]]:
         with ManagementClient(settings, timeout=5.0) as mgmt:
-            return live_effects({str(q["name"]): q for q in mgmt.queues(settings.vhost)}, names)
+            live = {str(q["name"]): q for q in mgmt.queues(settings.vhost)}
+        return live_effects(live, names), argument_drift(desired, live, names)
 
     try:
-        found = await asyncio.to_thread(read)  # httpx blocks: not on the worker's loop
+        found, drift = await asyncio.to_thread(read)  # httpx blocks: not on the worker's loop
     except AmqpJobsError as exc:
-        log.debug("policies not checked (%s)", exc)
+        log.debug("policies and queue arguments not checked (%s)", exc)
         return
-    for e in found.values():
-        if e.loses:
-            log.warning("%s (amqpjobs status lists it until fixed)", e)
+    for line in [*drift, *(str(e) for e in found.values() if e.loses)]:
+        log.warning("%s (amqpjobs status lists it until fixed)", line)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from logging import Logger
 from typing import Any
@@ -26,7 +26,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
-from amqpjobs.runtime.policy_checks import live_effects
+from amqpjobs.runtime.policy_checks import argument_drift, live_effects
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -38,6 +38,7 @@ from amqpjobs.topology.naming import (
     suspects_queue_name,
 )
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
+from amqpjobs.topology.plan import ObjectState
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
@@ -260,6 +261,7 @@ async def collect(
     layouts: list[JobQueueLayout] | None = None,
     names: list[str] | None = None,
     max_age: float | None = None,
+    desired: Sequence[ObjectState] = (),
 ) -> list[JobQueueStatus]:
     """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
 
@@ -269,7 +271,8 @@ async def collect(
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
     oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or
     (``layouts``) a shard its topology no longer has (``shards`` lowered, ``topology plan``'s
-    ORPHAN) holds jobs: no worker reads it, or a policy on one of its queues can lose jobs (a
+    ORPHAN) holds jobs: no worker reads it, one of its queues differs from ``desired`` (the
+    topology's objects: declared again with other arguments), or a policy on one of its queues can lose jobs (a
     policy that only changes when a job comes back or is quarantined is a note:
     :mod:`amqpjobs.topology.policy_effects`).
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
@@ -369,6 +372,7 @@ async def collect(
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
+        status.problems += argument_drift(desired, live, held)  # declared again by someone else
         for found in live_effects(live, held).values():  # a policy overriding what the topology declared
             (status.problems if found.loses else status.notes).append(str(found))
         status.breakers = breaker_states(name, live.values(), now)

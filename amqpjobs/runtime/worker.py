@@ -45,7 +45,7 @@ from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
-from amqpjobs.runtime.policy_checks import warn_policy_effects
+from amqpjobs.runtime.policy_checks import warn_overrides
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
@@ -59,6 +59,7 @@ from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
+from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
 from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
@@ -251,12 +252,11 @@ class Worker(WorkerStop):
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info("worker %s", self._consuming())  # as /readyz says it
         # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
-        check = asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log))
-        check.add_done_callback(_say_if_failed)
-        self._background.append(check)
-        check = asyncio.create_task(warn_policy_effects(self.settings, self._layouts.values(), log))
-        check.add_done_callback(_say_if_failed)
-        self._background.append(check)
+        desired = desired_state(self.app.topology().declarations())  # and what on the broker overrides it
+        for found in (warn_dropped_shards(self.settings, self._layouts.values(), log),
+                      warn_overrides(self.settings, self._layouts.values(), desired, log)):  # fmt: skip
+            self._background.append(check := asyncio.create_task(found))
+            check.add_done_callback(_say_if_failed)
         self.ready.set()
 
     async def start_on(self, publisher: Publisher, version: tuple[int, ...] | None = None) -> None:
