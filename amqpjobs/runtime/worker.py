@@ -61,7 +61,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
-from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.consume import MISSING_FIX, DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
@@ -358,6 +358,8 @@ class Worker(WorkerStop):
             return False, self._holding.summary
         if self._lanes_missing:
             return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
+        if gone := [c.queue for c in self._consumers if isinstance(c, WorkQueueConsumer) and c.missing_since]:
+            return False, f"work queue(s) {', '.join(gone)} missing: {MISSING_FIX}"
         idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
