@@ -72,8 +72,8 @@ class PlanResult:
         return any(e.loses for e in self.policy_effects)
 
     def policy_report(self) -> list[str]:
-        """One ``POLICY`` line per queue whose policies change what the topology declared."""
-        return [f"POLICY    queue    {e}" for e in self.policy_effects]
+        """One ``POLICY`` line per queue (then exchange) whose policies change what the topology declared."""
+        return [f"POLICY    {e.kind:<8} {e}" for e in self.policy_effects]
 
     def plan_report(self) -> str:
         """:meth:`~amqpjobs.topology.plan.Plan.report`, its summary also counting the bindings to remove."""

@@ -20,7 +20,14 @@ from typing import Any
 from amqpjobs.errors import AmqpJobsError, ManagementApiError
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.plan import ObjectState, make_plan
-from amqpjobs.topology.policy_effects import PolicyEffect, effect, from_management, matching, source_type
+from amqpjobs.topology.policy_effects import (
+    PolicyEffect,
+    effect,
+    exchange_effect,
+    from_management,
+    matching,
+    source_type,
+)
 from amqpjobs.wire.management import ManagementClient, queue_state
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -33,17 +40,18 @@ def live_effects(live: Mapping[str, Mapping[str, Any]], names: Iterable[str]) ->
 
 
 def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[ObjectState]) -> list[PolicyEffect]:
-    """What the policies do to each queue of ``desired`` (in its order): live ones as they are, new ones once declared.
+    """What the policies do to each queue, then exchange, of ``desired``: live queues, and new ones once declared.
 
     A user who may not read the vhost's policies (no ``policymaker`` tag) still gets the live
-    queues' effects; the queues to create are then not judged.
+    queues' effects; the queues to create, and the exchanges, are then not judged.
     """
     queues = [d for d in desired if d.kind == "queue"]
+    ours = [d.name for d in desired if d.kind == "exchange"]
     live = {str(q["name"]): q for q in mgmt.queues(vhost)}
-    new = [d for d in queues if d.name not in live]
+    exchanges = {str(e["name"]): e for e in mgmt.exchanges(vhost)}
     policies: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-    if new:
-        with contextlib.suppress(ManagementApiError):  # no policymaker tag: the new queues go unjudged
+    if any(d.name not in live for d in queues) or any(exchanges.get(n, {}).get("policy") for n in ours):
+        with contextlib.suppress(ManagementApiError):  # no policymaker tag: those go unjudged
             policies = (mgmt.policies(vhost), mgmt.policies(vhost, operator=True))
     types = {d.name: d.type for d in queues}
     out = []
@@ -56,7 +64,7 @@ def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[Object
         )
         if (e := effect(q)) is not None:
             out.append(e)
-    return out
+    return out + exchange_effects(exchanges, policies[0], ours)
 
 
 def argument_drift(
@@ -76,6 +84,45 @@ def argument_drift(
         "quarantine: amqpjobs topology plan shows the remedy"
         for item in plan.conflicts
     ]
+
+
+def exchange_effects(
+    exchanges: Mapping[str, Mapping[str, Any]], policies: Iterable[Mapping[str, Any]], names: Iterable[str]
+) -> list[PolicyEffect]:
+    """What the user policy on each exchange of ``names`` found in ``exchanges`` (as the API lists them) changes.
+
+    The API names an exchange's policy only; its definition comes from ``policies`` (the
+    vhost's, :meth:`~amqpjobs.wire.management.ManagementClient.policies`).
+    """
+    by_name = {str(p.get("name")): p.get("definition") or {} for p in policies}
+    found = [
+        exchange_effect(n, exchanges[n].get("arguments") or {}, exchanges[n].get("policy"),
+                        by_name.get(str(exchanges[n].get("policy")), {}))
+        for n in names if n in exchanges
+    ]  # fmt: skip
+    return [e for e in found if e is not None]
+
+
+def unbound(layout: JobQueueLayout, routes: Iterable[tuple[str, str, str]]) -> list[str]:
+    """A problem per work queue of ``layout`` that its exchange does not route its jobs to.
+
+    ``routes``: the vhost's bindings as (source, destination, routing key). Publishers use the
+    job queue's first routing key (a shard's own key); under modulus-hash any binding from
+    ``<name>.shards`` to the shard. Without it an enqueue is returned unroutable, or, with an
+    alternate exchange, confirmed and lost to the workers.
+    """
+    routes = set(routes)
+    sources = {(s, d) for s, d, _ in routes}
+    out = []
+    for i, work in enumerate(layout.work_queues):
+        if layout.shards_exchange is not None and (layout.shards_exchange, work) not in sources:
+            out.append(f"exchange {layout.shards_exchange} is not bound to {work} (apply the topology): no job "
+                       "reaches it")  # fmt: skip
+        key = layout.shard_routing_keys[i] if layout.shard_routing_keys else layout.routing_key
+        if (layout.exchange, work, key) not in routes:
+            out.append(f"exchange {layout.exchange} is not bound to {work} with routing key {key!r} (apply the "
+                       "topology): enqueues are returned unroutable, or go to an alternate exchange")  # fmt: skip
+    return out
 
 
 def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:

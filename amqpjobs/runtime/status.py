@@ -15,6 +15,7 @@ timestamp: their age shows as unknown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
-from amqpjobs.runtime.policy_checks import argument_drift, live_effects
+from amqpjobs.runtime.policy_checks import argument_drift, exchange_effects, live_effects, unbound
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -243,17 +244,21 @@ def _queue_names(settings: BrokerSettings) -> list[str]:
         return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
 
 
-def _read_vhost(
-    settings: BrokerSettings,
-) -> tuple[dict[str, Any], set[str], set[tuple[str, str]], dict[str, dict[str, Any]]]:
-    """The vhost's queues by name, exchange names, (source, destination) bindings, and waiting rooms' details."""
+def _read_vhost(settings: BrokerSettings) -> tuple[
+    dict[str, Any], dict[str, Any], set[tuple[str, str, str]], dict[str, dict[str, Any]], list[dict[str, Any]]
+]:  # fmt: skip
+    """The vhost's queues and exchanges by name, (source, destination, key) bindings, waiting rooms, policies."""
     with ManagementClient(settings) as mgmt:
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
-        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
-        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
+        exchanges = {e["name"]: e for e in mgmt.exchanges(settings.vhost)}
+        bound = {(b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(settings.vhost)}
+        policies: list[dict[str, Any]] = []
+        if any(e.get("policy") for e in exchanges.values()):  # their definitions (a policymaker tag reads them)
+            with contextlib.suppress(ManagementApiError):
+                policies = mgmt.policies(settings.vhost)
         # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
         rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
-    return live, exchanges, bound, rooms
+    return live, exchanges, bound, rooms, policies
 
 
 async def collect(
@@ -282,7 +287,9 @@ async def collect(
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
-    live, exchanges, bound, rooms = await asyncio.to_thread(_read_vhost, settings)  # httpx blocks: not on the loop
+    live, exchanges, bound, rooms, policies = await asyncio.to_thread(
+        _read_vhost, settings
+    )  # httpx blocks: not on the loop
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -331,7 +338,7 @@ async def collect(
         exchange = quarantine_exchange_name(name)
         if exchange not in exchanges:
             status.problems.append(f"exchange {exchange} does not exist (apply the topology)")
-        elif status.quarantine.exists and (exchange, quarantine) not in bound:
+        elif status.quarantine.exists and not any(b[:2] == (exchange, quarantine) for b in bound):
             status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if name not in topology_names and exchange not in exchanges and not any(q.exists for q in own):
             status.problems = [_no_such_job_queue(name, settings.vhost, live)]  # a name given, maybe misspelt
@@ -373,6 +380,9 @@ async def collect(
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
         status.problems += argument_drift(desired, live, held)  # declared again by someone else
+        for lay in (x for x in layouts or [] if x.name == name):  # its jobs reach it; no alternate exchange
+            status.problems += unbound(lay, bound)
+            status.notes += [str(e) for e in exchange_effects(exchanges, policies, [lay.exchange])]
         for found in live_effects(live, held).values():  # a policy overriding what the topology declared
             (status.problems if found.loses else status.notes).append(str(found))
         status.breakers = breaker_states(name, live.values(), now)

@@ -86,10 +86,11 @@ class PolicyEffect:
     """What the policies on one queue do to the jobs in it.
 
     Attributes:
-        queue: Queue name.
+        queue: Queue name (an exchange's, for ``kind`` ``exchange``).
         named: The policies in words (:attr:`QueuePolicy.named`).
         loses: True when jobs can be dropped, deleted or sent out of amqpjobs' queues.
         effects: One phrase per key that takes effect.
+        kind: ``queue``, or ``exchange`` (:func:`exchange_effect`).
 
     """
 
@@ -97,6 +98,7 @@ class PolicyEffect:
     named: str
     loses: bool
     effects: tuple[str, ...]
+    kind: str = "queue"
 
     def __str__(self) -> str:
         fix = ""
@@ -105,7 +107,8 @@ class PolicyEffect:
                    "higher priority that does not set these keys (one policy applies to a queue)")  # fmt: skip
         if self.loses and "operator policy" in self.named:
             fix += "; an operator policy applies beside any policy: change its pattern or drop these keys from it"
-        return f"{self.named} on {self.queue}: {'; '.join(self.effects)}{fix}"
+        where = f"exchange {self.queue}" if self.kind == "exchange" else self.queue
+        return f"{self.named} on {where}: {'; '.join(self.effects)}{fix}"
 
 
 def source_type(queue: str, types: Mapping[str, str]) -> str | None:
@@ -217,6 +220,25 @@ def effect(q: QueuePolicy) -> PolicyEffect | None:
     if not effects:
         return None
     return PolicyEffect(q.queue, q.named, any(loses for loses, _ in effects), tuple(text for _, text in effects))
+
+
+def exchange_effect(
+    exchange: str, arguments: Mapping[str, Any], policy: str | None, definition: Mapping[str, Any]
+) -> PolicyEffect | None:
+    """What user policy ``policy`` (its ``definition``) on one of our exchanges changes, or None.
+
+    Only ``alternate-exchange`` matters (an exchange's own argument wins over it): a job no
+    binding routes goes there instead of back to its publisher (``mandatory``), so an enqueue
+    whose job queue is not bound is confirmed and the job reaches no worker. A note: with the
+    bindings in place (``status`` checks them) nothing changes.
+    """
+    other = definition.get("alternate-exchange")
+    if not policy or other is None or arguments.get("alternate-exchange") is not None:
+        return None
+    words = (f"alternate-exchange {printable(str(other))!r}: a job no binding routes goes there instead of back to "
+             "its publisher, so an enqueue to a job queue whose binding is missing succeeds and no worker gets "
+             "the job")  # fmt: skip
+    return PolicyEffect(exchange, f"policy {printable(policy)!r}", False, (words,), "exchange")
 
 
 def _refusing(q: QueuePolicy, limit: str) -> tuple[bool, str]:

@@ -220,3 +220,41 @@ async def test_the_overflow_a_policy_sets_wins_on_a_quorum_queue_only(broker: Br
     _, by_name = await status(broker, tmp_path / "app.toml")
     (problem,) = [p for p in by_name["pay"]["problems"] if p.startswith("policy 'drop' on pay:")]
     assert "falls back to at-most-once" in problem, problem
+
+
+@pytest.mark.timeout(60)
+async def test_a_missing_job_binding_is_a_problem_and_an_alternate_exchange_policy_is_named(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Without its binding a job queue gets nothing; with an alternate exchange the enqueue does not even fail.
+
+    Seen on 3.10 before: binding jobs -> work removed, a policy {"alternate-exchange": "ae"} on
+    ``jobs``: two enqueues were confirmed and landed in ``ae-q``, while ``status`` reported only
+    "no consumer", and ``topology plan`` a binding to create, exit 0.
+    """
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
+    app.job("noop", queue="work")(lambda p, c: None)
+    async with raw_channel(broker) as ch:
+        ae = await ch.declare_exchange("ae", aio_pika.ExchangeType.FANOUT, durable=True)
+        caught = await ch.declare_queue("ae-q", durable=True)
+        await caught.bind(ae)
+        jobs = await ch.get_exchange("jobs", ensure=False)
+        await (await ch.get_queue("work", ensure=False)).unbind(jobs, routing_key="work")
+    body = {"pattern": "^jobs$", "definition": {"alternate-exchange": "ae"}, "apply-to": "exchanges"}
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/policies/{quote(broker.vhost, safe='')}/ae", json=body)
+    await asyncio.sleep(0.5)
+    await app.enqueue("noop", {}, job_id="diverted")  # confirmed: the alternate exchange took it
+    await app.close()
+    assert await depth(broker, "ae-q") == 1
+
+    code, by_name = await status(broker, tmp_path / "app.toml")
+    assert code == 1
+    (problem,) = [p for p in by_name["work"]["problems"] if "not bound" in p]
+    assert problem.startswith("exchange jobs is not bound to work with routing key 'work' (apply the topology)")
+    (note,) = [n for n in by_name["work"]["notes"] if "alternate-exchange" in n]
+    assert note.startswith("policy 'ae' on exchange jobs: alternate-exchange 'ae': "), note
+
+    plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(tmp_path / "app.toml"))
+    lines = [line for line in plan.output.splitlines() if line.startswith("POLICY")]
+    assert lines == [f"POLICY    exchange {note}"], plan.output

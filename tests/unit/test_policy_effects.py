@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from amqpjobs.topology.policy_effects import QueuePolicy, effect, from_management, matching, source_type
+from amqpjobs.topology.policy_effects import (
+    QueuePolicy,
+    effect,
+    exchange_effect,
+    from_management,
+    matching,
+    source_type,
+)
 
 QUARANTINE: dict[str, Any] = {"x-queue-type": "classic"}
 WORK = {"x-dead-letter-exchange": "mail.quarantine", "x-queue-type": "classic"}
@@ -138,3 +145,13 @@ def test_source_type_is_the_type_of_what_dead_letters_into_a_queue() -> None:
     assert source_type("exports.shard-1", types) == "quorum"
     for fed_by_publishers in ("mail.retry.5s", "mail.parked", "mail.suspects"):
         assert source_type(fed_by_publishers, types) is None
+
+
+def test_an_alternate_exchange_policy_on_our_exchange_is_a_note() -> None:
+    found = exchange_effect("jobs", {}, "ae", {"alternate-exchange": "catch-all", "federation-upstream": "x"})
+    assert found is not None
+    assert not found.loses
+    assert str(found).startswith("policy 'ae' on exchange jobs: alternate-exchange 'catch-all': a job no binding")
+    assert exchange_effect("jobs", {"alternate-exchange": "mine"}, "ae", {"alternate-exchange": "x"}) is None
+    assert exchange_effect("jobs", {}, "p", {"federation-upstream": "x"}) is None
+    assert exchange_effect("jobs", {}, None, {}) is None
