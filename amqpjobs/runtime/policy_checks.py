@@ -14,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import Logger
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, ManagementApiError
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.topology.plan import ObjectState, make_plan
 from amqpjobs.topology.policy_effects import (
+    STATE,
     PolicyEffect,
     effect,
     exchange_effect,
@@ -125,6 +128,43 @@ def unbound(layout: JobQueueLayout, routes: Iterable[tuple[str, str, str]]) -> l
     return out
 
 
+@dataclass(frozen=True)
+class View:
+    """What ``status`` read of a vhost: queues and exchanges by name, bindings, policies (management API)."""
+
+    queues: Mapping[str, Mapping[str, Any]]
+    exchanges: Mapping[str, Mapping[str, Any]]
+    bindings: set[tuple[str, str, str]]
+    policies: list[dict[str, Any]]
+
+
+def overrides(
+    view: View, job_queue: str, held: list[str], layout: JobQueueLayout | None, desired: Sequence[ObjectState]
+) -> tuple[list[str], list[str]]:
+    """(problems, notes) of ``job_queue`` for ``status``: what on the broker overrides its topology.
+
+    ``held``: its queues that exist (work, tiers, quarantine, suspects, parked, waiting rooms);
+    its state queues (a pause flag, a breaker's record) are added. ``layout`` and ``desired``
+    (the topology's, when ``status`` was given one): a queue declared again with other
+    arguments, a work queue its exchange does not route to, an alternate exchange on it.
+    """
+    held = held + [n for n in view.queues if (q := parse_queue_name(n)).job_queue == job_queue and q.kind in STATE]
+    problems = argument_drift(desired, view.queues, held)  # declared again by someone else
+    notes: list[str] = []
+    if layout is not None:
+        problems += unbound(layout, view.bindings)
+        notes += [str(e) for e in exchange_effects(view.exchanges, view.policies, [layout.exchange])]
+    for found in live_effects(view.queues, held).values():  # a policy overriding what the topology declared
+        (problems if found.loses else notes).append(str(found))
+    return problems, notes
+
+
+def vhost_overrides(queues: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A problem per scheduler tick store of the vhost (``queues``) whose policy can lose its record."""
+    ticks = [n for n in queues if parse_queue_name(n).kind == "ticks"]
+    return [str(e) for e in live_effects(queues, ticks).values() if e.loses]
+
+
 def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:
     """Every queue of ``layouts`` that holds jobs: work queues, tiers, quarantine, suspects, parked."""
     out: list[str] = []
@@ -135,14 +175,15 @@ def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:
 
 
 async def warn_overrides(
-    settings: BrokerSettings, layouts: Iterable[JobQueueLayout], desired: Sequence[ObjectState], log: Logger
+    settings: BrokerSettings, names: list[str], desired: Sequence[ObjectState], log: Logger
 ) -> None:
-    """Warn (``log``) once per queue of ``layouts`` whose policies can lose jobs or whose arguments differ.
+    """Warn (``log``) once per queue of ``names`` whose policies can lose jobs or whose arguments differ.
 
-    A worker's start; ``desired``: the app's topology's objects. Best effort: without the
-    management API nothing is said (``amqpjobs status`` and ``topology plan`` still tell).
+    A worker's start (its job queues' queues, :func:`layout_queues`; ``desired``: the app's
+    topology's objects) and a scheduler's (its tick stores; nothing desired). Best effort:
+    without the management API nothing is said (``amqpjobs status`` and ``topology plan``
+    still tell).
     """
-    names = layout_queues(layouts)
 
     def read() -> tuple[dict[str, PolicyEffect], list[str]]:
         with ManagementClient(settings, timeout=5.0) as mgmt:
@@ -150,7 +191,7 @@ async def warn_overrides(
         return live_effects(live, names), argument_drift(desired, live, names)
 
     try:
-        found, drift = await asyncio.to_thread(read)  # httpx blocks: not on the worker's loop
+        found, drift = await asyncio.to_thread(read)  # httpx blocks: not on the loop
     except AmqpJobsError as exc:
         log.debug("policies and queue arguments not checked (%s)", exc)
         return

@@ -27,7 +27,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
-from amqpjobs.runtime.policy_checks import argument_drift, exchange_effects, live_effects, unbound
+from amqpjobs.runtime.policy_checks import View, overrides, vhost_overrides
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -379,17 +379,16 @@ async def collect(
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
-        status.problems += argument_drift(desired, live, held)  # declared again by someone else
-        for lay in (x for x in layouts or [] if x.name == name):  # its jobs reach it; no alternate exchange
-            status.problems += unbound(lay, bound)
-            status.notes += [str(e) for e in exchange_effects(exchanges, policies, [lay.exchange])]
-        for found in live_effects(live, held).values():  # a policy overriding what the topology declared
-            (status.problems if found.loses else status.notes).append(str(found))
+        layout = next((x for x in layouts or [] if x.name == name), None)
+        problems, notes = overrides(View(live, exchanges, bound, policies), name, held, layout, desired)
+        status.problems, status.notes = status.problems + problems, status.notes + notes
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
         problems, notes = rate_findings(rated[name], figures, paused=status.paused is not None)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)
+    if out:  # the vhost's scheduler queues belong to no job queue
+        out[0].problems += vhost_overrides(live)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(
             f"exchange {EVENTS_EXCHANGE!r} does not exist: workers publish no outcome events, and canary replays "

@@ -45,7 +45,7 @@ from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
-from amqpjobs.runtime.policy_checks import warn_overrides
+from amqpjobs.runtime.policy_checks import layout_queues, warn_overrides
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
@@ -251,10 +251,9 @@ class Worker(WorkerStop):
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info("worker %s", self._consuming())  # as /readyz says it
-        # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
-        desired = desired_state(self.app.topology().declarations())  # and what on the broker overrides it
+        desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
         for found in (warn_dropped_shards(self.settings, self._layouts.values(), log),
-                      warn_overrides(self.settings, self._layouts.values(), desired, log)):  # fmt: skip
+                      warn_overrides(self.settings, layout_queues(self._layouts.values()), desired, log)):  # fmt: skip
             self._background.append(check := asyncio.create_task(found))
             check.add_done_callback(_say_if_failed)
         self.ready.set()

@@ -45,6 +45,15 @@ _LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "deli
 _ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow")
 #: On a quorum queue the policy wins for these.
 _QUORUM_POLICY_WINS = ("overflow", "expires")
+#: Our queues that hold state in being there (their arguments, or one record), and what losing them means.
+STATE = {
+    "paused": "the pause ends with it: workers start the job queue's jobs again",
+    "breaker": "the open circuit breaker closes with it",
+    "ticks": (
+        "the schedule's tick record goes with it: a replica taking over starts from that moment, and the ticks "
+        "missed meanwhile never fire"
+    ),
+}
 #: A policy's ``apply-to`` values that reach a queue of each type (3.12+ adds the typed ones).
 _APPLIES_TO = {"classic": {"all", "queues", "classic_queues"}, "quorum": {"all", "queues", "quorum_queues"}}
 
@@ -219,7 +228,10 @@ def effect(q: QueuePolicy) -> PolicyEffect | None:
         effects.append((gone, f"delivery-limit {value['delivery-limit']}: a job delivered that often is {where}{was}"))
     if not effects:
         return None
-    return PolicyEffect(q.queue, q.named, any(loses for loses, _ in effects), tuple(text for _, text in effects))
+    loses = any(loses for loses, _ in effects)
+    if loses and (state := STATE.get(parse_queue_name(q.queue).kind)):
+        effects.append((True, state))
+    return PolicyEffect(q.queue, q.named, loses, tuple(text for _, text in effects))
 
 
 def exchange_effect(

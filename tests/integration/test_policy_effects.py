@@ -22,7 +22,8 @@ from urllib.parse import quote
 import aio_pika
 import pytest
 
-from amqpjobs import JobContext, Worker, WorkerOptions
+from amqpjobs import JobContext, Scheduler, Worker, WorkerOptions
+from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import applied_app, cli, depth, raw_channel
@@ -258,3 +259,61 @@ async def test_a_missing_job_binding_is_a_problem_and_an_alternate_exchange_poli
     plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(tmp_path / "app.toml"))
     lines = [line for line in plan.output.splitlines() if line.startswith("POLICY")]
     assert lines == [f"POLICY    exchange {note}"], plan.output
+
+
+@pytest.mark.timeout(60)
+async def test_a_policy_that_expires_our_state_queues_is_a_problem(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A pause flag or a schedule's tick record lives in a queue nobody consumes: ``expires`` deletes it.
+
+    Seen on 3.10 before: `amqpjobs pause mail`, then a policy {"expires": 3000} on ``\\.paused$``:
+    3 s later the flag was gone (workers would start the paused jobs) and ``status`` showed
+    neither the pause nor the policy.
+    """
+    await applied_app(broker, tmp_path, TOPOLOGY, "app")
+    assert (await asyncio.to_thread(cli, broker, "pause", "work", "--reason", "deploy")).exit_code == 0
+    ticks = "amqpjobs.scheduler.shop.ticks.daily"
+    async with raw_channel(broker) as ch:  # as a scheduler replica declares it
+        await ch.declare_queue(ticks, durable=True, arguments={"x-max-length": 1, "x-overflow": "drop-head"})
+    set_policy(broker, "sweep", r"\.paused$|\.ticks\.", {"expires": 600000, "message-ttl": 60000})
+    await policy_shown(broker, "work.paused", "expires")
+    await policy_shown(broker, ticks, "expires")
+
+    code, by_name = await status(broker, tmp_path / "app.toml")
+    assert code == 1
+    problems = [p for jq in by_name.values() for p in jq["problems"] if "policy" in p]
+    (flag,) = [p for p in problems if p.startswith("policy 'sweep' on work.paused:")]
+    assert "expires 10m: the broker deletes the queue" in flag, flag
+    assert "the pause ends with it" in flag, flag
+    (record,) = [p for p in problems if p.startswith(f"policy 'sweep' on {ticks}:")]
+    assert "message-ttl 1m: a message older is dropped" in record, record
+    assert "the schedule's tick record" in record, record
+
+
+@pytest.mark.timeout(60)
+async def test_a_scheduler_starting_warns_of_a_policy_that_can_lose_its_tick_records(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "shop")
+
+    @app.cron("@hourly")
+    @app.job("report", queue="work")
+    async def report(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    ticks = "amqpjobs.scheduler.shop.ticks.report"
+    async with raw_channel(broker) as ch:  # declared by an earlier replica (the API shows a policy seconds late)
+        await ch.declare_queue(ticks, durable=True, arguments=dict(TICK_QUEUE_ARGUMENTS))
+    set_policy(broker, "sweep", r"\.ticks\.", {"message-ttl": 60000})
+    await policy_shown(broker, ticks, "message-ttl")
+    caplog.set_level(logging.WARNING)
+    scheduler = Scheduler(app, broker)
+    await scheduler.start()
+    try:
+        deadline = time.monotonic() + 10  # a best-effort check beside the start
+        while not (warned := [r.getMessage() for r in caplog.records if "'sweep'" in r.getMessage()]):
+            assert time.monotonic() < deadline, "the scheduler never warned of the policy"
+            await asyncio.sleep(0.1)
+        assert warned[0].startswith(f"policy 'sweep' on {ticks}: message-ttl 1m"), warned
+        assert "the schedule's tick record goes with it" in warned[0], warned
+    finally:
+        await scheduler.shutdown()
+        await app.close()
