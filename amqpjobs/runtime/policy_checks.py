@@ -153,7 +153,10 @@ def overrides(
     notes: list[str] = []
     if layout is not None:
         problems += unbound(layout, view.bindings)
-        notes += [str(e) for e in exchange_effects(view.exchanges, view.policies, [layout.exchange])]
+        notes += [
+            str(e)
+            for e in exchange_effects(view.exchanges, view.policies, [layout.exchange, layout.quarantine_exchange])
+        ]
     for found in live_effects(view.queues, held).values():  # a policy overriding what the topology declared
         (problems if found.loses else notes).append(str(found))
     return problems, notes

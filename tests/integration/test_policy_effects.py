@@ -241,7 +241,12 @@ async def test_a_missing_job_binding_is_a_problem_and_an_alternate_exchange_poli
         await caught.bind(ae)
         jobs = await ch.get_exchange("jobs", ensure=False)
         await (await ch.get_queue("work", ensure=False)).unbind(jobs, routing_key="work")
-    body = {"pattern": "^jobs$", "definition": {"alternate-exchange": "ae"}, "apply-to": "exchanges"}
+    # on the quarantine exchange too: a worker's quarantine copy would be confirmed into ae-q
+    body = {
+        "pattern": r"^(jobs|work\.quarantine)$",
+        "definition": {"alternate-exchange": "ae"},
+        "apply-to": "exchanges",
+    }
     with ManagementClient(broker) as mgmt:
         mgmt.request("PUT", f"/policies/{quote(broker.vhost, safe='')}/ae", json=body)
     await asyncio.sleep(0.5)
@@ -253,12 +258,16 @@ async def test_a_missing_job_binding_is_a_problem_and_an_alternate_exchange_poli
     assert code == 1
     (problem,) = [p for p in by_name["work"]["problems"] if "not bound" in p]
     assert problem.startswith("exchange jobs is not bound to work with routing key 'work' (apply the topology)")
-    (note,) = [n for n in by_name["work"]["notes"] if "alternate-exchange" in n]
-    assert note.startswith("policy 'ae' on exchange jobs: alternate-exchange 'ae': "), note
+    notes = [n for n in by_name["work"]["notes"] if "alternate-exchange" in n]
+    assert [n.split(":")[0] for n in notes] == [
+        "policy 'ae' on exchange jobs",
+        "policy 'ae' on exchange work.quarantine",
+    ]
+    assert notes[0].startswith("policy 'ae' on exchange jobs: alternate-exchange 'ae': a job no binding"), notes
 
     plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(tmp_path / "app.toml"))
     lines = [line for line in plan.output.splitlines() if line.startswith("POLICY")]
-    assert lines == [f"POLICY    exchange {note}"], plan.output
+    assert lines == [f"POLICY    exchange {n}" for n in notes], plan.output
 
 
 @pytest.mark.timeout(60)
