@@ -55,7 +55,9 @@ def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[Object
     policies: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
     if any(d.name not in live for d in queues) or any(exchanges.get(n, {}).get("policy") for n in ours):
         with contextlib.suppress(ManagementApiError):  # no policymaker tag: those go unjudged
-            policies = (mgmt.policies(vhost), mgmt.policies(vhost, operator=True))
+            policies = (mgmt.policies(vhost), policies[1])
+        with contextlib.suppress(ManagementApiError):  # operator policies may need more than that
+            policies = (policies[0], mgmt.policies(vhost, operator=True))
     types = {d.name: d.type for d in queues}
     out = []
     for d in queues:
