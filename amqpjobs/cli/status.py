@@ -17,6 +17,7 @@ from amqpjobs.runtime.status import collect, status_report
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import own_queue_words, parse_queue_name, queue_name_problem
+from amqpjobs.wire.arguments import desired_state
 
 
 @main.command("status")
@@ -49,18 +50,19 @@ def status_command(
             raise ConfigurationError(f"--queues: {problem}")
         if (kind := parse_queue_name(name)).kind != "work":
             raise ConfigurationError(f"--queues: {printable(name)} is {own_queue_words(kind)}: give job queue names")
-    layouts = None
+    layouts, desired = None, []
     source = f"--queues {','.join(names)}" if names else ""
     if not names or path is not None:
         where = Path(path or "topology")
         if path is None and not where.exists():
             raise ConfigurationError("give a topology PATH or --queues (no ./topology here)")
-        layouts = list(load_topology(where).topology.layouts())
+        topology = load_topology(where).topology
+        layouts, desired = list(topology.layouts()), desired_state(topology.declarations())
         source = f"topology {where.resolve()}" + (" (the default ./topology: no PATH given)" if path is None else "")
         if names:  # both: the topology's job queues, narrowed to those
             layouts, source = _narrowed(layouts, names, where), f"{source}, job queue(s) {','.join(names)}"
             names = None
-    report = run_command(collect(broker, layouts, names, bound))
+    report = run_command(collect(broker, layouts, names, bound, desired))
     unhealthy = any(j.problems for j in report)
     if as_json:
         doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source}

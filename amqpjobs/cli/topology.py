@@ -35,9 +35,10 @@ def topology() -> None:
 def topology_plan(path: str, url: str | None, management_url: str | None) -> None:
     """Compare the topology at PATH with the live vhost: create / unchanged / CONFLICT.
 
-    Also lists ORPHAN queues: shards or tiers the topology no longer declares. Exit 0 without
-    conflicts, 1 with conflicts or orphans holding messages, 2 when PATH is invalid, 3 on
-    broker errors.
+    Also lists ORPHAN queues: shards or tiers the topology no longer declares, and POLICY lines:
+    queues whose policies (live, or matching once declared) override what the topology declares.
+    Exit 0 without conflicts, 1 with conflicts, orphans holding messages or a policy that can
+    lose jobs, 2 when PATH is invalid, 3 on broker errors.
     """
     broker = settings(url, management_url)
     result = run_command(plan_topology(path, broker))
@@ -49,7 +50,9 @@ def topology_plan(path: str, url: str | None, management_url: str | None) -> Non
         click.echo(line)
     for line in result.orphan_report():
         click.echo(line)
-    if result.plan.conflicts or any(messages for _, messages in result.orphans):
+    for line in result.policy_report():
+        click.echo(line)
+    if result.plan.conflicts or any(messages for _, messages in result.orphans) or result.policy_loses:
         sys.exit(EXIT_FOUND)
 
 
@@ -73,6 +76,8 @@ def topology_apply(path: str, declare_timeout: str, url: str | None, management_
     for warning in (*result.loaded.warnings, *result.routing_notes):
         click.echo(f"warning: {warning}", err=True)
     for line in result.orphan_report():
+        click.echo(f"warning: {line}", err=True)
+    for line in result.policy_report():
         click.echo(f"warning: {line}", err=True)
     for line in result.apply_report(broker.safe_url):
         click.echo(line)

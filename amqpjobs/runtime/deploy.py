@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
+from amqpjobs.runtime.policy_checks import planned_effects
 from amqpjobs.topology.declarations import BindingDecl, Declarations
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
 from amqpjobs.topology.plan import ObjectState, Plan, binding_name, make_plan
+from amqpjobs.topology.policy_effects import PolicyEffect
 from amqpjobs.topology.versions import KHEPRI_ONLY_SINCE, raft_majority_refusal
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import connect
@@ -48,6 +50,8 @@ class PlanResult:
             majority, :func:`require_majority`), else ``""``.
         settings: The broker planned against (the commands the report names use its
             management API and vhost).
+        policy_effects: Queues of the topology whose policies (live, or matching once
+            declared) change what the topology declared (:mod:`amqpjobs.topology.policy_effects`).
 
     """
 
@@ -60,6 +64,16 @@ class PlanResult:
     orphan_exchanges: tuple[tuple[str, int], ...] = ()
     no_majority: str = ""
     settings: BrokerSettings | None = None
+    policy_effects: tuple[PolicyEffect, ...] = ()
+
+    @property
+    def policy_loses(self) -> bool:
+        """Whether a policy on a queue of the topology can lose jobs (``topology plan`` exits 1)."""
+        return any(e.loses for e in self.policy_effects)
+
+    def policy_report(self) -> list[str]:
+        """One ``POLICY`` line per queue (then exchange) whose policies change what the topology declared."""
+        return [f"POLICY    {e.kind:<8} {e}" for e in self.policy_effects]
 
     def plan_report(self) -> str:
         """:meth:`~amqpjobs.topology.plan.Plan.report`, its summary also counting the bindings to remove."""
@@ -127,7 +141,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_maj
             vhost does not exist.
 
     """
-    version, loaded, live, raw_bindings = await asyncio.to_thread(_read_live, path, settings)  # httpx blocks
+    version, loaded, live, raw_bindings, effects = await asyncio.to_thread(_read_live, path, settings)  # httpx blocks
     desired = desired_state(loaded.topology.declarations())
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
@@ -151,14 +165,17 @@ async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_maj
     live_names = {o.name for o in live if o.kind == "exchange"}
     notes, left = _routing_changes(loaded, live_names, {o.name for o in live if o.kind == "queue"}, raw_bindings)
     return PlanResult(
-        loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority, settings
-    )
+        loaded, plan, version, orphans, _stray_bindings(loaded, raw_bindings), notes, left, no_majority, settings,
+        tuple(effects),
+    )  # fmt: skip
 
 
 def _read_live(
     path: str | Path, settings: BrokerSettings
-) -> tuple[tuple[int, ...], LoadedTopology, list[ObjectState], list[dict[str, Any]]]:
+) -> tuple[tuple[int, ...], LoadedTopology, list[ObjectState], list[dict[str, Any]], list[PolicyEffect]]:
     """The broker's version, the topology validated for it, the vhost's objects and bindings (management API).
+
+    And what the vhost's policies do to the topology's queues (:func:`.policy_checks.planned_effects`).
 
     The file's own problems are found first, without the broker: a broker away hides none.
     """
@@ -176,7 +193,8 @@ def _read_live(
                     404,
                 ) from exc
             raise
-        return version, loaded, live, mgmt.bindings(settings.vhost)
+        effects = planned_effects(mgmt, settings.vhost, desired_state(loaded.topology.declarations()))
+        return version, loaded, live, mgmt.bindings(settings.vhost), effects
 
 
 def _routing_changes(

@@ -52,6 +52,7 @@ from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.election import Election
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
+from amqpjobs.runtime.policy_checks import warn_overrides
 from amqpjobs.runtime.scheduled_app import ScheduledApp
 from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.tick_events import TickEvent
@@ -166,6 +167,7 @@ class Scheduler(Election, TickFiring):
         self._token: Any = None  # the leader token delivery, held unacked while leading
         self._lead_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
+        self._checks: asyncio.Task[None] | None = None  # best effort, beside the start
         self._stop = asyncio.Event()  # set by request_stop and by shutdown (a failed start's included)
         self._requested = asyncio.Event()  # request_stop only: what run() waits for (a failed start is no stop)
         self._wakeup = asyncio.Event()  # the leader looks at the clock now (stop, or look_now)
@@ -223,6 +225,8 @@ class Scheduler(Election, TickFiring):
             await self.shutdown()
             raise
         self._begin()
+        ticks = [cron.tick_queue(self.app.name, s.name) for s in self._schedules]  # a policy that can lose records
+        self._checks = asyncio.create_task(warn_overrides(self.settings, ticks, (), log))
 
     async def start_on(
         self, wire: TickWire, connection: Any, publisher: Publisher, clock: Callable[[], datetime]
@@ -326,6 +330,8 @@ class Scheduler(Election, TickFiring):
         """
         self._stop.set()
         self._wakeup.set()
+        if self._checks is not None:
+            self._checks.cancel()
         if self._follow_task is not None:
             self._follow_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -15,8 +15,9 @@ timestamp: their age shows as unknown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from logging import Logger
 from typing import Any
@@ -26,6 +27,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
+from amqpjobs.runtime.policy_checks import View, overrides, vhost_overrides
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
@@ -37,6 +39,7 @@ from amqpjobs.topology.naming import (
     suspects_queue_name,
 )
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
+from amqpjobs.topology.plan import ObjectState
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
 from amqpjobs.wire.management import ManagementClient
@@ -241,17 +244,21 @@ def _queue_names(settings: BrokerSettings) -> list[str]:
         return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
 
 
-def _read_vhost(
-    settings: BrokerSettings,
-) -> tuple[dict[str, Any], set[str], set[tuple[str, str]], dict[str, dict[str, Any]]]:
-    """The vhost's queues by name, exchange names, (source, destination) bindings, and waiting rooms' details."""
+def _read_vhost(settings: BrokerSettings) -> tuple[
+    dict[str, Any], dict[str, Any], set[tuple[str, str, str]], dict[str, dict[str, Any]], list[dict[str, Any]]
+]:  # fmt: skip
+    """The vhost's queues and exchanges by name, (source, destination, key) bindings, waiting rooms, policies."""
     with ManagementClient(settings) as mgmt:
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
-        exchanges = {e["name"] for e in mgmt.exchanges(settings.vhost)}
-        bound = {(b["source"], b["destination"]) for b in mgmt.bindings(settings.vhost) if b["source"]}
+        exchanges = {e["name"]: e for e in mgmt.exchanges(settings.vhost)}
+        bound = {(b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(settings.vhost)}
+        policies: list[dict[str, Any]] = []
+        if any(e.get("policy") for e in exchanges.values()):  # their definitions (a policymaker tag reads them)
+            with contextlib.suppress(ManagementApiError):
+                policies = mgmt.policies(settings.vhost)
         # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
         rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
-    return live, exchanges, bound, rooms
+    return live, exchanges, bound, rooms, policies
 
 
 async def collect(
@@ -259,6 +266,7 @@ async def collect(
     layouts: list[JobQueueLayout] | None = None,
     names: list[str] | None = None,
     max_age: float | None = None,
+    desired: Sequence[ObjectState] = (),
 ) -> list[JobQueueStatus]:
     """Figures for each job queue (from ``layouts``, or derived from ``names``) and their problems.
 
@@ -268,7 +276,10 @@ async def collect(
     to the quarantine queue: dead-letters and quarantine copies would be dropped), an
     oldest-message age (of a work queue or a waiting room) exceeds ``max_age`` seconds, or
     (``layouts``) a shard its topology no longer has (``shards`` lowered, ``topology plan``'s
-    ORPHAN) holds jobs: no worker reads it.
+    ORPHAN) holds jobs: no worker reads it, one of its queues differs from ``desired`` (the
+    topology's objects: declared again with other arguments), or a policy on one of its queues can lose jobs (a
+    policy that only changes when a job comes back or is quarantined is a note:
+    :mod:`amqpjobs.topology.policy_effects`).
     A rate-limited job's waiting room found on the broker gets a row and a note, and is a
     problem when it holds jobs that no worker consumes or no worker mints tokens for
     (:mod:`amqpjobs.runtime.rate_status`).
@@ -276,7 +287,9 @@ async def collect(
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
-    live, exchanges, bound, rooms = await asyncio.to_thread(_read_vhost, settings)  # httpx blocks: not on the loop
+    live, exchanges, bound, rooms, policies = await asyncio.to_thread(
+        _read_vhost, settings
+    )  # httpx blocks: not on the loop
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -325,7 +338,7 @@ async def collect(
         exchange = quarantine_exchange_name(name)
         if exchange not in exchanges:
             status.problems.append(f"exchange {exchange} does not exist (apply the topology)")
-        elif status.quarantine.exists and (exchange, quarantine) not in bound:
+        elif status.quarantine.exists and not any(b[:2] == (exchange, quarantine) for b in bound):
             status.problems.append(f"exchange {exchange} is not bound to {quarantine} (apply the topology)")
         if name not in topology_names and exchange not in exchanges and not any(q.exists for q in own):
             status.problems = [_no_such_job_queue(name, settings.vhost, live)]  # a name given, maybe misspelt
@@ -365,11 +378,17 @@ async def collect(
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
+        held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
+        layout = next((x for x in layouts or [] if x.name == name), None)
+        problems, notes = overrides(View(live, exchanges, bound, policies), name, held, layout, desired)
+        status.problems, status.notes = status.problems + problems, status.notes + notes
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]
         problems, notes = rate_findings(rated[name], figures, paused=status.paused is not None)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         out.append(status)
+    if out:  # the vhost's scheduler queues belong to no job queue
+        out[0].problems += vhost_overrides(live)
     if out and EVENTS_EXCHANGE not in exchanges:  # once: the exchange is the vhost's, not a job queue's
         out[0].notes.append(
             f"exchange {EVENTS_EXCHANGE!r} does not exist: workers publish no outcome events, and canary replays "

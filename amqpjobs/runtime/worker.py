@@ -47,6 +47,7 @@ from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.payloads import open_store
+from amqpjobs.runtime.policy_checks import layout_queues, warn_overrides
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
@@ -60,8 +61,9 @@ from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
+from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
-from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.consume import MISSING_FIX, DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
@@ -250,10 +252,11 @@ class Worker(WorkerStop):
             fetcher = QueueFetcher(self._connection, layout.suspects_queue)
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info("worker %s", self._consuming())  # as /readyz says it
-        # README "Sharding"; best effort, so not awaited: a slow management API must not hold ready back (5 s)
-        check = asyncio.create_task(warn_dropped_shards(self.settings, self._layouts.values(), log))
-        check.add_done_callback(_say_if_failed)
-        self._background.append(check)
+        desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
+        for found in (warn_dropped_shards(self.settings, self._layouts.values(), log),
+                      warn_overrides(self.settings, layout_queues(self._layouts.values()), desired, log)):  # fmt: skip
+            self._background.append(check := asyncio.create_task(found))
+            check.add_done_callback(_say_if_failed)
         self.ready.set()
 
     async def start_on(self, publisher: Publisher, version: tuple[int, ...] | None = None) -> None:
@@ -356,6 +359,8 @@ class Worker(WorkerStop):
             return False, self._holding.summary
         if self._lanes_missing:
             return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
+        if gone := [c.queue for c in self._consumers if isinstance(c, WorkQueueConsumer) and c.missing_since]:
+            return False, f"work queue(s) {', '.join(gone)} missing: {MISSING_FIX}"
         idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
         if idle:
             return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"

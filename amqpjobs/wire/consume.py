@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
@@ -50,6 +51,15 @@ log = logging.getLogger("amqpjobs.wire")
 
 #: What a delivery is handed to: a coroutine run in a task of its own, which a closing channel does not cancel.
 DeliveryHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
+
+
+#: Seconds between two warnings that a consumed work queue is still missing.
+MISSING_EVERY = 30.0
+#: What to do about a missing work queue, and what is lost meanwhile (the broker's doing).
+MISSING_FIX = (
+    "declare it again (amqpjobs topology apply); until then the broker drops every retry its delay tiers "
+    "dead-letter back into it, and publishers get it returned (unroutable)"
+)
 
 
 def _new_tag() -> str:
@@ -98,6 +108,9 @@ class WorkQueueConsumer:
         #: workers declare themselves (a rate limit's) is declared again there. None: wait for it.
         self.on_missing: Callable[[], Awaitable[None]] | None = None
         self._consuming_on: aiormq.Channel | None = None
+        #: Since when (monotonic) consuming again finds the queue missing (404), None while it is there.
+        self.missing_since: float | None = None
+        self._missing_said = 0.0
         self._acks: AckBatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # handler runs under way (strong references)
 
@@ -312,9 +325,28 @@ class WorkQueueConsumer:
     async def _consume_until_back(self) -> None:
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
-                if not await self._consume_unless_paused(self._consume_or_declare):
-                    return
+                try:
+                    if not await self._consume_unless_paused(self._consume_or_declare):
+                        return
+                except Exception as exc:
+                    self._say_missing(exc)
+                    raise
+        self.missing_since = None
         log.info("consuming %s again", self.queue)
+
+    def _say_missing(self, exc: BaseException) -> None:
+        """Warn that the work queue is gone (a 404 consuming again), at once and then every 30 s while it is."""
+        if self.on_missing is not None or error_kind(exc) is not NotFoundError:
+            return
+        now = time.monotonic()
+        if self.missing_since is not None and now - self._missing_said < MISSING_EVERY:
+            return
+        self.missing_since = self.missing_since or now
+        self._missing_said = now
+        gone = now - self.missing_since
+        since = f" (missing for {gone:.0f}s)" if gone >= 1 else ""
+        log.warning("work queue %r does not exist on %s%s: %s; consuming again once it is back",
+                    self.queue, self.safe_url, since, MISSING_FIX)  # fmt: skip
 
     async def cancel(self) -> None:
         """Stop deliveries (``basic.cancel``); deliveries already received can still be acked."""

@@ -309,6 +309,18 @@ class ManagementClient:
         result: list[dict[str, Any]] = self.request("GET", f"/bindings/{_q(vhost)}")
         return result
 
+    def policies(self, vhost: str, operator: bool = False) -> list[dict[str, Any]]:
+        """The policies (``operator``: the operator policies) of ``vhost``: ``GET /api/[operator-]policies/<vhost>``.
+
+        Raises:
+            ManagementApiError: also when the user may not read them (RabbitMQ lets a
+                ``policymaker`` or ``administrator`` tag read policies).
+
+        """
+        kind = "operator-policies" if operator else "policies"
+        result: list[dict[str, Any]] = self.request("GET", f"/{kind}/{_q(vhost)}") or []
+        return result
+
     def import_definitions(self, vhost: str, definitions: dict[str, Any]) -> None:
         """``POST /api/definitions/<vhost>``: import a definitions document into ``vhost``."""
         self.request("POST", f"/definitions/{_q(vhost)}", json=definitions)
@@ -330,23 +342,25 @@ class ManagementClient:
                     ex.get("arguments") or {},
                 )
             )
-        for q in self.queues(vhost):
-            state.append(
-                ObjectState(
-                    "queue",
-                    q["name"],
-                    q.get("type", "classic"),
-                    bool(q["durable"]),
-                    bool(q["auto_delete"]),
-                    q.get("arguments") or {},
-                    q.get("messages"),
-                )
-            )
+        state += [queue_state(q) for q in self.queues(vhost)]
         for b in self.bindings(vhost):
             if not b["source"]:
                 continue
             state.append(ObjectState("binding", binding_name(b["source"], b["destination"], b["routing_key"])))
         return state
+
+
+def queue_state(queue: dict[str, Any]) -> ObjectState:
+    """A queue as ``GET /api/queues/<vhost>`` describes it, as an :class:`ObjectState` (what a plan compares)."""
+    return ObjectState(
+        "queue",
+        queue["name"],
+        queue.get("type", "classic"),
+        bool(queue["durable"]),
+        bool(queue["auto_delete"]),
+        queue.get("arguments") or {},
+        queue.get("messages"),
+    )
 
 
 def parse_version(text: str) -> tuple[int, ...]:

@@ -71,12 +71,12 @@ async def test_a_consumer_the_broker_cancels_consumes_again_once_the_queue_is_ba
         assert worker.readiness()[0]
         async with raw_channel(broker) as ch:
             await ch.queue_delete("work")  # the broker sends basic.cancel to its consumers
-        deadline = time.monotonic() + 10
-        while worker.readiness()[0] and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # cancelled at once ("not consuming"), then found missing (404)
+        while "missing" not in worker.readiness()[1] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         ready, reason = worker.readiness()
         assert not ready
-        assert "not consuming" in reason
+        assert reason.startswith("work queue(s) work missing: declare it again (amqpjobs topology apply)"), reason
         await apply_topology(tmp_path / "applied.toml", broker)  # the queue is back (empty)
         deadline = time.monotonic() + 15
         while not worker.readiness()[0] and time.monotonic() < deadline:

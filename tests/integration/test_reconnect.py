@@ -21,6 +21,7 @@ import pytest
 
 from amqpjobs import JobContext, Worker, WorkerOptions
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
+from amqpjobs.wire.consume import MISSING_FIX
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth
@@ -196,9 +197,9 @@ async def test_a_work_queue_gone_during_the_outage_is_consumed_again_once_back(b
             await poll(lambda: not worker.readiness()[0], 10, "the worker to see its connection closed")
             with ManagementClient(broker) as mgmt:  # deleted while the worker is away
                 mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/work")
-        # reconnected, but there is nothing to consume: not ready, saying why; it keeps looking every second
+        # reconnected, but there is nothing to consume: not ready, naming it and the fix; it keeps looking every second
         await poll(
-            lambda: worker.readiness() == (False, "1 of 1 consumer(s) not consuming (channel closed or cancelled)"),
+            lambda: worker.readiness() == (False, f"work queue(s) work missing: {MISSING_FIX}"),
             20, "the worker to report its consumer down",
         )  # fmt: skip
         await make_app(broker, tmp_path)  # the topology applied again

@@ -286,3 +286,41 @@ async def test_an_idle_worker_reports_a_missing_suspects_queue_once(
     finally:
         await worker.shutdown()
         await app.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_work_queue_deleted_under_the_worker_is_named_with_its_fix(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The broker cancels the consumer; consuming again fails every second until the queue is back.
+
+    Before: one line "the broker cancelled the consumer on work ...; consuming again", then
+    nothing while every attempt failed (404), and /readyz said only "1 of 1 consumer(s) not
+    consuming", while the broker dropped each retry its tiers dead-lettered back into the
+    missing queue.
+    """
+    app = await make_app(broker, tmp_path)
+    recorder = Recorder()
+    app.job("x", queue="work")(lambda p, c: None)
+    worker = Worker(app, broker, WorkerOptions(queues=("work",)), recorder)
+    await worker.start()
+    caplog.set_level(logging.WARNING)
+    try:
+        delete(broker, "queues", "work")
+        await wait_until(lambda: any("does not exist" in r.getMessage() for r in caplog.records), 10, "the warning")
+        (said,) = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+        assert said.startswith("work queue 'work' does not exist"), said
+        assert "the broker drops every retry its delay tiers dead-letter back into it" in said, said
+        assert "amqpjobs topology apply" in said, said
+        ready, reason = worker.readiness()
+        assert not ready
+        assert "work queue(s) work missing" in reason, reason
+        assert "amqpjobs topology apply" in reason, reason
+
+        await reapply(broker, tmp_path)
+        await wait_until(lambda: worker.readiness()[0], 10, "the worker to consume again")
+        await app.enqueue("x", {}, job_id="after")
+        await recorder.wait_for(lambda o: any(x.job_id == "after" for x in o), timeout=10)
+    finally:
+        await worker.shutdown()
+        await app.close()
