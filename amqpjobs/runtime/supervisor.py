@@ -308,12 +308,11 @@ class Supervisor:
 
     def _start_overdue(self, slot: Slot, process: asyncio.subprocess.Process) -> None:
         """Kill ``slot``'s child ``process`` when it is still not ready (SIGKILL: it took no work)."""
-        if slot.process is not process or slot.state != "starting" or process.returncode is not None:
-            return
-        slot.kind = None
-        slot.error = f"not ready within {self._start_timeout:g}s of its start {_HANGS}"
-        log.warning("child %d (pid %d) %s", slot.index, process.pid, slot.error)
-        self._signal_child(slot, signal.SIGKILL)
+        if slot.process is process and slot.state == "starting" and process.returncode is None:
+            slot.kind = None
+            slot.error = f"not ready within {self._start_timeout:g}s of its start {_HANGS}"
+            log.warning("child %d (pid %d) %s", slot.index, process.pid, slot.error)
+            self._signal_child(slot, signal.SIGKILL)
 
     def _on_line(self, slot: Slot, line: str) -> None:
         if not line.startswith(STATUS_PREFIX):

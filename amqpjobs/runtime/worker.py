@@ -20,7 +20,6 @@ Rules (README "Workers"):
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -39,6 +38,7 @@ from amqpjobs.runtime.deadlines import Deadlines
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
+from amqpjobs.runtime.heap import settle_heap
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger_key import seal_key_of
 from amqpjobs.runtime.ledger_origin import start_ledger
@@ -80,19 +80,6 @@ def _say_if_failed(task: asyncio.Task[None]) -> None:
     """Log what a best-effort background check raised (else: "Task exception was never retrieved")."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.error("a background check of the worker failed: %s", exc, exc_info=exc)
-
-
-def settle_heap() -> None:
-    """Collect the start-up's garbage, then keep what survives out of later collections (:func:`gc.freeze`).
-
-    After the imports and the start, CPython's full collection walks the whole heap: 12-28 ms with
-    the event loop stopped, on the bench machine, which delayed the deliveries of that moment
-    (bench/RESULTS.md, section 5's notes). Frozen objects are never collected again: only for a
-    process that is the worker's alone (``run(own_process=True)``: ``amqpjobs consume`` and its
-    children). Python docs, "gc.freeze".
-    """
-    gc.collect()
-    gc.freeze()
 
 
 class Worker(WorkerStop):

@@ -128,7 +128,7 @@ async def raiser(payload: dict[str, Any], ctx: JobContext) -> None:
 
 @app.job("heap", queue="work", timeout="60s")
 async def heap(payload: dict[str, Any], ctx: JobContext) -> None:
-    """Record "heap <id> <objects frozen out of collections> <gc enabled 0/1> <pid>" (worker.settle_heap)."""
+    """Record "heap <id> <objects frozen out of collections> <gc enabled 0/1> <pid>" (heap.settle_heap)."""
     import gc
 
     _record(f"heap {ctx.job_id} {gc.get_freeze_count()} {int(gc.isenabled())} {os.getpid()}")

@@ -280,7 +280,7 @@ async def test_timeouts_are_counted_and_a_worker_failure_is_quarantined_worker_e
 async def test_a_worker_process_freezes_its_start_up_heap_before_the_first_delivery(
     broker: BrokerSettings, tmp_path: Path
 ):
-    """``amqpjobs consume`` collects, then freezes the objects of its start (worker.settle_heap), GC still on.
+    """``amqpjobs consume`` collects, then freezes the objects of its start (heap.settle_heap), GC still on.
 
     A later full collection then walks only what the jobs made (12-28 ms of stopped loop
     before, on the bench machine); the bench measures the effect (section 5), this the wiring.
