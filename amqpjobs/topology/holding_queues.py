@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from amqpjobs.topology.declarations import QueueDecl, QueueType
+from amqpjobs.topology.declarations import QueueDecl, QueueRole, QueueType
 
 #: ``x-delivery-limit`` of a quorum quarantine or parked queue: no practical limit. Not ``-1``:
 #: that disables the limit on 4.x but on 3.10 drops the message at its first return
@@ -49,24 +49,13 @@ def holding_queues(job_queue: str, queue_type: QueueType, quarantine: str, parke
             QueueDecl(name=quarantine, role="quarantine", job_queue=job_queue),
             QueueDecl(name=parked, role="parked", job_queue=job_queue),
         )
-    return (
-        QueueDecl(
-            name=quarantine,
-            role="quarantine",
-            job_queue=job_queue,
-            queue_type="quorum",
-            delivery_limit=HOLDING_DELIVERY_LIMIT,
-            legacy_note=legacy_note(quarantine, "quarantine"),
-        ),
-        QueueDecl(
-            name=parked,
-            role="parked",
-            job_queue=job_queue,
-            queue_type="quorum",
-            delivery_limit=HOLDING_DELIVERY_LIMIT,
-            legacy_note=legacy_note(parked, "parked"),
-        ),
-    )
+
+    def quorum(name: str, role: QueueRole) -> QueueDecl:
+        note = legacy_note(name, role)
+        return QueueDecl(name=name, role=role, job_queue=job_queue, queue_type="quorum",
+                         delivery_limit=HOLDING_DELIVERY_LIMIT, legacy_note=note)  # fmt: skip
+
+    return quorum(quarantine, "quarantine"), quorum(parked, "parked")
 
 
 def legacy_note(queue: str, role: str) -> str:
