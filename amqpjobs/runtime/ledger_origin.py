@@ -154,7 +154,8 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     try:
         if created is None:
             if new_ledger:
-                log.warning("--new-ledger had nothing to begin: the %s is app %s's own ledger. %s",
+                log.warning("--new-ledger had nothing to begin here: the %s is app %s's own ledger already (since "
+                            "an earlier start, or begun by another process of this one under --processes). %s",
                             ledger.where, app, f"{TAKE_OUT.capitalize()}: {LEFT_ON}")  # fmt: skip
             await _mark(connection, marker)  # a ledger made before this rule
             return

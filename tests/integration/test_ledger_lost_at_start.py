@@ -204,7 +204,8 @@ async def test_new_ledger_left_in_the_command_says_to_take_it_out(
     said = [r for r in caplog.records if "--new-ledger" in r.getMessage()]
     assert [r.levelname for r in said] == ["WARNING"], caplog.text
     assert said[0].getMessage() == (
-        f"--new-ledger had nothing to begin: the SQLite ledger at {path} is app idem's own ledger. Take "
+        f"--new-ledger had nothing to begin here: the SQLite ledger at {path} is app idem's own ledger already "
+        "(since an earlier start, or begun by another process of this one under --processes). Take "
         "--new-ledger out of the worker's command: while it stays, a ledger lost later is begun anew instead "
         "of refused, and the jobs it had marked done may run again"
     )
