@@ -8,6 +8,7 @@ import logging
 import sys
 
 import click
+from click.core import ParameterSource
 
 from amqpjobs.cli._common import (
     WholeNumber,
@@ -146,7 +147,10 @@ def consume(
     configure_logging(level, json_lines=log_json)
     held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     broker = settings(url, management_url)
-    if start_bound < broker.connect_timeout:
+    if count == 1:  # no child whose start it could bound: not judged against --connect-timeout
+        if click.get_current_context().get_parameter_source("start_timeout") != ParameterSource.DEFAULT:
+            click.echo(f"warning: {START_TIMEOUT_UNUSED}", err=True)
+    elif start_bound < broker.connect_timeout:
         raise ConfigurationError(
             f"--start-timeout {start_timeout} is shorter than --connect-timeout ({broker.connect_timeout:g}s): a "
             "child still retrying its first connect would be killed; give it more"
@@ -165,6 +169,13 @@ def consume(
         code = runner.run(run_worker(app, broker, options, metrics_port, metrics_host))
         bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)
     sys.exit(code)
+
+
+#: Said when ``--start-timeout`` is given to a one-process ``consume`` (``--processes`` 1, or auto on one CPU).
+START_TIMEOUT_UNUSED = (
+    "--start-timeout bounds the start of a --processes child; with one process there is none, so it is ignored "
+    "(give --processes 2 or more, or leave the option out)"
+)
 
 
 @main.command("asyncapi")

@@ -108,6 +108,15 @@ def sqlite_confirm(connect: Callable[[], sqlite3.Connection]) -> None:
     connect().execute("UPDATE amqpjobs_ledger_origin SET confirmed_at = ? WHERE confirmed_at IS NULL", (time.time(),))
 
 
+#: What to do once a ledger began with ``--new-ledger``, and why (:data:`LEFT_ON`).
+TAKE_OUT: Final = "take --new-ledger out of the worker's command"
+#: Why ``--new-ledger`` must not stay in a worker's command (a unit file, a container's args).
+LEFT_ON: Final = (
+    "while it stays, a ledger lost later is begun anew instead of refused, and the jobs it had marked done may "
+    "run again"
+)
+
+
 @runtime_checkable
 class NewLedger(Protocol):
     """A ledger that knows whether it was created by its open and not yet confirmed (both backends)."""
@@ -144,6 +153,10 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     created = await ledger.unconfirmed()
     try:
         if created is None:
+            if new_ledger:
+                log.warning("--new-ledger had nothing to begin here: the %s is app %s's own ledger already (since "
+                            "an earlier start, or begun by another process of this one under --processes). %s",
+                            ledger.where, app, f"{TAKE_OUT.capitalize()}: {LEFT_ON}")  # fmt: skip
             await _mark(connection, marker)  # a ledger made before this rule
             return
         had_one = await ticks.probe(connection, marker, f"looking for queue {marker}") != "missing"
@@ -167,8 +180,8 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
         except BrokerError as exc:
             _unmarked(app, marker, exc)
     if had_one:
-        log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again",
-                    ledger.where, app, created)  # fmt: skip
+        log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again; "
+                    "%s now (%s)", ledger.where, app, created, TAKE_OUT, LEFT_ON)  # fmt: skip
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
                  ledger.where, app, created, marker)  # fmt: skip

@@ -51,22 +51,38 @@ def holding_queues(job_queue: str, queue_type: QueueType, quarantine: str, parke
         )
 
     def quorum(name: str, role: QueueRole) -> QueueDecl:
-        note = legacy_note(name, role)
+        note = legacy_note(name, role, quarantine, parked)
         return QueueDecl(name=name, role=role, job_queue=job_queue, queue_type="quorum",
                          delivery_limit=HOLDING_DELIVERY_LIMIT, legacy_note=note)  # fmt: skip
 
     return quorum(quarantine, "quarantine"), quorum(parked, "parked")
 
 
-def legacy_note(queue: str, role: str) -> str:
-    """What a classic ``role`` queue ``queue`` of a quorum job queue lacks, and how to make it quorum."""
-    empty = (
-        "`amqpjobs replay` or `amqpjobs quarantine park` empties it"
-        if role == "quarantine"
-        else "`amqpjobs quarantine purge` on it empties it, after `quarantine export` keeps a copy"
-    )
+def legacy_note(queue: str, role: str, quarantine: str, parked: str) -> str:
+    """What a classic ``role`` queue ``queue`` of a quorum job queue lacks, and how to make it quorum losing no job.
+
+    The quarantine is emptied into the parked queue; the parked queue, once the quarantine is
+    quorum, through a replay whose jobs fail back into it (a purge would drop them: never said).
+
+    Args:
+        queue: The classic queue's name.
+        role: ``quarantine`` or ``parked``.
+        quarantine: The job queue's quarantine queue.
+        parked: The job queue's parked queue.
+    """
+    delete = f"delete it (`rabbitmqctl -p <vhost> delete_queue --if-empty {queue}`)"
+    if role == "quarantine":
+        steps = (
+            f"To make it quorum without losing a job: move its jobs to {parked} (`amqpjobs quarantine park {queue} "
+            f"--yes`), {delete} and apply again"
+        )
+    else:
+        steps = (
+            f"To make it quorum without losing a job, once {quarantine} is quorum: `amqpjobs replay {queue}` (with "
+            f"the workers running, a job that fails again goes to {quarantine}), {delete}, apply again, then "
+            f"`amqpjobs quarantine park {quarantine} --yes` parks those jobs again"
+        )
     return (
         f"{queue} is classic, as amqpjobs declared it before it followed its job queue's type; it keeps "
-        "working, but a job in it lives on one node and, on RabbitMQ 4.x, is not fsynced when confirmed. "
-        f"To make it quorum: empty it ({empty}), delete it (`rabbitmqctl delete_queue --if-empty`) and apply again"
+        f"working, but a job in it lives on one node and, on RabbitMQ 4.x, is not fsynced when confirmed. {steps}"
     )

@@ -169,6 +169,48 @@ async def test_a_postgres_ledger_in_another_database_after_a_deploy_is_refused(
         assert runs == ["charge:1"], "the done job ran again on an empty ledger"
 
 
+async def test_new_ledger_left_in_the_command_says_to_take_it_out(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--new-ledger`` kept in a unit file or a container's args would begin the next lost ledger anew, unrefused.
+
+    The start that begins the new ledger says to take the option out; a start with the option
+    on the app's own ledger (nothing to begin) says the same, naming the ledger.
+    """
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+    path = tmp_path / "ledger.db"
+    runs: list[str] = []
+    first = ledger_app(base, broker, path, runs)
+    async with running_worker(first, broker):  # the app's first ledger
+        pass
+    await first.close()
+    remove(path)
+    caplog.clear()
+    again = ledger_app(base, broker, path, runs)
+    worker = Worker(again, broker, WorkerOptions(queues=("work",), grace=10, new_ledger=True), Recorder())
+    await worker.start()
+    await worker.shutdown()
+    await again.close()
+    began = [r.getMessage() for r in caplog.records if "began a new SQLite ledger" in r.getMessage()]
+    assert len(began) == 1, caplog.text
+    assert "take --new-ledger out of the worker's command now" in began[0], began[0]
+    caplog.clear()
+    kept = ledger_app(base, broker, path, runs)  # the option left in: the ledger is the app's now
+    worker = Worker(kept, broker, WorkerOptions(queues=("work",), grace=10, new_ledger=True), Recorder())
+    await worker.start()
+    await worker.shutdown()
+    await kept.close()
+    said = [r for r in caplog.records if "--new-ledger" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"], caplog.text
+    assert said[0].getMessage() == (
+        f"--new-ledger had nothing to begin here: the SQLite ledger at {path} is app idem's own ledger already "
+        "(since an earlier start, or begun by another process of this one under --processes). Take "
+        "--new-ledger out of the worker's command: while it stays, a ledger lost later is begun anew instead "
+        "of refused, and the jobs it had marked done may run again"
+    )
+
+
 async def test_a_ledger_made_before_the_marker_rule_is_established(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

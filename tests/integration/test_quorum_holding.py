@@ -124,7 +124,7 @@ async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_n
     applied = await asyncio.to_thread(cli, broker, "topology", "apply", str(path))
     assert applied.exit_code == 0, applied.output
     assert "kept      queue    money.quarantine\n            note: money.quarantine is classic" in applied.stdout
-    assert "To make it quorum: empty it (`amqpjobs replay` or `amqpjobs quarantine park` empties it)" in applied.stdout
+    assert "To make it quorum without losing a job: move its jobs to money.parked" in applied.stdout
 
     runs: list[int] = []
     app = quorum_app(broker, path, runs)
@@ -133,6 +133,60 @@ async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_n
         await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "the job in the old quarantine")
     _, items = await browse(broker, "money.quarantine")
     assert [json.loads(m.delivery.body) for m in items] == [{"n": 0}, {"n": 2, "fail": True}]
+
+
+async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum_losing_no_job(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+) -> None:
+    """An upgrade from an amqpjobs that declared them classic, done as the plan's notes say, in their order."""
+    async with raw_channel(broker) as ch:  # as amqpjobs declared them before they followed the job queue's type
+        for name in ("money.quarantine", "money.parked"):
+            await ch.declare_queue(name, durable=True)
+    path = tmp_path / "q.toml"
+    path.write_text(TOPOLOGY)
+    assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
+    runs: list[int] = []
+    app = quorum_app(broker, path, runs)
+    async with running_worker(app, broker, queues=("money",)):  # one job parked, two quarantined
+        await app.enqueue("pay", {"n": 1, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 1), 15, "the first job quarantined")
+        assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money", "--yes")).exit_code == 0
+        for n in (2, 3):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "two more quarantined")
+    plan = await asyncio.to_thread(cli, broker, "topology", "plan", str(path))
+    notes = [line for line in plan.stdout.splitlines() if line.lstrip().startswith("note:")]
+    assert len(notes) == 2, plan.stdout
+    assert "`amqpjobs quarantine park money.quarantine --yes`" in notes[0]
+    assert "once money.quarantine is quorum: `amqpjobs replay money.parked`" in notes[1]
+    assert all("purge" not in note for note in notes)
+
+    async def delete_if_empty(name: str) -> None:  # what `rabbitmqctl delete_queue --if-empty` does
+        async with raw_channel(broker) as ch:
+            await ch.queue_delete(name, if_empty=True)
+
+    # the quarantine: park its jobs, delete it, apply
+    assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money.quarantine", "--yes")).exit_code == 0
+    await delete_if_empty("money.quarantine")
+    assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
+    # the parked queue: replay it with the workers running (the jobs fail back into the quorum quarantine)
+    async with running_worker(app, broker, queues=("money",)):
+        replayed = await asyncio.to_thread(cli, broker, "replay", "money.parked", "--rate", "100")
+        assert replayed.exit_code == 0, replayed.output
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "the replayed jobs back")
+    await delete_if_empty("money.parked")
+    applied = await asyncio.to_thread(cli, broker, "topology", "apply", str(path))
+    assert applied.exit_code == 0, applied.output
+    assert "note:" not in applied.stdout, applied.stdout
+    assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money.quarantine", "--yes")).exit_code == 0
+    for name in ("money.quarantine", "money.parked"):
+        live = mgmt.queue(broker.vhost, name)
+        assert live is not None
+        assert live["type"] == "quorum", live
+    _, items = await browse(broker, "money.parked")
+    assert sorted(json.loads(m.delivery.body)["n"] for m in items) == [1, 2, 3]  # none lost
+    assert await depth(broker, "money.quarantine") == 0
+    assert runs == [1, 2, 3, 1, 2, 3]  # each ran once more, in the replay
 
 
 async def _depth_is(broker: BrokerSettings, queue: str, n: int) -> bool:

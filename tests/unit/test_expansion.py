@@ -68,7 +68,21 @@ def test_a_quorum_quarantine_found_classic_is_kept_with_a_note_and_anything_else
     old = ObjectState("queue", "mail.quarantine", "classic", arguments={"x-queue-type": "classic"}, messages=4)
     (item,) = make_plan([quarantine], [old]).items
     assert (item.action, item.differences, item.remedy) == (Action.UNCHANGED, (), "")
-    assert item.note.endswith("delete it (`rabbitmqctl delete_queue --if-empty`) and apply again")
+    assert item.note.endswith(
+        "To make it quorum without losing a job: move its jobs to mail.parked (`amqpjobs quarantine park "
+        "mail.quarantine --yes`), delete it (`rabbitmqctl -p <vhost> delete_queue --if-empty mail.quarantine`) and "
+        "apply again"
+    )
+    parked = desired["mail.parked"]  # emptied through the quarantine, once that is quorum: never purged
+    (item,) = make_plan([parked], [ObjectState("queue", "mail.parked", "classic", messages=1)]).items
+    assert item.action is Action.UNCHANGED
+    assert item.note.endswith(
+        "To make it quorum without losing a job, once mail.quarantine is quorum: `amqpjobs replay mail.parked` "
+        "(with the workers running, a job that fails again goes to mail.quarantine), delete it (`rabbitmqctl -p "
+        "<vhost> delete_queue --if-empty mail.parked`), apply again, then `amqpjobs quarantine park mail.quarantine "
+        "--yes` parks those jobs again"
+    )
+    assert "purge" not in item.note
     assert "note: mail.quarantine is classic" in make_plan([quarantine], [old]).report()
     for other in (
         ObjectState("queue", "mail.quarantine", "classic", arguments={"x-max-length": 5}),

@@ -32,3 +32,17 @@ def test_a_bad_start_timeout_is_refused_before_anything_starts(value: str, words
     )
     assert result.exit_code == 2, result.output
     assert words in result.output
+
+
+def test_start_timeout_with_one_process_is_not_judged_as_a_childs_bound() -> None:
+    """One process has no child to kill: no refusal in a child's words; said to be ignored, and the start goes on."""
+    result = CliRunner().invoke(main, ["consume", "no_such_module_h185:app", "--start-timeout", "5s", *URL])
+    assert "a child still retrying its first connect would be killed" not in result.output, result.output
+    assert (
+        "--start-timeout bounds the start of a --processes child; with one process there is none, so it is "
+        "ignored (give --processes 2 or more, or leave the option out)"
+    ) in result.output, result.output
+    assert "cannot import module 'no_such_module_h185'" in result.output  # it went on to load the app
+    assert result.exit_code == 2, result.output
+    quiet = CliRunner().invoke(main, ["consume", "no_such_module_h185:app", *URL])  # the default: nothing said
+    assert "--start-timeout" not in quiet.output, quiet.output
