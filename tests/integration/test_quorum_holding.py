@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,18 @@ retry_tiers = []
 BROWSES = 25  # past RabbitMQ 4.0's default delivery limit of 20
 
 
-def quorum_app(broker: BrokerSettings, path: Path, runs: list[int]) -> App:
+@pytest.fixture
+async def apps() -> AsyncIterator[list[App]]:
+    """The apps a test made, closed after it (an app left open holds management API clients)."""
+    made: list[App] = []
+    yield made
+    for app in made:
+        await app.close()
+
+
+def quorum_app(broker: BrokerSettings, path: Path, runs: list[int], apps: list[App]) -> App:
     app = App("t", topology=load_topology(path).topology, url=broker.url)
+    apps.append(app)
 
     @app.job("pay", queue="money")
     async def pay(payload: dict[str, Any], ctx: JobContext) -> None:
@@ -65,7 +76,7 @@ async def browse_many(broker: BrokerSettings, queue: str) -> list[dict[str, Any]
 
 
 async def test_a_quorum_job_queues_holding_queues_are_quorum_and_keep_a_job_browsed_25_times(
-    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient, apps: list[App]
 ) -> None:
     path = tmp_path / "q.toml"
     path.write_text(TOPOLOGY)
@@ -79,7 +90,7 @@ async def test_a_quorum_job_queues_holding_queues_are_quorum_and_keep_a_job_brow
             {"x-queue-type": "quorum", "x-delivery-limit": HOLDING_DELIVERY_LIMIT},
         )
     runs: list[int] = []
-    app = quorum_app(broker, path, runs)
+    app = quorum_app(broker, path, runs, apps)
     async with running_worker(app, broker, queues=("money",)):
         for n in (1, 2, 3):
             await app.enqueue("pay", {"n": n, "fail": True})
@@ -104,7 +115,7 @@ async def test_a_quorum_job_queues_holding_queues_are_quorum_and_keep_a_job_brow
 
 
 async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_note(
-    broker: BrokerSettings, tmp_path: Path
+    broker: BrokerSettings, tmp_path: Path, apps: list[App]
 ) -> None:
     async with raw_channel(broker) as ch:  # as amqpjobs declared them before they followed the job queue's type
         for name in ("money.quarantine", "money.parked"):
@@ -127,7 +138,7 @@ async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_n
     assert "To make it quorum without losing a job: move its jobs to money.parked" in applied.stdout
 
     runs: list[int] = []
-    app = quorum_app(broker, path, runs)
+    app = quorum_app(broker, path, runs, apps)
     async with running_worker(app, broker, queues=("money",)):
         await app.enqueue("pay", {"n": 2, "fail": True})
         await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "the job in the old quarantine")
@@ -136,7 +147,7 @@ async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_n
 
 
 async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum_losing_no_job(
-    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient, apps: list[App]
 ) -> None:
     """An upgrade from an amqpjobs that declared them classic, done as the plan's notes say, in their order."""
     async with raw_channel(broker) as ch:  # as amqpjobs declared them before they followed the job queue's type
@@ -146,7 +157,7 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     path.write_text(TOPOLOGY)
     assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
     runs: list[int] = []
-    app = quorum_app(broker, path, runs)
+    app = quorum_app(broker, path, runs, apps)
     async with running_worker(app, broker, queues=("money",)):  # one job parked, two quarantined
         await app.enqueue("pay", {"n": 1, "fail": True})
         await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 1), 15, "the first job quarantined")
