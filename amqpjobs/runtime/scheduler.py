@@ -63,6 +63,7 @@ from amqpjobs.runtime.ticking import (
     utc_now,
 )
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import app_names_problem
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import Publisher, TickWire
 from amqpjobs.wire.connection import connect
@@ -201,14 +202,18 @@ class Scheduler(Election, TickFiring):
         unknown = sorted(set(names) - set(schedules))
         if unknown:
             raise ConfigurationError(f"unknown schedule(s) {listed(unknown)}; the app has {listed(schedules)}")
-        return [schedules[n] for n in sorted(set(names))]
+        chosen = [schedules[n] for n in sorted(set(names))]
+        queues = [self.leader_queue, *(cron.tick_queue(self.app.name, s.name) for s in chosen)]
+        if problem := app_names_problem(self.app.name, queues, "scheduler's queues"):
+            raise ConfigurationError(problem)
+        return chosen
 
     async def start(self) -> None:
         """Connect, declare the scheduler's queues, and join the election. Returns at once.
 
         Raises:
-            ConfigurationError: no or unknown schedules, or a scheduled job's job queue is
-                not in the topology.
+            ConfigurationError: no or unknown schedules, a scheduled job's job queue is
+                not in the topology, or the app's name (or a schedule's) can't go into a queue name.
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a scheduled job's exchange or work queue does not exist (apply
                 the topology), the scheduler's queues exist with other arguments, or the
