@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs import cron
 from amqpjobs.printable import listed, shell_quote, toml_pairs
@@ -127,6 +128,13 @@ class SchedulerOptions:
     max_sleep: float = 1.0
     warn_every: float = 60.0
     clock_tolerance: float = 60.0
+
+    def __post_init__(self) -> None:
+        """Each seconds field as float seconds (a duration string too), or ConfigurationError naming it."""
+        for field in ("reoffer", "max_sleep", "warn_every", "clock_tolerance"):
+            zero = "no cursor ahead of the clock is waited for" if field == "clock_tolerance" else None
+            seconds = duration_argument(f"SchedulerOptions({field}=...)", getattr(self, field), zero_means=zero)
+            object.__setattr__(self, field, seconds)
 
 
 def _replica_name() -> str:
