@@ -351,7 +351,7 @@ def rewound_cursor(cursor: datetime, now: datetime, tolerance: float) -> datetim
 
     """
     cursor, now = utc_of(cursor), utc_of(now)
-    if (cursor - now).total_seconds() <= tolerance:
+    if cursor <= now or (cursor - now).total_seconds() <= tolerance:  # never forward: that would skip ticks
         return None
     return now.replace(microsecond=0) - _SECOND
 

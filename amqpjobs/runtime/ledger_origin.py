@@ -36,6 +36,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.runtime.ledger_key import seal_key_of
+from amqpjobs.topology.naming import app_names_problem, ledger_marker_name
 from amqpjobs.wire import ticks
 
 log = logging.getLogger("amqpjobs.worker")
@@ -50,8 +51,8 @@ MARKER_ARGUMENTS: Final = {"x-queue-type": "classic", "x-max-length": 0}
 
 
 def marker_queue(app: str) -> str:
-    """The broker's marker that app ``app`` has had a ledger: ``amqpjobs.ledger.<app>``."""
-    return f"amqpjobs.ledger.{app}"
+    """The broker's marker that app ``app`` has had a ledger: ``amqpjobs.ledger.<app>`` (its home: naming)."""
+    return ledger_marker_name(app)
 
 
 def creator() -> str:
@@ -142,7 +143,8 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
         new_ledger: Begin a new ledger knowingly, though the app had one (``consume --new-ledger``).
 
     Raises:
-        ConfigurationError: the ledger is new and the app had one before.
+        ConfigurationError: the ledger is new and the app had one before, or the app's name
+            can't go into the marker's name (:func:`~amqpjobs.topology.naming.app_names_problem`).
 
     A marker the broker refuses to show or declare (a user without configure or read
     permission on it) is warned about, and the start goes on unchecked.
@@ -150,6 +152,8 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     if not isinstance(ledger, NewLedger):
         return
     marker = marker_queue(app)
+    if problem := app_names_problem(app, (marker,), "ledger marker"):
+        raise ConfigurationError(problem)
     created = await ledger.unconfirmed()
     try:
         if created is None:

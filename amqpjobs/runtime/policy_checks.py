@@ -165,9 +165,9 @@ def overrides(
 
 
 def vhost_overrides(queues: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """A problem per scheduler tick store of the vhost (``queues``) whose policy can lose its record."""
-    ticks = [n for n in queues if parse_queue_name(n).kind == "ticks"]
-    return [str(e) for e in live_effects(queues, ticks).values() if e.loses]
+    """A problem per scheduler tick store and app ledger marker of the vhost (``queues``) a policy can delete."""
+    state = [n for n in queues if parse_queue_name(n).kind in ("ticks", "ledger")]
+    return [str(e) for e in live_effects(queues, state).values() if e.loses]
 
 
 def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:

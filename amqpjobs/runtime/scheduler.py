@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from amqpjobs.durations import duration_argument
 from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs import cron
 from amqpjobs.printable import listed, shell_quote, toml_pairs
@@ -63,6 +64,7 @@ from amqpjobs.runtime.ticking import (
     utc_now,
 )
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.naming import app_names_problem
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import Publisher, TickWire
 from amqpjobs.wire.connection import connect
@@ -126,6 +128,13 @@ class SchedulerOptions:
     max_sleep: float = 1.0
     warn_every: float = 60.0
     clock_tolerance: float = 60.0
+
+    def __post_init__(self) -> None:
+        """Each seconds field as float seconds (a duration string too), or ConfigurationError naming it."""
+        for field in ("reoffer", "max_sleep", "warn_every", "clock_tolerance"):
+            zero = "no cursor ahead of the clock is waited for" if field == "clock_tolerance" else None
+            seconds = duration_argument(f"SchedulerOptions({field}=...)", getattr(self, field), zero_means=zero)
+            object.__setattr__(self, field, seconds)
 
 
 def _replica_name() -> str:
@@ -201,14 +210,18 @@ class Scheduler(Election, TickFiring):
         unknown = sorted(set(names) - set(schedules))
         if unknown:
             raise ConfigurationError(f"unknown schedule(s) {listed(unknown)}; the app has {listed(schedules)}")
-        return [schedules[n] for n in sorted(set(names))]
+        chosen = [schedules[n] for n in sorted(set(names))]
+        queues = [self.leader_queue, *(cron.tick_queue(self.app.name, s.name) for s in chosen)]
+        if problem := app_names_problem(self.app.name, queues, "scheduler's queues"):
+            raise ConfigurationError(problem)
+        return chosen
 
     async def start(self) -> None:
         """Connect, declare the scheduler's queues, and join the election. Returns at once.
 
         Raises:
-            ConfigurationError: no or unknown schedules, or a scheduled job's job queue is
-                not in the topology.
+            ConfigurationError: no or unknown schedules, a scheduled job's job queue is
+                not in the topology, or the app's name (or a schedule's) can't go into a queue name.
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a scheduled job's exchange or work queue does not exist (apply
                 the topology), the scheduler's queues exist with other arguments, or the

@@ -76,6 +76,8 @@ BREAKER_HEADER = "amqpjobs-breaker"
 SHARD_INFIX = ".shard-"
 #: Prefix of the scheduler's queues (:mod:`amqpjobs.jobs.cron`): ``amqpjobs.scheduler.<app>.…``.
 SCHEDULER_PREFIX = "amqpjobs.scheduler."
+#: Prefix of an app's ledger marker (:mod:`amqpjobs.runtime.ledger_origin`): ``amqpjobs.ledger.<app>``.
+LEDGER_PREFIX = "amqpjobs.ledger."
 #: Markers of a rate-limited job's queues: ``<job queue><marker><job>`` (:func:`rate_queue_names`).
 WAITING_INFIX = ".rate-waiting."
 TOKENS_INFIX = ".rate-tokens."
@@ -86,7 +88,7 @@ JOB_MARKERS = (BREAKER_INFIX, BREAKER_PROBE_INFIX, *RATE_INFIXES)
 
 QueueKind = Literal[
     "work", "shard", "tier", "quarantine", "suspects", "parked", "paused", "leader", "ticks", "running",
-    "breaker", "breaker-probe", "waiting", "tokens", "emitter",
+    "breaker", "breaker-probe", "waiting", "tokens", "emitter", "ledger",
 ]  # fmt: skip
 
 
@@ -162,6 +164,11 @@ def vhost_problem(vhost: str) -> str | None:
     if size > MAX_NAME_BYTES:
         return f"vhost {printable(vhost[:40])}... is {size} bytes of UTF-8; AMQP allows at most {MAX_NAME_BYTES}"
     return None
+
+
+def ledger_marker_name(app: str) -> str:
+    """The durable queue whose existence says app ``app`` has had a ledger: ``amqpjobs.ledger.<app>``."""
+    return f"{LEDGER_PREFIX}{app}"
 
 
 def work_queue_name(job_queue: str, shard: int | None = None) -> str:
@@ -251,6 +258,19 @@ def own_queue_problem(names: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
+def app_names_problem(app: str, names: Iterable[str], what: str) -> str | None:
+    """Why app ``app``'s name can't go into the names of its ``what`` (``names``), or None.
+
+    An app's name goes into its ledger marker (:func:`ledger_marker_name`) and its scheduler's
+    queues; the rule is :func:`own_queue_problem`'s, the words name the app and the queue.
+    """
+    if found := own_queue_problem(names):
+        name = printable(repr(found[0]))[:60]
+        return (f"app name {printable(repr(app))[:60]} goes into the name of its {what} ({name}...): {found[1]}; "
+                "give the App a shorter name of those characters")  # fmt: skip
+    return None
+
+
 def rate_names_problem(job_queue: str, job: str) -> str | None:
     """Why job ``job`` of ``job_queue`` can't have a rate limit (its queue names can't be sent), or None."""
     names = rate_queue_names(job_queue, job)
@@ -276,13 +296,14 @@ class QueueName:
     Attributes:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
             ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), a scheduler queue:
-            ``leader``, ``ticks``, ``running``, a job's breaker queues: ``breaker``, ``breaker-probe``, or
+            ``leader``, ``ticks``, ``running``, an app's ledger marker: ``ledger``, a job's breaker
+            queues: ``breaker``, ``breaker-probe``, or
             a rate-limited job's ``waiting``, ``tokens``, ``emitter``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
         tier: The tier's name (e.g. ``30s``), for a tier.
-        app: The app, for a scheduler queue.
+        app: The app, for a scheduler queue and a ledger marker.
         schedule: The schedule, for ``ticks`` and ``running``.
         job: The job, for a job's breaker and rate-limit queues.
 
@@ -332,6 +353,8 @@ def own_queue_words(q: QueueName) -> str:
         return f"retry tier {q.tier} of work queue {printable(q.work_queue)} (job queue {job_queue})"
     if q.kind in ("leader", "ticks", "running"):
         return f"a scheduler queue of app {printable(q.app or '')}"
+    if q.kind == "ledger":
+        return f"the ledger marker of app {printable(q.app or '')}"
     if q.job is not None:
         return f"job {printable(q.job)}'s {q.kind} queue in job queue {job_queue}"
     return f"the {'pause flag' if q.kind == 'paused' else q.kind + ' queue'} of job queue {job_queue}"
@@ -357,6 +380,8 @@ def parse_queue_name(name: str) -> QueueName:
             app, marker, schedule = rest.partition(f".{kind}.")
             if marker and app and schedule:
                 return QueueName(kind, app=app, schedule=schedule)
+    if name.startswith(LEDGER_PREFIX) and len(name) > len(LEDGER_PREFIX):
+        return QueueName("ledger", app=name.removeprefix(LEDGER_PREFIX))
     found = [(at, infix) for infix in JOB_MARKERS if (at := name.find(infix)) > 0]
     if found:  # the earliest: a job queue's name holds none, a job's name may hold anything
         at, infix = min(found)

@@ -53,6 +53,10 @@ STATE = {
         "the schedule's tick record goes with it: a replica taking over starts from that moment, and the ticks "
         "missed meanwhile never fire"
     ),
+    "ledger": (
+        "the app's mark that it had a ledger goes with it (it never has a consumer): a ledger lost after it can't be "
+        "told from the app's first, and its idempotent jobs done before may run again"
+    ),
 }
 #: A policy's ``apply-to`` values that reach a queue of each type (3.12+ adds the typed ones).
 _APPLIES_TO = {"classic": {"all", "queues", "classic_queues"}, "quorum": {"all", "queues", "quorum_queues"}}

@@ -257,6 +257,9 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
     if problem := url_text_problem(url):  # urlsplit drops tabs and line feeds: checked on the text as given
         raise ConfigurationError(f"bad {where} <not shown: it may hold a password>: {problem}")
+    if "#" in url:  # urlsplit drops it and what follows: the vhost cut there is another one
+        raise ConfigurationError(f"bad {where} {redact(url)}: it holds a '#', where the URL would end (an AMQP URL "
+                                 "has no fragment): a '#' in the vhost must be %-encoded as %23")  # fmt: skip
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     options = dict(pairs)
     unknown = sorted(set(options) - set(URL_OPTIONS))
