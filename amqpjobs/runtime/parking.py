@@ -268,7 +268,9 @@ async def park(
                 _, report.left = await resolve_quarantine_queue(connection, queue)
             raise
         finally:
-            if blocked_by(publishing) is not None:  # its copy held unread is dropped: the original stays
+            if (
+                blocked is not None or blocked_by(publishing) is not None
+            ):  # its copy held unread is dropped: the original stays
                 await reset(publishing)
             await publisher.close()
             await record_quietly(results, moved)

@@ -340,7 +340,9 @@ async def replay(
             for task in moving if interrupted else ():  # Ctrl-C cuts them short; else each ends at its confirm
                 task.cancel()
             await asyncio.gather(*moving, return_exceptions=True)
-            if blocked_by(publishing) is not None:  # its copies held unread are dropped: their originals stay
+            if (
+                blocked is not None or blocked_by(publishing) is not None
+            ):  # its copies held unread are dropped: their originals stay
                 await reset(publishing)
             await browser.close_quietly()  # held (skipped) messages return to quarantine
             await publisher.close()

@@ -30,6 +30,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerBlockedError
 from amqpjobs.text import as_text
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.reset import abort
 from amqpjobs.wire.settings import BrokerSettings
 
 #: The reason of the last ``connection.blocked`` of each aiormq connection.
@@ -150,8 +151,15 @@ class GiveUpWhileBlocked:
     :func:`~amqpjobs.wire.reset.reset`). Looks every :data:`BLOCKED_RECHECK` seconds until :meth:`cancel`.
     """
 
-    def __init__(self, connection: Connection, window: asyncio.Timeout, bound: float) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        window: asyncio.Timeout,
+        bound: float,
+        on_give_up: Callable[[], object] | None = None,
+    ) -> None:
         self.alarm: str | None = None
+        self._on_give_up = on_give_up
         self._connection = connection
         self._window = window
         self._bound = bound
@@ -167,6 +175,8 @@ class GiveUpWhileBlocked:
             self._since = now
         elif now - self._since >= self._bound:
             self.alarm = alarm
+            if self._on_give_up is not None:  # in this step, while the connection is seen blocked
+                self._on_give_up()
             self._window.reschedule(now)
             return
         self._handle = self._loop.call_later(BLOCKED_RECHECK, self._look)
@@ -182,8 +192,12 @@ def confirm_watch(
     """What watches a confirm wait's ``window`` for a blocked connection, as its publisher chose.
 
     ``wait_while_blocked``: :class:`WhileBlocked` (the wait goes on while blocked, ``timeout`` seconds
-    at a time); else ``give_up`` seconds: :class:`GiveUpWhileBlocked`; else None (``timeout`` alone).
+    at a time); else ``give_up`` seconds: :class:`GiveUpWhileBlocked`, which resets the connection as it
+    gives up (:func:`~amqpjobs.wire.reset.abort`), so that the publish held unread is dropped even if
+    the alarm clears a moment later; else None (``timeout`` alone).
     """
     if wait_while_blocked:
         return WhileBlocked(connection, window, timeout)
-    return None if give_up is None else GiveUpWhileBlocked(connection, window, give_up)
+    if give_up is None:
+        return None
+    return GiveUpWhileBlocked(connection, window, give_up, lambda: abort(connection))

@@ -93,8 +93,9 @@ class ConfirmedPublisher:
             would be stored twice (a worker's copy: two lives of its job). Default False: an
             app's enqueue raises :class:`PublishError` after ``timeout`` (its caller decides).
         give_up_blocked: Seconds a confirm is awaited while a resource alarm blocks the connection, then
-            :class:`BrokerBlockedError` (held unread: stored once the alarm clears unless the connection is
-            reset, :func:`~amqpjobs.wire.reset.reset`). None (default): ``timeout`` alone bounds the wait.
+            the connection is reset at once (:func:`~amqpjobs.wire.reset.abort`: the publishes held unread
+            are dropped, never stored) and :class:`BrokerBlockedError` raised. None (default): ``timeout``
+            alone bounds the wait.
     """
 
     def __init__(

@@ -49,12 +49,12 @@ def _transport(connection: Connection) -> asyncio.BaseTransport | None:
     return factory.current if isinstance(factory, RecordingTransports) else None
 
 
-async def reset(connection: Connection) -> bool:
-    """End ``connection`` with a TCP reset, without a ``connection.close``, and stop it reconnecting.
+def abort(connection: Connection) -> bool:
+    """Send ``connection``'s TCP reset now, in this step of the loop (nothing else runs before it).
 
-    Whatever the broker had not read of it is dropped (see the module's docstring): held publishes are
-    never stored. Returns False when the socket can't be reached (a connection not made by
-    :func:`~amqpjobs.wire.connection.connect`); it is then only closed, at most :data:`RESET_CLOSE_WAIT` s.
+    Whether a reset went: False when the socket can't be reached (a connection not made by
+    :func:`~amqpjobs.wire.connection.connect`) or is already closing. Call :func:`reset` after, to
+    stop aio-pika reconnecting and take the connection for closed.
     """
     transport = _transport(connection)
     done = False
@@ -64,9 +64,20 @@ async def reset(connection: Connection) -> bool:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 done = True
-        abort = getattr(transport, "abort", None)
-        if callable(abort):
-            abort()
+        ending = getattr(transport, "abort", None)
+        if callable(ending):
+            ending()
+    return done
+
+
+async def reset(connection: Connection) -> bool:
+    """End ``connection`` with a TCP reset (:func:`abort`), without a ``connection.close``, and stop it reconnecting.
+
+    Whatever the broker had not read of it is dropped (see the module's docstring): held publishes are
+    never stored. Returns False when the socket can't be reached (a connection not made by
+    :func:`~amqpjobs.wire.connection.connect`); it is then only closed, at most :data:`RESET_CLOSE_WAIT` s.
+    """
+    done = abort(connection)
     with contextlib.suppress(Exception, asyncio.TimeoutError):
         await asyncio.wait_for(connection.close(), RESET_CLOSE_WAIT)
     return done

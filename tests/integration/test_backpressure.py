@@ -765,3 +765,52 @@ async def test_an_enqueue_written_before_the_alarm_is_seen_ends_at_its_confirm_w
         alarm_node.memory_alarm(False)
         await asyncio.to_thread(publisher.close)
         await app.close()
+
+
+@pytest.mark.serial  # raises the dedicated node's alarm
+@pytest.mark.timeout(180)
+async def test_a_replay_whose_alarm_clears_as_it_gives_up_leaves_no_job_in_both_queues(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alarm clears at the moment the held copy's wait gives up (helper-186: a disk alarm cleared about 5 s
+    in gave 6001 and 6002 of 6000, 2 runs in 3). The copies' connection must be reset while it is still
+    blocked, before anything else runs: reset later, or closed because the alarm is gone by then, the broker
+    reads the held copy and stores it while its original stays in quarantine.
+
+    Made exact here: the alarm is cleared inside the building of the give-up's error (the broker then reads
+    what the socket still holds), after the watch gave up."""
+    from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
+    from amqpjobs.runtime.replay import replay
+    from amqpjobs.wire import publish_outcome
+
+    held_unread = publish_outcome.held_unread
+
+    def clearing(*args: Any, **kwargs: Any) -> BrokerBlockedError:
+        alarm_node.memory_alarm(False)  # blocking: the broker reads on meanwhile
+        time.sleep(1)
+        return held_unread(*args, **kwargs)
+
+    monkeypatch.setattr(publish_outcome, "held_unread", clearing)
+    await make_app(on_alarm_node, tmp_path)
+    total = 200
+    async with raw_channel(on_alarm_node) as ch:
+        ex = await ch.get_exchange("plain.quarantine")
+        for i in range(total):
+            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
+            await ex.publish(aio_pika.Message(b"{}", message_id=f"c-{i}", type="plain", headers=headers),
+                             routing_key="plain")  # fmt: skip
+    report = ReplayReport(queue="plain")
+    running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
+    try:
+        await wait_until(lambda: report.replayed >= 10 or running.done(), 30, "10 replayed")
+        alarm_node.memory_alarm(True)
+        with pytest.raises(BrokerBlockedError):
+            await asyncio.wait_for(asyncio.shield(running), 60)
+    finally:
+        alarm_node.memory_alarm(False)
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    await asyncio.sleep(2)
+    moved, left = await depth(on_alarm_node, "plain"), await depth(on_alarm_node, "plain.quarantine")
+    assert (moved, left) == (report.replayed, total - report.replayed)  # none lost, none in both
