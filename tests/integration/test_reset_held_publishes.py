@@ -10,6 +10,7 @@ them, or a job would be in two places. Measured on 3.10 only when written; the s
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,12 +28,18 @@ pytestmark = pytest.mark.broker  # version-dependent: the broker's handling of a
 
 @contextmanager
 def memory_alarm(broker_root: BrokerRoot) -> Iterator[None]:
-    """The node's memory alarm raised (a watermark no node stays under), and cleared whatever happened."""
+    """The node's memory alarm raised (a watermark no node stays under), and its own watermark back whatever happened.
+
+    The watermark it had is restored (3.10's default is 0.4, 4.x's 0.6; ``{absolute, N}`` too).
+    """
+    was = broker_root.ctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().").stdout.strip()
+    absolute = re.fullmatch(r"\{absolute,\s*(\d+)\}", was)
+    restore = ("absolute", absolute[1]) if absolute else (str(float(was)),)
     broker_root.ctl("set_vm_memory_high_watermark", "0.0000001")
     try:
         yield
     finally:
-        broker_root.ctl("set_vm_memory_high_watermark", "0.6")
+        broker_root.ctl("set_vm_memory_high_watermark", *restore)
 
 
 @pytest.mark.serial  # raises the node's memory alarm
