@@ -193,7 +193,7 @@ def _read_live(
                     404,
                 ) from exc
             raise
-        effects = planned_effects(mgmt, settings.vhost, desired_state(loaded.topology.declarations()))
+        effects = planned_effects(mgmt, settings.vhost, desired_state(loaded.topology.declarations()), version)
         return version, loaded, live, mgmt.bindings(settings.vhost), effects
 
 

@@ -35,15 +35,24 @@ from amqpjobs.wire.management import ManagementClient, queue_state
 from amqpjobs.wire.settings import BrokerSettings
 
 
-def live_effects(live: Mapping[str, Mapping[str, Any]], names: Iterable[str]) -> dict[str, PolicyEffect]:
-    """What the policies in effect on each of ``names`` found in ``live`` (queues by name, as the API lists them) do."""
+def live_effects(
+    live: Mapping[str, Mapping[str, Any]], names: Iterable[str], broker: tuple[int, ...] | None = None
+) -> dict[str, PolicyEffect]:
+    """What the policies in effect on each of ``names`` found in ``live`` (queues by name, as the API lists them) do.
+
+    ``broker``: the broker's version (a ``consumer-timeout`` policy applies before 4.3 only).
+    """
     types = {n: str(q.get("type") or "classic") for n, q in live.items()}
-    found = {n: effect(from_management(live[n], source_type(n, types))) for n in names if n in live}
+    found = {n: effect(from_management(live[n], source_type(n, types), broker)) for n in names if n in live}
     return {n: e for n, e in found.items() if e is not None}
 
 
-def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[ObjectState]) -> list[PolicyEffect]:
+def planned_effects(
+    mgmt: ManagementClient, vhost: str, desired: Sequence[ObjectState], broker: tuple[int, ...] | None = None
+) -> list[PolicyEffect]:
     """What the policies do to each queue, then exchange, of ``desired``: live queues, and new ones once declared.
+
+    ``broker``: the broker's version, for the rules that depend on it.
 
     A user who may not read the vhost's policies (no ``policymaker`` tag) still gets the live
     queues' effects; the queues to create, and the exchanges, are then not judged.
@@ -63,9 +72,9 @@ def planned_effects(mgmt: ManagementClient, vhost: str, desired: Sequence[Object
     for d in queues:
         source = source_type(d.name, types)
         q = (
-            from_management(live[d.name], source)
+            from_management(live[d.name], source, broker)
             if d.name in live
-            else matching(d.name, d.type, d.arguments, *policies, source)
+            else matching(d.name, d.type, d.arguments, *policies, source, broker)
         )
         if (e := effect(q)) is not None:
             out.append(e)
@@ -138,6 +147,7 @@ class View:
     exchanges: Mapping[str, Mapping[str, Any]]
     bindings: set[tuple[str, str, str]]
     policies: list[dict[str, Any]]
+    broker: tuple[int, ...] | None = None  # the broker's version
 
 
 def overrides(
@@ -159,7 +169,7 @@ def overrides(
             str(e)
             for e in exchange_effects(view.exchanges, view.policies, [layout.exchange, layout.quarantine_exchange])
         ]
-    for found in live_effects(view.queues, held).values():  # a policy overriding what the topology declared
+    for found in live_effects(view.queues, held, view.broker).values():  # a policy overriding the topology
         (problems if found.loses else notes).append(str(found))
     return problems, notes
 
@@ -180,12 +190,17 @@ def layout_queues(layouts: Iterable[JobQueueLayout]) -> list[str]:
 
 
 async def warn_overrides(
-    settings: BrokerSettings, names: list[str], desired: Sequence[ObjectState], log: Logger
+    settings: BrokerSettings,
+    names: list[str],
+    desired: Sequence[ObjectState],
+    log: Logger,
+    broker: tuple[int, ...] | None = None,
 ) -> None:
     """Warn (``log``) once per queue of ``names`` whose policies can lose jobs or whose arguments differ.
 
     A worker's start (its job queues' queues, :func:`layout_queues`; ``desired``: the app's
-    topology's objects) and a scheduler's (its tick stores; nothing desired). Best effort:
+    topology's objects) and a scheduler's (its tick stores; nothing desired); ``broker``: the
+    broker's version read at connect. Best effort:
     without the management API nothing is said (``amqpjobs status`` and ``topology plan``
     still tell).
     """
@@ -193,7 +208,7 @@ async def warn_overrides(
     def read() -> tuple[dict[str, PolicyEffect], list[str]]:
         with ManagementClient(settings, timeout=5.0) as mgmt:
             live = {str(q["name"]): q for q in mgmt.queues(settings.vhost)}
-        return live_effects(live, names), argument_drift(desired, live, names)
+        return live_effects(live, names, broker), argument_drift(desired, live, names)
 
     try:
         found, drift = await asyncio.to_thread(read)  # httpx blocks: not on the loop

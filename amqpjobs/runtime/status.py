@@ -244,11 +244,10 @@ def _queue_names(settings: BrokerSettings) -> list[str]:
         return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
 
 
-def _read_vhost(settings: BrokerSettings) -> tuple[
-    dict[str, Any], dict[str, Any], set[tuple[str, str, str]], dict[str, dict[str, Any]], list[dict[str, Any]]
-]:  # fmt: skip
-    """The vhost's queues and exchanges by name, (source, destination, key) bindings, waiting rooms, policies."""
+def _read_vhost(settings: BrokerSettings) -> tuple[dict[str, Any], dict[str, dict[str, Any]], View]:
+    """The vhost's queues by name, its waiting rooms, and the view overrides are judged by (:class:`View`)."""
     with ManagementClient(settings) as mgmt:
+        version = mgmt.broker_version()  # a consumer-timeout policy applies before 4.3 only
         live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
         exchanges = {e["name"]: e for e in mgmt.exchanges(settings.vhost)}
         bound = {(b["source"], b["destination"], b["routing_key"]) for b in mgmt.bindings(settings.vhost)}
@@ -258,7 +257,7 @@ def _read_vhost(settings: BrokerSettings) -> tuple[
                 policies = mgmt.policies(settings.vhost)
         # waiting rooms' consumers: the rate each worker runs its job at (README "Flow control")
         rooms = {n: mgmt.queue(settings.vhost, n) or {} for n in live if parse_queue_name(n).kind == "waiting"}
-    return live, exchanges, bound, rooms, policies
+    return live, rooms, View(live, exchanges, bound, policies, version)
 
 
 async def collect(
@@ -287,9 +286,8 @@ async def collect(
     Raises:
         BrokerUnavailableError, ManagementApiError: the broker can't be reached.
     """
-    live, exchanges, bound, rooms, policies = await asyncio.to_thread(
-        _read_vhost, settings
-    )  # httpx blocks: not on the loop
+    live, rooms, view = await asyncio.to_thread(_read_vhost, settings)  # httpx blocks: not on the loop
+    exchanges, bound = view.exchanges, view.bindings
     plan: list[tuple[str, list[str], list[str], str]] = []
     for lay in layouts or []:
         tiers = [t for w in lay.work_queues for t in lay.tier_queues[w]]
@@ -380,7 +378,7 @@ async def collect(
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
         layout = next((x for x in layouts or [] if x.name == name), None)
-        problems, notes = overrides(View(live, exchanges, bound, policies), name, held, layout, desired)
+        problems, notes = overrides(view, name, held, layout, desired)
         status.problems, status.notes = status.problems + problems, status.notes + notes
         status.breakers = breaker_states(name, live.values(), now)
         status.notes += [breaker_note(b) for b in status.breakers]

@@ -240,8 +240,9 @@ class Worker(WorkerStop):
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
+        held = layout_queues(self._layouts.values())
         for found in (warn_dropped_shards(self.settings, self._layouts.values(), log),
-                      warn_overrides(self.settings, layout_queues(self._layouts.values()), desired, log)):  # fmt: skip
+                      warn_overrides(self.settings, held, desired, log, self._version)):  # fmt: skip
             self._background.append(check := asyncio.create_task(found))
             check.add_done_callback(_say_if_failed)
         self.ready.set()

@@ -12,12 +12,12 @@ from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import retry_window
 from amqpjobs.printable import listed
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.topology.versions import NODE_CONSUMER_TIMEOUT as DEFAULT_CONSUMER_TIMEOUT
 
 if TYPE_CHECKING:
     from amqpjobs.runtime.app import App
 
-#: RabbitMQ's default delivery acknowledgement timeout (``consumer_timeout``), 30 minutes.
-DEFAULT_CONSUMER_TIMEOUT = 1800.0
+__all__ = ["DEFAULT_CONSUMER_TIMEOUT"]  # RabbitMQ's default, 30 minutes (its home: amqpjobs.topology.versions)
 
 
 def default_timeout(consumer_timeout: float) -> float:

@@ -25,7 +25,8 @@ or ``max-length`` with ``drop-head`` on a work queue, which dead-letter into its
 quarantine): notes, not problems. A quorum job queue whose overflow a policy makes
 ``drop-head`` loses its ``at-least-once`` dead-lettering (the broker logs "Falling back to
 dead-letter-strategy at-most-once"): what it dead-letters while the quarantine can't take it
-is dropped.
+is dropped. A ``consumer-timeout`` on a work queue, before 4.3, runs a job longer than it twice
+(a problem below RabbitMQ's default 30 min, else a note: :func:`_consumer_timeout`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any, TypeGuard
 from amqpjobs.durations import format_duration
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import parse_queue_name, work_queue_name
+from amqpjobs.topology.versions import NODE_CONSUMER_TIMEOUT, consumer_timeout_rule
 
 #: Policy keys whose lower value wins against the queue's ``x-`` argument.
 _LOWER_WINS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
@@ -75,6 +77,8 @@ class QueuePolicy:
         operator_policy: The operator policy's name, or None.
         source_type: The type of the queues the broker dead-letters into this one (a work
             queue's tiers, a quarantine's work queues: :func:`source_type`), None when none do.
+        broker: The broker's version, None when unknown (rules that depend on it are then
+            judged as before 4.3).
 
     """
 
@@ -85,6 +89,7 @@ class QueuePolicy:
     policy: str | None = None
     operator_policy: str | None = None
     source_type: str | None = None
+    broker: tuple[int, ...] | None = None
 
     @property
     def named(self) -> str:
@@ -101,7 +106,8 @@ class PolicyEffect:
     Attributes:
         queue: Queue name (an exchange's, for ``kind`` ``exchange``).
         named: The policies in words (:attr:`QueuePolicy.named`).
-        loses: True when jobs can be dropped, deleted or sent out of amqpjobs' queues.
+        loses: True when jobs can be dropped, deleted or sent out of amqpjobs' queues, or run
+            twice (a ``consumer-timeout`` shorter than a job: a problem, not a note).
         effects: One phrase per key that takes effect.
         kind: ``queue``, or ``exchange`` (:func:`exchange_effect`).
 
@@ -139,8 +145,13 @@ def source_type(queue: str, types: Mapping[str, str]) -> str | None:
     return None
 
 
-def from_management(queue: Mapping[str, Any], source: str | None = None) -> QueuePolicy:
-    """A :class:`QueuePolicy` from a queue as ``GET /api/queues/<vhost>`` describes it (``source``: its source type)."""
+def from_management(
+    queue: Mapping[str, Any], source: str | None = None, broker: tuple[int, ...] | None = None
+) -> QueuePolicy:
+    """A :class:`QueuePolicy` from a queue as ``GET /api/queues/<vhost>`` describes it.
+
+    ``source``: its source type (:func:`source_type`); ``broker``: the broker's version.
+    """
     return QueuePolicy(
         str(queue.get("name", "")),
         str(queue.get("type") or "classic"),
@@ -149,6 +160,7 @@ def from_management(queue: Mapping[str, Any], source: str | None = None) -> Queu
         queue.get("policy") or None,
         queue.get("operator_policy") or None,
         source,
+        broker,
     )
 
 
@@ -159,6 +171,7 @@ def matching(
     policies: Iterable[Mapping[str, Any]],
     operator_policies: Iterable[Mapping[str, Any]],
     source: str | None = None,
+    broker: tuple[int, ...] | None = None,
 ) -> QueuePolicy:
     """The policies that would apply to ``queue`` once declared, from the vhost's policy lists.
 
@@ -173,7 +186,7 @@ def matching(
         definition[key] = min(mine, value) if _number(mine) and _number(value) else value
     return QueuePolicy(
         queue, queue_type, arguments, definition,
-        str(user["name"]) if user else None, str(operator["name"]) if operator else None, source,
+        str(user["name"]) if user else None, str(operator["name"]) if operator else None, source, broker,
     )  # fmt: skip
 
 
@@ -230,6 +243,8 @@ def effect(q: QueuePolicy) -> PolicyEffect | None:
         before = q.arguments.get("x-delivery-limit")
         was = "" if before is None else f", not the topology's {before}"
         effects.append((gone, f"delivery-limit {value['delivery-limit']}: a job delivered that often is {where}{was}"))
+    if (timeout := _consumer_timeout(q)) is not None:
+        effects.append(timeout)
     if not effects:
         return None
     loses = any(loses for loses, _ in effects)
@@ -265,6 +280,31 @@ def _refusing(q: QueuePolicy, limit: str) -> tuple[bool, str]:
         return False, (f"{limit}: past it enqueues are refused, and dead-letters into it wait in their quorum "
                        "queue (at-least-once) until there is room")  # fmt: skip
     return False, f"{limit}: past it the copies workers publish into it are refused (they see the refusal)"
+
+
+def _consumer_timeout(q: QueuePolicy) -> tuple[bool, str] | None:
+    """A policy's ``consumer-timeout`` on a work queue where the broker evaluates it: (a problem?, words), else None.
+
+    Before 4.3 the broker applies it to every queue type, over the node's ``consumer_timeout``:
+    a delivery unacknowledged that long after it was delivered closes its channel and is
+    delivered again while its run goes on, so the job runs twice (measured on 4.0.5). 4.3
+    evaluates none on classic queues, and our per-consumer ``x-consumer-timeout`` wins on
+    quorum ones (:func:`~amqpjobs.topology.versions.consumer_timeout_rule`). Below RabbitMQ's
+    default (30 min) it cuts a job that sets no timeout (its default is just below that): a
+    problem; above it, only a job whose timeout is longer: a note.
+    """
+    value = q.definition.get("consumer-timeout")
+    if not _number(value) or parse_queue_name(q.queue).kind not in ("work", "shard"):
+        return None
+    if q.broker is not None and consumer_timeout_rule(q.broker, q.type) != "node":
+        return None
+    version = "before 4.3" if q.broker is None else ".".join(map(str, q.broker))
+    return value < NODE_CONSUMER_TIMEOUT * 1000, (
+        f"consumer-timeout {_ms(value)} (RabbitMQ {version}: applied to every queue type, over the node's "
+        f"consumer_timeout): a job still running {_ms(value)} after its delivery has its channel closed and is "
+        "delivered again while it runs, so it runs twice; raise the policy's consumer-timeout above the job "
+        "queue's longest job timeout (a job without one: 30m)"
+    )
 
 
 def _resolved(q: QueuePolicy, key: str) -> Any:

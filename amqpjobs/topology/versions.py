@@ -27,6 +27,9 @@ QUORUM_MAX_PRIORITY: Final = 31
 #: queues (nor streams); on quorum queues the ``x-consumer-timeout`` consume argument sets it
 #: per consumer (it wins over the queue argument, a policy and ``consumer_timeout``).
 PER_CONSUMER_TIMEOUT_SINCE: Final = (4, 3)
+#: RabbitMQ's default delivery acknowledgement timeout (``consumer_timeout``), 30 minutes, in seconds;
+#: a job without a timeout of its own gets one just below it.
+NODE_CONSUMER_TIMEOUT: Final = 1800.0
 #: Added to a job queue's longest job timeout to give its consumers' ``x-consumer-timeout``
 #: (seconds): room to cancel the handler, publish the retry or quarantine copy and ack.
 CONSUMER_TIMEOUT_MARGIN: Final = 60.0

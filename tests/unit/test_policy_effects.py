@@ -155,3 +155,28 @@ def test_an_alternate_exchange_policy_on_our_exchange_is_a_note() -> None:
     assert exchange_effect("jobs", {"alternate-exchange": "mine"}, "ae", {"alternate-exchange": "x"}) is None
     assert exchange_effect("jobs", {}, "p", {"federation-upstream": "x"}) is None
     assert exchange_effect("jobs", {}, None, {}) is None
+
+
+@pytest.mark.parametrize(("queue", "qtype", "broker", "ms", "expected"), [
+    ("mail", "classic", (4, 0, 5), 3000, (True, "RabbitMQ 4.0.5")),  # shorter than a default job timeout
+    ("pay", "quorum", (4, 2, 1), 3000, (True, "RabbitMQ 4.2.1")),  # 4.0-4.2: every queue type
+    ("mail", "classic", None, 3000, (True, "RabbitMQ before 4.3")),  # version unknown: judged as before 4.3
+    ("mail", "classic", (4, 0, 5), 7200000, (False, "consumer-timeout 2h")),  # raised: a job longer than 2h only
+    ("mail.shard.1", "classic", (4, 0, 5), 3000, (True, "RabbitMQ 4.0.5")),
+    ("mail", "classic", (4, 3, 6), 3000, None),  # 4.3: no timeout on classic queues
+    ("pay", "quorum", (4, 3, 6), 3000, None),  # 4.3: our x-consumer-timeout per consumer wins
+    ("mail.quarantine", "classic", (4, 0, 5), 3000, None),  # only work queues hold a running job's delivery
+])  # fmt: skip
+def test_a_consumer_timeout_policy_on_a_work_queue_runs_a_longer_job_twice_before_4_3(
+    queue: str, qtype: str, broker: tuple[int, ...] | None, ms: int, expected: tuple[bool, str] | None
+) -> None:
+    found = effect(QueuePolicy(queue, qtype, {}, {"consumer-timeout": ms}, "short-ack", None, None, broker))
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    assert found.loses is expected[0]
+    (words,) = found.effects
+    assert expected[1] in words, words
+    assert "runs twice" in words, words
+    assert str(found).startswith(f"policy 'short-ack' on {queue}: consumer-timeout "), str(found)
