@@ -261,14 +261,13 @@ def own_queue_problem(names: Iterable[str]) -> tuple[str, str] | None:
 def app_names_problem(app: str, names: Iterable[str], what: str) -> str | None:
     """Why app ``app``'s name can't go into the names of its ``what`` (``names``), or None.
 
-    An app's name goes into its ledger marker (:func:`ledger_marker_name`) and its scheduler's
-    queues; the rule is :func:`own_queue_problem`'s, the words name the app and the queue.
+    It goes into its ledger marker (:func:`ledger_marker_name`), scheduler queues: :func:`own_queue_problem`'s rule.
     """
-    if found := own_queue_problem(names):
-        name = printable(repr(found[0]))[:60]
-        return (f"app name {printable(repr(app))[:60]} goes into the name of its {what} ({name}...): {found[1]}; "
-                "give the App a shorter name of those characters")  # fmt: skip
-    return None
+    if (found := own_queue_problem(names)) is None:
+        return None
+    name = printable(repr(found[0]))[:60]
+    return (f"app name {printable(repr(app))[:60]} goes into the name of its {what} ({name}...): {found[1]}; "
+            "give the App a shorter name of those characters")  # fmt: skip
 
 
 def rate_names_problem(job_queue: str, job: str) -> str | None:
@@ -297,8 +296,7 @@ class QueueName:
         kind: ``work`` (any name not matched otherwise), ``shard``, ``tier``,
             ``quarantine``, ``suspects``, ``parked``, ``paused`` (a pause flag), a scheduler queue:
             ``leader``, ``ticks``, ``running``, an app's ledger marker: ``ledger``, a job's breaker
-            queues: ``breaker``, ``breaker-probe``, or
-            a rate-limited job's ``waiting``, ``tokens``, ``emitter``.
+            queues: ``breaker``, ``breaker-probe``, or a rate-limited job's ``waiting``, ``tokens``, ``emitter``.
         job_queue: The job queue it belongs to ("" for scheduler queues).
         work_queue: The work queue (the shard for a shard or a shard's tier; "" when none).
         shard: The shard index, for a shard and a shard's tier.
