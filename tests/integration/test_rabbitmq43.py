@@ -191,8 +191,10 @@ async def test_a_redelivery_is_a_start_on_every_version_even_with_only_x_acquire
         dead = await q.get(timeout=5)
         await dead.ack()
     headers = dead.headers
-    assert "x-delivery-count" not in headers
-    assert "x-acquired-count" not in headers
+    # none of the job queue's counters on the copy; the quarantine is quorum too and counts its own
+    # deliveries: 3.10 says x-delivery-count 0 on this first one, 4.x says nothing (CI 48)
+    assert headers.get("x-delivery-count", 0) == 0
+    assert headers.get("x-acquired-count", 0) == 0
     assert headers[evidence.REASON] == "exhausted"  # max_attempts=1
     assert kinds == ["Register", "Quarantine"]
     assert (headers[evidence.DELIVERY_COUNT], headers[evidence.ACQUIRED_COUNT]) == (0, 0)
