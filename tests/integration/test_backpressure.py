@@ -610,6 +610,16 @@ async def test_an_empty_queue_has_no_age_whatever_a_stale_head_timestamp_says(
         await app.close()
 
 
+async def quarantined(node: BrokerSettings, total: int, prefix: str) -> None:
+    """Put ``total`` jobs of job queue ``plain`` into its quarantine (ids ``<prefix>-<i>``), as a worker would."""
+    async with raw_channel(node) as ch:
+        ex = await ch.get_exchange("plain.quarantine")
+        for i in range(total):
+            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
+            await ex.publish(aio_pika.Message(b"{}", message_id=f"{prefix}-{i}", type="plain", headers=headers),
+                             routing_key="plain")  # fmt: skip
+
+
 @pytest.mark.serial  # raises the dedicated node's alarm; asserts a wall-clock bound
 @pytest.mark.timeout(180)
 async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_nothing(
@@ -627,12 +637,7 @@ async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses
 
     await make_app(on_alarm_node, tmp_path)
     total = 300
-    async with raw_channel(on_alarm_node) as ch:
-        ex = await ch.get_exchange("plain.quarantine")
-        for i in range(total):
-            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
-            await ex.publish(aio_pika.Message(b"{}", message_id=f"r-{i}", type="plain", headers=headers),
-                             routing_key="plain")  # fmt: skip
+    await quarantined(on_alarm_node, total, "r")
     report = ReplayReport(queue="plain")
     running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
     try:
@@ -675,12 +680,7 @@ async def test_a_park_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_n
 
     await make_app(on_alarm_node, tmp_path)
     total = 5000  # parked one at a time, each confirmed: still parking when the alarm is raised
-    async with raw_channel(on_alarm_node) as ch:
-        ex = await ch.get_exchange("plain.quarantine")
-        for i in range(total):
-            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
-            await ex.publish(aio_pika.Message(b"{}", message_id=f"p-{i}", type="plain", headers=headers),
-                             routing_key="plain")  # fmt: skip
+    await quarantined(on_alarm_node, total, "p")
     report = TakeReport("plain.quarantine")
     running = asyncio.create_task(park(on_alarm_node, "plain", report=report))
     try:
@@ -793,12 +793,7 @@ async def test_a_replay_whose_alarm_clears_as_it_gives_up_leaves_no_job_in_both_
     monkeypatch.setattr(publish_outcome, "held_unread", clearing)
     await make_app(on_alarm_node, tmp_path)
     total = 200
-    async with raw_channel(on_alarm_node) as ch:
-        ex = await ch.get_exchange("plain.quarantine")
-        for i in range(total):
-            headers: dict[str, Any] = {"amqpjobs-reason": "exhausted", "amqpjobs-original-queue": "plain"}
-            await ex.publish(aio_pika.Message(b"{}", message_id=f"c-{i}", type="plain", headers=headers),
-                             routing_key="plain")  # fmt: skip
+    await quarantined(on_alarm_node, total, "c")
     report = ReplayReport(queue="plain")
     running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
     try:
