@@ -171,7 +171,8 @@ async def deaf(payload: dict[str, Any], ctx: JobContext) -> None:
 @app.job("leak_sync", queue="work", timeout="1s")
 def leak_sync(payload: dict[str, Any], ctx: JobContext) -> None:
     """A plain function that leaves a non-daemon thread (``app-poller``) running ``payload["seconds"]``, then
-    ends as ``payload["end"]`` says: ``return``, ``raise`` (ValueError) or ``timeout`` (sleeps past its 1 s)."""
+    ends as ``payload["end"]`` says: ``return``, ``raise`` (ValueError) or ``timeout`` (sleeps past its 1 s:
+    ``payload["overrun"]`` seconds in all, 3 unless given)."""
     import threading
 
     threading.Thread(target=time.sleep, args=(float(payload.get("seconds", 0)),), name="app-poller").start()
@@ -179,4 +180,4 @@ def leak_sync(payload: dict[str, Any], ctx: JobContext) -> None:
     if payload.get("end") == "raise":
         raise ValueError("left a thread, then failed")
     if payload.get("end") == "timeout":
-        time.sleep(3)
+        time.sleep(float(payload.get("overrun", 3)))

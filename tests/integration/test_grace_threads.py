@@ -230,7 +230,9 @@ async def test_a_thread_the_app_left_running_does_not_keep_a_stopped_worker_proc
     assert code == 0, out
     assert gone < EXIT_BOUND + 3, f"{gone:.1f}s after the SIGTERM"
     assert "exit 0" in out, out
-    thread = "app-poller" if how == "thread" else "asyncio_0"
+    # the default executor names its threads asyncio_0, asyncio_1, ... in the order it starts them; a
+    # connect's getaddrinfo may have started one before the job's (CI of stop 54: asyncio_1)
+    thread = "app-poller" if how == "thread" else r"asyncio_\d+"
     assert re.search(rf"1 thread\(s\) the app left running \(.*{thread}.*\) still run {EXIT_BOUND:g}s after the "
                      r"worker stopped: the process ends without them", out), out  # fmt: skip
     assert await depth(broker, "work") == 0
@@ -242,13 +244,19 @@ async def test_a_thread_a_plain_function_left_running_does_not_keep_the_process_
     broker: BrokerSettings, tmp_path: Path, end: str
 ) -> None:
     """A plain-function handler that leaves a non-daemon thread, then returns, raises, or runs on past its timeout
-    (the worker then stops itself, exit 1): the process ends within EXIT_BOUND of the worker's stop."""
+    (the worker then stops itself, exit 1): the process ends within EXIT_BOUND of the worker's stop.
+
+    ``timeout``: its timeout is 1 s and the grace 3 s, so the worker stops itself at 4 s and its stop's
+    grace ends at 7 s; the run ends at 5.5 s, inside that grace, 1.5 s from either edge. Before (CI of
+    stop 54), a grace of 1 s and a run of 3 s ended together at 3 s: a run still going at the grace's end
+    ends the process at once (exit 1, no app-thread line), so the line was there only when the run won.
+    """
     app = await publisher(broker, tmp_path)
     app.job("leak_sync", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
     record = tmp_path / "record.txt"
-    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "1s") as a:
+    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "3s") as a:
         await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
-        await app.enqueue("leak_sync", {"seconds": 300, "end": end}, job_id="leaky")
+        await app.enqueue("leak_sync", {"seconds": 300, "end": end, "overrun": 5.5}, job_id="leaky")
         await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the run")
         if end == "timeout":  # it stops itself
             await wait_until(lambda: "worker stopped" in log_of(tmp_path, "a"), 30, "the worker's stop")
@@ -264,6 +272,10 @@ async def test_a_thread_a_plain_function_left_running_does_not_keep_the_process_
     assert gone < EXIT_BOUND + 3, f"{gone:.1f}s after the stop: {out}"
     assert re.search(r"thread\(s\) the app left running \(.*app-poller.*\) still run", out), out
     assert code == (1 if end == "timeout" else 0), out
+    if end == "timeout":  # it ended inside the stop's grace: judged by its result, not abandoned
+        assert re.search(r"its run ended 4\.\ds past its timeout of 1s, after this worker began to stop for it: "
+                         r"judged by its result", out), out  # fmt: skip
+        assert "1 abandoned" not in out, out
 
 
 @pytest.mark.timeout(120)
