@@ -21,18 +21,21 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amqpjobs import App
+from amqpjobs import App, JobContext, Reject, Worker, WorkerOptions
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.conftest import BrokerRoot
 from tests.integration.helpers import ROOT, cli_subprocess
 from tests.integration.test_chaos import quorum_leader_stopped
+from tests.integration.test_failover import messages_in
 from tests.integration.test_worker_process import done_ids
 
 # one xdist process owns the cluster: its session fixture runs `cluster43.sh up`, which would start
@@ -115,7 +118,7 @@ def vhost_nodes(cluster43: list[BrokerSettings], exclusive: None) -> Iterator[li
     with ManagementClient(cluster43[0]) as mgmt:
         mgmt.create_vhost(vhost)
     yield [node.with_vhost(vhost) for node in cluster43]
-    for n in (2, 3):  # whatever the test did: the majority back
+    for n in (1, 2, 3):  # whatever the test did: every node back
         nodes_ctl("start", str(n))
     with ManagementClient(cluster43[0]) as mgmt:
         mgmt.delete_vhost(vhost)
@@ -228,3 +231,49 @@ async def test_quorum_job_queue_survives_its_leaders_node_stopped(
     cluster43: list[BrokerSettings], exclusive: None, tmp_path: Path
 ):
     await quorum_leader_stopped(cluster43, CLUSTER43, "amqpjobs43-c2", tmp_path)
+
+
+@pytest.mark.timeout(300)
+async def test_a_quorum_job_queues_quarantine_takes_jobs_while_the_declaring_node_is_down(
+    vhost_nodes: list[BrokerSettings], tmp_path: Path
+):
+    """A quorum job queue's quarantine is quorum (topology/holding_queues.py): with node 1 (where apply
+    declared everything) stopped, a worker given the other two quarantines every rejected job there.
+    (A classic quarantine lives on its declaring node: the test above shows the worker refusing then.)"""
+    work = tmp_path / "work.toml"
+    work.write_text(WORK)
+    applied = cli_subprocess(vhost_nodes[0], "topology", "apply", str(work))
+    assert applied.returncode == 0, applied.stderr
+    with ManagementClient(vhost_nodes[0]) as mgmt:
+        kinds = {
+            name: (mgmt.queue(vhost_nodes[0].vhost, name) or {}).get("type")
+            for name in ("work.quarantine", "work.parked")
+        }
+    assert kinds == {"work.quarantine": "quorum", "work.parked": "quorum"}
+    nodes_ctl("stop", "1")
+    others = broker_settings(",".join(node.nodes[0] for node in vhost_nodes[1:]))
+    app = App("khepri", topology=load_topology(work).topology, url=others.url)
+    runs: Counter[str] = Counter()
+
+    @app.job("decline", queue="work")
+    async def decline(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs[ctx.job_id] += 1
+        raise Reject("card declined")
+
+    for i in range(20):
+        await app.enqueue("decline", {"i": i}, job_id=f"r-{i}")
+    worker = Worker(app, others, WorkerOptions(queues=("work",), concurrency=4))
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(runs) < 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # its last moves confirmed and acked
+        quarantined = await messages_in(others, "work.quarantine")  # node 1 still down
+        left = await messages_in(others, "work")
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert runs == Counter({f"r-{i}": 1 for i in range(20)})
+    assert sorted(quarantined) == sorted(f"r-{i}" for i in range(20))
+    assert left == []
