@@ -19,9 +19,9 @@ import pytest
 
 from amqpjobs.runtime.pausing import pause, resume
 from amqpjobs.topology.naming import SIGNAL_EXCHANGE, pause_signal_key
-from amqpjobs.wire.flags import PauseFlag, _signal
+from amqpjobs.wire.flags import PauseFlag, _signal, read_flags
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import raw_channel, wait_until
+from tests.integration.helpers import cli, raw_channel, wait_until
 from tests.integration.test_pause import _app_with_slow_job, _succeeded, _worker
 from tests.integration.worker_env import make_app
 
@@ -79,3 +79,20 @@ async def test_a_late_pause_signal_does_not_hold_a_resumed_queue_paused(broker: 
         await app.close()
     assert sorted(starts) == list(range(5))
     assert all(len(s) == 1 for s in starts.values())
+
+
+async def test_two_pauses_at_once_each_say_the_reason_the_broker_kept(broker: BrokerSettings, tmp_path: Path):
+    """Both declare the flag; the second declare keeps the first one's arguments (RabbitMQ compares only its own
+    ``x-`` arguments). Before: each command said its own reason, one of them not the one kept (20 rounds in 20)."""
+    app = await make_app(broker, tmp_path)
+    try:
+        for _ in range(5):
+            told = await asyncio.gather(pause(broker, "work", "operator A"), pause(broker, "work", "operator B"))
+            kept = (await asyncio.to_thread(read_flags, broker, ["work"]))["work"]
+            assert [f.reason for f in told] == [kept.reason, kept.reason]
+            assert await resume(broker, "work") is True
+        shown = await asyncio.to_thread(cli, broker, "pause", "work", "--reason", "operator C")
+        assert "(reason: operator C)" in shown.output
+        assert "another pause" not in shown.output
+    finally:
+        await app.close()
