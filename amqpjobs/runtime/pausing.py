@@ -93,6 +93,7 @@ class OperatorPauses:
         self._said: dict[str, bool] = {}  # job queue -> its last signal said paused, until a read after it
         self._confirm_wanted = False  # a signal came: read the flags after it
         self._confirming: asyncio.Task[None] | None = None
+        self._news = asyncio.Event()  # set by every signal: a read waiting to confirm a flag gone stops waiting
         self._tasks: set[asyncio.Task[None]] = set()
         self._switching = asyncio.Lock()  # one switch at a time, in order
 
@@ -132,6 +133,7 @@ class OperatorPauses:
         if job_queue not in set(self._work.values()):
             return
         self._heard += 1
+        self._news.set()
         self._said[job_queue] = flag is not None
         if flag is not None:  # hold back at once; a resume waits for the read below to find the flag gone
             self._set(job_queue, flag)
@@ -177,9 +179,12 @@ class OperatorPauses:
         resumed = {q for q, paused in self._said.items() if not paused}  # a flag found gone after these: a resume
         queues = sorted(set(self._work.values()))
         found = await look_for_flags(self._settings, self._connection, queues)
-        if set(self.flags) - set(found) - resumed:  # a resume, or a second pause replacing the flag this very moment
-            await asyncio.sleep(CONFIRM_GONE)
-            found = await look_for_flags(self._settings, self._connection, queues)
+        if set(self.flags) - set(found) - resumed and self._heard == heard:  # a resume, or a second pause replacing
+            self._news.clear()  # the flag this very moment; a signal meanwhile makes this read stale: the next decides
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), CONFIRM_GONE)
+            if self._heard == heard:
+                found = await look_for_flags(self._settings, self._connection, queues)
         if self._heard != heard:  # a signal came meanwhile: it is newer than this read, which another follows
             found = {q: f for q, f in self.flags.items()}
         else:

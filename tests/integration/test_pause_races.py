@@ -96,3 +96,28 @@ async def test_two_pauses_at_once_each_say_the_reason_the_broker_kept(broker: Br
         assert "another pause" not in shown.output
     finally:
         await app.close()
+
+
+async def test_a_resume_right_after_a_pause_counts_at_once(broker: BrokerSettings, tmp_path: Path):
+    """The read after the pause signal finds the flag gone and waits its 1 s before believing it; the resume
+    signal that comes meanwhile must not wait for that second."""
+    app = await make_app(broker, tmp_path)
+    starts: dict[int, list[float]] = {}
+    _app_with_slow_job(app, starts, 0.01)
+    worker, _ = await _worker(app, broker)
+    try:
+        lags = []
+        flag = await pause(broker, "work", "quick")
+        assert await resume(broker, "work") is True
+        await wait_until(lambda: not worker._pauses.holds_back("work"), 5, "the first resume")
+        for _ in range(3):  # a pause and a resume whose flag changes were done before the worker read after the first
+            await _late_signal(broker, flag)
+            await _late_signal(broker, None)
+            returned = time.monotonic()
+            await wait_until(lambda: not worker._pauses.holds_back("work"), 5, "the resume")
+            lags.append(time.monotonic() - returned)
+            await asyncio.sleep(1.5)  # nothing left over from this round
+        assert max(lags) < 0.5, f"resumed {[round(x, 2) for x in lags]} s after resume returned"
+    finally:
+        await worker.shutdown()
+        await app.close()
