@@ -24,6 +24,7 @@ from amqpjobs.cli._running import run_command
 from amqpjobs.errors import SignalNotSentError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.pausing import pause, resume
+from amqpjobs.wire.flags import MAX_REASON
 
 T = TypeVar("T")
 
@@ -58,6 +59,9 @@ def pause_command(job_queue: str, reason: str, url: str | None, management_url: 
     why = f" (reason: {printable(flag.reason)})" if flag.reason else ""
     click.echo(f"paused job queue {printable(job_queue)} since {flag.to_json()['since']}{why}: no worker starts "
                f"its jobs now; resume with: amqpjobs resume {shell_quote(job_queue)}")  # fmt: skip
+    if flag.reason != printable(reason)[:MAX_REASON]:
+        click.echo(f"note: another pause of {printable(job_queue)} came at the same moment and its reason was kept, "
+                   f"not yours ({printable(reason)!r}): run pause again to replace it")  # fmt: skip
 
 
 @main.command("resume")

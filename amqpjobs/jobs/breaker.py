@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -170,6 +171,17 @@ class BreakerMachine:
             return None
         count = len(self.seen)
         return self.opened(latest, latest + self.breaker.cool_down, count)
+
+    def would_open(self, pending: Iterable[float]) -> bool:
+        """Whether counting the failures stamped ``pending`` (wall seconds) too would open it (closed only).
+
+        ``pending``: failures this worker sent notices of that it has not heard back yet.
+        """
+        stamps = [*self.seen, *pending]
+        if self.state != "closed" or not stamps:
+            return False
+        latest = max(stamps)
+        return sum(1 for at in stamps if at > latest - self.breaker.window) >= self.breaker.failures
 
     def opened(self, at: float, until: float, failures: int = 0) -> Transition | None:
         """Open it from ``at`` until ``until`` (counted here, told by another worker, or read at start).

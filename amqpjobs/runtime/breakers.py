@@ -7,7 +7,9 @@ the broker objects :mod:`amqpjobs.wire.breakers`'. How the workers of an app agr
   worker (the sender too) counts the notices it hears, stamped by their senders, so all
   count the same window and open at the same stamp (``opened_at``: the failure that made
   it ``failures``); each writes the open record (the sender of that failure replaces an
-  older one), which a worker started later and ``amqpjobs status`` read;
+  older one), which a worker started later and ``amqpjobs status`` read. Until its own
+  notices are back (milliseconds), a start that they would stop waits for them (at most
+  :data:`ECHO_WAIT`): one worker never runs a start past the count;
 * once the cool-down is over, the next delivery of the job on any worker tries the probe
   lock; the one connection the broker gives it to runs that delivery as the probe (others
   wait, and try the lock again at most once a second, for a prober that died); the winner
@@ -68,6 +70,8 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds a worker waits before trying a probe lock again that another worker held.
 LOCK_RETRY = 1.0
+#: Seconds a start waits at most for this worker's own failure notices that would open its breaker.
+ECHO_WAIT = 1.0
 
 
 @dataclass
@@ -114,6 +118,7 @@ class Breakers:
         self._taking: set[str] = set()  # jobs whose lock is being taken here now
         self._lock_again: dict[str, float] = {}  # job -> when this worker may try its lock again
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unheard: dict[str, deque[tuple[float, float]]] = {n: deque() for n in self._machines}  # (stamp, sent)
         self.origin = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.history: deque[tuple[str, Transition]] = deque(maxlen=100)
         for name in self._machines:
@@ -187,9 +192,20 @@ class Breakers:
         in the longest of ``tiers`` (seconds) that fits in the cool-down left, without
         using an attempt (:meth:`BreakerMachine.waiting_tier`).
         """
+        await self._echoes(job.name)
         if await self._verdict(job, job_id) == "start":
             return None
         return wait_later(attempt, tiers, self._machines[job.name].waiting_tier(self._clock(), tiers))
+
+    async def _echoes(self, name: str) -> None:
+        """Wait for this worker's own failure notices still on their way when counting them would open it."""
+        unheard, deadline = self._unheard[name], time.monotonic() + ECHO_WAIT
+        while unheard:
+            while unheard and unheard[0][1] < time.monotonic() - ECHO_WAIT:  # lost (no listener): waited for once
+                unheard.popleft()
+            if time.monotonic() >= deadline or not self._machines[name].would_open(at for at, _ in unheard):
+                return
+            await asyncio.sleep(0.002)
 
     async def _verdict(self, job: JobDef, job_id: str) -> Verdict:
         name = job.name
@@ -259,7 +275,9 @@ class Breakers:
                 probe.timer.cancel()
             self._spawn(self._probe_ended(job, machine, outcome, probe.lock))
         elif counts_as_failure(outcome):
-            self._wire.send(job.queue, Notice("failure", job.name, self._clock(), origin=self.origin).encode())
+            at = self._clock()
+            self._unheard[job.name].append((at, time.monotonic()))
+            self._wire.send(job.queue, Notice("failure", job.name, at, origin=self.origin).encode())
 
     def _overdue(self, job: JobDef, job_id: str) -> None:
         """The probe ``job_id`` ran past its job's timeout: it failed now (a thread may go on: it can't be stopped)."""
@@ -309,6 +327,8 @@ class Breakers:
         if notice is None or machine is None:
             return
         if notice.kind == "failure":  # stamped by its sender; a stamp ahead of this clock counts as now
+            if notice.origin == self.origin and (mine := [u for u in self._unheard[notice.job] if u[0] == notice.at]):
+                self._unheard[notice.job].remove(mine[0])
             change = machine.failure(min(notice.at, self._clock()))
             self._apply(notice.job, change)
             if change is not None and self._wire is not None:

@@ -18,6 +18,13 @@
   resume, unless something else keeps them stopped: a hold (:mod:`.holding`), a suspects
   turn, or the worker stopping. Conversely the worker
   never resumes a source of an operator-paused queue when a hold or a suspects turn ends;
+* takes a signal as news, the flag as the truth: a pause signal holds back at once, a
+  resume signal waits for a read that finds the flag gone (a round trip), and every signal
+  is followed by such a read. Two operators' ``pause`` and ``resume`` at the same moment
+  interleave (A deletes the flag, B declares it and signals, A's resume signal comes last):
+  the last signal can contradict the flag, and the read after it sets the worker right
+  within milliseconds (a flag found gone after a pause signal: within
+  :data:`CONFIRM_GONE`), not at the next recheck 30 s later;
 * listens before it reads: signals first, then the flags; again after every reconnect or
   loss of its listener, and every :data:`~amqpjobs.wire.flags.RECHECK` seconds. Whenever the
   listener is down (a lost connection or channel, its queue deleted) nothing is known: every
@@ -83,6 +90,10 @@ class OperatorPauses:
         self._signals: PauseSignals | None = None
         self._connection: Connection | None = None
         self._heard = 0  # signals heard: a read started before the last one is stale
+        self._said: dict[str, bool] = {}  # job queue -> its last signal said paused, until a read after it
+        self._confirm_wanted = False  # a signal came: read the flags after it
+        self._confirming: asyncio.Task[None] | None = None
+        self._news = asyncio.Event()  # set by every signal: a read waiting to confirm a flag gone stops waiting
         self._tasks: set[asyncio.Task[None]] = set()
         self._switching = asyncio.Lock()  # one switch at a time, in order
 
@@ -122,7 +133,29 @@ class OperatorPauses:
         if job_queue not in set(self._work.values()):
             return
         self._heard += 1
-        self._set(job_queue, flag)
+        self._news.set()
+        self._said[job_queue] = flag is not None
+        if flag is not None:  # hold back at once; a resume waits for the read below to find the flag gone
+            self._set(job_queue, flag)
+        self._confirm_wanted = True
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.ensure_future(self._confirm())
+            self._tasks.add(self._confirming)
+            self._confirming.add_done_callback(self._tasks.discard)
+
+    async def _confirm(self) -> None:
+        """Read the flags after the signals heard, until a read comes after the last one."""
+        while self._confirm_wanted:
+            self._confirm_wanted = False
+            try:
+                await self._read()
+            except Exception as exc:  # the flags can't be read: go by the signals meanwhile
+                log.warning("reading the pause flags after a signal failed (%s); going by the signal, and "
+                            "reading again in %gs", exc, RECHECK)  # fmt: skip
+                for queue, paused in sorted(self._said.items()):
+                    if not paused:
+                        self._set(queue, None)
+                self._said.clear()
 
     def _lost(self) -> None:
         if not self._unknown:
@@ -143,13 +176,19 @@ class OperatorPauses:
     async def _read(self) -> None:
         assert self._connection is not None
         heard = self._heard
+        resumed = {q for q, paused in self._said.items() if not paused}  # a flag found gone after these: a resume
         queues = sorted(set(self._work.values()))
         found = await look_for_flags(self._settings, self._connection, queues)
-        if set(self.flags) - set(found):  # a flag gone: a resume, or a second pause replacing it this very moment
-            await asyncio.sleep(CONFIRM_GONE)
-            found = await look_for_flags(self._settings, self._connection, queues)
-        if self._heard != heard:  # a signal came meanwhile: it is newer than this read
+        if set(self.flags) - set(found) - resumed and self._heard == heard:  # a resume, or a second pause replacing
+            self._news.clear()  # the flag this very moment; a signal meanwhile makes this read stale: the next decides
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), CONFIRM_GONE)
+            if self._heard == heard:
+                found = await look_for_flags(self._settings, self._connection, queues)
+        if self._heard != heard:  # a signal came meanwhile: it is newer than this read, which another follows
             found = {q: f for q, f in self.flags.items()}
+        else:
+            self._said.clear()
         for queue in sorted(set(self._work.values())):
             self._set(queue, found.get(queue))
         if self._unknown:

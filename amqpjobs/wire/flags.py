@@ -157,8 +157,10 @@ async def set_flags(
     flag is not taken for a resume.
 
     Returns:
-        The pauses set, and None when every signal went out, else which one did not and why
-        (the flags are set all the same; workers notice them at their next read).
+        The pauses as the broker keeps them, read back after the declares (another ``pause`` of
+        the same job queue at the same moment may have declared it first: its reason stays, and
+        that is what is signalled), and None when every signal went out, else which one did not
+        and why (the flags are set all the same; workers notice them at their next read).
 
     Raises:
         BrokerUnavailableError: cannot connect.
@@ -178,12 +180,23 @@ async def set_flags(
                         if name not in missing:  # paused already: replace it (new reason and since)
                             await channel.queue_delete(name)
                         await channel.declare_queue(name, durable=True, arguments=flag.arguments(), robust=False)
+                kept = await asyncio.to_thread(_kept, settings, [f.job_queue for f in flags])
+                flags = [kept.get(f.job_queue, f) for f in flags]
                 unsent = await _send_all(settings, channel, [(f.job_queue, f) for f in flags])
             finally:
                 await close_channel(channel)
     finally:
         await connection.close()
     return flags, unsent
+
+
+def _kept(settings: BrokerSettings, job_queues: list[str]) -> dict[str, PauseFlag]:
+    """The pauses the broker keeps for ``job_queues`` (best effort: {} when the management API can't say)."""
+    try:
+        return read_flags(settings, job_queues)
+    except AmqpJobsError as exc:
+        log.debug("pause flags not read back (%s)", exc)
+        return {}
 
 
 async def _send_all(

@@ -175,3 +175,23 @@ async def test_failed_probe_reopens_and_a_late_worker_starts_nothing(broker: Bro
     assert all(r[0] >= later[0][1] for r in later[1:])  # one probe, then the rest
     assert sorted(r[3] for r in later) == ["f0", "f1", "late"]
     assert (await status_json(broker))["breakers"] == []  # closed: no record left
+
+
+async def test_one_worker_runs_no_failing_start_past_the_count(broker: BrokerSettings, tmp_path: Path) -> None:
+    """One worker, one slot: the start after the ``failures``-th failure waits (its notice is not back yet).
+
+    Before: the worker counted its own failure only when the notice came back through the broker, so the
+    next delivery started in that moment: 4 failed runs for ``failures=3``, 5 rounds in 5.
+    """
+    runs = Runs()
+    app = breaker_app(broker, await make_app(broker, tmp_path), runs, Breaker(failures=3, window="10s", cool_down="3s"))
+    async with running_worker(app, broker) as (worker, rec):
+        for i in range(10):
+            await app.enqueue("flaky", {}, job_id=f"f{i}")
+        await until(lambda: board(worker).state("flaky") == "open")
+        opened = board(worker).machine("flaky").opened_at
+        await until(lambda: len([o for o in rec.outcomes if o.kind == "deferred"]) >= 7)  # all the rest told to wait
+    await app.close()
+    failed = [r for r in runs.rows if r[5]]
+    assert len(failed) == 3, [(round(r[0] - opened, 3), r[3]) for r in failed]
+    assert max(r[0] for r in runs.rows) <= opened  # no start between the opening failure and the cool-down's end

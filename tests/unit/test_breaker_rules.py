@@ -217,3 +217,15 @@ def test_an_opening_written_by_a_clock_ahead_is_cut_to_one_cool_down() -> None:
     assert machine.trusted(990.0, 1e300, now=1000.0) == (990.0, 1030.0)
     assert machine.trusted(float("nan"), float("inf"), now=1000.0) == (1000.0, 1030.0)
     assert Notice.decode(b'{"kind": "open", "job": "j", "at": 1, "until": Infinity}') is None
+
+
+def test_would_open_counts_failures_not_heard_back_in_the_same_window() -> None:
+    machine = BreakerMachine(Breaker(failures=3, window=10, cool_down=5))
+    assert machine.failure(100.0) is None
+    assert not machine.would_open([])
+    assert not machine.would_open([101.0])  # 2 of 3
+    assert machine.would_open([101.0, 102.0])  # the third would open it
+    assert not machine.would_open([111.0, 112.0])  # 100.0 is out of the window by then
+    assert machine.failure(101.0) is None
+    assert machine.failure(102.0) is not None  # what would_open foretold
+    assert not machine.would_open([103.0, 104.0, 105.0])  # not closed: nothing to open

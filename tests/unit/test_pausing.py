@@ -181,3 +181,30 @@ def test_a_reason_over_500_characters_is_refused_before_the_broker_is_asked():
 
     with pytest.raises(BrokerUnavailableError, match="unreachable"):  # 500 pass the check: the broker is asked
         asyncio.run(pause(nowhere, "work", "x" * 500))
+
+
+@pytest.mark.parametrize(("flags_read", "paused_after"), [("found", True), ("gone", False), ("unreadable", False)])
+async def test_a_resume_signal_counts_once_a_read_finds_the_flag_gone(
+    monkeypatch: pytest.MonkeyPatch, flags_read: str, paused_after: bool
+) -> None:
+    """The flag is the truth (another operator may have paused again); the signal is taken when it can't be read."""
+    from amqpjobs.errors import BrokerError
+
+    worker, source = _worker()
+    pauses = worker._pauses
+    pauses._set("work", FLAG)
+    await _settled()
+
+    async def read(*_: object) -> dict[str, PauseFlag]:
+        if flags_read == "unreadable":
+            raise BrokerError("not connected")
+        return {"work": FLAG} if flags_read == "found" else {}
+
+    monkeypatch.setattr("amqpjobs.runtime.pausing.look_for_flags", read)
+    pauses._connection = object()  # type: ignore[assignment]
+    pauses._heard_signal("work", None)
+    assert pauses.holds_back("work")  # not before the read
+    for _ in range(20):
+        await _settled()
+    assert pauses.holds_back("work") is paused_after
+    assert source.paused is paused_after
