@@ -22,11 +22,12 @@ from urllib.parse import quote
 
 import pytest
 
+from amqpjobs.jobs.registry import JobContext
 from amqpjobs.wire.errors import UNDELIVERABLE_HINT
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth
-from tests.integration.worker_env import make_app
+from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
 EXE = str(Path(sys.executable).with_name("amqpjobs"))
@@ -89,3 +90,33 @@ async def test_a_message_the_broker_cannot_deliver_is_named_with_exit_3(
     assert f"(INTERNAL_ERROR{UNDELIVERABLE_HINT}): next attempt goes to" in out, out
     assert "Traceback" not in out
     assert await depth(broker, where) == 1  # never dropped: it stays where it was
+
+
+@pytest.mark.timeout(180)
+async def test_a_running_worker_consumes_again_once_the_message_is_removed(broker: BrokerSettings, tmp_path: Path):
+    """Each reconnect of the worker meets the message again; once it is gone, the queue's jobs run.
+
+    The connection is lost as the consume of ``work`` is restored, again and again. On the old
+    code, within a few rounds aio-pika left that channel closed, and the worker's retry took the
+    closed channel's consumer table for a live consumer: it logged ``consuming work again`` and
+    sat with no consumer on ``work`` for good (measured: after 3 to 7 rounds, 15-35 s), so the
+    jobs enqueued after the bad message was removed never ran.
+    """
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, object], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with running_worker(app, broker, concurrency=2) as (_, rec):
+        await asyncio.to_thread(_publish_over_http, broker, "jobs", "work")
+        await asyncio.sleep(45)  # ~9 reconnects, each lost again at the consume of work
+        with ManagementClient(broker) as mgmt:  # the management UI's Get messages, "Automatic ack"
+            (taken,) = mgmt.request("POST", f"/queues/{quote(broker.vhost, safe='')}/work/get",
+                                    json={"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})  # fmt: skip
+        assert taken["properties"]["message_id"] == "long-corr"
+        await app.enqueue("sleep", {}, job_id="after")
+        await rec.wait_for(lambda o: any(x.job_id == "after" for x in o), timeout=30)
+    await app.close()
+    assert ran == ["after"]
