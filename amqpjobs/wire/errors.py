@@ -159,11 +159,11 @@ def broker_errors(name: str | None = None) -> _Translating:
 UNDELIVERABLE_HINT: Final = (
     ": RabbitMQ failed while sending this connection something and closed it; the usual cause is a message "
     "it cannot deliver over AMQP 0-9-1 at the head of the queue being read (the broker's log says "
-    "content_properties_shortstr_overflow: a property such as correlation_id over 255 bytes, taken in "
-    "through the management API's HTTP publish or another protocol). Every delivery of it closes the "
-    "connection and leaves it in place. Remove it in the management UI: the queue's 'Get messages' "
-    "(Ack mode 'Nack message requeue true') shows it and keeps it; 'Automatic ack' removes it; publish it "
-    "again with every property within 255 bytes"
+    "content_properties_shortstr_overflow: a property such as correlation_id, or a header's name, over 255 "
+    "bytes, taken in through the management API's HTTP publish or another protocol). Every delivery of it "
+    "closes the connection and leaves it in place. Remove it in the management UI: the queue's 'Get "
+    "messages' (Ack mode 'Nack message requeue true') shows it and keeps it; 'Automatic ack' removes it; "
+    "publish it again with every property and header name within 255 bytes"
 )
 
 

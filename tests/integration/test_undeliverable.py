@@ -34,11 +34,12 @@ EXE = str(Path(sys.executable).with_name("amqpjobs"))
 HINT = "content_properties_shortstr_overflow"
 
 
-def _publish_over_http(broker: BrokerSettings, exchange: str, routing_key: str) -> None:
-    """A job whose ``correlation_id`` is 300 bytes, published as from the management UI."""
+def _publish_over_http(broker: BrokerSettings, exchange: str, routing_key: str, header: bool = False) -> None:
+    """A job whose ``correlation_id`` (``header``: a header's name) is 300 bytes, published as from the web UI."""
+    long = {"headers": {"h" * 300: "v"}} if header else {"correlation_id": "c" * 300}
     doc = {
         "properties": {"content_type": "application/json", "type": "sleep", "message_id": "long-corr",
-                       "delivery_mode": 2, "correlation_id": "c" * 300},
+                       "delivery_mode": 2, **long},
         "routing_key": routing_key,
         "payload": base64.b64encode(b'{"seconds": 0}').decode(),
         "payload_encoding": "base64",
@@ -63,8 +64,9 @@ def _run(broker: BrokerSettings, tmp_path: Path, *args: str) -> tuple[int, str]:
         ("work", ["consume", "tests.integration.procapp:app", "--connect-timeout", "2s"]),
         ("work.quarantine", ["quarantine", "show", "work.quarantine"]),
         ("work.quarantine", ["replay", "work.quarantine", "--dry-run"]),
+        ("work.quarantine", ["quarantine", "list", "work.quarantine"]),  # a header's name of 300 bytes
     ],
-    ids=["consume", "quarantine-show", "replay-dry-run"],
+    ids=["consume", "quarantine-show", "replay-dry-run", "quarantine-list-long-header-name"],
 )
 async def test_a_message_the_broker_cannot_deliver_is_named_with_exit_3(
     broker: BrokerSettings, tmp_path: Path, where: str, args: list[str]
@@ -73,7 +75,7 @@ async def test_a_message_the_broker_cannot_deliver_is_named_with_exit_3(
     if where == "work":
         await asyncio.to_thread(_publish_over_http, broker, "jobs", "work")
     else:
-        await asyncio.to_thread(_publish_over_http, broker, "", "work.quarantine")
+        await asyncio.to_thread(_publish_over_http, broker, "", "work.quarantine", args[1] == "list")
 
     code, out = await asyncio.to_thread(_run, broker, tmp_path, *args)
 
@@ -84,7 +86,7 @@ async def test_a_message_the_broker_cannot_deliver_is_named_with_exit_3(
                         f"(nothing moved): INTERNAL_ERROR{UNDELIVERABLE_HINT}"), out  # fmt: skip
     else:
         assert last == f"broker error: INTERNAL_ERROR{UNDELIVERABLE_HINT}", out
-    for words in (HINT, "over 255 bytes", "management API's HTTP publish", "'Get messages'"):
+    for words in (HINT, "correlation_id, or a header's name, over 255", "management API's HTTP publish", "'Get"):
         assert words in UNDELIVERABLE_HINT
     # the warning of the lost connection says the same (a worker that stays up repeats it at each reconnect)
     assert f"(INTERNAL_ERROR{UNDELIVERABLE_HINT}): next attempt goes to" in out, out
