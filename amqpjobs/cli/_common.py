@@ -33,6 +33,7 @@ from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import flush_logs
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
+from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
 from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 from amqpjobs.wire.urls import redact_text
 
@@ -161,6 +162,9 @@ def errors_to_exit_codes(func: F) -> F:
             sys.exit(EXIT_BROKER)
         except PayloadStoreError as exc:  # likewise
             click.echo(f"payload store error: {error_text(exc)}", err=True)
+            sys.exit(EXIT_BROKER)
+        except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's side, not a file
+            click.echo(f"broker error: {error_text(translate(exc) or BrokerError(str(exc)))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:

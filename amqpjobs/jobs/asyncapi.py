@@ -128,7 +128,12 @@ def _properties_schema(job: JobDef, layout: JobQueueLayout) -> dict[str, Any]:
             "publish); the first enqueue time is then in amqpjobs-enqueued-at.",
         },
         "delivery_mode": {"const": 2, "description": "Persistent."},
-        "app_id": {"type": "string", "description": "Optional: names the publisher; never read."},
+        "app_id": {
+            "type": "string", "maxLength": envelope.SHORTSTR_MAX_BYTES,
+            "description": f"Optional: names the publisher; never read. At most {envelope.SHORTSTR_MAX_BYTES} UTF-8 "
+            "bytes, as every AMQP short-string property: a longer one (only the management API's HTTP publish "
+            "takes it) makes a message RabbitMQ cannot deliver (README 'Wire format').",
+        },
     }  # fmt: skip
     # a quorum queue counts a message without priority as 4 on RabbitMQ 4.3 (release notes 4.3.0):
     # ours always carry one (0 by default), so a foreign job without one goes ahead of ours

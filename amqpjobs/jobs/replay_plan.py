@@ -242,12 +242,16 @@ class ReplayReport:
         self.stays(item.stays(f"its target queue {printable(repr(target))} does not exist (apply the topology: "
                               "amqpjobs topology apply, or replay it with --to QUEUE)"))  # fmt: skip
 
-    def cut_short(self, rate: float, why: object) -> str:
+    def cut_short(self, rate: float, why: object, dry_run: bool = False) -> str:
         """The error of a run at ``rate`` messages/s the broker cut short (``why``): how many moved, what may be twice.
 
         ``replay from 'work.quarantine' interrupted after 4 moved (the one in flight may be in both
         places: a duplicate, never a loss): NOT_FOUND ...``; every move whose copy was confirmed counts.
+        A ``dry_run`` moved nothing, and says so.
         """
+        if dry_run:
+            return (f"replay --dry-run from {self.queue!r} interrupted after {self.replayed} that would move "
+                    f"(nothing moved): {why}")  # fmt: skip
         note = in_flight_note(replay_window(rate))
         return f"replay from {self.queue!r} interrupted after {self.replayed} moved ({note}): {why}"
 

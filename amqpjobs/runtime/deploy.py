@@ -12,6 +12,7 @@ from typing import Any
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
 from amqpjobs.runtime.policy_checks import planned_effects
 from amqpjobs.topology.declarations import BindingDecl, Declarations
+from amqpjobs.topology.holding_queues import note_for_vhost
 from amqpjobs.topology.loader import LoadedTopology, load_topology
 from amqpjobs.topology.naming import shards_exchange_name
 from amqpjobs.topology.orphans import orphan_fixes, orphan_queues
@@ -142,7 +143,8 @@ async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_maj
 
     """
     version, loaded, live, raw_bindings, effects = await asyncio.to_thread(_read_live, path, settings)  # httpx blocks
-    desired = desired_state(loaded.topology.declarations())
+    desired = [replace(o, legacy=(o.legacy[0], note_for_vhost(o.legacy[1], settings.vhost))) if o.legacy else o
+               for o in desired_state(loaded.topology.declarations())]  # fmt: skip
     plan = make_plan(desired, live)
     conflicting = [i.desired.name for i in plan.conflicts if i.desired.kind == "queue"]
     if conflicting:

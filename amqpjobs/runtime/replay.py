@@ -52,6 +52,7 @@ from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
 from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.errors import internal_error_hint
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
@@ -311,7 +312,9 @@ async def replay(
                 except BrokerError as exc:  # its connection dropped (a broker restart): say what moved before it
                     window.release()
                     await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
-                    raise BrokerError(report.cut_short(options.rate, exc)) from exc
+                    raise BrokerError(
+                        report.cut_short(options.rate, f"{exc}{internal_error_hint(exc)}", options.dry_run)
+                    ) from exc
                 alone = len(planned.copy.body) > proven
                 if alone:
                     await _alone(moving)
@@ -335,7 +338,9 @@ async def replay(
             raise
         except INTERRUPTED as exc:
             await asyncio.gather(*moving, return_exceptions=True)  # each ends at its confirm (or its failure)
-            raise BrokerError(report.cut_short(options.rate, exc)) from exc
+            raise BrokerError(
+                report.cut_short(options.rate, f"{exc}{internal_error_hint(exc)}", options.dry_run)
+            ) from exc
         finally:
             for task in moving if interrupted else ():  # Ctrl-C cuts them short; else each ends at its confirm
                 task.cancel()

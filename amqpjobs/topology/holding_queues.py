@@ -20,6 +20,7 @@ change in place: RabbitMQ "Queues" → "Declaration and Property Equivalence").
 
 from __future__ import annotations
 
+import shlex
 from typing import Final
 
 from amqpjobs.topology.declarations import QueueDecl, QueueRole, QueueType
@@ -58,6 +59,15 @@ def holding_queues(job_queue: str, queue_type: QueueType, quarantine: str, parke
     return quorum(quarantine, "quarantine"), quorum(parked, "parked")
 
 
+#: Stands for the vhost in a :func:`legacy_note`'s ``rabbitmqctl`` command (topology files name none).
+VHOST_PLACEHOLDER: Final = "<vhost>"
+
+
+def note_for_vhost(note: str, vhost: str) -> str:
+    """``note`` with the vhost its ``rabbitmqctl -p`` commands act on written in, quoted for a shell where needed."""
+    return note.replace(f"-p {VHOST_PLACEHOLDER} ", f"-p {shlex.quote(vhost)} ")
+
+
 def legacy_note(queue: str, role: str, quarantine: str, parked: str) -> str:
     """What a classic ``role`` queue ``queue`` of a quorum job queue lacks, and how to make it quorum losing no job.
 
@@ -70,7 +80,7 @@ def legacy_note(queue: str, role: str, quarantine: str, parked: str) -> str:
         quarantine: The job queue's quarantine queue.
         parked: The job queue's parked queue.
     """
-    delete = f"delete it (`rabbitmqctl -p <vhost> delete_queue --if-empty {queue}`)"
+    delete = f"delete it (`rabbitmqctl -p {VHOST_PLACEHOLDER} delete_queue --if-empty {queue}`)"
     if role == "quarantine":
         steps = (
             f"To make it quorum without losing a job: move its jobs to {parked} (`amqpjobs quarantine park {queue} "

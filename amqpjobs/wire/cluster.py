@@ -21,7 +21,7 @@ from aio_pika import RobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
-from amqpjobs.wire.errors import open_refused
+from amqpjobs.wire.errors import internal_error_hint, open_refused
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
@@ -207,4 +207,4 @@ def _cause(exc: BaseException | None) -> str:
             "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
             "or its connection limit is reached)"
         )
-    return f" ({redact_text(text) or type(exc).__name__})"
+    return f" ({redact_text(text) or type(exc).__name__}{internal_error_hint(exc)})"

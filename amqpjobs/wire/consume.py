@@ -45,7 +45,7 @@ from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
-from amqpjobs.wire.errors import error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, error_kind
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -179,6 +179,8 @@ class WorkQueueConsumer:
     async def _consume(self) -> None:
         assert self.channel is not None
         underlay = cast(aiormq.Channel, await self.channel.get_underlay_channel())
+        if underlay.is_closed:  # its consumer table still holds the tag: never take that for a live consumer
+            raise ConnectionError(f"the channel consuming {self.queue!r} is closed (it is opened again)")
         if self.tag in underlay.consumers:
             return
         # basic.consume on a missing queue would close this channel (404) and aio-pika would reopen
@@ -323,9 +325,11 @@ class WorkQueueConsumer:
             await self._consume()
 
     async def _consume_until_back(self) -> None:
+        left_closed: list[int] = []
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
                 try:
+                    await self._reopen_if_left_closed(left_closed)
                     if not await self._consume_unless_paused(self._consume_or_declare):
                         return
                 except Exception as exc:
@@ -333,6 +337,32 @@ class WorkQueueConsumer:
                     raise
         self.missing_since = None
         log.info("consuming %s again", self.queue)
+
+    async def _reopen_if_left_closed(self, seen: list[int]) -> None:
+        """Open the channel again when aio-pika left it closed on a live connection (not under the switch).
+
+        aio-pika reopens a robust channel after a reconnect; a connection lost again while it did so
+        (a message the broker cannot deliver closes it at each consume) can leave it closed for good.
+        The same closed channel seen on two tries in a row (``seen``: its id, kept by the caller; a
+        second apart: time for aio-pika's own restore) is reopened here (:meth:`_on_reopen` consumes).
+
+        Raises:
+            What reopening raises (the connection is gone again): the caller tries again.
+        """
+        channel = self.channel
+        if channel is None or self._closing or not self.connection.connected.is_set() or not channel.is_closed:
+            seen.clear()
+            return
+        try:
+            underlay = id(await channel.get_underlay_channel())
+        except CHANNEL_OPEN_ERRORS:  # never opened since: aio-pika's restore is under way
+            underlay = 0
+        if seen != [underlay]:
+            seen[:] = [underlay]
+            return
+        seen.clear()
+        log.warning("the channel consuming %s was left closed after a reconnect: opening it again", self.queue)
+        await channel.reopen()
 
     def _say_missing(self, exc: BaseException) -> None:
         """Warn that the work queue is gone (a 404 consuming again), at once and then every 30 s while it is."""

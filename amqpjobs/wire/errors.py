@@ -120,7 +120,7 @@ def translate(exc: BaseException, name: str | None = None) -> AmqpJobsError | No
     ours = error_kind(exc)
     if ours is None:
         return None
-    mapped = ours(str(exc) or type(exc).__name__)
+    mapped = ours((str(exc) or type(exc).__name__) + internal_error_hint(exc))
     mapped.__cause__ = exc
     return mapped
 
@@ -153,6 +153,23 @@ def broker_errors(name: str | None = None) -> _Translating:
     Anything else (ours, ``TimeoutError``, cancellation) passes through unchanged.
     """
     return _TRANSLATING if name is None else _Translating(name)
+
+
+#: What a connection closed with 541 INTERNAL_ERROR most likely met (README "Wire format").
+UNDELIVERABLE_HINT: Final = (
+    ": RabbitMQ failed while sending this connection something and closed it; the usual cause is a message "
+    "it cannot deliver over AMQP 0-9-1 at the head of the queue being read (the broker's log says "
+    "content_properties_shortstr_overflow: a property such as correlation_id, or a header's name, over 255 "
+    "bytes, taken in through the management API's HTTP publish or another protocol). Every delivery of it "
+    "closes the connection and leaves it in place. Remove it in the management UI: the queue's 'Get "
+    "messages' (Ack mode 'Nack message requeue true') shows it and keeps it; 'Automatic ack' removes it; "
+    "publish it again with every property and header name within 255 bytes"
+)
+
+
+def internal_error_hint(exc: BaseException | None) -> str:
+    """:data:`UNDELIVERABLE_HINT` when ``exc`` is a connection closed with 541 INTERNAL_ERROR, else ``""``."""
+    return UNDELIVERABLE_HINT if isinstance(exc, aiormq.exceptions.ConnectionInternalError) else ""
 
 
 def open_refused(exc: BaseException) -> bool:

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import hashlib
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -443,6 +445,48 @@ OWN_CASES: list[Case] = [
         poisoned(_poison_evidence_with_tenant),
     ),
 ]
+
+
+def _expiration_dropped(seen: Seen) -> None:
+    """The publisher's per-message TTL went with no copy: it would expire one in a tier or in quarantine."""
+    _poison_evidence(seen)
+    assert seen.quarantined[0].expiration is None
+
+
+def _nested(depth: int) -> bytes:
+    """A valid mail job whose extra field ``x`` makes the body ``depth`` levels deep."""
+    return b'{"to": "a@example.com", "order_id": 17, "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+#: More kinds: a publisher's gzip, stray BOMs and whitespace, the nesting bound's edge, forged broker headers.
+OWN_CASES += [
+    Case("gzip-body", gzip.compress(VALID_BODY), _mail(content_encoding="gzip"),
+         undecodable("content_encoding 'gzip' is not supported")),
+    Case("gzip-body-unlabelled", gzip.compress(VALID_BODY), _mail(), undecodable("body is not UTF-8")),
+    Case("two-boms", b"\xef\xbb\xbf" * 2 + VALID_BODY, _mail(), undecodable("body is not JSON")),
+    Case("whitespace-body", b" \n\t ", _mail(), undecodable("body is empty")),
+    Case("nul-body", b"\x00", _mail(), undecodable("body is not JSON")),
+    Case("nesting-at-the-bound", _nested(envelope.MAX_JSON_DEPTH), _mail(), processed()),
+    Case("nesting-one-past-the-bound", _nested(envelope.MAX_JSON_DEPTH + 1), _mail(),
+         undecodable(f"nested deeper than {envelope.MAX_JSON_DEPTH}")),
+    Case("content-type-text-json", VALID_BODY, _mail(content_type="text/json"),
+         quarantined("unsupported-content-type", "DecodeError", "'text/json'")),
+    # a publisher copying a dead-lettered message's headers: x-death & co are read as evidence only, never obeyed
+    Case("forged-x-death", VALID_BODY, _mail(headers={"x-death": [{"count": 5, "reason": "rejected", "queue": "work"}],
+                                                      "x-first-death-reason": "rejected"}), processed()),
+    Case("malformed-x-death", VALID_BODY, _mail(headers={"x-death": "garbage\n\x1b[31m"}), processed()),
+    Case("forged-delivery-count", VALID_BODY, _mail(headers={"x-delivery-count": 1000}), processed()),
+    Case("poison-forged-x-death", VALID_BODY,
+         {"content_type": JSON, "type": "poison", "headers": {"x-death": [{"count": 9, "reason": "expired"}]}},
+         poisoned(_poison_evidence)),
+    # aio-pika takes seconds: it sends expiration "600000"
+    Case("poison-expiration", VALID_BODY, {"content_type": JSON, "type": "poison", "expiration": 600},
+         poisoned(_expiration_dropped)),
+    Case("attempt-decimal", VALID_BODY, _attempt(Decimal("2")), processed(attempt=1)),  # not a type the README lists
+    Case("tenant-control-characters", VALID_BODY, _mail(headers={envelope.TENANT: "ac\nme\x1b[31m"}),
+         processed(check=_handler_saw_tenant("ac\nme\x1b[31m"))),
+    Case("correlation-id-255-bytes", VALID_BODY, _mail(correlation_id="é" * 127 + "c"), processed()),
+]  # fmt: skip
 NO_MESSAGE_ID_OWN = {"empty-message-id", "no-message-id-undecodable"}
 
 
@@ -613,6 +657,8 @@ async def test_bad_message(broker: BrokerSettings, tmp_path: Path, caplog: pytes
         for name, value in props.get("headers", {}).items():
             if name == envelope.ENQUEUED_AT and len(exp.runs) > 1:  # an unreadable one: the copy's timestamp's
                 continue  # (copy_headers: a retry copy's timestamp is when it became ready; _enqueue_time_readable)
+            if name.startswith(copy_headers.BROKER_HEADER_PREFIXES):  # removed from every copy (asserted above)
+                continue
             if name != envelope.ATTEMPT or not exp.runs:  # a retried copy carries its own attempt
                 assert h[name] == value, name
         # last, so that a known-wrong count (KNOWN_BUGS) can't hide another failure

@@ -169,6 +169,8 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     notes = [line for line in plan.stdout.splitlines() if line.lstrip().startswith("note:")]
     assert len(notes) == 2, plan.stdout
     assert "`amqpjobs quarantine park money.quarantine --yes`" in notes[0]
+    for note, queue in zip(notes, ("money.quarantine", "money.parked"), strict=True):  # the vhost named, not <vhost>
+        assert f"(`rabbitmqctl -p {broker.vhost} delete_queue --if-empty {queue}`)" in note, note
     assert "once money.quarantine is quorum: `amqpjobs replay money.parked`" in notes[1]
     assert all("purge" not in note for note in notes)
 

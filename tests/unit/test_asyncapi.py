@@ -210,6 +210,13 @@ def test_amqp_short_strings_state_their_limit_in_utf8_bytes(tmp_path: Path) -> N
     message_id = doc["components"]["messages"]["orders.confirm"]["x-amqp-properties"]["properties"]["message_id"]
     assert "255 UTF-8 bytes" in message_id["description"]
     assert message_id["maxLength"] == 255  # characters: an upper bound only (JSON Schema can't count bytes)
+    # every free-text short string a publisher may set has the same bound: a longer one, which the management
+    # API's HTTP publish lets in, is a message RabbitMQ cannot deliver (README "Wire format")
+    for name, job in doc["components"]["messages"].items():
+        for prop, schema in job.get("x-amqp-properties", {}).get("properties", {}).items():
+            if schema.get("type") == "string":
+                assert schema.get("maxLength") == 255, (name, prop)
+                assert "255 UTF-8 bytes" in schema["description"], (name, prop)
 
 
 def test_the_tenant_schema_has_the_limit_enqueue_has(tmp_path: Path) -> None:

@@ -77,3 +77,10 @@ def test_a_cut_short_replay_says_how_many_moved_and_how_many_may_be_in_both_plac
         "a duplicate, never a loss): NOT_FOUND - no queue"
     )
     assert "(the 10 at most in flight may be in both places: duplicates, never losses)" in report.cut_short(500, "x")
+
+
+def test_a_cut_short_dry_run_says_nothing_moved():
+    report = ReplayReport(queue="work.quarantine", replayed=25)  # a dry run's replayed: the moves it would do
+    assert report.cut_short(50, "INTERNAL_ERROR", dry_run=True) == (
+        "replay --dry-run from 'work.quarantine' interrupted after 25 that would move (nothing moved): INTERNAL_ERROR"
+    )

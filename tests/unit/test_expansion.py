@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from amqpjobs.durations import format_duration, parse_duration
+from amqpjobs.topology.holding_queues import legacy_note, note_for_vhost
 from amqpjobs.topology.models import ExchangeSpec, JobQueueSpec, Topology
 from amqpjobs.topology.plan import Action, ObjectState, make_plan
 from amqpjobs.wire.arguments import desired_state, queue_arguments, to_milliseconds
@@ -127,3 +128,10 @@ def test_parse_duration_rejects(bad: object) -> None:
 def test_format_duration_round_trips(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert to_milliseconds(parse_duration(text)) == to_milliseconds(seconds)
+
+
+def test_a_legacy_note_names_the_vhost_quoted_for_a_shell() -> None:
+    note = legacy_note("mail.quarantine", "quarantine", "mail.quarantine", "mail.parked")
+    assert "`rabbitmqctl -p / delete_queue --if-empty mail.quarantine`" in note_for_vhost(note, "/")
+    assert "`rabbitmqctl -p 'shop eu' delete_queue" in note_for_vhost(note, "shop eu")
+    assert "<vhost>" not in note_for_vhost(note, "x")

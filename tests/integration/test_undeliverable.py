@@ -1,0 +1,124 @@
+"""A message the broker holds but cannot deliver over AMQP 0-9-1, and what the commands then say.
+
+The management API's HTTP publish (``POST /api/exchanges/<vhost>/<exchange>/publish``, the
+web UI's "Publish message") takes a short-string property longer than AMQP's 255 bytes,
+say a 300-byte ``correlation_id``. RabbitMQ stores the message; every delivery of it, to a
+consumer or a ``basic.get``, then fails in the broker (its log: ``content_properties_
+shortstr_overflow``), which closes the receiving connection with ``INTERNAL_ERROR`` (541)
+and keeps the message where it was (measured on 3.10.8). Nothing of ours can take it out
+over AMQP, so the commands must say what it is and how to remove it, with the exit code of
+a broker failure (3), not an "invalid input" 2 and a bare ``error: INTERNAL_ERROR``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs.jobs.registry import JobContext
+from amqpjobs.wire.errors import UNDELIVERABLE_HINT
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth
+from tests.integration.worker_env import make_app, running_worker
+
+pytestmark = pytest.mark.broker
+EXE = str(Path(sys.executable).with_name("amqpjobs"))
+HINT = "content_properties_shortstr_overflow"
+
+
+def _publish_over_http(broker: BrokerSettings, exchange: str, routing_key: str, header: bool = False) -> None:
+    """A job whose ``correlation_id`` (``header``: a header's name) is 300 bytes, published as from the web UI."""
+    long = {"headers": {"h" * 300: "v"}} if header else {"correlation_id": "c" * 300}
+    doc = {
+        "properties": {"content_type": "application/json", "type": "sleep", "message_id": "long-corr",
+                       "delivery_mode": 2, **long},
+        "routing_key": routing_key,
+        "payload": base64.b64encode(b'{"seconds": 0}').decode(),
+        "payload_encoding": "base64",
+    }  # fmt: skip
+    vhost = quote(broker.vhost, safe="")
+    with ManagementClient(broker) as mgmt:
+        path = f"/exchanges/{vhost}/{quote(exchange, safe='') or 'amq.default'}/publish"
+        assert mgmt.request("POST", path, json=doc) == {"routed": True}
+
+
+def _run(broker: BrokerSettings, tmp_path: Path, *args: str) -> tuple[int, str]:
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+               PROCAPP_TOPOLOGY=str(tmp_path / "applied.toml"), PROCAPP_RECORD=str(tmp_path / "r.txt"))  # fmt: skip
+    proc = subprocess.run([EXE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=90,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("where", "args"),
+    [
+        ("work", ["consume", "tests.integration.procapp:app", "--connect-timeout", "2s"]),
+        ("work.quarantine", ["quarantine", "show", "work.quarantine"]),
+        ("work.quarantine", ["replay", "work.quarantine", "--dry-run"]),
+        ("work.quarantine", ["quarantine", "list", "work.quarantine"]),  # a header's name of 300 bytes
+    ],
+    ids=["consume", "quarantine-show", "replay-dry-run", "quarantine-list-long-header-name"],
+)
+async def test_a_message_the_broker_cannot_deliver_is_named_with_exit_3(
+    broker: BrokerSettings, tmp_path: Path, where: str, args: list[str]
+):
+    await make_app(broker, tmp_path)
+    if where == "work":
+        await asyncio.to_thread(_publish_over_http, broker, "jobs", "work")
+    else:
+        await asyncio.to_thread(_publish_over_http, broker, "", "work.quarantine", args[1] == "list")
+
+    code, out = await asyncio.to_thread(_run, broker, tmp_path, *args)
+
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    if args[0] == "replay":  # nothing moved: a dry run, the bad message first in the queue
+        assert last == ("broker error: replay --dry-run from 'work.quarantine' interrupted after 0 that would move "
+                        f"(nothing moved): INTERNAL_ERROR{UNDELIVERABLE_HINT}"), out  # fmt: skip
+    else:
+        assert last == f"broker error: INTERNAL_ERROR{UNDELIVERABLE_HINT}", out
+    for words in (HINT, "correlation_id, or a header's name, over 255", "management API's HTTP publish", "'Get"):
+        assert words in UNDELIVERABLE_HINT
+    # the warning of the lost connection says the same (a worker that stays up repeats it at each reconnect)
+    assert f"(INTERNAL_ERROR{UNDELIVERABLE_HINT}): next attempt goes to" in out, out
+    assert "Traceback" not in out
+    assert await depth(broker, where) == 1  # never dropped: it stays where it was
+
+
+@pytest.mark.timeout(180)
+async def test_a_running_worker_consumes_again_once_the_message_is_removed(broker: BrokerSettings, tmp_path: Path):
+    """Each reconnect of the worker meets the message again; once it is gone, the queue's jobs run.
+
+    The connection is lost as the consume of ``work`` is restored, again and again. On the old
+    code, within a few rounds aio-pika left that channel closed, and the worker's retry took the
+    closed channel's consumer table for a live consumer: it logged ``consuming work again`` and
+    sat with no consumer on ``work`` for good (measured: after 3 to 7 rounds, 15-35 s), so the
+    jobs enqueued after the bad message was removed never ran.
+    """
+    app = await make_app(broker, tmp_path)
+    ran: list[str] = []
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, object], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    async with running_worker(app, broker, concurrency=2) as (_, rec):
+        await asyncio.to_thread(_publish_over_http, broker, "jobs", "work")
+        await asyncio.sleep(45)  # ~9 reconnects, each lost again at the consume of work
+        with ManagementClient(broker) as mgmt:  # the management UI's Get messages, "Automatic ack"
+            (taken,) = mgmt.request("POST", f"/queues/{quote(broker.vhost, safe='')}/work/get",
+                                    json={"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})  # fmt: skip
+        assert taken["properties"]["message_id"] == "long-corr"
+        await app.enqueue("sleep", {}, job_id="after")
+        await rec.wait_for(lambda o: any(x.job_id == "after" for x in o), timeout=30)
+    await app.close()
+    assert ran == ["after"]
