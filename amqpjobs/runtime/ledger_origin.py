@@ -10,14 +10,16 @@ The two cases can only be told apart by something that outlives the ledger and b
 the jobs whose redeliveries are at stake: the broker. A ledger created by its open notes when
 and by whom in a table of its own (``amqpjobs_ledger_origin``, a row that stays *unconfirmed*).
 A worker that starts on such a ledger looks for the app's marker, the durable queue
-``amqpjobs.ledger.<app>`` in the app's vhost:
+``amqpjobs.ledger.<app>`` in the app's vhost (a quorum queue: :mod:`amqpjobs.topology.ledger_marker`):
 
 * missing: this is the app's first ledger; the worker declares the marker, confirms the
   ledger, and says where it created it (INFO);
 * present: the app had a ledger before, so this one replaced a lost one: the worker refuses
   to start (:class:`~amqpjobs.errors.ConfigurationError`, exit 2), naming the ledger and the
   fixes, unless told to begin a new ledger knowingly (``WorkerOptions(new_ledger=True)``,
-  ``consume --new-ledger``), which confirms it.
+  ``consume --new-ledger``), which confirms it;
+* not known (a classic marker of an earlier version on a node that is down, the connection
+  lost): the start is refused too (:class:`~amqpjobs.errors.BrokerError`), to be tried again.
 
 A ledger found established (no unconfirmed row; every ledger made before this rule) makes
 sure the marker exists. The broker losing the marker too (a new broker) loses the messages
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import socket
 import sqlite3
 import time
@@ -36,8 +39,11 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.runtime.ledger_key import seal_key_of
-from amqpjobs.topology.naming import app_names_problem, ledger_marker_name
+from amqpjobs.topology.declarations import QueueDecl
+from amqpjobs.topology.ledger_marker import ledger_marker
+from amqpjobs.topology.naming import app_names_problem
 from amqpjobs.wire import ticks
+from amqpjobs.wire.errors import access_refused
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -46,13 +52,11 @@ ORIGIN_TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS amqpjobs_ledger_origin "
     "(created_at DOUBLE PRECISION NOT NULL, created_by TEXT NOT NULL, confirmed_at DOUBLE PRECISION)"
 )
-#: The marker's arguments: a classic durable queue that holds nothing.
-MARKER_ARGUMENTS: Final = {"x-queue-type": "classic", "x-max-length": 0}
 
 
 def marker_queue(app: str) -> str:
     """The broker's marker that app ``app`` has had a ledger: ``amqpjobs.ledger.<app>`` (its home: naming)."""
-    return ledger_marker_name(app)
+    return ledger_marker(app).name
 
 
 def creator() -> str:
@@ -145,63 +149,82 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     Raises:
         ConfigurationError: the ledger is new and the app had one before, or the app's name
             can't go into the marker's name (:func:`~amqpjobs.topology.naming.app_names_problem`).
+        BrokerError: the ledger is new and the broker can't say whether the marker exists
+            (a classic marker's node down, the connection lost): start again once it answers.
 
     A marker the broker refuses to show or declare (a user without configure or read
     permission on it) is warned about, and the start goes on unchecked.
     """
     if not isinstance(ledger, NewLedger):
         return
-    marker = marker_queue(app)
-    if problem := app_names_problem(app, (marker,), "ledger marker"):
+    marker = ledger_marker(app)
+    if problem := app_names_problem(app, (marker.name,), "ledger marker"):
         raise ConfigurationError(problem)
     created = await ledger.unconfirmed()
-    try:
-        if created is None:
-            if new_ledger:
-                log.warning("--new-ledger had nothing to begin here: the %s is app %s's own ledger already (since "
-                            "an earlier start, or begun by another process of this one under --processes). %s",
-                            ledger.where, app, f"{TAKE_OUT.capitalize()}: {LEFT_ON}")  # fmt: skip
-            await _mark(connection, marker)  # a ledger made before this rule
-            return
-        had_one = await ticks.probe(connection, marker, f"looking for queue {marker}") != "missing"
-    except BrokerError as exc:  # a user without the permissions: the start goes on unchecked, said once
-        _unmarked(app, marker, exc)
+    if created is None:
+        if new_ledger:
+            log.warning("--new-ledger had nothing to begin here: the %s is app %s's own ledger already (since "
+                        "an earlier start, or begun by another process of this one under --processes). %s",
+                        ledger.where, app, f"{TAKE_OUT.capitalize()}: {LEFT_ON}")  # fmt: skip
+        await _keep(connection, marker, app, vhost)  # a ledger made before this rule, a marker deleted since
         return
+    try:
+        had_one = await ticks.probe(connection, marker.name, f"looking for queue {marker.name}") != "missing"
+    except BrokerError as exc:
+        if access_refused(exc):  # a user without the permissions: the start goes on unchecked, said once
+            _unmarked(app, marker.name, exc)
+            return
+        if not new_ledger:
+            raise BrokerError(
+                f"can't tell whether app {app!r} had a ledger before: the {ledger.where} is new ({created}), and "
+                f"{exc}. Start again once the broker answers for queue {marker.name} (a node of the cluster that "
+                "is down: once it is back); nothing is consumed meanwhile. To begin with an empty ledger "
+                "knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+            ) from exc
+        had_one = True  # --new-ledger: begun whatever the marker says
     if had_one and not new_ledger:
         if await ledger.unconfirmed() is None:  # another process of this start (--processes) confirmed it meanwhile
             return
         raise ConfigurationError(
-            f"the {ledger.where} is new ({created}), but app {app!r} had a ledger before (queue {marker} in vhost "
-            f"{vhost!r} marks it): its done-marks are lost, and a redelivered or replayed idempotent job would run "
-            "its effect again. Point the app at the ledger it had (the path or database after a deploy, the "
-            "container's volume), or restore it from a backup, and start again; to begin with an empty ledger "
-            "knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+            f"the {ledger.where} is new ({created}), but app {app!r} had a ledger before (queue {marker.name} in "
+            f"vhost {vhost!r} marks it): its done-marks are lost, and a redelivered or replayed idempotent job "
+            "would run its effect again. Point the app at the ledger it had (the path or database after a deploy, "
+            "the container's volume), or restore it from a backup, and start again; to begin with an empty "
+            "ledger knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
         )
     await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
-    if not had_one:
-        try:
-            await _mark(connection, marker)
-        except BrokerError as exc:
-            _unmarked(app, marker, exc)
+    await _keep(connection, marker, app, vhost)
     if had_one:
         log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again; "
                     "%s now (%s)", ledger.where, app, created, TAKE_OUT, LEFT_ON)  # fmt: skip
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
-                 ledger.where, app, created, marker)  # fmt: skip
+                 ledger.where, app, created, marker.name)  # fmt: skip
 
 
 def _unmarked(app: str, marker: str, exc: BrokerError) -> None:
+    fix = (f"give this user configure and read permission on queue {marker}" if access_refused(exc)
+           else "the next start that reaches it keeps it")  # fmt: skip
     log.warning("can't keep the broker's mark of app %s's ledger (%s): a ledger lost later can't be told from a "
-                "first start; give this user configure and read permission on queue %s", app, exc, marker)  # fmt: skip
+                "first start; %s", app, exc, fix)  # fmt: skip
 
 
-async def _mark(connection: Any, marker: str) -> None:
-    """Declare the marker (durable, empty); a broker error as :class:`BrokerError`."""
+async def _keep(connection: Any, marker: QueueDecl, app: str, vhost: str) -> None:
+    """Declare the marker (or find it in its legacy shape, said at INFO); a broker error is warned about."""
     try:
-        await ticks.declare_durable(connection, marker, MARKER_ARGUMENTS)
-    except ticks.BROKER_ERRORS as exc:
-        raise BrokerError(f"declaring queue {marker} failed: {exc}") from exc
+        shape = await ticks.declare_or_legacy(connection, marker)
+    except BrokerError as exc:
+        _unmarked(app, marker.name, exc)
+        return
+    if shape == "legacy":
+        log.info("ledger marker: %s", marker.legacy_note.replace("-p <vhost>", f"-p {shlex.quote(vhost)}"))
+    elif shape == "other":
+        log.warning(
+            "queue %s is no ledger marker as amqpjobs declares it (quorum, x-max-length 0) but exists, so "
+            "it marks app %s's ledger all the same; a job or message put into it is lost",
+            marker.name,
+            app,
+        )
 
 
 async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> bytes | None:
