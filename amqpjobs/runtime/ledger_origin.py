@@ -159,7 +159,7 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
         return
     marker = ledger_marker(app)
     if problem := app_names_problem(app, (marker.name,), "ledger marker"):
-        raise ConfigurationError(problem)
+        raise _final(ConfigurationError(problem))
     created = await ledger.unconfirmed()
     if created is None:
         if new_ledger:
@@ -185,12 +185,14 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     if had_one and not new_ledger:
         if await ledger.unconfirmed() is None:  # another process of this start (--processes) confirmed it meanwhile
             return
-        raise ConfigurationError(
-            f"the {ledger.where} is new ({created}), but app {app!r} had a ledger before (queue {marker.name} in "
-            f"vhost {vhost!r} marks it): its done-marks are lost, and a redelivered or replayed idempotent job "
-            "would run its effect again. Point the app at the ledger it had (the path or database after a deploy, "
-            "the container's volume), or restore it from a backup, and start again; to begin with an empty "
-            "ledger knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+        raise _final(
+            ConfigurationError(
+                f"the {ledger.where} is new ({created}), but app {app!r} had a ledger before (queue {marker.name} in "
+                f"vhost {vhost!r} marks it): its done-marks are lost, and a redelivered or replayed idempotent job "
+                "would run its effect again. Point the app at the ledger it had (the path or database after a deploy, "
+                "the container's volume), or restore it from a backup, and start again; to begin with an empty "
+                "ledger knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+            )
         )
     await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
     await _keep(connection, marker, app, vhost)
@@ -200,6 +202,12 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
                  ledger.where, app, created, marker.name)  # fmt: skip
+
+
+def _final(refusal: ConfigurationError) -> ConfigurationError:
+    """``refusal`` marked :attr:`~amqpjobs.errors.AmqpJobsError.final`: no restart changes it, an operator must act."""
+    refusal.final = True
+    return refusal
 
 
 def _unmarked(app: str, marker: str, exc: BrokerError) -> None:
