@@ -14,10 +14,12 @@ from amqpjobs.errors import (
     ConfigurationError,
     LedgerUnavailableError,
     ResultsUnavailableError,
-    TopologyError,
 )
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.sqlite_open import reading_only
+
+#: How :func:`load_app` words the app module's own failure while imported (``.format(module_name)``).
+_FAILED = "importing module {!r} failed: "
 
 
 def load_app(reference: str, reading: bool = False) -> App:
@@ -30,8 +32,9 @@ def load_app(reference: str, reading: bool = False) -> App:
     Raises:
         ConfigurationError: malformed reference, module not importable (or raising, or
             calling ``sys.exit()``, while imported), attribute missing or not an :class:`App`.
-        LedgerUnavailableError, ResultsUnavailableError: raised by the
-            module while imported (a store it opened is unavailable now), unchanged.
+        AmqpJobsError: any of ours raised by the module while imported, unchanged, in its own
+            words (an invalid topology file it loads, a DSN that is no URL, a store it opened
+            unavailable now).
 
     """
     module_name, _, attribute = reference.partition(":")
@@ -50,14 +53,14 @@ def load_app(reference: str, reading: bool = False) -> App:
                 "install it in this environment, or fix the import"
             ) from exc
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
-    except (LedgerUnavailableError, ResultsUnavailableError):
-        raise  # a store the module opened is unavailable now: exit 3, as at any other time
+    except AmqpJobsError:
+        raise  # our own words (they name the file, the setting, the store), and exit code: a store down is 3
     except Exception as exc:  # the user's module raised while importing
-        raise ConfigurationError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigurationError(f"{_FAILED.format(module_name)}{type(exc).__name__}: {exc}") from exc
     except SystemExit as exc:  # sys.exit() at import would end the CLI with the module's code and no word of ours
         code = "" if exc.code is None else repr(exc.code)
         raise ConfigurationError(
-            f"importing module {module_name!r} failed: it called sys.exit({code}) while imported "
+            f"{_FAILED.format(module_name)}it called sys.exit({code}) while imported "
             "(a module an app is loaded from must not end the program: raise an exception instead)"
         ) from exc
     if not hasattr(module, attribute):
@@ -88,8 +91,9 @@ def raised_by_module(exc: AmqpJobsError) -> bool:
     """
     if isinstance(exc, (LedgerUnavailableError, ResultsUnavailableError)):
         return True
-    cause = exc.__cause__
-    return cause is not None and not isinstance(cause, (ImportError, SyntaxError, ConfigurationError, TopologyError))
+    cause = exc.__cause__  # load_app's own wording of the module's failure, not an error of ours the module raised
+    wrapped = str(exc).startswith(_FAILED.partition("{")[0])
+    return wrapped and cause is not None and not isinstance(cause, (ImportError, SyntaxError, AmqpJobsError))
 
 
 #: Event loops ``consume --loop`` offers.

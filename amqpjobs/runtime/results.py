@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import JobFailedError, ResultsUnavailableError
+from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
@@ -200,8 +200,12 @@ class SqliteResults:
                 rollback(db)  # after a failed statement
 
     def _history(self, job_id: str) -> list[StateRecord]:
-        if self._file.absent:  # a reading command found no file: nothing was recorded
-            return []
+        if self._file.absent:  # a reading command found no file: a wrong path as often as an unused one
+            raise ConfigurationError(
+                f"the SQLite results store at {self.path} does not exist (this command reads it, never creates it): "
+                "point the app's SqliteResults at the file its workers write (a relative path is taken from the "
+                "current folder), or run the command on the host or in the container that has the file"
+            )
         try:
             with self._session("read", "status reads fail meanwhile: try again") as db:
                 rows = db.execute(

@@ -104,7 +104,8 @@ CASES = [
     ),
     pytest.param(
         ["badledgerapp:app"],
-        "error: importing module 'badledgerapp' failed: ConfigurationError: PostgresLedger(dsn=...) is not a URL "
+        # was "error: importing module 'badledgerapp' failed: ConfigurationError: PostgresLedger(dsn=...) ..." (h188)
+        "error: PostgresLedger(dsn=...) is not a URL "
         "(postgresql://...) nor keyword=value pairs (host=... dbname=...): give the database's URL, "
         "postgresql://user:***@host:5432/dbname (or libpq keyword=value pairs)",
         id="module-raises-a-configuration-error",
