@@ -9,6 +9,7 @@ our words, not as pamqp's bare ``ValueError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,34 @@ async def test_a_classic_marker_an_earlier_amqpjobs_declared_is_kept_and_still_m
     finally:
         await worker.shutdown()
         await again.close()
+
+
+async def test_a_worker_warns_at_start_of_a_policy_that_expires_its_ledger_marker(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As it warns of a policy that can lose its job queues' jobs. Before: nothing said (only ``status`` told)."""
+    import logging
+
+    from tests.integration.helpers import wait_until
+
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+    first = ledger_app(base, broker, "shop", tmp_path / "ledger.db")
+    async with running_worker(first, broker):  # the app's first start declares the marker
+        pass
+    await first.close()
+    set_policy(broker, "tidy", r"^amqpjobs\.ledger\.", {"expires": 3600000})
+    await policy_shown(broker, "amqpjobs.ledger.shop", "expires")  # (the management API shows it a moment later)
+    app = ledger_app(base, broker, "shop", tmp_path / "ledger.db")
+    async with running_worker(app, broker):
+
+        def said() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith("policy 'tidy' on amqpjobs.ledger.shop:")]
+
+        with contextlib.suppress(TimeoutError):  # the assertions below say what was found
+            await wait_until(lambda: bool(said()), 10, "the warning")
+    await app.close()
+    found = said()
+    assert [r.levelname for r in found] == ["WARNING"], caplog.text
+    assert "expires 1h: the broker deletes the queue" in found[0].getMessage(), found[0].getMessage()
+    assert "the app's mark that it had a ledger goes with it" in found[0].getMessage(), found[0].getMessage()
