@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, runtime_checkable
 
 from amqpjobs.errors import BrokerError, ConfigurationError
+from amqpjobs.jobs.registry import DEFAULT_APP_NAME
 from amqpjobs.runtime.ledger_key import seal_key_of
 from amqpjobs.topology.declarations import QueueDecl
 from amqpjobs.topology.ledger_marker import ledger_marker
@@ -192,6 +193,7 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
                 "would run its effect again. Point the app at the ledger it had (the path or database after a deploy, "
                 "the container's volume), or restore it from a backup, and start again; to begin with an empty "
                 "ledger knowingly, start one worker with --new-ledger (WorkerOptions(new_ledger=True))"
+                + (_UNNAMED_REFUSED.format(vhost=vhost) if app == DEFAULT_APP_NAME else "")
             )
         )
     await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
@@ -202,6 +204,19 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
     else:
         log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
                  ledger.where, app, created, marker.name)  # fmt: skip
+        if app == DEFAULT_APP_NAME:
+            log.warning("app %s has the default name (App() given no name): queue %s marks the ledger of every app "
+                        "left unnamed in vhost %r, so a second one's first start is refused as a lost ledger; give "
+                        "each app its own name, App('billing', ...), before its first start", app, marker.name,
+                        vhost)  # fmt: skip
+
+
+#: The refusal's last words for an app of the default name (``.format(vhost=...)``).
+_UNNAMED_REFUSED: Final = (
+    ". App 'amqpjobs' is the default name (App() given no name): if the ledger before is another app's, also left "
+    "unnamed in vhost {vhost!r}, neither ledger is lost: give each app its own name, App('billing', ...) (its "
+    "marker, its scheduler's queues go by it), and start again"
+)
 
 
 def _final(refusal: ConfigurationError) -> ConfigurationError:
