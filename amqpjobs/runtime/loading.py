@@ -16,18 +16,20 @@ from amqpjobs.errors import (
     ResultsUnavailableError,
 )
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.sqlite_open import reading_only
+from amqpjobs.runtime.sqlite_open import existing_files_only, reading_only
 
 #: How :func:`load_app` words the app module's own failure while imported (``.format(module_name)``).
 _FAILED = "importing module {!r} failed: "
 
 
-def load_app(reference: str, reading: bool = False) -> App:
+def load_app(reference: str, reading: bool = False, existing: bool = False) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App.
 
     ``reading``: for a command that only reads (``job show``): the SQLite stores the module
     builds open their files read-only, never creating nor changing them
-    (:func:`~amqpjobs.runtime.sqlite_open.reading_only`).
+    (:func:`~amqpjobs.runtime.sqlite_open.reading_only`). ``existing``: for a command that
+    records into them (``replay --app``): they open their files but never create one
+    (:func:`~amqpjobs.runtime.sqlite_open.existing_files_only`).
 
     Raises:
         ConfigurationError: malformed reference, module not importable (or raising, or
@@ -43,7 +45,7 @@ def load_app(reference: str, reading: bool = False) -> App:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        with reading_only() if reading else contextlib.nullcontext():
+        with reading_only() if reading else existing_files_only() if existing else contextlib.nullcontext():
             module = importlib.import_module(module_name)
     except ImportError as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None

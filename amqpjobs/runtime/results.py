@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, JobFailedError, ResultsUnavailableError
+from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
-from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_errors import missing_file, open_failure, store_failure
 from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 log = logging.getLogger("amqpjobs.results")
@@ -201,11 +201,7 @@ class SqliteResults:
 
     def _history(self, job_id: str) -> list[StateRecord]:
         if self._file.absent:  # a reading command found no file: a wrong path as often as an unused one
-            raise ConfigurationError(
-                f"the SQLite results store at {self.path} does not exist (this command reads it, never creates it): "
-                "point the app's SqliteResults at the file its workers write (a relative path is taken from the "
-                "current folder), or run the command on the host or in the container that has the file"
-            )
+            raise missing_file("results store", self.path, "reads it")
         try:
             with self._session("read", "status reads fail meanwhile: try again") as db:
                 rows = db.execute(
