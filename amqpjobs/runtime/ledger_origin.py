@@ -34,14 +34,14 @@ import shlex
 import socket
 import sqlite3
 import time
-from collections.abc import Callable
-from typing import Any, Final, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs.registry import DEFAULT_APP_NAME
 from amqpjobs.runtime.ledger_key import seal_key_of
 from amqpjobs.topology.declarations import QueueDecl
-from amqpjobs.topology.ledger_marker import ledger_marker
+from amqpjobs.topology.ledger_marker import ledger_marker, legacy_note, to_quorum
 from amqpjobs.topology.naming import app_names_problem
 from amqpjobs.wire import ticks
 from amqpjobs.wire.errors import access_refused
@@ -137,7 +137,9 @@ class NewLedger(Protocol):
         """Mark the ledger established: the app's ledger from now on."""
 
 
-async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> None:
+async def check_new_ledger(
+    ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool, aside: Aside | None = None
+) -> None:
     """Refuse a new ledger when the app had one before; otherwise confirm it and keep the marker (module docstring).
 
     Args:
@@ -146,6 +148,7 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
         connection: A broker connection (the app's vhost).
         vhost: The vhost, for messages.
         new_ledger: Begin a new ledger knowingly, though the app had one (``consume --new-ledger``).
+        aside: Opens a connection of its own for the marker's declare (:func:`_keep`); None: ``connection``.
 
     Raises:
         ConfigurationError: the ledger is new and the app had one before, or the app's name
@@ -167,7 +170,7 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
             log.warning("--new-ledger had nothing to begin here: the %s is app %s's own ledger already (since "
                         "an earlier start, or begun by another process of this one under --processes). %s",
                         ledger.where, app, f"{TAKE_OUT.capitalize()}: {LEFT_ON}")  # fmt: skip
-        await _keep(connection, marker, app, vhost)  # a ledger made before this rule, a marker deleted since
+        await _keep(connection, marker, app, vhost, aside)  # a ledger made before this rule, a marker deleted since
         return
     try:
         had_one = await ticks.probe(connection, marker.name, f"looking for queue {marker.name}") != "missing"
@@ -197,13 +200,13 @@ async def check_new_ledger(ledger: object, app: str, connection: Any, vhost: str
             )
         )
     await ledger.confirm()  # before the marker: a process that finds the marker then finds it confirmed
-    await _keep(connection, marker, app, vhost)
+    marked = await _keep(connection, marker, app, vhost, aside)
     if had_one:
         log.warning("began a new %s for app %s (--new-ledger; %s): the jobs it had marked done may run again; "
                     "%s now (%s)", ledger.where, app, created, TAKE_OUT, LEFT_ON)  # fmt: skip
     else:
-        log.info("created a new %s for app %s (%s; its first ledger: queue %s marks it on the broker)",
-                 ledger.where, app, created, marker.name)  # fmt: skip
+        mark = f"queue {marker.name} marks it on the broker" if marked else "the broker holds no mark of it yet"
+        log.info("created a new %s for app %s (%s; its first ledger: %s)", ledger.where, app, created, mark)
         if app == DEFAULT_APP_NAME:
             log.warning("app %s has the default name (App() given no name): queue %s marks the ledger of every app "
                         "left unnamed in vhost %r, so a second one's first start is refused as a lost ledger; give "
@@ -232,15 +235,35 @@ def _unmarked(app: str, marker: str, exc: BrokerError) -> None:
                 "first start; %s", app, exc, fix)  # fmt: skip
 
 
-async def _keep(connection: Any, marker: QueueDecl, app: str, vhost: str) -> None:
-    """Declare the marker (or find it in its legacy shape, said at INFO); a broker error is warned about."""
+async def _keep(connection: Any, marker: QueueDecl, app: str, vhost: str, aside: Aside | None) -> bool:
+    """Declare the marker (found in its legacy shape: said at INFO); whether the broker holds it now.
+
+    The quorum declare goes on a connection of its own (``aside``): a cluster without a majority
+    can't make a new quorum queue, and RabbitMQ 3.10 then closes the connection it was asked on
+    (after 15 s, ``541 INTERNAL_ERROR ... cluster_not_formed``; measured on scripts/cluster.sh
+    with 2 of 3 nodes down), which a worker's start did not survive. The marker is then
+    declared in its classic legacy shape on ``connection`` (a WARNING says so). A broker error
+    other than that is warned about (:func:`_unmarked`).
+    """
     try:
-        shape = await ticks.declare_or_legacy(connection, marker)
+        shape = await _declare_aside(aside, marker) if aside is not None else None
+        shape = shape or await ticks.declare_or_legacy(connection, marker)
     except BrokerError as exc:
-        _unmarked(app, marker.name, exc)
-        return
+        legacy = marker.legacy_shape()
+        if access_refused(exc) or legacy is None:
+            _unmarked(app, marker.name, exc)
+            return False
+        try:
+            await ticks.declare_or_legacy(connection, legacy)
+        except BrokerError as again:
+            _unmarked(app, marker.name, again)
+            return False
+        log.warning("declared queue %s classic: the broker could not make it a quorum queue (%s). It marks app %s's "
+                    "ledger all the same, but on one node. %s", marker.name, exc, app,
+                    to_quorum(marker.name, shlex.quote(vhost)))  # fmt: skip
+        return True
     if shape == "legacy":
-        log.info("ledger marker: %s", marker.legacy_note.replace("-p <vhost>", f"-p {shlex.quote(vhost)}"))
+        log.info("ledger marker: %s", legacy_note(marker.name).replace("<vhost>", shlex.quote(vhost)))
     elif shape == "other":
         log.warning(
             "queue %s is no ledger marker as amqpjobs declares it (quorum, x-max-length 0) but exists, so "
@@ -248,9 +271,28 @@ async def _keep(connection: Any, marker: QueueDecl, app: str, vhost: str) -> Non
             marker.name,
             app,
         )
+    return True
 
 
-async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool) -> bytes | None:
+#: Opens a connection of its own, for :func:`_keep` (the worker's: its broker settings, no retry).
+Aside = Callable[[], Awaitable[Any]]
+
+
+async def _declare_aside(aside: Aside, marker: QueueDecl) -> Literal["declared", "legacy", "other"] | None:
+    """:func:`~amqpjobs.wire.ticks.declare_or_legacy` on a connection of its own; None when it can't be opened."""
+    try:
+        side = await aside()
+    except BrokerError:
+        return None  # the worker's own connection declares it then
+    try:
+        return await ticks.declare_or_legacy(side, marker)
+    finally:
+        await ticks.close_quietly(side)
+
+
+async def start_ledger(
+    ledger: object, app: str, connection: Any, vhost: str, new_ledger: bool, aside: Aside | None = None
+) -> bytes | None:
     """A worker's start with its ledger: open it, :func:`check_new_ledger`, and read its seal key.
 
     Returns:
@@ -262,5 +304,5 @@ async def start_ledger(ledger: object, app: str, connection: Any, vhost: str, ne
     opener = getattr(ledger, "open", None)
     if opener is not None:
         await opener()
-    await check_new_ledger(ledger, app, connection, vhost, new_ledger)
+    await check_new_ledger(ledger, app, connection, vhost, new_ledger, aside)
     return await seal_key_of(ledger)

@@ -20,6 +20,7 @@ Rules (README "Workers"):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -217,8 +218,9 @@ class Worker(WorkerStop):
         marker: list[str] = []  # the app's ledger marker, checked for policies with its job queues' queues
         if self.app.ledger is not None and any(j.idempotent for j in self.app):
             marker.append(marker_queue(self.app.name))
+            aside = functools.partial(connect, self.settings, wait=0, name=f"{self.app.name}-ledger-marker")
             self._seal_key = await start_ledger(self.app.ledger, self.app.name, self._connection, self.settings.vhost,
-                                                self.options.new_ledger)  # fmt: skip
+                                                self.options.new_ledger, aside)  # fmt: skip
             self._background.append(asyncio.create_task(keep_pruned(self.app.ledger)))
         self._start_results()
         if store is not None:  # any worker sweeps: deletion needs no one process

@@ -31,7 +31,13 @@ def legacy_note(marker: str) -> str:
     return (
         f"{marker} is classic, as amqpjobs declared it before the marker became a quorum queue; it keeps marking, "
         "but it lives on one node, and while that node is down a worker that finds its ledger new can't tell a "
-        "lost ledger from a first one (its start is refused until the node is back). To make it quorum: once "
-        f"every worker of the app has started on its ledger, delete it (`rabbitmqctl -p <vhost> delete_queue "
-        f"{marker}`) and start a worker: its start declares the marker again, quorum"
+        f"lost ledger from a first one (its start is refused until the node is back). {to_quorum(marker)}"
+    )
+
+
+def to_quorum(marker: str, vhost: str = "<vhost>") -> str:
+    """How to make a classic marker ``marker`` quorum (``vhost``: for the command, quoted for a shell)."""
+    return (
+        f"To make it quorum: once every worker of the app has started on its ledger, delete it (`rabbitmqctl -p "
+        f"{vhost} delete_queue {marker}`) and start a worker: its start declares the marker again, quorum"
     )

@@ -116,3 +116,60 @@ async def test_a_marker_declared_now_survives_its_nodes_loss(
     finally:
         await start_node(2)
     assert "app 'idem' had a ledger before" in said, said
+
+
+CLASSIC = """
+[[exchange]]
+name = "jobs"
+type = "direct"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+
+async def test_an_apps_first_start_without_a_majority_marks_it_classic(
+    vhost_on: BrokerSettings,  # noqa: F811
+    on_node1: BrokerSettings,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nodes 2 and 3 down: a new quorum queue can't be made (3.10 waits 15 s, then closes the connection, 541
+    ``cluster_not_formed``). A classic job queue still works, and so must the app's first start.
+
+    Before (the marker quorum, declared on the worker's connection): the worker never became ready.
+    """
+    import logging
+
+    caplog.set_level(logging.INFO)
+    path = tmp_path / "c.toml"
+    path.write_text(CLASSIC)
+    await apply_topology(path, on_node1)
+    app = App("idem", topology=load_topology(path).topology, url=on_node1.url, ledger=SqliteLedger(tmp_path / "l.db"))
+    runs: list[str] = []
+
+    @app.job("charge", queue="work", idempotent=True, lease=60)
+    def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+
+    await stop_node(3)
+    await stop_node(2)
+    worker = Worker(app, on_node1, WorkerOptions(queues=("work",), grace=5), Recorder())
+    try:
+        await asyncio.wait_for(worker.start(), 60)
+        await app.enqueue("charge", {}, job_id="charge:1")
+        for _ in range(100):
+            if runs:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await worker.shutdown()
+        await app.close()
+        await start_node(2)
+        await start_node(3)
+    assert runs == ["charge:1"]
+    said = [r.getMessage() for r in caplog.records if "declared queue amqpjobs.ledger.idem classic" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "cluster_not_formed" in said[0], said[0]
