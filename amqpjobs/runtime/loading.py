@@ -8,16 +8,21 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import Final
 
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerError,
     ConfigurationError,
     LedgerUnavailableError,
+    PayloadStoreError,
     ResultsUnavailableError,
 )
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.sqlite_open import existing_files_only, reading_only
 
+#: Our errors that say a service failed: raised by the module while imported, they may pass at the next try.
+_SERVICES: Final = (BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError)
 #: How :func:`load_app` words the app module's own failure while imported (``.format(module_name)``).
 _FAILED = "importing module {!r} failed: "
 
@@ -88,10 +93,11 @@ def raised_by_module(exc: AmqpJobsError) -> bool:
         exc: What :func:`load_app` raised.
 
     Returns:
-        True for a ledger or results store unavailable, and for any other exception of the
-        module's (chained as the ``ConfigurationError``'s cause); False otherwise.
+        True for a service failing (the broker, a ledger, results or payload store unavailable),
+        and for any other exception of the module's (chained as the ``ConfigurationError``'s
+        cause); False otherwise.
     """
-    if isinstance(exc, (LedgerUnavailableError, ResultsUnavailableError)):
+    if isinstance(exc, _SERVICES):  # raised by the module, unchanged (load_app): a service may answer again
         return True
     cause = exc.__cause__  # load_app's own wording of the module's failure, not an error of ours the module raised
     wrapped = str(exc).startswith(_FAILED.partition("{")[0])
