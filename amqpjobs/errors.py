@@ -44,7 +44,15 @@ from amqpjobs.printable import printable
 
 
 class AmqpJobsError(Exception):
-    """Root of every error raised by amqpjobs."""
+    """Root of every error raised by amqpjobs.
+
+    Attributes:
+        final: True (set on the instance) when a worker's start refused is refused again by any
+            restart until an operator acts (a lost ledger): ``consume --processes`` then stops
+            every child at the first, with its words, instead of restarting it into a crash loop.
+    """
+
+    final: bool = False
 
 
 class ConfigurationError(AmqpJobsError):

@@ -202,6 +202,24 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "binding[0].destination",
         "queue 'a.retry.5s' is a retry tier of job queue 'a', which amqpjobs alone fills",
     ),
+    # h188: a binding into an app's ledger marker (x-max-length 0: what it routes there is dropped, confirmed)
+    "binding-into-the-ledger-marker": (
+        HEADER
+        + job(name="amqpjobs.ledger.shop")  # the queue declared (as the scheduler's case is)
+        + '[[binding]]\nsource = "jobs"\ndestination = "amqpjobs.ledger.shop"\nrouting_key = "x"\n',
+        "binding[0].destination",
+        "queue 'amqpjobs.ledger.shop' is the ledger marker of app 'shop', which holds nothing",
+    ),
+    "job-queue-named-as-a-ledger-marker": (
+        HEADER + job(name="amqpjobs.ledger.shop"),
+        "job_queue[0].name",
+        "'amqpjobs.ledger.shop' is the name of a queue of app 'shop' (its ledger marker)",
+    ),
+    "job-queue-named-as-a-scheduler-queue": (
+        HEADER + job(name="amqpjobs.scheduler.shop.leader"),
+        "job_queue[0].name",
+        "(its scheduler's queues), which amqpjobs declares itself",
+    ),
     "shards-topic-user-binding-reaches-two-shards": (
         '[[exchange]]\nname = "jobs"\ntype = "topic"\n'
         + job("shards = 2")

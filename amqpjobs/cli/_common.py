@@ -325,7 +325,7 @@ def app_results(app_ref: str | None, required: bool = True) -> ResultsStore | No
     """
     if app_ref is None:
         return None
-    app = load_app(app_ref)
+    app = load_app(app_ref, existing=True)  # a results file that is not there is a wrong path, not a new store
     if app.results is None and not required:
         return None
     if app.results is None:

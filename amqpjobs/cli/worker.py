@@ -30,8 +30,9 @@ from amqpjobs.runtime.handler_threads import bound_the_exit, want_exit_bound
 from amqpjobs.runtime.loading import LOOPS, load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.preflight import check_before_children
+from amqpjobs.runtime.process_count import process_count, usable_cpus
 from amqpjobs.runtime.processes import run_worker
-from amqpjobs.runtime.supervisor import Supervisor, process_count, usable_cpus
+from amqpjobs.runtime.supervisor import Supervisor
 from amqpjobs.runtime.worker_config import WorkerOptions
 
 

@@ -24,6 +24,10 @@ from amqpjobs.jobs.retry import RetryPolicy
 from amqpjobs.printable import listed
 from amqpjobs.topology.naming import rate_names_problem
 
+#: An app's name when none is given (``App()``): every app left unnamed in a vhost shares the
+#: names keyed by it (its ledger marker, its scheduler's queues).
+DEFAULT_APP_NAME = "amqpjobs"
+
 H = TypeVar("H", bound=Callable[..., Any])
 
 
@@ -240,7 +244,7 @@ class JobRegistry:
 
     """
 
-    def __init__(self, name: str = "amqpjobs", *, app_version: str = "") -> None:
+    def __init__(self, name: str = DEFAULT_APP_NAME, *, app_version: str = "") -> None:
         self.name = name
         self.app_version = app_version
         self._jobs: dict[str, JobDef] = {}

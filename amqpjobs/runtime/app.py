@@ -16,7 +16,7 @@ from amqpjobs.jobs.cron import Schedule
 from amqpjobs.jobs.enqueue_args import check_broker_priority, checked_job_id, checked_max_message_size
 from amqpjobs.jobs.envelope import with_trace
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
-from amqpjobs.jobs.registry import JobDef
+from amqpjobs.jobs.registry import DEFAULT_APP_NAME, JobDef
 from amqpjobs.printable import listed
 from amqpjobs.runtime import loop_binding
 from amqpjobs.runtime.backpressure import EnqueueGate
@@ -104,7 +104,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
 
     def __init__(
         self,
-        name: str = "amqpjobs",
+        name: str = DEFAULT_APP_NAME,
         *,
         topology: str | Path | Topology = "topology",
         app_version: str = "",

@@ -11,8 +11,9 @@ stdout with status lines, ``STATUS_PREFIX`` + a JSON object:
   the supervisor asks for health; metrics go to ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus
   client's multiprocess mode), where the supervisor sums every child's;
 - ``{"ready": true}``: consuming every assigned queue (a later exit is no crash loop);
-- ``{"error": "...", "kind": "ConfigurationError"}``: why it could not start (the
-  supervisor's crash-loop error repeats it).
+- ``{"error": "...", "kind": "ConfigurationError", "final": false}``: why it could not start
+  (the supervisor's crash-loop error repeats it; ``final``: no restart can change it, the
+  supervisor stops at once, :attr:`~amqpjobs.errors.AmqpJobsError.final`).
 
 Other stdout lines (a handler's ``print``) are the app's; the supervisor passes them on.
 Every log line names the child (``[child N]``; ``"child": N`` in JSON lines).
@@ -178,7 +179,7 @@ def _failed(exc: AmqpJobsError) -> int:
     kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
     message = redact_text(str(exc))
     log.error("%s", message)
-    status(error=message, kind=kind)
+    status(error=message, kind=kind, final=exc.final)
     return 1
 
 

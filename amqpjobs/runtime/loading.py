@@ -8,30 +8,40 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import Final
 
 from amqpjobs.errors import (
     AmqpJobsError,
+    BrokerError,
     ConfigurationError,
     LedgerUnavailableError,
+    PayloadStoreError,
     ResultsUnavailableError,
-    TopologyError,
 )
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.sqlite_open import reading_only
+from amqpjobs.runtime.sqlite_open import existing_files_only, reading_only
+
+#: Our errors that say a service failed: raised by the module while imported, they may pass at the next try.
+_SERVICES: Final = (BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError)
+#: How :func:`load_app` words the app module's own failure while imported (``.format(module_name)``).
+_FAILED = "importing module {!r} failed: "
 
 
-def load_app(reference: str, reading: bool = False) -> App:
+def load_app(reference: str, reading: bool = False, existing: bool = False) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App.
 
     ``reading``: for a command that only reads (``job show``): the SQLite stores the module
     builds open their files read-only, never creating nor changing them
-    (:func:`~amqpjobs.runtime.sqlite_open.reading_only`).
+    (:func:`~amqpjobs.runtime.sqlite_open.reading_only`). ``existing``: for a command that
+    records into them (``replay --app``): they open their files but never create one
+    (:func:`~amqpjobs.runtime.sqlite_open.existing_files_only`).
 
     Raises:
         ConfigurationError: malformed reference, module not importable (or raising, or
             calling ``sys.exit()``, while imported), attribute missing or not an :class:`App`.
-        LedgerUnavailableError, ResultsUnavailableError: raised by the
-            module while imported (a store it opened is unavailable now), unchanged.
+        AmqpJobsError: any of ours raised by the module while imported, unchanged, in its own
+            words (an invalid topology file it loads, a DSN that is no URL, a store it opened
+            unavailable now).
 
     """
     module_name, _, attribute = reference.partition(":")
@@ -40,7 +50,7 @@ def load_app(reference: str, reading: bool = False) -> App:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        with reading_only() if reading else contextlib.nullcontext():
+        with reading_only() if reading else existing_files_only() if existing else contextlib.nullcontext():
             module = importlib.import_module(module_name)
     except ImportError as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
@@ -50,14 +60,14 @@ def load_app(reference: str, reading: bool = False) -> App:
                 "install it in this environment, or fix the import"
             ) from exc
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from exc
-    except (LedgerUnavailableError, ResultsUnavailableError):
-        raise  # a store the module opened is unavailable now: exit 3, as at any other time
+    except AmqpJobsError:
+        raise  # our own words (they name the file, the setting, the store), and exit code: a store down is 3
     except Exception as exc:  # the user's module raised while importing
-        raise ConfigurationError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigurationError(f"{_FAILED.format(module_name)}{type(exc).__name__}: {exc}") from exc
     except SystemExit as exc:  # sys.exit() at import would end the CLI with the module's code and no word of ours
         code = "" if exc.code is None else repr(exc.code)
         raise ConfigurationError(
-            f"importing module {module_name!r} failed: it called sys.exit({code}) while imported "
+            f"{_FAILED.format(module_name)}it called sys.exit({code}) while imported "
             "(a module an app is loaded from must not end the program: raise an exception instead)"
         ) from exc
     if not hasattr(module, attribute):
@@ -83,13 +93,15 @@ def raised_by_module(exc: AmqpJobsError) -> bool:
         exc: What :func:`load_app` raised.
 
     Returns:
-        True for a ledger or results store unavailable, and for any other exception of the
-        module's (chained as the ``ConfigurationError``'s cause); False otherwise.
+        True for a service failing (the broker, a ledger, results or payload store unavailable),
+        and for any other exception of the module's (chained as the ``ConfigurationError``'s
+        cause); False otherwise.
     """
-    if isinstance(exc, (LedgerUnavailableError, ResultsUnavailableError)):
+    if isinstance(exc, _SERVICES):  # raised by the module, unchanged (load_app): a service may answer again
         return True
-    cause = exc.__cause__
-    return cause is not None and not isinstance(cause, (ImportError, SyntaxError, ConfigurationError, TopologyError))
+    cause = exc.__cause__  # load_app's own wording of the module's failure, not an error of ours the module raised
+    wrapped = str(exc).startswith(_FAILED.partition("{")[0])
+    return wrapped and cause is not None and not isinstance(cause, (ImportError, SyntaxError, AmqpJobsError))
 
 
 #: Event loops ``consume --loop`` offers.

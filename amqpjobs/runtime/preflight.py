@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import logging
 
-from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+from amqpjobs.errors import (
+    BrokerError,
+    ConfigurationError,
+    LedgerUnavailableError,
+    PayloadStoreError,
+    ResultsUnavailableError,
+)
 from amqpjobs.runtime.loading import load_app, raised_by_module
 from amqpjobs.runtime.worker_config import WorkerOptions, check_worker
 from amqpjobs.wire.urls import redact_text
@@ -49,7 +55,7 @@ def check_before_children(app_ref: str, options: WorkerOptions) -> bool:
     """
     try:
         app = load_app(app_ref)
-    except (ConfigurationError, LedgerUnavailableError, ResultsUnavailableError) as exc:
+    except (ConfigurationError, BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError) as exc:
         if not raised_by_module(exc):
             raise
         log.warning(

@@ -29,7 +29,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
-from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
+from amqpjobs.runtime.sqlite_errors import missing_file, open_failure, store_failure
 from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 log = logging.getLogger("amqpjobs.results")
@@ -200,8 +200,8 @@ class SqliteResults:
                 rollback(db)  # after a failed statement
 
     def _history(self, job_id: str) -> list[StateRecord]:
-        if self._file.absent:  # a reading command found no file: nothing was recorded
-            return []
+        if self._file.absent:  # a reading command found no file: a wrong path as often as an unused one
+            raise missing_file("results store", self.path, "reads it")
         try:
             with self._session("read", "status reads fail meanwhile: try again") as db:
                 rows = db.execute(

@@ -76,7 +76,8 @@ class JobResults:
 
         Raises:
             ConfigurationError: the app has no results store, or ``job_id`` is no job id (empty,
-                blank, over 255 UTF-8 bytes: :func:`~amqpjobs.jobs.envelope.job_id_problem`).
+                blank, over 255 UTF-8 bytes: :func:`~amqpjobs.jobs.envelope.job_id_problem`), or a
+                reading command's SQLite store file does not exist (a wrong path).
             ResultsUnavailableError: the store can't be read now.
         """
         return await read_status(self._results_store(job_id), job_id)

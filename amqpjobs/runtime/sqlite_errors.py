@@ -57,6 +57,22 @@ def open_failure(
     return ConfigurationError(f"can't open the SQLite {what} at {path}: {said}; {fix}")
 
 
+def missing_file(what: Literal["ledger", "results store"], path: str | Path, doing: str) -> ConfigurationError:
+    """A command's SQLite ``what`` at ``path`` that does not exist: a wrong path as often as none yet, never made here.
+
+    Args:
+        what: ``"ledger"`` or ``"results store"``.
+        path: The file's path.
+        doing: What the command does with it (``"reads it"``, ``"records into it"``).
+    """
+    kind = "SqliteLedger" if what == "ledger" else "SqliteResults"
+    return ConfigurationError(
+        f"the SQLite {what} at {path} does not exist (this command {doing}, never creates it): point the app's "
+        f"{kind} at the file its workers write (a relative path is taken from the current folder), or run the "
+        "command on the host or in the container that has the file"
+    )
+
+
 def trouble(exc: BaseException) -> str:
     """SQLite's words for ``exc``, its code's name, what to do (``disk I/O error (SQLITE_IOERR_SHMSIZE); ...``)."""
     code = getattr(exc, "sqlite_errorcode", None)

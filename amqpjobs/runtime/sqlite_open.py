@@ -39,13 +39,15 @@ from pathlib import Path
 from typing import Final, Literal
 
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
-from amqpjobs.runtime.sqlite_errors import open_failure, trouble
+from amqpjobs.runtime.sqlite_errors import missing_file, open_failure, trouble
 
 log = logging.getLogger("amqpjobs.stores")
 #: Whether a store's first open in this process may create its file (not in a --processes child: no_new_files).
 _creates = True
 #: Whether the stores built now only read (:func:`reading_only`).
 _reading = False
+#: Whether the stores built now open their files but never create one (:func:`existing_files_only`).
+_existing = False
 #: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable.
 _READ_MODES: Final = ("mode=ro", "immutable=1")
 #: The file's token, written by the first open that finds none: a later connection to another file
@@ -127,6 +129,22 @@ def reading_only() -> Iterator[None]:
         _reading = before
 
 
+@contextlib.contextmanager
+def existing_files_only() -> Iterator[None]:
+    """The SQLite results stores built in the block open their files but never create one: a missing file is refused.
+
+    For a command that records into the app's results store (``replay``/``quarantine park
+    --app``): a path its workers do not write would take the records where nobody reads them.
+    (A ledger, which such a command does not use, is opened as always.)
+    """
+    global _existing
+    before, _existing = _existing, True
+    try:
+        yield
+    finally:
+        _existing = before
+
+
 def no_new_files() -> None:
     """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
 
@@ -154,6 +172,7 @@ class StoreFile:
         self._lost = False  # said once per loss (a look that finds it back says so)
         self._said = threading.Lock()
         self.reading = _reading  # a reading command's store: read-only, never created (reading_only)
+        self.existing = _existing  # a recording command's store: never created (existing_files_only)
         self.absent = False  # reading: the file was not there (nothing recorded)
         self._mode = "mode=rw"  # the URI parameter of every further connection
 
@@ -190,6 +209,8 @@ class StoreFile:
                 file is missing.
             sqlite3.Error: as :func:`sqlite3.connect` (the caller maps it with :func:`open_failure`).
         """
+        if self.existing and self.what == "results store" and not os.path.exists(self.path):
+            raise missing_file(self.what, self.path, "records into it")
         if _creates:
             db = _connect(str(self.path), timeout, uri=False)
         else:  # a --processes child: the supervisor's load of the app opened (created) it first

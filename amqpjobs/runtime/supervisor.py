@@ -11,7 +11,7 @@ A worker is one Python process on one core; the supervisor starts N children
   times within ``CRASH_LOOP_WINDOW`` (60 s) — a crash loop (the app module's own error at
   import, a work queue missing on the broker): the error is raised again with the child's
   own message (a poison job that kills a *ready* child is the poison-containment bound's
-  business, not this);
+  business, not this), or at once on an error no restart can change (``AmqpJobsError.final``);
 - on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
   does) and returns 0 when all exited cleanly; a second signal is passed on (the children
   exit at once) and the exit code is then 128 + that signal, as a single worker's (130 for
@@ -63,7 +63,6 @@ from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
 from amqpjobs.runtime.signals import exit_at_once_on_signals
-from amqpjobs.text import ascii_digits
 
 log = logging.getLogger("amqpjobs.supervisor")
 
@@ -83,52 +82,6 @@ DEFAULT_START_TIMEOUT = 120.0
 CHILD_ENV = "AMQPJOBS_CHILD"
 #: prometheus-client's multiprocess directory variable (read by the children's client at import).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: The most children per CPU ``--processes`` accepts (:func:`process_count`).
-PROCESSES_PER_CPU = 4
-#: What one child costs in resident memory, MB, as measured (53 MB for the tests' app), for the refusal's message.
-CHILD_MEMORY_MB = 50
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on, ``--processes auto``'s count.
-
-    ``len(os.sched_getaffinity(0))`` (honours taskset and cgroup cpusets); ``os.cpu_count()``
-    where that call is missing.
-    """
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-
-
-def process_count(value: str, cpus: int) -> int:
-    """The number of worker processes ``--processes`` asks for: a positive integer, or ``auto`` (``cpus``).
-
-    At most :data:`PROCESSES_PER_CPU` per CPU: each child is a whole worker (about
-    :data:`CHILD_MEMORY_MB` MB of memory and 2-3 broker connections), and more children
-    than cores only add memory and connections, not throughput; 999 children on 2 cores
-    exhausted the memory of the machine (and the OOM killer took its RabbitMQ node).
-
-    Args:
-        value: The option's text.
-        cpus: The CPUs this process may run on (:func:`usable_cpus`).
-
-    Raises:
-        ConfigurationError: neither ``auto`` nor a positive integer, or more than
-            ``PROCESSES_PER_CPU * cpus``.
-    """
-    if value.strip().lower() == "auto":
-        return cpus
-    count = int(value) if ascii_digits(value.strip()) else 0  # int() also reads other scripts' digits
-    if count < 1:
-        raise ConfigurationError(f"--processes {value!r}: give a positive number of processes, or auto (one per CPU)")
-    limit = PROCESSES_PER_CPU * cpus
-    if count > limit:
-        raise ConfigurationError(
-            f"--processes {count}: at most {limit} here ({PROCESSES_PER_CPU} per CPU; this process may use "
-            f"{cpus} CPU(s), os.sched_getaffinity). Each child is a whole worker: about {CHILD_MEMORY_MB} MB "
-            f"of memory and 2-3 broker connections. Use fewer processes (auto: one per CPU), "
-            "or run workers on more hosts"
-        )
-    return count
 
 
 @dataclass
@@ -141,8 +94,13 @@ class Slot:
     port: int | None = None
     error: str | None = None
     kind: str | None = None
+    final: bool = False  # its error is one no restart can change
     exits: deque[float] = field(default_factory=deque)  # monotonic times of exits within the window
     early_exits: deque[float] = field(default_factory=deque)  # of those, exits before ready
+
+    def stopping_because(self) -> str:
+        """Why this child's exit before ready stops every child: an error no restart changes, or a crash loop."""
+        return _NO_RESTART if self.final else f"{CRASH_LOOP_EXITS} times within {CRASH_LOOP_WINDOW:.0f}s"
 
 
 class Supervisor:
@@ -179,8 +137,9 @@ class Supervisor:
             single worker's :func:`~amqpjobs.runtime.signals.stop_on_signals`.
 
         Raises:
-            ConfigurationError: a child exited before it was ready 5 times within 60 s (its
-                own error in the message); BrokerError when that error was the broker's.
+            ConfigurationError: a child exited before it was ready 5 times within 60 s, or once with
+                an error no restart changes (its own error in the message); BrokerError when that
+                error was the broker's.
                 Also: the metrics port can't be bound.
         """
         loop = asyncio.get_running_loop()
@@ -258,11 +217,9 @@ class Supervisor:
             slot.exits.append(now)
             if slot.state != "ready":
                 slot.early_exits.append(now)
-                if len(slot.early_exits) >= CRASH_LOOP_EXITS:
-                    log.error(
-                        "child %d exited before it was ready %d times within %.0fs: stopping every child",
-                        slot.index, len(slot.early_exits), CRASH_LOOP_WINDOW,
-                    )  # fmt: skip
+                if len(slot.early_exits) >= CRASH_LOOP_EXITS or slot.final:
+                    log.error("child %d exited before it was ready %s: stopping every child", slot.index,
+                              slot.stopping_because())  # fmt: skip
                     self._fatal = slot
                     self.request_stop()
                     break
@@ -279,7 +236,7 @@ class Supervisor:
         if self._metrics_dir is not None:
             env[MULTIPROC_ENV] = self._metrics_dir
         spec = dataclasses.replace(self._spec, index=slot.index, metrics=self._metrics_dir is not None)
-        slot.state, slot.port, slot.error, slot.kind = "starting", None, None, None
+        slot.state, slot.port, slot.error, slot.kind, slot.final = "starting", None, None, None, False
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "amqpjobs.runtime.child", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True, limit=2**20,
@@ -326,14 +283,14 @@ class Supervisor:
             slot.state = "ready"
             log.info("child %d ready", slot.index)
         if "error" in doc:
-            slot.error, slot.kind = str(doc["error"]), str(doc.get("kind"))
+            slot.error, slot.kind, slot.final = str(doc["error"]), str(doc.get("kind")), doc.get("final") is True
 
     @staticmethod
     def _crash_loop_error(slot: Slot) -> AmqpJobsError:
         error = slot.error or "no error message (see its log lines above)"
+        why = _NO_RESTART if slot.final else f"{CRASH_LOOP_EXITS} times within {CRASH_LOOP_WINDOW:.0f}s"
         text = (
-            f"worker child {slot.index} exited before it was ready {CRASH_LOOP_EXITS} times within "
-            f"{CRASH_LOOP_WINDOW:.0f}s; every child was stopped. Its error: {error}"
+            f"worker child {slot.index} exited before it was ready {why}; every child was stopped. Its error: {error}"
         )
         return _SERVICE_ERRORS.get(slot.kind or "", ConfigurationError)(text)
 
@@ -388,6 +345,7 @@ def _ask(port: int, path: str) -> tuple[int, str]:
         return 503, f"does not answer ({exc})"
 
 
+_NO_RESTART = "with an error no restart can change (an operator must act)"
 _HANGS = ("(its app's import or its start hangs): killed; find what it waits for (py-spy dump --pid PID), "
           "or give --start-timeout more")  # fmt: skip
 #: A child's error ``kind`` saying a service failed it (exit 3, as in one process), by name; any other is exit 2.

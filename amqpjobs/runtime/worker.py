@@ -20,6 +20,7 @@ Rules (README "Workers"):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -41,7 +42,7 @@ from amqpjobs.runtime.handler_threads import HandlerThreads
 from amqpjobs.runtime.heap import settle_heap
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger_key import seal_key_of
-from amqpjobs.runtime.ledger_origin import start_ledger
+from amqpjobs.runtime.ledger_origin import marker_queue, start_ledger
 from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.runtime.missing_objects import require_objects_at_start
 from amqpjobs.runtime.overruns import Overruns
@@ -214,9 +215,12 @@ class Worker(WorkerStop):
         self._background.append(asyncio.create_task(self._beat()))
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
+        marker: list[str] = []  # the app's ledger marker, checked for policies with its job queues' queues
         if self.app.ledger is not None and any(j.idempotent for j in self.app):
+            marker.append(marker_queue(self.app.name))
+            aside = functools.partial(connect, self.settings, wait=0, name=f"{self.app.name}-ledger-marker")
             self._seal_key = await start_ledger(self.app.ledger, self.app.name, self._connection, self.settings.vhost,
-                                                self.options.new_ledger)  # fmt: skip
+                                                self.options.new_ledger, aside)  # fmt: skip
             self._background.append(asyncio.create_task(keep_pruned(self.app.ledger)))
         self._start_results()
         if store is not None:  # any worker sweeps: deletion needs no one process
@@ -240,7 +244,7 @@ class Worker(WorkerStop):
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
-        held = layout_queues(self._layouts.values())
+        held = layout_queues(self._layouts.values()) + marker
         for found in (warn_dropped_shards(self.settings, self._layouts.values(), log),
                       warn_overrides(self.settings, held, desired, log, self._version)):  # fmt: skip
             self._background.append(check := asyncio.create_task(found))

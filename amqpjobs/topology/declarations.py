@@ -23,7 +23,8 @@ Overflow = Literal["reject-publish", "drop-head"]
 AMQP_INT_MAX: Final = 2**63 - 1
 #: An integer argument of a queue: 0 to :data:`AMQP_INT_MAX`.
 AmqpInt = Annotated[int, Field(ge=0, le=AMQP_INT_MAX)]
-QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked", "waiting", "tokens"]
+#: A queue's part: of a job queue, or ``ledger``, an app's ledger marker (:mod:`amqpjobs.topology.ledger_marker`).
+QueueRole = Literal["work", "tier", "quarantine", "suspects", "parked", "waiting", "tokens", "ledger"]
 
 
 class _Frozen(BaseModel):
@@ -57,9 +58,10 @@ class QueueDecl(_Frozen):
         delivery_limit: Quorum only, ``x-delivery-limit`` or None.
         max_length: ``x-max-length`` or None.
         overflow: ``x-overflow`` or None.
-        legacy_note: Non-empty when an earlier amqpjobs declared this queue as a plain
-            classic queue (no arguments) and that shape is still accepted as it is: what it
-            lacks and how to move on (:mod:`amqpjobs.topology.holding_queues`).
+        legacy_note: Non-empty when an earlier amqpjobs declared this quorum queue classic
+            (:meth:`legacy_shape`) and that shape is still accepted as it is: what it lacks
+            and how to move on (:mod:`amqpjobs.topology.holding_queues`,
+            :mod:`amqpjobs.topology.ledger_marker`).
 
     """
 
@@ -76,6 +78,17 @@ class QueueDecl(_Frozen):
     max_length: AmqpInt | None = None
     overflow: Overflow | None = None
     legacy_note: str = ""
+
+    def legacy_shape(self) -> QueueDecl | None:
+        """The classic shape an earlier amqpjobs declared this queue in, accepted as it is; None without a legacy note.
+
+        The one rule of a legacy shape: the same queue, classic, without the settings only
+        a quorum queue takes (``x-delivery-limit``, ``x-dead-letter-strategy``).
+        """
+        if not self.legacy_note:
+            return None
+        return self.model_copy(update={"queue_type": "classic", "delivery_limit": None,
+                                       "dead_letter_strategy": None, "legacy_note": ""})  # fmt: skip
 
 
 class BindingDecl(_Frozen):

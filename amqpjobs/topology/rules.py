@@ -41,7 +41,27 @@ def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
                                     f"{other!r}: every such job would run twice",
                                     "give each job queue its own routing keys")
                         )  # fmt: skip
-    return problems + shard_routing_checks(parsed) + owned_queue_bindings(parsed)
+    return problems + shard_routing_checks(parsed) + owned_queue_bindings(parsed) + app_queue_names(parsed)
+
+
+def app_queue_names(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
+    """Job queues named as an app's own queues: its ledger marker or its scheduler's (``amqpjobs.<...>.<app>...``).
+
+    The topology would declare the app's queue itself, with other arguments: a ledger marker
+    declared before the app's first ledger makes that ledger's start refused as a lost one.
+    """
+    problems: list[Problem] = []
+    for file, tf in parsed:
+        for i, jq in enumerate(tf.job_queue):
+            name = naming.parse_queue_name(jq.name)
+            if name.kind in ("ledger", "leader", "ticks", "running"):
+                what = "ledger marker" if name.kind == "ledger" else "scheduler's queues"
+                problems.append(
+                    Problem(file, f"job_queue[{i}].name", f"{jq.name!r} is the name of a queue of app {name.app!r} "
+                            f"(its {what}), which amqpjobs declares itself",
+                            "give the job queue another name (names beginning 'amqpjobs.' are amqpjobs' own)")
+                )  # fmt: skip
+    return problems
 
 
 #: What each kind of queue amqpjobs declares and fills for a job queue is, for messages.
@@ -57,7 +77,8 @@ def owned_queue_bindings(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
     A job queue's retry tiers, quarantine, suspects and parked queues, pause flag, breaker
     and rate-limit queues, and the scheduler's queues hold what amqpjobs puts there (a
     job's failure, a tick record, a token); a binding into one would add other messages,
-    e.g. another job queue's jobs into a quarantine as if they had failed there.
+    e.g. another job queue's jobs into a quarantine as if they had failed there. An app's
+    ledger marker holds nothing: what a binding routes there is confirmed and dropped.
     """
     job_queues = {jq.name for _, tf in parsed for jq in tf.job_queue}
     problems: list[Problem] = []
@@ -66,16 +87,18 @@ def owned_queue_bindings(parsed: list[tuple[str, TopologyFile]]) -> list[Problem
             if b.destination_type != "queue":
                 continue
             name = naming.parse_queue_name(b.destination)
+            why = "which amqpjobs alone fills: a binding into it would add messages amqpjobs did not put there"
             if name.kind in ("leader", "ticks", "running"):
                 what = f"a queue of the scheduler of app {name.app!r}"
+            elif name.kind == "ledger":
+                what = f"the ledger marker of app {name.app!r}"
+                why = "which holds nothing (x-max-length 0): a message routed into it is confirmed, then dropped"
             elif name.kind in _OWNED and name.job_queue in job_queues:
                 what = f"{_OWNED[name.kind]} of job queue {name.job_queue!r}"
             else:
                 continue
             problems.append(
-                Problem(file, f"binding[{i}].destination",
-                        f"queue {b.destination!r} is {what}, which amqpjobs alone fills: a binding into it would "
-                        "add messages amqpjobs did not put there",
+                Problem(file, f"binding[{i}].destination", f"queue {b.destination!r} is {what}, {why}",
                         "remove the binding: a [[binding]] may lead to a job queue's work queue or to an exchange")
             )  # fmt: skip
     return problems

@@ -80,8 +80,9 @@ def exchange_state(exchange: ExchangeDecl) -> ObjectState:
 
 
 def queue_state(queue: QueueDecl) -> ObjectState:
-    """The desired state of ``queue``; with a legacy note, a plain classic queue is its accepted legacy shape."""
-    legacy = (ObjectState("queue", queue.name, "classic"), queue.legacy_note) if queue.legacy_note else None
+    """The desired state of ``queue``; with a legacy note, its classic :meth:`~QueueDecl.legacy_shape` is accepted."""
+    shape = queue.legacy_shape()
+    legacy = None if shape is None else (queue_state(shape), queue.legacy_note)
     return ObjectState("queue", queue.name, queue.queue_type, True, False, queue_arguments(queue), legacy=legacy)
 
 

@@ -89,6 +89,26 @@ def unaddressable(exc: BaseException, name: str | None) -> UnaddressableNameErro
     return ours
 
 
+#: RabbitMQ 3.x's words when a classic queue's node is down: ``NOT_FOUND - home node 'rabbit@b' of durable
+#: queue 'q' in vhost '/' is down or inaccessible`` (measured on 3.10 with scripts/cluster.sh).
+_HOME_NODE_DOWN: Final = re.compile(r"home node .* of durable queue .* is down or inaccessible")
+
+
+def home_node_down(exc: BaseException) -> bool:
+    """Whether ``exc`` (a 404 ``NOT_FOUND``) says a queue exists but its node is down: not that it is missing."""
+    return error_kind(exc) is NotFoundError and _HOME_NODE_DOWN.search(str(exc)) is not None
+
+
+def access_refused(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is the broker's 403 ``ACCESS_REFUSED`` (permissions)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, aiormq.exceptions.ChannelAccessRefused | pamqp.exceptions.AMQPAccessRefused):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 #: The channel-close reply codes (AMQP 0-9-1 "Constants") of the errors the map names by code.
 _REPLY_CODES: Final[dict[type[AmqpJobsError], int]] = {NotFoundError: 404, ResourceLockedError: 405,
                                                         PreconditionFailedError: 406}  # fmt: skip

@@ -24,7 +24,9 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 
 from amqpjobs.errors import BrokerError, NotFoundError, PreconditionFailedError, ResourceLockedError
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind
+from amqpjobs.topology.declarations import QueueDecl
+from amqpjobs.wire.arguments import queue_arguments
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind, home_node_down
 from amqpjobs.wire.limits import amqp_properties
 
 #: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
@@ -103,6 +105,8 @@ async def _on_channel(
     except BROKER_ERRORS as exc:
         ours = error_kind(exc)
         kind = next((k for cls, k in _REFUSALS if ours is not None and issubclass(ours, cls)), None)
+        if kind == "missing" and home_node_down(exc):  # there, on a node that is down: not an answer
+            kind = None
         if kind is not None and kind in wanted:
             answer.refusal = kind
             return
@@ -136,6 +140,27 @@ async def declare_durable(connection: Connection, name: str, arguments: Mapping[
     async with _on_channel(connection, None, ("mismatch",), translate=False) as (channel, answer):
         await channel.declare_queue(name, durable=True, arguments=dict(arguments))
     return answer.refusal is None
+
+
+async def declare_or_legacy(connection: Connection, queue: QueueDecl) -> Literal["declared", "legacy", "other"]:
+    """Declare the durable ``queue``; found in its :meth:`~QueueDecl.legacy_shape` instead, leave it so.
+
+    Returns:
+        ``declared``; ``legacy`` (it exists in its legacy shape); ``other`` (it exists with
+        other arguments still).
+
+    Raises:
+        BrokerError: ``"declaring queue <name> failed: <error>"`` on any other broker error.
+
+    """
+    for shape in (queue, queue.legacy_shape()):
+        if shape is None:
+            break
+        async with _on_channel(connection, f"declaring queue {queue.name} failed", ("mismatch",)) as (channel, answer):
+            await channel.declare_queue(queue.name, durable=True, arguments=queue_arguments(shape))
+        if answer.refusal is None:
+            return "declared" if shape is queue else "legacy"
+    return "other"
 
 
 async def probe(connection: Connection, name: str, what: str) -> Literal["exists", "missing", "locked"]:

@@ -399,6 +399,7 @@ async def test_job_show_without_a_record_browses_every_quarantine_and_parked_que
         rejected = await app.enqueue("picky", {})
         await recorder.wait_for(lambda outcomes: len(outcomes) == 1)
     await app.close()
+    await SqliteResults(tmp_path / "empty.db").close()  # the store its workers would write (a missing file is refused)
     ref = app_module(tmp_path, f"sqlite:{tmp_path / 'empty.db'}", monkeypatch)
     shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
     assert shown.exit_code == 0, shown.output

@@ -254,3 +254,78 @@ async def test_a_user_refused_the_marker_starts_unchecked_with_a_warning(
         await app.close()
     assert "can't keep the broker's mark of app idem's ledger" in caplog.text
     assert "configure and read permission on queue amqpjobs.ledger.idem" in caplog.text
+
+
+async def test_consume_processes_ends_at_once_on_a_lost_ledger(broker: BrokerSettings, tmp_path: Path) -> None:
+    """No restart can make a lost ledger the app's: the supervisor stops at the first refusal, with its words.
+
+    Before: each child was restarted until the crash-loop rule (5 exits before ready within 60 s),
+    10 starts over about 10 s, then exit 2.
+    """
+    base = await make_app(broker, tmp_path)
+    path = tmp_path / "ledger.db"
+    first = ledger_app(base, broker, path, [])
+    async with running_worker(first, broker):
+        pass
+    await first.close()
+    remove(path)
+    (tmp_path / "lostledger.py").write_text(
+        "from amqpjobs import App, SqliteLedger\n"
+        "from amqpjobs.topology.loader import load_topology\n"
+        f"app = App('idem', topology=load_topology({str(tmp_path / 'app.toml')!r}).topology,"
+        f" ledger=SqliteLedger({str(path)!r}))\n"
+        "@app.job('charge', queue='work', idempotent=True, lease=60)\n"
+        "def charge(payload, ctx):\n    pass\n"
+    )
+    env = {"AMQPJOBS_URL": broker.url, "PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    command = [str(Path(sys.executable).with_name("amqpjobs")), "consume", "lostledger:app", "--queues", "work",
+               "--processes", "2"]  # fmt: skip
+    began = time.monotonic()
+    done = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - began
+    assert done.returncode == 2, done.stderr
+    starts = done.stderr.count(" started (pid ")
+    assert starts == 2, done.stderr  # each child once (before: 10)
+    assert "restarting it in" not in done.stderr, done.stderr
+    assert "with an error no restart can change (an operator must act)" in done.stderr, done.stderr
+    assert "app 'idem' had a ledger before" in done.stderr.splitlines()[-1], done.stderr
+    assert took < 8, took
+
+
+async def test_a_second_app_of_the_default_name_is_told_to_name_itself(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two apps left unnamed (``App()``: ``amqpjobs``) in one vhost share one marker, ``amqpjobs.ledger.amqpjobs``.
+
+    The second's first start on its own new ledger is refused, rightly by the marker's rule but
+    for a reason the words did not give: before, the refusal said only "Point the app at the
+    ledger it had ..., or restore it from a backup ... --new-ledger" (which would make the two
+    apps share the check for good), and the first app's start said nothing of the shared name.
+    """
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+
+    def unnamed(path: Path) -> App:
+        app = App(topology=base.topology(), url=broker.url, ledger=SqliteLedger(path))
+        app.job("charge", queue="work", idempotent=True, lease=60)(lambda p, c: None)
+        return app
+
+    first = unnamed(tmp_path / "billing.db")
+    async with running_worker(first, broker):
+        pass
+    await first.close()
+    named = [r for r in caplog.records if "has the default name" in r.getMessage()]
+    assert [r.levelname for r in named] == ["WARNING"], caplog.text
+    assert "App('billing', ...)" in named[0].getMessage(), named[0].getMessage()
+    second = unnamed(tmp_path / "mailer.db")
+    worker = Worker(second, broker, WorkerOptions(queues=("work",), grace=5), Recorder())
+    try:
+        with pytest.raises(ConfigurationError) as refused:
+            await worker.start()
+    finally:
+        await worker.shutdown()
+        await second.close()
+    said = str(refused.value)
+    assert "app 'amqpjobs' had a ledger before" in said, said
+    assert "'amqpjobs' is the default name (App() given no name)" in said, said
+    assert "give each app its own name" in said, said

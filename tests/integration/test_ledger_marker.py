@@ -9,6 +9,7 @@ our words, not as pamqp's bare ``ValueError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,101 @@ async def test_an_app_name_that_cant_be_in_the_schedulers_queue_names_is_said_at
     said = str(refused.value)
     assert "goes into the name of its scheduler's queues" in said, said
     assert "is 266 bytes of UTF-8; AMQP allows at most 255" in said, said
+
+
+def marker_shape(broker: BrokerSettings, name: str) -> tuple[str, dict[str, Any]] | None:
+    """The marker's queue type and arguments as the management API says them (None: no such queue)."""
+    from amqpjobs.wire.management import ManagementClient
+
+    with ManagementClient(broker) as mgmt:
+        found = mgmt.queue(broker.vhost, name)
+    return None if found is None else (str(found["type"]), dict(found["arguments"]))
+
+
+async def test_the_marker_is_a_quorum_queue(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A classic marker lives on one node; on 3.10 it reads as missing while that node is down.
+
+    Before: ``('classic', {'x-max-length': 0, 'x-queue-type': 'classic'})``.
+    """
+    base = await make_app(broker, tmp_path)
+    app = ledger_app(base, broker, "shop", tmp_path / "ledger.db")
+    async with running_worker(app, broker):
+        pass
+    await app.close()
+    assert marker_shape(broker, "amqpjobs.ledger.shop") == ("quorum", {"x-max-length": 0, "x-queue-type": "quorum"})
+
+
+async def test_a_classic_marker_an_earlier_amqpjobs_declared_is_kept_and_still_marks(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On upgrade the classic marker stays (its type can't change in place): starts go on, a lost ledger is refused.
+
+    The start says what the classic marker lacks and how to make it quorum (INFO), as the plan
+    says it of a classic quarantine of a quorum job queue.
+    """
+    import logging
+
+    from tests.integration.helpers import raw_channel
+
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+    async with raw_channel(broker) as channel:  # what amqpjobs declared before
+        await channel.declare_queue("amqpjobs.ledger.shop", durable=True,
+                                    arguments={"x-queue-type": "classic", "x-max-length": 0})  # fmt: skip
+    path = tmp_path / "ledger.db"
+    path.touch()  # a ledger made before the origin rule: established
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE amqpjobs_ledger (key TEXT PRIMARY KEY, state TEXT NOT NULL, owner TEXT NOT NULL, "
+                   "expires_at REAL NOT NULL, updated_at REAL NOT NULL)")  # fmt: skip
+    db.close()
+    app = ledger_app(base, broker, "shop", path)
+    async with running_worker(app, broker):
+        pass
+    await app.close()
+    assert marker_shape(broker, "amqpjobs.ledger.shop") == ("classic", {"x-max-length": 0, "x-queue-type": "classic"})
+    notes = [r for r in caplog.records if "amqpjobs.ledger.shop is classic" in r.getMessage()]
+    assert [r.levelname for r in notes] == ["INFO"], caplog.text
+    assert "delete_queue amqpjobs.ledger.shop" in notes[0].getMessage(), notes[0].getMessage()
+    # the classic marker still marks: a lost ledger is refused
+    path.unlink()
+    again = ledger_app(base, broker, "shop", path)
+    worker = Worker(again, broker, WorkerOptions(queues=("work",), grace=5), Recorder())
+    try:
+        with pytest.raises(ConfigurationError, match="app 'shop' had a ledger before"):
+            await worker.start()
+    finally:
+        await worker.shutdown()
+        await again.close()
+
+
+async def test_a_worker_warns_at_start_of_a_policy_that_expires_its_ledger_marker(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As it warns of a policy that can lose its job queues' jobs. Before: nothing said (only ``status`` told)."""
+    import logging
+
+    from tests.integration.helpers import wait_until
+
+    caplog.set_level(logging.INFO)
+    base = await make_app(broker, tmp_path)
+    first = ledger_app(base, broker, "shop", tmp_path / "ledger.db")
+    async with running_worker(first, broker):  # the app's first start declares the marker
+        pass
+    await first.close()
+    set_policy(broker, "tidy", r"^amqpjobs\.ledger\.", {"expires": 3600000})
+    await policy_shown(broker, "amqpjobs.ledger.shop", "expires")  # (the management API shows it a moment later)
+    app = ledger_app(base, broker, "shop", tmp_path / "ledger.db")
+    async with running_worker(app, broker):
+
+        def said() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith("policy 'tidy' on amqpjobs.ledger.shop:")]
+
+        with contextlib.suppress(TimeoutError):  # the assertions below say what was found
+            await wait_until(lambda: bool(said()), 10, "the warning")
+    await app.close()
+    found = said()
+    assert [r.levelname for r in found] == ["WARNING"], caplog.text
+    assert "expires 1h: the broker deletes the queue" in found[0].getMessage(), found[0].getMessage()
+    assert "the app's mark that it had a ledger goes with it" in found[0].getMessage(), found[0].getMessage()

@@ -123,3 +123,70 @@ async def test_a_store_this_user_can_not_read_is_named_with_what_to_do(
         "unable to open database file (SQLITE_CANTOPEN); this user must be able to read the file and its folder"
     ) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+async def test_job_show_names_a_results_store_path_that_does_not_exist(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A wrong path (a typo, another host's file) is no empty store: exit 2 naming the path, nothing created.
+
+    Before: exit 0, ``job job-1: unknown`` (no record), as for a job id mistyped.
+    """
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+    (tmp_path / "wrongapp.py").write_text(
+        "from amqpjobs import App, SqliteResults\n"
+        "app = App('roapp', topology='t.toml', results=SqliteResults('resutls.db'))\n"
+    )
+    proc = await asyncio.to_thread(job_show, broker, tmp_path, "wrongapp:app", [])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"error: the SQLite results store at {tmp_path / 'resutls.db'} does not exist"), said
+    assert not (tmp_path / "resutls.db").exists()
+    # asyncapi reads no store: the same module still works there
+    done = await asyncio.to_thread(subprocess.run, [EXE, "asyncapi", "wrongapp:app"], capture_output=True,
+                                   text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+async def test_an_error_of_ours_raised_by_the_apps_module_is_said_as_ours(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """A bad topology file named by the module: our own words, not wrapped as the module's failure.
+
+    Before: ``error: importing module 'badtopo' failed: TopologyValidationError: ...``.
+    """
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text('[[job_queue]]\nname = "work"\nretry = ["soon"]\n')
+    (tmp_path / "badtopo.py").write_text(
+        "from amqpjobs import App\nfrom amqpjobs.topology.loader import load_topology\n"
+        "app = App('badtopo', topology=load_topology('t.toml').topology)\n"
+    )
+    proc = await asyncio.to_thread(job_show, broker, tmp_path, "badtopo:app", [])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = proc.stderr.strip().splitlines()
+    assert not any("importing module" in line for line in said), said
+    assert said[0] == "error: invalid topology (2 problem(s)):", said  # its lines, not one line with \n in it
+    assert said[1].startswith("  - t.toml: job_queue[0].exchange: Field required"), said
+
+
+async def test_a_command_recording_into_a_results_store_path_that_does_not_exist_is_refused(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """``quarantine park --app`` (and ``replay --app``) record each moved job's state in the app's results store.
+
+    Before: the module's SqliteResults('resutls.db') created an empty file there and the command
+    recorded into it (exit 0): `job show` against the workers' store never saw those records.
+    """
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+    (tmp_path / "wrongapp.py").write_text(
+        "from amqpjobs import App, SqliteResults\n"
+        "app = App('roapp', topology='t.toml', results=SqliteResults('resutls.db'))\n"
+    )
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url)
+    for command in (["quarantine", "park", "work", "--yes"], ["replay", "work.quarantine"]):
+        proc = await asyncio.to_thread(subprocess.run, [EXE, *command, "--app", "wrongapp:app"], capture_output=True,
+                                       text=True, cwd=tmp_path, env=env, timeout=60)  # fmt: skip
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        said = proc.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"error: the SQLite results store at {tmp_path / 'resutls.db'} does not exist"), said
+        assert not (tmp_path / "resutls.db").exists()

@@ -44,3 +44,36 @@ def test_a_policy_that_expires_the_marker_says_what_goes_with_it() -> None:
     assert found.loses
     assert "expires 1d" in str(found)
     assert "a ledger lost after it can't be told from the app's first" in str(found), str(found)
+
+
+def test_the_marker_is_quorum_and_its_classic_shape_is_its_accepted_legacy() -> None:
+    """The plan's one legacy rule (the quarantine pair's) holds for the marker: classic, x-max-length 0."""
+    from amqpjobs.topology.ledger_marker import ledger_marker
+    from amqpjobs.topology.plan import Action, ObjectState, make_plan
+    from amqpjobs.wire.arguments import queue_arguments, queue_state
+
+    marker = ledger_marker("shop")
+    assert queue_arguments(marker) == {"x-queue-type": "quorum", "x-max-length": 0}
+    shape = marker.legacy_shape()
+    assert shape is not None
+    assert queue_arguments(shape) == {"x-queue-type": "classic", "x-max-length": 0}
+    old = ObjectState("queue", marker.name, "classic", arguments={"x-max-length": 0})
+    (item,) = make_plan([queue_state(marker)], [old]).items
+    assert item.action == Action.UNCHANGED
+    assert item.note.startswith("amqpjobs.ledger.shop is classic")
+    other = ObjectState("queue", marker.name, "classic", arguments={"x-max-length": 5})
+    assert make_plan([queue_state(marker)], [other]).items[0].action == Action.CONFLICT
+
+
+def test_a_classic_queue_whose_node_is_down_is_not_missing() -> None:
+    """3.10's 404 for a classic queue on a node that is down (measured with scripts/cluster.sh)."""
+    import aiormq.exceptions
+
+    from amqpjobs.wire.errors import home_node_down
+
+    down = aiormq.exceptions.ChannelNotFoundEntity(
+        "NOT_FOUND - home node 'amqpjobs-c2@localhost' of durable queue 'amqpjobs.ledger.idem' in vhost '/' is "
+        "down or inaccessible"
+    )
+    assert home_node_down(down)
+    assert not home_node_down(aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND - no queue 'q' in vhost '/'"))

@@ -17,7 +17,7 @@ from amqpjobs.cli import main
 from amqpjobs.cli._common import Decimal, WholeNumber
 from amqpjobs.console.forms import FormError, positive_number
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.runtime.supervisor import process_count
+from amqpjobs.runtime.process_count import process_count
 
 ARABIC_THREE = "\u0663"  # ٣
 FULL_WIDTH_FIVE = "\uff15"  # ５

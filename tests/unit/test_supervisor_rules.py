@@ -26,7 +26,8 @@ from amqpjobs.errors import (
 from amqpjobs.runtime.child import ChildSpec
 from amqpjobs.runtime.logs import JsonFormatter, TextFormatter
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
-from amqpjobs.runtime.supervisor import Slot, Supervisor, process_count
+from amqpjobs.runtime.process_count import process_count
+from amqpjobs.runtime.supervisor import Slot, Supervisor
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.settings import broker_settings
 
