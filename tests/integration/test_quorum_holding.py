@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -198,6 +199,62 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     assert sorted(json.loads(m.delivery.body)["n"] for m in items) == [1, 2, 3]  # none lost
     assert await depth(broker, "money.quarantine") == 0
     assert runs == [1, 2, 3, 1, 2, 3]  # each ran once more, in the replay
+
+
+async def test_the_readmes_rollback_steps_make_both_classic_again_each_job_in_its_place_none_run(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient, apps: list[App]
+) -> None:
+    """README "Rolling back": quorum quarantine and parked queues back to classic, as an older release declared them."""
+    path = tmp_path / "q.toml"
+    path.write_text(TOPOLOGY)
+    assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
+    runs: list[int] = []
+    app = quorum_app(broker, path, runs, apps)
+    async with running_worker(app, broker, queues=("money",)):  # two parked, then three quarantined
+        for n in (1, 2):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "two quarantined")
+        assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money", "--yes")).exit_code == 0
+        for n in (3, 4, 5):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "three more quarantined")
+    assert runs == [1, 2, 3, 4, 5]
+
+    def classic_again(name: str) -> None:  # rabbitmqctl delete_queue (no --if-empty on quorum), rabbitmqadmin declare
+        assert (mgmt.queue(broker.vhost, name) or {}).get("messages") in (0, None)
+        mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/{name}")
+        mgmt.request("PUT", f"/queues/{quote(broker.vhost, safe='')}/{name}",
+                     json={"durable": True, "arguments": {"x-queue-type": "classic"}})  # fmt: skip
+
+    def run(*args: str) -> str:
+        result = cli(broker, *args)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    assert "unparked 2 message(s) from money.parked in money.quarantine" in await asyncio.to_thread(
+        run, "quarantine", "unpark", "money", "--yes"
+    )
+    assert await depth(broker, "money.parked") == 0
+    await asyncio.to_thread(classic_again, "money.parked")
+    assert "parked 5 message(s)" in await asyncio.to_thread(run, "quarantine", "park", "money", "--yes")
+    assert await depth(broker, "money.quarantine") == 0
+    await asyncio.to_thread(classic_again, "money.quarantine")
+    applied = await asyncio.to_thread(run, "topology", "apply", str(path))
+    assert "kept      queue    money.quarantine" in applied
+    assert "kept      queue    money.parked" in applied
+    assert "unparked 3 message(s)" in await asyncio.to_thread(
+        run, "quarantine", "unpark", "money", "--limit", "3", "--yes"
+    )
+    for name, wanted in (("money.quarantine", [3, 4, 5]), ("money.parked", [1, 2])):
+        live = mgmt.queue(broker.vhost, name)
+        assert live is not None
+        assert (live["type"], live["arguments"]) == ("classic", {"x-queue-type": "classic"}), live
+        _, items = await browse(broker, name)
+        assert [json.loads(m.delivery.body)["n"] for m in items] == wanted, name  # in place, in order
+    async with running_worker(app, broker, queues=("money",)):  # still bound: a new failure lands in quarantine
+        await app.enqueue("pay", {"n": 6, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 4), 15, "a new failure quarantined")
+    assert runs == [1, 2, 3, 4, 5, 6]  # no job ran in the steps
 
 
 async def _depth_is(broker: BrokerSettings, queue: str, n: int) -> bool:
