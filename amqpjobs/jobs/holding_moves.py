@@ -8,7 +8,6 @@ from and sends to, and the headers of the copy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -16,7 +15,7 @@ from typing import Any, Final
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.quarantine import PARKED_AT, Selection
-from amqpjobs.jobs.replay_plan import MAX_REPLAY_RATE
+from amqpjobs.jobs.replay_plan import check_rate
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 
 #: What each move's summary calls a moved message.
@@ -30,8 +29,8 @@ class MoveOptions:
     Attributes:
         selection: Filters; the messages that do not match stay, in their place.
         limit: Take at most this many matching messages (None: every one); at least 1.
-        rate: At most this many moves per second (None: as fast as the confirms come); positive,
-            finite, at most :data:`~amqpjobs.jobs.replay_plan.MAX_REPLAY_RATE` (replay's ceiling).
+        rate: At most this many moves per second (None: as fast as the confirms come); within
+            replay's bounds (:func:`~amqpjobs.jobs.replay_plan.check_rate`).
         dry_run: Take the lock, check each copy, move nothing.
 
     Raises:
@@ -47,11 +46,8 @@ class MoveOptions:
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ConfigurationError(f"--limit must be a whole number of messages, at least 1 (got {self.limit})")
-        if self.rate is not None and not (0 < self.rate <= MAX_REPLAY_RATE and math.isfinite(self.rate)):
-            raise ConfigurationError(
-                f"--rate must be a positive, finite number of messages per second, at most {MAX_REPLAY_RATE:g} "
-                f"(got {self.rate:g})"
-            )
+        if self.rate is not None:
+            check_rate(self.rate)
 
     def due(self, started: float, moved: int) -> float:
         """When (``time.monotonic()`` seconds) the move after ``moved`` moves may start: paced from ``started``."""
