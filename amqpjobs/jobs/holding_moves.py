@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.copy_headers import copy_headers
-from amqpjobs.jobs.quarantine import PARKED_AT, Selection
+from amqpjobs.jobs.quarantine import PARKED_AT, QuarantinedJob, Selection, park_headers
 from amqpjobs.jobs.replay_plan import check_rate
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 
@@ -72,11 +71,14 @@ def unpark_source(name: str) -> str:
     return name + PARKED_SUFFIX
 
 
-def unpark_headers(headers: Mapping[str, Any], *, timestamp: Any) -> dict[str, Any]:
+def unpark_headers(headers: Mapping[str, Any], item: QuarantinedJob, *, timestamp: Any) -> dict[str, Any]:
     """Headers of an unparked copy: the parked message's, evidence and all, without ``amqpjobs-parked-at``.
 
-    The evidence a park kept (a broker-side dead-letter's written as ours) goes back as it is,
-    so the job is listed, filtered and replayed from quarantine as it was before its park.
+    The evidence a park kept goes back as it is, so the job is listed, filtered and replayed
+    from quarantine as it was before its park. A parked message whose only evidence is the
+    broker's ``x-death`` (parked by an amqpjobs that copied it as is, or put there by other
+    means) gets it written as our evidence headers, as a park does
+    (:func:`~amqpjobs.jobs.quarantine.park_headers`): the copy can't carry ``x-death``.
     ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
     """
-    return {k: v for k, v in copy_headers(headers, timestamp).items() if k != PARKED_AT}
+    return {k: v for k, v in park_headers(headers, item, "", timestamp=timestamp).items() if k != PARKED_AT}

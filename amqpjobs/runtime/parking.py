@@ -159,7 +159,7 @@ async def unpark(
         await _check_target(connection, target, "quarantine queue")
 
         def unpark_copy(delivery: Received, item: q.QuarantinedJob, at: str) -> dict[str, Any]:
-            return unpark_headers(delivery.headers, timestamp=delivery.timestamp)
+            return unpark_headers(delivery.headers, item, timestamp=delivery.timestamp)
 
         move = _Move("unpark", queue, target, unpark_copy, "quarantined", "quarantine queue")
         return await _move(settings, connection, move, options, census, report, results)

@@ -176,3 +176,42 @@ async def test_unpark_killed_halfway_loses_nothing_and_duplicates_at_most_one(br
     assert set(moved) | set(stayed) == {f"p-{i}" for i in range(total)}  # none lost
     assert len(set(moved) & set(stayed)) <= 1  # only the one in flight can be in both
     assert stayed == sorted(stayed, key=lambda s: int(s[2:]))  # the rest in their order
+
+
+@pytest.mark.version_independent
+async def test_unpark_keeps_the_evidence_of_odd_parked_messages(broker: BrokerSettings, tmp_path: Path):
+    """A parked message whose only evidence is the broker's x-death (parked by an amqpjobs that copied it as is, or
+    shovelled in), one with no evidence at all, and one whose headers nearly fill a frame: each goes back as it was.
+    Before: the x-death one came back 'no-evidence' (the copy strips x-death, the only record of why it failed)."""
+    await make_app(broker, tmp_path)
+    death: dict[str, Any] = {
+        "count": 1,
+        "reason": "rejected",
+        "queue": "work",
+        "exchange": "jobs",
+        "routing-keys": ["work"],
+    }
+    big = "x" * 120_000  # under frame_max (131072) with the rest of the properties
+    async with raw_channel(broker) as ch:
+        odd: list[tuple[str, dict[str, Any]]] = [
+            ("dead-1", {"x-death": [death]}),
+            ("bare-1", {}),
+            ("big-1", {"note": big}),
+        ]
+        for job_id, headers in odd:
+            message = aio_pika.Message(b'{"n": 1}', message_id=job_id, type="mail", headers=headers, delivery_mode=2)
+            await ch.default_exchange.publish(message, routing_key="work.parked")
+    _, before = await browse(broker, "work.parked")
+    assert [(m.delivery.message_id, m.item.reason) for m in before] == [
+        ("dead-1", "x-death:rejected"), ("bare-1", "no-evidence"), ("big-1", "no-evidence"),
+    ]  # fmt: skip
+    moved = await asyncio.to_thread(cli, broker, "quarantine", "unpark", "work", "--yes")
+    assert moved.exit_code == 0, moved.output
+    assert "unparked 3 message(s) from work.parked in work.quarantine; 0 left in work.parked" in moved.stdout
+    _, back = await browse(broker, "work.quarantine")
+    assert [(m.delivery.message_id, m.item.reason, m.item.original_queue) for m in back] == [
+        ("dead-1", "x-death:rejected", "work"), ("bare-1", "no-evidence", ""), ("big-1", "no-evidence", ""),
+    ]  # fmt: skip
+    assert back[2].delivery.headers["note"] == big
+    assert "x-death" not in back[0].delivery.headers
+    assert q.PARKED_AT not in back[0].delivery.headers
