@@ -215,3 +215,20 @@ async def test_unpark_keeps_the_evidence_of_odd_parked_messages(broker: BrokerSe
     assert back[2].delivery.headers["note"] == big
     assert "x-death" not in back[0].delivery.headers
     assert q.PARKED_AT not in back[0].delivery.headers
+
+
+@pytest.mark.version_independent
+async def test_show_of_a_parked_queue_suggests_commands_that_run(broker: BrokerSettings, tmp_path: Path):
+    """Before: `quarantine show work.parked` ended 'a lost cause? amqpjobs quarantine park work.parked', which is
+    refused when pasted ('is a parked queue already', exit 2)."""
+    await make_app(broker, tmp_path)
+    await fill_parked(broker, 2)
+    shown = await asyncio.to_thread(cli, broker, "quarantine", "show", "work.parked", "--job", "mail")
+    assert shown.exit_code == 0, shown.output
+    last = shown.stdout.rstrip().splitlines()[-1]
+    assert last == (
+        "next: fixed? amqpjobs replay work.parked --job mail --canary 1; "
+        "parked by mistake? amqpjobs quarantine unpark work.parked --job mail"
+    )
+    pasted = await asyncio.to_thread(cli, broker, *last.split("? ")[-1].split()[1:], "--yes")
+    assert "unparked 2 message(s) from work.parked in work.quarantine" in pasted.stdout, pasted.output
