@@ -219,6 +219,10 @@ class WholeNumber(click.IntRange):
 class Decimal(click.FloatRange):
     """click's ``FloatRange`` for the digits 0-9 only (as :class:`WholeNumber`)."""
 
+    def _describe_range(self) -> str:
+        """No range in the help when there is none (click would show ``x<=None``)."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """``value`` as a float in the range; text holding anything but ASCII is refused (exit 2)."""
         if isinstance(value, str) and not value.isascii():

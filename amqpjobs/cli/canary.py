@@ -16,8 +16,8 @@ from amqpjobs.jobs.replay_plan import (
     DEFAULT_CANARY_TIMEOUT,
     MAX_CANARY,
     MAX_CANARY_TIMEOUT,
-    MAX_REPLAY_RATE,
     ReplayReport,
+    check_rate,
 )
 from amqpjobs.printable import printable
 
@@ -55,19 +55,14 @@ def canary_timeout(value: str) -> float:
 
 
 def replay_rate(rate: float) -> float:
-    """``replay --rate``, checked: messages per second.
+    """``--rate`` of replay, park and unpark, checked (per second): :func:`~amqpjobs.jobs.replay_plan.check_rate`.
 
     Raises:
-        ConfigurationError: not positive and finite, or above
-            :data:`~amqpjobs.jobs.replay_plan.MAX_REPLAY_RATE` (the console's ceiling too).
+        ConfigurationError: NaN, infinite, below :data:`~amqpjobs.jobs.replay_plan.MIN_REPLAY_RATE` or above
+            :data:`~amqpjobs.jobs.replay_plan.MAX_REPLAY_RATE` (the console's bounds too).
 
     """
-    if not (0 < rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
-        raise ConfigurationError(
-            f"--rate must be a positive, finite number of messages per second, at most {MAX_REPLAY_RATE:g} "
-            f"(got {rate:g})"
-        )
-    return rate
+    return check_rate(rate)
 
 
 def check_canary_options(ctx: click.Context, canary: int | None) -> None:

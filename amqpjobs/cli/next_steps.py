@@ -1,7 +1,8 @@
 """The next command an operator runs, printed by each step of the drill (README "The 3 am drill").
 
 alert -> ``status`` -> ``quarantine list`` -> ``quarantine show`` -> ``replay --canary`` of one
-kind -> ``quarantine park`` the rest -> ``status`` healthy: each step's output names the next.
+kind -> ``quarantine park`` the rest -> ``status`` healthy: each step's output names the next
+(a parked queue's ``show`` names ``quarantine unpark``: park refuses a parked queue).
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ def after_list(queue: str, groups: Sequence[Group]) -> str | None:
 
 
 def after_show(queue: str, chosen: Selection) -> str:
-    """What ``quarantine show`` suggests: replay one of these as a canary, or park them."""
+    """What ``quarantine show`` suggests: replay one of these as a canary, or park them (unpark: a parked queue's)."""
     filters = filter_args(chosen)
-    return (
-        f"next: fixed? {command('replay', queue, *filters, '--canary', '1')}; "
-        f"a lost cause? {command('quarantine', 'park', queue, *filters)}"
+    other = (
+        f"parked by mistake? {command('quarantine', 'unpark', queue, *filters)}"
+        if parse_queue_name(queue).kind == "parked"
+        else f"a lost cause? {command('quarantine', 'park', queue, *filters)}"
     )
+    return f"next: fixed? {command('replay', queue, *filters, '--canary', '1')}; {other}"
 
 
 def after_replay(queue: str, left: int) -> str:

@@ -1,14 +1,18 @@
-"""``amqpjobs quarantine park``: move known failures out of quarantine, so ``status`` is healthy again."""
+"""``amqpjobs quarantine park`` and ``unpark``: known failures out of quarantine (``status`` healthy), and back."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from amqpjobs.cli._census import confirm_take, echo_no_match
 from amqpjobs.cli._common import (
     EXIT_FOUND,
+    Decimal,
+    WholeNumber,
     app_results,
     app_results_option,
     closing_store,
@@ -19,62 +23,130 @@ from amqpjobs.cli._common import (
 )
 from amqpjobs.cli._filters import filter_options, selection
 from amqpjobs.cli._signals import run_until_signal, signals_held
+from amqpjobs.cli.canary import replay_rate
 from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.printable import printable
-from amqpjobs.runtime.parking import TakeReport, park
+from amqpjobs.runtime.parking import TakeReport, park, unpark
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def move_options(func: F) -> F:
+    """The options park and unpark share: the filters, ``--limit``, ``--rate``, ``--dry-run``, ``--yes``, ``--app``."""
+    for option in (
+        url_options,
+        app_results_option,
+        click.option("--yes", is_flag=True, help="Do not ask."),
+        click.option("--dry-run", is_flag=True, help="Take the lock and check each copy; move nothing."),
+        click.option("--rate", type=Decimal(), help="At most this many messages per second (default: no limit)."),
+        click.option("--limit", type=WholeNumber(1), help="Move at most this many."),
+        filter_options,
+    ):
+        func = option(func)
+    return func
+
+
+def _options(
+    job: str | None, error_type: str | None, reason: str | None, since: str | None, limit: int | None,
+    rate: float | None, dry_run: bool,
+) -> MoveOptions:  # fmt: skip
+    chosen = selection(job, error_type, reason, since)
+    return MoveOptions(chosen, limit, None if rate is None else replay_rate(rate), dry_run)
 
 
 @quarantine.command("park")
 @click.argument("queue", callback=queue_name_arg)
-@filter_options
-@click.option("--yes", is_flag=True, help="Do not ask.")
-@app_results_option
-@url_options
+@move_options
 @errors_to_exit_codes
 def quarantine_park(
-    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
-    app_ref: str | None, url: str | None, management_url: str | None,
+    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, limit: int | None,
+    rate: float | None, dry_run: bool, yes: bool, app_ref: str | None, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
     """Move QUEUE's messages that match the filters to the job queue's parked queue (<job queue>.parked).
 
     Each is published to the parked queue with a publisher confirm, then acked: it keeps
     every header (its evidence) and property. Parked jobs are counted by `amqpjobs status`
-    but do not make it unhealthy; `quarantine list/show/replay/purge` take the parked queue.
-    Exit 4 (nothing moved) while another process moves QUEUE's messages (e.g. a replay).
+    but do not make it unhealthy; `quarantine list/show/replay/purge/unpark` take the parked
+    queue. Exit 4 (nothing moved) while another process moves QUEUE's or the parked queue's
+    messages (e.g. a replay).
     """
     broker = settings(url, management_url)
     store = app_results(app_ref)
-    chosen = selection(job, error_type, reason, since)
-    if not yes:
-        confirm_take("Park", queue, chosen, broker.safe_url, "park")
+    options = _options(job, error_type, reason, since, limit, rate, dry_run)
+    if not yes and not dry_run:
+        confirm_take("Park", queue, options.selection, broker.safe_url, "park")
     census, report = Census(), TakeReport(queue)
-    stopped = run_until_signal(closing_store(park(broker, queue, chosen, census, report=report, results=store), store))
+    run = park(broker, queue, census=census, report=report, results=store, options=options)
+    _end("park", run_until_signal(closing_store(run, store)), report, census, options.selection)
+
+
+@quarantine.command("unpark")
+@click.argument("queue", callback=queue_name_arg)
+@move_options
+@errors_to_exit_codes
+def quarantine_unpark(
+    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, limit: int | None,
+    rate: float | None, dry_run: bool, yes: bool, app_ref: str | None, url: str | None, management_url: str | None,
+) -> None:  # fmt: skip
+    """Move QUEUE's parked jobs that match the filters back to the job queue's quarantine queue, running none.
+
+    QUEUE is a parked queue (<job queue>.parked) or its job queue. The way back from a park
+    that took the wrong jobs: each is published to the quarantine queue with a publisher
+    confirm, then acked, in order, keeping every header (its evidence) and property but
+    amqpjobs-parked-at. Exit 4 (nothing moved) while another process moves the parked or the
+    quarantine queue's messages (e.g. a replay).
+    """
+    broker = settings(url, management_url)
+    store = app_results(app_ref)
+    options = _options(job, error_type, reason, since, limit, rate, dry_run)
+    if not yes and not dry_run:
+        confirm_take("Unpark", queue, options.selection, broker.safe_url, "unpark")
+    census, report = Census(), TakeReport(queue)
+    run = unpark(broker, queue, options, census, report=report, results=store)
+    _end("unpark", run_until_signal(closing_store(run, store)), report, census, options.selection)
+
+
+def _end(action: str, stopped: int | None, report: TakeReport, census: Census, chosen: Selection) -> None:
+    """What a park or unpark prints, and its exit code (1: some could not be moved, named; 130/143: a signal)."""
+    done = DONE[action]
     with signals_held():
         if stopped is not None:  # the move under way was cut short, the held messages are back
             click.echo(
-                f"interrupted: parked {report.taken} in {printable(report.target or '?')}, left {report.left} in "
+                f"interrupted: {done} {report.taken} in {printable(report.target or '?')}, left {report.left} in "
                 f"{printable(report.queue)}", err=True,
             )  # fmt: skip
             sys.exit(stopped)
-        _park_end(report, census, chosen)
+        limited = f"; stopped at --limit {report.limit_reached} (the rest were not looked at)"
+        limited = limited if report.limit_reached is not None else ""
+        if report.dry_run:
+            for job_id in report.job_ids:
+                click.echo(f"would {action} {printable(job_id)} -> {printable(report.target)}")
+            click.echo(f"dry run: {report.taken} would be {done} from {printable(report.queue)} to "
+                       f"{printable(report.target)}, nothing moved{limited}")  # fmt: skip
+        else:
+            click.echo(
+                f"{done} {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
+                f"{report.left} left in {printable(report.queue)}{limited}"
+            )
+            _next(action, report)
+        echo_no_match(census, chosen)
+        for line in report.not_moved:
+            click.echo(f"{'would not' if report.dry_run else 'not'} {done} {line}; it stays in "
+                       f"{printable(report.queue)}", err=True)  # fmt: skip
+        if report.not_moved:
+            sys.exit(EXIT_FOUND)
 
 
-def _park_end(report: TakeReport, census: Census, chosen: Selection) -> None:
-    """What a park that ran to its end prints, and its exit code (1: some could not be parked, named)."""
-    click.echo(
-        f"parked {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
-        f"{report.left} left in {printable(report.queue)}"
-    )
-    if report.left:
+def _next(action: str, report: TakeReport) -> None:
+    """The next command a park or unpark names."""
+    if action == "unpark":
+        click.echo(f"next: {command('quarantine', 'list', report.target)} (the unparked jobs, back in quarantine)")
+    elif report.left:
         click.echo(f"next: {command('quarantine', 'list', report.queue)} (what is still quarantined)")
     else:
         click.echo(f"next: {command('status')} (parked jobs do not make it unhealthy; they wait in "
                    f"{printable(report.target)})")  # fmt: skip
-    echo_no_match(census, chosen)
-    for line in report.not_moved:
-        click.echo(f"not parked {line}; it stays in {printable(report.queue)}", err=True)
-    if report.not_moved:
-        sys.exit(EXIT_FOUND)

@@ -55,7 +55,7 @@ from amqpjobs.wire.settings import BrokerSettings
 
 @main.group()
 def quarantine() -> None:
-    """Inspect, export, park and purge quarantine queues (and parked ones).
+    """Inspect, export, park, unpark and purge quarantine queues (and parked ones).
 
     Browsing reads messages with basic.get and returns them all to the queue: they keep
     their order but come back with redelivered=true. It runs while a replay does (seeing

@@ -22,6 +22,7 @@ from amqpjobs.jobs.replay_plan import (  # shared with the CLI
     MAX_CANARY,
     MAX_CANARY_TIMEOUT,
     MAX_REPLAY_RATE,
+    MIN_REPLAY_RATE,
 )
 from amqpjobs.text import ascii_digits
 from amqpjobs.topology.naming import queue_name_problem
@@ -64,8 +65,8 @@ def required(form: Any, name: str, what: str) -> str:
     return text
 
 
-def positive_number(form: Any, name: str, ceiling: float, meaning: str, example: str) -> float:
-    """The field ``name`` (required) as a positive, finite float, at most ``ceiling``.
+def positive_number(form: Any, name: str, ceiling: float, meaning: str, example: str, floor: float = 0.0) -> float:
+    """The field ``name`` (required) as a positive, finite float, at least ``floor`` and at most ``ceiling``.
 
     Args:
         form: The submitted form.
@@ -73,9 +74,10 @@ def positive_number(form: Any, name: str, ceiling: float, meaning: str, example:
         ceiling: The largest value taken.
         meaning: What the number counts, for the error (``messages per second``).
         example: A good value, for the error (``10``).
+        floor: The smallest value taken (0: any positive one).
 
     Raises:
-        FormError: missing, not a number, NaN, infinite, zero, negative or above ``ceiling``.
+        FormError: missing, not a number, NaN, infinite, zero, negative, below ``floor`` or above ``ceiling``.
 
     """
     text = required(form, name, f"a positive number of {meaning}, e.g. {example}")
@@ -87,6 +89,8 @@ def positive_number(form: Any, name: str, ceiling: float, meaning: str, example:
         raise FormError(name, f"give a positive, finite number of {meaning}, e.g. {example} (got {text!r})")
     if value > ceiling:
         raise FormError(name, f"at most {ceiling:g} {meaning} (got {text!r})")
+    if value < floor:
+        raise FormError(name, f"at least {floor:g} {meaning} (got {text!r})")
     return value
 
 
@@ -189,7 +193,7 @@ def action_form(kind: str, form: Any) -> ActionForm:
         raise FormError("confirm", f"type the queue's name, {queue}, to purge it (got {typed!r})")
     if kind != "replay":
         return ActionForm(queue, chosen, params)
-    rate = positive_number(form, "rate", MAX_REPLAY_RATE, "messages per second", "10")
+    rate = positive_number(form, "rate", MAX_REPLAY_RATE, "messages per second", "10", floor=MIN_REPLAY_RATE)
     canary_text = text_of(form, "canary")
     canary = whole_number(canary_text, MAX_CANARY)
     if canary_text and (canary is None or canary < 1):

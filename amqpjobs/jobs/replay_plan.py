@@ -24,10 +24,29 @@ from amqpjobs.topology.orphans import Route, replay_route
 #: ``1e308`` is refused, not run. Messages per second, canary jobs, seconds to wait for the
 #: canaries (1 h). README "Replaying quarantined jobs".
 MAX_REPLAY_RATE: Final = 10_000.0
+#: The floor of ``--rate`` (replay, park, unpark; the console's too), messages per second: one move
+#: each 1000 s. Below it a slip (``1e-300``) moved one job, then waited for ever holding the mover lock.
+MIN_REPLAY_RATE: Final = 0.001
 MAX_CANARY: Final = 10_000
 MAX_CANARY_TIMEOUT: Final = 3600.0
 #: Seconds a canary replay waits for its canaries' outcomes unless told (CLI, console form and server alike).
 DEFAULT_CANARY_TIMEOUT: Final = 60.0
+
+
+def check_rate(rate: float) -> float:
+    """``rate`` (messages per second) when a mover may pace by it, between the floor and the ceiling.
+
+    Raises:
+        ConfigurationError: NaN, infinite, below :data:`MIN_REPLAY_RATE` or above
+            :data:`MAX_REPLAY_RATE` (the message names ``--rate`` and both bounds).
+
+    """
+    if not (MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
+        raise ConfigurationError(
+            f"--rate must be a positive, finite number of messages per second, at least {MIN_REPLAY_RATE:g} (one "
+            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {rate:g})"
+        )
+    return rate
 
 
 def check_replay_target(to: str | None) -> None:

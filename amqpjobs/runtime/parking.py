@@ -1,4 +1,4 @@
-"""Taking chosen messages out of a quarantine queue: park them, or delete them (a filtered purge).
+"""Taking chosen messages out of a quarantine queue: park them (and unpark them), or delete them (a filtered purge).
 
 Parking moves the quarantined jobs an operator knows to be lost causes to the job
 queue's parked queue (``<job queue>.parked``, declared by the topology): ``status``
@@ -7,11 +7,13 @@ queue like a quarantine queue. A park move is the replay's: publish the copy (ev
 header and property as received, :mod:`amqpjobs.wire.copies`, evidence kept:
 :func:`~amqpjobs.jobs.quarantine.park_headers`) with a publisher confirm and
 ``mandatory``, then ack the quarantined original. Killed at any point, every message is
-in quarantine or parked; only the one in flight can be in both.
+in quarantine or parked; only the one in flight can be in both. Unparking (:func:`unpark`)
+is the same move the other way, parked jobs back to quarantine without running them.
 
-Both hold the queue's mover lock (:func:`amqpjobs.runtime.quarantine.mover_lock`), so
-they never run beside a replay of the same queue. Messages that do not match are held
-unacked until the end, then returned to the queue in their place.
+Each holds the queue's mover lock (:func:`amqpjobs.runtime.quarantine.mover_lock`), so
+they never run beside a replay of the same queue; a park or unpark holds its target's
+too. Messages that do not match are held unacked until the end, then returned to the
+queue in their place (:func:`amqpjobs.runtime.taking.take`).
 """
 
 from __future__ import annotations
@@ -19,161 +21,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from amqpjobs.errors import (
-    AmqpJobsError,
     BrokerBlockedError,
-    BrokerError,
     ConfigurationError,
     MessageTooLargeError,
     NotFoundError,
-    PublishError,
     UnroutableError,
 )
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.holding_moves import DONE, MoveOptions, unpark_headers, unpark_source
 from amqpjobs.jobs.payload_refs import PayloadRef
-from amqpjobs.jobs.replay_plan import in_flight_note, stopped_by_alarm
+from amqpjobs.jobs.replay_plan import stopped_by_alarm
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.payloads import PayloadStore, open_store, referenced, retire
 from amqpjobs.runtime.quarantine import (
     HELD_COPY_WAIT,
     INTERRUPTED,
     browse,
-    mover_lock,
     publishing_session,
     resolve_quarantine_queue,
     session,
 )
 from amqpjobs.runtime.results import ResultsStore, record_quietly
+from amqpjobs.runtime.taking import Cut, TakeReport, take
 from amqpjobs.topology.naming import parked_queue_name, parse_queue_name, quarantine_queue_name
-from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
-from amqpjobs.wire.browse import QueueBrowser, probe_queue
+from amqpjobs.wire.browse import probe_queue
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
 
-
-@dataclass
-class TakeReport:
-    """What a park or filtered purge did.
-
-    Attributes:
-        queue: The queue taken from.
-        taken: Messages parked (or deleted).
-        kept: Messages looked at that did not match (still in ``queue``).
-        left: Messages in ``queue`` at the end.
-        target: The parked queue ("" for a purge).
-        job_ids: The job id of each message taken, in queue order (its key, a content hash, without one).
-        not_moved: One line for each matching message that could not be parked (``job 'mail' id
-            'q-1': its copy would be too large: ...``); it stays in ``queue``.
-        payloads_marked: Stored payloads of the deleted messages given their done mark (a purge
-            with the app's payload store; the sweep deletes them after the store's grace).
-        payloads_spared: Stored payloads of deleted messages left as they are: a message left in
-            the queue or its quarantine/parked sibling still names them.
-        payloads_unmarked: Stored payloads whose mark failed (the store erred; logged): they stay.
-        payloads_gone: Stored payloads of deleted messages that were gone already (nothing to mark).
-
-    """
-
-    queue: str
-    taken: int = 0
-    kept: int = 0
-    left: int = 0
-    target: str = ""
-    job_ids: list[str] = field(default_factory=list)
-    not_moved: list[str] = field(default_factory=list)
-    payloads_marked: int = 0
-    payloads_spared: int = 0
-    payloads_unmarked: int = 0
-    payloads_gone: int = 0
-
-
-async def _take(
-    connection: Connection,
-    settings: BrokerSettings,
-    queue: str,
-    selection: q.Selection,
-    action: str,
-    settle: Callable[[Delivery, q.QuarantinedJob], Awaitable[bool]],
-    report: TakeReport,
-    census: Census,
-) -> None:
-    """Under the mover lock, call ``settle`` on each matching message (it acks it, or returns False); hold the rest.
-
-    ``census`` gets the queue, its depth and what every looked-at message holds.
-    """
-    async with mover_lock(connection, settings, queue, action) as lock:
-        _, depth = await resolve_quarantine_queue(connection, queue)  # as the previous mover left it
-        census.queue, census.depth = queue, depth
-        browser = await QueueBrowser.open(connection)
-        try:
-            async for delivery in browser.deliveries(queue, depth):
-                item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-                if not census.matches(item, selection):
-                    report.kept += 1
-                    continue
-                try:
-                    lock.check()
-                except BrokerError as exc:  # its connection dropped (a broker restart): say what moved before it
-                    raise _interrupted(action, queue, report, exc) from exc
-                # cancelled (Ctrl-C, SIGTERM) mid-move, the move finishes first: a copy confirmed in the
-                # parked queue is acked, so no message is left in both places
-                moving = asyncio.ensure_future(settle(delivery, item))
-                job_id = delivery.message_id or item.key  # its job id, else its content hash
-                try:
-                    taken = await asyncio.shield(moving)
-                except asyncio.CancelledError:
-                    with contextlib.suppress(Exception):
-                        taken = await _settled(moving)
-                        if taken:
-                            report.taken += 1
-                            report.job_ids.append(job_id)
-                    raise
-                except _Cut as cut:  # its copy is confirmed, its ack failed: taken (maybe still in the queue too)
-                    report.taken += 1
-                    report.job_ids.append(job_id)
-                    raise _interrupted(action, queue, report, cut.cause) from cut.cause
-                if taken:
-                    report.taken += 1
-                    report.job_ids.append(job_id)
-        except AmqpJobsError as exc:
-            if type(exc) is PublishError:  # the channel or connection closed under a copy's publish
-                raise _interrupted(action, queue, report, exc) from exc
-            raise
-        except INTERRUPTED as exc:
-            raise _interrupted(action, queue, report, exc) from exc
-        finally:
-            await browser.close_quietly()  # the messages kept return to the queue, in their place
-
-
-class _Cut(Exception):
-    """A move whose copy is confirmed but whose ack failed (``cause``): it counts as taken."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-async def _settled(moving: Awaitable[bool]) -> bool:
-    """Whether the move took its message: True also for one cut off after its copy was confirmed (:class:`_Cut`)."""
-    try:
-        return await moving
-    except _Cut:
-        return True
-
-
-def _interrupted(action: str, queue: str, report: TakeReport, exc: BaseException) -> BrokerError:
-    """The error of a park or purge the broker cut short, saying how many were taken before it."""
-    done = {"park": "parked", "purge": "deleted"}.get(action, "taken")
-    in_flight = f" ({in_flight_note(1)})" if action == "park" else ""  # a park moves one at a time
-    return BrokerError(f"{action} of {queue!r} interrupted after {report.taken} {done}{in_flight}: {exc}")
+__all__ = ["TakeReport", "park", "purge_matching", "unpark"]
 
 
 async def park(
@@ -184,13 +70,14 @@ async def park(
     *,
     report: TakeReport | None = None,
     results: ResultsStore | None = None,
+    options: MoveOptions | None = None,
 ) -> TakeReport:
     """Move the messages of quarantine queue ``name`` that match ``selection`` to its job queue's parked queue.
 
     Args:
         settings: Broker settings.
         name: A quarantine queue, or the job queue whose quarantine it is.
-        selection: Filters (None: every message).
+        selection: Filters (None: every message; ``options.selection`` when ``options`` is given).
         census: Filled with what every looked-at message holds (to show what is there
             when the filters matched none).
         report: Filled as the run goes (and returned): a caller keeps it to report a run
@@ -198,69 +85,163 @@ async def park(
             returns the held messages and sets ``left`` before the cancellation propagates.
         results: The app's results store: each parked job is recorded ``parked`` (with its
             quarantine reason) once moved, best effort (:func:`~amqpjobs.runtime.results.record_quietly`).
+        options: ``--limit``, ``--rate`` (moves per second), ``--dry-run``
+            (:class:`~amqpjobs.jobs.holding_moves.MoveOptions`).
 
     Raises:
         ConfigurationError: no such quarantine queue, ``name`` is a parked queue already, or
             the parked queue does not exist (apply the topology); nothing was moved.
-        BusyError: another mover (a replay, a purge ...) works on the queue; nothing was moved.
+        BusyError: another mover (a replay, a purge ...) works on the queue or on its parked
+            queue; nothing was moved.
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
     """
-    selection = selection or q.Selection()
-    async with session(settings) as connection, AsyncExitStack() as stack:
-        queue, depth = await resolve_quarantine_queue(connection, name)
+    options = options or MoveOptions(selection=selection or q.Selection())
+    async with session(settings) as connection:
+        queue, _ = await resolve_quarantine_queue(connection, name)
         parsed = parse_queue_name(queue)
         if parsed.kind == "parked":
             raise ConfigurationError(f"{queue!r} is a parked queue already: park takes from a quarantine queue")
         target = parked_queue_name(parsed.job_queue)
+        await _check_target(connection, target, "parked queue")
+
+        def park_copy(delivery: Received, item: q.QuarantinedJob, at: str) -> dict[str, Any]:
+            return q.park_headers(delivery.headers, item, at, timestamp=delivery.timestamp)
+
+        move = _Move("park", queue, target, park_copy, "parked", "parked queue")
+        return await _move(settings, connection, move, options, census, report, results)
+
+
+async def unpark(
+    settings: BrokerSettings,
+    name: str,
+    options: MoveOptions | None = None,
+    census: Census | None = None,
+    *,
+    report: TakeReport | None = None,
+    results: ResultsStore | None = None,
+) -> TakeReport:
+    """Move the messages of parked queue ``name`` that match ``options`` back to the job queue's quarantine queue.
+
+    The lossless way back from a park: nothing runs the jobs. Each copy keeps every header and
+    property as parked (the evidence) but ``amqpjobs-parked-at``
+    (:func:`~amqpjobs.jobs.holding_moves.unpark_headers`), and goes with a publisher confirm
+    before its original is acked, one at a time, in the parked queue's order, holding the mover
+    locks of both queues: the move of :func:`park`, the other way.
+
+    Args:
+        settings: Broker settings.
+        name: A parked queue, or the job queue whose parked queue it is.
+        options: Filters, ``--limit``, ``--rate`` (moves per second), ``--dry-run`` (None: every message).
+        census: As :func:`park`'s.
+        report: As :func:`park`'s.
+        results: The app's results store: each unparked job is recorded ``quarantined`` again
+            (best effort, :func:`~amqpjobs.runtime.results.record_quietly`).
+
+    Raises:
+        ConfigurationError: ``name`` is a quarantine queue, no such parked queue, or the
+            quarantine queue does not exist (apply the topology); nothing was moved.
+        BusyError: another mover works on the parked or the quarantine queue; nothing was moved.
+        BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
+
+    """
+    options = options or MoveOptions()
+    source = unpark_source(name)
+    async with session(settings) as connection:
         try:
-            await probe_queue(connection, target)
-        except NotFoundError:
+            queue, _ = await resolve_quarantine_queue(connection, source)
+        except ConfigurationError:
             raise ConfigurationError(
-                f"parked queue {target!r} does not exist: apply the topology (amqpjobs topology apply) to declare "
-                "it; nothing was moved"
+                f"no parked queue {source!r} in this vhost: nothing to unpark (check the name: a parked queue is "
+                "<job queue>.parked, declared by amqpjobs topology apply)"
             ) from None
-        if depth:  # a copy's publish would be held, the park with it, without a word
-            await refuse_while_blocked(settings, f"park of {queue!r}")
-        report = report if report is not None else TakeReport(queue)
-        report.queue, report.target = queue, target
-        publishing = await stack.enter_async_context(publishing_session(settings, "park"))
+        target = quarantine_queue_name(parse_queue_name(queue).job_queue)
+        await _check_target(connection, target, "quarantine queue")
+
+        def unpark_copy(delivery: Received, item: q.QuarantinedJob, at: str) -> dict[str, Any]:
+            return unpark_headers(delivery.headers, item, timestamp=delivery.timestamp)
+
+        move = _Move("unpark", queue, target, unpark_copy, "quarantined", "quarantine queue")
+        return await _move(settings, connection, move, options, census, report, results)
+
+
+async def _check_target(connection: Connection, target: str, what: str) -> None:
+    """Refuse a move whose target queue does not exist (a publish there would come back unroutable)."""
+    try:
+        await probe_queue(connection, target)
+    except NotFoundError:
+        raise ConfigurationError(
+            f"{what} {target!r} does not exist: apply the topology (amqpjobs topology apply) to declare "
+            "it; nothing was moved"
+        ) from None
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One kind of move between holding queues: ``action`` from ``queue`` to ``target``, copies by ``headers``."""
+
+    action: str
+    queue: str
+    target: str
+    headers: Callable[[Received, q.QuarantinedJob, str], dict[str, Any]]
+    state: str  # recorded in the results store for each job moved
+    what: str  # what the target is: "parked queue", "quarantine queue"
+
+
+async def _move(
+    settings: BrokerSettings,
+    connection: Connection,
+    how: _Move,
+    options: MoveOptions,
+    census: Census | None,
+    report: TakeReport | None,
+    results: ResultsStore | None,
+) -> TakeReport:
+    """Publish a copy of each matching message of ``how.queue`` to ``how.target`` (confirmed), then ack it."""
+    queue, target, action = how.queue, how.target, how.action
+    done = DONE[action]
+    _, depth = await resolve_quarantine_queue(connection, queue)
+    if depth and not options.dry_run:  # a copy's publish would be held, the move with it, without a word
+        await refuse_while_blocked(settings, f"{action} of {queue!r}")
+    report = report if report is not None else TakeReport(queue)
+    report.queue, report.target, report.dry_run = queue, target, options.dry_run
+    async with publishing_session(settings, action) as publishing:
         publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
-        parked_at = envelope.iso_utc()
-        blocked: BrokerBlockedError | None = None  # its copy held by a resource alarm stopped the park
+        moved_at = envelope.iso_utc()
+        blocked: BrokerBlockedError | None = None  # its copy held by a resource alarm stopped the move
 
         async def move(delivery: Delivery, item: q.QuarantinedJob) -> bool:
             job_id = delivery.message_id or item.job_id or ""
             at = time.time()
-            copy = delivery.copy(
-                q.park_headers(delivery.headers, item, parked_at, timestamp=delivery.timestamp), job_id
-            )
+            copy = delivery.copy(how.headers(delivery, item, moved_at), job_id)
             try:
                 await publisher.check("", target, copy)  # a copy can't be sent: it stays, and the others go
+                if options.dry_run:
+                    return True
                 await publisher.publish("", target, copy)
             except MessageTooLargeError as exc:
                 report.not_moved.append(item.too_large(exc.reason or str(exc)))
                 return False
             except UnroutableError:
                 raise ConfigurationError(
-                    f"parked queue {target!r} went missing; {report.taken} parked before it (if it was deleted, "
-                    f"they went with it), the rest stay in {queue}, the one in hand too: declare it again "
-                    "(amqpjobs topology apply), then park again"
+                    f"{how.what} {target!r} went missing; {report.taken} {done} before it (if it was deleted, they "
+                    f"went with it), the rest stay in {queue}, the one in hand too: declare it again (amqpjobs "
+                    f"topology apply), then {action} again"
                 ) from None
-            # the copy is confirmed: it is parked, whatever becomes of the ack (a failed one leaves the
-            # original in quarantine too, a duplicate, never a loss)
-            moved.append(StateRecord(job_id, item.job, "parked", item.attempts, at, detail=item.reason,
+            # the copy is confirmed: it is moved, whatever becomes of the ack (a failed one leaves the
+            # original where it was too, a duplicate, never a loss)
+            moved.append(StateRecord(job_id, item.job, how.state, item.attempts, at, detail=item.reason,
                                      error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
                                      where=target))  # fmt: skip
             try:
                 await delivery.ack()
             except INTERRUPTED as exc:
-                raise _Cut(exc) from exc
+                raise Cut(exc) from exc
             return True
 
         moved: list[StateRecord] = []
         try:
-            await _take(connection, settings, queue, selection, "park", move, report, census or Census())
+            await take(connection, settings, queue, options, action, move, report, census or Census(), target)
         except BrokerBlockedError as exc:  # said once its held copy is dropped and what stays is counted
             blocked = exc
         except asyncio.CancelledError:  # the held messages are back: count them for the caller's summary
@@ -274,10 +255,10 @@ async def park(
                 await reset(publishing)
             await publisher.close()
             await record_quietly(results, moved)
-        _, report.left = await resolve_quarantine_queue(connection, queue)
+    _, report.left = await resolve_quarantine_queue(connection, queue)
     if blocked is not None:  # one copy at a time: the one held
         raise BrokerBlockedError(
-            stopped_by_alarm("park", "parked", queue, report.taken, report.left, blocked.alarm, 1), alarm=blocked.alarm
+            stopped_by_alarm(action, done, queue, report.taken, report.left, blocked.alarm, 1), alarm=blocked.alarm
         ) from blocked
     return report
 
@@ -321,7 +302,7 @@ async def purge_matching(
                 purged.add(ref)
             return True
 
-        await _take(connection, settings, queue, selection, "purge", delete, report, census or Census())
+        await take(connection, settings, queue, MoveOptions(selection), "purge", delete, report, census or Census())
         _, report.left = await resolve_quarantine_queue(connection, queue)
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -33,7 +32,14 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
-from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target, destination, replay_window
+from amqpjobs.jobs.replay_plan import (
+    ReplayOptions,
+    ReplayReport,
+    check_rate,
+    check_replay_target,
+    destination,
+    replay_window,
+)
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
 from amqpjobs.runtime.quarantine import (
@@ -185,10 +191,7 @@ async def replay(
         BrokerError, BrokerUnavailableError: the broker failed; nothing unconfirmed was acked.
 
     """
-    if not (options.rate > 0 and math.isfinite(options.rate)):
-        raise ConfigurationError(
-            f"--rate must be a positive, finite number of messages per second (got {options.rate})"
-        )
+    check_rate(options.rate)
     check_replay_target(options.to)
     replay_id = str(uuid.uuid4())
     report = report if report is not None else ReplayReport(queue=name)

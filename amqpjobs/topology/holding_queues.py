@@ -72,7 +72,8 @@ def legacy_note(queue: str, role: str, quarantine: str, parked: str) -> str:
     """What a classic ``role`` queue ``queue`` of a quorum job queue lacks, and how to make it quorum losing no job.
 
     The quarantine is emptied into the parked queue; the parked queue, once the quarantine is
-    quorum, through a replay whose jobs fail back into it (a purge would drop them: never said).
+    quorum, unparked into it and parked again afterwards: no job runs (a replay would run each once
+    more; a purge would drop them: never said).
 
     Args:
         queue: The classic queue's name.
@@ -88,9 +89,9 @@ def legacy_note(queue: str, role: str, quarantine: str, parked: str) -> str:
         )
     else:
         steps = (
-            f"To make it quorum without losing a job, once {quarantine} is quorum: `amqpjobs replay {queue}` (with "
-            f"the workers running, a job that fails again goes to {quarantine}), {delete}, apply again, then "
-            f"`amqpjobs quarantine park {quarantine} --yes` parks those jobs again"
+            f"To make it quorum without losing a job or running one, once {quarantine} is quorum: `amqpjobs "
+            f"quarantine unpark {queue} --yes` (its jobs wait in {quarantine}), {delete}, apply again, then "
+            f"`amqpjobs quarantine park {quarantine} --yes` parks them again"
         )
     return (
         f"{queue} is classic, as amqpjobs declared it before it followed its job queue's type; it keeps "

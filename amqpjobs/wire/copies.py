@@ -38,6 +38,10 @@ received, except:
 * ``user_id``: dropped. The broker refuses a publish whose ``user_id`` is not the
   publishing connection's user (``PRECONDITION_FAILED``, closing the channel), and a
   worker or a replay may well connect as another user than the original publisher.
+* ``delivery_mode``: 2 (persistent), whatever was received. A job another stack published
+  transient (1, or none) would stay transient in its retry tier, quarantine, suspects or
+  parked queue, and a broker restart empties a durable classic queue of its transient
+  messages: the quarantine would lose what it holds (measured on 3.10).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ _PREFIX = 12
 
 #: Properties a copy never carries (see the module docstring).
 DROPPED = frozenset({"expiration", "user_id"})
+#: The ``delivery_mode`` of every copy (see the module docstring): persistent.
+PERSISTENT = b"\x02"
 
 
 def _unmarshal_keeping_bytes(self: ContentHeader, data: bytes) -> None:
@@ -239,6 +245,8 @@ def copy_properties(
         message_id: The copy's ``message_id``; encoded anew only if the message had none.
         timestamp: The copy's ``timestamp`` (whole seconds since the epoch), or None: as received.
 
+    ``delivery_mode`` is always 2 (persistent), also for a message received transient.
+
     Raises:
         ValueError: ``received`` is not a well-formed content header.
         TypeError: a header value pamqp can't encode.
@@ -249,6 +257,7 @@ def copy_properties(
         props["message_id"] = encode.short_string(message_id)
     if timestamp is not None:
         props["timestamp"] = struct.pack(">Q", timestamp)
+    props["delivery_mode"] = PERSISTENT
     flags, parts = 0, []
     for name, flag, _ in PROPERTY_LAYOUT:
         if name in props and name not in DROPPED:

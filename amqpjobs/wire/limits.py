@@ -53,8 +53,9 @@ def checked_frame_max(frame_max: object, where: str) -> int:
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
     """The AMQP basic properties of ``message``.
 
-    A new message is persistent (``delivery_mode`` 2); a copy of a received message
-    (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its properties and headers as received.
+    Every message is persistent (``delivery_mode`` 2); a copy of a received message
+    (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its other properties and its headers as
+    received (also persistent when the original was transient).
     """
     if isinstance(message, ReceivedCopy):
         return message.amqp_properties()

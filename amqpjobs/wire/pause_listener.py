@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -16,6 +17,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
+from amqpjobs.printable import printable
 from amqpjobs.topology.naming import LISTENER_PREFIX, SIGNAL_EXCHANGE, pause_signal_key
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
@@ -24,6 +26,33 @@ from amqpjobs.wire.flags import LISTEN_PERMISSION, RECHECK, PauseFlag, parse_sig
 log = logging.getLogger("amqpjobs.wire")
 
 _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, AmqpJobsError)
+#: How RabbitMQ closes the connections of a vhost deleted (``is deleted``) or stopped (``is down``) under them.
+_VHOST_GONE = re.compile(r"CONNECTION_FORCED - vhost '(.*)' is (deleted|down)")
+
+
+def not_listening(exc: BrokerError, after: str) -> str:
+    """The warning of a listener that could not listen again ``after`` (say, a reconnect): what happened, what to do.
+
+    Its vhost deleted (or stopped) under the worker is said as such: nothing was deleted by hand,
+    and no flag can be read until the vhost is back (the connection then comes back on its own).
+    """
+    gone = _VHOST_GONE.search(str(exc))
+    if gone is None:
+        return f"{exc} {after}; no job starts here until the pause flags are read again (tried every {RECHECK:g}s)"
+    vhost, reason = printable(repr(gone.group(1))), printable(gone.group(0))
+    if gone.group(2) == "deleted":
+        return (
+            f"the vhost {vhost} of this worker was deleted ({reason}): its queues went with it, the queue for pause "
+            "signals too, and no job starts here; the worker reconnects on its own and listens again once the vhost "
+            "is back: create it again and apply the topology (amqpjobs topology apply), or stop this worker"
+        )
+    # "is down": a vhost being deleted says so too (measured on 3.10: either, by which connection is closed first)
+    return (
+        f"the vhost {vhost} of this worker was deleted or stopped ({reason}): no job starts here; the worker "
+        "reconnects on its own and listens again once the vhost is back: a deleted one, create it again and apply "
+        "the topology (amqpjobs topology apply); a stopped one, restart it (rabbitmqctl restart_vhost); or stop "
+        "this worker"
+    )
 
 
 class PauseSignals:
@@ -103,7 +132,7 @@ class PauseSignals:
         try:
             await self._listen()
         except BrokerError as exc:
-            log.warning("%s after its queue was deleted; pause flags are read every %gs meanwhile", exc, RECHECK)
+            log.warning("%s", not_listening(exc, f"after its queue {self.name} was deleted"))
             return
         log.warning("the queue for pause signals %s was deleted; declared it again", self.name)
         self._on_back()
@@ -123,7 +152,7 @@ class PauseSignals:
         try:
             await self._listen()
         except BrokerError as exc:
-            log.warning("%s after a reconnect; pause flags are read every %gs meanwhile", exc, RECHECK)
+            log.warning("%s", not_listening(exc, "after a reconnect"))
             return
         self._on_back()
 

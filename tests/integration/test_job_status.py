@@ -138,16 +138,25 @@ async def test_states_through_success_retries_quarantine_park_and_replay(
         assert shown.stdout.count("running     attempt 1") == 1
         assert "parked      attempt 1  rejected" in shown.stdout  # the attempt that failed, not 0
 
+        # parked by mistake: amqpjobs quarantine unpark --app records it quarantined again; then parked again
+        back = await asyncio.to_thread(cli, broker, "quarantine", "unpark", "work", "--yes", "--app", ref)
+        assert back.exit_code == 0, back.output
+        assert (await app.job_status(rejected)).state == "quarantined"
+        shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
+        assert "now: work.quarantine (found by browsing)" in shown.stdout, shown.stdout
+        again = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes", "--app", ref)
+        assert again.exit_code == 0, again.output
+
         # replay from the parked queue: replayed, then it runs and succeeds
         moved = await replay(broker, "work.parked", ReplayOptions(rate=100), results=app.results)
         assert moved.replayed == 1
         assert await app.result(rejected, timeout=20) == [1, 2, 3]
         final = await app.job_status(rejected)
         assert states(final.history) == [
-            ("queued", 0), ("running", 1), ("quarantined", 1), ("parked", 1), ("replayed", 1), ("running", 1),
-            ("succeeded", 1),
+            ("queued", 0), ("running", 1), ("quarantined", 1), ("parked", 1), ("quarantined", 1), ("parked", 1),
+            ("replayed", 1), ("running", 1), ("succeeded", 1),
         ]  # fmt: skip
-        replay_run = final.history[4].detail
+        replay_run = final.history[6].detail
         assert replay_run.startswith("replay run ")
         assert uuid.UUID(replay_run.removeprefix("replay run "))
         with app.sync_publisher() as sync:

@@ -306,3 +306,42 @@ async def test_a_suspects_turn_of_another_job_queue_leaves_a_paused_ones_waiting
     finally:
         await worker.shutdown()
         await app.close()
+
+
+async def test_a_worker_whose_vhost_is_deleted_says_so_and_what_to_do_then_comes_back_with_it(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Before: 'listening for pause signals failed: [Errno 320] CONNECTION_FORCED - vhost ... is deleted after its
+    queue was deleted; pause flags are read every 30s meanwhile': no queue was deleted by anyone, and no flag can be
+    read from a vhost that is gone."""
+    app = await make_app(broker, tmp_path)
+    starts: dict[int, list[float]] = {}
+    _app_with_slow_job(app, starts, 0.01)
+    caplog.set_level(logging.INFO, "amqpjobs")
+    worker, _ = await _worker(app, broker)
+    try:
+        with ManagementClient(broker) as mgmt:
+            mgmt.delete_vhost(broker.vhost)
+        said = f"the vhost {broker.vhost!r} of this worker was deleted"
+        await wait_until(lambda: said in caplog.text, 15, "the listener's warning")
+        (line,) = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+        # the broker closes a connection of a vhost being deleted with "is deleted" or "is down" (3.10: either)
+        assert line in (
+            f"{said} (CONNECTION_FORCED - vhost {broker.vhost!r} is deleted): its queues went with it, the queue for "
+            "pause signals too, and no job starts here; the worker reconnects on its own and listens again once the "
+            "vhost is back: create it again and apply the topology (amqpjobs topology apply), or stop this worker",
+            f"{said} or stopped (CONNECTION_FORCED - vhost {broker.vhost!r} is down): no job starts here; the worker "
+            "reconnects on its own and listens again once the vhost is back: a deleted one, create it again and "
+            "apply the topology (amqpjobs topology apply); a stopped one, restart it (rabbitmqctl restart_vhost); "
+            "or stop this worker",
+        ), line
+        assert "after its queue was deleted" not in caplog.text
+        with ManagementClient(broker) as mgmt:
+            mgmt.create_vhost(broker.vhost)
+        await apply_topology(tmp_path / "applied.toml", broker)
+        await wait_until(lambda: "pause flags read again" in caplog.text, 30, "the flags read in the vhost again")
+        await app.enqueue("slow", {"i": 7}, job_id="job-7")
+        await wait_until(lambda: 7 in starts, 30, "a job run in the vhost again")
+    finally:
+        await worker.shutdown()
+        await app.close()

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -149,7 +150,8 @@ async def test_a_classic_quarantine_an_earlier_version_declared_is_kept_with_a_n
 async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum_losing_no_job(
     broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient, apps: list[App]
 ) -> None:
-    """An upgrade from an amqpjobs that declared them classic, done as the plan's notes say, in their order."""
+    """An upgrade from an amqpjobs that declared them classic, done as the plan's notes say, in their order: no job
+    lost, none run (before, the parked queue's note said to replay it: each parked job ran once more)."""
     async with raw_channel(broker) as ch:  # as amqpjobs declared them before they followed the job queue's type
         for name in ("money.quarantine", "money.parked"):
             await ch.declare_queue(name, durable=True)
@@ -171,7 +173,8 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     assert "`amqpjobs quarantine park money.quarantine --yes`" in notes[0]
     for note, queue in zip(notes, ("money.quarantine", "money.parked"), strict=True):  # the vhost named, not <vhost>
         assert f"(`rabbitmqctl -p {broker.vhost} delete_queue --if-empty {queue}`)" in note, note
-    assert "once money.quarantine is quorum: `amqpjobs replay money.parked`" in notes[1]
+    assert "once money.quarantine is quorum: `amqpjobs quarantine unpark money.parked --yes`" in notes[1]
+    assert "replay" not in notes[1]  # a replay would run each parked job once more
     assert all("purge" not in note for note in notes)
 
     async def delete_if_empty(name: str) -> None:  # what `rabbitmqctl delete_queue --if-empty` does
@@ -182,11 +185,10 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money.quarantine", "--yes")).exit_code == 0
     await delete_if_empty("money.quarantine")
     assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
-    # the parked queue: replay it with the workers running (the jobs fail back into the quorum quarantine)
-    async with running_worker(app, broker, queues=("money",)):
-        replayed = await asyncio.to_thread(cli, broker, "replay", "money.parked", "--rate", "100")
-        assert replayed.exit_code == 0, replayed.output
-        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "the replayed jobs back")
+    # the parked queue: unpark its jobs into the quorum quarantine (none runs), delete it, apply, park them again
+    unparked = await asyncio.to_thread(cli, broker, "quarantine", "unpark", "money.parked", "--yes")
+    assert unparked.exit_code == 0, unparked.output
+    assert await depth(broker, "money.quarantine") == 3
     await delete_if_empty("money.parked")
     applied = await asyncio.to_thread(cli, broker, "topology", "apply", str(path))
     assert applied.exit_code == 0, applied.output
@@ -199,7 +201,63 @@ async def test_the_notes_steps_make_a_classic_quarantine_and_parked_queue_quorum
     _, items = await browse(broker, "money.parked")
     assert sorted(json.loads(m.delivery.body)["n"] for m in items) == [1, 2, 3]  # none lost
     assert await depth(broker, "money.quarantine") == 0
-    assert runs == [1, 2, 3, 1, 2, 3]  # each ran once more, in the replay
+    assert runs == [1, 2, 3]  # none ran again (before: a replay ran each once more)
+
+
+async def test_the_readmes_rollback_steps_make_both_classic_again_each_job_in_its_place_none_run(
+    broker: BrokerSettings, tmp_path: Path, mgmt: ManagementClient, apps: list[App]
+) -> None:
+    """README "Rolling back": quorum quarantine and parked queues back to classic, as an older release declared them."""
+    path = tmp_path / "q.toml"
+    path.write_text(TOPOLOGY)
+    assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(path))).exit_code == 0
+    runs: list[int] = []
+    app = quorum_app(broker, path, runs, apps)
+    async with running_worker(app, broker, queues=("money",)):  # two parked, then three quarantined
+        for n in (1, 2):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 2), 15, "two quarantined")
+        assert (await asyncio.to_thread(cli, broker, "quarantine", "park", "money", "--yes")).exit_code == 0
+        for n in (3, 4, 5):
+            await app.enqueue("pay", {"n": n, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 3), 15, "three more quarantined")
+    assert runs == [1, 2, 3, 4, 5]
+
+    def classic_again(name: str) -> None:  # rabbitmqctl delete_queue (no --if-empty on quorum), rabbitmqadmin declare
+        assert (mgmt.queue(broker.vhost, name) or {}).get("messages") in (0, None)
+        mgmt.request("DELETE", f"/queues/{quote(broker.vhost, safe='')}/{name}")
+        mgmt.request("PUT", f"/queues/{quote(broker.vhost, safe='')}/{name}",
+                     json={"durable": True, "arguments": {"x-queue-type": "classic"}})  # fmt: skip
+
+    def run(*args: str) -> str:
+        result = cli(broker, *args)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    assert "unparked 2 message(s) from money.parked in money.quarantine" in await asyncio.to_thread(
+        run, "quarantine", "unpark", "money", "--yes"
+    )
+    assert await depth(broker, "money.parked") == 0
+    await asyncio.to_thread(classic_again, "money.parked")
+    assert "parked 5 message(s)" in await asyncio.to_thread(run, "quarantine", "park", "money", "--yes")
+    assert await depth(broker, "money.quarantine") == 0
+    await asyncio.to_thread(classic_again, "money.quarantine")
+    applied = await asyncio.to_thread(run, "topology", "apply", str(path))
+    assert "kept      queue    money.quarantine" in applied
+    assert "kept      queue    money.parked" in applied
+    assert "unparked 3 message(s)" in await asyncio.to_thread(
+        run, "quarantine", "unpark", "money", "--limit", "3", "--yes"
+    )
+    for name, wanted in (("money.quarantine", [3, 4, 5]), ("money.parked", [1, 2])):
+        live = mgmt.queue(broker.vhost, name)
+        assert live is not None
+        assert (live["type"], live["arguments"]) == ("classic", {"x-queue-type": "classic"}), live
+        _, items = await browse(broker, name)
+        assert [json.loads(m.delivery.body)["n"] for m in items] == wanted, name  # in place, in order
+    async with running_worker(app, broker, queues=("money",)):  # still bound: a new failure lands in quarantine
+        await app.enqueue("pay", {"n": 6, "fail": True})
+        await wait_until_async(lambda: _depth_is(broker, "money.quarantine", 4), 15, "a new failure quarantined")
+    assert runs == [1, 2, 3, 4, 5, 6]  # no job ran in the steps
 
 
 async def _depth_is(broker: BrokerSettings, queue: str, n: int) -> bool:

@@ -123,3 +123,19 @@ def test_a_copy_takes_the_time_it_becomes_ready_as_its_timestamp() -> None:
 def test_the_ready_time_of_a_copy_is_in_whole_seconds() -> None:
     assert envelope.ready_at(1_000.9) == 1_000
     assert envelope.ready_at(1_000.9, delay=35.0) == 1_035
+
+
+@pytest.mark.parametrize("mode", [b"\x01", None], ids=["transient", "unset"])
+def test_every_copy_is_persistent_whatever_the_publisher_sent(mode: bytes | None) -> None:
+    """A job published transient (delivery mode 1, or none) by another stack is persistent from its first copy on:
+    a quarantine, parked or retry-tier copy left transient is lost from its durable queue at a broker restart."""
+    props = {k: v for k, v in SENT.items() if k != "delivery_mode"}
+    if mode is not None:
+        props["delivery_mode"] = mode
+    delivery = received(props)
+    assert delivery.properties()["delivery_mode"] == (None if mode is None else mode[0])
+    out = sent(delivery.copy(dict(delivery.headers), "job-1"))
+    assert out["delivery_mode"] == b"\x02"
+    assert {k: v for k, v in out.items() if k not in ("headers", "delivery_mode")} == {
+        k: v for k, v in props.items() if k not in DROPPED | {"headers", "delivery_mode"}
+    }

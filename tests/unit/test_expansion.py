@@ -78,12 +78,13 @@ def test_a_quorum_quarantine_found_classic_is_kept_with_a_note_and_anything_else
     (item,) = make_plan([parked], [ObjectState("queue", "mail.parked", "classic", messages=1)]).items
     assert item.action is Action.UNCHANGED
     assert item.note.endswith(
-        "To make it quorum without losing a job, once mail.quarantine is quorum: `amqpjobs replay mail.parked` "
-        "(with the workers running, a job that fails again goes to mail.quarantine), delete it (`rabbitmqctl -p "
+        "To make it quorum without losing a job or running one, once mail.quarantine is quorum: `amqpjobs "
+        "quarantine unpark mail.parked --yes` (its jobs wait in mail.quarantine), delete it (`rabbitmqctl -p "
         "<vhost> delete_queue --if-empty mail.parked`), apply again, then `amqpjobs quarantine park mail.quarantine "
-        "--yes` parks those jobs again"
+        "--yes` parks them again"
     )
     assert "purge" not in item.note
+    assert "replay" not in item.note  # a replay would run each parked job once more
     assert "note: mail.quarantine is classic" in make_plan([quarantine], [old]).report()
     for other in (
         ObjectState("queue", "mail.quarantine", "classic", arguments={"x-max-length": 5}),

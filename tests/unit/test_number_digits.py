@@ -45,6 +45,17 @@ def test_every_number_option_takes_the_digits_0_to_9_only() -> None:
     assert loose == []
 
 
+def test_no_help_shows_a_range_of_none() -> None:
+    """Before: `replay --help` and `quarantine park/unpark --help` showed `--rate FLOAT RANGE ... [x<=None]`."""
+    shown = []
+    for path, param in every_option():
+        if isinstance(param, click.Option) and isinstance(param.type, Decimal | WholeNumber):
+            record = param.get_help_record(click.Context(main, info_name="amqpjobs"))
+            if record is not None and "None" in record[1]:
+                shown.append(f"{path} {param.name}: {record[1]}")
+    assert shown == []
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [

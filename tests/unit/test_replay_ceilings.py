@@ -55,3 +55,30 @@ def test_a_run_a_resource_alarm_stopped_says_what_moved_what_stays_and_when_to_r
         f"replayed before it, 288 still in work.quarantine ({words}; none is in both places); run it again once "
         "the alarm clears"
     )
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "5e-324", "0.0009"])
+@pytest.mark.parametrize("command", [["replay", "work"], ["quarantine", "park", "work", "--yes"],
+                                     ["quarantine", "unpark", "work", "--yes"]])  # fmt: skip
+def test_a_rate_so_low_the_next_move_waits_for_ever_is_refused(command: list[str], rate: str) -> None:
+    """Before: `replay money --rate 1e-300` moved one job, then slept 1e300 s holding the mover lock, silent
+    (5e-324: 1 / rate is infinite); measured on 3.10 ('interrupted: moved 1 ... left 4')."""
+    result = CliRunner().invoke(main, [*command, "--rate", rate], env=ENV)
+    assert result.exit_code == 2, result.output
+    assert (
+        "--rate must be a positive, finite number of messages per second, at least 0.001 (one move each "
+        "1000 s) and at most 10000" in result.output
+    )
+    assert "Traceback" not in result.output
+
+
+def test_the_console_refuses_the_rate_the_cli_refuses() -> None:
+    with pytest.raises(forms.FormError) as caught:
+        forms.positive_number({"rate": "1e-300"}, "rate", replay_plan.MAX_REPLAY_RATE, "messages per second", "10",
+                              floor=replay_plan.MIN_REPLAY_RATE)  # fmt: skip
+    assert "at least 0.001 messages per second" in str(caught.value)
+    assert console_floor() is replay_plan.MIN_REPLAY_RATE
+
+
+def console_floor() -> float:
+    return vars(forms)["MIN_REPLAY_RATE"]  # type: ignore[no-any-return]
