@@ -34,7 +34,7 @@ from amqpjobs.runtime.logs import flush_logs
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
-from amqpjobs.wire.settings import MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
+from amqpjobs.wire.settings import CONNECT_TIMEOUT_ENV, MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 from amqpjobs.wire.urls import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -243,11 +243,13 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
     """``--connect-timeout``: how long to retry a refused first connect; read by :func:`settings`.
 
     Not passed to the command function (``expose_value=False``): :func:`settings` reads it
-    from the click context, so every command gets it without a new parameter.
+    from the click context, so every command gets it without a new parameter. Given neither,
+    ``$AMQPJOBS_CONNECT_TIMEOUT`` (:data:`~amqpjobs.wire.settings.CONNECT_TIMEOUT_ENV`), else
+    ``default``; a bad value is refused naming the variable (exit 2).
     """
     return click.option(
         "--connect-timeout", default=default, show_default=True, expose_value=False,
-        callback=_keep_connect_timeout,
+        envvar=CONNECT_TIMEOUT_ENV, show_envvar=True, callback=_keep_connect_timeout,
         help="Keep retrying a refused connect this long (a duration: '30s'), one log line per attempt.",
     )  # fmt: skip
 

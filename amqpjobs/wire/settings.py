@@ -30,6 +30,8 @@ from amqpjobs.wire.urls import (
 URL_ENV = "AMQPJOBS_URL"
 #: Environment variable for the management API URL, when it can't be derived.
 MANAGEMENT_URL_ENV = "AMQPJOBS_MANAGEMENT_URL"
+#: Environment variable for the CLI's ``--connect-timeout`` (a duration), when the option is not given.
+CONNECT_TIMEOUT_ENV = "AMQPJOBS_CONNECT_TIMEOUT"
 #: The management port is the AMQP port plus this (5672 → 15672, RabbitMQ's defaults).
 MANAGEMENT_PORT_OFFSET = 10000
 

@@ -65,8 +65,15 @@ async def raw_channel(settings: BrokerSettings) -> AsyncIterator[AbstractChannel
 
 
 def cli(settings: BrokerSettings, *args: str) -> Result:
-    """Run the amqpjobs CLI in-process against the test vhost."""
-    env = {"AMQPJOBS_URL": settings.url, "AMQPJOBS_MANAGEMENT_URL": settings.management_url}
+    """Run the amqpjobs CLI in-process against the test vhost.
+
+    With ``--connect-timeout`` 10 s unless a test gives it (one-shot commands default to 5 s, and
+    so does each management API request): in the parallel suite a 4.x node busy with quorum
+    queues once took longer than 5 s to answer a `quarantine park` (local CI 48 on 4.3; again on
+    4.0 beside four other engineers' suites). The default's own tests give their values.
+    """
+    env = {"AMQPJOBS_URL": settings.url, "AMQPJOBS_MANAGEMENT_URL": settings.management_url,
+           "AMQPJOBS_CONNECT_TIMEOUT": "10s"}  # fmt: skip
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 

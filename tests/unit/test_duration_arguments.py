@@ -123,3 +123,19 @@ def test_a_postgres_dsn_port_in_other_digits_is_refused_before_connecting() -> N
     assert dsn_problem("postgresql://u@127.0.0.1:\u0665432/db") is not None
     assert dsn_problem("host=127.0.0.1 port=\uff15\uff14\uff13\uff12 dbname=db") == "names a port that is not a number"
     assert dsn_problem("host=127.0.0.1 port=5432 dbname=db") is None
+
+
+def test_the_connect_timeout_comes_from_its_variable_when_the_option_is_not_given(tmp_path: Path) -> None:
+    """``AMQPJOBS_CONNECT_TIMEOUT`` sets ``--connect-timeout`` once for every command; the option still wins."""
+    closed = "amqp://guest:guest@127.0.0.1:1/"  # nothing listens on port 1: each connect is refused at once
+    env = {"AMQPJOBS_URL": closed, "AMQPJOBS_MANAGEMENT_URL": "http://127.0.0.1:1", "AMQPJOBS_CONNECT_TIMEOUT": "1s"}
+    done = CliRunner().invoke(main, ["quarantine", "list", "work.quarantine"], env=env)
+    assert done.exit_code == 3, done.output
+    assert "after 1s" in done.output, done.output
+    given = CliRunner().invoke(main, ["quarantine", "list", "work.quarantine", "--connect-timeout", "2s"], env=env)
+    assert "after 2s" in given.output, given.output
+    bad = CliRunner().invoke(
+        main, ["quarantine", "list", "work.quarantine"], env={**env, "AMQPJOBS_CONNECT_TIMEOUT": "soon"}
+    )
+    assert bad.exit_code == 2, bad.output
+    assert "(env var: 'AMQPJOBS_CONNECT_TIMEOUT'): 'soon' is not a duration" in bad.output
