@@ -65,14 +65,14 @@ def status_command(
             layouts, source = _narrowed(layouts, names, where), f"{source}, job queue(s) {','.join(names)}"
             names = None
 
-    async def read() -> tuple[list[JobQueueStatus], list[dict[str, str]] | None]:
+    async def read() -> tuple[list[JobQueueStatus], tuple[list[dict[str, str]] | None, str]]:
         return await collect(broker, layouts, names, bound, desired), await broker_alarms(broker)
 
-    report, alarms = run_command(read())
+    report, (alarms, why) = run_command(read())
     if report and alarms:  # the whole broker's, said once (as a vhost's own policies are)
         report[0].problems.insert(0, alarm_problem(alarms))
     elif report and alarms is None:
-        report[0].notes.append(alarms_unknown_note())
+        report[0].notes.append(alarms_unknown_note(why))
     unhealthy = any(j.problems for j in report) or bool(alarms)
     if as_json:
         doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source, "alarms": alarms}

@@ -17,11 +17,11 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
 
-async def broker_alarms(settings: BrokerSettings) -> list[dict[str, str]] | None:
-    """The alarms in effect anywhere in the cluster (``[{"node": ..., "resource": ...}]``), or None when unknown.
+async def broker_alarms(settings: BrokerSettings) -> tuple[list[dict[str, str]] | None, str]:
+    """The alarms in effect anywhere in the cluster (``[{"node": ..., "resource": ...}]``), or None and why not.
 
-    None: the management API refused the health check (a user whose tags don't allow it).
-    Asked in a thread (the HTTP client blocks), 5 s at most.
+    None: the management API refused the health check (a RabbitMQ before 3.8.10 has none; a
+    user with the ``management`` tag may ask it). Asked in a thread (the HTTP client blocks), 5 s at most.
 
     Raises:
         BrokerUnavailableError: the management API can't be reached (as the rest of ``status``).
@@ -32,9 +32,9 @@ async def broker_alarms(settings: BrokerSettings) -> list[dict[str, str]] | None
             return mgmt.alarm_details()
 
     try:
-        return await asyncio.to_thread(ask)
-    except ManagementApiError:
-        return None
+        return await asyncio.to_thread(ask), ""
+    except ManagementApiError as exc:
+        return None, str(exc)
 
 
 def alarm_problem(alarms: list[dict[str, str]]) -> str:
@@ -47,9 +47,9 @@ def alarm_problem(alarms: list[dict[str, str]]) -> str:
     )
 
 
-def alarms_unknown_note() -> str:
-    """The ``status`` note when the management API would not say whether an alarm is in effect."""
+def alarms_unknown_note(why: str) -> str:
+    """The ``status`` note when the management API would not say whether an alarm is in effect (``why``: its error)."""
     return (
-        "resource alarms unknown: the management API refused GET /api/health/checks/alarms "
-        "(give this user the monitoring tag to have status check them)"
+        f"resource alarms unknown: GET /api/health/checks/alarms was refused ({printable(why)}); "
+        "status can't tell whether the broker blocks publishers (RabbitMQ 3.8.10 or later answers it)"
     )
