@@ -13,7 +13,8 @@ from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import listed, printable
-from amqpjobs.runtime.status import collect, status_report
+from amqpjobs.runtime.alarm_status import alarm_problem, alarms_unknown_note, broker_alarms
+from amqpjobs.runtime.status import JobQueueStatus, collect, status_report
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import own_queue_words, parse_queue_name, queue_name_problem
@@ -38,7 +39,8 @@ def status_command(
     Job queues come from the topology at PATH (default: ./topology when it exists), or
     --queues (found on the broker by name); with both, the topology's job queues named.
     Exit 0 healthy; 1 when any quarantine holds messages, a work queue has no consumer, a
-    queue or quarantine exchange is missing, or an oldest message is older than --max-age.
+    queue or quarantine exchange is missing, an oldest message is older than --max-age, or
+    a resource alarm (disk, memory) blocks the broker's publishers.
     """
     broker = settings(url, management_url)
     bound = duration_option("--max-age", max_age) if max_age is not None else None
@@ -62,15 +64,25 @@ def status_command(
         if names:  # both: the topology's job queues, narrowed to those
             layouts, source = _narrowed(layouts, names, where), f"{source}, job queue(s) {','.join(names)}"
             names = None
-    report = run_command(collect(broker, layouts, names, bound, desired))
-    unhealthy = any(j.problems for j in report)
+
+    async def read() -> tuple[list[JobQueueStatus], tuple[list[dict[str, str]] | None, str]]:
+        return await collect(broker, layouts, names, bound, desired), await broker_alarms(broker)
+
+    report, (alarms, why) = run_command(read())
+    if report and alarms:  # the whole broker's, said once (as a vhost's own policies are)
+        report[0].problems.insert(0, alarm_problem(alarms))
+    elif report and alarms is None:
+        report[0].notes.append(alarms_unknown_note(why))
+    unhealthy = any(j.problems for j in report) or bool(alarms)
     if as_json:
-        doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source}
+        doc = {"healthy": not unhealthy, "vhost": broker.vhost, "source": source, "alarms": alarms}
         click.echo(json.dumps({**doc, "job_queues": [j.to_json() for j in report]}, indent=2))
     else:
         click.echo(f"{printable(source)}; vhost {broker.vhost!r} on {broker.safe_url}")
         for line in status_report(report):
             click.echo(line)
+        if alarms and not report:  # no job queue to say it under
+            click.echo(f"UNHEALTHY broker: {alarm_problem(alarms)}")
     if unhealthy:
         sys.exit(EXIT_FOUND)
 

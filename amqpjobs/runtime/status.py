@@ -342,17 +342,20 @@ async def collect(
             status.problems = [_no_such_job_queue(name, settings.vhost, live)]  # a name given, maybe misspelt
             out.append(status)
             continue
-        if status.quarantine.ready:
+        qs = status.quarantine  # ready (exact), or the API's count with those held unacked when more
+        if quarantined := max(qs.ready, int(live.get(qs.name, {}).get("messages") or 0)):
+            unacked = quarantined - qs.ready
             status.problems.append(
-                f"{status.quarantine.ready} message(s) in quarantine {status.quarantine.name} "
-                f"(next: amqpjobs quarantine list {shell_quote(status.quarantine.name)})"
-            )
+                f"{quarantined} message(s) in quarantine {qs.name}" + (f" ({unacked} of them held unacked by a "
+                "consumer now: they come back when it acks or closes)" if unacked else "")
+                + f" (next: amqpjobs quarantine list {shell_quote(qs.name)})"
+            )  # fmt: skip
         status.parked = parked = figures(parked_queue_name(name))
         if not parked.exists:
             status.notes.append(f"no parked queue {parked.name} yet (amqpjobs topology apply declares it)")
-        elif parked.ready:
+        elif parked_now := max(parked.ready, int(live.get(parked.name, {}).get("messages") or 0)):
             status.notes.append(
-                f"{parked.ready} job(s) parked in {parked.name}, not unhealthy "
+                f"{parked_now} job(s) parked in {parked.name}, not unhealthy "
                 f"(amqpjobs quarantine list {shell_quote(parked.name)})"
             )
         if flag := flags_in(live, [name]).get(name):  # no consumer then is what the operator asked for

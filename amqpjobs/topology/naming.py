@@ -31,9 +31,7 @@ on header :data:`BREAKER_HEADER` = job queue.
 
 The breaker's and the three rate-limit queues are declared by the workers, not the topology
 (breakers and rate limits are in the app's code: README "Flow control"); a job queue name
-holding one of their markers is refused (:data:`JOB_MARKERS`).
-
-:func:`parse_queue_name` reads a name back (the scheduler's queues too).
+holding one of their markers is refused (:data:`JOB_MARKERS`); :func:`parse_queue_name` reads names back (kept: frozen).
 
 Tiers are named by :func:`amqpjobs.durations.format_duration` of their TTL. Shard
 ``i`` of ``N`` is bound with routing key ``<key>.shard-<i>`` for each routing key.
@@ -44,6 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from amqpjobs.durations import format_duration, parse_duration
@@ -358,6 +357,7 @@ def own_queue_words(q: QueueName) -> str:
     return f"the {'pause flag' if q.kind == 'paused' else q.kind + ' queue'} of job queue {job_queue}"
 
 
+@lru_cache(maxsize=65536)  # a pure reading; status over 100 job queues asked it 150,000 times of 500 names
 def parse_queue_name(name: str) -> QueueName:
     """Read a queue name by our naming scheme: the one parser of queue names (no I/O).
 

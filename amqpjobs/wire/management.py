@@ -278,7 +278,17 @@ class ManagementClient:
         """The resource alarms in effect anywhere in the cluster: ``[]``, or e.g. ``["memory"]``, ``["disk"]``.
 
         ``GET /api/health/checks/alarms`` (RabbitMQ "Monitoring" -> "Health Checks"; 3.8.10+):
-        200 without alarms, 503 listing ``{"node": ..., "resource": "memory" | "disk"}``.
+        200 without alarms, 503 listing ``{"node": ..., "resource": "memory" | "disk"}`` (3.10: ``"disk space"``).
+
+        Raises:
+            BrokerUnavailableError: the management API cannot be reached.
+            ManagementApiError: it refused (e.g. a user without a management tag gets 401).
+
+        """
+        return sorted({a["resource"] for a in self.alarm_details()})
+
+    def alarm_details(self) -> list[dict[str, str]]:
+        """The resource alarms in effect, each ``{"node": ..., "resource": ...}`` (3.10 says ``"disk space"``).
 
         Raises:
             BrokerUnavailableError: the management API cannot be reached.
@@ -286,8 +296,9 @@ class ManagementClient:
 
         """
         answer = self.request("GET", "/health/checks/alarms", answers=(503,)) or {}
-        found = [str(a.get("resource", "?")) for a in answer.get("alarms") or () if isinstance(a, dict)]
-        return sorted(set(found))
+        listed = [a for a in answer.get("alarms") or () if isinstance(a, dict)]
+        found = {(str(a.get("node", "?")), str(a.get("resource", "?"))) for a in listed}
+        return [{"node": node, "resource": resource} for node, resource in sorted(found)]
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         """``GET /api/queues/<vhost>/<name>``, or None when there is no such queue."""
