@@ -60,13 +60,12 @@ async def test_probing_300_queues_opens_a_channel_per_missing_queue_not_per_queu
     assert after - before <= 3, f"{after - before} channels opened for 302 probes in {took:.2f}s"
 
 
-@pytest.mark.serial  # a wall-clock bound: needs the cores to itself
 @pytest.mark.timeout(180)
-async def test_status_of_100_job_queues_500_queues_is_exact_and_takes_under_2_5_s(
-    broker: BrokerSettings, tmp_path: Path
-) -> None:
-    """Measured on 3.10 (the second run, in-process): 4.13 s before (a channel per probe, and every live name
-    parsed again for each job queue: 150,000 readings of 500 names), 0.32 s now; the CLI 5.3 s -> 1.1 s."""
+async def test_status_of_100_job_queues_500_queues_is_exact(broker: BrokerSettings, tmp_path: Path) -> None:
+    """Every row and problem of 500 queues. Its time is not asserted (speed lives in bench/, not in timed
+    tests); measured on 3.10 (the second run, in-process): 4.13 s before (a channel per probe, and every
+    live name parsed again for each job queue: 150,000 readings of 500 names), 0.32 s now; the CLI
+    5.3 s -> 1.1 s. The channel count above is the deterministic half of that fix."""
     body = ['[[exchange]]\nname = "bigx"\ntype = "direct"\n']
     body += [f'[[job_queue]]\nname = "big{i:03d}"\nexchange = "bigx"\ntype = "classic"\nretry_tiers = ["1s"]\n'
              for i in range(100)]  # fmt: skip
@@ -74,10 +73,7 @@ async def test_status_of_100_job_queues_500_queues_is_exact_and_takes_under_2_5_
     assert (await asyncio.to_thread(cli, broker, "topology", "apply", str(tmp_path))).exit_code == 0
     async with raw_channel(broker) as ch:
         await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="big042.quarantine")
-    await asyncio.to_thread(cli, broker, "status", str(tmp_path))  # warm: imports, the stats database
-    started = time.monotonic()
     text = await asyncio.to_thread(cli, broker, "status", str(tmp_path))
-    took = time.monotonic() - started
     assert text.exit_code == 1
     lines = text.stdout.splitlines()
     rows = [line for line in lines if line.startswith("big")]
@@ -87,4 +83,3 @@ async def test_status_of_100_job_queues_500_queues_is_exact_and_takes_under_2_5_
         "UNHEALTHY big042: 1 message(s) in quarantine big042.quarantine "
         "(next: amqpjobs quarantine list big042.quarantine)"
     ]
-    assert took < 2.5, f"status of 500 queues took {took:.2f}s"
