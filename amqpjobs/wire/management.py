@@ -278,14 +278,15 @@ class ManagementClient:
         """The resource alarms in effect anywhere in the cluster: ``[]``, or e.g. ``["memory"]``, ``["disk"]``.
 
         ``GET /api/health/checks/alarms`` (RabbitMQ "Monitoring" -> "Health Checks"; 3.8.10+):
-        200 without alarms, 503 listing ``{"node": ..., "resource": "memory" | "disk"}`` (3.10: ``"disk space"``).
+        200 without alarms, 503 listing ``{"node": ..., "resource": "memory" | "disk"}``; 3.10 says ``"disk space"``,
+        named ``"disk"`` here as on 4.x (``BrokerBlockedError.alarm``, README "Backpressure").
 
         Raises:
             BrokerUnavailableError: the management API cannot be reached.
             ManagementApiError: it refused (e.g. a user without a management tag gets 401).
 
         """
-        return sorted({a["resource"] for a in self.alarm_details()})
+        return sorted({"disk" if a["resource"] == "disk space" else a["resource"] for a in self.alarm_details()})
 
     def alarm_details(self) -> list[dict[str, str]]:
         """The resource alarms in effect, each ``{"node": ..., "resource": ...}`` (3.10 says ``"disk space"``).

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
+from amqpjobs.wire.alarms import alarm_now
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.conftest import BrokerRoot
@@ -80,12 +81,14 @@ async def test_status_is_unhealthy_while_a_resource_alarm_blocks_publishers(
         with disk_alarm(broker_root):
             text = await asyncio.to_thread(cli, broker, "status", str(tmp_path))
             js = await asyncio.to_thread(cli, broker, "status", str(tmp_path), "--json")
+            named = await alarm_now(broker)  # BrokerBlockedError.alarm's word (README "Backpressure")
         after = await asyncio.to_thread(cli, broker, "status", str(tmp_path), "--json")
     assert (text.exit_code, js.exit_code) == (1, 1), text.stdout
     doc = json.loads(js.stdout)
     assert doc["healthy"] is False
     assert [a["resource"] for a in doc["alarms"]] in (["disk space"], ["disk"]), doc["alarms"]  # 3.x, 4.x
     assert all(a["node"] for a in doc["alarms"]), doc["alarms"]
+    assert named == "disk"  # 3.10 says "disk space": one word for every version
     problems = [p for j in doc["job_queues"] for p in j["problems"]]
     assert len(problems) == 1, problems  # the only problem, said once (not once per job queue)
     assert "resource alarm" in problems[0], problems
