@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,43 @@ async def test_a_running_worker_moves_the_message_to_quarantine_and_consumes_aga
     headers = copy["properties"]["headers"]
     assert (copy["properties"]["message_id"], headers["amqpjobs-reason"]) == ("long-corr", "undeliverable")
     assert headers["amqpjobs-undeliverable-correlation_id"] == "c" * 300
+
+
+async def _never_here(payload: dict[str, object], ctx: JobContext) -> None:
+    raise AssertionError("run by the worker process only")
+
+
+@pytest.mark.timeout(120)
+async def test_consume_moves_it_to_quarantine_runs_the_job_behind_and_stops_with_0(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """``amqpjobs consume`` with such a message first in ``work``: before, it exited 3 at once, and a
+    supervisor restarting it looped (``broker error: INTERNAL_ERROR: ...``); now it moves the message
+    and runs the job behind it, then stops on SIGTERM with 0."""
+    app = await make_app(broker, tmp_path)
+    app.job("sleep", queue="work")(_never_here)  # to enqueue it: procapp's worker runs it
+    await asyncio.to_thread(_publish_over_http, broker, "jobs", "work")
+    await app.enqueue("sleep", {"seconds": 0}, job_id="behind")
+    await app.close()
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+               PROCAPP_TOPOLOGY=str(tmp_path / "applied.toml"), PROCAPP_RECORD=str(tmp_path / "r.txt"))  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(EXE, "consume", "tests.integration.procapp:app", "--connect-timeout",
+                                                "2s", env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        for _ in range(300):
+            record = tmp_path / "r.txt"
+            if record.exists() and "done behind" in record.read_text():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the job behind it never ran")
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        raw, _ = await asyncio.wait_for(proc.communicate(), 60)
+    out = raw.decode()
+    assert proc.returncode == 0, out
+    assert "moved a message no AMQP 0-9-1 client can receive from the head of work to work.quarantine" in out, out
+    assert "correlation_id is 300 bytes" in out
+    assert (await depth(broker, "work"), await depth(broker, "work.quarantine")) == (0, 1)
