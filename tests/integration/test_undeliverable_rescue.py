@@ -237,3 +237,30 @@ async def test_on_rabbitmq_4_an_amqp_1_0_content_type_over_255_bytes_is_quaranti
     assert (headers["amqpjobs-reason"], headers["amqpjobs-job-id"]) == ("undeliverable", "long-ct")
     assert headers["amqpjobs-undeliverable-content_type"] == long_type
     assert "content_type" not in copy["properties"]
+
+
+@pytest.mark.usefixtures("http_publish_stores_it")
+@pytest.mark.timeout(120)
+async def test_behind_slow_jobs_it_waits_for_them_then_goes(broker: BrokerSettings, tmp_path: Path):
+    """Two slow jobs ahead of it in the worker's hands: the 541 comes when the first is acked, and
+    the second goes back ahead of it (redelivered); each 541 looks at the head again."""
+    app = await make_app(broker, tmp_path)
+    ran: list[int] = []
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(float(payload.get("s", 0)))
+        ran.append(int(payload["n"]))
+
+    for n in (1, 2):
+        await app.enqueue("sleep", {"n": n, "s": 1}, job_id=f"slow-{n}")
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"])
+    await app.enqueue("sleep", {"n": 3}, job_id="good-3")
+    async with running_worker(app, broker, concurrency=2) as (_, rec):
+        await rec.wait_for(lambda _: {1, 2, 3} <= set(ran), timeout=90)
+        outcomes = [(o.job_id, type(o.decision).__name__) for o in rec.outcomes]
+    await app.close()
+    assert await depth(broker, "work") == 0
+    (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
+    assert copy["properties"]["headers"]["amqpjobs-reason"] == "undeliverable"
+    assert all(name != "Quarantine" for _, name in outcomes), outcomes
