@@ -35,6 +35,16 @@ EXE = str(Path(sys.executable).with_name("amqpjobs"))
 HINT = "content_properties_shortstr_overflow"
 
 
+@pytest.fixture(autouse=True)
+def _http_publish_stores_it(broker: BrokerSettings) -> None:
+    """RabbitMQ 4.x refuses such an HTTP publish (400: ``506 failed to deliver message:
+    content_properties_shortstr_overflow``, measured on 4.3.6); its AMQP 1.0 path is tested in
+    test_undeliverable_rescue.py."""
+    with ManagementClient(broker) as mgmt:
+        if mgmt.broker_version() >= (4,):
+            pytest.skip("RabbitMQ 4.x refuses the HTTP publish of a property or header name over 255 bytes")
+
+
 def _publish_over_http(broker: BrokerSettings, exchange: str, routing_key: str, header: bool = False) -> None:
     """A job whose ``correlation_id`` (``header``: a header's name) is 300 bytes, published as from the web UI."""
     long = {"headers": {"h" * 300: "v"}} if header else {"correlation_id": "c" * 300}
