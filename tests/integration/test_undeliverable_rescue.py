@@ -264,3 +264,52 @@ async def test_behind_slow_jobs_it_waits_for_them_then_goes(broker: BrokerSettin
     (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
     assert copy["properties"]["headers"]["amqpjobs-reason"] == "undeliverable"
     assert all(name != "Quarantine" for _, name in outcomes), outcomes
+
+
+SHARDED = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "split"
+exchange = "jobs"
+shards = 2
+"""
+
+
+@pytest.mark.usefixtures("http_publish_stores_it")
+@pytest.mark.timeout(120)
+async def test_in_a_shard_it_goes_to_quarantine_and_every_shard_runs(broker: BrokerSettings, tmp_path: Path):
+    from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.deploy import apply_topology
+    from amqpjobs.runtime.worker import Worker, WorkerOptions
+    from amqpjobs.topology.loader import load_topology
+    from tests.integration.worker_env import Recorder
+
+    path = tmp_path / "sharded.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("test", topology=load_topology(path).topology, url=broker.url)
+    ran: list[str] = []
+
+    @app.job("sleep", queue="split")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"], "split.shard-0")
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["header-name"], "split.shard-1")
+    for n in range(6):
+        await app.enqueue("sleep", {"n": n}, job_id=f"t-{n}", tenant=f"tenant-{n}")
+    rec = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=2, grace=10), rec)
+    await worker.start()
+    try:
+        await rec.wait_for(lambda _: len(ran) >= 6, timeout=90)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert sorted(ran) == [f"t-{n}" for n in range(6)]
+    assert (await depth(broker, "split.shard-0"), await depth(broker, "split.shard-1")) == (0, 0)
+    copies = await asyncio.to_thread(_peek_all, broker, "split.quarantine")
+    origins = sorted(m["properties"]["headers"]["amqpjobs-original-queue"] for m in copies)
+    assert origins == ["split.shard-0", "split.shard-1"]
