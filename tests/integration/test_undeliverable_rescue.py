@@ -313,3 +313,61 @@ async def test_in_a_shard_it_goes_to_quarantine_and_every_shard_runs(broker: Bro
     copies = await asyncio.to_thread(_peek_all, broker, "split.quarantine")
     origins = sorted(m["properties"]["headers"]["amqpjobs-original-queue"] for m in copies)
     assert origins == ["split.shard-0", "split.shard-1"]
+
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "q"
+exchange = "jobs"
+type = "quorum"
+delivery_limit = 3
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: on a quorum job queue the broker dead-letters the original, and the good job fetched with it, "
+    "into the quarantine at the delivery limit before the rescue sees it at the head (measured on 3.10.8)",
+)
+@pytest.mark.usefixtures("http_publish_stores_it")
+@pytest.mark.timeout(120)
+async def test_on_a_quorum_job_queue_it_goes_to_quarantine_once_with_evidence(broker: BrokerSettings, tmp_path: Path):
+    """A quorum queue counts each failed delivery (and each requeued read) against its delivery
+    limit and would dead-letter the message as it is into the quarantine, where the quarantine
+    tools can't read it either: the worker moves it first, at the first 541."""
+    from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.deploy import apply_topology
+    from amqpjobs.runtime.worker import Worker, WorkerOptions
+    from amqpjobs.topology.loader import load_topology
+    from tests.integration.worker_env import Recorder
+
+    path = tmp_path / "quorum.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app = App("test", topology=load_topology(path).topology, url=broker.url)
+    ran: list[str] = []
+
+    @app.job("sleep", queue="q")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"], "q")
+    for n in range(3):
+        await app.enqueue("sleep", {"n": n}, job_id=f"j-{n}")
+    rec = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=("q",), concurrency=2, grace=10), rec)
+    await worker.start()
+    try:
+        await rec.wait_for(lambda _: len(ran) >= 3, timeout=20)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    assert sorted(ran) == ["j-0", "j-1", "j-2"]
+    assert await depth(broker, "q") == 0
+    (copy,) = await asyncio.to_thread(_peek_all, broker, "q.quarantine")  # the copy, not the original dead-lettered
+    headers = copy["properties"]["headers"]
+    assert (headers["amqpjobs-reason"], headers["amqpjobs-undeliverable-correlation_id"]) == ("undeliverable", LONG)
+    assert "x-death" not in headers
