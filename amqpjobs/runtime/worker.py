@@ -58,7 +58,7 @@ from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
-from amqpjobs.runtime.undeliverable import Rescue, start_past_undeliverable, watch_undeliverable
+from amqpjobs.runtime.undeliverable import Rescue, quarantines_of, start_past_undeliverable, watch_undeliverable
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
@@ -315,7 +315,7 @@ class Worker(WorkerStop):
             self.settings.safe_url, self._consumer_timeouts.get(layout.name),
         )  # fmt: skip
         assert self._rescue is not None
-        rescue = partial(self._rescue, {work_queue: layout.quarantine_exchange})
+        rescue = partial(self._rescue, quarantines_of([layout]))
         await start_past_undeliverable(partial(self._started, consumer), consumer.start, rescue, self._connection)
 
     async def _start_dispatcher(self, layout: JobQueueLayout) -> None:
