@@ -60,6 +60,7 @@ REASONS = (
     *PAYLOAD_REASONS,  # a stored payload that can't be had (payload-missing, ...; README "Large payloads")
     "worker-error",  # the worker itself failed on the delivery (a bug of ours; evidence has the traceback)
     "crashed",  # started max_redeliveries + 1 times without an outcome (worker died, loop stalled, channel lost)
+    "undeliverable",  # the broker could not deliver it over AMQP 0-9-1 (a short string over 255 bytes): moved by hand
 )
 
 

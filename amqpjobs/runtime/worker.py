@@ -27,6 +27,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from amqpjobs.jobs.events import event_messages
@@ -58,6 +59,7 @@ from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
 from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
+from amqpjobs.runtime.undeliverable import Rescue, quarantines_of, start_past_undeliverable, watch_undeliverable
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout
@@ -119,6 +121,7 @@ class Worker(WorkerStop):
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks
+        self._rescue: Rescue | None = None  # the move of an undeliverable message to quarantine (start)
         self._publisher: Publisher | None = None  # tier and suspects copies: default exchange
         self._quarantiner: Publisher | None = None  # to quarantine exchanges, which may be missing
         self._events: OutcomeEvents | None = None  # outcome events, no job waits for them (amqpjobs.wire.events)
@@ -235,6 +238,10 @@ class Worker(WorkerStop):
         self._background += self._rates.tasks if self._rates else []
         if self._own_process:
             settle_heap()  # before the first delivery: the start's full collection stalls no job
+        # a message no 0-9-1 client can receive at a work queue's head (541 at each delivery): to quarantine
+        self._rescue, watch = watch_undeliverable(self.settings, self._connection, publishing, self._layouts.values(),
+                                                  self.app.app_version)  # fmt: skip
+        self._background.append(watch)
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most
                 await self._start_dispatcher(layout)
@@ -311,7 +318,9 @@ class Worker(WorkerStop):
             self._connection, work_queue, self.options.concurrency, self._held_by(layout),
             self.settings.safe_url, self._consumer_timeouts.get(layout.name),
         )  # fmt: skip
-        await self._started(consumer)
+        assert self._rescue is not None
+        rescue = partial(self._rescue, quarantines_of([layout]))
+        await start_past_undeliverable(partial(self._started, consumer), consumer.start, rescue, self._connection)
 
     async def _start_dispatcher(self, layout: JobQueueLayout) -> None:
         """A sharded job queue: N slots for all its shards, taken by turns and leases (:mod:`.dispatch`)."""

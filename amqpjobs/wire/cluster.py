@@ -14,9 +14,11 @@ import asyncio
 import logging
 import random
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiormq.exceptions
 from aio_pika import RobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
@@ -138,6 +140,8 @@ class ClusterConnection(RobustConnection):
         self._was_connected = False  # a failed first connect is reported by connect()'s own line
         #: Why the last reconnect attempt failed (None once connected): see :func:`~amqpjobs.wire.connection.refusal`.
         self.last_failure: BaseException | None = None
+        #: Called when the broker closes the connection with 541 INTERNAL_ERROR (see :func:`on_internal_error`).
+        self.internal_error_callbacks: list[Callable[[], None]] = []
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -181,6 +185,9 @@ class ClusterConnection(RobustConnection):
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
             self._move_on("lost", _cause(exc))
+            if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
+                for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
+                    callback()
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
@@ -208,3 +215,14 @@ def _cause(exc: BaseException | None) -> str:
             "or its connection limit is reached)"
         )
     return f" ({redact_text(text) or type(exc).__name__}{internal_error_hint(exc)})"
+
+
+def on_internal_error(connection: object, callback: Callable[[], None]) -> None:
+    """Call ``callback`` each time the broker closes ``connection`` with 541 INTERNAL_ERROR.
+
+    RabbitMQ does so when it fails to send a delivery, e.g. a message with a short string over
+    255 bytes (:mod:`amqpjobs.runtime.undeliverable`). A connection not made by
+    :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.internal_error_callbacks.append(callback)

@@ -218,3 +218,15 @@ def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str
             "limit is reached)"
         )
     return f"{type(exc).__name__}: {exc} (does vhost {vhost!r} exist, with permissions for {username!r}?)"
+
+
+def met_internal_error(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from (cause or context), is a connection closed with 541."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, aiormq.exceptions.ConnectionInternalError) or UNDELIVERABLE_HINT in str(at):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False

@@ -1,0 +1,260 @@
+"""Move a message no AMQP 0-9-1 client can receive from the head of a work queue into its quarantine.
+
+Such a message (a property or header name over 255 bytes, taken in by the management API's
+HTTP publish: :mod:`amqpjobs.jobs.undeliverable`) closes every connection it is delivered on
+(541 INTERNAL_ERROR) and stays at the head of its queue, so no job behind it runs. Under a
+lock per queue (one rescuer at a time: an exclusive queue, freed when its process dies) the
+rescue goes, in this order:
+
+1. ``peeked``: read the head through the management API and put it back (requeued);
+   nothing more when it is not such a message;
+2. ``copied``: publish the copy a 0-9-1 client can read (long values moved into headers,
+   evidence of reason ``undeliverable``) to the quarantine exchange, and wait for the confirm;
+3. ``removed``: take the head through the management API and check by its fingerprint
+   that it is the message copied. Another message (someone removed ours meanwhile, by hand)
+   is published back to its queue at once, with a confirm, and said loudly.
+
+A process that dies before 2 leaves the message where it was; between 2 and 3 it is in
+both places (the next rescue makes a second copy: twice at worst, never zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, Final
+
+from amqpjobs._version import __version__
+from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, BusyError
+from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.timestamps import iso_utc
+from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, overflows, sanitize
+from amqpjobs.message import OutgoingMessage
+from amqpjobs.printable import printable
+from amqpjobs.runtime.logs import field_value
+from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.cluster import on_internal_error
+from amqpjobs.wire.errors import met_internal_error
+from amqpjobs.wire.head_reads import HeadMessage, peek_head, take_head
+from amqpjobs.wire.lock import LockHolder, exclusive_lock
+from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
+
+log = logging.getLogger("amqpjobs.worker")
+
+#: The steps of a rescue, in order (``on_step`` hears each as it is done).
+STEPS: Final = ("locked", "peeked", "copied", "removed")
+#: Seconds a start waits for the connection to come back after a 541 and a rescue.
+RECONNECT_WAIT: Final = 30.0
+#: ``rescue_heads`` bound to its settings, connection and app version: work queue -> quarantine exchange in.
+Rescue = Callable[[Mapping[str, str]], Awaitable[int]]
+
+
+def lock_name(queue: str) -> str:
+    """The lock queue of the rescue of ``queue`` (a hash: any queue name of 255 bytes fits)."""
+    return "amqpjobs.undeliverable-lock." + hashlib.sha256(queue.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str) -> OutgoingMessage:
+    now = iso_utc()
+    failure = Failure(
+        reason="undeliverable", error_type="UndeliverableMessage",
+        error_message=(f"RabbitMQ could not deliver this message over AMQP 0-9-1 ({'; '.join(copy.problems)}: over "
+                       f"{SHORTSTR_MAX} bytes, the most a short string holds): every delivery closed the connection "
+                       "(541 INTERNAL_ERROR). This copy carries each long value in an amqpjobs-undeliverable-* "
+                       "header; publish it again with every property and header name within 255 bytes"),
+        traceback="", attempts=0, first_failure_at=now, last_failure_at=now, host=socket.gethostname(),
+        pid=os.getpid(), version=__version__, app_version=app_version, exchange=head.exchange, queue=queue,
+        routing_key=head.routing_key, job=copy.job, job_id=copy.job_id, tenant="",
+    )  # fmt: skip
+    props = copy.properties
+    stamp = props.get("timestamp")
+
+    def text(name: str) -> str | None:
+        value = props.get(name)
+        return value if isinstance(value, str) else None
+
+    priority = props.get("priority")
+    return OutgoingMessage(
+        body=head.body, headers={**copy.headers, **evidence_headers(failure)},
+        content_type=text("content_type"), content_encoding=text("content_encoding"), message_id=copy.job_id,
+        type=text("type"), timestamp=float(stamp) if isinstance(stamp, int | float) else None,
+        priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
+        correlation_id=text("correlation_id"), reply_to=text("reply_to"), app_id=text("app_id"),
+    )  # fmt: skip
+
+
+def _back_as_was(head: HeadMessage) -> OutgoingMessage:
+    """A message taken by mistake, as it was (its AMQP field types as the management API read them)."""
+    props: dict[str, Any] = head.properties
+
+    def text(name: str) -> str | None:
+        value = props.get(name)
+        return value if isinstance(value, str) else None
+
+    stamp, priority = props.get("timestamp"), props.get("priority")
+    return OutgoingMessage(
+        body=head.body, headers=dict(props.get("headers") or {}), content_type=text("content_type"),
+        content_encoding=text("content_encoding"), message_id=text("message_id"), type=text("type"),
+        timestamp=float(stamp) if isinstance(stamp, int | float) else None,
+        priority=priority if isinstance(priority, int) else None, correlation_id=text("correlation_id"),
+        reply_to=text("reply_to"), app_id=text("app_id"),
+    )  # fmt: skip
+
+
+async def rescue_heads(
+    settings: BrokerSettings,
+    connection: Connection,
+    quarantines: Mapping[str, str],
+    *,
+    app_version: str = "",
+    on_step: Callable[[str], None] | None = None,
+    serial: asyncio.Lock | None = None,
+) -> int:
+    """Move an undeliverable message at the head of each queue into its quarantine (module docstring).
+
+    Args:
+        settings: Broker settings (the management API reads and removes the message).
+        connection: A robust connection of this process (the lock, the confirmed publish of the copy).
+        quarantines: Work queue name -> its quarantine exchange.
+        app_version: The app's version, for the evidence.
+        on_step: Called with each step's name (:data:`STEPS`) once it is done (tests kill the process there).
+        serial: Held for the whole call: the calls of one process sharing it run one at a time.
+
+    Returns:
+        How many messages were moved. Never raises for a broker or management API failure:
+        it logs a warning and leaves the message where it was (the next 541 tries again).
+
+    """
+    async with serial or contextlib.nullcontext():
+        return await _rescue_each(settings, connection, quarantines, app_version, on_step or (lambda _: None))
+
+
+async def _rescue_each(settings: BrokerSettings, connection: Connection, quarantines: Mapping[str, str],
+                       app_version: str, on_step: Callable[[str], None]) -> int:  # fmt: skip
+    moved = 0
+    for queue, exchange in quarantines.items():
+        try:
+            head = await peek_head(settings, queue)
+            if head is None or not overflows(head.properties):
+                continue
+            moved += await _rescue(settings, connection, queue, exchange, app_version, on_step)
+        except BusyError:
+            log.info("another process moves the undeliverable message at the head of %s", printable(queue))
+        except AmqpJobsError as exc:
+            log.warning("the message at the head of %s can't be delivered and was not moved to quarantine (%s); "
+                        "it stays where it was", printable(queue), exc)  # fmt: skip
+    return moved
+
+
+async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, exchange: str, app_version: str,
+                  step: Callable[[str], None]) -> int:  # fmt: skip
+    holder = LockHolder("undeliverable-rescue", socket.gethostname(), os.getpid(), datetime.now(UTC))
+    async with exclusive_lock(connection, settings, lock_name(queue), holder, f"work queue {queue!r}", False):
+        step("locked")
+        head = await peek_head(settings, queue)  # again, under the lock: another rescuer may have moved it
+        if head is None or not (problems := overflows(head.properties)):
+            return 0
+        step("peeked")
+        copy = sanitize(head.properties, head.body)
+        expected = fingerprint(head.properties, head.body)
+        publisher = ConfirmedPublisher(connection, owner="the rescue of an undeliverable message")
+        try:
+            await publisher.publish(exchange, "", _as_message(copy, head, queue, app_version))
+            step("copied")
+            taken = await take_head(settings, queue)
+            step("removed")
+            if taken is not None and fingerprint(taken.properties, taken.body) != expected:
+                # not ours: someone removed ours meanwhile; this one goes back at once
+                await publisher.publish("", queue, _back_as_was(taken))
+                log.error("while moving an undeliverable message from %s to quarantine another message was taken "
+                          "from its head (id %s); it was published back to %s (at its tail)", printable(queue),
+                          field_value(str(taken.properties.get("message_id"))), printable(queue))  # fmt: skip
+        finally:
+            await publisher.close()
+    log.warning("moved a message no AMQP 0-9-1 client can receive from the head of %s to %s (%s; id %s): "
+                "every delivery of it closed the connection (541 INTERNAL_ERROR)", printable(queue),
+                printable(exchange), "; ".join(problems), field_value(copy.job_id))  # fmt: skip
+    return 1
+
+
+def quarantines_of(layouts: Iterable[JobQueueLayout]) -> dict[str, str]:
+    """Each work queue (every shard) of the classic job queues of ``layouts`` -> its quarantine exchange.
+
+    Not a quorum job queue's: RabbitMQ 3.10.8 puts a quorum queue's returned messages at its back
+    (measured: after a 541 with prefetch 2, [bad, g0, g1, g2] read g1, g2, bad, g0), so the message is
+    at the head only before its first delivery, and each requeued read there charges the job at the
+    head a delivery (``x-delivery-count``) and sends it to the back. The broker dead-letters the
+    message into quarantine as it is once its deliveries pass the delivery limit (README "Wire format").
+    """
+    return {queue: layout.quarantine_exchange for layout in layouts if layout.queue_type == "classic"
+            for queue in layout.work_queues}  # fmt: skip
+
+
+async def keep_rescuing(rescue: Rescue, quarantines: Mapping[str, str], wanted: asyncio.Event) -> None:
+    """Each time ``wanted`` is set (a connection closed with 541), ``rescue(quarantines)`` once; runs until cancelled.
+
+    A 541 may come while jobs fetched before the message still ran: they go back ahead of it,
+    so it is at the head only once the worker finished the first of them; each 541 looks again.
+    Only a 541 makes it look: a read through the management API marks a good job at the head
+    redelivered (the worker would count a start of it).
+    """
+    while True:
+        await wanted.wait()
+        wanted.clear()
+        await asyncio.sleep(0.2)  # the close's requeues settle first
+        await rescue(quarantines)
+
+
+async def start_past_undeliverable(
+    first: Callable[[], Awaitable[None]],
+    again: Callable[[], Awaitable[None]],
+    rescue: Callable[[], Awaitable[int]],
+    connection: Connection,
+    tries: int = 3,
+) -> None:
+    """``first()``; when a 541 cut it off, ``rescue()`` then ``again()`` once reconnected, ``tries`` in all.
+
+    Raises:
+        What the last try raised, or what any try raised that was not a 541 (unchanged).
+        BrokerUnavailableError: not reconnected within :data:`RECONNECT_WAIT` seconds after a rescue.
+
+    """
+    start = first
+    for attempt in range(tries):
+        try:
+            await start()
+            return
+        except Exception as exc:
+            if attempt == tries - 1 or not met_internal_error(exc):
+                raise
+            log.info("starting to consume met a connection closed with 541 INTERNAL_ERROR: looking at the head")
+        await rescue()
+        try:
+            await asyncio.wait_for(connection.connected.wait(), RECONNECT_WAIT)
+        except TimeoutError:
+            raise BrokerUnavailableError(f"not connected again within {RECONNECT_WAIT:.0f}s after a 541") from None
+        start = again
+
+
+def watch_undeliverable(
+    settings: BrokerSettings, consuming: Connection, publishing: Connection, layouts: Iterable[JobQueueLayout],
+    app_version: str,
+) -> tuple[Rescue, asyncio.Task[None]]:  # fmt: skip
+    """A worker's rescue (:func:`rescue_heads` over ``publishing``) and its task, run at each 541 of ``consuming``.
+
+    Cancel the task to stop it (the worker's stop does, with its other background tasks).
+    """
+    # one at a time in this process too: the lock queue is this connection's, which may declare it twice
+    rescue: Rescue = partial(rescue_heads, settings, publishing, app_version=app_version, serial=asyncio.Lock())
+    wanted = asyncio.Event()
+    on_internal_error(consuming, wanted.set)
+    return rescue, asyncio.create_task(keep_rescuing(rescue, quarantines_of(layouts), wanted))
