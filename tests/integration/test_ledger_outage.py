@@ -233,7 +233,7 @@ async def test_results_and_payload_stores_reconnect_after_an_outage(database: st
             "ledger error: the PostgreSQL ledger is unreachable",
         ),
         ("postgresql://amqpjobs:amqpjobs@127.0.0.1:notaport/amqpjobs", 2, "PostgresLedger(dsn=...) names a port "),
-        ("nonsense", 2, "ConfigurationError: PostgresLedger(dsn=...) is not a URL (postgresql://...) nor "),
+        ("nonsense", 2, "error: PostgresLedger(dsn=...) is not a URL (postgresql://...) nor "),
     ],
 )
 async def test_worker_start_with_the_ledger_unreachable_exits_3_and_a_bad_dsn_2(
