@@ -27,6 +27,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApi
 from amqpjobs.jobs.timestamps import epoch_seconds
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
+from amqpjobs.runtime.held_count import held_now
 from amqpjobs.runtime.policy_checks import View, overrides, vhost_overrides
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
 from amqpjobs.topology.models import JobQueueLayout
@@ -342,9 +343,9 @@ async def collect(
             status.problems = [_no_such_job_queue(name, settings.vhost, live)]  # a name given, maybe misspelt
             out.append(status)
             continue
-        qs = status.quarantine  # ready (exact), or the API's count with those held unacked when more
-        if quarantined := max(qs.ready, int(live.get(qs.name, {}).get("messages") or 0)):
-            unacked = quarantined - qs.ready
+        qs = status.quarantine  # ready (exact), and those held unacked when the API's snapshot is not behind
+        quarantined, unacked = held_now(qs.ready, live.get(qs.name, {}))
+        if quarantined:
             status.problems.append(
                 f"{quarantined} message(s) in quarantine {qs.name}" + (f" ({unacked} of them held unacked by a "
                 "consumer now: they come back when it acks or closes)" if unacked else "")
@@ -353,7 +354,7 @@ async def collect(
         status.parked = parked = figures(parked_queue_name(name))
         if not parked.exists:
             status.notes.append(f"no parked queue {parked.name} yet (amqpjobs topology apply declares it)")
-        elif parked_now := max(parked.ready, int(live.get(parked.name, {}).get("messages") or 0)):
+        elif parked_now := held_now(parked.ready, live.get(parked.name, {}))[0]:
             status.notes.append(
                 f"{parked_now} job(s) parked in {parked.name}, not unhealthy "
                 f"(amqpjobs quarantine list {shell_quote(parked.name)})"
