@@ -16,11 +16,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.jobs.results import StateRecord, record_for
 from amqpjobs.runtime.logs import field_value
+from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.results import WRITE_TIMEOUT, ResultsStore, refused_text
 from amqpjobs.topology.models import JobQueueLayout
 
@@ -141,3 +143,23 @@ class ResultsWriter:
         if self._queue.qsize():
             self._fail(self._queue.qsize(), "the worker stopped first")
         self._say()
+
+
+def start_results(
+    app: Any, failed: Callable[[int], None] | None, background: list[asyncio.Task[Any]]
+) -> ResultsWriter | None:
+    """A worker's results store, when ``app`` (an :class:`~amqpjobs.App`) has one: its writer, started.
+
+    ``failed`` (records not written, counted: the worker's metric, or None) is also given to the app,
+    so that its handlers' enqueues count their ``queued`` records' failures there too. The store's
+    pruner task is appended to ``background`` (the worker cancels those at its stop). None: no store.
+    """
+    store = app.results
+    if store is None:
+        return None
+    writer = ResultsWriter(store, failed)
+    if failed is not None:
+        app.results_failed = failed
+    writer.start()
+    background.append(asyncio.create_task(keep_pruned(store, what="result record(s)")))
+    return writer

@@ -53,7 +53,7 @@ from amqpjobs.runtime.policy_checks import layout_queues, warn_overrides
 from amqpjobs.runtime.pruning import keep_pruned
 from amqpjobs.runtime.rate_limits import RateLimits, rate_limited, start_rate_limits
 from amqpjobs.runtime.recording import PacedDeferrals
-from amqpjobs.runtime.results_writer import ResultsWriter
+from amqpjobs.runtime.results_writer import ResultsWriter, start_results
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
@@ -280,15 +280,8 @@ class Worker(WorkerStop):
 
     def _start_results(self) -> None:
         """The results store's writer and pruner (App(results=...)), when the app has one."""
-        store = self.app.results
-        if store is None:
-            return
         failed = self.metrics.results_write_failed if self.metrics is not None else None
-        self._results = ResultsWriter(store, failed)
-        if failed is not None:  # enqueues from its handlers: their ``queued`` records count here too
-            self.app.results_failed = failed
-        self._results.start()
-        self._background.append(asyncio.create_task(keep_pruned(store, what="result record(s)")))
+        self._results = start_results(self.app, failed, self._background)
 
     def _held_by(self, layout: JobQueueLayout, hand_back: bool = False, rated: bool = False) -> DeliveryHandler:
         """A job queue's delivery handler (held until settled, in flight meanwhile); ``hand_back``: never run.
