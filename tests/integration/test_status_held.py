@@ -43,12 +43,12 @@ async def _hold(message: AbstractIncomingMessage) -> None:
     return None  # never acked: held until the channel closes
 
 
-async def _unacked_shown(broker: BrokerSettings, queue: str, count: int) -> None:
-    """The management API refreshes every few seconds: wait until it shows ``count`` unacked."""
+async def _shown(broker: BrokerSettings, queue: str, field: str, count: int) -> None:
+    """The management API refreshes every few seconds: wait until its ``field`` of ``queue`` is ``count``."""
     deadline = time.monotonic() + 20
     with ManagementClient(broker) as mgmt:
-        while (mgmt.queue(broker.vhost, queue) or {}).get("messages_unacknowledged") != count:
-            assert time.monotonic() < deadline, f"the management API did not show {count} unacked in {queue}"
+        while (mgmt.queue(broker.vhost, queue) or {}).get(field) != count:
+            assert time.monotonic() < deadline, f"the management API did not show {field} {count} in {queue}"
             await asyncio.sleep(0.25)
 
 
@@ -64,7 +64,7 @@ async def test_a_quarantine_whose_messages_a_consumer_holds_unacked_is_still_unh
             await ch.default_exchange.publish(aio_pika.Message(b"{}", message_id=f"q-{i}"), "work.quarantine")
         await holder.set_qos(prefetch_count=10)
         await (await holder.get_queue("work.quarantine", ensure=False)).consume(_hold)
-        await _unacked_shown(broker, "work.quarantine", 3)
+        await _shown(broker, "work.quarantine", "messages_unacknowledged", 3)
         text = await asyncio.to_thread(cli, broker, "status", str(tmp_path))
         js = await asyncio.to_thread(cli, broker, "status", str(tmp_path), "--json")
     assert (text.exit_code, js.exit_code) == (1, 1), text.stdout
@@ -74,15 +74,6 @@ async def test_a_quarantine_whose_messages_a_consumer_holds_unacked_is_still_unh
         "when it acks or closes) (next: amqpjobs quarantine list work.quarantine)"
     ], problems
     assert f"UNHEALTHY work: {problems[0]}" in text.stdout.splitlines()
-
-
-async def _ready_shown(broker: BrokerSettings, queue: str, count: int) -> None:
-    """Wait until the management API's snapshot shows ``count`` ready in ``queue``."""
-    deadline = time.monotonic() + 20
-    with ManagementClient(broker) as mgmt:
-        while (mgmt.queue(broker.vhost, queue) or {}).get("messages_ready") != count:
-            assert time.monotonic() < deadline, f"the management API did not show {count} ready in {queue}"
-            await asyncio.sleep(0.25)
 
 
 @pytest.mark.timeout(90)
@@ -101,7 +92,7 @@ async def test_a_quarantine_just_emptied_is_healthy_though_the_apis_figures_lag(
         await (await ch.get_queue("work", ensure=False)).consume(_ack)  # healthy but for the quarantine
         for i in range(3):
             await ch.default_exchange.publish(aio_pika.Message(b"{}", message_id=f"q-{i}"), "work.quarantine")
-        await _ready_shown(broker, "work.quarantine", 3)
+        await _shown(broker, "work.quarantine", "messages_ready", 3)
         quarantine = await ch.get_queue("work.quarantine", ensure=False)
         for _ in range(3):  # moved out: taken and acked
             message = await quarantine.get(fail=False)
