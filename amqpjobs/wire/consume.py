@@ -246,15 +246,7 @@ class WorkQueueConsumer:
         """
         self._paused = True
         async with self._switch:  # after a consume under way (start, resume, reopen, retry): never cut one short
-            if self._retry is not None:  # waiting for its next try: no consume of it is under way now
-                self._retry.cancel()
-            underlay = self._consuming_on
-            if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
-                return
-            try:
-                await underlay.basic_cancel(self.tag)
-            except Exception as exc:  # the channel is gone: nothing more arrives on it
-                log.debug("pausing consumer %s failed: %s", self.tag, exc)
+            await self._basic_cancel(self._consumer_channel(), "pausing")
 
     async def resume(self) -> None:
         """Consume again after :meth:`pause`, under a new consumer tag (retried every second on failure).
@@ -382,15 +374,25 @@ class WorkQueueConsumer:
         """Stop deliveries (``basic.cancel``); deliveries already received can still be acked."""
         self._closing = True
         async with self._switch:  # after a consume under way
-            if self._retry is not None:
-                self._retry.cancel()
-            underlay = self._consuming_on
-            if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
-                return
+            underlay = self._consumer_channel()
+        await self._basic_cancel(underlay, "cancelling")
+
+    def _consumer_channel(self) -> aiormq.Channel | None:
+        """Drop a pending retry (no consume of it is under way); the open channel our tag consumes on, else None."""
+        if self._retry is not None:
+            self._retry.cancel()
+        underlay = self._consuming_on
+        if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
+            return None
+        return underlay
+
+    async def _basic_cancel(self, underlay: aiormq.Channel | None, doing: str) -> None:
+        if underlay is None:
+            return
         try:
             await underlay.basic_cancel(self.tag)
         except Exception as exc:  # the channel is gone: nothing more arrives on it
-            log.debug("cancel of consumer %s failed: %s", self.tag, exc)
+            log.debug("%s consumer %s failed: %s", doing, self.tag, exc)
 
     async def close(self) -> None:
         """Cancel and close the channel (unacked deliveries go back to the queue)."""
