@@ -285,7 +285,7 @@ def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
 
 def job_header_problem(message_type: str | None, headers: Mapping[str, Any]) -> str | None:
     """``header amqpjobs-job is an array, expected a string`` when the header was read (no ``type``) and is not text."""
-    return None if message_type else type_problem(JOB, headers.get(JOB))
+    return None if message_type or JOB not in headers else type_problem(JOB, headers[JOB])
 
 
 def tenant_in(headers: Mapping[str, Any]) -> str | None:

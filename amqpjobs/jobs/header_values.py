@@ -39,15 +39,15 @@ _BLANKS: Final = " \t\r\n\f\v"
 
 
 def amqp_type(value: Any) -> str:
-    """The AMQP field type of a decoded header value, with its article (``"an array"``, ``"a double"``)."""
+    """The AMQP field type of a decoded header value, with its article (``"an array"``; ``f``, ``d``: ``"a float"``)."""
     if value is None:
         return "void"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
         return "an integer"
-    if isinstance(value, float):
-        return "a double"
+    if isinstance(value, float):  # an AMQP f or d: decoded alike
+        return "a float"
     if isinstance(value, Decimal):
         return "a decimal"
     if isinstance(value, str):
@@ -115,7 +115,7 @@ def count_problem(name: str, value: Any) -> str | None:
     """What is wrong with count header ``name``'s ``value``, in words naming it, or None (missing, or a count in range).
 
     ``header amqpjobs-attempt is a table, expected a whole number``; ``header amqpjobs-attempt
-    is 1e+300 (a double), above 9223372036854775807, the largest count read: read as that``;
+    is 1e+300 (a float), above 9223372036854775807, the largest count read: read as that``;
     ``header amqpjobs-attempt is -5 (an integer), not a whole number >= 0``. Values are shown
     shortened (at most about 60 characters); escape them before printing (:func:`~amqpjobs.printable.printable`).
     """
@@ -142,7 +142,7 @@ def read_text(value: Any) -> str | None:
 
 
 def type_problem(name: str, value: Any, expected: str = "a string") -> str | None:
-    """``header <name> is an array, expected a string`` when ``value`` (present) is not text, else None."""
-    if value is None or read_text(value) is not None:
+    """``header <name> is an array, expected a string`` when ``value`` (a header present: None is void) is not text."""
+    if read_text(value) is not None:
         return None
     return f"header {name} is {amqp_type(value)}, expected {expected}"

@@ -309,7 +309,9 @@ def _generate(spec: dict[str, Any]) -> bytes:
 
 
 def _file_lines() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The data file's lines replayed here: those whose ``replay`` names another test (typed header values) are its."""
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row for row in rows if "replay" not in row]
 
 
 def file_cases() -> list[Case]:

@@ -73,7 +73,7 @@ def test_the_problem_names_the_header_its_amqp_type_and_the_range() -> None:
     negative = count_problem("x-delivery-count", -1)
     assert negative == "header x-delivery-count is -1 (an integer), not a whole number >= 0"
     assert count_problem("amqpjobs-attempt", 1e300) == (
-        "header amqpjobs-attempt is 1e+300 (a double), above 9223372036854775807, the largest count read: read as that"
+        "header amqpjobs-attempt is 1e+300 (a float), above 9223372036854775807, the largest count read: read as that"
     )
     long = count_problem("amqpjobs-attempt", "9" * 5000)
     assert long is not None
@@ -84,7 +84,7 @@ def test_the_problem_names_the_header_its_amqp_type_and_the_range() -> None:
     )
 
 
-KINDS = [(["mail"], "an array"), ({"n": "mail"}, "a table"), (7, "an integer"), (True, "a boolean"), (2.5, "a double"),
+KINDS = [(["mail"], "an array"), ({"n": "mail"}, "a table"), (7, "an integer"), (True, "a boolean"), (2.5, "a float"),
          (Decimal("1.5"), "a decimal"), (datetime(2026, 1, 1, tzinfo=UTC), "a timestamp")]  # fmt: skip
 
 
@@ -93,3 +93,6 @@ def test_a_job_name_header_of_another_type_names_no_job_and_is_named_by_its_type
     assert envelope.job_name_of(None, {envelope.JOB: value}) == ""  # never "['mail']"
     assert type_problem(envelope.JOB, value) == f"header amqpjobs-job is {kind}, expected a string"
     assert type_problem(envelope.JOB, bytearray(b"mail")) is None
+    assert type_problem(envelope.JOB, None) == "header amqpjobs-job is void, expected a string"  # AMQP void (V)
+    assert envelope.job_header_problem(None, {}) is None  # missing: no job name, nothing of a type to name
+    assert envelope.job_header_problem("mail", {envelope.JOB: value}) is None  # not read: the type property wins
