@@ -26,6 +26,7 @@ the type (``header amqpjobs-job is an array, expected a string``), never a Pytho
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
@@ -146,3 +147,31 @@ def type_problem(name: str, value: Any, expected: str = "a string") -> str | Non
     if read_text(value) is not None:
         return None
     return f"header {name} is {amqp_type(value)}, expected {expected}"
+
+
+def broker_cant_dead_letter(headers: Mapping[str, Any], queue: str, reason: str) -> str | None:
+    """Why RabbitMQ 3.10 can't dead-letter a message of these headers from ``queue`` for ``reason``, or None.
+
+    Measured on 3.10.8: dead-lettering adds 1 to the ``count`` of the ``x-death`` entry for the
+    same queue and reason, and a count it can't add to (a string, a byte array, a boolean, a
+    decimal, a table, an array) or an ``x-death`` element that is not a table crashes the queue
+    process (``badarith``), at every later delivery too; a count that is an integer, a float, a
+    timestamp or void is counted. A publisher can forge ``x-death``; only the broker's own
+    dead-lettering (``expiration``, ``maxlen``, a reject) reads it.
+    """
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list | tuple):
+        return None
+    for entry in deaths:
+        if not isinstance(entry, Mapping):
+            return f"header x-death holds {amqp_type(entry)}, not a table"
+        if read_text(entry.get("queue")) != queue or read_text(entry.get("reason")) != reason or "count" not in entry:
+            continue
+        count = entry["count"]
+        if (
+            count is not None
+            and not isinstance(count, datetime)
+            and (isinstance(count, bool) or not isinstance(count, int | float))
+        ):
+            return f"header x-death's entry for queue {queue!r}, reason {reason!r} has a count of {amqp_type(count)}"
+    return None

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from amqpjobs.jobs import envelope, evidence, quarantine
-from amqpjobs.jobs.header_values import COUNT_MAX, count_problem, read_count, type_problem
+from amqpjobs.jobs.header_values import COUNT_MAX, broker_cant_dead_letter, count_problem, read_count, type_problem
 
 BIG = 2**63 - 1
 #: Three in every encoding a client can send.
@@ -96,3 +96,29 @@ def test_a_job_name_header_of_another_type_names_no_job_and_is_named_by_its_type
     assert type_problem(envelope.JOB, None) == "header amqpjobs-job is void, expected a string"  # AMQP void (V)
     assert envelope.job_header_problem(None, {}) is None  # missing: no job name, nothing of a type to name
     assert envelope.job_header_problem("mail", {envelope.JOB: value}) is None  # not read: the type property wins
+
+
+@pytest.mark.parametrize(
+    ("deaths", "why"),
+    [
+        ([{"count": "five", "reason": "rejected", "queue": "work"}], "has a count of a string"),
+        ([{"count": True, "reason": "rejected", "queue": "work"}], "has a count of a boolean"),
+        ([{"count": Decimal("2"), "reason": "rejected", "queue": "work"}], "has a count of a decimal"),
+        ([{"count": bytearray(b"1"), "reason": bytearray(b"rejected"), "queue": "work"}], "a count of a byte array"),
+        (["garbage"], "header x-death holds a string, not a table"),
+        ([{"count": 1}, 7], "header x-death holds an integer, not a table"),
+        # what RabbitMQ 3.10.8 counts (measured): numbers, timestamps, void; and entries of another queue or reason
+        ([{"count": -1, "reason": "rejected", "queue": "work"}], None),
+        ([{"count": 1e300, "reason": "rejected", "queue": "work"}], None),
+        ([{"count": datetime(2026, 1, 1, tzinfo=UTC), "reason": "rejected", "queue": "work"}], None),
+        ([{"count": None, "reason": "rejected", "queue": "work"}], None),
+        ([{"count": "five", "reason": "expired", "queue": "work"}], None),
+        ([{"count": "five", "reason": "rejected", "queue": "other"}], None),
+        ([{"reason": "rejected", "queue": "work"}], None),
+        ("garbage", None),
+        ([], None),
+    ],
+)
+def test_an_x_death_the_broker_cant_count_is_seen_before_a_reject(deaths: Any, why: str | None) -> None:
+    found = broker_cant_dead_letter({"x-death": deaths}, "work", "rejected")
+    assert found == why if why is None else why in str(found)
