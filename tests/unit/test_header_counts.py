@@ -122,3 +122,21 @@ def test_a_job_name_header_of_another_type_names_no_job_and_is_named_by_its_type
 def test_an_x_death_the_broker_cant_count_is_seen_before_a_reject(deaths: Any, why: str | None) -> None:
     found = broker_cant_dead_letter({"x-death": deaths}, "work", "rejected")
     assert found == why if why is None else why in str(found)
+
+
+def test_the_evidence_reads_our_provenance_headers_as_text_never_as_a_python_repr() -> None:
+    from amqpjobs.jobs.failure import quarantine_headers
+
+    received = {
+        envelope.ORIGINAL_EXCHANGE: bytearray(b"jobs"),  # a client that sends text as a byte array
+        envelope.ORIGINAL_ROUTING_KEY: ["work"],  # forged: an array
+        envelope.FIRST_FAILURE_AT: {"at": 1},  # forged: a table
+        envelope.ATTEMPT: 1e300,
+    }
+    h = quarantine_headers(received, "crashed", ("E", "m", ""), 0, queue="work", exchange="ex", routing_key="rk",
+                           job="mail", job_id="j", host="h", pid=1, version="v", app_version="a",
+                           now="2026-12-06T00:00:00.000Z", timestamp=None)  # fmt: skip
+    assert h[evidence.ORIGINAL_EXCHANGE] == "jobs"
+    assert h[evidence.ORIGINAL_ROUTING_KEY] == "rk"
+    assert h[evidence.FIRST_FAILURE_AT] == "2026-12-06T00:00:00.000Z"
+    assert h[envelope.RUNS] <= COUNT_MAX  # an AMQP integer still (runs + starts of a forged count)
