@@ -38,6 +38,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.events import OUTCOMES, message_schema
 from amqpjobs.jobs.evidence import WORKER_HEADROOM
+from amqpjobs.jobs.header_values import COUNT_MAX
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.topology.naming import EVENTS_EXCHANGE
@@ -58,11 +59,12 @@ def headers_schema() -> dict[str, Any]:
         ),
         "properties": {
             envelope.ATTEMPT: {
-                "type": "integer", "minimum": 1, "default": 1,
-                "description": "The attempt this delivery is: 1 for a new job (missing = 1). Also read: "
-                "ASCII digit strings (whitespace around them ignored, no sign) and integral floats. Anything "
-                "else counts as 1; above the job's max_attempts the job is quarantined 'exhausted' without "
-                "running.",
+                "type": "integer", "minimum": 1, "maximum": COUNT_MAX, "default": 1,
+                "description": "The attempt this delivery is: 1 for a new job (missing = 1). Also read, alike in "
+                "every AMQP encoding: integral floats and decimals, ASCII digit strings and byte arrays "
+                "(whitespace around them ignored, no sign). A whole number above 2**63 - 1 reads as 2**63 - 1. "
+                "Anything else (negative, a fraction, another type) counts as 1; above the job's max_attempts "
+                "the job is quarantined 'exhausted' without running.",
             },
             envelope.TENANT: {
                 "type": "string",

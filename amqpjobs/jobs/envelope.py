@@ -16,12 +16,12 @@ says where a message that cannot be decoded goes (quarantine reason).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
+from amqpjobs.jobs.header_values import read_count, read_text, type_problem
 from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # re-exported
 from amqpjobs.jobs.json_fast import fast_object, strict_loads
 from amqpjobs.jobs.json_values import encode_payload as encode_payload  # re-exported
@@ -29,7 +29,7 @@ from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
-from amqpjobs.text import as_text, ascii_digits, lone_surrogate
+from amqpjobs.text import as_text, lone_surrogate
 
 ATTEMPT: Final = "amqpjobs-attempt"
 JOB: Final = "amqpjobs-job"
@@ -168,34 +168,25 @@ def decode_body(
 
 
 def header_int(value: Any) -> int | None:
-    """Read a counter header: integers, integral floats and ASCII digit strings.
+    """Read a count header by the one rule (:func:`amqpjobs.jobs.header_values.read_count`).
 
-    Strings may be ``str``, ``bytes`` or ``bytearray`` (an AMQP long string arrives as
-    bytes from some clients), surrounded by blanks, at most 20 digits. Anything else
-    (booleans, fractions, signs, other types) is None.
+    A whole number 0 .. ``2**63 - 1`` in any AMQP encoding (integer types, integral floats and
+    decimals, strings or byte arrays of ASCII digits with blanks around them); a whole number
+    above that range reads as ``2**63 - 1``; anything else (booleans, fractions, signs,
+    NaN, other text, other types) is None.
     """
-    if type(value) is int:  # the commonest (a bool is no int here: its type is bool)
-        return value
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("ascii", "replace")
-    if isinstance(value, str):
-        text = value.strip()
-        return int(text) if ascii_digits(text) and len(text) <= 20 else None
-    return value if isinstance(value, int) else None
+    return read_count(value)
 
 
 def parse_attempt(value: Any) -> int:
-    """Read our attempt header. Missing, non-integer or < 1 values count as attempt 1.
+    """Read our attempt header. Missing, not a count (:func:`header_int`) or 0 count as attempt 1.
 
     A publisher we don't control may send garbage here; the documented choice is to treat
     the delivery as a first attempt (it still runs at most ``max_attempts`` times from
-    here on), never to crash. Read as :func:`header_int` reads.
+    here on), never to crash. A whole number above ``2**63 - 1`` (``1e300``, 25 digits)
+    reads as ``2**63 - 1``: above every ``max_attempts``, in every encoding alike.
     """
-    number = header_int(value)
+    number = read_count(value)
     return number if number is not None and number >= 1 else 1
 
 
@@ -210,8 +201,8 @@ def parse_runs(headers: Mapping[str, Any]) -> int:
     count is at most the attempt (:data:`ATTEMPT`) less one (a foreign ``amqpjobs-runs: 99``
     on attempt 1 reads 0).
     """
-    number = header_int(headers.get(RUNS))
-    return min(number, parse_attempt(headers.get(ATTEMPT)) - 1) if number is not None and number >= 0 else 0
+    number = read_count(headers.get(RUNS))
+    return 0 if number is None else min(number, parse_attempt(headers.get(ATTEMPT)) - 1)
 
 
 #: Longest AMQP ``shortstr`` in bytes (AMQP 0-9-1 §4.2.5.3): ``message_id``, ``type``, a
@@ -284,8 +275,17 @@ def tenant_of(value: Any) -> str | None:
 
 
 def job_name_of(message_type: str | None, headers: Mapping[str, Any]) -> str:
-    """Job name of a received message: the ``type`` property, else our ``amqpjobs-job`` header, else ``""``."""
-    return message_type or ("" if (name := headers.get(JOB)) is None else as_text(name))
+    """Job name of a received message: the ``type`` property, else our ``amqpjobs-job`` header, else ``""``.
+
+    The header is read only as a string or byte array (:func:`~amqpjobs.jobs.header_values.read_text`):
+    a table, array, number ... names no job (:func:`job_header_problem` says which type it was).
+    """
+    return message_type or read_text(headers.get(JOB)) or ""
+
+
+def job_header_problem(message_type: str | None, headers: Mapping[str, Any]) -> str | None:
+    """``header amqpjobs-job is an array, expected a string`` when the header was read (no ``type``) and is not text."""
+    return None if message_type or JOB not in headers else type_problem(JOB, headers[JOB])
 
 
 def tenant_in(headers: Mapping[str, Any]) -> str | None:

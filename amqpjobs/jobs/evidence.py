@@ -14,6 +14,7 @@ from typing import Final
 
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.envelope import FIRST_FAILURE_AT, JOB, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, TENANT
+from amqpjobs.jobs.header_values import read_count
 from amqpjobs.text import encodable
 
 REASON: Final = "amqpjobs-reason"
@@ -110,12 +111,13 @@ def delivery_counters(headers: Mapping[str, object]) -> dict[str, int]:
 
     RabbitMQ 4.3.0 release notes: ``x-delivery-count`` counts rejects and client crashes (the
     delivery limit counts it), ``x-acquired-count`` every return (also nack, consumer
-    timeout, partitions). Before 4.3 only the first exists. A missing or odd value is 0.
+    timeout, partitions). Before 4.3 only the first exists. Read by the one count rule
+    (:func:`~amqpjobs.jobs.header_values.read_count`: a publisher can forge either on a
+    classic queue, in any encoding); a missing value or one that is no count is 0.
     """
 
     def count(name: str) -> int:
-        value = headers.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+        return read_count(headers.get(name)) or 0
 
     return {"delivery_count": count(envelope.DELIVERY_COUNT), "acquired_count": count(envelope.ACQUIRED_COUNT)}
 

@@ -17,6 +17,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, delivery_counters, evidence_headers
+from amqpjobs.jobs.header_values import COUNT_MAX, read_text
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, Skipped
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.retry import FailureKind
@@ -225,6 +226,12 @@ def unstarted_headers(
     return headers
 
 
+def _text(value: Any, default: str) -> str:
+    """A provenance header of ours as text (a byte array decoded); ``default`` when missing or of another type."""
+    text = read_text(value)
+    return default if text is None else text
+
+
 def quarantine_headers(
     received: Mapping[str, Any],
     reason: str,
@@ -252,7 +259,7 @@ def quarantine_headers(
     (:func:`~amqpjobs.jobs.evidence.evidence_headers`).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
-        runs = envelope.parse_runs(received) + crash.starts_of(received)
+        runs = min(envelope.parse_runs(received) + crash.starts_of(received), COUNT_MAX)  # an AMQP integer
     error_type, error_message, tb = error
     failure = Failure(
         reason=reason,
@@ -260,15 +267,15 @@ def quarantine_headers(
         error_message=error_message,
         traceback=tb,
         attempts=runs,
-        first_failure_at=str(received.get(envelope.FIRST_FAILURE_AT) or now),
+        first_failure_at=_text(received.get(envelope.FIRST_FAILURE_AT), now) or now,  # text only: never a repr
         last_failure_at=now,
         host=host,
         pid=pid,
         version=version,
         app_version=app_version,
-        exchange=str(received.get(envelope.ORIGINAL_EXCHANGE, exchange)),
+        exchange=_text(received.get(envelope.ORIGINAL_EXCHANGE), exchange),
         queue=queue,
-        routing_key=str(received.get(envelope.ORIGINAL_ROUTING_KEY, routing_key)),
+        routing_key=_text(received.get(envelope.ORIGINAL_ROUTING_KEY), routing_key),
         job=job,
         job_id=job_id,
         tenant=envelope.tenant_in(received) or "",

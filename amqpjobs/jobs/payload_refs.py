@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from amqpjobs.jobs.header_values import amqp_type
 from amqpjobs.text import as_text
 
 #: Quarantine reasons of a job whose stored payload can't be had, and what each means.
@@ -81,7 +82,7 @@ def parse_ref(value: Any) -> PayloadRef:
     """
     if not isinstance(value, str | bytes | bytearray):
         raise PayloadRefError(
-            "payload-ref-invalid", f"header amqpjobs-payload-ref is a {type(value).__name__}, not '<store>:<key>' text"
+            "payload-ref-invalid", f"header amqpjobs-payload-ref is {amqp_type(value)}, not '<store>:<key>' text"
         )
     text = as_text(value)
     store, sep, key = text.partition(":")

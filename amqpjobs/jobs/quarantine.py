@@ -18,6 +18,7 @@ from typing import Any, Final
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
+from amqpjobs.jobs.header_values import COUNT_MAX, read_count
 from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.timestamps import parse_time
@@ -69,13 +70,9 @@ def header_text(value: Any) -> str:
     return as_text(value)
 
 
-def _int(value: Any, default: int = 0) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        return int(header_text(value))
-    except ValueError:
-        return default
+def _int(value: Any) -> int:
+    """A count header read by the one rule (:func:`~amqpjobs.jobs.header_values.read_count`); 0 when it is none."""
+    return read_count(value) or 0
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,7 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
         reason=label,
         error_type="",
         error_message="",
-        attempts=_int(headers.get(envelope.ATTEMPT)) - 1 if envelope.ATTEMPT in headers else 0,
+        attempts=envelope.parse_attempt(headers.get(envelope.ATTEMPT)) - 1,
         failed_at=parse_time(latest.get("time")),
         first_failed_at=parse_time(earliest.get("time")),
         original_queue=queue,
@@ -344,7 +341,7 @@ def replay_headers(
     """
     out = {k: v for k, v in copy_headers(headers, timestamp).items() if k not in _RESET}
     out[envelope.ATTEMPT] = 1
-    out[REPLAY_COUNT] = item.replay_count + 1
+    out[REPLAY_COUNT] = min(item.replay_count + 1, COUNT_MAX)  # stays an AMQP integer
     out[REPLAY_ID] = replay_id
     out[PREVIOUS_REASON] = item.reason
     out[PREVIOUS_ERROR_TYPE] = item.error_type

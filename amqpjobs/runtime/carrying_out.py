@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import envelope
+from amqpjobs.jobs.copy_headers import strip_broker_headers
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
@@ -182,4 +183,15 @@ class CarryingOut:
         republish = functools.partial(self._republish, layout, delivery, v, trace)
         pending = pending_of(layout, delivery.queue, v.decision)
         with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
-            return await fall_back(self._holding, layout, delivery, v, exc, republish)
+            return await fall_back(self._holding, layout, delivery, v, exc, republish,
+                                   functools.partial(self._as_it_came, layout, delivery, v.job_id))  # fmt: skip
+
+    async def _as_it_came(self, layout: JobQueueLayout, delivery: Received, job_id: str) -> None:
+        """Publish ``delivery`` into its quarantine as it came, the broker's ``x-`` headers removed (confirmed).
+
+        Never larger than the message received (it fit a frame): for one the broker can't dead-letter
+        (:mod:`.fallback`). Raises AmqpJobsError when the publish fails.
+        """
+        assert self._quarantiner is not None
+        copy = delivery.copy(strip_broker_headers(delivery.headers), job_id)
+        await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, copy)

@@ -29,6 +29,7 @@ from amqpjobs.jobs.failure import (
     crash_error,
     describe,
 )
+from amqpjobs.jobs.header_values import count_problem
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
@@ -214,7 +215,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         job = self.app.get(job_name) if job_name else None
         if job is None or job.queue != layout.name:
             why = (
-                "no job name (type property or amqpjobs-job header)"
+                envelope.job_header_problem(delivery.type, delivery.headers)
+                or "no job name (type property or amqpjobs-job header)"
                 if not job_name
                 else f"job '{job_name[:200]}' is not served from job queue '{layout.name}' by app '{self.app.name}'"
             )
@@ -242,7 +244,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             job_id = loaded[1]
         max_attempts = job.retry.attempts_for(layout.tiers)
         if attempt > max_attempts:
-            why = f"attempt header says {attempt}, above max_attempts {max_attempts}"
+            said = count_problem(envelope.ATTEMPT, delivery.headers.get(envelope.ATTEMPT))  # out of range: why
+            said = said or f"attempt header says {attempt}"
+            why = f"{said}, above max_attempts {max_attempts}"
             return self._outcome(layout, delivery, Quarantine("exhausted"), attempt, job_id, job.name,
                                  failure=("AttemptsExhausted", why, ""))  # fmt: skip
         if unstarted:  # (a redelivery not run alone is registered or quarantined above: this stays a guard)

@@ -11,7 +11,11 @@ When that publish fails:
   a dead-letter into an exchange that routes nowhere is dropped), the delivery is rejected and the broker
   dead-letters it into the quarantine as it is (``x-death`` reason ``rejected``). Never a
   requeue, not even for a registered start or a hand-back: the same delivery would come
-  straight back, ``redelivered``, to the same refusal, forever (README "Bad messages");
+  straight back, ``redelivered``, to the same refusal, forever (README "Bad messages"). Unless its
+  ``x-death`` is one RabbitMQ 3.10 can't count (a publisher's forgery:
+  :func:`~amqpjobs.jobs.header_values.broker_cant_dead_letter`), whose dead-lettering crashes the
+  queue: then the message goes into the quarantine as it came, the broker's ``x-`` headers
+  removed (so it fits the frame it came in), without evidence, and is acked;
 * its channel closed meanwhile: the broker has the message back and redelivers it.
 """
 
@@ -20,7 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from amqpjobs.jobs.header_values import broker_cant_dead_letter
 from amqpjobs.jobs.outcome import Outcome, Quarantine
+from amqpjobs.jobs.quarantine import NO_EVIDENCE
 from amqpjobs.runtime.holding import Holding, needs_of
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
@@ -61,6 +67,7 @@ async def fall_back(
     outcome: Outcome,
     error: Exception,
     publish: Callable[[], Awaitable[None]],
+    as_it_came: Callable[[], Awaitable[None]] | None = None,
 ) -> bool:
     """Settle ``delivery`` after publishing the copy ``decision`` needs failed with ``error``.
 
@@ -73,6 +80,9 @@ async def fall_back(
             ``Quarantine("x-death:rejected")`` (reported ``quarantined``, README "Workers").
         error: Why the first publish failed.
         publish: Publishes the copy again (raises on failure).
+        as_it_came: Publishes the message into the quarantine as it came, the broker's ``x-``
+            headers removed (raises on failure): instead of the reject when the broker can't
+            dead-letter it.
 
     Returns:
         Whether the delivery was acked (False when rejected or its channel closed).
@@ -86,6 +96,28 @@ async def fall_back(
         return await ack(delivery, job_id)
     if settled == "gone":
         return False
+    forged = broker_cant_dead_letter(delivery.headers, delivery.queue, "rejected") if as_it_came else None
+    if forged and as_it_came is not None:  # a reject would crash the queue, at every redelivery (3.10.8)
+        try:
+            await as_it_came()
+            settled = "published"
+        except Exception as exc:  # a missing quarantine, a nack...: held until it goes, as any copy
+            settled = await holding.settle(
+                delivery.queue, needs_of(layout, delivery.queue, Quarantine(NO_EVIDENCE)), as_it_came, exc,
+                lambda: delivery.settleable, route=(layout.quarantine_queue, layout.quarantine_exchange),
+            )  # fmt: skip
+        if settled == "gone":
+            return False
+        if settled == "published":
+            log.error(
+                "job %s: the copy for %s can never be published (%s), and the broker can't dead-letter it (%s: "
+                "RabbitMQ 3.10 crashes the queue); published it into %s as it came, without x-death, no evidence",
+                field_value(job_id), decision, error, field_value(forged), layout.quarantine_queue,
+            )  # fmt: skip
+            outcome.decision = Quarantine(NO_EVIDENCE)
+            if not outcome.failure[0]:
+                outcome.failure = (type(error).__name__, str(error), "")
+            return await ack(delivery, job_id)
     try:  # "refused": the quarantine exists (settle waited for it), the copy can never go
         await delivery.reject()
     except DeliveryChannelClosed:

@@ -47,7 +47,7 @@ async def test_bad_or_foreign_references_are_quarantined_with_a_reason_never_dro
     cases = {
         "no-colon": ("file-abc", "payload-ref-invalid", "no ':' between store and key"),
         "path": ("file:../../etc/passwd", "payload-ref-invalid", "payload key '../../etc/passwd' must be"),
-        "not-text": (42, "payload-ref-invalid", "header amqpjobs-payload-ref is a int"),
+        "not-text": (42, "payload-ref-invalid", "header amqpjobs-payload-ref is an integer"),
         "foreign": ("s3-elsewhere:abc123", "payload-store-unknown", "names store 's3-elsewhere'"),
         "unknown-key": ("file:0123abcd", "payload-missing", "holds no payload '0123abcd'"),
     }

@@ -34,6 +34,7 @@ LONG = "c" * 300
 KINDS: dict[str, dict[str, Any]] = {
     "correlation-id": {"correlation_id": LONG},
     "message-id": {"message_id": "m" * 300},
+    "message-id-10kb": {"message_id": "m" * 10240},  # the data file's "message-id-10kb" (an HTTP publisher's)
     "header-name": {"headers": {"h" * 300: "v", "keep": "k"}},
 }
 
@@ -102,8 +103,8 @@ async def test_a_worker_quarantines_the_message_and_runs_the_jobs_behind_it(
         assert "correlation_id" not in props
         assert headers["amqpjobs-undeliverable-correlation_id"] == LONG
         assert props["message_id"] == headers["amqpjobs-job-id"] == "long-one"
-    elif kind == "message-id":
-        assert headers["amqpjobs-undeliverable-message_id"] == "m" * 300
+    elif kind.startswith("message-id"):
+        assert headers["amqpjobs-undeliverable-message_id"] == KINDS[kind]["message_id"]
         assert props["message_id"] == headers["amqpjobs-job-id"]
         assert props["message_id"].startswith("undeliverable-")
     else:

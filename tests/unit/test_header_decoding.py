@@ -27,6 +27,7 @@ from amqpjobs.wire.copies import keep_received_properties, received_bytes
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from tests import amqp_frames as frames
 from tests.amqp_frames import shape
+from tests.integration import hostile_frames as hostile
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bad-messages.jsonl"
 #: pamqp's attribute names for the basic properties, in AMQP order (``type`` is ``message_type``).
@@ -243,6 +244,13 @@ def bad_message_payloads() -> list[tuple[str, bytes]]:
     out = []
     for line in DATA.read_text().splitlines():
         message = json.loads(line)
+        if "replay" in message:  # typed header values (``<amqp:d:1e300>``), raw timestamps: built byte by byte
+            props = json.loads(json.dumps(message["properties"]).replace("{job}", "mail"))
+            headers = props.pop("headers", None)
+            entries = None if headers is None else [(k.encode(), hostile.value_bytes(v)) for k, v in headers.items()]
+            out.append((message["id"], PREFIX + hostile.raw_properties({**props, "message_id": message["id"]},
+                                                                       entries).marshal()))  # fmt: skip
+            continue
         props = substitute(message["properties"])
         if "type" in props:
             props["message_type"] = props.pop("type")
@@ -257,7 +265,8 @@ def test_every_bad_message_decodes_as_pamqp_does() -> None:
     assert len(BAD) >= 28
     for name, payload in BAD:
         assert header_decoding.decode(payload) is not None, name
-        assert fast(payload) == reference(payload), name
+        if name != "headers-nested-100":  # past MAX_DEPTH pamqp decodes on, we give None (the nesting test below)
+            assert fast(payload) == reference(payload), name
     decoded = {}
     for name, payload in BAD:
         header = ContentHeader()

@@ -30,7 +30,7 @@ def test_references_parse(value: str | bytes, ref: PayloadRef) -> None:
     [("file", "no ':' between store and key"), (":abc", "payload store name ''"), ("File:abc", "payload store name"),
      ("file:", "payload key ''"), ("file:../x", "payload key '../x'"), ("file:a/b", "payload key 'a/b'"),
      ("file:.hidden", "payload key '.hidden'"), ("file:" + "k" * 201, "must be 1-200 characters"),
-     (42, "is a int, not"), (None, "is a NoneType")],
+     (42, "is an integer, not"), (None, "is void")],
 )  # fmt: skip
 def test_malformed_references_name_what_is_wrong(value: object, says: str) -> None:
     with pytest.raises(PayloadRefError) as err:
