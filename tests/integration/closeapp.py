@@ -1,0 +1,62 @@
+"""procapp, whose worker's connections the broker force-closes at one chosen moment of its start.
+
+``CLOSEAPP_AT`` names the start step before which the worker's connections are closed through
+the management API (``DELETE /api/connections/<name>``, a broker-side close: 320
+CONNECTION_FORCED), once per process: ``pauses`` (before it reads the pause flags) or
+``consumer`` (before it opens its consumer's channel). The step then meets the closed
+connection, as it would when the broker closes it at that moment. ``CLOSEAPP_TIMES``: how
+many starts get the close (default 1).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import wraps
+from typing import Any
+from urllib.parse import quote
+
+from amqpjobs.runtime.pausing import OperatorPauses
+from amqpjobs.runtime.worker import Worker
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import broker_settings
+from tests.integration.procapp import app
+
+__all__ = ["app"]
+
+_AT = os.environ.get("CLOSEAPP_AT", "")
+_left = [int(os.environ.get("CLOSEAPP_TIMES", "1"))]
+
+
+def _close_worker_connections() -> None:
+    """Close this app's worker connections (waits until the management API lists them), naming each in stderr."""
+    settings = broker_settings()
+    names = {f"{app.name}-worker", f"{app.name}-worker-publisher"}
+    deadline = time.monotonic() + 20
+    with ManagementClient(settings) as mgmt:
+        while True:
+            found = mgmt.request("GET", f"/vhosts/{quote(settings.vhost, safe='')}/connections") or []
+            mine = [c for c in found if (c.get("client_properties") or {}).get("connection_name") in names]
+            if len(mine) == len(names) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for c in mine:
+            mgmt.request("DELETE", f"/connections/{quote(c['name'], safe='')}", allow_404=True)
+            print(f"closeapp: closed {c['client_properties']['connection_name']}", flush=True)
+
+
+def _closing_first(step: Any) -> Any:
+    @wraps(step)
+    async def closing(*args: Any, **kwargs: Any) -> Any:
+        if _left[0] > 0:
+            _left[0] -= 1
+            _close_worker_connections()
+        return await step(*args, **kwargs)
+
+    return closing
+
+
+if _AT == "pauses":
+    OperatorPauses.start = _closing_first(OperatorPauses.start)  # type: ignore[method-assign]
+elif _AT == "consumer":
+    Worker._start_consumer = _closing_first(Worker._start_consumer)  # type: ignore[method-assign]

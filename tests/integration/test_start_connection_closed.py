@@ -1,0 +1,54 @@
+"""A worker whose connections the broker closes while it starts (README "Workers": the first connect).
+
+Before, a close at one moment of the start ended the process with a traceback
+(``RuntimeError: <Connection ...> closed``, exit 1) or a bare ``broker error: [Errno 320]
+CONNECTION_FORCED``, exit 3, naming nothing to do; nothing hung. Now the start begins again by
+itself (within ``--connect-timeout``), says so, and the worker consumes.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, depth, write_file
+from tests.integration.test_worker_process import exit_code, publisher, read_record, wait_until
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.mark.parametrize("at", ["pauses", "consumer"])
+async def test_a_start_whose_connections_the_broker_closes_starts_again_and_consumes(
+    broker: BrokerSettings, tmp_path: Path, at: str
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(record), "CLOSEAPP_AT": at}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.closeapp:app", env, ("--grace", "5s"), log) as proc:
+        await app.enqueue("sleep", {"seconds": 0}, job_id="after-close")
+        await wait_until(lambda: "closeapp: closed procapp-worker" in log.read_text() or proc.poll() is not None,
+                         30, "the close")  # fmt: skip
+        await wait_until(lambda: any(r[:2] == ["done", "after-close"] for r in read_record(record))
+                         or proc.poll() is not None, 30, "the job's run")  # fmt: skip
+        out = log.read_text()
+        assert proc.poll() is None, out  # before: exit 1, "RuntimeError: <Connection: ...> closed" (or exit 3)
+        took = time.monotonic() - began
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "Traceback" not in out, out
+    assert "lost while the worker was starting" in out, out
+    assert "starting again" in out, out
+    assert [r[1] for r in read_record(record) if r[0] == "done"] == ["after-close"]
+    assert await depth(broker, "work") == 0
+    assert took < 30, took
