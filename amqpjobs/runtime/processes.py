@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from amqpjobs.errors import BrokerUnavailableError, ConfigurationError
 from amqpjobs.runtime.app import App
@@ -79,33 +80,56 @@ async def run_worker(
         asked.append(1)
         current[0].request_stop()
 
+    def renew() -> None:
+        current[0] = Worker(app, settings, options, metrics=metrics)
+
     try:
         with stop_on_signals(stop, "no new deliveries; draining", options.grace):
-            deadline = time.monotonic() + settings.connect_timeout
-            while True:
-                before = losses()[0]
-                try:  # past the grace, a handler thread still running ends the process
-                    return await current[0].run(own_process=True)
-                except ConfigurationError:
-                    raise
-                except Exception as exc:
-                    if not await _lost_while_starting(current[0], before, asked, deadline, settings, exc):
-                        raise
-                await asyncio.sleep(START_AGAIN)
-                if asked:
-                    log.info("worker stopped while starting: no delivery was taken; exit 0")
-                    return 0
-                current[0] = Worker(app, settings, options, metrics=metrics)
+            return await _starting_again(  # past the grace, a handler thread still running ends the process
+                lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked, settings,
+                "worker stopped while starting: no delivery was taken; exit 0",
+            )  # fmt: skip
     finally:
         if server is not None:
             server.stop()
         await close_app(app)
 
 
+async def _starting_again(
+    run: Callable[[], Awaitable[int]], renew: Callable[[], None], started: Callable[[], bool], asked: list[int],
+    settings: BrokerSettings, stopped: str,
+) -> int:  # fmt: skip
+    """``run()``, begun again with ``renew()`` (a new worker or replica) while its start fails on a lost connection.
+
+    ``started()``: the start of the last ``run()`` had ended (a later error stands); ``asked``:
+    non-empty once a stop was requested (then ``stopped`` is logged and the result is 0).
+
+    Raises:
+        What ``run()`` raised, unless :func:`_lost_while_starting` begins it again.
+    """
+    deadline = time.monotonic() + settings.connect_timeout
+    while True:
+        before = losses()[0]
+        try:
+            return await run()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            if not await _lost_while_starting(started(), before, asked, deadline, settings, exc):
+                raise
+        await asyncio.sleep(START_AGAIN)
+        if asked:
+            log.info(stopped)
+            return 0
+        renew()
+
+
 async def _lost_while_starting(
-    worker: Worker, before: int, asked: list[int], deadline: float, settings: BrokerSettings, exc: Exception
+    started: bool, before: int, asked: list[int], deadline: float, settings: BrokerSettings, exc: Exception
 ) -> bool:
-    """Whether ``worker``'s start failed because a connection was lost meanwhile, and may begin again (said so).
+    """Whether a start failed because a connection was lost meanwhile, and may begin again (said so).
+
+    ``started``: the start (a worker's, a scheduler replica's) had ended before the error.
 
     A broker that closes a connection in the middle of a start (``rabbitmqctl close_connection``,
     a node stopping between two declares) fails whatever step used it. Such a start begins again
@@ -119,17 +143,17 @@ async def _lost_while_starting(
     """
     await asyncio.sleep(0.1)  # the client's own close callbacks (the count) run after the call that failed
     count, why = losses()
-    if worker.ready.is_set() or asked or count == before:
+    if started or asked or count == before:
         return False
     if time.monotonic() >= deadline:
         raise BrokerUnavailableError(
-            f"the broker closed or lost the worker's connection while it started{why}, again after "
+            f"the broker closed or lost a connection of the process while it started{why}, again after "
             f"{settings.connect_timeout:g}s of starting again (--connect-timeout): nothing was consumed. Look in the "
             "broker's log for why it closes them (rabbitmqctl close_connection, a node stopping, a connection "
-            f"limit), then start the worker again; the last error: {type(exc).__name__}: {exc}"
+            f"limit), then start it again; the last error: {type(exc).__name__}: {exc}"
         ) from exc
     left = deadline - time.monotonic()
-    log.warning("a connection to the broker was lost while the worker was starting%s: nothing was consumed; "
+    log.warning("a connection to the broker was lost while starting%s: nothing was consumed or ticked; "
                 "starting again in %gs (for up to %.0fs more, --connect-timeout)", why, START_AGAIN, left)  # fmt: skip
     return True
 
@@ -156,6 +180,18 @@ async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: Sc
         The process exit code, 0.
 
     """
-    scheduler = Scheduler(app, settings, options)
-    with stop_on_signals(scheduler.request_stop, "handing leadership over and stopping"):
-        return await scheduler.run()
+    current = [Scheduler(app, settings, options)]
+    asked: list[int] = []
+
+    def stop() -> None:
+        asked.append(1)
+        current[0].request_stop()
+
+    def renew() -> None:
+        current[0] = Scheduler(app, settings, options)
+
+    with stop_on_signals(stop, "handing leadership over and stopping"):
+        return await _starting_again(
+            lambda: current[0].run(), renew, lambda: False, asked, settings,
+            f"scheduler replica {current[0].replica} stopped while starting; exit 0",
+        )  # fmt: skip

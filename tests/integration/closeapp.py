@@ -5,7 +5,8 @@ the management API (``DELETE /api/connections/<name>``, a broker-side close: 320
 CONNECTION_FORCED), once per process: ``pauses`` (before it reads the pause flags) or
 ``consumer`` (before it opens its consumer's channel). The step then meets the closed
 connection, as it would when the broker closes it at that moment. ``CLOSEAPP_TIMES``: how
-many starts get the close (default 1).
+many starts get the close (default 1). :mod:`tests.integration.closesched` does the same to
+a scheduler replica.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ _AT = os.environ.get("CLOSEAPP_AT", "")
 _left = [int(os.environ.get("CLOSEAPP_TIMES", "1"))]
 
 
-def _close_worker_connections() -> None:
-    """Close this app's worker connections (waits until the management API lists them), naming each in stderr."""
+def close_connections(names: set[str]) -> None:
+    """Close the connections named ``names`` (waits until the management API lists them all), saying each."""
     settings = broker_settings()
-    names = {f"{app.name}-worker", f"{app.name}-worker-publisher"}
     deadline = time.monotonic() + 20
     with ManagementClient(settings) as mgmt:
         while True:
@@ -45,18 +45,21 @@ def _close_worker_connections() -> None:
             print(f"closeapp: closed {c['client_properties']['connection_name']}", flush=True)
 
 
-def _closing_first(step: Any) -> Any:
+def closing_first(step: Any, names: set[str]) -> Any:
+    """``step``, whose first ``CLOSEAPP_TIMES`` calls close the connections ``names`` first."""
+
     @wraps(step)
     async def closing(*args: Any, **kwargs: Any) -> Any:
         if _left[0] > 0:
             _left[0] -= 1
-            _close_worker_connections()
+            close_connections(names)
         return await step(*args, **kwargs)
 
     return closing
 
 
+_WORKER = {f"{app.name}-worker", f"{app.name}-worker-publisher"}
 if _AT == "pauses":
-    OperatorPauses.start = _closing_first(OperatorPauses.start)  # type: ignore[method-assign]
+    OperatorPauses.start = closing_first(OperatorPauses.start, _WORKER)  # type: ignore[method-assign]
 elif _AT == "consumer":
-    Worker._start_consumer = _closing_first(Worker._start_consumer)  # type: ignore[method-assign]
+    Worker._start_consumer = closing_first(Worker._start_consumer, _WORKER)  # type: ignore[method-assign]

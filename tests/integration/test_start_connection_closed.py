@@ -1,21 +1,26 @@
 """A worker whose connections the broker closes while it starts (README "Workers": the first connect).
 
-Before, a close at one moment of the start ended the process with a traceback
+Before, a close at one moment of a worker's start ended the process with a traceback
 (``RuntimeError: <Connection ...> closed``, exit 1) or a bare ``broker error: [Errno 320]
 CONNECTION_FORCED``, exit 3, naming nothing to do; nothing hung. Now the start begins again by
-itself (within ``--connect-timeout``), says so, and the worker consumes.
+itself (within ``--connect-timeout``), says so, and the worker consumes. A scheduler replica's
+(``schedule run``) likewise: before, ``broker error: could not open a channel: [Errno 320]
+CONNECTION_FORCED``, exit 3.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, depth, write_file
+from tests.integration.helpers import consume_subprocess, depth, process_running, write_file
 from tests.integration.test_worker_process import exit_code, publisher, read_record, wait_until
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -47,8 +52,34 @@ async def test_a_start_whose_connections_the_broker_closes_starts_again_and_cons
     await app.close()
     assert code == 0, out
     assert "Traceback" not in out, out
-    assert "lost while the worker was starting" in out, out
+    assert "lost while starting" in out, out
     assert "starting again" in out, out
     assert [r[1] for r in read_record(record) if r[0] == "done"] == ["after-close"]
     assert await depth(broker, "work") == 0
     assert took < 30, took
+
+
+async def test_a_scheduler_start_whose_connection_the_broker_closes_starts_again_and_leads(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await publisher(broker, tmp_path)  # applies the work queue
+    topo, log = tmp_path / "sched.toml", tmp_path / "replica.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "SCHEDAPP_TOPOLOGY": str(topo)}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with process_running([str(exe), "schedule", "run", "tests.integration.closesched:app"], env, log) as proc:
+        await wait_until(lambda: " leads " in log.read_text() or proc.poll() is not None, 40, "a leader")
+        out = log.read_text()
+        assert proc.poll() is None, out  # before: exit 3, "broker error: could not open a channel: [Errno 320] ..."
+        deadline = time.monotonic() + 20
+        while await depth(broker, "work") < 2:  # the leader enqueues a tick each second
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    assert code == 0, out
+    assert "closeapp: closed schedapp-scheduler" in out, out
+    assert "lost while starting" in out, out
+    assert "starting again" in out, out
