@@ -85,7 +85,7 @@ async def run_worker(
 
     try:
         with stop_on_signals(stop, "no new deliveries; draining", options.grace):
-            return await _starting_again(  # past the grace, a handler thread still running ends the process
+            return await starting_again(  # past the grace, a handler thread still running ends the process
                 lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked, settings,
                 "worker stopped while starting: no delivery was taken; exit 0",
             )  # fmt: skip
@@ -95,11 +95,14 @@ async def run_worker(
         await close_app(app)
 
 
-async def _starting_again(
+async def starting_again(
     run: Callable[[], Awaitable[int]], renew: Callable[[], None], started: Callable[[], bool], asked: list[int],
     settings: BrokerSettings, stopped: str,
 ) -> int:  # fmt: skip
     """``run()``, begun again with ``renew()`` (a new worker or replica) while its start fails on a lost connection.
+
+    Used by ``amqpjobs consume``, each ``--processes`` child (:mod:`amqpjobs.runtime.child`)
+    and ``amqpjobs schedule run``.
 
     ``started()``: the start of the last ``run()`` had ended (a later error stands); ``asked``:
     non-empty once a stop was requested (then ``stopped`` is logged and the result is 0).
@@ -191,7 +194,7 @@ async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: Sc
         current[0] = Scheduler(app, settings, options)
 
     with stop_on_signals(stop, "handing leadership over and stopping"):
-        return await _starting_again(
+        return await starting_again(
             lambda: current[0].run(), renew, lambda: False, asked, settings,
             f"scheduler replica {current[0].replica} stopped while starting; exit 0",
         )  # fmt: skip

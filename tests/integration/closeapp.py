@@ -5,8 +5,8 @@ the management API (``DELETE /api/connections/<name>``, a broker-side close: 320
 CONNECTION_FORCED), once per process: ``pauses`` (before it reads the pause flags) or
 ``consumer`` (before it opens its consumer's channel). The step then meets the closed
 connection, as it would when the broker closes it at that moment. ``CLOSEAPP_TIMES``: how
-many starts get the close (default 1). :mod:`tests.integration.closesched` does the same to
-a scheduler replica.
+many starts get the close (default 1); under ``--processes``, child 1's only.
+:mod:`tests.integration.closesched` does the same to a scheduler replica.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from tests.integration.procapp import app
 __all__ = ["app"]
 
 _AT = os.environ.get("CLOSEAPP_AT", "")
-_left = [int(os.environ.get("CLOSEAPP_TIMES", "1"))]
+# under --processes, child 1 closes (the connections of both children: they have the same names)
+_left = [int(os.environ.get("CLOSEAPP_TIMES", "1")) if os.environ.get("AMQPJOBS_CHILD", "1") == "1" else 0]
 
 
 def close_connections(names: set[str]) -> None:
@@ -37,7 +38,9 @@ def close_connections(names: set[str]) -> None:
         while True:
             found = mgmt.request("GET", f"/vhosts/{quote(settings.vhost, safe='')}/connections") or []
             mine = [c for c in found if (c.get("client_properties") or {}).get("connection_name") in names]
-            if len(mine) == len(names) or time.monotonic() > deadline:
+            if {(c.get("client_properties") or {}).get("connection_name") for c in mine} == names or (
+                time.monotonic() > deadline
+            ):
                 break
             time.sleep(0.1)
         for c in mine:

@@ -83,3 +83,33 @@ async def test_a_scheduler_start_whose_connection_the_broker_closes_starts_again
     assert "closeapp: closed schedapp-scheduler" in out, out
     assert "lost while starting" in out, out
     assert "starting again" in out, out
+
+
+async def test_a_child_whose_start_the_broker_cuts_starts_again_itself_not_by_a_restart(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(record), "CLOSEAPP_AT": "consumer"}  # fmt: skip
+    args = ("--processes", "2", "--grace", "5s")
+    with consume_subprocess("tests.integration.closeapp:app", env, args, log) as proc:
+        await wait_until(lambda: "closeapp: closed procapp-worker-publisher" in log.read_text()
+                         or proc.poll() is not None, 40, "the close")  # fmt: skip
+        await wait_until(lambda: "child 1 ready" in log.read_text().split("closeapp: closed")[-1]
+                         or proc.poll() is not None, 40, "child 1 ready after the close")  # fmt: skip
+        for i in range(4):
+            await app.enqueue("sleep", {"seconds": 0}, job_id=f"child-{i}")
+        await wait_until(lambda: len([r for r in read_record(record) if r[0] == "done"]) == 4
+                         or proc.poll() is not None, 40, "the jobs' runs")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "closeapp: closed procapp-worker" in out, out
+    assert "Traceback" not in out, out  # before: child 1 died of 'RuntimeError: <Connection ...> closed'
+    assert "restarting it in" not in out, out  # ... and the supervisor restarted it (a crash-loop count)
+    assert "[child 1] amqpjobs.worker: a connection to the broker was lost while starting" in out, out
+    assert sorted(r[1] for r in read_record(record) if r[0] == "done") == [f"child-{i}" for i in range(4)]
