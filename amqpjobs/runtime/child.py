@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
@@ -35,7 +36,7 @@ from amqpjobs.runtime.handler_threads import bound_the_exit
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
-from amqpjobs.runtime.processes import close_app
+from amqpjobs.runtime.processes import close_app, starting_again
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
@@ -110,25 +111,25 @@ class _SupervisorWatch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._worker: Worker | None = None
+        self._stop: Callable[[], None] | None = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="amqpjobs-supervisor-watch", daemon=True).start()
 
-    def watch(self, worker: Worker) -> None:
-        """From now on the supervisor's end drains ``worker``."""
+    def watch(self, stop: Callable[[], None]) -> None:
+        """From now on the supervisor's end calls ``stop`` (the worker's stop request: it drains)."""
         with self._lock:
-            self._worker = worker
+            self._stop = stop
 
     def _watch(self) -> None:  # raw reads: a buffered reader's lock would block the interpreter's exit
         while os.read(0, 4096):
             pass
         with self._lock:
-            worker = self._worker
-            if worker is None:
+            stop = self._stop
+            if stop is None:
                 log.warning("the supervisor is gone while this child starts: exiting (nothing was taken yet)")
                 os._exit(EXIT_NO_SUPERVISOR)
         log.warning("the supervisor is gone: draining")
-        self._loop.call_soon_threadsafe(worker.request_stop)
+        self._loop.call_soon_threadsafe(stop)
 
 
 async def _report_ready(worker: Worker) -> None:
@@ -155,20 +156,36 @@ async def run_child(spec: ChildSpec) -> int:
         worker = Worker(app, spec.settings, spec.options, metrics=metrics)
     except AmqpJobsError as exc:
         return _failed(exc)
+    current, asked = [worker], []  # a start a lost connection cut short begins again with another worker
+
+    def stop() -> None:
+        asked.append(1)
+        current[0].request_stop()
+
     server = None
     if metrics is not None:
-        server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, "127.0.0.1", 0)
+        server = MetricsServer(metrics, lambda: current[0].readiness(), lambda: current[0].heartbeat_at,
+                               "127.0.0.1", 0)  # fmt: skip
         server.start()
         status(port=server.port)
-    supervisor.watch(worker)
-    reporter = asyncio.create_task(_report_ready(worker))
+    supervisor.watch(stop)
+    reporter = [asyncio.create_task(_report_ready(worker))]
+
+    def renew() -> None:
+        current[0] = Worker(app, spec.settings, spec.options, metrics=metrics)
+        reporter[0].cancel()
+        reporter[0] = asyncio.create_task(_report_ready(current[0]))
+
     try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining", spec.options.grace):
-            return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
+        with stop_on_signals(stop, "no new deliveries; draining", spec.options.grace):
+            return await starting_again(  # past the grace, a handler thread still running ends the process
+                lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked,
+                spec.settings, "worker stopped while starting: no delivery was taken; exit 0",
+            )  # fmt: skip
     except AmqpJobsError as exc:
         return _failed(exc)
     finally:
-        reporter.cancel()
+        reporter[0].cancel()
         if server is not None:
             server.stop()
         await close_app(app)

@@ -135,6 +135,14 @@ class Draining:
             self._held_lines.append(f"{self._returned} held deliveries (never started) still held after the grace "
                                     "period; they return to their queues (redelivered)")  # fmt: skip
 
+    def not_acked(self, still: set[asyncio.Task[Any]]) -> int:
+        """Jobs of the drain that finished (not in ``still``) but were not acked: their channel closed first.
+
+        Their outcome is ``ack_uncertain`` (a node stopping, the connection lost): the broker
+        redelivers them, as it does an abandoned job's, so the stop is no clean one (exit 1).
+        """
+        return sum(1 for t in self._started - still if self._kinds.get(t) == "ack_uncertain")
+
     def _ended_anyway(self) -> Counter[str]:
         """Outcome kinds of the jobs cancelled at the grace's end that settled their delivery themselves."""
         return Counter(k for t in self._cancelled if (k := self._kinds.get(t, "abandoned")) != "abandoned")
@@ -199,8 +207,13 @@ class Draining:
             held = "1 held delivery" if self._returned == 1 else f"{self._returned} held deliveries"
             note += f", {held} returned to {'its queue' if self._returned == 1 else 'their queues'} unstarted " \
                     "(redelivered)"  # fmt: skip
-        return (f"worker stopped: {finished} in-flight job(s) finished, {abandoned} abandoned (redelivered)"
-                f"{note}; exit {code}")  # fmt: skip
+        if unacked := self.not_acked(still):
+            them = "it" if unacked == 1 else "them"
+            finished_note = f", {unacked} of {them} not acked (their channel closed: the broker redelivers {them})"
+        else:
+            finished_note = ""
+        return (f"worker stopped: {finished} in-flight job(s) finished{finished_note}, {abandoned} abandoned "
+                f"(redelivered){note}; exit {code}")  # fmt: skip
 
 
 def _kinds(kinds: Counter[str]) -> str:

@@ -8,9 +8,12 @@ A worker's metrics and health endpoint lives as long as it does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
-from amqpjobs.errors import ConfigurationError
+from amqpjobs.errors import BrokerUnavailableError, ConfigurationError
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.metrics import MetricsServer, WorkerMetrics
 from amqpjobs.runtime.scheduled_app import ScheduledApp
@@ -18,9 +21,12 @@ from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions
 from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.wire.cluster import losses
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
+#: Seconds between a start a lost connection cut short and the next one.
+START_AGAIN = 1.0
 
 
 async def run_worker(
@@ -46,26 +52,113 @@ async def run_worker(
         redelivery: this never returns then, and the app is not closed
         (:mod:`amqpjobs.runtime.handler_threads`). Else the app is closed last (:func:`close_app`).
 
+    A start that fails because a connection to the broker was lost meanwhile (closed by the
+    broker, a node stopping) begins again with a new :class:`Worker`, for up to
+    ``settings.connect_timeout`` (:func:`_lost_while_starting`); ``/readyz`` says ``starting``
+    meanwhile.
+
     Raises:
         ConfigurationError: the metrics port can't be bound.
+        BrokerUnavailableError: connections were still lost while starting after ``settings.connect_timeout``.
+        The other errors of :meth:`Worker.start`.
     """
     metrics = WorkerMetrics() if metrics_port is not None else None
     worker = Worker(app, settings, options, metrics=metrics)
+    current = [worker]  # the worker of this start: a start a lost connection cut short begins again with another
+    asked: list[int] = []  # a stop was requested
     server = None
     if metrics is not None and metrics_port is not None:
-        server = MetricsServer(metrics, worker.readiness, lambda: worker.heartbeat_at, metrics_host, metrics_port)
+        server = MetricsServer(metrics, lambda: current[0].readiness(), lambda: current[0].heartbeat_at,
+                               metrics_host, metrics_port)  # fmt: skip
         try:
             server.start()
         except OSError as exc:
             raise ConfigurationError(f"can't serve metrics on {metrics_host}:{metrics_port}: {exc}") from None
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", metrics_host, server.port)
+
+    def stop() -> None:
+        asked.append(1)
+        current[0].request_stop()
+
+    def renew() -> None:
+        current[0] = Worker(app, settings, options, metrics=metrics)
+
     try:
-        with stop_on_signals(worker.request_stop, "no new deliveries; draining", options.grace):
-            return await worker.run(own_process=True)  # past the grace, a handler thread still running ends it
+        with stop_on_signals(stop, "no new deliveries; draining", options.grace):
+            return await starting_again(  # past the grace, a handler thread still running ends the process
+                lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked, settings,
+                "worker stopped while starting: no delivery was taken; exit 0",
+            )  # fmt: skip
     finally:
         if server is not None:
             server.stop()
         await close_app(app)
+
+
+async def starting_again(
+    run: Callable[[], Awaitable[int]], renew: Callable[[], None], started: Callable[[], bool], asked: list[int],
+    settings: BrokerSettings, stopped: str,
+) -> int:  # fmt: skip
+    """``run()``, begun again with ``renew()`` (a new worker or replica) while its start fails on a lost connection.
+
+    Used by ``amqpjobs consume``, each ``--processes`` child (:mod:`amqpjobs.runtime.child`)
+    and ``amqpjobs schedule run``.
+
+    ``started()``: the start of the last ``run()`` had ended (a later error stands); ``asked``:
+    non-empty once a stop was requested (then ``stopped`` is logged and the result is 0).
+
+    Raises:
+        What ``run()`` raised, unless :func:`_lost_while_starting` begins it again.
+    """
+    deadline = time.monotonic() + settings.connect_timeout
+    while True:
+        before = losses()[0]
+        try:
+            return await run()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            if not await _lost_while_starting(started(), before, asked, deadline, settings, exc):
+                raise
+        await asyncio.sleep(START_AGAIN)
+        if asked:
+            log.info(stopped)
+            return 0
+        renew()
+
+
+async def _lost_while_starting(
+    started: bool, before: int, asked: list[int], deadline: float, settings: BrokerSettings, exc: Exception
+) -> bool:
+    """Whether a start failed because a connection was lost meanwhile, and may begin again (said so).
+
+    ``started``: the start (a worker's, a scheduler replica's) had ended before the error.
+
+    A broker that closes a connection in the middle of a start (``rabbitmqctl close_connection``,
+    a node stopping between two declares) fails whatever step used it. Such a start begins again
+    after :data:`START_AGAIN` s, for up to ``--connect-timeout`` (``settings.connect_timeout``) from
+    the first start. A start that was stopped, or that failed with no connection lost, is not
+    begun again: False, its error stands.
+
+    Raises:
+        BrokerUnavailableError: connections were still lost at ``deadline``: it names the last
+            cause and what to do.
+    """
+    await asyncio.sleep(0.1)  # the client's own close callbacks (the count) run after the call that failed
+    count, why = losses()
+    if started or asked or count == before:
+        return False
+    if time.monotonic() >= deadline:
+        raise BrokerUnavailableError(
+            f"the broker closed or lost a connection of the process while it started{why}, again after "
+            f"{settings.connect_timeout:g}s of starting again (--connect-timeout): nothing was consumed. Look in the "
+            "broker's log for why it closes them (rabbitmqctl close_connection, a node stopping, a connection "
+            f"limit), then start it again; the last error: {type(exc).__name__}: {exc}"
+        ) from exc
+    left = deadline - time.monotonic()
+    log.warning("a connection to the broker was lost while starting%s: nothing was consumed or ticked; "
+                "starting again in %gs (for up to %.0fs more, --connect-timeout)", why, START_AGAIN, left)  # fmt: skip
+    return True
 
 
 async def close_app(app: App) -> None:
@@ -90,6 +183,18 @@ async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: Sc
         The process exit code, 0.
 
     """
-    scheduler = Scheduler(app, settings, options)
-    with stop_on_signals(scheduler.request_stop, "handing leadership over and stopping"):
-        return await scheduler.run()
+    current = [Scheduler(app, settings, options)]
+    asked: list[int] = []
+
+    def stop() -> None:
+        asked.append(1)
+        current[0].request_stop()
+
+    def renew() -> None:
+        current[0] = Scheduler(app, settings, options)
+
+    with stop_on_signals(stop, "handing leadership over and stopping"):
+        return await starting_again(
+            lambda: current[0].run(), renew, lambda: False, asked, settings,
+            f"scheduler replica {current[0].replica} stopped while starting; exit 0",
+        )  # fmt: skip

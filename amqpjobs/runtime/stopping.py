@@ -47,8 +47,9 @@ class WorkerStop(SuspectTurns):
         an async run that ends carries out its own outcome).
 
         Returns:
-            0 when all in-flight work finished, else 1 (also when a suspect's thread past its
-            timeout stopped the worker: :mod:`amqpjobs.runtime.overruns`).
+            0 when all in-flight work finished and was acked, else 1 (also when a job finished
+            after its channel closed, so it was not acked and is redelivered, and when a suspect's
+            thread past its timeout stopped the worker: :mod:`amqpjobs.runtime.overruns`).
 
         """
         self._stop.set()
@@ -95,6 +96,8 @@ class WorkerStop(SuspectTurns):
                     await asyncio.wait(going_on)  # before the channels close: its delivery stays unacked
                     log.info("the cancelled handler(s) ended after %.1fs; closing the connection",
                              time.monotonic() - began)  # fmt: skip
+        if self._draining.not_acked(still):  # finished, but their channel closed first: redelivered, no clean stop
+            code = 1
         await self._settle_late_claims(ends)  # released as they come, before the ledger closes
         await self._settle_owed()  # ledger writes owed here (releases, done-marks): one more try
         await self._holding.close()

@@ -185,6 +185,7 @@ class Worker(WorkerStop):
 
         """
         self._check()
+        self._background.append(asyncio.create_task(self._beat()))  # from here: a first connect retried is no stall
         self.app.set_default_url(self.settings.url)
         slots = sum(len(lay.work_queues) for lay in self._layouts.values()) * self.options.concurrency
         slots += len(rate_limited(self.app, self._layouts.values())) * self.options.concurrency  # waiting rooms
@@ -215,7 +216,6 @@ class Worker(WorkerStop):
         )
         self._breakers = await Breakers.open(self.app, self._layouts, publishing, self.settings, self.metrics,
                                              self._timeouts)  # fmt: skip
-        self._background.append(asyncio.create_task(self._beat()))
         self._heartbeat_timeout = heartbeat_timeout(self._connection)
         self._stalls.start()
         marker: list[str] = []  # the app's ledger marker, checked for policies with its job queues' queues

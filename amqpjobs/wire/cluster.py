@@ -53,6 +53,18 @@ class Node:
 _ORDERS: dict[tuple[str, ...], list[int]] = {}
 #: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
 _CONNECTED: dict[frozenset[str], str] = {}
+#: Connections of this process lost (closed by the broker, cut), and the last one's cause: :func:`losses`.
+_LOSSES: list[Any] = [0, ""]
+
+
+def losses() -> tuple[int, str]:
+    """How many connections of this process were lost so far, and why the last one was (`` (...)`` or ``""``).
+
+    A lost connection is one closed by the broker (``rabbitmqctl close_connection``, a node
+    stopping) or cut, not by our ``close()``. A start compares the count before and after
+    (:func:`~amqpjobs.runtime.processes.run_worker`).
+    """
+    return _LOSSES[0], _LOSSES[1]
 
 
 #: The client libraries' lines about a lost connection and its recovery (logger, text in the message):
@@ -184,7 +196,9 @@ class ClusterConnection(RobustConnection):
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
-            self._move_on("lost", _cause(exc))
+            _LOSSES[0] += 1
+            _LOSSES[1] = _cause(exc)
+            self._move_on("lost", _LOSSES[1])
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
                     callback()

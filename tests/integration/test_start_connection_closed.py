@@ -1,0 +1,115 @@
+"""A worker whose connections the broker closes while it starts (README "Workers": the first connect).
+
+Before, a close at one moment of a worker's start ended the process with a traceback
+(``RuntimeError: <Connection ...> closed``, exit 1) or a bare ``broker error: [Errno 320]
+CONNECTION_FORCED``, exit 3, naming nothing to do; nothing hung. Now the start begins again by
+itself (within ``--connect-timeout``), says so, and the worker consumes. A scheduler replica's
+(``schedule run``) likewise: before, ``broker error: could not open a channel: [Errno 320]
+CONNECTION_FORCED``, exit 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, depth, process_running, write_file
+from tests.integration.test_worker_process import exit_code, publisher, read_record, wait_until
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.mark.parametrize("at", ["pauses", "consumer"])
+async def test_a_start_whose_connections_the_broker_closes_starts_again_and_consumes(
+    broker: BrokerSettings, tmp_path: Path, at: str
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(record), "CLOSEAPP_AT": at}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.closeapp:app", env, ("--grace", "5s"), log) as proc:
+        await app.enqueue("sleep", {"seconds": 0}, job_id="after-close")
+        await wait_until(lambda: "closeapp: closed procapp-worker" in log.read_text() or proc.poll() is not None,
+                         30, "the close")  # fmt: skip
+        await wait_until(lambda: any(r[:2] == ["done", "after-close"] for r in read_record(record))
+                         or proc.poll() is not None, 30, "the job's run")  # fmt: skip
+        out = log.read_text()
+        assert proc.poll() is None, out  # before: exit 1, "RuntimeError: <Connection: ...> closed" (or exit 3)
+        took = time.monotonic() - began
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "Traceback" not in out, out
+    assert "lost while starting" in out, out
+    assert "starting again" in out, out
+    assert [r[1] for r in read_record(record) if r[0] == "done"] == ["after-close"]
+    assert await depth(broker, "work") == 0
+    assert took < 30, took
+
+
+async def test_a_scheduler_start_whose_connection_the_broker_closes_starts_again_and_leads(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await publisher(broker, tmp_path)  # applies the work queue
+    topo, log = tmp_path / "sched.toml", tmp_path / "replica.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "SCHEDAPP_TOPOLOGY": str(topo)}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with process_running([str(exe), "schedule", "run", "tests.integration.closesched:app"], env, log) as proc:
+        await wait_until(lambda: " leads " in log.read_text() or proc.poll() is not None, 40, "a leader")
+        out = log.read_text()
+        assert proc.poll() is None, out  # before: exit 3, "broker error: could not open a channel: [Errno 320] ..."
+        deadline = time.monotonic() + 20
+        while await depth(broker, "work") < 2:  # the leader enqueues a tick each second
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    assert code == 0, out
+    assert "closeapp: closed schedapp-scheduler" in out, out
+    assert "lost while starting" in out, out
+    assert "starting again" in out, out
+
+
+async def test_a_child_whose_start_the_broker_cuts_starts_again_itself_not_by_a_restart(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "PROCAPP_RECORD": str(record), "CLOSEAPP_AT": "consumer"}  # fmt: skip
+    args = ("--processes", "2", "--grace", "5s")
+    with consume_subprocess("tests.integration.closeapp:app", env, args, log) as proc:
+        await wait_until(lambda: "closeapp: closed procapp-worker-publisher" in log.read_text()
+                         or proc.poll() is not None, 40, "the close")  # fmt: skip
+        await wait_until(lambda: "child 1 ready" in log.read_text().split("closeapp: closed")[-1]
+                         or proc.poll() is not None, 40, "child 1 ready after the close")  # fmt: skip
+        for i in range(4):
+            await app.enqueue("sleep", {"seconds": 0}, job_id=f"child-{i}")
+        await wait_until(lambda: len([r for r in read_record(record) if r[0] == "done"]) == 4
+                         or proc.poll() is not None, 40, "the jobs' runs")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "closeapp: closed procapp-worker" in out, out
+    assert "Traceback" not in out, out  # before: child 1 died of 'RuntimeError: <Connection ...> closed'
+    assert "restarting it in" not in out, out  # ... and the supervisor restarted it (a crash-loop count)
+    assert "[child 1] amqpjobs.worker: a connection to the broker was lost while starting" in out, out
+    assert sorted(r[1] for r in read_record(record) if r[0] == "done") == [f"child-{i}" for i in range(4)]
