@@ -98,6 +98,12 @@ def trouble(exc: BaseException) -> str:
     return f"{said}; {fix}" if fix else said
 
 
+def held_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_BUSY`` or ``SQLITE_LOCKED``: another connection holds the file locked."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (5, 6)
+
+
 def store_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is the database failing (an I/O error, a full or read-only disk, a lock, a damaged file).
 
