@@ -193,7 +193,7 @@ async def action_json(request: Request) -> Response:
 
 async def job(request: Request) -> Response:
     """Job lookup by id: its record (with ``--app`` and a results store) and the queues that hold it."""
-    job_id = request.query_params.get("id", "").strip()
+    job_id = request.query_params.get("id", "")  # as given: spaces around it are part of an id (job show's rule)
     if not job_id:
         return render(request, "job.html", found=None, job_id="")
     if issue := job_id_problem(job_id, blank=BLANK_AT_LOOKUP):

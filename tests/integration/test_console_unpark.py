@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from amqpjobs import SqliteResults
+from amqpjobs import SqliteResults, StateRecord
 from amqpjobs.runtime.parking import park
 from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings
@@ -36,6 +37,7 @@ async def test_unpark_from_the_console_moves_parked_jobs_back_with_the_clis_safe
     app.results = SqliteResults(tmp_path / "results.db")
     await quarantine_jobs(broker, app, 6)
     assert (await park(broker, "work.quarantine", results=app.results)).taken == 6
+    await app.close()
     ref = app_module(tmp_path, f"sqlite:{tmp_path / 'results.db'}", monkeypatch,
                      "@app.job('mail', queue='work')\ndef mail(payload: dict, ctx: object) -> None: ...\n")  # fmt: skip
     base = {"queue": "work.parked", "csrf_token": CSRF}
@@ -90,3 +92,24 @@ async def test_unpark_from_the_console_moves_parked_jobs_back_with_the_clis_safe
         ("unpark", "error", []),
     ]
     assert re.search(r"m-1", entries[0]["summary"]) is None  # the summary counts, the job ids are their own field
+
+
+async def test_the_job_lookup_reads_the_id_as_given_as_job_show_does(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """An id with spaces around it is a job id ``enqueue`` takes and ``job show`` finds. Before, the console's
+    lookup stripped it and showed another job's record (``job pad: succeeded`` for `` pad ``)."""
+    await (await failing_app(broker, tmp_path, Handler())).close()  # the topology applied
+    store = SqliteResults(tmp_path / "results.db")
+    await store.write([StateRecord("pad", "mail", "succeeded", 1, time.time(), value='"other"'),
+                       StateRecord(" pad ", "mail", "quarantined", 1, time.time(), detail="rejected",
+                                   where="work.quarantine")])  # fmt: skip
+    ref = app_module(tmp_path, f"sqlite:{tmp_path / 'results.db'}", monkeypatch)
+    with client(broker, tmp_path, app_ref=ref) as c:
+        padded = await asyncio.to_thread(c.get, "/job", params={"id": " pad "})
+        blank = await asyncio.to_thread(c.get, "/job", params={"id": "   "})
+    assert padded.status_code == 200
+    assert "job  pad : quarantined" in padded.text, padded.text
+    assert "job pad: succeeded" not in padded.text
+    assert blank.status_code == 400
+    assert "job_id is empty or blank" in blank.text
