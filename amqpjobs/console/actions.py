@@ -139,13 +139,15 @@ class Actions:
 
     def __init__(
         self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None,
-        layouts: Mapping[str, JobQueueLayout] | None = None,
+        layouts: Mapping[str, JobQueueLayout] | None = None, idempotent: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         """``results``: the app's results store (``--app``): each moved job's new state is recorded there.
 
         ``layouts``: the app's job queue layouts (``--app``): a replay re-routes jobs of dropped shards.
+        ``idempotent``: the app's idempotent job names (:attr:`~amqpjobs.jobs.replay_plan.ReplayOptions.idempotent`).
         """
         self.layouts = layouts
+        self.idempotent = idempotent
         self.broker = broker
         self.audit = audit
         self.results = results
@@ -159,7 +161,7 @@ class Actions:
         run = self._new("replay", queue, params, who, client)
         run.replay, run.canary = ReplayReport(queue=queue), canary
         options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout,
-                                layouts=self.layouts)  # fmt: skip
+                                layouts=self.layouts, idempotent=self.idempotent)  # fmt: skip
 
         async def go() -> str:
             assert run.replay is not None

@@ -79,7 +79,8 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
     layouts = {lay.name: lay for lay in app.topology().layouts()} if app is not None else None
-    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts)
+    idempotent = frozenset(job.name for job in app if job.idempotent) if app is not None else frozenset()
+    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts, idempotent)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
     reads = config.broker.with_connect_timeout(min(config.broker.connect_timeout, CONNECT_WAIT))
