@@ -11,9 +11,10 @@ import click
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import Selection
-from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.loading import absent_results_file, load_app
 from amqpjobs.runtime.payloads import PayloadStore, peek
 from amqpjobs.runtime.quarantine import QuarantinedMessage, browsing
+from amqpjobs.runtime.sqlite_errors import unused_missing_file
 from amqpjobs.wire.settings import BrokerSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,7 +39,9 @@ def app_payload_store(app_ref: str | None) -> PayloadStore | None:
     """
     if app_ref is None:
         return None
-    app = load_app(app_ref)
+    app = load_app(app_ref, reading=True)  # its stores read-only: this command creates and changes none of them
+    if (path := absent_results_file(app)) is not None:  # a typo'd path: said, never made an empty store
+        click.echo(f"warning: {unused_missing_file('results store', path)}", err=True)
     if app.payload_store is None:
         raise ConfigurationError(f"app {app_ref!r} has no payload store (App(..., payload_store=...)); leave --app out")
     return app.payload_store

@@ -12,7 +12,7 @@ from amqpjobs.cli._running import run_command
 from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import json_text, printable
-from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.loading import load_app_reading_results
 from amqpjobs.runtime.whereabouts import where_now
 
 
@@ -39,7 +39,7 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
 
     Exit 2 when the app has no results store, 3 when the store or the broker can't be reached.
     """
-    app = load_app(app_ref, reading=True)
+    app = load_app_reading_results(app_ref)  # a results file that is not there: exit 2 naming it
     broker = settings(url, management_url)
 
     async def run() -> tuple[JobStatus, str]:

@@ -128,10 +128,7 @@ def _end(action: str, stopped: int | None, report: TakeReport, census: Census, c
             click.echo(f"dry run: {report.taken} would be {done} from {printable(report.queue)} to "
                        f"{printable(report.target)}, nothing moved{limited}")  # fmt: skip
         else:
-            click.echo(
-                f"{done} {report.taken} message(s) from {printable(report.queue)} in {printable(report.target)}; "
-                f"{report.left} left in {printable(report.queue)}{limited}"
-            )
+            click.echo(report.summary(action))
             _next(action, report)
         echo_no_match(census, chosen)
         for line in report.not_moved:

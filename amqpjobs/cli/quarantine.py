@@ -273,7 +273,7 @@ def replay_command(
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
-        job_queues=_job_queues(app_ref, to), layouts=_layouts(app_ref),
+        job_queues=_job_queues(app_ref, to), layouts=_layouts(app_ref), idempotent=_idempotent(app_ref),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
     phases = phase_reporter(canary, options.canary_timeout)
@@ -315,6 +315,11 @@ def replay_command(
 def _layouts(app_ref: str | None) -> dict[str, JobQueueLayout] | None:
     """Job queue -> its current layout from ``--app`` (replay re-routes jobs of dropped shards), else None."""
     return None if app_ref is None else {lay.name: lay for lay in load_app(app_ref).topology().layouts()}
+
+
+def _idempotent(app_ref: str | None) -> frozenset[str]:
+    """The job names ``--app`` declares idempotent (a copy of one done since it failed is replayed, not left)."""
+    return frozenset() if app_ref is None else frozenset(job.name for job in load_app(app_ref) if job.idempotent)
 
 
 def _warn_unread(broker: BrokerSettings, report: ReplayReport) -> None:

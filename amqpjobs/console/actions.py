@@ -1,7 +1,7 @@
-"""The console's actions (replay, park, purge) as runs the pages follow, each ending in the audit log.
+"""The console's actions (replay, park, unpark, purge) as runs the pages follow, each ending in the audit log.
 
 An action is the library's own function (:func:`amqpjobs.runtime.replay.replay` with its
-canary, :func:`amqpjobs.runtime.parking.park`, :func:`amqpjobs.runtime.parking.purge_matching`),
+canary, :func:`amqpjobs.runtime.parking.park` and ``unpark``, :func:`amqpjobs.runtime.parking.purge_matching`),
 started as a task of the server's event loop: it takes the queue's mover lock like the CLI's,
 so a second mover, on the page or in a shell, is refused with the first one named. Its report
 object is filled as it goes and read by the progress page. Stop cancels it as Ctrl-C cancels
@@ -23,10 +23,11 @@ from typing import Any
 from amqpjobs.console.audit import AuditEntry, AuditLog, now_iso
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.printable import printable
-from amqpjobs.runtime.parking import TakeReport, park, purge_matching
+from amqpjobs.runtime.parking import TakeReport, park, purge_matching, unpark
 from amqpjobs.runtime.quarantine import queue_depth
 from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.results import ResultsStore
@@ -46,7 +47,7 @@ class ActionRun:
 
     Attributes:
         id: Its id (in its page's address).
-        kind: ``replay``, ``park`` or ``purge``.
+        kind: ``replay``, ``park``, ``unpark`` or ``purge``.
         queue: The queue acted on.
         params: What was asked (JSON-ready; shown and audited).
         who / client: Who asked, from which address.
@@ -55,7 +56,7 @@ class ActionRun:
         summary: What happened, once it ended.
         details: More lines (a failed canary's jobs and why).
         replay: The replay's report (replay only).
-        take: The park or filtered purge's report (park, purge).
+        take: The park, unpark or filtered purge's report.
         canary: K of a canary replay, None without.
         census: What the action looked at: the queue's depth at its start and the messages looked at.
         stopped_by: Who pressed Stop ("" when nobody did).
@@ -106,7 +107,7 @@ class ActionRun:
         return [(k, "no canary" if k == "canary" and v is None else str(v)) for k, v in self.params.items()]
 
     def moved_ids(self) -> list[str]:
-        """The job ids moved (replay, park) or deleted (purge), in order; messages without one are left out."""
+        """The job ids moved (replay, park, unpark) or deleted (purge), in order; messages without one are left out."""
         if self.replay is not None:
             return [job_id for job_id, _ in self.replay.moves if job_id]
         return [job_id for job_id in (self.take.job_ids if self.take else []) if job_id]
@@ -138,13 +139,15 @@ class Actions:
 
     def __init__(
         self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None,
-        layouts: Mapping[str, JobQueueLayout] | None = None,
+        layouts: Mapping[str, JobQueueLayout] | None = None, idempotent: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         """``results``: the app's results store (``--app``): each moved job's new state is recorded there.
 
         ``layouts``: the app's job queue layouts (``--app``): a replay re-routes jobs of dropped shards.
+        ``idempotent``: the app's idempotent job names (:attr:`~amqpjobs.jobs.replay_plan.ReplayOptions.idempotent`).
         """
         self.layouts = layouts
+        self.idempotent = idempotent
         self.broker = broker
         self.audit = audit
         self.results = results
@@ -158,7 +161,7 @@ class Actions:
         run = self._new("replay", queue, params, who, client)
         run.replay, run.canary = ReplayReport(queue=queue), canary
         options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout,
-                                layouts=self.layouts)  # fmt: skip
+                                layouts=self.layouts, idempotent=self.idempotent)  # fmt: skip
 
         async def go() -> str:
             assert run.replay is not None
@@ -175,17 +178,30 @@ class Actions:
 
         return self._launch(run, go)
 
-    def start_park(self, queue: str, chosen: Selection, params: dict[str, Any], who: str, client: str) -> ActionRun:
-        """Start parking ``queue``'s messages matching ``chosen`` (to ``<job queue>.parked``)."""
-        run = self._new("park", queue, params, who, client)
+    def start_move(
+        self, kind: str, queue: str, chosen: Selection, params: dict[str, Any], who: str, client: str
+    ) -> ActionRun:  # fmt: skip
+        """Start parking or unparking (``kind``) ``queue``'s messages matching ``chosen``.
+
+        A park moves them to ``<job queue>.parked``; an unpark back to ``<job queue>.quarantine``, unrun.
+        The CLI's movers (:func:`~amqpjobs.runtime.parking.park`, :func:`~amqpjobs.runtime.parking.unpark`):
+        their locks, their refusals (a park of a parked queue, an unpark of a quarantine queue:
+        the run fails saying so, nothing moved), their records in the app's results store and
+        their summary line.
+        """
+        run = self._new(kind, queue, params, who, client)
         run.take = TakeReport(queue)
+        options = MoveOptions(selection=chosen)
 
         async def go() -> str:
             assert run.take is not None
-            report = await park(self.broker, queue, chosen, run.census, report=run.take, results=self.results)
-            run.summary = (f"parked {report.taken} message(s) from {printable(report.queue)} in "
-                           f"{printable(report.target)}; {report.left} left in {printable(report.queue)}")  # fmt: skip
-            run.details = [f"not parked {line}" for line in report.not_moved]
+            if kind == "park":
+                report = await park(self.broker, queue, census=run.census, report=run.take, results=self.results,
+                                    options=options)  # fmt: skip
+            else:
+                report = await unpark(self.broker, queue, options, run.census, report=run.take, results=self.results)
+            run.summary = report.summary(kind)
+            run.details = [f"not {DONE[kind]} {line}" for line in report.not_moved]
             run.details += not_found_note(chosen, report.taken, queue)
             return "done"
 

@@ -22,7 +22,7 @@ from amqpjobs.console.security import Guard
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
-from amqpjobs.runtime.loading import load_app
+from amqpjobs.runtime.loading import load_app, load_app_reading_results
 from amqpjobs.runtime.outcome_feed import CONNECT_WAIT, OutcomeHub
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -56,6 +56,15 @@ def _shown(value: Any) -> Any:
     return value
 
 
+def _load(app_ref: str, read_only: bool) -> App:
+    """The ``--app``: its stores never created here; a SQLite results file that is not there is refused (exit 2).
+
+    Its job lookup reads the results store; its park, unpark and replay record into it
+    (unless ``--read-only``): a typo'd path is no empty store.
+    """
+    return load_app_reading_results(app_ref) if read_only else load_app(app_ref, existing=True)
+
+
 def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlette:
     """The console for ``config`` (a test may fix ``csrf_token``; by default a random one per process).
 
@@ -65,12 +74,13 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
 
     """
     check_bind(config)
-    app = load_app(config.app_ref) if config.app_ref else None
+    app = _load(config.app_ref, config.read_only) if config.app_ref else None
     audit = AuditLog(config.audit_path)
     if not config.read_only:  # a read-only console writes no audit line
         audit.check()
     layouts = {lay.name: lay for lay in app.topology().layouts()} if app is not None else None
-    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts)
+    idempotent = frozenset(job.name for job in app if job.idempotent) if app is not None else frozenset()
+    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts, idempotent)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     templates = Jinja2Templates(env=env)
     reads = config.broker.with_connect_timeout(min(config.broker.connect_timeout, CONNECT_WAIT))

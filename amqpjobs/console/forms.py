@@ -167,7 +167,7 @@ class ActionForm:
 
 
 def action_form(kind: str, form: Any) -> ActionForm:
-    """Read the form of action ``kind`` (``replay``, ``park``, ``purge``).
+    """Read the form of action ``kind`` (``replay``, ``park``, ``unpark``, ``purge``).
 
     Raises:
         FormError: the first bad field: the queue, the scope (``all`` or ``selected`` with

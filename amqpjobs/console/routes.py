@@ -103,7 +103,7 @@ async def _quarantine_view(request: Request, queue: str, values: Any, refused: F
 
 
 def _is_parked(queue: str) -> bool:
-    """Whether ``queue`` is a parked queue: its pages offer no Park (its messages are parked already)."""
+    """Whether ``queue`` is a parked queue: its pages offer Unpark, not Park (its messages are parked already)."""
     return parse_queue_name(queue).kind == "parked"
 
 
@@ -135,13 +135,13 @@ def _who(request: Request) -> tuple[str, str]:
 
 
 async def act(request: Request) -> Response:
-    """POST replay / park / purge: start the run, then show its progress page.
+    """POST replay / park / unpark / purge: start the run, then show its progress page.
 
     A bad field shows the page again with the field named, the fix, and the values as typed (400).
     """
     kind = request.path_params["kind"]
-    if kind not in ("replay", "park", "purge"):
-        return problem(request, f"no action {kind!r}: replay, park or purge", 404)
+    if kind not in ("replay", "park", "unpark", "purge"):
+        return problem(request, f"no action {kind!r}: replay, park, unpark or purge", 404)
     form = await request.form()
     actions: Actions = _state(request).actions
     try:
@@ -157,8 +157,8 @@ async def act(request: Request) -> Response:
     if kind == "replay":
         run = actions.start_replay(asked.queue, asked.chosen, asked.rate, asked.canary, asked.canary_timeout,
                                    asked.params, who, client)  # fmt: skip
-    elif kind == "park":
-        run = actions.start_park(asked.queue, asked.chosen, asked.params, who, client)
+    elif kind in ("park", "unpark"):
+        run = actions.start_move(kind, asked.queue, asked.chosen, asked.params, who, client)
     else:
         run = actions.start_purge(asked.queue, asked.chosen, asked.params, who, client)
     return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
@@ -193,7 +193,7 @@ async def action_json(request: Request) -> Response:
 
 async def job(request: Request) -> Response:
     """Job lookup by id: its record (with ``--app`` and a results store) and the queues that hold it."""
-    job_id = request.query_params.get("id", "").strip()
+    job_id = request.query_params.get("id", "")  # as given: spaces around it are part of an id (job show's rule)
     if not job_id:
         return render(request, "job.html", found=None, job_id="")
     if issue := job_id_problem(job_id, blank=BLANK_AT_LOOKUP):

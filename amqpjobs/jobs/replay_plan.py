@@ -151,6 +151,10 @@ class ReplayOptions:
             the topology (``shards`` lowered) goes by the current shard rule
             (:func:`~amqpjobs.topology.orphans.replay_route`); None: unknown, each goes back
             to the queue it failed on.
+        idempotent: Job names declared ``idempotent=True`` (from the app): a copy of one whose job
+            succeeded since it failed is replayed (acked as a duplicate, its effect not run again),
+            where another job's stays (with the app's results store: ``DoneSince`` of
+            :mod:`amqpjobs.runtime.replay_checks`).
 
     """
 
@@ -164,6 +168,7 @@ class ReplayOptions:
     canary_timeout: float = DEFAULT_CANARY_TIMEOUT
     job_queues: Mapping[str, str] | None = None
     layouts: Mapping[str, JobQueueLayout] | None = None
+    idempotent: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -185,6 +190,8 @@ class ReplayReport:
             can't be sent (``job 'mail' id 'q-1': its copy would be too large: ...``, counted in
             ``too_large``), or its target queue does not exist (``missing``); it stays in quarantine.
         too_large: Of ``not_moved``, those whose copy would be too large to send.
+        done_since: Of ``not_moved``, copies whose job succeeded after they failed (read from the app's
+            results store): replayed, each would run once more.
         misdirected: Of ``not_moved``, those whose evidence names a queue of ours that holds no jobs
             of a job queue (a pause flag, a scheduler's or breaker's queue: :func:`destination`).
         missing: Of ``not_moved``, target queue -> messages for it that stayed because it does not exist
@@ -212,6 +219,7 @@ class ReplayReport:
     far_origin: int = 0
     not_moved: list[str] = field(default_factory=list)
     too_large: int = 0
+    done_since: int = 0
     misdirected: int = 0
     missing: dict[str, int] = field(default_factory=dict)
     left: int = 0
@@ -288,6 +296,9 @@ class ReplayReport:
             why = f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
         if self.too_large:
             why += f"; {self.too_large} skipped: too large to send, still in {printable(self.queue)}"
+        if self.done_since:
+            why += (f"; {self.done_since} skipped: done since they failed (amqpjobs job show names them), still in "
+                    f"{printable(self.queue)}")  # fmt: skip
         if self.missing:
             many = len(self.missing) > 1
             names = ", ".join(printable(repr(t)) + (f" ({n})" if many else "") for t, n in sorted(self.missing.items()))

@@ -44,6 +44,10 @@ DUPLICATE_DETAIL: Final = "already done: acked without running"
 DUPLICATE_ROLLED_BACK: Final = "already done: this run's effect was rolled back"
 #: Records that don't replace a ``succeeded`` state: the same id enqueued again, and acked as a duplicate.
 _AFTER_DONE: Final = frozenset({"queued", "duplicate"})
+#: Records of a copy resting in a quarantine or parked queue (a park, an unpark, a worker's quarantine).
+_HELD: Final = frozenset({"parked", "quarantined"})
+#: Records of a run started or asked for: after a success, the job's next state is that run's.
+_RUNS: Final = frozenset({"running", "replayed"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
 MAX_VALUE: Final = 64 * 1024
 #: Default retention of records: 1 day (seconds).
@@ -107,7 +111,8 @@ class JobStatus:
             lease has passed.
         current: The latest record (None when there is none).
         history: Every record kept, oldest first.
-        note: Why the state is ``unknown``, or that an older copy of a succeeded job was parked ("" otherwise).
+        note: Why the state is ``unknown``, or where an older copy of a succeeded job was parked or
+            unparked to ("" otherwise).
     """
 
     job_id: str
@@ -165,8 +170,10 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     not count, and a ``duplicate`` one settles it back to ``succeeded`` (with its value),
     whatever came between (a replay of an older quarantined copy: ``replayed``): the same
     id enqueued or replayed again is acked as a duplicate (an idempotent job). A ``parked``
-    record after the success, of a copy quarantined before it (the same id enqueued again
-    after a failed run), leaves it ``succeeded`` too, with a note saying where that copy is.
+    or ``quarantined`` record after the success with no run started or replayed since (a
+    ``quarantine park`` or ``unpark`` of a copy quarantined before it: the same id enqueued
+    again after a failed run) leaves it ``succeeded`` too, with a note saying where that copy
+    went. A run after the success (a replay of that copy) decides the state again.
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
@@ -179,17 +186,31 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
         cur = done[-1]  # (a replayed or re-enqueued copy): the success stands, with its value
     elif cur.state in _AFTER_DONE and done:  # enqueued again once done: a duplicate of the success to come
         cur = max((r for r in ordered if r.state not in _AFTER_DONE), key=lambda r: r.at)
-    elif cur.state == "parked" and done and _quarantined_before(ordered, cur) < done[-1].at:
-        note = f"an older copy, quarantined before the success, was parked in {cur.where}"
-        cur = done[-1]  # the stale copy of a failed run is parked: the job's success stands
+    elif cur.state in _HELD and done and not _run_since(ordered, done[-1]):
+        note = _stale_copy_note(ordered, cur)
+        cur = done[-1]  # a copy that failed before the success was parked or unparked: the job's success stands
     if cur.state == "running" and cur.lease_until < now:
         return JobStatus(job_id, "unknown", cur, ordered, note="running, but its worker's lease passed")
     return JobStatus(job_id, cur.state, cur, ordered, note=note)
 
 
-def _quarantined_before(ordered: tuple[StateRecord, ...], parked: StateRecord) -> float:
-    """When the copy ``parked`` took was quarantined: the latest ``quarantined`` record before it (-inf: none kept)."""
-    return max((r.at for r in ordered if r.state == "quarantined" and r.at <= parked.at), default=float("-inf"))
+def _run_since(ordered: tuple[StateRecord, ...], success: StateRecord) -> bool:
+    """Whether a run started (``running``) or was asked for (``replayed``) after ``success``.
+
+    Without one, a ``parked`` or ``quarantined`` record after the success is a holding move
+    (``quarantine park``, ``unpark``) of a copy that failed before it, never the outcome of a run.
+    """
+    return any(r.at > success.at and r.state in _RUNS for r in ordered)
+
+
+def _stale_copy_note(ordered: tuple[StateRecord, ...], held: StateRecord) -> str:
+    """What :func:`status_of` notes of the stale copy ``held`` (a ``parked`` or ``quarantined`` record)."""
+    if held.state == "parked":
+        return f"an older copy, quarantined before the success, was parked in {held.where}"
+    before = [r for r in ordered if r.at < held.at]
+    if before and before[-1].state == "parked":  # quarantine unpark --app records it quarantined again
+        return f"an older copy, quarantined before the success, was unparked to {held.where}"
+    return f"a copy that has not run since the success was quarantined in {held.where}"
 
 
 def encode_value(value: Any) -> tuple[str | None, str]:

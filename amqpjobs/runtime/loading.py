@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 from amqpjobs.errors import (
@@ -19,6 +20,8 @@ from amqpjobs.errors import (
     ResultsUnavailableError,
 )
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.results import SqliteResults
+from amqpjobs.runtime.sqlite_errors import missing_file
 from amqpjobs.runtime.sqlite_open import existing_files_only, reading_only
 
 #: Our errors that say a service failed: raised by the module while imported, they may pass at the next try.
@@ -75,6 +78,28 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
     app = getattr(module, attribute)
     if not isinstance(app, App):
         raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
+    return app
+
+
+def absent_results_file(app: App) -> Path | None:
+    """The path of ``app``'s SQLite results file when a reading :func:`load_app` found none there, else None."""
+    results = app.results
+    return results.path if isinstance(results, SqliteResults) and results.absent else None
+
+
+def load_app_reading_results(reference: str) -> App:
+    """:func:`load_app` for a command that reads the app's results store (``job show``, a read-only console).
+
+    Its stores open read-only and create nothing; a SQLite results file that is not there is
+    refused at once, before anything else is done (a typo'd path is no empty store).
+
+    Raises:
+        ConfigurationError: as :func:`load_app`; the app's SQLite results file does not exist (naming it).
+        AmqpJobsError: as :func:`load_app`.
+    """
+    app = load_app(reference, reading=True)
+    if (path := absent_results_file(app)) is not None:
+        raise missing_file("results store", path, "reads it")
     return app
 
 

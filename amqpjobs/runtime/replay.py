@@ -50,7 +50,14 @@ from amqpjobs.runtime.quarantine import (
     resolve_quarantine_queue,
     session,
 )
-from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
+from amqpjobs.runtime.replay_checks import (
+    DoneSince,
+    Targets,
+    check_jobs_belong,
+    check_targets,
+    copy_fits,
+    too_large_copy,
+)
 from amqpjobs.runtime.results import ResultsStore, record_quietly
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route
@@ -221,7 +228,7 @@ async def replay(
         publishing = await stack.enter_async_context(publishing_session(settings, "replay"))
         publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
         browser = await QueueBrowser.open(connection)
-        targets = Targets(connection)
+        targets, done = Targets(connection), DoneSince(results, options.idempotent)
         started: float | None = None
         interrupted = False
         launched = 0
@@ -241,7 +248,7 @@ async def replay(
                 try:
                     await publisher.publish(planned.exchange, planned.routing_key, copy)
                 except MessageTooLargeError as exc:  # over the broker's max_message_size: it stays (see _alone)
-                    _too_large(delivery, exc, report)
+                    too_large_copy(delivery, exc, report)
                     return
                 except UnroutableError:  # deleted under the run: this one stays, named, and the run goes on
                     targets.gone(target)
@@ -281,7 +288,9 @@ async def replay(
                 if planned is None:
                     report.skipped += 1
                     continue
-                if not await _fits(publisher, delivery, planned, report):
+                if not await copy_fits(publisher, delivery, planned, report):
+                    continue
+                if await done.stays(planned.job_id, delivery, report):  # its job succeeded since it failed
                     continue
                 if not planned.exchange and not await targets.exists(planned.target):  # it stays, named
                     report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type),
@@ -372,28 +381,8 @@ async def _alone(moving: set[asyncio.Task[None]]) -> None:
 
     The broker's ``max_message_size`` can't be read (not in ``connection.tune``); a body over it
     closes the channel (406), failing every publish in flight on it (stored or not). Alone, only
-    that copy is refused and stays, named (:func:`_too_large`); the refusal tells the limit, so
-    later copies over it are skipped before sending (:func:`_fits`), and the run goes on.
+    that copy is refused and stays, named (:func:`~amqpjobs.runtime.replay_checks.too_large_copy`); the
+    refusal tells the limit, so later copies over it are skipped before sending
+    (:func:`~amqpjobs.runtime.replay_checks.copy_fits`), and the run goes on.
     """
     await asyncio.gather(*moving, return_exceptions=True)
-
-
-def _too_large(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:
-    """Count a message whose copy can't be sent as skipped, naming it in ``report.not_moved``; it stays."""
-    item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-    report.too_large += 1
-    report.stays(item.too_large(exc.reason or str(exc)))
-
-
-async def _fits(publisher: ConfirmedPublisher, delivery: Delivery, planned: ReplayMove, report: ReplayReport) -> bool:
-    """True when the copy can be sent; else it is skipped (:func:`_too_large`), dry run or not.
-
-    A copy is not the message: the replay's headers can push a message that fitted over
-    ``frame_max``. One such message stays in quarantine, named; it never stops the others.
-    """
-    try:
-        await publisher.check(planned.exchange, planned.routing_key, planned.copy)
-    except MessageTooLargeError as exc:
-        _too_large(delivery, exc, report)
-        return False
-    return True

@@ -3,20 +3,31 @@
 A ``--to`` whose workers would not handle the jobs that move (they would only come back as
 ``unknown-job``), and a ``--to`` queue that does not exist, are refused with nothing moved.
 Without ``--to``, each message's own target is looked up once (:class:`Targets`): a message for
-one that does not exist stays in quarantine, named, and the others go.
+one that does not exist stays in quarantine, named, and the others go. With the app's results
+store, a copy whose job succeeded after the copy failed stays too (:class:`DoneSince`).
 """
 
 from __future__ import annotations
 
-from amqpjobs.errors import ConfigurationError, UnaddressableNameError
+import logging
+from typing import TYPE_CHECKING
+
+from amqpjobs.errors import ConfigurationError, MessageTooLargeError, UnaddressableNameError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
-from amqpjobs.jobs.replay_plan import ReplayOptions
-from amqpjobs.printable import printable
+from amqpjobs.jobs.envelope import iso_utc
+from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
+from amqpjobs.printable import printable, shell_quote
+from amqpjobs.runtime.results import ResultsStore, read_status
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser
 from amqpjobs.wire.declare import find_missing
+from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.publish import ConfirmedPublisher
+
+if TYPE_CHECKING:  # replay imports this module
+    from amqpjobs.runtime.replay import ReplayMove
 
 
 async def check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
@@ -96,3 +107,77 @@ class Targets:
     def gone(self, queue: str) -> None:
         """Remember that ``queue`` went missing (a publish to it came back unroutable): later messages for it stay."""
         self._exists[queue] = False
+
+
+log = logging.getLogger("amqpjobs.replay")
+
+
+class DoneSince:
+    """Whether a quarantined copy's job succeeded after the copy failed, read from the app's results store.
+
+    Such a copy is a stale one (the same id enqueued again and done; a replay's original whose
+    ack was lost): replayed, a job that is not idempotent would run its effect once more. Best
+    effort: without a store, or a failure time in the copy's evidence, or while the store can't
+    be read (said once in a warning), the copy goes as without ``--app``.
+
+    Args:
+        results: The app's results store (``--app``), or None.
+        idempotent: Job names declared ``idempotent=True``: their copies go (a run acks them as duplicates).
+    """
+
+    def __init__(self, results: ResultsStore | None, idempotent: frozenset[str] = frozenset()) -> None:
+        self.results = results
+        self.idempotent = idempotent
+        self._warned = False
+
+    async def stays(self, job_id: str, delivery: Delivery, report: ReplayReport) -> bool:
+        """Whether the copy ``delivery`` of job ``job_id`` stays: counted in ``report.done_since``, named why."""
+        item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
+        why = await self.why_not(job_id, item)
+        if why is not None:
+            report.done_since += 1
+            report.stays(item.stays(why))
+        return why is not None
+
+    async def why_not(self, job_id: str, item: q.QuarantinedJob) -> str | None:
+        """Why the copy ``item`` of job ``job_id`` stays (its job succeeded since it failed), or None: replay it."""
+        if self.results is None or item.failed_at is None or not job_id or item.job in self.idempotent:
+            return None
+        try:
+            status = await read_status(self.results, job_id)
+        except Exception as exc:  # ResultsUnavailableError, a driver's own: the replay goes on as without --app
+            if not self._warned:
+                self._warned = True
+                log.warning("results store: can't tell whether quarantined jobs were done since they failed; "
+                            "replaying them as without --app (%s: %s)", type(exc).__name__, str(exc)[:200])  # fmt: skip
+            return None
+        failed = item.failed_at.timestamp()
+        done = max((r.at for r in status.history if r.state == "succeeded"), default=None)
+        if done is None or done <= failed:
+            return None
+        return (f"it succeeded at {iso_utc(done)} after this copy failed at {iso_utc(failed)} (amqpjobs job show "
+                f"{printable(shell_quote(job_id))}): replayed, it would run once more; purge it, or replay it without "
+                "--app to run it again")  # fmt: skip
+
+
+def too_large_copy(delivery: Delivery, exc: MessageTooLargeError, report: ReplayReport) -> None:
+    """Count a message whose copy can't be sent as skipped, naming it in ``report.not_moved``; it stays."""
+    item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
+    report.too_large += 1
+    report.stays(item.too_large(exc.reason or str(exc)))
+
+
+async def copy_fits(
+    publisher: ConfirmedPublisher, delivery: Delivery, planned: ReplayMove, report: ReplayReport
+) -> bool:
+    """True when the copy can be sent; else it is skipped (:func:`too_large_copy`), dry run or not.
+
+    A copy is not the message: the replay's headers can push a message that fitted over
+    ``frame_max``. One such message stays in quarantine, named; it never stops the others.
+    """
+    try:
+        await publisher.check(planned.exchange, planned.routing_key, planned.copy)
+    except MessageTooLargeError as exc:
+        too_large_copy(delivery, exc, report)
+        return False
+    return True

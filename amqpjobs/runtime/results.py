@@ -170,6 +170,14 @@ class SqliteResults:
         except sqlite3.Error as exc:
             raise open_failure("results store", self.path, exc) from exc
 
+    @property
+    def absent(self) -> bool:
+        """Whether this store, built in a reading command, found no file at :attr:`path` (it created none).
+
+        See :func:`~amqpjobs.runtime.sqlite_open.reading_only`.
+        """
+        return self._file.absent
+
     @contextlib.contextmanager
     def _session(self, doing: str, waits: str) -> Iterator[sqlite3.Connection]:
         """A connection to the file first opened, closed after the block.

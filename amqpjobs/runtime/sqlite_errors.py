@@ -65,9 +65,23 @@ def missing_file(what: Literal["ledger", "results store"], path: str | Path, doi
         path: The file's path.
         doing: What the command does with it (``"reads it"``, ``"records into it"``).
     """
+    return ConfigurationError(_missing(what, path, f"this command {doing}, never creates it"))
+
+
+def unused_missing_file(what: Literal["ledger", "results store"], path: str | Path) -> str:
+    """What a command that does not use the app's SQLite ``what`` says (a warning) when its file is missing at ``path``.
+
+    A typo'd path in the app's module: the command created nothing there (it loaded the app
+    read-only, :func:`~amqpjobs.runtime.sqlite_open.reading_only`), and says so instead of
+    making an empty store nobody reads.
+    """
+    return _missing(what, path, "this command does not use it, and created nothing")
+
+
+def _missing(what: str, path: str | Path, said: str) -> str:
     kind = "SqliteLedger" if what == "ledger" else "SqliteResults"
-    return ConfigurationError(
-        f"the SQLite {what} at {path} does not exist (this command {doing}, never creates it): point the app's "
+    return (
+        f"the SQLite {what} at {path} does not exist ({said}): point the app's "
         f"{kind} at the file its workers write (a relative path is taken from the current folder), or run the "
         "command on the host or in the container that has the file"
     )
@@ -82,6 +96,12 @@ def trouble(exc: BaseException) -> str:
     fix = _NOT_NOW.get(primary) if primary is not None else None
     fix = fix or (_FIX.get(primary) if primary is not None else None)
     return f"{said}; {fix}" if fix else said
+
+
+def held_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_BUSY`` or ``SQLITE_LOCKED``: another connection holds the file locked."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (5, 6)
 
 
 def store_failure(exc: BaseException) -> bool:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
-from amqpjobs.runtime.sqlite_errors import missing_file, open_failure, trouble
+from amqpjobs.runtime.sqlite_errors import held_locked, missing_file, open_failure, trouble
 
 log = logging.getLogger("amqpjobs.stores")
 #: Whether a store's first open in this process may create its file (not in a --processes child: no_new_files).
@@ -48,7 +48,9 @@ _creates = True
 _reading = False
 #: Whether the stores built now open their files but never create one (:func:`existing_files_only`).
 _existing = False
-#: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable.
+#: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable;
+#: never immutable for a file another process holds locked (immutable reads the main file alone, not its
+#: -wal log: the latest records would be missed, a job read as an older state or ``unknown``).
 _READ_MODES: Final = ("mode=ro", "immutable=1")
 #: The file's token, written by the first open that finds none: a later connection to another file
 #: at the path (one whose inode number a deleted file's freed) finds another token, or none.
@@ -192,6 +194,8 @@ class StoreFile:
                 with contextlib.closing(_connect(f"{self.path.as_uri()}?{mode}", timeout, uri=True)) as db:
                     self._token = _token_of(db, missing_ok=True)
             except sqlite3.Error as exc:
+                if held_locked(exc):  # another process holds it: immutable would read it without its -wal log
+                    raise open_failure(self.what, self.path, exc, reading=True) from exc
                 failed = failed or exc  # the read-only open's own words say why
                 continue
             self._mode = mode

@@ -21,6 +21,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.replay_plan import in_flight_note
+from amqpjobs.printable import printable
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser
@@ -66,6 +67,18 @@ class TakeReport:
     payloads_gone: int = 0
     limit_reached: int | None = None
     dry_run: bool = False
+
+    def summary(self, action: str) -> str:
+        """The line a park or unpark (``action``) that ended prints, the console's page too.
+
+        ``unparked 4 message(s) from urgent.parked in urgent.quarantine; 3 left in urgent.parked``,
+        then ``; stopped at --limit N (the rest were not looked at)`` when a limit stopped it.
+        """
+        limited = "" if self.limit_reached is None else (
+            f"; stopped at --limit {self.limit_reached} (the rest were not looked at)"
+        )  # fmt: skip
+        return (f"{DONE[action]} {self.taken} message(s) from {printable(self.queue)} in {printable(self.target)}; "
+                f"{self.left} left in {printable(self.queue)}{limited}")  # fmt: skip
 
 
 async def take(

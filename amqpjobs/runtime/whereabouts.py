@@ -41,14 +41,15 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
         last = status.history[-1] if status.history else cur
         if not any(r.state in ("quarantined", "parked") for r in status.history):
             return done
-        # an older copy, quarantined before the success (status_of: one quarantined after it reads quarantined),
-        # may still be in quarantine or parked
+        # an older copy, quarantined before the success (status_of: one quarantined by a run after it reads
+        # quarantined), may still be in quarantine or parked
         found = await _browse(settings, _layouts(app, cur.job), status.job_id)
         older = "; an older copy, quarantined before the success,"
         if found:
             return f"{done}{older} is in {found} (found by browsing)"
-        if last.state == "parked":
-            return f"{done}{older} was parked in {last.where}, not there now (browsed)"
+        if last.state in ("parked", "quarantined"):  # a park or an unpark after the success (status_of)
+            moved = "parked in" if last.state == "parked" else "put back in"
+            return f"{done}{older} was {moved} {last.where}, not there now (browsed)"
         return done
     if status.state == "skipped":
         return f"nowhere: its run was skipped ({cur.detail}) and acked"

@@ -414,7 +414,7 @@ def test_a_wrong_action_url_or_queue_field_is_a_404_or_400_naming_it(broker: Bro
         lookup = c.get("/job")
     assert (kind.status_code, page.status_code, progress.status_code, stop.status_code) == (404, 404, 404, 404)
     assert "launch" in kind.text
-    assert "replay, park or purge" in kind.text
+    assert "replay, park, unpark or purge" in kind.text
     assert "no such action (the console keeps the last 200; see the audit log)" in page.text
     assert "no such action (the console keeps the last 200; see the audit log)" in stop.text
     assert progress.json() == {"error": "no such action"}

@@ -67,10 +67,12 @@ def test_the_pages_label_it_and_a_parked_page_offers_no_park(broker: BrokerSetti
     assert "x-death:unknown" not in quarantined.text + parked.text
     assert 'id="park-all"' in quarantined.text  # a quarantine page parks
     assert 'id="replay-all"' in parked.text  # a parked page replays...
-    assert "park-all" not in parked.text  # ...and parks nothing: it is parked already
-    assert "park-selected" not in parked.text
+    assert 'id="park-all"' not in parked.text  # ...and parks nothing: it is parked already
+    assert 'id="park-selected"' not in parked.text
+    assert 'id="unpark-all"' in parked.text  # it unparks (back to quarantine, unrun)
     assert 'id="replay-one"' in one.text
-    assert "park-one" not in one.text
+    assert 'id="park-one"' not in one.text
+    assert 'id="unpark-one"' in one.text
 
 
 def test_the_forms_canary_timeout_is_the_servers_default(broker: BrokerSettings, tmp_path: Path, straight):

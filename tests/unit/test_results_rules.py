@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -251,11 +252,50 @@ def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded():
     assert (status.state, status.value(), status.terminal, len(status.history)) == ("succeeded", 7, True, 3)
     assert status.note == "an older copy, quarantined before the success, was parked in work.parked"
     assert f"job j1: succeeded ({status.note})" in status.report()
+    # a run after the success failed (a worker records its run's start before its outcome)
+    run = StateRecord("j1", "mail", "running", 2, 14.0, where="work", lease_until=99.0)
     later = StateRecord("j1", "mail", "quarantined", 2, 15.0, detail="crashed", where="work.quarantine")
-    again = status_of("j1", [quarantined, succeeded, later, parked], now=21.0)  # a run after the success failed
+    again = status_of("j1", [quarantined, succeeded, run, later, parked], now=21.0)
     assert (again.state, again.note, again.current) == ("parked", "", parked)
     alone = status_of("j1", [quarantined, parked], now=21.0)
     assert (alone.state, alone.note) == ("parked", "")
+
+
+def test_an_older_copy_unparked_or_parked_again_after_the_success_leaves_it_succeeded_until_it_runs():
+    """``quarantine unpark --app`` records the copy ``quarantined`` again: after the success, with no run since, it
+    is the stale copy's (a retest: read ``quarantined``; parked again, ``parked``). A replay runs it again."""
+    q1 = StateRecord("j1", "mail", "quarantined", 1, 10.0, detail="rejected", where="work.quarantine")
+    ok = StateRecord("j1", "mail", "succeeded", 1, 12.0, value="7")
+    parked = StateRecord("j1", "mail", "parked", 1, 20.0, detail="rejected", where="work.parked")
+    unparked = StateRecord("j1", "mail", "quarantined", 1, 21.0, detail="rejected", where="work.quarantine")
+    parked2 = replace(parked, at=22.0)
+    status = status_of("j1", [q1, ok, parked, unparked], now=30.0)
+    assert (status.state, status.value(), status.note) == (
+        "succeeded",
+        7,
+        "an older copy, quarantined before the success, was unparked to work.quarantine",
+    )
+    status = status_of("j1", [q1, ok, parked, unparked, parked2], now=30.0)
+    assert (status.state, status.note) == ("succeeded", "an older copy, quarantined before the success, was parked "
+                                                        "in work.parked")  # fmt: skip
+    replayed = StateRecord("j1", "mail", "replayed", 1, 23.0, detail="replay run r1", where="work")
+    assert status_of("j1", [q1, ok, parked, replayed], now=30.0).state == "replayed"  # asked to run again
+    run = StateRecord("j1", "mail", "running", 1, 24.0, where="work", lease_until=99.0)
+    failed = StateRecord("j1", "mail", "quarantined", 1, 25.0, detail="rejected", where="work.quarantine")
+    rerun = status_of("j1", [q1, ok, parked, replayed, run, failed], now=30.0)
+    assert (rerun.state, rerun.note, rerun.current) == ("quarantined", "", failed)  # that run's outcome
+    # every sequence a job goes through reads its last step
+    ran = StateRecord("j1", "mail", "running", 1, 5.0, where="work", lease_until=99.0)
+    for steps, state in (
+        ([ran, q1, replace(replayed, at=11.0), replace(run, at=11.5), ok], "succeeded"),
+        ([ran, q1, replace(parked, at=10.5), replace(unparked, at=10.6), replace(replayed, at=11.0),
+          replace(run, at=11.5), ok], "succeeded"),
+        ([replace(ran, at=11.0), ok, StateRecord("j1", "mail", "duplicate", 1, 13.0)], "succeeded"),
+        ([ran, replace(q1, state="retrying"), replace(ran, at=10.5), replace(q1, state="retrying", at=11.0),
+          replace(ran, at=11.5), ok], "succeeded"),
+        ([ran, q1, replace(parked, at=10.5), replace(unparked, at=10.6)], "quarantined"),
+    ):  # fmt: skip
+        assert status_of("j1", steps, now=30.0).state == state, steps
 
 
 class _FullDisk:

@@ -1,0 +1,84 @@
+"""Every command that loads an app (``--app``) and whose module names a SQLite results file that is not there.
+
+A typo'd path (``SqliteResults('resutls.db')``) is no empty store. Commands that read or record
+into the store refuse it, exit 2 naming the path and the fix; commands that do not use it
+(``quarantine show --app``, ``quarantine purge --app``: the payload store; ``asyncapi``) create
+nothing and say so in a warning. Before, ``quarantine show --app`` and ``purge --app``, and the
+console's ``--app``, created an empty file there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
+
+pytestmark = pytest.mark.broker
+EXE = str(Path(sys.executable).with_name("amqpjobs"))
+
+
+def wrong_app(where: Path) -> str:
+    """An app module whose results store names ``resutls.db`` (not there), with a payload store (``show --app``)."""
+    (where / "t.toml").write_text(APPLIED_TOPOLOGY)
+    (where / "wrongapp.py").write_text(
+        "from amqpjobs import App, FilePayloadStore, SqliteResults\n"
+        "app = App('roapp', topology='t.toml', results=SqliteResults('resutls.db'), "
+        "payload_store=FilePayloadStore('payloads'))\n"
+    )
+    return "wrongapp:app"
+
+
+def run(broker: BrokerSettings, where: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url,
+               AMQPJOBS_CONSOLE_AUDIT_LOG=str(where / "audit.jsonl"))  # fmt: skip
+    return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=where, env=env, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+async def test_commands_that_use_no_results_store_create_none_and_say_the_path_is_missing(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Before: exit 0 and ``resutls.db`` created (an empty store at the typo'd path, for the workers to read)."""
+    await make_app(broker, tmp_path)
+    ref = wrong_app(tmp_path)
+    missing = tmp_path / "resutls.db"
+    for command in (["quarantine", "show", "work"], ["quarantine", "purge", "work", "--yes"]):
+        proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", ref)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not missing.exists(), command
+        assert (
+            f"warning: the SQLite results store at {missing} does not exist (this command does not use it, and "
+            "created nothing): point the app's SqliteResults at the file its workers write"
+        ) in proc.stderr, proc.stderr
+
+
+async def test_commands_that_read_or_record_into_the_results_store_refuse_a_missing_file(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """``job show``, ``park``/``unpark``/``replay --app`` and the console (its job lookup reads the store, its
+    park and replay record into it). Before, the console started and created ``resutls.db``."""
+    await make_app(broker, tmp_path)
+    ref = wrong_app(tmp_path)
+    missing = tmp_path / "resutls.db"
+    for command, doing in (
+        (["job", "show", "j-1"], "reads it"),
+        (["quarantine", "unpark", "work", "--yes"], "records into it"),
+        (["console", "--port", "0"], "records into it"),
+        (["console", "--port", "0", "--read-only"], "reads it"),
+    ):
+        try:
+            proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", ref, timeout=30)
+        except subprocess.TimeoutExpired as exc:  # the console served on
+            raise AssertionError(f"{command}: still running after 30 s, {missing} exists: {missing.exists()}") from exc
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        said = proc.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"error: the SQLite results store at {missing} does not exist (this command {doing}, "
+                               "never creates it)"), said  # fmt: skip
+        assert not missing.exists(), command
