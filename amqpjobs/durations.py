@@ -14,6 +14,8 @@ import re
 from amqpjobs.errors import ConfigurationError
 
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")  # ASCII digits: \d takes any script's
+#: An upper-case ``M`` unit (not ``MS``): minutes to us, months to systemd.time and ISO 8601.
+_MONTH_OR_MINUTE = re.compile(r"[0-9]M(?![sS])")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The longest duration taken, in seconds (100 years, ``36500d``): any duration fits a
 #: ``timedelta``, a date that far back or ahead, and a thread or event-loop timeout.
@@ -27,7 +29,8 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
         value: Seconds as ``int``/``float``, or a string made of one or more
             ``<number><unit>`` parts with units ``ms``, ``s``, ``m``, ``h``, ``d``
             (e.g. ``"30s"``, ``"5m"``, ``"1h30m"``, ``"1.5s"``, ``"250ms"``). A bare
-            number string (``"12"``) is read as seconds.
+            number string (``"12"``) is read as seconds. Units are read in any case (``"5S"``),
+            but an upper-case ``M`` (not ``MS``) is refused: a month in systemd.time and ISO 8601.
         allow_zero: Accept 0 (``0``, ``"0"``, ``"0s"`` ...) too.
 
     Returns:
@@ -35,7 +38,7 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
 
     Raises:
         ValueError: the value is not a duration, or is zero (unless ``allow_zero``), negative,
-            NaN or infinite. The message shows the accepted forms.
+            NaN or infinite, or has an upper-case ``M`` unit. The message shows the accepted forms.
         DurationTooLongError: (a ValueError) longer than :data:`MAX_DURATION` (100 years).
 
     """
@@ -47,6 +50,11 @@ def parse_duration(value: str | float | int, *, allow_zero: bool = False) -> flo
         except OverflowError:  # an int beyond any float (10**400): far longer than the longest taken
             raise _too_long(value) from None
     elif isinstance(value, str):
+        if _MONTH_OR_MINUTE.search(value):  # units are read in any case, but 'M' means a month to many
+            raise ValueError(
+                f"{value!r} is ambiguous: an upper-case 'M' is a month in systemd and ISO 8601 (P6M), not a minute; "
+                "write minutes as 'm' ('30m') and months as days ('180d')"
+            )
         text = value.strip().lower()
         if text.startswith("-") and _is_duration(text[1:]):  # '-1s': a duration, but not a positive one
             raise _not_positive(value, allow_zero)

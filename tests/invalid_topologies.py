@@ -210,6 +210,20 @@ INVALID: dict[str, tuple[str, str, str]] = {
         "binding[0].destination",
         "queue 'amqpjobs.ledger.shop' is the ledger marker of app 'shop', which holds nothing",
     ),
+    # helper-194: a job queue named "x.quarantine" (no job queue "x") was applied, and every
+    # quarantine command took its work queue for job queue x's quarantine: `quarantine purge
+    # x.quarantine --yes` printed "purged 3 message(s) from x.quarantine", 3 jobs never run gone.
+    **{
+        f"job-queue-named-as-a-{kind}-queue": (HEADER + job(name=name), "job_queue[0].name", f"read as {words}")
+        for kind, name, words in [
+            ("quarantine", "x.quarantine", "the quarantine queue of job queue x"),
+            ("parked", "x.parked", "the parked queue of job queue x"),
+            ("suspects", "x.suspects", "the suspects queue of job queue x"),
+            ("paused", "x.paused", "the pause flag of job queue x"),
+            ("tier", "x.retry.5s", "retry tier 5s of work queue x"),
+            ("shard", "x.shard-1", "shard 1 of job queue x"),
+        ]
+    },
     "job-queue-named-as-a-ledger-marker": (
         HEADER + job(name="amqpjobs.ledger.shop"),
         "job_queue[0].name",

@@ -33,7 +33,7 @@ from amqpjobs.runtime.preflight import check_before_children
 from amqpjobs.runtime.process_count import process_count, usable_cpus
 from amqpjobs.runtime.processes import run_worker
 from amqpjobs.runtime.supervisor import Supervisor
-from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.runtime.worker_config import WorkerOptions, check_worker, require_served
 
 
 @main.command()
@@ -166,6 +166,8 @@ def consume(
         with asyncio.Runner() as runner:  # the supervisor only waits on its children: the default loop
             sys.exit(runner.run(Supervisor(spec, count, metrics_host, metrics_port, start_bound).run()))
     app = load_app(app_ref)
+    check_worker(app, options)  # its refusals first, as the supervisor's check_before_children orders them
+    require_served(app, options)
     with asyncio.Runner(loop_factory=factory) as runner:
         code = runner.run(run_worker(app, broker, options, metrics_port, metrics_host))
         bound_the_exit(code)  # threads the app left running don't keep the process (nor the Runner's close)

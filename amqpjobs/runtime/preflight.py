@@ -25,7 +25,7 @@ from amqpjobs.errors import (
     ResultsUnavailableError,
 )
 from amqpjobs.runtime.loading import load_app, raised_by_module
-from amqpjobs.runtime.worker_config import WorkerOptions, check_worker
+from amqpjobs.runtime.worker_config import WorkerOptions, check_worker, require_served
 from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.supervisor")
@@ -48,7 +48,7 @@ def check_before_children(app_ref: str, options: WorkerOptions) -> bool:
 
     Raises:
         ConfigurationError: ``app_ref`` names no module (or a module that can't be imported),
-            no attribute or no App; the module raised a configuration error of amqpjobs; a
+            no attribute or no App, or an App without jobs; the module raised a configuration error of amqpjobs; a
             ``--queues`` name is not a job queue of the app's topology (naming it and the
             topology's); a job's policy can't work with its queue (:func:`check_worker`).
         TopologyValidationError: the app's topology files are invalid.
@@ -66,4 +66,5 @@ def check_before_children(app_ref: str, options: WorkerOptions) -> bool:
         )
         return False
     check_worker(app, options)
+    require_served(app, options)
     return True

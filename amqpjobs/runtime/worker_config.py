@@ -133,6 +133,32 @@ def check_worker(app: App, options: WorkerOptions) -> tuple[dict[str, JobQueueLa
     return check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
 
 
+def require_served(app: App, options: WorkerOptions) -> None:
+    """What ``amqpjobs consume`` refuses beyond :func:`check_worker`: a worker of ``app`` that could do no good.
+
+    Not asked of a :class:`~amqpjobs.runtime.worker.Worker` embedded in a program (a test may run
+    one without jobs, to see what it does with a delivery).
+
+    Raises:
+        ConfigurationError: no ``@app.job`` is registered (its handlers live in a module nobody
+            imported: it would consume nothing), or ``options.queues`` names a job queue none of
+            its jobs use (each delivery there would be quarantined ``unknown-job``, also beside
+            the app that serves it).
+    """
+    served = app.queues()
+    if not served:
+        raise ConfigurationError(
+            f"app {app.name!r} has no jobs: no @app.job was registered when its module was imported, so a worker "
+            "would consume nothing; import the modules that define its jobs in the app's module"
+        )
+    if idle := [name for name in options.queues or () if name not in served]:
+        raise ConfigurationError(
+            f"app {app.name!r} serves no job from job queue {idle[0]!r} (its jobs use: {listed(served)}): "
+            "a worker consuming it would quarantine each of its jobs as unknown-job; leave it out of --queues, "
+            "or run the app whose jobs use it"
+        )
+
+
 def job_queue_layout(app: App, name: str) -> JobQueueLayout:
     """The layout of the app's job queue ``name``.
 

@@ -9,6 +9,7 @@ from amqpjobs.errors import Problem
 from amqpjobs.text import ascii_digits
 from amqpjobs.topology import naming
 from amqpjobs.topology.models import JobQueueSpec, TopologyFile
+from amqpjobs.topology.name_roles import app_queue_names
 from amqpjobs.topology.tiers import tier_problems
 from amqpjobs.topology.versions import QUORUM_MAX_PRIORITY, modulus_hash_refusal, quorum_priority_refusal
 
@@ -42,26 +43,6 @@ def routing_checks(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
                                     "give each job queue its own routing keys")
                         )  # fmt: skip
     return problems + shard_routing_checks(parsed) + owned_queue_bindings(parsed) + app_queue_names(parsed)
-
-
-def app_queue_names(parsed: list[tuple[str, TopologyFile]]) -> list[Problem]:
-    """Job queues named as an app's own queues: its ledger marker or its scheduler's (``amqpjobs.<...>.<app>...``).
-
-    The topology would declare the app's queue itself, with other arguments: a ledger marker
-    declared before the app's first ledger makes that ledger's start refused as a lost one.
-    """
-    problems: list[Problem] = []
-    for file, tf in parsed:
-        for i, jq in enumerate(tf.job_queue):
-            name = naming.parse_queue_name(jq.name)
-            if name.kind in ("ledger", "leader", "ticks", "running"):
-                what = "ledger marker" if name.kind == "ledger" else "scheduler's queues"
-                problems.append(
-                    Problem(file, f"job_queue[{i}].name", f"{jq.name!r} is the name of a queue of app {name.app!r} "
-                            f"(its {what}), which amqpjobs declares itself",
-                            "give the job queue another name (names beginning 'amqpjobs.' are amqpjobs' own)")
-                )  # fmt: skip
-    return problems
 
 
 #: What each kind of queue amqpjobs declares and fills for a job queue is, for messages.

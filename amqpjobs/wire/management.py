@@ -10,7 +10,7 @@ from __future__ import annotations
 import ssl
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -22,6 +22,18 @@ from amqpjobs.wire.rotation import attempt_timeout
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address
+
+
+def _plain_http(base: str, exc: Exception) -> str | None:
+    """Why ``https`` to ``base`` failed when its port answers plain HTTP (``WRONG_VERSION_NUMBER``), or None."""
+    cause: BaseException | None = exc
+    while cause is not None and not (isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER"):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    return (f"port {urlsplit(base).port or 443} does not speak TLS (it answers plain HTTP): use amqp:// when the "
+            "broker has no TLS, else give --management-url http://... (or $AMQPJOBS_MANAGEMENT_URL), or the "
+            "management API's TLS port")  # fmt: skip
 
 
 def _q(name: str) -> str:
@@ -155,7 +167,7 @@ class ManagementClient:
                     ) from exc
                 silent = isinstance(exc, httpx.TimeoutException)  # worded as a silent AMQP node is
                 failures.append((self.base_url, f"no answer within {self.timeout:g}s" if silent else
-                                 f"{type(exc).__name__}: {exc}"))  # fmt: skip
+                                 _plain_http(self.base_url, exc) or f"{type(exc).__name__}: {exc}"))  # fmt: skip
                 if not isinstance(exc, httpx.TransportError) or tried + 1 == len(self._bases):
                     raise BrokerUnavailableError(self._unreachable(failures)) from exc
                 self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last

@@ -52,6 +52,8 @@ no_tiers.job("x", queue="flat", retry=RetryPolicy(max_attempts=3))(lambda payloa
 
 no_topology = App("no-topology", topology=str(HERE / "nowhere"))
 no_topology.job("x", queue="work")(lambda payload, ctx: None)
+
+no_jobs = App("no-jobs", topology=str(HERE / "topology"))  # its jobs live in a module nobody imported
 """
 
 CASES = [
@@ -64,6 +66,22 @@ CASES = [
         ["refusalapp:app", "--queues", "work,nosuch"],
         "error: job queue 'nosuch' is not in the topology (loaded from {topology}); known: flat, mail, work",
         id="one-unknown-of-two",
+    ),
+    # helper-194: was a worker consuming 'flat' that quarantined each job there as unknown-job
+    # ("job 'b.ok' is not served from job queue 'other' by app 'a'"), beside the app that serves them
+    pytest.param(
+        ["refusalapp:app", "--queues", "work,flat"],
+        "error: app 'refusals' serves no job from job queue 'flat' (its jobs use: mail, work): a worker "
+        "consuming it would quarantine each of its jobs as unknown-job; leave it out of --queues, or run "
+        "the app whose jobs use it",
+        id="queue-the-app-serves-no-job-from",
+    ),
+    # helper-194: was "worker consuming nothing with 0 slot(s)", running until stopped, exit 0
+    pytest.param(
+        ["refusalapp:no_jobs"],
+        "error: app 'no-jobs' has no jobs: no @app.job was registered when its module was imported, so a "
+        "worker would consume nothing; import the modules that define its jobs in the app's module",
+        id="app-without-jobs",
     ),
     pytest.param(
         ["refusalapp:app", "--queues", " , "],

@@ -139,3 +139,23 @@ def test_the_connect_timeout_comes_from_its_variable_when_the_option_is_not_give
     )
     assert bad.exit_code == 2, bad.output
     assert "(env var: 'AMQPJOBS_CONNECT_TIMEOUT'): 'soon' is not a duration" in bad.output
+
+
+@pytest.mark.parametrize("text", ["6M", "1M", "1h30M", "2d1M"])
+def test_an_upper_case_m_is_refused_as_ambiguous(tmp_path: Path, text: str) -> None:
+    """helper-194: '6M' was read as 6 minutes (parse_duration('6M') == 360.0); systemd.time and ISO 8601
+    (P6M) read it as 6 months, so PostgresResults(retention='6M') kept results 6 minutes."""
+    with pytest.raises(ValueError, match="is ambiguous") as caught:
+        parse_duration(text)
+    assert str(caught.value) == (
+        f"{text!r} is ambiguous: an upper-case 'M' is a month in systemd and ISO 8601 (P6M), not a minute; "
+        "write minutes as 'm' ('30m') and months as days ('180d')"
+    )
+    with pytest.raises(ConfigurationError, match=r"^SqliteResults\(retention=\.\.\.\): .* is ambiguous"):
+        SqliteResults(tmp_path / "r.db", retention=text)
+    assert (parse_duration("5m"), parse_duration("5MS"), parse_duration("1H"), parse_duration("2D")) == (
+        300.0,
+        0.005,
+        3600.0,
+        172800.0,
+    )
