@@ -310,6 +310,11 @@ class HandlerRuns(RunClaims):
             deadline.end(None)
             if deadline.expired:  # it caught the cancellation and returned: still a run past its timeout
                 raise overran(job, limit, "went on; its result is not used")
+            if (late := asyncio.get_running_loop().time() - deadline.at) > 0:  # never cancelled: it held the loop
+                log.warning("job %s id %s: ran %.1fs, past its timeout of %gs, never cancelled: the event loop was "
+                            "blocked (by this handler if it calls blocking code such as time.sleep; fix: await it, or "
+                            "make the handler a plain function); judged by its result, as a thread's run is",
+                            job.name, ctx.job_id, (limit or 0) + late, limit or 0)  # fmt: skip
         return value
 
     def _timed_out(self, deadline: Deadline) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -336,3 +337,27 @@ async def test_the_awaitable_a_plain_function_returns_cannot_outlive_the_timeout
         "TimeoutError: job raises ran longer than its timeout of 0.3s (it caught the cancellation and then raised "
         "ValueError)",
     )
+
+
+async def test_an_async_handler_that_blocks_the_loop_past_its_timeout_is_judged_by_its_result_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # helper-194: time.sleep in an async handler ran 8 s under a 2 s timeout and logged only "succeeded":
+    # nothing could cancel it (the loop was blocked), so, like a thread's run, its result stands, with a warning
+    app, _ = make_app(tmp_path)
+    ran: list[str] = []
+
+    async def blocks(payload: dict[str, Any], ctx: JobContext) -> None:
+        time.sleep(0.5)  # noqa: ASYNC251 - the fault under test
+        ran.append(ctx.job_id)
+
+    app.job("blocks", queue="work", timeout=0.2, retry=RetryPolicy(max_attempts=1))(blocks)
+    caplog.set_level(logging.WARNING, logger="amqpjobs")
+    async with TestBroker(app) as broker:
+        job_id = await app.enqueue("blocks", {})
+        done = [p.outcome for p in await broker.drain()]
+    assert [(o.kind, o.job) for o in done] == [("succeeded", "blocks")]
+    assert ran == [job_id]
+    said = [r.getMessage() for r in caplog.records if "never cancelled: the event loop was blocked" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"job blocks id {job_id}: ran 0.5s, past its timeout of 0.2s, never cancelled"), said
