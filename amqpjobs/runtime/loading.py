@@ -50,6 +50,12 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{reference!r}: give the app as module:attribute, e.g. examples.shop:app")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        stem = module_name.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        raise ConfigurationError(
+            f"cannot import module {module_name!r}: {module_name!r} is a file path, not a module name: give "
+            f"{stem}:{attribute} (run from the directory that holds {stem}.py, or add that directory to PYTHONPATH)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -100,6 +100,18 @@ CASES = [
         id="no-such-module",
     ),
     pytest.param(
+        ["refusalapp.py:app"],  # was Python's own "No module named 'refusalapp.py'; 'refusalapp' is not a package"
+        "error: cannot import module 'refusalapp.py': 'refusalapp.py' is a file path, not a module name: give "
+        "refusalapp:app (run from the directory that holds refusalapp.py, or add that directory to PYTHONPATH)",
+        id="file-name-for-module",
+    ),
+    pytest.param(
+        ["../elsewhere/x:app"],  # was "No module named '..'" with no hint (helper-194)
+        "error: cannot import module '../elsewhere/x': '../elsewhere/x' is a file path, not a module name: give "
+        "x:app (run from the directory that holds x.py, or add that directory to PYTHONPATH)",
+        id="path-for-module",
+    ),
+    pytest.param(
         ["refusalapp:nope"],
         "error: module 'refusalapp' has no attribute 'nope'",
         id="no-such-attribute",
