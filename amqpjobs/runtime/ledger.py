@@ -175,7 +175,7 @@ class SqliteLedger:
         self._file = StoreFile("ledger", self.path)
         self.where = f"SQLite ledger at {self.path}"
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
-        if self._file.reading:  # a reading command (job show) loads the app: the ledger is not written
+        if self._file.reading or self._file.existing:  # job show, replay/park --app: the ledger is not written
             self._file.open_reading(BUSY_TIMEOUT)
             return
         try:

@@ -137,7 +137,7 @@ def existing_files_only() -> Iterator[None]:
 
     For a command that records into the app's results store (``replay``/``quarantine park
     --app``): a path its workers do not write would take the records where nobody reads them.
-    (A ledger, which such a command does not use, is opened as always.)
+    (A ledger, which such a command does not use, is opened read-only, as by :func:`reading_only`.)
     """
     global _existing
     before, _existing = _existing, True

@@ -82,3 +82,24 @@ async def test_commands_that_read_or_record_into_the_results_store_refuse_a_miss
         assert said.startswith(f"error: the SQLite results store at {missing} does not exist (this command {doing}, "
                                "never creates it)"), said  # fmt: skip
         assert not missing.exists(), command
+
+
+async def test_commands_that_record_into_the_results_store_create_no_ledger_file(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """``replay``/``park``/``unpark --app`` and the console record into the results store, never the ledger: a
+    ledger file that is not there stays not there (helper-195: each made an empty ``ledgr.db``)."""
+    from amqpjobs import SqliteResults
+
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+    SqliteResults(tmp_path / "results.db")  # the workers' results store: there
+    (tmp_path / "ledgerapp.py").write_text(
+        "from amqpjobs import App, SqliteLedger, SqliteResults\n"
+        "app = App('roapp', topology='t.toml', results=SqliteResults('results.db'), ledger=SqliteLedger('ledgr.db'))\n"
+    )
+    for command in (["replay", "work"], ["quarantine", "park", "work", "--yes"],
+                    ["quarantine", "unpark", "work", "--yes"], ["job", "show", "j-1"]):  # fmt: skip
+        proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", "ledgerapp:app")
+        assert proc.returncode == 0, (command, proc.stdout + proc.stderr)
+        assert not (tmp_path / "ledgr.db").exists(), command
