@@ -52,13 +52,14 @@ from amqpjobs.runtime.quarantine import (
 )
 from amqpjobs.runtime.replay_checks import Targets, check_jobs_belong, check_targets
 from amqpjobs.runtime.results import ResultsStore, record_quietly
+from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
-from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
+from amqpjobs.wire.browse import Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
-from amqpjobs.wire.errors import internal_error_hint
+from amqpjobs.wire.errors import internal_error_hint, met_internal_error
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
@@ -220,7 +221,7 @@ async def replay(
                 progress(report)
         publishing = await stack.enter_async_context(publishing_session(settings, "replay"))
         publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
-        browser = await QueueBrowser.open(connection)
+        browsed = PastUndeliverable(settings, queue_name, depth)  # mends one no 0-9-1 client receives
         targets = Targets(connection)
         started: float | None = None
         interrupted = False
@@ -259,8 +260,8 @@ async def replay(
                 await delivery.ack()  # a failed ack leaves the original in both places: a duplicate, never a loss
                 if progress is not None:
                     progress(report)
-            except Exception as exc:  # raised by replay() once the moves under way are settled
-                failures.append(exc)
+            except Exception as exc:  # raised by replay() once the moves under way are settled, but an ack a 541
+                failures.extend(() if met_internal_error(exc) else (exc,))  # cut: its original stays in quarantine too
             finally:
                 window.release()
 
@@ -271,7 +272,7 @@ async def replay(
             return report.stopped_early
 
         try:
-            async for delivery in browser.deliveries(queue_name, depth):
+            async for delivery in browsed.deliveries():
                 if options.limit is not None and launched >= options.limit:
                     report.limit_reached = options.limit
                     break
@@ -352,7 +353,7 @@ async def replay(
                 blocked is not None or blocked_by(publishing) is not None
             ):  # its copies held unread are dropped: their originals stay
                 await reset(publishing)
-            await browser.close_quietly()  # held (skipped) messages return to quarantine
+            await browsed.close(quietly=True)  # held (skipped) messages return to quarantine
             await publisher.close()
             await record_quietly(results, moved)
             if watch is not None and not watch.is_closed:

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, BusyError
-from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.evidence import REASON, Failure, evidence_headers
 from amqpjobs.jobs.timestamps import iso_utc
 from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, overflows, sanitize
 from amqpjobs.message import OutgoingMessage
@@ -64,6 +64,7 @@ def lock_name(queue: str) -> str:
 
 
 def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str) -> OutgoingMessage:
+    """The copy to publish; one quarantined already (our evidence, in a quarantine or parked queue) keeps its own."""
     now = iso_utc()
     failure = Failure(
         reason="undeliverable", error_type="UndeliverableMessage",
@@ -84,7 +85,8 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
 
     priority = props.get("priority")
     return OutgoingMessage(
-        body=head.body, headers={**copy.headers, **evidence_headers(failure)},
+        body=head.body,
+        headers=copy.headers if REASON in copy.headers else {**copy.headers, **evidence_headers(failure)},
         content_type=text("content_type"), content_encoding=text("content_encoding"), message_id=copy.job_id,
         type=text("type"), timestamp=float(stamp) if isinstance(stamp, int | float) else None,
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
@@ -124,7 +126,7 @@ async def rescue_heads(
     Args:
         settings: Broker settings (the management API reads and removes the message).
         connection: A robust connection of this process (the lock, the confirmed publish of the copy).
-        quarantines: Work queue name -> its quarantine exchange.
+        quarantines: Work queue name -> its quarantine exchange ("": the copy goes to the queue's own tail).
         app_version: The app's version, for the evidence.
         on_step: Called with each step's name (:data:`STEPS`) once it is done (tests kill the process there).
         serial: Held for the whole call: the calls of one process sharing it run one at a time.
@@ -168,7 +170,7 @@ async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, 
         expected = fingerprint(head.properties, head.body)
         publisher = ConfirmedPublisher(connection, owner="the rescue of an undeliverable message")
         try:
-            await publisher.publish(exchange, "", _as_message(copy, head, queue, app_version))
+            await publisher.publish(exchange, "" if exchange else queue, _as_message(copy, head, queue, app_version))
             step("copied")
             taken = await take_head(settings, queue)
             step("removed")
@@ -182,7 +184,8 @@ async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, 
             await publisher.close()
     log.warning("moved a message no AMQP 0-9-1 client can receive from the head of %s to %s (%s; id %s): "
                 "every delivery of it closed the connection (541 INTERNAL_ERROR)", printable(queue),
-                printable(exchange), "; ".join(problems), field_value(copy.job_id))  # fmt: skip
+                printable(exchange or f"the tail of {queue} as a readable copy"), "; ".join(problems),
+                field_value(copy.job_id))  # fmt: skip
     return 1
 
 

@@ -71,6 +71,29 @@ async def peek_head(settings: BrokerSettings, queue: str) -> HeadMessage | None:
     return await asyncio.to_thread(_head, settings, queue, "reject_requeue_true")
 
 
+def _first_properties(settings: BrokerSettings, queue: str, count: int) -> list[dict[str, Any]]:
+    with ManagementClient(settings) as mgmt:
+        path = f"/queues/{quote(settings.vhost, safe='')}/{quote(queue, safe='')}/get"
+        got = mgmt.request("POST", path, json={"count": count, "ackmode": "reject_requeue_true", "encoding": "auto",
+                                               "truncate": 64})  # fmt: skip
+    if not isinstance(got, list):
+        raise ManagementApiError(f"the management API's read of {queue!r} answered what we can't read: {got!r}")
+    return [dict(m.get("properties") or {}) if isinstance(m, dict) else {} for m in got]
+
+
+async def peek_properties(settings: BrokerSettings, queue: str, count: int) -> list[dict[str, Any]]:
+    """The properties of the first ``count`` messages of ``queue`` in queue order, each left in its place.
+
+    Reads inside the broker, so it reaches past a message no AMQP 0-9-1 delivery can carry (bodies are
+    not read: at most 64 bytes of each travel). Each read message counts as redelivered after.
+
+    Raises:
+        ManagementApiError, BrokerUnavailableError: the management API refused or can't be reached.
+
+    """
+    return await asyncio.to_thread(_first_properties, settings, queue, count)
+
+
 async def take_head(settings: BrokerSettings, queue: str) -> HeadMessage | None:
     """Remove the message at the head of ``queue`` and return it (None: the queue was empty).
 

@@ -1,0 +1,166 @@
+"""The quarantine tools over a message no AMQP 0-9-1 client can receive, sitting in a quarantine or parked queue.
+
+RabbitMQ 3.10 stores a message published through the management API's HTTP publish with a
+300-byte ``correlation_id``; every delivery of it closes the reading connection (541). Before,
+``quarantine show``, ``replay``, ``park``, ``unpark`` and a filtered ``purge`` exited 3 at it, and
+every message behind it was out of the operator's reach. Now a tool that meets it replaces it in
+its queue by a copy a 0-9-1 client reads (the worker's rescue: the copy confirmed first, then the
+original taken and checked by its fingerprint), and goes on: nothing lost, everything reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import ROOT, depth
+from tests.integration.worker_env import make_app
+
+pytestmark = pytest.mark.broker
+EXE = str(Path(sys.executable).with_name("amqpjobs"))
+LONG = "c" * 300
+
+
+@pytest.fixture(autouse=True)
+def _http_publish_stores_it(broker: BrokerSettings) -> None:
+    with ManagementClient(broker) as mgmt:
+        if mgmt.broker_version() >= (4,):
+            pytest.skip("RabbitMQ 4.x refuses the HTTP publish of a property over 255 bytes")
+
+
+def _publish(broker: BrokerSettings, queue: str, job_id: str, long: bool = False, reason: str = "exhausted") -> None:
+    """A quarantined job (evidence: ``reason`` in ``work``) published to ``queue`` by HTTP; ``long``: undeliverable."""
+    headers = {"amqpjobs-reason": reason, "amqpjobs-original-queue": "work", "amqpjobs-job": "sleep",
+               "amqpjobs-job-id": job_id, "amqpjobs-error-type": "ValueError", "amqpjobs-attempt": 3}  # fmt: skip
+    props: dict[str, Any] = {"content_type": "application/json", "type": "sleep", "message_id": job_id,
+                             "delivery_mode": 2, "headers": headers}  # fmt: skip
+    if long:
+        props["correlation_id"] = LONG
+    doc = {"properties": props, "routing_key": queue, "payload_encoding": "base64",
+           "payload": base64.b64encode(json.dumps({"id": job_id}).encode()).decode()}  # fmt: skip
+    with ManagementClient(broker) as mgmt:
+        got = mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/amq.default/publish", json=doc)
+    assert got == {"routed": True}
+
+
+def _peek_all(broker: BrokerSettings, queue: str) -> list[dict[str, Any]]:
+    with ManagementClient(broker) as mgmt:
+        got = mgmt.request("POST", f"/queues/{quote(broker.vhost, safe='')}/{queue}/get",
+                           json={"count": 100, "ackmode": "reject_requeue_true", "encoding": "auto"})  # fmt: skip
+    assert isinstance(got, list)
+    return got
+
+
+def _ids(broker: BrokerSettings, queue: str) -> list[str]:
+    return [m["properties"].get("message_id", "") for m in _peek_all(broker, queue)]
+
+
+def _run(broker: BrokerSettings, *args: str) -> tuple[int, str]:
+    env = dict(os.environ, AMQPJOBS_URL=broker.url, AMQPJOBS_MANAGEMENT_URL=broker.management_url)
+    proc = subprocess.run([EXE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=90,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+async def _fill(broker: BrokerSettings, tmp_path: Path, queue: str) -> None:
+    """``g-0``, the undeliverable ``bad``, ``g-1``, ``g-2`` in ``queue``."""
+    await make_app(broker, tmp_path)
+    for job_id, long in (("g-0", False), ("bad", True), ("g-1", False), ("g-2", False)):
+        await asyncio.to_thread(_publish, broker, queue, job_id, long)
+
+
+def _copy_of_bad(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    (copy,) = [m for m in messages if m["properties"].get("message_id") == "bad"]
+    headers = copy["properties"]["headers"]
+    assert "correlation_id" not in copy["properties"]
+    assert headers["amqpjobs-undeliverable-correlation_id"] == LONG
+    assert len(headers["amqpjobs-undeliverable-sha256"]) == 64
+    return copy
+
+
+@pytest.mark.timeout(120)
+async def test_show_lists_every_message_and_the_long_value(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.quarantine")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "show", "work.quarantine", "--json")
+    assert code == 0, out
+    assert "correlation_id is 300 bytes" in out, out  # the operator is told what was replaced, and why
+    shown = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(m["message_id"] for m in shown) == ["bad", "g-0", "g-1", "g-2"], out
+    (bad,) = [m for m in shown if m["message_id"] == "bad"]
+    assert bad["headers"]["amqpjobs-undeliverable-correlation_id"] == LONG
+    assert (bad["reason"], bad["error_type"], bad["original_queue"]) == ("exhausted", "ValueError", "work")  # kept
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "show", "work.quarantine")
+    assert code == 0, out
+    assert "4 of 4 message(s) in work.quarantine shown" in out, out
+    _copy_of_bad(await asyncio.to_thread(_peek_all, broker, "work.quarantine"))
+    assert await depth(broker, "work.quarantine") == 4
+
+
+@pytest.mark.timeout(120)
+async def test_list_and_export_reach_every_message(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.quarantine")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "list", "work.quarantine", "--json")
+    assert code == 0, out
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "export", "work.quarantine",
+                                        str(tmp_path / "x.jsonl"))  # fmt: skip
+    assert code == 0, out
+    lines = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert sorted(m["message_id"] for m in lines) == ["bad", "g-0", "g-1", "g-2"]
+    assert await depth(broker, "work.quarantine") == 4
+
+
+@pytest.mark.timeout(120)
+async def test_replay_moves_every_message_the_long_one_as_a_readable_copy(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.quarantine")
+    code, out = await asyncio.to_thread(_run, broker, "replay", "work.quarantine")
+    assert code == 0, out
+    assert await depth(broker, "work.quarantine") == 0
+    work = await asyncio.to_thread(_peek_all, broker, "work")
+    assert sorted(m["properties"]["message_id"] for m in work) == ["bad", "g-0", "g-1", "g-2"]
+    _copy_of_bad(work)
+
+
+@pytest.mark.timeout(120)
+async def test_park_then_unpark_move_every_message(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.quarantine")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "park", "work.quarantine", "--yes")
+    assert code == 0, out
+    assert await depth(broker, "work.quarantine") == 0
+    assert sorted(await asyncio.to_thread(_ids, broker, "work.parked")) == ["bad", "g-0", "g-1", "g-2"]
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "unpark", "work.parked", "--yes")
+    assert code == 0, out
+    assert await depth(broker, "work.parked") == 0
+    _copy_of_bad(await asyncio.to_thread(_peek_all, broker, "work.quarantine"))
+
+
+@pytest.mark.timeout(120)
+async def test_unpark_with_one_in_the_parked_queue(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.parked")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "unpark", "work.parked", "--yes")
+    assert code == 0, out
+    assert await depth(broker, "work.parked") == 0
+    assert sorted(await asyncio.to_thread(_ids, broker, "work.quarantine")) == ["bad", "g-0", "g-1", "g-2"]
+
+
+@pytest.mark.timeout(120)
+async def test_filtered_purge_deletes_what_matches_and_keeps_the_rest(broker: BrokerSettings, tmp_path: Path):
+    await _fill(broker, tmp_path, "work.quarantine")
+    await asyncio.to_thread(_publish, broker, "work.quarantine", "other", False, "timeout")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "purge", "work.quarantine", "--reason",
+                                        "timeout", "--yes")  # fmt: skip
+    assert code == 0, out
+    # the long one is now its readable copy (at the tail), kept with the others; the timed-out one deleted
+    messages = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
+    assert [m["properties"]["message_id"] for m in messages] == ["g-0", "g-1", "g-2", "bad"]
+    _copy_of_bad(messages)
