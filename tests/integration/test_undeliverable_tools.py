@@ -164,3 +164,47 @@ async def test_filtered_purge_deletes_what_matches_and_keeps_the_rest(broker: Br
     messages = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
     assert [m["properties"]["message_id"] for m in messages] == ["g-0", "g-1", "g-2", "bad"]
     _copy_of_bad(messages)
+
+
+_DIE = """
+import asyncio, os, signal, sys
+from amqpjobs.runtime.undeliverable_mend import mend_queue
+from amqpjobs.wire.settings import broker_settings
+
+def step(name: str) -> None:
+    print("step", name, flush=True)
+    if name == sys.argv[3]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+print("mended", asyncio.run(mend_queue(broker_settings(sys.argv[1], sys.argv[2]), "work.quarantine", step)), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("step", ["held", "locked", "peeked", "copied", "removed", "never"])
+async def test_a_mend_killed_at_any_step_loses_nothing(broker: BrokerSettings, tmp_path: Path, step: str):
+    await _fill(broker, tmp_path, "work.quarantine")
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _DIE, broker.url, broker.management_url, step],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, env=dict(os.environ),
+    )  # fmt: skip
+    if step == "never":
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.split() == ["step", "held", "step", "locked", "step", "peeked", "step", "copied",
+                                       "step", "removed", "mended", "1"]  # fmt: skip
+    else:
+        assert proc.returncode == -9, proc.stdout + proc.stderr
+        assert proc.stdout.splitlines()[-1] == f"step {step}"
+    messages = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
+    ids = [m["properties"].get("message_id") for m in messages]
+    originals = [m for m in messages if m["properties"].get("correlation_id") == LONG]
+    copies = [m for m in messages if m["properties"]["headers"].get("amqpjobs-undeliverable-correlation_id") == LONG]
+    expected = {"copied": (1, 1), "removed": (0, 1), "never": (0, 1)}.get(step, (1, 0))
+    assert (len(originals), len(copies)) == expected, ids
+    # the held one is back in its place, none lost; the copy, when made, at the tail
+    with_original = ["g-0", "bad", "g-1", "g-2", "bad"][: 4 + len(copies)]
+    assert ids == (with_original if originals else ["g-0", "g-1", "g-2", "bad"]), ids
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "show", "work.quarantine", "--json")
+    assert code == 0, out  # the next tool finishes what the killed one began
+    shown = [json.loads(line)["message_id"] for line in out.splitlines() if line.startswith("{")]
+    assert sorted(shown) == sorted(ids), out
