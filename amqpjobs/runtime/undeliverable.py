@@ -120,6 +120,7 @@ async def rescue_heads(
     app_version: str = "",
     on_step: Callable[[str], None] | None = None,
     serial: asyncio.Lock | None = None,
+    read: HeadMessage | None = None,
 ) -> int:
     """Move an undeliverable message at the head of each queue into its quarantine (module docstring).
 
@@ -130,6 +131,8 @@ async def rescue_heads(
         app_version: The app's version, for the evidence.
         on_step: Called with each step's name (:data:`STEPS`) once it is done (tests kill the process there).
         serial: Held for the whole call: the calls of one process sharing it run one at a time.
+        read: The message, read already (then it is not read again: on a quorum queue each requeued read
+            sends it to the back of the returned messages); the one queue of ``quarantines`` is then its queue.
 
     Returns:
         How many messages were moved. Never raises for a broker or management API failure:
@@ -137,18 +140,18 @@ async def rescue_heads(
 
     """
     async with serial or contextlib.nullcontext():
-        return await _rescue_each(settings, connection, quarantines, app_version, on_step or (lambda _: None))
+        return await _rescue_each(settings, connection, quarantines, app_version, on_step or (lambda _: None), read)
 
 
 async def _rescue_each(settings: BrokerSettings, connection: Connection, quarantines: Mapping[str, str],
-                       app_version: str, on_step: Callable[[str], None]) -> int:  # fmt: skip
+                       app_version: str, on_step: Callable[[str], None], read: HeadMessage | None) -> int:  # fmt: skip
     moved = 0
     for queue, exchange in quarantines.items():
         try:
-            head = await peek_head(settings, queue)
+            head = read or await peek_head(settings, queue)
             if head is None or not overflows(head.properties):
                 continue
-            moved += await _rescue(settings, connection, queue, exchange, app_version, on_step)
+            moved += await _rescue(settings, connection, queue, exchange, app_version, on_step, read)
         except BusyError:
             log.info("another process moves the undeliverable message at the head of %s", printable(queue))
         except AmqpJobsError as exc:
@@ -158,11 +161,11 @@ async def _rescue_each(settings: BrokerSettings, connection: Connection, quarant
 
 
 async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, exchange: str, app_version: str,
-                  step: Callable[[str], None]) -> int:  # fmt: skip
+                  step: Callable[[str], None], read: HeadMessage | None) -> int:  # fmt: skip
     holder = LockHolder("undeliverable-rescue", socket.gethostname(), os.getpid(), datetime.now(UTC))
     async with exclusive_lock(connection, settings, lock_name(queue), holder, f"work queue {queue!r}", False):
         step("locked")
-        head = await peek_head(settings, queue)  # again, under the lock: another rescuer may have moved it
+        head = read or await peek_head(settings, queue)  # again, under the lock: another rescuer may have moved it
         if head is None or not (problems := overflows(head.properties)):
             return 0
         step("peeked")

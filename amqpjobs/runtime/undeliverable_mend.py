@@ -7,13 +7,17 @@ it, in its own queue, by the copy a 0-9-1 client can read (each long value in an
 ``amqpjobs-undeliverable-*`` header, evidence of reason ``undeliverable``), with the worker's
 rescue (:func:`~amqpjobs.runtime.undeliverable.rescue_heads`, its one rule and order):
 
-1. find it: the management API reads the properties of the first messages in place
-   (``reject_requeue_true``: nothing moves; each counts as redelivered after, as any browse);
+1. find it: the management API reads the properties of every message in place
+   (``reject_requeue_true``; each counts as redelivered after, as any browse), then it alone with
+   its body, then finds it again (a quorum queue puts what a requeued read took behind the rest;
+   a read of all keeps the order);
 2. hold the ``i`` messages ahead of it, unacked, on a channel of our own (they are deliverable), so
    that it is the first ready message;
-3. the rescue: the copy is published to the queue's tail with a confirm, and only then the original
-   is taken (the management API, ``ack_requeue_false``) and checked by its fingerprint;
-4. the channel closes: the ``i`` held messages are ready again, in their place (classic queues).
+3. the rescue, with the message as read in 1 (never read again): the copy is published to the queue's
+   tail with a confirm, and only then the original is taken (the management API, ``ack_requeue_false``)
+   and checked by its fingerprint (another one taken is published back at once, logged as an ERROR);
+4. the channel closes: the ``i`` held messages are ready again, in their place (classic queues; at the
+   back of a quorum queue).
 
 Killed at any step, the message is in the queue as it was, as the copy, or both (step 3's order);
 the held messages are never acked. :func:`past_undeliverable` runs a tool again after mending.
@@ -21,6 +25,7 @@ the held messages are never acked. :func:`past_undeliverable` runs a tool again 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import Counter
@@ -36,12 +41,15 @@ from amqpjobs.wire.browse import QueueBrowser
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import met_internal_error
-from amqpjobs.wire.head_reads import peek_properties
+from amqpjobs.wire.head_reads import peek_at, peek_properties
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.quarantine")
 _T = TypeVar("_T")
 
+#: Looks for the message, :data:`SETTLE_PAUSE` seconds apart, before a mend finds none (returns settle first).
+SETTLE_LOOKS: Final = 10
+SETTLE_PAUSE: Final = 0.2
 #: How many times a tool mends its queue and runs again before the 541 is its answer (one mend per message).
 MEND_ROUNDS: Final = 20
 
@@ -76,8 +84,16 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
         ManagementApiError, BrokerUnavailableError: the management API or the broker can't be used.
 
     """
-    position = await first_undeliverable(settings, queue)
-    if position is None:
+    for _ in range(SETTLE_LOOKS):  # a quorum queue takes back what a closed connection held a little later
+        if (position := await first_undeliverable(settings, queue)) is not None:
+            break
+        await asyncio.sleep(SETTLE_PAUSE)
+    else:
+        return 0
+    if (read := await peek_at(settings, queue, position)) is None or not overflows(read.properties):
+        return 0  # someone took some meanwhile: the next 541 looks again
+    # where it is now: a quorum queue puts what a read requeued behind the rest (a read of all keeps the order)
+    if (position := await first_undeliverable(settings, queue)) is None:
         return 0
     connection = await connect(settings, name="amqpjobs-mend")
     try:
@@ -90,7 +106,8 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
                 return 0
             if on_step is not None:
                 on_step("held")
-            return await rescue_heads(settings, connection, {queue: ""}, on_step=on_step)
+            # read once: another requeued read would send it behind the others on a quorum queue
+            return await rescue_heads(settings, connection, {queue: ""}, on_step=on_step, read=read)
         finally:
             await browser.close_quietly()  # the held messages are ready again, in their place
     finally:

@@ -41,13 +41,13 @@ class HeadMessage:
     redelivered: bool
 
 
-def _head(settings: BrokerSettings, queue: str, ackmode: str) -> HeadMessage | None:
+def _head(settings: BrokerSettings, queue: str, ackmode: str, position: int = 0) -> HeadMessage | None:
     with ManagementClient(settings) as mgmt:
         path = f"/queues/{quote(settings.vhost, safe='')}/{quote(queue, safe='')}/get"
-        got = mgmt.request("POST", path, json={"count": 1, "ackmode": ackmode, "encoding": "base64"})
-    if not isinstance(got, list) or not got:
+        got = mgmt.request("POST", path, json={"count": position + 1, "ackmode": ackmode, "encoding": "base64"})
+    if not isinstance(got, list) or len(got) <= position:
         return None
-    first = got[0]
+    first = got[position]
     try:
         body = (
             base64.b64decode(first["payload"], validate=True)
@@ -92,6 +92,16 @@ async def peek_properties(settings: BrokerSettings, queue: str, count: int) -> l
 
     """
     return await asyncio.to_thread(_first_properties, settings, queue, count)
+
+
+async def peek_at(settings: BrokerSettings, queue: str, position: int) -> HeadMessage | None:
+    """The message at ``position`` (0: the head) of ``queue``, it and those ahead of it left there (None: fewer).
+
+    Raises:
+        ManagementApiError, BrokerUnavailableError: the management API refused or can't be reached.
+
+    """
+    return await asyncio.to_thread(_head, settings, queue, "reject_requeue_true", position)
 
 
 async def take_head(settings: BrokerSettings, queue: str) -> HeadMessage | None:

@@ -208,3 +208,36 @@ async def test_a_mend_killed_at_any_step_loses_nothing(broker: BrokerSettings, t
     assert code == 0, out  # the next tool finishes what the killed one began
     shown = [json.loads(line)["message_id"] for line in out.splitlines() if line.startswith("{")]
     assert sorted(shown) == sorted(ids), out
+
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "q"
+exchange = "jobs"
+type = "quorum"
+delivery_limit = 3
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_in_a_quorum_quarantine_show_and_replay_reach_every_message(broker: BrokerSettings, tmp_path: Path):
+    """Where a quorum job queue's broker dead-letters it at its delivery limit (test_undeliverable_rescue): its
+    quarantine is a quorum queue, which puts returned messages at the back; the browse goes on by job id and body."""
+    from amqpjobs.runtime.deploy import apply_topology
+
+    (tmp_path / "q.toml").write_text(QUORUM)
+    await apply_topology(tmp_path / "q.toml", broker)
+    for job_id, long in (("g-0", False), ("bad", True), ("g-1", False), ("g-2", False)):
+        await asyncio.to_thread(_publish, broker, "q.quarantine", job_id, long)
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "show", "q.quarantine", "--json")
+    assert code == 0, out
+    shown = [json.loads(line)["message_id"] for line in out.splitlines() if line.startswith("{")]
+    assert sorted(shown) == ["bad", "g-0", "g-1", "g-2"], out
+    code, out = await asyncio.to_thread(_run, broker, "replay", "q.quarantine", "--to", "q")
+    assert code == 0, out
+    assert await depth(broker, "q.quarantine") == 0
+    _copy_of_bad(await asyncio.to_thread(_peek_all, broker, "q"))
+    assert sorted(await asyncio.to_thread(_ids, broker, "q")) == ["bad", "g-0", "g-1", "g-2"]
