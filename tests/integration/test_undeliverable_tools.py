@@ -241,3 +241,54 @@ async def test_in_a_quorum_quarantine_show_and_replay_reach_every_message(broker
     assert await depth(broker, "q.quarantine") == 0
     _copy_of_bad(await asyncio.to_thread(_peek_all, broker, "q"))
     assert sorted(await asyncio.to_thread(_ids, broker, "q")) == ["bad", "g-0", "g-1", "g-2"]
+
+
+@pytest.mark.timeout(180)
+async def test_from_a_quorum_job_queue_what_the_broker_dead_lettered_is_replayed(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A quorum job queue's worker leaves such a message alone (test_undeliverable_rescue's xfail): at the delivery
+    limit the broker dead-letters it, unsanitized, into the quorum quarantine, with the good job fetched with it.
+    Before, ``replay`` of that quarantine exited 3 at it; now both go back to ``q``, the long one as its copy."""
+    from amqpjobs.jobs.registry import JobContext
+    from amqpjobs.runtime.app import App
+    from amqpjobs.runtime.deploy import apply_topology
+    from amqpjobs.runtime.worker import Worker, WorkerOptions
+    from amqpjobs.topology.loader import load_topology
+    from tests.integration.test_undeliverable_rescue import KINDS, _publish_over_http
+    from tests.integration.worker_env import Recorder
+
+    (tmp_path / "q.toml").write_text(QUORUM)
+    await apply_topology(tmp_path / "q.toml", broker)
+    app = App("test", topology=load_topology(tmp_path / "q.toml").topology, url=broker.url)
+    ran: list[str] = []
+
+    @app.job("sleep", queue="q")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"], "q")
+    for n in range(3):
+        await app.enqueue("sleep", {"n": n}, job_id=f"j-{n}")
+    worker = Worker(app, broker, WorkerOptions(queues=("q",), concurrency=2, grace=10), Recorder())
+    await worker.start()
+    try:
+        for _ in range(300):
+            if await depth(broker, "q") == 0 and await depth(broker, "q.quarantine") >= 1:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await worker.shutdown()
+        await app.close()
+    dead = await depth(broker, "q.quarantine")
+    assert dead >= 1, ran
+    assert len(ran) + dead == 4, (ran, dead)  # the long one and those fetched with it
+    code, out = await asyncio.to_thread(_run, broker, "replay", "q.quarantine")
+    assert code == 0, out
+    assert f"replayed {dead}, skipped 0, left 0 in q.quarantine" in out, out
+    back = await asyncio.to_thread(_peek_all, broker, "q")
+    (copy,) = [m for m in back if m["properties"]["headers"].get("amqpjobs-undeliverable-correlation_id") == LONG]
+    assert copy["properties"]["message_id"] == "long-one"
+    assert sorted(m["properties"]["message_id"] for m in back) == sorted(
+        ["long-one", *(f"j-{n}" for n in range(3) if f"j-{n}" not in ran)]
+    )
