@@ -207,7 +207,7 @@ async def replay(
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await check_targets(connection, [options.to])
             if options.job_queues is not None:  # before any move: the target's workers must handle every job
-                await check_jobs_belong(connection, queue_name, depth, options)
+                await check_jobs_belong(settings, queue_name, depth, options)
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)

@@ -292,3 +292,13 @@ async def test_from_a_quorum_job_queue_what_the_broker_dead_lettered_is_replayed
     assert sorted(m["properties"]["message_id"] for m in back) == sorted(
         ["long-one", *(f"j-{n}" for n in range(3) if f"j-{n}" not in ran)]
     )
+
+
+@pytest.mark.timeout(120)
+async def test_replay_to_a_queue_with_the_app_checks_every_message_past_it(broker: BrokerSettings, tmp_path: Path):
+    """``--to`` with ``--app`` browses the quarantine first (do the target's workers handle every job?)."""
+    await _fill(broker, tmp_path, "work.quarantine")
+    env_app = "tests.integration.procapp:app"
+    code, out = await asyncio.to_thread(_run, broker, "replay", "work.quarantine", "--to", "work", "--app", env_app)
+    assert code == 0, out
+    assert sorted(await asyncio.to_thread(_ids, broker, "work")) == ["bad", "g-0", "g-1", "g-2"]
