@@ -20,7 +20,7 @@ rescue (:func:`~amqpjobs.runtime.undeliverable.rescue_heads`, its one rule and o
    back of a quorum queue).
 
 Killed at any step, the message is in the queue as it was, as the copy, or both (step 3's order);
-the held messages are never acked. :func:`past_undeliverable` runs a tool again after mending.
+the held messages are never acked. :class:`PastUndeliverable` is the tools' browse that mends and goes on.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import asyncio
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Final, TypeVar
+from collections.abc import AsyncGenerator, Callable
+from typing import Final
 
 from amqpjobs.errors import AmqpJobsError
 from amqpjobs.jobs.undeliverable import overflows
@@ -45,7 +45,6 @@ from amqpjobs.wire.head_reads import peek_at, peek_properties
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.quarantine")
-_T = TypeVar("_T")
 
 #: Looks for the message, :data:`SETTLE_PAUSE` seconds apart, before a mend finds none (returns settle first).
 SETTLE_LOOKS: Final = 10
@@ -112,35 +111,6 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
             await browser.close_quietly()  # the held messages are ready again, in their place
     finally:
         await connection.close()
-
-
-async def past_undeliverable(
-    settings: BrokerSettings, queue: Callable[[], str], run: Callable[[], Awaitable[_T]],
-    again: Callable[[], None] | None = None,
-) -> _T:  # fmt: skip
-    """``run()``; while a 541 cut it off, :func:`mend_queue` the queue it read, then ``run()`` again.
-
-    Args:
-        settings: Broker settings.
-        queue: The full name of the queue ``run`` reads (asked after it failed: it resolves it).
-        run: The tool's run; its messages not taken before the 541 are back in their place.
-        again: Called before each run after the first (the tool's report forgets what it counted
-            of the messages it will look at again).
-
-    Raises:
-        What ``run`` raised when it was not a 541, or when nothing was found to mend (then the
-        broker's error is the answer, with its hint of what to do by hand).
-
-    """
-    for _ in range(MEND_ROUNDS):
-        try:
-            return await run()
-        except AmqpJobsError as exc:
-            if not met_internal_error(exc) or not (name := queue()) or not await _mended(settings, name):
-                raise
-        if again is not None:
-            again()
-    return await run()
 
 
 async def _mended(settings: BrokerSettings, queue: str) -> bool:
