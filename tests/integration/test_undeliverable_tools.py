@@ -33,9 +33,9 @@ LONG = "c" * 300
 
 
 @pytest.fixture(autouse=True)
-def _http_publish_stores_it(broker: BrokerSettings) -> None:
+def _http_publish_stores_it(broker: BrokerSettings, request: pytest.FixtureRequest) -> None:
     with ManagementClient(broker) as mgmt:
-        if mgmt.broker_version() >= (4,):
+        if mgmt.broker_version() >= (4,) and "amqp_1_0" not in request.node.name:
             pytest.skip("RabbitMQ 4.x refuses the HTTP publish of a property over 255 bytes")
 
 
@@ -302,3 +302,45 @@ async def test_replay_to_a_queue_with_the_app_checks_every_message_past_it(broke
     code, out = await asyncio.to_thread(_run, broker, "replay", "work.quarantine", "--to", "work", "--app", env_app)
     assert code == 0, out
     assert sorted(await asyncio.to_thread(_ids, broker, "work")) == ["bad", "g-0", "g-1", "g-2"]
+
+
+@pytest.mark.timeout(120)
+async def test_on_rabbitmq_4_an_amqp_1_0_content_type_in_quarantine_is_shown_and_replayed(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """RabbitMQ 4.3 stores an AMQP 1.0 ``content-type`` over 255 bytes (test_undeliverable_rescue): in quarantine."""
+    pytest.importorskip("proton", reason="python-qpid-proton (the dev extra) publishes AMQP 1.0")
+    with ManagementClient(broker) as mgmt:
+        if mgmt.broker_version() < (4,):
+            pytest.skip("AMQP 1.0 publishers reach our queues from RabbitMQ 4.0 (3.10: the HTTP publish, above)")
+    from urllib.parse import urlsplit
+
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    await make_app(broker, tmp_path)
+    await asyncio.to_thread(_publish, broker, "work.quarantine", "g-0")
+    url = urlsplit(broker.url)
+    long_type = "application/json; x=" + "p" * 300
+
+    def send() -> None:
+        conn = BlockingConnection(f"amqp://{url.hostname}:{url.port}", virtual_host=f"vhost:{broker.vhost}",
+                                  user=url.username, password=url.password, allowed_mechs="PLAIN")  # fmt: skip
+        try:
+            message = Message(body=b'{"n": 0}', durable=True, id="long-ct", subject="sleep", content_type=long_type)
+            message.inferred = True
+            conn.create_sender("/queues/work.quarantine").send(message)
+        finally:
+            conn.close()
+
+    await asyncio.to_thread(send)
+    await asyncio.to_thread(_publish, broker, "work.quarantine", "g-1")
+    code, out = await asyncio.to_thread(_run, broker, "quarantine", "show", "work.quarantine", "--json")
+    assert code == 0, out
+    shown = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(m["message_id"] for m in shown) == ["g-0", "g-1", "long-ct"], out
+    code, out = await asyncio.to_thread(_run, broker, "replay", "work.quarantine", "--to", "work")
+    assert code == 0, out
+    work = await asyncio.to_thread(_peek_all, broker, "work")
+    (copy,) = [m for m in work if m["properties"].get("message_id") == "long-ct"]
+    assert copy["properties"]["headers"]["amqpjobs-undeliverable-content_type"] == long_type
