@@ -59,7 +59,7 @@ from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
 from amqpjobs.wire.browse import Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
-from amqpjobs.wire.errors import internal_error_hint, met_internal_error
+from amqpjobs.wire.errors import internal_error_hint
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.reset import reset
 from amqpjobs.wire.settings import BrokerSettings
@@ -257,11 +257,11 @@ async def replay(
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
-                await delivery.ack()  # a failed ack leaves the original in both places: a duplicate, never a loss
+                await browsed.ack(delivery)  # one cut is taken when browsed again (PastUndeliverable.ack)
                 if progress is not None:
                     progress(report)
-            except Exception as exc:  # raised by replay() once the moves under way are settled, but an ack a 541
-                failures.extend(() if met_internal_error(exc) else (exc,))  # cut: its original stays in quarantine too
+            except Exception as exc:  # raised by replay() once the moves under way are settled
+                failures.append(exc)
             finally:
                 window.release()
 

@@ -121,6 +121,10 @@ async def _mended(settings: BrokerSettings, queue: str) -> bool:
         return False
 
 
+def _key(delivery: Delivery) -> tuple[str, str]:
+    return delivery.message_id or "", hashlib.sha256(delivery.body).hexdigest()
+
+
 class PastUndeliverable:
     """A browse of ``queue`` on a connection of its own that goes past a message no 0-9-1 client can receive.
 
@@ -135,6 +139,8 @@ class PastUndeliverable:
         self._settings, self._queue, self._depth = settings, queue, depth
         self._connection: Connection | None = None
         self._browser: QueueBrowser | None = None
+        self._owed: Counter[tuple[str, str]] = Counter()
+        self._skipped: dict[tuple[str, str], list[Delivery]] = {}
 
     async def deliveries(self) -> AsyncGenerator[Delivery, None]:
         """The deliveries (class docstring).
@@ -146,14 +152,20 @@ class PastUndeliverable:
         seen: Counter[tuple[str, str]] = Counter()
         for _ in range(MEND_ROUNDS + 1):
             again: Counter[tuple[str, str]] = Counter()
+            self._skipped = {}
             await self._close(quietly=True)
             self._connection = await connect(self._settings, name="amqpjobs-quarantine")
             self._browser = await QueueBrowser.open(self._connection)
             try:
                 async for delivery in self._browser.deliveries(self._queue, self._depth):
-                    key = (delivery.message_id or "", hashlib.sha256(delivery.body).hexdigest())
+                    key = _key(delivery)
                     again[key] += 1
                     if again[key] <= seen[key]:
+                        if self._owed[key] > 0:  # moved (its copy confirmed) but its ack was cut: taken now
+                            self._owed[key] -= 1
+                            await delivery.ack()
+                        else:  # held again; its ack may be cut yet (a copy still awaiting its confirm)
+                            self._skipped.setdefault(key, []).append(delivery)
                         continue
                     seen[key] += 1
                     yield delivery
@@ -161,6 +173,23 @@ class PastUndeliverable:
             except Exception as exc:
                 if not met_internal_error(exc) or not await _mended(self._settings, self._queue):
                     raise
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Ack ``delivery`` (its copy is confirmed elsewhere); an ack cut (its channel closed) is owed, not raised.
+
+        The original then stays where it was, unacked, so it is back in the queue (a duplicate, never a loss);
+        a browse that goes on past a 541 acks it when it meets it again. A cut that ends the browse is said by it.
+        """
+        try:
+            await delivery.ack()
+        except Exception as exc:  # whatever cut it, the original was not removed
+            key = _key(delivery)
+            if self._skipped.get(key):  # the browse after the 541 holds it again: taken from there
+                await self._skipped[key].pop().ack()
+                return
+            self._owed[key] += 1
+            log.info("the ack of %s was cut (%s): taken when browsed again, else left in %s too",
+                     printable(repr(delivery.message_id)), type(exc).__name__, printable(self._queue))  # fmt: skip
 
     async def close(self, quietly: bool = False) -> None:
         """Close the channel and connection: every message held returns (waited for unless ``quietly``)."""
