@@ -38,11 +38,12 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.json_fast import strict_loads
 from amqpjobs.printable import json_text
+from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.alarms import blocked_by
-from amqpjobs.wire.browse import QueueBrowser, probe_queue, purge_queue
+from amqpjobs.wire.browse import probe_queue, purge_queue
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import LIBRARY_ERRORS
@@ -308,14 +309,15 @@ async def _browsed(settings: BrokerSettings, name: str, census: Census) -> Async
     """
     async with session(settings) as connection:
         queue_name, depth = await resolve_quarantine_queue(connection, name)
-        census.queue, census.depth = queue_name, depth
-        browser = await QueueBrowser.open(connection)
-        try:
-            async for delivery in browser.deliveries(queue_name, depth):
+    census.queue, census.depth = queue_name, depth
+    browsed = PastUndeliverable(settings, queue_name, depth)  # one no 0-9-1 client can receive is mended
+    try:
+        async with aclosing(browsed.deliveries()) as deliveries:
+            async for delivery in deliveries:
                 item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
                 yield QuarantinedMessage(delivery, item)
-        finally:
-            await browser.close()  # every browsed message returns to the queue
+    finally:
+        await browsed.close()  # every browsed message returns to the queue
 
 
 async def purge(settings: BrokerSettings, name: str) -> tuple[str, int]:

@@ -59,11 +59,12 @@ from amqpjobs.runtime.replay_checks import (
     too_large_copy,
 )
 from amqpjobs.runtime.results import ResultsStore, record_quietly
+from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
 from amqpjobs.topology.orphans import Route
 from amqpjobs.wire.abc import Connection, Received
 from amqpjobs.wire.alarms import blocked_by, refuse_while_blocked
-from amqpjobs.wire.browse import QueueBrowser, Watch, watch_exchange
+from amqpjobs.wire.browse import Watch, watch_exchange
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import internal_error_hint
 from amqpjobs.wire.publish import ConfirmedPublisher
@@ -213,7 +214,7 @@ async def replay(
         if options.to is not None:  # a typo fails at once, also when nothing would move
             await check_targets(connection, [options.to])
             if options.job_queues is not None:  # before any move: the target's workers must handle every job
-                await check_jobs_belong(connection, queue_name, depth, options)
+                await check_jobs_belong(settings, queue_name, depth, options)
         watch = None
         if options.stop_after_failures is not None:
             watch = await _watch_returns(connection, queue_name, replay_id, report)
@@ -227,7 +228,7 @@ async def replay(
                 progress(report)
         publishing = await stack.enter_async_context(publishing_session(settings, "replay"))
         publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
-        browser = await QueueBrowser.open(connection)
+        browsed = PastUndeliverable(settings, queue_name, depth)  # mends one no 0-9-1 client receives
         targets, done = Targets(connection), DoneSince(results, options.idempotent)
         started: float | None = None
         interrupted = False
@@ -263,7 +264,7 @@ async def replay(
                                          detail=f"replay run {replay_id}", where=target))  # fmt: skip
                 report.replayed += 1
                 report.elapsed = time.monotonic() - started
-                await delivery.ack()  # a failed ack leaves the original in both places: a duplicate, never a loss
+                await browsed.ack(delivery)  # one cut is taken when browsed again (PastUndeliverable.ack)
                 if progress is not None:
                     progress(report)
             except Exception as exc:  # raised by replay() once the moves under way are settled
@@ -278,7 +279,7 @@ async def replay(
             return report.stopped_early
 
         try:
-            async for delivery in browser.deliveries(queue_name, depth):
+            async for delivery in browsed.deliveries():
                 if options.limit is not None and launched >= options.limit:
                     report.limit_reached = options.limit
                     break
@@ -361,7 +362,7 @@ async def replay(
                 blocked is not None or blocked_by(publishing) is not None
             ):  # its copies held unread are dropped: their originals stay
                 await reset(publishing)
-            await browser.close_quietly()  # held (skipped) messages return to quarantine
+            await browsed.close(quietly=True)  # held (skipped) messages return to quarantine
             await publisher.close()
             await record_quietly(results, moved)
             if watch is not None and not watch.is_closed:

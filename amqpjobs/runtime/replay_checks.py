@@ -19,18 +19,19 @@ from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.results import ResultsStore, read_status
+from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.browse import QueueBrowser
 from amqpjobs.wire.declare import find_missing
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.settings import BrokerSettings
 
 if TYPE_CHECKING:  # replay imports this module
     from amqpjobs.runtime.replay import ReplayMove
 
 
-async def check_jobs_belong(connection: Connection, queue_name: str, depth: int, options: ReplayOptions) -> None:
+async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: int, options: ReplayOptions) -> None:
     """Refuse a ``--to`` whose workers do not handle every job that would move (``options.job_queues``).
 
     A worker quarantines a delivery of a job it does not serve as ``unknown-job``
@@ -45,14 +46,14 @@ async def check_jobs_belong(connection: Connection, queue_name: str, depth: int,
     assert options.job_queues is not None
     target = parse_queue_name(options.to).job_queue
     strays: dict[str, int] = {}
-    browser = await QueueBrowser.open(connection)
+    browsed = PastUndeliverable(settings, queue_name, depth)  # on its own connection: one 0-9-1 can't carry is mended
     try:
-        async for delivery in browser.deliveries(queue_name, depth):
+        async for delivery in browsed.deliveries():
             item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
             if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
                 strays[item.job] = strays.get(item.job, 0) + 1
     finally:
-        await browser.close_quietly()
+        await browsed.close(quietly=True)
     if strays:
         owners = "; ".join(
             f"{printable(repr(job))} ({count} message(s)): "

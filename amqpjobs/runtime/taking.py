@@ -23,8 +23,8 @@ from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.replay_plan import in_flight_note
 from amqpjobs.printable import printable
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue
+from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.browse import QueueBrowser
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lock import HeldLock
 from amqpjobs.wire.settings import BrokerSettings
@@ -104,10 +104,11 @@ async def take(
             held.append(await locks.enter_async_context(mover_lock(connection, settings, name, action)))
         _, depth = await resolve_quarantine_queue(connection, queue)  # as the previous mover left it
         census.queue, census.depth = queue, depth
-        browser = await QueueBrowser.open(connection)
         started, tried = time.monotonic(), 0
+        # on a connection of its own: a message no 0-9-1 client receives is mended there, the locks stay
+        browsed = PastUndeliverable(settings, queue, depth)
         try:
-            async for delivery in browser.deliveries(queue, depth):
+            async for delivery in browsed.deliveries():
                 if options.limit is not None and tried >= options.limit:
                     report.limit_reached = options.limit
                     break
@@ -150,7 +151,7 @@ async def take(
         except INTERRUPTED as exc:
             raise interrupted(action, queue, report, exc) from exc
         finally:
-            await browser.close_quietly()  # the messages kept return to the queue, in their place
+            await browsed.close(quietly=True)  # the messages kept return to the queue, in their place
 
 
 class Cut(Exception):

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, BusyError
-from amqpjobs.jobs.evidence import Failure, evidence_headers
+from amqpjobs.jobs.evidence import REASON, Failure, evidence_headers
 from amqpjobs.jobs.timestamps import iso_utc
 from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, overflows, sanitize
 from amqpjobs.message import OutgoingMessage
@@ -64,6 +64,7 @@ def lock_name(queue: str) -> str:
 
 
 def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str) -> OutgoingMessage:
+    """The copy to publish; one quarantined already (our evidence, in a quarantine or parked queue) keeps its own."""
     now = iso_utc()
     failure = Failure(
         reason="undeliverable", error_type="UndeliverableMessage",
@@ -84,7 +85,8 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
 
     priority = props.get("priority")
     return OutgoingMessage(
-        body=head.body, headers={**copy.headers, **evidence_headers(failure)},
+        body=head.body,
+        headers=copy.headers if REASON in copy.headers else {**copy.headers, **evidence_headers(failure)},
         content_type=text("content_type"), content_encoding=text("content_encoding"), message_id=copy.job_id,
         type=text("type"), timestamp=float(stamp) if isinstance(stamp, int | float) else None,
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
@@ -118,16 +120,19 @@ async def rescue_heads(
     app_version: str = "",
     on_step: Callable[[str], None] | None = None,
     serial: asyncio.Lock | None = None,
+    read: HeadMessage | None = None,
 ) -> int:
     """Move an undeliverable message at the head of each queue into its quarantine (module docstring).
 
     Args:
         settings: Broker settings (the management API reads and removes the message).
         connection: A robust connection of this process (the lock, the confirmed publish of the copy).
-        quarantines: Work queue name -> its quarantine exchange.
+        quarantines: Work queue name -> its quarantine exchange ("": the copy goes to the queue's own tail).
         app_version: The app's version, for the evidence.
         on_step: Called with each step's name (:data:`STEPS`) once it is done (tests kill the process there).
         serial: Held for the whole call: the calls of one process sharing it run one at a time.
+        read: The message, read already (then it is not read again: on a quorum queue each requeued read
+            sends it to the back of the returned messages); the one queue of ``quarantines`` is then its queue.
 
     Returns:
         How many messages were moved. Never raises for a broker or management API failure:
@@ -135,18 +140,18 @@ async def rescue_heads(
 
     """
     async with serial or contextlib.nullcontext():
-        return await _rescue_each(settings, connection, quarantines, app_version, on_step or (lambda _: None))
+        return await _rescue_each(settings, connection, quarantines, app_version, on_step or (lambda _: None), read)
 
 
 async def _rescue_each(settings: BrokerSettings, connection: Connection, quarantines: Mapping[str, str],
-                       app_version: str, on_step: Callable[[str], None]) -> int:  # fmt: skip
+                       app_version: str, on_step: Callable[[str], None], read: HeadMessage | None) -> int:  # fmt: skip
     moved = 0
     for queue, exchange in quarantines.items():
         try:
-            head = await peek_head(settings, queue)
+            head = read or await peek_head(settings, queue)
             if head is None or not overflows(head.properties):
                 continue
-            moved += await _rescue(settings, connection, queue, exchange, app_version, on_step)
+            moved += await _rescue(settings, connection, queue, exchange, app_version, on_step, read)
         except BusyError:
             log.info("another process moves the undeliverable message at the head of %s", printable(queue))
         except AmqpJobsError as exc:
@@ -156,11 +161,11 @@ async def _rescue_each(settings: BrokerSettings, connection: Connection, quarant
 
 
 async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, exchange: str, app_version: str,
-                  step: Callable[[str], None]) -> int:  # fmt: skip
+                  step: Callable[[str], None], read: HeadMessage | None) -> int:  # fmt: skip
     holder = LockHolder("undeliverable-rescue", socket.gethostname(), os.getpid(), datetime.now(UTC))
     async with exclusive_lock(connection, settings, lock_name(queue), holder, f"work queue {queue!r}", False):
         step("locked")
-        head = await peek_head(settings, queue)  # again, under the lock: another rescuer may have moved it
+        head = read or await peek_head(settings, queue)  # again, under the lock: another rescuer may have moved it
         if head is None or not (problems := overflows(head.properties)):
             return 0
         step("peeked")
@@ -168,7 +173,7 @@ async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, 
         expected = fingerprint(head.properties, head.body)
         publisher = ConfirmedPublisher(connection, owner="the rescue of an undeliverable message")
         try:
-            await publisher.publish(exchange, "", _as_message(copy, head, queue, app_version))
+            await publisher.publish(exchange, "" if exchange else queue, _as_message(copy, head, queue, app_version))
             step("copied")
             taken = await take_head(settings, queue)
             step("removed")
@@ -182,7 +187,8 @@ async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, 
             await publisher.close()
     log.warning("moved a message no AMQP 0-9-1 client can receive from the head of %s to %s (%s; id %s): "
                 "every delivery of it closed the connection (541 INTERNAL_ERROR)", printable(queue),
-                printable(exchange), "; ".join(problems), field_value(copy.job_id))  # fmt: skip
+                printable(exchange or f"the tail of {queue} as a readable copy"), "; ".join(problems),
+                field_value(copy.job_id))  # fmt: skip
     return 1
 
 

@@ -41,13 +41,13 @@ class HeadMessage:
     redelivered: bool
 
 
-def _head(settings: BrokerSettings, queue: str, ackmode: str) -> HeadMessage | None:
+def _head(settings: BrokerSettings, queue: str, ackmode: str, position: int = 0) -> HeadMessage | None:
     with ManagementClient(settings) as mgmt:
         path = f"/queues/{quote(settings.vhost, safe='')}/{quote(queue, safe='')}/get"
-        got = mgmt.request("POST", path, json={"count": 1, "ackmode": ackmode, "encoding": "base64"})
-    if not isinstance(got, list) or not got:
+        got = mgmt.request("POST", path, json={"count": position + 1, "ackmode": ackmode, "encoding": "base64"})
+    if not isinstance(got, list) or len(got) <= position:
         return None
-    first = got[0]
+    first = got[position]
     try:
         body = (
             base64.b64decode(first["payload"], validate=True)
@@ -69,6 +69,39 @@ async def peek_head(settings: BrokerSettings, queue: str) -> HeadMessage | None:
 
     """
     return await asyncio.to_thread(_head, settings, queue, "reject_requeue_true")
+
+
+def _first_properties(settings: BrokerSettings, queue: str, count: int) -> list[dict[str, Any]]:
+    with ManagementClient(settings) as mgmt:
+        path = f"/queues/{quote(settings.vhost, safe='')}/{quote(queue, safe='')}/get"
+        got = mgmt.request("POST", path, json={"count": count, "ackmode": "reject_requeue_true", "encoding": "auto",
+                                               "truncate": 64})  # fmt: skip
+    if not isinstance(got, list):
+        raise ManagementApiError(f"the management API's read of {queue!r} answered what we can't read: {got!r}")
+    return [dict(m.get("properties") or {}) if isinstance(m, dict) else {} for m in got]
+
+
+async def peek_properties(settings: BrokerSettings, queue: str, count: int) -> list[dict[str, Any]]:
+    """The properties of the first ``count`` messages of ``queue`` in queue order, each left in its place.
+
+    Reads inside the broker, so it reaches past a message no AMQP 0-9-1 delivery can carry (bodies are
+    not read: at most 64 bytes of each travel). Each read message counts as redelivered after.
+
+    Raises:
+        ManagementApiError, BrokerUnavailableError: the management API refused or can't be reached.
+
+    """
+    return await asyncio.to_thread(_first_properties, settings, queue, count)
+
+
+async def peek_at(settings: BrokerSettings, queue: str, position: int) -> HeadMessage | None:
+    """The message at ``position`` (0: the head) of ``queue``, it and those ahead of it left there (None: fewer).
+
+    Raises:
+        ManagementApiError, BrokerUnavailableError: the management API refused or can't be reached.
+
+    """
+    return await asyncio.to_thread(_head, settings, queue, "reject_requeue_true", position)
 
 
 async def take_head(settings: BrokerSettings, queue: str) -> HeadMessage | None:
