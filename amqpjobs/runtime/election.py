@@ -31,6 +31,7 @@ class Election:
     _stop: asyncio.Event
     _token: Any
     _lead_task: asyncio.Task[None] | None
+    replica: str
 
     @property
     def is_leader(self) -> bool:
@@ -69,6 +70,7 @@ class Election:
         if self._stop.is_set() or self.is_leader:
             return  # held unacked: it returns to the queue with our channel
         self._token = message
-        if self._lead_task is not None and not self._lead_task.done():
-            self._lead_task.cancel()
+        if self._lead_task is not None and not self._lead_task.done():  # its token's channel is gone: it ended
+            self._lead_task.cancel()  # (its own end, a few loop turns on, says nothing: no longer the lead task)
+            log.info("scheduler replica %s no longer leads", self.replica)
         self._lead_task = asyncio.create_task(self._lead(message), name="amqpjobs-scheduler-lead")

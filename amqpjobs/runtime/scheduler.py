@@ -364,5 +364,5 @@ class Scheduler(Election, TickFiring):
         except _NotLeader:
             pass
         finally:
-            if not self._stop.is_set():
+            if not self._stop.is_set() and asyncio.current_task() is self._lead_task:  # else _on_token said it
                 log.info("scheduler replica %s no longer leads", self.replica)

@@ -113,3 +113,38 @@ async def test_a_child_whose_start_the_broker_cuts_starts_again_itself_not_by_a_
     assert "restarting it in" not in out, out  # ... and the supervisor restarted it (a crash-loop count)
     assert "[child 1] amqpjobs.worker: a connection to the broker was lost while starting" in out, out
     assert sorted(r[1] for r in read_record(record) if r[0] == "done") == [f"child-{i}" for i in range(4)]
+
+
+def leadership(out: str) -> list[str]:
+    """The replica's leadership lines in order: "leads" or "no longer leads"."""
+    return ["no longer leads" if "no longer leads" in line else "leads" for line in out.splitlines()
+            if "amqpjobs.scheduler" in line and " leads" in line]  # fmt: skip
+
+
+async def test_a_replica_that_leads_again_after_a_close_says_so_last(broker: BrokerSettings, tmp_path: Path):
+    """Three broker-side closes of a leading ``schedule run``'s connection, 3 s apart: aio-pika reconnects in
+    milliseconds and the replica takes the token again. Its lines alternate and the last is "leads" (was, each
+    time: "leads" then "no longer leads" 1 ms later, the superseded leadership's end logged last while this
+    replica went on sending ticks)."""
+    from tests.integration.test_reconnect import force_close
+
+    await (await publisher(broker, tmp_path)).close()  # the topology applied
+    topo, log = tmp_path / "sched.toml", tmp_path / "replica.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "SCHEDAPP_TOPOLOGY": str(topo)}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    with process_running([str(exe), "schedule", "run", "tests.integration.schedapp:app"], env, log) as proc:
+        for closes in range(4):
+            await wait_until(lambda n=closes: leadership(log.read_text()).count("leads") == n + 1
+                             or proc.poll() is not None, 40, "leading")  # fmt: skip
+            if closes < 3:
+                await asyncio.sleep(5)
+                assert await force_close(broker, "schedapp-scheduler") == 1
+        await asyncio.sleep(1)  # a superseded leadership's end, were it said after the new one's start
+        lines = leadership(log.read_text())
+        proc.send_signal(signal.SIGTERM)
+        code = await exit_code(proc)
+    out = log.read_text()
+    assert code == 0, out
+    assert lines == ["leads", "no longer leads"] * 3 + ["leads"], out
