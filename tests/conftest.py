@@ -11,6 +11,7 @@ Where the broker comes from, in order:
 from __future__ import annotations
 
 import fcntl
+import io
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from amqpjobs.errors import AmqpJobsError
+from amqpjobs.runtime.logs import TextFormatter
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
@@ -253,3 +255,20 @@ def pg_url() -> str:
     if out.returncode != 0:
         pytest.fail(f"scripts/postgres.sh up failed:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def text_log() -> Iterator[io.StringIO]:
+    """The worker's plain-text log, as ``amqpjobs consume`` writes it (``amqpjobs`` loggers at INFO)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("amqpjobs")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)

@@ -19,8 +19,6 @@ import asyncio
 import base64
 import io
 import json
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,6 @@ from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.header_values import COUNT_MAX
 from amqpjobs.jobs.outcome import Ack, Quarantine, RetryLater
 from amqpjobs.jobs.registry import JobContext
-from amqpjobs.runtime.logs import TextFormatter
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, drain, raw_channel
@@ -162,22 +159,6 @@ def line_case(raw: dict[str, Any]) -> tuple[str, dict[str, Any], list[tuple[byte
     headers = raw["properties"].get("headers")
     entries = None if headers is None else [(k.encode(), value_bytes(v)) for k, v in headers.items()]
     return raw["id"], props, entries, base64.b64decode(raw["body_b64"])
-
-
-@pytest.fixture
-def text_log() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(TextFormatter())
-    logger = logging.getLogger("amqpjobs")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield stream
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 def test_every_replayed_line_has_an_outcome() -> None:

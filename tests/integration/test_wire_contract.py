@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
 import re
 import struct
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,6 @@ from pydantic import BaseModel
 from amqpjobs import JobContext, Reject, RetryPolicy
 from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.replay_plan import ReplayOptions
-from amqpjobs.runtime.logs import TextFormatter
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.management import ManagementClient
@@ -139,23 +136,6 @@ async def test_attempts_evidence_counts_handler_runs_not_the_attempt_header(
         "at-3": ("exhausted", 2), "ours": ("exhausted", 2),
     }  # fmt: skip
     assert sorted(runs) == [("at-3", 3), ("at-3", 4), ("ours", 1), ("ours", 2)]
-
-
-@pytest.fixture
-def text_log() -> Iterator[io.StringIO]:
-    """The worker's plain-text log, as ``amqpjobs worker`` writes it."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(TextFormatter())
-    logger = logging.getLogger("amqpjobs")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield stream
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 FORGED = "\n2026-11-30 09:00:00,000 INFO amqpjobs.worker: job=mail id=forged attempt=1 outcome=succeeded"
