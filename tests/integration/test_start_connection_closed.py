@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -113,3 +114,36 @@ async def test_a_child_whose_start_the_broker_cuts_starts_again_itself_not_by_a_
     assert "restarting it in" not in out, out  # ... and the supervisor restarted it (a crash-loop count)
     assert "[child 1] amqpjobs.worker: a connection to the broker was lost while starting" in out, out
     assert sorted(r[1] for r in read_record(record) if r[0] == "done") == [f"child-{i}" for i in range(4)]
+
+
+def _refused(broker: BrokerSettings, what: str) -> tuple[str, str]:
+    """A URL of ``broker`` the broker refuses at its handshake, and the error's words for it."""
+    parts = urlsplit(broker.url)
+    if what == "password":
+        url = urlunsplit(parts._replace(netloc=f"{broker.username}:not-its-password@{parts.hostname}:{parts.port}"))
+        return url, f"refused the credentials (user {broker.username!r})"
+    url = urlunsplit(parts._replace(path="/no-such-vhost-199"))
+    return url, "vhost 'no-such-vhost-199' does not exist or user"
+
+
+@pytest.mark.parametrize("command", ["consume", "schedule run"])
+@pytest.mark.parametrize("what", ["password", "vhost"])
+def test_a_start_the_broker_refuses_at_its_handshake_fails_at_once(
+    broker: BrokerSettings, tmp_path: Path, command: str, what: str
+):
+    """Refused credentials or a missing vhost exit 3 at once, never taken for a lost connection (README)."""
+    url, words = _refused(broker, what)
+    topo, log = tmp_path / "proc.toml", tmp_path / "out.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "SCHEDAPP_TOPOLOGY": str(topo)}  # fmt: skip
+    app = "tests.integration.procapp:app" if command == "consume" else "tests.integration.schedapp:app"
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    with process_running([str(exe), *command.split(), app, "--connect-timeout", "20s"], env, log) as proc:
+        code = proc.wait(40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    assert words in out, out
+    assert "lost while starting" not in out, out  # before: retried for 20 s, "starting again in 1s", 3 times
+    assert took < 10, (took, out)
