@@ -62,7 +62,8 @@ def losses() -> tuple[int, str]:
 
     A lost connection is one closed by the broker (``rabbitmqctl close_connection``, a node
     stopping) or cut, not by our ``close()``, once open: a handshake the broker refuses (refused
-    credentials, a missing vhost: ``connection.open`` answered 530) is none, it fails again alike.
+    credentials, a missing vhost: ``connection.open`` answered 530) is none, nor a close for a
+    hard error (``channel_max`` reached: 530; 501-541), which the same start meets again.
     A start compares the count before and after
     (:func:`~amqpjobs.runtime.processes.run_worker`).
     """
@@ -202,7 +203,7 @@ class ClusterConnection(RobustConnection):
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
             cause = _cause(exc)
-            if was_open:  # a handshake refused (credentials, vhost) is no loss: it fails the same again
+            if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
@@ -222,6 +223,17 @@ class ClusterConnection(RobustConnection):
                 # (UnicodeError from getaddrinfo, TypeError from ssl) it would retry without end
                 first.set_exception(exc)
             raise
+
+
+def _hard_error(exc: BaseException | None) -> bool:
+    """Whether the broker closed the connection for what this client sent (reply codes 501-541), not 320 or a cut.
+
+    aiormq raises a subclass of ``ConnectionClosed`` per hard error (530 NOT_ALLOWED at a
+    channel past ``channel_max``, 504 CHANNEL_ERROR, 541 INTERNAL_ERROR ...), and the class
+    itself for 320 CONNECTION_FORCED (``rabbitmqctl close_connection``, a node stopping).
+    """
+    closed = aiormq.exceptions.ConnectionClosed
+    return isinstance(exc, closed) and type(exc) is not closed
 
 
 def _cause(exc: BaseException | None) -> str:

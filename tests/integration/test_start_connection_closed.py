@@ -147,3 +147,22 @@ def test_a_start_the_broker_refuses_at_its_handshake_fails_at_once(
     assert words in out, out
     assert "lost while starting" not in out, out  # before: retried for 20 s, "starting again in 1s", 3 times
     assert took < 10, (took, out)
+
+
+async def test_a_start_the_broker_closes_for_what_it_asked_fails_at_once(broker: BrokerSettings, tmp_path: Path):
+    """A connection-level error the start causes (530 at a channel past channel_max) is no loss: exit 3 at once."""
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "out.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "CHANMAXAPP_MAX": "2"}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    command = [str(exe), "consume", "tests.integration.chanmaxapp:app", "--connect-timeout", "20s"]
+    with process_running(command, env, log) as proc:
+        code = await asyncio.to_thread(proc.wait, 40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    assert "has reached the negotiated channel_max (2)" in out.splitlines()[-1], out
+    assert "lost while starting" not in out, out  # before: begun again for 20 s, then "Look in the broker's log"
+    assert took < 10, (took, out)
