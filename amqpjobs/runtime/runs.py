@@ -314,7 +314,8 @@ class HandlerRuns(RunClaims):
                 log.warning("job %s id %s: ran %.1fs, past its timeout of %gs, never cancelled: the event loop was "
                             "blocked (by this handler if it calls blocking code such as time.sleep; fix: await it, or "
                             "make the handler a plain function); judged by its result, as a thread's run is",
-                            job.name, ctx.job_id, (limit or 0) + late, limit or 0)  # fmt: skip
+                            field_value(job.name), field_value(ctx.job_id), (limit or 0) + late,
+                            limit or 0)  # fmt: skip
         return value
 
     def _timed_out(self, deadline: Deadline) -> None:
