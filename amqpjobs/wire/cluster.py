@@ -61,7 +61,10 @@ def losses() -> tuple[int, str]:
     """How many connections of this process were lost so far, and why the last one was (`` (...)`` or ``""``).
 
     A lost connection is one closed by the broker (``rabbitmqctl close_connection``, a node
-    stopping) or cut, not by our ``close()``. A start compares the count before and after
+    stopping) or cut, not by our ``close()``, once open: a handshake the broker refuses (refused
+    credentials, a missing vhost: ``connection.open`` answered 530) is none, nor a close for a
+    hard error (``channel_max`` reached: 530; 501-541), which the same start meets again.
+    A start compares the count before and after
     (:func:`~amqpjobs.runtime.processes.run_worker`).
     """
     return _LOSSES[0], _LOSSES[1]
@@ -150,6 +153,7 @@ class ClusterConnection(RobustConnection):
         self._nodes = nodes
         self._at = start % len(nodes)
         self._was_connected = False  # a failed first connect is reported by connect()'s own line
+        self._open = False  # connection.open answered: only such a connection's close is a loss (losses())
         #: Why the last reconnect attempt failed (None once connected): see :func:`~amqpjobs.wire.connection.refusal`.
         self.last_failure: BaseException | None = None
         #: Called when the broker closes the connection with 541 INTERNAL_ERROR (see :func:`on_internal_error`).
@@ -183,6 +187,7 @@ class ClusterConnection(RobustConnection):
 
     async def _on_connected(self) -> None:
         self.last_failure = None
+        self._open = True
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
         if self._was_connected:  # a reconnect: say where before the consumers are restored
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
@@ -193,12 +198,14 @@ class ClusterConnection(RobustConnection):
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         lost = not (self._close_called or self.is_closed)
+        was_open, self._open = self._open, False
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
-            _LOSSES[0] += 1
-            _LOSSES[1] = _cause(exc)
-            self._move_on("lost", _LOSSES[1])
+            cause = _cause(exc)
+            if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
+                _LOSSES[:] = [_LOSSES[0] + 1, cause]
+            self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
                     callback()
@@ -216,6 +223,17 @@ class ClusterConnection(RobustConnection):
                 # (UnicodeError from getaddrinfo, TypeError from ssl) it would retry without end
                 first.set_exception(exc)
             raise
+
+
+def _hard_error(exc: BaseException | None) -> bool:
+    """Whether the broker closed the connection for what this client sent (reply codes 501-541), not 320 or a cut.
+
+    aiormq raises a subclass of ``ConnectionClosed`` per hard error (530 NOT_ALLOWED at a
+    channel past ``channel_max``, 504 CHANNEL_ERROR, 541 INTERNAL_ERROR ...), and the class
+    itself for 320 CONNECTION_FORCED (``rabbitmqctl close_connection``, a node stopping).
+    """
+    closed = aiormq.exceptions.ConnectionClosed
+    return isinstance(exc, closed) and type(exc) is not closed
 
 
 def _cause(exc: BaseException | None) -> str:

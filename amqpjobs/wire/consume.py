@@ -382,9 +382,7 @@ class WorkQueueConsumer:
         if self._retry is not None:
             self._retry.cancel()
         underlay = self._consuming_on
-        if underlay is None or underlay.is_closed or self.tag not in underlay.consumers:
-            return None
-        return underlay
+        return None if underlay is None or underlay.is_closed or self.tag not in underlay.consumers else underlay
 
     async def _basic_cancel(self, underlay: aiormq.Channel | None, doing: str) -> None:
         if underlay is None:

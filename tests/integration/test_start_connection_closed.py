@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -149,3 +150,55 @@ async def test_a_replica_that_leads_again_after_a_close_says_so_last(broker: Bro
     out = log.read_text()
     assert code == 0, out
     assert lines == ["leads", "no longer leads"] * 3 + ["leads"], out
+
+
+def _refused(broker: BrokerSettings, what: str) -> tuple[str, str]:
+    """A URL of ``broker`` the broker refuses at its handshake, and the error's words for it."""
+    parts = urlsplit(broker.url)
+    if what == "password":
+        url = urlunsplit(parts._replace(netloc=f"{broker.username}:not-its-password@{parts.hostname}:{parts.port}"))
+        return url, f"refused the credentials (user {broker.username!r})"
+    url = urlunsplit(parts._replace(path="/no-such-vhost-199"))
+    return url, "vhost 'no-such-vhost-199' does not exist or user"
+
+
+@pytest.mark.parametrize("command", ["consume", "schedule run"])
+@pytest.mark.parametrize("what", ["password", "vhost"])
+def test_a_start_the_broker_refuses_at_its_handshake_fails_at_once(
+    broker: BrokerSettings, tmp_path: Path, command: str, what: str
+):
+    """Refused credentials or a missing vhost exit 3 at once, never taken for a lost connection (README)."""
+    url, words = _refused(broker, what)
+    topo, log = tmp_path / "proc.toml", tmp_path / "out.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "SCHEDAPP_TOPOLOGY": str(topo)}  # fmt: skip
+    app = "tests.integration.procapp:app" if command == "consume" else "tests.integration.schedapp:app"
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    with process_running([str(exe), *command.split(), app, "--connect-timeout", "20s"], env, log) as proc:
+        code = proc.wait(40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    assert words in out, out
+    assert "lost while starting" not in out, out  # before: retried for 20 s, "starting again in 1s", 3 times
+    assert took < 10, (took, out)
+
+
+async def test_a_start_the_broker_closes_for_what_it_asked_fails_at_once(broker: BrokerSettings, tmp_path: Path):
+    """A connection-level error the start causes (530 at a channel past channel_max) is no loss: exit 3 at once."""
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "out.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "PROCAPP_TOPOLOGY": str(topo), "CHANMAXAPP_MAX": "2"}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    command = [str(exe), "consume", "tests.integration.chanmaxapp:app", "--connect-timeout", "20s"]
+    with process_running(command, env, log) as proc:
+        code = await asyncio.to_thread(proc.wait, 40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    assert "has reached the negotiated channel_max (2)" in out.splitlines()[-1], out
+    assert "lost while starting" not in out, out  # before: begun again for 20 s, then "Look in the broker's log"
+    assert took < 10, (took, out)

@@ -1,0 +1,30 @@
+"""procapp, whose every AMQP connection asks the broker for at most ``CHANMAXAPP_MAX`` channels (default 2).
+
+Each ``connection.tune-ok`` this process sends carries that ``channel_max``; RabbitMQ then
+closes a connection opening one channel more with 530 NOT_ALLOWED ("number of channels opened
+(2) has reached the negotiated channel_max (2)"), a connection-level error the same start meets
+again each time it begins: as a broker configured with a low ``channel_max`` does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pamqp import commands as spec
+
+from tests.integration.procapp import app
+
+__all__ = ["app"]
+
+_MAX = int(os.environ.get("CHANMAXAPP_MAX", "2"))
+_TuneOk = spec.Connection.TuneOk
+
+
+class _Few(_TuneOk):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["channel_max"] = _MAX
+        super().__init__(*args, **kwargs)
+
+
+spec.Connection.TuneOk = _Few  # type: ignore[misc]  # aiormq's spec is pamqp.commands: its tune-ok too
