@@ -38,6 +38,7 @@ from amqpjobs.printable import printable
 from amqpjobs.runtime.undeliverable import rescue_heads
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser
+from amqpjobs.wire.cluster import mends_undeliverable
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import met_internal_error
@@ -155,6 +156,7 @@ class PastUndeliverable:
             self._skipped = {}
             await self._close(quietly=True)
             self._connection = await connect(self._settings, name="amqpjobs-quarantine")
+            mends_undeliverable(self._connection, self._queue)  # its 541 line says what happens now
             self._browser = await QueueBrowser.open(self._connection)
             try:
                 async for delivery in self._browser.deliveries(self._queue, self._depth):

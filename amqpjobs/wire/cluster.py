@@ -23,6 +23,7 @@ from aio_pika import RobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
+from amqpjobs.printable import printable
 from amqpjobs.wire.errors import internal_error_hint, open_refused
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
@@ -154,6 +155,8 @@ class ClusterConnection(RobustConnection):
         self.last_failure: BaseException | None = None
         #: Called when the broker closes the connection with 541 INTERNAL_ERROR (see :func:`on_internal_error`).
         self.internal_error_callbacks: list[Callable[[], None]] = []
+        #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
+        self.internal_error_words: str | None = None
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -197,7 +200,7 @@ class ClusterConnection(RobustConnection):
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
             _LOSSES[0] += 1
-            _LOSSES[1] = _cause(exc)
+            _LOSSES[1] = _cause(exc, self.internal_error_words)
             self._move_on("lost", _LOSSES[1])
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -218,11 +221,17 @@ class ClusterConnection(RobustConnection):
             raise
 
 
-def _cause(exc: BaseException | None) -> str:
-    """`` (why)`` for a log line: aiormq's words, credentials hidden; a refused ``connection.open`` worded."""
+def _cause(exc: BaseException | None, internal_error_words: str | None = None) -> str:
+    """`` (why)`` for a log line: aiormq's words, credentials hidden; a refused ``connection.open`` worded.
+
+    A 541 INTERNAL_ERROR gets ``internal_error_words`` when given (its owner mends the message), else
+    :data:`~amqpjobs.wire.errors.UNDELIVERABLE_HINT` (the fix by hand).
+    """
     if exc is None:
         return ""
     text = str(exc)
+    if internal_error_words is not None and internal_error_hint(exc):
+        return f" ({redact_text(text) or type(exc).__name__}{internal_error_words})"
     if open_refused(exc):  # aiormq: "Expected ..., got <Connection.Close object at 0x...>"
         text = (
             "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
@@ -240,3 +249,21 @@ def on_internal_error(connection: object, callback: Callable[[], None]) -> None:
     """
     if isinstance(connection, ClusterConnection):
         connection.internal_error_callbacks.append(callback)
+
+
+def mends_undeliverable(connection: object, queue: str) -> None:
+    """Word a 541 INTERNAL_ERROR of ``connection`` as a message of ``queue`` its owner mends now, not by hand.
+
+    A quarantine tool's browse (:class:`~amqpjobs.runtime.undeliverable_mend.PastUndeliverable`)
+    replaces such a message by a readable copy and goes on, so the connection's lost line must not
+    tell the operator to remove it in the management UI (taken so, the job would be lost). When the
+    mend fails, the tool's error still carries the fix by hand. A connection not made by
+    :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.internal_error_words = (
+            ": RabbitMQ failed while sending this connection something and closed it with 541 INTERNAL_ERROR: a "
+            f"message no AMQP 0-9-1 client can receive is in {printable(queue)} (the broker's log says "
+            "content_properties_shortstr_overflow); it is replaced by a readable copy at that queue's tail now "
+            "and the tool goes on past it: nothing to do by hand"
+        )
