@@ -264,6 +264,6 @@ def mends_undeliverable(connection: object, queue: str) -> None:
         connection.internal_error_words = (
             ": RabbitMQ failed while sending this connection something and closed it with 541 INTERNAL_ERROR: a "
             f"message no AMQP 0-9-1 client can receive is in {printable(queue)} (the broker's log says "
-            "content_properties_shortstr_overflow); it is replaced by a readable copy at that queue's tail now "
-            "and the tool goes on past it: nothing to do by hand"
+            "content_properties_shortstr_overflow); it is being replaced by a readable copy at that queue's tail "
+            "and the tool goes on past it: nothing to do by hand (should that fail, the tool's error says what to do)"
         )
