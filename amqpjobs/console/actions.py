@@ -218,7 +218,8 @@ class Actions:
 
         async def go() -> str:
             assert run.take is not None
-            report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take)
+            report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take,
+                                          results=self.results)  # fmt: skip
             run.summary = f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left"
             run.details = not_found_note(chosen, report.taken, queue)
             return "done"
