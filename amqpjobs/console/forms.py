@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -150,6 +151,16 @@ def key_field(key: str) -> Markup:
         return Markup('name="job_id" value="{}"').format(key)
     encoded = base64.urlsafe_b64encode(key.encode("utf-8", "surrogatepass")).decode("ascii")
     return Markup('name="{}" value="{}"').format(KEY64, encoded)
+
+
+def form_nonce() -> str:
+    """A fresh random value for an action form's ``form_nonce`` field: the console acts once per form shown.
+
+    The CSRF token is one per process, so a form a browser sends again (back button, reload) passes
+    it; its nonce, seen before with the same action, is refused (409) instead of acting on whatever
+    matches by then. Another button of the same form (Park after Replay) acts.
+    """
+    return secrets.token_urlsafe(16)
 
 
 def _key_of(value: str) -> str:

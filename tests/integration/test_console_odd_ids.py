@@ -81,3 +81,43 @@ def test_a_checked_box_of_such_a_job_parks_it(broker: BrokerSettings, tmp_path: 
         done = wait_done(c, started.headers["location"].replace(BASE, ""))
     assert (done["state"], done["moved"]) == ("done", len(ODD)), done
     assert asyncio.run(depth(broker, "work.quarantine")) == 6
+
+
+def test_a_form_sent_again_by_the_back_button_does_nothing(broker: BrokerSettings, tmp_path: Path, quarantined):
+    """The CSRF token is one per process, so a form re-sent (back button, reload) passed it. Before, a re-sent
+    "Purge all matching" deleted a failure that came after the first purge, one no page had shown
+    (measured: the audit's second purge named ``a/b-new``, published between the two posts)."""
+    with client(broker, tmp_path) as c:
+        page = c.get("/quarantine?queue=work.quarantine&job=odd").text
+        fields = _form_fields(page, "/actions/replay")
+        form = _data([*fields, ("scope", "all"), ("confirm", "work.quarantine"), ("job", "odd")])
+        first = c.post("/actions/purge", data=form)
+        assert first.status_code == 303, first.text[:500]
+        assert wait_done(c, first.headers["location"].replace(BASE, ""))["moved"] == len(ODD)
+        publish(
+            broker,
+            b"{}",
+            {
+                "message_id": "late",
+                "headers": {"amqpjobs-reason": "exhausted", "amqpjobs-job": "odd", "amqpjobs-job-id": "late"},
+            },
+        )
+        again = c.post("/actions/purge", data=form)
+        assert again.status_code == 409, again.text[:500]
+        assert "this form was sent already" in again.text, again.text
+    assert asyncio.run(depth(broker, "work.quarantine")) == 7  # the six, and the late one, kept
+
+
+def test_another_button_of_the_same_form_still_acts(broker: BrokerSettings, tmp_path: Path, quarantined):
+    """The drill from the page: Replay all matching, back, Park all matching (one form, two buttons)."""
+    with client(broker, tmp_path) as c:
+        page = c.get("/quarantine?queue=work.quarantine&job=odd").text
+        form = _data([*_form_fields(page, "/actions/replay"), ("scope", "all"), ("job", "odd"), ("rate", "100")])
+        parked = c.post("/actions/park", data=form)
+        assert parked.status_code == 303, parked.text[:500]
+        assert wait_done(c, parked.headers["location"].replace(BASE, ""))["moved"] == len(ODD)
+        assert c.post("/actions/park", data=form).status_code == 409  # the same button again
+        unparked = c.post("/actions/unpark", data={**form, "queue": ["work.parked"]})
+        assert unparked.status_code == 303, unparked.text[:500]
+        assert wait_done(c, unparked.headers["location"].replace(BASE, ""))["moved"] == len(ODD)
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6 + len(ODD)
