@@ -95,11 +95,12 @@ class DuplicateJobError(AmqpJobsError):
 
 
 class JobFailedError(AmqpJobsError):
-    """``App.result()``: the job ended quarantined, parked or skipped, so no result will come.
+    """``App.result()``: the job ended quarantined, parked, purged or skipped, so no result will come.
 
     Attributes:
         job_id: The job id.
-        state: ``quarantined``, ``parked`` or ``skipped`` (a cron run the overlap guard left unrun).
+        state: ``quarantined``, ``parked``, ``purged`` (deleted by ``quarantine purge --app``) or ``skipped``
+            (a cron run the overlap guard left unrun).
         reason: The quarantine reason (``exhausted``, ``permanent`` ...), the skip's
             (``overlap: schedule nightly``), or "".
         error: ``"<type>: <message>"`` of the last failure, or "".

@@ -14,6 +14,7 @@ from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.runtime.loading import absent_results_file, load_app
 from amqpjobs.runtime.payloads import PayloadStore, peek
 from amqpjobs.runtime.quarantine import QuarantinedMessage, browsing
+from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.sqlite_errors import unused_missing_file
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -27,7 +28,8 @@ def payload_store_option(func: F) -> F:
     return click.option(
         "--app", "app_ref", metavar="MODULE:APP", default=None,
         help="The app whose payload store (App(payload_store=...)) holds large payloads: show reads them, "
-        "purge marks those of the deleted messages for deletion (after the store's grace).",
+        "purge marks those of the deleted messages for deletion (after the store's grace) and records each "
+        "deleted job 'purged' in the app's results store (App(results=...)).",
     )(func)  # fmt: skip
 
 
@@ -45,6 +47,25 @@ def app_payload_store(app_ref: str | None) -> PayloadStore | None:
     if app.payload_store is None:
         raise ConfigurationError(f"app {app_ref!r} has no payload store (App(..., payload_store=...)); leave --app out")
     return app.payload_store
+
+
+def app_purge_stores(app_ref: str | None) -> tuple[PayloadStore | None, ResultsStore | None]:
+    """The payload store and results store of the app ``app_ref`` names, for ``purge --app`` ((None, None) without).
+
+    A purge marks the deleted messages' stored payloads for deletion in the first and records each
+    deleted job ``purged`` in the second; an app may have either.
+
+    Raises:
+        ConfigurationError: the app can't be loaded (a SQLite results file that is not there included),
+            or it has neither store.
+    """
+    if app_ref is None:
+        return None, None
+    app = load_app(app_ref, existing=True)  # a results file that is not there is a wrong path, not a new store
+    if app.payload_store is None and app.results is None:
+        raise ConfigurationError(f"app {app_ref!r} has neither a payload store nor a results store "
+                                 "(App(..., payload_store=..., results=...)); leave --app out")  # fmt: skip
+    return app.payload_store, app.results
 
 
 async def each_with_payload(

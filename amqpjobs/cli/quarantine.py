@@ -28,6 +28,7 @@ from amqpjobs.cli._outputs import output_target, unwritable
 from amqpjobs.cli._payloads import (
     NOT_READ,
     app_payload_store,
+    app_purge_stores,
     each_with_payload,
     payload_store_option,
 )
@@ -205,18 +206,21 @@ def quarantine_purge(
 
     With --app, the stored payloads of the deleted messages get a done mark in the app's payload store
     (deleted by the workers' sweep after the store's grace), unless a message left in QUEUE or its
-    quarantine/parked sibling still names them.
+    quarantine/parked sibling still names them, and each deleted job is recorded 'purged' in the
+    app's results store (amqpjobs job show).
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
     chosen = selection(job, error_type, reason, since)
-    store = app_payload_store(app_ref)
-    filtered = chosen != Selection() or store is not None  # with a store, each message is taken and its payload marked
+    store, results = app_purge_stores(app_ref)
+    # with a store, each message is taken (its payload marked, its job recorded)
+    filtered = chosen != Selection() or store is not None or results is not None
     if not yes:
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
-        report = run_command(closing_store(purge_matching(broker, queue, chosen, census, store), store))
+        purging = purge_matching(broker, queue, chosen, census, store, results=results)
+        report = run_command(closing_store(closing_store(purging, store), results))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
         if store is not None:
             unmarked = report.payloads_unmarked

@@ -37,6 +37,8 @@ from amqpjobs.wire.urls import redact_text
 
 #: Runs kept for their pages (the oldest finished ones go first).
 KEPT_RUNS = 200
+#: Action forms whose nonce is remembered (a re-sent one is refused); the oldest go first.
+FORMS_KEPT = 10000
 #: Seconds to read what a failed or stopped action left in its queue (the broker may be the failure).
 LEFT_TIMEOUT = 5.0
 
@@ -154,6 +156,14 @@ class Actions:
         self.runs: dict[str, ActionRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._bodies: dict[str, asyncio.Future[str]] = {}
+        #: Each action form's nonce sent -> the action it started (the last :data:`FORMS_KEPT`).
+        self.sent_forms: dict[str, str] = {}
+
+    def form_sent(self, nonce: str, run_id: str) -> None:
+        """Remember that the form of ``nonce`` started action ``run_id`` (its nonce is refused from now on)."""
+        self.sent_forms[nonce] = run_id
+        while len(self.sent_forms) > FORMS_KEPT:
+            del self.sent_forms[next(iter(self.sent_forms))]
 
     def start_replay(self, queue: str, chosen: Selection, rate: float, canary: int | None, canary_timeout: float,
                      params: dict[str, Any], who: str, client: str) -> ActionRun:  # fmt: skip
@@ -218,7 +228,8 @@ class Actions:
 
         async def go() -> str:
             assert run.take is not None
-            report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take)
+            report = await purge_matching(self.broker, queue, chosen, run.census, report=run.take,
+                                          results=self.results)  # fmt: skip
             run.summary = f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left"
             run.details = not_found_note(chosen, report.taken, queue)
             return "done"

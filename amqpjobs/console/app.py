@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 from amqpjobs.console.actions import Actions
 from amqpjobs.console.audit import AuditLog
 from amqpjobs.console.config import ConsoleConfig, check_bind
+from amqpjobs.console.forms import form_nonce, key_field
 from amqpjobs.console.routes import routes
 from amqpjobs.console.security import Guard
 from amqpjobs.errors import ConfigurationError
@@ -82,6 +83,8 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     idempotent = frozenset(job.name for job in app if job.idempotent) if app is not None else frozenset()
     actions = Actions(config.broker, audit, app.results if app is not None else None, layouts, idempotent)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
+    env.globals["form_nonce"] = form_nonce  # each action form once: a re-sent one (back button) is refused
+    env.filters["key_field"] = key_field  # a form field sending a message's key back as it is
     templates = Jinja2Templates(env=env)
     reads = config.broker.with_connect_timeout(min(config.broker.connect_timeout, CONNECT_WAIT))
     outcomes = OutcomeHub(reads)

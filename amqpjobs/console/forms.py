@@ -9,10 +9,14 @@ the audit log would get a line no JSON reader takes).
 
 from __future__ import annotations
 
+import base64
 import math
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
+
+from markupsafe import Markup
 
 from amqpjobs.durations import DurationTooLongError, format_duration, parse_duration
 from amqpjobs.errors import ConfigurationError
@@ -24,6 +28,7 @@ from amqpjobs.jobs.replay_plan import (  # shared with the CLI
     MAX_REPLAY_RATE,
     MIN_REPLAY_RATE,
 )
+from amqpjobs.printable import printable
 from amqpjobs.text import ascii_digits
 from amqpjobs.topology.naming import queue_name_problem
 
@@ -130,6 +135,41 @@ def filter_options(present: Iterable[str], chosen: str) -> list[tuple[str, str, 
     return [(value or UNKNOWN, value or UNKNOWN, bool(chosen) and chosen == (value or UNKNOWN)) for value in present]
 
 
+#: The form field of a message key a page can't write as it is (:func:`key_field`): base64url of its UTF-8.
+KEY64 = "job_key64"
+
+
+def key_field(key: str) -> Markup:
+    r"""The ``name`` and ``value`` attributes of a form field that sends message key ``key`` (a job id) back.
+
+    A key the pages show escaped (a control character, a right-to-left override: ``\u202e``) or
+    that a browser would change on the way (a line break, sent as CRLF) goes as :data:`KEY64`, its
+    UTF-8 in base64url; any other as ``job_id``, as it is. Before, the escaped text was sent as the
+    id, and the action found no such job (``parked 0 message(s)``).
+    """
+    if printable(key) == key and "\n" not in key and "\r" not in key:
+        return Markup('name="job_id" value="{}"').format(key)
+    encoded = base64.urlsafe_b64encode(key.encode("utf-8", "surrogatepass")).decode("ascii")
+    return Markup('name="{}" value="{}"').format(KEY64, encoded)
+
+
+def form_nonce() -> str:
+    """A fresh random value for an action form's ``form_nonce`` field: the console acts once per form shown.
+
+    The CSRF token is one per process, so a form a browser sends again (back button, reload) passes
+    it; its nonce, seen before with the same action, is refused (409) instead of acting on whatever
+    matches by then. Another button of the same form (Park after Replay) acts.
+    """
+    return secrets.token_urlsafe(16)
+
+
+def _key_of(value: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8", "surrogatepass")
+    except (ValueError, UnicodeError):
+        raise FormError("job_id", f"a checked message's key is not base64url text (got {value[:40]!r})") from None
+
+
 def selection_of(values: Any) -> Selection:
     """The :class:`Selection` of a query string or form: the filter fields and any ``job_id`` checked.
 
@@ -139,7 +179,7 @@ def selection_of(values: Any) -> Selection:
     for k in LISTED:
         if given[k] == UNKNOWN:
             given[k] = ""
-    ids = [i for i in values.getlist("job_id") if i]
+    ids = [i for i in values.getlist("job_id") if i] + [_key_of(v) for v in values.getlist(KEY64) if v]
     return Selection(job=given["job"], error_type=given["error_type"], reason=given["reason"], group=given["group"],
                      search=given["search"], job_ids=frozenset(ids) if ids else None)  # fmt: skip
 

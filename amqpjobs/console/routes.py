@@ -153,6 +153,12 @@ async def act(request: Request) -> Response:
             return await _quarantine_view(request, text_of(form, "queue"), form, exc)
         except AmqpJobsError as unreadable:
             return problem(request, f"{exc} ({unreadable})", 400)
+    # a form without a nonce (a script's POST) is not checked; one page's other button (park after replay) acts
+    nonce = f"{kind}:{text_of(form, 'form_nonce')}" if text_of(form, "form_nonce") else ""
+    if nonce and (earlier := actions.sent_forms.get(nonce)) is not None:
+        return problem(request, f"this form was sent already (action {earlier}, {root_of(request)}/action/{earlier}); "
+                       "a browser's back button or reload sends it again: reload the queue's page to act on what "
+                       "is there now", 409)  # fmt: skip
     who, client = _who(request)
     if kind == "replay":
         run = actions.start_replay(asked.queue, asked.chosen, asked.rate, asked.canary, asked.canary_timeout,
@@ -161,6 +167,8 @@ async def act(request: Request) -> Response:
         run = actions.start_move(kind, asked.queue, asked.chosen, asked.params, who, client)
     else:
         run = actions.start_purge(asked.queue, asked.chosen, asked.params, who, client)
+    if nonce:
+        actions.form_sent(nonce, run.id)
     return RedirectResponse(f"{root_of(request)}/action/{run.id}", status_code=303)
 
 

@@ -34,18 +34,19 @@ from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, Quarantine, RetryLate
 #: Every state a job can read as.
 STATES: Final = (
     "queued", "running", "succeeded", "skipped", "duplicate", "retrying", "quarantined", "parked", "replayed",
-    "unknown",
+    "purged", "unknown",
 )  # fmt: skip
 #: States :meth:`App.result` stops waiting at.
-TERMINAL: Final = frozenset({"succeeded", "skipped", "duplicate", "quarantined", "parked"})
+TERMINAL: Final = frozenset({"succeeded", "skipped", "duplicate", "quarantined", "parked", "purged"})
 #: What a ``duplicate`` record says (an idempotent job whose key was already done when this delivery came):
 #: not run, or run and its ``ctx.transaction()`` effect rolled back (it found the key done at its end).
 DUPLICATE_DETAIL: Final = "already done: acked without running"
 DUPLICATE_ROLLED_BACK: Final = "already done: this run's effect was rolled back"
 #: Records that don't replace a ``succeeded`` state: the same id enqueued again, and acked as a duplicate.
 _AFTER_DONE: Final = frozenset({"queued", "duplicate"})
-#: Records of a copy resting in a quarantine or parked queue (a park, an unpark, a worker's quarantine).
-_HELD: Final = frozenset({"parked", "quarantined"})
+#: Records of a copy resting in a quarantine or parked queue (a park, an unpark, a worker's quarantine), or
+#: deleted from one (a purge).
+_HELD: Final = frozenset({"parked", "quarantined", "purged"})
 #: Records of a run started or asked for: after a success, the job's next state is that run's.
 _RUNS: Final = frozenset({"running", "replayed"})
 #: Largest stored return value: 64 KiB of UTF-8 JSON.
@@ -66,7 +67,8 @@ class StateRecord:
         at: When it happened, seconds since the epoch.
         detail: The quarantine reason, the next tier (``"tier 1 (5s), attempt 3"``), or "".
         error: ``"<type>: <message>"`` of the failure, or "".
-        where: The queue the message is in after this state (work, tier, quarantine or parked queue).
+        where: The queue the message is in after this state (work, tier, quarantine or parked queue; ``purged``:
+            the queue it was deleted from).
         lease_until: For ``running``: seconds since the epoch after which it reads ``unknown``; else 0.
         value: The return value as JSON text (``succeeded`` only), or None.
         value_note: Why no value was stored ("" when stored or none returned).
@@ -207,6 +209,8 @@ def _stale_copy_note(ordered: tuple[StateRecord, ...], held: StateRecord) -> str
     """What :func:`status_of` notes of the stale copy ``held`` (a ``parked`` or ``quarantined`` record)."""
     if held.state == "parked":
         return f"an older copy, quarantined before the success, was parked in {held.where}"
+    if held.state == "purged":
+        return f"an older copy, quarantined before the success, was purged from {held.where}"
     before = [r for r in ordered if r.at < held.at]
     if before and before[-1].state == "parked":  # quarantine unpark --app records it quarantined again
         return f"an older copy, quarantined before the success, was unparked to {held.where}"

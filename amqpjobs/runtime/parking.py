@@ -271,6 +271,7 @@ async def purge_matching(
     payloads: PayloadStore | None = None,
     *,
     report: TakeReport | None = None,
+    results: ResultsStore | None = None,
 ) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
@@ -280,6 +281,9 @@ async def purge_matching(
     queue or its sibling (the job queue's quarantine or parked queue) still names is left as it
     is (README "Large payloads").
     ``report``: filled as the run goes (and returned), as :func:`park`'s.
+    ``results``: the app's results store: each deleted job with an id is recorded ``purged`` (its
+    quarantine reason and error kept, ``where`` the queue it was deleted from), best effort
+    (:func:`~amqpjobs.runtime.results.record_quietly`), also when the run is cut short.
 
     Raises:
         ConfigurationError: no such quarantine or parked queue.
@@ -295,14 +299,32 @@ async def purge_matching(
         report.queue = queue
 
         purged: set[PayloadRef] = set()
+        deleted: list[StateRecord] = []
 
         async def delete(delivery: Delivery, item: q.QuarantinedJob) -> bool:
             await delivery.ack()
             if payloads is not None and (ref := referenced(payloads, delivery.headers)) is not None:
                 purged.add(ref)
+            if results is not None and item.job_id:
+                deleted.append(
+                    StateRecord(
+                        item.job_id,
+                        item.job,
+                        "purged",
+                        item.attempts,
+                        time.time(),
+                        detail=item.reason,
+                        where=queue,
+                        error=f"{item.error_type}: {item.error_message}" if item.error_type else "",
+                    )
+                )
             return True
 
-        await take(connection, settings, queue, MoveOptions(selection), "purge", delete, report, census or Census())
+        try:
+            await take(connection, settings, queue, MoveOptions(selection), "purge", delete, report,
+                       census or Census())  # fmt: skip
+        finally:
+            await record_quietly(results, deleted)
         _, report.left = await resolve_quarantine_queue(connection, queue)
     if payloads is not None and purged:
         held = await _still_named(settings, queue, payloads)

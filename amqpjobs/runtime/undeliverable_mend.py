@@ -38,6 +38,7 @@ from amqpjobs.printable import printable
 from amqpjobs.runtime.undeliverable import rescue_heads
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import QueueBrowser
+from amqpjobs.wire.cluster import mends_undeliverable
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.errors import met_internal_error
@@ -53,20 +54,32 @@ SETTLE_PAUSE: Final = 0.2
 MEND_ROUNDS: Final = 20
 
 
-async def first_undeliverable(settings: BrokerSettings, queue: str) -> int | None:
+async def first_undeliverable(settings: BrokerSettings, queue: str, near: int | None = None) -> int | None:
     """The position (0: the head) of the first message of ``queue`` a 0-9-1 client can't receive, None: none.
+
+    ``near``: where it likely is (a browse's count when the 541 came): the first ``near + 1`` messages
+    are read first, and the whole queue only when none of them is such a message. The answer is the
+    same either way (the first one found among the first ``k`` is the first of all); only the cost is
+    not: every message read travels with its headers (5,000 with a 10 KiB header: 51 MB, 4.3 s).
 
     Raises:
         ManagementApiError, BrokerUnavailableError: the management API refused or can't be reached.
 
     """
-    for position, properties in enumerate(await peek_properties(settings, queue, 2**31 - 1)):
-        if overflows(properties):
-            return position
+    counts = ([near + 1] if near is not None and near >= 0 else []) + [2**31 - 1]
+    for count in counts:
+        found = await peek_properties(settings, queue, count)
+        for position, properties in enumerate(found):
+            if overflows(properties):
+                return position
+        if len(found) < count:  # that was the whole queue
+            return None
     return None
 
 
-async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[str], None] | None = None) -> int:
+async def mend_queue(
+    settings: BrokerSettings, queue: str, on_step: Callable[[str], None] | None = None, near: int | None = None
+) -> int:
     """Replace the first message of ``queue`` no 0-9-1 client can receive by a copy one can (module docstring).
 
     Args:
@@ -74,6 +87,7 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
         queue: A quarantine or parked queue (nothing consumes it).
         on_step: Called with each step done: ``held``, then the rescue's (``locked``, ``peeked``,
             ``copied``, ``removed``): tests kill the process there.
+        near: Where the message likely is (:func:`first_undeliverable`): the reads stop there when it is.
 
     Returns:
         1 when a message was replaced, 0 when none was found (or another process mends it now).
@@ -84,7 +98,7 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
 
     """
     for _ in range(SETTLE_LOOKS):  # a quorum queue takes back what a closed connection held a little later
-        if (position := await first_undeliverable(settings, queue)) is not None:
+        if (position := await first_undeliverable(settings, queue, near)) is not None:
             break
         await asyncio.sleep(SETTLE_PAUSE)
     else:
@@ -92,7 +106,7 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
     if (read := await peek_at(settings, queue, position)) is None or not overflows(read.properties):
         return 0  # someone took some meanwhile: the next 541 looks again
     # where it is now: a quorum queue puts what a read requeued behind the rest (a read of all keeps the order)
-    if (position := await first_undeliverable(settings, queue)) is None:
+    if (position := await first_undeliverable(settings, queue, position)) is None:
         return 0
     connection = await connect(settings, name="amqpjobs-mend")
     try:
@@ -113,9 +127,9 @@ async def mend_queue(settings: BrokerSettings, queue: str, on_step: Callable[[st
         await connection.close()
 
 
-async def _mended(settings: BrokerSettings, queue: str) -> bool:
+async def _mended(settings: BrokerSettings, queue: str, near: int) -> bool:
     try:
-        return await mend_queue(settings, queue) > 0
+        return await mend_queue(settings, queue, near=near) > 0
     except AmqpJobsError as exc:
         log.warning("could not replace the message of %s no AMQP 0-9-1 client can receive: %s", printable(queue), exc)
         return False
@@ -155,9 +169,12 @@ class PastUndeliverable:
             self._skipped = {}
             await self._close(quietly=True)
             self._connection = await connect(self._settings, name="amqpjobs-quarantine")
+            mends_undeliverable(self._connection, self._queue)  # its 541 line says what happens now
             self._browser = await QueueBrowser.open(self._connection)
+            got = 0  # this round's deliveries: where a 541 came, near enough to start looking there
             try:
                 async for delivery in self._browser.deliveries(self._queue, self._depth):
+                    got += 1
                     key = _key(delivery)
                     again[key] += 1
                     if again[key] <= seen[key]:
@@ -171,7 +188,7 @@ class PastUndeliverable:
                     yield delivery
                 return
             except Exception as exc:
-                if not met_internal_error(exc) or not await _mended(self._settings, self._queue):
+                if not met_internal_error(exc) or not await _mended(self._settings, self._queue, got):
                     raise
 
     async def ack(self, delivery: Delivery) -> None:

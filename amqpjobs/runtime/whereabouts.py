@@ -39,7 +39,7 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
     if status.state == "succeeded":
         done = "nowhere: it succeeded and was acked"
         last = status.history[-1] if status.history else cur
-        if not any(r.state in ("quarantined", "parked") for r in status.history):
+        if not any(r.state in ("quarantined", "parked", "purged") for r in status.history):
             return done
         # an older copy, quarantined before the success (status_of: one quarantined by a run after it reads
         # quarantined), may still be in quarantine or parked
@@ -47,10 +47,14 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
         older = "; an older copy, quarantined before the success,"
         if found:
             return f"{done}{older} is in {found} (found by browsing)"
-        if last.state in ("parked", "quarantined"):  # a park or an unpark after the success (status_of)
-            moved = "parked in" if last.state == "parked" else "put back in"
+        if last.state in ("parked", "quarantined", "purged"):  # a park, unpark or purge after the success
+            moved = {"parked": "parked in", "quarantined": "put back in", "purged": "purged from"}[last.state]
             return f"{done}{older} was {moved} {last.where}, not there now (browsed)"
         return done
+    if status.state == "purged":  # the same id may have been quarantined again since: look
+        found = await _browse(settings, _layouts(app, cur.job), status.job_id)
+        purge = f"deleted by a purge of {cur.where} at {iso_utc(cur.at)}"
+        return f"{found} (found by browsing; a copy was {purge})" if found else f"nowhere: {purge}"
     if status.state == "skipped":
         return f"nowhere: its run was skipped ({cur.detail}) and acked"
     if status.state == "duplicate":

@@ -23,6 +23,7 @@ from aio_pika import RobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
+from amqpjobs.printable import printable
 from amqpjobs.wire.errors import internal_error_hint, open_refused
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
@@ -158,6 +159,8 @@ class ClusterConnection(RobustConnection):
         self.last_failure: BaseException | None = None
         #: Called when the broker closes the connection with 541 INTERNAL_ERROR (see :func:`on_internal_error`).
         self.internal_error_callbacks: list[Callable[[], None]] = []
+        #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
+        self.internal_error_words: str | None = None
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -202,7 +205,7 @@ class ClusterConnection(RobustConnection):
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
-            cause = _cause(exc)
+            cause = _cause(exc, self.internal_error_words)
             if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
             self._move_on("lost", cause)
@@ -236,11 +239,17 @@ def _hard_error(exc: BaseException | None) -> bool:
     return isinstance(exc, closed) and type(exc) is not closed
 
 
-def _cause(exc: BaseException | None) -> str:
-    """`` (why)`` for a log line: aiormq's words, credentials hidden; a refused ``connection.open`` worded."""
+def _cause(exc: BaseException | None, internal_error_words: str | None = None) -> str:
+    """`` (why)`` for a log line: aiormq's words, credentials hidden; a refused ``connection.open`` worded.
+
+    A 541 INTERNAL_ERROR gets ``internal_error_words`` when given (its owner mends the message), else
+    :data:`~amqpjobs.wire.errors.UNDELIVERABLE_HINT` (the fix by hand).
+    """
     if exc is None:
         return ""
     text = str(exc)
+    if internal_error_words is not None and internal_error_hint(exc):
+        return f" ({redact_text(text) or type(exc).__name__}{internal_error_words})"
     if open_refused(exc):  # aiormq: "Expected ..., got <Connection.Close object at 0x...>"
         text = (
             "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
@@ -258,3 +267,21 @@ def on_internal_error(connection: object, callback: Callable[[], None]) -> None:
     """
     if isinstance(connection, ClusterConnection):
         connection.internal_error_callbacks.append(callback)
+
+
+def mends_undeliverable(connection: object, queue: str) -> None:
+    """Word a 541 INTERNAL_ERROR of ``connection`` as a message of ``queue`` its owner mends now, not by hand.
+
+    A quarantine tool's browse (:class:`~amqpjobs.runtime.undeliverable_mend.PastUndeliverable`)
+    replaces such a message by a readable copy and goes on, so the connection's lost line must not
+    tell the operator to remove it in the management UI (taken so, the job would be lost). When the
+    mend fails, the tool's error still carries the fix by hand. A connection not made by
+    :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.internal_error_words = (
+            ": RabbitMQ failed while sending this connection something and closed it with 541 INTERNAL_ERROR: a "
+            f"message no AMQP 0-9-1 client can receive is in {printable(queue)} (the broker's log says "
+            "content_properties_shortstr_overflow); it is being replaced by a readable copy at that queue's tail "
+            "and the tool goes on past it: nothing to do by hand (should that fail, the tool's error says what to do)"
+        )

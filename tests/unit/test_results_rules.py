@@ -336,3 +336,17 @@ async def test_every_record_not_written_is_said_in_the_log_within_the_pace_not_o
     assert writer.failed == 600
     assert sum(counts) == 600, lines
     assert [r.job_id for r in store.written] == ["after"]
+
+
+def test_a_purged_copy_reads_purged_unless_the_job_succeeded_since():
+    """``quarantine purge --app`` records ``purged`` (before: nothing, and a purged parked job read ``parked``)."""
+    q1 = StateRecord("j1", "mail", "quarantined", 1, 10.0, detail="rejected", where="work.quarantine")
+    parked = StateRecord("j1", "mail", "parked", 1, 11.0, detail="rejected", where="work.parked")
+    purged = StateRecord("j1", "mail", "purged", 1, 12.0, detail="rejected", where="work.parked")
+    status = status_of("j1", [q1, parked, purged], now=30.0)
+    assert (status.state, status.terminal, status.current) == ("purged", True, purged)
+    ok = StateRecord("j1", "mail", "succeeded", 1, 11.5, value="7")
+    stale = status_of("j1", [q1, parked, ok, purged], now=30.0)  # a copy quarantined before the success
+    assert (stale.state, stale.value(), stale.note) == (
+        "succeeded", 7, "an older copy, quarantined before the success, was purged from work.parked"
+    )  # fmt: skip
