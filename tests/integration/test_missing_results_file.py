@@ -20,7 +20,7 @@ import pytest
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # our own file checks
 EXE = str(Path(sys.executable).with_name("amqpjobs"))
 
 
