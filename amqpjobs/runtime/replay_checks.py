@@ -69,7 +69,11 @@ async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: in
 
 
 async def check_targets(connection: Connection, targets: list[str]) -> None:
-    """Refuse a ``--to`` queue that does not exist: every message would stay; checked before anything moves."""
+    """Refuse a ``--to`` queue that does not exist: every message would stay; checked before anything moves.
+
+    Raises:
+        ConfigurationError: a queue of ``targets`` does not exist (named, with the fix).
+    """
     missing, _ = await find_missing(connection, targets)
     if missing:
         raise ConfigurationError(

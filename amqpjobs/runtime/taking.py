@@ -97,6 +97,12 @@ async def take(
     ``options``: the filters, ``--limit`` and ``--rate`` (a dry run's ``settle`` acks nothing).
     ``also_lock``: a second queue whose mover lock is held too (a park's or unpark's target).
     ``census`` gets the queue, its depth and what every looked-at message holds.
+
+    Raises:
+        BusyError: another mover holds ``queue``'s (or ``also_lock``'s) lock, named (exit 4).
+        NotFoundError: ``queue`` does not exist.
+        BrokerError: the connection dropped mid-run; its words say what moved before it
+            (:func:`interrupted`).
     """
     async with AsyncExitStack() as locks:
         held: list[HeldLock] = []
