@@ -100,7 +100,7 @@ async def take(
 
     Raises:
         BusyError: another mover holds ``queue``'s (or ``also_lock``'s) lock, named (exit 4).
-        NotFoundError: ``queue`` does not exist.
+        ConfigurationError: ``queue`` (nor a quarantine of that job queue) does not exist.
         BrokerError: the connection dropped mid-run; its words say what moved before it
             (:func:`interrupted`).
     """
