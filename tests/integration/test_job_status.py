@@ -500,14 +500,9 @@ async def test_a_job_acked_as_a_duplicate_reads_duplicate_and_its_result_ends(br
     await app.close()
 
 
-async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(
-    broker: BrokerSettings, tmp_path: Path, store_url: str
-):
-    """The same id enqueued again after its first copy was quarantined, and that copy parked once the second
-    succeeded: the job reads ``succeeded`` with its value (a retest: ``parked``, and ``result()`` raised
-    ``JobFailedError``); ``job show`` says where the older copy is, and it is there."""
-    app = await make_app(broker, tmp_path)
-    app.results = store_for(store_url)
+async def quarantined_then_succeeded(app: App, broker: BrokerSettings) -> None:
+    """Job ``mail`` of ``app`` (queue ``work``): id ``m-1`` rejected into quarantine, then enqueued again and
+    succeeded (``"sent"``); the older copy stays in ``work.quarantine``."""
 
     @app.job("mail", queue="work")
     def mail(payload: dict[str, Any], ctx: JobContext) -> str:
@@ -521,6 +516,18 @@ async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(
         await app.enqueue("mail", {"reject": False}, job_id="m-1")
         await recorder.wait_for(lambda o: len(o) == 2, 20)
     assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded"]
+
+
+async def test_an_older_copy_parked_after_the_job_succeeded_leaves_it_succeeded(
+    broker: BrokerSettings, tmp_path: Path, store_url: str
+):
+    """The same id enqueued again after its first copy was quarantined, and that copy parked once the second
+    succeeded: the job reads ``succeeded`` with its value (a retest: ``parked``, and ``result()`` raised
+    ``JobFailedError``); ``job show`` says where the older copy is, and it is there."""
+    app = await make_app(broker, tmp_path)
+    app.results = store_for(store_url)
+
+    await quarantined_then_succeeded(app, broker)
     waiting = await app.job_status("m-1")  # the older copy still in quarantine: job show names it (helper-172)
     assert waiting.state == "succeeded"
     assert await where_now(broker, app, waiting) == (

@@ -16,7 +16,13 @@ from amqpjobs.runtime.replay import replay
 from amqpjobs.runtime.whereabouts import where_now
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli
-from tests.integration.test_job_status import app_module, states, store_for, store_url  # noqa: F401 (fixture)
+from tests.integration.test_job_status import (  # noqa: F401 (store_url: the fixture)
+    app_module,
+    quarantined_then_succeeded,
+    states,
+    store_for,
+    store_url,
+)
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
@@ -36,18 +42,7 @@ async def test_an_older_copy_unparked_after_the_job_succeeded_leaves_it_succeede
     app.results = store_for(store_url)
     ref = app_module(tmp_path, store_url, monkeypatch)
 
-    @app.job("mail", queue="work")
-    def mail(payload: dict[str, Any], ctx: JobContext) -> str:
-        if payload["reject"]:
-            raise Reject("no address")
-        return "sent"
-
-    await app.enqueue("mail", {"reject": True}, job_id="m-1")
-    async with running_worker(app, broker) as (_, recorder):
-        await recorder.wait_for(lambda o: len(o) == 1, 20)
-        await app.enqueue("mail", {"reject": False}, job_id="m-1")
-        await recorder.wait_for(lambda o: len(o) == 2, 20)
-    assert [o.kind for o in recorder.outcomes] == ["quarantined", "succeeded"]
+    await quarantined_then_succeeded(app, broker)
     assert (await park(broker, "work.quarantine", results=app.results)).taken == 1
     assert (await unpark(broker, "work.parked", results=app.results)).taken == 1
     status = await app.job_status("m-1")
