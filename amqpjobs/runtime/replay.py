@@ -362,7 +362,7 @@ async def replay(
                 blocked is not None or blocked_by(publishing) is not None
             ):  # its copies held unread are dropped: their originals stay
                 await reset(publishing)
-            await browsed.close(quietly=True)  # held (skipped) messages return to quarantine
+            await browsed.close()  # held (skipped) messages return to quarantine, waited for: then counted
             await publisher.close()
             await record_quietly(results, moved)
             if watch is not None and not watch.is_closed:

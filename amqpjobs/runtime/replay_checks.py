@@ -53,7 +53,7 @@ async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: in
             if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
                 strays[item.job] = strays.get(item.job, 0) + 1
     finally:
-        await browsed.close(quietly=True)
+        await browsed.close()  # waited for: the replay that follows browses every one again
     if strays:
         owners = "; ".join(
             f"{printable(repr(job))} ({count} message(s)): "

@@ -157,7 +157,7 @@ async def take(
         except INTERRUPTED as exc:
             raise interrupted(action, queue, report, exc) from exc
         finally:
-            await browsed.close(quietly=True)  # the messages kept return to the queue, in their place
+            await browsed.close()  # the messages kept return to the queue, in their place (then counted)
 
 
 class Cut(Exception):

@@ -208,9 +208,12 @@ class PastUndeliverable:
             log.info("the ack of %s was cut (%s): taken when browsed again, else left in %s too",
                      printable(repr(delivery.message_id)), type(exc).__name__, printable(self._queue))  # fmt: skip
 
-    async def close(self, quietly: bool = False) -> None:
-        """Close the channel and connection: every message held returns (waited for unless ``quietly``)."""
-        await self._close(quietly)
+    async def close(self) -> None:
+        """Close the channel and connection once every message still held is back (:meth:`QueueBrowser.close`).
+
+        So the count or browse that follows (a replay's, a park's "left N") sees each of them.
+        """
+        await self._close(quietly=False)
 
     async def _close(self, quietly: bool) -> None:
         browser, connection, self._browser, self._connection = self._browser, self._connection, None, None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -87,6 +87,7 @@ class Delivery:
     _channel: UnderlayChannel
     _acks: AckBatcher | None = None
     _received: ContentHeader | None = None
+    _on_settled: Callable[[], None] | None = None
 
     def copy(self, headers: Mapping[str, Any], job_id: str, ready_at: int | None = None) -> OutgoingMessage:
         """The same message with other headers, for a tier, quarantine or a replay.
@@ -196,6 +197,8 @@ class Delivery:
             await self._channel.basic_ack(self.delivery_tag, wait=False)
         except LIBRARY_ERRORS as exc:
             raise DeliveryChannelClosed(str(exc)) from exc
+        if self._on_settled is not None:
+            self._on_settled()
 
     async def reject(self) -> None:
         """Reject without requeue: the work queue dead-letters it into quarantine.
@@ -210,6 +213,8 @@ class Delivery:
             raise DeliveryChannelClosed(str(exc)) from exc
         if self._acks is not None:
             self._acks.rejected(self.delivery_tag)
+        if self._on_settled is not None:
+            self._on_settled()
 
     async def requeue(self) -> None:
         """Hand the delivery back to its queue (``basic.nack`` with requeue; it returns ``redelivered``).
@@ -224,6 +229,8 @@ class Delivery:
             raise DeliveryChannelClosed(str(exc)) from exc
         if self._acks is not None:
             self._acks.rejected(self.delivery_tag)
+        if self._on_settled is not None:
+            self._on_settled()
 
 
 def delivery_from_aiormq(message: DeliveredMessage, queue: str, acks: AckBatcher | None = None) -> Delivery:
@@ -274,15 +281,21 @@ def delivery_from_frames(
     )
 
 
-async def get_unacked(channel: AbstractChannel, queue: str, max_count: int) -> AsyncIterator[Delivery]:
+async def get_unacked(
+    channel: AbstractChannel, queue: str, max_count: int, on_settled: Callable[[], None] | None = None
+) -> AsyncIterator[Delivery]:
     """Up to ``max_count`` deliveries of ``queue`` by ``basic.get``, unacked (fewer if it runs empty).
 
     For quarantine browsing and replay: each is acked (or, when the channel closes, returned
     to the queue) by the caller. Read with aiormq, so their copies keep the received bytes.
+    ``on_settled`` is called once a delivery's ack, reject or requeue is sent (the browser's
+    count of the messages it holds).
     """
     underlay = await channel.get_underlay_channel()
     for _ in range(max_count):
         message = await underlay.basic_get(queue, no_ack=False)
         if not isinstance(message.delivery, aiormq.spec.Basic.GetOk):
             return
-        yield delivery_from_aiormq(message, queue)
+        delivery = delivery_from_aiormq(message, queue)
+        delivery._on_settled = on_settled
+        yield delivery
