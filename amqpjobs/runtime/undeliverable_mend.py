@@ -122,7 +122,10 @@ async def mend_queue(
             # read once: another requeued read would send it behind the others on a quorum queue
             return await rescue_heads(settings, connection, {queue: ""}, on_step=on_step, read=read)
         finally:
-            await browser.close_quietly()  # the held messages are ready again, in their place
+            try:  # the held messages are ready again, in their place, before the browse goes on
+                await browser.close()
+            except Exception:  # its channel or connection closed already: nothing is held
+                await browser.close_quietly()
     finally:
         await connection.close()
 
