@@ -27,6 +27,7 @@ from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.printable import printable
+from amqpjobs.runtime.mover_names import acting_as
 from amqpjobs.runtime.parking import TakeReport, park, purge_matching, unpark
 from amqpjobs.runtime.quarantine import queue_depth
 from amqpjobs.runtime.replay import replay
@@ -268,7 +269,9 @@ class Actions:
 
     def _launch(self, run: ActionRun, body: Callable[[], Awaitable[str]]) -> ActionRun:
         async def task() -> None:
-            inner = self._bodies[run.id] = asyncio.ensure_future(body())
+            # a mover it holds tells a refused one (a shell's replay) that this action of the console holds it
+            with acting_as(f"amqpjobs console: action {run.id}, started by {run.who} from {run.client}"):
+                inner = self._bodies[run.id] = asyncio.ensure_future(body())
             try:
                 ended = await inner
             except asyncio.CancelledError:

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from amqpjobs.runtime.mover_names import acting_as
+from amqpjobs.runtime.quarantine import mover_lock, session
 from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.console_env import BASE, CSRF, client, quarantine_six, wait_done
 from tests.integration.helpers import cli, depth
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.worker_env import make_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
-#: Management APIs that can't be used: nobody listens (port 9), refused credentials, not HTTP (the AMQP port).
-NO_MANAGEMENT = ["http://127.0.0.1:9/", "wrong-password", "amqp-port"]
+#: Management APIs that can't be used: nobody listens (port 9), a path where no API answers, not HTTP (the AMQP port).
+NO_MANAGEMENT = ["http://127.0.0.1:9/", "wrong-path", "amqp-port"]
 
 
 def write_app(tmp_path: Path, module: str, jobs: dict[str, str]) -> str:
@@ -71,8 +76,8 @@ async def test_quarantine_tools_work_with_amqp_alone_when_the_management_api_is_
     await make_app(broker, tmp_path)
     await fill_quarantine(broker, 4)
     parts = urlsplit(broker.management_url)
-    if management == "wrong-password":
-        management = parts._replace(netloc=f"guest:wrong@{parts.netloc}").geturl()
+    if management == "wrong-path":
+        management = parts._replace(path="/wrong/").geturl()
     elif management == "amqp-port":
         management = parts._replace(netloc=urlsplit(broker.url).netloc.rpartition("@")[2]).geturl()
     alone = dataclasses.replace(broker, management_url=management)
@@ -92,3 +97,41 @@ async def test_quarantine_tools_work_with_amqp_alone_when_the_management_api_is_
         assert result.exit_code == 0, (args, result.output)
     assert await depth(broker, "work") == 1
     assert await depth(broker, "work.parked") == 0
+
+
+def test_a_mover_refused_by_the_consoles_lock_is_told_the_console_holds_it(broker: BrokerSettings, tmp_path: Path):
+    quarantine_six(broker, tmp_path)
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "1", "canary": ""}
+    with client(broker, tmp_path) as c:
+        started = c.post("/actions/replay", data=form)
+        assert started.status_code == 303, started.text
+        run = started.headers["location"].replace(BASE, "")
+        for _ in range(200):  # 1 per second: the first move at once, and the lock held until the last
+            if c.get(run + ".json").json()["moved"] >= 1:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        refused = cli(broker, "replay", "work")
+        stop_form = re.search(r'<form[^>]*action="([^"]*)"[^>]*id="stop-form"', c.get(run).text)
+        assert stop_form is not None
+        c.post(stop_form.group(1), data={"csrf_token": CSRF})
+        wait_done(c, run)
+
+        # the other way round: the console's action refused by a shell's mover, which it names
+        async def hold_and_try() -> dict[str, Any]:
+            async with session(broker) as connection:
+                with acting_as("amqpjobs replay"):
+                    async with mover_lock(connection, broker, "work.quarantine", "replay"):
+                        busy = await asyncio.to_thread(c.post, "/actions/park", data={**form, "rate": ""})
+                        return await asyncio.to_thread(wait_done, c, busy.headers["location"])
+
+        blocked = asyncio.run(hold_and_try())
+    assert refused.exit_code == 4, refused.output
+    run_id = run.rsplit("/", 1)[-1]
+    # its connection is said once the management API knows it (its stats come every 5 s; not a lock just taken)
+    conn = r"(; connection '127\.0\.0\.1:\d+ -> 127\.0\.0\.1:\d+')?"
+    held = r"is busy: replay \(pid \d+ on [^,]+, since [0-9T:-]+Z; by "
+    said = re.search(rf"{held}amqpjobs console: action {run_id}, started by .+ from testclient{conn}\) holds its lock",
+                     refused.stderr)  # fmt: skip
+    assert said, refused.stderr
+    assert blocked["state"] == "failed", blocked
+    assert re.search(rf"{held}amqpjobs replay{conn}\) holds its lock", blocked["summary"]), blocked
