@@ -44,9 +44,15 @@ def check_rate(rate: float) -> float:
     if not (MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second, at least {MIN_REPLAY_RATE:g} (one "
-            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {rate:g})"
+            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {_as_given(rate)})"
         )
     return rate
+
+
+def _as_given(number: float) -> str:
+    """``number`` short (``20000``), unless that rounds it (``10000.0000000001`` is not "10000", a bound)."""
+    short = f"{number:g}"
+    return short if float(short) == number or number != number else repr(number)  # NaN: "nan"
 
 
 def check_replay_target(to: str | None) -> None:
