@@ -10,19 +10,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.mover_names import acting_as
-from amqpjobs.runtime.quarantine import mover_lock, session
+from amqpjobs.runtime.quarantine import browse, mover_lock, session
+from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.console_env import BASE, CSRF, client, quarantine_six, wait_done
+from tests.integration.console_env import (
+    BASE,
+    CSRF,
+    Handler,
+    client,
+    failing_app,
+    quarantine_jobs,
+    quarantine_six,
+    wait_done,
+)
 from tests.integration.helpers import cli, depth
 from tests.integration.test_quarantine import fill_quarantine
-from tests.integration.worker_env import make_app
+from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -135,3 +147,33 @@ def test_a_mover_refused_by_the_consoles_lock_is_told_the_console_holds_it(broke
     assert said, refused.stderr
     assert blocked["state"] == "failed", blocked
     assert re.search(rf"{held}amqpjobs replay{conn}\) holds its lock", blocked["summary"]), blocked
+
+
+async def test_a_replay_while_a_worker_quarantines_new_failures_into_the_same_queue_moves_each_original_once(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """The run looks at the messages there at its start, once: the worker's new failures (at the tail) and
+    the replayed jobs failing again (this run's replay id) stay, none replayed twice, none lost."""
+    app = await failing_app(broker, tmp_path, Handler())
+    await quarantine_jobs(broker, app, 100)  # m-0 .. m-99
+    async with running_worker(app, broker, concurrency=4) as (_, rec):
+        started = asyncio.Event()
+
+        async def new_failures() -> None:
+            await started.wait()  # the run counted the queue's 100 at its start
+            for i in range(100):
+                await app.enqueue("mail", {"n": i}, job_id=f"new-{i}")
+                await asyncio.sleep(0.002)
+
+        feeding = asyncio.create_task(new_failures())
+        report = await replay(broker, "work", ReplayOptions(rate=500), lambda _: started.set())
+        await feeding
+        await rec.wait_for(lambda o: sum(x.kind == "quarantined" for x in o) >= 200, timeout=60)
+        kinds = Counter(x.kind for x in rec.outcomes)
+    await app.close()
+    _, found = await browse(broker, "work.quarantine")
+    counts = Counter((m.item.job_id.split("-")[0], m.item.replay_count) for m in found)
+    assert report.replayed == 100, report
+    assert counts == {("m", 1): 100, ("new", 0): 100}, counts
+    assert len({m.item.job_id for m in found}) == 200
+    assert kinds == {"quarantined": 200}, kinds
