@@ -177,3 +177,21 @@ async def test_a_replay_while_a_worker_quarantines_new_failures_into_the_same_qu
     assert counts == {("m", 1): 100, ("new", 0): 100}, counts
     assert len({m.item.job_id for m in found}) == 200
     assert kinds == {"quarantined": 200}, kinds
+
+
+def test_the_consoles_replay_with_an_app_that_lacks_the_job_leaves_it_named(
+    broker: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    quarantine_six(broker, tmp_path)  # m-0 .. m-5, job mail from work
+    ref = write_app(tmp_path, "h203console", {"other": "work"})  # on tmp_path/app.toml, which quarantine_six wrote
+    monkeypatch.syspath_prepend(str(tmp_path))
+    form = {"queue": "work.quarantine", "scope": "all", "csrf_token": CSRF, "rate": "100", "canary": ""}
+    with client(broker, tmp_path, app_ref=ref) as c:
+        started = c.post("/actions/replay", data=form)
+        done = wait_done(c, started.headers["location"])
+    assert (done["state"], done["moved"], done["left"]) == ("done", 0, 6), done
+    assert done["details"][0] == (
+        "not replayed job 'mail' id 'm-0': app 'h203' has no job 'mail': its workers would quarantine it again "
+        "as unknown-job; replay it with --app of the app that runs it, or without --app"
+    ), done["details"]
+    assert asyncio.run(depth(broker, "work.quarantine")) == 6
