@@ -31,6 +31,7 @@ from amqpjobs.errors import (
 from amqpjobs.printable import printable, printable_lines
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import flush_logs
+from amqpjobs.runtime.mover_names import acting_as
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
@@ -121,8 +122,10 @@ def errors_to_exit_codes(func: F) -> F:
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context(silent=True)
         try:
-            return _with_tracebacks(func, *args, **kwargs)
+            with acting_as(ctx.command_path if ctx is not None else ""):  # a mover it holds names the command
+                return _with_tracebacks(func, *args, **kwargs)
         except BrokenPipeError:
             _broken_pipe()
         except KeyboardInterrupt:  # Ctrl-C; a command with more to say (replay's summary) catches it first

@@ -277,7 +277,8 @@ def replay_command(
     options = ReplayOptions(
         rate=rate, to=to, limit=limit, selection=selection(job, error_type, reason, since), dry_run=dry_run,
         stop_after_failures=stop_after_failures, canary=canary, canary_timeout=canary_timeout_seconds(canary_timeout),
-        job_queues=_job_queues(app_ref, to), layouts=_layouts(app_ref), idempotent=_idempotent(app_ref),
+        job_queues=_job_queues(app_ref, to), app=load_app(app_ref).name if app_ref else "", layouts=_layouts(app_ref),
+        idempotent=_idempotent(app_ref),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
     phases = phase_reporter(canary, options.canary_timeout)

@@ -27,6 +27,7 @@ from amqpjobs.jobs.holding_moves import DONE, MoveOptions
 from amqpjobs.jobs.quarantine import Selection
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, replay_window
 from amqpjobs.printable import printable
+from amqpjobs.runtime.mover_names import acting_as
 from amqpjobs.runtime.parking import TakeReport, park, purge_matching, unpark
 from amqpjobs.runtime.quarantine import queue_depth
 from amqpjobs.runtime.replay import replay
@@ -142,12 +143,16 @@ class Actions:
     def __init__(
         self, broker: BrokerSettings, audit: AuditLog, results: ResultsStore | None = None,
         layouts: Mapping[str, JobQueueLayout] | None = None, idempotent: frozenset[str] = frozenset(),
+        job_queues: Mapping[str, str] | None = None, app: str = "",
     ) -> None:  # fmt: skip
         """``results``: the app's results store (``--app``): each moved job's new state is recorded there.
 
         ``layouts``: the app's job queue layouts (``--app``): a replay re-routes jobs of dropped shards.
         ``idempotent``: the app's idempotent job names (:attr:`~amqpjobs.jobs.replay_plan.ReplayOptions.idempotent`).
+        ``job_queues``, ``app``: the app's jobs (name -> job queue) and its name (``--app``): a replay leaves
+        a job the app does not serve there in quarantine, named (:func:`~amqpjobs.jobs.replay_plan.unserved`).
         """
+        self.job_queues, self.app = job_queues, app
         self.layouts = layouts
         self.idempotent = idempotent
         self.broker = broker
@@ -171,7 +176,8 @@ class Actions:
         run = self._new("replay", queue, params, who, client)
         run.replay, run.canary = ReplayReport(queue=queue), canary
         options = ReplayOptions(rate=rate, selection=chosen, canary=canary, canary_timeout=canary_timeout,
-                                layouts=self.layouts, idempotent=self.idempotent)  # fmt: skip
+                                layouts=self.layouts, idempotent=self.idempotent, job_queues=self.job_queues,
+                                app=self.app)  # fmt: skip
 
         async def go() -> str:
             assert run.replay is not None
@@ -263,7 +269,9 @@ class Actions:
 
     def _launch(self, run: ActionRun, body: Callable[[], Awaitable[str]]) -> ActionRun:
         async def task() -> None:
-            inner = self._bodies[run.id] = asyncio.ensure_future(body())
+            # a mover it holds tells a refused one (a shell's replay) that this action of the console holds it
+            with acting_as(f"amqpjobs console: action {run.id}, started by {run.who} from {run.client}"):
+                inner = self._bodies[run.id] = asyncio.ensure_future(body())
             try:
                 ended = await inner
             except asyncio.CancelledError:

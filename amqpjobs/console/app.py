@@ -81,7 +81,9 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
         audit.check()
     layouts = {lay.name: lay for lay in app.topology().layouts()} if app is not None else None
     idempotent = frozenset(job.name for job in app if job.idempotent) if app is not None else frozenset()
-    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts, idempotent)
+    served = {job.name: job.queue for job in app} if app is not None else None  # a job it lacks stays, named
+    actions = Actions(config.broker, audit, app.results if app is not None else None, layouts, idempotent,
+                      served, app.name if app is not None else "")  # fmt: skip
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     env.globals["form_nonce"] = form_nonce  # each action form once: a re-sent one (back button) is refused
     env.filters["key_field"] = key_field  # a form field sending a message's key back as it is

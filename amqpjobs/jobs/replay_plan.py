@@ -14,7 +14,7 @@ from typing import Final
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.quarantine import QuarantinedJob, Selection
-from amqpjobs.printable import printable
+from amqpjobs.printable import printable, shell_quote
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import own_queue_words, parse_queue_name
 from amqpjobs.topology.orphans import Route, replay_route
@@ -44,9 +44,15 @@ def check_rate(rate: float) -> float:
     if not (MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second, at least {MIN_REPLAY_RATE:g} (one "
-            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {rate:g})"
+            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {_as_given(rate)})"
         )
     return rate
+
+
+def _as_given(number: float) -> str:
+    """``number`` short (``20000``), unless that rounds it (``10000.0000000001`` is not "10000", a bound)."""
+    short = f"{number:g}"
+    return short if float(short) == number or number != number else repr(number)  # NaN: "nan"
 
 
 def check_replay_target(to: str | None) -> None:
@@ -146,7 +152,10 @@ class ReplayOptions:
             :mod:`amqpjobs.runtime.canary`); None: no canary.
         canary_timeout: Seconds to wait for the canaries' outcomes.
         job_queues: Job name -> the job queue whose workers handle it (from the app), to
-            refuse a ``to`` whose workers would not handle the jobs moved; None: unknown.
+            refuse a ``to`` whose workers would not handle the jobs moved, and, without ``to``,
+            to leave in quarantine a job that the app does not serve from the job queue it
+            would go back to (:func:`unserved`); None: unknown.
+        app: The app's name (from the app), for the words of :func:`unserved`.
         layouts: Job queue -> its current layout (from the app): a job of a shard no longer in
             the topology (``shards`` lowered) goes by the current shard rule
             (:func:`~amqpjobs.topology.orphans.replay_route`); None: unknown, each goes back
@@ -167,6 +176,7 @@ class ReplayOptions:
     canary: int | None = None
     canary_timeout: float = DEFAULT_CANARY_TIMEOUT
     job_queues: Mapping[str, str] | None = None
+    app: str = ""
     layouts: Mapping[str, JobQueueLayout] | None = None
     idempotent: frozenset[str] = frozenset()
 
@@ -194,6 +204,8 @@ class ReplayReport:
             results store): replayed, each would run once more.
         misdirected: Of ``not_moved``, those whose evidence names a queue of ours that holds no jobs
             of a job queue (a pause flag, a scheduler's or breaker's queue: :func:`destination`).
+        unserved: Of ``not_moved``, jobs the app (``ReplayOptions.job_queues``) does not serve from the
+            job queue they would go back to (:func:`unserved`): its workers would quarantine them again.
         missing: Of ``not_moved``, target queue -> messages for it that stayed because it does not exist
             (found so before the first move to it, or deleted under the run: its publish came back unroutable).
         left: Messages in the quarantine queue at the end.
@@ -221,6 +233,7 @@ class ReplayReport:
     too_large: int = 0
     done_since: int = 0
     misdirected: int = 0
+    unserved: int = 0
     missing: dict[str, int] = field(default_factory=dict)
     left: int = 0
     returned: int = 0
@@ -308,6 +321,9 @@ class ReplayReport:
         if self.misdirected:
             why += (f"; {self.misdirected} skipped: the queue their evidence names runs no jobs, still in "
                     f"{printable(self.queue)}: replay them with amqpjobs replay --to QUEUE")  # fmt: skip
+        if self.unserved:
+            why += (f"; {self.unserved} skipped: the app does not serve them from the job queue they would go back to "
+                    f"(each named with its fix), still in {printable(self.queue)}")  # fmt: skip
         if self.far_origin:
             why += (f"; {self.far_origin} skipped: the queue their evidence names is over 255 bytes, which no publish "
                     "can address (another stack's evidence?): replay them with amqpjobs replay --to QUEUE")  # fmt: skip
@@ -317,6 +333,28 @@ class ReplayReport:
             f"; {self.no_origin} skipped: no queue to go back to (neither evidence of a worker nor x-death "
             "names one; published straight into the queue?): replay them with amqpjobs replay --to QUEUE"
         )
+
+
+def unserved(job: str, job_queue: str, options: ReplayOptions) -> str | None:
+    """Why job ``job`` can't go back to job queue ``job_queue`` with the app's jobs ``options.job_queues``, or None.
+
+    A worker of the app quarantines a delivery of a job it does not serve from the job queue it
+    consumes as ``unknown-job`` (:mod:`amqpjobs.runtime.deliveries`): replayed there, the job would
+    only come back. None also when the app is unknown (``job_queues`` None) or ``to`` is given
+    (checked before the run: :func:`~amqpjobs.runtime.replay_checks.check_jobs_belong`).
+    """
+    served = options.job_queues
+    if served is None or options.to or served.get(job) == job_queue:
+        return None
+    app, again = printable(repr(options.app)), "its workers would quarantine it again as unknown-job"
+    if job not in served:
+        none = "" if served else " (it has no jobs: no @app.job was registered when its module was imported)"
+        return (f"app {app} has no job {printable(repr(job))}{none}: {again}; replay it with --app of the app that "
+                "runs it, or without --app")  # fmt: skip
+    home = printable(repr(served[job]))
+    return (f"app {app} serves job {printable(repr(job))} from job queue {home}, not from "
+            f"{printable(repr(job_queue))} where its evidence sends it: {again}; replay it with --job "
+            f"{printable(shell_quote(job))} --to {printable(shell_quote(served[job]))}")  # fmt: skip
 
 
 def replay_window(rate: float) -> int:

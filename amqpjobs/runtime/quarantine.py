@@ -38,6 +38,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.json_fast import strict_loads
 from amqpjobs.printable import json_text
+from amqpjobs.runtime.mover_names import mover_program
 from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
@@ -216,11 +217,13 @@ async def mover_lock(
 
     Raises:
         BusyError: another process moves messages of this queue; names it (action, host,
-            pid, since when) when the management API can read that.
+            pid, since when, the program: :mod:`amqpjobs.runtime.mover_names`, its connection)
+            when the management API can read that.
         BrokerError: the broker failed while taking the lock.
 
     """
-    holder = LockHolder(action, socket.gethostname(), os.getpid(), datetime.now(UTC))
+    by = mover_program()  # the console, a CLI command, a script: a refused mover is told (runtime.mover_names)
+    holder = LockHolder(action, socket.gethostname(), os.getpid(), datetime.now(UTC), (("by", by),) if by else ())
     name = q.mover_lock_queue(quarantine_queue)
     async with exclusive_lock(connection, settings, name, holder, f"quarantine queue {quarantine_queue!r}") as lock:
         yield lock

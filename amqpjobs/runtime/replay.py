@@ -39,6 +39,7 @@ from amqpjobs.jobs.replay_plan import (
     check_replay_target,
     destination,
     replay_window,
+    unserved,
 )
 from amqpjobs.jobs.results import StateRecord
 from amqpjobs.runtime.canary import watch_canary
@@ -125,7 +126,9 @@ def replay_move(
 
     Where it goes is :func:`~amqpjobs.jobs.replay_plan.destination` (the one home of the rule).
     Skipped: it came back failing from this run (it carries ``replay_id``), ``options.selection``
-    leaves it out, or it has no destination: it names no queue to go back to (counted in
+    leaves it out, the app (``options.job_queues``) does not serve its job from the job queue it would
+    go back to (``report.unserved``, named in ``report.not_moved``: :func:`~amqpjobs.jobs.replay_plan.unserved`),
+    or it has no destination: it names no queue to go back to (counted in
     ``report.no_origin``, so the summary says why), one over 255 bytes, which no publish can
     address (``report.far_origin``), or a queue of ours that holds no jobs (``report.misdirected``,
     named in ``report.not_moved``).
@@ -147,6 +150,11 @@ def replay_move(
         elif report is not None:
             report.far_origin += goes.skip == "far"
             report.no_origin += goes.skip == "no-origin"
+        return None
+    if (why := unserved(item.job, parse_queue_name(item.original_queue).job_queue, options)) is not None:
+        if report is not None:  # its workers would only quarantine it again: it stays, named with the fix
+            report.unserved += 1
+            report.not_moved.append(item.stays(why))
         return None
     headers = q.replay_headers(delivery.headers, item, replay_id, timestamp=delivery.timestamp)
     # ready in the work queue on its publish, now: max_age and status count its age from then

@@ -176,7 +176,8 @@ class Worker(WorkerStop):
 
         Raises:
             ConfigurationError: concurrency below 1, a job queue is missing from the topology,
-                or a job's policy can't work with its queue (:func:`check_worker`).
+                ``options.queues`` names one the app serves no job from, or a job's policy can't
+                work with its queue (:func:`check_worker`).
             TopologyValidationError: the app's topology files are invalid.
             BrokerUnavailableError: the broker can't be reached.
             BrokerError: a work queue does not exist on the broker (apply the topology), or

@@ -124,38 +124,52 @@ def check_worker(app: App, options: WorkerOptions) -> tuple[dict[str, JobQueueLa
 
     Raises:
         ConfigurationError: ``concurrency`` below 1, a job queue named in ``options.queues`` that
-            is not in the topology (naming it and the topology's job queues), or a job's policy
-            that can't work with its queue (:func:`check_jobs`).
+            is not in the topology (naming it and the topology's job queues), a job's policy
+            that can't work with its queue (:func:`check_jobs`), or a job queue named in
+            ``options.queues`` that none of the app's jobs use (:func:`check_served`).
         TopologyValidationError: the app's topology files are invalid.
     """
     if options.concurrency < 1:
         raise ConfigurationError(f"concurrency must be >= 1 (got {options.concurrency})")
-    return check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
+    checked = check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
+    check_served(app, options)
+    return checked
 
 
-def require_served(app: App, options: WorkerOptions) -> None:
-    """What ``amqpjobs consume`` refuses beyond :func:`check_worker`: a worker of ``app`` that could do no good.
+def check_served(app: App, options: WorkerOptions) -> None:
+    """Refuse a job queue of ``options.queues`` that none of the app's jobs use: the one rule, CLI and embedded alike.
 
-    Not asked of a :class:`~amqpjobs.runtime.worker.Worker` embedded in a program (a test may run
-    one without jobs, to see what it does with a delivery).
+    Each delivery there would be quarantined ``unknown-job``, also beside the app that serves it.
+    An app without any job is left to :func:`require_served` (``consume`` refuses it; a test may
+    embed such a worker, to see what it does with a delivery).
 
     Raises:
-        ConfigurationError: no ``@app.job`` is registered (its handlers live in a module nobody
-            imported: it would consume nothing), or ``options.queues`` names a job queue none of
-            its jobs use (each delivery there would be quarantined ``unknown-job``, also beside
-            the app that serves it).
+        ConfigurationError: names the job queue, the ones the app's jobs use and the fix.
     """
     served = app.queues()
-    if not served:
-        raise ConfigurationError(
-            f"app {app.name!r} has no jobs: no @app.job was registered when its module was imported, so a worker "
-            "would consume nothing; import the modules that define its jobs in the app's module"
-        )
-    if idle := [name for name in options.queues or () if name not in served]:
+    if served and (idle := [name for name in options.queues or () if name not in served]):
         raise ConfigurationError(
             f"app {app.name!r} serves no job from job queue {idle[0]!r} (its jobs use: {listed(served)}): "
             "a worker consuming it would quarantine each of its jobs as unknown-job; leave it out of --queues, "
             "or run the app whose jobs use it"
+        )
+
+
+def require_served(app: App, options: WorkerOptions) -> None:
+    """What ``amqpjobs consume`` refuses beyond :func:`check_worker`: an app without jobs, which could do no good.
+
+    Not asked of a :class:`~amqpjobs.runtime.worker.Worker` embedded in a program (a test may run
+    one without jobs, to see what it does with a delivery). A job queue of ``options.queues`` that
+    none of its jobs use is :func:`check_served`'s, asked of both.
+
+    Raises:
+        ConfigurationError: no ``@app.job`` is registered (its handlers live in a module nobody
+            imported: it would consume nothing).
+    """
+    if not app.queues():
+        raise ConfigurationError(
+            f"app {app.name!r} has no jobs: no @app.job was registered when its module was imported, so a worker "
+            "would consume nothing; import the modules that define its jobs in the app's module"
         )
 
 

@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -31,6 +31,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from amqpjobs.errors import AmqpJobsError, BrokerError, BrokerUnavailableError, BusyError, ResourceLockedError
+from amqpjobs.printable import printable
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind
@@ -73,7 +74,14 @@ class LockHolder:
     details: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.action} (pid {self.pid} on {self.host}, since {self.since:%Y-%m-%dT%H:%M:%SZ})"
+        """``replay (pid 4242 on host-a, since 2026-11-29T08:00:00Z; by amqpjobs console: ...; connection '...')``.
+
+        ``by`` (the program, :func:`amqpjobs.runtime.quarantine.mover_lock`) and ``connection`` (the
+        broker's name of the holder's connection, :func:`lock_holder`) are said when known.
+        """
+        more = "".join(f"; {label}{printable(text)}" for key, label in (("by", "by "), ("connection", "connection "))
+                       if (text := self.detail(key)))  # fmt: skip
+        return f"{self.action} (pid {self.pid} on {self.host}, since {self.since:%Y-%m-%dT%H:%M:%SZ}{more})"
 
     def detail(self, key: str) -> str | None:
         """The text of detail ``key``, or None when it has none."""
@@ -128,6 +136,12 @@ async def lock_holder(settings: BrokerSettings, name: str) -> tuple[bool, LockHo
 
     Never raises: a management API that does not answer gives (True, None).
     """
+    exists, queue = await _lock_queue(settings, name)
+    return exists, None if queue is None else LockHolder.from_arguments(queue.get("arguments") or {})
+
+
+async def _lock_queue(settings: BrokerSettings, name: str) -> tuple[bool, dict[str, Any] | None]:
+    """(whether lock queue ``name`` exists, what the management API says of it or None); never raises."""
 
     def lookup() -> dict[str, Any] | None:
         with ManagementClient(settings, timeout=_LOOKUP_TIMEOUT) as mgmt:
@@ -138,15 +152,25 @@ async def lock_holder(settings: BrokerSettings, name: str) -> tuple[bool, LockHo
     except AmqpJobsError as exc:
         log.debug("holder of lock %s unknown: %s", name, exc)
         return True, None
-    if queue is None:
-        return False, None
-    return True, LockHolder.from_arguments(queue.get("arguments") or {})
+    return queue is not None, queue
 
 
 async def _holder(settings: BrokerSettings, name: str) -> tuple[bool, str | None]:
-    """(whether lock queue ``name`` still exists, who holds it as text or None when unknown)."""
-    exists, holder = await lock_holder(settings, name)
-    return exists, None if holder is None else str(holder)
+    """(whether lock queue ``name`` still exists, who holds it as text or None when unknown).
+
+    With the broker's name of the holder's connection (``127.0.0.1:50712 -> 127.0.0.1:5672``, as the
+    management UI lists it, where it can be closed) once the management API knows it: its stats
+    come every few seconds, so not for a lock just taken.
+    """
+    exists, queue = await _lock_queue(settings, name)
+    holder = None if queue is None else LockHolder.from_arguments(queue.get("arguments") or {})
+    if holder is None or queue is None:
+        return exists, None
+    owner = queue.get("owner_pid_details")
+    connection = owner.get("name") if isinstance(owner, dict) else None
+    if isinstance(connection, str) and connection:
+        holder = replace(holder, details=(*holder.details, ("connection", repr(connection))))
+    return exists, str(holder)
 
 
 async def _open_channel(connection: AbstractRobustConnection, what: str) -> AbstractChannel:

@@ -95,7 +95,8 @@ async def test_replay_cli_reroutes_with_app_and_warns_without_it(
     module = f"rrapp_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(
         f"from amqpjobs import App\napp = App('rr', topology={str(tmp_path / 't.toml')!r})\n"
-    )
+        "@app.job('export', queue='exports')\nasync def export(payload, ctx):\n    return None\n"
+    )  # the app serves the job: one that lacks it leaves it in quarantine (test_operator_tools_edges)
     monkeypatch.chdir(tmp_path)
     blind = await asyncio.to_thread(cli_subprocess, broker, "replay", "exports.quarantine", "--dry-run")
     assert blind.returncode == 0, blind.stderr

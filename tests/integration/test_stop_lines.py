@@ -348,6 +348,10 @@ async def test_a_stop_while_the_start_goes_on_still_drains_and_says_so_for_jobs_
         await asyncio.sleep(1.0)
         runs.append(ctx.job_id)
 
+    @app.job("other", queue="second")  # a worker consumes only job queues its app serves jobs from
+    async def other(payload: dict[str, Any], ctx: JobContext) -> None:
+        return None
+
     real = Worker._start_consumer
     never = asyncio.Event()
 

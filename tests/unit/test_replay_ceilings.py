@@ -82,3 +82,19 @@ def test_the_console_refuses_the_rate_the_cli_refuses() -> None:
 
 def console_floor() -> float:
     return vars(forms)["MIN_REPLAY_RATE"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("args", "got"),
+    [
+        (["replay", "work", "--rate", "10000.0000000001"], "(got 10000.0000000001)"),
+        (["replay", "work", "--rate", "0.00099999999"], "(got 0.00099999999)"),
+        (["quarantine", "park", "work", "--rate", "10000.000001", "--yes"], "(got 10000.000001)"),
+        (["replay", "work", "--rate", "20000"], "(got 20000)"),
+    ],
+)
+def test_a_rate_just_past_a_bound_is_said_as_given_not_rounded_onto_it(args: list[str], got: str) -> None:
+    """Before: ``--rate 10000.0000000001`` was refused "at most 10000 (got 10000)", as if 10000 were refused."""
+    result = CliRunner().invoke(main, args, env=ENV)
+    assert result.exit_code == 2, result.output
+    assert got in result.output, result.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqpjobs.jobs.replay_plan import destination
+from amqpjobs.jobs.replay_plan import ReplayOptions, destination, unserved
 from amqpjobs.topology.models import JobQueueSpec, Topology
 
 UNSHARDED = {lay.name: lay for lay in Topology(job_queues=(JobQueueSpec(name="work", exchange="jobs"),)).layouts()}
@@ -80,3 +80,21 @@ def test_to_wins_and_the_other_skips_keep_their_kinds():
     assert (to.route.target, to.why, to.skip) == ("work", "", "")
     assert destination("", "job-1", None, None).skip == "no-origin"
     assert destination("w" * 300, "job-1", None, None).skip == "far"
+
+
+@pytest.mark.version_independent
+def test_a_job_the_app_does_not_serve_from_its_job_queue_stays_with_the_fix():
+    served = {"mail": "work", "moved": "other"}
+    options = ReplayOptions(job_queues=served, app="shop")
+    assert unserved("mail", "work", options) is None
+    assert unserved("report", "work", options) == (
+        "app 'shop' has no job 'report': its workers would quarantine it again as unknown-job; replay it with --app "
+        "of the app that runs it, or without --app"
+    )
+    assert unserved("moved", "work", options) == (
+        "app 'shop' serves job 'moved' from job queue 'other', not from 'work' where its evidence sends it: its "
+        "workers would quarantine it again as unknown-job; replay it with --job moved --to other"
+    )
+    assert "(it has no jobs: no @app.job was registered" in (unserved("a", "work", ReplayOptions(job_queues={})) or "")
+    assert unserved("report", "work", ReplayOptions()) is None  # no --app: unknown, it goes
+    assert unserved("report", "work", ReplayOptions(job_queues=served, to="work")) is None  # --to: checked before

@@ -197,3 +197,20 @@ def test_an_idempotent_plain_function_job_whose_lease_a_run_past_its_timeout_out
         "goes on for the grace (30s), then for the stop's grace (30s), so another worker could run it beside; give "
         "it lease= at least 75s, or a shorter timeout or --grace"
     ]
+
+
+@pytest.mark.version_independent
+async def test_an_embedded_worker_refuses_a_job_queue_its_app_serves_no_job_from_as_consume_does(tmp_path: Path):
+    """One rule with ``consume --queues`` (helper-203). Before, ``Worker(app, ..., WorkerOptions(queues=("work",
+    "flat")))`` started and quarantined each job of ``flat`` as unknown-job, beside the app that serves them."""
+    app = make(tmp_path)
+    app.job("mail", queue="work", retry=RetryPolicy(max_attempts=1))(lambda payload, ctx: None)
+    embedded = worker(app, queues=("work", "flat"))
+    with pytest.raises(ConfigurationError) as refused:
+        await embedded.start()  # refused before it connects (the broker of worker() is not there)
+    assert str(refused.value) == (
+        "app 't' serves no job from job queue 'flat' (its jobs use: work): a worker consuming it would quarantine "
+        "each of its jobs as unknown-job; leave it out of --queues, or run the app whose jobs use it"
+    )
+    worker(app, queues=("work",))._check()  # the job queue it serves: fine
+    worker(make(tmp_path), queues=("flat",))._check()  # an app without jobs (a test's): not this rule's to refuse
