@@ -29,7 +29,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
-from amqpjobs.runtime.sqlite_errors import missing_file, open_failure, store_failure
+from amqpjobs.runtime.sqlite_errors import missing_file, missing_table, open_failure, store_failure
 from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
 
 log = logging.getLogger("amqpjobs.results")
@@ -212,9 +212,14 @@ class SqliteResults:
             raise missing_file("results store", self.path, "reads it")
         try:
             with self._session("read", "status reads fail meanwhile: try again") as db:
-                rows = db.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = ? ORDER BY at", (job_id,)
-                ).fetchall()
+                try:
+                    rows = db.execute(
+                        f"SELECT {', '.join(COLUMNS)} FROM amqpjobs_results WHERE job_id = ? ORDER BY at", (job_id,)
+                    ).fetchall()
+                except sqlite3.OperationalError as exc:  # read-only, so never made here: not a workers' store
+                    if "no such table" not in str(exc):
+                        raise
+                    raise missing_table("results store", self.path, "amqpjobs_results", "reads it") from exc
         except sqlite3.Error as exc:  # not the database failing (those are said by _session)
             raise ResultsUnavailableError(f"can't read the SQLite results store at {self.path}: {exc}") from exc
         return [record_of(row) for row in rows]

@@ -78,12 +78,29 @@ def unused_missing_file(what: Literal["ledger", "results store"], path: str | Pa
     return _missing(what, path, "this command does not use it, and created nothing")
 
 
+def missing_table(
+    what: Literal["ledger", "results store"], path: str | Path, table: str, doing: str
+) -> ConfigurationError:
+    """A command's SQLite ``what`` at ``path`` that exists but has no ``table``: an empty file, or not our database.
+
+    A reading command opens the file read-only (:func:`~amqpjobs.runtime.sqlite_open.reading_only`),
+    so it never makes the table: SQLite's own "no such table" said nothing of the path's fix.
+    """
+    return ConfigurationError(
+        f"the SQLite {what} at {path} has no {table} table (an empty file, or another program's database; "
+        f"this command {doing}, never creates it): {_fix(what)}"
+    )
+
+
 def _missing(what: str, path: str | Path, said: str) -> str:
+    return f"the SQLite {what} at {path} does not exist ({said}): {_fix(what)}"
+
+
+def _fix(what: str) -> str:
     kind = "SqliteLedger" if what == "ledger" else "SqliteResults"
     return (
-        f"the SQLite {what} at {path} does not exist ({said}): point the app's "
-        f"{kind} at the file its workers write (a relative path is taken from the current folder), or run the "
-        "command on the host or in the container that has the file"
+        f"point the app's {kind} at the file its workers write (a relative path is taken from the current "
+        "folder), or run the command on the host or in the container that has the file"
     )
 
 

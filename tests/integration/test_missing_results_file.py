@@ -104,3 +104,34 @@ async def test_commands_that_record_into_the_results_store_create_no_ledger_file
         proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", "ledgerapp:app")
         assert proc.returncode == 0, (command, proc.stdout + proc.stderr)
         assert not (tmp_path / "ledgr.db").exists(), command
+
+
+@pytest.mark.parametrize("content", ["empty", "another database"])
+async def test_reading_commands_refuse_a_results_file_without_our_table(
+    broker: BrokerSettings, tmp_path: Path, content: str
+) -> None:
+    """A file that is there but holds no ``amqpjobs_results`` table (``touch results.db``, or another program's
+    database at that path): helper-203 saw ``job show`` exit 3 with SQLite's raw ``no such table``."""
+    import sqlite3
+
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text(APPLIED_TOPOLOGY)
+    there = tmp_path / "results.db"
+    there.touch()
+    if content == "another database":
+        with sqlite3.connect(there) as db:
+            db.execute("CREATE TABLE orders (id INTEGER)")
+    before = there.read_bytes()
+    (tmp_path / "emptyapp.py").write_text(
+        "from amqpjobs import App, SqliteResults\n"
+        "app = App('roapp', topology='t.toml', results=SqliteResults('results.db'))\n"
+    )
+    proc = await asyncio.to_thread(run, broker, tmp_path, "job", "show", "j-1", "--app", "emptyapp:app")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: the SQLite results store at {there} has no amqpjobs_results table (an empty file, or another "
+        "program's database; this command reads it, never creates it): point the app's SqliteResults at the file "
+        "its workers write (a relative path is taken from the current folder), or run the command on the host or "
+        "in the container that has the file"
+    )
+    assert there.read_bytes() == before  # left as it was
