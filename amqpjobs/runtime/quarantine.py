@@ -225,7 +225,8 @@ async def mover_lock(
     by = mover_program()  # the console, a CLI command, a script: a refused mover is told (runtime.mover_names)
     holder = LockHolder(action, socket.gethostname(), os.getpid(), datetime.now(UTC), (("by", by),) if by else ())
     name = q.mover_lock_queue(quarantine_queue)
-    async with exclusive_lock(connection, settings, name, holder, f"quarantine queue {quarantine_queue!r}") as lock:
+    kind = "parked queue" if quarantine_queue.endswith(PARKED_SUFFIX) else "quarantine queue"
+    async with exclusive_lock(connection, settings, name, holder, f"{kind} {quarantine_queue!r}") as lock:
         yield lock
 
 

@@ -135,13 +135,13 @@ async def test_unpark_refuses_bad_input_and_moves_nothing(broker: BrokerSettings
     assert (await depth(broker, "work.parked"), await depth(broker, "work.quarantine")) == (2, 0)
     connection = await connect(broker, name="a-mover")
     try:
-        for queue in ("work.parked", "work.quarantine"):  # the parked queue's mover, or the quarantine's
+        for queue, kind in (("work.parked", "parked"), ("work.quarantine", "quarantine")):  # either one's mover
             async with mover_lock(connection, broker, queue, "replay"):
                 got, out = await asyncio.to_thread(run, "work", "--yes")
-            assert (got, f"quarantine queue {queue!r} is busy: replay" in out) == (4, True), out
+            assert (got, f"{kind} queue {queue!r} is busy: replay" in out) == (4, True), out
         async with mover_lock(connection, broker, "work.parked", "replay"):  # a park waits for its target's mover
             parking = await asyncio.to_thread(cli, broker, "quarantine", "park", "work", "--yes")
-        assert (parking.exit_code, "quarantine queue 'work.parked' is busy: replay" in parking.stderr) == (4, True)
+        assert (parking.exit_code, "parked queue 'work.parked' is busy: replay" in parking.stderr) == (4, True)
     finally:
         await connection.close()
     assert (await depth(broker, "work.parked"), await depth(broker, "work.quarantine")) == (2, 0)
