@@ -18,7 +18,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
-    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give."""
+    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give.
+
+    Raises:
+        ConfigurationError: an empty option, a reason that is none, a ``--since`` that is no
+            duration nor ISO-8601 time, or one later than now (it would select nothing): exit 2,
+            before the broker is asked anything.
+
+    """
     when = None
     if since is not None and not since.strip():
         raise ConfigurationError("--since is empty: give a duration ('2h') or an ISO-8601 time, or leave it out")
@@ -39,7 +46,19 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
         except ValueError:
             expected = "give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
             when = time_option("--since", since, expected)
+        now = datetime.now(UTC)
+        if when > now:  # no failure is recorded later than now: it would read the whole queue to select nothing
+            raise ConfigurationError(
+                f"--since {since!r} is {iso_seconds(when)} in UTC, later than now ({iso_seconds(now)}): no "
+                "failure is that recent, so it would select nothing; give a time at or before now, or a "
+                "duration ago ('2h')"
+            )
     return Selection(job=job, error_type=error_type, reason=reason, since=when)
+
+
+def iso_seconds(when: datetime) -> str:
+    """An aware datetime as ISO-8601 UTC to the second (``2999-01-01T00:00:00Z``)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def time_option(option: str, value: str, expected: str) -> datetime:

@@ -122,3 +122,27 @@ def test_the_warning_of_a_pause_whose_signal_was_not_sent_is_escaped_too(capsys:
     assert exited.value.code == 5
     err = capsys.readouterr().err
     assert err == f"warning: paused job queue work: flag set, but the signal could not be sent ({ESCAPED})\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("quarantine", "show", "work.quarantine"),
+        ("quarantine", "purge", "work.quarantine", "--yes"),
+        ("quarantine", "park", "work.quarantine", "--yes"),
+        ("quarantine", "unpark", "work.parked", "--yes"),
+        ("replay", "work.quarantine", "--dry-run"),
+    ],
+)
+@pytest.mark.parametrize("value", ["2999-01-01T00:00Z", "2999-01-01T01:00+01:00", "2999-01-01"])
+def test_a_since_in_the_future_is_refused_before_the_broker(command: tuple[str, ...], value: str):
+    # before: accepted, the whole queue read (here: exit 3, the connect to port 1 refused)
+    result = cli(NOWHERE, *command, "--since", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: --since {value!r} is 2999-01-01T00:00:00Z in UTC, later than now ("), (
+        result.stderr
+    )
+    assert result.stderr.endswith(
+        "): no failure is that recent, so it would select nothing; give a time at or before now, or a duration "
+        "ago ('2h')\n"
+    ), result.stderr
