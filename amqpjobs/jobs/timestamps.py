@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from amqpjobs.jobs.header_values import read_number
 from amqpjobs.text import as_text
 
 #: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
@@ -33,21 +34,20 @@ def epoch_seconds(value: float) -> float:
 def parse_time(value: Any) -> datetime | None:
     """Read a time from a header or property value as an aware UTC datetime.
 
-    Accepts a ``datetime`` (naive taken as UTC), a non-negative integer or float (seconds,
-    or milliseconds above :data:`MILLISECONDS_ABOVE`; a float is what JavaScript's
-    ``Date.now() / 1000`` becomes), or ISO-8601 text as ``str`` or ``bytes`` (``Z`` or an
-    offset; none means UTC). Anything else (a negative number, a table, a boolean), or a
-    time out of range, is None.
+    Accepts a ``datetime`` (naive taken as UTC), a non-negative number in any encoding
+    (:func:`~amqpjobs.jobs.header_values.read_number`: an integer, float or decimal, or digits
+    with at most one ``.`` as ``str`` or ``bytes``; seconds, or milliseconds above
+    :data:`MILLISECONDS_ABOVE`: ``Date.now() / 1000`` and ``String(Date.now())`` alike), or
+    ISO-8601 text as ``str`` or ``bytes`` (``Z`` or an offset; none means UTC). Anything else
+    (a negative number, a table, a boolean), or a time out of range, is None. Text of digits
+    alone is a number, never an ISO-8601 basic date: ``"20261206"`` is 20,261,206 s (1970).
     """
-    if type(value) is str:  # the commonest (our own headers' text): no other type tests first
-        return _from_text(value)
     if isinstance(value, datetime):
         return _in_utc(value)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not value >= 0:  # before 1970 (and NaN): no enqueue time of a job
-            return None
+    number = read_number(value)  # before 1970 (negative), NaN, infinity: None, no enqueue time of a job
+    if number is not None:
         try:
-            return datetime.fromtimestamp(epoch_seconds(value), UTC)
+            return datetime.fromtimestamp(epoch_seconds(number), UTC)
         except (ValueError, OverflowError, OSError):
             return None
     if isinstance(value, bytes | bytearray):

@@ -1,0 +1,63 @@
+"""Every reasonable encoding of a time in seconds or milliseconds reads as that time (one rule, header_values).
+
+Before: ``amqpjobs-enqueued-at`` sent as an AMQP decimal (``D``) or as digits in a string or
+byte array (a publisher writing ``str(Date.now())``) was unreadable, and the worker fell back
+to the ``timestamp`` property: ``ctx.enqueued_at`` and the first-attempt latency were the
+copy's ready time, not the job's first enqueue.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from amqpjobs.jobs import copy_headers, envelope
+from amqpjobs.jobs.header_values import read_number
+from amqpjobs.jobs.timestamps import parse_time
+
+pytestmark = pytest.mark.version_independent
+
+SECONDS = "2025-11-30T09:00:00+00:00"
+MILLIS = "2025-11-30T09:00:00.123000+00:00"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (Decimal("1764493200"), SECONDS), (Decimal("1764493200.5"), "2025-11-30T09:00:00.500000+00:00"),
+        (Decimal("1764493200123"), MILLIS), (Decimal("1.7644932E+9"), SECONDS),  # a decimal with an exponent
+        ("1764493200", SECONDS), (" 1764493200\n", SECONDS), ("1764493200123", MILLIS),
+        (b"1764493200123", MILLIS), (bytearray(b"1764493200"), SECONDS), ("01764493200", SECONDS),
+        ("1764493200.5", "2025-11-30T09:00:00.500000+00:00"),  # str(time.time())
+        ("1764493200123.0", MILLIS),
+        # not a time: None, the timestamp property is read instead
+        (Decimal("-1"), None), (Decimal("NaN"), None), (Decimal("Infinity"), None), (Decimal("1E+100000"), None),
+        ("-1764493200", None), ("+1764493200", None), ("1.7e9", None), ("1764493200.", None), (".5", None),
+        ("9" * 5000, None), ("\u0661\u0667", None), ("", None), (b"", None), (True, None),
+    ],
+)  # fmt: skip
+def test_a_time_in_any_number_encoding_is_read(value: object, expected: str | None) -> None:
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [
+        (7, 7), (7.5, 7.5), (Decimal("7.5"), 7.5), ("7", 7), (b" 7.25 ", 7.25), (0, 0),
+        (-1, None), (True, None), (float("nan"), None), (float("inf"), None), ("7 7", None), ({"a": 1}, None),
+        ([7], None), (None, None),
+    ],
+)  # fmt: skip
+def test_read_number_is_a_non_negative_finite_number_in_any_encoding(value: object, number: float | None) -> None:
+    assert read_number(value) == number
+
+
+def test_the_enqueued_at_header_is_read_before_the_timestamp_property_in_every_encoding() -> None:
+    for value in (Decimal("1764493200123"), "1764493200123", b"1764493200.123", 1764493200.123):
+        when = envelope.enqueued_at_of({envelope.ENQUEUED_AT: value}, 2_000_000_000)
+        assert when is not None
+        assert when.isoformat() == MILLIS, value
+        # a copy keeps the header as received (readable: not rewritten from the copy's timestamp)
+        assert copy_headers.copy_headers({envelope.ENQUEUED_AT: value}, 2_000_000_000)[envelope.ENQUEUED_AT] == value
