@@ -189,6 +189,25 @@ def type_problem(name: str, value: Any, expected: str = "a string") -> str | Non
     return f"header {name} is {amqp_type(value)}, expected {expected}"
 
 
+def tenant_problem(name: str, value: Any) -> str | None:
+    """Why tenant header ``name``'s ``value`` names no tenant though a publisher set it, in words, or None.
+
+    None for what names a tenant or says "none" on purpose (text or a byte array, blank too; an
+    integer; a decimal of scale 0; void): :func:`~amqpjobs.jobs.envelope.tenant_of`'s rule. Else
+    ``header amqpjobs-tenant is a float, expected a string (or a whole number): ...`` with what
+    happens to the job (it runs, without a tenant) and the fix; the worker says it once per type.
+    """
+    if value is None or isinstance(value, str | bytes | bytearray) or type(value) is int:
+        return None
+    if isinstance(value, Decimal) and value.is_finite() and value.as_tuple().exponent == 0:
+        return None
+    return (
+        f"header {name} is {amqp_type(value)}, expected a string (or a whole number): a job carrying it runs with no "
+        "tenant (ctx.tenant None, its shard picked by job id on a replay) and its copies leave the header out; send "
+        "the tenant as a string"
+    )
+
+
 def broker_cant_dead_letter(headers: Mapping[str, Any], queue: str, reason: str) -> str | None:
     """Why RabbitMQ 3.10 can't dead-letter a message of these headers from ``queue`` for ``reason``, or None.
 

@@ -29,7 +29,7 @@ from amqpjobs.jobs.failure import (
     crash_error,
     describe,
 )
-from amqpjobs.jobs.header_values import count_problem
+from amqpjobs.jobs.header_values import amqp_type, count_problem, tenant_problem
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
@@ -86,9 +86,17 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
     _pauses: OperatorPauses
     _breakers: Breakers | None
     _draining: Draining
+    _tenant_types_said: set[str]  # AMQP types of tenant headers already warned of (README "Wire format")
 
     _layouts: dict[str, JobQueueLayout]
     _rates: RateLimits | None
+
+    def _say_tenant_type(self, value: Any, job_id: str, queue: str) -> None:
+        """Warn of a tenant header of a type that names no tenant: once per AMQP type (the job runs all the same)."""
+        said = tenant_problem(envelope.TENANT, value)
+        if said is not None and (kind := amqp_type(value)) not in self._tenant_types_said:
+            self._tenant_types_said.add(kind)
+            log.warning("%s (said once per type; first: job id %s on %s)", said, field_value(job_id), queue)
 
     async def handle(self, job_queue: str, delivery: Received) -> None:
         """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
@@ -211,6 +219,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         job_id = _job_id(delivery)
         if not delivery.message_id:
             log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, field_value(job_id))
+        if (tenant := delivery.headers.get(envelope.TENANT)) is not None and type(tenant) is not str:
+            self._say_tenant_type(tenant, job_id, delivery.queue)
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
         if job is None or job.queue != layout.name:
