@@ -61,10 +61,20 @@ def _from_text(value: str) -> datetime | None:
     if not text:
         return None
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = _iso(text)
     except ValueError:
         return None
     return _in_utc(parsed)
+
+
+def _iso(text: str) -> datetime:
+    """ISO-8601 / RFC 3339 text as a datetime (``Z`` or ``z`` for UTC: RFC 3339 5.6 allows lower case).
+
+    Raises:
+        ValueError: ``text`` is no such time.
+
+    """
+    return datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
 
 
 def utc_out_of_range(value: str) -> str | None:
@@ -75,7 +85,7 @@ def utc_out_of_range(value: str) -> str | None:
     an hour before the year 1 in UTC). None too for text that is no ISO-8601 time, or a time in range.
     """
     try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        parsed = _iso(value.strip())
     except ValueError:
         return None
     if parsed.tzinfo is None or _in_utc(parsed) is not None:

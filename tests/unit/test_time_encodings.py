@@ -61,3 +61,16 @@ def test_the_enqueued_at_header_is_read_before_the_timestamp_property_in_every_e
         assert when.isoformat() == MILLIS, value
         # a copy keeps the header as received (readable: not rewritten from the copy's timestamp)
         assert copy_headers.copy_headers({envelope.ENQUEUED_AT: value}, 2_000_000_000)[envelope.ENQUEUED_AT] == value
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2025-11-30T09:00:00z", SECONDS), ("2025-11-30t09:00:00.123z", MILLIS), (b"2025-11-30T09:00:00z", SECONDS),
+        ("2025-11-30T09:00:00.123456789Z", "2025-11-30T09:00:00.123456+00:00"),  # Go's RFC3339Nano: cut to µs
+    ],
+)  # fmt: skip
+def test_rfc_3339_text_in_lower_case_is_read(value: object, expected: str) -> None:
+    # before: None for a lower-case "z" (RFC 3339 5.6 allows "t" and "z"), the timestamp property read instead
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
