@@ -3,7 +3,8 @@
 An AMQP ``timestamp`` is meant to be seconds since the epoch, but publishers in other
 languages often send milliseconds (JavaScript's ``Date.now()``). The rule is pamqp's
 (``pamqp.decode.timestamp``): a value above ``2**32 - 1`` (past the year 2106 in seconds)
-is milliseconds. The same rule reads the management API's ``head_message_timestamp``
+is milliseconds; and one that as milliseconds would be past the year 9999 is microseconds,
+then nanoseconds (:func:`epoch_seconds`). The same rule reads the management API's ``head_message_timestamp``
 (the raw integer the publisher sent) and integer time headers.
 
 A time written as text (our ``amqpjobs-*-at`` headers) is ISO-8601; one without a zone is
@@ -24,11 +25,26 @@ from amqpjobs.text import as_text
 
 #: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
 MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
+#: Values at or above this are microseconds: as milliseconds they would be past ``datetime``'s last year, 9999.
+MICROSECONDS_FROM: Final = 253_402_300_800_000
+#: Values at or above this are nanoseconds: as microseconds they would be past the year 9999.
+NANOSECONDS_FROM: Final = 253_402_300_800_000_000
 
 
 def epoch_seconds(value: float) -> float:
-    """Seconds since the epoch from an AMQP-style timestamp in seconds or milliseconds."""
-    return value / 1000.0 if value > MILLISECONDS_ABOVE else float(value)
+    """Seconds since the epoch from an AMQP-style timestamp in seconds, milliseconds, microseconds or nanoseconds.
+
+    Told apart by size, where no two readings fall in years 1970-9999 both: above
+    :data:`MILLISECONDS_ABOVE` milliseconds (pamqp's rule; ``Date.now()``), from
+    :data:`MICROSECONDS_FROM` microseconds (Go's ``UnixMicro``), from :data:`NANOSECONDS_FROM`
+    nanoseconds (``time.time_ns()``, Go's ``UnixNano``): a larger unit is taken only for values
+    that the smaller one would put past the year 9999, which no reading accepted before.
+    """
+    if value <= MILLISECONDS_ABOVE:
+        return float(value)
+    if value < MICROSECONDS_FROM:
+        return value / 1000.0
+    return value / 1e6 if value < NANOSECONDS_FROM else value / 1e9
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -74,3 +74,22 @@ def test_rfc_3339_text_in_lower_case_is_read(value: object, expected: str) -> No
     # before: None for a lower-case "z" (RFC 3339 5.6 allows "t" and "z"), the timestamp property read instead
     parsed = parse_time(value)
     assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1764493200123456, "2025-11-30T09:00:00.123456+00:00"),  # microseconds (Go's UnixMicro, time.time_ns() // 1000)
+        (1764493200123000000, MILLIS),  # nanoseconds (time.time_ns(), Go's UnixNano)
+        ("1764493200123456", "2025-11-30T09:00:00.123456+00:00"),
+        (253402300799000, "9999-12-31T23:59:59+00:00"),  # the last second datetime has, in milliseconds: still ms
+        (253402300800000, "1978-01-11T21:31:40.800000+00:00"),  # then microseconds
+        (10**30, None),  # past every reading
+    ],
+)  # fmt: skip
+def test_micro_and_nanoseconds_since_the_epoch_are_read_past_the_last_millisecond(
+    value: object, expected: str | None
+) -> None:
+    # before: None (as milliseconds, past the year 9999), the timestamp property read instead
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
