@@ -58,24 +58,34 @@ def parse_time(value: Any) -> datetime | None:
     (a negative number, a table, a boolean), or a time out of range, is None. Text of digits
     alone is a number, never an ISO-8601 basic date: ``"20261206"`` is 20,261,206 s (1970).
     """
+    if type(value) is str:  # the commonest (our own headers' ISO text): no other type tests first
+        return _from_text(value)
     if isinstance(value, datetime):
         return _in_utc(value)
     number = read_number(value)  # before 1970 (negative), NaN, infinity: None, no enqueue time of a job
     if number is not None:
-        try:
-            return datetime.fromtimestamp(epoch_seconds(number), UTC)
-        except (ValueError, OverflowError, OSError):
-            return None
+        return _from_number(number)
     if isinstance(value, bytes | bytearray):
         value = as_text(value)
     return _from_text(value) if isinstance(value, str) else None
 
 
+def _from_number(number: float) -> datetime | None:
+    """A number of seconds, ms, µs or ns since the epoch (:func:`epoch_seconds`) as an aware UTC datetime, or None."""
+    try:
+        return datetime.fromtimestamp(epoch_seconds(number), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def _from_text(value: str) -> datetime | None:
-    """ISO-8601 text as an aware UTC datetime (:func:`parse_time`'s rule), or None."""
+    """Number text or ISO-8601 text as an aware UTC datetime (:func:`parse_time`'s rule), or None."""
     text = value.strip()
     if not text:
         return None
+    if text[-1:].isdigit() and text.replace(".", "", 1).isdigit():  # digits (one "."): never ISO; cheap for ISO
+        number = read_number(value)  # the one number rule (ASCII digits only)
+        return None if number is None else _from_number(number)
     try:
         parsed = _iso(text)
     except ValueError:
@@ -90,7 +100,7 @@ def _iso(text: str) -> datetime:
         ValueError: ``text`` is no such time.
 
     """
-    return datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    return datetime.fromisoformat(text[:-1] + "Z" if text[-1:] == "z" else text)  # "Z": read since Python 3.11
 
 
 def utc_out_of_range(value: str) -> str | None:
