@@ -18,9 +18,10 @@ import functools
 import math
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Final
 
-from amqpjobs.jobs.header_values import read_number
+from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
 
 #: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
@@ -68,6 +69,26 @@ def parse_time(value: Any) -> datetime | None:
     if isinstance(value, bytes | bytearray):
         value = as_text(value)
     return _from_text(value) if isinstance(value, str) else None
+
+
+def time_problem(name: str, value: Any) -> str | None:
+    """Why time header ``name``'s ``value`` (present: None is void) is no time :func:`parse_time` reads, or None.
+
+    ``header amqpjobs-enqueued-at is a boolean, not a time ...: the timestamp property is read
+    instead; ...`` (text is shown, shortened); the worker says it once per header and type.
+    """
+    if value is None or parse_time(value) is not None:
+        return None
+    if isinstance(value, str | bytes | bytearray | int | float | Decimal) and not isinstance(value, bool):
+        text = as_text(value) if isinstance(value, bytes | bytearray) else value
+        shown = repr(text) if len(repr(text)) <= 60 else f"{repr(text)[:40]}..."
+        what = f"{shown} ({amqp_type(value)})"
+    else:
+        what = amqp_type(value)
+    return (
+        f"header {name} is {what}, not a time (ISO-8601 text, or seconds or milliseconds since the epoch, >= 0): "
+        "the timestamp property is read instead; send it as ISO-8601 UTC text (2026-11-29T09:00:00.000Z)"
+    )
 
 
 def _from_number(number: float) -> datetime | None:

@@ -88,7 +88,7 @@ async def test_a_tenant_header_of_another_type_runs_without_a_tenant_and_is_said
     assert sorted(warned) == sorted(
         f"header amqpjobs-tenant is {kind}, expected a string (or a whole number): a job carrying it runs with no "
         "tenant (ctx.tenant None, its shard picked by job id on a replay) and its copies leave the header out; "
-        "send the tenant as a string (said once per type; first: job id "
+        "send the tenant as a string (said once per header and type; first: job id "
         f"{name}-0 on work)"
         for name, (_, _, kind) in SENT.items()
         if kind is not None

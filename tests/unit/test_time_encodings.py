@@ -14,7 +14,7 @@ import pytest
 
 from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.jobs.header_values import read_number
-from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.jobs.timestamps import parse_time, time_problem
 
 pytestmark = pytest.mark.version_independent
 
@@ -93,3 +93,24 @@ def test_micro_and_nanoseconds_since_the_epoch_are_read_past_the_last_millisecon
     # before: None (as milliseconds, past the year 9999), the timestamp property read instead
     parsed = parse_time(value)
     assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ("2025-11-30T09:00:00Z", None), (1764493200, None), (Decimal("1764493200"), None), (None, None),
+        (True, "a boolean"), ({"t": 1}, "a table"), ([1], "an array"), ("yesterday", "'yesterday' (a string)"),
+        (b"soon", "'soon' (a byte array)"), (-1, "-1 (an integer)"), (float("nan"), "nan (a float)"),
+        ("x" * 100, f"{repr('x' * 100)[:40]}... (a string)"),
+    ],
+)  # fmt: skip
+def test_a_time_header_that_is_no_time_is_named_with_what_it_was(value: object, what: str | None) -> None:
+    said = time_problem("amqpjobs-enqueued-at", value)
+    if what is None:
+        assert said is None
+    else:
+        assert said == (
+            f"header amqpjobs-enqueued-at is {what}, not a time (ISO-8601 text, or seconds or milliseconds since the "
+            "epoch, >= 0): the timestamp property is read instead; send it as ISO-8601 UTC text "
+            "(2026-11-29T09:00:00.000Z)"
+        )
