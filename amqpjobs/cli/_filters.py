@@ -23,8 +23,8 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
 
     Raises:
         ConfigurationError: an empty option, a reason that is none, a ``--since`` that is no
-            duration nor ISO-8601 time, or one later than now (it would select nothing): exit 2,
-            before the broker is asked anything.
+            duration nor ISO-8601 time, a bare number of 31 years or more (:func:`bare_number_problem`),
+            or a time later than now (it would select nothing): exit 2, before the broker is asked anything.
 
     """
     when = None
