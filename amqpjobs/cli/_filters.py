@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
 from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.header_values import read_number
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
 from amqpjobs.jobs.timestamps import parse_time, utc_out_of_range
@@ -18,7 +19,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def selection(job: str | None, error_type: str | None, reason: str | None, since: str | None) -> Selection:
-    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give."""
+    """The quarantine filter the ``--job/--error-type/--reason/--since`` options give.
+
+    Raises:
+        ConfigurationError: an empty option, a reason that is none, a ``--since`` that is no
+            duration nor ISO-8601 time, a bare number of 31 years or more (:func:`bare_number_problem`),
+            or a time later than now (it would select nothing): exit 2, before the broker is asked anything.
+
+    """
     when = None
     if since is not None and not since.strip():
         raise ConfigurationError("--since is empty: give a duration ('2h') or an ISO-8601 time, or leave it out")
@@ -32,6 +40,8 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             "(published straight into the quarantine queue)"
         )
     if since:
+        if problem := bare_number_problem(since):
+            raise ConfigurationError(problem)
         try:
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
         except DurationTooLongError as exc:
@@ -39,7 +49,42 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
         except ValueError:
             expected = "give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
             when = time_option("--since", since, expected)
+        now = datetime.now(UTC)
+        if when > now:  # no failure is recorded later than now: it would read the whole queue to select nothing
+            raise ConfigurationError(
+                f"--since {since!r} is {iso_seconds(when)} in UTC, later than now ({iso_seconds(now)}): no "
+                "failure is that recent, so it would select nothing; give a time at or before now, or a "
+                "duration ago ('2h')"
+            )
     return Selection(job=job, error_type=error_type, reason=reason, since=when)
+
+
+#: A ``--since`` number without a unit this large (seconds: over 31 years) is as likely a Unix time (``date +%s``).
+BARE_NUMBER_AMBIGUOUS: Final = 1_000_000_000
+
+
+def bare_number_problem(since: str) -> str | None:
+    """Why ``--since`` text that is a number without a unit can't be taken as seconds ago, or None.
+
+    Durations take a bare number as seconds (``--since 3600`` is an hour ago), but one of
+    :data:`BARE_NUMBER_AMBIGUOUS` or more reaches back over 31 years, where the number is far
+    more likely a Unix time in seconds or milliseconds: read as seconds ago, ``1764493200``
+    would select every failure since 1971 (a replay of the whole quarantine).
+    """
+    number = read_number(since)
+    if number is None or number < BARE_NUMBER_AMBIGUOUS:
+        return None
+    unix = parse_time(since)  # seconds, or milliseconds above 2**32 - 1: the one time rule
+    return (
+        f"--since {since!r} is a number without a unit: as seconds ago it reaches back {number / 31_557_600:,.0f} "
+        f"years{'; as a Unix time it is ' + iso_seconds(unix) if unix is not None else ''}; write a duration with "
+        "its unit ('2h', '30d') or the time in ISO-8601 ('2026-11-29T08:00Z')"
+    )
+
+
+def iso_seconds(when: datetime) -> str:
+    """An aware datetime as ISO-8601 UTC to the second (``2999-01-01T00:00:00Z``)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def time_option(option: str, value: str, expected: str) -> datetime:

@@ -77,7 +77,8 @@ def headers_schema() -> dict[str, Any]:
             envelope.ENQUEUED_AT: {
                 "type": "string", "format": "date-time", "examples": ["2026-11-29T09:00:00.000Z"],
                 "description": "First enqueue time, ISO-8601 UTC (no zone is read as UTC). Also read: an "
-                "AMQP timestamp, a non-negative integer or float of seconds (milliseconds above 2**32 - 1). "
+                "AMQP timestamp, a non-negative integer, float or decimal of seconds (milliseconds above "
+                "2**32 - 1), or that number as text (digits, at most one '.'). "
                 "Optional: the timestamp property is used without it (or for anything else). Every copy "
                 "carries it (from the timestamp property when it was missing).",
             },

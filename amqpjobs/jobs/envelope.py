@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 from amqpjobs.jobs.header_names import header_problem
@@ -261,13 +262,17 @@ def tenant_of(value: Any) -> str | None:
     The one "no tenant" rule (handler's ``ctx.tenant``, evidence, every copy, replay): a
     string or byte array (UTF-8, bad bytes as U+FFFD) names a tenant unless it is empty or
     blank (``enqueue`` refuses those; a publisher we don't control may send ``""`` for "no
-    tenant"); an integer names the tenant of its decimal digits; absent and any other AMQP
-    type (table, array, boolean, float, decimal, timestamp, void) name none.
+    tenant"); an integer names the tenant of its decimal digits, and so does a decimal of scale 0
+    (an AMQP ``D`` holding a whole number: ``Decimal("42")`` is ``"42"``); absent and any other
+    AMQP type (table, array, boolean, float, a decimal with a fraction's scale, timestamp, void)
+    name none (:func:`~amqpjobs.jobs.header_values.tenant_problem` says which, for the worker's warning).
     """
     if type(value) is str:  # the commonest: no other type tests first
         return value if value.strip() else None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, Decimal) and value.is_finite() and value.as_tuple().exponent == 0:
+        return str(int(value))
     if not isinstance(value, str | bytes | bytearray):
         return None
     text = as_text(value)

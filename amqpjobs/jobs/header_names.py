@@ -42,6 +42,20 @@ def _as_float32(value: float) -> float | None:
         return None
 
 
+def _decimal_problem(value: Decimal) -> str | None:
+    """Why an AMQP decimal (``D``: scale octet, signed 32-bit value) can't hold ``value`` (pamqp's rule), or None."""
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):  # NaN, sNaN, Infinity
+        return "not a number"
+    if exponent > 0 and value.adjusted() >= 10:  # more digits than 32 bits hold: no int() of 1E+100000
+        return "its value is over 32 bits"
+    scale = max(0, -exponent)
+    if scale > 255:
+        return f"{scale} decimal places, over 255"
+    mantissa = int(value.scaleb(scale))
+    return None if -(2**31) <= mantissa < 2**31 else f"its value {mantissa} is over 32 bits"
+
+
 #: The header values pamqp encodes (``encode.encode_table_value``), besides datetime.
 _CARRIED: Final = (str, int, float, Decimal, bytes, bytearray, type(None), Mapping, list, tuple)
 
@@ -56,7 +70,9 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
     ``encode_table_value`` writes every Python float as ``f``: 0.1 would arrive as
     0.10000000149011612, 1e308 fails to pack), a str that is not UTF-8 text (a lone
     surrogate), or tables and arrays nested more than :data:`~amqpjobs.message.MAX_NESTING`
-    deep (a worker reads what is deeper as None).
+    deep (a worker reads what is deeper as None), a ``Decimal`` an AMQP decimal can't hold (NaN,
+    infinite, a value over 32 bits or over 255 decimal places: pamqp refuses it at encoding with
+    words naming no fix).
     """
     if isinstance(value, str):
         where = lone_surrogate(value)
@@ -75,6 +91,11 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
         return (
             f"{path} is {value!r}, which pamqp sends as a 32-bit AMQP float: it would arrive as "
             f"{_as_float32(value)!r}; nothing was sent. Send it as a str (e.g. {repr(value)!r}) or a decimal.Decimal"
+        )
+    if isinstance(value, Decimal) and (why := _decimal_problem(value)):
+        return (
+            f"{path} is {value!r}, which an AMQP decimal can't hold ({why}; it holds a signed 32-bit value and 0-255 "
+            f"decimal places); nothing was sent. Send it as a str (e.g. {str(value)!r})"
         )
     if isinstance(value, datetime):
         if value.microsecond:  # pamqp writes whole seconds (AMQP 0-9-1 timestamp): the rest would vanish

@@ -18,6 +18,13 @@ field type carries it (README "Wire format" -> "Headers the worker reads"):
   a timestamp, a table, an array, void) is not a count: None, and each header's reader
   applies its documented default (attempt 1, 0 runs ...).
 
+A time in seconds or milliseconds since the epoch (``amqpjobs-enqueued-at``, the other
+``amqpjobs-*-at`` headers, the ``timestamp`` property) is a number read by :func:`read_number`,
+in any encoding too: an integer, an ``f``/``d`` float or a ``D`` decimal >= 0 and finite, or a
+string or byte array of ASCII digits with at most one ``.`` between digits (blanks around them
+ignored, no sign, no exponent): ``Date.now()``, ``Date.now() / 1000``, ``str(time.time())``.
+:mod:`amqpjobs.jobs.timestamps` then tells seconds from milliseconds.
+
 A string header (``amqpjobs-job``) is read by :func:`read_text`: a string or byte array
 (UTF-8, bad bytes as U+FFFD); any other type is no value, and :func:`type_problem` names
 the type (``header amqpjobs-job is an array, expected a string``), never a Python repr.
@@ -26,6 +33,7 @@ the type (``header amqpjobs-job is an array, expected a string``), never a Pytho
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -105,6 +113,38 @@ def read_count(value: Any) -> int | None:
     return None if number is None else min(number, COUNT_MAX)
 
 
+#: Number text: ASCII digits, at most one ``.`` between digits (no sign, no exponent, no other digits).
+_NUMBER_TEXT: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def read_number(value: Any) -> float | None:
+    """A header's value as a non-negative finite number in any AMQP encoding (module docstring), or None.
+
+    Args:
+        value: The header's value as decoded from the wire.
+
+    Returns:
+        The number (an ``int`` as it is, a float or decimal as a ``float``; a decimal or number text too
+        large for a float is ``inf``, which the caller reads as out of range); None for anything else
+        (a negative number, NaN, infinity, a boolean, other text, a table, an array, a timestamp,
+        void). Never raises.
+
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) and value >= 0 else None
+    if isinstance(value, Decimal):
+        return float(value) if value.is_finite() and value >= 0 else None
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", "replace")
+    if isinstance(value, str) and _NUMBER_TEXT.fullmatch(text := value.strip(_BLANKS)):
+        return float(Decimal(text))  # no int() of thousands of digits; too many for a float: inf
+    return None
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bytes | bytearray):
         value = as_text(value)
@@ -147,6 +187,25 @@ def type_problem(name: str, value: Any, expected: str = "a string") -> str | Non
     if read_text(value) is not None:
         return None
     return f"header {name} is {amqp_type(value)}, expected {expected}"
+
+
+def tenant_problem(name: str, value: Any) -> str | None:
+    """Why tenant header ``name``'s ``value`` names no tenant though a publisher set it, in words, or None.
+
+    None for what names a tenant or says "none" on purpose (text or a byte array, blank too; an
+    integer; a decimal of scale 0; void): :func:`~amqpjobs.jobs.envelope.tenant_of`'s rule. Else
+    ``header amqpjobs-tenant is a float, expected a string (or a whole number): ...`` with what
+    happens to the job (it runs, without a tenant) and the fix; the worker says it once per type.
+    """
+    if value is None or isinstance(value, str | bytes | bytearray) or type(value) is int:
+        return None
+    if isinstance(value, Decimal) and value.is_finite() and value.as_tuple().exponent == 0:
+        return None
+    return (
+        f"header {name} is {amqp_type(value)}, expected a string (or a whole number): a job carrying it runs with no "
+        "tenant (ctx.tenant None, its shard picked by job id on a replay) and its copies leave the header out; send "
+        "the tenant as a string"
+    )
 
 
 def broker_cant_dead_letter(headers: Mapping[str, Any], queue: str, reason: str) -> str | None:

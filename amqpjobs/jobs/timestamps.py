@@ -3,7 +3,8 @@
 An AMQP ``timestamp`` is meant to be seconds since the epoch, but publishers in other
 languages often send milliseconds (JavaScript's ``Date.now()``). The rule is pamqp's
 (``pamqp.decode.timestamp``): a value above ``2**32 - 1`` (past the year 2106 in seconds)
-is milliseconds. The same rule reads the management API's ``head_message_timestamp``
+is milliseconds; and one that as milliseconds would be past the year 9999 is microseconds,
+then nanoseconds (:func:`epoch_seconds`). The same rule reads the management API's ``head_message_timestamp``
 (the raw integer the publisher sent) and integer time headers.
 
 A time written as text (our ``amqpjobs-*-at`` headers) is ISO-8601; one without a zone is
@@ -17,54 +18,110 @@ import functools
 import math
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Final
 
+from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
 
 #: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
 MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
+#: Values at or above this are microseconds: as milliseconds they would be past ``datetime``'s last year, 9999.
+MICROSECONDS_FROM: Final = 253_402_300_800_000
+#: Values at or above this are nanoseconds: as microseconds they would be past the year 9999.
+NANOSECONDS_FROM: Final = 253_402_300_800_000_000
 
 
 def epoch_seconds(value: float) -> float:
-    """Seconds since the epoch from an AMQP-style timestamp in seconds or milliseconds."""
-    return value / 1000.0 if value > MILLISECONDS_ABOVE else float(value)
+    """Seconds since the epoch from an AMQP-style timestamp in seconds, milliseconds, microseconds or nanoseconds.
+
+    Told apart by size, where no two readings fall in years 1970-9999 both: above
+    :data:`MILLISECONDS_ABOVE` milliseconds (pamqp's rule; ``Date.now()``), from
+    :data:`MICROSECONDS_FROM` microseconds (Go's ``UnixMicro``), from :data:`NANOSECONDS_FROM`
+    nanoseconds (``time.time_ns()``, Go's ``UnixNano``): a larger unit is taken only for values
+    that the smaller one would put past the year 9999, which no reading accepted before.
+    """
+    if value <= MILLISECONDS_ABOVE:
+        return float(value)
+    if value < MICROSECONDS_FROM:
+        return value / 1000.0
+    return value / 1e6 if value < NANOSECONDS_FROM else value / 1e9
 
 
 def parse_time(value: Any) -> datetime | None:
     """Read a time from a header or property value as an aware UTC datetime.
 
-    Accepts a ``datetime`` (naive taken as UTC), a non-negative integer or float (seconds,
-    or milliseconds above :data:`MILLISECONDS_ABOVE`; a float is what JavaScript's
-    ``Date.now() / 1000`` becomes), or ISO-8601 text as ``str`` or ``bytes`` (``Z`` or an
-    offset; none means UTC). Anything else (a negative number, a table, a boolean), or a
-    time out of range, is None.
+    Accepts a ``datetime`` (naive taken as UTC), a non-negative number in any encoding
+    (:func:`~amqpjobs.jobs.header_values.read_number`: an integer, float or decimal, or digits
+    with at most one ``.`` as ``str`` or ``bytes``; seconds, or milliseconds above
+    :data:`MILLISECONDS_ABOVE`: ``Date.now() / 1000`` and ``String(Date.now())`` alike), or
+    ISO-8601 text as ``str`` or ``bytes`` (``Z`` or an offset; none means UTC). Anything else
+    (a negative number, a table, a boolean), or a time out of range, is None. Text of digits
+    alone is a number, never an ISO-8601 basic date: ``"20261206"`` is 20,261,206 s (1970).
     """
-    if type(value) is str:  # the commonest (our own headers' text): no other type tests first
+    if type(value) is str:  # the commonest (our own headers' ISO text): no other type tests first
         return _from_text(value)
     if isinstance(value, datetime):
         return _in_utc(value)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not value >= 0:  # before 1970 (and NaN): no enqueue time of a job
-            return None
-        try:
-            return datetime.fromtimestamp(epoch_seconds(value), UTC)
-        except (ValueError, OverflowError, OSError):
-            return None
+    number = read_number(value)  # before 1970 (negative), NaN, infinity: None, no enqueue time of a job
+    if number is not None:
+        return _from_number(number)
     if isinstance(value, bytes | bytearray):
         value = as_text(value)
     return _from_text(value) if isinstance(value, str) else None
 
 
+def time_problem(name: str, value: Any) -> str | None:
+    """Why time header ``name``'s ``value`` (present: None is void) is no time :func:`parse_time` reads, or None.
+
+    ``header amqpjobs-enqueued-at is a boolean, not a time ...: the timestamp property is read
+    instead; ...`` (text is shown, shortened); the worker says it once per header and type.
+    """
+    if value is None or parse_time(value) is not None:
+        return None
+    if isinstance(value, str | bytes | bytearray | int | float | Decimal) and not isinstance(value, bool):
+        text = as_text(value) if isinstance(value, bytes | bytearray) else value
+        shown = repr(text) if len(repr(text)) <= 60 else f"{repr(text)[:40]}..."
+        what = f"{shown} ({amqp_type(value)})"
+    else:
+        what = amqp_type(value)
+    return (
+        f"header {name} is {what}, not a time (ISO-8601 text, or seconds or milliseconds since the epoch, >= 0): "
+        "the timestamp property is read instead; send it as ISO-8601 UTC text (2026-11-29T09:00:00.000Z)"
+    )
+
+
+def _from_number(number: float) -> datetime | None:
+    """A number of seconds, ms, µs or ns since the epoch (:func:`epoch_seconds`) as an aware UTC datetime, or None."""
+    try:
+        return datetime.fromtimestamp(epoch_seconds(number), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def _from_text(value: str) -> datetime | None:
-    """ISO-8601 text as an aware UTC datetime (:func:`parse_time`'s rule), or None."""
+    """Number text or ISO-8601 text as an aware UTC datetime (:func:`parse_time`'s rule), or None."""
     text = value.strip()
     if not text:
         return None
+    if text[-1:].isdigit() and text.replace(".", "", 1).isdigit():  # digits (one "."): never ISO; cheap for ISO
+        number = read_number(value)  # the one number rule (ASCII digits only)
+        return None if number is None else _from_number(number)
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = _iso(text)
     except ValueError:
         return None
     return _in_utc(parsed)
+
+
+def _iso(text: str) -> datetime:
+    """ISO-8601 / RFC 3339 text as a datetime (``Z`` or ``z`` for UTC: RFC 3339 5.6 allows lower case).
+
+    Raises:
+        ValueError: ``text`` is no such time.
+
+    """
+    return datetime.fromisoformat(text[:-1] + "Z" if text[-1:] == "z" else text)  # "Z": read since Python 3.11
 
 
 def utc_out_of_range(value: str) -> str | None:
@@ -75,7 +132,7 @@ def utc_out_of_range(value: str) -> str | None:
     an hour before the year 1 in UTC). None too for text that is no ISO-8601 time, or a time in range.
     """
     try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        parsed = _iso(value.strip())
     except ValueError:
         return None
     if parsed.tzinfo is None or _in_utc(parsed) is not None:

@@ -29,13 +29,14 @@ from amqpjobs.jobs.failure import (
     crash_error,
     describe,
 )
-from amqpjobs.jobs.header_values import count_problem
+from amqpjobs.jobs.header_values import amqp_type, count_problem, read_count, tenant_problem
 from amqpjobs.jobs.isolation import IsolationGate
 from amqpjobs.jobs.message_key import unnamed_idempotency_key
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.jobs.retry import decide
+from amqpjobs.jobs.timestamps import time_problem
 from amqpjobs.runtime.breakers import Breakers
 from amqpjobs.runtime.carrying_out import ACK_ONLY, CarryingOut
 from amqpjobs.runtime.draining import Draining
@@ -86,9 +87,32 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
     _pauses: OperatorPauses
     _breakers: Breakers | None
     _draining: Draining
+    _header_types_said: set[tuple[str, str]]  # (header, AMQP type) already warned of (README "Wire format")
 
     _layouts: dict[str, JobQueueLayout]
     _rates: RateLimits | None
+
+    def _say_unread_headers(self, delivery: Received, job_id: str) -> None:
+        """Warn of a tenant, attempt or enqueue-time header the worker can't read (it reads its default instead).
+
+        Once per header and AMQP type, naming the first job id: the job runs all the same (README "Wire format").
+        Our own headers (a str tenant, an int attempt) cost a type test each; the enqueue time is parsed.
+        """
+        headers = delivery.headers
+        problems = []
+        if (tenant := headers.get(envelope.TENANT)) is not None and type(tenant) is not str:
+            problems.append((envelope.TENANT, tenant, tenant_problem(envelope.TENANT, tenant)))
+        if (attempt := headers.get(envelope.ATTEMPT)) is not None and type(attempt) is not int:
+            unread = read_count(attempt) is None
+            problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; read as attempt 1"
+                             if unread else None))  # fmt: skip
+        if (first := headers.get(envelope.ENQUEUED_AT)) is not None:  # (parsed here and for ctx: ~0.4 µs each)
+            problems.append((envelope.ENQUEUED_AT, first, time_problem(envelope.ENQUEUED_AT, first)))
+        for name, value, said in problems:
+            if said is not None and (key := (name, amqp_type(value))) not in self._header_types_said:
+                self._header_types_said.add(key)
+                log.warning("%s (said once per header and type; first: job id %s on %s)", said, field_value(job_id),
+                            delivery.queue)  # fmt: skip
 
     async def handle(self, job_queue: str, delivery: Received) -> None:
         """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
@@ -211,6 +235,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         job_id = _job_id(delivery)
         if not delivery.message_id:
             log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, field_value(job_id))
+        self._say_unread_headers(delivery, job_id)
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
         if job is None or job.queue != layout.name:

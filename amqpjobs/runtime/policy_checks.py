@@ -21,7 +21,7 @@ from typing import Any
 from amqpjobs.errors import AmqpJobsError, ManagementApiError
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
-from amqpjobs.topology.plan import ObjectState, make_plan
+from amqpjobs.topology.plan import ObjectState, drift_effects, make_plan
 from amqpjobs.topology.policy_effects import (
     STATE,
     PolicyEffect,
@@ -94,8 +94,7 @@ def argument_drift(
     plan = make_plan([want for want, _ in pairs], [have for _, have in pairs])
     return [
         f"queue {item.desired.name} differs from the topology: {'; '.join(map(str, item.differences))} (declared "
-        "again by another program?); what the broker dead-letters, expires or pushes out of it may not reach its "
-        "quarantine: amqpjobs topology plan shows the remedy"
+        f"again by another program?); {drift_effects(item.differences)}: amqpjobs topology plan shows the remedy"
         for item in plan.conflicts
     ]
 

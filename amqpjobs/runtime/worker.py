@@ -115,6 +115,7 @@ class Worker(WorkerStop):
         self.settings = settings
         self.options = options or WorkerOptions()
         self.stats: Counter[str] = Counter()
+        self._header_types_said: set[tuple[str, str]] = set()  # (header, type) of unread headers warned of
         self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()

@@ -239,5 +239,42 @@ def _remedy(want: ObjectState, have: ObjectState, diffs: tuple[Difference, ...])
     return text
 
 
+#: Why a live queue's arguments can't simply be changed: what ``drift_effects`` ends a priority difference with.
+PRIORITY_FIX = (
+    "RabbitMQ can't change x-max-priority of an existing queue, nor can a policy set it: declare the queue "
+    "under a new name and move its jobs, or delete it when empty and apply the topology again"
+)
+
+
+def drift_effects(differences: Sequence[Difference]) -> str:
+    """What the broker does differently with a job queue's queue whose live settings are ``differences``.
+
+    A pure rule for the words ``status`` and a worker's start add to a CONFLICT found after
+    deploy: a live ``x-max-priority`` that is missing or lower than the topology's drops or lowers
+    the jobs' priorities (RabbitMQ "Priority Queue Support": a classic queue without it ignores
+    priorities, one with it delivers a higher priority as its maximum), which no policy can mend
+    (:data:`PRIORITY_FIX`); any other setting may keep what the broker dead-letters, expires or
+    pushes out from reaching the quarantine.
+
+    Returns:
+        One or two clauses joined by ``"; "``, without a final full stop.
+
+    """
+    out = []
+    for diff in differences:
+        if diff.setting != "x-max-priority":
+            continue
+        live, desired = diff.live, diff.desired
+        if live is None:
+            out.append(f"the broker ignores the priority of every job in it (taken in publish order); {PRIORITY_FIX}")
+        elif desired is None:
+            out.append(f"the broker sorts its jobs by priority 0-{live}, which the topology does not expect")
+        elif isinstance(live, int) and isinstance(desired, int) and live < desired:
+            out.append(f"the broker delivers a priority above {live} as {live}; {PRIORITY_FIX}")
+    if any(d.setting != "x-max-priority" for d in differences) or not out:
+        out.append("what the broker dead-letters, expires or pushes out of it may not reach its quarantine")
+    return "; ".join(out)
+
+
 def _show(value: Any) -> str:
     return "(none)" if value is None else repr(value)

@@ -93,7 +93,7 @@ def matrix_want(name: str, code: str) -> Want:
             else held("payload-ref-invalid", f"header amqpjobs-payload-ref is {KIND[code]}, not '<store>:<key>' text")
         )
     if name == envelope.TENANT:
-        return run(tenant="acme" if code in "Sx" else "2" if code in "bBsuIil" else None)
+        return run(tenant="acme" if code in "Sx" else "2" if code in "bBsuIilD" else None)  # D: decimal 2, scale 0
     return run()
 
 

@@ -6,6 +6,8 @@ a command made for the test.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -122,3 +124,54 @@ def test_the_warning_of_a_pause_whose_signal_was_not_sent_is_escaped_too(capsys:
     assert exited.value.code == 5
     err = capsys.readouterr().err
     assert err == f"warning: paused job queue work: flag set, but the signal could not be sent ({ESCAPED})\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("quarantine", "show", "work.quarantine"),
+        ("quarantine", "purge", "work.quarantine", "--yes"),
+        ("quarantine", "park", "work.quarantine", "--yes"),
+        ("quarantine", "unpark", "work.parked", "--yes"),
+        ("replay", "work.quarantine", "--dry-run"),
+    ],
+)
+@pytest.mark.parametrize("value", ["2999-01-01T00:00Z", "2999-01-01T01:00+01:00", "2999-01-01"])
+def test_a_since_in_the_future_is_refused_before_the_broker(command: tuple[str, ...], value: str):
+    # before: accepted, the whole queue read (here: exit 3, the connect to port 1 refused)
+    result = cli(NOWHERE, *command, "--since", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: --since {value!r} is 2999-01-01T00:00:00Z in UTC, later than now ("), (
+        result.stderr
+    )
+    assert result.stderr.endswith(
+        "): no failure is that recent, so it would select nothing; give a time at or before now, or a duration "
+        "ago ('2h')\n"
+    ), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "readings"),
+    [
+        ("1764493200", "56 years; as a Unix time it is 2025-11-30T09:00:00Z"),
+        ("1764493200123", "55,913 years; as a Unix time it is 2025-11-30T09:00:00Z"),  # milliseconds
+        (" 1000000000 ", "32 years; as a Unix time it is 2001-09-09T01:46:40Z"),
+        ("99999999999999999999999", "3,168,808,781,402,895 years"),
+    ],
+)
+def test_a_since_that_is_a_bare_number_of_31_years_or_more_is_refused_as_ambiguous(value: str, readings: str):
+    # before: '1764493200' (date +%s) was read as 55.9 years ago, selecting every failure since 1971
+    result = cli(NOWHERE, "replay", "work.quarantine", "--dry-run", "--since", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: --since {value!r} is a number without a unit: as seconds ago it reaches back {readings}; write a "
+        "duration with its unit ('2h', '30d') or the time in ISO-8601 ('2026-11-29T08:00Z')\n"
+    )
+
+
+def test_a_since_that_is_a_short_bare_number_is_still_seconds_ago():
+    from amqpjobs.cli._filters import selection
+
+    chosen = selection(None, None, None, "3600")
+    assert chosen.since is not None
+    assert 3599 < (datetime.now(UTC) - chosen.since).total_seconds() < 3610

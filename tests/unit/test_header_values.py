@@ -48,3 +48,30 @@ def test_a_value_amqp_cannot_carry_is_named_by_its_path(value: object, path: str
         f"header 'h': {path} is a {kind}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), float, "
         "Decimal, bool, bytes, datetime, None, or lists and dicts (str keys) of these"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "shown", "why"),
+    [
+        (Decimal("NaN"), "value", "Decimal('NaN')", "not a number"),
+        (Decimal("-Infinity"), "value", "Decimal('-Infinity')", "not a number"),
+        (Decimal("1764493200.123"), "value", "Decimal('1764493200.123')", "its value 1764493200123 is over 32 bits"),
+        (Decimal("1E+20"), "value", "Decimal('1E+20')", "its value is over 32 bits"),
+        (Decimal("1E-300"), "value", "Decimal('1E-300')", "300 decimal places, over 255"),
+        ({"a": [Decimal("NaN")]}, "value['a'][0]", "Decimal('NaN')", "not a number"),
+    ],
+)
+def test_a_decimal_amqp_cant_hold_is_named_with_why_and_the_fix(value: object, path: str, shown: str, why: str) -> None:
+    # before: "header 'k' can't be put in an AMQP frame (a error: Cannot encode NaN as a decimal) ... Give header
+    # values AMQP carries: str, int (64-bit), float, Decimal, ...": a Decimal, which it was; raised at encoding
+    assert header_problem("k", value) == (
+        f"header 'k': {path} is {shown}, which an AMQP decimal can't hold ({why}; it holds a signed 32-bit value "
+        "and 0-255 decimal places); nothing was sent. Send it as a str (e.g. "
+        f"{shown[9:-2]!r})"
+    )
+
+
+@pytest.mark.parametrize("value", [Decimal("-5"), Decimal("0.1"), Decimal("2147483647"), Decimal("-2147483648"),
+                                   Decimal("1E+5"), Decimal("1E-255")])  # fmt: skip
+def test_decimals_amqp_holds_pass(value: Decimal) -> None:
+    assert header_problem("k", value) is None

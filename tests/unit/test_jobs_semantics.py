@@ -268,12 +268,13 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     [
         (None, None), ("", None), ("  ", None), ("\u3000\t", None), (b"", None), (b" \n", None),
         ("acme", "acme"), (b"acme", "acme"), (bytearray(b"acme"), "acme"), (b"\xffx", "\ufffdx"), (42, "42"),
-        ({"id": 7}, None), ([1, 2], None), (True, None), (1.5, None), (Decimal("1"), None),
+        ({"id": 7}, None), ([1, 2], None), (True, None), (1.5, None), (Decimal("1"), "1"), (Decimal("1.0"), None),
+        (Decimal("NaN"), None),
         (datetime(2026, 1, 1, tzinfo=UTC), None),
     ],
 )  # fmt: skip
 def test_one_rule_for_no_tenant(value: object, tenant: str | None) -> None:
-    """Text (bytes as UTF-8) or an integer names a tenant unless blank; any other AMQP type names none."""
+    """Text (bytes as UTF-8), an integer or a decimal of scale 0 names a tenant unless blank; any other type none."""
     assert envelope.tenant_of(value) == tenant
 
 

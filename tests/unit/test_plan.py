@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from amqpjobs.topology.declarations import BindingDecl, Declarations
-from amqpjobs.topology.plan import Action, Difference, ObjectState, binding_name, make_plan
+from amqpjobs.topology.plan import PRIORITY_FIX, Action, Difference, ObjectState, binding_name, drift_effects, make_plan
 from amqpjobs.wire.arguments import desired_state
 
 Q = ObjectState("queue", "work", "classic", arguments={"x-queue-type": "classic", "x-max-priority": 5})
@@ -103,3 +103,26 @@ def test_a_declared_binding_is_named_as_the_management_api_binding_is(
     binding = BindingDecl(source=source, destination=destination, routing_key=routing_key)
     declared = Declarations(exchanges=(), queues=(), bindings=(binding,))
     assert [o.key for o in desired_state(declared)] == [("binding", name)]
+
+
+@pytest.mark.parametrize(
+    ("differences", "words"),
+    [
+        ([Difference("x-max-priority", None, 5)], f"the broker ignores the priority of every job in it (taken in "
+                                                   f"publish order); {PRIORITY_FIX}"),
+        ([Difference("x-max-priority", 2, 5)], f"the broker delivers a priority above 2 as 2; {PRIORITY_FIX}"),
+        ([Difference("x-max-priority", 9, None)], "the broker sorts its jobs by priority 0-9, which the topology "
+                                                  "does not expect"),
+        ([Difference("x-max-priority", 9, 5)], "what the broker dead-letters, expires or pushes out of it may not "
+                                               "reach its quarantine"),
+        ([Difference("x-max-length", 2, None)], "what the broker dead-letters, expires or pushes out of it may not "
+                                                "reach its quarantine"),
+        ([Difference("x-max-priority", None, 5), Difference("x-dead-letter-exchange", None, "q")],
+         f"the broker ignores the priority of every job in it (taken in publish order); {PRIORITY_FIX}; what the "
+         "broker dead-letters, expires or pushes out of it may not reach its quarantine"),
+    ],
+)  # fmt: skip
+def test_drift_effects_name_what_the_broker_does_with_each_difference(
+    differences: list[Difference], words: str
+) -> None:
+    assert drift_effects(differences) == words

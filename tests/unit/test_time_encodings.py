@@ -1,0 +1,116 @@
+"""Every reasonable encoding of a time in seconds or milliseconds reads as that time (one rule, header_values).
+
+Before: ``amqpjobs-enqueued-at`` sent as an AMQP decimal (``D``) or as digits in a string or
+byte array (a publisher writing ``str(Date.now())``) was unreadable, and the worker fell back
+to the ``timestamp`` property: ``ctx.enqueued_at`` and the first-attempt latency were the
+copy's ready time, not the job's first enqueue.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from amqpjobs.jobs import copy_headers, envelope
+from amqpjobs.jobs.header_values import read_number
+from amqpjobs.jobs.timestamps import parse_time, time_problem
+
+pytestmark = pytest.mark.version_independent
+
+SECONDS = "2025-11-30T09:00:00+00:00"
+MILLIS = "2025-11-30T09:00:00.123000+00:00"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (Decimal("1764493200"), SECONDS), (Decimal("1764493200.5"), "2025-11-30T09:00:00.500000+00:00"),
+        (Decimal("1764493200123"), MILLIS), (Decimal("1.7644932E+9"), SECONDS),  # a decimal with an exponent
+        ("1764493200", SECONDS), (" 1764493200\n", SECONDS), ("1764493200123", MILLIS),
+        (b"1764493200123", MILLIS), (bytearray(b"1764493200"), SECONDS), ("01764493200", SECONDS),
+        ("1764493200.5", "2025-11-30T09:00:00.500000+00:00"),  # str(time.time())
+        ("1764493200123.0", MILLIS),
+        # not a time: None, the timestamp property is read instead
+        (Decimal("-1"), None), (Decimal("NaN"), None), (Decimal("Infinity"), None), (Decimal("1E+100000"), None),
+        ("-1764493200", None), ("+1764493200", None), ("1.7e9", None), ("1764493200.", None), (".5", None),
+        ("9" * 5000, None), ("\u0661\u0667", None), ("", None), (b"", None), (True, None),
+    ],
+)  # fmt: skip
+def test_a_time_in_any_number_encoding_is_read(value: object, expected: str | None) -> None:
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [
+        (7, 7), (7.5, 7.5), (Decimal("7.5"), 7.5), ("7", 7), (b" 7.25 ", 7.25), (0, 0),
+        (-1, None), (True, None), (float("nan"), None), (float("inf"), None), ("7 7", None), ({"a": 1}, None),
+        ([7], None), (None, None),
+    ],
+)  # fmt: skip
+def test_read_number_is_a_non_negative_finite_number_in_any_encoding(value: object, number: float | None) -> None:
+    assert read_number(value) == number
+
+
+def test_the_enqueued_at_header_is_read_before_the_timestamp_property_in_every_encoding() -> None:
+    for value in (Decimal("1764493200123"), "1764493200123", b"1764493200.123", 1764493200.123):
+        when = envelope.enqueued_at_of({envelope.ENQUEUED_AT: value}, 2_000_000_000)
+        assert when is not None
+        assert when.isoformat() == MILLIS, value
+        # a copy keeps the header as received (readable: not rewritten from the copy's timestamp)
+        assert copy_headers.copy_headers({envelope.ENQUEUED_AT: value}, 2_000_000_000)[envelope.ENQUEUED_AT] == value
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2025-11-30T09:00:00z", SECONDS), ("2025-11-30t09:00:00.123z", MILLIS), (b"2025-11-30T09:00:00z", SECONDS),
+        ("2025-11-30T09:00:00.123456789Z", "2025-11-30T09:00:00.123456+00:00"),  # Go's RFC3339Nano: cut to µs
+    ],
+)  # fmt: skip
+def test_rfc_3339_text_in_lower_case_is_read(value: object, expected: str) -> None:
+    # before: None for a lower-case "z" (RFC 3339 5.6 allows "t" and "z"), the timestamp property read instead
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1764493200123456, "2025-11-30T09:00:00.123456+00:00"),  # microseconds (Go's UnixMicro, time.time_ns() // 1000)
+        (1764493200123000000, MILLIS),  # nanoseconds (time.time_ns(), Go's UnixNano)
+        ("1764493200123456", "2025-11-30T09:00:00.123456+00:00"),
+        (253402300799000, "9999-12-31T23:59:59+00:00"),  # the last second datetime has, in milliseconds: still ms
+        (253402300800000, "1978-01-11T21:31:40.800000+00:00"),  # then microseconds
+        (10**30, None),  # past every reading
+    ],
+)  # fmt: skip
+def test_micro_and_nanoseconds_since_the_epoch_are_read_past_the_last_millisecond(
+    value: object, expected: str | None
+) -> None:
+    # before: None (as milliseconds, past the year 9999), the timestamp property read instead
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ("2025-11-30T09:00:00Z", None), (1764493200, None), (Decimal("1764493200"), None), (None, None),
+        (True, "a boolean"), ({"t": 1}, "a table"), ([1], "an array"), ("yesterday", "'yesterday' (a string)"),
+        (b"soon", "'soon' (a byte array)"), (-1, "-1 (an integer)"), (float("nan"), "nan (a float)"),
+        ("x" * 100, f"{repr('x' * 100)[:40]}... (a string)"),
+    ],
+)  # fmt: skip
+def test_a_time_header_that_is_no_time_is_named_with_what_it_was(value: object, what: str | None) -> None:
+    said = time_problem("amqpjobs-enqueued-at", value)
+    if what is None:
+        assert said is None
+    else:
+        assert said == (
+            f"header amqpjobs-enqueued-at is {what}, not a time (ISO-8601 text, or seconds or milliseconds since the "
+            "epoch, >= 0): the timestamp property is read instead; send it as ISO-8601 UTC text "
+            "(2026-11-29T09:00:00.000Z)"
+        )
