@@ -17,6 +17,7 @@ import time
 from typing import Any, NoReturn
 
 from amqpjobs.runtime.handler_threads import end_process
+from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.overruns import CANCEL_BOUND
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.wire.abc import Connection
@@ -33,6 +34,7 @@ class WorkerStop(SuspectTurns):
     _inflight: set[asyncio.Task[Any]]
     _suspect_tasks: list[asyncio.Task[None]]
     _publishing: Connection | None
+    _hard: HardCloses
 
     async def shutdown(self, *, own_process: bool = False) -> int:
         """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
@@ -65,6 +67,7 @@ class WorkerStop(SuspectTurns):
                 self._rates.release()
         await asyncio.sleep(0)
         code = 1 if self._overruns.hung else 0  # a suspect hung it: exit 1 whatever its thread does (.overruns)
+        code = 3 if self._hard.fatal is not None else code  # the broker refuses it at each reconnect (.hard_closes)
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart

@@ -1,0 +1,98 @@
+"""A worker whose connections the broker's channel limits refuse at a reconnect (README "Workers").
+
+Before, a worker whose connection held exactly ``channel_max`` channels logged ``consuming``,
+then, once its connection was lost (a broker restart, ``rabbitmqctl close_connection``), met
+``530 NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)``
+at every reconnect (a consumer's throwaway channel, opened besides those restored), every 5 s,
+for ever: it never exited. Now it refuses to start, naming channel_max and the fix (exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, depth, write_file
+from tests.integration.test_worker_process import exit_code, publisher, read_record
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = pytest.mark.broker
+
+
+def _close_named(broker: BrokerSettings, connection_name: str) -> int:
+    """Close (management API) every connection of the test vhost named ``connection_name``; how many."""
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+        names = [c["name"] for c in listed
+                 if (c.get("client_properties") or {}).get("connection_name") == connection_name]  # fmt: skip
+        for name in names:
+            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+        return len(names)
+
+
+async def test_a_worker_holding_channel_max_channels_exits_naming_it_instead_of_reconnecting_for_ever(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record), "CHANMAXAPP_MAX": "3"}  # fmt: skip
+    began, cuts = time.monotonic(), 0
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--connect-timeout", "10s"), log) as proc:
+        while proc.poll() is None and time.monotonic() - began < 40:
+            if "worker consuming" in log.read_text() and cuts < 3:  # a connection lost: a broker restart, say
+                cuts += await asyncio.to_thread(_close_named, broker, "procapp-worker")
+            await asyncio.sleep(0.5)
+        code = proc.poll()
+    took, out = time.monotonic() - began, log.read_text()
+    await app.close()
+    # before: still running after 40 s, "consuming work again failed (NOT_ALLOWED - number of channels opened (3)
+    # has reached the negotiated channel_max (3)); retrying every second" every 5 s (code None: still running)
+    assert code == 3, (code, out)
+    assert took < 30, (took, out)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker's channel_max is 3"), out
+    assert "raise channel_max in the broker's rabbitmq.conf" in last, out
+    assert "Traceback" not in out, out
+    done = [r[1] for r in read_record(record) if r[0] == "done"]
+    assert len(done) + await depth(broker, "work") == 1, (done, out)  # run once, or still waiting: never lost
+
+
+async def test_a_worker_with_room_for_a_reconnect_consumes_again_after_it(broker: BrokerSettings, tmp_path: Path):
+    """channel_max 4 (one channel above what the worker's connection holds): the reconnect consumes."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record), "CHANMAXAPP_MAX": "4"}  # fmt: skip
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+        deadline = time.monotonic() + 30
+        while "worker consuming" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        while not await asyncio.to_thread(_close_named, broker, "procapp-worker"):
+            await asyncio.sleep(0.5)  # the management API lists a connection within its stats interval
+        while log.read_text().count("connection procapp-worker connected") < 2:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        await app.enqueue("sleep", {"seconds": 0}, job_id="after-reconnect")
+        while not any(r[:2] == ["done", "after-reconnect"] for r in read_record(record)):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        proc.terminate()
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "channel_max" not in out, out
