@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any, NoReturn
 
 from amqpjobs.runtime.handler_threads import end_process
@@ -35,8 +36,13 @@ class WorkerStop(SuspectTurns):
     _suspect_tasks: list[asyncio.Task[None]]
     _publishing: Connection | None
     _hard: HardCloses
+    stats: Counter[str]
+    #: What a start that failed had consumed (``outcomes 2 ack_uncertain; at its stop 2 in-flight job(s)
+    #: finished, 2 of them not acked ...``), None
+    #: when it took no delivery: its caller says it with why the start failed (:mod:`amqpjobs.runtime.processes`).
+    start_cut: str | None = None
 
-    async def shutdown(self, *, own_process: bool = False) -> int:
+    async def shutdown(self, *, own_process: bool = False, start_failed: bool = False) -> int:
         """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
 
         Past the grace an async handler is cancelled, and gets :data:`CANCEL_BOUND` seconds to
@@ -52,6 +58,10 @@ class WorkerStop(SuspectTurns):
             0 when all in-flight work finished and was acked, else 1 (also when a job finished
             after its channel closed, so it was not acked and is redelivered, and when a suspect's
             thread past its timeout stopped the worker: :mod:`amqpjobs.runtime.overruns`).
+
+        ``start_failed``: the stop of a start that failed: with ``own_process`` its stopped line is not
+        logged (the caller says why the start failed, and may begin it again, :mod:`.processes`); what
+        it consumed is :attr:`start_cut`.
 
         """
         self._stop.set()
@@ -121,7 +131,11 @@ class WorkerStop(SuspectTurns):
             if connection is not None:
                 await connection.close()
         self._threads.close()
-        if stopped is not None:
+        if stopped is not None and start_failed and own_process:  # the process may start again: no "stopped"
+            outcomes = ", ".join(f"{n} {kind}" for kind, n in sorted(self.stats.items())) or "none yet"
+            drained = stopped.removeprefix("worker stopped: ").rsplit("; exit ", 1)[0]
+            self.start_cut = f"outcomes {outcomes}; at its stop {drained}"
+        elif stopped is not None:
             log.info(stopped)
         return code
 

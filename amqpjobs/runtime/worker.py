@@ -388,7 +388,7 @@ class Worker(WorkerStop):
         try:
             started = await start_unless_stopped(self.start(), self._stop)
         except Exception:
-            await self.shutdown(own_process=own_process)
+            await self.shutdown(own_process=own_process, start_failed=True)
             raise
         if not started:
             code = await self.shutdown(own_process=own_process)
