@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
@@ -96,3 +97,47 @@ async def test_a_worker_with_room_for_a_reconnect_consumes_again_after_it(broker
     await app.close()
     assert code == 0, out
     assert "channel_max" not in out, out
+
+
+async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_naming_it(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A user's max-channels fitting the start but not a reconnect's one channel more: exit 3 within 30 s."""
+    user = f"lim-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": ""})
+        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
+                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+        mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 4})  # 3 consuming + 1 events
+    try:
+        app = await publisher(broker, tmp_path)
+        await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
+        topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+        write_file(topo, APPLIED_TOPOLOGY)
+        url = urlunsplit(urlsplit(broker.url)._replace(netloc=f"{user}:lim@{urlsplit(broker.url).hostname}:"
+                                                              f"{urlsplit(broker.url).port}"))  # fmt: skip
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        began, cut = time.monotonic(), 0
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            while proc.poll() is None and time.monotonic() - began < 50:
+                if "worker consuming" in log.read_text() and not cut:  # a connection lost: a broker restart, say
+                    cut = await asyncio.to_thread(_close_named, broker, "procapp-worker")
+                    lost_at = time.monotonic()
+                await asyncio.sleep(0.5)
+            code = proc.poll()
+        out = log.read_text()
+        await app.close()
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
+    # before: still running after 50 s, the connection lost at every reconnect (NOT_ALLOWED - number of channels
+    # opened for user '...' has reached the maximum allowed user limit of (4)), every 5 s (code None)
+    assert code == 3, (code, out)
+    assert time.monotonic() - lost_at < 30, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker closed a connection of this worker for what it sent"), out
+    assert f"opened for user '{user}' has reached the maximum allowed user limit of (4)" in last, out
+    assert "rabbitmqctl set_user_limits" in last, out
+    done = [r[1] for r in read_record(record) if r[0] == "done"]
+    assert len(done) + await depth(broker, "work") == 1, (done, out)
