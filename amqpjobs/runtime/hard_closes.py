@@ -69,6 +69,7 @@ class HardCloses:
                     "at every reconnect, so the worker does not start (what it took returns to its queue or is "
                     f"finished first). Fix: {limit_fix('channel_max')}"
                 )
+                self.fatal.final = True  # every start meets it until an operator acts: --processes stops at once
                 raise self.fatal
         for connection in connections:
             on_hard_error(connection, self._closed)

@@ -141,3 +141,22 @@ async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_n
     assert "rabbitmqctl set_user_limits" in last, out
     done = [r[1] for r in read_record(record) if r[0] == "done"]
     assert len(done) + await depth(broker, "work") == 1, (done, out)
+
+
+async def test_processes_2_short_of_channel_max_stop_at_the_first_childs_exit(broker: BrokerSettings, tmp_path: Path):
+    """Every start meets the same channel_max: the supervisor stops at the first exit, not after 5 (exit 3)."""
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt"), "CHANMAXAPP_MAX": "3"}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--processes", "2"), log) as proc:
+        code = await exit_code(proc, 40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    # before: "exited before it was ready 5 times within 60s", 11 s after the start (measured on 3.10)
+    assert "exited before it was ready with an error no restart can change" in last, out
+    assert "the broker's channel_max is 3" in last, out
+    assert took < 8, (took, out)

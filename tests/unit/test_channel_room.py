@@ -54,6 +54,7 @@ async def test_a_connection_holding_channel_max_channels_refuses_the_start():
     with pytest.raises(BrokerError, match=r"channel_max is 3 .* connection app-worker of this worker holds 3 channel"):
         hard.watch([_connection(3, 3)])
     assert hard.fatal is not None
+    assert hard.fatal.final  # consume --processes stops every child at the first such exit
 
 
 async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
@@ -66,3 +67,5 @@ async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
     assert stop.is_set()
     with pytest.raises(BrokerError, match=r"again 0s later: every reconnect meets the same refusal.*set_user_limits"):
         hard.after_stop(0)
+    assert hard.fatal is not None
+    assert not hard.fatal.final  # a new process starts within the limit: --processes restarts the child
