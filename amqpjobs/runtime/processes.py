@@ -88,6 +88,7 @@ async def run_worker(
             return await starting_again(  # past the grace, a handler thread still running ends the process
                 lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked, settings,
                 "worker stopped while starting: no delivery was taken; exit 0", lambda: current[0].start_cut,
+                lambda: current[0].start_cut_code,
             )  # fmt: skip
     finally:
         if server is not None:
@@ -98,6 +99,7 @@ async def run_worker(
 async def starting_again(
     run: Callable[[], Awaitable[int]], renew: Callable[[], None], started: Callable[[], bool], asked: list[int],
     settings: BrokerSettings, stopped: str, consumed: Callable[[], str | None] = lambda: None,
+    unclean: Callable[[], int] = lambda: 0,
 ) -> int:  # fmt: skip
     """``run()``, begun again with ``renew()`` (a new worker or replica) while its start fails on a lost connection.
 
@@ -107,7 +109,8 @@ async def starting_again(
     ``started()``: the start of the last ``run()`` had ended (a later error stands); ``asked``:
     non-empty once a stop was requested (then ``stopped`` is logged and the result is 0); ``consumed()``:
     what the start that failed had consumed (a worker's :attr:`~amqpjobs.runtime.worker.Worker.start_cut`:
-    its first consumers may have taken deliveries before a later step failed), None when nothing.
+    its first consumers may have taken deliveries before a later step failed), None when nothing;
+    ``unclean()``: the exit code of that start's stop, which a stop before the next start returns.
 
     Raises:
         What ``run()`` raised, unless :func:`_lost_while_starting` begins it again.
@@ -126,8 +129,7 @@ async def starting_again(
                 raise
         await asyncio.sleep(START_AGAIN)
         if asked:
-            cut = consumed()
-            code = int(cut is not None and "not acked" in cut)  # redelivered: no clean stop (README "Workers")
+            cut, code = consumed(), unclean()  # some redelivered: no clean stop (README "Workers")
             log.info(stopped if cut is None else f"worker stopped while starting: {cut}; exit {code}")
             return code
         renew()

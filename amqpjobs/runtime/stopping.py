@@ -41,6 +41,8 @@ class WorkerStop(SuspectTurns):
     #: finished, 2 of them not acked ...``), None
     #: when it took no delivery: its caller says it with why the start failed (:mod:`amqpjobs.runtime.processes`).
     start_cut: str | None = None
+    #: The exit code that start's stop had (1: some not acked or abandoned), which a stop before the next start keeps.
+    start_cut_code: int = 0
 
     async def shutdown(self, *, own_process: bool = False, start_failed: bool = False) -> int:
         """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
@@ -134,7 +136,7 @@ class WorkerStop(SuspectTurns):
         if stopped is not None and start_failed and own_process:  # the process may start again: no "stopped"
             outcomes = ", ".join(f"{n} {kind}" for kind, n in sorted(self.stats.items())) or "none yet"
             drained = stopped.removeprefix("worker stopped: ").rsplit("; exit ", 1)[0]
-            self.start_cut = f"outcomes {outcomes}; at its stop {drained}"
+            self.start_cut, self.start_cut_code = f"outcomes {outcomes}; at its stop {drained}", code
         elif stopped is not None:
             log.info(stopped)
         return code

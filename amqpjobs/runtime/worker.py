@@ -382,7 +382,7 @@ class Worker(WorkerStop):
         start up: ``worker stopped while starting: no delivery was taken; exit 0``.
 
         Raises:
-            The errors of :meth:`start`; what was opened is closed first.
+            The errors of :meth:`start` (what was opened is closed first); BrokerError after the drain: .hard_closes.
         """
         self._own_process = own_process
         try:

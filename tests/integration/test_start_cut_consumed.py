@@ -79,3 +79,36 @@ async def test_a_start_cut_after_its_first_consumer_took_jobs_says_what_it_took(
     assert sorted(starts) == [("w1-0", "0"), ("w1-0", "1"), ("w1-1", "0"), ("w1-1", "1"), ("w2-0", "0")], starts
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work2") == 0
+
+
+async def test_a_stop_between_a_cut_start_and_the_next_says_what_was_taken_and_exits_1(
+    broker: BrokerSettings, tmp_path: Path
+):
+    topo, record, log = tmp_path / "cut.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, TOPOLOGY)
+    await apply_topology(topo, broker)
+    app = App("cutapp", topology=str(topo), url=broker.url)
+    app.job("slow", queue="work")(lambda p, c: None)
+    app.job("slow2", queue="work2")(lambda p, c: None)
+    for i in range(2):
+        await app.enqueue("slow", {"seconds": 1}, job_id=f"w1-{i}")
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "CUTAPP_TOPOLOGY": str(topo), "CUTAPP_RECORD": str(record)}  # fmt: skip
+    with consume_subprocess("tests.integration.cutapp:app", env, ("--concurrency", "2", "--grace", "5s"), log) as proc:
+        deadline = time.monotonic() + 30
+        while "lost while starting" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # within the 1 s before the start begins again
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    # before: "worker stopped while starting: no delivery was taken; exit 0" and exit 0, after 2 jobs ran unacked
+    assert code == 1, out
+    assert "no delivery was taken" not in out, out
+    assert (
+        "worker stopped while starting: outcomes 2 ack_uncertain; at its stop 2 in-flight job(s) finished, 2 of "
+        "them not acked" in out
+    ), out
+    assert await depth(broker, "work") == 2  # redelivered to the next worker: none lost
