@@ -1,4 +1,4 @@
-"""A worker whose connection the broker refuses the same way at each reconnect: it stops and says why.
+"""A worker (or scheduler replica) the broker refuses the same way at each reconnect: it stops and says why.
 
 RabbitMQ closes a connection with a hard error (501-540) for what the client sent: a channel
 past ``channel_max`` or a user's ``max-channels`` (530 NOT_ALLOWED), a frame too large. aio-pika
@@ -16,10 +16,9 @@ guards, both in :class:`HardCloses`:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.printable import printable
@@ -39,27 +38,29 @@ class HardCloses:
     """The guards of one worker (see the module's docstring).
 
     Args:
-        stop: The worker's stop event, set when a hard close comes back.
+        stop: Called when a hard close comes back (the worker's stop event's ``set``, a replica's
+            ``request_stop``).
+        who: What stops, in its lines (``worker``, ``scheduler replica``).
 
     Attributes:
         fatal: Why the worker was stopped (None: it was not).
 
     """
 
-    def __init__(self, stop: asyncio.Event) -> None:
-        self._stop = stop
+    def __init__(self, stop: Callable[[], None], who: str = "worker") -> None:
+        self._stop, self._who = stop, who
         self._last = -WINDOW - 1.0
         self.fatal: BrokerError | None = None
 
-    def watch(self, connections: Iterable[object]) -> None:
-        """Check each connection's room for a reconnect, then watch it for hard closes.
+    def watch(self, connections: Iterable[object], check_room: bool = True) -> None:
+        """Check each connection's room for a reconnect (``check_room``: a worker's), then watch it for hard closes.
 
         Raises:
             BrokerError: a connection holds as many channels as its ``channel_max`` allows, or
                 within :data:`RECONNECT_SPARE` of it: it names the connection, both counts and the fix.
         """
         connections = list(connections)
-        for connection in connections:
+        for connection in connections if check_room else ():
             room = channel_room(connection)
             if room is not None and room.short_by(RECONNECT_SPARE):
                 self.fatal = BrokerError(
@@ -79,17 +80,17 @@ class HardCloses:
         self._last = now
         why = printable(redact_text(str(exc) or type(exc).__name__))
         if now - last > WINDOW:
-            log.warning("the broker closed a connection of this worker for what it sent (%s): reconnecting; "
-                        "if it does so again within %gs the worker stops", why, WINDOW)  # fmt: skip
+            log.warning("the broker closed a connection of this %s for what it sent (%s): reconnecting; "
+                        "if it does so again within %gs it stops", self._who, why, WINDOW)  # fmt: skip
             return
         if self.fatal is None:
             self.fatal = BrokerError(
-                f"the broker closed a connection of this worker for what it sent ({why}), again {now - last:.0f}s "
-                "later: every reconnect meets the same refusal, so the worker stopped (its unacked deliveries "
-                f"return to their queues, redelivered). Fix: {limit_fix(why)}; then start it again"
+                f"the broker closed a connection of this {self._who} for what it sent ({why}), again {now - last:.0f}s "
+                f"later: every reconnect meets the same refusal, so the {self._who} stopped (what it held unacked "
+                f"returns to its queue, redelivered). Fix: {limit_fix(why)}; then start it again"
             )
             log.error("%s", self.fatal)
-        self._stop.set()
+        self._stop()
 
     def after_stop(self, code: int) -> int:
         """``code``, unless a hard close stopped the worker.

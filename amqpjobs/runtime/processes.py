@@ -206,6 +206,6 @@ async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: Sc
 
     with stop_on_signals(stop, "handing leadership over and stopping"):
         return await starting_again(
-            lambda: current[0].run(), renew, lambda: False, asked, settings,
+            lambda: current[0].run(), renew, lambda: current[0].ready.is_set(), asked, settings,
             f"scheduler replica {current[0].replica} stopped while starting; exit 0",
         )  # fmt: skip

@@ -119,7 +119,7 @@ class Worker(WorkerStop):
         self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
-        self._hard = HardCloses(self._stop)  # the broker refusing a connection at each reconnect stops the worker
+        self._hard = HardCloses(self._stop.set)  # the broker refusing a connection at each reconnect stops the worker
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks

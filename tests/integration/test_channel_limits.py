@@ -10,6 +10,8 @@ for ever: it never exited. Now it refuses to start, naming channel_max and the f
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, depth, write_file
+from tests.integration.helpers import consume_subprocess, depth, process_running, write_file
 from tests.integration.test_worker_process import exit_code, publisher, read_record
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -160,3 +162,30 @@ async def test_processes_2_short_of_channel_max_stop_at_the_first_childs_exit(br
     assert "exited before it was ready with an error no restart can change" in last, out
     assert "the broker's channel_max is 3" in last, out
     assert took < 8, (took, out)
+
+
+async def test_a_scheduler_replica_the_broker_refuses_at_each_reconnect_exits_3_naming_channel_max(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "sched.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "SCHEDAPP_TOPOLOGY": str(topo), "PROCAPP_TOPOLOGY": str(topo), "CHANMAXAPP_MAX": "2"}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    with process_running([str(exe), "schedule", "run", "tests.integration.chansched:app"], env, log) as proc:
+        while proc.poll() is None and time.monotonic() - began < 40:
+            await asyncio.sleep(0.5)
+        code = proc.poll()
+    took, out = time.monotonic() - began, log.read_text()
+    # before: still running after 40 s, "leads", then "connection schedapp-scheduler lost ... (NOT_ALLOWED - number
+    # of channels opened (2) has reached the negotiated channel_max (2))" and "no longer leads", every 5 s (code None)
+    assert code == 3, (code, out)
+    assert took < 30, (took, out)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker closed a connection of this scheduler replica for what it sent"), (
+        out
+    )
+    assert "has reached the negotiated channel_max (2)" in last, out
+    assert "raise channel_max in the broker's rabbitmq.conf" in last, out
