@@ -181,6 +181,7 @@ async def run_child(spec: ChildSpec) -> int:
             return await starting_again(  # past the grace, a handler thread still running ends the process
                 lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked,
                 spec.settings, "worker stopped while starting: no delivery was taken; exit 0",
+                lambda: current[0].start_cut, lambda: current[0].start_cut_code,
             )  # fmt: skip
     except AmqpJobsError as exc:
         return _failed(exc)

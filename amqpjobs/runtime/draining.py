@@ -208,8 +208,8 @@ class Draining:
             note += f", {held} returned to {'its queue' if self._returned == 1 else 'their queues'} unstarted " \
                     "(redelivered)"  # fmt: skip
         if unacked := self.not_acked(still):
-            them = "it" if unacked == 1 else "them"
-            finished_note = f", {unacked} of {them} not acked (their channel closed: the broker redelivers {them})"
+            its, it = ("its", "it") if unacked == 1 else ("their", "them")
+            finished_note = f", {unacked} of them not acked ({its} channel closed: the broker redelivers {it})"
         else:
             finished_note = ""
         return (f"worker stopped: {finished} in-flight job(s) finished{finished_note}, {abandoned} abandoned "

@@ -87,7 +87,8 @@ async def run_worker(
         with stop_on_signals(stop, "no new deliveries; draining", options.grace):
             return await starting_again(  # past the grace, a handler thread still running ends the process
                 lambda: current[0].run(own_process=True), renew, lambda: current[0].ready.is_set(), asked, settings,
-                "worker stopped while starting: no delivery was taken; exit 0",
+                "worker stopped while starting: no delivery was taken; exit 0", lambda: current[0].start_cut,
+                lambda: current[0].start_cut_code,
             )  # fmt: skip
     finally:
         if server is not None:
@@ -97,7 +98,8 @@ async def run_worker(
 
 async def starting_again(
     run: Callable[[], Awaitable[int]], renew: Callable[[], None], started: Callable[[], bool], asked: list[int],
-    settings: BrokerSettings, stopped: str,
+    settings: BrokerSettings, stopped: str, consumed: Callable[[], str | None] = lambda: None,
+    unclean: Callable[[], int] = lambda: 0,
 ) -> int:  # fmt: skip
     """``run()``, begun again with ``renew()`` (a new worker or replica) while its start fails on a lost connection.
 
@@ -105,7 +107,10 @@ async def starting_again(
     and ``amqpjobs schedule run``.
 
     ``started()``: the start of the last ``run()`` had ended (a later error stands); ``asked``:
-    non-empty once a stop was requested (then ``stopped`` is logged and the result is 0).
+    non-empty once a stop was requested (then ``stopped`` is logged and the result is 0); ``consumed()``:
+    what the start that failed had consumed (a worker's :attr:`~amqpjobs.runtime.worker.Worker.start_cut`:
+    its first consumers may have taken deliveries before a later step failed), None when nothing;
+    ``unclean()``: the exit code of that start's stop, which a stop before the next start returns.
 
     Raises:
         What ``run()`` raised, unless :func:`_lost_while_starting` begins it again.
@@ -118,21 +123,26 @@ async def starting_again(
         except ConfigurationError:
             raise
         except Exception as exc:
-            if not await _lost_while_starting(started(), before, asked, deadline, settings, exc):
+            if not await _lost_while_starting(started(), before, asked, deadline, settings, exc, consumed()):
+                if not started() and (cut := consumed()) is not None:  # the error says why; this, what was taken
+                    log.warning("the start failed after its first consumers had taken work: %s", cut)
                 raise
         await asyncio.sleep(START_AGAIN)
         if asked:
-            log.info(stopped)
-            return 0
+            cut, code = consumed(), unclean()  # some redelivered: no clean stop (README "Workers")
+            log.info(stopped if cut is None else f"worker stopped while starting: {cut}; exit {code}")
+            return code
         renew()
 
 
 async def _lost_while_starting(
-    started: bool, before: int, asked: list[int], deadline: float, settings: BrokerSettings, exc: Exception
-) -> bool:
+    started: bool, before: int, asked: list[int], deadline: float, settings: BrokerSettings, exc: Exception,
+    consumed: str | None = None,
+) -> bool:  # fmt: skip
     """Whether a start failed because a connection was lost meanwhile, and may begin again (said so).
 
-    ``started``: the start (a worker's, a scheduler replica's) had ended before the error.
+    ``started``: the start (a worker's, a scheduler replica's) had ended before the error; ``consumed``:
+    what it had consumed before the error (``2 in-flight job(s) finished, 2 of them not acked ...``), None: nothing.
 
     A broker that closes a connection in the middle of a start (``rabbitmqctl close_connection``,
     a node stopping between two declares) fails whatever step used it. Such a start begins again
@@ -148,16 +158,17 @@ async def _lost_while_starting(
     count, why = losses()
     if started or asked or count == before:
         return False
+    took = "nothing was consumed or ticked" if consumed is None else f"its first consumers had taken work: {consumed}"
     if time.monotonic() >= deadline:
         raise BrokerUnavailableError(
             f"the broker closed or lost a connection of the process while it started{why}, again after "
-            f"{settings.connect_timeout:g}s of starting again (--connect-timeout): nothing was consumed. Look in the "
+            f"{settings.connect_timeout:g}s of starting again (--connect-timeout): {took}. Look in the "
             "broker's log for why it closes them (rabbitmqctl close_connection, a node stopping, a connection "
             f"limit), then start it again; the last error: {type(exc).__name__}: {exc}"
         ) from exc
     left = deadline - time.monotonic()
-    log.warning("a connection to the broker was lost while starting%s: nothing was consumed or ticked; "
-                "starting again in %gs (for up to %.0fs more, --connect-timeout)", why, START_AGAIN, left)  # fmt: skip
+    log.warning("a connection to the broker was lost while starting%s: %s; starting again in %gs (for up to %.0fs "
+                "more, --connect-timeout)", why, took, START_AGAIN, left)  # fmt: skip
     return True
 
 
@@ -195,6 +206,6 @@ async def run_scheduler(app: ScheduledApp, settings: BrokerSettings, options: Sc
 
     with stop_on_signals(stop, "handing leadership over and stopping"):
         return await starting_again(
-            lambda: current[0].run(), renew, lambda: False, asked, settings,
+            lambda: current[0].run(), renew, lambda: current[0].ready.is_set(), asked, settings,
             f"scheduler replica {current[0].replica} stopped while starting; exit 0",
         )  # fmt: skip

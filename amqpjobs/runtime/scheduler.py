@@ -49,6 +49,7 @@ from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.jobs import cron
 from amqpjobs.printable import listed, shell_quote, toml_pairs
 from amqpjobs.runtime.election import Election
+from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.overlap import GUARD_ATTRIBUTE, RUNNING_QUEUE_ARGUMENTS, overlap_guarded
 from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.policy_checks import warn_overrides
@@ -153,6 +154,7 @@ class Scheduler(Election, TickFiring):
         self._clock_waits = set()
         self.clock_tolerance = self.options.clock_tolerance
         self._warnings = PacedWarnings(log, self.options.warn_every)  # for the replica's life, not one leadership
+        self._hard = HardCloses(self.request_stop, "scheduler replica")  # refused at each reconnect: stop, exit 3
 
     @property
     def is_leader(self) -> bool:
@@ -203,6 +205,7 @@ class Scheduler(Election, TickFiring):
             await self.shutdown()
             raise
         self._begin()
+        self._hard.watch((self._connection,), check_room=False)
         ticks = [cron.tick_queue(self.app.name, s.name) for s in self._schedules]  # a policy that can lose records
         self._checks = asyncio.create_task(warn_overrides(self.settings, ticks, (), log))
 
@@ -290,7 +293,8 @@ class Scheduler(Election, TickFiring):
             0. A stop requested while still starting gives the start up (0 too).
 
         Raises:
-            The errors of :meth:`start`.
+            The errors of :meth:`start`; BrokerError when the broker closed its connection for what
+            it sent twice within 60 s (:mod:`amqpjobs.runtime.hard_closes`), once handed over.
         """
         started = await start_unless_stopped(self.start(), self._requested)
         if started:
@@ -298,7 +302,7 @@ class Scheduler(Election, TickFiring):
         await self.shutdown()
         if not started:
             log.info("scheduler replica %s stopped while starting; exit 0", self.replica)
-        return 0
+        return self._hard.after_stop(0)
 
     async def shutdown(self, grace: float = 10.0) -> None:
         """Stop leading or following, give the token back, close the connection.

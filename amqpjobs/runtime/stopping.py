@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any, NoReturn
 
 from amqpjobs.runtime.handler_threads import end_process
+from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.overruns import CANCEL_BOUND
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.wire.abc import Connection
@@ -33,8 +35,16 @@ class WorkerStop(SuspectTurns):
     _inflight: set[asyncio.Task[Any]]
     _suspect_tasks: list[asyncio.Task[None]]
     _publishing: Connection | None
+    _hard: HardCloses
+    stats: Counter[str]
+    #: What a start that failed had consumed (``outcomes 2 ack_uncertain; at its stop 2 in-flight job(s)
+    #: finished, 2 of them not acked ...``), None
+    #: when it took no delivery: its caller says it with why the start failed (:mod:`amqpjobs.runtime.processes`).
+    start_cut: str | None = None
+    #: The exit code that start's stop had (1: some not acked or abandoned), which a stop before the next start keeps.
+    start_cut_code: int = 0
 
-    async def shutdown(self, *, own_process: bool = False) -> int:
+    async def shutdown(self, *, own_process: bool = False, start_failed: bool = False) -> int:
         """Stop consuming, wait up to ``grace`` seconds for in-flight handlers, close.
 
         Past the grace an async handler is cancelled, and gets :data:`CANCEL_BOUND` seconds to
@@ -51,6 +61,10 @@ class WorkerStop(SuspectTurns):
             after its channel closed, so it was not acked and is redelivered, and when a suspect's
             thread past its timeout stopped the worker: :mod:`amqpjobs.runtime.overruns`).
 
+        ``start_failed``: the stop of a start that failed: with ``own_process`` its stopped line is not
+        logged (the caller says why the start failed, and may begin it again, :mod:`.processes`); what
+        it consumed is :attr:`start_cut`.
+
         """
         self._stop.set()
         self._stalls.stop()
@@ -65,6 +79,7 @@ class WorkerStop(SuspectTurns):
                 self._rates.release()
         await asyncio.sleep(0)
         code = 1 if self._overruns.hung else 0  # a suspect hung it: exit 1 whatever its thread does (.overruns)
+        code = 3 if self._hard.fatal is not None else code  # the broker refuses it at each reconnect (.hard_closes)
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
@@ -118,7 +133,11 @@ class WorkerStop(SuspectTurns):
             if connection is not None:
                 await connection.close()
         self._threads.close()
-        if stopped is not None:
+        if stopped is not None and start_failed and own_process:  # the process may start again: no "stopped"
+            outcomes = ", ".join(f"{n} {kind}" for kind, n in sorted(self.stats.items())) or "none yet"
+            drained = stopped.removeprefix("worker stopped: ").rsplit("; exit ", 1)[0]
+            self.start_cut, self.start_cut_code = f"outcomes {outcomes}; at its stop {drained}", code
+        elif stopped is not None:
             log.info(stopped)
         return code
 

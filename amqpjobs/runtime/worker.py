@@ -40,6 +40,7 @@ from amqpjobs.runtime.deadlines import Deadlines
 from amqpjobs.runtime.dispatch import ShardDispatcher
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.handler_threads import HandlerThreads
+from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.heap import settle_heap
 from amqpjobs.runtime.holding import Holding
 from amqpjobs.runtime.ledger_key import seal_key_of
@@ -119,6 +120,7 @@ class Worker(WorkerStop):
         self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
+        self._hard = HardCloses(self._stop.set)  # the broker refusing a connection at each reconnect stops the worker
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks
@@ -249,8 +251,9 @@ class Worker(WorkerStop):
                 await self._start_dispatcher(layout)
             else:
                 await self._start_consumer(layout, layout.work_queues[0])
-            fetcher = QueueFetcher(self._connection, layout.suspects_queue)
+            fetcher = await QueueFetcher.opened(self._connection, layout.suspects_queue)  # counted: see .hard_closes
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
+        self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
         held = layout_queues(self._layouts.values()) + marker
@@ -381,13 +384,13 @@ class Worker(WorkerStop):
         start up: ``worker stopped while starting: no delivery was taken; exit 0``.
 
         Raises:
-            The errors of :meth:`start`; what was opened is closed first.
+            The errors of :meth:`start` (what was opened is closed first); BrokerError after the drain: .hard_closes.
         """
         self._own_process = own_process
         try:
             started = await start_unless_stopped(self.start(), self._stop)
         except Exception:
-            await self.shutdown(own_process=own_process)
+            await self.shutdown(own_process=own_process, start_failed=True)
             raise
         if not started:
             code = await self.shutdown(own_process=own_process)
@@ -395,4 +398,4 @@ class Worker(WorkerStop):
                 log.info("worker stopped while starting: no delivery was taken; exit %d", code)
             return code
         await self._stop.wait()
-        return await self.shutdown(own_process=own_process)
+        return self._hard.after_stop(await self.shutdown(own_process=own_process))  # raises why a hard close stopped it

@@ -159,6 +159,8 @@ class ClusterConnection(RobustConnection):
         self.last_failure: BaseException | None = None
         #: Called when the broker closes the connection with 541 INTERNAL_ERROR (see :func:`on_internal_error`).
         self.internal_error_callbacks: list[Callable[[], None]] = []
+        #: Called with the error when the broker closes it for what it sent (501-540): :func:`on_hard_error`.
+        self.hard_error_callbacks: list[Callable[[BaseException], None]] = []
         #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
         self.internal_error_words: str | None = None
         first = nodes[self._at]
@@ -212,6 +214,9 @@ class ClusterConnection(RobustConnection):
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
                     callback()
+            elif was_open and exc is not None and _hard_error(exc):
+                for hard in self.hard_error_callbacks:  # amqpjobs.runtime.hard_closes
+                    hard(exc)
 
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
@@ -267,6 +272,18 @@ def on_internal_error(connection: object, callback: Callable[[], None]) -> None:
     """
     if isinstance(connection, ClusterConnection):
         connection.internal_error_callbacks.append(callback)
+
+
+def on_hard_error(connection: object, callback: Callable[[BaseException], None]) -> None:
+    """Call ``callback`` with the error each time the broker closes open ``connection`` for what it sent.
+
+    Reply codes 501-540 (530 NOT_ALLOWED at a channel past ``channel_max`` or a user's
+    ``max-channels``, 501 FRAME_ERROR ...): aio-pika reconnects and most often meets the same
+    refusal. 541 INTERNAL_ERROR has :func:`on_internal_error`. A connection not made by
+    :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.hard_error_callbacks.append(callback)
 
 
 def mends_undeliverable(connection: object, queue: str) -> None:

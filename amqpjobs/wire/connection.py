@@ -37,6 +37,7 @@ from amqpjobs.wire.frame_reading import install_fast_frame_reading
 from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 from amqpjobs.wire.management import parse_version
 from amqpjobs.wire.method_decoding import install_method_decoding
+from amqpjobs.wire.open_refusal import refused_words
 from amqpjobs.wire.probe import mismatch
 from amqpjobs.wire.publish_outcome import not_connected
 from amqpjobs.wire.rotation import (
@@ -310,8 +311,7 @@ async def connect(
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} refused the connection: "
-            f"{refused_connect_reason(exc, settings.vhost, settings.username)}"
+            f"broker at {settings.safe_url} refused the connection: {await refused_words(exc, settings)}"
         ) from exc
     except AmqpJobsError:
         raise

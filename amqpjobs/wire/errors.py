@@ -33,6 +33,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.topology.naming import ADDRESSABLE_CHARS, MAX_CLIENT_NAME
+from amqpjobs.wire.channel_room import limit_fix
 
 #: (client-library exception, our exception), first ``isinstance`` match wins.
 ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = (
@@ -140,9 +141,20 @@ def translate(exc: BaseException, name: str | None = None) -> AmqpJobsError | No
     ours = error_kind(exc)
     if ours is None:
         return None
-    mapped = ours((str(exc) or type(exc).__name__) + internal_error_hint(exc))
+    mapped = ours((str(exc) or type(exc).__name__) + internal_error_hint(exc) + channel_limit_hint(exc))
     mapped.__cause__ = exc
     return mapped
+
+
+def channel_limit_hint(exc: BaseException) -> str:
+    """``; fix: ...`` for a connection closed at a channel past ``channel_max`` or a user's max-channels. Else ``""``.
+
+    RabbitMQ's 530 NOT_ALLOWED words name the limit, not what to change.
+    """
+    text = str(exc)
+    if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) and ("channel_max" in text or "user limit" in text):
+        return f"; fix: {limit_fix(text)}"
+    return ""
 
 
 class _Translating:

@@ -37,6 +37,17 @@ class QueueFetcher:
         self.queue = queue
         self._channel: AbstractChannel | None = None
 
+    @classmethod
+    async def opened(cls, connection: AbstractRobustConnection, queue: str) -> QueueFetcher:
+        """A fetcher whose channel is open already: a worker's start counts it (:mod:`amqpjobs.runtime.hard_closes`).
+
+        Raises:
+            aiormq.exceptions.AMQPError: the channel could not be opened.
+        """
+        fetcher = cls(connection, queue)
+        await fetcher._underlay()
+        return fetcher
+
     async def _underlay(self) -> aiormq.Channel:
         if self._channel is None or self._channel.is_closed:
             self._channel = await self.connection.channel(publisher_confirms=False)

@@ -138,3 +138,31 @@ async def test_jobs_cancelled_at_the_grace_end_are_counted_by_what_became_of_eac
         "1 async handler(s) still running 1s after their cancellation: the process ends at once, before its "
         "connection closes, so that none finishes beside its redelivery"
     )
+
+
+async def _not_acked_line(jobs: int) -> str:
+    """The stopped line after ``jobs`` jobs finished while stopping, none acked (their channel closed)."""
+    draining = Draining()
+
+    async def job() -> None:
+        draining.started()
+        await asyncio.sleep(0.01)
+        draining.settled(True, "ack_uncertain")
+
+    tasks = [asyncio.create_task(job()) for _ in range(jobs)]
+    await asyncio.sleep(0)
+    draining.begin(0, 5)
+    await asyncio.gather(*tasks)
+    return draining.stopped_line(set(), (0, 0), 0, 1)
+
+
+async def test_jobs_not_acked_are_worded_in_their_number() -> None:
+    # before: "1 of it not acked (their channel closed: the broker redelivers it)"
+    assert await _not_acked_line(1) == (
+        "worker stopped: 1 in-flight job(s) finished, 1 of them not acked (its channel closed: the broker redelivers "
+        "it), 0 abandoned (redelivered); exit 1"
+    )
+    assert await _not_acked_line(2) == (
+        "worker stopped: 2 in-flight job(s) finished, 2 of them not acked (their channel closed: the broker "
+        "redelivers them), 0 abandoned (redelivered); exit 1"
+    )

@@ -1,0 +1,83 @@
+"""A connection's channels against the broker's per-connection and per-user limits (README "Workers").
+
+RabbitMQ closes a whole connection with ``530 NOT_ALLOWED`` when it opens a channel past the
+negotiated ``channel_max`` (``rabbit.channel_max``, 2047 by default) or past a user's or
+vhost's ``max-channels`` limit (``rabbitmqctl set_user_limits``). aio-pika's robust connection
+then reconnects, restores the same channels and meets the same refusal, every 5 s for ever: a
+worker that logged ``consuming`` and never exits. This module reads how many channels a
+connection holds and what it may hold (:func:`channel_room`), and words such a close with its
+fix (:func:`limit_fix`). Nothing here decides what a worker does: see
+:mod:`amqpjobs.runtime.hard_closes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChannelRoom:
+    """How many channels one open connection holds, and the most the broker lets it open.
+
+    Attributes:
+        name: The connection's name (``client_properties.connection_name``).
+        open: Channels open now (channel 0, the connection's own, not counted).
+        channel_max: The negotiated ``channel_max`` (0: no limit).
+
+    """
+
+    name: str
+    open: int
+    channel_max: int
+
+    def short_by(self, spare: int) -> int:
+        """How many channels are missing for ``spare`` more than are open (0 when they fit, or no limit)."""
+        if self.channel_max <= 0:
+            return 0
+        return max(0, self.open + spare - self.channel_max)
+
+
+def channel_room(connection: object) -> ChannelRoom | None:
+    """The :class:`ChannelRoom` of an aio-pika connection, None when it is not open (or not aio-pika's).
+
+    The negotiated ``channel_max`` is the one the broker proposed in ``connection.tune`` (aiormq
+    answers with it unchanged).
+    """
+    transport = getattr(connection, "transport", None)
+    underlay = getattr(transport, "connection", None)
+    tune = getattr(underlay, "connection_tune", None)
+    channels = getattr(underlay, "channels", None)
+    if tune is None or not isinstance(channels, dict):
+        return None
+    client_properties = (getattr(connection, "kwargs", None) or {}).get("client_properties") or {}
+    name = str(client_properties.get("connection_name", "?"))
+    return ChannelRoom(name, sum(1 for number in channels if number), int(tune.channel_max or 0))
+
+
+#: How to lift each limit a hard close names (words of RabbitMQ's reply text -> the fix).
+_FIXES = (
+    (
+        "channel_max",
+        "raise channel_max in the broker's rabbitmq.conf (RabbitMQ's default is 2047) and restart "
+        "the node, or give each worker process fewer job queues or shards (--queues)",
+    ),
+    (
+        "user limit",
+        "raise or clear the user's max-channels limit (rabbitmqctl set_user_limits USER "
+        "'{\"max-channels\": N}', or clear_user_limits USER max-channels), or give each worker "
+        "process fewer job queues or shards (--queues)",
+    ),
+    ("vhost limit", "raise or clear the vhost's limit (rabbitmqctl set_vhost_limits / clear_vhost_limits)"),
+    ("frame_max", "raise frame_max in the broker's rabbitmq.conf, or publish smaller headers"),
+)
+
+
+def limit_fix(reply_text: str) -> str:
+    """The fix for a connection the broker closed with a hard error (``reply_text``: its words), or a general one."""
+    for words, fix in _FIXES:
+        if words in reply_text:
+            return fix
+    return (
+        "the broker refuses what this worker sends it the same way at every reconnect: look in the broker's "
+        "log for the connection's close, fix that, then start the worker again"
+    )

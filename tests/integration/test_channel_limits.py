@@ -1,0 +1,191 @@
+"""A worker whose connections the broker's channel limits refuse at a reconnect (README "Workers").
+
+Before, a worker whose connection held exactly ``channel_max`` channels logged ``consuming``,
+then, once its connection was lost (a broker restart, ``rabbitmqctl close_connection``), met
+``530 NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)``
+at every reconnect (a consumer's throwaway channel, opened besides those restored), every 5 s,
+for ever: it never exited. Now it refuses to start, naming channel_max and the fix (exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, depth, process_running, write_file
+from tests.integration.test_worker_process import exit_code, publisher, read_record
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = pytest.mark.broker
+
+
+def _close_named(broker: BrokerSettings, connection_name: str) -> int:
+    """Close (management API) every connection of the test vhost named ``connection_name``; how many."""
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+        names = [c["name"] for c in listed
+                 if (c.get("client_properties") or {}).get("connection_name") == connection_name]  # fmt: skip
+        for name in names:
+            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+        return len(names)
+
+
+async def test_a_worker_holding_channel_max_channels_exits_naming_it_instead_of_reconnecting_for_ever(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record), "CHANMAXAPP_MAX": "3"}  # fmt: skip
+    began, cuts = time.monotonic(), 0
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--connect-timeout", "10s"), log) as proc:
+        while proc.poll() is None and time.monotonic() - began < 40:
+            if "worker consuming" in log.read_text() and cuts < 3:  # a connection lost: a broker restart, say
+                cuts += await asyncio.to_thread(_close_named, broker, "procapp-worker")
+            await asyncio.sleep(0.5)
+        code = proc.poll()
+    took, out = time.monotonic() - began, log.read_text()
+    await app.close()
+    # before: still running after 40 s, "consuming work again failed (NOT_ALLOWED - number of channels opened (3)
+    # has reached the negotiated channel_max (3)); retrying every second" every 5 s (code None: still running)
+    assert code == 3, (code, out)
+    assert took < 30, (took, out)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker's channel_max is 3"), out
+    assert "raise channel_max in the broker's rabbitmq.conf" in last, out
+    assert "Traceback" not in out, out
+    done = [r[1] for r in read_record(record) if r[0] == "done"]
+    assert len(done) + await depth(broker, "work") == 1, (done, out)  # run once, or still waiting: never lost
+
+
+async def test_a_worker_with_room_for_a_reconnect_consumes_again_after_it(broker: BrokerSettings, tmp_path: Path):
+    """channel_max 4 (one channel above what the worker's connection holds): the reconnect consumes."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record), "CHANMAXAPP_MAX": "4"}  # fmt: skip
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+        deadline = time.monotonic() + 30
+        while "worker consuming" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        while not await asyncio.to_thread(_close_named, broker, "procapp-worker"):
+            await asyncio.sleep(0.5)  # the management API lists a connection within its stats interval
+        while log.read_text().count("connection procapp-worker connected") < 2:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        await app.enqueue("sleep", {"seconds": 0}, job_id="after-reconnect")
+        while not any(r[:2] == ["done", "after-reconnect"] for r in read_record(record)):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.2)
+        proc.terminate()
+        code = await exit_code(proc)
+    out = log.read_text()
+    await app.close()
+    assert code == 0, out
+    assert "channel_max" not in out, out
+
+
+async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_naming_it(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A user's max-channels fitting the start but not a reconnect's one channel more: exit 3 within 30 s."""
+    user = f"lim-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": ""})
+        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
+                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+        mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 4})  # 3 consuming + 1 events
+    try:
+        app = await publisher(broker, tmp_path)
+        await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
+        topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+        write_file(topo, APPLIED_TOPOLOGY)
+        url = urlunsplit(urlsplit(broker.url)._replace(netloc=f"{user}:lim@{urlsplit(broker.url).hostname}:"
+                                                              f"{urlsplit(broker.url).port}"))  # fmt: skip
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        began, cut = time.monotonic(), 0
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            while proc.poll() is None and time.monotonic() - began < 50:
+                if "worker consuming" in log.read_text() and not cut:  # a connection lost: a broker restart, say
+                    cut = await asyncio.to_thread(_close_named, broker, "procapp-worker")
+                    lost_at = time.monotonic()
+                await asyncio.sleep(0.5)
+            code = proc.poll()
+        out = log.read_text()
+        await app.close()
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
+    # before: still running after 50 s, the connection lost at every reconnect (NOT_ALLOWED - number of channels
+    # opened for user '...' has reached the maximum allowed user limit of (4)), every 5 s (code None)
+    assert code == 3, (code, out)
+    assert time.monotonic() - lost_at < 30, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker closed a connection of this worker for what it sent"), out
+    assert f"opened for user '{user}' has reached the maximum allowed user limit of (4)" in last, out
+    assert "rabbitmqctl set_user_limits" in last, out
+    done = [r[1] for r in read_record(record) if r[0] == "done"]
+    assert len(done) + await depth(broker, "work") == 1, (done, out)
+
+
+async def test_processes_2_short_of_channel_max_stop_at_the_first_childs_exit(broker: BrokerSettings, tmp_path: Path):
+    """Every start meets the same channel_max: the supervisor stops at the first exit, not after 5 (exit 3)."""
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt"), "CHANMAXAPP_MAX": "3"}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--processes", "2"), log) as proc:
+        code = await exit_code(proc, 40)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    # before: "exited before it was ready 5 times within 60s", 11 s after the start (measured on 3.10)
+    assert "exited before it was ready with an error no restart can change" in last, out
+    assert "the broker's channel_max is 3" in last, out
+    assert took < 8, (took, out)
+
+
+async def test_a_scheduler_replica_the_broker_refuses_at_each_reconnect_exits_3_naming_channel_max(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "sched.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {**os.environ, "AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+           "SCHEDAPP_TOPOLOGY": str(topo), "PROCAPP_TOPOLOGY": str(topo), "CHANMAXAPP_MAX": "2"}  # fmt: skip
+    exe = Path(sys.executable).with_name("amqpjobs")
+    began = time.monotonic()
+    with process_running([str(exe), "schedule", "run", "tests.integration.chansched:app"], env, log) as proc:
+        while proc.poll() is None and time.monotonic() - began < 40:
+            await asyncio.sleep(0.5)
+        code = proc.poll()
+    took, out = time.monotonic() - began, log.read_text()
+    # before: still running after 40 s, "leads", then "connection schedapp-scheduler lost ... (NOT_ALLOWED - number
+    # of channels opened (2) has reached the negotiated channel_max (2))" and "no longer leads", every 5 s (code None)
+    assert code == 3, (code, out)
+    assert took < 30, (took, out)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("broker error: the broker closed a connection of this scheduler replica for what it sent"), (
+        out
+    )
+    assert "has reached the negotiated channel_max (2)" in last, out
+    assert "raise channel_max in the broker's rabbitmq.conf" in last, out

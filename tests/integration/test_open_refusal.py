@@ -1,0 +1,49 @@
+"""A connect the broker refuses at ``connection.open`` names which of its three reasons holds (README "Workers").
+
+Before, a worker on a vhost whose ``max-connections`` its connections reach exited 3 with ``refused
+the connection: vhost '...' does not exist or user 'guest' has no access to it (or the vhost's connection
+limit is reached)``: three causes, no fix. The management API tells them apart.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, write_file
+from tests.integration.test_worker_process import exit_code, publisher
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = pytest.mark.broker
+
+
+async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", {"value": 1})
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+    began = time.monotonic()
+    try:
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            code = await exit_code(proc, 40)
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", allow_404=True)
+    took, out = time.monotonic() - began, log.read_text()
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    # before: "... refused the connection: vhost '...' does not exist or user 'guest' has no access to it (or the
+    # vhost's connection limit is reached)"
+    assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
+    assert "rabbitmqctl set_vhost_limits" in last, out
+    assert took < 20, (took, out)

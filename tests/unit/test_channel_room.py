@@ -1,0 +1,71 @@
+"""The room a connection has for a reconnect's channels, and the fix each hard close names."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from amqpjobs.errors import BrokerError
+from amqpjobs.runtime.hard_closes import HardCloses
+from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix
+
+
+def _connection(open_channels: int, channel_max: int) -> SimpleNamespace:
+    channels = {n: object() for n in range(open_channels + 1)}  # 0: the connection's own
+    underlay = SimpleNamespace(connection_tune=SimpleNamespace(channel_max=channel_max), channels=channels)
+    return SimpleNamespace(transport=SimpleNamespace(connection=underlay),
+                           kwargs={"client_properties": {"connection_name": "app-worker"}})  # fmt: skip
+
+
+@pytest.mark.parametrize(("open_", "most", "short"), [(3, 3, 1), (2, 3, 0), (3, 4, 0), (9, 0, 0), (5, 3, 3)])
+def test_short_by_counts_the_channels_missing_for_one_more(open_: int, most: int, short: int):
+    assert ChannelRoom("c", open_, most).short_by(1) == short
+
+
+def test_channel_room_reads_the_open_channels_and_the_negotiated_channel_max():
+    assert channel_room(_connection(3, 2047)) == ChannelRoom("app-worker", 3, 2047)
+    assert channel_room(SimpleNamespace(transport=None)) is None
+
+
+USER_LIMIT = (
+    "NOT_ALLOWED - number of channels opened for user 'guest' has reached the maximum allowed user limit of (4)"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)", "channel_max in"),
+        (
+            USER_LIMIT,
+            "set_user_limits",
+        ),
+        ("FRAME_ERROR - something else", "look in the broker's log"),
+    ],
+)
+def test_limit_fix_names_the_limit_and_its_fix(text: str, words: str):
+    assert words in limit_fix(text)
+
+
+async def test_a_connection_holding_channel_max_channels_refuses_the_start():
+    hard = HardCloses(asyncio.Event().set)
+    with pytest.raises(BrokerError, match=r"channel_max is 3 .* connection app-worker of this worker holds 3 channel"):
+        hard.watch([_connection(3, 3)])
+    assert hard.fatal is not None
+    assert hard.fatal.final  # consume --processes stops every child at the first such exit
+
+
+async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0
+    hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
+    assert stop.is_set()
+    with pytest.raises(BrokerError, match=r"of this worker .* again 0s later: .*set_user_limits"):
+        hard.after_stop(0)
+    assert hard.fatal is not None
+    assert not hard.fatal.final  # a new process starts within the limit: --processes restarts the child
