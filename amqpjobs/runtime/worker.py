@@ -373,8 +373,7 @@ class Worker(WorkerStop):
         """Start, consume until :meth:`request_stop`, then drain and close (:meth:`shutdown`).
 
         Args:
-            own_process: The worker is its process's whole life (``amqpjobs consume`` and
-                each ``--processes`` child pass True): see :meth:`shutdown`.
+            own_process: The process's whole life (``consume`` and each ``--processes`` child): :meth:`shutdown`.
 
         Returns:
             0 when every in-flight handler finished and was acked within the grace period,
