@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 import time
 import uuid
@@ -139,7 +140,9 @@ async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_n
     assert time.monotonic() - lost_at < 30, out
     last = out.strip().splitlines()[-1]
     assert last.startswith("broker error: the broker closed a connection of this worker for what it sent"), out
-    assert f"opened for user '{user}' has reached the maximum allowed user limit of (4)" in last, out
+    # the broker's words: 3.10 names the user, 4.0.5 its node ('amqpjobs4@localhost'); 4.3 drops the parentheses
+    assert re.search(r"number of channels opened for user '[^']+' has reached the maximum allowed user limit of "
+                     r"\(?4\)?", last), out  # fmt: skip
     assert "rabbitmqctl set_user_limits" in last, out
     done = [r[1] for r in read_record(record) if r[0] == "done"]
     assert len(done) + await depth(broker, "work") == 1, (done, out)
