@@ -344,7 +344,14 @@ class TestBroker(QuarantineView):
 
     # ------------------------------------------------------------------ looking
     def completed(self, job: str | None = None) -> list[Processed]:
-        """The jobs that succeeded (their last delivery was acked done), optionally of job ``job`` only."""
+        """The jobs that succeeded (their last delivery was acked done), optionally of job ``job`` only.
+
+        Raises:
+            ConfigurationError: the app has no job ``job`` (a typo would otherwise read as "none ran").
+
+        """
+        if job is not None:
+            self.app.resolve(job)
         return [p for p in self.processed if isinstance(p.outcome.decision, Ack) and job in (None, p.job)]
 
     # ------------------------------------------------------------------ scheduler replicas

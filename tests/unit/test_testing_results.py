@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from amqpjobs import App, JobContext, Reject, SqliteResults
+from amqpjobs import App, ConfigurationError, JobContext, Reject, SqliteResults
 from amqpjobs.testing import TestBroker
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.version_independent]
@@ -59,3 +59,19 @@ async def test_a_cron_tick_has_its_status_once_advance_returns(tmp_path: Path) -
         assert run.job_id == "cron:reports.daily:2026-03-29T06:00:00Z"
         status = await app.job_status(run.job_id)
         assert (status.state, status.value()) == ("succeeded", "built")
+
+
+async def test_completed_of_a_job_the_app_does_not_have_is_refused_not_an_empty_list(tmp_path: Path) -> None:
+    # Before: broker.completed("math.ad") (a typo) returned [], so `assert not broker.completed("math.ad")`
+    # passed whatever ran; quarantine("nope") and messages("nope") already raised.
+    app = _app(tmp_path)
+    async with TestBroker(app) as broker:
+        await app.enqueue("math.add", {"a": 2, "b": 3})
+        await broker.drain()
+        assert [p.job for p in broker.completed("math.add")] == ["math.add"]
+        assert broker.completed("math.refuse") == []  # a job of the app that did not succeed: empty
+        with pytest.raises(ConfigurationError) as caught:
+            broker.completed("math.ad")
+        assert str(caught.value) == (
+            "no job 'math.ad' in app 'statusdouble'; registered: math.add, math.refuse, reports.daily"
+        )
