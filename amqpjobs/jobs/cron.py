@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.jobs.cron_fields import FIELD_FORMS, bad_field
+from amqpjobs.jobs.cron_fields import FIELD_FORMS, bad_field, zone_problem
 from amqpjobs.jobs.json_values import json_problem
 from amqpjobs.printable import listed
 
@@ -138,7 +138,9 @@ class CronRule:
         tz: IANA zone name (``"Europe/Paris"``); default ``"UTC"``.
 
     Raises:
-        ConfigurationError: the expression is invalid or never fires, or the zone is unknown.
+        ConfigurationError: the expression is not a str, invalid or never fires; or the zone is not a
+            str, unknown, or no fixed IANA name (``localtime``, ``posixrules``, ``Factory``, ``posix/...``,
+            ``right/...``).
 
     """
 
@@ -147,6 +149,13 @@ class CronRule:
     zone: ZoneInfo = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.expression, str):
+            raise ConfigurationError(
+                f"cron expression must be a str such as '0 8 * * *' (got {type(self.expression).__name__} "
+                f"{self.expression!r})"
+            )
+        if problem := zone_problem(self.tz):
+            raise ConfigurationError(problem)
         text = self.expression.strip()
         fields = text.split()
         if not (text in _ALIASES or len(fields) in (5, 6)) or not croniter.is_valid(text):
@@ -263,6 +272,8 @@ class Schedule:
     grace: float = 60.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigurationError(f"schedule name must be a str (got {type(self.name).__name__} {self.name!r})")
         if not _NAME.fullmatch(self.name):
             raise ConfigurationError(
                 f"schedule name {self.name!r}: use 1-100 characters of A-Z a-z 0-9 . _ - (starting with a "

@@ -1,4 +1,4 @@
-"""Which field of a cron expression croniter refuses, in words (no I/O)."""
+"""Which field of a cron expression croniter refuses, and which zone names are no fixed IANA zone, in words (no I/O)."""
 
 from __future__ import annotations
 
@@ -34,4 +34,25 @@ def bad_field(fields: list[str]) -> str | None:
         if not croniter.is_valid(" ".join(probe)):
             name, takes = FIELDS[i]
             return f"its {name} field {value!r} is not taken ({takes})"
+    return None
+
+
+#: Zone keys ``zoneinfo`` opens that are no fixed IANA zone: the host's own zone (``localtime`` is
+#: ``/etc/localtime``, so replicas on hosts set to other zones would fire one tick at different instants),
+#: Debian's ``posixrules`` (US Eastern), ``Factory`` (no offset of its own), and the ``posix/`` and
+#: ``right/`` (leap-second) copies of the database.
+_NOT_FIXED: Final = ("localtime", "posixrules", "factory")
+_NOT_FIXED_TREES: Final = ("posix/", "right/")
+
+
+def zone_problem(tz: object) -> str | None:
+    """Why ``tz`` can't be a schedule's zone, in words with the fix; None when it may be (if ``zoneinfo`` knows it)."""
+    if not isinstance(tz, str):
+        return f"time zone must be a str, an IANA name such as 'Europe/Paris' (got {type(tz).__name__} {tz!r})"
+    key = tz.strip().lower()
+    if key in _NOT_FIXED or key.startswith(_NOT_FIXED_TREES):
+        return (
+            f"time zone {tz!r} is not a fixed IANA zone name (it depends on the host, or is an alias or copy of "
+            "the database): give an IANA name such as 'UTC' or 'Europe/Paris'"
+        )
     return None

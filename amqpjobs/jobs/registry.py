@@ -292,13 +292,18 @@ class JobRegistry:
             A decorator that registers the handler and returns it unchanged.
 
         Raises:
-            ConfigurationError: a job of that name exists, or an argument is invalid.
+            ConfigurationError: a job of that name exists, or an argument is invalid (``idempotent``
+                not a bool included).
 
         """
         if problem := shortstr_problem(f"job name {name[:40]!r}", name):
             raise ConfigurationError(problem)
         if name in self._jobs:
             raise ConfigurationError(f"job {name!r} is registered twice")
+        if not isinstance(idempotent, bool):  # "false" from a config file is true
+            raise ConfigurationError(
+                f"job {name!r}: idempotent must be True or False (got {type(idempotent).__name__} {idempotent!r})"
+            )
         try:
             seconds = None if timeout is None else parse_duration(timeout)
         except ValueError as exc:

@@ -26,6 +26,7 @@ from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
 from amqpjobs.runtime.schedules import CronSchedules
 from amqpjobs.runtime.sending import get_ready, new_message, send
+from amqpjobs.runtime.store_args import store_argument
 from amqpjobs.runtime.tracing import Tracing, tracing_for
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.models import JobQueueLayout, Topology
@@ -122,8 +123,8 @@ class App(CronSchedules, JobResults, PublisherRouting):
         self.tracing: Tracing | None = tracing_for(tracing)
         self.max_message_size = checked_max_message_size(max_message_size)
         self._layouts: dict[str, JobQueueLayout] = {}
-        self.ledger = ledger
-        self.results = results
+        self.ledger = store_argument("ledger", ledger)
+        self.results = store_argument("results", results)
         if payload_store is not None:  # the store's module loads only for an app given one
             from amqpjobs.runtime.payloads import checked_store
 

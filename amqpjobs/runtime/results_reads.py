@@ -56,6 +56,12 @@ class JobResults:
         if held is not None and held[0] is asyncio.get_running_loop():
             await held[1].close()
 
+    async def settle_queued(self) -> None:
+        """Wait until the ``queued`` records noted so far on this loop are written (5 s at most); the writer goes on."""
+        held = self._queued_writer
+        if held is not None and held[0] is asyncio.get_running_loop():
+            await held[1].settle()
+
     def _results_store(self, job_id: str) -> ResultsStore:
         """The store to look ``job_id`` up in; an id no job can have is refused first (the ``enqueue`` rule)."""
         if problem := job_id_problem(job_id, blank=BLANK_AT_LOOKUP):

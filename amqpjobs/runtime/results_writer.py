@@ -129,6 +129,13 @@ class ResultsWriter:
                 for _ in batch:
                     self._queue.task_done()
 
+    async def settle(self, wait: float = 5.0) -> None:
+        """Wait until each record queued so far is written or counted failed (``wait`` s at most); keep running."""
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._queue.join()
+
     async def close(self, wait: float = 5.0) -> None:
         """Write what is queued (up to ``wait`` seconds; the rest counts as failed), then stop."""
         if self._task is None:

@@ -358,7 +358,13 @@ def tracing_for(enabled: bool) -> Tracing | None:
     """A :class:`Tracing` when ``enabled``, else None (nothing imported).
 
     Raises:
-        ConfigurationError: ``enabled`` and OpenTelemetry is not installed.
+        ConfigurationError: ``enabled`` is not a bool (``"false"`` would be true), or it is True and
+            OpenTelemetry is not installed.
 
     """
+    if not isinstance(enabled, bool):
+        raise ConfigurationError(
+            f"App(tracing=...) must be True or False (got {type(enabled).__name__} {enabled!r}): for an "
+            "environment variable, compare it, e.g. tracing=os.environ.get('AMQPJOBS_TRACING') == '1'"
+        )
     return Tracing() if enabled else None

@@ -209,6 +209,7 @@ class TestBroker(QuarantineView):
             if due is None:
                 break
             await self._step_to(min(due, self._next_tick() or due))
+        await self._settle_results()
         return self.processed[first:]
 
     async def advance(self, by: float | str | timedelta) -> list[Processed]:
@@ -237,7 +238,14 @@ class TestBroker(QuarantineView):
             await self._step_to(min(due))
         await self._step_to(target)
         await self._run_ready()
+        await self._settle_results()
         return self.processed[first:]
+
+    async def _settle_results(self) -> None:
+        """Let the results store's writers (the worker's, the app's ``queued`` one) write what the runs noted."""
+        if self.worker._results is not None:  # the worker's own writer: records of runs and outcomes
+            await self.worker._results.settle()
+        await self.app.settle_queued()
 
     async def _step_to(self, when: float) -> None:
         self.clock.move_to(when)
@@ -336,7 +344,14 @@ class TestBroker(QuarantineView):
 
     # ------------------------------------------------------------------ looking
     def completed(self, job: str | None = None) -> list[Processed]:
-        """The jobs that succeeded (their last delivery was acked done), optionally of job ``job`` only."""
+        """The jobs that succeeded (their last delivery was acked done), optionally of job ``job`` only.
+
+        Raises:
+            ConfigurationError: the app has no job ``job`` (a typo would otherwise read as "none ran").
+
+        """
+        if job is not None:
+            self.app.resolve(job)
         return [p for p in self.processed if isinstance(p.outcome.decision, Ack) and job in (None, p.job)]
 
     # ------------------------------------------------------------------ scheduler replicas
