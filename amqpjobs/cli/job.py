@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 
 import click
 
-from amqpjobs.cli._common import errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import EXIT_BROKER, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
+from amqpjobs.errors import BrokerError, BrokerUnavailableError
 from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import json_text, printable
@@ -37,24 +39,35 @@ def _job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, management_url: str | None) -> None:
     """JOB_ID's state, attempts and history, and where its message is now (quarantine and parked are browsed).
 
-    Exit 2 when the app has no results store, 3 when the store or the broker can't be reached.
+    Exit 2 when the app has no results store, 3 when the store or the broker can't be reached (the
+    broker: after the store's record, with ``now: not known: ...``; JSON: ``where`` null, ``where_unknown``).
     """
     app = load_app_reading_results(app_ref)  # a results file that is not there: exit 2 naming it
     broker = settings(url, management_url)
 
-    async def run() -> tuple[JobStatus, str]:
+    async def run() -> tuple[JobStatus, str | None, str]:
         try:
             status = await app.job_status(job_id)
-            return status, await where_now(broker, app, status)
+            try:
+                return status, await where_now(broker, app, status), ""
+            except BrokerUnavailableError as exc:  # the record still answers (an outage is when it is read)
+                return status, None, f"the broker can't be reached ({exc})"
+            except BrokerError as exc:
+                return status, None, f"browsing its queues failed ({exc})"
         finally:
             await app.close()
 
-    status, where = run_command(run())
+    status, where, unknown = run_command(run())
     if as_json:
         doc = {"job_id": status.job_id, "state": status.state, "note": status.note, "where": where,
                "history": [asdict(r) for r in status.history]}  # fmt: skip
+        if unknown:
+            doc["where_unknown"] = unknown
         click.echo(json_text(doc))
-        return
-    for line in status.report():
-        click.echo(printable(line))
-    click.echo(f"now: {printable(where)}")
+    else:
+        for line in status.report():
+            click.echo(printable(line))
+        said = f"not known: {unknown}; the state above is the results store's record" if unknown else where
+        click.echo(f"now: {printable(said or '')}")
+    if unknown:
+        sys.exit(EXIT_BROKER)
