@@ -2,7 +2,8 @@
 
 An AMQP ``timestamp`` is meant to be seconds since the epoch, but publishers in other
 languages often send milliseconds (JavaScript's ``Date.now()``). The rule is pamqp's
-(``pamqp.decode.timestamp``): a value above ``2**32 - 1`` (past the year 2106 in seconds)
+(``pamqp.decode.timestamp``; :mod:`amqpjobs.epochs`, re-exported here, which the wire's decoding of
+a frame's timestamps uses too): a value above ``2**32 - 1`` (past the year 2106 in seconds)
 is milliseconds; and one that as milliseconds would be past the year 9999 is microseconds,
 then nanoseconds (:func:`epoch_seconds`). The same rule reads the management API's ``head_message_timestamp``
 (the raw integer the publisher sent) and integer time headers.
@@ -21,31 +22,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
+from amqpjobs.epochs import MICROSECONDS_FROM as MICROSECONDS_FROM  # re-exported: the one rule's figures
+from amqpjobs.epochs import MILLISECONDS_ABOVE as MILLISECONDS_ABOVE
+from amqpjobs.epochs import NANOSECONDS_FROM as NANOSECONDS_FROM
+from amqpjobs.epochs import epoch_datetime
+from amqpjobs.epochs import epoch_seconds as epoch_seconds
 from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
-
-#: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
-MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
-#: Values at or above this are microseconds: as milliseconds they would be past ``datetime``'s last year, 9999.
-MICROSECONDS_FROM: Final = 253_402_300_800_000
-#: Values at or above this are nanoseconds: as microseconds they would be past the year 9999.
-NANOSECONDS_FROM: Final = 253_402_300_800_000_000
-
-
-def epoch_seconds(value: float) -> float:
-    """Seconds since the epoch from an AMQP-style timestamp in seconds, milliseconds, microseconds or nanoseconds.
-
-    Told apart by size, where no two readings fall in years 1970-9999 both: above
-    :data:`MILLISECONDS_ABOVE` milliseconds (pamqp's rule; ``Date.now()``), from
-    :data:`MICROSECONDS_FROM` microseconds (Go's ``UnixMicro``), from :data:`NANOSECONDS_FROM`
-    nanoseconds (``time.time_ns()``, Go's ``UnixNano``): a larger unit is taken only for values
-    that the smaller one would put past the year 9999, which no reading accepted before.
-    """
-    if value <= MILLISECONDS_ABOVE:
-        return float(value)
-    if value < MICROSECONDS_FROM:
-        return value / 1000.0
-    return value / 1e6 if value < NANOSECONDS_FROM else value / 1e9
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -93,10 +76,7 @@ def time_problem(name: str, value: Any) -> str | None:
 
 def _from_number(number: float) -> datetime | None:
     """A number of seconds, ms, µs or ns since the epoch (:func:`epoch_seconds`) as an aware UTC datetime, or None."""
-    try:
-        return datetime.fromtimestamp(epoch_seconds(number), UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
+    return epoch_datetime(number)
 
 
 def _from_text(value: str) -> datetime | None:
