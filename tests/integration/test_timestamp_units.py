@@ -22,6 +22,9 @@ import pytest
 from pamqp import encode
 
 from amqpjobs import JobContext
+from amqpjobs.errors import QueueFullError
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.status import collect
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import applied_app, raw_channel
@@ -130,3 +133,48 @@ async def test_status_ages_a_head_in_microseconds_as_the_worker_reads_it(
         await asyncio.sleep(0.1)
     assert work.oldest_age is not None
     assert 595 < work.oldest_age < 660
+
+
+AGED = (
+    TOPOLOGY
+    + """
+[[job_queue]]
+name = "aged"
+exchange = "jobs"
+max_age = "60s"
+"""
+)
+
+
+@pytest.mark.timeout(60)
+async def test_the_max_age_gate_ages_a_head_in_nanoseconds_by_the_same_rule(
+    broker: BrokerSettings, tmp_path: Path, raw_timestamps: None
+) -> None:
+    path = tmp_path / "aged.toml"
+    path.write_text(AGED)
+    await apply_topology(path, broker)
+    app = App("aged", topology=path, url=broker.url, queue_full_wait=0)
+
+    @app.job("late", queue="aged")
+    async def late(payload: dict[str, Any], ctx: JobContext) -> None:  # never run: no worker
+        raise AssertionError("no worker runs here")
+
+    ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000_000)
+    async with raw_channel(broker) as ch:
+        exchange = await ch.get_exchange("jobs")
+        await exchange.publish(_note("old", timestamp=_raw(ten_minutes_ago)), routing_key="aged", mandatory=True)
+    refused: QueueFullError | None = None
+    await app.connect(broker)  # the gate asks this node's management API, not the one derived from the URL
+    try:
+        for attempt in range(50):  # the management API's head_message_timestamp lags a statistics interval
+            try:
+                await app.enqueue("late", {}, job_id=f"late-{attempt}")
+            except QueueFullError as exc:
+                refused = exc
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await app.close()
+    assert refused is not None, "max_age never refused"
+    age = float(refused.limit.split("oldest ready message ")[1].split("s old")[0])
+    assert 595 < age < 660, refused.limit
