@@ -41,8 +41,12 @@ def epoch_datetime(value: float) -> datetime | None:
     """An AMQP-style timestamp (:func:`epoch_seconds`' units) as an aware UTC datetime, None out of range.
 
     None for a time ``datetime`` can't hold (past the year 9999, e.g. ``10**30``) or the
-    platform refuses (``OverflowError``/``OSError``, e.g. before 1970 on some), and for NaN.
+    platform refuses (``OverflowError``/``OSError``, e.g. before 1970 on some), for NaN, and for
+    0: what a publisher leaves in a timestamp it never set (no job was sent at the epoch; read
+    as 1970 it made a job 56 years old, to ``status`` and the ``max_age`` gate too).
     """
+    if value == 0:
+        return None
     try:
         return datetime.fromtimestamp(epoch_seconds(value), UTC)
     except (ValueError, OverflowError, OSError):

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -90,8 +91,41 @@ def _from_text(value: str) -> datetime | None:
     try:
         parsed = _iso(text)
     except ValueError:
-        return None
+        return _leap_second(text)
     return _in_utc(parsed)
+
+
+#: RFC 3339 text whose seconds are 60 (a leap second): before it, and after it.
+_LEAP: Final = re.compile(r"(\d{4}-\d\d-\d\d[Tt ]\d\d:59:)60((?:\.\d+)?(?:[Zz]|[+-]\d\d:\d\d)?)")
+
+
+def _leap_second(text: str) -> datetime | None:
+    """A leap second (``23:59:60Z``, RFC 3339 5.7) as the second after ``:59`` (POSIX time's reading), else None.
+
+    ``datetime`` holds no second 60: ``fromisoformat`` refuses it, and a valid time from a
+    publisher that keeps leap seconds was called "not a time" and replaced by the property.
+    """
+    match = _LEAP.fullmatch(text)
+    if match is None:
+        return None
+    try:
+        before = _in_utc(_iso(f"{match[1]}59{match[2]}"))
+        return None if before is None else before + timedelta(seconds=1)
+    except (ValueError, OverflowError):
+        return None
+
+
+def head_age(head: Any, now: float) -> float | None:
+    """Seconds since a queue's head message was sent (the management API's ``head_message_timestamp``), or None.
+
+    ``head``: the raw integer the publisher sent, in any unit (:func:`epoch_seconds`); an age
+    is never below 0 (a clock ahead of ours). None for no number, a negative one, and 0 (a
+    timestamp never set: :func:`~amqpjobs.epochs.epoch_datetime`), which ``status`` and the
+    ``max_age`` gate read as 56 years old before.
+    """
+    if not isinstance(head, int | float) or isinstance(head, bool) or not head > 0:
+        return None
+    return max(0.0, now - epoch_seconds(head))
 
 
 def _iso(text: str) -> datetime:

@@ -11,7 +11,7 @@ pamqp gives with those rules installed (the same Python types too):
 * a short string or a header name that is not UTF-8: U+FFFD for its bad bytes;
 * a timestamp (property or header) in seconds, milliseconds (above ``2**32 - 1``, pamqp's
   rule), microseconds or nanoseconds by the one rule (:mod:`amqpjobs.epochs`), as a UTC
-  ``datetime``; one that ``datetime`` can't hold even so: None;
+  ``datetime``; 0 (never set) and one that ``datetime`` can't hold even so: None;
 * a long string that is not UTF-8: its ``bytes``; a byte array: a ``bytearray``;
 * ``I`` signed and ``i`` unsigned 32-bit, ``L`` signed like ``l`` (pamqp's reading of
   RabbitMQ's errata table), ``f`` a 32-bit float widened.

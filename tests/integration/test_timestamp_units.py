@@ -44,7 +44,8 @@ retry_tiers = ["1s"]
 
 WHEN = "2025-11-30T09:00:00.123456+00:00"
 #: Sent raw 64-bit timestamp -> the ctx.enqueued_at expected.
-SENT: dict[str, tuple[int, str]] = {
+SENT: dict[str, tuple[int, str | None]] = {
+    "zero": (0, None),  # never set: no time (the handler's enqueued_at is None), not 1970
     "s": (1_764_493_200, "2025-11-30T09:00:00+00:00"),
     "ms": (1_764_493_200_123, "2025-11-30T09:00:00.123000+00:00"),
     "us": (1_764_493_200_123_456, WHEN),  # Go's UnixMicro
@@ -114,6 +115,7 @@ async def test_a_timestamp_in_any_unit_is_the_handlers_enqueue_time(
     finally:
         await app.close()
     expected = {f"{kind}-{unit}": when for kind in ("property", "header") for unit, (_, when) in SENT.items()}
+    expected["header-zero"] = "2033-05-18T03:33:20+00:00"  # the property, as for any header that is no time
     assert seen == expected
 
 
