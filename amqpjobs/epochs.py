@@ -19,6 +19,9 @@ MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
 MICROSECONDS_FROM: Final = 253_402_300_800_000
 #: Values at or above this are nanoseconds: as microseconds they would be past the year 9999.
 NANOSECONDS_FROM: Final = 253_402_300_800_000_000
+#: Values at or above this are no time: a negative POSIX ``time_t`` (AMQP's timestamp, signed) sent
+#: as the unsigned 64 bits pamqp and the broker read (-1 s is ``2**64 - 1``, which as ns is 2554).
+NEGATIVE_FROM: Final = 2**63
 
 
 def epoch_seconds(value: float) -> float:
@@ -43,9 +46,10 @@ def epoch_datetime(value: float) -> datetime | None:
     None for a time ``datetime`` can't hold (past the year 9999, e.g. ``10**30``) or the
     platform refuses (``OverflowError``/``OSError``, e.g. before 1970 on some), for NaN, and for
     0: what a publisher leaves in a timestamp it never set (no job was sent at the epoch; read
-    as 1970 it made a job 56 years old, to ``status`` and the ``max_age`` gate too).
+    as 1970 it made a job 56 years old, to ``status`` and the ``max_age`` gate too); and from
+    :data:`NEGATIVE_FROM` (a negative ``time_t`` read unsigned: before 1970, not 2262-2554).
     """
-    if value == 0:
+    if value == 0 or value >= NEGATIVE_FROM:
         return None
     try:
         return datetime.fromtimestamp(epoch_seconds(value), UTC)

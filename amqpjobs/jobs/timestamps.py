@@ -26,7 +26,7 @@ from typing import Any, Final
 from amqpjobs.epochs import MICROSECONDS_FROM as MICROSECONDS_FROM  # re-exported: the one rule's figures
 from amqpjobs.epochs import MILLISECONDS_ABOVE as MILLISECONDS_ABOVE
 from amqpjobs.epochs import NANOSECONDS_FROM as NANOSECONDS_FROM
-from amqpjobs.epochs import epoch_datetime
+from amqpjobs.epochs import NEGATIVE_FROM, epoch_datetime
 from amqpjobs.epochs import epoch_seconds as epoch_seconds
 from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
@@ -119,11 +119,12 @@ def head_age(head: Any, now: float) -> float | None:
     """Seconds since a queue's head message was sent (the management API's ``head_message_timestamp``), or None.
 
     ``head``: the raw integer the publisher sent, in any unit (:func:`epoch_seconds`); an age
-    is never below 0 (a clock ahead of ours). None for no number, a negative one, and 0 (a
+    is never below 0 (a clock ahead of ours). None for no number, a negative one (also one sent
+    unsigned: from :data:`~amqpjobs.epochs.NEGATIVE_FROM`), and 0 (a
     timestamp never set: :func:`~amqpjobs.epochs.epoch_datetime`), which ``status`` and the
     ``max_age`` gate read as 56 years old before.
     """
-    if not isinstance(head, int | float) or isinstance(head, bool) or not head > 0:
+    if not isinstance(head, int | float) or isinstance(head, bool) or not 0 < head < NEGATIVE_FROM:
         return None
     return max(0.0, now - epoch_seconds(head))
 

@@ -257,8 +257,10 @@ def test_timestamps_past_pamqps_range_decode_by_the_one_rule() -> None:
     when = datetime(2025, 11, 29, 9, 0, 0, 123456, tzinfo=UTC)
     assert decode.by_type(micro, "timestamp") == (8, when)
     assert decode.TABLE_MAPPING[b"T"](micro) == (8, when)
-    largest = struct.pack(">Q", 2**64 - 1)  # nanoseconds: no 64-bit timestamp is past the year 9999 any more
-    assert decode.by_type(largest, "timestamp") == (8, datetime(2554, 7, 21, 23, 34, 33, 709553, tzinfo=UTC))
+    largest = struct.pack(">Q", 2**63 - 1)  # nanoseconds: the last POSIX time_t (signed) reads, in 2262
+    assert decode.by_type(largest, "timestamp") == (8, datetime(2262, 4, 11, 23, 47, 16, 854776, tzinfo=UTC))
+    negative = struct.pack(">Q", 2**64 - 1)  # -1 s sent unsigned: no time (before 1970), not 2554
+    assert decode.by_type(negative, "timestamp") == (8, None)
     ok = struct.pack(">Q", 1764406800)
     consumed, value = decode.by_type(ok, "timestamp")
     assert consumed == 8

@@ -149,3 +149,15 @@ def test_a_timestamp_of_0_is_no_time_not_1970(value: object) -> None:
 def test_a_head_messages_age_by_the_one_rule(head: object, age: float | None) -> None:
     """status and the max_age gate: a head timestamp of 0 (never set) has no age, not 56 years."""
     assert head_age(head, now=1764493200.0) == age
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(2**63 - 1, "2262-04-11T23:47:16.854776+00:00"), (2**63, None), (2**64 - 1, None), (2**64 - 1_000_000_000, None)],
+)  # fmt: skip
+def test_a_negative_time_t_sent_unsigned_is_no_time(value: int, expected: str | None) -> None:
+    """AMQP's timestamp is a POSIX time_t, signed: a negative one (-1 s: 2**64 - 1) is before 1970, not 2554."""
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+    if expected is None:
+        assert head_age(value, now=1764493200.0) is None  # before: 0.0 (a head "from the future")
