@@ -58,6 +58,12 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
+def unsafe_at(text: str) -> tuple[int, str] | None:
+    r"""Where ``text``'s first character :func:`printable` escapes is, and its escape (``(2, "\\x00")``), or None."""
+    match = _UNSAFE.search(text)
+    return None if match is None else (match.start(), _escape(match))
+
+
 def printable_lines(text: str) -> str:
     r"""``text`` made :func:`printable` line by line: its line feeds stay, every other control is escaped.
 

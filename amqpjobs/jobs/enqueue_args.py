@@ -12,6 +12,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
+from amqpjobs.printable import unsafe_at
 from amqpjobs.text import lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.versions import (
@@ -89,6 +90,28 @@ def check_broker_priority(jobdef: JobDef, layout: JobQueueLayout, priority: int 
         )
 
 
+def tenant_text_problem(tenant: str) -> str | None:
+    """Why ``tenant`` (a non-blank str) is no tenant ``enqueue`` sends, or None.
+
+    A tenant is compared as given (its fairness slot, its shard, ``--tenant`` filters), and shown
+    in logs, ``status`` and quarantine: one with whitespace at an end would be a tenant apart from
+    the one it looks like, and a control or invisible character (what :func:`printable` escapes)
+    would be shown other than it reads.
+    """
+    if tenant != tenant.strip():
+        stripped = tenant.strip()[:40]
+        return (
+            f"tenant {tenant[:40]!r} has whitespace at its start or end: it would be a tenant apart from "
+            f"{stripped!r} (its own fairness slot and shard); fix: tenant={stripped!r}"
+        )
+    if (unsafe := unsafe_at(tenant)) is not None:
+        return (
+            f"tenant {tenant[:40]!r} holds a control or invisible character ({unsafe[1]} at {unsafe[0]}); "
+            "a tenant is shown in logs, status and quarantine as it is sent: fix: leave such characters out"
+        )
+    return None
+
+
 def checked_job_id(
     jobdef: JobDef, layout: JobQueueLayout, payload: Any, *, job_id: str | None, priority: int | None,
     tenant: str | None,
@@ -102,7 +125,8 @@ def checked_job_id(
         ConfigurationError: ``job_id`` or ``tenant`` not a str, or empty; ``job_id`` not an AMQP
             short string (1-255 UTF-8 bytes); ``priority`` not an int, or above the job queue's
             ``max_priority`` (or given to a classic queue without one); the key function failed
-            or returned no non-empty str; ``tenant`` not UTF-8 text (a lone surrogate).
+            or returned no non-empty str; ``tenant`` not UTF-8 text (a lone surrogate), with whitespace
+            at its start or end, or with a control or invisible character (:func:`tenant_text_problem`).
 
     """
     if job_id is not None and (problem := job_id_problem(job_id)):  # the one job-id rule, its type too
@@ -115,6 +139,8 @@ def checked_job_id(
         raise ConfigurationError(f"job {jobdef.name!r}: tenant is empty; give a tenant key or leave it out")
     if tenant is not None and (problem := lone_surrogate(tenant)):
         raise ConfigurationError(f"job {jobdef.name!r}: tenant {tenant[:40]!r} is not UTF-8 text ({problem})")
+    if tenant is not None and (problem := tenant_text_problem(tenant)):
+        raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
     if priority is not None and (layout.queue_type == "classic" or layout.max_priority is not None):
         if layout.max_priority is None:
             raise ConfigurationError(

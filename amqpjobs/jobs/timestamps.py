@@ -2,7 +2,8 @@
 
 An AMQP ``timestamp`` is meant to be seconds since the epoch, but publishers in other
 languages often send milliseconds (JavaScript's ``Date.now()``). The rule is pamqp's
-(``pamqp.decode.timestamp``): a value above ``2**32 - 1`` (past the year 2106 in seconds)
+(``pamqp.decode.timestamp``; :mod:`amqpjobs.epochs`, re-exported here, which the wire's decoding of
+a frame's timestamps uses too): a value above ``2**32 - 1`` (past the year 2106 in seconds)
 is milliseconds; and one that as milliseconds would be past the year 9999 is microseconds,
 then nanoseconds (:func:`epoch_seconds`). The same rule reads the management API's ``head_message_timestamp``
 (the raw integer the publisher sent) and integer time headers.
@@ -16,36 +17,19 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from amqpjobs.epochs import MICROSECONDS_FROM as MICROSECONDS_FROM  # re-exported: the one rule's figures
+from amqpjobs.epochs import MILLISECONDS_ABOVE as MILLISECONDS_ABOVE
+from amqpjobs.epochs import NANOSECONDS_FROM as NANOSECONDS_FROM
+from amqpjobs.epochs import NEGATIVE_FROM, epoch_datetime
+from amqpjobs.epochs import epoch_seconds as epoch_seconds
 from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
-
-#: Values above this are milliseconds (pamqp's rule: seconds this large are past 2106).
-MILLISECONDS_ABOVE: Final = 0xFFFFFFFF
-#: Values at or above this are microseconds: as milliseconds they would be past ``datetime``'s last year, 9999.
-MICROSECONDS_FROM: Final = 253_402_300_800_000
-#: Values at or above this are nanoseconds: as microseconds they would be past the year 9999.
-NANOSECONDS_FROM: Final = 253_402_300_800_000_000
-
-
-def epoch_seconds(value: float) -> float:
-    """Seconds since the epoch from an AMQP-style timestamp in seconds, milliseconds, microseconds or nanoseconds.
-
-    Told apart by size, where no two readings fall in years 1970-9999 both: above
-    :data:`MILLISECONDS_ABOVE` milliseconds (pamqp's rule; ``Date.now()``), from
-    :data:`MICROSECONDS_FROM` microseconds (Go's ``UnixMicro``), from :data:`NANOSECONDS_FROM`
-    nanoseconds (``time.time_ns()``, Go's ``UnixNano``): a larger unit is taken only for values
-    that the smaller one would put past the year 9999, which no reading accepted before.
-    """
-    if value <= MILLISECONDS_ABOVE:
-        return float(value)
-    if value < MICROSECONDS_FROM:
-        return value / 1000.0
-    return value / 1e6 if value < NANOSECONDS_FROM else value / 1e9
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -93,10 +77,7 @@ def time_problem(name: str, value: Any) -> str | None:
 
 def _from_number(number: float) -> datetime | None:
     """A number of seconds, ms, µs or ns since the epoch (:func:`epoch_seconds`) as an aware UTC datetime, or None."""
-    try:
-        return datetime.fromtimestamp(epoch_seconds(number), UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
+    return epoch_datetime(number)
 
 
 def _from_text(value: str) -> datetime | None:
@@ -110,8 +91,42 @@ def _from_text(value: str) -> datetime | None:
     try:
         parsed = _iso(text)
     except ValueError:
-        return None
+        return _leap_second(text)
     return _in_utc(parsed)
+
+
+#: RFC 3339 text whose seconds are 60 (a leap second): before it, and after it.
+_LEAP: Final = re.compile(r"(\d{4}-\d\d-\d\d[Tt ]\d\d:59:)60((?:\.\d+)?(?:[Zz]|[+-]\d\d:\d\d)?)")
+
+
+def _leap_second(text: str) -> datetime | None:
+    """A leap second (``23:59:60Z``, RFC 3339 5.7) as the second after ``:59`` (POSIX time's reading), else None.
+
+    ``datetime`` holds no second 60: ``fromisoformat`` refuses it, and a valid time from a
+    publisher that keeps leap seconds was called "not a time" and replaced by the property.
+    """
+    match = _LEAP.fullmatch(text)
+    if match is None:
+        return None
+    try:
+        before = _in_utc(_iso(f"{match[1]}59{match[2]}"))
+        return None if before is None else before + timedelta(seconds=1)
+    except (ValueError, OverflowError):
+        return None
+
+
+def head_age(head: Any, now: float) -> float | None:
+    """Seconds since a queue's head message was sent (the management API's ``head_message_timestamp``), or None.
+
+    ``head``: the raw integer the publisher sent, in any unit (:func:`epoch_seconds`); an age
+    is never below 0 (a clock ahead of ours). None for no number, a negative one (also one sent
+    unsigned: from :data:`~amqpjobs.epochs.NEGATIVE_FROM`), and 0 (a
+    timestamp never set: :func:`~amqpjobs.epochs.epoch_datetime`), which ``status`` and the
+    ``max_age`` gate read as 56 years old before.
+    """
+    if not isinstance(head, int | float) or isinstance(head, bool) or not 0 < head < NEGATIVE_FROM:
+        return None
+    return max(0.0, now - epoch_seconds(head))
 
 
 def _iso(text: str) -> datetime:

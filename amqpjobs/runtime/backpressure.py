@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from amqpjobs.errors import AmqpJobsError, BrokerBlockedError, QueueFullError
-from amqpjobs.jobs.timestamps import epoch_seconds
+from amqpjobs.jobs.timestamps import head_age
 from amqpjobs.runtime.shared_clients import SharedManagementClients
 from amqpjobs.topology.bounds import QueueBounds
 from amqpjobs.topology.models import JobQueueLayout
@@ -316,10 +316,7 @@ class EnqueueGate:
 
     def _oldest_age(self, work_queue: str) -> float | None:
         info = self._management.ask("ages", lambda client: client.queue(self.settings.vhost, work_queue), None) or {}
-        head = info.get("head_message_timestamp")
-        if not isinstance(head, int | float) or isinstance(head, bool):
-            return None
-        return max(0.0, time.time() - epoch_seconds(head))  # seconds or ms (Date.now()): the one rule
+        return head_age(info.get("head_message_timestamp"), time.time())  # any unit, 0 no age: the one rule
 
     async def _read(self, question: Callable[[], T], otherwise: T) -> T:
         """Ask the management API ``question`` (a blocking call) off the loop; ``otherwise`` when it fails."""

@@ -87,7 +87,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
     _pauses: OperatorPauses
     _breakers: Breakers | None
     _draining: Draining
-    _header_types_said: set[tuple[str, str]]  # (header, AMQP type) already warned of (README "Wire format")
+    _header_types_said: set[tuple[str, str]]  # (header, AMQP type), (what, queue or job) already warned of
 
     _layouts: dict[str, JobQueueLayout]
     _rates: RateLimits | None
@@ -113,6 +113,12 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                 self._header_types_said.add(key)
                 log.warning("%s (said once per header and type; first: job id %s on %s)", said, field_value(job_id),
                             delivery.queue)  # fmt: skip
+
+    def _say_once(self, key: tuple[str, str], message: str, *args: object) -> None:
+        """Log warning ``message % args`` the first time ``key`` (what, where) is met: a publisher's habit, not news."""
+        if key not in self._header_types_said:
+            self._header_types_said.add(key)
+            log.warning(message, *args)
 
     async def handle(self, job_queue: str, delivery: Received) -> None:
         """Decide about one delivery of ``job_queue``, carry it out and settle it (what each consumer calls)."""
@@ -234,7 +240,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
         if not delivery.message_id:
-            log.warning("delivery without message_id on %s: assigned job id %s", delivery.queue, field_value(job_id))
+            self._say_once(("no message_id", delivery.queue), "delivery without message_id on %s: set message_id "
+                           "(the job id) on every publish, or each delivery gets a job id of its own (said once per "
+                           "queue; first: job id %s)", delivery.queue, field_value(job_id))  # fmt: skip
         self._say_unread_headers(delivery, job_id)
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
@@ -341,7 +349,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                                  failure=describe(exc))  # fmt: skip
         if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
-            log.warning("idempotent job %s without message_id: keyed %s", field_value(job.name), field_value(job_id))
+            self._say_once(("keyed", job.name), "idempotent job %s without message_id on %s: keyed by its key "
+                           "function or payload, so identical ones are one job; set message_id (the job id) on every "
+                           "publish (said once per job; first: job id %s)", field_value(job.name), delivery.queue,
+                           field_value(job_id))  # fmt: skip
         return payload, job_id
 
 

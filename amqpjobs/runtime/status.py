@@ -24,7 +24,7 @@ from typing import Any
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
-from amqpjobs.jobs.timestamps import epoch_seconds
+from amqpjobs.jobs.timestamps import head_age
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
 from amqpjobs.runtime.held_count import held_now
@@ -313,11 +313,8 @@ async def collect(
                 return QueueStatus(queue, unaddressable=exact[queue].unaddressable)
             ready, consumers = exact[queue].messages, exact[queue].consumers
             stats = live.get(queue, {})
-            head = stats.get("head_message_timestamp")
-            # the raw integer the publisher sent: milliseconds above 2**32 - 1 (pamqp's rule)
-            age = None
-            if isinstance(head, int | float) and not isinstance(head, bool) and ready:
-                age = max(0.0, now - epoch_seconds(head))
+            # the raw integer the publisher sent, in any unit; 0 (never set) has no age: the one rule
+            age = head_age(stats.get("head_message_timestamp"), now) if ready else None
             msg_stats = stats.get("message_stats") or {}
             return QueueStatus(
                 queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,

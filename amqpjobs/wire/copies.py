@@ -4,8 +4,8 @@ A copy (to a delay tier, to quarantine, replayed) must carry the publisher's hea
 properties as they came. Re-encoding pamqp's decoded values can't: pamqp encodes a Python
 value by its Python type, so a double goes out as a 32-bit float (``1.1`` comes back as
 ``1.100000023841858``), an integer in the narrowest width (``I`` 128 becomes ``s``), a
-timestamp sent in milliseconds comes back in seconds and one in microseconds (decoded as
-None, :mod:`amqpjobs.wire.lenient_decoding`) as void, a string that is not UTF-8 as a byte
+timestamp sent in milliseconds, microseconds or nanoseconds comes back in seconds, one past the
+year 9999 (decoded as None, :mod:`amqpjobs.wire.lenient_decoding`) as void, a string that is not UTF-8 as a byte
 array, a header name that is not UTF-8 with U+FFFD, and the table is sorted by name.
 
 A decoded table also holds one value per name, where the received table may hold more

@@ -9,8 +9,9 @@ fixed-size values with precompiled :class:`struct.Struct` s, and gives exactly t
 pamqp gives with those rules installed (the same Python types too):
 
 * a short string or a header name that is not UTF-8: U+FFFD for its bad bytes;
-* a timestamp (property or header) that ``datetime`` can't hold: None; one above
-  ``2**32 - 1`` is read as milliseconds (pamqp's rule);
+* a timestamp (property or header) in seconds, milliseconds (above ``2**32 - 1``, pamqp's
+  rule), microseconds or nanoseconds by the one rule (:mod:`amqpjobs.epochs`), as a UTC
+  ``datetime``; 0 (never set) and one that ``datetime`` can't hold even so: None;
 * a long string that is not UTF-8: its ``bytes``; a byte array: a ``bytearray``;
 * ``I`` signed and ``i`` unsigned 32-bit, ``L`` signed like ``l`` (pamqp's reading of
   RabbitMQ's errata table), ``f`` a 32-bit float widened.
@@ -27,12 +28,12 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Callable
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from pamqp.header import ContentHeader
 
+from amqpjobs.epochs import epoch_datetime
 from amqpjobs.message import MAX_NESTING
 
 #: pamqp's own ``ContentHeader.unmarshal``, kept before anything replaces it: the fallback.
@@ -104,12 +105,9 @@ class _NotHere(Exception):
     """The payload is not one :func:`decode` reads (pamqp decides)."""
 
 
-def _timestamp(seconds: int) -> datetime | None:
-    """An AMQP timestamp as pamqp reads it, None where pamqp would raise (the lenient rule)."""
-    try:
-        return datetime.fromtimestamp(seconds / 1000.0 if seconds > 0xFFFFFFFF else seconds, tz=UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
+#: An AMQP timestamp (the raw 64-bit integer) as an aware UTC datetime by the one rule of units
+#: (:func:`amqpjobs.epochs.epoch_datetime`: s, ms, µs or ns), None past the year 9999.
+_timestamp = epoch_datetime
 
 
 def _value(data: bytes, code: int, offset: int, end: int, depth: int) -> tuple[Any, int]:

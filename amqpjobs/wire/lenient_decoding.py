@@ -4,7 +4,9 @@ pamqp decodes an AMQP ``timestamp`` (property or header value) into a ``datetime
 publisher that sends microseconds (or any value past year 9999) makes that conversion
 raise, aiormq then fails the whole content-header frame and closes the connection, and
 the worker reconnects only to receive the same message again: one bad message stops a
-queue. :func:`install_lenient_decoding` makes such a timestamp decode as ``None``
+queue. :func:`install_lenient_decoding` makes a timestamp decode by the one rule of units
+(:mod:`amqpjobs.epochs`: seconds, milliseconds, microseconds or nanoseconds, as
+:mod:`amqpjobs.wire.header_decoding` does), and one past the year 9999 even so as ``None``
 (the 8 bytes are still consumed), so the message reaches the worker and is handled.
 
 The same goes for a short string (``type``, ``message_id``, ``content_type``, the routing
@@ -16,22 +18,29 @@ evidence instead; header names (table keys) likewise.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from pamqp import decode
 
+from amqpjobs.epochs import epoch_datetime
+
+_UINT64 = struct.Struct(">Q")
+
 _original: Callable[[bytes], tuple[int, Any]] | None = None
 
 
 def _lenient_timestamp(value: bytes) -> tuple[int, Any]:
+    """The 8 bytes of an AMQP timestamp by the one rule of units (:func:`~amqpjobs.epochs.epoch_datetime`).
+
+    Raises:
+        ValueError: fewer than 8 bytes (pamqp's own error for a truncated value).
+    """
     assert _original is not None
-    try:
-        return _original(value)
-    except (ValueError, OverflowError, OSError):
-        if len(value) < 8:
-            raise
-        return 8, None
+    if len(value) < 8:
+        return _original(value)  # raises, as it always did
+    return 8, epoch_datetime(_UINT64.unpack_from(value)[0])
 
 
 _original_short_str: Callable[[bytes], tuple[int, str]] = decode.short_str

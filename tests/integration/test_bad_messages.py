@@ -200,14 +200,14 @@ def _generated_id_logged(seen: Seen) -> None:
     job_id = _only_run(seen).job_id
     assert job_id.startswith("generated-")
     assert len(job_id) > len("generated-")
-    assert f"assigned job id {job_id}" in seen.log_text
+    assert f"said once per queue; first: job id {job_id})" in seen.log_text
 
 
 def _generated_id_in_quarantine(seen: Seen) -> None:
     (msg,) = seen.quarantined
     assert str(msg.message_id).startswith("generated-")
     assert msg.headers[evidence.JOB_ID] == msg.message_id
-    assert f"assigned job id {msg.message_id}" in seen.log_text
+    assert f"said once per queue; first: job id {msg.message_id})" in seen.log_text
 
 
 def _handler_saw_header(name: str, value: Any) -> Callable[[Seen], None]:

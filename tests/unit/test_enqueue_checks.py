@@ -84,6 +84,21 @@ async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app:
         ("s", {"tenant": "a\ud800"}, "tenant 'a\\ud800' is not UTF-8 text (a lone surrogate at 1)"),
         ("p", {"tenant": "a\ud800"}, "tenant 'a\\ud800' is not UTF-8 text (a lone surrogate at 1)"),
         ("p", {"headers": {"h": "a\ud800"}}, "header 'h': value is not UTF-8 text (a lone surrogate at 1)"),
+        # a tenant other than it looks: its own fairness slot and shard, apart from "acme" (helper-205)
+        (
+            "p",
+            {"tenant": " acme "},
+            "tenant ' acme ' has whitespace at its start or end: it would be a tenant "
+            "apart from 'acme' (its own fairness slot and shard); fix: tenant='acme'",
+        ),
+        ("s", {"tenant": "acme\n"}, "tenant 'acme\\n' has whitespace at its start or end"),
+        ("p", {"tenant": "\u3000acme"}, "fix: tenant='acme'"),
+        ("p", {"tenant": "acme\u2028"}, "tenant 'acme\\u2028' has whitespace at its start or end"),
+        ("p", {"tenant": "ac\x00me"}, "tenant 'ac\\x00me' holds a control or invisible character (\\x00 at 2)"),
+        ("s", {"tenant": "ac\x1b[31mme"}, "(\\x1b at 2); a tenant is shown in logs"),
+        ("p", {"tenant": "a\u202ecme"}, "holds a control or invisible character (\\u202e at 1)"),
+        ("p", {"tenant": "acme\x85x"}, "(\\x85 at 4)"),
+        ("p", {"tenant": "a\tb"}, "(\\t at 1)"),
         ("p", {"headers": {"h": {"k": [1, "\ud800"]}}}, "header 'h': value['k'][1] is not UTF-8 text"),
         # review18: a bare RecursionError 500 deep; a worker reads what is over 64 deep as None
         ("p", {"headers": {"deep": nested(65, 1, list)}}, "is nested more than 64 deep"),
@@ -235,3 +250,11 @@ async def test_the_bounds_before_connecting_still_come_first(quorum_app: App):
     with pytest.raises(ConfigurationError, match="priority 11 is above job queue 'ranked-money''s max_priority 10"):
         await quorum_app.enqueue("rush", {}, priority=11)
     assert quorum_app._connection is None
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("tenant", ["acme", "acme corp", "Zürich-7", "テナント", "🏢"])
+def test_a_tenant_shown_as_it_is_passes_the_checks(app: App, tenant: str):
+    """Inner spaces and any script pass (a tab anywhere is a control character: refused above)."""
+    _, _, _, _, _, routing_key = app._addressed("s", {}, None, None, tenant)
+    assert routing_key.startswith("spread")  # sharded by it, nothing refused

@@ -91,7 +91,7 @@ def test_every_field_type_and_property_decodes_to_these_values() -> None:
             "A-array": [2.5, 9, None],
             "T-seconds": datetime(2025, 11, 29, 9, 0, tzinfo=UTC),
             "T-millis": datetime(2025, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),
-            "T-micros": None,
+            "T-micros": datetime(2025, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),  # µs: the one rule (amqpjobs.epochs)
             "F-table": {"in-f": 1.100000023841858, "in-I": 7},
             "V-void": None,
             "key-\ufffd": "a header name that is not UTF-8",

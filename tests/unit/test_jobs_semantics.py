@@ -245,7 +245,7 @@ def test_bytes_in_headers_are_sent_as_byte_arrays() -> None:
     props.marshal()  # pamqp can encode it (it can't encode bytes)
 
 
-def test_out_of_range_timestamps_decode_as_none() -> None:
+def test_timestamps_past_pamqps_range_decode_by_the_one_rule() -> None:
     import struct
 
     from pamqp import decode
@@ -253,9 +253,14 @@ def test_out_of_range_timestamps_decode_as_none() -> None:
     from amqpjobs.wire.lenient_decoding import install_lenient_decoding
 
     install_lenient_decoding()
-    micro = struct.pack(">Q", 1764406800123456)  # microseconds: pamqp alone would raise
-    assert decode.by_type(micro, "timestamp") == (8, None)
-    assert decode.TABLE_MAPPING[b"T"](micro) == (8, None)
+    micro = struct.pack(">Q", 1764406800123456)  # microseconds: pamqp alone would raise; the fast path reads them
+    when = datetime(2025, 11, 29, 9, 0, 0, 123456, tzinfo=UTC)
+    assert decode.by_type(micro, "timestamp") == (8, when)
+    assert decode.TABLE_MAPPING[b"T"](micro) == (8, when)
+    largest = struct.pack(">Q", 2**63 - 1)  # nanoseconds: the last POSIX time_t (signed) reads, in 2262
+    assert decode.by_type(largest, "timestamp") == (8, datetime(2262, 4, 11, 23, 47, 16, 854776, tzinfo=UTC))
+    negative = struct.pack(">Q", 2**64 - 1)  # -1 s sent unsigned: no time (before 1970), not 2554
+    assert decode.by_type(negative, "timestamp") == (8, None)
     ok = struct.pack(">Q", 1764406800)
     consumed, value = decode.by_type(ok, "timestamp")
     assert consumed == 8

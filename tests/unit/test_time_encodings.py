@@ -14,7 +14,7 @@ import pytest
 
 from amqpjobs.jobs import copy_headers, envelope
 from amqpjobs.jobs.header_values import read_number
-from amqpjobs.jobs.timestamps import parse_time, time_problem
+from amqpjobs.jobs.timestamps import head_age, parse_time, time_problem
 
 pytestmark = pytest.mark.version_independent
 
@@ -114,3 +114,50 @@ def test_a_time_header_that_is_no_time_is_named_with_what_it_was(value: object, 
             "epoch, >= 0): the timestamp property is read instead; send it as ISO-8601 UTC text "
             "(2026-11-29T09:00:00.000Z)"
         )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [  # RFC 3339 5.6/5.7 allows a leap second (60): read as the second after 59, as POSIX time counts it
+        ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00+00:00"),
+        ("2016-12-31T23:59:60.500Z", "2017-01-01T00:00:00.500000+00:00"),
+        ("2017-01-01T08:59:60+09:00", "2017-01-01T00:00:00+00:00"),  # the same leap second in Tokyo
+        ("2016-12-31T23:59:61Z", None), ("2016-12-31T23:60:00Z", None), ("2016-12-31T23:59:6Z", None),
+        ("9999-12-31T23:59:60Z", None),  # past datetime's last year once read
+    ],
+)  # fmt: skip
+def test_a_leap_second_is_read_as_the_next_second(value: str, expected: str | None) -> None:
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+    if expected is not None:
+        assert time_problem(envelope.ENQUEUED_AT, value) is None  # no warning: a time
+
+
+@pytest.mark.parametrize("value", [0, 0.0, "0", Decimal(0), b"0", "0.0"])
+def test_a_timestamp_of_0_is_no_time_not_1970(value: object) -> None:
+    """0 is what a publisher leaves in a timestamp it never set; read as 1970 it aged a job 56 years."""
+    assert parse_time(value) is None
+    assert envelope.enqueued_at_of({}, value) is None
+    assert envelope.enqueued_at_of({envelope.ENQUEUED_AT: value}, 1764493200) == parse_time(1764493200)
+
+
+@pytest.mark.parametrize(
+    ("head", "age"),
+    [(1764492600, 600.0), (1764492600000, 600.0), (1764492600000000, 600.0), (1764492600 * 10**9, 600.0),
+     (1764493300, 0.0), (0, None), (-5, None), (True, None), ("1764492600", None), (None, None)],
+)  # fmt: skip
+def test_a_head_messages_age_by_the_one_rule(head: object, age: float | None) -> None:
+    """status and the max_age gate: a head timestamp of 0 (never set) has no age, not 56 years."""
+    assert head_age(head, now=1764493200.0) == age
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(2**63 - 1, "2262-04-11T23:47:16.854776+00:00"), (2**63, None), (2**64 - 1, None), (2**64 - 1_000_000_000, None)],
+)  # fmt: skip
+def test_a_negative_time_t_sent_unsigned_is_no_time(value: int, expected: str | None) -> None:
+    """AMQP's timestamp is a POSIX time_t, signed: a negative one (-1 s: 2**64 - 1) is before 1970, not 2554."""
+    parsed = parse_time(value)
+    assert (None if parsed is None else parsed.isoformat()) == expected
+    if expected is None:
+        assert head_age(value, now=1764493200.0) is None  # before: 0.0 (a head "from the future")

@@ -1,0 +1,100 @@
+"""A publisher that never sets ``message_id``: the worker says so once per queue (and idempotent job), not per job.
+
+Before: "delivery without message_id on work: assigned job id generated-..." was logged for every
+delivery, and "idempotent job ... without message_id: keyed ..." for every idempotent one, so a
+foreign publisher that never sets it flooded the log (test_missing_message_id_said: 12 lines
+for 12 jobs), where an unreadable header is said once per header and type (68056c1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs import JobContext
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.ledger import SqliteLedger
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth
+from tests.integration.worker_env import running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the worker's own logging
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+
+[[job_queue]]
+name = "other"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+EACH = 4  # jobs of each kind, none with a message_id
+
+
+@pytest.mark.timeout(60)
+async def test_a_delivery_without_message_id_is_said_once_per_queue_and_idempotent_job(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "app.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    app = App("app", topology=path, url=broker.url, ledger=SqliteLedger(str(tmp_path / "ledger.db")))
+    ran: list[str] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    @app.job("charge", queue="work", idempotent=True)
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    @app.job("elsewhere", queue="other")
+    async def elsewhere(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    with ManagementClient(broker) as mgmt:  # as from its web UI: nothing fills in a message_id (aio-pika would)
+        for job, queue in (("note", "work"), ("charge", "work"), ("elsewhere", "other")):
+            for i in range(EACH):
+                doc = {  # distinct bodies: an idempotent job without an id is keyed by its body
+                    "properties": {"type": job, "content_type": "application/json"},
+                    "routing_key": queue, "payload": f'{{"n": {i}}}', "payload_encoding": "string",
+                }  # fmt: skip
+                answer = mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc)
+                assert answer == {"routed": True}
+    caplog.set_level(logging.WARNING, logger="amqpjobs.worker")
+    try:
+        async with running_worker(app, broker, queues=("work", "other")):
+            for _ in range(200):
+                if len(ran) == 3 * EACH:
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await app.close()
+    assert len(ran) == 3 * EACH
+    assert len(set(ran)) == 3 * EACH  # every job its own id
+    assert await depth(broker, "work") == 0
+    assert await depth(broker, "other") == 0
+    lines = sorted(r.getMessage() for r in caplog.records if "without message_id" in r.getMessage())
+    assert len(lines) == 3, (lines, ran)  # work, other, and the idempotent job charge
+    plain = [line for line in lines if line.startswith("delivery without message_id on ")]
+    assert [line.split(" on ")[1].split(":")[0] for line in plain] == ["other", "work"], plain
+    for line in plain:
+        assert "set message_id (the job id) on every publish" in line, line
+        assert "said once per queue; first: job id generated-" in line, line
+    [keyed] = [line for line in lines if line.startswith("idempotent job ")]
+    assert keyed.startswith("idempotent job charge without message_id on work: keyed "), keyed
+    assert "said once per job; first: " in keyed, keyed

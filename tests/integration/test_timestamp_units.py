@@ -1,0 +1,182 @@
+"""An AMQP ``timestamp`` (the property, or a header of type ``T``) in any unit reaches the handler as that time.
+
+Publishers put ``Date.now()`` (ms), Go's ``UnixMicro`` (µs) or ``time.time_ns()`` (ns) in the
+``timestamp`` property or a ``T`` header. Before: the decoding of the frame read only seconds and
+milliseconds (pamqp's rule), so µs and ns decoded to None, and ``ctx.enqueued_at`` fell back
+(to the worker's clock) while ``status`` and the ``max_age`` gate read the same message's age
+off the management API by the one rule (:func:`amqpjobs.jobs.timestamps.epoch_seconds`).
+Now the frame's decoding uses that rule too. The bytes go through the broker: the 8 bytes the
+broker delivers are what the test crafted, not what pamqp would write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from pamqp import encode
+
+from amqpjobs import JobContext
+from amqpjobs.errors import QueueFullError
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.status import collect
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import applied_app, raw_channel
+from tests.integration.worker_env import running_worker
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the client's decoding, the one rule
+
+TOPOLOGY = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "work"
+exchange = "jobs"
+retry_tiers = ["1s"]
+"""
+
+WHEN = "2025-11-30T09:00:00.123456+00:00"
+#: Sent raw 64-bit timestamp -> the ctx.enqueued_at expected.
+SENT: dict[str, tuple[int, str | None]] = {
+    "zero": (0, None),  # never set: no time (the handler's enqueued_at is None), not 1970
+    "s": (1_764_493_200, "2025-11-30T09:00:00+00:00"),
+    "ms": (1_764_493_200_123, "2025-11-30T09:00:00.123000+00:00"),
+    "us": (1_764_493_200_123_456, WHEN),  # Go's UnixMicro
+    "ns": (1_764_493_200_123_456_789, "2025-11-30T09:00:00.123457+00:00"),  # time.time_ns(): to the nearest µs
+}
+
+
+class Raw(datetime):
+    """A datetime pamqp writes as the raw 64-bit integer ``raw`` (any unit), as a foreign publisher does."""
+
+    raw: int
+
+
+def _raw(value: int) -> Raw:
+    out = Raw(2000, 1, 1, tzinfo=UTC)
+    out.raw = value
+    return out
+
+
+@pytest.fixture
+def raw_timestamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = encode.timestamp
+
+    def timestamp(value: Any) -> bytes:
+        return struct.pack(">Q", value.raw) if isinstance(value, Raw) else original(value)
+
+    monkeypatch.setattr(encode, "timestamp", timestamp)
+    if "timestamp" in getattr(encode, "METHODS", {}):
+        monkeypatch.setitem(encode.METHODS, "timestamp", timestamp)
+
+
+async def _publish(broker: BrokerSettings, messages: list[aio_pika.Message]) -> None:
+    async with raw_channel(broker) as ch:
+        exchange = await ch.get_exchange("jobs")
+        for message in messages:
+            await exchange.publish(message, routing_key="work", mandatory=True)
+
+
+def _note(job_id: str, **props: Any) -> aio_pika.Message:
+    return aio_pika.Message(b"{}", message_id=job_id, type="note", content_type="application/json", **props)
+
+
+@pytest.mark.timeout(60)
+async def test_a_timestamp_in_any_unit_is_the_handlers_enqueue_time(
+    broker: BrokerSettings, tmp_path: Path, raw_timestamps: None
+) -> None:
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
+    seen: dict[str, str | None] = {}
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen[ctx.job_id] = None if ctx.enqueued_at is None else ctx.enqueued_at.isoformat()
+
+    messages = [_note(f"property-{unit}", timestamp=_raw(raw)) for unit, (raw, _) in SENT.items()]
+    messages += [  # a T header (the property says 2033: the header wins)
+        _note(f"header-{unit}", timestamp=datetime.fromtimestamp(2_000_000_000, UTC),
+              headers={"amqpjobs-enqueued-at": _raw(raw)})
+        for unit, (raw, _) in SENT.items()
+    ]  # fmt: skip
+    await _publish(broker, messages)
+    try:
+        async with running_worker(app, broker):
+            for _ in range(200):
+                if len(seen) == len(messages):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await app.close()
+    expected = {f"{kind}-{unit}": when for kind in ("property", "header") for unit, (_, when) in SENT.items()}
+    expected["header-zero"] = "2033-05-18T03:33:20+00:00"  # the property, as for any header that is no time
+    assert seen == expected
+
+
+@pytest.mark.timeout(60)
+async def test_status_ages_a_head_in_microseconds_as_the_worker_reads_it(
+    broker: BrokerSettings, tmp_path: Path, raw_timestamps: None
+) -> None:
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
+    await app.close()
+    ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000)
+    await _publish(broker, [_note("old", timestamp=_raw(ten_minutes_ago))])
+    for _ in range(100):  # the management API's head_message_timestamp lags a statistics interval
+        [row] = await collect(broker, names=["work"])
+        work = row.work[0]
+        if work.oldest_age is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert work.oldest_age is not None
+    assert 595 < work.oldest_age < 660
+
+
+AGED = (
+    TOPOLOGY
+    + """
+[[job_queue]]
+name = "aged"
+exchange = "jobs"
+max_age = "60s"
+"""
+)
+
+
+@pytest.mark.timeout(60)
+async def test_the_max_age_gate_ages_a_head_in_nanoseconds_by_the_same_rule(
+    broker: BrokerSettings, tmp_path: Path, raw_timestamps: None
+) -> None:
+    path = tmp_path / "aged.toml"
+    path.write_text(AGED)
+    await apply_topology(path, broker)
+    app = App("aged", topology=path, url=broker.url, queue_full_wait=0)
+
+    @app.job("late", queue="aged")
+    async def late(payload: dict[str, Any], ctx: JobContext) -> None:  # never run: no worker
+        raise AssertionError("no worker runs here")
+
+    ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000_000)
+    async with raw_channel(broker) as ch:
+        exchange = await ch.get_exchange("jobs")
+        await exchange.publish(_note("old", timestamp=_raw(ten_minutes_ago)), routing_key="aged", mandatory=True)
+    refused: QueueFullError | None = None
+    await app.connect(broker)  # the gate asks this node's management API, not the one derived from the URL
+    try:
+        for attempt in range(50):  # the management API's head_message_timestamp lags a statistics interval
+            try:
+                await app.enqueue("late", {}, job_id=f"late-{attempt}")
+            except QueueFullError as exc:
+                refused = exc
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await app.close()
+    assert refused is not None, "max_age never refused"
+    age = float(refused.limit.split("oldest ready message ")[1].split("s old")[0])
+    assert 595 < age < 660, refused.limit
