@@ -41,11 +41,26 @@ class QueueFetcher:
     async def opened(cls, connection: AbstractRobustConnection, queue: str) -> QueueFetcher:
         """A fetcher whose channel is open already: a worker's start counts it (:mod:`amqpjobs.runtime.hard_closes`).
 
+        The connection lost meanwhile (a 541 at a message no 0-9-1 client can receive, which the
+        worker's rescue mends; a 320; a cut) leaves it to open at its first use, after the
+        reconnect: the start goes on, as it did when the fetcher always opened then.
+
         Raises:
-            aiormq.exceptions.AMQPError: the channel could not be opened.
+            aiormq.exceptions.ConnectionClosed: a hard error (501-540, e.g. 530 past ``channel_max``).
         """
         fetcher = cls(connection, queue)
-        await fetcher._underlay()
+        try:
+            await fetcher._underlay()
+        except aiormq.exceptions.ConnectionClosed as exc:
+            if type(exc) not in (aiormq.exceptions.ConnectionClosed, aiormq.exceptions.ConnectionInternalError):
+                raise
+            log.debug("the channel for %s opens after the reconnect (%s)", queue, type(exc).__name__)
+        except (
+            aiormq.exceptions.AMQPConnectionError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            ConnectionError,
+        ) as exc:
+            log.debug("the channel for %s opens after the reconnect (%s)", queue, type(exc).__name__)
         return fetcher
 
     async def _underlay(self) -> aiormq.Channel:
