@@ -240,9 +240,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
         if not delivery.message_id:
-            self._say_once(("no message_id", delivery.queue), "delivery without message_id on %s: set message_id "
-                           "(the job id) on every publish, or each delivery gets a job id of its own (said once per "
-                           "queue; first: job id %s)", delivery.queue, field_value(job_id))  # fmt: skip
+            self._say_once(("no message_id", delivery.queue), "delivery without message_id (absent, empty or "
+                           "blank) on %s: set message_id (the job id) on every publish, or each delivery gets a job "
+                           "id of its own (said once per queue; first: job id %s)", delivery.queue,
+                           field_value(job_id))  # fmt: skip
         self._say_unread_headers(delivery, job_id)
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
