@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -46,7 +47,9 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
         except DurationTooLongError as exc:
             raise ConfigurationError(f"--since {since!r}: {exc}") from None
-        except ValueError:
+        except ValueError as exc:
+            if parse_time(since) is None and _DURATION_LIKE.match(since):  # a duration refused: say why, as others do
+                raise ConfigurationError(f"--since {exc}; or give an ISO-8601 time ('2026-11-29T08:00Z')") from None
             expected = "give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
             when = time_option("--since", since, expected)
         now = datetime.now(UTC)
@@ -58,6 +61,10 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             )
     return Selection(job=job, error_type=error_type, reason=reason, since=when)
 
+
+#: ``--since`` text that is meant as a duration (a sign or digits, then a unit or none), not an ISO-8601 time:
+#: refused, it is said why by the duration rule (``'6M' is ambiguous ...``, ``'0s' must be a positive ...``).
+_DURATION_LIKE: Final = re.compile(r"\s*[+-]?[0-9.]+\s*(?:[A-Za-z]+\s*|[0-9.]+[A-Za-z]*\s*)*$")
 
 #: A ``--since`` number without a unit this large (seconds: over 31 years) is as likely a Unix time (``date +%s``).
 BARE_NUMBER_AMBIGUOUS: Final = 1_000_000_000
