@@ -13,7 +13,7 @@ from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.header_values import read_number
 from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
+from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, OTHER_REASON, Selection, is_shown_reason
 from amqpjobs.jobs.timestamps import parse_time, utc_out_of_range
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,8 +37,9 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
     if reason is not None and not is_shown_reason(reason):
         raise ConfigurationError(
             f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, x-death:<reason> "
-            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, or {NO_EVIDENCE} "
-            "(published straight into the quarantine queue)"
+            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, {NO_EVIDENCE} "
+            f"(published straight into the quarantine queue), or {OTHER_REASON}<reason> for evidence of another stack "
+            "(as quarantine list shows it)"
         )
     if since:
         if problem := bare_number_problem(since):
