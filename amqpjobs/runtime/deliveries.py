@@ -96,13 +96,13 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         """Warn of a tenant, attempt or enqueue-time header the worker can't read (it reads its default instead).
 
         Once per header and AMQP type, naming the first job id: the job runs all the same (README "Wire format").
-        Our own headers (a str tenant, an int attempt) cost a type test each; the enqueue time is parsed.
+        Our own headers (a str tenant, an int attempt >= 0) cost a type test each; the enqueue time is parsed.
         """
         headers = delivery.headers
         problems = []
         if (tenant := headers.get(envelope.TENANT)) is not None and type(tenant) is not str:
             problems.append((envelope.TENANT, tenant, tenant_problem(envelope.TENANT, tenant)))
-        if (attempt := headers.get(envelope.ATTEMPT)) is not None and type(attempt) is not int:
+        if (attempt := headers.get(envelope.ATTEMPT)) is not None and (type(attempt) is not int or attempt < 0):
             unread = read_count(attempt) is None
             problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; read as attempt 1"
                              if unread else None))  # fmt: skip

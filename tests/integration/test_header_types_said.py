@@ -44,6 +44,8 @@ SENT: dict[str, tuple[dict[str, Any], str | None]] = {
         "header amqpjobs-attempt is 'second' (a string), not a whole number >= 0",
     ),
     "attempt-zero": ({"amqpjobs-attempt": 0}, None),  # 0 is attempt 1, documented
+    # before: a negative integer was read as attempt 1 without a word (only other types were looked at)
+    "attempt-negative": ({"amqpjobs-attempt": -5}, "header amqpjobs-attempt is -5 (an integer), not a whole number"),
     "at-bool": ({"amqpjobs-enqueued-at": True}, "header amqpjobs-enqueued-at is a boolean, not a time"),
     "at-text": (
         {"amqpjobs-enqueued-at": "yesterday"},
