@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
@@ -104,7 +104,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             problems.append((envelope.TENANT, tenant, tenant_problem(envelope.TENANT, tenant)))
         if (attempt := headers.get(envelope.ATTEMPT)) is not None and (type(attempt) is not int or attempt < 0):
             unread = read_count(attempt) is None
-            problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; read as attempt 1"
+            problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; {_ATTEMPT_FIX}"
                              if unread else None))  # fmt: skip
         if (first := headers.get(envelope.ENQUEUED_AT)) is not None:  # (parsed here and for ctx: ~0.4 µs each)
             problems.append((envelope.ENQUEUED_AT, first, time_problem(envelope.ENQUEUED_AT, first)))
@@ -355,6 +355,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                            "publish (said once per job; first: job id %s)", field_value(job.name), delivery.queue,
                            field_value(job_id))  # fmt: skip
         return payload, job_id
+
+
+#: What the worker does with an attempt header it can't read, and what the publisher should send.
+_ATTEMPT_FIX: Final = "read as attempt 1; send it as a whole number (1 for a new job), or leave it out"
 
 
 def _job_id(delivery: Received) -> str:
