@@ -203,3 +203,23 @@ def test_a_since_that_is_a_duration_refused_says_why_as_every_duration_option_do
     result = cli(NOWHERE, *command, "--since", value)
     assert result.exit_code == 2, result.output
     assert result.stderr == f"error: --since {why}; or give an ISO-8601 time ('2026-11-29T08:00Z')\n"
+
+
+def test_a_broker_down_is_not_blamed_on_the_derived_management_url():
+    """Nothing listens on the AMQP port nor on the API's derived one: the error says the broker is not there.
+
+    Before: `broker error: management API at http://127.0.0.1:10001 (derived from the AMQP URL: its host, port +
+    10000; give the right one with --management-url or $AMQPJOBS_MANAGEMENT_URL) unreachable: ConnectError: ...`:
+    a user whose broker is down was sent to fix the management URL.
+    """
+    from amqpjobs.cli import main
+
+    env = {"AMQPJOBS_URL": NOWHERE.url, "AMQPJOBS_MANAGEMENT_URL": "", "AMQPJOBS_CONNECT_TIMEOUT": "1s"}
+    result = CliRunner().invoke(main, ["status", "--queues", "work"], env=env, catch_exceptions=False)
+    assert result.exit_code == 3, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("broker error: management API at http://127.0.0.1:10001"), line
+    assert line.endswith(
+        "; the broker's AMQP port 127.0.0.1:1 refuses connections too: is the broker running there (or is the "
+        "AMQP URL's host or port wrong)?"
+    ), line
