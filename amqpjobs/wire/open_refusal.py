@@ -67,7 +67,11 @@ def _ask(settings: BrokerSettings) -> str | None:
             if (most := _limit(rows, "max-connections")) is not None:
                 found.append(f"{whose} allows at most {most} connection(s) (max-connections): raise it ({fix})")
         if found:
-            unsure = "" if allowed is not _UNKNOWN else f" (if not that: has user {user!r} permissions on {vhost!r}?)"
+            unsure = (
+                ""
+                if allowed is not _UNKNOWN
+                else f" (if not: does vhost {vhost!r} exist, with permissions for {user!r}?)"
+            )
             return (f"{' and '.join(found)}; or run fewer worker processes or publishers there (a worker process "
                     f"holds about 3 connections){unsure}")  # fmt: skip
     return None
