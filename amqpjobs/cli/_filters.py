@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -12,7 +13,7 @@ from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.header_values import read_number
 from amqpjobs.jobs.outcome import REASONS
-from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, Selection, is_shown_reason
+from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, OTHER_REASON, Selection, is_shown_reason
 from amqpjobs.jobs.timestamps import parse_time, utc_out_of_range
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,8 +37,9 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
     if reason is not None and not is_shown_reason(reason):
         raise ConfigurationError(
             f"--reason {reason!r} is not a reason; use one of {', '.join(REASONS)}, x-death:<reason> "
-            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, or {NO_EVIDENCE} "
-            "(published straight into the quarantine queue)"
+            f"({', '.join(BROKER_REASONS)}) or x-death:unknown for broker-side dead-letters, {NO_EVIDENCE} "
+            f"(published straight into the quarantine queue), or {OTHER_REASON}<reason> for evidence of another stack "
+            "(as quarantine list shows it)"
         )
     if since:
         if problem := bare_number_problem(since):
@@ -46,7 +48,9 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
         except DurationTooLongError as exc:
             raise ConfigurationError(f"--since {since!r}: {exc}") from None
-        except ValueError:
+        except ValueError as exc:
+            if parse_time(since) is None and _DURATION_LIKE.match(since):  # a duration refused: say why, as others do
+                raise ConfigurationError(f"--since {exc}; or give an ISO-8601 time ('2026-11-29T08:00Z')") from None
             expected = "give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')"
             when = time_option("--since", since, expected)
         now = datetime.now(UTC)
@@ -58,6 +62,10 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             )
     return Selection(job=job, error_type=error_type, reason=reason, since=when)
 
+
+#: ``--since`` text that is meant as a duration (a sign or digits, then a unit or none), not an ISO-8601 time:
+#: refused, it is said why by the duration rule (``'6M' is ambiguous ...``, ``'0s' must be a positive ...``).
+_DURATION_LIKE: Final = re.compile(r"\s*[+-]?[0-9.]+\s*(?:[A-Za-z]+\s*|[0-9.]+[A-Za-z]*\s*)*$")
 
 #: A ``--since`` number without a unit this large (seconds: over 31 years) is as likely a Unix time (``date +%s``).
 BARE_NUMBER_AMBIGUOUS: Final = 1_000_000_000

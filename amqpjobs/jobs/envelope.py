@@ -141,16 +141,22 @@ def decode_body(
         media = content_type.split(";", 1)[0].strip().lower()
         if media != CONTENT_TYPE:
             raise DecodeError(
-                "unsupported-content-type", f"content_type {content_type[:100]!r}; expected {CONTENT_TYPE!r}"
+                "unsupported-content-type",
+                f"content_type {content_type[:100]!r}; expected {CONTENT_TYPE!r}: publish the job with content_type "
+                f"{CONTENT_TYPE}, or none",
             )
     if content_encoding not in (None, "", "identity", "utf-8", "UTF-8"):
-        raise DecodeError("undecodable", f"content_encoding {content_encoding[:100]!r} is not supported")
+        raise DecodeError(
+            "undecodable",
+            f"content_encoding {content_encoding[:100]!r} is not supported: publish the body as plain UTF-8 JSON, "
+            "with content_encoding none, identity or utf-8",
+        )
     if (fast := fast_object(body, MAX_JSON_DEPTH)) is not None:  # orjson, where it decides as the rest would
         return fast
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DecodeError("undecodable", f"{what} is not UTF-8: {exc}") from None
+        raise DecodeError("undecodable", f"{what} is not UTF-8{_charset_said(content_type)}: {exc}") from None
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise DecodeError("undecodable", f"{what} is empty")
@@ -166,6 +172,16 @@ def decode_body(
             f"{'payload' if what == 'body' else what} must be a JSON object, got {type(value).__name__}",
         )
     return value
+
+
+def _charset_said(content_type: str | None) -> str:
+    """`` (its content_type says charset=latin-1; ...)`` when ``content_type`` names a charset other than UTF-8."""
+    for part in (content_type or "").split(";")[1:]:
+        name, _, value = part.partition("=")
+        charset = value.strip().strip('"')
+        if name.strip().lower() == "charset" and charset.lower().replace("-", "") != "utf8":
+            return f" (its content_type says charset={charset[:40]}; only UTF-8 is read: publish it as UTF-8)"
+    return ""
 
 
 def header_int(value: Any) -> int | None:

@@ -32,6 +32,8 @@ BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
 NO_EVIDENCE: Final = "no-evidence"
 #: The reason shown for a dead-lettered message whose ``x-death`` names no reason.
 UNKNOWN_DEATH: Final = "x-death:unknown"
+#: Shown before a reason of evidence not ours (another stack's, a forged one): ``--reason other:poison`` selects it.
+OTHER_REASON: Final = "other:"
 #: The ``x-first-death-*`` / ``x-last-death-*`` fields read (besides ``x-death``'s entries).
 _DEATH_FIELDS: Final = ("reason", "queue")
 
@@ -56,9 +58,16 @@ def is_shown_reason(reason: str) -> bool:
     """True when a quarantine listing can show ``reason``, so a filter may select it.
 
     Ours (:data:`~amqpjobs.jobs.outcome.REASONS`), the broker's as ``x-death:<reason>``
-    (or bare: ``expired``) or :data:`UNKNOWN_DEATH`, and :data:`NO_EVIDENCE`.
+    (or bare: ``expired``) or :data:`UNKNOWN_DEATH`, :data:`NO_EVIDENCE`, another stack's :data:`OTHER_REASON`.
     """
-    return reason in (*REASONS, NO_EVIDENCE, UNKNOWN_DEATH) or reason.removeprefix("x-death:") in BROKER_REASONS
+    ours = reason in (*REASONS, NO_EVIDENCE, UNKNOWN_DEATH) or reason.removeprefix("x-death:") in BROKER_REASONS
+    return ours or reason.startswith(OTHER_REASON)
+
+
+def _evidence_reason(value: Any) -> str:
+    """The reason evidence header ``value`` shows: ours as it is, any other as ``other:<its text>`` (selectable)."""
+    text = header_text(value)
+    return text if is_shown_reason(text) and not text.startswith(OTHER_REASON) else f"{OTHER_REASON}{text}"
 
 
 def header_text(value: Any) -> str:
@@ -178,7 +187,8 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
     job = header_text(headers.get(evidence.JOB)) or header_text(message_type) or header_text(headers.get(envelope.JOB))
     replay_count = _int(headers.get(REPLAY_COUNT))
     if evidence.REASON in headers:
-        reason, error_type = header_text(headers.get(evidence.REASON)), header_text(headers.get(evidence.ERROR_TYPE))
+        reason = _evidence_reason(headers.get(evidence.REASON))
+        error_type = header_text(headers.get(evidence.ERROR_TYPE))
         return QuarantinedJob(
             job=job,
             job_id=header_text(headers.get(evidence.JOB_ID)) or header_text(message_id),

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
@@ -96,15 +96,15 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         """Warn of a tenant, attempt or enqueue-time header the worker can't read (it reads its default instead).
 
         Once per header and AMQP type, naming the first job id: the job runs all the same (README "Wire format").
-        Our own headers (a str tenant, an int attempt) cost a type test each; the enqueue time is parsed.
+        Our own headers (a str tenant, an int attempt >= 0) cost a type test each; the enqueue time is parsed.
         """
         headers = delivery.headers
         problems = []
         if (tenant := headers.get(envelope.TENANT)) is not None and type(tenant) is not str:
             problems.append((envelope.TENANT, tenant, tenant_problem(envelope.TENANT, tenant)))
-        if (attempt := headers.get(envelope.ATTEMPT)) is not None and type(attempt) is not int:
+        if (attempt := headers.get(envelope.ATTEMPT)) is not None and (type(attempt) is not int or attempt < 0):
             unread = read_count(attempt) is None
-            problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; read as attempt 1"
+            problems.append((envelope.ATTEMPT, attempt, f"{count_problem(envelope.ATTEMPT, attempt)}; {_ATTEMPT_FIX}"
                              if unread else None))  # fmt: skip
         if (first := headers.get(envelope.ENQUEUED_AT)) is not None:  # (parsed here and for ctx: ~0.4 µs each)
             problems.append((envelope.ENQUEUED_AT, first, time_problem(envelope.ENQUEUED_AT, first)))
@@ -240,9 +240,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         attempt = envelope.parse_attempt(delivery.headers.get(envelope.ATTEMPT))
         job_id = _job_id(delivery)
         if not delivery.message_id:
-            self._say_once(("no message_id", delivery.queue), "delivery without message_id on %s: set message_id "
-                           "(the job id) on every publish, or each delivery gets a job id of its own (said once per "
-                           "queue; first: job id %s)", delivery.queue, field_value(job_id))  # fmt: skip
+            self._say_once(("no message_id", delivery.queue), "delivery without message_id (absent, empty or "
+                           "blank) on %s: set message_id (the job id) on every publish, or each delivery gets a job "
+                           "id of its own (said once per queue; first: job id %s)", delivery.queue,
+                           field_value(job_id))  # fmt: skip
         self._say_unread_headers(delivery, job_id)
         job_name = envelope.job_name_of(delivery.type, delivery.headers)
         job = self.app.get(job_name) if job_name else None
@@ -354,6 +355,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                            "publish (said once per job; first: job id %s)", field_value(job.name), delivery.queue,
                            field_value(job_id))  # fmt: skip
         return payload, job_id
+
+
+#: What the worker does with an attempt header it can't read, and what the publisher should send.
+_ATTEMPT_FIX: Final = "read as attempt 1; send it as a whole number (1 for a new job), or leave it out"
 
 
 def _job_id(delivery: Received) -> str:

@@ -12,7 +12,9 @@ fix (:func:`limit_fix`). Nothing here decides what a worker does: see
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,32 @@ _FIXES = (
 
 
 def limit_fix(reply_text: str) -> str:
-    """The fix for a connection the broker closed with a hard error (``reply_text``: its words), or a general one."""
+    """The fix for a connection the broker closed with a hard error (``reply_text``: its words), or a general one.
+
+    A user's limit names the user when the broker's words do (``for user 'app'``: RabbitMQ 3.x, 4.3).
+    """
     for words, fix in _FIXES:
         if words in reply_text:
-            return fix
+            user = _USER.search(reply_text) if words == "user limit" else None
+            return fix.replace("USER", user.group(1)) if user else fix
     return (
         "the broker refuses what this worker sends it the same way at every reconnect: look in the broker's "
         "log for the connection's close, fix that, then start the worker again"
     )
+
+
+#: The broker's words for a channel refused at a channel limit (3.x and 4.x; 4.3 drops the parentheses).
+_CHANNEL_LIMIT: Final = re.compile(r"has reached the (negotiated channel_max|maximum allowed user limit)")
+#: The user a user limit's refusal names (4.0.5 names its node instead: then none).
+_USER: Final = re.compile(r"for user '([^']+)'")
+
+
+def with_limit_fix(text: str) -> str:
+    """``text`` (an error's) with ``; fix: ...`` added when it quotes a channel refused at a channel limit without one.
+
+    The broker's 530 words name the limit, not what to change; an error that wraps them (``looking for
+    queues and exchanges failed: NOT_ALLOWED ...``, ``could not take the lock ...``) keeps them, not our fix.
+    """
+    if _CHANNEL_LIMIT.search(text) is None or "fix" in text.lower():
+        return text
+    return f"{text}; fix: {limit_fix(text)}"

@@ -258,7 +258,7 @@ def _cause(exc: BaseException | None, internal_error_words: str | None = None) -
     if open_refused(exc):  # aiormq: "Expected ..., got <Connection.Close object at 0x...>"
         text = (
             "the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, "
-            "or its connection limit is reached)"
+            "or a max-connections limit is reached, the vhost's or the user's)"
         )
     return f" ({redact_text(text) or type(exc).__name__}{internal_error_hint(exc)})"
 

@@ -242,7 +242,8 @@ def copy_properties(
         headers: The copy's headers. A value that is the very object decoded (``is``) goes
             out as received, every entry of its name; any other is encoded by pamqp (bytes
             as a byte array), once (:func:`copy_table`).
-        message_id: The copy's ``message_id``; encoded anew only if the message had none.
+        message_id: The copy's ``message_id``; encoded anew only if the message had none (or an empty or
+            blank one, which names no job: the worker gave the job an id of its own).
         timestamp: The copy's ``timestamp`` (whole seconds since the epoch), or None: as received.
 
     ``delivery_mode`` is always 2 (persistent), also for a message received transient.
@@ -253,7 +254,7 @@ def copy_properties(
     """
     props = split_properties(received)
     props["headers"] = copy_table(props.get("headers", b"\0\0\0\0"), received_headers, headers)
-    if "message_id" not in props or props["message_id"] == b"\x00":
+    if not props.get("message_id", b"\x00")[1:].decode("utf-8", "replace").strip():  # none, empty or blank
         props["message_id"] = encode.short_string(message_id)
     if timestamp is not None:
         props["timestamp"] = struct.pack(">Q", timestamp)

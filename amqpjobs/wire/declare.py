@@ -337,7 +337,7 @@ async def find_missing(
     except BrokerError as exc:
         if exc.__cause__ is None or error_kind(exc.__cause__) is None:
             raise
-        raise BrokerError(f"looking for queues and exchanges failed: {exc.__cause__}") from exc.__cause__
+        raise BrokerError(f"looking for queues and exchanges failed: {exc}") from exc.__cause__  # its fix kept
     finally:
         if channel is not None and not channel.is_closed:
             await close_channel(channel)

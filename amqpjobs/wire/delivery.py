@@ -257,13 +257,13 @@ def delivery_from_frames(
     p = header.properties
     if acks is not None:
         acks.delivered(frame.delivery_tag, owner)
-    ts = p.timestamp
+    ts, message_id = p.timestamp, p.message_id
     return Delivery(
         body,
         dict(p.headers) if p.headers else {},
         p.content_type,
         p.content_encoding,
-        p.message_id,
+        message_id if message_id and not message_id.isspace() else None,  # blank: no job id (job_id_problem's rule)
         p.message_type,
         None if ts is None else ts.timestamp(),
         p.priority,

@@ -13,6 +13,7 @@ socket goes under a call.
 from __future__ import annotations
 
 import re
+import shlex
 from types import TracebackType
 from typing import Final
 
@@ -226,8 +227,10 @@ def refused_connect_reason(exc: BaseException, vhost: str, username: str) -> str
     """
     if open_refused(exc):
         return (
-            f"vhost {vhost!r} does not exist or user {username!r} has no access to it (or the vhost's connection "
-            "limit is reached)"
+            f"vhost {vhost!r} does not exist or user {username!r} has no access to it, or a max-connections limit "
+            f"is reached, the vhost's or the user's (rabbitmqctl list_vhost_limits -p {shlex.quote(vhost)}, "
+            f"list_user_limits --user {shlex.quote(username)}; raise one with set_vhost_limits, or set_user_limits "
+            f"{shlex.quote(username)} '{{\"max-connections\": N}}')"
         )
     return f"{type(exc).__name__}: {exc} (does vhost {vhost!r} exist, with permissions for {username!r}?)"
 

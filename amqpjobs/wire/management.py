@@ -18,6 +18,7 @@ from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.topology.plan import ObjectState, binding_name
 from amqpjobs.wire.cluster import connected_node, process_order
+from amqpjobs.wire.node_ports import amqp_refused
 from amqpjobs.wire.rotation import attempt_timeout
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
@@ -230,11 +231,12 @@ class ManagementClient:
     def _unreachable(self, failures: list[tuple[str, str]]) -> str:
         """The message for management APIs that could not be reached: each one tried, and why."""
         hint = self.settings.management_hint
+        down = amqp_refused(self.settings.nodes) if hint and all("refused" in why for _, why in failures) else ""
         if len(failures) == 1:
             base, why = failures[0]
-            return f"management API at {base}{hint} unreachable: {why}"
+            return f"management API at {base}{hint} unreachable: {why}{down}"
         each = "; ".join(f"{base}: {why}" for base, why in failures)
-        return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}"
+        return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}{down}"
 
     def _api_answers(self) -> bool:
         """True when a management API answers at the base URL (asked after a 404: was it the URL that was wrong?)."""

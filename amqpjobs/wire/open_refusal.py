@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import shlex
+from typing import Any, Final
 from urllib.parse import quote
 
+from amqpjobs.errors import ManagementApiError
 from amqpjobs.wire.errors import open_refused, refused_connect_reason
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -49,9 +51,10 @@ def _ask(settings: BrokerSettings) -> str | None:
     vhost, user = settings.vhost, settings.username
     v, u = quote(vhost, safe=""), quote(user, safe="")
     with ManagementClient(settings, timeout=ASK_FOR) as mgmt:
-        if mgmt.request("GET", f"/vhosts/{v}", allow_404=True) is None:
+        # an administrator's questions (3.10: 401 "Not administrator user" to a monitoring user): unknown then
+        if _admin_only(mgmt, f"/vhosts/{v}") is None:
             return f"vhost {vhost!r} does not exist: create it (rabbitmqctl add_vhost) or fix the URL's path"
-        if mgmt.request("GET", f"/permissions/{v}/{u}", allow_404=True) is None:
+        if (allowed := _admin_only(mgmt, f"/permissions/{v}/{u}")) is None:
             return (f"user {user!r} has no permissions on vhost {vhost!r}: give them (rabbitmqctl set_permissions -p "
                     "VHOST USER '.*' '.*' '.*'), or use another user")  # fmt: skip
         found = []
@@ -59,11 +62,30 @@ def _ask(settings: BrokerSettings) -> str | None:
             (mgmt.request("GET", f"/vhost-limits/{v}", allow_404=True), f"vhost {vhost!r}",
              "rabbitmqctl set_vhost_limits -p VHOST '{\"max-connections\": N}'"),
             (mgmt.request("GET", f"/user-limits/{u}", allow_404=True), f"user {user!r}",
-             "rabbitmqctl set_user_limits USER '{\"max-connections\": N}'"),
+             f"rabbitmqctl set_user_limits {shlex.quote(user)} '{{\"max-connections\": N}}'"),
         ):  # fmt: skip
             if (most := _limit(rows, "max-connections")) is not None:
                 found.append(f"{whose} allows at most {most} connection(s) (max-connections): raise it ({fix})")
         if found:
+            unsure = (
+                ""
+                if allowed is not _UNKNOWN
+                else f" (if not: does vhost {vhost!r} exist, with permissions for {user!r}?)"
+            )
             return (f"{' and '.join(found)}; or run fewer worker processes or publishers there (a worker process "
-                    "holds about 3 connections)")  # fmt: skip
+                    f"holds about 3 connections){unsure}")  # fmt: skip
     return None
+
+
+#: What :func:`_admin_only` returns when the API would not tell this user.
+_UNKNOWN: Final = object()
+
+
+def _admin_only(mgmt: ManagementClient, path: str) -> Any:
+    """GET ``path`` (None: 404), or :data:`_UNKNOWN` when the API refuses this user the question (401, 403)."""
+    try:
+        return mgmt.request("GET", path, allow_404=True)
+    except ManagementApiError as exc:
+        if exc.status in (401, 403):
+            return _UNKNOWN
+        raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -192,3 +193,60 @@ async def test_a_scheduler_replica_the_broker_refuses_at_each_reconnect_exits_3_
     )
     assert "has reached the negotiated channel_max (2)" in last, out
     assert "raise channel_max in the broker's rabbitmq.conf" in last, out
+
+
+def _limited_user(broker: BrokerSettings, channels: int) -> tuple[str, str]:
+    """A new user of the test vhost (all permissions) whose ``max-channels`` limit is ``channels``: (name, its URL)."""
+    user = f"lim-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim-secret", "tags": ""})
+        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
+                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+        mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": channels})
+    parts = urlsplit(broker.url)
+    return user, urlunsplit(parts._replace(netloc=f"{user}:lim-secret@{parts.hostname}:{parts.port}"))
+
+
+async def test_a_users_max_channels_refusing_a_start_or_a_park_is_said_with_its_fix_naming_the_user(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """max-channels 2: the worker's start (its look for queues) and a park's lock are refused; each error says the fix.
+
+    Before: `broker error: looking for queues and exchanges failed: NOT_ALLOWED - number of channels opened for user
+    'lim-...' has reached the maximum allowed user limit of (2)` and `broker error: could not take the lock on parked
+    queue 'work.parked': not connected (NOT_ALLOWED - ... (1))`: the limit, never what to change.
+    """
+    app = await publisher(broker, tmp_path)
+    await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
+    await app.close()
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    user, url = _limited_user(broker, 2)
+    try:
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            code = await exit_code(proc, 40)
+        out = log.read_text()
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 1})
+        exe = Path(sys.executable).with_name("amqpjobs")
+        park = await asyncio.to_thread(
+            subprocess.run, [str(exe), "quarantine", "park", "work", "--dry-run", "--url", url],
+            capture_output=True, text=True, env={**os.environ, "AMQPJOBS_MANAGEMENT_URL": broker.management_url},
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
+    assert code == 3, out
+    for last, limit in ((out.strip().splitlines()[-1], 2), (park.stderr.strip().splitlines()[-1], 1)):
+        assert last.startswith("broker error: "), (last, out, park.stderr)
+        assert re.search(rf"maximum allowed user limit of \(?{limit}\)?", last), last
+        named = f"({re.escape(user)}|USER)"  # 4.0.5's words name the node, not the user: the fix says USER
+        assert re.search(rf"rabbitmqctl set_user_limits {named} '\{{\"max-channels\": N\}}'", last), last
+        assert re.search(rf"clear_user_limits {named} max-channels", last), last
+        assert "lim-secret" not in last, last
+    assert park.returncode == 3, park.stderr
+    assert "Traceback" not in out + park.stderr, (out, park.stderr)
+    assert await depth(broker, "work") == 1  # the job waits, never lost

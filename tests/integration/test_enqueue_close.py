@@ -238,6 +238,8 @@ async def test_an_enqueue_whose_reconnect_the_broker_refuses_says_why_at_once(
     assert waited < 15.0, waited
     assert str(refused.value) == (
         "publish to 'jobs' / 'urgent' not sent: not connected to the broker; it refuses the reconnect: vhost "
-        f"{broker.vhost!r} does not exist or user {broker.username!r} has no access to it (or the vhost's "
-        "connection limit is reached)"
+        f"{broker.vhost!r} does not exist or user {broker.username!r} has no access to it, or a max-connections "
+        f"limit is reached, the vhost's or the user's (rabbitmqctl list_vhost_limits -p {broker.vhost}, "
+        f"list_user_limits --user {broker.username}; raise one with set_vhost_limits, or set_user_limits "
+        f"{broker.username} '{{\"max-connections\": N}}')"
     )

@@ -44,6 +44,8 @@ SENT: dict[str, tuple[dict[str, Any], str | None]] = {
         "header amqpjobs-attempt is 'second' (a string), not a whole number >= 0",
     ),
     "attempt-zero": ({"amqpjobs-attempt": 0}, None),  # 0 is attempt 1, documented
+    # before: a negative integer was read as attempt 1 without a word (only other types were looked at)
+    "attempt-negative": ({"amqpjobs-attempt": -5}, "header amqpjobs-attempt is -5 (an integer), not a whole number"),
     "at-bool": ({"amqpjobs-enqueued-at": True}, "header amqpjobs-enqueued-at is a boolean, not a time"),
     "at-text": (
         {"amqpjobs-enqueued-at": "yesterday"},
@@ -91,5 +93,7 @@ async def test_an_unreadable_attempt_or_enqueue_time_is_said_once_per_header_and
     for line, (start, kind) in zip(warned, starts, strict=True):
         assert line.startswith(start), (line, start)
         assert line.endswith(f"(said once per header and type; first: job id {kind}-0 on work)"), line
-    assert "read as attempt 1" in warned[0], warned
+    for line in warned:  # each names its fix (before, the attempt's did not: "...; read as attempt 1 (said once ...")
+        if line.startswith("header amqpjobs-attempt"):
+            assert "; read as attempt 1; send it as a whole number (1 for a new job), or leave it out (" in line, line
     assert "the timestamp property is read instead" in warned[-1], warned

@@ -8,8 +8,9 @@ limit is reached)``: three causes, no fix. The management API tells them apart.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
@@ -47,3 +48,43 @@ async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_
     assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
     assert "rabbitmqctl set_vhost_limits" in last, out
     assert took < 20, (took, out)
+
+
+@pytest.mark.parametrize("tags", ["", "monitoring"])
+async def test_a_worker_past_its_users_max_connections_names_the_users_limit(
+    broker: BrokerSettings, tmp_path: Path, tags: str
+):
+    """A user's own max-connections: named with its fix by a monitoring user, among the causes by one without tags.
+
+    Before: both read `refused the connection: vhost '...' does not exist or user 'lim-...' has no access to it (or
+    the vhost's connection limit is reached)`: the vhost exists, the user has access, and the limit reached is
+    the user's, named nowhere (the API's checks of the vhost and the permissions need an administrator).
+    """
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    user = f"lim-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim-secret", "tags": tags})
+        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
+                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+        mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": 1})
+    parts = urlsplit(broker.url)
+    url = urlunsplit(parts._replace(netloc=f"{user}:lim-secret@{parts.hostname}:{parts.port}"))
+    env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+    try:
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            code = await exit_code(proc, 40)
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
+    out = log.read_text()
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    if tags:
+        assert f"refused the connection: user {user!r} allows at most 1 connection(s) (max-connections)" in last, out
+    else:
+        assert "or a max-connections limit is reached, the vhost's or the user's" in last, out
+    assert f"set_user_limits {user} '{{\"max-connections\": N}}'" in last, out
+    assert "lim-secret" not in out, out

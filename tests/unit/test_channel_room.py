@@ -9,7 +9,7 @@ import pytest
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.runtime.hard_closes import HardCloses
-from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix
+from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix, with_limit_fix
 
 
 def _connection(open_channels: int, channel_max: int) -> SimpleNamespace:
@@ -69,3 +69,16 @@ async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
         hard.after_stop(0)
     assert hard.fatal is not None
     assert not hard.fatal.final  # a new process starts within the limit: --processes restarts the child
+
+
+def test_with_limit_fix_adds_the_fix_naming_the_user_once_and_leaves_other_errors_alone():
+    words = "NOT_ALLOWED - number of channels opened for user 'app' has reached the maximum allowed user limit of 2"
+    wrapped = with_limit_fix(f"looking for queues and exchanges failed: {words}")  # 4.3: no parentheses
+    fix = "(rabbitmqctl set_user_limits app '{\"max-channels\": N}', or clear_user_limits app max-channels)"
+    assert f"; fix: raise or clear the user's max-channels limit {fix}, or give each worker" in wrapped
+    assert with_limit_fix(wrapped) == wrapped  # said once
+    node = "NOT_ALLOWED - number of channels opened for node 'r@h' has reached the maximum allowed user limit of (2)"
+    assert "set_user_limits USER" in with_limit_fix(node)  # 4.0.5 names no user
+    channel_max = "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    assert "; fix: raise channel_max in the broker's rabbitmq.conf" in with_limit_fix(channel_max)
+    assert with_limit_fix("NOT_FOUND - no queue 'x'") == "NOT_FOUND - no queue 'x'"

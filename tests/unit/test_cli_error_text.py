@@ -175,3 +175,51 @@ def test_a_since_that_is_a_short_bare_number_is_still_seconds_ago():
     chosen = selection(None, None, None, "3600")
     assert chosen.since is not None
     assert 3599 < (datetime.now(UTC) - chosen.since).total_seconds() < 3610
+
+
+@pytest.mark.parametrize("command", [("quarantine", "purge", "work", "--yes"), ("replay", "work", "--dry-run")])
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("0s", "'0s' must be a positive, finite duration (e.g. '5s')"),
+        ("0", "'0' must be a positive, finite duration (e.g. '5s')"),
+        ("-1h", "'-1h' must be a positive, finite duration (e.g. '5s')"),
+        (
+            "6M",
+            "'6M' is ambiguous: an upper-case 'M' is a month in systemd and ISO 8601 (P6M), not a minute; write "
+            "minutes as 'm' ('30m') and months as days ('180d')",
+        ),
+        (
+            "2h30",
+            "'2h30' is not a duration; use forms like '250ms', '30s', '5m', '1h30m' (each unit once, largest first)",
+        ),
+    ],
+)
+def test_a_since_that_is_a_duration_refused_says_why_as_every_duration_option_does(
+    command: tuple[str, ...], value: str, why: str
+):
+    # before: "error: --since '6M': give a duration ('2h', '30m') or an ISO-8601 time ('2026-11-29T08:00Z')": a
+    # duration was asked of one who gave a duration, where --max-age 6M and --canary-timeout 6M say why
+    result = cli(NOWHERE, *command, "--since", value)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: --since {why}; or give an ISO-8601 time ('2026-11-29T08:00Z')\n"
+
+
+def test_a_broker_down_is_not_blamed_on_the_derived_management_url():
+    """Nothing listens on the AMQP port nor on the API's derived one: the error says the broker is not there.
+
+    Before: `broker error: management API at http://127.0.0.1:10001 (derived from the AMQP URL: its host, port +
+    10000; give the right one with --management-url or $AMQPJOBS_MANAGEMENT_URL) unreachable: ConnectError: ...`:
+    a user whose broker is down was sent to fix the management URL.
+    """
+    from amqpjobs.cli import main
+
+    env = {"AMQPJOBS_URL": NOWHERE.url, "AMQPJOBS_MANAGEMENT_URL": "", "AMQPJOBS_CONNECT_TIMEOUT": "1s"}
+    result = CliRunner().invoke(main, ["status", "--queues", "work"], env=env, catch_exceptions=False)
+    assert result.exit_code == 3, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("broker error: management API at http://127.0.0.1:10001"), line
+    assert line.endswith(
+        "; the broker's AMQP port 127.0.0.1:1 refuses connections too: is the broker running there (or is the "
+        "AMQP URL's host or port wrong)?"
+    ), line

@@ -346,3 +346,27 @@ def test_one_time_rule(value: object, expected: str | None) -> None:
     parsed = parse_time(value)
     assert (None if parsed is None else parsed.isoformat()) == expected
     assert parsed is None or parsed.tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "cenc", "said"),
+    [
+        (b'{"a": 1}', "text/plain", None,
+         "content_type 'text/plain'; expected 'application/json': publish the job with content_type application/json, "
+         "or none"),
+        (b'{"a": 1}', "", None, "content_type ''; expected 'application/json': publish the job with content_type "
+                                "application/json, or none"),
+        (b"\x1f\x8b\x08\x00", "application/json", "gzip",
+         "content_encoding 'gzip' is not supported: publish the body as plain UTF-8 JSON, with content_encoding "
+         "none, identity or utf-8"),
+        ('{"a": "é"}'.encode("latin-1"), "application/json; charset=latin-1", None,
+         "body is not UTF-8 (its content_type says charset=latin-1; only UTF-8 is read: publish it as UTF-8): "),
+    ],
+)  # fmt: skip
+def test_a_foreign_publishers_undecodable_job_is_quarantined_with_the_fix(
+    body: bytes, ctype: str, cenc: str | None, said: str
+) -> None:
+    """Before: "content_encoding 'gzip' is not supported", "content_type 'text/plain'; expected ...": no fix."""
+    with pytest.raises(envelope.DecodeError) as info:
+        envelope.decode_body(body, ctype, cenc)
+    assert info.value.detail.startswith(said), info.value.detail

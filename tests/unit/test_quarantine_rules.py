@@ -174,3 +174,22 @@ def test_replay_headers_of_a_job_whose_enqueue_time_is_out_of_range() -> None:
     headers = {**OURS, envelope.ENQUEUED_AT: "0001-01-01T00:00:00+01:00"}
     out = replay_headers(headers, describe(headers, None, None), "r", timestamp=1_764_403_200)
     assert out[envelope.ENQUEUED_AT] == "2025-11-29T08:00:00.000Z"
+
+
+@pytest.mark.parametrize("value", ["poison", b"poison", 42, "", "  ", "Exhausted", "x-death:bogus"])
+def test_every_reason_a_listing_shows_is_one_reason_selects_another_stacks_too(value: Any) -> None:
+    """Evidence whose reason is none of ours (another stack's, a newer version's, a forged one) reads ``other:<it>``.
+
+    Before: ``quarantine list`` showed ``poison`` (or ``42``), and ``--reason poison`` was refused (exit 2, "is not
+    a reason"): no filter could select, replay or park those messages alone (README: every reason a listing shows
+    is one ``--reason`` selects).
+    """
+    from amqpjobs.jobs.quarantine import is_shown_reason
+
+    item = describe({evidence.REASON: value, evidence.JOB: "mail"}, "q-1", None)
+    assert item.reason.startswith("other:"), item.reason
+    assert is_shown_reason(item.reason), item.reason
+    assert Selection(reason=item.reason).matches(item)
+    assert not Selection(reason="exhausted").matches(item)
+    assert describe({evidence.REASON: "exhausted"}, "q-1", None).reason == "exhausted"  # ours unchanged
+    assert describe({evidence.REASON: "x-death:expired"}, "q-1", None).reason == "x-death:expired"  # a park's
