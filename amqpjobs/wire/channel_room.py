@@ -78,11 +78,13 @@ def limit_fix(reply_text: str) -> str:
     """The fix for a connection the broker closed with a hard error (``reply_text``: its words), or a general one.
 
     A user's limit names the user when the broker's words do (``for user 'app'``: RabbitMQ 3.x, 4.3).
+    A name with ``@`` is said as ``USER``: RabbitMQ 4.0.5's words put its node's name there
+    (``for user 'rabbit@host'``), and a fix naming the node would change nothing.
     """
     for words, fix in _FIXES:
         if words in reply_text:
             user = _USER.search(reply_text) if words == "user limit" else None
-            return fix.replace("USER", user.group(1)) if user else fix
+            return fix.replace("USER", user.group(1)) if user and "@" not in user.group(1) else fix
     return (
         "the broker refuses what this worker sends it the same way at every reconnect: look in the broker's "
         "log for the connection's close, fix that, then start the worker again"
@@ -91,7 +93,7 @@ def limit_fix(reply_text: str) -> str:
 
 #: The broker's words for a channel refused at a channel limit (3.x and 4.x; 4.3 drops the parentheses).
 _CHANNEL_LIMIT: Final = re.compile(r"has reached the (negotiated channel_max|maximum allowed user limit)")
-#: The user a user limit's refusal names (4.0.5 names its node instead: then none).
+#: The user a user limit's refusal names (4.0.5 names its node there: :func:`limit_fix` says USER then).
 _USER: Final = re.compile(r"for user '([^']+)'")
 
 

@@ -77,8 +77,12 @@ def test_with_limit_fix_adds_the_fix_naming_the_user_once_and_leaves_other_error
     fix = "(rabbitmqctl set_user_limits app '{\"max-channels\": N}', or clear_user_limits app max-channels)"
     assert f"; fix: raise or clear the user's max-channels limit {fix}, or give each worker" in wrapped
     assert with_limit_fix(wrapped) == wrapped  # said once
-    node = "NOT_ALLOWED - number of channels opened for node 'r@h' has reached the maximum allowed user limit of (2)"
-    assert "set_user_limits USER" in with_limit_fix(node)  # 4.0.5 names no user
+    node = (
+        "NOT_ALLOWED - number of channels opened for user 'amqpjobs4@localhost' has reached the maximum allowed "
+        "user limit (2)"
+    )
+    assert "set_user_limits USER '" in with_limit_fix(node)  # 4.0.5 names its node where the user goes
+    assert "amqpjobs4@localhost max-channels" not in with_limit_fix(node)
     channel_max = "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
     assert "; fix: raise channel_max in the broker's rabbitmq.conf" in with_limit_fix(channel_max)
     assert with_limit_fix("NOT_FOUND - no queue 'x'") == "NOT_FOUND - no queue 'x'"
