@@ -89,6 +89,7 @@ class HardCloses:
                 f"later: every reconnect meets the same refusal, so the {self._who} stopped (what it held unacked "
                 f"returns to its queue, redelivered). Fix: {limit_fix(why)}; then start it again"
             )
+            self.fatal.final = True  # a restart meets it at its next reconnect: --processes stops every child
             log.error("%s", self.fatal)
         self._stop()
 
