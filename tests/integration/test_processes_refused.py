@@ -117,3 +117,27 @@ async def test_children_a_users_max_channels_refuses_at_run_time_stop_every_chil
     assert len(waiting) == len(set(waiting)) == ready, (waiting, ready)
     assert set(waiting) | set(done) == {f"j-{i}" for i in range(20)}, (waiting, done)  # none lost
     assert all(h[3] in (0, 503) for h in health), health  # /readyz: "not connected to the broker (reconnecting)"
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+async def test_a_start_a_users_max_channels_refuses_says_the_fix_wherever_it_meets_it(
+    broker: BrokerSettings, tmp_path: Path, limit: int
+):
+    """The worker needs 4 channels: a limit of 1, 2 or 3 refuses a channel open at another step of its start."""
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("PUT", f"/user-limits/{urlsplit(url).username}/max-channels", {"value": limit})
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+            code = await asyncio.to_thread(proc.wait, 30)
+    out = log.read_text()
+    last = out.strip().splitlines()[-1]
+    assert code == 3, out
+    assert f"has reached the maximum allowed user limit of ({limit})" in last, out
+    # before, limit 2: "broker error: looking for queues and exchanges failed: NOT_ALLOWED - number of channels
+    # opened for user '...' has reached the maximum allowed user limit of (2)" (1 and 3 named the fix)
+    assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, out
