@@ -11,12 +11,17 @@ guards, both in :class:`HardCloses`:
   it consumes again: :mod:`amqpjobs.wire.consume`): else the start fails (``BrokerError``, exit 3);
 * a hard close met again within :data:`WINDOW` s of the last stops the worker as SIGTERM does
   (unacked deliveries return to their queues, redelivered) and :meth:`HardCloses.after_stop`
-  raises why, with the fix (exit 3).
+  raises why, with the fix (exit 3). Again means the same connection (its reconnect met it: one
+  event per reconnect round, however many of the worker's connections a refusal closes at once)
+  closed for the same cause (:func:`cause_of`: the reply code and words, numbers aside); two
+  unrelated closes within the window stop nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 
@@ -49,7 +54,7 @@ class HardCloses:
 
     def __init__(self, stop: Callable[[], None], who: str = "worker") -> None:
         self._stop, self._who = stop, who
-        self._last = -WINDOW - 1.0
+        self._last: dict[tuple[int, str], float] = {}  # (connection, cause) -> when it last closed so
         self.fatal: BrokerError | None = None
 
     def watch(self, connections: Iterable[object], check_room: bool = True) -> None:
@@ -73,15 +78,17 @@ class HardCloses:
                 self.fatal.final = True  # every start meets it until an operator acts: --processes stops at once
                 raise self.fatal
         for connection in connections:
-            on_hard_error(connection, self._closed)
+            on_hard_error(connection, functools.partial(self._closed, connection=id(connection)))
 
-    def _closed(self, exc: BaseException) -> None:
-        now, last = time.monotonic(), self._last
-        self._last = now
-        why = printable(redact_text(str(exc) or type(exc).__name__))
+    def _closed(self, exc: BaseException, connection: int = 0) -> None:
+        """``connection`` (an id) closed by the broker with ``exc``: stop when it met that within :data:`WINDOW` s."""
+        now, why = time.monotonic(), printable(redact_text(str(exc) or type(exc).__name__))
+        key = (connection, cause_of(exc))
+        last = self._last.get(key, -WINDOW - 1.0)
+        self._last[key] = now
         if now - last > WINDOW:
-            log.warning("the broker closed a connection of this %s for what it sent (%s): reconnecting; "
-                        "if it does so again within %gs it stops", self._who, why, WINDOW)  # fmt: skip
+            log.warning("the broker closed a connection of this %s for what it sent (%s): reconnecting; if that "
+                        "connection meets it again within %gs it stops", self._who, why, WINDOW)  # fmt: skip
             return
         if self.fatal is None:
             self.fatal = BrokerError(
@@ -102,3 +109,12 @@ class HardCloses:
         if self.fatal is not None:
             raise self.fatal
         return code
+
+
+def cause_of(exc: BaseException) -> str:
+    """What a hard close names, comparable between two closes: its class (reply code) and words, numbers as ``#``.
+
+    ``NOT_ALLOWED ... user limit of (4)`` and ``... of (5)`` (a limit raised, still too low) are one cause;
+    a 530 at a channel past ``channel_max`` and a 504 CHANNEL_ERROR are two.
+    """
+    return f"{type(exc).__name__}: {re.sub(r'[0-9]+', '#', str(exc))}"

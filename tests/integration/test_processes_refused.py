@@ -141,3 +141,60 @@ async def test_a_start_a_users_max_channels_refuses_says_the_fix_wherever_it_mee
     # before, limit 2: "broker error: looking for queues and exchanges failed: NOT_ALLOWED - number of channels
     # opened for user '...' has reached the maximum allowed user limit of (2)" (1 and 3 named the fix)
     assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, out
+
+
+def _close_users(broker: BrokerSettings, user: str) -> int:
+    """Close (management API) every connection of ``user`` on the test vhost; how many."""
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+        names = [c["name"] for c in listed if c.get("user") == user]
+        for name in names:
+            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+        return len(names)
+
+
+async def test_connections_refused_together_in_one_reconnect_round_do_not_stop_a_worker(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A refusal lifted after one round (an operator's fix, a limit briefly reached): the worker consumes again."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = urlsplit(url).username
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            while "worker consuming" not in log.read_text():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.2)
+            app.job("nosuch", queue="work")(lambda p, c: None)
+            await app.enqueue("nosuch", {}, job_id="unknown")  # quarantined: the publisher's connection holds channels
+            while "unknown-job" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.2)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 0})  # every channel refused
+            while await asyncio.to_thread(_close_users, broker, str(user)) < 3:  # worker, publisher, events
+                await asyncio.sleep(0.3)
+            while "for what it sent" not in log.read_text():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.05)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
+            await app.enqueue("sleep", {"seconds": 0}, job_id="after")
+            while not any(r[:2] == ["done", "after"] for r in read_record(record)):
+                # before: exit 3 at once, "... (NOT_ALLOWED - number of channels opened for user '...' has reached
+                # the maximum allowed user limit of (0)), again 0s later: every reconnect meets the same refusal"
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+            proc.terminate()
+            code = await asyncio.to_thread(proc.wait, 30)
+    await app.close()
+    out = log.read_text()
+    assert code == 0, out[-3000:]
+    assert "stopped (what it held unacked" not in out, out[-3000:]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import aiormq
 import pytest
 
 from amqpjobs.errors import BrokerError
-from amqpjobs.runtime.hard_closes import HardCloses
+from amqpjobs.runtime.hard_closes import HardCloses, cause_of
 from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix
 
 
@@ -71,3 +72,28 @@ async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
     # a restarted child meets it at its next reconnect: --processes stops every child (before: restarted it, and
     # under a user's max-channels the restart was refused 5 times, 'exited before it was ready 5 times within 60s')
     assert hard.fatal.final
+
+
+def test_two_connections_refused_in_one_reconnect_round_are_one_event():
+    """Before: the worker's and its publisher's connections refused together stopped it, 'again 0s later'."""
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    hard._closed(RuntimeError(USER_LIMIT), connection=1)
+    hard._closed(RuntimeError(USER_LIMIT), connection=2)
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0
+    hard._closed(RuntimeError(USER_LIMIT.replace("(4)", "(5)")), connection=2)  # its reconnect: the same refusal
+    assert stop.is_set()
+    with pytest.raises(BrokerError, match=r"again 0s later"):
+        hard.after_stop(0)
+
+
+def test_two_hard_closes_of_different_causes_stop_nothing():
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    hard._closed(aiormq.exceptions.ConnectionNotAllowed(USER_LIMIT), connection=1)
+    hard._closed(aiormq.exceptions.ConnectionChannelError("CHANNEL_ERROR - expected 'channel.open'"), connection=1)
+    hard._closed(aiormq.exceptions.ConnectionFrameError("FRAME_ERROR - type 65, all octets = <<>>"), connection=1)
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0
+    assert cause_of(RuntimeError(USER_LIMIT)) == cause_of(RuntimeError(USER_LIMIT.replace("(4)", "(12)")))
