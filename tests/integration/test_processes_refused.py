@@ -82,6 +82,7 @@ async def test_children_a_users_max_channels_refuses_at_run_time_stop_every_chil
             for i in range(20):
                 await app.enqueue("sleep", {"seconds": 2}, job_id=f"j-{i}")
             while sum(1 for r in read_record(record) if r[0] == "start") < 4:  # 2 slots in each child: all busy
+                assert time.monotonic() < deadline + 20, log.read_text()
                 await asyncio.sleep(0.2)
             with ManagementClient(broker) as mgmt:
                 mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 4})  # one child's start
@@ -111,7 +112,7 @@ async def test_children_a_users_max_channels_refuses_at_run_time_stop_every_chil
     assert "stopped with an error no restart can change" in last, last
     assert "number of channels opened for user" in last, last
     assert "rabbitmqctl set_user_limits" in last, last
-    assert took < 20, (took, out[-3000:])
+    assert took < 30, (took, out[-3000:])  # measured on 3.10: 11 s (two refusals 5 s apart, then the drain)
     waiting = [m.message_id for m in await drain(broker, "work")]
     assert unacked == 0, unacked
     assert len(waiting) == len(set(waiting)) == ready, (waiting, ready)
