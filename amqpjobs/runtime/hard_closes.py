@@ -13,8 +13,9 @@ guards, both in :class:`HardCloses`:
   (unacked deliveries return to their queues, redelivered) and :meth:`HardCloses.after_stop`
   raises why, with the fix (exit 3). Again means the same connection (its reconnect met it: one
   event per reconnect round, however many of the worker's connections a refusal closes at once)
-  closed for the same cause (:func:`cause_of`: the reply code and words, numbers aside); two
-  unrelated closes within the window stop nothing.
+  closed for the same cause (:func:`cause_of`: the reply code and words, numbers aside), at least
+  :data:`ROUND` s after the last (aio-pika's immediate reconnect after a close at run time is the
+  same round); two unrelated closes within the window stop nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds within which a second hard close of the worker's connections stops it (aio-pika reconnects after 5 s).
 WINDOW = 60.0
+#: Seconds within which closes of one connection for one cause are one round: aio-pika reconnects at once when its
+#: last attempt is over 5 s old (a close at run time), and that attempt's refusal comes a few ms after the first.
+ROUND = 1.0
 #: Channels a reconnect may open besides the ones it restores (a consumer's throwaway channel).
 RECONNECT_SPARE = 1
 
@@ -85,6 +89,9 @@ class HardCloses:
         now, why = time.monotonic(), printable(redact_text(str(exc) or type(exc).__name__))
         key = (connection, cause_of(exc))
         last = self._last.get(key, -WINDOW - 1.0)
+        if now - last < ROUND:  # the reconnect aio-pika made at once: the same round, its next comes 5 s later
+            log.warning("the broker refused this %s's reconnect the same way (%s): trying again in 5s", self._who, why)
+            return
         self._last[key] = now
         if now - last > WINDOW:
             log.warning("the broker closed a connection of this %s for what it sent (%s): reconnecting; if that "

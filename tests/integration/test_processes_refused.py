@@ -20,7 +20,7 @@ import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, depth, drain, write_file
+from tests.integration.helpers import cli_subprocess, consume_subprocess, depth, drain, write_file
 from tests.integration.test_channel_limits import _close_named
 from tests.integration.test_worker_process import publisher, read_record
 from tests.integration.test_worker_processes import get, metrics_port
@@ -199,3 +199,49 @@ async def test_connections_refused_together_in_one_reconnect_round_do_not_stop_a
     out = log.read_text()
     assert code == 0, out[-3000:]
     assert "stopped (what it held unacked" not in out, out[-3000:]
+
+
+async def test_a_refusal_met_at_run_time_and_at_the_immediate_reconnect_is_one_round(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A channel the running worker opens is refused (a limit briefly reached), and so is aio-pika's reconnect
+    a few ms later: one round. Lifted before the next round (5 s), the worker consumes again."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = urlsplit(url).username
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            while "worker consuming" not in log.read_text():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(6)  # aio-pika reconnects at once when its last attempt is over 5 s old
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 0})  # every new channel refused
+            paused = await asyncio.to_thread(cli_subprocess, broker, "pause", "work", "--reason", "test")
+            assert paused.returncode == 0, paused.stdout + paused.stderr
+            while "for what it sent" not in log.read_text():  # the worker reads the flags on a new channel: 530
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
+            resumed = await asyncio.to_thread(cli_subprocess, broker, "resume", "work")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            await app.enqueue("sleep", {"seconds": 0}, job_id="after")
+            while not any(r[:2] == ["done", "after"] for r in read_record(record)):
+                # before: exit 3 at once, "the broker closed a connection of this worker for what it sent (NOT_ALLOWED
+                # ... user limit of (0)), again 0s later": the close and aio-pika's reconnect a few ms after it
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+            proc.terminate()
+            code = await asyncio.to_thread(proc.wait, 30)
+    await app.close()
+    out = log.read_text()
+    assert code == 0, out[-3000:]

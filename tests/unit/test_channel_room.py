@@ -9,6 +9,7 @@ import aiormq
 import pytest
 
 from amqpjobs.errors import BrokerError
+from amqpjobs.runtime import hard_closes
 from amqpjobs.runtime.hard_closes import HardCloses, cause_of
 from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix
 
@@ -58,15 +59,25 @@ async def test_a_connection_holding_channel_max_channels_refuses_the_start():
     assert hard.fatal.final  # consume --processes stops every child at the first such exit
 
 
-async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
+class Clock:
+    """hard_closes' ``time.monotonic``, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(hard_closes, "time", SimpleNamespace(monotonic=lambda: self.now))
+
+
+async def test_a_hard_close_met_again_within_the_window_stops_the_worker(monkeypatch: pytest.MonkeyPatch):
+    clock = Clock(monkeypatch)
     stop = asyncio.Event()
     hard = HardCloses(stop.set)
     hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
     assert not stop.is_set()
     assert hard.after_stop(0) == 0
+    clock.now += 5.0  # aio-pika's next reconnect
     hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
     assert stop.is_set()
-    with pytest.raises(BrokerError, match=r"of this worker .* again 0s later: .*set_user_limits"):
+    with pytest.raises(BrokerError, match=r"of this worker .* again 5s later: .*set_user_limits"):
         hard.after_stop(0)
     assert hard.fatal is not None
     # a restarted child meets it at its next reconnect: --processes stops every child (before: restarted it, and
@@ -74,17 +85,21 @@ async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
     assert hard.fatal.final
 
 
-def test_two_connections_refused_in_one_reconnect_round_are_one_event():
+def test_two_connections_refused_in_one_reconnect_round_are_one_event(monkeypatch: pytest.MonkeyPatch):
     """Before: the worker's and its publisher's connections refused together stopped it, 'again 0s later'."""
+    clock = Clock(monkeypatch)
     stop = asyncio.Event()
     hard = HardCloses(stop.set)
     hard._closed(RuntimeError(USER_LIMIT), connection=1)
     hard._closed(RuntimeError(USER_LIMIT), connection=2)
+    clock.now += 0.006
+    hard._closed(RuntimeError(USER_LIMIT), connection=1)  # aio-pika's immediate reconnect, 6 ms later: one round
     assert not stop.is_set()
     assert hard.after_stop(0) == 0
-    hard._closed(RuntimeError(USER_LIMIT.replace("(4)", "(5)")), connection=2)  # its reconnect: the same refusal
+    clock.now += 5.0
+    hard._closed(RuntimeError(USER_LIMIT.replace("(4)", "(5)")), connection=2)  # its next round: the same refusal
     assert stop.is_set()
-    with pytest.raises(BrokerError, match=r"again 0s later"):
+    with pytest.raises(BrokerError, match=r"again 5s later"):
         hard.after_stop(0)
 
 
