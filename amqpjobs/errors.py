@@ -48,8 +48,9 @@ class AmqpJobsError(Exception):
 
     Attributes:
         final: True (set on the instance) when a worker's start refused is refused again by any
-            restart until an operator acts (a lost ledger): ``consume --processes`` then stops
-            every child at the first, with its words, instead of restarting it into a crash loop.
+            restart until an operator acts (a lost ledger), or a running worker stopped because the
+            broker refuses its every reconnect (a user's ``max-channels``): ``consume --processes``
+            then stops every child at the first, with its words, instead of restarting it.
     """
 
     final: bool = False

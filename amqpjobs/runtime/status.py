@@ -6,10 +6,9 @@ queue's depth (jobs whose start ended without an outcome, waiting to run alone).
 counts come from passive declares (exact, now); unacked counts, rates and the head
 message's ``timestamp`` from the management API (refreshed every
 ``collect_statistics_interval``, 5 s by default: RabbitMQ "Management Plugin" →
-"Statistics Interval"). The oldest message age is ``now - head_message_timestamp``, so
-it needs publishers to set ``timestamp`` (``enqueue`` does); AMQP timestamps have whole
-seconds, so the age is exact to within 1 s. Quorum queues (3.x and 4.x, seen up to 4.3.6) report no head
-timestamp: their age shows as unknown.
+"Statistics Interval"). The oldest message age is ``now - head_message_timestamp`` (publishers must set
+``timestamp``: ``enqueue`` does). Quorum queues (3.x and 4.x, seen up to 4.3.6) report no head timestamp:
+their age shows as unknown, and a ``max_age`` check of one holding messages is a note saying it can't judge.
 """
 
 from __future__ import annotations
@@ -376,6 +375,8 @@ async def collect(
         for w in [*status.work, *status.waiting]:  # a waiting room's backlog falling behind its rate, too
             if max_age is not None and w.oldest_age is not None and w.oldest_age > max_age:
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
+            elif max_age is not None and w.oldest_age is None and w.ready:
+                status.notes.append(f"--max-age can't judge {w.name}: {w.ready} ready, {_NO_AGE}")
         status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
         layout = next((x for x in layouts or [] if x.name == name), None)
@@ -394,3 +395,6 @@ async def collect(
             "need it (replay --canary); amqpjobs topology apply declares it, then restart the workers"
         )
     return out
+
+
+_NO_AGE = "no known age (quorum queues report no head timestamp; a classic head may carry none, or the stats lag ~5 s)"

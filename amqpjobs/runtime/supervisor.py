@@ -11,7 +11,9 @@ A worker is one Python process on one core; the supervisor starts N children
   times within ``CRASH_LOOP_WINDOW`` (60 s) — a crash loop (the app module's own error at
   import, a work queue missing on the broker): the error is raised again with the child's
   own message (a poison job that kills a *ready* child is the poison-containment bound's
-  business, not this), or at once on an error no restart can change (``AmqpJobsError.final``);
+  business, not this), or at once on an error no restart can change (``AmqpJobsError.final``),
+  before ready or after it (the broker refusing a ready child's every reconnect: a user's
+  ``max-channels`` set at run time, :mod:`amqpjobs.runtime.hard_closes`);
 - on the first SIGTERM/SIGINT sends SIGTERM to every child (each drains as a single worker
   does) and returns 0 when all exited cleanly; a second signal is passed on (the children
   exit at once) and the exit code is then 128 + that signal, as a single worker's (130 for
@@ -95,12 +97,17 @@ class Slot:
     error: str | None = None
     kind: str | None = None
     final: bool = False  # its error is one no restart can change
+    was_ready: bool = False  # its last child had become ready before it exited
     exits: deque[float] = field(default_factory=deque)  # monotonic times of exits within the window
     early_exits: deque[float] = field(default_factory=deque)  # of those, exits before ready
 
     def stopping_because(self) -> str:
-        """Why this child's exit before ready stops every child: an error no restart changes, or a crash loop."""
+        """Why this child's exit stops every child: an error no restart changes, or a crash loop (before ready)."""
         return _NO_RESTART if self.final else f"{CRASH_LOOP_EXITS} times within {CRASH_LOOP_WINDOW:.0f}s"
+
+    def exited(self) -> str:
+        """``exited before it was ready``, or ``stopped`` for a ready child (a final error met at run time)."""
+        return "stopped" if self.was_ready else "exited before it was ready"
 
 
 class Supervisor:
@@ -137,9 +144,9 @@ class Supervisor:
             single worker's :func:`~amqpjobs.runtime.signals.stop_on_signals`.
 
         Raises:
-            ConfigurationError: a child exited before it was ready 5 times within 60 s, or once with
-                an error no restart changes (its own error in the message); BrokerError when that
-                error was the broker's.
+            ConfigurationError: a child exited before it was ready 5 times within 60 s, or once (ready
+                or not) with an error no restart changes (its own error in the message); BrokerError
+                when that error was the broker's.
                 Also: the metrics port can't be bound.
         """
         loop = asyncio.get_running_loop()
@@ -208,6 +215,7 @@ class Supervisor:
         code = 0
         while not self._stopping.is_set():
             code = await self._run_child(slot)
+            slot.was_ready = slot.state == "ready"
             if self._stopping.is_set():
                 break
             now = time.monotonic()
@@ -215,14 +223,13 @@ class Supervisor:
                 while times and now - times[0] > CRASH_LOOP_WINDOW:
                     times.popleft()
             slot.exits.append(now)
-            if slot.state != "ready":
+            if not slot.was_ready:
                 slot.early_exits.append(now)
-                if len(slot.early_exits) >= CRASH_LOOP_EXITS or slot.final:
-                    log.error("child %d exited before it was ready %s: stopping every child", slot.index,
-                              slot.stopping_because())  # fmt: skip
-                    self._fatal = slot
-                    self.request_stop()
-                    break
+            if slot.final or (not slot.was_ready and len(slot.early_exits) >= CRASH_LOOP_EXITS):
+                log.error("child %d %s %s: stopping every child", slot.index, slot.exited(), slot.stopping_because())
+                self._fatal = slot
+                self.request_stop()
+                break
             delay = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (len(slot.exits) - 1))
             slot.state = "restarting"
             log.warning("child %d exited with %s; restarting it in %.2fs", slot.index, _exit_text(code), delay)
@@ -288,9 +295,9 @@ class Supervisor:
     @staticmethod
     def _crash_loop_error(slot: Slot) -> AmqpJobsError:
         error = slot.error or "no error message (see its log lines above)"
-        why = _NO_RESTART if slot.final else f"{CRASH_LOOP_EXITS} times within {CRASH_LOOP_WINDOW:.0f}s"
         text = (
-            f"worker child {slot.index} exited before it was ready {why}; every child was stopped. Its error: {error}"
+            f"worker child {slot.index} {slot.exited()} {slot.stopping_because()}; every child was stopped. "
+            f"Its error: {error}"
         )
         return _SERVICE_ERRORS.get(slot.kind or "", ConfigurationError)(text)
 

@@ -22,7 +22,7 @@ from amqpjobs.errors import (
 from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
 from amqpjobs.wire.connection import close_channel, connect
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, error_kind
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, channel_limit_hint, error_kind
 from amqpjobs.wire.settings import BrokerSettings
 
 #: Channels a deploy declares on at once. Each declaration is one round trip; spreading them
@@ -192,7 +192,7 @@ async def bind_queue(connection: AbstractRobustConnection, queue: str, exchange:
         async with declaring(f"binding {queue} to {exchange}", "the broker", within):
             await channel.queue_bind(queue, exchange, routing_key="")
     except LIBRARY_ERRORS as exc:
-        raise BrokerError(f"the broker refused to bind {queue} to {exchange}: {exc}") from exc
+        raise BrokerError(f"the broker refused to bind {queue} to {exchange}: {exc}{channel_limit_hint(exc)}") from exc
     await close_channel(channel)
 
 
@@ -333,7 +333,7 @@ async def find_missing(
             except ResourceLockedError:
                 channel = None
     except LIBRARY_ERRORS as exc:
-        raise BrokerError(f"looking for queues and exchanges failed: {exc}") from exc
+        raise BrokerError(f"looking for queues and exchanges failed: {exc}{channel_limit_hint(exc)}") from exc
     except BrokerError as exc:
         if exc.__cause__ is None or error_kind(exc.__cause__) is None:
             raise

@@ -46,7 +46,7 @@ from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap, untap
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, broker_errors
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, broker_errors, channel_limit_hint
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -163,7 +163,9 @@ class Lane:
         try:
             message: Any = await underlay.basic_get(queue, no_ack=False)
         except _FAILURES as exc:
-            raise BrokerError(f"basic.get on {queue} failed: {type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"basic.get on {queue} failed: {type(exc).__name__}: {exc}{channel_limit_hint(exc)}"
+            ) from exc
         frame = message.delivery
         if not isinstance(frame, Basic.GetOk):
             return None
@@ -243,7 +245,9 @@ class Lane:
             await underlay.basic_consume(queue, on_message, consumer_tag=tag, arguments=dict(arguments or {}))
         except _FAILURES as exc:
             self._forget(tag)
-            raise BrokerError(f"consuming {queue} failed: {type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"consuming {queue} failed: {type(exc).__name__}: {exc}{channel_limit_hint(exc)}"
+            ) from exc
         return tag
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:

@@ -34,7 +34,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, BrokerUnavailableError, 
 from amqpjobs.printable import printable
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.declare import declaring
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, channel_limit_hint, error_kind
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -230,7 +230,9 @@ async def exclusive_lock(
                 break
             except LIBRARY_ERRORS as exc:
                 if error_kind(exc) is not ResourceLockedError:
-                    raise BrokerError(f"could not take the lock on {what} ({name!r}): {exc}") from exc
+                    raise BrokerError(
+                        f"could not take the lock on {what} ({name!r}): {exc}{channel_limit_hint(exc)}"
+                    ) from exc
                 exists, held_by = await _holder(settings, name) if look_up else (True, None)
                 if exists or attempt == _ATTEMPTS - 1:
                     who = held_by or "another connection (the management API could not say which)"

@@ -20,7 +20,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError
 from amqpjobs.printable import printable
 from amqpjobs.topology.naming import LISTENER_PREFIX, SIGNAL_EXCHANGE, pause_signal_key
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors
+from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, channel_limit_hint
 from amqpjobs.wire.flags import LISTEN_PERMISSION, RECHECK, PauseFlag, parse_signal
 
 log = logging.getLogger("amqpjobs.wire")
@@ -114,7 +114,7 @@ class PauseSignals:
                 await underlay.basic_consume(self.name, self._message, no_ack=True)
         except _LISTEN_ERRORS as exc:
             hint = f"; give the worker's user {LISTEN_PERMISSION}" if "ACCESS_REFUSED" in str(exc) else ""
-            raise BrokerError(f"listening for pause signals failed: {exc}{hint}") from exc
+            raise BrokerError(f"listening for pause signals failed: {exc}{hint}{channel_limit_hint(exc)}") from exc
         if self._watched is not underlay:
             self._watched = underlay
             underlay.closing.add_done_callback(self._closed)

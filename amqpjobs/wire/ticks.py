@@ -26,7 +26,7 @@ from amqpjobs.errors import BrokerError, NotFoundError, PreconditionFailedError,
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.topology.declarations import QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, error_kind, home_node_down
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, channel_limit_hint, error_kind, home_node_down
 from amqpjobs.wire.limits import amqp_properties
 
 #: The connection, channel and delivery types the scheduler holds (aio-pika's, named here).
@@ -75,7 +75,7 @@ async def throwaway_channel(connection: Connection) -> AsyncIterator[Channel]:
     try:
         channel = await connection.channel(publisher_confirms=False)
     except _OPEN_ERRORS as exc:
-        raise BrokerError(f"could not open a channel: {exc}") from exc
+        raise BrokerError(f"could not open a channel: {exc}{channel_limit_hint(exc)}") from exc
     try:
         yield channel
     finally:
@@ -112,7 +112,7 @@ async def _on_channel(
             return
         if not translate:
             raise
-        raise BrokerError(str(exc) if what is None else f"{what}: {exc}") from exc
+        raise BrokerError((str(exc) if what is None else f"{what}: {exc}") + channel_limit_hint(exc)) from exc
 
 
 def holds(token: Token | None) -> bool:
@@ -285,11 +285,11 @@ async def _plain_channel(connection: Connection, what: str) -> AsyncIterator[Raw
     try:
         raw = await transport.connection.channel(publisher_confirms=False)
     except _OPEN_ERRORS as exc:
-        raise BrokerError(f"could not open a channel: {exc}") from exc
+        raise BrokerError(f"could not open a channel: {exc}{channel_limit_hint(exc)}") from exc
     try:
         yield raw
     except BROKER_ERRORS as exc:
-        raise BrokerError(f"{what}: {exc}") from exc
+        raise BrokerError(f"{what}: {exc}{channel_limit_hint(exc)}") from exc
     finally:
         await close_quietly(raw)
 

@@ -30,7 +30,7 @@ from amqpjobs.errors import BrokerError
 from amqpjobs.topology.declarations import Declarations
 from amqpjobs.wire.arguments import to_milliseconds
 from amqpjobs.wire.declare import declare
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, channel_limit_hint
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -85,7 +85,9 @@ class TokenMinter:
             # confirms: so a returned token reaches _on_return (see the module docstring), not aiormq's error log
             channel = await transport.connection.channel(publisher_confirms=True, on_return_raises=False)
         except CHANNEL_OPEN_ERRORS as exc:  # the connection closed meanwhile (aiormq: RuntimeError)
-            raise BrokerError(f"could not open a channel to mint tokens into {queue!r}: {exc}") from exc
+            raise BrokerError(
+                f"could not open a channel to mint tokens into {queue!r}: {exc}{channel_limit_hint(exc)}"
+            ) from exc
         return cls(channel, queue)
 
     @property
@@ -107,7 +109,7 @@ class TokenMinter:
         try:
             await self._channel.basic_publish(b"", routing_key=self.queue, properties=properties, mandatory=True)
         except LIBRARY_ERRORS as exc:
-            raise BrokerError(f"minting a token into {self.queue!r} failed: {exc}") from exc
+            raise BrokerError(f"minting a token into {self.queue!r} failed: {exc}{channel_limit_hint(exc)}") from exc
 
     async def close(self) -> None:
         """Close its channel (ignoring a channel already gone)."""

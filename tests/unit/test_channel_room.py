@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import aiormq
 import pytest
 
 from amqpjobs.errors import BrokerError
-from amqpjobs.runtime.hard_closes import HardCloses
+from amqpjobs.runtime import hard_closes
+from amqpjobs.runtime.hard_closes import HardCloses, cause_of
 from amqpjobs.wire.channel_room import ChannelRoom, channel_room, limit_fix, with_limit_fix
 
 
@@ -57,18 +59,59 @@ async def test_a_connection_holding_channel_max_channels_refuses_the_start():
     assert hard.fatal.final  # consume --processes stops every child at the first such exit
 
 
-async def test_a_hard_close_met_again_within_the_window_stops_the_worker():
+class Clock:
+    """hard_closes' ``time.monotonic``, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(hard_closes, "time", SimpleNamespace(monotonic=lambda: self.now))
+
+
+async def test_a_hard_close_met_again_within_the_window_stops_the_worker(monkeypatch: pytest.MonkeyPatch):
+    clock = Clock(monkeypatch)
     stop = asyncio.Event()
     hard = HardCloses(stop.set)
     hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
     assert not stop.is_set()
     assert hard.after_stop(0) == 0
+    clock.now += 5.0  # aio-pika's next reconnect
     hard._closed(RuntimeError("NOT_ALLOWED - ... user limit of (4)"))
     assert stop.is_set()
-    with pytest.raises(BrokerError, match=r"of this worker .* again 0s later: .*set_user_limits"):
+    with pytest.raises(BrokerError, match=r"of this worker .* again 5s later: .*set_user_limits"):
         hard.after_stop(0)
     assert hard.fatal is not None
-    assert not hard.fatal.final  # a new process starts within the limit: --processes restarts the child
+    # a restarted child meets it at its next reconnect: --processes stops every child (before: restarted it, and
+    # under a user's max-channels the restart was refused 5 times, 'exited before it was ready 5 times within 60s')
+    assert hard.fatal.final
+
+
+def test_two_connections_refused_in_one_reconnect_round_are_one_event(monkeypatch: pytest.MonkeyPatch):
+    """Before: the worker's and its publisher's connections refused together stopped it, 'again 0s later'."""
+    clock = Clock(monkeypatch)
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    hard._closed(RuntimeError(USER_LIMIT), connection=1)
+    hard._closed(RuntimeError(USER_LIMIT), connection=2)
+    clock.now += 0.006
+    hard._closed(RuntimeError(USER_LIMIT), connection=1)  # aio-pika's immediate reconnect, 6 ms later: one round
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0
+    clock.now += 5.0
+    hard._closed(RuntimeError(USER_LIMIT.replace("(4)", "(5)")), connection=2)  # its next round: the same refusal
+    assert stop.is_set()
+    with pytest.raises(BrokerError, match=r"again 5s later"):
+        hard.after_stop(0)
+
+
+def test_two_hard_closes_of_different_causes_stop_nothing():
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    hard._closed(aiormq.exceptions.ConnectionNotAllowed(USER_LIMIT), connection=1)
+    hard._closed(aiormq.exceptions.ConnectionChannelError("CHANNEL_ERROR - expected 'channel.open'"), connection=1)
+    hard._closed(aiormq.exceptions.ConnectionFrameError("FRAME_ERROR - type 65, all octets = <<>>"), connection=1)
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0
+    assert cause_of(RuntimeError(USER_LIMIT)) == cause_of(RuntimeError(USER_LIMIT.replace("(4)", "(12)")))
 
 
 def test_with_limit_fix_adds_the_fix_naming_the_user_once_and_leaves_other_errors_alone():
