@@ -263,7 +263,37 @@ def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) 
         raise click.BadParameter(
             f"--url is empty: give amqp://user:pass@host:5672/vhost, or leave it out to use ${URL_ENV}"
         )
+    if any(not url.strip() for one in value for url in one.split(",")):  # the value is not shown: a password
+        raise click.BadParameter(
+            "--url has " + _empty_item("--url", "URL", "amqp://user:pass@a:5672/,amqp://user:pass@b:5672/")
+        )
     return ",".join(value) or None
+
+
+def comma_items(option: str, value: str, example: str, item: str = "name") -> tuple[str, ...]:
+    """The items of comma-separated option ``value``, spaces stripped; ``()`` when it names none (``""``, ``" , "``).
+
+    The one rule for every comma-list option (``--queues``, ``--schedules``; ``--url`` by the same
+    words): an empty item beside others is a typo that would drop a name without a word.
+
+    Raises:
+        ConfigurationError: an item is empty (a leading, trailing or doubled comma, or only spaces between two);
+            the message names ``option``, ``value`` and a good ``example`` (exit 2).
+
+    """
+    items = tuple(one.strip() for one in value.split(","))
+    if not any(items):
+        return ()
+    if "" in items:
+        raise ConfigurationError(f"{option} {value!r} has {_empty_item(option, item, example)}")
+    return items
+
+
+def _empty_item(option: str, item: str, example: str) -> str:
+    return (
+        f"an empty {item} (a comma with nothing but spaces before or after it): separate the {item}s "
+        f"with single commas, e.g. {option} {example}"
+    )
 
 
 def url_options(func: F) -> F:
