@@ -258,14 +258,16 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
 
 
 def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
-    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused."""
+    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused.
+
+    ``AMQPJOBS_URL`` is taken as written: click splits it at blanks, which would make ``"a, b"``
+    the list ``a,,b``, an empty item :func:`~amqpjobs.wire.settings.broker_settings` refuses.
+    """
+    if ctx.get_parameter_source(param.name or "url") is click.core.ParameterSource.ENVIRONMENT:
+        return os.environ.get(URL_ENV) or None
     if any(not one.strip() for one in value):
         raise click.BadParameter(
             f"--url is empty: give amqp://user:pass@host:5672/vhost, or leave it out to use ${URL_ENV}"
-        )
-    if any(not url.strip() for one in value for url in one.split(",")):  # the value is not shown: a password
-        raise click.BadParameter(
-            "--url has " + _empty_item("--url", "URL", "amqp://user:pass@a:5672/,amqp://user:pass@b:5672/")
         )
     return ",".join(value) or None
 
@@ -273,8 +275,9 @@ def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) 
 def comma_items(option: str, value: str, example: str, item: str = "name") -> tuple[str, ...]:
     """The items of comma-separated option ``value``, spaces stripped; ``()`` when it names none (``""``, ``" , "``).
 
-    The one rule for every comma-list option (``--queues``, ``--schedules``; ``--url`` by the same
-    words): an empty item beside others is a typo that would drop a name without a word.
+    The one rule for every comma-list option (``--queues``, ``--schedules``; ``--url`` by
+    :func:`~amqpjobs.wire.settings.broker_settings`, which must not show it: it holds a password):
+    an empty item beside others is a typo that would drop a name without a word.
 
     Raises:
         ConfigurationError: an item is empty (a leading, trailing or doubled comma, or only spaces between two);
@@ -285,15 +288,11 @@ def comma_items(option: str, value: str, example: str, item: str = "name") -> tu
     if not any(items):
         return ()
     if "" in items:
-        raise ConfigurationError(f"{option} {value!r} has {_empty_item(option, item, example)}")
+        raise ConfigurationError(
+            f"{option} {value!r} has an empty {item} (a comma with nothing but spaces before or after it): "
+            f"separate the {item}s with single commas, e.g. {option} {example}"
+        )
     return items
-
-
-def _empty_item(option: str, item: str, example: str) -> str:
-    return (
-        f"an empty {item} (a comma with nothing but spaces before or after it): separate the {item}s "
-        f"with single commas, e.g. {option} {example}"
-    )
 
 
 def url_options(func: F) -> F:
