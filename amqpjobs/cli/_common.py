@@ -259,12 +259,41 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
 
 
 def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
-    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused."""
+    """``--url`` given several times: one comma-separated list (as ``AMQPJOBS_URL``); an empty one is refused.
+
+    ``AMQPJOBS_URL`` is taken as written: click splits it at blanks, which would make ``"a, b"``
+    the list ``a,,b``, an empty item :func:`~amqpjobs.wire.settings.broker_settings` refuses.
+    """
+    if ctx.get_parameter_source(param.name or "url") is click.core.ParameterSource.ENVIRONMENT:
+        return os.environ.get(URL_ENV) or None
     if any(not one.strip() for one in value):
         raise click.BadParameter(
             f"--url is empty: give amqp://user:pass@host:5672/vhost, or leave it out to use ${URL_ENV}"
         )
     return ",".join(value) or None
+
+
+def comma_items(option: str, value: str, example: str, item: str = "name") -> tuple[str, ...]:
+    """The items of comma-separated option ``value``, spaces stripped; ``()`` when it names none (``""``, ``" , "``).
+
+    The one rule for every comma-list option (``--queues``, ``--schedules``; ``--url`` by
+    :func:`~amqpjobs.wire.settings.broker_settings`, which must not show it: it holds a password):
+    an empty item beside others is a typo that would drop a name without a word.
+
+    Raises:
+        ConfigurationError: an item is empty (a leading, trailing or doubled comma, or only spaces between two);
+            the message names ``option``, ``value`` and a good ``example`` (exit 2).
+
+    """
+    items = tuple(one.strip() for one in value.split(","))
+    if not any(items):
+        return ()
+    if "" in items:
+        raise ConfigurationError(
+            f"{option} {value!r} has an empty {item} (a comma with nothing but spaces before or after it): "
+            f"separate the {item}s with single commas, e.g. {option} {example}"
+        )
+    return items
 
 
 def url_options(func: F) -> F:

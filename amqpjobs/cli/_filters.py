@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 import click
@@ -24,8 +24,9 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
 
     Raises:
         ConfigurationError: an empty option, a reason that is none, a ``--since`` that is no
-            duration nor ISO-8601 time, a bare number of 31 years or more (:func:`bare_number_problem`),
-            or a time later than now (it would select nothing): exit 2, before the broker is asked anything.
+            duration nor ISO-8601 time, a bare number of 31 years or more (:func:`bare_number_problem`)
+            or of 8 digits that read as a date (:func:`bare_date_problem`), or a time later than now (it
+            would select nothing): exit 2, before the broker is asked anything.
 
     """
     when = None
@@ -42,7 +43,7 @@ def selection(job: str | None, error_type: str | None, reason: str | None, since
             "(as quarantine list shows it)"
         )
     if since:
-        if problem := bare_number_problem(since):
+        if problem := bare_number_problem(since) or bare_date_problem("--since", since):
             raise ConfigurationError(problem)
         try:
             when = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
@@ -90,6 +91,42 @@ def bare_number_problem(since: str) -> str | None:
     )
 
 
+def date_digits(value: str) -> date | None:
+    """The calendar date that bare 8-digit text reads as, YYYYMMDD (``" 20261206 "``: 2026-12-06), or None."""
+    digits = value.strip()
+    if len(digits) != 8 or not (digits.isascii() and digits.isdigit()):
+        return None
+    try:
+        return datetime.strptime(digits, "%Y%m%d").date()
+    except ValueError:  # no such day (month 13, 30 February): the number alone
+        return None
+
+
+def bare_date_problem(option: str, value: str) -> str | None:
+    """Why time option text of 8 bare digits that read as a date YYYYMMDD can't be taken as a number, or None.
+
+    ``--since 20261206`` would be 20,261,206 seconds ago (234 days), ``--after 20261206`` the Unix
+    time 1970-08-23T12:06:46Z, where the user most likely meant 2026-12-06. Both readings are
+    named, and how to write each: the date in ISO-8601, or the number with its unit (``--since``)
+    or as the time in full (``--after``).
+    """
+    day = date_digits(value)
+    if day is None:
+        return None
+    digits = value.strip()
+    if option == "--since":
+        reading = f"{int(digits):,} seconds ago ({int(digits) / 86400:,.0f} days)"
+        write = f"the seconds with their unit ('{digits}s')"
+    else:
+        unix = parse_time(digits)
+        reading = f"a Unix time, {iso_seconds(unix)}" if unix is not None else "a number"
+        write = f"the time in full ('{iso_seconds(unix)}')" if unix is not None else "another time in ISO-8601"
+    return (
+        f"{option} {value!r} reads as a date, {day.isoformat()}, and as {reading}; write the date in ISO-8601 "
+        f"('{day.isoformat()}') or {write}"
+    )
+
+
 def iso_seconds(when: datetime) -> str:
     """An aware datetime as ISO-8601 UTC to the second (``2999-01-01T00:00:00Z``)."""
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -100,9 +137,12 @@ def time_option(option: str, value: str, expected: str) -> datetime:
 
     Raises:
         ConfigurationError: ``value`` is no such time (the message is ``option``, ``value`` and
-            ``expected``), or one whose UTC falls outside years 1-9999, said so (exit 2).
+            ``expected``), one whose UTC falls outside years 1-9999, or 8 bare digits that read as
+            a date as well as a Unix time (:func:`bare_date_problem`), said so (exit 2).
 
     """
+    if problem := bare_date_problem(option, value):
+        raise ConfigurationError(problem)
     when = parse_time(value)
     if when is not None:
         return when

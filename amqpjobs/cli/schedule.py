@@ -11,6 +11,7 @@ import click
 
 from amqpjobs.cli._common import (
     WholeNumber,
+    comma_items,
     declares,
     errors_to_exit_codes,
     long_running_url_options,
@@ -51,7 +52,7 @@ def schedule_run(
     Run as many replicas as you like: the broker elects one, which enqueues each tick
     once; when it dies another takes over within seconds.
     """
-    names = None if schedules is None else tuple(n.strip() for n in schedules.split(",") if n.strip())
+    names = None if schedules is None else comma_items("--schedules", schedules, "fast,paris-daily")
     configure_logging(logging.DEBUG if verbose() else logging.INFO, json_lines=log_json)
     held_signals.exit_on_signal()  # until the loop's handlers: a signal exits 0 at once (nothing taken yet)
     app = load_app(app_ref)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from amqpjobs.cli._common import EXIT_FOUND, duration_option, errors_to_exit_codes, settings, url_options
+from amqpjobs.cli._common import EXIT_FOUND, comma_items, duration_option, errors_to_exit_codes, settings, url_options
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
 from amqpjobs.errors import ConfigurationError
@@ -44,7 +44,7 @@ def status_command(
     """
     broker = settings(url, management_url)
     bound = duration_option("--max-age", max_age) if max_age is not None else None
-    names = list(dict.fromkeys(q.strip() for q in queues.split(",") if q.strip())) if queues is not None else None
+    names = None if queues is None else list(dict.fromkeys(comma_items("--queues", queues, "mail,billing")))
     if names == []:
         raise ConfigurationError("--queues is empty: give job queue names, or a topology PATH")
     for name in names or []:

@@ -12,6 +12,7 @@ from click.core import ParameterSource
 
 from amqpjobs.cli._common import (
     WholeNumber,
+    comma_items,
     declares,
     duration_option,
     errors_to_exit_codes,
@@ -127,7 +128,7 @@ def consume(
     management_url: str | None,
 ) -> None:
     """Run a worker for the app MODULE:APP until SIGTERM/SIGINT (then drain and exit 0)."""
-    named = None if queues is None else tuple(q.strip() for q in queues.split(",") if q.strip())
+    named = None if queues is None else comma_items("--queues", queues, "mail,billing")
     if named == ():
         raise ConfigurationError(
             "--queues names no job queue: give them comma-separated (e.g. --queues mail,billing), "

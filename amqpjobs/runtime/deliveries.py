@@ -31,7 +31,7 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.header_values import amqp_type, count_problem, read_count, tenant_problem
 from amqpjobs.jobs.isolation import IsolationGate
-from amqpjobs.jobs.message_key import unnamed_idempotency_key
+from amqpjobs.jobs.message_key import message_key, unnamed_idempotency_key
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.registry import JobDef
@@ -258,6 +258,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                                  failure=("UnknownJob", why, ""))  # fmt: skip
         # before the payload is fetched, decoded and validated (app code: a model's validators): a start that
         # kills the worker there is counted like one in the handler, and a redelivery never gets that far again
+        if not delivery.message_id and job.idempotent and job.key is None:  # keyed by headers and body: known now,
+            job_id = message_key("", delivery.headers, delivery.body)  # so a copy before the run (a start registered
+            # to run alone, a redelivery's) carries the key, not a generated id (README "Idempotency")
         waiting = crash.waiting_start(delivery.headers, job_id, self._seal_key) if job.idempotent else None
         screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
                                  waiting=waiting)  # fmt: skip

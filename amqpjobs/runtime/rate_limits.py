@@ -153,12 +153,18 @@ class RateLimits:
 
         False for any other delivery (the usual path goes on), and when the move failed:
         then the delivery waits here for its token, in its work queue's slot (a start,
-        still within the rate). False for a redelivery too: a copy would drop the evidence
+        still within the rate). So does an idempotent job's delivery without ``message_id``:
+        its job id is the key of its payload, known only where it runs, and the copy's
+        ``generated-<uuid>`` made identical ones (and the original, redelivered after a lost
+        ack) jobs of their own, each run once more. False for a redelivery too: a copy would drop the evidence
         of its earlier start, so the usual path registers it for its next start, which
         then runs alone (a suspect takes no token; README "When a job crashes").
         """
         room = self.room_of(layout, delivery)
         if room is None or self._stop.is_set() or delivery.redelivered:
+            return False
+        if room.keyed and not delivery.message_id:  # a copy with an id of its own would be another job than
+            await room.gate.acquire()  # the original redelivered, or an identical one: it waits in its slot
             return False
         job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
         headers = unstarted_headers(
@@ -360,15 +366,17 @@ async def start_rate_limits(
     if not jobs:
         return None
     specs = {q.name: q for q in app.topology().job_queues}
+    idempotent = {j.name: j.idempotent for j in app}
     queues = tuple(q for job, (_, lay) in jobs.items() for q in rate_declarations(specs[lay.name], job).queues)
     await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
                               settings.safe_url)  # fmt: skip
     rooms = {
-        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop, held_back), decls)
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop, held_back), decls,
+                  keyed=idempotent[job])
         for job, (rate, lay) in jobs.items()
         for decls in [rate_declarations(specs[lay.name], job)]
         for held_back in [functools.partial(holds_back, lay.name)]
-    }
+    }  # fmt: skip
     limits = RateLimits(rooms, *connections, publisher, settings, stop, metrics)
     limits.wait_at_most = None if consumer_timeout is None else consumer_timeout / 2
     await limits.start(run, inflight, concurrency, settings.safe_url, starter)

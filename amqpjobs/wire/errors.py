@@ -205,6 +205,27 @@ def internal_error_hint(exc: BaseException | None) -> str:
     return UNDELIVERABLE_HINT if isinstance(exc, aiormq.exceptions.ConnectionInternalError) else ""
 
 
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a call on a robust connection, is that connection going away (True), not a refusal.
+
+    True, and aio-pika reconnects by itself, so a call that can wait may be made again after it:
+
+    - a ``connection.close`` with 320 CONNECTION_FORCED (an operator closed it, a node stops) or no
+      reply code (aiormq's plain ``ConnectionClosed``);
+    - 541 INTERNAL_ERROR: the broker failed sending this connection something, most often a message no
+      AMQP 0-9-1 client can receive (:data:`UNDELIVERABLE_HINT`; the worker's rescue mends it);
+    - the socket cut or refused (``ConnectionError``, aiormq's other ``AMQPConnectionError``) or a
+      channel used while its connection reconnects (``ChannelInvalidStateError``).
+
+    False for the other hard errors, 501-540 (e.g. 530 NOT_ALLOWED past ``channel_max``, 504
+    CHANNEL_ERROR): the same call would be refused again after the reconnect, so it is said, not
+    waited out; and for anything else (a channel error: a 404, a 406).
+    """
+    if isinstance(exc, aiormq.exceptions.ConnectionClosed):
+        return type(exc) in (aiormq.exceptions.ConnectionClosed, aiormq.exceptions.ConnectionInternalError)
+    return isinstance(exc, ConnectionError | aiormq.exceptions.ChannelInvalidStateError)
+
+
 def open_refused(exc: BaseException) -> bool:
     """Whether ``exc`` is aiormq's word for the broker's 530 answer to ``connection.open`` (see below)."""
     text = str(exc)

@@ -18,7 +18,7 @@ from pamqp.commands import Basic
 from amqpjobs.errors import NotFoundError
 from amqpjobs.wire.connection import close_channel
 from amqpjobs.wire.delivery import Delivery, delivery_from_aiormq
-from amqpjobs.wire.errors import error_kind
+from amqpjobs.wire.errors import connection_lost, error_kind
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -45,21 +45,17 @@ class QueueFetcher:
         worker's rescue mends; a 320; a cut) leaves it to open at its first use, after the
         reconnect: the start goes on, as it did when the fetcher always opened then.
 
+        Which errors pass is :func:`amqpjobs.wire.errors.connection_lost`.
+
         Raises:
             aiormq.exceptions.ConnectionClosed: a hard error (501-540, e.g. 530 past ``channel_max``).
         """
         fetcher = cls(connection, queue)
         try:
             await fetcher._underlay()
-        except aiormq.exceptions.ConnectionClosed as exc:
-            if type(exc) not in (aiormq.exceptions.ConnectionClosed, aiormq.exceptions.ConnectionInternalError):
+        except Exception as exc:
+            if not connection_lost(exc):
                 raise
-            log.debug("the channel for %s opens after the reconnect (%s)", queue, type(exc).__name__)
-        except (
-            aiormq.exceptions.AMQPConnectionError,
-            aiormq.exceptions.ChannelInvalidStateError,
-            ConnectionError,
-        ) as exc:
             log.debug("the channel for %s opens after the reconnect (%s)", queue, type(exc).__name__)
         return fetcher
 

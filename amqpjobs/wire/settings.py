@@ -125,7 +125,8 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
             (``https`` for ``amqps``). Credentials in it are ignored; the AMQP URL's are used.
 
     Raises:
-        ConfigurationError: no URL given; an item is not an ``amqp://``/``amqps://`` URL; the
+        ConfigurationError: no URL given; an item is empty (a leading, trailing or doubled comma) or
+            not an ``amqp://``/``amqps://`` URL; the
             items of a list differ in scheme, vhost, user or password (the message names
             which item and which of these; it never shows a password); the management URL
             is no ``http(s)://host[:port]`` URL; a port is out of 1-65535 (given, or derived:
@@ -135,6 +136,12 @@ def broker_settings(url: str | None = None, management_url: str | None = None) -
     url = url or os.environ.get(URL_ENV)
     if not url or not split_urls(url):
         raise ConfigurationError(f"no broker URL: pass --url or set {URL_ENV} (amqp://user:pass@host:5672/vhost)")
+    if any(not piece.strip() for piece in url.split(",")):  # the URLs are not shown: they hold a password
+        raise ConfigurationError(
+            "the broker URL list (--url, $AMQPJOBS_URL or App(url=...)) has an empty URL (a comma with nothing but "
+            "spaces before or after it): separate the nodes' URLs with single commas, e.g. "
+            "amqp://node1:5672/jobs,amqp://node2:5672/jobs"
+        )
     nodes = split_urls(url)
     parsed = [parse_node(node, i, len(nodes)) for i, node in enumerate(nodes, start=1)]
     same_cluster(nodes, parsed)

@@ -12,19 +12,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
 from click.testing import CliRunner, Result
 
-from amqpjobs import App
+from amqpjobs import App, JobContext
 from amqpjobs.cli import main
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.worker_env import running_worker
+from tests.topologies import work_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topology"
+T = TypeVar("T")
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -232,3 +235,44 @@ async def until(predicate: Callable[[], object], timeout: float = 10.0, what: st
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
         await asyncio.sleep(0.01)
+
+
+def note(job_id: str, **props: Any) -> aio_pika.Message:
+    """A message of job ``note`` with body ``{}`` (JSON), ``message_id`` ``job_id`` and ``props`` (aio-pika's)."""
+    return aio_pika.Message(b"{}", message_id=job_id, type="note", content_type="application/json", **props)
+
+
+async def header_runs(
+    settings: BrokerSettings,
+    tmp_path: Path,
+    messages: Sequence[aio_pika.Message],
+    read: Callable[[JobContext], T],
+    topology: str | None = None,
+) -> dict[str, T]:
+    """``{job id: read(ctx)}`` of job ``note`` run once for each of ``messages`` (see :func:`note`).
+
+    The header tests' set-up: ``topology`` (default :func:`~tests.topologies.work_topology`) applied,
+    the messages published as a foreign publisher does (raw, to exchange ``jobs``, routing key ``work``, mandatory), then a
+    worker in this event loop until every job ran once or 10 s passed (then the dict holds fewer:
+    the caller's equality says which never ran). The app is closed after.
+    """
+    app = await applied_app(settings, tmp_path, topology or work_topology(), "app")
+    seen: dict[str, T] = {}
+
+    @app.job("note", queue="work")
+    async def record(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen[ctx.job_id] = read(ctx)
+
+    async with raw_channel(settings) as ch:
+        exchange = await ch.get_exchange("jobs")
+        for message in messages:
+            await exchange.publish(message, routing_key="work", mandatory=True)
+    try:
+        async with running_worker(app, settings):
+            for _ in range(200):
+                if len(seen) == len(messages):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await app.close()
+    return seen

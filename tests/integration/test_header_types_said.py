@@ -8,31 +8,17 @@ the tenant header of another type is said (test_tenant_header_types).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
 
-from amqpjobs import JobContext
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import applied_app, depth, raw_channel
-from tests.integration.worker_env import running_worker
+from tests.integration.helpers import depth, header_runs, note
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # header decoding is the client's
-
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
 
 STAMP = datetime(2025, 11, 30, 9, 0, tzinfo=UTC)
 #: job id prefix -> (headers, the warning's start or None)
@@ -59,31 +45,10 @@ EACH = 3  # jobs per kind: one warning per header and type, not per job
 async def test_an_unreadable_attempt_or_enqueue_time_is_said_once_per_header_and_type(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
-    seen: dict[str, tuple[int, datetime | None]] = {}
-
-    @app.job("note", queue="work")
-    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
-        seen[ctx.job_id] = (ctx.attempt, ctx.enqueued_at)
-
-    async with raw_channel(broker) as ch:
-        exchange = await ch.get_exchange("jobs")
-        for kind, (headers, _) in SENT.items():
-            for i in range(EACH):
-                message = aio_pika.Message(
-                    b"{}", message_id=f"{kind}-{i}", type="note", content_type="application/json",
-                    headers=headers, timestamp=STAMP,
-                )  # fmt: skip
-                await exchange.publish(message, routing_key="work", mandatory=True)
+    messages = [note(f"{kind}-{i}", headers=headers, timestamp=STAMP) for kind, (headers, _) in SENT.items()
+                for i in range(EACH)]  # fmt: skip
     caplog.set_level(logging.WARNING, logger="amqpjobs.worker")
-    try:
-        async with running_worker(app, broker):
-            for _ in range(200):
-                if len(seen) == len(SENT) * EACH:
-                    break
-                await asyncio.sleep(0.05)
-    finally:
-        await app.close()
+    seen = await header_runs(broker, tmp_path, messages, lambda ctx: (ctx.attempt, ctx.enqueued_at))
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.quarantine") == 0
     assert seen == {f"{kind}-{i}": (1, STAMP) for kind in SENT for i in range(EACH)}

@@ -29,7 +29,7 @@ from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, fresh_database
 from tests.integration.tcp_proxy import TcpProxy
-from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
+from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
 
 def via(url: str, port: int) -> str:
@@ -67,15 +67,15 @@ def effects(url: str) -> list[str]:
         return sorted(r[0] for r in db.execute("SELECT job_id FROM effects").fetchall())
 
 
-@pytest.mark.broker
-@pytest.mark.serial  # wall-clock bounds
-@pytest.mark.timeout(120)
-async def test_idempotent_jobs_wait_out_a_ledger_outage_then_run_once_each(
-    broker: BrokerSettings, tmp_path: Path, database: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The fresh user's H1: the ledger's database goes away after a job ran, two jobs are enqueued, it comes
-    back. Each job runs exactly once, soon after the return, and the outage is a line or two in the log,
-    not one per job every 0.2 s (before: the dead connection was used for good, the jobs never ran)."""
+async def outage(
+    broker: BrokerSettings, tmp_path: Path, database: str, caplog: pytest.LogCaptureFixture, seconds: float
+) -> tuple[list[str], Recorder, list[str], float]:
+    """Idempotent job ``charge`` (lease 5 s, its effect in ``effects``) on a worker of concurrency 2: v1 runs, the
+    ledger's database goes away (the proxy stops), v2 and v3 are enqueued, ``seconds`` later it comes back.
+
+    Returns the job ids run, the outcomes, the amqpjobs log lines said during the outage (``LEVEL message``)
+    and the seconds from its end until all three succeeded (40 s at most).
+    """
     runs: list[str] = []
     base = await make_app(broker, tmp_path)
     async with proxied(database) as (proxy, dsn):
@@ -99,13 +99,26 @@ async def test_idempotent_jobs_wait_out_a_ledger_outage_then_run_once_each(
             mark = len(caplog.records)
             await app.enqueue("charge", {}, job_id="v2")
             await app.enqueue("charge", {}, job_id="v3")
-            await asyncio.sleep(6)
+            await asyncio.sleep(seconds)
             during = [f"{r.levelname} {r.getMessage()}" for r in caplog.records[mark:] if r.name.startswith("amqpjobs")]
             await proxy.start()
             back = time.monotonic()
             await rec.wait_for(lambda o: succeeded(o) == 3, timeout=40)
             took = time.monotonic() - back
         await app.close()
+    return runs, rec, during, took
+
+
+@pytest.mark.broker
+@pytest.mark.serial  # wall-clock bounds
+@pytest.mark.timeout(120)
+async def test_idempotent_jobs_wait_out_a_ledger_outage_then_run_once_each(
+    broker: BrokerSettings, tmp_path: Path, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fresh user's H1: the ledger's database goes away after a job ran, two jobs are enqueued, it comes
+    back. Each job runs exactly once, soon after the return, and the outage is a line or two in the log,
+    not one per job every 0.2 s (before: the dead connection was used for good, the jobs never ran)."""
+    runs, rec, during, took = await outage(broker, tmp_path, database, caplog, 6)
     assert sorted(runs) == ["v1", "v2", "v3"]
     assert effects(database) == ["v1", "v2", "v3"]
     assert took <= 4.0, took  # paced tries: the longest pause between two is 2 s
@@ -125,32 +138,7 @@ async def test_an_outage_longer_than_the_patience_defers_each_job_once_per_ten_s
 ) -> None:
     """Past LEDGER_PATIENCE (10 s) a waiting delivery goes to the first tier (no attempt used) and waits again:
     over a 13 s outage, one ``deferred`` line per job and the outage's one WARNING; each job runs once after."""
-    runs: list[str] = []
-    base = await make_app(broker, tmp_path)
-    async with proxied(database) as (proxy, dsn):
-        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
-
-        @app.job("charge", queue="work", idempotent=True, lease=5)
-        def charge(payload: dict[str, Any], ctx: JobContext) -> None:
-            runs.append(ctx.job_id)
-            with ctx.transaction() as db:
-                db.execute("INSERT INTO effects (job_id) VALUES (%s)", (ctx.job_id,))
-
-        caplog.set_level(logging.INFO, logger="amqpjobs")
-        async with running_worker(app, broker, concurrency=2) as (_, rec):
-            await app.enqueue("charge", {}, job_id="v1")
-            await rec.wait_for(lambda o: len(o) == 1)
-            await proxy.stop()
-            mark = len(caplog.records)
-            await app.enqueue("charge", {}, job_id="v2")
-            await app.enqueue("charge", {}, job_id="v3")
-            await asyncio.sleep(13)
-            during = [f"{r.levelname} {r.getMessage()}" for r in caplog.records[mark:] if r.name.startswith("amqpjobs")]
-            await proxy.start()
-            back = time.monotonic()
-            await rec.wait_for(lambda o: sum(x.kind == "succeeded" for x in o) == 3, timeout=40)
-            took = time.monotonic() - back
-        await app.close()
+    runs, rec, during, took = await outage(broker, tmp_path, database, caplog, 13)
     assert sorted(runs) == ["v1", "v2", "v3"]
     assert effects(database) == ["v1", "v2", "v3"]
     assert took <= 4.0, took

@@ -25,23 +25,11 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth
 from tests.integration.worker_env import running_worker
+from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the worker's own logging
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-
-[[job_queue]]
-name = "other"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology("other")
 EACH = 4  # jobs of each kind, none with a message_id
 
 

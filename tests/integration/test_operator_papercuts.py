@@ -47,7 +47,11 @@ def dead_port() -> int:
                     return port
 
 
-async def test_ctrl_c_during_replay_prints_the_summary_and_exits_130(broker: BrokerSettings, tmp_path: Path):
+async def replay_signalled(
+    broker: BrokerSettings, tmp_path: Path, moved: int, sig: signal.Signals
+) -> tuple[int | None, str, str]:
+    """``amqpjobs replay work --rate 10`` of 20 quarantined jobs, sent ``sig`` once ``moved`` are back in ``work``
+    (or after 20 s); its exit code, stdout and stderr."""
     await make_app(broker, tmp_path)
     await fill_quarantine(broker, 20)
     proc = await asyncio.create_subprocess_exec(
@@ -55,12 +59,16 @@ async def test_ctrl_c_during_replay_prints_the_summary_and_exits_130(broker: Bro
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 20
-    while await depth(broker, "work") < 4 and time.monotonic() < deadline:
+    while await depth(broker, "work") < moved and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out_bytes, err_bytes = await asyncio.wait_for(proc.communicate(), 20)
-    out, err = out_bytes.decode(), err_bytes.decode()
-    assert proc.returncode == 130, (out, err)
+    return proc.returncode, out_bytes.decode(), err_bytes.decode()
+
+
+async def test_ctrl_c_during_replay_prints_the_summary_and_exits_130(broker: BrokerSettings, tmp_path: Path):
+    code, out, err = await replay_signalled(broker, tmp_path, 4, signal.SIGINT)
+    assert code == 130, (out, err)
     assert "Aborted!" not in err
     summary = re.search(r"interrupted: moved (\d+), skipped (\d+), left (\d+) in work\.quarantine", err)
     assert summary, err

@@ -20,7 +20,7 @@ from amqpjobs.wire.connection import connect
 from amqpjobs.wire.events import MAX_PENDING, OutcomeEvents, subscribe_outcomes
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 from tests.integration.helpers import ROOT, cli, depth, raw_channel, until
-from tests.integration.test_operator_papercuts import EXE, env_for
+from tests.integration.test_operator_papercuts import EXE, env_for, replay_signalled
 from tests.integration.test_quarantine import fill_quarantine
 from tests.integration.test_topology_holes import delete
 from tests.integration.worker_env import make_app, running_worker
@@ -232,19 +232,8 @@ async def test_a_signal_during_park_prints_what_was_parked_and_left(
 
 
 async def test_sigterm_during_replay_prints_the_summary_and_exits_143(broker: BrokerSettings, tmp_path: Path):
-    await make_app(broker, tmp_path)
-    await fill_quarantine(broker, 20)
-    proc = await asyncio.create_subprocess_exec(
-        EXE, "replay", "work", "--rate", "10", env=env_for(broker), cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while await depth(broker, "work") < 3 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err_bytes = await asyncio.wait_for(proc.communicate(), 20)
-    err = err_bytes.decode()
-    assert proc.returncode == 143, err
+    code, _, err = await replay_signalled(broker, tmp_path, 3, signal.SIGTERM)
+    assert code == 143, err
     found = re.search(r"interrupted: moved (\d+), skipped 0, left (\d+) in work\.quarantine", err)
     assert found, err
     moved, left = map(int, found.groups())

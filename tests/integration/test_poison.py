@@ -16,7 +16,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
@@ -605,6 +608,34 @@ async def put_suspect(broker: BrokerSettings, job: str, job_id: str) -> None:
         await ch.default_exchange.publish(message, routing_key="work.suspects")
 
 
+class _Releasable(Protocol):
+    def set(self) -> None: ...
+
+
+@asynccontextmanager
+async def worker_running(app: App, worker: Worker, release: _Releasable) -> AsyncIterator[asyncio.Task[int]]:
+    """``worker.run()`` as a task (its exit code); after, ``release`` set (a stuck run ends) and the app closed."""
+    running = asyncio.create_task(worker.run())
+    try:
+        yield running
+    finally:
+        release.set()
+        await app.close()
+
+
+async def exit_code(running: asyncio.Task[int], release: _Releasable) -> int:
+    """Set ``release`` (the stuck run ends), then the worker's exit code (within 20 s)."""
+    release.set()
+    return await asyncio.wait_for(running, 20)
+
+
+async def said(caplog: pytest.LogCaptureFixture, text: str, timeout: float = 20) -> None:
+    """Return once ``text`` is in the captured log, or after ``timeout`` s (the assertions after say why)."""
+    deadline = time.monotonic() + timeout
+    while text not in caplog.text and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.version_independent
 async def test_a_plain_function_suspect_past_its_timeout_stops_its_worker_instead_of_every_queue_for_ever(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -631,21 +662,14 @@ async def test_a_plain_function_suspect_past_its_timeout_stops_its_worker_instea
 
     await put_suspect(broker, "hung", "the-hung-one")
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
-    running = asyncio.create_task(worker.run())
-    try:
+    async with worker_running(app, worker, release) as running:
         while "running it alone" not in caplog.text and not running.done():
             await asyncio.sleep(0.05)
         await app.enqueue("plain", {}, job_id="beside")  # waits: nothing runs beside the suspect
         # `amqpjobs consume` ends its process here (with the thread); a worker awaited in a program keeps its
         # connection, the suspect unacked, until the thread ends
-        deadline = time.monotonic() + 20
-        while "thread(s) still running can't be stopped" not in caplog.text and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        release.set()
-        code = await asyncio.wait_for(running, 20)
-    finally:
-        release.set()
-        await app.close()
+        await said(caplog, "thread(s) still running can't be stopped")
+        code = await exit_code(running, release)
     assert code == 1
     assert ran == []
     lines = [r for r in caplog.records if "job hung id the-hung-one" in r.getMessage()]
@@ -728,17 +752,10 @@ async def test_a_plain_function_run_still_going_the_grace_past_its_timeout_stops
         release.wait(60)
 
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
-    running = asyncio.create_task(worker.run())
-    try:
+    async with worker_running(app, worker, release) as running:
         await app.enqueue("hung", {}, job_id="stuck")
-        deadline = time.monotonic() + 20
-        while "thread(s) still running can't be stopped" not in caplog.text and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        release.set()
-        code = await asyncio.wait_for(running, 20)
-    finally:
-        release.set()
-        await app.close()
+        await said(caplog, "thread(s) still running can't be stopped")
+        code = await exit_code(running, release)
     assert code == 1
     lines = [r.getMessage() for r in caplog.records if "id stuck" in r.getMessage()]
     assert lines[0].endswith("judges it by its result (for 1s more at most: then it stops)")
@@ -805,18 +822,11 @@ async def test_an_async_suspect_that_goes_on_after_its_cancellation_stops_its_wo
 
     await put_suspect(broker, "stubborn", "the-stubborn-one")
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=1))
-    running = asyncio.create_task(worker.run())
-    try:
-        deadline = time.monotonic() + 20
-        while "went on 1s after its timeout" not in caplog.text and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+    async with worker_running(app, worker, release) as running:
+        await said(caplog, "went on 1s after its timeout")
         assert "went on 1s after its timeout" in caplog.text
         await asyncio.sleep(3.5)  # the grace, the stop's grace and cancel bound: then a worker in a program waits
-        release.set()
-        code = await asyncio.wait_for(running, 20)
-    finally:
-        release.set()
-        await app.close()
+        code = await exit_code(running, release)
     assert code == 1
     lines = [r for r in caplog.records if "job stubborn id the-stubborn-one" in r.getMessage()]
     assert [r.levelname for r in lines[:2]] == ["WARNING", "ERROR"]
@@ -846,21 +856,14 @@ async def test_an_async_run_that_goes_on_after_its_cancellation_holds_no_suspect
     stubborn_job(app, release)
 
     worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=2))
-    running = asyncio.create_task(worker.run())
-    try:
+    async with worker_running(app, worker, release) as running:
         await app.enqueue("stubborn", {}, job_id="s-1")
-        deadline = time.monotonic() + 20
-        while "went on 1s after its timeout's cancellation" not in caplog.text and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 20  # for both lines
+        await said(caplog, "went on 1s after its timeout's cancellation", deadline - time.monotonic())
         await put_suspect(broker, "stubborn", "a-suspect")  # not taken beside it
-        while "still runs 2s past its timeout" not in caplog.text and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await said(caplog, "still runs 2s past its timeout", deadline - time.monotonic())
         await asyncio.sleep(3.5)  # the stop's grace and cancel bound: then a worker awaited in a program waits
-        release.set()
-        code = await asyncio.wait_for(running, 20)
-    finally:
-        release.set()
-        await app.close()
+        code = await exit_code(running, release)
     assert code == 1
     lines = [r for r in caplog.records if "id s-1" in r.getMessage()]
     assert [r.levelname for r in lines[:2]] == ["WARNING", "ERROR"]

@@ -32,18 +32,11 @@ from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import consume_subprocess, depth, drain, raw_channel
 from tests.integration.worker_env import Recorder, running_worker
+from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology()
 ROOMS = rate_queue_names("work", "limited")
 
 

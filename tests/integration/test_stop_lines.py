@@ -56,6 +56,22 @@ async def until(condition: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.005)
 
 
+async def started_worker(
+    app: App, broker: BrokerSettings, queues: tuple[str, ...], *, concurrency: int, grace: int
+) -> Worker:
+    """A worker of ``queues`` (``grace`` seconds), its outcomes recorded, started."""
+    worker = Worker(app, broker, WorkerOptions(queues=queues, concurrency=concurrency, grace=grace), Recorder())
+    await worker.start()
+    return worker
+
+
+def delete_quarantine_exchange(broker: BrokerSettings) -> None:
+    """Delete exchange ``work.quarantine`` under a running worker (it does not start without it): the worker then
+    holds a delivery whose quarantine copy can't go (README "Workers")."""
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/{quote('work.quarantine', safe='')}")
+
+
 @pytest.mark.timeout(60)
 async def test_a_look_ahead_delivery_at_sigterm_is_handed_back_unstarted_and_runs_once_later(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -77,8 +93,7 @@ async def test_a_look_ahead_delivery_at_sigterm_is_handed_back_unstarted_and_run
 
     tenant = "t0"  # every job on one shard, in order
     caplog.set_level("INFO", logger="amqpjobs.worker")
-    worker = Worker(app, broker, WorkerOptions(queues=("sharded",), concurrency=1, grace=10), Recorder())
-    await worker.start()
+    worker = await started_worker(app, broker, ("sharded",), concurrency=1, grace=10)
     try:
         for i in range(20):  # short jobs: the dispatcher takes a look-ahead delivery
             await app.enqueue("sleep", {"s": 0.001}, job_id=f"short-{i}", tenant=tenant)
@@ -145,8 +160,7 @@ async def test_a_delivery_waiting_for_its_idempotency_claim_at_sigterm_is_handed
 
     app = build()
     caplog.set_level("INFO", logger="amqpjobs.worker")
-    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=10), Recorder())
-    await worker.start()
+    worker = await started_worker(app, broker, ("work",), concurrency=2, grace=10)
     try:
         await app.enqueue("hold", {}, job_id="hold-1")
         await asyncio.wait_for(asyncio.to_thread(inside.wait, 10), 11)
@@ -186,11 +200,9 @@ async def test_a_held_delivery_never_started_is_not_called_a_running_job_at_the_
     worker holds it (README "Workers"). At SIGTERM it gets the grace, then returns to its queue."""
     app = await make_app(broker, tmp_path)
     caplog.set_level("INFO", logger="amqpjobs.worker")
-    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=1), Recorder())
-    await worker.start()
+    worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
     try:
-        with ManagementClient(broker) as mgmt:  # deleted at run time (a worker does not start without it)
-            mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/{quote('work.quarantine', safe='')}")
+        delete_quarantine_exchange(broker)
         async with raw_channel(broker) as ch:
             await ch.default_exchange.publish(aio_pika.Message(b"{}", message_id="stray-1", type="nobody"), "work")
         await until(lambda: worker._holding.count == 1, 10, "the stray delivery to be held")
@@ -235,11 +247,9 @@ async def test_a_held_delivery_whose_handler_ran_is_named_apart_from_running_job
         effects.append(ctx.job_id)
 
     caplog.set_level("INFO", logger="amqpjobs.worker")
-    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=2, grace=3), Recorder())
-    await worker.start()
+    worker = await started_worker(app, broker, ("work",), concurrency=2, grace=3)
     try:
-        with ManagementClient(broker) as mgmt:  # deleted at run time (a worker does not start without it)
-            mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/{quote('work.quarantine', safe='')}")
+        delete_quarantine_exchange(broker)
         await app.enqueue("slow", {}, job_id="slow-1")  # first: the work queue is not consumed while one is held
         await asyncio.wait_for(began.wait(), 10)
         await app.enqueue("rej", {}, job_id="rej-1")
@@ -286,11 +296,9 @@ async def test_a_held_delivery_whose_handler_ran_is_not_run_again_after_the_rest
         raise Reject("no")
 
     caplog.set_level("INFO", logger="amqpjobs.worker")
-    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=1), Recorder())
-    await worker.start()
+    worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
     try:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/exchanges/{quote(broker.vhost, safe='')}/{quote('work.quarantine', safe='')}")
+        delete_quarantine_exchange(broker)
         await app.enqueue("rej", {}, job_id="rej-1")
         await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
         worker.request_stop()

@@ -9,32 +9,18 @@ no tenant either, where an integer of the same value is its digits.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
 
-from amqpjobs import JobContext
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import applied_app, depth, raw_channel
-from tests.integration.worker_env import running_worker
+from tests.integration.helpers import depth, header_runs, note
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # header decoding is the client's
-
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
 
 #: job id prefix -> (tenant header value, ctx.tenant expected, AMQP type warned of or None)
 SENT: dict[str, tuple[Any, str | None, str | None]] = {
@@ -56,31 +42,10 @@ EACH = 3  # jobs per kind: one warning per kind, not per job
 async def test_a_tenant_header_of_another_type_runs_without_a_tenant_and_is_said_once_per_type(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
-    seen: dict[str, str | None] = {}
-
-    @app.job("note", queue="work")
-    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
-        seen[ctx.job_id] = ctx.tenant
-
-    async with raw_channel(broker) as ch:
-        exchange = await ch.get_exchange("jobs")
-        for kind, (value, _, _) in SENT.items():
-            for i in range(EACH):
-                message = aio_pika.Message(
-                    b"{}", message_id=f"{kind}-{i}", type="note", content_type="application/json",
-                    headers={"amqpjobs-tenant": value},
-                )  # fmt: skip
-                await exchange.publish(message, routing_key="work", mandatory=True)
+    messages = [note(f"{kind}-{i}", headers={"amqpjobs-tenant": value}) for kind, (value, _, _) in SENT.items()
+                for i in range(EACH)]  # fmt: skip
     caplog.set_level(logging.WARNING, logger="amqpjobs.worker")
-    try:
-        async with running_worker(app, broker):
-            for _ in range(200):
-                if len(seen) == len(SENT) * EACH:
-                    break
-                await asyncio.sleep(0.05)
-    finally:
-        await app.close()
+    seen = await header_runs(broker, tmp_path, messages, lambda ctx: ctx.tenant)
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.quarantine") == 0
     assert seen == {f"{kind}-{i}": tenant for kind, (_, tenant, _) in SENT.items() for i in range(EACH)}

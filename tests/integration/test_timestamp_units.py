@@ -28,20 +28,12 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.status import collect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import applied_app, raw_channel
-from tests.integration.worker_env import running_worker
+from tests.integration.helpers import applied_app, header_runs, note, raw_channel
+from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the client's decoding, the one rule
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology()
 
 
 def typed(text: str, queue_type: str) -> str:
@@ -97,36 +89,23 @@ async def _publish(broker: BrokerSettings, messages: list[aio_pika.Message]) -> 
             await exchange.publish(message, routing_key="work", mandatory=True)
 
 
-def _note(job_id: str, **props: Any) -> aio_pika.Message:
-    return aio_pika.Message(b"{}", message_id=job_id, type="note", content_type="application/json", **props)
-
-
 @pytest.mark.timeout(60)
 async def test_a_timestamp_in_any_unit_is_the_handlers_enqueue_time(
     broker: BrokerSettings, tmp_path: Path, raw_timestamps: None, queue_type: str
 ) -> None:
-    app = await applied_app(broker, tmp_path, typed(TOPOLOGY, queue_type), "app")
-    seen: dict[str, str | None] = {}
-
-    @app.job("note", queue="work")
-    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
-        seen[ctx.job_id] = None if ctx.enqueued_at is None else ctx.enqueued_at.isoformat()
-
-    messages = [_note(f"property-{unit}", timestamp=_raw(raw)) for unit, (raw, _) in SENT.items()]
+    messages = [note(f"property-{unit}", timestamp=_raw(raw)) for unit, (raw, _) in SENT.items()]
     messages += [  # a T header (the property says 2033: the header wins)
-        _note(f"header-{unit}", timestamp=datetime.fromtimestamp(2_000_000_000, UTC),
-              headers={"amqpjobs-enqueued-at": _raw(raw)})
+        note(f"header-{unit}", timestamp=datetime.fromtimestamp(2_000_000_000, UTC),
+             headers={"amqpjobs-enqueued-at": _raw(raw)})
         for unit, (raw, _) in SENT.items()
     ]  # fmt: skip
-    await _publish(broker, messages)
-    try:
-        async with running_worker(app, broker):
-            for _ in range(200):
-                if len(seen) == len(messages):
-                    break
-                await asyncio.sleep(0.05)
-    finally:
-        await app.close()
+    seen = await header_runs(
+        broker,
+        tmp_path,
+        messages,
+        lambda ctx: None if ctx.enqueued_at is None else ctx.enqueued_at.isoformat(),
+        topology=typed(TOPOLOGY, queue_type),
+    )
     expected = {f"{kind}-{unit}": when for kind in ("property", "header") for unit, (_, when) in SENT.items()}
     expected["header-zero"] = "2033-05-18T03:33:20+00:00"  # the property, as for any header that is no time
     assert seen == expected
@@ -139,7 +118,7 @@ async def test_status_ages_a_head_in_microseconds_as_the_worker_reads_it(
     app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
     await app.close()
     ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000)
-    await _publish(broker, [_note("old", timestamp=_raw(ten_minutes_ago))])
+    await _publish(broker, [note("old", timestamp=_raw(ten_minutes_ago))])
     for _ in range(100):  # the management API's head_message_timestamp lags a statistics interval
         [row] = await collect(broker, names=["work"])
         work = row.work[0]
@@ -158,7 +137,7 @@ async def test_status_max_age_says_it_cant_judge_a_quorum_work_queue_whose_head_
     app = await applied_app(broker, tmp_path, typed(TOPOLOGY, "quorum"), "app")
     await app.close()
     ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000)
-    await _publish(broker, [_note("old", timestamp=_raw(ten_minutes_ago))])
+    await _publish(broker, [note("old", timestamp=_raw(ten_minutes_ago))])
     with ManagementClient(broker) as mgmt:
         for _ in range(150):  # the API's figures lag a statistics interval: wait until it lists the message
             doc = mgmt.queue(broker.vhost, "work") or {}
@@ -201,7 +180,7 @@ async def test_the_max_age_gate_ages_a_head_in_nanoseconds_by_the_same_rule(
     ten_minutes_ago = int((datetime.now(UTC).timestamp() - 600) * 1_000_000_000)
     async with raw_channel(broker) as ch:
         exchange = await ch.get_exchange("jobs")
-        await exchange.publish(_note("old", timestamp=_raw(ten_minutes_ago)), routing_key="aged", mandatory=True)
+        await exchange.publish(note("old", timestamp=_raw(ten_minutes_ago)), routing_key="aged", mandatory=True)
     refused: QueueFullError | None = None
     await app.connect(broker)  # the gate asks this node's management API, not the one derived from the URL
     try:

@@ -16,24 +16,9 @@ from pathlib import Path
 
 import pytest
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
+from tests.topologies import work_topology
 
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-
-[[job_queue]]
-name = "mail"
-exchange = "jobs"
-retry_tiers = ["1s"]
-
-[[job_queue]]
-name = "flat"
-exchange = "jobs"
-"""
+TOPOLOGY = work_topology("mail", flat=("flat",))
 
 APP_MODULE = """
 from pathlib import Path

@@ -17,18 +17,11 @@ import pytest
 from amqpjobs import App, JobContext
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
+from tests.topologies import work_topology
 
 pytestmark = pytest.mark.asyncio
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology()
 
 GIVEN: dict[str, Any] = {
     "pair": (1, 2),

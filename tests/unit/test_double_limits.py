@@ -22,16 +22,9 @@ from amqpjobs import App, JobContext, RetryPolicy
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
+from tests.topologies import work_topology
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology()
 
 #: What a job's headers and properties may take at the default frame_max: 131072 - 20480.
 LIMIT = 110_592

@@ -11,18 +11,11 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.testing import TestBroker
 from amqpjobs.topology.loader import load_topology
+from tests.topologies import work_topology
 
 pytestmark = pytest.mark.asyncio
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-"""
+TOPOLOGY = work_topology()
 
 
 def make_app(tmp_path: Path) -> App:

@@ -98,3 +98,32 @@ def test_a_rate_just_past_a_bound_is_said_as_given_not_rounded_onto_it(args: lis
     result = CliRunner().invoke(main, args, env=ENV)
     assert result.exit_code == 2, result.output
     assert got in result.output, result.output
+
+
+def _replay_form(**fields: str) -> object:
+    from starlette.datastructures import FormData
+
+    return FormData([("queue", "work.quarantine"), ("scope", "all"), ("rate", "10"), *fields.items()])
+
+
+@pytest.mark.parametrize("timeout", ["5m", "forever", "0s", "2h"])
+def test_the_console_refuses_a_canary_timeout_without_a_canary_as_the_cli_does(timeout: str) -> None:
+    """Before: the console's replay form with the canary emptied and its timeout changed replayed every job at
+    once, the timeout ignored without a word, where ``replay --canary-timeout 5m`` without ``--canary`` exits 2."""
+    cli = CliRunner().invoke(main, ["replay", "work", "--canary-timeout", timeout], env=ENV)
+    assert cli.exit_code == 2, cli.output
+    assert "error: --canary-timeout needs --canary (how many jobs to move first, e.g. --canary 2)" in cli.output
+    with pytest.raises(forms.FormError) as caught:
+        forms.action_form("replay", _replay_form(canary="", canary_timeout=timeout))
+    assert caught.value.field == "canary_timeout"
+    assert str(caught.value) == (
+        "canary_timeout: a canary timeout needs a canary (how many jobs to move first, e.g. 2): fill in canary, "
+        f"or leave the timeout at its default, 60s (got {timeout!r})"
+    )
+
+
+@pytest.mark.parametrize("timeout", ["", "60s", "1m", " 60s "])
+def test_the_consoles_untouched_canary_timeout_without_a_canary_is_no_request(timeout: str) -> None:
+    # the form always sends the field, filled with the default: that is not a timeout asked for
+    asked = forms.action_form("replay", _replay_form(canary="", canary_timeout=timeout))
+    assert (asked.canary, asked.canary_timeout) == (None, replay_plan.DEFAULT_CANARY_TIMEOUT)

@@ -14,7 +14,7 @@ from amqpjobs import errors
 from amqpjobs.wire.abc import Acknowledgeable, Browser, Publisher
 from amqpjobs.wire.browse import QueueBrowser
 from amqpjobs.wire.delivery import Delivery
-from amqpjobs.wire.errors import ERROR_MAP, LIBRARY_ERRORS, broker_errors, error_kind, translate
+from amqpjobs.wire.errors import ERROR_MAP, LIBRARY_ERRORS, broker_errors, connection_lost, error_kind, translate
 from amqpjobs.wire.publish import ConfirmedPublisher
 
 
@@ -125,3 +125,26 @@ def test_an_unrelated_value_error_is_not_taken_for_a_name_refusal():
         raise ValueError("Invalid value for queue-ish")
     with pytest.raises(ValueError, match="ticket must be 0"), broker_errors("q"):
         raise ValueError("ticket must be 0")
+
+
+@pytest.mark.parametrize(
+    ("exc", "lost"),
+    [
+        (aiormq.exceptions.ConnectionClosed(320, "CONNECTION_FORCED - broker forced connection closure"), True),
+        (aiormq.exceptions.ConnectionClosed(0, "normal closed"), True),
+        (aiormq.exceptions.ConnectionInternalError(541, "INTERNAL_ERROR"), True),  # the worker's rescue mends it
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (aiormq.exceptions.AMQPConnectionError("cut"), True),
+        (aiormq.exceptions.ChannelInvalidStateError("<Connection> closed"), True),
+        (aiormq.exceptions.ConnectionNotAllowed(530, "NOT_ALLOWED - number of channels opened (3) has reached"), False),
+        (aiormq.exceptions.ConnectionChannelError(504, "CHANNEL_ERROR - second 'channel.open' seen"), False),
+        (aiormq.exceptions.ConnectionFrameError(501, "FRAME_ERROR"), False),
+        (aiormq.exceptions.ChannelNotFoundEntity(404, "NOT_FOUND"), False),
+        (RuntimeError("Connection was not opened"), False),
+        (ValueError("x"), False),
+    ],
+)
+def test_a_connection_going_away_is_told_from_a_refusal_the_reconnect_would_meet_again(
+    exc: BaseException, lost: bool
+) -> None:
+    assert connection_lost(exc) is lost

@@ -11,20 +11,9 @@ from amqpjobs import App, Breaker, ConfigurationError, RetryPolicy, Worker, Work
 from amqpjobs.runtime.broker_rules import consumer_timeouts
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.topology.versions import CONSUMER_TIMEOUT_MARGIN, consumer_timeout
+from tests.topologies import work_topology
 
-TOPOLOGY = """
-[[exchange]]
-name = "jobs"
-
-[[job_queue]]
-name = "work"
-exchange = "jobs"
-retry_tiers = ["1s"]
-
-[[job_queue]]
-name = "flat"
-exchange = "jobs"
-"""
+TOPOLOGY = work_topology(flat=("flat",))
 
 
 def make(tmp_path: Path) -> App:
