@@ -252,8 +252,8 @@ async def header_runs(
     """``{job id: read(ctx)}`` of job ``note`` run once for each of ``messages`` (see :func:`note`).
 
     The header tests' set-up: ``topology`` (default :func:`~tests.topologies.work_topology`) applied,
-    the messages published as a foreign publisher does (raw, to exchange ``jobs``, routing key ``work``, mandatory), then a
-    worker in this event loop until every job ran once or 10 s passed (then the dict holds fewer:
+    the messages published as a foreign publisher does (raw, to exchange ``jobs``, routing key ``work``,
+    mandatory), then a worker in this event loop until every job ran once or 10 s passed (then the dict holds fewer:
     the caller's equality says which never ran). The app is closed after.
     """
     app = await applied_app(settings, tmp_path, topology or work_topology(), "app")
