@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Literal
 
-from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+from amqpjobs.errors import AmqpJobsError, ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
 from amqpjobs.runtime.sqlite_errors import held_locked, missing_file, open_failure, trouble
 
 log = logging.getLogger("amqpjobs.stores")
@@ -46,8 +46,9 @@ log = logging.getLogger("amqpjobs.stores")
 _creates = True
 #: Whether the stores built now only read (:func:`reading_only`).
 _reading = False
-#: Whether the stores built now open their files but never create one (:func:`existing_files_only`).
-_existing = False
+#: Whether the stores built now open their files but never create one (:func:`existing_files_only`); keep the
+#: failure of their first open for their app's judge (:func:`judged_later`).
+_existing = _later = False
 #: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable;
 #: never immutable for a file another process holds locked (immutable reads the main file alone, not its
 #: -wal log: the latest records would be missed, a job read as an older state or ``unknown``).
@@ -147,6 +148,17 @@ def existing_files_only() -> Iterator[None]:
         _existing = before
 
 
+@contextlib.contextmanager
+def judged_later() -> Iterator[None]:
+    """Stores built in the block keep their first open's error (``open_failure``): load_app judges its app's only."""
+    global _later
+    before, _later = _later, True
+    try:
+        yield
+    finally:
+        _later = before
+
+
 def no_new_files() -> None:
     """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
 
@@ -176,7 +188,19 @@ class StoreFile:
         self.reading = _reading  # a reading command's store: read-only, never created (reading_only)
         self.existing = _existing  # a recording command's store: never created (existing_files_only)
         self.absent = False  # reading: the file was not there (nothing recorded)
+        self.later = _later  # judged_later: the first open's failure is kept in ``kept``, not raised
+        self.kept: AmqpJobsError | None = None
         self._mode = "mode=rw"  # the URI parameter of every further connection
+
+    @contextlib.contextmanager
+    def opening(self) -> Iterator[None]:
+        """The store's first open: its failure raised, or kept in :attr:`kept` (:func:`judged_later`)."""
+        try:
+            yield
+        except AmqpJobsError as exc:
+            if not self.later:
+                raise
+            self.kept = exc
 
     def open_reading(self, timeout: float) -> None:
         """A reading store's first open: the file, read-only (``absent`` when missing: nothing is created).
