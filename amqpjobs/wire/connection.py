@@ -61,6 +61,8 @@ T = TypeVar("T")
 RECONNECT_CHECK = 0.25
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
+#: How to fix a refused login, after "refused the credentials (user ...)" (the management API's 401 says it so too).
+CREDENTIALS_FIX = "check the user and password in the URL"
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
 #: for each refused connect; during our first-connect retries we write one line per attempt instead.
 CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")
@@ -301,7 +303,7 @@ async def connect(
         raise BrokerUnavailableError(every_node_refused(rotation.refusals)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
+            f"broker at {settings.safe_url} refused the credentials (user {settings.username!r}): {CREDENTIALS_FIX}"
         ) from exc
     except _CONNECT_ERRORS as exc:
         last = "" if len(nodes) == 1 else f" (each node tried; the last, {rotation.tried.safe_url})"
@@ -354,7 +356,7 @@ def refusal(connection: AbstractRobustConnection) -> str | None:
     url = URL(str(getattr(connection, "url", "amqp:///")))  # aio-pika's (the node being tried)
     user = url.user or "guest"
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
-        return f"the broker refused the credentials (user {user!r})"
+        return f"the broker refused the credentials (user {user!r}): {CREDENTIALS_FIX}"
     if open_refused(exc):
         return refused_connect_reason(exc, url.path[1:] or "/", user)
     return None
