@@ -72,10 +72,8 @@ def _evidence_reason(value: Any) -> str:
 
 def _text_first(*values: Any) -> str:
     """The first of ``values`` that is text (or a number or a time), else the AMQP type of the first present."""
-    texts = [header_text(v) for v in values]
-    return next((t for v, t in zip(values, texts, strict=True) if t and not no_text(v)), "") or next(
-        (t for t in texts if t), ""
-    )
+    texts = [(header_text(v), no_text(v)) for v in values]
+    return next((t for t, kind_only in texts if t and not kind_only), "") or next((t for t, _ in texts if t), "")
 
 
 def _int(value: Any) -> int:
@@ -169,7 +167,7 @@ def _last(headers: Mapping[str, Any], latest: Mapping[str, Any], field: str) -> 
     (then the only dead-lettering known).
     """
     for value in (latest.get(field), headers.get(f"x-last-death-{field}"), headers.get(f"x-first-death-{field}")):
-        if text := header_text(value):
+        if (text := header_text(value)) and not (field == "queue" and no_text(value)):  # a queue is named by text
             return text
     return ""
 
@@ -197,7 +195,7 @@ def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: 
             attempts=_int(headers.get(evidence.ATTEMPTS)),
             failed_at=parse_time(headers.get(evidence.LAST_FAILURE_AT)),
             first_failed_at=parse_time(headers.get(evidence.FIRST_FAILURE_AT)),
-            original_queue=header_text(headers.get(evidence.ORIGINAL_QUEUE)),
+            original_queue="" if no_text(q := headers.get(evidence.ORIGINAL_QUEUE)) else header_text(q),  # text only
             replay_count=replay_count,
             broker_side=False,
             fingerprint=stack_fingerprint(error_type, header_text(headers.get(evidence.TRACEBACK)), reason),

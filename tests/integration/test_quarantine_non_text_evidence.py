@@ -4,7 +4,8 @@ helper-207: a job header that is an array and an error type that is a table list
 ``['x']`` and error type ``{'a': 1}`` (``error: {'a': 1}: True``): Python's reprs. Now every
 listing says the value's AMQP type, as the worker's header warnings do (``(an array)``,
 ``(a table)``, ``(a boolean)``); an id or a job name that is no text gives way to the
-message's own (``message_id``, ``type``); ``--json`` keeps the headers as JSON values.
+message's own (``message_id``, ``type``), and a queue that is no text is none (replay names no
+queue "(an array)"); ``--json`` keeps the headers as JSON values.
 """
 
 from __future__ import annotations
@@ -61,12 +62,28 @@ async def test_listings_say_the_amqp_type_of_a_value_that_is_no_text(broker: Bro
     lines = [line.strip() for line in shown.stdout.splitlines()]
     assert lines[0] == "--- job mail id m-1", shown.stdout
     assert "error:      (a table): (a boolean)" in lines, shown.stdout
-    assert "from queue: (an array)" in lines, shown.stdout
+    assert "from queue: ?" in lines, shown.stdout  # a queue is named by text: an array names none
     assert "{'" not in shown.stdout, shown.stdout
     assert "['" not in shown.stdout, shown.stdout
 
     [one] = [json.loads(line) for line in (await asyncio.to_thread(run, broker, "quarantine", "show", "work", "--json"))
              .stdout.splitlines()]  # fmt: skip
-    assert (one["job"], one["error_type"], one["original_queue"]) == ("mail", "(a table)", "(an array)")
+    assert (one["job"], one["error_type"], one["original_queue"]) == ("mail", "(a table)", "")
     assert one["headers"]["amqpjobs-job"] == ["x"]  # the headers themselves stay JSON values
     assert one["headers"]["amqpjobs-error-type"] == {"a": 1}
+
+
+async def test_replay_never_takes_a_type_word_for_a_queue(broker: BrokerSettings, tmp_path: Path) -> None:
+    """Before this fix's second part: "target queue '(a table)' does not exist"; a queue header or an x-death
+    queue that is no text is no queue to go back to."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as ch:
+        death = {"x-death": [{"reason": "rejected", "queue": {"q": 1}, "count": 1}]}
+        for n, headers in enumerate(({**HEADERS, "amqpjobs-original-queue": {"q": 1}}, death)):
+            message = aio_pika.Message(b"{}", message_id=f"m-{n}", type="mail", headers=headers)  # type: ignore[arg-type]
+            await ch.default_exchange.publish(message, routing_key="work.quarantine")
+    proc = await asyncio.to_thread(run, broker, "replay", "work.quarantine")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "replayed 0, skipped 2, left 2 in work.quarantine" in proc.stdout, proc.stdout
+    assert "2 skipped: no queue to go back to" in proc.stdout, proc.stdout
+    assert "(a table)" not in proc.stdout + proc.stderr
