@@ -51,7 +51,7 @@ from amqpjobs.wire.rotation import (
 )
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
-from amqpjobs.wire.urls import redact_text
+from amqpjobs.wire.urls import CREDENTIALS_FIX, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -61,8 +61,6 @@ T = TypeVar("T")
 RECONNECT_CHECK = 0.25
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
-#: How to fix a refused login, after "refused the credentials (user ...)" (the management API's 401 says it so too).
-CREDENTIALS_FIX = "check the user and password in the URL"
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
 #: for each refused connect; during our first-connect retries we write one line per attempt instead.
 CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")

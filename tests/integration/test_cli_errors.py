@@ -126,7 +126,7 @@ async def test_wrong_password_fails_fast_and_is_never_printed(broker: BrokerSett
     url = bad_url(broker)
     cases = [  # plan asks the management API first; consume connects over AMQP
         (["topology", "plan", str(TOPOLOGY)], f"broker error: management API at {broker.management_url} refused "
-         f"user '{broker.username}' (401): check the credentials in the URL\n"),
+         f"user '{broker.username}' (401): check the user and password in the URL\n"),
         (["consume", "tests.integration.procapp:app"],
          f"broker error: broker at {redact(url)} refused the credentials (user '{broker.username}'): check the user "
          "and password in the URL\n"),
