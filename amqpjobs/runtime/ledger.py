@@ -40,7 +40,8 @@ from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
 from amqpjobs.runtime.ledger_key import sqlite_seal_key
 from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
+from amqpjobs.runtime.sqlite_open import StoreFile, rollback
+from amqpjobs.runtime.sqlite_paths import check_kind, file_path
 
 _said = logging.getLogger("amqpjobs.worker")
 _stores = logging.getLogger("amqpjobs.stores")
@@ -176,6 +177,7 @@ class SqliteLedger:
         self.where = f"SQLite ledger at {self.path}"
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
         with self._file.opening():  # in --app's import, judged only when this ledger's app is the one named
+            check_kind("SqliteLedger", path, self.path)  # a folder, a FIFO ...: said here, judged as any failed open
             if self._file.reading or self._file.existing:  # job show, replay/park --app: the ledger is not written
                 self._file.open_reading(BUSY_TIMEOUT)
                 return

@@ -30,7 +30,8 @@ from amqpjobs.errors import AmqpJobsError, JobFailedError, ResultsUnavailableErr
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.sqlite_errors import missing_file, missing_table, open_failure, store_failure
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
+from amqpjobs.runtime.sqlite_open import StoreFile, rollback
+from amqpjobs.runtime.sqlite_paths import check_kind, file_path
 
 log = logging.getLogger("amqpjobs.results")
 
@@ -160,6 +161,7 @@ class SqliteResults:
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         self._file = StoreFile("results store", self.path)
         with self._file.opening():  # in --app's import, judged only when this store's app is the one named
+            check_kind("SqliteResults", path, self.path)  # a folder, a FIFO ...: said here, judged as any failed open
             if self._file.reading:  # a reading command (job show): read-only, never created nor changed
                 self._file.open_reading(BUSY_TIMEOUT)
                 return

@@ -87,3 +87,17 @@ def test_an_attribute_that_is_no_app_is_named_with_its_article(tmp_path: Path, m
         load_app(f"{name}:n")
     with pytest.raises(ConfigurationError, match=r"is an object, not an amqpjobs App"):
         load_app(f"{name}:thing")
+
+
+@pytest.mark.parametrize("mode", ["worker", "reading", "existing"])
+def test_a_siblings_store_path_naming_a_folder_blocks_no_other_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Before: "SqliteResults('...'): ... is a folder, not a regular file" for ``--app m:app`` too."""
+    (tmp_path / "adir").mkdir()
+    body = f"app = App('plain')\nother = App('other', results=SqliteResults({str(tmp_path / 'adir')!r}))\n"
+    name = module(tmp_path, monkeypatch, body)
+    kw = {"reading": mode == "reading", "existing": mode == "existing"}
+    assert load_app(f"{name}:app", **kw).name == "plain"
+    with pytest.raises(ConfigurationError, match=r"adir is a folder, not a regular file; give the path of a SQLite"):
+        load_app(f"{name}:other", **kw)
