@@ -99,7 +99,7 @@ def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
         "item": message.item,
         "queue": doc["queue"],
         "evidence": [(k, _shown(headers[k])) for k in EVIDENCE_FIRST if k in headers],
-        "traceback": str(headers.get(evidence.TRACEBACK, "")),
+        "traceback": q.header_text(headers.get(evidence.TRACEBACK, "")),  # no text: its AMQP type
         "payload": payload,
         "payload_kind": kind,
         "payload_note": note,

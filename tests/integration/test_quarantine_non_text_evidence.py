@@ -33,6 +33,7 @@ HEADERS = {
     "amqpjobs-error-message": True,
     "amqpjobs-original-queue": ["q"],
     "amqpjobs-job-id": {"k": "v"},
+    "amqpjobs-traceback": ["line"],
 }
 
 
@@ -62,7 +63,8 @@ async def test_listings_say_the_amqp_type_of_a_value_that_is_no_text(broker: Bro
     lines = [line.strip() for line in shown.stdout.splitlines()]
     assert lines[0] == "--- job mail id m-1", shown.stdout
     assert "error:      (a table): (a boolean)" in lines, shown.stdout
-    assert "from queue: ?" in lines, shown.stdout  # a queue is named by text: an array names none
+    assert "from queue: ?" in lines, shown.stdout
+    assert "traceback:  ...(an array)" in lines, shown.stdout  # a queue is named by text: an array names none
     assert "{'" not in shown.stdout, shown.stdout
     assert "['" not in shown.stdout, shown.stdout
 
