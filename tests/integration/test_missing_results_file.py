@@ -145,7 +145,7 @@ async def test_a_sibling_apps_missing_results_file_blocks_no_command_of_the_name
     await make_app(broker, tmp_path)
     wrong_app(tmp_path)
     with (tmp_path / "wrongapp.py").open("a") as f:
-        f.write("plain = App('plain', topology='t.toml')\n")
+        f.write("plain = App('plain', topology='t.toml', payload_store=FilePayloadStore('payloads'))\n")
     for command in (["replay", "work"], ["quarantine", "show", "work"]):  # park --app needs a results store
         proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", "wrongapp:plain")
         assert proc.returncode == 0, (command, proc.stdout + proc.stderr)
