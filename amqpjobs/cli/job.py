@@ -39,7 +39,7 @@ def _job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, management_url: str | None) -> None:
     """JOB_ID's state, attempts and history, and where its message is now (quarantine and parked are browsed).
 
-    Exit 2 when the app has no results store, 3 when the store or the broker can't be reached (the
+    Exit 2 when the app has no results store, 3 when the store or the broker can't be had (the
     broker: after the store's record, with ``now: not known: ...``; JSON: ``where`` null, ``where_unknown``).
     """
     app = load_app_reading_results(app_ref)  # a results file that is not there: exit 2 naming it
@@ -51,7 +51,7 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
             try:
                 return status, await where_now(broker, app, status), ""
             except BrokerUnavailableError as exc:  # the record still answers (an outage is when it is read)
-                return status, None, f"the broker can't be reached ({exc})"
+                return status, None, str(exc)  # the wire's words: unreachable, or refused (credentials, vhost)
             except BrokerError as exc:
                 return status, None, f"browsing its queues failed ({exc})"
         finally:

@@ -42,6 +42,7 @@ from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.quarantine import GROUP_HEADER, Group, Selection, summarize
+from amqpjobs.jobs.quarantine import header_text as q_text
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport, check_replay_target
 from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app
@@ -165,7 +166,7 @@ def _show_one(m: QuarantinedMessage, data: dict[str, Any] | None, problem: str, 
     click.echo(f"    payload:    {printable(shown[:1000])}")
     for key, value in sorted(doc.get("header_entries") or doc["headers"].items(), key=lambda kv: kv[0]):
         if key == "amqpjobs-traceback":
-            tail = str(value).strip().splitlines()[-3:]
+            tail = q_text(value).strip().splitlines()[-3:]  # another program's table: its type, not a repr
             click.echo("    traceback:  ..." + printable(" | ".join(tail)))
         elif key not in ("amqpjobs-error-message",):
             click.echo(f"    {printable(key)}: {printable(json.dumps(value, ensure_ascii=False)[:300])}")

@@ -98,21 +98,22 @@ def message_doc(message: QuarantinedMessage) -> dict[str, Any]:
     return {
         "item": message.item,
         "queue": doc["queue"],
-        "evidence": [(k, headers[k]) for k in EVIDENCE_FIRST if k in headers],
-        "traceback": str(headers.get(evidence.TRACEBACK, "")),
+        "evidence": [(k, _shown(headers[k])) for k in EVIDENCE_FIRST if k in headers],
+        "traceback": q.header_text(headers.get(evidence.TRACEBACK, "")),  # no text: its AMQP type
         "payload": payload,
         "payload_kind": kind,
         "payload_note": note,
         "properties": properties_shown(message.delivery),
         "headers": sorted(
-            (
-                (k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-                for k, v in doc.get("header_entries") or headers.items()
-            ),
-            key=lambda kv: kv[0],
+            ((k, _shown(v)) for k, v in doc.get("header_entries") or headers.items()), key=lambda kv: kv[0]
         ),
-        "history": [(k, headers[k]) for k in HISTORY if k in headers],
+        "history": [(k, _shown(headers[k])) for k in HISTORY if k in headers],
     }
+
+
+def _shown(value: Any) -> str:
+    """A header's JSON value (``to_json``) on the page: text as it is, anything else as JSON, never Python's repr."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def properties_shown(delivery: Delivery) -> list[tuple[str, str]]:

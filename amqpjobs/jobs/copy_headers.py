@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from amqpjobs.jobs.envelope import ACQUIRED_COUNT, DELIVERY_COUNT, ENQUEUED_AT, TENANT, iso_utc, tenant_of
-from amqpjobs.jobs.timestamps import parse_time
+from amqpjobs.jobs.timestamps import decoded_time, parse_time
 
 #: Headers the broker owns; stripped from every copy we republish (a copied ``x-death``
 #: is ignored by 3.13+ and can make older brokers drop the copy as a dead-letter cycle; a
@@ -25,7 +25,7 @@ def strip_broker_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in headers.items() if not k.startswith(BROKER_HEADER_PREFIXES)}
 
 
-def copy_headers(headers: Mapping[str, Any], timestamp: Any) -> dict[str, Any]:
+def copy_headers(headers: Mapping[str, Any], timestamp: float | None) -> dict[str, Any]:
     """The headers a copy of a received job (tier, quarantine, replay) starts from.
 
     :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
@@ -38,11 +38,12 @@ def copy_headers(headers: Mapping[str, Any], timestamp: Any) -> dict[str, Any]:
     when it becomes ready in its work queue (:func:`~amqpjobs.jobs.envelope.ready_at`), so
     when the header is missing or unreadable (a foreign publisher's job:
     :func:`~amqpjobs.jobs.envelope.enqueued_at_of` read the ``timestamp``), it is written
-    from ``timestamp``, the received ``timestamp`` property.
+    from ``timestamp``, the received ``timestamp`` property already decoded to seconds
+    (``Delivery.timestamp``: :func:`~amqpjobs.jobs.timestamps.decoded_time`, not the unit rule again).
     """
     out = strip_broker_headers(headers)
     if TENANT in out and tenant_of(out[TENANT]) is None:
         del out[TENANT]
-    if parse_time(out.get(ENQUEUED_AT)) is None and (first := parse_time(timestamp)) is not None:
+    if parse_time(out.get(ENQUEUED_AT)) is None and (first := decoded_time(timestamp)) is not None:
         out[ENQUEUED_AT] = iso_utc(first.timestamp())
     return out

@@ -26,8 +26,8 @@ from amqpjobs.jobs.header_values import read_count, read_text, type_problem
 from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # re-exported
 from amqpjobs.jobs.json_fast import fast_object, strict_loads
 from amqpjobs.jobs.json_values import encode_payload as encode_payload  # re-exported
+from amqpjobs.jobs.timestamps import decoded_time, parse_time
 from amqpjobs.jobs.timestamps import iso_utc as iso_utc  # re-exported
-from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.message import CONTENT_TYPE as CONTENT_TYPE  # re-exported
 from amqpjobs.message import OutgoingMessage as OutgoingMessage  # re-exported
 from amqpjobs.text import as_text, lone_surrogate
@@ -314,14 +314,15 @@ def tenant_in(headers: Mapping[str, Any]) -> str | None:
     return tenant_of(headers.get(TENANT))
 
 
-def enqueued_at_of(headers: Mapping[str, Any], timestamp: Any) -> datetime | None:
+def enqueued_at_of(headers: Mapping[str, Any], timestamp: float | None) -> datetime | None:
     """First enqueue time, aware UTC: our header, else the ``timestamp`` property.
 
-    Both read by one rule (:func:`amqpjobs.jobs.timestamps.parse_time`): ISO-8601 text
-    without a zone is UTC, an offset is converted to UTC, a number above ``2**32 - 1``
-    is milliseconds.
+    The header by :func:`amqpjobs.jobs.timestamps.parse_time` (ISO-8601 text without a zone is
+    UTC, an offset is converted to UTC, a number above ``2**32 - 1`` is milliseconds, ...);
+    ``timestamp`` is the property already decoded to seconds (``Delivery.timestamp``): taken
+    as seconds (:func:`~amqpjobs.jobs.timestamps.decoded_time`), never read by the unit rule again.
     """
-    return parse_time(headers.get(ENQUEUED_AT)) or parse_time(timestamp)
+    return parse_time(headers.get(ENQUEUED_AT)) or decoded_time(timestamp)
 
 
 def ready_at(now: float, delay: float = 0.0) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
@@ -171,6 +171,26 @@ def count_problem(name: str, value: Any) -> str | None:
     if number > COUNT_MAX:
         return f"header {name} is {_shown(value)} ({kind}), above {COUNT_MAX}, the largest count read: read as that"
     return None
+
+
+def no_text(value: Any) -> bool:
+    """Whether header ``value`` is of a type no text is read from: a table, an array, a boolean (void is absent)."""
+    return isinstance(value, bool | dict | list | tuple)
+
+
+def header_text(value: Any) -> str:
+    """A header value as text: bytes decoded, a number as written, a time as ISO-8601 UTC, void as "".
+
+    A table, an array or a boolean (:func:`no_text`) is its AMQP type in parentheses
+    (``"(an array)"``, as :func:`amqp_type` words it), never Python's repr (``['x']``).
+    """
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if no_text(value):
+        return f"({amqp_type(value)})"
+    return as_text(value)
 
 
 def read_text(value: Any) -> str | None:

@@ -18,12 +18,12 @@ from typing import Any, Final
 from amqpjobs.jobs import crash, envelope, evidence
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
-from amqpjobs.jobs.header_values import COUNT_MAX, read_count
+from amqpjobs.jobs.header_values import COUNT_MAX, no_text, read_count
+from amqpjobs.jobs.header_values import header_text as header_text  # re-exported
 from amqpjobs.jobs.message_key import message_key
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
-from amqpjobs.text import as_text
 
 #: ``x-death`` reasons (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered Messages").
 BROKER_REASONS: Final = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -70,13 +70,10 @@ def _evidence_reason(value: Any) -> str:
     return text if is_shown_reason(text) and not text.startswith(OTHER_REASON) else f"{OTHER_REASON}{text}"
 
 
-def header_text(value: Any) -> str:
-    """A header value as text (bytes decoded, datetimes as ISO-8601 UTC, None as "")."""
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return as_text(value)
+def _text_first(*values: Any) -> str:
+    """The first of ``values`` that is text (or a number or a time), else the AMQP type of the first present."""
+    texts = [(header_text(v), no_text(v)) for v in values]
+    return next((t for t, kind_only in texts if t and not kind_only), "") or next((t for t, _ in texts if t), "")
 
 
 def _int(value: Any) -> int:
@@ -170,7 +167,7 @@ def _last(headers: Mapping[str, Any], latest: Mapping[str, Any], field: str) -> 
     (then the only dead-lettering known).
     """
     for value in (latest.get(field), headers.get(f"x-last-death-{field}"), headers.get(f"x-first-death-{field}")):
-        if text := header_text(value):
+        if (text := header_text(value)) and not (field == "queue" and no_text(value)):  # a queue is named by text
             return text
     return ""
 
@@ -184,21 +181,21 @@ def describe(
 
 
 def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: str | None) -> QuarantinedJob:
-    job = header_text(headers.get(evidence.JOB)) or header_text(message_type) or header_text(headers.get(envelope.JOB))
+    job = _text_first(headers.get(evidence.JOB), message_type, headers.get(envelope.JOB))
     replay_count = _int(headers.get(REPLAY_COUNT))
     if evidence.REASON in headers:
         reason = _evidence_reason(headers.get(evidence.REASON))
         error_type = header_text(headers.get(evidence.ERROR_TYPE))
         return QuarantinedJob(
             job=job,
-            job_id=header_text(headers.get(evidence.JOB_ID)) or header_text(message_id),
+            job_id=_text_first(headers.get(evidence.JOB_ID), message_id),
             reason=reason,
             error_type=error_type,
             error_message=header_text(headers.get(evidence.ERROR_MESSAGE)),
             attempts=_int(headers.get(evidence.ATTEMPTS)),
             failed_at=parse_time(headers.get(evidence.LAST_FAILURE_AT)),
             first_failed_at=parse_time(headers.get(evidence.FIRST_FAILURE_AT)),
-            original_queue=header_text(headers.get(evidence.ORIGINAL_QUEUE)),
+            original_queue="" if no_text(q := headers.get(evidence.ORIGINAL_QUEUE)) else header_text(q),  # text only
             replay_count=replay_count,
             broker_side=False,
             fingerprint=stack_fingerprint(error_type, header_text(headers.get(evidence.TRACEBACK)), reason),

@@ -75,6 +75,22 @@ def time_problem(name: str, value: Any) -> str | None:
     )
 
 
+def decoded_time(seconds: Any) -> datetime | None:
+    """A ``timestamp`` already decoded to seconds since the epoch (``Delivery.timestamp``) as an aware UTC datetime.
+
+    The unit rule (:func:`epoch_seconds`) is applied once, where the frame is decoded; read
+    again, seconds past 2106 (above :data:`MILLISECONDS_ABOVE`: ``2**63 - 1`` ns is 2262) were
+    taken for milliseconds (1970). None for None, 0 (never set), a negative, NaN, a time
+    ``datetime`` can't hold, and anything that is no ``int`` or ``float`` seconds.
+    """
+    if (type(seconds) is not float and type(seconds) is not int) or not seconds > 0:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def _from_number(number: float) -> datetime | None:
     """A number of seconds, ms, µs or ns since the epoch (:func:`epoch_seconds`) as an aware UTC datetime, or None."""
     return epoch_datetime(number)

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import ConfigurationError, DuplicateJobError, LedgerUnavailableError
+from amqpjobs.errors import AmqpJobsError, ConfigurationError, DuplicateJobError, LedgerUnavailableError
 from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
 from amqpjobs.runtime.ledger_key import sqlite_seal_key
 from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
+from amqpjobs.runtime.sqlite_open import StoreFile, rollback
+from amqpjobs.runtime.sqlite_paths import check_kind, file_path
 
 _said = logging.getLogger("amqpjobs.worker")
 _stores = logging.getLogger("amqpjobs.stores")
@@ -175,15 +176,22 @@ class SqliteLedger:
         self._file = StoreFile("ledger", self.path)
         self.where = f"SQLite ledger at {self.path}"
         self._locked_since: float | None = None  # monotonic: since when its file is found locked (said once)
-        if self._file.reading or self._file.existing:  # job show, replay/park --app: the ledger is not written
-            self._file.open_reading(BUSY_TIMEOUT)
-            return
-        try:
-            db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
-            db.execute("PRAGMA journal_mode=WAL")
-            origin.sqlite_schema(db, _SCHEMA)  # noting a new ledger: the worker's start checks it with the broker
-        except sqlite3.Error as exc:
-            raise open_failure("ledger", self.path, exc) from exc
+        with self._file.opening():  # in --app's import, judged only when this ledger's app is the one named
+            check_kind("SqliteLedger", path, self.path)  # a folder, a FIFO ...: said here, judged as any failed open
+            if self._file.reading or self._file.existing:  # job show, replay/park --app: the ledger is not written
+                self._file.open_reading(BUSY_TIMEOUT)
+                return
+            try:
+                db = self._keep(self._file.create(timeout=BUSY_TIMEOUT))  # the only open that may create the file
+                db.execute("PRAGMA journal_mode=WAL")
+                origin.sqlite_schema(db, _SCHEMA)  # noting a new ledger: the worker's start checks it
+            except sqlite3.Error as exc:
+                raise open_failure("ledger", self.path, exc) from exc
+
+    @property
+    def open_failure(self) -> AmqpJobsError | None:
+        """Why this ledger's first open failed, kept in ``--app``'s import for its app's judge (else None)."""
+        return self._file.kept
 
     def _connect(self, doing: str = "open") -> sqlite3.Connection:
         """The thread's connection to the file first opened (LedgerUnavailableError: gone, replaced, can't open)."""

@@ -22,7 +22,7 @@ from amqpjobs.errors import (
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.runtime.sqlite_errors import missing_file
-from amqpjobs.runtime.sqlite_open import existing_files_only, reading_only
+from amqpjobs.runtime.sqlite_open import existing_files_only, judged_later, reading_only
 
 #: Our errors that say a service failed: raised by the module while imported, they may pass at the next try.
 _SERVICES: Final = (BrokerError, LedgerUnavailableError, ResultsUnavailableError, PayloadStoreError)
@@ -44,7 +44,8 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
             calling ``sys.exit()``, while imported), attribute missing or not an :class:`App`.
         AmqpJobsError: any of ours raised by the module while imported, unchanged, in its own
             words (an invalid topology file it loads, a DSN that is no URL, a store it opened
-            unavailable now).
+            unavailable now); a SQLite ledger or results store of the named app (only: a module
+            may build several apps) that can't be opened, in its own words.
 
     """
     module_name, _, attribute = reference.partition(":")
@@ -59,8 +60,11 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        with reading_only() if reading else existing_files_only() if existing else contextlib.nullcontext():
-            module = importlib.import_module(module_name)
+        with (
+            judged_later(),
+            reading_only() if reading else existing_files_only() if existing else contextlib.nullcontext(),
+        ):
+            module = importlib.import_module(module_name)  # each SQLite store's failure kept: judged for the named app
     except ImportError as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing and not (module_name == missing or module_name.startswith(f"{missing}.")):
@@ -83,7 +87,13 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
         raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
     app = getattr(module, attribute)
     if not isinstance(app, App):
-        raise ConfigurationError(f"{reference!r} is {type(app).__name__}, not an amqpjobs App")
+        kind = type(app).__name__
+        raise ConfigurationError(
+            f"{reference!r} is {'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind}, not an amqpjobs App"
+        )
+    for store in (app.ledger, app.results):  # a sibling App's store that can't open is none of this command's
+        if (failure := getattr(store, "open_failure", None)) is not None:
+            raise failure
     return app
 
 

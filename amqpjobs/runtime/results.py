@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from amqpjobs.durations import duration_argument
-from amqpjobs.errors import JobFailedError, ResultsUnavailableError
+from amqpjobs.errors import AmqpJobsError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
 from amqpjobs.runtime.sqlite_errors import missing_file, missing_table, open_failure, store_failure
-from amqpjobs.runtime.sqlite_open import StoreFile, file_path, rollback
+from amqpjobs.runtime.sqlite_open import StoreFile, rollback
+from amqpjobs.runtime.sqlite_paths import check_kind, file_path
 
 log = logging.getLogger("amqpjobs.results")
 
@@ -159,16 +160,23 @@ class SqliteResults:
         self.path = file_path("SqliteResults", path)
         self.retention = duration_argument("SqliteResults(retention=...)", retention)
         self._file = StoreFile("results store", self.path)
-        if self._file.reading:  # a reading command (job show): read-only, never created nor changed
-            self._file.open_reading(BUSY_TIMEOUT)
-            return
-        try:
-            with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open that creates it
-                db.execute("PRAGMA journal_mode=WAL")
-                for statement in _SCHEMA:
-                    db.execute(statement)
-        except sqlite3.Error as exc:
-            raise open_failure("results store", self.path, exc) from exc
+        with self._file.opening():  # in --app's import, judged only when this store's app is the one named
+            check_kind("SqliteResults", path, self.path)  # a folder, a FIFO ...: said here, judged as any failed open
+            if self._file.reading:  # a reading command (job show): read-only, never created nor changed
+                self._file.open_reading(BUSY_TIMEOUT)
+                return
+            try:
+                with contextlib.closing(self._file.create(timeout=BUSY_TIMEOUT)) as db:  # the one open creating it
+                    db.execute("PRAGMA journal_mode=WAL")
+                    for statement in _SCHEMA:
+                        db.execute(statement)
+            except sqlite3.Error as exc:
+                raise open_failure("results store", self.path, exc) from exc
+
+    @property
+    def open_failure(self) -> AmqpJobsError | None:
+        """Why this store's first open failed, kept in ``--app``'s import for its app's judge (else None)."""
+        return self._file.kept
 
     @property
     def absent(self) -> bool:

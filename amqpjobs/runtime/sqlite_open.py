@@ -31,14 +31,13 @@ import contextlib
 import logging
 import os
 import sqlite3
-import stat
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Literal
 
-from amqpjobs.errors import ConfigurationError, LedgerUnavailableError, ResultsUnavailableError
+from amqpjobs.errors import AmqpJobsError, LedgerUnavailableError, ResultsUnavailableError
 from amqpjobs.runtime.sqlite_errors import held_locked, missing_file, open_failure, trouble
 
 log = logging.getLogger("amqpjobs.stores")
@@ -46,8 +45,9 @@ log = logging.getLogger("amqpjobs.stores")
 _creates = True
 #: Whether the stores built now only read (:func:`reading_only`).
 _reading = False
-#: Whether the stores built now open their files but never create one (:func:`existing_files_only`).
-_existing = False
+#: Whether the stores built now open their files but never create one (:func:`existing_files_only`); keep the
+#: failure of their first open for their app's judge (:func:`judged_later`).
+_existing = _later = False
 #: How a reading store opens its file: read-only, then (a read-only mount: no -shm file can be made) immutable;
 #: never immutable for a file another process holds locked (immutable reads the main file alone, not its
 #: -wal log: the latest records would be missed, a job read as an older state or ``unknown``).
@@ -66,53 +66,6 @@ def rollback(db: sqlite3.Connection) -> None:
     if db.in_transaction:
         db.execute("ROLLBACK")
 
-
-def file_path(owner: str, path: str | Path) -> Path:
-    """The absolute path of a SQLite store's file (the worker's threads and processes each open it).
-
-    Raises:
-        ConfigurationError: ``path`` is ``:memory:`` or empty (SQLite's in-memory and temporary
-            databases): each connection would have its own, so no table is found; or it is no
-            path (not a ``str`` or ``os.PathLike``, or it holds a NUL character); or it names a
-            folder, a FIFO, a device or a socket.
-    """
-    try:
-        text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
-    except TypeError:  # an os.PathLike whose __fspath__ gives neither str nor bytes
-        text = None
-    if not isinstance(text, str):
-        raise ConfigurationError(
-            f"{owner}(path): a file path is a str or pathlib.Path, got {type(path).__name__}"
-            + (" giving bytes" if isinstance(text, bytes) else "")
-        )
-    if "\x00" in text:
-        raise ConfigurationError(f"{owner}({text!r}): a file path can't hold a NUL character")
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError as exc:  # a lone surrogate the file system can't take
-        raise ConfigurationError(f"{owner}({text!r}): the file system can't encode this path ({exc.reason})") from None
-    if str(path) in (":memory:", ""):
-        raise ConfigurationError(
-            f"{owner}({str(path)!r}): an in-memory or temporary SQLite database is one connection's own, and the "
-            "worker's threads and processes each open their own; give the path of a file"
-        )
-    absolute = Path(path).absolute()
-    try:
-        mode: int | None = os.stat(absolute).st_mode
-    except OSError:  # missing (the first open creates it) or out of reach: the open says why
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):  # SQLite would fail on it with words about disks or rollbacks
-        kind = _KINDS.get(stat.S_IFMT(mode), "no regular file")
-        raise ConfigurationError(
-            f"{owner}({text!r}): {absolute} is {kind}, not a regular file; give the path of a SQLite database "
-            "file (created when missing)"
-        )
-    return absolute
-
-
-#: What a path that is no regular file is, by its file type.
-_KINDS: Final = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
-                 stat.S_IFSOCK: "a socket"}  # fmt: skip
 
 _REPLACED: Final = "is another file than the one this process opened (replaced since)"
 
@@ -147,6 +100,17 @@ def existing_files_only() -> Iterator[None]:
         _existing = before
 
 
+@contextlib.contextmanager
+def judged_later() -> Iterator[None]:
+    """Stores built in the block keep their first open's error (``open_failure``): load_app judges its app's only."""
+    global _later
+    before, _later = _later, True
+    try:
+        yield
+    finally:
+        _later = before
+
+
 def no_new_files() -> None:
     """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
 
@@ -176,7 +140,19 @@ class StoreFile:
         self.reading = _reading  # a reading command's store: read-only, never created (reading_only)
         self.existing = _existing  # a recording command's store: never created (existing_files_only)
         self.absent = False  # reading: the file was not there (nothing recorded)
+        self.later = _later  # judged_later: the first open's failure is kept in ``kept``, not raised
+        self.kept: AmqpJobsError | None = None
         self._mode = "mode=rw"  # the URI parameter of every further connection
+
+    @contextlib.contextmanager
+    def opening(self) -> Iterator[None]:
+        """The store's first open: its failure raised, or kept in :attr:`kept` (:func:`judged_later`)."""
+        try:
+            yield
+        except AmqpJobsError as exc:
+            if not self.later:
+                raise
+            self.kept = exc
 
     def open_reading(self, timeout: float) -> None:
         """A reading store's first open: the file, read-only (``absent`` when missing: nothing is created).

@@ -34,7 +34,7 @@ from typing import Any, Final
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, BusyError
 from amqpjobs.jobs.evidence import REASON, Failure, evidence_headers
-from amqpjobs.jobs.timestamps import iso_utc
+from amqpjobs.jobs.timestamps import iso_utc, parse_time
 from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, overflows, sanitize
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import printable
@@ -63,6 +63,16 @@ def lock_name(queue: str) -> str:
     return "amqpjobs.undeliverable-lock." + hashlib.sha256(queue.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def _seconds(stamp: Any) -> float | None:
+    """The management API's raw ``timestamp`` (the number the publisher sent: s, ms, µs or ns) as seconds.
+
+    Read once, by the one rule (:func:`~amqpjobs.jobs.timestamps.parse_time`); before, a ``Date.now()``
+    value was taken for seconds (a year past 9999): the copy could not be encoded. None: no time.
+    """
+    when = parse_time(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+    return None if when is None else when.timestamp()
+
+
 def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str) -> OutgoingMessage:
     """The copy to publish; one quarantined already (our evidence, in a quarantine or parked queue) keeps its own."""
     now = iso_utc()
@@ -88,7 +98,7 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
         body=head.body,
         headers=copy.headers if REASON in copy.headers else {**copy.headers, **evidence_headers(failure)},
         content_type=text("content_type"), content_encoding=text("content_encoding"), message_id=copy.job_id,
-        type=text("type"), timestamp=float(stamp) if isinstance(stamp, int | float) else None,
+        type=text("type"), timestamp=_seconds(stamp),
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
         correlation_id=text("correlation_id"), reply_to=text("reply_to"), app_id=text("app_id"),
     )  # fmt: skip
@@ -106,7 +116,7 @@ def _back_as_was(head: HeadMessage) -> OutgoingMessage:
     return OutgoingMessage(
         body=head.body, headers=dict(props.get("headers") or {}), content_type=text("content_type"),
         content_encoding=text("content_encoding"), message_id=text("message_id"), type=text("type"),
-        timestamp=float(stamp) if isinstance(stamp, int | float) else None,
+        timestamp=_seconds(stamp),
         priority=priority if isinstance(priority, int) else None, correlation_id=text("correlation_id"),
         reply_to=text("reply_to"), app_id=text("app_id"),
     )  # fmt: skip

@@ -51,7 +51,7 @@ from amqpjobs.wire.rotation import (
 )
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
-from amqpjobs.wire.urls import redact_text
+from amqpjobs.wire.urls import CREDENTIALS_FIX, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -301,7 +301,7 @@ async def connect(
         raise BrokerUnavailableError(every_node_refused(rotation.refusals)) from exc.__cause__
     except aiormq.exceptions.ProbableAuthenticationError as exc:
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} refused the credentials (user {settings.username!r})"
+            f"broker at {settings.safe_url} refused the credentials (user {settings.username!r}): {CREDENTIALS_FIX}"
         ) from exc
     except _CONNECT_ERRORS as exc:
         last = "" if len(nodes) == 1 else f" (each node tried; the last, {rotation.tried.safe_url})"
@@ -354,7 +354,7 @@ def refusal(connection: AbstractRobustConnection) -> str | None:
     url = URL(str(getattr(connection, "url", "amqp:///")))  # aio-pika's (the node being tried)
     user = url.user or "guest"
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
-        return f"the broker refused the credentials (user {user!r})"
+        return f"the broker refused the credentials (user {user!r}): {CREDENTIALS_FIX}"
     if open_refused(exc):
         return refused_connect_reason(exc, url.path[1:] or "/", user)
     return None

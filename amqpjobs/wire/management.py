@@ -22,7 +22,7 @@ from amqpjobs.wire.node_ports import amqp_refused
 from amqpjobs.wire.rotation import attempt_timeout
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
-from amqpjobs.wire.urls import node_address
+from amqpjobs.wire.urls import CREDENTIALS_FIX, node_address
 
 
 def _plain_http(base: str, exc: Exception) -> str | None:
@@ -225,8 +225,8 @@ class ManagementClient:
         if "not management user" in reason.lower():
             return f"{refused}: the user has no management tag; give it one ({tag_fix}), or use another user"
         if reason.lower() in ("login failed", "not_authorized"):  # 3.10 says the first, 4.0 and 4.3.6 the second
-            return f"{refused}: check the credentials in the URL"
-        return f"{refused}: check the credentials in the URL, and that the user has a management tag ({tag_fix})"
+            return f"{refused}: {CREDENTIALS_FIX}"
+        return f"{refused}: {CREDENTIALS_FIX}, and that the user has a management tag ({tag_fix})"
 
     def _unreachable(self, failures: list[tuple[str, str]]) -> str:
         """The message for management APIs that could not be reached: each one tried, and why."""

@@ -30,6 +30,8 @@ from amqpjobs.wire.tls import TLS_OPTIONS
 #: mechanism, ``reconnect_interval`` seconds, ``fail_fast``).
 URL_OPTIONS = (*TLS_OPTIONS, "heartbeat", "timeout", "name", "auth", "reconnect_interval", "fail_fast")
 
+#: How to fix a refused login: the one wording, over AMQP ("refused the credentials") and the management API (401).
+CREDENTIALS_FIX = "check the user and password in the URL"
 #: The largest TCP port.
 MAX_PORT = 65535
 _SCHEMES = ("amqp://", "amqps://", "http://", "https://")

@@ -126,9 +126,10 @@ async def test_wrong_password_fails_fast_and_is_never_printed(broker: BrokerSett
     url = bad_url(broker)
     cases = [  # plan asks the management API first; consume connects over AMQP
         (["topology", "plan", str(TOPOLOGY)], f"broker error: management API at {broker.management_url} refused "
-         f"user '{broker.username}' (401): check the credentials in the URL\n"),
+         f"user '{broker.username}' (401): check the user and password in the URL\n"),
         (["consume", "tests.integration.procapp:app"],
-         f"broker error: broker at {redact(url)} refused the credentials (user '{broker.username}')\n"),
+         f"broker error: broker at {redact(url)} refused the credentials (user '{broker.username}'): check the user "
+         "and password in the URL\n"),
     ]  # fmt: skip
     for args, refusal in cases:
         code, out, took = await asyncio.to_thread(run, broker, *args, url=url, env_extra=env)
@@ -185,3 +186,27 @@ async def test_consume_with_a_payload_store_it_cannot_open_refuses_to_start(brok
     assert "payload store 'file' can't be opened (NotADirectoryError" in out, out
     assert "the worker did not start" in out
     assert "Traceback" not in out
+
+
+async def test_job_show_says_the_credentials_were_refused_not_that_the_broker_cant_be_reached(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """helper-207: ``now: not known: the broker can't be reached (broker at ... refused the credentials ...)``."""
+    from amqpjobs import SqliteResults
+
+    await make_app(broker, tmp_path)
+    (tmp_path / "t.toml").write_text((tmp_path / "applied.toml").read_text())
+    SqliteResults(tmp_path / "results.db")
+    (tmp_path / "showapp.py").write_text(
+        "from amqpjobs import App, SqliteResults\n"
+        "app = App('showapp', topology='t.toml', results=SqliteResults('results.db'))\n"
+    )
+    url = bad_url(broker)
+    code, out, _ = await asyncio.to_thread(run, broker, "job", "show", "j-1", "--app", "showapp:app", url=url,
+                                           cwd=tmp_path)  # fmt: skip
+    assert code == 3, out
+    assert out.splitlines()[-1] == (
+        f"now: not known: broker at {redact(url)} refused the credentials (user '{broker.username}'): check the user "
+        "and password in the URL; the state above is the results store's record"
+    ), out
+    assert "wrong-secret" not in out

@@ -90,3 +90,20 @@ def test_a_binary_payload_is_a_hex_dump(broker: BrokerSettings, tmp_path: Path, 
     assert lines[4] == "00000040  40 41 42 43 44 45 46 47  48 49 4a 4b 4c 4d 4e 4f  |@ABCDEFGHIJKLMNO|"
     assert lines[3] == "00000030  30 31 32 33 34 35 36 37  38 39 3a 3b 3c 3d 3e 3f  |0123456789:;&lt;=&gt;?|"
     assert "binary (not UTF-8): 512 bytes, as a hex dump" in page.text
+
+
+def test_evidence_that_is_no_text_is_said_by_its_amqp_type_never_a_python_repr(broker, tmp_path: Path, quarantined):
+    """helper-207: a table error type read ``{'a': 1}`` (Python's repr) on the console's pages."""
+    headers = {"amqpjobs-reason": "exhausted", "amqpjobs-job": ["x"], "amqpjobs-error-type": {"a": 1},
+               "amqpjobs-error-message": True}  # fmt: skip
+    publish(broker, b"{}", {"message_id": "odd-types-1", "type": "mail", "headers": headers})
+    with client(broker, tmp_path) as c:
+        listing = c.get("/quarantine", params={"queue": "work.quarantine"})
+        one = c.get("/message", params={"queue": "work.quarantine", "id": "odd-types-1"})
+    assert listing.status_code == one.status_code == 200
+    assert "<td>(a table)</td>" in listing.text
+    assert row(one.text, "amqpjobs-error-type") in ("{&#34;a&#34;: 1}", "<code>{&#34;a&#34;: 1}</code>")  # as JSON
+    assert row(one.text, "amqpjobs-job") in ("[&#34;x&#34;]", "<code>[&#34;x&#34;]</code>")
+    for page in (listing.text, one.text):
+        assert "{&#39;a&#39;: 1}" not in page
+        assert "[&#39;x&#39;]" not in page

@@ -135,3 +135,19 @@ async def test_reading_commands_refuse_a_results_file_without_our_table(
         "in the container that has the file"
     )
     assert there.read_bytes() == before  # left as it was
+
+
+async def test_a_sibling_apps_missing_results_file_blocks_no_command_of_the_named_app(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """helper-207: ``replay --app noresults:app`` exit 2 with the words of ANOTHER app of the module (its
+    ``resutls.db`` "does not exist (this command records into it, ...)"). Only the named app is judged."""
+    await make_app(broker, tmp_path)
+    wrong_app(tmp_path)
+    with (tmp_path / "wrongapp.py").open("a") as f:
+        f.write("plain = App('plain', topology='t.toml', payload_store=FilePayloadStore('payloads'))\n")
+    for command in (["replay", "work"], ["quarantine", "show", "work"]):  # park --app needs a results store
+        proc = await asyncio.to_thread(run, broker, tmp_path, *command, "--app", "wrongapp:plain")
+        assert proc.returncode == 0, (command, proc.stdout + proc.stderr)
+        assert "resutls.db" not in proc.stderr, (command, proc.stderr)
+    assert not (tmp_path / "resutls.db").exists()

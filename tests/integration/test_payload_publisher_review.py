@@ -109,6 +109,6 @@ def test_a_401_for_a_user_without_the_management_tag_says_so(broker: BrokerSetti
     message = str(refused.value)
     assert refused.value.status == 401
     assert "management tag" in message, message
-    assert "check the credentials" not in message
+    assert "check the user and password" not in message  # not a password, its tag
     assert "pw-sekret" not in message
-    assert "check the credentials in the URL" in str(bad_password.value)
+    assert "check the user and password in the URL" in str(bad_password.value)

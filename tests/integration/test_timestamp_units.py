@@ -55,6 +55,9 @@ SENT: dict[str, tuple[int, str | None]] = {
     "ms": (1_764_493_200_123, "2025-11-30T09:00:00.123000+00:00"),
     "us": (1_764_493_200_123_456, WHEN),  # Go's UnixMicro
     "ns": (1_764_493_200_123_456_789, "2025-11-30T09:00:00.123457+00:00"),  # time.time_ns(): to the nearest µs
+    # decoded seconds past 2106 (above 2**32 - 1): before, the property was read as seconds twice, so as ms (1970)
+    "ms-2200": (7_258_118_400_000, "2200-01-01T00:00:00+00:00"),
+    "ns-2262": (2**63 - 1, "2262-04-11T23:47:16.854776+00:00"),
 }
 
 
@@ -196,3 +199,32 @@ async def test_the_max_age_gate_ages_a_head_in_nanoseconds_by_the_same_rule(
     assert refused is not None, "max_age never refused"
     age = float(refused.limit.split("oldest ready message ")[1].split("s old")[0])
     assert 595 < age < 660, refused.limit
+
+
+@pytest.mark.timeout(60)
+async def test_a_retry_copy_keeps_a_first_enqueue_past_2106(
+    broker: BrokerSettings, tmp_path: Path, raw_timestamps: None
+) -> None:
+    """The copy builders read the received ``timestamp`` (decoded seconds) once: the retry's ``enqueued_at`` is 2262.
+
+    Before, the retry copy's ``amqpjobs-enqueued-at`` was written from the seconds read again as
+    milliseconds: "1970-04-17T18:02:52.036854+00:00"."""
+    app = await applied_app(broker, tmp_path, TOPOLOGY, "app")
+    seen: list[tuple[int, str | None]] = []
+
+    @app.job("note", queue="work")
+    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen.append((ctx.attempt, None if ctx.enqueued_at is None else ctx.enqueued_at.isoformat()))
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+
+    await _publish(broker, [_note("late", timestamp=_raw(2**63 - 1))])
+    try:
+        async with running_worker(app, broker):
+            for _ in range(200):
+                if len(seen) == 2:
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await app.close()
+    assert seen == [(1, SENT["ns-2262"][1]), (2, "2262-04-11T23:47:16.854000+00:00")]  # the header: ms (iso_utc)

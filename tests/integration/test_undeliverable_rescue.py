@@ -373,3 +373,25 @@ async def test_on_a_quorum_job_queue_it_goes_to_quarantine_once_with_evidence(br
     headers = copy["properties"]["headers"]
     assert (headers["amqpjobs-reason"], headers["amqpjobs-undeliverable-correlation_id"]) == ("undeliverable", LONG)
     assert "x-death" not in headers
+
+
+@pytest.mark.usefixtures("http_publish_stores_it")
+async def test_a_timestamp_in_milliseconds_is_read_once_by_the_rescue(broker: BrokerSettings, tmp_path: Path):
+    """The management API gives the raw ``timestamp`` (``Date.now()``: ms): the copy carries that time, in seconds.
+
+    Before, the raw number was taken for seconds: the worker failed, "ValueError: year 57884 is out of range"."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    await asyncio.to_thread(_publish_over_http, broker, {**KINDS["correlation-id"], "timestamp": 1_764_493_200_123})
+    async with running_worker(app, broker):
+        for _ in range(200):
+            if await depth(broker, "work.quarantine") == 1:
+                break
+            await asyncio.sleep(0.1)
+    await app.close()
+    (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
+    assert copy["properties"]["timestamp"] == 1_764_493_200  # whole seconds: what an AMQP timestamp holds

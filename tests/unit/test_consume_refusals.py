@@ -103,7 +103,7 @@ CASES = [
     ),
     pytest.param(
         ["refusalapp:NOT_AN_APP"],
-        "error: 'refusalapp:NOT_AN_APP' is int, not an amqpjobs App",
+        "error: 'refusalapp:NOT_AN_APP' is an int, not an amqpjobs App",
         id="not-an-app",
     ),
     pytest.param(

@@ -56,8 +56,9 @@ def test_the_record_is_printed_and_where_it_is_now_is_said_unknown(quarantined: 
     assert out.startswith("job q-1: quarantined"), out
     now = [line for line in out.splitlines() if line.startswith("now: ")]
     assert len(now) == 1, out
-    assert now[0].startswith("now: not known: the broker can't be reached ("), now[0]
-    assert now[0].endswith("); the state above is the results store's record"), now[0]
+    assert now[0].startswith("now: not known: broker at amqp://"), now[0]  # the wire's words, as every command's
+    assert " unreachable after " in now[0], now[0]
+    assert now[0].endswith("; the state above is the results store's record"), now[0]
 
 
 def test_as_json_where_is_null_and_why_is_given(quarantined: Path) -> None:
@@ -65,4 +66,5 @@ def test_as_json_where_is_null_and_why_is_given(quarantined: Path) -> None:
     assert code == 3, out + err
     doc = json.loads(out)
     assert (doc["job_id"], doc["state"], doc["where"]) == ("q-1", "quarantined", None)
-    assert doc["where_unknown"].startswith("the broker can't be reached ("), doc
+    assert doc["where_unknown"].startswith("broker at amqp://"), doc
+    assert " unreachable after " in doc["where_unknown"], doc

@@ -295,7 +295,8 @@ def test_copies_drop_a_tenant_header_that_names_no_tenant() -> None:
     ("received", "timestamp", "expected"),
     [
         ({}, 1_700_000_000, "2023-11-14T22:13:20.000Z"),  # a foreign publisher's job: from its timestamp
-        ({}, 1_700_000_000_500, "2023-11-14T22:13:20.500Z"),  # milliseconds, by the one time rule
+        ({}, 1_700_000_000.5, "2023-11-14T22:13:20.500Z"),  # the property decoded: seconds (its unit read once)
+        ({}, 9_223_372_036.854, "2262-04-11T23:47:16.854Z"),  # seconds past 2106: seconds, not ms (1970)
         ({envelope.ENQUEUED_AT: "nonsense"}, 1_700_000_000, "2023-11-14T22:13:20.000Z"),  # unreadable: replaced
         ({envelope.ENQUEUED_AT: b"2026-01-02T03:04:05Z"}, 1_700_000_000, b"2026-01-02T03:04:05Z"),  # kept as is
         ({}, None, None),  # neither: nothing to keep

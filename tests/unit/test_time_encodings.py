@@ -137,7 +137,7 @@ def test_a_leap_second_is_read_as_the_next_second(value: str, expected: str | No
 def test_a_timestamp_of_0_is_no_time_not_1970(value: object) -> None:
     """0 is what a publisher leaves in a timestamp it never set; read as 1970 it aged a job 56 years."""
     assert parse_time(value) is None
-    assert envelope.enqueued_at_of({}, value) is None
+    assert envelope.enqueued_at_of({}, 0) is None  # the property, decoded: 0 seconds (never set)
     assert envelope.enqueued_at_of({envelope.ENQUEUED_AT: value}, 1764493200) == parse_time(1764493200)
 
 

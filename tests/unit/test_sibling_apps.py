@@ -1,0 +1,103 @@
+"""``--app MODULE:ATTR`` judges the named app only: a sibling App's SQLite store that can't open blocks nothing.
+
+Stores open when an App is built, so a module holding two apps opens both apps' stores at
+import. Before, ``replay --app noresults:app`` was refused with the words of ANOTHER app's
+missing results file ("... does not exist (this command records into it, ...)"), and a worker
+of one app would not start for a sibling's missing folder. Now the named app's own store is
+refused with its own words (path and fix), and a sibling's is not judged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from amqpjobs.errors import ConfigurationError
+from amqpjobs.runtime.loading import load_app, load_app_reading_results
+
+_names = itertools.count()
+
+
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
+    """Write ``body`` as a new module (a name of its own: imports are cached) importable from ``tmp_path``."""
+    name = f"siblings_{next(_names)}_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text("from amqpjobs import App, SqliteLedger, SqliteResults\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_a_siblings_missing_results_file_blocks_no_recording_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = module(
+        tmp_path,
+        monkeypatch,
+        f"app = App('plain')\nother = App('other', results=SqliteResults({str(tmp_path / 'none.db')!r}))\n",
+    )
+    assert load_app(f"{name}:app", existing=True).name == "plain"
+    assert not (tmp_path / "none.db").exists()
+    with pytest.raises(ConfigurationError, match=r"none\.db does not exist \(this command records into it"):
+        load_app(f"{name}:other", existing=True)  # the named app's own missing file: still refused, in its words
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize("mode", ["worker", "reading", "existing"])
+def test_a_siblings_unusable_store_blocks_no_other_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A sibling's ledger in a missing folder and results store that is no SQLite file: the other app loads."""
+    (tmp_path / "notes.txt").write_text("not a database, " * 400)
+    name = module(
+        tmp_path,
+        monkeypatch,
+        f"app = App('plain')\nother = App('other', ledger=SqliteLedger({str(tmp_path / 'gone' / 'l.db')!r}), "
+        f"results=SqliteResults({str(tmp_path / 'notes.txt')!r}))\n",
+    )
+    kw = {"reading": mode == "reading", "existing": mode == "existing"}
+    assert load_app(f"{name}:app", **kw).name == "plain"
+    with pytest.raises(ConfigurationError) as info:
+        load_app(f"{name}:other", **kw)
+    assert str(tmp_path) in str(info.value), info.value  # the named app's store, its path and fix
+    assert not (tmp_path / "gone").exists()
+
+
+def test_reading_the_named_apps_results_still_refuses_its_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = module(
+        tmp_path,
+        monkeypatch,
+        f"app = App('r', results=SqliteResults({str(tmp_path / 'r.db')!r}))\n"
+        f"other = App('o', results=SqliteResults({str(tmp_path / 'o.db')!r}))\n",
+    )
+    with pytest.raises(ConfigurationError, match=r"r\.db does not exist \(this command reads it"):
+        load_app_reading_results(f"{name}:app")
+    assert not (tmp_path / "r.db").exists()
+    assert not (tmp_path / "o.db").exists()
+
+
+def test_an_attribute_that_is_no_app_is_named_with_its_article(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: "'os:path' is module, not an amqpjobs App"."""
+    with pytest.raises(ConfigurationError, match=r"^'os:path' is a module, not an amqpjobs App"):
+        load_app("os:path")
+    name = module(tmp_path, monkeypatch, "n = 1\nthing = object()\n")
+    with pytest.raises(ConfigurationError, match=r"is an int, not an amqpjobs App"):
+        load_app(f"{name}:n")
+    with pytest.raises(ConfigurationError, match=r"is an object, not an amqpjobs App"):
+        load_app(f"{name}:thing")
+
+
+@pytest.mark.parametrize("mode", ["worker", "reading", "existing"])
+def test_a_siblings_store_path_naming_a_folder_blocks_no_other_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Before: "SqliteResults('...'): ... is a folder, not a regular file" for ``--app m:app`` too."""
+    (tmp_path / "adir").mkdir()
+    body = f"app = App('plain')\nother = App('other', results=SqliteResults({str(tmp_path / 'adir')!r}))\n"
+    name = module(tmp_path, monkeypatch, body)
+    kw = {"reading": mode == "reading", "existing": mode == "existing"}
+    assert load_app(f"{name}:app", **kw).name == "plain"
+    with pytest.raises(ConfigurationError, match=r"adir is a folder, not a regular file; give the path of a SQLite"):
+        load_app(f"{name}:other", **kw)
