@@ -29,6 +29,7 @@ from amqpjobs.runtime.status import collect
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import applied_app, header_runs, note, raw_channel
+from tests.integration.worker_env import running_worker
 from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the client's decoding, the one rule
@@ -213,12 +214,12 @@ async def test_a_retry_copy_keeps_a_first_enqueue_past_2106(
     seen: list[tuple[int, str | None]] = []
 
     @app.job("note", queue="work")
-    async def note(payload: dict[str, Any], ctx: JobContext) -> None:
+    async def fails_once(payload: dict[str, Any], ctx: JobContext) -> None:
         seen.append((ctx.attempt, None if ctx.enqueued_at is None else ctx.enqueued_at.isoformat()))
         if ctx.attempt == 1:
             raise RuntimeError("once")
 
-    await _publish(broker, [_note("late", timestamp=_raw(2**63 - 1))])
+    await _publish(broker, [note("late", timestamp=_raw(2**63 - 1))])
     try:
         async with running_worker(app, broker):
             for _ in range(200):
