@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -144,6 +145,15 @@ async def test_a_start_a_users_max_channels_refuses_says_the_fix_wherever_it_mee
     assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, out
 
 
+async def _until_logged(log: Path, proc: subprocess.Popen[str], words: str, deadline: float, step: float) -> None:
+    """Wait until ``log`` holds ``words``; fail if ``proc`` ends or ``deadline`` (monotonic) passes first."""
+    text = log.read_text  # a small file, read between sleeps
+    while words not in text():
+        assert proc.poll() is None, text()
+        assert time.monotonic() < deadline, text()
+        await asyncio.sleep(step)
+
+
 def _close_users(broker: BrokerSettings, user: str) -> int:
     """Close (management API) every connection of ``user`` on the test vhost; how many."""
     with ManagementClient(broker) as mgmt:
@@ -167,10 +177,7 @@ async def test_connections_refused_together_in_one_reconnect_round_do_not_stop_a
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
             deadline = time.monotonic() + 40
-            while "worker consuming" not in log.read_text():
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                await asyncio.sleep(0.2)
+            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
             app.job("nosuch", queue="work")(lambda p, c: None)
             await app.enqueue("nosuch", {}, job_id="unknown")  # quarantined: the publisher's connection holds channels
             while "unknown-job" not in log.read_text():
@@ -180,10 +187,7 @@ async def test_connections_refused_together_in_one_reconnect_round_do_not_stop_a
                 mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 0})  # every channel refused
             while await asyncio.to_thread(_close_users, broker, str(user)) < 3:  # worker, publisher, events
                 await asyncio.sleep(0.3)
-            while "for what it sent" not in log.read_text():
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                await asyncio.sleep(0.05)
+            await _until_logged(log, proc, "for what it sent", deadline, 0.05)
             with ManagementClient(broker) as mgmt:
                 mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
             await app.enqueue("sleep", {"seconds": 0}, job_id="after")
@@ -215,19 +219,14 @@ async def test_a_refusal_met_at_run_time_and_at_the_immediate_reconnect_is_one_r
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
             deadline = time.monotonic() + 40
-            while "worker consuming" not in log.read_text():
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                await asyncio.sleep(0.2)
+            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
             await asyncio.sleep(6)  # aio-pika reconnects at once when its last attempt is over 5 s old
             with ManagementClient(broker) as mgmt:
                 mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 0})  # every new channel refused
             paused = await asyncio.to_thread(cli_subprocess, broker, "pause", "work", "--reason", "test")
             assert paused.returncode == 0, paused.stdout + paused.stderr
-            while "for what it sent" not in log.read_text():  # the worker reads the flags on a new channel: 530
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                await asyncio.sleep(0.05)
+            # the worker reads the flags on a new channel: 530
+            await _until_logged(log, proc, "for what it sent", deadline, 0.05)
             await asyncio.sleep(0.5)
             with ManagementClient(broker) as mgmt:
                 mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
