@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -19,6 +20,24 @@ from typing import Any, Final
 KEY_PREFIX: Final = "sha256:"
 #: Hex digits of the SHA-256 kept (64 bits: no collision among any queue's messages in practice).
 KEY_LENGTH: Final = 16
+#: How the job id a worker gives a delivery that came without ``message_id`` starts (its copies carry it).
+GENERATED_PREFIX: Final = "generated-"
+
+
+def generated_job_id() -> str:
+    """A job id for a delivery that came without ``message_id``: ``generated-<uuid4>``, carried by its copies."""
+    return f"{GENERATED_PREFIX}{uuid.uuid4()}"
+
+
+def keyed_again(message_id: str | None, key: Callable[[Any], str] | None) -> bool:
+    """Whether an idempotent job's delivery is keyed by its payload (:func:`unnamed_idempotency_key`).
+
+    True without ``message_id``, and for a copy whose id the worker generated (:func:`generated_job_id`)
+    of a job with a ``key`` function: its key needs the payload, read only after the crash screen, so a
+    copy made before the run (a redelivery registered to run alone, a delivery handed back) carries
+    a generated id; keyed again where it runs, it finds the claim or done-mark of its first run.
+    """
+    return not message_id or (key is not None and message_id.startswith(GENERATED_PREFIX))
 
 
 def message_key(job_id: str, headers: Mapping[str, Any], body: bytes) -> str:

@@ -15,7 +15,6 @@ import asyncio
 import functools
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -31,7 +30,7 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.header_values import amqp_type, count_problem, read_count, tenant_problem
 from amqpjobs.jobs.isolation import IsolationGate
-from amqpjobs.jobs.message_key import message_key, unnamed_idempotency_key
+from amqpjobs.jobs.message_key import generated_job_id, keyed_again, message_key, unnamed_idempotency_key
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.registry import JobDef
@@ -351,7 +350,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                 raise
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=describe(exc))  # fmt: skip
-        if not delivery.message_id and job.idempotent:  # a key that a redelivery shares (README "Idempotency")
+        if job.idempotent and keyed_again(delivery.message_id, job.key):  # a key a redelivery shares (README)
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             self._say_once(("keyed", job.name), "idempotent job %s without message_id on %s: keyed by its key "
                            "function or payload, so identical ones are one job; set message_id (the job id) on every "
@@ -365,4 +364,4 @@ _ATTEMPT_FIX: Final = "read as attempt 1; send it as a whole number (1 for a new
 
 
 def _job_id(delivery: Received) -> str:
-    return delivery.message_id or f"generated-{uuid.uuid4()}"
+    return delivery.message_id or generated_job_id()

@@ -38,13 +38,13 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from amqpjobs.errors import AmqpJobsError, UnroutableError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.failure import unstarted_headers
+from amqpjobs.jobs.message_key import generated_job_id
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.rate import (
     WAITING_FROM,
@@ -166,7 +166,7 @@ class RateLimits:
         if room.keyed and not delivery.message_id:  # a copy with an id of its own would be another job than
             await room.gate.acquire()  # the original redelivered, or an identical one: it waits in its slot
             return False
-        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        job_id = delivery.message_id or generated_job_id()
         headers = unstarted_headers(
             delivery.headers, None, delivery.queue, delivery.exchange, delivery.routing_key, self._host, self._pid,
             envelope.iso_utc(), timestamp=delivery.timestamp,
@@ -260,7 +260,7 @@ class RateLimits:
         rate = room.rate
         if await room.gate.acquire(front=True, within=min(2 * rate.interval, SUSPECT_TOKEN_WAIT)):
             return None
-        job_id = delivery.message_id or f"generated-{uuid.uuid4()}"
+        job_id = delivery.message_id or generated_job_id()
         await self._publisher.publish("", layout.suspects_queue, delivery.copy(delivery.headers, job_id))
         await delivery.ack(at_once=True)
         log.info("job=%s id=%s: no token came for this suspect in its turn; it waits in %s for a later one",

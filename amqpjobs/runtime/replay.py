@@ -32,6 +32,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
+from amqpjobs.jobs.message_key import generated_job_id
 from amqpjobs.jobs.replay_plan import (
     ReplayOptions,
     ReplayReport,
@@ -141,7 +142,7 @@ def replay_move(
     matched = (census or Census()).matches(item, options.selection)
     if ours or not matched:
         return None
-    job_id = delivery.message_id or item.job_id or f"generated-{uuid.uuid4()}"
+    job_id = delivery.message_id or item.job_id or generated_job_id()
     goes = destination(item.original_queue, tenant_in(delivery.headers) or job_id, options.to, options.layouts)
     if goes.route is None:  # it stays: counted by why, so the summary says it with the fix
         if report is not None and goes.skip == "no-work-queue":

@@ -39,16 +39,20 @@ def _publish(broker: BrokerSettings) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("redelivered", [False, True], ids=["first-delivery", "redelivered"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["hashed", "key-function"])
 async def test_an_idempotent_job_without_message_id_runs_under_its_payload_key_after_a_redelivery_too(
-    broker: BrokerSettings, tmp_path: Path, redelivered: bool
+    broker: BrokerSettings, tmp_path: Path, redelivered: bool, keyed: bool
 ) -> None:
+    """With a ``key`` function the key is its value; before, a redelivery ran as ``generated-<uuid>``, then again."""
     path = tmp_path / "topology.toml"
     path.write_text(work_topology())
     await apply_topology(path, broker)
     app = App("unnamed", topology=path, url=broker.url, ledger=SqliteLedger(str(tmp_path / "ledger.db")))
     ran: list[str] = []
 
-    @app.job("charge", queue="work", idempotent=True)
+    key = (lambda p: f"charge-{p['n']}") if keyed else None
+
+    @app.job("charge", queue="work", idempotent=True, key=key)
     async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
         ran.append(ctx.job_id)
 
@@ -65,7 +69,7 @@ async def test_an_idempotent_job_without_message_id_runs_under_its_payload_key_a
     finally:
         await app.close()
     assert len(ran) == 1, ran
-    assert ran[0].startswith("sha256:"), ran
+    assert ran[0] == "charge-1" if keyed else ran[0].startswith("sha256:"), ran
     assert await depth(broker, "work") == 0
     assert await depth(broker, "work.suspects") == 0
     assert await depth(broker, "work.quarantine") == 0
