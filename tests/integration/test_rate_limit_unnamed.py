@@ -53,7 +53,11 @@ async def _run(
             assert answer == {"routed": True}
     try:
         async with running_worker(app, broker, concurrency=2) as (_, recorder):
-            await recorder.wait_for(lambda outs: len(outs) >= len(bodies), 30)
+            # each message ends succeeded or duplicate; one that met its twin's claim is first deferred (a copy
+            # back later: counted, it left 1 in work in CI on 3.10.8, -n 4)
+            await recorder.wait_for(
+                lambda outs: sum(o.kind in ("succeeded", "duplicate") for o in outs) >= len(bodies), 30
+            )
             await asyncio.sleep(1.0)  # a run more than expected would come meanwhile
     finally:
         await app.close()
