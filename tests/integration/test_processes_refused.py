@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+from amqpjobs import App
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli_subprocess, consume_subprocess, depth, drain, write_file
@@ -154,6 +155,18 @@ async def _until_logged(log: Path, proc: subprocess.Popen[str], words: str, dead
         await asyncio.sleep(step)
 
 
+async def _runs_again(app: App, record: Path, log: Path, proc: subprocess.Popen[str], deadline: float) -> int:
+    """Enqueue job ``after``, wait until ``proc``'s worker ran it (by ``deadline``), then SIGTERM; its exit code."""
+    await app.enqueue("sleep", {"seconds": 0}, job_id="after")
+    text = log.read_text
+    while not any(r[:2] == ["done", "after"] for r in read_record(record)):
+        assert proc.poll() is None, text()[-3000:]
+        assert time.monotonic() < deadline, text()[-3000:]
+        await asyncio.sleep(0.2)
+    proc.terminate()
+    return await asyncio.to_thread(proc.wait, 30)
+
+
 def _close_users(broker: BrokerSettings, user: str) -> int:
     """Close (management API) every connection of ``user`` on the test vhost; how many."""
     with ManagementClient(broker) as mgmt:
@@ -190,15 +203,9 @@ async def test_connections_refused_together_in_one_reconnect_round_do_not_stop_a
             await _until_logged(log, proc, "for what it sent", deadline, 0.05)
             with ManagementClient(broker) as mgmt:
                 mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
-            await app.enqueue("sleep", {"seconds": 0}, job_id="after")
-            while not any(r[:2] == ["done", "after"] for r in read_record(record)):
-                # before: exit 3 at once, "... (NOT_ALLOWED - number of channels opened for user '...' has reached
-                # the maximum allowed user limit of (0)), again 0s later: every reconnect meets the same refusal"
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
-                await asyncio.sleep(0.2)
-            proc.terminate()
-            code = await asyncio.to_thread(proc.wait, 30)
+            # before: exit 3 at once, "... (NOT_ALLOWED - number of channels opened for user '...' has reached
+            # the maximum allowed user limit of (0)), again 0s later: every reconnect meets the same refusal"
+            code = await _runs_again(app, record, log, proc, deadline + 30)
     await app.close()
     out = log.read_text()
     assert code == 0, out[-3000:]
@@ -232,15 +239,9 @@ async def test_a_refusal_met_at_run_time_and_at_the_immediate_reconnect_is_one_r
                 mgmt.request("DELETE", f"/user-limits/{user}/max-channels")
             resumed = await asyncio.to_thread(cli_subprocess, broker, "resume", "work")
             assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-            await app.enqueue("sleep", {"seconds": 0}, job_id="after")
-            while not any(r[:2] == ["done", "after"] for r in read_record(record)):
-                # before: exit 3 at once, "the broker closed a connection of this worker for what it sent (NOT_ALLOWED
-                # ... user limit of (0)), again 0s later": the close and aio-pika's reconnect a few ms after it
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
-                await asyncio.sleep(0.2)
-            proc.terminate()
-            code = await asyncio.to_thread(proc.wait, 30)
+            # before: exit 3 at once, "the broker closed a connection of this worker for what it sent (NOT_ALLOWED
+            # ... user limit of (0)), again 0s later": the close and aio-pika's reconnect a few ms after it
+            code = await _runs_again(app, record, log, proc, deadline + 30)
     await app.close()
     out = log.read_text()
     assert code == 0, out[-3000:]
