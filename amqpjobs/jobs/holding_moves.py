@@ -29,7 +29,8 @@ class MoveOptions:
         selection: Filters; the messages that do not match stay, in their place.
         limit: Take at most this many matching messages (None: every one); at least 1.
         rate: At most this many moves per second (None: as fast as the confirms come); within
-            replay's bounds (:func:`~amqpjobs.jobs.replay_plan.check_rate`).
+            replay's bounds (:func:`~amqpjobs.jobs.replay_plan.check_rate`); paced by
+            :class:`~amqpjobs.jobs.pacing.Pace`.
         dry_run: Take the lock, check each copy, move nothing.
 
     Raises:
@@ -47,10 +48,6 @@ class MoveOptions:
             raise ConfigurationError(f"--limit must be a whole number of messages, at least 1 (got {self.limit})")
         if self.rate is not None:
             check_rate(self.rate)
-
-    def due(self, started: float, moved: int) -> float:
-        """When (``time.monotonic()`` seconds) the move after ``moved`` moves may start: paced from ``started``."""
-        return started if self.rate is None else started + moved / self.rate
 
 
 def unpark_source(name: str) -> str:

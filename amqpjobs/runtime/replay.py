@@ -33,6 +33,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import OutgoingMessage, tenant_in
 from amqpjobs.jobs.message_key import generated_job_id
+from amqpjobs.jobs.pacing import Pace
 from amqpjobs.jobs.replay_plan import (
     ReplayOptions,
     ReplayReport,
@@ -243,6 +244,7 @@ async def replay(
         interrupted = False
         launched = 0
         window = asyncio.Semaphore(replay_window(options.rate))
+        pace = Pace(options.rate)
         moving: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
         moved: list[StateRecord] = []
@@ -320,11 +322,9 @@ async def replay(
                     launched += 1
                     continue
                 now = time.monotonic()
-                if started is None:
-                    started = now
-                due = started + launched / options.rate
-                if due > now:
-                    await asyncio.sleep(due - now)
+                started = now if started is None else started
+                if (wait := pace.wait(now)) > 0:  # at options.rate, no burst after a stall
+                    await asyncio.sleep(wait)
                 await window.acquire()
                 if failures or came_back():  # one may have come back while this move waited its turn
                     window.release()

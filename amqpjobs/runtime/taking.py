@@ -20,6 +20,7 @@ from amqpjobs.errors import AmqpJobsError, BrokerError, PublishError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.holding_moves import DONE, MoveOptions
+from amqpjobs.jobs.pacing import Pace
 from amqpjobs.jobs.replay_plan import in_flight_note
 from amqpjobs.printable import printable
 from amqpjobs.runtime.quarantine import INTERRUPTED, mover_lock, resolve_quarantine_queue
@@ -110,7 +111,7 @@ async def take(
             held.append(await locks.enter_async_context(mover_lock(connection, settings, name, action)))
         _, depth = await resolve_quarantine_queue(connection, queue)  # as the previous mover left it
         census.queue, census.depth = queue, depth
-        started, tried = time.monotonic(), 0
+        pace, tried = Pace(options.rate), 0
         # on a connection of its own: a message no 0-9-1 client receives is mended there, the locks stay
         browsed = PastUndeliverable(settings, queue, depth)
         try:
@@ -122,7 +123,7 @@ async def take(
                 if not census.matches(item, options.selection):
                     report.kept += 1
                     continue
-                if not options.dry_run and (wait := options.due(started, tried) - time.monotonic()) > 0:
+                if not options.dry_run and (wait := pace.wait(time.monotonic())) > 0:
                     await asyncio.sleep(wait)
                 tried += 1
                 try:

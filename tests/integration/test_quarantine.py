@@ -90,7 +90,7 @@ async def test_replay_killed_halfway_loses_nothing(broker: BrokerSettings, tmp_p
     exe = Path(sys.executable).with_name("amqpjobs")
     proc = await asyncio.to_thread(
         subprocess.Popen,
-        [str(exe), "replay", "work.quarantine", "--rate", "400"],
+        [str(exe), "replay", "work.quarantine", "--rate", "200"],  # 10 s: the kill at 600 lands halfway
         env=cli_env(broker), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 30
@@ -109,7 +109,7 @@ async def test_replay_killed_halfway_loses_nothing(broker: BrokerSettings, tmp_p
     in_work = await depth(broker, "work")
     assert 600 <= in_work < 2000
     # nothing lost; at most the moves in flight (copy confirmed, original not yet acked) duplicated
-    assert 2000 <= in_quarantine + in_work <= 2000 + replay_window(400)
+    assert 2000 <= in_quarantine + in_work <= 2000 + replay_window(200)
     # ... and the ids add up exactly
     _, rest = await browse(broker, "work.quarantine")
     ids = {m.delivery.message_id for m in rest}
@@ -354,3 +354,43 @@ async def test_a_replay_never_moves_its_own_returning_failures(broker: BrokerSet
     assert len(runs) == 9
     _, items = await browse(broker, "work.quarantine")
     assert sorted(m.item.replay_count for m in items) == [0] + [1] * 9
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("command", "target", "rate"),
+    [
+        (["replay", "work.quarantine"], "work", 200),
+        (["quarantine", "park", "work.quarantine", "--yes"], "work.parked", 50),  # one move at a time: ~150/s here
+    ],
+    ids=["replay", "park"],
+)
+async def test_a_paced_move_stopped_for_3s_does_not_catch_up_in_a_burst(
+    broker: BrokerSettings, tmp_path: Path, command: list[str], target: str, rate: int
+):
+    """``--rate`` bounds every stretch of the run: time lost to a stall (here SIGSTOP) is not made up."""
+    await make_app(broker, tmp_path)
+    await fill_quarantine(broker, 3000)
+    exe = Path(sys.executable).with_name("amqpjobs")
+    proc = await asyncio.to_thread(
+        subprocess.Popen, [str(exe), *command, "--rate", str(rate)],
+        env=cli_env(broker), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await wait_until_async(lambda: depth_at_least(broker, target, rate // 2), 30, f"some moved to {target}")
+        proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(3)  # 3 s worth of moves lost
+        before = await depth(broker, target)  # stopped: nothing moves while this is read
+        resumed = time.monotonic()
+        proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(1)
+        after = await depth(broker, target)
+        elapsed = time.monotonic() - resumed
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        await asyncio.to_thread(proc.wait, 10)
+    # at most `rate` a second over the stretch after the stall, plus a 0.1 s burst and what was in flight
+    # (replay_window); made up, the 3 s owed would go at once (as fast as the confirms come)
+    assert 0 < after - before <= rate * (elapsed + 0.1) + replay_window(rate), (before, after, elapsed)
