@@ -9,7 +9,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 
 import aio_pika
 import sync_publish
@@ -133,7 +133,6 @@ class LoadScenarios(Harness):
         single = one_at_a_time(n)
         self.header(f"3. Publish rate with publisher confirms ({single:,} one by one, {n:,} batched 500 at a time)")
         settings = await self.vhost("publish")
-        procs = {key: await self.publisher(key, settings) for key in ("amqpjobs", "raw")}
         cases = [
             ("aj1", "amqpjobs `enqueue`, one by one", "amqpjobs", "one", single),
             ("raw1", "raw aio-pika publish, one by one", "raw", "one", single),
@@ -142,23 +141,22 @@ class LoadScenarios(Harness):
         ]
         rates = {key: Stat() for key, *_ in cases}
         cpus = {key: Stat() for key, *_ in cases}
-        try:
-            for rep in range(reps):
-                for key, _, who, mode, k in cases:
+        for rep in range(reps):
+            # fresh processes each repetition: where the scheduler puts a process beside the broker's
+            # threads on 2 cores held for a whole run (run P: every aj1 slower, run O: every raw1);
+            # who goes first alternates
+            order = cases if rep % 2 == 0 else [cases[1], cases[0], cases[3], cases[2]]
+            procs = {who: await self.publisher(who, settings) for who in dict.fromkeys(c[2] for c in order)}
+            try:
+                for key, _, who, mode, k in order:
                     await self.purge(settings)
                     got = await self.ask(procs[who], f"{mode} {k}")
                     rates[key].add(got["rate"])
                     cpus[key].add(got["cpu_us"])
                     print(f"  rep {rep + 1}/{reps} {key:<5} {got['rate']:8.0f} msg/s", flush=True)
-            await self.purge(settings)
-        finally:
-            for proc in procs.values():
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 15)
-                if proc.returncode is None:
-                    proc.kill()
+            finally:
+                await self.close_publishers(procs.values())
+        await self.purge(settings)
         self.report.table(
             ["publisher (a process of its own)", "msg/s median (min–max)", "client CPU µs/msg"],
             [[label, rates[key].fmt(), cpus[key].fmt()] for key, label, *_ in cases],
@@ -170,7 +168,9 @@ class LoadScenarios(Harness):
         self.report.add(
             f"enqueue / raw aio-pika: one by one {one_by_one}; batched {batched}. Each publisher runs in a process "
             "of its own (bench/publishers.py): amqpjobs replaces aiormq's frame reader for every connection of "
-            "its process, so a raw aio-pika publisher beside it would read its confirms with amqpjobs' code.",
+            "its process, so a raw aio-pika publisher beside it would read its confirms with amqpjobs' code. Both "
+            "processes are started afresh each repetition and who goes first alternates: a process's place beside "
+            "the broker's threads on these 2 cores otherwise holds for the whole run.",
             "",
         )
         self.results.update({f"pub.{k}": v for k, v in rates.items()})
@@ -190,6 +190,17 @@ class LoadScenarios(Harness):
         if line.strip() != b"ready":
             raise RuntimeError(f"publisher {who} did not start (exit {await proc.wait()}): {line!r}")
         return proc
+
+    @staticmethod
+    async def close_publishers(procs: Iterable[asyncio.subprocess.Process]) -> None:
+        """End section-3 publisher processes: stdin closed, then killed if still running after 15 s."""
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 15)
+            if proc.returncode is None:
+                proc.kill()
 
     @staticmethod
     async def ask(proc: asyncio.subprocess.Process, command: str) -> dict[str, float]:
