@@ -20,6 +20,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pytest
 
 from amqpjobs import App
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli_subprocess, consume_subprocess, depth, drain, write_file
@@ -27,6 +28,7 @@ from tests.integration.test_channel_limits import _close_named
 from tests.integration.test_worker_process import publisher, read_record
 from tests.integration.test_worker_processes import get, metrics_port
 from tests.integration.worker_env import APPLIED_TOPOLOGY
+from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -245,3 +247,30 @@ async def test_a_refusal_met_at_run_time_and_at_the_immediate_reconnect_is_one_r
     await app.close()
     out = log.read_text()
     assert code == 0, out[-3000:]
+
+
+async def test_a_childs_start_a_users_max_channels_refuses_at_a_rate_limits_step_is_a_broker_error_with_its_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A rate-limited job's queues are declared on channels of their own: a limit of 4 refuses one there. A child
+    says it as one process does (``broker error: ...; fix: ...``, exit 3), never a client library's traceback."""
+    topo, log = tmp_path / "topology.toml", tmp_path / "worker.log"
+    write_file(topo, work_topology())
+    await apply_topology(topo, broker)
+    with limited_user(broker) as url:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("PUT", f"/user-limits/{urlsplit(url).username}/max-channels", {"value": 4})
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+               "RATEAPP_TOPOLOGY": str(topo), "RATEAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+        with consume_subprocess("tests.integration.rateapp:app", env, ("--processes", "2"), log) as proc:
+            code = await asyncio.to_thread(proc.wait, 90)
+    out = log.read_text()
+    last = out.strip().splitlines()[-1]
+    # before: each child's exit printed aiormq's traceback ('aiormq.exceptions.ConnectionNotAllowed: NOT_ALLOWED
+    # ...'), exit 2: "error: worker child 2 exited before it was ready 5 times within 60s; every child was stopped.
+    # Its error: no error message (see its log lines above)"
+    assert "Traceback" not in out, out[-3000:]
+    assert code == 3, out[-3000:]
+    assert last.startswith("broker error: worker child "), last
+    assert "has reached the maximum allowed user limit of (4)" in last, last
+    assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, last
