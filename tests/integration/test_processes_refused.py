@@ -274,3 +274,41 @@ async def test_a_childs_start_a_users_max_channels_refuses_at_a_rate_limits_step
     assert last.startswith("broker error: worker child "), last
     assert "has reached the maximum allowed user limit of (4)" in last, last
     assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, last
+
+
+async def test_children_a_users_max_connections_refuses_at_run_time_name_the_limit_and_its_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A user's ``max-connections`` set while two children consume, their connections then lost: every reconnect
+    is refused ``connection.open`` (530). The children go on trying (a limit may be lifted, or others' connections
+    go), and say which limit refuses them and how to raise it, asked of the management API as at a start."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = str(urlsplit(url).username)
+        with ManagementClient(broker) as mgmt:  # a monitoring user may read its limits (README "Workers")
+            mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": "monitoring"})
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        args = ("--processes", "2", "--grace", "5s")
+        with consume_subprocess("tests.integration.procapp:app", env, args, log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            await _until_logged(log, proc, "child 2 ready", deadline, 0.2)
+            await _until_logged(log, proc, "child 1 ready", deadline, 0.2)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": 2})
+            while await asyncio.to_thread(_close_users, broker, user) < 3:
+                await asyncio.sleep(0.3)
+            # before: only "could not reach ... (the broker refused connection.open (530 NOT_ALLOWED: the vhost is
+            # gone, the user has no access to it, or a max-connections limit is reached, ...))" every 5 s, no fix
+            await _until_logged(log, proc, "allows at most 2 connection(s) (max-connections): raise it", deadline, 0.3)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
+            code = await _runs_again(app, record, log, proc, deadline + 40)
+    await app.close()
+    out = log.read_text()
+    said = [line for line in out.splitlines() if "allows at most 2 connection(s)" in line]
+    assert f"rabbitmqctl set_user_limits {user} " in said[0], said[0]
+    assert ":lim@" not in out, "a password in the log"
+    assert code == 0, out[-3000:]
