@@ -5,12 +5,31 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar
 
 import click
 
 from amqpjobs._version import __version__
 from amqpjobs.cli._common import EXIT_INTERRUPTED
 from amqpjobs.runtime import held_signals
+
+
+class PointingGroup(click.Group):
+    """A group that, for a command typed under it that lives elsewhere (:attr:`elsewhere`), names where it lives."""
+
+    #: Command name -> the command it is (``amqpjobs quarantine replay Q`` is ``amqpjobs replay Q``).
+    elsewhere: ClassVar[Mapping[str, str]] = MappingProxyType({"replay": "amqpjobs replay"})
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, but an unknown name of :attr:`elsewhere` is a usage error naming the command to type."""
+        if args and args[0] not in self.commands and args[0] in self.elsewhere:
+            typed = " ".join([self.elsewhere[args[0]], *args[1:]])
+            raise click.UsageError(f"{args[0]} is a command of its own, not of {self.name}: {typed}", ctx)
+        return super().resolve_command(ctx, args)
 
 
 @click.group()

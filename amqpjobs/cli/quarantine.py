@@ -32,7 +32,7 @@ from amqpjobs.cli._payloads import (
     each_with_payload,
     payload_store_option,
 )
-from amqpjobs.cli._root import main
+from amqpjobs.cli._root import PointingGroup, main
 from amqpjobs.cli._running import run_command
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter, replay_rate
@@ -55,7 +55,7 @@ from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.settings import BrokerSettings
 
 
-@main.group()
+@main.group(cls=PointingGroup)
 def quarantine() -> None:
     """Inspect, export, park, unpark and purge quarantine queues (and parked ones).
 

@@ -41,6 +41,8 @@ from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.wire.channel_room import with_limit_fix
+from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.urls import redact_text
 
@@ -185,6 +187,8 @@ async def run_child(spec: ChildSpec) -> int:
             )  # fmt: skip
     except AmqpJobsError as exc:
         return _failed(exc)
+    except LIBRARY_ERRORS as exc:  # a client library's error no wire call translated: the broker's, as one process says
+        return _failed(translate(exc) or BrokerError(str(exc) or type(exc).__name__))
     finally:
         reporter[0].cancel()
         if server is not None:
@@ -193,9 +197,12 @@ async def run_child(spec: ChildSpec) -> int:
 
 
 def _failed(exc: AmqpJobsError) -> int:
-    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1."""
+    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1.
+
+    A broker error that quotes a channel refused at a channel limit gets its fix, as one process's line does.
+    """
     kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
-    message = redact_text(str(exc))
+    message = redact_text(with_limit_fix(str(exc)) if isinstance(exc, BrokerError) else str(exc))
     log.error("%s", message)
     status(error=message, kind=kind, final=exc.final)
     return 1

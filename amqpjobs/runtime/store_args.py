@@ -38,7 +38,12 @@ def store_argument(argument: str, value: T) -> T:
     got = (
         f"the class {value.__name__} itself: create one, {value.__name__}(...)"
         if isinstance(value, type)
-        else f"a {type(value).__name__}"
+        else _a(type(value).__name__)
     )
-    kind = "results store" if argument == "results" else "idempotency ledger"
-    raise ConfigurationError(f"App({argument}=...) must be a {kind} (got {got}): give {give}, from amqpjobs")
+    kind = "a results store" if argument == "results" else "an idempotency ledger"
+    raise ConfigurationError(f"App({argument}=...) must be {kind} (got {got}): give {give}, from amqpjobs")
+
+
+def _a(word: str) -> str:
+    """``word`` after its article: ``an int``, ``a str``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

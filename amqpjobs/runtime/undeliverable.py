@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, BusyError
+from amqpjobs.jobs.envelope import ENQUEUED_AT
 from amqpjobs.jobs.evidence import REASON, Failure, evidence_headers
 from amqpjobs.jobs.timestamps import iso_utc, parse_time
 from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, overflows, sanitize
@@ -73,6 +74,21 @@ def _seconds(stamp: Any) -> float | None:
     return None if when is None else when.timestamp()
 
 
+def _first_time(headers: dict[str, Any], seconds: float | None) -> tuple[dict[str, Any], float | None]:
+    """``headers`` with ``amqpjobs-enqueued-at`` written from ``seconds`` when missing, as every copy's; the timestamp.
+
+    The ``timestamp`` property is kept only when it reads back as the same second by the one rule: seconds past
+    ``2**32 - 1`` (after 2106: a ``time.time_ns()`` of 2262) are read as milliseconds (1970), so such a copy
+    carries its time in the header alone (README "Wire format").
+    """
+    if seconds is None:
+        return headers, None
+    if parse_time(headers.get(ENQUEUED_AT)) is None:
+        headers = {**headers, ENQUEUED_AT: iso_utc(seconds)}
+    again = parse_time(int(seconds))
+    return headers, seconds if again is not None and int(again.timestamp()) == int(seconds) else None
+
+
 def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str) -> OutgoingMessage:
     """The copy to publish; one quarantined already (our evidence, in a quarantine or parked queue) keeps its own."""
     now = iso_utc()
@@ -94,11 +110,12 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
         return value if isinstance(value, str) else None
 
     priority = props.get("priority")
+    headers = copy.headers if REASON in copy.headers else {**copy.headers, **evidence_headers(failure)}
+    headers, timestamp = _first_time(headers, _seconds(stamp))
     return OutgoingMessage(
-        body=head.body,
-        headers=copy.headers if REASON in copy.headers else {**copy.headers, **evidence_headers(failure)},
+        body=head.body, headers=headers,
         content_type=text("content_type"), content_encoding=text("content_encoding"), message_id=copy.job_id,
-        type=text("type"), timestamp=_seconds(stamp),
+        type=text("type"), timestamp=timestamp,
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
         correlation_id=text("correlation_id"), reply_to=text("reply_to"), app_id=text("app_id"),
     )  # fmt: skip

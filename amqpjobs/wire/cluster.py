@@ -11,10 +11,12 @@ nodes and try another when one is unreachable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,10 @@ from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
+
+
+#: Seconds between two lines of one connection saying why the broker refuses its reconnects (it tries every 5 s).
+REFUSAL_SAID_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,10 @@ class ClusterConnection(RobustConnection):
         self.hard_error_callbacks: list[Callable[[BaseException], None]] = []
         #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
         self.internal_error_words: str | None = None
+        #: Which limit or permission refused a reconnect's ``connection.open``, with its fix (:func:`explain_refusals`).
+        self.explain_refusal: Callable[[BaseException], Awaitable[str]] | None = None
+        self._explained_at = -REFUSAL_SAID_EVERY  # monotonic time of the last such line
+        self._explaining: asyncio.Task[None] | None = None
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -225,12 +235,41 @@ class ClusterConnection(RobustConnection):
         except Exception as exc:
             self.last_failure = exc
             self._move_on("could not reach", _cause(exc))
+            self._explain(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
             if not isinstance(exc, CONNECTION_EXCEPTIONS) and not first.done():
                 # aio-pika hands only its connection errors to a waiting connect(); anything else
                 # (UnicodeError from getaddrinfo, TypeError from ssl) it would retry without end
                 first.set_exception(exc)
             raise
+
+    def _explain(self, exc: BaseException) -> None:
+        """Say (at most every :data:`REFUSAL_SAID_EVERY` s) what refuses a reconnect's connection.open, and the fix."""
+        now = time.monotonic()
+        explain = self.explain_refusal
+        if explain is None or not self._was_connected or not open_refused(exc):
+            return
+        if now - self._explained_at < REFUSAL_SAID_EVERY or (self._explaining and not self._explaining.done()):
+            return
+        self._explained_at = now
+
+        async def said() -> None:
+            with contextlib.suppress(Exception):
+                log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
+                            "every %gs)", self.name, redact_text(await explain(exc)), REFUSAL_SAID_EVERY)  # fmt: skip
+
+        self._explaining = asyncio.get_running_loop().create_task(said())
+
+
+def explain_refusals(connection: object, explain: Callable[[BaseException], Awaitable[str]]) -> None:
+    """Have ``connection`` say, when the broker refuses a reconnect's ``connection.open`` (530), why and the fix.
+
+    ``explain`` words the refusal (:func:`~amqpjobs.wire.open_refusal.refused_words`: the management API is asked
+    which of the vhost, the permissions or a ``max-connections`` limit holds). A connection not made by
+    :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.explain_refusal = explain
 
 
 def _hard_error(exc: BaseException | None) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import socket
 import time
@@ -30,7 +31,7 @@ from yarl import URL
 from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError
 from amqpjobs.text import as_text
 from amqpjobs.wire.alarms import install_blocked_tracking
-from amqpjobs.wire.cluster import ClusterConnection, Node, node, process_order
+from amqpjobs.wire.cluster import ClusterConnection, Node, explain_refusals, node, process_order
 from amqpjobs.wire.copies import keep_received_properties
 from amqpjobs.wire.errors import LIBRARY_ERRORS, open_refused, refused_connect_reason
 from amqpjobs.wire.frame_reading import install_fast_frame_reading
@@ -288,7 +289,9 @@ async def connect(
                     rotation.tried = nodes[rotation.at]
                     left = started + wait - time.monotonic()
                     try:
-                        return await _try_node(nodes, rotation.at, name, attempt_timeout(left))
+                        made = await _try_node(nodes, rotation.at, name, attempt_timeout(left))
+                        explain_refusals(made, functools.partial(refused_words, settings=settings))
+                        return made
                     except NodeRefused as exc:
                         rotation.refuse(str(exc))
                         if not rotation.left:

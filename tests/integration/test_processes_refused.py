@@ -20,6 +20,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pytest
 
 from amqpjobs import App
+from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli_subprocess, consume_subprocess, depth, drain, write_file
@@ -27,6 +28,7 @@ from tests.integration.test_channel_limits import _close_named
 from tests.integration.test_worker_process import publisher, read_record
 from tests.integration.test_worker_processes import get, metrics_port
 from tests.integration.worker_env import APPLIED_TOPOLOGY
+from tests.topologies import work_topology
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -244,4 +246,69 @@ async def test_a_refusal_met_at_run_time_and_at_the_immediate_reconnect_is_one_r
             code = await _runs_again(app, record, log, proc, deadline + 30)
     await app.close()
     out = log.read_text()
+    assert code == 0, out[-3000:]
+
+
+async def test_a_childs_start_a_users_max_channels_refuses_at_a_rate_limits_step_is_a_broker_error_with_its_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A rate-limited job's queues are declared on channels of their own: a limit of 4 refuses one there. A child
+    says it as one process does (``broker error: ...; fix: ...``, exit 3), never a client library's traceback."""
+    topo, log = tmp_path / "topology.toml", tmp_path / "worker.log"
+    write_file(topo, work_topology())
+    await apply_topology(topo, broker)
+    with limited_user(broker) as url:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("PUT", f"/user-limits/{urlsplit(url).username}/max-channels", {"value": 4})
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
+               "RATEAPP_TOPOLOGY": str(topo), "RATEAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+        with consume_subprocess("tests.integration.rateapp:app", env, ("--processes", "2"), log) as proc:
+            code = await asyncio.to_thread(proc.wait, 90)
+    out = log.read_text()
+    last = out.strip().splitlines()[-1]
+    # before: each child's exit printed aiormq's traceback ('aiormq.exceptions.ConnectionNotAllowed: NOT_ALLOWED
+    # ...'), exit 2: "error: worker child 2 exited before it was ready 5 times within 60s; every child was stopped.
+    # Its error: no error message (see its log lines above)"
+    assert "Traceback" not in out, out[-3000:]
+    assert code == 3, out[-3000:]
+    assert last.startswith("broker error: worker child "), last
+    assert "has reached the maximum allowed user limit of (4)" in last, last
+    assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, last
+
+
+async def test_children_a_users_max_connections_refuses_at_run_time_name_the_limit_and_its_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """A user's ``max-connections`` set while two children consume, their connections then lost: every reconnect
+    is refused ``connection.open`` (530). The children go on trying (a limit may be lifted, or others' connections
+    go), and say which limit refuses them and how to raise it, asked of the management API as at a start."""
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = str(urlsplit(url).username)
+        with ManagementClient(broker) as mgmt:  # a monitoring user may read its limits (README "Workers")
+            mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": "monitoring"})
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        args = ("--processes", "2", "--grace", "5s")
+        with consume_subprocess("tests.integration.procapp:app", env, args, log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            await _until_logged(log, proc, "child 2 ready", deadline, 0.2)
+            await _until_logged(log, proc, "child 1 ready", deadline, 0.2)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": 2})
+            while await asyncio.to_thread(_close_users, broker, user) < 3:
+                await asyncio.sleep(0.3)
+            # before: only "could not reach ... (the broker refused connection.open (530 NOT_ALLOWED: the vhost is
+            # gone, the user has no access to it, or a max-connections limit is reached, ...))" every 5 s, no fix
+            await _until_logged(log, proc, "allows at most 2 connection(s) (max-connections): raise it", deadline, 0.3)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
+            code = await _runs_again(app, record, log, proc, deadline + 40)
+    await app.close()
+    out = log.read_text()
+    said = [line for line in out.splitlines() if "allows at most 2 connection(s)" in line]
+    assert f"rabbitmqctl set_user_limits {user} " in said[0], said[0]
+    assert ":lim@" not in out, "a password in the log"
     assert code == 0, out[-3000:]

@@ -24,6 +24,7 @@ from urllib.parse import quote
 import pytest
 
 from amqpjobs.jobs.registry import JobContext
+from amqpjobs.jobs.timestamps import iso_utc, parse_time
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth
@@ -395,3 +396,41 @@ async def test_a_timestamp_in_milliseconds_is_read_once_by_the_rescue(broker: Br
     await app.close()
     (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
     assert copy["properties"]["timestamp"] == 1_764_493_200  # whole seconds: what an AMQP timestamp holds
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize(
+    ("raw", "first"),
+    [
+        (1_764_493_200, "2025-11-30T09:00:00.000Z"),  # seconds
+        (1_764_493_200_123, "2025-11-30T09:00:00.123Z"),  # Date.now(): ms
+        (2**63 - 1, "2262-04-11T23:47:16.854Z"),  # time.time_ns() of 2262: past 2106 in seconds
+    ],
+)
+async def test_the_rescued_copy_keeps_the_first_enqueue_time_as_every_copy_does(
+    broker: BrokerSettings, tmp_path: Path, raw: int, first: str
+):
+    """The copy carries ``amqpjobs-enqueued-at`` (README "Wire format": every copy carries it), and a ``timestamp``
+    only when it reads back as the same time: seconds past ``2**32 - 1`` are read as milliseconds by the one rule.
+
+    Before, the copy had no ``amqpjobs-enqueued-at``, and for ``2**63 - 1`` (ns) it carried ``timestamp`` 9223372036,
+    which every reader (``quarantine show --json``, a replayed job's ``ctx.enqueued_at``) took for 1970-04-17."""
+    app = await make_app(broker, tmp_path)
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    await asyncio.to_thread(_publish_over_http, broker, {**KINDS["correlation-id"], "timestamp": raw})
+    async with running_worker(app, broker):
+        for _ in range(200):
+            if await depth(broker, "work.quarantine") == 1:
+                break
+            await asyncio.sleep(0.1)
+    await app.close()
+    (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
+    props = copy["properties"]
+    assert props["headers"].get("amqpjobs-enqueued-at") == first, props
+    stamp = props.get("timestamp")
+    read = parse_time(stamp) if stamp is not None else None
+    assert read is None or iso_utc(read.timestamp())[:19] == first[:19], (stamp, read, first)

@@ -17,7 +17,8 @@ TOPOLOGY = Path(__file__).resolve().parents[2] / "topology"
     ("argument", "value", "got"),
     [
         ("results", "/var/lib/shop/results.db", "a str"),
-        ("results", 123, "a int"),
+        ("results", 123, "an int"),  # before: "a int"
+        ("ledger", object(), "an object"),
         ("results", SqliteResults, "the class SqliteResults itself: create one, SqliteResults(...)"),
         ("ledger", "/var/lib/shop/ledger.db", "a str"),
         ("ledger", SqliteLedger, "the class SqliteLedger itself: create one, SqliteLedger(...)"),
@@ -32,7 +33,8 @@ def test_a_path_or_a_class_where_a_store_goes_is_refused_naming_what_to_give(
     with pytest.raises(ConfigurationError) as caught:
         App("storeargs", topology=TOPOLOGY, **{argument: value})  # type: ignore[arg-type]
     message = str(caught.value)
-    assert message.startswith(f"App({argument}=...) must be a ")
+    kind = "a results store" if argument == "results" else "an idempotency ledger"  # before: "a idempotency ledger"
+    assert message.startswith(f"App({argument}=...) must be {kind} (")
     assert f"(got {got})" in message
     example = "SqliteResults('/var/lib/shop/results.db')" if argument == "results" else "SqliteLedger("
     assert example in message
