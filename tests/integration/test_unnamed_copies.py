@@ -1,0 +1,263 @@
+"""Every copy of an idempotent job published without ``message_id`` keeps the idempotency key of the message.
+
+README "Idempotency": without ``message_id`` an idempotent job with no ``key`` function is keyed by
+``sha256:`` of its headers and body, so two identical messages are one job. A copy (a hand-back, a
+retry tier, quarantine and replay, park and unpark, an undeliverable message's rescue) is a new
+message, with headers of its own: each test publishes one message raw (no message_id: as a foreign
+publisher, through the management API), lets it take one path, then publishes the identical message
+again and counts the handler's successful runs: exactly 1, the second one a ``duplicate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs import App, JobContext, Reject
+from amqpjobs.jobs.outcome import Outcome
+from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.ledger import SqliteLedger
+from amqpjobs.runtime.parking import park, unpark
+from amqpjobs.runtime.replay import replay
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import depth, wait_until_async
+from tests.integration.worker_env import Recorder, running_worker
+from tests.topologies import work_topology
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the worker's keys, not the broker's rules
+
+BODY = b'{"n": 1}'
+
+
+def _publish(broker: BrokerSettings, **props: Any) -> None:
+    doc = {"properties": {"type": "charge", "content_type": "application/json", **props}, "routing_key": "work",
+           "payload": base64.b64encode(BODY).decode(), "payload_encoding": "base64"}  # fmt: skip
+    with ManagementClient(broker) as mgmt:
+        assert mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc) == {
+            "routed": True
+        }
+
+
+async def _app(broker: BrokerSettings, tmp_path: Path, fails: int = 0, reject: bool = False, **job: Any) -> tuple[
+    App, list[str]
+]:  # fmt: skip
+    """App with idempotent job ``charge`` on ``work`` (hashed key): the job ids of its successful runs.
+
+    Its first ``fails`` calls raise (``reject``: :class:`Reject`, to quarantine; else an error, to a retry tier).
+    """
+    path = tmp_path / "topology.toml"
+    if not path.exists():
+        path.write_text(work_topology())
+        await apply_topology(path, broker)
+    app = App("unnamed", topology=path, url=broker.url, ledger=SqliteLedger(str(tmp_path / "ledger.db")))
+    ran: list[str] = []
+    calls = [0]
+
+    @app.job("charge", queue="work", idempotent=True, **job)
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> None:
+        calls[0] += 1
+        if calls[0] <= fails:
+            raise Reject("not now") if reject else RuntimeError("not yet")
+        ran.append(ctx.job_id)
+
+    return app, ran
+
+
+def _ended(count: int) -> Callable[[list[Outcome]], bool]:
+    """Whether ``count`` messages ended (succeeded or duplicate) among the outcomes."""
+    return lambda outs: sum(o.kind in ("succeeded", "duplicate") for o in outs) >= count
+
+
+async def _twice(broker: BrokerSettings, app: App, recorder: Recorder, before: int = 0) -> None:
+    """Publish the message again, wait for its outcome (after ``before`` outcomes of those two kinds)."""
+    _publish(broker)
+    await recorder.wait_for(lambda outs: sum(o.kind in ("succeeded", "duplicate") for o in outs) >= before + 1, 30)
+
+
+async def _empty(broker: BrokerSettings) -> None:
+    for queue in ("work", "work.quarantine", "work.parked", "work.suspects", "work.retry.1s"):
+        assert await depth(broker, queue) == 0, queue
+
+
+async def _quarantined(broker: BrokerSettings) -> bool:
+    return await depth(broker, "work.quarantine") == 1
+
+
+def _kinds(recorder: Recorder) -> list[str]:
+    return [o.kind for o in recorder.outcomes]
+
+
+@pytest.mark.timeout(90)
+async def test_a_retry_tier_copy_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
+    app, ran = await _app(broker, tmp_path, fails=1)
+    _publish(broker)
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    assert _kinds(recorder) == ["retried", "succeeded", "duplicate"]
+    assert len(ran) == 1, ran
+    assert ran[0].startswith("sha256:"), ran
+    await _empty(broker)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("parked", [False, True], ids=["replayed", "parked-unparked-replayed"])
+async def test_a_quarantined_copy_replayed_keeps_the_key(broker: BrokerSettings, tmp_path: Path, parked: bool) -> None:
+    app, ran = await _app(broker, tmp_path, fails=1, reject=True)
+    _publish(broker)
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == "quarantined" for o in outs), 30)
+            if parked:
+                assert (await park(broker, "work.quarantine")).taken == 1
+                assert (await unpark(broker, "work.parked")).taken == 1
+            assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    assert _kinds(recorder) == ["quarantined", "succeeded", "duplicate"]
+    assert len(ran) == 1, ran
+    await _empty(broker)
+
+
+@pytest.mark.timeout(90)
+async def test_a_copy_quarantined_by_a_worker_without_the_job_keeps_the_key(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """The job lookup missed (another app's worker on the queue): its copy, replayed to one with the job."""
+    path = tmp_path / "topology.toml"
+    path.write_text(work_topology())
+    await apply_topology(path, broker)
+    other = App("other", topology=path, url=broker.url)
+    other.job("other", queue="work")(lambda p, c: None)
+    _publish(broker)
+    try:
+        async with running_worker(other, broker) as (_, missed):
+            await missed.wait_for(lambda outs: any(o.kind == "quarantined" for o in outs), 30)
+    finally:
+        await other.close()
+    app, ran = await _app(broker, tmp_path)
+    try:
+        assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
+    assert len(ran) == 1, ran
+    await _empty(broker)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("keyed", [False, True], ids=["hashed", "key-function"])
+async def test_an_undeliverable_copy_keeps_the_key(broker: BrokerSettings, tmp_path: Path, keyed: bool) -> None:
+    """A correlation_id over 255 bytes (README "Wire format"): rescued to quarantine, then replayed.
+
+    Hashed: its key is the rescue's ``undeliverable-<fingerprint>``, the same for the identical message.
+    With a key function, the function's: the same payload published deliverable is its duplicate.
+    """
+    with ManagementClient(broker) as mgmt:
+        if mgmt.broker_version() >= (4,):
+            pytest.skip("RabbitMQ 4.x refuses the HTTP publish of such a message (506, measured on 4.3.6)")
+    app, ran = await _app(broker, tmp_path, key=(lambda p: f"charge-{p['n']}") if keyed else None)
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            for turn in (1, 2):
+                if keyed and turn == 2:
+                    _publish(broker)
+                else:
+                    _publish(broker, correlation_id="c" * 300)
+                    await wait_until_async(lambda: _quarantined(broker), 30, "the rescue to quarantine")
+                    assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+                await recorder.wait_for(_ended(turn), 30)
+    finally:
+        await app.close()
+    assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
+    assert len(ran) == 1, ran
+    assert ran[0] == "charge-1" if keyed else ran[0].startswith("undeliverable-"), ran
+    await _empty(broker)
+
+
+@pytest.mark.timeout(60)
+async def test_a_publishers_own_generated_ids_are_its_job_ids(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A message_id of the publisher's that starts with generated- is its job id, even with a key function.
+
+    Before, ``keyed_again`` took any ``generated-`` id for a worker's copy: two jobs the publisher named
+    apart (generated-order-1, -2) but with one payload were keyed by the function as one, the second
+    acked as a duplicate and never run. A copy of ours carries ``amqpjobs-payload-key``, and one made
+    before that header a ``generated-<uuid4>`` id (still keyed by the function: the last case).
+    """
+    app, ran = await _app(broker, tmp_path, key=lambda p: f"charge-{p['n']}")
+    _publish(broker, message_id="generated-order-1")
+    _publish(broker, message_id="generated-order-2")
+    _publish(broker, message_id="generated-3fc2a1b0-8f0e-4c1d-9a2b-5e6f7a8b9c0d")  # an old copy: charge-1
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: sum(o.kind in ("succeeded", "duplicate") for o in outs) >= 3, 30)
+    finally:
+        await app.close()
+    assert ran == ["generated-order-1", "generated-order-2", "charge-1"], (ran, _kinds(recorder))
+    await _empty(broker)
+
+
+SHARDED = (
+    '[[exchange]]\nname = "jobs"\n\n[[job_queue]]\nname = "work"\nexchange = "jobs"\nshards = 2\nretry_tiers = ["1s"]\n'
+)
+
+
+@pytest.mark.timeout(90)
+async def test_a_look_ahead_delivery_handed_back_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A hand-back before the job lookup (deliveries.py): the look-ahead delivery of a sharded job queue.
+
+    After a short job the worker (concurrency 1) takes one delivery more; it waits 0.2 s for a running
+    slot while a slow job runs, then goes back to its shard unstarted as a copy. Before, that copy
+    carried a ``generated-<uuid>`` id and ran under it, and the identical message then ran again.
+    """
+    path = tmp_path / "topology.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app, ran = await _app(broker, tmp_path)
+    app.job("fast", queue="work")(lambda p, c: None)
+
+    @app.job("slow", queue="work")
+    async def slow(payload: dict[str, Any], ctx: JobContext) -> None:
+        await asyncio.sleep(1.5)
+
+    def publish(job: str, **props: Any) -> None:
+        doc = {"properties": {"type": job, "content_type": "application/json", **props}, "payload": '{"n": 1}',
+               "routing_key": "work.shard-0", "payload_encoding": "string"}  # fmt: skip
+        with ManagementClient(broker) as mgmt:
+            assert mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc) == {
+                "routed": True
+            }
+
+    for job, props in (("fast", {"message_id": "f"}), ("slow", {"message_id": "s"}), ("charge", {})):
+        publish(job, **props)
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.job == "charge" and o.kind == "succeeded" for o in outs), 30)
+            publish("charge")
+            await recorder.wait_for(
+                lambda outs: sum(o.job == "charge" and o.kind in ("succeeded", "duplicate") for o in outs) >= 2, 30
+            )
+    finally:
+        await app.close()
+    charges = [o.kind for o in recorder.outcomes if o.job == "charge"]
+    assert "handed_back" in charges, charges  # the path under test was taken
+    assert charges[-2:] == ["succeeded", "duplicate"], charges
+    assert len(ran) == 1, ran
+    for shard in ("work.shard-0", "work.shard-1", "work.quarantine"):
+        assert await depth(broker, shard) == 0, shard
