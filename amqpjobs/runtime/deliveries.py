@@ -141,8 +141,11 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         """Decide, carry out and settle one delivery; ``task``: the delivery's task, when the caller has it."""
         if not delivery.message_id:  # each copy of it carries its key as it came (README "Idempotency")
             delivery.headers = with_payload_key(delivery.headers, delivery.body)
-        if self._rates is not None and not (alone or hand_back or rated) and await self._rates.divert(layout, delivery):
-            return  # a rate-limited job's: moved to its waiting room (README "Flow control")
+        if self._rates is not None and not (alone or hand_back or rated):
+            went = await self._rates.divert(layout, delivery)
+            if went == "moved":
+                return  # a rate-limited job's: moved to its waiting room (README "Flow control")
+            hand_back = went == "back"  # no token came within the bound: back to its work queue, unstarted
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()

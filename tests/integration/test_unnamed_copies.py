@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.ledger import SqliteLedger
 from amqpjobs.runtime.parking import park, unpark
 from amqpjobs.runtime.replay import replay
+from amqpjobs.runtime.worker import Worker
+from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, wait_until_async
@@ -159,6 +162,56 @@ async def test_a_copy_quarantined_by_a_worker_without_the_job_keeps_the_key(
     assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
     assert len(ran) == 1, ran
     await _empty(broker)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("refused", [False, True], ids=["moved", "move-refused"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["hashed", "key-function"])
+async def test_a_rate_limited_delivery_without_message_id_waits_bounded_and_runs_once(
+    broker: BrokerSettings, tmp_path: Path, keyed: bool, refused: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its wait for a token is bounded as every other (half the consumer timeout: 2 s here), then handed back.
+
+    6/m: a token every 10 s. Before, such a delivery waited in its work queue's slot with no bound:
+    past the broker's consumer_timeout its channel was closed and all it held redelivered (measured
+    on 3.10.8, consumer_timeout 5 s: PRECONDITION_FAILED after 32 s, the job registered as a crash
+    start). Now it is moved into the waiting room like any other, its copy keyed as it came; where
+    the move fails (``refused``: a policy makes the waiting room refuse every publish), it waits
+    in its slot, as long at most, and goes back as a copy keyed the same.
+    """
+    if refused:
+        with ManagementClient(broker) as mgmt:
+            policy = {"pattern": r"^work\.rate-waiting\.", "apply-to": "queues",
+                      "definition": {"max-length": 0, "overflow": "reject-publish"}}  # fmt: skip
+            mgmt.request("PUT", f"/policies/{quote(broker.vhost, safe='')}/refuse", json=policy)
+    key = (lambda p: f"charge-{p['n']}") if keyed else None
+    app, ran = await _app(broker, tmp_path, rate_limit="6/m", key=key)
+    recorder = Recorder()
+    worker = Worker(app, broker, WorkerOptions(concurrency=1, grace=5, consumer_timeout=4), recorder)
+    _publish(broker)
+    _publish(broker)
+    await worker.start()
+    started = time.monotonic()
+    try:
+        await recorder.wait_for(
+            lambda outs: sum(o.kind in ("succeeded", "duplicate") for o in outs) >= 2
+            and any(o.kind == "handed_back" for o in outs), 80
+        )  # fmt: skip
+    finally:
+        await worker.shutdown()
+        await app.close()
+    kinds = _kinds(recorder)
+    assert sorted(set(kinds)) == ["duplicate", "handed_back", "succeeded"], kinds  # never a redelivery
+    assert kinds.count("succeeded") == 1, kinds
+    assert len(ran) == 1, ran
+    assert ran[0] == "charge-1" if keyed else ran[0].startswith("sha256:"), ran
+    waits = [o for o in recorder.outcomes if o.kind == "handed_back"]
+    assert waits, kinds
+    assert time.monotonic() - started >= 1.5
+    await _empty(broker)
+    assert await depth(broker, "work.rate-waiting.charge") == 0
+    failed = [r.getMessage() for r in caplog.records if "it waits for its token in its slot" in r.getMessage()]
+    assert bool(failed) is refused, failed  # the path under test was taken (or not)
 
 
 @pytest.mark.timeout(90)
