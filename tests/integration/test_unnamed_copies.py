@@ -31,7 +31,7 @@ from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import depth, wait_until_async
+from tests.integration.helpers import depth, raw_channel, wait_until_async
 from tests.integration.worker_env import Recorder, running_worker
 from tests.topologies import work_topology
 
@@ -314,3 +314,32 @@ async def test_a_look_ahead_delivery_handed_back_keeps_the_key(broker: BrokerSet
     assert len(ran) == 1, ran
     for shard in ("work.shard-0", "work.shard-1", "work.quarantine"):
         assert await depth(broker, shard) == 0, shard
+
+
+QUORUM = SHARDED.replace("shards = 2", 'type = "quorum"')
+
+
+@pytest.mark.timeout(60)
+async def test_a_quorum_redelivery_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
+    """A quorum queue adds ``x-delivery-count`` to a redelivery: the broker's header is no part of the key.
+
+    Before, the redelivery (taken and not acked, as by a killed worker) was keyed with that header,
+    registered and run under another ``sha256:`` than the identical message, which then ran again.
+    """
+    path = tmp_path / "topology.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app, ran = await _app(broker, tmp_path)
+    _publish(broker)
+    async with raw_channel(broker) as ch:  # back in the queue marked redelivered, x-delivery-count 1
+        queue = await ch.get_queue("work", ensure=False)
+        assert await queue.get(fail=False, no_ack=False) is not None
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    assert [k for k in _kinds(recorder) if k != "redelivered"] == ["succeeded", "duplicate"], _kinds(recorder)
+    assert len(ran) == 1, ran
+    await _empty(broker)
