@@ -343,3 +343,32 @@ async def test_a_quorum_redelivery_keeps_the_key(broker: BrokerSettings, tmp_pat
     assert [k for k in _kinds(recorder) if k != "redelivered"] == ["succeeded", "duplicate"], _kinds(recorder)
     assert len(ran) == 1, ran
     await _empty(broker)
+
+
+@pytest.mark.timeout(90)
+async def test_a_broker_dead_letter_replayed_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
+    """Dead-lettered by the broker (a quorum queue's delivery limit), the message has no header of ours.
+
+    Replay gives it a ``generated-<uuid>`` id; before, it ran under that id and the identical message
+    then ran again. The replayed copy carries the key of the message without the broker's headers.
+    """
+    path = tmp_path / "topology.toml"
+    path.write_text(QUORUM.replace('type = "quorum"', 'type = "quorum"\ndelivery_limit = 1'))
+    await apply_topology(path, broker)
+    app, ran = await _app(broker, tmp_path)
+    _publish(broker)
+    for _ in range(2):  # returned twice (as by killed workers): over the limit, dead-lettered into quarantine
+        async with raw_channel(broker) as ch:
+            queue = await ch.get_queue("work", ensure=False)
+            assert await queue.get(fail=False, no_ack=False) is not None
+    await wait_until_async(lambda: _quarantined(broker), 30, "the dead-letter into quarantine")
+    try:
+        assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
+    assert len(ran) == 1, ran
+    await _empty(broker)
