@@ -282,8 +282,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         # a stored payload (claim-check) is read only when the job is about to run: not for a wait on a pause or
         # an open breaker, where a read would be wasted each pass and a store failing it would use up an attempt
-        # (early still for an idempotent job without message_id: its job id is keyed from its payload)
-        early = envelope.PAYLOAD_REF not in delivery.headers or (not delivery.message_id and job.idempotent)
+        # (early still for an idempotent job keyed by its payload, also a copy of ours: its claim needs that key)
+        keyed = job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key)
+        early = envelope.PAYLOAD_REF not in delivery.headers or keyed
         loaded = await self._payload(layout, delivery, job, attempt, job_id) if early else None
         if isinstance(loaded, Outcome):
             return loaded

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import pytest
 
-from amqpjobs import App, JobContext, Reject
+from amqpjobs import App, FilePayloadStore, JobContext, Reject
 from amqpjobs.jobs.outcome import Outcome
 from amqpjobs.jobs.replay_plan import ReplayOptions
 from amqpjobs.runtime.deploy import apply_topology
@@ -272,17 +272,25 @@ SHARDED = (
 
 
 @pytest.mark.timeout(90)
-async def test_a_look_ahead_delivery_handed_back_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["hashed", "key-function", "key-function-stored"])
+async def test_a_look_ahead_delivery_handed_back_keeps_the_key(
+    broker: BrokerSettings, tmp_path: Path, how: str
+) -> None:
     """A hand-back before the job lookup (deliveries.py): the look-ahead delivery of a sharded job queue.
 
     After a short job the worker (concurrency 1) takes one delivery more; it waits 0.2 s for a running
     slot while a slow job runs, then goes back to its shard unstarted as a copy. Before, that copy
     carried a ``generated-<uuid>`` id and ran under it, and the identical message then ran again.
+    ``key-function-stored``: its payload in the app's store (claim-check), read only at the start.
     """
     path = tmp_path / "topology.toml"
     path.write_text(SHARDED)
     await apply_topology(path, broker)
-    app, ran = await _app(broker, tmp_path)
+    app, ran = await _app(broker, tmp_path, key=None if how == "hashed" else lambda p: f"charge-{p['n']}")
+    charge: dict[str, Any] = {}
+    if how == "key-function-stored":
+        app.payload_store = FilePayloadStore(tmp_path / "payloads")
+        charge = {"headers": {"amqpjobs-payload-ref": str(await app.payload_store.put(BODY))}}
     app.job("fast", queue="work")(lambda p, c: None)
 
     @app.job("slow", queue="work")
@@ -297,12 +305,12 @@ async def test_a_look_ahead_delivery_handed_back_keeps_the_key(broker: BrokerSet
                 "routed": True
             }
 
-    for job, props in (("fast", {"message_id": "f"}), ("slow", {"message_id": "s"}), ("charge", {})):
+    for job, props in (("fast", {"message_id": "f"}), ("slow", {"message_id": "s"}), ("charge", charge)):
         publish(job, **props)
     try:
         async with running_worker(app, broker) as (_, recorder):
             await recorder.wait_for(lambda outs: any(o.job == "charge" and o.kind == "succeeded" for o in outs), 30)
-            publish("charge")
+            publish("charge", **charge)
             await recorder.wait_for(
                 lambda outs: sum(o.job == "charge" and o.kind in ("succeeded", "duplicate") for o in outs) >= 2, 30
             )
