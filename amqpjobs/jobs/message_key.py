@@ -6,6 +6,10 @@ page). Its key is ``sha256:`` and 16 hex digits of its headers and body: the sam
 gets the same key each time it is browsed, and two messages differing in any header (an
 ``x-death`` time, say) or byte differ. Two identical messages share their key, so acting
 on one acts on both. A position in the queue would not do: it changes as messages come and go.
+
+Also the idempotency key of such a message (README "Idempotency"), the one rule: :func:`payload_key`
+(the broker's headers left out), carried by every copy of ours in :data:`PAYLOAD_KEY`, which tells
+an id a worker gave (:func:`ours`) from a publisher's, and :func:`keyed_again`.
 """
 
 from __future__ import annotations
