@@ -20,7 +20,7 @@ from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
 from amqpjobs.jobs.header_values import COUNT_MAX, no_text, read_count
 from amqpjobs.jobs.header_values import header_text as header_text  # re-exported
-from amqpjobs.jobs.message_key import message_key
+from amqpjobs.jobs.message_key import PAYLOAD_KEY, message_key, payload_key
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
@@ -103,7 +103,7 @@ class QuarantinedJob:
         fingerprint: Its stack fingerprint (:func:`~amqpjobs.jobs.fingerprint.stack_fingerprint`).
         key: Its address: the job id, else a hash of its headers and body
             (:func:`~amqpjobs.jobs.message_key.message_key`; the job id when described without the body).
-
+        payload_key: Without a job id, described with the body: its idempotency key, which a replayed copy carries.
     """
 
     job: str
@@ -119,6 +119,7 @@ class QuarantinedJob:
     broker_side: bool
     fingerprint: str = ""
     key: str = ""
+    payload_key: str = ""
 
     @property
     def group(self) -> str:
@@ -177,7 +178,9 @@ def describe(
 ) -> QuarantinedJob:
     """Read a quarantined message's headers and properties (and ``body``, for its :attr:`~QuarantinedJob.key`)."""
     item = _describe(headers, message_id, message_type)
-    return replace(item, key=message_key(item.job_id, headers, body) if body is not None else item.job_id)
+    unnamed = payload_key(headers, body) if body is not None and not item.job_id else ""  # a replayed copy carries it
+    return replace(item, key=message_key(item.job_id, headers, body) if body is not None else item.job_id,
+                   payload_key=unnamed)  # fmt: skip
 
 
 def _describe(headers: Mapping[str, Any], message_id: str | None, message_type: str | None) -> QuarantinedJob:
@@ -238,7 +241,6 @@ class Selection:
         job_ids: Only these job ids, or keys (:attr:`QuarantinedJob.key`, of messages without one).
         search: Only messages whose job id, job, error type or error message contains
             this text (case-insensitive).
-
     """
 
     job: str | None = None
@@ -354,6 +356,8 @@ def replay_headers(
     out[PREVIOUS_ERROR_TYPE] = item.error_type
     out[PREVIOUS_ERROR_MESSAGE] = item.error_message[:1024]
     out[PREVIOUS_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
+    if item.payload_key:  # no id (a broker's dead-letter): its generated id is ours, keyed as it came ("Idempotency")
+        out[PAYLOAD_KEY] = item.payload_key
     return out
 
 

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from amqpjobs.jobs.message_key import PAYLOAD_KEY
+
 #: AMQP 0-9-1 short strings hold at most this many bytes (AMQP 0-9-1 "Field types": shortstr).
 SHORTSTR_MAX: Final = 255
 #: The basic properties that are short strings, in the management API's names.
@@ -136,5 +138,7 @@ def sanitize(properties: Mapping[str, Any], body: bytes) -> Sanitized:
         headers[MOVED_HEADERS] = json.dumps(moved_headers, ensure_ascii=False)
     headers[FINGERPRINT] = print_
     job_id = props.get("message_id") or f"undeliverable-{print_[:32]}"
+    if not props.get("message_id"):  # an id of ours: an idempotent job is keyed by it or its key function
+        headers[PAYLOAD_KEY] = job_id  # (README "Idempotency"), the same for an identical message
     props["message_id"] = job_id
     return Sanitized(props, headers, overflows(properties), str(job_id), str(props.get("type") or ""))

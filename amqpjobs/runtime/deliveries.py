@@ -30,7 +30,13 @@ from amqpjobs.jobs.failure import (
 )
 from amqpjobs.jobs.header_values import amqp_type, count_problem, read_count, tenant_problem
 from amqpjobs.jobs.isolation import IsolationGate
-from amqpjobs.jobs.message_key import generated_job_id, keyed_again, message_key, unnamed_idempotency_key
+from amqpjobs.jobs.message_key import (
+    generated_job_id,
+    keyed_again,
+    payload_key,
+    unnamed_idempotency_key,
+    with_payload_key,
+)
 from amqpjobs.jobs.outcome import HandBack, Outcome, Quarantine, Register, RetryLater, reported
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.registry import JobDef
@@ -133,8 +139,13 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         task: asyncio.Task[Any] | None = None,
     ) -> None:
         """Decide, carry out and settle one delivery; ``task``: the delivery's task, when the caller has it."""
-        if self._rates is not None and not (alone or hand_back or rated) and await self._rates.divert(layout, delivery):
-            return  # a rate-limited job's: moved to its waiting room (README "Flow control")
+        if not delivery.message_id:  # each copy of it carries its key as it came (README "Idempotency")
+            delivery.headers = with_payload_key(delivery.headers, delivery.body)
+        if self._rates is not None and not (alone or hand_back or rated):
+            went = await self._rates.divert(layout, delivery)
+            if went == "moved":
+                return  # a rate-limited job's: moved to its waiting room (README "Flow control")
+            hand_back = went == "back"  # no token came within the bound: back to its work queue, unstarted
         gauge = self.metrics.in_flight_of(layout.name) if self.metrics is not None else None
         if gauge is not None:
             gauge.inc()
@@ -257,9 +268,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                                  failure=("UnknownJob", why, ""))  # fmt: skip
         # before the payload is fetched, decoded and validated (app code: a model's validators): a start that
         # kills the worker there is counted like one in the handler, and a redelivery never gets that far again
-        if not delivery.message_id and job.idempotent and job.key is None:  # keyed by headers and body: known now,
-            job_id = message_key("", delivery.headers, delivery.body)  # so a copy before the run (a start registered
-            # to run alone, a redelivery's) carries the key, not a generated id (README "Idempotency")
+        if job.idempotent and job.key is None and keyed_again(delivery.message_id, delivery.headers, None):
+            job_id = payload_key(delivery.headers, delivery.body)  # keyed by the message as it came: known now, so a
+            # copy before the run (a start registered to run alone, a redelivery's) carries it (README "Idempotency")
         waiting = crash.waiting_start(delivery.headers, job_id, self._seal_key) if job.idempotent else None
         screening = crash.screen(delivery.redelivered, delivery.headers, layout.max_redeliveries, registered=alone,
                                  waiting=waiting)  # fmt: skip
@@ -271,8 +282,9 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             return self._outcome(layout, delivery, Register(screening.start), attempt, job_id, job.name)
         # a stored payload (claim-check) is read only when the job is about to run: not for a wait on a pause or
         # an open breaker, where a read would be wasted each pass and a store failing it would use up an attempt
-        # (early still for an idempotent job without message_id: its job id is keyed from its payload)
-        early = envelope.PAYLOAD_REF not in delivery.headers or (not delivery.message_id and job.idempotent)
+        # (early still for an idempotent job keyed by its payload, also a copy of ours: its claim needs that key)
+        keyed = job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key)
+        early = envelope.PAYLOAD_REF not in delivery.headers or keyed
         loaded = await self._payload(layout, delivery, job, attempt, job_id) if early else None
         if isinstance(loaded, Outcome):
             return loaded
@@ -350,7 +362,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
                 raise
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=describe(exc))  # fmt: skip
-        if job.idempotent and keyed_again(delivery.message_id, job.key):  # a key a redelivery shares (README)
+        if job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key):  # README "Idempotency"
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             self._say_once(("keyed", job.name), "idempotent job %s without message_id on %s: keyed by its key "
                            "function or payload, so identical ones are one job; set message_id (the job id) on every "

@@ -39,7 +39,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from amqpjobs.errors import AmqpJobsError, UnroutableError
 from amqpjobs.jobs import envelope
@@ -76,6 +76,9 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: The worker's handler for a job queue's deliveries: ``run(layout, hand_back, rated)``.
 Runner = Callable[[JobQueueLayout, bool, bool], DeliveryHandler]
+
+#: What :meth:`RateLimits.divert` did: moved it to its waiting room, the usual path goes on, or hand it back.
+Diverted = Literal["moved", "on", "back"]
 
 #: Starts a waiting room's source (the worker's ``_started``: paused while an operator pauses its job queue).
 Starter = Callable[["RoomSource"], Awaitable[None]]
@@ -148,24 +151,22 @@ class RateLimits:
         log.warning("job=%s: rate queue(s) %s missing (%s; deleted by hand?): this worker declared it again",
                     field_value(room.job), ", ".join(sorted(missing)), found)  # fmt: skip
 
-    async def divert(self, layout: JobQueueLayout, delivery: Received) -> bool:
-        """Move a rate-limited job's delivery from its work queue into its waiting room; True once moved.
+    async def divert(self, layout: JobQueueLayout, delivery: Received) -> Diverted:
+        """Move a rate-limited job's delivery from its work queue into its waiting room: ``"moved"`` once moved.
 
-        False for any other delivery (the usual path goes on), and when the move failed:
-        then the delivery waits here for its token, in its work queue's slot (a start,
-        still within the rate). So does an idempotent job's delivery without ``message_id``:
-        its job id is the key of its payload, known only where it runs, and the copy's
-        ``generated-<uuid>`` made identical ones (and the original, redelivered after a lost
-        ack) jobs of their own, each run once more. False for a redelivery too: a copy would drop the evidence
-        of its earlier start, so the usual path registers it for its next start, which
-        then runs alone (a suspect takes no token; README "When a job crashes").
+        ``"on"`` for any other delivery (the usual path goes on), and for a redelivery: a copy
+        would drop the evidence of its earlier start, so the usual path registers it for its
+        next start, which then runs alone (a suspect takes no token; README "When a job crashes").
+        When the move fails the delivery waits here for its token, in its work queue's slot (a
+        start, still within the rate: ``"on"``), at most :attr:`wait_at_most` as in the waiting
+        room: then ``"back"``, handed back to its work queue unstarted (held longer, the broker's
+        ``consumer_timeout`` would close the channel and redeliver all it holds). A delivery
+        without ``message_id`` is moved too: its copy carries its key as it came
+        (:data:`~amqpjobs.jobs.message_key.PAYLOAD_KEY`), so an idempotent job keeps its key (README "Idempotency").
         """
         room = self.room_of(layout, delivery)
         if room is None or self._stop.is_set() or delivery.redelivered:
-            return False
-        if room.keyed and not delivery.message_id:  # a copy with an id of its own would be another job than
-            await room.gate.acquire()  # the original redelivered, or an identical one: it waits in its slot
-            return False
+            return "on"
         job_id = delivery.message_id or generated_job_id()
         headers = unstarted_headers(
             delivery.headers, None, delivery.queue, delivery.exchange, delivery.routing_key, self._host, self._pid,
@@ -184,14 +185,14 @@ class RateLimits:
                 "job=%s id=%s: moving it to waiting room %s failed (%s); it waits for its token in its slot",
                 field_value(room.job), field_value(job_id), room.names.waiting, why,
             )  # fmt: skip
-            await room.gate.acquire()  # stopping meanwhile: the usual path hands it back
-            return False
+            # no token within the bound (or stopping, a pause, a suspect's turn): it goes back unstarted
+            return "on" if await room.gate.acquire(within=self.wait_at_most) else "back"
         try:
             await delivery.ack(at_once=True)  # its copy is confirmed (README "When a job crashes")
         except DeliveryChannelClosed:
             log.warning("job %s: its channel closed before the ack; the broker redelivers it (a duplicate of the "
                         "copy in waiting room %s)", field_value(job_id), room.names.waiting)  # fmt: skip
-        return True
+        return "moved"
 
     def admit(self, delivery: Delivery) -> Room:
         """A waiting room's delivery as one of the work queue it came from (its queue, exchange, routing key)."""
@@ -366,13 +367,11 @@ async def start_rate_limits(
     if not jobs:
         return None
     specs = {q.name: q for q in app.topology().job_queues}
-    idempotent = {j.name: j.idempotent for j in app}
     queues = tuple(q for job, (_, lay) in jobs.items() for q in rate_declarations(specs[lay.name], job).queues)
     await declare_rate_queues(connections[0], Declarations(exchanges=(), queues=queues, bindings=()),
                               settings.safe_url)  # fmt: skip
     rooms = {
-        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop, held_back), decls,
-                  keyed=idempotent[job])
+        job: Room(job, rate, rate_queue_names(lay.name, job), lay, TokenGate(job, rate, stop, held_back), decls)
         for job, (rate, lay) in jobs.items()
         for decls in [rate_declarations(specs[lay.name], job)]
         for held_back in [functools.partial(holds_back, lay.name)]

@@ -187,9 +187,6 @@ class Room:
     source: RoomSource | None = None  # its waiting room's consumer in this process
     look_at_minter: float = 0.0  # monotonic time of the next look at another minter's rate
     minters_warned: set[LockHolder] = field(default_factory=set)  # minters at another rate (with it), each said once
-    #: The job is idempotent: a delivery of it without ``message_id`` is keyed by its payload where it runs
-    #: (README "Idempotency"), so it is never copied into the waiting room with an id of its own.
-    keyed: bool = False
 
 
 class RoomSource:
