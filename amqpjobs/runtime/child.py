@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
+from amqpjobs.exit_codes import exit_code
 from amqpjobs.runtime.handler_threads import bound_the_exit
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
@@ -143,9 +144,11 @@ async def run_child(spec: ChildSpec) -> int:
     """Run one child's worker until SIGTERM/SIGINT or the supervisor's end; the process exit code.
 
     Returns:
-        0 after a clean drain, 1 when in-flight work was abandoned or the worker could not start
-        (after its ``error`` status line). A plain-function handler's thread still running after
-        the grace ends the process at once instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
+        0 after a clean drain, 1 when in-flight work was abandoned; when the worker could not start,
+        or the broker's refusal stopped it, the code of its error (after its ``error`` status line), as
+        one ``amqpjobs consume`` exits with (:func:`~amqpjobs.exit_codes.exit_code`: 3 for the broker's).
+        A plain-function handler's thread still running after the grace ends the process at once
+        instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
     """
     supervisor = _SupervisorWatch(asyncio.get_running_loop())
     if spec.stores_opened:  # the supervisor's load of the app opened each SQLite store first: none is created here
@@ -193,12 +196,16 @@ async def run_child(spec: ChildSpec) -> int:
 
 
 def _failed(exc: AmqpJobsError) -> int:
-    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1."""
+    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); its exit code.
+
+    The code a single worker exits with for ``exc`` (:func:`~amqpjobs.exit_codes.exit_code`: 3 for the
+    broker's, 2 for a configuration error), the one its stop line says.
+    """
     kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
     message = redact_text(str(exc))
     log.error("%s", message)
     status(error=message, kind=kind, final=exc.final)
-    return 1
+    return exit_code(exc)
 
 
 #: Exit codes of a child that got no spec: its supervisor is gone (stdin ended first), or it sent a bad line.
