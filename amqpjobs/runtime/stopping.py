@@ -135,6 +135,7 @@ class WorkerStop(SuspectTurns):
             if connection is not None:
                 await connection.close()
         self._threads.close()
+        self._hard.cancel()  # a question to the management API about a refused reconnect, still under way
         if stopped is not None and start_failed and own_process:  # the process may start again: no "stopped"
             outcomes = ", ".join(f"{n} {kind}" for kind, n in sorted(self.stats.items())) or "none yet"
             drained = stopped.removeprefix("worker stopped: ").rsplit("; exit ", 1)[0]

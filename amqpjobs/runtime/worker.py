@@ -119,7 +119,7 @@ class Worker(WorkerStop):
         self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
-        self._hard = HardCloses(self._stop.set)  # the broker refusing a connection at each reconnect stops the worker
+        self._hard = HardCloses(self._stop.set, settings=settings)  # refused at each reconnect: the worker stops
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks
@@ -263,6 +263,7 @@ class Worker(WorkerStop):
             fetcher = await QueueFetcher.opened(self._connection, layout.suspects_queue)  # counted: see .hard_closes
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
+        self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
         held = layout_queues(self._layouts.values()) + marker

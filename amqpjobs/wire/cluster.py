@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,8 @@ class Node:
 _ORDERS: dict[tuple[str, ...], list[int]] = {}
 #: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
 _CONNECTED: dict[frozenset[str], str] = {}
+#: Seconds between two lines of one connection saying the broker refuses its reconnects (at ``connection.open``).
+REFUSAL_EVERY = 60.0
 #: Connections of this process lost (closed by the broker, cut), and the last one's cause: :func:`losses`.
 _LOSSES: list[Any] = [0, ""]
 
@@ -163,6 +166,9 @@ class ClusterConnection(RobustConnection):
         self.hard_error_callbacks: list[Callable[[BaseException], None]] = []
         #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
         self.internal_error_words: str | None = None
+        #: Called with the error when the broker refuses a reconnect (connection.open): :func:`on_refused_reconnect`.
+        self.refused_callbacks: list[Callable[[BaseException], None]] = []
+        self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         first = nodes[self._at]
         _quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -179,12 +185,12 @@ class ClusterConnection(RobustConnection):
         """The node in use (or being tried)."""
         return self._nodes[self._at]
 
-    def _move_on(self, why: str, cause: str = "") -> None:
+    def _move_on(self, why: str, cause: str = "", say: bool = True) -> None:
         left = self._nodes[self._at]
         self._at = (self._at + 1) % len(self._nodes)
         self.url = URL(self.node.url)
         self.kwargs["context"] = self.node.context
-        if self._was_connected:
+        if self._was_connected and say:
             log.warning(
                 "connection %s %s %s%s: next attempt goes to %s",
                 self.name, why, left.safe_url, cause, self.node.safe_url,
@@ -210,6 +216,8 @@ class ClusterConnection(RobustConnection):
             cause = _cause(exc, self.internal_error_words)
             if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
+            if not was_open and exc is not None and open_refused(exc):  # a refused reconnect: its attempt says it
+                return
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -224,7 +232,14 @@ class ClusterConnection(RobustConnection):
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
             self.last_failure = exc
-            self._move_on("could not reach", _cause(exc))
+            refused, now = self._was_connected and open_refused(exc), time.monotonic()
+            say = not refused or now - self._refusal_said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
+            if refused and say:
+                self._refusal_said = now
+            self._move_on("could not reach", _cause(exc) + (f" (said again in {REFUSAL_EVERY:g}s while it lasts)"
+                                                          if refused else ""), say)  # fmt: skip
+            for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
+                callback(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
             if not isinstance(exc, CONNECTION_EXCEPTIONS) and not first.done():
                 # aio-pika hands only its connection errors to a waiting connect(); anything else
@@ -284,6 +299,18 @@ def on_hard_error(connection: object, callback: Callable[[BaseException], None])
     """
     if isinstance(connection, ClusterConnection):
         connection.hard_error_callbacks.append(callback)
+
+
+def on_refused_reconnect(connection: object, callback: Callable[[BaseException], None]) -> None:
+    """Call ``callback`` with the error each time the broker refuses a reconnect of ``connection`` (connection.open).
+
+    530 NOT_ALLOWED there: the vhost is gone, the user lost its permissions, or a ``max-connections``
+    limit (the vhost's or the user's) is reached (:mod:`amqpjobs.wire.open_refusal` asks which). aio-pika
+    tries again every 5 s; the connection's own line says it once a minute (:data:`REFUSAL_EVERY`).
+    A connection not made by :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.refused_callbacks.append(callback)
 
 
 def mends_undeliverable(connection: object, queue: str) -> None:
