@@ -42,6 +42,8 @@ from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
+from amqpjobs.wire.channel_room import channel_limit, with_limit_fix
+from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.urls import redact_text
 
@@ -188,6 +190,8 @@ async def run_child(spec: ChildSpec) -> int:
             )  # fmt: skip
     except AmqpJobsError as exc:
         return _failed(exc)
+    except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's, as `consume` says
+        return _failed(_translated(exc))
     finally:
         reporter[0].cancel()
         if server is not None:
@@ -198,14 +202,24 @@ async def run_child(spec: ChildSpec) -> int:
 def _failed(exc: AmqpJobsError) -> int:
     """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); its exit code.
 
+    ``final`` (the supervisor stops every child at once) when no restart can change it, a channel limit's refusal too.
+
     The code a single worker exits with for ``exc`` (:func:`~amqpjobs.exit_codes.exit_code`: 3 for the
     broker's, 2 for a configuration error), the one its stop line says.
     """
     kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
     message = redact_text(str(exc))
     log.error("%s", message)
-    status(error=message, kind=kind, final=exc.final)
+    # a channel limit (channel_max, a user's max-channels) refusing it is met by every restart until an operator acts
+    status(error=message, kind=kind, final=exc.final or channel_limit(message))
     return exit_code(exc)
+
+
+def _translated(exc: BaseException) -> BrokerError:
+    """Our error for a client-library error, as ``amqpjobs consume`` words it (the fix of a channel limit added)."""
+    error = translate(exc) or BrokerError(str(exc) or type(exc).__name__)
+    text = with_limit_fix(str(error))
+    return error if isinstance(error, BrokerError) and text == str(error) else BrokerError(text)
 
 
 #: Exit codes of a child that got no spec: its supervisor is gone (stdin ended first), or it sent a bad line.
