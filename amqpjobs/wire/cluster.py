@@ -79,6 +79,7 @@ def losses() -> tuple[int, str]:
 _FAILOVER_LINES = (
     ("aiormq.connection", "Unexpected connection close from remote"),
     ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+    ("aiormq.connection", "error when creating transport"),  # a reconnect attempt's failure: "could not reach" says it
     ("aio_pika.tools", "RobustChannel._on_close"),
     ("aio_pika.robust_connection", "closed. Reconnecting after"),
     ("aio_pika.robust_connection", "Connection attempt to"),
@@ -216,7 +217,7 @@ class ClusterConnection(RobustConnection):
             cause = _cause(exc, self.internal_error_words)
             if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
-            if not was_open and exc is not None and open_refused(exc):  # a refused reconnect: its attempt says it
+            if not was_open:  # an attempt that failed (refused, unreachable): its failure says it and moves on, once
                 return
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
