@@ -1,4 +1,7 @@
-"""What every command shares: exit codes, the error-to-exit-code wrapper, the URL options and filters."""
+"""What every command shares: exit codes, the error-to-exit-code wrapper, the URL options and filters.
+
+The exit codes' home is :mod:`amqpjobs.exit_codes` (re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import click
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import (
     AmqpJobsError,
-    BrokerBlockedError,
     BrokerError,
     BusyError,
     ConfigurationError,
@@ -28,6 +30,14 @@ from amqpjobs.errors import (
     TopologyConflictError,
     TopologyValidationError,
 )
+from amqpjobs.exit_codes import EXIT_BAD_INPUT as EXIT_BAD_INPUT
+from amqpjobs.exit_codes import EXIT_BROKEN_PIPE as EXIT_BROKEN_PIPE
+from amqpjobs.exit_codes import EXIT_BROKER as EXIT_BROKER
+from amqpjobs.exit_codes import EXIT_BUSY as EXIT_BUSY
+from amqpjobs.exit_codes import EXIT_FOUND as EXIT_FOUND
+from amqpjobs.exit_codes import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from amqpjobs.exit_codes import EXIT_UNSIGNALLED as EXIT_UNSIGNALLED
+from amqpjobs.exit_codes import exit_code
 from amqpjobs.printable import printable, printable_lines
 from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.logs import flush_logs
@@ -42,18 +52,6 @@ from amqpjobs.wire.urls import redact_text
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-EXIT_FOUND = 1
-EXIT_BAD_INPUT = 2
-EXIT_BROKER = 3
-EXIT_BUSY = 4
-#: ``pause``/``resume``: the flag changed, but the signal to the workers was refused (they notice within 30 s).
-EXIT_UNSIGNALLED = 5
-#: Exit code when stdout's reader went away (``amqpjobs status | head -5``): 128 + SIGPIPE,
-#: what a shell reports for a program the broken pipe killed; nothing more is printed.
-EXIT_BROKEN_PIPE = 141
-#: Exit code of a command interrupted by Ctrl-C (SIGINT): 128 + 2, the shell convention (not
-#: click's "Aborted!" and 1, which reads as a failed check).
-EXIT_INTERRUPTED = 130
 #: ``--connect-timeout`` defaults: one-shot commands give up soon, long-running ones wait for
 #: a broker still starting (README "Workers").
 ONE_SHOT_CONNECT_TIMEOUT = "5s"
@@ -136,37 +134,35 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo(f"error: {error_text(exc)}", err=True)
             if nothing_declared:
                 click.echo("nothing was declared", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(exit_code(exc))
         except TopologyConflictError as exc:
             click.echo(printable_lines(redact_text(exc.report)))
             if exc.declared_nothing:
                 click.echo("conflicts found: nothing was declared", err=True)
-            sys.exit(EXIT_FOUND)
+            sys.exit(exit_code(exc))
         except ConfigurationError as exc:
             click.echo(f"error: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(exit_code(exc))
         except (InvalidPayloadError, PublishError) as exc:
             # the outcome is unknown (no confirm, closed under it), or an alarm blocks publishers: the broker's side
-            if type(exc) is PublishError or isinstance(exc, BrokerBlockedError):
-                click.echo(f"broker error: {error_text(exc)}", err=True)
-                sys.exit(EXIT_BROKER)
-            click.echo(f"error: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+            broker_side = exit_code(exc) == EXIT_BROKER
+            click.echo(f"{'broker error' if broker_side else 'error'}: {error_text(exc)}", err=True)
+            sys.exit(exit_code(exc))
         except BusyError as exc:
             click.echo(f"busy: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BUSY)
+            sys.exit(exit_code(exc))
         except BrokerError as exc:
             click.echo(f"broker error: {with_limit_fix(error_text(exc))}", err=True)
-            sys.exit(EXIT_BROKER)
+            sys.exit(exit_code(exc))
         except ResultsUnavailableError as exc:  # a service failed us, like the broker
             click.echo(f"results store error: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BROKER)
+            sys.exit(exit_code(exc))
         except LedgerUnavailableError as exc:  # likewise
             click.echo(f"ledger error: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BROKER)
+            sys.exit(exit_code(exc))
         except PayloadStoreError as exc:  # likewise
             click.echo(f"payload store error: {error_text(exc)}", err=True)
-            sys.exit(EXIT_BROKER)
+            sys.exit(exit_code(exc))
         except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's side, not a file
             click.echo(f"broker error: {with_limit_fix(error_text(translate(exc) or BrokerError(str(exc))))}", err=True)
             sys.exit(EXIT_BROKER)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amqpjobs.errors import AmqpJobsError, BrokerError
+from amqpjobs.exit_codes import exit_code
 from amqpjobs.runtime.handler_threads import bound_the_exit
 from amqpjobs.runtime.loading import load_app, loop_factory
 from amqpjobs.runtime.logs import configure_logging
@@ -41,7 +42,7 @@ from amqpjobs.runtime.signals import stop_on_signals
 from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
-from amqpjobs.wire.channel_room import with_limit_fix
+from amqpjobs.wire.channel_room import channel_limit, with_limit_fix
 from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.urls import redact_text
@@ -145,9 +146,11 @@ async def run_child(spec: ChildSpec) -> int:
     """Run one child's worker until SIGTERM/SIGINT or the supervisor's end; the process exit code.
 
     Returns:
-        0 after a clean drain, 1 when in-flight work was abandoned or the worker could not start
-        (after its ``error`` status line). A plain-function handler's thread still running after
-        the grace ends the process at once instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
+        0 after a clean drain, 1 when in-flight work was abandoned; when the worker could not start,
+        or the broker's refusal stopped it, the code of its error (after its ``error`` status line), as
+        one ``amqpjobs consume`` exits with (:func:`~amqpjobs.exit_codes.exit_code`: 3 for the broker's).
+        A plain-function handler's thread still running after the grace ends the process at once
+        instead (exit 1, :mod:`amqpjobs.runtime.handler_threads`).
     """
     supervisor = _SupervisorWatch(asyncio.get_running_loop())
     if spec.stores_opened:  # the supervisor's load of the app opened each SQLite store first: none is created here
@@ -187,8 +190,8 @@ async def run_child(spec: ChildSpec) -> int:
             )  # fmt: skip
     except AmqpJobsError as exc:
         return _failed(exc)
-    except LIBRARY_ERRORS as exc:  # a client library's error no wire call translated: the broker's, as one process says
-        return _failed(translate(exc) or BrokerError(str(exc) or type(exc).__name__))
+    except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's, as `consume` says
+        return _failed(_translated(exc))
     finally:
         reporter[0].cancel()
         if server is not None:
@@ -197,15 +200,26 @@ async def run_child(spec: ChildSpec) -> int:
 
 
 def _failed(exc: AmqpJobsError) -> int:
-    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); exit code 1.
+    """Log and report why the worker stopped (``kind``: ``BrokerError`` for any of the broker's); its exit code.
 
-    A broker error that quotes a channel refused at a channel limit gets its fix, as one process's line does.
+    ``final`` (the supervisor stops every child at once) when no restart can change it, a channel limit's refusal too.
+
+    The code a single worker exits with for ``exc`` (:func:`~amqpjobs.exit_codes.exit_code`: 3 for the
+    broker's, 2 for a configuration error), the one its stop line says.
     """
     kind = "BrokerError" if isinstance(exc, BrokerError) else type(exc).__name__
     message = redact_text(with_limit_fix(str(exc)) if isinstance(exc, BrokerError) else str(exc))
     log.error("%s", message)
-    status(error=message, kind=kind, final=exc.final)
-    return 1
+    # a channel limit (channel_max, a user's max-channels) refusing it is met by every restart until an operator acts
+    status(error=message, kind=kind, final=exc.final or channel_limit(message))
+    return exit_code(exc)
+
+
+def _translated(exc: BaseException) -> BrokerError:
+    """Our error for a client-library error, as ``amqpjobs consume`` words it (the fix of a channel limit added)."""
+    error = translate(exc) or BrokerError(str(exc) or type(exc).__name__)
+    text = with_limit_fix(str(error))
+    return error if isinstance(error, BrokerError) and text == str(error) else BrokerError(text)
 
 
 #: Exit codes of a child that got no spec: its supervisor is gone (stdin ended first), or it sent a bad line.

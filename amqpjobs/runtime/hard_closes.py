@@ -16,10 +16,19 @@ guards, both in :class:`HardCloses`:
   closed for the same cause (:func:`cause_of`: the reply code and words, numbers aside), at least
   :data:`ROUND` s after the last (aio-pika's immediate reconnect after a close at run time is the
   same round); two unrelated closes within the window stop nothing.
+
+A reconnect the broker refuses at ``connection.open`` (530: a ``max-connections`` limit reached,
+the vhost gone or down, the permissions taken) stops nothing: a connection limit passes when other
+connections go, a vhost restarts, so the connection tries again every 5 s and says once a minute
+which refusal holds and its fix (:func:`~amqpjobs.wire.cluster.explain_refusals`). A connection no
+job needs (the outcome events': :meth:`HardCloses.watch_best_effort`) stops nothing either: its hard
+close or refused reconnect is said at most every :data:`SAY_EVERY` s, with the cause and the fix,
+and that its events are dropped meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import re
@@ -29,7 +38,10 @@ from collections.abc import Callable, Iterable
 from amqpjobs.errors import BrokerError
 from amqpjobs.printable import printable
 from amqpjobs.wire.channel_room import channel_room, limit_fix
-from amqpjobs.wire.cluster import on_hard_error
+from amqpjobs.wire.cluster import on_hard_error, on_refused_reconnect
+from amqpjobs.wire.errors import open_refused, refused_connect_reason
+from amqpjobs.wire.open_refusal import refused_words
+from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.worker")
@@ -41,6 +53,10 @@ WINDOW = 60.0
 ROUND = 1.0
 #: Channels a reconnect may open besides the ones it restores (a consumer's throwaway channel).
 RECONNECT_SPARE = 1
+#: Seconds between two warnings that a best-effort connection (outcome events) is closed or refused at each reconnect.
+SAY_EVERY = 60.0
+#: What a refused reconnect is said as, before its cause (the management API's answer: which limit, and its fix).
+_REFUSED = "530 NOT_ALLOWED at connection.open"
 
 
 class HardCloses:
@@ -50,15 +66,18 @@ class HardCloses:
         stop: Called when a hard close comes back (the worker's stop event's ``set``, a replica's
             ``request_stop``).
         who: What stops, in its lines (``worker``, ``scheduler replica``).
+        settings: The broker's, to ask its management API why it refuses a reconnect (None: the general words).
 
     Attributes:
         fatal: Why the worker was stopped (None: it was not).
 
     """
 
-    def __init__(self, stop: Callable[[], None], who: str = "worker") -> None:
-        self._stop, self._who = stop, who
+    def __init__(self, stop: Callable[[], None], who: str = "worker", settings: BrokerSettings | None = None) -> None:
+        self._stop, self._who, self._settings = stop, who, settings
         self._last: dict[tuple[int, str], float] = {}  # (connection, cause) -> when it last closed so
+        self._said: dict[int, float] = {}  # best-effort connection -> when its trouble was last said
+        self._asking: set[asyncio.Task[None]] = set()
         self.fatal: BrokerError | None = None
 
     def watch(self, connections: Iterable[object], check_room: bool = True) -> None:
@@ -83,6 +102,53 @@ class HardCloses:
                 raise self.fatal
         for connection in connections:
             on_hard_error(connection, functools.partial(self._closed, connection=id(connection)))
+
+    def watch_best_effort(self, connection: object, what: str) -> None:
+        """Watch ``connection`` of ``what`` (``outcome events``), which no job needs: it never stops the worker.
+
+        A hard close or a refused reconnect of it is said (WARNING) with its cause and fix, at most
+        every :data:`SAY_EVERY` s while it lasts; aio-pika goes on reconnecting every 5 s.
+        """
+        said = functools.partial(self._best_effort, connection=id(connection), what=what, name=_name(connection))
+        on_hard_error(connection, said)
+        on_refused_reconnect(connection, said)
+
+    def _best_effort(self, exc: BaseException, connection: int = 0, what: str = "", name: str = "?") -> None:
+        now = time.monotonic()
+        if now - self._said.get(connection, -SAY_EVERY - 1.0) < SAY_EVERY:
+            return
+        self._said[connection] = now
+        goes_on = (f"the {self._who} goes on: jobs run as usual, their events are dropped (counted); it reconnects "
+                   f"every 5s, said again in {SAY_EVERY:g}s while it lasts")  # fmt: skip
+        if open_refused(exc):
+            self._ask(exc, connection, lambda why: log.warning(
+                "%s are off: the broker refuses the reconnect of their connection %s (%s: %s); %s",
+                what, name, _REFUSED, why, goes_on,
+            ))  # fmt: skip
+            return
+        why = printable(redact_text(str(exc) or type(exc).__name__))
+        log.warning("%s are off: the broker closed their connection %s for what it sent (%s; fix: %s); %s",
+                    what, name, why, limit_fix(why), goes_on)  # fmt: skip
+
+    def _general(self, exc: BaseException) -> str:
+        settings = self._settings
+        return refused_connect_reason(exc, settings.vhost, settings.username) if settings else str(exc)
+
+    def _ask(self, exc: BaseException, connection: int, say: Callable[[str], None]) -> None:
+        """Ask the management API why the broker refuses ``connection`` (5 s at most), then ``say`` it."""
+
+        async def ask() -> None:
+            why = await refused_words(exc, self._settings) if self._settings else self._general(exc)
+            say(why)
+
+        task = asyncio.get_running_loop().create_task(ask())
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    def cancel(self) -> None:
+        """Give up the questions to the management API still under way (the worker stops)."""
+        for task in self._asking:
+            task.cancel()
 
     def _closed(self, exc: BaseException, connection: int = 0) -> None:
         """``connection`` (an id) closed by the broker with ``exc``: stop when it met that within :data:`WINDOW` s."""
@@ -125,3 +191,8 @@ def cause_of(exc: BaseException) -> str:
     a 530 at a channel past ``channel_max`` and a 504 CHANNEL_ERROR are two.
     """
     return f"{type(exc).__name__}: {re.sub(r'[0-9]+', '#', str(exc))}"
+
+
+def _name(connection: object) -> str:
+    """The connection's name, as the management UI shows it (``app-worker``)."""
+    return str(getattr(connection, "name", "?"))

@@ -39,6 +39,7 @@ from amqpjobs.errors import AmqpJobsError, ConfigurationError, DuplicateJobError
 from amqpjobs.runtime import ledger_origin as origin
 from amqpjobs.runtime.ledger_guard import TransactionGuard, ended_inside
 from amqpjobs.runtime.ledger_key import sqlite_seal_key
+from amqpjobs.runtime.refused_stores import refused_when_used
 from amqpjobs.runtime.sqlite_errors import open_failure, store_failure
 from amqpjobs.runtime.sqlite_open import StoreFile, rollback
 from amqpjobs.runtime.sqlite_paths import check_kind, file_path
@@ -150,6 +151,7 @@ CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
 """
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class SqliteLedger:
     """A ledger in a SQLite file: safe across processes on one host (WAL, ``BEGIN IMMEDIATE``).
 

@@ -25,6 +25,7 @@ from amqpjobs.runtime.ledger_guard import ended_inside
 from amqpjobs.runtime.ledger_key import KEY_TABLE, new_key
 from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT, PgConnection, ThreadConnections, psycopg_module
 from amqpjobs.runtime.pg_text import to_db
+from amqpjobs.runtime.refused_stores import refused_when_used
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS amqpjobs_ledger (
@@ -54,6 +55,7 @@ _FORBIDDEN = "forbidden within a Transaction context"
 _CHECK = "; what it did before its own COMMIT is committed, without the done-mark: check it before replaying the job"
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class PostgresLedger:
     """A ledger in PostgreSQL.
 

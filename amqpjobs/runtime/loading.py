@@ -20,6 +20,7 @@ from amqpjobs.errors import (
     ResultsUnavailableError,
 )
 from amqpjobs.runtime.app import App
+from amqpjobs.runtime.refused_stores import refusal
 from amqpjobs.runtime.results import SqliteResults
 from amqpjobs.runtime.sqlite_errors import missing_file
 from amqpjobs.runtime.sqlite_open import existing_files_only, judged_later, reading_only
@@ -45,7 +46,10 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
         AmqpJobsError: any of ours raised by the module while imported, unchanged, in its own
             words (an invalid topology file it loads, a DSN that is no URL, a store it opened
             unavailable now); a SQLite ledger or results store of the named app (only: a module
-            may build several apps) that can't be opened, in its own words.
+            may build several apps) that can't be opened, in its own words; a store of the named app
+            given an argument that can't work (``SqliteResults(':memory:')``, a DSN that is no URL),
+            in its constructor's words (a sibling App's is refused when used:
+            :mod:`amqpjobs.runtime.refused_stores`).
 
     """
     module_name, _, attribute = reference.partition(":")
@@ -91,7 +95,9 @@ def load_app(reference: str, reading: bool = False, existing: bool = False) -> A
         raise ConfigurationError(
             f"{reference!r} is {'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind}, not an amqpjobs App"
         )
-    for store in (app.ledger, app.results):  # a sibling App's store that can't open is none of this command's
+    for store in (app.ledger, app.results, app.payload_store):  # a sibling App's bad store is none of this command's
+        if (refused := refusal(store)) is not None:  # an argument that can't work: the constructor's words
+            raise refused
         if (failure := getattr(store, "open_failure", None)) is not None:
             raise failure
     return app

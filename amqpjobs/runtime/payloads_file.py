@@ -11,8 +11,10 @@ from typing import Unpack
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
+from amqpjobs.runtime.refused_stores import refused_when_used
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class FilePayloadStore(PayloadStore):
     """Payloads as files in a directory every producer and worker mounts.
 

@@ -13,6 +13,7 @@ from typing import Any, Unpack
 from amqpjobs.errors import PayloadStoreError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 from amqpjobs.runtime.pg_connection import PgConnection, dsn_problem, psycopg_module
+from amqpjobs.runtime.refused_stores import refused_when_used
 
 __all__ = ["PostgresPayloadStore", "dsn_problem"]
 
@@ -29,6 +30,7 @@ CREATE TABLE IF NOT EXISTS amqpjobs_payloads (
 _INDEX = "CREATE INDEX IF NOT EXISTS amqpjobs_payloads_done ON amqpjobs_payloads (done_at) WHERE done_at IS NOT NULL"
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class PostgresPayloadStore(PayloadStore):
     """Payloads as rows of table ``amqpjobs_payloads`` (``store, key, body BYTEA, created_at, done_at``).
 

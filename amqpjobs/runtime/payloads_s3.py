@@ -13,8 +13,10 @@ from typing import Any, Unpack
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
+from amqpjobs.runtime.refused_stores import refused_when_used
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class S3PayloadStore(PayloadStore):
     """Payloads as objects ``<prefix>data/<key>`` of an S3 bucket; done marks as ``<prefix>done/<key>``.
 

@@ -29,6 +29,7 @@ from amqpjobs.durations import duration_argument
 from amqpjobs.errors import AmqpJobsError, JobFailedError, ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, TERMINAL, JobStatus, StateRecord, status_of
 from amqpjobs.printable import printable
+from amqpjobs.runtime.refused_stores import refused_when_used
 from amqpjobs.runtime.sqlite_errors import missing_file, missing_table, open_failure, store_failure
 from amqpjobs.runtime.sqlite_open import StoreFile, rollback
 from amqpjobs.runtime.sqlite_paths import check_kind, file_path
@@ -137,6 +138,7 @@ def refused_text(records: Sequence[StateRecord]) -> str:
     return f"refused by the database: {named}" + (f" and {len(records) - 3} more" if len(records) > 3 else "")
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class SqliteResults:
     """A results store in a SQLite file (one host, any number of processes).
 

@@ -21,6 +21,7 @@ from amqpjobs.errors import ResultsUnavailableError
 from amqpjobs.jobs.results import DEFAULT_RETENTION, StateRecord
 from amqpjobs.runtime.pg_connection import PgConnection, psycopg_module
 from amqpjobs.runtime.pg_text import from_db, to_db
+from amqpjobs.runtime.refused_stores import refused_when_used
 from amqpjobs.runtime.results import _SCHEMA, COLUMNS, insert_apart, record_of, row_of
 from amqpjobs.text import one_line
 
@@ -37,6 +38,7 @@ def _read(row: Sequence[object]) -> tuple[object, ...]:
     return tuple(from_db(v) if isinstance(v, str) else v for v in row)
 
 
+@refused_when_used  # another App's bad argument refuses no app named by --app
 class PostgresResults:
     """A results store in PostgreSQL.
 

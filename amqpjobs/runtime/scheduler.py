@@ -154,7 +154,7 @@ class Scheduler(Election, TickFiring):
         self._clock_waits = set()
         self.clock_tolerance = self.options.clock_tolerance
         self._warnings = PacedWarnings(log, self.options.warn_every)  # for the replica's life, not one leadership
-        self._hard = HardCloses(self.request_stop, "scheduler replica")  # refused at each reconnect: stop, exit 3
+        self._hard = HardCloses(self.request_stop, "scheduler replica", settings)  # refused at each reconnect: exit 3
 
     @property
     def is_leader(self) -> bool:
@@ -294,12 +294,13 @@ class Scheduler(Election, TickFiring):
 
         Raises:
             The errors of :meth:`start`; BrokerError when the broker closed its connection for what
-            it sent twice within 60 s (:mod:`amqpjobs.runtime.hard_closes`), once handed over.
+            it sent, or refused its reconnect, twice within 60 s (:mod:`.hard_closes`), once handed over.
         """
         started = await start_unless_stopped(self.start(), self._requested)
         if started:
             await self._requested.wait()
         await self.shutdown()
+        self._hard.cancel()  # a question to the management API about a refused reconnect, still under way
         if not started:
             log.info("scheduler replica %s stopped while starting; exit 0", self.replica)
         return self._hard.after_stop(0)

@@ -1,5 +1,7 @@
 """Stopping and restarting what takes from a work queue: holds, operator pauses and suspects turns agree here.
 
+Also what /readyz says of them (:meth:`SourceControl.readiness`).
+
 Three things stop a job queue's sources (its consumer, or its sharded job queue's
 dispatcher): a held delivery whose target is missing (:mod:`amqpjobs.runtime.holding`), an
 operator's ``amqpjobs pause`` (:mod:`amqpjobs.runtime.pausing`) and a suspects turn
@@ -11,6 +13,7 @@ the worker's).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection, Sequence
 
 from amqpjobs.jobs.isolation import IsolationGate
@@ -21,6 +24,11 @@ from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.consume import MISSING_FIX, WorkQueueConsumer
+
+#: Seconds the event loop may go without a heartbeat before /readyz says not ready.
+STUCK_AFTER = 3.0
 
 
 def consuming_words(queues: Sequence[str], slots: int) -> str:
@@ -43,6 +51,10 @@ class SourceControl(DeliveryPath):
     _gate: IsolationGate
     _stop: asyncio.Event
     options: WorkerOptions
+    ready: asyncio.Event
+    heartbeat_at: float
+    _connection: Connection | None
+    _lanes_missing: set[str]
 
     def _holds_any(self, source: Source) -> bool:
         """Whether a delivery of one of the work queues ``source`` takes from is held."""
@@ -116,6 +128,32 @@ class SourceControl(DeliveryPath):
         await asyncio.gather(*(c.resume() for c in self._rooms_of(job_queue) if c.paused))
         if not any(self._holds_any(c) for c in self._sources_of(job_queue)):
             await self._resume_queue(job_queue)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): connected to the broker and consuming every assigned queue.
+
+        Safe to call from another thread (it only reads state).
+        """
+        if self._stop.is_set():
+            return False, "stopping"
+        stuck = time.monotonic() - self.heartbeat_at
+        if stuck > STUCK_AFTER:  # the loop is blocked: whatever the connection state says, nothing moves
+            return False, f"event loop blocked for {stuck:.0f}s"
+        connection = self._connection
+        if not self.ready.is_set() or connection is None:
+            return False, "starting"
+        if connection.is_closed or not connection.connected.is_set():
+            return False, "not connected to the broker (reconnecting)"
+        if self._holding.summary:
+            return False, self._holding.summary
+        if self._lanes_missing:
+            return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
+        if gone := [c.queue for c in self._consumers if isinstance(c, WorkQueueConsumer) and c.missing_since]:
+            return False, f"work queue(s) {', '.join(gone)} missing: {MISSING_FIX}"
+        idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
+        if idle:
+            return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
+        return True, self._consuming()
 
     def _consuming(self) -> str:
         """What /readyz says when ready: the queues taken from, their slots, and the job queues paused."""

@@ -111,6 +111,11 @@ def judged_later() -> Iterator[None]:
         _later = before
 
 
+def judging_later() -> bool:
+    """Whether stores built now are in :func:`judged_later`'s block (``--app``'s import of the app's module)."""
+    return _later
+
+
 def no_new_files() -> None:
     """From now on, no SQLite store of this process creates its file: the first open finds it or fails.
 

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from typing import Any, NoReturn
 
+from amqpjobs.exit_codes import exit_code
 from amqpjobs.runtime.handler_threads import end_process
 from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.overruns import CANCEL_BOUND
@@ -79,7 +80,8 @@ class WorkerStop(SuspectTurns):
                 self._rates.release()
         await asyncio.sleep(0)
         code = 1 if self._overruns.hung else 0  # a suspect hung it: exit 1 whatever its thread does (.overruns)
-        code = 3 if self._hard.fatal is not None else code  # the broker refuses it at each reconnect (.hard_closes)
+        if self._hard.fatal is not None:  # the broker refuses it at each reconnect (.hard_closes): exit 3
+            code = exit_code(self._hard.fatal)
         jobs, suspects = set(self._inflight), self._suspects_running
         watchers = {t for t in self._suspect_tasks if not t.done()}  # one may be running a suspect's job
         draining = self._draining.begin(suspects, self.options.grace)  # handlers started, held deliveries apart
@@ -133,6 +135,7 @@ class WorkerStop(SuspectTurns):
             if connection is not None:
                 await connection.close()
         self._threads.close()
+        self._hard.cancel()  # a question to the management API about a refused reconnect, still under way
         if stopped is not None and start_failed and own_process:  # the process may start again: no "stopped"
             outcomes = ", ".join(f"{n} {kind}" for kind, n in sorted(self.stats.items())) or "none yet"
             drained = stopped.removeprefix("worker stopped: ").rsplit("; exit ", 1)[0]

@@ -226,7 +226,8 @@ class Supervisor:
             if not slot.was_ready:
                 slot.early_exits.append(now)
             if slot.final or (not slot.was_ready and len(slot.early_exits) >= CRASH_LOOP_EXITS):
-                log.error("child %d %s %s: stopping every child", slot.index, slot.exited(), slot.stopping_because())
+                log.error("child %d %s (exit %s) %s: stopping every child", slot.index, slot.exited(), _exit_text(code),
+                          slot.stopping_because())  # fmt: skip
                 self._fatal = slot
                 self.request_stop()
                 break
@@ -362,4 +363,5 @@ _SERVICE_ERRORS: dict[str, type[AmqpJobsError]] = {
 
 
 def _exit_text(code: int) -> str:
+    """``code 3`` (the child's exit code, as its stop line says it: ``exit 3``), or ``signal 9``."""
     return f"signal {-code}" if code < 0 else f"code {code}"

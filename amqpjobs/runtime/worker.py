@@ -67,7 +67,7 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher
 from amqpjobs.wire.arguments import desired_state
 from amqpjobs.wire.connection import broker_info, connect, heartbeat_timeout
-from amqpjobs.wire.consume import MISSING_FIX, DeliveryHandler, WorkQueueConsumer
+from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
@@ -75,9 +75,8 @@ from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
 log = logging.getLogger("amqpjobs.worker")
-
-#: Seconds the event loop may go without a heartbeat before /readyz says not ready.
-STUCK_AFTER = 3.0
+#: Seconds a delivery taken while the start goes on waits for its end (its consuming line) before it runs anyway.
+START_HOLD = 1.0
 
 
 def _say_if_failed(task: asyncio.Task[None]) -> None:
@@ -120,7 +119,7 @@ class Worker(WorkerStop):
         self._deferral_lines = PacedDeferrals()  # ClaimBusy deferrals: a line per job id at most every 10 s
         self._on_outcome = on_outcome
         self._stop = asyncio.Event()
-        self._hard = HardCloses(self._stop.set)  # the broker refusing a connection at each reconnect stops the worker
+        self._hard = HardCloses(self._stop.set, settings=settings)  # refused at each reconnect: the worker stops
         self._took_last = asyncio.Event()  # stopping: every consumer cancelled (then hand-backs go out)
         self._connection: Connection | None = None  # consumes and acks
         self._publishing: Connection | None = None  # copies: an alarm blocks it, never the acks
@@ -136,6 +135,7 @@ class Worker(WorkerStop):
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
+        self._start_over = asyncio.Event()  # start() ended (ready or failed): deliveries taken meanwhile run
         self.took_deliveries = False  # a consumer handed it a delivery (maybe before ready: a start has steps after)
         self._own_process = False  # run(own_process=True): the process is this worker's (settle_heap)
         self.metrics = metrics
@@ -187,7 +187,16 @@ class Worker(WorkerStop):
                 (RabbitMQ 4.3+) fewer than a majority of the cluster's nodes run.
             PayloadStoreError: the app's payload store can't be opened.
 
+        A delivery the first consumers take while the start goes on waits for its end to run, up to
+        :data:`START_HOLD` s: its job's line comes after ``worker consuming ...`` (or after the start's
+        failure), unless a start step after the first consumer takes longer than that.
         """
+        try:
+            await self._connect_and_consume()
+        finally:
+            self._start_over.set()
+
+    async def _connect_and_consume(self) -> None:
         self._check()
         self._background.append(asyncio.create_task(self._beat()))  # from here: a first connect retried is no stall
         self.app.set_default_url(self.settings.url)
@@ -254,6 +263,7 @@ class Worker(WorkerStop):
             fetcher = await QueueFetcher.opened(self._connection, layout.suspects_queue)  # counted: see .hard_closes
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
+        self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
         held = layout_queues(self._layouts.values()) + marker
@@ -281,6 +291,7 @@ class Worker(WorkerStop):
             await opener()
             self._seal_key = await seal_key_of(self.app.ledger)
         self._start_results()
+        self._start_over.set()
         self.ready.set()
 
     def _start_results(self) -> None:
@@ -302,6 +313,8 @@ class Worker(WorkerStop):
             inflight.add(task)
             self._held += 1
             try:
+                if not self._start_over.is_set():  # the job's line after the start's consuming line (START_HOLD)
+                    await asyncio.wait({asyncio.ensure_future(self._start_over.wait())}, timeout=START_HOLD)
                 await self._handle(layout, delivery, hand_back=hand_back, rated=rated, task=task)
             finally:
                 inflight.discard(task)
@@ -338,32 +351,6 @@ class Worker(WorkerStop):
         while True:
             self.heartbeat_at = time.monotonic()
             await asyncio.sleep(1.0)
-
-    def readiness(self) -> tuple[bool, str]:
-        """(ready, reason): connected to the broker and consuming every assigned queue.
-
-        Safe to call from another thread (it only reads state).
-        """
-        if self._stop.is_set():
-            return False, "stopping"
-        stuck = time.monotonic() - self.heartbeat_at
-        if stuck > STUCK_AFTER:  # the loop is blocked: whatever the connection state says, nothing moves
-            return False, f"event loop blocked for {stuck:.0f}s"
-        connection = self._connection
-        if not self.ready.is_set() or connection is None:
-            return False, "starting"
-        if connection.is_closed or not connection.connected.is_set():
-            return False, "not connected to the broker (reconnecting)"
-        if self._holding.summary:
-            return False, self._holding.summary
-        if self._lanes_missing:
-            return False, f"suspects queue(s) {', '.join(sorted(self._lanes_missing))} missing (apply the topology)"
-        if gone := [c.queue for c in self._consumers if isinstance(c, WorkQueueConsumer) and c.missing_since]:
-            return False, f"work queue(s) {', '.join(gone)} missing: {MISSING_FIX}"
-        idle = sum(1 for c in self._consumers if not c.consuming and not c.paused)
-        if idle:
-            return False, f"{idle} of {len(self._consumers)} consumer(s) not consuming (channel closed or cancelled)"
-        return True, self._consuming()
 
     def request_stop(self) -> None:
         """Ask the worker to stop taking deliveries and drain (safe from signal handlers)."""

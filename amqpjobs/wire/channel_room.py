@@ -97,6 +97,11 @@ _CHANNEL_LIMIT: Final = re.compile(r"has reached the (negotiated channel_max|max
 _USER: Final = re.compile(r"for user '([^']+)'")
 
 
+def channel_limit(text: str) -> bool:
+    """Whether ``text`` (an error's) quotes a channel refused at ``channel_max`` or at a user's ``max-channels``."""
+    return _CHANNEL_LIMIT.search(text) is not None
+
+
 def with_limit_fix(text: str) -> str:
     """``text`` (an error's) with ``; fix: ...`` added when it quotes a channel refused at a channel limit without one.
 

@@ -11,7 +11,6 @@ nodes and try another when one is unreachable).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import ssl
@@ -32,10 +31,6 @@ from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
 
 log = logging.getLogger("amqpjobs.wire")
-
-
-#: Seconds between two lines of one connection saying why the broker refuses its reconnects (it tries every 5 s).
-REFUSAL_SAID_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +55,8 @@ class Node:
 _ORDERS: dict[tuple[str, ...], list[int]] = {}
 #: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
 _CONNECTED: dict[frozenset[str], str] = {}
+#: Seconds between two lines of one connection saying the broker refuses its reconnects (at ``connection.open``).
+REFUSAL_EVERY = 60.0
 #: Connections of this process lost (closed by the broker, cut), and the last one's cause: :func:`losses`.
 _LOSSES: list[Any] = [0, ""]
 
@@ -82,6 +79,7 @@ def losses() -> tuple[int, str]:
 _FAILOVER_LINES = (
     ("aiormq.connection", "Unexpected connection close from remote"),
     ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+    ("aiormq.connection", "error when creating transport"),  # a reconnect attempt's failure: "could not reach" says it
     ("aio_pika.tools", "RobustChannel._on_close"),
     ("aio_pika.robust_connection", "closed. Reconnecting after"),
     ("aio_pika.robust_connection", "Connection attempt to"),
@@ -169,9 +167,11 @@ class ClusterConnection(RobustConnection):
         self.hard_error_callbacks: list[Callable[[BaseException], None]] = []
         #: What a 541 means here when the owner mends the message itself (see :func:`mends_undeliverable`).
         self.internal_error_words: str | None = None
+        #: Called with the error when the broker refuses a reconnect (connection.open): :func:`on_refused_reconnect`.
+        self.refused_callbacks: list[Callable[[BaseException], None]] = []
         #: Which limit or permission refused a reconnect's ``connection.open``, with its fix (:func:`explain_refusals`).
         self.explain_refusal: Callable[[BaseException], Awaitable[str]] | None = None
-        self._explained_at = -REFUSAL_SAID_EVERY  # monotonic time of the last such line
+        self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         self._explaining: asyncio.Task[None] | None = None
         first = nodes[self._at]
         _quiet_failover_lines()
@@ -189,12 +189,12 @@ class ClusterConnection(RobustConnection):
         """The node in use (or being tried)."""
         return self._nodes[self._at]
 
-    def _move_on(self, why: str, cause: str = "") -> None:
+    def _move_on(self, why: str, cause: str = "", say: bool = True) -> None:
         left = self._nodes[self._at]
         self._at = (self._at + 1) % len(self._nodes)
         self.url = URL(self.node.url)
         self.kwargs["context"] = self.node.context
-        if self._was_connected:
+        if self._was_connected and say:
             log.warning(
                 "connection %s %s %s%s: next attempt goes to %s",
                 self.name, why, left.safe_url, cause, self.node.safe_url,
@@ -220,6 +220,8 @@ class ClusterConnection(RobustConnection):
             cause = _cause(exc, self.internal_error_words)
             if was_open and not _hard_error(exc):  # a refused handshake, or a hard error: it fails alike again
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
+            if not was_open:  # an attempt that failed (refused, unreachable): its failure says it and moves on, once
+                return
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -234,8 +236,17 @@ class ClusterConnection(RobustConnection):
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
             self.last_failure = exc
-            self._move_on("could not reach", _cause(exc))
-            self._explain(exc)
+            refused, now = self._was_connected and open_refused(exc), time.monotonic()
+            say = not refused or now - self._refusal_said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
+            if refused and say:
+                self._refusal_said = now
+            explained = refused and say and self.explain_refusal is not None  # its own line names the limit
+            self._move_on("could not reach", _cause(exc) + (f" (said again in {REFUSAL_EVERY:g}s while it lasts)"
+                                                          if refused else ""), say and not explained)  # fmt: skip
+            if explained:
+                self._explain(exc)
+            for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
+                callback(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
             if not isinstance(exc, CONNECTION_EXCEPTIONS) and not first.done():
                 # aio-pika hands only its connection errors to a waiting connect(); anything else
@@ -244,19 +255,18 @@ class ClusterConnection(RobustConnection):
             raise
 
     def _explain(self, exc: BaseException) -> None:
-        """Say (at most every :data:`REFUSAL_SAID_EVERY` s) what refuses a reconnect's connection.open, and the fix."""
-        now = time.monotonic()
+        """Say what refuses a reconnect's connection.open, and the fix (paced by the caller: once a minute)."""
         explain = self.explain_refusal
-        if explain is None or not self._was_connected or not open_refused(exc):
+        if explain is None or (self._explaining is not None and not self._explaining.done()):
             return
-        if now - self._explained_at < REFUSAL_SAID_EVERY or (self._explaining and not self._explaining.done()):
-            return
-        self._explained_at = now
 
         async def said() -> None:
-            with contextlib.suppress(Exception):
-                log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
-                            "every %gs)", self.name, redact_text(await explain(exc)), REFUSAL_SAID_EVERY)  # fmt: skip
+            try:
+                why = await explain(exc)
+            except Exception:  # the management API did not answer: the broker's own words
+                why = _cause(exc).strip().removeprefix("(").removesuffix(")")
+            log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
+                        "every %gs)", self.name, redact_text(why), REFUSAL_EVERY)  # fmt: skip
 
         self._explaining = asyncio.get_running_loop().create_task(said())
 
@@ -323,6 +333,18 @@ def on_hard_error(connection: object, callback: Callable[[BaseException], None])
     """
     if isinstance(connection, ClusterConnection):
         connection.hard_error_callbacks.append(callback)
+
+
+def on_refused_reconnect(connection: object, callback: Callable[[BaseException], None]) -> None:
+    """Call ``callback`` with the error each time the broker refuses a reconnect of ``connection`` (connection.open).
+
+    530 NOT_ALLOWED there: the vhost is gone, the user lost its permissions, or a ``max-connections``
+    limit (the vhost's or the user's) is reached (:mod:`amqpjobs.wire.open_refusal` asks which). aio-pika
+    tries again every 5 s; the connection's own line says it once a minute (:data:`REFUSAL_EVERY`).
+    A connection not made by :func:`~amqpjobs.wire.connection.connect` is left alone.
+    """
+    if isinstance(connection, ClusterConnection):
+        connection.refused_callbacks.append(callback)
 
 
 def mends_undeliverable(connection: object, queue: str) -> None:

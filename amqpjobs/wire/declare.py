@@ -21,9 +21,19 @@ from amqpjobs.errors import (
 )
 from amqpjobs.topology.declarations import BindingDecl, Declarations, ExchangeDecl, QueueDecl
 from amqpjobs.wire.arguments import queue_arguments
+from amqpjobs.wire.channel_room import channel_room
 from amqpjobs.wire.connection import close_channel, connect
 from amqpjobs.wire.errors import LIBRARY_ERRORS, broker_errors, channel_limit_hint, error_kind
 from amqpjobs.wire.settings import BrokerSettings
+
+
+def _channels(connection: object) -> int:
+    """:data:`DECLARE_CHANNELS`, or fewer within a broker's low ``channel_max`` (those open counted): at least 1."""
+    room = channel_room(connection)
+    if room is None or room.channel_max <= 0:
+        return DECLARE_CHANNELS
+    return max(1, min(DECLARE_CHANNELS, room.channel_max - room.open))
+
 
 #: Channels a deploy declares on at once. Each declaration is one round trip; spreading them
 #: over a few channels lets the broker work on several at a time (200 job queues with 3 tiers
@@ -106,7 +116,7 @@ async def declare(
         raise BrokerError("not connected to the broker")
     # plain aiormq channels: a channel the broker closes (say, ACCESS_REFUSED) must stay closed,
     # not be reopened by the robust connection while the other channels still declare
-    underlays = [await transport.connection.channel(publisher_confirms=False) for _ in range(DECLARE_CHANNELS)]
+    underlays = [await transport.connection.channel(publisher_confirms=False) for _ in range(_channels(connection))]
     done = False
     try:
         stages: list[list[Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]]] = [

@@ -171,6 +171,11 @@ class OutcomeEvents:
             return cls(None, pack, on_drop, connection, owned)
         return cls(await connection.channel(publisher_confirms=False), pack, on_drop, connection, owned)
 
+    @property
+    def connection(self) -> Connection | None:
+        """The connection the events go out on (None: none given)."""
+        return self._connection
+
     def _on_close(self, channel: Any, exc: BaseException | None) -> None:
         """The broker closed the channel (say, the exchange was deleted: 404): events off, no reopening.
 

@@ -250,3 +250,35 @@ async def test_a_users_max_channels_refusing_a_start_or_a_park_is_said_with_its_
     assert park.returncode == 3, park.stderr
     assert "Traceback" not in out + park.stderr, (out, park.stderr)
     assert await depth(broker, "work") == 1  # the job waits, never lost
+
+
+async def test_children_refused_at_start_by_channel_max_stop_every_child_at_once_naming_the_fix(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """``consume --processes 2`` where ``channel_max`` (2 here, as a node with ``channel_max = 2`` in its
+    rabbitmq.conf offers it) refuses each child's start at a queue lookup's channel: a client-library error.
+
+    Measured before on 3.10 with ``channel_max = 2`` in the node's config: each child died with a Python
+    traceback (ConnectionNotAllowed, 18 of them in the log), was restarted 5 times in 15 s, then "error: worker
+    child 1 exited before it was ready 5 times within 60s; ... Its error: no error message (see its log lines
+    above)", exit 2. ``channel_max = 3``: refused at once by the start's guard, exit 3 with the fix (as here).
+    """
+    app = await publisher(broker, tmp_path)
+    await app.close()
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record), "CHANMAXAPP_MAX": "2"}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--processes", "2"), log) as proc:
+        code = await asyncio.to_thread(proc.wait, 60)
+    took, out = time.monotonic() - began, log.read_text()
+    last = out.strip().splitlines()[-1]
+    assert code == 3, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert len(re.findall(r"child \d started", out)) == 2, out[-3000:]  # none restarted
+    assert last.startswith("broker error: worker child "), last
+    assert "with an error no restart can change" in last, last
+    assert "has reached the negotiated channel_max (2); fix: raise channel_max in the broker's rabbitmq.conf" in last
+    assert re.search(r"child \d exited before it was ready \(exit code 3\)", out), out[-3000:]
+    assert took < 30, took

@@ -117,6 +117,12 @@ async def test_children_a_users_max_channels_refuses_at_run_time_stop_every_chil
     assert "number of channels opened for user" in last, last
     assert "rabbitmqctl set_user_limits" in last, last
     assert took < 30, (took, out[-3000:])  # measured on 3.10: 11 s (two refusals 5 s apart, then the drain)
+    # the child's exit code, as the supervisor saw it, is the one its stop line says (one home: amqpjobs.exit_codes)
+    final = re.search(r"child (\d) stopped \(exit code (-?\d+)\) with an error no restart can change", out)
+    assert final is not None, out[-3000:]
+    stops = re.findall(r"\[child (\d)\] amqpjobs\.worker: worker stopped: [^\n]*; exit (\d+)", out)
+    assert (final[1], "3") in stops, (stops, out[-3000:])
+    assert final[2] == "3", final[0]  # before: "child 1 stopped (exit code 1)" after "[child 1] ... exit 3"
     waiting = [m.message_id for m in await drain(broker, "work")]
     assert unacked == 0, unacked
     assert len(waiting) == len(set(waiting)) == ready, (waiting, ready)

@@ -50,7 +50,8 @@ async def test_a_start_cut_after_its_first_consumer_took_jobs_says_what_it_took(
         await app.enqueue("slow", {"seconds": 1}, job_id=f"w1-{i}")
     await app.enqueue("slow2", {"seconds": 0}, job_id="w2-0")
     env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
-           "CUTAPP_TOPOLOGY": str(topo), "CUTAPP_RECORD": str(record)}  # fmt: skip
+           "CUTAPP_TOPOLOGY": str(topo), "CUTAPP_RECORD": str(record),
+           "CUTAPP_AFTER": "1.5"}  # fmt: skip  # the jobs taken wait up to START_HOLD (1 s) for the start: running now
     args = ("--concurrency", "2", "--grace", "5s")
     with consume_subprocess("tests.integration.cutapp:app", env, args, log) as proc:
         deadline = time.monotonic() + 40
@@ -93,7 +94,8 @@ async def test_a_stop_between_a_cut_start_and_the_next_says_what_was_taken_and_e
     for i in range(2):
         await app.enqueue("slow", {"seconds": 1}, job_id=f"w1-{i}")
     env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url,
-           "CUTAPP_TOPOLOGY": str(topo), "CUTAPP_RECORD": str(record)}  # fmt: skip
+           "CUTAPP_TOPOLOGY": str(topo), "CUTAPP_RECORD": str(record),
+           "CUTAPP_AFTER": "1.5"}  # fmt: skip  # the jobs taken wait up to START_HOLD (1 s) for the start: running now
     with consume_subprocess("tests.integration.cutapp:app", env, ("--concurrency", "2", "--grace", "5s"), log) as proc:
         deadline = time.monotonic() + 30
         while "lost while starting" not in log.read_text():

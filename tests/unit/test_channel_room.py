@@ -129,3 +129,30 @@ def test_with_limit_fix_adds_the_fix_naming_the_user_once_and_leaves_other_error
     channel_max = "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
     assert "; fix: raise channel_max in the broker's rabbitmq.conf" in with_limit_fix(channel_max)
     assert with_limit_fix("NOT_FOUND - no queue 'x'") == "NOT_FOUND - no queue 'x'"
+
+
+#: aiormq's words for the broker's 530 answer to a reconnect's connection.open (a user's max-connections reached).
+REFUSED_OPEN = "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f>"
+
+
+async def test_a_best_effort_connection_is_said_once_a_minute_and_stops_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """The outcome events' connection: no job needs it (before: refused, two WARNING lines every 5 s, no fix)."""
+    clock = Clock(monkeypatch)
+    stop = asyncio.Event()
+    hard = HardCloses(stop.set)
+    for _ in range(12):  # a minute of aio-pika's reconnects, 5 s apart
+        hard._best_effort(aiormq.exceptions.InvalidFrameError(REFUSED_OPEN), 7, "outcome events", "app-worker-events")
+        hard._best_effort(aiormq.exceptions.ConnectionNotAllowed(USER_LIMIT), 7, "outcome events", "app-worker-events")
+        await asyncio.sleep(0)
+        clock.now += 5.0
+    hard._best_effort(aiormq.exceptions.ConnectionNotAllowed(USER_LIMIT), 7, "outcome events", "app-worker-events")
+    said = [r.getMessage() for r in caplog.records if "outcome events are off" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "refuses the reconnect of their connection app-worker-events (530 NOT_ALLOWED" in said[0], said
+    assert "closed their connection app-worker-events for what it sent" in said[1], said
+    assert "set_user_limits" in said[1], said  # the fix
+    assert all("jobs run as usual" in line for line in said), said
+    assert not stop.is_set()
+    assert hard.after_stop(0) == 0

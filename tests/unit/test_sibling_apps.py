@@ -9,7 +9,9 @@ refused with its own words (path and fix), and a sibling's is not judged.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,36 @@ def test_a_siblings_store_path_naming_a_folder_blocks_no_other_app(
     assert load_app(f"{name}:app", **kw).name == "plain"
     with pytest.raises(ConfigurationError, match=r"adir is a folder, not a regular file; give the path of a SQLite"):
         load_app(f"{name}:other", **kw)
+
+
+SIBLING_STORES = [
+    ("results", "SqliteResults(':memory:')", r"^SqliteResults\(':memory:'\): an in-memory or temporary SQLite"),
+    ("ledger", "SqliteLedger('')", r"^SqliteLedger\(''\): an in-memory or temporary SQLite database"),
+    ("ledger", "PostgresLedger('nonsense')", r"^PostgresLedger\(dsn=\.\.\.\) is not a URL .*: give the database's URL"),
+    ("results", "PostgresResults('mysql://h/db')", r"^PostgresResults\(dsn=\.\.\.\) has scheme 'mysql'"),
+    ("results", "SqliteResults('r.db', retention='6M')", r"^SqliteResults\(retention=\.\.\.\)"),
+    ("payload_store", "FilePayloadStore('')", r"^FilePayloadStore\(root=\.\.\.\) is empty"),
+]
+
+
+@pytest.mark.parametrize(("argument", "store", "words"), SIBLING_STORES, ids=[s[1] for s in SIBLING_STORES])
+async def test_a_siblings_store_argument_that_cant_work_is_refused_when_used_not_at_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argument: str, store: str, words: str
+) -> None:
+    """Before: ``--app m:app`` refused with the sibling's words, e.g. "SqliteResults(':memory:'): an in-memory ..."."""
+    monkeypatch.chdir(tmp_path)
+    body = (
+        "from amqpjobs import FilePayloadStore, PostgresLedger, PostgresResults\n"
+        f"app = App('plain')\nother = App('other', {argument}={store})\n"
+    )
+    name = module(tmp_path, monkeypatch, body)
+    for kw in ({}, {"reading": True}, {"existing": True}):
+        assert load_app(f"{name}:app", **kw).name == "plain"  # the chosen App starts
+    sibling = sys.modules[name].other
+    with pytest.raises(ConfigurationError, match=words):
+        await getattr(sibling, argument).prune(3600)  # used: refused, naming the argument and the fix
+    with pytest.raises(ConfigurationError, match=words):
+        load_app(f"{name}:other")  # named: refused at once, in the constructor's words
+    again = module(tmp_path, monkeypatch, body)
+    with pytest.raises(ConfigurationError, match=words):
+        importlib.import_module(again)  # a plain import (your program): the constructor raises, as before

@@ -1,0 +1,106 @@
+"""A worker whose reconnect the broker refuses at ``connection.open`` (a user's ``max-connections``) (README "Workers").
+
+Not a hard close (:mod:`amqpjobs.runtime.hard_closes`): a connection limit passes when other connections go,
+so a refused connection tries again every 5 s and says once a minute which limit holds and its fix (the
+management API asked, as at a start); lifted, the worker consumes again. Its outcome events connection (events
+are best effort: no job waits for them) says that its events are dropped meanwhile. Measured before, on 3.10:
+either connection refused so logged two WARNING lines every 5 s for ever ("lost ..." and "could not reach ... (the broker refused connection.open (530 NOT_ALLOWED: the
+vhost is gone, the user has no access to it, or a max-connections limit is reached ...))"); with the consuming
+one refused the worker consumed nothing, for ever, without stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, write_file
+from tests.integration.test_channel_limits import _close_named
+from tests.integration.test_processes_refused import _runs_again, _until_logged, limited_user
+from tests.integration.test_worker_process import publisher
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+
+async def _limit_then_close(broker: BrokerSettings, user: str, name: str) -> None:
+    """Set ``user``'s max-connections to one fewer than it holds (all of the worker's listed), then close ``name``.
+
+    ``user`` gets the ``monitoring`` tag first: the management API then tells it its limits (the worker asks).
+    """
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": "monitoring"})
+    deadline, mine = time.monotonic() + 30, list[dict[str, object]]()
+    while len(mine) < 3:  # the management API lists a new connection within a statistics interval
+        assert time.monotonic() < deadline, mine
+        await asyncio.sleep(0.3)
+        with ManagementClient(broker) as mgmt:
+            listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+        mine = [c for c in listed if c.get("user") == user]
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": len(mine) - 1})
+    assert await asyncio.to_thread(_close_named, broker, name) == 1
+
+
+async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with_the_limit_and_jobs_run_on(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = str(urlsplit(url).username)
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
+            await _limit_then_close(broker, user, "procapp-worker-events")
+            await asyncio.sleep(17)  # three more reconnect rounds (5 s apart)
+            code = await _runs_again(app, record, log, proc, deadline + 30)  # jobs run on
+    await app.close()
+    out = log.read_text()
+    said = [line for line in out.splitlines() if "outcome events are off" in line]
+    refusals = [line for line in out.splitlines() if "refused connection.open" in line]
+    assert code == 0, out[-3000:]
+    assert len(said) == 1, out[-3000:]  # once (again after 60 s while it lasts), not every 5 s
+    assert f"user '{user}' allows at most 2 connection(s) (max-connections): raise it" in said[0], said
+    assert f"rabbitmqctl set_user_limits {user}" in said[0], said
+    assert "jobs run as usual" in said[0], said
+    assert len(refusals) <= 1, refusals  # before: 2 lines every 5 s ('lost ...', 'could not reach ...')
+
+
+async def test_the_consuming_connection_refused_at_each_reconnect_names_the_limit_once_and_consumes_once_lifted(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker) as url:
+        user = str(urlsplit(url).username)
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            deadline = time.monotonic() + 40
+            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
+            await _limit_then_close(broker, user, "procapp-worker")
+            await asyncio.sleep(17)  # three more reconnect rounds (5 s apart), all refused
+            running = proc.poll()
+            with ManagementClient(broker) as mgmt:  # lifted: the next reconnect goes through
+                mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
+            code = await _runs_again(app, record, log, proc, time.monotonic() + 40)
+    await app.close()
+    out = log.read_text()
+    said = [line for line in out.splitlines() if "connection procapp-worker: the broker refuses its reconnect" in line]
+    assert running is None, out[-3000:]  # a refusal that may pass stops nothing
+    assert code == 0, out[-3000:]  # consumed again once lifted: the job after it ran, then SIGTERM
+    assert len(said) == 1, out[-3000:]  # once a minute, not every 5 s
+    assert f"user '{user}' allows at most 2 connection(s) (max-connections): raise it" in said[0], said
+    assert f"rabbitmqctl set_user_limits {user}" in said[0], said
+    assert "refused connection.open" not in out, out[-3000:]  # the general words, every 5 s before
