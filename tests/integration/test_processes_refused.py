@@ -148,7 +148,7 @@ async def test_a_start_a_users_max_channels_refuses_says_the_fix_wherever_it_mee
     out = log.read_text()
     last = out.strip().splitlines()[-1]
     assert code == 3, out
-    assert f"has reached the maximum allowed user limit of ({limit})" in last, out
+    assert re.search(rf"has reached the maximum allowed user limit of \(?{limit}\)?", last), out  # 4.x: no ()
     # before, limit 2: "broker error: looking for queues and exchanges failed: NOT_ALLOWED - number of channels
     # opened for user '...' has reached the maximum allowed user limit of (2)" (1 and 3 named the fix)
     assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, out
@@ -278,7 +278,7 @@ async def test_a_childs_start_a_users_max_channels_refuses_at_a_rate_limits_step
     assert "Traceback" not in out, out[-3000:]
     assert code == 3, out[-3000:]
     assert last.startswith("broker error: worker child "), last
-    assert "has reached the maximum allowed user limit of (4)" in last, last
+    assert re.search(r"has reached the maximum allowed user limit of \(?4\)?", last), last  # 4.x: no ()
     assert "; fix: raise or clear the user's max-channels limit (rabbitmqctl set_user_limits" in last, last
 
 
