@@ -4,9 +4,9 @@ Not a hard close (:mod:`amqpjobs.runtime.hard_closes`): a connection limit passe
 so a refused connection tries again every 5 s and says once a minute which limit holds and its fix (the
 management API asked, as at a start); lifted, the worker consumes again. Its outcome events connection (events
 are best effort: no job waits for them) says that its events are dropped meanwhile. Measured before, on 3.10:
-either connection refused so logged two WARNING lines every 5 s for ever ("lost ..." and "could not reach ... (the broker refused connection.open (530 NOT_ALLOWED: the
-vhost is gone, the user has no access to it, or a max-connections limit is reached ...))"); with the consuming
-one refused the worker consumed nothing, for ever, without stopping.
+either connection refused so logged two WARNING lines every 5 s for ever ("lost ..." and "could not reach ...
+(the broker refused connection.open (530 NOT_ALLOWED: the vhost is gone, the user has no access to it, or a
+max-connections limit is reached ...))"); with the consuming one refused the worker consumed nothing, for ever.
 """
 
 from __future__ import annotations
