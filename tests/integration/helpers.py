@@ -80,6 +80,13 @@ def cli(settings: BrokerSettings, *args: str) -> Result:
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
+def cli_refused(settings: BrokerSettings, *args: str) -> str:
+    """:func:`cli` with ``args``, which must be refused as a usage error (exit 2): its stderr, to assert whole."""
+    result = cli(settings, *args)
+    assert result.exit_code == 2, result.output
+    return result.stderr
+
+
 def cli_subprocess(settings: BrokerSettings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the installed ``amqpjobs`` console script as a user would."""
     env = dict(os.environ, AMQPJOBS_URL=settings.url, AMQPJOBS_MANAGEMENT_URL=settings.management_url)
