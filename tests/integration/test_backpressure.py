@@ -14,7 +14,7 @@ import functools
 import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -629,6 +629,27 @@ async def quarantined(node: BrokerSettings, total: int, prefix: str) -> None:
                              routing_key="plain")  # fmt: skip
 
 
+async def stopped_by_alarm(
+    alarm_node: AlarmNode, running: asyncio.Task[Any], moved: Callable[[], int], what: str
+) -> tuple[BrokerBlockedError, float]:
+    """Raise the memory alarm once ``running`` (a replay or park) has ``moved()`` 10 jobs (``what``: "replayed");
+    the BrokerBlockedError it must stop with within 60 s, and the seconds from the alarm to it. The alarm is
+    cleared after, whatever happened, and ``running`` cancelled if it still runs."""
+    try:
+        await wait_until(lambda: moved() >= 10 or running.done(), 30, f"10 {what}")
+        alarm_node.memory_alarm(True)
+        raised = time.monotonic()
+        with pytest.raises(BrokerBlockedError) as caught:
+            await asyncio.wait_for(asyncio.shield(running), 60)
+        took = time.monotonic() - raised
+    finally:
+        alarm_node.memory_alarm(False)
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    return caught.value, took
+
+
 @pytest.mark.serial  # raises the dedicated node's alarm; asserts a wall-clock bound
 @pytest.mark.timeout(180)
 async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_nothing(
@@ -649,20 +670,9 @@ async def test_a_replay_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses
     await quarantined(on_alarm_node, total, "r")
     report = ReplayReport(queue="plain")
     running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
-    try:
-        await wait_until(lambda: report.replayed >= 10 or running.done(), 30, "10 replayed")
-        alarm_node.memory_alarm(True)
-        raised = time.monotonic()
-        with pytest.raises(BrokerBlockedError) as caught:
-            await asyncio.wait_for(asyncio.shield(running), 60)
-        took = time.monotonic() - raised
-    finally:
-        alarm_node.memory_alarm(False)
-        if not running.done():
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-    said = str(caught.value)
-    assert caught.value.alarm == "memory", said
+    caught, took = await stopped_by_alarm(alarm_node, running, lambda: report.replayed, "replayed")
+    said = str(caught)
+    assert caught.alarm == "memory", said
     assert said.startswith("replay of 'plain.quarantine' stopped: the broker is blocking publishers: resource "
                            "alarm (memory)"), said  # fmt: skip
     assert f"{report.replayed} replayed before it" in said, said
@@ -692,20 +702,9 @@ async def test_a_park_that_meets_an_alarm_mid_way_stops_in_our_words_and_loses_n
     await quarantined(on_alarm_node, total, "p")
     report = TakeReport("plain.quarantine")
     running = asyncio.create_task(park(on_alarm_node, "plain", report=report))
-    try:
-        await wait_until(lambda: report.taken >= 10 or running.done(), 30, "10 parked")
-        alarm_node.memory_alarm(True)
-        raised = time.monotonic()
-        with pytest.raises(BrokerBlockedError) as caught:
-            await asyncio.wait_for(asyncio.shield(running), 60)
-        took = time.monotonic() - raised
-    finally:
-        alarm_node.memory_alarm(False)
-        if not running.done():
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-    said = str(caught.value)
-    assert caught.value.alarm == "memory", said
+    caught, took = await stopped_by_alarm(alarm_node, running, lambda: report.taken, "parked")
+    said = str(caught)
+    assert caught.alarm == "memory", said
     assert took < 15, f"{took:.1f}s after the alarm"
     await asyncio.sleep(2)  # once cleared, a held copy would be stored now
     parked, left = await depth(on_alarm_node, "plain.parked"), await depth(on_alarm_node, "plain.quarantine")
@@ -829,16 +828,7 @@ async def test_a_replay_whose_alarm_clears_as_it_gives_up_leaves_no_job_in_both_
     await quarantined(on_alarm_node, total, "c")
     report = ReplayReport(queue="plain")
     running = asyncio.create_task(replay(on_alarm_node, "plain", ReplayOptions(rate=20), report=report))
-    try:
-        await wait_until(lambda: report.replayed >= 10 or running.done(), 30, "10 replayed")
-        alarm_node.memory_alarm(True)
-        with pytest.raises(BrokerBlockedError):
-            await asyncio.wait_for(asyncio.shield(running), 60)
-    finally:
-        alarm_node.memory_alarm(False)
-        if not running.done():
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
+    await stopped_by_alarm(alarm_node, running, lambda: report.replayed, "replayed")
     await asyncio.sleep(2)
     moved, left = await depth(on_alarm_node, "plain"), await depth(on_alarm_node, "plain.quarantine")
     assert (moved, left) == (report.replayed, total - report.replayed)  # none lost, none in both
