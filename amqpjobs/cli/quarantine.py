@@ -49,7 +49,7 @@ from amqpjobs.runtime.loading import load_app
 from amqpjobs.runtime.parking import purge_matching
 from amqpjobs.runtime.quarantine import QuarantinedMessage, browse, export, purge, quarantine_queues
 from amqpjobs.runtime.replay import replay
-from amqpjobs.runtime.status import unread_queues
+from amqpjobs.runtime.unread import unread_queues
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.settings import BrokerSettings

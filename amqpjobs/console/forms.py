@@ -206,21 +206,13 @@ class ActionForm:
     canary_timeout: float = DEFAULT_CANARY_TIMEOUT
 
 
-def _timeout_asked(text: str) -> bool:
-    """Whether a canary timeout field holds a request: not empty, nor the default the form is filled with."""
-    try:
-        return bool(text) and parse_duration(text) != DEFAULT_CANARY_TIMEOUT
-    except ValueError:  # no duration ("forever"): something asked all the same
-        return True
-
-
 def action_form(kind: str, form: Any) -> ActionForm:
     """Read the form of action ``kind`` (``replay``, ``park``, ``unpark``, ``purge``).
 
     Raises:
         FormError: the first bad field: the queue, the scope (``all`` or ``selected`` with
-            some checked), the rate, canary or canary timeout (replay; a timeout other than the
-            default without a canary, as ``replay --canary-timeout`` without ``--canary``), or the
+            some checked), the rate, canary or canary timeout (replay; any timeout typed without a
+            canary, as ``replay --canary-timeout`` without ``--canary``; empty is the default), or the
             queue's name not typed out (purge).
 
     """
@@ -250,12 +242,13 @@ def action_form(kind: str, form: Any) -> ActionForm:
     if canary is not None and canary > MAX_CANARY:
         raise FormError("canary", f"at most {MAX_CANARY} jobs (got {canary_text!r})")
     timeout = DEFAULT_CANARY_TIMEOUT
-    if canary is None and _timeout_asked(timeout_text := text_of(form, "canary_timeout")):  # as the CLI refuses it
+    # The form sends the field empty (the default is its placeholder): any text in it was typed, a request.
+    timeout_text = text_of(form, "canary_timeout")
+    if canary is None and timeout_text:  # as the CLI refuses --canary-timeout without --canary, 60s too
         raise FormError("canary_timeout", "a canary timeout needs a canary (how many jobs to move first, e.g. 2): "
-                        f"fill in canary, or leave the timeout at its default, {DEFAULT_CANARY_TIMEOUT:g}s "
+                        f"fill in canary, or empty the timeout (its default is {DEFAULT_CANARY_TIMEOUT:g}s) "
                         f"(got {timeout_text!r})")  # fmt: skip
-    if canary is not None:  # the timeout of the canaries: asked for with them
-        timeout_text = required(form, "canary_timeout", "how long to wait for the canaries, e.g. 30s")
+    if canary is not None and timeout_text:  # the timeout of the canaries: asked for with them; empty: the default
         try:
             timeout = parse_duration(timeout_text)
         except DurationTooLongError:

@@ -1,27 +1,38 @@
-"""Reading quarantined messages, filtering them, and building replay copies (no I/O).
+"""Reading quarantined messages, filtering and grouping them (no I/O).
 
 A quarantined message is either one the worker put there (it carries our evidence
 headers, :mod:`amqpjobs.jobs.evidence`) or a broker-side dead-letter (rejected by some
 other consumer, expired, over ``max_length``, over a quorum delivery limit) that carries
 only the broker's ``x-death`` header (RabbitMQ "Dead Letter Exchanges" → "Dead-Lettered
-Messages"). :func:`describe` reads both into one :class:`QuarantinedJob`.
+Messages"). :func:`describe` reads both into one :class:`QuarantinedJob`. The copies a replay
+or park makes of one: :mod:`amqpjobs.jobs.quarantine_moves`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from amqpjobs.jobs import crash, envelope, evidence
-from amqpjobs.jobs.copy_headers import copy_headers
+from amqpjobs.jobs import envelope, evidence
 from amqpjobs.jobs.fingerprint import count_in, group_id, stack_fingerprint
-from amqpjobs.jobs.header_values import COUNT_MAX, no_text, read_count
 from amqpjobs.jobs.header_values import header_text as header_text  # re-exported
-from amqpjobs.jobs.message_key import PAYLOAD_KEY, message_key, payload_key
+from amqpjobs.jobs.header_values import no_text, read_count
+from amqpjobs.jobs.message_key import message_key, payload_key
 from amqpjobs.jobs.outcome import REASONS
+
+# the copies of a move, and the mover's lock: their home was here (re-exported)
+from amqpjobs.jobs.quarantine_moves import PARKED_AT as PARKED_AT
+from amqpjobs.jobs.quarantine_moves import PREVIOUS_ERROR_MESSAGE as PREVIOUS_ERROR_MESSAGE
+from amqpjobs.jobs.quarantine_moves import PREVIOUS_ERROR_TYPE as PREVIOUS_ERROR_TYPE
+from amqpjobs.jobs.quarantine_moves import PREVIOUS_FAILURE_AT as PREVIOUS_FAILURE_AT
+from amqpjobs.jobs.quarantine_moves import PREVIOUS_REASON as PREVIOUS_REASON
+from amqpjobs.jobs.quarantine_moves import REPLAY_COUNT as REPLAY_COUNT
+from amqpjobs.jobs.quarantine_moves import REPLAY_ID as REPLAY_ID
+from amqpjobs.jobs.quarantine_moves import mover_lock_queue as mover_lock_queue
+from amqpjobs.jobs.quarantine_moves import park_headers as park_headers
+from amqpjobs.jobs.quarantine_moves import replay_headers as replay_headers
 from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.printable import printable
 
@@ -36,22 +47,6 @@ UNKNOWN_DEATH: Final = "x-death:unknown"
 OTHER_REASON: Final = "other:"
 #: The ``x-first-death-*`` / ``x-last-death-*`` fields read (besides ``x-death``'s entries).
 _DEATH_FIELDS: Final = ("reason", "queue")
-
-REPLAY_COUNT: Final = "amqpjobs-replay-count"
-REPLAY_ID: Final = "amqpjobs-replay-id"
-PREVIOUS_REASON: Final = "amqpjobs-previous-reason"
-PREVIOUS_ERROR_TYPE: Final = "amqpjobs-previous-error-type"
-PREVIOUS_ERROR_MESSAGE: Final = "amqpjobs-previous-error-message"
-PREVIOUS_FAILURE_AT: Final = "amqpjobs-previous-failure-at"
-#: When an operator parked the job (``amqpjobs quarantine park``), ISO-8601 UTC.
-PARKED_AT: Final = "amqpjobs-parked-at"
-
-#: Headers dropped from a replayed copy: the evidence of the failure (kept as ``previous-*``)
-#: and the per-attempt bookkeeping, so the job starts a fresh attempt budget.
-_RESET: Final = frozenset(
-    {*evidence.EVIDENCE_HEADERS, *crash.START_HEADERS, envelope.ATTEMPT, envelope.RUNS, envelope.FIRST_FAILURE_AT}
-    - {evidence.JOB, evidence.TENANT, evidence.ORIGINAL_EXCHANGE, evidence.ORIGINAL_ROUTING_KEY}
-)
 
 
 def is_shown_reason(reason: str) -> bool:
@@ -322,64 +317,6 @@ def summarize(items: Iterable[QuarantinedJob]) -> list[Group]:
             group = groups[key] = Group(*key, 0, None, None)
         count_in(group, item)
     return sorted(groups.values(), key=lambda g: (-g.count, g.job, g.reason, g.error_type))
-
-
-def mover_lock_queue(quarantine_queue: str) -> str:
-    """Name of the lock queue that one mover of ``quarantine_queue`` at a time holds.
-
-    ``amqpjobs.mover.<quarantine queue>.lock``: it does not end in ``.quarantine``, so
-    ``quarantine list --all`` never takes it for a quarantine queue. Past AMQP's 255 bytes
-    the quarantine queue's name is replaced by a digest of it.
-    """
-    name = f"amqpjobs.mover.{quarantine_queue}.lock"
-    if len(name.encode("utf-8")) <= 255:
-        return name
-    return f"amqpjobs.mover.sha256-{hashlib.sha256(quarantine_queue.encode('utf-8')).hexdigest()}.lock"
-
-
-def replay_headers(
-    headers: Mapping[str, Any], item: QuarantinedJob, replay_id: str, *, timestamp: Any
-) -> dict[str, Any]:
-    """Headers of the replayed copy: a fresh attempt budget plus provenance.
-
-    Evidence and attempt bookkeeping are dropped (the copy starts at attempt 1); the
-    broker's ``x-death`` & co are stripped; ``amqpjobs-replay-count`` is incremented and
-    the failure being replayed is kept as ``amqpjobs-previous-*``, so a job that fails again
-    arrives in quarantine carrying both failures. ``timestamp``: the received ``timestamp``
-    property (:func:`~amqpjobs.jobs.copy_headers.copy_headers` keeps the first enqueue time).
-    """
-    out = {k: v for k, v in copy_headers(headers, timestamp).items() if k not in _RESET}
-    out[envelope.ATTEMPT] = 1
-    out[REPLAY_COUNT] = min(item.replay_count + 1, COUNT_MAX)  # stays an AMQP integer
-    out[REPLAY_ID] = replay_id
-    out[PREVIOUS_REASON] = item.reason
-    out[PREVIOUS_ERROR_TYPE] = item.error_type
-    out[PREVIOUS_ERROR_MESSAGE] = item.error_message[:1024]
-    out[PREVIOUS_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
-    if item.payload_key:  # no id (a broker's dead-letter): its generated id is ours, keyed as it came ("Idempotency")
-        out[PAYLOAD_KEY] = item.payload_key
-    return out
-
-
-def park_headers(headers: Mapping[str, Any], item: QuarantinedJob, parked_at: str, *, timestamp: Any) -> dict[str, Any]:
-    """Headers of a parked copy: the quarantined message's, evidence and all, plus ``amqpjobs-parked-at``.
-
-    Every header is kept as received (:func:`~amqpjobs.jobs.copy_headers.copy_headers`: the copy
-    goes out byte for byte) but the broker's ``x-death`` & co, which the broker does not
-    keep up on a client's copy (3.13+). A broker-side dead-letter, whose only evidence they
-    are, gets what :func:`describe` read from them as our evidence headers (reason
-    ``x-death:<reason>``, original queue, failure times), so the parked copy still says why.
-    ``timestamp``: the received ``timestamp`` property (:func:`~amqpjobs.jobs.copy_headers.copy_headers`).
-    """
-    out = copy_headers(headers, timestamp)
-    if item.broker_side:
-        out[evidence.REASON] = item.reason
-        out[evidence.ORIGINAL_QUEUE] = item.original_queue
-        out[evidence.ATTEMPTS] = item.attempts
-        out[evidence.LAST_FAILURE_AT] = "" if item.failed_at is None else header_text(item.failed_at)
-        out[evidence.FIRST_FAILURE_AT] = "" if item.first_failed_at is None else header_text(item.first_failed_at)
-    out[PARKED_AT] = parked_at
-    return out
 
 
 def jsonable(value: Any) -> Any:

@@ -31,7 +31,8 @@ from amqpjobs.topology.policy_effects import (
     matching,
     source_type,
 )
-from amqpjobs.wire.management import ManagementClient, queue_state
+from amqpjobs.wire.live_objects import queue_state
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 
 

@@ -18,17 +18,19 @@ import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from logging import Logger
 from typing import Any
 
 from amqpjobs.durations import parse_duration
-from amqpjobs.errors import AmqpJobsError, BrokerUnavailableError, ManagementApiError
+from amqpjobs.errors import ManagementApiError
 from amqpjobs.jobs.timestamps import head_age
 from amqpjobs.printable import listed, printable, shell_quote
 from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
 from amqpjobs.runtime.held_count import held_now
 from amqpjobs.runtime.policy_checks import View, overrides, vhost_overrides
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
+from amqpjobs.runtime.unread import dropped_problems, gets_per_second, rate_of
+from amqpjobs.runtime.unread import unread_queues as unread_queues  # re-exported: its home was here
+from amqpjobs.runtime.unread import warn_dropped_shards as warn_dropped_shards  # re-exported
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import (
     EVENTS_EXCHANGE,
@@ -38,7 +40,7 @@ from amqpjobs.topology.naming import (
     quarantine_queue_name,
     suspects_queue_name,
 )
-from amqpjobs.topology.orphans import orphan_fixes, orphan_queues, unread
+from amqpjobs.topology.orphans import orphan_queues
 from amqpjobs.topology.plan import ObjectState
 from amqpjobs.wire.declare import probe_queues
 from amqpjobs.wire.flags import flags_in
@@ -168,82 +170,6 @@ def layout_from_names(job_queue: str, live_names: list[str]) -> tuple[list[str],
     return works, tiers, quarantine_queue_name(job_queue)
 
 
-#: The management API's basic.get counters (RabbitMQ "Management HTTP API", queue ``message_stats``).
-_GET_KEYS = ("get", "get_no_ack", "get_empty")
-
-
-def _rate(stats: dict[str, Any], key: str) -> float:
-    details = stats.get(f"{key}_details") or {}
-    return float(details.get("rate", 0.0) or 0.0)
-
-
-def _gets(queue: dict[str, Any]) -> float:
-    """basic.get per second on ``queue`` (management API; a sharded job queue's idle worker polls each shard)."""
-    return sum(_rate(queue.get("message_stats") or {}, k) for k in _GET_KEYS)
-
-
-def unread_queues(settings: BrokerSettings, names: list[str]) -> list[str]:
-    """Those of ``names`` that exist and that no worker takes from: no consumer, no basic.get in the last seconds.
-
-    From the management API (its figures lag by the statistics interval, 5 s by default).
-    Best effort: an API that can't be reached finds none.
-    """
-    try:
-        with ManagementClient(settings, timeout=5.0) as mgmt:
-            live = {q["name"]: q for q in mgmt.queues(settings.vhost)}
-    except (BrokerUnavailableError, ManagementApiError):
-        return []
-    return [n for n in names if n in live and not live[n].get("consumers") and _gets(live[n]) == 0]
-
-
-def _dropped_problems(layouts: list[JobQueueLayout], job_queue: str, dropped: list[QueueStatus]) -> list[str]:
-    """A problem per queue of ``dropped`` of ``job_queue`` that holds jobs no worker reads (a shard it no longer has).
-
-    The orphans of ``topology plan`` (:mod:`amqpjobs.topology.orphans`), with the same fix.
-    """
-    mine = [q for q in dropped if parse_queue_name(q.name).job_queue == job_queue and q.exists and q.ready]
-    waiting = [q for q in mine if unread(layouts, q.name)]
-    fixes = orphan_fixes(layouts, [(q.name, q.ready) for q in waiting])
-    shards = len(next((lay.work_queues for lay in layouts if lay.name == job_queue), ()))
-    return [
-        f"queue {q.name} holds {q.ready} message(s)"
-        + ("" if q.oldest_age is None else f" (oldest {q.oldest_age:.0f}s)")
-        + f" but is not in the topology (shards = {shards}): no worker reads it; {fix}"
-        for q, fix in zip(waiting, fixes, strict=True)
-    ]
-
-
-async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQueueLayout], log: Logger) -> None:
-    """Warn (``log``) per job queue of ``layouts`` whose dropped shards (``shards`` lowered) hold jobs.
-
-    A worker's start: the live queue names from the management API (as ``topology plan``),
-    then a passive declare of each orphan only (exact depths). Best effort: without the
-    management API nothing is said (``amqpjobs status`` and ``topology plan`` still tell).
-    """
-    layouts = list(layouts)
-    try:
-        live = await asyncio.to_thread(_queue_names, settings)  # httpx blocks: not on the worker's loop
-        names = [n for n in orphan_queues(layouts, live) if unread(layouts, n)]
-        depths = await probe_queues(settings, names) if names else {}
-    except AmqpJobsError as exc:  # best effort: no reason to refuse a start
-        log.debug("dropped shards not checked (%s)", exc)
-        return
-    for lay in layouts:
-        held = [(n, depths[n].messages) for n in names if n in depths and depths[n].messages]
-        held = [(n, m) for n, m in held if parse_queue_name(n).job_queue == lay.name]
-        if held:
-            log.warning(
-                "dropped shard(s) of %s hold jobs no worker reads: %s; %s (topology plan lists them as ORPHAN)",
-                lay.name, ", ".join(f"{n} ({m} message(s))" for n, m in held), orphan_fixes(layouts, held)[0],
-            )  # fmt: skip
-
-
-def _queue_names(settings: BrokerSettings) -> list[str]:
-    """The vhost's queue names (management API, 5 s per request; its errors raised)."""
-    with ManagementClient(settings, timeout=5.0) as mgmt:
-        return [str(q["name"]) for q in mgmt.queues(settings.vhost)]
-
-
 def _read_vhost(settings: BrokerSettings) -> tuple[dict[str, Any], dict[str, dict[str, Any]], View]:
     """The vhost's queues by name, its waiting rooms, and the view overrides are judged by (:class:`View`)."""
     with ManagementClient(settings) as mgmt:
@@ -317,7 +243,7 @@ async def collect(
             msg_stats = stats.get("message_stats") or {}
             return QueueStatus(
                 queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,
-                _rate(msg_stats, "publish"), _rate(msg_stats, "deliver_get"), _rate(msg_stats, "ack"), age,
+                rate_of(msg_stats, "publish"), rate_of(msg_stats, "deliver_get"), rate_of(msg_stats, "ack"), age,
             )  # fmt: skip
 
         status = JobQueueStatus(
@@ -365,7 +291,7 @@ async def collect(
         for w in status.work:
             # a sharded job queue's workers take by basic.get and consume a shard only while it is
             # busy (README "Tenant fairness"): an idle worker still asks each shard ~10 times a second
-            gets = _gets(live.get(w.name, {}))
+            gets = gets_per_second(live.get(w.name, {}))
             if w.exists and w.consumers == 0 and not (sharded and gets > 0) and status.paused is None:
                 status.problems.append(
                     f"no worker takes from {w.name} (no consumer, no basic.get in the last seconds)"
@@ -377,7 +303,7 @@ async def collect(
                 status.problems.append(f"oldest message in {w.name} is {w.oldest_age:.0f}s old (> {max_age:g}s)")
             elif max_age is not None and w.oldest_age is None and w.ready:
                 status.notes.append(f"--max-age can't judge {w.name}: {w.ready} ready, {_NO_AGE}")
-        status.problems += _dropped_problems(layouts or [], name, [figures(n) for n in dropped])
+        status.problems += dropped_problems(layouts or [], name, [figures(n) for n in dropped])
         held = [q.name for q in [*own, parked, *status.waiting] if q.exists]
         layout = next((x for x in layouts or [] if x.name == name), None)
         problems, notes = overrides(view, name, held, layout, desired)

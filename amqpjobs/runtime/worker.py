@@ -58,9 +58,9 @@ from amqpjobs.runtime.results_writer import ResultsWriter, start_results
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.starting import start_unless_stopped
-from amqpjobs.runtime.status import warn_dropped_shards
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.undeliverable import Rescue, quarantines_of, start_past_undeliverable, watch_undeliverable
+from amqpjobs.runtime.unread import warn_dropped_shards
 from amqpjobs.runtime.worker_config import WorkerOptions as WorkerOptions
 from amqpjobs.runtime.worker_config import check_worker, consumed_job_queues, lease_warnings
 from amqpjobs.topology.models import JobQueueLayout

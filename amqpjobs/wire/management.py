@@ -2,7 +2,8 @@
 
 Used for what AMQP cannot tell: queue arguments and depths, vhosts, definitions. Errors
 are translated into :class:`~amqpjobs.errors.ManagementApiError` /
-:class:`~amqpjobs.errors.BrokerUnavailableError`; messages never contain credentials.
+:class:`~amqpjobs.errors.BrokerUnavailableError`, worded by :mod:`amqpjobs.wire.management_words`;
+messages never contain credentials.
 """
 
 from __future__ import annotations
@@ -10,31 +11,21 @@ from __future__ import annotations
 import ssl
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
 from amqpjobs.errors import BrokerUnavailableError, ManagementApiError
 from amqpjobs.printable import printable, shell_quote
-from amqpjobs.topology.plan import ObjectState, binding_name
+from amqpjobs.topology.plan import ObjectState
+from amqpjobs.wire import management_words as words
 from amqpjobs.wire.cluster import connected_node, process_order
-from amqpjobs.wire.node_ports import amqp_refused
+from amqpjobs.wire.live_objects import live_objects
+from amqpjobs.wire.live_objects import queue_state as queue_state  # re-exported: its home was here
 from amqpjobs.wire.rotation import attempt_timeout
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, refused_certificate, split_tls_options, ssl_context
-from amqpjobs.wire.urls import CREDENTIALS_FIX, node_address
-
-
-def _plain_http(base: str, exc: Exception) -> str | None:
-    """Why ``https`` to ``base`` failed when its port answers plain HTTP (``WRONG_VERSION_NUMBER``), or None."""
-    cause: BaseException | None = exc
-    while cause is not None and not (isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER"):
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return None
-    return (f"port {urlsplit(base).port or 443} does not speak TLS (it answers plain HTTP): use amqp:// when the "
-            "broker has no TLS, else give --management-url http://... (or $AMQPJOBS_MANAGEMENT_URL), or the "
-            "management API's TLS port")  # fmt: skip
+from amqpjobs.wire.urls import node_address
 
 
 def _q(name: str) -> str:
@@ -168,23 +159,18 @@ class ManagementClient:
                     ) from exc
                 silent = isinstance(exc, httpx.TimeoutException)  # worded as a silent AMQP node is
                 failures.append((self.base_url, f"no answer within {self.timeout:g}s" if silent else
-                                 _plain_http(self.base_url, exc) or f"{type(exc).__name__}: {exc}"))  # fmt: skip
+                                 words.plain_http(self.base_url, exc) or f"{type(exc).__name__}: {exc}"))  # fmt: skip
                 if not isinstance(exc, httpx.TransportError) or tried + 1 == len(self._bases):
-                    raise BrokerUnavailableError(self._unreachable(failures)) from exc
+                    raise BrokerUnavailableError(words.unreachable(self.settings, failures)) from exc
                 self._bases.append(self._bases.pop(0))  # the next node's API; this one goes last
         if resp.status_code == 404 and allow_404:
             return None
         if resp.status_code == 404 and (path == "/overview" or not self._api_answers()):
-            raise ManagementApiError(self._no_api(), 404)
+            raise ManagementApiError(words.no_api(self.base_url), 404)
         if resp.status_code == 404 and path != f"/vhosts/{_q(self.settings.vhost)}" and not self._vhost_exists():
-            vhost = self.settings.vhost
-            raise ManagementApiError(
-                f"vhost {vhost!r} does not exist on {self.base_url} (the vhost is the AMQP URL's "
-                f"path): fix the URL, or create it (rabbitmqctl add_vhost {vhost!r})",
-                404,
-            )
+            raise ManagementApiError(words.no_vhost(self.settings.vhost, self.base_url), 404)
         if resp.status_code == 401:
-            raise ManagementApiError(self._refused(resp), 401)
+            raise ManagementApiError(words.refused(self.base_url, self.settings.username, resp), 401)
         if resp.status_code >= 300 and resp.status_code not in answers:  # a redirect answers another URL: no answer
             answer = printable(resp.text[:500])  # its text reaches log lines: no control characters
             if 300 <= resp.status_code < 400:
@@ -207,47 +193,9 @@ class ManagementClient:
         except httpx.RemoteProtocolError:
             return client.request(method, self.base_url + url, json=json)
 
-    def _refused(self, resp: httpx.Response) -> str:
-        """What a 401 means: wrong credentials, or a user without a management tag.
-
-        RabbitMQ answers both with 401; its body's ``reason`` tells them apart: ``Login failed``
-        (``Not_Authorized`` on 4.0 and 4.3.6), or ``Not management user`` for a user whose tags
-        give no management API access (RabbitMQ "Management Plugin" -> "Permissions":
-        ``monitoring`` or ``management``, at least).
-        """
-        refused = f"management API at {self.base_url} refused user {self.settings.username!r} (401)"
-        try:
-            reason = str(resp.json().get("reason", ""))
-        except (ValueError, AttributeError):
-            reason = ""
-        user = self.settings.username
-        tag_fix = f"e.g. rabbitmqctl set_user_tags {shell_quote(user)} monitoring"
-        if "not management user" in reason.lower():
-            return f"{refused}: the user has no management tag; give it one ({tag_fix}), or use another user"
-        if reason.lower() in ("login failed", "not_authorized"):  # 3.10 says the first, 4.0 and 4.3.6 the second
-            return f"{refused}: {CREDENTIALS_FIX}"
-        return f"{refused}: {CREDENTIALS_FIX}, and that the user has a management tag ({tag_fix})"
-
-    def _unreachable(self, failures: list[tuple[str, str]]) -> str:
-        """The message for management APIs that could not be reached: each one tried, and why."""
-        hint = self.settings.management_hint
-        down = amqp_refused(self.settings.nodes) if hint and all("refused" in why for _, why in failures) else ""
-        if len(failures) == 1:
-            base, why = failures[0]
-            return f"management API at {base}{hint} unreachable: {why}{down}"
-        each = "; ".join(f"{base}: {why}" for base, why in failures)
-        return f"management API unreachable on each of {len(failures)} nodes{hint}: {each}{down}"
-
     def _api_answers(self) -> bool:
         """True when a management API answers at the base URL (asked after a 404: was it the URL that was wrong?)."""
         return self.request("GET", "/overview", allow_404=True) is not None
-
-    def _no_api(self) -> str:
-        """The message for a base URL where no management API answers (``/api`` appended, a wrong path)."""
-        return (
-            f"no RabbitMQ management API answers at {self.base_url} (GET {self.base_url}/api/overview -> 404): "
-            "give the API's base URL, http(s)://host:port with no /api (--management-url or $AMQPJOBS_MANAGEMENT_URL)"
-        )
 
     def _vhost_exists(self) -> bool:
         """True when the settings' vhost exists (asked after a 404: was it the vhost that was missing?)."""
@@ -352,41 +300,8 @@ class ManagementClient:
         self.request("POST", f"/definitions/{_q(vhost)}", json=definitions)
 
     def live_state(self, vhost: str) -> list[ObjectState]:
-        """Exchanges (except the default and ``amq.*`` ones), queues and bindings of ``vhost``."""
-        state: list[ObjectState] = []
-        for ex in self.exchanges(vhost):
-            name = ex["name"]
-            if not name or name.startswith("amq."):
-                continue
-            state.append(
-                ObjectState(
-                    "exchange",
-                    name,
-                    ex["type"],
-                    bool(ex["durable"]),
-                    bool(ex["auto_delete"]),
-                    ex.get("arguments") or {},
-                )
-            )
-        state += [queue_state(q) for q in self.queues(vhost)]
-        for b in self.bindings(vhost):
-            if not b["source"]:
-                continue
-            state.append(ObjectState("binding", binding_name(b["source"], b["destination"], b["routing_key"])))
-        return state
-
-
-def queue_state(queue: dict[str, Any]) -> ObjectState:
-    """A queue as ``GET /api/queues/<vhost>`` describes it, as an :class:`ObjectState` (what a plan compares)."""
-    return ObjectState(
-        "queue",
-        queue["name"],
-        queue.get("type", "classic"),
-        bool(queue["durable"]),
-        bool(queue["auto_delete"]),
-        queue.get("arguments") or {},
-        queue.get("messages"),
-    )
+        """Exchanges (but the default and ``amq.*`` ones), queues and bindings of ``vhost`` (:func:`live_objects`)."""
+        return live_objects(self.exchanges(vhost), self.queues(vhost), self.bindings(vhost))
 
 
 def parse_version(text: str) -> tuple[int, ...]:

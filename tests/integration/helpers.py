@@ -9,10 +9,12 @@ import random
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
@@ -21,6 +23,7 @@ from click.testing import CliRunner, Result
 from amqpjobs import App, JobContext
 from amqpjobs.cli import main
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.worker_env import running_worker
 from tests.topologies import work_topology
@@ -78,6 +81,48 @@ def cli(settings: BrokerSettings, *args: str) -> Result:
     env = {"AMQPJOBS_URL": settings.url, "AMQPJOBS_MANAGEMENT_URL": settings.management_url,
            "AMQPJOBS_CONNECT_TIMEOUT": "10s"}  # fmt: skip
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def cli_refused(settings: BrokerSettings, *args: str) -> str:
+    """:func:`cli` with ``args``, which must be refused as a usage error (exit 2): its stderr, to assert whole."""
+    result = cli(settings, *args)
+    assert result.exit_code == 2, result.output
+    return result.stderr
+
+
+@contextmanager
+def limited_user(
+    broker: BrokerSettings, tags: str = "", limits: dict[str, int] | None = None
+) -> Iterator[tuple[str, str]]:
+    """A new user of the test vhost with every permission, management ``tags`` and user ``limits`` (e.g.
+    ``{"max-channels": 2}``; none: no limit yet): (its name, its URL, password ``lim-secret``). Deleted after."""
+    user = f"lim-{uuid.uuid4().hex[:8]}"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", f"/users/{user}", {"password": "lim-secret", "tags": tags})
+        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
+                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+        for limit, value in (limits or {}).items():
+            mgmt.request("PUT", f"/user-limits/{user}/{limit}", {"value": value})
+    parts = urlsplit(broker.url)
+    try:
+        yield user, urlunsplit(parts._replace(netloc=f"{user}:lim-secret@{parts.hostname}:{parts.port}"))
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
+
+
+def close_connections(broker: BrokerSettings, connection_name: str | None = None, user: str | None = None) -> int:
+    """Close (management API) every connection of the test vhost named ``connection_name`` (its client's
+    ``connection_name``) or opened by ``user``; how many."""
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+        names = [c["name"] for c in listed
+                 if (connection_name is not None
+                     and (c.get("client_properties") or {}).get("connection_name") == connection_name)
+                 or (user is not None and c.get("user") == user)]  # fmt: skip
+        for name in names:
+            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+        return len(names)
 
 
 def cli_subprocess(settings: BrokerSettings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -190,6 +235,18 @@ def fresh_database(base: str, prefix: str = "t") -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextmanager
+def effects_database(base: str) -> Iterator[str]:
+    """:func:`fresh_database` with an ``effects`` table (``job_id``, no unique constraint: a side effect run
+    twice shows as two rows); its URL."""
+    import psycopg
+
+    with fresh_database(base) as url:
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+        yield url
 
 
 def write_file(path: Path, text: str) -> None:

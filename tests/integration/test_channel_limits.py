@@ -15,30 +15,24 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, depth, process_running, write_file
+from tests.integration.helpers import (
+    close_connections,
+    consume_subprocess,
+    depth,
+    limited_user,
+    process_running,
+    write_file,
+)
 from tests.integration.test_worker_process import exit_code, publisher, read_record
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
 pytestmark = pytest.mark.broker
-
-
-def _close_named(broker: BrokerSettings, connection_name: str) -> int:
-    """Close (management API) every connection of the test vhost named ``connection_name``; how many."""
-    with ManagementClient(broker) as mgmt:
-        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
-        names = [c["name"] for c in listed
-                 if (c.get("client_properties") or {}).get("connection_name") == connection_name]  # fmt: skip
-        for name in names:
-            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
-        return len(names)
 
 
 async def test_a_worker_holding_channel_max_channels_exits_naming_it_instead_of_reconnecting_for_ever(
@@ -54,7 +48,7 @@ async def test_a_worker_holding_channel_max_channels_exits_naming_it_instead_of_
     with consume_subprocess("tests.integration.chanmaxapp:app", env, ("--connect-timeout", "10s"), log) as proc:
         while proc.poll() is None and time.monotonic() - began < 40:
             if "worker consuming" in log.read_text() and cuts < 3:  # a connection lost: a broker restart, say
-                cuts += await asyncio.to_thread(_close_named, broker, "procapp-worker")
+                cuts += await asyncio.to_thread(close_connections, broker, "procapp-worker")
             await asyncio.sleep(0.5)
         code = proc.poll()
     took, out = time.monotonic() - began, log.read_text()
@@ -84,7 +78,7 @@ async def test_a_worker_with_room_for_a_reconnect_consumes_again_after_it(broker
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             await asyncio.sleep(0.2)
-        while not await asyncio.to_thread(_close_named, broker, "procapp-worker"):
+        while not await asyncio.to_thread(close_connections, broker, "procapp-worker"):
             await asyncio.sleep(0.5)  # the management API lists a connection within its stats interval
         while log.read_text().count("connection procapp-worker connected") < 2:
             assert proc.poll() is None, log.read_text()
@@ -107,34 +101,23 @@ async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_n
     broker: BrokerSettings, tmp_path: Path
 ):
     """A user's max-channels fitting the start but not a reconnect's one channel more: exit 3 within 30 s."""
-    user = f"lim-{uuid.uuid4().hex[:8]}"
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": ""})
-        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
-                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
-        mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": 4})  # 3 consuming + 1 events
-    try:
+    with limited_user(broker, limits={"max-channels": 4}) as (_, url):  # 3 consuming + 1 events
         app = await publisher(broker, tmp_path)
         await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
         topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
         write_file(topo, APPLIED_TOPOLOGY)
-        url = urlunsplit(urlsplit(broker.url)._replace(netloc=f"{user}:lim@{urlsplit(broker.url).hostname}:"
-                                                              f"{urlsplit(broker.url).port}"))  # fmt: skip
         env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         began, cut = time.monotonic(), 0
         with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
             while proc.poll() is None and time.monotonic() - began < 50:
                 if "worker consuming" in log.read_text() and not cut:  # a connection lost: a broker restart, say
-                    cut = await asyncio.to_thread(_close_named, broker, "procapp-worker")
+                    cut = await asyncio.to_thread(close_connections, broker, "procapp-worker")
                     lost_at = time.monotonic()
                 await asyncio.sleep(0.5)
             code = proc.poll()
         out = log.read_text()
         await app.close()
-    finally:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
     # before: still running after 50 s, the connection lost at every reconnect (NOT_ALLOWED - number of channels
     # opened for user '...' has reached the maximum allowed user limit of (4)), every 5 s (code None)
     assert code == 3, (code, out)
@@ -195,18 +178,6 @@ async def test_a_scheduler_replica_the_broker_refuses_at_each_reconnect_exits_3_
     assert "raise channel_max in the broker's rabbitmq.conf" in last, out
 
 
-def _limited_user(broker: BrokerSettings, channels: int) -> tuple[str, str]:
-    """A new user of the test vhost (all permissions) whose ``max-channels`` limit is ``channels``: (name, its URL)."""
-    user = f"lim-{uuid.uuid4().hex[:8]}"
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/users/{user}", {"password": "lim-secret", "tags": ""})
-        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
-                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
-        mgmt.request("PUT", f"/user-limits/{user}/max-channels", {"value": channels})
-    parts = urlsplit(broker.url)
-    return user, urlunsplit(parts._replace(netloc=f"{user}:lim-secret@{parts.hostname}:{parts.port}"))
-
-
 async def test_a_users_max_channels_refusing_a_start_or_a_park_is_said_with_its_fix_naming_the_user(
     broker: BrokerSettings, tmp_path: Path
 ):
@@ -221,8 +192,7 @@ async def test_a_users_max_channels_refusing_a_start_or_a_park_is_said_with_its_
     await app.close()
     topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
     write_file(topo, APPLIED_TOPOLOGY)
-    user, url = _limited_user(broker, 2)
-    try:
+    with limited_user(broker, limits={"max-channels": 2}) as (user, url):
         env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
                "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
@@ -236,9 +206,6 @@ async def test_a_users_max_channels_refusing_a_start_or_a_park_is_said_with_its_
             capture_output=True, text=True, env={**os.environ, "AMQPJOBS_MANAGEMENT_URL": broker.management_url},
             timeout=60,
         )  # fmt: skip
-    finally:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
     assert code == 3, out
     for last, limit in ((out.strip().splitlines()[-1], 2), (park.stderr.strip().splitlines()[-1], 1)):
         assert last.startswith("broker error: "), (last, out, park.stderr)

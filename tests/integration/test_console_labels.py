@@ -78,9 +78,29 @@ def test_the_pages_label_it_and_a_parked_page_offers_no_park(broker: BrokerSetti
 def test_the_forms_canary_timeout_is_the_servers_default(broker: BrokerSettings, tmp_path: Path, straight):
     with client(broker, tmp_path) as c:
         page = c.get("/quarantine", params={"queue": "work.quarantine"})
-    (shown,) = re.findall(r'name="canary_timeout" value="([^"]+)"', page.text)
+    (field,) = re.findall(r'<input type="text" name="canary_timeout"[^>]*>', page.text)
+    # the default is a placeholder, not a value: the form sends only what the user typed
+    assert re.findall(r'(value|placeholder)="([^"]*)"', field) == [("value", ""), ("placeholder", "60s")]
     default = action_form("replay", _Form(queue="work.quarantine", scope="all", rate="1")).canary_timeout
-    assert (shown, default) == ("60s", 60.0)
+    assert default == 60.0
+
+
+def test_an_untouched_form_without_a_canary_replays_and_a_typed_60s_is_refused(
+    broker: BrokerSettings, tmp_path: Path, straight
+):
+    """Before: the form sent the timeout filled with its default, so a typed ``60s`` without a canary passed as
+    untouched, where ``replay --canary-timeout 60s`` without ``--canary`` exits 2."""
+    with client(broker, tmp_path) as c:
+        page = c.get("/quarantine", params={"queue": "work.quarantine"})
+        sent = dict(re.findall(r'<input type="(?:hidden|text|number)" name="(\w+)" value="([^"]*)"', page.text))
+        typed = c.post("/actions/replay", data={**sent, "canary": "", "canary_timeout": "60s", "scope": "all"})
+        assert typed.status_code == 400, typed.text
+        assert "canary_timeout: a canary timeout needs a canary" in typed.text
+        assert 'name="canary_timeout" value="60s"' in typed.text  # shown again as typed
+        page = c.get("/quarantine", params={"queue": "work.quarantine"})
+        sent = dict(re.findall(r'<input type="(?:hidden|text|number)" name="(\w+)" value="([^"]*)"', page.text))
+        untouched = c.post("/actions/replay", data={**sent, "canary": "", "scope": "all"}, follow_redirects=False)
+    assert untouched.status_code == 303, untouched.text
 
 
 class _Form(dict[str, str]):

@@ -28,7 +28,7 @@ from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, fresh_database, raw_channel
+from tests.integration.helpers import ROOT, depth, effects_database, fresh_database, raw_channel
 from tests.integration.worker_env import APPLIED_TOPOLOGY, make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -43,11 +43,7 @@ def ledger_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
             db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
         yield f"sqlite:{path}"
         return
-    import psycopg
-
-    with fresh_database(request.getfixturevalue("pg_url")) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    with effects_database(request.getfixturevalue("pg_url")) as url:
         yield url
 
 
@@ -471,11 +467,7 @@ async def test_a_message_without_message_id_keeps_its_key_so_a_second_copy_is_a_
 @contextlib.asynccontextmanager
 async def claimed_pg_ledger(pg_url: str) -> AsyncIterator[tuple[str, PostgresLedger]]:
     """A fresh database with an ``effects`` table, and a ledger on it whose key ``k`` is claimed by ``me``."""
-    import psycopg
-
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    with effects_database(pg_url) as url:
         ledger = PostgresLedger(url)
         try:
             assert await ledger.claim("k", "me", 30) is Claim.CLAIMED

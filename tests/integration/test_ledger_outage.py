@@ -27,7 +27,7 @@ from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.payloads_postgres import PostgresPayloadStore
 from amqpjobs.runtime.results_postgres import PostgresResults
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, fresh_database
+from tests.integration.helpers import ROOT, effects_database
 from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
@@ -41,11 +41,7 @@ def via(url: str, port: int) -> str:
 @pytest.fixture
 def database(pg_url: str) -> Iterator[str]:
     """A fresh database with an ``effects`` table (no unique constraint)."""
-    import psycopg
-
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    with effects_database(pg_url) as url:
         yield url
 
 

@@ -8,39 +8,44 @@ limit is reached)``: three causes, no fix. The management API tells them apart.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, write_file
+from tests.integration.helpers import consume_subprocess, limited_user, write_file
 from tests.integration.test_worker_process import exit_code, publisher
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
 pytestmark = pytest.mark.broker
 
 
+async def _worker_run(broker: BrokerSettings, tmp_path: Path, url: str) -> tuple[int, str, float]:
+    """procapp's worker started on AMQP ``url`` (the work queue applied first): its exit code (it must end
+    within 40 s), its log, and the seconds it ran."""
+    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
+    began = time.monotonic()
+    with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
+        code = await exit_code(proc, 40)
+    return code, log.read_text(), time.monotonic() - began
+
+
 async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_fix(
     broker: BrokerSettings, tmp_path: Path
 ):
     await (await publisher(broker, tmp_path)).close()  # applies the work queue
-    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
-    write_file(topo, APPLIED_TOPOLOGY)
     with ManagementClient(broker) as mgmt:
         mgmt.request("PUT", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", {"value": 1})
-    env = {"AMQPJOBS_URL": broker.url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
-           "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
-    began = time.monotonic()
     try:
-        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
-            code = await exit_code(proc, 40)
+        code, out, took = await _worker_run(broker, tmp_path, broker.url)
     finally:
         with ManagementClient(broker) as mgmt:
             mgmt.request("DELETE", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", allow_404=True)
-    took, out = time.monotonic() - began, log.read_text()
     assert code == 3, out
     last = out.strip().splitlines()[-1]
     # before: "... refused the connection: vhost '...' does not exist or user 'guest' has no access to it (or the
@@ -61,25 +66,8 @@ async def test_a_worker_past_its_users_max_connections_names_the_users_limit(
     the user's, named nowhere (the API's checks of the vhost and the permissions need an administrator).
     """
     await (await publisher(broker, tmp_path)).close()  # applies the work queue
-    topo, log = tmp_path / "proc.toml", tmp_path / "worker.log"
-    write_file(topo, APPLIED_TOPOLOGY)
-    user = f"lim-{uuid.uuid4().hex[:8]}"
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/users/{user}", {"password": "lim-secret", "tags": tags})
-        mgmt.request("PUT", f"/permissions/{quote(broker.vhost, safe='')}/{user}",
-                     {"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
-        mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": 1})
-    parts = urlsplit(broker.url)
-    url = urlunsplit(parts._replace(netloc=f"{user}:lim-secret@{parts.hostname}:{parts.port}"))
-    env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
-           "PROCAPP_RECORD": str(tmp_path / "record.txt")}  # fmt: skip
-    try:
-        with consume_subprocess("tests.integration.procapp:app", env, (), log) as proc:
-            code = await exit_code(proc, 40)
-    finally:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/users/{user}", allow_404=True)
-    out = log.read_text()
+    with limited_user(broker, tags, {"max-connections": 1}) as (user, url):
+        code, out, _ = await _worker_run(broker, tmp_path, url)
     assert code == 3, out
     last = out.strip().splitlines()[-1]
     if tags:

@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from amqpjobs.runtime.ledger import Claim, SqliteLedger
 from amqpjobs.runtime.ledger_postgres import PostgresLedger
 from amqpjobs.runtime.pg_connection import CONNECT_TIMEOUT
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, depth, fresh_database
+from tests.integration.helpers import ROOT, depth, effects_database
+from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.test_ledger_outage import effects, proxied
 from tests.integration.worker_env import APPLIED_TOPOLOGY, Recorder, make_app, running_worker
 
@@ -39,11 +41,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the ledger
 @pytest.fixture
 def effects_db(pg_url: str) -> Iterator[str]:
     """A fresh database with an ``effects`` table (no unique constraint): its URL."""
-    import psycopg
-
-    with fresh_database(pg_url) as url:
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("CREATE TABLE effects (job_id TEXT NOT NULL)")
+    with effects_database(pg_url) as url:
         yield url
 
 
@@ -315,6 +313,25 @@ async def test_waiting_on_another_workers_live_claim_logs_a_deferral_line_at_mos
     assert all(line.endswith(" more not logged since the last line)") for line in lines[1:]), lines
 
 
+@asynccontextmanager
+async def black_holing_app(
+    broker: BrokerSettings, tmp_path: Path, database: str
+) -> AsyncIterator[tuple[App, TcpProxy, Callable[[], None], list[float]]]:
+    """App ``idem`` (the test topology) whose PostgresLedger reaches ``database`` through a TCP proxy: the app, the
+    proxy, ``black_hole()`` (cut the network both ways, keeping the connections open; call it on the loop) and
+    the monotonic times it was called at."""
+    base = await make_app(broker, tmp_path)
+    holed: list[float] = []
+    async with proxied(database) as (proxy, dsn):
+        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
+
+        def black_hole() -> None:
+            proxy.black_hole()
+            holed.append(time.monotonic())
+
+        yield app, proxy, black_hole, holed
+
+
 @pytest.mark.serial  # wall-clock bounds
 @pytest.mark.timeout(90)
 async def test_a_done_mark_over_a_black_holed_connection_is_owed_within_the_bound(
@@ -331,15 +348,8 @@ async def test_a_done_mark_over_a_black_holed_connection_is_owed_within_the_boun
 
     runs: list[str] = []
     loop = asyncio.get_running_loop()
-    base = await make_app(broker, tmp_path)
     state: list[Any] = []
-    holed: list[float] = []
-    async with proxied(effects_db) as (proxy, dsn):
-        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
-
-        def black_hole() -> None:
-            proxy.black_hole()
-            holed.append(time.monotonic())
+    async with black_holing_app(broker, tmp_path, effects_db) as (app, proxy, black_hole, holed):
 
         @app.job("charge", queue="work", idempotent=True, lease=60)
         def charge(payload: dict[str, Any], ctx: JobContext) -> None:
@@ -399,15 +409,8 @@ async def test_a_transaction_commit_over_a_black_holed_connection_fails_within_t
     and commits: one effect."""
     runs: list[tuple[str, int]] = []
     loop = asyncio.get_running_loop()
-    base = await make_app(broker, tmp_path)
-    holed: list[float] = []
     failed: list[float] = []
-    async with proxied(effects_db) as (proxy, dsn):
-        app = App("idem", topology=base.topology(), url=broker.url, ledger=PostgresLedger(dsn))
-
-        def black_hole() -> None:
-            proxy.black_hole()
-            holed.append(time.monotonic())
+    async with black_holing_app(broker, tmp_path, effects_db) as (app, proxy, black_hole, holed):
 
         @app.job("charge", queue="work", idempotent=True, lease=60)
         def charge(payload: dict[str, Any], ctx: JobContext) -> None:

@@ -18,7 +18,7 @@ import pytest
 from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.connection import connect
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
-from tests.integration.test_channel_limits import _close_named
+from tests.integration.helpers import close_connections
 
 pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 
@@ -31,7 +31,7 @@ async def test_a_lost_connection_comes_back_to_its_node_past_an_unreachable_one(
     assert isinstance(connection, ClusterConnection)
     try:
         listed = time.monotonic() + 15
-        while not await asyncio.to_thread(_close_named, broker, "rotation-test"):  # listed within a stats interval
+        while not await asyncio.to_thread(close_connections, broker, "rotation-test"):  # listed within a stats interval
             assert time.monotonic() < listed
             await asyncio.sleep(0.3)
         lost_at = time.monotonic()

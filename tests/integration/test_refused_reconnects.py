@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, write_file
-from tests.integration.test_channel_limits import _close_named
-from tests.integration.test_processes_refused import _runs_again, _until_logged, limited_user
+from tests.integration.helpers import close_connections, consume_subprocess, limited_user, write_file
+from tests.integration.test_processes_refused import _runs_again, _until_logged
 from tests.integration.test_worker_process import publisher
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -32,10 +31,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
 async def _limit_then_close(broker: BrokerSettings, user: str, name: str) -> None:
     """Set ``user``'s max-connections to one fewer than it holds (all of the worker's listed), then close ``name``.
 
-    ``user`` gets the ``monitoring`` tag first: the management API then tells it its limits (the worker asks).
+    ``user`` has the ``monitoring`` tag: the management API tells it its limits (the worker asks).
     """
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/users/{user}", {"password": "lim", "tags": "monitoring"})
     deadline, mine = time.monotonic() + 30, list[dict[str, object]]()
     while len(mine) < 3:  # the management API lists a new connection within a statistics interval
         assert time.monotonic() < deadline, mine
@@ -45,7 +42,7 @@ async def _limit_then_close(broker: BrokerSettings, user: str, name: str) -> Non
         mine = [c for c in listed if c.get("user") == user]
     with ManagementClient(broker) as mgmt:
         mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": len(mine) - 1})
-    assert await asyncio.to_thread(_close_named, broker, name) == 1
+    assert await asyncio.to_thread(close_connections, broker, name) == 1
 
 
 async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with_the_limit_and_jobs_run_on(
@@ -54,8 +51,7 @@ async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with
     app = await publisher(broker, tmp_path)
     topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
     write_file(topo, APPLIED_TOPOLOGY)
-    with limited_user(broker) as url:
-        user = str(urlsplit(url).username)
+    with limited_user(broker, tags="monitoring") as (user, url):
         env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
@@ -82,8 +78,7 @@ async def test_the_consuming_connection_refused_at_each_reconnect_names_the_limi
     app = await publisher(broker, tmp_path)
     topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
     write_file(topo, APPLIED_TOPOLOGY)
-    with limited_user(broker) as url:
-        user = str(urlsplit(url).username)
+    with limited_user(broker, tags="monitoring") as (user, url):
         env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:

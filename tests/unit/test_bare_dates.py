@@ -14,7 +14,7 @@ import pytest
 
 from amqpjobs.cli._filters import selection
 from amqpjobs.wire.settings import broker_settings
-from tests.integration.helpers import cli
+from tests.integration.helpers import cli_refused
 
 pytestmark = pytest.mark.version_independent
 
@@ -31,21 +31,18 @@ SINCE_COMMANDS = [
 @pytest.mark.parametrize("args", SINCE_COMMANDS, ids=lambda a: "-".join(a[:2]))
 @pytest.mark.parametrize("value", ["20261206", " 20260228 "])
 def test_a_since_of_8_digits_that_reads_as_a_date_is_refused_naming_both_readings(args: list[str], value: str) -> None:
-    result = cli(NOWHERE, *args, "--since", value)
-    assert result.exit_code == 2, result.output
+    said = cli_refused(NOWHERE, *args, "--since", value)
     digits = value.strip()
     date = f"{digits[:4]}-{digits[4:6]}-{digits[6:]}"
     days = int(digits) / 86400
-    assert result.stderr == (
+    assert said == (
         f"error: --since {value!r} reads as a date, {date}, and as {int(digits):,} seconds ago ({days:,.0f} days); "
         f"write the date in ISO-8601 ('{date}') or the seconds with their unit ('{digits}s')\n"
     )
 
 
 def test_schedule_list_after_of_8_digits_that_reads_as_a_date_is_refused_naming_both_readings() -> None:
-    result = cli(NOWHERE, "schedule", "list", "tests.unit.test_cron:listed", "--after", "20261206")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "schedule", "list", "tests.unit.test_cron:listed", "--after", "20261206") == (
         "error: --after '20261206' reads as a date, 2026-12-06, and as a Unix time, 1970-08-23T12:06:46Z; "
         "write the date in ISO-8601 ('2026-12-06') or the time in full ('1970-08-23T12:06:46Z')\n"
     )

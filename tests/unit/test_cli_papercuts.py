@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from amqpjobs.cli import main
 from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.wire.settings import broker_settings
-from tests.integration.helpers import ROOT, TOPOLOGY, cli
+from tests.integration.helpers import ROOT, TOPOLOGY, cli, cli_refused
 
 NOWHERE = broker_settings("amqp://guest:guest@127.0.0.1:1/")
 
@@ -29,17 +29,16 @@ def test_a_negative_duration_is_said_to_be_negative(value: str) -> None:
 
 
 def test_a_negative_duration_option_says_it_must_be_positive() -> None:
-    result = cli(NOWHERE, "status", "--queues", "work", "--max-age=-1s")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == "error: --max-age: '-1s' must be a positive, finite duration (e.g. '5s')\n"
+    assert (
+        cli_refused(NOWHERE, "status", "--queues", "work", "--max-age=-1s")
+        == "error: --max-age: '-1s' must be a positive, finite duration (e.g. '5s')\n"
+    )
 
 
 # ---------------------------------------------------------------- ports: one rule for every URL option
 @pytest.mark.parametrize("port", ["99999", "65536", "0"])
 def test_an_amqp_url_port_out_of_range_is_named(port: str) -> None:
-    result = cli(NOWHERE, "status", "--queues", "work", "--url", f"amqp://guest:pw-sekret@127.0.0.1:{port}/")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "status", "--queues", "work", "--url", f"amqp://guest:pw-sekret@127.0.0.1:{port}/") == (
         f"error: bad broker URL amqp://guest:***@127.0.0.1:{port}/: port {port} is out of range; "
         "a port must be 1-65535\n"
     )
@@ -55,9 +54,7 @@ def test_a_port_out_of_range_in_a_list_names_the_item_and_never_a_password() -> 
 
 @pytest.mark.parametrize("port", ["99999", "0"])
 def test_a_management_url_port_out_of_range_is_named(port: str) -> None:
-    result = cli(NOWHERE, "status", "--queues", "work", "--management-url", f"http://127.0.0.1:{port}")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "status", "--queues", "work", "--management-url", f"http://127.0.0.1:{port}") == (
         f"error: management URL 'http://127.0.0.1:{port}': port {port} is out of range; a port must be 1-65535 "
         "(--management-url or AMQPJOBS_MANAGEMENT_URL)\n"
     )
@@ -85,9 +82,7 @@ def test_export_refuses_a_vhost_with_control_characters(vhost: str) -> None:
 
 
 def test_a_url_vhost_with_control_characters_is_refused_before_connecting() -> None:
-    result = cli(NOWHERE, "status", "--queues", "work", "--url", "amqp://guest:guest@127.0.0.1:1/a%0Ab")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "status", "--queues", "work", "--url", "amqp://guest:guest@127.0.0.1:1/a%0Ab") == (
         "error: bad broker URL amqp://guest:***@127.0.0.1:1/a%0Ab: vhost 'a\\nb' has control characters; "
         "vhost names are printable text\n"
     )
@@ -103,9 +98,7 @@ def test_listed_joins_names_with_commas() -> None:
 
 
 def test_consume_an_unknown_queue_lists_the_known_ones_with_commas() -> None:
-    result = cli(NOWHERE, "consume", "tests.integration.procapp:app", "-q", "nosuchq")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "consume", "tests.integration.procapp:app", "-q", "nosuchq") == (
         f"error: job queue 'nosuchq' is not in the topology (loaded from {TOPOLOGY}); known: batch, billing, urgent\n"
     )
 
@@ -228,18 +221,14 @@ def test_a_duration_beyond_a_hundred_years_is_refused_by_the_one_parser(value: s
 )
 def test_a_since_too_far_back_is_exit_2_with_the_duration_rule(command: tuple[str, ...], value: str) -> None:
     # review L1: an OverflowError traceback, exit 1
-    result = cli(NOWHERE, *command, "--since", value)
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, *command, "--since", value) == (
         f"error: --since {value!r}: {value!r} is longer than 100 years (36500d), the longest duration taken\n"
     )
 
 
 def test_schedule_list_past_the_end_of_the_calendar_is_exit_2_in_one_line() -> None:
     # review L2: OverflowError: date value out of range
-    result = cli(NOWHERE, "schedule", "list", "tests.unit.test_cron:listed", "--after", "9999-12-31T23:59Z")
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "schedule", "list", "tests.unit.test_cron:listed", "--after", "9999-12-31T23:59Z") == (
         "error: cron expression '* * * * * */20': no tick after 9999-12-31T23:59:40Z: the calendar ends at "
         "9999-12-31T23:59:59Z\n"
     )
@@ -268,9 +257,7 @@ def test_every_reason_the_quarantine_list_shows_is_a_reason_to_select() -> None:
 )
 def test_replay_to_anything_but_a_work_queue_is_refused_before_any_warning(target: str, kind: str) -> None:
     # review L4 (a suspects queue was accepted) and L9 (the --app warning came before the refusal)
-    result = cli(NOWHERE, "replay", "work.quarantine", "--to", target)
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "replay", "work.quarantine", "--to", target) == (
         f"error: --to {target!r} is a {kind} queue: replay sends jobs back to a work queue (or leave --to out "
         "to send each to the queue it failed on)\n"
     )
@@ -279,9 +266,7 @@ def test_replay_to_anything_but_a_work_queue_is_refused_before_any_warning(targe
 @pytest.mark.parametrize("value", ["", " , "])
 def test_schedule_run_refuses_an_empty_selection(value: str) -> None:
     # review L11: --schedules '' ran every schedule
-    result = cli(NOWHERE, "schedule", "run", "tests.unit.test_cron:listed", "--schedules", value)
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "schedule", "run", "tests.unit.test_cron:listed", "--schedules", value) == (
         "error: --schedules names no schedule: give names separated by commas (the app has fast, paris-daily), "
         "or leave it out to run them all\n"
     )
@@ -298,9 +283,7 @@ def test_topology_export_to_dash_writes_stdout_not_a_file_named_dash(tmp_path: P
 
 @pytest.mark.parametrize("queues", ["", " , ", ","])
 def test_consume_with_an_empty_queues_option_is_refused_not_every_queue(queues: str):
-    result = cli(NOWHERE, "consume", "examples.shop:app", "--queues", queues)
-    assert result.exit_code == 2, result.output
-    assert result.stderr == (
+    assert cli_refused(NOWHERE, "consume", "examples.shop:app", "--queues", queues) == (
         "error: --queues names no job queue: give them comma-separated (e.g. --queues mail,billing), "
         "or leave the option out to consume every job queue the app's jobs use\n"
     )

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from amqpjobs.jobs import envelope
+from amqpjobs.jobs import body_decoding
 from amqpjobs.jobs.envelope import MAX_JSON_DEPTH, DecodeError, decode_body
 from amqpjobs.jobs.json_fast import fast_object
 
@@ -24,7 +24,7 @@ def _outcome(body: bytes) -> tuple[str, str]:
 def _stdlib_outcome(body: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """The same without the orjson try: the stdlib path alone, as before it."""
     with monkeypatch.context() as m:
-        m.setattr(envelope, "fast_object", lambda body, depth: None)
+        m.setattr(body_decoding, "fast_object", lambda body, depth: None)
         return _outcome(body)
 
 

@@ -106,7 +106,7 @@ def _replay_form(**fields: str) -> object:
     return FormData([("queue", "work.quarantine"), ("scope", "all"), ("rate", "10"), *fields.items()])
 
 
-@pytest.mark.parametrize("timeout", ["5m", "forever", "0s", "2h"])
+@pytest.mark.parametrize("timeout", ["5m", "forever", "0s", "2h", "60s", "1m", " 60s "])
 def test_the_console_refuses_a_canary_timeout_without_a_canary_as_the_cli_does(timeout: str) -> None:
     """Before: the console's replay form with the canary emptied and its timeout changed replayed every job at
     once, the timeout ignored without a word, where ``replay --canary-timeout 5m`` without ``--canary`` exits 2."""
@@ -118,12 +118,19 @@ def test_the_console_refuses_a_canary_timeout_without_a_canary_as_the_cli_does(t
     assert caught.value.field == "canary_timeout"
     assert str(caught.value) == (
         "canary_timeout: a canary timeout needs a canary (how many jobs to move first, e.g. 2): fill in canary, "
-        f"or leave the timeout at its default, 60s (got {timeout!r})"
+        f"or empty the timeout (its default is 60s) (got {timeout.strip()!r})"
     )
 
 
-@pytest.mark.parametrize("timeout", ["", "60s", "1m", " 60s "])
+@pytest.mark.parametrize("timeout", ["", "  "])
 def test_the_consoles_untouched_canary_timeout_without_a_canary_is_no_request(timeout: str) -> None:
-    # the form always sends the field, filled with the default: that is not a timeout asked for
+    # the form sends the field empty, the default only its placeholder: nothing typed is no timeout asked for
     asked = forms.action_form("replay", _replay_form(canary="", canary_timeout=timeout))
     assert (asked.canary, asked.canary_timeout) == (None, replay_plan.DEFAULT_CANARY_TIMEOUT)
+
+
+@pytest.mark.parametrize(("timeout", "seconds"), [("", 60.0), ("60s", 60.0), ("45s", 45.0)])
+def test_the_consoles_canary_timeout_with_a_canary_is_typed_or_the_default(timeout: str, seconds: float) -> None:
+    # as ``replay --canary 2`` (no --canary-timeout) waits 60 s: an untouched field is the default
+    asked = forms.action_form("replay", _replay_form(canary="2", canary_timeout=timeout))
+    assert (asked.canary, asked.canary_timeout, asked.params["canary_timeout"]) == (2, seconds, seconds)

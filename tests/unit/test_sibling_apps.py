@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import re
 import sys
 from pathlib import Path
 
@@ -30,18 +31,27 @@ def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
     return name
 
 
+def siblings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str) -> str:
+    """A new module of two apps, ``app`` (``App('plain')``, no store) and ``other`` (the expression ``other``)."""
+    return module(tmp_path, monkeypatch, f"app = App('plain')\nother = {other}\n")
+
+
+def other_refused(name: str, mode: str) -> str:
+    """Load ``name:app`` then ``name:other`` as a command of ``mode`` (``worker``, ``reading`` or ``existing``)
+    does: ``app`` must load whatever its sibling's stores, ``other`` be refused; the refusal's words."""
+    kw = {"reading": mode == "reading", "existing": mode == "existing"}
+    assert load_app(f"{name}:app", **kw).name == "plain"
+    with pytest.raises(ConfigurationError) as info:
+        load_app(f"{name}:other", **kw)
+    return str(info.value)
+
+
 def test_a_siblings_missing_results_file_blocks_no_recording_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    name = module(
-        tmp_path,
-        monkeypatch,
-        f"app = App('plain')\nother = App('other', results=SqliteResults({str(tmp_path / 'none.db')!r}))\n",
-    )
-    assert load_app(f"{name}:app", existing=True).name == "plain"
-    assert not (tmp_path / "none.db").exists()
-    with pytest.raises(ConfigurationError, match=r"none\.db does not exist \(this command records into it"):
-        load_app(f"{name}:other", existing=True)  # the named app's own missing file: still refused, in its words
+    name = siblings(tmp_path, monkeypatch, f"App('other', results=SqliteResults({str(tmp_path / 'none.db')!r}))")
+    said = other_refused(name, "existing")  # the named app's own missing file: still refused, in its words
+    assert re.search(r"none\.db does not exist \(this command records into it", said), said
     assert not (tmp_path / "none.db").exists()
 
 
@@ -51,17 +61,10 @@ def test_a_siblings_unusable_store_blocks_no_other_app(
 ) -> None:
     """A sibling's ledger in a missing folder and results store that is no SQLite file: the other app loads."""
     (tmp_path / "notes.txt").write_text("not a database, " * 400)
-    name = module(
-        tmp_path,
-        monkeypatch,
-        f"app = App('plain')\nother = App('other', ledger=SqliteLedger({str(tmp_path / 'gone' / 'l.db')!r}), "
-        f"results=SqliteResults({str(tmp_path / 'notes.txt')!r}))\n",
-    )
-    kw = {"reading": mode == "reading", "existing": mode == "existing"}
-    assert load_app(f"{name}:app", **kw).name == "plain"
-    with pytest.raises(ConfigurationError) as info:
-        load_app(f"{name}:other", **kw)
-    assert str(tmp_path) in str(info.value), info.value  # the named app's store, its path and fix
+    name = siblings(tmp_path, monkeypatch, f"App('other', ledger=SqliteLedger({str(tmp_path / 'gone' / 'l.db')!r}), "
+                                           f"results=SqliteResults({str(tmp_path / 'notes.txt')!r}))")  # fmt: skip
+    said = other_refused(name, mode)
+    assert str(tmp_path) in said, said  # the named app's store, its path and fix
     assert not (tmp_path / "gone").exists()
 
 
@@ -97,12 +100,9 @@ def test_a_siblings_store_path_naming_a_folder_blocks_no_other_app(
 ) -> None:
     """Before: "SqliteResults('...'): ... is a folder, not a regular file" for ``--app m:app`` too."""
     (tmp_path / "adir").mkdir()
-    body = f"app = App('plain')\nother = App('other', results=SqliteResults({str(tmp_path / 'adir')!r}))\n"
-    name = module(tmp_path, monkeypatch, body)
-    kw = {"reading": mode == "reading", "existing": mode == "existing"}
-    assert load_app(f"{name}:app", **kw).name == "plain"
-    with pytest.raises(ConfigurationError, match=r"adir is a folder, not a regular file; give the path of a SQLite"):
-        load_app(f"{name}:other", **kw)
+    name = siblings(tmp_path, monkeypatch, f"App('other', results=SqliteResults({str(tmp_path / 'adir')!r}))")
+    said = other_refused(name, mode)
+    assert re.search(r"adir is a folder, not a regular file; give the path of a SQLite", said), said
 
 
 SIBLING_STORES = [
