@@ -13,6 +13,7 @@ import click
 
 from amqpjobs._version import __version__
 from amqpjobs.cli._common import EXIT_INTERRUPTED
+from amqpjobs.printable import shell_quote
 from amqpjobs.runtime import held_signals
 
 
@@ -27,7 +28,7 @@ class PointingGroup(click.Group):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         """As click's, but an unknown name of :attr:`elsewhere` is a usage error naming the command to type."""
         if args and args[0] not in self.commands and args[0] in self.elsewhere:
-            typed = " ".join([self.elsewhere[args[0]], *args[1:]])
+            typed = " ".join([self.elsewhere[args[0]], *map(shell_quote, args[1:])])  # pastes back as typed
             raise click.UsageError(f"{args[0]} is a command of its own, not of {self.name}: {typed}", ctx)
         return super().resolve_command(ctx, args)
 
