@@ -45,7 +45,7 @@ from amqpjobs.runtime.mover_names import acting_as
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.topology.naming import queue_name_problem
 from amqpjobs.wire.channel_room import with_limit_fix
-from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
+from amqpjobs.wire.errors import LIBRARY_ERRORS, library_error
 from amqpjobs.wire.settings import CONNECT_TIMEOUT_ENV, MANAGEMENT_URL_ENV, URL_ENV, BrokerSettings, broker_settings
 from amqpjobs.wire.urls import redact_text
 
@@ -164,7 +164,7 @@ def errors_to_exit_codes(func: F) -> F:
             click.echo(f"payload store error: {error_text(exc)}", err=True)
             sys.exit(exit_code(exc))
         except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's side, not a file
-            click.echo(f"broker error: {with_limit_fix(error_text(translate(exc) or BrokerError(str(exc))))}", err=True)
+            click.echo(f"broker error: {error_text(library_error(exc))}", err=True)
             sys.exit(EXIT_BROKER)
         except OSError as exc:  # files given on the command line
             if exc.errno == errno.EPIPE:

@@ -43,7 +43,7 @@ from amqpjobs.runtime.sqlite_open import no_new_files
 from amqpjobs.runtime.worker import Worker
 from amqpjobs.runtime.worker_config import WorkerOptions
 from amqpjobs.wire.channel_room import channel_limit, with_limit_fix
-from amqpjobs.wire.errors import LIBRARY_ERRORS, translate
+from amqpjobs.wire.errors import LIBRARY_ERRORS, library_error
 from amqpjobs.wire.settings import BrokerSettings
 from amqpjobs.wire.urls import redact_text
 
@@ -191,7 +191,7 @@ async def run_child(spec: ChildSpec) -> int:
     except AmqpJobsError as exc:
         return _failed(exc)
     except LIBRARY_ERRORS as exc:  # a client-library error no wire call translated: the broker's, as `consume` says
-        return _failed(_translated(exc))
+        return _failed(library_error(exc))
     finally:
         reporter[0].cancel()
         if server is not None:
@@ -213,13 +213,6 @@ def _failed(exc: AmqpJobsError) -> int:
     # a channel limit (channel_max, a user's max-channels) refusing it is met by every restart until an operator acts
     status(error=message, kind=kind, final=exc.final or channel_limit(message))
     return exit_code(exc)
-
-
-def _translated(exc: BaseException) -> BrokerError:
-    """Our error for a client-library error, as ``amqpjobs consume`` words it (the fix of a channel limit added)."""
-    error = translate(exc) or BrokerError(str(exc) or type(exc).__name__)
-    text = with_limit_fix(str(error))
-    return error if isinstance(error, BrokerError) and text == str(error) else BrokerError(text)
 
 
 #: Exit codes of a child that got no spec: its supervisor is gone (stdin ended first), or it sent a bad line.

@@ -121,7 +121,7 @@ class HardCloses:
         goes_on = (f"the {self._who} goes on: jobs run as usual, their events are dropped (counted); it reconnects "
                    f"every 5s, said again in {SAY_EVERY:g}s while it lasts")  # fmt: skip
         if open_refused(exc):
-            self._ask(exc, connection, lambda why: log.warning(
+            self._ask(exc, lambda why: log.warning(
                 "%s are off: the broker refuses the reconnect of their connection %s (%s: %s); %s",
                 what, name, _REFUSED, why, goes_on,
             ))  # fmt: skip
@@ -134,8 +134,8 @@ class HardCloses:
         settings = self._settings
         return refused_connect_reason(exc, settings.vhost, settings.username) if settings else str(exc)
 
-    def _ask(self, exc: BaseException, connection: int, say: Callable[[str], None]) -> None:
-        """Ask the management API why the broker refuses ``connection`` (5 s at most), then ``say`` it."""
+    def _ask(self, exc: BaseException, say: Callable[[str], None]) -> None:
+        """Ask the management API why the broker refused a connection with ``exc`` (5 s at most), then ``say`` it."""
 
         async def ask() -> None:
             why = await refused_words(exc, self._settings) if self._settings else self._general(exc)

@@ -34,7 +34,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.topology.naming import ADDRESSABLE_CHARS, MAX_CLIENT_NAME
-from amqpjobs.wire.channel_room import limit_fix
+from amqpjobs.wire.channel_room import limit_fix, with_limit_fix
 
 #: (client-library exception, our exception), first ``isinstance`` match wins.
 ERROR_MAP: Final[tuple[tuple[type[BaseException], type[AmqpJobsError]], ...]] = (
@@ -128,6 +128,18 @@ def error_kind(exc: BaseException) -> type[AmqpJobsError] | None:
         if isinstance(exc, library):
             return ours
     return None
+
+
+def library_error(exc: BaseException) -> AmqpJobsError:
+    """Our error for a client-library exception no wire call translated, as a command or a worker child says it.
+
+    :func:`translate`'s when it knows ``exc``, else a :class:`BrokerError` of its words; a channel
+    limit's refusal gets its fix (:func:`~amqpjobs.wire.channel_room.with_limit_fix`). The one rule
+    of ``amqpjobs`` commands' ``broker error: ...`` line and of a ``--processes`` child's error.
+    """
+    error = translate(exc) or BrokerError(str(exc) or type(exc).__name__)
+    text = with_limit_fix(str(error))
+    return error if text == str(error) else BrokerError(text)
 
 
 def translate(exc: BaseException, name: str | None = None) -> AmqpJobsError | None:

@@ -45,9 +45,12 @@ async def _limit_then_close(broker: BrokerSettings, user: str, name: str) -> Non
     assert await asyncio.to_thread(close_connections, broker, name) == 1
 
 
-async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with_the_limit_and_jobs_run_on(
-    broker: BrokerSettings, tmp_path: Path
-):
+async def _refused_run(
+    broker: BrokerSettings, tmp_path: Path, name: str, lift: bool
+) -> tuple[str, str, int | None, int]:
+    """A worker whose connection ``name`` is refused at each reconnect for 17 s (three rounds), the limit then
+    lifted when ``lift``; a job after it, then SIGTERM: (the user, the worker's log, its exit code at 17 s
+    (None: running), its exit code at the end)."""
     app = await publisher(broker, tmp_path)
     topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
     write_file(topo, APPLIED_TOPOLOGY)
@@ -55,16 +58,26 @@ async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with
         env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
                "PROCAPP_RECORD": str(record)}  # fmt: skip
         with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
-            deadline = time.monotonic() + 40
-            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
-            await _limit_then_close(broker, user, "procapp-worker-events")
-            await asyncio.sleep(17)  # three more reconnect rounds (5 s apart)
-            code = await _runs_again(app, record, log, proc, deadline + 30)  # jobs run on
+            await _until_logged(log, proc, "worker consuming", time.monotonic() + 40, 0.2)
+            await _limit_then_close(broker, user, name)
+            await asyncio.sleep(17)  # three more reconnect rounds (5 s apart), all refused
+            running = proc.poll()
+            if lift:  # the next reconnect goes through
+                with ManagementClient(broker) as mgmt:
+                    mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
+            code = await _runs_again(app, record, log, proc, time.monotonic() + 40)
     await app.close()
-    out = log.read_text()
+    return user, log.read_text(), running, code
+
+
+async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with_the_limit_and_jobs_run_on(
+    broker: BrokerSettings, tmp_path: Path
+):
+    user, out, running, code = await _refused_run(broker, tmp_path, "procapp-worker-events", lift=False)
     said = [line for line in out.splitlines() if "outcome events are off" in line]
     refusals = [line for line in out.splitlines() if "refused connection.open" in line]
-    assert code == 0, out[-3000:]
+    assert running is None, out[-3000:]
+    assert code == 0, out[-3000:]  # jobs run on, the limit still in place
     assert len(said) == 1, out[-3000:]  # once (again after 60 s while it lasts), not every 5 s
     assert f"user '{user}' allows at most 2 connection(s) (max-connections): raise it" in said[0], said
     assert f"rabbitmqctl set_user_limits {user}" in said[0], said
@@ -75,23 +88,7 @@ async def test_the_events_connection_refused_at_each_reconnect_is_said_once_with
 async def test_the_consuming_connection_refused_at_each_reconnect_names_the_limit_once_and_consumes_once_lifted(
     broker: BrokerSettings, tmp_path: Path
 ):
-    app = await publisher(broker, tmp_path)
-    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
-    write_file(topo, APPLIED_TOPOLOGY)
-    with limited_user(broker, tags="monitoring") as (user, url):
-        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
-               "PROCAPP_RECORD": str(record)}  # fmt: skip
-        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
-            deadline = time.monotonic() + 40
-            await _until_logged(log, proc, "worker consuming", deadline, 0.2)
-            await _limit_then_close(broker, user, "procapp-worker")
-            await asyncio.sleep(17)  # three more reconnect rounds (5 s apart), all refused
-            running = proc.poll()
-            with ManagementClient(broker) as mgmt:  # lifted: the next reconnect goes through
-                mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
-            code = await _runs_again(app, record, log, proc, time.monotonic() + 40)
-    await app.close()
-    out = log.read_text()
+    user, out, running, code = await _refused_run(broker, tmp_path, "procapp-worker", lift=True)
     said = [line for line in out.splitlines() if "connection procapp-worker: the broker refuses its reconnect" in line]
     assert running is None, out[-3000:]  # a refusal that may pass stops nothing
     assert code == 0, out[-3000:]  # consumed again once lifted: the job after it ran, then SIGTERM
