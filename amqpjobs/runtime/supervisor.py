@@ -43,7 +43,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -64,6 +63,7 @@ from amqpjobs.errors import (
 from amqpjobs.runtime import held_signals
 from amqpjobs.runtime.child import STATUS_PREFIX, ChildSpec
 from amqpjobs.runtime.metrics import MetricsServer
+from amqpjobs.runtime.metrics_folders import new_folder
 from amqpjobs.runtime.signals import exit_at_once_on_signals
 
 log = logging.getLogger("amqpjobs.supervisor")
@@ -305,7 +305,7 @@ class Supervisor:
     # ------------------------------------------------------------------ metrics and health
     def _serve(self) -> MetricsServer:
         assert self._metrics_port is not None
-        self._metrics_dir = tempfile.mkdtemp(prefix="amqpjobs-metrics-")
+        self._metrics_dir = new_folder()  # and those killed supervisors left are removed
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
         server = MetricsServer(registry, self.readiness, self.liveness, self._metrics_host, self._metrics_port)

@@ -112,3 +112,46 @@ async def test_children_still_importing_the_app_end_when_their_supervisor_is_kil
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert left == [], (tmp_path / "worker.log").read_text()
+
+
+def metrics_dirs(tmp: Path) -> list[Path]:
+    """The supervisors' metrics folders in ``tmp`` (their ``TMPDIR``)."""
+    return sorted(tmp.glob("amqpjobs-metrics-*"))
+
+
+def readies(log: str) -> int:
+    """How many ``child N ready`` lines."""
+    return sum(1 for line in log.splitlines() if line.endswith(" ready") and "supervisor: child " in line)
+
+
+def child_pids(log: str) -> list[int]:
+    """The pids of ``child N started (pid P)`` lines, in order."""
+    return [int(line.rsplit("(pid ", 1)[1].rstrip(")")) for line in log.splitlines() if " started (pid " in line]
+
+
+async def test_a_killed_supervisors_metrics_folder_is_removed_by_the_next_start(broker: BrokerSettings, tmp_path: Path):
+    """A supervisor with ``--metrics-port`` SIGKILLed leaves its folder of children's counts in the temp folder (it
+    can't remove it); the next supervisor's start removes it once its children have ended, and its own at its stop
+    (was: one folder left in /tmp for every killed supervisor, for ever)."""
+    app = await publisher(broker, tmp_path)  # the topology applied
+    await app.close()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with worker_process(broker, tmp_path, "--processes", "2", "--metrics-port", "0", TMPDIR=str(tmp)) as proc:
+        await wait_until(lambda: readies(log_text(tmp_path)) == 2, 60, "2 children ready")
+        first = metrics_dirs(tmp)
+        pids = child_pids(log_text(tmp_path))
+        proc.kill()
+        await exit_code(proc)
+        await wait_until(lambda: not any(running(pid) for pid in pids), 30, "the orphaned children to end")
+    assert len(first) == 1, log_text(tmp_path)
+    assert len(pids) == 2, log_text(tmp_path)
+    assert metrics_dirs(tmp) == first  # left by the kill
+    with worker_process(broker, tmp_path, "--processes", "2", "--metrics-port", "0", TMPDIR=str(tmp)) as proc:
+        await wait_until(lambda: readies(log_text(tmp_path)) == 4, 60, "2 more children ready")
+        during = metrics_dirs(tmp)
+        proc.terminate()
+        assert await exit_code(proc) == 0, log_text(tmp_path)
+    assert len(during) == 1, (first, during)  # the killed one's gone, its own in use
+    assert during != first
+    assert metrics_dirs(tmp) == []  # and its own removed at its stop
