@@ -18,12 +18,13 @@ from urllib.parse import quote
 import aio_pika
 import pytest
 
-from amqpjobs import JobContext, Worker, WorkerOptions
+from amqpjobs import App, JobContext, Reject, Worker, WorkerOptions
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, depth, drain, raw_channel
-from tests.integration.test_stop_lines import started_worker, stop_lines, until
+from tests.integration.test_stop_lines import SHARDED, started_worker, stop_lines, until
 from tests.integration.worker_env import Recorder, make_app
 
 pytestmark = pytest.mark.broker
@@ -163,7 +164,7 @@ async def test_a_kept_quarantine_replayed_from_quarantine_runs_normally(broker: 
     async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
         runs.append((ctx.job_id, ctx.attempt))
         if len(runs) == 1:
-            raise __import__("amqpjobs").Reject("no")
+            raise Reject("no")
 
     worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
     try:
@@ -211,7 +212,7 @@ async def test_a_kept_decision_held_again_at_the_next_stop_is_kept_again(
     @app.job("rej", queue="work")
     async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
         runs.append(ctx.job_id)
-        raise __import__("amqpjobs").Reject("no")
+        raise Reject("no")
 
     worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
     try:
@@ -259,7 +260,7 @@ async def test_a_decision_that_can_not_be_kept_returns_as_a_redelivery_and_the_l
 
     @app.job("rej", queue="work")
     async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
-        raise __import__("amqpjobs").Reject("no")
+        raise Reject("no")
 
     caplog.set_level("INFO", logger="amqpjobs.worker")
     worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
@@ -296,3 +297,42 @@ async def test_a_decision_that_can_not_be_kept_returns_as_a_redelivery_and_the_l
     back = await drain(broker, "work")
     assert sorted((m.message_id, m.redelivered, DECIDED in m.headers) for m in back) == [
         ("filler", False, False), ("rej-1", True, False)]  # fmt: skip
+
+
+@pytest.mark.timeout(90)
+async def test_a_sharded_queue_keeps_the_decision_on_the_shard_it_came_from(broker: BrokerSettings, tmp_path: Path):
+    """A shard's held quarantine is kept on that shard (its own work queue) and carried out from there."""
+    path = tmp_path / "sharded.toml"
+    path.write_text(SHARDED)
+    await apply_topology(path, broker)
+    app = App("kept", topology=load_topology(path).topology, url=broker.url)
+    runs: list[str] = []
+
+    @app.job("rej", queue="sharded")
+    async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        raise Reject("no")
+
+    worker = await started_worker(app, broker, ("sharded",), concurrency=1, grace=1)
+    try:
+        delete(broker, "exchanges", "sharded.quarantine")
+        await app.enqueue("rej", {}, job_id="rej-1", tenant="t0")
+        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
+        worker.request_stop()
+    finally:
+        assert await worker.shutdown() == 1
+    shards = app.topology().layout("sharded").work_queues
+    depths = {queue: await depth(broker, queue) for queue in shards}
+    assert sorted(depths.values()) == [0, 1]  # on its own shard, not routed again
+    await apply_topology(path, broker)
+    recorder = Recorder()
+    later = Worker(app, broker, WorkerOptions(queues=("sharded",), concurrency=1, grace=1), recorder)
+    await later.start()
+    try:
+        await recorder.wait_for(lambda outs: [o.kind for o in outs] == ["quarantined"], 30)
+    finally:
+        await later.shutdown()
+        await app.close()
+    assert runs == ["rej-1"]
+    [copy] = await drain(broker, "sharded.quarantine")
+    assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
