@@ -34,7 +34,8 @@ from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.fallback import ack
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.wire.abc import Publisher, Received
+from amqpjobs.wire.abc import Connection, Publisher, Received
+from amqpjobs.wire.alarms import blocked_by
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -57,6 +58,7 @@ class KeptDecisions:
     _publisher: Publisher | None
     _quarantiner: Publisher | None
     _draining: Draining
+    _publishing: Connection | None  # the copies' connection (an alarm blocks it)
 
     def _decided_outcome(self, layout: JobQueueLayout, delivery: Received) -> Outcome:
         """The outcome of a delivery marked ``amqpjobs-decided``: its decision, or a quarantine when it can't be had."""
@@ -106,6 +108,9 @@ class KeptDecisions:
             if not done:
                 publishing.cancel()
                 error = f"no confirm within {KEEP_BOUND:g}s"
+                if (alarm := None if self._publishing is None else blocked_by(self._publishing)) is not None:
+                    error += (f": a resource alarm ({alarm}) holds the marked copy unread, and the broker stores it "
+                              "once the alarm clears: the decision is then carried out beside that run")  # fmt: skip
             elif (exc := publishing.exception()) is not None:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             elif await ack(delivery, v.job_id):
