@@ -336,3 +336,59 @@ async def test_a_sharded_queue_keeps_the_decision_on_the_shard_it_came_from(brok
     assert runs == ["rej-1"]
     [copy] = await drain(broker, "sharded.quarantine")
     assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
+
+
+QUORUM = """
+[[exchange]]
+name = "jobs"
+
+[[job_queue]]
+name = "qwork"
+exchange = "jobs"
+type = "quorum"
+retry_tiers = ["1s"]
+"""
+
+
+@pytest.mark.timeout(90)
+async def test_a_quorum_queue_keeps_the_decision_as_a_new_message_not_a_redelivery(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """On a quorum job queue the marked copy is a new message (x-delivery-count 0: nothing toward the delivery
+    limit); the next worker quarantines it once, the handler not run again."""
+    path = tmp_path / "quorum.toml"
+    path.write_text(QUORUM)
+    await apply_topology(path, broker)
+    app = App("kept", topology=load_topology(path).topology, url=broker.url)
+    runs: list[str] = []
+
+    @app.job("rej", queue="qwork")
+    async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append(ctx.job_id)
+        raise Reject("no")
+
+    worker = await started_worker(app, broker, ("qwork",), concurrency=1, grace=1)
+    try:
+        delete(broker, "exchanges", "qwork.quarantine")
+        await app.enqueue("rej", {}, job_id="rej-1")
+        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
+        worker.request_stop()
+    finally:
+        assert await worker.shutdown() == 1
+    async with raw_channel(broker) as ch:
+        kept = await (await ch.get_queue("qwork", ensure=False)).get(no_ack=False)
+        assert (kept.redelivered, kept.headers.get("x-delivery-count"), text(kept.headers[DECIDED])) == (
+            False, 0, "quarantine")  # fmt: skip
+        await kept.nack(requeue=True)
+    await apply_topology(path, broker)
+    recorder = Recorder()
+    later = Worker(app, broker, WorkerOptions(queues=("qwork",), concurrency=1, grace=1), recorder)
+    await later.start()
+    try:
+        await recorder.wait_for(lambda outs: [o.kind for o in outs] == ["quarantined"], 30)
+    finally:
+        await later.shutdown()
+        await app.close()
+    assert runs == ["rej-1"]
+    [copy] = await drain(broker, "qwork.quarantine")
+    assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
