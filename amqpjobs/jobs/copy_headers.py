@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from amqpjobs.jobs.decided import DECIDED
 from amqpjobs.jobs.envelope import ACQUIRED_COUNT, DELIVERY_COUNT, ENQUEUED_AT, TENANT, iso_utc, tenant_of
 from amqpjobs.jobs.timestamps import decoded_time, parse_time
 
@@ -30,7 +31,9 @@ def copy_headers(headers: Mapping[str, Any], timestamp: float | None) -> dict[st
 
     :func:`strip_broker_headers`, and an ``amqpjobs-tenant`` that names no tenant
     (:func:`~amqpjobs.jobs.envelope.tenant_of`) left out: absent stays absent, and a foreign
-    ``""`` becomes absent. Every other header is kept as received (same object: same type,
+    ``""`` becomes absent. A kept decision's ``amqpjobs-decided`` is left out too
+    (:mod:`amqpjobs.jobs.decided`): a replayed, parked or unparked copy runs normally.
+    Every other header is kept as received (same object: same type,
     same bytes), the trace context (:data:`~amqpjobs.jobs.envelope.TRACE_HEADERS`) among
     them: every copy stays in the trace of its enqueue.
 
@@ -42,6 +45,7 @@ def copy_headers(headers: Mapping[str, Any], timestamp: float | None) -> dict[st
     (``Delivery.timestamp``: :func:`~amqpjobs.jobs.timestamps.decoded_time`, not the unit rule again).
     """
     out = strip_broker_headers(headers)
+    out.pop(DECIDED, None)
     if TENANT in out and tenant_of(out[TENANT]) is None:
         del out[TENANT]
     if parse_time(out.get(ENQUEUED_AT)) is None and (first := decoded_time(timestamp)) is not None:

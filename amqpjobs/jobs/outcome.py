@@ -61,6 +61,7 @@ REASONS = (
     "worker-error",  # the worker itself failed on the delivery (a bug of ours; evidence has the traceback)
     "crashed",  # started max_redeliveries + 1 times without an outcome (worker died, loop stalled, channel lost)
     "undeliverable",  # the broker could not deliver it over AMQP 0-9-1 (a short string over 255 bytes): moved by hand
+    "invalid-decision",  # an amqpjobs-decided header the worker can't carry out (a forgery: jobs.decided); not run
 )
 
 
@@ -204,6 +205,8 @@ class Outcome:
         value: What the handler returned (None when it did not return), for the results store.
         rejected: Rejected into quarantine (its copy could never be published): the broker
             dead-lettered it there, and ``decision`` was replaced by ``Quarantine("x-death:rejected")``.
+        decided: The decision is one an earlier run made and kept in the delivery's
+            ``amqpjobs-decided`` header (:mod:`amqpjobs.jobs.decided`): carried out, the handler not run.
 
     """
 
@@ -223,6 +226,7 @@ class Outcome:
     started: float = 0.0
     value: Any = None
     rejected: bool = False
+    decided: bool = False
 
     @property
     def kind(self) -> str:

@@ -4,7 +4,8 @@ A failed attempt's copy goes to its next delay tier, a registered start's to the
 a delivery handed back to its own work queue, a permanent failure's to quarantine with evidence
 headers (trimmed when another publisher's headers leave less room); the original is acked only
 after its copy was confirmed. When the copy can't go, :mod:`.fallback` holds the delivery or
-rejects it once into quarantine. A decision carried out by the ack alone makes no copy.
+rejects it once into quarantine. A decision carried out by the ack alone makes no copy. A held
+delivery whose handler ran keeps its decision past the stop's grace (:mod:`.kept_decisions`).
 
 Part of the worker's one-delivery path (:mod:`.deliveries`); its state is the worker's.
 """
@@ -16,19 +17,22 @@ import functools
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from amqpjobs._version import __version__
 from amqpjobs.errors import AmqpJobsError, MessageTooLargeError
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.copy_headers import strip_broker_headers
+from amqpjobs.jobs.decided import DECIDED, decided_value
 from amqpjobs.jobs.envelope import iso_utc
 from amqpjobs.jobs.evidence import trimmed_budget
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip
+from amqpjobs.message import OutgoingMessage
 from amqpjobs.runtime.draining import Draining
 from amqpjobs.runtime.fallback import ack, fall_back
 from amqpjobs.runtime.holding import Holding, pending_of
+from amqpjobs.runtime.kept_decisions import KeptDecisions, keeps
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -45,7 +49,7 @@ ACK_ONLY: Final = (Ack, Duplicate, Skip)
 HELD_COPY_LOOK: Final = 1.0
 
 
-class CarryingOut:
+class CarryingOut(KeptDecisions):
     """Carrying out decisions, for :class:`~amqpjobs.runtime.deliveries.DeliveryPath` (its state is the worker's)."""
 
     app: App
@@ -134,6 +138,8 @@ class CarryingOut:
         """
         assert self._publisher is not None
         assert self._quarantiner is not None
+        if v.decided:  # an earlier run's decision: its copy goes as it came (.kept_decisions)
+            return await self._carry_decided(layout, delivery, v)
         decision, job_id = v.decision, v.job_id
         received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
         # handler runs so far, counted in our own header on our copies (absent = 0), never derived
@@ -161,12 +167,7 @@ class CarryingOut:
             if register is not None:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
-            quarantine = functools.partial(
-                quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
-                exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=job_id,
-                host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
-                timestamp=delivery.timestamp,
-            )  # fmt: skip
+            quarantine = self._evidence(delivery, v, decision, received, runs)
             exchange, headers = layout.quarantine_exchange, quarantine()
             try:
                 await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
@@ -176,15 +177,60 @@ class CarryingOut:
                 trimmed = delivery.copy(quarantine(budget=budget), job_id)
                 await self._quarantiner.publish(exchange, delivery.queue, trimmed)
 
+    def _evidence(
+        self, delivery: Received, v: Outcome, decision: Quarantine, received: Mapping[str, Any], runs: int
+    ) -> functools.partial[dict[str, Any]]:
+        """The quarantine copy's headers, evidence and all (call it, with ``budget=`` to trim the evidence)."""
+        return functools.partial(
+            quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
+            exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=v.job_id,
+            host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
+            timestamp=delivery.timestamp,
+        )  # fmt: skip
+
+    def _marked_copy(self, delivery: Received, v: Outcome, trace: Mapping[str, str]) -> OutgoingMessage:
+        """The copy ``v``'s decision needs, marked with it, ready now in the delivery's own work queue.
+
+        For :mod:`.kept_decisions`.
+
+        Raises:
+            ValueError: the decision is no quarantine or retry (:func:`~amqpjobs.jobs.decided.decided_value`).
+        """
+        received = envelope.with_trace(delivery.headers, trace) if trace else delivery.headers
+        runs = envelope.parse_runs(received) + (1 if v.ran else 0)
+        decision, value = v.decision, decided_value(v.decision)
+        headers: dict[str, Any] = {}
+        if v.decided:
+            headers = strip_broker_headers(received)
+        elif isinstance(decision, RetryLater):
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
+                                    timestamp=delivery.timestamp, job_id=v.job_id, key=self._seal_key)  # fmt: skip
+        elif isinstance(decision, Quarantine):
+            headers = self._evidence(delivery, v, decision, received, runs)()
+        headers[DECIDED] = value
+        return delivery.copy(headers, v.job_id, envelope.ready_at(time.time()))
+
     async def _fallback(
         self, layout: JobQueueLayout, delivery: Received, v: Outcome, exc: Exception, trace: Mapping[str, str] = {}
     ) -> bool:
-        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`)."""
+        """Our republish failed: hold the delivery until its copy can go, or reject it once (:mod:`.fallback`).
+
+        Still held when the stop's grace ends (this task cancelled), a run's decision is kept (:mod:`.kept_decisions`).
+        """
         republish = functools.partial(self._republish, layout, delivery, v, trace)
         pending = pending_of(layout, delivery.queue, v.decision)
         with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
-            return await fall_back(self._holding, layout, delivery, v, exc, republish,
-                                   functools.partial(self._as_it_came, layout, delivery, v.job_id))  # fmt: skip
+            try:
+                return await fall_back(self._holding, layout, delivery, v, exc, republish,
+                                       functools.partial(self._as_it_came, layout, delivery, v.job_id))  # fmt: skip
+            except asyncio.CancelledError:
+                if self._stop.is_set() and keeps(v) and delivery.settleable:
+                    try:
+                        copy, why = self._marked_copy(delivery, v, trace), ""
+                    except Exception as error:  # (a bug of ours, headers that can't be written): redelivered
+                        copy, why = None, f"{type(error).__name__}: {error}"[:300]
+                    await self._keep(delivery, v, copy, why)
+                raise
 
     async def _as_it_came(self, layout: JobQueueLayout, delivery: Received, job_id: str) -> None:
         """Publish ``delivery`` into its quarantine as it came, the broker's ``x-`` headers removed (confirmed).

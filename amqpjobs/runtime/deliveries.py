@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.breaker import breaker_open
+from amqpjobs.jobs.decided import DECIDED
 from amqpjobs.jobs.events import event_body
 from amqpjobs.jobs.failure import (
     crash_error,
@@ -141,7 +142,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         """Decide, carry out and settle one delivery; ``task``: the delivery's task, when the caller has it."""
         if not delivery.message_id:  # each copy of it carries its key as it came (README "Idempotency")
             delivery.headers = with_payload_key(delivery.headers, delivery.body)
-        if self._rates is not None and not (alone or hand_back or rated):
+        if self._rates is not None and not (alone or hand_back or rated or DECIDED in delivery.headers):
             went = await self._rates.divert(layout, delivery)
             if went == "moved":
                 return  # a rate-limited job's: moved to its waiting room (README "Flow control")
@@ -240,6 +241,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         ``rated``: took its rate limit's token (none is given while paused): it starts even if a pause came since.
         ``task``: the delivery's (current) task, when the caller has it.
         """
+        if DECIDED in delivery.headers:  # an earlier run's decision, kept past its stop: no gate, no run
+            return self._decided_outcome(layout, delivery)
         unstarted = hand_back or (self._stop.is_set() and not alone)  # arrived, or got its slot, after SIGTERM
         if unstarted and not delivery.redelivered:  # handed back as a copy (a requeue would mark it redelivered:
             # a start, for the crash count), once this worker can't take it again

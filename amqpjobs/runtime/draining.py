@@ -7,7 +7,10 @@ still waiting), those held because their copy can't be published yet (:mod:`.hol
 the grace, then back to their queue with the connection), and suspects running alone
 (counted by the suspects watcher). A held delivery whose handler ran (it finished; its
 outcome, say a quarantine, waits for the missing object) is no running job either: it is
-counted and worded apart, with the outcome it waits to carry out. Once the stop is set no handler starts but a suspect's
+counted and worded apart, with the outcome it waits to carry out; so is one carrying out a
+decision an earlier run kept (:mod:`.kept_decisions`). Past the grace such a delivery keeps its
+decision in a copy on its own queue (or, when that fails, is redelivered and runs again): the
+lines say which. Once the stop is set no handler starts but a suspect's
 (:meth:`~amqpjobs.runtime.runs.HandlerRuns._start` looks at it last, with no pause before
 the start), so the handlers running then are the jobs to drain, exactly. At the grace's end
 the jobs still running are cancelled; each is then counted by what became of it: back to its
@@ -38,8 +41,11 @@ class Draining:
         self.holds: dict[asyncio.Task[Any], tuple[str, str]] = {}
         self._started: set[asyncio.Task[Any]] = set()  # the ``ran`` ones when the drain began
         self._returned = 0  # deliveries never started, still unsettled after the grace: back to their queue
-        self._returned_ran = 0  # held deliveries whose handler ran, still held after the grace: back to their queue
-        self._held_lines: list[str] = []  # the grace's lines about held deliveries, worded before their cancel
+        self._ran_held: set[asyncio.Task[Any]] = set()  # held deliveries that ran, still held after the grace
+        self._held_outcomes: dict[asyncio.Task[Any], tuple[str, str]] = {}  # theirs: (outcome, what it waits for)
+        self._kept: dict[asyncio.Task[Any], bool] = {}  # of those, whether each kept its decision (kept_decisions)
+        self._decided: set[asyncio.Task[Any]] = set()  # tasks carrying out a decision an earlier run kept
+        self._held_lines: list[str] = []  # the grace's lines about held deliveries never started
         self._cancelled: set[asyncio.Task[Any]] = set()  # jobs running at the grace's end (cancelled then)
         self._kinds: dict[asyncio.Task[Any], str] = {}  # outcome kinds of the tasks settled while stopping
 
@@ -65,6 +71,16 @@ class Draining:
             if kind == "handed_back":
                 self.unstarted.add(task)
 
+    def carried(self) -> None:
+        """The current task carries out a decision an earlier run kept: held, it is one that ran."""
+        if (task := asyncio.current_task()) is not None and task not in self._decided:
+            self._decided.add(task)
+            task.add_done_callback(self._decided.discard)
+
+    def kept(self, task: asyncio.Task[Any], kept: bool) -> None:
+        """At the grace's end, ``task``'s held delivery kept its decision in a copy (or, False, could not)."""
+        self._kept[task] = kept
+
     @contextmanager
     def holding(self, outcome: str, target: str) -> Iterator[None]:
         """Mark the current task as holding its delivery while its copy can't be published (:mod:`.fallback`).
@@ -84,7 +100,12 @@ class Draining:
 
     def _held_ran(self, tasks: Iterable[asyncio.Task[Any]]) -> str:
         """``1 held delivery (ran; its outcome 'quarantine' waits for work.quarantine)``, or the plural."""
-        pending = Counter(self.holds[t] for t in tasks if t in self.holds)
+        return self._held_ran_of({t: self.holds[t] for t in tasks if t in self.holds})
+
+    @staticmethod
+    def _held_ran_of(outcomes: dict[asyncio.Task[Any], tuple[str, str]]) -> str:
+        """:meth:`_held_ran` of ``outcomes`` (task -> (outcome, what it waits for))."""
+        pending = Counter(outcomes.values())
         count = sum(pending.values())
         if count == 1:
             [(outcome, target)] = pending
@@ -99,13 +120,13 @@ class Draining:
         and the deliveries held but never started, which get the ``grace`` (seconds) too.
         """
         self._started = set(self.ran)
-        held_ran = self._started & self.holds.keys()  # handler finished, outcome waiting: no running job
+        held_ran = (self._started | self._decided) & self.holds.keys()  # handler finished, outcome waiting
         running = len(self._started - held_ran) + suspects_running
         line = f"draining {running} in-flight job(s), grace {grace:.0f}s" if running else "draining: no job in flight"
         if held_ran:
             line += f"; {self._held_ran(held_ran)} {'waits' if len(held_ran) == 1 else 'wait'}"
             line += f" up to the grace of {grace:.0f}s"
-        held = len(self.holds.keys() - self._started)
+        held = len(self.holds.keys() - self._started - held_ran)
         if held:
             what = "1 held delivery (never started: its copy can't be published yet) waits" if held == 1 else (
                 f"{held} held deliveries (never started: their copies can't be published yet) wait")  # fmt: skip
@@ -117,16 +138,14 @@ class Draining:
 
         ``still``: tasks not done (to be cancelled now; the cancel ends their holds);
         ``jobs``: the delivery tasks at :meth:`begin`. A held delivery is no running job
-        (whether its handler ran or never started): it returns to its queue.
+        (whether its handler ran or never started): one that ran keeps its decision in a copy
+        on its queue (:meth:`kept` says whether it could), one never started returns to its queue.
         """
-        held_ran = still & self.ran & self.holds.keys()  # its handler finished (maybe during the grace)
-        self._returned_ran = len(held_ran)
+        held_ran = still & (self.ran | self._decided) & self.holds.keys()  # handler finished (maybe in the grace)
+        self._ran_held = set(held_ran)
+        self._held_outcomes = {t: self.holds[t] for t in held_ran}  # (their holds end with the cancel)
         self._cancelled = (still & self._started) - held_ran
         self._held_lines = []
-        if held_ran:
-            its = "it returns to its queue" if len(held_ran) == 1 else "they return to their queues"
-            self._held_lines.append(f"{self._held_ran(held_ran)} still held after the grace period; {its} "
-                                    "(redelivered)")  # fmt: skip
         self._returned = len((still & jobs) - self._started - held_ran)
         if self._returned == 1:
             self._held_lines.append("1 held delivery (never started) still held after the grace period; it returns "
@@ -168,7 +187,25 @@ class Draining:
             if going_on:
                 parts.append(f"{going_on} {'goes' if going_on == 1 else 'go'} on regardless")
             lines.append(f"{running} job(s) still running after the grace period; cancelled: {', '.join(parts)}")
-        return lines + self._held_lines
+        return lines + self._held_ran_lines() + self._held_lines
+
+    def _held_ran_lines(self) -> list[str]:
+        """The grace's lines about held deliveries that ran: their decisions kept, or lost (redelivered)."""
+        lines = []
+        kept = {t for t in self._ran_held if self._kept.get(t)}
+        for tasks, what in ((kept, "{its} with {outcome} kept (not run again)"),
+                            (self._ran_held - kept, "{its} (redelivered: {outcome} could not be kept, so {runs} "
+                                                    "again)")):  # fmt: skip
+            if tasks:
+                one = len(tasks) == 1
+                said = self._held_ran_of({t: self._held_outcomes[t] for t in tasks})
+                its = "it returns to its queue" if one else "they return to their queues"
+                outcome = "its outcome" if one else "their outcomes"
+                runs = "it runs" if one else "they run"
+                lines.append(
+                    f"{said} still held after the grace period; " + what.format(its=its, outcome=outcome, runs=runs)
+                )
+        return lines
 
     @staticmethod
     def going_on_line(count: int, bound: float, own_process: bool) -> str:
@@ -199,10 +236,14 @@ class Draining:
             n = sum(ended.values())
             note += f", {n} ended after {'its' if n == 1 else 'their'} cancellation ({_kinds(ended)})"
         note += handed_back_note(len(self.unstarted), waited)
-        if self._returned_ran:
-            held = "1 held delivery" if self._returned_ran == 1 else f"{self._returned_ran} held deliveries"
-            note += f", {held} (ran) returned to {'its queue' if self._returned_ran == 1 else 'their queues'} " \
-                    "(redelivered)"  # fmt: skip
+        kept = sum(1 for t in self._ran_held if self._kept.get(t))
+        for n, what in ((kept, "with {outcome} kept (not run again)"),
+                        (len(self._ran_held) - kept, "(redelivered: {outcome} not kept, run again)")):  # fmt: skip
+            if n:
+                held = "1 held delivery" if n == 1 else f"{n} held deliveries"
+                outcome = "its outcome" if n == 1 else "their outcomes"
+                note += f", {held} (ran) returned to {'its queue' if n == 1 else 'their queues'} " + what.format(
+                    outcome=outcome)  # fmt: skip
         if self._returned:
             held = "1 held delivery" if self._returned == 1 else f"{self._returned} held deliveries"
             note += f", {held} returned to {'its queue' if self._returned == 1 else 'their queues'} unstarted " \

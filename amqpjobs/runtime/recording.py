@@ -153,6 +153,8 @@ class OutcomeRecords:
                 extra = f" reason={logfmt_value(d.reason)}"
             if outcome.error:
                 extra += f" error={field_value(outcome.error, MAX_ERROR_FIELD)}"
+            if outcome.decided:  # carried out as an earlier run decided it, its handler not run (.kept_decisions)
+                extra += " decided=earlier-run"
             extra += paced
             log.info(
                 "job=%s id=%s attempt=%d duration=%.3fs outcome=%s%s%s",

@@ -264,29 +264,26 @@ async def test_a_held_delivery_whose_handler_ran_is_named_apart_from_running_job
         "draining 1 in-flight job(s), grace 3s; 1 held delivery (ran; its outcome 'quarantine' waits for "
         "work.quarantine) waits up to the grace of 3s",
         "1 held delivery (ran; its outcome 'quarantine' waits for work.quarantine) still held after the grace "
-        "period; it returns to its queue (redelivered)",
+        "period; it returns to its queue with its outcome kept (not run again)",
         "worker stopped: 1 in-flight job(s) finished, 0 abandoned (redelivered), 1 held delivery (ran) returned to "
-        "its queue (redelivered); exit 1",
+        "its queue with its outcome kept (not run again); exit 1",
     ]
     assert effects == ["rej-1", "slow-1"]  # rej's handler ran once, before the stop
     lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.worker"]
     assert "no delivery of work is held any more" not in lines  # it is not released: it goes back to its queue
-    back = await drain(broker, "work")
-    assert [(m.message_id, m.redelivered) for m in back] == [("rej-1", True)]
+    back = await drain(broker, "work")  # a copy marked with its decision (the original acked), no redelivery
+    assert [(m.message_id, m.redelivered, str(m.headers.get("amqpjobs-decided"))) for m in back] == [
+        ("rej-1", False, "quarantine")
+    ]
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=True,
-    reason="held11 step 2 not done: a held delivery whose handler ran goes back as a "
-    "plain redelivery; the next run registers it as start 2 and runs the handler again (README)",
-)
 async def test_a_held_delivery_whose_handler_ran_is_not_run_again_after_the_restart(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
     """Review held11: 'rej' writes its effect and raises Reject; its quarantine copy is held (work.quarantine
     deleted) until the stop's grace is over. After ``topology apply`` and a restart the decided quarantine
-    should be carried out without running the handler again (effects 1). Today it runs again (effects 2)."""
+    is carried out without running the handler again (effects 1; was 2: a plain redelivery, run as start 2)."""
     app = await make_app(broker, tmp_path)
     effects: list[tuple[str, bool]] = []
 

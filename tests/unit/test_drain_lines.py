@@ -60,11 +60,12 @@ async def test_running_jobs_and_held_deliveries_are_counted_each_once() -> None:
         "up to the grace of 30s",
         "2 job(s) still running after the grace period; they will be redelivered",
         "1 held delivery (ran; its outcome 'retry' waits for work.tier-1) still held after the grace period; it "
-        "returns to its queue (redelivered)",
+        "returns to its queue (redelivered: its outcome could not be kept, so it runs again)",
         "2 held deliveries (never started) still held after the grace period; they return to their queues "
         "(redelivered)",
         "worker stopped: 0 in-flight job(s) finished, 2 abandoned (redelivered), 1 held delivery (ran) returned to "
-        "its queue (redelivered), 2 held deliveries returned to their queues unstarted (redelivered); exit 1",
+        "its queue (redelivered: its outcome not kept, run again), 2 held deliveries returned to their queues "
+        "unstarted (redelivered); exit 1",
     ]
 
 
@@ -74,10 +75,52 @@ async def test_held_deliveries_that_ran_are_named_with_each_outcome_they_wait_to
         "draining: no job in flight; 2 held deliveries (ran; their outcomes wait: 2 'retry' for work.tier-1) wait "
         "up to the grace of 5s",
         "2 held deliveries (ran; their outcomes wait: 2 'retry' for work.tier-1) still held after the grace "
-        "period; they return to their queues (redelivered)",
+        "period; they return to their queues (redelivered: their outcomes could not be kept, so they run again)",
         "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 2 held deliveries (ran) returned "
-        "to their queues (redelivered); exit 1",
+        "to their queues (redelivered: their outcomes not kept, run again); exit 1",
     ]
+
+
+async def test_held_deliveries_that_ran_are_counted_by_whether_each_kept_its_decision() -> None:
+    """Past the grace each keeps its decision in a marked copy (kept_decisions) or could not: counted apart;
+    one carrying out a decision an earlier run kept is one that ran (not 'never started')."""
+    draining = Draining()
+    release = asyncio.Event()
+
+    async def held(outcome: tuple[str, str], decided: bool) -> None:
+        if decided:
+            draining.carried()
+        else:
+            draining.started()
+        with draining.holding(*outcome):
+            await release.wait()
+
+    quarantine, retry = ("quarantine", "work.quarantine"), ("retry", "work.tier-1")
+    tasks = [asyncio.create_task(held(o, d)) for o, d in ((quarantine, False), (quarantine, True), (retry, False))]
+    await asyncio.sleep(0)
+    assert draining.begin(0, 5) == (
+        "draining: no job in flight; 3 held deliveries (ran; their outcomes wait: 2 'quarantine' for "
+        "work.quarantine, 1 'retry' for work.tier-1) wait up to the grace of 5s"
+    )
+    still = set(tasks)
+    draining.grace_over(still, still)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    draining.kept(tasks[0], True)
+    draining.kept(tasks[1], True)
+    draining.kept(tasks[2], False)
+    assert draining.grace_lines(0) == [
+        "2 held deliveries (ran; their outcomes wait: 2 'quarantine' for work.quarantine) still held after the "
+        "grace period; they return to their queues with their outcomes kept (not run again)",
+        "1 held delivery (ran; its outcome 'retry' waits for work.tier-1) still held after the grace period; it "
+        "returns to its queue (redelivered: its outcome could not be kept, so it runs again)",
+    ]
+    assert draining.stopped_line(still, (0, 0), 0, 1) == (
+        "worker stopped: 0 in-flight job(s) finished, 0 abandoned (redelivered), 2 held deliveries (ran) returned "
+        "to their queues with their outcomes kept (not run again), 1 held delivery (ran) returned to its queue "
+        "(redelivered: its outcome not kept, run again); exit 1"
+    )
 
 
 async def test_an_idle_stop_says_no_job_in_flight() -> None:
