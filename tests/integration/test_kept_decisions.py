@@ -377,7 +377,8 @@ async def test_a_quorum_queue_keeps_the_decision_as_a_new_message_not_a_redelive
         assert await worker.shutdown() == 1
     async with raw_channel(broker) as ch:
         kept = await (await ch.get_queue("qwork", ensure=False)).get(no_ack=False)
-        assert (kept.redelivered, kept.headers.get("x-delivery-count"), text(kept.headers[DECIDED])) == (
+        # a first delivery: x-delivery-count 0 on 3.x; 4.0+ adds the header only from the first redelivery on
+        assert (kept.redelivered, kept.headers.get("x-delivery-count", 0), text(kept.headers[DECIDED])) == (
             False, 0, "quarantine")  # fmt: skip
         await kept.nack(requeue=True)
     await apply_topology(path, broker)
