@@ -7,6 +7,7 @@ limit is reached)``: three causes, no fix. The management API tells them apart.
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -51,8 +52,25 @@ async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_
     # before: "... refused the connection: vhost '...' does not exist or user 'guest' has no access to it (or the
     # vhost's connection limit is reached)"
     assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
-    assert "rabbitmqctl set_vhost_limits" in last, out
+    # before: "(rabbitmqctl set_vhost_limits -p VHOST ...)", where a user's limit's fix names the user
+    assert f"(rabbitmqctl set_vhost_limits -p {shlex.quote(broker.vhost)} '{{\"max-connections\": N}}')" in last, out
+    assert "user 'guest'" not in last, out
     assert took < 20, (took, out)
+
+
+async def test_a_worker_of_a_user_without_permissions_on_the_vhost_names_the_fix_with_both(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    with limited_user(broker, "administrator") as (user, url):  # the API tells an administrator whose the fault is
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/permissions/{quote(broker.vhost, safe='')}/{user}")
+        code, out, _ = await _worker_run(broker, tmp_path, url)
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    assert f"user {user!r} has no permissions on vhost {broker.vhost!r}: give them" in last, out
+    # before: "(rabbitmqctl set_permissions -p VHOST USER '.*' '.*' '.*')"
+    assert f"(rabbitmqctl set_permissions -p {shlex.quote(broker.vhost)} {user} '.*' '.*' '.*')" in last, out
 
 
 @pytest.mark.parametrize("tags", ["", "monitoring"])
