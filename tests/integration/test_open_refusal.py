@@ -7,6 +7,7 @@ limit is reached)``: three causes, no fix. The management API tells them apart.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, limited_user, write_file
+from tests.integration.helpers import consume_subprocess, limited_user, raw_channel, write_file
 from tests.integration.test_worker_process import exit_code, publisher
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -94,3 +95,37 @@ async def test_a_worker_past_its_users_max_connections_names_the_users_limit(
         assert "or a max-connections limit is reached, the vhost's or the user's" in last, out
     assert f"set_user_limits {user} '{{\"max-connections\": N}}'" in last, out
     assert "lim-secret" not in out, out
+
+
+async def test_of_a_vhosts_and_a_users_limit_only_the_one_reached_is_named(broker: BrokerSettings, tmp_path: Path):
+    """The vhost's max-connections 1 is held by another connection; the user's own limit (50) is far off.
+
+    Before, both were named, each with "raise it": `vhost '...' allows at most 1 connection(s) (max-connections):
+    raise it (...) and user 'lim-...' allows at most 50 connection(s) (max-connections): raise it (...)`.
+    """
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    vhost = quote(broker.vhost, safe="")
+    with limited_user(broker, "monitoring", {"max-connections": 50}) as (user, url):
+        async with raw_channel(broker):  # guest's connection holds the vhost's one
+            deadline = time.monotonic() + 30
+            while not await asyncio.to_thread(_listed, broker):  # the API lists it within a statistics interval
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.3)
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/vhost-limits/{vhost}/max-connections", {"value": 1})
+            try:
+                code, out, _ = await _worker_run(broker, tmp_path, url)
+            finally:
+                with ManagementClient(broker) as mgmt:
+                    mgmt.request("DELETE", f"/vhost-limits/{vhost}/max-connections", allow_404=True)
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
+    assert f"user {user!r} allows at most" not in last, last
+    assert "set_user_limits" not in last, last
+
+
+def _listed(broker: BrokerSettings) -> bool:
+    """Whether the management API lists a connection in the test vhost."""
+    with ManagementClient(broker) as mgmt:
+        return bool(mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections"))
