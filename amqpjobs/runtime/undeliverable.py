@@ -130,7 +130,7 @@ def _time_as_was(headers: dict[str, Any], stamp: Any) -> tuple[dict[str, Any], f
     seconds when those read back as it, else none and the time in ``amqpjobs-enqueued-at`` (:func:`_first_time`).
     Before, ``2**63 - 1`` (ns of 2262) went back as 9,223,372,036 s, which every reader takes for ms (1970).
     """
-    if type(stamp) is int and 0 < stamp <= AS_IS_UP_TO:
+    if type(stamp) is int and 0 <= stamp <= AS_IS_UP_TO:
         return headers, float(stamp)
     with_time, seconds = _first_time(headers, _seconds(stamp))
     return (headers if seconds is not None else with_time), seconds

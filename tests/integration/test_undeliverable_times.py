@@ -97,6 +97,7 @@ def _take_head(broker: BrokerSettings) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("raw", "stamp", "first"),
     [
+        (0, 0, None),  # a publisher's unset timestamp (read as none): the same 8 bytes, not left out
         (1_764_493_200, 1_764_493_200, None),  # seconds: the same 8 bytes
         (5_000_000_000, 5_000_000_000, None),  # read as ms (1970-02-27T20:53:20Z): the same 8 bytes
         (1_764_493_200_123, 1_764_493_200, None),  # Date.now(): as seconds it would be past 9999; the same second
