@@ -37,17 +37,23 @@ async def _worker_run(broker: BrokerSettings, tmp_path: Path, url: str) -> tuple
     return code, log.read_text(), time.monotonic() - began
 
 
+async def _run_past_the_vhosts_limit(broker: BrokerSettings, tmp_path: Path, url: str) -> tuple[int, str, float]:
+    """:func:`_worker_run` with the test vhost's max-connections 1 (lifted after)."""
+    path = f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", path, {"value": 1})
+    try:
+        return await _worker_run(broker, tmp_path, url)
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", path, allow_404=True)
+
+
 async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_fix(
     broker: BrokerSettings, tmp_path: Path
 ):
     await (await publisher(broker, tmp_path)).close()  # applies the work queue
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", {"value": 1})
-    try:
-        code, out, took = await _worker_run(broker, tmp_path, broker.url)
-    finally:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", allow_404=True)
+    code, out, took = await _run_past_the_vhosts_limit(broker, tmp_path, broker.url)
     assert code == 3, out
     last = out.strip().splitlines()[-1]
     # before: "... refused the connection: vhost '...' does not exist or user 'guest' has no access to it (or the
@@ -104,20 +110,13 @@ async def test_of_a_vhosts_and_a_users_limit_only_the_one_reached_is_named(broke
     raise it (...) and user 'lim-...' allows at most 50 connection(s) (max-connections): raise it (...)`.
     """
     await (await publisher(broker, tmp_path)).close()  # applies the work queue
-    vhost = quote(broker.vhost, safe="")
     with limited_user(broker, "monitoring", {"max-connections": 50}) as (user, url):
         async with raw_channel(broker):  # guest's connection holds the vhost's one
             deadline = time.monotonic() + 30
             while not await asyncio.to_thread(_listed, broker):  # the API lists it within a statistics interval
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.3)
-            with ManagementClient(broker) as mgmt:
-                mgmt.request("PUT", f"/vhost-limits/{vhost}/max-connections", {"value": 1})
-            try:
-                code, out, _ = await _worker_run(broker, tmp_path, url)
-            finally:
-                with ManagementClient(broker) as mgmt:
-                    mgmt.request("DELETE", f"/vhost-limits/{vhost}/max-connections", allow_404=True)
+            code, out, _ = await _run_past_the_vhosts_limit(broker, tmp_path, url)
     assert code == 3, out
     last = out.strip().splitlines()[-1]
     assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last

@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aio_pika
@@ -23,7 +22,7 @@ from amqpjobs.jobs.pacing import CATCH_UP
 from amqpjobs.jobs.replay_plan import replay_window
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, cli_subprocess, depth, depth_at_least, raw_channel, wait_until_async
+from tests.integration.helpers import ROOT, cli_subprocess, depth, raw_channel, stalled_stretch
 from tests.integration.test_quarantine import cli_env, evidence_for
 
 pytestmark = pytest.mark.broker
@@ -71,15 +70,7 @@ async def test_a_paced_filtered_move_on_a_quorum_queue_keeps_its_rate_after_a_st
         env=cli_env(broker), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        await wait_until_async(lambda: depth_at_least(broker, target, RATE // 2), 30, f"some moved to {target}")
-        proc.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(3)  # 3 s worth of moves lost
-        before = await depth(broker, target)  # stopped: nothing moves while this is read
-        resumed = time.monotonic()
-        proc.send_signal(signal.SIGCONT)
-        await asyncio.sleep(1)
-        after = await depth(broker, target)
-        elapsed = time.monotonic() - resumed
+        before, after, elapsed = await stalled_stretch(broker, proc, target, RATE // 2)
         out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
     finally:
         proc.send_signal(signal.SIGCONT)
