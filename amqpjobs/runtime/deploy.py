@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpjobs.errors import BrokerError, BrokerUnavailableError, ManagementApiError, TopologyConflictError
+from amqpjobs.printable import shell_quote
 from amqpjobs.runtime.policy_checks import planned_effects
 from amqpjobs.topology.declarations import BindingDecl, Declarations
 from amqpjobs.topology.holding_queues import note_for_vhost
@@ -191,7 +192,7 @@ def _read_live(
             if exc.status == 404:
                 raise ManagementApiError(
                     f"vhost {settings.vhost!r} does not exist on the broker: create it first "
-                    "(rabbitmqctl add_vhost) or fix the URL's path",
+                    f"(rabbitmqctl add_vhost {shell_quote(settings.vhost)}) or fix the URL's path",
                     404,
                 ) from exc
             raise

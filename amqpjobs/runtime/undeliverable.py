@@ -55,6 +55,8 @@ log = logging.getLogger("amqpjobs.worker")
 STEPS: Final = ("locked", "peeked", "copied", "removed")
 #: Seconds a start waits for the connection to come back after a 541 and a rescue.
 RECONNECT_WAIT: Final = 30.0
+#: The largest raw ``timestamp`` a message of ours carries as it is (as seconds, the last of the year 9999).
+AS_IS_UP_TO: Final = 253_402_300_799
 #: ``rescue_heads`` bound to its settings, connection and app version: work queue -> quarantine exchange in.
 Rescue = Callable[[Mapping[str, str]], Awaitable[int]]
 
@@ -121,6 +123,19 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
     )  # fmt: skip
 
 
+def _time_as_was(headers: dict[str, Any], stamp: Any) -> tuple[dict[str, Any], float | None]:
+    """``headers`` and the ``timestamp`` (seconds, or None) to write back for the management API's raw ``stamp``.
+
+    The same number when a ``timestamp`` of ours holds it (up to :data:`AS_IS_UP_TO`), else the same time in
+    seconds when those read back as it, else none and the time in ``amqpjobs-enqueued-at`` (:func:`_first_time`).
+    Before, ``2**63 - 1`` (ns of 2262) went back as 9,223,372,036 s, which every reader takes for ms (1970).
+    """
+    if type(stamp) is int and 0 <= stamp <= AS_IS_UP_TO:
+        return headers, float(stamp)
+    with_time, seconds = _first_time(headers, _seconds(stamp))
+    return (headers if seconds is not None else with_time), seconds
+
+
 def _back_as_was(head: HeadMessage) -> OutgoingMessage:
     """A message taken by mistake, as it was (its AMQP field types as the management API read them)."""
     props: dict[str, Any] = head.properties
@@ -129,11 +144,12 @@ def _back_as_was(head: HeadMessage) -> OutgoingMessage:
         value = props.get(name)
         return value if isinstance(value, str) else None
 
-    stamp, priority = props.get("timestamp"), props.get("priority")
+    priority = props.get("priority")
+    headers, timestamp = _time_as_was(dict(props.get("headers") or {}), props.get("timestamp"))
     return OutgoingMessage(
-        body=head.body, headers=dict(props.get("headers") or {}), content_type=text("content_type"),
+        body=head.body, headers=headers, content_type=text("content_type"),
         content_encoding=text("content_encoding"), message_id=text("message_id"), type=text("type"),
-        timestamp=_seconds(stamp),
+        timestamp=timestamp,
         priority=priority if isinstance(priority, int) else None, correlation_id=text("correlation_id"),
         reply_to=text("reply_to"), app_id=text("app_id"),
     )  # fmt: skip

@@ -75,5 +75,5 @@ def no_vhost(vhost: str, base: str) -> str:
     """The message for a 404 because ``vhost`` does not exist on the API at ``base``."""
     return (
         f"vhost {vhost!r} does not exist on {base} (the vhost is the AMQP URL's "
-        f"path): fix the URL, or create it (rabbitmqctl add_vhost {vhost!r})"
+        f"path): fix the URL, or create it (rabbitmqctl add_vhost {shell_quote(vhost)})"
     )

@@ -5,19 +5,21 @@ user has no permissions on it, or a connection limit is reached (the vhost's or 
 ``max-connections``: RabbitMQ "Virtual Hosts" and "User limits"); aiormq keeps no reply text
 (:func:`~amqpjobs.wire.errors.refused_connect_reason`), so the words alone can't say which.
 The management API can: :func:`refused_words` asks it (a few seconds at most) and names the
-one that holds with its fix, else keeps the three-way words. Measured on 3.10: the second child
-of ``consume --processes 2`` on a vhost with ``max-connections`` 4 was refused so.
+one that holds with its fix (a command naming this vhost and user, to paste as it is), else keeps the
+three-way words. Of two limits set (the vhost's and the user's) only the one the listed connections reach is
+named; both when the listing can't tell (a connection a moment old is not listed yet). Measured on 3.10: the
+second child of ``consume --processes 2`` on a vhost with ``max-connections`` 4 was refused so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 from typing import Any, Final
 from urllib.parse import quote
 
 from amqpjobs.errors import ManagementApiError
+from amqpjobs.printable import shell_quote
 from amqpjobs.wire.errors import open_refused, refused_connect_reason
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -53,19 +55,24 @@ def _ask(settings: BrokerSettings) -> str | None:
     with ManagementClient(settings, timeout=ASK_FOR) as mgmt:
         # an administrator's questions (3.10: 401 "Not administrator user" to a monitoring user): unknown then
         if _admin_only(mgmt, f"/vhosts/{v}") is None:
-            return f"vhost {vhost!r} does not exist: create it (rabbitmqctl add_vhost) or fix the URL's path"
+            return (f"vhost {vhost!r} does not exist: create it (rabbitmqctl add_vhost {shell_quote(vhost)}) or fix "
+                    "the URL's path")  # fmt: skip
         if (allowed := _admin_only(mgmt, f"/permissions/{v}/{u}")) is None:
             return (f"user {user!r} has no permissions on vhost {vhost!r}: give them (rabbitmqctl set_permissions -p "
-                    "VHOST USER '.*' '.*' '.*'), or use another user")  # fmt: skip
-        found = []
-        for rows, whose, fix in (
+                    f"{shell_quote(vhost)} {shell_quote(user)} '.*' '.*' '.*'), or use another user")  # fmt: skip
+        held = _held(mgmt, vhost, user)
+        limits = []
+        for rows, whose, fix, count in (
             (mgmt.request("GET", f"/vhost-limits/{v}", allow_404=True), f"vhost {vhost!r}",
-             "rabbitmqctl set_vhost_limits -p VHOST '{\"max-connections\": N}'"),
+             f"rabbitmqctl set_vhost_limits -p {shell_quote(vhost)} '{{\"max-connections\": N}}'", held[0]),
             (mgmt.request("GET", f"/user-limits/{u}", allow_404=True), f"user {user!r}",
-             f"rabbitmqctl set_user_limits {shlex.quote(user)} '{{\"max-connections\": N}}'"),
+             f"rabbitmqctl set_user_limits {shell_quote(user)} '{{\"max-connections\": N}}'", held[1]),
         ):  # fmt: skip
             if (most := _limit(rows, "max-connections")) is not None:
-                found.append(f"{whose} allows at most {most} connection(s) (max-connections): raise it ({fix})")
+                text = f"{whose} allows at most {most} connection(s) (max-connections): raise it ({fix})"
+                limits.append((text, count is not None and count >= most))
+        # only those the connections listed reach; none (a new connection not listed yet, a count not told): all
+        found = [text for text, reached in limits if reached] or [text for text, _ in limits]
         if found:
             unsure = (
                 ""
@@ -75,6 +82,21 @@ def _ask(settings: BrokerSettings) -> str | None:
             return (f"{' and '.join(found)}; or run fewer worker processes or publishers there (a worker process "
                     f"holds about 3 connections){unsure}")  # fmt: skip
     return None
+
+
+def _held(mgmt: ManagementClient, vhost: str, user: str) -> tuple[int | None, int | None]:
+    """How many connections the API lists in ``vhost`` and of ``user`` (any vhost); None: it would not tell.
+
+    A ``monitoring`` user or an administrator is told every connection; a ``management`` user only its own.
+    """
+    try:
+        rows = mgmt.request("GET", "/connections?columns=user,vhost")
+    except ManagementApiError:
+        return None, None
+    if not isinstance(rows, list):
+        return None, None
+    listed = [row for row in rows if isinstance(row, dict)]
+    return sum(row.get("vhost") == vhost for row in listed), sum(row.get("user") == user for row in listed)
 
 
 #: What :func:`_admin_only` returns when the API would not tell this user.

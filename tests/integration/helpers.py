@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -333,3 +334,18 @@ async def header_runs(
     finally:
         await app.close()
     return seen
+
+
+async def stalled_stretch(settings: BrokerSettings, proc: subprocess.Popen[Any], queue: str, first: int) -> tuple[
+    int, int, float
+]:  # fmt: skip
+    """Once ``queue`` holds ``first``, stop mover ``proc`` (SIGSTOP) for 3 s, then go on (SIGCONT) for about 1 s:
+    ``queue``'s depth at the stop's end and after that second, and the seconds between the two reads."""
+    await wait_until_async(lambda: depth_at_least(settings, queue, first), 30, f"some moved to {queue}")
+    proc.send_signal(signal.SIGSTOP)
+    await asyncio.sleep(3)  # 3 s worth of moves lost
+    before = await depth(settings, queue)  # stopped: nothing moves while this is read
+    resumed = time.monotonic()
+    proc.send_signal(signal.SIGCONT)
+    await asyncio.sleep(1)
+    return before, await depth(settings, queue), time.monotonic() - resumed

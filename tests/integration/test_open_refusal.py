@@ -7,6 +7,8 @@ limit is reached)``: three causes, no fix. The management API tells them apart.
 
 from __future__ import annotations
 
+import asyncio
+import shlex
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -15,7 +17,7 @@ import pytest
 
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import consume_subprocess, limited_user, write_file
+from tests.integration.helpers import consume_subprocess, limited_user, raw_channel, write_file
 from tests.integration.test_worker_process import exit_code, publisher
 from tests.integration.worker_env import APPLIED_TOPOLOGY
 
@@ -35,24 +37,47 @@ async def _worker_run(broker: BrokerSettings, tmp_path: Path, url: str) -> tuple
     return code, log.read_text(), time.monotonic() - began
 
 
+async def _run_past_the_vhosts_limit(broker: BrokerSettings, tmp_path: Path, url: str) -> tuple[int, str, float]:
+    """:func:`_worker_run` with the test vhost's max-connections 1 (lifted after)."""
+    path = f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections"
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("PUT", path, {"value": 1})
+    try:
+        return await _worker_run(broker, tmp_path, url)
+    finally:
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", path, allow_404=True)
+
+
 async def test_a_worker_past_its_vhosts_max_connections_names_the_limit_and_its_fix(
     broker: BrokerSettings, tmp_path: Path
 ):
     await (await publisher(broker, tmp_path)).close()  # applies the work queue
-    with ManagementClient(broker) as mgmt:
-        mgmt.request("PUT", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", {"value": 1})
-    try:
-        code, out, took = await _worker_run(broker, tmp_path, broker.url)
-    finally:
-        with ManagementClient(broker) as mgmt:
-            mgmt.request("DELETE", f"/vhost-limits/{quote(broker.vhost, safe='')}/max-connections", allow_404=True)
+    code, out, took = await _run_past_the_vhosts_limit(broker, tmp_path, broker.url)
     assert code == 3, out
     last = out.strip().splitlines()[-1]
     # before: "... refused the connection: vhost '...' does not exist or user 'guest' has no access to it (or the
     # vhost's connection limit is reached)"
     assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
-    assert "rabbitmqctl set_vhost_limits" in last, out
+    # before: "(rabbitmqctl set_vhost_limits -p VHOST ...)", where a user's limit's fix names the user
+    assert f"(rabbitmqctl set_vhost_limits -p {shlex.quote(broker.vhost)} '{{\"max-connections\": N}}')" in last, out
+    assert "user 'guest'" not in last, out
     assert took < 20, (took, out)
+
+
+async def test_a_worker_of_a_user_without_permissions_on_the_vhost_names_the_fix_with_both(
+    broker: BrokerSettings, tmp_path: Path
+):
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    with limited_user(broker, "administrator") as (user, url):  # the API tells an administrator whose the fault is
+        with ManagementClient(broker) as mgmt:
+            mgmt.request("DELETE", f"/permissions/{quote(broker.vhost, safe='')}/{user}")
+        code, out, _ = await _worker_run(broker, tmp_path, url)
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    assert f"user {user!r} has no permissions on vhost {broker.vhost!r}: give them" in last, out
+    # before: "(rabbitmqctl set_permissions -p VHOST USER '.*' '.*' '.*')"
+    assert f"(rabbitmqctl set_permissions -p {shlex.quote(broker.vhost)} {user} '.*' '.*' '.*')" in last, out
 
 
 @pytest.mark.parametrize("tags", ["", "monitoring"])
@@ -76,3 +101,30 @@ async def test_a_worker_past_its_users_max_connections_names_the_users_limit(
         assert "or a max-connections limit is reached, the vhost's or the user's" in last, out
     assert f"set_user_limits {user} '{{\"max-connections\": N}}'" in last, out
     assert "lim-secret" not in out, out
+
+
+async def test_of_a_vhosts_and_a_users_limit_only_the_one_reached_is_named(broker: BrokerSettings, tmp_path: Path):
+    """The vhost's max-connections 1 is held by another connection; the user's own limit (50) is far off.
+
+    Before, both were named, each with "raise it": `vhost '...' allows at most 1 connection(s) (max-connections):
+    raise it (...) and user 'lim-...' allows at most 50 connection(s) (max-connections): raise it (...)`.
+    """
+    await (await publisher(broker, tmp_path)).close()  # applies the work queue
+    with limited_user(broker, "monitoring", {"max-connections": 50}) as (user, url):
+        async with raw_channel(broker):  # guest's connection holds the vhost's one
+            deadline = time.monotonic() + 30
+            while not await asyncio.to_thread(_listed, broker):  # the API lists it within a statistics interval
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.3)
+            code, out, _ = await _run_past_the_vhosts_limit(broker, tmp_path, url)
+    assert code == 3, out
+    last = out.strip().splitlines()[-1]
+    assert f"refused the connection: vhost {broker.vhost!r} allows at most 1 connection(s) (max-connections)" in last
+    assert f"user {user!r} allows at most" not in last, last
+    assert "set_user_limits" not in last, last
+
+
+def _listed(broker: BrokerSettings) -> bool:
+    """Whether the management API lists a connection in the test vhost."""
+    with ManagementClient(broker) as mgmt:
+        return bool(mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections"))

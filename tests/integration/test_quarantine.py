@@ -24,7 +24,16 @@ from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay
 from amqpjobs.wire.settings import BrokerSettings
-from tests.integration.helpers import ROOT, cli, cli_subprocess, depth, depth_at_least, raw_channel, wait_until_async
+from tests.integration.helpers import (
+    ROOT,
+    cli,
+    cli_subprocess,
+    depth,
+    depth_at_least,
+    raw_channel,
+    stalled_stretch,
+    wait_until_async,
+)
 from tests.integration.worker_env import make_app, running_worker
 
 pytestmark = pytest.mark.broker
@@ -379,15 +388,7 @@ async def test_a_paced_move_stopped_for_3s_does_not_catch_up_in_a_burst(
         env=cli_env(broker), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        await wait_until_async(lambda: depth_at_least(broker, target, rate // 2), 30, f"some moved to {target}")
-        proc.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(3)  # 3 s worth of moves lost
-        before = await depth(broker, target)  # stopped: nothing moves while this is read
-        resumed = time.monotonic()
-        proc.send_signal(signal.SIGCONT)
-        await asyncio.sleep(1)
-        after = await depth(broker, target)
-        elapsed = time.monotonic() - resumed
+        before, after, elapsed = await stalled_stretch(broker, proc, target, rate // 2)
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.kill()

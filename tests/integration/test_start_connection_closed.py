@@ -159,7 +159,7 @@ def _refused(broker: BrokerSettings, what: str) -> tuple[str, str]:
         url = urlunsplit(parts._replace(netloc=f"{broker.username}:not-its-password@{parts.hostname}:{parts.port}"))
         return url, f"refused the credentials (user {broker.username!r})"
     url = urlunsplit(parts._replace(path="/no-such-vhost-199"))
-    return url, "vhost 'no-such-vhost-199' does not exist: create it (rabbitmqctl add_vhost)"
+    return url, "vhost 'no-such-vhost-199' does not exist: create it (rabbitmqctl add_vhost no-such-vhost-199)"
 
 
 @pytest.mark.parametrize("command", ["consume", "schedule run"])

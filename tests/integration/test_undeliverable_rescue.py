@@ -24,11 +24,14 @@ from urllib.parse import quote
 import pytest
 
 from amqpjobs.jobs.registry import JobContext
-from amqpjobs.jobs.timestamps import iso_utc, parse_time
+from amqpjobs.runtime.app import App
+from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.worker import Worker, WorkerOptions
+from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth
-from tests.integration.worker_env import make_app, running_worker
+from tests.integration.worker_env import Recorder, make_app, running_worker
 
 pytestmark = pytest.mark.broker
 LONG = "c" * 300
@@ -61,6 +64,45 @@ def _peek_all(broker: BrokerSettings, queue: str, count: int = 100) -> list[dict
     return got
 
 
+async def _recording_app(broker: BrokerSettings, tmp_path: Path) -> tuple[App, list[int]]:
+    """The fast topology's app with job ``sleep`` on ``work``: the payloads' ``n`` it ran, in order."""
+    app = await make_app(broker, tmp_path)
+    ran: list[int] = []
+
+    @app.job("sleep", queue="work")
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(int(payload["n"]))
+
+    return app, ran
+
+
+async def _own_topology_app(broker: BrokerSettings, tmp_path: Path, text: str, queue: str) -> tuple[App, list[str]]:
+    """An app of topology ``text`` (applied) with job ``sleep`` on ``queue``: the job ids it ran."""
+    path = tmp_path / "own.toml"
+    path.write_text(text)
+    await apply_topology(path, broker)
+    app = App("test", topology=load_topology(path).topology, url=broker.url)
+    ran: list[str] = []
+
+    @app.job("sleep", queue=queue)
+    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    return app, ran
+
+
+async def _run_until_ran(app: App, broker: BrokerSettings, queue: str, ran: list[str], count: int, wait: float) -> None:
+    """A worker of ``app`` on job queue ``queue`` (concurrency 2) until ``ran`` holds ``count``; the app closed."""
+    rec = Recorder()
+    worker = Worker(app, broker, WorkerOptions(queues=(queue,), concurrency=2, grace=10), rec)
+    await worker.start()
+    try:
+        await rec.wait_for(lambda _: len(ran) >= count, timeout=wait)
+    finally:
+        await worker.shutdown()
+        await app.close()
+
+
 @pytest.fixture
 def http_publish_stores_it(broker: BrokerSettings) -> None:
     """RabbitMQ 4.x refuses such an HTTP publish (506 content_properties_shortstr_overflow, measured on 4.3.6)."""
@@ -73,13 +115,7 @@ def http_publish_stores_it(broker: BrokerSettings) -> None:
 async def test_a_worker_quarantines_the_message_and_runs_the_jobs_behind_it(
     broker: BrokerSettings, tmp_path: Path, kind: str
 ):
-    app = await make_app(broker, tmp_path)
-    ran: list[int] = []
-
-    @app.job("sleep", queue="work")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        ran.append(int(payload["n"]))
-
+    app, ran = await _recording_app(broker, tmp_path)
     await asyncio.to_thread(_publish_over_http, broker, KINDS[kind])
     for n in (1, 2, 3):
         await app.enqueue("sleep", {"n": n}, job_id=f"good-{n}")
@@ -140,13 +176,7 @@ async def test_a_rescue_killed_at_any_step_loses_nothing(broker: BrokerSettings,
     """3.10: a 300-byte correlation_id published over HTTP; 4.x: a 300-byte content-type over AMQP 1.0."""
     if (http := _version(broker) < (4,)) is False:
         pytest.importorskip("proton", reason="python-qpid-proton (the dev extra) publishes AMQP 1.0")
-    app = await make_app(broker, tmp_path)
-    ran: list[int] = []
-
-    @app.job("sleep", queue="work")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        ran.append(int(payload["n"]))
-
+    app, ran = await _recording_app(broker, tmp_path)
     if http:
         await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"])
     else:
@@ -282,34 +312,12 @@ shards = 2
 @pytest.mark.usefixtures("http_publish_stores_it")
 @pytest.mark.timeout(120)
 async def test_in_a_shard_it_goes_to_quarantine_and_every_shard_runs(broker: BrokerSettings, tmp_path: Path):
-    from amqpjobs.runtime.app import App
-    from amqpjobs.runtime.deploy import apply_topology
-    from amqpjobs.runtime.worker import Worker, WorkerOptions
-    from amqpjobs.topology.loader import load_topology
-    from tests.integration.worker_env import Recorder
-
-    path = tmp_path / "sharded.toml"
-    path.write_text(SHARDED)
-    await apply_topology(path, broker)
-    app = App("test", topology=load_topology(path).topology, url=broker.url)
-    ran: list[str] = []
-
-    @app.job("sleep", queue="split")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
-
+    app, ran = await _own_topology_app(broker, tmp_path, SHARDED, "split")
     await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"], "split.shard-0")
     await asyncio.to_thread(_publish_over_http, broker, KINDS["header-name"], "split.shard-1")
     for n in range(6):
         await app.enqueue("sleep", {"n": n}, job_id=f"t-{n}", tenant=f"tenant-{n}")
-    rec = Recorder()
-    worker = Worker(app, broker, WorkerOptions(queues=("split",), concurrency=2, grace=10), rec)
-    await worker.start()
-    try:
-        await rec.wait_for(lambda _: len(ran) >= 6, timeout=90)
-    finally:
-        await worker.shutdown()
-        await app.close()
+    await _run_until_ran(app, broker, "split", ran, 6, 90)
     assert sorted(ran) == [f"t-{n}" for n in range(6)]
     assert (await depth(broker, "split.shard-0"), await depth(broker, "split.shard-1")) == (0, 0)
     copies = await asyncio.to_thread(_peek_all, broker, "split.quarantine")
@@ -341,96 +349,14 @@ async def test_on_a_quorum_job_queue_it_goes_to_quarantine_once_with_evidence(br
     """A quorum queue counts each failed delivery (and each requeued read) against its delivery
     limit and would dead-letter the message as it is into the quarantine, where the quarantine
     tools can't read it either: the worker moves it first, at the first 541."""
-    from amqpjobs.runtime.app import App
-    from amqpjobs.runtime.deploy import apply_topology
-    from amqpjobs.runtime.worker import Worker, WorkerOptions
-    from amqpjobs.topology.loader import load_topology
-    from tests.integration.worker_env import Recorder
-
-    path = tmp_path / "quorum.toml"
-    path.write_text(QUORUM)
-    await apply_topology(path, broker)
-    app = App("test", topology=load_topology(path).topology, url=broker.url)
-    ran: list[str] = []
-
-    @app.job("sleep", queue="q")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
-
+    app, ran = await _own_topology_app(broker, tmp_path, QUORUM, "q")
     await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"], "q")
     for n in range(3):
         await app.enqueue("sleep", {"n": n}, job_id=f"j-{n}")
-    rec = Recorder()
-    worker = Worker(app, broker, WorkerOptions(queues=("q",), concurrency=2, grace=10), rec)
-    await worker.start()
-    try:
-        await rec.wait_for(lambda _: len(ran) >= 3, timeout=20)
-    finally:
-        await worker.shutdown()
-        await app.close()
+    await _run_until_ran(app, broker, "q", ran, 3, 20)
     assert sorted(ran) == ["j-0", "j-1", "j-2"]
     assert await depth(broker, "q") == 0
     (copy,) = await asyncio.to_thread(_peek_all, broker, "q.quarantine")  # the copy, not the original dead-lettered
     headers = copy["properties"]["headers"]
     assert (headers["amqpjobs-reason"], headers["amqpjobs-undeliverable-correlation_id"]) == ("undeliverable", LONG)
     assert "x-death" not in headers
-
-
-@pytest.mark.usefixtures("http_publish_stores_it")
-async def test_a_timestamp_in_milliseconds_is_read_once_by_the_rescue(broker: BrokerSettings, tmp_path: Path):
-    """The management API gives the raw ``timestamp`` (``Date.now()``: ms): the copy carries that time, in seconds.
-
-    Before, the raw number was taken for seconds: the worker failed, "ValueError: year 57884 is out of range"."""
-    app = await make_app(broker, tmp_path)
-
-    @app.job("sleep", queue="work")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        pass
-
-    await asyncio.to_thread(_publish_over_http, broker, {**KINDS["correlation-id"], "timestamp": 1_764_493_200_123})
-    async with running_worker(app, broker):
-        for _ in range(200):
-            if await depth(broker, "work.quarantine") == 1:
-                break
-            await asyncio.sleep(0.1)
-    await app.close()
-    (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
-    assert copy["properties"]["timestamp"] == 1_764_493_200  # whole seconds: what an AMQP timestamp holds
-
-
-@pytest.mark.version_independent
-@pytest.mark.parametrize(
-    ("raw", "first"),
-    [
-        (1_764_493_200, "2025-11-30T09:00:00.000Z"),  # seconds
-        (1_764_493_200_123, "2025-11-30T09:00:00.123Z"),  # Date.now(): ms
-        (2**63 - 1, "2262-04-11T23:47:16.854Z"),  # time.time_ns() of 2262: past 2106 in seconds
-    ],
-)
-async def test_the_rescued_copy_keeps_the_first_enqueue_time_as_every_copy_does(
-    broker: BrokerSettings, tmp_path: Path, raw: int, first: str
-):
-    """The copy carries ``amqpjobs-enqueued-at`` (README "Wire format": every copy carries it), and a ``timestamp``
-    only when it reads back as the same time: seconds past ``2**32 - 1`` are read as milliseconds by the one rule.
-
-    Before, the copy had no ``amqpjobs-enqueued-at``, and for ``2**63 - 1`` (ns) it carried ``timestamp`` 9223372036,
-    which every reader (``quarantine show --json``, a replayed job's ``ctx.enqueued_at``) took for 1970-04-17."""
-    app = await make_app(broker, tmp_path)
-
-    @app.job("sleep", queue="work")
-    async def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-        pass
-
-    await asyncio.to_thread(_publish_over_http, broker, {**KINDS["correlation-id"], "timestamp": raw})
-    async with running_worker(app, broker):
-        for _ in range(200):
-            if await depth(broker, "work.quarantine") == 1:
-                break
-            await asyncio.sleep(0.1)
-    await app.close()
-    (copy,) = await asyncio.to_thread(_peek_all, broker, "work.quarantine")
-    props = copy["properties"]
-    assert props["headers"].get("amqpjobs-enqueued-at") == first, props
-    stamp = props.get("timestamp")
-    read = parse_time(stamp) if stamp is not None else None
-    assert read is None or iso_utc(read.timestamp())[:19] == first[:19], (stamp, read, first)

@@ -40,8 +40,9 @@ pytestmark = [pytest.mark.broker, pytest.mark.version_independent]  # the worker
 BODY = b'{"n": 1}'
 
 
-def _publish(broker: BrokerSettings, **props: Any) -> None:
-    doc = {"properties": {"type": "charge", "content_type": "application/json", **props}, "routing_key": "work",
+def _publish(broker: BrokerSettings, job: str = "charge", routing_key: str = "work", **props: Any) -> None:
+    """Publish ``BODY`` as job ``job`` without message_id (unless ``props`` give one), as a foreign publisher."""
+    doc = {"properties": {"type": job, "content_type": "application/json", **props}, "routing_key": routing_key,
            "payload": base64.b64encode(BODY).decode(), "payload_encoding": "base64"}  # fmt: skip
     with ManagementClient(broker) as mgmt:
         assert mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc) == {
@@ -58,8 +59,7 @@ async def _app(broker: BrokerSettings, tmp_path: Path, fails: int = 0, reject: b
     """
     path = tmp_path / "topology.toml"
     if not path.exists():
-        path.write_text(work_topology())
-        await apply_topology(path, broker)
+        await _applied(broker, tmp_path)
     app = App("unnamed", topology=path, url=broker.url, ledger=SqliteLedger(str(tmp_path / "ledger.db")))
     ran: list[str] = []
     calls = [0]
@@ -72,6 +72,35 @@ async def _app(broker: BrokerSettings, tmp_path: Path, fails: int = 0, reject: b
         ran.append(ctx.job_id)
 
     return app, ran
+
+
+async def _applied(broker: BrokerSettings, tmp_path: Path, text: str | None = None) -> Path:
+    """Topology ``text`` (None: the plain ``work`` job queue) written to tmp_path/topology.toml and applied."""
+    path = tmp_path / "topology.toml"
+    path.write_text(work_topology() if text is None else text)
+    await apply_topology(path, broker)
+    return path
+
+
+async def _runs_then_twice(broker: BrokerSettings, app: App, first: str = "succeeded") -> Recorder:
+    """A worker of ``app`` until an outcome of kind ``first``, then until the message published again has its own
+    (succeeded or duplicate); the app closed after. Its recorder."""
+    try:
+        async with running_worker(app, broker) as (_, recorder):
+            await recorder.wait_for(lambda outs: any(o.kind == first for o in outs), 30)
+            await _twice(broker, app, recorder, 1)
+    finally:
+        await app.close()
+    return recorder
+
+
+async def _returned(broker: BrokerSettings, times: int) -> None:
+    """Take the head of ``work`` unacked and close the channel, ``times`` times: back in the queue, redelivered,
+    as by a killed worker (a quorum queue counts each in ``x-delivery-count``)."""
+    for _ in range(times):
+        async with raw_channel(broker) as ch:
+            queue = await ch.get_queue("work", ensure=False)
+            assert await queue.get(fail=False, no_ack=False) is not None
 
 
 def _ended(count: int) -> Callable[[list[Outcome]], bool]:
@@ -102,12 +131,7 @@ def _kinds(recorder: Recorder) -> list[str]:
 async def test_a_retry_tier_copy_keeps_the_key(broker: BrokerSettings, tmp_path: Path) -> None:
     app, ran = await _app(broker, tmp_path, fails=1)
     _publish(broker)
-    try:
-        async with running_worker(app, broker) as (_, recorder):
-            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
-            await _twice(broker, app, recorder, 1)
-    finally:
-        await app.close()
+    recorder = await _runs_then_twice(broker, app)
     assert _kinds(recorder) == ["retried", "succeeded", "duplicate"]
     assert len(ran) == 1, ran
     assert ran[0].startswith("sha256:"), ran
@@ -140,10 +164,7 @@ async def test_a_copy_quarantined_by_a_worker_without_the_job_keeps_the_key(
     broker: BrokerSettings, tmp_path: Path
 ) -> None:
     """The job lookup missed (another app's worker on the queue): its copy, replayed to one with the job."""
-    path = tmp_path / "topology.toml"
-    path.write_text(work_topology())
-    await apply_topology(path, broker)
-    other = App("other", topology=path, url=broker.url)
+    other = App("other", topology=await _applied(broker, tmp_path), url=broker.url)
     other.job("other", queue="work")(lambda p, c: None)
     _publish(broker)
     try:
@@ -152,13 +173,8 @@ async def test_a_copy_quarantined_by_a_worker_without_the_job_keeps_the_key(
     finally:
         await other.close()
     app, ran = await _app(broker, tmp_path)
-    try:
-        assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
-        async with running_worker(app, broker) as (_, recorder):
-            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
-            await _twice(broker, app, recorder, 1)
-    finally:
-        await app.close()
+    assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+    recorder = await _runs_then_twice(broker, app)
     assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
     assert len(ran) == 1, ran
     await _empty(broker)
@@ -283,9 +299,7 @@ async def test_a_look_ahead_delivery_handed_back_keeps_the_key(
     carried a ``generated-<uuid>`` id and ran under it, and the identical message then ran again.
     ``key-function-stored``: its payload in the app's store (claim-check), read only at the start.
     """
-    path = tmp_path / "topology.toml"
-    path.write_text(SHARDED)
-    await apply_topology(path, broker)
+    await _applied(broker, tmp_path, SHARDED)
     app, ran = await _app(broker, tmp_path, key=None if how == "hashed" else lambda p: f"charge-{p['n']}")
     charge: dict[str, Any] = {}
     if how == "key-function-stored":
@@ -297,20 +311,12 @@ async def test_a_look_ahead_delivery_handed_back_keeps_the_key(
     async def slow(payload: dict[str, Any], ctx: JobContext) -> None:
         await asyncio.sleep(1.5)
 
-    def publish(job: str, **props: Any) -> None:
-        doc = {"properties": {"type": job, "content_type": "application/json", **props}, "payload": '{"n": 1}',
-               "routing_key": "work.shard-0", "payload_encoding": "string"}  # fmt: skip
-        with ManagementClient(broker) as mgmt:
-            assert mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc) == {
-                "routed": True
-            }
-
     for job, props in (("fast", {"message_id": "f"}), ("slow", {"message_id": "s"}), ("charge", charge)):
-        publish(job, **props)
+        _publish(broker, job, "work.shard-0", **props)
     try:
         async with running_worker(app, broker) as (_, recorder):
             await recorder.wait_for(lambda outs: any(o.job == "charge" and o.kind == "succeeded" for o in outs), 30)
-            publish("charge", **charge)
+            _publish(broker, "charge", "work.shard-0", **charge)
             await recorder.wait_for(
                 lambda outs: sum(o.job == "charge" and o.kind in ("succeeded", "duplicate") for o in outs) >= 2, 30
             )
@@ -334,20 +340,11 @@ async def test_a_quorum_redelivery_keeps_the_key(broker: BrokerSettings, tmp_pat
     Before, the redelivery (taken and not acked, as by a killed worker) was keyed with that header,
     registered and run under another ``sha256:`` than the identical message, which then ran again.
     """
-    path = tmp_path / "topology.toml"
-    path.write_text(QUORUM)
-    await apply_topology(path, broker)
+    await _applied(broker, tmp_path, QUORUM)
     app, ran = await _app(broker, tmp_path)
     _publish(broker)
-    async with raw_channel(broker) as ch:  # back in the queue marked redelivered, x-delivery-count 1
-        queue = await ch.get_queue("work", ensure=False)
-        assert await queue.get(fail=False, no_ack=False) is not None
-    try:
-        async with running_worker(app, broker) as (_, recorder):
-            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
-            await _twice(broker, app, recorder, 1)
-    finally:
-        await app.close()
+    await _returned(broker, 1)  # back in the queue marked redelivered, x-delivery-count 1
+    recorder = await _runs_then_twice(broker, app)
     assert [k for k in _kinds(recorder) if k != "redelivered"] == ["succeeded", "duplicate"], _kinds(recorder)
     assert len(ran) == 1, ran
     await _empty(broker)
@@ -360,23 +357,13 @@ async def test_a_broker_dead_letter_replayed_keeps_the_key(broker: BrokerSetting
     Replay gives it a ``generated-<uuid>`` id; before, it ran under that id and the identical message
     then ran again. The replayed copy carries the key of the message without the broker's headers.
     """
-    path = tmp_path / "topology.toml"
-    path.write_text(QUORUM.replace('type = "quorum"', 'type = "quorum"\ndelivery_limit = 1'))
-    await apply_topology(path, broker)
-    app, ran = await _app(broker, tmp_path)
+    await _applied(broker, tmp_path, QUORUM.replace('type = "quorum"', 'type = "quorum"\ndelivery_limit = 1'))
     _publish(broker)
-    for _ in range(2):  # returned twice (as by killed workers): over the limit, dead-lettered into quarantine
-        async with raw_channel(broker) as ch:
-            queue = await ch.get_queue("work", ensure=False)
-            assert await queue.get(fail=False, no_ack=False) is not None
+    await _returned(broker, 2)  # returned twice (as by killed workers): over the limit, dead-lettered into quarantine
     await wait_until_async(lambda: _quarantined(broker), 30, "the dead-letter into quarantine")
-    try:
-        assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
-        async with running_worker(app, broker) as (_, recorder):
-            await recorder.wait_for(lambda outs: any(o.kind == "succeeded" for o in outs), 30)
-            await _twice(broker, app, recorder, 1)
-    finally:
-        await app.close()
+    assert len((await replay(broker, "work.quarantine", ReplayOptions(rate=100))).moves) == 1
+    app, ran = await _app(broker, tmp_path)
+    recorder = await _runs_then_twice(broker, app)
     assert _kinds(recorder) == ["succeeded", "duplicate"], _kinds(recorder)
     assert len(ran) == 1, ran
     await _empty(broker)
