@@ -59,6 +59,7 @@ async def test_a_timestamp_in_milliseconds_is_read_once_by_the_rescue(broker: Br
 
 
 @pytest.mark.version_independent
+@pytest.mark.usefixtures("http_publish_stores_it")  # run on 4.x by hand: skipped there, as its neighbours
 @pytest.mark.parametrize(
     ("raw", "first"),
     [
