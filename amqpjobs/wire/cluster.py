@@ -26,6 +26,7 @@ from yarl import URL
 
 from amqpjobs.printable import printable
 from amqpjobs.wire.errors import internal_error_hint, open_refused
+from amqpjobs.wire.failover_lines import quiet_failover_lines
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
@@ -72,43 +73,6 @@ def losses() -> tuple[int, str]:
     (:func:`~amqpjobs.runtime.processes.run_worker`).
     """
     return _LOSSES[0], _LOSSES[1]
-
-
-#: The client libraries' lines about a lost connection and its recovery (logger, text in the message):
-#: an ERROR, a WARNING with a traceback, an ERROR per robust channel, INFO/WARNING per reconnect attempt.
-_FAILOVER_LINES = (
-    ("aiormq.connection", "Unexpected connection close from remote"),
-    ("aiormq.connection", "Cancelling cause reader exited abnormally"),
-    ("aiormq.connection", "error when creating transport"),  # a reconnect attempt's failure: "could not reach" says it
-    ("aio_pika.tools", "RobustChannel._on_close"),
-    ("aio_pika.robust_connection", "closed. Reconnecting after"),
-    ("aio_pika.robust_connection", "Connection attempt to"),
-    ("aio_pika.robust_connection", "Reconnect attempt failed"),
-)
-
-
-class _FailoverLines(logging.Filter):
-    """Drops :data:`_FAILOVER_LINES` unless amqpjobs logs at DEBUG (``-v``).
-
-    A :class:`ClusterConnection` logs one line of its own per loss and per connect instead.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if log.isEnabledFor(logging.DEBUG):
-            return True
-        text = record.getMessage()
-        return not any(record.name == name and words in text for name, words in _FAILOVER_LINES)
-
-
-_FAILOVER_FILTER = _FailoverLines()
-
-
-def _quiet_failover_lines() -> None:
-    """Install :class:`_FailoverLines` on the client libraries' loggers (once per process)."""
-    for name in dict.fromkeys(name for name, _ in _FAILOVER_LINES):
-        logger = logging.getLogger(name)
-        if _FAILOVER_FILTER not in logger.filters:
-            logger.addFilter(_FAILOVER_FILTER)
 
 
 def process_order(addresses: tuple[str, ...]) -> list[int]:
@@ -174,7 +138,7 @@ class ClusterConnection(RobustConnection):
         self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         self._explaining: asyncio.Task[None] | None = None
         first = nodes[self._at]
-        _quiet_failover_lines()
+        quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
         # each (re)connect's socket is kept, for a reset of a blocked connection (amqpjobs.wire.reset)
         self.kwargs["transport_factory"] = RecordingTransports()
