@@ -11,6 +11,7 @@ nodes and try another when one is unreachable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -137,6 +138,9 @@ class ClusterConnection(RobustConnection):
         self.explain_refusal: Callable[[BaseException], Awaitable[str]] | None = None
         self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         self._explaining: asyncio.Task[None] | None = None
+        #: Awaited before each reconnect attempt: the connections jobs need first (:mod:`amqpjobs.wire.giving_way`).
+        self.turn: Callable[[], Awaitable[None]] | None = None
+        self._giving_way = False  # closed by give_way(): no loss, nothing said, the same node next
         first = nodes[self._at]
         quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -176,8 +180,8 @@ class ClusterConnection(RobustConnection):
         self._was_connected = True
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
-        lost = not (self._close_called or self.is_closed)
-        was_open, self._open = self._open, False
+        lost = not (self._close_called or self.is_closed or self._giving_way)
+        was_open, self._open, self._giving_way = self._open, False, False
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
@@ -194,8 +198,23 @@ class ClusterConnection(RobustConnection):
                 for hard in self.hard_error_callbacks:  # amqpjobs.runtime.hard_closes
                     hard(exc)
 
+    async def give_way(self) -> bool:
+        """Close the open connection to free its slot; aio-pika reconnects after :attr:`turn` (False: not open).
+
+        Not a loss (:func:`losses`), said by the caller; the next attempt goes to the same node.
+        """
+        transport = self.transport
+        if not self._open or transport is None or transport.connection.is_closed or self._close_called:
+            return False
+        self._giving_way = True
+        with contextlib.suppress(Exception):
+            await transport.connection.close(ConnectionError(f"connection {self.name} gives way"))
+        return True
+
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
+        if self._was_connected and self.turn is not None:
+            await self.turn()
         try:
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
