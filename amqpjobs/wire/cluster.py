@@ -136,11 +136,11 @@ class ClusterConnection(RobustConnection):
         self.refused_callbacks: list[Callable[[BaseException], None]] = []
         #: Which limit or permission refused a reconnect's ``connection.open``, with its fix (:func:`explain_refusals`).
         self.explain_refusal: Callable[[BaseException], Awaitable[str]] | None = None
-        self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         self._explaining: asyncio.Task[None] | None = None
         #: Awaited before each reconnect attempt: the connections jobs need first (:mod:`amqpjobs.wire.giving_way`).
         self.turn: Callable[[], Awaitable[None]] | None = None
         self._giving_way = False  # closed by give_way(): no loss, nothing said, the same node next
+        self._down: list[float] = []  # since when reconnects fail, when last said, failed tries (empty: up)
         first = nodes[self._at]
         quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -173,7 +173,10 @@ class ClusterConnection(RobustConnection):
         self._open = True
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
         if self._was_connected:  # a reconnect: say where before the consumers are restored
-            log.info("connection %s connected to %s", self.name, self.node.safe_url)
+            since, _, tries = self._down or (0.0, 0.0, 0)
+            back = f" (back after {time.monotonic() - since:.0f}s, {tries} failed attempt(s))" if self._down else ""
+            log.info("connection %s connected to %s%s", self.name, self.node.safe_url, back)
+        self._down = []
         await super()._on_connected()
         if not self._was_connected:
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
@@ -190,6 +193,7 @@ class ClusterConnection(RobustConnection):
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
             if not was_open:  # an attempt that failed (refused, unreachable): its failure says it and moves on, once
                 return
+            self._down = [time.monotonic(), -REFUSAL_EVERY, 0]  # the first failed reconnect is said at once
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -220,14 +224,16 @@ class ClusterConnection(RobustConnection):
         except Exception as exc:
             self.last_failure = exc
             refused, now = self._was_connected and open_refused(exc), time.monotonic()
-            say = not refused or now - self._refusal_said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
-            if refused and say:
-                self._refusal_said = now
+            # one rule for a node down and a refusal: the first failure at once, then a line a minute at most
+            since, said, tries = self._down or (now, -REFUSAL_EVERY, 0)
+            say = self._was_connected and now - said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
+            self._down = [since, now if say else said, tries + 1]
+            how_long = f"; down {now - since:.0f}s, {tries + 1} failed attempt(s)" if tries else ""
+            again = f" (said again in {REFUSAL_EVERY:g}s while it lasts{how_long})"
             explained = refused and say and self.explain_refusal is not None  # its own line names the limit
-            self._move_on("could not reach", _cause(exc) + (f" (said again in {REFUSAL_EVERY:g}s while it lasts)"
-                                                          if refused else ""), say and not explained)  # fmt: skip
+            self._move_on("could not reach", _cause(exc) + again, say and not explained)
             if explained:
-                self._explain(exc)
+                self._explain(exc, how_long)
             for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
                 callback(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
@@ -237,7 +243,7 @@ class ClusterConnection(RobustConnection):
                 first.set_exception(exc)
             raise
 
-    def _explain(self, exc: BaseException) -> None:
+    def _explain(self, exc: BaseException, how_long: str = "") -> None:
         """Say what refuses a reconnect's connection.open, and the fix (paced by the caller: once a minute)."""
         explain = self.explain_refusal
         if explain is None or (self._explaining is not None and not self._explaining.done()):
@@ -249,7 +255,7 @@ class ClusterConnection(RobustConnection):
             except Exception:  # the management API did not answer: the broker's own words
                 why = _cause(exc).strip().removeprefix("(").removesuffix(")")
             log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
-                        "every %gs)", self.name, redact_text(why), REFUSAL_EVERY)  # fmt: skip
+                        "every %gs%s)", self.name, redact_text(why), REFUSAL_EVERY, how_long)  # fmt: skip
 
         self._explaining = asyncio.get_running_loop().create_task(said())
 
