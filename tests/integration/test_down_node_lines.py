@@ -51,6 +51,7 @@ async def test_a_down_node_is_said_at_once_then_once_a_minute_with_how_long_then
             await asyncio.sleep(DOWN)
             await proxy.start()
             await _until_logged(log, proc, "connection procapp-worker connected to", time.monotonic() + 20, 0.2)
+            await _until_logged(log, proc, "running the suspects of work: recovered", time.monotonic() + 20, 0.2)
             code = await _runs_again(app, record, log, proc, time.monotonic() + 30)
     finally:
         await proxy.stop()
@@ -67,6 +68,9 @@ async def test_a_down_node_is_said_at_once_then_once_a_minute_with_how_long_then
     back = [line for line in lines if "connection procapp-worker connected to" in line and "back after" in line]
     assert len(back) == 1, out[-3000:]
     assert re.search(r"\(back after (6[5-9]|7[0-9])s, 1[0-9] failed attempt\(s\)\)", back[0]), back
+    suspects = [line for line in lines if "running the suspects of work" in line]
+    assert 1 <= len(suspects) <= 3, "\n".join(suspects)  # at once, once a minute, recovered (before: every second)
+    assert "recovered after" in suspects[-1], suspects
     for other in ("procapp-worker-publisher", "procapp-worker-events"):  # they wait for it: no attempt, no line
         assert not [line for line in lines if f"connection {other} could not reach" in line], out[-3000:]
         assert len([line for line in lines if f"connection {other} connected to" in line and "back" in line]) == 1
