@@ -265,7 +265,7 @@ class Worker(WorkerStop):
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
-        give_way(publishing, [self._connection], "nothing is consumed, so no retry or quarantine copy is due")
+        give_way(publishing, [self._connection])  # reconnects after it; never closes (rate limits' minting)
         give_way(self._events.connection, [self._connection, publishing], "its outcome events are dropped (counted)")
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back

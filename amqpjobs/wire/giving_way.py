@@ -7,11 +7,13 @@ first, 8 ms after the close, and the consuming and publishing ones were refused 
 the limit held (0 consumers, the jobs ready; at a limit of 2, a redelivered job held unacked 75 s).
 
 :func:`give_way` orders them: a connection reconnects only once the ones it gives way to are up (its
-:attr:`~amqpjobs.wire.cluster.ClusterConnection.turn`), and while one of those is refused at
-``connection.open`` it closes itself (no loss: nothing else is said of it) and says so once a minute at
-most, with what refuses and its fix, and what waits meanwhile. A worker's events connection gives way to
-its consuming and publishing ones; the publishing one to the consuming one (with that one down no job is
-consumed, so no retry or quarantine copy is due; at a limit of 1 the worker consumes).
+:attr:`~amqpjobs.wire.cluster.ClusterConnection.turn`). One that no job needs (``meanwhile`` given: the
+worker's events connection, behind its consuming and publishing ones) also closes itself while one of
+those is refused at ``connection.open`` (no loss: nothing else is said of it), and says so once a minute
+at most, with what refuses and its fix, and what waits meanwhile. The publishing connection only waits
+for the consuming one: it never closes itself, for it holds more than copies (a rate-limited job's
+emitter lock and minting serve every worker, and a refusal of every connection, a limit of 0 or the
+vhost gone, would gain nothing by its close).
 """
 
 from __future__ import annotations
@@ -38,15 +40,15 @@ def _down(connections: Sequence[ClusterConnection]) -> list[ClusterConnection]:
     return [c for c in connections if not (c.is_closed or c.close_called or c.connected.is_set())]
 
 
-def give_way(connection: object, to: Sequence[object], meanwhile: str) -> None:
-    """Have ``connection`` reconnect only after each of ``to`` is up, and close while one of them is refused.
+def give_way(connection: object, to: Sequence[object], meanwhile: str | None = None) -> None:
+    """Have ``connection`` reconnect only after each of ``to`` is up; with ``meanwhile``, close while one is refused.
 
     Args:
         connection: The connection that gives way (made by :func:`~amqpjobs.wire.connection.connect`;
             another kind is left alone).
         to: The connections it gives way to, in the order they matter.
         meanwhile: What its owner does without it, for its line after "meanwhile" (``its outcome events are
-            dropped (counted)``).
+            dropped (counted)``); None: it only waits its turn, never closes itself.
 
     Its line (WARNING, logger ``amqpjobs.wire``, at most every :data:`~amqpjobs.wire.cluster.REFUSAL_EVERY` s):
     ``connection app-worker-events gives way to app-worker, which the broker refuses (user 'app' allows at most
@@ -84,5 +86,5 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str) -> None:
         task.add_done_callback(tasks.discard)
 
     connection.turn = turn
-    for one in needed:
+    for one in needed if meanwhile is not None else ():
         on_refused_reconnect(one, functools.partial(refused, one))

@@ -6,8 +6,8 @@ worker's connections closed (management API), the events one last: each reconnec
 close ("0 of 20 done 20s after the close; consumers 0; connections ['procapp-worker-events']" at 1,
 "... connections ['procapp-worker-events', 'procapp-worker-publisher']" at 2). Now the events connection
 reconnects only once the consuming and publishing ones are up, the publishing one only once the consuming
-one is, and each closes itself while one it gives way to is refused, saying so once with the limit and
-its fix; the events are dropped (counted) meanwhile.
+one is, and the events one closes itself while one it gives way to is refused, saying so once with the
+limit and its fix; the events are dropped (counted) meanwhile.
 """
 
 from __future__ import annotations
@@ -99,4 +99,4 @@ async def test_after_a_close_under_a_lowered_connection_limit_the_needed_connect
     assert f"user '{user}' allows at most {limit} connection(s) (max-connections): raise it" in gave[0], gave
     assert f"rabbitmqctl set_user_limits {user}" in gave[0], gave
     assert "meanwhile its outcome events are dropped (counted)" in gave[0], gave
-    assert len([line for line in out.splitlines() if "procapp-worker-publisher gives way" in line]) <= 1, out[-3000:]
+    assert "procapp-worker-publisher gives way" not in out, out[-3000:]  # it waits its turn, never closes itself
