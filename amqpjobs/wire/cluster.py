@@ -141,6 +141,7 @@ class ClusterConnection(RobustConnection):
         self.turn: Callable[[], Awaitable[None]] | None = None
         self._giving_way = False  # closed by give_way(): no loss, nothing said, the same node next
         self._down: list[float] = []  # since when reconnects fail, when last said, failed tries (empty: up)
+        self._waited = False  # its last reconnect waited its turn (a second or more)
         first = nodes[self._at]
         quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
@@ -173,10 +174,11 @@ class ClusterConnection(RobustConnection):
         self._open = True
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
         if self._was_connected:  # a reconnect: say where before the consumers are restored
-            since, _, tries = self._down or (0.0, 0.0, 0)
-            back = f" (back after {time.monotonic() - since:.0f}s, {tries} failed attempt(s))" if self._down else ""
+            since, _, tries = self._down or (time.monotonic(), 0.0, 0)
+            how = f"{tries} failed attempt(s)" if tries else "having waited for those it gives way to"
+            back = f" (back after {time.monotonic() - since:.0f}s, {how})" if tries or self._waited else ""
             log.info("connection %s connected to %s%s", self.name, self.node.safe_url, back)
-        self._down = []
+        self._down, self._waited = [], False
         await super()._on_connected()
         if not self._was_connected:
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
@@ -210,7 +212,7 @@ class ClusterConnection(RobustConnection):
         transport = self.transport
         if not self._open or transport is None or transport.connection.is_closed or self._close_called:
             return False
-        self._giving_way = True
+        self._giving_way, self._down = True, [time.monotonic(), -REFUSAL_EVERY, 0]
         with contextlib.suppress(Exception):
             await transport.connection.close(ConnectionError(f"connection {self.name} gives way"))
         return True
@@ -218,7 +220,9 @@ class ClusterConnection(RobustConnection):
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
         if self._was_connected and self.turn is not None:
+            began = time.monotonic()
             await self.turn()
+            self._waited = time.monotonic() - began >= 1.0
         try:
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
