@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from amqpjobs.jobs import crash
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.runtime.overruns import Overruns
+from amqpjobs.runtime.paced_warnings import PacedWarnings
 from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.source_control import SourceControl
 from amqpjobs.runtime.sources import Source
@@ -34,6 +35,8 @@ SUSPECTS_POLL = 1.0
 HOLD_PROBE = 5.0
 #: Seconds a worker spends at most running suspects before it consumes again (one at least).
 SUSPECTS_TURN = 10.0
+#: Seconds between two lines saying the suspects look keeps failing (its connection down: a look a second).
+SAY_EVERY = 60.0
 
 
 class SuspectTurns(SourceControl):
@@ -51,7 +54,8 @@ class SuspectTurns(SourceControl):
 
     async def _watch_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> None:
         """Look for suspects every second (at once after registering one) and run them alone."""
-        wait = SUSPECTS_POLL
+        wait, key = SUSPECTS_POLL, f"running the suspects of {layout.name}"
+        paced = PacedWarnings(log, SAY_EVERY)  # a node down fails each look: at once, once a minute, then recovered
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._suspects_signal.wait(), wait)
@@ -60,6 +64,7 @@ class SuspectTurns(SourceControl):
                 continue
             try:
                 depth = await fetcher.depth()
+                paced.succeeded(key)
                 if depth is None:  # missing: said once, not ready until it is back, looked at less often
                     if fetcher.queue not in self._lanes_missing:
                         self._lanes_missing.add(fetcher.queue)
@@ -77,7 +82,7 @@ class SuspectTurns(SourceControl):
                     # a rate-limited suspect that missed its token: look again before a later one
                     wait = await self._run_suspects(layout, fetcher) or SUSPECTS_POLL
             except Exception as exc:  # the connection dropped: the next look tries again
-                log.warning("running the suspects of %s failed (%s); trying again", layout.name, exc)
+                paced.failed(key, f"failed ({exc})", "; the next look, a second later, tries again")
         await fetcher.close()
 
     async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> float | None:

@@ -71,6 +71,7 @@ from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
+from amqpjobs.wire.giving_way import give_way
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -264,6 +265,8 @@ class Worker(WorkerStop):
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
+        give_way(publishing, [self._connection])  # reconnects after it; never closes (rate limits' minting)
+        give_way(self._events.connection, [self._connection, publishing], "its outcome events are dropped (counted)")
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
         held = layout_queues(self._layouts.values()) + marker

@@ -11,6 +11,7 @@ nodes and try another when one is unreachable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -26,6 +27,7 @@ from yarl import URL
 
 from amqpjobs.printable import printable
 from amqpjobs.wire.errors import internal_error_hint, open_refused
+from amqpjobs.wire.failover_lines import quiet_failover_lines
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
@@ -72,43 +74,6 @@ def losses() -> tuple[int, str]:
     (:func:`~amqpjobs.runtime.processes.run_worker`).
     """
     return _LOSSES[0], _LOSSES[1]
-
-
-#: The client libraries' lines about a lost connection and its recovery (logger, text in the message):
-#: an ERROR, a WARNING with a traceback, an ERROR per robust channel, INFO/WARNING per reconnect attempt.
-_FAILOVER_LINES = (
-    ("aiormq.connection", "Unexpected connection close from remote"),
-    ("aiormq.connection", "Cancelling cause reader exited abnormally"),
-    ("aiormq.connection", "error when creating transport"),  # a reconnect attempt's failure: "could not reach" says it
-    ("aio_pika.tools", "RobustChannel._on_close"),
-    ("aio_pika.robust_connection", "closed. Reconnecting after"),
-    ("aio_pika.robust_connection", "Connection attempt to"),
-    ("aio_pika.robust_connection", "Reconnect attempt failed"),
-)
-
-
-class _FailoverLines(logging.Filter):
-    """Drops :data:`_FAILOVER_LINES` unless amqpjobs logs at DEBUG (``-v``).
-
-    A :class:`ClusterConnection` logs one line of its own per loss and per connect instead.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if log.isEnabledFor(logging.DEBUG):
-            return True
-        text = record.getMessage()
-        return not any(record.name == name and words in text for name, words in _FAILOVER_LINES)
-
-
-_FAILOVER_FILTER = _FailoverLines()
-
-
-def _quiet_failover_lines() -> None:
-    """Install :class:`_FailoverLines` on the client libraries' loggers (once per process)."""
-    for name in dict.fromkeys(name for name, _ in _FAILOVER_LINES):
-        logger = logging.getLogger(name)
-        if _FAILOVER_FILTER not in logger.filters:
-            logger.addFilter(_FAILOVER_FILTER)
 
 
 def process_order(addresses: tuple[str, ...]) -> list[int]:
@@ -171,10 +136,14 @@ class ClusterConnection(RobustConnection):
         self.refused_callbacks: list[Callable[[BaseException], None]] = []
         #: Which limit or permission refused a reconnect's ``connection.open``, with its fix (:func:`explain_refusals`).
         self.explain_refusal: Callable[[BaseException], Awaitable[str]] | None = None
-        self._refusal_said = -REFUSAL_EVERY  # monotonic: when a refused reconnect was last said (one line a minute)
         self._explaining: asyncio.Task[None] | None = None
+        #: Awaited before each reconnect attempt: the connections jobs need first (:mod:`amqpjobs.wire.giving_way`).
+        self.turn: Callable[[], Awaitable[None]] | None = None
+        self._giving_way = False  # closed by give_way(): no loss, nothing said, the same node next
+        self._down: list[float] = []  # since when reconnects fail, when last said, failed tries (empty: up)
+        self._waited = False  # its last reconnect waited its turn (a second or more)
         first = nodes[self._at]
-        _quiet_failover_lines()
+        quiet_failover_lines()
         super().__init__(URL(first.url), ssl_context=first.context, **kwargs)
         # each (re)connect's socket is kept, for a reset of a blocked connection (amqpjobs.wire.reset)
         self.kwargs["transport_factory"] = RecordingTransports()
@@ -205,15 +174,19 @@ class ClusterConnection(RobustConnection):
         self._open = True
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
         if self._was_connected:  # a reconnect: say where before the consumers are restored
-            log.info("connection %s connected to %s", self.name, self.node.safe_url)
+            since, _, tries = self._down or (time.monotonic(), 0.0, 0)
+            how = f"{tries} failed attempt(s)" if tries else "having waited for those it gives way to"
+            back = f" (back after {time.monotonic() - since:.0f}s, {how})" if tries or self._waited else ""
+            log.info("connection %s connected to %s%s", self.name, self.node.safe_url, back)
+        self._down, self._waited = [], False
         await super()._on_connected()
         if not self._was_connected:
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
         self._was_connected = True
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
-        lost = not (self._close_called or self.is_closed)
-        was_open, self._open = self._open, False
+        lost = not (self._close_called or self.is_closed or self._giving_way)
+        was_open, self._open, self._giving_way = self._open, False, False
         await super()._on_connection_close(closing)
         if lost:
             exc = closing.exception() if closing.done() and not closing.cancelled() else None
@@ -222,6 +195,7 @@ class ClusterConnection(RobustConnection):
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
             if not was_open:  # an attempt that failed (refused, unreachable): its failure says it and moves on, once
                 return
+            self._down = [time.monotonic(), -REFUSAL_EVERY, 0]  # the first failed reconnect is said at once
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -230,21 +204,40 @@ class ClusterConnection(RobustConnection):
                 for hard in self.hard_error_callbacks:  # amqpjobs.runtime.hard_closes
                     hard(exc)
 
+    async def give_way(self) -> bool:
+        """Close the open connection to free its slot; aio-pika reconnects after :attr:`turn` (False: not open).
+
+        Not a loss (:func:`losses`), said by the caller; the next attempt goes to the same node.
+        """
+        transport = self.transport
+        if not self._open or transport is None or transport.connection.is_closed or self._close_called:
+            return False
+        self._giving_way, self._down = True, [time.monotonic(), -REFUSAL_EVERY, 0]
+        with contextlib.suppress(Exception):
+            await transport.connection.close(ConnectionError(f"connection {self.name} gives way"))
+        return True
+
     # aio-pika's RobustConnection makes each (re)connect attempt in this (name-mangled) method.
     async def _RobustConnection__connect_transport(self) -> None:
+        if self._was_connected and self.turn is not None:
+            began = time.monotonic()
+            await self.turn()
+            self._waited = time.monotonic() - began >= 1.0
         try:
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except Exception as exc:
             self.last_failure = exc
             refused, now = self._was_connected and open_refused(exc), time.monotonic()
-            say = not refused or now - self._refusal_said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
-            if refused and say:
-                self._refusal_said = now
+            # one rule for a node down and a refusal: the first failure at once, then a line a minute at most
+            since, said, tries = self._down or (now, -REFUSAL_EVERY, 0)
+            say = self._was_connected and now - said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
+            self._down = [since, now if say else said, tries + 1]
+            how_long = f"; down {now - since:.0f}s, {tries + 1} failed attempt(s)" if tries else ""
+            again = f" (said again in {REFUSAL_EVERY:g}s while it lasts{how_long})"
             explained = refused and say and self.explain_refusal is not None  # its own line names the limit
-            self._move_on("could not reach", _cause(exc) + (f" (said again in {REFUSAL_EVERY:g}s while it lasts)"
-                                                          if refused else ""), say and not explained)  # fmt: skip
+            self._move_on("could not reach", _cause(exc) + again, say and not explained)
             if explained:
-                self._explain(exc)
+                self._explain(exc, how_long)
             for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
                 callback(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
@@ -254,7 +247,7 @@ class ClusterConnection(RobustConnection):
                 first.set_exception(exc)
             raise
 
-    def _explain(self, exc: BaseException) -> None:
+    def _explain(self, exc: BaseException, how_long: str = "") -> None:
         """Say what refuses a reconnect's connection.open, and the fix (paced by the caller: once a minute)."""
         explain = self.explain_refusal
         if explain is None or (self._explaining is not None and not self._explaining.done()):
@@ -266,7 +259,7 @@ class ClusterConnection(RobustConnection):
             except Exception:  # the management API did not answer: the broker's own words
                 why = _cause(exc).strip().removeprefix("(").removesuffix(")")
             log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
-                        "every %gs)", self.name, redact_text(why), REFUSAL_EVERY)  # fmt: skip
+                        "every %gs%s)", self.name, redact_text(why), REFUSAL_EVERY, how_long)  # fmt: skip
 
         self._explaining = asyncio.get_running_loop().create_task(said())
 

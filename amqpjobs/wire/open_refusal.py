@@ -80,7 +80,7 @@ def _ask(settings: BrokerSettings) -> str | None:
                 else f" (if not: does vhost {vhost!r} exist, with permissions for {user!r}?)"
             )
             return (f"{' and '.join(found)}; or run fewer worker processes or publishers there (a worker process "
-                    f"holds about 3 connections){unsure}")  # fmt: skip
+                    f"holds 3 connections, 4 at its start with a ledger, README \"Backpressure\"){unsure}")  # fmt: skip
     return None
 
 

@@ -1,0 +1,90 @@
+"""A connection that fewer jobs need gives its connection slot to the ones they need more (README "Workers").
+
+A user's or vhost's ``max-connections`` (RabbitMQ "User limits", "Virtual Hosts") lowered under a running
+worker, then its connections lost: aio-pika reconnects each of them on its own, and whichever is first
+takes the slots. Measured on 3.10 before: the outcome events' connection (no job needs it) reconnected
+first, 8 ms after the close, and the consuming and publishing ones were refused every 5 s for as long as
+the limit held (0 consumers, the jobs ready; at a limit of 2, a redelivered job held unacked 75 s).
+
+:func:`give_way` orders them: a connection reconnects only once the ones it gives way to are up (its
+:attr:`~amqpjobs.wire.cluster.ClusterConnection.turn`). One that no job needs (``meanwhile`` given: the
+worker's events connection, behind its consuming and publishing ones) also closes itself while one of
+those is refused at ``connection.open`` (no loss: nothing else is said of it), and says so once a minute
+at most, with what refuses and its fix, and what waits meanwhile. The publishing connection only waits
+for the consuming one: it never closes itself, for it holds more than copies (a rate-limited job's
+emitter lock and minting serve every worker, and a refusal of every connection, a limit of 0 or the
+vhost gone, would gain nothing by its close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Sequence
+
+from amqpjobs.wire.cluster import REFUSAL_EVERY, ClusterConnection, on_refused_reconnect
+from amqpjobs.wire.errors import refused_connect_reason
+from amqpjobs.wire.urls import redact_text
+
+log = logging.getLogger("amqpjobs.wire")
+
+#: Seconds between two looks at whether the connections given way to are up, when none comes up meanwhile.
+LOOK_EVERY = 1.0
+
+
+def _down(connections: Sequence[ClusterConnection]) -> list[ClusterConnection]:
+    """Those of ``connections`` not connected now (a connection closed for good, its owner stopping, is not)."""
+    return [c for c in connections if not (c.is_closed or c.close_called or c.connected.is_set())]
+
+
+def give_way(connection: object, to: Sequence[object], meanwhile: str | None = None) -> None:
+    """Have ``connection`` reconnect only after each of ``to`` is up; with ``meanwhile``, close while one is refused.
+
+    Args:
+        connection: The connection that gives way (made by :func:`~amqpjobs.wire.connection.connect`;
+            another kind is left alone).
+        to: The connections it gives way to, in the order they matter.
+        meanwhile: What its owner does without it, for its line after "meanwhile" (``its outcome events are
+            dropped (counted)``); None: it only waits its turn, never closes itself.
+
+    Its line (WARNING, logger ``amqpjobs.wire``, at most every :data:`~amqpjobs.wire.cluster.REFUSAL_EVERY` s):
+    ``connection app-worker-events gives way to app-worker, which the broker refuses (user 'app' allows at most
+    2 connection(s) (max-connections): raise it ...): it closes, and reconnects once app-worker ... are up;
+    meanwhile ...``.
+    """
+    if not isinstance(connection, ClusterConnection):
+        return
+    needed = [c for c in to if isinstance(c, ClusterConnection)]
+    said = [-REFUSAL_EVERY]
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def turn() -> None:
+        while down := _down(needed):
+            with contextlib.suppress(TimeoutError):  # looked at again: one closed for good meanwhile is not waited for
+                await asyncio.wait_for(down[0].connected.wait(), LOOK_EVERY)
+
+    async def close_for(refused: ClusterConnection, exc: BaseException) -> None:
+        if not await connection.give_way() or time.monotonic() - said[0] < REFUSAL_EVERY:
+            return
+        said[0] = time.monotonic()
+        try:
+            why = await refused.explain_refusal(exc) if refused.explain_refusal else str(exc)
+        except Exception:  # the management API did not answer: the general words
+            url = refused.url
+            why = refused_connect_reason(exc, url.path[1:] or "/", url.user or "guest")
+        names = ", ".join(c.name for c in needed)
+        log.warning("connection %s gives way to %s, which the broker refuses (%s): it closes, and reconnects once %s "
+                    "are up; meanwhile %s (said again in %gs at most)", connection.name, refused.name,
+                    redact_text(why), names, meanwhile, REFUSAL_EVERY)  # fmt: skip
+
+    def refused(refused: ClusterConnection, exc: BaseException) -> None:
+        task = asyncio.get_running_loop().create_task(close_for(refused, exc))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    connection.turn = turn
+    for one in needed if meanwhile is not None else ():
+        on_refused_reconnect(one, functools.partial(refused, one))

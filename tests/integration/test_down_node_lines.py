@@ -1,0 +1,78 @@
+"""A worker whose node is down (its port closed, not refusing) says so at once, then once a minute, then back.
+
+The worker reaches the broker through a proxy of this test; the proxy's port is closed for 70 s (the
+connections cut, each reconnect attempt refused by the operating system: ``Connect call failed``), then
+opened again. Before, on 3.10.8, the consuming connection logged ``could not reach ...`` at each attempt,
+every 5 s, for as long as it lasted (only a refused ``connection.open`` was paced). Now one rule for both:
+its first failed attempt at once, then one line a minute at most saying for how long and how many attempts
+failed, and one line when it is back; the worker consumes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import consume_subprocess, write_file
+from tests.integration.tcp_proxy import TcpProxy
+from tests.integration.test_processes_refused import _runs_again, _until_logged
+from tests.integration.test_worker_process import publisher
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+#: Seconds the proxy's port stays closed: past one minute, so the paced line comes once.
+DOWN = 70.0
+
+
+async def test_a_down_node_is_said_at_once_then_once_a_minute_with_how_long_then_back(
+    broker: BrokerSettings, tmp_path: Path
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    parts = urlsplit(broker.url)
+    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5672))
+    port = await proxy.start()
+    url = urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}"))
+    env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+           "PROCAPP_RECORD": str(record)}  # fmt: skip
+    try:
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            await _until_logged(log, proc, "worker consuming", time.monotonic() + 40, 0.2)
+            await asyncio.sleep(5.5)  # past aio-pika's 5 s after a connect: the loss is tried again at once
+            await proxy.stop()
+            await asyncio.sleep(DOWN)
+            await proxy.start()
+            await _until_logged(log, proc, "connection procapp-worker connected to", time.monotonic() + 20, 0.2)
+            await _until_logged(log, proc, "running the suspects of work: recovered", time.monotonic() + 20, 0.2)
+            code = await _runs_again(app, record, log, proc, time.monotonic() + 30)
+    finally:
+        await proxy.stop()
+        await app.close()
+    out = log.read_text()
+    lines = out.splitlines()
+    down = [line for line in lines if re.search(r"connection procapp-worker could not reach", line)]
+    assert code == 0, out[-3000:]
+    assert 1 <= len(down) <= 2, "\n".join(down)  # before: one every 5 s (14 in 70 s)
+    assert "Connect call failed" in down[0], down
+    assert "said again in 60s while it lasts)" in down[0], down
+    if len(down) == 2:  # the paced one, a minute after the first
+        assert re.search(r"down 6[0-9]s, 1[0-9] failed attempt\(s\)\)", down[1]), down
+    back = [line for line in lines if "connection procapp-worker connected to" in line and "back after" in line]
+    assert len(back) == 1, out[-3000:]
+    assert re.search(r"\(back after (6[5-9]|7[0-9])s, 1[0-9] failed attempt\(s\)\)", back[0]), back
+    suspects = [line for line in lines if "running the suspects of work" in line]
+    assert 1 <= len(suspects) <= 3, "\n".join(suspects)  # at once, once a minute, recovered (before: every second)
+    assert "recovered after" in suspects[-1], suspects
+    for other in ("procapp-worker-publisher", "procapp-worker-events"):  # they wait for it: no attempt, no line
+        assert not [line for line in lines if f"connection {other} could not reach" in line], out[-3000:]
+        back = [line for line in lines if f"connection {other} connected to" in line]
+        assert len(back) == 2, back  # at the start, then back
+        assert re.search(r"\(back after (6[5-9]|7[0-9])s, having waited for those it gives way to\)", back[1]), back

@@ -1,0 +1,102 @@
+"""A worker's outcome events connection, which no job needs, gives its connection slot to the ones jobs need.
+
+A user's ``max-connections`` lowered at run time (1 or 2, below the worker's 3 connections), then the
+worker's connections closed (management API), the events one last: each reconnects at once. Before, on
+3.10.8: the events connection took the slot its close freed and held it, so nothing ran 20 s after the
+close ("0 of 20 done 20s after the close; consumers 0; connections ['procapp-worker-events']" at 1,
+"... connections ['procapp-worker-events', 'procapp-worker-publisher']" at 2). Now the events connection
+reconnects only once the consuming and publishing ones are up, the publishing one only once the consuming
+one is, and the events one closes itself while one it gives way to is refused, saying so once with the
+limit and its fix; the events are dropped (counted) meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from amqpjobs.wire.management import ManagementClient
+from amqpjobs.wire.settings import BrokerSettings
+from tests.integration.helpers import close_connections, consume_subprocess, limited_user, wait_until, write_file
+from tests.integration.test_processes_refused import _until_logged
+from tests.integration.test_worker_process import done_ids, publisher
+from tests.integration.worker_env import APPLIED_TOPOLOGY
+
+pytestmark = [pytest.mark.broker, pytest.mark.version_independent]
+
+#: Seconds after the close by which every job must be done (a refused reconnect is tried again every 5 s).
+BOUND = 20.0
+
+
+def _mine(broker: BrokerSettings, user: str) -> list[str]:
+    """The connection names (client_properties) of ``user``'s connections, as the management API lists them."""
+    with ManagementClient(broker) as mgmt:
+        listed = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+    return sorted(str((c.get("client_properties") or {}).get("connection_name")) for c in listed
+                  if c.get("user") == user)  # fmt: skip
+
+
+def _consumers(broker: BrokerSettings, queue: str) -> int:
+    with ManagementClient(broker) as mgmt:
+        found = mgmt.request("GET", f"/queues/{quote(broker.vhost, safe='')}/{queue}")
+    return int(found.get("consumers", 0)) if isinstance(found, dict) else 0
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_after_a_close_under_a_lowered_connection_limit_the_needed_connections_get_the_slots(
+    broker: BrokerSettings, tmp_path: Path, limit: int
+):
+    app = await publisher(broker, tmp_path)
+    topo, record, log = tmp_path / "proc.toml", tmp_path / "record.txt", tmp_path / "worker.log"
+    write_file(topo, APPLIED_TOPOLOGY)
+    with limited_user(broker, tags="monitoring") as (user, url):
+        env = {"AMQPJOBS_URL": url, "AMQPJOBS_MANAGEMENT_URL": broker.management_url, "PROCAPP_TOPOLOGY": str(topo),
+               "PROCAPP_RECORD": str(record)}  # fmt: skip
+        with consume_subprocess("tests.integration.procapp:app", env, ("--grace", "5s"), log, terminate=True) as proc:
+            await _until_logged(log, proc, "worker consuming", time.monotonic() + 40, 0.2)
+            deadline = time.monotonic() + 30
+            while len(_mine(broker, user)) < 3:  # listed within a statistics interval
+                assert time.monotonic() < deadline, _mine(broker, user)
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(5.5)  # past aio-pika's 5 s after a connect: a close now reconnects at once
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("PUT", f"/user-limits/{user}/max-connections", {"value": limit})
+            assert await asyncio.to_thread(close_connections, broker, "procapp-worker") == 1
+            for name in ("procapp-worker-publisher", "procapp-worker-events"):  # events last; gone if it gave way
+                await asyncio.to_thread(close_connections, broker, name)
+            closed = time.monotonic()
+            for i in range(20):
+                await app.enqueue("sleep", {"seconds": 0}, job_id=f"j{i}")
+            while len(done_ids(record)) < 20:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() - closed < BOUND, (
+                    f"{len(done_ids(record))} of 20 done {BOUND:g}s after the close; consumers "
+                    f"{_consumers(broker, 'work')}; connections {_mine(broker, user)}\n{log.read_text()[-3000:]}"
+                )
+                await asyncio.sleep(0.2)
+            took = time.monotonic() - closed
+            await asyncio.sleep(6)  # a reconnect round more: the events connection does not take a needed slot
+            held = _mine(broker, user)
+            await wait_until(lambda: _consumers(broker, "work") >= 1, 10, "a consumer listed")  # the API lags
+            with ManagementClient(broker) as mgmt:
+                mgmt.request("DELETE", f"/user-limits/{user}/max-connections")
+            proc.terminate()
+            code = await asyncio.to_thread(proc.wait, 30)
+    await app.close()
+    out = log.read_text()
+    assert done_ids(record) == Counter({f"j{i}": 1 for i in range(20)}), out[-3000:]  # 0 lost, 0 twice
+    assert took < BOUND
+    needed = ["procapp-worker", "procapp-worker-publisher"][:limit]
+    assert held == needed, (held, out[-3000:])
+    assert code == 0, out[-3000:]
+    gave = [line for line in out.splitlines() if "connection procapp-worker-events gives way" in line]
+    assert len(gave) == 1, gave  # said once, not at each refusal
+    assert f"user '{user}' allows at most {limit} connection(s) (max-connections): raise it" in gave[0], gave
+    assert f"rabbitmqctl set_user_limits {user}" in gave[0], gave
+    assert "meanwhile its outcome events are dropped (counted)" in gave[0], gave
+    assert "procapp-worker-publisher gives way" not in out, out[-3000:]  # it waits its turn, never closes itself
