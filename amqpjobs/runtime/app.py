@@ -34,6 +34,7 @@ from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import Connection, Publisher, TickWire
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size, server_address
 from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.publish_outcome import KEPT_BY_APP
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM, owner="the app", wait_reconnect=True,  # room for copies' headers
+                    kept=KEPT_BY_APP,
                 )  # fmt: skip
                 await get_ready(self._publisher, self._gate, self._connection, self.layout_of, list(self))
 
