@@ -263,6 +263,7 @@ class Worker(WorkerStop):
             fetcher = await QueueFetcher.opened(self._connection, layout.suspects_queue)  # counted: see .hard_closes
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
+        self.app.watch_connections(lambda app_connection: self._hard.watch((app_connection,), check_room=False))
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back
