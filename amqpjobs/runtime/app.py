@@ -34,6 +34,7 @@ from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import Connection, Publisher, TickWire
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size, server_address
 from amqpjobs.wire.publish import ConfirmedPublisher
+from amqpjobs.wire.publish_outcome import KEPT_BY_APP
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
         self._publisher: Publisher | None = None
         self._broker_version: tuple[int, ...] = (0,)  # read at connect
         self._connect_lock: asyncio.Lock | None = None
+        self._watchers: list[Callable[[Connection], None]] = []  # told of each publishing connection opened
         self._schedules: dict[str, Schedule] = {}
 
     def topology(self) -> Topology:
@@ -152,7 +154,6 @@ class App(CronSchedules, JobResults, PublisherRouting):
 
         Raises:
             TopologyValidationError: the topology files are invalid.
-
         """
         if self._topology is None:
             self._topology = load_topology(Path(str(self._topology_source))).topology
@@ -163,7 +164,6 @@ class App(CronSchedules, JobResults, PublisherRouting):
 
         Raises:
             ConfigurationError: the job, or its job queue in the topology, does not exist.
-
         """
         jobdef = self.resolve(job)
         cached = self._layouts.get(jobdef.queue)
@@ -192,13 +192,21 @@ class App(CronSchedules, JobResults, PublisherRouting):
         if self._url is None:
             self._url = url
 
+    def watch_connections(self, watch: Callable[[Connection], None]) -> None:
+        """Call ``watch`` with the app's publishing connection now, if open, and with each one it opens later.
+
+        A worker watches it as its own connections (:mod:`amqpjobs.runtime.hard_closes`): its handlers enqueue on it.
+        """
+        self._watchers.append(watch)
+        if self._connection is not None and not self._connection.is_closed:
+            watch(self._connection)
+
     async def connect(self, settings: BrokerSettings | None = None) -> None:
         """Open the publishing connection now (else the first enqueue does), ready: exchanges checked, alarms read.
 
         Raises:
             BrokerUnavailableError: the broker can't be reached.
             ConfigurationError: the app connected on another event loop (README "Enqueueing").
-
         """
         loop_binding.refuse_another_loop(self)
         if self._connect_lock is None:
@@ -208,6 +216,8 @@ class App(CronSchedules, JobResults, PublisherRouting):
                 self._connected_on = asyncio.get_running_loop()
                 settings = settings or self.settings()
                 self._connection = await connect(settings, name=f"{self.name}-publisher")
+                for watch in self._watchers:
+                    watch(self._connection)
                 if self._gate is not None:
                     await self._gate.aclose()
                 self._gate = EnqueueGate(settings, self.blocked_timeout, self.queue_full_wait)
@@ -216,6 +226,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
                 self._publisher = ConfirmedPublisher(
                     self._connection, max_message_size=limit, is_modulus_exchange=self._is_modulus_exchange,
                     header_reserve=WORKER_HEADROOM, owner="the app", wait_reconnect=True,  # room for copies' headers
+                    kept=KEPT_BY_APP,
                 )  # fmt: skip
                 await get_ready(self._publisher, self._gate, self._connection, self.layout_of, list(self))
 

@@ -16,7 +16,9 @@ force (the async gate waits, and words the refusal), and a broker it could not c
 (the async path retries for ``connect_timeout`` and says why).
 
 Connections are pooled, not kept per thread: a call takes a free one (or opens one) and
-puts it back, so there are as many as calls ever ran at once, whatever the threads.
+puts it back, so there are as many as calls ever ran at once, whatever the threads. One whose
+publish a resource alarm held past its confirm wait is not put back: it stays open until the broker
+answers (:class:`~amqpjobs.runtime.sync_held.HeldConnections`), even after :meth:`FastPath.close`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from amqpjobs.jobs.evidence import WORKER_HEADROOM
 from amqpjobs.runtime.backpressure import EARLY_REFRESH, REFRESH, blocked_error
 from amqpjobs.runtime.job_stencil import JobStencil
 from amqpjobs.runtime.sending import full_refusal, new_message
+from amqpjobs.runtime.sync_held import HeldConnections
 from amqpjobs.wire.blocking import BlockingPublisher, ConnectFailed
 from amqpjobs.wire.exchange_checks import missing_exchange
 from amqpjobs.wire.settings import BrokerSettings
@@ -62,6 +65,7 @@ class FastPath:
         self._lock = threading.Lock()
         self._free: list[BlockingPublisher] = []
         self._busy: set[BlockingPublisher] = set()
+        self._held = HeldConnections()  # a publish an alarm held past its confirm wait: open until answered
         self._down_until = float("-inf")
         self._reading = False  # an alarm read started from here has not finished
         self._closed = False
@@ -194,9 +198,16 @@ class FastPath:
         with self._lock:
             return [*self._free, *self._busy]
 
+    def held(self) -> list[BlockingPublisher]:
+        """The connections kept open until the broker answers the publish an alarm held (for tests)."""
+        return self._held.held()
+
     def _give_back(self, publisher: BlockingPublisher) -> None:
         with self._lock:
             self._busy.discard(publisher)
+            if publisher.held is not None:  # never reused, never closed before its answer (runtime/sync_held.py)
+                self._held.keep(publisher)
+                return
             if not self._closed:
                 self._free.append(publisher)
                 return

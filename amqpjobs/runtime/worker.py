@@ -264,6 +264,7 @@ class Worker(WorkerStop):
             fetcher = await QueueFetcher.opened(self._connection, layout.suspects_queue)  # counted: see .hard_closes
             self._suspect_tasks.append(asyncio.create_task(self._watch_suspects(layout, fetcher)))
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
+        self.app.watch_connections(lambda app_connection: self._hard.watch((app_connection,), check_room=False))
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
         give_way(publishing, [self._connection])  # reconnects after it; never closes (rate limits' minting)
         give_way(self._events.connection, [self._connection, publishing], "its outcome events are dropped (counted)")

@@ -1,9 +1,8 @@
 """Publishing with publisher confirms and ``mandatory``; broker answers mapped to our errors.
 
-Without confirms a publish can be lost silently; without ``mandatory`` an unroutable
-message is dropped silently (RabbitMQ "Consumer Acknowledgements and Publisher
-Confirms"). Every publish here waits for the broker's confirm and raises when the message
-came back or was nacked.
+Without confirms a publish can be lost silently; without ``mandatory`` an unroutable message is dropped
+silently (RabbitMQ "Consumer Acknowledgements and Publisher Confirms"). Every publish here waits for
+the broker's confirm and raises when the message came back or was nacked.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
-from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked, confirm_watch
+from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked, blocked_by, confirm_watch
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, reply_code
 from amqpjobs.wire.exchange_checks import ExchangeChecks
@@ -64,28 +63,26 @@ class ConfirmedPublisher:
     Args:
         connection: An open (robust) connection.
         timeout: Seconds to wait for each confirm.
-        max_message_size: Bodies larger than this many bytes are refused before publishing
-            (the broker would close the channel); None = no check.
+        max_message_size: Bodies larger than this many bytes are refused before publishing (the broker would
+            close the channel); None = no check.
         on_confirm: Called with the seconds from publish to confirm, for each confirmed publish.
-        serial: One publish at a time, each waiting for its confirm before the next is sent.
-            For exchanges that may be missing: a publish to a missing exchange makes the
-            broker close the channel (404), cutting off the publishes in flight beside it
-            (each then ends uncertain). The first publish to each exchange is checked first
-            (:class:`~amqpjobs.wire.exchange_checks.ExchangeChecks`) and no frame is queued after
-            the channel's close (see :func:`heard_close`: the broker would close the whole connection, ``504
-            CHANNEL_ERROR``), so only an exchange deleted after its check can cut off others.
+        serial: One publish at a time, each waiting for its confirm before the next is sent. For exchanges
+            that may be missing: a publish to a missing exchange makes the broker close the channel (404),
+            cutting off the publishes in flight beside it (each then ends uncertain). The first publish to each
+            exchange is checked first (:class:`~amqpjobs.wire.exchange_checks.ExchangeChecks`) and no frame is
+            queued after the channel's close (see :func:`heard_close`: the broker would close the whole
+            connection, ``504 CHANNEL_ERROR``), so only an exchange deleted after its check can cut off others.
         is_modulus_exchange: Tells whether an exchange is a job queue's ``x-modulus-hash``
             exchange (``shard_routing = "modulus-hash"``): when one is missing before RabbitMQ
             4.3, the error names the 4.3 requirement instead of "apply the topology". None: no
             exchange is one (a name alone can't tell: a user's exchange may end in ``.shards``).
-        header_reserve: Bytes of the connection's ``frame_max`` a message's properties must
-            leave free (an app's enqueue: room for the headers a worker adds to its copies);
-            see :func:`check_header_fits`. Default 0.
+        header_reserve: Bytes of the connection's ``frame_max`` a message's properties must leave free (an
+            app's enqueue: room for the headers a worker adds to its copies); see :func:`check_header_fits`. Default 0.
         owner: Who closes it, named when :meth:`close` cuts off a publish (default ``"the publisher"``).
-        wait_reconnect: While the connection is lost, a publish waits up to ``timeout`` for aio-pika
-            to reconnect it (an app's enqueue: nothing depends on the old connection). Default
-            False: it raises :class:`BrokerUnavailableError` at once (a worker's copy of a delivery
-            must not go out once the delivery's own channel may be gone: its fallback decides).
+        wait_reconnect: While the connection is lost, a publish waits up to ``timeout`` for aio-pika to
+            reconnect it (an app's enqueue: nothing depends on the old connection). Default False: it raises
+            :class:`BrokerUnavailableError` at once (a worker's copy of a delivery must not go out once the
+            delivery's own channel may be gone: its fallback decides).
         wait_while_blocked: While a resource alarm blocks the connection (``connection.blocked``),
             a publish sent waits for its confirm however long the alarm lasts: ``timeout`` counts
             from the last moment the connection was seen blocked. The broker holds the publish
@@ -96,6 +93,8 @@ class ConfirmedPublisher:
             the connection is reset at once (:func:`~amqpjobs.wire.reset.abort`: the publishes held unread
             are dropped, never stored) and :class:`BrokerBlockedError` raised. None (default): ``timeout``
             alone bounds the wait.
+        kept: What keeps the connection open while an alarm holds a publish past ``timeout`` (the app's
+            :data:`~amqpjobs.wire.publish_outcome.KEPT_BY_APP`): its error says so (else "may or may not be stored").
     """
 
     def __init__(
@@ -111,7 +110,9 @@ class ConfirmedPublisher:
         wait_reconnect: bool = False,
         wait_while_blocked: bool = False,
         give_up_blocked: float | None = None,
+        kept: str | None = None,
     ) -> None:
+        self._kept = kept
         self._owner = owner
         self._give_up_blocked = None if wait_while_blocked else give_up_blocked
         self._wait_while_blocked = wait_while_blocked
@@ -164,23 +165,22 @@ class ConfirmedPublisher:
         An error says "not stored" only when the broker said so for this publish: a return, a nack,
         or a 404 naming this publish's own exchange. Any other end of a publish sent but not
         confirmed (the channel closed by another publish's error, the connection lost or closed,
-        no confirm in time) is a :class:`PublishError` saying it may or may not be stored.
+        no confirm in time) is a :class:`PublishError` saying it may or may not be stored (with ``kept``, one an
+        alarm holds past ``timeout`` says so).
 
         Raises:
-            UnroutableError: the broker returned it (no queue bound for ``routing_key``), or
-                ``exchange`` does not exist (404 naming it: the broker closed the channel; a new one
-                is opened for the next publish).
+            UnroutableError: the broker returned it (no queue bound for ``routing_key``), or ``exchange`` does not
+                exist (404 naming it: the broker closed the channel; a new one is opened for the next publish).
             PublishNackedError: the broker nacked it (e.g. the queue is full, ``reject-publish``).
-            PublishError: sent, but the outcome is unknown (see above; the message names the job).
-            MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit
-                the connection's ``frame_max`` (nothing sent).
+            PublishError: sent, but not confirmed (see above; the message names the job).
+            MessageTooLargeError: the body is over ``max_message_size``, or the headers don't fit the connection's
+                ``frame_max`` (nothing sent).
             ConfigurationError: pamqp can't encode its properties, e.g. a header value of a type AMQP
                 has no field type for (nothing sent; :func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerUnavailableError, BrokerError: no channel to publish on, or the connection's write
                 queue stayed full for ``timeout`` (nothing sent).
             PublisherClosedError: :meth:`close` was called before it was sent (nothing sent); after,
                 a :class:`PublishError` saying it may or may not be stored.
-
         """
         try:
             async with self._one_at_a_time or contextlib.nullcontext():
@@ -207,7 +207,6 @@ class ConfirmedPublisher:
                 the connection's ``frame_max`` (its ``reason`` says which, with the sizes).
             ConfigurationError: pamqp can't encode its properties (:func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerError, BrokerUnavailableError: no channel to read ``frame_max`` from.
-
         """
         check_body(message, self.max_message_size)
         channel = await self._open_channel(exchange, routing_key)
@@ -337,8 +336,9 @@ class ConfirmedPublisher:
             await self._closed_under(channel, underlay, exchange, routing_key, message, exc)
         except TimeoutError as exc:
             alarm = stretched.alarm if isinstance(stretched, GiveUpWhileBlocked) else None
+            blocked = blocked_by(self._connection) if self._kept else None  # held unread: say what keeps it
             raise no_confirm(
-                exchange, routing_key, message, self._timeout, alarm, self._give_up_blocked or 0.0
+                exchange, routing_key, message, self._timeout, alarm, self._give_up_blocked or 0.0, blocked, self._kept
             ) from exc
         except ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp refusing the properties is named
             encoded_size(properties)
@@ -359,8 +359,8 @@ class ConfirmedPublisher:
     ) -> NoReturn:  # fmt: skip
         """The channel or connection closed under an unconfirmed publish: what that says of it (:func:`closed_under`).
 
-        The broker's reason for closing the channel (aiormq's ``_close_exception``; else ``exc``)
-        is read, whichever publish's confirm failed first.
+        The broker's reason for closing the channel (aiormq's ``_close_exception``; else ``exc``) is read,
+        whichever publish's confirm failed first.
 
         Raises:
             UnroutableError, MessageTooLargeError: the broker's close was about this publish.

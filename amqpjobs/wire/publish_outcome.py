@@ -38,11 +38,15 @@ def heard_close(underlay: aiormq.Channel) -> bool:
     return underlay.is_closed or getattr(underlay, "_close_exception", None) is not None
 
 
+def job_words(message: OutgoingMessage) -> str:
+    """How an error names a publish: ``job 'order-17' (orders.confirm)``, or ``the message`` without an id."""
+    job = f"job {message.message_id!r}" if message.message_id is not None else "the message"
+    return f"{job} ({message.type})" if message.type else job
+
+
 def uncertain(what_happened: str, message: OutgoingMessage) -> str:
     """The words of an unconfirmed publish whose outcome is unknown: it names the job, claims no failure."""
-    job = f"job {message.message_id!r}" if message.message_id is not None else "the message"
-    if message.type:
-        job += f" ({message.type})"
+    job = job_words(message)
     return (f"{what_happened}; {job} may or may not be stored (not confirmed): enqueueing it again may store it "
             "twice; with the same job id an idempotent job runs once")  # fmt: skip
 
@@ -174,15 +178,19 @@ def cut_off(closed: bool, exc: BaseException) -> bool:
 
 
 def no_confirm(
-    exchange: str, routing_key: str, message: OutgoingMessage, timeout: float, alarm: str | None, waited: float
-) -> PublishError:
+    exchange: str, routing_key: str, message: OutgoingMessage, timeout: float, alarm: str | None, waited: float,
+    blocked: str | None = None, kept: str | None = None,
+) -> PublishError:  # fmt: skip
     """The error of a confirm wait that ended unanswered.
 
-    Held by resource alarm ``alarm`` for ``waited`` seconds (:func:`held_unread`), or (``alarm`` None)
-    no confirm within ``timeout`` seconds: it may or may not be stored.
+    Given up on, held by resource alarm ``alarm`` for ``waited`` seconds (:func:`held_unread`); or no
+    confirm within ``timeout`` seconds while alarm ``blocked`` blocks the connection, which ``kept`` says
+    stays open (:func:`held_past_confirm_wait`); else it may or may not be stored.
     """
     if alarm is not None:
         return held_unread(exchange, routing_key, alarm, waited)
+    if blocked is not None and kept is not None:
+        return held_past_confirm_wait(exchange, routing_key, message, timeout, blocked, kept)
     return PublishError(
         uncertain(f"no publisher confirm within {timeout:g}s for {exchange!r} / {routing_key!r}", message)
     )
@@ -195,4 +203,33 @@ def held_unread(exchange: str, routing_key: str, alarm: str, waited: float) -> B
         f"{waited:g}s; it is stored once the alarm clears unless the connection is reset",
         alarm=alarm,
         waited=waited,
+    )
+
+
+#: What keeps a held publish's connection open, as each publisher says it (:func:`held_past_confirm_wait`).
+KEPT_BY_APP = (
+    "the app keeps it open, and the broker confirms it then, unless the app is closed or this process exits before"
+)
+KEPT_BY_SYNC = (
+    "this publisher keeps it open until the broker answers (even after close()), and logs the answer; only this "
+    "process's exit before then can lose the job"
+)
+
+
+def held_past_confirm_wait(
+    exchange: str, routing_key: str, message: OutgoingMessage, timeout: float, alarm: str, kept: str
+) -> PublishError:
+    """The error of a publish whose confirm wait (``timeout`` s) ended while a resource alarm blocks its connection.
+
+    The broker holds it unread (``alarm``: ``"memory"`` ...) and stores it once the alarm clears if its
+    connection is open then (a connection closed meanwhile races its teardown against the held frames,
+    README "Backpressure"); ``kept`` says what keeps it open. A :class:`PublishError` as such: not
+    confirmed, and not refused either.
+    """
+    job = job_words(message)
+    return PublishError(
+        f"no publisher confirm within {timeout:g}s for {exchange!r} / {routing_key!r}: the broker blocked the "
+        f"connection under it (resource alarm: {alarm}) and holds {job} unread; it stores it once the alarm clears "
+        f"if the connection is still open then: {kept}; do not enqueue it again unless a second copy is harmless "
+        "(with the same job id an idempotent job runs once)"
     )

@@ -725,9 +725,9 @@ async def test_an_enqueue_written_before_the_alarm_is_seen_ends_at_its_confirm_w
 ):
     """``blocked_timeout`` bounds only the wait before a publish is written. One written when the gate had not yet
     seen the alarm is held unread by the broker: the enqueue ends at its confirm wait (30 s; cut to 2 s here),
-    never waits for the alarm, and says the job may or may not be stored (PublishError, not BrokerBlockedError:
-    it is not "NOT sent"). The async path's connection stays open, so the broker stores it once the alarm
-    clears: once, not lost (helper-181, task 2: found bounded, no fix needed).
+    never waits for the alarm, and says the broker holds it unread (PublishError, not BrokerBlockedError: it is
+    not "NOT sent"). Both paths keep its connection open, so the broker stores it once the alarm clears: once,
+    not lost (helper-181; the sync path since helper-217).
 
     The order is the test's own, whatever the load: the sync path also reads the broker's ``connection.blocked``
     before it writes, so there the alarm is raised between that read and the write (before: raised first, the
@@ -779,16 +779,12 @@ async def test_an_enqueue_written_before_the_alarm_is_seen_ends_at_its_confirm_w
         assert not isinstance(caught.value, BrokerBlockedError), caught.value
         assert 2.0 <= took < 5.0, took  # its confirm wait, not blocked_timeout (10 s) nor the alarm's length
         assert "no publisher confirm within 2s" in str(caught.value), caught.value
-        assert "job 'held' (plain) may or may not be stored (not confirmed)" in str(caught.value), caught.value
+        assert "holds job 'held' (plain) unread; it stores it once the alarm clears" in str(caught.value), caught.value
         assert publisher._fast is not None  # warm-sync, the publisher's first call, took the async path
         assert (len(raised_at), publisher._fast.calls) == (1, 1 if path == "sync" else 0)  # held: the fast path's
         alarm_node.memory_alarm(False)
-        if path == "sync":
-            # Not asserted: the sync path closes its connection at the confirm wait (a new publish must not read
-            # the answer as its own), and "held" was then never stored in 6 of 10 loaded runs, 1 of 8 in another
-            # (helper-213, open; cause not found: nothing was unread in the socket at its close, so no reset of
-            # ours). The call said "may or may not be stored": true either way.
-            return
+        # The sync path too keeps the held connection open until the broker answers (helper-217; before, it closed
+        # it at the confirm wait, and "held" was never stored in 6 of 10 loaded runs: test_held_publishes.py).
         # the broker reads what it held: waited for, no sleep's hope
         await wait_until_async(functools.partial(depth_at_least, on_alarm_node, "plain", 3), 10, "held stored")
         ids = [m.message_id or "" for m in await drain(on_alarm_node, "plain")]
