@@ -42,6 +42,22 @@ def delete(broker: BrokerSettings, kind: str, name: str) -> None:
         mgmt.request("DELETE", f"/{kind}/{quote(broker.vhost, safe='')}/{quote(name, safe='')}")
 
 
+async def stopped_while_held(
+    app: App, broker: BrokerSettings, queue: str, tenant: str | None = None, deleted: tuple[str, str] | None = None
+) -> None:
+    """Enqueue job 'rej' (id ``rej-1``) to ``queue`` and run a worker (grace 1 s) until its decided copy's delivery is
+    held, the ``deleted`` object (kind, name; default ``queue``'s quarantine exchange) gone; then stop it (exit 1)."""
+    kind, name = deleted or ("exchanges", f"{queue}.quarantine")
+    worker = await started_worker(app, broker, (queue,), concurrency=1, grace=1)
+    try:
+        delete(broker, kind, name)
+        await app.enqueue("rej", {}, job_id="rej-1", tenant=tenant)
+        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
+        worker.request_stop()
+    finally:
+        assert await worker.shutdown() == 1
+
+
 @pytest.mark.timeout(90)
 async def test_a_held_retry_whose_handler_ran_is_not_run_again_after_the_restart(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -166,14 +182,7 @@ async def test_a_kept_quarantine_replayed_from_quarantine_runs_normally(broker: 
         if len(runs) == 1:
             raise Reject("no")
 
-    worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
-    try:
-        delete(broker, "exchanges", "work.quarantine")
-        await app.enqueue("rej", {}, job_id="rej-1")
-        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
-        worker.request_stop()
-    finally:
-        assert await worker.shutdown() == 1
+    await stopped_while_held(app, broker, "work")
     await apply_topology(tmp_path / "applied.toml", broker)
     recorder = Recorder()
     later = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=1), recorder)
@@ -214,14 +223,7 @@ async def test_a_kept_decision_held_again_at_the_next_stop_is_kept_again(
         runs.append(ctx.job_id)
         raise Reject("no")
 
-    worker = await started_worker(app, broker, ("work",), concurrency=1, grace=1)
-    try:
-        delete(broker, "exchanges", "work.quarantine")
-        await app.enqueue("rej", {}, job_id="rej-1")
-        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
-        worker.request_stop()
-    finally:
-        assert await worker.shutdown() == 1
+    await stopped_while_held(app, broker, "work")
     await apply_topology(tmp_path / "applied.toml", broker)
     caplog.set_level("INFO", logger="amqpjobs.worker")
     async with raw_channel(broker) as ch:
@@ -313,14 +315,7 @@ async def test_a_sharded_queue_keeps_the_decision_on_the_shard_it_came_from(brok
         runs.append(ctx.job_id)
         raise Reject("no")
 
-    worker = await started_worker(app, broker, ("sharded",), concurrency=1, grace=1)
-    try:
-        delete(broker, "exchanges", "sharded.quarantine")
-        await app.enqueue("rej", {}, job_id="rej-1", tenant="t0")
-        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
-        worker.request_stop()
-    finally:
-        assert await worker.shutdown() == 1
+    await stopped_while_held(app, broker, "sharded", tenant="t0")
     shards = app.topology().layout("sharded").work_queues
     depths = {queue: await depth(broker, queue) for queue in shards}
     assert sorted(depths.values()) == [0, 1]  # on its own shard, not routed again
@@ -367,14 +362,7 @@ async def test_a_quorum_queue_keeps_the_decision_as_a_new_message_not_a_redelive
         runs.append(ctx.job_id)
         raise Reject("no")
 
-    worker = await started_worker(app, broker, ("qwork",), concurrency=1, grace=1)
-    try:
-        delete(broker, "exchanges", "qwork.quarantine")
-        await app.enqueue("rej", {}, job_id="rej-1")
-        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
-        worker.request_stop()
-    finally:
-        assert await worker.shutdown() == 1
+    await stopped_while_held(app, broker, "qwork")
     async with raw_channel(broker) as ch:
         kept = await (await ch.get_queue("qwork", ensure=False)).get(no_ack=False)
         # a first delivery: x-delivery-count 0 on 3.x; 4.0+ adds the header only from the first redelivery on
