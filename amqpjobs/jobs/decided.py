@@ -6,8 +6,10 @@ worker's stop leaves it held past the grace, its decided copy goes into the deli
 work queue marked with this header, and the original is acked: the next worker carries the
 decision out without running the handler again (README "Workers").
 
-The header names a decision, never a place: ``quarantine`` (the copy carries its evidence)
-or ``retry:<tier>`` (tiers counted from 1, one of the work queue's own). A worker reads it
+The header names a decision, never a place: ``quarantine`` (the copy carries a worker's
+evidence: a reason it quarantines a run's job for, and the queue it is in as its original
+queue) or ``retry:<tier>`` (tiers counted from 1, one of the work queue's own, with the
+attempt after the run's). A worker reads it
 against its queue's topology; anything else (a publisher's forgery, a tier the queue does
 not have) is a problem, quarantined with evidence, its handler never run. Every copy made
 from a received job drops the header (:func:`~amqpjobs.jobs.copy_headers.copy_headers`):
@@ -20,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from amqpjobs.jobs import envelope
-from amqpjobs.jobs.evidence import ERROR_MESSAGE, ERROR_TYPE, REASON
-from amqpjobs.jobs.header_values import header_text, read_text
-from amqpjobs.jobs.outcome import Decision, Quarantine, RetryLater
+from amqpjobs.jobs.evidence import ERROR_MESSAGE, ERROR_TYPE, ORIGINAL_QUEUE, REASON
+from amqpjobs.jobs.header_values import header_text, read_count, read_text
+from amqpjobs.jobs.outcome import REASONS, Decision, Quarantine, RetryLater
 
 #: The header a kept decision travels in.
 DECIDED: Final = "amqpjobs-decided"
@@ -32,6 +34,8 @@ INVALID_DECISION: Final = "invalid-decision"
 INVALID_DECISION_ERROR: Final = "InvalidDecision"
 
 _RETRY: Final = "retry:"
+#: The reasons a worker quarantines a job for after its run, or in its stead: a kept quarantine names one.
+_KEPT_REASONS: Final = frozenset(REASONS) - {INVALID_DECISION, "undeliverable"}
 
 
 def decided_value(decision: Decision) -> str:
@@ -56,18 +60,24 @@ def read_decided(headers: Mapping[str, Any], work_queue: str, tiers: Sequence[fl
         :func:`decided_problem` words.
     """
     text = read_text(headers.get(DECIDED))
-    if text == "quarantine":
+    if text == "quarantine":  # the evidence a worker wrote on the copy (jobs.failure.quarantine_headers)
         reason = read_text(headers.get(REASON))
         if not reason:
             return f"says quarantine, but the message has no {REASON} evidence"
+        if reason not in _KEPT_REASONS:
+            return f"says quarantine, but its {REASON} {reason!r} is no reason a worker quarantines a run's job for"
+        if (origin := read_text(headers.get(ORIGINAL_QUEUE)) or "") != work_queue:  # where a replay sends it
+            return f"says quarantine, but its {ORIGINAL_QUEUE} {origin!r} is not {work_queue}, the queue it came from"
         return Quarantine(reason)
     number = text.removeprefix(_RETRY) if text is not None and text.startswith(_RETRY) else ""
-    if number.isascii() and number.isdigit() and len(number) <= 6:
+    if number.isascii() and number.isdigit() and len(number) <= 6 and number == str(int(number)):  # as we write it
         tier = int(number)
         if not 1 <= tier <= len(tiers):
             has = f"{len(tiers)} (1 to {len(tiers)})" if tiers else "none"
             return f"names retry tier {tier}, but {work_queue} has {has}"
-        attempt = envelope.parse_attempt(headers.get(envelope.ATTEMPT))
+        raw = headers.get(envelope.ATTEMPT)
+        if (attempt := read_count(raw)) is None or attempt < 2:  # the copy carries the attempt after the run's
+            return f"says retry, but its {envelope.ATTEMPT} {raw!r} is not the attempt after a run (2 or more)"
         return RetryLater(next_attempt=attempt, tier=tier - 1, delay=tiers[tier - 1])
     return "is no decision this worker carries out (quarantine or retry:<tier>)"
 

@@ -207,6 +207,8 @@ class Outcome:
             dead-lettered it there, and ``decision`` was replaced by ``Quarantine("x-death:rejected")``.
         decided: The decision is one an earlier run made and kept in the delivery's
             ``amqpjobs-decided`` header (:mod:`amqpjobs.jobs.decided`): carried out, the handler not run.
+        reached_at: When the worker began carrying the decision out (ISO-8601 UTC, ms; "" before): the failure
+            time a copy's evidence gives, however long the copy then waits (held, kept past a stop).
 
     """
 
@@ -227,6 +229,7 @@ class Outcome:
     value: Any = None
     rejected: bool = False
     decided: bool = False
+    reached_at: str = ""
 
     @property
     def kind(self) -> str:

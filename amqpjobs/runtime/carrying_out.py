@@ -77,6 +77,7 @@ class CarryingOut(KeptDecisions):
                         field_value(v.job_id), v.decision)  # fmt: skip
             return False
         if copied:
+            v.reached_at = v.reached_at or iso_utc()  # the failure's time on every copy, however late it goes
             try:
                 await self._republish(layout, delivery, v, trace)
             except AmqpJobsError as exc:
@@ -146,8 +147,9 @@ class CarryingOut(KeptDecisions):
         # from the attempt header a publisher may set to anything
         runs = envelope.parse_runs(received) + (1 if v.ran else 0)
         if isinstance(decision, RetryLater):
-            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
-                                    timestamp=delivery.timestamp, job_id=job_id, key=self._seal_key)  # fmt: skip
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key,
+                                    v.reached_at or iso_utc(), timestamp=delivery.timestamp, job_id=job_id,
+                                    key=self._seal_key)  # fmt: skip
             tier_queue = layout.tier_queues[delivery.queue][decision.tier]
             # ready in the work queue once the tier's delay is over: max_age counts from then
             back_at = envelope.ready_at(time.time(), decision.delay)
@@ -159,7 +161,8 @@ class CarryingOut(KeptDecisions):
             # the suspects queue, a delivery handed back returns to its work queue
             register = decision if isinstance(decision, Register) else None
             headers = unstarted_headers(received, register, delivery.queue, delivery.exchange, delivery.routing_key,
-                                        self._host, self._pid, iso_utc(), timestamp=delivery.timestamp)  # fmt: skip
+                                        self._host, self._pid, v.reached_at or iso_utc(),
+                                        timestamp=delivery.timestamp)  # fmt: skip
             target = layout.suspects_queue if register is not None else delivery.queue
             # handed back: ready in the work queue now (a suspect keeps its timestamp: not ready there)
             ready_at = None if register is not None else envelope.ready_at(time.time())
@@ -184,7 +187,8 @@ class CarryingOut(KeptDecisions):
         return functools.partial(
             quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
             exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=v.job_id,
-            host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version, now=iso_utc(),
+            host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version,
+            now=v.reached_at or iso_utc(),
             timestamp=delivery.timestamp,
         )  # fmt: skip
 
@@ -203,8 +207,9 @@ class CarryingOut(KeptDecisions):
         if v.decided:
             headers = strip_broker_headers(received)
         elif isinstance(decision, RetryLater):
-            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key, iso_utc(),
-                                    timestamp=delivery.timestamp, job_id=v.job_id, key=self._seal_key)  # fmt: skip
+            headers = retry_headers(received, decision, runs, delivery.exchange, delivery.routing_key,
+                                    v.reached_at or iso_utc(), timestamp=delivery.timestamp, job_id=v.job_id,
+                                    key=self._seal_key)  # fmt: skip
         elif isinstance(decision, Quarantine):
             headers = self._evidence(delivery, v, decision, received, runs)()
         headers[DECIDED] = value

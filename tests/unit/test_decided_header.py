@@ -13,14 +13,20 @@ from amqpjobs.jobs.quarantine_moves import park_headers, replay_headers
 TIERS = (0.2, 0.4, 0.6)
 
 
+#: The evidence a worker writes on a quarantine copy it keeps (jobs.failure.quarantine_headers), in part.
+OURS = {"amqpjobs-reason": b"rejected", "amqpjobs-original-queue": "work"}
+
+
 def test_each_kept_decision_reads_back_as_it_was_written():
-    quarantine = {DECIDED: decided_value(Quarantine("rejected")), "amqpjobs-reason": b"rejected"}
+    quarantine = {DECIDED: decided_value(Quarantine("rejected")), **OURS}
     assert read_decided(quarantine, "work", TIERS) == Quarantine("rejected")
     retry: dict[str, object] = {DECIDED: decided_value(RetryLater(next_attempt=3, tier=2, delay=0.6))}
     retry["amqpjobs-attempt"] = 3
     assert retry[DECIDED] == "retry:3"  # tiers counted from 1, as people read them
     assert read_decided(retry, "work", TIERS) == RetryLater(next_attempt=3, tier=2, delay=0.6)
-    assert read_decided({DECIDED: b"retry:1"}, "work", TIERS) == RetryLater(next_attempt=1, tier=0, delay=0.2)
+    assert read_decided({DECIDED: b"retry:1", "amqpjobs-attempt": 2}, "work", TIERS) == RetryLater(
+        next_attempt=2, tier=0, delay=0.2
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,14 +43,59 @@ def test_each_kept_decision_reads_back_as_it_was_written():
         (1, "is no decision this worker carries out (quarantine or retry:<tier>)"),
         (None, "is no decision this worker carries out (quarantine or retry:<tier>)"),
         ("quarantine", "says quarantine, but the message has no amqpjobs-reason evidence"),
+        ("retry:01", "is no decision this worker carries out (quarantine or retry:<tier>)"),  # not as we write it
+        ("retry:+1", "is no decision this worker carries out (quarantine or retry:<tier>)"),
     ],
 )
 def test_a_header_we_did_not_write_is_a_problem_never_a_place(value: object, problem: str):
-    assert read_decided({DECIDED: value}, "work", TIERS) == problem
+    assert read_decided({DECIDED: value, "amqpjobs-attempt": 2}, "work", TIERS) == problem
+
+
+_NO_REASON = "is no reason a worker quarantines a run's job for"
+_ELSEWHERE = "is not work, the queue it came from"
+
+
+@pytest.mark.parametrize(
+    ("evidence", "problem"),
+    [
+        ({"amqpjobs-reason": "bogus-reason"}, f"says quarantine, but its amqpjobs-reason 'bogus-reason' {_NO_REASON}"),
+        (
+            {"amqpjobs-reason": "invalid-decision"},
+            f"says quarantine, but its amqpjobs-reason 'invalid-decision' {_NO_REASON}",
+        ),
+        (
+            {"amqpjobs-reason": "undeliverable"},
+            f"says quarantine, but its amqpjobs-reason 'undeliverable' {_NO_REASON}",
+        ),
+        (
+            {"amqpjobs-original-queue": "other"},
+            f"says quarantine, but its amqpjobs-original-queue 'other' {_ELSEWHERE}",
+        ),
+        ({"amqpjobs-original-queue": None}, f"says quarantine, but its amqpjobs-original-queue '' {_ELSEWHERE}"),
+    ],
+)
+def test_a_kept_quarantine_needs_the_evidence_a_worker_writes(evidence: dict[str, object], problem: str):
+    """Review (helper-219): a forged 'quarantine' with an invented reason, or an original queue elsewhere (where a
+    replay would send it), was carried out as it came."""
+    headers = {DECIDED: "quarantine", **OURS, **evidence}
+    assert read_decided({k: v for k, v in headers.items() if v is not None}, "work", TIERS) == problem
+
+
+@pytest.mark.parametrize("attempt", [None, 1, 0, -3, "one"])
+def test_a_kept_retry_names_the_attempt_after_the_one_that_ran(attempt: object):
+    """A retry copy carries the next attempt (2 or more); forged without one it ran again as attempt 1 (helper-219)."""
+    headers: dict[str, object] = {DECIDED: "retry:1"}
+    if attempt is not None:
+        headers["amqpjobs-attempt"] = attempt
+    assert read_decided(headers, "work", TIERS) == (
+        f"says retry, but its amqpjobs-attempt {attempt!r} is not the attempt after a run (2 or more)"
+    )
 
 
 def test_a_queue_without_tiers_has_no_retry_to_name():
-    assert read_decided({DECIDED: "retry:1"}, "plain", ()) == "names retry tier 1, but plain has none"
+    assert read_decided({DECIDED: "retry:1", "amqpjobs-attempt": 2}, "plain", ()) == (
+        "names retry tier 1, but plain has none"
+    )
 
 
 def test_the_evidence_names_the_header_and_its_value():
