@@ -240,6 +240,9 @@ class ClusterConnection(RobustConnection):
                 self._explain(exc, how_long)
             for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
                 callback(exc)
+            if self._was_connected and not refused and _hard_error(exc):  # a restored channel refused in the attempt
+                for hard in self.hard_error_callbacks:  # (530 at a max-channels limit): as a close once open
+                    hard(exc)
             first = self._RobustConnection__fail_fast_future  # type: ignore[attr-defined]
             if not isinstance(exc, CONNECTION_EXCEPTIONS) and not first.done():
                 # aio-pika hands only its connection errors to a waiting connect(); anything else
@@ -318,6 +321,10 @@ def on_internal_error(connection: object, callback: Callable[[], None]) -> None:
 
 def on_hard_error(connection: object, callback: Callable[[BaseException], None]) -> None:
     """Call ``callback`` with the error each time the broker closes open ``connection`` for what it sent.
+
+    A reconnect attempt the broker closes so while aio-pika restores its channels (a channel over a user's
+    ``max-channels``: the attempt fails, said ``could not reach``) counts too: it is the same refusal, met
+    during the attempt instead of just after it.
 
     Reply codes 501-540 (530 NOT_ALLOWED at a channel past ``channel_max`` or a user's
     ``max-channels``, 501 FRAME_ERROR ...): aio-pika reconnects and most often meets the same
