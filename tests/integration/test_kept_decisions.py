@@ -58,6 +58,23 @@ async def stopped_while_held(
         assert await worker.shutdown() == 1
 
 
+async def quarantined_by_the_next_worker(app: App, broker: BrokerSettings, path: Path, queue: str) -> Any:
+    """Apply the topology at ``path`` again, run a worker of ``queue`` until its one outcome is ``quarantined``,
+    close the app; the one quarantine copy of ``queue`` (its reason ``rejected``, no decided header left)."""
+    await apply_topology(path, broker)
+    recorder = Recorder()
+    later = Worker(app, broker, WorkerOptions(queues=(queue,), concurrency=1, grace=1), recorder)
+    await later.start()
+    try:
+        await recorder.wait_for(lambda outs: [o.kind for o in outs] == ["quarantined"], 30)
+    finally:
+        await later.shutdown()
+        await app.close()
+    [copy] = await drain(broker, f"{queue}.quarantine")
+    assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
+    return copy
+
+
 @pytest.mark.timeout(90)
 async def test_a_held_retry_whose_handler_ran_is_not_run_again_after_the_restart(
     broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -319,18 +336,8 @@ async def test_a_sharded_queue_keeps_the_decision_on_the_shard_it_came_from(brok
     shards = app.topology().layout("sharded").work_queues
     depths = {queue: await depth(broker, queue) for queue in shards}
     assert sorted(depths.values()) == [0, 1]  # on its own shard, not routed again
-    await apply_topology(path, broker)
-    recorder = Recorder()
-    later = Worker(app, broker, WorkerOptions(queues=("sharded",), concurrency=1, grace=1), recorder)
-    await later.start()
-    try:
-        await recorder.wait_for(lambda outs: [o.kind for o in outs] == ["quarantined"], 30)
-    finally:
-        await later.shutdown()
-        await app.close()
+    await quarantined_by_the_next_worker(app, broker, path, "sharded")
     assert runs == ["rej-1"]
-    [copy] = await drain(broker, "sharded.quarantine")
-    assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
 
 
 QUORUM = """
@@ -369,15 +376,5 @@ async def test_a_quorum_queue_keeps_the_decision_as_a_new_message_not_a_redelive
         assert (kept.redelivered, kept.headers.get("x-delivery-count", 0), text(kept.headers[DECIDED])) == (
             False, 0, "quarantine")  # fmt: skip
         await kept.nack(requeue=True)
-    await apply_topology(path, broker)
-    recorder = Recorder()
-    later = Worker(app, broker, WorkerOptions(queues=("qwork",), concurrency=1, grace=1), recorder)
-    await later.start()
-    try:
-        await recorder.wait_for(lambda outs: [o.kind for o in outs] == ["quarantined"], 30)
-    finally:
-        await later.shutdown()
-        await app.close()
+    await quarantined_by_the_next_worker(app, broker, path, "qwork")
     assert runs == ["rej-1"]
-    [copy] = await drain(broker, "qwork.quarantine")
-    assert (text(copy.headers["amqpjobs-reason"]), DECIDED in copy.headers) == ("rejected", False)
