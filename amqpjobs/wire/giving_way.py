@@ -10,7 +10,9 @@ the limit held (0 consumers, the jobs ready; at a limit of 2, a redelivered job 
 :attr:`~amqpjobs.wire.cluster.ClusterConnection.turn`). One that no job needs (``meanwhile`` given: the
 worker's events connection, behind its consuming and publishing ones) also closes itself while one of
 those is refused at ``connection.open`` (no loss: nothing else is said of it), and says so once a minute
-at most, with what refuses and its fix, and what waits meanwhile. The publishing connection only waits
+at most, with what refuses and its fix, and what waits meanwhile; so does one that was down already then
+(closed with the others, it waits its turn: the line came only when it had got back first, seen on
+4.0.5). The publishing connection only waits
 for the consuming one: it never closes itself, for it holds more than copies (a rate-limited job's
 emitter lock and minting serve every worker, and a refusal of every connection, a limit of 0 or the
 vhost gone, would gain nothing by its close).
@@ -67,7 +69,10 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
                 await asyncio.wait_for(down[0].connected.wait(), LOOK_EVERY)
 
     async def close_for(refused: ClusterConnection, exc: BaseException) -> None:
-        if not await connection.give_way() or time.monotonic() - said[0] < REFUSAL_EVERY:
+        closed = await connection.give_way()
+        if connection.is_closed or connection.close_called or (connection.connected.is_set() and not closed):
+            return  # closed for good (its owner stops), or open and left so (the close raced)
+        if time.monotonic() - said[0] < REFUSAL_EVERY:
             return
         said[0] = time.monotonic()
         try:
@@ -76,9 +81,10 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
             url = refused.url
             why = refused_connect_reason(exc, url.path[1:] or "/", url.user or "guest")
         names = ", ".join(c.name for c in needed)
-        log.warning("connection %s gives way to %s, which the broker refuses (%s): it closes, and reconnects once %s "
-                    "are up; meanwhile %s (said again in %gs at most)", connection.name, refused.name,
-                    redact_text(why), names, meanwhile, REFUSAL_EVERY)  # fmt: skip
+        how = "it closes, and reconnects" if closed else "it was down already and reconnects only"
+        log.warning("connection %s gives way to %s, which the broker refuses (%s): %s once %s are up; meanwhile %s "
+                    "(said again in %gs at most)", connection.name, refused.name, redact_text(why), how, names,
+                    meanwhile, REFUSAL_EVERY)  # fmt: skip
 
     def refused(refused: ClusterConnection, exc: BaseException) -> None:
         task = asyncio.get_running_loop().create_task(close_for(refused, exc))

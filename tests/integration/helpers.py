@@ -23,6 +23,7 @@ from click.testing import CliRunner, Result
 
 from amqpjobs import App, JobContext
 from amqpjobs.cli import main
+from amqpjobs.errors import ManagementApiError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
@@ -122,7 +123,14 @@ def close_connections(broker: BrokerSettings, connection_name: str | None = None
                      and (c.get("client_properties") or {}).get("connection_name") == connection_name)
                  or (user is not None and c.get("user") == user)]  # fmt: skip
         for name in names:
-            mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+            try:
+                mgmt.request("DELETE", f"/connections/{quote(name, safe='')}", allow_404=True)
+            except ManagementApiError as exc:
+                # 500 when the connection closes itself meanwhile (its process exits under the API's call:
+                # seen on 3.10.8 when a worker's publishing connection closed after its consuming one)
+                gone = mgmt.request("GET", f"/connections/{quote(name, safe='')}", allow_404=True) is None
+                if exc.status != 500 or not gone:
+                    raise
         return len(names)
 
 

@@ -94,9 +94,19 @@ async def test_after_a_close_under_a_lowered_connection_limit_the_needed_connect
     needed = ["procapp-worker", "procapp-worker-publisher"][:limit]
     assert held == needed, (held, out[-3000:])
     assert code == 0, out[-3000:]
+    # the events connection's loss is said, with the limit and its fix, and not at each refusal: it gave way to a
+    # needed one the broker refused (open then: it closes; down already, waiting its turn: before, nothing was
+    # said), and/or, its turn come with the needed ones back, the broker refused it (seen on 4.0.5 at 2)
     gave = [line for line in out.splitlines() if "connection procapp-worker-events gives way" in line]
-    assert len(gave) == 1, gave  # said once, not at each refusal
-    assert f"user '{user}' allows at most {limit} connection(s) (max-connections): raise it" in gave[0], gave
-    assert f"rabbitmqctl set_user_limits {user}" in gave[0], gave
-    assert "meanwhile its outcome events are dropped (counted)" in gave[0], gave
+    refused = [line for line in out.splitlines()
+               if "outcome events are off: the broker refuses the reconnect of their connection" in line]  # fmt: skip
+    assert len(gave) <= 1, out[-6000:]
+    assert len(refused) <= 1, out[-6000:]
+    assert gave + refused, out[-6000:]
+    for said in gave:
+        assert ": it closes, and reconnects once" in said or ": it was down already and reconnects only once" in said
+        assert "meanwhile its outcome events are dropped (counted)" in said, said
+    for said in gave + refused:
+        assert f"user '{user}' allows at most {limit} connection(s) (max-connections): raise it" in said, said
+        assert f"rabbitmqctl set_user_limits {user}" in said, said
     assert "procapp-worker-publisher gives way" not in out, out[-3000:]  # it waits its turn, never closes itself
