@@ -96,6 +96,18 @@ INVALID: dict[str, tuple[str, str, str]] = {
     "duration-unit-twice": (HEADER + job('retry_tiers = ["5s5s"]'), "job_queue[0].retry_tiers[0]", "each unit once"),
     "expanded-name-too-long": (HEADER + job(name="x" * 250), "job_queue[0].name", "255"),
     "unicode-name-too-long": (HEADER + job(name="\U0001f680" * 62), "job_queue[0].name", "bytes"),
+    # an empty list crashed the routing checks (IndexError: tuple index out of range) before it was named
+    "routing-keys-empty": (HEADER + job("routing_keys = []"), "job_queue[0].routing_keys", "binds nothing"),
+    "routing-keys-empty-sharded": (
+        HEADER + job("routing_keys = []\nshards = 2"),
+        "job_queue[0].routing_keys",
+        "binds nothing",
+    ),
+    "routing-keys-empty-topic": (
+        '[[exchange]]\nname = "jobs"\ntype = "topic"\n' + job("routing_keys = []") + job(name="other"),
+        "job_queue[0].routing_keys",
+        "binds nothing",
+    ),
     "routing-key-twice": (HEADER + job('routing_keys = ["a", "a"]'), "job_queue[0].routing_keys", "twice"),
     "routing-key-shared": (
         HEADER + job('routing_keys = ["k"]') + job('routing_keys = ["k"]', name="other"),

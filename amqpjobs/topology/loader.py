@@ -297,7 +297,9 @@ def _cross_checks(
             problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
             # a tier refused on its own (queue_rules: out of range, a fraction of a ms, twice): no queue name of it
-            in_range = jq.model_copy(update={"retry_tiers": usable_tiers(jq.retry_tiers)})
+            # (and an empty routing_keys, refused too, as the default: the names derived do not depend on it)
+            in_range = jq.model_copy(update={"retry_tiers": usable_tiers(jq.retry_tiers),
+                                             "routing_keys": jq.routing_keys or None})  # fmt: skip
             decls = Topology(job_queues=(in_range,)).declarations()
             derived: list[tuple[str, str]] = [("queue", q.name) for q in decls.queues]
             derived += [("exchange", e.name) for e in decls.exchanges]
@@ -343,7 +345,9 @@ def _cross_checks(
                     f"{base}.name",
                     f"exchange (expanded from job queue {jq.name!r})",
                 )
-    typed = [(f, tf.model_copy(update={"exchange": tuple(e for e in tf.exchange if e.name not in untyped)}))
+    # the routing checks read each job queue's keys: one listing none is refused on its own (queue_rules)
+    typed = [(f, tf.model_copy(update={"exchange": tuple(e for e in tf.exchange if e.name not in untyped),
+                                       "job_queue": tuple(jq for jq in tf.job_queue if jq.keys)}))
              for f, tf in parsed]  # fmt: skip
     problems.extend(routing_checks(typed))
     for file, tf in parsed:
