@@ -18,7 +18,13 @@ from pydantic import BaseModel, ValidationError
 from amqpjobs.errors import Problem, TopologyValidationError
 from amqpjobs.printable import as_toml, printable
 from amqpjobs.topology.declarations import AMQP_INT_MAX
-from amqpjobs.topology.derived_names import derived_name_limit, derived_names_too_long
+from amqpjobs.topology.derived_names import (
+    declared_for,
+    derived_name_limit,
+    derived_names,
+    derived_names_too_long,
+    job_queue_name_fix,
+)
 from amqpjobs.topology.file_text import read_toml
 from amqpjobs.topology.models import (
     Topology,
@@ -34,13 +40,11 @@ from amqpjobs.topology.naming import (
     TOPOLOGY_NAME_CHARS,
     NameKind,
     parse_queue_name,
-    pause_signal_key,
     paused_flag_name,
     unaddressable_problem,
 )
 from amqpjobs.topology.partial import SECTIONS, PartialFile, key_path, partial_file
 from amqpjobs.topology.rules import PRIORITY_WARN_ABOVE, queue_rules, routing_checks
-from amqpjobs.topology.tiers import usable_tiers
 from amqpjobs.topology.versions import exchange_type_refusal
 
 __all__ = ["PRIORITY_WARN_ABOVE", "LoadedTopology", "load_topology", "topology_files"]
@@ -190,6 +194,8 @@ def _pydantic_problems(file: str, exc: ValidationError, raw: dict[str, Any]) -> 
             fix = f"remove it or correct its spelling; allowed keys here: {', '.join(allowed)}"
         else:
             fix = _FIXES.get(kind, "correct the value")
+            if kind == "string_too_long":
+                fix = job_queue_name_fix(raw, loc) or fix
             message = message.removeprefix("Value error, ")
             if kind == "int_type":
                 fix = _INT_FIXES.get(type(err.get("input")), fix)
@@ -296,14 +302,8 @@ def _cross_checks(
             problems.extend(_reserved(file, f"{base}.name", jq.name))
             problems.extend(_job_marker(file, f"{base}.name", jq.name))
             problems.extend(queue_rules(file, base, jq, broker_version, warnings))
-            # a tier refused on its own (queue_rules: out of range, a fraction of a ms, twice): no queue name of it
-            # (and an empty routing_keys, refused too, as the default: the names derived do not depend on it)
-            in_range = jq.model_copy(update={"retry_tiers": usable_tiers(jq.retry_tiers),
-                                             "routing_keys": jq.routing_keys or None})  # fmt: skip
-            decls = Topology(job_queues=(in_range,)).declarations()
-            derived: list[tuple[str, str]] = [("queue", q.name) for q in decls.queues]
-            derived += [("exchange", e.name) for e in decls.exchanges]
-            derived += [("queue", paused_flag_name(jq.name)), ("routing key", pause_signal_key(jq.name))]
+            decls = declared_for(jq)
+            derived = derived_names(jq, decls)
             limit = derived_name_limit(jq.name, derived)
             if too_long := derived_names_too_long(jq.name, derived):
                 problems.append(

@@ -396,3 +396,20 @@ def test_an_exchange_type_the_broker_does_not_offer_is_refused_naming_its_plugin
     assert load_topology(path, exchange_types=amqp_own | {"x-consistent-hash"}).topology.exchanges[1].type == (
         "x-consistent-hash"
     )
+
+
+@pytest.mark.parametrize("extra", ['retry_tiers = ["5s", "1m"]', 'retry_tiers = ["5s"]\nshards = 3', ""])
+def test_a_job_queue_name_over_255_characters_is_told_the_length_its_derived_names_allow(
+    tmp_path: Path, extra: str
+) -> None:
+    """Before: "at most 255 characters" (fix: use at most 255), and a 255-character name then failed at 116."""
+    with pytest.raises(TopologyValidationError) as info:
+        load_topology(write(tmp_path, HEADER + job(extra, name="a" * 300)))
+    (problem,) = [p for p in info.value.problems if p.key_path == "job_queue[0].name"]
+    limit = int(problem.fix.removeprefix("use at most ").split()[0])
+    assert 0 < limit < 255, problem.fix
+    load_topology(write(tmp_path, HEADER + job(extra, name="a" * limit)))
+    with pytest.raises(TopologyValidationError) as again:
+        load_topology(write(tmp_path, HEADER + job(extra, name="a" * (limit + 1))))
+    (shorter,) = [p for p in again.value.problems if p.key_path == "job_queue[0].name"]
+    assert shorter.fix.startswith(f"use at most {limit} characters"), shorter.fix
