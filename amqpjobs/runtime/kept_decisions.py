@@ -7,7 +7,9 @@ own work queue (the default exchange, routed by the queue's name: it exists as l
 queue does), marked ``amqpjobs-decided`` (:mod:`amqpjobs.jobs.decided`), confirmed, and then
 the original is acked. When even that publish fails (the work queue deleted, a resource
 alarm, no confirm within :data:`KEEP_BOUND`), the delivery returns as today: redelivered, and
-the next worker runs it again; the stop's lines say which.
+the next worker runs it again; the stop's lines say which. Under a resource alarm the marked copy
+is never left to be stored beside that redelivery: it is not published while the connection is
+known blocked, and once held unread the connection is reset, so the broker drops it.
 
 A worker that takes a marked delivery carries its decision out before anything else (rate
 limit, crash screening, the ledger, a breaker, a pause): the copy goes to the quarantine or
@@ -36,6 +38,7 @@ from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.alarms import blocked_by
+from amqpjobs.wire.reset import abort
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -93,6 +96,28 @@ class KeptDecisions:
             copy = delivery.copy(headers, v.job_id)
             await self._quarantiner.publish(layout.quarantine_exchange, delivery.queue, copy)
 
+    def _blocked(self) -> str | None:
+        """The resource alarm that blocks the copies' connection now (``"memory"`` ...), or None."""
+        return None if self._publishing is None else blocked_by(self._publishing)
+
+    def _dropped(self) -> str:
+        """After a marked copy's confirm did not come: reset a blocked connection, so that its held copy is dropped.
+
+        The broker holds a blocked connection's publishes unread and stores them once the alarm clears;
+        a TCP reset drops them (:mod:`amqpjobs.wire.reset`): the delivery then has one outcome, its
+        redelivery, never the decision carried out beside a second run. Returns what the ERROR adds.
+        """
+        if (alarm := self._blocked()) is None:
+            return ""
+        assert self._publishing is not None
+        if abort(self._publishing):  # in this step: the alarm may clear any moment
+            return (f": a resource alarm ({alarm}) holds the marked copy unread; the publishing connection was "
+                    "reset, so the broker drops it (never stored beside the redelivery)")  # fmt: skip
+        return (
+            f": a resource alarm ({alarm}) holds the marked copy unread, and its connection can't be "
+            "reset: the broker stores it once the alarm clears, and the decision is carried out beside that run"
+        )
+
     async def _keep(self, delivery: Received, v: Outcome, copy: OutgoingMessage | None, why: str) -> None:
         """At the grace's end: publish ``copy`` (marked with its decision) into the delivery's work queue, then ack.
 
@@ -102,15 +127,16 @@ class KeptDecisions:
         assert self._publisher is not None
         task = asyncio.current_task()
         error = why
+        if copy is not None and (alarm := self._blocked()) is not None:  # it would be held unread: not sent
+            copy, error = None, (f"a resource alarm ({alarm}) blocks the publishing connection: the marked copy "
+                                 "would be held unread and stored once the alarm clears, beside the redelivery, "
+                                 "so it was not published")  # fmt: skip
         if copy is not None:
             publishing = asyncio.ensure_future(self._publisher.publish("", delivery.queue, copy))
             done, _ = await asyncio.wait([publishing], timeout=KEEP_BOUND)
             if not done:
                 publishing.cancel()
-                error = f"no confirm within {KEEP_BOUND:g}s"
-                if (alarm := None if self._publishing is None else blocked_by(self._publishing)) is not None:
-                    error += (f": a resource alarm ({alarm}) holds the marked copy unread, and the broker stores it "
-                              "once the alarm clears: the decision is then carried out beside that run")  # fmt: skip
+                error = f"no confirm within {KEEP_BOUND:g}s" + self._dropped()
             elif (exc := publishing.exception()) is not None:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             elif await ack(delivery, v.job_id):
