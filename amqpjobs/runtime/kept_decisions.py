@@ -26,6 +26,14 @@ import logging
 import time
 from typing import Final
 
+from amqpjobs.errors import (
+    BrokerBlockedError,
+    MessageTooLargeError,
+    NotFoundError,
+    PublisherClosedError,
+    PublishNackedError,
+    UnroutableError,
+)
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.decided import INVALID_DECISION, decided_failure, decided_problem, read_decided
@@ -44,6 +52,11 @@ log = logging.getLogger("amqpjobs.worker")
 
 #: Seconds the grace's end waits for a kept decision's confirm (below the stop's cancel bound of 1 s).
 KEEP_BOUND: Final = 0.5
+#: Seconds it first waits for a held delivery's own copy still awaiting its confirm (with KEEP_BOUND, under 1 s).
+IN_FLIGHT_BOUND: Final = 0.4
+#: A copy whose publish failed so was not stored: nothing sent, nacked, returned, its exchange missing.
+_NOT_STORED: Final = (MessageTooLargeError, PublishNackedError, UnroutableError, BrokerBlockedError, NotFoundError,
+                      PublisherClosedError)  # fmt: skip
 
 
 def keeps(v: Outcome) -> bool:
@@ -53,6 +66,19 @@ def keeps(v: Outcome) -> bool:
     """
     kept = isinstance(v.decision, Quarantine) or (isinstance(v.decision, RetryLater) and not v.decision.wait)
     return kept and (v.ran or v.decided)
+
+
+async def _settled(in_flight: asyncio.Future[None]) -> bool | None:
+    """Whether a copy in flight was stored: True (confirmed), False (refused, not stored), None (not known)."""
+    done, _ = await asyncio.wait([in_flight], timeout=IN_FLIGHT_BOUND)
+    if not done:
+        in_flight.cancel()
+        return None
+    if in_flight.cancelled():
+        return None
+    if (exc := in_flight.exception()) is None:
+        return True
+    return False if isinstance(exc, _NOT_STORED) else None
 
 
 class KeptDecisions:
@@ -100,33 +126,60 @@ class KeptDecisions:
         """The resource alarm that blocks the copies' connection now (``"memory"`` ...), or None."""
         return None if self._publishing is None else blocked_by(self._publishing)
 
-    def _dropped(self) -> str:
-        """After a marked copy's confirm did not come: reset a blocked connection, so that its held copy is dropped.
+    def _dropped(self, what: str) -> str:
+        """After a copy's confirm did not come: reset a blocked connection, so that the copy it holds is dropped.
 
         The broker holds a blocked connection's publishes unread and stores them once the alarm clears;
         a TCP reset drops them (:mod:`amqpjobs.wire.reset`): the delivery then has one outcome, its
-        redelivery, never the decision carried out beside a second run. Returns what the ERROR adds.
+        redelivery, never the decision carried out beside a second run. Returns what the ERROR adds
+        (``what``: the copy it names).
         """
         if (alarm := self._blocked()) is None:
             return ""
         assert self._publishing is not None
         if abort(self._publishing):  # in this step: the alarm may clear any moment
-            return (f": a resource alarm ({alarm}) holds the marked copy unread; the publishing connection was "
+            return (f": a resource alarm ({alarm}) holds {what} unread; the publishing connection was "
                     "reset, so the broker drops it (never stored beside the redelivery)")  # fmt: skip
         return (
-            f": a resource alarm ({alarm}) holds the marked copy unread, and its connection can't be "
+            f": a resource alarm ({alarm}) holds {what} unread, and its connection can't be "
             "reset: the broker stores it once the alarm clears, and the decision is carried out beside that run"
         )
 
-    async def _keep(self, delivery: Received, v: Outcome, copy: OutgoingMessage | None, why: str) -> None:
+    async def _keep(
+        self,
+        delivery: Received,
+        v: Outcome,
+        copy: OutgoingMessage | None,
+        why: str,
+        in_flight: asyncio.Future[None] | None = None,
+    ) -> None:
         """At the grace's end: publish ``copy`` (marked with its decision) into the delivery's work queue, then ack.
 
-        ``copy``: None when it could not be made (``why`` says why). Never raises: a copy that can't
-        go leaves the delivery to return to its queue (redelivered); the stop's lines count either.
+        ``copy``: None when it could not be made (``why`` says why). ``in_flight``: the delivery's own
+        copy, published by its hold and awaiting its confirm when the grace ended: settled first (up to
+        :data:`IN_FLIGHT_BOUND` s), so that the decision is never carried out twice: confirmed, the
+        original is acked (no marked copy); refused (not stored), the marked copy goes; unsettled (it
+        may still be stored), no marked copy goes. Never raises: a copy that can't go leaves the
+        delivery to return to its queue (redelivered); the stop's lines count each.
         """
         assert self._publisher is not None
         task = asyncio.current_task()
         error = why
+        if in_flight is not None:
+            if (landed := await _settled(in_flight)) is True:
+                if task is not None and await ack(delivery, v.job_id):
+                    log.info(
+                        "job %s: its %s copy, published by its hold, was confirmed as the stop's grace ended: "
+                        "carried out (the original acked), no marked copy", field_value(v.job_id), v.decision,
+                    )  # fmt: skip
+                    self._draining.carried_out(task)
+                elif task is not None:
+                    self._draining.kept(task, False)
+                return
+            if landed is None:
+                copy, error = None, (f"its copy, published by its hold, was not confirmed within {IN_FLIGHT_BOUND:g}s "
+                                     "of the grace's end and may still be stored: no marked copy went beside it"
+                                     + self._dropped("that copy"))  # fmt: skip
         if copy is not None and (alarm := self._blocked()) is not None:  # it would be held unread: not sent
             copy, error = None, (f"a resource alarm ({alarm}) blocks the publishing connection: the marked copy "
                                  "would be held unread and stored once the alarm clears, beside the redelivery, "
@@ -136,7 +189,7 @@ class KeptDecisions:
             done, _ = await asyncio.wait([publishing], timeout=KEEP_BOUND)
             if not done:
                 publishing.cancel()
-                error = f"no confirm within {KEEP_BOUND:g}s" + self._dropped()
+                error = f"no confirm within {KEEP_BOUND:g}s" + self._dropped("the marked copy")
             elif (exc := publishing.exception()) is not None:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             elif await ack(delivery, v.job_id):
