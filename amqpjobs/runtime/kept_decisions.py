@@ -37,6 +37,8 @@ from amqpjobs.errors import (
 from amqpjobs.jobs import envelope
 from amqpjobs.jobs.copy_headers import copy_headers
 from amqpjobs.jobs.decided import INVALID_DECISION, decided_failure, decided_problem, read_decided
+from amqpjobs.jobs.evidence import LAST_FAILURE_AT
+from amqpjobs.jobs.header_values import read_text
 from amqpjobs.jobs.message_key import generated_job_id
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
 from amqpjobs.message import OutgoingMessage
@@ -103,7 +105,9 @@ class KeptDecisions:
         failure = decided_failure(headers) if isinstance(read, Quarantine) else ("", "", "")
         if isinstance(read, RetryLater):  # the copy carries the next attempt: the one that ran is before it
             attempt = max(1, read.next_attempt - 1)
-        return Outcome(read, job, job_id, attempt, 0.0, False, queue=layout.name, failure=failure, decided=True)
+        ran_at = read_text(headers.get(LAST_FAILURE_AT)) or ""  # the run's failure time (its breaker counts it)
+        return Outcome(read, job, job_id, attempt, 0.0, False, queue=layout.name, failure=failure, decided=True,
+                       reached_at=ran_at)  # fmt: skip
 
     async def _carry_decided(self, layout: JobQueueLayout, delivery: Received, v: Outcome) -> None:
         """Publish a decided copy where its decision goes, as it came, the header dropped (confirmed).
