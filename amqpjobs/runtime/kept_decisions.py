@@ -48,7 +48,7 @@ from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection, Publisher, Received
 from amqpjobs.wire.alarms import blocked_by
-from amqpjobs.wire.reset import abort
+from amqpjobs.wire.reset import abort, ending
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -141,7 +141,7 @@ class KeptDecisions:
         if (alarm := self._blocked()) is None:
             return ""
         assert self._publishing is not None
-        if abort(self._publishing):  # in this step: the alarm may clear any moment
+        if ending(self._publishing) or abort(self._publishing):  # in this step (the alarm may clear any moment)
             return (f": a resource alarm ({alarm}) holds {what} unread; the publishing connection was "
                     "reset, so the broker drops it (never stored beside the redelivery)")  # fmt: skip
         return (

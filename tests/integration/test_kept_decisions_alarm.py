@@ -153,3 +153,58 @@ async def test_a_copy_an_alarm_holds_at_the_stop_is_dropped_so_its_redelivery_is
     found = (await depth(on_alarm_node, "work"), await depth(on_alarm_node, "work.quarantine"))
     print(f"after the alarm cleared: work, work.quarantine = {found}")
     assert found == (1, 0)  # the redelivery alone: the copy the alarm held was dropped, not stored beside it
+
+
+@pytest.mark.serial  # alarms the dedicated node
+@pytest.mark.timeout(120)
+async def test_two_marked_copies_an_alarm_holds_are_both_dropped_and_each_error_says_so(
+    alarm_node: AlarmNode,  # noqa: F811
+    on_alarm_node: BrokerSettings,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two held deliveries (a quarantine, a retry) kept at one stop: the first reset drops both marked copies; the
+    second ERROR says it was reset (before: `its connection can't be reset: the broker stores it`, untrue)."""
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, on_alarm_node)
+    app = App("alarmed", topology=load_topology(path).topology, url=on_alarm_node.url)
+
+    @app.job("rej", queue="work")
+    async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
+        if payload["n"] == 1:
+            raise Reject("no")
+        raise RuntimeError("retried")
+
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+
+    def said() -> list[str]:
+        return [line for line in lines(caplog) if "could not be kept past the stop" in line]
+
+    worker = await started_worker(app, on_alarm_node, ("work",), concurrency=2, grace=1)
+    try:
+        delete(on_alarm_node, "exchanges", "work.quarantine")
+        delete(on_alarm_node, "queues", app.topology().layout("work").tier_queues["work"][0])
+        await app.enqueue("rej", {"n": 1}, job_id="rej-1")
+        await app.enqueue("rej", {"n": 2}, job_id="rej-2")
+        await until(lambda: worker._holding.count == 2, 10, "both deliveries to be held")
+        alarm_node.memory_alarm(True)
+        caplog.clear()
+        worker.request_stop()
+        stopping = asyncio.ensure_future(worker.shutdown())
+        await until(lambda: len(said()) == 2, 15, "both ERRORs")
+        await asyncio.sleep(0.5)
+    finally:
+        alarm_node.memory_alarm(False)
+    assert await stopping == 1
+    await app.close()
+    assert [
+        "holds the marked copy unread; the publishing connection was reset, so the broker drops it" in line
+        for line in said()
+    ] == [True, True]
+    await asyncio.sleep(1.0)  # a held publish would be read once the alarm clears
+    back = await drain(on_alarm_node, "work")
+    assert sorted((m.message_id, m.redelivered, DECIDED in m.headers) for m in back) == [
+        ("rej-1", True, False),
+        ("rej-2", True, False),
+    ]
