@@ -180,10 +180,10 @@ class KeptDecisions:
                 elif task is not None:
                     self._draining.kept(task, False)
                 return
-            if landed is None:
+            if landed is None:  # it may still be stored, unless a reset drops it
+                dropped = self._dropped("that copy") or " and may still be stored"
                 copy, error = None, (f"its copy, published by its hold, was not confirmed within {IN_FLIGHT_BOUND:g}s "
-                                     "of the grace's end and may still be stored: no marked copy went beside it"
-                                     + self._dropped("that copy"))  # fmt: skip
+                                     f"of the grace's end{dropped}; no marked copy went beside it")  # fmt: skip
         if copy is not None and (alarm := self._blocked()) is not None:  # it would be held unread: not sent
             copy, error = None, (f"a resource alarm ({alarm}) blocks the publishing connection: the marked copy "
                                  "would be held unread and stored once the alarm clears, beside the redelivery, "

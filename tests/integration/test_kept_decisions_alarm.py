@@ -20,6 +20,7 @@ import pytest
 from amqpjobs import App, JobContext, Reject, Worker, WorkerOptions
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.alarms import blocked_by
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import depth, drain
 from tests.integration.test_backpressure import AlarmNode, alarm_node, on_alarm_node  # noqa: F401 (fixtures)
@@ -208,3 +209,54 @@ async def test_two_marked_copies_an_alarm_holds_are_both_dropped_and_each_error_
         ("rej-1", True, False),
         ("rej-2", True, False),
     ]
+
+
+@pytest.mark.serial  # alarms the dedicated node
+@pytest.mark.timeout(120)
+async def test_a_held_copy_an_alarm_holds_in_flight_at_the_grace_end_gets_no_marked_copy_beside_it(
+    alarm_node: AlarmNode,  # noqa: F811
+    on_alarm_node: BrokerSettings,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The quarantine exchange is back, and the hold's round publishes the copy into an alarm: held unread, the
+    connection blocked, when the grace ends. No marked copy goes beside it, and the reset drops it: one outcome, the
+    redelivery (before: the held copy and a marked copy, each stored once the alarm cleared, beside the redelivery)."""
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, on_alarm_node)
+    app = App("alarmed", topology=load_topology(path).topology, url=on_alarm_node.url)
+
+    @app.job("rej", queue="work")
+    async def rej(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise Reject("no")
+
+    caplog.set_level("INFO", logger="amqpjobs.worker")
+    worker = await started_worker(app, on_alarm_node, ("work",), concurrency=1, grace=1)
+    publishing = worker._publishing
+    assert publishing is not None
+    try:
+        delete(on_alarm_node, "exchanges", "work.quarantine")
+        await app.enqueue("rej", {}, job_id="rej-1")
+        await until(lambda: worker._holding.count == 1, 10, "the rejected job's delivery to be held")
+        await apply_topology(path, on_alarm_node)
+        alarm_node.memory_alarm(True)
+        await until(lambda: blocked_by(publishing) is not None, 15, "the hold's round publish to be held unread")
+        caplog.clear()
+        worker.request_stop()
+        stopping = asyncio.ensure_future(worker.shutdown())
+        await until(lambda: any("grace period" in line for line in lines(caplog)), 15, "the grace's end")
+        await asyncio.sleep(0.5)
+    finally:
+        alarm_node.memory_alarm(False)
+    assert await stopping == 1
+    await app.close()
+    [said] = [line for line in lines(caplog) if "could not be kept past the stop" in line]
+    assert (
+        "(its copy, published by its hold, was not confirmed within 0.4s of the grace's end: a resource alarm "
+        "(memory) holds that copy unread; the publishing connection was reset, so the broker drops it" in said
+    )
+    await asyncio.sleep(1.0)  # a held publish would be read once the alarm clears
+    back = await drain(on_alarm_node, "work")
+    assert [(m.message_id, m.redelivered, DECIDED in m.headers) for m in back] == [("rej-1", True, False)]
+    assert await depth(on_alarm_node, "work.quarantine") == 0
