@@ -14,7 +14,8 @@ its timeout, whether the job then goes to a delay tier or to quarantine as ``exh
 counted: invalid or undecodable payloads, unknown jobs, stored payloads that can't be had,
 duplicates, waits (a claim, the ledger, an open breaker), hand-backs, crashes (a start
 without an outcome), permanent failures and rejections: they say nothing about the health
-of what the job depends on.
+of what the job depends on. A decision kept past a worker's stop counts once, when the next
+worker carries it out (its run's worker counted nothing), if its run failed within the window.
 
 The times here are wall-clock seconds (``time.time()``): every worker of the app counts
 the same failure notices, stamped by the worker that saw the failure.
@@ -32,6 +33,7 @@ from typing import Any, Literal
 from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.outcome import Outcome, Quarantine, RetryLater
+from amqpjobs.jobs.timestamps import parse_time
 from amqpjobs.topology.naming import breaker_probe_name, breaker_queue_name, own_queue_problem
 
 State = Literal["closed", "open", "half-open"]
@@ -122,14 +124,26 @@ def breaker_open(job: str) -> tuple[str, str, str]:
     return ("BreakerOpen", f"job {job}'s circuit breaker is open", "")
 
 
-def counts_as_failure(outcome: Outcome) -> bool:
-    """Whether ``outcome`` is a transient failure of its handler (see the module docstring)."""
-    if not outcome.ran:
+def counts_as_failure(outcome: Outcome, now: float | None = None, window: float | None = None) -> bool:
+    """Whether ``outcome`` is a transient failure of its handler (see the module docstring).
+
+    A decision an earlier run kept past its worker's stop (:attr:`Outcome.decided`: that worker's
+    run never settled, so it counted nothing) counts as that run's failure, once, when carried
+    out; with ``now`` and ``window`` (wall seconds), only when the run's failure time
+    (:attr:`Outcome.reached_at`, from its copy's evidence) is within ``window`` before ``now``:
+    an older one would have left the window already, and one without a time can't be placed in it.
+    """
+    if not (outcome.ran or outcome.decided):
         return False
     d = outcome.decision
     if isinstance(d, RetryLater):
-        return not d.wait
-    return isinstance(d, Quarantine) and d.reason in ("exhausted", "timeout")
+        failed = not d.wait
+    else:
+        failed = isinstance(d, Quarantine) and d.reason in ("exhausted", "timeout")
+    if failed and outcome.decided and now is not None and window is not None:
+        at = parse_time(outcome.reached_at) if outcome.reached_at else None
+        return at is not None and now - window < at.timestamp() <= now + window
+    return failed
 
 
 @dataclass

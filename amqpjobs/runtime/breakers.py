@@ -274,7 +274,7 @@ class Breakers:
             if probe.timer is not None:
                 probe.timer.cancel()
             self._spawn(self._probe_ended(job, machine, outcome, probe.lock))
-        elif counts_as_failure(outcome):
+        elif counts_as_failure(outcome, self._clock(), machine.breaker.window):  # a kept decision's: a recent run's
             at = self._clock()
             self._unheard[job.name].append((at, time.monotonic()))
             self._wire.send(job.queue, Notice("failure", job.name, at, origin=self.origin).encode())

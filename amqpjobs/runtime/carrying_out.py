@@ -85,7 +85,12 @@ class CarryingOut(KeptDecisions):
         return await ack(delivery, v.job_id, copied=copied)
 
     async def _republish(
-        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str] = {}
+        self,
+        layout: JobQueueLayout,
+        delivery: Received,
+        v: Outcome,
+        trace: Mapping[str, str] = {},
+        unsettled: list[asyncio.Future[None]] | None = None,
     ) -> None:
         """Publish the copy the decision needs, if any (confirmed; :meth:`_copy`), and watch its delivery meanwhile.
 
@@ -95,6 +100,10 @@ class CarryingOut(KeptDecisions):
         has two lives (measured on 3.10, a job failing once, a 75 s alarm, a 5 s timeout: runs 1, 1, 2, 2).
         The worker says so when it sees it (:meth:`_held_past_its_channel`); README "When a job crashes, hangs
         or stalls its worker".
+
+        ``unsettled``: cancelled while the copy waits for its confirm, the publish is left to go on and
+        appended there, for the caller to settle (a held delivery's at the grace's end: :mod:`.kept_decisions`);
+        None: it is cancelled with this.
 
         Raises:
             AmqpJobsError: the publish failed (see :meth:`amqpjobs.wire.abc.Publisher.publish`).
@@ -106,8 +115,11 @@ class CarryingOut(KeptDecisions):
                 if not said and delivery.channel_closed:
                     said = self._held_past_its_channel(v)
         except asyncio.CancelledError:
-            copying.cancel()
-            await asyncio.gather(copying, return_exceptions=True)
+            if unsettled is not None and not copying.done():  # it may still be stored: the caller settles it
+                unsettled.append(copying)
+            else:
+                copying.cancel()
+                await asyncio.gather(copying, return_exceptions=True)
             raise
         copying.result()
 
@@ -222,19 +234,23 @@ class CarryingOut(KeptDecisions):
 
         Still held when the stop's grace ends (this task cancelled), a run's decision is kept (:mod:`.kept_decisions`).
         """
-        republish = functools.partial(self._republish, layout, delivery, v, trace)
+        unsettled: list[asyncio.Future[None]] = []  # its copy's publish, cancelled while awaiting its confirm
+        republish = functools.partial(self._republish, layout, delivery, v, trace, unsettled)
         pending = pending_of(layout, delivery.queue, v.decision)
         with self._draining.holding(*pending):  # a stopping worker's lines tell it from a running job
             try:
                 return await fall_back(self._holding, layout, delivery, v, exc, republish,
                                        functools.partial(self._as_it_came, layout, delivery, v.job_id))  # fmt: skip
             except asyncio.CancelledError:
+                in_flight = unsettled[-1] if unsettled else None
                 if self._stop.is_set() and keeps(v) and delivery.settleable:
                     try:
                         copy, why = self._marked_copy(delivery, v, trace), ""
                     except Exception as error:  # (a bug of ours, headers that can't be written): redelivered
                         copy, why = None, f"{type(error).__name__}: {error}"[:300]
-                    await self._keep(delivery, v, copy, why)
+                    await self._keep(delivery, v, copy, why, in_flight)
+                elif in_flight is not None:
+                    in_flight.cancel()
                 raise
 
     async def _as_it_came(self, layout: JobQueueLayout, delivery: Received, job_id: str) -> None:

@@ -44,6 +44,7 @@ class Draining:
         self._ran_held: set[asyncio.Task[Any]] = set()  # held deliveries that ran, still held after the grace
         self._held_outcomes: dict[asyncio.Task[Any], tuple[str, str]] = {}  # theirs: (outcome, what it waits for)
         self._kept: dict[asyncio.Task[Any], bool] = {}  # of those, whether each kept its decision (kept_decisions)
+        self._carried_out: set[asyncio.Task[Any]] = set()  # of those, each whose own copy was confirmed at the end
         self._decided: set[asyncio.Task[Any]] = set()  # tasks carrying out a decision an earlier run kept
         self._held_lines: list[str] = []  # the grace's lines about held deliveries never started
         self._cancelled: set[asyncio.Task[Any]] = set()  # jobs running at the grace's end (cancelled then)
@@ -80,6 +81,10 @@ class Draining:
     def kept(self, task: asyncio.Task[Any], kept: bool) -> None:
         """At the grace's end, ``task``'s held delivery kept its decision in a copy (or, False, could not)."""
         self._kept[task] = kept
+
+    def carried_out(self, task: asyncio.Task[Any]) -> None:
+        """At the grace's end, ``task``'s held delivery's own copy, in flight then, was confirmed (and acked)."""
+        self._carried_out.add(task)
 
     @contextmanager
     def holding(self, outcome: str, target: str) -> Iterator[None]:
@@ -192,10 +197,18 @@ class Draining:
     def _held_ran_lines(self) -> list[str]:
         """The grace's lines about held deliveries that ran: their decisions kept, or lost (redelivered)."""
         lines = []
-        kept = {t for t in self._ran_held if self._kept.get(t)}
+        held = self._ran_held - self._carried_out
+        kept = {t for t in held if self._kept.get(t)}
+        if carried := self._ran_held & self._carried_out:
+            one = len(carried) == 1
+            lines.append(
+                f"{self._held_ran_of({t: self._held_outcomes[t] for t in carried})} still held after the grace period; "
+                + ("its copy, in flight, was confirmed then: its outcome carried out (the original acked)" if one else
+                   "their copies, in flight, were confirmed then: their outcomes carried out (the originals acked)")
+            )  # fmt: skip
         for tasks, what in ((kept, "{its} with {outcome} kept (not run again)"),
-                            (self._ran_held - kept, "{its} (redelivered: {outcome} could not be kept, so {runs} "
-                                                    "again)")):  # fmt: skip
+                            (held - kept, "{its} (redelivered: {outcome} could not be kept, so {runs} "
+                                          "again)")):  # fmt: skip
             if tasks:
                 one = len(tasks) == 1
                 said = self._held_ran_of({t: self._held_outcomes[t] for t in tasks})
@@ -236,9 +249,14 @@ class Draining:
             n = sum(ended.values())
             note += f", {n} ended after {'its' if n == 1 else 'their'} cancellation ({_kinds(ended)})"
         note += handed_back_note(len(self.unstarted), waited)
-        kept = sum(1 for t in self._ran_held if self._kept.get(t))
+        ran_held = self._ran_held - self._carried_out
+        if carried := len(self._ran_held) - len(ran_held):
+            held_ones = "1 held delivery" if carried == 1 else f"{carried} held deliveries"
+            its = "its copy" if carried == 1 else "their copies"
+            note += f", {held_ones} (ran) carried out as the grace ended ({its} confirmed)"
+        kept = sum(1 for t in ran_held if self._kept.get(t))
         for n, what in ((kept, "with {outcome} kept (not run again)"),
-                        (len(self._ran_held) - kept, "(redelivered: {outcome} not kept, run again)")):  # fmt: skip
+                        (len(ran_held) - kept, "(redelivered: {outcome} not kept, run again)")):  # fmt: skip
             if n:
                 held = "1 held delivery" if n == 1 else f"{n} held deliveries"
                 outcome = "its outcome" if n == 1 else "their outcomes"

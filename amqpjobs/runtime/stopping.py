@@ -23,6 +23,8 @@ from amqpjobs.runtime.hard_closes import HardCloses
 from amqpjobs.runtime.overruns import CANCEL_BOUND
 from amqpjobs.runtime.suspects import SuspectTurns
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.alarms import blocked_by
+from amqpjobs.wire.reset import reset
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -113,6 +115,7 @@ class WorkerStop(SuspectTurns):
                     await asyncio.wait(going_on)  # before the channels close: its delivery stays unacked
                     log.info("the cancelled handler(s) ended after %.1fs; closing the connection",
                              time.monotonic() - began)  # fmt: skip
+        await self._drop_held_copies()
         if self._draining.not_acked(still):  # finished, but their channel closed first: redelivered, no clean stop
             code = 1
         await self._settle_late_claims(ends)  # released as they come, before the ledger closes
@@ -143,6 +146,23 @@ class WorkerStop(SuspectTurns):
         elif stopped is not None:
             log.info(stopped)
         return code
+
+    async def _drop_held_copies(self) -> None:
+        """Reset the copies' connection when a resource alarm blocks it, so the copies it holds unread are dropped.
+
+        Each is the copy of a delivery not acked (acked only once its copy is confirmed), which goes back to
+        its queue: stored once the alarm clears, the copy would carry the decision out beside that redelivery
+        (a job both quarantined and run again). A TCP reset makes the broker drop them (:mod:`amqpjobs.wire.reset`);
+        a close would wait for the alarm and then store them.
+        """
+        if self._publishing is None or (alarm := blocked_by(self._publishing)) is None:
+            return
+        if await reset(self._publishing):  # not when already reset (a marked copy's: .kept_decisions)
+            log.warning(
+                "a resource alarm (%s) blocked the connection of the worker's copies at the stop: reset, so that the "
+                "broker drops the copies it held unread (their deliveries are redelivered) instead of storing them "
+                "once the alarm clears beside those redeliveries", alarm,
+            )  # fmt: skip
 
     @property
     def _consumed(self) -> bool:

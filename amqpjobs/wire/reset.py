@@ -52,6 +52,12 @@ def _transport(connection: Connection) -> asyncio.BaseTransport | None:
     return factory.current if isinstance(factory, RecordingTransports) else None
 
 
+def ending(connection: Connection) -> bool:
+    """Whether ``connection``'s socket is already closing (reset or closed: it reads nothing more of it)."""
+    transport = _transport(connection)
+    return transport is not None and transport.is_closing()
+
+
 def abort(connection: Connection) -> bool:
     """Send ``connection``'s TCP reset now, in this step of the loop (nothing else runs before it).
 

@@ -73,6 +73,33 @@ def test_what_counts_as_a_failure(case: Outcome, counts: bool) -> None:
     assert counts_as_failure(case) is counts
 
 
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+
+def kept(decision: Any, ran_at: str) -> Outcome:
+    """A decision an earlier run kept past its worker's stop, carried out here (its run failed at ``ran_at``)."""
+    return Outcome(decision, "j", "id", 1, 0.0, True, decided=True, reached_at=ran_at)
+
+
+@pytest.mark.parametrize(
+    ("case", "counts"),
+    [
+        (kept(RetryLater(2, 0, 1.0), "2027-01-15T07:59:30.000Z"), True),  # its run failed 30 s ago: within 60 s
+        (kept(Quarantine("exhausted"), "2027-01-15T07:59:30.000Z"), True),
+        (kept(Quarantine("timeout"), "2027-01-15T07:59:30.000Z"), True),
+        (kept(RetryLater(2, 0, 1.0), "2027-01-15T07:58:59.000Z"), False),  # 61 s ago: out of the window by now
+        (kept(RetryLater(2, 0, 1.0), ""), False),  # no time: can't be placed in the window
+        (kept(RetryLater(2, 0, 1.0), "yesterday"), False),
+        (kept(RetryLater(2, 0, 1.0), "2027-01-15T08:02:00.000Z"), False),  # dated more than a window ahead
+        (kept(Quarantine("rejected"), "2027-01-15T07:59:30.000Z"), False),  # never a transient failure
+        (kept(Quarantine("permanent"), "2027-01-15T07:59:30.000Z"), False),
+    ],
+)
+def test_a_kept_decision_counts_as_its_runs_failure_within_the_window(case: Outcome, counts: bool) -> None:
+    """Its run's worker stopped before settling it (counted nothing): the next worker counts it, once."""
+    assert counts_as_failure(case, NOW, 60.0) is counts
+
+
 # (event, time, expected result, expected state after); events: fail, verdict, close, reopen
 TABLE = [
     ("fail", 0.0, None, "closed"),
