@@ -146,7 +146,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
         self._publisher: Publisher | None = None
         self._broker_version: tuple[int, ...] = (0,)  # read at connect
         self._connect_lock: asyncio.Lock | None = None
-        self._role = "publisher"  # its connections' names, <app>-<role>: a sync publisher's copy "sync-publisher"
+        self._role = "publisher"  # its connections' names, <app>-<role>: a sync publisher's "sync-publisher-thread"
         self._watchers: list[Callable[[Connection], None]] = []  # told of each publishing connection opened
         self._schedules: dict[str, Schedule] = {}
 

@@ -185,7 +185,7 @@ class FastPath:
                 app = self._app
                 assert self._settings is not None
                 publisher = BlockingPublisher(
-                    self._settings, f"{app.name}-{app._role}", max_message_size=app.max_message_size,
+                    self._settings, f"{app.name}-sync-publisher", max_message_size=app.max_message_size,
                     header_reserve=WORKER_HEADROOM, missing_exchange=lambda name, version: missing_exchange(
                         name, version, app._is_modulus_exchange
                     ),

@@ -410,7 +410,8 @@ def _connection_names(broker: BrokerSettings) -> list[str]:
 
 
 async def test_the_sync_publishers_connections_are_named_apart_from_the_apps(broker: BrokerSettings, tmp_path: Path):
-    """README "Enqueueing": the app's own ``fast-publisher``; each of the sync publisher's ``fast-sync-publisher``.
+    """README "Enqueueing": the app's own ``fast-publisher``; the sync publisher's ``fast-sync-publisher-thread``
+    (on its thread) and ``fast-sync-publisher`` (each blocking one).
 
     Before, the sync publisher's asyncio connection (its first call, and any the fast path leaves) was named
     ``fast-publisher`` too: two connections alike in the management UI, and the app's one not to be told apart."""
@@ -430,4 +431,4 @@ async def test_the_sync_publishers_connections_are_named_apart_from_the_apps(bro
         names = await asyncio.to_thread(publish)
     finally:
         await app.close()
-    assert names == ["fast-publisher", "fast-sync-publisher", "fast-sync-publisher"], names
+    assert names == ["fast-publisher", "fast-sync-publisher", "fast-sync-publisher-thread"], names
