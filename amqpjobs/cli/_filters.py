@@ -9,11 +9,13 @@ from typing import Any, Final, TypeVar
 
 import click
 
+from amqpjobs.cli._common import Decimal
 from amqpjobs.durations import DurationTooLongError, parse_duration
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.header_values import read_number
 from amqpjobs.jobs.outcome import REASONS
 from amqpjobs.jobs.quarantine import BROKER_REASONS, NO_EVIDENCE, OTHER_REASON, Selection, is_shown_reason
+from amqpjobs.jobs.replay_plan import check_rate
 from amqpjobs.jobs.timestamps import parse_time, utc_out_of_range
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -164,3 +166,18 @@ def filter_options(func: F) -> F:
     func = click.option("--error-type", help="Only this error type (e.g. ValueError).")(func)
     func = click.option("--job", help="Only this job name.")(func)
     return func
+
+
+#: ``--rate`` of the commands that take messages one by one out of a quarantine or parked queue (park, unpark,
+#: a filtered purge): one option, one text. Replay's has a default of its own (50 a second).
+rate_option = click.option("--rate", type=Decimal(), help="At most this many messages per second (default: no limit).")
+
+
+def move_rate(rate: float | None) -> float | None:
+    """``--rate`` of park, unpark and purge (per second; None: no limit), checked as replay's.
+
+    Raises:
+        ConfigurationError: NaN, infinite, or outside :func:`~amqpjobs.jobs.replay_plan.check_rate`'s bounds.
+
+    """
+    return None if rate is None else check_rate(rate)

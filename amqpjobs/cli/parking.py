@@ -11,7 +11,6 @@ import click
 from amqpjobs.cli._census import confirm_take, echo_no_match
 from amqpjobs.cli._common import (
     EXIT_FOUND,
-    Decimal,
     WholeNumber,
     app_results,
     app_results_option,
@@ -21,9 +20,8 @@ from amqpjobs.cli._common import (
     settings,
     url_options,
 )
-from amqpjobs.cli._filters import filter_options, selection
+from amqpjobs.cli._filters import filter_options, move_rate, rate_option, selection
 from amqpjobs.cli._signals import run_until_signal, signals_held
-from amqpjobs.cli.canary import replay_rate
 from amqpjobs.cli.next_steps import command
 from amqpjobs.cli.quarantine import quarantine
 from amqpjobs.jobs.census import Census
@@ -42,7 +40,7 @@ def move_options(func: F) -> F:
         app_results_option,
         click.option("--yes", is_flag=True, help="Do not ask."),
         click.option("--dry-run", is_flag=True, help="Take the lock and check each copy; move nothing."),
-        click.option("--rate", type=Decimal(), help="At most this many messages per second (default: no limit)."),
+        rate_option,
         click.option("--limit", type=WholeNumber(1), help="Move at most this many."),
         filter_options,
     ):
@@ -55,7 +53,7 @@ def _options(
     rate: float | None, dry_run: bool,
 ) -> MoveOptions:  # fmt: skip
     chosen = selection(job, error_type, reason, since)
-    return MoveOptions(chosen, limit, None if rate is None else replay_rate(rate), dry_run)
+    return MoveOptions(chosen, limit, move_rate(rate), dry_run)
 
 
 @quarantine.command("park")

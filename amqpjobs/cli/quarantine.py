@@ -23,7 +23,7 @@ from amqpjobs.cli._common import (
     settings,
     url_options,
 )
-from amqpjobs.cli._filters import filter_options, selection
+from amqpjobs.cli._filters import filter_options, move_rate, rate_option, selection
 from amqpjobs.cli._outputs import output_target, unwritable
 from amqpjobs.cli._payloads import (
     NOT_READ,
@@ -195,13 +195,14 @@ def quarantine_export(queue: str, file: Path, url: str | None, management_url: s
 @quarantine.command("purge")
 @click.argument("queue", callback=queue_name_arg)
 @filter_options
+@rate_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @payload_store_option
 @url_options
 @errors_to_exit_codes
 def quarantine_purge(
-    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, yes: bool,
-    app_ref: str | None, url: str | None, management_url: str | None,
+    queue: str, job: str | None, error_type: str | None, reason: str | None, since: str | None, rate: float | None,
+    yes: bool, app_ref: str | None, url: str | None, management_url: str | None,
 ) -> None:  # fmt: skip
     """Delete every message in QUEUE (a quarantine or parked queue), or those matching the filters.
 
@@ -209,18 +210,19 @@ def quarantine_purge(
     (deleted by the workers' sweep after the store's grace), unless a message left in QUEUE or its
     quarantine/parked sibling still names them, and each deleted job is recorded 'purged' in the
     app's results store (amqpjobs job show).
+    With --rate, the messages are deleted one by one at that pace, as park and unpark move them.
     Exit 4 (nothing deleted) while another process moves QUEUE's messages (e.g. a replay).
     """
     broker = settings(url, management_url)
-    chosen = selection(job, error_type, reason, since)
+    chosen, pace = selection(job, error_type, reason, since), move_rate(rate)
     store, results = app_purge_stores(app_ref)
-    # with a store, each message is taken (its payload marked, its job recorded)
-    filtered = chosen != Selection() or store is not None or results is not None
+    # with a store, each message is taken (its payload marked, its job recorded); paced, each is taken too
+    filtered = chosen != Selection() or store is not None or results is not None or pace is not None
     if not yes:
         confirm_take("Delete", queue, chosen, broker.safe_url, "purge")
     if filtered:
         census = Census()
-        purging = purge_matching(broker, queue, chosen, census, store, results=results)
+        purging = purge_matching(broker, queue, chosen, census, store, results=results, rate=pace)
         report = run_command(closing_store(closing_store(purging, store), results))
         click.echo(f"purged {report.taken} message(s) from {printable(report.queue)}; {report.left} left")
         if store is not None:

@@ -146,6 +146,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
         self._publisher: Publisher | None = None
         self._broker_version: tuple[int, ...] = (0,)  # read at connect
         self._connect_lock: asyncio.Lock | None = None
+        self._role = "publisher"  # its connections' names, <app>-<role>: a sync publisher's "sync-publisher-thread"
         self._watchers: list[Callable[[Connection], None]] = []  # told of each publishing connection opened
         self._schedules: dict[str, Schedule] = {}
 
@@ -215,7 +216,7 @@ class App(CronSchedules, JobResults, PublisherRouting):
             if self._connection is None or self._connection.is_closed:
                 self._connected_on = asyncio.get_running_loop()
                 settings = settings or self.settings()
-                self._connection = await connect(settings, name=f"{self.name}-publisher")
+                self._connection = await connect(settings, name=f"{self.name}-{self._role}")
                 for watch in self._watchers:
                     watch(self._connection)
                 if self._gate is not None:

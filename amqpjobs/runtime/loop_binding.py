@@ -74,6 +74,7 @@ def copy_for_another_loop(app: App, url: str | None) -> App:
     """:meth:`App.for_another_loop`: the one home of "what carries over" to another loop."""
     twin = copy.copy(app)
     twin._url = url or app._url
+    twin._role = "sync-publisher-thread"  # its connection named apart from the app's (README "Enqueueing")
     twin.ledger = None
     twin.results = app.results.copy() if app.results is not None else None
     twin.payload_store = app.payload_store.copy() if app.payload_store is not None else None

@@ -272,6 +272,7 @@ async def purge_matching(
     *,
     report: TakeReport | None = None,
     results: ResultsStore | None = None,
+    rate: float | None = None,
 ) -> TakeReport:
     """Delete the messages of quarantine (or parked) queue ``name`` that match ``selection``; keep the rest.
 
@@ -284,9 +285,11 @@ async def purge_matching(
     ``results``: the app's results store: each deleted job with an id is recorded ``purged`` (its
     quarantine reason and error kept, ``where`` the queue it was deleted from), best effort
     (:func:`~amqpjobs.runtime.results.record_quietly`), also when the run is cut short.
+    ``rate``: at most this many deletes per second (None: as fast as the acks go), paced as park's moves
+    (:class:`~amqpjobs.jobs.holding_moves.MoveOptions`).
 
     Raises:
-        ConfigurationError: no such quarantine or parked queue.
+        ConfigurationError: no such quarantine or parked queue; ``rate`` outside replay's bounds.
         BusyError: a mover (say, a replay) works on the queue; nothing was deleted.
         PayloadStoreError: ``payloads`` can't be opened; nothing was deleted.
 
@@ -321,7 +324,7 @@ async def purge_matching(
             return True
 
         try:
-            await take(connection, settings, queue, MoveOptions(selection), "purge", delete, report,
+            await take(connection, settings, queue, MoveOptions(selection, rate=rate), "purge", delete, report,
                        census or Census())  # fmt: skip
         finally:
             await record_quietly(results, deleted)

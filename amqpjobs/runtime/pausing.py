@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from amqpjobs.errors import ConfigurationError, SignalNotSentError
@@ -45,6 +46,8 @@ from amqpjobs.runtime.metrics import WorkerMetrics
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.errors import in_our_words
+from amqpjobs.wire.failover_lines import DownSpell
 from amqpjobs.wire.flags import (
     MAX_REASON,
     RECHECK,
@@ -96,6 +99,7 @@ class OperatorPauses:
         self._news = asyncio.Event()  # set by every signal: a read waiting to confirm a flag gone stops waiting
         self._tasks: set[asyncio.Task[None]] = set()
         self._switching = asyncio.Lock()  # one switch at a time, in order
+        self._down = DownSpell()  # failed reads said by the down-node rule (not every RECHECK s)
 
     def holds_back(self, job_queue: str) -> bool:
         """Whether a delivery of ``job_queue`` must be handed back, not started (a set lookup)."""
@@ -151,7 +155,7 @@ class OperatorPauses:
                 await self._read()
             except Exception as exc:  # the flags can't be read: go by the signals meanwhile
                 log.warning("reading the pause flags after a signal failed (%s); going by the signal, and "
-                            "reading again in %gs", exc, RECHECK)  # fmt: skip
+                            "reading again in %gs", in_our_words(exc), RECHECK)  # fmt: skip
                 for queue, paused in sorted(self._said.items()):
                     if not paused:
                         self._set(queue, None)
@@ -171,7 +175,9 @@ class OperatorPauses:
         try:
             await self._read()
         except Exception as exc:  # the next recheck tries again; meanwhile deliveries are handed back
-            log.warning("reading the pause flags failed (%s); trying again in %gs", exc, RECHECK)
+            if (tail := self._down.failed(time.monotonic())) is not None:  # a node down: at once, once a minute
+                log.warning("reading the pause flags failed (%s); trying again every %gs%s", in_our_words(exc),
+                            RECHECK, tail)  # fmt: skip
 
     async def _read(self) -> None:
         assert self._connection is not None
@@ -191,8 +197,10 @@ class OperatorPauses:
             self._said.clear()
         for queue in sorted(set(self._work.values())):
             self._set(queue, found.get(queue))
+        back = self._down.worked(time.monotonic()) or ""  # after failed reads: one line, how long and how many
+        if self._unknown or back:
+            log.info("pause flags read again%s; paused here: %s", back, ", ".join(sorted(self.flags)) or "none")
         if self._unknown:
-            log.info("pause flags read again; paused here: %s", ", ".join(sorted(self.flags)) or "none")
             self._unknown = False
             for queue in sorted(set(self._work.values()) - set(self.flags)):  # stopped by _lost
                 self._spawn(self._switch(queue, False))

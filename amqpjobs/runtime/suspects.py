@@ -22,6 +22,7 @@ from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.source_control import SourceControl
 from amqpjobs.runtime.sources import Source
 from amqpjobs.topology.models import JobQueueLayout
+from amqpjobs.wire.errors import in_our_words
 from amqpjobs.wire.fetch import QueueFetcher
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class SuspectTurns(SourceControl):
                     # a rate-limited suspect that missed its token: look again before a later one
                     wait = await self._run_suspects(layout, fetcher) or SUSPECTS_POLL
             except Exception as exc:  # the connection dropped: the next look tries again
-                paced.failed(key, f"failed ({exc})", "; the next look, a second later, tries again")
+                paced.failed(key, f"failed ({in_our_words(exc)})", "; the next look, a second later, tries again")
         await fetcher.close()
 
     async def _run_suspects(self, layout: JobQueueLayout, fetcher: QueueFetcher) -> float | None:

@@ -12,7 +12,8 @@ rescue goes, in this order:
    evidence of reason ``undeliverable``) to the quarantine exchange, and wait for the confirm;
 3. ``removed``: take the head through the management API and check by its fingerprint
    that it is the message copied. Another message (someone removed ours meanwhile, by hand)
-   is published back to its queue at once, with a confirm, and said loudly.
+   is published back to its queue at once, as it was (:mod:`amqpjobs.wire.as_was`), with a confirm,
+   and said loudly.
 
 A process that dies before 2 leaves the message where it was; between 2 and 3 it is in
 both places (the next rescue makes a second copy: twice at worst, never zero).
@@ -42,6 +43,7 @@ from amqpjobs.printable import printable
 from amqpjobs.runtime.logs import field_value
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
+from amqpjobs.wire.as_was import as_it_was
 from amqpjobs.wire.cluster import on_internal_error
 from amqpjobs.wire.errors import met_internal_error
 from amqpjobs.wire.head_reads import HeadMessage, peek_head, take_head
@@ -55,8 +57,6 @@ log = logging.getLogger("amqpjobs.worker")
 STEPS: Final = ("locked", "peeked", "copied", "removed")
 #: Seconds a start waits for the connection to come back after a 541 and a rescue.
 RECONNECT_WAIT: Final = 30.0
-#: The largest raw ``timestamp`` a message of ours carries as it is (as seconds, the last of the year 9999).
-AS_IS_UP_TO: Final = 253_402_300_799
 #: ``rescue_heads`` bound to its settings, connection and app version: work queue -> quarantine exchange in.
 Rescue = Callable[[Mapping[str, str]], Awaitable[int]]
 
@@ -120,38 +120,6 @@ def _as_message(copy: Sanitized, head: HeadMessage, queue: str, app_version: str
         type=text("type"), timestamp=timestamp,
         priority=priority if isinstance(priority, int) and 0 <= priority <= 255 else None,
         correlation_id=text("correlation_id"), reply_to=text("reply_to"), app_id=text("app_id"),
-    )  # fmt: skip
-
-
-def _time_as_was(headers: dict[str, Any], stamp: Any) -> tuple[dict[str, Any], float | None]:
-    """``headers`` and the ``timestamp`` (seconds, or None) to write back for the management API's raw ``stamp``.
-
-    The same number when a ``timestamp`` of ours holds it (up to :data:`AS_IS_UP_TO`), else the same time in
-    seconds when those read back as it, else none and the time in ``amqpjobs-enqueued-at`` (:func:`_first_time`).
-    Before, ``2**63 - 1`` (ns of 2262) went back as 9,223,372,036 s, which every reader takes for ms (1970).
-    """
-    if type(stamp) is int and 0 <= stamp <= AS_IS_UP_TO:
-        return headers, float(stamp)
-    with_time, seconds = _first_time(headers, _seconds(stamp))
-    return (headers if seconds is not None else with_time), seconds
-
-
-def _back_as_was(head: HeadMessage) -> OutgoingMessage:
-    """A message taken by mistake, as it was (its AMQP field types as the management API read them)."""
-    props: dict[str, Any] = head.properties
-
-    def text(name: str) -> str | None:
-        value = props.get(name)
-        return value if isinstance(value, str) else None
-
-    priority = props.get("priority")
-    headers, timestamp = _time_as_was(dict(props.get("headers") or {}), props.get("timestamp"))
-    return OutgoingMessage(
-        body=head.body, headers=headers, content_type=text("content_type"),
-        content_encoding=text("content_encoding"), message_id=text("message_id"), type=text("type"),
-        timestamp=timestamp,
-        priority=priority if isinstance(priority, int) else None, correlation_id=text("correlation_id"),
-        reply_to=text("reply_to"), app_id=text("app_id"),
     )  # fmt: skip
 
 
@@ -222,10 +190,12 @@ async def _rescue(settings: BrokerSettings, connection: Connection, queue: str, 
             step("removed")
             if taken is not None and fingerprint(taken.properties, taken.body) != expected:
                 # not ours: someone removed ours meanwhile; this one goes back at once
-                await publisher.publish("", queue, _back_as_was(taken))
+                back, left = as_it_was(taken.properties, taken.body, settings.username)
+                await publisher.publish("", queue, back)
                 log.error("while moving an undeliverable message from %s to quarantine another message was taken "
-                          "from its head (id %s); it was published back to %s (at its tail)", printable(queue),
-                          field_value(str(taken.properties.get("message_id"))), printable(queue))  # fmt: skip
+                          "from its head (id %s); it was published back to %s (at its tail), as it was%s",
+                          printable(queue), field_value(str(taken.properties.get("message_id"))), printable(queue),
+                          f" but for {printable('; '.join(left))}" if left else "")  # fmt: skip
         finally:
             await publisher.close()
     log.warning("moved a message no AMQP 0-9-1 client can receive from the head of %s to %s (%s; id %s): "

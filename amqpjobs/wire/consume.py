@@ -42,24 +42,17 @@ from amqpjobs.errors import BrokerError, NotFoundError
 from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
+from amqpjobs.wire.consume_lines import MISSING_EVERY, MISSING_FIX, AgainLine
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, error_kind
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, error_kind, in_our_words
 
 log = logging.getLogger("amqpjobs.wire")
 
 #: What a delivery is handed to: a coroutine run in a task of its own, which a closing channel does not cancel.
 DeliveryHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
-
-
-#: Seconds between two warnings that a consumed work queue is still missing.
-MISSING_EVERY = 30.0
-#: What to do about a missing work queue, and what is lost meanwhile (the broker's doing).
-MISSING_FIX = (
-    "declare it again (amqpjobs topology apply); until then the broker drops every retry its delay tiers "
-    "dead-letter back into it, and publishers get it returned (unroutable)"
-)
+__all__ = ["MISSING_FIX", "DeliveryHandler", "WorkQueueConsumer"]
 
 
 def _new_tag() -> str:
@@ -111,6 +104,7 @@ class WorkQueueConsumer:
         #: Since when (monotonic) consuming again finds the queue missing (404), None while it is there.
         self.missing_since: float | None = None
         self._missing_said = 0.0
+        self._again = AgainLine(queue)  # one "consuming again" line per recovery
         self._acks: AckBatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # handler runs under way (strong references)
 
@@ -154,6 +148,8 @@ class WorkQueueConsumer:
         async with declaring(f"consuming {self.queue!r}", self.safe_url):
             await self.connection.connected.wait()  # a drop since the declare: wait here, not under the switch
             await self._consume_unless_paused(self._consume)  # paused before: it consumes at resume()
+        with contextlib.suppress(Exception):  # the channel it consumes on (or will, at resume()): no line for it
+            self._again.started(await channel.get_underlay_channel())
 
     async def _consume_unless_paused(self, consume: Callable[[], Awaitable[None]]) -> bool:
         """``consume()`` under the switch unless paused or closing by then; whether it ran.
@@ -261,11 +257,13 @@ class WorkQueueConsumer:
                 return
             self.tag = _new_tag()
             await self._consume_or_declare()
+            self._again.consumed(self._consuming_on)  # on another channel than before: after a reconnect
 
         try:
             await self._consume_unless_paused(consume)
         except Exception as exc:
-            log.warning("consuming %s again failed (%s); retrying every second", self.queue, exc)
+            if self.connection.connected.is_set():  # else the connection's lines say it, and the reopen consumes
+                log.warning("consuming %s again failed (%s); retrying every second", self.queue, in_our_words(exc))
             self._retry_later()
 
     async def settle(self) -> None:
@@ -286,9 +284,10 @@ class WorkQueueConsumer:
         """aio-pika reopened the channel after a reconnect: consume again (STYLE 7: its re-declare hook)."""
         try:
             if await self._consume_unless_paused(self._consume_or_declare):
-                log.info("consuming %s again after a reconnect", self.queue)
+                self._again.consumed(self._consuming_on, " after a reconnect")
         except Exception as exc:
-            log.warning("consuming %s again after a reconnect failed (%s); retrying every second", self.queue, exc)
+            log.warning("consuming %s again after a reconnect failed (%s); retrying every second", self.queue,
+                        in_our_words(exc))  # fmt: skip
             self._retry_later()
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:
@@ -300,6 +299,7 @@ class WorkQueueConsumer:
         )  # fmt: skip
         # under a new tag: RabbitMQ 4.3 closes the whole connection (530) when a cancelled tag is reused
         self.tag = _new_tag()
+        self._again.lost()
         self._retry_later()
 
     def _retry_later(self) -> None:
@@ -328,7 +328,7 @@ class WorkQueueConsumer:
                     self._say_missing(exc)
                     raise
         self.missing_since = None
-        log.info("consuming %s again", self.queue)
+        self._again.consumed(self._consuming_on)
 
     async def _reopen_if_left_closed(self, seen: list[int]) -> None:
         """Open the channel again when aio-pika left it closed on a live connection (not under the switch).

@@ -278,3 +278,22 @@ def met_internal_error(exc: BaseException) -> bool:
         seen.add(id(at))
         at = at.__cause__ or at.__context__
     return False
+
+
+#: What aio-pika and aiormq raise (a ``RuntimeError``, none of their own errors) for a call on a connection that
+#: is down or reconnecting: aio-pika's "Connection was not opened" / "Connection is not ready", aiormq's
+#: "<Connection: ...> closed" (its URL in it).
+_NOT_CONNECTED: Final = re.compile(r"Connection was not opened|Connection is not ready|<Connection: .*> closed", re.S)
+#: Our words for them.
+NOT_CONNECTED: Final = "not connected to the broker (it reconnects by itself)"
+
+
+def in_our_words(exc: BaseException) -> str:
+    """``exc``'s text for a log line: the client libraries' words for a connection that is down in ours.
+
+    Those become :data:`NOT_CONNECTED`; anything else stays as it is (its type when it has no text).
+    """
+    text = str(exc)
+    if type(exc) is RuntimeError and _NOT_CONNECTED.fullmatch(text):
+        return NOT_CONNECTED
+    return text or type(exc).__name__

@@ -47,3 +47,48 @@ def quiet_failover_lines() -> None:
         logger = logging.getLogger(name)
         if _FAILOVER_FILTER not in logger.filters:
             logger.addFilter(_FAILOVER_FILTER)
+
+
+#: Seconds between two lines about one thing that keeps failing while a node is down (:class:`DownSpell`).
+DOWN_EVERY = 60.0
+
+
+class DownSpell:
+    """The one rule of the down-node lines, for what fails while a node is down (each try of a reconnect, a read).
+
+    The first failure is said at once, then at most one line each :data:`DOWN_EVERY` seconds saying for how long
+    and how many tries failed, then one line when it works again (``back after 75s, 15 failed attempt(s)``), as a
+    :class:`~amqpjobs.wire.cluster.ClusterConnection` says its own reconnects (README "Workers").
+
+    Args:
+        every: Seconds between two lines while it lasts (> 0).
+    """
+
+    def __init__(self, every: float = DOWN_EVERY) -> None:
+        self.every = every
+        self._since: float | None = None  # monotonic time of the first failure (None: not failing)
+        self._said = 0.0
+        self._tries = 0
+
+    def failed(self, now: float) -> str | None:
+        """A failure at ``now`` (monotonic s): the tail of the line to say, or None when it is not said now.
+
+        ``" (said again in 60s while it lasts)"`` at once; ``" (said again in 60s while it lasts; down 60s,
+        3 failed attempt(s))"`` a minute later, and so on.
+        """
+        if self._since is None:
+            self._since, self._said = now, now - self.every
+        self._tries += 1
+        if now - self._said < self.every:
+            return None
+        self._said = now
+        how_long = f"; down {now - self._since:.0f}s, {self._tries} failed attempt(s)" if self._tries > 1 else ""
+        return f" (said again in {self.every:g}s while it lasts{how_long})"
+
+    def worked(self, now: float) -> str | None:
+        """It worked at ``now``: ``" (back after 75s, 15 failed attempt(s))"`` when it had failed, else None."""
+        if self._since is None:
+            return None
+        back = f" (back after {now - self._since:.0f}s, {self._tries} failed attempt(s))"
+        self._since, self._tries = None, 0
+        return back

@@ -20,6 +20,7 @@ from pamqp import decode, encode
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import printable
+from amqpjobs.wire.as_was import AsItWas
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
 from amqpjobs.wire.header_decoding import table_entries
 
@@ -53,11 +54,12 @@ def checked_frame_max(frame_max: object, where: str) -> int:
 def amqp_properties(message: OutgoingMessage) -> aiormq.spec.Basic.Properties:
     """The AMQP basic properties of ``message``.
 
-    Every message is persistent (``delivery_mode`` 2); a copy of a received message
+    Every new message is persistent (``delivery_mode`` 2); a copy of a received message
     (:class:`~amqpjobs.wire.copies.ReceivedCopy`) keeps its other properties and its headers as
-    received (also persistent when the original was transient).
+    received (also persistent when the original was transient); a message put back as it was
+    (:class:`~amqpjobs.wire.as_was.AsItWas`) keeps every property it had, ``delivery_mode`` included.
     """
-    if isinstance(message, ReceivedCopy):
+    if isinstance(message, ReceivedCopy | AsItWas):
         return message.amqp_properties()
     return aiormq.spec.Basic.Properties(
         content_type=message.content_type,

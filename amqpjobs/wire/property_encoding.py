@@ -33,6 +33,7 @@ from typing import Any, Final
 from pamqp.encode import table_integer
 
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire.as_was import AsItWas
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy
 from amqpjobs.wire.header_decoding import PROPERTY_LAYOUT
 
@@ -118,9 +119,9 @@ def exact_properties(message: OutgoingMessage) -> ExactProperties | None:
 
     The same bytes as ``amqp_properties(message).marshal()``
     (:func:`~amqpjobs.wire.limits.amqp_properties`) whenever it returns them; None for a copy
-    of a received message and anything the module docstring lists.
+    of a received message, a message put back as it was and anything the module docstring lists.
     """
-    if isinstance(message, ReceivedCopy) or not message.message_id:
+    if isinstance(message, ReceivedCopy | AsItWas) or not message.message_id:
         return None
     try:
         flags, parts = _HEADERS | _DELIVERY_MODE | _MESSAGE_ID, []

@@ -401,3 +401,34 @@ async def test_the_alarm_read_ahead_begins_once_the_calling_threads_publish_is_a
     assert calls == 2
     assert seen == ["publish", "answered", "read", "publish", "answered"]
     assert [m.message_id for m in await drain(broker, "work")] == ["a", "b"]
+
+
+def _connection_names(broker: BrokerSettings) -> list[str]:
+    with ManagementClient(broker) as mgmt:
+        found = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+    return sorted(str((c.get("client_properties") or {}).get("connection_name")) for c in found)
+
+
+async def test_the_sync_publishers_connections_are_named_apart_from_the_apps(broker: BrokerSettings, tmp_path: Path):
+    """README "Enqueueing": the app's own ``fast-publisher``; the sync publisher's ``fast-sync-publisher-thread``
+    (on its thread) and ``fast-sync-publisher`` (each blocking one).
+
+    Before, the sync publisher's asyncio connection (its first call, and any the fast path leaves) was named
+    ``fast-publisher`` too: two connections alike in the management UI, and the app's one not to be told apart."""
+    app = await make(broker, tmp_path)
+    await app.enqueue("work", {"n": 0})
+
+    def publish() -> list[str]:
+        with app.sync_publisher() as pub:
+            warm(pub)  # the async path: its own connection
+            pub.enqueue("work", {"n": 1})  # the fast path: a blocking connection
+            deadline = time.monotonic() + 10
+            while len(names := _connection_names(broker)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the management API lists a connection a moment after it opened
+            return names
+
+    try:
+        names = await asyncio.to_thread(publish)
+    finally:
+        await app.close()
+    assert names == ["fast-publisher", "fast-sync-publisher", "fast-sync-publisher-thread"], names

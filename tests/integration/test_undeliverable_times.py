@@ -96,21 +96,22 @@ def _take_head(broker: BrokerSettings) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("http_publish_stores_it")
 @pytest.mark.parametrize(
-    ("raw", "stamp", "first"),
+    "raw",
     [
-        (0, 0, None),  # a publisher's unset timestamp (read as none): the same 8 bytes, not left out
-        (1_764_493_200, 1_764_493_200, None),  # seconds: the same 8 bytes
-        (5_000_000_000, 5_000_000_000, None),  # read as ms (1970-02-27T20:53:20Z): the same 8 bytes
-        (1_764_493_200_123, 1_764_493_200, None),  # Date.now(): as seconds it would be past 9999; the same second
-        (7_258_118_400_000, None, "2200-01-01T00:00:00.000Z"),  # ms of 2200: its seconds would be read as ms
-        (2**63 - 1, None, "2262-04-11T23:47:16.854Z"),  # time.time_ns() of 2262: as above
+        0,  # a publisher's unset timestamp (read as none)
+        1_764_493_200,  # seconds
+        5_000_000_000,  # read as ms (1970-02-27T20:53:20Z)
+        1_764_493_200_123,  # Date.now(): ms
+        7_258_118_400_000,  # ms of 2200
+        2**63 - 1,  # time.time_ns() of 2262
+        2**64 - 1,  # the largest AMQP timestamp
     ],
 )
-async def test_a_message_taken_by_mistake_goes_back_with_its_time(
-    broker: BrokerSettings, tmp_path: Path, raw: int, stamp: int | None, first: str | None
-) -> None:
-    """Before, the time went back as seconds by the rule whatever it was: 5,000,000,000 came back 5,000,000, and
-    ``2**63 - 1`` (2262) came back 9,223,372,036, which every reader takes for milliseconds: 1970-04-17."""
+async def test_a_message_taken_by_mistake_goes_back_with_its_time(broker: BrokerSettings, tmp_path: Path, raw: int):
+    """The same 8 bytes, whatever the unit, and no header added: every reader reads it as before.
+
+    Before, the time went back as seconds by the rule: 1,764,493,200,123 (ms) came back 1,764,493,200, and
+    7,258,118,400,000 (ms of 2200) came back with no ``timestamp`` and an ``amqpjobs-enqueued-at`` header."""
     await (await _recording_app(broker, tmp_path))[0].close()  # applies the work queue
     await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"])
     other = {"message_id": "other", "timestamp": raw, "headers": {"keep": "k"}}
@@ -129,6 +130,67 @@ async def test_a_message_taken_by_mistake_goes_back_with_its_time(
     (back,) = await asyncio.to_thread(_peek_all, broker, "work")
     props = back["properties"]
     assert props["message_id"] == "other"
-    assert props.get("timestamp") == stamp, props
-    expected = {"keep": "k"} if first is None else {"keep": "k", "amqpjobs-enqueued-at": first}
-    assert props["headers"] == expected
+    assert props.get("timestamp") == raw, props
+    assert props["headers"] == {"keep": "k"}
+
+
+#: Every basic property the management API's HTTP publish takes, none of them our default (README "Wire format").
+_EVERY_PROPERTY: dict[str, Any] = {
+    "content_type": "text/x-other", "content_encoding": "gzip", "delivery_mode": 1, "priority": 3,
+    "correlation_id": "corr-1", "reply_to": "replies", "expiration": "600000", "message_id": "other",
+    "timestamp": 1_764_493_200, "type": "sleep", "app_id": "another-stack", "cluster_id": "cluster-a",
+    "headers": {"keep": "k", "n": 7, "yes": True, "nested": {"a": "b"}},
+}  # fmt: skip
+
+
+@pytest.mark.usefixtures("http_publish_stores_it")
+@pytest.mark.parametrize("user", [False, True])
+async def test_a_message_taken_by_mistake_goes_back_with_every_property(
+    broker: BrokerSettings, tmp_path: Path, user: bool
+) -> None:
+    """Put back as it was: each property and header as published, ``delivery_mode`` 1 (transient) included.
+
+    Before, it went back without its ``expiration`` and ``cluster_id`` (and ``user_id``), persistent, and with
+    ``app_id`` as published but ``content_type`` ``application/json`` when it had none."""
+    await (await _recording_app(broker, tmp_path))[0].close()  # applies the work queue
+    # ahead of it in a queue with priorities too
+    await asyncio.to_thread(_publish_over_http, broker, {**KINDS["correlation-id"], "priority": 9})
+    sent = {**_EVERY_PROPERTY, **({"user_id": broker.username} if user else {})}
+    await asyncio.to_thread(_publish_over_http, broker, sent)
+    connection = await connect(broker, name="rescue-test")
+
+    def step(name: str) -> None:
+        if name == "copied":  # someone removes ours by hand: the head is now "other"
+            assert _take_head(broker)["properties"]["message_id"] == "long-one"
+
+    try:
+        assert await rescue_heads(broker, connection, {"work": "work.quarantine"}, on_step=step) == 1
+    finally:
+        await connection.close()
+    (back,) = await asyncio.to_thread(_peek_all, broker, "work")
+    assert back["properties"] == sent
+    assert back["payload"] == '{"n": 0}'
+
+
+@pytest.mark.usefixtures("http_publish_stores_it")
+async def test_a_message_taken_by_mistake_with_few_properties_goes_back_with_no_more(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """None added: no ``content_type``, ``app_id``, ``delivery_mode`` or headers it did not have."""
+    await (await _recording_app(broker, tmp_path))[0].close()
+    await asyncio.to_thread(_publish_over_http, broker, KINDS["correlation-id"])
+    doc = {"properties": {"message_id": "bare"}, "routing_key": "work", "payload": "x", "payload_encoding": "string"}
+    with ManagementClient(broker) as mgmt:
+        mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=doc)
+    connection = await connect(broker, name="rescue-test")
+
+    def step(name: str) -> None:
+        if name == "copied":  # someone removes ours by hand: the head is now "bare"
+            _take_head(broker)
+
+    try:
+        await rescue_heads(broker, connection, {"work": "work.quarantine"}, on_step=step)
+    finally:
+        await connection.close()
+    (back,) = await asyncio.to_thread(_peek_all, broker, "work")
+    assert back["properties"] == {"message_id": "bare"}
