@@ -57,7 +57,7 @@ from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results_writer import ResultsWriter, start_results
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
-from amqpjobs.runtime.starting import start_unless_stopped
+from amqpjobs.runtime.starting import start_again, start_unless_stopped
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.undeliverable import Rescue, quarantines_of, start_past_undeliverable, watch_undeliverable
 from amqpjobs.runtime.unread import warn_dropped_shards
@@ -136,6 +136,7 @@ class Worker(WorkerStop):
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
+        self._start_called = False  # start() is begun once (a second call waits for it)
         self._start_over = asyncio.Event()  # start() ended (ready or failed): deliveries taken meanwhile run
         self.took_deliveries = False  # a consumer handed it a delivery (maybe before ready: a start has steps after)
         self._own_process = False  # run(own_process=True): the process is this worker's (settle_heap)
@@ -190,8 +191,13 @@ class Worker(WorkerStop):
 
         A delivery the first consumers take while the start goes on waits for its end to run, up to
         :data:`START_HOLD` s: its job's line comes after ``worker consuming ...`` (or after the start's
-        failure), unless a start step after the first consumer takes longer than that.
+        failure), unless a start step after the first consumer takes longer than that. A second call waits for
+        the first and returns once it is ready, opening nothing more (as ``asyncio.Server.start_serving``); one
+        after a start that failed or a stop raises ``ConfigurationError``: a Worker starts once.
         """
+        if self._start_called:  # before: each call opened its connections and consumers, and watched the app's again
+            return await start_again(self._start_over, self.ready, self._stop)
+        self._start_called = True
         try:
             await self._connect_and_consume()
         finally:
