@@ -125,11 +125,12 @@ async def held_at_close(
 ) -> HeldAtClose | None:
     """Wait up to ``held_wait`` seconds while a resource alarm blocks ``connection``; what it still holds then.
 
-    None: not blocked (now, or once the alarm cleared within the wait, and then the held publishes were
-    read): a close can go as ever. Else the connection's close would be held unread like its publishes
-    (RabbitMQ reads nothing of a blocked connection): the caller resets it (:func:`~amqpjobs.wire.reset.reset`).
+    None: not blocked (a close goes as ever), or the alarm cleared within the wait (its held publishes' answers
+    are awaited, up to the rest of the wait and a second, so that a close cuts none off). Else the connection's
+    close would be held unread like its publishes (RabbitMQ reads nothing of a blocked connection): the caller
+    resets it (:func:`~amqpjobs.wire.reset.reset`).
     """
-    started = time.monotonic()
+    started, was_blocked = time.monotonic(), blocked_by(connection) is not None
     while (alarm := blocked_by(connection)) is not None:
         if time.monotonic() - started >= held_wait:
             jobs = [] if underlay is None else unanswered(underlay)
@@ -137,7 +138,7 @@ async def held_at_close(
                 _RESET.add(underlay)
             return HeldAtClose(alarm, time.monotonic() - started, jobs)
         await asyncio.sleep(BLOCKED_RECHECK)
-    if underlay is not None and not underlay.is_closed:  # what it held is read now: its answers come at once
+    if was_blocked and underlay is not None and not underlay.is_closed:  # what it held is read now: answered at once
         pending = [f for f in underlay.confirmations.values() if isinstance(f, asyncio.Future) and not f.done()]
         if pending:
             with contextlib.suppress(Exception):

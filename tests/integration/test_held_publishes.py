@@ -290,3 +290,36 @@ async def test_closing_a_sync_publisher_whose_loop_route_holds_a_publish_is_boun
         alarm_node.memory_alarm(False)
         await asyncio.to_thread(publisher.close)
         await app.close()
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_an_alarm_that_clears_within_the_close_wait_lets_the_held_publish_be_confirmed(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The close waits for the alarm (``held_wait``), then for the answers of what it held: the enqueue under way
+    gets its confirm, nothing is reset, nothing said."""
+    caplog.set_level(logging.INFO, "amqpjobs.publisher")
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    try:
+        await app.enqueue("plain", {}, job_id="warm")
+        gate = app._gate
+        assert gate is not None
+        alarm_node.memory_alarm(True)
+        gate._alarms = ([], time.monotonic())
+        held = asyncio.create_task(app.enqueue("plain", {}, job_id="held"))
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        closing = asyncio.create_task(app.close(held_wait="10s"))
+        await asyncio.sleep(2.0)
+        assert not closing.done()
+        await asyncio.to_thread(alarm_node.memory_alarm, False)
+        await closing
+        assert 2.0 <= time.monotonic() - started < 5.0
+        assert await held == "held"  # confirmed: stored
+        assert close_lines(caplog) == []
+        await wait_until_async(functools.partial(depth_at_least, on_alarm_node, "plain", 2), 15, "both stored")
+        ids = sorted(m.message_id or "" for m in await drain(on_alarm_node, "plain"))
+        assert ids == ["held", "warm"]
+    finally:
+        alarm_node.memory_alarm(False)
+        await app.close()
