@@ -250,7 +250,7 @@ def connect_timeout_option(default: str) -> Callable[[F], F]:
     return click.option(
         "--connect-timeout", default=default, show_default=True, expose_value=False,
         envvar=CONNECT_TIMEOUT_ENV, show_envvar=True, callback=_keep_connect_timeout,
-        help="Keep retrying a refused connect this long (a duration: '30s'), one log line per attempt.",
+        help="Keep retrying a refused connect this long (a duration: '30s'); a log line per node, then one a minute.",
     )  # fmt: skip
 
 

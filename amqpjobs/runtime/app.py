@@ -21,6 +21,7 @@ from amqpjobs.printable import listed
 from amqpjobs.runtime import loop_binding
 from amqpjobs.runtime.backpressure import EnqueueGate
 from amqpjobs.runtime.ledger import Ledger
+from amqpjobs.runtime.publisher_close import close_publishing
 from amqpjobs.runtime.publisher_routing import PublisherRouting
 from amqpjobs.runtime.results import ResultsStore
 from amqpjobs.runtime.results_reads import JobResults
@@ -33,6 +34,7 @@ from amqpjobs.topology.models import JobQueueLayout, Topology
 from amqpjobs.wire import ticks
 from amqpjobs.wire.abc import Connection, Publisher, TickWire
 from amqpjobs.wire.connection import broker_info, connect, default_max_message_size, server_address
+from amqpjobs.wire.held_publishes import HELD_WAIT
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.publish_outcome import KEPT_BY_APP
 from amqpjobs.wire.settings import BrokerSettings, broker_settings
@@ -272,26 +274,26 @@ class App(CronSchedules, JobResults, PublisherRouting):
             return "given to App() as a Topology object"
         return f"loaded from {Path(str(self._topology_source)).resolve()}"
 
-    async def close(self) -> None:
+    async def close(self, held_wait: float | str = HELD_WAIT) -> None:
         """Write the pending ``queued`` records, then close the publishing connection and the stores' connections.
 
         A connect under way (an enqueue's) ends first and what it opened is closed. An enqueue cut off
         raises ``PublisherClosedError`` (not sent) or ``PublishError`` (sent, not confirmed). A connection
-        made on an event loop that has ended is dropped, not closed (README "Enqueueing").
+        made on an event loop that has ended is dropped, not closed (README "Enqueueing"). While a resource
+        alarm blocks the connection, it waits up to ``held_wait`` (seconds or duration, default 5 s) for the
+        alarm to clear, then resets it: what the broker held unread is dropped, and a WARNING names those jobs.
 
         Raises:
-            ConfigurationError: the connection lives on another thread's loop, still running.
+            ConfigurationError: the connection lives on another thread's loop, still running; a bad ``held_wait``.
         """
+        wait = duration_argument("App.close(held_wait=...)", held_wait, zero_means="reset at once")
         loop_binding.forget_an_ended_loop(self)
         async with self._connect_lock or nullcontext():
             await self.flush_queued()
             for store in (self.ledger, self.results, self.payload_store):
                 if store is not None:
                     await store.close()
-            if self._publisher is not None:
-                await self._publisher.close()
-            if self._connection is not None:
-                await self._connection.close()
+            await close_publishing(self._publisher, self._connection, wait)
             if self._gate is not None:
                 await self._gate.aclose()
             self._connection = self._gate = self._connected_on = self._publisher = None

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from amqpjobs.errors import ConfigurationError
 from amqpjobs.wire.connection import CHANNEL_LOGGERS, CLIENT_LOGGERS, quiet_client_loggers
 
 
@@ -49,3 +50,19 @@ async def start_unless_stopped(start: Coroutine[Any, Any, None], stop: asyncio.E
         return False
     starting.result()
     return True
+
+
+async def start_again(start_over: asyncio.Event, ready: asyncio.Event, stop: asyncio.Event) -> None:
+    """A second ``start()`` of one worker: wait for the first (``start_over``), return once it is ``ready``.
+
+    Nothing is opened again (as ``asyncio.Server.start_serving`` called twice).
+
+    Raises:
+        ConfigurationError: the first start failed, or the worker was stopped (``stop`` set) since.
+    """
+    await start_over.wait()
+    if not ready.is_set() or stop.is_set():
+        raise ConfigurationError(
+            "this Worker was started before, and that start failed or the worker stopped since: a Worker starts "
+            "once; create a new Worker(app, settings, options) to start again"
+        )

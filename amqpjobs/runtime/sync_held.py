@@ -10,14 +10,11 @@ thread reads each one's answer, logs it, and only then closes it, whatever the p
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from typing import Final
 
 from amqpjobs.wire.blocking import BlockingPublisher
-
-log = logging.getLogger("amqpjobs.publisher")
+from amqpjobs.wire.held_publishes import log_late_answer
 
 #: Seconds one connection's answer is read for before the next connection's turn.
 TURN: Final = 0.5
@@ -60,7 +57,4 @@ class HeldConnections:
                     self._held.remove(publisher)
                 publisher.close()
                 if held is not None:
-                    job, since = held
-                    level = logging.INFO if outcome == "confirmed (stored)" else logging.WARNING
-                    log.log(level, "%s, held by a resource alarm past its confirm wait %.1fs ago, was %s",
-                            job, time.monotonic() - since, outcome)  # fmt: skip
+                    log_late_answer(*held, outcome)  # the line the async path logs too

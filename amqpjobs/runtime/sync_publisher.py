@@ -14,6 +14,7 @@ from amqpjobs.errors import BrokerBlockedError, BrokerError, PublisherClosedErro
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.runtime.sending import REFUSED
 from amqpjobs.runtime.sync_fast import FastPath
+from amqpjobs.wire.held_publishes import HELD_WAIT
 
 if TYPE_CHECKING:  # the app makes these (App.sync_publisher): no import of app at run time
     from amqpjobs.runtime.app import App, JobRef
@@ -218,8 +219,13 @@ class SyncPublisher:
         (nothing sent). Calls in flight get their answers; after ``timeout`` seconds (default
         30, the publisher confirm's own wait) the connection is closed under those still
         waiting, and each raises ``PublishError`` saying the job may or may not be stored.
+        While a resource alarm blocks the app's connection, the app's rule applies (``App.close``:
+        up to 5 s for it to clear, then a reset and a WARNING naming the jobs it held).
         Closing it again does nothing; a facade over another loop (``amqpjobs.testing``) has
         nothing to close.
+
+        Raises:
+            BrokerError: the app's close had no outcome within 35 s (never seen; the words say what to check).
         """
         with self._lock:
             if not self._owned or self._closed:
@@ -231,7 +237,13 @@ class SyncPublisher:
         if self._fast is not None:
             self._fast.close(cut=self._cut is not None)
         try:
-            _call_on(self._loop, self._app.close(), 30.0)
+            _call_on(self._loop, self._app.close(), HELD_WAIT + 30.0)  # bounded under an alarm: App.close's rule
+        except TimeoutError as exc:
+            raise BrokerError(
+                f"this SyncPublisher's close: the app's close (its `queued` records, stores and connection) had no "
+                f"outcome within {HELD_WAIT + 30.0:g}s, so its connection was left to the process's exit; a job whose "
+                "enqueue raised PublishError may or may not be stored: enqueue it again only if a 2nd copy is harmless"
+            ) from exc
         finally:
             with contextlib.suppress(Exception):  # whatever is left: answered (cancelled), not left pending
                 _call_on(self._loop, _cancel_the_rest(), 10.0)

@@ -57,7 +57,7 @@ from amqpjobs.runtime.recording import PacedDeferrals
 from amqpjobs.runtime.results_writer import ResultsWriter, start_results
 from amqpjobs.runtime.sources import Source
 from amqpjobs.runtime.stall import StallWatch
-from amqpjobs.runtime.starting import start_unless_stopped
+from amqpjobs.runtime.starting import start_again, start_unless_stopped
 from amqpjobs.runtime.stopping import WorkerStop
 from amqpjobs.runtime.undeliverable import Rescue, quarantines_of, start_past_undeliverable, watch_undeliverable
 from amqpjobs.runtime.unread import warn_dropped_shards
@@ -71,7 +71,7 @@ from amqpjobs.wire.consume import DeliveryHandler, WorkQueueConsumer
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.events import OutcomeEvents
 from amqpjobs.wire.fetch import QueueFetcher
-from amqpjobs.wire.giving_way import give_way
+from amqpjobs.wire.giving_way import PUBLISHING_MEANWHILE, give_way
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -136,6 +136,7 @@ class Worker(WorkerStop):
         self._layouts: dict[str, JobQueueLayout] = {}
         self._host, self._pid = socket.gethostname(), os.getpid()
         self.ready = asyncio.Event()
+        self._start_called = False  # start() is begun once (a second call waits for it)
         self._start_over = asyncio.Event()  # start() ended (ready or failed): deliveries taken meanwhile run
         self.took_deliveries = False  # a consumer handed it a delivery (maybe before ready: a start has steps after)
         self._own_process = False  # run(own_process=True): the process is this worker's (settle_heap)
@@ -190,8 +191,13 @@ class Worker(WorkerStop):
 
         A delivery the first consumers take while the start goes on waits for its end to run, up to
         :data:`START_HOLD` s: its job's line comes after ``worker consuming ...`` (or after the start's
-        failure), unless a start step after the first consumer takes longer than that.
+        failure), unless a start step after the first consumer takes longer than that. A second call waits for
+        the first and returns once it is ready, opening nothing more (as ``asyncio.Server.start_serving``); one
+        after a start that failed or a stop raises ``ConfigurationError``: a Worker starts once.
         """
+        if self._start_called:  # before: each call opened its connections and consumers, and watched the app's again
+            return await start_again(self._start_over, self.ready, self._stop)
+        self._start_called = True
         try:
             await self._connect_and_consume()
         finally:
@@ -266,7 +272,7 @@ class Worker(WorkerStop):
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
         self.app.watch_connections(lambda app_connection: self._hard.watch((app_connection,), check_room=False))
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
-        give_way(publishing, [self._connection])  # reconnects after it; never closes (rate limits' minting)
+        give_way(publishing, [self._connection], PUBLISHING_MEANWHILE)  # after it; closes while it is refused
         give_way(self._events.connection, [self._connection, publishing], "its outcome events are dropped (counted)")
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back

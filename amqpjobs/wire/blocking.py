@@ -46,6 +46,7 @@ from amqpjobs.wire.alarms import alarm_of
 from amqpjobs.wire.blocking_connection import CHANNEL, OPTIONS, BlockingConnection, ConnectFailed
 from amqpjobs.wire.connection import default_max_message_size
 from amqpjobs.wire.frame_socket import Closed
+from amqpjobs.wire.held_publishes import CONFIRMED, NACKED, RETURNED, lost
 from amqpjobs.wire.limits import ENCODING_ERRORS, amqp_properties, check_body, check_header_fits, encoded_size
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_frames import ack_at_head, publish_payload
@@ -196,11 +197,11 @@ class BlockingPublisher(BlockingConnection):
             return None
         except (OSError, Closed, ValueError) as exc:
             self._drop()
-            return f"lost with its connection ({exc}): it may or may not be stored"
+            return lost(exc)
         self.held = None
         if self._tag in self._nacked:
-            return "nacked (not stored)"
-        return "returned: unroutable (not stored)" if self._returned else "confirmed (stored)"
+            return NACKED
+        return RETURNED if self._returned else CONFIRMED
 
     def _payload(self, exchange: str, routing_key: str, body: bytes, properties: bytes) -> bytes:
         """The publish's frames as one payload (:func:`~amqpjobs.wire.publish_frames.publish_payload`)."""

@@ -63,7 +63,7 @@ RECONNECT_CHECK = 0.25
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
-#: for each refused connect; during our first-connect retries we write one line per attempt instead.
+#: for each refused connect; during our first-connect retries we write one line per node instead (then paced).
 CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")
 #: The loggers that report calls a cancellation cut short ("Closing channel ... because RPC call ... cancelled").
 CHANNEL_LOGGERS = ("aiormq.channel", "aio_pika.channel", "aio_pika.robust_channel")
@@ -239,9 +239,9 @@ async def connect(
     Each attempt tries one node; the next node is tried at once, and after a round of all of
     them the next round waits (0.2 s doubling up to 2 s). ``wait`` bounds the whole (every
     node is tried at least once); an attempt takes at most :func:`~amqpjobs.wire.rotation.attempt_timeout` (a node
-    that accepts but never answers is unreachable). Each failed attempt writes one WARNING line (logger
-    ``amqpjobs.wire``) naming the node, password redacted; the client libraries' own lines
-    are silenced meanwhile (:func:`quiet_client_loggers`).
+    that accepts but never answers is unreachable). Each node's first failed attempt writes one WARNING line, then
+    one a minute at most (logger ``amqpjobs.wire``) naming the node, password redacted; the client libraries' own
+    lines are silenced meanwhile (:func:`quiet_client_loggers`).
 
     Args:
         settings: Broker settings.

@@ -25,18 +25,12 @@ from amqpjobs.errors import (
     UnroutableError,
 )
 from amqpjobs.message import OutgoingMessage
+from amqpjobs.wire import limits
 from amqpjobs.wire.alarms import GiveUpWhileBlocked, WhileBlocked, blocked_by, confirm_watch
 from amqpjobs.wire.connection import when_connected
 from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, LIBRARY_ERRORS, broker_errors, reply_code
 from amqpjobs.wire.exchange_checks import ExchangeChecks
-from amqpjobs.wire.limits import (
-    ENCODING_ERRORS,
-    amqp_properties,
-    check_body,
-    check_fits,
-    check_header_fits,
-    encoded_size,
-)
+from amqpjobs.wire.held_publishes import HeldAtClose, held_at_close, watch_late_answer
 from amqpjobs.wire.property_encoding import exact_properties
 from amqpjobs.wire.publish_now import queue_publish, same_id_in_flight
 from amqpjobs.wire.publish_outcome import (
@@ -50,11 +44,8 @@ from amqpjobs.wire.publish_outcome import (
     unroutable,
 )
 
-#: What reading a channel that closed under us raises (aio-pika's RuntimeError: its connection is closed).
-_CLOSED = CHANNEL_OPEN_ERRORS
-#: Seconds between two looks of the publish first in line for room in a full write queue (as aiormq's
-#: own writers would be woken by any frame taken; the queue need not empty while other channels write).
-_ROOM_RECHECK = 0.001
+_CLOSED = CHANNEL_OPEN_ERRORS  #: What reading a channel closed under us raises (aio-pika's RuntimeError)
+_ROOM_RECHECK = 0.001  #: Seconds between looks for room in a full write queue (the queue need not empty)
 
 
 class ConfirmedPublisher:
@@ -113,6 +104,7 @@ class ConfirmedPublisher:
         kept: str | None = None,
     ) -> None:
         self._kept = kept
+        self.held: HeldAtClose | None = None  # held by an alarm when close(held_wait) left the channel to a reset
         self._owner = owner
         self._give_up_blocked = None if wait_while_blocked else give_up_blocked
         self._wait_while_blocked = wait_while_blocked
@@ -208,11 +200,11 @@ class ConfirmedPublisher:
             ConfigurationError: pamqp can't encode its properties (:func:`~amqpjobs.wire.limits.encoded_size`).
             BrokerError, BrokerUnavailableError: no channel to read ``frame_max`` from.
         """
-        check_body(message, self.max_message_size)
+        limits.check_body(message, self.max_message_size)
         channel = await self._open_channel(exchange, routing_key)
         with broker_errors():
             underlay = await channel.get_underlay_channel()
-        check_fits(message, underlay.connection.connection_tune.frame_max, self._header_reserve)
+        limits.check_fits(message, underlay.connection.connection_tune.frame_max, self._header_reserve)
 
     async def _open_channel(self, exchange: str, routing_key: str) -> AbstractChannel:
         """The publishing channel; with ``wait_reconnect``, waiting up to ``timeout`` while the connection reconnects.
@@ -299,18 +291,19 @@ class ConfirmedPublisher:
                 self._room.release()
 
     async def _publish(self, exchange: str, routing_key: str, message: OutgoingMessage) -> None:
-        check_body(message, self.max_message_size)
+        limits.check_body(message, self.max_message_size)
         exact = exact_properties(message)  # the bytes pamqp would write, in one pass (None: pamqp encodes them)
-        properties = amqp_properties(message) if exact is None else exact
+        properties = limits.amqp_properties(message) if exact is None else exact
         sent = time.monotonic()
         channel, underlay = await self._writable(exchange, routing_key, sent, message.message_id)
         stretched: WhileBlocked | GiveUpWhileBlocked | None = None
         try:
             with broker_errors():
                 frame_max = underlay.connection.connection_tune.frame_max
-                check_header_fits(properties, message.headers, frame_max, self._header_reserve)
+                limits.check_header_fits(properties, message.headers, frame_max, self._header_reserve)
                 # No await since _writable's check: the frames go ahead of any close-ok, or not at all.
                 confirmation = queue_publish(underlay, exchange, routing_key, message.body, properties)
+                tag = underlay.delivery_tag  # its delivery tag (when queued here)
                 async with asyncio.timeout(self._timeout) as window:
                     stretched = confirm_watch(
                         self._connection, window, self._timeout, self._wait_while_blocked, self._give_up_blocked
@@ -337,11 +330,13 @@ class ConfirmedPublisher:
         except TimeoutError as exc:
             alarm = stretched.alarm if isinstance(stretched, GiveUpWhileBlocked) else None
             blocked = blocked_by(self._connection) if self._kept else None  # held unread: say what keeps it
+            if blocked is not None and confirmation is not None:  # its late answer is logged, as the sync path's
+                watch_late_answer(underlay, tag, message)
             raise no_confirm(
                 exchange, routing_key, message, self._timeout, alarm, self._give_up_blocked or 0.0, blocked, self._kept
             ) from exc
-        except ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp refusing the properties is named
-            encoded_size(properties)
+        except limits.ENCODING_ERRORS:  # aiormq encodes as it sends (nothing sent); pamqp's refusal is named
+            limits.encoded_size(properties)
             raise
         except BrokerError as exc:  # the channel or connection closed under the publish (404, lost, forced, ...)
             await self._closed_under(channel, underlay, exchange, routing_key, message, exc.__cause__ or exc)
@@ -388,13 +383,18 @@ class ConfirmedPublisher:
             self._owner if self._closed else None,
         ) from reason
 
-    async def close(self) -> None:
+    async def close(self, held_wait: float | None = None) -> None:
         """Close the publisher's channel; a publish under way or later raises :class:`PublisherClosedError` (not sent).
 
-        A publish sent but not confirmed when the channel or connection closes raises
-        :class:`PublishError` (it may or may not be stored).
+        A publish sent but not confirmed when the channel or connection closes raises :class:`PublishError` (it may or
+        may not be stored). ``held_wait`` (seconds): while a resource alarm blocks the connection, wait that long for
+        it to clear, then leave the channel to the caller's reset, its jobs in :attr:`held` (:func:`held_at_close`).
         """
         self._closed = True
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
-        self._channel = None
+        channel, self._channel = self._channel, None
+        if channel is not None and not channel.is_closed:
+            if held_wait is not None:
+                underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+                self.held = await held_at_close(self._connection, underlay, held_wait)
+            if self.held is None:
+                await channel.close()

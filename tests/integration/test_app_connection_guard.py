@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pytest
 
 from amqpjobs import App, JobContext, Worker, WorkerOptions
-from amqpjobs.errors import BrokerError
+from amqpjobs.errors import BrokerError, ConfigurationError
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.topology.loader import load_topology
 from amqpjobs.wire.management import ManagementClient
@@ -84,3 +84,41 @@ async def test_the_apps_connection_refused_at_each_reconnect_stops_the_worker_as
                 worker.request_stop()
                 await asyncio.wait([running], timeout=30)
             await app.close()
+
+
+def _connection_names(broker: BrokerSettings) -> list[str]:
+    with ManagementClient(broker) as mgmt:
+        found = mgmt.request("GET", f"/vhosts/{quote(broker.vhost, safe='')}/connections") or []
+    return sorted(c.get("client_properties", {}).get("connection_name", "?") for c in found)
+
+
+async def test_a_second_start_of_a_worker_opens_and_watches_nothing_more_and_after_a_stop_it_is_refused(
+    broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """Before: a second ``start()`` opened a second set of connections and consumers, and registered the
+    app's connection watcher again (2 watchers: a refusal of the app's reconnect was counted twice)."""
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    await apply_topology(path, broker)
+    app = App(f"twice-{uuid.uuid4().hex[:6]}", topology=load_topology(path).topology, url=broker.url)
+    app.job("leaf", queue="next")(lambda p, c: None)
+    worker = Worker(app, broker, WorkerOptions(queues=("next",), concurrency=1))
+    try:
+        await asyncio.gather(worker.start(), worker.start())  # one under way when the other begins
+        await app.enqueue("leaf", {}, job_id="l1")  # the app's connection open (and watched)
+        deadline = time.monotonic() + 15
+        while len(names := await asyncio.to_thread(_connection_names, broker)) < 4:
+            assert time.monotonic() < deadline, names
+            await asyncio.sleep(0.5)
+        await worker.start()  # once ready: returns at once
+        await asyncio.sleep(2.0)  # what a start would open is open by now
+        assert await asyncio.to_thread(_connection_names, broker) == names
+        assert [n.removeprefix(app.name) for n in names] == [
+            "-publisher", "-worker", "-worker-events", "-worker-publisher"
+        ]  # fmt: skip
+        assert len(app._watchers) == 1
+    finally:
+        await worker.shutdown()
+        await app.close()
+    with pytest.raises(ConfigurationError, match=r"a Worker starts once; create a new Worker\("):
+        await worker.start()

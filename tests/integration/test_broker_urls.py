@@ -102,7 +102,7 @@ def test_the_cli_takes_the_url_repeated_or_a_list_and_never_prints_a_password(br
 
 
 @pytest.mark.serial  # wall-clock bound: CPU contention from parallel tests would break it (< 8 s)
-def test_connect_timeout_covers_every_node_with_one_line_per_attempt_naming_it(tmp_path: Path):
+def test_connect_timeout_covers_every_node_with_one_line_per_node_naming_it(tmp_path: Path):
     """Issue 21's --connect-timeout over issue 23's list: each attempt one node, its line naming it, redacted."""
     ports = [closed_port(), closed_port()]
     url = ",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports)
@@ -116,7 +116,7 @@ def test_connect_timeout_covers_every_node_with_one_line_per_attempt_naming_it(t
     lines = out.stderr.strip().splitlines()
     attempts = [line for line in lines if "not reachable (attempt" in line]
     assert lines == [*attempts, lines[-1]], out.stderr  # only our lines, then the error
-    assert len(attempts) >= 3, out.stderr  # both nodes (no pause between), then a round after 0.2 s
+    assert len(attempts) == 2, out.stderr  # each node's first failure; the next rounds' paced (one a minute)
     named = [
         re.search(r"broker at amqp://guest:\*\*\*@127\.0\.0\.1:(\d+)/jobs not reachable", line) for line in attempts
     ]
@@ -158,3 +158,24 @@ def test_a_derived_management_url_per_node_says_so_naming_each_node(tmp_path: Pa
     with ManagementClient(given, timeout=2) as mgmt, pytest.raises(BrokerUnavailableError) as caught:
         mgmt.overview()
     assert str(caught.value).startswith(f"management API at http://127.0.0.1:{ports[0] + 10000} unreachable: ")
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+async def test_a_first_connect_retried_says_each_node_once_at_once_then_paced_as_a_reconnect(
+    caplog: pytest.LogCaptureFixture, nodes: int
+) -> None:
+    """Before: one WARNING per attempt up to the connect timeout (0.2 s doubling to 2 s between rounds: 5 lines in
+    4 s for one node, 30-odd in a worker's 30 s), where a reconnect says its first failure at once, then a line a
+    minute at most (REFUSAL_EVERY). Now the first connect follows the reconnect's rule, per node."""
+    caplog.set_level(logging.INFO, "amqpjobs.wire")
+    ports = [closed_port() for _ in range(nodes)]
+    settings = broker_settings(",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports))
+    with pytest.raises(BrokerUnavailableError, match=r"unreachable after 4s"):
+        await connect(settings, wait=4.0)
+    lines = [r.getMessage() for r in caplog.records if "not reachable (attempt" in r.getMessage()]
+    assert len(lines) == nodes, lines
+    said = sorted(int(m.group(1)) for line in lines if (m := re.search(r"127\.0\.0\.1:(\d+)/jobs not reach", line)))
+    assert said == sorted(ports), lines
+    for line in lines:
+        assert line.endswith(" (said again in 60s while it lasts)"), line
+        assert "s3cret" not in line

@@ -151,3 +151,175 @@ async def test_an_async_enqueue_held_past_its_confirm_wait_says_so_and_is_stored
     finally:
         alarm_node.memory_alarm(False)
         await app.close()
+
+
+DROPPED = (
+    "the app closed while a resource alarm (memory) blocked its connection: 1 publish(es) held unread after its wait "
+    "of {waited}s (job 'held'); the connection was reset, so the broker drops them: NOT stored; enqueue them again "
+    "once the alarm clears"
+)
+
+
+def close_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The publisher's lines about held publishes (the close's, and any late answer), the waited seconds masked."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "amqpjobs.publisher"]
+    return [re.sub(r"wait of [0-9.]+s", "wait of {waited}s", line) for line in lines if "held" in line]
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+@pytest.mark.parametrize("past_its_wait", [False, True])
+async def test_closing_the_app_while_an_alarm_holds_a_publish_is_bounded_and_says_what_became_of_it(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, past_its_wait: bool,
+) -> None:  # fmt: skip
+    """Before: ``await app.close()`` took 62 s (aiormq's channel close waited for the broker, which reads nothing of
+    a blocked connection), said nothing, and the job was stored once the alarm cleared, long after its enqueue
+    raised. Now: at most ``held_wait``, then the connection is reset (the held publish dropped) and one WARNING
+    says so; the enqueue still waiting (or held past its confirm wait) learns nothing false."""
+    caplog.set_level(logging.INFO, "amqpjobs.publisher")
+    if past_its_wait:
+        short_confirm_waits(monkeypatch, alarm_node, threading.Event())
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    try:
+        await app.enqueue("plain", {}, job_id="warm")
+        gate = app._gate
+        assert gate is not None
+        alarm_node.memory_alarm(True)
+        gate._alarms = ([], time.monotonic())  # read just before the alarm: the publish is written
+        held = asyncio.create_task(app.enqueue("plain", {}, job_id="held"))
+        await asyncio.sleep(3.0 if past_its_wait else 1.0)
+        assert held.done() is past_its_wait  # its 2 s confirm wait ran out, or it still waits (30 s)
+        started = time.monotonic()
+        await app.close(held_wait="1s")
+        took = time.monotonic() - started
+        assert 1.0 <= took < 3.0, took
+        with pytest.raises(PublishError):
+            await held
+        assert close_lines(caplog) == [DROPPED.format(waited="{waited}")]
+        alarm_node.memory_alarm(False)
+        await asyncio.sleep(3.0)  # what the broker held would be stored by now
+        ids = sorted(m.message_id or "" for m in await drain(on_alarm_node, "plain"))
+        assert ids == ["warm"]  # dropped with the reset, as the WARNING said
+        assert close_lines(caplog) == [DROPPED.format(waited="{waited}")]  # no late "lost" line beside it
+    finally:
+        alarm_node.memory_alarm(False)
+        await app.close()
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_an_async_enqueue_held_past_its_confirm_wait_logs_the_late_answer_as_the_sync_path_does(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Before: no line at all once the broker stored it (aiormq dropped the late ack at DEBUG: 'Delivery tag 2
+    confirmed ... was ignored'); the sync path logged INFO '... was confirmed (stored)'."""
+    caplog.set_level(logging.INFO, "amqpjobs.publisher")
+    short_confirm_waits(monkeypatch, alarm_node, threading.Event())
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    try:
+        await app.enqueue("plain", {}, job_id="warm")
+        gate = app._gate
+        assert gate is not None
+        alarm_node.memory_alarm(True)
+        gate._alarms = ([], time.monotonic())
+        with pytest.raises(PublishError):
+            await app.enqueue("plain", {}, job_id="held")
+        await asyncio.sleep(1.0)
+        alarm_node.memory_alarm(False)
+        await wait_until_async(functools.partial(depth_at_least, on_alarm_node, "plain", 2), 15, "held stored")
+        await wait_until_async(functools.partial(_answered, caplog), 10, "the late answer logged")
+        lines = [r for r in caplog.records if "held by a resource alarm" in r.getMessage()]
+        assert len(lines) == 1, [r.getMessage() for r in lines]
+        assert lines[0].levelno == logging.INFO
+        assert re.fullmatch(
+            r"job 'held' \(plain\), held by a resource alarm past its confirm wait [0-9.]+s ago, "
+            r"was confirmed \(stored\)",
+            lines[0].getMessage(),
+        ), lines[0].getMessage()
+        ids = sorted(m.message_id or "" for m in await drain(on_alarm_node, "plain"))
+        assert ids == ["held", "warm"]
+    finally:
+        alarm_node.memory_alarm(False)
+        await app.close()
+
+
+async def _answered(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("held by a resource alarm" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_closing_a_sync_publisher_whose_loop_route_holds_a_publish_is_bounded_and_said(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Before: ``close()`` raised a bare ``TimeoutError: no outcome within 30s`` (the app's close on its loop
+    took 62 s). Now: the app's rule (``held_wait``, then a reset and the WARNING), then it returns."""
+    caplog.set_level(logging.INFO, "amqpjobs.publisher")
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    publisher = app.sync_publisher()
+    publisher._fast = None  # every call goes the loop's route (App.enqueue on the publisher's thread)
+    try:
+        await asyncio.to_thread(publisher.enqueue, "plain", {}, job_id="warm")
+        gate = publisher._app._gate
+        assert gate is not None
+        alarm_node.memory_alarm(True)
+        gate._alarms = ([], time.monotonic())
+        outcome: list[BaseException] = []
+
+        def held() -> None:
+            try:
+                publisher.enqueue("plain", {}, job_id="held")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=held)
+        caller.start()
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        await asyncio.to_thread(publisher.close, 1.0)
+        took = time.monotonic() - started
+        assert took < 1.0 + 5.0 + 3.0, took  # its own wait, the app's held_wait (5 s), the reset
+        await asyncio.to_thread(caller.join, 10)
+        assert [type(exc) for exc in outcome] == [PublishError]
+        assert "may or may not be stored" in str(outcome[0])
+        assert close_lines(caplog) == [DROPPED.format(waited="{waited}")]
+        alarm_node.memory_alarm(False)
+        await asyncio.sleep(3.0)
+        ids = sorted(m.message_id or "" for m in await drain(on_alarm_node, "plain"))
+        assert ids == ["warm"]
+    finally:
+        alarm_node.memory_alarm(False)
+        await asyncio.to_thread(publisher.close)
+        await app.close()
+
+
+@pytest.mark.serial  # alarms the dedicated node; wall-clock bounds
+async def test_an_alarm_that_clears_within_the_close_wait_lets_the_held_publish_be_confirmed(
+    alarm_node: AlarmNode, on_alarm_node: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The close waits for the alarm (``held_wait``), then for the answers of what it held: the enqueue under way
+    gets its confirm, nothing is reset, nothing said."""
+    caplog.set_level(logging.INFO, "amqpjobs.publisher")
+    app = await make_app(on_alarm_node, tmp_path, blocked_timeout="1s")
+    try:
+        await app.enqueue("plain", {}, job_id="warm")
+        gate = app._gate
+        assert gate is not None
+        alarm_node.memory_alarm(True)
+        gate._alarms = ([], time.monotonic())
+        held = asyncio.create_task(app.enqueue("plain", {}, job_id="held"))
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        closing = asyncio.create_task(app.close(held_wait="10s"))
+        await asyncio.sleep(2.0)
+        assert not closing.done()
+        await asyncio.to_thread(alarm_node.memory_alarm, False)
+        await closing
+        assert 2.0 <= time.monotonic() - started < 5.0
+        assert await held == "held"  # confirmed: stored
+        assert close_lines(caplog) == []
+        await wait_until_async(functools.partial(depth_at_least, on_alarm_node, "plain", 2), 15, "both stored")
+        ids = sorted(m.message_id or "" for m in await drain(on_alarm_node, "plain"))
+        assert ids == ["held", "warm"]
+    finally:
+        alarm_node.memory_alarm(False)
+        await app.close()
