@@ -213,6 +213,11 @@ class WholeNumber(click.IntRange):
         """``value`` as an int in the range; text holding anything but ASCII is refused (exit 2)."""
         if isinstance(value, str) and not value.isascii():
             self.fail(f"{printable(repr(value))} is not a whole number in the digits 0-9", param, ctx)
+        if isinstance(value, str):
+            try:
+                int(value)
+            except ValueError:  # click would say "is not a valid integer range"
+                self.fail(f"{printable(repr(value))} is not a whole number: give one such as 4, no unit", param, ctx)
         return super().convert(value, param, ctx)
 
 
@@ -227,6 +232,11 @@ class Decimal(click.FloatRange):
         """``value`` as a float in the range; text holding anything but ASCII is refused (exit 2)."""
         if isinstance(value, str) and not value.isascii():
             self.fail(f"{printable(repr(value))} is not a number in the digits 0-9", param, ctx)
+        if isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:  # click would say "is not a valid float range"
+                self.fail(f"{printable(repr(value))} is not a number: give one such as 50 or 0.5, no unit", param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -91,3 +91,22 @@ def test_a_console_form_number_in_another_scripts_digits_is_refused() -> None:
     assert positive_number({"rate": "5"}, "rate", 100, "messages per second", "10") == 5
     with pytest.raises(FormError):
         positive_number({"rate": ARABIC_THREE}, "rate", 100, "messages per second", "10")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["replay", "work", "--rate", "-1s", *URL], "'-1s' is not a number: give one such as 50 or 0.5, no unit"),
+        (["replay", "work", "--rate", "1s", *URL], "'1s' is not a number: give one such as 50 or 0.5, no unit"),
+        (["quarantine", "purge", "work", "--rate", "fast", *URL], "'fast' is not a number"),
+        (["consume", "m:app", "--concurrency", "2x"], "'2x' is not a whole number: give one such as 4, no unit"),
+        (["consume", "m:app", "--concurrency", "2.5"], "'2.5' is not a whole number: give one such as 4, no unit"),
+    ],
+)
+def test_a_number_with_a_unit_or_a_word_is_told_what_to_give(args: list[str], said: str) -> None:
+    """Before: click's "'-1s' is not a valid float range" / "'2x' is not a valid integer range" (a fresh user)."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert said in result.output, result.output
+    assert "valid float range" not in result.output
+    assert "valid integer range" not in result.output
