@@ -15,7 +15,7 @@ from amqpjobs.jobs.envelope import BLANK_AT_LOOKUP, job_id_problem
 from amqpjobs.jobs.results import JobStatus
 from amqpjobs.printable import json_text, printable
 from amqpjobs.runtime.loading import load_app_reading_results
-from amqpjobs.runtime.whereabouts import where_now
+from amqpjobs.runtime.whereabouts import NO_TRACE, where_now
 
 
 @main.group()
@@ -39,7 +39,8 @@ def _job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, management_url: str | None) -> None:
     """JOB_ID's state, attempts and history, and where its message is now (quarantine and parked are browsed).
 
-    Exit 2 when the app has no results store, 3 when the store or the broker can't be had (the
+    Exit 1 when the job is found nowhere (no record, and in no quarantine or parked queue), 2 when
+    the app has no results store, 3 when the store or the broker can't be had (the
     broker: after the store's record, with ``now: not known: ...``; JSON: ``where`` null, ``where_unknown``).
     """
     app = load_app_reading_results(app_ref)  # a results file that is not there: exit 2 naming it
@@ -71,3 +72,5 @@ def job_show(job_id: str, app_ref: str, as_json: bool, url: str | None, manageme
         click.echo(f"now: {printable(said or '')}")
     if unknown:
         sys.exit(EXIT_BROKER)
+    if where is not None and where.startswith(NO_TRACE):
+        sys.exit(1)

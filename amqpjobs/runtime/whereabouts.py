@@ -18,6 +18,9 @@ from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import parked_queue_name
 from amqpjobs.wire.settings import BrokerSettings
 
+#: How :func:`where_now`'s line starts for a job with no record found in no queue browsed.
+NO_TRACE = "unknown: no record"
+
 
 async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> str:
     """One line saying where ``status``'s job is: work queue, tier, quarantine or parked queue, or done.
@@ -33,7 +36,7 @@ async def where_now(settings: BrokerSettings, app: App, status: JobStatus) -> st
         if found:
             return f"{found} (found by browsing; no record to go by)"
         return (
-            f"unknown: no record, and not in any quarantine or parked queue of the app ({len(layouts)} job "
+            f"{NO_TRACE}, and not in any quarantine or parked queue of the app ({len(layouts)} job "
             "queue(s) browsed); work and tier queues are not browsed"
         )
     if status.state == "succeeded":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import time
 import uuid
@@ -418,8 +419,12 @@ async def test_job_show_without_a_record_browses_every_quarantine_and_parked_que
     assert parked.exit_code == 0, parked.output
     shown = await asyncio.to_thread(cli, broker, "job", "show", rejected, "--app", ref)
     assert "now: work.parked (found by browsing; no record to go by)" in shown.stdout
+    assert shown.exit_code == 0, shown.output
     shown = await asyncio.to_thread(cli, broker, "job", "show", "nowhere-id", "--app", ref)
     assert "not in any quarantine or parked queue of the app (1 job queue(s) browsed)" in shown.stdout
+    assert shown.exit_code == 1, shown.output  # found nowhere: a script can tell (before: 0, as if found)
+    shown = await asyncio.to_thread(cli, broker, "job", "show", "nowhere-id", "--app", ref, "--json")
+    assert (shown.exit_code, json.loads(shown.stdout)["state"]) == (1, "unknown"), shown.output
     for empty in ("", "  "):  # enqueue's job-id rule: exit 2 before anything is read
         refused = await asyncio.to_thread(cli, broker, "job", "show", empty, "--app", ref)
         assert refused.exit_code == 2, refused.output
