@@ -111,6 +111,7 @@ class Overruns:
     def next_hung(self) -> asyncio.Future[None]:
         """A future done at the next :meth:`mark_hung` (a stop waiting for runs looks again then)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._next_hung = [w for w in self._next_hung if not w.done()]  # those cancelled by their waiter go
         self._next_hung.append(waiter)
         return waiter
 
