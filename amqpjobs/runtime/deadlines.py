@@ -44,6 +44,11 @@ class Deadline:
         #: Free for ``on_expired``'s owner: it counted the run as going on past its cancellation.
         self.counted = False
 
+    @property
+    def task(self) -> asyncio.Task[Any]:
+        """The task the deadline cancels (the run's)."""
+        return self._task
+
     def _expire(self) -> None:
         self.expired = True
         self._task.cancel()

@@ -15,11 +15,17 @@ running in the process): a thread past its timeout stands in its way.
   slot for good otherwise, and a suspect's holds every queue of the worker (nothing may run
   beside it); only the process's end stops it (Celery's hard time limit likewise ends the
   process). The worker exits 1 whatever the run does meanwhile, so its supervisor
-  (``--processes``, systemd, Kubernetes) starts another. A run still going at the end of the
-  stop's grace is ended with the process, and its start counts like a crash: a job that hangs
-  every worker reaches ``crashed`` after ``max_redeliveries + 1`` starts. A run that ends
-  during the stop's grace did finish: it is judged by its result like any other (its outcome
-  line, its record and its ack agree), and the lines say the exit 1 is the worker's own stop.
+  (``--processes``, systemd, Kubernetes) starts another. A worker that is its process's whole
+  life (``amqpjobs consume``) then waits (up to its grace) only for the other runs, which can
+  still end: that run has had its timeout and a grace after it (:attr:`Overruns.hung_runs`);
+  with none other running the process ends at once, not a second grace later. A worker
+  awaited in a program waits the grace for it too: it can't end the process, so it waits for
+  the thread anyway, and a run ending in that grace is judged by its result instead of run
+  again. A run still going when the process ends is ended with it, and its start counts like a
+  crash: a job that hangs every worker reaches ``crashed`` after ``max_redeliveries + 1``
+  starts. A run that ends during the stop did finish: it is judged by its result like any
+  other (its outcome line, its record and its ack agree), and the lines say the exit 1 is the
+  worker's own stop.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from typing import Any
 
 from amqpjobs.runtime.logs import field_value
 
@@ -54,6 +61,10 @@ class Overruns:
         self.hung_ended = ""
         self._began = asyncio.Event()
         self._said = False  # the suspects' wait was said in this stretch
+        #: The tasks of runs still going past their timeout and the grace after it (:meth:`hung_past`):
+        #: a stop does not wait for them again (:meth:`~amqpjobs.runtime.stopping.WorkerStop.shutdown`).
+        self.hung_runs: set[asyncio.Task[Any]] = set()
+        self._next_hung: list[asyncio.Future[None]] = []
 
     def begin(self, job: str, job_id: str, limit: float, alone: bool, thread: bool = True) -> None:
         """A run went on past its timeout ``limit`` (seconds): counted (no suspects turn meanwhile) and logged.
@@ -81,11 +92,28 @@ class Overruns:
         what = "plain-function handler" if thread else "async handler (it catches its cancellation)"
         log.error(
             "job %s id %s: %s still runs %gs past its timeout of %gs; it can't be stopped and holds a slot for "
-            "good, so this worker stops (exit 1, for its supervisor to start another): a run still going at the "
-            "end of the stop's grace ends with the process and its start counts like a crash; one that ends "
-            "before is judged by its result", field_value(job), field_value(job_id), what, self.grace, limit,
+            "good, so this worker stops (exit 1, for its supervisor to start another): its process's stop waits up "
+            "to its grace for the other runs only, then ends with this one, whose start counts like a crash; if "
+            "it ends before, it is judged by its result", field_value(job), field_value(job_id), what, self.grace,
+            limit,
         )  # fmt: skip
         return True
+
+    def mark_hung(self, task: asyncio.Task[Any] | None) -> None:
+        """``task``'s run is past its timeout and the grace after it (:meth:`hung_past`); None: no task known."""
+        if task is not None:
+            self.hung_runs.add(task)
+        for waiter in self._next_hung:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._next_hung.clear()
+
+    def next_hung(self) -> asyncio.Future[None]:
+        """A future done at the next :meth:`mark_hung` (a stop waiting for runs looks again then)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._next_hung = [w for w in self._next_hung if not w.done()]  # those cancelled by their waiter go
+        self._next_hung.append(waiter)
+        return waiter
 
     def ended_late(self, job: str, job_id: str, limit: float, past: float, thread: bool = True) -> None:
         """The run that stopped the worker (:meth:`hung_past`) ended ``past`` seconds after its timeout ``limit``.

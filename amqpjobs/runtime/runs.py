@@ -301,6 +301,7 @@ class HandlerRuns(RunClaims):
         finally:
             self._stalls.leave(stall_key)
             if deadline is not None and deadline.counted:  # it went on after its cancellation, and ended now
+                self._overruns.hung_runs.discard(deadline.task)
                 self._overruns.end()
                 if self._overruns.hung == f"job {job.name} id {ctx.job_id}":  # in the stop it caused
                     self._overruns.ended_late(
@@ -335,6 +336,7 @@ class HandlerRuns(RunClaims):
         if not deadline.ended:
             job, job_id, limit = deadline.what
             if self._overruns.hung_past(job, job_id, limit, thread=False):
+                self._overruns.mark_hung(deadline.task)  # the stop does not wait for it again
                 self._stop.set()
 
     async def _run_in_thread(self, job: JobDef, payload: Any, ctx: JobContext, limit: float | None) -> Any:
@@ -355,9 +357,11 @@ class HandlerRuns(RunClaims):
         try:
             if not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
                 hung = self._overruns.hung_past(job.name, ctx.job_id, limit)
+                self._overruns.mark_hung(asyncio.current_task())  # the stop does not wait for it again
                 self._stop.set()  # only the process's end stops the thread (amqpjobs.runtime.overruns)
             return await future
         finally:
+            self._overruns.hung_runs.discard(asyncio.current_task())
             self._overruns.end()
             if hung and future.done():  # it ended in the stop's grace: judged by its result, said so
                 self._overruns.ended_late(job.name, ctx.job_id, limit, time.monotonic() - began - limit)

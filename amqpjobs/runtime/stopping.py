@@ -93,7 +93,7 @@ class WorkerStop(SuspectTurns):
         abandoned = 0
         ends = time.monotonic() + self.options.grace
         if jobs or watchers:
-            _, still = await asyncio.wait(jobs | watchers, timeout=self.options.grace)
+            still = await self._wait_for_runs(jobs | watchers, ends, own_process)
             abandoned = min(suspects, len(still & watchers))  # suspects' jobs; the started ones: the last line
             if still:
                 code = 1
@@ -163,6 +163,35 @@ class WorkerStop(SuspectTurns):
                 "broker drops the copies it held unread (their deliveries are redelivered) instead of storing them "
                 "once the alarm clears beside those redeliveries", alarm,
             )  # fmt: skip
+
+    async def _wait_for_runs(
+        self, tasks: set[asyncio.Task[Any]], ends: float, own_process: bool
+    ) -> set[asyncio.Task[Any]]:
+        """Wait for ``tasks`` until ``ends`` (monotonic seconds: the grace's end); those still running.
+
+        With ``own_process``, a run past its timeout and the grace after it
+        (:attr:`.overruns.Overruns.hung_runs`: a thread, or an async handler catching its
+        cancellation) is not waited for again: it has had its grace, and only the process's end
+        stops it. The wait is for the others, which can still end; with none left (or as soon
+        as the last becomes such a run) it ends. Without (a worker awaited in a program, which
+        waits for its threads anyway) it waits for every run: one ending is judged by its result.
+        """
+        hung = self._overruns.hung_runs if own_process else set()
+        pending = {t for t in tasks if not t.done()}
+        while pending - hung and (left := ends - time.monotonic()) > 0:
+            turned = self._overruns.next_hung()  # a run becoming hung meanwhile: look again
+            try:
+                await asyncio.wait((pending - hung) | {turned}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                turned.cancel()
+            pending = {t for t in pending if not t.done()}
+        if pending and not pending - hung and ends - time.monotonic() > 0.1:
+            log.warning(
+                "%d run(s) past their timeout and the grace after it can't be stopped: not waited for again "
+                "(they had their grace; only the process's end stops them), %.1fs of the grace left unused",
+                len(pending), ends - time.monotonic(),
+            )  # fmt: skip
+        return pending
 
     @property
     def _consumed(self) -> bool:

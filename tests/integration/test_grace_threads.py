@@ -247,16 +247,21 @@ async def test_a_thread_a_plain_function_left_running_does_not_keep_the_process_
     (the worker then stops itself, exit 1): the process ends within EXIT_BOUND of the worker's stop.
 
     ``timeout``: its timeout is 1 s and the grace 3 s, so the worker stops itself at 4 s and its stop's
-    grace ends at 7 s; the run ends at 5.5 s, inside that grace, 1.5 s from either edge. Before (CI of
-    stop 54), a grace of 1 s and a run of 3 s ended together at 3 s: a run still going at the grace's end
-    ends the process at once (exit 1, no app-thread line), so the line was there only when the run won.
+    grace ends at 7 s; the stop waits for the other run (``effect``, 6.2 s: a stop never waits for the
+    hung run itself, test_hung_thread_stop), and the hung run ends at 5.5 s meanwhile, 1.5 s from the
+    stop's start, 0.7 s before the other. Before (CI of stop 54), a grace of 1 s and a run of 3 s ended
+    together at 3 s: a run still going at the grace's end ends the process at once (exit 1, no
+    app-thread line), so the line was there only when the run won.
     """
     app = await publisher(broker, tmp_path)
-    app.job("leak_sync", queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
+    for name in ("leak_sync", "effect"):
+        app.job(name, queue="work")(lambda p, c: None)  # same name as procapp's: only to publish
     record = tmp_path / "record.txt"
-    with worker(broker, tmp_path, "a", "--concurrency", "1", "--grace", "3s") as a:
+    with worker(broker, tmp_path, "a", "--concurrency", "2", "--grace", "3s") as a:
         await wait_until(lambda: "worker consuming" in log_of(tmp_path, "a"), 30, "A consuming")
         await app.enqueue("leak_sync", {"seconds": 300, "end": end, "overrun": 5.5}, job_id="leaky")
+        if end == "timeout":
+            await app.enqueue("effect", {"seconds": 6.2}, job_id="other")
         await wait_until(lambda: any(r[0] == "start" for r in read_record(record)), 30, "the run")
         if end == "timeout":  # it stops itself
             await wait_until(lambda: "worker stopped" in log_of(tmp_path, "a"), 30, "the worker's stop")

@@ -57,9 +57,9 @@ async def test_a_plain_function_ending_during_the_stop_it_caused_is_succeeded_ev
     lines = [r.getMessage() for r in caplog.records if "late" in r.getMessage() or "worker stopped" in r.getMessage()]
     assert lines[1].startswith("job slow id late: plain-function handler still runs 2s past its timeout of 1s")
     assert lines[1].endswith(
-        "so this worker stops (exit 1, for its supervisor to start another): a run still going at the end of the "
-        "stop's grace ends with the process and its start counts like a crash; one that ends before is judged "
-        "by its result"
+        "so this worker stops (exit 1, for its supervisor to start another): its process's stop waits up to its "
+        "grace for the other runs only, then ends with this one, whose start counts like a crash; if it ends "
+        "before, it is judged by its result"
     )
     assert lines[2].startswith("job slow id late: its run ended 3.0s past its timeout of 1s, after this worker began")
     assert lines[2].endswith(

@@ -53,8 +53,8 @@ def test_the_quick_start_runs_as_written(broker: BrokerSettings, tmp_path: Path)
     apply = subprocess.run(commands[1].split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert apply.returncode == 0, apply.stderr
     log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        worker = subprocess.Popen(commands[2].split(), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with log.open("w") as sink:
+        worker = subprocess.Popen(commands[2].split(), cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while "worker consuming emails" not in log.read_text():
