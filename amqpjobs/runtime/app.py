@@ -277,11 +277,10 @@ class App(CronSchedules, JobResults, PublisherRouting):
     async def close(self, held_wait: float | str = HELD_WAIT) -> None:
         """Write the pending ``queued`` records, then close the publishing connection and the stores' connections.
 
-        A connect under way (an enqueue's) ends first and what it opened is closed. An enqueue cut off
-        raises ``PublisherClosedError`` (not sent) or ``PublishError`` (sent, not confirmed). A connection
-        made on an event loop that has ended is dropped, not closed (README "Enqueueing"). While a resource
-        alarm blocks the connection, it waits up to ``held_wait`` (seconds or duration, default 5 s) for the
-        alarm to clear, then resets it: what the broker held unread is dropped, and a WARNING names those jobs.
+        A connect under way (an enqueue's) ends first and what it opened is closed. An enqueue cut off raises
+        ``PublisherClosedError`` (not sent) or ``PublishError`` (sent, not confirmed). A connection made on an
+        ended event loop is dropped, not closed (README "Enqueueing"). While a resource alarm blocks it, it waits
+        up to ``held_wait`` (seconds or "5s", default 5 s), then resets it: held jobs dropped, named in a WARNING.
 
         Raises:
             ConfigurationError: the connection lives on another thread's loop, still running; a bad ``held_wait``.
