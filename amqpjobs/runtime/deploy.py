@@ -154,8 +154,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_maj
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
     queues = {o.name: o.arguments for o in live if o.kind == "queue"}  # arguments say which are ours
-    fed = [(b["source"], b["destination"]) for b in raw_bindings if b.get("destination_type") == "queue"]
-    stray = orphan_queues(loaded.topology.layouts(), queues, queues, bindings=fed)
+    stray = orphan_queues(loaded.topology.layouts(), queues, queues)
     orphans: tuple[tuple[str, int], ...] = ()
     if stray:
         probes = await probe_queues(settings, stray)

@@ -229,7 +229,7 @@ async def collect(
     known = {parse_queue_name(o.name).job_queue for o in desired if o.kind == "queue"} | topology_names
     arguments = {n: q.get("arguments") or {} for n, q in live.items()} if layouts is not None else None
     # a topology's form: also shards it no longer has, and job queues it no longer names (not when narrowed)
-    dropped = orphan_queues(layouts or [], live, arguments, known, [(b[0], b[1]) for b in bound])
+    dropped = orphan_queues(layouts or [], live, arguments, known)
     removed = [n for n in dropped if parse_queue_name(n).job_queue not in known]
     dropped = [n for n in dropped if n not in removed or known == topology_names]
     exact = await probe_queues(settings, looks + dropped)

@@ -12,9 +12,7 @@ shard (replay).
 Which queues are ours: a name parsed by the naming scheme as a shard or tier of a job queue
 of the topology; for any other name (the unsharded work queue of a job queue now sharded, a
 job queue no longer named), the arguments amqpjobs declares must say so (:func:`declared_by_us`),
-so a queue another application declared in the same vhost is never reported; a job queue no
-longer named must still be bound from an exchange of the topology's job queues, so another
-topology's job queues in the same vhost (on their own exchanges) are not either.
+so a queue another application declared in the same vhost is never reported.
 """
 
 from __future__ import annotations
@@ -49,29 +47,14 @@ def declared_by_us(name: str, arguments: Mapping[str, Any]) -> bool:
     return False
 
 
-def removed_job_queues(
-    known: Collection[str],
-    arguments: Mapping[str, Mapping[str, Any]],
-    bindings: Iterable[tuple[str, str]],
-    exchanges: Collection[str],
-) -> list[str]:
-    """Job queues this topology declared once and no longer names, sorted.
-
-    Its work queue (or a shard) is ours by its arguments (:func:`declared_by_us`) and still
-    bound from an exchange the topology's job queues use: a job queue another topology in the
-    same vhost declared, on exchanges of its own, is that topology's, not an orphan here.
+def removed_job_queues(known: Collection[str], arguments: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Job queues amqpjobs declared on the broker (:func:`declared_by_us`) that are not in ``known``, sorted.
 
     Args:
         known: Every job queue name of the topology (not a narrowed part of it).
         arguments: Each live queue's name -> its ``arguments`` (management API).
-        bindings: Live (exchange, queue) bindings.
-        exchanges: The exchanges the topology's job queues are bound from.
     """
-    fed = {queue for source, queue in bindings if source in exchanges}
-    found = {
-        parse_queue_name(name).job_queue for name, args in arguments.items()
-        if name in fed and parse_queue_name(name).kind in ("work", "shard") and declared_by_us(name, args)
-    }  # fmt: skip
+    found = {parse_queue_name(name).job_queue for name, args in arguments.items() if declared_by_us(name, args)}
     return sorted(found - set(known))
 
 
@@ -80,7 +63,6 @@ def orphan_queues(
     live_queues: Iterable[str],
     arguments: Mapping[str, Mapping[str, Any]] | None = None,
     known: Collection[str] = (),
-    bindings: Iterable[tuple[str, str]] = (),
 ) -> list[str]:
     """The live queues of ours that ``layouts`` do not declare, sorted by name.
 
@@ -88,18 +70,14 @@ def orphan_queues(
     naming scheme, :func:`~amqpjobs.topology.naming.parse_queue_name`, not by prefix). With
     ``arguments`` (live queue name -> its arguments) also: a work queue of such a job queue
     that is not declared (``shards`` raised from 1) and any queue holding jobs of a job queue
-    neither in ``layouts`` nor in ``known`` (renamed or removed: :func:`removed_job_queues`, by
-    the live (exchange, queue) ``bindings``), each when its arguments or its job queue's say
-    amqpjobs declared it (:func:`declared_by_us`). Leave ``arguments`` out when ``layouts`` are
-    only a part of the topology (a worker's job queues).
+    neither in ``layouts`` nor in ``known`` (renamed or removed), each when its arguments or its
+    job queue's say amqpjobs declared it (:func:`declared_by_us`). Leave ``arguments`` out when
+    ``layouts`` are only a part of the topology (a worker's job queues).
     """
     layouts = tuple(layouts)
     declared = {q for lay in layouts for w in lay.work_queues for q in (w, *lay.tier_queues[w])}
     ours = {lay.name for lay in layouts}
-    gone: set[str] = set()
-    if arguments is not None:
-        exchanges = {lay.exchange for lay in layouts}
-        gone = set(removed_job_queues(ours | set(known), arguments, bindings, exchanges))
+    gone = set(removed_job_queues(ours | set(known), arguments)) if arguments is not None else set()
     orphans = []
     for name in live_queues:
         parsed = parse_queue_name(name)

@@ -27,16 +27,13 @@ def live_arguments(tmp_path, name: str) -> dict[str, dict[str, object]]:
 def test_every_queue_of_a_job_queue_the_topology_no_longer_names_is_an_orphan(tmp_path):
     live = live_arguments(tmp_path, "batch") | live_arguments(tmp_path, "keep")
     live |= {"other": {}, "plain": {"x-dead-letter-exchange": "dlx"}, "other.quarantine": {}}
-    live |= {"theirs": {"x-dead-letter-exchange": "theirs.quarantine"}}  # another topology's, on its own exchange
-    bound = [("jobs", "batch"), ("jobs", "keep"), ("jobs", "plain"), ("their-jobs", "theirs")]
     layouts = load_topology(_write(tmp_path, "keep")).topology.layouts()
-    assert removed_job_queues({"keep"}, live, bound, {"jobs"}) == ["batch"]
-    assert orphan_queues(layouts, live, live, bindings=bound) == [
+    assert removed_job_queues({"keep"}, live) == ["batch"]
+    assert orphan_queues(layouts, live, live) == [
         "batch", "batch.parked", "batch.quarantine", "batch.retry.5s", "batch.suspects",
     ]  # fmt: skip
-    assert orphan_queues(layouts, live, bindings=bound) == []  # names alone never say a whole job queue is ours
-    assert orphan_queues(layouts, live, live, known={"batch"}, bindings=bound) == []  # narrowed: batch is known
-    assert orphan_queues(layouts, live, live) == []  # bound from none of the topology's exchanges: not its own
+    assert orphan_queues(layouts, live) == []  # names alone never say a whole job queue is ours
+    assert orphan_queues(layouts, live, live, known={"batch"}) == []  # narrowed: batch is in the topology
     fixes = dict(zip(["batch", "batch.quarantine", "batch.retry.5s"], orphan_fixes(
         layouts, [("batch", 1), ("batch.quarantine", 2), ("batch.retry.5s", 1)]), strict=True))  # fmt: skip
     assert "put job queue batch back in the topology so workers read it again" in fixes["batch"]
