@@ -35,9 +35,8 @@ def topology() -> None:
 def topology_plan(path: str, url: str | None, management_url: str | None) -> None:
     """Compare the topology at PATH with the live vhost: create / unchanged / CONFLICT.
 
-    Also lists ORPHAN queues: shards, tiers or whole job queues of ours the topology no longer
-    declares, and POLICY lines: queues whose policies (live, or matching once declared) override
-    what the topology declares.
+    Also lists ORPHAN queues: shards or tiers the topology no longer declares, and POLICY lines:
+    queues whose policies (live, or matching once declared) override what the topology declares.
     Exit 0 without conflicts, 1 with conflicts, orphans holding messages or a policy that can
     lose jobs, 2 when PATH is invalid, 3 on broker errors.
     """

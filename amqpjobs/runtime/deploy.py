@@ -38,10 +38,9 @@ class PlanResult:
         loaded: The validated topology (with warnings).
         plan: Desired vs live.
         broker_version: The broker's version, e.g. ``(3, 10, 8)``.
-        orphans: Live queues of ours the topology no longer declares (a job queue's shards or
-            tiers after lowering ``shards``, every queue of a job queue renamed or removed:
-            :func:`~amqpjobs.topology.orphans.orphan_queues`), with their message counts: no
-            worker consumes them, so their messages would wait for ever.
+        orphans: Live queues named like a job queue's shards or tiers that the topology no
+            longer declares (e.g. after lowering ``shards``), with their message counts:
+            no worker consumes them, so their messages would wait for ever.
         stray_bindings: Live bindings from a ``<name>.shards`` exchange the topology declares
             (ours: we own its bindings) to a queue it no longer binds, e.g. shards left
             after lowering ``shards``: the broker would keep routing jobs there; apply
@@ -153,8 +152,7 @@ async def plan_topology(path: str | Path, settings: BrokerSettings, *, check_maj
         depths = {name: p.messages for name, p in (await probe_queues(settings, conflicting)).items()}
         live = [replace(o, messages=depths.get(o.name, o.messages)) if o.kind == "queue" else o for o in live]
         plan = make_plan(desired, live)
-    queues = {o.name: o.arguments for o in live if o.kind == "queue"}  # arguments say which are ours
-    stray = orphan_queues(loaded.topology.layouts(), queues, queues)
+    stray = orphan_queues(loaded.topology.layouts(), [o.name for o in live if o.kind == "queue"])
     orphans: tuple[tuple[str, int], ...] = ()
     if stray:
         probes = await probe_queues(settings, stray)

@@ -28,7 +28,7 @@ from amqpjobs.runtime.breaker_status import breaker_note, breaker_states
 from amqpjobs.runtime.held_count import held_now
 from amqpjobs.runtime.policy_checks import View, overrides, vhost_overrides
 from amqpjobs.runtime.rate_status import rate_findings, rated_jobs
-from amqpjobs.runtime.unread import dropped_problems, gets_per_second, rate_of, removed_findings, removed_queues
+from amqpjobs.runtime.unread import dropped_problems, gets_per_second, rate_of
 from amqpjobs.runtime.unread import unread_queues as unread_queues  # re-exported: its home was here
 from amqpjobs.runtime.unread import warn_dropped_shards as warn_dropped_shards  # re-exported
 from amqpjobs.topology.models import JobQueueLayout
@@ -225,32 +225,27 @@ async def collect(
     now = time.time()
     rated = {name: rated_jobs(name, live, rooms, now) for name, *_ in plan}  # README "Flow control"
     looks += [r.waiting for jobs in rated.values() for r in jobs]
-    topology_names = {lay.name for lay in layouts or []}
-    known = {parse_queue_name(o.name).job_queue for o in desired if o.kind == "queue"} | topology_names
-    arguments = {n: q.get("arguments") or {} for n, q in live.items()} if layouts is not None else None
-    # a topology's form: also shards it no longer has, and job queues it no longer names (not when narrowed)
-    dropped = orphan_queues(layouts or [], live, arguments, known)
-    removed = [n for n in dropped if parse_queue_name(n).job_queue not in known]
-    dropped = [n for n in dropped if n not in removed or known == topology_names]
+    dropped = orphan_queues(layouts or [], live)  # a topology's form: also shards it no longer has
     exact = await probe_queues(settings, looks + dropped)
     out = []
-
-    def figures(queue: str) -> QueueStatus:
-        if queue not in exact or (exact[queue].unaddressable and queue not in live):  # the API lists them all
-            return QueueStatus(queue, exists=False)
-        if exact[queue].unaddressable:
-            return QueueStatus(queue, unaddressable=exact[queue].unaddressable)
-        ready, consumers = exact[queue].messages, exact[queue].consumers
-        stats = live.get(queue, {})
-        # the raw integer the publisher sent, in any unit; 0 (never set) has no age: the one rule
-        age = head_age(stats.get("head_message_timestamp"), now) if ready else None
-        msg_stats = stats.get("message_stats") or {}
-        return QueueStatus(
-            queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,
-            rate_of(msg_stats, "publish"), rate_of(msg_stats, "deliver_get"), rate_of(msg_stats, "ack"), age,
-        )  # fmt: skip
-
+    topology_names = {lay.name for lay in layouts or []}
     for name, works, tiers, quarantine in plan:
+
+        def figures(queue: str) -> QueueStatus:
+            if queue not in exact or (exact[queue].unaddressable and queue not in live):  # the API lists them all
+                return QueueStatus(queue, exists=False)
+            if exact[queue].unaddressable:
+                return QueueStatus(queue, unaddressable=exact[queue].unaddressable)
+            ready, consumers = exact[queue].messages, exact[queue].consumers
+            stats = live.get(queue, {})
+            # the raw integer the publisher sent, in any unit; 0 (never set) has no age: the one rule
+            age = head_age(stats.get("head_message_timestamp"), now) if ready else None
+            msg_stats = stats.get("message_stats") or {}
+            return QueueStatus(
+                queue, True, ready, int(stats.get("messages_unacknowledged", 0) or 0), consumers,
+                rate_of(msg_stats, "publish"), rate_of(msg_stats, "deliver_get"), rate_of(msg_stats, "ack"), age,
+            )  # fmt: skip
+
         status = JobQueueStatus(
             name, [figures(w) for w in works], [figures(t) for t in tiers], figures(quarantine),
             figures(suspects_queue_name(name)),
@@ -317,11 +312,6 @@ async def collect(
         status.notes += [breaker_note(b) for b in status.breakers]
         problems, notes = rate_findings(rated[name], figures, paused=status.paused is not None)
         status.problems, status.notes = status.problems + problems, status.notes + notes
-        out.append(status)
-    for gone, queues in removed_queues(removed if known == topology_names else [], figures).items():
-        holding = figures(quarantine_queue_name(gone)), figures(suspects_queue_name(gone))
-        status = JobQueueStatus(gone, queues["work"], queues["tier"], *holding, parked=figures(parked_queue_name(gone)))
-        status.problems, status.notes = removed_findings(layouts or [], gone, queues["all"])
         out.append(status)
     if out:  # the vhost's scheduler queues belong to no job queue
         out[0].problems += vhost_overrides(live)

@@ -2,16 +2,14 @@
 
 A shard dropped by lowering ``shards`` (``topology plan``'s ORPHAN, :mod:`amqpjobs.topology.orphans`)
 keeps its jobs with no worker to read them: ``amqpjobs status`` calls it a problem
-(:func:`dropped_problems`), a worker's start warns of it (:func:`warn_dropped_shards`). So are the
-queues of a job queue the topology no longer names (renamed or removed): ``status`` gives each such
-job queue its rows, a problem per queue holding jobs and a note of the empty ones (:func:`removed_findings`).
+(:func:`dropped_problems`), a worker's start warns of it (:func:`warn_dropped_shards`).
 ``quarantine replay`` asks which of its target shards no worker reads (:func:`unread_queues`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import Logger
 from typing import TYPE_CHECKING, Any
 
@@ -71,45 +69,6 @@ def dropped_problems(layouts: list[JobQueueLayout], job_queue: str, dropped: lis
         + f" but is not in the topology (shards = {shards}): no worker reads it; {fix}"
         for q, fix in zip(waiting, fixes, strict=True)
     ]
-
-
-def removed_queues(
-    names: Iterable[str], figures: Callable[[str], QueueStatus]
-) -> dict[str, dict[str, list[QueueStatus]]]:
-    """The orphans ``names`` of job queues the topology no longer names, by job queue, with their ``figures``.
-
-    Each job queue's: ``work`` (its work queue or shards), ``tier`` and ``all`` (every one of
-    them: the quarantine, suspects, parked queue and waiting rooms too).
-    """
-    out: dict[str, dict[str, list[QueueStatus]]] = {}
-    for name in sorted(names):
-        parsed = parse_queue_name(name)
-        mine = out.setdefault(parsed.job_queue, {"work": [], "tier": [], "all": []})
-        queue = figures(name)
-        if parsed.kind in ("work", "shard", "tier"):
-            mine["tier" if parsed.kind == "tier" else "work"].append(queue)
-        mine["all"].append(queue)
-    return out
-
-
-def removed_findings(layouts: list[JobQueueLayout], job_queue: str, queues: list[QueueStatus]) -> tuple[
-    list[str], list[str]
-]:  # fmt: skip
-    """(problems, notes) of ``queues``, the live queues of ``job_queue``, which the topology no longer names (unread).
-
-    A problem per queue holding jobs, with ``topology plan``'s fix; one note for the empty ones (removable).
-    """
-    held = [q for q in queues if q.exists and (q.ready or q.unacked)]
-    fixes = orphan_fixes(layouts, [(q.name, q.ready or q.unacked) for q in held])
-    problems = [
-        f"queue {q.name} holds {q.ready} message(s)"
-        + ("" if q.oldest_age is None else f" (oldest {q.oldest_age:.0f}s)")
-        + f" and no worker reads it: {fix}"
-        for q, fix in zip(held, fixes, strict=True)
-    ]  # fmt: skip
-    empty = [q.name for q in queues if q.exists and q not in held]
-    notes = [f"empty and no longer in the topology: {', '.join(empty)} (delete them)"] if empty else []
-    return problems, notes
 
 
 async def warn_dropped_shards(settings: BrokerSettings, layouts: Iterable[JobQueueLayout], log: Logger) -> None:

@@ -1,93 +1,35 @@
-"""Queues a topology no longer declares (a dropped shard, tier or job queue), what to do with them, where their jobs go.
+"""Queues a topology no longer declares (a dropped shard or tier), what to do with them, and where their jobs go.
 
-Lowering ``shards`` (or a tier), raising it from 1, or renaming or removing a job queue leaves
-the old queues on the broker: nothing deletes a queue that may hold jobs. A dropped tier
-empties itself (its TTL and dead-letter target stay: RabbitMQ "Dead Lettering",
-"Time-To-Live"); a dropped shard, and its tiers, which dead-letter into it, is read by nobody,
-with crc32 and modulus-hash routing alike; so is every queue of a job queue the topology no
-longer names. One home for: which live queues are such orphans (``topology plan``, ``apply``,
-``status``, a worker's start), the fix each line names, and the route of a job of a dropped
-shard (replay).
-
-Which queues are ours: a name parsed by the naming scheme as a shard or tier of a job queue
-of the topology; for any other name (the unsharded work queue of a job queue now sharded, a
-job queue no longer named), the arguments amqpjobs declares must say so (:func:`declared_by_us`),
-so a queue another application declared in the same vhost is never reported.
+Lowering ``shards`` (or a tier) leaves the dropped queues on the broker: nothing deletes a
+queue that may hold jobs. A dropped tier empties itself (its TTL and dead-letter target
+stay: RabbitMQ "Dead Lettering", "Time-To-Live"); a dropped shard, and its tiers, which
+dead-letter into it, is read by nobody, with crc32 and modulus-hash routing alike. One
+home for: which live queues are such orphans (``topology plan``, ``status``, a worker's
+start), the fix each line names, and the route of a job of a dropped shard (replay).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from amqpjobs.printable import shell_quote
 from amqpjobs.topology.models import JobQueueLayout
-from amqpjobs.topology.naming import parse_queue_name, quarantine_exchange_name
-
-#: The queues of a job queue that hold its jobs (its pause flag, breaker and token queues hold none).
-JOB_HOLDING_KINDS = ("work", "shard", "tier", "quarantine", "suspects", "parked", "waiting")
+from amqpjobs.topology.naming import parse_queue_name
 
 
-def declared_by_us(name: str, arguments: Mapping[str, Any]) -> bool:
-    """Whether live queue ``name``'s ``arguments`` are those amqpjobs declares for a queue of that name.
+def orphan_queues(layouts: Iterable[JobQueueLayout], live_queues: Iterable[str]) -> list[str]:
+    """The live queues named like a shard or delay tier of a job queue of ``layouts`` that they do not declare.
 
-    A work queue, shard or suspects queue of job queue ``N`` dead-letters to exchange
-    ``N.quarantine``; a delay tier dead-letters to the default exchange with its work queue
-    as routing key and has a TTL (:meth:`~amqpjobs.topology.models.Topology.declarations`).
-    A quarantine or parked queue has no argument of its own: it counts by its job queue.
-    """
-    parsed = parse_queue_name(name)
-    if parsed.kind in ("work", "shard", "suspects"):
-        return arguments.get("x-dead-letter-exchange") == quarantine_exchange_name(parsed.job_queue)
-    if parsed.kind == "tier":
-        return (arguments.get("x-dead-letter-exchange") == ""
-                and arguments.get("x-dead-letter-routing-key") == parsed.work_queue
-                and "x-message-ttl" in arguments)  # fmt: skip
-    return False
-
-
-def removed_job_queues(known: Collection[str], arguments: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Job queues amqpjobs declared on the broker (:func:`declared_by_us`) that are not in ``known``, sorted.
-
-    Args:
-        known: Every job queue name of the topology (not a narrowed part of it).
-        arguments: Each live queue's name -> its ``arguments`` (management API).
-    """
-    found = {parse_queue_name(name).job_queue for name, args in arguments.items() if declared_by_us(name, args)}
-    return sorted(found - set(known))
-
-
-def orphan_queues(
-    layouts: Iterable[JobQueueLayout],
-    live_queues: Iterable[str],
-    arguments: Mapping[str, Mapping[str, Any]] | None = None,
-    known: Collection[str] = (),
-) -> list[str]:
-    """The live queues of ours that ``layouts`` do not declare, sorted by name.
-
-    Named like a shard or delay tier of a job queue of ``layouts`` (parsed exactly by the
-    naming scheme, :func:`~amqpjobs.topology.naming.parse_queue_name`, not by prefix). With
-    ``arguments`` (live queue name -> its arguments) also: a work queue of such a job queue
-    that is not declared (``shards`` raised from 1) and any queue holding jobs of a job queue
-    neither in ``layouts`` nor in ``known`` (renamed or removed), each when its arguments or its
-    job queue's say amqpjobs declared it (:func:`declared_by_us`). Leave ``arguments`` out when
-    ``layouts`` are only a part of the topology (a worker's job queues).
+    Parsed exactly by the naming scheme (:func:`~amqpjobs.topology.naming.parse_queue_name`),
+    not by prefix; sorted by name.
     """
     layouts = tuple(layouts)
     declared = {q for lay in layouts for w in lay.work_queues for q in (w, *lay.tier_queues[w])}
     ours = {lay.name for lay in layouts}
-    gone = set(removed_job_queues(ours | set(known), arguments)) if arguments is not None else set()
     orphans = []
     for name in live_queues:
         parsed = parse_queue_name(name)
-        if name in declared:
-            continue
-        if parsed.job_queue in ours:  # a shard or tier dropped, or the work queue before shards were raised
-            marked = parsed.kind == "work" and declared_by_us(name, (arguments or {}).get(name, {}))
-            if parsed.kind in ("shard", "tier") or marked:
-                orphans.append(name)
-        elif parsed.job_queue in gone and parsed.kind in JOB_HOLDING_KINDS:
+        if name not in declared and parsed.kind in ("shard", "tier") and parsed.job_queue in ours:
             orphans.append(name)
     return sorted(orphans)
 
@@ -102,12 +44,9 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
 
     An empty one: delete it. A dropped tier of a declared work queue: its messages go back
     there when their delay ends. A dropped shard (or its tier): drain it, or raise ``shards``
-    back to the count that brings back every dropped shard of its job queue. A queue of a job
-    queue ``layouts`` do not name (renamed or removed): put it back in the topology, or move its
-    jobs (a quarantine or parked queue: ``amqpjobs replay ... --to``).
+    back to the count that brings back every dropped shard of its job queue.
     """
     layouts, orphans = tuple(layouts), tuple(orphans)
-    ours = {lay.name for lay in layouts}
     wanted: dict[str, int] = {}  # job queue -> shards that would bring back all its dropped shards
     for name, _ in orphans:
         parsed = parse_queue_name(name)
@@ -121,8 +60,6 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
                 "it is empty: delete it (its bindings go with it: a publisher or worker still on the old topology "
                 "then has its publish returned as unroutable, never lost)"
             )
-        elif parsed.job_queue not in ours:
-            fixes.append(_removed_fix(name))
         elif not unread(layouts, name):
             fixes.append(
                 f"its messages go back to {parsed.work_queue} when their delay ends (dead-lettering); delete it once "
@@ -134,19 +71,6 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
                 f"shards back to {wanted.get(parsed.job_queue, 1)} so workers read it again, then delete it"
             )
     return fixes
-
-
-def _removed_fix(name: str) -> str:
-    """The fix of orphan ``name`` holding messages, a queue of a job queue the topology no longer names."""
-    parsed = parse_queue_name(name)
-    whose = f"it belongs to job queue {parsed.job_queue}, which the topology no longer names"
-    back = f"put job queue {parsed.job_queue} back in the topology"
-    if parsed.kind in ("quarantine", "parked"):
-        return (f"{whose}: replay its jobs into a job queue the topology names (amqpjobs replay {shell_quote(name)} "
-                f"--to QUEUE) or {back}, then delete it")  # fmt: skip
-    then = f"its messages go back to {parsed.work_queue} when their delay ends; " if parsed.kind == "tier" else ""
-    return (f"{then}{whose}: {back} so workers read it again, or move its jobs to a job queue the topology names "
-            "(e.g. a shovel, or consume and re-enqueue), then delete it")  # fmt: skip
 
 
 @dataclass(frozen=True)
