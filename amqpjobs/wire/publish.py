@@ -43,6 +43,7 @@ from amqpjobs.wire.publish_outcome import (
     over_max_size,
     unroutable,
 )
+from amqpjobs.wire.reset import ending
 
 _CLOSED = CHANNEL_OPEN_ERRORS  #: What reading a channel closed under us raises (aio-pika's RuntimeError)
 _ROOM_RECHECK = 0.001  #: Seconds between looks for room in a full write queue (the queue need not empty)
@@ -373,15 +374,10 @@ class ConfirmedPublisher:
             await self._discard_channel(channel)  # the next publish opens another
             if (limit := max_size_in(text)) is not None:  # later bodies over it are refused before sending
                 self.max_message_size = limit if self.max_message_size is None else min(limit, self.max_message_size)
-        raise closed_under(
-            text,
-            code,
-            exchange,
-            routing_key,
-            message,
-            lambda: self.exchanges.missing(exchange),
-            self._owner if self._closed else None,
-        ) from reason
+        dropped = self.held.alarm if self.held is not None and ending(self._connection) else None  # reset: dropped
+        owner = self._owner if self._closed else None
+        raise closed_under(text, code, exchange, routing_key, message, lambda: self.exchanges.missing(exchange), owner,
+                           dropped) from reason  # fmt: skip
 
     async def close(self, held_wait: float | None = None) -> None:
         """Close the publisher's channel; a publish under way or later raises :class:`PublisherClosedError` (not sent).

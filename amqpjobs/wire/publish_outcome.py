@@ -134,7 +134,7 @@ def over_max_size(channel_code: int | None, text: str) -> bool:
 
 def closed_under(
     text: str, channel_code: int | None, exchange: str, routing_key: str, message: OutgoingMessage,
-    missing: Callable[[], str], closed_by: str | None = None,
+    missing: Callable[[], str], closed_by: str | None = None, dropped: str | None = None,
 ) -> UnroutableError | MessageTooLargeError | PublishError:  # fmt: skip
     """What a channel or connection closed under a publish says of it (both publishers' reading).
 
@@ -146,6 +146,8 @@ def closed_under(
         message: The publish (its size and id word the error).
         missing: The words for the exchange missing (called only then).
         closed_by: Who closed the publisher under the publish (its own close), if it was closed.
+        dropped: The resource alarm that held it unread when that close reset the connection
+            (:mod:`amqpjobs.wire.reset`): then it is not stored, and the error says so.
 
     Returns:
         :class:`UnroutableError` for a 404 naming ``exchange`` (not stored); a 406 over the
@@ -159,6 +161,10 @@ def closed_under(
     what = f"the channel or connection closed under the publish to {exchange!r} / {routing_key!r} ({text})"
     if closed_by is not None:
         what = f"{closed_by} was closed under the publish to {exchange!r} / {routing_key!r}"
+    if dropped is not None:  # its close reset the connection an alarm blocked: the broker drops what it held unread
+        return PublishError(f"{what} while a resource alarm ({dropped}) held it unread; the close reset the "
+                            f"connection, so the broker drops it: {job_words(message)} NOT stored; enqueue it "
+                            "again once the alarm clears")  # fmt: skip
     return PublishError(uncertain(what, message))
 
 
