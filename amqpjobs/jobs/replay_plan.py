@@ -44,7 +44,7 @@ def check_rate(rate: float) -> float:
     if not (MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE):  # NaN fails every comparison
         raise ConfigurationError(
             f"--rate must be a positive, finite number of messages per second, at least {MIN_REPLAY_RATE:g} (one "
-            f"move each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {_as_given(rate)})"
+            f"message each {1 / MIN_REPLAY_RATE:g} s) and at most {MAX_REPLAY_RATE:g} (got {_as_given(rate)})"
         )
     return rate
 

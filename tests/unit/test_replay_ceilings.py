@@ -66,7 +66,7 @@ def test_a_rate_so_low_the_next_move_waits_for_ever_is_refused(command: list[str
     result = CliRunner().invoke(main, [*command, "--rate", rate], env=ENV)
     assert result.exit_code == 2, result.output
     assert (
-        "--rate must be a positive, finite number of messages per second, at least 0.001 (one move each "
+        "--rate must be a positive, finite number of messages per second, at least 0.001 (one message each "
         "1000 s) and at most 10000" in result.output
     )
     assert "Traceback" not in result.output
