@@ -1,6 +1,7 @@
 """Queues a topology no longer declares (a dropped shard or tier), what to do with them, and where their jobs go.
 
-Lowering ``shards`` (or a tier) leaves the dropped queues on the broker: nothing deletes a
+Lowering ``shards`` (or a tier), or raising it from 1 (the job queue's own work queue is no
+shard), leaves the dropped queues on the broker: nothing deletes a
 queue that may hold jobs. A dropped tier empties itself (its TTL and dead-letter target
 stay: RabbitMQ "Dead Lettering", "Time-To-Live"); a dropped shard, and its tiers, which
 dead-letter into it, is read by nobody, with crc32 and modulus-hash routing alike. One
@@ -18,7 +19,7 @@ from amqpjobs.topology.naming import parse_queue_name
 
 
 def orphan_queues(layouts: Iterable[JobQueueLayout], live_queues: Iterable[str]) -> list[str]:
-    """The live queues named like a shard or delay tier of a job queue of ``layouts`` that they do not declare.
+    """The live queues named like a shard, delay tier or work queue of a job queue of ``layouts`` it does not declare.
 
     Parsed exactly by the naming scheme (:func:`~amqpjobs.topology.naming.parse_queue_name`),
     not by prefix; sorted by name.
@@ -29,7 +30,8 @@ def orphan_queues(layouts: Iterable[JobQueueLayout], live_queues: Iterable[str])
     orphans = []
     for name in live_queues:
         parsed = parse_queue_name(name)
-        if name not in declared and parsed.kind in ("shard", "tier") and parsed.job_queue in ours:
+        # (a "work" one: the job queue's own work queue, left when its shards were raised from 1)
+        if name not in declared and parsed.kind in ("shard", "tier", "work") and parsed.job_queue in ours:
             orphans.append(name)
     return sorted(orphans)
 
@@ -66,9 +68,12 @@ def orphan_fixes(layouts: Iterable[JobQueueLayout], orphans: Iterable[tuple[str,
                 "empty"
             )
         else:
+            back = (
+                "set shards back to 1" if parsed.shard is None else f"raise shards back to {wanted[parsed.job_queue]}"
+            )
             fixes.append(
-                "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or raise "
-                f"shards back to {wanted.get(parsed.job_queue, 1)} so workers read it again, then delete it"
+                "drain it (move its messages to a live shard, e.g. a shovel, or consume and re-enqueue) or "
+                f"{back} so workers read it again, then delete it"
             )
     return fixes
 

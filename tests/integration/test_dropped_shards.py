@@ -153,3 +153,28 @@ async def test_worker_start_warns_about_dropped_shards_holding_jobs(
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "dropped shard(s) of exports hold jobs no worker reads: exports.shard-3 (1 message(s))" in text, text
     assert "raise shards back to 4" in text, text
+
+
+async def test_the_work_queue_left_by_sharding_a_job_queue_is_an_orphan_while_it_holds_jobs(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Raising ``shards`` from 1 leaves the job queue's own work queue, read by nobody. Before (a fresh user,
+    3.10.8): plan said nothing of it ("0 conflict(s)", exit 0), status nothing: the job waited for ever."""
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY.replace("shards = 4\n", ""))
+    await apply_topology(path, broker)
+    async with raw_channel(broker) as ch:
+        await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="exports")
+    path.write_text(TOPOLOGY)
+    plan = await asyncio.to_thread(cli_subprocess, broker, "topology", "plan", str(path))
+    assert plan.returncode == 1, plan.stdout + plan.stderr
+    (line,) = [x for x in plan.stdout.splitlines() if x.startswith("ORPHAN") and " exports " in f"{x} "]
+    assert "exports (1 message(s))" in line, line
+    assert "set shards back to 1 so workers read it again" in line, line
+    await apply_topology(path, broker)
+    assert await depth(broker, "exports") == 1  # never deleted
+    status = await asyncio.to_thread(cli_subprocess, broker, "status", str(path))
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert "UNHEALTHY exports: queue exports holds 1 message(s) but is not in the topology (shards = 4)" in (
+        status.stdout
+    ), status.stdout
