@@ -169,7 +169,9 @@ async def test_threads_on_one_sync_publisher_with_a_missing_exchange_keep_its_co
             pub.enqueue("good", {}, job_id="first")
             pub.enqueue("bad", {}, job_id="seen")
             lose_jobs2(broker)
-            while not (listed := connections(broker, "threads-publisher")):  # the API lists it within seconds
+            deadline = time.monotonic() + 15  # the API lists it within seconds (unbounded, a rename hung CI)
+            while not (listed := connections(broker, "threads-sync-publisher-thread")):
+                assert time.monotonic() < deadline, "no connection named 'threads-sync-publisher'"
                 time.sleep(0.2)
             seen.append([c["name"] for c in listed])
             start = threading.Barrier(10)
@@ -194,7 +196,7 @@ async def test_threads_on_one_sync_publisher_with_a_missing_exchange_keep_its_co
             for thread in threads:
                 thread.join(120)
             pub.enqueue("good", {}, job_id="last")
-            seen.append([c["name"] for c in connections(broker, "threads-publisher")])
+            seen.append([c["name"] for c in connections(broker, "threads-sync-publisher-thread")])
 
     await asyncio.to_thread(publish)
     assert len(seen[0]) == 1
@@ -230,7 +232,7 @@ async def test_a_connection_closed_under_enqueues_in_flight_leaves_them_uncertai
             for thread in threads:
                 thread.start()
             time.sleep(0.5)
-            assert asyncio.run(force_close(broker, "forced-publisher")) == 1
+            assert asyncio.run(force_close(broker, "forced-sync-publisher-thread")) == 1
             time.sleep(2)  # it reconnects (0.3 s) and the threads go on
             stop.set()
             for thread in threads:
