@@ -272,7 +272,7 @@ class Worker(WorkerStop):
         self._hard.watch((self._connection, publishing))  # room for a reconnect's channels; a refusal met twice stops
         self.app.watch_connections(lambda app_connection: self._hard.watch((app_connection,), check_room=False))
         self._hard.watch_best_effort(self._events.connection, "outcome events")  # said, no job needs them
-        give_way(publishing, [self._connection], PUBLISHING_MEANWHILE)  # after it; closes while it is refused
+        give_way(publishing, [self._connection], PUBLISHING_MEANWHILE, slot_only=True)  # closes if that makes room
         give_way(self._events.connection, [self._connection, publishing], "its outcome events are dropped (counted)")
         log.info("worker %s", self._consuming())  # as /readyz says it
         desired = desired_state(self.app.topology().declarations())  # best effort, not awaited: ready not held back

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import time
 from collections.abc import Sequence
 
@@ -35,6 +36,9 @@ from amqpjobs.wire.errors import refused_connect_reason
 from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.wire")
+
+#: The connection limit in :mod:`amqpjobs.wire.open_refusal`'s words.
+_LIMIT = re.compile(r"allows at most (\d+) connection\(s\) \(max-connections\)")
 
 #: What a worker's publishing connection's owner does while it gives way to the consuming one (its line's end).
 PUBLISHING_MEANWHILE = (
@@ -51,7 +55,17 @@ def _down(connections: Sequence[ClusterConnection]) -> list[ClusterConnection]:
     return [c for c in connections if not (c.is_closed or c.close_called or c.connected.is_set())]
 
 
-def give_way(connection: object, to: Sequence[object], meanwhile: str | None = None) -> None:
+def frees_a_slot(why: str) -> bool:
+    """Whether a refusal worded ``why`` (:mod:`amqpjobs.wire.open_refusal`) is a ``max-connections`` of 1 or more.
+
+    Only then does a connection's close make room for the one refused; under a limit of 0, a vhost
+    gone or no permissions every connection is refused alike (and unknown words: no).
+    """
+    found = [int(n) for n in _LIMIT.findall(why)]
+    return bool(found) and min(found) >= 1
+
+
+def give_way(connection: object, to: Sequence[object], meanwhile: str | None = None, slot_only: bool = False) -> None:
     """Have ``connection`` reconnect only after each of ``to`` is up; with ``meanwhile``, close while one is refused.
 
     Args:
@@ -60,6 +74,9 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
         to: The connections it gives way to, in the order they matter.
         meanwhile: What its owner does without it, for its line after "meanwhile" (``its outcome events are
             dropped (counted)``); None: it only waits its turn, never closes itself.
+        slot_only: Close only when that makes room (:func:`frees_a_slot`): the publishing connection, which
+            holds a rate-limited job's emitter lock and minting (before: at a vhost limit of 0 it closed too,
+            and the minting moved for nothing: ``test_rate_limit_reconnect``).
 
     Its line (WARNING, logger ``amqpjobs.wire``, at most every :data:`~amqpjobs.wire.cluster.REFUSAL_EVERY` s):
     ``connection app-worker-events gives way to app-worker, which the broker refuses (user 'app' allows at most
@@ -77,18 +94,24 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
             with contextlib.suppress(TimeoutError):  # looked at again: one closed for good meanwhile is not waited for
                 await asyncio.wait_for(down[0].connected.wait(), LOOK_EVERY)
 
+    async def explain(refused: ClusterConnection, exc: BaseException) -> str:
+        try:
+            return await refused.explain_refusal(exc) if refused.explain_refusal else str(exc)
+        except Exception:  # the management API did not answer: the general words
+            url = refused.url
+            return refused_connect_reason(exc, url.path[1:] or "/", url.user or "guest")
+
     async def close_for(refused: ClusterConnection, exc: BaseException) -> None:
+        why = await explain(refused, exc) if slot_only else None
+        if why is not None and not frees_a_slot(why):
+            return  # its close would make no room: it stays (a limit of 0, the vhost gone, no permissions)
         closed = await connection.give_way()
         if connection.is_closed or connection.close_called or (connection.connected.is_set() and not closed):
             return  # closed for good (its owner stops), or open and left so (the close raced)
         if time.monotonic() - said[0] < REFUSAL_EVERY:
             return
         said[0] = time.monotonic()
-        try:
-            why = await refused.explain_refusal(exc) if refused.explain_refusal else str(exc)
-        except Exception:  # the management API did not answer: the general words
-            url = refused.url
-            why = refused_connect_reason(exc, url.path[1:] or "/", url.user or "guest")
+        why = why if why is not None else await explain(refused, exc)
         names = ", ".join(c.name for c in needed)
         how = "it closes, and reconnects" if closed else "it was down already and reconnects only"
         log.warning("connection %s gives way to %s, which the broker refuses (%s): %s once %s are up; meanwhile %s "
