@@ -48,7 +48,10 @@ async def test_a_child_hanging_at_start_is_killed_at_the_bound_and_five_make_a_c
         broker, tmp_path, "--start-timeout", "5s", "--connect-timeout", "1s", "--metrics-port", "0", **hang
     ) as proc:
         port = await metrics_port(tmp_path)
-        importing = lambda: len(read_record(tmp_path / "record.txt")) >= 2  # noqa: E731
+
+        def importing() -> bool:
+            return len(read_record(tmp_path / "record.txt")) >= 2
+
         await wait_until(lambda: importing() or proc.poll() is not None, 30, "both children importing")
         assert importing(), f"the supervisor ended before two children reached the app's import:\n{log_text(tmp_path)}"
         status, text = get(port, "/readyz")
