@@ -27,7 +27,7 @@ from yarl import URL
 
 from amqpjobs.printable import printable
 from amqpjobs.wire.errors import internal_error_hint, open_refused
-from amqpjobs.wire.failover_lines import quiet_failover_lines
+from amqpjobs.wire.failover_lines import DOWN_EVERY, DownSpell, quiet_failover_lines
 from amqpjobs.wire.reset import RecordingTransports
 from amqpjobs.wire.tls import split_tls_options, ssl_context
 from amqpjobs.wire.urls import node_address, redact, redact_text
@@ -57,8 +57,6 @@ class Node:
 _ORDERS: dict[tuple[str, ...], list[int]] = {}
 #: The node each list of node addresses is connected to last, in this process (see :func:`connected_node`).
 _CONNECTED: dict[frozenset[str], str] = {}
-#: Seconds between two lines of one connection saying the broker refuses its reconnects (at ``connection.open``).
-REFUSAL_EVERY = 60.0
 #: Connections of this process lost (closed by the broker, cut), and the last one's cause: :func:`losses`.
 _LOSSES: list[Any] = [0, ""]
 
@@ -140,7 +138,7 @@ class ClusterConnection(RobustConnection):
         #: Awaited before each reconnect attempt: the connections jobs need first (:mod:`amqpjobs.wire.giving_way`).
         self.turn: Callable[[], Awaitable[None]] | None = None
         self._giving_way = False  # closed by give_way(): no loss, nothing said, the same node next
-        self._down: list[float] = []  # since when reconnects fail, when last said, failed tries (empty: up)
+        self._down = DownSpell()  # its reconnects' failures, said by the down-node rule (from its loss to its back)
         self._waited = False  # its last reconnect waited its turn (a second or more)
         first = nodes[self._at]
         quiet_failover_lines()
@@ -173,12 +171,10 @@ class ClusterConnection(RobustConnection):
         self.last_failure = None
         self._open = True
         _CONNECTED[frozenset(n.address for n in self._nodes)] = self.node.address
+        back = self._down.worked(time.monotonic(), "having waited for those it gives way to" if self._waited else "")
         if self._was_connected:  # a reconnect: say where before the consumers are restored
-            since, _, tries = self._down or (time.monotonic(), 0.0, 0)
-            how = f"{tries} failed attempt(s)" if tries else "having waited for those it gives way to"
-            back = f" (back after {time.monotonic() - since:.0f}s, {how})" if tries or self._waited else ""
-            log.info("connection %s connected to %s%s", self.name, self.node.safe_url, back)
-        self._down, self._waited = [], False
+            log.info("connection %s connected to %s%s", self.name, self.node.safe_url, back or "")
+        self._waited = False
         await super()._on_connected()
         if not self._was_connected:
             log.info("connection %s connected to %s", self.name, self.node.safe_url)
@@ -195,7 +191,7 @@ class ClusterConnection(RobustConnection):
                 _LOSSES[:] = [_LOSSES[0] + 1, cause]
             if not was_open:  # an attempt that failed (refused, unreachable): its failure says it and moves on, once
                 return
-            self._down = [time.monotonic(), -REFUSAL_EVERY, 0]  # the first failed reconnect is said at once
+            self._down.began(time.monotonic())  # the first failed reconnect is said at once
             self._move_on("lost", cause)
             if isinstance(exc, aiormq.exceptions.ConnectionInternalError):
                 for callback in self.internal_error_callbacks:  # amqpjobs.runtime.undeliverable
@@ -212,7 +208,8 @@ class ClusterConnection(RobustConnection):
         transport = self.transport
         if not self._open or transport is None or transport.connection.is_closed or self._close_called:
             return False
-        self._giving_way, self._down = True, [time.monotonic(), -REFUSAL_EVERY, 0]
+        self._giving_way = True
+        self._down.began(time.monotonic())
         with contextlib.suppress(Exception):
             await transport.connection.close(ConnectionError(f"connection {self.name} gives way"))
         return True
@@ -229,15 +226,12 @@ class ClusterConnection(RobustConnection):
             self.last_failure = exc
             refused, now = self._was_connected and open_refused(exc), time.monotonic()
             # one rule for a node down and a refusal: the first failure at once, then a line a minute at most
-            since, said, tries = self._down or (now, -REFUSAL_EVERY, 0)
-            say = self._was_connected and now - said >= REFUSAL_EVERY  # aio-pika tries again every 5 s
-            self._down = [since, now if say else said, tries + 1]
-            how_long = f"; down {now - since:.0f}s, {tries + 1} failed attempt(s)" if tries else ""
-            again = f" (said again in {REFUSAL_EVERY:g}s while it lasts{how_long})"
+            again = self._down.failed(now)  # aio-pika tries again every 5 s
+            say = self._was_connected and again is not None  # a first connect's attempts: connect()'s own line
             explained = refused and say and self.explain_refusal is not None  # its own line names the limit
-            self._move_on("could not reach", _cause(exc) + again, say and not explained)
+            self._move_on("could not reach", _cause(exc) + (again or ""), say and not explained)
             if explained:
-                self._explain(exc, how_long)
+                self._explain(exc, self._down.lasting(now))
             for callback in self.refused_callbacks if refused else ():  # amqpjobs.runtime.hard_closes
                 callback(exc)
             if self._was_connected and not refused and _hard_error(exc):  # a restored channel refused in the attempt
@@ -262,7 +256,7 @@ class ClusterConnection(RobustConnection):
             except Exception:  # the management API did not answer: the broker's own words
                 why = _cause(exc).strip().removeprefix("(").removesuffix(")")
             log.warning("connection %s: the broker refuses its reconnect: %s; trying again every 5s (said at most "
-                        "every %gs%s)", self.name, redact_text(why), REFUSAL_EVERY, how_long)  # fmt: skip
+                        "every %gs%s)", self.name, redact_text(why), DOWN_EVERY, how_long)  # fmt: skip
 
         self._explaining = asyncio.get_running_loop().create_task(said())
 
@@ -340,7 +334,7 @@ def on_refused_reconnect(connection: object, callback: Callable[[BaseException],
 
     530 NOT_ALLOWED there: the vhost is gone, the user lost its permissions, or a ``max-connections``
     limit (the vhost's or the user's) is reached (:mod:`amqpjobs.wire.open_refusal` asks which). aio-pika
-    tries again every 5 s; the connection's own line says it once a minute (:data:`REFUSAL_EVERY`).
+    tries again every 5 s; the connection's own line says it once a minute (:data:`DOWN_EVERY`).
     A connection not made by :func:`~amqpjobs.wire.connection.connect` is left alone.
     """
     if isinstance(connection, ClusterConnection):

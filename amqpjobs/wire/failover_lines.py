@@ -54,11 +54,12 @@ DOWN_EVERY = 60.0
 
 
 class DownSpell:
-    """The one rule of the down-node lines, for what fails while a node is down (each try of a reconnect, a read).
+    """The one rule of the down-node lines, for what fails while a node is down (a reconnect, a connect, a read).
 
     The first failure is said at once, then at most one line each :data:`DOWN_EVERY` seconds saying for how long
-    and how many tries failed, then one line when it works again (``back after 75s, 15 failed attempt(s)``), as a
-    :class:`~amqpjobs.wire.cluster.ClusterConnection` says its own reconnects (README "Workers").
+    and how many tries failed, then one line when it works again (``back after 75s, 15 failed attempt(s)``).
+    Its users: a :class:`~amqpjobs.wire.cluster.ClusterConnection`'s reconnects, a first connect's attempts per
+    node (:func:`~amqpjobs.wire.rotation.attempt_line`), the pause flags' reads (README "Workers").
 
     Args:
         every: Seconds between two lines while it lasts (> 0).
@@ -66,9 +67,24 @@ class DownSpell:
 
     def __init__(self, every: float = DOWN_EVERY) -> None:
         self.every = every
-        self._since: float | None = None  # monotonic time of the first failure (None: not failing)
+        self._since: float | None = None  # monotonic time the spell began (None: not failing)
         self._said = 0.0
         self._tries = 0
+
+    @property
+    def on(self) -> bool:
+        """Whether a spell is on (begun or failed since the last :meth:`worked`)."""
+        return self._since is not None
+
+    def began(self, now: float) -> None:
+        """A spell begins at ``now`` before any try failed (a connection lost): its first failure is said at once."""
+        self._since, self._said, self._tries = now, now - self.every, 0
+
+    def lasting(self, now: float) -> str:
+        """``"; down 60s, 3 failed attempt(s)"`` once more than one try failed, else ``""``."""
+        if self._since is None or self._tries <= 1:
+            return ""
+        return f"; down {now - self._since:.0f}s, {self._tries} failed attempt(s)"
 
     def failed(self, now: float) -> str | None:
         """A failure at ``now`` (monotonic s): the tail of the line to say, or None when it is not said now.
@@ -77,18 +93,21 @@ class DownSpell:
         3 failed attempt(s))"`` a minute later, and so on.
         """
         if self._since is None:
-            self._since, self._said = now, now - self.every
+            self.began(now)
         self._tries += 1
         if now - self._said < self.every:
             return None
         self._said = now
-        how_long = f"; down {now - self._since:.0f}s, {self._tries} failed attempt(s)" if self._tries > 1 else ""
-        return f" (said again in {self.every:g}s while it lasts{how_long})"
+        return f" (said again in {self.every:g}s while it lasts{self.lasting(now)})"
 
-    def worked(self, now: float) -> str | None:
-        """It worked at ``now``: ``" (back after 75s, 15 failed attempt(s))"`` when it had failed, else None."""
-        if self._since is None:
-            return None
-        back = f" (back after {now - self._since:.0f}s, {self._tries} failed attempt(s))"
+    def worked(self, now: float, instead: str = "") -> str | None:
+        """It worked at ``now``: ``" (back after 75s, 15 failed attempt(s))"`` when it had failed, else None.
+
+        ``instead``: what the spell held when no try failed (``having waited for those it gives way to``),
+        said in place of the count; without it such a spell ends unsaid.
+        """
+        since, tries = self._since, self._tries
         self._since, self._tries = None, 0
-        return back
+        if since is None or not (tries or instead):
+            return None
+        return f" (back after {now - since:.0f}s, {f'{tries} failed attempt(s)' if tries else instead})"

@@ -31,8 +31,9 @@ import re
 import time
 from collections.abc import Sequence
 
-from amqpjobs.wire.cluster import REFUSAL_EVERY, ClusterConnection, on_refused_reconnect
+from amqpjobs.wire.cluster import ClusterConnection, on_refused_reconnect
 from amqpjobs.wire.errors import refused_connect_reason
+from amqpjobs.wire.failover_lines import DOWN_EVERY
 from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.wire")
@@ -78,7 +79,7 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
             holds a rate-limited job's emitter lock and minting (before: at a vhost limit of 0 it closed too,
             and the minting moved for nothing: ``test_rate_limit_reconnect``).
 
-    Its line (WARNING, logger ``amqpjobs.wire``, at most every :data:`~amqpjobs.wire.cluster.REFUSAL_EVERY` s):
+    Its line (WARNING, logger ``amqpjobs.wire``, at most every :data:`~amqpjobs.wire.failover_lines.DOWN_EVERY` s):
     ``connection app-worker-events gives way to app-worker, which the broker refuses (user 'app' allows at most
     2 connection(s) (max-connections): raise it ...): it closes, and reconnects once app-worker ... are up;
     meanwhile ...``.
@@ -86,7 +87,7 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
     if not isinstance(connection, ClusterConnection):
         return
     needed = [c for c in to if isinstance(c, ClusterConnection)]
-    said = [-REFUSAL_EVERY]
+    said = [-DOWN_EVERY]
     tasks: set[asyncio.Task[None]] = set()
 
     async def turn() -> None:
@@ -108,7 +109,7 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
         closed = await connection.give_way()
         if connection.is_closed or connection.close_called or (connection.connected.is_set() and not closed):
             return  # closed for good (its owner stops), or open and left so (the close raced)
-        if time.monotonic() - said[0] < REFUSAL_EVERY:
+        if time.monotonic() - said[0] < DOWN_EVERY:
             return
         said[0] = time.monotonic()
         why = why if why is not None else await explain(refused, exc)
@@ -116,7 +117,7 @@ def give_way(connection: object, to: Sequence[object], meanwhile: str | None = N
         how = "it closes, and reconnects" if closed else "it was down already and reconnects only"
         log.warning("connection %s gives way to %s, which the broker refuses (%s): %s once %s are up; meanwhile %s "
                     "(said again in %gs at most)", connection.name, refused.name, redact_text(why), how, names,
-                    meanwhile, REFUSAL_EVERY)  # fmt: skip
+                    meanwhile, DOWN_EVERY)  # fmt: skip
 
     def refused(refused: ClusterConnection, exc: BaseException) -> None:
         task = asyncio.get_running_loop().create_task(close_for(refused, exc))

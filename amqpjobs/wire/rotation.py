@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from tenacity import RetryCallState
 
-from amqpjobs.wire.cluster import REFUSAL_EVERY, Node
+from amqpjobs.wire.cluster import Node
+from amqpjobs.wire.failover_lines import DownSpell
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -102,11 +103,11 @@ def stop_policy(rotation: Rotation, deadline: float) -> Callable[[RetryCallState
 def attempt_line(rotation: Rotation, wait: float, started: float) -> Callable[[RetryCallState], None]:
     """Tenacity's ``before_sleep``: a failed attempt's WARNING line of ours, naming the node, paced as a reconnect's.
 
-    Each node's first failure is said at once, then at most every :data:`~amqpjobs.wire.cluster.REFUSAL_EVERY` s
-    while it lasts (the reconnects' rule, :class:`~amqpjobs.wire.cluster.ClusterConnection`; before, a line per
+    Each node's failures are said by the down-node rule (:class:`~amqpjobs.wire.failover_lines.DownSpell`, the
+    reconnects' rule too): the first at once, then at most one a minute while it lasts (before, a line per
     attempt: 30-odd in a worker's 30 s connect timeout). A node refused for good is said once, at once.
     """
-    said: dict[str, float] = {}  # node -> when its failure was last said
+    spells: dict[str, DownSpell] = {}  # node -> its failures, said by the down-node rule
 
     def line(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -116,14 +117,13 @@ def attempt_line(rotation: Rotation, wait: float, started: float) -> Callable[[R
         if isinstance(exc, NodeRefused):
             log.warning("%s (not tried again); %s in %.1fs", exc, following, pause)
             return
-        if time.monotonic() - said.get(tried.safe_url, -REFUSAL_EVERY) < REFUSAL_EVERY:
+        again = spells.setdefault(tried.safe_url, DownSpell()).failed(time.monotonic())
+        if again is None:
             return
-        said[tried.safe_url] = time.monotonic()
         log.warning(
-            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; %s in %.1fs "
-            "(said again in %gs while it lasts)",
+            "broker at %s not reachable (attempt %d, %.1fs of the %gs connect timeout): %s: %s; %s in %.1fs%s",
             tried.safe_url, state.attempt_number, time.monotonic() - started, wait,
-            type(exc).__name__, exc, following, pause, REFUSAL_EVERY,
+            type(exc).__name__, exc, following, pause, again,
         )  # fmt: skip
 
     return line

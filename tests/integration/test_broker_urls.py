@@ -166,7 +166,7 @@ async def test_a_first_connect_retried_says_each_node_once_at_once_then_paced_as
 ) -> None:
     """Before: one WARNING per attempt up to the connect timeout (0.2 s doubling to 2 s between rounds: 5 lines in
     4 s for one node, 30-odd in a worker's 30 s), where a reconnect says its first failure at once, then a line a
-    minute at most (REFUSAL_EVERY). Now the first connect follows the reconnect's rule, per node."""
+    minute at most (DOWN_EVERY). Now the first connect follows the reconnect's rule, per node."""
     caplog.set_level(logging.INFO, "amqpjobs.wire")
     ports = [closed_port() for _ in range(nodes)]
     settings = broker_settings(",".join(f"amqp://guest:s3cret@127.0.0.1:{port}/jobs" for port in ports))
