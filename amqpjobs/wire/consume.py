@@ -46,7 +46,7 @@ from amqpjobs.wire.consume_lines import MISSING_EVERY, MISSING_FIX, AgainLine
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, error_kind, in_our_words
+from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, ChannelReopening, error_kind, in_our_words
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -176,7 +176,7 @@ class WorkQueueConsumer:
         assert self.channel is not None
         underlay = cast(aiormq.Channel, await self.channel.get_underlay_channel())
         if underlay.is_closed:  # its consumer table still holds the tag: never take that for a live consumer
-            raise ConnectionError(f"the channel consuming {self.queue!r} is closed (it is opened again)")
+            raise ChannelReopening(f"the channel consuming {self.queue!r} is closed (it is opened again)")
         if self.tag in underlay.consumers:
             return
         # basic.consume on a missing queue would close this channel (404) and aio-pika would reopen
@@ -262,7 +262,8 @@ class WorkQueueConsumer:
         try:
             await self._consume_unless_paused(consume)
         except Exception as exc:
-            if self.connection.connected.is_set():  # else the connection's lines say it, and the reopen consumes
+            # down, or its channel reopened: the connection's lines say it, and the channel's reopen consumes
+            if self.connection.connected.is_set() and not isinstance(exc, ChannelReopening):
                 log.warning("consuming %s again failed (%s); retrying every second", self.queue, in_our_words(exc))
             self._retry_later()
 

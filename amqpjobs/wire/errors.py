@@ -170,6 +170,14 @@ def channel_limit_hint(exc: BaseException) -> str:
     return ""
 
 
+class ChannelReopening(ConnectionError):
+    """A consume found its channel closed on a live connection: aio-pika reopens it, and its reopen hook consumes.
+
+    Not worth a WARNING of its own (a resume that raced a reconnect's channel restore): the reopen's
+    ``consuming <queue> again after a reconnect`` line says the outcome.
+    """
+
+
 class _Translating:
     """The context manager of :func:`broker_errors` (one shared instance when no name is given)."""
 

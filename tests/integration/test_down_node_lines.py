@@ -92,9 +92,13 @@ async def test_a_down_node_is_said_at_once_then_once_a_minute_with_how_long_then
         assert len(back) == 2, back  # at the start, then back
         assert re.search(r"\(back after (6[5-9]|7[0-9])s, having waited for those it gives way to\)", back[1]), back
     again = [line for line in lines if "consuming work again" in line]  # one reconnect, one line
-    # (with the pause flags unknown at the reconnect, the consumer starts once they are read: at that resume)
-    said = "consuming work again" if api_down else "consuming work again after a reconnect"
-    assert [line.split(": ", 1)[1] for line in again] == [said], "\n".join(again)
+    # (with the pause flags unknown at the reconnect, the consumer starts once they are read: at that resume;
+    # a resume that meets the channel still closed leaves the consume to its reopen, said after a reconnect.
+    # Before, that resume also said "consuming work again failed (the channel ... is closed (it is opened
+    # again)); retrying every second": a WARNING for nothing, 1 of 4 runs on 3.10.8)
+    said = {"consuming work again after a reconnect"} | ({"consuming work again"} if api_down else set())
+    assert len(again) == 1, "\n".join(again)
+    assert again[0].split(": ", 1)[1] in said, again
     if api_down:  # the same rule for the pause flags' read (every 30 s); one line when read again
         flags = [line for line in lines if "reading the pause flags failed" in line]
         assert 1 <= len(flags) <= 2, "\n".join(flags)  # before: one every 30 s (2-3 in 70 s), the same each time
