@@ -27,19 +27,16 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import Sequence
 
 from amqpjobs.wire.cluster import ClusterConnection, on_refused_reconnect
 from amqpjobs.wire.errors import refused_connect_reason
 from amqpjobs.wire.failover_lines import DOWN_EVERY
+from amqpjobs.wire.open_refusal import frees_a_slot
 from amqpjobs.wire.urls import redact_text
 
 log = logging.getLogger("amqpjobs.wire")
-
-#: The connection limit in :mod:`amqpjobs.wire.open_refusal`'s words.
-_LIMIT = re.compile(r"allows at most (\d+) connection\(s\) \(max-connections\)")
 
 #: What a worker's publishing connection's owner does while it gives way to the consuming one (its line's end).
 PUBLISHING_MEANWHILE = (
@@ -54,16 +51,6 @@ LOOK_EVERY = 1.0
 def _down(connections: Sequence[ClusterConnection]) -> list[ClusterConnection]:
     """Those of ``connections`` not connected now (a connection closed for good, its owner stopping, is not)."""
     return [c for c in connections if not (c.is_closed or c.close_called or c.connected.is_set())]
-
-
-def frees_a_slot(why: str) -> bool:
-    """Whether a refusal worded ``why`` (:mod:`amqpjobs.wire.open_refusal`) is a ``max-connections`` of 1 or more.
-
-    Only then does a connection's close make room for the one refused; under a limit of 0, a vhost
-    gone or no permissions every connection is refused alike (and unknown words: no).
-    """
-    found = [int(n) for n in _LIMIT.findall(why)]
-    return bool(found) and min(found) >= 1
 
 
 def give_way(connection: object, to: Sequence[object], meanwhile: str | None = None, slot_only: bool = False) -> None:

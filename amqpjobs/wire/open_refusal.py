@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -26,6 +27,20 @@ from amqpjobs.wire.settings import BrokerSettings
 
 #: Seconds the management API is given to say why (the refusal is said either way).
 ASK_FOR = 5.0
+#: How :func:`refused_words` words a ``max-connections`` limit (``whose``: ``vhost 'v'`` or ``user 'u'``).
+LIMIT_WORDS: Final = "{whose} allows at most {most} connection(s) (max-connections)"
+#: :data:`LIMIT_WORDS` read back (:func:`frees_a_slot`).
+_LIMIT: Final = re.compile(re.escape(LIMIT_WORDS).replace(r"\{whose\}", ".*?").replace(r"\{most\}", r"(\d+)"))
+
+
+def frees_a_slot(why: str) -> bool:
+    """Whether a refusal worded ``why`` (:func:`refused_words`) is a ``max-connections`` of 1 or more.
+
+    Only then does a connection's close make room for the one refused; under a limit of 0, a vhost
+    gone or no permissions every connection is refused alike (and unknown words: no).
+    """
+    found = [int(n) for n in _LIMIT.findall(why)]
+    return bool(found) and min(found) >= 1
 
 
 async def refused_words(exc: BaseException, settings: BrokerSettings) -> str:
@@ -69,7 +84,7 @@ def _ask(settings: BrokerSettings) -> str | None:
              f"rabbitmqctl set_user_limits {shell_quote(user)} '{{\"max-connections\": N}}'", held[1]),
         ):  # fmt: skip
             if (most := _limit(rows, "max-connections")) is not None:
-                text = f"{whose} allows at most {most} connection(s) (max-connections): raise it ({fix})"
+                text = f"{LIMIT_WORDS.format(whose=whose, most=most)}: raise it ({fix})"
                 limits.append((text, count is not None and count >= most))
         # only those the connections listed reach; none (a new connection not listed yet, a count not told): all
         found = [text for text, reached in limits if reached] or [text for text, _ in limits]

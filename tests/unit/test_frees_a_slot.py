@@ -1,4 +1,5 @@
-"""The publishing connection closes for a refused consuming one only when that makes room (wire/giving_way.py).
+"""The publishing connection closes for a refused consuming one only when that makes room (wire/giving_way.py,
+by the refusal's words read back in wire/open_refusal.py, where they are written).
 
 Before, it closed on any refusal: at a vhost's ``max-connections`` 0 (``test_rate_limit_reconnect``'s cut)
 its rate-limit minting moved for nothing ("now mints its tokens" said twice for a consuming-only cut).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqpjobs.wire.giving_way import frees_a_slot
+from amqpjobs.wire.open_refusal import LIMIT_WORDS, frees_a_slot
 
 FIX = "raise it (rabbitmqctl set_user_limits app '{\"max-connections\": N}')"
 
@@ -31,3 +32,9 @@ FIX = "raise it (rabbitmqctl set_user_limits app '{\"max-connections\": N}')"
 )
 def test_a_close_frees_a_slot_only_under_a_connection_limit_of_one_or_more(why: str, frees: bool) -> None:
     assert frees_a_slot(why) is frees
+
+
+@pytest.mark.parametrize(("most", "frees"), [(0, False), (1, True), (12, True)])
+def test_the_words_written_for_a_limit_are_the_words_read_back(most: int, frees: bool) -> None:
+    written = LIMIT_WORDS.format(whose="user 'a (b)'", most=most) + f": {FIX}"
+    assert frees_a_slot(written) is frees
