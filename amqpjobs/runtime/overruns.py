@@ -59,6 +59,8 @@ class Overruns:
         self.hung = ""
         #: How that run, ended after all during the stop, was judged ("": it did not end).
         self.hung_ended = ""
+        #: That run went past its grace while the worker was stopping already (SIGTERM first), not causing the stop.
+        self.hung_in_stop = False
         self._began = asyncio.Event()
         self._said = False  # the suspects' wait was said in this stretch
         #: The tasks of runs still going past their timeout and the grace after it (:meth:`hung_past`):
@@ -86,16 +88,21 @@ class Overruns:
             " while running alone as a suspect" if alone else "", why, self.grace,
         )  # fmt: skip
 
-    def hung_past(self, job: str, job_id: str, limit: float, thread: bool = True) -> bool:
-        """A run is still going :attr:`grace` seconds more (see :meth:`begin`): the worker stops (True)."""
-        self.hung = f"job {job} id {job_id}"
+    def hung_past(self, job: str, job_id: str, limit: float, thread: bool = True, stopping: bool = False) -> bool:
+        """A run is still going :attr:`grace` seconds more (see :meth:`begin`): the worker stops (True).
+
+        ``stopping``: the worker was asked to stop before (SIGTERM, ``request_stop``): its lines say so, not
+        that this run stops it, and its exit code is the stop's (0 when every run ended within its grace).
+        """
+        self.hung, self.hung_in_stop = f"job {job} id {job_id}", stopping
         what = "plain-function handler" if thread else "async handler (it catches its cancellation)"
+        stops = "; this worker was asked to stop first" if stopping else (
+            ", so this worker stops (exit 1, for its supervisor to start another)")  # fmt: skip
         log.error(
             "job %s id %s: %s still runs %gs past its timeout of %gs; it can't be stopped and holds a slot for "
-            "good, so this worker stops (exit 1, for its supervisor to start another): its process's stop waits up "
-            "to its grace for the other runs only, then ends with this one, whose start counts like a crash; if "
-            "it ends before, it is judged by its result", field_value(job), field_value(job_id), what, self.grace,
-            limit,
+            "good%s: its process's stop waits up to its grace for the other runs only, then ends with this one, "
+            "whose start counts like a crash; if it ends before, it is judged by its result",
+            field_value(job), field_value(job_id), what, self.grace, limit, stops,
         )  # fmt: skip
         return True
 
@@ -121,10 +128,12 @@ class Overruns:
         A thread's run is judged by its result; an async one's is a timeout (its result is not used).
         """
         self.hung_ended = "judged by its result" if thread else "a timeout, its result not used"
+        when, then = ("during this worker's stop (asked first)", "") if self.hung_in_stop else (
+            "after this worker began to stop for it", "; the worker still exits 1, as it stopped on its own",
+        )  # fmt: skip
         log.warning(
-            "job %s id %s: its run ended %.1fs past its timeout of %gs, after this worker began to stop for it: "
-            "%s (its outcome line follows); the worker still exits 1, as it stopped on its own",
-            field_value(job), field_value(job_id), past, limit, self.hung_ended,
+            "job %s id %s: its run ended %.1fs past its timeout of %gs, %s: %s (its outcome line follows)%s",
+            field_value(job), field_value(job_id), past, limit, when, self.hung_ended, then,
         )  # fmt: skip
 
     def stop_note(self) -> str:
@@ -132,6 +141,8 @@ class Overruns:
         if not self.hung:
             return ""
         then = f"; that run then ended, {self.hung_ended}" if self.hung_ended else ""
+        if self.hung_in_stop:
+            return f" (asked to stop first; {self.hung} went on past its timeout and the grace after it{then})"
         return f" (it stopped on its own for {self.hung}, past its timeout{then})"
 
     def end(self) -> None:

@@ -335,7 +335,7 @@ class HandlerRuns(RunClaims):
     def _hung_past(self, deadline: Deadline) -> None:
         if not deadline.ended:
             job, job_id, limit = deadline.what
-            if self._overruns.hung_past(job, job_id, limit, thread=False):
+            if self._overruns.hung_past(job, job_id, limit, thread=False, stopping=self._stop.is_set()):
                 self._overruns.mark_hung(deadline.task)  # the stop does not wait for it again
                 self._stop.set()
 
@@ -356,12 +356,13 @@ class HandlerRuns(RunClaims):
         hung = False
         try:
             if not (await asyncio.wait({future}, timeout=self._overruns.grace))[0]:
-                hung = self._overruns.hung_past(job.name, ctx.job_id, limit)
+                hung = self._overruns.hung_past(job.name, ctx.job_id, limit, stopping=self._stop.is_set())
                 self._overruns.mark_hung(asyncio.current_task())  # the stop does not wait for it again
                 self._stop.set()  # only the process's end stops the thread (amqpjobs.runtime.overruns)
             return await future
         finally:
             self._overruns.hung_runs.discard(asyncio.current_task())
             self._overruns.end()
-            if hung and future.done():  # it ended in the stop's grace: judged by its result, said so
+            if hung and future.done() and not future.cancelled():  # ended in the stop's grace: judged, said so
+                # (cancelled: the stop's grace ran out first and abandoned it, the thread still running)
                 self._overruns.ended_late(job.name, ctx.job_id, limit, time.monotonic() - began - limit)

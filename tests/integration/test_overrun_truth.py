@@ -111,3 +111,61 @@ async def test_an_async_run_catching_its_cancellation_and_ending_in_the_stop_it_
         "exit 1 (it stopped on its own for job stubborn id late, past its timeout; that run then ended, a timeout, "
         "its result not used)"
     )
+
+
+@pytest.mark.parametrize("ends", ["inside the stop's grace", "after it"])
+async def test_a_run_hung_past_its_grace_in_a_stop_asked_first_says_the_stop_was_asked_not_its_own(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture, ends: str
+) -> None:
+    """A stop (``request_stop``, as SIGTERM) came while a thread ran past its timeout; the run then went past the grace.
+
+    Timeout 1 s, grace 2 s: past the grace at 3 s. Stopped 1 s after the "passed its timeout" line (~2 s), the
+    stop's grace ends at ~4 s: a run of 3.5 s ends inside it (judged by its result, exit 0 as any stop whose
+    runs all ended), one of 6 s after it (abandoned, redelivered once its thread ended, exit 1).
+    Before, every line said the worker stopped for the run
+    ("so this worker stops", "after this worker began to stop for it ... as it stopped on its own", "(it
+    stopped on its own for job ...)"), and a run the stop's grace abandoned was said to have "ended ...
+    judged by its result (its outcome line follows)" with no outcome line after it, its thread still running.
+    """
+    caplog.set_level(logging.INFO, logger="amqpjobs")
+    app = await make_app(broker, tmp_path)
+    app.results = SqliteResults(tmp_path / "results.db")
+    inside = ends == "inside the stop's grace"
+
+    @app.job("slow", queue="work", timeout="1s")
+    def slow(payload: dict[str, str], ctx: JobContext) -> str:
+        time.sleep(3.5 if inside else 6)
+        return "done"
+
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), concurrency=1, grace=2))
+    running = asyncio.create_task(worker.run())
+    try:
+        await app.enqueue("slow", {}, job_id="first")
+        while not any("plain-function handler passed its timeout" in r.getMessage() for r in caplog.records):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        worker.request_stop()  # as SIGTERM does
+        code = await asyncio.wait_for(running, 30)
+        status = await app.job_status("first")
+        left = await depth(broker, "work")
+    finally:
+        await app.close()
+    assert code == (0 if inside else 1)  # the stop's own rule: 1 when a run was still going at its grace's end
+    lines = [r.getMessage() for r in caplog.records if "first" in r.getMessage() or "worker stopped" in r.getMessage()]
+    hung = [line for line in lines if "still runs 2s past its timeout" in line]
+    assert len(hung) == 1, lines
+    assert "holds a slot for good; this worker was asked to stop first: its process's stop waits" in hung[0], hung
+    ended = [line for line in lines if "its run ended" in line]
+    if inside:
+        assert (status.state, left) == ("succeeded", 0)  # judged by its result, acked
+        assert len(ended) == 1, lines
+        assert ended[0].endswith("during this worker's stop (asked first): judged by its result (its outcome "
+                                 "line follows)"), ended  # fmt: skip
+        assert lines[-1] == "worker stopped: 1 in-flight job(s) finished, 0 abandoned (redelivered); exit 0", lines
+    else:
+        assert (status.state, left) == ("running", 1)  # abandoned: back in its queue for another worker
+        assert ended == [], ended
+        assert lines[-1].endswith(
+            "0 in-flight job(s) finished, 1 abandoned (redelivered); exit 1 (asked to stop first; job slow id first "
+            "went on past its timeout and the grace after it)"
+        ), lines[-1]
