@@ -215,7 +215,8 @@ class BrokerBlockedError(PublishError):
     (RabbitMQ "Memory and Disk Alarms"; it tells clients with ``connection.blocked``).
     ``enqueue`` checks before it writes and waits up to ``App(blocked_timeout=...)`` for the
     alarm to clear, then raises this: nothing reached the broker, so enqueueing again later
-    is safe.
+    is safe. Also raised by an ``enqueue`` whose publish the alarm held unread when
+    ``App.close(held_wait=...)`` reset the connection: the broker drops what it had not read.
 
     Attributes:
         alarm: Which alarm: ``memory``, ``disk`` or ``memory & disk`` (from the broker's reason).

@@ -151,8 +151,9 @@ def closed_under(
 
     Returns:
         :class:`UnroutableError` for a 404 naming ``exchange`` (not stored); a 406 over the
-        broker's ``max_message_size`` is :func:`size_refusal`'s; else :class:`PublishError`: it
-        may or may not be stored.
+        broker's ``max_message_size`` is :func:`size_refusal`'s; with ``dropped``,
+        :class:`BrokerBlockedError` (not stored: the alarm did not clear within the close's wait);
+        else :class:`PublishError`: it may or may not be stored.
     """
     if channel_code == 404 and f"no exchange '{exchange}' in vhost" in text:
         return UnroutableError(missing())
@@ -162,9 +163,9 @@ def closed_under(
     if closed_by is not None:
         what = f"{closed_by} was closed under the publish to {exchange!r} / {routing_key!r}"
     if dropped is not None:  # its close reset the connection an alarm blocked: the broker drops what it held unread
-        return PublishError(f"{what} while a resource alarm ({dropped}) held it unread; the close reset the "
-                            f"connection, so the broker drops it: {job_words(message)} NOT stored; enqueue it "
-                            "again once the alarm clears")  # fmt: skip
+        return BrokerBlockedError(f"{what} while a resource alarm ({dropped}) held it unread; the close reset the "
+                                  f"connection, so the broker drops it: {job_words(message)} NOT stored; enqueue it "
+                                  "again once the alarm clears", alarm=dropped)  # fmt: skip
     return PublishError(uncertain(what, message))
 
 
