@@ -71,11 +71,6 @@ class DownSpell:
         self._said = 0.0
         self._tries = 0
 
-    @property
-    def on(self) -> bool:
-        """Whether a spell is on (begun or failed since the last :meth:`worked`)."""
-        return self._since is not None
-
     def began(self, now: float) -> None:
         """A spell begins at ``now`` before any try failed (a connection lost): its first failure is said at once."""
         self._since, self._said, self._tries = now, now - self.every, 0

@@ -27,14 +27,13 @@ def test_a_read_that_always_worked_says_nothing() -> None:
 def test_a_spell_begun_at_a_loss_says_its_first_failure_at_once_and_counts_from_the_loss() -> None:
     spell = DownSpell()
     spell.began(100.0)  # the connection lost at 100 s
-    assert spell.on
     assert spell.failed(105.0) == " (said again in 60s while it lasts)"
     assert spell.lasting(105.0) == ""  # one failed try: no "down" yet
     assert spell.failed(110.0) is None
     assert spell.lasting(110.0) == "; down 10s, 2 failed attempt(s)"  # from the loss, not the first failure
     assert spell.failed(166.0) == " (said again in 60s while it lasts; down 66s, 3 failed attempt(s))"
     assert spell.worked(170.0, "having waited") == " (back after 70s, 3 failed attempt(s))"
-    assert not spell.on
+    assert spell.worked(171.0) is None  # once
 
 
 def test_a_spell_with_no_failed_try_is_said_back_only_with_what_it_held_instead() -> None:
