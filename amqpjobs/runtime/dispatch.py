@@ -49,6 +49,7 @@ from typing import Any
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns
+from amqpjobs.jobs.single_file import SingleFile
 from amqpjobs.jobs.slots import RunningSlots
 from amqpjobs.runtime.leases import DRY, QUORUM_DRY, QUORUM_QUIET, LeaseKeeping, _Lease
 from amqpjobs.runtime.paced_warnings import PacedWarnings
@@ -148,6 +149,7 @@ class ShardDispatcher(LeaseKeeping):
         self._paused = False
         self._closing = False
         self._loop: asyncio.Task[None] | None = None
+        self._single = SingleFile()  # one take at a time after a 541 (one_at_a_time)
 
     # ------------------------------------------------------------------ the worker's view
     @property
@@ -225,6 +227,22 @@ class ShardDispatcher(LeaseKeeping):
         """Send the acks still batched (before closing the connection)."""
         await asyncio.gather(*(lane.flush_acks() for lane in self._lanes))
 
+    def one_at_a_time(self) -> bool:
+        """A 541 closed the connection: one take at a time, no lease; whether this began it.
+
+        Until :meth:`widen`, or until as many deliveries as its slots came (:mod:`amqpjobs.jobs.single_file`).
+        """
+        began = self._single.begin(self.slots)
+        for lease in list(self._leases.values()) if began else ():
+            self._end(lease)
+        self._kick()
+        return began
+
+    async def widen(self) -> None:
+        """Every token again after :meth:`one_at_a_time`."""
+        self._single.end()
+        self._kick()
+
     # ------------------------------------------------------------------ the loop
     def _kick(self) -> None:
         self._changed.set()
@@ -240,7 +258,7 @@ class ShardDispatcher(LeaseKeeping):
             now = time.monotonic()
             wake: float | None = None
             if not self._paused:
-                wake = self._plan(now)
+                wake = None if self._single.on else self._plan(now)  # no lease while one at a time
                 take_wake = self._take(now)
                 if take_wake is not None:
                     wake = take_wake if wake is None else min(wake, take_wake)
@@ -258,6 +276,8 @@ class ShardDispatcher(LeaseKeeping):
             return None
         if self._free - self._pending <= 0:
             return None
+        if self._single.on and (self._free < self.slots + self._ahead or self._leases or self._ending):
+            return None  # one at a time: a take only once nothing is held
         skip = set(self._taking)
         average = self._job_seconds
         if average is None or average < TURN_BELOW:  # tiny jobs: a lease with credit brings the next one cheaper
@@ -270,6 +290,8 @@ class ShardDispatcher(LeaseKeeping):
             self._free -= 1
             self._taking.add(shard)
             self._spawn(self._take_one(shard), self._inflight)
+            if self._single.on:
+                break
         return None
 
     def _spawn(self, coro: Coroutine[Any, Any, None], into: set[asyncio.Task[Any]]) -> None:
@@ -365,6 +387,7 @@ class ShardDispatcher(LeaseKeeping):
             self._kick()
             return
         self._turns.found(shard)
+        self._single.came()
         if self._leasing and taken.remaining and shard not in self._busy:
             self._busy.add(shard)  # a backlog: it gets a lease
         self._kick()

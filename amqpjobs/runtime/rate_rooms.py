@@ -247,6 +247,13 @@ class RoomSource:
         """Paused by the worker."""
         return self._paused
 
+    def one_at_a_time(self) -> bool:
+        """Never: a waiting room holds copies a worker published (a 0-9-1 client's), never a 541's cause."""
+        return False
+
+    async def widen(self) -> None:
+        """Nothing to widen (:meth:`one_at_a_time`)."""
+
     async def none_waiting(self) -> None:
         """Return once no delivery received waits for a token (each gone on to run or to its hand-back)."""
         await self._none_waiting.wait()

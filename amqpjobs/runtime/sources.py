@@ -44,3 +44,10 @@ class Source(Protocol):
 
     async def flush_acks(self) -> None:
         """Send the acks still batched."""
+
+    def one_at_a_time(self) -> bool:
+        """After a 541: one delivery at a time (:mod:`amqpjobs.jobs.single_file`); whether this began it."""
+        ...
+
+    async def widen(self) -> None:
+        """Take as many as its slots again after :meth:`one_at_a_time` (the message was moved)."""

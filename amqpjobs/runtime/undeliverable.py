@@ -41,6 +41,7 @@ from amqpjobs.jobs.undeliverable import SHORTSTR_MAX, Sanitized, fingerprint, ov
 from amqpjobs.message import OutgoingMessage
 from amqpjobs.printable import printable
 from amqpjobs.runtime.logs import field_value
+from amqpjobs.runtime.sources import Source
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.as_was import as_it_was
@@ -218,11 +219,14 @@ def quarantines_of(layouts: Iterable[JobQueueLayout]) -> dict[str, str]:
             for queue in layout.work_queues}  # fmt: skip
 
 
-async def keep_rescuing(rescue: Rescue, quarantines: Mapping[str, str], wanted: asyncio.Event) -> None:
+async def keep_rescuing(
+    rescue: Rescue, quarantines: Mapping[str, str], wanted: asyncio.Event, widen: Callable[[], Awaitable[None]]
+) -> None:
     """Each time ``wanted`` is set (a connection closed with 541), ``rescue(quarantines)`` once; runs until cancelled.
 
     A 541 may come while jobs fetched before the message still ran: they go back ahead of it,
-    so it is at the head only once the worker finished the first of them; each 541 looks again.
+    and the worker takes one delivery at a time until one moved it (then ``widen()``), so it is
+    at the head when it is sent again (:mod:`amqpjobs.jobs.single_file`); each 541 looks again.
     Only a 541 makes it look: a read through the management API marks a good job at the head
     redelivered (the worker would count a start of it).
     """
@@ -230,7 +234,8 @@ async def keep_rescuing(rescue: Rescue, quarantines: Mapping[str, str], wanted: 
         await wanted.wait()
         wanted.clear()
         await asyncio.sleep(0.2)  # the close's requeues settle first
-        await rescue(quarantines)
+        if await rescue(quarantines):
+            await widen()
 
 
 async def start_past_undeliverable(
@@ -266,14 +271,30 @@ async def start_past_undeliverable(
 
 def watch_undeliverable(
     settings: BrokerSettings, consuming: Connection, publishing: Connection, layouts: Iterable[JobQueueLayout],
-    app_version: str,
+    app_version: str, sources: Callable[[], Iterable[Source]],
 ) -> tuple[Rescue, asyncio.Task[None]]:  # fmt: skip
     """A worker's rescue (:func:`rescue_heads` over ``publishing``) and its task, run at each 541 of ``consuming``.
 
-    Cancel the task to stop it (the worker's stop does, with its other background tasks).
+    At each 541 the ``sources()`` of classic job queues take one delivery at a time, until a rescue
+    moved a message or their slots' worth came (:mod:`amqpjobs.jobs.single_file`). Cancel the task
+    to stop it (the worker's stop does, with its other background tasks).
     """
     # one at a time in this process too: the lock queue is this connection's, which may declare it twice
     rescue: Rescue = partial(rescue_heads, settings, publishing, app_version=app_version, serial=asyncio.Lock())
+    layouts = list(layouts)
+    quarantines = quarantines_of(layouts)
+    classic = {*quarantines, *(layout.name for layout in layouts if layout.queue_type == "classic")}
+
+    def one_at_a_time() -> None:
+        if began := [source.queue for source in sources() if source.queue in classic and source.one_at_a_time()]:
+            log.info("a 541 closed the connection: one delivery at a time from %s, so that the message no client "
+                     "can receive is at the head when it is sent (every slot again once it is moved)",
+                     ", ".join(map(printable, began)))  # fmt: skip
+
+    async def widen() -> None:
+        await asyncio.gather(*(source.widen() for source in sources() if source.queue in classic))
+
     wanted = asyncio.Event()
+    on_internal_error(consuming, one_at_a_time)
     on_internal_error(consuming, wanted.set)
-    return rescue, asyncio.create_task(keep_rescuing(rescue, quarantines_of(layouts), wanted))
+    return rescue, asyncio.create_task(keep_rescuing(rescue, quarantines, wanted, widen))

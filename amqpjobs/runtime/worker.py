@@ -260,7 +260,7 @@ class Worker(WorkerStop):
             settle_heap()  # before the first delivery: the start's full collection stalls no job
         # a message no 0-9-1 client can receive at a work queue's head (541 at each delivery): to quarantine
         self._rescue, watch = watch_undeliverable(self.settings, self._connection, publishing, self._layouts.values(),
-                                                  self.app.app_version)  # fmt: skip
+                                                  self.app.app_version, lambda: self._consumers)  # fmt: skip
         self._background.append(watch)
         for layout in self._layouts.values():
             if layout.shard_routing_keys:  # its N slots shared fairly among the shards, N deliveries at most

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
@@ -39,14 +38,16 @@ from pamqp.header import ContentHeader
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError, NotFoundError
+from amqpjobs.jobs.single_file import SingleFile
 from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
-from amqpjobs.wire.consume_lines import MISSING_EVERY, MISSING_FIX, AgainLine
+from amqpjobs.wire.consume_lines import MISSING_FIX, AgainLine, MissingLine
 from amqpjobs.wire.declare import declaring
 from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
-from amqpjobs.wire.errors import CHANNEL_OPEN_ERRORS, ChannelReopening, error_kind, in_our_words
+from amqpjobs.wire.errors import ChannelReopening, error_kind, in_our_words
+from amqpjobs.wire.left_closed import reopen_if_left_closed
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -101,9 +102,9 @@ class WorkQueueConsumer:
         #: workers declare themselves (a rate limit's) is declared again there. None: wait for it.
         self.on_missing: Callable[[], Awaitable[None]] | None = None
         self._consuming_on: aiormq.Channel | None = None
-        #: Since when (monotonic) consuming again finds the queue missing (404), None while it is there.
-        self.missing_since: float | None = None
-        self._missing_said = 0.0
+        self._missing = MissingLine(queue, safe_url)  # the warning that it is missing, paced
+        self._single = SingleFile()  # one delivery at a time after a 541 (one_at_a_time)
+        self._widening: asyncio.Task[None] | None = None
         self._again = AgainLine(queue)  # one "consuming again" line per recovery
         self._acks: AckBatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # handler runs under way (strong references)
@@ -225,9 +226,35 @@ class WorkQueueConsumer:
         acks = self._acks
         if acks is None or acks.channel is not channel:  # first delivery, or one after a reconnect
             acks = self._acks = AckBatcher(channel, batch=self.prefetch > 1)
+        if (wide := self._single.came()) is not None:  # that many came one at a time: its slots again
+            self._widening = asyncio.get_running_loop().create_task(self.widen(wide))
         # a task of our own: aiormq cancels the tasks it started when the channel closes, which would
         # cut a run off without an outcome (and leave a plain-function handler's thread running unseen)
         run_handler(self._tasks, self.handler(delivery_from_frames(frame, header, body, channel, self.queue, acks)))
+
+    def one_at_a_time(self) -> bool:
+        """After a 541: prefetch 1 from the next consume on (:mod:`amqpjobs.jobs.single_file`); whether this began it.
+
+        Until :meth:`widen`, or until as many deliveries as its slots came one at a time.
+        """
+        began, self.prefetch = self._single.begin(self.prefetch), 1 if self._single.on else self.prefetch
+        return began
+
+    async def widen(self, wide: int | None = None) -> None:
+        """Its slots (``wide`` when that ended already) again under a new tag: ``basic.qos`` is per consumer."""
+        wide = wide or self._single.end()
+        if wide is None:
+            return
+        self.prefetch = wide
+        try:
+            async with self._switch:
+                if self._closing or self._paused or not self.consuming:  # the next consume takes that prefetch
+                    return
+                await self._basic_cancel(self._consuming_on, "widening")
+                self.tag = _new_tag()
+                await self._consume()
+        except Exception:  # the channel or connection went meanwhile: consume again as after a reconnect
+            self._retry_later()
 
     async def flush_acks(self) -> None:
         """Send the acks still batched (call before closing the connection)."""
@@ -322,54 +349,25 @@ class WorkQueueConsumer:
         async for attempt in AsyncRetrying(wait=wait_fixed(1.0), retry=retry_if_exception_type(Exception)):
             with attempt:
                 try:
-                    await self._reopen_if_left_closed(left_closed)
+                    live = None if self._closing or not self.connection.connected.is_set() else self.channel
+                    await reopen_if_left_closed(live, left_closed, f"the channel consuming {self.queue}")
                     if not await self._consume_unless_paused(self._consume_or_declare):
                         return
                 except Exception as exc:
                     self._say_missing(exc)
                     raise
-        self.missing_since = None
+        self._missing.since = None
         self._again.consumed(self._consuming_on)
-
-    async def _reopen_if_left_closed(self, seen: list[int]) -> None:
-        """Open the channel again when aio-pika left it closed on a live connection (not under the switch).
-
-        aio-pika reopens a robust channel after a reconnect; a connection lost again while it did so
-        (a message the broker cannot deliver closes it at each consume) can leave it closed for good.
-        The same closed channel seen on two tries in a row (``seen``: its id, kept by the caller; a
-        second apart: time for aio-pika's own restore) is reopened here (:meth:`_on_reopen` consumes).
-
-        Raises:
-            What reopening raises (the connection is gone again): the caller tries again.
-        """
-        channel = self.channel
-        if channel is None or self._closing or not self.connection.connected.is_set() or not channel.is_closed:
-            seen.clear()
-            return
-        try:
-            underlay = id(await channel.get_underlay_channel())
-        except CHANNEL_OPEN_ERRORS:  # never opened since: aio-pika's restore is under way
-            underlay = 0
-        if seen != [underlay]:
-            seen[:] = [underlay]
-            return
-        seen.clear()
-        log.warning("the channel consuming %s was left closed after a reconnect: opening it again", self.queue)
-        await channel.reopen()
 
     def _say_missing(self, exc: BaseException) -> None:
         """Warn that the work queue is gone (a 404 consuming again), at once and then every 30 s while it is."""
-        if self.on_missing is not None or error_kind(exc) is not NotFoundError:
-            return
-        now = time.monotonic()
-        if self.missing_since is not None and now - self._missing_said < MISSING_EVERY:
-            return
-        self.missing_since = self.missing_since or now
-        self._missing_said = now
-        gone = now - self.missing_since
-        since = f" (missing for {gone:.0f}s)" if gone >= 1 else ""
-        log.warning("work queue %r does not exist on %s%s: %s; consuming again once it is back",
-                    self.queue, self.safe_url, since, MISSING_FIX)  # fmt: skip
+        if self.on_missing is None and error_kind(exc) is NotFoundError:
+            self._missing.missing()
+
+    @property
+    def missing_since(self) -> float | None:
+        """Since when (monotonic) consuming again finds the queue missing (404), None while it is there."""
+        return self._missing.since
 
     async def cancel(self) -> None:
         """Stop deliveries (``basic.cancel``); deliveries already received can still be acked."""

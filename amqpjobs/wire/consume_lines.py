@@ -11,6 +11,7 @@ reopen consumes once it is back.
 from __future__ import annotations
 
 import logging
+import time
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -43,3 +44,26 @@ class AgainLine:
     def lost(self) -> None:
         """Cancelled by the broker: the next consume, on the same channel too, is said."""
         self._said_on = None
+
+
+class MissingLine:
+    """The warning that a consumed work queue is missing (404): at once, then every :data:`MISSING_EVERY` s."""
+
+    def __init__(self, queue: str, safe_url: str) -> None:
+        self.queue = queue
+        self.safe_url = safe_url
+        #: Since when (monotonic) consuming again finds the queue missing (404), None while it is there.
+        self.since: float | None = None
+        self._said = 0.0
+
+    def missing(self) -> None:
+        """Consuming again found the queue missing: say so unless said less than :data:`MISSING_EVERY` s ago."""
+        now = time.monotonic()
+        if self.since is not None and now - self._said < MISSING_EVERY:
+            return
+        self.since = self.since or now
+        self._said = now
+        gone = now - self.since
+        since = f" (missing for {gone:.0f}s)" if gone >= 1 else ""
+        log.warning("work queue %r does not exist on %s%s: %s; consuming again once it is back",
+                    self.queue, self.safe_url, since, MISSING_FIX)  # fmt: skip
