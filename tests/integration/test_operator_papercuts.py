@@ -77,8 +77,12 @@ async def test_ctrl_c_during_replay_prints_the_summary_and_exits_130(broker: Bro
     assert skipped == 0
     assert left == await depth(broker, "work.quarantine")
     in_work = await depth(broker, "work")
-    assert moved + left == 20  # each acked move is out of quarantine; the rest are back in it
+    # each move is counted at its confirm, and its original is out of quarantine once its ack lands; the one
+    # in flight at the interrupt may be in both places (the summary says so): its copy confirmed (counted) or
+    # not yet (in work uncounted), its ack sent or not (CI on 3.10.8 once: moved 4, left 17)
+    assert 20 <= moved + left <= 21
     assert moved <= in_work <= moved + 1  # at most the --rate 10 window (1) in both places
+    assert 20 <= in_work + left <= 21
     assert "up to 1 job(s) in flight at the interrupt (the --rate 10 window) may now be in both work.quarantine" in err
 
 
