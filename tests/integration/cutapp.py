@@ -11,14 +11,17 @@ CONNECTION_FORCED), as a broker may at that moment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from functools import wraps
+from collections.abc import Awaitable, Callable
+from functools import partial, wraps
 from typing import Any
 from urllib.parse import quote
 
 from amqpjobs import App, JobContext
 from amqpjobs.runtime.worker import Worker
+from amqpjobs.wire.cluster import ClusterConnection
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import broker_settings
 
@@ -80,8 +83,38 @@ async def _cutting(self: Worker, layout: Any, work_queue: str) -> None:
         while not self.took_deliveries and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(float(os.environ.get("CUTAPP_AFTER", "0.1")))
-        await asyncio.to_thread(_close)
+        await _cut_under(self, partial(_start_consumer, self, layout, work_queue))
+        return
     await _start_consumer(self, layout, work_queue)
+
+
+async def _cut_under(worker: Worker, start: Callable[[], Awaitable[None]]) -> None:
+    """Close the worker's connections, then ``start()`` once the loss is seen, before the reconnect.
+
+    The reconnect waits for ``start()`` to end (the connection's ``turn``): under load on 4.3.6 it came
+    back while the management API's close call returned, and the start then went through on it, not
+    cut (CI: no "lost while starting" line).
+    """
+    connection = worker._connection
+    assert isinstance(connection, ClusterConnection)
+    before, ended = connection.turn, asyncio.Event()
+
+    async def after_the_start() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), 10)
+        if before is not None:
+            await before()
+
+    connection.turn = after_the_start
+    try:
+        await asyncio.to_thread(_close)
+        deadline = time.monotonic() + 10
+        while connection.connected.is_set() and time.monotonic() < deadline:  # the close is read by the client
+            await asyncio.sleep(0.02)
+        await start()
+    finally:
+        connection.turn = before
+        ended.set()
 
 
 Worker._start_consumer = _cutting  # type: ignore[method-assign]
