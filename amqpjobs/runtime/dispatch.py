@@ -49,7 +49,6 @@ from typing import Any
 
 from amqpjobs.errors import BrokerError
 from amqpjobs.jobs.fairness import ShardTurns
-from amqpjobs.jobs.single_file import SingleFile
 from amqpjobs.jobs.slots import RunningSlots
 from amqpjobs.runtime.leases import DRY, QUORUM_DRY, QUORUM_QUIET, LeaseKeeping, _Lease
 from amqpjobs.runtime.paced_warnings import PacedWarnings
@@ -58,6 +57,7 @@ from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.consume import DeliveryHandler
 from amqpjobs.wire.delivery import Delivery
 from amqpjobs.wire.lane import Lane
+from amqpjobs.wire.single_file import SingleFile
 
 log = logging.getLogger("amqpjobs.worker")
 
@@ -230,7 +230,7 @@ class ShardDispatcher(LeaseKeeping):
     def one_at_a_time(self) -> bool:
         """A 541 closed the connection: one take at a time, no lease; whether this began it.
 
-        Until :meth:`widen`, or until as many deliveries as its slots came (:mod:`amqpjobs.jobs.single_file`).
+        Until :meth:`widen`, or until as many deliveries as its slots came (:mod:`amqpjobs.wire.single_file`).
         """
         began = self._single.begin(self.slots)
         for lease in list(self._leases.values()) if began else ():

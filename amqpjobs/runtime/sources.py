@@ -46,7 +46,7 @@ class Source(Protocol):
         """Send the acks still batched."""
 
     def one_at_a_time(self) -> bool:
-        """After a 541: one delivery at a time (:mod:`amqpjobs.jobs.single_file`); whether this began it."""
+        """After a 541: one delivery at a time (:mod:`amqpjobs.wire.single_file`); whether this began it."""
         ...
 
     async def widen(self) -> None:

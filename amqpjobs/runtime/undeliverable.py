@@ -226,7 +226,7 @@ async def keep_rescuing(
 
     A 541 may come while jobs fetched before the message still ran: they go back ahead of it,
     and the worker takes one delivery at a time until one moved it (then ``widen()``), so it is
-    at the head when it is sent again (:mod:`amqpjobs.jobs.single_file`); each 541 looks again.
+    at the head when it is sent again (:mod:`amqpjobs.wire.single_file`); each 541 looks again.
     Only a 541 makes it look: a read through the management API marks a good job at the head
     redelivered (the worker would count a start of it).
     """
@@ -276,7 +276,7 @@ def watch_undeliverable(
     """A worker's rescue (:func:`rescue_heads` over ``publishing``) and its task, run at each 541 of ``consuming``.
 
     At each 541 the ``sources()`` of classic job queues take one delivery at a time, until a rescue
-    moved a message or their slots' worth came (:mod:`amqpjobs.jobs.single_file`). Cancel the task
+    moved a message or their slots' worth came (:mod:`amqpjobs.wire.single_file`). Cancel the task
     to stop it (the worker's stop does, with its other background tasks).
     """
     # one at a time in this process too: the lock queue is this connection's, which may declare it twice

@@ -38,7 +38,6 @@ from pamqp.header import ContentHeader
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from amqpjobs.errors import BrokerError, NotFoundError
-from amqpjobs.jobs.single_file import SingleFile
 from amqpjobs.wire.acks import AckBatcher
 from amqpjobs.wire.arguments import consume_arguments
 from amqpjobs.wire.connection import close_channel
@@ -48,6 +47,7 @@ from amqpjobs.wire.delivery import Delivery, delivery_from_frames, run_handler
 from amqpjobs.wire.delivery_tap import tap
 from amqpjobs.wire.errors import ChannelReopening, error_kind, in_our_words
 from amqpjobs.wire.left_closed import reopen_if_left_closed
+from amqpjobs.wire.single_file import SingleFile
 
 log = logging.getLogger("amqpjobs.wire")
 
@@ -233,7 +233,7 @@ class WorkQueueConsumer:
         run_handler(self._tasks, self.handler(delivery_from_frames(frame, header, body, channel, self.queue, acks)))
 
     def one_at_a_time(self) -> bool:
-        """After a 541: prefetch 1 from the next consume on (:mod:`amqpjobs.jobs.single_file`); whether this began it.
+        """After a 541: prefetch 1 from the next consume on (:mod:`amqpjobs.wire.single_file`); whether this began it.
 
         Until :meth:`widen`, or until as many deliveries as its slots came one at a time.
         """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amqpjobs.jobs.single_file import SingleFile
+from amqpjobs.wire.single_file import SingleFile
 
 
 def test_it_lasts_as_many_deliveries_as_the_slots_then_gives_them_back() -> None:
