@@ -246,6 +246,8 @@ class WorkQueueConsumer:
         if wide is None:
             return
         self.prefetch = wide
+        if self._acks is not None:  # batched again on this channel (unbatched while one came at a time)
+            self._acks.batch = True
         try:
             async with self._switch:
                 if self._closing or self._paused or not self.consuming:  # the next consume takes that prefetch
