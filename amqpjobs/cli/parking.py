@@ -117,6 +117,11 @@ def _end(action: str, stopped: int | None, report: TakeReport, census: Census, c
                 f"interrupted: {done} {report.taken} in {printable(report.target or '?')}, left {report.left} in "
                 f"{printable(report.queue)}", err=True,
             )  # fmt: skip
+            click.echo(
+                f"the one job in flight at the interrupt may now be in both {printable(report.queue)} and "
+                f"{printable(report.target or '?')} (its copy sent, its original back): a duplicate, never a loss",
+                err=True,
+            )  # as a replay's window (README "Quarantine")
             sys.exit(stopped)
         limited = f"; stopped at --limit {report.limit_reached} (the rest were not looked at)"
         limited = limited if report.limit_reached is not None else ""

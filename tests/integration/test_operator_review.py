@@ -224,10 +224,12 @@ async def test_a_signal_during_park_prints_what_was_parked_and_left(
     found = re.search(r"interrupted: parked (\d+) in work\.parked, left (\d+) in work\.quarantine", err)
     assert found, err
     parked, left = map(int, found.groups())
-    assert parked == await depth(broker, "work.parked")
+    in_parked = await depth(broker, "work.parked")
+    assert parked <= in_parked <= parked + 1  # the one in flight: its copy sent (uncounted: no confirm yet)
     assert left == await depth(broker, "work.quarantine")
-    assert parked + left == 3000
+    assert 3000 <= in_parked + left <= 3001  # ... and its original back: in both, as the summary says
     assert 50 <= parked < 3000
+    assert "the one job in flight at the interrupt may now be in both work.quarantine and work.parked" in err
     assert "WARNING" not in err
     assert "Traceback" not in err
 
@@ -238,7 +240,7 @@ async def test_sigterm_during_replay_prints_the_summary_and_exits_143(broker: Br
     found = re.search(r"interrupted: moved (\d+), skipped 0, left (\d+) in work\.quarantine", err)
     assert found, err
     moved, left = map(int, found.groups())
-    assert moved + left == 20
+    assert 20 <= moved + left <= 21  # the one in flight may be in both (test_operator_papercuts)
     assert left == await depth(broker, "work.quarantine")
 
 
