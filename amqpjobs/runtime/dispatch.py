@@ -258,7 +258,10 @@ class ShardDispatcher(LeaseKeeping):
             now = time.monotonic()
             wake: float | None = None
             if not self._paused:
-                wake = None if self._single.on else self._plan(now)  # no lease while one at a time
+                if self._single.on:  # no lease while one at a time, and no token waits for one
+                    self._pending, wake = 0, None
+                else:
+                    wake = self._plan(now)
                 take_wake = self._take(now)
                 if take_wake is not None:
                     wake = take_wake if wake is None else min(wake, take_wake)
