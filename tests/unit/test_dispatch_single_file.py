@@ -130,3 +130,23 @@ def test_one_slot_never_goes_one_at_a_time(fake_lanes: type[FakeLane]) -> None:
     runs = Runs()
     dispatcher = ShardDispatcher(None, "split", ["split.shard-0"], 1, runs, set())  # type: ignore[arg-type]
     assert dispatcher.one_at_a_time() is False
+
+
+async def test_a_lease_planned_before_the_541_keeps_no_token_waiting_while_one_at_a_time(
+    fake_lanes: type[FakeLane],
+) -> None:
+    """A lease the last plan could not arm yet (no token free) leaves its tokens pending; the 541 comes then.
+
+    While one at a time no lease is planned, so nothing would arm it and free those tokens:
+    they are not waited for (else no take starts until a look moves the message, c9ebb51).
+    """
+    runs = Runs()
+    dispatcher = ShardDispatcher(None, "split", ["split.shard-0", "split.shard-1"], 3, runs, set())  # type: ignore[arg-type]
+    dispatcher._pending = 3  # the state such a plan leaves: every slot's token waits for that lease
+    dispatcher.one_at_a_time()
+    await dispatcher.start()
+    try:
+        await _until(lambda: len(runs.done) == 3, timeout=3.0)
+    finally:
+        await dispatcher.cancel()
+    assert runs.peaks[:3] == [1, 1, 1]  # taken one at a time (then its slots' worth came: every token again)
