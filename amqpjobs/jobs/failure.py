@@ -115,17 +115,19 @@ def _rendered(exc: BaseException, how: str) -> str:
         return f"(the traceback could not be rendered: {why})"
 
 
-def describe(exc: BaseException) -> tuple[str, str, str]:
+def describe(exc: BaseException, by: str = "the handler") -> tuple[str, str, str]:
     """(error type, message, traceback) of a handler's exception, as every record of the failure shows them.
 
     Never raises: a message whose ``str()`` raises (the exception's ``__str__``, or the
     ``__repr__`` of one of its arguments) is a note saying so. A ``BaseException`` that is
-    no ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ...) says it was the handler's raise.
+    no ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ...) says it was
+    raised ``by`` that app code (the handler, or its payload model's validation).
     All three are :func:`amqpjobs.text.encodable` (a lone surrogate as ``?``), the one rule for
     evidence, events, logs, results and spans.
 
     Args:
         exc: The exception the handler raised (or that ended its run).
+        by: Whose raise it was, in its message (``"its payload model's validation"``).
 
     Returns:
         ``("ValueError", "bad address", "Traceback (most recent call last): ...")``.
@@ -134,7 +136,7 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     message = message_of(exc)
     if not isinstance(exc, Exception):
         message = (
-            f"{type(exc).__name__}({message}) raised by the handler, not a signal to the worker: a failure of "
+            f"{type(exc).__name__}({message}) raised by {by}, not a signal to the worker: a failure of "
             "this job (the worker went on)"
         )
     return encodable(qualname(exc)), message, encodable(_rendered(exc, "traceback"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -53,6 +54,7 @@ from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
 from amqpjobs.runtime.runs import HandlerRuns, Unread
 from amqpjobs.runtime.signals import ends_the_task
+from amqpjobs.runtime.stall import handler_name
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -355,6 +357,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         except envelope.DecodeError as exc:
             return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
                                  failure=("DecodeError", exc.detail, ""))  # fmt: skip
+        model = job.payload_model  # its validators are app code on the loop: a block in them is said as a handler's
+        stall = (
+            None if model is None else self._stalls.enter(sys._getframe(), job.name, job_id, handler_name(model), True)
+        )
         try:
             payload = job.validate(raw)
         except ValidationError as exc:
@@ -364,7 +370,10 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             if ends_the_task(exc):
                 raise
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
-                                 failure=describe(exc))  # fmt: skip
+                                 failure=describe(exc, "its payload model's validation"))  # fmt: skip
+        finally:
+            if stall is not None:
+                self._stalls.leave(stall)
         if job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key):  # README "Idempotency"
             job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             self._say_once(("keyed", job.name), "idempotent job %s without message_id on %s: keyed by its key "

@@ -45,6 +45,17 @@ WARN_AFTER = 1.0
 BLOCKED_WARN_AFTER = 5.0
 
 
+#: Where the block was, by whether a payload's validation blocked (else the handler's run).
+_WHERE = {False: "", True: " validating its payload (before its handler started)"}
+#: How to fix it, by the same.
+_FIX = {
+    False: "Make the handler a plain `def` (it then runs in a thread) or move the blocking call into "
+    "`await asyncio.to_thread(...)`",
+    True: "A payload model's validators run on the event loop for every job, whatever the handler: keep them "
+    "quick and move the blocking call into the handler (a plain `def` runs in a thread)",
+}
+
+
 def handler_name(handler: object) -> str:
     """``module.qualname`` of a job's handler (``myapp.jobs.resize``), for the words about its stall."""
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
@@ -64,10 +75,10 @@ class StallWatch:
         self.episodes: deque[tuple[float, float]] = deque(maxlen=64)
         self._last_tick = time.monotonic()
         self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
-        self._handlers: dict[int, str] = {}  # id(frame) -> the handler's name
+        self._handlers: dict[int, tuple[str, bool]] = {}  # id(frame) -> (the handler's name, a validation's)
         self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
         self._said_live: set[int] = set()  # runs said by the watching thread while they block
-        self._shares: dict[int, list[Any]] = {}  # run key -> [job, job id, seconds] in the current stall
+        self._shares: dict[int, list[Any]] = {}  # key -> [job, job id, seconds, validating]
         self._shares_lock = threading.Lock()
         self._loop_thread = threading.get_ident()
         self._task: asyncio.Task[None] | None = None
@@ -88,11 +99,15 @@ class StallWatch:
         if self._task is not None:
             self._task.cancel()
 
-    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "") -> int:
-        """Register a handler run by the frame it runs in (``handler``: its name); returns the key for :meth:`leave`."""
+    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "", validating: bool = False) -> int:
+        """Register a run by the frame it runs in; returns the key for :meth:`leave`.
+
+        ``handler``: the handler's name, or with ``validating`` its payload model's (a
+        validation, on the loop whatever the handler is: its WARNING says so, and how to fix it).
+        """
         key = id(frame)
         self._runs[key] = (job, job_id)
-        self._handlers[key] = handler
+        self._handlers[key] = (handler, validating)
         return key
 
     def leave(self, key: int) -> None:
@@ -127,16 +142,15 @@ class StallWatch:
         if len(shares) == 1:  # one culprit: the loop's own measure of the whole gap
             for share in shares.values():
                 share[2] = seconds
-        for key, (job, job_id, blocked) in shares.items():
+        for key, (job, job_id, blocked, validating) in shares.items():
             if key in self._warned:
                 continue
             if key in self._runs:
                 self._warned.add(key)
             log.warning(
-                "job=%s id=%s blocked the event loop for %.1fs: heartbeats stop and the broker may close the "
-                "connection and redeliver every unacked job. Make the handler a plain `def` (it then runs in a "
-                "thread) or move the blocking call into `await asyncio.to_thread(...)`",
-                field_value(job), field_value(job_id), blocked,
+                "job=%s id=%s blocked the event loop for %.1fs%s: heartbeats stop and the broker may close the "
+                "connection and redeliver every unacked job. %s",
+                field_value(job), field_value(job_id), blocked, _WHERE[validating], _FIX[validating],
             )  # fmt: skip
 
     def _watch(self) -> None:
@@ -151,23 +165,24 @@ class StallWatch:
             while frame is not None:
                 run = self._runs.get(id(frame))
                 if run is not None:
+                    handler, validating = self._handlers.get(id(frame), ("", False))
                     with self._shares_lock:
-                        share = self._shares.setdefault(id(frame), [*run, 0.0])
+                        share = self._shares.setdefault(id(frame), [*run, 0.0, validating])
                         # the first look in a stall charges the whole time stuck so far
                         share[2] += stuck if len(self._shares) == 1 and share[2] == 0.0 else since
                     if stuck >= BLOCKED_WARN_AFTER and id(frame) not in self._said_live:
                         self._said_live.add(id(frame))
-                        self._say_live(*run, self._handlers.get(id(frame), ""))
+                        self._say_live(*run, handler, validating)
                     break
                 frame = frame.f_back
 
     @staticmethod
-    def _say_live(job: str, job_id: str, handler: str) -> None:
+    def _say_live(job: str, job_id: str, handler: str, validating: bool = False) -> None:
         """The WARNING of a block still going on (from the watching thread: the loop can't write it)."""
         log.warning(
-            "job=%s id=%s handler=%s has blocked the event loop for %gs and still does: heartbeats have stopped "
+            "job=%s id=%s %s=%s has blocked the event loop for %gs%s and still does: heartbeats have stopped "
             "with it, so the broker closes the connection after its heartbeat timeout and redelivers every "
-            "unacked job, and /readyz answers 503. Make the handler a plain `def` (it then runs in a thread) or "
-            "move the blocking call into `await asyncio.to_thread(...)`",
-            field_value(job), field_value(job_id), field_value(handler or "?"), BLOCKED_WARN_AFTER,
+            "unacked job, and /readyz answers 503. %s",
+            field_value(job), field_value(job_id), "payload_model" if validating else "handler",
+            field_value(handler or "?"), BLOCKED_WARN_AFTER, _WHERE[validating], _FIX[validating],
         )  # fmt: skip
