@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
+from amqpjobs.jobs.app_name import app_name_problem
 from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.json_values import TOO_DEEP
@@ -27,6 +28,7 @@ from amqpjobs.topology.naming import rate_names_problem
 #: An app's name when none is given (``App()``): every app left unnamed in a vhost shares the
 #: names keyed by it (its ledger marker, its scheduler's queues).
 DEFAULT_APP_NAME = "amqpjobs"
+
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -242,9 +244,14 @@ class JobRegistry:
         name: The application's name (used in logs and connection names).
         app_version: Your application's version, written into evidence headers.
 
+    Raises:
+        ConfigurationError: ``name`` is not one (:func:`app_name_problem`).
+
     """
 
     def __init__(self, name: str = DEFAULT_APP_NAME, *, app_version: str = "") -> None:
+        if (problem := app_name_problem(name)) is not None:
+            raise ConfigurationError(problem)
         self.name = name
         self.app_version = app_version
         self._jobs: dict[str, JobDef] = {}

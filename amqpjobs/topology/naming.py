@@ -266,7 +266,7 @@ def app_names_problem(app: str, names: Iterable[str], what: str) -> str | None:
         return None
     name = printable(repr(found[0]))[:60]
     return (f"app name {printable(repr(app))[:60]} goes into the name of its {what} ({name}...): {found[1]}; "
-            "give the App a shorter name of those characters")  # fmt: skip
+            "give the App a name those queue names can take")  # fmt: skip
 
 
 def rate_names_problem(job_queue: str, job: str) -> str | None:
