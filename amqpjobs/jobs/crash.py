@@ -135,6 +135,9 @@ def screen(
             put the starts they register. Elsewhere :data:`STARTS` is not a count of ours
             (workers never put a registered start back in a work queue) and is ignored: a
             publisher's ``amqpjobs-starts`` never charges a job with crashes it did not have.
+            A count over ``max_redeliveries + 1`` is no worker's (it would have quarantined the job
+            instead) and is read as that bound (README "Wire format": a count the worker can't have
+            written is not believed): a suspect forged with ``amqpjobs-starts: 999`` runs as the last start.
             A registered start that waited in a retry tier comes back with :data:`WAITING_START`
             and is registered again for that start (redelivered or not: it never runs there).
         waiting: That start, read by :func:`waiting_start` (an idempotent job's only: only its
@@ -157,7 +160,8 @@ def screen(
         return Screening("register", min(max(waiting, 1), max_redeliveries + 1))
     if not redelivered and (STARTS not in headers or not registered):
         return _FIRST
-    start = starts_of(headers) if registered else 1
+    # a count no worker writes (over the bound: it would have quarantined the job) is read as the most one does
+    start = min(starts_of(headers), max_redeliveries + 1) if registered else 1
     if not redelivered:
         return Screening("alone" if start > 1 else "run", start)
     if start > max_redeliveries:

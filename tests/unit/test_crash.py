@@ -22,7 +22,9 @@ from amqpjobs.runtime.worker_config import default_timeout
         (True, {}, Screening("register", 2)),  # the first start ended without an outcome
         (True, {STARTS: 5}, Screening("register", 6)),
         (True, {STARTS: 6}, Screening("crashed", 6)),  # start max_redeliveries + 1 ended too
-        (True, {STARTS: 40}, Screening("crashed", 40)),
+        (True, {STARTS: 40}, Screening("crashed", 6)),  # no worker writes over the bound: read as the bound
+        (False, {STARTS: 999}, Screening("alone", 6)),  # a forged suspect runs as the last start, said so
+        (False, {STARTS: 7}, Screening("alone", 6)),
         (True, {STARTS: "garbage"}, Screening("register", 2)),  # a foreign value counts as start 1
         (True, {STARTS: -3}, Screening("register", 2)),
         (False, {STARTS: b"4"}, Screening("alone", 4)),
