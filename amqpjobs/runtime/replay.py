@@ -239,7 +239,7 @@ async def replay(
         publishing = await stack.enter_async_context(publishing_session(settings, "replay"))
         publisher = ConfirmedPublisher(publishing, give_up_blocked=HELD_COPY_WAIT)
         browsed = PastUndeliverable(settings, queue_name, depth)  # mends one no 0-9-1 client receives
-        targets, done = Targets(connection), DoneSince(results, options.idempotent)
+        targets, done = Targets(connection, settings), DoneSince(results, options.idempotent)
         started: float | None = None
         interrupted = False
         launched = 0

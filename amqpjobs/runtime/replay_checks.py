@@ -9,10 +9,11 @@ store, a copy whose job succeeded after the copy failed stays too (:class:`DoneS
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from amqpjobs.errors import ConfigurationError, MessageTooLargeError, UnaddressableNameError
+from amqpjobs.errors import AmqpJobsError, ConfigurationError, MessageTooLargeError, UnaddressableNameError
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.envelope import iso_utc
@@ -22,8 +23,9 @@ from amqpjobs.runtime.results import ResultsStore, read_status
 from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
 from amqpjobs.topology.naming import parse_queue_name
 from amqpjobs.wire.abc import Connection
-from amqpjobs.wire.declare import find_missing
+from amqpjobs.wire.declare import find_missing, is_reply_to
 from amqpjobs.wire.delivery import Delivery
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.publish import ConfirmedPublisher
 from amqpjobs.wire.settings import BrokerSettings
 
@@ -74,6 +76,11 @@ async def check_targets(connection: Connection, targets: list[str]) -> None:
     Raises:
         ConfigurationError: a queue of ``targets`` does not exist (named, with the fix).
     """
+    if reply_to := [t for t in targets if is_reply_to(t)]:
+        raise ConfigurationError(
+            f"--to {printable(repr(reply_to[0]))} is RabbitMQ's direct reply-to pseudo-queue: no message can wait "
+            "in it, so every job would stay; nothing was moved (give a job queue's work queue)"
+        )
     missing, _ = await find_missing(connection, targets)
     if missing:
         raise ConfigurationError(
@@ -90,24 +97,42 @@ class Targets:
     others. A target deleted under the run is found by its publish, returned unroutable (:meth:`gone`).
     """
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, settings: BrokerSettings | None = None) -> None:
         self._connection = connection
+        self._settings = settings
         self._exists: dict[str, bool] = {}
 
     async def exists(self, queue: str) -> bool:
         """Whether queue ``queue`` exists (asked of the broker the first time only).
 
         A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
-        :class:`~amqpjobs.errors.UnaddressableNameError`) can't be looked up, yet a publish's routing
-        key can name it: True, so its publish decides (returned unroutable when it is missing).
+        :class:`~amqpjobs.errors.UnaddressableNameError`) is looked up through the management API
+        of ``settings`` (a dry run must say what the run would do); without an answer there, True:
+        a publish's routing key can name it, so its publish decides (returned unroutable when missing).
         """
         if queue not in self._exists:
             try:
                 missing, _ = await find_missing(self._connection, [queue])
             except UnaddressableNameError:
-                missing = set()
+                missing = set() if await self._by_management(queue) in (True, None) else {queue}
             self._exists[queue] = queue not in missing
         return self._exists[queue]
+
+    async def _by_management(self, queue: str) -> bool | None:
+        """Whether the management API knows queue ``queue``; None when it can't be asked (logged at DEBUG)."""
+        settings = self._settings
+        if settings is None:
+            return None
+
+        def ask() -> bool:
+            with ManagementClient(settings) as mgmt:
+                return mgmt.queue(settings.vhost, queue) is not None
+
+        try:
+            return await asyncio.to_thread(ask)
+        except AmqpJobsError as exc:
+            log.debug("looking up queue %s through the management API failed: %s", printable(repr(queue)), exc)
+            return None
 
     def gone(self, queue: str) -> None:
         """Remember that ``queue`` went missing (a publish to it came back unroutable): later messages for it stay."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
@@ -307,6 +308,16 @@ async def probe_queues(settings: BrokerSettings, names: list[str]) -> dict[str, 
     return found
 
 
+#: RabbitMQ's direct reply-to pseudo-queue (RabbitMQ "Direct Reply-to"): a passive declare of it succeeds,
+#: yet it holds no message; a publish to it reaches only a consumer of the publishing channel.
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+
+
+def is_reply_to(queue: str) -> bool:
+    """Whether ``queue`` is :data:`REPLY_TO` or one of its per-consumer names (``amq.rabbitmq.reply-to.<...>``)."""
+    return queue == REPLY_TO or queue.startswith(REPLY_TO + ".")
+
+
 async def find_missing(
     connection: AbstractRobustConnection, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
 ) -> tuple[set[str], set[str]]:
@@ -314,7 +325,8 @@ async def find_missing(
 
     Passive declares on a throwaway channel of ``connection``; the broker closes it at each
     missing object (``404 NOT_FOUND``: RabbitMQ "Queues" → "Passive Declaration"), and the
-    next look takes a new one. A queue exclusive to another connection exists.
+    next look takes a new one. A queue exclusive to another connection exists; the direct
+    reply-to pseudo-queue (:data:`REPLY_TO`) is missing: no message can wait in it.
 
     Raises:
         BrokerUnavailableError: not connected.
@@ -324,8 +336,10 @@ async def find_missing(
     if transport is None:
         raise BrokerUnavailableError("not connected to the broker (it reconnects by itself)")
     amqp = transport.connection
-    looks = [("queue", n) for n in dict.fromkeys(queues)] + [("exchange", n) for n in dict.fromkeys(exchanges)]
-    missing: dict[str, set[str]] = {"queue": set(), "exchange": set()}
+    queues = list(dict.fromkeys(queues))
+    missing: dict[str, set[str]] = {"queue": {n for n in queues if is_reply_to(n)}, "exchange": set()}
+    looks = [("queue", n) for n in queues if n not in missing["queue"]]
+    looks += [("exchange", n) for n in dict.fromkeys(exchanges)]
     channel: aiormq.abc.AbstractChannel | None = None
     try:
         for kind, name in looks:

@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -18,6 +19,7 @@ from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.replay_plan import ReplayOptions, ReplayReport
 from amqpjobs.runtime.quarantine import browse
 from amqpjobs.runtime.replay import replay
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import cli, depth, raw_channel
 from tests.integration.test_quarantine import evidence_for
@@ -177,3 +179,52 @@ async def test_a_canary_whose_target_vanished_under_its_move_is_not_waited_for(b
     assert "no worker took it (still in work, which has no consumer)" in report.canary_failures[0]
     _, left = await browse(broker, "work.quarantine")
     assert [m.delivery.message_id for m in left] == ["m-1"]
+
+
+async def test_a_dry_run_looks_up_a_name_the_client_cannot_declare_as_the_run_finds_it(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """Before, such a target counted as there in a dry run (its publish decides in a real one): a dry run promised
+    ``would replay lq -> wo\\x1brk`` that the run then refused (helper-226). Now the management API is asked."""
+    await make_app(broker, tmp_path)
+    with ManagementClient(broker) as mgmt:  # a queue the broker takes and pamqp won't declare: it exists
+        mgmt.request("PUT", f"/queues/{quote(broker.vhost, safe='')}/{quote('wörk', safe='')}", {"durable": True})
+    await quarantine_one(broker, "q-0", naming("work", "q-0"))
+    await quarantine_one(broker, "e-1", naming("wo\x1brk", "e-1"))  # missing
+    await quarantine_one(broker, "u-1", naming("wörk", "u-1"))  # there
+    dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
+    assert dry.exit_code == 1, dry.output
+    assert "dry run: 2 would be replayed, 1 skipped, nothing moved; 3 in work.quarantine" in dry.stdout
+    assert "would replay q-0 -> work\n" in dry.stdout
+    assert "would replay u-1 -> wörk\n" in dry.stdout
+    assert "would not replay job 'mail' id 'e-1': its target queue 'wo\\x1brk' does not exist" in dry.stderr
+    run = await asyncio.to_thread(cli, broker, "replay", "work", "--rate", "1000")
+    assert run.exit_code == 1, run.output
+    assert "replayed 2, skipped 1, left 1 in work.quarantine (" in run.stdout
+    assert "not replayed job 'mail' id 'e-1': its target queue 'wo\\x1brk' does not exist" in run.stderr
+    assert await depth(broker, "work") == 1
+    for _ in range(60):  # the management API's figures lag (stats every 5 s)
+        with ManagementClient(broker) as mgmt:
+            if (mgmt.queue(broker.vhost, "wörk") or {}).get("messages") == 1:
+                break
+        await asyncio.sleep(0.25)
+    else:
+        raise AssertionError("u-1 never reached wörk")
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+async def test_the_direct_reply_to_pseudo_queue_is_refused_as_a_target_with_nothing_moved(
+    broker: BrokerSettings, tmp_path: Path, dry_run: bool
+):
+    """A passive declare of ``amq.rabbitmq.reply-to`` succeeds (RabbitMQ "Direct Reply-to"), so ``--to`` took it;
+    the dry run promised every move and the run found it missing, saying "apply the topology" (helper-226)."""
+    await make_app(broker, tmp_path)
+    await quarantine_one(broker, "q-0", naming("work", "q-0"))
+    args = ("--dry-run",) if dry_run else ("--rate", "1000")
+    refused = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "amq.rabbitmq.reply-to", *args)
+    assert refused.exit_code == 2, refused.output
+    assert (
+        "--to 'amq.rabbitmq.reply-to' is RabbitMQ's direct reply-to pseudo-queue: no message can wait in it, so every "
+        "job would stay; nothing was moved (give a job queue's work queue)"
+    ) in refused.stderr
+    assert await depth(broker, "work.quarantine") == 1
