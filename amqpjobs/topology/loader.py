@@ -166,6 +166,8 @@ def load_topology(
     def in_file(file: str, path: str) -> str:
         return partials[file].in_file(path) if file in partials else path
 
+    for partial in partials.values():  # a list of retry tiers with refused ones: each other one on its own
+        problems.extend(partial.tier_problems())
     for problem in _cross_checks(parsed, (broker_version, exchange_types), warnings, unsure, untyped, in_file):
         part = partials.get(problem.file)
         if part is None:

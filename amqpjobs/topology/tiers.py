@@ -58,24 +58,18 @@ def tier_problems(file: str, base: str, tiers: Sequence[float]) -> list[Problem]
                 )
             )
     for j, t in enumerate(tiers):
-        if tier_in_range(t) and abs(t * 1000 - round(t * 1000)) > 1e-6:  # 1.5ms: no TTL of it (never rounded)
-            ms = t * 1000
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.retry_tiers[{j}]",
-                    f"{ms:g}ms: x-message-ttl counts whole milliseconds",
-                    f"write {math.floor(ms)}ms or {math.ceil(ms)}ms",
-                )
-            )
-        if not tier_in_range(t):
-            why = "sub-millisecond tiers are refused" if t < 0.001 else "longer than x-message-ttl takes"
-            problems.append(
-                Problem(
-                    file,
-                    f"{base}.retry_tiers[{j}]",
-                    f"{_tier_text(t)}: {why} (x-message-ttl counts whole milliseconds, 1 ms to ~49 days)",
-                    "use a delay between 1ms and 49d",
-                )
-            )
+        problems.extend(tier_value_problems(file, f"{base}.retry_tiers[{j}]", t))
     return problems
+
+
+def tier_value_problems(file: str, path: str, t: float) -> list[Problem]:
+    """The problems of one retry tier of ``t`` seconds at key ``path`` on its own (its order aside)."""
+    if tier_in_range(t) and abs(t * 1000 - round(t * 1000)) > 1e-6:  # 1.5ms: no TTL of it (never rounded)
+        ms = t * 1000
+        return [Problem(file, path, f"{ms:g}ms: x-message-ttl counts whole milliseconds",
+                        f"write {math.floor(ms)}ms or {math.ceil(ms)}ms")]  # fmt: skip
+    if not tier_in_range(t):
+        why = "sub-millisecond tiers are refused" if t < 0.001 else "longer than x-message-ttl takes"
+        return [Problem(file, path, f"{_tier_text(t)}: {why} (x-message-ttl counts whole milliseconds, 1 ms to ~49 "
+                        "days)", "use a delay between 1ms and 49d")]  # fmt: skip
+    return []
