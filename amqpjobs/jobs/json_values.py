@@ -207,6 +207,26 @@ def _first_problem(value: Any, path: str) -> str | None:
     return f"{_VALUE}{path} = {_shown(value)} (a {type(value).__name__}; {_FIX})"
 
 
+def key_not_str(value: Any, path: str, depth: int = 0) -> tuple[str, object] | None:
+    """The first dict key in ``value`` (JSON-ready) that is not a str, with the path of its dict, or None.
+
+    ``json.dumps`` writes ``{1: "a"}`` as ``{"1": "a"}``: what reads it back gets another key.
+    """
+    if depth > MAX_JSON_DEPTH:  # json.dumps wrote it, so it is no cycle: as deep as that, not looked further
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return path, key
+            if (found := key_not_str(item, f"{path}[{_shown(key)}]", depth + 1)) is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if (found := key_not_str(item, f"{path}[{i}]", depth + 1)) is not None:
+                return found
+    return None
+
+
 def _key_problem(key: object, path: str) -> str | None:
     if isinstance(key, str):
         surrogate = _lone_surrogate(key)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from amqpjobs.jobs.failure import message_of
+from amqpjobs.jobs.json_values import key_not_str
 from amqpjobs.jobs.outcome import Ack, Duplicate, Outcome, Quarantine, RetryLater, Skip
 
 #: Every state a job can read as.
@@ -228,6 +229,13 @@ def encode_value(value: Any) -> tuple[str | None, str]:
         return None, f"not stored: not JSON-serialisable ({type(exc).__name__}: {message_of(exc)[:100]})"
     if size > MAX_VALUE:
         return None, f"not stored: {size} bytes of JSON, over the {MAX_VALUE}-byte limit"
+    if text[0] in "{[" and (found := key_not_str(value, "value")) is not None:  # JSON would change the key
+        where, key = found
+        read_back = next(iter(json.loads(json.dumps({key: None}))))  # json.dumps took it: a number, bool or None
+        return None, (
+            f"not stored: {where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings, so it "
+            f"would read back as {read_back!r}; return the key as a str"
+        )
     return text, ""
 
 

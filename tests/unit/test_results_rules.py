@@ -62,6 +62,24 @@ def test_values_are_stored_as_json_up_to_64_kib_else_the_record_says_why():
     assert encode_value({"\udcfe": 1})[1].startswith("not stored: not JSON-serialisable (UnicodeEncodeError: ")
 
 
+@pytest.mark.parametrize(
+    ("value", "where", "key", "read_back"),
+    [
+        ({1: "a"}, "value", "1 (int)", "'1'"),
+        ({"a": [{"b": {None: 1}}]}, "value['a'][0]['b']", "None (NoneType)", "'null'"),
+        ([1, {2.5: 3}], "value[1]", "2.5 (float)", "'2.5'"),
+        ({True: 1}, "value", "True (bool)", "'true'"),
+    ],
+)
+def test_a_value_whose_dict_keys_json_would_change_is_not_stored(value: object, where: str, key: str, read_back: str):
+    # helper-226: {1: "a"} was stored, and result() returned {"1": "a"}, without a word (enqueue refuses such a payload)
+    assert encode_value(value) == (
+        None,
+        f"not stored: {where} has the key {key}; JSON object keys are strings, so it would read back as {read_back}; "
+        "return the key as a str",
+    )
+
+
 def test_each_settled_outcome_maps_to_one_state():
     ok = record_for(outcome(Ack()), {"n": 1}, "work", 5.0)
     assert ok is not None
