@@ -113,3 +113,9 @@ def url_text_problem(url: str, blanks: bool = True, what: str = "a URL has none 
             continue
         return f"it holds {kind} (U+{ord(ch):04X}): {what}"
     return None
+
+
+def a_type(value: object) -> str:
+    """``value``'s type with its article, as a message says it: ``a dict``, ``an int``, ``an object``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

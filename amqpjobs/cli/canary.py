@@ -76,12 +76,12 @@ def check_canary_options(ctx: click.Context, canary: int | None) -> None:
         raise ConfigurationError("--canary-timeout needs --canary (how many jobs to move first, e.g. --canary 2)")
 
 
-def phase_reporter(canary: int | None, timeout: float) -> Callable[[ReplayReport], None]:
+def phase_reporter(canary: int | None, timeout: float, limit: int | None = None) -> Callable[[ReplayReport], None]:
     """A progress hook printing each phase change of a canary replay once (to stdout).
 
     The start line comes once the replay checked and subscribed (phase ``canary``), so a
     replay that cannot run a canary says nothing about moving; it names the number that
-    can move (``--canary 50`` of 20 queued: "up to 20").
+    can move (``--canary 50`` of 20 queued: "up to 20"; with ``--limit 1``: 1).
     """
     shown = {""}
 
@@ -90,7 +90,7 @@ def phase_reporter(canary: int | None, timeout: float) -> Callable[[ReplayReport
             return
         shown.add(report.phase)
         if report.phase == "canary":
-            click.echo(start_line(canary, report.left, timeout))
+            click.echo(start_line(canary if limit is None else min(canary, limit), report.left, timeout))
         if report.phase == "rest":
             moved = report.canary_moved
             click.echo(f"canary passed: {moved} of {moved} succeeded; replaying the rest")

@@ -284,7 +284,7 @@ def replay_command(
         idempotent=_idempotent(app_ref),
     )  # fmt: skip
     interactive = sys.stderr.isatty()
-    phases = phase_reporter(canary, options.canary_timeout)
+    phases = phase_reporter(canary, options.canary_timeout, options.limit)
 
     shown_phase, width = "", 0  # of the live line
 

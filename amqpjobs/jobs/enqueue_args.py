@@ -13,7 +13,7 @@ from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
 from amqpjobs.printable import unsafe_at
-from amqpjobs.text import lone_surrogate
+from amqpjobs.text import a_type, lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.versions import (
     QUORUM_MAX_PRIORITY,
@@ -181,7 +181,7 @@ def checked_max_message_size(value: object) -> int | None:
     """
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
-    kind = f", a {type(value).__name__}" if isinstance(value, bool) or not isinstance(value, int) else ""
+    kind = f", {a_type(value)}" if isinstance(value, bool) or not isinstance(value, int) else ""
     raise ConfigurationError(
         f"App(max_message_size=...) must be a whole number of bytes >= 1 (got {value!r}{kind}): the largest "
         "message body the broker takes, e.g. 16 * 1024 * 1024 for 16 MiB; leave it out (None) for the broker's "

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from amqpjobs.message import MAX_NESTING, OUR_PREFIX
-from amqpjobs.text import as_text, lone_surrogate
+from amqpjobs.text import a_type, as_text, lone_surrogate
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
 #: field-name limit, which pamqp applies by cutting a longer name to 128 bytes.
@@ -111,7 +111,7 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
         return None
     if not isinstance(value, _CARRIED):
         return (
-            f"{path} is a {type(value).__name__}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), "
+            f"{path} is {a_type(value)}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), "
             "float, Decimal, bool, bytes, datetime, None, or lists and dicts (str keys) of these"
         )
     if isinstance(value, Mapping):

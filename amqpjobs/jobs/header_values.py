@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from amqpjobs.text import as_text, ascii_digits
+from amqpjobs.text import a_type, as_text, ascii_digits
 
 #: The largest count read: the largest AMQP signed 64-bit integer (``l``), what every client can send.
 COUNT_MAX: Final = 2**63 - 1
@@ -69,7 +69,7 @@ def amqp_type(value: Any) -> str:
         return "a table"
     if isinstance(value, list | tuple):
         return "an array"
-    return f"a {type(value).__name__}"
+    return a_type(value)
 
 
 def _whole(value: Any) -> int | None:

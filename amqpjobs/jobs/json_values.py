@@ -11,6 +11,7 @@ from typing import Any, Final
 import orjson
 
 from amqpjobs.jobs.json_fast import MAX_JSON_DEPTH
+from amqpjobs.text import a_type
 
 _SCALARS = (str, int, bool, type(None))
 #: Exact types: what json.dumps writes as no container, and as one.
@@ -204,7 +205,7 @@ def _first_problem(value: Any, path: str) -> str | None:
             if found is not None:
                 return found
         return None
-    return f"{_VALUE}{path} = {_shown(value)} (a {type(value).__name__}; {_FIX})"
+    return f"{_VALUE}{path} = {_shown(value)} ({a_type(value)}; {_FIX})"
 
 
 def key_not_str(value: Any, path: str, depth: int = 0) -> tuple[str, object] | None:
@@ -231,7 +232,7 @@ def _key_problem(key: object, path: str) -> str | None:
     if isinstance(key, str):
         surrogate = _lone_surrogate(key)
         return None if surrogate is None else f"{_KEY}{path} has the key {_shown(key)} ({surrogate})"
-    what = "None" if key is None else f"{_shown(key)} ({_a(key)})"
+    what = "None" if key is None else f"{_shown(key)} ({a_type(key)})"
     gets = ""  # a key json.dumps refuses outright (a tuple, an int too long) gets no "would get"
     if key is None or isinstance(key, bool):
         gets = f", so the job would get {_KEY_TEXT[key]!r}"
@@ -282,15 +283,10 @@ def _digits(number: int) -> int:
     return digits
 
 
-def _a(value: object) -> str:
-    name = type(value).__name__
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
 def _shown(value: object) -> str:
     """``repr(value)``, at most :data:`_SHOWN` characters (an int too long to write shown by its length)."""
     try:
         text = repr(value)
     except ValueError:
-        return "an int too long to write" if isinstance(value, int) else f"a {type(value).__name__}"
+        return "an int too long to write" if isinstance(value, int) else a_type(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."

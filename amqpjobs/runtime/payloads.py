@@ -42,6 +42,7 @@ from amqpjobs.errors import ConfigurationError, PayloadStoreError
 from amqpjobs.jobs.envelope import PAYLOAD_REF, DecodeError, OutgoingMessage, decode_body
 from amqpjobs.jobs.outcome import Ack, Decision, Duplicate, Quarantine, Skip
 from amqpjobs.jobs.payload_refs import REASONS, PayloadRef, PayloadRefError, parse_ref, store_name_problem
+from amqpjobs.text import a_type
 
 log = logging.getLogger("amqpjobs.payloads")
 
@@ -205,7 +206,7 @@ def checked_store(value: object) -> PayloadStore:
     got = (
         f"the class {value.__name__} itself: create one, {value.__name__}(...)"
         if isinstance(value, type)
-        else f"a {type(value).__name__}"
+        else a_type(value)
     )
     raise ConfigurationError(
         f"App(payload_store=...) must be a payload store (got {got}): FilePayloadStore(...), "

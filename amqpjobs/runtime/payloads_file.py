@@ -12,6 +12,7 @@ from typing import Unpack
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 from amqpjobs.runtime.refused_stores import refused_when_used
+from amqpjobs.text import a_type
 
 
 @refused_when_used  # another App's bad argument refuses no app named by --app
@@ -50,9 +51,7 @@ class FilePayloadStore(PayloadStore):
             "give the shared directory every producer and worker mounts, e.g. FilePayloadStore('/mnt/shared/payloads')"
         )
         if not isinstance(root, str | os.PathLike):
-            raise ConfigurationError(
-                f"FilePayloadStore(root=...) must be a str or Path (got a {type(root).__name__}): {fix}"
-            )
+            raise ConfigurationError(f"FilePayloadStore(root=...) must be a str or Path (got {a_type(root)}): {fix}")
         if not str(root).strip() or str(root) == ".":  # Path("") is "."
             raise ConfigurationError(f"FilePayloadStore(root=...) is empty (got {str(root)!r}): {fix}")
         self.root = Path(os.path.abspath(Path(root).expanduser()))  # once: a later chdir changes nothing

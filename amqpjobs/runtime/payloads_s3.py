@@ -14,6 +14,7 @@ from typing import Any, Unpack
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.runtime.payloads import PayloadStore, StoreOptions
 from amqpjobs.runtime.refused_stores import refused_when_used
+from amqpjobs.text import a_type
 
 
 @refused_when_used  # another App's bad argument refuses no app named by --app
@@ -56,7 +57,7 @@ class S3PayloadStore(PayloadStore):
             )
         if not isinstance(prefix, str):
             raise ConfigurationError(
-                f"S3PayloadStore(prefix=...) must be a str (got a {type(prefix).__name__}: {prefix!r}): give the "
+                f"S3PayloadStore(prefix=...) must be a str (got {a_type(prefix)}: {prefix!r}): give the "
                 "key prefix of everything the store writes, e.g. prefix='jobs/', or '' for none"
             )
         if client_options is not None and (
@@ -64,7 +65,7 @@ class S3PayloadStore(PayloadStore):
         ):
             raise ConfigurationError(
                 f"S3PayloadStore(client_options=...) must be a dict of boto3.client('s3', ...) keyword arguments "
-                f"(got a {type(client_options).__name__}): e.g. client_options={{'region_name': 'eu-west-1', "
+                f"(got {a_type(client_options)}): e.g. client_options={{'region_name': 'eu-west-1', "
                 "'endpoint_url': 'http://minio:9000'}}"
             )
         self.bucket = bucket

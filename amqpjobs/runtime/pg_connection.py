@@ -39,7 +39,7 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.text import ascii_digits, one_line, url_text_problem
+from amqpjobs.text import a_type, ascii_digits, one_line, url_text_problem
 
 #: Seconds to wait for the database at most: a connect (libpq ``connect_timeout``), and each use of an
 #: open connection (:meth:`PgConnection.use`: its statements and commit), then it counts as away.
@@ -77,7 +77,7 @@ def dsn_problem(dsn: object) -> str | None:
     A string libpq can't parse, or whose port is no number, is a problem too.
     """
     if not isinstance(dsn, str):
-        return f"is a {type(dsn).__name__}, not a str"
+        return f"is {a_type(dsn)}, not a str"
     if not dsn.strip():
         return "is empty"
     uri = "://" in dsn

@@ -7,6 +7,7 @@ in one :class:`~amqpjobs.errors.TopologyValidationError`.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -103,18 +104,26 @@ def topology_files(path: str | Path) -> list[Path]:
     if p.is_dir():
         files = sorted(p.glob("*.toml"))
         if odd := [f for f in files if not f.is_file()]:
-            why, fix = (
-                "not a regular file (a folder, or a link to nothing)",
-                "remove it from the folder, or make it a topology file",
-            )
-            raise TopologyValidationError([Problem(str(f), "-", why, fix) for f in odd])
+            fix = "remove it from the folder, or make it a topology file"
+            raise TopologyValidationError([Problem(str(f), "-", f"not a regular file: {_what(f)}", fix) for f in odd])
         if not files:
             raise TopologyValidationError([Problem(str(p), "-", "folder holds no *.toml topology file", "add one")])
         return files
     if not p.is_file():
-        why = "not a regular file or folder" if p.exists() else "no such file or folder"  # /dev/null, a FIFO
+        why = f"not a regular file or folder: {_what(p)}" if p.exists() else "no such file or folder"
         raise TopologyValidationError([Problem(str(p), "-", why, "give a topology file or folder")])
     return [p]
+
+
+def _what(path: Path) -> str:
+    """What ``path``, no regular file, is: a folder, a FIFO, a device, a socket, or a link to nothing."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # a link to nothing, or a loop of links
+        return "a link to nothing (or a loop of links)"
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def load_topology(

@@ -41,11 +41,15 @@ def test_a_datetime_before_1970_is_refused_with_why() -> None:
 
 @pytest.mark.parametrize(
     ("value", "path", "kind"),
-    [({1, 2}, "value", "set"), ({"a": [{"b": {2}}]}, "value['a'][0]['b']", "set"), ([object()], "value[0]", "object")],
+    [
+        ({1, 2}, "value", "a set"),
+        ({"a": [{"b": {2}}]}, "value['a'][0]['b']", "a set"),
+        ([object()], "value[0]", "an object"),
+    ],
 )
 def test_a_value_amqp_cannot_carry_is_named_by_its_path(value: object, path: str, kind: str) -> None:
     assert header_problem("h", value) == (
-        f"header 'h': {path} is a {kind}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), float, "
+        f"header 'h': {path} is {kind}, which AMQP can't carry; nothing was sent. Give str, int (64-bit), float, "
         "Decimal, bool, bytes, datetime, None, or lists and dicts (str keys) of these"
     )
 

@@ -252,11 +252,11 @@ def test_entries_after_one_left_out_keep_their_place_in_the_file(tmp_path: Path)
 def test_a_path_that_is_neither_file_nor_folder_is_named_so(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.toml"
     os.mkfifo(fifo)
-    for path in (fifo, Path("/dev/null")):
+    for path, what in ((fifo, "a FIFO (named pipe)"), (Path("/dev/null"), "a device")):
         with pytest.raises(TopologyValidationError) as info:
             load_topology(path)  # must not hang on the FIFO either
         assert [str(p) for p in info.value.problems] == [
-            f"{path}: not a regular file or folder (fix: give a topology file or folder)"
+            f"{path}: not a regular file or folder: {what} (fix: give a topology file or folder)"
         ]
 
 
@@ -264,12 +264,18 @@ def test_a_folder_entry_that_is_no_file_is_a_problem_not_a_crash(tmp_path: Path)
     (tmp_path / "good.toml").write_text("[[exchange]]\nname = 'jobs'\n")
     (tmp_path / "sub.toml").mkdir()
     (tmp_path / "gone.toml").symlink_to(tmp_path / "nowhere.toml")
+    os.mkfifo(tmp_path / "pipe.toml")  # helper-226: a FIFO, /dev/zero and a loop were each called "a folder, or ..."
+    (tmp_path / "zero.toml").symlink_to("/dev/zero")
+    (tmp_path / "loop.toml").symlink_to(tmp_path / "loop.toml")
     with pytest.raises(TopologyValidationError) as info:
         load_topology(tmp_path)
     fix = "(fix: remove it from the folder, or make it a topology file)"
     assert [str(p) for p in info.value.problems] == [
-        f"{tmp_path / 'gone.toml'}: not a regular file (a folder, or a link to nothing) {fix}",
-        f"{tmp_path / 'sub.toml'}: not a regular file (a folder, or a link to nothing) {fix}",
+        f"{tmp_path / 'gone.toml'}: not a regular file: a link to nothing (or a loop of links) {fix}",
+        f"{tmp_path / 'loop.toml'}: not a regular file: a link to nothing (or a loop of links) {fix}",
+        f"{tmp_path / 'pipe.toml'}: not a regular file: a FIFO (named pipe) {fix}",
+        f"{tmp_path / 'sub.toml'}: not a regular file: a folder {fix}",
+        f"{tmp_path / 'zero.toml'}: not a regular file: a device {fix}",
     ]
 
 
