@@ -118,4 +118,5 @@ def url_text_problem(url: str, blanks: bool = True, what: str = "a URL has none 
 def a_type(value: object) -> str:
     """``value``'s type with its article, as a message says it: ``a dict``, ``an int``, ``an object``."""
     name = type(value).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    vowel = name[:1].lower() in "aeiou" and not name.lower().startswith(("uu", "uni", "use"))  # a UUID, a unicode
+    return f"{'an' if vowel else 'a'} {name}"
