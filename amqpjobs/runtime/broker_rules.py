@@ -74,20 +74,20 @@ def consumer_timeouts(
         if rule == "per-consumer":
             out[lay.name] = consumer_timeout(job_timeout)
             log.info(
-                "job queue %s (quorum, RabbitMQ %s): x-consumer-timeout %.0fs per consumer (its longest job "
-                "timeout %.0fs plus a margin); a delivery held longer is returned and this consumer cancelled",
+                "job queue %s (quorum, RabbitMQ %s): x-consumer-timeout %gs per consumer (its longest job "
+                "timeout %gs plus a margin); a delivery held longer is returned and this consumer cancelled",
                 lay.name, shown, out[lay.name], job_timeout,
             )  # fmt: skip
         elif rule == "none":
             log.info(
                 "job queue %s (classic, RabbitMQ %s): the broker no longer evaluates a consumer timeout on "
-                "classic queues; a run is bounded by its job timeout only (longest %.0fs)",
+                "classic queues; a run is bounded by its job timeout only (longest %gs)",
                 lay.name, shown, job_timeout,
             )  # fmt: skip
         elif job_timeout >= node_timeout:
             log.warning(
-                "job queue %s (%s, RabbitMQ %s): its longest job timeout %.0fs is not below the broker's "
-                "consumer_timeout (%.0fs, node-wide before RabbitMQ 4.3): the broker would close the channel and "
+                "job queue %s (%s, RabbitMQ %s): its longest job timeout %gs is not below the broker's "
+                "consumer_timeout (%gs, node-wide before RabbitMQ 4.3): the broker would close the channel and "
                 "redeliver first; raise consumer_timeout in rabbitmq.conf or shorten the job timeout",
                 lay.name, lay.queue_type, shown, job_timeout, node_timeout,
             )  # fmt: skip
