@@ -86,7 +86,20 @@ CASES = [
         2,
         "Error: Invalid value for '--limit': 0 is not in the range x>=1.",
     ),
-    ("purge-a-tier-queue", ["quarantine", "purge", "work.retry.200ms", "--yes"], 2, "no quarantine queue"),
+    (  # helper-226: said "no quarantine queue 'work.retry.200ms.quarantine'"
+        "purge-a-tier-queue",
+        ["quarantine", "purge", "work.retry.200ms", "--yes"],
+        2,
+        "error: 'work.retry.200ms' is retry tier 200ms of work queue work (job queue work), not a quarantine or "
+        "parked queue: give its job queue, work",
+    ),
+    (
+        "replay-a-suspects-queue",
+        ["replay", "work.suspects"],
+        2,
+        "error: 'work.suspects' is the suspects queue of job queue work, not a quarantine or parked queue: give its "
+        "job queue, work",
+    ),
     ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue"),
     (
         "replay-to-missing-queue",
