@@ -70,6 +70,7 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
         "a connection name of 1-255 bytes without control characters",
     ),
 }
+_BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a "%" that starts no %-escape (RFC 3986 2.1)
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
 #: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
 #: before a blank, comma or semicolon (so an unencoded ``@``, ``#`` or ``/`` in it is covered too).
@@ -279,6 +280,8 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
             f"bad {where} {redact(url)}: {part} holds a %-escape that is no UTF-8 (such as %FF): "
             f"%-encode each byte of its UTF-8 (é is %C3%A9)"
         )
+    if part := next((k for k, v in texts.items() if v and _BARE_PERCENT.search(v)), None):  # unquote keeps "%ZZ"
+        raise ConfigurationError(f"bad {where} {redact(url)}: {part} holds a '%' starting no %-escape: write % as %25")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")

@@ -112,3 +112,24 @@ def test_a_percent_escape_that_is_no_utf8_is_refused_not_read_two_ways(url: str,
     assert words in str(err.value)
     assert "%-encode each byte of its UTF-8" in str(err.value)
     assert SECRET not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (f"amqp://u:{SECRET}%ZZ@h:5672/", "the password holds a '%' starting no %-escape: write % as %25"),
+        (f"amqp://u:{SECRET}%@h:5672/", "the password holds a '%' starting no %-escape"),
+        (f"amqp://u%4:{SECRET}@h:5672/", "the user holds a '%' starting no %-escape"),
+        (f"amqp://u:{SECRET}@h:5672/v%2", "the vhost (the path) holds a '%' starting no %-escape"),
+    ],
+)
+def test_a_percent_that_starts_no_escape_is_refused_not_sent_as_written(url: str, words: str) -> None:
+    # helper-226: a password with "%ZZ" was sent literally and failed as a login, unexplained
+    with pytest.raises(ConfigurationError) as err:
+        broker_settings(url)
+    assert words in str(err.value)
+    assert SECRET not in str(err.value)
+
+
+def test_a_percent_written_as_25_is_a_percent() -> None:
+    assert broker_settings("amqp://u:p%25w@h:5672/").password == "p%w"
