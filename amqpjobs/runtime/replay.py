@@ -222,7 +222,7 @@ async def replay(
         if depth and not options.dry_run:  # a copy's publish would be held, the run with it, without a word
             await refuse_while_blocked(settings, f"replay of {queue_name!r}")
         if options.to is not None:  # a typo fails at once, also when nothing would move
-            await check_targets(connection, [options.to])
+            await check_targets(connection, [options.to], settings)
             if options.job_queues is not None:  # before any move: the target's workers must handle every job
                 await check_jobs_belong(settings, queue_name, depth, options)
         watch = None
@@ -304,9 +304,7 @@ async def replay(
                     continue
                 if await done.stays(planned.job_id, delivery, report):  # its job succeeded since it failed
                     continue
-                if not planned.exchange and not await targets.exists(planned.target):  # it stays, named
-                    report.target_missing(q.describe(delivery.headers, delivery.message_id, delivery.type),
-                                          planned.target)  # fmt: skip
+                if not planned.exchange and not await targets.takes(planned.target, report, delivery):  # stays, named
                     continue
                 if canary is not None and canary.due(launched) and not await canary.judge(moving, failures, report):
                     break

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, MessageTooLargeError, UnaddressableNameError
 from amqpjobs.jobs import quarantine as q
@@ -70,73 +70,117 @@ async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: in
         )
 
 
-async def check_targets(connection: Connection, targets: list[str]) -> None:
-    """Refuse a ``--to`` queue that does not exist: every message would stay; checked before anything moves.
+#: A target queue that does not exist (a message for it stays: :meth:`ReplayReport.target_missing`).
+MISSING: Final = "does not exist"
+#: Why a target queue that exists can't keep the jobs a replay moves there.
+_REPLY_TO: Final = "is RabbitMQ's direct reply-to pseudo-queue: no message can wait in it"
+_EXCLUSIVE: Final = (
+    "is exclusive to another connection: the broker deletes it with that connection, and every job moved there"
+)
+_AUTO_DELETE: Final = "is auto-delete: the broker deletes it with its last consumer, and every job moved there"
+_TRANSIENT: Final = "is not durable: the jobs moved there would not survive a restart of the broker"
+
+
+async def target_problem(connection: Connection, settings: BrokerSettings | None, queue: str) -> str | None:
+    """Why queue ``queue`` can't keep replayed jobs (:data:`MISSING`, or it would lose them), or None.
+
+    A replay's copy is confirmed once the queue has it, and its original is acked then: a queue
+    the broker deletes with a connection or a consumer (exclusive, auto-delete: RabbitMQ "Queues"
+    -> "Exclusive Queues", "Temporary Queues"), a transient one, or the direct reply-to pseudo-queue
+    would take the jobs with it. Exclusivity is seen over AMQP (``RESOURCE_LOCKED``); durability
+    and auto-delete through the management API of ``settings`` (not checked without its answer).
+    A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
+    :class:`~amqpjobs.errors.UnaddressableNameError`) is looked up there only; without an
+    answer, None: a publish's routing key can name it, so its publish decides (unroutable when missing).
+    """
+    if is_reply_to(queue):
+        return _REPLY_TO
+    locked: set[str] = set()
+    try:
+        missing, _ = await find_missing(connection, [queue], locked=locked)
+    except UnaddressableNameError:
+        missing = set()
+    if queue in missing:
+        return MISSING
+    if queue in locked:
+        return _EXCLUSIVE
+    shape = await _by_management(settings, queue)
+    if shape is None:  # no answer: what AMQP said stands
+        return None
+    if not shape:
+        return MISSING
+    if shape.get("exclusive") or shape.get("owner_pid_details"):
+        return _EXCLUSIVE
+    if shape.get("auto_delete"):
+        return _AUTO_DELETE
+    return None if shape.get("durable", True) else _TRANSIENT
+
+
+async def _by_management(settings: BrokerSettings | None, queue: str) -> dict[str, Any] | None:
+    """The management API's view of queue ``queue`` ({} when it has none), or None when it can't be asked."""
+    if settings is None:
+        return None
+
+    def ask() -> dict[str, Any]:
+        with ManagementClient(settings) as mgmt:
+            return mgmt.queue(settings.vhost, queue) or {}
+
+    try:
+        return await asyncio.to_thread(ask)
+    except AmqpJobsError as exc:
+        log.debug("looking up queue %s through the management API failed: %s", printable(repr(queue)), exc)
+        return None
+
+
+async def check_targets(connection: Connection, targets: list[str], settings: BrokerSettings | None = None) -> None:
+    """Refuse a ``--to`` queue that does not exist or can't keep jobs (:func:`target_problem`), before any move.
 
     Raises:
-        ConfigurationError: a queue of ``targets`` does not exist (named, with the fix).
+        ConfigurationError: a queue of ``targets`` is one (named, with why and the fix).
     """
-    if reply_to := [t for t in targets if is_reply_to(t)]:
+    problems = {t: await target_problem(connection, settings, t) for t in targets}
+    if missing := sorted(t for t, why in problems.items() if why == MISSING):
         raise ConfigurationError(
-            f"--to {printable(repr(reply_to[0]))} is RabbitMQ's direct reply-to pseudo-queue: no message can wait "
-            "in it, so every job would stay; nothing was moved (give a job queue's work queue)"
-        )
-    missing, _ = await find_missing(connection, targets)
-    if missing:
-        raise ConfigurationError(
-            f"target queue(s) {', '.join(printable(repr(t)) for t in sorted(missing))} do not exist; nothing was "
+            f"target queue(s) {', '.join(printable(repr(t)) for t in missing)} do not exist; nothing was "
             "moved (check --to, or apply the topology: amqpjobs topology apply)"
+        )
+    if bad := next(((t, why) for t, why in problems.items() if why), None):
+        raise ConfigurationError(
+            f"--to {printable(repr(bad[0]))} {bad[1]}; nothing was moved (give a job queue's work queue)"
         )
 
 
 class Targets:
-    """Which target queues of a replay exist: each looked up once (a passive declare), then remembered.
+    """Which target queues of a replay can take its jobs: each looked up once (:func:`target_problem`), remembered.
 
     A message whose target does not exist stays in quarantine, named
-    (:meth:`~amqpjobs.jobs.replay_plan.ReplayReport.target_missing`); one missing never blocks the
-    others. A target deleted under the run is found by its publish, returned unroutable (:meth:`gone`).
+    (:meth:`~amqpjobs.jobs.replay_plan.ReplayReport.target_missing`), as one whose target would lose
+    it (named with why); one such target never blocks the others. A target deleted under the run
+    is found by its publish, returned unroutable (:meth:`gone`).
     """
 
     def __init__(self, connection: Connection, settings: BrokerSettings | None = None) -> None:
         self._connection = connection
         self._settings = settings
-        self._exists: dict[str, bool] = {}
+        self._problems: dict[str, str | None] = {}
 
-    async def exists(self, queue: str) -> bool:
-        """Whether queue ``queue`` exists (asked of the broker the first time only).
-
-        A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
-        :class:`~amqpjobs.errors.UnaddressableNameError`) is looked up through the management API
-        of ``settings`` (a dry run must say what the run would do); without an answer there, True:
-        a publish's routing key can name it, so its publish decides (returned unroutable when missing).
-        """
-        if queue not in self._exists:
-            try:
-                missing, _ = await find_missing(self._connection, [queue])
-            except UnaddressableNameError:
-                missing = set() if await self._by_management(queue) in (True, None) else {queue}
-            self._exists[queue] = queue not in missing
-        return self._exists[queue]
-
-    async def _by_management(self, queue: str) -> bool | None:
-        """Whether the management API knows queue ``queue``; None when it can't be asked (logged at DEBUG)."""
-        settings = self._settings
-        if settings is None:
-            return None
-
-        def ask() -> bool:
-            with ManagementClient(settings) as mgmt:
-                return mgmt.queue(settings.vhost, queue) is not None
-
-        try:
-            return await asyncio.to_thread(ask)
-        except AmqpJobsError as exc:
-            log.debug("looking up queue %s through the management API failed: %s", printable(repr(queue)), exc)
-            return None
+    async def takes(self, target: str, report: ReplayReport, delivery: Delivery) -> bool:
+        """Whether ``delivery`` may go to queue ``target``; else it is counted as staying, named with why."""
+        if target not in self._problems:
+            self._problems[target] = await target_problem(self._connection, self._settings, target)
+        why = self._problems[target]
+        if why is None:
+            return True
+        item = q.describe(delivery.headers, delivery.message_id, delivery.type)
+        if why == MISSING:
+            report.target_missing(item, target)
+        else:
+            report.stays(item.stays(f"its target queue {printable(repr(target))} {why}"))
+        return False
 
     def gone(self, queue: str) -> None:
         """Remember that ``queue`` went missing (a publish to it came back unroutable): later messages for it stay."""
-        self._exists[queue] = False
+        self._problems[queue] = MISSING
 
 
 log = logging.getLogger("amqpjobs.replay")

@@ -319,9 +319,14 @@ def is_reply_to(queue: str) -> bool:
 
 
 async def find_missing(
-    connection: AbstractRobustConnection, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+    connection: AbstractRobustConnection,
+    queues: Iterable[str] = (),
+    exchanges: Iterable[str] = (),
+    locked: set[str] | None = None,
 ) -> tuple[set[str], set[str]]:
     """Which of ``queues`` and ``exchanges`` do not exist: (missing queues, missing exchanges).
+
+    ``locked``: when given, the queues exclusive to another connection are added to it.
 
     Passive declares on a throwaway channel of ``connection``; the broker closes it at each
     missing object (``404 NOT_FOUND``: RabbitMQ "Queues" → "Passive Declaration"), and the
@@ -356,6 +361,8 @@ async def find_missing(
                 channel = None  # closed by the broker, maybe not yet seen closed here: never send on it again
             except ResourceLockedError:
                 channel = None
+                if locked is not None:
+                    locked.add(name)
     except LIBRARY_ERRORS as exc:
         raise BrokerError(f"looking for queues and exchanges failed: {exc}{channel_limit_hint(exc)}") from exc
     except BrokerError as exc:

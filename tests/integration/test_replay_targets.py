@@ -224,7 +224,51 @@ async def test_the_direct_reply_to_pseudo_queue_is_refused_as_a_target_with_noth
     refused = await asyncio.to_thread(cli, broker, "replay", "work", "--to", "amq.rabbitmq.reply-to", *args)
     assert refused.exit_code == 2, refused.output
     assert (
-        "--to 'amq.rabbitmq.reply-to' is RabbitMQ's direct reply-to pseudo-queue: no message can wait in it, so every "
-        "job would stay; nothing was moved (give a job queue's work queue)"
+        "--to 'amq.rabbitmq.reply-to' is RabbitMQ's direct reply-to pseudo-queue: no message can wait in it; nothing "
+        "was moved (give a job queue's work queue)"
     ) in refused.stderr
     assert await depth(broker, "work.quarantine") == 1
+
+
+LOSES = {
+    "exclusive": "is exclusive to another connection: the broker deletes it with that connection, and every job moved "
+    "there",
+    "auto-delete": "is auto-delete: the broker deletes it with its last consumer, and every job moved there",
+    "transient": "is not durable: the jobs moved there would not survive a restart of the broker",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LOSES))
+async def test_a_target_queue_that_would_lose_the_jobs_is_refused_dry_run_and_run_alike(
+    broker: BrokerSettings, tmp_path: Path, kind: str
+):
+    """Before (helper-227): another connection's exclusive queue (``amq.gen-...``) took a replayed job, which went
+    with that connection: gone from quarantine and from everywhere. The same for an auto-delete or transient one."""
+    await make_app(broker, tmp_path)
+    async with raw_channel(broker) as owner:
+        if kind == "exclusive":  # server-named, as a client's reply queue would be
+            target = (await owner.declare_queue("", exclusive=True)).name
+        else:
+            target = f"tmp-{kind}"
+            declared = await owner.declare_queue(target, durable=kind != "transient", auto_delete=kind == "auto-delete")
+            if kind == "auto-delete":
+
+                async def leave(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                    return None
+
+                await declared.consume(leave)  # it lives while it has a consumer
+        await quarantine_one(broker, "q-0", naming("work", "q-0"))
+        await quarantine_one(broker, "x-1", naming(target, "x-1"))  # its evidence names that queue
+        line = f"job 'mail' id 'x-1': its target queue {target!r} {LOSES[kind]}"
+        dry = await asyncio.to_thread(cli, broker, "replay", "work", "--dry-run")
+        assert dry.exit_code == 1, dry.output
+        assert f"would not replay {line}; it would stay in work.quarantine\n" in dry.stderr
+        assert "dry run: 1 would be replayed, 1 skipped, nothing moved" in dry.stdout
+        to = await asyncio.to_thread(cli, broker, "replay", "work", "--to", target, "--rate", "1000")
+        assert to.exit_code == 2, to.output
+        assert f"--to {target!r} {LOSES[kind]}; nothing was moved (give a job queue's work queue)" in to.stderr
+        run = await asyncio.to_thread(cli, broker, "replay", "work", "--rate", "1000")
+        assert run.exit_code == 1, run.output
+        assert f"not replayed {line}; it stays in work.quarantine\n" in run.stderr
+        assert await depth(broker, "work") == 1
+    assert await depth(broker, "work.quarantine") == 1  # x-1 still there once its queue is gone
