@@ -357,10 +357,8 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         except envelope.DecodeError as exc:
             return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
                                  failure=("DecodeError", exc.detail, ""))  # fmt: skip
-        model = job.payload_model  # its validators are app code on the loop: a block in them is said as a handler's
-        stall = (
-            None if model is None else self._stalls.enter(sys._getframe(), job.name, job_id, handler_name(model), True)
-        )
+        model, frame, watch = job.payload_model, sys._getframe(), self._stalls  # validators, key function: app code
+        stall = None if model is None else watch.enter(frame, job.name, job_id, handler_name(model), "validation")
         try:
             payload = job.validate(raw)
         except ValidationError as exc:
@@ -372,10 +370,17 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             return self._outcome(layout, delivery, Quarantine("invalid-payload"), attempt, job_id, job.name,
                                  failure=describe(exc, "its payload model's validation"))  # fmt: skip
         finally:
-            if stall is not None:
-                self._stalls.leave(stall)
+            watch.leave(stall)
         if job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key):  # README "Idempotency"
-            job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
+            stall = None if job.key is None else watch.enter(frame, job.name, job_id, handler_name(job.key), "key")
+            try:  # any raise of its key function keys it by the payload, as an Exception does (message_key)
+                job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
+            except BaseException as exc:
+                if ends_the_task(exc):
+                    raise
+                job_id = payload_key(delivery.headers, delivery.body)
+            finally:
+                watch.leave(stall)
             self._say_once(("keyed", job.name), "idempotent job %s without message_id on %s: keyed by its key "
                            "function or payload, so identical ones are one job; set message_id (the job id) on every "
                            "publish (said once per job; first: job id %s)", field_value(job.name), delivery.queue,

@@ -45,15 +45,18 @@ WARN_AFTER = 1.0
 BLOCKED_WARN_AFTER = 5.0
 
 
-#: Where the block was, by whether a payload's validation blocked (else the handler's run).
-_WHERE = {False: "", True: " validating its payload (before its handler started)"}
-#: How to fix it, by the same.
-_FIX = {
-    False: "Make the handler a plain `def` (it then runs in a thread) or move the blocking call into "
-    "`await asyncio.to_thread(...)`",
-    True: "A payload model's validators run on the event loop for every job, whatever the handler: keep them "
-    "quick and move the blocking call into the handler (a plain `def` runs in a thread)",
-}
+#: What a run registered with :meth:`StallWatch.enter` is: its field name in the WARNING, where the block was,
+#: and the fix. A payload model's validation and a key function run on the loop whatever the handler.
+RUNS: dict[str, tuple[str, str, str]] = {
+    "handler": ("handler", "", "Make the handler a plain `def` (it then runs in a thread) or move the blocking call "
+                "into `await asyncio.to_thread(...)`"),
+    "validation": ("payload_model", " validating its payload (before its handler started)",
+                   "A payload model's validators run on the event loop for every job, whatever the handler: keep "
+                   "them quick and move the blocking call into the handler (a plain `def` runs in a thread)"),
+    "key": ("key", " computing its idempotency key (before its handler started)",
+            "A job's key function runs on the event loop for a delivery without message_id, whatever the handler: "
+            "keep it quick (a pure function of the payload)"),
+}  # fmt: skip
 
 
 def handler_name(handler: object) -> str:
@@ -75,10 +78,10 @@ class StallWatch:
         self.episodes: deque[tuple[float, float]] = deque(maxlen=64)
         self._last_tick = time.monotonic()
         self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
-        self._handlers: dict[int, tuple[str, bool]] = {}  # id(frame) -> (the handler's name, a validation's)
+        self._handlers: dict[int, tuple[str, str]] = {}  # id(frame) -> (the name of what runs, its kind in RUNS)
         self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
         self._said_live: set[int] = set()  # runs said by the watching thread while they block
-        self._shares: dict[int, list[Any]] = {}  # key -> [job, job id, seconds, validating]
+        self._shares: dict[int, list[Any]] = {}  # key -> [job, job id, seconds, kind]
         self._shares_lock = threading.Lock()
         self._loop_thread = threading.get_ident()
         self._task: asyncio.Task[None] | None = None
@@ -99,19 +102,21 @@ class StallWatch:
         if self._task is not None:
             self._task.cancel()
 
-    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "", validating: bool = False) -> int:
+    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "", kind: str = "handler") -> int:
         """Register a run by the frame it runs in; returns the key for :meth:`leave`.
 
-        ``handler``: the handler's name, or with ``validating`` its payload model's (a
-        validation, on the loop whatever the handler is: its WARNING says so, and how to fix it).
+        ``handler``: the name of what runs; ``kind``: what it is (a key of :data:`RUNS`: the handler's
+        run, its payload model's validation, its key function), named so in its WARNING with its fix.
         """
         key = id(frame)
         self._runs[key] = (job, job_id)
-        self._handlers[key] = (handler, validating)
+        self._handlers[key] = (handler, kind)
         return key
 
-    def leave(self, key: int) -> None:
-        """The run ended."""
+    def leave(self, key: int | None) -> None:
+        """The run ended (None: nothing was registered)."""
+        if key is None:
+            return
         self._runs.pop(key, None)
         self._handlers.pop(key, None)
         self._warned.discard(key)
@@ -142,7 +147,7 @@ class StallWatch:
         if len(shares) == 1:  # one culprit: the loop's own measure of the whole gap
             for share in shares.values():
                 share[2] = seconds
-        for key, (job, job_id, blocked, validating) in shares.items():
+        for key, (job, job_id, blocked, kind) in shares.items():
             if key in self._warned:
                 continue
             if key in self._runs:
@@ -150,7 +155,7 @@ class StallWatch:
             log.warning(
                 "job=%s id=%s blocked the event loop for %.1fs%s: heartbeats stop and the broker may close the "
                 "connection and redeliver every unacked job. %s",
-                field_value(job), field_value(job_id), blocked, _WHERE[validating], _FIX[validating],
+                field_value(job), field_value(job_id), blocked, RUNS[kind][1], RUNS[kind][2],
             )  # fmt: skip
 
     def _watch(self) -> None:
@@ -165,24 +170,24 @@ class StallWatch:
             while frame is not None:
                 run = self._runs.get(id(frame))
                 if run is not None:
-                    handler, validating = self._handlers.get(id(frame), ("", False))
+                    handler, kind = self._handlers.get(id(frame), ("", "handler"))
                     with self._shares_lock:
-                        share = self._shares.setdefault(id(frame), [*run, 0.0, validating])
+                        share = self._shares.setdefault(id(frame), [*run, 0.0, kind])
                         # the first look in a stall charges the whole time stuck so far
                         share[2] += stuck if len(self._shares) == 1 and share[2] == 0.0 else since
                     if stuck >= BLOCKED_WARN_AFTER and id(frame) not in self._said_live:
                         self._said_live.add(id(frame))
-                        self._say_live(*run, handler, validating)
+                        self._say_live(*run, handler, kind)
                     break
                 frame = frame.f_back
 
     @staticmethod
-    def _say_live(job: str, job_id: str, handler: str, validating: bool = False) -> None:
+    def _say_live(job: str, job_id: str, handler: str, kind: str = "handler") -> None:
         """The WARNING of a block still going on (from the watching thread: the loop can't write it)."""
         log.warning(
             "job=%s id=%s %s=%s has blocked the event loop for %gs%s and still does: heartbeats have stopped "
             "with it, so the broker closes the connection after its heartbeat timeout and redelivers every "
             "unacked job, and /readyz answers 503. %s",
-            field_value(job), field_value(job_id), "payload_model" if validating else "handler",
-            field_value(handler or "?"), BLOCKED_WARN_AFTER, _WHERE[validating], _FIX[validating],
+            field_value(job), field_value(job_id), RUNS[kind][0], field_value(handler or "?"), BLOCKED_WARN_AFTER,
+            RUNS[kind][1], RUNS[kind][2],
         )  # fmt: skip

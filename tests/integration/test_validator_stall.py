@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -22,7 +23,9 @@ from amqpjobs.jobs.outcome import Outcome
 from amqpjobs.runtime import stall
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.deploy import apply_topology
+from amqpjobs.runtime.ledger import SqliteLedger
 from amqpjobs.topology.loader import load_topology
+from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import raw_channel
 
@@ -123,3 +126,73 @@ async def test_a_validator_raising_system_exit_is_quarantined_as_the_validations
         "(the worker went on)"
     )
     assert by_id["slow-val"].kind == "succeeded"
+
+
+class Keyed(BaseModel):
+    """A payload of no validator of its own."""
+
+    seconds: float
+
+
+def slow_key(payload: Keyed) -> str:
+    """An idempotent job's key function: blocks for the payload's seconds, or raises SystemExit when negative."""
+    if payload.seconds < 0:
+        raise SystemExit(4)
+    time.sleep(payload.seconds)
+    return f"k-{payload.seconds}"
+
+
+@pytest.mark.parametrize("seconds", [2.0, -1.0], ids=["blocks", "raises"])
+async def test_an_idempotent_jobs_key_function_is_watched_and_its_raise_keys_by_the_payload(
+    broker: BrokerSettings,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    seconds: float,
+) -> None:
+    """helper-227: a key function's 7 s block left no line; its SystemExit quarantined the job as ``worker-error``."""
+    monkeypatch.setattr(stall, "BLOCKED_WARN_AFTER", 0.5)
+    topo = tmp_path / "topology.toml"
+    topo.write_text(TOPOLOGY)
+    await apply_topology(topo, broker)
+    app = App("key-stall", topology=load_topology(topo).topology, url=broker.url,
+              ledger=SqliteLedger(str(tmp_path / "ledger.db")))  # fmt: skip
+    ran: list[str] = []
+
+    @app.job("k", queue="work", payload=Keyed, idempotent=True, key=slow_key)
+    async def k(payload: Keyed, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    outcomes: list[Outcome] = []
+    published = {"properties": {"type": "k", "content_type": "application/json"}, "routing_key": "work",
+                 "payload": f'{{"seconds": {seconds}}}', "payload_encoding": "string"}  # fmt: skip
+    with ManagementClient(broker) as mgmt:  # no message_id (aiormq gives every publish one): the worker keys it
+        mgmt.request("POST", f"/exchanges/{quote(broker.vhost, safe='')}/jobs/publish", json=published)
+    worker = Worker(app, broker, WorkerOptions(queues=("work",), grace=5), on_outcome=outcomes.append)
+    with caplog.at_level(logging.WARNING, logger="amqpjobs.worker"):
+        await worker.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not outcomes:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+        finally:
+            await worker.shutdown()
+            await app.close()
+    assert [o.kind for o in outcomes] == ["succeeded"], outcomes
+    lines = [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    if seconds > 0:
+        assert ran == ["k-2.0"]
+        live = next(line for line in lines if "still does" in line)
+        assert live.startswith("job=k id=generated-"), live  # the id it gets is the key being computed
+        assert (
+            f" key={__name__}.slow_key has blocked the event loop for 0.5s computing its idempotency key (before its "
+            "handler started) and still does"
+        ) in live
+        assert "A job's key function runs on the event loop" in live
+    else:
+        assert lines == []
+        assert len(ran) == 1
+        assert ran[0].startswith("sha256:"), ran  # keyed by its payload, as when the key function raises an Exception
+        assert not [r for r in caplog.records if "failed inside the worker" in r.getMessage()]
