@@ -110,7 +110,7 @@ def topology_files(path: str | Path) -> list[Path]:
             raise TopologyValidationError([Problem(str(p), "-", "folder holds no *.toml topology file", "add one")])
         return files
     if not p.is_file():
-        why = f"not a regular file or folder: {_what(p)}" if p.exists() else "no such file or folder"
+        why = f"not a regular file or folder: {_what(p)}" if p.exists() or p.is_symlink() else "no such file or folder"
         raise TopologyValidationError([Problem(str(p), "-", why, "give a topology file or folder")])
     return [p]
 

@@ -26,6 +26,14 @@ from amqpjobs.jobs.app_name import CONNECTION_NAME_MAX_BYTES, LONGEST_CONNECTION
         ("x" * 234, "App name is 234 UTF-8 bytes, over 233: its connection names (<app>-sync-publisher-thread)"),
         ("é" * 117, "App name is 234 UTF-8 bytes, over 233"),
         (3, "App name must be a string, got int"),
+        # helper-227: format characters that show nothing, and blanks at the ends, made look-alike names
+        ("sh\u200bop", r"has a control or invisible character (\u200b at index 2)"),
+        ("a\u2060b", r"(\u2060 at index 1)"),
+        ("a\u00adb", r"(\xad at index 1)"),
+        ("a\u061cb", r"(\u061c at index 1)"),
+        ("a\U000e0041", r"(\U000e0041 at index 1)"),
+        (" shop", "App name ' shop' begins or ends with a blank"),
+        ("shop ", "begins or ends with a blank"),
     ],
 )
 def test_a_name_no_connection_name_can_carry_is_refused_when_the_app_is_made(name: object, said: str) -> None:
@@ -36,7 +44,9 @@ def test_a_name_no_connection_name_can_carry_is_refused_when_the_app_is_made(nam
     assert "\x1b" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["shop", "é/#", "x" * 233, "é" * 116 + "x", "Billing Service (EU)"])
+@pytest.mark.parametrize(
+    "name", ["shop", "é/#", "x" * 233, "é" * 116 + "x", "Billing Service (EU)", "caf\u0065\u0301", "😀x"]
+)
 def test_names_that_fit_are_taken(name: str) -> None:
     assert App(name).name == name
 
