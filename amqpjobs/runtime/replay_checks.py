@@ -96,19 +96,18 @@ async def target_problem(connection: Connection, settings: BrokerSettings | None
     if is_reply_to(queue):
         return _REPLY_TO
     locked: set[str] = set()
+    looked = True  # over AMQP
     try:
         missing, _ = await find_missing(connection, [queue], locked=locked)
     except UnaddressableNameError:
-        missing = set()
+        missing, looked = set(), False
     if queue in missing:
         return MISSING
     if queue in locked:
         return _EXCLUSIVE
     shape = await _by_management(settings, queue)
-    if shape is None:  # no answer: what AMQP said stands
-        return None
-    if not shape:
-        return MISSING
+    if not shape:  # no answer (what AMQP said stands), or none of it there: missing when AMQP could not look
+        return MISSING if shape is not None and not looked else None
     if shape.get("exclusive") or shape.get("owner_pid_details"):
         return _EXCLUSIVE
     if shape.get("auto_delete"):
@@ -123,7 +122,10 @@ async def _by_management(settings: BrokerSettings | None, queue: str) -> dict[st
 
     def ask() -> dict[str, Any]:
         with ManagementClient(settings) as mgmt:
-            return mgmt.queue(settings.vhost, queue) or {}
+            found = mgmt.queue(settings.vhost, queue)
+            if found is None:  # a wrong path answers 404 too: no API there raises (its /overview is 404 as well)
+                mgmt.overview()
+            return found or {}
 
     try:
         return await asyncio.to_thread(ask)
