@@ -100,7 +100,11 @@ async def test_a_worker_with_room_for_a_reconnect_consumes_again_after_it(broker
 async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_naming_it(
     broker: BrokerSettings, tmp_path: Path
 ):
-    """A user's max-channels fitting the start but not a reconnect's one channel more: exit 3 within 30 s."""
+    """A user's max-channels fitting the start but not a reconnect's one channel more: exit 3 within 45 s.
+
+    At the reconnect, or (local CI 65 on 4.0.5: the broker had freed the lost connection's channels by then,
+    and the reconnect fitted) at the next channel it opens: the look for pause flags, every 30 s.
+    """
     with limited_user(broker, limits={"max-channels": 4}) as (_, url):  # 3 consuming + 1 events
         app = await publisher(broker, tmp_path)
         await app.enqueue("sleep", {"seconds": 0}, job_id="waiting")
@@ -121,7 +125,7 @@ async def test_a_worker_a_users_max_channels_refuses_at_each_reconnect_exits_3_n
     # before: still running after 50 s, the connection lost at every reconnect (NOT_ALLOWED - number of channels
     # opened for user '...' has reached the maximum allowed user limit of (4)), every 5 s (code None)
     assert code == 3, (code, out)
-    assert time.monotonic() - lost_at < 30, out
+    assert time.monotonic() - lost_at < 45, out
     last = out.strip().splitlines()[-1]
     assert last.startswith("broker error: the broker closed a connection of this worker for what it sent"), out
     # the broker's words: 3.10 names the user, 4.0.5 its node ('amqpjobs4@localhost'); 4.3 drops the parentheses
