@@ -30,6 +30,7 @@ import json
 import math
 import re
 import shlex
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -62,6 +63,22 @@ def unsafe_at(text: str) -> tuple[int, str] | None:
     r"""Where ``text``'s first character :func:`printable` escapes is, and its escape (``(2, "\\x00")``), or None."""
     match = _UNSAFE.search(text)
     return None if match is None else (match.start(), _escape(match))
+
+
+#: Unicode categories of characters that show nothing: controls, format characters (U+200B, U+2060, U+00AD,
+#: U+061C, tags), private use, unassigned, line and paragraph separators. Two names differing by one look the same.
+_INVISIBLE: Final = frozenset({"Cc", "Cf", "Co", "Cn", "Zl", "Zp"})
+
+
+def invisible_at(text: str) -> tuple[int, str] | None:
+    r"""Where ``text``'s first control or invisible character is, and its escape (``(2, "\u200b")``), or None.
+
+    Wider than :func:`unsafe_at` (what :func:`printable` escapes): for a name people read and
+    compare (an App's, a connection's), where a zero-width space makes a look-alike.
+    """
+    if (found := unsafe_at(text)) is not None:
+        return found
+    return next(((i, ascii(c)[1:-1]) for i, c in enumerate(text) if unicodedata.category(c) in _INVISIBLE), None)
 
 
 def printable_lines(text: str) -> str:

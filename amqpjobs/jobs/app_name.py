@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import unicodedata
-
-from amqpjobs.printable import printable, unsafe_at
-
-#: Unicode categories of characters that show nothing (format characters such as U+200B, U+2060, U+00AD,
-#: U+061C; private use; unassigned; line and paragraph separators): two names would look the same.
-_INVISIBLE = frozenset({"Cc", "Cf", "Co", "Cn", "Zl", "Zp"})
+from amqpjobs.printable import invisible_at, printable
 
 #: The longest ``-<role>`` the app's connection names add to its name (``<app>-sync-publisher-thread``).
 LONGEST_CONNECTION_ROLE = "-sync-publisher-thread"
@@ -24,6 +18,9 @@ def app_name_problem(name: object) -> str | None:
     a non-blank string of no control characters, at most
     :data:`CONNECTION_NAME_MAX_BYTES` UTF-8 bytes with :data:`LONGEST_CONNECTION_ROLE`.
     (A scheduler's and a ledger marker's queue names hold it too: their rule is checked where they are made.)
+
+    Returns:
+        The problem with its fix (``App name is 234 UTF-8 bytes, over 233: ...``), or None.
     """
     if not isinstance(name, str):
         return f"App name must be a string, got {type(name).__name__}"
@@ -31,10 +28,7 @@ def app_name_problem(name: object) -> str | None:
         return "App name must not be empty or blank: give the App a name (App('shop', ...))"
     if name != name.strip():
         return f"App name {printable(repr(name[:60]))} begins or ends with a blank: write it without"
-    found = unsafe_at(name) or next(
-        ((i, ascii(c)[1:-1]) for i, c in enumerate(name) if unicodedata.category(c) in _INVISIBLE), None
-    )
-    if found is not None:
+    if (found := invisible_at(name)) is not None:
         return (
             f"App name {printable(repr(name[:60]))} has a control or invisible character ({found[1]} at index "
             f"{found[0]}): it goes into the app's connection names and the broker's log; use printable characters"

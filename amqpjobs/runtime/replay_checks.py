@@ -92,6 +92,9 @@ async def target_problem(connection: Connection, settings: BrokerSettings | None
     A name the AMQP client won't declare (RabbitMQ takes any UTF-8, pamqp fewer characters:
     :class:`~amqpjobs.errors.UnaddressableNameError`) is looked up there only; without an
     answer, None: a publish's routing key can name it, so its publish decides (unroutable when missing).
+
+    Raises:
+        BrokerUnavailableError: not connected; BrokerError: the broker refused the look for another reason.
     """
     if is_reply_to(queue):
         return _REPLY_TO
@@ -139,6 +142,7 @@ async def check_targets(connection: Connection, targets: list[str], settings: Br
 
     Raises:
         ConfigurationError: a queue of ``targets`` is one (named, with why and the fix).
+        BrokerError: the broker refused a look (as :func:`target_problem`).
     """
     problems = {t: await target_problem(connection, settings, t) for t in targets}
     if missing := sorted(t for t, why in problems.items() if why == MISSING):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
-from amqpjobs.printable import printable
+from amqpjobs.printable import invisible_at
 from amqpjobs.text import ascii_digits, url_text_problem
 from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
@@ -66,8 +66,8 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
     "fail_fast": (lambda v: v.lower() in _TRUE | _FALSE, "true or false (1/0, yes/no, on/off)"),
     # shown by the management UI and written into the broker's log: a line feed there forges a line
     "name": (
-        lambda v: 0 < len(v.encode("utf-8", "surrogatepass")) <= 255 and printable(v) == v,
-        "a connection name of 1-255 bytes without control characters",
+        lambda v: 0 < len(v.encode("utf-8", "surrogatepass")) <= 255 and invisible_at(v) is None,
+        "a connection name of 1-255 bytes without control or invisible characters",
     ),
 }
 _BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a "%" that starts no %-escape (RFC 3986 2.1)
