@@ -53,6 +53,21 @@ def test_consumer_timeout_rule_follows_queue_type_and_version(
         assert "job queue flat (classic, RabbitMQ 4.3.6): the broker no longer evaluates a consumer timeout" in infos
 
 
+def test_a_consumer_timeout_under_a_second_is_said_as_given(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    # helper-226: --consumer-timeout 1ms was said as "consumer_timeout (0s, ...)"
+    topology = load_topology(write_topology(tmp_path)).topology
+    with caplog.at_level(logging.INFO, logger="amqpjobs.worker"):
+        consumer_timeouts([topology.layout("work")], {"work": 0.5}, (3, 10, 8), 0.001)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "its longest job timeout 0.5s is not below the broker's consumer_timeout (0.001s, node-wide" in warning
+
+
+def write_topology(tmp_path: Path) -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    return path
+
+
 def test_retries_without_tiers_are_refused(tmp_path: Path):
     app = make(tmp_path)
     app.job("x", queue="flat", retry=RetryPolicy(max_attempts=3))(lambda p, c: None)
