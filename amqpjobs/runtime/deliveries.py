@@ -54,7 +54,6 @@ from amqpjobs.runtime.pausing import OperatorPauses
 from amqpjobs.runtime.recording import OutcomeRecords
 from amqpjobs.runtime.runs import HandlerRuns, Unread
 from amqpjobs.runtime.signals import ends_the_task
-from amqpjobs.runtime.stall import handler_name
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.naming import event_routing_key
 from amqpjobs.wire.abc import Connection, Publisher, Received
@@ -358,7 +357,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             return self._outcome(layout, delivery, Quarantine(exc.reason), attempt, job_id, job.name,
                                  failure=("DecodeError", exc.detail, ""))  # fmt: skip
         model, frame, watch = job.payload_model, sys._getframe(), self._stalls  # validators, key function: app code
-        stall = None if model is None else watch.enter(frame, job.name, job_id, handler_name(model), "validation")
+        stall = None if model is None else watch.enter(frame, job.name, job_id, model, "validation")
         try:
             payload = job.validate(raw)
         except ValidationError as exc:
@@ -372,7 +371,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
         finally:
             watch.leave(stall)
         if job.idempotent and keyed_again(delivery.message_id, delivery.headers, job.key):  # README "Idempotency"
-            stall = None if job.key is None else watch.enter(frame, job.name, job_id, handler_name(job.key), "key")
+            stall = None if job.key is None else watch.enter(frame, job.name, job_id, job.key, "key")
             try:  # any raise of its key function keys it by the payload, as an Exception does (message_key)
                 job_id = unnamed_idempotency_key(job.key, payload, delivery.headers, delivery.body)
             except BaseException as exc:

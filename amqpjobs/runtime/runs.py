@@ -38,7 +38,7 @@ from amqpjobs.runtime.run_claims import RunClaims
 from amqpjobs.runtime.run_transaction import RunTransaction
 from amqpjobs.runtime.run_values import overran, rest_of_run, settled, settled_value, unsettled
 from amqpjobs.runtime.signals import sigint_raises
-from amqpjobs.runtime.stall import StallWatch, handler_name
+from amqpjobs.runtime.stall import StallWatch
 from amqpjobs.runtime.worker_config import default_lease
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.wire.abc import Received
@@ -280,7 +280,7 @@ class HandlerRuns(RunClaims):
             # the rest of the run, on the loop (never left unawaited, the body not run, "succeeded")
             return await rest_of_run(job, value, limit, started)
         # an async handler runs on the loop: its frame is registered, so a stall it causes is blamed on it
-        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id, handler_name(job.handler))
+        stall_key = self._stalls.enter(sys._getframe(), job.name, ctx.job_id, job.handler)
         # cancelled past its limit as by asyncio.timeout, on one loop timer per limit (amqpjobs.runtime.deadlines)
         # (``what``: for a run that goes on after its timeout's cancellation, amqpjobs.runtime.overruns)
         deadline = self._deadlines.start(limit, task, (job.name, ctx.job_id, limit)) if limit is not None else None

@@ -77,8 +77,7 @@ class StallWatch:
     def __init__(self) -> None:
         self.episodes: deque[tuple[float, float]] = deque(maxlen=64)
         self._last_tick = time.monotonic()
-        self._runs: dict[int, tuple[str, str]] = {}  # id(frame) -> (job, job id)
-        self._handlers: dict[int, tuple[str, str]] = {}  # id(frame) -> (the name of what runs, its kind in RUNS)
+        self._runs: dict[int, tuple[str, str, object, str]] = {}  # id(frame) -> (job, job id, what runs, its kind)
         self._warned: set[int] = set()  # runs already warned about (one WARNING per run)
         self._said_live: set[int] = set()  # runs said by the watching thread while they block
         self._shares: dict[int, list[Any]] = {}  # key -> [job, job id, seconds, kind]
@@ -102,15 +101,15 @@ class StallWatch:
         if self._task is not None:
             self._task.cancel()
 
-    def enter(self, frame: FrameType, job: str, job_id: str, handler: str = "", kind: str = "handler") -> int:
+    def enter(self, frame: FrameType, job: str, job_id: str, handler: object = "", kind: str = "handler") -> int:
         """Register a run by the frame it runs in; returns the key for :meth:`leave`.
 
-        ``handler``: the name of what runs; ``kind``: what it is (a key of :data:`RUNS`: the handler's
-        run, its payload model's validation, its key function), named so in its WARNING with its fix.
+        ``handler``: what runs (its name, or the function or class itself: named by :func:`handler_name`
+        only when a WARNING says it); ``kind``: what it is (a key of :data:`RUNS`: the handler's run, its
+        payload model's validation, its key function), named so in its WARNING with its fix.
         """
         key = id(frame)
-        self._runs[key] = (job, job_id)
-        self._handlers[key] = (handler, kind)
+        self._runs[key] = (job, job_id, handler, kind)
         return key
 
     def leave(self, key: int | None) -> None:
@@ -118,9 +117,10 @@ class StallWatch:
         if key is None:
             return
         self._runs.pop(key, None)
-        self._handlers.pop(key, None)
-        self._warned.discard(key)
-        self._said_live.discard(key)
+        if self._warned:
+            self._warned.discard(key)
+        if self._said_live:
+            self._said_live.discard(key)
 
     def longest_since(self, since: float) -> float:
         """The longest stall (seconds) that overlapped ``since`` .. now, one still going on included."""
@@ -170,14 +170,15 @@ class StallWatch:
             while frame is not None:
                 run = self._runs.get(id(frame))
                 if run is not None:
-                    handler, kind = self._handlers.get(id(frame), ("", "handler"))
+                    job, job_id, handler, kind = run
                     with self._shares_lock:
-                        share = self._shares.setdefault(id(frame), [*run, 0.0, kind])
+                        share = self._shares.setdefault(id(frame), [job, job_id, 0.0, kind])
                         # the first look in a stall charges the whole time stuck so far
                         share[2] += stuck if len(self._shares) == 1 and share[2] == 0.0 else since
                     if stuck >= BLOCKED_WARN_AFTER and id(frame) not in self._said_live:
                         self._said_live.add(id(frame))
-                        self._say_live(*run, handler, kind)
+                        name = handler if isinstance(handler, str) else handler_name(handler)
+                        self._say_live(job, job_id, name, kind)
                     break
                 frame = frame.f_back
 

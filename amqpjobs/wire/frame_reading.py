@@ -84,7 +84,9 @@ async def get_frame(self: FrameReceiver) -> Any:
     ``pamqp.frame.unmarshal``, and the same exceptions with the same messages as aiormq's
     reader: the stream's exception is raised as soon as it is set (as each of aiormq's reads
     raises it, bytes received before it or not), and a stream that ends inside a frame is
-    told in aiormq's byte counts.
+    told in aiormq's byte counts. A frame already whole in the bytes taken is cut out without
+    taking the receiver's lock (nothing awaited, so no other reader can come between) unless
+    another reader holds it.
 
     Raises:
         StopAsyncIteration: the stream ended before the frame began.
@@ -94,9 +96,17 @@ async def get_frame(self: FrameReceiver) -> Any:
         InvalidFrameError: pamqp can't decode the frame.
     """
     reader = self.reader
-    if len(getattr(self, "_amqpjobs_buf", b"")) == getattr(self, "_amqpjobs_at", 0) and reader.at_eof():
+    buf: bytes = getattr(self, "_amqpjobs_buf", b"")
+    at: int = getattr(self, "_amqpjobs_at", 0)
+    unread = len(buf) - at
+    if not unread and reader.at_eof():
         del self.reader
         raise StopAsyncIteration
+    if unread >= 7 and self.started and not self.lock.locked() and reader.exception() is None:
+        end = 8 + _HEADER.unpack_from(buf, at)[2]
+        if unread >= end:  # a whole frame read already: cut out with no await, so no other reader can come between
+            self._amqpjobs_at = at + end  # type: ignore[attr-defined]
+            return _decoded(buf[at : at + end])
     async with self.lock:
         try:
             failed = reader.exception()
@@ -124,6 +134,11 @@ async def get_frame(self: FrameReceiver) -> Any:
             raise AMQPConnectionError(f"Server connection error: {e!r}") from e
         except OSError as e:
             raise AMQPConnectionError(f"Server communication error: {e!r}") from e
+    return _decoded(data)
+
+
+def _decoded(data: bytes) -> Any:
+    """One whole frame's bytes decoded by pamqp (``InvalidFrameError`` as aiormq raises it)."""
     try:
         return pamqp.frame.unmarshal(data)
     except PAMQPException as e:

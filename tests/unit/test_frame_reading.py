@@ -187,3 +187,36 @@ def test_a_socket_error_after_whole_frames_were_received_ends_at_once_as_aiormqs
     new = asyncio.run(read_then_fail(frame_reading.get_frame, stream(), error))
     assert new == old
     assert new == ["Deliver", "AMQPConnectionError", f"Server connection reset: {error!r}"]
+
+
+class CountingLock(asyncio.Lock):
+    """An ``asyncio.Lock`` that counts how often it was taken."""
+
+    taken = 0
+
+    async def acquire(self) -> bool:
+        self.taken += 1
+        return await super().acquire()
+
+
+@audited
+def test_frames_already_read_are_cut_out_without_the_lock_unless_another_reader_holds_it() -> None:
+    async def run() -> tuple[list[str], int, bool]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(stream())
+        receiver = FrameReceiver(reader)
+        receiver.lock = lock = CountingLock()
+        kinds = [type((await frame_reading.get_frame(receiver))[2]).__name__ for _ in range(3)]
+        taken = lock.taken  # the first frame read the stream (under the lock); the next two were in its bytes
+        async with lock:  # another reader holds it: a frame already read still waits its turn
+            waiting = asyncio.ensure_future(frame_reading.get_frame(receiver))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            waited = not waiting.done()
+        kinds.append(type((await waiting)[2]).__name__)
+        return kinds, taken, waited
+
+    kinds, taken, waited = asyncio.run(run())
+    assert kinds == ["Deliver", "ContentHeader", "ContentBody", "Heartbeat"]
+    assert taken == 1
+    assert waited
