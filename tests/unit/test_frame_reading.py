@@ -9,7 +9,7 @@ type and message.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pamqp.frame
 import pytest
@@ -194,7 +194,7 @@ class CountingLock(asyncio.Lock):
 
     taken = 0
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         self.taken += 1
         return await super().acquire()
 
