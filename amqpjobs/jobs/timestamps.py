@@ -31,6 +31,9 @@ from amqpjobs.epochs import epoch_seconds as epoch_seconds
 from amqpjobs.jobs.header_values import amqp_type, read_number
 from amqpjobs.text import as_text
 
+#: The last text :func:`parse_time` read, and its time (a ``datetime`` can't change: shared safely).
+_last_text: tuple[str, datetime | None] = ("", None)
+
 
 def parse_time(value: Any) -> datetime | None:
     """Read a time from a header or property value as an aware UTC datetime.
@@ -43,8 +46,14 @@ def parse_time(value: Any) -> datetime | None:
     (a negative number, a table, a boolean), or a time out of range, is None. Text of digits
     alone is a number, never an ISO-8601 basic date: ``"20261206"`` is 20,261,206 s (1970).
     """
+    global _last_text
     if type(value) is str:  # the commonest (our own headers' ISO text): no other type tests first
-        return _from_text(value)
+        last = _last_text  # one (text, time) pair, swapped whole: a worker reads a delivery's header twice
+        if last[0] == value:
+            return last[1]
+        parsed = _from_text(value)
+        _last_text = (value, parsed)
+        return parsed
     if isinstance(value, datetime):
         return _in_utc(value)
     number = read_number(value)  # before 1970 (negative), NaN, infinity: None, no enqueue time of a job
