@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,33 @@ def test_fit_cuts_in_proportion_and_never_loops_on_a_limit_too_small() -> None:
     value, text = fit("\x01" * 6000, 10, logfmt_value)  # 40 characters stay, escaped over 10: returned, not looped
     assert len(value) <= 40
     assert text == logfmt_value(value)
+
+
+def test_the_line_is_the_record_log_info_would_make_and_the_loggers_filters_still_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import amqpjobs.runtime.recording as recording
+
+    outcome = Outcome(Quarantine("rejected"), "mail.send", "order-42", 2, 0.25, True, "mail", error="Reject: no")
+    worker_log = logging.getLogger("amqpjobs.worker")
+    with caplog.at_level(logging.INFO, logger="amqpjobs"):
+        Records()._record(outcome)
+        (record,) = caplog.records
+        source = Path(recording.__file__).read_text(encoding="utf-8").splitlines()
+        assert (record.name, record.levelname, record.funcName) == ("amqpjobs.worker", "INFO", "_record")
+        assert (record.pathname, record.filename, record.module) == (recording.__file__, "recording.py", "recording")
+        assert "log.makeRecord(" in source[record.lineno - 1]  # the line that makes it, as findCaller would name
+        assert (record.exc_info, record.stack_info) == (None, None)
+        dropped = logging.Filter("elsewhere")  # a filter on the logger drops the line, as it drops log.info's
+        worker_log.addFilter(dropped)
+        try:
+            Records()._record(outcome)
+        finally:
+            worker_log.removeFilter(dropped)
+        worker_log.disabled = True
+        try:
+            Records()._record(outcome)
+        finally:
+            worker_log.disabled = False
+        Records()._record(outcome)
+    assert len(caplog.records) == 2
