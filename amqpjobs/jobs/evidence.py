@@ -44,7 +44,7 @@ __all__ = [
     "ERROR_TYPE", "EVIDENCE_HEADERS",
     "FIRST_FAILURE_AT", "JOB", "JOB_ID", "LAST_FAILURE_AT", "MIN_BUDGET", "ORIGINAL_EXCHANGE", "ORIGINAL_QUEUE",
     "ORIGINAL_ROUTING_KEY", "REASON", "TENANT", "TRACEBACK", "VERSION", "WORKER_HEADROOM", "WORKER_HOST",
-    "WORKER_PID", "Failure", "delivery_counters", "evidence_headers", "trimmed_budget",
+    "WORKER_PID", "Failure", "broker_counters", "delivery_counters", "evidence_headers", "trimmed_budget",
 ]  # fmt: skip
 
 #: The evidence headers the budget holds: all but the tenant, which came on the job.
@@ -80,8 +80,8 @@ class Failure:
         tenant: The tenant, ``""`` (or blank) for none: then no tenant header is written.
             Kept whole, never trimmed (no tenant limit of ours; a replay keeps its shard).
         delivery_count / acquired_count: The broker's quorum-queue counters on the
-            delivery (``x-delivery-count``, ``x-acquired-count`` from 4.3), 0 when absent
-            (classic queues, a first delivery); see :func:`delivery_counters`.
+            delivery (``x-delivery-count``, ``x-acquired-count`` from 4.3), 0 when absent or
+            not the broker's (classic queues, a first delivery); see :func:`broker_counters`.
 
     """
 
@@ -107,19 +107,45 @@ class Failure:
 
 
 def delivery_counters(headers: Mapping[str, object]) -> dict[str, int]:
-    """``delivery_count`` and ``acquired_count`` for a :class:`Failure`, from a delivery's headers.
+    """``delivery_count`` and ``acquired_count`` as a delivery's headers say them (:func:`broker_counters`: whose).
 
     RabbitMQ 4.3.0 release notes: ``x-delivery-count`` counts rejects and client crashes (the
     delivery limit counts it), ``x-acquired-count`` every return (also nack, consumer
     timeout, partitions). Before 4.3 only the first exists. Read by the one count rule
-    (:func:`~amqpjobs.jobs.header_values.read_count`: a publisher can forge either on a
-    classic queue, in any encoding); a missing value or one that is no count is 0.
+    (:func:`~amqpjobs.jobs.header_values.read_count`, any encoding); a missing value or one
+    that is no count is 0.
     """
 
     def count(name: str) -> int:
         return read_count(headers.get(name)) or 0
 
     return {"delivery_count": count(envelope.DELIVERY_COUNT), "acquired_count": count(envelope.ACQUIRED_COUNT)}
+
+
+def broker_counters(
+    headers: Mapping[str, object], queue_type: str, redelivered: bool, version: tuple[int, ...]
+) -> dict[str, int]:
+    """The :class:`Failure` counters of a delivery the worker quarantines: the broker's, or 0 where it wrote none.
+
+    A quorum queue writes ``x-delivery-count`` (and from RabbitMQ 4.3 ``x-acquired-count``) on a
+    message it returned, i.e. a redelivery (RabbitMQ "Quorum Queues" -> "Poison Message Handling";
+    release notes 4.3.0). A classic queue counts nothing ("Consumer Acknowledgements" ->
+    "Redelivery"), no queue counts a first delivery, and our copies (retries, registered starts)
+    carry none: what such a delivery holds is a publisher's, and reads 0 here (the message keeps it
+    among its own headers).
+
+    Args:
+        headers: The delivery's headers.
+        queue_type: Its job queue's (``classic`` or ``quorum``).
+        redelivered: The delivery's ``redelivered`` flag.
+        version: The broker's version, e.g. ``(4, 3, 6)``: ``x-acquired-count`` is read from 4.3 on.
+    """
+    if not redelivered or queue_type != "quorum":
+        return {"delivery_count": 0, "acquired_count": 0}
+    counters = delivery_counters(headers)
+    if version < (4, 3):
+        counters["acquired_count"] = 0
+    return counters
 
 
 def _size(headers: Mapping[str, str | int]) -> int:

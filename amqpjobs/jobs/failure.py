@@ -16,7 +16,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs import crash, envelope
 from amqpjobs.jobs.copy_headers import copy_headers
-from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, delivery_counters, evidence_headers
+from amqpjobs.jobs.evidence import DEFAULT_BUDGET, Failure, evidence_headers
 from amqpjobs.jobs.header_values import COUNT_MAX, read_text
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, Skipped
 from amqpjobs.jobs.quarantine import header_text
@@ -252,13 +252,15 @@ def quarantine_headers(
     now: str,
     timestamp: Any,
     budget: int = DEFAULT_BUDGET,
+    counters: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Headers of the copy that goes to quarantine: the received ones plus the failure's evidence.
 
     ``runs`` is the handler runs so far; for ``crashed`` the starts without an outcome are
     counted in too. ``timestamp``: the received ``timestamp`` property
     (:func:`~amqpjobs.jobs.copy_headers.copy_headers`). ``budget``: the evidence's bytes
-    (:func:`~amqpjobs.jobs.evidence.evidence_headers`).
+    (:func:`~amqpjobs.jobs.evidence.evidence_headers`). ``counters``: the broker's counters of the
+    delivery (:func:`~amqpjobs.jobs.evidence.broker_counters`); None: it wrote none (both 0).
     """
     if reason == "crashed":  # every start of this attempt ended without an outcome
         runs = min(envelope.parse_runs(received) + crash.starts_of(received), COUNT_MAX)  # an AMQP integer
@@ -281,7 +283,8 @@ def quarantine_headers(
         job=job,
         job_id=job_id,
         tenant=envelope.tenant_in(received) or "",
-        **delivery_counters(received),
+        delivery_count=(counters or {}).get("delivery_count", 0),
+        acquired_count=(counters or {}).get("acquired_count", 0),
     )
     headers = copy_headers(received, timestamp)
     headers[envelope.RUNS] = runs

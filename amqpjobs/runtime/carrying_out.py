@@ -25,7 +25,7 @@ from amqpjobs.jobs import envelope
 from amqpjobs.jobs.copy_headers import strip_broker_headers
 from amqpjobs.jobs.decided import DECIDED, decided_value
 from amqpjobs.jobs.envelope import iso_utc
-from amqpjobs.jobs.evidence import trimmed_budget
+from amqpjobs.jobs.evidence import broker_counters, trimmed_budget
 from amqpjobs.jobs.failure import quarantine_headers, retry_headers, unstarted_headers
 from amqpjobs.jobs.outcome import Ack, Duplicate, HandBack, Outcome, Quarantine, Register, RetryLater, Skip
 from amqpjobs.message import OutgoingMessage
@@ -63,6 +63,7 @@ class CarryingOut(KeptDecisions):
     _draining: Draining
     _host: str
     _pid: int
+    _version: tuple[int, ...]  # the broker's, read at connect
     #: The ledger's key that seals a waiting suspect's start (:mod:`amqpjobs.runtime.ledger_key`), once started.
     _seal_key: bytes | None = None
 
@@ -182,7 +183,7 @@ class CarryingOut(KeptDecisions):
             if register is not None:
                 self._suspects_signal.set()
         elif isinstance(decision, Quarantine):
-            quarantine = self._evidence(delivery, v, decision, received, runs)
+            quarantine = self._evidence(layout, delivery, v, decision, received, runs)
             exchange, headers = layout.quarantine_exchange, quarantine()
             try:
                 await self._quarantiner.publish(exchange, delivery.queue, delivery.copy(headers, job_id))
@@ -193,18 +194,26 @@ class CarryingOut(KeptDecisions):
                 await self._quarantiner.publish(exchange, delivery.queue, trimmed)
 
     def _evidence(
-        self, delivery: Received, v: Outcome, decision: Quarantine, received: Mapping[str, Any], runs: int
+        self,
+        layout: JobQueueLayout,
+        delivery: Received,
+        v: Outcome,
+        decision: Quarantine,
+        received: Mapping[str, Any],
+        runs: int,
     ) -> functools.partial[dict[str, Any]]:
         """The quarantine copy's headers, evidence and all (call it, with ``budget=`` to trim the evidence)."""
         return functools.partial(
             quarantine_headers, received, decision.reason, v.failure, runs, queue=delivery.queue,
             exchange=delivery.exchange, routing_key=delivery.routing_key, job=v.job, job_id=v.job_id,
             host=self._host, pid=self._pid, version=__version__, app_version=self.app.app_version,
-            now=v.reached_at or iso_utc(),
-            timestamp=delivery.timestamp,
+            now=v.reached_at or iso_utc(), timestamp=delivery.timestamp,
+            counters=broker_counters(received, layout.queue_type, delivery.redelivered, self._version),
         )  # fmt: skip
 
-    def _marked_copy(self, delivery: Received, v: Outcome, trace: Mapping[str, str]) -> OutgoingMessage:
+    def _marked_copy(
+        self, layout: JobQueueLayout, delivery: Received, v: Outcome, trace: Mapping[str, str]
+    ) -> OutgoingMessage:
         """The copy ``v``'s decision needs, marked with it, ready now in the delivery's own work queue.
 
         For :mod:`.kept_decisions`.
@@ -223,7 +232,7 @@ class CarryingOut(KeptDecisions):
                                     v.reached_at or iso_utc(), timestamp=delivery.timestamp, job_id=v.job_id,
                                     key=self._seal_key)  # fmt: skip
         elif isinstance(decision, Quarantine):
-            headers = self._evidence(delivery, v, decision, received, runs)()
+            headers = self._evidence(layout, delivery, v, decision, received, runs)()
         headers[DECIDED] = value
         return delivery.copy(headers, v.job_id, envelope.ready_at(time.time()))
 
@@ -245,7 +254,7 @@ class CarryingOut(KeptDecisions):
                 in_flight = unsettled[-1] if unsettled else None
                 if self._stop.is_set() and keeps(v) and delivery.settleable:
                     try:
-                        copy, why = self._marked_copy(delivery, v, trace), ""
+                        copy, why = self._marked_copy(layout, delivery, v, trace), ""
                     except Exception as error:  # (a bug of ours, headers that can't be written): redelivered
                         copy, why = None, f"{type(error).__name__}: {error}"[:300]
                     await self._keep(delivery, v, copy, why, in_flight)

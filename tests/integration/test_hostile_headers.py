@@ -30,7 +30,6 @@ import pytest
 from pydantic import BaseModel
 
 from amqpjobs.jobs import envelope, evidence
-from amqpjobs.jobs.header_values import COUNT_MAX
 from amqpjobs.jobs.outcome import Ack, Quarantine, RetryLater
 from amqpjobs.jobs.registry import JobContext
 from amqpjobs.wire.management import ManagementClient
@@ -136,7 +135,8 @@ LINE_EXPECT: dict[str, Want] = {
     "x-death-10000-entries": run(),
     "x-death-a-string": run(),
     "poison-x-death-count-string": held("exhausted", "poisoned", runs=4),
-    "delivery-count-double-1e300": held("unknown-job", "", ev={evidence.DELIVERY_COUNT: COUNT_MAX}),
+    # a first delivery on a classic queue: no count is the broker's (evidence.broker_counters), whatever it says
+    "delivery-count-double-1e300": held("unknown-job", "", ev={evidence.DELIVERY_COUNT: 0}),
     "delivery-count-negative": held("unknown-job", "", ev={evidence.DELIVERY_COUNT: 0}),
 }
 #: Lines the broker refuses at publish (measured on 3.10.8): what the publisher's channel or connection hears.

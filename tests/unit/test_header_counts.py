@@ -140,3 +140,22 @@ def test_the_evidence_reads_our_provenance_headers_as_text_never_as_a_python_rep
     assert h[evidence.ORIGINAL_ROUTING_KEY] == "rk"
     assert h[evidence.FIRST_FAILURE_AT] == "2026-12-06T00:00:00.000Z"
     assert h[envelope.RUNS] <= COUNT_MAX  # an AMQP integer still (runs + starts of a forged count)
+
+
+@pytest.mark.parametrize(
+    ("queue_type", "redelivered", "version", "want"),
+    [
+        ("classic", False, (4, 3, 6), (0, 0)),  # a classic queue counts nothing: a publisher's values
+        ("classic", True, (4, 3, 6), (0, 0)),
+        ("quorum", False, (4, 3, 6), (0, 0)),  # no queue counts a first delivery
+        ("quorum", True, (4, 3, 6), (3, 5)),
+        ("quorum", True, (4, 0, 5), (3, 0)),  # x-acquired-count is the broker's from 4.3 only
+        ("quorum", True, (3, 10, 8), (3, 0)),
+    ],
+)
+def test_broker_counters_are_read_only_where_the_broker_wrote_them(
+    queue_type: str, redelivered: bool, version: tuple[int, ...], want: tuple[int, int]
+) -> None:
+    headers = {envelope.DELIVERY_COUNT: 3, envelope.ACQUIRED_COUNT: 5}
+    got = evidence.broker_counters(headers, queue_type, redelivered, version)
+    assert (got["delivery_count"], got["acquired_count"]) == want
