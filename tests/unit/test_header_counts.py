@@ -159,3 +159,9 @@ def test_broker_counters_are_read_only_where_the_broker_wrote_them(
     headers = {envelope.DELIVERY_COUNT: 3, envelope.ACQUIRED_COUNT: 5}
     got = evidence.broker_counters(headers, queue_type, redelivered, version)
     assert (got["delivery_count"], got["acquired_count"]) == want
+
+
+def test_on_43_a_delivery_count_above_the_acquired_count_is_a_publishers_and_reads_as_the_bound() -> None:
+    headers = {envelope.DELIVERY_COUNT: 999, envelope.ACQUIRED_COUNT: 2}  # 4.3 wrote no x-delivery-count for nacks
+    got = evidence.broker_counters(headers, "quorum", True, (4, 3, 6))
+    assert (got["delivery_count"], got["acquired_count"]) == (2, 2)
