@@ -21,6 +21,7 @@ from amqpjobs.jobs.header_values import COUNT_MAX, read_text
 from amqpjobs.jobs.outcome import Register, Reject, Retry, RetryLater, Skipped
 from amqpjobs.jobs.quarantine import header_text
 from amqpjobs.jobs.retry import FailureKind
+from amqpjobs.redaction import redact_text
 from amqpjobs.text import encodable
 
 #: (error type, message, traceback) of no failure.
@@ -123,7 +124,9 @@ def describe(exc: BaseException, by: str = "the handler") -> tuple[str, str, str
     no ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ...) says it was
     raised ``by`` that app code (the handler, or its payload model's validation).
     All three are :func:`amqpjobs.text.encodable` (a lone surrogate as ``?``), the one rule for
-    evidence, events, logs, results and spans.
+    evidence, events, logs, results and spans, and hold no URL's password
+    (:func:`amqpjobs.redaction.redact_text`: an app's ``postgres://app:s3cret@db`` in its
+    exception reads ``postgres://app:***@db`` in every record).
 
     Args:
         exc: The exception the handler raised (or that ended its run).
@@ -139,12 +142,12 @@ def describe(exc: BaseException, by: str = "the handler") -> tuple[str, str, str
             f"{type(exc).__name__}({message}) raised by {by}, not a signal to the worker: a failure of "
             "this job (the worker went on)"
         )
-    return encodable(qualname(exc)), message, encodable(_rendered(exc, "traceback"))
+    return encodable(qualname(exc)), message, redact_text(encodable(_rendered(exc, "traceback")))
 
 
 def message_of(exc: BaseException) -> str:
-    """``str(exc)`` made :func:`amqpjobs.text.encodable`; never raises (a note when ``str()`` raises)."""
-    return encodable(_rendered(exc, "str"))
+    """``str(exc)``, :func:`amqpjobs.text.encodable` and passwords redacted; never raises (a note if ``str()`` does)."""
+    return redact_text(encodable(_rendered(exc, "str")))
 
 
 def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Mapping[str, Any]) -> tuple[str, str, str]:

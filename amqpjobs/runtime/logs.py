@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from amqpjobs.printable import json_safe, logfmt_value, printable, printable_block
+from amqpjobs.redaction import redact_text
 from amqpjobs.text import encodable
 
 #: Characters a log line keeps (the record's line, each line of a traceback; a JSON line's
@@ -78,7 +79,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Return the record as a JSON line."""
-        message = encodable(record.getMessage())
+        message = encodable(redact_text(record.getMessage()))
         doc: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
@@ -88,7 +89,7 @@ class JsonFormatter(logging.Formatter):
         if self._child is not None:
             doc["child"] = self._child
         if record.exc_info:
-            return _with_exception(doc, message, encodable(self.formatException(record.exc_info)))
+            return _with_exception(doc, message, encodable(redact_text(self.formatException(record.exc_info))))
         return _json_line(doc)
 
 
@@ -188,13 +189,14 @@ class TextFormatter(logging.Formatter):
         """
         record.message = record.getMessage()
         record.asctime = self.formatTime(record)
-        line = cut(printable(f"{record.asctime} {record.levelname} {self._who}{record.name}: {record.message}"))
+        line = cut(printable(redact_text(f"{record.asctime} {record.levelname} {self._who}{record.name}: "
+                                         f"{record.message}")))  # fmt: skip
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            line = f"{line}\n{record.exc_text}"
+            line = f"{line}\n{redact_text(record.exc_text)}"
         if record.stack_info:
-            line = f"{line}\n{self.formatStack(record.stack_info)}"
+            line = f"{line}\n{redact_text(self.formatStack(record.stack_info))}"
         return line
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.printable import invisible_at
+from amqpjobs.redaction import redact_text as redact_text  # re-exported: the one rule lives there
 from amqpjobs.text import ascii_digits, url_text_problem
 from amqpjobs.topology.naming import vhost_problem
 from amqpjobs.wire.tls import TLS_OPTIONS
@@ -72,9 +73,6 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
 }
 _BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a "%" that starts no %-escape (RFC 3986 2.1)
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
-#: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
-#: before a blank, comma or semicolon (so an unencoded ``@``, ``#`` or ``/`` in it is covered too).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@,;\[\]]*):[^\s,;]*@")
 #: What marks a "URL" that is really several URLs run together (a list separated by blanks or ``;``).
 _RUN_TOGETHER = re.compile(r"(?i)[\s;]|[a-z]://")
 
@@ -189,11 +187,6 @@ def redact(url: str) -> str:
         one = _redact_one(url)
         return redact_text("<unparseable URL>" if one.endswith("<unparseable URL>") else one)
     return redact_text(",".join(_redact_one(piece) for piece in url.split(",")))
-
-
-def redact_text(text: str) -> str:
-    """``text`` (any message) with the password of every ``scheme://user:password@`` in it replaced by ``***``."""
-    return _USERINFO.sub(r"\1:***@", text)
 
 
 def bracketed(host: str) -> str:
