@@ -26,6 +26,7 @@ from amqpjobs.topology.versions import (
 #: The bits ``uuid.uuid4()`` sets in 128 random ones: version 4 (bits 76-79), RFC 4122 variant (bits 62-63).
 #: The fix for a key function's result over 255 UTF-8 bytes (:func:`~amqpjobs.jobs.envelope.job_id_problem`).
 _SHORTER_KEY = "return a shorter key (for a long one, a hash of it: hashlib.sha256(key.encode()).hexdigest())"
+_PLAIN_KEY = "return a key without them (or a hash of it: hashlib.sha256(key.encode()).hexdigest())"
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (4 << 76) | (0x8000 << 48)
 
@@ -112,6 +113,22 @@ def tenant_text_problem(tenant: str) -> str | None:
     return None
 
 
+def _id_text_problem(job_id: str, fix: str = "leave such characters out") -> str | None:
+    """A control or bidi character in a job id sent here (``enqueue``), or None.
+
+    It is shown in logs, status, quarantine and the console (escaped) and typed to look the job
+    up (``job show``): an id holding a line feed or an escape reads as another. Ids from other
+    publishers are taken as they come (the worker escapes them); ours are refused.
+    """
+    if (found := unsafe_at(job_id)) is None:
+        return None
+    shown = f"{job_id[:40]!r}..." if len(job_id) > 40 else repr(job_id)
+    return (
+        f"job_id {shown} holds a control character ({found[1]} at {found[0]}): a job id is shown in logs, status "
+        f"and quarantine and typed to look the job up; fix: {fix}"
+    )
+
+
 def checked_job_id(
     jobdef: JobDef, layout: JobQueueLayout, payload: Any, *, job_id: str | None, priority: int | None,
     tenant: str | None,
@@ -125,11 +142,12 @@ def checked_job_id(
         ConfigurationError: ``job_id`` or ``tenant`` not a str, or empty; ``job_id`` not an AMQP
             short string (1-255 UTF-8 bytes); ``priority`` not an int, or above the job queue's
             ``max_priority`` (or given to a classic queue without one); the key function failed
-            or returned no non-empty str; ``tenant`` not UTF-8 text (a lone surrogate), with whitespace
+            or returned no non-empty str; the job id (given or derived) holds a control character
+            (:func:`amqpjobs.printable.unsafe_at`); ``tenant`` not UTF-8 text (a lone surrogate), with whitespace
             at its start or end, or with a control or invisible character (:func:`tenant_text_problem`).
 
     """
-    if job_id is not None and (problem := job_id_problem(job_id)):  # the one job-id rule, its type too
+    if job_id is not None and (problem := job_id_problem(job_id) or _id_text_problem(job_id)):  # its type too
         raise ConfigurationError(f"job {jobdef.name!r}: {problem}")
     if tenant is not None and not isinstance(tenant, str):
         raise ConfigurationError(f"job {jobdef.name!r}: tenant must be a str (got {type(tenant).__name__})")
@@ -161,7 +179,7 @@ def checked_job_id(
                 f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
                 "that identifies the job (jobs with the same key run once)"
             )
-        if problem := job_id_problem(derived, _SHORTER_KEY):  # the one job-id rule, worded as the key function's
+        if problem := job_id_problem(derived, _SHORTER_KEY) or _id_text_problem(derived, _PLAIN_KEY):
             shown = f"{derived[:40]!r}..." if len(derived) > 40 else repr(derived)
             raise ConfigurationError(
                 f"job {jobdef.name!r}: its key function returned {shown}, which can't be a job id: {problem}"

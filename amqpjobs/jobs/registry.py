@@ -22,7 +22,7 @@ from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.json_values import TOO_DEEP
 from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
-from amqpjobs.printable import listed
+from amqpjobs.printable import invisible_at, listed, printable
 from amqpjobs.topology.naming import rate_names_problem
 
 #: An app's name when none is given (``App()``): every app left unnamed in a vhost shares the
@@ -305,6 +305,11 @@ class JobRegistry:
         """
         if problem := shortstr_problem(f"job name {name[:40]!r}", name):
             raise ConfigurationError(problem)
+        if (found := invisible_at(name)) is not None:  # the type property, log lines, metrics, the console
+            raise ConfigurationError(
+                f"job name {printable(repr(name[:40]))} has a control or invisible character ({found[1]} at index "
+                f"{found[0]}): it is shown and compared in logs, metrics and quarantine; use printable characters"
+            )
         if name in self._jobs:
             raise ConfigurationError(f"job {name!r} is registered twice")
         if not isinstance(idempotent, bool):  # "false" from a config file is true

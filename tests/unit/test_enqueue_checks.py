@@ -59,6 +59,11 @@ def app(tmp_path: Any) -> App:
         ("\u00e9" * 128, "which can't be a job id: job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
         ("\u00e9" * 128, "fix: return a shorter key (for a long one, a hash of it"),
         ("a\ud800", "its key function returned 'a\\ud800', which can't be a job id: job_id 'a\\ud800' is not UTF-8"),
+        (
+            "a\rb",
+            "its key function returned 'a\\rb', which can't be a job id: job_id 'a\\rb' holds a control character",
+        ),
+        ("a\rb", "fix: return a key without them (or a hash of it"),
     ],
 )
 async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app: App, key: str, words: str):
@@ -109,6 +114,15 @@ async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app:
         ("p", {"job_id": "\u00e9" * 128}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes, 128 characters)"),
         ("p", {"job_id": "i" * 256}, "job_id must be 1-255 UTF-8 bytes (got 256 bytes"),
         ("p", {"job_id": "i" * 256}, "fix: a shorter id (for a long key, a hash of it"),
+        # a line feed or an escape in an id reads as another in logs and `job show` (helper-226)
+        (
+            "p",
+            {"job_id": "order-42\nINFO forged"},
+            "job_id 'order-42\\nINFO forged' holds a control character (\\n at 8)",
+        ),
+        ("s", {"job_id": "a\x1b[31mb"}, "(\\x1b at 1): a job id is shown in logs, status"),
+        ("p", {"job_id": "a\u202eb"}, "(\\u202e at 1)"),
+        ("p", {"job_id": "a\tb"}, "fix: leave such characters out"),
         ("p", {"headers": {"\u00e9" * 128: 1}}, "header name must be at most 128 UTF-8 bytes (got 256 bytes"),
     ],
 )
@@ -258,3 +272,13 @@ def test_a_tenant_shown_as_it_is_passes_the_checks(app: App, tenant: str):
     """Inner spaces and any script pass (a tab anywhere is a control character: refused above)."""
     _, _, _, _, _, routing_key = app._addressed("s", {}, None, None, tenant)
     assert routing_key.startswith("spread")  # sharded by it, nothing refused
+
+
+@pytest.mark.parametrize("name", ["mail\nINFO forged", "mail\x1b[31m", "mail\u200b", "ma\u202eil", "mail\x00"])
+def test_a_job_name_with_a_control_or_invisible_character_is_refused_at_registration(name: str) -> None:
+    app = App("names")
+    with pytest.raises(ConfigurationError) as caught:
+        app.job(name, queue="plain")(lambda p, c: None)
+    assert "has a control or invisible character" in str(caught.value)
+    assert "use printable characters" in str(caught.value)
+    app.job("mail.send-é_1", queue="plain")(lambda p, c: None)  # printable: taken
