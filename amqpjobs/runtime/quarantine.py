@@ -117,25 +117,25 @@ async def resolve_quarantine_queue(connection: Connection, name: str) -> tuple[s
     purge or replay a work queue (hence the name: it resolves no other queue).
 
     Raises:
-        ConfigurationError: neither exists.
+        ConfigurationError: it does not exist, or ``name`` is another queue of ours (a tier, the ledger marker).
         BrokerError: it is exclusive to another connection.
-
     """
-    candidates = [name if name.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)) else name + QUARANTINE_SUFFIX]
-    for candidate in candidates:
-        try:
-            return candidate, await probe_queue(connection, candidate)
-        except NotFoundError:
-            continue
-        except ResourceLockedError as exc:
-            raise BrokerError(
-                f"queue {candidate!r} is exclusive to another connection (RESOURCE_LOCKED): only that "
-                "connection can use it; close it and try again"
-            ) from exc.__cause__
-    if (role := parse_queue_name(name)).kind not in ("work", "quarantine", "parked") and (jq := role.job_queue):
-        raise ConfigurationError(f"{printable(repr(name))} is {own_queue_words(role)}, not a quarantine or "
-                                 f"parked queue: give its job queue, {printable(jq)}")  # fmt: skip
-    raise ConfigurationError(f"no quarantine queue {' or '.join(repr(c) for c in candidates)} in this vhost")
+    candidate = name if name.endswith((QUARANTINE_SUFFIX, PARKED_SUFFIX)) else name + QUARANTINE_SUFFIX
+    try:
+        return candidate, await probe_queue(connection, candidate)
+    except NotFoundError:
+        pass
+    except ResourceLockedError as exc:
+        raise BrokerError(
+            f"queue {candidate!r} is exclusive to another connection (RESOURCE_LOCKED): only that "
+            "connection can use it; close it and try again"
+        ) from exc.__cause__
+    if (role := parse_queue_name(name)).kind not in ("work", "quarantine", "parked"):
+        fix = f"its job queue, {printable(role.job_queue)}" if role.job_queue else "a job queue's name"
+        raise ConfigurationError(
+            f"{printable(repr(name))} is {own_queue_words(role)}, not a quarantine or parked queue: give {fix}"
+        )
+    raise ConfigurationError(f"no quarantine queue {candidate!r} in this vhost")
 
 
 async def queue_depth(settings: BrokerSettings, name: str) -> tuple[str, int]:

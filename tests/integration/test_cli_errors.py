@@ -100,7 +100,20 @@ CASES = [
         "error: 'work.suspects' is the suspects queue of job queue work, not a quarantine or parked queue: give its "
         "job queue, work",
     ),
-    ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue"),
+    (  # helper-227: said "no quarantine queue 'amqpjobs.ledger.shop.quarantine'"
+        "show-the-ledger-marker",
+        ["quarantine", "show", "amqpjobs.ledger.shop"],
+        2,
+        "error: 'amqpjobs.ledger.shop' is the ledger marker of app shop, not a quarantine or parked queue: give a "
+        "job queue's name",
+    ),
+    (
+        "purge-a-scheduler-queue",
+        ["quarantine", "purge", "amqpjobs.scheduler.shop.leader", "--yes"],
+        2,
+        "is a scheduler queue of app shop, not a quarantine or parked queue: give a job queue's name",
+    ),
+    ("show-missing", ["quarantine", "show", "nope"], 2, "no quarantine queue 'nope.quarantine' in this vhost"),
     (
         "replay-to-missing-queue",
         ["replay", "work", "--to", "nosuchqueue"],
