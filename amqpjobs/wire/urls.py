@@ -73,16 +73,20 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
 }
 _BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a "%" that starts no %-escape (RFC 3986 2.1)
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
+#: A URL of a scheme of no broker's (``ftp://``), blanks-free up to ``://``.
+_OTHER_SCHEME = re.compile(r"(?i)[a-z][a-z0-9+.\-]*://")
 #: What marks a "URL" that is really several URLs run together (a list separated by blanks or ``;``).
 _RUN_TOGETHER = re.compile(r"(?i)[\s;]|[a-z]://")
 
 
-def _redact_one(url: str) -> str:
+def _redact_one(url: str, alone: bool = False) -> str:
     url = url.strip()
     if _RUN_TOGETHER.search(url.split("://", 1)[-1]):
         return f"{url.split('://', 1)[0]}://<unparseable URL>" if "://" in url else "<not a URL>"
     if not url.lower().startswith(_SCHEMES):
-        # not a URL of ours: maybe the tail of a password cut at a comma; show nothing of it
+        if alone and _OTHER_SCHEME.match(url):  # another scheme (ftp://): shown, so its error says what was given
+            return redact_text(url)
+        # no scheme, or a piece of a list: maybe the tail of a password cut at a comma; show nothing of it
         return "<not a URL>" if url else ""
     try:
         parts = urlsplit(url)
@@ -184,7 +188,7 @@ def redact(url: str) -> str:
     Whatever is left, every ``scheme://user:password@`` in it is redacted (:func:`redact_text`).
     """
     if "," not in url:
-        one = _redact_one(url)
+        one = _redact_one(url, alone=True)
         return redact_text("<unparseable URL>" if one.endswith("<unparseable URL>") else one)
     return redact_text(",".join(_redact_one(piece) for piece in url.split(",")))
 

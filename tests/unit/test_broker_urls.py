@@ -38,6 +38,14 @@ def test_every_url_of_a_list_is_redacted():
     assert redact("amqp://a:one@h1/,amqp://b:two@h2/") == "amqp://a:***@h1/,amqp://b:***@h2/"
     # a comma inside a password cuts the URL: neither half of the password is shown
     assert redact("amqp://u:pa,ss@h/") == "amqp://<unparseable URL>,<not a URL>"
+    assert redact("amqp://u:pa,x://y@h/") == "amqp://<unparseable URL>,<not a URL>"  # even one that looks like a URL
+
+
+def test_a_url_of_another_scheme_is_shown_redacted_so_its_error_names_what_was_given():
+    assert redact("ftp://u:s3cret@h:15672/") == "ftp://u:***@h:15672/"  # helper-226: was '<not a URL>'
+    with pytest.raises(ConfigurationError) as caught:
+        broker_settings("amqp://guest:guest@127.0.0.1:5999/", "ftp://u:s3cret@h:15672/")
+    assert str(caught.value).startswith("management URL 'ftp://u:***@h:15672/' is not an http(s) URL: give http://")
 
 
 @pytest.mark.parametrize(
