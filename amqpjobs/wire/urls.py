@@ -270,15 +270,16 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
         )
     if problem := _options_problem(parts.scheme.lower(), pairs, options):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")
-    # aiormq reads a %-escape that is no UTF-8 as written ("%FF"), unquote as "\ufffd": one reading only
+    # a bare "%" first (in "%C3%ZZ" it is what breaks the %C3 too); then aiormq reads a %-escape that is no
+    # UTF-8 as written ("%FF"), unquote as "\ufffd": one reading only
     texts = {"the vhost (the path)": parts.path, "the user": parts.username, "the password": parts.password}
+    if part := next((k for k, v in texts.items() if v and _BARE_PERCENT.search(v)), None):  # unquote keeps "%ZZ"
+        raise ConfigurationError(f"bad {where} {redact(url)}: {part} holds a '%' starting no %-escape: write % as %25")
     if part := next((k for k, v in texts.items() if v and unquote(v) != unquote(v, errors="surrogateescape")), None):
         raise ConfigurationError(
             f"bad {where} {redact(url)}: {part} holds a %-escape that is no UTF-8 (such as %FF): "
             f"%-encode each byte of its UTF-8 (é is %C3%A9)"
         )
-    if part := next((k for k, v in texts.items() if v and _BARE_PERCENT.search(v)), None):  # unquote keeps "%ZZ"
-        raise ConfigurationError(f"bad {where} {redact(url)}: {part} holds a '%' starting no %-escape: write % as %25")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
     if problem := vhost_problem(vhost):
         raise ConfigurationError(f"bad {where} {redact(url)}: {problem}")

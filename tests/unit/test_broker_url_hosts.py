@@ -121,6 +121,8 @@ def test_a_percent_escape_that_is_no_utf8_is_refused_not_read_two_ways(url: str,
         (f"amqp://u:{SECRET}%@h:5672/", "the password holds a '%' starting no %-escape"),
         (f"amqp://u%4:{SECRET}@h:5672/", "the user holds a '%' starting no %-escape"),
         (f"amqp://u:{SECRET}@h:5672/v%2", "the vhost (the path) holds a '%' starting no %-escape"),
+        # helper-227: said "no UTF-8": the bare % is what breaks the %C3 before it
+        (f"amqp://gu%C3%ZZest:{SECRET}@h:5672/", "the user holds a '%' starting no %-escape: write % as %25"),
     ],
 )
 def test_a_percent_that_starts_no_escape_is_refused_not_sent_as_written(url: str, words: str) -> None:
