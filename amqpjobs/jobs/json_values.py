@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import orjson
@@ -208,23 +208,32 @@ def _first_problem(value: Any, path: str) -> str | None:
     return f"{_VALUE}{path} = {_shown(value)} ({a_type(value)}; {_FIX})"
 
 
-def key_not_str(value: Any, path: str, depth: int = 0) -> tuple[str, object] | None:
+def key_not_str(value: Any, path: str) -> tuple[str, object] | None:
     """The first dict key in ``value`` (JSON-ready) that is not a str, with the path of its dict, or None.
 
     ``json.dumps`` writes ``{1: "a"}`` as ``{"1": "a"}``: what reads it back gets another key.
+    Looked for at any depth ``json.dumps`` took (a stack of its own, no recursion: a key 100
+    levels down changes as well), depth first in the order ``json.dumps`` writes.
     """
-    if depth > MAX_JSON_DEPTH:  # json.dumps wrote it, so it is no cycle: as deep as that, not looked further
-        return None
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return path, key
-            if (found := key_not_str(item, f"{path}[{_shown(key)}]", depth + 1)) is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            if (found := key_not_str(item, f"{path}[{i}]", depth + 1)) is not None:
-                return found
+    stack: list[tuple[Iterator[tuple[Any, Any]], str, bool]] = []
+
+    def look_into(item: Any, at: str) -> None:
+        if isinstance(item, Mapping):
+            stack.append((iter(item.items()), at, True))
+        elif isinstance(item, (list, tuple)):
+            stack.append((iter(enumerate(item)), at, False))
+
+    look_into(value, path)
+    while stack:
+        entries, at, mapping = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        key, item = entry
+        if mapping and not isinstance(key, str):
+            return at, key
+        look_into(item, f"{at}[{_shown(key)}]" if mapping else f"{at}[{key}]")
     return None
 
 

@@ -231,6 +231,7 @@ def encode_value(value: Any) -> tuple[str | None, str]:
         return None, f"not stored: {size} bytes of JSON, over the {MAX_VALUE}-byte limit"
     if text[0] in "{[" and (found := key_not_str(value, "value")) is not None:  # JSON would change the key
         where, key = found
+        where = where if len(where) <= 120 else f"{where[:60]}…{where[-50:]}"  # a key 100 levels down: its path cut
         read_back = next(iter(json.loads(json.dumps({key: None}))))  # json.dumps took it: a number, bool or None
         return None, (
             f"not stored: {where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings, so it "

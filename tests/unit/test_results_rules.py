@@ -80,6 +80,26 @@ def test_a_value_whose_dict_keys_json_would_change_is_not_stored(value: object, 
     )
 
 
+def test_a_key_json_would_change_100_levels_down_is_found_and_its_path_cut():
+    # helper-227: looked at 64 levels only, so {5: "x"} under 100 dicts was stored and read back as {"5": "x"}
+    deep: dict[object, object] = {}
+    inner = deep
+    for _ in range(100):
+        inner["k"] = {}
+        inner = inner["k"]
+    inner[5] = "x"
+    stored, why = encode_value(deep)
+    assert stored is None
+    assert why.startswith("not stored: value['k']['k']")
+    assert why.endswith("['k']['k'] has the key 5 (int); JSON object keys are strings, so it would read back as "
+                        "'5'; return the key as a str")  # fmt: skip
+    assert "…" in why
+    assert len(why) < 260
+    assert encode_value({"a": [[{"b": 1}] * 3] * 2, "c": {"d": {"e": 2}}}) == (
+        '{"a":[[{"b":1},{"b":1},{"b":1}],[{"b":1},{"b":1},{"b":1}]],"c":{"d":{"e":2}}}', ""
+    )  # fmt: skip
+
+
 def test_each_settled_outcome_maps_to_one_state():
     ok = record_for(outcome(Ack()), {"n": 1}, "work", 5.0)
     assert ok is not None
