@@ -85,8 +85,7 @@ def test_a_key_json_would_change_100_levels_down_is_found_and_its_path_cut():
     deep: dict[object, object] = {}
     inner = deep
     for _ in range(100):
-        inner["k"] = {}
-        inner = inner["k"]
+        inner["k"] = inner = {}
     inner[5] = "x"
     stored, why = encode_value(deep)
     assert stored is None
