@@ -68,17 +68,30 @@ def unsafe_at(text: str) -> tuple[int, str] | None:
 #: Unicode categories of characters that show nothing: controls, format characters (U+200B, U+2060, U+00AD,
 #: U+061C, tags), private use, unassigned, line and paragraph separators. Two names differing by one look the same.
 _INVISIBLE: Final = frozenset({"Cc", "Cf", "Co", "Cn", "Zl", "Zp"})
+#: Characters of other categories that show nothing or a blank: Unicode's Default_Ignorable_Code_Point ones
+#: (DerivedCoreProperties.txt: the combining grapheme joiner U+034F, Hangul fillers U+115F, U+1160, U+3164,
+#: U+FFA0, Khmer vowels U+17B4-U+17B5, variation selectors), the Braille blank U+2800, and every space but
+#: U+0020 (U+00A0, U+2000-U+200A, U+3000 ...): each makes a look-alike of a name without it.
+_BLANK_LOOKING: Final = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+    "\U000e0100-\U000e01ef\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
+)
 
 
 def invisible_at(text: str) -> tuple[int, str] | None:
     r"""Where ``text``'s first control or invisible character is, and its escape (``(2, "\u200b")``), or None.
 
     Wider than :func:`unsafe_at` (what :func:`printable` escapes): for a name people read and
-    compare (an App's, a connection's), where a zero-width space makes a look-alike.
+    compare (an App's, a job's, a connection's), where a zero-width space, a Hangul filler or a
+    no-break space makes a look-alike (:data:`_BLANK_LOOKING`). Config-time only (a scan per rule).
     """
-    if (found := unsafe_at(text)) is not None:
-        return found
-    return next(((i, ascii(c)[1:-1]) for i, c in enumerate(text) if unicodedata.category(c) in _INVISIBLE), None)
+    blank = _BLANK_LOOKING.search(text)
+    found = [
+        unsafe_at(text),
+        None if blank is None else (blank.start(), ascii(blank.group())[1:-1]),
+        next(((i, ascii(c)[1:-1]) for i, c in enumerate(text) if unicodedata.category(c) in _INVISIBLE), None),
+    ]
+    return min((f for f in found if f is not None), default=None)  # the earliest
 
 
 def printable_lines(text: str) -> str:

@@ -12,8 +12,10 @@ import re
 from typing import Final
 
 #: ``scheme://user:password@`` anywhere in a text: the password is everything up to the last ``@``
-#: before a blank, comma or semicolon (so an unencoded ``@``, ``#`` or ``/`` in it is covered too).
-_USERINFO: Final = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@,;\[\]]*):[^\s,;]*@")
+#: before a blank or the next ``scheme://`` (so an unencoded ``@``, ``#``, ``/``, ``,`` or ``;`` in it,
+#: all of which RFC 3986 3.2.1 lets a password hold or people write, is covered too; a list of URLs
+#: keeps its hosts).
+_USERINFO: Final = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@,;\[\]]*):(?:(?![a-z][a-z0-9+.\-]*://)\S)*@")
 
 
 def redact_text(text: str) -> str:

@@ -1,8 +1,14 @@
-"""The App name's rule: it goes into connection names, the broker's log and ours (README "Jobs", its first list)."""
+"""The rules of the names people read and compare: the App's and its jobs' (README "Jobs", its first list).
+
+An App's name goes into connection names, the broker's log and ours; a job's into the ``type``
+property of its messages, log lines, metrics and quarantine.
+"""
 
 from __future__ import annotations
 
+from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.printable import invisible_at, printable
+from amqpjobs.text import lone_surrogate
 
 #: The longest ``-<role>`` the app's connection names add to its name (``<app>-sync-publisher-thread``).
 LONGEST_CONNECTION_ROLE = "-sync-publisher-thread"
@@ -42,5 +48,36 @@ def app_name_problem(name: object) -> str | None:
         return (
             f"App name is {size} UTF-8 bytes, over {room}: its connection names (<app>{LONGEST_CONNECTION_ROLE}) "
             f"must fit {CONNECTION_NAME_MAX_BYTES} bytes; give the App a shorter name"
+        )
+    return None
+
+
+def job_name_problem(name: object) -> str | None:
+    """Why ``name`` can't be a job's name (``@app.job(name)``), or None.
+
+    It is sent as each job's ``type`` property (an AMQP short string: 1-255 UTF-8 bytes) and shown
+    and compared in logs, metrics, quarantine and the console: a str of UTF-8 text (no lone
+    surrogate), no blank at either end, no control or invisible character
+    (:func:`~amqpjobs.printable.invisible_at`: ``mail`` and ``mail\u200b`` would be two jobs that
+    print the same). Jobs from other publishers are read as they come.
+
+    Returns:
+        The problem with its fix (``job name 'mail\u3164' has a control or invisible character ...``), or None.
+    """
+    if not isinstance(name, str):
+        return f"job name must be a str (got {type(name).__name__} {printable(repr(name))[:60]})"
+    shown = printable(repr(name[:40]))
+    if not name.strip():
+        return f"job name {shown} is empty or blank: give the job a name (@app.job('mail.send', ...))"
+    if where := lone_surrogate(name):
+        return f"job name {shown} is not UTF-8 text ({where}): no message can carry it"
+    if problem := shortstr_problem(f"job name {name[:40]!r}", name):
+        return problem
+    if name != name.strip():
+        return f"job name {shown} begins or ends with a blank: write it without"
+    if (found := invisible_at(name)) is not None:
+        return (
+            f"job name {shown} has a control or invisible character ({found[1]} at index {found[0]}): it is shown "
+            "and compared in logs, metrics and quarantine; use printable characters"
         )
     return None

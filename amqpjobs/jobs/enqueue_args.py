@@ -114,7 +114,7 @@ def tenant_text_problem(tenant: str) -> str | None:
 
 
 def _id_text_problem(job_id: str, fix: str = "leave such characters out") -> str | None:
-    """A control or bidi character in a job id sent here (``enqueue``), or None.
+    """A control, bidi or byte-order character (:func:`~amqpjobs.printable.unsafe_at`) in a job id sent here, or None.
 
     It is shown in logs, status, quarantine and the console (escaped) and typed to look the job
     up (``job show``): an id holding a line feed or an escape reads as another. Ids from other
@@ -124,8 +124,8 @@ def _id_text_problem(job_id: str, fix: str = "leave such characters out") -> str
         return None
     shown = f"{job_id[:40]!r}..." if len(job_id) > 40 else repr(job_id)
     return (
-        f"job_id {shown} holds a control character ({found[1]} at {found[0]}): a job id is shown in logs, status "
-        f"and quarantine and typed to look the job up; fix: {fix}"
+        f"job_id {shown} holds a control or invisible character ({found[1]} at {found[0]}): a job id is shown in "
+        f"logs, status and quarantine and typed to look the job up; fix: {fix}"
     )
 
 

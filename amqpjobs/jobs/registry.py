@@ -16,13 +16,12 @@ from pydantic import BaseModel, ValidationError
 
 from amqpjobs.durations import parse_duration
 from amqpjobs.errors import ConfigurationError, InvalidPayloadError
-from amqpjobs.jobs.app_name import app_name_problem
+from amqpjobs.jobs.app_name import app_name_problem, job_name_problem
 from amqpjobs.jobs.breaker import Breaker, breaker_name_problem
-from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.jobs.json_values import TOO_DEEP
 from amqpjobs.jobs.rate import RateLimit, parse_rate_limit
 from amqpjobs.jobs.retry import RetryPolicy
-from amqpjobs.printable import invisible_at, listed, printable
+from amqpjobs.printable import listed
 from amqpjobs.topology.naming import rate_names_problem
 
 #: An app's name when none is given (``App()``): every app left unnamed in a vhost shares the
@@ -303,13 +302,8 @@ class JobRegistry:
                 not a bool included).
 
         """
-        if problem := shortstr_problem(f"job name {name[:40]!r}", name):
+        if problem := job_name_problem(name):
             raise ConfigurationError(problem)
-        if (found := invisible_at(name)) is not None:  # the type property, log lines, metrics, the console
-            raise ConfigurationError(
-                f"job name {printable(repr(name[:40]))} has a control or invisible character ({found[1]} at index "
-                f"{found[0]}): it is shown and compared in logs, metrics and quarantine; use printable characters"
-            )
         if name in self._jobs:
             raise ConfigurationError(f"job {name!r} is registered twice")
         if not isinstance(idempotent, bool):  # "false" from a config file is true

@@ -61,7 +61,8 @@ def app(tmp_path: Any) -> App:
         ("a\ud800", "its key function returned 'a\\ud800', which can't be a job id: job_id 'a\\ud800' is not UTF-8"),
         (
             "a\rb",
-            "its key function returned 'a\\rb', which can't be a job id: job_id 'a\\rb' holds a control character",
+            "its key function returned 'a\\rb', which can't be a job id: job_id 'a\\rb' holds a control or "
+            "invisible character",
         ),
         ("a\rb", "fix: return a key without them (or a hash of it"),
     ],
@@ -118,7 +119,7 @@ async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app:
         (
             "p",
             {"job_id": "order-42\nINFO forged"},
-            "job_id 'order-42\\nINFO forged' holds a control character (\\n at 8)",
+            "job_id 'order-42\\nINFO forged' holds a control or invisible character (\\n at 8)",
         ),
         ("s", {"job_id": "a\x1b[31mb"}, "(\\x1b at 1): a job id is shown in logs, status"),
         ("p", {"job_id": "a\u202eb"}, "(\\u202e at 1)"),
@@ -274,7 +275,15 @@ def test_a_tenant_shown_as_it_is_passes_the_checks(app: App, tenant: str):
     assert routing_key.startswith("spread")  # sharded by it, nothing refused
 
 
-@pytest.mark.parametrize("name", ["mail\nINFO forged", "mail\x1b[31m", "mail\u200b", "ma\u202eil", "mail\x00"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mail\nINFO forged", "mail\x1b[31m", "mail\u200b", "ma\u202eil", "mail\x00",
+        # helper-228: blank-looking characters of other categories (Hangul fillers, Braille blank, CGJ, spaces)
+        "mail\u3164", "mail\u115f", "mail\uffa0", "mail\u2800", "ma\u034fil", "mail\u17b4", "mail\u2000x",
+        "mail\u3000x", "mail\u00a0x", "mail\ufe0f",
+    ],
+)  # fmt: skip
 def test_a_job_name_with_a_control_or_invisible_character_is_refused_at_registration(name: str) -> None:
     app = App("names")
     with pytest.raises(ConfigurationError) as caught:
@@ -282,3 +291,23 @@ def test_a_job_name_with_a_control_or_invisible_character_is_refused_at_registra
     assert "has a control or invisible character" in str(caught.value)
     assert "use printable characters" in str(caught.value)
     app.job("mail.send-é_1", queue="plain")(lambda p, c: None)  # printable: taken
+    app.job("send mail", queue="plain")(lambda p, c: None)  # a space inside: taken
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("mail\ud800", "job name 'mail\\ud800' is not UTF-8 text (a lone surrogate at 4): no message can carry it"),
+        ("mail ", "job name 'mail ' begins or ends with a blank: write it without"),
+        (" mail", "job name ' mail' begins or ends with a blank: write it without"),
+        (" ", "job name ' ' is empty or blank: give the job a name (@app.job('mail.send', ...))"),
+        (123, "job name must be a str (got int 123)"),
+        (None, "job name must be a str (got NoneType None)"),
+        (b"mail", "job name must be a str (got bytes b'mail')"),
+    ],
+)
+def test_a_job_name_no_message_can_carry_or_that_prints_as_another_is_refused(name: object, words: str) -> None:
+    app = App("names")
+    with pytest.raises(ConfigurationError) as caught:
+        app.job(name, queue="plain")(lambda p, c: None)  # type: ignore[arg-type]
+    assert str(caught.value) == words

@@ -19,6 +19,9 @@ def test_every_url_password_in_a_text_is_redacted_and_nothing_else_changes() -> 
         "a postgres://app:***@db/orders, then redis://:***@cache:6379/0; amqp://guest@h/ and https://h/p?q=1 stay"
     )
     assert redact_text("no url: user:pass@host") == "no url: user:pass@host"
+    # helper-228: RFC 3986 lets a password hold "," and ";" unencoded: all of it is redacted, a list keeps its hosts
+    assert redact_text("postgres://app:a,b@db/x and mysql://u:a;b@h/") == "postgres://app:***@db/x and mysql://u:***@h/"
+    assert redact_text("amqp://u:p@h1,amqp://u:q@h2/") == "amqp://u:***@h1,amqp://u:***@h2/"
 
 
 def test_describe_redacts_the_message_and_the_traceback() -> None:

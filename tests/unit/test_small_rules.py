@@ -31,7 +31,7 @@ def test_job_registration_refuses_bad_arguments():
     app = App("t")
     app.job("ok", queue="q")(lambda p, c: None)
     for kwargs, words in (
-        ({"name": "", "queue": "q"}, "must be 1-255 UTF-8 bytes"),
+        ({"name": "", "queue": "q"}, "job name '' is empty or blank: give the job a name"),
         ({"name": "j" * 256, "queue": "q"}, "must be 1-255 UTF-8 bytes"),
         ({"name": "\u00e9" * 128, "queue": "q"}, r"must be 1-255 UTF-8 bytes \(got 256 bytes, 128 characters\)"),
         ({"name": "ok", "queue": "q"}, "job 'ok' is registered twice"),
