@@ -15,7 +15,8 @@ from typing import Any, Final
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.quarantine import PARKED_AT, QuarantinedJob, Selection, park_headers
 from amqpjobs.jobs.replay_plan import check_rate
-from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
+from amqpjobs.printable import printable
+from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, own_queue_words, parse_queue_name
 
 #: What each move's summary calls a moved message.
 DONE: Final = {"park": "parked", "unpark": "unparked", "purge": "deleted"}
@@ -50,13 +51,31 @@ class MoveOptions:
             check_rate(self.rate)
 
 
+def other_queue_problem(name: str) -> str | None:
+    """What queue of ours ``name`` is when it is none a holding command takes (a job queue, its quarantine or parked).
+
+    ``'work.retry.5s' is retry tier 5s of work queue work (job queue work), not a quarantine or parked
+    queue: give its job queue, work``; the ledger marker and the scheduler's queues name no job queue:
+    ``give a job queue's name``. By the name alone (the one parser of our names): None for any name
+    read as a job queue's (a typo included: its look-up then says it is missing).
+    """
+    role = parse_queue_name(name)
+    if role.kind in ("work", "quarantine", "parked"):
+        return None
+    fix = f"its job queue, {printable(role.job_queue)}" if role.job_queue else "a job queue's name"
+    return f"{printable(repr(name))} is {own_queue_words(role)}, not a quarantine or parked queue: give {fix}"
+
+
 def unpark_source(name: str) -> str:
     """The parked queue ``quarantine unpark NAME`` takes from: ``NAME`` when parked, else ``<NAME>.parked``.
 
     Raises:
-        ConfigurationError: ``name`` is a quarantine queue (unpark moves into it, never out of it).
+        ConfigurationError: ``name`` is a quarantine queue (unpark moves into it, never out of it), or
+            another queue of ours (:func:`other_queue_problem`).
 
     """
+    if problem := other_queue_problem(name):
+        raise ConfigurationError(problem)
     if name.endswith(PARKED_SUFFIX):
         return name
     if name.endswith(QUARANTINE_SUFFIX):

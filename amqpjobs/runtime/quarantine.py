@@ -36,11 +36,12 @@ from amqpjobs.errors import (
 )
 from amqpjobs.jobs import quarantine as q
 from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.holding_moves import other_queue_problem
 from amqpjobs.jobs.json_fast import strict_loads
-from amqpjobs.printable import json_text, printable
+from amqpjobs.printable import json_text
 from amqpjobs.runtime.mover_names import mover_program
 from amqpjobs.runtime.undeliverable_mend import PastUndeliverable
-from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX, own_queue_words, parse_queue_name
+from amqpjobs.topology.naming import PARKED_SUFFIX, QUARANTINE_SUFFIX
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.acks import DeliveryChannelClosed
 from amqpjobs.wire.alarms import blocked_by
@@ -130,11 +131,8 @@ async def resolve_quarantine_queue(connection: Connection, name: str) -> tuple[s
             f"queue {candidate!r} is exclusive to another connection (RESOURCE_LOCKED): only that "
             "connection can use it; close it and try again"
         ) from exc.__cause__
-    if (role := parse_queue_name(name)).kind not in ("work", "quarantine", "parked"):
-        fix = f"its job queue, {printable(role.job_queue)}" if role.job_queue else "a job queue's name"
-        raise ConfigurationError(
-            f"{printable(repr(name))} is {own_queue_words(role)}, not a quarantine or parked queue: give {fix}"
-        )
+    if problem := other_queue_problem(name):
+        raise ConfigurationError(problem)
     raise ConfigurationError(f"no quarantine queue {candidate!r} in this vhost")
 
 
