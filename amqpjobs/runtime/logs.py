@@ -335,7 +335,9 @@ def configure_logging(level: int = logging.INFO, json_lines: bool = False, child
 
     For the CLI's own process only (it owns the process's logging): it also turns off what
     no line it writes uses, namely the caller's file and line, thread and process names
-    (the "Optimization" section of Python's logging HOWTO).
+    (the "Optimization" section of Python's logging HOWTO). Warnings (``warnings.warn``) are
+    logged too (``logging.captureWarnings``: logger ``py.warnings``), so an app's are written as
+    every line is.
     """
     handler = TurnHandler()
     handler.setFormatter(JsonFormatter(child) if json_lines else TextFormatter(child))
@@ -347,3 +349,5 @@ def configure_logging(level: int = logging.INFO, json_lines: bool = False, child
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     logging.getLogger("amqpjobs").setLevel(level)
+    logging.captureWarnings(False)  # (again, whatever an earlier call left: its hook may have been replaced since)
+    logging.captureWarnings(True)  # a handler's warnings.warn: a line of ours (escaped, passwords redacted), not raw

@@ -278,3 +278,31 @@ def test_chunks_are_measured_in_the_bytes_the_stream_writes(logger: tuple[loggin
     for write in stream.writes:
         assert len(write.encode("ascii", "backslashreplace")) <= ATOMIC_WRITE
     assert stream.lines() == [f"id={'日' * 80}-{i:06d}" for i in range(200)]
+
+
+def test_a_handlers_warning_is_a_line_of_ours_escaped_and_redacted() -> None:
+    import warnings
+
+    import click
+
+    from amqpjobs.cli._common import errors_to_exit_codes
+
+    @click.command()
+    @errors_to_exit_codes
+    def command() -> None:
+        configure_logging()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("deprecated dsn postgres://app:s3cret@db/x\x1b[31m", UserWarning, stacklevel=1)
+
+    try:
+        result = CliRunner().invoke(command, [])
+    finally:
+        logging.getLogger().handlers.clear()
+        logging.captureWarnings(False)
+    assert result.exit_code == 0, result.output
+    # helper-228: warnings.warn wrote straight to stderr, the password and the escape sequence as they were
+    assert "WARNING py.warnings: " in result.stderr
+    assert "UserWarning: deprecated dsn postgres://app:***@db/x\\x1b[31m" in result.stderr
+    assert "s3cret" not in result.stderr
+    assert "\x1b" not in result.stderr
