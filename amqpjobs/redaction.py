@@ -18,10 +18,21 @@ from typing import Final
 _USERINFO: Final = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/?#@,;\[\]]*):(?:(?![a-z][a-z0-9+.\-]*://)\S)*@")
 
 
-def redact_text(text: str) -> str:
-    """``text`` (any message) with the password of every ``scheme://user:password@`` in it replaced by ``***``.
+#: A ``password=...`` pair of a libpq connection string (PostgreSQL "Connection Strings", keyword/value form:
+#: ``host=db user=app password=s3cret``), its value bare or in single quotes (``\'`` inside).
+_KEYWORD: Final = re.compile(r"(?i)\b(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'][^\s]*)")
 
-    ``"postgres://app:s3cret@db/orders"`` -> ``"postgres://app:***@db/orders"``; a URL without a
-    password (``amqp://guest@host``), and text without ``://``, are returned unchanged.
+
+def redact_text(text: str) -> str:
+    """``text`` (any message) with every password in it replaced by ``***``.
+
+    The password of each ``scheme://user:password@`` (``"postgres://app:s3cret@db/orders"`` ->
+    ``"postgres://app:***@db/orders"``) and the value of each libpq ``password=`` pair
+    (``"host=db password=s3cret"`` -> ``"host=db password=***"``). A URL without a password
+    (``amqp://guest@host``), and text with neither, are returned unchanged.
     """
-    return _USERINFO.sub(r"\1:***@", text) if "://" in text else text
+    if "://" in text:
+        text = _USERINFO.sub(r"\1:***@", text)
+    if "=" in text and ("assword" in text or "ASSWORD" in text):  # no copy of the line for the common case
+        text = _KEYWORD.sub(r"\1***", text)
+    return text

@@ -22,6 +22,10 @@ def test_every_url_password_in_a_text_is_redacted_and_nothing_else_changes() -> 
     # helper-228: RFC 3986 lets a password hold "," and ";" unencoded: all of it is redacted, a list keeps its hosts
     assert redact_text("postgres://app:a,b@db/x and mysql://u:a;b@h/") == "postgres://app:***@db/x and mysql://u:***@h/"
     assert redact_text("amqp://u:p@h1,amqp://u:q@h2/") == "amqp://u:***@h1,amqp://u:***@h2/"
+    # helper-228: a libpq keyword/value connection string's password was kept
+    assert redact_text("host=db user=app password=s3cret dbname=x") == "host=db user=app password=*** dbname=x"
+    assert redact_text("host=db Password = 'a b\\'c' port=5") == "host=db Password = *** port=5"
+    assert redact_text("password_hint=x job=mail id=1") == "password_hint=x job=mail id=1"
 
 
 def test_describe_redacts_the_message_and_the_traceback() -> None:
