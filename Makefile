@@ -44,8 +44,10 @@ lint: install  ## ruff and mypy (strict)
 # only the chroot builds of the two 4.x nodes overlap the 3.10 one (one after the other, and after
 # the host's own apt-get installs of broker-up, postgres-up and node-deps: apt takes one lock at a
 # time). Then the serial halves of all three run side by side, each with its own node (each stops or
-# loads only its own; they mostly wait): the 3.10 one (12 min) and the 4.x ones (4 min each) in the
-# time of the longest, 8 min of CI's 60 saved.
+# loads only its own; they mostly wait): first the serial tests of the three that depend on the
+# broker's version (4-5 min each, some stop their node), then the ones run on 3.10 only, which stop
+# no shared node (`version_independent`, or not broker-facing: 8-9 min alone), in three processes
+# (see beside): 13 min of serial tests in 8, three side by side throughout, as before.
 test: lint broker-up postgres-up node-deps browser-deps  ## install, start the brokers, lint, run the whole suite on RabbitMQ 3.10, the broker-facing suite on 4.0 and 4.3 (then stops the 3-node clusters the suites started)
 	@mkdir -p .broker4 .broker43; rm -rf .test-results
 	listening() { bash -c "exec 3<>/dev/tcp/127.0.0.1/$$1" 2>/dev/null; }; \
@@ -57,10 +59,11 @@ test: lint broker-up postgres-up node-deps browser-deps  ## install, start the b
 	$(MAKE) broker4-up broker43-up || rc=1; \
 	$(call tier,$(V4),AMQPJOBS_TEST_BROKER=4,,4) || rc=1; \
 	$(call tier,$(V4),AMQPJOBS_TEST_BROKER=43,,43) || rc=1; \
-	mkdir -p .test-results; $(call aside,,,$(COVERED),3) serial3=$$!; \
+	mkdir -p .test-results; $(call aside,$(V4),,$(COVERED),3) serial3=$$!; \
 	$(call aside,$(V4),AMQPJOBS_TEST_BROKER=4,,4) serial4=$$!; \
 	$(call serial,$(V4),AMQPJOBS_TEST_BROKER=43,,43) || rc=1; \
 	wait $$serial4 $$serial3; $(call shown,4) || rc=1; $(call shown,3) || rc=1; \
+	$(call beside,$(COVERED)) || rc=1; \
 	[ $$c3 = kept ] || bash scripts/cluster.sh down >/dev/null 2>&1 || true; \
 	[ $$c43 = kept ] || bash scripts/cluster43.sh down >/dev/null 2>&1 || true; \
 	exit $$rc
@@ -95,6 +98,14 @@ $(2) $(PYTEST) $(3) -n $(TEST_WORKERS) -m "$(1)not serial" --junitxml=.test-resu
 endef
 define serial
 { $(2) $(PYTEST) $(3) $(if $(3),--cov-append) -m "$(1)serial" --junitxml=.test-results/$(4)-serial.xml || [ $$? -eq 5 ]; }
+endef
+# beside (coverage options): the serial tests of one version only (they stop no shared node) on 3.10,
+# SERIAL_BESIDE processes side by side (the conftest lets a serial test run beside that many), one
+# module to a process (`--dist loadfile`: a module's dedicated node is started once); results in
+# .test-results/3-serial-beside.xml.
+SERIAL_BESIDE := 3
+define beside
+{ AMQPJOBS_TEST_SERIAL_BESIDE=$(SERIAL_BESIDE) $(PYTEST) $(1) $(if $(1),--cov-append) -n $(SERIAL_BESIDE) --dist loadfile -m "serial and not ($(V4)serial)" --junitxml=.test-results/3-serial-beside.xml || [ $$? -eq 5 ]; }
 endef
 # aside / shown (same arguments): a serial half in the background, its output and exit status
 # into .test-results/<name>-serial.log and .rc (then `$$!` is its PID); later its output, and its status.

@@ -38,6 +38,8 @@ BROKER_SCRIPTS = {
 }
 #: Which local node the tests start when neither AMQP_URL nor Docker is there: "3" (3.10), "4" (4.0) or "43" (4.3).
 TEST_BROKER_ENV = "AMQPJOBS_TEST_BROKER"
+#: How many serial tests may run side by side (``make test`` sets 3 for the ones that stop no shared node).
+SERIAL_BESIDE_ENV = "AMQPJOBS_TEST_SERIAL_BESIDE"
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked ``serial`` needs the node or the cores to itself: skip it beside other tests (saying why).
 
     ``make test`` runs the suite in pytest-xdist processes with ``-m "not serial"``, then
-    ``-m serial`` in one process (README "Tests": writing parallel-safe tests).
+    ``-m serial`` in one process (README "Tests": writing parallel-safe tests). The serial
+    tests that stop no shared node (the ones run on one broker version only) it runs in
+    ``AMQPJOBS_TEST_SERIAL_BESIDE`` (3) processes, as many as the three suites' serial halves
+    it runs side by side: that many are allowed under ``-n``.
     """
-    if item.get_closest_marker("serial") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    beside = int(os.environ.get(SERIAL_BESIDE_ENV, "1"))
+    if item.get_closest_marker("serial") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > beside:
         pytest.skip("marked serial (needs the node or the cores to itself): run it alone, `pytest -m serial`, no -n")
 
 
