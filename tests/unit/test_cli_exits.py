@@ -100,7 +100,8 @@ def test_ctrl_c_while_a_management_api_request_hangs_exits_130_at_once(tmp_path:
                 proc.kill()
                 proc.wait(10)
     assert (proc.returncode, err, out) == (130, "interrupted\n", "")
-    assert took < 1.5, took
+    # waiting for the request would take its 4.7 s left; 1.5 s failed once at 1.6 s beside 6 test processes
+    assert took < 3.0, took
 
 
 CLOSING_WITH_A_BUSY_THREAD = """
