@@ -49,3 +49,43 @@ def test_the_formatters_redact_a_password_in_any_message_and_traceback() -> None
         assert SECRET not in line
         assert line.count("postgres://app:***@db/orders") == 2  # the message, and the traceback's last line
         record.exc_text = None
+
+
+def test_a_token_in_a_web_urls_user_part_is_redacted_a_brokers_user_name_is_kept() -> None:
+    # helper-228: https://TOKEN@github.com (GitHub, GitLab oauth2:TOKEN@) was written as it came
+    assert (
+        redact_text("clone of https://ghp_abc123@github.com/o/r failed") == "clone of https://***@github.com/o/r failed"
+    )
+    assert redact_text("git+https://tok@h/r wss://t0k@h/s") == "git+https://***@h/r wss://***@h/s"
+    assert redact_text("HTTPS://oauth2:glpat-x@gitlab.com/") == "HTTPS://oauth2:***@gitlab.com/"
+    # a broker's or database's user name is no secret: kept
+    assert (
+        redact_text("amqp://guest@h/ amqps://app@h/ postgres://app@db/x")
+        == "amqp://guest@h/ amqps://app@h/ postgres://app@db/x"
+    )
+    assert redact_text("https://h/p?q=1 https://h/a@b") == "https://h/p?q=1 https://h/a@b"
+
+
+def test_a_credential_in_a_dict_json_query_string_or_auth_header_is_redacted() -> None:
+    # helper-228: only libpq's password=... was redacted; an app's exception often prints a dict or a URL's query
+    assert redact_text("bad config {'user': 'app', 'password': 's3cret', 'port': 5}") == (
+        "bad config {'user': 'app', 'password': '***', 'port': 5}"
+    )
+    assert redact_text('{"db_password": "a\\"b", "api_key": "k-1", "refresh_token": null}') == (
+        '{"db_password": "***", "api_key": "***", "refresh_token": ***}'
+    )
+    assert redact_text("Max retries exceeded with url: /v1/items?api_key=SECRET&page=2 (Caused by x)") == (
+        "Max retries exceeded with url: /v1/items?api_key=***&page=2 (Caused by x)"
+    )
+    assert redact_text("GET /cb?access_token=abc.def&state=1") == "GET /cb?access_token=***&state=1"
+    assert redact_text("headers: {'Authorization': 'Bearer eyJ.x.y'}") == "headers: {'Authorization': 'Bearer ***'}"
+    assert redact_text("Authorization: Basic dXNlcjpwYXNz") == "Authorization: Basic ***"
+    # a word that only ends like a key, and prose, are kept
+    assert redact_text("token_count=5 tokens=3 secretary='Ann' the password is wrong") == (
+        "token_count=5 tokens=3 secretary='Ann' the password is wrong"
+    )
+    # unchanged: a libpq pair as before
+    assert redact_text("host=db user=app password=s3cret dbname=x") == "host=db user=app password=*** dbname=x"
+    # a line of code in a traceback assigning such a name is kept (PEP 8 blanks around "="); libpq's password too
+    assert redact_text("    token = waiter.result()") == "    token = waiter.result()"
+    assert redact_text("host=db password = s3cret") == "host=db password = ***"
