@@ -6,6 +6,8 @@ property of its messages, log lines, metrics and quarantine.
 
 from __future__ import annotations
 
+import unicodedata
+
 from amqpjobs.jobs.envelope import shortstr_problem
 from amqpjobs.printable import invisible_at, printable
 from amqpjobs.text import lone_surrogate
@@ -43,6 +45,9 @@ def app_name_problem(name: object) -> str | None:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:
         return f"App name {printable(repr(name[:60]))} is not valid Unicode text (a lone surrogate)"
+    if problem := not_composed("App name", name, "another App written composed would be another app (its own "
+                               "ledger marker and scheduler queues) that prints the same"):  # fmt: skip
+        return problem
     room = CONNECTION_NAME_MAX_BYTES - len(LONGEST_CONNECTION_ROLE)
     if size > room:
         return (
@@ -59,7 +64,8 @@ def job_name_problem(name: object) -> str | None:
     and compared in logs, metrics, quarantine and the console: a str of UTF-8 text (no lone
     surrogate), no blank at either end, no control or invisible character
     (:func:`~amqpjobs.printable.invisible_at`: ``mail`` and ``mail\u200b`` would be two jobs that
-    print the same). Jobs from other publishers are read as they come.
+    print the same), in Unicode's composed form NFC (``cafe`` + U+0301 and the composed ``café`` likewise).
+    Jobs from other publishers are read as they come.
 
     Returns:
         The problem with its fix (``job name 'mail\u3164' has a control or invisible character ...``), or None.
@@ -80,4 +86,18 @@ def job_name_problem(name: object) -> str | None:
             f"job name {shown} has a control or invisible character ({found[1]} at index {found[0]}): it is shown "
             "and compared in logs, metrics and quarantine; use printable characters"
         )
-    return None
+    return not_composed("job name", name, "a publisher writing it composed sends another job that prints the same")
+
+
+def not_composed(what: str, name: str, why: str) -> str | None:
+    """Why ``name`` (``what``: "job name", "App name") is refused: not in Unicode's composed form NFC; or None.
+
+    NFC (Unicode Standard Annex 15) is what keyboards and most editors write: ``cafe`` + U+0301
+    and the composed ``café`` print the same but are two names to the broker and to us.
+    """
+    if unicodedata.is_normalized("NFC", name):
+        return None
+    return (
+        f"{what} {name[:40]!a} is not in Unicode's composed form (NFC: {unicodedata.normalize('NFC', name)[:40]!a}): "
+        f"{why}; use unicodedata.normalize('NFC', name)"
+    )

@@ -304,10 +304,22 @@ def test_a_job_name_with_a_control_or_invisible_character_is_refused_at_registra
         (123, "job name must be a str (got int 123)"),
         (None, "job name must be a str (got NoneType None)"),
         (b"mail", "job name must be a str (got bytes b'mail')"),
+        # helper-228: a decomposed name (e + U+0301) and the composed one most keyboards write print the same
+        ("cafe\u0301", "job name 'cafe\\u0301' is not in Unicode's composed form (NFC: 'caf\\xe9'): "
+                        "a publisher writing it composed sends another job that prints the same; use "
+                        "unicodedata.normalize('NFC', name)"),
     ],
-)
+)  # fmt: skip
 def test_a_job_name_no_message_can_carry_or_that_prints_as_another_is_refused(name: object, words: str) -> None:
     app = App("names")
     with pytest.raises(ConfigurationError) as caught:
         app.job(name, queue="plain")(lambda p, c: None)  # type: ignore[arg-type]
     assert str(caught.value) == words
+
+
+def test_an_app_name_not_in_nfc_is_refused_naming_its_composed_form() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        App("cafe\u0301")
+    words = "App name 'cafe\\u0301' is not in Unicode's composed form (NFC: 'caf\\xe9'): another App"
+    assert words in str(caught.value)
+    assert App("caf\xe9").name == "caf\xe9"
