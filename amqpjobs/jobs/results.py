@@ -180,7 +180,8 @@ def status_of(job_id: str, history: list[StateRecord], now: float) -> JobStatus:
     """
     ordered = tuple(sorted(history, key=lambda r: r.at))
     if not ordered:
-        why = "no record: enqueued without a results store, store down, pruned, or never enqueued"
+        why = ("no record: enqueued without a results store, store down, pruned, never enqueued, or enqueued by "
+               "another process a moment ago (its record is written after the broker's confirm)")  # fmt: skip
         return JobStatus(job_id, "unknown", note=why)
     cur = ordered[-1]
     done = [r for r in ordered if r.state == "succeeded"]

@@ -75,6 +75,11 @@ class JobResults:
     async def job_status(self, job_id: str) -> JobStatus:
         """The state of job ``job_id`` as the results store has it (README "Job status and results").
 
+        The ``queued`` records of this app's own enqueues (written in the background once the
+        broker confirmed) are written first, so a status read right after ``enqueue`` on this
+        app reads ``queued`` (up to 5 s of waiting for a slow store); another process's
+        enqueue may not be written yet.
+
         Returns:
             A :class:`~amqpjobs.jobs.results.JobStatus`: ``state`` is ``unknown`` when there is
             no record (never written, pruned, or written while the store was down) or when a
@@ -86,7 +91,9 @@ class JobResults:
                 reading command's SQLite store file does not exist (a wrong path).
             ResultsUnavailableError: the store can't be read now.
         """
-        return await read_status(self._results_store(job_id), job_id)
+        store = self._results_store(job_id)
+        await self.settle_queued()  # this app's own ``queued`` records still waiting are written first
+        return await read_status(store, job_id)
 
     async def result(self, job_id: str, timeout: float | str = 60.0, poll: float | str = 0.2) -> Any:  # noqa: ASYNC109
         # the issue names it ``timeout=``: a polling deadline, not a cancellation scope
@@ -110,4 +117,6 @@ class JobResults:
         """
         seconds = duration_argument("App.result(timeout=...)", timeout)
         every = duration_argument("App.result(poll=...)", poll)
-        return await wait_result(self._results_store(job_id), job_id, seconds, every)
+        store = self._results_store(job_id)
+        await self.settle_queued()
+        return await wait_result(store, job_id, seconds, every)

@@ -377,6 +377,27 @@ async def test_a_job_waiting_in_its_work_queue_reads_queued_and_a_none_result_sh
     await app.close()
 
 
+async def test_job_status_right_after_enqueue_reads_queued_the_apps_own_record_written_first(
+    broker: BrokerSettings, tmp_path: Path, store_url: str
+):
+    """helper-229: the README's own example (enqueue, then job_status) read ``unknown``, "never enqueued"."""
+    app = await make_app(broker, tmp_path)
+    app.results = store_for(store_url)
+
+    @app.job("nothing", queue="work")
+    async def nothing(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    for n in range(5):  # no wait between the two calls
+        job_id = await app.enqueue("nothing", {}, job_id=f"ryw-{n}")
+        status = await app.job_status(job_id)
+        assert (status.state, status.current.where if status.current else None) == ("queued", "work"), status.note
+    with app.sync_publisher() as sync:
+        for n in range(3):
+            job_id = await asyncio.to_thread(sync.enqueue, "nothing", {}, job_id=f"ryw-sync-{n}")
+            assert (await asyncio.to_thread(sync.job_status, job_id)).state == "queued"
+    await app.close()
+
+
 async def test_queued_records_a_store_does_not_take_are_counted_and_never_fail_an_enqueue(
     broker: BrokerSettings, tmp_path: Path
 ):
