@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from amqpjobs.errors import PublishNackedError
@@ -22,6 +25,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpjobs.scheduler")
 
+#: A token's headers: the schedules its replica runs (a JSON array of names, sorted), and their digest.
+SCHEDULES_HEADER = "amqpjobs-schedules"
+DIGEST_HEADER = "amqpjobs-schedules-digest"
+#: Names shown at most in a token's list (the digest compares them all).
+SHOWN_NAMES = 50
+
+
+def schedules_digest(names: list[str]) -> str:
+    """The digest of a set of schedule names (sorted, JSON): equal for the same set, whatever the order."""
+    return hashlib.sha256(json.dumps(sorted(names)).encode()).hexdigest()[:16]
+
 
 class Election:
     """Offering the leader token and taking it: the election side of :class:`~amqpjobs.runtime.scheduler.Scheduler`."""
@@ -32,6 +46,8 @@ class Election:
     _token: Any
     _lead_task: asyncio.Task[None] | None
     replica: str
+    #: Digests of the other schedule sets a token was seen with (each warned once).
+    _other_sets: set[str]
 
     @property
     def is_leader(self) -> bool:
@@ -46,9 +62,16 @@ class Election:
     async def _lead(self, token: Any) -> None:
         raise NotImplementedError
 
+    def _schedule_names(self) -> list[str]:
+        """The names of the schedules this replica runs (the scheduler's)."""
+        raise NotImplementedError
+
     async def _offer_token(self) -> None:
         assert self._publisher is not None
-        token = OutgoingMessage(body=b"leader", content_type="text/plain", type="amqpjobs.scheduler-token")
+        names = sorted(self._schedule_names())
+        headers = {SCHEDULES_HEADER: json.dumps(names[:SHOWN_NAMES]), DIGEST_HEADER: schedules_digest(names)}
+        token = OutgoingMessage(body=b"leader", headers=headers, content_type="text/plain",
+                                type="amqpjobs.scheduler-token")  # fmt: skip
         try:
             await self._publisher.publish("", self.leader_queue, token)
             log.debug("offered a leader token")
@@ -67,6 +90,7 @@ class Election:
                 log.debug("token offer failed: %s", exc)
 
     async def _on_token(self, message: Any) -> None:
+        self._compare_sets(getattr(message, "headers", None) or {})
         if self._stop.is_set() or self.is_leader:
             return  # held unacked: it returns to the queue with our channel
         self._token = message
@@ -74,3 +98,32 @@ class Election:
             self._lead_task.cancel()  # (its own end, a few loop turns on, says nothing: no longer the lead task)
             log.info("scheduler replica %s no longer leads", self.replica)
         self._lead_task = asyncio.create_task(self._lead(message), name="amqpjobs-scheduler-lead")
+
+    def _compare_sets(self, headers: Mapping[str, Any]) -> None:
+        """Warn (once per other set) when a token came from a replica running other schedules than this one.
+
+        Replicas share one election (README "Cron"): while one leads, only its schedules fire. A
+        replica that takes the lead with the token another offered (a failover, a hand-over at a
+        stop, a rolling deploy) sees that one's set. A token without the header (an older amqpjobs)
+        is not compared.
+        """
+        theirs = headers.get(DIGEST_HEADER)
+        ours = sorted(self._schedule_names())
+        if not isinstance(theirs, str) or theirs == schedules_digest(ours) or theirs in self._other_sets:
+            return
+        self._other_sets.add(theirs)
+        try:
+            listed_names = json.loads(str(headers.get(SCHEDULES_HEADER)))
+            names = {str(n) for n in listed_names} if isinstance(listed_names, list) else set()
+        except ValueError:
+            names = set()
+        only_here, only_there = sorted(set(ours) - names), sorted(names - set(ours))
+        effects = [f"while this one leads, {', '.join(only_there)} never fire"] if only_there else []
+        effects += [f"while that one leads, {', '.join(only_here)} never fire"] if only_here else []
+        log.warning(
+            "scheduler replica %s runs schedule(s) %s, but the leader token it took was offered by a replica of "
+            "this app running %s: %s; run the same schedules on every replica of an app (the same code and "
+            "--schedules)",
+            self.replica, ", ".join(ours), ", ".join(sorted(names)) or "another set",
+            "; ".join(effects) or "the sets differ",
+        )  # fmt: skip

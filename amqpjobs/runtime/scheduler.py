@@ -133,6 +133,7 @@ class Scheduler(Election, TickFiring):
         self.replica = _replica_name()
         self._on_event = on_event
         self._schedules: list[cron.Schedule] = []
+        self._other_sets: set[str] = set()  # other replicas' schedule sets seen on their tokens (Election)
         self._layouts: dict[str, JobQueueLayout] = {}
         self._wire: TickWire = ticks
         self._clock: Callable[[], datetime] = utc_now
@@ -167,6 +168,9 @@ class Scheduler(Election, TickFiring):
         return cron.leader_queue(self.app.name)
 
     # ------------------------------------------------------------------ lifecycle
+    def _schedule_names(self) -> list[str]:
+        return [s.name for s in self._schedules]
+
     def _select(self) -> list[cron.Schedule]:
         schedules = {s.name: s for s in self.app.schedules()}
         if not schedules:
@@ -178,6 +182,12 @@ class Scheduler(Election, TickFiring):
         if unknown:
             raise ConfigurationError(f"unknown schedule(s) {listed(unknown)}; the app has {listed(schedules)}")
         chosen = [schedules[n] for n in sorted(set(names))]
+        if left := sorted(set(schedules) - set(names)):
+            log.warning(
+                "scheduler replica %s runs %d of app %s's %d schedule(s), not %s (--schedules): the replicas of an "
+                "app share one election, so while this one leads those never fire; run the same schedules on every "
+                "replica", self.replica, len(chosen), self.app.name, len(schedules), ", ".join(left),
+            )  # fmt: skip
         queues = [self.leader_queue, *(cron.tick_queue(self.app.name, s.name) for s in chosen)]
         if problem := app_names_problem(self.app.name, queues, "scheduler's queues"):
             raise ConfigurationError(problem)

@@ -44,6 +44,11 @@ class Token:
     stored: Stored
     body: bytes = b""
 
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        """The token's headers, as published (the schedules of the replica that offered it)."""
+        return self.stored.message.headers
+
 
 @dataclass(eq=False)
 class MemoryConnection:

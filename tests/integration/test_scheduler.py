@@ -31,6 +31,7 @@ from amqpjobs.jobs import cron, tick_record
 from amqpjobs.jobs.cron import parse_tick
 from amqpjobs.runtime.deploy import apply_topology
 from amqpjobs.runtime.scheduler import TICK_QUEUE_ARGUMENTS, tick_records
+from amqpjobs.runtime.scheduler_options import SchedulerOptions
 from amqpjobs.wire.management import ManagementClient
 from amqpjobs.wire.settings import BrokerSettings
 from tests.integration.helpers import ROOT, depth, raw_channel, wait_until, wait_until_async
@@ -527,3 +528,39 @@ async def test_a_tick_returned_while_the_work_queue_is_missing_is_not_fired_and_
         rf"{cron.format_tick(last_before)}; its tick waits"
     )
     assert all(returns.search(m) for m in returned), returned
+
+
+async def test_a_replica_running_part_of_the_schedules_says_so_and_a_leader_names_another_sets_token(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """helper-229: a replica run with --schedules a subset led without a word, and the others never fired."""
+    app = await make_app(broker, tmp_path)
+
+    @app.cron("0 0 1 1 *", name="every-sec")
+    @app.cron("0 0 1 1 *", name="every-min")
+    @app.job("tick", queue="work")
+    async def tick(payload: dict[str, Any], ctx: JobContext) -> None: ...
+
+    def said(words: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+    full = Scheduler(app, broker, SchedulerOptions(reoffer=60))
+    part = Scheduler(app, broker, SchedulerOptions(schedules=("every-sec",), reoffer=60))
+    with caplog.at_level(logging.WARNING, logger="amqpjobs.scheduler"):
+        await full.start()
+        await wait_until(lambda: full.is_leader, 10, "the first replica to lead")
+        assert said("schedule(s)") == []  # the whole set, its own token: nothing to say
+        await part.start()
+        assert said("schedule(s), not") == [
+            f"scheduler replica {part.replica} runs 1 of app {app.name}'s 2 schedule(s), not every-min "
+            "(--schedules): the replicas of an app share one election, so while this one leads those never fire; "
+            "run the same schedules on every replica"
+        ]
+        await full.shutdown()  # its token goes back to the queue: the other replica takes it and leads
+        await wait_until(lambda: part.is_leader, 10, "the other replica to lead")
+        await part.shutdown()
+    assert said("leader token") == [
+        f"scheduler replica {part.replica} runs schedule(s) every-sec, but the leader token it took was offered by "
+        "a replica of this app running every-min, every-sec: while this one leads, every-min never fire; run the "
+        "same schedules on every replica of an app (the same code and --schedules)"
+    ]
