@@ -39,7 +39,11 @@ def schedule() -> None:
 
 @schedule.command("run")
 @click.argument("app_ref", metavar="MODULE:APP")
-@click.option("--schedules", "-s", help="Comma-separated schedule names (default: all of the app's).")
+@click.option(
+    "--schedules",
+    "-s",
+    help="Comma-separated schedule names (default: all of the app's); every replica of an app must run the same set.",
+)
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
 @long_running_url_options
 @errors_to_exit_codes
