@@ -12,7 +12,7 @@ from typing import Any
 from amqpjobs.errors import ConfigurationError
 from amqpjobs.jobs.envelope import job_id_problem
 from amqpjobs.jobs.registry import JobDef
-from amqpjobs.printable import unsafe_at
+from amqpjobs.printable import invisible_at
 from amqpjobs.text import a_type, lone_surrogate
 from amqpjobs.topology.models import JobQueueLayout
 from amqpjobs.topology.versions import (
@@ -105,7 +105,7 @@ def tenant_text_problem(tenant: str) -> str | None:
             f"tenant {tenant[:40]!r} has whitespace at its start or end: it would be a tenant apart from "
             f"{stripped!r} (its own fairness slot and shard); fix: tenant={stripped!r}"
         )
-    if (unsafe := unsafe_at(tenant)) is not None:
+    if (unsafe := invisible_at(tenant)) is not None:
         return (
             f"tenant {tenant[:40]!r} holds a control or invisible character ({unsafe[1]} at {unsafe[0]}); "
             "a tenant is shown in logs, status and quarantine as it is sent: fix: leave such characters out"
@@ -113,16 +113,25 @@ def tenant_text_problem(tenant: str) -> str | None:
     return None
 
 
-def _id_text_problem(job_id: str, fix: str = "leave such characters out") -> str | None:
-    """A control, bidi or byte-order character (:func:`~amqpjobs.printable.unsafe_at`) in a job id sent here, or None.
+def _id_text_problem(job_id: str, fix: str = "leave such characters out", key: bool = False) -> str | None:
+    """A blank at either end, or a control or invisible character, in a job id sent here; or None.
 
     It is shown in logs, status, quarantine and the console (escaped) and typed to look the job
-    up (``job show``): an id holding a line feed or an escape reads as another. Ids from other
-    publishers are taken as they come (the worker escapes them); ours are refused.
+    up (``job show``): an id holding a line feed or an escape reads as another, and one with a
+    zero-width or blank-looking character (:func:`~amqpjobs.printable.invisible_at`) or an end
+    blank is a job apart that prints the same: its own idempotency key, so its side effect twice.
+    Ids from other publishers are taken as they come (the worker escapes them); ours are refused.
     """
-    if (found := unsafe_at(job_id)) is None:
-        return None
     shown = f"{job_id[:40]!r}..." if len(job_id) > 40 else repr(job_id)
+    if job_id != job_id.strip():
+        stripped = job_id.strip()
+        mend = "return it stripped (key.strip())" if key else f"job_id={stripped[:40]!r}"
+        return (
+            f"job_id {shown} begins or ends with a blank: a job apart from {stripped[:40]!r} that prints the same "
+            f"(its own idempotency key); fix: {mend}"
+        )
+    if (found := invisible_at(job_id)) is None:
+        return None
     return (
         f"job_id {shown} holds a control or invisible character ({found[1]} at {found[0]}): a job id is shown in "
         f"logs, status and quarantine and typed to look the job up; fix: {fix}"
@@ -142,9 +151,10 @@ def checked_job_id(
         ConfigurationError: ``job_id`` or ``tenant`` not a str, or empty; ``job_id`` not an AMQP
             short string (1-255 UTF-8 bytes); ``priority`` not an int, or above the job queue's
             ``max_priority`` (or given to a classic queue without one); the key function failed
-            or returned no non-empty str; the job id (given or derived) holds a control character
-            (:func:`amqpjobs.printable.unsafe_at`); ``tenant`` not UTF-8 text (a lone surrogate), with whitespace
-            at its start or end, or with a control or invisible character (:func:`tenant_text_problem`).
+            or returned no non-empty str; the job id (given or derived) has a blank at either end or holds a
+            control or invisible character (:func:`amqpjobs.printable.invisible_at`); ``tenant`` not UTF-8
+            text (a lone surrogate), with whitespace at its start or end, or with a control or invisible
+            character (:func:`tenant_text_problem`).
 
     """
     if job_id is not None and (problem := job_id_problem(job_id) or _id_text_problem(job_id)):  # its type too
@@ -179,7 +189,7 @@ def checked_job_id(
                 f"job {jobdef.name!r}: its key function returned {derived!r}; it must return a non-empty str "
                 "that identifies the job (jobs with the same key run once)"
             )
-        if problem := job_id_problem(derived, _SHORTER_KEY) or _id_text_problem(derived, _PLAIN_KEY):
+        if problem := job_id_problem(derived, _SHORTER_KEY) or _id_text_problem(derived, _PLAIN_KEY, key=True):
             shown = f"{derived[:40]!r}..." if len(derived) > 40 else repr(derived)
             raise ConfigurationError(
                 f"job {jobdef.name!r}: its key function returned {shown}, which can't be a job id: {problem}"

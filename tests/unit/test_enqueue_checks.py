@@ -65,6 +65,9 @@ def app(tmp_path: Any) -> App:
             "invisible character",
         ),
         ("a\rb", "fix: return a key without them (or a hash of it"),
+        ("order-42\n", "job_id 'order-42\\n' begins or ends with a blank"),
+        ("order-42 ", "fix: return it stripped (key.strip())"),
+        ("order\u200b42", "(\\u200b at 5)"),
     ],
 )
 async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app: App, key: str, words: str):
@@ -124,6 +127,23 @@ async def test_a_key_functions_result_that_cant_be_a_job_id_is_named_as_its(app:
         ("s", {"job_id": "a\x1b[31mb"}, "(\\x1b at 1): a job id is shown in logs, status"),
         ("p", {"job_id": "a\u202eb"}, "(\\u202e at 1)"),
         ("p", {"job_id": "a\tb"}, "fix: leave such characters out"),
+        # helper-229: a zero-width, blank-looking or end blank made an id apart that prints the same (its own
+        # idempotency key: the side effect twice), and the words said such ids were refused
+        (
+            "p",
+            {"job_id": "order-42\u200b"},
+            "job_id 'order-42\\u200b' holds a control or invisible character (\\u200b at 8)",
+        ),
+        ("p", {"job_id": "\u200b"}, "(\\u200b at 0)"),
+        ("p", {"job_id": "order\u3164"}, "(\\u3164 at 5)"),
+        (
+            "p",
+            {"job_id": "order-42 "},
+            "job_id 'order-42 ' begins or ends with a blank: a job apart from 'order-42' "
+            "that prints the same (its own idempotency key); fix: job_id='order-42'",
+        ),
+        ("p", {"job_id": " lead"}, "begins or ends with a blank"),
+        ("p", {"tenant": "ac\u200bme"}, "tenant 'ac\\u200bme' holds a control or invisible character (\\u200b at 2)"),
         ("p", {"headers": {"\u00e9" * 128: 1}}, "header name must be at most 128 UTF-8 bytes (got 256 bytes"),
     ],
 )
