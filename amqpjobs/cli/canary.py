@@ -120,7 +120,8 @@ def failure_lines(report: ReplayReport, chosen: Selection) -> list[str]:
         lines.append(f"fix the cause and replay again, or park the failing jobs: {park}")
     else:
         lines.append(
-            "none is known to have failed: check the workers (running? consuming? their event metrics), "
+            "none is known to have failed: check the workers (running? consuming? their job queue paused? their "
+            "event metrics), "
             f"then replay again: {command('replay', report.queue, *filter_args(chosen), '--canary', '1')}"
         )
     return lines

@@ -6,6 +6,7 @@ README "Flow control" → "Pause and resume"; the mechanism is :mod:`amqpjobs.ru
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -21,10 +22,12 @@ from amqpjobs.cli._common import (
 )
 from amqpjobs.cli._root import main
 from amqpjobs.cli._running import run_command
-from amqpjobs.errors import SignalNotSentError
+from amqpjobs.errors import AmqpJobsError, SignalNotSentError
 from amqpjobs.printable import printable, shell_quote
 from amqpjobs.runtime.pausing import pause, resume
-from amqpjobs.wire.flags import MAX_REASON
+from amqpjobs.topology.naming import parse_queue_name
+from amqpjobs.wire.flags import MAX_REASON, read_flags
+from amqpjobs.wire.settings import BrokerSettings
 
 T = TypeVar("T")
 
@@ -78,3 +81,23 @@ def resume_command(job_queue: str, url: str | None, management_url: str | None) 
         click.echo(f"resumed job queue {printable(job_queue)}: workers start its jobs again")
     else:
         click.echo(f"job queue {printable(job_queue)} was not paused: nothing to do")
+
+
+def paused_target_lines(settings: BrokerSettings, moves: list[tuple[str, str]], dry_run: bool) -> list[str]:
+    """Warnings for the job queues a replay moved jobs into (``moves``: job id, target queue) that are paused.
+
+    Such jobs wait there until ``amqpjobs resume``, and a canary among them gets no outcome. Best
+    effort: [] when the management API can't say (README "Flow control" -> "Pause and resume").
+    """
+    counts = Counter(parse_queue_name(target).job_queue for _, target in moves)
+    try:
+        flags = read_flags(settings, sorted(q for q in counts if q))
+    except AmqpJobsError:
+        return []
+    wait = "would wait" if dry_run else "wait"
+    return [
+        f"warning: job queue {printable(q)} is paused (since {flag.since:%Y-%m-%d %H:%M:%S} UTC, reason: "
+        f"{flag.reason or 'none given'}): the {counts[q]} job(s) replayed into it {wait} there until "
+        f"amqpjobs resume {shell_quote(q)}"
+        for q, flag in sorted(flags.items())
+    ]

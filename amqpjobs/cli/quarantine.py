@@ -37,6 +37,7 @@ from amqpjobs.cli._running import run_command
 from amqpjobs.cli._signals import run_until_signal, signals_held
 from amqpjobs.cli.canary import canary_options, check_canary_options, failure_lines, phase_reporter, replay_rate
 from amqpjobs.cli.canary import canary_timeout as canary_timeout_seconds
+from amqpjobs.cli.flow import paused_target_lines
 from amqpjobs.cli.next_steps import after_list, after_replay, after_show
 from amqpjobs.errors import ConfigurationError, UnaddressableNameError
 from amqpjobs.jobs import envelope
@@ -315,6 +316,8 @@ def replay_command(
                 click.echo(line, err=True)
             sys.exit(stopped)
         phases(report)  # "canary passed" when every job was a canary
+        for line in paused_target_lines(broker, report.moves, dry_run):
+            click.echo(line, err=True)
         _replay_end(report, census, options, canary, stop_after_failures, interactive)
         if options.layouts is None and options.to is None:
             _warn_unread(broker, report)

@@ -31,8 +31,8 @@ from amqpjobs.errors import ConfigurationError, NotFoundError
 from amqpjobs.jobs.events import OutcomeEvent, decode_events
 from amqpjobs.jobs.quarantine import REPLAY_ID, header_text
 from amqpjobs.jobs.replay_plan import ReplayReport
-from amqpjobs.printable import printable
-from amqpjobs.topology.naming import EVENTS_EXCHANGE, parse_queue_name, quarantine_exchange_name
+from amqpjobs.printable import printable, shell_quote
+from amqpjobs.topology.naming import EVENTS_EXCHANGE, parse_queue_name, paused_flag_name, quarantine_exchange_name
 from amqpjobs.wire.abc import Connection
 from amqpjobs.wire.browse import Watch, queue_state, watch_exchange
 from amqpjobs.wire.events import subscribe_outcomes
@@ -163,6 +163,15 @@ class Canary:
             return True, f"it came back to {quarantine}, so it failed (its event was lost)"
         target = self.targets.get(job_id, "")
         state = await queue_state(self.connection, target) if self.connection is not None and target else None
+        job_queue = parse_queue_name(target).job_queue if target else ""
+        if (
+            state is not None and state.messages and self.connection is not None and job_queue
+            and await queue_state(self.connection, paused_flag_name(job_queue)) is not None  # its pause flag
+        ):  # fmt: skip
+            return False, (
+                f"no worker took it: job queue {printable(job_queue)} is paused (amqpjobs status says since when "
+                f"and why); resume it (amqpjobs resume {shell_quote(job_queue)}), then replay again"
+            )
         if state is not None and state.messages and not state.consumers:
             return False, f"no worker took it (still in {printable(target)}, which has no consumer)"
         if state is not None and state.messages:

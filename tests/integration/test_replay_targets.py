@@ -275,3 +275,39 @@ async def test_a_target_queue_that_would_lose_the_jobs_is_refused_dry_run_and_ru
         assert f"not replayed {line}; it stays in work.quarantine\n" in run.stderr
         assert await depth(broker, "work") == 1
     assert await depth(broker, "work.quarantine") == 1  # x-1 still there once its queue is gone
+
+
+async def test_a_canary_waiting_in_a_paused_job_queue_names_the_pause_not_the_workers(
+    broker: BrokerSettings, tmp_path: Path
+):
+    """helper-230: the canary said "no worker took it ... which has no consumer" and "check the workers"."""
+    from amqpjobs.runtime.pausing import pause
+
+    await make_app(broker, tmp_path)
+    await pause(broker, "work", reason="maintenance")
+    await quarantine_one(broker, "p-0", naming("work", "p-0"))
+    report = await replay(broker, "work.quarantine", ReplayOptions(canary=1, canary_timeout=1.0))
+    assert report.canary_failures == [
+        "p-0 (mail): no outcome event within 1s: no worker took it: job queue work is paused (amqpjobs status says "
+        "since when and why); resume it (amqpjobs resume work), then replay again"
+    ]
+
+
+def test_a_replay_into_a_paused_job_queue_says_its_jobs_wait_there(broker: BrokerSettings, tmp_path: Path):
+    """helper-230: replay moved jobs into a paused job queue without a word."""
+    import asyncio as aio
+
+    from amqpjobs.runtime.pausing import pause
+
+    aio.run(make_app(broker, tmp_path))
+    aio.run(pause(broker, "work", reason="maintenance"))
+    for n in range(2):
+        aio.run(quarantine_one(broker, f"w-{n}", naming("work", f"w-{n}")))
+    dry = cli(broker, "replay", "work.quarantine", "--dry-run")
+    assert "warning: job queue work is paused (since " in dry.stderr
+    assert "reason: maintenance): the 2 job(s) replayed into it would wait there until amqpjobs resume work" in (
+        dry.stderr
+    )
+    done = cli(broker, "replay", "work.quarantine")
+    assert done.exit_code == 0, done.output
+    assert "reason: maintenance): the 2 job(s) replayed into it wait there until amqpjobs resume work" in done.stderr
