@@ -21,6 +21,7 @@ from amqpjobs.console.forms import form_nonce, key_field
 from amqpjobs.console.routes import routes
 from amqpjobs.console.security import Guard
 from amqpjobs.errors import ConfigurationError
+from amqpjobs.jobs.replay_plan import MIN_REPLAY_RATE
 from amqpjobs.printable import printable_lines
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.loading import load_app, load_app_reading_results
@@ -87,6 +88,7 @@ def create_app(config: ConsoleConfig, csrf_token: str | None = None) -> Starlett
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_shown)
     env.globals["form_nonce"] = form_nonce  # each action form once: a re-sent one (back button) is refused
     env.filters["key_field"] = key_field  # a form field sending a message's key back as it is
+    env.globals["min_rate"] = MIN_REPLAY_RATE  # the rate fields' floor: the server's and the CLI's (helper-230)
     templates = Jinja2Templates(env=env)
     reads = config.broker.with_connect_timeout(min(config.broker.connect_timeout, CONNECT_WAIT))
     outcomes = OutcomeHub(reads)

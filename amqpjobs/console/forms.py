@@ -164,10 +164,19 @@ def form_nonce() -> str:
 
 
 def _key_of(value: str) -> str:
+    """The key :func:`key_field` sent as base64url (RFC 4648 section 5; its padding optional), read strictly."""
     try:
-        return base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8", "surrogatepass")
-    except (ValueError, UnicodeError):
-        raise FormError("job_id", f"a checked message's key is not base64url text (got {value[:40]!r})") from None
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=True)
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError; a non-ASCII character a UnicodeError
+        raw = b""
+    if not raw:  # invalid, or a lone "=": never a key (the lenient decoder read "!!!" as "")
+        raise FormError("job_id", f"a checked message's key is not base64url (got {value[:40]!r}); reload the page")
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeError:
+        raise FormError(
+            "job_id", f"a checked message's key is not UTF-8 text once decoded (got {value[:40]!r}); reload the page"
+        ) from None
 
 
 def selection_of(values: Any) -> Selection:

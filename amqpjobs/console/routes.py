@@ -151,8 +151,8 @@ async def act(request: Request) -> Response:
             return problem(request, str(exc), 400)
         try:
             return await _quarantine_view(request, text_of(form, "queue"), form, exc)
-        except AmqpJobsError as unreadable:
-            return problem(request, f"{exc} ({unreadable})", 400)
+        except AmqpJobsError as unreadable:  # the same field again (the page reads the form too): said once
+            return problem(request, str(exc) if str(unreadable) == str(exc) else f"{exc} ({unreadable})", 400)
     # a form without a nonce (a script's POST) is not checked; one page's other button (park after replay) acts
     nonce = f"{kind}:{text_of(form, 'form_nonce')}" if text_of(form, "form_nonce") else ""
     if nonce and (earlier := actions.sent_forms.get(nonce)) is not None:

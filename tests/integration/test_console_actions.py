@@ -178,6 +178,8 @@ def test_a_bad_form_value_is_named_with_its_fix_and_the_form_keeps_its_values(
     assert "invalid literal" not in answer.text
     assert "Traceback" not in answer.text
     assert kept in answer.text  # the form is shown again with what was typed
+    assert 'name="rate" value=' in answer.text
+    assert 'min="0.001"' in answer.text  # the rate field's floor is the server's (helper-230: it was 0.1)
     assert '<input type="hidden" name="error_type" value="ValueError">' in answer.text  # the filter too
     assert '<span id="matched">3</span>' in answer.text
     assert asyncio.run(depth(broker, "work.quarantine")) == 6

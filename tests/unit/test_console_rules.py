@@ -191,3 +191,26 @@ def test_the_guard_refuses_a_malformed_basic_header_takes_the_token_as_a_passwor
     assert c.post("/", headers=csrf, content=b"x" * MAX_FORM).text == f"ci:{MAX_FORM}"  # the body, replayed
     big = c.post("/", headers=csrf, content=b"x" * (MAX_FORM + 1))
     assert (big.status_code, big.text) == (413, "request body too large")
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("!!!", "job_id: a checked message's key is not base64url (got '!!!')"),  # was read as "": 0 parked, "ok"
+        ("Y3RsLRtbMkoH4oCuYWJj!!!", "is not base64url (got 'Y3RsLRtbMkoH4oCuYWJj!!!')"),  # was cut to its start
+        ("__4=", "job_id: a checked message's key is not UTF-8 text once decoded (got '__4=')"),
+        ("", None),  # an empty field is no key
+    ],
+)
+def test_a_checked_keys_base64url_is_read_strictly(value: str, words: str | None) -> None:
+    """helper-230: the decoding dropped what was not base64url, and said "not base64url" of valid base64url."""
+    if words is None:
+        assert selection_of(QueryParams({"job_key64": value})) == Selection()
+        return
+    with pytest.raises(ConfigurationError) as caught:
+        selection_of(QueryParams({"job_key64": value}))
+    assert words in str(caught.value)
+    key = "ctl-\x1b[2J\u202eabc"
+    sent = base64.urlsafe_b64encode(key.encode()).decode()
+    assert selection_of(QueryParams({"job_key64": sent})).job_ids == frozenset({key})
+    assert selection_of(QueryParams({"job_key64": sent.rstrip("=")})).job_ids == frozenset({key})  # padding optional
