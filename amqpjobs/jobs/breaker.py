@@ -83,9 +83,16 @@ class Breaker:
             )
         object.__setattr__(self, "failures", failures)
         for name, value in (("window", window), ("cool_down", cool_down)):
-            try:  # a number below the minimum (0, negative) or "0s" gets the bound's message below
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigurationError(
+                    f"Breaker({name}={value!r}): {name} must be a duration from {MIN_SECONDS:g}s to a day, e.g. "
+                    f"{name}='30s'"
+                )
+            try:  # a number below the minimum (0, negative), "0s" or "-1s" gets the bound's message below
                 if isinstance(value, int | float) and not isinstance(value, bool) and value < MIN_SECONDS:
                     seconds = float(value)
+                elif isinstance(value, str) and value.strip().startswith("-"):
+                    seconds = -1.0
                 else:  # its message says what a duration looks like
                     seconds = parse_duration(value, allow_zero=isinstance(value, str))
             except DurationTooLongError:

@@ -27,7 +27,14 @@ def test_settings_take_seconds_and_duration_strings() -> None:
         ({"cool_down": 0}, "Breaker(cool_down=0): cool_down must be at least 1s"),
         ({"cool_down": -1}, "Breaker(cool_down=-1): cool_down must be at least 1s"),
         ({"window": -0.5}, "Breaker(window=-0.5): window must be at least 1s"),
-        ({"window": float("nan")}, "Breaker(window=nan): nan must be a positive, finite duration (e.g. '5s')"),
+        # helper-230: "-1s" was told "0 or a positive duration" (0 is refused); nan, inf named the value, not the rule
+        (
+            {"window": float("nan")},
+            "Breaker(window=nan): window must be a duration from 1s to a day, e.g. window='30s'",
+        ),
+        ({"window": float("inf")}, "Breaker(window=inf): window must be a duration from 1s to a day"),
+        ({"cool_down": "-1s"}, "Breaker(cool_down='-1s'): cool_down must be at least 1s"),
+        ({"cool_down": " -5m"}, "cool_down must be at least 1s"),
     ],
 )
 def test_bad_settings_name_the_field_and_the_fix(kwargs: dict[str, Any], words: str) -> None:
