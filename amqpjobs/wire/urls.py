@@ -116,7 +116,8 @@ def port_problem(url: str) -> str | None:
         url: One URL, as given (with credentials).
 
     Returns:
-        ``"port N is out of range; a port must be 1-65535"``, or None.
+        ``"port N is out of range; a port must be 1-65535"``, ``"port 'x' is not a number; ..."`` (only
+        after a userinfo's ``@``: without one, the text after a ``:`` may be a password), or None.
     """
     try:
         netloc = urlsplit(url).netloc
@@ -129,6 +130,8 @@ def port_problem(url: str) -> str | None:
     text = port.rpartition(":")[2] if ":" in port else ""
     if ascii_digits(text) and not 1 <= int(text) <= MAX_PORT:
         return f"port {text} is out of range; a port must be 1-{MAX_PORT}"
+    if text and not ascii_digits(text) and "@" in netloc:  # after the userinfo: no piece of a password
+        return f"port {text!r} is not a number; a port must be 1-{MAX_PORT}"
     return None
 
 
@@ -245,9 +248,10 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError:
+    except ValueError as exc:
         # the error's text may quote a piece of a password ("Port could not be cast ... 'pa'"): never shown
-        hint = _COMMA_HINT if count > 1 else _ENCODE_HINT
+        port_hint = f"a port must be a number 1-{MAX_PORT}; " if "Port" in str(exc) else ""  # or a password's piece
+        hint = _COMMA_HINT if count > 1 else port_hint + _ENCODE_HINT
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({hint})") from None
     if "@" in url and "@" not in parts.netloc:
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({_ENCODE_HINT})")

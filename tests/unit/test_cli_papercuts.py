@@ -327,3 +327,23 @@ async def test_job_status_of_a_blank_id_asks_for_the_id(value: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         await App("a").job_status(value)
     assert str(caught.value).startswith("job_id is empty or blank; give the id of the job to look up")
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("amqp://guest:s3cr3tpw@127.0.0.1:notaport/", "bad broker URL amqp://guest:***@127.0.0.1:notaport/: port "
+         "'notaport' is not a number; a port must be 1-65535"),
+        ("amqp://127.0.0.1:56 72/", None),  # a blank: the run-together rule says it
+        # no '@': what follows ':' may be a password (user:password, the host left out): never shown, both said
+        ("amqp://h:5672x/", "bad broker URL <unparseable URL>: not a URL (a port must be a number 1-65535; a "
+         "password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C)"),
+    ],
+)  # fmt: skip
+def test_a_port_that_is_no_number_is_named_not_blamed_on_the_password(url: str, said: str | None) -> None:
+    """helper-229: a bad port after the '@' was told "a password's reserved characters must be %-encoded"."""
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", url)
+    assert result.exit_code == 2, result.output
+    assert "s3cr3tpw" not in result.output
+    if said is not None:
+        assert result.stderr == f"error: {said}\n"
