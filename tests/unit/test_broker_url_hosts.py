@@ -28,7 +28,7 @@ LONG_LABEL = "a" * 64
         (f"amqp://u:{SECRET}@.b:5672/", "host '.b' is not a host name"),
         (f"amqp://u:{SECRET}@a\u202eb:5672/", "host 'a\\u202eb' is not a host name"),
         (f"amqp://u:{SECRET}@[::1]x:5672/", "'[::1]x:5672' is not an IPv6 address in brackets with an optional port"),
-        (f"amqp://u:{SECRET}@[::1]:5672x/", "not a URL"),
+        (f"amqp://u:{SECRET}@[::1]:5672x/", "port '5672x' is not a number"),
         (
             f"amqps://u:{SECRET}@h:5671/?server_name_indication=a%00b",
             "server_name_indication 'a\\x00b' is not a host name",
