@@ -51,6 +51,11 @@ def after_show(queue: str, chosen: Selection) -> str:
         if parse_queue_name(queue).kind == "parked"
         else f"a lost cause? {command('quarantine', 'park', queue, *filters)}"
     )
+    if chosen.reason == "payload-missing":  # the store lost them: a replay reads the same missing payloads
+        return (
+            f"next: payloads restored to the store? {command('replay', queue, *filters, '--canary', '1')}; else "
+            f"enqueue these jobs again with their payloads, then {command('quarantine', 'purge', queue, *filters)}"
+        )
     return f"next: fixed? {command('replay', queue, *filters, '--canary', '1')}; {other}"
 
 

@@ -61,6 +61,15 @@ def test_the_next_commands_repeat_the_filters_with_the_hints_flags():
     assert filter_args(Selection()) == []
 
 
+def test_after_showing_jobs_whose_stored_payload_is_gone_replay_is_not_the_only_advice():
+    """helper-229: the worker said "a replay would fail the same way", `quarantine show` suggested a replay."""
+    assert after_show("big.quarantine", Selection(reason="payload-missing")) == (
+        "next: payloads restored to the store? amqpjobs replay big.quarantine --reason payload-missing --canary 1; "
+        "else enqueue these jobs again with their payloads, then amqpjobs quarantine purge big.quarantine --reason "
+        "payload-missing"
+    )
+
+
 def test_the_progress_line_names_the_phase_only_of_a_canary_run():
     report = ReplayReport(queue="work.quarantine", replayed=40, elapsed=0.8)
     assert progress_line(report, None) == "replayed 40 (50/s)"
