@@ -54,6 +54,8 @@ class FilePayloadStore(PayloadStore):
             raise ConfigurationError(f"FilePayloadStore(root=...) must be a str or Path (got {a_type(root)}): {fix}")
         if not str(root).strip() or str(root) == ".":  # Path("") is "."
             raise ConfigurationError(f"FilePayloadStore(root=...) is empty (got {str(root)!r}): {fix}")
+        if "\x00" in str(root):  # no file system takes it: every read and write would fail (helper-229)
+            raise ConfigurationError(f"FilePayloadStore(root=...) holds a NUL character (got {str(root)!r}): {fix}")
         self.root = Path(os.path.abspath(Path(root).expanduser()))  # once: a later chdir changes nothing
         self._data = self.root / "data"
         self._done = self.root / "done"

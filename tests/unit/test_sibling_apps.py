@@ -112,6 +112,8 @@ SIBLING_STORES = [
     ("results", "PostgresResults('mysql://h/db')", r"^PostgresResults\(dsn=\.\.\.\) has scheme 'mysql'"),
     ("results", "SqliteResults('r.db', retention='6M')", r"^SqliteResults\(retention=\.\.\.\)"),
     ("payload_store", "FilePayloadStore('')", r"^FilePayloadStore\(root=\.\.\.\) is empty"),
+    # helper-229: taken, then every enqueue failed with "embedded null byte" and a worker exited 3
+    ("payload_store", "FilePayloadStore('/tmp/a\\x00b')", r"^FilePayloadStore\(root=\.\.\.\) holds a NUL character"),
 ]
 
 
