@@ -212,49 +212,47 @@ async def test_workers_split_by_class_keep_urgent_jobs_fast(broker: BrokerSettin
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # waits compared across floods: CPU contention from parallel tests skews them
 @pytest.mark.timeout(300)
 async def test_small_tenant_wait_does_not_grow_with_the_flood(broker: BrokerSettings, tmp_path: Path):
-    """B's p99 wait behind 500 vs 5,000 jobs of A (the better of three runs each) differs by less than 20%."""
+    """B's 50 jobs, queued behind 500 or 5,000 of A, start after the same number of A's jobs: about 50.
+
+    The wait a backlog adds is the A jobs that start before B's last one. Round-robin across busy
+    shards makes that about one per B job, whatever A's backlog; plain FIFO would make it all of A.
+    It is counted in starts, not seconds, so the load of the machine does not move it: the p99 wait
+    in seconds (within 20% behind 1,000 vs 10,000, issue 6) is a figure of ``bench/fairness.py``.
+    """
     app = await setup(broker, tmp_path)
     a, b = tenants_on_distinct_shards(2)
-    waits: list[tuple[str, float]] = []
+    starts: list[str] = []
 
     @app.job("w", queue="shared")
     async def w(payload: dict[str, Any], ctx: JobContext) -> None:
-        waits.append((ctx.tenant or "", time.time() - payload["at"]))
+        starts.append(ctx.tenant or "")
         await asyncio.sleep(0.02)
 
-    async def p99_with_backlog(backlog: int) -> float:
-        waits.clear()
-        for start in range(0, backlog, 500):
-            await asyncio.gather(*(app.enqueue("w", {"at": time.time()}, tenant=a) for _ in range(start, start + 500)))
+    async def a_jobs_before_bs_last(backlog: int) -> int:
+        starts.clear()
+        await enqueue_many(app, "w", backlog, tenant=a)
+        await enqueue_many(app, "w", 50, tenant=b)  # all queued before the worker starts: no timing in it
         worker = Worker(app, broker, WorkerOptions(queues=("shared",), concurrency=4))
         await worker.start()
         try:
-            for _ in range(50):
-                await app.enqueue("w", {"at": time.time()}, tenant=b)
             deadline = time.monotonic() + 60
-            while sum(1 for t, _ in waits if t == b) < 50 and time.monotonic() < deadline:
+            while starts.count(b) < 50 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         finally:
             await worker.shutdown()
         async with raw_channel(broker) as ch:
             for i in range(SHARDS):
                 await (await ch.get_queue(f"shared.shard-{i}", ensure=False)).purge()
-        b_waits = sorted(x for t, x in waits if t == b)
-        assert len(b_waits) == 50
-        return b_waits[int(0.99 * len(b_waits))]
+        assert starts.count(b) == 50
+        last_b = len(starts) - 1 - starts[::-1].index(b)
+        return starts[:last_b].count(a)
 
-    # each the better of three runs, taken in turns (500, 5,000, 500, ...): one broker or GC hiccup during
-    # one run's last B job made the p99 (the largest of 50) 20% off in CI (0.449 vs 0.540 s; with the two
-    # small runs first, then the two big ones, 0.412 vs 0.498 s once more: the load of CI drifts); a wait
-    # that grows with the flood grows in every run
-    runs: dict[int, list[float]] = {500: [], 5000: []}
-    for _ in range(3):
-        for backlog in runs:
-            runs[backlog].append(await p99_with_backlog(backlog))
+    small, big = await a_jobs_before_bs_last(500), await a_jobs_before_bs_last(5000)
     await app.close()
-    small, big = min(runs[500]), min(runs[5000])
-    print(f"B's p99 wait (s) behind 500 of A: {runs[500]}, behind 5,000: {runs[5000]}")
-    assert abs(big - small) / small < 0.2, (small, big)
+    print(f"A jobs started before B's last: behind 500 of A {small}, behind 5,000 {big}")
+    # one A job per B job, give or take the 4 slots and the look-ahead delivery at each end
+    assert 45 <= small <= 60, (small, big)
+    assert 45 <= big <= 60, (small, big)
+    assert abs(big - small) <= 10, (small, big)
