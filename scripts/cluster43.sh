@@ -107,7 +107,15 @@ case "${1:-}" in
     [ -x "$CH/usr/sbin/rabbitmqctl" ] || exit 0
     mountpoint -q "$CH/proc" || mount -t proc proc "$CH/proc"
     for n in 3 2 1; do ctl "$n" -q stop >/dev/null 2>&1 || true; done
-    in_node 1 "epmd -port $EPMD_PORT -kill >/dev/null 2>&1" || true ;;
+    in_node 1 "epmd -port $EPMD_PORT -kill >/dev/null 2>&1" || true
+    # /proc stays mounted while a node still runs in the chroot (the single 4.3 node of broker43.sh);
+    # an epmd left behind needs no /proc
+    in_chroot=""
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/root" 2>/dev/null)" = "$(readlink -f "$CH")" ] && [ "$(cat "$p/comm" 2>/dev/null)" != epmd ] \
+        && in_chroot=1 && break
+    done
+    if [ -z "$in_chroot" ]; then umount "$CH/proc" || umount -l "$CH/proc"; fi ;;
   url)
     n=${2:?node number}
     echo "amqp://guest:guest@127.0.0.1:$((5730 + n))/"
