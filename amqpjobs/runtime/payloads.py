@@ -115,6 +115,13 @@ class PayloadStore(abc.ABC):
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Connect (and create the table/bucket layout when missing); called before first use."""
 
+    async def marks_problem(self) -> str | None:
+        """Why this store can't take a done mark or delete a payload (said once at a worker's start), or None.
+
+        A store that can't tell without a real key says None: its failures are then said per job.
+        """
+        return None
+
     @abc.abstractmethod
     async def write(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` (a new key: :meth:`put` makes them)."""
@@ -221,10 +228,12 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-async def open_store(store: PayloadStore, then: str) -> None:
+async def open_store(store: PayloadStore, then: str, *, marks: bool = False) -> None:
     """Open ``store`` (connect, create its layout) before anything that depends on it is done.
 
-    ``then``: what is not done when it can't be opened (in words, for the message).
+    ``then``: what is not done when it can't be opened (in words, for the message). ``marks``:
+    also say (a WARNING) when the store can't take done marks (:meth:`PayloadStore.marks_problem`):
+    a worker still runs its jobs then, but each success warns and no stored payload is deleted.
 
     Raises:
         PayloadStoreError: it could not be opened within :data:`STORE_TIMEOUT` (s), naming the
@@ -239,6 +248,20 @@ async def open_store(store: PayloadStore, then: str) -> None:
             f"in App(payload_store={type(store).__name__}(...)) (directory, DSN and password, bucket) or make it "
             "reachable, then try again"
         ) from exc
+    if not marks:
+        return
+    try:
+        async with asyncio.timeout(STORE_TIMEOUT):
+            problem = await store.marks_problem()
+    except TimeoutError as exc:
+        problem = _what(exc)
+    if problem is not None:
+        log.warning(
+            "payload store %r can't write its done marks (%s): each job's success will warn so, and no stored "
+            "payload is ever deleted; give this worker write access to the store",
+            store.name,
+            problem,
+        )
 
 
 async def check_in(store: PayloadStore, message: OutgoingMessage) -> tuple[OutgoingMessage, PayloadRef | None]:

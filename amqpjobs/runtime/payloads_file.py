@@ -68,6 +68,20 @@ class FilePayloadStore(PayloadStore):
         self._data.mkdir(parents=True, exist_ok=True)
         self._done.mkdir(parents=True, exist_ok=True)
 
+    async def marks_problem(self) -> str | None:
+        """See :meth:`PayloadStore.marks_problem`: a probe file created and removed in ``done/`` and ``data/``."""
+        return await asyncio.to_thread(self._marks_problem)
+
+    def _marks_problem(self) -> str | None:
+        for directory in (self._done, self._data):
+            probe = directory / f".probe-{uuid.uuid4().hex}"
+            try:
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                return f"{type(exc).__name__}: {exc.strerror or exc} in {str(directory)!r}"
+        return None
+
     async def write(self, key: str, data: bytes) -> None:
         """See :meth:`PayloadStore.write`."""
         await asyncio.to_thread(self._write, key, data)

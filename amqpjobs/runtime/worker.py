@@ -213,7 +213,7 @@ class Worker(WorkerStop):
         await require_objects_at_start(self.settings, self._layouts.values())
         if (store := self.app.payload_store) is not None:  # else every large job would fail into quarantine
             await open_store(
-                store, "the worker did not start (each large job would be quarantined payload-store-error)"
+                store, "the worker did not start (each large job would be quarantined payload-store-error)", marks=True
             )
         self._connection = await connect(self.settings, name=f"{self.app.name}-worker")
         self._version = version = broker_info(self._connection).version  # see amqpjobs.runtime.broker_rules

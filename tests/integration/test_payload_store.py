@@ -8,8 +8,12 @@ in this process on a free loopback port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -219,4 +223,43 @@ async def test_sync_publisher_keeps_a_large_payload_in_the_apps_store(broker: Br
     ref = parse_ref(message.headers[envelope.PAYLOAD_REF])
     assert ref.store == "file"
     assert await store.read(ref.key) == envelope.encode_payload(payload)
+    await app.close()
+
+
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """``directory`` takes no new file: immutable for root (who ignores modes), mode 0555 for anyone else."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(directory)], check=True)
+    else:
+        directory.chmod(0o555)
+    try:
+        yield
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+        directory.chmod(0o755)
+
+
+async def test_a_worker_whose_file_store_takes_no_done_mark_says_so_at_start_and_still_runs_the_job(
+    broker: BrokerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """helper-229: a read-only store was said only by a warning after each success, at start nothing."""
+    store = FilePayloadStore(tmp_path / "payloads")
+    app = await app_with(broker, tmp_path, store)
+    ran: list[str] = []
+    app.job("big", queue="work")(lambda p, c: ran.append(p["tag"]))
+    payload = big_payload()
+    await app.enqueue("big", payload)
+    with read_only(store.root / "done"), caplog.at_level(logging.WARNING, logger="amqpjobs"):
+        async with running_worker(app, broker) as (_, rec):
+            await rec.wait_for(lambda o: len(o) == 1)
+        assert (store.root / "done").exists()
+    assert ran == [payload["tag"]]
+    started = [r.getMessage() for r in caplog.records if "can't write its done marks" in r.getMessage()]
+    assert len(started) == 1, [r.getMessage() for r in caplog.records]
+    assert str(store.root / "done") in started[0]
+    assert "no stored payload is ever deleted" in started[0]
+    assert "write access" in started[0]
+    assert list((store.root / "done").iterdir()) == []  # the probe left nothing behind
     await app.close()
