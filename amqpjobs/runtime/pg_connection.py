@@ -105,6 +105,25 @@ def dsn_problem(dsn: object) -> str | None:
     return None
 
 
+UNREACHABLE = "is unreachable"
+REFUSED_SETTING = (
+    "can't connect: its connection string has a setting libpq refuses; fix that setting in the DSN "
+    '(PostgreSQL docs "Parameter Key Words")'
+)
+
+
+def refused_setting(exc: BaseException) -> bool:
+    """Whether libpq refused the connection string before sending anything (a bad option value).
+
+    psycopg says so as ``connection is bad: ...invalid sslmode value: ...`` (libpq's
+    ``PQconnectStart`` gave ``CONNECTION_BAD`` at once), or raises ``ProgrammingError`` for an
+    option libpq does not know. A host that does not answer, a refused login or TLS says
+    ``connection failed: ...``: those are outages or credentials, not the string's syntax.
+    """
+    said = str(exc)
+    return type(exc).__name__ == "ProgrammingError" or (said.startswith("connection is bad:") and "invalid " in said)
+
+
 def shut(conn: Any) -> None:
     """Shut the socket of the psycopg connection ``conn`` down, both ways (nothing when it has none).
 
@@ -196,6 +215,7 @@ class PgConnection:
         self._pause = 0.0
         self._next_try = 0.0
         self._why = ""
+        self._state = UNREACHABLE
 
     def _locked(self) -> asyncio.Lock:
         """The lock of the running event loop (a CLI may use a store from one loop after another)."""
@@ -271,7 +291,7 @@ class PgConnection:
         now = time.monotonic()
         if self.down and now < self._next_try:
             raise self._unavailable(
-                f"{self.what} is unreachable ({self._why}); down {now - (self._down_since or now):.1f}s, "
+                f"{self.what} {self._state} ({self._why}); down {now - (self._down_since or now):.1f}s, "
                 f"next try in {self._next_try - now:.1f}s"
             )
         psycopg = psycopg_module(self.what)
@@ -286,19 +306,20 @@ class PgConnection:
         except psycopg.Error as exc:
             await self._drop()
             why = f"got no answer within {CONNECT_TIMEOUT}s after connecting" if expired else one_line(exc)
-            self._went_down(why, pause=min(LONGEST_PAUSE, max(FIRST_PAUSE, 2 * self._pause)))
-            raise self._unavailable(f"{self.what} is unreachable ({why})") from exc
+            state = REFUSED_SETTING if refused_setting(exc) else UNREACHABLE
+            self._went_down(why, pause=min(LONGEST_PAUSE, max(FIRST_PAUSE, 2 * self._pause)), state=state)
+            raise self._unavailable(f"{self.what} {state} ({why})") from exc
         if self._down_since is not None:
             log.info("%s answers again after %.1fs", self.what, time.monotonic() - self._down_since)
         self._down_since, self._pause, self._why = None, 0.0, ""
 
-    def _went_down(self, why: str, pause: float) -> None:
+    def _went_down(self, why: str, pause: float, state: str = UNREACHABLE) -> None:
         """Note a failure (``why``, one line): one line when the outage starts, then the next try after ``pause`` s."""
         now = time.monotonic()
-        self._why = why
+        self._why, self._state = why, state
         if self._down_since is None:
             self._down_since = now
-            log.warning("%s is unreachable (%s)", self.what, self._why)
+            log.warning("%s %s (%s)", self.what, state, self._why)
         self._pause = pause
         self._next_try = now + pause
 
