@@ -73,6 +73,7 @@ _VALUES: dict[str, tuple[Callable[[str], bool], str]] = {
 }
 _BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a "%" that starts no %-escape (RFC 3986 2.1)
 _ENCODE_HINT = "a password's reserved characters must be %-encoded: # as %23, / as %2F, ? as %3F, , as %2C"
+_BRACKET_HINT = "an IPv6 host takes both brackets ([::1]); a '[' or ']' in a password must be %-encoded (%5B, %5D)"
 #: A URL of a scheme of no broker's (``ftp://``), blanks-free up to ``://``.
 _OTHER_SCHEME = re.compile(r"(?i)[a-z][a-z0-9+.\-]*://")
 #: What marks a "URL" that is really several URLs run together (a list separated by blanks or ``;``).
@@ -251,7 +252,7 @@ def parse_node(url: str, position: int, count: int) -> NodeURL:
     except ValueError as exc:
         # the error's text may quote a piece of a password ("Port could not be cast ... 'pa'"): never shown
         port_hint = f"a port must be a number 1-{MAX_PORT}; " if "Port" in str(exc) else ""  # or a password's piece
-        hint = _COMMA_HINT if count > 1 else port_hint + _ENCODE_HINT
+        hint = _COMMA_HINT if count > 1 else _BRACKET_HINT if "IPv6" in str(exc) else port_hint + _ENCODE_HINT
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({hint})") from None
     if "@" in url and "@" not in parts.netloc:
         raise ConfigurationError(f"bad {where} {redact(url)}: not a URL ({_ENCODE_HINT})")

@@ -347,3 +347,16 @@ def test_a_port_that_is_no_number_is_named_not_blamed_on_the_password(url: str, 
     assert "s3cr3tpw" not in result.output
     if said is not None:
         assert result.stderr == f"error: {said}\n"
+
+
+@pytest.mark.parametrize(
+    "url", ["amqp://guest:s3cr3tpw@[::1/", "amqp://guest:s3cr3tpw@[::1:5672/", "amqp://guest:s3[cr3tpw@h/"]
+)
+def test_an_unclosed_bracket_is_named_for_the_ipv6_host_and_the_password(url: str) -> None:
+    """helper-229: an unclosed '[' got the generic "not a URL" hint about '#', '/', '?' and ','."""
+    result = cli(NOWHERE, "status", "--queues", "work", "--url", url)
+    assert result.exit_code == 2, result.output
+    assert "s3cr3tpw" not in result.output
+    assert "s3[cr" not in result.output
+    assert "an IPv6 host takes both brackets ([::1])" in result.stderr, result.stderr
+    assert "'[' or ']' in a password must be %-encoded (%5B, %5D)" in result.stderr, result.stderr
