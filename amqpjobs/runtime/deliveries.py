@@ -344,7 +344,7 @@ class DeliveryPath(HandlerRuns, OutcomeRecords, CarryingOut):
             from amqpjobs.runtime.payloads import stored_label
 
             try:
-                body = await payload_of(self.app.payload_store, delivery.headers) or b""
+                body = await payload_of(self.app.payload_store, delivery.headers, layout.quarantine_queue) or b""
             except PayloadRefError as exc:
                 later = decide("error", attempt, job.retry.attempts_for(layout.tiers), layout.tiers)
                 retry = exc.reason == "payload-store-error" and isinstance(later, RetryLater)

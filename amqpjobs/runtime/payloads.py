@@ -116,10 +116,7 @@ class PayloadStore(abc.ABC):
         """Connect (and create the table/bucket layout when missing); called before first use."""
 
     async def marks_problem(self) -> str | None:
-        """Why this store can't take a done mark or delete a payload (said once at a worker's start), or None.
-
-        A store that can't tell without a real key says None: its failures are then said per job.
-        """
+        """Why this store can't take a done mark or delete a payload (said at a worker's start), or None."""
         return None
 
     @abc.abstractmethod
@@ -168,8 +165,8 @@ class PayloadStore(abc.ABC):
             raise PayloadStoreError(f"payload store {self.name!r} could not store a payload: {_what(exc)}") from exc
         return ref
 
-    async def get(self, ref: PayloadRef) -> bytes:
-        """The payload ``ref`` names.
+    async def get(self, ref: PayloadRef, quarantine: str = "QUEUE") -> bytes:
+        """The payload ``ref`` names; ``quarantine``: the queue whose purge a ``payload-missing`` error names.
 
         Raises:
             PayloadRefError: ``payload-store-unknown`` (another store's reference),
@@ -196,7 +193,7 @@ class PayloadStore(abc.ABC):
                 # short enough for the worker's log line (its error field is cut at 300 characters)
                 f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
                 "succeeded, purged, or never stored): enqueue the job again with its payload, then drop this copy "
-                "(amqpjobs quarantine purge QUEUE --reason payload-missing); a replay would fail the same way",
+                f"(amqpjobs quarantine purge {quarantine} --reason payload-missing); a replay would fail the same way",
             )
         return data
 
@@ -290,8 +287,10 @@ async def forget(store: PayloadStore, ref: PayloadRef) -> None:
         log.warning("deleting stored payload %s failed (%s); it stays until removed by hand", ref, _what(exc))
 
 
-async def check_out(store: PayloadStore | None, headers: Mapping[str, Any]) -> bytes | None:
+async def check_out(store: PayloadStore | None, headers: Mapping[str, Any], quarantine: str = "QUEUE") -> bytes | None:
     """The stored payload a received message names, or None when it carries none.
+
+    ``quarantine``: the queue a missing payload's copy will wait in, for the purge its error names.
 
     Raises:
         PayloadRefError: the reference is malformed, names another store (or the app has
@@ -306,7 +305,7 @@ async def check_out(store: PayloadStore | None, headers: Mapping[str, Any]) -> b
             f"the message's payload is kept in store {ref.store!r} ({str(ref)[:120]!r}), but this app has no "
             "payload store: give it one (App(payload_store=...)) and replay the job",
         )
-    return await store.get(ref)
+    return await store.get(ref, quarantine)
 
 
 async def after_outcome(

@@ -203,6 +203,10 @@ async def test_a_deleted_stored_payload_quarantines_payload_missing_with_evidenc
     assert headers[evidence.REASON] == "payload-missing"
     assert headers[evidence.ERROR_TYPE] == "PayloadRefError"
     assert f"holds no payload {ref.key!r}" in str(headers[evidence.ERROR_MESSAGE])
+    # the queue to purge named, not a placeholder (helper-229)
+    assert "(amqpjobs quarantine purge work.quarantine --reason payload-missing)" in str(
+        headers[evidence.ERROR_MESSAGE]
+    )
     assert headers[envelope.PAYLOAD_REF] == str(ref)
     assert quarantined.body == b""
     assert quarantined.message_id == job_id

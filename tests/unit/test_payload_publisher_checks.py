@@ -67,7 +67,7 @@ async def test_the_payload_missing_error_fits_the_workers_log_line(tmp_path: Pat
 
     store = FilePayloadStore(tmp_path, name="payloads-eu-west-1")  # a longer name than the default 'file'
     with pytest.raises(PayloadRefError) as caught:
-        await store.get(PayloadRef("payloads-eu-west-1", uuid.uuid4().hex))
+        await store.get(PayloadRef("payloads-eu-west-1", uuid.uuid4().hex), "billing-exports.quarantine")
     logged = f"PayloadRefError: {caught.value.detail}"[:300]  # as runtime/deliveries.py writes it
-    assert "(amqpjobs quarantine purge QUEUE --reason payload-missing)" in logged, logged
+    assert "(amqpjobs quarantine purge billing-exports.quarantine --reason payload-missing)" in logged, logged
     assert "enqueue the job again with its payload" in logged
