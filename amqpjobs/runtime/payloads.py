@@ -191,8 +191,8 @@ class PayloadStore(abc.ABC):
             raise PayloadRefError(
                 "payload-missing",
                 # short enough for the worker's log line (its error field is cut at 300 characters)
-                f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after its job "
-                "succeeded, purged, or never stored): enqueue the job again with its payload, then drop this copy "
+                f"payload store {self.name!r} holds no payload {ref.key!r} (deleted {self.grace:g}s after success, "
+                "purged, or never stored): enqueue the job again with its payload and drop this copy "
                 f"(amqpjobs quarantine purge {quarantine} --reason payload-missing); a replay would fail the same way",
             )
         return data
