@@ -55,7 +55,9 @@ class ActionRun:
         params: What was asked (JSON-ready; shown and audited).
         who / client: Who asked, from which address.
         state: ``running``, ``done``, ``stopped`` (someone pressed Stop), ``canary failed`` (the rest
-            stay in quarantine) or ``failed``.
+            stay in quarantine) or ``failed``; set as soon as the action ends.
+        settled: Its end is written down: what is left read (after a failure or a Stop), the audit
+            line written. A page polls until then.
         summary: What happened, once it ended.
         details: More lines (a failed canary's jobs and why).
         replay: The replay's report (replay only).
@@ -74,6 +76,7 @@ class ActionRun:
     who: str
     client: str
     state: str = "running"
+    settled: bool = False
     summary: str = ""
     details: list[str] = field(default_factory=list)
     replay: ReplayReport | None = None
@@ -126,6 +129,7 @@ class ActionRun:
         looked = self.census.looked_at
         most = max(total or 0, looked, 1)
         doc: dict[str, Any] = {"id": self.id, "kind": self.kind, "queue": self.queue, "state": self.state,
+                               "settled": self.settled,
                                "summary": self.summary, "details": self.details, "stopped_by": self.stopped_by,
                                "moved": moved, "skipped": skipped, "left": left, "looked": looked, "total": total,
                                "bar": [most if self.state == "done" else min(looked, most), most]}  # fmt: skip
@@ -263,7 +267,7 @@ class Actions:
     def _new(self, kind: str, queue: str, params: dict[str, Any], who: str, client: str) -> ActionRun:
         run = ActionRun(uuid.uuid4().hex[:16], kind, queue, params, who, client)
         self.runs[run.id] = run
-        for old in [r for r in self.runs.values() if r.state != "running"][: max(0, len(self.runs) - KEPT_RUNS)]:
+        for old in [r for r in self.runs.values() if r.settled][: max(0, len(self.runs) - KEPT_RUNS)]:
             del self.runs[old.id]
         return run
 
@@ -295,12 +299,14 @@ class Actions:
         return run
 
     async def _end(self, run: ActionRun, ended: str) -> None:
-        """Read what is left after a failure or a Stop, write the audit line, then show the run ended."""
+        """Show the run ended, read what is left after a failure or a Stop, write the audit line: settled."""
+        estimate = run.figures()  # still running: the depth at the start less what it moved
+        run.state = ended
         if ended == "failed" or run.stopped_by:
             with contextlib.suppress(Exception):  # the broker down: left stays unknown ("?")
                 _, run.left_now = await asyncio.wait_for(queue_depth(self.broker, run.queue), LEFT_TIMEOUT)
         if run.stopped_by and ended == "stopped":
-            moved, skipped, left = run.figures() if run.left_now is None else (*run.figures()[:2], run.left_now)
+            moved, skipped, left = estimate if run.left_now is None else (*estimate[:2], run.left_now)
             run.summary = (f"stopped by {printable(run.stopped_by)}: moved {moved}, skipped {skipped}, left "
                            f"{'?' if left is None else left} in {printable(run.queue)}")  # fmt: skip
             if run.kind == "replay":
@@ -315,7 +321,7 @@ class Actions:
             await asyncio.to_thread(self.audit.append, entry)
         except (OSError, ValueError) as exc:  # shown on the action's page: the operator learns the log missed it
             run.details.append(printable(f"not written to the audit log {self.audit.path}: {exc}"))
-        run.state = ended
+        run.settled = True
 
     async def close(self) -> None:
         """Cancel the runs under way (each cuts its moves short and returns held messages) and wait for them."""

@@ -98,10 +98,10 @@ def quarantine_six(broker: BrokerSettings, tmp_path: Path) -> Handler:
 
 
 def wait_done(c: TestClient, location: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """Poll an action's progress (``location``: its page) until it is no longer running; its last progress."""
+    """Poll an action's progress (``location``: its page) until it has settled (ended, written down); its last."""
     for _ in range(400):
         progress: dict[str, Any] = c.get(location + ".json", headers=headers).json()
-        if progress["state"] != "running":
+        if progress["settled"]:
             return progress
         asyncio.run(asyncio.sleep(0.05))
     raise AssertionError(f"still running: {progress}")

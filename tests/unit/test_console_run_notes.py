@@ -61,3 +61,40 @@ async def test_a_failed_action_shows_no_password_and_no_control_character(
     assert "\n" not in run.summary
     logged = (tmp_path / "audit.jsonl").read_text()
     assert "hunter2" not in logged
+
+
+async def test_a_failed_action_reads_failed_at_once_and_settled_once_its_left_count_and_audit_are_in(
+    tmp_path: Path,
+) -> None:
+    """helper-230: the JSON read ``running`` for seconds after the failure, while the queue's depth was asked.
+
+    The broker here is silent (a socket that takes connections and never answers): the depth
+    read waits out :data:`LEFT_TIMEOUT`; the state says ``failed`` all that while.
+    """
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    actions = Actions(broker_settings(url, management_url="http://guest:guest@127.0.0.1:1/"), audit)
+    run = actions._new("purge", "work.quarantine", {}, "op", "127.0.0.1")
+
+    async def body() -> str:
+        raise BrokerError("the queue went away")
+
+    try:
+        actions._launch(run, body)
+        await asyncio.sleep(0.3)
+        early = run.progress()
+        assert (early["state"], early["settled"], early["left"]) == ("failed", False, None), early
+        assert early["summary"] == "the queue went away"
+        assert not (tmp_path / "audit.jsonl").exists() or not (tmp_path / "audit.jsonl").read_text()
+        await asyncio.wait_for(asyncio.gather(*actions._tasks), actions_module.LEFT_TIMEOUT + 5)
+    finally:
+        silent.close()
+    late = run.progress()
+    assert (late["state"], late["settled"]) == ("failed", True), late
+    assert '"result": "error"' in (tmp_path / "audit.jsonl").read_text()

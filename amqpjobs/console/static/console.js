@@ -63,7 +63,7 @@ function followAction() {
         if (details && p.details) {
           details.replaceChildren(...p.details.map((d) => { const li = document.createElement("li"); li.textContent = d; return li; }));
         }
-        if (p.state === "running") setTimeout(poll, 250);
+        if (p.state === "running" || !p.settled) setTimeout(poll, 250);
       })
       .catch(() => setTimeout(poll, 1000));
   };
