@@ -115,18 +115,16 @@ async def test_a_target_queue_deleted_mid_run_leaves_its_messages_and_the_run_go
         await ch.declare_queue("other", durable=True)
     for i, queue in enumerate(("other", "work", "other", "work", "other")):
         await quarantine_one(broker, f"m-{i}", naming(queue, f"m-{i}"))
-    deleted: list[asyncio.Task[None]] = []
+    deleted: list[asyncio.Task[Any]] = []
+    async with raw_channel(broker) as ch:  # open before: the delete is one round trip (a connect took 0.4 s+ in CI)
 
-    async def delete_other() -> None:
-        async with raw_channel(broker) as ch:
-            await ch.queue_delete("other")
+        def progress(report: ReplayReport) -> None:
+            if report.replayed == 1 and not deleted:
+                deleted.append(asyncio.ensure_future(ch.queue_delete("other")))
 
-    def progress(report: ReplayReport) -> None:
-        if report.replayed == 1 and not deleted:
-            deleted.append(asyncio.ensure_future(delete_other()))
-
-    report = await replay(broker, "work.quarantine", ReplayOptions(rate=5), progress)
-    await asyncio.gather(*deleted)
+        # 0.5 s between moves: the delete has 1 s before m-2's publish (was 0.4 s at rate 5: a race under load)
+        report = await replay(broker, "work.quarantine", ReplayOptions(rate=2), progress)
+        await asyncio.gather(*deleted)
     assert sorted(job_id for job_id, _ in report.moves) == ["m-0", "m-1", "m-3"]
     assert (report.replayed, report.skipped, report.left, report.missing) == (3, 2, 2, {"other": 2})
     assert [line.split(":")[0] for line in report.not_moved] == ["job 'mail' id 'm-2'", "job 'mail' id 'm-4'"]
@@ -162,19 +160,16 @@ async def test_a_canary_whose_target_vanished_under_its_move_is_not_waited_for(b
         await ch.declare_queue("other", durable=True)
     await quarantine_one(broker, "m-0", naming("work", "m-0"))
     await quarantine_one(broker, "m-1", naming("other", "m-1"))
-    deleted: list[asyncio.Task[None]] = []
+    deleted: list[asyncio.Task[Any]] = []
+    async with raw_channel(broker) as ch:  # open before: the delete is one round trip, well within m-1's 1 s
 
-    async def delete_other() -> None:
-        async with raw_channel(broker) as ch:
-            await ch.queue_delete("other")
+        def progress(report: ReplayReport) -> None:
+            if report.replayed == 1 and not deleted:
+                deleted.append(asyncio.ensure_future(ch.queue_delete("other")))
 
-    def progress(report: ReplayReport) -> None:
-        if report.replayed == 1 and not deleted:
-            deleted.append(asyncio.ensure_future(delete_other()))
-
-    options = ReplayOptions(rate=1, canary=2, canary_timeout=1.0)
-    report = await replay(broker, "work.quarantine", options, progress)
-    await asyncio.gather(*deleted)
+        options = ReplayOptions(rate=1, canary=2, canary_timeout=1.0)
+        report = await replay(broker, "work.quarantine", options, progress)
+        await asyncio.gather(*deleted)
     assert (report.replayed, report.missing, report.canary_moved) == (1, {"other": 1}, 1)
     assert [line.split(":")[0] for line in report.canary_failures] == ["m-0 (mail)"]  # no worker runs: it waits
     assert "no worker took it (still in work, which has no consumer)" in report.canary_failures[0]
