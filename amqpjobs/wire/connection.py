@@ -50,7 +50,7 @@ from amqpjobs.wire.rotation import (
     pause_policy,
     stop_policy,
 )
-from amqpjobs.wire.settings import BrokerSettings
+from amqpjobs.wire.settings import CONNECT_TIMEOUT_ENV, BrokerSettings
 from amqpjobs.wire.tls import certificate_problem, exception_chain, refused_certificate
 from amqpjobs.wire.urls import CREDENTIALS_FIX, redact_text
 
@@ -62,6 +62,11 @@ T = TypeVar("T")
 RECONNECT_CHECK = 0.25
 _CONNECT_ERRORS = (OSError, aiormq.exceptions.AMQPConnectionError, ConnectionError)
 _REFUSED: tuple[type[BaseException], ...] = (*LIBRARY_ERRORS, ValueError)
+#: Said after a connect that got no answer: a live node busy with other work answers its handshake late.
+BUSY_HINT = (
+    "a node that is up but busy may answer later: give a longer connect timeout "
+    f"(--connect-timeout 30s, or {CONNECT_TIMEOUT_ENV}=30s)"
+)
 #: The client libraries' own loggers, which write several ERROR lines (some with tracebacks)
 #: for each refused connect; during our first-connect retries we write one line per node instead (then paced).
 CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "aio_pika.robust_connection")
@@ -309,8 +314,9 @@ async def connect(
     except _CONNECT_ERRORS as exc:
         last = "" if len(nodes) == 1 else f" (each node tried; the last, {rotation.tried.safe_url})"
         refused = "".join(f"; {why}" for why in rotation.refusals)
+        why = f"{type(exc).__name__}: {exc}" + (f" ({BUSY_HINT})" if isinstance(exc, TimeoutError) else "")
         raise BrokerUnavailableError(
-            f"broker at {settings.safe_url} unreachable after {wait:g}s{last}: {type(exc).__name__}: {exc}{refused}"
+            f"broker at {settings.safe_url} unreachable after {wait:g}s{last}: {why}{refused}"
         ) from exc
     except _REFUSED as exc:  # e.g. the vhost does not exist
         raise BrokerUnavailableError(
