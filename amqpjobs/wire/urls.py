@@ -1,11 +1,10 @@
 """Broker URL lists: redaction, splitting, and parsing the nodes of one cluster.
 
 A cluster is given as a comma-separated list of AMQP URLs, one per node
-(``amqp://u:p@node1:5672/v,amqp://u:p@node2:5672/v``). All nodes share one vhost, one user
-and one password (one cluster has one user database), and one scheme: a list mixing
-``amqps://`` and ``amqp://`` would let a client fall back to plain AMQP, so it is refused.
-A comma inside a password must be %-encoded (``%2C``), as every reserved character of a URL's
-userinfo (RFC 3986 §3.2.1; RabbitMQ "URI Specification").
+(``amqp://u:p@node1:5672/v,amqp://u:p@node2:5672/v``). All nodes share one vhost, one user and one password (one
+cluster has one user database), and one scheme: a list mixing ``amqps://`` and ``amqp://`` would let a client fall
+back to plain AMQP, so it is refused. A comma inside a password must be %-encoded (``%2C``), as every reserved
+character of a URL's userinfo (RFC 3986 §3.2.1; RabbitMQ "URI Specification").
 
 Everything printed or logged about a URL goes through :func:`redact`.
 """
