@@ -286,8 +286,10 @@ class JobRegistry:
                 past its timeout goes on that long), at least 60 s (for a job without
                 ``timeout``: from the worker's default timeout, just below ``consumer_timeout``;
                 :func:`amqpjobs.runtime.worker_config.default_lease`). Must exceed the run time:
-                given without ``timeout``, the job's timeout is half the lease (at most the
-                worker's default), so a claim never ends under a run still going.
+                given without ``timeout``, the job's timeout is half the lease, for a plain
+                function at most the lease less twice the grace and 5 s (at most the worker's
+                default; :func:`amqpjobs.runtime.worker_config.lease_timeout`), so a claim never
+                ends under a run still going.
             breaker: A circuit breaker shared by all the app's workers (README "Flow
                 control"), e.g. ``Breaker(failures=20, window="1m", cool_down="30s")``.
             rate_limit: ``"<count>/s"``, ``"/m"`` or ``"/h"``: at most that many starts per

@@ -89,6 +89,18 @@ def default_lease(timeout: float, grace: float) -> float:
     return max(60.0, 2 * timeout, longest_run(timeout, grace) + LEASE_MARGIN)
 
 
+def lease_timeout(lease: float, grace: float, is_async: bool) -> float:
+    """The timeout (seconds) of an idempotent job given ``lease`` and no ``timeout``: its claim outlives its run.
+
+    Half the lease; for a plain function, whose thread goes on past its timeout (:func:`longest_run`),
+    at most the lease less that and :data:`LEASE_MARGIN`, so :func:`lease_warnings` has nothing to say.
+    When that leaves less than a quarter of the lease (a lease too short for the grace), half the
+    lease all the same, not a timeout the job never meant: the warning then names the lease needed.
+    """
+    room = lease - longest_run(0.0, grace) - LEASE_MARGIN
+    return lease / 2 if is_async or room < lease / 4 else min(lease / 2, room)
+
+
 def lease_warnings(app: App, timeouts: dict[str, float], grace: float) -> list[str]:
     """One line per idempotent plain-function job whose own ``lease`` a run past its timeout can outlive."""
     lines = []
@@ -131,7 +143,7 @@ def check_worker(app: App, options: WorkerOptions) -> tuple[dict[str, JobQueueLa
     """
     if options.concurrency < 1:
         raise ConfigurationError(f"concurrency must be >= 1 (got {options.concurrency})")
-    checked = check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout)
+    checked = check_jobs(app, consumed_job_queues(app, options), options.consumer_timeout, options.grace)
     check_served(app, options)
     return checked
 
@@ -192,9 +204,11 @@ def job_queue_layout(app: App, name: str) -> JobQueueLayout:
 
 
 def check_jobs(
-    app: App, job_queues: Iterable[str], consumer_timeout: float
+    app: App, job_queues: Iterable[str], consumer_timeout: float, grace: float
 ) -> tuple[dict[str, JobQueueLayout], dict[str, float]]:
     """Check the app's jobs against the topology; (layout by consumed job queue, timeout by job).
+
+    A job given ``lease`` and no ``timeout`` gets :func:`lease_timeout` (``grace``: the worker's, seconds).
 
     Raises:
         ConfigurationError: a job queue is missing from the topology, or a job's policy
@@ -225,8 +239,8 @@ def check_jobs(
         timeouts[job.name] = job.timeout if job.timeout is not None else default_timeout(consumer_timeout)
         if job.timeout is None and job.idempotent and job.lease is not None:
             # its claim must outlive the run, or a second worker takes it over while it still runs
-            half = job.lease / 2
-            timeouts[job.name] = min(timeouts[job.name], half) if timeouts[job.name] > 0 else half
+            own = lease_timeout(job.lease, grace, job.is_async)
+            timeouts[job.name] = min(timeouts[job.name], own) if timeouts[job.name] > 0 else own
     return layouts, timeouts
 
 
