@@ -161,7 +161,8 @@ def crash_error(job_queue: str, max_redeliveries: int, starts: int, headers: Map
     why = (
         f"started {starts} time(s) without an outcome (job queue {job_queue!r} allows max_redeliveries "
         f"{max_redeliveries}): each time the worker died or was killed, its event loop was blocked "
-        f"past the heartbeat timeout, or its channel or connection closed before the ack{last}"
+        f"past the heartbeat timeout, its channel or connection closed before the ack, or the worker was "
+        f"stopped (SIGTERM, a deploy) with the run still going past its --grace{last}"
     )
     return ("WorkerLostError", why, "")
 

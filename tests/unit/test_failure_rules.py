@@ -72,6 +72,8 @@ def test_crash_error_names_the_last_start() -> None:
     assert why.startswith("started 3 time(s) without an outcome (job queue 'work' allows max_redeliveries 2)")
     assert why.endswith("; the last start was registered by host-a pid 42 at 2026-11-30T10:00:00Z")
     assert "registered by" not in crash_error("work", 2, 3, {})[1]
+    # helper-231: a run abandoned at the end of a stop's grace counts too; the evidence names that cause
+    assert "or the worker was stopped (SIGTERM, a deploy) with the run still going past its --grace" in why
 
 
 RECEIVED: dict[str, Any] = {
