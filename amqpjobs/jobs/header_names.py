@@ -8,14 +8,13 @@ Within a value, table keys must be str and floats finite and exact in 32 bits (:
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from amqpjobs.message import MAX_NESTING, OUR_PREFIX
+from amqpjobs.message import MAX_NESTING, OUR_PREFIX, broker_refuses_float
 from amqpjobs.text import a_type, as_text, lone_surrogate
 
 #: Longest field-table key (a header name) in UTF-8 bytes that arrives whole: AMQP 0-9-1's
@@ -82,7 +81,7 @@ def _value_problem(value: Any, path: str = "value", depth: int = 0) -> str | Non
             f"header value is nested more than {MAX_NESTING} deep (tables and arrays); nothing was sent. A worker "
             "reads what is deeper as None: flatten it, or put it in the payload"
         )
-    if isinstance(value, float) and not math.isfinite(value):
+    if broker_refuses_float(value):
         return (
             f"{path} is {value!r}, a float RabbitMQ can't take (it closes the connection with INTERNAL_ERROR on "
             f"NaN and infinities); nothing was sent. Send it as a str (e.g. {str(value)!r}) or None"

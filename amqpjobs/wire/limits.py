@@ -18,7 +18,7 @@ import aiormq
 from pamqp import decode, encode
 
 from amqpjobs.errors import ConfigurationError, MessageTooLargeError
-from amqpjobs.message import OutgoingMessage
+from amqpjobs.message import MAX_NESTING, OutgoingMessage, broker_refuses_float
 from amqpjobs.printable import printable
 from amqpjobs.wire.as_was import AsItWas
 from amqpjobs.wire.copies import ExactProperties, ReceivedCopy, encodable
@@ -235,9 +235,44 @@ def check_fits(message: OutgoingMessage, frame_max: int, reserve: int = 0, max_m
         ConfigurationError: pamqp can't encode the properties (:func:`encoded_size`).
     """
     check_body(message, max_message_size)
+    check_values(message)
     properties = amqp_properties(message)
     encoded_size(properties)
     check_header_fits(properties, message.headers, frame_max, reserve)
+
+
+def check_values(message: OutgoingMessage) -> None:
+    """Refuse what pamqp would encode and RabbitMQ refuse, or what pamqp would blame on the headers.
+
+    A NaN or infinite float in a header, at any depth (:func:`~amqpjobs.message.broker_refuses_float`),
+    and a ``priority`` outside 0-255 (AMQP 0-9-1's priority property is one octet; pamqp's own error,
+    "ubyte format requires ...", names no property).
+
+    Raises:
+        ConfigurationError: naming the header or the priority; nothing was sent.
+    """
+    if message.priority is not None and not 0 <= message.priority <= 255:
+        raise ConfigurationError(
+            f"priority {message.priority} is not 0-255 (AMQP's priority property is one octet); nothing was sent. "
+            "Give 0-255, or None (a queue's x-max-priority caps it)"
+        )
+    for name, value in message.headers.items():
+        if (found := _refused_float(value)) is not None:
+            raise ConfigurationError(
+                f"header {printable(str(name))!r} holds {found!r}, a float RabbitMQ closes the publisher's connection "
+                "(INTERNAL_ERROR) on; nothing was sent. Send it as a str or None"
+            )
+
+
+def _refused_float(value: object, depth: int = 0) -> float | None:
+    """The first float RabbitMQ refuses within header value ``value`` (tables and arrays too), or None."""
+    if broker_refuses_float(value):
+        return value  # type: ignore[return-value]
+    if depth < MAX_NESTING and isinstance(value, Mapping | list | tuple):
+        for item in value.values() if isinstance(value, Mapping) else value:
+            if (found := _refused_float(item, depth + 1)) is not None:
+                return found
+    return None
 
 
 def as_delivered(headers: Mapping[str, Any]) -> dict[str, Any]:
