@@ -463,3 +463,35 @@ async def test_a_handler_sees_the_same_header_values_and_types_on_the_broker_and
     assert seen["real"][0][0] == ("pair", "list", [1, 2])
     assert seen["real"][0][1] == ("raw", "bytearray", bytearray(b"\x00\xff"))
     assert seen["double"] == seen["real"]
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("value", [float("nan"), [1, float("-inf")]])
+async def test_a_raw_publish_of_a_nan_header_closes_the_connection_as_the_doubles_publish_raw_refuses_it(
+    broker: BrokerSettings, tmp_path: Path, value: Any
+) -> None:
+    """The broker's word behind the double's rule (helper-231): a NaN or infinity in a header, sent by a client
+    that does not check (aio-pika), gets the publisher's connection closed with INTERNAL_ERROR; nothing stored."""
+    import aio_pika
+
+    topology = tmp_path / "t.toml"
+    topology.write_text(TOPOLOGY)
+    await apply_topology(topology, broker)
+    connection = await aio_pika.connect(broker.url)
+
+    async def publish_then_one_more() -> None:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.default_exchange.publish(aio_pika.Message(b"{}", headers={"x": value}), routing_key="qq")
+        await asyncio.sleep(1)  # the close may come after the publish returned
+        await channel.default_exchange.publish(aio_pika.Message(b"{}"), routing_key="qq")
+
+    try:
+        with pytest.raises(Exception, match=r"INTERNAL_ERROR|541"):  # aio-pika's and aiormq's types vary
+            await publish_then_one_more()
+    finally:
+        await connection.close()
+    assert await drain(broker, "qq") == []
+    app = refusal_app(topology, None)
+    async with TestBroker(app) as double:
+        with pytest.raises(ConfigurationError, match="closes the publisher's connection"):
+            await double.publish_raw("", "qq", b"{}", type="loose", headers={"x": value})
