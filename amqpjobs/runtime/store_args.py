@@ -25,8 +25,10 @@ _NEEDS: Final = {
 }
 
 
-def store_argument(argument: str, value: T) -> T:
+def store_argument(argument: str, value: T, owner: str = "App") -> T:
     """``value`` when it is None or has the methods of a ``argument`` store (``"results"`` or ``"ledger"``).
+
+    ``owner``: whose argument it is, for the message (``App``, ``TestBroker``).
 
     Raises:
         ConfigurationError: anything else (a path, a number, the class itself), naming what to give.
@@ -41,7 +43,7 @@ def store_argument(argument: str, value: T) -> T:
         else _a(type(value).__name__)
     )
     kind = "a results store" if argument == "results" else "an idempotency ledger"
-    raise ConfigurationError(f"App({argument}=...) must be {kind} (got {got}): give {give}, from amqpjobs")
+    raise ConfigurationError(f"{owner}({argument}=...) must be {kind} (got {got}): give {give}, from amqpjobs")
 
 
 def _a(word: str) -> str:

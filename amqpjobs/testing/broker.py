@@ -30,6 +30,7 @@ from amqpjobs.message import CONTENT_TYPE, OutgoingMessage
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.ledger import Ledger, SqliteLedger
 from amqpjobs.runtime.scheduler import Scheduler, SchedulerOptions, TickEvent
+from amqpjobs.runtime.store_args import store_argument
 from amqpjobs.runtime.worker import Worker, WorkerOptions
 from amqpjobs.testing.clock import VirtualClock
 from amqpjobs.testing.election import MemoryConnection, MemoryTicks
@@ -101,8 +102,17 @@ class TestBroker(QuarantineView):
     ) -> None:
         #: The RabbitMQ version the double behaves as (None: the newest).
         self.broker_version = None if broker_version is None else checked_version(broker_version, "TestBroker")
+        if self.broker_version is not None and self.broker_version[0] < 3:
+            raise ConfigurationError(
+                f"TestBroker(broker_version={broker_version!r}): RabbitMQ 3 or later, e.g. (3, 13, 7)"
+            )
         if type(max_deliveries) is not int or max_deliveries < 1:
             raise ConfigurationError(f"TestBroker(max_deliveries={max_deliveries!r}): a whole number of at least 1")
+        if start is not None and not isinstance(start, datetime):
+            raise ConfigurationError(
+                f"TestBroker(start={start!r}): an aware datetime, e.g. datetime(2026, 1, 1, tzinfo=UTC), or None (now)"
+            )
+        store_argument("ledger", ledger, "TestBroker")  # None: a fresh SQLite ledger of the double's own
         self.app = app
         self.clock = VirtualClock(start)
         self.memory = MemoryBroker(self.clock, checked_frame_max(frame_max, "TestBroker"), self.broker_version)

@@ -20,7 +20,7 @@ class VirtualClock:
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        start = start or datetime.now(UTC)
+        start = datetime.now(UTC) if start is None else start
         if start.tzinfo is None:
             raise ValueError(f"clock start {start!r} is naive; give a zone, e.g. datetime(..., tzinfo=UTC)")
         self.seconds = start.timestamp()

@@ -139,6 +139,14 @@ async def test_a_version_that_is_no_version_is_refused(tmp_path: Path, version: 
         ({"max_deliveries": 0}, r"TestBroker\(max_deliveries=0\): a whole number of at least 1"),
         ({"max_deliveries": -5}, r"TestBroker\(max_deliveries=-5\)"),
         ({"max_deliveries": 1.5}, r"TestBroker\(max_deliveries=1.5\)"),
+        # helper-231: these raised AttributeError, or were taken (start=0 read as "now", version 2)
+        ({"start": "2026-01-01"}, r"TestBroker\(start='2026-01-01'\): an aware datetime, e.g. datetime\(2026, 1, 1, "),
+        ({"start": 0}, r"TestBroker\(start=0\): an aware datetime"),
+        (
+            {"ledger": "x"},
+            r"TestBroker\(ledger=...\) must be an idempotency ledger \(got a str\): give SqliteLedger",
+        ),
+        ({"broker_version": (2,)}, r"TestBroker\(broker_version=\(2,\)\): RabbitMQ 3 or later"),
     ],
 )
 async def test_a_frame_max_or_max_deliveries_no_broker_could_have_is_refused(
