@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from amqpjobs.jobs.cron import CronRule, Schedule, tick_id
     from amqpjobs.jobs.outcome import Reject, Retry
     from amqpjobs.jobs.registry import JobContext, JobDef
+    from amqpjobs.jobs.replay_plan import ReplayOptions
     from amqpjobs.jobs.results import JobStatus, StateRecord
     from amqpjobs.jobs.retry import RetryPolicy
     from amqpjobs.runtime.app import App
@@ -106,6 +107,7 @@ _HOMES: dict[str, str] = {
     "Retry": "amqpjobs.jobs.outcome",
     "JobContext": "amqpjobs.jobs.registry",
     "JobDef": "amqpjobs.jobs.registry",
+    "ReplayOptions": "amqpjobs.jobs.replay_plan",
     "JobStatus": "amqpjobs.jobs.results",
     "StateRecord": "amqpjobs.jobs.results",
     "RetryPolicy": "amqpjobs.jobs.retry",
@@ -195,6 +197,7 @@ __all__ = [
     "PublisherClosedError",
     "QueueFullError",
     "Reject",
+    "ReplayOptions",
     "ResourceLockedError",
     "ResultsStore",
     "ResultsUnavailableError",

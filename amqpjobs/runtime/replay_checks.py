@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from amqpjobs.errors import AmqpJobsError, ConfigurationError, MessageTooLargeError, UnaddressableNameError
@@ -57,17 +58,33 @@ async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: in
     finally:
         await browsed.close()  # waited for: the replay that follows browses every one again
     if strays:
-        owners = "; ".join(
-            f"{printable(repr(job))} ({count} message(s)): "
-            + (f"job queue {printable(repr(options.job_queues[job]))} does" if job in options.job_queues
-               else "no job queue of the app does")
-            for job, count in sorted(strays.items())
-        )  # fmt: skip
-        raise ConfigurationError(
-            f"--to {printable(repr(options.to))}: {printable(repr(target))} workers do not handle job(s) {owners}; "
-            "they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job goes "
-            "back to the queue it failed on), or narrow the replay with --job"
+        raise ConfigurationError(strays_refusal(options.to, strays, options.job_queues))
+
+
+def strays_refusal(to: str, strays: Mapping[str, int], job_queues: Mapping[str, str]) -> str:
+    """Why a replay ``--to`` can't move ``strays`` (job name -> messages) there: the job queues that serve them."""
+    owners = "; ".join(
+        f"{printable(repr(job))} ({count} message(s)): "
+        + (
+            f"job queue {printable(repr(job_queues[job]))} does"
+            if job in job_queues
+            else "no job queue of the app does"
         )
+        for job, count in sorted(strays.items())
+    )
+    return (
+        f"--to {printable(repr(to))}: {printable(repr(parse_queue_name(to).job_queue))} workers do not handle job(s) "
+        f"{owners}; they would land back in quarantine as unknown-job. Nothing was moved: leave --to out (each job "
+        "goes back to the queue it failed on), or narrow the replay with --job"
+    )
+
+
+def missing_targets_refusal(missing: Iterable[str]) -> str:
+    """The error of a replay whose ``--to`` queue(s) do not exist (nothing moved)."""
+    return (
+        f"target queue(s) {', '.join(printable(repr(t)) for t in missing)} do not exist; nothing was "
+        "moved (check --to, or apply the topology: amqpjobs topology apply)"
+    )
 
 
 #: A target queue that does not exist (a message for it stays: :meth:`ReplayReport.target_missing`).
@@ -146,10 +163,7 @@ async def check_targets(connection: Connection, targets: list[str], settings: Br
     """
     problems = {t: await target_problem(connection, settings, t) for t in targets}
     if missing := sorted(t for t, why in problems.items() if why == MISSING):
-        raise ConfigurationError(
-            f"target queue(s) {', '.join(printable(repr(t)) for t in missing)} do not exist; nothing was "
-            "moved (check --to, or apply the topology: amqpjobs topology apply)"
-        )
+        raise ConfigurationError(missing_targets_refusal(missing))
     if bad := next(((t, why) for t, why in problems.items() if why), None):
         raise ConfigurationError(
             f"--to {printable(repr(bad[0]))} {bad[1]}; nothing was moved (give a job queue's work queue)"

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from amqpjobs.errors import ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.replay_plan import ReplayOptions
+from amqpjobs.jobs.census import Census
+from amqpjobs.jobs.replay_plan import ReplayOptions, check_rate, check_replay_target
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.replay import replay_move
+from amqpjobs.runtime.replay_checks import missing_targets_refusal, strays_refusal
 from amqpjobs.runtime.worker_config import job_queue_layout
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
 from amqpjobs.testing.records import QuarantinedMessage
-from amqpjobs.topology.naming import QUARANTINE_SUFFIX
+from amqpjobs.topology.naming import QUARANTINE_SUFFIX, parse_queue_name
 
 
 class QuarantineView:
@@ -56,17 +60,34 @@ class QuarantineView:
         return [dict(s.message.headers) for s in self.memory.queue(queue).messages]
 
     async def replay(self, job_queue: str, options: ReplayOptions | None = None) -> int:
-        """Move quarantined messages back to their work queues as ``amqpjobs quarantine replay`` does.
+        """Move quarantined messages back to their work queues as ``amqpjobs quarantine replay --app`` does.
 
         No rate limit applies; the messages left out stay in order. Run them with :meth:`drain`.
+        It refuses what the CLI refuses (checked before anything moves): a rate outside its bounds,
+        a ``limit`` below 1, a ``to`` that is no work queue or does not exist, and a ``to`` whose
+        workers don't serve a job that would move (the app's jobs, as ``--app`` gives them). A job
+        the app serves from another job queue than the one its evidence names stays, as with ``--app``.
 
         Returns:
             How many were moved.
 
+        Raises:
+            ConfigurationError: one of the refusals above, or the TestBroker is closed.
+
         """
         self._still_open()
         options = options or ReplayOptions()
+        check_rate(options.rate)
+        check_replay_target(options.to)
+        if options.limit is not None and (type(options.limit) is not int or options.limit < 1):
+            raise ConfigurationError(f"ReplayOptions(limit=...): limit must be a whole number of at least 1 (got "
+                                     f"{options.limit!r}), or None for all that match")  # fmt: skip
+        if options.job_queues is None:  # the app is known here, as --app makes it known to the CLI
+            options = replace(options, job_queues={job.name: job.queue for job in self.app}, app=self.app.name,
+                              idempotent=frozenset(job.name for job in self.app if job.idempotent))  # fmt: skip
         source = self._quarantine_queue(job_queue)
+        if options.to is not None:
+            self._check_target(source, options)
         run = f"test-replay-{next(self._names)}"
         moved, kept = 0, []
         for _ in range(len(self.memory.queue(source).messages)):
@@ -87,3 +108,18 @@ class QuarantineView:
             moved += 1
         self.memory.queue(source).messages[:0] = kept
         return moved
+
+    def _check_target(self, source: str, options: ReplayOptions) -> None:
+        """Refuse a ``to`` that does not exist, or whose workers don't serve a job that would move there."""
+        assert options.to is not None
+        assert options.job_queues is not None
+        if options.to not in self.memory.queues:
+            raise ConfigurationError(missing_targets_refusal([options.to]))
+        target, strays = parse_queue_name(options.to).job_queue, Counter[str]()
+        for stored in self.memory.queue(source).messages:
+            m = stored.message
+            item = q.describe(m.headers, m.message_id, m.type, m.body)
+            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+                strays[item.job] += 1
+        if strays:
+            raise ConfigurationError(strays_refusal(options.to, strays, options.job_queues))
