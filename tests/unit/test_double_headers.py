@@ -58,6 +58,21 @@ async def test_a_handler_sees_the_headers_as_a_broker_delivers_them(tmp_path: Pa
     assert [[type(h[k]) for k in GIVEN] for h in seen] == [[type(v) for v in DELIVERED.values()]] * 2
 
 
+async def refused_raw(tmp_path: Path, **properties: Any) -> str:
+    """What the double's ``publish_raw`` of job ``ok`` with ``properties`` raised (ConfigurationError); nothing ran."""
+    from amqpjobs.errors import ConfigurationError
+
+    path = tmp_path / "t.toml"
+    path.write_text(TOPOLOGY)
+    app = App("h", topology=load_topology(path).topology)
+    app.job("ok", queue="work")(lambda p, c: None)
+    async with TestBroker(app) as broker:
+        with pytest.raises(ConfigurationError) as caught:
+            await broker.publish_raw("", "work", b"{}", type="ok", **properties)
+        assert await broker.drain() == []
+    return str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("headers", "named"),
     [
@@ -70,19 +85,10 @@ async def test_publish_raw_refuses_a_float_rabbitmq_closes_the_connection_on(
 ) -> None:
     """helper-231: the double took ``{"x": nan}`` and ran the job; RabbitMQ (3.10-4.3) closes the connection.
 
-    Measured on 3.10: an aio-pika publish with that header gets ``Connection.Close(541, INTERNAL_ERROR)``.
+    Measured on 3.10: an aio-pika publish with that header gets ``Connection.Close(541, INTERNAL_ERROR)``
+    (``tests/integration/test_testing_contract.py`` checks it on every version).
     """
-    from amqpjobs.errors import ConfigurationError
-
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("h", topology=load_topology(path).topology)
-    app.job("ok", queue="work")(lambda p, c: None)
-    async with TestBroker(app) as broker:
-        with pytest.raises(ConfigurationError) as caught:
-            await broker.publish_raw("", "work", b"{}", type="ok", headers=headers)
-        assert await broker.drain() == []
-    said = str(caught.value)
+    said = await refused_raw(tmp_path, headers=headers)
     assert named in said, said
     assert "RabbitMQ closes the publisher's connection (INTERNAL_ERROR)" in said
     assert "nothing was sent" in said
@@ -90,15 +96,6 @@ async def test_publish_raw_refuses_a_float_rabbitmq_closes_the_connection_on(
 
 @pytest.mark.parametrize("priority", [300, -1])
 async def test_publish_raw_names_a_priority_out_of_range_not_the_headers(tmp_path: Path, priority: int) -> None:
-    from amqpjobs.errors import ConfigurationError
-
-    path = tmp_path / "t.toml"
-    path.write_text(TOPOLOGY)
-    app = App("h", topology=load_topology(path).topology)
-    app.job("ok", queue="work")(lambda p, c: None)
-    async with TestBroker(app) as broker:
-        with pytest.raises(ConfigurationError) as caught:
-            await broker.publish_raw("", "work", b"{}", type="ok", priority=priority)
-    said = str(caught.value)
+    said = await refused_raw(tmp_path, priority=priority)
     assert said.startswith(f"priority {priority} is not 0-255 (AMQP's priority property is one octet)"), said
     assert "header" not in said
