@@ -53,12 +53,21 @@ async def check_jobs_belong(settings: BrokerSettings, queue_name: str, depth: in
     try:
         async for delivery in browsed.deliveries():
             item = q.describe(delivery.headers, delivery.message_id, delivery.type, delivery.body)
-            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+            if moves_to_unserved(item, options, target):
                 strays[item.job] = strays.get(item.job, 0) + 1
     finally:
         await browsed.close()  # waited for: the replay that follows browses every one again
     if strays:
         raise ConfigurationError(strays_refusal(options.to, strays, options.job_queues))
+
+
+def moves_to_unserved(item: q.QuarantinedJob, options: ReplayOptions, target: str) -> bool:
+    """Whether quarantined ``item`` would move to job queue ``target``, whose workers don't serve its job.
+
+    It moves when it matches ``options.selection``; ``options.job_queues`` (the app's: job name ->
+    job queue) says who serves it. The one rule of :func:`check_jobs_belong` and the test double's replay.
+    """
+    return Census().matches(item, options.selection) and (options.job_queues or {}).get(item.job) != target
 
 
 def strays_refusal(to: str, strays: Mapping[str, int], job_queues: Mapping[str, str]) -> str:

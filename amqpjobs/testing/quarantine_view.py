@@ -9,11 +9,10 @@ from typing import Any
 
 from amqpjobs.errors import ConfigurationError, UnroutableError
 from amqpjobs.jobs import quarantine as q
-from amqpjobs.jobs.census import Census
 from amqpjobs.jobs.replay_plan import ReplayOptions, check_rate, check_replay_target
 from amqpjobs.runtime.app import App
 from amqpjobs.runtime.replay import replay_move
-from amqpjobs.runtime.replay_checks import missing_targets_refusal, strays_refusal
+from amqpjobs.runtime.replay_checks import missing_targets_refusal, moves_to_unserved, strays_refusal
 from amqpjobs.runtime.worker_config import job_queue_layout
 from amqpjobs.testing.memory import MemoryBroker, MemoryDelivery, MemoryPublisher
 from amqpjobs.testing.records import QuarantinedMessage
@@ -119,7 +118,7 @@ class QuarantineView:
         for stored in self.memory.queue(source).messages:
             m = stored.message
             item = q.describe(m.headers, m.message_id, m.type, m.body)
-            if Census().matches(item, options.selection) and options.job_queues.get(item.job) != target:
+            if moves_to_unserved(item, options, target):
                 strays[item.job] += 1
         if strays:
             raise ConfigurationError(strays_refusal(options.to, strays, options.job_queues))
