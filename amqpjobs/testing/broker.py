@@ -108,7 +108,7 @@ class TestBroker(QuarantineView):
             )
         if type(max_deliveries) is not int or max_deliveries < 1:
             raise ConfigurationError(f"TestBroker(max_deliveries={max_deliveries!r}): a whole number of at least 1")
-        if start is not None and not isinstance(start, datetime):
+        if start is not None and (not isinstance(start, datetime) or start.tzinfo is None):
             raise ConfigurationError(
                 f"TestBroker(start={start!r}): an aware datetime, e.g. datetime(2026, 1, 1, tzinfo=UTC), or None (now)"
             )

@@ -76,6 +76,12 @@ class QuarantineView:
         """
         self._still_open()
         options = options or ReplayOptions()
+        if isinstance(options.rate, bool) or not isinstance(options.rate, int | float):
+            raise ConfigurationError(f"ReplayOptions(rate=...) must be a number of messages per second (got "
+                                     f"{options.rate!r})")  # fmt: skip
+        if options.to is not None and (not isinstance(options.to, str) or not options.to.strip()):
+            raise ConfigurationError(f"ReplayOptions(to=...) must be a work queue's name, or None for the queue "
+                                     f"each job failed on (got {options.to!r})")  # fmt: skip
         check_rate(options.rate)
         check_replay_target(options.to)
         if options.limit is not None and (type(options.limit) is not int or options.limit < 1):

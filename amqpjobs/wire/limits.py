@@ -251,9 +251,9 @@ def check_values(message: OutgoingMessage) -> None:
     Raises:
         ConfigurationError: naming the header or the priority; nothing was sent.
     """
-    if message.priority is not None and not 0 <= message.priority <= 255:
+    if message.priority is not None and (type(message.priority) is not int or not 0 <= message.priority <= 255):
         raise ConfigurationError(
-            f"priority {message.priority} is not 0-255 (AMQP's priority property is one octet); nothing was sent. "
+            f"priority {message.priority!r} is not 0-255 (AMQP's priority property is one octet); nothing was sent. "
             "Give 0-255, or None (a queue's x-max-priority caps it)"
         )
     for name, value in message.headers.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,7 @@ async def test_a_version_that_is_no_version_is_refused(tmp_path: Path, version: 
         # helper-231: these raised AttributeError, or were taken (start=0 read as "now", version 2)
         ({"start": "2026-01-01"}, r"TestBroker\(start='2026-01-01'\): an aware datetime, e.g. datetime\(2026, 1, 1, "),
         ({"start": 0}, r"TestBroker\(start=0\): an aware datetime"),
+        ({"start": datetime(2026, 1, 1)}, r"TestBroker\(start=datetime.datetime\(2026, 1, 1, 0, 0\)\): an aware"),
         (
             {"ledger": "x"},
             r"TestBroker\(ledger=...\) must be an idempotency ledger \(got a str\): give SqliteLedger",

@@ -94,8 +94,8 @@ async def test_publish_raw_refuses_a_float_rabbitmq_closes_the_connection_on(
     assert "nothing was sent" in said
 
 
-@pytest.mark.parametrize("priority", [300, -1])
+@pytest.mark.parametrize("priority", [300, -1, 1.5, "5", True])
 async def test_publish_raw_names_a_priority_out_of_range_not_the_headers(tmp_path: Path, priority: int) -> None:
     said = await refused_raw(tmp_path, priority=priority)
-    assert said.startswith(f"priority {priority} is not 0-255 (AMQP's priority property is one octet)"), said
+    assert said.startswith(f"priority {priority!r} is not 0-255 (AMQP's priority property is one octet)"), said
     assert "header" not in said

@@ -48,6 +48,9 @@ async def quarantined_boom(broker: TestBroker, app: App) -> None:
         (ReplayOptions(to="nosuch"), "target queue(s) 'nosuch' do not exist; nothing was moved"),
         (ReplayOptions(to="work.quarantine"), "--to 'work.quarantine' is a quarantine queue"),
         (ReplayOptions(to="money"), "'money' workers do not handle job(s) 'boom' (1 message(s))"),
+        (ReplayOptions(rate="5"), "ReplayOptions(rate=...) must be a number of messages per second (got '5')"),  # type: ignore[arg-type]
+        (ReplayOptions(to=5), "ReplayOptions(to=...) must be a work queue's name"),  # type: ignore[arg-type]
+        (ReplayOptions(to=" "), "ReplayOptions(to=...) must be a work queue's name"),
     ],
 )
 async def test_a_replay_the_cli_refuses_is_refused_and_moves_nothing(
